@@ -1,0 +1,7 @@
+"""caffeq: read, run, quantize and export Caffe models."""
+from .errors import CaffeqError
+from .layers import Layer, LayerError, register_layer, supported_types
+from .model import Model, load
+
+__version__ = "0.1.0"
+__all__ = ["CaffeqError", "Layer", "LayerError", "Model", "load", "register_layer", "supported_types"]

@@ -1,0 +1,182 @@
+"""Graph IR -> torch.fx.GraphModule whose outputs match Caffe's.
+
+Each Caffe layer becomes one submodule (named after the layer) holding its
+blobs as parameters (statistics as buffers) and calling its spec's forward.
+The fx graph wires them in Caffe's order, so `print(module.code)` reads like
+the prototxt.
+"""
+import keyword
+import operator
+import re
+
+import numpy as np
+import torch
+from torch import fx, nn
+
+from ..errors import DataError
+
+
+class CaffeLayer(nn.Module):
+    """One Caffe layer: its spec's forward over its own blobs."""
+
+    def __init__(self, node, blobs, shared=None):
+        super().__init__()
+        self.caffe_name = node.name
+        self.caffe_type = node.type
+        self.spec = node.spec
+        self.attrs = node.attrs
+        names = []
+        for i, arr in enumerate(blobs or []):
+            name = node.spec.blob_names[i] if i < len(node.spec.blob_names) else f"blob{i}"
+            names.append(name)
+            if shared and i in shared:
+                setattr(self, name, shared[i])
+                continue
+            tensor = torch.from_numpy(np.array(arr, dtype=np.float32, copy=True))
+            if i in node.spec.buffer_blobs:
+                self.register_buffer(name, tensor)
+            else:
+                self.register_parameter(name, nn.Parameter(tensor))
+        self.blob_attrs = names
+
+    def blob_tensors(self):
+        return [getattr(self, n) for n in self.blob_attrs]
+
+    def forward(self, *inputs):
+        return self.spec.forward(self.attrs, self.blob_tensors(), *inputs)
+
+    def extra_repr(self):
+        return f"type={self.caffe_type}"
+
+
+def _identifier(name, taken):
+    ident = re.sub(r"\W", "_", name)
+    if not ident or ident[0].isdigit():
+        ident = "l_" + ident
+    if keyword.iskeyword(ident):
+        ident += "_"
+    base, k = ident, 1
+    while ident in taken:
+        k += 1
+        ident = f"{base}_{k}"
+    taken.add(ident)
+    return ident
+
+
+class CaffeNet(fx.GraphModule):
+    """The GraphModule caffeq builds; keeps Caffe's input/output names."""
+
+
+def build_module(model, all_blobs=False):
+    graph = model.graph
+    root = nn.Module()
+    g = fx.Graph()
+    taken = {"self", "torch", "operator"}
+    values = {}
+    for ssa in graph.inputs:
+        ident = _identifier(graph.tensors[ssa].blob, taken)
+        values[ssa] = g.placeholder(ident)
+    modules = {}
+    for node in graph.nodes:
+        if node.spec.is_data:
+            continue
+        shared = {}
+        for i, src in (getattr(node, "shared_from", None) or {}).items():
+            owner_mod = modules.get(src[0])
+            if owner_mod is not None and src[1] < len(owner_mod.blob_attrs):
+                p = getattr(owner_mod, owner_mod.blob_attrs[src[1]])
+                if tuple(p.shape) == tuple(node.expected_param_shapes[i]):
+                    shared[i] = p
+        mod = CaffeLayer(node, node.blobs, shared)
+        attr = _identifier(node.name, taken)
+        root.add_module(attr, mod)
+        modules[node.name] = mod
+        call = g.call_module(attr, tuple(values[i] for i in node.inputs))
+        if len(node.outputs) == 1:
+            values[node.outputs[0]] = call
+        else:
+            for k, ssa in enumerate(node.outputs):
+                values[ssa] = g.call_function(operator.getitem, (call, k))
+    if all_blobs:
+        wanted = [(b, ssa) for b, ssa in graph.final_versions().items()]
+    else:
+        wanted = [(graph.tensors[ssa].blob, ssa) for ssa in graph.outputs]
+    if len(wanted) == 1 and not all_blobs:
+        g.output(values[wanted[0][1]])
+    else:
+        g.output({blob: values[ssa] for blob, ssa in wanted})
+    gm = CaffeNet(root, g, class_name=re.sub(r"\W", "_", graph.name or "CaffeNet") or "CaffeNet")
+    gm.input_names = [graph.tensors[s].blob for s in graph.inputs]
+    gm.output_names = [b for b, _ in wanted]
+    gm.input_shapes = {graph.tensors[s].blob: graph.tensors[s].shape for s in graph.inputs}
+    return gm
+
+
+def resolve_device(device):
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DataError("--device cuda: no CUDA device is available (use --device auto or cpu)")
+    return dev
+
+
+def to_torch(model, device="cpu", dtype=None, all_blobs=False):
+    if any(n.has_params and n.blobs is None for n in model.graph.nodes):
+        missing = [n.name for n in model.graph.nodes if n.has_params and n.blobs is None]
+        raise DataError(f"{model.prototxt}: no weights for layers {', '.join(missing[:5])}"
+                        f"{', ...' if len(missing) > 5 else ''}; pass --weights (or random_weights=True)")
+    gm = build_module(model, all_blobs=all_blobs)
+    gm.to(resolve_device(device))
+    if dtype is not None:
+        gm.to(dtype)
+    return gm
+
+
+def _as_input_dict(model, inputs):
+    names = list(model.inputs)
+    if isinstance(inputs, dict) or hasattr(inputs, "files"):
+        missing = [n for n in names if n not in inputs]
+        if missing:
+            raise DataError(f"inputs lack blob(s) {missing}; the net's inputs are {names}")
+        return {n: np.asarray(inputs[n]) for n in names}
+    if len(names) != 1:
+        raise DataError(f"the net has {len(names)} inputs {names}; pass them by name (.npz)")
+    return {names[0]: np.asarray(inputs)}
+
+
+def check_inputs(model, arrays):
+    for name, arr in arrays.items():
+        want = model.inputs[name]
+        if arr.ndim != len(want) or tuple(arr.shape[1:]) != tuple(want[1:]):
+            raise DataError(f"input '{name}' has shape {list(arr.shape)}; the net expects "
+                            f"{['N'] + list(want[1:])}")
+
+
+def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dtype=None, module=None):
+    arrays = _as_input_dict(model, inputs)
+    check_inputs(model, arrays)
+    gm = module if module is not None else to_torch(model, device=device, dtype=dtype, all_blobs=all_blobs)
+    dev = next((p.device for p in gm.parameters()), resolve_device(device))
+    tdtype = dtype or torch.float32
+    n = next(iter(arrays.values())).shape[0] if arrays else 1
+    step = batch_size or n or 1
+    chunks = []
+    with torch.inference_mode():
+        for start in range(0, max(n, 1), step):
+            feed = [torch.from_numpy(np.ascontiguousarray(arrays[k][start:start + step], dtype=np.float32))
+                    .to(dev, tdtype) for k in arrays]
+            out = gm(*feed)
+            if not isinstance(out, dict):
+                out = {gm.output_names[0]: out}
+            chunks.append({k: v.float().cpu().numpy() for k, v in out.items()})
+    if len(chunks) == 1:
+        return chunks[0]
+    merged = {}
+    for k in chunks[0]:
+        parts = [c[k] for c in chunks]
+        if all(p.ndim and p.shape[0] == min(step, n - i * step) for i, p in enumerate(parts)):
+            merged[k] = np.concatenate(parts)
+        else:
+            merged[k] = parts[-1]
+    return merged

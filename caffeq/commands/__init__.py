@@ -1,0 +1,1 @@
+"""Subcommands of the caffeq CLI, one module each (add_parser + run)."""

@@ -1,0 +1,1 @@
+"""Datasets (Caffe LMDB, ImageData lists, image folders, arrays) and Caffe's transforms."""

@@ -1,0 +1,1 @@
+"""Readers and writers of Caffe's files."""

@@ -1,0 +1,20 @@
+"""Layer specs: importing this package registers every built-in Caffe type."""
+from .registry import Layer, LayerError, get_spec, register_layer, require_specs, supported_types
+
+# Each module registers the specs of one layer family.
+from . import (  # noqa: F401,E402
+    activation,
+    common,
+    conv,
+    data,
+    elementwise,
+    misc,
+    norm,
+    pooling,
+    recurrent,
+    shape_ops,
+    ssd,
+    vision_forks,
+)
+
+__all__ = ["Layer", "LayerError", "get_spec", "register_layer", "require_specs", "supported_types"]

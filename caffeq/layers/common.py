@@ -1,0 +1,68 @@
+"""Structural layers: Input, Split, Silence, Dropout."""
+from .registry import Layer, LayerError, register_layer
+
+
+@register_layer("Input")
+class Input(Layer):
+    is_data = True
+
+    def parse(self, lp):
+        shapes = [tuple(int(d) for d in s.dim) for s in lp.input_param.shape]
+        if not shapes:
+            raise LayerError("input_param needs a shape")
+        if len(shapes) not in (1, len(lp.top)):
+            raise LayerError(f"input_param has {len(shapes)} shapes for {len(lp.top)} tops")
+        if len(shapes) == 1:
+            shapes = shapes * len(lp.top)
+        for s in shapes:
+            if any(d < 0 for d in s):
+                raise LayerError(f"input_param.shape has a negative dimension {list(s)}")
+        return {"shapes": shapes}
+
+    def infer(self, attrs, in_shapes):
+        return list(attrs["shapes"])
+
+
+@register_layer("Split")
+class Split(Layer):
+    def infer(self, attrs, in_shapes):
+        return [tuple(in_shapes[0])] * attrs["tops"]
+
+    def parse(self, lp):
+        return {"tops": len(lp.top)}
+
+    def forward(self, attrs, params, x):
+        return tuple(x for _ in range(attrs["tops"])) if attrs["tops"] != 1 else x
+
+    def onnx(self, ctx, node):
+        for out in node.outputs:
+            ctx.add_node("Identity", [node.inputs[0]], [out])
+
+
+@register_layer("Silence")
+class Silence(Layer):
+    def infer(self, attrs, in_shapes):
+        return []
+
+    def forward(self, attrs, params, *inputs):
+        return ()
+
+    def onnx(self, ctx, node):
+        pass
+
+
+@register_layer("Dropout")
+class Dropout(Layer):
+    """Identity at TEST (Caffe scales at train time, so inference is a plain copy)."""
+
+    def parse(self, lp):
+        ratio = lp.dropout_param.dropout_ratio
+        if not 0 <= ratio < 1:
+            raise LayerError(f"dropout_param.dropout_ratio must be in [0, 1), got {ratio}")
+        return {"ratio": ratio}
+
+    def forward(self, attrs, params, x):
+        return x
+
+    def onnx(self, ctx, node):
+        ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]])

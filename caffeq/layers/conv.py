@@ -1,0 +1,247 @@
+"""Convolution, Deconvolution, InnerProduct and the depthwise-convolution forks."""
+import math
+
+import numpy as np
+import torch.nn.functional as F
+
+from .registry import Layer, LayerError, canonical_axis, count, register_layer, spatial_params
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_DECONV = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+def parse_conv(lp, depthwise=False):
+    p = lp.convolution_param
+    if not p.HasField("num_output") and not depthwise:
+        raise LayerError("convolution_param.num_output is required")
+    attrs = {
+        "num_output": int(p.num_output),
+        "bias_term": bool(p.bias_term),
+        "group": int(p.group),
+        "axis": int(p.axis),
+        "param": p,  # spatial fields are read once the number of spatial axes is known
+        "depthwise": depthwise,
+    }
+    if attrs["group"] < 1:
+        raise LayerError(f"convolution_param.group must be >= 1, got {attrs['group']}")
+    return attrs
+
+
+def _resolve_spatial(attrs, in_shape):
+    """Fill kernel/stride/pad/dilation once the input rank is known (Caffe's LayerSetUp)."""
+    if "kernel" in attrs and attrs.get("_ndim") == len(in_shape):
+        return
+    p = attrs["param"]
+    axis = canonical_axis(attrs["axis"], len(in_shape), "convolution_param.axis")
+    nsp = len(in_shape) - axis - 1
+    if nsp < 1:
+        raise LayerError(f"input shape {list(in_shape)} has no spatial axes after axis {axis}")
+    attrs["_axis"] = axis
+    attrs["_ndim"] = len(in_shape)
+    attrs["kernel"] = spatial_params(p, nsp, "kernel_size", None, min_value=1) \
+        if (p.kernel_size or p.HasField("kernel_h")) else _missing("kernel_size")
+    attrs["stride"] = spatial_params(p, nsp, "stride", 1, min_value=1)
+    attrs["pad"] = spatial_params(p, nsp, "pad", 0, min_value=0)
+    attrs["dilation"] = spatial_params(p, nsp, "dilation", 1, allow_hw=False, min_value=1)
+    if attrs["depthwise"]:
+        channels = in_shape[axis]
+        attrs["group"] = channels
+        if not attrs["num_output"]:
+            attrs["num_output"] = channels
+    channels = in_shape[axis]
+    if channels % attrs["group"]:
+        raise LayerError(f"input channels {channels} not divisible by group {attrs['group']}")
+    if attrs["num_output"] % attrs["group"]:
+        raise LayerError(f"num_output {attrs['num_output']} not divisible by group {attrs['group']}")
+
+
+def _missing(field):
+    raise LayerError(f"convolution_param.{field} is required")
+
+
+def _conv_nd(x, attrs, weight, bias, transposed):
+    axis = attrs["_axis"]
+    nsp = len(attrs["kernel"])
+    lead = x.shape[:axis]
+    if axis != 1:  # merge leading axes into the batch, as Caffe's num = count(0, axis)
+        x = x.reshape((-1,) + tuple(x.shape[axis:]))
+    if nsp not in _CONV:
+        raise LayerError(f"{nsp}-D convolution is not supported by torch")
+    if transposed:
+        y = _DECONV[nsp](x, weight, bias, stride=attrs["stride"], padding=attrs["pad"],
+                         groups=attrs["group"], dilation=attrs["dilation"])
+    else:
+        y = _CONV[nsp](x, weight, bias, stride=attrs["stride"], padding=attrs["pad"],
+                       groups=attrs["group"], dilation=attrs["dilation"])
+    if axis != 1:
+        y = y.reshape(tuple(lead) + tuple(y.shape[1:]))
+    return y
+
+
+def conv_out_size(size, k, s, p, d):
+    return (size + 2 * p - (d * (k - 1) + 1)) // s + 1
+
+
+def deconv_out_size(size, k, s, p, d):
+    return s * (size - 1) + d * (k - 1) + 1 - 2 * p
+
+
+def _onnx_conv(ctx, node, op):
+    a = node.attrs
+    x = node.inputs[0]
+    if a["_axis"] != 1:
+        from ..errors import ExportError
+        raise ExportError(f"layer '{node.name}': convolution over axis {a['_axis']} has no ONNX form here")
+    inputs = [x, ctx.weight(node, 0)]
+    if a["bias_term"]:
+        inputs.append(ctx.weight(node, 1))
+    ctx.add_node(op, inputs, [node.outputs[0]], name=node.name,
+                 kernel_shape=list(a["kernel"]), strides=list(a["stride"]), pads=list(a["pad"]) * 2,
+                 dilations=list(a["dilation"]), group=a["group"])
+
+
+@register_layer("Convolution")
+class Convolution(Layer):
+    blob_names = ("weight", "bias")
+    weight_axes = {0: 0}
+    depthwise = False
+
+    def parse(self, lp):
+        return parse_conv(lp, self.depthwise)
+
+    def infer(self, attrs, in_shapes):
+        s = in_shapes[0]
+        _resolve_spatial(attrs, s)
+        ax = attrs["_axis"]
+        spatial = [conv_out_size(n, k, st, p, d) for n, k, st, p, d in
+                   zip(s[ax + 1:], attrs["kernel"], attrs["stride"], attrs["pad"], attrs["dilation"])]
+        if any(v <= 0 for v in spatial):
+            raise LayerError(f"output would be empty: input {list(s)}, kernel {list(attrs['kernel'])}")
+        return [tuple(s[:ax]) + (attrs["num_output"],) + tuple(spatial)] * len(in_shapes)
+
+    def param_shapes(self, attrs, in_shapes):
+        _resolve_spatial(attrs, in_shapes[0])
+        c = in_shapes[0][attrs["_axis"]]
+        shapes = [(attrs["num_output"], c // attrs["group"]) + attrs["kernel"]]
+        if attrs["bias_term"]:
+            shapes.append((attrs["num_output"],))
+        return shapes
+
+    def forward(self, attrs, params, *xs):
+        bias = params[1] if attrs["bias_term"] else None
+        ys = [_conv_nd(x, attrs, params[0], bias, False) for x in xs]
+        return ys[0] if len(ys) == 1 else tuple(ys)
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        k = math.prod(attrs["kernel"]) * in_shapes[0][attrs["_axis"]] // attrs["group"]
+        return sum(count(o) * k for o in out_shapes)
+
+    def onnx(self, ctx, node):
+        _onnx_conv(ctx, node, "Conv")
+
+
+@register_layer("ConvolutionDepthwise", "DepthwiseConvolution")
+class ConvolutionDepthwise(Convolution):
+    """Forks (sp2823's PR #5665, yonghenglh6): group = channels, weights (C, 1, kh, kw)."""
+    depthwise = True
+
+
+@register_layer("Deconvolution")
+class Deconvolution(Layer):
+    blob_names = ("weight", "bias")
+    # weights are C_in x C_out/group x k...: one output channel is axis 1 within each group
+    weight_axes = {0: 1}
+
+    def parse(self, lp):
+        return parse_conv(lp)
+
+    def infer(self, attrs, in_shapes):
+        s = in_shapes[0]
+        _resolve_spatial(attrs, s)
+        ax = attrs["_axis"]
+        spatial = [deconv_out_size(n, k, st, p, d) for n, k, st, p, d in
+                   zip(s[ax + 1:], attrs["kernel"], attrs["stride"], attrs["pad"], attrs["dilation"])]
+        if any(v <= 0 for v in spatial):
+            raise LayerError(f"output would be empty: input {list(s)}, kernel {list(attrs['kernel'])}")
+        return [tuple(s[:ax]) + (attrs["num_output"],) + tuple(spatial)] * len(in_shapes)
+
+    def param_shapes(self, attrs, in_shapes):
+        _resolve_spatial(attrs, in_shapes[0])
+        c = in_shapes[0][attrs["_axis"]]
+        shapes = [(c, attrs["num_output"] // attrs["group"]) + attrs["kernel"]]
+        if attrs["bias_term"]:
+            shapes.append((attrs["num_output"],))
+        return shapes
+
+    def forward(self, attrs, params, *xs):
+        bias = params[1] if attrs["bias_term"] else None
+        ys = [_conv_nd(x, attrs, params[0], bias, True) for x in xs]
+        return ys[0] if len(ys) == 1 else tuple(ys)
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        k = math.prod(attrs["kernel"]) * attrs["num_output"] // attrs["group"]
+        return count(in_shapes[0]) * k
+
+    def onnx(self, ctx, node):
+        _onnx_conv(ctx, node, "ConvTranspose")
+
+
+@register_layer("InnerProduct")
+class InnerProduct(Layer):
+    blob_names = ("weight", "bias")
+    weight_axes = {0: lambda attrs: 1 if attrs["transpose"] else 0}
+
+    def parse(self, lp):
+        p = lp.inner_product_param
+        if not p.HasField("num_output"):
+            raise LayerError("inner_product_param.num_output is required")
+        return {"num_output": int(p.num_output), "bias_term": bool(p.bias_term),
+                "axis": int(p.axis), "transpose": bool(p.transpose)}
+
+    def _k(self, attrs, shape):
+        axis = canonical_axis(attrs["axis"], len(shape), "inner_product_param.axis")
+        attrs["_axis"] = axis
+        return count(shape, axis)
+
+    def infer(self, attrs, in_shapes):
+        s = in_shapes[0]
+        self._k(attrs, s)
+        return [tuple(s[:attrs["_axis"]]) + (attrs["num_output"],)]
+
+    def param_shapes(self, attrs, in_shapes):
+        k = self._k(attrs, in_shapes[0])
+        n = attrs["num_output"]
+        shapes = [(k, n) if attrs["transpose"] else (n, k)]
+        if attrs["bias_term"]:
+            shapes.append((n,))
+        return shapes
+
+    def forward(self, attrs, params, x):
+        axis = attrs["_axis"]
+        flat = x.reshape(tuple(x.shape[:axis]) + (-1,))
+        w = params[0].t() if attrs["transpose"] else params[0]
+        return F.linear(flat, w, params[1] if attrs["bias_term"] else None)
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        return count(in_shapes[0]) * attrs["num_output"]
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x = node.inputs[0]
+        axis = a["_axis"]
+        rank = len(ctx.shape(x))
+        if rank != axis + 1:
+            flat = ctx.tmp(node.name + "_flat")
+            ctx.add_node("Reshape", [x, ctx.const(np.array([0] * axis + [-1], np.int64))], [flat])
+            x = flat
+        w = ctx.weight(node, 0, transpose=not a["transpose"])  # MatMul wants K x N
+        if axis == 1:
+            inputs = [x, w] + ([ctx.weight(node, 1)] if a["bias_term"] else [])
+            ctx.add_node("Gemm", inputs, [node.outputs[0]], name=node.name)
+            return
+        if a["bias_term"]:
+            mm = ctx.tmp(node.name + "_mm")
+            ctx.add_node("MatMul", [x, w], [mm], name=node.name)
+            ctx.add_node("Add", [mm, ctx.weight(node, 1)], [node.outputs[0]])
+        else:
+            ctx.add_node("MatMul", [x, w], [node.outputs[0]], name=node.name)

@@ -1,0 +1,1 @@
+"""misc layer specs."""

@@ -1,0 +1,173 @@
+"""Pooling and SPP with Caffe's exact window rules.
+
+Caffe (pooling_layer.cpp) rounds the output size up (CEIL, the default) and,
+when pad > 0, drops a last window that would start at or beyond H + pad.  AVE
+divides by the window clipped to the padded extent (padding cells count, the
+ceil overhang does not); MAX ignores padding.  STOCHASTIC at TEST is the
+probability-weighted average sum(x^2)/sum(x) over the unpadded window.
+"""
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .registry import Layer, LayerError, register_layer, spatial_params
+
+MAX, AVE, STOCHASTIC = 0, 1, 2
+CEIL, FLOOR = 0, 1
+FLT_MIN = 1.1754943508222875e-38
+
+
+def pooled_size(size, k, s, p, round_mode=CEIL):
+    if round_mode == CEIL:
+        out = int(math.ceil((size + 2 * p - k) / s)) + 1
+    else:
+        out = (size + 2 * p - k) // s + 1
+    if p and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def parse_pooling(p):
+    attrs = {"pool": int(p.pool), "global": bool(p.global_pooling),
+             "round_mode": int(p.round_mode) if hasattr(p, "round_mode") else CEIL}
+    if attrs["global"]:
+        if p.kernel_size or p.HasField("kernel_h"):
+            raise LayerError("with global_pooling, kernel_size must not be set")
+        attrs["kernel"] = None
+    else:
+        if not (p.kernel_size or p.HasField("kernel_h")):
+            raise LayerError("pooling_param.kernel_size (or kernel_h/kernel_w) is required")
+        attrs["kernel"] = spatial_params(p, 2, "kernel_size", None, min_value=1)
+    attrs["stride"] = spatial_params(p, 2, "stride", 1, min_value=1)
+    attrs["pad"] = spatial_params(p, 2, "pad", 0, min_value=0)
+    if attrs["global"]:
+        # Caffe: global pooling forces pad 0 and stride 1
+        if any(attrs["pad"]) or any(s != 1 for s in attrs["stride"]):
+            raise LayerError("with global_pooling, pad must be 0 and stride 1")
+    elif any(pd >= k for pd, k in zip(attrs["pad"], attrs["kernel"])):
+        raise LayerError(f"pad {list(attrs['pad'])} must be smaller than kernel {list(attrs['kernel'])}")
+    if attrs["pool"] not in (MAX, AVE, STOCHASTIC):
+        raise LayerError(f"unknown pool method {attrs['pool']}")
+    return attrs
+
+
+def window(attrs, h, w):
+    """(kernel, stride, pad, out) per spatial axis for an input of h x w."""
+    if attrs["global"]:
+        return (h, w), (1, 1), (0, 0), (1, 1)
+    k, s, p = attrs["kernel"], attrs["stride"], attrs["pad"]
+    out = tuple(pooled_size(n, kk, ss, pp, attrs["round_mode"]) for n, kk, ss, pp in zip((h, w), k, s, p))
+    return k, s, p, out
+
+
+def _ave_divisors(size, k, s, p, out):
+    starts = np.arange(out) * s - p
+    ends = np.minimum(starts + k, size + p)
+    return (ends - starts).astype(np.float32)
+
+
+def caffe_pool(x, attrs):
+    h, w = x.shape[-2], x.shape[-1]
+    k, s, p, out = window(attrs, h, w)
+    if attrs["global"]:
+        if attrs["pool"] == MAX:
+            return x.amax(dim=(-2, -1), keepdim=True)
+        if attrs["pool"] == AVE:
+            return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
+    if any(o <= 0 for o in out):
+        raise LayerError(f"pooling of a {h}x{w} input gives an empty output")
+    # right/bottom padding so that every kept window fits; negative means the end is unused
+    extra = [(o - 1) * st + kk - (n + pp) for o, st, kk, n, pp in zip(out, s, k, (h, w), p)]
+    pads = (p[1], max(0, extra[1]), p[0], max(0, extra[0]))
+    if attrs["pool"] == MAX:
+        xp = F.pad(x, pads, value=float("-inf")) if any(pads) else x
+        y = F.max_pool2d(xp, k, s)
+    elif attrs["pool"] == AVE:
+        xp = F.pad(x, pads) if any(pads) else x
+        y = F.avg_pool2d(xp, k, s, divisor_override=1)
+        y = y[..., :out[0], :out[1]]
+        dh = _ave_divisors(h, k[0], s[0], p[0], out[0])
+        dw = _ave_divisors(w, k[1], s[1], p[1], out[1])
+        div = torch.from_numpy(np.outer(dh, dw)).to(device=y.device, dtype=y.dtype)
+        return y / div
+    else:  # STOCHASTIC at test: windows start at 0 (Caffe ignores pad here) and clip at the edge
+        xr = F.pad(x, (0, max(0, (out[1] - 1) * s[1] + k[1] - w), 0, max(0, (out[0] - 1) * s[0] + k[0] - h)))
+        num = F.avg_pool2d(xr * xr, k, s, divisor_override=1)
+        den = F.avg_pool2d(xr, k, s, divisor_override=1) + FLT_MIN
+        y = num / den
+    return y[..., :out[0], :out[1]]
+
+
+@register_layer("Pooling")
+class Pooling(Layer):
+    def parse(self, lp):
+        if len(lp.top) != 1:
+            raise LayerError("only one top is supported (the MAX-pooling mask top is not)")
+        return parse_pooling(lp.pooling_param)
+
+    def infer(self, attrs, in_shapes):
+        s = in_shapes[0]
+        if len(s) != 4:
+            raise LayerError(f"Pooling needs a 4-axis input, got {list(s)}")
+        _, _, _, out = window(attrs, s[2], s[3])
+        if any(o <= 0 for o in out):
+            raise LayerError(f"output would be empty for input {list(s)}")
+        return [(s[0], s[1]) + tuple(out)]
+
+    def forward(self, attrs, params, x):
+        return caffe_pool(x, attrs)
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        s = in_shapes[0]
+        k, _, _, _ = window(attrs, s[2], s[3])
+        return math.prod(out_shapes[0]) * k[0] * k[1]
+
+    def onnx(self, ctx, node):
+        from ..backends.onnx_pooling import emit_pooling
+        emit_pooling(ctx, node, node.attrs, node.inputs[0], node.outputs[0])
+
+
+@register_layer("SPP")
+class SPP(Layer):
+    """Spatial pyramid pooling: level i pools into 2^i x 2^i bins, flattened and concatenated."""
+
+    def parse(self, lp):
+        p = lp.spp_param
+        if p.pyramid_height < 1:
+            raise LayerError("spp_param.pyramid_height must be >= 1")
+        if int(p.pool) not in (MAX, AVE):
+            raise LayerError("SPP supports MAX and AVE pooling")
+        return {"height": int(p.pyramid_height), "pool": int(p.pool)}
+
+    @staticmethod
+    def level_attrs(attrs, level, h, w):
+        bins = 2 ** level
+        kh, kw = int(math.ceil(h / bins)), int(math.ceil(w / bins))
+        ph, pw = (kh * bins - h + 1) // 2, (kw * bins - w + 1) // 2
+        return {"pool": attrs["pool"], "global": False, "round_mode": CEIL,
+                "kernel": (kh, kw), "stride": (kh, kw), "pad": (ph, pw)}
+
+    def infer(self, attrs, in_shapes):
+        n, c, h, w = in_shapes[0]
+        if attrs["height"] == 1:
+            return [(n, c, 1, 1)]
+        total = 0
+        for level in range(attrs["height"]):
+            la = self.level_attrs(attrs, level, h, w)
+            _, _, _, out = window(la, h, w)
+            total += out[0] * out[1]
+        return [(n, c * total)]
+
+    def forward(self, attrs, params, x):
+        h, w = x.shape[-2], x.shape[-1]
+        if attrs["height"] == 1:
+            return caffe_pool(x, {"pool": attrs["pool"], "global": True, "round_mode": CEIL,
+                                  "kernel": None, "stride": (1, 1), "pad": (0, 0)})
+        parts = [caffe_pool(x, self.level_attrs(attrs, lv, h, w)).flatten(1) for lv in range(attrs["height"])]
+        return torch.cat(parts, dim=1)
+
+    def onnx(self, ctx, node):
+        from ..backends.onnx_pooling import emit_spp
+        emit_spp(ctx, node, self)

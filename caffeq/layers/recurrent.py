@@ -1,0 +1,1 @@
+"""recurrent layer specs."""

@@ -1,0 +1,174 @@
+"""The layer registry: one spec per Caffe type, holding everything the pipeline needs of it.
+
+A spec subclasses `Layer` and is registered under one or more Caffe type
+strings with `@register_layer("Type")`.  It declares, in one place:
+
+- `parse(lp)`: read its parameters from the LayerParameter into a plain dict
+  (defaults as in caffe.proto; `LayerError` for bad values);
+- `infer(attrs, in_shapes)`: Caffe's shape inference -> list of top shapes;
+- `param_shapes(attrs, in_shapes)`: the shapes of its learnable blobs, in
+  Caffe's order (None when the layer has none);
+- `forward(attrs, params, *inputs)`: the torch implementation;
+- `onnx(ctx, node)`: the ONNX emission (optional);
+- `weight_axes`: blob index -> output-channel axis, for quantizers.
+
+Users register their own layers the same way (see README).
+"""
+import math
+
+from ..errors import CaffeqError, UnsupportedLayerError
+
+_REGISTRY = {}
+
+
+class LayerError(CaffeqError):
+    """A bad parameter value; the graph builder adds the file and layer name."""
+
+
+class Layer:
+    """Base class of layer specs.  Override what the layer needs."""
+
+    #: Caffe type strings this spec is registered under (set by register_layer)
+    types = ()
+    #: names of the blobs, in Caffe's order (used for module attributes and reports)
+    blob_names = ()
+    #: indexes of blobs that are statistics, not trained by gradient (BatchNorm)
+    buffer_blobs = ()
+    #: blob index -> output-channel axis (or a callable attrs -> axis); quantizers use it
+    weight_axes = {}
+    #: True for data layers that turn into graph inputs
+    is_data = False
+    #: True for layers that exist only for training (losses, accuracy): dropped on export
+    is_training_only = False
+    #: True when top i may alias bottom i (purely elementwise, safe in place)
+    in_place_ok = True
+
+    def parse(self, lp):
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        """Top shapes from bottom shapes.  Default: one top shaped like the first bottom."""
+        return [tuple(in_shapes[0])]
+
+    def param_shapes(self, attrs, in_shapes):
+        """Shapes of the learnable blobs in Caffe's order, or None for a layer without any."""
+        return None
+
+    def forward(self, attrs, params, *inputs):
+        raise NotImplementedError(f"{self.types[0]} has no torch implementation")
+
+    def onnx(self, ctx, node):
+        from ..errors import ExportError
+        raise ExportError(f"layer '{node.name}' ({node.type}): no ONNX emission for this type")
+
+    def has_onnx(self):
+        return type(self).onnx is not Layer.onnx
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        """Multiply-accumulates per forward pass (0 for cheap layers)."""
+        return 0
+
+    def num_tops(self, attrs, lp):
+        return len(lp.top)
+
+    def weight_axis(self, attrs, index):
+        axis = self.weight_axes.get(index)
+        return axis(attrs) if callable(axis) else axis
+
+
+def register_layer(*type_names, override=False):
+    """Class decorator: register a Layer subclass under Caffe type names.
+
+    >>> @register_layer("MyScale")
+    ... class MyScale(Layer):
+    ...     def forward(self, attrs, params, x):
+    ...         return x * 2
+    """
+    if not type_names:
+        raise TypeError("register_layer needs at least one Caffe type name")
+
+    def deco(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Layer)):
+            raise TypeError("register_layer decorates subclasses of caffeq.Layer")
+        spec = cls()
+        cls.types = tuple(type_names)
+        for name in type_names:
+            if name in _REGISTRY and not override and type(_REGISTRY[name]) is not cls:
+                raise ValueError(f"layer type {name!r} is already registered "
+                                 f"by {type(_REGISTRY[name]).__name__}; pass override=True")
+            _REGISTRY[name] = spec
+        return cls
+
+    return deco
+
+
+def get_spec(type_name):
+    return _REGISTRY.get(type_name)
+
+
+def supported_types():
+    return sorted(_REGISTRY)
+
+
+def require_specs(layer_params, source=""):
+    """Check every layer type has a spec; list all unknown types at once."""
+    missing = {}
+    for lp in layer_params:
+        if lp.type == "Python":
+            mod = lp.python_param.module or "?"
+            layer = lp.python_param.layer or "?"
+            raise UnsupportedLayerError(
+                f"{source + ': ' if source else ''}layer '{lp.name}' is a Python layer "
+                f"(module '{mod}', class '{layer}'); caffeq never imports or runs code named by a "
+                f"model file. Write the layer as a caffeq.register_layer spec under a type name "
+                f"of its own and use that type in the prototxt")
+        if lp.type not in _REGISTRY:
+            missing.setdefault(lp.type, []).append(lp.name)
+    if missing:
+        parts = ", ".join(f"{t} (layers {', '.join(repr(n) for n in names[:3])}"
+                          f"{', ...' if len(names) > 3 else ''})" for t, names in sorted(missing.items()))
+        raise UnsupportedLayerError(
+            f"{source + ': ' if source else ''}unsupported layer types: {parts}. "
+            f"Supported: {', '.join(supported_types())}. "
+            f"Add one with caffeq.register_layer")
+
+
+# ---- helpers shared by specs -------------------------------------------------
+
+def canonical_axis(axis, ndim, layer_field="axis"):
+    if not -ndim <= axis < ndim:
+        raise LayerError(f"{layer_field} {axis} out of range for a {ndim}-axis blob")
+    return axis % ndim
+
+
+def count(shape, start=0, end=None):
+    return math.prod(shape[start:end])
+
+
+def spatial_params(param, ndim, name, default, allow_hw=True, min_value=None):
+    """Read Caffe's kernel/stride/pad/dilation forms: scalar, repeated, or _h/_w.
+
+    Returns a tuple with one value per spatial axis, as Caffe's
+    BaseConvolutionLayer::LayerSetUp does.
+    """
+    stem = "kernel" if name == "kernel_size" else name
+    h_field, w_field = f"{stem}_h", f"{stem}_w"
+    if allow_hw and (param.HasField(h_field) or param.HasField(w_field)):
+        if ndim != 2:
+            raise LayerError(f"{h_field}/{w_field} only work for 2-D data")
+        if not (param.HasField(h_field) and param.HasField(w_field)):
+            raise LayerError(f"both {h_field} and {w_field} are required")
+        values = (getattr(param, h_field), getattr(param, w_field))
+    else:
+        rep = list(getattr(param, name))
+        if len(rep) == 0:
+            values = (default,) * ndim
+        elif len(rep) == 1:
+            values = (rep[0],) * ndim
+        elif len(rep) == ndim:
+            values = tuple(rep)
+        else:
+            raise LayerError(f"{name} must be given once or {ndim} times, got {len(rep)}")
+    if min_value is not None and any(v < min_value for v in values):
+        raise LayerError(f"{name} must be >= {min_value}, got {list(values)}")
+    return tuple(int(v) for v in values)

@@ -1,0 +1,1 @@
+"""shape_ops layer specs."""

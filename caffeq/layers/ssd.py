@@ -1,0 +1,1 @@
+"""ssd layer specs."""

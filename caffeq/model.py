@@ -1,0 +1,165 @@
+"""`caffeq.load` and the Model object users hold."""
+import os
+
+import numpy as np
+
+from .errors import CaffeqError, ParseError
+from .io.caffemodel import read_caffemodel
+from .io.prototxt import read_prototxt
+from .io.upgrade import upgrade_net
+from .ir import build_graph, init_params
+
+
+class Model:
+    """A Caffe net as caffeq's graph IR, with its weights.
+
+    Attributes: `graph` (caffeq.ir.Graph), `inputs` ({blob: shape}),
+    `outputs` ([blob]), `layers` ([Node]), `params` ({layer: [arrays]}),
+    `warnings` ([str]), `net` (the upgraded NetParameter).
+    """
+
+    def __init__(self, graph, net, prototxt=None, weights_path=None, warnings=None, phase="TEST"):
+        self.graph = graph
+        self.net = net
+        self.prototxt = prototxt
+        self.weights_path = weights_path
+        self.warnings = list(warnings or [])
+        self.phase = phase
+        self.quantization = {}   # layer name -> quantizer name, filled by caffeq.quantize
+
+    # -- what pycaffe users expect --------------------------------------------
+    @property
+    def name(self):
+        return self.graph.name
+
+    @property
+    def inputs(self):
+        return {self.graph.tensors[t].blob: self.graph.tensors[t].shape for t in self.graph.inputs}
+
+    @property
+    def outputs(self):
+        return [self.graph.tensors[t].blob for t in self.graph.outputs]
+
+    @property
+    def layers(self):
+        return self.graph.nodes
+
+    @property
+    def params(self):
+        return {n.name: list(n.blobs) for n in self.graph.nodes if n.blobs}
+
+    @property
+    def blob_shapes(self):
+        """Caffe blob name -> shape of its final version (like pycaffe's net.blobs)."""
+        return {blob: self.graph.tensors[ssa].shape for blob, ssa in self.graph.final_versions().items()}
+
+    def __repr__(self):
+        return (f"<caffeq.Model {self.name!r}: {len(self.layers)} layers, inputs {self.inputs}, "
+                f"outputs {self.outputs}>")
+
+    # -- backends -----------------------------------------------------------------
+    def to_torch(self, device="cpu", dtype=None, all_blobs=False):
+        from .backends.torch_backend import to_torch
+        return to_torch(self, device=device, dtype=dtype, all_blobs=all_blobs)
+
+    def run(self, inputs, device="cpu", all_blobs=False, batch_size=None, dtype=None):
+        """Run on numpy inputs ({blob: array} or one array) -> {blob: numpy array}."""
+        from .backends.torch_backend import run_numpy
+        return run_numpy(self, inputs, device=device, all_blobs=all_blobs, batch_size=batch_size,
+                         dtype=dtype)
+
+    def export_onnx(self, path, **kwargs):
+        from .backends.onnx_backend import export_onnx
+        return export_onnx(self, path, **kwargs)
+
+    def reshaped(self, batch):
+        """The same model with every input's batch dimension set to `batch`."""
+        graph = build_graph(self.net, None, phase=self.phase, batch=batch, source=self.prototxt or "",
+                            base_dir=self._base_dir())
+        for new, old in zip(graph.nodes, self.graph.nodes):
+            new.blobs = old.blobs
+        m = Model(graph, self.net, self.prototxt, self.weights_path, self.warnings, self.phase)
+        m.quantization = dict(self.quantization)
+        return m
+
+    def _base_dir(self):
+        return os.path.dirname(os.path.abspath(self.prototxt)) if self.prototxt else os.getcwd()
+
+
+def _looks_binary(path):
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    return b"\x00" in head
+
+
+def read_net(prototxt, ignore_unknown=False, warnings=None):
+    """Read a prototxt (or a caffemodel holding the net) and upgrade it to V2 like Caffe."""
+    warnings = [] if warnings is None else warnings
+    path = os.fspath(prototxt)
+    if not os.path.exists(path):
+        raise ParseError(f"{path}: no such file")
+    net = read_prototxt(path, ignore_unknown=ignore_unknown, warnings=warnings)
+    notes = upgrade_net(net, source=path)
+    warnings.extend(notes)
+    return net
+
+
+def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, ignore_unknown=False,
+         random_weights=False, seed=0):
+    """Load a Caffe model: prototxt (+ caffemodel) -> Model.
+
+    phase: "TEST" (default, deploy and evaluation) or "TRAIN".
+    batch: override the batch dimension of every input.
+    random_weights: fill weights the caffemodel does not supply (or all, without one).
+    A `.caffeq` file is accepted in place of the prototxt.
+    """
+    path = os.fspath(prototxt)
+    if path.endswith(".caffeq"):
+        from .io.container import load_caffeq
+        return load_caffeq(path, phase=phase, batch=batch)
+    warnings = []
+    net = read_net(path, ignore_unknown=ignore_unknown, warnings=warnings)
+    blobs = None
+    weights_path = None
+    if weights is not None:
+        weights_path = os.fspath(weights)
+        if not os.path.exists(weights_path):
+            raise ParseError(f"{weights_path}: no such file")
+        cm = read_caffemodel(weights_path)
+        upgrade_net(cm.net, source=weights_path, weights=cm.blobs)
+        blobs = cm.blobs
+    graph = build_graph(net, None, phase=phase, stages=stages, level=level, batch=batch, source=path)
+    if blobs is not None:
+        from .ir import attach_weights
+        names = {n.name for n in graph.nodes}
+        extra = [k for k, v in blobs.items() if k not in names and v]
+        if extra:
+            warnings.append(f"{weights_path}: {len(extra)} layer(s) in the weights are not in the net "
+                            f"and were ignored: {', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''}")
+        if random_weights:
+            blobs = {k: v for k, v in blobs.items() if k in names}
+            init_params(graph, seed)
+            for n in graph.nodes:
+                if n.name not in blobs:
+                    blobs[n.name] = [np.asarray(b) for b in (n.blobs or [])]
+        attach_weights(graph, blobs, path, weights_path)
+    elif random_weights:
+        init_params(graph, seed)
+    from .ir import share_params
+    share_params(graph)
+    return Model(graph, net, path, weights_path, warnings, phase)
+
+
+def load_from_text(text, weights=None, **kwargs):
+    """Load from prototxt text (for tests and notebooks)."""
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".prototxt", delete=False) as f:
+        f.write(text)
+        name = f.name
+    try:
+        return load(name, weights=weights, **kwargs)
+    finally:
+        os.unlink(name)
+
+
+__all__ = ["Model", "load", "read_net", "load_from_text", "CaffeqError"]

@@ -1,0 +1,57 @@
+"""Every reference case made by the real Caffe: shapes and every blob's values."""
+import numpy as np
+import pytest
+
+from conftest import caffe_blob_source, assert_close
+
+
+def test_weights_load_with_caffes_shapes(case):
+    model = case.load()
+    from caffeq.io.caffemodel import read_caffemodel
+    cm = read_caffemodel(case.weights)
+    for node in model.layers:
+        if node.blobs:
+            assert len(node.blobs) == len(node.expected_param_shapes)
+            for arr, shape in zip(node.blobs, node.expected_param_shapes):
+                assert tuple(arr.shape) == tuple(shape)
+    assert model.params.keys() <= set(cm.blobs)
+
+
+def test_inferred_shapes_equal_caffes(case):
+    model = case.load()
+    ours = model.blob_shapes
+    for blob, shape in case.meta["blob_shapes"].items():
+        src = caffe_blob_source(blob, ours)
+        assert src is not None, f"blob {blob} missing"
+        assert tuple(ours[src]) == tuple(shape), f"{blob}: {ours[src]} != Caffe's {shape}"
+
+
+def test_every_blob_matches_caffe(case):
+    model = case.load()
+    got = model.run(case.inputs, all_blobs=True)
+    atol, rtol = case.tolerance
+    for blob, ref in case.outputs.items():
+        src = caffe_blob_source(blob, got)
+        assert src is not None, f"blob {blob} not produced"
+        assert_close(got[src], ref, atol, rtol, f"{case.name}/{blob}")
+
+
+def test_net_outputs_are_caffes(case):
+    model = case.load()
+    assert sorted(model.outputs) == sorted(case.meta["outputs"])
+
+
+def test_results_do_not_depend_on_batch_size(case):
+    model = case.load()
+    inputs = case.inputs
+    n = next(iter(inputs.values())).shape[0]
+    if n < 2 or not all(v.shape[0] == n for v in inputs.values()) or not model.layers[0].spec.is_data:
+        pytest.skip("single-item case")
+    if any(node.type in ("BatchReindex", "Filter", "LSTM", "RNN", "DetectionOutput",
+                         "Embed", "Parameter") for node in model.layers):
+        pytest.skip("items are not independent along axis 0 in this case")
+    full = model.run(inputs)
+    single = model.run({k: v[:1] for k, v in inputs.items()})
+    for k, v in single.items():
+        if full[k].ndim and full[k].shape[0] == n and v.shape[0] == 1:
+            np.testing.assert_allclose(v[0], full[k][0], rtol=1e-5, atol=1e-5)
