@@ -43,6 +43,8 @@ class CaffeLayer(nn.Module):
         return [getattr(self, n) for n in self.blob_attrs]
 
     def forward(self, *inputs):
+        if self.spec.uses_training_flag:
+            return self.spec.forward(self.attrs, self.blob_tensors(), *inputs, training=self.training)
         return self.spec.forward(self.attrs, self.blob_tensors(), *inputs)
 
     def extra_repr(self):

@@ -1,4 +1,6 @@
 """Structural layers: Input, Split, Silence, Dropout."""
+import torch.nn.functional as F
+
 from .registry import Layer, LayerError, register_layer
 
 
@@ -61,8 +63,11 @@ class Dropout(Layer):
             raise LayerError(f"dropout_param.dropout_ratio must be in [0, 1), got {ratio}")
         return {"ratio": ratio}
 
-    def forward(self, attrs, params, x):
-        return x
+    uses_training_flag = True
+
+    def forward(self, attrs, params, x, training=False):
+        # Caffe scales by 1/(1-ratio) while training, exactly as torch's dropout does
+        return F.dropout(x, attrs["ratio"], training=training) if training else x
 
     def onnx(self, ctx, node):
         ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]])

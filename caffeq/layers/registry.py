@@ -40,8 +40,9 @@ class Layer:
     is_data = False
     #: True for layers that exist only for training (losses, accuracy): dropped on export
     is_training_only = False
-    #: True when top i may alias bottom i (purely elementwise, safe in place)
-    in_place_ok = True
+    #: True when forward needs torch's train/eval mode: it is then called as
+    #: forward(attrs, params, *inputs, training=bool) (Dropout, BatchNorm)
+    uses_training_flag = False
 
     def parse(self, lp):
         return {}
