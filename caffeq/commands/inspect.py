@@ -1,0 +1,109 @@
+"""`caffeq inspect`: layers, shapes, parameters and multiply-accumulates of a model."""
+import math
+import sys
+
+from .common import add_model_args, load_model, write_json
+
+
+def add_parser(sub):
+    p = sub.add_parser("inspect", help="show layers, shapes, parameter counts and MACs",
+                       description="Print a table of the net: layer, type, bottoms -> tops, output "
+                                   "shapes, parameters and multiply-accumulates, with totals.")
+    add_model_args(p)
+    p.add_argument("--json", nargs="?", const="-", metavar="OUT.json",
+                   help="write the summary as JSON (to stdout without a file name)")
+    p.add_argument("--onnx", metavar="MODEL.onnx", help="also count the nodes of an exported ONNX file")
+    return p
+
+
+def summarize(model):
+    g = model.graph
+    layers = []
+    total_params = total_macs = 0
+    for node in g.nodes:
+        in_shapes = [g.tensors[t].shape for t in node.inputs]
+        out_shapes = [g.tensors[t].shape for t in node.outputs]
+        shapes = node.expected_param_shapes or []
+        params = sum(math.prod(s) for i, s in enumerate(shapes) if i not in node.shared_from)
+        try:
+            macs = int(node.spec.macs(node.attrs, in_shapes, out_shapes))
+        except Exception:  # an estimate only; never fail the listing for it
+            macs = 0
+        total_params += params
+        total_macs += macs
+        layers.append({
+            "name": node.name, "type": node.type, "bottoms": list(node.bottoms), "tops": list(node.tops),
+            "output_shapes": {g.tensors[t].blob: list(g.tensors[t].shape) for t in node.outputs},
+            "params": params, "macs": macs,
+            "weights_loaded": node.blobs is not None if node.has_params else None,
+        })
+    return {
+        "name": g.name,
+        "inputs": {k: list(v) for k, v in model.inputs.items()},
+        "outputs": model.outputs,
+        "layers": layers,
+        "totals": {"layers": len(layers), "params": total_params, "macs": total_macs,
+                   "param_bytes_fp32": 4 * total_params},
+        "warnings": list(model.warnings),
+        "quantization": dict(getattr(model, "quantization", {}) or {}),
+    }
+
+
+def onnx_node_counts(path):
+    import onnx
+
+    from ..errors import ParseError
+    try:
+        m = onnx.load(path, load_external_data=False)
+    except Exception as e:
+        raise ParseError(f"{path}: not an ONNX model: {e}") from None
+    counts = {}
+    for n in m.graph.node:
+        counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return {"nodes": len(m.graph.node), "by_op": dict(sorted(counts.items())),
+            "opset": max((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), default=None)}
+
+
+def _fmt_count(n):
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+def print_table(summary, out=sys.stdout):
+    rows = [("layer", "type", "bottoms -> tops", "output shape", "params", "MACs")]
+    for L in summary["layers"]:
+        shapes = "; ".join("x".join(map(str, s)) or "scalar" for s in L["output_shapes"].values())
+        rows.append((L["name"], L["type"], f"{','.join(L['bottoms'])} -> {','.join(L['tops'])}",
+                     shapes, _fmt_count(L["params"]) if L["params"] else "", _fmt_count(L["macs"]) if L["macs"] else ""))
+    widths = [min(40, max(len(r[i]) for r in rows)) for i in range(len(rows[0]))]
+    print(f"net '{summary['name']}': inputs "
+          + ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in summary["inputs"].items())
+          + f"; outputs {', '.join(summary['outputs'])}", file=out)
+    for i, r in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
+        if i == 0:
+            print("  ".join("-" * w for w in widths), file=out)
+    t = summary["totals"]
+    print(f"total: {t['layers']} layers, {t['params']:,} parameters "
+          f"({t['param_bytes_fp32'] / 2**20:.2f} MiB as fp32), {t['macs']:,} multiply-accumulates", file=out)
+    for w in summary["warnings"]:
+        print(f"warning: {w}", file=out)
+
+
+def run(args):
+    model = load_model(args)
+    summary = summarize(model)
+    if args.onnx:
+        summary["onnx"] = onnx_node_counts(args.onnx)
+    if args.json:
+        write_json(args.json, summary)
+        if args.json == "-":
+            return 0
+    print_table(summary)
+    if args.onnx:
+        o = summary["onnx"]
+        print(f"onnx {args.onnx}: {o['nodes']} nodes (opset {o['opset']}): "
+              + ", ".join(f"{k} {v}" for k, v in o["by_op"].items()))
+    return 0
