@@ -1,1 +1,435 @@
-"""activation layer specs."""
+"""Neuron layers: one bottom, one top of the same shape, applied elementwise.
+
+Each follows the formula of its BVLC Caffe *_layer.cpp (ReLU, PReLU, ELU,
+Sigmoid, TanH, AbsVal, Power, Exp, Log, BNLL, Threshold, Clip, Swish) or of
+the MobileNet-v2 forks (ReLU6).  Scalars derived from parameters (Exp's
+inner/outer scale, Log's 1/log(base), Power's power*scale) are computed in
+float32 as Caffe does.
+"""
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .registry import Layer, LayerError, register_layer
+
+FLOAT = 1  # onnx.TensorProto.FLOAT
+
+
+# ---- helpers shared with elementwise.py and recurrent.py ----------------------
+
+def need_bottoms(lp, low, high=None):
+    """Caffe's Min/Max/ExactNumBottomBlobs check, as a LayerError."""
+    n = len(lp.bottom)
+    high = low if high is None else high
+    if not low <= n <= high:
+        want = str(low) if low == high else f"{low} to {high}"
+        raise LayerError(f"takes {want} bottom(s), got {n}")
+
+
+def f32(v):
+    """A Python float rounded to float32, as a Caffe Dtype parameter is."""
+    return float(np.float32(v))
+
+
+def scalar(ctx, value, hint=None):
+    """A float32 scalar initializer."""
+    return ctx.const(np.array(value, dtype=np.float32), hint)
+
+
+def onnx_clip(ctx, x, lo, hi, out, name=None):
+    """y = max(lo, min(x, hi)) in Caffe's order (lo > hi gives lo everywhere, as Clip does)."""
+    if lo is not None and hi is not None and lo > hi:
+        mid = ctx.tmp((name or out) + "_min")
+        ctx.add_node("Min", [x, scalar(ctx, hi)], [mid], name=name)
+        ctx.add_node("Max", [mid, scalar(ctx, lo)], [out])
+        return
+    if ctx.opset >= 11:
+        inputs = [x, scalar(ctx, lo) if lo is not None else ""]
+        if hi is not None:
+            inputs.append(scalar(ctx, hi))
+        ctx.add_node("Clip", inputs, [out], name=name)
+    else:
+        attrs = {}
+        if lo is not None:
+            attrs["min"] = float(lo)
+        if hi is not None:
+            attrs["max"] = float(hi)
+        ctx.add_node("Clip", [x], [out], name=name, **attrs)
+
+
+def onnx_mul_scalar(ctx, x, value, hint):
+    out = ctx.tmp(hint)
+    ctx.add_node("Mul", [x, scalar(ctx, value)], [out])
+    return out
+
+
+def onnx_add_scalar(ctx, x, value, hint):
+    out = ctx.tmp(hint)
+    ctx.add_node("Add", [x, scalar(ctx, value)], [out])
+    return out
+
+
+class Neuron(Layer):
+    """One bottom, one top shaped like it (Caffe's NeuronLayer)."""
+
+    def parse(self, lp):
+        need_bottoms(lp, 1)
+        return self.parse_param(lp)
+
+    def parse_param(self, lp):
+        return {}
+
+
+class _Unary(Neuron):
+    """A neuron layer that maps to one torch function and one ONNX op."""
+    torch_fn = None
+    onnx_op = None
+
+    def forward(self, attrs, params, x):
+        return type(self).torch_fn(x)
+
+    def onnx(self, ctx, node):
+        ctx.add_node(self.onnx_op, [node.inputs[0]], [node.outputs[0]], name=node.name)
+
+
+# ---- ReLU family -----------------------------------------------------------------
+
+@register_layer("ReLU")
+class ReLU(Neuron):
+    """max(x, 0) + negative_slope * min(x, 0)."""
+
+    def parse_param(self, lp):
+        return {"negative_slope": f32(lp.relu_param.negative_slope)}
+
+    def forward(self, attrs, params, x):
+        slope = attrs["negative_slope"]
+        if slope == 0:
+            return F.relu(x)
+        return x.clamp(min=0) + slope * x.clamp(max=0)
+
+    def onnx(self, ctx, node):
+        slope = node.attrs["negative_slope"]
+        if slope == 0:
+            ctx.add_node("Relu", [node.inputs[0]], [node.outputs[0]], name=node.name)
+        else:
+            ctx.add_node("LeakyRelu", [node.inputs[0]], [node.outputs[0]], name=node.name,
+                         alpha=float(slope))
+
+
+@register_layer("ReLU6")
+class ReLU6(Neuron):
+    """Fork layer: min(max(x, 0), 6) + negative_slope * min(x, 0).
+
+    The slope comes from relu6_param (rog93's fork) or, when that is absent,
+    relu_param (NVCaffe's ReLU6 reads relu_param.negative_slope).
+    """
+
+    def parse_param(self, lp):
+        if lp.HasField("relu6_param"):
+            slope = lp.relu6_param.negative_slope
+        else:
+            slope = lp.relu_param.negative_slope
+        return {"negative_slope": f32(slope)}
+
+    def forward(self, attrs, params, x):
+        y = x.clamp(min=0, max=6)
+        slope = attrs["negative_slope"]
+        if slope != 0:
+            y = y + slope * x.clamp(max=0)
+        return y
+
+    def onnx(self, ctx, node):
+        x, out = node.inputs[0], node.outputs[0]
+        slope = node.attrs["negative_slope"]
+        if slope == 0:
+            onnx_clip(ctx, x, 0.0, 6.0, out, name=node.name)
+            return
+        clipped = ctx.tmp(node.name + "_clip")
+        onnx_clip(ctx, x, 0.0, 6.0, clipped, name=node.name)
+        neg = ctx.tmp(node.name + "_neg")
+        onnx_clip(ctx, x, None, 0.0, neg)
+        ctx.add_node("Add", [clipped, onnx_mul_scalar(ctx, neg, slope, node.name + "_leak")], [out])
+
+
+@register_layer("PReLU")
+class PReLU(Neuron):
+    """max(x, 0) + a_c * min(x, 0) with a learned slope per channel (axis 1) or one shared.
+
+    Caffe stores the shared slope as a 0-axis blob and the per-channel one as (C,).
+    """
+    blob_names = ("slope",)
+
+    def parse_param(self, lp):
+        return {"channel_shared": bool(lp.prelu_param.channel_shared)}
+
+    def infer(self, attrs, in_shapes):
+        if len(in_shapes[0]) < 2:
+            raise LayerError(f"bottom must have at least 2 axes, got shape {list(in_shapes[0])}")
+        return [tuple(in_shapes[0])]
+
+    def param_shapes(self, attrs, in_shapes):
+        if len(in_shapes[0]) < 2:
+            raise LayerError(f"bottom must have at least 2 axes, got shape {list(in_shapes[0])}")
+        return [()] if attrs["channel_shared"] else [(in_shapes[0][1],)]
+
+    def init_params(self, attrs, shapes, rng):
+        return [np.full(shapes[0], 0.25, np.float32)]  # Caffe's default filler
+
+    @staticmethod
+    def _slope(w, ndim):
+        return w.reshape(w.shape + (1,) * (ndim - 2)) if w.dim() else w
+
+    def forward(self, attrs, params, x):
+        return x.clamp(min=0) + self._slope(params[0], x.dim()) * x.clamp(max=0)
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        w = ctx.weight(node, 0)
+        ndim = len(ctx.shape(x))
+        if not node.attrs["channel_shared"] and ndim > 2:
+            shaped = ctx.tmp(node.name + "_slope")
+            c = node.blobs[0].shape[0] if node.blobs is not None else ctx.shape(x)[1]
+            ctx.add_node("Reshape", [w, ctx.const(np.array([c] + [1] * (ndim - 2), np.int64))], [shaped])
+            w = shaped
+        ctx.add_node("PRelu", [x, w], [node.outputs[0]], name=node.name)
+
+
+@register_layer("ELU")
+class ELU(Neuron):
+    """max(x, 0) + alpha * (exp(min(x, 0)) - 1)."""
+
+    def parse_param(self, lp):
+        return {"alpha": f32(lp.elu_param.alpha)}
+
+    def forward(self, attrs, params, x):
+        return F.elu(x, alpha=attrs["alpha"])
+
+    def onnx(self, ctx, node):
+        ctx.add_node("Elu", [node.inputs[0]], [node.outputs[0]], name=node.name,
+                     alpha=float(node.attrs["alpha"]))
+
+
+@register_layer("Sigmoid")
+class Sigmoid(_Unary):
+    torch_fn = torch.sigmoid
+    onnx_op = "Sigmoid"
+
+
+@register_layer("TanH")
+class TanH(_Unary):
+    torch_fn = torch.tanh
+    onnx_op = "Tanh"
+
+
+@register_layer("AbsVal")
+class AbsVal(_Unary):
+    torch_fn = torch.abs
+    onnx_op = "Abs"
+
+
+# ---- power, exp, log -------------------------------------------------------------
+
+@register_layer("Power")
+class Power(Neuron):
+    """(shift + scale * x) ^ power.  When power * scale == 0 the output ignores x:
+    1 if power == 0, else shift ^ power (Caffe's special case)."""
+
+    def parse_param(self, lp):
+        p = lp.power_param
+        power, scale, shift = f32(p.power), f32(p.scale), f32(p.shift)
+        attrs = {"power": power, "scale": scale, "shift": shift}
+        if f32(power * scale) == 0:
+            value = 1.0 if power == 0 else float(np.power(np.float32(shift), np.float32(power)))
+            attrs["constant"] = value
+        return attrs
+
+    def forward(self, attrs, params, x):
+        if "constant" in attrs:
+            return torch.full_like(x, attrs["constant"])
+        y = x
+        if attrs["scale"] != 1:
+            y = y * attrs["scale"]
+        if attrs["shift"] != 0:
+            y = y + attrs["shift"]
+        if attrs["power"] != 1:
+            y = torch.pow(y, attrs["power"])
+        return y if y is not x else x.clone()
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x, out = node.inputs[0], node.outputs[0]
+        if "constant" in a:
+            shape = ctx.tmp(node.name + "_shape")
+            ctx.add_node("Shape", [x], [shape])
+            ctx.add_node("Expand", [scalar(ctx, a["constant"]), shape], [out], name=node.name)
+            return
+        y = x
+        if a["scale"] != 1:
+            y = onnx_mul_scalar(ctx, y, a["scale"], node.name + "_scaled")
+        if a["shift"] != 0:
+            y = onnx_add_scalar(ctx, y, a["shift"], node.name + "_shifted")
+        if a["power"] != 1:
+            ctx.add_node("Pow", [y, scalar(ctx, a["power"])], [out], name=node.name)
+        else:
+            ctx.add_node("Identity", [y], [out], name=node.name)
+
+
+def _log_base(base, field):
+    """log(base) in float32, 1 for base -1 (meaning e); LayerError where Caffe CHECK-fails."""
+    if base == -1:
+        return 1.0
+    if not base > 0:
+        raise LayerError(f"{field}.base must be strictly positive (or -1 for e), got {base}")
+    return f32(np.log(np.float32(base)))
+
+
+@register_layer("Exp")
+class Exp(Neuron):
+    """base ^ (shift + scale * x), computed as Caffe does: outer * exp(inner * x) with
+    inner = log(base) * scale and outer = base ^ shift."""
+
+    def parse_param(self, lp):
+        p = lp.exp_param
+        base, scale, shift = f32(p.base), f32(p.scale), f32(p.shift)
+        log_base = _log_base(base, "exp_param")
+        inner = f32(np.float32(log_base) * np.float32(scale))
+        if shift == 0:
+            outer = 1.0
+        elif base == -1:
+            outer = f32(np.exp(np.float32(shift)))
+        else:
+            outer = f32(np.power(np.float32(base), np.float32(shift)))
+        if not math.isfinite(outer):
+            raise LayerError(f"exp_param: base^shift = {base}^{shift} overflows float32")
+        return {"base": base, "scale": scale, "shift": shift, "inner": inner, "outer": outer}
+
+    def forward(self, attrs, params, x):
+        y = torch.exp(x if attrs["inner"] == 1 else x * attrs["inner"])
+        return y if attrs["outer"] == 1 else y * attrs["outer"]
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x, out = node.inputs[0], node.outputs[0]
+        if a["inner"] != 1:
+            x = onnx_mul_scalar(ctx, x, a["inner"], node.name + "_inner")
+        if a["outer"] == 1:
+            ctx.add_node("Exp", [x], [out], name=node.name)
+            return
+        e = ctx.tmp(node.name + "_exp")
+        ctx.add_node("Exp", [x], [e], name=node.name)
+        ctx.add_node("Mul", [e, scalar(ctx, a["outer"])], [out])
+
+
+@register_layer("Log")
+class Log(Neuron):
+    """log_base(shift + scale * x) = ln(shift + scale * x) / ln(base)."""
+
+    def parse_param(self, lp):
+        p = lp.log_param
+        base, scale, shift = f32(p.base), f32(p.scale), f32(p.shift)
+        log_base = _log_base(base, "log_param")
+        if log_base == 0:
+            raise LayerError(f"log_param.base {base} gives 1/log(base) = inf")
+        base_scale = f32(np.float32(1) / np.float32(log_base))
+        if not math.isfinite(base_scale):
+            raise LayerError(f"log_param.base {base} gives 1/log(base) = {base_scale}")
+        return {"base": base, "scale": scale, "shift": shift, "base_scale": base_scale}
+
+    def forward(self, attrs, params, x):
+        y = x
+        if attrs["scale"] != 1:
+            y = y * attrs["scale"]
+        if attrs["shift"] != 0:
+            y = y + attrs["shift"]
+        y = torch.log(y)
+        return y if attrs["base_scale"] == 1 else y * attrs["base_scale"]
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x, out = node.inputs[0], node.outputs[0]
+        if a["scale"] != 1:
+            x = onnx_mul_scalar(ctx, x, a["scale"], node.name + "_scaled")
+        if a["shift"] != 0:
+            x = onnx_add_scalar(ctx, x, a["shift"], node.name + "_shifted")
+        if a["base_scale"] == 1:
+            ctx.add_node("Log", [x], [out], name=node.name)
+            return
+        ln = ctx.tmp(node.name + "_ln")
+        ctx.add_node("Log", [x], [ln], name=node.name)
+        ctx.add_node("Mul", [ln, scalar(ctx, a["base_scale"])], [out])
+
+
+# ---- BNLL, Threshold, Clip, Swish -------------------------------------------------
+
+@register_layer("BNLL")
+class BNLL(Neuron):
+    """log(1 + e^x) in Caffe's stable form: x + log(1 + e^-x) for x > 0, log(1 + e^x) otherwise.
+
+    relu(x) + log1p(exp(-|x|)) is that same expression for every x, and its
+    gradient has no inf * 0 from an unused branch.
+    """
+
+    def forward(self, attrs, params, x):
+        return x.clamp(min=0) + torch.log1p(torch.exp(-x.abs()))
+
+    def onnx(self, ctx, node):
+        ctx.add_node("Softplus", [node.inputs[0]], [node.outputs[0]], name=node.name)
+
+
+@register_layer("Threshold")
+class Threshold(Neuron):
+    """1 where x > threshold, else 0 (Caffe has no gradient for it)."""
+
+    def parse_param(self, lp):
+        return {"threshold": f32(lp.threshold_param.threshold)}
+
+    def forward(self, attrs, params, x):
+        return (x > attrs["threshold"]).to(x.dtype)
+
+    def onnx(self, ctx, node):
+        gt = ctx.tmp(node.name + "_gt")
+        ctx.add_node("Greater", [node.inputs[0], scalar(ctx, node.attrs["threshold"])], [gt],
+                     name=node.name)
+        ctx.add_node("Cast", [gt], [node.outputs[0]], to=FLOAT)
+
+
+@register_layer("Clip")
+class Clip(Neuron):
+    """max(min, min(x, max)); both bounds are required fields."""
+
+    def parse_param(self, lp):
+        p = lp.clip_param
+        missing = [f for f in ("min", "max") if not (lp.HasField("clip_param") and p.HasField(f))]
+        if missing:
+            raise LayerError(f"clip_param.{' and clip_param.'.join(missing)} required")
+        return {"min": f32(p.min), "max": f32(p.max)}
+
+    def forward(self, attrs, params, x):
+        # clamp(max) then clamp(min): Caffe's order, which gives min everywhere if min > max
+        return x.clamp(max=attrs["max"]).clamp(min=attrs["min"])
+
+    def onnx(self, ctx, node):
+        onnx_clip(ctx, node.inputs[0], node.attrs["min"], node.attrs["max"], node.outputs[0],
+                  name=node.name)
+
+
+@register_layer("Swish")
+class Swish(Neuron):
+    """x * sigmoid(beta * x)."""
+
+    def parse_param(self, lp):
+        return {"beta": f32(lp.swish_param.beta)}
+
+    def forward(self, attrs, params, x):
+        beta = attrs["beta"]
+        return x * torch.sigmoid(x if beta == 1 else x * beta)
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        beta = node.attrs["beta"]
+        arg = x if beta == 1 else onnx_mul_scalar(ctx, x, beta, node.name + "_beta_x")
+        sig = ctx.tmp(node.name + "_sigmoid")
+        ctx.add_node("Sigmoid", [arg], [sig], name=node.name)
+        ctx.add_node("Mul", [x, sig], [node.outputs[0]])

@@ -1,1 +1,343 @@
-"""norm layer specs."""
+"""Normalization layers: BatchNorm, LRN, MVN, Softmax (BVLC Caffe semantics).
+
+- BatchNorm has no affine part (a Scale layer follows it).  Its blobs are the
+  running mean, variance and a moving-average factor s; the statistics used
+  are blob / s, with s == 0 meaning 0.  NVCaffe's `scale_bias` adds scale and
+  bias blobs (5 in all) and uses the mean/variance blobs as they are.
+- LRN ACROSS_CHANNELS: x * (k + alpha/n * sum of x^2 over n channels)^-beta.
+  WITHIN_CHANNEL is Caffe's split/square/AVE-pool/power/product chain:
+  x * (1 + alpha * mean of x^2 over an n x n window)^-beta (k is unused there,
+  and the window average always divides by n*n, zero padding included).
+- MVN adds eps to the standard deviation, not to the variance, and its top is
+  Caffe's legacy 4-axis shape.
+"""
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .registry import Layer, LayerError, canonical_axis, count, register_layer
+
+
+# ---- ONNX helpers shared with misc.py ---------------------------------------------
+
+def onnx_reduce(ctx, op, x, axes, keepdims, out=None):
+    """A Reduce* node; axes moved from attribute to input in opset 13 (Sum) / 18 (the rest)."""
+    out = out or ctx.tmp(f"{x}_{op.lower()}")
+    axes = [int(a) for a in axes]
+    if ctx.opset >= 18 or (op == "ReduceSum" and ctx.opset >= 13):
+        ctx.add_node(op, [x, ctx.const(np.array(axes, np.int64))], [out], keepdims=int(keepdims))
+    else:
+        ctx.add_node(op, [x], [out], axes=axes, keepdims=int(keepdims))
+    return out
+
+
+def onnx_channel_vector(ctx, name, channels, rank, axis=1):
+    """Reshape a (C,) tensor so it broadcasts along `axis` of a rank-`rank` tensor."""
+    if rank - axis - 1 <= 0:
+        return name
+    out = ctx.tmp(f"{name}_bcast")
+    shape = np.array([channels] + [1] * (rank - axis - 1), np.int64)
+    ctx.add_node("Reshape", [name, ctx.const(shape)], [out])
+    return out
+
+
+def _bshape(x, channels):
+    """Shape that broadcasts a per-channel vector along axis 1 of x."""
+    if x.dim() <= 1:
+        return (channels,) if x.dim() == 1 and channels == x.shape[0] else (1,) * x.dim() or ()
+    return (1, channels) + (1,) * (x.dim() - 2)
+
+
+# ---- BatchNorm ---------------------------------------------------------------------
+
+@register_layer("BatchNorm")
+class BatchNorm(Layer):
+    blob_names = ("mean", "variance", "factor", "scale", "bias")
+    buffer_blobs = (0, 1, 2)
+    uses_training_flag = True
+
+    def parse(self, lp):
+        p = lp.batch_norm_param
+        eps = float(p.eps)
+        if not eps >= 0:
+            raise LayerError(f"batch_norm_param.eps must be >= 0, got {eps}")
+        scale_bias = bool(p.scale_bias) or p.HasField("scale_filler") or p.HasField("bias_filler")
+        if scale_bias:
+            eps = max(eps, 1e-5)  # NVCaffe clamps eps from below
+        return {
+            # None: Caffe's phase default (global stats at TEST); here torch's eval mode decides
+            "use_global_stats": bool(p.use_global_stats) if p.HasField("use_global_stats") else None,
+            "moving_average_fraction": float(p.moving_average_fraction),
+            "eps": eps,
+            "scale_bias": scale_bias,
+        }
+
+    def _channels(self, attrs, shape):
+        if len(shape) == 0:
+            raise LayerError("BatchNorm needs an input with at least one axis")
+        attrs["channels"] = 1 if len(shape) == 1 else int(shape[1])
+        return attrs["channels"]
+
+    def infer(self, attrs, in_shapes):
+        if len(in_shapes) != 1:
+            raise LayerError(f"BatchNorm takes one bottom, got {len(in_shapes)}")
+        self._channels(attrs, in_shapes[0])
+        return [tuple(in_shapes[0])]
+
+    def param_shapes(self, attrs, in_shapes):
+        c = self._channels(attrs, in_shapes[0])
+        shapes = [(c,), (c,), (1,)]
+        if attrs["scale_bias"]:
+            shapes += [(c,), (c,)]
+        return shapes
+
+    def init_params(self, attrs, shapes, rng):
+        c = shapes[0][0]
+        blobs = [np.zeros(c, np.float32), np.ones(c, np.float32), np.ones(1, np.float32)]
+        if attrs["scale_bias"]:
+            blobs += [np.ones(c, np.float32), np.zeros(c, np.float32)]
+        return blobs
+
+    def _uses_global(self, attrs, training):
+        if attrs["scale_bias"]:
+            return not training  # NVCaffe: the phase alone decides
+        g = attrs["use_global_stats"]
+        return (not training) if g is None else g
+
+    @staticmethod
+    def global_stats(attrs, params):
+        """(mean, variance) the layer uses with stored statistics."""
+        if attrs["scale_bias"]:
+            return params[0], params[1]  # NVCaffe ignores the factor blob
+        s = params[2].reshape(())
+        f = torch.where(s == 0, torch.zeros_like(s), 1.0 / s)
+        return params[0] * f, params[1] * f
+
+    def forward(self, attrs, params, x, training=False):
+        c = attrs["channels"]
+        bshape = (1, c) + (1,) * (x.dim() - 2) if x.dim() >= 2 else (-1,)
+        if self._uses_global(attrs, training):
+            mean, var = self.global_stats(attrs, params)
+            mean, var = mean.reshape(bshape), var.reshape(bshape)
+        else:
+            dims = [d for d in range(x.dim()) if d != 1] if x.dim() >= 2 else [0]
+            mean = x.mean(dim=dims, keepdim=True)
+            var = ((x - mean) ** 2).mean(dim=dims, keepdim=True)  # biased, as Caffe normalizes
+            if training:
+                self._update(attrs, params, x, mean, var)
+        y = (x - mean) / torch.sqrt(var + attrs["eps"])
+        if attrs["scale_bias"]:
+            y = y * params[3].reshape(bshape) + params[4].reshape(bshape)
+        return y
+
+    @staticmethod
+    def _update(attrs, params, x, mean, var):
+        maf = attrs["moving_average_fraction"]
+        c = attrs["channels"]
+        with torch.no_grad():
+            bm = mean.detach().reshape(-1).to(params[0].dtype)
+            bv = var.detach().reshape(-1).to(params[1].dtype)
+            if attrs["scale_bias"]:
+                # NVCaffe: exponential moving average of the mean and of (variance + eps)
+                params[0].mul_(maf).add_(bm, alpha=1 - maf)
+                params[1].mul_(maf).add_(bv + attrs["eps"], alpha=1 - maf)
+                return
+            m = x.numel() // c
+            correction = m / (m - 1) if m > 1 else 1.0  # Caffe stores the unbiased variance
+            params[2].mul_(maf).add_(1.0)
+            params[0].mul_(maf).add_(bm)
+            params[1].mul_(maf).add_(bv, alpha=correction)
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x, out = node.inputs[0], node.outputs[0]
+        rank = len(ctx.shape(x))
+        if a["scale_bias"]:
+            mean = np.asarray(node.blobs[0], np.float32)
+            var = np.asarray(node.blobs[1], np.float32)
+        else:
+            s = np.float32(np.asarray(node.blobs[2]).reshape(-1)[0])
+            f = np.float32(0) if s == 0 else np.float32(1) / s
+            mean = np.asarray(node.blobs[0], np.float32) * f
+            var = np.asarray(node.blobs[1], np.float32) * f
+        std = np.sqrt(var + np.float32(a["eps"])).astype(np.float32)
+        bshape = (a["channels"],) + (1,) * max(rank - 2, 0)
+        centred = ctx.tmp(node.name + "_centred")
+        ctx.add_node("Sub", [x, ctx.const(mean.reshape(bshape), node.name + "_mean")], [centred],
+                     name=node.name)
+        if not a["scale_bias"]:
+            ctx.add_node("Div", [centred, ctx.const(std.reshape(bshape), node.name + "_std")], [out])
+            return
+        normed = ctx.tmp(node.name + "_normed")
+        ctx.add_node("Div", [centred, ctx.const(std.reshape(bshape), node.name + "_std")], [normed])
+        scaled = ctx.tmp(node.name + "_scaled")
+        ctx.add_node("Mul", [normed, onnx_channel_vector(ctx, ctx.weight(node, 3), a["channels"], rank)],
+                     [scaled])
+        ctx.add_node("Add", [scaled, onnx_channel_vector(ctx, ctx.weight(node, 4), a["channels"], rank)],
+                     [out])
+
+
+# ---- LRN -----------------------------------------------------------------------------
+
+ACROSS_CHANNELS, WITHIN_CHANNEL = 0, 1
+
+
+@register_layer("LRN")
+class LRN(Layer):
+    def parse(self, lp):
+        p = lp.lrn_param
+        size = int(p.local_size)
+        if size < 1 or size % 2 != 1:
+            raise LayerError(f"lrn_param.local_size must be odd and >= 1 (Caffe only supports odd sizes), "
+                             f"got {size}")
+        region = int(p.norm_region)
+        if region not in (ACROSS_CHANNELS, WITHIN_CHANNEL):
+            raise LayerError(f"unknown lrn_param.norm_region {region}")
+        return {"size": size, "alpha": float(p.alpha), "beta": float(p.beta), "k": float(p.k),
+                "region": region}
+
+    def infer(self, attrs, in_shapes):
+        s = in_shapes[0]
+        if len(s) != 4:
+            raise LayerError(f"LRN needs a 4-axis (num, channels, height, width) input, got {list(s)}")
+        return [tuple(s)]
+
+    def forward(self, attrs, params, x):
+        n = attrs["size"]
+        pad = (n - 1) // 2
+        sq = x * x
+        if attrs["region"] == ACROSS_CHANNELS:
+            # mean over n channels centred on c, zeros beyond the edges (divides by n always)
+            avg = F.avg_pool3d(sq.unsqueeze(1), (n, 1, 1), stride=1, padding=(pad, 0, 0),
+                               count_include_pad=True).squeeze(1)
+            scale = attrs["k"] + attrs["alpha"] * avg
+        else:
+            # Caffe's AVE pooling with pad (n-1)/2, stride 1: every window divides by n*n
+            avg = F.avg_pool2d(sq, n, stride=1, padding=pad, count_include_pad=True)
+            scale = 1.0 + attrs["alpha"] * avg
+        return x * scale.pow(-attrs["beta"])
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        n = attrs["size"]
+        return count(in_shapes[0]) * (n if attrs["region"] == ACROSS_CHANNELS else n * n)
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x, out = node.inputs[0], node.outputs[0]
+        n = a["size"]
+        if a["region"] == ACROSS_CHANNELS:
+            # ONNX's LRN is Caffe's for odd sizes: window [c - (n-1)/2, c + (n-1)/2], alpha / n
+            ctx.add_node("LRN", [x], [out], name=node.name, size=n, alpha=a["alpha"], beta=a["beta"],
+                         bias=a["k"])
+            return
+        pad = (n - 1) // 2
+        sq = ctx.tmp(node.name + "_sq")
+        ctx.add_node("Mul", [x, x], [sq], name=node.name)
+        avg = ctx.tmp(node.name + "_avg")
+        ctx.add_node("AveragePool", [sq], [avg], kernel_shape=[n, n], strides=[1, 1], pads=[pad] * 4,
+                     count_include_pad=1)
+        scaled = ctx.tmp(node.name + "_scaled")
+        ctx.add_node("Mul", [avg, ctx.const(np.array(a["alpha"], np.float32))], [scaled])
+        shifted = ctx.tmp(node.name + "_shifted")
+        ctx.add_node("Add", [scaled, ctx.const(np.array(1.0, np.float32))], [shifted])
+        powered = ctx.tmp(node.name + "_pow")
+        ctx.add_node("Pow", [shifted, ctx.const(np.array(-a["beta"], np.float32))], [powered])
+        ctx.add_node("Mul", [x, powered], [out])
+
+
+# ---- MVN -------------------------------------------------------------------------------
+
+def legacy_shape(shape):
+    """Caffe's num/channels/height/width view of a blob with at most 4 axes."""
+    return tuple(shape) + (1,) * (4 - len(shape))
+
+
+@register_layer("MVN")
+class MVN(Layer):
+    def parse(self, lp):
+        p = lp.mvn_param
+        eps = float(p.eps)
+        if not eps >= 0:
+            raise LayerError(f"mvn_param.eps must be >= 0, got {eps}")
+        return {"normalize_variance": bool(p.normalize_variance),
+                "across_channels": bool(p.across_channels), "eps": eps}
+
+    def infer(self, attrs, in_shapes):
+        s = in_shapes[0]
+        if not 1 <= len(s) <= 4:
+            raise LayerError(f"MVN works on blobs of 1 to 4 axes (Caffe's num/channels/height/width), "
+                             f"got {list(s)}")
+        # Caffe reshapes the top to (num, channels, height, width) whatever the bottom's rank
+        return [legacy_shape(s)]
+
+    def forward(self, attrs, params, x):
+        x = x.reshape(legacy_shape(x.shape))
+        dims = (1, 2, 3) if attrs["across_channels"] else (2, 3)
+        y = x - x.mean(dim=dims, keepdim=True)
+        if attrs["normalize_variance"]:
+            std = torch.sqrt((y * y).mean(dim=dims, keepdim=True))
+            y = y / (std + attrs["eps"])  # Caffe adds eps to the standard deviation
+        return y
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x, out = node.inputs[0], node.outputs[0]
+        shape = ctx.shape(x)
+        if len(shape) < 4:
+            x4 = ctx.tmp(node.name + "_4d")
+            ctx.add_node("Reshape", [x, ctx.const(np.array((0,) + legacy_shape(shape)[1:], np.int64))], [x4])
+            x = x4
+        axes = [1, 2, 3] if a["across_channels"] else [2, 3]
+        mean = onnx_reduce(ctx, "ReduceMean", x, axes, 1)
+        target = out if not a["normalize_variance"] else ctx.tmp(node.name + "_centred")
+        ctx.add_node("Sub", [x, mean], [target], name=node.name)
+        if not a["normalize_variance"]:
+            return
+        sq = ctx.tmp(node.name + "_sq")
+        ctx.add_node("Mul", [target, target], [sq])
+        var = onnx_reduce(ctx, "ReduceMean", sq, axes, 1)
+        std = ctx.tmp(node.name + "_std")
+        ctx.add_node("Sqrt", [var], [std])
+        den = ctx.tmp(node.name + "_den")
+        ctx.add_node("Add", [std, ctx.const(np.array(a["eps"], np.float32))], [den])
+        ctx.add_node("Div", [target, den], [out])
+
+
+# ---- Softmax -----------------------------------------------------------------------------
+
+@register_layer("Softmax")
+class Softmax(Layer):
+    def parse(self, lp):
+        return {"axis": int(lp.softmax_param.axis)}
+
+    def infer(self, attrs, in_shapes):
+        s = in_shapes[0]
+        attrs["_axis"] = canonical_axis(attrs["axis"], len(s), "softmax_param.axis")
+        return [tuple(s)]
+
+    def forward(self, attrs, params, x):
+        return torch.softmax(x, dim=attrs["_axis"])
+
+    def onnx(self, ctx, node):
+        emit_softmax(ctx, node.inputs[0], node.outputs[0], node.attrs["_axis"],
+                     len(ctx.shape(node.inputs[0])), name=node.name)
+
+
+def emit_softmax(ctx, x, out, axis, rank, name=None):
+    """Softmax along one axis; before opset 13 ONNX's Softmax flattened from `axis` on."""
+    if ctx.opset >= 13 or axis == rank - 1:
+        ctx.add_node("Softmax", [x], [out], name=name, axis=axis)
+        return out
+    perm = list(range(rank))
+    perm[axis], perm[-1] = perm[-1], perm[axis]
+    t = ctx.tmp(f"{x}_t")
+    ctx.add_node("Transpose", [x], [t], name=name, perm=perm)
+    s = ctx.tmp(f"{x}_softmax")
+    ctx.add_node("Softmax", [t], [s], axis=rank - 1)
+    ctx.add_node("Transpose", [s], [out], perm=perm)
+    return out
+
+
+__all__ = ["BatchNorm", "LRN", "MVN", "Softmax", "onnx_reduce", "emit_softmax", "legacy_shape"]

@@ -161,7 +161,11 @@ def spatial_params(param, ndim, name, default, allow_hw=True, min_value=None):
             raise LayerError(f"both {h_field} and {w_field} are required")
         values = (getattr(param, h_field), getattr(param, w_field))
     else:
-        rep = list(getattr(param, name))
+        value = getattr(param, name)
+        if isinstance(value, int):  # PoolingParameter declares these as scalars, not repeated
+            rep = [value] if param.HasField(name) else []
+        else:
+            rep = list(value)
         if len(rep) == 0:
             values = (default,) * ndim
         elif len(rep) == 1:

@@ -1,1 +1,635 @@
-"""shape_ops layer specs."""
+"""Shape layers: Concat, Slice, Flatten, Reshape, Crop, Tile, Im2col, BatchReindex, Filter.
+
+Each follows BVLC Caffe's layer (src/caffe/layers/<name>_layer.cpp).  Top shapes
+are computed from the *runtime* bottom shapes in forward, with the same
+functions that `infer` uses on Caffe's static shapes, so a model runs at any
+batch size.  ONNX emission never writes dim 0 into a shape constant: it uses 0
+in Reshape (copy) or Shape/Slice/Concat subgraphs.
+"""
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .registry import Layer, LayerError, canonical_axis, register_layer
+
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def _i64(values):
+    return np.asarray(list(values), dtype=np.int64)
+
+
+# ---- small ONNX helpers (opset >= 13 input forms; see ctx.opset) ---------------
+
+def _onnx_slice(ctx, x, starts, ends, axes, out=None, name=None):
+    """Slice with constant or tensor starts/ends (tensor names are passed through)."""
+    out = out or ctx.tmp(x + "_slice")
+    s = starts if isinstance(starts, str) else ctx.const(_i64(starts))
+    e = ends if isinstance(ends, str) else ctx.const(_i64(ends))
+    ctx.add_node("Slice", [x, s, e, ctx.const(_i64(axes))], [out], name=name)
+    return out
+
+
+def _onnx_dims(ctx, x, start, end):
+    """1-D int64 tensor holding x.shape[start:end] at run time."""
+    shape = ctx.tmp(x + "_shape")
+    ctx.add_node("Shape", [x], [shape])
+    return _onnx_slice(ctx, shape, [start], [end], [0])
+
+
+def _onnx_shape_from(ctx, x, pieces):
+    """Concat of pieces: ("const", [ints]) or ("dim", i) meaning x.shape[i] at run time."""
+    merged = []
+    for kind, val in pieces:
+        if kind == "const" and merged and merged[-1][0] == "const":
+            merged[-1] = ("const", merged[-1][1] + list(val))
+        else:
+            merged.append((kind, list(val) if kind == "const" else val))
+    parts = [ctx.const(_i64(v)) if k == "const" else _onnx_dims(ctx, x, v, v + 1) for k, v in merged]
+    if len(parts) == 1:
+        return parts[0]
+    out = ctx.tmp(x + "_target_shape")
+    ctx.add_node("Concat", parts, [out], axis=0)
+    return out
+
+
+def _onnx_reshape(ctx, x, spec, out, name=None):
+    """Reshape to `spec`: one entry per output axis, an int (ONNX semantics: 0 copies the input
+    axis of the same index, -1 infers) or ("dim", i) for input axis i taken at run time."""
+    if all(isinstance(v, int) for v in spec):
+        target = ctx.const(_i64(spec))
+    else:
+        target = _onnx_shape_from(ctx, x, [("dim", v[1]) if isinstance(v, tuple) else ("const", [v])
+                                           for v in spec])
+    ctx.add_node("Reshape", [x, target], [out], name=name)
+    return out
+
+
+def _check_in_place(lp):
+    if lp.top and lp.bottom and lp.top[0] == lp.bottom[0]:
+        raise LayerError(f"{lp.type} does not allow in-place computation (top == bottom)")
+
+
+# ---- Concat -------------------------------------------------------------------
+
+@register_layer("Concat")
+class Concat(Layer):
+    def parse(self, lp):
+        p = lp.concat_param
+        if p.HasField("axis") and p.HasField("concat_dim"):
+            raise LayerError("concat_param: set either axis or concat_dim, not both")
+        if not lp.bottom:
+            raise LayerError("Concat needs at least one bottom")
+        if p.HasField("concat_dim"):
+            return {"axis": int(p.concat_dim), "legacy": True}
+        return {"axis": int(p.axis), "legacy": False}
+
+    def _axis(self, attrs, ndim):
+        if attrs["legacy"]:  # concat_dim: no negative indexing
+            if attrs["axis"] >= ndim:
+                raise LayerError(f"concat_dim {attrs['axis']} out of range for a {ndim}-axis blob")
+            return attrs["axis"]
+        return canonical_axis(attrs["axis"], ndim, "concat_param.axis")
+
+    def infer(self, attrs, in_shapes):
+        first = tuple(in_shapes[0])
+        axis = attrs["_axis"] = self._axis(attrs, len(first))
+        top = list(first)
+        for i, s in enumerate(in_shapes[1:], 1):
+            if len(s) != len(first):
+                raise LayerError(f"bottom {i} has {len(s)} axes, bottom 0 has {len(first)}")
+            if any(a != b for j, (a, b) in enumerate(zip(first, s)) if j != axis):
+                raise LayerError(f"bottoms must match except along axis {axis}: "
+                                 f"{list(first)} vs {list(s)}")
+            top[axis] += s[axis]
+        return [tuple(top)]
+
+    def forward(self, attrs, params, *xs):
+        if len(xs) == 1:
+            return xs[0]
+        return torch.cat(xs, dim=attrs["_axis"])
+
+    def onnx(self, ctx, node):
+        if len(node.inputs) == 1:
+            ctx.add_node("Identity", node.inputs, node.outputs, name=node.name)
+        else:
+            ctx.add_node("Concat", list(node.inputs), node.outputs, name=node.name,
+                         axis=node.attrs["_axis"])
+
+
+# ---- Slice --------------------------------------------------------------------
+
+def _slice_sizes(attrs, size):
+    """Sizes of the tops along the slice axis, as SliceLayer::Reshape."""
+    tops, points = attrs["tops"], attrs["points"]
+    if points:
+        if tops > size:
+            raise LayerError(f"{tops} tops but the slice axis has only {size} items")
+        bounds = [0] + points + [size]
+        sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+        if sizes[-1] < 0:
+            raise LayerError(f"slice_point {points[-1]} is beyond the slice axis size {size}")
+        return sizes
+    if size % tops:
+        raise LayerError(f"{tops} tops do not evenly divide the slice axis size {size}")
+    return [size // tops] * tops
+
+
+@register_layer("Slice")
+class Slice(Layer):
+    def parse(self, lp):
+        p = lp.slice_param
+        if p.HasField("axis") and p.HasField("slice_dim"):
+            raise LayerError("slice_param: set either axis or slice_dim, not both")
+        points = [int(v) for v in p.slice_point]
+        tops = len(lp.top)
+        if tops < 1:
+            raise LayerError("Slice needs at least one top")
+        if points:
+            if len(points) != tops - 1:
+                raise LayerError(f"{len(points)} slice_point value(s) for {tops} tops "
+                                 f"(need {tops - 1})")
+            prev = 0
+            for v in points:
+                if v <= prev:
+                    raise LayerError(f"slice_point values must be strictly increasing and > 0, "
+                                     f"got {points}")
+                prev = v
+        if p.HasField("slice_dim"):
+            return {"axis": int(p.slice_dim), "legacy": True, "points": points, "tops": tops}
+        return {"axis": int(p.axis), "legacy": False, "points": points, "tops": tops}
+
+    def _axis(self, attrs, ndim):
+        if attrs["legacy"]:
+            if attrs["axis"] >= ndim:
+                raise LayerError(f"slice_dim {attrs['axis']} out of range for a {ndim}-axis blob")
+            return attrs["axis"]
+        return canonical_axis(attrs["axis"], ndim, "slice_param.axis")
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        axis = attrs["_axis"] = self._axis(attrs, len(s))
+        return [s[:axis] + (n,) + s[axis + 1:] for n in _slice_sizes(attrs, s[axis])]
+
+    def forward(self, attrs, params, x):
+        if attrs["tops"] == 1:
+            return x
+        axis = attrs["_axis"]
+        return tuple(torch.split(x, _slice_sizes(attrs, x.shape[axis]), dim=axis))
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x, outs, axis = node.inputs[0], node.outputs, a["_axis"]
+        if a["tops"] == 1:
+            ctx.add_node("Identity", [x], outs, name=node.name)
+            return
+        if axis != 0:  # static size along the axis
+            sizes = _slice_sizes(a, ctx.shape(x)[axis])
+            if ctx.opset >= 13:
+                ctx.add_node("Split", [x, ctx.const(_i64(sizes))], outs, name=node.name, axis=axis)
+            else:
+                ctx.add_node("Split", [x], outs, name=node.name, axis=axis, split=sizes)
+            return
+        # along the batch axis: constant points, or (equal split) bounds from the run-time size
+        if a["points"]:
+            bounds = [0] + a["points"] + [INT64_MAX]
+            for i, out in enumerate(outs):
+                _onnx_slice(ctx, x, [bounds[i]], [bounds[i + 1]], [0], out=out,
+                            name=node.name if i == 0 else None)
+            return
+        n = _onnx_dims(ctx, x, 0, 1)
+        step = ctx.tmp(node.name + "_step")
+        ctx.add_node("Div", [n, ctx.const(_i64([a["tops"]]))], [step])
+        for i, out in enumerate(outs):
+            start, end = ctx.tmp(node.name + "_start"), ctx.tmp(node.name + "_end")
+            ctx.add_node("Mul", [step, ctx.const(_i64([i]))], [start])
+            ctx.add_node("Mul", [step, ctx.const(_i64([i + 1]))], [end])
+            _onnx_slice(ctx, x, start, end, [0], out=out, name=node.name if i == 0 else None)
+
+
+# ---- Flatten ------------------------------------------------------------------
+
+def _flatten_axes(attrs, ndim):
+    start = canonical_axis(attrs["axis"], ndim, "flatten_param.axis")
+    end = canonical_axis(attrs["end_axis"], ndim, "flatten_param.end_axis")
+    # Caffe's count(start, end + 1) needs end + 1 >= start; end == start - 1 inserts a 1
+    if end + 1 < start:
+        raise LayerError(f"flatten_param.end_axis ({attrs['end_axis']} -> {end}) is before "
+                         f"axis ({attrs['axis']} -> {start})")
+    return start, end
+
+
+def _flatten_shape(attrs, shape):
+    start, end = _flatten_axes(attrs, len(shape))
+    return tuple(shape[:start]) + (math.prod(shape[start:end + 1]),) + tuple(shape[end + 1:])
+
+
+@register_layer("Flatten")
+class Flatten(Layer):
+    def parse(self, lp):
+        _check_in_place(lp)
+        p = lp.flatten_param
+        return {"axis": int(p.axis), "end_axis": int(p.end_axis)}
+
+    def infer(self, attrs, in_shapes):
+        return [_flatten_shape(attrs, in_shapes[0])]
+
+    def forward(self, attrs, params, x):
+        return x.reshape(_flatten_shape(attrs, tuple(x.shape)))
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        shape = ctx.shape(x)
+        start, end = _flatten_axes(node.attrs, len(shape))
+        # leading axes copied (0), the merged axis inferred, trailing axes (never dim 0) static
+        merged = -1 if end >= start else 1
+        spec = [0] * start + [merged] + [int(d) for d in shape[end + 1:]]
+        _onnx_reshape(ctx, x, spec, node.outputs[0], name=node.name)
+
+
+# ---- Reshape ------------------------------------------------------------------
+
+def _reshape_plan(attrs, ndim):
+    """(start_axis, end_axis) of the replaced range, as ReshapeLayer::Reshape."""
+    axis, num_axes = attrs["axis"], attrs["num_axes"]
+    start = axis if axis >= 0 else ndim + axis + 1
+    if not 0 <= start <= ndim:
+        raise LayerError(f"reshape_param.axis {axis} out of range for a {ndim}-axis blob")
+    end = ndim if num_axes == -1 else start + num_axes
+    if end > ndim:
+        raise LayerError(f"reshape_param.axis + num_axes = {end} is beyond the {ndim} axes of the bottom")
+    for i in attrs["copy_axes"]:
+        if start + i >= ndim:
+            raise LayerError(f"reshape_param.shape has 0 at position {i}, but the bottom has no "
+                             f"axis {start + i} to copy")
+    return start, end
+
+
+def _reshape_shape(attrs, shape):
+    shape = tuple(int(d) for d in shape)
+    start, end = _reshape_plan(attrs, len(shape))
+    dims = list(attrs["dims"])
+    for i in attrs["copy_axes"]:
+        dims[i] = shape[start + i]
+    top = list(shape[:start]) + dims + list(shape[end:])
+    total = math.prod(shape)
+    inferred = attrs["inferred_axis"]
+    if inferred >= 0:
+        explicit = math.prod(d for j, d in enumerate(dims) if j != inferred)
+        explicit *= math.prod(shape[:start]) * math.prod(shape[end:])
+        if explicit == 0 or total % explicit:
+            raise LayerError(f"bottom count {total} ({list(shape)}) is not divisible by the product "
+                             f"{explicit} of the other dimensions of reshape_param.shape "
+                             f"{attrs['dims']}")
+        top[start + inferred] = total // explicit
+    if math.prod(top) != total:
+        raise LayerError(f"reshape_param.shape {attrs['dims']} gives {top} ({math.prod(top)} "
+                         f"elements) but the bottom {list(shape)} has {total}")
+    return tuple(top)
+
+
+@register_layer("Reshape")
+class Reshape(Layer):
+    def parse(self, lp):
+        _check_in_place(lp)
+        p = lp.reshape_param
+        dims = [int(d) for d in p.shape.dim]
+        inferred = [i for i, d in enumerate(dims) if d == -1]
+        if len(inferred) > 1:
+            raise LayerError(f"reshape_param.shape {dims} has several -1 dims; at most one may be inferred")
+        if any(d < -1 for d in dims):
+            raise LayerError(f"reshape_param.shape {dims} has a dimension below -1")
+        if p.num_axes < -1:
+            raise LayerError(f"reshape_param.num_axes must be >= 0, or -1 for all; got {p.num_axes}")
+        return {"dims": dims, "axis": int(p.axis), "num_axes": int(p.num_axes),
+                "copy_axes": [i for i, d in enumerate(dims) if d == 0],
+                "inferred_axis": inferred[0] if inferred else -1}
+
+    def infer(self, attrs, in_shapes):
+        return [_reshape_shape(attrs, in_shapes[0])]
+
+    def forward(self, attrs, params, x):
+        return x.reshape(_reshape_shape(attrs, tuple(x.shape)))
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x = node.inputs[0]
+        shape = tuple(ctx.shape(x))
+        ndim = len(shape)
+        start, end = _reshape_plan(a, ndim)
+        _reshape_shape(a, shape)  # same checks as infer
+        # where each output axis comes from: ("in", input axis) for copied axes, else its spec value
+        src = [("in", i) for i in range(start)]
+        src += [("in", start + j) if d == 0 else ("val", d) for j, d in enumerate(a["dims"])]
+        src += [("in", i) for i in range(end, ndim)]
+        spec = []
+        needs_batch = False
+        for o, (kind, v) in enumerate(src):
+            if kind == "val":
+                spec.append(v)             # a constant, or -1 (ONNX infers it the same way)
+            elif v == o:
+                spec.append(0)             # same index in input and output: ONNX's copy
+            elif v != 0:
+                spec.append(int(shape[v]))  # a non-batch axis moved to another index: static
+            else:
+                spec.append(("dim", 0))    # the batch axis moved: take it at run time
+                needs_batch = True
+        if needs_batch and -1 not in spec:
+            # the only run-time dim can be inferred from the count instead
+            spec = [-1 if isinstance(v, tuple) else v for v in spec]
+        # (in a computed shape, 0 still means "copy the input axis of the same index")
+        _onnx_reshape(ctx, x, spec, node.outputs[0], name=node.name)
+
+
+# ---- Crop ---------------------------------------------------------------------
+
+def _crop_plan(attrs, shape, ref_shape):
+    """(start_axis, offsets per cropped axis); checks bounds as CropLayer::Reshape."""
+    ndim = len(shape)
+    start = canonical_axis(attrs["axis"], ndim, "crop_param.axis")
+    offs = attrs["offsets"]
+    if len(offs) > 1 and start + len(offs) != ndim:
+        raise LayerError(f"crop_param has {len(offs)} offsets but {ndim - start} axes are cropped "
+                         f"(from axis {start} of a {ndim}-axis blob)")
+    if len(ref_shape) < ndim:
+        raise LayerError(f"the reference bottom {list(ref_shape)} has fewer axes than the "
+                         f"cropped one {list(shape)}")
+    offsets = [offs[0] if len(offs) == 1 else (offs[i - start] if offs else 0) for i in range(start, ndim)]
+    for i, off in zip(range(start, ndim), offsets):
+        if shape[i] - off < ref_shape[i]:
+            raise LayerError(f"crop of axis {i} is out of bounds: size {ref_shape[i]} at offset {off} "
+                             f"of an axis of {shape[i]}")
+    return start, offsets
+
+
+@register_layer("Crop")
+class Crop(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 2:
+            raise LayerError(f"Crop needs 2 bottoms (data, reference), got {len(lp.bottom)}")
+        p = lp.crop_param
+        return {"axis": int(p.axis), "offsets": [int(v) for v in p.offset]}
+
+    def infer(self, attrs, in_shapes):
+        s, ref = tuple(in_shapes[0]), tuple(in_shapes[1])
+        start, _ = _crop_plan(attrs, s, ref)
+        return [s[:start] + ref[start:len(s)]]
+
+    def forward(self, attrs, params, x, ref):
+        start, offsets = _crop_plan(attrs, tuple(x.shape), tuple(ref.shape))
+        for i, off in zip(range(start, x.dim()), offsets):
+            if off or x.shape[i] != ref.shape[i]:
+                x = x.narrow(i, off, ref.shape[i])
+        return x
+
+    def onnx(self, ctx, node):
+        x, ref = node.inputs
+        shape, ref_shape = tuple(ctx.shape(x)), tuple(ctx.shape(ref))
+        start, offsets = _crop_plan(node.attrs, shape, ref_shape)
+        axes = list(range(start, len(shape)))
+        if start == 0:  # dim 0 is cropped to the reference's run-time batch
+            dims = _onnx_dims(ctx, ref, 0, len(shape))
+            ends = ctx.tmp(node.name + "_ends")
+            ctx.add_node("Add", [dims, ctx.const(_i64(offsets))], [ends])
+        else:
+            ends = [o + int(ref_shape[i]) for i, o in zip(axes, offsets)]
+        _onnx_slice(ctx, x, offsets, ends, axes, out=node.outputs[0], name=node.name)
+
+
+# ---- Tile ---------------------------------------------------------------------
+
+@register_layer("Tile")
+class Tile(Layer):
+    def parse(self, lp):
+        p = lp.tile_param
+        if not p.HasField("tiles"):
+            raise LayerError("tile_param.tiles is required")
+        if p.tiles <= 0:
+            raise LayerError(f"tile_param.tiles must be positive, got {p.tiles}")
+        return {"axis": int(p.axis), "tiles": int(p.tiles)}
+
+    def infer(self, attrs, in_shapes):
+        s = list(in_shapes[0])
+        axis = attrs["_axis"] = canonical_axis(attrs["axis"], len(s), "tile_param.axis")
+        s[axis] *= attrs["tiles"]
+        return [tuple(s)]
+
+    def _reps(self, attrs, ndim):
+        reps = [1] * ndim
+        reps[attrs["_axis"]] = attrs["tiles"]
+        return reps
+
+    def forward(self, attrs, params, x):
+        # Caffe copies the whole block from the axis on `tiles` times per outer item: np.tile
+        return x.repeat(*self._reps(attrs, x.dim()))
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        reps = ctx.const(_i64(self._reps(node.attrs, len(ctx.shape(x)))))
+        ctx.add_node("Tile", [x, reps], node.outputs, name=node.name)
+
+
+# ---- Im2col -------------------------------------------------------------------
+
+def _conv_field(p, nsp, name, hw, default, what):
+    """Caffe's Im2colLayer::LayerSetUp reading of kernel/stride/pad (scalar, per-axis or _h/_w)."""
+    h, w = hw
+    if h and (p.HasField(h) or p.HasField(w)):
+        if nsp != 2:
+            raise LayerError(f"{h}/{w} can only be used for 2-D data")
+        if len(getattr(p, name)):
+            raise LayerError(f"set either {name} or {h}/{w}, not both")
+        return (int(getattr(p, h)), int(getattr(p, w)))
+    rep = [int(v) for v in getattr(p, name)]
+    if not rep:
+        if default is None:
+            raise LayerError(f"convolution_param.{name} is required")
+        return (default,) * nsp
+    if len(rep) == 1:
+        return (rep[0],) * nsp
+    if len(rep) != nsp:
+        raise LayerError(f"{name} must be given once or once per spatial axis ({nsp}), "
+                         f"got {len(rep)} values for {what}")
+    return tuple(rep)
+
+
+@register_layer("Im2col")
+class Im2col(Layer):
+    def parse(self, lp):
+        return {"param": lp.convolution_param, "axis": int(lp.convolution_param.axis)}
+
+    def _resolve(self, attrs, shape):
+        ndim = len(shape)
+        if attrs.get("_ndim") == ndim:
+            return
+        p = attrs["param"]
+        axis = canonical_axis(attrs["axis"], ndim, "convolution_param.axis")
+        nsp = ndim - axis - 1
+        if nsp < 1:
+            raise LayerError(f"bottom {list(shape)} has no spatial axes after axis {axis}")
+        what = f"{nsp} spatial axes"
+        kernel = _conv_field(p, nsp, "kernel_size", ("kernel_h", "kernel_w"), None, what)
+        stride = _conv_field(p, nsp, "stride", ("stride_h", "stride_w"), 1, what)
+        pad = _conv_field(p, nsp, "pad", ("pad_h", "pad_w"), 0, what)
+        dilation = _conv_field(p, nsp, "dilation", (None, None), 1, what)
+        if any(k <= 0 for k in kernel):
+            raise LayerError(f"kernel dimensions must be > 0, got {list(kernel)}")
+        if any(s <= 0 for s in stride):
+            raise LayerError(f"stride dimensions must be > 0, got {list(stride)}")
+        if any(d <= 0 for d in dilation):
+            raise LayerError(f"dilation must be > 0, got {list(dilation)}")
+        attrs.update(_ndim=ndim, _axis=axis, kernel=kernel, stride=stride, pad=pad, dilation=dilation)
+
+    @staticmethod
+    def _out_shape(attrs, shape):
+        axis = attrs["_axis"]
+        top = list(shape)
+        top[axis] = shape[axis] * math.prod(attrs["kernel"])
+        for i, (k, s, p, d) in enumerate(zip(attrs["kernel"], attrs["stride"], attrs["pad"],
+                                             attrs["dilation"])):
+            n = shape[axis + 1 + i]
+            top[axis + 1 + i] = (n + 2 * p - (d * (k - 1) + 1)) // s + 1
+        return tuple(top)
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        self._resolve(attrs, s)
+        top = self._out_shape(attrs, s)
+        if any(v <= 0 for v in top[attrs["_axis"] + 1:]):
+            raise LayerError(f"output would be empty: bottom {list(s)}, kernel {list(attrs['kernel'])}, "
+                             f"pad {list(attrs['pad'])}")
+        return [top]
+
+    def forward(self, attrs, params, x):
+        axis = attrs["_axis"]
+        lead = tuple(x.shape[:axis])
+        top = self._out_shape(attrs, tuple(x.shape))
+        x = x.reshape((-1,) + tuple(x.shape[axis:]))  # Caffe loops over count(0, axis) items
+        k, s, p, d = attrs["kernel"], attrs["stride"], attrs["pad"], attrs["dilation"]
+        if len(k) == 2:
+            # F.unfold orders columns as channel, kernel row, kernel col: Caffe's im2col order
+            cols = F.unfold(x, k, dilation=d, padding=p, stride=s)
+        else:
+            pads = [v for pd in reversed(p) for v in (pd, pd)]
+            x = F.pad(x, pads) if any(p) else x
+            for i, (kk, ss, dd) in enumerate(zip(k, s, d)):
+                # windows along spatial axis i become a trailing axis; keep every d-th element
+                x = x.unfold(2 + i, dd * (kk - 1) + 1, ss)[..., ::dd]
+            nsp = len(k)
+            # (B, C, O..., K...) -> (B, C, K..., O...)
+            perm = [0, 1] + [2 + nsp + i for i in range(nsp)] + [2 + i for i in range(nsp)]
+            cols = x.permute(perm)
+        return cols.reshape(lead + tuple(top[axis:]))
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x = node.inputs[0]
+        shape = tuple(ctx.shape(x))
+        axis, k = a["_axis"], a["kernel"]
+        c, kk = int(shape[axis]), math.prod(k)
+        # a grouped convolution with one-hot kernels: output channel c*K + j copies input
+        # channel c at kernel position j (exact: each output is x*1 plus zeros)
+        w = np.zeros((c * kk, 1) + tuple(k), np.float32)
+        onehot = np.eye(kk, dtype=np.float32).reshape((kk, 1) + tuple(k))
+        for ch in range(c):
+            w[ch * kk:(ch + 1) * kk] = onehot
+        top = self._out_shape(a, shape)
+        src = x
+        if axis != 1:
+            src = ctx.tmp(node.name + "_merged")
+            _onnx_reshape(ctx, x, [-1] + [int(v) for v in shape[axis:]], src)
+        conv_out = node.outputs[0] if axis == 1 else ctx.tmp(node.name + "_cols")
+        ctx.add_node("Conv", [src, ctx.const(w, node.name + "_onehot")], [conv_out], name=node.name,
+                     kernel_shape=list(k), strides=list(a["stride"]), pads=list(a["pad"]) * 2,
+                     dilations=list(a["dilation"]), group=c)
+        if axis != 1:
+            lead = _onnx_dims(ctx, x, 0, axis)
+            target = ctx.tmp(node.name + "_shape")
+            ctx.add_node("Concat", [lead, ctx.const(_i64(top[axis:]))], [target], axis=0)
+            ctx.add_node("Reshape", [conv_out, target], node.outputs)
+
+
+# ---- BatchReindex -------------------------------------------------------------
+
+@register_layer("BatchReindex")
+class BatchReindex(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 2:
+            raise LayerError(f"BatchReindex needs 2 bottoms (data, indices), got {len(lp.bottom)}")
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        s, idx = tuple(in_shapes[0]), tuple(in_shapes[1])
+        if len(idx) != 1:
+            raise LayerError(f"the index bottom must be 1-D, got shape {list(idx)}")
+        return [(idx[0],) + s[1:]]
+
+    def forward(self, attrs, params, x, idx):
+        n = x.shape[0]
+        if idx.dim() != 1:
+            raise LayerError(f"BatchReindex: the index blob must be 1-D, got shape {list(idx.shape)}")
+        # Caffe checks the float values, then truncates them to int
+        if idx.numel() and bool(((idx < 0) | (idx >= n)).any()):
+            bad = idx[(idx < 0) | (idx >= n)][0].item()
+            raise LayerError(f"BatchReindex: index {bad} is outside the {n} items of the bottom")
+        return x.index_select(0, idx.to(torch.int64))
+
+    def onnx(self, ctx, node):
+        x, idx = node.inputs
+        ind = ctx.tmp(node.name + "_idx")
+        ctx.add_node("Cast", [idx], [ind], to=7)  # INT64; truncation toward zero, like static_cast
+        ctx.add_node("Gather", [x, ind], node.outputs, name=node.name, axis=0)
+
+
+# ---- Filter -------------------------------------------------------------------
+
+@register_layer("Filter")
+class Filter(Layer):
+    """Keeps the items (axis 0) whose selector (last bottom) is non-zero, for every other bottom.
+
+    The number of kept items depends on the selector's *values*, which shape
+    inference cannot see.  `infer` returns what Caffe itself gives before any
+    data has flowed (FilterLayer::Reshape's first call: the full bottom[0]
+    batch, an upper bound); forward and ONNX (Compress) use the real selector,
+    so run-time outputs have Caffe's post-forward shape.
+    """
+
+    def parse(self, lp):
+        if len(lp.bottom) < 2:
+            raise LayerError("Filter needs at least 2 bottoms (blobs to filter, then the selector)")
+        if len(lp.top) != len(lp.bottom) - 1:
+            raise LayerError(f"Filter needs one top per filtered bottom: {len(lp.bottom) - 1} "
+                             f"top(s), got {len(lp.top)}")
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        sel = tuple(in_shapes[-1])
+        if not sel:
+            raise LayerError("the selector bottom must have at least one axis")
+        if any(d != 1 for d in sel[1:]):
+            raise LayerError(f"selector dimensions must be 1 except the first, got {list(sel)}")
+        for i, s in enumerate(in_shapes[:-1]):
+            if not s or s[0] != sel[0]:
+                raise LayerError(f"bottom {i} {list(s)} must have the selector's first dimension {sel[0]}")
+        # data-dependent: Caffe's setup-time shape (first Reshape uses bottom[0]'s num)
+        return [tuple(in_shapes[0][:1]) + tuple(s[1:]) for s in in_shapes[:-1]]
+
+    def forward(self, attrs, params, *inputs):
+        *xs, sel = inputs
+        for x in xs:
+            if x.shape[0] != sel.shape[0]:
+                raise LayerError(f"Filter: bottom with {x.shape[0]} items but the selector has "
+                                 f"{sel.shape[0]}")
+        keep = torch.nonzero(sel.reshape(sel.shape[0], -1)[:, 0] != 0).flatten()
+        ys = tuple(x.index_select(0, keep) for x in xs)
+        return ys[0] if len(ys) == 1 else ys
+
+    def onnx(self, ctx, node):
+        *xs, sel = node.inputs
+        flat, cond = ctx.tmp(node.name + "_sel"), ctx.tmp(node.name + "_keep")
+        ctx.add_node("Reshape", [sel, ctx.const(_i64([-1]))], [flat])
+        ctx.add_node("Cast", [flat], [cond], to=9)  # BOOL: non-zero -> true, as Caffe's `if (sel)`
+        for i, (x, out) in enumerate(zip(xs, node.outputs)):
+            ctx.add_node("Compress", [x, cond], [out], name=node.name if i == 0 else None, axis=0)

@@ -1,0 +1,206 @@
+"""Bad input: one `caffeq: error:` line naming file/layer/field, exit status 2, no traceback, no output file."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import caffeq
+from caffeq.errors import CaffeqError
+
+REPO = Path(__file__).resolve().parents[1]
+CASES = REPO / "tests" / "fixtures" / "caffe"
+CONV = CASES / "conv_basic"
+
+
+def cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, str(REPO / "cli.py"), *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def assert_one_line_error(res, *needles):
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith("caffeq: warning")]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("caffeq: error: "), lines[0]
+    assert "Traceback" not in res.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text) if isinstance(text, str) else p.write_bytes(text)
+    return p
+
+
+NET = """name: "t"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 3 } }
+"""
+
+
+def test_syntax_error_names_file_line_column(tmp_path):
+    p = write(tmp_path, "bad.prototxt", NET.replace('top: "conv" convolution_param', 'top: "conv" convolution_param {{'))
+    line = assert_one_line_error(cli("inspect", p), "bad.prototxt:3:")
+
+
+def test_unknown_field_names_field_and_layer(tmp_path):
+    p = write(tmp_path, "u.prototxt", NET.replace("kernel_size: 3", "kernel_size: 3 kernal_pad: 1"))
+    assert_one_line_error(cli("inspect", p), "kernal_pad", "conv", "u.prototxt:3")
+
+
+def test_unknown_field_can_be_ignored_with_warning(tmp_path):
+    p = write(tmp_path, "u.prototxt", NET.replace("kernel_size: 3", "kernel_size: 3 kernal_pad: 1"))
+    res = cli("inspect", p, "--ignore-unknown")
+    assert res.returncode == 0, res.stderr
+    assert "warning" in res.stderr and "kernal_pad" in res.stderr
+
+
+def test_unknown_layer_types_all_listed(tmp_path):
+    text = NET + ('layer { name: "a" type: "Frobnicate" bottom: "conv" top: "a" }\n'
+                  'layer { name: "b" type: "Wobble" bottom: "a" top: "b" }\n')
+    line = assert_one_line_error(cli("inspect", write(tmp_path, "x.prototxt", text)), "Frobnicate", "Wobble")
+    assert "Convolution" in line  # the supported list
+
+
+def test_python_layer_is_never_imported(tmp_path):
+    marker = tmp_path / "imported"
+    mod = tmp_path / "evil_layer.py"
+    mod.write_text(f"open({str(marker)!r}, 'w').write('x')\nclass Evil: pass\n")
+    text = NET + ('layer { name: "py" type: "Python" bottom: "conv" top: "py" '
+                  'python_param { module: "evil_layer" layer: "Evil" } }\n')
+    p = write(tmp_path, "py.prototxt", text)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    res = subprocess.run([sys.executable, str(REPO / "cli.py"), "inspect", str(p)], capture_output=True,
+                         text=True, cwd=tmp_path, env=env, timeout=60)
+    assert_one_line_error(res, "evil_layer", "Evil", "py")
+    assert not marker.exists()
+
+
+def test_undefined_bottom(tmp_path):
+    text = NET + 'layer { name: "r" type: "Dropout" bottom: "nothing" top: "r" }\n'
+    assert_one_line_error(cli("inspect", write(tmp_path, "x.prototxt", text)), "'r'", "nothing")
+
+
+def test_negative_and_absurd_dimensions_refused_before_allocating(tmp_path):
+    neg = NET.replace("dim: 8 dim: 8", "dim: -8 dim: 8")
+    assert_one_line_error(cli("inspect", write(tmp_path, "n.prototxt", neg)), "data", "negative")
+    huge = NET.replace("dim: 8 dim: 8", "dim: 100000000 dim: 100000000")
+    res = cli("inspect", write(tmp_path, "h.prototxt", huge))
+    assert_one_line_error(res, "absurd")
+
+
+def test_truncated_caffemodel(tmp_path):
+    data = (CONV / "model.caffemodel").read_bytes()
+    p = write(tmp_path, "t.caffemodel", data[: len(data) // 2])
+    assert_one_line_error(cli("inspect", CONV / "model.prototxt", "--weights", p), "t.caffemodel")
+
+
+def test_random_bytes_caffemodel(tmp_path):
+    p = write(tmp_path, "r.caffemodel", np.random.default_rng(0).bytes(5000))
+    assert_one_line_error(cli("inspect", CONV / "model.prototxt", "--weights", p), "r.caffemodel")
+
+
+def test_misshaped_weights_name_layer_blob_and_shapes(tmp_path):
+    p = write(tmp_path, "m.prototxt", (CONV / "model.prototxt").read_text().replace("num_output: 5", "num_output: 6"))
+    line = assert_one_line_error(cli("inspect", p, "--weights", CONV / "model.caffemodel"), "'conv'", "blob 0")
+    assert "[5, 3, 3, 3]" in line and "[6, 3, 3, 3]" in line
+
+
+def test_missing_weights_for_layer(tmp_path):
+    p = write(tmp_path, "m.prototxt", (CONV / "model.prototxt").read_text().replace('name: "conv"', 'name: "conv_renamed"'))
+    assert_one_line_error(cli("inspect", p, "--weights", CONV / "model.caffemodel"), "conv_renamed")
+
+
+def test_debug_shows_traceback(tmp_path):
+    p = write(tmp_path, "bad.prototxt", "layer { name: ")
+    res = cli("--debug", "inspect", p)
+    assert res.returncode != 0 and "Traceback" in res.stderr
+
+
+def test_failed_run_leaves_no_output_file(tmp_path):
+    out = tmp_path / "out.npz"
+    bad_input = write(tmp_path, "x.npy", b"not numpy")
+    assert_one_line_error(cli("run", CONV / "model.prototxt", "--weights", CONV / "model.caffemodel",
+                              "--input", bad_input, "-o", out), "x.npy")
+    assert not out.exists()
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".caffeq-")]
+
+
+def test_wrong_input_shape_is_one_line(tmp_path):
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((2, 4, 11, 13), np.float32))
+    assert_one_line_error(cli("run", CONV / "model.prototxt", "--weights", CONV / "model.caffemodel",
+                              "--input", x, "-o", tmp_path / "o.npz"), "data")
+
+
+def test_run_refuses_to_overwrite_its_input(tmp_path):
+    x = tmp_path / "x.npz"
+    np.savez(x, data=np.zeros((2, 3, 11, 13), np.float32))
+    before = x.read_bytes()
+    assert_one_line_error(cli("run", CONV / "model.prototxt", "--weights", CONV / "model.caffemodel",
+                              "--input", x, "-o", x), "overwrite")
+    assert x.read_bytes() == before
+
+
+# ---- fuzzing: mutated real files only ever raise CaffeqError -----------------------
+
+_FUZZ_CASES = ["conv_basic", "net_lenet", "legacy_v1_layers", "batchnorm_scale", "pool_ave_pad"]
+
+
+def _load_quietly(prototxt, weights):
+    try:
+        m = caffeq.load(prototxt, weights)
+    except CaffeqError:
+        return
+    assert m.graph is not None
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=st.sampled_from(_FUZZ_CASES), data=st.data())
+def test_fuzz_mutated_caffemodel(tmp_path, case, data):
+    raw = bytearray((CASES / case / "model.caffemodel").read_bytes())
+    kind = data.draw(st.sampled_from(["flip", "truncate", "splice"]))
+    if kind == "flip":
+        for _ in range(data.draw(st.integers(1, 8))):
+            i = data.draw(st.integers(0, len(raw) - 1))
+            raw[i] = data.draw(st.integers(0, 255))
+    elif kind == "truncate":
+        raw = raw[: data.draw(st.integers(0, len(raw)))]
+    else:
+        i = data.draw(st.integers(0, len(raw)))
+        raw[i:i] = data.draw(st.binary(min_size=1, max_size=32))
+    p = tmp_path / "fuzz.caffemodel"
+    p.write_bytes(bytes(raw))
+    _load_quietly(str(CASES / case / "model.prototxt"), str(p))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=st.sampled_from(_FUZZ_CASES), data=st.data())
+def test_fuzz_mutated_prototxt(tmp_path, case, data):
+    text = (CASES / case / "model.prototxt").read_text()
+    kind = data.draw(st.sampled_from(["delete", "insert", "digits"]))
+    if kind == "delete":
+        i = data.draw(st.integers(0, len(text)))
+        text = text[:i] + text[i + data.draw(st.integers(1, 20)):]
+    elif kind == "insert":
+        i = data.draw(st.integers(0, len(text)))
+        text = text[:i] + data.draw(st.sampled_from(["{", "}", '"', "-1", "0", " 99999999999", "x:", "\\"])) + text[i:]
+    else:  # rewrite one number: negative, zero or huge dimensions and parameters
+        import re
+        nums = [m.start() for m in re.finditer(r"\d+", text)]
+        if nums:
+            i = data.draw(st.sampled_from(nums))
+            j = i
+            while j < len(text) and text[j].isdigit():
+                j += 1
+            text = text[:i] + data.draw(st.sampled_from(["0", "-3", "4000000000", "65536", "7"])) + text[j:]
+    p = tmp_path / "fuzz.prototxt"
+    p.write_text(text)
+    _load_quietly(str(p), str(CASES / case / "model.caffemodel"))
