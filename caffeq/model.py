@@ -58,9 +58,15 @@ class Model:
                 f"outputs {self.outputs}>")
 
     # -- backends -----------------------------------------------------------------
-    def to_torch(self, device="cpu", dtype=None, all_blobs=False):
+    def to_torch(self, device="cpu", dtype=None, all_blobs=False, optimize=False):
+        """A torch.fx GraphModule computing the net.
+
+        optimize=True folds BatchNorm/Scale into convolutions, drops identities
+        and uses channels_last (inference speed; outputs equal within tolerance,
+        intermediate blobs of folded layers are no longer available).
+        """
         from .backends.torch_backend import to_torch
-        return to_torch(self, device=device, dtype=dtype, all_blobs=all_blobs)
+        return to_torch(self, device=device, dtype=dtype, all_blobs=all_blobs, optimize=optimize)
 
     def run(self, inputs, device="cpu", all_blobs=False, batch_size=None, dtype=None):
         """Run on numpy inputs ({blob: array} or one array) -> {blob: numpy array}."""
@@ -78,8 +84,12 @@ class Model:
                             base_dir=self._base_dir())
         for new, old in zip(graph.nodes, self.graph.nodes):
             new.blobs = old.blobs
+            if getattr(old, "quant", None):
+                new.quant = old.quant  # keep the compact form for writers (ONNX, .caffeq)
         m = Model(graph, self.net, self.prototxt, self.weights_path, self.warnings, self.phase)
         m.quantization = dict(self.quantization)
+        if getattr(self, "quant_report", None) is not None:
+            m.quant_report = self.quant_report
         return m
 
     def _base_dir(self):

@@ -123,15 +123,21 @@ def resolve_device(device):
     return dev
 
 
-def to_torch(model, device="cpu", dtype=None, all_blobs=False):
+def to_torch(model, device="cpu", dtype=None, all_blobs=False, optimize=False):
     if any(n.has_params and n.blobs is None for n in model.graph.nodes):
         missing = [n.name for n in model.graph.nodes if n.has_params and n.blobs is None]
         raise DataError(f"{model.prototxt}: no weights for layers {', '.join(missing[:5])}"
                         f"{', ...' if len(missing) > 5 else ''}; pass --weights (or random_weights=True)")
+    if optimize:
+        from ..transforms import fold_batchnorm, remove_identities
+        model = fold_batchnorm(remove_identities(model))
     gm = build_module(model, all_blobs=all_blobs)
     gm.to(resolve_device(device))
     if dtype is not None:
         gm.to(dtype)
+    if optimize:
+        gm.to(memory_format=torch.channels_last)
+    gm.eval()
     return gm
 
 
@@ -158,7 +164,7 @@ def check_inputs(model, arrays):
 def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dtype=None, module=None):
     arrays = _as_input_dict(model, inputs)
     check_inputs(model, arrays)
-    gm = module if module is not None else to_torch(model, device=device, dtype=dtype, all_blobs=all_blobs)
+    gm = module if module is not None else to_torch(model, device=device, dtype=dtype, all_blobs=all_blobs).eval()
     dev = next((p.device for p in gm.parameters()), resolve_device(device))
     tdtype = dtype or torch.float32
     n = next(iter(arrays.values())).shape[0] if arrays else 1
@@ -166,7 +172,9 @@ def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dty
     chunks = []
     with torch.inference_mode():
         for start in range(0, max(n, 1), step):
-            feed = [torch.from_numpy(np.ascontiguousarray(arrays[k][start:start + step], dtype=np.float32))
+            # without batch_size, feed whole arrays: inputs need not share dim 0 (BatchReindex indices)
+            feed = [torch.from_numpy(np.ascontiguousarray(arrays[k][start:start + step] if batch_size
+                                                          else arrays[k], dtype=np.float32))
                     .to(dev, tdtype) for k in arrays]
             out = gm(*feed)
             if not isinstance(out, dict):

@@ -1,9 +1,13 @@
-"""Image decoding as Caffe does it (OpenCV: BGR channel order)."""
+"""Image files as Caffe reads them (OpenCV, BGR channel order): ImageData lists and class folders."""
 import os
 
 import numpy as np
 
 from ..errors import DataError
+from .base import CaffeDataset, StringTable, _limited, chw, resize_chw
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".pbm", ".tif", ".tiff", ".webp",
+                    ".jpe", ".jp2", ".pnm", ".ras", ".sr", ".exr", ".hdr", ".pic")
 
 
 def _cv2():
@@ -14,49 +18,209 @@ def _cv2():
     return cv2
 
 
-def decode_image_bytes(data, where="image", is_color=True):
-    """Encoded bytes -> CHW float32 (BGR for colour), like Caffe's DecodeDatumToCVMat."""
+def _flag(cv2, is_color):
+    if is_color is None:
+        return cv2.IMREAD_UNCHANGED          # Caffe's DecodeDatumToCVMatNative (imdecode(.., -1))
+    return cv2.IMREAD_COLOR if is_color else cv2.IMREAD_GRAYSCALE
+
+
+def decode_image_hwc(data, where="image", is_color=True):
+    """Encoded bytes -> H x W x C uint8 (BGR for colour), as cv::imdecode gives it."""
     cv2 = _cv2()
     buf = np.frombuffer(data, np.uint8)
-    flag = cv2.IMREAD_COLOR if is_color else cv2.IMREAD_GRAYSCALE
-    img = cv2.imdecode(buf, flag)
+    if buf.size == 0:
+        raise DataError(f"{where}: empty image data")
+    try:
+        img = cv2.imdecode(buf, _flag(cv2, is_color))
+    except cv2.error as e:
+        raise DataError(f"{where}: cannot decode image: {str(e).strip().splitlines()[-1]}") from None
     if img is None:
-        raise DataError(f"{where}: cannot decode image bytes")
+        raise DataError(f"{where}: cannot decode image bytes (corrupt or not an image)")
+    if img.dtype != np.uint8:
+        # Caffe's DataTransformer CHECKs CV_8U
+        raise DataError(f"{where}: {img.dtype} pixels; Caffe reads 8-bit images only")
     if img.ndim == 2:
         img = img[:, :, None]
-    return img.transpose(2, 0, 1).astype(np.float32)
+    return img
+
+
+def decode_image_bytes(data, where="image", is_color=True):
+    """Encoded bytes -> C x H x W float32 (BGR for colour), like Caffe's DecodeDatumToCVMat.
+
+    is_color: True (colour), False (grey) or None (the file's own channels, native).
+    """
+    return np.ascontiguousarray(chw(decode_image_hwc(data, where, is_color))).astype(np.float32)
+
+
+def read_image(path, is_color=True, resize=None, where=None):
+    """Caffe's ReadImageToCVMat: imread(is_color), then cv::resize (bilinear) when both sizes
+    are given -> C x H x W uint8."""
+    where = where or path
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise DataError(f"{where}: cannot read image: {e.strerror}") from None
+    img = decode_image_hwc(data, where, is_color)
+    if resize:
+        h, w = resize
+        if img.shape[:2] != (h, w):
+            cv2 = _cv2()
+            out = cv2.resize(img, (int(w), int(h)), interpolation=cv2.INTER_LINEAR)
+            img = out[:, :, None] if out.ndim == 2 else out
+    return chw(img)
 
 
 def read_list_file(path):
-    entries = []
+    """An ImageData list: `path label` per line (the label after the last space) -> [(path, label)]."""
+    return list(iter_list_file(path))
+
+
+def iter_list_file(path):
     try:
-        with open(path) as f:
-            for n, line in enumerate(f, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                pos = line.rfind(" ")
-                if pos < 0:
-                    raise DataError(f"{path}:{n}: expected 'path label'")
-                try:
-                    label = int(line[pos + 1:])
-                except ValueError:
-                    raise DataError(f"{path}:{n}: label '{line[pos + 1:]}' is not an integer") from None
-                entries.append((line[:pos], label))
+        f = open(path, encoding="utf-8", errors="surrogateescape")
     except OSError as e:
         raise DataError(f"{path}: cannot read list file: {e.strerror}") from None
-    return entries
+    with f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            pos = line.rfind(" ")
+            if pos < 0:
+                raise DataError(f"{path}:{n}: expected 'path label'")
+            try:
+                label = int(line[pos + 1:])
+            except ValueError:
+                raise DataError(f"{path}:{n}: label '{line[pos + 1:]}' is not an integer") from None
+            yield line[:pos].rstrip(), label
+
+
+class PathResolver:
+    """Relative image paths: the prototxt's folder, then the working directory, then the list's folder.
+
+    The first root that holds an image is tried first for the next ones.
+    """
+
+    def __init__(self, roots):
+        seen = []
+        for r in roots:
+            if r is None:
+                continue
+            r = os.path.abspath(r)
+            if r not in seen:
+                seen.append(r)
+        self.roots = seen
+        self._last = 0
+
+    def __call__(self, path):
+        if os.path.isabs(path) or not self.roots:
+            return path
+        order = [self._last] + [k for k in range(len(self.roots)) if k != self._last]
+        for k in order:
+            cand = os.path.join(self.roots[k], path)
+            if os.path.exists(cand):
+                self._last = k
+                return cand
+        return os.path.join(self.roots[0], path)
 
 
 def first_image_shape(list_path, root_folder="", base_dir=None):
-    entries = read_list_file(list_path)
-    if not entries:
+    """(height, width) of the first image of an ImageData list (what the layer's setup reads)."""
+    first = next(iter_list_file(list_path), None)
+    if first is None:
         raise DataError(f"{list_path}: the image list is empty")
-    cv2 = _cv2()
-    path = os.path.join(root_folder, entries[0][0])
-    img = cv2.imread(path, cv2.IMREAD_UNCHANGED)
-    if img is None and base_dir and not os.path.isabs(path):
-        img = cv2.imread(os.path.join(base_dir, path), cv2.IMREAD_UNCHANGED)
-    if img is None:
-        raise DataError(f"{list_path}: cannot read first image '{path}'")
-    return img.shape[:2]
+    resolve = PathResolver([base_dir, os.getcwd(), os.path.dirname(os.path.abspath(list_path))])
+    path = resolve(root_folder + first[0])
+    img = read_image(path, is_color=None, where=f"{list_path}: first image '{root_folder + first[0]}'")
+    return img.shape[1:]
+
+
+class ImageListDataset(CaffeDataset):
+    """An ImageData source: `path label` lines, `root_folder` + path (string concatenation as
+    in Caffe), read with is_color and resized to (new_height, new_width) when both are set."""
+
+    kind = "image_list"
+
+    def __init__(self, list_path, preprocess=None, root_folder="", new_height=0, new_width=0,
+                 is_color=True, base_dir=None, limit=None):
+        super().__init__(preprocess, limit)
+        if (new_height > 0) != (new_width > 0):
+            raise DataError(f"{list_path}: new_height and new_width must be set together "
+                            f"(got {new_height} and {new_width})")
+        if not os.path.isfile(list_path):
+            raise DataError(f"{list_path}: image list file not found")
+        self.path = os.fspath(list_path)
+        paths, labels = [], []
+        for p, label in iter_list_file(self.path):
+            if limit is not None and len(paths) >= limit:
+                break
+            paths.append(root_folder + p)
+            labels.append(label)
+        self.paths = StringTable(paths)
+        self.labels = np.asarray(labels, np.int64)
+        self.resize = (int(new_height), int(new_width)) if new_height > 0 else None
+        self.is_color = is_color
+        self.resolve = PathResolver([base_dir, os.getcwd(), os.path.dirname(os.path.abspath(self.path))])
+
+    def __len__(self):
+        return len(self.paths)
+
+    def name(self, i):
+        return self.paths[i]
+
+    def load(self, i):
+        rel = self.paths[i]
+        return read_image(self.resolve(rel), self.is_color, self.resize, where=rel), int(self.labels[i])
+
+
+class ImageFolderDataset(CaffeDataset):
+    """root/<class>/<image>: labels are the sorted class folder names' positions."""
+
+    kind = "image_folder"
+
+    def __init__(self, root, preprocess=None, is_color=True, resize=None, limit=None):
+        super().__init__(preprocess, limit)
+        self.root = os.fspath(root)
+        if not os.path.isdir(self.root):
+            raise DataError(f"{self.root}: image folder not found")
+        classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith("."))
+        if not classes:
+            raise DataError(f"{self.root}: no class subfolders (expected root/<class>/<image>)")
+        paths, labels = [], []
+        for label, cls in enumerate(classes):
+            folder = os.path.join(self.root, cls)
+            for dirpath, dirnames, files in os.walk(folder):
+                dirnames.sort()
+                for f in sorted(files):
+                    if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith("."):
+                        paths.append(os.path.relpath(os.path.join(dirpath, f), self.root))
+                        labels.append(label)
+        n = _limited(len(paths), limit)
+        self.classes = classes
+        self.paths = StringTable(paths[:n])
+        self.labels = np.asarray(labels[:n], np.int64)
+        if not n and limit is None:
+            raise DataError(f"{self.root}: no image files in the class folders")
+        self.is_color = is_color
+        self.resize = resize
+
+    def __len__(self):
+        return len(self.paths)
+
+    def name(self, i):
+        return self.paths[i]
+
+    def load(self, i):
+        rel = self.paths[i]
+        img = read_image(os.path.join(self.root, rel), self.is_color, self.resize, where=rel)
+        return img, int(self.labels[i])
+
+    def describe(self):
+        d = super().describe()
+        d["classes"] = list(self.classes)
+        return d
+
+
+__all__ = ["decode_image_bytes", "decode_image_hwc", "read_image", "read_list_file", "first_image_shape",
+           "ImageListDataset", "ImageFolderDataset", "IMAGE_EXTENSIONS", "resize_chw"]

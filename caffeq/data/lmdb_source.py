@@ -5,6 +5,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..io.schema import caffe_pb2
+from .base import CaffeDataset, StringTable, _limited
 
 
 def open_lmdb(path):
@@ -30,20 +31,30 @@ def parse_datum(raw, where="datum"):
     return d
 
 
-def decode_datum(d, where="datum"):
-    """Datum -> (CHW float32 array as Caffe's DataTransformer sees it, label)."""
+def decode_datum(d, where="datum", dtype=np.float32, is_color=None):
+    """Datum -> (C x H x W array as Caffe's DataTransformer sees it, label).
+
+    Encoded datums decode as Caffe's DecodeDatumToCVMatNative (the file's own
+    channels) unless is_color is True/False (force_color / force_gray).
+    dtype=None keeps uint8 pixels as uint8 (float_data stays float32).
+    """
     if d.encoded:
         from .images import decode_image_bytes
-        img = decode_image_bytes(d.data, where)
-        return img, int(d.label)
-    c, h, w = d.channels, d.height, d.width
-    if d.data:
-        arr = np.frombuffer(d.data, dtype=np.uint8)
+        img = decode_image_bytes(d.data, where, is_color=is_color)
     else:
-        arr = np.asarray(d.float_data, dtype=np.float32)
-    if arr.size != c * h * w:
-        raise DataError(f"{where}: {arr.size} values for a {c}x{h}x{w} datum")
-    return arr.reshape(c, h, w).astype(np.float32), int(d.label)
+        c, h, w = d.channels, d.height, d.width
+        if c <= 0 or h <= 0 or w <= 0:
+            raise DataError(f"{where}: datum has shape {c}x{h}x{w}")
+        if d.data:
+            arr = np.frombuffer(d.data, dtype=np.uint8)
+        else:
+            arr = np.asarray(d.float_data, dtype=np.float32)
+        if arr.size != c * h * w:
+            raise DataError(f"{where}: {arr.size} values for a {c}x{h}x{w} datum")
+        img = arr.reshape(c, h, w)
+    if dtype is not None:
+        img = img.astype(dtype)
+    return img, int(d.label)
 
 
 def first_datum_shape(path):
@@ -57,6 +68,85 @@ def first_datum_shape(path):
     finally:
         env.close()
     if d.encoded:
-        img, _ = decode_datum(d, f"{path}: first record")
+        img, _ = decode_datum(d, f"{path}: first record", dtype=None)
         return img.shape
     return (d.channels, d.height, d.width)
+
+
+def scan_keys(path, limit=None):
+    """The keys in cursor order (the order Caffe's Data layer reads), up to limit."""
+    env = open_lmdb(path)
+    keys = []
+    try:
+        with env.begin() as txn:
+            for key in txn.cursor().iternext(keys=True, values=False):
+                if limit is not None and len(keys) >= limit:
+                    break
+                keys.append(key)
+    finally:
+        env.close()
+    return keys
+
+
+class LmdbDataset(CaffeDataset):
+    """A Caffe Data-layer LMDB, read record by record.
+
+    Only the keys are read up front (to index the records); each worker
+    process opens its own environment on first use.
+    """
+
+    kind = "lmdb"
+
+    def __init__(self, path, preprocess=None, limit=None, force_color=False, force_gray=False, resize=None):
+        super().__init__(preprocess, limit)
+        self.path = os.fspath(path)
+        self.keys = StringTable(scan_keys(self.path, limit))
+        self.is_color = True if force_color else (False if force_gray else None)
+        self.resize = resize
+        self._env = None
+        self._pid = None
+
+    def __len__(self):
+        return len(self.keys)
+
+    def name(self, i):
+        return f"{self.path}[{self.keys[i]}]"
+
+    def _environment(self):
+        if self._env is None or self._pid != os.getpid():
+            # an LMDB environment must not cross fork(): each process opens its own
+            self._env = open_lmdb(self.path)
+            self._pid = os.getpid()
+        return self._env
+
+    def close(self):
+        if self._env is not None and self._pid == os.getpid():
+            self._env.close()
+        self._env = None
+        self._pid = None
+
+    def _decode(self, raw, i):
+        where = self.name(i)
+        if raw is None:
+            raise DataError(f"{where}: record vanished from the database")
+        img, label = decode_datum(parse_datum(raw, where), where, dtype=None, is_color=self.is_color)
+        if self.resize:
+            from .base import resize_chw
+            img = resize_chw(img, self.resize, where)
+        return img, label
+
+    def load(self, i):
+        with self._environment().begin(buffers=False) as txn:
+            return self._decode(txn.get(self.keys.raw(i)), i)
+
+    def __getitems__(self, indices):
+        # one read transaction per batch
+        with self._environment().begin(buffers=False) as txn:
+            return [self.make_item(i, lambda i: self._decode(txn.get(self.keys.raw(i)), i))
+                    for i in indices]
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_env"] = None
+        state["_pid"] = None
+        return state

@@ -327,8 +327,6 @@ def read_caffemodel(path):
         raise ParseError(f"{path}: not a valid caffemodel: {e}") from None
     except Exception as e:  # protobuf DecodeError and friends
         raise ParseError(f"{path}: not a valid caffemodel: {type(e).__name__}: {e}") from None
-    if not layer_msgs and not v1_msgs:
-        raise ParseError(f"{path}: holds no layers; not a caffemodel")
     return CaffeModelFile(net=net, blobs=blobs_by_layer, path=path, _mmap=buf)
 
 

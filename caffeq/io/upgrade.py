@@ -1,5 +1,457 @@
-"""Legacy format upgrade (placeholder until the full module lands)."""
+"""Upgrade legacy Caffe nets to the current (V2) format, by BVLC Caffe's rules.
+
+Caffe (src/caffe/util/upgrade_proto.cpp, UpgradeNetAsNeeded) applies, in order:
+  1. V0 -> V1: `layers { layer { type: "conv" ... } }`; padding layers fold
+     into the conv/pool layer that reads them;
+  2. deprecated transform fields of V1 data layers -> transform_param;
+  3. V1 -> V2: `layers { type: CONVOLUTION }` -> `layer { type: "Convolution" }`,
+     blobs_lr / weight_decay / param / blob_share_mode -> ParamSpec;
+  4. `input:` + `input_dim:` / `input_shape:` headers -> one Input layer;
+  5. three-ParamSpec BatchNorm layers get lr_mult = decay_mult = 0.
+We do the same, in place, and return short notes saying what changed.
+Where Caffe would abort (LOG(FATAL)/CHECK) we raise ParseError naming the
+file; where Caffe only logs an error and carries on, we carry on and say so
+in a note.
+
+`weights` is read_caffemodel's {layer name: [BlobData]}: layers that the
+upgrade renames or removes are re-keyed / dropped so the dict keeps matching
+the net's layer names.
+"""
+from ..errors import ParseError
+from .schema import caffe_pb2
+
+_ALL = "*"  # route a V0 field whatever the layer type
+
+# V0 type name -> V1 enum name (UpgradeV0LayerType)
+_V0_TYPES = {
+    "accuracy": "ACCURACY", "bnll": "BNLL", "concat": "CONCAT", "conv": "CONVOLUTION",
+    "data": "DATA", "dropout": "DROPOUT", "euclidean_loss": "EUCLIDEAN_LOSS",
+    "flatten": "FLATTEN", "hdf5_data": "HDF5_DATA", "hdf5_output": "HDF5_OUTPUT",
+    "im2col": "IM2COL", "images": "IMAGE_DATA", "infogain_loss": "INFOGAIN_LOSS",
+    "innerproduct": "INNER_PRODUCT", "lrn": "LRN",
+    "multinomial_logistic_loss": "MULTINOMIAL_LOGISTIC_LOSS", "pool": "POOLING",
+    "relu": "RELU", "sigmoid": "SIGMOID", "softmax": "SOFTMAX", "softmax_loss": "SOFTMAX_LOSS",
+    "split": "SPLIT", "tanh": "TANH", "window_data": "WINDOW_DATA",
+}
+
+# V0 field -> {V0 type (or _ALL): (V1 sub-message, field)}; the order is Caffe's.
+# A V0 field set on a type not listed is dropped with a note (Caffe logs an error).
+_V0_ROUTES = [
+    ("num_output", {"conv": ("convolution_param", "num_output"),
+                    "innerproduct": ("inner_product_param", "num_output")}),
+    ("biasterm", {"conv": ("convolution_param", "bias_term"),
+                  "innerproduct": ("inner_product_param", "bias_term")}),
+    ("weight_filler", {"conv": ("convolution_param", "weight_filler"),
+                       "innerproduct": ("inner_product_param", "weight_filler")}),
+    ("bias_filler", {"conv": ("convolution_param", "bias_filler"),
+                     "innerproduct": ("inner_product_param", "bias_filler")}),
+    ("pad", {"conv": ("convolution_param", "pad"), "pool": ("pooling_param", "pad")}),
+    ("kernelsize", {"conv": ("convolution_param", "kernel_size"),
+                    "pool": ("pooling_param", "kernel_size")}),
+    ("group", {"conv": ("convolution_param", "group")}),
+    ("stride", {"conv": ("convolution_param", "stride"), "pool": ("pooling_param", "stride")}),
+    ("pool", {"pool": ("pooling_param", "pool")}),
+    ("dropout_ratio", {"dropout": ("dropout_param", "dropout_ratio")}),
+    ("local_size", {"lrn": ("lrn_param", "local_size")}),
+    ("alpha", {"lrn": ("lrn_param", "alpha")}),
+    ("beta", {"lrn": ("lrn_param", "beta")}),
+    ("k", {"lrn": ("lrn_param", "k")}),
+    ("source", {"data": ("data_param", "source"), "hdf5_data": ("hdf5_data_param", "source"),
+                "images": ("image_data_param", "source"),
+                "window_data": ("window_data_param", "source"),
+                "infogain_loss": ("infogain_loss_param", "source")}),
+    ("scale", {_ALL: ("transform_param", "scale")}),
+    ("meanfile", {_ALL: ("transform_param", "mean_file")}),
+    ("batchsize", {"data": ("data_param", "batch_size"),
+                   "hdf5_data": ("hdf5_data_param", "batch_size"),
+                   "images": ("image_data_param", "batch_size"),
+                   "window_data": ("window_data_param", "batch_size")}),
+    ("cropsize", {_ALL: ("transform_param", "crop_size")}),
+    ("mirror", {_ALL: ("transform_param", "mirror")}),
+    ("rand_skip", {"data": ("data_param", "rand_skip"), "images": ("image_data_param", "rand_skip")}),
+    ("shuffle_images", {"images": ("image_data_param", "shuffle")}),
+    ("new_height", {"images": ("image_data_param", "new_height")}),
+    ("new_width", {"images": ("image_data_param", "new_width")}),
+    ("concat_dim", {"concat": ("concat_param", "concat_dim")}),
+    ("det_fg_threshold", {"window_data": ("window_data_param", "fg_threshold")}),
+    ("det_bg_threshold", {"window_data": ("window_data_param", "bg_threshold")}),
+    ("det_fg_fraction", {"window_data": ("window_data_param", "fg_fraction")}),
+    ("det_context_pad", {"window_data": ("window_data_param", "context_pad")}),
+    ("det_crop_mode", {"window_data": ("window_data_param", "crop_mode")}),
+    ("hdf5_output_param", {"hdf5_output": ("hdf5_output_param", None)}),
+]
+
+# V1 data layers whose own params carried transform fields before transform_param existed
+_DATA_TRANSFORM_PARAMS = {"DATA": "data_param", "IMAGE_DATA": "image_data_param",
+                          "WINDOW_DATA": "window_data_param"}
+_V2_DATA_TRANSFORM_PARAMS = {"Data": "data_param", "ImageData": "image_data_param",
+                             "WindowData": "window_data_param"}
+_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
+
+# V1 enum name -> V2 type string (UpgradeV1LayerType)
+_V1_TYPES = {
+    "NONE": "", "ABSVAL": "AbsVal", "ACCURACY": "Accuracy", "ARGMAX": "ArgMax", "BNLL": "BNLL",
+    "CONCAT": "Concat", "CONTRASTIVE_LOSS": "ContrastiveLoss", "CONVOLUTION": "Convolution",
+    "DECONVOLUTION": "Deconvolution", "DATA": "Data", "DROPOUT": "Dropout",
+    "DUMMY_DATA": "DummyData", "EUCLIDEAN_LOSS": "EuclideanLoss", "ELTWISE": "Eltwise",
+    "EXP": "Exp", "FLATTEN": "Flatten", "HDF5_DATA": "HDF5Data", "HDF5_OUTPUT": "HDF5Output",
+    "HINGE_LOSS": "HingeLoss", "IM2COL": "Im2col", "IMAGE_DATA": "ImageData",
+    "INFOGAIN_LOSS": "InfogainLoss", "INNER_PRODUCT": "InnerProduct", "LRN": "LRN",
+    "MEMORY_DATA": "MemoryData", "MULTINOMIAL_LOGISTIC_LOSS": "MultinomialLogisticLoss",
+    "MVN": "MVN", "POOLING": "Pooling", "POWER": "Power", "RELU": "ReLU", "SIGMOID": "Sigmoid",
+    "SIGMOID_CROSS_ENTROPY_LOSS": "SigmoidCrossEntropyLoss", "SILENCE": "Silence",
+    "SOFTMAX": "Softmax", "SOFTMAX_LOSS": "SoftmaxWithLoss", "SPLIT": "Split", "SLICE": "Slice",
+    "TANH": "TanH", "WINDOW_DATA": "WindowData", "THRESHOLD": "Threshold",
+}
+
+# Every `*_param` of V1LayerParameter has a same-named LayerParameter field;
+# Caffe copies exactly these.
+_V1_SUBPARAMS = tuple(f.name for f in caffe_pb2.V1LayerParameter.DESCRIPTOR.fields
+                      if f.name.endswith("_param"))
+
+
+def _where(source):
+    return source or "<net>"
+
+
+def net_needs_upgrade(net):
+    """True when upgrade_net would change anything (Caffe's NetNeedsUpgrade)."""
+    return (len(net.layers) > 0 or len(net.input) > 0 or _needs_data_upgrade(net)
+            or _needs_batchnorm_upgrade(net))
 
 
 def upgrade_net(net, source="", weights=None):
-    return []
+    """Upgrade a NetParameter in place as Caffe's UpgradeNetAsNeeded does.
+
+    source names the file in errors and notes; weights ({layer name: [blobs]})
+    is kept consistent with any layer renames/removals. Returns notes ([str]).
+    """
+    where = _where(source)
+    if len(net.layer) and len(net.layers):
+        # Caffe refuses this mix (UpgradeV1Net LOG(FATAL)); V0 would silently drop `layer`
+        raise ParseError(f"{where}: defines both 'layer' (current format) and 'layers' (legacy "
+                         f"V0/V1 format) fields; Caffe refuses to upgrade such a net: convert "
+                         f"the 'layers' entries to 'layer {{ type: \"...\" }}' by hand")
+    notes = []
+    if any(lp.HasField("layer") for lp in net.layers):
+        _upgrade_v0(net, where, weights, notes)
+    if _needs_data_upgrade(net):
+        moved = _upgrade_data_transformation(net)
+        notes.append(f"moved deprecated transform fields of {moved} data layer(s) into transform_param")
+    if len(net.layers):
+        count = _upgrade_v1(net, where, notes)
+        notes.append(f"upgraded {count} V1 'layers' entries to V2 'layer' definitions")
+    if len(net.input):
+        _upgrade_input(net, where, notes)
+    if _needs_batchnorm_upgrade(net):
+        count = _upgrade_batchnorm(net)
+        notes.append(f"set lr_mult and decay_mult to 0 in the 3 param specs of {count} "
+                     f"BatchNorm layer(s) (statistics are not learned)")
+    _warn_v2_data_fields(net, where, notes)
+    return notes
+
+
+# -- V0 -> V1 -----------------------------------------------------------------
+
+def _v0_key(entry):
+    """The name read_caffemodel files a V0/V1 entry's blobs under."""
+    return entry.name or (entry.layer.name if entry.HasField("layer") else "")
+
+
+def _fold_padding_layers(net, where, weights, notes):
+    """Drop V0 padding layers, moving their pad into the conv/pool that reads them
+    (UpgradeV0PaddingLayers). Returns the surviving entries (copies)."""
+    producer = {name: None for name in net.input}   # blob -> index of the entry writing it
+    entries = list(net.layers)
+    kept = []
+    folded = 0
+    for i, entry in enumerate(entries):
+        v0 = entry.layer
+        out = None
+        if v0.type != "padding":
+            out = caffe_pb2.V1LayerParameter()
+            out.CopyFrom(entry)
+            kept.append(out)
+        for j, blob in enumerate(entry.bottom):
+            if blob not in producer:
+                raise ParseError(f"{where}: layer '{v0.name or entry.name}' reads blob '{blob}' "
+                                 f"that no earlier layer or input produces")
+            src = producer[blob]
+            if src is None or entries[src].layer.type != "padding":
+                continue
+            pad_layer = entries[src]
+            pad_name = pad_layer.layer.name or pad_layer.name
+            if v0.type not in ("conv", "pool"):
+                raise ParseError(f"{where}: padding layer '{pad_name}' feeds layer "
+                                 f"'{v0.name or entry.name}' of type '{v0.type}'; a V0 padding "
+                                 f"layer can only feed a conv or pool layer")
+            if len(entry.bottom) != 1:
+                raise ParseError(f"{where}: layer '{v0.name}' reads padding layer '{pad_name}' "
+                                 f"but has {len(entry.bottom)} bottoms (needs exactly 1)")
+            if len(pad_layer.bottom) != 1 or len(pad_layer.top) != 1:
+                raise ParseError(f"{where}: padding layer '{pad_name}' must have exactly one "
+                                 f"bottom and one top")
+            if out is None:  # a padding layer fed by a padding layer fails the type check above
+                continue
+            out.layer.pad = pad_layer.layer.pad
+            out.bottom[j] = pad_layer.bottom[0]
+            folded += 1
+        for blob in entry.top:
+            producer[blob] = i
+    if weights is not None:
+        for entry in entries:
+            if entry.layer.type == "padding":
+                key = _v0_key(entry)
+                if key in weights and not weights[key]:
+                    del weights[key]
+    padding = sum(1 for e in entries if e.layer.type == "padding")
+    if padding:
+        notes.append(f"folded {padding} V0 padding layer(s) into the pad of {folded} "
+                     f"conv/pool layer(s)")
+    return kept
+
+
+def _set_field(msg, field, value):
+    fd = msg.DESCRIPTOR.fields_by_name[field]
+    if fd.is_repeated:
+        getattr(msg, field).append(value)
+    elif fd.message_type is not None:
+        getattr(msg, field).CopyFrom(value)
+    else:
+        setattr(msg, field, value)
+
+
+def _upgrade_v0_layer(entry, where, notes):
+    """One V0 entry (V1 wrapper holding a V0 `layer`) -> V1LayerParameter (UpgradeV0LayerParameter)."""
+    out = caffe_pb2.V1LayerParameter()
+    out.bottom.extend(entry.bottom)
+    out.top.extend(entry.top)
+    if not entry.HasField("layer"):
+        if any(f.name not in ("bottom", "top") for f, _ in entry.ListFields()):
+            notes.append(f"{where}: 'layers' entry '{entry.name}' has no V0 'layer' message in a V0 "
+                         f"net; only its bottoms and tops were kept (as Caffe does)")
+        return out
+    v0 = entry.layer
+    if v0.HasField("name"):
+        out.name = v0.name
+    vtype = v0.type
+    if v0.HasField("type"):
+        if vtype not in _V0_TYPES:
+            raise ParseError(f"{where}: layer '{v0.name}': unknown V0 layer type '{vtype}' "
+                             f"(known: {', '.join(sorted(_V0_TYPES))})")
+        out.type = caffe_pb2.V1LayerParameter.LayerType.Value(_V0_TYPES[vtype])
+    out.blobs.extend(v0.blobs)
+    out.blobs_lr.extend(v0.blobs_lr)
+    out.weight_decay.extend(v0.weight_decay)
+    dropped = []
+    for field, routes in _V0_ROUTES:
+        if not v0.HasField(field):
+            continue
+        route = routes.get(vtype) or routes.get(_ALL)
+        if route is None:
+            dropped.append(field)
+            continue
+        sub_name, target = route
+        sub = getattr(out, sub_name)
+        value = getattr(v0, field)
+        if target is None:          # whole sub-message
+            sub.CopyFrom(value)
+        elif field == "pool":       # enum: same names in V0 and PoolingParameter
+            sub.pool = caffe_pb2.PoolingParameter.PoolMethod.Value(
+                caffe_pb2.V0LayerParameter.PoolMethod.Name(value))
+        else:
+            _set_field(sub, target, value)
+    if dropped:
+        notes.append(f"{where}: layer '{v0.name}' (V0 type '{vtype}'): dropped field(s) "
+                     f"{', '.join(dropped)} that mean nothing for this type (as Caffe does)")
+    return out
+
+
+def _upgrade_v0(net, where, weights, notes):
+    """V0 net -> V1 net (UpgradeV0Net): padding layers folded, then each layer upgraded."""
+    old_keys = [_v0_key(e) for e in net.layers if e.layer.type != "padding"]
+    kept = _fold_padding_layers(net, where, weights, notes)
+    upgraded = [_upgrade_v0_layer(e, where, notes) for e in kept]
+    # Caffe keeps only these header fields of a V0 net
+    header_kept = ("name", "input", "input_dim", "force_backward", "layers")
+    lost = [f.name for f, _ in net.ListFields() if f.name not in header_kept]
+    name = net.name if net.HasField("name") else None
+    inputs, dims = list(net.input), list(net.input_dim)
+    force = net.force_backward if net.HasField("force_backward") else None
+    net.Clear()
+    if name is not None:
+        net.name = name
+    net.layers.extend(upgraded)
+    net.input.extend(inputs)
+    net.input_dim.extend(dims)
+    if force is not None:
+        net.force_backward = force
+    if lost:
+        notes.append(f"{where}: dropped net field(s) {', '.join(lost)} that a V0 net cannot carry "
+                     f"(as Caffe does)")
+    if weights is not None:
+        _rekey(weights, old_keys, [e.name for e in upgraded])
+    notes.append(f"upgraded {len(upgraded)} V0 layers to V1")
+
+
+def _rekey(weights, old_keys, new_keys):
+    """Rename weight entries whose layer changed name, keeping the first owner of a name."""
+    moves = [(o, n) for o, n in zip(old_keys, new_keys) if o != n and o in weights]
+    if not moves:
+        return
+    taken = {o: weights.pop(o) for o, _ in moves}
+    for old, new in moves:
+        weights.setdefault(new, taken[old])
+
+
+# -- deprecated data-layer transform fields --------------------------------------
+
+def _needs_data_upgrade(net):
+    for lp in net.layers:
+        sub = _DATA_TRANSFORM_PARAMS.get(caffe_pb2.V1LayerParameter.LayerType.Name(lp.type)
+                                         if lp.HasField("type") else "")
+        if sub and lp.HasField(sub) and any(getattr(lp, sub).HasField(f) for f in _TRANSFORM_FIELDS):
+            return True
+    return False
+
+
+def _upgrade_data_transformation(net):
+    """Move scale/mean_file/crop_size/mirror of V1 data layers into transform_param."""
+    moved = 0
+    for lp in net.layers:
+        if not lp.HasField("type"):
+            continue
+        sub_name = _DATA_TRANSFORM_PARAMS.get(caffe_pb2.V1LayerParameter.LayerType.Name(lp.type))
+        if not sub_name or not lp.HasField(sub_name):
+            continue
+        sub = getattr(lp, sub_name)
+        present = [f for f in _TRANSFORM_FIELDS if sub.HasField(f)]
+        for f in present:
+            setattr(lp.transform_param, f, getattr(sub, f))
+            sub.ClearField(f)
+        moved += bool(present)
+    return moved
+
+
+def _warn_v2_data_fields(net, where, notes):
+    """V2 data layers with the deprecated fields: Caffe ignores them (no upgrade for `layer`)."""
+    for lp in net.layer:
+        sub_name = _V2_DATA_TRANSFORM_PARAMS.get(lp.type)
+        if not sub_name or not lp.HasField(sub_name):
+            continue
+        present = [f for f in _TRANSFORM_FIELDS if getattr(lp, sub_name).HasField(f)]
+        if present:
+            notes.append(f"{where}: layer '{lp.name}' ({lp.type}): {sub_name} "
+                         f"{', '.join(present)} are deprecated and ignored by Caffe in 'layer' "
+                         f"definitions; put them in transform_param")
+
+
+# -- V1 -> V2 -------------------------------------------------------------------
+
+def _upgrade_v1_layer(v1, where, index):
+    """One V1LayerParameter -> LayerParameter (UpgradeV1LayerParameter)."""
+    lp = caffe_pb2.LayerParameter()
+    lp.bottom.extend(v1.bottom)
+    lp.top.extend(v1.top)
+    if v1.HasField("name"):
+        lp.name = v1.name
+    lp.include.extend(v1.include)
+    lp.exclude.extend(v1.exclude)
+    if v1.HasField("type"):
+        lp.type = _V1_TYPES[caffe_pb2.V1LayerParameter.LayerType.Name(v1.type)]
+    lp.blobs.extend(v1.blobs)
+
+    def spec(i):
+        while len(lp.param) <= i:
+            lp.param.add()
+        return lp.param[i]
+
+    for i, name in enumerate(v1.param):
+        spec(i).name = name
+    for i, mode in enumerate(v1.blob_share_mode):
+        spec(i).share_mode = caffe_pb2.ParamSpec.DimCheckMode.Value(
+            caffe_pb2.V1LayerParameter.DimCheckMode.Name(mode))
+    for i, lr in enumerate(v1.blobs_lr):
+        spec(i).lr_mult = lr
+    for i, decay in enumerate(v1.weight_decay):
+        spec(i).decay_mult = decay
+    lp.loss_weight.extend(v1.loss_weight)
+    for sub in _V1_SUBPARAMS:
+        if v1.HasField(sub):
+            getattr(lp, sub).CopyFrom(getattr(v1, sub))
+    return lp
+
+
+def _upgrade_v1(net, where, notes):
+    """V1 net -> V2 net (UpgradeV1Net). Returns the number of layers upgraded."""
+    v1_layers = list(net.layers)
+    new = []
+    for i, v1 in enumerate(v1_layers):
+        if v1.HasField("layer"):
+            notes.append(f"{where}: 'layers' entry #{i} ('{v1.name}') still holds a V0 'layer' "
+                         f"message; ignored (as Caffe does)")
+        new.append(_upgrade_v1_layer(v1, where, i))
+    net.ClearField("layers")
+    net.ClearField("layer")
+    net.layer.extend(new)
+    return len(new)
+
+
+# -- input headers -> Input layer ---------------------------------------------------
+
+def _upgrade_input(net, where, notes):
+    """`input:` + `input_shape:`/`input_dim:` -> one Input layer named "input" placed first
+    (UpgradeNetInput). Inputs without any shape (old caffemodels) are simply dropped."""
+    names = list(net.input)
+    has_shape, has_dim = len(net.input_shape) > 0, len(net.input_dim) > 0
+    if has_shape or has_dim:
+        lp = caffe_pb2.LayerParameter(name="input", type="Input")
+        lp.top.extend(names)
+        if has_shape:
+            if len(net.input_shape) != len(names):
+                raise ParseError(f"{where}: {len(names)} input(s) {names} but "
+                                 f"{len(net.input_shape)} input_shape entries; give one per input")
+            if has_dim:
+                notes.append(f"{where}: both input_shape and input_dim are given; input_dim "
+                             f"ignored (as Caffe does)")
+            for shape in net.input_shape:
+                lp.input_param.shape.add().CopyFrom(shape)
+        else:
+            dims = list(net.input_dim)
+            if len(dims) != 4 * len(names):
+                raise ParseError(f"{where}: {len(names)} input(s) {names} need "
+                                 f"{4 * len(names)} input_dim values (4 per input), got {len(dims)}")
+            for i in range(len(names)):
+                lp.input_param.shape.add().dim.extend(dims[4 * i:4 * i + 4])
+        layers = [lp] + list(net.layer)
+        net.ClearField("layer")
+        net.layer.extend(layers)
+        shapes = "; ".join(f"{n} {list(s.dim)}" for n, s in zip(names, lp.input_param.shape))
+        notes.append(f"turned the input header into an Input layer 'input' ({shapes})")
+    else:
+        notes.append(f"dropped the shapeless input field(s) {names} (legacy caffemodel header)")
+    net.ClearField("input")
+    net.ClearField("input_shape")
+    net.ClearField("input_dim")
+
+
+# -- BatchNorm -----------------------------------------------------------------------
+
+def _needs_batchnorm_upgrade(net):
+    return any(lp.type == "BatchNorm" and len(lp.param) == 3 for lp in net.layer)
+
+
+def _upgrade_batchnorm(net):
+    """Old BatchNorm definitions listed 3 ParamSpecs; Caffe now pins them to lr 0, decay 0
+    (UpgradeNetBatchNorm, BVLC master since a19357a: names and share modes are kept)."""
+    count = 0
+    for lp in net.layer:
+        if lp.type == "BatchNorm" and len(lp.param) == 3:
+            for spec in lp.param:
+                spec.lr_mult = 0.0
+                spec.decay_mult = 0.0
+            count += 1
+    return count
+
+
+__all__ = ["upgrade_net", "net_needs_upgrade"]

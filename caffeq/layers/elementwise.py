@@ -1,1 +1,292 @@
-"""elementwise layer specs."""
+"""Layers that combine blobs elementwise: Eltwise, Scale, Bias and the Axpy fork.
+
+Scale and Bias (BVLC scale_layer.cpp / bias_layer.cpp) multiply or add a
+tensor whose shape matches bottom[0]'s axes [axis, axis + k), broadcast over
+the axes before and after.  It is either a learned blob (shape from axis and
+num_axes, num_axes -1 meaning "to the end") or a second bottom (its own shape
+gives k).  A 0-axis factor is a scalar.  Scale with bias_term holds its bias
+as the last blob: [scale, bias] with one bottom, [bias] with two.
+"""
+import numpy as np
+import torch
+
+from .activation import need_bottoms, scalar
+from .registry import Layer, LayerError, canonical_axis, register_layer
+
+PROD, SUM, MAX = 0, 1, 2
+_OP_NAMES = {PROD: "PROD", SUM: "SUM", MAX: "MAX"}
+
+
+@register_layer("Eltwise")
+class Eltwise(Layer):
+    """SUM (with one coefficient per bottom), PROD or MAX over any number (>= 2) of bottoms."""
+
+    def parse(self, lp):
+        need_bottoms(lp, 2, 1 << 30)
+        p = lp.eltwise_param
+        op = int(p.operation)
+        if op not in _OP_NAMES:
+            raise LayerError(f"eltwise_param.operation {op} is not PROD, SUM or MAX")
+        coeff = [float(np.float32(c)) for c in p.coeff]
+        if coeff and len(coeff) != len(lp.bottom):
+            raise LayerError(f"eltwise_param.coeff has {len(coeff)} values for {len(lp.bottom)} "
+                             f"bottoms (give one per bottom, or none)")
+        if coeff and op == PROD:
+            raise LayerError("eltwise_param.coeff is only allowed for operation SUM")
+        return {"operation": op, "coeff": coeff or [1.0] * len(lp.bottom)}
+
+    def infer(self, attrs, in_shapes):
+        first = tuple(in_shapes[0])
+        for i, s in enumerate(in_shapes[1:], 1):
+            if tuple(s) != first:
+                raise LayerError(f"bottom {i} has shape {list(s)}, bottom 0 has {list(first)}; "
+                                 f"Eltwise needs equal shapes")
+        return [first]
+
+    def forward(self, attrs, params, *xs):
+        op = attrs["operation"]
+        if op == SUM:
+            y = None
+            for c, x in zip(attrs["coeff"], xs):
+                term = x if c == 1 else x * c
+                y = term if y is None else y + term
+            return y
+        y = xs[0]
+        for x in xs[1:]:
+            y = y * x if op == PROD else torch.maximum(y, x)
+        return y
+
+    def onnx(self, ctx, node):
+        op = node.attrs["operation"]
+        ins, out = list(node.inputs), node.outputs[0]
+        if op == SUM:
+            terms = []
+            for i, (c, x) in enumerate(zip(node.attrs["coeff"], ins)):
+                if c == 1:
+                    terms.append(x)
+                else:
+                    t = ctx.tmp(f"{node.name}_term{i}")
+                    ctx.add_node("Mul", [x, scalar(ctx, c)], [t])
+                    terms.append(t)
+            ctx.add_node("Sum", terms, [out], name=node.name)
+        elif op == PROD:
+            y = ins[0]
+            for i, x in enumerate(ins[1:], 1):
+                nxt = out if i == len(ins) - 1 else ctx.tmp(f"{node.name}_prod{i}")
+                ctx.add_node("Mul", [y, x], [nxt], name=node.name if nxt == out else None)
+                y = nxt
+        else:
+            ctx.add_node("Max", ins, [out], name=node.name)
+
+
+# ---- Scale and Bias ----------------------------------------------------------------
+
+def _learned_shape(x_shape, axis, num_axes, field):
+    """Shape of a learned scale/bias blob (Caffe's LayerSetUp with one bottom)."""
+    ndim = len(x_shape)
+    axis = canonical_axis(axis, ndim, f"{field}.axis")
+    if num_axes < -1:
+        raise LayerError(f"{field}.num_axes must be >= 0, or -1 for all axes to the end; got {num_axes}")
+    if num_axes == -1:
+        return tuple(x_shape[axis:])
+    if axis + num_axes > ndim:
+        raise LayerError(f"{field}: axis {axis} + num_axes {num_axes} extends past bottom[0]'s "
+                         f"{ndim} axes {list(x_shape)}")
+    return tuple(x_shape[axis:axis + num_axes])
+
+
+def _broadcast_axis(x_shape, factor_shape, axis, field, what):
+    """Caffe's Reshape check: the factor's dims equal x's dims from `axis`; axis 0 for a scalar."""
+    if len(factor_shape) == 0:
+        return 0
+    ndim = len(x_shape)
+    axis = canonical_axis(axis, ndim, f"{field}.axis")
+    if axis + len(factor_shape) > ndim:
+        raise LayerError(f"{what} shape {list(factor_shape)} extends past bottom[0]'s shape "
+                         f"{list(x_shape)} when applied from axis {axis}")
+    for i, d in enumerate(factor_shape):
+        if x_shape[axis + i] != d:
+            raise LayerError(f"{what} shape {list(factor_shape)} does not match bottom[0]'s shape "
+                             f"{list(x_shape)} from axis {axis}")
+    return axis
+
+
+def _expand(t, x_dim, axis):
+    """View a factor so that it broadcasts against x from `axis` (trailing axes of size 1)."""
+    trailing = x_dim - axis - t.dim()
+    return t.reshape(tuple(t.shape) + (1,) * trailing) if t.dim() and trailing else t
+
+
+def _onnx_expand(ctx, node, t, t_ndim, x_ndim, axis, hint):
+    """ONNX form of _expand: Reshape with 0s (copy the factor's own dims, no baked batch)."""
+    trailing = x_ndim - axis - t_ndim
+    if t_ndim == 0 or trailing == 0:
+        return t
+    out = ctx.tmp(f"{node.name}_{hint}")
+    ctx.add_node("Reshape", [t, ctx.const(np.array([0] * t_ndim + [1] * trailing, np.int64))], [out])
+    return out
+
+
+@register_layer("Scale")
+class Scale(Layer):
+    """top = x * s (+ b), s a learned blob or bottom[1]; see the module docstring."""
+    blob_names = ("scale", "bias")
+
+    def parse(self, lp):
+        need_bottoms(lp, 1, 2)
+        p = lp.scale_param
+        return {"axis": int(p.axis), "num_axes": int(p.num_axes), "bias_term": bool(p.bias_term),
+                "two_bottoms": len(lp.bottom) == 2,
+                "filler": _constant_filler(p.filler, 1.0) if p.HasField("filler") else 1.0,
+                "bias_filler": _constant_filler(p.bias_filler, 0.0)}
+
+    def _shapes(self, attrs, in_shapes):
+        x = tuple(in_shapes[0])
+        if attrs["two_bottoms"]:
+            scale_shape = tuple(in_shapes[1])
+            bias_shape = _learned_shape(x, attrs["axis"], len(scale_shape), "scale_param") \
+                if attrs["bias_term"] else None
+        else:
+            scale_shape = _learned_shape(x, attrs["axis"], attrs["num_axes"], "scale_param")
+            bias_shape = scale_shape if attrs["bias_term"] else None
+        attrs["_axis"] = _broadcast_axis(x, scale_shape, attrs["axis"], "scale_param", "scale")
+        if bias_shape is not None:
+            attrs["_bias_axis"] = _broadcast_axis(x, bias_shape, attrs["axis"], "scale_param", "bias")
+        return scale_shape, bias_shape
+
+    def infer(self, attrs, in_shapes):
+        self._shapes(attrs, in_shapes)
+        return [tuple(in_shapes[0])]
+
+    def param_shapes(self, attrs, in_shapes):
+        scale_shape, bias_shape = self._shapes(attrs, in_shapes)
+        shapes = [] if attrs["two_bottoms"] else [scale_shape]
+        if bias_shape is not None:
+            shapes.append(bias_shape)
+        return shapes or None
+
+    def init_params(self, attrs, shapes, rng):
+        values = ([] if attrs["two_bottoms"] else [attrs["filler"]]) + \
+            ([attrs["bias_filler"]] if attrs["bias_term"] else [])
+        return [np.full(s, v, np.float32) for s, v in zip(shapes, values)]
+
+    def forward(self, attrs, params, x, *rest):
+        if attrs["two_bottoms"]:
+            s, bias = rest[0], (params[0] if attrs["bias_term"] else None)
+        else:
+            s, bias = params[0], (params[1] if attrs["bias_term"] else None)
+        y = x * _expand(s, x.dim(), attrs["_axis"])
+        if bias is not None:
+            y = y + _expand(bias, x.dim(), attrs["_bias_axis"])
+        return y
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x = node.inputs[0]
+        x_ndim = len(ctx.shape(x))
+        if a["two_bottoms"]:
+            s = node.inputs[1]
+            s_ndim = len(ctx.shape(s))
+            bias_index = 0
+        else:
+            s = ctx.weight(node, 0)
+            s_ndim = len(node.expected_param_shapes[0])
+            bias_index = 1
+        s = _onnx_expand(ctx, node, s, s_ndim, x_ndim, a["_axis"], "scale")
+        if not a["bias_term"]:
+            ctx.add_node("Mul", [x, s], [node.outputs[0]], name=node.name)
+            return
+        scaled = ctx.tmp(node.name + "_scaled")
+        ctx.add_node("Mul", [x, s], [scaled], name=node.name)
+        b = _onnx_expand(ctx, node, ctx.weight(node, bias_index),
+                         len(node.expected_param_shapes[bias_index]), x_ndim, a["_bias_axis"], "bias")
+        ctx.add_node("Add", [scaled, b], [node.outputs[0]])
+
+
+def _constant_filler(filler, default):
+    """The value a constant filler sets (the init of random_weights); others give the default."""
+    if filler.type == "constant":
+        return float(filler.value)
+    return default
+
+
+@register_layer("Bias")
+class Bias(Layer):
+    """top = x + b, b a learned blob or bottom[1] (broadcast like Scale)."""
+    blob_names = ("bias",)
+
+    def parse(self, lp):
+        need_bottoms(lp, 1, 2)
+        p = lp.bias_param
+        return {"axis": int(p.axis), "num_axes": int(p.num_axes), "two_bottoms": len(lp.bottom) == 2,
+                "filler": _constant_filler(p.filler, 0.0)}
+
+    def _shape(self, attrs, in_shapes):
+        x = tuple(in_shapes[0])
+        if attrs["two_bottoms"]:
+            shape = tuple(in_shapes[1])
+        else:
+            shape = _learned_shape(x, attrs["axis"], attrs["num_axes"], "bias_param")
+        attrs["_axis"] = _broadcast_axis(x, shape, attrs["axis"], "bias_param", "bias")
+        return shape
+
+    def infer(self, attrs, in_shapes):
+        self._shape(attrs, in_shapes)
+        return [tuple(in_shapes[0])]
+
+    def param_shapes(self, attrs, in_shapes):
+        shape = self._shape(attrs, in_shapes)
+        return None if attrs["two_bottoms"] else [shape]
+
+    def init_params(self, attrs, shapes, rng):
+        return [np.full(shapes[0], attrs["filler"], np.float32)]
+
+    def forward(self, attrs, params, x, *rest):
+        b = rest[0] if attrs["two_bottoms"] else params[0]
+        return x + _expand(b, x.dim(), attrs["_axis"])
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        if node.attrs["two_bottoms"]:
+            b, b_ndim = node.inputs[1], len(ctx.shape(node.inputs[1]))
+        else:
+            b, b_ndim = ctx.weight(node, 0), len(node.expected_param_shapes[0])
+        b = _onnx_expand(ctx, node, b, b_ndim, len(ctx.shape(x)), node.attrs["_axis"], "bias")
+        ctx.add_node("Add", [x, b], [node.outputs[0]], name=node.name)
+
+
+# ---- Axpy (hujie-frank/SENet) -------------------------------------------------------
+
+@register_layer("Axpy")
+class Axpy(Layer):
+    """top = a * x + y with a = bottom[0] shaped (N, C) or (N, C, 1, 1), x = bottom[1],
+    y = bottom[2] (x and y of equal shape): SENet's fused channel scale + residual sum."""
+
+    def parse(self, lp):
+        need_bottoms(lp, 3)
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        a, x, y = (tuple(s) for s in in_shapes)
+        if len(x) < 2 or len(a) < 2 or a[:2] != x[:2]:
+            raise LayerError(f"bottom[0] {list(a)} must start with bottom[1]'s N x C {list(x[:2])}")
+        if len(a) == 4 and a[2:] != (1, 1):
+            raise LayerError(f"bottom[0] {list(a)} must be N x C x 1 x 1")
+        if any(d != 1 for d in a[2:]):
+            raise LayerError(f"bottom[0] {list(a)} must hold one value per (N, C)")
+        if x != y:
+            raise LayerError(f"bottom[1] {list(x)} and bottom[2] {list(y)} must have equal shapes")
+        return [x]
+
+    def forward(self, attrs, params, a, x, y):
+        a = a.reshape(tuple(a.shape[:2]) + (1,) * (x.dim() - 2))
+        return a * x + y
+
+    def onnx(self, ctx, node):
+        a, x, y = node.inputs
+        x_ndim = len(ctx.shape(x))
+        shaped = ctx.tmp(node.name + "_a")
+        ctx.add_node("Reshape", [a, ctx.const(np.array([0, 0] + [1] * (x_ndim - 2), np.int64))], [shaped])
+        prod = ctx.tmp(node.name + "_ax")
+        ctx.add_node("Mul", [shaped, x], [prod], name=node.name)
+        ctx.add_node("Add", [prod, y], [node.outputs[0]])

@@ -11,8 +11,6 @@
 - MVN adds eps to the standard deviation, not to the variance, and its top is
   Caffe's legacy 4-axis shape.
 """
-import math
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -41,13 +39,6 @@ def onnx_channel_vector(ctx, name, channels, rank, axis=1):
     shape = np.array([channels] + [1] * (rank - axis - 1), np.int64)
     ctx.add_node("Reshape", [name, ctx.const(shape)], [out])
     return out
-
-
-def _bshape(x, channels):
-    """Shape that broadcasts a per-channel vector along axis 1 of x."""
-    if x.dim() <= 1:
-        return (channels,) if x.dim() == 1 and channels == x.shape[0] else (1,) * x.dim() or ()
-    return (1, channels) + (1,) * (x.dim() - 2)
 
 
 # ---- BatchNorm ---------------------------------------------------------------------

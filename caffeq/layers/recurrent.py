@@ -1,1 +1,334 @@
-"""recurrent layer specs."""
+"""RNN and LSTM with the semantics of BVLC Caffe's unrolled recurrent nets.
+
+Bottoms: x (T x N x ...), cont (T x N), optionally x_static (N x ...), and
+with expose_hidden the initial states (1 x N x H each: h0, plus c0 for LSTM).
+Tops: the per-step output (T x N x H), and with expose_hidden the final
+states (h_T, plus c_T for LSTM).  A third-from-last bottom is x_static only
+when there is one bottom more than the minimum, as recurrent_layer.cpp decides.
+
+Per step t (rnn_layer.cpp, lstm_layer.cpp, lstm_unit_layer.cpp):
+    h' = cont_t * h_{t-1}                 (cont_t == 0 starts a new sequence)
+  RNN:  h_t = tanh(W_hh h' + W_xh x_t + b_h [+ W_xh_static x_static])
+        o_t = tanh(W_ho h_t + b_o)        (the top is o)
+  LSTM: [i f o g] = W_hc h' + W_xc x_t + b_c [+ W_xc_static x_static]
+        c_t = cont_t * sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g)
+        h_t = sigmoid(o) * tanh(c_t)      (the top is h)
+x is flattened from axis 2, x_static from axis 1.  Without expose_hidden the
+initial states are zero (a fresh Caffe net; Caffe would carry h_T into the
+next Forward call, which a stateless model cannot).
+
+Blobs, in the order Caffe's unrolled net owns them:
+  RNN:  W_xh (H, K), b_h (H), [W_xh_static (H, Ks)], W_hh (H, H), W_ho (H, H), b_o (H)
+  LSTM: W_xc (4H, K), b_c (4H), [W_xc_static (4H, Ks)], W_hc (4H, H)
+"""
+import math
+
+import numpy as np
+import torch
+
+from ..errors import ExportError
+from .activation import need_bottoms
+from .registry import Layer, LayerError, register_layer
+
+FLOAT = 1  # onnx.TensorProto.FLOAT
+
+
+def _static_or_none(attrs):
+    """weight_axes entry for a blob index that is a weight matrix only with x_static."""
+    return 0 if attrs["static"] else None
+
+
+class Recurrent(Layer):
+    gates = 1           # rows of W per hidden unit
+    num_states = 1      # h (RNN) or h, c (LSTM)
+
+    def parse(self, lp):
+        p = lp.recurrent_param
+        if p.num_output <= 0:
+            raise LayerError("recurrent_param.num_output must be positive")
+        expose = bool(p.expose_hidden)
+        low = 2 + (self.num_states if expose else 0)
+        need_bottoms(lp, low, low + 1)
+        return {"num_output": int(p.num_output), "expose_hidden": expose,
+                "static": len(lp.bottom) == low + 1}
+
+    def _check(self, attrs, in_shapes):
+        x, cont = tuple(in_shapes[0]), tuple(in_shapes[1])
+        if len(x) < 2:
+            raise LayerError(f"bottom[0] must have at least 2 axes (T x N x ...), got {list(x)}")
+        t, n = x[0], x[1]
+        if cont != (t, n):
+            raise LayerError(f"bottom[1] (cont) must be T x N = {[t, n]}, got {list(cont)}")
+        h = attrs["num_output"]
+        k = math.prod(x[2:])
+        ks = None
+        nxt = 2
+        if attrs["static"]:
+            xs = tuple(in_shapes[2])
+            if len(xs) < 1 or xs[0] != n:
+                raise LayerError(f"bottom[2] (x_static) must be N x ... with N = {n}, got {list(xs)}")
+            ks = math.prod(xs[1:])
+            nxt = 3
+        if attrs["expose_hidden"]:
+            for j in range(self.num_states):
+                s = tuple(in_shapes[nxt + j])
+                if s != (1, n, h):
+                    raise LayerError(f"bottom[{nxt + j}] (initial {'hc'[j]}) must be "
+                                     f"{[1, n, h]}, got {list(s)}")
+        return t, n, k, ks, h
+
+    def infer(self, attrs, in_shapes):
+        t, n, _, _, h = self._check(attrs, in_shapes)
+        tops = [(t, n, h)]
+        if attrs["expose_hidden"]:
+            tops += [(1, n, h)] * self.num_states
+        return tops
+
+    def num_tops(self, attrs, lp):
+        return 1 + (self.num_states if attrs["expose_hidden"] else 0)
+
+    def init_params(self, attrs, shapes, rng):
+        # Caffe's default filler is constant 0; small random weights make a useful random model
+        return [(rng.standard_normal(s) / math.sqrt(s[1])).astype(np.float32) if len(s) == 2
+                else np.zeros(s, np.float32) for s in shapes]
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        t, n, k, ks, h = self._check(attrs, in_shapes)
+        g = self.gates * h
+        total = t * n * (k * g + h * g) + (n * ks * g if ks else 0)
+        if self.gates == 1:  # RNN's output projection
+            total += t * n * h * h
+        return total
+
+    # -- helpers for forward ----------------------------------------------------------
+    def _unpack(self, attrs, inputs):
+        x, cont = inputs[0], inputs[1]
+        nxt = 2
+        xs = None
+        if attrs["static"]:
+            xs, nxt = inputs[2], 3
+        states = list(inputs[nxt:nxt + self.num_states]) if attrs["expose_hidden"] else None
+        return x, cont, xs, states
+
+    @staticmethod
+    def _x_transform(x, w, b, xs, ws):
+        """W x_t + b for every step at once, plus the static term (T x N x G)."""
+        t, n = x.shape[0], x.shape[1]
+        gx = torch.matmul(x.reshape(t, n, -1), w.t()) + b
+        if xs is not None:
+            gx = gx + torch.matmul(xs.reshape(xs.shape[0], -1), ws.t())
+        return gx
+
+
+@register_layer("RNN")
+class RNN(Recurrent):
+    # names without x_static (with it, Caffe's order inserts W_xh_static at index 2)
+    blob_names = ("W_xh", "b_h", "W_hh", "W_ho", "b_o")
+    weight_axes = {0: 0, 2: 0, 3: 0, 4: _static_or_none}
+
+    def param_shapes(self, attrs, in_shapes):
+        _, _, k, ks, h = self._check(attrs, in_shapes)
+        shapes = [(h, k), (h,)]
+        if attrs["static"]:
+            shapes.append((h, ks))
+        return shapes + [(h, h), (h, h), (h,)]
+
+    def forward(self, attrs, params, *inputs):
+        x, cont, xs, states = self._unpack(attrs, inputs)
+        if attrs["static"]:
+            w_xh, b_h, w_static, w_hh, w_ho, b_o = params
+        else:
+            (w_xh, b_h, w_hh, w_ho, b_o), w_static = params, None
+        gx = self._x_transform(x, w_xh, b_h, xs, w_static)
+        n, hdim = x.shape[1], attrs["num_output"]
+        h = states[0].reshape(n, hdim) if states is not None else gx.new_zeros(n, hdim)
+        outs = []
+        for t in range(x.shape[0]):
+            h = torch.tanh(torch.matmul(cont[t].unsqueeze(1) * h, w_hh.t()) + gx[t])
+            outs.append(torch.tanh(torch.matmul(h, w_ho.t()) + b_o))
+        o = torch.stack(outs) if outs else gx.new_zeros(0, n, hdim)
+        if attrs["expose_hidden"]:
+            return o, h.unsqueeze(0)
+        return o
+
+    def onnx(self, ctx, node):
+        _onnx_recurrent(ctx, node, lstm=False)
+
+
+@register_layer("LSTM")
+class LSTM(Recurrent):
+    blob_names = ("W_xc", "b_c", "W_hc")  # with x_static: W_xc, b_c, W_xc_static, W_hc
+    weight_axes = {0: 0, 2: 0, 3: _static_or_none}
+    gates = 4
+    num_states = 2
+
+    def param_shapes(self, attrs, in_shapes):
+        _, _, k, ks, h = self._check(attrs, in_shapes)
+        shapes = [(4 * h, k), (4 * h,)]
+        if attrs["static"]:
+            shapes.append((4 * h, ks))
+        return shapes + [(4 * h, h)]
+
+    def forward(self, attrs, params, *inputs):
+        x, cont, xs, states = self._unpack(attrs, inputs)
+        if attrs["static"]:
+            w_xc, b_c, w_static, w_hc = params
+        else:
+            (w_xc, b_c, w_hc), w_static = params, None
+        gx = self._x_transform(x, w_xc, b_c, xs, w_static)
+        n, hd = x.shape[1], attrs["num_output"]
+        if states is not None:
+            h, c = states[0].reshape(n, hd), states[1].reshape(n, hd)
+        else:
+            h = c = gx.new_zeros(n, hd)
+        outs = []
+        for t in range(x.shape[0]):
+            ct = cont[t].unsqueeze(1)
+            gates = torch.matmul(ct * h, w_hc.t()) + gx[t]
+            i = torch.sigmoid(gates[:, :hd])
+            # lstm_unit_layer.cpp: f = 0 where cont == 0, else cont * sigmoid(f')
+            f = ct * torch.sigmoid(gates[:, hd:2 * hd])
+            o = torch.sigmoid(gates[:, 2 * hd:3 * hd])
+            g = torch.tanh(gates[:, 3 * hd:])
+            c = f * c + i * g
+            h = o * torch.tanh(c)
+            outs.append(h)
+        hs = torch.stack(outs) if outs else gx.new_zeros(0, n, hd)
+        if attrs["expose_hidden"]:
+            return hs, h.unsqueeze(0), c.unsqueeze(0)
+        return hs
+
+    def onnx(self, ctx, node):
+        _onnx_recurrent(ctx, node, lstm=True)
+
+
+# ---- ONNX: a Scan over the time axis --------------------------------------------------
+
+def _onnx_recurrent(ctx, node, lstm):
+    """Emit the recurrence as an ONNX Scan over axis 0, so T and N both stay dynamic.
+
+    Outside the loop: the input transform for all steps at once (MatMul over
+    T x N x K) and the static term.  The loop body reads the weights from the
+    outer graph.
+    """
+    try:
+        from onnx import helper
+    except ImportError as e:  # pragma: no cover - onnx is a dependency of export
+        raise ExportError(f"layer '{node.name}': the onnx package is needed: {e}") from None
+    if ctx.opset < 9:
+        raise ExportError(f"layer '{node.name}' ({node.type}): ONNX export needs opset >= 9 (Scan)")
+    a = node.attrs
+    hd = a["num_output"]
+    g = 4 * hd if lstm else hd
+    x, cont = node.inputs[0], node.inputs[1]
+    nxt = 2
+    if a["static"]:
+        xs, nxt = node.inputs[2], 3
+    nstates = 2 if lstm else 1
+    name = node.name
+    i64 = lambda v: ctx.const(np.array(v, np.int64))  # noqa: E731
+
+    def tmp(hint):
+        return ctx.tmp(f"{name}_{hint}")
+
+    # gx = x W^T + b (+ x_static W_static^T): T x N x G
+    x3 = tmp("x3")
+    ctx.add_node("Reshape", [x, i64([0, 0, -1])], [x3])
+    xw = tmp("xw")
+    ctx.add_node("MatMul", [x3, ctx.weight(node, 0, transpose=True)], [xw], name=name)
+    gx = tmp("gx")
+    ctx.add_node("Add", [xw, ctx.weight(node, 1)], [gx])
+    widx = 2
+    if a["static"]:
+        xs2 = tmp("xs2")
+        ctx.add_node("Reshape", [xs, i64([0, -1])], [xs2])
+        sw = tmp("static")
+        ctx.add_node("MatMul", [xs2, ctx.weight(node, 2, transpose=True)], [sw])
+        gx_all = tmp("gx_static")
+        ctx.add_node("Add", [gx, sw], [gx_all])
+        gx = gx_all
+        widx = 3
+    w_h = ctx.weight(node, widx, transpose=True)          # H x G
+    if not lstm:
+        w_o = ctx.weight(node, widx + 1, transpose=True)  # H x H
+        b_o = ctx.weight(node, widx + 2)
+
+    # initial states, N x H
+    if a["expose_hidden"]:
+        init = []
+        for j in range(nstates):
+            s0 = tmp(f"s{j}_0")
+            ctx.add_node("Reshape", [node.inputs[nxt + j], i64([-1, hd])], [s0])
+            init.append(s0)
+    else:
+        shape = tmp("shape")
+        ctx.add_node("Shape", [cont], [shape])
+        n = tmp("n")
+        ctx.add_node("Gather", [shape, i64([1])], [n], axis=0)
+        nh = tmp("nh")
+        ctx.add_node("Concat", [n, i64([hd])], [nh], axis=0)
+        zeros = tmp("zeros")
+        ctx.add_node("ConstantOfShape", [nh], [zeros])
+        init = [zeros] * nstates
+
+    # the body: states (N x H), scan inputs gx_t (N x G), cont_t (N)
+    body_nodes = []
+
+    def bn(op, ins, outs_, **kw):
+        body_nodes.append(helper.make_node(op, ins, outs_, **kw))
+        return outs_[0]
+
+    def vi(nm, shape):
+        return helper.make_tensor_value_info(nm, FLOAT, shape)
+
+    def bconst(v, hint):
+        # constants of the body live in the body (no reliance on outer-scope initializers)
+        out = tmp(hint)
+        body_nodes.append(helper.make_node("Constant", [], [out],
+                                           value=helper.make_tensor(out + "_value", 7, [len(v)], v)
+                                           if isinstance(v, list) else
+                                           helper.make_tensor(out + "_value", 7, [], [v])))
+        return out
+
+    h_in = tmp("h_prev")
+    c_in = tmp("c_prev") if lstm else None
+    gx_t = tmp("gx_t")
+    cont_t = tmp("cont_t")
+    cont_col = bn("Reshape", [cont_t, bconst([-1, 1], "shape_col")], [tmp("cont_col")])
+    h_conted = bn("Mul", [cont_col, h_in], [tmp("h_conted")])
+    hw = bn("MatMul", [h_conted, w_h], [tmp("hw")])
+    pre = bn("Add", [hw, gx_t], [tmp("pre")])
+    h_out = tmp("h_t")
+    if lstm:
+        g4 = bn("Reshape", [pre, bconst([0, 4, hd], "shape_gates")], [tmp("gates")])
+        parts = [bn("Gather", [g4, bconst(k, f"index{k}")], [tmp(f"gate{k}")], axis=1) for k in range(4)]
+        i_ = bn("Sigmoid", [parts[0]], [tmp("i")])
+        f_ = bn("Sigmoid", [parts[1]], [tmp("f_raw")])
+        f_ = bn("Mul", [cont_col, f_], [tmp("f")])
+        o_ = bn("Sigmoid", [parts[2]], [tmp("o")])
+        g_ = bn("Tanh", [parts[3]], [tmp("g")])
+        fc = bn("Mul", [f_, c_in], [tmp("fc")])
+        ig = bn("Mul", [i_, g_], [tmp("ig")])
+        c_out = bn("Add", [fc, ig], [tmp("c_t")])
+        tc = bn("Tanh", [c_out], [tmp("tanh_c")])
+        bn("Mul", [o_, tc], [h_out])
+        y_out = tmp("y_t")
+        bn("Identity", [h_out], [y_out])
+        state_in, state_out = [h_in, c_in], [h_out, c_out]
+    else:
+        bn("Tanh", [pre], [h_out])
+        ho = bn("MatMul", [h_out, w_o], [tmp("ho")])
+        ob = bn("Add", [ho, b_o], [tmp("ob")])
+        y_out = bn("Tanh", [ob], [tmp("o_t")])
+        state_in, state_out = [h_in], [h_out]
+    body = helper.make_graph(
+        body_nodes, f"{name}_step",
+        [vi(s, [None, hd]) for s in state_in] + [vi(gx_t, [None, g]), vi(cont_t, [None])],
+        [vi(s, [None, hd]) for s in state_out] + [vi(y_out, [None, hd])])
+
+    finals = [tmp(f"final{j}") for j in range(nstates)]
+    ctx.add_node("Scan", init + [gx, cont], finals + [node.outputs[0]], name=f"{name}_scan",
+                 body=body, num_scan_inputs=2)
+    if a["expose_hidden"]:
+        for j in range(nstates):
+            ctx.add_node("Reshape", [finals[j], i64([1, -1, hd])], [node.outputs[1 + j]])

@@ -596,6 +596,9 @@ class Filter(Layer):
     so run-time outputs have Caffe's post-forward shape.
     """
 
+    #: dim 0 of the tops depends on the selector's values (static shape = upper bound)
+    data_dependent_shape = True
+
     def parse(self, lp):
         if len(lp.bottom) < 2:
             raise LayerError("Filter needs at least 2 bottoms (blobs to filter, then the selector)")

@@ -1,1 +1,469 @@
-"""ssd layer specs."""
+"""SSD's layers (weiliu89/caffe, `ssd` branch): Permute, Normalize, PriorBox, DetectionOutput.
+
+Semantics follow SSD's own code; where OpenCV's importer (the oracle of the
+fork_* reference cases) differs, SSD wins and the difference is noted:
+
+- Permute accepts a partial `order` and appends the unlisted axes in order.
+- Normalize divides by sqrt(sum x^2 + eps) (over C*H*W, or over C per pixel)
+  and multiplies by a learned scale: one value (a 0-axis blob) when
+  channel_shared, else one per channel.
+- PriorBox's `clip` defaults to false as in SSD since 2016 (caffe.proto here
+  carries OpenCV's default, true, so only an explicit `clip` is read).  SSD
+  truncates min/max sizes to int.  Its output never depends on the batch.
+- DetectionOutput writes, per image, label ascending then score descending,
+  exactly as many rows as survive; with no detection at all, one
+  [i, -1, -1, -1, -1, -1, -1] row per image.  The static shape reported at load
+  time is the most rows it can write (keep_top_k * N), since the real count is
+  only known at run time.  save_output_param (writing result files) is ignored.
+"""
+import math
+
+import numpy as np
+import torch
+
+from ..errors import ExportError
+from .registry import Layer, LayerError, register_layer
+
+FLT_MAX = float(np.finfo(np.float32).max)
+CORNER, CENTER_SIZE, CORNER_SIZE = 1, 2, 3
+_CODE_NAMES = {CORNER: "CORNER", CENTER_SIZE: "CENTER_SIZE", CORNER_SIZE: "CORNER_SIZE"}
+
+
+def _check_bottoms(lp, n, what):
+    if len(lp.bottom) != n:
+        raise LayerError(f"{what} takes {n} bottom(s), got {len(lp.bottom)}")
+
+
+def _reduce_sum_square(ctx, x, axes, out, keepdims=1):
+    """ReduceSumSquare with axes as attribute (opset < 18) or input (>= 18)."""
+    if ctx.opset >= 18:
+        ctx.add_node("ReduceSumSquare", [x, ctx.const(np.array(axes, np.int64))], [out], keepdims=keepdims)
+    else:
+        ctx.add_node("ReduceSumSquare", [x], [out], axes=list(axes), keepdims=keepdims)
+    return out
+
+
+# ---- Permute ------------------------------------------------------------------
+
+def full_order(order, ndim):
+    """SSD's order: the listed axes, then the unlisted ones in their natural order."""
+    for o in order:
+        if o >= ndim:
+            raise LayerError(f"permute_param.order {o} is out of range for a {ndim}-axis input")
+    return tuple(order) + tuple(i for i in range(ndim) if i not in order)
+
+
+@register_layer("Permute")
+class Permute(Layer):
+    def parse(self, lp):
+        _check_bottoms(lp, 1, "Permute")
+        order = [int(o) for o in lp.permute_param.order]
+        if len(set(order)) != len(order):
+            raise LayerError(f"permute_param.order {order} has duplicate axes")
+        return {"order": tuple(order)}
+
+    def infer(self, attrs, in_shapes):
+        s = in_shapes[0]
+        perm = full_order(attrs["order"], len(s))
+        return [tuple(s[p] for p in perm)]
+
+    def forward(self, attrs, params, x):
+        perm = full_order(attrs["order"], x.dim())
+        return x.permute(perm)
+
+    def onnx(self, ctx, node):
+        perm = full_order(node.attrs["order"], len(ctx.shape(node.inputs[0])))
+        ctx.add_node("Transpose", [node.inputs[0]], [node.outputs[0]], name=node.name, perm=list(perm))
+
+
+# ---- Normalize ------------------------------------------------------------------
+
+@register_layer("Normalize")
+class Normalize(Layer):
+    blob_names = ("scale",)
+
+    def parse(self, lp):
+        _check_bottoms(lp, 1, "Normalize")
+        p = lp.norm_param
+        attrs = {"across_spatial": bool(p.across_spatial), "channel_shared": bool(p.channel_shared),
+                 "eps": float(p.eps), "fill": 1.0}
+        if p.HasField("scale_filler"):
+            f = p.scale_filler
+            if f.type != "constant":
+                raise LayerError(f"norm_param.scale_filler type '{f.type}': only 'constant' is supported "
+                                 f"for filling a missing scale blob")
+            attrs["fill"] = float(f.value)
+        if attrs["eps"] < 0:
+            raise LayerError(f"norm_param.eps must be >= 0, got {attrs['eps']}")
+        return attrs
+
+    def infer(self, attrs, in_shapes):
+        s = in_shapes[0]
+        # SSD reads num/channels/height/width, which exist for 2 to 4 axes only
+        if not 2 <= len(s) <= 4:
+            raise LayerError(f"Normalize needs a 2- to 4-axis input, got {list(s)}")
+        return [tuple(s)]
+
+    def param_shapes(self, attrs, in_shapes):
+        # channel_shared: SSD makes a 0-axis blob (one value, no shape)
+        return [()] if attrs["channel_shared"] else [(in_shapes[0][1],)]
+
+    def init_params(self, attrs, shapes, rng):
+        return [np.full(shapes[0], attrs["fill"], np.float32)]
+
+    def forward(self, attrs, params, x):
+        scale = params[0]
+        dims = tuple(range(1, x.dim())) if attrs["across_spatial"] else (1,)
+        norm = torch.sqrt((x * x).sum(dim=dims, keepdim=True) + attrs["eps"])
+        y = x / norm
+        if attrs["channel_shared"]:
+            return y * scale.reshape(())
+        return y * scale.reshape((1, -1) + (1,) * (x.dim() - 2))
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x, out = node.inputs[0], node.outputs[0]
+        rank = len(ctx.shape(x))
+        axes = list(range(1, rank)) if a["across_spatial"] else [1]
+        ss = _reduce_sum_square(ctx, x, axes, ctx.tmp(node.name + "_ss"))
+        eps = ctx.const(np.array(a["eps"], np.float32), node.name + "_eps")
+        sse = ctx.add_node("Add", [ss, eps], [ctx.tmp(node.name + "_sse")])[0]
+        norm = ctx.add_node("Sqrt", [sse], [ctx.tmp(node.name + "_norm")])[0]
+        y = ctx.add_node("Div", [x, norm], [ctx.tmp(node.name + "_unit")], name=node.name)[0]
+        scale = ctx.weight(node, 0)
+        if not a["channel_shared"] and rank > 2:
+            shaped = ctx.tmp(node.name + "_scale_c11")
+            ctx.add_node("Reshape", [scale, ctx.const(np.array([-1] + [1] * (rank - 2), np.int64))], [shaped])
+            scale = shaped
+        ctx.add_node("Mul", [y, scale], [out])
+
+
+# ---- PriorBox -------------------------------------------------------------------
+
+@register_layer("PriorBox")
+class PriorBox(Layer):
+    def parse(self, lp):
+        _check_bottoms(lp, 2, "PriorBox")
+        p = lp.prior_box_param
+        for f in ("offset_h", "offset_w", "width", "height"):
+            if len(getattr(p, f)):
+                raise LayerError(f"prior_box_param.{f} is an OpenCV-only field that caffeq does not support")
+        if not len(p.min_size):
+            raise LayerError("prior_box_param.min_size is required")
+        if any(m <= 0 for m in p.min_size):
+            raise LayerError(f"prior_box_param.min_size must be positive, got {list(p.min_size)}")
+        # SSD keeps the sizes as float but reads them back as int
+        min_sizes = [int(m) for m in p.min_size]
+        max_sizes = []
+        if len(p.max_size):
+            if len(p.max_size) != len(p.min_size):
+                raise LayerError(f"prior_box_param has {len(p.max_size)} max_size for "
+                                 f"{len(p.min_size)} min_size; give one per min_size")
+            for lo, hi in zip(p.min_size, p.max_size):
+                if not hi > lo:
+                    raise LayerError(f"prior_box_param.max_size {hi} must be greater than min_size {lo}")
+            max_sizes = [int(m) for m in p.max_size]
+        flip = bool(p.flip)
+        ratios = [1.0]
+        for ar in p.aspect_ratio:
+            if ar <= 0:
+                raise LayerError(f"prior_box_param.aspect_ratio must be positive, got {ar}")
+            if any(abs(ar - r) < 1e-6 for r in ratios):
+                continue
+            ratios.append(float(ar))
+            if flip:
+                ratios.append(1.0 / float(np.float32(ar)))
+        var = [float(v) for v in p.variance]
+        if len(var) > 1 and len(var) != 4:
+            raise LayerError(f"prior_box_param.variance needs 1 or 4 values, got {len(var)}")
+        if any(v <= 0 for v in var):
+            raise LayerError(f"prior_box_param.variance must be positive, got {var}")
+        if not var:
+            var = [0.1]
+        img_h = img_w = 0
+        if p.HasField("img_h") or p.HasField("img_w"):
+            if p.HasField("img_size"):
+                raise LayerError("prior_box_param: give img_size or img_h/img_w, not both")
+            img_h, img_w = int(p.img_h), int(p.img_w)
+            if img_h <= 0 or img_w <= 0:
+                raise LayerError(f"prior_box_param.img_h/img_w must be positive, got {img_h}/{img_w}")
+        elif p.HasField("img_size"):
+            if p.img_size <= 0:
+                raise LayerError("prior_box_param.img_size must be positive")
+            img_h = img_w = int(p.img_size)
+        step_h = step_w = 0.0
+        if p.HasField("step_h") or p.HasField("step_w"):
+            if p.HasField("step"):
+                raise LayerError("prior_box_param: give step or step_h/step_w, not both")
+            step_h, step_w = float(p.step_h), float(p.step_w)
+            if step_h <= 0 or step_w <= 0:
+                raise LayerError(f"prior_box_param.step_h/step_w must be positive, got {step_h}/{step_w}")
+        elif p.HasField("step"):
+            if p.step <= 0:
+                raise LayerError(f"prior_box_param.step must be positive, got {p.step}")
+            step_h = step_w = float(p.step)
+        return {"min_sizes": min_sizes, "max_sizes": max_sizes, "ratios": ratios,
+                # SSD's default (false); OpenCV's importer clips when the field is absent
+                "clip": bool(p.clip) if p.HasField("clip") else False,
+                "variance": var, "img_h": img_h, "img_w": img_w,
+                "step_h": step_h, "step_w": step_w, "offset": float(p.offset)}
+
+    @staticmethod
+    def num_priors(attrs):
+        return len(attrs["ratios"]) * len(attrs["min_sizes"]) + len(attrs["max_sizes"])
+
+    def infer(self, attrs, in_shapes):
+        feat, img = in_shapes
+        if len(feat) < 2 or len(img) < 2:
+            raise LayerError(f"PriorBox needs spatial bottoms, got {list(feat)} and {list(img)}")
+        h, w = _hw(feat)
+        n = h * w * self.num_priors(attrs) * 4
+        if n <= 0:
+            raise LayerError(f"feature map {list(feat)} gives no priors")
+        return [(1, 2, n)]
+
+    def forward(self, attrs, params, feat, img):
+        arr = prior_boxes(attrs, _hw(feat.shape), _hw(img.shape))
+        return torch.from_numpy(arr).to(device=feat.device, dtype=feat.dtype)
+
+    def onnx(self, ctx, node):
+        # the output depends only on the (static) spatial sizes, never on the batch
+        arr = prior_boxes(node.attrs, _hw(ctx.shape(node.inputs[0])), _hw(ctx.shape(node.inputs[1])))
+        ctx.add_node("Identity", [ctx.const(arr, node.name + "_priors")], [node.outputs[0]], name=node.name)
+
+
+def _hw(shape):
+    """Caffe's legacy height()/width(): axes 2 and 3, 1 where the blob has fewer axes."""
+    shape = tuple(shape)
+    h = shape[2] if len(shape) > 2 else 1
+    w = shape[3] if len(shape) > 3 else 1
+    return int(h), int(w)
+
+
+def prior_boxes(attrs, feat_hw, img_hw):
+    """SSD's PriorBox output (1, 2, H*W*num_priors*4) as float32, computed as SSD does."""
+    f32 = np.float32
+    lh, lw = feat_hw
+    if attrs["img_h"] and attrs["img_w"]:
+        ih, iw = attrs["img_h"], attrs["img_w"]
+    else:
+        ih, iw = img_hw
+    if attrs["step_h"] and attrs["step_w"]:
+        sh, sw = f32(attrs["step_h"]), f32(attrs["step_w"])
+    else:
+        sh, sw = f32(f32(ih) / f32(lh)), f32(f32(iw) / f32(lw))
+    # box (width, height) per prior, in SSD's order: min, sqrt(min*max), other ratios
+    sizes = []
+    for k, mn in enumerate(attrs["min_sizes"]):
+        sizes.append((f32(mn), f32(mn)))
+        if attrs["max_sizes"]:
+            s = f32(math.sqrt(mn * attrs["max_sizes"][k]))
+            sizes.append((s, s))
+        for ar in attrs["ratios"]:
+            if abs(ar - 1.0) < 1e-6:
+                continue
+            base = math.sqrt(mn * attrs["max_sizes"][k]) if attrs["max_sizes"] else float(mn)
+            r = math.sqrt(float(f32(ar)))
+            sizes.append((f32(base * r), f32(base / r)))
+    bw = np.array([s[0] for s in sizes], np.float64)
+    bh = np.array([s[1] for s in sizes], np.float64)
+    off = f32(attrs["offset"])
+    cx = ((np.arange(lw, dtype=f32) + off) * sw).astype(np.float64)   # float, as SSD's center_x
+    cy = ((np.arange(lh, dtype=f32) + off) * sh).astype(np.float64)
+    cx = cx[None, :, None]
+    cy = cy[:, None, None]
+    boxes = np.stack(np.broadcast_arrays((cx - bw / 2.0) / iw, (cy - bh / 2.0) / ih,
+                                         (cx + bw / 2.0) / iw, (cy + bh / 2.0) / ih), axis=-1)
+    coords = boxes.astype(np.float32).reshape(-1)
+    if attrs["clip"]:
+        coords = np.clip(coords, 0.0, 1.0)
+    var = np.array(attrs["variance"], np.float32)
+    variances = np.tile(var, coords.size // var.size)   # one value for all, or 4 per prior
+    return np.stack([coords, variances]).reshape(1, 2, -1).astype(np.float32)
+
+
+# ---- DetectionOutput --------------------------------------------------------------
+
+@register_layer("DetectionOutput")
+class DetectionOutput(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 3:
+            raise LayerError(f"DetectionOutput takes 3 bottoms (loc, conf, priors), got {len(lp.bottom)}")
+        p = lp.detection_output_param
+        if not p.HasField("num_classes"):
+            raise LayerError("detection_output_param.num_classes is required")
+        nms = p.nms_param
+        attrs = {
+            "num_classes": int(p.num_classes),
+            "share_location": bool(p.share_location),
+            "background": int(p.background_label_id),
+            "nms_threshold": float(nms.nms_threshold),
+            "eta": float(nms.eta),
+            "top_k": int(nms.top_k) if nms.HasField("top_k") else -1,
+            "code_type": int(p.code_type),
+            "variance_in_target": bool(p.variance_encoded_in_target),
+            "keep_top_k": int(p.keep_top_k),
+            "conf_threshold": float(p.confidence_threshold) if p.HasField("confidence_threshold") else -FLT_MAX,
+            "clip": bool(p.clip),  # OpenCV-only field: clip decoded boxes to [0, 1]
+        }
+        if attrs["num_classes"] < 1:
+            raise LayerError("detection_output_param.num_classes must be >= 1")
+        if attrs["nms_threshold"] < 0:
+            raise LayerError(f"nms_param.nms_threshold must be >= 0, got {attrs['nms_threshold']}")
+        if not 0 < attrs["eta"] <= 1:
+            raise LayerError(f"nms_param.eta must be in (0, 1], got {attrs['eta']}")
+        if attrs["code_type"] not in _CODE_NAMES:
+            raise LayerError(f"detection_output_param.code_type {attrs['code_type']} is unknown")
+        if p.HasField("normalized_bbox") and not p.normalized_bbox:
+            raise LayerError("detection_output_param.normalized_bbox: false (OpenCV-only, pixel boxes) "
+                             "is not supported")
+        return attrs
+
+    def infer(self, attrs, in_shapes):
+        loc, conf, prior = in_shapes
+        if len(prior) < 3 or prior[1] != 2 or prior[2] % 4:
+            raise LayerError(f"priors must be shaped (1, 2, 4 * num_priors), got {list(prior)}")
+        n_priors = prior[2] // 4
+        n_loc = 1 if attrs["share_location"] else attrs["num_classes"]
+        if len(loc) < 2 or math.prod(loc[1:]) != n_priors * n_loc * 4:
+            raise LayerError(f"loc {list(loc)} does not hold {n_priors} priors x {n_loc} x 4 predictions")
+        if len(conf) < 2 or math.prod(conf[1:]) != n_priors * attrs["num_classes"]:
+            raise LayerError(f"conf {list(conf)} does not hold {n_priors} priors x "
+                             f"{attrs['num_classes']} class scores")
+        if loc[0] != conf[0]:
+            raise LayerError(f"loc and conf disagree on the batch: {loc[0]} vs {conf[0]}")
+        return [(1, 1, max_detections(attrs, loc[0], n_priors), 7)]
+
+    def forward(self, attrs, params, loc, conf, prior):
+        return detection_output(attrs, loc, conf, prior)
+
+    def onnx(self, ctx, node):
+        from .ssd_onnx import emit_detection_output
+        emit_detection_output(ctx, node)
+
+
+def max_detections(attrs, num, n_priors):
+    """Rows DetectionOutput can write at most (the static shape; the real count is data dependent)."""
+    if attrs["keep_top_k"] > -1:
+        return attrs["keep_top_k"] * num
+    classes = attrs["num_classes"] - (0 <= attrs["background"] < attrs["num_classes"])
+    per_class = n_priors if attrs["top_k"] < 0 else min(attrs["top_k"], n_priors)
+    return max(1, num * classes * per_class)
+
+
+def decode_boxes(attrs, loc, pbox, pvar):
+    """SSD's DecodeBBox.  loc (..., P, 4), pbox/pvar (P, 4) -> corners (..., P, 4)."""
+    if attrs["variance_in_target"]:
+        pvar = torch.ones_like(pvar)
+    code = attrs["code_type"]
+    if code == CORNER:
+        return pbox + pvar * loc
+    pw = pbox[:, 2] - pbox[:, 0]
+    ph = pbox[:, 3] - pbox[:, 1]
+    if code == CORNER_SIZE:
+        size = torch.stack([pw, ph, pw, ph], dim=-1)
+        return pbox + pvar * loc * size
+    pcx = (pbox[:, 0] + pbox[:, 2]) / 2
+    pcy = (pbox[:, 1] + pbox[:, 3]) / 2
+    cx = pvar[:, 0] * loc[..., 0] * pw + pcx
+    cy = pvar[:, 1] * loc[..., 1] * ph + pcy
+    w = torch.exp(pvar[:, 2] * loc[..., 2]) * pw
+    h = torch.exp(pvar[:, 3] * loc[..., 3]) * ph
+    return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1)
+
+
+def box_sizes(b):
+    """SSD's BBoxSize (normalized): 0 for a box with xmax < xmin or ymax < ymin."""
+    w = b[..., 2] - b[..., 0]
+    h = b[..., 3] - b[..., 1]
+    return np.where((w < 0) | (h < 0), np.float32(0), w * h).astype(np.float32)
+
+
+def overlaps(box, sizes_all, boxes, size):
+    """SSD's JaccardOverlap of one box against many (float32, normalized boxes)."""
+    disjoint = ((boxes[:, 0] > box[2]) | (boxes[:, 2] < box[0]) |
+                (boxes[:, 1] > box[3]) | (boxes[:, 3] < box[1]))
+    iw = np.minimum(boxes[:, 2], box[2]) - np.maximum(boxes[:, 0], box[0])
+    ih = np.minimum(boxes[:, 3], box[3]) - np.maximum(boxes[:, 1], box[1])
+    inter = iw * ih
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iou = inter / (sizes_all + size - inter)
+    return np.where(disjoint | (iw <= 0) | (ih <= 0), np.float32(0), iou).astype(np.float32)
+
+
+def nms_fast(boxes, scores, score_threshold, nms_threshold, eta, top_k):
+    """SSD's ApplyNMSFast: indices kept, in score-descending order."""
+    cand = np.flatnonzero(scores > score_threshold)
+    if cand.size == 0:
+        return []
+    order = cand[np.argsort(-scores[cand], kind="stable")]
+    if top_k > -1:
+        order = order[:top_k]
+    b = boxes[order]
+    sizes = box_sizes(b)
+    # candidate j is kept when its IoU with every kept box is <= the threshold in force when j
+    # is examined; a running max of IoU against kept boxes gives that exactly, with eta too
+    worst = np.zeros(len(order), np.float32)
+    thr = np.float32(nms_threshold)
+    kept = []
+    for j in range(len(order)):
+        if worst[j] > thr:
+            continue
+        kept.append(int(order[j]))
+        if j + 1 < len(order):
+            tail = slice(j + 1, None)
+            np.maximum(worst[tail], overlaps(b[j], sizes[tail], b[tail], sizes[j]), out=worst[tail])
+        if eta < 1 and thr > 0.5:
+            thr = np.float32(thr * np.float32(eta))
+    return kept
+
+
+def detection_output(attrs, loc, conf, prior):
+    num = loc.shape[0]
+    n_priors = prior.shape[-1] // 4
+    n_cls = attrs["num_classes"]
+    n_loc = 1 if attrs["share_location"] else n_cls
+    bg = attrs["background"]
+    loc = loc.reshape(num, n_priors, n_loc, 4)
+    conf = conf.reshape(num, n_priors, n_cls)
+    pri = prior.reshape(-1, 2, n_priors * 4)[0]   # every image shares the first item's priors
+    pbox, pvar = pri[0].reshape(n_priors, 4), pri[1].reshape(n_priors, 4)
+    decoded = decode_boxes(attrs, loc.transpose(1, 2), pbox, pvar)   # (N, L, P, 4)
+    if attrs["clip"]:
+        decoded = decoded.clamp(0.0, 1.0)
+    boxes_np = decoded.detach().float().cpu().numpy()
+    scores_np = conf.detach().float().cpu().numpy()
+
+    picks = []   # (image, label, prior) in SSD's output order
+    for i in range(num):
+        per_label = {}
+        for c in range(n_cls):
+            if c == bg:
+                continue
+            scores = scores_np[i, :, c]
+            boxes = boxes_np[i, 0 if attrs["share_location"] else c]
+            per_label[c] = nms_fast(boxes, scores, attrs["conf_threshold"], attrs["nms_threshold"],
+                                    attrs["eta"], attrs["top_k"])
+        total = sum(len(v) for v in per_label.values())
+        if attrs["keep_top_k"] > -1 and total > attrs["keep_top_k"]:
+            pool = [(scores_np[i, idx, c], c, idx) for c in sorted(per_label) for idx in per_label[c]]
+            pool.sort(key=lambda t: -t[0])   # stable, as Python's sort is
+            per_label = {}
+            for _, c, idx in pool[:attrs["keep_top_k"]]:
+                per_label.setdefault(c, []).append(idx)
+        for c in sorted(per_label):
+            picks.extend((i, c, idx) for idx in per_label[c])
+
+    dev, dt = loc.device, loc.dtype
+    if not picks:
+        out = torch.full((num, 7), -1.0, device=dev, dtype=dt)
+        out[:, 0] = torch.arange(num, device=dev, dtype=dt)
+        return out.reshape(1, 1, num, 7)
+    img = torch.tensor([p[0] for p in picks], device=dev)
+    lab = torch.tensor([p[1] for p in picks], device=dev)
+    idx = torch.tensor([p[2] for p in picks], device=dev)
+    lslot = torch.zeros_like(lab) if attrs["share_location"] else lab
+    score = conf[img, idx, lab]
+    box = decoded[img, lslot, idx]
+    out = torch.cat([img.to(dt)[:, None], lab.to(dt)[:, None], score[:, None].to(dt), box.to(dt)], dim=1)
+    return out.reshape(1, 1, -1, 7)

@@ -1,1 +1,462 @@
-"""vision_forks layer specs."""
+"""Vision layers from Caffe forks: Interp, Upsample, ShuffleChannel, ROIPooling, PSROIPooling.
+
+- Interp (DeepLab v2 / PSPNet): align-corners bilinear resize of an optionally
+  cropped input (pad_beg/pad_end <= 0 crop).  Output size, first match wins as
+  in DeepLab v2: shrink_factor alone, zoom_factor alone, height + width, shrink
+  then zoom, or the size of a second bottom.  PSPNet's interp_type
+  "nearest_neighbor" is supported too.
+- Upsample (SegNet): max-unpooling.  With two bottoms the second is the mask of
+  argmax positions (index h*W + w within each output plane, as SegNet's
+  Pooling writes in its second top).  caffeq's Pooling does not emit that mask
+  top, so a mask must come from the net's inputs or another layer.  With one
+  bottom, the layer is the darknet2caffe forks' nearest-neighbour upsampling by
+  `scale` (those forks' UpsampleParameter also has `scale` = 1).
+- ShuffleChannel (ShuffleNet): channels viewed as (group, C/group), transposed.
+- ROIPooling (Fast R-CNN): max over bins; ROI corners rounded with C round(),
+  bins floor/ceil, empty bins give 0.  rois are (R, 5) = [batch, x1, y1, x2, y2].
+- PSROIPooling (R-FCN): position-sensitive average over bins.
+"""
+import math
+
+import numpy as np
+import torch
+
+from ..errors import ExportError
+from .registry import Layer, LayerError, register_layer
+
+
+def _c_round(v):
+    """C's round(): half away from zero (numpy's round is half to even)."""
+    v = np.asarray(v, np.float64)
+    return np.sign(v) * np.floor(np.abs(v) + 0.5)
+
+
+def _sizes_const(ctx, x, hw, hint):
+    """[N, C, h, w] for Resize/ConstantOfShape without baking N: Shape(x)[0:2] ++ hw."""
+    shp = ctx.add_node("Shape", [x], [ctx.tmp(hint + "_shape")])[0]
+    nc = ctx.add_node("Slice", [shp, ctx.const(np.array([0], np.int64)), ctx.const(np.array([2], np.int64))],
+                      [ctx.tmp(hint + "_nc")])[0]
+    return ctx.add_node("Concat", [nc, ctx.const(np.array(hw, np.int64))], [ctx.tmp(hint + "_sizes")], axis=0)[0]
+
+
+def _resize(ctx, x, out, sizes, name, **attrs):
+    if ctx.opset >= 13:
+        ctx.add_node("Resize", [x, "", "", sizes], [out], name=name, **attrs)
+    else:
+        empty = ctx.const(np.zeros(0, np.float32))
+        ctx.add_node("Resize", [x, empty, empty, sizes], [out], name=name, **attrs)
+
+
+# ---- Interp ------------------------------------------------------------------------
+
+@register_layer("Interp")
+class Interp(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) not in (1, 2):
+            raise LayerError(f"Interp takes 1 or 2 bottoms, got {len(lp.bottom)}")
+        p = lp.interp_param
+        a = {"pad_beg": int(p.pad_beg), "pad_end": int(p.pad_end), "type": p.interp_type,
+             "zoom": int(p.zoom_factor) if p.HasField("zoom_factor") else None,
+             "shrink": int(p.shrink_factor) if p.HasField("shrink_factor") else None,
+             "height": int(p.height) if p.HasField("height") and p.HasField("width") else None,
+             "width": int(p.width) if p.HasField("height") and p.HasField("width") else None,
+             "two_bottoms": len(lp.bottom) == 2}
+        if a["pad_beg"] > 0 or a["pad_end"] > 0:
+            raise LayerError("interp_param.pad_beg/pad_end must be <= 0 (only cropping is supported)")
+        if a["type"] not in ("bilinear", "nearest_neighbor"):
+            raise LayerError(f"interp_param.interp_type must be 'bilinear' or 'nearest_neighbor', "
+                             f"got '{a['type']}'")
+        if a["zoom"] is not None and a["zoom"] < 1:
+            raise LayerError(f"interp_param.zoom_factor must be >= 1, got {a['zoom']}")
+        if a["shrink"] is not None and a["shrink"] < 1:
+            raise LayerError(f"interp_param.shrink_factor must be >= 1, got {a['shrink']}")
+        if a["zoom"] is None and a["shrink"] is None and a["height"] is None and not a["two_bottoms"]:
+            raise LayerError("Interp needs zoom_factor, shrink_factor, height and width, or a second bottom")
+        return a
+
+    @staticmethod
+    def out_size(a, h, w, ref_hw=None):
+        he, we = h + a["pad_beg"] + a["pad_end"], w + a["pad_beg"] + a["pad_end"]
+        if he <= 0 or we <= 0:
+            raise LayerError(f"cropping {a['pad_beg']}/{a['pad_end']} leaves nothing of a {h}x{w} input")
+        zoom, shrink = a["zoom"], a["shrink"]
+        if shrink is not None and zoom is None:
+            ho, wo = (he - 1) // shrink + 1, (we - 1) // shrink + 1
+        elif zoom is not None and shrink is None:
+            ho, wo = he + (he - 1) * (zoom - 1), we + (we - 1) * (zoom - 1)
+        elif a["height"] is not None:
+            ho, wo = a["height"], a["width"]
+        elif zoom is not None and shrink is not None:
+            ho, wo = (he - 1) // shrink + 1, (we - 1) // shrink + 1
+            ho, wo = ho + (ho - 1) * (zoom - 1), wo + (wo - 1) * (zoom - 1)
+        else:
+            ho, wo = ref_hw
+        if ho <= 0 or wo <= 0:
+            raise LayerError(f"output size {ho}x{wo} must be positive")
+        return (he, we), (int(ho), int(wo))
+
+    def infer(self, attrs, in_shapes):
+        s = in_shapes[0]
+        if len(s) != 4:
+            raise LayerError(f"Interp needs a 4-axis input, got {list(s)}")
+        ref = None
+        if attrs["two_bottoms"]:
+            r = in_shapes[1]
+            if len(r) != 4:
+                raise LayerError(f"Interp's second bottom must have 4 axes, got {list(r)}")
+            ref = (r[2], r[3])
+        _, (ho, wo) = self.out_size(attrs, s[2], s[3], ref)
+        return [(s[0], s[1], ho, wo)]
+
+    def forward(self, attrs, params, x, ref=None):
+        (he, we), (ho, wo) = self.out_size(attrs, x.shape[2], x.shape[3],
+                                           None if ref is None else (ref.shape[2], ref.shape[3]))
+        b = -attrs["pad_beg"]
+        x = x[:, :, b:b + he, b:b + we]
+        if (he, we) == (ho, wo):
+            return x.clone()
+        if attrs["type"] == "nearest_neighbor":
+            ih = _nn_index(he, ho)
+            iw = _nn_index(we, wo)
+            return x.index_select(2, torch.from_numpy(ih).to(x.device)) \
+                    .index_select(3, torch.from_numpy(iw).to(x.device))
+        h0, h1, lh = _lin_index(he, ho)
+        w0, w1, lw = _lin_index(we, wo)
+        dev = x.device
+        lh = torch.from_numpy(lh).to(dev, x.dtype)[:, None]
+        lw = torch.from_numpy(lw).to(dev, x.dtype)
+        rows0 = x.index_select(2, torch.from_numpy(h0).to(dev))
+        rows1 = x.index_select(2, torch.from_numpy(h1).to(dev))
+        w0t, w1t = torch.from_numpy(w0).to(dev), torch.from_numpy(w1).to(dev)
+        top = (1 - lw) * rows0.index_select(3, w0t) + lw * rows0.index_select(3, w1t)
+        bot = (1 - lw) * rows1.index_select(3, w0t) + lw * rows1.index_select(3, w1t)
+        return (1 - lh) * top + lh * bot
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x = node.inputs[0]
+        s = ctx.shape(x)
+        ref = None
+        if a["two_bottoms"]:
+            r = ctx.shape(node.inputs[1])
+            ref = (r[2], r[3])
+        (he, we), (ho, wo) = self.out_size(a, s[2], s[3], ref)
+        if (he, we) != (s[2], s[3]):
+            b = -a["pad_beg"]
+            crop = ctx.tmp(node.name + "_crop")
+            ctx.add_node("Slice", [x, ctx.const(np.array([b, b], np.int64)),
+                                   ctx.const(np.array([b + he, b + we], np.int64)),
+                                   ctx.const(np.array([2, 3], np.int64))], [crop])
+            x = crop
+        if (he, we) == (ho, wo):
+            ctx.add_node("Identity", [x], [node.outputs[0]], name=node.name)
+            return
+        sizes = _sizes_const(ctx, x, [ho, wo], node.name)
+        if a["type"] == "nearest_neighbor":
+            # floor(x + 0.5) on align-corners coordinates
+            _resize(ctx, x, node.outputs[0], sizes, node.name, mode="nearest",
+                    coordinate_transformation_mode="align_corners", nearest_mode="round_prefer_ceil")
+        else:
+            _resize(ctx, x, node.outputs[0], sizes, node.name, mode="linear",
+                    coordinate_transformation_mode="align_corners")
+
+
+def _src_coords(n_in, n_out):
+    """Caffe interp2's float32 source coordinates: (n_in-1)/(n_out-1) * i."""
+    f32 = np.float32
+    r = f32(f32(n_in - 1) / f32(n_out - 1)) if n_out > 1 else f32(0)
+    return (r * np.arange(n_out, dtype=f32)).astype(f32)
+
+
+def _lin_index(n_in, n_out):
+    src = _src_coords(n_in, n_out)
+    i0 = src.astype(np.int64)                     # truncation, as C's int conversion
+    i1 = np.where(i0 < n_in - 1, i0 + 1, i0)
+    lam = (src - i0.astype(np.float32)).astype(np.float32)
+    return i0, i1, lam
+
+
+def _nn_index(n_in, n_out):
+    src = _src_coords(n_in, n_out)
+    return np.floor(src.astype(np.float64) + 0.5).astype(np.int64).clip(0, n_in - 1)
+
+
+# ---- Upsample ----------------------------------------------------------------------
+
+@register_layer("Upsample")
+class Upsample(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) not in (1, 2):
+            raise LayerError(f"Upsample takes 1 bottom (nearest) or 2 (data, max-pooling mask), "
+                             f"got {len(lp.bottom)}")
+        p = lp.upsample_param
+        a = {"mask": len(lp.bottom) == 2, "out": None}
+        if p.HasField("upsample_h") and p.HasField("upsample_w"):
+            a["out"] = (int(p.upsample_h), int(p.upsample_w))
+            if min(a["out"]) <= 1:
+                raise LayerError(f"upsample_param.upsample_h/upsample_w must be > 1, got {list(a['out'])}")
+        elif p.HasField("upsample_h") or p.HasField("upsample_w"):
+            raise LayerError("upsample_param: give both upsample_h and upsample_w")
+        if p.HasField("scale_h") or p.HasField("scale_w"):
+            if p.HasField("scale") or not (p.HasField("scale_h") and p.HasField("scale_w")):
+                raise LayerError("upsample_param: give scale, or both scale_h and scale_w, not both forms")
+            a["scale"] = (int(p.scale_h), int(p.scale_w))
+        else:
+            a["scale"] = (int(p.scale), int(p.scale))
+        a["pad_out"] = (int(bool(p.pad_out_h)), int(bool(p.pad_out_w)))
+        if a["mask"]:
+            if a["out"] is None:
+                if min(a["scale"]) <= 1:
+                    raise LayerError(f"upsample_param scale must be > 1, got {list(a['scale'])}")
+                for pad, sc, f in zip(a["pad_out"], a["scale"], ("h", "w")):
+                    if pad and sc != 2:
+                        raise LayerError(f"upsample_param.pad_out_{f} needs scale_{f} == 2")
+        else:
+            if a["out"] is not None or any(a["pad_out"]):
+                raise LayerError("one-bottom (nearest) Upsample takes only scale; upsample_h/w and pad_out "
+                                 "need the SegNet form with a mask bottom")
+            if min(a["scale"]) < 1:
+                raise LayerError(f"upsample_param.scale must be >= 1, got {list(a['scale'])}")
+        return a
+
+    @staticmethod
+    def out_hw(a, h, w):
+        if a["out"] is not None:
+            return a["out"]
+        return h * a["scale"][0] - a["pad_out"][0], w * a["scale"][1] - a["pad_out"][1]
+
+    def infer(self, attrs, in_shapes):
+        s = in_shapes[0]
+        if len(s) != 4:
+            raise LayerError(f"Upsample needs a 4-axis input, got {list(s)}")
+        if attrs["mask"] and tuple(in_shapes[1]) != tuple(s):
+            raise LayerError(f"the mask {list(in_shapes[1])} must be shaped like the data {list(s)}")
+        ho, wo = self.out_hw(attrs, s[2], s[3])
+        return [(s[0], s[1], ho, wo)]
+
+    def forward(self, attrs, params, x, mask=None):
+        n, c, h, w = x.shape
+        ho, wo = self.out_hw(attrs, h, w)
+        if mask is None:
+            return x.repeat_interleave(attrs["scale"][0], dim=2).repeat_interleave(attrs["scale"][1], dim=3)
+        idx = mask.reshape(n, c, h * w).to(torch.int64)   # SegNet casts the float mask to int
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= ho * wo):
+            raise LayerError(f"Upsample mask index out of range for a {ho}x{wo} output: check that the "
+                             f"scale matches the pooling that made the mask")
+        out = torch.zeros((n, c, ho * wo), device=x.device, dtype=x.dtype)
+        return out.scatter(2, idx, x.reshape(n, c, h * w)).reshape(n, c, ho, wo)
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x = node.inputs[0]
+        n, c, h, w = ctx.shape(x)
+        ho, wo = self.out_hw(a, h, w)
+        if not a["mask"]:
+            scales = ctx.const(np.array([1, 1, a["scale"][0], a["scale"][1]], np.float32))
+            empty = "" if ctx.opset >= 13 else ctx.const(np.zeros(0, np.float32))
+            ctx.add_node("Resize", [x, empty, scales], [node.outputs[0]], name=node.name, mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+            return
+        flat_shape = ctx.const(np.array([0, 0, -1], np.int64))
+        xf = ctx.add_node("Reshape", [x, flat_shape], [ctx.tmp(node.name + "_x")])[0]
+        mf = ctx.add_node("Reshape", [node.inputs[1], flat_shape], [ctx.tmp(node.name + "_m")])[0]
+        mi = ctx.add_node("Cast", [mf], [ctx.tmp(node.name + "_idx")], to=7)[0]   # INT64
+        zshape = _sizes_const(ctx, x, [ho * wo], node.name + "_zeros")
+        zeros = ctx.add_node("ConstantOfShape", [zshape], [ctx.tmp(node.name + "_z")],
+                             value=_onnx_scalar(0.0))[0]
+        sc = ctx.add_node("ScatterElements", [zeros, mi, xf], [ctx.tmp(node.name + "_sc")], name=node.name,
+                          axis=2)[0]
+        ctx.add_node("Reshape", [sc, ctx.const(np.array([0, 0, ho, wo], np.int64))], [node.outputs[0]])
+
+
+def _onnx_scalar(v):
+    from onnx import numpy_helper
+    return numpy_helper.from_array(np.array([v], np.float32))
+
+
+# ---- ShuffleChannel ----------------------------------------------------------------
+
+@register_layer("ShuffleChannel")
+class ShuffleChannel(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 1:
+            raise LayerError(f"ShuffleChannel takes 1 bottom, got {len(lp.bottom)}")
+        g = int(lp.shuffle_channel_param.group)
+        if g < 1:
+            raise LayerError(f"shuffle_channel_param.group must be >= 1, got {g}")
+        return {"group": g}
+
+    def infer(self, attrs, in_shapes):
+        s = in_shapes[0]
+        if len(s) < 2:
+            raise LayerError(f"ShuffleChannel needs a channel axis, got {list(s)}")
+        if s[1] % attrs["group"]:
+            raise LayerError(f"{s[1]} channels are not divisible by group {attrs['group']}")
+        return [tuple(s)]
+
+    def forward(self, attrs, params, x):
+        g = attrs["group"]
+        n, c = x.shape[0], x.shape[1]
+        return x.reshape((n, g, c // g) + tuple(x.shape[2:])).transpose(1, 2).reshape(x.shape)
+
+    def onnx(self, ctx, node):
+        g = node.attrs["group"]
+        s = ctx.shape(node.inputs[0])
+        c = s[1]
+        a = ctx.add_node("Reshape", [node.inputs[0], ctx.const(np.array([0, g, c // g, -1], np.int64))],
+                         [ctx.tmp(node.name + "_grp")])[0]
+        t = ctx.add_node("Transpose", [a], [ctx.tmp(node.name + "_t")], name=node.name, perm=[0, 2, 1, 3])[0]
+        ctx.add_node("Reshape", [t, ctx.const(np.array([0] + list(s[1:]), np.int64))], [node.outputs[0]])
+
+
+# ---- ROIPooling / PSROIPooling -------------------------------------------------------
+
+def _rois(rois, where):
+    r = rois.reshape(rois.shape[0], -1)
+    if r.shape[1] != 5:
+        raise LayerError(f"{where}: rois must be (R, 5) = [batch, x1, y1, x2, y2], got {list(rois.shape)}")
+    return r
+
+
+def _check_roi_shapes(where, in_shapes):
+    s, r = in_shapes
+    if len(s) != 4:
+        raise LayerError(f"{where} needs a 4-axis input, got {list(s)}")
+    if not r or math.prod(r[1:]) != 5:
+        raise LayerError(f"{where}: rois must be (R, 5) = [batch, x1, y1, x2, y2], got {list(r)}")
+
+
+def roi_bins(roi, scale, ph, pw, h, w):
+    """Fast R-CNN's integer bins for one roi: (hstart, hend, wstart, wend) arrays."""
+    f32 = np.float32
+    x1, y1, x2, y2 = (_c_round(f32(v) * f32(scale)) for v in roi[1:5])
+    rh = max(int(y2 - y1) + 1, 1)
+    rw = max(int(x2 - x1) + 1, 1)
+    bh = f32(f32(rh) / f32(ph))
+    bw = f32(f32(rw) / f32(pw))
+    hs = np.floor(np.arange(ph, dtype=f32) * bh).astype(np.int64) + int(y1)
+    he = np.ceil(np.arange(1, ph + 1, dtype=f32) * bh).astype(np.int64) + int(y1)
+    ws = np.floor(np.arange(pw, dtype=f32) * bw).astype(np.int64) + int(x1)
+    we = np.ceil(np.arange(1, pw + 1, dtype=f32) * bw).astype(np.int64) + int(x1)
+    return np.clip(hs, 0, h), np.clip(he, 0, h), np.clip(ws, 0, w), np.clip(we, 0, w)
+
+
+def _bin_mask(starts, ends, n):
+    pos = np.arange(n)
+    return (pos[None, :] >= starts[:, None]) & (pos[None, :] < ends[:, None])
+
+
+@register_layer("ROIPooling")
+class ROIPooling(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 2:
+            raise LayerError(f"ROIPooling takes 2 bottoms (data, rois), got {len(lp.bottom)}")
+        p = lp.roi_pooling_param
+        if p.pooled_h <= 0 or p.pooled_w <= 0:
+            raise LayerError(f"roi_pooling_param.pooled_h and pooled_w must be > 0, "
+                             f"got {p.pooled_h} x {p.pooled_w}")
+        return {"ph": int(p.pooled_h), "pw": int(p.pooled_w), "scale": float(p.spatial_scale)}
+
+    def infer(self, attrs, in_shapes):
+        _check_roi_shapes("ROIPooling", in_shapes)
+        s, r = in_shapes
+        return [(r[0], s[1], attrs["ph"], attrs["pw"])]
+
+    def forward(self, attrs, params, x, rois):
+        r = _rois(rois, "ROIPooling").detach().float().cpu().numpy()
+        n, c, h, w = x.shape
+        ph, pw = attrs["ph"], attrs["pw"]
+        outs = []
+        neg = torch.tensor(float("-inf"), device=x.device, dtype=x.dtype)
+        for roi in r:
+            b = int(roi[0])
+            if not 0 <= b < n:
+                raise LayerError(f"ROIPooling: roi batch index {b} is outside the batch of {n}")
+            hs, he, ws, we = roi_bins(roi, attrs["scale"], ph, pw, h, w)
+            empty = torch.from_numpy(((he <= hs)[:, None] | (we <= ws)[None, :])).to(x.device)
+            h0, h1 = int(hs.min()), max(int(he.max()), int(hs.min()) + 1)
+            w0, w1 = int(ws.min()), max(int(we.max()), int(ws.min()) + 1)
+            h1, w1 = min(h1, h), min(w1, w)
+            if h0 >= h1 or w0 >= w1:   # the whole roi is outside the map
+                outs.append(torch.zeros((c, ph, pw), device=x.device, dtype=x.dtype))
+                continue
+            region = x[b, :, h0:h1, w0:w1]                                   # (C, rh, rw)
+            mw = torch.from_numpy(_bin_mask(ws - w0, we - w0, w1 - w0)).to(x.device)   # (pw, rw)
+            mh = torch.from_numpy(_bin_mask(hs - h0, he - h0, h1 - h0)).to(x.device)   # (ph, rh)
+            cols = torch.where(mw[None, None], region[:, :, None, :], neg).amax(-1)     # (C, rh, pw)
+            bins = torch.where(mh[None, :, :, None], cols[:, None, :, :], neg).amax(2)  # (C, ph, pw)
+            outs.append(torch.where(empty[None], torch.zeros((), device=x.device, dtype=x.dtype), bins))
+        if not outs:
+            return x.new_zeros((0, c, ph, pw))
+        return torch.stack(outs)
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        rois = node.inputs[1]
+        if len(ctx.shape(rois)) != 2:
+            flat = ctx.tmp(node.name + "_rois")
+            ctx.add_node("Reshape", [rois, ctx.const(np.array([-1, 5], np.int64))], [flat])
+            rois = flat
+        # onnxruntime's MaxRoiPool rounds the corners and forms the bins as Fast R-CNN does
+        ctx.add_node("MaxRoiPool", [node.inputs[0], rois], [node.outputs[0]], name=node.name,
+                     pooled_shape=[a["ph"], a["pw"]], spatial_scale=a["scale"])
+
+
+@register_layer("PSROIPooling")
+class PSROIPooling(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 2:
+            raise LayerError(f"PSROIPooling takes 2 bottoms (data, rois), got {len(lp.bottom)}")
+        p = lp.psroi_pooling_param
+        for f in ("spatial_scale", "output_dim", "group_size"):
+            if not p.HasField(f):
+                raise LayerError(f"psroi_pooling_param.{f} is required")
+        if p.output_dim <= 0 or p.group_size <= 0:
+            raise LayerError(f"psroi_pooling_param.output_dim and group_size must be > 0, "
+                             f"got {p.output_dim} and {p.group_size}")
+        return {"scale": float(p.spatial_scale), "dim": int(p.output_dim), "group": int(p.group_size)}
+
+    def infer(self, attrs, in_shapes):
+        _check_roi_shapes("PSROIPooling", in_shapes)
+        s, r = in_shapes
+        g = attrs["group"]
+        if s[1] != attrs["dim"] * g * g:
+            raise LayerError(f"input has {s[1]} channels; output_dim {attrs['dim']} x group_size^2 {g * g} "
+                             f"= {attrs['dim'] * g * g} are needed")
+        return [(r[0], attrs["dim"], g, g)]
+
+    def forward(self, attrs, params, x, rois):
+        f32 = np.float32
+        r = _rois(rois, "PSROIPooling").detach().float().cpu().numpy()
+        n, c, h, w = x.shape
+        g, dim = attrs["group"], attrs["dim"]
+        scale = f32(attrs["scale"])
+        x5 = x.reshape(n, dim, g, g, h, w)
+        outs = []
+        for roi in r:
+            b = int(roi[0])
+            if not 0 <= b < n:
+                raise LayerError(f"PSROIPooling: roi batch index {b} is outside the batch of {n}")
+            x1, y1, x2, y2 = (_c_round(v) for v in roi[1:5])
+            sw, sh = f32(f32(x1) * scale), f32(f32(y1) * scale)
+            ew, eh = f32(f32(x2 + 1.0) * scale), f32(f32(y2 + 1.0) * scale)
+            rw = max(f32(ew - sw), f32(0.1))
+            rh = max(f32(eh - sh), f32(0.1))
+            bh, bw = f32(rh / f32(g)), f32(rw / f32(g))
+            k = np.arange(g, dtype=f32)
+            hs = np.clip(np.floor(k * bh + sh).astype(np.int64), 0, h)
+            he = np.clip(np.ceil((k + 1) * bh + sh).astype(np.int64), 0, h)
+            ws = np.clip(np.floor(k * bw + sw).astype(np.int64), 0, w)
+            we = np.clip(np.ceil((k + 1) * bw + sw).astype(np.int64), 0, w)
+            area = ((he - hs).clip(0)[:, None] * (we - ws).clip(0)[None, :]).astype(np.float32)
+            mh = torch.from_numpy(_bin_mask(hs, he, h).astype(np.float32)).to(x.device, x.dtype)
+            mw = torch.from_numpy(_bin_mask(ws, we, w).astype(np.float32)).to(x.device, x.dtype)
+            sums = torch.einsum("opqhw,ph,qw->opq", x5[b], mh, mw)
+            area_t = torch.from_numpy(area).to(x.device, x.dtype)
+            outs.append(torch.where(area_t > 0, sums / area_t.clamp(min=1), torch.zeros_like(sums)))
+        if not outs:
+            return x.new_zeros((0, dim, g, g))
+        return torch.stack(outs)
+
+    def onnx(self, ctx, node):
+        raise ExportError(f"layer '{node.name}' (PSROIPooling): ONNX has no position-sensitive ROI pooling op")

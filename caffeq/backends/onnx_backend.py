@@ -1,0 +1,760 @@
+"""Graph IR -> ONNX, emitted layer by layer by the specs' `onnx(ctx, node)` (no tracing).
+
+Names: Caffe blob names (the IR's SSA names) are the ONNX tensor names, layer
+names are the node names of each layer's main op, graph inputs and outputs
+keep Caffe's names.  Dim 0 is a symbolic "N" unless a fixed batch is asked.
+
+Default opset: 21 (onnxruntime >= 1.20 runs it); any opset from 13 up works.
+
+The file is streamed: the small graph is serialized by protobuf, and each
+initializer's bytes are written straight from the (memory-mapped) weights, so
+exporting a 550 MB caffemodel holds no extra copy of the weights.  The check
+(`onnx.checker.check_model(full_check=True)`, strict shape inference) runs on
+a small twin of the model whose initializers point, as ONNX external data,
+at the bytes just written.
+"""
+import math
+import os
+import re
+import tempfile
+from collections import Counter
+
+import numpy as np
+
+from ..errors import CaffeqError, ExportError
+
+DEFAULT_OPSET = 21
+MIN_OPSET = 13
+# protobuf refuses messages of 2 GiB and more; keep a margin for the graph itself
+_MAX_EMBEDDED = (1 << 31) - (64 << 20)
+_EXTERNAL_MIN_BYTES = 1024      # smaller tensors (shape constants) stay in the .onnx file
+_ALIGN = 4096                   # external data offsets, page aligned so runtimes can mmap them
+
+
+# ---- the emission context ---------------------------------------------------------
+
+class _Init:
+    __slots__ = ("array", "transpose")
+
+    def __init__(self, array, transpose=False):
+        self.array = array
+        self.transpose = transpose
+
+    def shape(self):
+        s = tuple(self.array.shape)
+        return s[::-1] if self.transpose else s
+
+    def dtype(self):
+        return self.array.dtype
+
+    def nbytes(self):
+        return int(self.array.nbytes)
+
+    def data(self):
+        """C-contiguous little-endian array (no copy for untransposed mmap views)."""
+        a = self.array.T if self.transpose else self.array
+        dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
+        return np.ascontiguousarray(a, dtype=dt)
+
+
+def _attr_value(v):
+    """Python/numpy attribute values -> what onnx.helper.make_attribute takes."""
+    import onnx
+    if isinstance(v, np.ndarray):
+        return onnx.numpy_helper.from_array(v)
+    if isinstance(v, (np.integer, np.bool_)):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    if isinstance(v, (list, tuple)):
+        return [_attr_value(x) for x in v]
+    return v
+
+
+class OnnxContext:
+    """What a layer spec's `onnx(ctx, node)` emits into.  See the ONNX emission contract."""
+
+    def __init__(self, graph, opset):
+        self.graph = graph
+        self.opset = int(opset)
+        self.nodes = []                 # onnx NodeProto, in order
+        self.initializers = {}          # name -> _Init
+        self.domains = {}               # custom domain -> version
+        self.notes = []
+        self.layer = None               # the Node being emitted
+        self._names = set(graph.tensors)
+        self._node_names = set()
+        self._const_cache = {}
+        self._weight_cache = {}
+        self._extra_shapes = {}
+
+    # -- shapes -------------------------------------------------------------------------
+    def shape(self, name):
+        """Caffe's static shape of an IR tensor (dim 0 is the prototxt's batch)."""
+        t = self.graph.tensors.get(name)
+        if t is not None:
+            return tuple(t.shape)
+        if name in self._extra_shapes:
+            return self._extra_shapes[name]
+        raise ExportError(f"{self._where()}: no static shape known for tensor '{name}'")
+
+    def set_shape(self, name, shape):
+        """Record the static shape of a tensor an emission made (for later emissions)."""
+        self._extra_shapes[name] = tuple(int(d) for d in shape)
+
+    # -- names --------------------------------------------------------------------------
+    def _where(self):
+        n = self.layer
+        return f"layer '{n.name}' ({n.type})" if n is not None else "graph"
+
+    def _unique(self, base, taken):
+        base = base or "t"
+        name, k = base, 1
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        taken.add(name)
+        return name
+
+    def tmp(self, hint="t"):
+        return self._unique(str(hint), self._names)
+
+    # -- nodes --------------------------------------------------------------------------
+    def add_node(self, op_type, inputs, outputs, name=None, domain="", **attrs):
+        import onnx
+        single = isinstance(outputs, str)
+        outs = [outputs] if single else list(outputs)
+        ins = [inputs] if isinstance(inputs, str) else list(inputs)
+        if name is None:
+            name = f"{self.layer.name}/{op_type}" if self.layer is not None else op_type
+        name = self._unique(name, self._node_names)
+        for o in outs:
+            if o:
+                self._names.add(o)
+        clean = {k: _attr_value(v) for k, v in attrs.items() if v is not None}
+        node = onnx.helper.make_node(op_type, ins, outs, name=name, domain=domain or None, **clean)
+        if domain and domain not in self.domains:
+            self.domains[domain] = 1
+        self.nodes.append(node)
+        return outs[0] if single else outs
+
+    # -- constants and weights ------------------------------------------------------------
+    def const(self, array, hint=None):
+        """An initializer holding `array` (its dtype kept); small equal constants are shared."""
+        a = np.asarray(array)
+        if a.dtype == object:
+            raise ExportError(f"{self._where()}: constant of dtype object")
+        key = None
+        if a.nbytes <= 4096:
+            key = (a.dtype.str, a.shape, a.tobytes())
+            hit = self._const_cache.get(key)
+            if hit is not None:
+                return hit
+        if hint is None:
+            hint = f"{self.layer.name}_const" if self.layer is not None else "const"
+        name = self.tmp(hint)
+        self.initializers[name] = _Init(a)
+        if key is not None:
+            self._const_cache[key] = name
+        return name
+
+    def weight(self, node, index, transpose=False):
+        """Name of a float32 tensor holding node.blobs[index] (transposed when asked)."""
+        key = (node.name, index, bool(transpose))
+        hit = self._weight_cache.get(key)
+        if hit is not None:
+            return hit
+        quant = getattr(node, "quant", None)
+        if quant and index in quant:
+            name = self._quantized_weight(node, index, transpose)
+            if name is not None:
+                self._weight_cache[key] = name
+                return name
+        shared = (getattr(node, "shared_from", None) or {}).get(index)
+        if shared is not None:
+            owner = self._node(shared[0])
+            if owner is not None and owner.blobs is not None and owner.blobs[shared[1]] is not None \
+                    and tuple(owner.blobs[shared[1]].shape) == tuple(node.blobs[index].shape):
+                name = self.weight(owner, shared[1], transpose)
+                self._weight_cache[key] = name
+                return name
+        if node.blobs is None or index >= len(node.blobs) or node.blobs[index] is None:
+            raise ExportError(f"layer '{node.name}' ({node.type}): weight blob {index} is not loaded "
+                              f"(pass the caffemodel)")
+        arr = np.asarray(node.blobs[index])
+        if arr.dtype != np.float32:
+            arr = arr.astype(np.float32)
+        if transpose:
+            if arr.ndim != 2:
+                raise ExportError(f"layer '{node.name}': cannot transpose a {arr.ndim}-axis blob")
+        names = node.spec.blob_names
+        base = f"{node.name}.{names[index] if index < len(names) else f'blob{index}'}"
+        if transpose and any(k[:2] == key[:2] for k in self._weight_cache):
+            base += "_T"
+        name = self._unique(base, self._names)
+        self.initializers[name] = _Init(arr, bool(transpose))
+        self._weight_cache[key] = name
+        return name
+
+    def _quantized_weight(self, node, index, transpose):
+        try:
+            from .onnx_weights import emit_quantized_weight
+        except ImportError:
+            self.notes.append("quantized weights stored as float32 (caffeq.backends.onnx_weights "
+                              "is not available)")
+            return None
+        return emit_quantized_weight(self, node, index, transpose)
+
+    def _node(self, name):
+        for n in self.graph.nodes:
+            if n.name == name:
+                return n
+        return None
+
+
+# ---- walking the IR ------------------------------------------------------------------------
+
+def _refusal(node, err):
+    msg = str(err).strip() or type(err).__name__
+    prefix = f"layer '{node.name}'"
+    if msg.startswith(prefix):
+        msg = msg[len(prefix):].lstrip(" :")
+        if msg.startswith(f"({node.type})"):
+            msg = msg[len(node.type) + 2:].lstrip(" :")
+    return node.name, node.type, msg
+
+
+def _live_io(graph):
+    """(kept nodes, graph inputs, graph outputs, dropped training-only nodes) of the inference graph."""
+    kept, dropped = [], []
+    for n in graph.nodes:
+        if n.spec.is_data:
+            continue
+        (dropped if getattr(n.spec, "is_training_only", False) else kept).append(n)
+    kept_ids = {id(n) for n in kept}
+    uses_kept, uses_dropped = set(), set()
+    for n in graph.nodes:
+        if n.spec.is_data:
+            continue
+        (uses_kept if id(n) in kept_ids else uses_dropped).update(n.inputs)
+    produced_by_dropped = {o for n in dropped for o in n.outputs}
+    outputs = [t for t in graph.outputs if t not in produced_by_dropped]
+    if dropped:
+        # tensors that only fed losses/accuracy (the scores) become the outputs
+        for n in graph.nodes:
+            if id(n) not in kept_ids:
+                continue
+            for o in n.outputs:
+                if o in uses_dropped and o not in uses_kept and o not in outputs:
+                    outputs.append(o)
+    inputs = [t for t in graph.inputs
+              if t in uses_kept or t in outputs or t not in uses_dropped]
+    return kept, inputs, outputs, dropped
+
+
+def emit_graph(graph, opset):
+    """Run every kept layer's emission -> (ctx, refusals, inputs, outputs, dropped)."""
+    ctx = OnnxContext(graph, opset)
+    kept, inputs, outputs, dropped = _live_io(graph)
+    refusals = []
+    for node in kept:
+        ctx.layer = node
+        if not node.spec.has_onnx():
+            refusals.append((node.name, node.type, "no ONNX emission for this layer type"))
+            continue
+        before = (len(ctx.nodes), dict(ctx.initializers))
+        try:
+            node.spec.onnx(ctx, node)
+        except (ExportError, CaffeqError, NotImplementedError) as e:
+            refusals.append(_refusal(node, e))
+        except Exception as e:  # a bug in an emission: still list every refusal at once
+            refusals.append((node.name, node.type, f"ONNX emission failed: {type(e).__name__}: {e}"))
+        else:
+            continue
+        del ctx.nodes[before[0]:]
+        ctx.initializers = before[1]
+    ctx.layer = None
+    return ctx, refusals, inputs, outputs, dropped
+
+
+def _refusal_error(source, refusals):
+    parts = "; ".join(f"layer '{n}' ({t}): {m}" for n, t, m in refusals)
+    err = ExportError(f"{source + ': ' if source else ''}cannot export to ONNX, "
+                      f"{len(refusals)} layer(s) refused: {parts}")
+    err.refused = [n for n, _, _ in refusals]
+    return err
+
+
+# ---- shapes of inputs and outputs ----------------------------------------------------------
+
+def _batch_of(graph):
+    for t in graph.inputs:
+        s = graph.tensors[t].shape
+        if s:
+            return int(s[0])
+    return None
+
+
+def _dynamic_dims(model, graph):
+    """SSA name -> {axis: dim_param} for the dims that follow the batch size."""
+    n0 = _batch_of(graph)
+    if n0 is None:
+        return {}
+    try:
+        other = model.reshaped(n0 + 1).graph.tensors
+    except Exception:
+        other = None
+    dyn = {}
+    for name, t in graph.tensors.items():
+        s = tuple(t.shape)
+        if other is not None and name in other:
+            s2 = tuple(other[name].shape)
+            if len(s2) != len(s):
+                continue
+            d = {}
+            for i, (a, b) in enumerate(zip(s, s2)):
+                if a == b:
+                    continue
+                if a == n0 and b == n0 + 1:
+                    d[i] = "N"
+                elif a % n0 == 0 and b == a // n0 * (n0 + 1):
+                    d[i] = f"N*{a // n0}"
+                else:
+                    d[i] = None        # depends on the batch in another way: left unnamed
+            dyn[name] = d
+        elif s and s[0] == n0:
+            dyn[name] = {0: "N"}
+    return dyn
+
+
+def _value_info(name, shape, dyn, elem_type=1):
+    import onnx
+    vi = onnx.ValueInfoProto()
+    vi.name = name
+    tt = vi.type.tensor_type
+    tt.elem_type = elem_type
+    tt.shape.SetInParent()
+    for i, d in enumerate(shape):
+        dim = tt.shape.dim.add()
+        if dyn is not None and i in dyn:
+            if dyn[i]:
+                dim.dim_param = dyn[i]
+        else:
+            dim.dim_value = int(d)
+    return vi
+
+
+# ---- building and writing the ModelProto ----------------------------------------------------
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _tensor_header(name, init):
+    import onnx
+    tp = onnx.TensorProto()
+    tp.name = name
+    tp.dims.extend(int(d) for d in init.shape())
+    tp.data_type = onnx.helper.np_dtype_to_tensor_dtype(init.dtype())
+    return tp
+
+
+def _set_external(tp, location, offset, length):
+    import onnx
+    tp.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        e = tp.external_data.add()
+        e.key, e.value = k, v
+
+
+class _Layout:
+    """Where each initializer's bytes go: embedded in the .onnx file or in the data file."""
+
+    def __init__(self, inits, external):
+        self.external = external
+        self.items = []   # (name, init, header TensorProto, external?, data offset or None)
+        offset = 0
+        for name, init in inits.items():
+            tp = _tensor_header(name, init)
+            ext = external and init.nbytes() >= _EXTERNAL_MIN_BYTES
+            off = None
+            if ext:
+                offset = -(-offset // _ALIGN) * _ALIGN
+                off = offset
+                offset += init.nbytes()
+            self.items.append([name, init, tp, ext, off])
+
+
+def _graph_rest(g):
+    return g.SerializeToString()
+
+
+def _embedded_size(header_bytes, nbytes):
+    return len(header_bytes) + 1 + len(_varint(nbytes)) + nbytes
+
+
+def _write_model(path, model_rest, graph_rest, layout, data_path=None, data_location=None):
+    """Stream the ModelProto to `path` (and external data to `data_path`).
+
+    Returns [(name, file written, absolute offset, length)] of every initializer's bytes.
+    """
+    where = []
+    headers = []
+    for name, init, tp, ext, off in layout.items:
+        h = onnx_copy(tp)
+        if ext:
+            _set_external(h, data_location, off, init.nbytes())
+            hb = h.SerializeToString()
+            msg_len = len(hb)
+        else:
+            hb = h.SerializeToString()
+            msg_len = _embedded_size(hb, init.nbytes())
+        headers.append((hb, msg_len))
+    graph_len = len(graph_rest) + sum(1 + len(_varint(m)) + m for _, m in headers)
+    with open(path, "wb") as f:
+        f.write(model_rest)
+        f.write(b"\x3a" + _varint(graph_len))          # ModelProto.graph (field 7)
+        f.write(graph_rest)
+        for (name, init, tp, ext, off), (hb, msg_len) in zip(layout.items, headers):
+            f.write(b"\x2a" + _varint(msg_len))          # GraphProto.initializer (field 5)
+            f.write(hb)
+            if not ext:
+                data = init.data()
+                f.write(b"\x4a" + _varint(data.nbytes))  # TensorProto.raw_data (field 9)
+                where.append((name, path, f.tell(), data.nbytes))
+                _write_array(f, data)
+    if data_path is not None:
+        with open(data_path, "wb") as f:
+            for name, init, tp, ext, off in layout.items:
+                if not ext:
+                    continue
+                pad = off - f.tell()
+                if pad:
+                    f.write(b"\0" * pad)
+                data = init.data()
+                where.append((name, data_path, off, data.nbytes))
+                _write_array(f, data)
+    return where
+
+
+def _write_array(f, data, chunk=64 << 20):
+    mv = memoryview(data.reshape(-1)).cast("B") if data.size else b""
+    for start in range(0, len(mv), chunk):
+        f.write(mv[start:start + chunk])
+
+
+def onnx_copy(msg):
+    new = type(msg)()
+    new.CopyFrom(msg)
+    return new
+
+
+def _twin(model_rest_proto, graph_proto, layout, where=None):
+    """A small ModelProto equal to the written one, big initializers as external references.
+
+    where: [(name, file, offset, length)] of the written bytes; None makes references to a
+    file that does not exist (enough for shape inference, which never reads weights).
+    """
+    import onnx
+    m = onnx_copy(model_rest_proto)
+    m.graph.CopyFrom(graph_proto)
+    loc = {w[0]: w for w in where} if where is not None else {}
+    for name, init, tp, ext, off in layout.items:
+        t = onnx_copy(tp)
+        if init.nbytes() >= _EXTERNAL_MIN_BYTES or ext:
+            if where is not None:
+                _, fpath, offset, length = loc[name]
+                _set_external(t, os.path.basename(fpath), offset, length)
+            else:
+                _set_external(t, "__caffeq_unwritten__", 0, init.nbytes())
+        else:
+            t.raw_data = init.data().tobytes()
+        m.graph.initializer.append(t)
+    return m
+
+
+def _infer_shapes(twin, strict):
+    """Strict ONNX shape inference on the twin -> (value_info list, notes)."""
+    import onnx
+    try:
+        inferred = onnx.shape_inference.infer_shapes(twin, strict_mode=strict, data_prop=True)
+    except Exception as e:
+        if strict:
+            raise ExportError(f"ONNX shape inference rejects the exported graph: "
+                              f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}") from None
+        return [], []
+    known = {vi.name: vi for vi in inferred.graph.value_info}
+    graph_io = {vi.name for vi in twin.graph.input} | {vi.name for vi in twin.graph.output} \
+        | {t.name for t in twin.graph.initializer}
+    missing, partial = [], []
+    for node in twin.graph.node:
+        for o in node.output:
+            if not o or o in graph_io:
+                continue
+            vi = known.get(o)
+            if vi is None or not vi.type.tensor_type.HasField("shape"):
+                missing.append(o)
+            elif any(not (d.HasField("dim_value") or d.HasField("dim_param"))
+                     for d in vi.type.tensor_type.shape.dim):
+                partial.append(o)
+    notes = []
+    if missing:
+        raise ExportError(f"ONNX shape inference leaves the shape of {len(missing)} tensor(s) "
+                          f"unknown: {', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''}")
+    if partial:
+        notes.append(f"{len(partial)} tensor(s) have data-dependent dims: "
+                     f"{', '.join(partial[:5])}{', ...' if len(partial) > 5 else ''}")
+    return list(inferred.graph.value_info), notes
+
+
+def _check_written(folder, twin):
+    """onnx.checker.check_model(full_check=True) on the twin that points at the written bytes."""
+    import onnx
+    fd, tpath = tempfile.mkstemp(prefix=".caffeq-check-", suffix=".onnx", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(twin.SerializeToString())
+        onnx.checker.check_model(tpath, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise ExportError(f"the ONNX checker rejects the exported model: {e}") from None
+    except onnx.shape_inference.InferenceError as e:
+        raise ExportError(f"ONNX shape inference rejects the exported model: {e}") from None
+    finally:
+        try:
+            os.unlink(tpath)
+        except OSError:
+            pass
+
+
+# ---- the public entry point -------------------------------------------------------------------
+
+def _parse_batch(batch):
+    if batch in (None, "dynamic", "N"):
+        return None
+    try:
+        b = int(batch)
+    except (TypeError, ValueError):
+        raise ExportError(f"batch must be 'dynamic' or a positive integer, got {batch!r}") from None
+    if b < 1:
+        raise ExportError(f"batch must be >= 1, got {b}")
+    return b
+
+
+def _parse_opset(opset):
+    import onnx
+    if opset is None:
+        return DEFAULT_OPSET
+    try:
+        v = int(opset)
+    except (TypeError, ValueError):
+        raise ExportError(f"opset must be an integer, got {opset!r}") from None
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= v <= newest:
+        raise ExportError(f"opset {v} is not supported: use {MIN_OPSET} to {newest} "
+                          f"(default {DEFAULT_OPSET})")
+    return v
+
+
+def _with_batch(model, batch):
+    """The model with its inputs' dim 0 set to `batch` (node.quant carried over)."""
+    if all(model.graph.tensors[t].shape and model.graph.tensors[t].shape[0] == batch
+           for t in model.graph.inputs):
+        return model
+    new = model.reshaped(batch)
+    for a, b in zip(model.graph.nodes, new.graph.nodes):
+        q = getattr(a, "quant", None)
+        if q:
+            b.quant = q
+    return new
+
+
+def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=True,
+                external_data="auto", inputs=()):
+    """Write `model` (a caffeq.Model) as an ONNX file; return statistics for printing.
+
+    opset: 13 or newer (default 21).  batch: "dynamic" (dim 0 is "N") or an int.
+    optimize: fold BatchNorm/Scale into convolutions, drop identities, merge reshapes.
+    check: run onnx.checker.check_model(full_check=True) and strict shape inference.
+    external_data: "auto" (only past 2 GB), True or False; the data file is `<path>.data`.
+    inputs: more files the output must not overwrite (the model's own are always protected).
+
+    Raises ExportError listing every layer ONNX cannot express, before writing anything.
+    Returns {"path", "opset", "batch", "nodes_before", "nodes_after", "layers_before",
+    "layers_after", "op_counts", "initializers", "file_size", "data_file", "inputs",
+    "outputs", "dropped", "notes"}.
+    """
+    import onnx
+    from ..commands.common import atomic_path
+
+    opset = _parse_opset(opset)
+    fixed = _parse_batch(batch)
+    source = model.prototxt or model.name or ""
+    path = os.fspath(path)
+    protected = [model.prototxt, model.weights_path] + [os.fspath(p) for p in inputs if p]
+    target = os.path.abspath(path)
+    for src in protected:
+        if src and os.path.exists(src) and os.path.exists(target) and os.path.samefile(src, target):
+            raise ExportError(f"{path}: refusing to overwrite an input file")
+    if os.path.isdir(target):
+        raise ExportError(f"{path}: is a folder")
+    notes = []
+
+    if fixed is not None:
+        model = _with_batch(model, fixed)
+    missing = [n.name for n in model.graph.nodes if n.has_params and n.blobs is None]
+    if missing:
+        raise ExportError(f"{source}: no weights for layer(s) {', '.join(missing[:5])}"
+                          f"{', ...' if len(missing) > 5 else ''}; pass the caffemodel")
+    dyn = {} if fixed is not None else _dynamic_dims(model, model.graph)
+
+    # 1. every refusal at once, on the graph as the user wrote it
+    ctx0, refusals, _, _, dropped = emit_graph(model.graph, opset)
+    if refusals:
+        raise _refusal_error(source, refusals)
+    nodes_before = len(ctx0.nodes)
+    layers_before = sum(1 for n in model.graph.nodes if not n.spec.is_data)
+    del ctx0
+
+    # 2. the optimized graph
+    emitted = model
+    if optimize:
+        from ..transforms import optimize as run_transforms
+        emitted, opt_notes = run_transforms(model, with_notes=True)
+        notes.extend(opt_notes)
+    ctx, refusals, in_names, out_names, dropped = emit_graph(emitted.graph, opset)
+    if refusals:
+        raise _refusal_error(source, refusals)
+    graph = emitted.graph
+    notes.extend(ctx.notes)
+    data_layers = [n for n in graph.nodes if n.spec.is_data and n.type != "Input"]
+    for n in data_layers:
+        notes.append(f"data layer '{n.name}' ({n.type}) became graph input(s) "
+                     f"{', '.join(t for t in n.outputs if t in in_names)}; its transform_param "
+                     f"(mean, scale, crop) is not part of the graph: feed preprocessed blobs")
+    if dropped:
+        notes.append(f"dropped {len(dropped)} training-only layer(s): "
+                     f"{', '.join(f'{n.name} ({n.type})' for n in dropped)}")
+        gone = [t for t in graph.inputs if t not in in_names]
+        if gone:
+            notes.append(f"input(s) used only by them removed: {', '.join(gone)}")
+    if not out_names:
+        raise ExportError(f"{source}: the inference graph has no outputs")
+
+    # 3. the ModelProto without its initializers' bytes
+    g = onnx.GraphProto()
+    g.name = graph.name or "caffeq"
+    g.node.extend(ctx.nodes)
+    for t in in_names:
+        g.input.append(_value_info(t, graph.tensors[t].shape, {0: "N"} if fixed is None else {}))
+    for t in out_names:
+        g.output.append(_value_info(t, graph.tensors[t].shape, dyn.get(t, {}) if fixed is None else {}))
+    m = onnx.ModelProto()
+    m.ir_version = onnx.helper.find_min_ir_version_for(
+        [onnx.helper.make_opsetid("", opset)] +
+        [onnx.helper.make_opsetid(d, v) for d, v in ctx.domains.items()])
+    m.producer_name = "caffeq"
+    from .. import __version__
+    m.producer_version = __version__
+    m.doc_string = f"converted from {os.path.basename(model.prototxt)}" if model.prototxt else ""
+    op = m.opset_import.add()
+    op.domain, op.version = "", opset
+    for d, v in ctx.domains.items():
+        op = m.opset_import.add()
+        op.domain, op.version = d, v
+
+    total = sum(i.nbytes() for i in ctx.initializers.values())
+    if external_data == "auto":
+        external = total + 16 * len(ctx.initializers) + (4 << 20) > _MAX_EMBEDDED
+    else:
+        external = bool(external_data)
+    layout = _Layout(ctx.initializers, external)
+
+    value_info, inf_notes = _infer_shapes(_twin(m, g, layout), strict=check)
+    notes.extend(inf_notes)
+    g.value_info.extend(v for v in value_info if v.name not in ctx.initializers)
+    graph_rest = _graph_rest(g)
+    model_rest = m.SerializeToString()
+    embedded_est = len(model_rest) + len(graph_rest) + sum(
+        16 + len(it[2].SerializeToString()) + (0 if it[3] else it[1].nbytes()) for it in layout.items)
+    if embedded_est > _MAX_EMBEDDED:
+        raise ExportError(f"{path}: the graph alone exceeds protobuf's 2 GB limit")
+
+    data_path = target + ".data" if external else None
+    if data_path:
+        for src in protected:
+            if src and os.path.exists(src) and os.path.exists(data_path) and os.path.samefile(src, data_path):
+                raise ExportError(f"{data_path}: refusing to overwrite an input file")
+    folder = os.path.dirname(target)
+    try:
+        with atomic_path(target, inputs=protected) as tmp_main:
+            if data_path:
+                with atomic_path(data_path, inputs=protected) as tmp_data:
+                    where = _write_model(tmp_main, model_rest, graph_rest, layout, tmp_data,
+                                         os.path.basename(data_path))
+                    if check:
+                        _check_written(folder, _twin(m, g, layout, where))
+            else:
+                where = _write_model(tmp_main, model_rest, graph_rest, layout)
+                if check:
+                    _check_written(folder, _twin(m, g, layout, where))
+    except OSError as e:
+        raise ExportError(f"{path}: cannot write: {e.strerror or e}") from None
+    except CaffeqError as e:
+        if isinstance(e, ExportError):
+            raise
+        raise ExportError(str(e)) from None
+
+    ops = Counter(n.op_type for n in ctx.nodes)
+    stats = {
+        "path": path,
+        "opset": opset,
+        "batch": fixed if fixed is not None else "dynamic",
+        "nodes_before": nodes_before,
+        "nodes_after": len(ctx.nodes),
+        "layers_before": layers_before,
+        "layers_after": sum(1 for n in graph.nodes if not n.spec.is_data),
+        "optimized": bool(optimize),
+        "op_counts": dict(sorted(ops.items())),
+        "initializers": len(ctx.initializers),
+        "weights_bytes": total,
+        "file_size": os.path.getsize(target),
+        "data_file": data_path,
+        "inputs": {t: _shape_str(graph.tensors[t].shape, {0: "N"} if fixed is None else {}) for t in in_names},
+        "outputs": {t: _shape_str(graph.tensors[t].shape, dyn.get(t, {}) if fixed is None else {})
+                    for t in out_names},
+        "dropped": [n.name for n in dropped],
+        "refused": [],
+        "notes": notes,
+    }
+    if data_path:
+        stats["data_size"] = os.path.getsize(data_path)
+    return stats
+
+
+def _shape_str(shape, dyn):
+    return [dyn[i] if i in dyn and dyn[i] else ("?" if i in dyn else int(d)) for i, d in enumerate(shape)]
+
+
+def format_stats(stats):
+    """A few lines for the CLI's `convert`."""
+    lines = [f"wrote {stats['path']} ({stats['file_size'] / 1e6:.1f} MB"
+             + (f" + {stats['data_file']} {stats.get('data_size', 0) / 1e6:.1f} MB" if stats.get("data_file") else "")
+             + f"), opset {stats['opset']}, batch {stats['batch']}"]
+    lines.append(f"nodes: {stats['nodes_before']} before optimization, {stats['nodes_after']} after"
+                 + ("" if stats["optimized"] else " (--no-optimize)"))
+    lines.append("inputs: " + ", ".join(f"{k} {v}" for k, v in stats["inputs"].items()))
+    lines.append("outputs: " + ", ".join(f"{k} {v}" for k, v in stats["outputs"].items()))
+    for n in stats["notes"]:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
+__all__ = ["DEFAULT_OPSET", "MIN_OPSET", "OnnxContext", "emit_graph", "export_onnx", "format_stats"]
