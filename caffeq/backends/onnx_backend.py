@@ -262,17 +262,13 @@ def emit_graph(graph, opset):
         if not node.spec.has_onnx():
             refusals.append((node.name, node.type, "no ONNX emission for this layer type"))
             continue
-        before = (len(ctx.nodes), dict(ctx.initializers))
+        # a refused layer leaves partial nodes behind; the export stops before writing anyway
         try:
             node.spec.onnx(ctx, node)
         except (ExportError, CaffeqError, NotImplementedError) as e:
             refusals.append(_refusal(node, e))
         except Exception as e:  # a bug in an emission: still list every refusal at once
             refusals.append((node.name, node.type, f"ONNX emission failed: {type(e).__name__}: {e}"))
-        else:
-            continue
-        del ctx.nodes[before[0]:]
-        ctx.initializers = before[1]
     ctx.layer = None
     return ctx, refusals, inputs, outputs, dropped
 

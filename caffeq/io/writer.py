@@ -84,15 +84,18 @@ def _blob_parts(blob, what):
                 or arr.dtype == np.bool_):
             raise CaffeqError(f"{what}: cannot store dtype {arr.dtype} in a caffemodel")
         arr = arr.astype("<f4")
-    arr = np.ascontiguousarray(arr)
+    shape = arr.shape
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)   # (it would also turn a 0-d array into 1-d)
     head = bytearray()
-    if legacy and arr.ndim == 4:
-        for number, d in zip((_B_NUM, _B_CHANNELS, _B_HEIGHT, _B_WIDTH), arr.shape):
+    if legacy and len(shape) == 4:
+        for number, d in zip((_B_NUM, _B_CHANNELS, _B_HEIGHT, _B_WIDTH), shape):
             head += _key(number, _VARINT) + _varint(int(d))
-    else:
-        dims = b"".join(_varint(int(d)) for d in arr.shape)
-        shape_msg = (_len_field(_SHAPE_DIM, len(dims)) + dims) if dims else b""
+    elif shape:
+        dims = b"".join(_varint(int(d)) for d in shape)
+        shape_msg = _len_field(_SHAPE_DIM, len(dims)) + dims
         head += _len_field(_B_SHAPE, len(shape_msg)) + shape_msg
+    # a 0-axis (scalar) blob has no shape field at all, as Caffe's Blob::ToProto writes it
     nbytes = arr.size * 4
     data_prefix = _len_field(_B_DATA, nbytes) if nbytes else b""
     return bytes(head), data_prefix, arr

@@ -88,16 +88,16 @@ def deconv_out_size(size, k, s, p, d):
 
 def _onnx_conv(ctx, node, op):
     a = node.attrs
-    x = node.inputs[0]
     if a["_axis"] != 1:
         from ..errors import ExportError
         raise ExportError(f"layer '{node.name}': convolution over axis {a['_axis']} has no ONNX form here")
-    inputs = [x, ctx.weight(node, 0)]
-    if a["bias_term"]:
-        inputs.append(ctx.weight(node, 1))
-    ctx.add_node(op, inputs, [node.outputs[0]], name=node.name,
-                 kernel_shape=list(a["kernel"]), strides=list(a["stride"]), pads=list(a["pad"]) * 2,
-                 dilations=list(a["dilation"]), group=a["group"])
+    w = ctx.weight(node, 0)
+    b = [ctx.weight(node, 1)] if a["bias_term"] else []
+    # Caffe applies the same filters to each bottom (one top per bottom)
+    for i, (x, y) in enumerate(zip(node.inputs, node.outputs)):
+        ctx.add_node(op, [x, w] + b, [y], name=node.name if i == 0 else f"{node.name}_{i}",
+                     kernel_shape=list(a["kernel"]), strides=list(a["stride"]), pads=list(a["pad"]) * 2,
+                     dilations=list(a["dilation"]), group=a["group"])
 
 
 @register_layer("Convolution")
@@ -230,18 +230,24 @@ class InnerProduct(Layer):
         x = node.inputs[0]
         axis = a["_axis"]
         rank = len(ctx.shape(x))
+        bias = [ctx.weight(node, 1)] if a["bias_term"] else []
+        if axis == 1:
+            if rank != 2:
+                flat = ctx.tmp(node.name + "_flat")
+                ctx.add_node("Flatten", [x], [flat], axis=1)
+                x = flat
+            # Gemm reads Caffe's N x K weight as stored (transB), so no transposed copy is made
+            ctx.add_node("Gemm", [x, ctx.weight(node, 0)] + bias, [node.outputs[0]], name=node.name,
+                         transB=0 if a["transpose"] else 1)
+            return
         if rank != axis + 1:
             flat = ctx.tmp(node.name + "_flat")
             ctx.add_node("Reshape", [x, ctx.const(np.array([0] * axis + [-1], np.int64))], [flat])
             x = flat
         w = ctx.weight(node, 0, transpose=not a["transpose"])  # MatMul wants K x N
-        if axis == 1:
-            inputs = [x, w] + ([ctx.weight(node, 1)] if a["bias_term"] else [])
-            ctx.add_node("Gemm", inputs, [node.outputs[0]], name=node.name)
-            return
-        if a["bias_term"]:
+        if bias:
             mm = ctx.tmp(node.name + "_mm")
             ctx.add_node("MatMul", [x, w], [mm], name=node.name)
-            ctx.add_node("Add", [mm, ctx.weight(node, 1)], [node.outputs[0]])
+            ctx.add_node("Add", [mm, bias[0]], [node.outputs[0]])
         else:
             ctx.add_node("MatMul", [x, w], [node.outputs[0]], name=node.name)

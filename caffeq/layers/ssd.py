@@ -262,9 +262,8 @@ def prior_boxes(attrs, feat_hw, img_hw):
         for ar in attrs["ratios"]:
             if abs(ar - 1.0) < 1e-6:
                 continue
-            base = math.sqrt(mn * attrs["max_sizes"][k]) if attrs["max_sizes"] else float(mn)
             r = math.sqrt(float(f32(ar)))
-            sizes.append((f32(base * r), f32(base / r)))
+            sizes.append((f32(mn * r), f32(mn / r)))
     bw = np.array([s[0] for s in sizes], np.float64)
     bh = np.array([s[1] for s in sizes], np.float64)
     off = f32(attrs["offset"])
