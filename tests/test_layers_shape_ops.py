@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-import caffeq
 from caffeq.errors import CaffeqError, ShapeError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -49,9 +48,10 @@ RESHAPES = [
     ((2, 3, 4, 5), "shape { dim: 3 dim: 1 } axis: 1 num_axes: 1", (2, 3, 1, 4, 5)),
     ((2, 3, 4, 5), "shape { dim: 0 dim: 0 dim: -1 dim: 1 } axis: 1", (2, 3, 4, 5, 1)),
     ((2, 6, 4, 5), "shape { dim: -1 dim: 0 dim: 10 } axis: 1", (2, 3, 4, 10)),
-    ((2, 6, 4, 5), "shape { dim: 2 dim: -1 } axis: -3 num_axes: 1", (2, 2, 3, 4, 5)),
+    ((2, 6, 4, 5), "shape { dim: 2 dim: -1 } axis: -4 num_axes: 1", (2, 2, 3, 4, 5)),
+    ((2, 6, 4, 5), "shape { dim: 2 dim: -1 } axis: -3 num_axes: 1", (2, 6, 2, 2, 5)),  # -3 -> axis 2
     ((2, 3, 4, 5), "shape { dim: -1 dim: 4 dim: 5 }", (6, 4, 5)),               # -1 absorbs the batch
-    ((2, 3, 4, 5), "shape { dim: 0 dim: 4 dim: -1 } axis: 0 num_axes: 2", (2, 4, 3, 5)),
+    ((2, 6, 4, 5), "shape { dim: 0 dim: 3 dim: -1 } axis: 0 num_axes: 2", (2, 3, 2, 4, 5)),
 ]
 
 
@@ -96,7 +96,7 @@ def test_slice_equal_along_last_axis():
 
 
 def test_slice_legacy_slice_dim():
-    model, feeds, out = run_layer(
+    _, feeds, out = run_layer(
         {"x": (2, 3, 4, 5)},
         'layer { name: "s" type: "Slice" bottom: "x" top: "a" top: "b" slice_param { slice_dim: 2 slice_point: 3 } }')
     a, b = np.split(feeds["x"], [3], axis=2)
@@ -151,7 +151,7 @@ def test_flatten_axes(param, expected):
 # ---- Crop -----------------------------------------------------------------------
 
 def test_crop_one_offset_for_every_axis():
-    model, feeds, out = run_layer(
+    _, feeds, out = run_layer(
         {"x": (2, 3, 11, 13), "ref": (2, 3, 7, 9)},
         'layer { name: "c" type: "Crop" bottom: "x" bottom: "ref" top: "c" crop_param { offset: 2 } }')
     np.testing.assert_array_equal(out["c"], feeds["x"][:, :, 2:9, 2:11])
@@ -167,7 +167,7 @@ def test_crop_per_axis_offsets_from_axis_1():
 
 
 def test_crop_default_offset_zero_and_negative_axis():
-    model, feeds, out = run_layer(
+    _, feeds, out = run_layer(
         {"x": (2, 3, 11, 13), "ref": (1, 1, 1, 4)},
         'layer { name: "c" type: "Crop" bottom: "x" bottom: "ref" top: "c" crop_param { axis: -1 } }')
     np.testing.assert_array_equal(out["c"], feeds["x"][:, :, :, :4])
@@ -177,7 +177,7 @@ def test_crop_default_offset_zero_and_negative_axis():
 
 @pytest.mark.parametrize("axis,tiles", [(1, 3), (-1, 2), (0, 2), (2, 4)])
 def test_tile_is_numpy_tile(axis, tiles):
-    model, feeds, out = run_layer(
+    _, feeds, out = run_layer(
         {"x": (2, 3, 4, 5)}, f'layer {{ name: "t" type: "Tile" bottom: "x" top: "t" tile_param {{ axis: {axis} tiles: {tiles} }} }}')
     reps = [1, 1, 1, 1]
     reps[axis] = tiles
@@ -218,7 +218,7 @@ def test_im2col_variants(shape, param, kernel, stride, pad, dilation):
 
 
 def test_im2col_axis_2_merges_leading_axes():
-    model, feeds, out = run_layer(
+    _, feeds, out = run_layer(
         {"x": (2, 3, 2, 6, 5)},
         'layer { name: "i" type: "Im2col" bottom: "x" top: "i" convolution_param { kernel_size: 2 axis: 2 } }')
     x = feeds["x"]
@@ -232,7 +232,7 @@ def test_im2col_axis_2_merges_leading_axes():
 def test_batch_reindex_repeats_and_permutes():
     idx = np.array([3, 0, 0, 2, 1.0], np.float32)
     x = rand(4, 3, 2)
-    model, _, out = run_layer({"x": (4, 3, 2), "idx": (5,)},
+    _, _, out = run_layer({"x": (4, 3, 2), "idx": (5,)},
                               'layer { name: "b" type: "BatchReindex" bottom: "x" bottom: "idx" top: "b" }',
                               feeds={"x": x, "idx": idx})
     np.testing.assert_array_equal(out["b"], x[[3, 0, 0, 2, 1]])
@@ -260,7 +260,7 @@ def test_filter_two_bottoms_with_singleton_selector_axes():
 
 
 def test_filter_keeps_nothing_when_selector_is_zero():
-    model, _, out = run_layer({"x": (3, 2), "sel": (3,)},
+    _, _, out = run_layer({"x": (3, 2), "sel": (3,)},
                               'layer { name: "f" type: "Filter" bottom: "x" bottom: "sel" top: "f" }',
                               feeds={"x": rand(3, 2), "sel": np.zeros(3, np.float32)})
     assert out["f"].shape == (0, 2)
@@ -322,23 +322,23 @@ def test_forward_is_differentiable():
 # ---- bad parameters ---------------------------------------------------------------
 
 BAD = [
-    ({"x": (2, 6, 4)}, 'layer { name: "bad" type: "Slice" bottom: "x" top: "a" top: "b" top: "c" '
-                       'slice_param { slice_point: 4 slice_point: 2 } }', "slice_point"),
-    ({"x": (2, 6, 4)}, 'layer { name: "bad" type: "Slice" bottom: "x" top: "a" top: "b" '
-                       'slice_param { slice_point: 7 } }', "slice"),
-    ({"x": (2, 6, 4)}, 'layer { name: "bad" type: "Slice" bottom: "x" top: "a" top: "b" top: "c" '
-                       'slice_param { slice_point: 2 } }', "slice_point"),
+    ({"x": (2, 6, 4)}, ('layer { name: "bad" type: "Slice" bottom: "x" top: "a" top: "b" top: "c" '
+                       'slice_param { slice_point: 4 slice_point: 2 } }'), "slice_point"),
+    ({"x": (2, 6, 4)}, ('layer { name: "bad" type: "Slice" bottom: "x" top: "a" top: "b" '
+                       'slice_param { slice_point: 7 } }'), "slice"),
+    ({"x": (2, 6, 4)}, ('layer { name: "bad" type: "Slice" bottom: "x" top: "a" top: "b" top: "c" '
+                       'slice_param { slice_point: 2 } }'), "slice_point"),
     ({"x": (2, 5, 4)}, 'layer { name: "bad" type: "Slice" bottom: "x" top: "a" top: "b" }', "divide"),
-    ({"x": (2, 6, 4)}, 'layer { name: "bad" type: "Reshape" bottom: "x" top: "r" '
-                       'reshape_param { shape { dim: 0 dim: 5 dim: 5 } } }', "48"),
-    ({"x": (2, 6, 4)}, 'layer { name: "bad" type: "Reshape" bottom: "x" top: "r" '
-                       'reshape_param { shape { dim: 0 dim: -1 dim: 5 } } }', "divisible"),
-    ({"x": (2, 6, 4)}, 'layer { name: "bad" type: "Reshape" bottom: "x" top: "r" '
-                       'reshape_param { shape { dim: -1 dim: -1 } } }', "-1"),
-    ({"x": (2, 6, 4)}, 'layer { name: "bad" type: "Reshape" bottom: "x" top: "r" '
-                       'reshape_param { shape { dim: 0 dim: 0 } axis: 2 } }', "copy"),
-    ({"x": (2, 6, 4)}, 'layer { name: "bad" type: "Reshape" bottom: "x" top: "r" '
-                       'reshape_param { shape { dim: -1 } axis: 1 num_axes: 3 } }', "num_axes"),
+    ({"x": (2, 6, 4)}, ('layer { name: "bad" type: "Reshape" bottom: "x" top: "r" '
+                       'reshape_param { shape { dim: 0 dim: 5 dim: 5 } } }'), "48"),
+    ({"x": (2, 6, 4)}, ('layer { name: "bad" type: "Reshape" bottom: "x" top: "r" '
+                       'reshape_param { shape { dim: 0 dim: -1 dim: 5 } } }'), "divisible"),
+    ({"x": (2, 6, 4)}, ('layer { name: "bad" type: "Reshape" bottom: "x" top: "r" '
+                       'reshape_param { shape { dim: -1 dim: -1 } } }'), "-1"),
+    ({"x": (2, 6, 4)}, ('layer { name: "bad" type: "Reshape" bottom: "x" top: "r" '
+                       'reshape_param { shape { dim: 0 dim: 0 } axis: 2 } }'), "copy"),
+    ({"x": (2, 6, 4)}, ('layer { name: "bad" type: "Reshape" bottom: "x" top: "r" '
+                       'reshape_param { shape { dim: -1 } axis: 1 num_axes: 3 } }'), "num_axes"),
     ({"x": (2, 3, 5, 5), "ref": (2, 3, 6, 4)},
      'layer { name: "bad" type: "Crop" bottom: "x" bottom: "ref" top: "c" }', "out of bounds"),
     ({"x": (2, 3, 8, 8), "ref": (2, 3, 6, 6)},
@@ -354,12 +354,12 @@ BAD = [
     ({"x": (2, 3)}, 'layer { name: "bad" type: "Tile" bottom: "x" top: "t" }', "tiles"),
     ({"x": (2, 3)}, 'layer { name: "bad" type: "Flatten" bottom: "x" top: "f" flatten_param { axis: 1 end_axis: 3 } }',
      "end_axis"),
-    ({"x": (2, 3, 4, 5)}, 'layer { name: "bad" type: "Flatten" bottom: "x" top: "f" '
-                          'flatten_param { axis: 3 end_axis: 1 } }', "end_axis"),
+    ({"x": (2, 3, 4, 5)}, ('layer { name: "bad" type: "Flatten" bottom: "x" top: "f" '
+                          'flatten_param { axis: 3 end_axis: 1 } }'), "end_axis"),
     ({"x": (2, 3, 5, 5)}, 'layer { name: "bad" type: "Im2col" bottom: "x" top: "i" convolution_param { stride: 2 } }',
      "kernel_size"),
-    ({"x": (2, 3, 5, 5)}, 'layer { name: "bad" type: "Im2col" bottom: "x" top: "i" '
-                          'convolution_param { kernel_size: 7 } }', "empty"),
+    ({"x": (2, 3, 5, 5)}, ('layer { name: "bad" type: "Im2col" bottom: "x" top: "i" '
+                          'convolution_param { kernel_size: 7 } }'), "empty"),
     ({"x": (2, 3), "sel": (3,)}, 'layer { name: "bad" type: "Filter" bottom: "x" bottom: "sel" top: "f" }', "selector"),
     ({"x": (2, 3), "sel": (2, 2)}, 'layer { name: "bad" type: "Filter" bottom: "x" bottom: "sel" top: "f" }', "1"),
     ({"x": (2, 3), "idx": (2, 1)}, 'layer { name: "bad" type: "BatchReindex" bottom: "x" bottom: "idx" top: "b" }',
@@ -385,31 +385,31 @@ def test_in_place_reshape_is_refused():
 
 ONNX_NETS = {
     "batch_net": ({"x": (2, 3, 8, 9)}, BATCH_NET),
-    "reshape_prepend": ({"x": (2, 3, 4, 5)}, 'layer { name: "r" type: "Reshape" bottom: "x" top: "r" '
-                                             'reshape_param { shape { dim: 1 } axis: 0 num_axes: 0 } }'),
-    "reshape_prepend_infer": ({"x": (2, 3, 4, 5)}, 'layer { name: "r" type: "Reshape" bottom: "x" top: "r" '
-                                                   'reshape_param { shape { dim: 3 dim: -1 } axis: 0 num_axes: 0 } }'),
-    "reshape_swap": ({"x": (2, 3, 4, 5)}, 'layer { name: "r" type: "Reshape" bottom: "x" top: "r" '
-                                          'reshape_param { shape { dim: 0 dim: 4 dim: -1 } axis: 0 num_axes: 2 } }'),
-    "reshape_absorb": ({"x": (2, 3, 4, 5)}, 'layer { name: "r" type: "Reshape" bottom: "x" top: "r" '
-                                            'reshape_param { shape { dim: -1 dim: 4 dim: 5 } } }'),
-    "flatten_all": ({"x": (2, 3, 4, 5)}, 'layer { name: "f" type: "Flatten" bottom: "x" top: "f" '
-                                         'flatten_param { axis: 0 end_axis: 1 } }'),
-    "flatten_insert": ({"x": (2, 3, 4, 5)}, 'layer { name: "f" type: "Flatten" bottom: "x" top: "f" '
-                                            'flatten_param { axis: 2 end_axis: 1 } }'),
-    "slice_batch_points": ({"x": (6, 3)}, 'layer { name: "s" type: "Slice" bottom: "x" top: "a" top: "b" '
-                                          'slice_param { axis: 0 slice_point: 1 } }'),
-    "slice_batch_equal": ({"x": (6, 3)}, 'layer { name: "s" type: "Slice" bottom: "x" top: "a" top: "b" '
-                                         'slice_param { axis: 0 } }'),
-    "slice_last": ({"x": (2, 3, 6)}, 'layer { name: "s" type: "Slice" bottom: "x" top: "a" top: "b" '
-                                     'slice_param { axis: -1 slice_point: 4 } }'),
-    "crop_axis0": ({"x": (4, 3, 6), "ref": (4, 2, 3)}, 'layer { name: "c" type: "Crop" bottom: "x" bottom: "ref" '
-                                                      'top: "c" crop_param { axis: 0 offset: 0 offset: 1 offset: 2 } }'),
+    "reshape_prepend": ({"x": (2, 3, 4, 5)}, ('layer { name: "r" type: "Reshape" bottom: "x" top: "r" '
+                                             'reshape_param { shape { dim: 1 } axis: 0 num_axes: 0 } }')),
+    "reshape_prepend_infer": ({"x": (2, 3, 4, 5)}, ('layer { name: "r" type: "Reshape" bottom: "x" top: "r" '
+                                                   'reshape_param { shape { dim: 1 dim: -1 } axis: 0 num_axes: 0 } }')),
+    "reshape_swap": ({"x": (2, 6, 4, 5)}, ('layer { name: "r" type: "Reshape" bottom: "x" top: "r" '
+                                          'reshape_param { shape { dim: 0 dim: 3 dim: -1 } axis: 0 num_axes: 2 } }')),
+    "reshape_absorb": ({"x": (2, 3, 4, 5)}, ('layer { name: "r" type: "Reshape" bottom: "x" top: "r" '
+                                            'reshape_param { shape { dim: -1 dim: 4 dim: 5 } } }')),
+    "flatten_all": ({"x": (2, 3, 4, 5)}, ('layer { name: "f" type: "Flatten" bottom: "x" top: "f" '
+                                         'flatten_param { axis: 0 end_axis: 1 } }')),
+    "flatten_insert": ({"x": (2, 3, 4, 5)}, ('layer { name: "f" type: "Flatten" bottom: "x" top: "f" '
+                                            'flatten_param { axis: 2 end_axis: 1 } }')),
+    "slice_batch_points": ({"x": (6, 3)}, ('layer { name: "s" type: "Slice" bottom: "x" top: "a" top: "b" '
+                                          'slice_param { axis: 0 slice_point: 1 } }')),
+    "slice_batch_equal": ({"x": (6, 3)}, ('layer { name: "s" type: "Slice" bottom: "x" top: "a" top: "b" '
+                                         'slice_param { axis: 0 } }')),
+    "slice_last": ({"x": (2, 3, 6)}, ('layer { name: "s" type: "Slice" bottom: "x" top: "a" top: "b" '
+                                     'slice_param { axis: -1 slice_point: 4 } }')),
+    "crop_axis0": ({"x": (4, 3, 6), "ref": (4, 2, 3)}, ('layer { name: "c" type: "Crop" bottom: "x" bottom: "ref" '
+                                                      'top: "c" crop_param { axis: 0 offset: 0 offset: 1 offset: 2 } }')),
     "tile_batch": ({"x": (2, 3)}, 'layer { name: "t" type: "Tile" bottom: "x" top: "t" tile_param { axis: 0 tiles: 3 } }'),
-    "im2col_axis2": ({"x": (2, 3, 2, 6, 5)}, 'layer { name: "i" type: "Im2col" bottom: "x" top: "i" '
-                                             'convolution_param { kernel_size: 2 axis: 2 } }'),
-    "im2col_1d": ({"x": (3, 2, 10)}, 'layer { name: "i" type: "Im2col" bottom: "x" top: "i" '
-                                     'convolution_param { kernel_size: 3 stride: 2 pad: 1 } }'),
+    "im2col_axis2": ({"x": (2, 3, 2, 6, 5)}, ('layer { name: "i" type: "Im2col" bottom: "x" top: "i" '
+                                             'convolution_param { kernel_size: 2 axis: 2 } }')),
+    "im2col_1d": ({"x": (3, 2, 10)}, ('layer { name: "i" type: "Im2col" bottom: "x" top: "i" '
+                                     'convolution_param { kernel_size: 3 stride: 2 pad: 1 } }')),
     "concat_3": ({"a": (2, 1, 4), "b": (2, 2, 4), "c": (2, 3, 4)},
                  'layer { name: "cat" type: "Concat" bottom: "a" bottom: "b" bottom: "c" top: "cat" }'),
 }
@@ -441,7 +441,9 @@ def test_onnx_matches_torch_at_several_batches(name, tmp_path):
     model = load_from_text(net(shapes, layers), random_weights=True)
     path = tmp_path / "m.onnx"
     model.export_onnx(str(path))
-    for n in sorted({1, next(iter(shapes.values()))[0], 6}):
+    # slicing the batch axis in two needs an even batch of at least 2 (Caffe's rule too)
+    batches = (2, 4, 6) if name.startswith("slice_batch") else (1, next(iter(shapes.values()))[0], 5)
+    for n in sorted(set(batches)):
         feeds = _batch_feeds(shapes, n)
         ref = model.run(feeds)
         got = _ort_run(path, feeds)

@@ -281,63 +281,189 @@ def _refusal_error(source, refusals):
     return err
 
 
-# ---- shapes of inputs and outputs ----------------------------------------------------------
+# ---- constant folding of layout-only ops on weights --------------------------------------------
 
-def _batch_of(graph):
-    for t in graph.inputs:
-        s = graph.tensors[t].shape
-        if s:
-            return int(s[0])
+_LAYOUT_OPS = ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Identity")
+
+
+def _eval_layout(node, arrays):
+    import onnx
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    x = arrays[0]
+    op = node.op_type
+    if op == "Identity":
+        return x
+    if op == "Transpose":
+        return np.transpose(x, attrs.get("perm") or None)
+    if op == "Flatten":
+        axis = attrs.get("axis", 1)
+        axis = axis + x.ndim if axis < 0 else axis
+        return x.reshape(int(np.prod(x.shape[:axis])), -1)
+    if op == "Reshape":
+        if len(arrays) < 2:
+            return None
+        dims = [int(d) for d in arrays[1].reshape(-1)]
+        if not attrs.get("allowzero", 0):
+            dims = [x.shape[i] if d == 0 else d for i, d in enumerate(dims)]
+        return x.reshape(dims)
+    if op == "Unsqueeze":
+        axes = [int(a) for a in arrays[1].reshape(-1)] if len(arrays) > 1 else attrs.get("axes")
+        if axes is None:
+            return None
+        rank = x.ndim + len(axes)
+        for a in sorted(a + rank if a < 0 else a for a in axes):
+            x = np.expand_dims(x, a)
+        return x
+    if op == "Squeeze":
+        axes = [int(a) for a in arrays[1].reshape(-1)] if len(arrays) > 1 and arrays[1] is not None \
+            else attrs.get("axes")
+        return np.squeeze(x, axis=tuple(a % x.ndim for a in axes) if axes else None)
     return None
 
 
-def _dynamic_dims(model, graph):
-    """SSA name -> {axis: dim_param} for the dims that follow the batch size."""
-    n0 = _batch_of(graph)
-    if n0 is None:
+def fold_layout_constants(ctx, keep=()):
+    """Reshape/Unsqueeze/Transpose/... of initializers done now (the bytes are the same)."""
+    keep = set(keep)
+    uses = Counter(i for n in ctx.nodes for i in n.input if i)
+    rename = {}
+    nodes = []
+    folded = 0
+    for n in ctx.nodes:
+        if any(i in rename for i in n.input):
+            ins = [rename.get(i, i) for i in n.input]
+            del n.input[:]
+            n.input.extend(ins)
+        ins = [i for i in n.input if i]
+        out = n.output[0] if len(n.output) == 1 else None
+        if n.op_type in _LAYOUT_OPS and not n.domain and ins and out and out not in keep \
+                and all(i in ctx.initializers for i in ins):
+            src = ins[0]
+            try:
+                arr = _eval_layout(n, [ctx.initializers[i].data() for i in ins])
+            except Exception:
+                arr = None
+            if arr is not None and (uses[src] == 1 and src not in keep or arr.nbytes <= 65536):
+                for i in ins:
+                    uses[i] -= 1
+                if uses[src] == 0 and src not in keep:
+                    ctx.initializers[src] = _Init(arr)   # the weight keeps its name
+                    rename[out] = src
+                    uses[src] = uses[out]
+                else:
+                    ctx.initializers[out] = _Init(np.array(arr))
+                folded += 1
+                continue
+        nodes.append(n)
+    if folded:
+        ctx.nodes[:] = nodes
+        used = {i for n in ctx.nodes for i in n.input} | keep
+        for name in [k for k in ctx.initializers if k not in used]:
+            del ctx.initializers[name]
+    return folded
+
+
+# ---- shapes of inputs and outputs ----------------------------------------------------------
+
+def _input_symbols(graph):
+    """dim 0 of each input -> its symbolic name: "N" for the first input's batch, else N_<input>."""
+    syms = {}
+    for t in graph.inputs:
+        shape = graph.tensors[t].shape
+        if shape and shape[0] not in syms:
+            syms[shape[0]] = "N" if not syms else "N_" + re.sub(r"\W", "_", graph.tensors[t].blob)
+    return syms
+
+
+def _dynamic_dims(model, graph, syms):
+    """SSA name -> {axis: dim_param or None} for the dims that follow the inputs' batch."""
+    if not syms:
         return {}
+    probe = max(syms) + 1
     try:
-        other = model.reshaped(n0 + 1).graph.tensors
+        other = model.reshaped(probe).graph.tensors
     except Exception:
         other = None
     dyn = {}
     for name, t in graph.tensors.items():
         s = tuple(t.shape)
-        if other is not None and name in other:
-            s2 = tuple(other[name].shape)
-            if len(s2) != len(s):
+        if other is None or name not in other:
+            if s and s[0] in syms:
+                dyn[name] = {0: syms[s[0]]}
+            continue
+        s2 = tuple(other[name].shape)
+        if len(s2) != len(s):
+            continue
+        d = {}
+        for i, (x, y) in enumerate(zip(s, s2)):
+            if x == y:
                 continue
-            d = {}
-            for i, (a, b) in enumerate(zip(s, s2)):
-                if a == b:
-                    continue
-                if a == n0 and b == n0 + 1:
-                    d[i] = "N"
-                elif a % n0 == 0 and b == a // n0 * (n0 + 1):
-                    d[i] = f"N*{a // n0}"
-                else:
-                    d[i] = None        # depends on the batch in another way: left unnamed
+            d[i] = None                  # follows the batch in some other way: left unnamed
+            if y == probe and x in syms:
+                d[i] = syms[x]
+            else:
+                for n, sym in syms.items():
+                    if n and x % n == 0 and y == x // n * probe:
+                        d[i] = f"{sym}*{x // n}"
+                        break
+        if d:
             dyn[name] = d
-        elif s and s[0] == n0:
-            dyn[name] = {0: "N"}
     return dyn
 
 
-def _value_info(name, shape, dyn, elem_type=1):
+def _value_info(name, dims, elem_type=1):
+    """dims: ints (fixed), strings (symbolic) or None (unknown)."""
     import onnx
     vi = onnx.ValueInfoProto()
     vi.name = name
     tt = vi.type.tensor_type
     tt.elem_type = elem_type
+    if dims is None:
+        return vi
     tt.shape.SetInParent()
-    for i, d in enumerate(shape):
+    for d in dims:
         dim = tt.shape.dim.add()
-        if dyn is not None and i in dyn:
-            if dyn[i]:
-                dim.dim_param = dyn[i]
-        else:
+        if isinstance(d, str):
+            dim.dim_param = d
+        elif d is not None:
             dim.dim_value = int(d)
     return vi
+
+
+def _declared_dims(shape, dyn, fixed):
+    """Shape for an input/output declaration before ONNX inference weighs in."""
+    return [int(d) if (fixed or i not in dyn) else dyn[i] for i, d in enumerate(shape)]
+
+
+def _output_dims(name, caffe, dyn, fixed, inferred, where, notes):
+    """Reconcile Caffe's shape, the batch analysis and ONNX's inferred shape of one output."""
+    caffe = [int(d) for d in caffe]
+    if inferred is None:
+        return _declared_dims(caffe, dyn, fixed)
+    if len(inferred) != len(caffe):
+        raise ExportError(f"{where}: output '{name}' has rank {len(inferred)} in the ONNX graph, "
+                          f"Caffe's shape is {caffe}")
+    dims = []
+    for i, (c, inf) in enumerate(zip(caffe, inferred)):
+        follows_batch = i in dyn
+        if isinstance(inf, int):
+            if inf != c:
+                raise ExportError(f"{where}: output '{name}' has shape {inferred} in the ONNX graph, "
+                                  f"Caffe's is {caffe}")
+            if not fixed and follows_batch:
+                # e.g. a sum with a Parameter blob: the graph itself only runs at this batch
+                notes.append(f"output '{name}' has dim {i} fixed to {c} by the graph although it "
+                             f"follows the batch in Caffe")
+            dims.append(c)
+        elif follows_batch:
+            if inf is None:
+                dims.append(None)           # data-dependent (or beyond inference): unnamed
+            elif fixed:
+                dims.append(c)
+            else:
+                dims.append(dyn[i] or inf)
+        else:
+            dims.append(c)
+    return dims
 
 
 # ---- building and writing the ModelProto ----------------------------------------------------
@@ -478,22 +604,23 @@ def _twin(model_rest_proto, graph_proto, layout, where=None):
 
 
 def _infer_shapes(twin, strict):
-    """Strict ONNX shape inference on the twin -> (value_info list, notes)."""
+    """ONNX shape inference on the twin -> (inferred ModelProto or None, notes)."""
     import onnx
     try:
         inferred = onnx.shape_inference.infer_shapes(twin, strict_mode=strict, data_prop=True)
     except Exception as e:
         if strict:
+            text = str(e).strip()
             raise ExportError(f"ONNX shape inference rejects the exported graph: "
-                              f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}") from None
-        return [], []
+                              f"{text.splitlines()[-1] if text else type(e).__name__}") from None
+        return None, []
     known = {vi.name: vi for vi in inferred.graph.value_info}
-    graph_io = {vi.name for vi in twin.graph.input} | {vi.name for vi in twin.graph.output} \
-        | {t.name for t in twin.graph.initializer}
+    known.update({vi.name: vi for vi in inferred.graph.output})
+    graph_in = {vi.name for vi in twin.graph.input} | {t.name for t in twin.graph.initializer}
     missing, partial = [], []
     for node in twin.graph.node:
         for o in node.output:
-            if not o or o in graph_io:
+            if not o or o in graph_in:
                 continue
             vi = known.get(o)
             if vi is None or not vi.type.tensor_type.HasField("shape"):
@@ -502,13 +629,23 @@ def _infer_shapes(twin, strict):
                      for d in vi.type.tensor_type.shape.dim):
                 partial.append(o)
     notes = []
-    if missing:
+    if missing and strict:
         raise ExportError(f"ONNX shape inference leaves the shape of {len(missing)} tensor(s) "
                           f"unknown: {', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''}")
     if partial:
         notes.append(f"{len(partial)} tensor(s) have data-dependent dims: "
                      f"{', '.join(partial[:5])}{', ...' if len(partial) > 5 else ''}")
-    return list(inferred.graph.value_info), notes
+    return inferred, notes
+
+
+def _inferred_dims(vi):
+    if vi is None or not vi.type.tensor_type.HasField("shape"):
+        return None
+    out = []
+    for d in vi.type.tensor_type.shape.dim:
+        out.append(int(d.dim_value) if d.HasField("dim_value") else
+                   (d.dim_param if d.HasField("dim_param") else None))
+    return out
 
 
 def _check_written(folder, twin):
@@ -609,8 +746,6 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
     if missing:
         raise ExportError(f"{source}: no weights for layer(s) {', '.join(missing[:5])}"
                           f"{', ...' if len(missing) > 5 else ''}; pass the caffemodel")
-    dyn = {} if fixed is not None else _dynamic_dims(model, model.graph)
-
     # 1. every refusal at once, on the graph as the user wrote it
     ctx0, refusals, _, _, dropped = emit_graph(model.graph, opset)
     if refusals:
@@ -630,6 +765,8 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
         raise _refusal_error(source, refusals)
     graph = emitted.graph
     notes.extend(ctx.notes)
+    if optimize:
+        fold_layout_constants(ctx, keep=set(out_names) | set(in_names))
     data_layers = [n for n in graph.nodes if n.spec.is_data and n.type != "Input"]
     for n in data_layers:
         notes.append(f"data layer '{n.name}' ({n.type}) became graph input(s) "
@@ -645,13 +782,19 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
         raise ExportError(f"{source}: the inference graph has no outputs")
 
     # 3. the ModelProto without its initializers' bytes
+    syms = _input_symbols(graph)
+    dyn = _dynamic_dims(emitted, graph, syms)
+    in_dims = {t: _declared_dims(graph.tensors[t].shape, dyn.get(t, {0: syms.get(graph.tensors[t].shape[0])}
+                                                                 if graph.tensors[t].shape else {}),
+                                 fixed is not None)
+               for t in in_names}
     g = onnx.GraphProto()
     g.name = graph.name or "caffeq"
     g.node.extend(ctx.nodes)
     for t in in_names:
-        g.input.append(_value_info(t, graph.tensors[t].shape, {0: "N"} if fixed is None else {}))
+        g.input.append(_value_info(t, in_dims[t]))
     for t in out_names:
-        g.output.append(_value_info(t, graph.tensors[t].shape, dyn.get(t, {}) if fixed is None else {}))
+        g.output.append(_value_info(t, None))
     m = onnx.ModelProto()
     m.ir_version = onnx.helper.find_min_ir_version_for(
         [onnx.helper.make_opsetid("", opset)] +
@@ -673,9 +816,18 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
         external = bool(external_data)
     layout = _Layout(ctx.initializers, external)
 
-    value_info, inf_notes = _infer_shapes(_twin(m, g, layout), strict=check)
+    # outputs: ONNX's inferred shapes, checked against Caffe's and the batch analysis
+    inferred, inf_notes = _infer_shapes(_twin(m, g, layout), strict=check)
     notes.extend(inf_notes)
-    g.value_info.extend(v for v in value_info if v.name not in ctx.initializers)
+    out_vi = {vi.name: vi for vi in inferred.graph.output} if inferred is not None else {}
+    out_dims = {t: _output_dims(t, graph.tensors[t].shape, dyn.get(t, {}), fixed is not None,
+                                _inferred_dims(out_vi.get(t)), source, notes) for t in out_names}
+    del g.output[:]
+    for t in out_names:
+        g.output.append(_value_info(t, out_dims[t]))
+    if inferred is not None:
+        g.value_info.extend(v for v in inferred.graph.value_info
+                            if v.name not in ctx.initializers and v.name not in out_dims)
     graph_rest = _graph_rest(g)
     model_rest = m.SerializeToString()
     embedded_est = len(model_rest) + len(graph_rest) + sum(
@@ -723,9 +875,8 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
         "weights_bytes": total,
         "file_size": os.path.getsize(target),
         "data_file": data_path,
-        "inputs": {t: _shape_str(graph.tensors[t].shape, {0: "N"} if fixed is None else {}) for t in in_names},
-        "outputs": {t: _shape_str(graph.tensors[t].shape, dyn.get(t, {}) if fixed is None else {})
-                    for t in out_names},
+        "inputs": {t: [d if d is not None else "?" for d in in_dims[t]] for t in in_names},
+        "outputs": {t: [d if d is not None else "?" for d in out_dims[t]] for t in out_names},
         "dropped": [n.name for n in dropped],
         "refused": [],
         "notes": notes,
@@ -733,10 +884,6 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
     if data_path:
         stats["data_size"] = os.path.getsize(data_path)
     return stats
-
-
-def _shape_str(shape, dyn):
-    return [dyn[i] if i in dyn and dyn[i] else ("?" if i in dyn else int(d)) for i, d in enumerate(shape)]
 
 
 def format_stats(stats):

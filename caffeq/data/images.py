@@ -143,7 +143,7 @@ class ImageListDataset(CaffeDataset):
     kind = "image_list"
 
     def __init__(self, list_path, preprocess=None, root_folder="", new_height=0, new_width=0,
-                 is_color=True, base_dir=None, limit=None):
+                 is_color=True, base_dir=None, limit=None, roots=None):
         super().__init__(preprocess, limit)
         if (new_height > 0) != (new_width > 0):
             raise DataError(f"{list_path}: new_height and new_width must be set together "
@@ -161,7 +161,10 @@ class ImageListDataset(CaffeDataset):
         self.labels = np.asarray(labels, np.int64)
         self.resize = (int(new_height), int(new_width)) if new_height > 0 else None
         self.is_color = is_color
-        self.resolve = PathResolver([base_dir, os.getcwd(), os.path.dirname(os.path.abspath(self.path))])
+        # relative image paths: the given roots (default: the prototxt's folder, then the working
+        # directory), then the list file's own folder
+        roots = list(roots) if roots is not None else [base_dir, os.getcwd()]
+        self.resolve = PathResolver(roots + [os.path.dirname(os.path.abspath(self.path))])
 
     def __len__(self):
         return len(self.paths)

@@ -170,6 +170,9 @@ class DataTransformer:
             return np.ascontiguousarray(self.crop(self._mean, h_off, w_off, mirror))
         if self.mean_value:
             c = shape[0]
+            if len(self.mean_value) not in (1, c):
+                raise DataError(f"{len(self.mean_value)} mean_value(s) for {c} channels "
+                                f"(give one, or one per channel)")
             mv = self.mean_value * c if len(self.mean_value) == 1 else self.mean_value
             return np.asarray(mv, np.float32).reshape(c, 1, 1)
         return None

@@ -8,6 +8,7 @@ The result is an ordinary NetParameter that protobuf and Caffe parse, and
 that caffeq.io.caffemodel.read_caffemodel maps back zero-copy.
 """
 import os
+from contextlib import contextmanager
 
 import numpy as np
 from google.protobuf import text_format
@@ -54,9 +55,15 @@ def net_to_text(net):
     return text_format.MessageToString(net)
 
 
+@contextmanager
 def _atomic(path, mode, inputs=()):
     from ..commands.common import atomic_output
-    return atomic_output(path, mode, inputs=inputs)
+    with atomic_output(path, mode, inputs=inputs) as f:
+        # mkstemp creates 0600; give the file the permissions a plain open() would
+        mask = os.umask(0)
+        os.umask(mask)
+        os.fchmod(f.fileno(), 0o666 & ~mask)
+        yield f
 
 
 def write_prototxt(net, path, inputs=()):

@@ -241,7 +241,8 @@ class Power(Neuron):
         power, scale, shift = f32(p.power), f32(p.scale), f32(p.shift)
         attrs = {"power": power, "scale": scale, "shift": shift}
         if f32(power * scale) == 0:
-            value = 1.0 if power == 0 else float(np.power(np.float32(shift), np.float32(power)))
+            with np.errstate(all="ignore"):  # NaN/inf here is Caffe's answer too
+                value = 1.0 if power == 0 else float(np.power(np.float32(shift), np.float32(power)))
             attrs["constant"] = value
         return attrs
 

@@ -199,14 +199,15 @@ class LRN(Layer):
         n = attrs["size"]
         pad = (n - 1) // 2
         sq = x * x
+        # zero padding made explicit: torch's pooling refuses windows larger than the input
         if attrs["region"] == ACROSS_CHANNELS:
             # mean over n channels centred on c, zeros beyond the edges (divides by n always)
-            avg = F.avg_pool3d(sq.unsqueeze(1), (n, 1, 1), stride=1, padding=(pad, 0, 0),
-                               count_include_pad=True).squeeze(1)
+            padded = F.pad(sq.unsqueeze(1), (0, 0, 0, 0, pad, pad))
+            avg = F.avg_pool3d(padded, (n, 1, 1), stride=1).squeeze(1)
             scale = attrs["k"] + attrs["alpha"] * avg
         else:
             # Caffe's AVE pooling with pad (n-1)/2, stride 1: every window divides by n*n
-            avg = F.avg_pool2d(sq, n, stride=1, padding=pad, count_include_pad=True)
+            avg = F.avg_pool2d(F.pad(sq, (pad, pad, pad, pad)), n, stride=1)
             scale = 1.0 + attrs["alpha"] * avg
         return x * scale.pow(-attrs["beta"])
 

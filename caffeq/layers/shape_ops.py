@@ -128,7 +128,7 @@ def _slice_sizes(attrs, size):
         if tops > size:
             raise LayerError(f"{tops} tops but the slice axis has only {size} items")
         bounds = [0] + points + [size]
-        sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+        sizes = [b - a for a, b in zip(bounds, bounds[1:])]  # (pairwise needs 3.10)
         if sizes[-1] < 0:
             raise LayerError(f"slice_point {points[-1]} is beyond the slice axis size {size}")
         return sizes

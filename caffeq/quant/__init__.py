@@ -247,6 +247,16 @@ def quantize(model, target, keep=None, only=None):
                        reason if (reason and blobs) else "",
                        {i: (quant[i].scheme if i in quant else "fp32") for i in range(len(node.blobs))})
         report.layers.append(row)
+    folded = getattr(new, "folded_layers", None)
+    if folded:
+        # layers folded away before rounding: listed, with their fp32 bytes gone
+        orig = {n.name: n for n in model.graph.nodes}
+        order = {n.name: k for k, n in enumerate(model.graph.nodes)}
+        for name in folded:
+            n = orig[name]
+            size = int(sum(np.size(b) for i, b in enumerate(n.blobs or []) if i not in n.shared_from))
+            report.layers.append(LayerRow(name, n.type, size, "folded", 4 * size, 0, 0.0))
+        report.layers.sort(key=lambda r: order.get(r.name, len(order)))
     if q.name == "fp16":
         report.stats = q.stats.to_dict()
         if q.stats.clamped:

@@ -81,15 +81,15 @@ def normalize_batchnorm(model):
 def prepare_fp16(model):
     """Fold BatchNorm in fp32 before rounding (in place on a model copy) -> notes for the report."""
     notes = []
-    fold = None
     try:
-        from ..transforms import fold_batchnorm as fold
-    except ImportError:
-        fold = None
-    if fold is not None:
-        folded = fold_into_model(model, fold)
+        from ..transforms import fold_batchnorm
+    except ImportError:   # the transform module is optional here; the factor division still applies
+        fold_batchnorm = None
+    if fold_batchnorm is not None:
+        folded = fold_into_model(model, fold_batchnorm)
         if folded:
-            notes.append(f"BatchNorm/Scale folded in fp32 into the preceding layer before rounding: "
+            model.folded_layers = folded
+            notes.append(f"BatchNorm/Scale folded in fp32 into the layer before them, then rounded: "
                          f"{', '.join(folded)}")
     normed = normalize_batchnorm(model)
     if normed:
@@ -98,5 +98,41 @@ def prepare_fp16(model):
 
 
 def fold_into_model(model, fold):
-    """Apply caffeq.transforms.fold_batchnorm to a model copy; -> names of the folded layers."""
-    return []
+    """Replace model.graph by fold(model).graph and model.net to match -> names of layers folded away.
+
+    The net is rewritten too (folded layers removed, changed layers' parameters
+    and tops updated), so the .caffemodel/.caffeq writers and Model.reshaped
+    see the same layers as the graph.  Layers of other phases stay as they are.
+    """
+    folded = fold(model)
+    old_names = [n.name for n in model.graph.nodes]
+    new_nodes = {n.name: n for n in folded.graph.nodes}
+    gone = [n for n in old_names if n not in new_nodes]
+    if not gone:
+        return []
+    old_params = {n.name: n.param for n in model.graph.nodes}
+    model.graph = folded.graph
+    if model.net is not None:
+        net = type(model.net)()
+        net.CopyFrom(model.net)
+        del net.layer[:]
+        for lp in model.net.layer:
+            # the phase's own layer (a train_val net may hold another of the same name)
+            ours = lp.name in old_params and lp == old_params[lp.name]
+            node = new_nodes.get(lp.name) if ours else None
+            if ours and node is None:
+                continue   # folded away
+            if node is None:
+                net.layer.add().CopyFrom(lp)
+                continue
+            new_lp = net.layer.add()
+            new_lp.CopyFrom(node.param)
+            del new_lp.bottom[:]
+            new_lp.bottom.extend(node.bottoms)
+            del new_lp.top[:]
+            new_lp.top.extend(node.tops)
+            # a layer whose type changed (BatchNorm -> Scale) must not keep stale ParamSpecs
+            if node.type != lp.type or len(node.param.param) > len(node.blobs or []):
+                del new_lp.param[:]
+        model.net = net
+    return gone

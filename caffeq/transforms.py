@@ -1,0 +1,486 @@
+"""Inference-graph transforms on caffeq's IR (each returns a new Model, outputs unchanged).
+
+- `fold_batchnorm`: BatchNorm [+ Scale] folded into the Convolution /
+  Deconvolution / InnerProduct before it (fp64 arithmetic, Caffe's factor blob
+  with 0 meaning 0); a BatchNorm [+ Scale] not after one becomes one Scale.
+- `remove_identities`: Dropout (inference), Split and Silence dropped.
+- `merge_reshapes`: chains of Reshape/Flatten become one Reshape.
+- `optimize`: all three.
+
+The input Model is never modified: nodes are copied, and arrays that change
+are new arrays.  These transforms describe the graph in eval mode (BatchNorm
+with stored statistics, Dropout off); train with the original model.
+"""
+import copy
+
+import numpy as np
+
+from .ir import Graph
+
+_CONV_TYPES = ("Convolution", "ConvolutionDepthwise", "DepthwiseConvolution", "Deconvolution",
+               "InnerProduct")
+
+
+# ---- copying ------------------------------------------------------------------------------
+
+def _copy_node(node):
+    n = copy.copy(node)
+    n.inputs = list(node.inputs)
+    n.outputs = list(node.outputs)
+    n.bottoms = list(node.bottoms)
+    n.tops = list(node.tops)
+    n.blobs = list(node.blobs) if node.blobs is not None else None
+    n.shared_from = dict(node.shared_from or {})
+    return n
+
+
+def _copy_graph(graph):
+    tensors = {k: copy.copy(t) for k, t in graph.tensors.items()}
+    return Graph(name=graph.name, nodes=[_copy_node(n) for n in graph.nodes], tensors=tensors,
+                 inputs=list(graph.inputs), outputs=list(graph.outputs), source=graph.source)
+
+
+def _new_model(model, graph):
+    from .model import Model
+    m = Model(graph, model.net, model.prototxt, model.weights_path, model.warnings, model.phase)
+    m.quantization = dict(getattr(model, "quantization", {}) or {})
+    for attr in ("quant_report",):
+        if hasattr(model, attr):
+            setattr(m, attr, getattr(model, attr))
+    m.transforms = list(getattr(model, "transforms", []) or [])
+    return m
+
+
+def _consumers(graph):
+    uses = {}
+    for n in graph.nodes:
+        for t in n.inputs:
+            uses.setdefault(t, []).append(n)
+    return uses
+
+
+def _shares_params(graph, node):
+    """True when node's blobs are shared with another layer (param { name })."""
+    if node.shared_from:
+        return True
+    names = {p for p in node.param_names if p}
+    if not names:
+        return False
+    return any(n is not node and names & {p for p in n.param_names if p} for n in graph.nodes)
+
+
+# ---- BatchNorm / Scale folding ---------------------------------------------------------------
+
+def _bn_affine(node):
+    """(a, c) in fp64 with BatchNorm(x) == a * x + c per channel, or None if not foldable."""
+    a = node.attrs
+    if node.blobs is None or len(node.inputs) != 1 or len(node.outputs) != 1:
+        return None
+    if a.get("use_global_stats") is False and not a.get("scale_bias"):
+        return None  # batch statistics even at test time
+    mean = np.asarray(node.blobs[0], np.float64).reshape(-1)
+    var = np.asarray(node.blobs[1], np.float64).reshape(-1)
+    if a.get("scale_bias"):
+        f = 1.0  # NVCaffe uses the statistics as stored
+    else:
+        s = float(np.asarray(node.blobs[2], np.float64).reshape(-1)[0])
+        f = 0.0 if s == 0 else 1.0 / s
+    # Caffe divides by sqrt(var + eps) computed in float32; fp64 here differs by < 1 ulp
+    inv = 1.0 / np.sqrt(var * f + float(a["eps"]))
+    scale, shift = inv, -mean * f * inv
+    if a.get("scale_bias"):
+        gamma = np.asarray(node.blobs[3], np.float64).reshape(-1)
+        beta = np.asarray(node.blobs[4], np.float64).reshape(-1)
+        scale, shift = scale * gamma, shift * gamma + beta
+    return scale, shift
+
+
+def _scale_affine(node, channels, rank):
+    """(a, c) for a Scale layer with a per-channel learned factor on axis 1, else None."""
+    a = node.attrs
+    if node.blobs is None or a.get("two_bottoms") or len(node.inputs) != 1 or len(node.outputs) != 1:
+        return None
+    if rank < 2 or a.get("_axis") != 1:
+        return None
+    shapes = node.expected_param_shapes or []
+    if not shapes or tuple(shapes[0]) != (channels,):
+        return None
+    gamma = np.asarray(node.blobs[0], np.float64).reshape(-1)
+    if a.get("bias_term"):
+        if a.get("_bias_axis", 1) != 1 or len(shapes) < 2 or tuple(shapes[1]) != (channels,):
+            return None
+        beta = np.asarray(node.blobs[1], np.float64).reshape(-1)
+    else:
+        beta = np.zeros(channels)
+    return gamma, beta
+
+
+def _affine_chain(graph, start_tensor, channels, rank, uses, outputs, allow_bn=True):
+    """Follow BatchNorm then Scale from start_tensor -> (nodes, a, c)."""
+    chain, a, c = [], np.ones(channels), np.zeros(channels)
+    t = start_tensor
+    seen_bn = seen_scale = False
+    while True:
+        cons = uses.get(t, [])
+        if len(cons) != 1 or t in outputs:
+            break
+        nxt = cons[0]
+        if nxt.type == "BatchNorm" and allow_bn and not seen_bn and not seen_scale and rank >= 2 \
+                and nxt.attrs.get("channels") == channels:
+            ac = _bn_affine(nxt)
+            seen_bn = True
+        elif nxt.type == "Scale" and not seen_scale:
+            ac = _scale_affine(nxt, channels, rank)
+            seen_scale = True
+        else:
+            break
+        if ac is None:
+            break
+        a, c = ac[0] * a, ac[0] * c + ac[1]
+        chain.append(nxt)
+        t = nxt.outputs[0]
+        if seen_scale:
+            break
+    return chain, a, c
+
+
+def _conv_channels(node, graph):
+    """Output channels of a foldable conv-like node, or None."""
+    a = node.attrs
+    if node.blobs is None or getattr(node, "quant", None) or len(node.inputs) != 1 or len(node.outputs) != 1:
+        return None
+    if _shares_params(graph, node):
+        return None
+    if a.get("_axis") != 1:
+        return None
+    out_shape = graph.tensors[node.outputs[0]].shape
+    if node.type == "InnerProduct" and len(out_shape) != 2:
+        return None
+    return int(a["num_output"])
+
+
+def _fold_into(node, a, c):
+    """New weights (float32) of conv-like `node` followed by the per-channel affine a*y + c."""
+    w = np.asarray(node.blobs[0], np.float64)
+    bias = np.asarray(node.blobs[1], np.float64).reshape(-1) if node.attrs["bias_term"] \
+        else np.zeros(len(a))
+    if node.type == "Deconvolution":
+        g = node.attrs["group"]
+        cin, per = w.shape[0], w.shape[1]
+        wg = w.reshape((g, cin // g, per) + w.shape[2:])
+        wg = wg * a.reshape((g, 1, per) + (1,) * (w.ndim - 2))
+        w2 = wg.reshape(w.shape)
+    elif node.type == "InnerProduct" and node.attrs["transpose"]:
+        w2 = w * a[None, :]
+    else:
+        w2 = w * a.reshape((-1,) + (1,) * (w.ndim - 1))
+    b2 = a * bias + c
+    return w2.astype(np.float32), b2.astype(np.float32)
+
+
+def _with_bias(node):
+    """Copy of a conv-like node's param/attrs with bias_term on."""
+    lp = type(node.param)()
+    lp.CopyFrom(node.param)
+    field = lp.inner_product_param if node.type == "InnerProduct" else lp.convolution_param
+    field.bias_term = True
+    attrs = dict(node.attrs)
+    attrs["bias_term"] = True
+    if "param" in attrs and node.type != "InnerProduct":
+        attrs["param"] = lp.convolution_param
+    return lp, attrs
+
+
+def _replace_chain(graph, first, chain, new_node):
+    """Swap first + chain for new_node (which takes the chain's last output)."""
+    last = chain[-1].outputs[0]
+    drop = {id(n) for n in chain}
+    gone = [first.outputs[0]] + [n.outputs[0] for n in chain[:-1]]
+    graph.nodes = [new_node if n is first else n for n in graph.nodes if id(n) not in drop]
+    for t in gone:
+        if t != last:
+            graph.tensors.pop(t, None)
+    graph.tensors[last].producer = new_node.name
+
+
+def fold_batchnorm(model):
+    """BatchNorm [+ Scale] into the preceding conv/deconv/inner product; lone ones into one Scale."""
+    graph = _copy_graph(model.graph)
+    folded = _fold_batchnorm(graph)
+    m = _new_model(model, graph)
+    m.transforms.append(("fold_batchnorm", folded))
+    return m
+
+
+def _fold_batchnorm(graph):
+    outputs = set(graph.outputs)
+    folded = 0
+    changed = True
+    while changed:
+        changed = False
+        uses = _consumers(graph)
+        for node in list(graph.nodes):
+            if node.type not in _CONV_TYPES:
+                continue
+            channels = _conv_channels(node, graph)
+            if channels is None:
+                continue
+            rank = len(graph.tensors[node.outputs[0]].shape)
+            chain, a, c = _affine_chain(graph, node.outputs[0], channels, rank, uses, outputs)
+            if not chain:
+                continue
+            w, b = _fold_into(node, a, c)
+            new = _copy_node(node)
+            new.param, new.attrs = _with_bias(node)
+            new.blobs = [w, b]
+            new.expected_param_shapes = [tuple(w.shape), tuple(b.shape)]
+            new.outputs = [chain[-1].outputs[0]]
+            new.tops = [chain[-1].tops[0]]
+            new.param_names = []
+            _replace_chain(graph, node, chain, new)
+            folded += len(chain)
+            changed = True
+            break
+    # BatchNorm [+ Scale] elsewhere: one per-channel Scale
+    from .layers import get_spec
+    scale_spec = get_spec("Scale")
+    if scale_spec is not None:
+        changed = True
+        while changed:
+            changed = False
+            uses = _consumers(graph)
+            for node in list(graph.nodes):
+                if node.type != "BatchNorm":
+                    continue
+                x = node.inputs[0] if node.inputs else None
+                if x is None:
+                    continue
+                shape = graph.tensors[x].shape
+                if len(shape) < 2:
+                    continue
+                channels = int(shape[1])
+                ab = _bn_affine(node)
+                if ab is None:
+                    continue
+                rest, a2, c2 = _affine_chain(graph, node.outputs[0], channels, len(shape), uses, outputs,
+                                             allow_bn=False)
+                if not rest:
+                    continue  # a lone BatchNorm is as small as a Scale already
+                chain = [node] + rest
+                a, c = a2 * ab[0], a2 * ab[1] + c2
+                new = _scale_node(scale_spec, node, chain, a, c, shape)
+                if new is None:
+                    continue
+                graph.nodes = [new if n is node else n for n in graph.nodes
+                               if id(n) not in {id(k) for k in chain[1:]}]
+                for n in chain[:-1]:
+                    graph.tensors.pop(n.outputs[0], None)
+                graph.tensors[new.outputs[0]].producer = new.name
+                folded += len(chain) - 1
+                changed = True
+                break
+    return folded
+
+
+def _scale_node(spec, bn, chain, a, c, in_shape):
+    from .io.schema import caffe_pb2
+    lp = caffe_pb2.LayerParameter()
+    lp.name = bn.name
+    lp.type = "Scale"
+    lp.bottom.append(bn.bottoms[0])
+    lp.top.append(chain[-1].tops[0])
+    lp.scale_param.axis = 1
+    lp.scale_param.num_axes = 1
+    lp.scale_param.bias_term = True
+    try:
+        attrs = spec.parse(lp)
+        spec.infer(attrs, [tuple(in_shape)])
+        shapes = spec.param_shapes(attrs, [tuple(in_shape)])
+    except Exception:
+        return None
+    new = copy.copy(bn)
+    new.type, new.spec, new.param, new.attrs = "Scale", spec, lp, attrs
+    new.inputs = list(bn.inputs)
+    new.outputs = [chain[-1].outputs[0]]
+    new.bottoms, new.tops = list(bn.bottoms), [chain[-1].tops[0]]
+    new.blobs = [a.astype(np.float32), c.astype(np.float32)]
+    new.expected_param_shapes = [tuple(s) for s in shapes]
+    new.param_names, new.shared_from = [], {}
+    if hasattr(new, "quant"):
+        del new.quant
+    return new
+
+
+# ---- identities -----------------------------------------------------------------------------
+
+_IDENTITY_TYPES = ("Dropout", "Split", "Silence")
+
+
+def remove_identities(model):
+    """Drop Dropout (as at inference), Split and Silence, rewiring their consumers."""
+    graph = _copy_graph(model.graph)
+    removed = _remove_identities(graph)
+    m = _new_model(model, graph)
+    m.transforms.append(("remove_identities", removed))
+    return m
+
+
+def _rename_uses(graph, old, new):
+    for n in graph.nodes:
+        if old in n.inputs:
+            n.inputs = [new if t == old else t for t in n.inputs]
+
+
+def _remove_identities(graph):
+    removed = 0
+    outputs = set(graph.outputs)
+    inputs = set(graph.inputs)
+    for node in list(graph.nodes):
+        if node.type not in _IDENTITY_TYPES:
+            continue
+        if node.type == "Silence":
+            graph.nodes.remove(node)
+            removed += 1
+            continue
+        if len(node.inputs) != 1:
+            continue
+        src = node.inputs[0]
+        uses = _consumers(graph)
+        kept_outs = []
+        # the source may take the name of one output (plain Caffe names survive)
+        inherit = None
+        producer = next((n for n in graph.nodes if src in n.outputs), None)
+        if producer is not None and src not in inputs and src not in outputs \
+                and len(uses.get(src, [])) == 1:
+            graph_outs = [o for o in node.outputs if o in outputs]
+            inherit = graph_outs[0] if graph_outs else node.outputs[-1]
+        for o in node.outputs:
+            if o == inherit:
+                continue
+            if o in outputs:
+                kept_outs.append(o)     # a net output keeps its own name through an Identity
+                continue
+            _rename_uses(graph, o, inherit or src)
+            graph.tensors.pop(o, None)
+        if inherit is not None:
+            producer.outputs = [inherit if t == src else t for t in producer.outputs]
+            graph.tensors[inherit].producer = producer.name
+            graph.tensors.pop(src, None)
+            if kept_outs:
+                # rewire the remaining outputs through the renamed source
+                node.inputs = [inherit]
+        if kept_outs:
+            node.outputs = kept_outs
+            node.tops = [graph.tensors[t].blob for t in kept_outs]
+            if node.type == "Split":
+                node.attrs = dict(node.attrs, tops=len(kept_outs))
+            continue
+        graph.nodes.remove(node)
+        removed += 1
+    return removed
+
+
+# ---- reshapes ---------------------------------------------------------------------------------
+
+def _keeps_batch(node, in_shape):
+    """True when a Reshape/Flatten leaves axis 0 untouched (so dim 0 may stay dynamic)."""
+    ndim = len(in_shape)
+    if ndim == 0:
+        return False
+    a = node.attrs
+    if node.type == "Flatten":
+        return a["axis"] % ndim >= 1
+    if node.type == "Reshape":
+        start = a["axis"] if a["axis"] >= 0 else ndim + a["axis"] + 1
+        if start >= 1:
+            return True
+        return bool(a["dims"]) and a["dims"][0] == 0
+    return False
+
+
+def merge_reshapes(model):
+    """Reshape/Flatten followed by Reshape/Flatten (sole consumer) -> one Reshape."""
+    graph = _copy_graph(model.graph)
+    merged = _merge_reshapes(graph)
+    m = _new_model(model, graph)
+    m.transforms.append(("merge_reshapes", merged))
+    return m
+
+
+def _merge_reshapes(graph):
+    from .layers import get_spec
+    from .io.schema import caffe_pb2
+    spec = get_spec("Reshape")
+    if spec is None:
+        return 0
+    merged = 0
+    outputs = set(graph.outputs)
+    changed = True
+    while changed:
+        changed = False
+        uses = _consumers(graph)
+        for first in list(graph.nodes):
+            if first.type not in ("Reshape", "Flatten") or len(first.outputs) != 1:
+                continue
+            mid = first.outputs[0]
+            cons = uses.get(mid, [])
+            if len(cons) != 1 or mid in outputs or cons[0].type not in ("Reshape", "Flatten"):
+                continue
+            second = cons[0]
+            src = first.inputs[0]
+            in_shape = tuple(graph.tensors[src].shape)
+            final = tuple(graph.tensors[second.outputs[0]].shape)
+            if not (_keeps_batch(first, in_shape) and _keeps_batch(second, graph.tensors[mid].shape)) \
+                    or not final:
+                continue
+            lp = caffe_pb2.LayerParameter()
+            lp.name, lp.type = second.name, "Reshape"
+            lp.bottom.append(first.bottoms[0])
+            lp.top.append(second.tops[0])
+            lp.reshape_param.shape.dim.extend([0] + [int(d) for d in final[1:]])
+            try:
+                attrs = spec.parse(lp)
+                if tuple(spec.infer(attrs, [in_shape])[0]) != final:
+                    continue
+            except Exception:
+                continue
+            new = copy.copy(second)
+            new.type, new.spec, new.param, new.attrs = "Reshape", spec, lp, attrs
+            new.inputs, new.outputs = [src], list(second.outputs)
+            new.bottoms, new.tops = list(first.bottoms), list(second.tops)
+            graph.nodes = [new if n is second else n for n in graph.nodes if n is not first]
+            graph.tensors.pop(mid, None)
+            merged += 1
+            changed = True
+            break
+    return merged
+
+
+# ---- all of them ---------------------------------------------------------------------------------
+
+def optimize(model, with_notes=False):
+    """fold_batchnorm, remove_identities and merge_reshapes, in that order."""
+    graph = _copy_graph(model.graph)
+    before = len(graph.nodes)
+    removed = _remove_identities(graph)   # first, so Split/Dropout do not hide a BatchNorm chain
+    folded = _fold_batchnorm(graph)
+    merged = _merge_reshapes(graph)
+    m = _new_model(model, graph)
+    m.transforms.append(("optimize", {"fold_batchnorm": folded, "remove_identities": removed,
+                                      "merge_reshapes": merged}))
+    if not with_notes:
+        return m
+    notes = []
+    if folded or removed or merged:
+        parts = []
+        if folded:
+            parts.append(f"{folded} BatchNorm/Scale layer(s) folded")
+        if removed:
+            parts.append(f"{removed} Dropout/Split/Silence layer(s) removed")
+        if merged:
+            parts.append(f"{merged} reshape(s) merged")
+        notes.append(f"optimized: {', '.join(parts)} ({before} -> {len(graph.nodes)} layers)")
+    return m, notes
+
+
+__all__ = ["fold_batchnorm", "merge_reshapes", "optimize", "remove_identities"]

@@ -1,0 +1,683 @@
+"""Fork layers beyond the reference cases: SSD (Permute, Normalize, PriorBox,
+DetectionOutput), Interp, Upsample, ShuffleChannel, ROIPooling, PSROIPooling.
+
+References are numpy re-derivations written here from the forks' formulas
+(loops, float64 where the fork's float32 rounding cannot change the result),
+hand-computed examples, and the OpenCV-made reference case fork_ssd_mini.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from caffeq.layers import LayerError
+from caffeq.model import load_from_text
+from conftest import FIXTURES, Case, assert_close
+
+
+def net(*layers, inputs):
+    """A prototxt with Input layers for `inputs` ({name: shape}) and the given layer texts."""
+    head = "".join(
+        f'layer {{ name: "{n}" type: "Input" top: "{n}" input_param {{ shape {{ '
+        + " ".join(f"dim: {d}" for d in s) + " } } }\n"
+        for n, s in inputs.items())
+    return head + "\n".join(layers)
+
+
+def run(text, feeds, **kw):
+    model = load_from_text(text, **kw)
+    return model, model.run(feeds, all_blobs=True)
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+# ---- Permute ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("order, full", [((0, 2), (0, 2, 1, 3)), ((3,), (3, 0, 1, 2)), ((1, 0), (1, 0, 2, 3)),
+                                         ((0, 1, 2, 3), (0, 1, 2, 3)), ((0, 3, 1, 2), (0, 3, 1, 2))])
+def test_permute_partial_order_appends_the_other_axes(order, full):
+    x = rng().standard_normal((2, 3, 4, 5)).astype(np.float32)
+    orders = " ".join(f"order: {o}" for o in order)
+    m, got = run(net(f'layer {{ name: "p" type: "Permute" bottom: "x" top: "p" permute_param {{ {orders} }} }}',
+                     inputs={"x": x.shape}), {"x": x})
+    np.testing.assert_array_equal(got["p"], np.transpose(x, full))
+    assert m.blob_shapes["p"] == tuple(x.shape[i] for i in full)
+
+
+@pytest.mark.parametrize("params, msg", [("order: 0 order: 0", "duplicate"), ("order: 4", "out of range")])
+def test_permute_bad_order(params, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(f'layer {{ name: "p" type: "Permute" bottom: "x" top: "p" permute_param {{ {params} }} }}',
+                           inputs={"x": (2, 3, 4, 5)}))
+
+
+# ---- Normalize ------------------------------------------------------------------------
+
+def normalize_ref(x, scale, across_spatial, eps=1e-10):
+    x = x.astype(np.float64)
+    axes = tuple(range(1, x.ndim)) if across_spatial else (1,)
+    y = x / np.sqrt((x ** 2).sum(axis=axes, keepdims=True) + eps)
+    s = np.asarray(scale, np.float64)
+    return y * (s if s.ndim == 0 else s.reshape((1, -1) + (1,) * (x.ndim - 2)))
+
+
+@pytest.mark.parametrize("across", [True, False])
+@pytest.mark.parametrize("shared", [True, False])
+def test_normalize_variants(across, shared):
+    x = rng(1).standard_normal((2, 4, 3, 5)).astype(np.float32)
+    text = net(f'layer {{ name: "n" type: "Normalize" bottom: "x" top: "n" norm_param {{ '
+               f'across_spatial: {str(across).lower()} channel_shared: {str(shared).lower()} }} }}',
+               inputs={"x": x.shape})
+    model = load_from_text(text, random_weights=True)
+    node = next(n for n in model.layers if n.name == "n")
+    assert node.expected_param_shapes == [() if shared else (4,)]
+    np.testing.assert_array_equal(node.blobs[0], np.ones(node.expected_param_shapes[0], np.float32))  # filler 1
+    scale = np.float32(2.5) if shared else np.array([0.5, 1.0, 2.0, 3.0], np.float32)
+    node.blobs = [np.asarray(scale, np.float32).reshape(node.expected_param_shapes[0])]
+    got = model.run({"x": x})["n"]
+    assert_close(got, normalize_ref(x, scale, across), 1e-6, 1e-6, "normalize")
+
+
+def test_normalize_reads_a_zero_axis_scale_blob(tmp_path):
+    """channel_shared: SSD saves the scale as a 0-axis blob, which Caffe writes with no shape field."""
+    from caffeq.io.schema import caffe_pb2
+    np_ = caffe_pb2.NetParameter()
+    lp = np_.layer.add()
+    lp.name, lp.type = "n", "Normalize"
+    lp.blobs.add().data.append(3.0)   # no shape: 0 axes
+    (tmp_path / "w.caffemodel").write_bytes(np_.SerializeToString())
+    x = rng(2).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    text = net('layer { name: "n" type: "Normalize" bottom: "x" top: "n" norm_param { across_spatial: false } }',
+               inputs={"x": x.shape})
+    _, got = run(text, {"x": x}, weights=str(tmp_path / "w.caffemodel"))
+    assert_close(got["n"], normalize_ref(x, np.float32(3.0), False), 1e-6, 1e-6, "normalize shared")
+
+
+def test_normalize_eps_and_2d_input():
+    x = np.array([[3.0, 4.0], [0.0, 0.0]], np.float32)
+    text = net('layer { name: "n" type: "Normalize" bottom: "x" top: "n" norm_param { eps: 0.0001 } }',
+               inputs={"x": x.shape})
+    _, got = run(text, {"x": x}, random_weights=True)
+    np.testing.assert_allclose(got["n"], [[3 / math.sqrt(25.0001), 4 / math.sqrt(25.0001)], [0, 0]], rtol=1e-6)
+
+
+def test_normalize_bad_params():
+    with pytest.raises(LayerError, match="eps"):
+        load_from_text(net('layer { name: "n" type: "Normalize" bottom: "x" top: "n" norm_param { eps: -1 } }',
+                           inputs={"x": (1, 2, 3, 3)}))
+    with pytest.raises(LayerError, match="2- to 4-axis"):
+        load_from_text(net('layer { name: "n" type: "Normalize" bottom: "x" top: "n" }',
+                           inputs={"x": (1, 2, 3, 3, 3)}))
+
+
+# ---- PriorBox -------------------------------------------------------------------------
+
+def priorbox_ref(fh, fw, ih, iw, min_sizes, max_sizes=(), ratios=(), flip=True, clip=False,
+                 variance=(0.1,), step=None, offset=0.5, img=None):
+    """SSD's PriorBox, re-derived as loops from its formulas (float64, then float32)."""
+    ars = [1.0]
+    for r in ratios:
+        if any(abs(r - a) < 1e-6 for a in ars):
+            continue
+        ars.append(r)
+        if flip:
+            ars.append(1.0 / r)
+    if img:
+        ih, iw = img
+    sh, sw = (step, step) if step else (ih / fh, iw / fw)
+    out = []
+    for h in range(fh):
+        for w in range(fw):
+            cx, cy = (w + offset) * sw, (h + offset) * sh
+            for k, mn in enumerate(min_sizes):
+                mn = int(mn)
+                shapes = [(mn, mn)]
+                if max_sizes:
+                    s = math.sqrt(mn * int(max_sizes[k]))
+                    shapes.append((s, s))
+                shapes += [(mn * math.sqrt(a), mn / math.sqrt(a)) for a in ars if abs(a - 1) >= 1e-6]
+                for bw, bh in shapes:
+                    out += [(cx - bw / 2) / iw, (cy - bh / 2) / ih, (cx + bw / 2) / iw, (cy + bh / 2) / ih]
+    coords = np.array(out)
+    if clip:
+        coords = np.clip(coords, 0, 1)
+    var = np.tile(np.array(variance), len(out) // len(variance))
+    return np.stack([coords, var]).reshape(1, 2, -1).astype(np.float32)
+
+
+PRIORBOX_VARIANTS = [
+    # (prior_box_param text, reference kwargs)
+    ("min_size: 10 max_size: 20 aspect_ratio: 2 aspect_ratio: 3 flip: true clip: false "
+     "variance: 0.1 variance: 0.1 variance: 0.2 variance: 0.2 step: 4",
+     dict(min_sizes=[10], max_sizes=[20], ratios=[2, 3], variance=(0.1, 0.1, 0.2, 0.2), step=4)),
+    ("min_size: 10 aspect_ratio: 2 flip: false clip: true",
+     dict(min_sizes=[10], ratios=[2], flip=False, clip=True)),
+    ("min_size: 8 min_size: 16 aspect_ratio: 2 aspect_ratio: 2 aspect_ratio: 0.5 variance: 0.2",
+     dict(min_sizes=[8, 16], ratios=[2, 2, 0.5], variance=(0.2,))),
+    ("min_size: 6.7 max_size: 12.9 aspect_ratio: 3 offset: 0.25 img_h: 40 img_w: 30 step_h: 5 step_w: 3",
+     dict(min_sizes=[6.7], max_sizes=[12.9], ratios=[3], offset=0.25, img=(40, 30))),
+    ("min_size: 30", dict(min_sizes=[30])),   # SSD's clip default: false (boxes leave [0, 1])
+]
+
+
+@pytest.mark.parametrize("params, kw", PRIORBOX_VARIANTS)
+def test_priorbox_against_the_formulas(params, kw):
+    fh, fw, ih, iw = 5, 7, 30, 45
+    text = net(f'layer {{ name: "pb" type: "PriorBox" bottom: "f" bottom: "img" top: "pb" '
+               f'prior_box_param {{ {params} }} }}', inputs={"f": (2, 3, fh, fw), "img": (2, 3, ih, iw)})
+    feeds = {"f": np.zeros((2, 3, fh, fw), np.float32), "img": np.zeros((2, 3, ih, iw), np.float32)}
+    model, got = run(text, feeds)
+    if "step_h" in params:   # step_h/step_w: separate steps, reference takes one: recompute here
+        kw = dict(kw)
+        ref = _priorbox_ref_hw(fh, fw, kw.pop("img"), 5.0, 3.0, **kw)
+    else:
+        ref = priorbox_ref(fh, fw, ih, iw, **kw)
+    assert model.blob_shapes["pb"] == ref.shape
+    assert_close(got["pb"], ref, 1e-6, 1e-6, "priorbox")
+    if "clip: true" not in params and "min_size: 30" in params:
+        assert got["pb"][0, 0].min() < 0 and got["pb"][0, 0].max() > 1   # not clipped by default
+    # one set of priors whatever the batch
+    single = model.run({k: v[:1] for k, v in feeds.items()})["pb"]
+    np.testing.assert_array_equal(single, got["pb"])
+
+
+def _priorbox_ref_hw(fh, fw, img, step_h, step_w, min_sizes, max_sizes, ratios, offset):
+    ih, iw = img
+    ars = [1.0] + [r for a in ratios for r in (a, 1.0 / a)]
+    out = []
+    for h in range(fh):
+        for w in range(fw):
+            cx, cy = (w + offset) * step_w, (h + offset) * step_h
+            mn, mx = int(min_sizes[0]), int(max_sizes[0])
+            s = math.sqrt(mn * mx)
+            for bw, bh in [(mn, mn), (s, s)] + [(mn * math.sqrt(a), mn / math.sqrt(a)) for a in ars[1:]]:
+                out += [(cx - bw / 2) / iw, (cy - bh / 2) / ih, (cx + bw / 2) / iw, (cy + bh / 2) / ih]
+    return np.stack([np.array(out), np.full(len(out), 0.1)]).reshape(1, 2, -1).astype(np.float32)
+
+
+@pytest.mark.parametrize("params, msg", [
+    ("aspect_ratio: 2", "min_size is required"),
+    ("min_size: 10 max_size: 5", "greater than min_size"),
+    ("min_size: 10 min_size: 20 max_size: 30", "one per min_size"),
+    ("min_size: 10 variance: 0.1 variance: 0.2", "1 or 4"),
+    ("min_size: 10 variance: -0.1", "positive"),
+    ("min_size: 10 step: 4 step_h: 2 step_w: 2", "not both"),
+    ("min_size: 10 img_size: 300 img_h: 30 img_w: 30", "not both"),
+    ("min_size: 10 width: 3", "OpenCV-only"),
+])
+def test_priorbox_bad_params(params, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(f'layer {{ name: "pb" type: "PriorBox" bottom: "f" bottom: "img" top: "pb" '
+                           f'prior_box_param {{ {params} }} }}', inputs={"f": (1, 3, 4, 4), "img": (1, 3, 32, 32)}))
+
+
+# ---- DetectionOutput ------------------------------------------------------------------
+
+def detection_ref(loc, conf, prior, num_classes, share_location=True, background=0, nms=0.3, top_k=-1,
+                  eta=1.0, keep_top_k=-1, conf_threshold=-np.inf, code="CORNER", var_in_target=False):
+    """SSD's DetectionOutput as plain loops over boxes (float64)."""
+    num, P = loc.shape[0], prior.shape[2] // 4
+    L = 1 if share_location else num_classes
+    loc = loc.reshape(num, P, L, 4).astype(np.float64)
+    conf = conf.reshape(num, P, num_classes).astype(np.float64)
+    pb = prior[0, 0].reshape(P, 4).astype(np.float64)
+    pv = np.ones((P, 4)) if var_in_target else prior[0, 1].reshape(P, 4).astype(np.float64)
+
+    def decode(p, v, t):
+        if code == "CORNER":
+            return [p[k] + v[k] * t[k] for k in range(4)]
+        pw, ph = p[2] - p[0], p[3] - p[1]
+        if code == "CORNER_SIZE":
+            return [p[0] + v[0] * t[0] * pw, p[1] + v[1] * t[1] * ph, p[2] + v[2] * t[2] * pw,
+                    p[3] + v[3] * t[3] * ph]
+        cx = v[0] * t[0] * pw + (p[0] + p[2]) / 2
+        cy = v[1] * t[1] * ph + (p[1] + p[3]) / 2
+        w, h = math.exp(v[2] * t[2]) * pw, math.exp(v[3] * t[3]) * ph
+        return [cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2]
+
+    def size(b):
+        return 0.0 if b[2] < b[0] or b[3] < b[1] else (b[2] - b[0]) * (b[3] - b[1])
+
+    def iou(a, b):
+        if b[0] > a[2] or b[2] < a[0] or b[1] > a[3] or b[3] < a[1]:
+            return 0.0
+        w, h = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
+        if w <= 0 or h <= 0:
+            return 0.0
+        return w * h / (size(a) + size(b) - w * h)
+
+    rows = []
+    for i in range(num):
+        kept = {}
+        for c in range(num_classes):
+            if c == background:
+                continue
+            boxes = [decode(pb[p], pv[p], loc[i, p, 0 if share_location else c]) for p in range(P)]
+            cand = sorted((p for p in range(P) if conf[i, p, c] > conf_threshold), key=lambda p: -conf[i, p, c])
+            if top_k > -1:
+                cand = cand[:top_k]
+            thr, keep = nms, []
+            for p in cand:
+                if all(iou(boxes[p], boxes[q]) <= thr for q in keep):
+                    keep.append(p)
+                    if eta < 1 and thr > 0.5:
+                        thr *= eta
+            kept[c] = [(conf[i, p, c], p, boxes[p]) for p in keep]
+        if keep_top_k > -1 and sum(map(len, kept.values())) > keep_top_k:
+            pool = sorted(((s, c, p, b) for c in sorted(kept) for s, p, b in kept[c]), key=lambda t: -t[0])
+            kept = {}
+            for s, c, p, b in pool[:keep_top_k]:
+                kept.setdefault(c, []).append((s, p, b))
+        for c in sorted(kept):
+            rows += [[i, c, s] + list(b) for s, p, b in kept[c]]
+    if not rows:
+        rows = [[i] + [-1] * 6 for i in range(num)]
+    return np.array(rows, np.float32).reshape(1, 1, -1, 7)
+
+
+def detection_text(params, n, P, C, L):
+    return net(f'layer {{ name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "prior" '
+               f'top: "det" detection_output_param {{ {params} }} }}',
+               inputs={"loc": (n, P * L * 4), "conf": (n, P * C), "prior": (1, 2, P * 4)})
+
+
+def random_detection_inputs(seed, n, P, C, L, grid=True):
+    g = rng(seed)
+    # priors on a coarse grid so that boxes overlap and NMS has work to do
+    centers = g.uniform(0.2, 0.8, (P, 2)) if not grid else np.round(g.uniform(0.2, 0.8, (P, 2)) * 5) / 5
+    wh = g.uniform(0.1, 0.4, (P, 2))
+    pbox = np.concatenate([centers - wh / 2, centers + wh / 2], 1)
+    var = np.tile([0.1, 0.1, 0.2, 0.2], (P, 1))
+    prior = np.stack([pbox.reshape(-1), var.reshape(-1)]).reshape(1, 2, -1).astype(np.float32)
+    loc = g.normal(0, 1, (n, P * L * 4)).astype(np.float32)
+    logits = g.normal(0, 2, (n, P, C))
+    conf = (np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)).reshape(n, -1).astype(np.float32)
+    return {"loc": loc, "conf": conf, "prior": prior}
+
+
+def test_detection_output_on_caffes_own_inputs_of_the_ssd_case():
+    """DetectionOutput alone, fed the blobs fork_ssd_mini's net computed before it."""
+    case = Case(FIXTURES / "fork_ssd_mini")
+    ref = case.outputs
+    feeds = {"loc": ref["mbox_loc"], "conf": ref["mbox_conf_flatten"], "prior": ref["mbox_priorbox"]}
+    text = net('layer { name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "prior" '
+               'top: "det" detection_output_param { num_classes: 3 share_location: true background_label_id: 0 '
+               'nms_param { nms_threshold: 0.45 top_k: 100 } code_type: CENTER_SIZE keep_top_k: 20 '
+               'confidence_threshold: 0.01 } }',
+               inputs={k: v.shape for k, v in feeds.items()})
+    model, got = run(text, feeds)
+    assert model.blob_shapes["det"] == (1, 1, 40, 7)   # keep_top_k * N: the most rows it can write
+    atol, rtol = case.tolerance
+    assert_close(got["det"], ref["detection_out"], atol, rtol, "detection_out")
+    kw = dict(num_classes=3, nms=0.45, top_k=100, keep_top_k=20, conf_threshold=0.01, code="CENTER_SIZE")
+    assert_close(detection_ref(feeds["loc"], feeds["conf"], feeds["prior"], **kw), ref["detection_out"],
+                 atol, rtol, "numpy re-derivation vs the reference")
+
+
+def test_detection_output_without_detections_gives_one_row_per_image():
+    n, P, C = 3, 6, 4
+    feeds = random_detection_inputs(0, n, P, C, 1)
+    text = detection_text("num_classes: 4 confidence_threshold: 0.999 keep_top_k: 5 code_type: CENTER_SIZE",
+                          n, P, C, 1)
+    _, got = run(text, feeds)
+    expect = np.full((1, 1, n, 7), -1, np.float32)
+    expect[0, 0, :, 0] = np.arange(n)
+    np.testing.assert_array_equal(got["det"], expect)
+
+
+DETECTION_VARIANTS = [
+    ("num_classes: 4 nms_param { nms_threshold: 0.3 top_k: 8 } keep_top_k: 10 code_type: CENTER_SIZE "
+     "confidence_threshold: 0.05", dict(nms=0.3, top_k=8, keep_top_k=10, conf_threshold=0.05, code="CENTER_SIZE")),
+    ("num_classes: 4 share_location: false background_label_id: 1 nms_param { nms_threshold: 0.5 } "
+     "code_type: CENTER_SIZE confidence_threshold: 0.1",
+     dict(share_location=False, background=1, nms=0.5, conf_threshold=0.1, code="CENTER_SIZE")),
+    ("num_classes: 4 nms_param { nms_threshold: 0.2 top_k: 20 } keep_top_k: 7 confidence_threshold: 0.02",
+     dict(nms=0.2, top_k=20, keep_top_k=7, conf_threshold=0.02, code="CORNER")),
+    ("num_classes: 4 nms_param { nms_threshold: 0.4 } code_type: CORNER_SIZE variance_encoded_in_target: true "
+     "background_label_id: -1 confidence_threshold: 0.2",
+     dict(nms=0.4, code="CORNER_SIZE", var_in_target=True, background=-1, conf_threshold=0.2)),
+    ("num_classes: 4 nms_param { nms_threshold: 0.9 eta: 0.7 } code_type: CENTER_SIZE confidence_threshold: 0.05",
+     dict(nms=0.9, eta=0.7, code="CENTER_SIZE", conf_threshold=0.05)),
+    ("num_classes: 4 code_type: CENTER_SIZE", dict(nms=0.3, code="CENTER_SIZE")),   # every default
+]
+
+
+@pytest.mark.parametrize("params, kw", DETECTION_VARIANTS)
+def test_detection_output_variants(params, kw):
+    n, P, C = 2, 30, 4
+    L = 1 if kw.get("share_location", True) else C
+    feeds = random_detection_inputs(5, n, P, C, L)
+    _, got = run(detection_text(params, n, P, C, L), feeds)
+    ref = detection_ref(feeds["loc"], feeds["conf"], feeds["prior"], num_classes=C, **kw)
+    assert got["det"].shape == ref.shape
+    assert_close(got["det"], ref, 1e-5, 1e-5, "detections")
+
+
+@pytest.mark.parametrize("params, msg", [
+    ("share_location: true", "num_classes is required"),
+    ("num_classes: 3 nms_param { eta: 1.5 }", "eta"),
+    ("num_classes: 3 nms_param { nms_threshold: -0.1 }", "nms_threshold"),
+    ("num_classes: 3 normalized_bbox: false", "normalized_bbox"),
+])
+def test_detection_output_bad_params(params, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(detection_text(params, 1, 4, 3, 1))
+
+
+def test_detection_output_checks_bottom_sizes():
+    text = net('layer { name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "prior" '
+               'top: "det" detection_output_param { num_classes: 3 } }',
+               inputs={"loc": (1, 16), "conf": (1, 10), "prior": (1, 2, 16)})
+    with pytest.raises(LayerError, match="conf"):
+        load_from_text(text)
+
+
+# ---- Interp ---------------------------------------------------------------------------
+
+def interp_ref(x, ho, wo, nearest=False):
+    """Align-corners resize, re-derived in float64."""
+    n, c, h, w = x.shape
+    ys = np.arange(ho) * ((h - 1) / (ho - 1) if ho > 1 else 0.0)
+    xs = np.arange(wo) * ((w - 1) / (wo - 1) if wo > 1 else 0.0)
+    if nearest:
+        return x[:, :, np.floor(ys + 0.5).astype(int)][:, :, :, np.floor(xs + 0.5).astype(int)]
+    y0 = np.floor(ys).astype(int)
+    x0 = np.floor(xs).astype(int)
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+    ly, lx = (ys - y0)[:, None], xs - x0
+    xd = x.astype(np.float64)
+    top = xd[:, :, y0][:, :, :, x0] * (1 - lx) + xd[:, :, y0][:, :, :, x1] * lx
+    bot = xd[:, :, y1][:, :, :, x0] * (1 - lx) + xd[:, :, y1][:, :, :, x1] * lx
+    return top * (1 - ly) + bot * ly
+
+
+INTERP_VARIANTS = [
+    # (interp_param, extra bottoms, crop (beg, end), output size)
+    ("zoom_factor: 3", {}, (0, 0), (13, 19)),
+    ("height: 4 width: 11", {}, (0, 0), (4, 11)),
+    ("shrink_factor: 2", {}, (0, 0), (3, 4)),
+    ("shrink_factor: 2 zoom_factor: 3", {}, (0, 0), (7, 10)),
+    ("zoom_factor: 2 pad_beg: -1 pad_end: -1", {}, (1, 1), (5, 9)),
+    ("height: 1 width: 1", {}, (0, 0), (1, 1)),
+    ("height: 5 width: 7", {}, (0, 0), (5, 7)),               # same size: a copy
+    ("", {"ref": (1, 1, 8, 3)}, (0, 0), (8, 3)),               # size of the second bottom
+    ('height: 9 width: 6 interp_type: "nearest_neighbor"', {}, (0, 0), (9, 6)),
+]
+
+
+@pytest.mark.parametrize("params, extra, crop, out", INTERP_VARIANTS)
+def test_interp_variants(params, extra, crop, out):
+    x = rng(3).standard_normal((2, 3, 5, 7)).astype(np.float32)
+    bottoms = 'bottom: "x"' + "".join(f' bottom: "{k}"' for k in extra)
+    text = net(f'layer {{ name: "i" type: "Interp" {bottoms} top: "i" interp_param {{ {params} }} }}',
+               inputs={"x": x.shape, **extra})
+    feeds = {"x": x, **{k: np.zeros(s, np.float32) for k, s in extra.items()}}
+    if "ref" in extra:
+        feeds["ref"] = np.zeros((2,) + extra["ref"][1:], np.float32)
+    model, got = run(text, feeds)
+    assert model.blob_shapes["i"][2:] == out
+    b, e = crop
+    xc = x[:, :, b:x.shape[2] - e, b:x.shape[3] - e]
+    ref = interp_ref(xc, *out, nearest="nearest" in params)
+    assert_close(got["i"], ref, 1e-5, 1e-5, "interp")
+
+
+def test_interp_zoom_keeps_the_input_on_its_grid():
+    x = rng(4).standard_normal((1, 2, 4, 6)).astype(np.float32)
+    _, got = run(net('layer { name: "i" type: "Interp" bottom: "x" top: "i" interp_param { zoom_factor: 4 } }',
+                     inputs={"x": x.shape}), {"x": x})
+    np.testing.assert_allclose(got["i"][:, :, ::4, ::4], x, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("params, msg", [
+    ("zoom_factor: 2 pad_beg: 1", "<= 0"),
+    ("zoom_factor: 0", "zoom_factor"),
+    ("height: 3", "needs zoom_factor"),
+    ('zoom_factor: 2 interp_type: "bicubic"', "interp_type"),
+    ("height: 0 width: 4", "positive"),
+])
+def test_interp_bad_params(params, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(f'layer {{ name: "i" type: "Interp" bottom: "x" top: "i" interp_param {{ {params} }} }}',
+                           inputs={"x": (1, 2, 5, 5)}))
+
+
+# ---- ShuffleChannel / Upsample -----------------------------------------------------------
+
+def test_shuffle_channel_moves_channel_i_g_j():
+    x = rng(5).standard_normal((2, 12, 3, 4)).astype(np.float32)
+    _, got = run(net('layer { name: "s" type: "ShuffleChannel" bottom: "x" top: "s" shuffle_channel_param '
+                     '{ group: 4 } }', inputs={"x": x.shape}), {"x": x})
+    ref = np.empty_like(x)
+    for i in range(4):           # group
+        for j in range(3):       # channel within the group
+            ref[:, j * 4 + i] = x[:, i * 3 + j]
+    np.testing.assert_array_equal(got["s"], ref)
+
+
+def test_shuffle_channel_bad_group():
+    with pytest.raises(LayerError, match="divisible"):
+        load_from_text(net('layer { name: "s" type: "ShuffleChannel" bottom: "x" top: "s" shuffle_channel_param '
+                           '{ group: 5 } }', inputs={"x": (1, 12, 2, 2)}))
+
+
+def test_upsample_unpools_with_the_mask():
+    g = rng(6)
+    n, c, h, w = 2, 3, 3, 4
+    x = g.standard_normal((n, c, h, w)).astype(np.float32)
+    # a max-pooling mask: the argmax of each 2x2 window of a 6x8 map, as an index into that map
+    dy, dx = g.integers(0, 2, (n, c, h, w)), g.integers(0, 2, (n, c, h, w))
+    mask = ((2 * np.arange(h)[:, None] + dy) * 8 + 2 * np.arange(w)[None, :] + dx).astype(np.float32)
+    text = net('layer { name: "u" type: "Upsample" bottom: "x" bottom: "m" top: "u" upsample_param { scale: 2 } }',
+               inputs={"x": x.shape, "m": x.shape})
+    model, got = run(text, {"x": x, "m": mask})
+    ref = np.zeros((n, c, 6 * 8), np.float32)
+    for i in range(n):
+        for k in range(c):
+            ref[i, k, mask[i, k].astype(int).ravel()] = x[i, k].ravel()
+    np.testing.assert_array_equal(got["u"], ref.reshape(n, c, 6, 8))
+    # explicit output size and pad_out
+    for params, size in [("upsample_h: 7 upsample_w: 9", (7, 9)), ("scale: 2 pad_out_h: true", (5, 8))]:
+        m = load_from_text(net(f'layer {{ name: "u" type: "Upsample" bottom: "x" bottom: "m" top: "u" '
+                               f'upsample_param {{ {params} }} }}', inputs={"x": x.shape, "m": x.shape}))
+        assert m.blob_shapes["u"] == (n, c) + size
+
+
+def test_upsample_one_bottom_is_nearest():
+    x = rng(7).standard_normal((1, 2, 3, 4)).astype(np.float32)
+    _, got = run(net('layer { name: "u" type: "Upsample" bottom: "x" top: "u" upsample_param { scale: 3 } }',
+                     inputs={"x": x.shape}), {"x": x})
+    np.testing.assert_array_equal(got["u"], x.repeat(3, axis=2).repeat(3, axis=3))
+
+
+def test_upsample_bad_params_and_mask():
+    with pytest.raises(LayerError, match="scale_h == 2"):
+        load_from_text(net('layer { name: "u" type: "Upsample" bottom: "x" bottom: "m" top: "u" '
+                           'upsample_param { scale: 3 pad_out_h: true } }', inputs={"x": (1, 1, 2, 2), "m": (1, 1, 2, 2)}))
+    with pytest.raises(LayerError, match="shaped like"):
+        load_from_text(net('layer { name: "u" type: "Upsample" bottom: "x" bottom: "m" top: "u" }',
+                           inputs={"x": (1, 1, 2, 2), "m": (1, 1, 2, 3)}))
+    m = load_from_text(net('layer { name: "u" type: "Upsample" bottom: "x" bottom: "m" top: "u" }',
+                           inputs={"x": (1, 1, 2, 2), "m": (1, 1, 2, 2)}))
+    with pytest.raises(LayerError, match="out of range"):
+        m.run({"x": np.ones((1, 1, 2, 2), np.float32), "m": np.full((1, 1, 2, 2), 16, np.float32)})
+
+
+# ---- ROIPooling / PSROIPooling -------------------------------------------------------------
+
+def roi_net(params, rois_shape, x_shape=(2, 1, 4, 6), kind="ROIPooling", field="roi_pooling_param"):
+    return net(f'layer {{ name: "r" type: "{kind}" bottom: "x" bottom: "rois" top: "r" {field} {{ {params} }} }}',
+               inputs={"x": x_shape, "rois": rois_shape})
+
+
+def test_roi_pooling_hand_computed():
+    x = np.arange(2 * 24, dtype=np.float32).reshape(2, 1, 4, 6)   # x[b, 0, h, w] = 24 b + 6 h + w
+    rois = np.array([
+        [0, 0, 0, 3, 3],       # 4x4 roi, 2x2 bins of 2x2
+        [1, 1, 0, 3, 1],       # 3 wide (bins [0,2) and [1,3): overlapping), 2 high: bins [0,1), [1,2)
+        [0, 10, 0, 12, 3],     # right of the map: every bin empty -> 0
+        [0, 1.5, 0.5, 2.49, 0.49],   # C round: 1.5 -> 2, 0.5 -> 1, 2.49 -> 2, 0.49 -> 0 (height max(0-1+1, 1)=1)
+    ], np.float32)
+    _, got = run(roi_net("pooled_h: 2 pooled_w: 2 spatial_scale: 1", rois.shape), {"x": x, "rois": rois})
+    v = lambda b, h, w: 24 * b + 6 * h + w          # noqa: E731
+    expect = np.array([
+        [[v(0, 1, 1), v(0, 1, 3)], [v(0, 3, 1), v(0, 3, 3)]],
+        # roi x 1..3, y 0..1: w bins [1,3) and [2,4); h bins [0,1) and [1,2)
+        [[v(1, 0, 2), v(1, 0, 3)], [v(1, 1, 2), v(1, 1, 3)]],
+        [[0, 0], [0, 0]],
+        # x 2..2 (1 wide, bins [2,3) both), y start 1, height 1: bins [1,2) and [1,2)
+        [[v(0, 1, 2), v(0, 1, 2)], [v(0, 1, 2), v(0, 1, 2)]],
+    ], np.float32)[:, None]
+    np.testing.assert_array_equal(got["r"], expect)
+
+
+def test_roi_pooling_spatial_scale_rounds_half_away_from_zero():
+    x = np.arange(24, dtype=np.float32).reshape(1, 1, 4, 6)
+    rois = np.array([[0, 3, 1, 9, 5]], np.float32)   # * 0.5 -> 1.5, 0.5, 4.5, 2.5 -> 2, 1, 5, 3
+    _, got = run(roi_net("pooled_h: 1 pooled_w: 1 spatial_scale: 0.5", rois.shape, x.shape), {"x": x, "rois": rois})
+    np.testing.assert_array_equal(got["r"].ravel(), [6 * 3 + 5])   # max over rows 1..3, cols 2..5
+
+
+def test_roi_pooling_bad_params():
+    with pytest.raises(LayerError, match="pooled_h"):
+        load_from_text(roi_net("pooled_w: 2", (3, 5)))
+    with pytest.raises(LayerError, match=r"\(R, 5\)"):
+        load_from_text(roi_net("pooled_h: 2 pooled_w: 2", (3, 4)))
+    m = load_from_text(roi_net("pooled_h: 2 pooled_w: 2", (1, 5)))
+    with pytest.raises(LayerError, match="batch index"):
+        m.run({"x": np.zeros((2, 1, 4, 6), np.float32), "rois": np.array([[5, 0, 0, 1, 1]], np.float32)})
+
+
+def test_psroi_pooling_hand_computed():
+    g, dim = 2, 1
+    x = np.zeros((1, dim * g * g, 4, 4), np.float32)
+    for ch in range(4):
+        x[0, ch] = np.arange(16).reshape(4, 4) + 100 * ch
+    rois = np.array([[0, 0, 0, 3, 3]], np.float32)   # 4x4 at scale 1: bins of 2x2
+    _, got = run(roi_net("spatial_scale: 1 output_dim: 1 group_size: 2", rois.shape, x.shape,
+                         kind="PSROIPooling", field="psroi_pooling_param"), {"x": x, "rois": rois})
+    # bin (ph, pw) averages channel ph*2+pw over its 2x2 block
+    blocks = {(0, 0): [0, 1, 4, 5], (0, 1): [2, 3, 6, 7], (1, 0): [8, 9, 12, 13], (1, 1): [10, 11, 14, 15]}
+    expect = np.array([[np.mean(blocks[(p, q)]) + 100 * (p * 2 + q) for q in range(2)] for p in range(2)])
+    np.testing.assert_allclose(got["r"][0, 0], expect, rtol=1e-6)
+
+
+def test_psroi_pooling_bad_channels():
+    with pytest.raises(LayerError, match="channels"):
+        load_from_text(roi_net("spatial_scale: 1 output_dim: 2 group_size: 2", (1, 5), (1, 4, 4, 4),
+                               kind="PSROIPooling", field="psroi_pooling_param"))
+
+
+# ---- gradients and CUDA ------------------------------------------------------------------------
+
+def test_differentiable_layers_pass_gradients():
+    x = rng(8).standard_normal((1, 4, 5, 5)).astype(np.float32)
+    text = net('layer { name: "n" type: "Normalize" bottom: "x" top: "n" norm_param { across_spatial: false } }',
+               'layer { name: "i" type: "Interp" bottom: "n" top: "i" interp_param { zoom_factor: 2 } }',
+               'layer { name: "s" type: "ShuffleChannel" bottom: "i" top: "s" shuffle_channel_param { group: 2 } }',
+               'layer { name: "p" type: "Permute" bottom: "s" top: "p" permute_param { order: 0 order: 2 } }',
+               inputs={"x": x.shape})
+    gm = load_from_text(text, random_weights=True).to_torch()
+    xt = torch.from_numpy(x).requires_grad_(True)
+    gm(xt).sum().backward()
+    assert xt.grad is not None and torch.isfinite(xt.grad).all() and xt.grad.abs().sum() > 0
+
+
+# ---- ONNX ------------------------------------------------------------------------------------
+
+def onnx_run(model, feeds, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("caffeq.backends.onnx_backend")
+    path = tmp_path / "m.onnx"
+    model.export_onnx(str(path), optimize=False)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, {k: feeds[k] for k in model.inputs})))
+
+
+ONNX_NETS = [
+    ("permute", 'layer { name: "o" type: "Permute" bottom: "x" top: "o" permute_param { order: 0 order: 3 } }', {}),
+    ("normalize", 'layer { name: "o" type: "Normalize" bottom: "x" top: "o" norm_param { across_spatial: false '
+                  'channel_shared: false } }', {}),
+    ("normalize_shared", 'layer { name: "o" type: "Normalize" bottom: "x" top: "o" }', {}),
+    ("interp_crop", 'layer { name: "o" type: "Interp" bottom: "x" top: "o" interp_param { zoom_factor: 3 '
+                    'pad_beg: -1 pad_end: -2 } }', {}),
+    ("interp_hw1", 'layer { name: "o" type: "Interp" bottom: "x" top: "o" interp_param { height: 1 width: 9 } }', {}),
+    ("interp_nn", 'layer { name: "o" type: "Interp" bottom: "x" top: "o" interp_param { height: 11 width: 4 '
+                  'interp_type: "nearest_neighbor" } }', {}),
+    ("shuffle", 'layer { name: "o" type: "ShuffleChannel" bottom: "x" top: "o" shuffle_channel_param { group: 2 } }',
+     {}),
+    ("upsample_nn", 'layer { name: "o" type: "Upsample" bottom: "x" top: "o" upsample_param { scale: 2 } }', {}),
+    ("priorbox", 'layer { name: "o" type: "PriorBox" bottom: "x" bottom: "x" top: "o" prior_box_param { '
+                 'min_size: 2 max_size: 4 aspect_ratio: 2 clip: true } }', {}),
+    ("roipool", 'layer { name: "o" type: "ROIPooling" bottom: "x" bottom: "rois" top: "o" roi_pooling_param { '
+                'pooled_h: 3 pooled_w: 2 spatial_scale: 0.5 } }', {"rois": (4, 5)}),
+]
+
+
+@pytest.mark.parametrize("name, layer, extra", ONNX_NETS, ids=[n[0] for n in ONNX_NETS])
+def test_onnx_matches_torch_at_another_batch(name, layer, extra, tmp_path):
+    shape = (2, 4, 6, 8)
+    model = load_from_text(net(layer, inputs={"x": shape, **extra}), random_weights=True)
+    node = next(n for n in model.layers if n.name == "o")
+    if node.blobs:
+        node.blobs = [rng(9).uniform(0.5, 2, b.shape).astype(np.float32) for b in node.blobs]
+    g = rng(10)
+    feeds = {"x": g.standard_normal((3,) + shape[1:]).astype(np.float32)}   # batch 3, not the prototxt's 2
+    if "rois" in extra:
+        # corners at .5 multiples of 1/scale so that rounding half away from zero matters
+        feeds["rois"] = np.array([[0, 1, 1, 13, 9], [2, 3, 1, 7, 11], [1, 0, 0, 20, 20], [2, 5, 4, 5, 4]],
+                                 np.float32)
+    ours = model.run(feeds)["o"]
+    theirs = onnx_run(model, feeds, tmp_path)["o"]
+    assert theirs.shape == ours.shape
+    assert_close(theirs, ours, 1e-5, 1e-5, f"onnx {name}")
+
+
+def test_onnx_upsample_with_mask(tmp_path):
+    g = rng(11)
+    x = g.standard_normal((3, 2, 3, 4)).astype(np.float32)
+    mask = (g.permutation(6 * 8)[:12].reshape(1, 1, 3, 4) * np.ones((3, 2, 1, 1))).astype(np.float32)
+    model = load_from_text(net('layer { name: "o" type: "Upsample" bottom: "x" bottom: "m" top: "o" }',
+                               inputs={"x": (1, 2, 3, 4), "m": (1, 2, 3, 4)}))
+    feeds = {"x": x, "m": mask}
+    assert_close(onnx_run(model, feeds, tmp_path)["o"], model.run(feeds)["o"], 0, 0, "onnx unpool")
+
+
+@pytest.mark.parametrize("params, kw", DETECTION_VARIANTS + [
+    ("num_classes: 4 confidence_threshold: 0.999 keep_top_k: 5 code_type: CENTER_SIZE", {})],
+    ids=[f"v{i}" for i in range(len(DETECTION_VARIANTS) + 1)])
+def test_onnx_detection_output(params, kw, tmp_path):
+    n, P, C = 2, 30, 4
+    L = 1 if kw.get("share_location", True) else C
+    model = load_from_text(detection_text(params, n, P, C, L))
+    feeds = random_detection_inputs(5, 3, P, C, L)    # batch 3
+    if kw.get("eta", 1) < 1:
+        from caffeq.errors import ExportError
+        pytest.importorskip("caffeq.backends.onnx_backend")
+        with pytest.raises(ExportError, match="eta"):
+            model.export_onnx(str(tmp_path / "m.onnx"), optimize=False)
+        return
+    theirs = onnx_run(model, feeds, tmp_path)["det"]
+    ours = model.run(feeds)["det"]
+    assert theirs.shape == ours.shape
+    assert_close(theirs, ours, 1e-5, 1e-5, "onnx detections")
+
+
+def test_onnx_ssd_case(tmp_path):
+    case = Case(FIXTURES / "fork_ssd_mini")
+    got = onnx_run(case.load(), case.inputs, tmp_path)
+    atol, rtol = case.tolerance
+    assert_close(got["detection_out"], case.outputs["detection_out"], atol, rtol, "onnx fork_ssd_mini")
+
+
+def test_onnx_psroi_pooling_is_refused(tmp_path):
+    pytest.importorskip("caffeq.backends.onnx_backend")
+    from caffeq.errors import ExportError
+    model = load_from_text(roi_net("spatial_scale: 1 output_dim: 1 group_size: 2", (1, 5), (1, 4, 4, 4),
+                                   kind="PSROIPooling", field="psroi_pooling_param"))
+    with pytest.raises(ExportError, match="PSROIPooling"):
+        model.export_onnx(str(tmp_path / "m.onnx"), optimize=False)
