@@ -2,6 +2,7 @@
 from .errors import CaffeqError
 from .layers import Layer, LayerError, register_layer, supported_types
 from .model import Model, load
+from .quant import quantize
 
 __version__ = "0.1.0"
-__all__ = ["CaffeqError", "Layer", "LayerError", "Model", "load", "register_layer", "supported_types"]
+__all__ = ["CaffeqError", "Layer", "LayerError", "Model", "load", "quantize", "register_layer", "supported_types"]

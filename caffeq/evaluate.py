@@ -20,10 +20,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .errors import CaffeqError, DataError
-from .data import (Collate, DataTransformer, Normalizer, Preprocess, StridedSampler, detect_kind,
-                   open_dataset, worker_init)
-from .data.base import NO_LABEL
+from .data import (
+    Collate,
+    DataTransformer,
+    Normalizer,
+    Preprocess,
+    StridedSampler,
+    detect_kind,
+    open_dataset,
+    worker_init,
+)
+from .errors import DataError
 
 TRANSFORM_KEYS = ("scale", "mean_file", "mean_value", "crop_size", "mirror", "force_color", "force_gray")
 MAX_LISTED_ERRORS = 1000
@@ -48,19 +55,44 @@ class DataPlan:
     notes: list = field(default_factory=list)
 
 
+@dataclass
+class LayerInfo:
+    """A TEST-phase Data/ImageData layer: from a loaded graph node or straight from the prototxt."""
+    type: str
+    name: str
+    tops: list
+    attrs: dict
+
+
 def data_layer(model):
-    """The net's (TEST-phase) Data or ImageData layer, or None for a deploy net."""
+    """The net's (TEST-phase) Data or ImageData layer as a LayerInfo, or None for a deploy net."""
     for node in model.graph.nodes:
         if node.spec.is_data and node.type in ("Data", "ImageData"):
-            return node
+            return LayerInfo(node.type, node.name, list(node.tops), node.attrs)
     return None
+
+
+def _net_data_layer(net, phase, source, base_dir):
+    """(LayerInfo, LayerParameter) of the prototxt's data layer in `phase`, without reading its source."""
+    from .ir import filter_layers
+    from .layers import get_spec
+    from .layers.registry import LayerError
+    for lp in filter_layers(net, phase, source=source):
+        if lp.type in ("Data", "ImageData"):
+            try:
+                attrs = get_spec(lp.type).parse(lp)
+            except LayerError as e:
+                raise LayerError(f"{source}: layer '{lp.name}' ({lp.type}): {e}") from None
+            attrs["base_dir"] = base_dir
+            return LayerInfo(lp.type, lp.name, list(lp.top), attrs), lp
+    return None, None
 
 
 def parse_resize(value):
     """'256x256', '256,256' or '256' -> (height, width)."""
     if value is None or isinstance(value, tuple):
         return value
-    if isinstance(value, (list,)):
+    if isinstance(value, list):
         return tuple(int(v) for v in value)
     text = str(value).lower().replace(",", "x")
     try:
@@ -74,55 +106,52 @@ def parse_resize(value):
     return tuple(parts)
 
 
-def plan_data(model, data=None, batch_size=None, transform=None, resize=None, channel_order=None, kind=None):
-    """Work out source, batch size, transform and blobs from the net and the overrides."""
+def plan_data(layer, inputs, base_dir, data=None, batch_size=None, transform=None, resize=None,
+              channel_order=None, kind=None, prototxt=None):
+    """Source, batch size, transform and blobs from the net's data layer (a LayerInfo, or None
+    for a deploy net with `inputs` {blob: shape}) and the overrides."""
+    from .layers.data import resolve_source
     transform = {k: v for k, v in (transform or {}).items() if v is not None}
     unknown = set(transform) - set(TRANSFORM_KEYS)
     if unknown:
         raise DataError(f"unknown transform option(s) {sorted(unknown)}; expected {list(TRANSFORM_KEYS)}")
-    node = data_layer(model)
-    base_dir = model._base_dir() if hasattr(model, "_base_dir") else os.getcwd()
     notes = []
-    inputs = list(model.inputs)
-    if node is not None:
-        attrs = node.attrs
+    image = {}
+    if layer is not None:
+        attrs = layer.attrs
         t = dict(attrs["transform"])
         if t.get("mean_file"):
-            from .layers.data import resolve_source
             t["mean_file"] = resolve_source(t["mean_file"], base_dir)
-        data_blob = node.tops[0]
-        label_blob = node.tops[1] if len(node.tops) > 1 else None
+        data_blob = layer.tops[0]
+        label_blob = layer.tops[1] if len(layer.tops) > 1 else None
         if data is None:
-            from .layers.data import resolve_source
             source = resolve_source(attrs["source"], base_dir)
             if not os.path.exists(source):
-                raise DataError(f"layer '{node.name}' ({node.type}): source '{attrs['source']}' not found "
+                raise DataError(f"layer '{layer.name}' ({layer.type}): source '{attrs['source']}' not found "
                                 f"(looked in {base_dir} and {os.getcwd()}); pass --data")
             roots = [base_dir, os.getcwd()]
         else:
             source = os.fspath(data)
             roots = [os.getcwd(), base_dir]
         layer_bs = attrs.get("batch_size") or None
-        image = {}
-        if node.type == "ImageData":
+        if layer.type == "ImageData":
             image = {"root_folder": attrs.get("root_folder", ""), "new_height": attrs.get("new_height", 0),
                      "new_width": attrs.get("new_width", 0), "is_color": attrs.get("is_color", True)}
             if attrs.get("shuffle"):
-                notes.append(f"layer '{node.name}': shuffle ignored (the evaluation reads in list order)")
-        layer_name = node.name
+                notes.append(f"layer '{layer.name}': shuffle ignored (the evaluation reads in list order)")
+        layer_name = layer.name
     else:
         if data is None:
-            raise DataError(f"{model.prototxt or 'the model'}: a deploy net (no TEST-phase Data/ImageData "
+            raise DataError(f"{prototxt or 'the model'}: a deploy net (no TEST-phase Data/ImageData "
                             f"layer); pass the data to evaluate (--data)")
-        data_inputs = [b for b in inputs]
-        if len(data_inputs) != 1:
-            raise DataError(f"the net has {len(inputs)} inputs {inputs}; eval feeds one image blob "
+        names = list(inputs)
+        if len(names) != 1:
+            raise DataError(f"the net has {len(names)} inputs {names}; eval feeds one image blob "
                             f"(use a net with one input, or a train_val net with a Data layer)")
-        data_blob, label_blob, layer_bs, layer_name = data_inputs[0], None, None, None
+        data_blob, label_blob, layer_bs, layer_name = names[0], None, None, None
         source = os.fspath(data)
         roots = [os.getcwd(), base_dir]
         t = {}
-        image = {}
     # flags replace the layer's values; a mean of one kind replaces the other kind
     if "mean_file" in transform:
         t.pop("mean_value", None)
@@ -136,10 +165,14 @@ def plan_data(model, data=None, batch_size=None, transform=None, resize=None, ch
                                   mirror=t.get("mirror", False), force_color=t.get("force_color", False),
                                   force_gray=t.get("force_gray", False), phase="TEST")
     if not image:
-        shape = model.inputs.get(data_blob)
-        channels = shape[1] if shape is not None and len(shape) > 1 else 3
-        image = {"is_color": channels != 1 if not (t.get("force_gray") or t.get("force_color"))
-                 else bool(t.get("force_color"))}
+        if t.get("force_color") or t.get("force_gray"):
+            is_color = bool(t.get("force_color"))
+        elif layer is not None:
+            is_color = None      # a Data layer decodes images natively (DecodeDatumToCVMatNative)
+        else:
+            shape = inputs.get(data_blob)
+            is_color = not (shape is not None and len(shape) > 1 and shape[1] == 1)
+        image = {"is_color": is_color}
     kind = kind or detect_kind(source)
     bs = int(batch_size or layer_bs or 64)
     if bs < 1:
@@ -163,6 +196,21 @@ def build_dataset(plan, limit=None, defer_normalize=True, seed=0):
                                 limit=limit)
     return open_dataset(plan.source, plan.kind, pre, limit, is_color=img.get("is_color", True),
                         force_color=t.force_color, force_gray=t.force_gray, resize=plan.resize)
+
+
+def _as_input_layer(lp, tops, shapes):
+    """Turn a data layer into an Input layer with the given top shapes (its phase rules kept)."""
+    include = [type(r)() for r in lp.include]
+    for new, old in zip(include, lp.include):
+        new.CopyFrom(old)
+    name = lp.name
+    lp.Clear()
+    lp.name, lp.type = name, "Input"
+    lp.top.extend(tops)
+    for r in include:
+        lp.include.add().CopyFrom(r)
+    for shape in shapes:
+        lp.input_param.shape.add().dim.extend(int(d) for d in shape)
 
 
 # ---- the nets --------------------------------------------------------------------------------
@@ -379,7 +427,8 @@ def _batch_stats(acc, out, score, metric_names, labels, labeled, ref, n):
 
 def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=None, device="auto",
              workers=0, limit=None, strict=False, transform=None, resize=None, channel_order=None,
-             kind=None, output=None, keep=None, progress=False, distributed=None, phase="TEST"):
+             kind=None, output=None, keep=None, progress=False, distributed=None, phase="TEST",
+             ignore_unknown=False):
     """Evaluate a model (path or caffeq.Model) on a dataset -> a dict (see `--json` of `caffeq eval`).
 
     targets: "fp32" and/or quantization targets ("fp16", "int8", "binary"); fp32 always runs
@@ -392,29 +441,61 @@ def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=No
     strict: a corrupt or unreadable item raises DataError (otherwise it is counted and listed).
     distributed: None (automatic under torchrun), True or False.
     """
-    from .model import Model, load
     started = time.perf_counter()
     names = _targets(targets)
     if limit is not None and int(limit) < 0:
         raise DataError(f"--limit must be >= 0, got {limit}")
     if workers is None or int(workers) < 0:
         raise DataError(f"--workers must be >= 0, got {workers}")
-    if isinstance(model, Model):
-        base = model
-    else:
-        base = load(model, weights, phase=phase)
-    plan = plan_data(base, data, batch_size, transform, resize, channel_order, kind)
+    opts = {"batch_size": batch_size, "transform": transform, "resize": resize,
+            "channel_order": channel_order, "kind": kind}
+    base, plan, dataset = _prepare(model, data, weights, phase, ignore_unknown, limit, opts)
     dev = _device(device)
     dist_env = _Dist(distributed, dev)
     try:
-        return _evaluate(base, plan, names, dev, dist_env, workers=int(workers), limit=limit, strict=strict,
+        return _evaluate(base, plan, dataset, names, dev, dist_env, workers=int(workers), strict=strict,
                          output=output, keep=keep, progress=progress, started=started)
     finally:
         dist_env.close()
 
 
+def _prepare(model, data, weights, phase, ignore_unknown, limit, opts):
+    """-> (Model, DataPlan, dataset).
+
+    A train_val prototxt whose source is replaced (`data=`) is loaded with its data layer turned
+    into an Input layer shaped like the new data, so that the old source need not exist.
+    """
+    from .model import Model, load, read_net
+    if not isinstance(model, Model):
+        path = os.fspath(model)
+        if path.endswith(".caffeq") or data is None:
+            model = load(path, weights, phase=phase, ignore_unknown=ignore_unknown)
+        else:
+            warnings = []
+            net = read_net(path, ignore_unknown=ignore_unknown, warnings=warnings)
+            base_dir = os.path.dirname(os.path.abspath(path))
+            layer, lp = _net_data_layer(net, phase, path, base_dir)
+            if layer is None:
+                model = load(path, weights, phase=phase, net=net)
+            else:
+                plan = plan_data(layer, None, base_dir, data, prototxt=path, **opts)
+                dataset = build_dataset(plan, limit)
+                shape = _probe(dataset, None, plan)
+                dataset.close()
+                n = plan.batch_size
+                _as_input_layer(lp, layer.tops, [(n,) + tuple(shape)] + [(n,)] * (len(layer.tops) - 1))
+                model = load(path, weights, phase=phase, net=net)
+                model.warnings[:0] = warnings
+                return model, plan, dataset
+    plan = plan_data(data_layer(model), model.inputs, model._base_dir(), data, prototxt=model.prototxt, **opts)
+    dataset = build_dataset(plan, limit)
+    _probe(dataset, tuple(model.inputs[plan.data_blob][1:]), plan)
+    dataset.close()
+    return model, plan, dataset
+
+
 def _probe(dataset, expected, plan):
-    """Fail early, with a hint, when the images cannot fit the net."""
+    """The shape of the first readable item; fail early, with a hint, when it cannot fit the net."""
     first_err = None
     for i in range(min(len(dataset), PROBE_ITEMS)):
         _, img, _, err = dataset[i]
@@ -425,14 +506,16 @@ def _probe(dataset, expected, plan):
             raise DataError(f"{plan.source}: items are {'x'.join(map(str, img.shape))} after preprocessing "
                             f"but the net's input '{plan.data_blob}' takes {'x'.join(map(str, expected))}; "
                             f"set --resize HxW / --crop-size (or the channel count: force_color/force_gray)")
-        return None
-    if first_err is not None and len(dataset) > 0:
+        return tuple(img.shape)
+    if first_err is not None:
         raise DataError(f"none of the first {min(len(dataset), PROBE_ITEMS)} items can be read; "
                         f"the first: {first_err}")
-    return None
+    if expected is None:
+        raise DataError(f"{plan.source}: no items to evaluate")
+    return tuple(expected)
 
 
-def _evaluate(base, plan, names, dev, dist_env, workers, limit, strict, output, keep, progress, started):
+def _evaluate(base, plan, dataset, names, dev, dist_env, workers, strict, output, keep, progress, started):
     from .quant import compute_dtype, quantize
     if plan.label_blob is not None and plan.label_blob not in base.inputs:
         plan.label_blob = None            # a data layer whose label top nothing reads
@@ -442,10 +525,6 @@ def _evaluate(base, plan, names, dev, dist_env, workers, limit, strict, output, 
     blob_shape = base.blob_shapes.get(score)
     num_classes = int(blob_shape[1]) if blob_shape is not None and len(blob_shape) > 1 else None
     ignore = _ignore_labels(base, plan.label_blob)
-
-    dataset = build_dataset(plan, limit, defer_normalize=True)
-    _probe(dataset, expected, plan)
-    dataset.close()
     if plan.label_blob is not None and not dataset.has_labels:
         raise DataError(f"{plan.source}: has no labels but the net's '{plan.label_blob}' blob needs them")
 
@@ -495,19 +574,19 @@ def _evaluate(base, plan, names, dev, dist_env, workers, limit, strict, output, 
                     if not bool(inside.all()):
                         out_idx = index[~inside].tolist()
                         out_lab = labels[~inside].tolist()
-                        oor_count += len(out_idx)
-                        room = MAX_LISTED_ERRORS - len(oor)
-                        oor.extend(list(zip(out_idx, out_lab))[:max(room, 0)])
                         if strict:
                             raise DataError(f"item {out_idx[0]}: label {out_lab[0]} is outside the net's "
                                             f"{num_classes} classes (--strict)")
+                        oor_count += len(out_idx)
+                        room = MAX_LISTED_ERRORS - len(oor)
+                        oor.extend(list(zip(out_idx, out_lab))[:max(room, 0)])
                         x, labels, index = x[inside], labels[inside], index[inside]
                 n = int(x.shape[0])
                 if n:
                     _run_batch(x, labels, n, dev, on_device, normalizer, plan, modules, accs, names, score,
                                metric_names, dataset.has_labels, ignore, events)
                 if bar is not None:
-                    bar.update(n + len(batch["bad"]))
+                    bar.update(int(batch["index"].shape[0]) + len(batch["bad"]))
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
             _collect_events(events, accs)
@@ -515,8 +594,10 @@ def _evaluate(base, plan, names, dev, dist_env, workers, limit, strict, output, 
         if bar is not None:
             bar.close()
     wall = time.perf_counter() - loop_start
-    return _report(base, plan, names, models, accs, metric_names, score, num_classes, dist_env, dev,
-                   dataset, bad, bad_count, oor, oor_count, wall, started, workers, notes)
+    result = _report(base, plan, names, models, accs, metric_names, score, num_classes, dist_env, dev,
+                     dataset, bad, bad_count, oor, oor_count, wall, started, workers, notes)
+    result["warnings"] = list(base.warnings)
+    return result
 
 
 def _isin(labels, values):
@@ -713,5 +794,12 @@ def _size(b):
         b /= 1024
 
 
-__all__ = ["evaluate", "plan_data", "build_dataset", "format_table", "model_size_bytes", "DataPlan",
-           "parse_resize"]
+__all__ = [
+    "DataPlan",
+    "build_dataset",
+    "evaluate",
+    "format_table",
+    "model_size_bytes",
+    "parse_resize",
+    "plan_data",
+]

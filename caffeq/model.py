@@ -115,20 +115,23 @@ def read_net(prototxt, ignore_unknown=False, warnings=None):
 
 
 def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, ignore_unknown=False,
-         random_weights=False, seed=0):
+         random_weights=False, seed=0, net=None):
     """Load a Caffe model: prototxt (+ caffemodel) -> Model.
 
     phase: "TEST" (default, deploy and evaluation) or "TRAIN".
     batch: override the batch dimension of every input.
     random_weights: fill weights the caffemodel does not supply (or all, without one).
     A `.caffeq` file is accepted in place of the prototxt.
+    net: an already read (and upgraded) NetParameter to use instead of reading `prototxt`, which
+    still names the source and the folder relative paths start from.
     """
     path = os.fspath(prototxt)
     if path.endswith(".caffeq"):
         from .io.container import load_caffeq
         return load_caffeq(path, phase=phase, batch=batch)
     warnings = []
-    net = read_net(path, ignore_unknown=ignore_unknown, warnings=warnings)
+    if net is None:
+        net = read_net(path, ignore_unknown=ignore_unknown, warnings=warnings)
     blobs = None
     weights_path = None
     if weights is not None:

@@ -3,8 +3,6 @@
 Every numeric check compares against an independent numpy formula written
 from Caffe's layer sources (float64), never against caffeq itself.
 """
-import math
-import os
 
 import numpy as np
 import pytest
@@ -403,10 +401,10 @@ def test_recurrent_streams_are_independent():
 # ---- bad parameters ------------------------------------------------------------------------
 
 BAD = [
-    ({"a": X4, "b": X4}, 'layer { name: "bad" type: "Eltwise" bottom: "a" bottom: "b" top: "e" '
-                         'eltwise_param { coeff: 1 coeff: 2 coeff: 3 } }', "coeff"),
-    ({"a": X4, "b": X4}, 'layer { name: "bad" type: "Eltwise" bottom: "a" bottom: "b" top: "e" '
-                         'eltwise_param { operation: PROD coeff: 1 coeff: 2 } }', "coeff"),
+    ({"a": X4, "b": X4}, ('layer { name: "bad" type: "Eltwise" bottom: "a" bottom: "b" top: "e" '
+                          'eltwise_param { coeff: 1 coeff: 2 coeff: 3 } }'), "coeff"),
+    ({"a": X4, "b": X4}, ('layer { name: "bad" type: "Eltwise" bottom: "a" bottom: "b" top: "e" '
+                          'eltwise_param { operation: PROD coeff: 1 coeff: 2 } }'), "coeff"),
     ({"a": X4, "b": (2, 3, 5, 6)}, 'layer { name: "bad" type: "Eltwise" bottom: "a" bottom: "b" top: "e" }',
      "equal shapes"),
     ({"a": X4}, 'layer { name: "bad" type: "Eltwise" bottom: "a" top: "e" }', "bottom"),
@@ -438,21 +436,21 @@ BAD = [
      'layer { name: "bad" type: "LSTM" bottom: "x" bottom: "c" top: "h" recurrent_param { num_output: 3 } }',
      "cont"),
     ({"x": (T, N, 2), "c": (T, N), "h0": (1, N, 3)},
-     'layer { name: "bad" type: "LSTM" bottom: "x" bottom: "c" bottom: "h0" top: "h" top: "hT" '
-     'recurrent_param { num_output: 3 expose_hidden: true } }', "bottom"),
+     ('layer { name: "bad" type: "LSTM" bottom: "x" bottom: "c" bottom: "h0" top: "h" top: "hT" '
+      'recurrent_param { num_output: 3 expose_hidden: true } }'), "bottom"),
     ({"x": (T, N, 2), "c": (T, N), "h0": (1, N, 4)},
-     'layer { name: "bad" type: "RNN" bottom: "x" bottom: "c" bottom: "h0" top: "h" top: "hT" '
-     'recurrent_param { num_output: 3 expose_hidden: true } }', "initial h"),
+     ('layer { name: "bad" type: "RNN" bottom: "x" bottom: "c" bottom: "h0" top: "h" top: "hT" '
+      'recurrent_param { num_output: 3 expose_hidden: true } }'), "initial h"),
     ({"x": (T, N, 2), "c": (T, N), "s": (N + 1, 2)},
-     'layer { name: "bad" type: "RNN" bottom: "x" bottom: "c" bottom: "s" top: "h" '
-     'recurrent_param { num_output: 3 } }', "x_static"),
+     ('layer { name: "bad" type: "RNN" bottom: "x" bottom: "c" bottom: "s" top: "h" '
+      'recurrent_param { num_output: 3 } }'), "x_static"),
     ({"x": (T,), "c": (T, N)},
      'layer { name: "bad" type: "RNN" bottom: "x" bottom: "c" top: "h" recurrent_param { num_output: 3 } }',
      "2 axes"),
-    ({"a": (2, 3, 2, 1), "x": X4, "y": X4}, 'layer { name: "bad" type: "Axpy" bottom: "a" bottom: "x" '
-                                            'bottom: "y" top: "f" }', "N x C x 1 x 1"),
-    ({"a": (2, 3), "x": X4, "y": (2, 3, 5, 6)}, 'layer { name: "bad" type: "Axpy" bottom: "a" bottom: "x" '
-                                                'bottom: "y" top: "f" }', "equal shapes"),
+    ({"a": (2, 3, 2, 1), "x": X4, "y": X4}, ('layer { name: "bad" type: "Axpy" bottom: "a" bottom: "x" '
+                                             'bottom: "y" top: "f" }'), "N x C x 1 x 1"),
+    ({"a": (2, 3), "x": X4, "y": (2, 3, 5, 6)}, ('layer { name: "bad" type: "Axpy" bottom: "a" bottom: "x" '
+                                                 'bottom: "y" top: "f" }'), "equal shapes"),
 ]
 
 
@@ -612,7 +610,7 @@ def test_onnx_prelu_eltwise_scale_bias_axpy(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["LSTM", "RNN"])
-@pytest.mark.parametrize("static,expose", [(False, False), (True, True)])
+@pytest.mark.parametrize("static,expose", [(False, False), (True, False), (True, True)])
 def test_onnx_recurrent_is_dynamic_in_t(kind, static, expose, tmp_path):
     """T is dim 0, the file's dynamic "N"; the backend keeps the other dims static."""
     _onnx_or_skip()
@@ -632,3 +630,48 @@ def test_onnx_recurrent_is_dynamic_in_t(kind, static, expose, tmp_path):
             close(got["hT"], ref[1])
             if kind == "LSTM":
                 close(got["cT"], ref[2])
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "RNN"])
+@pytest.mark.parametrize("static", [False, True])
+def test_int8_quantizes_only_recurrent_weight_matrices(kind, static, tmp_path):
+    from caffeq.quant import quantize
+    model, feeds, _ = _recurrent(kind, static, False, np.random.default_rng(22))
+    q = quantize(model, "int8", keep="none")
+    node = q.graph.node("r")
+    shapes = node.expected_param_shapes
+    assert set(node.quant) <= {i for i, s in enumerate(shapes) if len(s) == 2}
+    assert {0, 2} <= set(node.quant)
+    for i, s in enumerate(shapes):
+        if len(s) == 1:
+            np.testing.assert_array_equal(node.blobs[i], model.graph.node("r").blobs[i])
+    b = [np.asarray(x, np.float64) for x in node.blobs]
+    if kind == "LSTM":
+        ref = np_lstm(feeds["x"], feeds["cont"], b[0], b[1], b[-1], feeds.get("xs"), b[2] if static else None)
+    else:
+        ref = np_rnn(feeds["x"], feeds["cont"], *b[:2], *b[-3:], feeds.get("xs"), b[2] if static else None)
+    close(q.run(feeds)["y"], ref[0])
+    try:
+        import onnxruntime  # noqa: F401
+
+        import caffeq.backends.onnx_backend  # noqa: F401
+    except ImportError:
+        return
+    close(_ort_run(q, feeds, tmp_path)["y"], ref[0])
+
+
+def test_scale_bias_prelu_parameters_are_not_quantized():
+    from caffeq.quant import quantize
+    model = load({"x": X4}, 'layer { name: "c" type: "Convolution" bottom: "x" top: "c" '
+                            'convolution_param { num_output: 4 kernel_size: 1 } }\n'
+                            'layer { name: "p" type: "PReLU" bottom: "c" top: "p" }\n'
+                            'layer { name: "s" type: "Scale" bottom: "p" top: "s" scale_param { bias_term: true } }\n'
+                            'layer { name: "b" type: "Bias" bottom: "s" top: "b" }\n'
+                            'layer { name: "c2" type: "Convolution" bottom: "b" top: "c2" '
+                            'convolution_param { num_output: 4 kernel_size: 1 } }\n')
+    q = quantize(model, "int8", keep="none")
+    for name in ("p", "s", "b"):
+        assert not getattr(q.graph.node(name), "quant", None), name
+        for a, b in zip(q.graph.node(name).blobs, model.graph.node(name).blobs):
+            np.testing.assert_array_equal(a, b)
+    assert q.graph.node("c").quant

@@ -10,10 +10,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import FIXTURES, Case, assert_close
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
-from conftest import FIXTURES, Case, assert_close
 
 
 def net(*layers, inputs):
@@ -150,16 +150,16 @@ def priorbox_ref(fh, fw, ih, iw, min_sizes, max_sizes=(), ratios=(), flip=True, 
 
 PRIORBOX_VARIANTS = [
     # (prior_box_param text, reference kwargs)
-    ("min_size: 10 max_size: 20 aspect_ratio: 2 aspect_ratio: 3 flip: true clip: false "
-     "variance: 0.1 variance: 0.1 variance: 0.2 variance: 0.2 step: 4",
-     dict(min_sizes=[10], max_sizes=[20], ratios=[2, 3], variance=(0.1, 0.1, 0.2, 0.2), step=4)),
+    (("min_size: 10 max_size: 20 aspect_ratio: 2 aspect_ratio: 3 flip: true clip: false "
+     "variance: 0.1 variance: 0.1 variance: 0.2 variance: 0.2 step: 4"),
+     {"min_sizes": [10], "max_sizes": [20], "ratios": [2, 3], "variance": (0.1, 0.1, 0.2, 0.2), "step": 4}),
     ("min_size: 10 aspect_ratio: 2 flip: false clip: true",
-     dict(min_sizes=[10], ratios=[2], flip=False, clip=True)),
+     {"min_sizes": [10], "ratios": [2], "flip": False, "clip": True}),
     ("min_size: 8 min_size: 16 aspect_ratio: 2 aspect_ratio: 2 aspect_ratio: 0.5 variance: 0.2",
-     dict(min_sizes=[8, 16], ratios=[2, 2, 0.5], variance=(0.2,))),
+     {"min_sizes": [8, 16], "ratios": [2, 2, 0.5], "variance": (0.2,)}),
     ("min_size: 6.7 max_size: 12.9 aspect_ratio: 3 offset: 0.25 img_h: 40 img_w: 30 step_h: 5 step_w: 3",
-     dict(min_sizes=[6.7], max_sizes=[12.9], ratios=[3], offset=0.25, img=(40, 30))),
-    ("min_size: 30", dict(min_sizes=[30])),   # SSD's clip default: false (boxes leave [0, 1])
+     {"min_sizes": [6.7], "max_sizes": [12.9], "ratios": [3], "offset": 0.25, "img": (40, 30)}),
+    ("min_size: 30", {"min_sizes": [30]}),   # SSD's clip default: false (boxes leave [0, 1])
 ]
 
 
@@ -312,7 +312,7 @@ def test_detection_output_on_caffes_own_inputs_of_the_ssd_case():
     assert model.blob_shapes["det"] == (1, 1, 40, 7)   # keep_top_k * N: the most rows it can write
     atol, rtol = case.tolerance
     assert_close(got["det"], ref["detection_out"], atol, rtol, "detection_out")
-    kw = dict(num_classes=3, nms=0.45, top_k=100, keep_top_k=20, conf_threshold=0.01, code="CENTER_SIZE")
+    kw = {"num_classes": 3, "nms": 0.45, "top_k": 100, "keep_top_k": 20, "conf_threshold": 0.01, "code": "CENTER_SIZE"}
     assert_close(detection_ref(feeds["loc"], feeds["conf"], feeds["prior"], **kw), ref["detection_out"],
                  atol, rtol, "numpy re-derivation vs the reference")
 
@@ -329,19 +329,23 @@ def test_detection_output_without_detections_gives_one_row_per_image():
 
 
 DETECTION_VARIANTS = [
-    ("num_classes: 4 nms_param { nms_threshold: 0.3 top_k: 8 } keep_top_k: 10 code_type: CENTER_SIZE "
-     "confidence_threshold: 0.05", dict(nms=0.3, top_k=8, keep_top_k=10, conf_threshold=0.05, code="CENTER_SIZE")),
-    ("num_classes: 4 share_location: false background_label_id: 1 nms_param { nms_threshold: 0.5 } "
-     "code_type: CENTER_SIZE confidence_threshold: 0.1",
-     dict(share_location=False, background=1, nms=0.5, conf_threshold=0.1, code="CENTER_SIZE")),
+    (("num_classes: 4 nms_param { nms_threshold: 0.3 top_k: 8 } keep_top_k: 10 code_type: CENTER_SIZE "
+     "confidence_threshold: 0.05"),
+     {"nms": 0.3, "top_k": 8, "keep_top_k": 10, "conf_threshold": 0.05, "code": "CENTER_SIZE"}),
+    (("num_classes: 4 share_location: false background_label_id: 1 nms_param { nms_threshold: 0.5 } "
+     "code_type: CENTER_SIZE confidence_threshold: 0.1"),
+     {"share_location": False, "background": 1, "nms": 0.5, "conf_threshold": 0.1, "code": "CENTER_SIZE"}),
     ("num_classes: 4 nms_param { nms_threshold: 0.2 top_k: 20 } keep_top_k: 7 confidence_threshold: 0.02",
-     dict(nms=0.2, top_k=20, keep_top_k=7, conf_threshold=0.02, code="CORNER")),
-    ("num_classes: 4 nms_param { nms_threshold: 0.4 } code_type: CORNER_SIZE variance_encoded_in_target: true "
-     "background_label_id: -1 confidence_threshold: 0.2",
-     dict(nms=0.4, code="CORNER_SIZE", var_in_target=True, background=-1, conf_threshold=0.2)),
+     {"nms": 0.2, "top_k": 20, "keep_top_k": 7, "conf_threshold": 0.02, "code": "CORNER"}),
+    (("num_classes: 4 nms_param { nms_threshold: 0.4 } code_type: CORNER_SIZE variance_encoded_in_target: true "
+     "background_label_id: -1 confidence_threshold: 0.2"),
+     {"nms": 0.4, "code": "CORNER_SIZE", "var_in_target": True, "background": -1, "conf_threshold": 0.2}),
     ("num_classes: 4 nms_param { nms_threshold: 0.9 eta: 0.7 } code_type: CENTER_SIZE confidence_threshold: 0.05",
-     dict(nms=0.9, eta=0.7, code="CENTER_SIZE", conf_threshold=0.05)),
-    ("num_classes: 4 code_type: CENTER_SIZE", dict(nms=0.3, code="CENTER_SIZE")),   # every default
+     {"nms": 0.9, "eta": 0.7, "code": "CENTER_SIZE", "conf_threshold": 0.05}),
+    ("num_classes: 4 code_type: CENTER_SIZE", {"nms": 0.3, "code": "CENTER_SIZE"}),   # every default
+    # top_k cuts candidates before NMS: 29 rows, where 30 candidates pass top_k and 113 rows come without it
+    ("num_classes: 4 nms_param { nms_threshold: 0.45 top_k: 5 } code_type: CENTER_SIZE confidence_threshold: 0.01",
+     {"nms": 0.45, "top_k": 5, "code": "CENTER_SIZE", "conf_threshold": 0.01}),
 ]
 
 
@@ -379,7 +383,7 @@ def test_detection_output_checks_bottom_sizes():
 
 def interp_ref(x, ho, wo, nearest=False):
     """Align-corners resize, re-derived in float64."""
-    n, c, h, w = x.shape
+    _n, _c, h, w = x.shape
     ys = np.arange(ho) * ((h - 1) / (ho - 1) if ho > 1 else 0.0)
     xs = np.arange(wo) * ((w - 1) / (wo - 1) if wo > 1 else 0.0)
     if nearest:
@@ -473,7 +477,7 @@ def test_upsample_unpools_with_the_mask():
     mask = ((2 * np.arange(h)[:, None] + dy) * 8 + 2 * np.arange(w)[None, :] + dx).astype(np.float32)
     text = net('layer { name: "u" type: "Upsample" bottom: "x" bottom: "m" top: "u" upsample_param { scale: 2 } }',
                inputs={"x": x.shape, "m": x.shape})
-    model, got = run(text, {"x": x, "m": mask})
+    _model, got = run(text, {"x": x, "m": mask})
     ref = np.zeros((n, c, 6 * 8), np.float32)
     for i in range(n):
         for k in range(c):
@@ -496,7 +500,8 @@ def test_upsample_one_bottom_is_nearest():
 def test_upsample_bad_params_and_mask():
     with pytest.raises(LayerError, match="scale_h == 2"):
         load_from_text(net('layer { name: "u" type: "Upsample" bottom: "x" bottom: "m" top: "u" '
-                           'upsample_param { scale: 3 pad_out_h: true } }', inputs={"x": (1, 1, 2, 2), "m": (1, 1, 2, 2)}))
+                           'upsample_param { scale: 3 pad_out_h: true } }',
+                           inputs={"x": (1, 1, 2, 2), "m": (1, 1, 2, 2)}))
     with pytest.raises(LayerError, match="shaped like"):
         load_from_text(net('layer { name: "u" type: "Upsample" bottom: "x" bottom: "m" top: "u" }',
                            inputs={"x": (1, 1, 2, 2), "m": (1, 1, 2, 3)}))
@@ -522,7 +527,7 @@ def test_roi_pooling_hand_computed():
         [0, 1.5, 0.5, 2.49, 0.49],   # C round: 1.5 -> 2, 0.5 -> 1, 2.49 -> 2, 0.49 -> 0 (height max(0-1+1, 1)=1)
     ], np.float32)
     _, got = run(roi_net("pooled_h: 2 pooled_w: 2 spatial_scale: 1", rois.shape), {"x": x, "rois": rois})
-    v = lambda b, h, w: 24 * b + 6 * h + w          # noqa: E731
+    v = lambda b, h, w: 24 * b + 6 * h + w
     expect = np.array([
         [[v(0, 1, 1), v(0, 1, 3)], [v(0, 3, 1), v(0, 3, 3)]],
         # roi x 1..3, y 0..1: w bins [1,3) and [2,4); h bins [0,1) and [1,2)
@@ -586,13 +591,37 @@ def test_differentiable_layers_pass_gradients():
     assert xt.grad is not None and torch.isfinite(xt.grad).all() and xt.grad.abs().sum() > 0
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fork_layers_on_cuda_match_cpu():
+    g = rng(12)
+    n, P, C = 2, 30, 4
+    det = random_detection_inputs(5, n, P, C, 1)
+    feeds = {"x": g.standard_normal((2, 4, 6, 8)).astype(np.float32),
+             "rois": np.array([[0, 1, 1, 13, 9], [1, 3, 1, 7, 11]], np.float32), **det}
+    text = net(*(layer.replace('name: "o"', f'name: "o{i}"').replace('top: "o"', f'top: "o{i}"')
+                 for i, (_, layer, _) in enumerate(ONNX_NETS)),
+               'layer { name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "prior" '
+               'top: "det" detection_output_param { num_classes: 4 nms_param { nms_threshold: 0.45 top_k: 10 } '
+               'keep_top_k: 12 code_type: CENTER_SIZE confidence_threshold: 0.01 } }',
+               'layer { name: "ps" type: "PSROIPooling" bottom: "x" bottom: "rois" top: "ps" '
+               'psroi_pooling_param { spatial_scale: 0.5 output_dim: 1 group_size: 2 } }',
+               inputs={"x": (2, 4, 6, 8), "rois": (2, 5), "loc": (n, P * 4), "conf": (n, P * C),
+                       "prior": (1, 2, P * 4)})
+    model = load_from_text(text, random_weights=True)
+    cpu = model.run(feeds, all_blobs=True)
+    gpu = model.run(feeds, all_blobs=True, device="cuda")
+    for k, v in cpu.items():
+        assert_close(gpu[k], v, 1e-5, 1e-5, f"cuda {k}")
+
+
 # ---- ONNX ------------------------------------------------------------------------------------
 
-def onnx_run(model, feeds, tmp_path):
+def onnx_run(model, feeds, tmp_path, opset=None):
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("caffeq.backends.onnx_backend")
     path = tmp_path / "m.onnx"
-    model.export_onnx(str(path), optimize=False)
+    model.export_onnx(str(path), optimize=False, opset=opset)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(None, {k: feeds[k] for k in model.inputs})))
@@ -600,26 +629,27 @@ def onnx_run(model, feeds, tmp_path):
 
 ONNX_NETS = [
     ("permute", 'layer { name: "o" type: "Permute" bottom: "x" top: "o" permute_param { order: 0 order: 3 } }', {}),
-    ("normalize", 'layer { name: "o" type: "Normalize" bottom: "x" top: "o" norm_param { across_spatial: false '
-                  'channel_shared: false } }', {}),
+    ("normalize", ('layer { name: "o" type: "Normalize" bottom: "x" top: "o" norm_param { across_spatial: false '
+                  'channel_shared: false } }'), {}),
     ("normalize_shared", 'layer { name: "o" type: "Normalize" bottom: "x" top: "o" }', {}),
-    ("interp_crop", 'layer { name: "o" type: "Interp" bottom: "x" top: "o" interp_param { zoom_factor: 3 '
-                    'pad_beg: -1 pad_end: -2 } }', {}),
+    ("interp_crop", ('layer { name: "o" type: "Interp" bottom: "x" top: "o" interp_param { zoom_factor: 3 '
+                    'pad_beg: -1 pad_end: -2 } }'), {}),
     ("interp_hw1", 'layer { name: "o" type: "Interp" bottom: "x" top: "o" interp_param { height: 1 width: 9 } }', {}),
-    ("interp_nn", 'layer { name: "o" type: "Interp" bottom: "x" top: "o" interp_param { height: 11 width: 4 '
-                  'interp_type: "nearest_neighbor" } }', {}),
+    ("interp_nn", ('layer { name: "o" type: "Interp" bottom: "x" top: "o" interp_param { height: 11 width: 4 '
+                  'interp_type: "nearest_neighbor" } }'), {}),
     ("shuffle", 'layer { name: "o" type: "ShuffleChannel" bottom: "x" top: "o" shuffle_channel_param { group: 2 } }',
      {}),
     ("upsample_nn", 'layer { name: "o" type: "Upsample" bottom: "x" top: "o" upsample_param { scale: 2 } }', {}),
-    ("priorbox", 'layer { name: "o" type: "PriorBox" bottom: "x" bottom: "x" top: "o" prior_box_param { '
-                 'min_size: 2 max_size: 4 aspect_ratio: 2 clip: true } }', {}),
-    ("roipool", 'layer { name: "o" type: "ROIPooling" bottom: "x" bottom: "rois" top: "o" roi_pooling_param { '
-                'pooled_h: 3 pooled_w: 2 spatial_scale: 0.5 } }', {"rois": (4, 5)}),
+    ("priorbox", ('layer { name: "o" type: "PriorBox" bottom: "x" bottom: "x" top: "o" prior_box_param { '
+                 'min_size: 2 max_size: 4 aspect_ratio: 2 clip: true } }'), {}),
+    ("roipool", ('layer { name: "o" type: "ROIPooling" bottom: "x" bottom: "rois" top: "o" roi_pooling_param { '
+                'pooled_h: 3 pooled_w: 2 spatial_scale: 0.5 } }'), {"rois": (4, 5)}),
 ]
 
 
+@pytest.mark.parametrize("opset", [13, None])
 @pytest.mark.parametrize("name, layer, extra", ONNX_NETS, ids=[n[0] for n in ONNX_NETS])
-def test_onnx_matches_torch_at_another_batch(name, layer, extra, tmp_path):
+def test_onnx_matches_torch_at_another_batch(name, layer, extra, opset, tmp_path):
     shape = (2, 4, 6, 8)
     model = load_from_text(net(layer, inputs={"x": shape, **extra}), random_weights=True)
     node = next(n for n in model.layers if n.name == "o")
@@ -632,7 +662,7 @@ def test_onnx_matches_torch_at_another_batch(name, layer, extra, tmp_path):
         feeds["rois"] = np.array([[0, 1, 1, 13, 9], [2, 3, 1, 7, 11], [1, 0, 0, 20, 20], [2, 5, 4, 5, 4]],
                                  np.float32)
     ours = model.run(feeds)["o"]
-    theirs = onnx_run(model, feeds, tmp_path)["o"]
+    theirs = onnx_run(model, feeds, tmp_path, opset)["o"]
     assert theirs.shape == ours.shape
     assert_close(theirs, ours, 1e-5, 1e-5, f"onnx {name}")
 
@@ -667,9 +697,10 @@ def test_onnx_detection_output(params, kw, tmp_path):
     assert_close(theirs, ours, 1e-5, 1e-5, "onnx detections")
 
 
-def test_onnx_ssd_case(tmp_path):
+@pytest.mark.parametrize("opset", [13, None])
+def test_onnx_ssd_case(opset, tmp_path):
     case = Case(FIXTURES / "fork_ssd_mini")
-    got = onnx_run(case.load(), case.inputs, tmp_path)
+    got = onnx_run(case.load(), case.inputs, tmp_path, opset)
     atol, rtol = case.tolerance
     assert_close(got["detection_out"], case.outputs["detection_out"], atol, rtol, "onnx fork_ssd_mini")
 

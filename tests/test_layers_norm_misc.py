@@ -355,15 +355,15 @@ def accuracy_ref(scores, labels, top_k, ignore=None, axis=1):
     c = scores.shape[axis]
     hits, total = 0, 0
     per_hit, per_total = np.zeros(c), np.zeros(c)
-    for row, l in zip(s, lab):
-        if ignore is not None and l == ignore:
+    for row, label in zip(s, lab):
+        if ignore is not None and label == ignore:
             continue
-        better = int((row >= row[l]).sum()) - 1  # ties count as better, as in accuracy_layer.cpp
+        better = int((row >= row[label]).sum()) - 1  # ties count as better, as in accuracy_layer.cpp
         total += 1
-        per_total[l] += 1
+        per_total[label] += 1
         if better < top_k:
             hits += 1
-            per_hit[l] += 1
+            per_hit[label] += 1
     acc = hits / total if total else 0.0
     per = np.where(per_total > 0, per_hit / np.maximum(per_total, 1), 0)
     return acc, per
@@ -472,7 +472,8 @@ def test_sigmoid_cross_entropy_loss():
     valid = td != -1
     for extra, norm in [("", 4), ("loss_param { ignore_label: -1 normalization: VALID }", valid.sum())]:
         model = build([("x", x.shape), ("t", t.shape)],
-                      [f'layer {{ name: "l" type: "SigmoidCrossEntropyLoss" bottom: "x" bottom: "t" top: "l" {extra} }}'])
+                      [f'layer {{ name: "l" type: "SigmoidCrossEntropyLoss" bottom: "x" bottom: "t" top: "l" '
+                       f'{extra} }}'])
         total = per[valid].sum() if extra else per.sum()
         close(model.run({"x": x, "t": t})["l"], total / norm, rtol=1e-5)
 
@@ -510,8 +511,8 @@ def test_infogain_loss_with_h_bottom():
     loss = 0.0
     for i in range(3):
         for j in range(2):
-            l = int(lab[i, j])
-            loss -= (h[l] * np.log(np.maximum(prob[i, :, j], 1e-20))).sum()
+            label = int(lab[i, j])
+            loss -= (h[label] * np.log(np.maximum(prob[i, :, j], 1e-20))).sum()
     close(model.run({"x": x, "y": lab, "h": h.reshape(1, 1, 4, 4)})["l"], loss / 6, rtol=1e-5)
 
 
@@ -624,7 +625,8 @@ def test_gradients_match_finite_differences(inputs, layer):
 
 def test_gradients_reach_embed_weights_and_softmax_loss_scores():
     model = build([("ids", (3,)), ("l", (3,))],
-                  ['layer { name: "emb" type: "Embed" bottom: "ids" top: "e" embed_param { num_output: 4 input_dim: 5 } }',
+                  ['layer { name: "emb" type: "Embed" bottom: "ids" top: "e" '
+                   'embed_param { num_output: 4 input_dim: 5 } }',
                    'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "e" bottom: "l" top: "loss" }'])
     gm = model.to_torch()
     loss = gm(torch.tensor([1.0, 1.0, 4.0]), torch.tensor([0.0, 3.0, 2.0]))

@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,7 +45,7 @@ def _without_phase(net):
 def test_legacy_prototxt_upgrades_to_the_net_caffe_saved(case):
     # legacy_input_dim_header's caffemodel is Caffe's own Net::ToProto of the upgraded
     # net (only `phase: TEST` added per layer): our upgrade must produce the same layers.
-    net, notes = upgraded(open(case.prototxt).read(), case.prototxt)
+    net, notes = upgraded(Path(case.prototxt).read_text(), case.prototxt)
     caffe_saved = read_caffemodel(HEADER_CASE.weights).net
     assert len(net.layers) == 0 and len(net.input) == 0 and len(net.input_dim) == 0
     assert _without_phase(caffe_saved) == net
@@ -397,7 +398,7 @@ def test_batchnorm_three_param_specs_pinned_to_zero():
 
 
 def test_current_net_is_left_alone():
-    text = open(FIXTURES / "net_lenet" / "model.prototxt").read()
+    text = (FIXTURES / "net_lenet" / "model.prototxt").read_text()
     net, notes = upgraded(text)
     assert not net_needs_upgrade(parse(text))
     assert net == parse(text) and notes == []
@@ -424,7 +425,21 @@ def test_layer_and_layers_together_is_an_error(tmp_path):
 
 def cli(*args):
     return subprocess.run([sys.executable, "cli.py", "upgrade", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+                          check=False, capture_output=True, text=True, timeout=300)
+
+
+class _Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def cli_here(capsys, *args):
+    """The same command in this process (each subprocess pays torch's import time)."""
+    from caffeq.__main__ import main
+    capsys.readouterr()
+    rc = main(["upgrade", *map(str, args)])
+    out = capsys.readouterr()
+    return _Result(rc, out.out, out.err)
 
 
 def assert_one_error_line(res, *fragments):
@@ -457,18 +472,18 @@ def test_cli_upgrades_v1_case_with_weights(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".caffeq-")]
 
 
-def test_cli_upgrades_v0_pair(tmp_path):
+def test_cli_upgrades_v0_pair(tmp_path, capsys):
     rng = np.random.default_rng(5)
     weights = _v0_weights(rng)
     (tmp_path / "old.prototxt").write_text(V0_TEXT)
     write_v0_caffemodel(tmp_path / "old.caffemodel", weights)
-    res = cli(tmp_path / "old.prototxt", "-w", tmp_path / "old.caffemodel", "-o",
+    res = cli_here(capsys, tmp_path / "old.prototxt", "-w", tmp_path / "old.caffemodel", "-o",
               tmp_path / "new.prototxt", "--weights-out", tmp_path / "new.caffemodel")
     assert res.returncode == 0, res.stderr
     assert parse((tmp_path / "new.prototxt").read_text()) == parse(V0_EXPECTED)
     cm = read_caffemodel(tmp_path / "new.caffemodel")
     assert [lp.name for lp in cm.net.layer] == ["conv1", "relu1", "norm1", "pool1", "fc1", "drop1", "prob"]
-    assert set(k for k, v in cm.blobs.items() if v) == {"conv1", "fc1"}
+    assert {k for k, v in cm.blobs.items() if v} == {"conv1", "fc1"}
     # blobs keep their legacy num/channels/height/width form, as upgrade_net_proto_binary copies them
     assert all(b.legacy_shape for b in cm.blobs["fc1"])
     np.testing.assert_array_equal(cm.blobs["fc1"][0].array.reshape(6, 48), weights["fc1"][0])
@@ -476,26 +491,26 @@ def test_cli_upgrades_v0_pair(tmp_path):
     np.testing.assert_array_equal(model.params["conv1"][0], weights["conv1"][0])
 
 
-def test_cli_current_file_is_copied_with_a_message(tmp_path):
-    res = cli(FIXTURES / "net_lenet" / "model.prototxt", "-o", tmp_path / "same.prototxt")
+def test_cli_current_file_is_copied_with_a_message(tmp_path, capsys):
+    res = cli_here(capsys, FIXTURES / "net_lenet" / "model.prototxt", "-o", tmp_path / "same.prototxt")
     assert res.returncode == 0 and "already in the current format" in res.stdout
     assert parse((tmp_path / "same.prototxt").read_text()) == \
            parse((FIXTURES / "net_lenet" / "model.prototxt").read_text())
 
 
-def test_cli_refuses_to_overwrite_an_input(tmp_path):
+def test_cli_refuses_to_overwrite_an_input(tmp_path, capsys):
     src = tmp_path / "old.prototxt"
-    src.write_text(open(V1_CASE.prototxt).read())
+    src.write_text(Path(V1_CASE.prototxt).read_text())
     before = src.read_bytes()
     assert_one_error_line(cli(src, "-o", src), "refusing to overwrite an input")
-    assert_one_error_line(cli(src, "-w", V1_CASE.weights, "-o", tmp_path / "n.prototxt",
+    assert_one_error_line(cli_here(capsys, src, "-w", V1_CASE.weights, "-o", tmp_path / "n.prototxt",
                               "--weights-out", V1_CASE.weights), "refusing to overwrite")
     assert src.read_bytes() == before
     assert not (tmp_path / "n.prototxt").exists()
 
 
 def test_cli_truncated_caffemodel_writes_nothing(tmp_path):
-    data = open(V1_CASE.weights, "rb").read()
+    data = Path(V1_CASE.weights).read_bytes()
     bad = tmp_path / "bad.caffemodel"
     bad.write_bytes(data[:len(data) // 2])
     res = cli(V1_CASE.prototxt, "-w", bad, "-o", tmp_path / "n.prototxt", "--weights-out",
@@ -504,14 +519,15 @@ def test_cli_truncated_caffemodel_writes_nothing(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["bad.caffemodel"]
 
 
-def test_cli_bad_inputs(tmp_path):
+def test_cli_bad_inputs(tmp_path, capsys):
     mixed = tmp_path / "mixed.prototxt"
     mixed.write_text('layer { name: "a" type: "ReLU" bottom: "x" top: "x" } '
                      'layers { name: "b" type: RELU bottom: "x" top: "x" }')
     assert_one_error_line(cli(mixed, "-o", tmp_path / "n.prototxt"), str(mixed), "both 'layer'")
-    assert_one_error_line(cli(V1_CASE.prototxt, "-w", V1_CASE.weights, "-o", tmp_path / "n.prototxt"),
-                          "--weights-out")
-    assert_one_error_line(cli(tmp_path / "missing.prototxt", "-o", tmp_path / "n.prototxt"),
+    assert_one_error_line(cli_here(capsys, V1_CASE.prototxt, "-w", V1_CASE.weights,
+                                   "-o", tmp_path / "n.prototxt"), "--weights-out")
+    assert_one_error_line(cli_here(capsys, tmp_path / "missing.prototxt", "-o", tmp_path / "n.prototxt"),
                           "missing.prototxt")
-    assert_one_error_line(cli(V1_CASE.prototxt, "-o", tmp_path / "no_dir" / "n.prototxt"), "no_dir")
+    assert_one_error_line(cli_here(capsys, V1_CASE.prototxt, "-o", tmp_path / "no_dir" / "n.prototxt"),
+                          "no_dir")
     assert not (tmp_path / "n.prototxt").exists()

@@ -523,9 +523,12 @@ def _embedded_size(header_bytes, nbytes):
     return len(header_bytes) + 1 + len(_varint(nbytes)) + nbytes
 
 
-def _write_model(path, model_rest, graph_rest, layout, data_path=None, data_location=None):
+def _write_model(path, model_rest, graph_rest, layout, data_path=None, data_location=None,
+                 sources=None):
     """Stream the ModelProto to `path` (and external data to `data_path`).
 
+    sources: an _ArraySources that finds arrays which are views of a weights file, so
+    their bytes are copied file to file by the kernel (no page faults, no RSS).
     Returns [(name, file written, absolute offset, length)] of every initializer's bytes.
     """
     where = []
@@ -541,7 +544,7 @@ def _write_model(path, model_rest, graph_rest, layout, data_path=None, data_loca
             msg_len = _embedded_size(hb, init.nbytes())
         headers.append((hb, msg_len))
     graph_len = len(graph_rest) + sum(1 + len(_varint(m)) + m for _, m in headers)
-    with open(path, "wb") as f:
+    with _Out(path, sources) as f:
         f.write(model_rest)
         f.write(b"\x3a" + _varint(graph_len))          # ModelProto.graph (field 7)
         f.write(graph_rest)
@@ -549,28 +552,137 @@ def _write_model(path, model_rest, graph_rest, layout, data_path=None, data_loca
             f.write(b"\x2a" + _varint(msg_len))          # GraphProto.initializer (field 5)
             f.write(hb)
             if not ext:
-                data = init.data()
-                f.write(b"\x4a" + _varint(data.nbytes))  # TensorProto.raw_data (field 9)
-                where.append((name, path, f.tell(), data.nbytes))
-                _write_array(f, data)
+                f.write(b"\x4a" + _varint(init.nbytes()))  # TensorProto.raw_data (field 9)
+                where.append((name, path, f.pos, init.nbytes()))
+                f.write_init(init)
     if data_path is not None:
-        with open(data_path, "wb") as f:
+        with _Out(data_path, sources) as f:
             for name, init, tp, ext, off in layout.items:
                 if not ext:
                     continue
-                pad = off - f.tell()
-                if pad:
-                    f.write(b"\0" * pad)
-                data = init.data()
-                where.append((name, data_path, off, data.nbytes))
-                _write_array(f, data)
+                if off > f.pos:
+                    f.write(b"\0" * (off - f.pos))
+                where.append((name, data_path, off, init.nbytes()))
+                f.write_init(init)
     return where
 
 
-def _write_array(f, data, chunk=64 << 20):
-    mv = memoryview(data.reshape(-1)).cast("B") if data.size else b""
-    for start in range(0, len(mv), chunk):
-        f.write(mv[start:start + chunk])
+class _ArraySources:
+    """Finds arrays that are untouched views of a weights file (the caffemodel's mmap)."""
+
+    def __init__(self, paths):
+        self.files = {}     # id(mmap) -> (fd, base address, size) or None
+        self.paths = [p for p in paths if p and os.path.isfile(p)]
+        self.fds = []
+
+    def locate(self, arr):
+        """(fd, offset) of arr's bytes in a weights file, or None."""
+        import mmap
+        if not (isinstance(arr, np.ndarray) and arr.flags.c_contiguous and arr.dtype == np.dtype("<f4")
+                and arr.nbytes):
+            return None
+        b = arr
+        while isinstance(b, np.ndarray):
+            b = b.base
+        mm = b.obj if isinstance(b, memoryview) else b
+        if not isinstance(mm, mmap.mmap):
+            return None
+        key = id(mm)
+        if key not in self.files:
+            self.files[key] = self._match(mm)
+        hit = self.files[key]
+        if hit is None:
+            return None
+        fd, base, size = hit
+        off = arr.__array_interface__["data"][0] - base
+        if off < 0 or off + arr.nbytes > size:
+            return None
+        # the same bytes at both ends: the file is the one mapped, and unchanged
+        n = min(64, arr.nbytes)
+        raw = arr.reshape(-1).view(np.uint8)
+        try:
+            if os.pread(fd, n, off) != raw[:n].tobytes() or \
+                    os.pread(fd, n, off + arr.nbytes - n) != raw[arr.nbytes - n:].tobytes():
+                return None
+        except OSError:
+            return None
+        return fd, off
+
+    def _match(self, mm):
+        try:
+            base = np.frombuffer(mm, np.uint8, count=1).__array_interface__["data"][0]
+        except (ValueError, TypeError):
+            return None
+        for p in self.paths:
+            try:
+                if os.path.getsize(p) != len(mm):
+                    continue
+                fd = os.open(p, os.O_RDONLY)
+            except OSError:
+                continue
+            self.fds.append(fd)
+            return fd, base, len(mm)
+        return None
+
+    def close(self):
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+class _Out:
+    """A raw output file that tracks its position and copies file ranges in the kernel."""
+
+    def __init__(self, path, sources):
+        self.path = path
+        self.sources = sources
+        self.pos = 0
+        self.fd = None
+
+    def __enter__(self):
+        # no O_TRUNC: the file is a fresh temporary, and truncating makes ext4 flush on close
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.ftruncate(self.fd, 0) if os.fstat(self.fd).st_size else None
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+    def write(self, data):
+        mv = memoryview(data).cast("B")
+        done = 0
+        while done < len(mv):
+            done += os.write(self.fd, mv[done:done + (64 << 20)])
+        self.pos += len(mv)
+
+    def write_init(self, init):
+        if not init.transpose and self.sources is not None and hasattr(os, "copy_file_range"):
+            loc = self.sources.locate(init.array)
+            if loc is not None:
+                self._copy_range(loc[0], loc[1], init.nbytes())
+                return
+        data = init.data()
+        if data.size:
+            self.write(data.reshape(-1).view(np.uint8))
+
+    def _copy_range(self, src, offset, count):
+        done = 0
+        try:
+            while done < count:
+                n = os.copy_file_range(src, self.fd, count - done, offset + done)
+                if n <= 0:
+                    break
+                done += n
+        except OSError:
+            pass        # e.g. another filesystem on an old kernel: plain reads below
+        self.pos += done
+        os.lseek(self.fd, self.pos, os.SEEK_SET)
+        while done < count:
+            chunk = os.pread(src, min(count - done, 64 << 20), offset + done)
+            if not chunk:
+                raise OSError("weights file shrank while converting")
+            self.write(chunk)
+            done += len(chunk)
 
 
 def onnx_copy(msg):
@@ -841,16 +953,17 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
             if src and os.path.exists(src) and os.path.exists(data_path) and os.path.samefile(src, data_path):
                 raise ExportError(f"{data_path}: refusing to overwrite an input file")
     folder = os.path.dirname(target)
+    sources = _ArraySources([model.weights_path])
     try:
         with atomic_path(target, inputs=protected) as tmp_main:
             if data_path:
                 with atomic_path(data_path, inputs=protected) as tmp_data:
                     where = _write_model(tmp_main, model_rest, graph_rest, layout, tmp_data,
-                                         os.path.basename(data_path))
+                                         os.path.basename(data_path), sources)
                     if check:
                         _check_written(folder, _twin(m, g, layout, where))
             else:
-                where = _write_model(tmp_main, model_rest, graph_rest, layout)
+                where = _write_model(tmp_main, model_rest, graph_rest, layout, sources=sources)
                 if check:
                     _check_written(folder, _twin(m, g, layout, where))
     except OSError as e:
@@ -859,6 +972,8 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
         if isinstance(e, ExportError):
             raise
         raise ExportError(str(e)) from None
+    finally:
+        sources.close()
 
     ops = Counter(n.op_type for n in ctx.nodes)
     stats = {

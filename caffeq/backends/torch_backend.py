@@ -26,8 +26,9 @@ class CaffeLayer(nn.Module):
         self.spec = node.spec
         self.attrs = node.attrs
         names = []
+        declared = node.spec.blob_names_for(node.attrs)
         for i, arr in enumerate(blobs or []):
-            name = node.spec.blob_names[i] if i < len(node.spec.blob_names) else f"blob{i}"
+            name = declared[i] if i < len(declared) else f"blob{i}"
             names.append(name)
             if shared and i in shared:
                 setattr(self, name, shared[i])

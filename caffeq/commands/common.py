@@ -29,6 +29,13 @@ def load_model(args, random_weights=False):
     return model
 
 
+def _plain_mode(path):
+    """mkstemp creates 0600 files; outputs get the mode a plain open() would give."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
 @contextmanager
 def atomic_output(path, mode="wb", inputs=()):
     """Write to a temporary file beside `path`, rename on success, delete on failure."""
@@ -44,6 +51,7 @@ def atomic_output(path, mode="wb", inputs=()):
     try:
         with os.fdopen(fd, mode) as f:
             yield f
+        _plain_mode(tmp)
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -68,6 +76,7 @@ def atomic_path(path, inputs=()):
     os.close(fd)
     try:
         yield tmp
+        _plain_mode(tmp)
         os.replace(tmp, target)
     except BaseException:
         try:

@@ -3,7 +3,7 @@ import os
 import sys
 
 from ..errors import DataError
-from .common import add_model_args, load_model, write_json
+from .common import add_model_args, write_json
 
 
 def add_parser(sub):
@@ -65,18 +65,20 @@ def run(args):
         raise DataError(f"{args.mean_file}: mean file not found")
     if args.data is not None and not os.path.exists(args.data):
         raise DataError(f"{args.data}: data source not found")
-    model = load_model(args)
     transform = {"mean_file": args.mean_file, "mean_value": _mean_values(args.mean_value),
                  "scale": args.scale, "crop_size": args.crop_size, "force_color": args.force_color,
                  "force_gray": args.force_gray}
     keep = None if args.keep is None else ("none" if args.keep == "none" else args.keep.split(","))
     workers = default_workers() if args.workers is None else args.workers
-    result = evaluate(model, data=args.data, targets=args.to, batch_size=args.batch_size, device=args.device,
+    result = evaluate(args.model, data=args.data, weights=args.weights, phase=args.phase,
+                      ignore_unknown=args.ignore_unknown, targets=args.to, batch_size=args.batch_size, device=args.device,
                       workers=workers, limit=args.limit, strict=args.strict, transform=transform,
                       resize=args.resize, channel_order=args.channel_order, output=args.output, keep=keep,
                       progress=not args.no_progress)
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return 0      # under torchrun, rank 0 reports
+    for w in result["warnings"]:
+        print(f"caffeq: warning: {w}", file=sys.stderr)
     out = sys.stderr if args.json == "-" else sys.stdout
     d = result["data"]
     head = (f"{result['images']} images from {d['source']} ({d['kind']}), batch {d['batch_size']}, "

@@ -83,5 +83,5 @@ def _report(src, dst, needed, notes, what):
     for note in notes:
         # notes that name the file already say where; indent them under it
         prefix = f"{src}: "
-        print(f"  {note[len(prefix):] if note.startswith(prefix) else note}")
+        print(f"  {note.removeprefix(prefix)}")
     print(f"  wrote {dst} ({what})")

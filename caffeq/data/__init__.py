@@ -7,8 +7,16 @@ import os
 
 from ..errors import DataError
 from .arrays import ArrayDataset
-from .base import (NO_LABEL, CaffeDataset, Collate, Preprocess, StridedSampler, StringTable, resize_chw,
-                   worker_init)
+from .base import (
+    NO_LABEL,
+    CaffeDataset,
+    Collate,
+    Preprocess,
+    StridedSampler,
+    StringTable,
+    resize_chw,
+    worker_init,
+)
 from .images import ImageFolderDataset, ImageListDataset, read_image
 from .lmdb_source import LmdbDataset
 from .transform import CaffeRNG, DataTransformer, Normalizer, load_mean_file
@@ -70,7 +78,25 @@ def open_dataset(source, kind=None, preprocess=None, limit=None, *, root_folder=
     raise DataError(f"unknown data kind {kind!r}; expected one of {', '.join(KINDS)}")
 
 
-__all__ = ["ArrayDataset", "CaffeDataset", "CaffeRNG", "Collate", "DataTransformer", "ImageFolderDataset",
-           "ImageListDataset", "KINDS", "LmdbDataset", "NO_LABEL", "Normalizer", "Preprocess",
-           "StridedSampler", "StringTable", "detect_kind", "load_mean_file", "open_dataset", "read_image",
-           "resize_chw", "worker_init"]
+__all__ = [
+    "KINDS",
+    "NO_LABEL",
+    "ArrayDataset",
+    "CaffeDataset",
+    "CaffeRNG",
+    "Collate",
+    "DataTransformer",
+    "ImageFolderDataset",
+    "ImageListDataset",
+    "LmdbDataset",
+    "Normalizer",
+    "Preprocess",
+    "StridedSampler",
+    "StringTable",
+    "detect_kind",
+    "load_mean_file",
+    "open_dataset",
+    "read_image",
+    "resize_chw",
+    "worker_init",
+]

@@ -11,7 +11,7 @@ import zipfile
 import numpy as np
 
 from ..errors import DataError
-from .base import CaffeDataset, NO_LABEL, _limited, resize_chw
+from .base import NO_LABEL, CaffeDataset, _limited, resize_chw
 
 DATA_KEYS = ("data", "images", "x", "inputs")
 LABEL_KEYS = ("label", "labels", "y", "targets")

@@ -133,7 +133,7 @@ class CaffeDataset(Dataset):
         except CaffeqError as e:
             msg = str(e)
             return (i, None, NO_LABEL, msg if msg.startswith(where) else f"{where}: {msg}")
-        except Exception as e:  # corrupt data may raise anything from a decoder: one bad item, not a crash
+        except Exception as e:  # noqa: BLE001 -- a decoder may raise anything on corrupt data: one bad item
             return (i, None, NO_LABEL, f"{where}: {type(e).__name__}: {e}")
 
     def describe(self):
@@ -179,8 +179,9 @@ class Collate:
             if err is not None:
                 bad.append((index, err))
             elif self.expected is not None and tuple(img.shape) != self.expected:
-                bad.append((index, f"item {index}: shape {'x'.join(map(str, img.shape))} after "
-                                   f"preprocessing, the net takes {'x'.join(map(str, self.expected))}"))
+                msg = (f"item {index}: shape {'x'.join(map(str, img.shape))} after preprocessing, "
+                       f"the net takes {'x'.join(map(str, self.expected))}")
+                bad.append((index, msg))
             else:
                 good.append((index, img, label))
         if good:

@@ -78,7 +78,7 @@ def read_list_file(path):
 
 def iter_list_file(path):
     try:
-        f = open(path, encoding="utf-8", errors="surrogateescape")
+        f = open(path, encoding="utf-8", errors="surrogateescape")  # noqa: SIM115 -- closed below
     except OSError as e:
         raise DataError(f"{path}: cannot read list file: {e.strerror}") from None
     with f:
@@ -225,5 +225,14 @@ class ImageFolderDataset(CaffeDataset):
         return d
 
 
-__all__ = ["decode_image_bytes", "decode_image_hwc", "read_image", "read_list_file", "first_image_shape",
-           "ImageListDataset", "ImageFolderDataset", "IMAGE_EXTENSIONS", "resize_chw"]
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "ImageFolderDataset",
+    "ImageListDataset",
+    "decode_image_bytes",
+    "decode_image_hwc",
+    "first_image_shape",
+    "read_image",
+    "read_list_file",
+    "resize_chw",
+]

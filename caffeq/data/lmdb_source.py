@@ -5,7 +5,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..io.schema import caffe_pb2
-from .base import CaffeDataset, StringTable, _limited
+from .base import CaffeDataset, StringTable
 
 
 def open_lmdb(path):
@@ -22,11 +22,44 @@ def open_lmdb(path):
         raise DataError(f"{path}: not an LMDB database: {e}") from None
 
 
+# One environment per database and process: py-lmdb refuses a second open of a path in one
+# process, and a forked child inherits its parent's "open" mark.
+_ENVS = {}   # realpath -> (pid, env)
+
+
+def shared_env(path):
+    """The process's environment for `path` (opened on first use, kept open)."""
+    key = os.path.realpath(path)
+    got = _ENVS.get(key)
+    if got is not None and got[0] == os.getpid():
+        return got[1]
+    try:
+        env = open_lmdb(path)
+    except DataError as e:
+        if got is None or "already open" not in str(e):
+            raise
+        # forked from a process that still holds it: read-only and lock-free, the inherited
+        # map stays valid for reading
+        env = got[1]
+    _ENVS[key] = (os.getpid(), env)
+    return env
+
+
+def close_env(path=None):
+    """Close this process's environment(s) (before forking worker processes)."""
+    keys = [os.path.realpath(path)] if path is not None else list(_ENVS)
+    for key in keys:
+        got = _ENVS.pop(key, None)
+        if got is not None and got[0] == os.getpid():
+            got[1].close()
+
+
 def parse_datum(raw, where="datum"):
+    from google.protobuf.message import DecodeError
     d = caffe_pb2.Datum()
     try:
         d.ParseFromString(raw)
-    except Exception as e:
+    except (DecodeError, ValueError, TypeError) as e:
         raise DataError(f"{where}: not a Caffe Datum: {e}") from None
     return d
 
@@ -58,15 +91,11 @@ def decode_datum(d, where="datum", dtype=np.float32, is_color=None):
 
 
 def first_datum_shape(path):
-    env = open_lmdb(path)
-    try:
-        with env.begin() as txn:
-            cur = txn.cursor()
-            if not cur.first():
-                raise DataError(f"{path}: the LMDB database is empty")
-            d = parse_datum(cur.value(), f"{path}: first record")
-    finally:
-        env.close()
+    with shared_env(path).begin() as txn:
+        cur = txn.cursor()
+        if not cur.first():
+            raise DataError(f"{path}: the LMDB database is empty")
+        d = parse_datum(cur.value(), f"{path}: first record")
     if d.encoded:
         img, _ = decode_datum(d, f"{path}: first record", dtype=None)
         return img.shape
@@ -75,16 +104,12 @@ def first_datum_shape(path):
 
 def scan_keys(path, limit=None):
     """The keys in cursor order (the order Caffe's Data layer reads), up to limit."""
-    env = open_lmdb(path)
     keys = []
-    try:
-        with env.begin() as txn:
-            for key in txn.cursor().iternext(keys=True, values=False):
-                if limit is not None and len(keys) >= limit:
-                    break
-                keys.append(key)
-    finally:
-        env.close()
+    with shared_env(path).begin() as txn:
+        for key in txn.cursor().iternext(keys=True, values=False):
+            if limit is not None and len(keys) >= limit:
+                break
+            keys.append(key)
     return keys
 
 
@@ -103,8 +128,6 @@ class LmdbDataset(CaffeDataset):
         self.keys = StringTable(scan_keys(self.path, limit))
         self.is_color = True if force_color else (False if force_gray else None)
         self.resize = resize
-        self._env = None
-        self._pid = None
 
     def __len__(self):
         return len(self.keys)
@@ -113,17 +136,10 @@ class LmdbDataset(CaffeDataset):
         return f"{self.path}[{self.keys[i]}]"
 
     def _environment(self):
-        if self._env is None or self._pid != os.getpid():
-            # an LMDB environment must not cross fork(): each process opens its own
-            self._env = open_lmdb(self.path)
-            self._pid = os.getpid()
-        return self._env
+        return shared_env(self.path)
 
     def close(self):
-        if self._env is not None and self._pid == os.getpid():
-            self._env.close()
-        self._env = None
-        self._pid = None
+        close_env(self.path)
 
     def _decode(self, raw, i):
         where = self.name(i)
@@ -144,9 +160,3 @@ class LmdbDataset(CaffeDataset):
         with self._environment().begin(buffers=False) as txn:
             return [self.make_item(i, lambda i: self._decode(txn.get(self.keys.raw(i)), i))
                     for i in indices]
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_env"] = None
-        state["_pid"] = None
-        return state

@@ -40,8 +40,8 @@ def item_seed(seed, index):
 
 def load_mean_file(path):
     """A .binaryproto mean -> float32 C x H x W (Caffe's data_mean_)."""
-    from ..io.caffemodel import read_blobproto
     from ..errors import ParseError
+    from ..io.caffemodel import read_blobproto
     if not os.path.exists(path):
         raise DataError(f"{path}: mean file not found")
     try:

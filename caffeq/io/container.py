@@ -201,6 +201,9 @@ def save_caffeq(model, path):
     os.close(fd)
     try:
         write_safetensors(tmp, tensors, meta)
+        mask = os.umask(0)   # mkstemp makes 0600; give the file what a plain open() would
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -454,4 +454,4 @@ def _upgrade_batchnorm(net):
     return count
 
 
-__all__ = ["upgrade_net", "net_needs_upgrade"]
+__all__ = ["net_needs_upgrade", "upgrade_net"]

@@ -8,7 +8,6 @@ The result is an ordinary NetParameter that protobuf and Caffe parse, and
 that caffeq.io.caffemodel.read_caffemodel maps back zero-copy.
 """
 import os
-from contextlib import contextmanager
 
 import numpy as np
 from google.protobuf import text_format
@@ -55,15 +54,9 @@ def net_to_text(net):
     return text_format.MessageToString(net)
 
 
-@contextmanager
 def _atomic(path, mode, inputs=()):
-    from ..commands.common import atomic_output
-    with atomic_output(path, mode, inputs=inputs) as f:
-        # mkstemp creates 0600; give the file the permissions a plain open() would
-        mask = os.umask(0)
-        os.umask(mask)
-        os.fchmod(f.fileno(), 0o666 & ~mask)
-        yield f
+    from ..commands.common import atomic_output  # temp file beside path + rename
+    return atomic_output(path, mode, inputs=inputs)
 
 
 def write_prototxt(net, path, inputs=()):
@@ -268,5 +261,5 @@ def write_blobproto(array, path, legacy_shape=False, inputs=()):
             f.write(memoryview(arr.reshape(-1)).cast("B"))
 
 
-__all__ = ["net_to_text", "write_prototxt", "write_caffemodel", "write_model_caffemodel",
-           "write_blobproto", "blobproto_bytes"]
+__all__ = ["blobproto_bytes", "net_to_text", "write_blobproto", "write_caffemodel",
+           "write_model_caffemodel", "write_prototxt"]

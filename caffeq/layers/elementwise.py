@@ -132,6 +132,9 @@ class Scale(Layer):
     """top = x * s (+ b), s a learned blob or bottom[1]; see the module docstring."""
     blob_names = ("scale", "bias")
 
+    def blob_names_for(self, attrs):
+        return ("bias",) if attrs["two_bottoms"] else self.blob_names
+
     def parse(self, lp):
         need_bottoms(lp, 1, 2)
         p = lp.scale_param

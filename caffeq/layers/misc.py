@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DataError
-from .norm import emit_softmax, legacy_shape, onnx_reduce
+from .norm import legacy_shape, onnx_reduce
 from .registry import Layer, LayerError, canonical_axis, count, register_layer
 
 FLT_MIN = 1.1754943508222875e-38
@@ -87,7 +87,7 @@ def _normalization(lp, default, allow_legacy=True):
     return mode
 
 
-def _normalizer(mode, outer, inner, valid_count):
+def _normalizer(mode, outer, inner, valid_count, dtype=torch.float32):
     if mode == FULL:
         n = outer * inner
     elif mode == VALID:
@@ -97,7 +97,7 @@ def _normalizer(mode, outer, inner, valid_count):
     else:
         n = 1
     if torch.is_tensor(n):
-        return n.to(torch.float32).clamp_min(1.0)
+        return n.to(dtype).clamp_min(1.0)
     return float(max(1, n))  # Caffe: max(1, normalizer) so an all-ignored batch gives 0, not NaN
 
 
@@ -460,7 +460,7 @@ class SoftmaxWithLoss(_TrainingOnly):
         picked = logp.gather(1, safe.unsqueeze(1)).squeeze(1)
         picked = _ste(picked, picked.clamp_min(LOG_FLT_MIN))  # Caffe: log(max(prob, FLT_MIN))
         total = -torch.where(valid, picked, torch.zeros_like(picked)).sum()
-        norm = _normalizer(attrs["normalization"], lab.shape[0], lab.shape[1], valid.sum())
+        norm = _normalizer(attrs["normalization"], lab.shape[0], lab.shape[1], valid.sum(), scores.dtype)
         return _outputs(attrs, total / norm, scores)
 
 
@@ -479,8 +479,12 @@ class InfogainLoss(_TrainingOnly):
             if not p.HasField("source"):
                 raise LayerError("infogain_loss_param.source (the H matrix) is required "
                                  "without a third bottom")
+            from ..errors import CaffeqError
             from ..io.caffemodel import read_blobproto
-            attrs["H"] = np.asarray(read_blobproto(p.source), np.float32).reshape(-1)
+            try:  # Caffe opens the path relative to the working directory
+                attrs["H"] = np.asarray(read_blobproto(p.source), np.float32).reshape(-1)
+            except CaffeqError as e:
+                raise LayerError(f"infogain_loss_param.source: {e}") from None
         return attrs
 
     def infer(self, attrs, in_shapes):
@@ -503,7 +507,7 @@ class InfogainLoss(_TrainingOnly):
         rows = h[safe]                                   # (outer, inner, C)
         per = (rows * logp.transpose(1, 2)).sum(dim=-1)  # (outer, inner)
         total = -torch.where(valid, per, torch.zeros_like(per)).sum()
-        norm = _normalizer(attrs["normalization"], lab.shape[0], lab.shape[1], valid.sum())
+        norm = _normalizer(attrs["normalization"], lab.shape[0], lab.shape[1], valid.sum(), scores.dtype)
         return _outputs(attrs, total / norm, scores)
 
 
@@ -531,7 +535,7 @@ class SigmoidCrossEntropyLoss(_TrainingOnly):
         valid = _valid(t.long(), attrs["ignore_label"])
         total = torch.where(valid, per, torch.zeros_like(per)).sum()
         n = x.shape[0]
-        norm = _normalizer(attrs["normalization"], n, x.numel() // max(n, 1), valid.sum())
+        norm = _normalizer(attrs["normalization"], n, x.numel() // max(n, 1), valid.sum(), x.dtype)
         return total / norm if attrs["tops"] else ()
 
 

@@ -175,6 +175,21 @@ class BatchNorm(Layer):
 ACROSS_CHANNELS, WITHIN_CHANNEL = 0, 1
 
 
+def _window_sum(x, dim, n):
+    """Sum over a centred window of odd size n along dim, zero padded (n shifted adds:
+    cheaper than torch's pooling kernels for LRN's small windows, and no size limits)."""
+    pad = (n - 1) // 2
+    if pad == 0:
+        return x
+    widths = [0, 0] * (x.dim() - dim - 1) + [pad, pad]
+    padded = F.pad(x, widths)
+    size = x.shape[dim]
+    total = padded.narrow(dim, 0, size)
+    for j in range(1, n):
+        total = total + padded.narrow(dim, j, size)
+    return total
+
+
 @register_layer("LRN")
 class LRN(Layer):
     def parse(self, lp):
@@ -197,18 +212,14 @@ class LRN(Layer):
 
     def forward(self, attrs, params, x):
         n = attrs["size"]
-        pad = (n - 1) // 2
         sq = x * x
-        # zero padding made explicit: torch's pooling refuses windows larger than the input
         if attrs["region"] == ACROSS_CHANNELS:
-            # mean over n channels centred on c, zeros beyond the edges (divides by n always)
-            padded = F.pad(sq.unsqueeze(1), (0, 0, 0, 0, pad, pad))
-            avg = F.avg_pool3d(padded, (n, 1, 1), stride=1).squeeze(1)
-            scale = attrs["k"] + attrs["alpha"] * avg
+            # sum over n channels centred on c, zeros beyond the edges, times alpha / n
+            scale = attrs["k"] + (attrs["alpha"] / n) * _window_sum(sq, 1, n)
         else:
             # Caffe's AVE pooling with pad (n-1)/2, stride 1: every window divides by n*n
-            avg = F.avg_pool2d(F.pad(sq, (pad, pad, pad, pad)), n, stride=1)
-            scale = 1.0 + attrs["alpha"] * avg
+            total = _window_sum(_window_sum(sq, 2, n), 3, n)
+            scale = 1.0 + attrs["alpha"] * (total / (n * n))
         return x * scale.pow(-attrs["beta"])
 
     def macs(self, attrs, in_shapes, out_shapes):

@@ -33,11 +33,6 @@ from .registry import Layer, LayerError, register_layer
 FLOAT = 1  # onnx.TensorProto.FLOAT
 
 
-def _static_or_none(attrs):
-    """weight_axes entry for a blob index that is a weight matrix only with x_static."""
-    return 0 if attrs["static"] else None
-
-
 class Recurrent(Layer):
     gates = 1           # rows of W per hidden unit
     num_states = 1      # h (RNN) or h, c (LSTM)
@@ -124,7 +119,15 @@ class Recurrent(Layer):
 class RNN(Recurrent):
     # names without x_static (with it, Caffe's order inserts W_xh_static at index 2)
     blob_names = ("W_xh", "b_h", "W_hh", "W_ho", "b_o")
-    weight_axes = {0: 0, 2: 0, 3: 0, 4: _static_or_none}
+    weight_axes = {0: 0, 2: 0, 3: 0}
+
+    def blob_names_for(self, attrs):
+        if attrs["static"]:
+            return ("W_xh", "b_h", "W_xh_static", "W_hh", "W_ho", "b_o")
+        return self.blob_names
+
+    def weight_axes_for(self, attrs):
+        return {0: 0, 2: 0, 3: 0, 4: 0} if attrs["static"] else {0: 0, 2: 0, 3: 0}
 
     def param_shapes(self, attrs, in_shapes):
         _, _, k, ks, h = self._check(attrs, in_shapes)
@@ -157,8 +160,14 @@ class RNN(Recurrent):
 
 @register_layer("LSTM")
 class LSTM(Recurrent):
-    blob_names = ("W_xc", "b_c", "W_hc")  # with x_static: W_xc, b_c, W_xc_static, W_hc
-    weight_axes = {0: 0, 2: 0, 3: _static_or_none}
+    blob_names = ("W_xc", "b_c", "W_hc")
+    weight_axes = {0: 0, 2: 0}
+
+    def blob_names_for(self, attrs):
+        return ("W_xc", "b_c", "W_xc_static", "W_hc") if attrs["static"] else self.blob_names
+
+    def weight_axes_for(self, attrs):
+        return {0: 0, 2: 0, 3: 0} if attrs["static"] else {0: 0, 2: 0}
     gates = 4
     num_states = 2
 
@@ -226,7 +235,7 @@ def _onnx_recurrent(ctx, node, lstm):
         xs, nxt = node.inputs[2], 3
     nstates = 2 if lstm else 1
     name = node.name
-    i64 = lambda v: ctx.const(np.array(v, np.int64))  # noqa: E731
+    i64 = lambda v: ctx.const(np.array(v, np.int64))
 
     def tmp(hint):
         return ctx.tmp(f"{name}_{hint}")

@@ -10,6 +10,7 @@ strings with `@register_layer("Type")`.  It declares, in one place:
   Caffe's order (None when the layer has none);
 - `forward(attrs, params, *inputs)`: the torch implementation;
 - `onnx(ctx, node)`: the ONNX emission (optional);
+- `pytorch_source(node, emit)`: source for a standalone PyTorch model.py (optional);
 - `weight_axes`: blob index -> output-channel axis, for quantizers.
 
 Users register their own layers the same way (see README).
@@ -65,6 +66,15 @@ class Layer:
     def has_onnx(self):
         return type(self).onnx is not Layer.onnx
 
+    def pytorch_source(self, node, emit):
+        """Python source for this layer in a standalone PyTorch model.py (optional).
+
+        `emit` (caffeq.backends.pytorch_source.Emitter) declares modules, helper
+        classes and weights; return the call expression for the top (a list of
+        expressions, one per top, for several), or None: not supported.
+        """
+        return None
+
     def macs(self, attrs, in_shapes, out_shapes):
         """Multiply-accumulates per forward pass (0 for cheap layers)."""
         return 0
@@ -73,8 +83,16 @@ class Layer:
         return len(lp.top)
 
     def weight_axis(self, attrs, index):
-        axis = self.weight_axes.get(index)
+        axis = self.weight_axes_for(attrs).get(index)
         return axis(attrs) if callable(axis) else axis
+
+    def blob_names_for(self, attrs):
+        """Blob names for this configuration (override when optional blobs shift the order)."""
+        return self.blob_names
+
+    def weight_axes_for(self, attrs):
+        """{blob index: output-channel axis} for this configuration (quantizers use it)."""
+        return {i: (a(attrs) if callable(a) else a) for i, a in self.weight_axes.items()}
 
 
 def register_layer(*type_names, override=False):

@@ -15,6 +15,8 @@ fork_* reference cases) differs, SSD wins and the difference is noted:
   [i, -1, -1, -1, -1, -1, -1] row per image.  The static shape reported at load
   time is the most rows it can write (keep_top_k * N), since the real count is
   only known at run time.  save_output_param (writing result files) is ignored.
+  ONNX: standard ops (TopK, NonMaxSuppression, NonZero...) give the same rows in
+  the same order; only eta < 1 (adaptive NMS) is refused.
 """
 import math
 
@@ -285,6 +287,9 @@ def prior_boxes(attrs, feat_hw, img_hw):
 
 @register_layer("DetectionOutput")
 class DetectionOutput(Layer):
+    #: the row count is known only after a run; infer gives the most rows (keep_top_k * N)
+    data_dependent_shape = True
+
     def parse(self, lp):
         if len(lp.bottom) != 3:
             raise LayerError(f"DetectionOutput takes 3 bottoms (loc, conf, priors), got {len(lp.bottom)}")
@@ -377,16 +382,29 @@ def box_sizes(b):
     return np.where((w < 0) | (h < 0), np.float32(0), w * h).astype(np.float32)
 
 
-def overlaps(box, sizes_all, boxes, size):
-    """SSD's JaccardOverlap of one box against many (float32, normalized boxes)."""
-    disjoint = ((boxes[:, 0] > box[2]) | (boxes[:, 2] < box[0]) |
-                (boxes[:, 1] > box[3]) | (boxes[:, 3] < box[1]))
-    iw = np.minimum(boxes[:, 2], box[2]) - np.maximum(boxes[:, 0], box[0])
-    ih = np.minimum(boxes[:, 3], box[3]) - np.maximum(boxes[:, 1], box[1])
-    inter = iw * ih
-    with np.errstate(divide="ignore", invalid="ignore"):
-        iou = inter / (sizes_all + size - inter)
-    return np.where(disjoint | (iw <= 0) | (ih <= 0), np.float32(0), iou).astype(np.float32)
+def overlaps(a, b, size_a, size_b):
+    """SSD's JaccardOverlap (float32, normalized boxes) of boxes a (M, 4) against b (K, 4) -> (M, K).
+
+    Disjoint boxes (and flipped ones, which SSD gives size 0) have a non-positive
+    intersection width or height, so clamping those at 0 gives SSD's 0.
+    """
+    a = np.ascontiguousarray(a.T)
+    b = np.ascontiguousarray(b.T)
+    iw = np.minimum.outer(a[2], b[2])
+    iw -= np.maximum.outer(a[0], b[0])
+    ih = np.minimum.outer(a[3], b[3])
+    ih -= np.maximum.outer(a[1], b[1])
+    np.maximum(iw, 0, out=iw)
+    np.maximum(ih, 0, out=ih)
+    inter = np.multiply(iw, ih, out=iw)
+    union = np.add.outer(size_a, size_b)
+    union -= inter
+    out = np.zeros_like(inter)
+    np.divide(inter, union, out=out, where=inter > 0)
+    return out
+
+
+_FULL_IOU_MAX = 2048   # candidates up to which the whole IoU matrix is computed at once
 
 
 def nms_fast(boxes, scores, score_threshold, nms_threshold, eta, top_k):
@@ -399,18 +417,21 @@ def nms_fast(boxes, scores, score_threshold, nms_threshold, eta, top_k):
         order = order[:top_k]
     b = boxes[order]
     sizes = box_sizes(b)
+    k = len(order)
+    full = overlaps(b, b, sizes, sizes) if k <= _FULL_IOU_MAX else None
     # candidate j is kept when its IoU with every kept box is <= the threshold in force when j
     # is examined; a running max of IoU against kept boxes gives that exactly, with eta too
-    worst = np.zeros(len(order), np.float32)
+    worst = np.zeros(k, np.float32)
     thr = np.float32(nms_threshold)
     kept = []
-    for j in range(len(order)):
+    for j in range(k):
         if worst[j] > thr:
             continue
         kept.append(int(order[j]))
-        if j + 1 < len(order):
-            tail = slice(j + 1, None)
-            np.maximum(worst[tail], overlaps(b[j], sizes[tail], b[tail], sizes[j]), out=worst[tail])
+        if j + 1 < k:
+            row = full[j, j + 1:] if full is not None else \
+                overlaps(b[j:j + 1], b[j + 1:], sizes[j:j + 1], sizes[j + 1:])[0]
+            np.maximum(worst[j + 1:], row, out=worst[j + 1:])
         if eta < 1 and thr > 0.5:
             thr = np.float32(thr * np.float32(eta))
     return kept
@@ -493,8 +514,8 @@ def emit_detection_output(ctx, node):
         raise ExportError(f"layer '{node.name}' (DetectionOutput): no class besides the background")
     T = P if a["top_k"] < 0 else min(a["top_k"], P)
     name = node.name
-    i64 = lambda v: ctx.const(np.array(v, np.int64))          # noqa: E731
-    f32 = lambda v: ctx.const(np.array(v, np.float32))        # noqa: E731
+    i64 = lambda v: ctx.const(np.array(v, np.int64))
+    f32 = lambda v: ctx.const(np.array(v, np.float32))
 
     def op(op_type, inputs, hint, **kw):
         return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]

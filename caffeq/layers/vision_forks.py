@@ -15,6 +15,11 @@
 - ROIPooling (Fast R-CNN): max over bins; ROI corners rounded with C round(),
   bins floor/ceil, empty bins give 0.  rois are (R, 5) = [batch, x1, y1, x2, y2].
 - PSROIPooling (R-FCN): position-sensitive average over bins.
+
+ONNX: Interp -> Slice + Resize (align_corners), Upsample -> ScatterElements (mask)
+or Resize (nearest), ShuffleChannel -> Reshape/Transpose/Reshape, ROIPooling ->
+MaxRoiPool (onnxruntime rounds and bins as Fast R-CNN does; checked in the
+tests); PSROIPooling has no ONNX op and is refused.
 """
 import math
 
@@ -249,7 +254,7 @@ class Upsample(Layer):
     def onnx(self, ctx, node):
         a = node.attrs
         x = node.inputs[0]
-        n, c, h, w = ctx.shape(x)
+        _n, _c, h, w = ctx.shape(x)
         ho, wo = self.out_hw(a, h, w)
         if not a["mask"]:
             scales = ctx.const(np.array([1, 1, a["scale"][0], a["scale"][1]], np.float32))
@@ -373,7 +378,7 @@ class ROIPooling(Layer):
             if not 0 <= b < n:
                 raise LayerError(f"ROIPooling: roi batch index {b} is outside the batch of {n}")
             hs, he, ws, we = roi_bins(roi, attrs["scale"], ph, pw, h, w)
-            empty = torch.from_numpy(((he <= hs)[:, None] | (we <= ws)[None, :])).to(x.device)
+            empty = torch.from_numpy((he <= hs)[:, None] | (we <= ws)[None, :]).to(x.device)
             h0, h1 = int(hs.min()), max(int(he.max()), int(hs.min()) + 1)
             w0, w1 = int(ws.min()), max(int(we.max()), int(ws.min()) + 1)
             h1, w1 = min(h1, h), min(w1, w)
@@ -428,7 +433,7 @@ class PSROIPooling(Layer):
     def forward(self, attrs, params, x, rois):
         f32 = np.float32
         r = _rois(rois, "PSROIPooling").detach().float().cpu().numpy()
-        n, c, h, w = x.shape
+        n, _c, h, w = x.shape
         g, dim = attrs["group"], attrs["dim"]
         scale = f32(attrs["scale"])
         x5 = x.reshape(n, dim, g, g, h, w)

@@ -245,7 +245,7 @@ def quantize(model, target, keep=None, only=None):
             report.kept[node.name] = reason
         row = LayerRow(node.name, node.type, n_params, prec, bytes_before, bytes_after, err,
                        reason if (reason and blobs) else "",
-                       {i: (quant[i].scheme if i in quant else "fp32") for i in range(len(node.blobs))})
+                       [quant[i].scheme if i in quant else "fp32" for i in range(len(node.blobs))])
         report.layers.append(row)
     folded = getattr(new, "folded_layers", None)
     if folded:

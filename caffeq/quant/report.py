@@ -15,7 +15,7 @@ class LayerRow:
     bytes_after: int
     rel_l2_error: float      # ||W_q - W|| / ||W|| over the blobs that changed (0 when none)
     reason: str = ""         # why a layer stayed fp32 ("kept: first weighted layer", ...)
-    blobs: dict = field(default_factory=dict)   # blob index -> precision
+    blobs: list = field(default_factory=list)   # precision of each blob, in Caffe's order
 
 
 @dataclass
@@ -62,8 +62,6 @@ class QuantReport:
         rep = cls(d["target"])
         rep.layers = [LayerRow(**{k: v for k, v in r.items() if k in LayerRow.__dataclass_fields__})
                       for r in d.get("layers", [])]
-        for r in rep.layers:
-            r.blobs = {int(k): v for k, v in (r.blobs or {}).items()}
         rep.changed = list(d.get("changed", []))
         rep.kept = dict(d.get("kept", {}))
         rep.notes = list(d.get("notes", []))

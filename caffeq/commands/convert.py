@@ -1,0 +1,366 @@
+"""`caffeq convert`: quantize (fp16 / int8 / binary) and write ONNX, .caffemodel or .caffeq."""
+import glob
+import os
+import sys
+
+import numpy as np
+
+from ..errors import CaffeqError, DataError
+
+TARGETS = ("fp32", "fp16", "int8", "binary")
+FORMATS = (".onnx", ".caffemodel", ".caffeq")
+
+_DESCRIPTION = """\
+Quantize a Caffe model's weights and write it as ONNX, Caffe or caffeq's own
+compact container; the format follows -o's extension (default:
+<prototxt stem>.<to>.onnx in the current folder).
+
+  binary  per output channel c: W_c = mean|W_c| * sign(W_c) (binary-weight
+          networks, as in XNOR-Net); the first and last weighted layers stay
+          fp32 unless --keep none.  Biases, BatchNorm, Scale, PReLU stay fp32.
+  int8    weight-only, symmetric, per output channel (scale = max|W_c| / 127).
+  fp16    every blob rounded to fp16, BatchNorm folded in fp32 first.  caffeq
+          computes fp16 models in fp32 with fp16-rounded weights on CPU and in
+          fp16 on CUDA.
+
+Files: .onnx stores the weights at their precision (FLOAT16, INT8 +
+DequantizeLinear, bit-packed signs); .caffemodel holds the dequantized float
+weights (legacy Caffe runs them unchanged) with the prototxt written beside it;
+.caffeq is caffeq's compact container (caffeq.load, run, inspect and convert
+read it)."""
+
+
+def add_parser(sub):
+    import argparse
+    p = sub.add_parser("convert", help="quantize to fp16/int8/binary; write .onnx, .caffemodel or .caffeq",
+                       description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="deploy/train_val .prototxt (or a .caffeq file)")
+    p.add_argument("--weights", "-w", metavar="W.caffemodel",
+                   help="trained weights (default: the .caffemodel beside the prototxt with the same "
+                        "name, or the only one in that folder)")
+    p.add_argument("--to", choices=TARGETS, default=None,
+                   help="weight precision (default fp32; a .caffeq input keeps its own). fp16 computes "
+                        "in fp32 with fp16-rounded weights on CPU and in fp16 on CUDA")
+    p.add_argument("-o", "--output", metavar="OUT", default=None,
+                   help="output file: .onnx, .caffemodel (+ .prototxt beside it) or .caffeq "
+                        "(default <prototxt stem>.<to>.onnx in the current folder)")
+    p.add_argument("--keep", metavar="none|NAME,...", default=None,
+                   help="layers kept fp32 (binary keeps the first and last weighted layers by default; "
+                        "'none' quantizes every eligible layer)")
+    p.add_argument("--only", metavar="NAME,...", default=None, help="quantize only these layers")
+    p.add_argument("--opset", default=None, metavar="N", help="ONNX opset, 13 or newer (default 21)")
+    p.add_argument("--batch", default="dynamic", metavar="dynamic|N",
+                   help="ONNX batch dimension: dynamic (default) or a fixed size")
+    p.add_argument("--no-optimize", action="store_true",
+                   help="ONNX: keep BatchNorm/Scale, Dropout, Split and reshapes as they are")
+    p.add_argument("--probe", metavar="X.npz",
+                   help="inputs by blob name: run fp32 and the target, report each output's relative "
+                        "error and top-1 agreement")
+    p.add_argument("--json", nargs="?", const="-", metavar="OUT.json",
+                   help="write what was done as JSON (to stdout without a file name)")
+    p.add_argument("--phase", default="TEST", choices=["TEST", "TRAIN"], help="phase rules to apply")
+    p.add_argument("--ignore-unknown", action="store_true",
+                   help="skip fields unknown to caffe.proto (with a warning) instead of failing")
+    return p
+
+
+# ---- inputs ------------------------------------------------------------------------
+
+def find_weights(prototxt):
+    """The .caffemodel beside `prototxt`: same stem, else the only one in the folder; None if none."""
+    folder = os.path.dirname(os.path.abspath(prototxt))
+    stem = os.path.splitext(os.path.basename(prototxt))[0]
+    same = os.path.join(folder, stem + ".caffemodel")
+    if os.path.isfile(same):
+        return same
+    found = sorted(f for f in glob.glob(os.path.join(glob.escape(folder), "*.caffemodel")) if os.path.isfile(f))
+    if len(found) == 1:
+        return found[0]
+    if len(found) > 1:
+        names = ", ".join(os.path.basename(f) for f in found[:5]) + (", ..." if len(found) > 5 else "")
+        raise CaffeqError(f"{prototxt}: no --weights given and {len(found)} .caffemodel files beside it "
+                          f"({names}); pass --weights FILE.caffemodel")
+    return None
+
+
+def _rel(path):
+    try:
+        r = os.path.relpath(path)
+        return r if not r.startswith("..") else path
+    except ValueError:
+        return path
+
+
+def _parse_batch(value):
+    if value in (None, "dynamic", "N"):
+        return "dynamic"
+    try:
+        b = int(value)
+    except ValueError:
+        raise CaffeqError(f"--batch must be 'dynamic' or a positive integer, got {value!r}") from None
+    if b < 1:
+        raise CaffeqError(f"--batch must be >= 1, got {b}")
+    return b
+
+
+def _parse_opset(value):
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise CaffeqError(f"--opset must be an integer (13 or newer), got {value!r}") from None
+
+
+def _names(value, flag):
+    if value is None:
+        return None
+    if value.strip().lower() == "none":
+        if flag == "--only":
+            raise CaffeqError("--only none would quantize nothing; name layers or drop --only")
+        return "none"
+    names = [v.strip() for v in value.split(",")]
+    if any(not v for v in names):
+        raise CaffeqError(f"{flag}: empty layer name in {value!r}")
+    return names
+
+
+def _fmt_bytes(n):
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n} B"
+
+
+def _read_probe(path, model):
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file")
+    try:
+        if path.endswith(".npz"):
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        else:
+            arrays = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise DataError(f"{path}: not a numpy .npz/.npy file: {e}") from None
+    if isinstance(arrays, np.ndarray):
+        if len(model.inputs) != 1:
+            raise DataError(f"{path}: the net has {len(model.inputs)} inputs {list(model.inputs)}; "
+                            f"pass a .npz with one array per input blob")
+        arrays = {next(iter(model.inputs)): arrays}
+    missing = [k for k in model.inputs if k not in arrays]
+    if missing:
+        raise DataError(f"{path}: no array for input blob(s) {', '.join(missing)}; "
+                        f"it holds {', '.join(arrays) or 'nothing'}")
+    return {k: arrays[k] for k in model.inputs}
+
+
+def probe(fp32_model, quant_model, inputs):
+    """Per output: relative L2 error of the target against fp32 and top-1 agreement."""
+    ref = fp32_model.run(inputs)
+    out = quant_model.run(inputs)
+    rows = {}
+    for name in ref:
+        if name not in out:
+            continue
+        a = np.asarray(ref[name], np.float64)
+        b = np.asarray(out[name], np.float64)
+        norm = float(np.linalg.norm(a))
+        row = {"shape": list(a.shape),
+               "rel_error": float(np.linalg.norm(b - a) / norm) if norm else float(np.linalg.norm(b - a)),
+               "max_abs_error": float(np.abs(b - a).max()) if a.size else 0.0}
+        if a.ndim >= 2 and a.shape[1] > 1:
+            agree = np.argmax(a, axis=1) == np.argmax(b, axis=1)
+            row["top1_agreement"] = float(agree.mean())
+            row["top1_agree"] = int(agree.sum())
+            row["top1_total"] = int(agree.size)
+        rows[name] = row
+    return rows
+
+
+# ---- writers -------------------------------------------------------------------------
+
+def _beside_prototxt(path):
+    return os.path.splitext(path)[0] + ".prototxt"
+
+
+def _write_caffemodel(model, out, protected):
+    from ..io.writer import net_to_text, write_model_caffemodel
+    from .common import atomic_path
+    proto = _beside_prototxt(out)
+    for src in protected:
+        if src and os.path.exists(src) and os.path.exists(proto) and os.path.samefile(src, proto):
+            raise CaffeqError(f"{proto}: the prototxt written beside {out} would overwrite an input "
+                              f"file; choose another -o name")
+    text = net_to_text(model.net)
+    # both files appear together or not at all
+    with atomic_path(out, inputs=protected) as tmp_model, atomic_path(proto, inputs=protected) as tmp_proto:
+        write_model_caffemodel(model, tmp_model)
+        with open(tmp_proto, "w") as f:
+            f.write(text)
+    return proto
+
+
+def _write_caffeq(model, out, protected):
+    from ..io.container import save_caffeq
+    from .common import atomic_path
+    with atomic_path(out, inputs=protected) as tmp:
+        save_caffeq(model, tmp)
+
+
+# ---- the command ---------------------------------------------------------------------------
+
+def run(args):
+    from ..model import load
+    from ..quant import get_quantizer, quantize
+
+    model_path = args.model
+    is_caffeq = model_path.endswith(".caffeq")
+    if not os.path.exists(model_path):
+        raise CaffeqError(f"{model_path}: no such file")
+    weights = args.weights
+    lines = []          # what it did, printed at the end (nothing printed before a failure)
+    if is_caffeq:
+        if weights:
+            raise CaffeqError(f"{model_path}: a .caffeq file holds its weights; drop --weights")
+    elif weights is None:
+        weights = find_weights(model_path)
+        if weights is None:
+            raise CaffeqError(f"{model_path}: no .caffemodel beside it (same name or the only one in the "
+                              f"folder); pass --weights FILE.caffemodel")
+        lines.append(f"weights: {_rel(weights)} (found beside {os.path.basename(model_path)}; "
+                     f"--weights to choose another)")
+    batch = _parse_batch(args.batch)
+    opset = _parse_opset(args.opset)
+    keep = _names(args.keep, "--keep")
+    only = _names(args.only, "--only")
+    if keep not in (None, "none") and only is not None:
+        raise CaffeqError("--keep and --only cannot be combined; name the layers to quantize with --only")
+
+    model = load(model_path, weights, phase=args.phase, ignore_unknown=args.ignore_unknown)
+    for w in model.warnings:
+        print(f"caffeq: warning: {w}", file=sys.stderr)
+
+    stored = sorted(set((getattr(model, "quantization", {}) or {}).values()))
+    target = args.to or (stored[0] if len(stored) == 1 else "fp32")
+    get_quantizer(target)
+    if stored:
+        if target == "fp32":
+            qmodel = _dequantized(model)
+            lines.append(f"{model_path}: {', '.join(stored)} weights written as float32")
+        elif [target] == stored and keep is None and only is None:
+            qmodel = model
+            lines.append(f"{model_path}: already {target}; weights kept as stored")
+        else:
+            raise CaffeqError(f"{model_path} is already quantized ({', '.join(stored)}); convert the fp32 "
+                              f"prototxt and caffemodel to --to {target}")
+        fp32_model = None   # the float weights are not in the file
+    else:
+        qmodel = quantize(model, target, keep=keep, only=only)
+        fp32_model = model
+    report = getattr(qmodel, "quant_report", None)
+
+    out = args.output or f"{os.path.splitext(os.path.basename(model_path))[0]}.{target}.onnx"
+    ext = os.path.splitext(out)[1].lower()
+    if ext not in FORMATS:
+        raise CaffeqError(f"-o {out}: unknown output format {ext or '(no extension)'}; "
+                          f"use one of {', '.join(FORMATS)}")
+    if os.path.isdir(out):
+        raise CaffeqError(f"-o {out}: is a folder")
+    protected = [p for p in (model_path, weights, args.probe) if p]
+    for src in protected:
+        if os.path.exists(out) and os.path.samefile(src, out):
+            raise CaffeqError(f"{out}: refusing to overwrite an input file")
+    if ext != ".onnx":
+        ignored = [f for f, v in (("--opset", args.opset), ("--batch", None if batch == "dynamic" else batch),
+                                  ("--no-optimize", args.no_optimize or None)) if v is not None]
+        if ignored:
+            print(f"caffeq: warning: {', '.join(ignored)} only apply to .onnx output; ignored for {ext}",
+                  file=sys.stderr)
+
+    probe_inputs = _read_probe(args.probe, model) if args.probe else None
+
+    onnx_stats = None
+    written = [out]
+    if ext == ".onnx":
+        from ..backends.onnx_backend import export_onnx
+        onnx_stats = export_onnx(qmodel, out, opset=opset, batch=batch, optimize=not args.no_optimize,
+                                 inputs=protected)
+        if onnx_stats.get("data_file"):
+            written.append(onnx_stats["data_file"])
+    elif ext == ".caffemodel":
+        written.append(_write_caffemodel(qmodel, out, protected))
+    else:
+        _write_caffeq(qmodel, out, protected)
+
+    probe_rows = None
+    if probe_inputs is not None and fp32_model is not None:
+        probe_rows = probe(fp32_model, qmodel, probe_inputs)
+
+    # ---- what it did ----
+    src_bytes = os.path.getsize(weights) if weights else os.path.getsize(model_path)
+    out_bytes = sum(os.path.getsize(p) for p in written if p.endswith((".onnx", ".caffemodel", ".caffeq", ".data")))
+    if report is not None:
+        lines.append(report.summary())
+        lines.append(report.format_table())
+        for n in report.notes:
+            lines.append(f"note: {n}")
+    src_name = weights if weights else model_path
+    ratio = src_bytes / out_bytes if out_bytes else float("inf")
+    lines.append(f"wrote {', '.join(_rel(p) for p in written)} ({target}, {ext[1:]})")
+    lines.append(f"size: {_rel(src_name)} {_fmt_bytes(src_bytes)} -> {_rel(out)} {_fmt_bytes(out_bytes)} "
+                 f"(x{ratio:.2f} smaller)" if ratio >= 1 else
+                 f"size: {_rel(src_name)} {_fmt_bytes(src_bytes)} -> {_rel(out)} {_fmt_bytes(out_bytes)} "
+                 f"({1 / ratio:.2f}x larger)")
+    if report is not None and report.bytes_after:
+        lines.append(f"weights: {_fmt_bytes(report.bytes_before)} fp32 -> {_fmt_bytes(report.bytes_after)} "
+                     f"{target} (x{report.ratio:.2f})")
+    if onnx_stats is not None:
+        lines.append(f"ONNX opset {onnx_stats['opset']}, batch {onnx_stats['batch']}; nodes: "
+                     f"{onnx_stats['nodes_before']} before optimization, {onnx_stats['nodes_after']} after"
+                     + ("" if onnx_stats.get("optimized", True) else " (--no-optimize)"))
+        for n in onnx_stats.get("notes", []):
+            lines.append(f"note: {n}")
+    if probe_inputs is not None and probe_rows is None:
+        lines.append(f"probe: skipped, {_rel(model_path)} holds {', '.join(stored)} weights and no fp32 "
+                     f"reference; probe the conversion from the fp32 prototxt and caffemodel")
+    if probe_rows is not None:
+        n_items = next(iter(probe_inputs.values())).shape[0] if probe_inputs else 0
+        lines.append(f"probe ({_rel(args.probe)}, {n_items} item(s)), {target} against fp32:")
+        for name, row in probe_rows.items():
+            t = (f", top-1 agreement {row['top1_agree']}/{row['top1_total']} ({100 * row['top1_agreement']:.1f}%)"
+                 if "top1_agreement" in row else "")
+            lines.append(f"  {name}: relative error {row['rel_error']:.4g}{t}")
+    if target == "binary" and not stored and report is not None and report.changed:
+        w = f" --weights {_rel(weights)}" if weights else ""
+        lines.append(f"note: post-training binarization of a float-trained model changes its outputs a lot; "
+                     f"recover accuracy with `python cli.py finetune {_rel(model_path)}{w} --to binary ...`")
+    to_stdout = args.json != "-"
+    stream = sys.stdout if to_stdout else sys.stderr
+    print("\n".join(lines), file=stream)
+
+    if args.json:
+        from .common import write_json
+        write_json(args.json, {
+            "model": model_path, "weights": weights, "target": target, "output": out,
+            "format": ext[1:], "written": written,
+            "size_before": src_bytes, "size_after": out_bytes,
+            "compression": (src_bytes / out_bytes) if out_bytes else None,
+            "report": report.to_dict() if report is not None else None,
+            "onnx": onnx_stats, "probe": probe_rows,
+        })
+    return 0
+
+
+def _dequantized(model):
+    """A copy of a quantized model whose weights are plain float32 (compact forms dropped)."""
+    from ..quant import copy_model
+    m = copy_model(model)
+    for n in m.graph.nodes:
+        if getattr(n, "quant", None):
+            n.quant = {}
+    m.quantization = {}
+    return m
+
+
+__all__ = ["add_parser", "run", "find_weights", "probe"]

@@ -1,0 +1,351 @@
+"""caffeq.data: Caffe's DataTransformer against hand-computed numpy, and the dataset readers."""
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+from caffeq.data import (
+    ArrayDataset,
+    CaffeRNG,
+    Collate,
+    DataTransformer,
+    ImageFolderDataset,
+    ImageListDataset,
+    LmdbDataset,
+    Normalizer,
+    Preprocess,
+    StridedSampler,
+    detect_kind,
+    open_dataset,
+)
+from caffeq.data.lmdb_source import decode_datum, first_datum_shape, parse_datum
+from caffeq.errors import DataError
+from caffeq.io.schema import caffe_pb2
+
+cv2 = pytest.importorskip("cv2")
+lmdb = pytest.importorskip("lmdb")
+
+DIGITS = os.path.join(os.path.dirname(__file__), "..", "examples", "digits")
+
+
+def write_mean(path, mean):
+    """A Caffe mean .binaryproto (BlobProto with num/channels/height/width)."""
+    b = caffe_pb2.BlobProto()
+    b.num, (b.channels, b.height, b.width) = 1, mean.shape
+    b.data.extend(mean.ravel().tolist())
+    with open(path, "wb") as f:
+        f.write(b.SerializeToString())
+
+
+def write_lmdb(path, datums):
+    env = lmdb.open(str(path), map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        for i, d in enumerate(datums):
+            txn.put(f"{i:08d}".encode(), d.SerializeToString())
+    env.close()
+
+
+def raw_datum(img, label=0):
+    d = caffe_pb2.Datum()
+    d.channels, d.height, d.width = img.shape
+    if img.dtype == np.uint8:
+        d.data = img.tobytes()
+    else:
+        d.float_data.extend(img.ravel().tolist())
+    d.label = label
+    return d
+
+
+def encoded_datum(hwc, label=0, ext=".png"):
+    ok, buf = cv2.imencode(ext, hwc)
+    assert ok
+    d = caffe_pb2.Datum()
+    d.data, d.encoded, d.label = buf.tobytes(), True, label
+    return d
+
+
+# ---- the transformer, by Caffe's index formulas ------------------------------------------------
+
+def caffe_transform(img, scale, mean=None, mean_values=None, crop=0, h_off=0, w_off=0, mirror=False):
+    """Caffe's DataTransformer::Transform(const Datum&, Dtype*) loop, literally (float32)."""
+    C, H, W = img.shape
+    height, width = (crop, crop) if crop else (H, W)
+    out = np.zeros(C * height * width, np.float32)
+    flat, mflat = img.ravel(), None if mean is None else mean.ravel()
+    for c in range(C):
+        for h in range(height):
+            for w in range(width):
+                data_index = (c * H + h_off + h) * W + w_off + w
+                top_index = (c * height + h) * width + ((width - 1 - w) if mirror else w)
+                e = np.float32(flat[data_index])
+                if mflat is not None:
+                    out[top_index] = (e - np.float32(mflat[data_index])) * np.float32(scale)
+                elif mean_values is not None:
+                    out[top_index] = (e - np.float32(mean_values[c])) * np.float32(scale)
+                else:
+                    out[top_index] = e * np.float32(scale)
+    return out.reshape(C, height, width)
+
+
+@pytest.fixture
+def img375():
+    return np.random.default_rng(0).integers(0, 256, (3, 7, 9), dtype=np.uint8)
+
+
+def test_centre_crop_with_mean_file(tmp_path, img375):
+    mean = np.random.default_rng(1).uniform(0, 255, (3, 7, 9)).astype(np.float32)
+    write_mean(tmp_path / "mean.binaryproto", mean)
+    t = DataTransformer(scale=0.017, mean_file=str(tmp_path / "mean.binaryproto"), crop_size=4)
+    # centre at TEST: ((7 - 4) / 2, (9 - 4) / 2) = (1, 2); the mean is cropped at the same offset
+    assert t.geometry(img375.shape) == (1, 2, False)
+    want = caffe_transform(img375, 0.017, mean=mean, crop=4, h_off=1, w_off=2)
+    got = t(img375)
+    assert got.dtype == np.float32 and got.shape == (3, 4, 4)
+    np.testing.assert_array_equal(got, want)
+    # and by hand for one element: output (c=2, h=0, w=3) reads source (2, 1, 5)
+    assert got[2, 0, 3] == (np.float32(img375[2, 1, 5]) - mean[2, 1, 5]) * np.float32(0.017)
+
+
+def test_mean_value_per_channel_and_single(img375):
+    t = DataTransformer(scale=0.5, mean_value=[104, 117, 123])
+    want = (img375.astype(np.float32) - np.array([104, 117, 123], np.float32)[:, None, None]) * np.float32(0.5)
+    np.testing.assert_array_equal(t(img375), want)
+    np.testing.assert_array_equal(t(img375), caffe_transform(img375, 0.5, mean_values=[104, 117, 123]))
+    one = DataTransformer(mean_value=[100])   # one value is replicated over the channels
+    np.testing.assert_array_equal(one(img375), img375.astype(np.float32) - 100)
+    with pytest.raises(DataError, match="mean_value"):
+        DataTransformer(mean_value=[1, 2])(img375)
+
+
+def test_scale_only_and_float_data():
+    img = np.random.default_rng(2).normal(size=(2, 3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(DataTransformer(scale=3.0)(img), img * np.float32(3.0))
+
+
+def _seed_for(mirror_wanted, h, w, crop):
+    for seed in range(100):
+        r = np.random.RandomState(seed).randint(0, 2 ** 32, size=3, dtype=np.uint32).astype(np.int64)
+        if (r[0] % 2 == 1) == mirror_wanted:
+            return seed, bool(r[0] % 2), int(r[1] % (h - crop + 1)), int(r[2] % (w - crop + 1))
+    raise AssertionError("no seed")
+
+
+@pytest.mark.parametrize("mirror_wanted", [True, False])
+def test_train_mirror_and_random_crop_with_seed(tmp_path, img375, mirror_wanted):
+    mean = np.random.default_rng(3).uniform(0, 255, (3, 7, 9)).astype(np.float32)
+    write_mean(tmp_path / "m.binaryproto", mean)
+    seed, mirror, h_off, w_off = _seed_for(mirror_wanted, 7, 9, 5)
+    t = DataTransformer(scale=0.25, mean_file=str(tmp_path / "m.binaryproto"), crop_size=5, mirror=True,
+                        phase="TRAIN")
+    # Caffe's order: Rand(2) for the mirror, then Rand(H - crop + 1), then Rand(W - crop + 1)
+    got = t(img375, rng=CaffeRNG(seed))
+    want = caffe_transform(img375, 0.25, mean=mean, crop=5, h_off=h_off, w_off=w_off, mirror=mirror)
+    np.testing.assert_array_equal(got, want)
+    assert mirror == mirror_wanted
+
+
+def test_mirror_is_off_at_test(img375):
+    t = DataTransformer(mirror=True, phase="TEST")
+    np.testing.assert_array_equal(t(img375), img375.astype(np.float32))
+
+
+def test_caffe_rng_is_mt19937():
+    # std::mt19937 / boost::mt19937 with the default seed 5489: 3499211612, 581869302, ...
+    r = CaffeRNG(5489)
+    assert r.rand(1 << 32) == 3499211612 and r.rand(1 << 32) == 581869302
+
+
+def test_transformer_checks(tmp_path, img375):
+    with pytest.raises(DataError, match="mean_file and mean_value"):
+        DataTransformer(mean_file="x", mean_value=[1])
+    with pytest.raises(DataError, match="force_color and force_gray"):
+        DataTransformer(force_color=True, force_gray=True)
+    with pytest.raises(DataError, match="mean file not found"):
+        DataTransformer(mean_file=str(tmp_path / "nope.binaryproto"))
+    with pytest.raises(DataError, match="smaller than crop_size"):
+        DataTransformer(crop_size=8)(img375)
+    write_mean(tmp_path / "m.binaryproto", np.zeros((3, 5, 5), np.float32))
+    with pytest.raises(DataError, match="mean file is 3x5x5"):
+        DataTransformer(mean_file=str(tmp_path / "m.binaryproto"))(img375)
+
+
+def test_batch_normalizer_equals_per_image(tmp_path):
+    rng = np.random.default_rng(4)
+    imgs = rng.integers(0, 256, (5, 3, 10, 12), dtype=np.uint8)
+    mean = rng.uniform(0, 255, (3, 10, 12)).astype(np.float32)
+    write_mean(tmp_path / "m.binaryproto", mean)
+    t = DataTransformer(scale=0.0078125, mean_file=str(tmp_path / "m.binaryproto"), crop_size=7)
+    pre = Preprocess(t, defer_normalize=True)
+    raw = np.stack([pre(im, i, "x") for i, im in enumerate(imgs)])
+    assert raw.dtype == np.uint8
+    norm = Normalizer(t.mean_for((3, 10, 12)), t.scale)
+    want = np.stack([t(im) for im in imgs])
+    np.testing.assert_array_equal(norm.numpy(raw), want)
+    import torch
+    np.testing.assert_array_equal(norm.torch(torch.from_numpy(raw)).numpy(), want)
+
+
+def test_rgb_channel_order(img375):
+    pre = Preprocess(DataTransformer(mean_value=[1, 2, 3]), channel_order="RGB")
+    want = img375[::-1].astype(np.float32) - np.array([1, 2, 3], np.float32)[:, None, None]
+    np.testing.assert_array_equal(pre(img375, 0, "x"), want)
+
+
+# ---- encoded datums: force_gray / force_color / native -----------------------------------------
+
+def test_force_gray_and_force_color_on_encoded_datums(tmp_path):
+    rng = np.random.default_rng(5)
+    grey_values = rng.integers(0, 256, (6, 5), dtype=np.uint8)
+    # a colour PNG whose B, G and R are equal: every grey conversion gives that value exactly
+    colour = np.repeat(grey_values[:, :, None], 3, axis=2)
+    grey_png = grey_values[:, :, None]
+    write_lmdb(tmp_path / "db", [encoded_datum(colour, 3), encoded_datum(grey_png, 4)])
+    native = LmdbDataset(tmp_path / "db", Preprocess(DataTransformer()))
+    assert native[0][1].shape == (3, 6, 5) and native[1][1].shape == (1, 6, 5)
+    assert first_datum_shape(str(tmp_path / "db")) == (3, 6, 5)
+    gray = LmdbDataset(tmp_path / "db", Preprocess(DataTransformer(force_gray=True)), force_gray=True)
+    for i in range(2):
+        _, arr, label, err = gray[i]
+        assert err is None and label == 3 + i
+        np.testing.assert_array_equal(arr, grey_values[None].astype(np.float32))
+    color = LmdbDataset(tmp_path / "db", Preprocess(DataTransformer(force_color=True)), force_color=True)
+    np.testing.assert_array_equal(color[1][1], np.repeat(grey_values[None], 3, 0).astype(np.float32))
+
+
+def test_raw_float_datum_and_corrupt_record(tmp_path):
+    f = np.random.default_rng(6).normal(size=(2, 3, 4)).astype(np.float32)
+    bad = caffe_pb2.Datum()
+    bad.channels, bad.height, bad.width, bad.data = 1, 2, 2, b"\x01\x02"   # 2 bytes for 4 pixels
+    write_lmdb(tmp_path / "db", [raw_datum(f, 7), bad])
+    ds = LmdbDataset(tmp_path / "db", Preprocess(DataTransformer(scale=2.0)))
+    _, arr, label, err = ds[0]
+    assert err is None and label == 7
+    np.testing.assert_array_equal(arr, f * np.float32(2))
+    _, arr, _, err = ds[1]
+    assert arr is None and "2 values for a 1x2x2 datum" in err and "00000001" in err
+    d = parse_datum(raw_datum(f, 1).SerializeToString())
+    arr, label = decode_datum(d)
+    assert arr.dtype == np.float32 and label == 1
+
+
+def test_lmdb_limit_and_missing(tmp_path):
+    ds = LmdbDataset(os.path.join(DIGITS, "test_lmdb"), None, limit=10)
+    assert len(ds) == 10 and ds[9][1].dtype == np.uint8
+    with pytest.raises(DataError, match="no such LMDB"):
+        LmdbDataset(tmp_path / "nope")
+
+
+# ---- ImageData lists, folders, arrays ------------------------------------------------------------
+
+def test_digits_lmdb_and_png_list_agree():
+    t = DataTransformer(scale=0.00390625, mean_file=os.path.join(DIGITS, "mean.binaryproto"))
+    a = LmdbDataset(os.path.join(DIGITS, "test_lmdb"), Preprocess(t))
+    b = ImageListDataset(os.path.join(DIGITS, "test_list.txt"), Preprocess(t), is_color=False)
+    assert len(a) == len(b) == 400
+    for i in (0, 17, 399):
+        np.testing.assert_array_equal(a[i][1], b[i][1])
+        assert a[i][2] == b[i][2]
+
+
+def test_image_list_resize_is_opencv_bilinear(tmp_path):
+    img = np.random.default_rng(7).integers(0, 256, (8, 12, 3), dtype=np.uint8)
+    cv2.imwrite(str(tmp_path / "a.png"), img)
+    (tmp_path / "list.txt").write_text("a.png 1\n")
+    ds = ImageListDataset(str(tmp_path / "list.txt"), None, new_height=4, new_width=6, base_dir=str(tmp_path))
+    _, got, label, err = ds[0]
+    assert err is None and label == 1 and got.shape == (3, 4, 6)
+    # halving with bilinear weights samples between 2x2 blocks: their mean, rounded half up
+    blocks = img.reshape(4, 2, 6, 2, 3).astype(np.int64).sum(axis=(1, 3))
+    want = np.floor(blocks / 4 + 0.5).astype(np.uint8).transpose(2, 0, 1)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_image_list_root_folder_and_errors(tmp_path):
+    os.makedirs(tmp_path / "imgs")
+    cv2.imwrite(str(tmp_path / "imgs" / "a.png"), np.full((4, 4), 9, np.uint8))
+    (tmp_path / "imgs" / "b.png").write_bytes(b"not a png")
+    (tmp_path / "list.txt").write_text("a.png 0\nb.png 1\nmissing.png 2\n")
+    ds = ImageListDataset(str(tmp_path / "list.txt"), None, root_folder="imgs/", is_color=False,
+                          base_dir=str(tmp_path))
+    assert ds[0][3] is None and ds[0][1].shape == (1, 4, 4)
+    assert "imgs/b.png" in ds[1][3] and "cannot decode" in ds[1][3]
+    assert "imgs/missing.png" in ds[2][3] and "cannot read" in ds[2][3]
+    with pytest.raises(DataError, match="image list file not found"):
+        ImageListDataset(str(tmp_path / "nope.txt"))
+    (tmp_path / "bad.txt").write_text("a.png x\n")
+    with pytest.raises(DataError, match="bad.txt:1: label 'x'"):
+        ImageListDataset(str(tmp_path / "bad.txt"))
+
+
+def test_image_folder_sorted_classes(tmp_path):
+    for cls, v in (("zebra", 1), ("ant", 2), ("cat", 3)):
+        os.makedirs(tmp_path / cls)
+        for k in range(2):
+            cv2.imwrite(str(tmp_path / cls / f"{k}.png"), np.full((3, 3), v * 10 + k, np.uint8))
+    (tmp_path / "ant" / "notes.txt").write_text("skip me")
+    ds = ImageFolderDataset(str(tmp_path), None, is_color=False)
+    assert ds.classes == ["ant", "cat", "zebra"] and len(ds) == 6
+    assert [ds[i][2] for i in range(6)] == [0, 0, 1, 1, 2, 2]
+    assert ds[2][1][0, 0, 0] == 30 and ds[5][1][0, 0, 0] == 11
+    assert detect_kind(str(tmp_path)) == "image_folder"
+
+
+def test_arrays_npy_npz_memory_mapped(tmp_path):
+    data = np.random.default_rng(8).integers(0, 256, (5, 1, 4, 4), dtype=np.uint8)
+    labels = np.arange(5) % 3
+    np.save(tmp_path / "x.npy", data)
+    np.savez(tmp_path / "xy.npz", data=data, label=labels)
+    np.savez_compressed(tmp_path / "c.npz", images=data)
+    a = ArrayDataset(str(tmp_path / "x.npy"))
+    assert not a.has_labels and isinstance(a._data, np.memmap)
+    b = ArrayDataset(str(tmp_path / "xy.npz"))
+    assert b.has_labels and isinstance(b._data, np.memmap)
+    for i in range(5):
+        np.testing.assert_array_equal(a[i][1], data[i])
+        np.testing.assert_array_equal(b[i][1], data[i])
+        assert b[i][2] == labels[i]
+    c = ArrayDataset(str(tmp_path / "c.npz"))
+    np.testing.assert_array_equal(c[4][1], data[4])
+    assert detect_kind(str(tmp_path / "xy.npz")) == "array"
+    with zipfile.ZipFile(tmp_path / "xy.npz") as z:
+        assert z.getinfo("data.npy").compress_type == zipfile.ZIP_STORED
+
+
+def test_detect_kind_and_missing(tmp_path):
+    assert detect_kind(os.path.join(DIGITS, "test_lmdb")) == "lmdb"
+    assert detect_kind(os.path.join(DIGITS, "test_list.txt")) == "image_list"
+    with pytest.raises(DataError, match="not found"):
+        detect_kind(str(tmp_path / "nothing"))
+    with pytest.raises(DataError, match="not found"):
+        open_dataset(str(tmp_path / "nothing"))
+
+
+# ---- batching and sharding --------------------------------------------------------------------
+
+def test_collate_drops_bad_and_misshaped_items():
+    items = [(0, np.zeros((1, 2, 2), np.uint8), 3, None), (1, None, -1, "item 1: broken"),
+             (2, np.zeros((1, 3, 3), np.uint8), 4, None), (3, np.ones((1, 2, 2), np.uint8), 5, None)]
+    b = Collate((1, 2, 2))(items)
+    assert b["index"].tolist() == [0, 3] and b["label"].tolist() == [3, 5]
+    assert b["data"].shape == (2, 1, 2, 2) and b["data"].dtype.is_floating_point is False
+    assert [i for i, _ in b["bad"]] == [1, 2] and "shape 1x3x3" in b["bad"][1][1]
+
+
+@pytest.mark.parametrize("n,world", [(10, 3), (7, 2), (1, 4), (0, 2)])
+def test_strided_sampler_covers_each_item_once(n, world):
+    shards = [list(StridedSampler(n, r, world)) for r in range(world)]
+    assert sorted(i for s in shards for i in s) == list(range(n))
+    assert [len(StridedSampler(n, r, world)) for r in range(world)] == [len(s) for s in shards]
+    assert shards[0] == list(range(0, n, world))
+
+
+def test_lmdb_dataset_in_worker_processes():
+    import torch
+    t = DataTransformer(scale=0.00390625, mean_file=os.path.join(DIGITS, "mean.binaryproto"))
+    ds = LmdbDataset(os.path.join(DIGITS, "test_lmdb"), Preprocess(t), limit=40)
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, collate_fn=Collate((1, 16, 16)))
+    got = torch.cat([b["data"] for b in loader]).numpy()
+    want = np.stack([ds[i][1] for i in range(40)])
+    np.testing.assert_array_equal(got, want)
+    ds.close()
