@@ -164,6 +164,9 @@ def plan_data(layer, inputs, base_dir, data=None, batch_size=None, transform=Non
                                   mean_value=t.get("mean_value") or (), crop_size=t.get("crop_size", 0) or 0,
                                   mirror=t.get("mirror", False), force_color=t.get("force_color", False),
                                   force_gray=t.get("force_gray", False), phase="TEST")
+    if layer is None and transformer.is_identity:
+        notes.append("no mean or scale given: the net sees raw pixel values (see --mean-file, --mean-value, "
+                     "--scale)")
     if not image:
         if t.get("force_color") or t.get("force_gray"):
             is_color = bool(t.get("force_color"))
@@ -515,48 +518,119 @@ def _probe(dataset, expected, plan):
     return tuple(expected)
 
 
+class Runner:
+    """Every target's module and running sums; `step` feeds one batch to all of them.
+
+    The evaluation loop feeds it the DataLoader's batches; benchmarks/eval.py feeds it the same
+    batches preloaded, to time the model side alone.
+    """
+
+    def __init__(self, base, plan, names, device, keep=None, output=None, has_labels=True):
+        from .quant import compute_dtype, quantize
+        if plan.label_blob is not None and plan.label_blob not in base.inputs:
+            plan.label_blob = None            # a data layer whose label top nothing reads
+        if plan.label_blob is not None and not has_labels:
+            raise DataError(f"{plan.source}: has no labels but the net's '{plan.label_blob}' blob needs them")
+        self.base, self.plan, self.names, self.dev = base, plan, list(names), device
+        self.has_labels = has_labels
+        self.score = _score_blob(base, plan.label_blob, output)
+        self.metric_names = _metric_blobs(base, self.score)
+        self.expected = tuple(base.inputs[plan.data_blob][1:])
+        blob_shape = base.blob_shapes.get(self.score)
+        self.num_classes = int(blob_shape[1]) if blob_shape is not None and len(blob_shape) > 1 else None
+        self.ignore = _ignore_labels(base, plan.label_blob)
+        self.models, self.modules, self.notes = {}, {}, list(plan.notes)
+        wanted = [self.score] + [m for m in self.metric_names if m != self.score]
+        for t in self.names:
+            m = base if t == "fp32" else quantize(base, t, keep=keep)
+            if t != "fp32":
+                rep = getattr(m, "quant_report", None)
+                self.notes.extend(f"{t}: {n}" for n in getattr(rep, "notes", []) or [])
+            self.models[t] = m
+            dtype = compute_dtype(t, device)
+            self.modules[t] = (_module(m, wanted, device, dtype), dtype)
+        t = plan.transformer
+        self.normalizer = Normalizer(t.mean_for(_raw_shape(plan, self.expected)), t.scale)
+        self.on_device = device.type == "cuda"
+        self.accs = {t: _Acc(device, self.metric_names) for t in self.names}
+        self.events = []
+        self._ignore_dev = None
+
+    def collate(self):
+        """The DataLoader's collate_fn: on CPU the workers normalize, on CUDA the device does."""
+        return Collate(self.expected, None if self.on_device else self.normalizer)
+
+    def split_labels(self, x, labels, index):
+        """Drop items whose label is outside the classes -> (x, labels, [(index, label)] dropped)."""
+        if not self.has_labels or self.num_classes is None or not len(labels):
+            return x, labels, []
+        inside = (labels >= 0) & (labels < self.num_classes)
+        if self.ignore:
+            inside |= torch.isin(labels, torch.tensor(sorted(self.ignore), dtype=labels.dtype))
+        if bool(inside.all()):
+            return x, labels, []
+        dropped = list(zip(index[~inside].tolist(), labels[~inside].tolist()))
+        return x[inside], labels[inside], dropped
+
+    def step(self, x, labels):
+        """Run every target on one batch (raw or normalized, on any device) and add up its metrics."""
+        n = int(x.shape[0])
+        if not n:
+            return
+        dev = self.dev
+        x = x.to(dev, non_blocking=True)
+        x = self.normalizer.torch(x) if self.on_device else x.to(torch.float32)
+        lab = labels.to(dev, non_blocking=True) if self.has_labels else None
+        labeled = None
+        if lab is not None:
+            labeled = torch.ones_like(lab, dtype=torch.bool)
+            if self.ignore:
+                if self._ignore_dev is None:
+                    self._ignore_dev = torch.tensor(sorted(self.ignore), device=dev, dtype=lab.dtype)
+                labeled = ~torch.isin(lab, self._ignore_dev)
+        feed_label = lab.to(torch.float32) if self.plan.label_blob is not None else None
+        ref = None
+        for t in self.names:
+            gm, dtype = self.modules[t]
+            acc = self.accs[t]
+            if self.on_device:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            else:
+                t0 = time.perf_counter()
+            xin = x if dtype is None else x.to(dtype)
+            feed = [xin] if feed_label is None else _ordered_feed(gm, self.plan, xin, feed_label)
+            out = gm(*feed)
+            s = _batch_stats(acc, out, self.score, self.metric_names, lab, labeled, ref, n)
+            if t == "fp32":
+                ref = s
+            if self.on_device:
+                end.record()
+                self.events.append((t, start, end))
+            else:
+                acc.seconds += time.perf_counter() - t0
+        if self.on_device and len(self.events) > 256:
+            _collect_events(self.events, self.accs)
+
+    def sync(self):
+        if self.on_device:
+            torch.cuda.synchronize(self.dev)
+            _collect_events(self.events, self.accs)
+
+
 def _evaluate(base, plan, dataset, names, dev, dist_env, workers, strict, output, keep, progress, started):
-    from .quant import compute_dtype, quantize
-    if plan.label_blob is not None and plan.label_blob not in base.inputs:
-        plan.label_blob = None            # a data layer whose label top nothing reads
-    score = _score_blob(base, plan.label_blob, output)
-    metric_names = _metric_blobs(base, score)
-    expected = tuple(base.inputs[plan.data_blob][1:])
-    blob_shape = base.blob_shapes.get(score)
-    num_classes = int(blob_shape[1]) if blob_shape is not None and len(blob_shape) > 1 else None
-    ignore = _ignore_labels(base, plan.label_blob)
-    if plan.label_blob is not None and not dataset.has_labels:
-        raise DataError(f"{plan.source}: has no labels but the net's '{plan.label_blob}' blob needs them")
-
-    # the models, one per target, each on the same batches
-    models, modules, notes = {}, {}, list(plan.notes)
-    wanted = [score] + [m for m in metric_names if m != score]
-    for t in names:
-        m = base if t == "fp32" else quantize(base, t, keep=keep)
-        if t != "fp32":
-            rep = getattr(m, "quant_report", None)
-            notes.extend(f"{t}: {n}" for n in getattr(rep, "notes", []) or [])
-        models[t] = m
-        dtype = compute_dtype(t, dev)
-        modules[t] = (_module(m, wanted, dev, dtype), dtype)
-
-    normalizer = Normalizer(plan.transformer.mean_for(_raw_shape(plan, expected)), plan.transformer.scale)
-    on_device = dev.type == "cuda"
-    collate = Collate(expected, None if on_device else normalizer)
+    runner = Runner(base, plan, names, dev, keep=keep, output=output, has_labels=dataset.has_labels)
     sampler = StridedSampler(len(dataset), dist_env.rank, dist_env.world_size)
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=plan.batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,
-        pin_memory=on_device, worker_init_fn=worker_init if workers else None,
-        prefetch_factor=4 if workers else None)
-
-    accs = {t: _Acc(dev, metric_names) for t in names}
+        dataset, batch_size=plan.batch_size, sampler=sampler, num_workers=workers,
+        collate_fn=runner.collate(), pin_memory=runner.on_device,
+        worker_init_fn=worker_init if workers else None, prefetch_factor=4 if workers else None)
     bad, bad_count, oor, oor_count = [], 0, [], 0
     bar = None
     if progress and dist_env.rank == 0:
         from tqdm import tqdm
         bar = tqdm(total=len(sampler), unit="img", desc="eval", file=sys.stderr, dynamic_ncols=True,
                    smoothing=0.1)
-    events = []
     loop_start = time.perf_counter()
     try:
         with torch.inference_mode():
@@ -565,45 +639,25 @@ def _evaluate(base, plan, dataset, names, dev, dist_env, workers, strict, output
                     if strict:
                         raise DataError(f"{batch['bad'][0][1]} (--strict)")
                     bad_count += len(batch["bad"])
-                    room = MAX_LISTED_ERRORS - len(bad)
-                    if room > 0:
-                        bad.extend(batch["bad"][:room])
-                x, labels, index = batch["data"], batch["label"], batch["index"]
-                if dataset.has_labels and num_classes is not None and len(labels):
-                    inside = ((labels >= 0) & (labels < num_classes)) | _isin(labels, ignore)
-                    if not bool(inside.all()):
-                        out_idx = index[~inside].tolist()
-                        out_lab = labels[~inside].tolist()
-                        if strict:
-                            raise DataError(f"item {out_idx[0]}: label {out_lab[0]} is outside the net's "
-                                            f"{num_classes} classes (--strict)")
-                        oor_count += len(out_idx)
-                        room = MAX_LISTED_ERRORS - len(oor)
-                        oor.extend(list(zip(out_idx, out_lab))[:max(room, 0)])
-                        x, labels, index = x[inside], labels[inside], index[inside]
-                n = int(x.shape[0])
-                if n:
-                    _run_batch(x, labels, n, dev, on_device, normalizer, plan, modules, accs, names, score,
-                               metric_names, dataset.has_labels, ignore, events)
+                    bad.extend(batch["bad"][:max(0, MAX_LISTED_ERRORS - len(bad))])
+                x, labels, dropped = runner.split_labels(batch["data"], batch["label"], batch["index"])
+                if dropped:
+                    if strict:
+                        raise DataError(f"item {dropped[0][0]}: label {dropped[0][1]} is outside the net's "
+                                        f"{runner.num_classes} classes (--strict)")
+                    oor_count += len(dropped)
+                    oor.extend(dropped[:max(0, MAX_LISTED_ERRORS - len(oor))])
+                runner.step(x, labels)
                 if bar is not None:
                     bar.update(int(batch["index"].shape[0]) + len(batch["bad"]))
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-            _collect_events(events, accs)
+        runner.sync()
     finally:
         if bar is not None:
             bar.close()
     wall = time.perf_counter() - loop_start
-    result = _report(base, plan, names, models, accs, metric_names, score, num_classes, dist_env, dev,
-                     dataset, bad, bad_count, oor, oor_count, wall, started, workers, notes)
+    result = _report(runner, dist_env, dataset, bad, bad_count, oor, oor_count, wall, started, workers)
     result["warnings"] = list(base.warnings)
     return result
-
-
-def _isin(labels, values):
-    if not values:
-        return torch.zeros_like(labels, dtype=torch.bool)
-    return torch.isin(labels, torch.tensor(sorted(values), dtype=labels.dtype))
 
 
 def _raw_shape(plan, expected):
@@ -612,46 +666,6 @@ def _raw_shape(plan, expected):
     if t.mean is not None:
         return tuple(t.mean.shape)
     return tuple(expected)
-
-
-def _run_batch(x, labels, n, dev, on_device, normalizer, plan, modules, accs, names, score, metric_names,
-               has_labels, ignore, events):
-    x = x.to(dev, non_blocking=True)
-    if on_device:
-        x = normalizer.torch(x)
-    elif x.dtype != torch.float32:
-        x = x.float()
-    lab_dev = labels.to(dev, non_blocking=True) if has_labels else None
-    labeled = None
-    if lab_dev is not None:
-        labeled = torch.ones_like(lab_dev, dtype=torch.bool)
-        if ignore:
-            labeled = ~torch.isin(lab_dev, torch.tensor(sorted(ignore), device=dev, dtype=lab_dev.dtype))
-    feed_label = None
-    if plan.label_blob is not None:
-        feed_label = lab_dev.to(torch.float32)
-    ref = None
-    for t in names:
-        gm, dtype = modules[t]
-        acc = accs[t]
-        if on_device:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        else:
-            t0 = time.perf_counter()
-        xin = x if dtype is None else x.to(dtype)
-        feed = [xin] if feed_label is None else _ordered_feed(gm, plan, xin, feed_label)
-        out = gm(*feed)
-        s = _batch_stats(acc, out, score, metric_names, lab_dev, labeled, ref, n)
-        if t == "fp32":
-            ref = s
-        if on_device:
-            end.record()
-            events.append((t, start, end))
-        else:
-            acc.seconds += time.perf_counter() - t0
-    if on_device and len(events) > 256:
-        _collect_events(events, accs)
 
 
 def _ordered_feed(gm, plan, x, label):
@@ -680,8 +694,10 @@ def _frac(num, den):
     return float(num) / float(den) if den else None
 
 
-def _report(base, plan, names, models, accs, metric_names, score, num_classes, dist_env, dev, dataset,
-            bad, bad_count, oor, oor_count, wall, started, workers, notes):
+def _report(runner, dist_env, dataset, bad, bad_count, oor, oor_count, wall, started, workers):
+    base, plan, names, models, accs = runner.base, runner.plan, runner.names, runner.models, runner.accs
+    metric_names, score, num_classes, dev = runner.metric_names, runner.score, runner.num_classes, runner.dev
+    notes = runner.notes
     # one all-reduce for every sum, one for the maxima
     sums = torch.stack([accs[t].sums.double() for t in names]).cpu()
     maxes = torch.stack([accs[t].max_abs.double() for t in names]).cpu()

@@ -640,9 +640,11 @@ class _Out:
         self.fd = None
 
     def __enter__(self):
-        # no O_TRUNC: the file is a fresh temporary, and truncating makes ext4 flush on close
+        # no O_TRUNC: the file is a fresh, empty temporary, and a truncate makes ext4 flush
+        # the whole file to disk on close (its auto_da_alloc heuristic)
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-        os.ftruncate(self.fd, 0) if os.fstat(self.fd).st_size else None
+        if os.fstat(self.fd).st_size:
+            os.ftruncate(self.fd, 0)
         return self
 
     def __exit__(self, *exc):

@@ -48,28 +48,28 @@ def _view(shape, axis, groups):
     return shape, tuple(b)
 
 
-class _Int4Init:
-    """An INT4 initializer for the ONNX writer (two's complement nibbles, low nibble first)."""
-    __slots__ = ("codes",)
+def _int4_init(codes):
+    """An INT4 initializer for the ONNX writer: two's complement nibbles, low nibble first."""
+    from .onnx_backend import _Init
 
-    def __init__(self, codes):
-        self.codes = np.asarray(codes, np.int8)
+    class Int4Init(_Init):
+        __slots__ = ("dims",)
 
-    def shape(self):
-        return tuple(self.codes.shape)
+        def __init__(self, codes):
+            flat = np.asarray(codes, np.int8).reshape(-1).astype(np.uint8) & 0x0F
+            if flat.size % 2:
+                flat = np.concatenate([flat, np.zeros(1, np.uint8)])
+            super().__init__((flat[0::2] | (flat[1::2] << 4)).astype(np.uint8), False)
+            self.dims = tuple(np.shape(codes))
 
-    def dtype(self):
-        import ml_dtypes
-        return np.dtype(ml_dtypes.int4)
+        def shape(self):
+            return self.dims
 
-    def nbytes(self):
-        return (self.codes.size + 1) // 2
+        def dtype(self):
+            import ml_dtypes
+            return np.dtype(ml_dtypes.int4)
 
-    def data(self):
-        flat = (self.codes.reshape(-1).astype(np.uint8) & 0x0F)
-        if flat.size % 2:
-            flat = np.concatenate([flat, np.zeros(1, np.uint8)])
-        return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+    return Int4Init(codes)
 
 
 def _int4_available(ctx):
@@ -132,7 +132,7 @@ def emit_quantized_weight(ctx, node, index, transpose=False, binary_storage=None
             raise ExportError(f"INT4 binary weights need opset 21 or newer (and ml_dtypes); "
                               f"this export is opset {ctx.opset}")
         q = ctx.tmp(base + "_int4")
-        ctx.initializers[q] = _Int4Init(codes)
+        ctx.initializers[q] = _int4_init(codes)
         if groups == 1:
             s = ctx.const(np.asarray(scale, np.float32), base + "_alpha")
             dq = ctx.tmp(base + "_dq") if len(shape) == 2 else out

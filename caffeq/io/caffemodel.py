@@ -285,6 +285,13 @@ def _open_map(path):
         raise ParseError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
+def _layer_name(name):
+    # protobuf hands back bytes for a string field that is not valid UTF-8
+    if not isinstance(name, str):
+        raise ParseError(f"layer name {bytes(name)[:40]!r} is not UTF-8 text")
+    return name
+
+
 def read_caffemodel(path):
     """Read a binary NetParameter (.caffemodel) with zero-copy weight arrays."""
     path = os.fspath(path)
@@ -317,12 +324,12 @@ def read_caffemodel(path):
         for msg, blobs in layer_msgs:
             lp = net.layer.add()
             lp.ParseFromString(msg)
-            blobs_by_layer.setdefault(lp.name, blobs)
+            blobs_by_layer.setdefault(_layer_name(lp.name), blobs)
         for msg, blobs in v1_msgs:
             lp = net.layers.add()
             lp.ParseFromString(msg)
             name = lp.name or (lp.layer.name if lp.HasField("layer") else "")
-            blobs_by_layer.setdefault(name, blobs)
+            blobs_by_layer.setdefault(_layer_name(name), blobs)
     except ParseError as e:
         raise ParseError(f"{path}: not a valid caffemodel: {e}") from None
     except Exception as e:  # protobuf DecodeError and friends

@@ -172,7 +172,8 @@ def _blob_tensors(node, i, arr):
 def save_caffeq(model, path):
     """Write `model` (quantized or not) to a .caffeq file; atomic (temp file + rename)."""
     from .. import __version__
-    missing = [n.name for n in model.graph.nodes if n.has_params and n.blobs is None]
+    missing = [n.name for n in model.graph.nodes
+               if n.has_params and (n.blobs is None or any(b is None for b in n.blobs))]
     if missing:
         raise WeightsError(f"{path}: no weights for layer(s) {', '.join(missing[:5])}; a .caffeq file "
                            f"holds trained weights")

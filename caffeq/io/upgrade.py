@@ -348,7 +348,7 @@ def _warn_v2_data_fields(net, where, notes):
 
 # -- V1 -> V2 -------------------------------------------------------------------
 
-def _upgrade_v1_layer(v1, where, index):
+def _upgrade_v1_layer(v1):
     """One V1LayerParameter -> LayerParameter (UpgradeV1LayerParameter)."""
     lp = caffe_pb2.LayerParameter()
     lp.bottom.extend(v1.bottom)
@@ -390,7 +390,11 @@ def _upgrade_v1(net, where, notes):
         if v1.HasField("layer"):
             notes.append(f"{where}: 'layers' entry #{i} ('{v1.name}') still holds a V0 'layer' "
                          f"message; ignored (as Caffe does)")
-        new.append(_upgrade_v1_layer(v1, where, i))
+        if not v1.HasField("type") or v1.type == caffe_pb2.V1LayerParameter.NONE:
+            # binary files: an enum value caffe.proto lacks parses as "no type"
+            notes.append(f"{where}: 'layers' entry #{i} ('{v1.name}') has no layer type (or one "
+                         f"this caffe.proto does not know); it upgrades to type \"\"")
+        new.append(_upgrade_v1_layer(v1))
     net.ClearField("layers")
     net.ClearField("layer")
     net.layer.extend(new)

@@ -100,6 +100,34 @@ def _onnx_conv(ctx, node, op):
                      dilations=list(a["dilation"]), group=a["group"])
 
 
+def _torch_conv_source(node, emit, transposed):
+    """nn.Conv{1,2,3}d / nn.ConvTranspose{1,2,3}d: the F.conv* call of _conv_nd, same arguments."""
+    a = node.attrs
+    nsp = len(a["kernel"])
+    if a["_axis"] != 1:
+        raise LayerError(f"convolution over axis {a['_axis']} has no torch.nn module (only axis 1)")
+    if nsp not in _CONV:
+        raise LayerError(f"{nsp}-D convolution has no torch.nn module")
+    args = [emit.lit(emit.in_shape(0)[1]), emit.lit(a["num_output"]),
+            f"kernel_size={emit.size_arg(a['kernel'])}"]
+    for name, values, default in (("stride", a["stride"], 1), ("padding", a["pad"], 0),
+                                  ("dilation", a["dilation"], 1)):
+        if any(v != default for v in values):
+            args.append(f"{name}={emit.size_arg(values)}")
+    if a["group"] != 1:
+        args.append(f"groups={a['group']}")
+    if not a["bias_term"]:
+        args.append("bias=False")
+    kind = "ConvTranspose" if transposed else "Conv"
+    m = emit.module(f"nn.{kind}{nsp}d({', '.join(args)})")
+    emit.param("weight", 0)
+    if a["bias_term"]:
+        emit.param("bias", 1)
+    # Caffe runs the same filters over each bottom, one top per bottom
+    calls = [f"{m}({x})" for x in emit.inputs]
+    return calls[0] if len(calls) == 1 else calls
+
+
 @register_layer("Convolution")
 class Convolution(Layer):
     blob_names = ("weight", "bias")
@@ -138,6 +166,9 @@ class Convolution(Layer):
 
     def onnx(self, ctx, node):
         _onnx_conv(ctx, node, "Conv")
+
+    def pytorch_source(self, node, emit):
+        return _torch_conv_source(node, emit, transposed=False)
 
 
 @register_layer("ConvolutionDepthwise", "DepthwiseConvolution")
@@ -185,6 +216,10 @@ class Deconvolution(Layer):
     def onnx(self, ctx, node):
         _onnx_conv(ctx, node, "ConvTranspose")
 
+    def pytorch_source(self, node, emit):
+        # torch's ConvTranspose weight is C_in x C_out/group x k..., Caffe's layout
+        return _torch_conv_source(node, emit, transposed=True)
+
 
 @register_layer("InnerProduct")
 class InnerProduct(Layer):
@@ -224,6 +259,26 @@ class InnerProduct(Layer):
 
     def macs(self, attrs, in_shapes, out_shapes):
         return count(in_shapes[0]) * attrs["num_output"]
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        axis = a["_axis"]
+        k = count(emit.in_shape(0), axis)
+        m = emit.module(f"nn.Linear({k}, {a['num_output']}{'' if a['bias_term'] else ', bias=False'})")
+        if a["transpose"]:
+            # Caffe stores this weight K x N; a parameter laid out that way (a transposed view) makes
+            # F.linear run the same matrix product as caffeq, bit for bit
+            emit.init(f"{m}.weight = nn.Parameter(torch.empty({k}, {a['num_output']}).t())  "
+                      f"# Caffe's transpose: true layout")
+            emit.param("weight", np.ascontiguousarray(emit.blob(0).T))
+            emit._x.blob_keys[(node.name, 0)] = f"{emit.attr}.weight"
+        else:
+            emit.param("weight", 0)
+        if a["bias_term"]:
+            emit.param("bias", 1)
+        x = emit.inputs[0]
+        flat = x if len(emit.in_shape(0)) == axis + 1 else f"{x}.flatten({axis})"
+        return f"{m}({flat})"
 
     def onnx(self, ctx, node):
         a = node.attrs

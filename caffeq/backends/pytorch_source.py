@@ -1,0 +1,721 @@
+"""Graph IR -> a standalone PyTorch `model.py` + weights + README (no caffeq needed to use it).
+
+Each layer spec writes its own source through `pytorch_source(node, emit)`
+(see `Emitter`): standard modules (nn.Conv2d, nn.MaxPool2d(ceil_mode=...),
+nn.BatchNorm2d, ...) where they compute what caffeq's torch backend computes,
+and small helper classes, defined once in the same file, where Caffe differs
+(LRN, Scale, MVN, ...).  Specs use the same torch calls in the same order as
+their `forward`, so the generated module's outputs equal `Model.run`'s bit for
+bit.  One deliberate exception: with `exact_batchnorm=False` (the default) a
+BatchNorm [+ Scale] is a plain nn.BatchNorm2d, which evaluates
+x * (w / sqrt(var + eps)) + (b - mean * w / sqrt(var + eps)) instead of
+Caffe's (x - mean) / sqrt(var + eps) * w + b: equal within float32 rounding,
+not bit for bit; `exact_batchnorm=True` keeps Caffe's order in a subclass of
+nn.BatchNorm2d.
+
+The export refuses (ExportError, nothing written) when any layer has no
+PyTorch source, listing all of them at once.
+"""
+import hashlib
+import keyword
+import os
+import re
+import textwrap
+
+import numpy as np
+
+from ..errors import CaffeqError, ExportError
+
+WEIGHT_FORMATS = ("safetensors", "pt")
+_RESERVED_LOCALS = {"self", "torch", "nn", "F", "os", "List", "Optional"}
+
+
+# ---- names and literals --------------------------------------------------------------
+
+def _module_reserved():
+    from torch import nn
+    return set(dir(nn.Module)) | {"forward", "training"}
+
+
+def identifier(name, taken, reserved=()):
+    """A Python identifier for a Caffe name: non-word characters become _, collisions get _2, _3..."""
+    ident = re.sub(r"\W", "_", str(name), flags=re.ASCII)
+    if not ident or ident[0].isdigit():
+        ident = "l_" + ident
+    if keyword.iskeyword(ident) or ident in reserved or ident.startswith("__"):
+        ident += "_"
+    base, k = ident, 1
+    while ident in taken:
+        k += 1
+        ident = f"{base}_{k}"
+    taken.add(ident)
+    return ident
+
+
+def class_name(name, taken=()):
+    parts = [p for p in re.split(r"[^0-9A-Za-z]+", str(name or "")) if p]
+    cls = "".join(p[:1].upper() + p[1:] for p in parts) or "CaffeNet"
+    if cls[0].isdigit():
+        cls = "Net" + cls
+    while cls in taken or keyword.iskeyword(cls):
+        cls += "Net"
+    return cls
+
+
+def lit(value):
+    """Python source for a constant: float32 values in their shortest exact form."""
+    if isinstance(value, (bool, np.bool_)):
+        return "True" if value else "False"
+    if value is None:
+        return "None"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        if v != v:
+            return 'float("nan")'
+        if v in (float("inf"), float("-inf")):
+            return 'float("inf")' if v > 0 else '-float("inf")'
+        if float(np.float32(v)) == v:
+            # shortest decimal that names this float32 (torch casts float scalars to float32)
+            short = np.format_float_positional(np.float32(v), unique=True, trim="0") \
+                if 1e-4 <= abs(v) < 1e16 or v == 0 else np.format_float_scientific(np.float32(v), unique=True)
+            if float(np.float32(float(short))) == v:
+                return short if ("." in short or "e" in short) else short + ".0"
+        return repr(v)
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, tuple):
+        inner = ", ".join(lit(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, list):
+        return "[" + ", ".join(lit(v) for v in value) + "]"
+    raise TypeError(f"no literal for {type(value).__name__}")
+
+
+def size_arg(values):
+    """A kernel/stride/pad argument: one int when all axes agree, else a tuple."""
+    values = tuple(int(v) for v in values)
+    return lit(values[0]) if len(set(values)) == 1 else lit(values)
+
+
+# ---- the emission context given to specs ----------------------------------------------
+
+class Emitter:
+    """What a spec's `pytorch_source(node, emit)` writes through.
+
+    - `emit.inputs`: Python expressions (local names) of the node's bottoms;
+      `emit.in_shape(i)` / `emit.out_shape(i)`: Caffe's static shapes
+      (dim 0 is the batch: never bake it, use x.shape[0]);
+    - `emit.module(expr)` declares `self.<attr> = expr` in __init__ (attr is
+      the layer's name as an identifier, `emit.attr`) and returns "self.<attr>";
+    - `emit.param(name, blob_or_array)` / `emit.buffer(...)`: the state-dict
+      entry "<attr>.<name>" (a blob index of the node, or an array);
+    - `emit.helper(source)`: a helper class or function, defined once in the
+      file; returns its name.  `emit.uses("F")` imports torch.nn.functional;
+    - `emit.tmp(hint)`, `emit.stmt(line)`: extra forward lines before the result;
+    - `emit.note(text)`: a line for the class docstring;
+    - `emit.consumers(tensor)`, `emit.absorb(node)`: for fusions (BatchNorm + Scale);
+    - `emit.exact_batchnorm`: keep Caffe's BatchNorm op order (see the module doc).
+
+    Return the call expression for the top, a list with one per top, [] for
+    none, or None when the layer's configuration is not supported (or raise
+    ExportError saying why).
+    """
+
+    def __init__(self, exporter):
+        self._x = exporter
+        self.exact_batchnorm = exporter.exact_batchnorm
+        self.node = None
+        self.attr = None
+        self.inputs = []
+
+    # -- the node -----------------------------------------------------------------------
+    def in_shape(self, i=0):
+        return tuple(self._x.graph.tensors[self.node.inputs[i]].shape)
+
+    def out_shape(self, i=0):
+        return tuple(self._x.graph.tensors[self.node.outputs[i]].shape)
+
+    def blob(self, index, node=None):
+        """A float32 copy of the node's blob `index`."""
+        node = node or self.node
+        if node.blobs is None or index >= len(node.blobs) or node.blobs[index] is None:
+            raise ExportError(f"layer '{node.name}' ({node.type}): weight blob {index} is not loaded")
+        return np.array(node.blobs[index], dtype=np.float32, copy=True)
+
+    lit = staticmethod(lit)
+    size_arg = staticmethod(size_arg)
+
+    # -- __init__ -------------------------------------------------------------------------
+    def module(self, expr, comment=None, attr=None):
+        attr = attr or self.attr
+        line = f"self.{attr} = {expr}"
+        if comment:
+            line += f"  # {comment}"
+        self._x.init_lines.append(line)
+        return f"self.{attr}"
+
+    def init(self, line):
+        """A raw __init__ line (after the module declarations of this layer)."""
+        self._x.init_lines.append(line)
+
+    def param(self, name, value, attr=None):
+        self._entry(name, value, attr, buffer=False)
+
+    def buffer(self, name, value, attr=None):
+        self._entry(name, value, attr, buffer=True)
+
+    def _entry(self, name, value, attr, buffer):
+        attr = attr or self.attr
+        key = f"{attr}.{name}" if attr else name
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            index = int(value)
+            array = self.blob(index)
+            self._x.blob_keys[(self.node.name, index)] = key
+        else:
+            index = None
+            array = np.asarray(value)
+        if key in self._x.state:
+            raise ExportError(f"internal: state-dict key {key!r} written twice")
+        self._x.state[key] = np.ascontiguousarray(array)
+        self._x.key_owner[key] = (self.node.name, index)
+
+    # -- module level ---------------------------------------------------------------------
+    def helper(self, source):
+        source = textwrap.dedent(source).strip("\n")
+        m = re.match(r"(?:class|def)\s+(\w+)", source)
+        if not m:
+            raise ExportError("internal: a helper must be a class or a function")
+        name = m.group(1)
+        prev = self._x.helpers.get(name)
+        if prev is not None and prev != source:
+            raise ExportError(f"internal: two different helpers named {name}")
+        self._x.helpers[name] = source
+        for token in ("F", "List", "Optional"):
+            if re.search(rf"\b{token}\b", source):
+                self.uses(token)
+        return name
+
+    def uses(self, what):
+        self._x.imports.add(what)
+
+    def note(self, text):
+        if text not in self._x.notes:
+            self._x.notes.append(text)
+
+    # -- forward --------------------------------------------------------------------------
+    def tmp(self, hint="t"):
+        return self._x.fresh_local(hint)
+
+    def stmt(self, line):
+        self._x.pending.append(line)
+
+    # -- graph ----------------------------------------------------------------------------
+    def consumers(self, tensor):
+        return list(self._x.uses.get(tensor, []))
+
+    def is_output(self, tensor):
+        return tensor in self._x.output_set
+
+    def absorb(self, node):
+        """This layer's result is `node`'s top as well (node is then not emitted on its own)."""
+        self._x.absorbed_now.append(node)
+
+
+# ---- the exporter ----------------------------------------------------------------------
+
+class _Generator:
+    def __init__(self, model, exact_batchnorm=False, weights_file="weights.safetensors",
+                 weights_format="safetensors", cls_name=None, source_note=""):
+        from .onnx_backend import _live_io
+        self.model = model
+        self.graph = model.graph
+        self.exact_batchnorm = bool(exact_batchnorm)
+        self.weights_file = weights_file
+        self.weights_format = weights_format
+        kept, inputs, outputs, dropped = _live_io(self.graph)
+        self.kept, self.graph_inputs, self.graph_outputs, self.dropped = kept, inputs, outputs, dropped
+        self.output_set = set(outputs)
+        self.uses = {}
+        for n in kept:
+            for t in n.inputs:
+                self.uses.setdefault(t, []).append(n)
+        self.init_lines = []
+        self.forward_lines = []
+        self.helpers = {}
+        self.imports = set()
+        self.notes = []
+        self.state = {}
+        self.key_owner = {}
+        self.blob_keys = {}
+        self.pending = []
+        self.absorbed_now = []
+        self.source_note = source_note
+        self.cls_name = cls_name
+        self._locals = set(_RESERVED_LOCALS)
+        self._attrs = set()
+        self._attr_reserved = _module_reserved()
+
+    # -- locals (one per SSA tensor; a blob's name is reused while its old value is dead) --
+    def fresh_local(self, hint):
+        return identifier(hint, self._locals)
+
+    def _plan_locals(self):
+        order = {n.name: k for k, n in enumerate(self.kept)}
+        self.last_use = {}
+        for n in self.kept:
+            for t in n.inputs:
+                self.last_use[t] = max(self.last_use.get(t, -1), order[n.name])
+        for t in self.graph_outputs:
+            self.last_use[t] = len(self.kept) + 1
+        self.blob_base = {}
+        self.var_of = {}
+        self.var_holds = {}
+
+    def _base(self, blob):
+        if blob not in self.blob_base:
+            self.blob_base[blob] = identifier(blob, self._locals)
+        return self.blob_base[blob]
+
+    def _assign_var(self, ssa, position, strict=False):
+        """The local for a new tensor; `strict`: this node's bottoms stay readable (several
+        statements write its tops)."""
+        blob = self.graph.tensors[ssa].blob
+        var = self._base(blob)
+        held = self.var_holds.get(var, set())
+        limit = position - 1 if strict else position
+        if any(self.last_use.get(t, -1) > limit for t in held):
+            var = self.fresh_local(blob)
+            held = set()
+        self.var_holds[var] = {ssa}
+        self.var_of[ssa] = var
+        return var
+
+    def _alias(self, ssa, var):
+        self.var_of[ssa] = var
+        self.var_holds.setdefault(var, set()).add(ssa)
+
+    # -- the walk ---------------------------------------------------------------------------
+    def generate(self):
+        self._plan_locals()
+        emit = Emitter(self)
+        params = []
+        for t in self.graph_inputs:
+            var = self._base(self.graph.tensors[t].blob)
+            self._alias(t, var)
+            params.append(var)
+        refusals = []
+        absorbed = {}
+        for position, node in enumerate(self.kept):
+            if node.name in absorbed:
+                continue
+            emit.node = node
+            emit.attr = identifier(node.name, self._attrs, self._attr_reserved)
+            emit.inputs = [self.var_of.get(t, "?") for t in node.inputs]
+            self.pending = []
+            self.absorbed_now = []
+            n_init, n_state = len(self.init_lines), len(self.state)
+            try:
+                result = node.spec.pytorch_source(node, emit)
+                if result is not None:
+                    self._check_shared(node)
+                    for other in self.absorbed_now:
+                        self._check_shared(other)
+            except (CaffeqError, NotImplementedError) as e:
+                result = e
+            except Exception as e:  # a bug in a spec's emission: still list every refusal at once
+                result = ExportError(f"PyTorch emission failed: {type(e).__name__}: {e}")
+            if result is None or isinstance(result, Exception):
+                why = "no PyTorch source for this layer type" if result is None else _strip(node, result)
+                refusals.append((node, why))
+                del self.init_lines[n_init:]
+                for k in list(self.state)[n_state:]:
+                    del self.state[k]
+                continue
+            targets = node
+            if self.absorbed_now:
+                for other in self.absorbed_now:
+                    absorbed[other.name] = node.name
+                targets = self.absorbed_now[-1]
+            self._emit_result(node, targets, result, position, emit)
+        if refusals:
+            types = {}
+            for n, why in refusals:
+                types.setdefault(n.type, []).append(n.name)
+            detail = "; ".join(f"layer '{n.name}' ({n.type}): {why}" for n, why in refusals)
+            err = ExportError(f"{self.model.prototxt or self.graph.name}: cannot write PyTorch source, "
+                              f"{len(refusals)} layer(s) unsupported (types: {', '.join(sorted(types))}): "
+                              f"{detail}")
+            err.refused = [n.name for n, _ in refusals]
+            err.unsupported_types = sorted(types)
+            raise err
+        if not self.graph_outputs:
+            raise ExportError(f"{self.model.prototxt or self.graph.name}: the inference graph has no outputs")
+        return params
+
+    def _emit_result(self, node, targets, result, position, emit):
+        outs = list(targets.outputs)
+        comment = f"{node.name} ({node.type})" if targets is node else \
+            f"{node.name} ({node.type}) + {targets.name} ({targets.type})"
+        lines = list(self.pending)
+        if isinstance(result, str):
+            names = [self._assign_var(o, position) for o in outs]
+            lines.append(f"{', '.join(names)} = {result}" if names else result)
+        else:
+            exprs = list(result)
+            if len(exprs) != len(outs):
+                raise ExportError(f"internal: layer '{node.name}' emitted {len(exprs)} results for "
+                                  f"{len(outs)} tops")
+            for o, e in zip(outs, exprs):
+                if e in self.var_holds:
+                    self._alias(o, e)  # the top is a bottom as it is (Split, one-input Concat)
+                else:
+                    lines.append(f"{self._assign_var(o, position, strict=len(exprs) > 1)} = {e}")
+        if not lines:
+            return
+        own = f"self.{emit.attr}"
+        mentions = any(own in ln for ln in lines)
+        for i, line in enumerate(lines):
+            if i == len(lines) - 1 and not mentions:
+                line += f"  # {comment}"
+            self.forward_lines.append(line)
+
+    def _check_shared(self, node):
+        for i, (owner, j) in (node.shared_from or {}).items():
+            key = self.blob_keys.get((node.name, i))
+            okey = self.blob_keys.get((owner, j))
+            if key is None:
+                continue
+            if okey is None or self.state[key].shape != self.state[okey].shape \
+                    or not np.array_equal(self.state[key], self.state[okey]):
+                raise ExportError(f"blob {i} is shared with layer '{owner}' (param name), in a form this "
+                                  f"writer cannot tie")
+            # one Parameter object under both names, as Caffe shares the blob
+            self.init_lines.append(f"self.{key} = self.{okey}  # shared with {owner} (Caffe param name)")
+
+    # -- the file ---------------------------------------------------------------------------
+    def source(self, params):
+        graph = self.graph
+        cls = self.cls_name or class_name(graph.name, taken=set(self.helpers))
+        if cls in self.helpers:
+            cls = class_name(cls + "Net", taken=set(self.helpers))
+        self.cls_name = cls
+        out = []
+        out.append(f'"""{self._module_doc(cls)}"""')
+        out.append("import os")
+        if "List" in self.imports or "Optional" in self.imports:
+            names = ", ".join(n for n in ("List", "Optional") if n in self.imports)
+            out.append(f"from typing import {names}")
+        out.append("")
+        out.append("import torch")
+        if "F" in self.imports:
+            out.append("import torch.nn.functional as F")
+        out.append("from torch import nn")
+        out.append("")
+        out.append(f"WEIGHTS = {lit(self.weights_file)}")
+        for src in self.helpers.values():
+            out.append("")
+            out.append("")
+            out.append(src)
+        out.append("")
+        out.append("")
+        out.append(f"class {cls}(nn.Module):")
+        out.append(textwrap.indent(f'"""{self._class_doc()}"""', "    "))
+        out.append("")
+        out.append("    def __init__(self):")
+        out.append("        super().__init__()")
+        for line in self.init_lines:
+            out.append("        " + line)
+        out.append("")
+        out.append(f"    def forward(self, {', '.join(params)}):")
+        for line in self.forward_lines:
+            out.append("        " + line)
+        outs = self.graph_outputs
+        if len(outs) == 1:
+            out.append(f"        return {self.var_of[outs[0]]}")
+        else:
+            items = ", ".join(f"{lit(graph.tensors[t].blob)}: {self.var_of[t]}" for t in outs)
+            out.append(f"        return {{{items}}}")
+        out.append("")
+        out.append("")
+        out.extend(self._loader(cls).splitlines())
+        return "\n".join(out) + "\n"
+
+    def _loader(self, cls):
+        path = "    path = weights or os.path.join(os.path.dirname(os.path.abspath(__file__)), WEIGHTS)"
+        if self.weights_format == "safetensors":
+            read = ["    from safetensors.torch import load_file  # needed only to read the weights", "",
+                    path, "    state = load_file(path)"]
+        else:
+            read = [path, '    state = torch.load(path, map_location="cpu", weights_only=True)']
+        return "\n".join([
+            'def load(weights=None, device="cpu"):',
+            f'    """{cls} in eval mode with the converted weights (default: WEIGHTS beside this file)."""',
+            *read,
+            f"    model = {cls}()",
+            "    # tensors stored as float16 hold exact fp16 values; the model computes in float32",
+            "    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})",
+            "    return model.to(device).eval()"])
+
+    def _module_doc(self, cls):
+        name = self.graph.name or "net"
+        lines = [f"{name}: a plain PyTorch port of a Caffe model (written by caffeq).", ""]
+        if self.source_note:
+            lines.append(self.source_note)
+        lines += ["Needs only torch (and safetensors to read the weights):" if self.weights_format ==
+                  "safetensors" else "Needs only torch:", "",
+                  "    from model import load", f"    net = load()  # {cls}, eval mode, weights from WEIGHTS",
+                  "    out = net(x)"]
+        return "\n".join(lines) + "\n"
+
+    def _class_doc(self):
+        g = self.graph
+        lines = [f"Caffe net {g.name!r}, layer by layer (attributes named after the Caffe layers).", ""]
+        lines.append("Inputs (float32, N = batch size):")
+        for t in self.graph_inputs:
+            s = g.tensors[t].shape
+            shape = "(" + ", ".join(["N"] + [str(d) for d in s[1:]]) + ")" if s else "()"
+            batch = f"; the prototxt declares N = {s[0]}" if s else ""
+            lines.append(f"    {self.var_of[t]}: {shape}{batch}")
+        lines.append("")
+        lines.append("Preprocessing:")
+        lines += ["    " + p for p in self._preprocessing()]
+        lines.append("")
+        lines.append("Outputs" + (" (a dict by Caffe blob name)" if len(self.graph_outputs) > 1 else "") +
+                     ", shapes at the prototxt's batch size:")
+        for t in self.graph_outputs:
+            lines.append(f"    {g.tensors[t].blob}: {tuple(g.tensors[t].shape)}")
+        if self.dropped:
+            lines.append("")
+            lines.append("Training-only layers left out: " +
+                         ", ".join(f"{n.name} ({n.type})" for n in self.dropped) + ".")
+        if self.notes:
+            lines.append("")
+            lines.append("Notes:")
+            for note in self.notes:
+                wrapped = textwrap.wrap(note, 92)
+                lines.append("    - " + wrapped[0])
+                lines += ["      " + w for w in wrapped[1:]]
+        return "\n".join(lines) + "\n"
+
+    def _preprocessing(self):
+        data = [n for n in self.graph.nodes if n.spec.is_data and any(t in self.graph_inputs for t in n.outputs)]
+        lines = []
+        for n in data:
+            describe = getattr(n.spec, "preprocessing", None)
+            desc = describe(n.attrs) if describe else []
+            tops = ", ".join(self.var_of[t] for t in n.outputs if t in self.graph_inputs)
+            if desc:
+                lines.append(f"{tops} (layer {n.name!r}, {n.type}): what Caffe does before the net:")
+                lines += ["  " + d for d in desc]
+            else:
+                lines.append(f"{tops} (layer {n.name!r}, {n.type}): none declared in the prototxt; feed "
+                             f"what the Caffe net was fed")
+        return lines or ["none declared in the prototxt"]
+
+
+def _strip(node, err):
+    msg = str(err)
+    for prefix in (f"layer '{node.name}' ({node.type})", f"layer '{node.name}'"):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):].lstrip(" :")
+    return msg
+
+
+# ---- public entry points --------------------------------------------------------------------
+
+def generate_source(model, exact_batchnorm=False, weights_file="weights.safetensors",
+                    weights_format="safetensors", cls_name=None, source_note=""):
+    """(source text, state {key: numpy array}, info) for `model`; raises ExportError first."""
+    missing = [n.name for n in model.graph.nodes if n.has_params and n.blobs is None]
+    if missing:
+        raise ExportError(f"{model.prototxt or model.name}: no weights for layer(s) "
+                          f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}; pass the caffemodel")
+    gen = _Generator(model, exact_batchnorm, weights_file, weights_format, cls_name, source_note)
+    params = gen.generate()
+    quant = getattr(model, "quantization", None) or {}
+    if quant:
+        schemes = sorted(set(quant.values()))
+        gen.notes.insert(0, _quant_note(schemes, quant))
+    text = gen.source(params)
+    info = {"class_name": gen.cls_name, "inputs": params,
+            "outputs": [gen.graph.tensors[t].blob for t in gen.graph_outputs],
+            "dropped": [n.name for n in gen.dropped], "notes": list(gen.notes),
+            "layers": len(gen.kept)}
+    return text, gen.state, info
+
+
+def _quant_note(schemes, quant):
+    names = ", ".join(sorted(quant))
+    if schemes == ["binary"]:
+        return (f"Binary weights (caffeq quantize 'binary'): layers {names} hold alpha * sign(W) "
+                f"(alpha = mean |W| per output channel, sign(0) = +1), stored dequantized as float32. "
+                f"Fine-tuning updates them as ordinary floats; to keep them binary, re-binarize after "
+                f"each step (straight-through estimator).")
+    if schemes == ["fp16"]:
+        return (f"fp16 weights (caffeq quantize 'fp16'): every float blob was rounded to float16 "
+                f"(BatchNorm folded first where possible); they are stored as float16 and cast to "
+                f"float32 when loaded, so the model computes in float32.")
+    return (f"Quantized weights ({', '.join(schemes)}) in layers {names}: stored dequantized as float32.")
+
+
+def _check_module(text, state, cls_name, path):
+    """Compile the source and build the class on the meta device: keys and shapes must match."""
+    import torch
+    code = compile(text, path, "exec")
+    ns = {"__name__": "caffeq_generated_model", "__file__": path}
+    exec(code, ns)  # our own generated source, to check it before anything is written
+    with torch.device("meta"):
+        module = ns[cls_name]()
+    want = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in state.items()}
+    if want != have:
+        missing = sorted(set(want) - set(have))
+        extra = sorted(set(have) - set(want))
+        wrong = sorted(k for k in set(want) & set(have) if want[k] != have[k])
+        raise ExportError(f"internal: generated module and weights disagree: missing {missing[:5]}, "
+                          f"unexpected {extra[:5]}, shapes {[(k, want[k], have[k]) for k in wrong[:5]]}")
+
+
+def _storage(state, fp16):
+    """Arrays as written: float16 where `fp16` and the value survives the round trip exactly."""
+    out = {}
+    for k, v in state.items():
+        a = np.ascontiguousarray(v)
+        if a.dtype.kind == "f":
+            a = a.astype(np.float32, copy=False)
+            if fp16:
+                h = a.astype(np.float16)
+                if np.array_equal(h.astype(np.float32), a, equal_nan=True):
+                    a = h
+        out[k] = a
+    return out
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def export_pytorch(model, out, to=None, exact_batchnorm=False, weights_format="safetensors",
+                   class_name=None, readme=None, inputs=()):
+    """Write `model` (a caffeq.Model) as a standalone PyTorch model.py + weights (+ README.md).
+
+    out: a folder (created if missing; gets model.py, weights.safetensors, README.md)
+         or a path ending in .py (weights beside it as <stem>.safetensors, no README).
+    to:  None, "fp16" (weights stored as float16, cast to float32 when loaded), "binary" or
+         "int8" (dequantized weights, float32) through caffeq.quantize.
+    exact_batchnorm: BatchNorm keeps Caffe's op order (bit-identical to caffeq) instead of
+         plain nn.BatchNorm2d (equal within float32 rounding).
+    weights_format: "safetensors" or "pt" (a state_dict for torch.load(weights_only=True)).
+
+    Raises ExportError (nothing written) listing every unsupported layer.
+    Returns {"model_py", "weights", "readme", "class_name", "inputs", "outputs", "notes", ...}.
+    """
+    if weights_format not in WEIGHT_FORMATS:
+        raise ExportError(f"weights format must be one of {', '.join(WEIGHT_FORMATS)}, got {weights_format!r}")
+    from ..commands.common import atomic_path
+    out = os.fspath(out)
+    source_model = model
+    target = None
+    if to not in (None, "", "fp32", "float32"):
+        from ..quant import get_quantizer, quantize
+        target = get_quantizer(to).name
+        if target != "fp32":
+            model = quantize(model, target)
+    ext = ".safetensors" if weights_format == "safetensors" else ".pt"
+    is_file = out.endswith(".py")
+    if is_file:
+        folder = os.path.dirname(os.path.abspath(out))
+        py_path = os.path.abspath(out)
+        weights_path = os.path.join(folder, os.path.splitext(os.path.basename(out))[0] + ext)
+        readme_path = None
+        if os.path.isdir(py_path):
+            raise ExportError(f"{out}: is a folder")
+    else:
+        folder = os.path.abspath(out)
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            raise ExportError(f"{out}: exists and is not a folder (name a .py file or a folder)")
+        py_path = os.path.join(folder, "model.py")
+        weights_path = os.path.join(folder, "weights" + ext)
+        readme_path = os.path.join(folder, "README.md") if readme is not False else None
+    protected = [source_model.prototxt, source_model.weights_path] + [os.fspath(p) for p in inputs if p]
+    for dst in (py_path, weights_path, readme_path):
+        for src in protected:
+            if dst and src and os.path.exists(src) and os.path.exists(dst) and os.path.samefile(src, dst):
+                raise ExportError(f"{dst}: refusing to overwrite an input file")
+    if is_file and not os.path.isdir(folder):
+        raise ExportError(f"{out}: folder {folder} does not exist")
+
+    src_note = _source_note(source_model, target)
+    text, state, info = generate_source(model, exact_batchnorm=exact_batchnorm,
+                                        weights_file=os.path.basename(weights_path),
+                                        weights_format=weights_format, cls_name=class_name,
+                                        source_note=src_note)
+    _check_module(text, state, info["class_name"], py_path)
+    arrays = _storage(state, fp16=(target == "fp16"))
+
+    # everything is known to work: write (each file atomically; the folder only now)
+    os.makedirs(folder, exist_ok=True)
+    with atomic_path(weights_path) as tmp:
+        if weights_format == "safetensors":
+            from safetensors.numpy import save_file
+            save_file(arrays, tmp, metadata={"format": "pt", "source": "caffeq",
+                                             "class": info["class_name"]})
+        else:
+            import torch
+            torch.save({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}, tmp)
+    with atomic_path(py_path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+    if readme_path:
+        with atomic_path(readme_path) as tmp:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(_readme(source_model, info, os.path.basename(weights_path), target, src_note))
+    n_params = int(sum(a.size for k, a in arrays.items() if not k.endswith("num_batches_tracked")))
+    info.update({"model_py": py_path, "weights": weights_path, "readme": readme_path,
+                 "target": target or "fp32", "tensors": len(arrays), "parameters": n_params,
+                 "weights_bytes": os.path.getsize(weights_path)})
+    return info
+
+
+def _source_note(model, target):
+    parts = []
+    if model.prototxt:
+        parts.append(f"Converted from {os.path.basename(model.prototxt)}")
+    if model.weights_path:
+        parts.append(f"weights {os.path.basename(model.weights_path)}")
+    text = ", ".join(parts) if parts else "Converted from a Caffe model"
+    if target and target != "fp32":
+        text += f"; weights quantized to {target}"
+    return text + "."
+
+
+def _readme(model, info, weights_name, target, src_note):
+    cls = info["class_name"]
+    lines = [f"# {cls}: PyTorch port of a Caffe model", "", src_note, ""]
+    if model.prototxt and os.path.exists(model.prototxt):
+        lines.append(f"- prototxt: `{os.path.basename(model.prototxt)}` "
+                     f"(sha256 `{_sha256(model.prototxt)[:16]}...`)")
+    if model.weights_path and os.path.exists(model.weights_path):
+        lines.append(f"- caffemodel: `{os.path.basename(model.weights_path)}` "
+                     f"({os.path.getsize(model.weights_path)} bytes)")
+    lines.append(f"- written by caffeq; `model.py` needs only PyTorch"
+                 f"{' (and safetensors to read the weights)' if weights_name.endswith('.safetensors') else ''}")
+    if target and target != "fp32":
+        lines.append(f"- weights quantized to **{target}**; see the notes in `model.py`'s class docstring")
+    lines += ["", "## Load", "", "```python", "import sys", "sys.path.insert(0, \"path/to/this/folder\")",
+              "from model import load", "", f"net = load()  # {cls} in eval mode, weights from {weights_name}",
+              "out = net(x)  # inputs: " + ", ".join(info["inputs"]), "```", "",
+              f"Inputs, the preprocessing the prototxt declares, and outputs ({', '.join(info['outputs'])}) "
+              f"are listed in the docstring of `{cls}`. Layers keep their Caffe names and order, so "
+              f"`net.conv1` is Caffe's `conv1`. `net.train()` gives Caffe's training behaviour "
+              f"(BatchNorm batch statistics, Dropout).", ""]
+    return "\n".join(lines)
+
+
+__all__ = ["export_pytorch", "generate_source", "Emitter", "identifier", "lit", "size_arg"]
