@@ -232,20 +232,28 @@ def _score_blob(model, label_blob, output=None):
             if node.type in types and len(node.bottoms) >= 2 and (label_blob is None or
                                                                    node.bottoms[1] == label_blob):
                 return node.bottoms[0]
-    shapes = model.graph.tensors
-    cands = [o for o in model.graph.outputs if math.prod(shapes[o].shape or (1,)) > shapes[o].shape[0]]
+    training_only = _training_only_tensors(model)
+    tensors = model.graph.tensors
+    cands = [o for o in model.graph.outputs if o not in training_only and tensors[o].shape]
     if not cands:
         raise DataError(f"the net's outputs {model.outputs} hold no per-image scores; name the blob "
                         f"with --output")
-    return shapes[cands[0]].blob
+    # prefer an output with several values per image (class scores) over a single value
+    best = next((o for o in cands if math.prod(tensors[o].shape[1:]) > 1), cands[0])
+    return tensors[best].blob
+
+
+def _training_only_tensors(model):
+    return {ssa for n in model.graph.nodes if n.spec.is_training_only for ssa in n.outputs}
 
 
 def _metric_blobs(model, score):
-    """Net outputs that are one number per batch (Accuracy, losses): reported like `caffe test`."""
+    """Outputs of Accuracy/loss layers that are one number per batch: reported like `caffe test`."""
+    training_only = _training_only_tensors(model)
     out = []
     for ssa in model.graph.outputs:
         t = model.graph.tensors[ssa]
-        if t.blob != score and math.prod(t.shape) == 1:
+        if ssa in training_only and t.blob != score and math.prod(t.shape) == 1:
             out.append(t.blob)
     return out
 
@@ -318,7 +326,10 @@ class _Dist:
         if not dist.is_available():
             raise DataError("torch.distributed is not available in this torch build")
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            try:
+                dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            except ValueError as e:   # no torchrun environment (MASTER_ADDR, RANK, ...)
+                raise DataError(f"distributed evaluation: {e}; start it with torchrun") from None
             self.created = True
         self.dist = dist
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()

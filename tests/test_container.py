@@ -5,15 +5,19 @@ import struct
 
 import numpy as np
 import pytest
+from conftest import FIXTURES, Case
 
 import caffeq
 from caffeq.errors import CaffeqError, ParseError
-from caffeq.io.container import FORMAT_VERSION, load_caffeq, read_safetensors, save_caffeq
+from caffeq.io.container import (
+    FORMAT_VERSION,
+    load_caffeq,
+    read_safetensors,
+    save_caffeq,
+)
 from caffeq.io.writer import net_to_text, write_model_caffemodel
 from caffeq.model import load_from_text
 from caffeq.quant import quantize
-
-from conftest import FIXTURES, Case
 
 TARGETS = ["fp32", "fp16", "int8", "binary"]
 ROUND_TRIP_CASES = ["conv_basic", "deconv_group_nobias", "inner_product_axis2_transpose", "net_lenet",
@@ -83,7 +87,7 @@ def test_caffeq_weights_are_memory_mapped(tmp_path):
     m = case.load()
     path = tmp_path / "m.caffeq"
     save_caffeq(m, path)
-    meta, tensors = read_safetensors(str(path))
+    _, tensors = read_safetensors(str(path))
     w = tensors["ip1.0"]
     assert not w.flags.owndata and not w.flags.writeable
     assert w.ctypes.data % 4 == 0                         # aligned for zero-copy use
@@ -104,7 +108,7 @@ def test_caffeq_batch_override(tmp_path):
 
 
 def _rewrite_meta(path, **changes):
-    raw = open(path, "rb").read()
+    raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8:8 + n])
     header["__metadata__"].update(changes)
@@ -129,14 +133,14 @@ def test_caffeq_refuses_newer_versions_and_other_files(tmp_path):
     with pytest.raises(ParseError, match="junk.caffeq"):
         caffeq.load(str(bad))
     save_caffeq(q, path)
-    data = open(path, "rb").read()
+    data = path.read_bytes()
     (tmp_path / "cut.caffeq").write_bytes(data[:-10])
     with pytest.raises(ParseError, match="truncated"):
         caffeq.load(str(tmp_path / "cut.caffeq"))
 
 
 def test_caffeq_save_is_atomic(tmp_path, monkeypatch):
-    import caffeq.io.container as container
+    from caffeq.io import container
     _, q = _quantized("conv_basic", "int8")
     node = q.graph.node("conv")
     node.blobs = [node.blobs[0], None]
@@ -227,6 +231,7 @@ def test_onnx_stores_each_precision_compactly(tmp_path):
 
 def test_onnx_int4_binary_storage_at_opset_21(tmp_path, monkeypatch):
     import onnx
+
     import caffeq.backends.onnx_weights as ow
     monkeypatch.setattr(ow, "DEFAULT_BINARY_STORAGE", "int4")
     for name in ("net_lenet", "deconv_group_nobias", "inner_product_axis2_transpose"):

@@ -75,6 +75,24 @@ def test_train_val_with_data_override_needs_no_original_source(tmp_path):
         evaluate(str(tmp_path / "train_val.prototxt"), weights=WEIGHTS, data=None)
 
 
+def test_train_val_with_imagedata_layer(tmp_path):
+    # the same net fed by an ImageData layer: root_folder + path (string concatenation, as Caffe),
+    # is_color false, its own batch size and transform_param
+    net = (DIGITS / "train_val.prototxt").read_text()
+    layer = ('layer { name: "data" type: "ImageData" top: "data" top: "label" include { phase: TEST } '
+             f'transform_param {{ scale: {SCALE} mean_file: "{MEAN}" }} '
+             f'image_data_param {{ source: "list.txt" root_folder: "{DIGITS}/" batch_size: 50 is_color: false }} }}')
+    lines = net.split("\n")
+    lines = [layer if ("phase: TEST" in ln and '"Data"' in ln) else ln for ln in lines]
+    (tmp_path / "tv.prototxt").write_text("\n".join(lines))
+    shutil.copy(DIGITS / "test_list.txt", tmp_path / "list.txt")
+    r = evaluate(str(tmp_path / "tv.prototxt"), weights=WEIGHTS)
+    assert r["data"]["kind"] == "image_list" and r["data"]["batch_size"] == 50
+    assert r["results"]["fp32"]["images"] == 400
+    assert r["results"]["fp32"]["top1"] == CASE["caffe_test"]["accuracy"]
+    assert r["results"]["fp32"]["layers"]["accuracy_top2"] == CASE["caffe_test"]["accuracy_top2"]
+
+
 def test_image_folder_and_npz_give_the_same_accuracy(tmp_path, lmdb_result):
     for p, lab in list_entries():
         os.makedirs(tmp_path / "folder" / str(lab), exist_ok=True)
@@ -234,3 +252,19 @@ def test_torchrun_two_processes_equal_single_process(tmp_path):
                 assert a[key] == pytest.approx(b[key], rel=1e-6), (t, key)
         for name, v in a["layers"].items():
             assert v == pytest.approx(b["layers"][name], rel=1e-6, abs=1e-7), (t, name)
+
+
+@pytest.mark.cuda
+def test_cuda_eval_matches_caffe_and_cpu():
+    """On a GPU: uint8 batches in pinned memory, mean/scale on the device, the same accuracy."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    gpu = evaluate(TRAIN_VAL, weights=WEIGHTS, targets="fp32,fp16,binary", device="cuda", workers=2)
+    cpu = evaluate(TRAIN_VAL, weights=WEIGHTS, targets="fp32,binary", device="cpu", workers=0)
+    assert gpu["device"].startswith("cuda")
+    assert gpu["results"]["fp32"]["top1"] == CASE["caffe_test"]["accuracy"]
+    assert gpu["results"]["fp32"]["layers"]["loss"] == pytest.approx(CASE["caffe_test"]["loss"], abs=1e-6)
+    assert gpu["results"]["fp16"]["agreement_top1"] >= 0.99
+    assert gpu["results"]["binary"]["top1"] == cpu["results"]["binary"]["top1"]
+    assert gpu["results"]["fp32"]["images_per_s"] > 0

@@ -4,14 +4,13 @@ import math
 
 import numpy as np
 import pytest
+from conftest import FIXTURES, Case, assert_close
 
 import caffeq
 from caffeq.io.caffemodel import read_caffemodel
 from caffeq.model import load_from_text
 from caffeq.quant import QuantizeError, default_kept_layers, get_quantizer, quantize
 from caffeq.quant.binary import pack_signs, unpack_signs
-
-from conftest import FIXTURES, Case, assert_close
 
 # ---- exact values on tiny arrays --------------------------------------------------------------
 
@@ -322,7 +321,7 @@ layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn" }
 # ---- reference cases: torch with binary weights == independent numpy Caffe-like forward ---------
 
 def _np_conv(x, w, b, stride, pad, dil, group):
-    n, c, h, wd = x.shape
+    n, _, h, wd = x.shape
     o, cg, kh, kw = w.shape
     ho = (h + 2 * pad[0] - (dil[0] * (kh - 1) + 1)) // stride[0] + 1
     wo = (wd + 2 * pad[1] - (dil[1] * (kw - 1) + 1)) // stride[1] + 1
@@ -504,7 +503,34 @@ def test_fp16_keeps_digits_top1():
 
 def test_compute_dtype_fp16_only_on_cuda():
     import torch
+
     from caffeq.quant import compute_dtype
     assert compute_dtype("fp16", "cpu") is None
     assert compute_dtype("fp16", "cuda") is torch.float16
     assert compute_dtype("binary", "cuda") is None
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["net_lenet", "net_resnet_mini", "net_mobilenet_block"])
+def test_fp16_computes_in_fp16_on_cuda(name):
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from caffeq.quant import compute_dtype
+    case = Case(FIXTURES / name)
+    model = case.load()
+    q = quantize(model, "fp16")
+    dtype = compute_dtype("fp16", "cuda")
+    gm = q.to_torch(device="cuda", dtype=dtype)
+    assert all(p.dtype == torch.float16 for p in gm.parameters())
+    ours = q.run(case.inputs, device="cuda", dtype=dtype)
+    ref = model.run(case.inputs)
+    for out in model.outputs:
+        a, b = ref[out].astype(np.float64), ours[out].astype(np.float64)
+        assert np.linalg.norm(b - a) <= 1e-2 * np.linalg.norm(a), out
+        np.testing.assert_array_equal(np.argmax(b, axis=1), np.argmax(a, axis=1))
+    # binary weights run on the GPU too, with the CPU's numbers
+    qb = quantize(model, "binary", keep="none")
+    g, c = qb.run(case.inputs, device="cuda"), qb.run(case.inputs)
+    for out in model.outputs:
+        assert_close(g[out], c[out], 1e-5, 1e-4, f"{name} binary on cuda")

@@ -336,7 +336,7 @@ def fold_layout_constants(ctx, keep=()):
         ins = [i for i in n.input if i]
         out = n.output[0] if len(n.output) == 1 else None
         if n.op_type in _LAYOUT_OPS and not n.domain and ins and out and out not in keep \
-                and all(i in ctx.initializers for i in ins):
+                and all(i in ctx.initializers and type(ctx.initializers[i]) is _Init for i in ins):
             src = ins[0]
             try:
                 arr = _eval_layout(n, [ctx.initializers[i].data() for i in ins])

@@ -3,15 +3,19 @@
 ONNX's `ceil_mode` and AveragePool's divisor differ from Caffe's rules (and
 changed across opsets), so nothing here relies on them.  The output size comes
 from Caffe's formula (static: only the batch is dynamic); the pool op gets
-explicit, possibly asymmetric pads so that plain floor rounding gives exactly
-that size:
+explicit, possibly asymmetric pads so that plain floor rounding covers exactly
+Caffe's windows (a Slice trims any extra row):
 - MAX: MaxPool with those pads (ONNX never picks a pad cell, as Caffe).
 - AVE: AveragePool with count_include_pad=1 divides every window by kh*kw;
-  a constant map (kh*kw) / (Caffe's clipped window area), which depends only
-  on H and W, corrects the windows Caffe divides differently.
+  a constant map (kh*kw) / (Caffe's window area clipped at H + pad), which
+  depends only on H and W, corrects the windows Caffe divides differently.
 - STOCHASTIC at TEST: sum(x^2) / (sum(x) + FLT_MIN) over windows that start at
   0 (Caffe ignores pad there) and are clipped at the edge.
 - global pooling: GlobalAveragePool / GlobalMaxPool.
+- Windows holding no cell at all (ceil rounding with stride > kernel and no
+  pad) are left out of the pooling, since ONNX wants pads < kernel, and filled
+  with what Caffe's loops leave there: 0 / (area <= 0) for AVE (NaN or 0),
+  0 for STOCHASTIC, and -inf for MAX like the torch module (Caffe: -FLT_MAX).
 """
 import numpy as np
 
@@ -19,30 +23,55 @@ from ..errors import ExportError
 from ..layers.pooling import AVE, FLT_MIN, MAX, STOCHASTIC, _ave_divisors, window
 
 
-def _pool_extent(size, k, s, p_begin, p_end):
-    return (size + p_begin + p_end - k) // s + 1
+def _plan(size, k, s, begin, out, limit):
+    """(windows computed, end pad, rows floor pooling gives) along one axis.
+
+    Window i starts at i*s - begin; the ones starting at or beyond `limit` are empty.
+    """
+    valid = min(out, -(-(limit + begin) // s))
+    end = max(0, (valid - 1) * s + k - (size + begin))
+    full = (size + begin + end - k) // s + 1
+    return valid, end, full
 
 
-def _finish(ctx, node, x, out, full, y):
-    """Write x (spatially `full`) into y, slicing off the extra rows/cols floor pooling made."""
-    if tuple(full) == tuple(out):
-        if x != y:
-            ctx.add_node("Identity", [x], [y])
-        return y
-    ctx.add_node("Slice", [x, ctx.const(np.array([0, 0], np.int64)),
-                           ctx.const(np.array(list(out), np.int64)),
-                           ctx.const(np.array([2, 3], np.int64))], [y])
+def _pool(ctx, node, op, x, k, s, begin, plans, **attrs):
+    """One pooling op over the non-empty windows, sliced to exactly them."""
+    valid = [pl[0] for pl in plans]
+    full = [pl[2] for pl in plans]
+    y = ctx.tmp(f"{node.name}_{op.lower()}")
+    ctx.add_node(op, [x], [y], name=node.name, kernel_shape=list(k), strides=list(s),
+                 pads=list(begin) + [pl[1] for pl in plans], **attrs)
+    if full != valid:
+        cut = ctx.tmp(f"{node.name}_cut")
+        ctx.add_node("Slice", [y, ctx.const(np.array([0, 0], np.int64)), ctx.const(np.array(valid, np.int64)),
+                               ctx.const(np.array([2, 3], np.int64))], [cut])
+        y = cut
     return y
 
 
-def _pads(h, w, k, s, p, out, start_pad=None):
-    """Begin pads, end pads and the floor-rounded output size they give."""
-    begin = list(p) if start_pad is None else list(start_pad)
-    end = []
-    for n, kk, ss, pb, o in zip((h, w), k, s, begin, out):
-        end.append(max(0, (o - 1) * ss + kk - (n + pb)))
-    full = tuple(_pool_extent(n, kk, ss, pb, pe) for n, kk, ss, pb, pe in zip((h, w), k, s, begin, end))
-    return begin, end, full
+def _fill(ctx, node, x, valid, out, value):
+    """Pad the bottom/right rows of empty windows with `value`."""
+    if list(valid) == list(out):
+        return x
+    y = ctx.tmp(f"{node.name}_filled")
+    pads = np.array([0, 0, 0, 0, 0, 0, out[0] - valid[0], out[1] - valid[1]], np.int64)
+    ctx.add_node("Pad", [x, ctx.const(pads), ctx.const(np.array(value, np.float32))], [y], mode="constant")
+    return y
+
+
+def _write_to(ctx, x, y):
+    """Make the tensor the emission ended with be called y (renaming its producer's output)."""
+    if x == y:
+        return y
+    for n in reversed(ctx.nodes):
+        if x in n.output:
+            outs = list(n.output)
+            outs[outs.index(x)] = y
+            del n.output[:]
+            n.output.extend(outs)
+            return y
+    ctx.add_node("Identity", [x], [y])
+    return y
 
 
 def emit_pooling(ctx, node, attrs, x, y):
@@ -58,49 +87,48 @@ def emit_pooling(ctx, node, attrs, x, y):
         return y
     if any(o <= 0 for o in out):
         raise ExportError(f"layer '{node.name}': pooling of a {h}x{w} input gives an empty output")
+    sizes = (h, w)
 
     if pool == MAX:
-        begin, end, full = _pads(h, w, k, s, p, out)
-        target = y if full == tuple(out) else ctx.tmp(f"{node.name}_pooled")
-        ctx.add_node("MaxPool", [x], [target], name=node.name, kernel_shape=list(k), strides=list(s),
-                     pads=begin + end)
-        return _finish(ctx, node, target, out, full, y)
-
-    if pool == AVE:
-        begin, end, full = _pads(h, w, k, s, p, out)
+        plans = [_plan(n, kk, ss, pp, o, n) for n, kk, ss, pp, o in zip(sizes, k, s, p, out)]
+        valid = [pl[0] for pl in plans]
+        r = _pool(ctx, node, "MaxPool", x, k, s, p, plans)
+        r = _fill(ctx, node, r, valid, out, -np.inf)
+    elif pool == AVE:
+        # a window reaches at most H + pad; one starting there has nothing to average
+        plans = [_plan(n, kk, ss, pp, o, n + pp) for n, kk, ss, pp, o in zip(sizes, k, s, p, out)]
+        valid = [pl[0] for pl in plans]
+        r = _pool(ctx, node, "AveragePool", x, k, s, p, plans, count_include_pad=1)
+        r = _fill(ctx, node, r, valid, out, 0.0)
+        # Caffe divides each window's sum by its area clipped at H + pad; the empty windows
+        # (sum 0) divide by an area <= 0: NaN for 0, a zero otherwise
         dh = _ave_divisors(h, k[0], s[0], p[0], out[0]).astype(np.float64)
         dw = _ave_divisors(w, k[1], s[1], p[1], out[1]).astype(np.float64)
-        ratio = (k[0] * k[1]) / np.outer(dh, dw)
-        exact = bool(np.all(ratio == 1.0))
-        target = y if (exact and full == tuple(out)) else ctx.tmp(f"{node.name}_avg")
-        ctx.add_node("AveragePool", [x], [target], name=node.name, kernel_shape=list(k), strides=list(s),
-                     pads=begin + end, count_include_pad=1)
-        if exact:
-            return _finish(ctx, node, target, out, full, y)
-        if full != tuple(out):
-            cropped = ctx.tmp(f"{node.name}_crop")
-            target = _finish(ctx, node, target, out, full, cropped)
-        ctx.add_node("Mul", [target, ctx.const(ratio.astype(np.float32), f"{node.name}_divisor_fix")], [y])
-        return y
-
-    if pool == STOCHASTIC:
-        # Caffe's test-time stochastic pooling: windows start at 0 whatever pad says
-        begin, end, full = _pads(h, w, k, s, (0, 0), out)
+        area = np.outer(dh, dw)
+        ratio = np.ones_like(area)
+        ratio[:valid[0], :valid[1]] = (k[0] * k[1]) / area[:valid[0], :valid[1]]
+        ratio[area == 0] = np.nan
+        if not np.all(ratio == 1.0):
+            fixed = ctx.tmp(f"{node.name}_divided")
+            ctx.add_node("Mul", [r, ctx.const(ratio.astype(np.float32), f"{node.name}_divisor_fix")], [fixed])
+            r = fixed
+    elif pool == STOCHASTIC:
+        plans = [_plan(n, kk, ss, 0, o, n) for n, kk, ss, o in zip(sizes, k, s, out)]
+        valid = [pl[0] for pl in plans]
         sq = ctx.tmp(f"{node.name}_sq")
         ctx.add_node("Mul", [x, x], [sq])
-        num, den = ctx.tmp(f"{node.name}_num"), ctx.tmp(f"{node.name}_den")
-        kw = dict(kernel_shape=list(k), strides=list(s), pads=begin + end, count_include_pad=1)
-        ctx.add_node("AveragePool", [sq], [num], name=node.name, **kw)
-        ctx.add_node("AveragePool", [x], [den], **kw)
-        # both are window sums / (kh*kw), so their ratio is Caffe's; FLT_MIN (not a denormal
-        # FLT_MIN / (kh*kw), which runtimes may flush to 0) keeps empty windows at 0
+        num = _pool(ctx, node, "AveragePool", sq, k, s, (0, 0), plans, count_include_pad=1)
+        den = _pool(ctx, node, "AveragePool", x, k, s, (0, 0), plans, count_include_pad=1)
+        # both are window sums / (kh*kw), so their ratio is Caffe's; FLT_MIN (rather than the
+        # denormal FLT_MIN / (kh*kw), which runtimes may flush to 0) keeps empty windows at 0
         den_eps = ctx.tmp(f"{node.name}_den_eps")
         ctx.add_node("Add", [den, ctx.const(np.array(FLT_MIN, np.float32))], [den_eps])
-        q = y if full == tuple(out) else ctx.tmp(f"{node.name}_ratio")
+        q = ctx.tmp(f"{node.name}_ratio")
         ctx.add_node("Div", [num, den_eps], [q])
-        return _finish(ctx, node, q, out, full, y)
-
-    raise ExportError(f"layer '{node.name}': unknown pool method {pool}")
+        r = _fill(ctx, node, q, valid, out, 0.0)
+    else:
+        raise ExportError(f"layer '{node.name}': unknown pool method {pool}")
+    return _write_to(ctx, r, y)
 
 
 def emit_spp(ctx, node, spec):
@@ -116,8 +144,7 @@ def emit_spp(ctx, node, spec):
     for level in range(a["height"]):
         la = spec.level_attrs(a, level, h, w)
         pooled = ctx.tmp(f"{node.name}_level{level}")
-        sub = _Named(node, f"{node.name}/level{level}")
-        emit_pooling(ctx, sub, la, x, pooled)
+        emit_pooling(ctx, _Named(node, f"{node.name}/level{level}"), la, x, pooled)
         flat = ctx.tmp(f"{node.name}_level{level}_flat")
         ctx.add_node("Flatten", [pooled], [flat], axis=1)
         parts.append(flat)

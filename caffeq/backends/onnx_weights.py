@@ -32,7 +32,8 @@ DEFAULT_BINARY_STORAGE = "bits"
 
 
 def _blob_name(node, index):
-    names = node.spec.blob_names
+    spec = node.spec
+    names = spec.blob_names_for(node.attrs) if hasattr(spec, "blob_names_for") else spec.blob_names
     return f"{node.name}.{names[index] if index < len(names) else f'blob{index}'}"
 
 

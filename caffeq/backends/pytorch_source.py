@@ -18,6 +18,7 @@ PyTorch source, listing all of them at once.
 """
 import hashlib
 import keyword
+import math
 import os
 import re
 import textwrap
@@ -62,8 +63,12 @@ def class_name(name, taken=()):
     return cls
 
 
-def lit(value):
-    """Python source for a constant: float32 values in their shortest exact form."""
+def lit(value, exact=False):
+    """Python source for a constant: float32 values in their shortest exact form.
+
+    torch casts a Python float to float32 before combining it with a float32 tensor, so the
+    shortest decimal naming the same float32 gives the same bits; `exact` keeps the double's
+    own repr, for values that take part in Python arithmetic first."""
     if isinstance(value, (bool, np.bool_)):
         return "True" if value else "False"
     if value is None:
@@ -72,11 +77,11 @@ def lit(value):
         return str(int(value))
     if isinstance(value, (float, np.floating)):
         v = float(value)
-        if v != v:
+        if math.isnan(v):
             return 'float("nan")'
         if v in (float("inf"), float("-inf")):
             return 'float("inf")' if v > 0 else '-float("inf")'
-        if float(np.float32(v)) == v:
+        if float(np.float32(v)) == v and not exact:
             # shortest decimal that names this float32 (torch casts float scalars to float32)
             short = np.format_float_positional(np.float32(v), unique=True, trim="0") \
                 if 1e-4 <= abs(v) < 1e16 or v == 0 else np.format_float_scientific(np.float32(v), unique=True)
@@ -86,10 +91,10 @@ def lit(value):
     if isinstance(value, str):
         return repr(value)
     if isinstance(value, tuple):
-        inner = ", ".join(lit(v) for v in value)
+        inner = ", ".join(lit(v, exact) for v in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"
     if isinstance(value, list):
-        return "[" + ", ".join(lit(v) for v in value) + "]"
+        return "[" + ", ".join(lit(v, exact) for v in value) + "]"
     raise TypeError(f"no literal for {type(value).__name__}")
 
 
@@ -160,38 +165,42 @@ class Emitter:
         """A raw __init__ line (after the module declarations of this layer)."""
         self._x.init_lines.append(line)
 
-    def param(self, name, value, attr=None):
-        self._entry(name, value, attr, buffer=False)
+    def param(self, name, value, attr=None, blob=None):
+        """State-dict entry "<attr>.<name>": blob `value` of the node, or an array computed from
+        blob `blob` (so shared parameters can be tied)."""
+        self._entry(name, value, attr, blob)
 
-    def buffer(self, name, value, attr=None):
-        self._entry(name, value, attr, buffer=True)
+    buffer = param  # the module decides parameter or buffer; the state dict holds both
 
-    def _entry(self, name, value, attr, buffer):
+    def _entry(self, name, value, attr, blob):
         attr = attr or self.attr
-        key = f"{attr}.{name}" if attr else name
+        key = ".".join(k for k in (attr, name) if k)  # name "": the attribute is the nn.Parameter
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-            index = int(value)
-            array = self.blob(index)
-            self._x.blob_keys[(self.node.name, index)] = key
+            blob = int(value)
+            array = self.blob(blob)
         else:
-            index = None
             array = np.asarray(value)
+        if blob is not None:
+            self._x.blob_keys[(self.node.name, blob)] = key
         if key in self._x.state:
             raise ExportError(f"internal: state-dict key {key!r} written twice")
-        self._x.state[key] = np.ascontiguousarray(array)
-        self._x.key_owner[key] = (self.node.name, index)
+        self._x.state[key] = np.asarray(array, order="C")  # (ascontiguousarray makes 0-d 1-d)
 
     # -- module level ---------------------------------------------------------------------
     def helper(self, source):
         source = textwrap.dedent(source).strip("\n")
-        m = re.match(r"(?:class|def)\s+(\w+)", source)
-        if not m:
-            raise ExportError("internal: a helper must be a class or a function")
-        name = m.group(1)
-        prev = self._x.helpers.get(name)
+        names = re.findall(r"^(?:class|def)\s+(\w+)", source, re.M)
+        if not names:
+            raise ExportError("internal: a helper must define classes or functions")
+        key = ",".join(names)
+        prev = self._x.helpers.get(key)
         if prev is not None and prev != source:
-            raise ExportError(f"internal: two different helpers named {name}")
-        self._x.helpers[name] = source
+            raise ExportError(f"internal: two different helpers defining {key}")
+        taken = {n for k in self._x.helpers if k != key for n in k.split(",")}
+        if taken & set(names):
+            raise ExportError(f"internal: helper names {sorted(taken & set(names))} defined twice")
+        self._x.helpers[key] = source
+        name = names[-1]
         for token in ("F", "List", "Optional"):
             if re.search(rf"\b{token}\b", source):
                 self.uses(token)
@@ -247,7 +256,6 @@ class _Generator:
         self.imports = set()
         self.notes = []
         self.state = {}
-        self.key_owner = {}
         self.blob_keys = {}
         self.pending = []
         self.absorbed_now = []
@@ -324,7 +332,7 @@ class _Generator:
                         self._check_shared(other)
             except (CaffeqError, NotImplementedError) as e:
                 result = e
-            except Exception as e:  # a bug in a spec's emission: still list every refusal at once
+            except Exception as e:  # noqa: BLE001 (a bug in an emission: still list every refusal)
                 result = ExportError(f"PyTorch emission failed: {type(e).__name__}: {e}")
             if result is None or isinstance(result, Exception):
                 why = "no PyTorch source for this layer type" if result is None else _strip(node, result)
@@ -397,9 +405,10 @@ class _Generator:
     # -- the file ---------------------------------------------------------------------------
     def source(self, params):
         graph = self.graph
-        cls = self.cls_name or class_name(graph.name, taken=set(self.helpers))
-        if cls in self.helpers:
-            cls = class_name(cls + "Net", taken=set(self.helpers))
+        helper_names = {n for k in self.helpers for n in k.split(",")} | {"WEIGHTS", "load", "os"}
+        cls = self.cls_name or class_name(graph.name, taken=helper_names)
+        if cls in helper_names:
+            cls = class_name(cls + "Net", taken=helper_names)
         self.cls_name = cls
         out = []
         out.append(f'"""{self._module_doc(cls)}"""')
@@ -554,9 +563,9 @@ def _quant_note(schemes, quant):
                 f"Fine-tuning updates them as ordinary floats; to keep them binary, re-binarize after "
                 f"each step (straight-through estimator).")
     if schemes == ["fp16"]:
-        return (f"fp16 weights (caffeq quantize 'fp16'): every float blob was rounded to float16 "
-                f"(BatchNorm folded first where possible); they are stored as float16 and cast to "
-                f"float32 when loaded, so the model computes in float32.")
+        return ("fp16 weights (caffeq quantize 'fp16'): every float blob was rounded to float16 "
+                "(BatchNorm folded first where possible); they are stored as float16 and cast to "
+                "float32 when loaded, so the model computes in float32.")
     return (f"Quantized weights ({', '.join(schemes)}) in layers {names}: stored dequantized as float32.")
 
 
@@ -565,7 +574,7 @@ def _check_module(text, state, cls_name, path):
     import torch
     code = compile(text, path, "exec")
     ns = {"__name__": "caffeq_generated_model", "__file__": path}
-    exec(code, ns)  # our own generated source, to check it before anything is written
+    exec(code, ns)  # noqa: S102 (our own generated source, checked before anything is written)
     with torch.device("meta"):
         module = ns[cls_name]()
     want = {k: tuple(v.shape) for k, v in module.state_dict().items()}
@@ -582,7 +591,7 @@ def _storage(state, fp16):
     """Arrays as written: float16 where `fp16` and the value survives the round trip exactly."""
     out = {}
     for k, v in state.items():
-        a = np.ascontiguousarray(v)
+        a = np.asarray(v, order="C")
         if a.dtype.kind == "f":
             a = a.astype(np.float32, copy=False)
             if fp16:
@@ -602,13 +611,14 @@ def _sha256(path):
 
 
 def export_pytorch(model, out, to=None, exact_batchnorm=False, weights_format="safetensors",
-                   class_name=None, readme=None, inputs=()):
+                   class_name=None, readme=True, inputs=(), keep=None, only=None):
     """Write `model` (a caffeq.Model) as a standalone PyTorch model.py + weights (+ README.md).
 
     out: a folder (created if missing; gets model.py, weights.safetensors, README.md)
          or a path ending in .py (weights beside it as <stem>.safetensors, no README).
     to:  None, "fp16" (weights stored as float16, cast to float32 when loaded), "binary" or
-         "int8" (dequantized weights, float32) through caffeq.quantize.
+         "int8" (dequantized weights, float32) through caffeq.quantize(model, to, keep, only).
+         A model quantized already (to=None) is written as it is.
     exact_batchnorm: BatchNorm keeps Caffe's op order (bit-identical to caffeq) instead of
          plain nn.BatchNorm2d (equal within float32 rounding).
     weights_format: "safetensors" or "pt" (a state_dict for torch.load(weights_only=True)).
@@ -621,12 +631,12 @@ def export_pytorch(model, out, to=None, exact_batchnorm=False, weights_format="s
     from ..commands.common import atomic_path
     out = os.fspath(out)
     source_model = model
-    target = None
-    if to not in (None, "", "fp32", "float32"):
+    if to is not None:
         from ..quant import get_quantizer, quantize
-        target = get_quantizer(to).name
-        if target != "fp32":
-            model = quantize(model, target)
+        if get_quantizer(to).name != "fp32":
+            model = quantize(model, to, keep=keep, only=only)
+    schemes = sorted(set((getattr(model, "quantization", None) or {}).values()))
+    target = "+".join(schemes) if schemes else None
     ext = ".safetensors" if weights_format == "safetensors" else ".pt"
     is_file = out.endswith(".py")
     if is_file:
@@ -642,7 +652,7 @@ def export_pytorch(model, out, to=None, exact_batchnorm=False, weights_format="s
             raise ExportError(f"{out}: exists and is not a folder (name a .py file or a folder)")
         py_path = os.path.join(folder, "model.py")
         weights_path = os.path.join(folder, "weights" + ext)
-        readme_path = os.path.join(folder, "README.md") if readme is not False else None
+        readme_path = os.path.join(folder, "README.md") if readme else None
     protected = [source_model.prototxt, source_model.weights_path] + [os.fspath(p) for p in inputs if p]
     for dst in (py_path, weights_path, readme_path):
         for src in protected:
@@ -669,13 +679,11 @@ def export_pytorch(model, out, to=None, exact_batchnorm=False, weights_format="s
         else:
             import torch
             torch.save({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}, tmp)
-    with atomic_path(py_path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+    with atomic_path(py_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
     if readme_path:
-        with atomic_path(readme_path) as tmp:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(_readme(source_model, info, os.path.basename(weights_path), target, src_note))
+        with atomic_path(readme_path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            f.write(_readme(source_model, info, os.path.basename(weights_path), target, src_note))
     n_params = int(sum(a.size for k, a in arrays.items() if not k.endswith("num_batches_tracked")))
     info.update({"model_py": py_path, "weights": weights_path, "readme": readme_path,
                  "target": target or "fp32", "tensors": len(arrays), "parameters": n_params,
@@ -711,11 +719,11 @@ def _readme(model, info, weights_name, target, src_note):
     lines += ["", "## Load", "", "```python", "import sys", "sys.path.insert(0, \"path/to/this/folder\")",
               "from model import load", "", f"net = load()  # {cls} in eval mode, weights from {weights_name}",
               "out = net(x)  # inputs: " + ", ".join(info["inputs"]), "```", "",
-              f"Inputs, the preprocessing the prototxt declares, and outputs ({', '.join(info['outputs'])}) "
-              f"are listed in the docstring of `{cls}`. Layers keep their Caffe names and order, so "
-              f"`net.conv1` is Caffe's `conv1`. `net.train()` gives Caffe's training behaviour "
-              f"(BatchNorm batch statistics, Dropout).", ""]
+              (f"Inputs, the preprocessing the prototxt declares, and outputs "
+               f"({', '.join(info['outputs'])}) are listed in the docstring of `{cls}`. Layers keep "
+               f"their Caffe names and order, so `net.conv1` is Caffe's `conv1`. `net.train()` gives "
+               f"Caffe's training behaviour (BatchNorm batch statistics, Dropout)."), ""]
     return "\n".join(lines)
 
 
-__all__ = ["export_pytorch", "generate_source", "Emitter", "identifier", "lit", "size_arg"]
+__all__ = ["Emitter", "export_pytorch", "generate_source", "identifier", "lit", "size_arg"]

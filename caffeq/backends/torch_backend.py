@@ -170,6 +170,8 @@ def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dty
     tdtype = dtype or torch.float32
     n = next(iter(arrays.values())).shape[0] if arrays else 1
     step = batch_size or n or 1
+    if any(getattr(node.spec, "data_dependent_shape", False) for node in model.graph.nodes):
+        step = n or 1  # rows of e.g. DetectionOutput carry batch indexes: chunks cannot be concatenated
     chunks = []
     with torch.inference_mode():
         for start in range(0, max(n, 1), step):

@@ -247,6 +247,7 @@ def run(args):
     if stored:
         if target == "fp32":
             qmodel = _dequantized(model)
+            qmodel.quant_report = None
             lines.append(f"{model_path}: {', '.join(stored)} weights written as float32")
         elif [target] == stored and keep is None and only is None:
             qmodel = model
@@ -363,4 +364,4 @@ def _dequantized(model):
     return m
 
 
-__all__ = ["add_parser", "run", "find_weights", "probe"]
+__all__ = ["add_parser", "find_weights", "probe", "run"]

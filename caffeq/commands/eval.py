@@ -71,7 +71,7 @@ def run(args):
     keep = None if args.keep is None else ("none" if args.keep == "none" else args.keep.split(","))
     workers = default_workers() if args.workers is None else args.workers
     result = evaluate(args.model, data=args.data, weights=args.weights, phase=args.phase,
-                      ignore_unknown=args.ignore_unknown, targets=args.to, batch_size=args.batch_size, device=args.device,
+                      ignore_unknown=args.ignore_unknown, targets=args.to, batch_size=args.batch_size or args.batch, device=args.device,
                       workers=workers, limit=args.limit, strict=args.strict, transform=transform,
                       resize=args.resize, channel_order=args.channel_order, output=args.output, keep=keep,
                       progress=not args.no_progress)

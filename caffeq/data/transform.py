@@ -131,7 +131,7 @@ class DataTransformer:
             raise DataError(f"{where}: {h}x{w} is smaller than crop_size {self.crop_size}")
         if self._mean is not None and tuple(self._mean.shape) != (c, h, w):
             raise DataError(f"{where}: is {c}x{h}x{w} but the mean file is "
-                            f"{'x'.join(map(str, self._mean.shape))} (Caffe needs the same size)")
+                            f"{'x'.join(map(str, self._mean.shape))} (Caffe needs the same size; resize first)")
         if self.mean_value and len(self.mean_value) not in (1, c):
             raise DataError(f"{where}: {len(self.mean_value)} mean_value(s) for {c} channels "
                             f"(give one, or one per channel)")

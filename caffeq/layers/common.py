@@ -40,6 +40,9 @@ class Split(Layer):
         for out in node.outputs:
             ctx.add_node("Identity", [node.inputs[0]], [out])
 
+    def pytorch_source(self, node, emit):
+        return [emit.inputs[0]] * len(node.outputs)  # every top is the bottom itself
+
 
 @register_layer("Silence")
 class Silence(Layer):
@@ -51,6 +54,9 @@ class Silence(Layer):
 
     def onnx(self, ctx, node):
         pass
+
+    def pytorch_source(self, node, emit):
+        return []
 
 
 @register_layer("Dropout")
@@ -71,3 +77,8 @@ class Dropout(Layer):
 
     def onnx(self, ctx, node):
         ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        # nn.Dropout is F.dropout: identity in eval mode, Caffe's 1/(1-ratio) scaling in train mode
+        m = emit.module(f"nn.Dropout(p={emit.lit(node.attrs['ratio'])})")
+        return f"{m}({emit.inputs[0]})"

@@ -270,8 +270,7 @@ class InnerProduct(Layer):
             # F.linear run the same matrix product as caffeq, bit for bit
             emit.init(f"{m}.weight = nn.Parameter(torch.empty({k}, {a['num_output']}).t())  "
                       f"# Caffe's transpose: true layout")
-            emit.param("weight", np.ascontiguousarray(emit.blob(0).T))
-            emit._x.blob_keys[(node.name, 0)] = f"{emit.attr}.weight"
+            emit.param("weight", emit.blob(0).T, blob=0)
         else:
             emit.param("weight", 0)
         if a["bias_term"]:

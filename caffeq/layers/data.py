@@ -43,8 +43,40 @@ def _with_crop(attrs, c, h, w):
     return c, h, w
 
 
+def describe_transform(t):
+    """What Caffe's DataTransformer does to each image, in its order, as text lines."""
+    if not t:
+        return []
+    lines = []
+    if t.get("force_color"):
+        lines.append("images decoded as 3-channel colour (force_color)")
+    if t.get("force_gray"):
+        lines.append("images decoded as 1-channel gray (force_gray)")
+    if t.get("crop_size"):
+        n = t["crop_size"]
+        lines.append(f"crop {n}x{n}: the centre crop at TEST (a random one at TRAIN)")
+    if t.get("mirror"):
+        lines.append("random horizontal flips at TRAIN (mirror: true)")
+    if t.get("mean_file"):
+        lines.append(f"subtract the per-pixel mean image {t['mean_file']!r} (cropped like the data)")
+    if t.get("mean_value"):
+        vals = ", ".join(f"{v:g}" for v in t["mean_value"])
+        what = "from every channel" if len(t["mean_value"]) == 1 else "per channel, in blob order"
+        lines.append(f"subtract mean_value [{vals}] {what}")
+    if t.get("scale", 1.0) != 1.0:
+        lines.append(f"multiply by scale {t['scale']:.9g} (after the mean subtraction)")
+    return lines
+
+
 class DataLayer(Layer):
     is_data = True
+
+    def preprocessing(self, attrs):
+        """Lines describing what Caffe does to the data before the net sees it."""
+        lines = describe_transform(attrs.get("transform"))
+        if not lines:
+            lines = ["no transform_param: the stored values as they are"]
+        return lines
 
     def tops(self, attrs, data_shape, label_shape):
         shapes = [data_shape]
@@ -55,6 +87,11 @@ class DataLayer(Layer):
 
 @register_layer("Data")
 class Data(DataLayer):
+    def preprocessing(self, attrs):
+        lines = [(f"Datum records of {attrs['backend']} {attrs['source']!r} (convert_imageset "
+                  f"stores OpenCV's BGR, 0-255 values)")]
+        return lines + describe_transform(attrs.get("transform"))
+
     def parse(self, lp):
         p = lp.data_param
         if not p.source:
@@ -84,6 +121,12 @@ class Data(DataLayer):
 
 @register_layer("ImageData")
 class ImageData(DataLayer):
+    def preprocessing(self, attrs):
+        lines = [f"images read with OpenCV ({'BGR colour' if attrs['is_color'] else 'gray'}, 0-255 values)"]
+        if attrs["new_height"] and attrs["new_width"]:
+            lines.append(f"resized to {attrs['new_height']}x{attrs['new_width']} (height x width)")
+        return lines + describe_transform(attrs.get("transform"))
+
     def parse(self, lp):
         p = lp.image_data_param
         if not p.source:

@@ -100,6 +100,102 @@ def caffe_pool(x, attrs):
     return y[..., :out[0], :out[1]]
 
 
+# ---- standalone PyTorch source (caffeq.backends.pytorch_source) ------------------------
+
+# Caffe's pooling for the cases nn.MaxPool2d/nn.AvgPool2d cannot express; the same torch
+# calls in the same order as caffe_pool above, so the results are the same bits.
+TORCH_POOL_FUNCTION = """
+def caffe_pool2d(x, mode: str, kernel: List[int], stride: List[int], pad: List[int], ceil: bool):
+    \"\"\"Caffe's Pooling: out = ceil((H + 2p - k) / s) + 1 (floor with round_mode FLOOR), and with
+    pad > 0 a last window starting in the bottom/right padding is dropped. MAX ignores padding,
+    AVE divides by the window clipped to the padded input, STOCHASTIC (test) is sum(x^2) / sum(x).\"\"\"
+    size = [x.shape[2], x.shape[3]]
+    out = [0, 0]
+    for i in range(2):
+        span = size[i] + 2 * pad[i] - kernel[i]
+        out[i] = -(-span // stride[i]) + 1 if ceil else span // stride[i] + 1
+        if pad[i] > 0 and (out[i] - 1) * stride[i] >= size[i] + pad[i]:
+            out[i] -= 1
+    if mode == "stochastic":  # windows start at 0 (Caffe ignores pad here) and clip at the edge
+        right = max(0, (out[1] - 1) * stride[1] + kernel[1] - size[1])
+        bottom = max(0, (out[0] - 1) * stride[0] + kernel[0] - size[0])
+        xr = F.pad(x, [0, right, 0, bottom])
+        num = F.avg_pool2d(xr * xr, kernel, stride, divisor_override=1)
+        den = F.avg_pool2d(xr, kernel, stride, divisor_override=1) + 1.1754943508222875e-38
+        return (num / den)[:, :, :out[0], :out[1]]
+    extra = [(out[i] - 1) * stride[i] + kernel[i] - (size[i] + pad[i]) for i in range(2)]
+    pads = [pad[1], max(0, extra[1]), pad[0], max(0, extra[0])]
+    padded = pads != [0, 0, 0, 0]
+    if mode == "max":
+        xp = F.pad(x, pads, value=float("-inf")) if padded else x
+        return F.max_pool2d(xp, kernel, stride)[:, :, :out[0], :out[1]]
+    xp = F.pad(x, pads) if padded else x
+    y = F.avg_pool2d(xp, kernel, stride, divisor_override=1)[:, :, :out[0], :out[1]]
+    divisors = []
+    for i in range(2):
+        starts = torch.arange(out[i], device=x.device) * stride[i] - pad[i]
+        ends = torch.clamp(starts + kernel[i], max=size[i] + pad[i])
+        divisors.append((ends - starts).to(x.dtype))
+    return y / torch.outer(divisors[0], divisors[1])
+"""
+
+TORCH_POOL_MODULE = """
+class CaffePool2d(nn.Module):
+    \"\"\"Caffe's Pooling where nn.MaxPool2d / nn.AvgPool2d differ from it (see caffe_pool2d).\"\"\"
+
+    def __init__(self, mode, kernel, stride, pad, ceil=True):
+        super().__init__()
+        self.mode, self.kernel, self.stride, self.pad, self.ceil = mode, kernel, stride, pad, ceil
+
+    def forward(self, x):
+        return caffe_pool2d(x, self.mode, self.kernel, self.stride, self.pad, self.ceil)
+
+    def extra_repr(self):
+        return f"{self.mode}, kernel={self.kernel}, stride={self.stride}, pad={self.pad}, ceil={self.ceil}"
+"""
+
+TORCH_SPP_MODULE = """
+class SPP(nn.Module):
+    \"\"\"Caffe's SPP: level l pools into 2^l x 2^l bins (kernel = stride = ceil(H / bins), padding
+    centres the grid), each level flattened, all concatenated; one level is global pooling.\"\"\"
+
+    def __init__(self, levels, mode):
+        super().__init__()
+        self.levels, self.mode = levels, mode
+
+    def forward(self, x):
+        h, w = x.shape[2], x.shape[3]
+        if self.levels == 1:
+            if self.mode == "max":
+                return x.amax(dim=(-2, -1), keepdim=True)
+            return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
+        parts: List[torch.Tensor] = []
+        for level in range(self.levels):
+            bins = 2 ** level
+            kh, kw = -(-h // bins), -(-w // bins)
+            pad = [(kh * bins - h + 1) // 2, (kw * bins - w + 1) // 2]
+            parts.append(caffe_pool2d(x, self.mode, [kh, kw], [kh, kw], pad, True).flatten(1))
+        return torch.cat(parts, dim=1)
+"""
+
+_TORCH_MODES = {MAX: "max", AVE: "ave", STOCHASTIC: "stochastic"}
+
+
+def _torch_standard_pool(attrs):
+    """True where nn.MaxPool2d / nn.AvgPool2d(ceil_mode, count_include_pad=True) size and
+    average windows exactly as Caffe: torch's ceil correction (drop a last window that starts
+    at or past H + pad) also applies at pad 0, where it can only trigger with stride > kernel,
+    and torch wants pad <= kernel / 2."""
+    if attrs["pool"] not in (MAX, AVE):
+        return False
+    for k, s, p in zip(attrs["kernel"], attrs["stride"], attrs["pad"]):
+        if p > k // 2:
+            return False
+        if attrs["round_mode"] == CEIL and p == 0 and s > k:
+            return False
+    return True
+
+
 @register_layer("Pooling")
 class Pooling(Layer):
     def parse(self, lp):
@@ -127,6 +223,35 @@ class Pooling(Layer):
     def onnx(self, ctx, node):
         from ..backends.onnx_pooling import emit_pooling
         emit_pooling(ctx, node, node.attrs, node.inputs[0], node.outputs[0])
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        x = emit.inputs[0]
+        if a["global"] and a["pool"] != STOCHASTIC:
+            # the adaptive 1x1 pools reduce like caffe_pool's amax / sum / (H * W)
+            kind = "Max" if a["pool"] == MAX else "Avg"
+            m = emit.module(f"nn.Adaptive{kind}Pool2d(1)")
+            return f"{m}({x})"
+        if not a["global"] and _torch_standard_pool(a):
+            args = [emit.size_arg(a["kernel"]), f"stride={emit.size_arg(a['stride'])}"]
+            if any(a["pad"]):
+                args.append(f"padding={emit.size_arg(a['pad'])}")
+            if a["round_mode"] == CEIL:
+                args.append("ceil_mode=True")
+            kind = "MaxPool2d" if a["pool"] == MAX else "AvgPool2d"
+            m = emit.module(f"nn.{kind}({', '.join(args)})")
+            return f"{m}({x})"
+        if a["global"]:
+            h, w = emit.in_shape(0)[2:]
+            raise LayerError(f"global STOCHASTIC pooling needs the input size ({h}x{w}) at run time; "
+                             f"not supported")
+        emit.uses("F")
+        emit.helper(TORCH_POOL_FUNCTION)
+        cls = emit.helper(TORCH_POOL_MODULE)
+        m = emit.module(f"{cls}({emit.lit(_TORCH_MODES[a['pool']])}, {emit.lit(list(a['kernel']))}, "
+                        f"{emit.lit(list(a['stride']))}, {emit.lit(list(a['pad']))}"
+                        f"{'' if a['round_mode'] == CEIL else ', ceil=False'})")
+        return f"{m}({x})"
 
 
 @register_layer("SPP")
@@ -171,3 +296,11 @@ class SPP(Layer):
     def onnx(self, ctx, node):
         from ..backends.onnx_pooling import emit_spp
         emit_spp(ctx, node, self)
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        emit.uses("F")
+        emit.helper(TORCH_POOL_FUNCTION)
+        cls = emit.helper(TORCH_SPP_MODULE)
+        m = emit.module(f"{cls}({a['height']}, {emit.lit(_TORCH_MODES[a['pool']])})")
+        return f"{m}({emit.inputs[0]})"

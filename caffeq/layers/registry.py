@@ -73,7 +73,6 @@ class Layer:
         classes and weights; return the call expression for the top (a list of
         expressions, one per top, for several), or None: not supported.
         """
-        return None
 
     def macs(self, attrs, in_shapes, out_shapes):
         """Multiply-accumulates per forward pass (0 for cheap layers)."""

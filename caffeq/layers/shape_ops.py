@@ -118,6 +118,11 @@ class Concat(Layer):
             ctx.add_node("Concat", list(node.inputs), node.outputs, name=node.name,
                          axis=node.attrs["_axis"])
 
+    def pytorch_source(self, node, emit):
+        if len(emit.inputs) == 1:
+            return [emit.inputs[0]]
+        return f"torch.cat([{', '.join(emit.inputs)}], dim={node.attrs['_axis']})"
+
 
 # ---- Slice --------------------------------------------------------------------
 
@@ -208,6 +213,21 @@ class Slice(Layer):
             ctx.add_node("Mul", [step, ctx.const(_i64([i + 1]))], [end])
             _onnx_slice(ctx, x, start, end, [0], out=out, name=node.name if i == 0 else None)
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        x, axis = emit.inputs[0], a["_axis"]
+        if a["tops"] == 1:
+            return [x]
+        if axis != 0:
+            sizes = emit.lit(_slice_sizes(a, emit.in_shape(0)[axis]))
+        elif a["points"]:  # the batch axis: the last piece is whatever is left at run time
+            p = a["points"]
+            sizes = "[" + ", ".join([str(v) for v in (b - c for b, c in zip(p, [0] + p))] +
+                                    [f"{x}.shape[0] - {p[-1]}"]) + "]"
+        else:
+            sizes = f"{x}.shape[0] // {a['tops']}"
+        return f"torch.split({x}, {sizes}, dim={axis})"
+
 
 # ---- Flatten ------------------------------------------------------------------
 
@@ -247,6 +267,16 @@ class Flatten(Layer):
         merged = -1 if end >= start else 1
         spec = [0] * start + [merged] + [int(d) for d in shape[end + 1:]]
         _onnx_reshape(ctx, x, spec, node.outputs[0], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        x = emit.inputs[0]
+        ndim = len(emit.in_shape(0))
+        start, end = _flatten_axes(node.attrs, ndim)
+        if end + 1 == start:  # Caffe's count over an empty range: a new axis of 1
+            return f"{x}.unsqueeze({start})"
+        if end == start:
+            return [x]
+        return f"{x}.flatten({start})" if end == ndim - 1 else f"{x}.flatten({start}, {end})"
 
 
 # ---- Reshape ------------------------------------------------------------------
@@ -342,6 +372,17 @@ class Reshape(Layer):
         # (in a computed shape, 0 still means "copy the input axis of the same index")
         _onnx_reshape(ctx, x, spec, node.outputs[0], name=node.name)
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        x = emit.inputs[0]
+        ndim = len(emit.in_shape(0))
+        start, end = _reshape_plan(a, ndim)
+        # axes Caffe copies (outside [start, end), and 0 in the spec) come from x at run time
+        dims = [f"{x}.shape[{i}]" for i in range(start)]
+        dims += [f"{x}.shape[{start + j}]" if d == 0 else str(d) for j, d in enumerate(a["dims"])]
+        dims += [f"{x}.shape[{i}]" for i in range(end, ndim)]
+        return f"{x}.reshape([{', '.join(dims)}])"
+
 
 # ---- Crop ---------------------------------------------------------------------
 
@@ -397,6 +438,13 @@ class Crop(Layer):
             ends = [o + int(ref_shape[i]) for i, o in zip(axes, offsets)]
         _onnx_slice(ctx, x, offsets, ends, axes, out=node.outputs[0], name=node.name)
 
+    def pytorch_source(self, node, emit):
+        x, ref = emit.inputs
+        start, offsets = _crop_plan(node.attrs, emit.in_shape(0), emit.in_shape(1))
+        index = [":"] * start + [f"{off}:{off} + {ref}.shape[{i}]" if off else f":{ref}.shape[{i}]"
+                                 for i, off in zip(range(start, len(emit.in_shape(0))), offsets)]
+        return f"{x}[{', '.join(index)}]"
+
 
 # ---- Tile ---------------------------------------------------------------------
 
@@ -429,6 +477,9 @@ class Tile(Layer):
         x = node.inputs[0]
         reps = ctx.const(_i64(self._reps(node.attrs, len(ctx.shape(x)))))
         ctx.add_node("Tile", [x, reps], node.outputs, name=node.name)
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.inputs[0]}.repeat({self._reps(node.attrs, len(emit.in_shape(0)))})"
 
 
 # ---- Im2col -------------------------------------------------------------------
@@ -550,6 +601,17 @@ class Im2col(Layer):
             ctx.add_node("Concat", [lead, ctx.const(_i64(top[axis:]))], [target], axis=0)
             ctx.add_node("Reshape", [conv_out, target], node.outputs)
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        if a["_axis"] != 1 or len(a["kernel"]) != 2:
+            raise LayerError("only 2-D Im2col over axis 1 has PyTorch source here (F.unfold)")
+        x = emit.inputs[0]
+        top = self._out_shape(a, emit.in_shape(0))
+        emit.uses("F")
+        return (f"F.unfold({x}, {list(a['kernel'])}, dilation={list(a['dilation'])}, "
+                f"padding={list(a['pad'])}, stride={list(a['stride'])})"
+                f".reshape([{x}.shape[0], {top[1]}, {top[2]}, {top[3]}])")
+
 
 # ---- BatchReindex -------------------------------------------------------------
 
@@ -581,6 +643,10 @@ class BatchReindex(Layer):
         ind = ctx.tmp(node.name + "_idx")
         ctx.add_node("Cast", [idx], [ind], to=7)  # INT64; truncation toward zero, like static_cast
         ctx.add_node("Gather", [x, ind], node.outputs, name=node.name, axis=0)
+
+    def pytorch_source(self, node, emit):
+        x, idx = emit.inputs
+        return f"{x}.index_select(0, {idx}.to(torch.int64))"  # float indexes truncated, as Caffe
 
 
 # ---- Filter -------------------------------------------------------------------
@@ -636,3 +702,10 @@ class Filter(Layer):
         ctx.add_node("Cast", [flat], [cond], to=9)  # BOOL: non-zero -> true, as Caffe's `if (sel)`
         for i, (x, out) in enumerate(zip(xs, node.outputs)):
             ctx.add_node("Compress", [x, cond], [out], name=node.name if i == 0 else None, axis=0)
+
+    def pytorch_source(self, node, emit):
+        *xs, sel = emit.inputs
+        keep = emit.tmp(node.name + "_keep")
+        emit.stmt(f"{keep} = torch.nonzero({sel}.reshape({sel}.shape[0], -1)[:, 0] != 0).flatten()"
+                  f"  # {node.name} (Filter): items whose selector is non-zero")
+        return [f"{x}.index_select(0, {keep})" for x in xs]

@@ -12,16 +12,38 @@ import copy
 
 import numpy as np
 
-from .base import (QuantizedBlob, Quantizer, QuantizeError, available_targets, broadcast_scale,
-                   channel_matrix, from_channel_matrix, get_quantizer, register_quantizer)
 from . import binary as _binary  # noqa: F401  (registers "binary")
-from . import fp16 as _fp16      # noqa: F401  (registers "fp16")
-from . import int8 as _int8      # noqa: F401  (registers "int8")
+from . import fp16 as _fp16  # noqa: F401  (registers "fp16")
+from . import int8 as _int8  # noqa: F401  (registers "int8")
+from .base import (
+    QuantizedBlob,
+    QuantizeError,
+    Quantizer,
+    available_targets,
+    broadcast_scale,
+    channel_matrix,
+    from_channel_matrix,
+    get_quantizer,
+    register_quantizer,
+)
 from .report import LayerRow, QuantReport, rel_l2
 
-__all__ = ["quantize", "QuantizedBlob", "Quantizer", "QuantizeError", "QuantReport", "get_quantizer",
-           "register_quantizer", "available_targets", "weighted_layers", "default_kept_layers",
-           "channel_matrix", "from_channel_matrix", "broadcast_scale", "compute_dtype"]
+__all__ = [
+    "QuantReport",
+    "QuantizeError",
+    "QuantizedBlob",
+    "Quantizer",
+    "available_targets",
+    "broadcast_scale",
+    "channel_matrix",
+    "compute_dtype",
+    "default_kept_layers",
+    "from_channel_matrix",
+    "get_quantizer",
+    "quantize",
+    "register_quantizer",
+    "weighted_layers",
+]
 
 
 # ---- which layers ------------------------------------------------------------------
@@ -32,9 +54,9 @@ def quantizable_blobs(node, quantizer):
         return {}
     out = {}
     if quantizer.weights_only:
-        for i in sorted(node.spec.weight_axes):
+        for i, axis in sorted(weight_axes(node).items()):
             if i < len(node.blobs) and node.blobs[i] is not None:
-                out[i] = (node.spec.weight_axis(node.attrs, i), _groups(node, i))
+                out[i] = (axis, _groups(node, i, axis))
     else:
         for i, b in enumerate(node.blobs):
             if b is not None and np.asarray(b).dtype.kind == "f":
@@ -42,9 +64,16 @@ def quantizable_blobs(node, quantizer):
     return out
 
 
-def _groups(node, index):
+def weight_axes(node):
+    """{blob index: output-channel axis} of the node's quantizable weights (its configuration's)."""
+    spec = node.spec
+    if hasattr(spec, "weight_axes_for"):
+        return dict(spec.weight_axes_for(node.attrs))
+    return {i: spec.weight_axis(node.attrs, i) for i in spec.weight_axes}
+
+
+def _groups(node, index, axis):
     """Output channels of a grouped Deconvolution span axis 1 of each group's rows."""
-    axis = node.spec.weight_axis(node.attrs, index)
     g = int(node.attrs.get("group", 1) or 1) if isinstance(node.attrs, dict) else 1
     if node.type == "Deconvolution" and axis == 1 and g > 1:
         return g
@@ -54,7 +83,7 @@ def _groups(node, index):
 def weighted_layers(graph):
     """Nodes with weights a binary/int8 quantizer may change (weight_axes), in graph order."""
     return [n for n in graph.nodes if n.blobs and n.has_params and
-            any(i < len(n.blobs) for i in n.spec.weight_axes)]
+            any(i < len(n.blobs) for i in weight_axes(n))]
 
 
 def default_kept_layers(graph):

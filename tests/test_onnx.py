@@ -1,0 +1,524 @@
+"""ONNX export: every reference case through onnxruntime, Caffe's pooling rules, refusals, files."""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import caffeq
+from caffeq.errors import ExportError
+from conftest import FIXTURES, Case, assert_close, caffe_blob_source, case_ids
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from caffeq.backends.onnx_backend import DEFAULT_OPSET, export_onnx, format_stats  # noqa: E402
+
+# Cases ONNX cannot express, with the layers the export must name.  Keep it minimal:
+# every case not listed here must export and match.
+EXPECTED_REFUSALS = {}
+
+OPSETS = [13, DEFAULT_OPSET]
+
+
+def session(path):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def run_onnx(model, path, inputs):
+    """ORT outputs by Caffe blob name (the SSA output names mapped back to their blob)."""
+    sess = session(path)
+    feed = {}
+    for i in sess.get_inputs():
+        blob = model.graph.tensors[i.name].blob
+        feed[i.name] = np.ascontiguousarray(inputs[blob], np.float32)
+    outs = sess.run(None, feed)
+    return {model.graph.tensors[o.name].blob: v for o, v in zip(sess.get_outputs(), outs)}
+
+
+def assert_rel(got, ref, what, rtol=1e-5):
+    got = np.asarray(got, np.float64)
+    ref = np.asarray(ref, np.float64)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != torch's {ref.shape}"
+    if not ref.size:
+        return
+    scale = np.abs(ref).max()
+    err = np.abs(got - ref).max()
+    assert err <= rtol * scale + 1e-30, f"{what}: max |onnx - torch| = {err:.3g} > {rtol} x {scale:.3g}"
+
+
+def check_file(path):
+    onnx.checker.check_model(str(path), full_check=True)
+    m = onnx.load(str(path))
+    inferred = onnx.shape_inference.infer_shapes(m, strict_mode=True)
+    return m, inferred
+
+
+def _first_dims(inputs):
+    return {k: v.shape[0] for k, v in inputs.items() if v.ndim}
+
+
+# ---- every reference case -------------------------------------------------------------------
+
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("name", case_ids())
+def test_reference_case_through_onnxruntime(name, opset, tmp_path):
+    case = Case(FIXTURES / name)
+    model = case.load()
+    out = tmp_path / "model.onnx"
+    if name in EXPECTED_REFUSALS:
+        with pytest.raises(ExportError) as e:
+            export_onnx(model, out, opset=opset)
+        assert set(e.value.refused) == EXPECTED_REFUSALS[name]
+        for layer in EXPECTED_REFUSALS[name]:
+            assert f"'{layer}'" in str(e.value)
+        assert not out.exists() and not os.listdir(tmp_path)
+        return
+    stats = export_onnx(model, out, opset=opset)
+    assert stats["opset"] == opset
+    m, _ = check_file(out)
+    assert m.opset_import[0].version == opset
+
+    for vi in m.graph.input:
+        assert vi.name in model.graph.tensors
+        assert vi.type.tensor_type.shape.dim[0].dim_param, f"{vi.name}: batch is not symbolic"
+
+    inputs = case.inputs
+    got = run_onnx(model, out, inputs)
+    ref = model.run(inputs, all_blobs=True)
+    caffe = case.outputs
+    atol, rtol = case.tolerance
+    assert got, "no outputs"
+    for blob, value in got.items():
+        assert_rel(value, ref[blob], f"{name}/{blob}")
+        src = blob if blob in caffe else next((k for k in caffe if caffe_blob_source(k, {blob}) == blob), None)
+        if src is not None:
+            assert_close(value, caffe[src], atol, rtol, f"{name}/{blob} vs Caffe")
+
+    # batch 1 through the same file (dynamic batch)
+    firsts = _first_dims(inputs)
+    if not firsts or min(firsts.values()) < 2:
+        return
+    small = {k: v[:1] if v.ndim else v for k, v in inputs.items()}
+    try:
+        ref1 = model.run(small, all_blobs=True)
+    except caffeq.CaffeqError:
+        return  # the case's indices need the full batch (BatchReindex-like)
+    got1 = run_onnx(model, out, small)
+    for blob, value in got1.items():
+        assert_rel(value, ref1[blob], f"{name}/{blob} at batch 1")
+
+
+# ---- Caffe's pooling, checked against a direct transcription of its loops --------------------
+
+FLT_MIN = np.float32(1.1754943508222875e-38)
+
+
+def caffe_pool_reference(x, kernel, stride, pad, pool, ceil=True, global_pool=False):
+    n, c, h, w = x.shape
+    if global_pool:
+        kernel, stride, pad = (h, w), (1, 1), (0, 0)
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, pad
+
+    def out_size(size, k, s, p):
+        span = size + 2 * p - k
+        o = (-(-span // s) if ceil else span // s) + 1
+        if p and (o - 1) * s >= size + p:
+            o -= 1
+        return o
+
+    oh, ow = out_size(h, kh, sh, ph), out_size(w, kw, sw, pw)
+    y = np.zeros((n, c, oh, ow), np.float64)
+    xd = x.astype(np.float64)
+    for i in range(oh):
+        for j in range(ow):
+            if pool == "STOCHASTIC":
+                hs, ws = i * sh, j * sw
+                he, we = min(hs + kh, h), min(ws + kw, w)
+                win = xd[:, :, hs:he, ws:we]
+                y[:, :, i, j] = (win * win).sum((2, 3)) / (FLT_MIN + win.sum((2, 3)))
+                continue
+            hs, ws = i * sh - ph, j * sw - pw
+            if pool == "MAX":
+                he, we = min(hs + kh, h), min(ws + kw, w)
+                hs, ws = max(hs, 0), max(ws, 0)
+                win = xd[:, :, hs:he, ws:we]
+                # an empty window: Caffe leaves -FLT_MAX, caffeq's torch module -inf
+                y[:, :, i, j] = win.max((2, 3)) if win.size else -np.inf
+            else:
+                he, we = min(hs + kh, h + ph), min(ws + kw, w + pw)
+                size = (he - hs) * (we - ws)
+                hs, ws = max(hs, 0), max(ws, 0)
+                he, we = min(he, h), min(we, w)
+                total = xd[:, :, hs:he, ws:we].sum((2, 3)) if he > hs and we > ws else np.zeros((n, c))
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    y[:, :, i, j] = total / size
+    return y
+
+
+POOL_CONFIGS = [
+    # (H, W, kernel, stride, pad, ceil)
+    (11, 13, (3, 3), (2, 2), (1, 1), True),
+    (7, 7, (3, 3), (2, 2), (0, 0), True),      # ceil adds a clipped last window
+    (6, 9, (2, 3), (2, 3), (1, 2), True),      # a last window dropped by Caffe's pad rule
+    (5, 5, (3, 3), (3, 3), (2, 2), True),
+    (10, 7, (4, 2), (3, 1), (1, 0), True),
+    (9, 12, (3, 5), (2, 4), (1, 2), False),    # round_mode FLOOR
+    (8, 8, (2, 2), (2, 2), (0, 0), True),
+    (13, 5, (5, 3), (4, 2), (2, 1), True),
+    (4, 6, (4, 6), (1, 1), (0, 0), True),      # one window covering everything
+    (3, 17, (2, 7), (1, 5), (1, 3), True),
+    (8, 7, (3, 2), (2, 2), (1, 0), True),      # AVE divisors clipped at H + pad differ per window
+    (4, 6, (1, 1), (2, 2), (0, 0), True),      # ceil with stride > kernel: empty last windows
+    (5, 11, (1, 2), (3, 4), (0, 0), True),     # ... and an AVE area below 0
+]
+
+
+def _pool_prototxt(shape, kernel, stride, pad, pool, ceil, global_pool=False):
+    n, c, h, w = shape
+    if global_pool:
+        geom = "global_pooling: true"
+    else:
+        geom = (f"kernel_h: {kernel[0]} kernel_w: {kernel[1]} stride_h: {stride[0]} stride_w: {stride[1]} "
+                f"pad_h: {pad[0]} pad_w: {pad[1]}")
+    rm = "" if ceil else " round_mode: FLOOR"
+    return (f'layer {{ name: "data" type: "Input" top: "data" input_param {{ shape {{ dim: {n} dim: {c} '
+            f'dim: {h} dim: {w} }} }} }}\n'
+            f'layer {{ name: "pool" type: "Pooling" bottom: "data" top: "pool" '
+            f'pooling_param {{ pool: {pool} {geom}{rm} }} }}\n')
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+@pytest.mark.parametrize("pool", ["MAX", "AVE", "STOCHASTIC"])
+@pytest.mark.parametrize("cfg", POOL_CONFIGS, ids=lambda c: "x".join(map(str, c[:2])) + f"_k{c[2]}s{c[3]}p{c[4]}")
+def test_pooling_matches_caffes_loops(cfg, pool, opset, tmp_path):
+    h, w, kernel, stride, pad, ceil = cfg
+    rng = np.random.default_rng(h * 100 + w)
+    x = rng.standard_normal((3, 2, h, w)).astype(np.float32)
+    if pool == "STOCHASTIC":
+        x = np.abs(x) + 0.1  # test-time stochastic pooling expects non-negative inputs (after ReLU)
+    model = caffeq.model.load_from_text(_pool_prototxt(x.shape, kernel, stride, pad, pool, ceil))
+    ref = caffe_pool_reference(x, kernel, stride, pad, pool, ceil)
+    out = tmp_path / "pool.onnx"
+    export_onnx(model, out, opset=opset)
+    check_file(out)
+    for xb in (x, x[:1]):
+        got = run_onnx(model, out, {"data": xb})["pool"]
+        r = ref[:len(xb)]
+        assert got.shape == r.shape
+        np.testing.assert_allclose(got, r, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got, model.run({"data": xb})["pool"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("pool", ["MAX", "AVE"])
+@pytest.mark.parametrize("hw", [(7, 7), (5, 9), (1, 3)])
+def test_global_pooling(pool, hw, tmp_path):
+    x = np.random.default_rng(1).standard_normal((2, 3) + hw).astype(np.float32)
+    model = caffeq.model.load_from_text(_pool_prototxt(x.shape, None, None, None, pool, True, global_pool=True))
+    out = tmp_path / "g.onnx"
+    export_onnx(model, out)
+    m, _ = check_file(out)
+    assert [n.op_type for n in m.graph.node] == ["GlobalMaxPool" if pool == "MAX" else "GlobalAveragePool"]
+    got = run_onnx(model, out, {"data": x})["pool"]
+    np.testing.assert_allclose(got, caffe_pool_reference(x, None, None, None, pool, global_pool=True),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_average_divisor_needs_the_correction_map(tmp_path):
+    """A case where Caffe's divisor differs by window: the export multiplies by a constant map."""
+    x = np.random.default_rng(2).standard_normal((2, 1, 8, 7)).astype(np.float32)
+    model = caffeq.model.load_from_text(_pool_prototxt(x.shape, (3, 2), (2, 2), (1, 0), "AVE", True))
+    out = tmp_path / "a.onnx"
+    export_onnx(model, out, opset=13)
+    m, _ = check_file(out)
+    ops = [n.op_type for n in m.graph.node]
+    assert "AveragePool" in ops and "Mul" in ops
+    got = run_onnx(model, out, {"data": x})["pool"]
+    np.testing.assert_allclose(got, caffe_pool_reference(x, (3, 2), (2, 2), (1, 0), "AVE"), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("height,pool", [(1, "MAX"), (2, "AVE"), (3, "MAX"), (3, "AVE")])
+def test_spp(height, pool, tmp_path):
+    x = np.random.default_rng(3).standard_normal((2, 3, 13, 10)).astype(np.float32)
+    text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 13 '
+            'dim: 10 } } }\n'
+            f'layer {{ name: "spp" type: "SPP" bottom: "data" top: "spp" spp_param {{ pyramid_height: {height} '
+            f'pool: {pool} }} }}\n')
+    model = caffeq.model.load_from_text(text)
+    out = tmp_path / "spp.onnx"
+    export_onnx(model, out, opset=13)
+    check_file(out)
+    got = run_onnx(model, out, {"data": x})["spp"]
+    # Caffe's SPP: level l pools into 2^l bins with kernel ceil(H/bins), pad (k*bins - H + 1) // 2
+    parts = []
+    for level in range(height):
+        bins = 2 ** level
+        kh, kw = -(-13 // bins), -(-10 // bins)
+        ph, pw = (kh * bins - 13 + 1) // 2, (kw * bins - 10 + 1) // 2
+        if height == 1:
+            parts.append(caffe_pool_reference(x, None, None, None, pool, global_pool=True))
+        else:
+            parts.append(caffe_pool_reference(x, (kh, kw), (kh, kw), (ph, pw), pool).reshape(2, -1))
+    ref = parts[0] if height == 1 else np.concatenate(parts, axis=1)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(run_onnx(model, out, {"data": x[:1]})["spp"], ref[:1], rtol=1e-5, atol=1e-6)
+
+
+# ---- batch, optimization, names, stats --------------------------------------------------------
+
+def test_fixed_batch(tmp_path):
+    case = Case(FIXTURES / "net_lenet")
+    model = case.load()
+    out = tmp_path / "b.onnx"
+    stats = export_onnx(model, out, batch=3)
+    assert stats["batch"] == 3
+    m, _ = check_file(out)
+    for vi in list(m.graph.input) + list(m.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        assert dims[0].dim_value == 3 and not dims[0].dim_param
+    x = np.random.default_rng(0).standard_normal((3,) + tuple(model.inputs["data"][1:])).astype(np.float32)
+    got = run_onnx(model, out, {"data": x})
+    ref = model.run({"data": x})
+    for k, v in got.items():
+        assert_rel(v, ref[k], k)
+    with pytest.raises(Exception):
+        run_onnx(model, out, {"data": x[:2]})
+
+
+def test_dynamic_batch_is_the_default(tmp_path):
+    model = Case(FIXTURES / "conv_basic").load()
+    out = tmp_path / "d.onnx"
+    stats = export_onnx(model, out)
+    assert stats["batch"] == "dynamic"
+    assert stats["inputs"]["data"][0] == "N" and stats["outputs"]["conv"][0] == "N"
+    x = np.random.default_rng(0).standard_normal((5,) + tuple(model.inputs["data"][1:])).astype(np.float32)
+    assert_rel(run_onnx(model, out, {"data": x})["conv"], model.run({"data": x})["conv"], "conv")
+
+
+@pytest.mark.parametrize("name", ["batchnorm_scale", "net_resnet_mini", "net_mobilenet_block",
+                                  "digits_meanfile"])
+def test_optimization_reduces_nodes_and_keeps_outputs(name, tmp_path):
+    if name == "digits_meanfile":
+        d = FIXTURES / name
+        model = caffeq.load(str(d / "deploy.prototxt"), str(d / "model.caffemodel"))
+        inputs = {"data": np.random.default_rng(0).random(model.inputs["data"]).astype(np.float32)}
+        caffe, tol = {}, (1e-5, 1e-4)
+    else:
+        case = Case(FIXTURES / name)
+        model = case.load()
+        inputs, caffe, tol = case.inputs, case.outputs, case.tolerance
+    a, b = tmp_path / "opt.onnx", tmp_path / "raw.onnx"
+    s_opt = export_onnx(model, a)
+    s_raw = export_onnx(model, b, optimize=False)
+    assert s_opt["nodes_after"] < s_opt["nodes_before"]
+    assert s_raw["nodes_after"] == s_raw["nodes_before"] == s_opt["nodes_before"]
+    assert "BatchNormalization" not in s_opt["op_counts"]
+    m_opt, m_raw = onnx.load(str(a)), onnx.load(str(b))
+    assert len(m_opt.graph.node) == s_opt["nodes_after"] < len(m_raw.graph.node)
+    ref = model.run(inputs)
+    got_opt, got_raw = run_onnx(model, a, inputs), run_onnx(model, b, inputs)
+    for k in ref:
+        assert_rel(got_raw[k], ref[k], f"{k} (not optimized)")
+        assert_rel(got_opt[k], ref[k], f"{k} (optimized)", rtol=1e-5)
+        if k in caffe:
+            assert_close(got_opt[k], caffe[k], *tol, what=f"{k} optimized vs Caffe")
+
+
+def test_names_and_initializers_follow_caffe(tmp_path):
+    model = Case(FIXTURES / "net_lenet").load()
+    out = tmp_path / "n.onnx"
+    export_onnx(model, out, optimize=False)
+    m = onnx.load(str(out))
+    inits = {t.name: t for t in m.graph.initializer}
+    for layer in model.layers:
+        if layer.blobs:
+            for i, name in enumerate(layer.spec.blob_names[:len(layer.blobs)]):
+                key = f"{layer.name}.{name}"
+                assert key in inits, key
+                np.testing.assert_array_equal(onnx.numpy_helper.to_array(inits[key]), layer.blobs[i])
+    assert [i.name for i in m.graph.input] == list(model.inputs)
+    assert [o.name for o in m.graph.output] == model.outputs
+    assert {n.name for n in m.graph.node} >= {l.name for l in model.layers if not l.spec.is_data}
+
+
+def test_stats_are_printable(tmp_path):
+    model = Case(FIXTURES / "batchnorm_scale").load()
+    stats = export_onnx(model, tmp_path / "s.onnx")
+    for key in ("path", "opset", "batch", "nodes_before", "nodes_after", "op_counts", "file_size",
+                "inputs", "outputs", "notes", "dropped", "refused"):
+        assert key in stats
+    assert stats["file_size"] == os.path.getsize(tmp_path / "s.onnx")
+    text = format_stats(stats)
+    assert f"{stats['nodes_before']} before optimization, {stats['nodes_after']} after" in text
+
+
+def test_opset_range_is_checked(tmp_path):
+    model = Case(FIXTURES / "conv_basic").load()
+    for bad in (12, 999, "x"):
+        with pytest.raises(ExportError, match="opset"):
+            export_onnx(model, tmp_path / "o.onnx", opset=bad)
+    with pytest.raises(ExportError, match="batch"):
+        export_onnx(model, tmp_path / "o.onnx", batch=0)
+    assert not os.listdir(tmp_path)
+
+
+# ---- train_val nets: their TEST inference graph ---------------------------------------------------
+
+def test_train_val_exports_its_test_inference_graph(tmp_path):
+    d = FIXTURES / "digits_meanfile"
+    model = caffeq.load(str(d / "train_val.prototxt"), str(d / "model.caffemodel"))
+    out = tmp_path / "tv.onnx"
+    stats = export_onnx(model, out)
+    check_file(out)
+    assert list(stats["inputs"]) == ["data"]              # label fed only the loss and accuracy
+    assert set(stats["dropped"]) == {n.name for n in model.layers if n.spec.is_training_only}
+    assert stats["dropped"] and any("training-only" in n for n in stats["notes"])
+    assert any("transform_param" in n for n in stats["notes"])
+    m = onnx.load(str(out))
+    assert not {n.op_type for n in m.graph.node} & {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"}
+    x = np.random.default_rng(0).random((4,) + tuple(model.inputs["data"][1:])).astype(np.float32)
+    got = run_onnx(model, out, {"data": x})
+    ref = model.run({"data": x, "label": np.zeros(4, np.float32)}, all_blobs=True)
+    assert list(got) == list(stats["outputs"])
+    for k, v in got.items():
+        assert_rel(v, ref[k], k)
+
+
+def test_losses_dropped_scores_become_outputs(tmp_path):
+    case = Case(FIXTURES / "accuracy_softmax_loss")
+    model = case.load()
+    out = tmp_path / "l.onnx"
+    stats = export_onnx(model, out)
+    assert list(stats["outputs"]) == ["fc"] and list(stats["inputs"]) == ["data"]
+    got = run_onnx(model, out, case.inputs)
+    atol, rtol = case.tolerance
+    assert_close(got["fc"], case.outputs["fc"], atol, rtol, "fc")
+
+
+# ---- refusals and files ----------------------------------------------------------------------------
+
+class _NoOnnx(caffeq.Layer):
+    def forward(self, attrs, params, x):
+        return x * 2
+
+
+class _Refuses(caffeq.Layer):
+    def forward(self, attrs, params, x):
+        return x + 1
+
+    def onnx(self, ctx, node):
+        ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]])
+        raise ExportError(f"layer '{node.name}': refuses on purpose")
+
+
+caffeq.register_layer("OnnxTestNoEmission", override=True)(_NoOnnx)
+caffeq.register_layer("OnnxTestRefuses", override=True)(_Refuses)
+
+REFUSED_NET = """
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 4 dim: 5 } } }
+layer { name: "a" type: "OnnxTestNoEmission" bottom: "data" top: "a" }
+layer { name: "r" type: "ReLU" bottom: "a" top: "r" }
+layer { name: "b" type: "OnnxTestRefuses" bottom: "r" top: "b" }
+layer { name: "c" type: "OnnxTestNoEmission" bottom: "b" top: "c" }
+"""
+
+
+def test_every_refusal_listed_at_once_and_nothing_written(tmp_path):
+    model = caffeq.model.load_from_text(REFUSED_NET)
+    out = tmp_path / "refused.onnx"
+    with pytest.raises(ExportError) as e:
+        export_onnx(model, out)
+    assert e.value.refused == ["a", "b", "c"]
+    msg = str(e.value)
+    assert "3 layer(s) refused" in msg and "refuses on purpose" in msg and "OnnxTestNoEmission" in msg
+    assert "\n" not in msg
+    assert not os.listdir(tmp_path)
+
+
+def test_failed_export_keeps_an_existing_file(tmp_path):
+    out = tmp_path / "keep.onnx"
+    out.write_bytes(b"old")
+    with pytest.raises(ExportError):
+        export_onnx(caffeq.model.load_from_text(REFUSED_NET), out)
+    assert out.read_bytes() == b"old" and os.listdir(tmp_path) == ["keep.onnx"]
+
+
+def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
+    import caffeq.backends.onnx_backend as ob
+
+    def boom(*a, **k):
+        raise ExportError("checker says no")
+    monkeypatch.setattr(ob, "_check_written", boom)
+    with pytest.raises(ExportError, match="checker says no"):
+        export_onnx(Case(FIXTURES / "conv_basic").load(), tmp_path / "x.onnx")
+    assert not os.listdir(tmp_path)
+    with pytest.raises(ExportError):
+        export_onnx(Case(FIXTURES / "conv_basic").load(), tmp_path / "x.onnx", external_data=True)
+    assert not os.listdir(tmp_path)
+
+
+def test_refuses_to_overwrite_its_inputs(tmp_path):
+    src = FIXTURES / "conv_basic"
+    for f in ("model.prototxt", "model.caffemodel"):
+        shutil.copy(src / f, tmp_path / f)
+    model = caffeq.load(str(tmp_path / "model.prototxt"), str(tmp_path / "model.caffemodel"))
+    before = {f: (tmp_path / f).read_bytes() for f in ("model.prototxt", "model.caffemodel")}
+    for target in before:
+        with pytest.raises(ExportError, match="overwrite an input"):
+            export_onnx(model, tmp_path / target)
+    assert {f: (tmp_path / f).read_bytes() for f in before} == before
+    assert sorted(os.listdir(tmp_path)) == sorted(before)
+
+
+def test_external_data(tmp_path, monkeypatch):
+    case = Case(FIXTURES / "net_lenet")
+    model = case.load()
+    out = tmp_path / "ext.onnx"
+    stats = export_onnx(model, out, external_data=True)
+    assert stats["data_file"] == str(out) + ".data"
+    assert sorted(os.listdir(tmp_path)) == ["ext.onnx", "ext.onnx.data"]
+    assert os.path.getsize(out) < 20000 < os.path.getsize(str(out) + ".data")
+    check_file(out)
+    got = run_onnx(model, out, case.inputs)
+    ref = model.run(case.inputs)
+    for k in ref:
+        assert_rel(got[k], ref[k], k)
+    # "auto" switches to external data past the protobuf limit (lowered here)
+    import caffeq.backends.onnx_backend as ob
+    monkeypatch.setattr(ob, "_MAX_EMBEDDED", 10000)
+    auto = tmp_path / "auto.onnx"
+    assert export_onnx(model, auto)["data_file"] == str(auto) + ".data"
+    assert_rel(run_onnx(model, auto, case.inputs)["prob"], ref["prob"], "prob")
+
+
+def test_written_bytes_equal_the_weights(tmp_path):
+    """The streamed writer (and its file-to-file copy of mmap'd weights) writes what onnx reads."""
+    case = Case(FIXTURES / "net_inception_block")
+    model = case.load()
+    out = tmp_path / "w.onnx"
+    export_onnx(model, out, optimize=False)
+    m = onnx.load(str(out))
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in m.graph.initializer}
+    n = 0
+    for layer in model.layers:
+        for i, arr in enumerate(layer.blobs or []):
+            key = f"{layer.name}.{layer.spec.blob_names[i]}"
+            if key in inits:
+                np.testing.assert_array_equal(inits[key], arr)
+                n += 1
+    assert n >= 4
+
+
+@pytest.mark.parametrize("scheme", ["fp16", "int8", "binary"])
+def test_quantized_models_export(scheme, tmp_path):
+    case = Case(FIXTURES / "net_resnet_mini")
+    q = caffeq.quantize(case.load(), scheme, keep="none")
+    out = tmp_path / "q.onnx"
+    export_onnx(q, out)
+    check_file(out)
+    ref = q.run(case.inputs)
+    got = run_onnx(q, out, case.inputs)
+    for k in ref:
+        assert_rel(got[k], ref[k], f"{scheme}/{k}")
