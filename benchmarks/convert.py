@@ -59,7 +59,7 @@ def measure(mode, proto, weights, out, repeat):
     best = None
     for _ in range(repeat):
         res = subprocess.run([sys.executable, "-c", CHILD, mode, proto, weights, out],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, check=False)
         if res.returncode:
             sys.exit(f"{mode} failed:\n{res.stderr}")
         r = json.loads(res.stdout.strip().splitlines()[-1])
@@ -121,9 +121,10 @@ def throughput_bench(folder, small, threads, batch):
     import numpy as np
     import onnxruntime as ort
     import torch
+    from models import resnet50_prototxt, write_model
+
     import caffeq
     from caffeq.backends.onnx_backend import export_onnx
-    from models import resnet50_prototxt, write_model
 
     text = resnet50_prototxt(batch)
     if small:

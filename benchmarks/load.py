@@ -24,12 +24,22 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 mode, proto, weights = sys.argv[1:4]
 import numpy as np
 import caffeq
 from caffeq.io.schema import caffe_pb2
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+def status_kb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+
+# reset the peak-RSS mark after the imports (Linux: clear_refs 5), so the peak is the load's own
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+base = status_kb("VmRSS")
 t0 = time.perf_counter()
 if mode == "read":
     with open(weights, "rb") as f:
@@ -48,7 +58,7 @@ elif mode == "protobuf":
     arrays = [np.array(b.data, np.float32) for l in net.layer for b in l.blobs]
     total = sum(a.size for a in arrays)
 dt = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = status_kb("VmHWM")
 print(json.dumps({"seconds": dt, "peak_kb": peak, "base_kb": base}))
 """
 

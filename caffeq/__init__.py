@@ -1,9 +1,11 @@
 """caffeq: read, run, quantize and export Caffe models."""
+from .backends.onnx_backend import export_onnx
 from .errors import CaffeqError
+from .evaluate import evaluate
 from .layers import Layer, LayerError, register_layer, supported_types
 from .model import Model, load
 from .quant import quantize
-from .backends.onnx_backend import export_onnx
 
 __version__ = "0.1.0"
-__all__ = ["CaffeqError", "Layer", "LayerError", "Model", "export_onnx", "load", "quantize", "register_layer", "supported_types"]
+__all__ = ["CaffeqError", "Layer", "LayerError", "Model", "evaluate", "export_onnx", "load", "quantize",
+           "register_layer", "supported_types"]

@@ -146,9 +146,9 @@ def binarize_module(gm, model, layers, clip=STE_CLIP):
     Returns {layer: [(module, blob attribute)]}: the latent weight of each is
     `module.parametrizations[attr].original`.
     """
-    import torch.nn.utils.parametrize as parametrize
-    from .quant import get_quantizer
-    from .quant import quantizable_blobs
+    from torch.nn.utils import parametrize
+
+    from .quant import get_quantizer, quantizable_blobs
     q = get_quantizer("binary")
     mods = caffe_layers(gm)
     nodes = {n.name: n for n in model.graph.nodes}
@@ -340,6 +340,17 @@ def load_phase(path, weights, net, phase, item_shape=None, batch=1):
     return model
 
 
+def _load_output_model(path, weights, net, item_shape, batch):
+    """The TEST-phase model that is written: loaded as `caffeq.load` would (so it evaluates and
+    exports like any other), or, when its data layer's source is missing, with that layer as an
+    Input layer."""
+    from .model import load
+    try:
+        return load(path, weights, phase="TEST", net=copy.deepcopy(net))
+    except DataError:
+        return load_phase(path, weights, net, "TEST", item_shape, batch)
+
+
 class EpochView(torch.utils.data.Dataset):
     """A dataset read epoch after epoch: key = epoch * len + index, and the random crops/mirrors of
     epoch e are seeded by (seed, e) (item seeds are mixed in by caffeq.data.Preprocess)."""
@@ -455,11 +466,11 @@ def logits_blob(model, blob):
 
 
 class Feeder:
-    """Batch dicts (caffeq.data.Collate) -> the module's positional inputs on the device."""
+    """Batch dicts (caffeq.data.Collate) -> a module's positional inputs on the device."""
 
-    def __init__(self, gm, data_blob, label_blob, device):
-        self.names = list(gm.input_names)
-        self.shapes = dict(gm.input_shapes)
+    def __init__(self, input_names, input_shapes, data_blob, label_blob, device):
+        self.names = list(input_names)
+        self.shapes = dict(input_shapes)
         self.data_blob, self.label_blob, self.device = data_blob, label_blob, device
         extra = [n for n in self.names if n not in (data_blob, label_blob)]
         if extra:
@@ -467,6 +478,11 @@ class Feeder:
                                 f"cannot feed it")
         if data_blob not in self.names:
             raise FinetuneError(f"the net has no input '{data_blob}'")
+
+    @classmethod
+    def for_model(cls, model, data_blob, label_blob, device):
+        return cls([model.graph.tensors[t].blob for t in model.graph.inputs], model.inputs, data_blob,
+                   label_blob, device)
 
     def __call__(self, batch):
         x = batch["data"]
@@ -483,7 +499,7 @@ class Feeder:
         return tuple(feed)
 
 
-def _correct(scores, labels):
+def count_correct(scores, labels):
     """(correct count, labeled count) by Caffe's AccuracyLayer rule (ties count against)."""
     s = scores.reshape(scores.shape[0], scores.shape[1], -1).float()
     lab = labels.reshape(labels.shape[0], -1).long()
@@ -511,7 +527,7 @@ def predict(gm, loader, feeder, score, reference=None):
             p = s.reshape(s.shape[0], s.shape[1], -1).argmax(1).cpu()
             preds.append(p)
             if loader.dataset_has_labels:
-                c, n = _correct(s, batch["label"].to(s.device))
+                c, n = count_correct(s, batch["label"].to(s.device))
                 correct += c
                 labeled += n
             if reference is not None:
@@ -605,10 +621,10 @@ def finetune(prototxt, weights=None, *, target="binary", data=None, val=None, ke
     iters: stop after this many steps in all (the schedule spans them).  bn_batches: training
     batches for each BatchNorm re-estimation.  limit / val_limit: use only the first N items.
     """
+    from .backends.torch_backend import resolve_device
     from .evaluate import build_dataset, plan_data
     from .model import read_net
     from .quant import get_quantizer, quantize
-    from .backends.torch_backend import resolve_device
     started = time.perf_counter()
 
     # ---- the request ----
@@ -689,7 +705,7 @@ def finetune(prototxt, weights=None, *, target="binary", data=None, val=None, ke
     # ---- the nets ----
     train_phase = "TRAIN" if train_info is not None or test_info is None else "TEST"
     train_model = load_phase(path, weights, net, train_phase, item_shape, train_plan.batch_size)
-    out_model = load_phase(path, weights, net, "TEST", item_shape, val_plan.batch_size if val_plan else 1)
+    out_model = _load_output_model(path, weights, net, item_shape, val_plan.batch_size if val_plan else 1)
     for m in (train_model, out_model):
         if train_plan.data_blob not in m.inputs:
             raise FinetuneError(f"the net has no input '{train_plan.data_blob}'")
@@ -698,27 +714,6 @@ def finetune(prototxt, weights=None, *, target="binary", data=None, val=None, ke
             raise DataError(f"{train_plan.source}: items are {'x'.join(map(str, item_shape))} after "
                             f"preprocessing but the net's input '{train_plan.data_blob}' takes "
                             f"{'x'.join(map(str, want))}; set --resize HxW / --crop-size")
-
-    # which layers: budget (sensitivity on the validation data), keep/only, or the defaults
-    budget_info = None
-    if budget is not None:
-        if val_plan is None:
-            raise DataError("--budget measures each layer's sensitivity on validation data; pass --val")
-        from .sensitivity import choose_keep, estimated_drop, layer_sensitivity
-        table = layer_sensitivity(out_model, data=val, target="binary", batch_size=val_plan.batch_size,
-                                  device=dev, workers=workers, limit=val_limit, transform=transform,
-                                  resize=resize, channel_order=channel_order, cumulative=False,
-                                  progress=progress)
-        keep = choose_keep(table, budget)
-        budget_info = {"budget": budget, "keep": list(keep), "estimated_drop": estimated_drop(table, keep),
-                       "sensitivity": table["layers"]}
-        keep = keep if keep else "none"
-    probe = quantize(out_model, "binary", keep=keep, only=only)
-    binarized = list(probe.quant_report.changed)
-    kept = dict(probe.quant_report.kept)
-    if not binarized:
-        raise FinetuneError("no layer would be binarized (every weighted layer is kept fp32); "
-                            "use --keep none or name the layers with --only")
 
     # ---- modules and loaders ----
     label_blob = train_plan.label_blob if train_plan.label_blob in train_model.inputs else None
@@ -731,27 +726,47 @@ def finetune(prototxt, weights=None, *, target="binary", data=None, val=None, ke
         ce_on = logits_blob(train_model, score)
         notes.append(f"no loss layer in the net: cross-entropy on '{ce_on}'")
     outputs = [b for b, _ in losses] if losses else [ce_on]
+    feed_train = Feeder.for_model(train_model, train_plan.data_blob, label_blob, dev)
+    train_view = EpochView(train_set, seed)
+    sampler = EpochSampler(len(train_view), seed, shuffle=shuffle)
+    expected = item_shape
+    train_loader = _loader(train_view, train_plan.batch_size, workers, dev, sampler, expected)
+    steps_per_epoch = len(train_loader)
+
+    val_gm = val_feed = val_loader = val_label = val_score = None
+    if val_plan is not None:
+        val_label = val_plan.label_blob if val_plan.label_blob in out_model.inputs else None
+        val_score = score_blob(out_model, val_label)
+        val_loader = _loader(val_set, val_plan.batch_size, workers, dev, None, expected)
+        val_feed = Feeder.for_model(out_model, val_plan.data_blob, val_label, dev)
+
+    # which layers: budget (sensitivity on the validation data), keep/only, or the defaults
+    budget_info = None
+    if budget is not None:
+        if val_loader is None:
+            raise DataError("--budget measures each layer's sensitivity on validation data; pass --val")
+        from .sensitivity import choose_keep, estimated_drop, measure_sensitivity
+        table = measure_sensitivity(out_model, val_loader, val_feed, val_score, "binary", cumulative=False,
+                                    progress=progress, has_labels=val_loader.dataset_has_labels)
+        keep = choose_keep(table, budget)
+        budget_info = {"budget": budget, "keep": list(keep), "estimated_drop": estimated_drop(table, keep),
+                       "metric": table["metric"], "fp32": table["fp32"], "sensitivity": table["layers"]}
+        _say(progress, f"budget {budget:g} points: keep fp32 {', '.join(keep) or 'nothing'} (estimated drop "
+                       f"{budget_info['estimated_drop']:.2f} points)")
+        keep = keep if keep else "none"
+    probe = quantize(out_model, "binary", keep=keep, only=only)
+    binarized = list(probe.quant_report.changed)
+    kept = dict(probe.quant_report.kept)
+    if not binarized:
+        raise FinetuneError("no layer would be binarized (every weighted layer is kept fp32); "
+                            "use --keep none or name the layers with --only")
+
     gm = module_with_outputs(train_model, outputs, dev)
     frozen = force_batch_statistics(gm)
     if frozen:
         notes.append(f"BatchNorm layer(s) {', '.join(frozen)} set use_global_stats: true; fine-tuning "
                      f"re-estimates their statistics all the same")
     binarized_mods = binarize_module(gm, train_model, binarized)
-    feed_train = Feeder(gm, train_plan.data_blob, label_blob, dev)
-
-    train_view = EpochView(build_dataset(train_plan, limit, defer_normalize=False, seed=seed), seed)
-    sampler = EpochSampler(len(train_view), seed, shuffle=shuffle)
-    expected = item_shape
-    train_loader = _loader(train_view, train_plan.batch_size, workers, dev, sampler, expected)
-    steps_per_epoch = len(train_loader)
-
-    val_gm = val_feed = val_loader = None
-    val_score = None
-    if val_plan is not None:
-        val_label = val_plan.label_blob if val_plan.label_blob in out_model.inputs else None
-        val_score = score_blob(out_model, val_label)
-        val_loader = _loader(build_dataset(val_plan, val_limit, defer_normalize=False, seed=seed),
-                             val_plan.batch_size, workers, dev, None, expected)
 
     def bn_batches_iter(epoch_key):
         """The first bn_batches training batches, in a fixed seeded order (not the training order)."""
@@ -763,14 +778,13 @@ def finetune(prototxt, weights=None, *, target="binary", data=None, val=None, ke
 
     def validate(module_model, state_from=None):
         """Validation metric of the binary model with the training module's current weights."""
-        nonlocal val_gm, val_feed
+        nonlocal val_gm
         if val_loader is None:
             return None
         if val_gm is None:
             val_gm = module_with_outputs(module_model, [val_score], dev)
             force_batch_statistics(val_gm)
             binarize_module(val_gm, module_model, binarized)
-            val_feed = Feeder(val_gm, val_plan.data_blob, val_label, dev)
         if state_from is not None:
             _copy_layer_state(state_from, val_gm)
         r = predict(val_gm, val_loader, val_feed, val_score, reference=fp32_preds)
@@ -782,8 +796,7 @@ def finetune(prototxt, weights=None, *, target="binary", data=None, val=None, ke
     fp32_metric = post_metric = None
     if val_loader is not None:
         ref_gm = module_with_outputs(out_model, [val_score], dev)
-        val_label_feed = Feeder(ref_gm, val_plan.data_blob, val_label, dev)
-        r = predict(ref_gm, val_loader, val_label_feed, val_score)
+        r = predict(ref_gm, val_loader, val_feed, val_score)
         del ref_gm
         if r["top1"] is None:
             metric = "agreement"
@@ -825,8 +838,9 @@ def finetune(prototxt, weights=None, *, target="binary", data=None, val=None, ke
             bar = None
             if progress:
                 from tqdm import tqdm
+                # disable=None: no bar when stderr is not a terminal (the per-epoch lines remain)
                 bar = tqdm(total=min(steps_per_epoch, total - step), desc=f"epoch {epoch}/{n_epochs}",
-                           unit="batch", file=sys.stderr, dynamic_ncols=True, leave=False)
+                           unit="batch", file=sys.stderr, dynamic_ncols=True, leave=False, disable=None)
             loss_sum, seen, bad = 0.0, 0, 0
             t0 = time.perf_counter()
             for batch in train_loader:

@@ -175,4 +175,4 @@ def load_from_text(text, weights=None, **kwargs):
         os.unlink(name)
 
 
-__all__ = ["Model", "load", "read_net", "load_from_text", "CaffeqError"]
+__all__ = ["CaffeqError", "Model", "load", "load_from_text", "read_net"]

@@ -296,7 +296,7 @@ def _scale_node(spec, bn, chain, a, c, in_shape):
         attrs = spec.parse(lp)
         spec.infer(attrs, [tuple(in_shape)])
         shapes = spec.param_shapes(attrs, [tuple(in_shape)])
-    except Exception:
+    except Exception:  # noqa: BLE001 -- a Scale spec that cannot take it: keep the layers
         return None
     new = copy.copy(bn)
     new.type, new.spec, new.param, new.attrs = "Scale", spec, lp, attrs
@@ -408,8 +408,8 @@ def merge_reshapes(model):
 
 
 def _merge_reshapes(graph):
-    from .layers import get_spec
     from .io.schema import caffe_pb2
+    from .layers import get_spec
     spec = get_spec("Reshape")
     if spec is None:
         return 0
@@ -442,7 +442,7 @@ def _merge_reshapes(graph):
                 attrs = spec.parse(lp)
                 if tuple(spec.infer(attrs, [in_shape])[0]) != final:
                     continue
-            except Exception:
+            except Exception:  # noqa: BLE001, S112 -- not expressible as one Reshape: keep both
                 continue
             new = copy.copy(second)
             new.type, new.spec, new.param, new.attrs = "Reshape", spec, lp, attrs

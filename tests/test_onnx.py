@@ -4,15 +4,15 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import FIXTURES, Case, assert_close, caffe_blob_source, case_ids
 
 import caffeq
 from caffeq.errors import ExportError
-from conftest import FIXTURES, Case, assert_close, caffe_blob_source, case_ids
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from caffeq.backends.onnx_backend import DEFAULT_OPSET, export_onnx, format_stats  # noqa: E402
+from caffeq.backends.onnx_backend import DEFAULT_OPSET, export_onnx, format_stats
 
 # Cases ONNX cannot express, with the layers the export must name.  Keep it minimal:
 # every case not listed here must export and match.
@@ -27,7 +27,7 @@ def session(path):
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-def run_onnx(model, path, inputs):
+def run_onnx(model, path, inputs, by_tensor=False):
     """ORT outputs by Caffe blob name (the SSA output names mapped back to their blob)."""
     sess = session(path)
     feed = {}
@@ -35,6 +35,8 @@ def run_onnx(model, path, inputs):
         blob = model.graph.tensors[i.name].blob
         feed[i.name] = np.ascontiguousarray(inputs[blob], np.float32)
     outs = sess.run(None, feed)
+    if by_tensor:
+        return {o.name: v for o, v in zip(sess.get_outputs(), outs)}
     return {model.graph.tensors[o.name].blob: v for o, v in zip(sess.get_outputs(), outs)}
 
 
@@ -50,10 +52,30 @@ def assert_rel(got, ref, what, rtol=1e-5):
 
 
 def check_file(path):
+    """The checker (full_check) and strict shape inference: every tensor gets a shape."""
     onnx.checker.check_model(str(path), full_check=True)
     m = onnx.load(str(path))
     inferred = onnx.shape_inference.infer_shapes(m, strict_mode=True)
+    known = {vi.name for vi in inferred.graph.value_info if vi.type.tensor_type.HasField("shape")}
+    known |= {vi.name for vi in m.graph.output}
+    for node in m.graph.node:
+        for o in node.output:
+            assert o in known, f"no inferred shape for {o} ({node.op_type} {node.name})"
     return m, inferred
+
+
+def assert_declared_shapes(path, got_by_name, batch):
+    """Declared output dims hold at run time: fixed ones as written, "N" as the batch."""
+    m = onnx.load(str(path), load_external_data=False)
+    for vi in m.graph.output:
+        actual = got_by_name[vi.name].shape
+        dims = vi.type.tensor_type.shape.dim
+        assert len(dims) == len(actual), vi.name
+        for d, a in zip(dims, actual):
+            if d.HasField("dim_value"):
+                assert d.dim_value == a, f"{vi.name}: declared {d.dim_value}, got {a}"
+            elif d.dim_param == "N":
+                assert a == batch, f"{vi.name}: declared N, got {a} at batch {batch}"
 
 
 def _first_dims(inputs):
@@ -87,6 +109,8 @@ def test_reference_case_through_onnxruntime(name, opset, tmp_path):
 
     inputs = case.inputs
     got = run_onnx(model, out, inputs)
+    first_input = model.graph.tensors[m.graph.input[0].name].blob
+    assert_declared_shapes(out, run_onnx(model, out, inputs, by_tensor=True), inputs[first_input].shape[0])
     ref = model.run(inputs, all_blobs=True)
     caffe = case.outputs
     atol, rtol = case.tolerance
@@ -107,6 +131,7 @@ def test_reference_case_through_onnxruntime(name, opset, tmp_path):
     except caffeq.CaffeqError:
         return  # the case's indices need the full batch (BatchReindex-like)
     got1 = run_onnx(model, out, small)
+    assert_declared_shapes(out, run_onnx(model, out, small, by_tensor=True), 1)
     for blob, value in got1.items():
         assert_rel(value, ref1[blob], f"{name}/{blob} at batch 1")
 
@@ -283,7 +308,7 @@ def test_fixed_batch(tmp_path):
     ref = model.run({"data": x})
     for k, v in got.items():
         assert_rel(v, ref[k], k)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception, match="dimension|shape|Got"):
         run_onnx(model, out, {"data": x[:2]})
 
 

@@ -13,7 +13,6 @@ exporting a 550 MB caffemodel holds no extra copy of the weights.  The check
 a small twin of the model whose initializers point, as ONNX external data,
 at the bytes just written.
 """
-import math
 import os
 import re
 import tempfile
@@ -184,9 +183,8 @@ class OnnxContext:
         arr = np.asarray(node.blobs[index])
         if arr.dtype != np.float32:
             arr = arr.astype(np.float32)
-        if transpose:
-            if arr.ndim != 2:
-                raise ExportError(f"layer '{node.name}': cannot transpose a {arr.ndim}-axis blob")
+        if transpose and arr.ndim != 2:
+            raise ExportError(f"layer '{node.name}': cannot transpose a {arr.ndim}-axis blob")
         names = node.spec.blob_names
         base = f"{node.name}.{names[index] if index < len(names) else f'blob{index}'}"
         if transpose and any(k[:2] == key[:2] for k in self._weight_cache):
@@ -227,10 +225,15 @@ def _refusal(node, err):
 def _live_io(graph):
     """(kept nodes, graph inputs, graph outputs, dropped training-only nodes) of the inference graph."""
     kept, dropped = [], []
+    gone = set()     # tensors of dropped layers: whatever reads them goes too
     for n in graph.nodes:
         if n.spec.is_data:
             continue
-        (dropped if getattr(n.spec, "is_training_only", False) else kept).append(n)
+        if getattr(n.spec, "is_training_only", False) or any(t in gone for t in n.inputs):
+            dropped.append(n)
+            gone.update(n.outputs)
+        else:
+            kept.append(n)
     kept_ids = {id(n) for n in kept}
     uses_kept, uses_dropped = set(), set()
     for n in graph.nodes:
@@ -267,7 +270,7 @@ def emit_graph(graph, opset):
             node.spec.onnx(ctx, node)
         except (ExportError, CaffeqError, NotImplementedError) as e:
             refusals.append(_refusal(node, e))
-        except Exception as e:  # a bug in an emission: still list every refusal at once
+        except Exception as e:  # noqa: BLE001 -- a bug in an emission: still list every refusal
             refusals.append((node.name, node.type, f"ONNX emission failed: {type(e).__name__}: {e}"))
     ctx.layer = None
     return ctx, refusals, inputs, outputs, dropped
@@ -340,7 +343,7 @@ def fold_layout_constants(ctx, keep=()):
             src = ins[0]
             try:
                 arr = _eval_layout(n, [ctx.initializers[i].data() for i in ins])
-            except Exception:
+            except Exception:  # noqa: BLE001 -- an odd constant: leave the node as it is
                 arr = None
             if arr is not None and (uses[src] == 1 and src not in keep or arr.nbytes <= 65536):
                 for i in ins:
@@ -381,7 +384,7 @@ def _dynamic_dims(model, graph, syms):
     probe = max(syms) + 1
     try:
         other = model.reshaped(probe).graph.tensors
-    except Exception:
+    except Exception:  # noqa: BLE001 -- no probe graph: fall back to dim 0 = batch
         other = None
     dyn = {}
     for name, t in graph.tensors.items():
@@ -434,7 +437,7 @@ def _declared_dims(shape, dyn, fixed):
     return [int(d) if (fixed or i not in dyn) else dyn[i] for i, d in enumerate(shape)]
 
 
-def _output_dims(name, caffe, dyn, fixed, inferred, where, notes):
+def _output_dims(name, caffe, dyn, fixed, inferred, where, notes, symbols=()):
     """Reconcile Caffe's shape, the batch analysis and ONNX's inferred shape of one output."""
     caffe = [int(d) for d in caffe]
     if inferred is None:
@@ -455,12 +458,12 @@ def _output_dims(name, caffe, dyn, fixed, inferred, where, notes):
                              f"follows the batch in Caffe")
             dims.append(c)
         elif follows_batch:
-            if inf is None:
-                dims.append(None)           # data-dependent (or beyond inference): unnamed
-            elif fixed:
+            if fixed and inf is not None:
                 dims.append(c)
+            elif inf in symbols:
+                dims.append(inf)            # the batch of an input, as inference tracked it
             else:
-                dims.append(dyn[i] or inf)
+                dims.append(None)           # data-dependent (or beyond inference): unnamed
         else:
             dims.append(c)
     return dims
@@ -699,7 +702,6 @@ def _twin(model_rest_proto, graph_proto, layout, where=None):
     where: [(name, file, offset, length)] of the written bytes; None makes references to a
     file that does not exist (enough for shape inference, which never reads weights).
     """
-    import onnx
     m = onnx_copy(model_rest_proto)
     m.graph.CopyFrom(graph_proto)
     loc = {w[0]: w for w in where} if where is not None else {}
@@ -722,7 +724,7 @@ def _infer_shapes(twin, strict):
     import onnx
     try:
         inferred = onnx.shape_inference.infer_shapes(twin, strict_mode=strict, data_prop=True)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 -- inference raises several kinds; one message
         if strict:
             text = str(e).strip()
             raise ExportError(f"ONNX shape inference rejects the exported graph: "
@@ -771,9 +773,10 @@ def _check_written(folder, twin):
             f.write(twin.SerializeToString())
         onnx.checker.check_model(tpath, full_check=True)
     except onnx.checker.ValidationError as e:
-        raise ExportError(f"the ONNX checker rejects the exported model: {e}") from None
+        raise ExportError(f"the ONNX checker rejects the exported model: {' '.join(str(e).split())}") from None
     except onnx.shape_inference.InferenceError as e:
-        raise ExportError(f"ONNX shape inference rejects the exported model: {e}") from None
+        raise ExportError(f"ONNX shape inference rejects the exported model: {' '.join(str(e).split())}") \
+            from None
     finally:
         try:
             os.unlink(tpath)
@@ -839,6 +842,7 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
     "outputs", "dropped", "notes"}.
     """
     import onnx
+
     from ..commands.common import atomic_path
 
     opset = _parse_opset(opset)
@@ -935,7 +939,8 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
     notes.extend(inf_notes)
     out_vi = {vi.name: vi for vi in inferred.graph.output} if inferred is not None else {}
     out_dims = {t: _output_dims(t, graph.tensors[t].shape, dyn.get(t, {}), fixed is not None,
-                                _inferred_dims(out_vi.get(t)), source, notes) for t in out_names}
+                                _inferred_dims(out_vi.get(t)), source, notes, set(syms.values()))
+                for t in out_names}
     del g.output[:]
     for t in out_names:
         g.output.append(_value_info(t, out_dims[t]))

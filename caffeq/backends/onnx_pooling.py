@@ -135,7 +135,7 @@ def emit_spp(ctx, node, spec):
     """SPP: each pyramid level pooled, flattened from axis 1, and concatenated."""
     a = node.attrs
     x, y = node.inputs[0], node.outputs[0]
-    n, c, h, w = ctx.shape(x)
+    h, w = ctx.shape(x)[2:]
     if a["height"] == 1:
         gattrs = {"pool": a["pool"], "global": True, "round_mode": 0, "kernel": None,
                   "stride": (1, 1), "pad": (0, 0)}

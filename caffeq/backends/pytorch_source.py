@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import CaffeqError, ExportError
 
 WEIGHT_FORMATS = ("safetensors", "pt")
-_RESERVED_LOCALS = {"self", "torch", "nn", "F", "os", "List", "Optional"}
+_RESERVED_LOCALS = {"self", "torch", "nn", "F", "os", "WEIGHTS", "load", "_"}
 
 
 # ---- names and literals --------------------------------------------------------------
@@ -83,19 +83,31 @@ def lit(value, exact=False):
             return 'float("inf")' if v > 0 else '-float("inf")'
         if float(np.float32(v)) == v and not exact:
             # shortest decimal that names this float32 (torch casts float scalars to float32)
-            short = np.format_float_positional(np.float32(v), unique=True, trim="0") \
-                if 1e-4 <= abs(v) < 1e16 or v == 0 else np.format_float_scientific(np.float32(v), unique=True)
+            short = str(np.float32(v))  # numpy's shortest round-trip form, e.g. 1e-05, 0.1
             if float(np.float32(float(short))) == v:
                 return short if ("." in short or "e" in short) else short + ".0"
         return repr(v)
     if isinstance(value, str):
-        return repr(value)
+        r = repr(value)
+        # double quotes, as most Python code is written (repr picks single ones)
+        return '"' + r[1:-1].replace("\\'", "'").replace('"', '\\"') + '"' if r[0] == "'" else r
     if isinstance(value, tuple):
         inner = ", ".join(lit(v, exact) for v in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"
     if isinstance(value, list):
         return "[" + ", ".join(lit(v, exact) for v in value) + "]"
     raise TypeError(f"no literal for {type(value).__name__}")
+
+
+def one_line(text):
+    """Text safe inside a # comment: control characters (newlines) written as escapes."""
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], str(text))
+
+
+def _doc_safe(text):
+    """Text safe inside a triple-quoted docstring."""
+    text = str(text).replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    return re.sub(r"[\x00-\x09\x0b-\x1f\x7f]", lambda m: repr(m.group())[1:-1], text)
 
 
 def size_arg(values):
@@ -157,7 +169,7 @@ class Emitter:
         attr = attr or self.attr
         line = f"self.{attr} = {expr}"
         if comment:
-            line += f"  # {comment}"
+            line += f"  # {one_line(comment)}"
         self._x.init_lines.append(line)
         return f"self.{attr}"
 
@@ -201,9 +213,8 @@ class Emitter:
             raise ExportError(f"internal: helper names {sorted(taken & set(names))} defined twice")
         self._x.helpers[key] = source
         name = names[-1]
-        for token in ("F", "List", "Optional"):
-            if re.search(rf"\b{token}\b", source):
-                self.uses(token)
+        if re.search(r"\bF\.", source):
+            self.uses("F")
         return name
 
     def uses(self, what):
@@ -217,8 +228,8 @@ class Emitter:
     def tmp(self, hint="t"):
         return self._x.fresh_local(hint)
 
-    def stmt(self, line):
-        self._x.pending.append(line)
+    def stmt(self, line, comment=None):
+        self._x.pending.append(line + (f"  # {one_line(comment)}" if comment else ""))
 
     # -- graph ----------------------------------------------------------------------------
     def consumers(self, tensor):
@@ -273,6 +284,8 @@ class _Generator:
         order = {n.name: k for k, n in enumerate(self.kept)}
         self.last_use = {}
         for n in self.kept:
+            if not n.outputs:
+                continue  # Silence: what only it reads is dead
             for t in n.inputs:
                 self.last_use[t] = max(self.last_use.get(t, -1), order[n.name])
         for t in self.graph_outputs:
@@ -364,18 +377,26 @@ class _Generator:
 
     def _emit_result(self, node, targets, result, position, emit):
         outs = list(targets.outputs)
-        comment = f"{node.name} ({node.type})" if targets is node else \
-            f"{node.name} ({node.type}) + {targets.name} ({targets.type})"
+        comment = one_line(f"{node.name} ({node.type})" if targets is node else
+                           f"{node.name} ({node.type}) + {targets.name} ({targets.type})")
         lines = list(self.pending)
+        dead = {o for o in outs if o not in self.last_use}  # read by nothing (or only Silence)
         if isinstance(result, str):
-            names = [self._assign_var(o, position) for o in outs]
-            lines.append(f"{', '.join(names)} = {result}" if names else result)
+            if len(dead) == len(outs):
+                lines.append(result + ("  # top unused (silenced)" if outs else ""))
+            else:
+                names = ["_" if o in dead else self._assign_var(o, position) for o in outs]
+                lines.append(f"{', '.join(names)} = {result}")
         else:
             exprs = list(result)
             if len(exprs) != len(outs):
                 raise ExportError(f"internal: layer '{node.name}' emitted {len(exprs)} results for "
                                   f"{len(outs)} tops")
             for o, e in zip(outs, exprs):
+                if o in dead:
+                    if e not in self.var_holds:
+                        lines.append(e + "  # top unused (silenced)")
+                    continue
                 if e in self.var_holds:
                     self._alias(o, e)  # the top is a bottom as it is (Split, one-input Concat)
                 else:
@@ -400,7 +421,7 @@ class _Generator:
                 raise ExportError(f"blob {i} is shared with layer '{owner}' (param name), in a form this "
                                   f"writer cannot tie")
             # one Parameter object under both names, as Caffe shares the blob
-            self.init_lines.append(f"self.{key} = self.{okey}  # shared with {owner} (Caffe param name)")
+            self.init_lines.append(f"self.{key} = self.{okey}  # shared with {one_line(owner)} (Caffe param name)")
 
     # -- the file ---------------------------------------------------------------------------
     def source(self, params):
@@ -411,45 +432,46 @@ class _Generator:
             cls = class_name(cls + "Net", taken=helper_names)
         self.cls_name = cls
         out = []
-        out.append(f'"""{self._module_doc(cls)}"""')
+        out.append(f'"""{_doc_safe(self._module_doc(cls))}"""')
+        body = []
+        body.append(f"WEIGHTS = {lit(self.weights_file)}")
+        for src in self.helpers.values():
+            body.append("")
+            body.append("")
+            body.append(src)
+        body.append("")
+        body.append("")
+        body.append(f"class {cls}(nn.Module):")
+        body.append(textwrap.indent(f'"""{_doc_safe(self._class_doc())}"""', "    "))
+        body.append("")
+        body.append("    def __init__(self):")
+        body.append("        super().__init__()")
+        for line in self.init_lines:
+            body.append("        " + line)
+        body.append("")
+        body.append(f"    def forward(self, {', '.join(params)}):")
+        for line in self.forward_lines:
+            body.append("        " + line)
+        outs = self.graph_outputs
+        if len(outs) == 1:
+            body.append(f"        return {self.var_of[outs[0]]}")
+        else:
+            items = ", ".join(f"{lit(graph.tensors[t].blob)}: {self.var_of[t]}" for t in outs)
+            body.append(f"        return {{{items}}}")
+        body.append("")
+        body.append("")
+        body.extend(self._loader(cls).splitlines())
+        text = "\n".join(body)
         out.append("import os")
-        if "List" in self.imports or "Optional" in self.imports:
-            names = ", ".join(n for n in ("List", "Optional") if n in self.imports)
-            out.append(f"from typing import {names}")
         out.append("")
-        out.append("import torch")
-        if "F" in self.imports:
+        code = re.sub(r'"""[\s\S]*?"""', "", text)
+        if re.search(r"\btorch\.", code) or self.weights_format == "pt":
+            out.append("import torch")
+        if "F" in self.imports or re.search(r"\bF\.", text):
             out.append("import torch.nn.functional as F")
         out.append("from torch import nn")
         out.append("")
-        out.append(f"WEIGHTS = {lit(self.weights_file)}")
-        for src in self.helpers.values():
-            out.append("")
-            out.append("")
-            out.append(src)
-        out.append("")
-        out.append("")
-        out.append(f"class {cls}(nn.Module):")
-        out.append(textwrap.indent(f'"""{self._class_doc()}"""', "    "))
-        out.append("")
-        out.append("    def __init__(self):")
-        out.append("        super().__init__()")
-        for line in self.init_lines:
-            out.append("        " + line)
-        out.append("")
-        out.append(f"    def forward(self, {', '.join(params)}):")
-        for line in self.forward_lines:
-            out.append("        " + line)
-        outs = self.graph_outputs
-        if len(outs) == 1:
-            out.append(f"        return {self.var_of[outs[0]]}")
-        else:
-            items = ", ".join(f"{lit(graph.tensors[t].blob)}: {self.var_of[t]}" for t in outs)
-            out.append(f"        return {{{items}}}")
-        out.append("")
-        out.append("")
-        out.extend(self._loader(cls).splitlines())
-        return "\n".join(out) + "\n"
+        return "\n".join(out) + "\n" + text + "\n"
 
     def _loader(self, cls):
         path = "    path = weights or os.path.join(os.path.dirname(os.path.abspath(__file__)), WEIGHTS)"

@@ -105,7 +105,7 @@ def caffe_pool(x, attrs):
 # Caffe's pooling for the cases nn.MaxPool2d/nn.AvgPool2d cannot express; the same torch
 # calls in the same order as caffe_pool above, so the results are the same bits.
 TORCH_POOL_FUNCTION = """
-def caffe_pool2d(x, mode: str, kernel: List[int], stride: List[int], pad: List[int], ceil: bool):
+def caffe_pool2d(x, mode: str, kernel: list[int], stride: list[int], pad: list[int], ceil: bool):
     \"\"\"Caffe's Pooling: out = ceil((H + 2p - k) / s) + 1 (floor with round_mode FLOOR), and with
     pad > 0 a last window starting in the bottom/right padding is dropped. MAX ignores padding,
     AVE divides by the window clipped to the padded input, STOCHASTIC (test) is sum(x^2) / sum(x).\"\"\"
@@ -169,9 +169,9 @@ class SPP(nn.Module):
             if self.mode == "max":
                 return x.amax(dim=(-2, -1), keepdim=True)
             return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
-        parts: List[torch.Tensor] = []
+        parts: list[torch.Tensor] = []
         for level in range(self.levels):
-            bins = 2 ** level
+            bins = 1 << level  # 2^level (an int, also for TorchScript)
             kh, kw = -(-h // bins), -(-w // bins)
             pad = [(kh * bins - h + 1) // 2, (kw * bins - w + 1) // 2]
             parts.append(caffe_pool2d(x, self.mode, [kh, kw], [kh, kw], pad, True).flatten(1))

@@ -706,6 +706,6 @@ class Filter(Layer):
     def pytorch_source(self, node, emit):
         *xs, sel = emit.inputs
         keep = emit.tmp(node.name + "_keep")
-        emit.stmt(f"{keep} = torch.nonzero({sel}.reshape({sel}.shape[0], -1)[:, 0] != 0).flatten()"
-                  f"  # {node.name} (Filter): items whose selector is non-zero")
+        emit.stmt(f"{keep} = torch.nonzero({sel}.reshape({sel}.shape[0], -1)[:, 0] != 0).flatten()",
+                  comment="the items whose selector is non-zero")
         return [f"{x}.index_select(0, {keep})" for x in xs]

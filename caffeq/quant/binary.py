@@ -16,7 +16,7 @@ from .base import (
 
 def sign_codes(array):
     """+1 where array >= 0 (zero included), -1 elsewhere, as int8."""
-    return np.where(np.asarray(array) >= 0, np.int8(1), np.int8(-1)).astype(np.int8)
+    return np.where(np.asarray(array) >= 0, np.int8(1), np.int8(-1)).astype(np.int8, copy=False)
 
 
 @register_quantizer
@@ -31,7 +31,7 @@ class Binary(Quantizer):
             axis = 0 if w.ndim else None
         mat = channel_matrix(w, axis, groups)
         # mean in float64 so the per-channel alpha does not depend on summation order
-        alpha = np.abs(mat.astype(np.float64)).mean(axis=1).astype(np.float32) if mat.shape[1] \
+        alpha = np.abs(mat).mean(axis=1, dtype=np.float64).astype(np.float32) if mat.shape[1] \
             else np.zeros(mat.shape[0], np.float32)
         codes = from_channel_matrix(sign_codes(mat), w.shape, axis, groups)
         return QuantizedBlob("binary", axis, alpha, codes, groups)

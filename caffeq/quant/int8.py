@@ -25,5 +25,8 @@ class Int8(Quantizer):
         # an all-zero channel has codes 0 whatever the step; 1 keeps ONNX's scale positive
         scale[scale == 0] = 1.0
         b = broadcast_scale(scale, w.shape, axis, groups)
-        codes = np.clip(np.rint(w.astype(np.float64) / b), -127, 127).astype(np.int8)
+        t = w / b                      # float32, then rounded and clipped in place
+        np.rint(t, out=t)
+        np.clip(t, -127, 127, out=t)
+        codes = t.astype(np.int8)
         return QuantizedBlob("int8", axis, scale, codes, groups)

@@ -1,0 +1,228 @@
+"""`caffeq finetune`: recover a binary-weight model's accuracy (STE fine-tuning, BatchNorm re-estimation)."""
+import argparse
+import os
+import sys
+
+from ..errors import CaffeqError
+
+FORMATS = (".onnx", ".caffemodel", ".caffeq")
+
+_DESCRIPTION = """\
+Fine-tune a float-trained Caffe model into a binary-weight model (weights
+alpha_c * sign(W) per output channel, as `convert --to binary` writes them).
+
+The forward pass uses binary weights recomputed from latent float weights at
+every step; the backward pass is the straight-through estimator (the sign's
+gradient passes where |w| <= 1, plus alpha's own gradient), and the latent
+weights of binarized layers are clipped to [-1, 1] after each step.  Other
+parameters train in fp32.  BatchNorm layers use batch statistics in
+training and update Caffe's mean/variance/factor blobs; before each
+validation their statistics are re-estimated on --bn-batches training
+batches for the current weights.  The best epoch (validation top-1; epoch 0
+is the binarized model before any step) is quantized and written.
+
+Data: a train_val net's TRAIN-phase Data/ImageData layer (its
+transform_param with random crop and mirror, as Caffe does in TRAIN) and its
+TEST-phase layer are the defaults for --data and --val.  A deploy net needs
+--data (and --val for validation) plus the preprocessing flags.  Loss: the
+net's own loss layers (weighted by loss_weight), else cross-entropy on the
+output (on the input of a final Softmax).
+
+--bn-only skips training: binarize, re-estimate BatchNorm statistics, write.
+--budget POINTS chooses the layers kept fp32 from a per-layer sensitivity
+analysis on the validation data (see `caffeq sensitivity`).
+
+Reproducible: --seed sets torch.manual_seed, the data order and the random
+crops/mirrors."""
+
+
+def add_parser(sub):
+    from .sensitivity import add_preprocess_args
+    p = sub.add_parser("finetune", help="fine-tune a binary-weight model to recover its accuracy",
+                       description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="train_val (or deploy) .prototxt of the float model")
+    p.add_argument("--weights", "-w", metavar="W.caffemodel",
+                   help="trained float weights (default: the .caffemodel beside the prototxt)")
+    p.add_argument("--to", default="binary", metavar="binary", help="target precision (binary)")
+    p.add_argument("-o", "--output", metavar="OUT", default=None,
+                   help="output: .onnx, .caffemodel (+ .prototxt beside it) or .caffeq "
+                        "(default <prototxt stem>.binary.finetuned.onnx in the current folder)")
+    p.add_argument("--data", metavar="TRAIN_SRC", help="training data (default: the TRAIN-phase data layer's)")
+    p.add_argument("--val", metavar="VAL_SRC", help="validation data (default: the TEST-phase data layer's)")
+    p.add_argument("--epochs", default="8", metavar="N", help="passes over the training data (default 8)")
+    p.add_argument("--iters", default=None, metavar="N", help="stop after N steps in all (overrides --epochs)")
+    p.add_argument("--lr", default=None, metavar="X", help="learning rate (default: adam 1e-3, sgd 0.01)")
+    p.add_argument("--optimizer", default="adam", metavar="adam|sgd", help="adam (default) or sgd with momentum")
+    p.add_argument("--schedule", default="cosine", metavar="cosine|step|constant",
+                   help="learning-rate schedule over all steps: cosine (default), step (x0.1 at 50%% and "
+                        "75%%) or constant")
+    p.add_argument("--momentum", default="0.9", metavar="M", help="SGD momentum (default 0.9)")
+    p.add_argument("--weight-decay", default="0", metavar="W",
+                   help="weight decay (default 0: decay pulls latent weights to 0, where signs flip)")
+    p.add_argument("--batch-size", default=None, metavar="N",
+                   help="training batch size (default: the data layer's, else 64)")
+    p.add_argument("--seed", default="0", metavar="S", help="random seed (default 0)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (CUDA when available)")
+    p.add_argument("--workers", default="0", metavar="N", help="data loading processes (default 0)")
+    p.add_argument("--keep", metavar="none|NAME,...", default=None,
+                   help="layers kept fp32 (default: the first and last weighted layers; 'none' binarizes all)")
+    p.add_argument("--only", metavar="NAME,...", default=None, help="binarize only these layers")
+    p.add_argument("--budget", default=None, metavar="POINTS",
+                   help="keep fp32 the fewest layers (most sensitive first) whose estimated top-1 drop "
+                        "fits this many points, from a sensitivity analysis on the validation data")
+    p.add_argument("--bn-only", action="store_true",
+                   help="no training: binarize and re-estimate BatchNorm statistics only")
+    p.add_argument("--bn-batches", default="200", metavar="N",
+                   help="training batches for each BatchNorm re-estimation (default 200, or all)")
+    p.add_argument("--no-bn-reestimate", action="store_true",
+                   help="keep the running BatchNorm statistics of training (Caffe's moving averages, "
+                        "starting from the float model's) instead of re-estimating them")
+    p.add_argument("--limit", default=None, metavar="N", help="train on the first N items only")
+    p.add_argument("--val-limit", default=None, metavar="N", help="validate on the first N items only")
+    p.add_argument("--no-shuffle", action="store_true", help="read the training data in its own order")
+    p.add_argument("--json", nargs="?", const="-", metavar="OUT.json",
+                   help="write the history and results as JSON (stdout without a file name)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or per-epoch lines")
+    add_preprocess_args(p)
+    return p
+
+
+def _rel(path):
+    try:
+        r = os.path.relpath(path)
+        return r if not r.startswith("..") else path
+    except ValueError:
+        return path
+
+
+def _pct(v):
+    return "-" if v is None else f"{100 * v:.2f}%"
+
+
+def _keep_arg(value, flag):
+    if value is None:
+        return None
+    if value.strip().lower() == "none":
+        if flag == "--only":
+            raise CaffeqError("--only none would binarize nothing; name layers or drop --only")
+        return "none"
+    names = [v.strip() for v in value.split(",")]
+    if any(not v for v in names):
+        raise CaffeqError(f"{flag}: empty layer name in {value!r}")
+    return names
+
+
+def run(args):
+    from ..finetune import finetune
+    from .common import write_json
+    from .convert import _fmt_bytes, _write_caffemodel, _write_caffeq, find_weights
+    from .sensitivity import _number, transform_from_args
+
+    path = args.model
+    if not os.path.exists(path):
+        raise CaffeqError(f"{path}: no such file")
+    if path.endswith(".caffeq"):
+        raise CaffeqError(f"{path}: fine-tuning starts from the fp32 prototxt and caffemodel, not a .caffeq file")
+    if str(args.to).strip().lower() not in ("binary", "bin", "bwn"):
+        raise CaffeqError(f"--to {args.to}: fine-tuning supports binary weights only (--to binary)")
+    weights = args.weights
+    found = False
+    if weights is None:
+        weights = find_weights(path)
+        if weights is None:
+            raise CaffeqError(f"{path}: no .caffemodel beside it; pass --weights FILE.caffemodel")
+        found = True
+    if not os.path.exists(weights):
+        raise CaffeqError(f"{weights}: no such file")
+    keep = _keep_arg(args.keep, "--keep")
+    only = _keep_arg(args.only, "--only")
+    if keep not in (None, "none") and only is not None:
+        raise CaffeqError("--keep and --only cannot be combined; name the layers to binarize with --only")
+    if args.budget is not None and (keep is not None or only is not None):
+        raise CaffeqError("--budget chooses the layers kept fp32; drop --keep/--only")
+
+    # the output is checked before any training
+    out = args.output or f"{os.path.splitext(os.path.basename(path))[0]}.binary.finetuned.onnx"
+    ext = os.path.splitext(out)[1].lower()
+    if ext not in FORMATS:
+        raise CaffeqError(f"-o {out}: unknown output format {ext or '(no extension)'}; use one of "
+                          f"{', '.join(FORMATS)}")
+    if os.path.isdir(out):
+        raise CaffeqError(f"-o {out}: is a folder")
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise CaffeqError(f"-o {out}: folder {folder} does not exist")
+    protected = [p for p in (path, weights, args.data, args.val) if p]
+    for src in protected:
+        if os.path.exists(out) and os.path.exists(src) and os.path.samefile(src, out):
+            raise CaffeqError(f"{out}: refusing to overwrite an input file")
+    if ext == ".caffemodel":
+        proto = os.path.splitext(out)[0] + ".prototxt"
+        if os.path.exists(proto) and os.path.samefile(proto, path):
+            raise CaffeqError(f"{proto}: the prototxt written beside {out} would overwrite the input; "
+                              f"choose another -o name")
+
+    transform, resize, order = transform_from_args(args)
+    progress = not args.no_progress
+    if found and progress:
+        print(f"weights: {_rel(weights)} (found beside {os.path.basename(path)})", file=sys.stderr)
+    result = finetune(
+        path, weights, target="binary", data=args.data, val=args.val, keep=keep, only=only,
+        epochs=args.epochs, iters=args.iters, lr=args.lr,
+        batch_size=_number(args.batch_size, "--batch-size", integer=True, lo=1),
+        optimizer=args.optimizer, schedule=args.schedule, momentum=args.momentum,
+        weight_decay=args.weight_decay, seed=args.seed, device=args.device,
+        workers=_number(args.workers, "--workers", integer=True, lo=0), bn_only=args.bn_only,
+        bn_batches=args.bn_batches, bn_reestimate=not args.no_bn_reestimate, budget=args.budget,
+        limit=_number(args.limit, "--limit", integer=True, lo=1),
+        val_limit=_number(args.val_limit, "--val-limit", integer=True, lo=1),
+        transform=transform, resize=resize, channel_order=order, shuffle=not args.no_shuffle,
+        progress=progress)
+
+    model = result.model
+    written = [out]
+    if ext == ".onnx":
+        from ..backends.onnx_backend import export_onnx
+        stats = export_onnx(model, out, inputs=protected)
+        if stats.get("data_file"):
+            written.append(stats["data_file"])
+    elif ext == ".caffemodel":
+        written.append(_write_caffemodel(model, out, protected))
+    else:
+        _write_caffeq(model, out, protected)
+
+    stream = sys.stderr if args.json == "-" else sys.stdout
+    lines = []
+    kept = ", ".join(f"{k} ({v})" for k, v in result.kept.items()) or "none"
+    lines.append(f"binary layers: {', '.join(result.binarized)}; kept fp32: {kept}")
+    if result.budget:
+        b = result.budget
+        lines.append(f"budget {b['budget']:g} points: kept fp32 {', '.join(b['keep']) or 'nothing'} "
+                     f"(estimated post-training drop {b['estimated_drop']:.2f} points)")
+    what = "top-1" if result.metric == "top1" else "top-1 agreement with fp32"
+    d = result.data
+    if result.best_metric is not None:
+        parts = [f"fp32 {_pct(result.fp32)}", f"binary post-training {_pct(result.post_training)}"]
+        if result.bn_reestimated is not None and result.bn_reestimated != result.post_training or args.bn_only:
+            parts.append(f"BatchNorm re-estimated {_pct(result.bn_reestimated)}")
+        if not args.bn_only:
+            epochs = len(result.history) - 1
+            parts.append(f"fine-tuned {_pct(result.best_metric)} (best epoch {result.best_epoch} of {epochs})")
+        lines.append(f"validation {what} on {d['val_items']} items: " + ", ".join(parts))
+    else:
+        lines.append("no validation data: the last epoch was written")
+    for n in result.notes:
+        lines.append(f"note: {n}")
+    size = sum(os.path.getsize(p) for p in written if os.path.exists(p) and not p.endswith(".prototxt"))
+    lines.append(f"wrote {', '.join(_rel(p) for p in written)} (binary, {ext[1:]}, {_fmt_bytes(size)})")
+    lines.append(f"time: {result.seconds:.1f} s ({d['device']}, {d['train_items']} training items, batch "
+                 f"{d['batch_size']}, {d['optimizer']} lr {d['lr']:g} {d['schedule']}, seed {d['seed']})")
+    print("\n".join(lines), file=stream)
+    if args.json:
+        obj = result.to_dict()
+        obj.update({"model": path, "weights": weights, "output": out, "written": written})
+        write_json(args.json, obj)
+    return 0
+
+
+__all__ = ["add_parser", "run"]

@@ -1,0 +1,143 @@
+"""`caffeq sensitivity`: quantize one layer at a time and rank the layers by their accuracy drop."""
+import argparse
+import os
+import sys
+
+from ..errors import CaffeqError, DataError
+
+_DESCRIPTION = """\
+Quantize one weighted layer at a time (every other layer fp32) and report each
+layer's drop in top-1 against the fp32 model on a dataset, most sensitive
+first (points of top-1; without labels, top-1 agreement with fp32).  Then the
+layers are quantized cumulatively, least sensitive first, for the curve of
+accuracy versus the number of quantized layers.
+
+A train_val net's TEST-phase Data/ImageData layer gives the data and its
+preprocessing; --data replaces the source.  --budget POINTS prints which
+layers the budget rule keeps fp32 (the fewest, most sensitive first, that
+bring the estimated drop, the sum of single-layer drops, within the budget):
+the same rule as `finetune --budget` and `convert --budget`."""
+
+
+def add_preprocess_args(p):
+    """The preprocessing flags of `eval` (they override the data layer's transform_param)."""
+    g = p.add_argument_group("preprocessing (override the data layer's transform_param)")
+    g.add_argument("--mean-file", metavar="MEAN.binaryproto", help="per-pixel mean (Caffe binaryproto)")
+    g.add_argument("--mean-value", metavar="V[,V,...]", help="one mean, or one per channel (net order)")
+    g.add_argument("--scale", default=None, metavar="S", help="multiply (pixel - mean) by this")
+    g.add_argument("--crop-size", default=None, metavar="N", help="square crop (centre at test, random in training)")
+    g.add_argument("--resize", metavar="HxW", help="resize images first (OpenCV bilinear, as ImageData)")
+    g.add_argument("--channel-order", default=None, metavar="BGR|RGB",
+                   help="colour order the net expects (Caffe: BGR, the default)")
+    return g
+
+
+def _number(value, flag, integer=False, lo=None):
+    if value is None:
+        return None
+    try:
+        v = int(value) if integer else float(value)
+    except ValueError:
+        raise CaffeqError(f"{flag} must be {'an integer' if integer else 'a number'}, got {value!r}") from None
+    if lo is not None and v < lo:
+        raise CaffeqError(f"{flag} must be >= {lo}, got {value!r}")
+    return v
+
+
+def transform_from_args(args):
+    """(transform dict, resize, channel order) from the preprocessing flags."""
+    if args.mean_file is not None and not os.path.exists(args.mean_file):
+        raise DataError(f"--mean-file {args.mean_file}: mean file not found")
+    mean_value = None
+    if args.mean_value is not None:
+        try:
+            mean_value = [float(v) for v in str(args.mean_value).replace(" ", "").split(",") if v]
+        except ValueError:
+            raise DataError(f"--mean-value {args.mean_value!r}: expected numbers separated by commas") from None
+    order = None
+    if args.channel_order is not None:
+        order = str(args.channel_order).upper()
+        if order not in ("BGR", "RGB"):
+            raise DataError(f"--channel-order {args.channel_order!r}: BGR or RGB")
+    transform = {"mean_file": args.mean_file, "mean_value": mean_value,
+                 "scale": _number(args.scale, "--scale"),
+                 "crop_size": _number(args.crop_size, "--crop-size", integer=True, lo=0)}
+    return transform, args.resize, order
+
+
+def add_parser(sub):
+    p = sub.add_parser("sensitivity", help="per-layer accuracy drop of binary (or int8) weights, sorted",
+                       description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="train_val/deploy .prototxt")
+    p.add_argument("--weights", "-w", metavar="W.caffemodel", help="trained weights (default: the .caffemodel "
+                                                                    "beside the prototxt)")
+    p.add_argument("--to", default="binary", metavar="binary|int8", help="the precision tested (default binary)")
+    p.add_argument("--data", metavar="SRC", help="LMDB, ImageData list, image folder or .npy/.npz "
+                                                 "(default: the TEST-phase data layer's source)")
+    p.add_argument("--batch-size", default=None, metavar="N", help="images per batch")
+    p.add_argument("--limit", default=None, metavar="N", help="use the first N items only")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--workers", default="0", metavar="N", help="data loading processes (default 0)")
+    p.add_argument("--budget", default=None, metavar="POINTS",
+                   help="also print which layers this budget (points of top-1) keeps fp32")
+    p.add_argument("--plot", metavar="OUT.png", help="bar chart of the drops and the cumulative curve "
+                                                     "(needs matplotlib)")
+    p.add_argument("--json", nargs="?", const="-", metavar="OUT.json",
+                   help="write the table as JSON (stdout without a file name)")
+    p.add_argument("--no-cumulative", action="store_true",
+                   help="skip the second pass (accuracy vs number of quantized layers)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_preprocess_args(p)
+    return p
+
+
+def run(args):
+    from ..sensitivity import _check_budget, format_table, layer_sensitivity, plot_sensitivity
+    from .common import write_json
+    from .convert import find_weights
+    if not os.path.exists(args.model):
+        raise CaffeqError(f"{args.model}: no such file")
+    if args.budget is not None:
+        _check_budget(args.budget)
+    if args.plot is not None:
+        if not args.plot.lower().endswith(".png"):
+            raise CaffeqError(f"--plot {args.plot}: the plot is written as PNG; name it *.png")
+        folder = os.path.dirname(os.path.abspath(args.plot))
+        if not os.path.isdir(folder):
+            raise CaffeqError(f"--plot {args.plot}: folder {folder} does not exist")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CaffeqError("--plot needs matplotlib (pip install matplotlib)") from None
+    weights = args.weights
+    if weights is None and not args.model.endswith(".caffeq"):
+        weights = find_weights(args.model)
+        if weights is None:
+            raise CaffeqError(f"{args.model}: no .caffemodel beside it; pass --weights FILE.caffemodel")
+    transform, resize, order = transform_from_args(args)
+    result = layer_sensitivity(
+        args.model, args.data, args.to, weights=weights,
+        batch_size=_number(args.batch_size, "--batch-size", integer=True, lo=1),
+        device=args.device, workers=_number(args.workers, "--workers", integer=True, lo=0),
+        limit=_number(args.limit, "--limit", integer=True, lo=1), transform=transform, resize=resize,
+        channel_order=order, cumulative=not args.no_cumulative, progress=not args.no_progress)
+    out = sys.stderr if args.json == "-" else sys.stdout
+    d = result["data"]
+    print(f"sensitivity to {result['target']} weights: {result['images']} images from {d['source']}, "
+          f"{'top-1' if result['metric'] == 'top1' else 'top-1 agreement with fp32'}", file=out)
+    print(format_table(result, budget=args.budget), file=out)
+    if args.plot:
+        title = f"{os.path.basename(args.model)}: {result['target']} weights"
+        plot_sensitivity(result, args.plot, title=title)
+        print(f"wrote {args.plot}", file=out)
+    if args.json:
+        if args.budget is not None:
+            from ..sensitivity import choose_keep, estimated_drop
+            keep = choose_keep(result, args.budget)
+            result["budget"] = {"budget": float(args.budget), "keep": keep,
+                                "estimated_drop": estimated_drop(result, keep)}
+        write_json(args.json, result)
+    return 0
+
+
+__all__ = ["add_parser", "add_preprocess_args", "run", "transform_from_args"]
