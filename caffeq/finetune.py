@@ -690,7 +690,8 @@ def finetune(prototxt, weights=None, *, target="binary", data=None, val=None, ke
         raise DataError(f"{train_plan.source}: has no labels; fine-tuning needs labeled training data")
     val_plan = val_set = None
     if test_info is not None or val is not None:
-        val_plan = plan_data(test_info, deploy_inputs, base_dir, val, batch_size=None, **opts)
+        # a net whose only data layer is TRAIN's: its transform, without the randomness
+        val_plan = plan_data(test_info or train_info, deploy_inputs, base_dir, val, batch_size=None, **opts)
         val_set = build_dataset(val_plan, val_limit, defer_normalize=False, seed=seed)
         vshape = _probe_shape(val_set, val_plan.source)
         if vshape != item_shape:
@@ -757,6 +758,8 @@ def finetune(prototxt, weights=None, *, target="binary", data=None, val=None, ke
     probe = quantize(out_model, "binary", keep=keep, only=only)
     binarized = list(probe.quant_report.changed)
     kept = dict(probe.quant_report.kept)
+    if budget_info is not None:
+        kept = {k: f"budget {budget:g} points" for k in kept}
     if not binarized:
         raise FinetuneError("no layer would be binarized (every weighted layer is kept fp32); "
                             "use --keep none or name the layers with --only")

@@ -61,7 +61,8 @@ def _rows(table):
     return out
 
 
-def _check_budget(budget):
+def check_budget(budget):
+    """A budget in points of top-1 (a finite number >= 0), or SensitivityError."""
     try:
         b = float(budget)
     except (TypeError, ValueError):
@@ -80,7 +81,7 @@ def estimated_drop(table, keep=()):
 def choose_keep(table, budget):
     """The fewest layers to keep fp32 so that the estimated drop is within `budget` points:
     the most sensitive first (ties: table order).  Returns their names, most sensitive first."""
-    budget = _check_budget(budget)
+    budget = check_budget(budget)
     rows = _rows(table)
     order = sorted(range(len(rows)), key=lambda k: (-rows[k][1], k))
     total = sum(max(d, 0.0) for _, d in rows)
@@ -122,7 +123,7 @@ class _Swapper:
             slots = []
             for i, arr in blobs.items():
                 p = getattr(mod, mod.blob_attrs[i])
-                q = torch.from_numpy(arr).to(device=device, dtype=p.dtype).reshape(p.shape)
+                q = torch.from_numpy(np.array(arr, np.float32)).to(device=device, dtype=p.dtype).reshape(p.shape)
                 slots.append((p, p.detach().clone(), q))
             self.slots[name] = slots
 
@@ -325,13 +326,14 @@ def layer_sensitivity(model, data=None, target="binary", *, weights=None, batch_
                                  has_labels=loader.dataset_has_labels)
     result["data"] = {"source": plan.source, "kind": plan.kind, "batch_size": plan.batch_size}
     result["model"] = loaded.prototxt
+    result["name"] = loaded.name
     result["score_blob"] = score
     return result
 
 
 def keep_for_budget(model, budget, data=None, target="binary", **kwargs):
     """(layers to keep fp32, sensitivity table) for a budget in points of top-1 (convert --budget)."""
-    _check_budget(budget)
+    check_budget(budget)
     table = layer_sensitivity(model, data, target, cumulative=False, **kwargs)
     return choose_keep(table, budget), table
 
@@ -392,6 +394,8 @@ def plot_sensitivity(result, path, title=None):
     ax.set_xlabel(f"drop in {'top-1' if m == 'top1' else 'agreement'} (points), one layer {result['target']}")
     ax.set_title("per-layer sensitivity")
     ax.axvline(0, color="black", linewidth=0.8)
+    lo, hi = min(drops + [0.0]), max(drops + [0.0])
+    ax.set_xlim(lo - 0.05 * (hi - lo or 1), hi + 0.18 * (hi - lo or 1))   # room for the labels
     for y, d in enumerate(drops):
         ax.text(d, y, f" {d:.2f}", va="center", fontsize=8)
     if curve:
@@ -417,5 +421,5 @@ def plot_sensitivity(result, path, title=None):
     return path
 
 
-__all__ = ["SensitivityError", "choose_keep", "estimated_drop", "format_table", "keep_for_budget",
+__all__ = ["SensitivityError", "check_budget", "choose_keep", "estimated_drop", "format_table", "keep_for_budget",
            "layer_sensitivity", "measure_sensitivity", "plot_sensitivity", "prepare_data"]

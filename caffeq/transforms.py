@@ -69,6 +69,55 @@ def _shares_params(graph, node):
     return any(n is not node and names & {p for p in n.param_names if p} for n in graph.nodes)
 
 
+def _index(graph):
+    return {id(n): i for i, n in enumerate(graph.nodes)}
+
+
+def _blob_free_between(graph, blob, first, last, skip=()):
+    """True when no layer strictly between `first` and `last` reads or writes `blob`
+    (so a write of `blob` can move from `last` up to `first` without changing what anyone reads)."""
+    pos = _index(graph)
+    lo, hi = pos[id(first)], pos[id(last)]
+    skip = {id(n) for n in skip}
+    for n in graph.nodes[lo + 1:hi]:
+        if id(n) not in skip and (blob in n.bottoms or blob in n.tops):
+            return False
+    return True
+
+
+def _rebuild(model, graph):
+    """A Model whose graph is what build_graph makes of the transformed layers.
+
+    Its `net` lists exactly these layers (phase rules already applied), so reshaped(),
+    writers and the SSA names all agree with the new graph; blobs and quant carry over.
+    """
+    from .ir import build_graph, share_params
+    net = type(model.net)()
+    net.CopyFrom(model.net)
+    for f in ("layer", "layers", "input", "input_dim", "input_shape"):
+        net.ClearField(f)
+    for n in graph.nodes:
+        lp = net.layer.add()
+        lp.CopyFrom(n.param)
+        lp.ClearField("include")
+        lp.ClearField("exclude")
+        del lp.bottom[:]
+        lp.bottom.extend(n.bottoms)
+        del lp.top[:]
+        lp.top.extend(n.tops)
+    g = build_graph(net, None, phase=model.phase, source=model.prototxt or graph.source or "",
+                    base_dir=model._base_dir())
+    for new, old in zip(g.nodes, graph.nodes):
+        new.blobs = list(old.blobs) if old.blobs is not None else None
+        if getattr(old, "quant", None):
+            new.quant = old.quant
+    if any(n.param_names for n in g.nodes):
+        share_params(g)
+    m = _new_model(model, g)
+    m.net = net
+    return m
+
+
 # ---- BatchNorm / Scale folding ---------------------------------------------------------------
 
 def _bn_affine(node):
@@ -207,7 +256,7 @@ def fold_batchnorm(model):
     """BatchNorm [+ Scale] into the preceding conv/deconv/inner product; lone ones into one Scale."""
     graph = _copy_graph(model.graph)
     folded = _fold_batchnorm(graph)
-    m = _new_model(model, graph)
+    m = _rebuild(model, graph)
     m.transforms.append(("fold_batchnorm", folded))
     return m
 
@@ -227,11 +276,13 @@ def _fold_batchnorm(graph):
                 continue
             rank = len(graph.tensors[node.outputs[0]].shape)
             chain, a, c = _affine_chain(graph, node.outputs[0], channels, rank, uses, outputs)
-            if not chain:
+            if not chain or not _blob_free_between(graph, chain[-1].tops[0], node, chain[-1], chain):
                 continue
             w, b = _fold_into(node, a, c)
             new = _copy_node(node)
             new.param, new.attrs = _with_bias(node)
+            del new.param.top[:]
+            new.param.top.extend(chain[-1].tops)
             new.blobs = [w, b]
             new.expected_param_shapes = [tuple(w.shape), tuple(b.shape)]
             new.outputs = [chain[-1].outputs[0]]
@@ -264,8 +315,8 @@ def _fold_batchnorm(graph):
                     continue
                 rest, a2, c2 = _affine_chain(graph, node.outputs[0], channels, len(shape), uses, outputs,
                                              allow_bn=False)
-                if not rest:
-                    continue  # a lone BatchNorm is as small as a Scale already
+                if not rest or not _blob_free_between(graph, rest[-1].tops[0], node, rest[-1], rest):
+                    continue  # (a lone BatchNorm is as small as a Scale already)
                 chain = [node] + rest
                 a, c = a2 * ab[0], a2 * ab[1] + c2
                 new = _scale_node(scale_spec, node, chain, a, c, shape)
@@ -318,57 +369,93 @@ _IDENTITY_TYPES = ("Dropout", "Split", "Silence")
 
 def remove_identities(model):
     """Drop Dropout (as at inference), Split and Silence, rewiring their consumers."""
-    graph = _copy_graph(model.graph)
-    removed = _remove_identities(graph)
-    m = _new_model(model, graph)
+    m, removed = _checked(model, _remove_identities)
     m.transforms.append(("remove_identities", removed))
     return m
 
 
+def _writes_between(graph, blob, first, last, skip=()):
+    """True when a layer strictly between `first` and `last` (None: the end) writes `blob`."""
+    pos = _index(graph)
+    hi = pos[id(last)] if last is not None else len(graph.nodes)
+    skip = {id(n) for n in skip}
+    return any(id(n) not in skip and blob in n.tops for n in graph.nodes[pos[id(first)] + 1:hi])
+
+
 def _rename_uses(graph, old, new):
+    blob = graph.tensors[new].blob
     for n in graph.nodes:
         if old in n.inputs:
+            n.bottoms = [blob if t == old else b for t, b in zip(n.inputs, n.bottoms)]
             n.inputs = [new if t == old else t for t in n.inputs]
 
 
-def _remove_identities(graph):
+def _prune_dead(graph, outputs):
+    """Drop layers none of whose tops is read or is a net output (what a Silence hid)."""
+    removed = 0
+    changed = True
+    while changed:
+        changed = False
+        used = {t for n in graph.nodes for t in n.inputs}
+        for n in list(graph.nodes):
+            if n.spec.is_data or not n.outputs:
+                continue
+            if not any(t in used or t in outputs for t in n.outputs):
+                graph.nodes.remove(n)
+                for t in n.outputs:
+                    graph.tensors.pop(t, None)
+                removed += 1
+                changed = True
+    return removed
+
+
+def _remove_identities(graph, keep_silence=False):
     removed = 0
     outputs = set(graph.outputs)
     inputs = set(graph.inputs)
+    silenced = False
     for node in list(graph.nodes):
         if node.type not in _IDENTITY_TYPES:
             continue
         if node.type == "Silence":
-            graph.nodes.remove(node)
-            removed += 1
+            if not keep_silence:
+                graph.nodes.remove(node)
+                removed += 1
+                silenced = True
             continue
         if len(node.inputs) != 1:
             continue
         src = node.inputs[0]
         uses = _consumers(graph)
-        kept_outs = []
-        # the source may take the name of one output (plain Caffe names survive)
+        # the source's producer may write one output's blob itself (plain Caffe names survive)
         inherit = None
         producer = next((n for n in graph.nodes if src in n.outputs), None)
         if producer is not None and src not in inputs and src not in outputs \
                 and len(uses.get(src, [])) == 1:
-            graph_outs = [o for o in node.outputs if o in outputs]
-            inherit = graph_outs[0] if graph_outs else node.outputs[-1]
+            o = ([o for o in node.outputs if o in outputs] or [node.outputs[-1]])[0]
+            if _blob_free_between(graph, graph.tensors[o].blob, producer, node):
+                inherit = o
+        target = inherit or src
+        tblob = graph.tensors[target].blob
+        kept_outs = []
         for o in node.outputs:
             if o == inherit:
                 continue
-            if o in outputs:
-                kept_outs.append(o)     # a net output keeps its own name through an Identity
+            readers = uses.get(o, [])
+            # a net output keeps its own name through an Identity; so does an output whose
+            # readers would see a later write of the source's blob
+            if o in outputs or any(_writes_between(graph, tblob, node, r, (node,)) for r in readers):
+                kept_outs.append(o)
                 continue
-            _rename_uses(graph, o, inherit or src)
+            _rename_uses(graph, o, target)
             graph.tensors.pop(o, None)
         if inherit is not None:
             producer.outputs = [inherit if t == src else t for t in producer.outputs]
+            producer.tops = [graph.tensors[t].blob for t in producer.outputs]
             graph.tensors[inherit].producer = producer.name
             graph.tensors.pop(src, None)
             if kept_outs:
-                # rewire the remaining outputs through the renamed source
-                node.inputs = [inherit]
+                node.inputs, node.bottoms = [inherit], [tblob]
         if kept_outs:
             node.outputs = kept_outs
             node.tops = [graph.tensors[t].blob for t in kept_outs]
@@ -377,7 +464,22 @@ def _remove_identities(graph):
             continue
         graph.nodes.remove(node)
         removed += 1
+    if silenced:
+        removed += _prune_dead(graph, outputs)
     return removed
+
+
+def _checked(model, transform):
+    """Run a graph transform and rebuild; if the net's outputs moved (a Silence hid a top that
+    feeds nothing else), run it again keeping the Silence layers."""
+    graph = _copy_graph(model.graph)
+    count = transform(graph)
+    m = _rebuild(model, graph)
+    if sorted(m.outputs) != sorted(model.outputs):
+        graph = _copy_graph(model.graph)
+        count = transform(graph, keep_silence=True)
+        m = _rebuild(model, graph)
+    return m, count
 
 
 # ---- reshapes ---------------------------------------------------------------------------------
@@ -402,7 +504,7 @@ def merge_reshapes(model):
     """Reshape/Flatten followed by Reshape/Flatten (sole consumer) -> one Reshape."""
     graph = _copy_graph(model.graph)
     merged = _merge_reshapes(graph)
-    m = _new_model(model, graph)
+    m = _rebuild(model, graph)
     m.transforms.append(("merge_reshapes", merged))
     return m
 
@@ -444,11 +546,14 @@ def _merge_reshapes(graph):
                     continue
             except Exception:  # noqa: BLE001, S112 -- not expressible as one Reshape: keep both
                 continue
+            if not _blob_free_between(graph, second.tops[0], first, second):
+                continue
             new = copy.copy(second)
             new.type, new.spec, new.param, new.attrs = "Reshape", spec, lp, attrs
             new.inputs, new.outputs = [src], list(second.outputs)
             new.bottoms, new.tops = list(first.bottoms), list(second.tops)
-            graph.nodes = [new if n is second else n for n in graph.nodes if n is not first]
+            # at the first reshape's place: it reads the bottom's version the chain read
+            graph.nodes = [new if n is first else n for n in graph.nodes if n is not second]
             graph.tensors.pop(mid, None)
             merged += 1
             changed = True
@@ -459,15 +564,16 @@ def _merge_reshapes(graph):
 # ---- all of them ---------------------------------------------------------------------------------
 
 def optimize(model, with_notes=False):
-    """fold_batchnorm, remove_identities and merge_reshapes, in that order."""
-    graph = _copy_graph(model.graph)
-    before = len(graph.nodes)
-    removed = _remove_identities(graph)   # first, so Split/Dropout do not hide a BatchNorm chain
+    """remove_identities, fold_batchnorm and merge_reshapes (identities first, so that a Split
+    or Dropout does not hide a BatchNorm chain)."""
+    before = len(model.layers)
+    m, removed = _checked(model, _remove_identities)
+    graph = _copy_graph(m.graph)
     folded = _fold_batchnorm(graph)
     merged = _merge_reshapes(graph)
-    m = _new_model(model, graph)
-    m.transforms.append(("optimize", {"fold_batchnorm": folded, "remove_identities": removed,
-                                      "merge_reshapes": merged}))
+    m = _rebuild(m, graph)
+    m.transforms = list(getattr(model, "transforms", []) or []) + [
+        ("optimize", {"fold_batchnorm": folded, "remove_identities": removed, "merge_reshapes": merged})]
     if not with_notes:
         return m
     notes = []
@@ -476,10 +582,10 @@ def optimize(model, with_notes=False):
         if folded:
             parts.append(f"{folded} BatchNorm/Scale layer(s) folded")
         if removed:
-            parts.append(f"{removed} Dropout/Split/Silence layer(s) removed")
+            parts.append(f"{removed} Dropout/Split/Silence (and dead) layer(s) removed")
         if merged:
             parts.append(f"{merged} reshape(s) merged")
-        notes.append(f"optimized: {', '.join(parts)} ({before} -> {len(graph.nodes)} layers)")
+        notes.append(f"optimized: {', '.join(parts)} ({before} -> {len(m.layers)} layers)")
     return m, notes
 
 

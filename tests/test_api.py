@@ -95,3 +95,36 @@ def test_batch_override():
     x = np.concatenate([case.inputs["data"]] * 3)[:5]
     out = m.run(x)["conv"]
     assert_close(out[:2], case.outputs["conv"], *case.tolerance, "conv")
+
+
+STAGED = """
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 } } }
+layer { name: "a" type: "Dropout" bottom: "data" top: "a" include { phase: TEST stage: "deploy" } }
+layer { name: "b" type: "Dropout" bottom: "data" top: "b" exclude { stage: "deploy" } }
+layer { name: "c" type: "Dropout" bottom: "data" top: "c" include { phase: TRAIN } }
+layer { name: "d" type: "Dropout" bottom: "data" top: "d" include { min_level: 2 } }
+"""
+
+
+@pytest.mark.parametrize("kw,layers", [
+    ({}, ["data", "b"]),
+    ({"stages": ("deploy",)}, ["data", "a"]),
+    ({"phase": "TRAIN"}, ["data", "b", "c"]),
+    ({"level": 2}, ["data", "b", "d"]),
+])
+def test_phase_stage_and_level_rules(kw, layers):
+    assert [n.name for n in load_from_text(STAGED, **kw).layers] == layers
+
+
+def test_stage_flag_on_the_cli(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    p = tmp_path / "s.prototxt"
+    p.write_text(STAGED)
+    out = subprocess.run([sys.executable, str(REPO / "cli.py"), "inspect", str(p), "--stage", "deploy",
+                          "--json"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert [L["name"] for L in json.loads(out.stdout)["layers"]] == ["data", "a"]

@@ -231,12 +231,35 @@ def test_remove_identities():
     model = randomize(net(IDENTITIES))
     snap, n = snapshot(model), len(model.layers)
     out = remove_identities(model)
-    assert types(out) == ["Input", "InnerProduct", "InnerProduct", "Eltwise", "InnerProduct"]
+    # "c" fed only the Silence: nothing depends on it any more
+    assert types(out) == ["Input", "InnerProduct", "InnerProduct", "Eltwise"]
     assert out.outputs == model.outputs == ["sum"]
     # the plain Caffe names survive: fc's layer now writes "fc" itself
     assert out.graph.node("fc").outputs == ["fc"]
     assert_same_outputs(model, out, inputs_for(model))
     assert_unchanged(model, snap, n)
+
+
+def test_silence_kept_when_it_hides_one_top_of_a_live_layer():
+    model = randomize(net("""
+layer { name: "sl" type: "Slice" bottom: "data" top: "a" top: "b" slice_param { axis: 1 slice_point: 1 } }
+layer { name: "s" type: "Silence" bottom: "b" }
+layer { name: "drop" type: "Dropout" bottom: "a" top: "a" }
+"""))
+    out = remove_identities(model)
+    assert types(out) == ["Input", "Slice", "Silence"]
+    assert out.outputs == model.outputs == ["a"]
+    assert_same_outputs(model, out, inputs_for(model))
+
+
+def test_transformed_models_reshape_and_rebuild_consistently():
+    model = Case(FIXTURES / "net_resnet_mini").load()
+    opt = optimize(model)
+    assert [lp.name for lp in opt.net.layer] == [n.name for n in opt.layers]
+    four = opt.reshaped(4)
+    assert four.inputs["data"][0] == 4 and types(four) == types(opt)
+    x = np.random.default_rng(0).standard_normal((4,) + tuple(model.inputs["data"][1:])).astype(np.float32)
+    assert_same_outputs(model, four, {"data": x})
 
 
 def test_identity_kept_between_an_input_and_an_output():

@@ -125,7 +125,9 @@ class Emitter:
       `emit.in_shape(i)` / `emit.out_shape(i)`: Caffe's static shapes
       (dim 0 is the batch: never bake it, use x.shape[0]);
     - `emit.module(expr)` declares `self.<attr> = expr` in __init__ (attr is
-      the layer's name as an identifier, `emit.attr`) and returns "self.<attr>";
+      the layer's name as an identifier, `emit.attr`; `emit.extra_attr(suffix)`
+      names another) and returns "self.<attr>"; `emit.init(line)`: a raw line;
+    - `emit.blob(i)`: a float32 copy of the node's blob i;
     - `emit.param(name, blob_or_array)` / `emit.buffer(...)`: the state-dict
       entry "<attr>.<name>" (a blob index of the node, or an array);
     - `emit.helper(source)`: a helper class or function, defined once in the
@@ -173,6 +175,10 @@ class Emitter:
         self._x.init_lines.append(line)
         return f"self.{attr}"
 
+    def extra_attr(self, suffix):
+        """Another attribute name for this layer ("<attr>_<suffix>", kept unique)."""
+        return identifier(f"{self.attr}_{suffix}", self._x._attrs, self._x._attr_reserved)
+
     def init(self, line):
         """A raw __init__ line (after the module declarations of this layer)."""
         self._x.init_lines.append(line)
@@ -201,7 +207,7 @@ class Emitter:
     # -- module level ---------------------------------------------------------------------
     def helper(self, source):
         source = textwrap.dedent(source).strip("\n")
-        names = re.findall(r"^(?:class|def)\s+(\w+)", source, re.M)
+        names = re.findall(r"^(?:class|def)\s+(\w+)", source, re.MULTILINE)
         if not names:
             raise ExportError("internal: a helper must define classes or functions")
         key = ",".join(names)

@@ -74,7 +74,7 @@ def build_module(model, all_blobs=False):
     graph = model.graph
     root = nn.Module()
     g = fx.Graph()
-    taken = {"self", "torch", "operator"}
+    taken = {"self", "torch", "operator"} | set(dir(nn.Module))  # a layer named "train" must not shadow it
     values = {}
     for ssa in graph.inputs:
         ident = _identifier(graph.tensors[ssa].blob, taken)

@@ -13,6 +13,9 @@ def add_model_args(p, weights=True):
     if weights:
         p.add_argument("--weights", "-w", help=".caffemodel with the trained weights")
     p.add_argument("--phase", default="TEST", choices=["TEST", "TRAIN"], help="phase rules to apply")
+    p.add_argument("--stage", action="append", default=[], metavar="NAME",
+                   help="a NetState stage for include/exclude rules (repeatable)")
+    p.add_argument("--level", type=int, default=0, help="the NetState level for min/max_level rules")
     p.add_argument("--batch", type=int, default=None, help="override the batch dimension of the inputs")
     p.add_argument("--ignore-unknown", action="store_true",
                    help="skip fields unknown to caffe.proto (with a warning) instead of failing")
@@ -23,7 +26,8 @@ def load_model(args, random_weights=False):
     if args.batch is not None and args.batch < 1:
         raise CaffeqError(f"--batch must be >= 1, got {args.batch}")
     model = load(args.model, getattr(args, "weights", None), phase=args.phase, batch=args.batch,
-                 ignore_unknown=args.ignore_unknown, random_weights=random_weights)
+                 ignore_unknown=args.ignore_unknown, random_weights=random_weights,
+                 stages=tuple(getattr(args, "stage", ())), level=getattr(args, "level", 0))
     for w in model.warnings:
         print(f"caffeq: warning: {w}", file=sys.stderr)
     return model

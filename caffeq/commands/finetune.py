@@ -203,7 +203,7 @@ def run(args):
     d = result.data
     if result.best_metric is not None:
         parts = [f"fp32 {_pct(result.fp32)}", f"binary post-training {_pct(result.post_training)}"]
-        if result.bn_reestimated is not None and result.bn_reestimated != result.post_training or args.bn_only:
+        if d.get("bn_items"):
             parts.append(f"BatchNorm re-estimated {_pct(result.bn_reestimated)}")
         if not args.bn_only:
             epochs = len(result.history) - 1
@@ -215,8 +215,12 @@ def run(args):
         lines.append(f"note: {n}")
     size = sum(os.path.getsize(p) for p in written if os.path.exists(p) and not p.endswith(".prototxt"))
     lines.append(f"wrote {', '.join(_rel(p) for p in written)} (binary, {ext[1:]}, {_fmt_bytes(size)})")
-    lines.append(f"time: {result.seconds:.1f} s ({d['device']}, {d['train_items']} training items, batch "
-                 f"{d['batch_size']}, {d['optimizer']} lr {d['lr']:g} {d['schedule']}, seed {d['seed']})")
+    if args.bn_only:
+        lines.append(f"time: {result.seconds:.1f} s ({d['device']}, BatchNorm statistics from {d['bn_items']} "
+                     f"training items)")
+    else:
+        lines.append(f"time: {result.seconds:.1f} s ({d['device']}, {d['train_items']} training items, batch "
+                     f"{d['batch_size']}, {d['optimizer']} lr {d['lr']:g} {d['schedule']}, seed {d['seed']})")
     print("\n".join(lines), file=stream)
     if args.json:
         obj = result.to_dict()

@@ -92,13 +92,18 @@ def add_parser(sub):
 
 
 def run(args):
-    from ..sensitivity import _check_budget, format_table, layer_sensitivity, plot_sensitivity
+    from ..sensitivity import (
+        check_budget,
+        format_table,
+        layer_sensitivity,
+        plot_sensitivity,
+    )
     from .common import write_json
     from .convert import find_weights
     if not os.path.exists(args.model):
         raise CaffeqError(f"{args.model}: no such file")
     if args.budget is not None:
-        _check_budget(args.budget)
+        check_budget(args.budget)
     if args.plot is not None:
         if not args.plot.lower().endswith(".png"):
             raise CaffeqError(f"--plot {args.plot}: the plot is written as PNG; name it *.png")
@@ -127,7 +132,7 @@ def run(args):
           f"{'top-1' if result['metric'] == 'top1' else 'top-1 agreement with fp32'}", file=out)
     print(format_table(result, budget=args.budget), file=out)
     if args.plot:
-        title = f"{os.path.basename(args.model)}: {result['target']} weights"
+        title = f"{result.get('name') or os.path.basename(args.model)}: {result['target']} weights"
         plot_sensitivity(result, args.plot, title=title)
         print(f"wrote {args.plot}", file=out)
     if args.json:
