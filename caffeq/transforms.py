@@ -3,13 +3,19 @@
 - `fold_batchnorm`: BatchNorm [+ Scale] folded into the Convolution /
   Deconvolution / InnerProduct before it (fp64 arithmetic, Caffe's factor blob
   with 0 meaning 0); a BatchNorm [+ Scale] not after one becomes one Scale.
-- `remove_identities`: Dropout (inference), Split and Silence dropped.
-- `merge_reshapes`: chains of Reshape/Flatten become one Reshape.
+- `remove_identities`: Dropout (inference), Split and Silence dropped, with the
+  layers that only fed a Silence (a Silence that hides one top of a live layer
+  stays, or that top would become a net output).
+- `merge_reshapes`: chains of Reshape/Flatten that keep axis 0 become one Reshape.
 - `optimize`: all three.
 
 The input Model is never modified: nodes are copied, and arrays that change
-are new arrays.  These transforms describe the graph in eval mode (BatchNorm
-with stored statistics, Dropout off); train with the original model.
+are new arrays.  The result's `net` lists the new layers and its graph is what
+build_graph makes of them, so reshaped() and the writers see the same model.
+A layer only moves a write of a blob earlier when no layer in between touches
+that blob (Caffe's in-place chains and reused blob names stay exact).  These
+transforms describe the graph in eval mode (BatchNorm with stored statistics,
+Dropout off); train with the original model.
 """
 import copy
 

@@ -160,3 +160,19 @@ def _one_error_line(capsys, argv):
 def test_cli_bad_inputs(capsys, extra, needle):
     assert needle in _one_error_line(capsys, ["sensitivity", TRAIN_VAL, "--weights", WEIGHTS, "--no-progress"]
                                      + extra)
+
+
+def test_convert_budget(capsys, tmp_path, digits_table):
+    out = tmp_path / "b.caffemodel"
+    rc = main(["convert", TRAIN_VAL, "--weights", WEIGHTS, "--to", "binary", "--budget", "1.0", "-o", str(out)])
+    assert rc == 0
+    keep = choose_keep(digits_table, 1.0)
+    assert f"budget 1 points: keep fp32 {', '.join(keep)}" in capsys.readouterr().out
+    base = caffeq.load(TRAIN_VAL, WEIGHTS)
+    back = caffeq.load(TRAIN_VAL, str(out))
+    for node in back.graph.nodes:
+        if node.name in ("conv1", "conv2", "ip1", "ip2"):
+            same = np.array_equal(node.blobs[0], base.graph.node(node.name).blobs[0])
+            assert same == (node.name in keep), node.name
+    assert "--budget" in _one_error_line(capsys, ["convert", TRAIN_VAL, "--weights", WEIGHTS, "--to", "binary",
+                                                  "--budget", "-1", "-o", str(tmp_path / "c.onnx")])

@@ -48,6 +48,12 @@ def add_parser(sub):
                    help="layers kept fp32 (binary keeps the first and last weighted layers by default; "
                         "'none' quantizes every eligible layer)")
     p.add_argument("--only", metavar="NAME,...", default=None, help="quantize only these layers")
+    p.add_argument("--budget", default=None, metavar="POINTS",
+                   help="binary/int8: keep fp32 the fewest layers (most sensitive first) whose estimated "
+                        "top-1 drop on --data fits this many points (see `caffeq sensitivity`)")
+    p.add_argument("--data", metavar="SRC", default=None,
+                   help="--budget: the data to measure each layer's drop on (default: the TEST-phase "
+                        "data layer's source)")
     p.add_argument("--opset", default=None, metavar="N", help="ONNX opset, 13 or newer (default 21)")
     p.add_argument("--batch", default="dynamic", metavar="dynamic|N",
                    help="ONNX batch dimension: dynamic (default) or a fixed size")
@@ -61,6 +67,13 @@ def add_parser(sub):
     p.add_argument("--phase", default="TEST", choices=["TEST", "TRAIN"], help="phase rules to apply")
     p.add_argument("--ignore-unknown", action="store_true",
                    help="skip fields unknown to caffe.proto (with a warning) instead of failing")
+    p.add_argument("--format", choices=["pytorch"], default=None,
+                   help="pytorch: a standalone model.py (plain torch.nn) + weights.safetensors + "
+                        "README.md in the folder -o (default <prototxt stem>_pytorch/), or -o NAME.py "
+                        "with NAME.safetensors beside it")
+    p.add_argument("--exact-batchnorm", action="store_true",
+                   help="pytorch: BatchNorm keeps Caffe's op order (bit-identical to caffeq) instead of "
+                        "plain nn.BatchNorm2d (equal up to float32 rounding)")
     return p
 
 
@@ -257,9 +270,18 @@ def run(args):
                               f"prototxt and caffemodel to --to {target}")
         fp32_model = None   # the float weights are not in the file
     else:
+        if args.budget is not None:
+            from ..sensitivity import keep_for_budget
+            if keep is not None or only is not None:
+                raise CaffeqError("--budget chooses the layers kept fp32; drop --keep/--only")
+            kept, _ = keep_for_budget(model, args.budget, data=args.data, target=target)
+            keep = kept or "none"
+            lines.append(f"budget {float(args.budget):g} points: keep fp32 {', '.join(kept) or 'nothing'}")
         qmodel = quantize(model, target, keep=keep, only=only)
         fp32_model = model
     report = getattr(qmodel, "quant_report", None)
+    if getattr(args, "format", None) == "pytorch":
+        return _run_pytorch(args, model_path, weights, qmodel, target, report, lines)
 
     out = args.output or f"{os.path.splitext(os.path.basename(model_path))[0]}.{target}.onnx"
     ext = os.path.splitext(out)[1].lower()
@@ -350,6 +372,39 @@ def run(args):
             "report": report.to_dict() if report is not None else None,
             "onnx": onnx_stats, "probe": probe_rows,
         })
+    return 0
+
+
+def _run_pytorch(args, model_path, weights, qmodel, target, report, lines):
+    """--format pytorch: model.py + weights (+ README.md) through caffeq.backends.pytorch_source."""
+    from ..backends.pytorch_source import export_pytorch
+    out = args.output or f"{os.path.splitext(os.path.basename(model_path))[0]}_pytorch"
+    if os.path.splitext(out.rstrip("/" + os.sep))[1].lower() not in ("", ".py"):
+        raise CaffeqError(f"-o {out}: --format pytorch writes a folder or a .py file")
+    ignored = [f for f, v in (("--opset", args.opset), ("--batch", None if args.batch in (None, "dynamic")
+                                                         else args.batch),
+                              ("--no-optimize", args.no_optimize or None), ("--probe", args.probe)) if v]
+    if ignored:
+        print(f"caffeq: warning: {', '.join(ignored)} do not apply to --format pytorch; ignored",
+              file=sys.stderr)
+    protected = [p for p in (model_path, weights) if p]
+    info = export_pytorch(qmodel, out, exact_batchnorm=args.exact_batchnorm, inputs=protected)
+    if report is not None:
+        lines.append(report.summary())
+        for n in report.notes:
+            lines.append(f"note: {n}")
+    written = [info["model_py"], info["weights"]] + ([info["readme"]] if info["readme"] else [])
+    lines.append(f"wrote {', '.join(_rel(p) for p in written)} (class {info['class_name']}, {target} weights, "
+                 f"{info['parameters']} values, {_fmt_bytes(info['weights_bytes'])})")
+    lines.append(f"inputs: {', '.join(info['inputs'])}; outputs: {', '.join(info['outputs'])}")
+    for n in info["notes"]:
+        lines.append(f"note: {n}")
+    print("\n".join(lines), file=sys.stdout if args.json != "-" else sys.stderr)
+    if args.json:
+        from .common import write_json
+        write_json(args.json, {"model": model_path, "weights": weights, "target": target, "format": "pytorch",
+                               "output": out, "written": written, "pytorch": info,
+                               "report": report.to_dict() if report is not None else None})
     return 0
 
 

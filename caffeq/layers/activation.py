@@ -93,6 +93,17 @@ class _Unary(Neuron):
     def onnx(self, ctx, node):
         ctx.add_node(self.onnx_op, [node.inputs[0]], [node.outputs[0]], name=node.name)
 
+    #: standalone PyTorch source: an nn module ("nn.Sigmoid()") or an expression with {x}
+    torch_source = None
+
+    def pytorch_source(self, node, emit):
+        src = self.torch_source
+        if src is None:
+            return None
+        if src.startswith("nn."):
+            return f"{emit.module(src)}({emit.inputs[0]})"
+        return src.format(x=emit.inputs[0])
+
 
 # ---- ReLU family -----------------------------------------------------------------
 
@@ -116,6 +127,12 @@ class ReLU(Neuron):
         else:
             ctx.add_node("LeakyRelu", [node.inputs[0]], [node.outputs[0]], name=node.name,
                          alpha=float(slope))
+
+    def pytorch_source(self, node, emit):
+        slope = node.attrs["negative_slope"]
+        # LeakyReLU's "x or slope * x" is the value of clamp(min=0) + slope * clamp(max=0)
+        m = emit.module("nn.ReLU()" if slope == 0 else f"nn.LeakyReLU({emit.lit(slope)})")
+        return f"{m}({emit.inputs[0]})"
 
 
 @register_layer("ReLU6")
@@ -151,6 +168,12 @@ class ReLU6(Neuron):
         neg = ctx.tmp(node.name + "_neg")
         onnx_clip(ctx, x, None, 0.0, neg)
         ctx.add_node("Add", [clipped, onnx_mul_scalar(ctx, neg, slope, node.name + "_leak")], [out])
+
+    def pytorch_source(self, node, emit):
+        x, slope = emit.inputs[0], node.attrs["negative_slope"]
+        if slope == 0:
+            return f"{emit.module('nn.ReLU6()')}({x})"
+        return f"{x}.clamp(min=0, max=6) + {emit.lit(slope)} * {x}.clamp(max=0)"
 
 
 @register_layer("PReLU")
@@ -195,6 +218,13 @@ class PReLU(Neuron):
             w = shaped
         ctx.add_node("PRelu", [x, w], [node.outputs[0]], name=node.name)
 
+    def pytorch_source(self, node, emit):
+        c = 1 if node.attrs["channel_shared"] else emit.in_shape(0)[1]
+        m = emit.module(f"nn.PReLU({c})")
+        # F.prelu's "x or a * x" is the value of clamp(min=0) + a * clamp(max=0)
+        emit.param("weight", emit.blob(0).reshape(c), blob=0)
+        return f"{m}({emit.inputs[0]})"
+
 
 @register_layer("ELU")
 class ELU(Neuron):
@@ -210,11 +240,18 @@ class ELU(Neuron):
         ctx.add_node("Elu", [node.inputs[0]], [node.outputs[0]], name=node.name,
                      alpha=float(node.attrs["alpha"]))
 
+    def pytorch_source(self, node, emit):
+        alpha = node.attrs["alpha"]
+        m = emit.module("nn.ELU()" if alpha == 1 else f"nn.ELU(alpha={emit.lit(alpha)})")
+        return f"{m}({emit.inputs[0]})"
+
 
 @register_layer("Sigmoid")
 class Sigmoid(_Unary):
     torch_fn = torch.sigmoid
     onnx_op = "Sigmoid"
+
+    torch_source = "nn.Sigmoid()"  # torch.sigmoid
 
 
 @register_layer("TanH")
@@ -222,11 +259,15 @@ class TanH(_Unary):
     torch_fn = torch.tanh
     onnx_op = "Tanh"
 
+    torch_source = "nn.Tanh()"  # torch.tanh
+
 
 @register_layer("AbsVal")
 class AbsVal(_Unary):
     torch_fn = torch.abs
     onnx_op = "Abs"
+
+    torch_source = "torch.abs({x})"
 
 
 # ---- power, exp, log -------------------------------------------------------------
@@ -276,6 +317,20 @@ class Power(Neuron):
         else:
             ctx.add_node("Identity", [y], [out], name=node.name)
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        x = emit.inputs[0]
+        if "constant" in a:
+            return f"torch.full_like({x}, {emit.lit(a['constant'])})"
+        y = x
+        if a["scale"] != 1:
+            y = f"{y} * {emit.lit(a['scale'])}"
+        if a["shift"] != 0:  # y - s is y + (-s), bit for bit
+            y = f"{y} {'-' if a['shift'] < 0 else '+'} {emit.lit(abs(a['shift']))}"
+        if a["power"] != 1:
+            y = f"torch.pow({y}, {emit.lit(a['power'])})"
+        return [x] if y == x else y
+
 
 def _log_base(base, field):
     """log(base) in float32, 1 for base -1 (meaning e); LayerError where Caffe CHECK-fails."""
@@ -322,6 +377,12 @@ class Exp(Neuron):
         ctx.add_node("Exp", [x], [e], name=node.name)
         ctx.add_node("Mul", [e, scalar(ctx, a["outer"])], [out])
 
+    def pytorch_source(self, node, emit):
+        a, x = node.attrs, emit.inputs[0]
+        arg = x if a["inner"] == 1 else f"{x} * {emit.lit(a['inner'])}"
+        y = f"torch.exp({arg})"
+        return y if a["outer"] == 1 else f"{y} * {emit.lit(a['outer'])}"
+
 
 @register_layer("Log")
 class Log(Neuron):
@@ -361,6 +422,16 @@ class Log(Neuron):
         ctx.add_node("Log", [x], [ln], name=node.name)
         ctx.add_node("Mul", [ln, scalar(ctx, a["base_scale"])], [out])
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        y = emit.inputs[0]
+        if a["scale"] != 1:
+            y = f"{y} * {emit.lit(a['scale'])}"
+        if a["shift"] != 0:
+            y = f"{y} {'-' if a['shift'] < 0 else '+'} {emit.lit(abs(a['shift']))}"
+        y = f"torch.log({y})"
+        return y if a["base_scale"] == 1 else f"{y} * {emit.lit(a['base_scale'])}"
+
 
 # ---- BNLL, Threshold, Clip, Swish -------------------------------------------------
 
@@ -378,6 +449,10 @@ class BNLL(Neuron):
     def onnx(self, ctx, node):
         ctx.add_node("Softplus", [node.inputs[0]], [node.outputs[0]], name=node.name)
 
+    def pytorch_source(self, node, emit):
+        x = emit.inputs[0]
+        return f"{x}.clamp(min=0) + torch.log1p(torch.exp(-{x}.abs()))"
+
 
 @register_layer("Threshold")
 class Threshold(Neuron):
@@ -394,6 +469,10 @@ class Threshold(Neuron):
         ctx.add_node("Greater", [node.inputs[0], scalar(ctx, node.attrs["threshold"])], [gt],
                      name=node.name)
         ctx.add_node("Cast", [gt], [node.outputs[0]], to=FLOAT)
+
+    def pytorch_source(self, node, emit):
+        x = emit.inputs[0]
+        return f"({x} > {emit.lit(node.attrs['threshold'])}).to({x}.dtype)"
 
 
 @register_layer("Clip")
@@ -415,6 +494,11 @@ class Clip(Neuron):
         onnx_clip(ctx, node.inputs[0], node.attrs["min"], node.attrs["max"], node.outputs[0],
                   name=node.name)
 
+    def pytorch_source(self, node, emit):
+        x, a = emit.inputs[0], node.attrs
+        # max first, then min: Caffe's order (min > max gives min everywhere)
+        return f"{x}.clamp(max={emit.lit(a['max'])}).clamp(min={emit.lit(a['min'])})"
+
 
 @register_layer("Swish")
 class Swish(Neuron):
@@ -434,3 +518,9 @@ class Swish(Neuron):
         sig = ctx.tmp(node.name + "_sigmoid")
         ctx.add_node("Sigmoid", [arg], [sig], name=node.name)
         ctx.add_node("Mul", [x, sig], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        x, beta = emit.inputs[0], node.attrs["beta"]
+        # not nn.SiLU: it computes x / (1 + exp(-x)), which rounds differently
+        arg = x if beta == 1 else f"{x} * {emit.lit(beta)}"
+        return f"{x} * torch.sigmoid({arg})"

@@ -17,6 +17,51 @@ PROD, SUM, MAX = 0, 1, 2
 _OP_NAMES = {PROD: "PROD", SUM: "SUM", MAX: "MAX"}
 
 
+TORCH_SCALE = """
+    class Scale(nn.Module):
+        \"\"\"Caffe's Scale layer: x * weight (+ bias); the factors are viewed as `view` so that they
+        line up with x from Caffe's `axis` (trailing axes of 1).\"\"\"
+
+        def __init__(self, shape, view, bias=True):
+            super().__init__()
+            self.view = view
+            self.weight = nn.Parameter(torch.ones(shape))
+            self.bias = nn.Parameter(torch.zeros(shape)) if bias else None
+
+        def forward(self, x):
+            y = x * self.weight.reshape(self.view)
+            if self.bias is not None:
+                y = y + self.bias.reshape(self.view)
+            return y
+"""
+
+TORCH_BIAS = """
+    class Bias(nn.Module):
+        \"\"\"Caffe's Bias layer: x + bias, the bias viewed as `view` to line up with x from Caffe's `axis`.\"\"\"
+
+        def __init__(self, shape, view):
+            super().__init__()
+            self.view = view
+            self.bias = nn.Parameter(torch.zeros(shape))
+
+        def forward(self, x):
+            return x + self.bias.reshape(self.view)
+"""
+
+
+def _torch_view(shape, x_ndim, axis):
+    """_expand's shape for a factor of `shape` applied to an x_ndim-axis blob from `axis`."""
+    shape = tuple(int(d) for d in shape)
+    trailing = x_ndim - axis - len(shape)
+    return list(shape) + [1] * trailing if shape and trailing else list(shape)
+
+
+def _torch_bottom_view(name, ndim, x_ndim, axis):
+    """A second bottom viewed like _expand does it, at run time (no baked batch)."""
+    trailing = x_ndim - axis - ndim
+    return f"{name}[..., {', '.join(['None'] * trailing)}]" if ndim and trailing else name
+
+
 @register_layer("Eltwise")
 class Eltwise(Layer):
     """SUM (with one coefficient per bottom), PROD or MAX over any number (>= 2) of bottoms."""
@@ -77,6 +122,26 @@ class Eltwise(Layer):
                 y = nxt
         else:
             ctx.add_node("Max", ins, [out], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        op, xs = node.attrs["operation"], emit.inputs
+        if op == PROD:
+            return " * ".join(xs)
+        if op == MAX:
+            y = xs[0]
+            for x in xs[1:]:
+                y = f"torch.maximum({y}, {x})"
+            return y
+        # SUM, left to right as forward; x * -c is -(x * c) and y + (-t) is y - t, bit for bit
+        y = ""
+        for c, x in zip(node.attrs["coeff"], xs):
+            mag = abs(c)
+            term = x if mag == 1 else f"{x} * {emit.lit(mag)}"
+            if not y:
+                y = term if c > 0 else (f"-{x}" if mag == 1 else f"{x} * {emit.lit(c)}")
+            else:
+                y = f"{y} {'+' if c > 0 else '-'} {term}" if c != 0 else f"{y} + {x} * 0.0"
+        return y
 
 
 # ---- Scale and Bias ----------------------------------------------------------------
@@ -205,6 +270,28 @@ class Scale(Layer):
                          len(node.expected_param_shapes[bias_index]), x_ndim, a["_bias_axis"], "bias")
         ctx.add_node("Add", [scaled, b], [node.outputs[0]])
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        x = emit.inputs[0]
+        ndim = len(emit.in_shape(0))
+        if a["two_bottoms"]:
+            s = emit.inputs[1]
+            y = f"{x} * {_torch_bottom_view(s, len(emit.in_shape(1)), ndim, a['_axis'])}"
+            if not a["bias_term"]:
+                return y
+            shape = node.expected_param_shapes[0]
+            m = emit.module(f"{emit.helper(TORCH_BIAS)}({list(shape)}, "
+                            f"{_torch_view(shape, ndim, a['_bias_axis'])})")
+            emit.param("bias", 0)
+            return f"{m}({y})"
+        shape = node.expected_param_shapes[0]
+        bias = "" if a["bias_term"] else ", bias=False"
+        m = emit.module(f"{emit.helper(TORCH_SCALE)}({list(shape)}, {_torch_view(shape, ndim, a['_axis'])}{bias})")
+        emit.param("weight", 0)
+        if a["bias_term"]:
+            emit.param("bias", 1)
+        return f"{m}({x})"
+
 
 def _constant_filler(filler, default):
     """The value a constant filler sets (the init of random_weights); others give the default."""
@@ -257,6 +344,17 @@ class Bias(Layer):
         b = _onnx_expand(ctx, node, b, b_ndim, len(ctx.shape(x)), node.attrs["_axis"], "bias")
         ctx.add_node("Add", [x, b], [node.outputs[0]], name=node.name)
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        x = emit.inputs[0]
+        ndim = len(emit.in_shape(0))
+        if a["two_bottoms"]:
+            return f"{x} + {_torch_bottom_view(emit.inputs[1], len(emit.in_shape(1)), ndim, a['_axis'])}"
+        shape = node.expected_param_shapes[0]
+        m = emit.module(f"{emit.helper(TORCH_BIAS)}({list(shape)}, {_torch_view(shape, ndim, a['_axis'])})")
+        emit.param("bias", 0)
+        return f"{m}({x})"
+
 
 # ---- Axpy (hujie-frank/SENet) -------------------------------------------------------
 
@@ -293,3 +391,8 @@ class Axpy(Layer):
         prod = ctx.tmp(node.name + "_ax")
         ctx.add_node("Mul", [shaped, x], [prod], name=node.name)
         ctx.add_node("Add", [prod, y], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        a, x, y = emit.inputs
+        ones = ", 1" * (len(emit.in_shape(1)) - 2)
+        return f"{a}.reshape([{a}.shape[0], {a}.shape[1]{ones}]) * {x} + {y}"

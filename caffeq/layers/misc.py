@@ -266,6 +266,23 @@ class Reduction(Layer):
         red = onnx_reduce(ctx, op, x, [axis], 0)
         ctx.add_node("Mul", [red, ctx.const(np.array(a["coeff"], np.float32))], [out], name=node.name)
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        x, axis = emit.inputs[0], a["_axis"]
+        flat = x
+        if len(emit.in_shape(0)) != axis + 1:  # every axis from `axis` on is reduced
+            flat = emit.tmp(node.name + "_flat")
+            emit.stmt(f"{flat} = {x}.flatten({axis})")
+        if a["op"] == ASUM:
+            y = f"{flat}.abs().sum(dim=-1)"
+        elif a["op"] == SUMSQ:
+            y = f"({flat} * {flat}).sum(dim=-1)"
+        else:
+            y = f"{flat}.sum(dim=-1)"
+        if a["op"] == MEAN:  # coeff / count in Python floats, as forward
+            return f"{y} * ({emit.lit(a['coeff'], exact=True)} / {flat}.shape[-1])"
+        return y if a["coeff"] == 1 else f"{y} * {emit.lit(a['coeff'])}"
+
 
 # ---- Embed -----------------------------------------------------------------------------
 
@@ -313,6 +330,18 @@ class Embed(Layer):
         ctx.add_node("Gather", [ctx.weight(node, 0), idx], [rows], name=node.name, axis=0)
         ctx.add_node("Add", [rows, ctx.weight(node, 1)], [node.outputs[0]])
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        m = emit.module(f"nn.Embedding({a['input_dim']}, {a['num_output']})")
+        emit.param("weight", 0)
+        y = f"{m}({emit.inputs[0]}.long())"  # Caffe truncates the float indexes
+        if not a["bias_term"]:
+            return y
+        attr = emit.extra_attr("bias")
+        b = emit.module(f"nn.Parameter(torch.zeros({a['num_output']}))", attr=attr)
+        emit.param("", 1, attr=attr)
+        return f"{y} + {b}"
+
 
 # ---- Parameter ---------------------------------------------------------------------------
 
@@ -341,6 +370,11 @@ class Parameter(Layer):
 
     def onnx(self, ctx, node):
         ctx.add_node("Identity", [ctx.weight(node, 0)], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        m = emit.module(f"nn.Parameter(torch.zeros({list(node.attrs['shape'])}))")
+        emit.param("", 0)
+        return m
 
 
 # ---- Accuracy ------------------------------------------------------------------------------

@@ -43,6 +43,66 @@ def onnx_channel_vector(ctx, name, channels, rank, axis=1):
 
 # ---- BatchNorm ---------------------------------------------------------------------
 
+TORCH_BATCHNORM = """
+    class CaffeBatchNorm{d}d(nn.BatchNorm{d}d):
+        \"\"\"nn.BatchNorm{d}d computing Caffe's (x - mean) / sqrt(var + eps) * weight + bias in that
+        order (nn.BatchNorm{d}d folds it into x * a + b, which rounds differently). use_global_stats as
+        Caffe's: None uses the stored statistics in eval mode and the batch's in train mode, True
+        always the stored ones, False never. Running averages are PyTorch's (momentum).\"\"\"
+
+        def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, use_global_stats=None):
+            super().__init__(num_features, eps=eps, momentum=momentum, affine=affine)
+            self.use_global_stats = use_global_stats
+
+        def forward(self, x):
+            use_global = not self.training if self.use_global_stats is None else self.use_global_stats
+            view = [1, -1] + [1] * (x.dim() - 2)
+            mean, var = self.running_mean, self.running_var
+            if use_global and mean is not None and var is not None:
+                mean, var = mean.reshape(view), var.reshape(view)
+            else:
+                dims = [0] + list(range(2, x.dim()))
+                mean = x.mean(dim=dims, keepdim=True)
+                var = ((x - mean) ** 2).mean(dim=dims, keepdim=True)  # biased, as Caffe normalizes
+                if self.training:
+                    self.update_running_stats(mean, var, x.numel() // x.shape[1])
+            y = (x - mean) / torch.sqrt(var + self.eps)
+            if self.weight is not None:
+                y = y * self.weight.reshape(view)
+            if self.bias is not None:
+                y = y + self.bias.reshape(view)
+            return y
+
+        def update_running_stats(self, mean, var, count: int):
+            running_mean, running_var = self.running_mean, self.running_var
+            if running_mean is None or running_var is None or self.momentum is None:
+                return
+            m = self.momentum
+            with torch.no_grad():
+                running_mean.mul_(1 - m).add_(mean.reshape(-1), alpha=m)
+                running_var.mul_(1 - m).add_(var.reshape(-1) * (count / max(count - 1, 1)), alpha=m)
+            batches = self.num_batches_tracked
+            if batches is not None:
+                batches.add_(1)
+"""
+
+
+def _torch_scale_after(node, emit, channels):
+    """The Scale layer that only this BatchNorm feeds, with one factor per channel on axis 1
+    (nn.BatchNorm's affine part), or None."""
+    users = emit.consumers(node.outputs[0])
+    if len(users) != 1 or emit.is_output(node.outputs[0]):
+        return None
+    sc = users[0]
+    if sc.type != "Scale" or sc.attrs["two_bottoms"] or sc.attrs.get("_axis") != 1:
+        return None
+    if any(tuple(s) != (channels,) for s in sc.expected_param_shapes or [()]):
+        return None
+    if node.shared_from or sc.shared_from or any(node.param_names) or any(sc.param_names):
+        return None
+    return sc
+
+
 @register_layer("BatchNorm")
 class BatchNorm(Layer):
     blob_names = ("mean", "variance", "factor", "scale", "bias")
@@ -169,6 +229,66 @@ class BatchNorm(Layer):
         ctx.add_node("Add", [scaled, onnx_channel_vector(ctx, ctx.weight(node, 4), a["channels"], rank)],
                      [out])
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        rank = len(emit.in_shape(0))
+        if rank not in (2, 3, 4, 5):
+            raise LayerError(f"a {rank}-axis input has no torch.nn.BatchNorm module")
+        c = a["channels"]
+        d = {2: 1, 3: 1, 4: 2, 5: 3}[rank]
+        scale, weight, bias = None, None, None
+        if a["scale_bias"]:  # NVCaffe: the blobs are the statistics and the affine part
+            mean, var, weight, bias = emit.blob(0), emit.blob(1), emit.blob(3), emit.blob(4)
+        else:
+            # Caffe's blobs are sums scaled by the moving-average factor s: the statistics are
+            # blob / s (0 when s is 0), the same float32 products forward computes
+            s = np.float32(emit.blob(2).reshape(-1)[0])
+            f = np.float32(0) if s == 0 else np.float32(1) / s
+            mean, var = emit.blob(0) * f, emit.blob(1) * f
+            scale = _torch_scale_after(node, emit, c)
+            if scale is not None:
+                weight = emit.blob(0, scale)
+                bias = emit.blob(1, scale) if scale.attrs["bias_term"] else np.zeros(c, np.float32)
+        use_global = None if a["scale_bias"] else a["use_global_stats"]
+        # plain nn.BatchNorm unless asked for Caffe's exact op order, or the layer normalizes with
+        # batch statistics even in eval mode (use_global_stats: false)
+        exact = emit.exact_batchnorm or use_global is False
+        args = [str(c)]
+        if np.float32(a["eps"]) != np.float32(1e-5):
+            args.append(f"eps={emit.lit(a['eps'])}")
+        # torch's running average r = (1 - m) r + m batch is Caffe's in the long run with m = 1 - maf
+        momentum = float(f"{1 - float(emit.lit(a['moving_average_fraction'])):.6g}")
+        args.append(f"momentum={momentum!r}")
+        if weight is None:
+            args.append("affine=False")
+        if exact:
+            cls = emit.helper(TORCH_BATCHNORM.replace("{d}", str(d)))
+            if use_global is not None:
+                args.append(f"use_global_stats={use_global}")
+        else:
+            cls = f"nn.BatchNorm{d}d"
+            if use_global:
+                emit.note("The prototxt sets use_global_stats: true (Caffe then keeps the stored "
+                          "statistics even while training); these nn.BatchNorm modules use batch "
+                          "statistics in train mode, as PyTorch does. Call .eval() on them to freeze "
+                          "them while fine-tuning.")
+        m = emit.module(f"{cls}({', '.join(args)})",
+                        comment=f"with {scale.name} (Scale) as its affine part" if scale else None)
+        if weight is not None:
+            emit.param("weight", weight, blob=3 if a["scale_bias"] else None)
+            emit.param("bias", bias, blob=4 if a["scale_bias"] else None)
+        emit.buffer("running_mean", mean, blob=0)
+        emit.buffer("running_var", var, blob=1)
+        emit.buffer("num_batches_tracked", np.array(0, np.int64))
+        if scale is not None:
+            emit.absorb(scale)
+        if not exact:
+            emit.note("BatchNorm (+ Scale) layers are nn.BatchNorm modules holding Caffe's statistics "
+                      "divided by its moving-average factor. In eval mode they compute x * a + b, "
+                      "Caffe's (x - mean) / sqrt(var + eps) * w + b up to float32 rounding (caffeq's "
+                      "exact_batchnorm=True keeps Caffe's order).")
+        return f"{m}({emit.inputs[0]})"
+
 
 # ---- LRN -----------------------------------------------------------------------------
 
@@ -188,6 +308,44 @@ def _window_sum(x, dim, n):
     for j in range(1, n):
         total = total + padded.narrow(dim, j, size)
     return total
+
+
+TORCH_LRN = """
+    def window_sum(x, dim: int, n: int):
+        \"\"\"Sum over a centred window of odd size n along dim, zero padded.\"\"\"
+        pad = (n - 1) // 2
+        if pad == 0:
+            return x
+        padded = F.pad(x, [0, 0] * (x.dim() - dim - 1) + [pad, pad])
+        size = x.shape[dim]
+        total = padded.narrow(dim, 0, size)
+        for j in range(1, n):
+            total = total + padded.narrow(dim, j, size)
+        return total
+
+
+    class LRN(nn.Module):
+        \"\"\"Caffe's LRN. ACROSS_CHANNELS: x * (k + alpha/n * sum of x^2 over n channels)^-beta;
+        WITHIN_CHANNEL: x * (1 + alpha * mean of x^2 over an n x n window, zero padded)^-beta.
+        (nn.LocalResponseNorm divides by the power instead, which rounds differently.)\"\"\"
+
+        def __init__(self, size, alpha=1.0, beta=0.75, k=1.0, within_channel=False):
+            super().__init__()
+            # Caffe's parameters are float32: keep exactly those values
+            self.alpha, self.beta, self.k = (float(torch.tensor(v, dtype=torch.float32, device="cpu"))
+                                             for v in (alpha, beta, k))
+            self.size, self.within_channel = size, within_channel
+
+        def forward(self, x):
+            n = self.size
+            sq = x * x
+            if self.within_channel:
+                total = window_sum(window_sum(sq, 2, n), 3, n)
+                scale = 1.0 + self.alpha * (total / (n * n))
+            else:
+                scale = self.k + (self.alpha / n) * window_sum(sq, 1, n)
+            return x * scale.pow(-self.beta)
+"""
 
 
 @register_layer("LRN")
@@ -249,12 +407,44 @@ class LRN(Layer):
         ctx.add_node("Pow", [shifted, ctx.const(np.array(-a["beta"], np.float32))], [powered])
         ctx.add_node("Mul", [x, powered], [out])
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        args = [str(a["size"]), f"alpha={emit.lit(a['alpha'])}", f"beta={emit.lit(a['beta'])}"]
+        if a["region"] == WITHIN_CHANNEL:
+            args.append("within_channel=True")
+        else:
+            args.append(f"k={emit.lit(a['k'])}")
+        m = emit.module(f"{emit.helper(TORCH_LRN)}({', '.join(args)})")
+        return f"{m}({emit.inputs[0]})"
+
 
 # ---- MVN -------------------------------------------------------------------------------
 
 def legacy_shape(shape):
     """Caffe's num/channels/height/width view of a blob with at most 4 axes."""
     return tuple(shape) + (1,) * (4 - len(shape))
+
+
+TORCH_MVN = """
+    class MVN(nn.Module):
+        \"\"\"Caffe's MVN: subtract the mean over H x W (and C when across_channels), then divide by
+        the standard deviation + eps (eps on the deviation, not the variance). The output has
+        Caffe's 4 axes (N, C, H, W) whatever the input's rank.\"\"\"
+
+        def __init__(self, normalize_variance=True, across_channels=False, eps=1e-9):
+            super().__init__()
+            self.normalize_variance, self.across_channels, self.eps = normalize_variance, across_channels, eps
+
+        def forward(self, x):
+            if x.dim() < 4:
+                x = x.reshape(list(x.shape) + [1] * (4 - x.dim()))
+            dims = [1, 2, 3] if self.across_channels else [2, 3]
+            y = x - x.mean(dim=dims, keepdim=True)
+            if self.normalize_variance:
+                std = torch.sqrt((y * y).mean(dim=dims, keepdim=True))
+                y = y / (std + self.eps)
+            return y
+"""
 
 
 @register_layer("MVN")
@@ -307,6 +497,13 @@ class MVN(Layer):
         ctx.add_node("Add", [std, ctx.const(np.array(a["eps"], np.float32))], [den])
         ctx.add_node("Div", [target, den], [out])
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        args = [f"normalize_variance={a['normalize_variance']}", f"across_channels={a['across_channels']}",
+                f"eps={emit.lit(a['eps'])}"]
+        m = emit.module(f"{emit.helper(TORCH_MVN)}({', '.join(args)})")
+        return f"{m}({emit.inputs[0]})"
+
 
 # ---- Softmax -----------------------------------------------------------------------------
 
@@ -326,6 +523,10 @@ class Softmax(Layer):
     def onnx(self, ctx, node):
         emit_softmax(ctx, node.inputs[0], node.outputs[0], node.attrs["_axis"],
                      len(ctx.shape(node.inputs[0])), name=node.name)
+
+    def pytorch_source(self, node, emit):
+        m = emit.module(f"nn.Softmax(dim={node.attrs['_axis']})")  # torch.softmax, as forward
+        return f"{m}({emit.inputs[0]})"
 
 
 def emit_softmax(ctx, x, out, axis, rank, name=None):

@@ -105,77 +105,77 @@ def caffe_pool(x, attrs):
 # Caffe's pooling for the cases nn.MaxPool2d/nn.AvgPool2d cannot express; the same torch
 # calls in the same order as caffe_pool above, so the results are the same bits.
 TORCH_POOL_FUNCTION = """
-def caffe_pool2d(x, mode: str, kernel: list[int], stride: list[int], pad: list[int], ceil: bool):
-    \"\"\"Caffe's Pooling: out = ceil((H + 2p - k) / s) + 1 (floor with round_mode FLOOR), and with
-    pad > 0 a last window starting in the bottom/right padding is dropped. MAX ignores padding,
-    AVE divides by the window clipped to the padded input, STOCHASTIC (test) is sum(x^2) / sum(x).\"\"\"
-    size = [x.shape[2], x.shape[3]]
-    out = [0, 0]
-    for i in range(2):
-        span = size[i] + 2 * pad[i] - kernel[i]
-        out[i] = -(-span // stride[i]) + 1 if ceil else span // stride[i] + 1
-        if pad[i] > 0 and (out[i] - 1) * stride[i] >= size[i] + pad[i]:
-            out[i] -= 1
-    if mode == "stochastic":  # windows start at 0 (Caffe ignores pad here) and clip at the edge
-        right = max(0, (out[1] - 1) * stride[1] + kernel[1] - size[1])
-        bottom = max(0, (out[0] - 1) * stride[0] + kernel[0] - size[0])
-        xr = F.pad(x, [0, right, 0, bottom])
-        num = F.avg_pool2d(xr * xr, kernel, stride, divisor_override=1)
-        den = F.avg_pool2d(xr, kernel, stride, divisor_override=1) + 1.1754943508222875e-38
-        return (num / den)[:, :, :out[0], :out[1]]
-    extra = [(out[i] - 1) * stride[i] + kernel[i] - (size[i] + pad[i]) for i in range(2)]
-    pads = [pad[1], max(0, extra[1]), pad[0], max(0, extra[0])]
-    padded = pads != [0, 0, 0, 0]
-    if mode == "max":
-        xp = F.pad(x, pads, value=float("-inf")) if padded else x
-        return F.max_pool2d(xp, kernel, stride)[:, :, :out[0], :out[1]]
-    xp = F.pad(x, pads) if padded else x
-    y = F.avg_pool2d(xp, kernel, stride, divisor_override=1)[:, :, :out[0], :out[1]]
-    divisors = []
-    for i in range(2):
-        starts = torch.arange(out[i], device=x.device) * stride[i] - pad[i]
-        ends = torch.clamp(starts + kernel[i], max=size[i] + pad[i])
-        divisors.append((ends - starts).to(x.dtype))
-    return y / torch.outer(divisors[0], divisors[1])
+    def caffe_pool2d(x, mode: str, kernel: list[int], stride: list[int], pad: list[int], ceil: bool):
+        \"\"\"Caffe's Pooling: out = ceil((H + 2p - k) / s) + 1 (floor with round_mode FLOOR), and with
+        pad > 0 a last window starting in the bottom/right padding is dropped. MAX ignores padding,
+        AVE divides by the window clipped to the padded input, STOCHASTIC (test) is sum(x^2) / sum(x).\"\"\"
+        size = [x.shape[2], x.shape[3]]
+        out = [0, 0]
+        for i in range(2):
+            span = size[i] + 2 * pad[i] - kernel[i]
+            out[i] = -(-span // stride[i]) + 1 if ceil else span // stride[i] + 1
+            if pad[i] > 0 and (out[i] - 1) * stride[i] >= size[i] + pad[i]:
+                out[i] -= 1
+        if mode == "stochastic":  # windows start at 0 (Caffe ignores pad here) and clip at the edge
+            right = max(0, (out[1] - 1) * stride[1] + kernel[1] - size[1])
+            bottom = max(0, (out[0] - 1) * stride[0] + kernel[0] - size[0])
+            xr = F.pad(x, [0, right, 0, bottom])
+            num = F.avg_pool2d(xr * xr, kernel, stride, divisor_override=1)
+            den = F.avg_pool2d(xr, kernel, stride, divisor_override=1) + 1.1754943508222875e-38
+            return (num / den)[:, :, :out[0], :out[1]]
+        extra = [(out[i] - 1) * stride[i] + kernel[i] - (size[i] + pad[i]) for i in range(2)]
+        pads = [pad[1], max(0, extra[1]), pad[0], max(0, extra[0])]
+        padded = pads != [0, 0, 0, 0]
+        if mode == "max":
+            xp = F.pad(x, pads, value=float("-inf")) if padded else x
+            return F.max_pool2d(xp, kernel, stride)[:, :, :out[0], :out[1]]
+        xp = F.pad(x, pads) if padded else x
+        y = F.avg_pool2d(xp, kernel, stride, divisor_override=1)[:, :, :out[0], :out[1]]
+        divisors = []
+        for i in range(2):
+            starts = torch.arange(out[i], device=x.device) * stride[i] - pad[i]
+            ends = torch.clamp(starts + kernel[i], max=size[i] + pad[i])
+            divisors.append((ends - starts).to(x.dtype))
+        return y / torch.outer(divisors[0], divisors[1])
 """
 
 TORCH_POOL_MODULE = """
-class CaffePool2d(nn.Module):
-    \"\"\"Caffe's Pooling where nn.MaxPool2d / nn.AvgPool2d differ from it (see caffe_pool2d).\"\"\"
+    class CaffePool2d(nn.Module):
+        \"\"\"Caffe's Pooling where nn.MaxPool2d / nn.AvgPool2d differ from it (see caffe_pool2d).\"\"\"
 
-    def __init__(self, mode, kernel, stride, pad, ceil=True):
-        super().__init__()
-        self.mode, self.kernel, self.stride, self.pad, self.ceil = mode, kernel, stride, pad, ceil
+        def __init__(self, mode, kernel, stride, pad, ceil=True):
+            super().__init__()
+            self.mode, self.kernel, self.stride, self.pad, self.ceil = mode, kernel, stride, pad, ceil
 
-    def forward(self, x):
-        return caffe_pool2d(x, self.mode, self.kernel, self.stride, self.pad, self.ceil)
+        def forward(self, x):
+            return caffe_pool2d(x, self.mode, self.kernel, self.stride, self.pad, self.ceil)
 
-    def extra_repr(self):
-        return f"{self.mode}, kernel={self.kernel}, stride={self.stride}, pad={self.pad}, ceil={self.ceil}"
+        def extra_repr(self):
+            return f"{self.mode}, kernel={self.kernel}, stride={self.stride}, pad={self.pad}, ceil={self.ceil}"
 """
 
 TORCH_SPP_MODULE = """
-class SPP(nn.Module):
-    \"\"\"Caffe's SPP: level l pools into 2^l x 2^l bins (kernel = stride = ceil(H / bins), padding
-    centres the grid), each level flattened, all concatenated; one level is global pooling.\"\"\"
+    class SPP(nn.Module):
+        \"\"\"Caffe's SPP: level l pools into 2^l x 2^l bins (kernel = stride = ceil(H / bins), padding
+        centres the grid), each level flattened, all concatenated; one level is global pooling.\"\"\"
 
-    def __init__(self, levels, mode):
-        super().__init__()
-        self.levels, self.mode = levels, mode
+        def __init__(self, levels, mode):
+            super().__init__()
+            self.levels, self.mode = levels, mode
 
-    def forward(self, x):
-        h, w = x.shape[2], x.shape[3]
-        if self.levels == 1:
-            if self.mode == "max":
-                return x.amax(dim=(-2, -1), keepdim=True)
-            return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
-        parts: list[torch.Tensor] = []
-        for level in range(self.levels):
-            bins = 1 << level  # 2^level (an int, also for TorchScript)
-            kh, kw = -(-h // bins), -(-w // bins)
-            pad = [(kh * bins - h + 1) // 2, (kw * bins - w + 1) // 2]
-            parts.append(caffe_pool2d(x, self.mode, [kh, kw], [kh, kw], pad, True).flatten(1))
-        return torch.cat(parts, dim=1)
+        def forward(self, x):
+            h, w = x.shape[2], x.shape[3]
+            if self.levels == 1:
+                if self.mode == "max":
+                    return x.amax(dim=(-2, -1), keepdim=True)
+                return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
+            parts: list[torch.Tensor] = []
+            for level in range(self.levels):
+                bins = 1 << level  # 2^level (an int, also for TorchScript)
+                kh, kw = -(-h // bins), -(-w // bins)
+                pad = [(kh * bins - h + 1) // 2, (kw * bins - w + 1) // 2]
+                parts.append(caffe_pool2d(x, self.mode, [kh, kw], [kh, kw], pad, True).flatten(1))
+            return torch.cat(parts, dim=1)
 """
 
 _TORCH_MODES = {MAX: "max", AVE: "ave", STOCHASTIC: "stochastic"}

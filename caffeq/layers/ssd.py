@@ -77,8 +77,33 @@ class Permute(Layer):
         perm = full_order(node.attrs["order"], len(ctx.shape(node.inputs[0])))
         ctx.add_node("Transpose", [node.inputs[0]], [node.outputs[0]], name=node.name, perm=list(perm))
 
+    def pytorch_source(self, node, emit):
+        perm = full_order(node.attrs["order"], len(emit.in_shape(0)))
+        x = emit.inputs[0]
+        return [x] if perm == tuple(range(len(perm))) else f"{x}.permute({list(perm)})"
+
 
 # ---- Normalize ------------------------------------------------------------------
+
+TORCH_NORMALIZE = """
+    class Normalize(nn.Module):
+        \"\"\"SSD's Normalize: x / sqrt(sum of x^2 + eps) * weight; the sum runs over C (per pixel) or
+        over C, H, W (across_spatial); one weight per channel, or one for all (channel_shared).\"\"\"
+
+        def __init__(self, channels, across_spatial=False, channel_shared=False, eps=1e-10):
+            super().__init__()
+            self.across_spatial, self.channel_shared, self.eps = across_spatial, channel_shared, eps
+            self.weight = nn.Parameter(torch.ones(() if channel_shared else (channels,)))
+
+        def forward(self, x):
+            dims = list(range(1, x.dim())) if self.across_spatial else [1]
+            norm = torch.sqrt((x * x).sum(dim=dims, keepdim=True) + self.eps)
+            y = x / norm
+            if self.channel_shared:
+                return y * self.weight
+            return y * self.weight.reshape([1, -1] + [1] * (x.dim() - 2))
+"""
+
 
 @register_layer("Normalize")
 class Normalize(Layer):
@@ -138,6 +163,18 @@ class Normalize(Layer):
             ctx.add_node("Reshape", [scale, ctx.const(np.array([-1] + [1] * (rank - 2), np.int64))], [shaped])
             scale = shaped
         ctx.add_node("Mul", [y, scale], [out])
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        args = [str(emit.in_shape(0)[1])]
+        if a["across_spatial"]:
+            args.append("across_spatial=True")
+        if a["channel_shared"]:
+            args.append("channel_shared=True")
+        args.append(f"eps={emit.lit(a['eps'])}")
+        m = emit.module(f"{emit.helper(TORCH_NORMALIZE)}({', '.join(args)})")
+        emit.param("weight", 0)
+        return f"{m}({emit.inputs[0]})"
 
 
 # ---- PriorBox -------------------------------------------------------------------

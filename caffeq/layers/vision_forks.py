@@ -54,6 +54,64 @@ def _resize(ctx, x, out, sizes, name, **attrs):
 
 # ---- Interp ------------------------------------------------------------------------
 
+TORCH_INTERP = """
+    def _interp_coords(n_in: int, n_out: int, device: torch.device):
+        \"\"\"Caffe's interp source coordinates: float32 (n_in - 1) / (n_out - 1) * i.\"\"\"
+        ratio = torch.tensor(0.0)
+        if n_out > 1:
+            ratio = torch.tensor(float(n_in - 1)) / torch.tensor(float(n_out - 1))
+        return (ratio * torch.arange(n_out, dtype=torch.float32)).to(device)
+
+
+    class Interp(nn.Module):
+        \"\"\"DeepLab's Interp: crop by pad_beg/pad_end (<= 0), then an align-corners resize with Caffe's
+        float32 coordinates and truncated indexes (bilinear) or rounding (nearest_neighbor). Output
+        size, first match wins: shrink, zoom, height x width, shrink then zoom, else ref_h x ref_w.\"\"\"
+
+        def __init__(self, shrink=0, zoom=0, height=0, width=0, pad_beg=0, pad_end=0, nearest=False):
+            super().__init__()
+            self.shrink, self.zoom, self.height, self.width = shrink, zoom, height, width
+            self.pad_beg, self.pad_end, self.nearest = pad_beg, pad_end, nearest
+
+        def out_size(self, he: int, we: int, ref_h: int, ref_w: int):
+            if self.shrink and not self.zoom:
+                return (he - 1) // self.shrink + 1, (we - 1) // self.shrink + 1
+            if self.zoom and not self.shrink:
+                return he + (he - 1) * (self.zoom - 1), we + (we - 1) * (self.zoom - 1)
+            if self.height:
+                return self.height, self.width
+            if self.zoom and self.shrink:
+                ho, wo = (he - 1) // self.shrink + 1, (we - 1) // self.shrink + 1
+                return ho + (ho - 1) * (self.zoom - 1), wo + (wo - 1) * (self.zoom - 1)
+            return ref_h, ref_w
+
+        def forward(self, x, ref_h: int = 0, ref_w: int = 0):
+            he = x.shape[2] + self.pad_beg + self.pad_end
+            we = x.shape[3] + self.pad_beg + self.pad_end
+            ho, wo = self.out_size(he, we, ref_h, ref_w)
+            b = -self.pad_beg
+            x = x[:, :, b:b + he, b:b + we]
+            if ho == he and wo == we:
+                return x
+            src_h = _interp_coords(he, ho, x.device)
+            src_w = _interp_coords(we, wo, x.device)
+            if self.nearest:
+                ih = torch.floor(src_h.double() + 0.5).long().clamp(0, he - 1)
+                iw = torch.floor(src_w.double() + 0.5).long().clamp(0, we - 1)
+                return x.index_select(2, ih).index_select(3, iw)
+            h0, w0 = src_h.long(), src_w.long()
+            h1 = torch.where(h0 < he - 1, h0 + 1, h0)
+            w1 = torch.where(w0 < we - 1, w0 + 1, w0)
+            lh = (src_h - h0.float()).to(x.dtype)[:, None]
+            lw = (src_w - w0.float()).to(x.dtype)
+            rows0 = x.index_select(2, h0)
+            rows1 = x.index_select(2, h1)
+            top = (1 - lw) * rows0.index_select(3, w0) + lw * rows0.index_select(3, w1)
+            bot = (1 - lw) * rows1.index_select(3, w0) + lw * rows1.index_select(3, w1)
+            return (1 - lh) * top + lh * bot
+"""
+
+
 @register_layer("Interp")
 class Interp(Layer):
     def parse(self, lp):
@@ -165,6 +223,23 @@ class Interp(Layer):
             _resize(ctx, x, node.outputs[0], sizes, node.name, mode="linear",
                     coordinate_transformation_mode="align_corners")
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        args = []
+        for key, name in (("shrink", "shrink"), ("zoom", "zoom"), ("height", "height"), ("width", "width")):
+            if a[key] is not None:
+                args.append(f"{name}={a[key]}")
+        for key in ("pad_beg", "pad_end"):
+            if a[key]:
+                args.append(f"{key}={a[key]}")
+        if a["type"] == "nearest_neighbor":
+            args.append("nearest=True")
+        m = emit.module(f"{emit.helper(TORCH_INTERP)}({', '.join(args)})")
+        if a["two_bottoms"]:  # the size of the second bottom (when nothing else sets it)
+            ref = emit.inputs[1]
+            return f"{m}({emit.inputs[0]}, {ref}.shape[2], {ref}.shape[3])"
+        return f"{m}({emit.inputs[0]})"
+
 
 def _src_coords(n_in, n_out):
     """Caffe interp2's float32 source coordinates: (n_in-1)/(n_out-1) * i."""
@@ -273,6 +348,20 @@ class Upsample(Layer):
                           axis=2)[0]
         ctx.add_node("Reshape", [sc, ctx.const(np.array([0, 0, ho, wo], np.int64))], [node.outputs[0]])
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        x = emit.inputs[0]
+        if not a["mask"]:
+            sh, sw = a["scale"]
+            return f"{x}.repeat_interleave({sh}, dim=2).repeat_interleave({sw}, dim=3)"
+        mask = emit.inputs[1]
+        ho, wo = self.out_hw(a, *emit.in_shape(0)[2:])
+        n, c = f"{x}.shape[0]", f"{x}.shape[1]"
+        # SegNet's max-unpooling: each value to the output position its mask holds (h * W + w)
+        return (f"torch.zeros([{n}, {c}, {ho * wo}], dtype={x}.dtype, device={x}.device)"
+                f".scatter(2, {mask}.reshape([{n}, {c}, -1]).to(torch.int64), {x}.reshape([{n}, {c}, -1]))"
+                f".reshape([{n}, {c}, {ho}, {wo}])")
+
 
 def _onnx_scalar(v):
     from onnx import numpy_helper
@@ -312,6 +401,11 @@ class ShuffleChannel(Layer):
                          [ctx.tmp(node.name + "_grp")])[0]
         t = ctx.add_node("Transpose", [a], [ctx.tmp(node.name + "_t")], name=node.name, perm=[0, 2, 1, 3])[0]
         ctx.add_node("Reshape", [t, ctx.const(np.array([0] + list(s[1:]), np.int64))], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        # nn.ChannelShuffle: the (group, C/group) view transposed, as forward
+        m = emit.module(f"nn.ChannelShuffle({node.attrs['group']})")
+        return f"{m}({emit.inputs[0]})"
 
 
 # ---- ROIPooling / PSROIPooling -------------------------------------------------------
