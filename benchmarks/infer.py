@@ -5,8 +5,9 @@ at batch 1 and 8 on the CPU, side by side in one run, with:
   opencv        : cv2.dnn.readNetFromCaffe (opencv-python-headless < 5), the anchor
   caffeq        : model.to_torch() as built (one module per Caffe layer)
   caffeq-opt    : BatchNorm+Scale folded into convolutions, channels_last, inference_mode
-Prints images/s and the ratio to OpenCV.  Targets: caffeq-opt >= 1.0x OpenCV at
-batch 8 and >= 0.8x at batch 1.  With a GPU, also CUDA fp32 and fp16.
+  caffeq-compile: caffeq-opt under torch.compile with weight freezing (compiled before timing)
+Prints images/s and the ratio to OpenCV.  Targets: caffeq's best >= 1.0x OpenCV
+at batch 8 and >= 0.8x at batch 1.  With a GPU, also CUDA fp32 and fp16.
 
     python benchmarks/infer.py [--seconds S] [--threads N]
 """
@@ -40,6 +41,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=5.0, help="time per measurement")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile contender")
     args = ap.parse_args()
     import torch
 
@@ -59,9 +61,10 @@ def main():
     model = caffeq.load(proto, weights)
     plain = model.to_torch()
     fast = model.to_torch(optimize=True)
+    compiled = None if args.no_compile else model.to_torch(optimize=True, compile=True)
     rng = np.random.default_rng(0)
     print(f"ResNet-50-shaped Caffe model, CPU, {args.threads} threads, torch {torch.__version__}")
-    print(f"{'batch':>6}{'contender':>14}{'images/s':>12}{'x opencv':>10}")
+    print(f"{'batch':>6}{'contender':>16}{'images/s':>12}{'x opencv':>10}")
     for batch in [int(b) for b in args.batches.split(",")]:
         x = rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
         rates = {}
@@ -75,9 +78,12 @@ def main():
         with torch.inference_mode():
             rates["caffeq"] = batch / timeit(lambda: plain(xt), args.seconds)
             rates["caffeq-opt"] = batch / timeit(lambda: fast(xcl), args.seconds)
+            if compiled is not None:
+                compiled(xcl)  # compile outside the timing
+                rates["caffeq-compile"] = batch / timeit(lambda: compiled(xcl), args.seconds)
         for name, r in rates.items():
             ratio = f"{r / rates['opencv']:.2f}" if "opencv" in rates else "-"
-            print(f"{batch:6d}{name:>14}{r:12.1f}{ratio:>10}")
+            print(f"{batch:6d}{name:>16}{r:12.1f}{ratio:>10}")
     if torch.cuda.is_available():
         for dtype in (torch.float32, torch.float16):
             m = model.to_torch(device="cuda", dtype=dtype, optimize=True)

@@ -58,15 +58,18 @@ class Model:
                 f"outputs {self.outputs}>")
 
     # -- backends -----------------------------------------------------------------
-    def to_torch(self, device="cpu", dtype=None, all_blobs=False, optimize=False):
-        """A torch.fx GraphModule computing the net.
+    def to_torch(self, device="cpu", dtype=None, all_blobs=False, optimize=False, compile=False):
+        """A torch.fx GraphModule computing the net (in eval mode; call .train() to train).
 
         optimize=True folds BatchNorm/Scale into convolutions, drops identities
         and uses channels_last (inference speed; outputs equal within tolerance,
         intermediate blobs of folded layers are no longer available).
+        compile=True wraps it in torch.compile with weight freezing (inference
+        only; the first call compiles, which takes tens of seconds on a CPU).
         """
         from .backends.torch_backend import to_torch
-        return to_torch(self, device=device, dtype=dtype, all_blobs=all_blobs, optimize=optimize)
+        return to_torch(self, device=device, dtype=dtype, all_blobs=all_blobs, optimize=optimize,
+                        compile=compile)
 
     def run(self, inputs, device="cpu", all_blobs=False, batch_size=None, dtype=None):
         """Run on numpy inputs ({blob: array} or one array) -> {blob: numpy array}."""

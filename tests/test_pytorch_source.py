@@ -497,6 +497,12 @@ ZOO = {
                                     'pooling_param { pool: MAX kernel_size: 2 stride: 3 } }'
                                     'layer { name: "q" type: "Pooling" bottom: "data" top: "q" '
                                     'pooling_param { pool: AVE kernel_size: 2 stride: 3 } }'),
+    "pool_pad_one_axis": _net('layer { name: "p" type: "Pooling" bottom: "data" top: "p" '
+                              'pooling_param { pool: MAX kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 3 '
+                              'pad_h: 1 pad_w: 0 } }'
+                              'layer { name: "q" type: "Pooling" bottom: "data" top: "q" '
+                              'pooling_param { pool: AVE kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 3 '
+                              'pad_h: 1 pad_w: 0 } }'),
     "pool_floor": _net('layer { name: "p" type: "Pooling" bottom: "data" top: "p" '
                        'pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 round_mode: FLOOR } }'),
     "pool_stochastic": _net('layer { name: "a" type: "AbsVal" bottom: "data" top: "a" }'
@@ -604,6 +610,28 @@ def test_zoo_bit_for_bit(tmp_path, name, exact):
             assert np.array_equal(v, ref[k], equal_nan=True), f"{k}: {np.abs(v - ref[k]).max()}"
     if name == "shared_params":
         assert net.c2.weight is net.c1.weight and net.c2.bias is net.c1.bias
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_train_mode_gradients(tmp_path, name):
+    model = _randomize(load_from_text(ZOO[name], random_weights=True))
+    info = export_pytorch(model, tmp_path / "o")
+    net = _import(tmp_path / "o" / "model.py").load().train()
+    rng = np.random.default_rng(2)
+    inputs = {b: rng.standard_normal(s).astype(np.float32) for b, s in model.inputs.items()}
+    feed = [t.requires_grad_(True) for t in _feed(model, info, inputs)]
+    out = _outputs(net(*feed), info)
+    sum(v.sum() for v in out.values() if v.requires_grad).backward()
+    for pname, p in net.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), pname
+    assert all(t.grad is not None for t in feed)
+
+
+def test_pooling_drops_the_last_window_on_both_axes_when_any_is_padded():
+    """BVLC PoolingLayer::Reshape: `if (pad_h_ || pad_w_)` a last window starting at or past
+    the padded end is dropped on both axes (W = 9, kernel 2, stride 3: ceil(7/3) + 1 = 4 -> 3)."""
+    model = load_from_text(ZOO["pool_pad_one_axis"], random_weights=True)
+    assert model.blob_shapes["p"] == (2, 3, 4, 3) and model.blob_shapes["q"] == (2, 3, 4, 3)
 
 
 def test_every_required_type_is_supported():

@@ -102,8 +102,8 @@ def emit_pooling(ctx, node, attrs, x, y):
         r = _fill(ctx, node, r, valid, out, 0.0)
         # Caffe divides each window's sum by its area clipped at H + pad; the empty windows
         # (sum 0) divide by an area <= 0: NaN for 0, a zero otherwise
-        dh = _ave_divisors(h, k[0], s[0], p[0], out[0]).astype(np.float64)
-        dw = _ave_divisors(w, k[1], s[1], p[1], out[1]).astype(np.float64)
+        dh = np.asarray(_ave_divisors(h, k[0], s[0], p[0], out[0]), np.float64)
+        dw = np.asarray(_ave_divisors(w, k[1], s[1], p[1], out[1]), np.float64)
         area = np.outer(dh, dw)
         ratio = np.ones_like(area)
         ratio[:valid[0], :valid[1]] = (k[0] * k[1]) / area[:valid[0], :valid[1]]

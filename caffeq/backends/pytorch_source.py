@@ -13,6 +13,10 @@ Caffe's (x - mean) / sqrt(var + eps) * w + b: equal within float32 rounding,
 not bit for bit; `exact_batchnorm=True` keeps Caffe's order in a subclass of
 nn.BatchNorm2d.
 
+The generated modules train (model.train(): BatchNorm batch statistics,
+Dropout), and both torch.export (with a dynamic batch) and torch.jit.script
+accept them; a Parameter layer's blob keeps the shape the prototxt declares.
+
 The export refuses (ExportError, nothing written) when any layer has no
 PyTorch source, listing all of them at once.
 """

@@ -124,7 +124,7 @@ def resolve_device(device):
     return dev
 
 
-def to_torch(model, device="cpu", dtype=None, all_blobs=False, optimize=False):
+def to_torch(model, device="cpu", dtype=None, all_blobs=False, optimize=False, compile=False):
     if any(n.has_params and n.blobs is None for n in model.graph.nodes):
         missing = [n.name for n in model.graph.nodes if n.has_params and n.blobs is None]
         raise DataError(f"{model.prototxt}: no weights for layers {', '.join(missing[:5])}"
@@ -139,6 +139,10 @@ def to_torch(model, device="cpu", dtype=None, all_blobs=False, optimize=False):
     if optimize:
         gm.to(memory_format=torch.channels_last)
     gm.eval()
+    if compile:
+        # inductor with freezing prepacks convolution weights once (eager oneDNN
+        # reorders them on every call, which dominates at batch 1); inference only
+        return torch.compile(gm, options={"freezing": True})
     return gm
 
 

@@ -287,6 +287,8 @@ class BatchNorm(Layer):
                       "divided by its moving-average factor. In eval mode they compute x * a + b, "
                       "Caffe's (x - mean) / sqrt(var + eps) * w + b up to float32 rounding (caffeq's "
                       "exact_batchnorm=True keeps Caffe's order).")
+        emit.note("BatchNorm momentum is 1 - Caffe's moving_average_fraction, Caffe's averaging "
+                  "(PyTorch's default is 0.1).")
         return f"{m}({emit.inputs[0]})"
 
 

@@ -8,7 +8,6 @@ probability-weighted average sum(x^2)/sum(x) over the unpadded window.
 """
 import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -19,12 +18,14 @@ CEIL, FLOOR = 0, 1
 FLT_MIN = 1.1754943508222875e-38
 
 
-def pooled_size(size, k, s, p, round_mode=CEIL):
+def pooled_size(size, k, s, p, round_mode=CEIL, padded=None):
+    """Caffe's pooled size along one axis; `padded`: whether the layer has any pad (Caffe
+    drops a last window starting in the padding on both axes when pad_h or pad_w is set)."""
     if round_mode == CEIL:
         out = int(math.ceil((size + 2 * p - k) / s)) + 1
     else:
         out = (size + 2 * p - k) // s + 1
-    if p and (out - 1) * s >= size + p:
+    if (p if padded is None else padded) and (out - 1) * s >= size + p:
         out -= 1
     return out
 
@@ -58,14 +59,14 @@ def window(attrs, h, w):
     if attrs["global"]:
         return (h, w), (1, 1), (0, 0), (1, 1)
     k, s, p = attrs["kernel"], attrs["stride"], attrs["pad"]
-    out = tuple(pooled_size(n, kk, ss, pp, attrs["round_mode"]) for n, kk, ss, pp in zip((h, w), k, s, p))
+    out = tuple(pooled_size(n, kk, ss, pp, attrs["round_mode"], padded=any(p))
+                for n, kk, ss, pp in zip((h, w), k, s, p))
     return k, s, p, out
 
 
 def _ave_divisors(size, k, s, p, out):
-    starts = np.arange(out) * s - p
-    ends = np.minimum(starts + k, size + p)
-    return (ends - starts).astype(np.float32)
+    """Caffe's AVE divisor per output position along one axis (window clipped to the padded extent)."""
+    return [min(o * s - p + k, size + p) - (o * s - p) for o in range(out)]
 
 
 def caffe_pool(x, attrs):
@@ -88,10 +89,9 @@ def caffe_pool(x, attrs):
         xp = F.pad(x, pads) if any(pads) else x
         y = F.avg_pool2d(xp, k, s, divisor_override=1)
         y = y[..., :out[0], :out[1]]
-        dh = _ave_divisors(h, k[0], s[0], p[0], out[0])
-        dw = _ave_divisors(w, k[1], s[1], p[1], out[1])
-        div = torch.from_numpy(np.outer(dh, dw)).to(device=y.device, dtype=y.dtype)
-        return y / div
+        dh = torch.tensor(_ave_divisors(h, k[0], s[0], p[0], out[0]), dtype=y.dtype, device=y.device)
+        dw = torch.tensor(_ave_divisors(w, k[1], s[1], p[1], out[1]), dtype=y.dtype, device=y.device)
+        return y / (dh[:, None] * dw[None, :])
     else:  # STOCHASTIC at test: windows start at 0 (Caffe ignores pad here) and clip at the edge
         xr = F.pad(x, (0, max(0, (out[1] - 1) * s[1] + k[1] - w), 0, max(0, (out[0] - 1) * s[0] + k[0] - h)))
         num = F.avg_pool2d(xr * xr, k, s, divisor_override=1)
@@ -107,14 +107,14 @@ def caffe_pool(x, attrs):
 TORCH_POOL_FUNCTION = """
     def caffe_pool2d(x, mode: str, kernel: list[int], stride: list[int], pad: list[int], ceil: bool):
         \"\"\"Caffe's Pooling: out = ceil((H + 2p - k) / s) + 1 (floor with round_mode FLOOR), and with
-        pad > 0 a last window starting in the bottom/right padding is dropped. MAX ignores padding,
+        any pad a last window starting in the bottom/right padding is dropped. MAX ignores padding,
         AVE divides by the window clipped to the padded input, STOCHASTIC (test) is sum(x^2) / sum(x).\"\"\"
         size = [x.shape[2], x.shape[3]]
         out = [0, 0]
         for i in range(2):
             span = size[i] + 2 * pad[i] - kernel[i]
             out[i] = -(-span // stride[i]) + 1 if ceil else span // stride[i] + 1
-            if pad[i] > 0 and (out[i] - 1) * stride[i] >= size[i] + pad[i]:
+            if (pad[0] > 0 or pad[1] > 0) and (out[i] - 1) * stride[i] >= size[i] + pad[i]:
                 out[i] -= 1
         if mode == "stochastic":  # windows start at 0 (Caffe ignores pad here) and clip at the edge
             right = max(0, (out[1] - 1) * stride[1] + kernel[1] - size[1])
@@ -184,15 +184,15 @@ _TORCH_MODES = {MAX: "max", AVE: "ave", STOCHASTIC: "stochastic"}
 def _torch_standard_pool(attrs):
     """True where nn.MaxPool2d / nn.AvgPool2d(ceil_mode, count_include_pad=True) size and
     average windows exactly as Caffe: torch's ceil correction (drop a last window that starts
-    at or past H + pad) also applies at pad 0, where it can only trigger with stride > kernel,
-    and torch wants pad <= kernel / 2."""
+    at or past H + pad) applies even without any pad, where Caffe's does not (it can only
+    trigger with stride > kernel), and torch wants pad <= kernel / 2."""
     if attrs["pool"] not in (MAX, AVE):
         return False
-    for k, s, p in zip(attrs["kernel"], attrs["stride"], attrs["pad"]):
-        if p > k // 2:
-            return False
-        if attrs["round_mode"] == CEIL and p == 0 and s > k:
-            return False
+    if any(p > k // 2 for k, p in zip(attrs["kernel"], attrs["pad"])):
+        return False
+    if attrs["round_mode"] == CEIL and not any(attrs["pad"]) and \
+            any(s > k for k, s in zip(attrs["kernel"], attrs["stride"])):
+        return False
     return True
 
 
