@@ -547,3 +547,23 @@ def test_quantized_models_export(scheme, tmp_path):
     got = run_onnx(q, out, case.inputs)
     for k in ref:
         assert_rel(got[k], ref[k], f"{scheme}/{k}")
+
+
+def test_batchnorm_without_global_stats_uses_batch_statistics(tmp_path):
+    """use_global_stats: false normalizes by the batch's statistics at test time, in ONNX too."""
+    import onnxruntime as ort
+
+    from caffeq.model import load_from_text
+    m = load_from_text("""
+    layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 4 dim: 3 dim: 5 dim: 2 } } }
+    layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn" batch_norm_param { use_global_stats: false } }
+    """, random_weights=True)
+    x = np.random.default_rng(0).standard_normal((4, 3, 5, 2)).astype(np.float32) * 3 + 1
+    mean = x.mean(axis=(0, 2, 3), keepdims=True)
+    ref = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=(0, 2, 3), keepdims=True) + 1e-5)
+    np.testing.assert_allclose(m.run(x)["bn"], ref, rtol=1e-5, atol=1e-5)
+    for optimize in (False, True):
+        path = tmp_path / f"bn{optimize}.onnx"
+        m.export_onnx(str(path), optimize=optimize)
+        got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"data": x})[0]
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

@@ -205,6 +205,21 @@ class BatchNorm(Layer):
         a = node.attrs
         x, out = node.inputs[0], node.outputs[0]
         rank = len(ctx.shape(x))
+        if not self._uses_global(a, False):
+            # use_global_stats: false normalizes by the batch's own (biased) statistics at test too
+            axes = [0] + list(range(2, rank))
+            mean = onnx_reduce(ctx, "ReduceMean", x, axes, True)
+            centred = ctx.tmp(node.name + "_centred")
+            ctx.add_node("Sub", [x, mean], [centred], name=node.name)
+            square = ctx.tmp(node.name + "_sq")
+            ctx.add_node("Mul", [centred, centred], [square])
+            var = onnx_reduce(ctx, "ReduceMean", square, axes, True)
+            var_eps = ctx.tmp(node.name + "_var_eps")
+            ctx.add_node("Add", [var, ctx.const(np.array(a["eps"], np.float32))], [var_eps])
+            std = ctx.tmp(node.name + "_std")
+            ctx.add_node("Sqrt", [var_eps], [std])
+            ctx.add_node("Div", [centred, std], [out])
+            return
         if a["scale_bias"]:
             mean = np.asarray(node.blobs[0], np.float32)
             var = np.asarray(node.blobs[1], np.float32)
