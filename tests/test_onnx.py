@@ -170,8 +170,8 @@ def caffe_pool_reference(x, kernel, stride, pad, pool, ceil=True, global_pool=Fa
                 he, we = min(hs + kh, h), min(ws + kw, w)
                 hs, ws = max(hs, 0), max(ws, 0)
                 win = xd[:, :, hs:he, ws:we]
-                # an empty window: Caffe leaves -FLT_MAX, caffeq's torch module -inf
-                y[:, :, i, j] = win.max((2, 3)) if win.size else -np.inf
+                # an empty window keeps Caffe's initial value -FLT_MAX
+                y[:, :, i, j] = win.max((2, 3)) if win.size else -np.finfo(np.float32).max
             else:
                 he, we = min(hs + kh, h + ph), min(ws + kw, w + pw)
                 size = (he - hs) * (we - ws)

@@ -15,12 +15,12 @@ Caffe's windows (a Slice trims any extra row):
 - Windows holding no cell at all (ceil rounding with stride > kernel and no
   pad) are left out of the pooling, since ONNX wants pads < kernel, and filled
   with what Caffe's loops leave there: 0 / (area <= 0) for AVE (NaN or 0),
-  0 for STOCHASTIC, and -inf for MAX like the torch module (Caffe: -FLT_MAX).
+  0 for STOCHASTIC, and -FLT_MAX for MAX (Caffe's initial value, as the torch module).
 """
 import numpy as np
 
 from ..errors import ExportError
-from ..layers.pooling import AVE, FLT_MIN, MAX, STOCHASTIC, _ave_divisors, window
+from ..layers.pooling import AVE, FLT_MAX, FLT_MIN, MAX, STOCHASTIC, _ave_divisors, window
 
 
 def _plan(size, k, s, begin, out, limit):
@@ -93,7 +93,7 @@ def emit_pooling(ctx, node, attrs, x, y):
         plans = [_plan(n, kk, ss, pp, o, n) for n, kk, ss, pp, o in zip(sizes, k, s, p, out)]
         valid = [pl[0] for pl in plans]
         r = _pool(ctx, node, "MaxPool", x, k, s, p, plans)
-        r = _fill(ctx, node, r, valid, out, -np.inf)
+        r = _fill(ctx, node, r, valid, out, -FLT_MAX)
     elif pool == AVE:
         # a window reaches at most H + pad; one starting there has nothing to average
         plans = [_plan(n, kk, ss, pp, o, n + pp) for n, kk, ss, pp, o in zip(sizes, k, s, p, out)]

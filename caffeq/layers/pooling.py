@@ -16,6 +16,7 @@ from .registry import Layer, LayerError, register_layer, spatial_params
 MAX, AVE, STOCHASTIC = 0, 1, 2
 CEIL, FLOOR = 0, 1
 FLT_MIN = 1.1754943508222875e-38
+FLT_MAX = 3.4028234663852886e38
 
 
 def pooled_size(size, k, s, p, round_mode=CEIL, padded=None):
@@ -84,7 +85,9 @@ def caffe_pool(x, attrs):
     pads = (p[1], max(0, extra[1]), p[0], max(0, extra[0]))
     if attrs["pool"] == MAX:
         xp = F.pad(x, pads, value=float("-inf")) if any(pads) else x
-        y = F.max_pool2d(xp, k, s)
+        # Caffe starts every window at -FLT_MAX: a window with no cell (stride > kernel,
+        # ceil rounding) keeps that value, and -inf never wins
+        y = F.max_pool2d(xp, k, s).clamp_min(-FLT_MAX)
     elif attrs["pool"] == AVE:
         xp = F.pad(x, pads) if any(pads) else x
         y = F.avg_pool2d(xp, k, s, divisor_override=1)
