@@ -2,6 +2,7 @@
 import json
 import os
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -295,3 +296,15 @@ def test_int4_onnx_is_one_eighth(big, tmp_path, monkeypatch):
     b.export_onnx(str(tmp_path / "b4.onnx"), opset=21)
     # INT4 codes are exactly 1/8; alpha and the fp32 bias come on top
     assert os.path.getsize(tmp_path / "b4.onnx") <= fp32_bytes / 8 + 2 * 512 * 4 + 8192
+
+
+def test_train_val_caffeq_written_elsewhere_finds_its_data(tmp_path):
+    """A .caffeq of a train_val net resolves its LMDB relative to the original prototxt's folder."""
+    import caffeq
+    from caffeq.io.container import save_caffeq
+    digits = Path(__file__).resolve().parents[1] / "examples" / "digits"
+    model = caffeq.load(str(digits / "train_val.prototxt"), str(digits / "model.caffemodel"))
+    out = tmp_path / "tv.caffeq"
+    save_caffeq(model, str(out))
+    back = caffeq.load(str(out))
+    assert back.inputs == model.inputs

@@ -195,6 +195,9 @@ def save_caffeq(model, path):
         "layout": json.dumps(layout, separators=(",", ":")),
         "quantization": json.dumps(dict(getattr(model, "quantization", {}) or {})),
         "report": report.to_json() if report is not None else "",
+        # data layers name their sources relative to the original prototxt's folder
+        "source_dir": os.path.dirname(os.path.abspath(model.prototxt)) if getattr(model, "prototxt", None)
+        else "",
     }
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
@@ -319,6 +322,17 @@ def read_caffeq(path):
     return meta, net, blobs, quant
 
 
+def _data_base_dir(net, path, source_dir):
+    """Where relative data sources resolve: beside the .caffeq file, else the original prototxt's folder."""
+    here = os.path.dirname(os.path.abspath(path))
+    sources = [lp.data_param.source or lp.image_data_param.source for lp in net.layer
+               if lp.data_param.source or lp.image_data_param.source]
+    if source_dir and os.path.isdir(source_dir) and not all(
+            os.path.isabs(s) or os.path.exists(os.path.join(here, s)) for s in sources):
+        return source_dir
+    return here
+
+
 def load_caffeq(path, phase="TEST", batch=None):
     """A .caffeq file -> Model with the stored (dequantized) weights and their quantization."""
     from ..ir import attach_weights, build_graph, share_params
@@ -326,7 +340,7 @@ def load_caffeq(path, phase="TEST", batch=None):
     path = os.fspath(path)
     meta, net, blobs, quant = read_caffeq(path)
     graph = build_graph(net, None, phase=phase, batch=batch, source=path,
-                        base_dir=os.path.dirname(os.path.abspath(path)))
+                        base_dir=_data_base_dir(net, path, meta.get("source_dir") or ""))
     attach_weights(graph, {k: [b for b in v] for k, v in blobs.items()}, path, path)
     share_params(graph)
     for node in graph.nodes:
