@@ -1,5 +1,6 @@
 """caffeq: read, run, quantize and export Caffe models."""
 from .backends.onnx_backend import export_onnx
+from .backends.pytorch_source import export_pytorch
 from .errors import CaffeqError
 from .evaluate import evaluate
 from .layers import Layer, LayerError, register_layer, supported_types
@@ -7,5 +8,5 @@ from .model import Model, load
 from .quant import quantize
 
 __version__ = "0.1.0"
-__all__ = ["CaffeqError", "Layer", "LayerError", "Model", "evaluate", "export_onnx", "load", "quantize",
+__all__ = ["CaffeqError", "Layer", "LayerError", "Model", "evaluate", "export_onnx", "export_pytorch", "load", "quantize",
            "register_layer", "supported_types"]

@@ -72,8 +72,11 @@ def data_layer(model):
     return None
 
 
-def _net_data_layer(net, phase, source, base_dir):
-    """(LayerInfo, LayerParameter) of the prototxt's data layer in `phase`, without reading its source."""
+def phase_data_layer(net, phase, source, base_dir):
+    """(LayerInfo, LayerParameter) of the net's Data/ImageData layer in `phase`, or (None, None).
+
+    Its source is not opened.
+    """
     from .ir import filter_layers
     from .layers import get_spec
     from .layers.registry import LayerError
@@ -488,7 +491,7 @@ def _prepare(model, data, weights, phase, ignore_unknown, limit, opts):
             warnings = []
             net = read_net(path, ignore_unknown=ignore_unknown, warnings=warnings)
             base_dir = os.path.dirname(os.path.abspath(path))
-            layer, lp = _net_data_layer(net, phase, path, base_dir)
+            layer, lp = phase_data_layer(net, phase, path, base_dir)
             if layer is None:
                 model = load(path, weights, phase=phase, net=net)
             else:

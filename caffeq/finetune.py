@@ -60,6 +60,7 @@ import torch
 from torch import nn
 
 from .errors import CaffeqError, DataError
+from .evaluate import phase_data_layer
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("cosine", "step", "constant")
@@ -283,31 +284,6 @@ def reestimate_batchnorm(gm, batches, feed=None):
 
 
 # ---- data ----------------------------------------------------------------------------------
-
-@dataclass
-class _LayerInfo:
-    type: str
-    name: str
-    tops: list
-    attrs: dict
-
-
-def phase_data_layer(net, phase, source, base_dir):
-    """(info, LayerParameter) of the net's Data/ImageData layer in `phase`, or (None, None).
-    Its source is not opened."""
-    from .ir import filter_layers
-    from .layers import get_spec
-    from .layers.registry import LayerError
-    for lp in filter_layers(net, phase, source=source):
-        if lp.type in ("Data", "ImageData"):
-            try:
-                attrs = get_spec(lp.type).parse(lp)
-            except LayerError as e:
-                raise LayerError(f"{source}: layer '{lp.name}' ({lp.type}): {e}") from None
-            attrs["base_dir"] = base_dir
-            return _LayerInfo(lp.type, lp.name, list(lp.top), attrs), lp
-    return None, None
-
 
 def _to_input_layer(lp, shapes):
     """Turn a data layer into an Input layer with these top shapes (phase rules kept)."""

@@ -81,6 +81,11 @@ class Model:
         from .backends.onnx_backend import export_onnx
         return export_onnx(self, path, **kwargs)
 
+    def export_pytorch(self, out, **kwargs):
+        """Write a standalone model.py + weights (see caffeq.backends.pytorch_source)."""
+        from .backends.pytorch_source import export_pytorch
+        return export_pytorch(self, out, **kwargs)
+
     def reshaped(self, batch):
         """The same model with every input's batch dimension set to `batch`."""
         graph = build_graph(self.net, None, phase=self.phase, batch=batch, source=self.prototxt or "",

@@ -242,15 +242,8 @@ def prepare_data(model, data=None, *, weights=None, batch_size=None, device="cpu
     """(Model with Input layers for its data layer, loader, feeder, score blob, DataPlan) for a
     model path or caffeq.Model and a data source (default: the TEST-phase data layer's)."""
     from .backends.torch_backend import resolve_device
-    from .evaluate import build_dataset, data_layer, plan_data
-    from .finetune import (
-        Feeder,
-        _loader,
-        _probe_shape,
-        load_phase,
-        phase_data_layer,
-        score_blob,
-    )
+    from .evaluate import build_dataset, data_layer, phase_data_layer, plan_data
+    from .finetune import Feeder, _loader, _probe_shape, load_phase, score_blob
     from .model import Model, read_net
     dev = resolve_device(device)
     if data is not None and not os.path.exists(os.fspath(data)):

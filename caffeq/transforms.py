@@ -91,6 +91,13 @@ def _blob_free_between(graph, blob, first, last, skip=()):
     return True
 
 
+def _transformed(model, transform, **options):
+    """(Model rebuilt from transform(copy of model's graph, **options), what transform returned)."""
+    graph = _copy_graph(model.graph)
+    count = transform(graph, **options)
+    return _rebuild(model, graph), count
+
+
 def _rebuild(model, graph):
     """A Model whose graph is what build_graph makes of the transformed layers.
 
@@ -260,9 +267,7 @@ def _replace_chain(graph, first, chain, new_node):
 
 def fold_batchnorm(model):
     """BatchNorm [+ Scale] into the preceding conv/deconv/inner product; lone ones into one Scale."""
-    graph = _copy_graph(model.graph)
-    folded = _fold_batchnorm(graph)
-    m = _rebuild(model, graph)
+    m, folded = _transformed(model, _fold_batchnorm)
     m.transforms.append(("fold_batchnorm", folded))
     return m
 
@@ -478,13 +483,9 @@ def _remove_identities(graph, keep_silence=False):
 def _checked(model, transform):
     """Run a graph transform and rebuild; if the net's outputs moved (a Silence hid a top that
     feeds nothing else), run it again keeping the Silence layers."""
-    graph = _copy_graph(model.graph)
-    count = transform(graph)
-    m = _rebuild(model, graph)
+    m, count = _transformed(model, transform)
     if sorted(m.outputs) != sorted(model.outputs):
-        graph = _copy_graph(model.graph)
-        count = transform(graph, keep_silence=True)
-        m = _rebuild(model, graph)
+        m, count = _transformed(model, transform, keep_silence=True)
     return m, count
 
 
@@ -508,9 +509,7 @@ def _keeps_batch(node, in_shape):
 
 def merge_reshapes(model):
     """Reshape/Flatten followed by Reshape/Flatten (sole consumer) -> one Reshape."""
-    graph = _copy_graph(model.graph)
-    merged = _merge_reshapes(graph)
-    m = _rebuild(model, graph)
+    m, merged = _transformed(model, _merge_reshapes)
     m.transforms.append(("merge_reshapes", merged))
     return m
 

@@ -21,6 +21,7 @@ from collections import Counter
 import numpy as np
 
 from ..errors import CaffeqError, ExportError
+from ..io.wire import len_field
 
 DEFAULT_OPSET = 21
 MIN_OPSET = 13
@@ -471,16 +472,8 @@ def _output_dims(name, caffe, dyn, fixed, inferred, where, notes, symbols=()):
 
 # ---- building and writing the ModelProto ----------------------------------------------------
 
-def _varint(n):
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
+# Fields written by hand around the initializers' raw bytes (onnx.proto)
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
 
 
 def _tensor_header(name, init):
@@ -523,7 +516,7 @@ def _graph_rest(g):
 
 
 def _embedded_size(header_bytes, nbytes):
-    return len(header_bytes) + 1 + len(_varint(nbytes)) + nbytes
+    return len(header_bytes) + len(len_field(_TENSOR_RAW_DATA, nbytes)) + nbytes
 
 
 def _write_model(path, model_rest, graph_rest, layout, data_path=None, data_location=None,
@@ -546,16 +539,16 @@ def _write_model(path, model_rest, graph_rest, layout, data_path=None, data_loca
             hb = h.SerializeToString()
             msg_len = _embedded_size(hb, init.nbytes())
         headers.append((hb, msg_len))
-    graph_len = len(graph_rest) + sum(1 + len(_varint(m)) + m for _, m in headers)
+    graph_len = len(graph_rest) + sum(len(len_field(_GRAPH_INITIALIZER, m)) + m for _, m in headers)
     with _Out(path, sources) as f:
         f.write(model_rest)
-        f.write(b"\x3a" + _varint(graph_len))          # ModelProto.graph (field 7)
+        f.write(len_field(_MODEL_GRAPH, graph_len))
         f.write(graph_rest)
         for (name, init, tp, ext, off), (hb, msg_len) in zip(layout.items, headers):
-            f.write(b"\x2a" + _varint(msg_len))          # GraphProto.initializer (field 5)
+            f.write(len_field(_GRAPH_INITIALIZER, msg_len))
             f.write(hb)
             if not ext:
-                f.write(b"\x4a" + _varint(init.nbytes()))  # TensorProto.raw_data (field 9)
+                f.write(len_field(_TENSOR_RAW_DATA, init.nbytes()))
                 where.append((name, path, f.pos, init.nbytes()))
                 f.write_init(init)
     if data_path is not None:
@@ -786,15 +779,16 @@ def _check_written(folder, twin):
 
 # ---- the public entry point -------------------------------------------------------------------
 
-def _parse_batch(batch):
+def parse_batch(batch, name="batch"):
+    """'dynamic' (or None, "N") -> None, else the fixed batch size; `name` is the option in messages."""
     if batch in (None, "dynamic", "N"):
         return None
     try:
         b = int(batch)
     except (TypeError, ValueError):
-        raise ExportError(f"batch must be 'dynamic' or a positive integer, got {batch!r}") from None
+        raise ExportError(f"{name} must be 'dynamic' or a positive integer, got {batch!r}") from None
     if b < 1:
-        raise ExportError(f"batch must be >= 1, got {b}")
+        raise ExportError(f"{name} must be >= 1, got {b}")
     return b
 
 
@@ -846,7 +840,7 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
     from ..commands.common import atomic_path
 
     opset = _parse_opset(opset)
-    fixed = _parse_batch(batch)
+    fixed = parse_batch(batch)
     source = model.prototxt or model.name or ""
     path = os.fspath(path)
     protected = [model.prototxt, model.weights_path] + [os.fspath(p) for p in inputs if p]
@@ -1022,4 +1016,5 @@ def format_stats(stats):
     return "\n".join(lines)
 
 
-__all__ = ["DEFAULT_OPSET", "MIN_OPSET", "OnnxContext", "emit_graph", "export_onnx", "format_stats"]
+__all__ = ["DEFAULT_OPSET", "MIN_OPSET", "OnnxContext", "emit_graph", "export_onnx", "format_stats",
+           "parse_batch"]

@@ -41,33 +41,11 @@ def _plain_mode(path):
 
 
 @contextmanager
-def atomic_output(path, mode="wb", inputs=()):
-    """Write to a temporary file beside `path`, rename on success, delete on failure."""
-    path = os.fspath(path)
-    target = os.path.abspath(path)
-    for src in inputs:
-        if src and os.path.exists(src) and os.path.exists(target) and os.path.samefile(src, target):
-            raise CaffeqError(f"{path}: refusing to overwrite an input file")
-    folder = os.path.dirname(target) or "."
-    if not os.path.isdir(folder):
-        raise CaffeqError(f"{path}: folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=".caffeq-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, mode) as f:
-            yield f
-        _plain_mode(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-@contextmanager
 def atomic_path(path, inputs=()):
-    """Like atomic_output but yields a temporary *path* for writers that open files themselves."""
+    """Yield a temporary path beside `path`; rename it onto `path` on success, delete it on failure.
+
+    For writers that open files themselves. inputs: files that `path` must not be.
+    """
     path = os.fspath(path)
     target = os.path.abspath(path)
     for src in inputs:
@@ -90,6 +68,14 @@ def atomic_path(path, inputs=()):
         raise
 
 
+@contextmanager
+def atomic_output(path, mode="wb", inputs=()):
+    """atomic_path, yielding the temporary file opened in `mode`."""
+    # the file is closed before atomic_path renames (or deletes) it
+    with atomic_path(path, inputs) as tmp, open(tmp, mode) as f:
+        yield f
+
+
 def write_json(path, obj):
     if path in (None, "-"):
         json.dump(obj, sys.stdout, indent=1)
@@ -97,3 +83,98 @@ def write_json(path, obj):
         return
     with atomic_output(path, "w") as f:
         json.dump(obj, f, indent=1)
+
+
+# ---- model outputs and messages shared by convert and finetune ---------------------------
+
+MODEL_FORMATS = (".onnx", ".caffemodel", ".caffeq")
+
+
+def display_path(path):
+    """`path` relative to the current folder when it lies below it (shorter messages), else as given."""
+    try:
+        r = os.path.relpath(path)
+        return r if not r.startswith("..") else path
+    except ValueError:   # another drive (Windows)
+        return path
+
+
+def format_bytes(n):
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n} B"
+
+
+def layer_names_arg(value, flag, verb="quantize"):
+    """A --keep/--only value -> None (not given), "none" or a list of layer names.
+
+    verb: what the command does to the layers --only names (for the error message).
+    """
+    if value is None:
+        return None
+    if value.strip().lower() == "none":
+        if flag == "--only":
+            raise CaffeqError(f"--only none would {verb} nothing; name layers or drop --only")
+        return "none"
+    names = [v.strip() for v in value.split(",")]
+    if any(not v for v in names):
+        raise CaffeqError(f"{flag}: empty layer name in {value!r}")
+    return names
+
+
+def model_output_format(out, protected):
+    """The format (extension) of the model file `-o out`; refuses unknown formats, folders and inputs."""
+    ext = os.path.splitext(out)[1].lower()
+    if ext not in MODEL_FORMATS:
+        raise CaffeqError(f"-o {out}: unknown output format {ext or '(no extension)'}; "
+                          f"use one of {', '.join(MODEL_FORMATS)}")
+    if os.path.isdir(out):
+        raise CaffeqError(f"-o {out}: is a folder")
+    for src in protected:
+        if os.path.exists(out) and os.path.exists(src) and os.path.samefile(src, out):
+            raise CaffeqError(f"{out}: refusing to overwrite an input file")
+    return ext
+
+
+def write_model_file(model, out, protected, **onnx_options):
+    """Write `model` in the format of out's extension -> (files written, ONNX export stats or None).
+
+    protected: input files none of the outputs may replace; onnx_options go to export_onnx.
+    """
+    ext = os.path.splitext(out)[1].lower()
+    written = [out]
+    onnx_stats = None
+    if ext == ".onnx":
+        from ..backends.onnx_backend import export_onnx
+        onnx_stats = export_onnx(model, out, inputs=protected, **onnx_options)
+        if onnx_stats.get("data_file"):
+            written.append(onnx_stats["data_file"])
+    elif ext == ".caffemodel":
+        written.append(_write_caffemodel(model, out, protected))
+    else:
+        _write_caffeq(model, out, protected)
+    return written, onnx_stats
+
+
+def _write_caffemodel(model, out, protected):
+    """out (.caffemodel) and the prototxt beside it (same stem) -> the prototxt's path."""
+    from ..io.writer import net_to_text, write_model_caffemodel
+    proto = os.path.splitext(out)[0] + ".prototxt"
+    for src in protected:
+        if src and os.path.exists(src) and os.path.exists(proto) and os.path.samefile(src, proto):
+            raise CaffeqError(f"{proto}: the prototxt written beside {out} would overwrite an input "
+                              f"file; choose another -o name")
+    text = net_to_text(model.net)
+    # both files appear together or not at all
+    with atomic_path(out, inputs=protected) as tmp_model, atomic_path(proto, inputs=protected) as tmp_proto:
+        write_model_caffemodel(model, tmp_model)
+        with open(tmp_proto, "w") as f:
+            f.write(text)
+    return proto
+
+
+def _write_caffeq(model, out, protected):
+    from ..io.container import save_caffeq
+    with atomic_path(out, inputs=protected) as tmp:
+        save_caffeq(model, tmp)

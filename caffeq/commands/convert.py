@@ -6,9 +6,15 @@ import sys
 import numpy as np
 
 from ..errors import CaffeqError, DataError
+from .common import (
+    display_path,
+    format_bytes,
+    layer_names_arg,
+    model_output_format,
+    write_model_file,
+)
 
 TARGETS = ("fp32", "fp16", "int8", "binary")
-FORMATS = (".onnx", ".caffemodel", ".caffeq")
 
 _DESCRIPTION = """\
 Quantize a Caffe model's weights and write it as ONNX, Caffe or caffeq's own
@@ -96,53 +102,14 @@ def find_weights(prototxt):
     return None
 
 
-def _rel(path):
-    try:
-        r = os.path.relpath(path)
-        return r if not r.startswith("..") else path
-    except ValueError:
-        return path
-
-
-def _parse_batch(value):
-    if value in (None, "dynamic", "N"):
-        return "dynamic"
-    try:
-        b = int(value)
-    except ValueError:
-        raise CaffeqError(f"--batch must be 'dynamic' or a positive integer, got {value!r}") from None
-    if b < 1:
-        raise CaffeqError(f"--batch must be >= 1, got {b}")
-    return b
-
-
 def _parse_opset(value):
+    # the range is checked by export_onnx: other formats only warn that --opset does not apply
     if value is None:
         return None
     try:
         return int(value)
     except ValueError:
         raise CaffeqError(f"--opset must be an integer (13 or newer), got {value!r}") from None
-
-
-def _names(value, flag):
-    if value is None:
-        return None
-    if value.strip().lower() == "none":
-        if flag == "--only":
-            raise CaffeqError("--only none would quantize nothing; name layers or drop --only")
-        return "none"
-    names = [v.strip() for v in value.split(",")]
-    if any(not v for v in names):
-        raise CaffeqError(f"{flag}: empty layer name in {value!r}")
-    return names
-
-
-def _fmt_bytes(n):
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n} B"
 
 
 def _read_probe(path, model):
@@ -191,39 +158,10 @@ def probe(fp32_model, quant_model, inputs):
     return rows
 
 
-# ---- writers -------------------------------------------------------------------------
-
-def _beside_prototxt(path):
-    return os.path.splitext(path)[0] + ".prototxt"
-
-
-def _write_caffemodel(model, out, protected):
-    from ..io.writer import net_to_text, write_model_caffemodel
-    from .common import atomic_path
-    proto = _beside_prototxt(out)
-    for src in protected:
-        if src and os.path.exists(src) and os.path.exists(proto) and os.path.samefile(src, proto):
-            raise CaffeqError(f"{proto}: the prototxt written beside {out} would overwrite an input "
-                              f"file; choose another -o name")
-    text = net_to_text(model.net)
-    # both files appear together or not at all
-    with atomic_path(out, inputs=protected) as tmp_model, atomic_path(proto, inputs=protected) as tmp_proto:
-        write_model_caffemodel(model, tmp_model)
-        with open(tmp_proto, "w") as f:
-            f.write(text)
-    return proto
-
-
-def _write_caffeq(model, out, protected):
-    from ..io.container import save_caffeq
-    from .common import atomic_path
-    with atomic_path(out, inputs=protected) as tmp:
-        save_caffeq(model, tmp)
-
-
 # ---- the command ---------------------------------------------------------------------------
 
 def run(args):
+    from ..backends.onnx_backend import parse_batch
     from ..model import load
     from ..quant import get_quantizer, quantize
 
@@ -241,12 +179,12 @@ def run(args):
         if weights is None:
             raise CaffeqError(f"{model_path}: no .caffemodel beside it (same name or the only one in the "
                               f"folder); pass --weights FILE.caffemodel")
-        lines.append(f"weights: {_rel(weights)} (found beside {os.path.basename(model_path)}; "
+        lines.append(f"weights: {display_path(weights)} (found beside {os.path.basename(model_path)}; "
                      f"--weights to choose another)")
-    batch = _parse_batch(args.batch)
+    batch = parse_batch(args.batch, "--batch")   # None: dynamic
     opset = _parse_opset(args.opset)
-    keep = _names(args.keep, "--keep")
-    only = _names(args.only, "--only")
+    keep = layer_names_arg(args.keep, "--keep")
+    only = layer_names_arg(args.only, "--only")
     if keep not in (None, "none") and only is not None:
         raise CaffeqError("--keep and --only cannot be combined; name the layers to quantize with --only")
 
@@ -284,18 +222,10 @@ def run(args):
         return _run_pytorch(args, model_path, weights, qmodel, target, report, lines)
 
     out = args.output or f"{os.path.splitext(os.path.basename(model_path))[0]}.{target}.onnx"
-    ext = os.path.splitext(out)[1].lower()
-    if ext not in FORMATS:
-        raise CaffeqError(f"-o {out}: unknown output format {ext or '(no extension)'}; "
-                          f"use one of {', '.join(FORMATS)}")
-    if os.path.isdir(out):
-        raise CaffeqError(f"-o {out}: is a folder")
     protected = [p for p in (model_path, weights, args.probe) if p]
-    for src in protected:
-        if os.path.exists(out) and os.path.samefile(src, out):
-            raise CaffeqError(f"{out}: refusing to overwrite an input file")
+    ext = model_output_format(out, protected)
     if ext != ".onnx":
-        ignored = [f for f, v in (("--opset", args.opset), ("--batch", None if batch == "dynamic" else batch),
+        ignored = [f for f, v in (("--opset", args.opset), ("--batch", batch),
                                   ("--no-optimize", args.no_optimize or None)) if v is not None]
         if ignored:
             print(f"caffeq: warning: {', '.join(ignored)} only apply to .onnx output; ignored for {ext}",
@@ -303,18 +233,8 @@ def run(args):
 
     probe_inputs = _read_probe(args.probe, model) if args.probe else None
 
-    onnx_stats = None
-    written = [out]
-    if ext == ".onnx":
-        from ..backends.onnx_backend import export_onnx
-        onnx_stats = export_onnx(qmodel, out, opset=opset, batch=batch, optimize=not args.no_optimize,
-                                 inputs=protected)
-        if onnx_stats.get("data_file"):
-            written.append(onnx_stats["data_file"])
-    elif ext == ".caffemodel":
-        written.append(_write_caffemodel(qmodel, out, protected))
-    else:
-        _write_caffeq(qmodel, out, protected)
+    written, onnx_stats = write_model_file(qmodel, out, protected, opset=opset, batch=batch,
+                                           optimize=not args.no_optimize)
 
     probe_rows = None
     if probe_inputs is not None and fp32_model is not None:
@@ -330,13 +250,12 @@ def run(args):
             lines.append(f"note: {n}")
     src_name = weights if weights else model_path
     ratio = src_bytes / out_bytes if out_bytes else float("inf")
-    lines.append(f"wrote {', '.join(_rel(p) for p in written)} ({target}, {ext[1:]})")
-    lines.append(f"size: {_rel(src_name)} {_fmt_bytes(src_bytes)} -> {_rel(out)} {_fmt_bytes(out_bytes)} "
-                 f"(x{ratio:.2f} smaller)" if ratio >= 1 else
-                 f"size: {_rel(src_name)} {_fmt_bytes(src_bytes)} -> {_rel(out)} {_fmt_bytes(out_bytes)} "
-                 f"({1 / ratio:.2f}x larger)")
+    lines.append(f"wrote {', '.join(display_path(p) for p in written)} ({target}, {ext[1:]})")
+    sizes = (f"size: {display_path(src_name)} {format_bytes(src_bytes)} -> {display_path(out)} "
+             f"{format_bytes(out_bytes)}")
+    lines.append(f"{sizes} (x{ratio:.2f} smaller)" if ratio >= 1 else f"{sizes} ({1 / ratio:.2f}x larger)")
     if report is not None and report.bytes_after:
-        lines.append(f"weights: {_fmt_bytes(report.bytes_before)} fp32 -> {_fmt_bytes(report.bytes_after)} "
+        lines.append(f"weights: {format_bytes(report.bytes_before)} fp32 -> {format_bytes(report.bytes_after)} "
                      f"{target} (x{report.ratio:.2f})")
     if onnx_stats is not None:
         lines.append(f"ONNX opset {onnx_stats['opset']}, batch {onnx_stats['batch']}; nodes: "
@@ -345,19 +264,20 @@ def run(args):
         for n in onnx_stats.get("notes", []):
             lines.append(f"note: {n}")
     if probe_inputs is not None and probe_rows is None:
-        lines.append(f"probe: skipped, {_rel(model_path)} holds {', '.join(stored)} weights and no fp32 "
-                     f"reference; probe the conversion from the fp32 prototxt and caffemodel")
+        lines.append(f"probe: skipped, {display_path(model_path)} holds {', '.join(stored)} weights and no "
+                     f"fp32 reference; probe the conversion from the fp32 prototxt and caffemodel")
     if probe_rows is not None:
         n_items = next(iter(probe_inputs.values())).shape[0] if probe_inputs else 0
-        lines.append(f"probe ({_rel(args.probe)}, {n_items} item(s)), {target} against fp32:")
+        lines.append(f"probe ({display_path(args.probe)}, {n_items} item(s)), {target} against fp32:")
         for name, row in probe_rows.items():
             t = (f", top-1 agreement {row['top1_agree']}/{row['top1_total']} ({100 * row['top1_agreement']:.1f}%)"
                  if "top1_agreement" in row else "")
             lines.append(f"  {name}: relative error {row['rel_error']:.4g}{t}")
     if target == "binary" and not stored and report is not None and report.changed:
-        w = f" --weights {_rel(weights)}" if weights else ""
+        w = f" --weights {display_path(weights)}" if weights else ""
         lines.append(f"note: post-training binarization of a float-trained model changes its outputs a lot; "
-                     f"recover accuracy with `python cli.py finetune {_rel(model_path)}{w} --to binary ...`")
+                     f"recover accuracy with `python cli.py finetune {display_path(model_path)}{w} "
+                     f"--to binary ...`")
     to_stdout = args.json != "-"
     stream = sys.stdout if to_stdout else sys.stderr
     print("\n".join(lines), file=stream)
@@ -394,8 +314,8 @@ def _run_pytorch(args, model_path, weights, qmodel, target, report, lines):
         for n in report.notes:
             lines.append(f"note: {n}")
     written = [info["model_py"], info["weights"]] + ([info["readme"]] if info["readme"] else [])
-    lines.append(f"wrote {', '.join(_rel(p) for p in written)} (class {info['class_name']}, {target} weights, "
-                 f"{info['parameters']} values, {_fmt_bytes(info['weights_bytes'])})")
+    lines.append(f"wrote {', '.join(display_path(p) for p in written)} (class {info['class_name']}, "
+                 f"{target} weights, {info['parameters']} values, {format_bytes(info['weights_bytes'])})")
     lines.append(f"inputs: {', '.join(info['inputs'])}; outputs: {', '.join(info['outputs'])}")
     for n in info["notes"]:
         lines.append(f"note: {n}")

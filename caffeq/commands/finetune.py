@@ -4,8 +4,13 @@ import os
 import sys
 
 from ..errors import CaffeqError
-
-FORMATS = (".onnx", ".caffemodel", ".caffeq")
+from .common import (
+    display_path,
+    format_bytes,
+    layer_names_arg,
+    model_output_format,
+    write_model_file,
+)
 
 _DESCRIPTION = """\
 Fine-tune a float-trained Caffe model into a binary-weight model (weights
@@ -87,35 +92,14 @@ def add_parser(sub):
     return p
 
 
-def _rel(path):
-    try:
-        r = os.path.relpath(path)
-        return r if not r.startswith("..") else path
-    except ValueError:
-        return path
-
-
 def _pct(v):
     return "-" if v is None else f"{100 * v:.2f}%"
-
-
-def _keep_arg(value, flag):
-    if value is None:
-        return None
-    if value.strip().lower() == "none":
-        if flag == "--only":
-            raise CaffeqError("--only none would binarize nothing; name layers or drop --only")
-        return "none"
-    names = [v.strip() for v in value.split(",")]
-    if any(not v for v in names):
-        raise CaffeqError(f"{flag}: empty layer name in {value!r}")
-    return names
 
 
 def run(args):
     from ..finetune import finetune
     from .common import write_json
-    from .convert import _fmt_bytes, _write_caffemodel, _write_caffeq, find_weights
+    from .convert import find_weights
     from .sensitivity import _number, transform_from_args
 
     path = args.model
@@ -134,8 +118,8 @@ def run(args):
         found = True
     if not os.path.exists(weights):
         raise CaffeqError(f"{weights}: no such file")
-    keep = _keep_arg(args.keep, "--keep")
-    only = _keep_arg(args.only, "--only")
+    keep = layer_names_arg(args.keep, "--keep", verb="binarize")
+    only = layer_names_arg(args.only, "--only", verb="binarize")
     if keep not in (None, "none") and only is not None:
         raise CaffeqError("--keep and --only cannot be combined; name the layers to binarize with --only")
     if args.budget is not None and (keep is not None or only is not None):
@@ -143,19 +127,11 @@ def run(args):
 
     # the output is checked before any training
     out = args.output or f"{os.path.splitext(os.path.basename(path))[0]}.binary.finetuned.onnx"
-    ext = os.path.splitext(out)[1].lower()
-    if ext not in FORMATS:
-        raise CaffeqError(f"-o {out}: unknown output format {ext or '(no extension)'}; use one of "
-                          f"{', '.join(FORMATS)}")
-    if os.path.isdir(out):
-        raise CaffeqError(f"-o {out}: is a folder")
+    protected = [p for p in (path, weights, args.data, args.val) if p]
+    ext = model_output_format(out, protected)
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):
         raise CaffeqError(f"-o {out}: folder {folder} does not exist")
-    protected = [p for p in (path, weights, args.data, args.val) if p]
-    for src in protected:
-        if os.path.exists(out) and os.path.exists(src) and os.path.samefile(src, out):
-            raise CaffeqError(f"{out}: refusing to overwrite an input file")
     if ext == ".caffemodel":
         proto = os.path.splitext(out)[0] + ".prototxt"
         if os.path.exists(proto) and os.path.samefile(proto, path):
@@ -165,7 +141,7 @@ def run(args):
     transform, resize, order = transform_from_args(args)
     progress = not args.no_progress
     if found and progress:
-        print(f"weights: {_rel(weights)} (found beside {os.path.basename(path)})", file=sys.stderr)
+        print(f"weights: {display_path(weights)} (found beside {os.path.basename(path)})", file=sys.stderr)
     result = finetune(
         path, weights, target="binary", data=args.data, val=args.val, keep=keep, only=only,
         epochs=args.epochs, iters=args.iters, lr=args.lr,
@@ -179,17 +155,7 @@ def run(args):
         transform=transform, resize=resize, channel_order=order, shuffle=not args.no_shuffle,
         progress=progress)
 
-    model = result.model
-    written = [out]
-    if ext == ".onnx":
-        from ..backends.onnx_backend import export_onnx
-        stats = export_onnx(model, out, inputs=protected)
-        if stats.get("data_file"):
-            written.append(stats["data_file"])
-    elif ext == ".caffemodel":
-        written.append(_write_caffemodel(model, out, protected))
-    else:
-        _write_caffeq(model, out, protected)
+    written, _ = write_model_file(result.model, out, protected)
 
     stream = sys.stderr if args.json == "-" else sys.stdout
     lines = []
@@ -214,7 +180,7 @@ def run(args):
     for n in result.notes:
         lines.append(f"note: {n}")
     size = sum(os.path.getsize(p) for p in written if os.path.exists(p) and not p.endswith(".prototxt"))
-    lines.append(f"wrote {', '.join(_rel(p) for p in written)} (binary, {ext[1:]}, {_fmt_bytes(size)})")
+    lines.append(f"wrote {', '.join(display_path(p) for p in written)} (binary, {ext[1:]}, {format_bytes(size)})")
     if args.bn_only:
         lines.append(f"time: {result.seconds:.1f} s ({d['device']}, BatchNorm statistics from {d['bn_items']} "
                      f"training items)")

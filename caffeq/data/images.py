@@ -136,7 +136,25 @@ def first_image_shape(list_path, root_folder="", base_dir=None):
     return img.shape[1:]
 
 
-class ImageListDataset(CaffeDataset):
+class _ImageFilesDataset(CaffeDataset):
+    """Items read from image files: subclasses fill paths (a StringTable), labels, is_color and
+    resize, and say where a stored path lies on disk (file_path)."""
+
+    def __len__(self):
+        return len(self.paths)
+
+    def name(self, i):
+        return self.paths[i]
+
+    def file_path(self, rel):
+        raise NotImplementedError
+
+    def load(self, i):
+        rel = self.paths[i]
+        return read_image(self.file_path(rel), self.is_color, self.resize, where=rel), int(self.labels[i])
+
+
+class ImageListDataset(_ImageFilesDataset):
     """An ImageData source: `path label` lines, `root_folder` + path (string concatenation as
     in Caffe), read with is_color and resized to (new_height, new_width) when both are set."""
 
@@ -166,18 +184,11 @@ class ImageListDataset(CaffeDataset):
         roots = list(roots) if roots is not None else [base_dir, os.getcwd()]
         self.resolve = PathResolver(roots + [os.path.dirname(os.path.abspath(self.path))])
 
-    def __len__(self):
-        return len(self.paths)
-
-    def name(self, i):
-        return self.paths[i]
-
-    def load(self, i):
-        rel = self.paths[i]
-        return read_image(self.resolve(rel), self.is_color, self.resize, where=rel), int(self.labels[i])
+    def file_path(self, rel):
+        return self.resolve(rel)
 
 
-class ImageFolderDataset(CaffeDataset):
+class ImageFolderDataset(_ImageFilesDataset):
     """root/<class>/<image>: labels are the sorted class folder names' positions."""
 
     kind = "image_folder"
@@ -208,16 +219,8 @@ class ImageFolderDataset(CaffeDataset):
         self.is_color = is_color
         self.resize = resize
 
-    def __len__(self):
-        return len(self.paths)
-
-    def name(self, i):
-        return self.paths[i]
-
-    def load(self, i):
-        rel = self.paths[i]
-        img = read_image(os.path.join(self.root, rel), self.is_color, self.resize, where=rel)
-        return img, int(self.labels[i])
+    def file_path(self, rel):
+        return os.path.join(self.root, rel)
 
     def describe(self):
         d = super().describe()

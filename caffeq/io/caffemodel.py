@@ -14,9 +14,7 @@ import numpy as np
 
 from ..errors import ParseError
 from .schema import caffe_pb2
-
-# Wire types
-_VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
+from .wire import FIXED32, FIXED64, LEN, VARINT, encode_key, encode_varint, len_field
 
 # Field numbers (caffe.proto)
 _NET_LAYER, _NET_LAYERS = 100, 2          # NetParameter.layer (V2), .layers (V1)
@@ -60,21 +58,21 @@ def iter_fields(buf, start, end):
         number, wire = key >> 3, key & 7
         if number == 0:
             raise ParseError("field number 0")
-        if wire == _VARINT:
+        if wire == VARINT:
             value, pos = _varint(buf, pos, end)
             yield number, wire, value, pos, pos
-        elif wire == _LEN:
+        elif wire == LEN:
             length, pos = _varint(buf, pos, end)
             if pos + length > end:
                 raise ParseError(f"field {number} runs past the end of the data (truncated file?)")
             yield number, wire, None, pos, pos + length
             pos += length
-        elif wire == _FIXED32:
+        elif wire == FIXED32:
             if pos + 4 > end:
                 raise ParseError("truncated fixed32")
             yield number, wire, int.from_bytes(buf[pos:pos + 4], "little"), pos, pos + 4
             pos += 4
-        elif wire == _FIXED64:
+        elif wire == FIXED64:
             if pos + 8 > end:
                 raise ParseError("truncated fixed64")
             yield number, wire, int.from_bytes(buf[pos:pos + 8], "little"), pos, pos + 8
@@ -108,26 +106,26 @@ def parse_blob(buf, start, end, what="blob"):
     pos = start
     while pos < end:
         number, wire, value, vs, ve, pos = _read_field(buf, pos, end)
-        if number in (_B_NUM, _B_CHANNELS, _B_HEIGHT, _B_WIDTH) and wire == _VARINT:
+        if number in (_B_NUM, _B_CHANNELS, _B_HEIGHT, _B_WIDTH) and wire == VARINT:
             legacy[number] = value
-        elif number == _B_SHAPE and wire == _LEN:
+        elif number == _B_SHAPE and wire == LEN:
             dims = _parse_dims(buf, vs, ve)
-        elif number == _B_DATA and wire == _LEN:
+        elif number == _B_DATA and wire == LEN:
             if (ve - vs) % 4:
                 raise ParseError(f"{what}: packed float data of {ve - vs} bytes is not a multiple of 4")
             data = np.frombuffer(buf, dtype="<f4", count=(ve - vs) // 4, offset=vs)
-        elif number == _B_DATA and wire == _FIXED32:
-            data, pos = _unpacked_run(buf, vs, end, (_B_DATA << 3) | _FIXED32, "<f4")
-        elif number == _B_DOUBLE_DATA and wire == _LEN:
+        elif number == _B_DATA and wire == FIXED32:
+            data, pos = _unpacked_run(buf, vs, end, (_B_DATA << 3) | FIXED32, "<f4")
+        elif number == _B_DOUBLE_DATA and wire == LEN:
             if (ve - vs) % 8:
                 raise ParseError(f"{what}: packed double data of {ve - vs} bytes is not a multiple of 8")
             data = np.frombuffer(buf, dtype="<f8", count=(ve - vs) // 8, offset=vs).astype(np.float32)
-        elif number == _B_DOUBLE_DATA and wire == _FIXED64:
-            values, pos = _unpacked_run(buf, vs, end, (_B_DOUBLE_DATA << 3) | _FIXED64, "<f8")
+        elif number == _B_DOUBLE_DATA and wire == FIXED64:
+            values, pos = _unpacked_run(buf, vs, end, (_B_DOUBLE_DATA << 3) | FIXED64, "<f8")
             data = values.astype(np.float32)
-        elif number == _B_RAW_TYPE and wire == _VARINT:
+        elif number == _B_RAW_TYPE and wire == VARINT:
             raw_type = value
-        elif number == _B_RAW_DATA and wire == _LEN:
+        elif number == _B_RAW_DATA and wire == LEN:
             raw = (vs, ve)
     return _make_blob(buf, data, dims, legacy, raw_type, raw, what)
 
@@ -137,12 +135,12 @@ def _parse_dims(buf, vs, ve):
     for number, wire, value, s, e in iter_fields(buf, vs, ve):
         if number != 1:
             continue
-        if wire == _LEN:  # packed
+        if wire == LEN:  # packed
             p = s
             while p < e:
                 d, p = _varint(buf, p, e)
                 dims.append(d)
-        elif wire == _VARINT:
+        elif wire == VARINT:
             dims.append(value)
     # int64 dims: negative values arrive as 10-byte two's complement varints
     return [d - (1 << 64) if d >= 1 << 63 else d for d in dims]
@@ -219,7 +217,7 @@ def _strip_layer(buf, vs, ve, blob_field, nested=None, what="layer"):
     blobs = []
     last = vs
     for number, wire, value, s, e in iter_fields(buf, vs, ve):
-        if wire != _LEN or (number != blob_field and not (nested and number in nested)):
+        if wire != LEN or (number != blob_field and not (nested and number in nested)):
             continue
         # field key+length precede s; find where this field's key started
         key_start = _field_start(buf, last, s, number)
@@ -229,7 +227,7 @@ def _strip_layer(buf, vs, ve, blob_field, nested=None, what="layer"):
             last = e
         else:
             inner, inner_blobs = _strip_layer(buf, s, e, nested[number], None, what)
-            kept += _encode_key(number, _LEN) + _encode_varint(len(inner)) + inner
+            kept += len_field(number, len(inner)) + inner
             blobs.extend(inner_blobs)
             last = e
     kept += buf[last:ve]
@@ -243,35 +241,19 @@ def _field_start(buf, scan_from, payload_start, number):
         key_pos = pos
         key, pos = _varint(buf, pos, payload_start)
         n, w = key >> 3, key & 7
-        if w == _VARINT:
+        if w == VARINT:
             _, pos = _varint(buf, pos, payload_start)
-        elif w == _LEN:
+        elif w == LEN:
             length, pos = _varint(buf, pos, payload_start)
             if pos == payload_start and n == number:
                 return key_pos
             pos += length
-        elif w == _FIXED32:
+        elif w == FIXED32:
             pos += 4
-        elif w == _FIXED64:
+        elif w == FIXED64:
             pos += 8
         else:
             raise ParseError("malformed field")
-
-
-def _encode_varint(v):
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _encode_key(number, wire):
-    return _encode_varint((number << 3) | wire)
 
 
 def _open_map(path):
@@ -304,19 +286,19 @@ def read_caffemodel(path):
     blobs_by_layer = {}
     try:
         for number, wire, value, s, e in iter_fields(buf, 0, len(buf)):
-            if number == _NET_LAYER and wire == _LEN:
+            if number == _NET_LAYER and wire == LEN:
                 msg, blobs = _strip_layer(buf, s, e, _LAYER_BLOBS, what=f"layer #{len(layer_msgs)}")
                 layer_msgs.append((msg, blobs))
-            elif number == _NET_LAYERS and wire == _LEN:
+            elif number == _NET_LAYERS and wire == LEN:
                 msg, blobs = _strip_layer(buf, s, e, _V1_BLOBS, {_V1_V0LAYER: _V0_BLOBS},
                                           what=f"layers #{len(v1_msgs)}")
                 v1_msgs.append((msg, blobs))
             else:
-                key = _encode_key(number, wire)
-                if wire == _LEN:
-                    header += key + _encode_varint(e - s) + buf[s:e]
-                elif wire == _VARINT:
-                    header += key + _encode_varint(value)
+                key = encode_key(number, wire)
+                if wire == LEN:
+                    header += key + encode_varint(e - s) + buf[s:e]
+                elif wire == VARINT:
+                    header += key + encode_varint(value)
                 else:
                     header += key + buf[s:e]
         net = caffe_pb2.NetParameter()
@@ -360,7 +342,7 @@ def read_blobproto_vector(path):
     out = []
     try:
         for number, wire, value, s, e in iter_fields(buf, 0, len(buf)):
-            if number == _BLOBVEC_BLOBS and wire == _LEN:
+            if number == _BLOBVEC_BLOBS and wire == LEN:
                 out.append(parse_blob(buf, s, e, f"{path} blob {len(out)}").array)
     except ParseError as e:
         raise ParseError(f"{path}: not a BlobProtoVector: {e}") from None

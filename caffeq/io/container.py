@@ -47,7 +47,6 @@ import json
 import mmap
 import os
 import struct
-import tempfile
 
 import numpy as np
 
@@ -199,22 +198,10 @@ def save_caffeq(model, path):
         "source_dir": os.path.dirname(os.path.abspath(model.prototxt)) if getattr(model, "prototxt", None)
         else "",
     }
+    from ..commands.common import atomic_path  # temp file beside path + rename
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".caffeq-", suffix=".tmp", dir=folder)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         write_safetensors(tmp, tensors, meta)
-        mask = os.umask(0)   # mkstemp makes 0600; give the file what a plain open() would
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
     return path
 
 

@@ -14,9 +14,9 @@ from google.protobuf import text_format
 
 from ..errors import CaffeqError
 from .schema import caffe_pb2
+from .wire import VARINT, encode_key, encode_varint, len_field
 
-# Wire types and field numbers (caffe.proto)
-_VARINT, _LEN = 0, 2
+# Field numbers (caffe.proto)
 _NET_LAYERS, _NET_LAYER = 2, 100      # NetParameter.layers (V1), .layer (V2)
 _LAYER_BLOBS = 7                      # LayerParameter.blobs
 _V1_BLOBS, _V1_V0LAYER = 6, 1         # V1LayerParameter.blobs, .layer (V0)
@@ -24,27 +24,6 @@ _V0_BLOBS = 50                        # V0LayerParameter.blobs
 _B_NUM, _B_CHANNELS, _B_HEIGHT, _B_WIDTH = 1, 2, 3, 4
 _B_DATA, _B_SHAPE = 5, 7              # BlobProto.data (packed float), .shape
 _SHAPE_DIM = 1                        # BlobShape.dim (packed int64)
-
-
-def _varint(v):
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _key(number, wire):
-    return _varint((number << 3) | wire)
-
-
-def _len_field(number, payload_len):
-    """Key and length prefix of a length-delimited field."""
-    return _key(number, _LEN) + _varint(payload_len)
 
 
 # -- prototxt ----------------------------------------------------------------------
@@ -90,14 +69,14 @@ def _blob_parts(blob, what):
     head = bytearray()
     if legacy and len(shape) == 4:
         for number, d in zip((_B_NUM, _B_CHANNELS, _B_HEIGHT, _B_WIDTH), shape):
-            head += _key(number, _VARINT) + _varint(int(d))
+            head += encode_key(number, VARINT) + encode_varint(int(d))
     elif shape:
-        dims = b"".join(_varint(int(d)) for d in shape)
-        shape_msg = _len_field(_SHAPE_DIM, len(dims)) + dims
-        head += _len_field(_B_SHAPE, len(shape_msg)) + shape_msg
+        dims = b"".join(encode_varint(int(d)) for d in shape)
+        shape_msg = len_field(_SHAPE_DIM, len(dims)) + dims
+        head += len_field(_B_SHAPE, len(shape_msg)) + shape_msg
     # a 0-axis (scalar) blob has no shape field at all, as Caffe's Blob::ToProto writes it
     nbytes = arr.size * 4
-    data_prefix = _len_field(_B_DATA, nbytes) if nbytes else b""
+    data_prefix = len_field(_B_DATA, nbytes) if nbytes else b""
     return bytes(head), data_prefix, arr
 
 
@@ -124,7 +103,7 @@ def _blob_field(field_number, blob, what):
     head, data_prefix, arr = _blob_parts(blob, what)
     body_len = len(head) + len(data_prefix) + arr.nbytes
     out = _Chunks()
-    out.add(_len_field(field_number, body_len) + head + data_prefix)
+    out.add(len_field(field_number, body_len) + head + data_prefix)
     if arr.nbytes:
         out.add(arr)
     return out
@@ -179,7 +158,7 @@ def _layer_chunks(lp, blobs_by_layer, v1):
         outer.ClearField("blobs")
         body = _Chunks()
         body.add(outer.SerializeToString())
-        body.add(_len_field(_V1_V0LAYER, inner.size))
+        body.add(len_field(_V1_V0LAYER, inner.size))
         body.extend(inner)
         field = _NET_LAYERS
     else:
@@ -187,7 +166,7 @@ def _layer_chunks(lp, blobs_by_layer, v1):
         blobs = blobs_by_layer.get(lp.name, inline) if blobs_by_layer is not None else inline
         body = _message_with_blobs(bare, blobs, _V1_BLOBS if v1 else _LAYER_BLOBS, what)
         field = _NET_LAYERS if v1 else _NET_LAYER
-    out.add(_len_field(field, body.size))
+    out.add(len_field(field, body.size))
     out.extend(body)
     return out
 

@@ -86,6 +86,19 @@ def deconv_out_size(size, k, s, p, d):
     return s * (size - 1) + d * (k - 1) + 1 - 2 * p
 
 
+def _conv_top_shapes(attrs, in_shapes, out_size):
+    """Top shapes of (de)convolution; out_size(size, kernel, stride, pad, dilation) gives one spatial extent."""
+    s = in_shapes[0]
+    _resolve_spatial(attrs, s)
+    ax = attrs["_axis"]
+    spatial = [out_size(n, k, st, p, d) for n, k, st, p, d in
+               zip(s[ax + 1:], attrs["kernel"], attrs["stride"], attrs["pad"], attrs["dilation"])]
+    if any(v <= 0 for v in spatial):
+        raise LayerError(f"output would be empty: input {list(s)}, kernel {list(attrs['kernel'])}")
+    # one top per bottom
+    return [tuple(s[:ax]) + (attrs["num_output"],) + tuple(spatial)] * len(in_shapes)
+
+
 def _onnx_conv(ctx, node, op):
     a = node.attrs
     if a["_axis"] != 1:
@@ -138,14 +151,7 @@ class Convolution(Layer):
         return parse_conv(lp, self.depthwise)
 
     def infer(self, attrs, in_shapes):
-        s = in_shapes[0]
-        _resolve_spatial(attrs, s)
-        ax = attrs["_axis"]
-        spatial = [conv_out_size(n, k, st, p, d) for n, k, st, p, d in
-                   zip(s[ax + 1:], attrs["kernel"], attrs["stride"], attrs["pad"], attrs["dilation"])]
-        if any(v <= 0 for v in spatial):
-            raise LayerError(f"output would be empty: input {list(s)}, kernel {list(attrs['kernel'])}")
-        return [tuple(s[:ax]) + (attrs["num_output"],) + tuple(spatial)] * len(in_shapes)
+        return _conv_top_shapes(attrs, in_shapes, conv_out_size)
 
     def param_shapes(self, attrs, in_shapes):
         _resolve_spatial(attrs, in_shapes[0])
@@ -187,14 +193,7 @@ class Deconvolution(Layer):
         return parse_conv(lp)
 
     def infer(self, attrs, in_shapes):
-        s = in_shapes[0]
-        _resolve_spatial(attrs, s)
-        ax = attrs["_axis"]
-        spatial = [deconv_out_size(n, k, st, p, d) for n, k, st, p, d in
-                   zip(s[ax + 1:], attrs["kernel"], attrs["stride"], attrs["pad"], attrs["dilation"])]
-        if any(v <= 0 for v in spatial):
-            raise LayerError(f"output would be empty: input {list(s)}, kernel {list(attrs['kernel'])}")
-        return [tuple(s[:ax]) + (attrs["num_output"],) + tuple(spatial)] * len(in_shapes)
+        return _conv_top_shapes(attrs, in_shapes, deconv_out_size)
 
     def param_shapes(self, attrs, in_shapes):
         _resolve_spatial(attrs, in_shapes[0])

@@ -131,7 +131,9 @@ TORCH_POOL_FUNCTION = """
         padded = pads != [0, 0, 0, 0]
         if mode == "max":
             xp = F.pad(x, pads, value=float("-inf")) if padded else x
-            return F.max_pool2d(xp, kernel, stride)[:, :, :out[0], :out[1]]
+            # Caffe starts every window at -FLT_MAX: an empty window keeps it, -inf never wins
+            y = F.max_pool2d(xp, kernel, stride).clamp_min(-3.4028234663852886e38)
+            return y[:, :, :out[0], :out[1]]
         xp = F.pad(x, pads) if padded else x
         y = F.avg_pool2d(xp, kernel, stride, divisor_override=1)[:, :, :out[0], :out[1]]
         divisors = []
@@ -139,7 +141,7 @@ TORCH_POOL_FUNCTION = """
             starts = torch.arange(out[i], device=x.device) * stride[i] - pad[i]
             ends = torch.clamp(starts + kernel[i], max=size[i] + pad[i])
             divisors.append((ends - starts).to(x.dtype))
-        return y / torch.outer(divisors[0], divisors[1])
+        return y / (divisors[0][:, None] * divisors[1][None, :])
 """
 
 TORCH_POOL_MODULE = """
