@@ -155,3 +155,28 @@ def test_mean_binaryproto():
     ref = caffe_pb2.BlobProto.FromString((FIXTURES / "digits_meanfile" / "mean.binaryproto").read_bytes())
     assert mean.size == len(ref.data)
     np.testing.assert_array_equal(mean.ravel(), np.array(ref.data, np.float32))
+
+
+def test_blobproto_vector(tmp_path):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.array([1.5, -2.5], np.float32)
+    vec = caffe_pb2.BlobProtoVector()
+    for arr in (a, b):
+        blob = vec.blobs.add()
+        blob.shape.dim.extend(arr.shape)
+        blob.data.extend(arr.ravel().tolist())
+    p = tmp_path / "v.binaryproto"
+    p.write_bytes(vec.SerializeToString())
+    from caffeq.io.caffemodel import read_blobproto_vector
+    got = read_blobproto_vector(p)
+    assert len(got) == 2
+    np.testing.assert_array_equal(got[0], a)
+    np.testing.assert_array_equal(got[1], b)
+
+
+def test_truncated_mean_file_is_a_clear_error(tmp_path):
+    raw = (FIXTURES / "digits_meanfile" / "mean.binaryproto").read_bytes()
+    p = tmp_path / "m.binaryproto"
+    p.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ParseError, match="m.binaryproto"):
+        read_blobproto(p)
