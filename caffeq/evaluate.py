@@ -204,12 +204,12 @@ def build_dataset(plan, limit=None, defer_normalize=True, seed=0):
                         force_color=t.force_color, force_gray=t.force_gray, resize=plan.resize)
 
 
-def _as_input_layer(lp, tops, shapes):
-    """Turn a data layer into an Input layer with the given top shapes (its phase rules kept)."""
+def as_input_layer(lp, shapes):
+    """Turn a data layer into an Input layer with these top shapes (its name, tops and phase rules kept)."""
     include = [type(r)() for r in lp.include]
     for new, old in zip(include, lp.include):
         new.CopyFrom(old)
-    name = lp.name
+    name, tops = lp.name, list(lp.top)
     lp.Clear()
     lp.name, lp.type = name, "Input"
     lp.top.extend(tops)
@@ -345,19 +345,19 @@ class _Dist:
     def _dev(self, device):
         return device if self.backend == "nccl" else torch.device("cpu")
 
-    def sum(self, t, device):
+    def _all_reduce(self, t, device, op):
+        """t reduced over the ranks (op: a ReduceOp name); t itself when not distributed."""
         if not self.active:
             return t
         x = t.to(self._dev(device))
-        self.dist.all_reduce(x, op=self.dist.ReduceOp.SUM)
+        self.dist.all_reduce(x, op=getattr(self.dist.ReduceOp, op))
         return x.to(t.device)
 
+    def sum(self, t, device):
+        return self._all_reduce(t, device, "SUM")
+
     def max(self, t, device):
-        if not self.active:
-            return t
-        x = t.to(self._dev(device))
-        self.dist.all_reduce(x, op=self.dist.ReduceOp.MAX)
-        return x.to(t.device)
+        return self._all_reduce(t, device, "MAX")
 
     def gather(self, obj):
         if not self.active:
@@ -500,7 +500,7 @@ def _prepare(model, data, weights, phase, ignore_unknown, limit, opts):
                 shape = _probe(dataset, None, plan)
                 dataset.close()
                 n = plan.batch_size
-                _as_input_layer(lp, layer.tops, [(n,) + tuple(shape)] + [(n,)] * (len(layer.tops) - 1))
+                as_input_layer(lp, [(n,) + tuple(shape)] + [(n,)] * (len(layer.tops) - 1))
                 model = load(path, weights, phase=phase, net=net)
                 model.warnings[:0] = warnings
                 return model, plan, dataset

@@ -60,7 +60,7 @@ import torch
 from torch import nn
 
 from .errors import CaffeqError, DataError
-from .evaluate import phase_data_layer
+from .evaluate import as_input_layer, phase_data_layer
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("cosine", "step", "constant")
@@ -285,19 +285,6 @@ def reestimate_batchnorm(gm, batches, feed=None):
 
 # ---- data ----------------------------------------------------------------------------------
 
-def _to_input_layer(lp, shapes):
-    """Turn a data layer into an Input layer with these top shapes (phase rules kept)."""
-    rules = [copy.deepcopy(r) for r in lp.include]
-    name, tops = lp.name, list(lp.top)
-    lp.Clear()
-    lp.name, lp.type = name, "Input"
-    lp.top.extend(tops)
-    for r in rules:
-        lp.include.add().CopyFrom(r)
-    for shape in shapes:
-        lp.input_param.shape.add().dim.extend(int(d) for d in shape)
-
-
 def load_phase(path, weights, net, phase, item_shape=None, batch=1):
     """The model of `net` in `phase`; its data layer (if any) becomes an Input layer shaped
     (batch,) + item_shape, so that the layer's own source need not exist.  `model.net` stays the
@@ -310,7 +297,7 @@ def load_phase(path, weights, net, phase, item_shape=None, batch=1):
         if item_shape is None:
             raise FinetuneError(f"{path}: layer '{info.name}' needs data to take its shape from")
         shapes = [(batch,) + tuple(item_shape)] + [(batch,)] * (len(info.tops) - 1)
-        _to_input_layer(lp, shapes)
+        as_input_layer(lp, shapes)
     model = load(path, weights, phase=phase, net=work)
     model.net = net
     return model

@@ -57,14 +57,6 @@ def _new_model(model, graph):
     return m
 
 
-def _consumers(graph):
-    uses = {}
-    for n in graph.nodes:
-        for t in n.inputs:
-            uses.setdefault(t, []).append(n)
-    return uses
-
-
 def _shares_params(graph, node):
     """True when node's blobs are shared with another layer (param { name })."""
     if node.shared_from:
@@ -278,7 +270,7 @@ def _fold_batchnorm(graph):
     changed = True
     while changed:
         changed = False
-        uses = _consumers(graph)
+        uses = graph.consumers()
         for node in list(graph.nodes):
             if node.type not in _CONV_TYPES:
                 continue
@@ -310,7 +302,7 @@ def _fold_batchnorm(graph):
         changed = True
         while changed:
             changed = False
-            uses = _consumers(graph)
+            uses = graph.consumers()
             for node in list(graph.nodes):
                 if node.type != "BatchNorm":
                     continue
@@ -437,7 +429,7 @@ def _remove_identities(graph, keep_silence=False):
         if len(node.inputs) != 1:
             continue
         src = node.inputs[0]
-        uses = _consumers(graph)
+        uses = graph.consumers()
         # the source's producer may write one output's blob itself (plain Caffe names survive)
         inherit = None
         producer = next((n for n in graph.nodes if src in n.outputs), None)
@@ -525,7 +517,7 @@ def _merge_reshapes(graph):
     changed = True
     while changed:
         changed = False
-        uses = _consumers(graph)
+        uses = graph.consumers()
         for first in list(graph.nodes):
             if first.type not in ("Reshape", "Flatten") or len(first.outputs) != 1:
                 continue

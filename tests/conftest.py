@@ -69,6 +69,16 @@ def assert_close(ours, ref, atol, rtol, what=""):
     assert err <= bound, f"{what}: max |ours - caffe| = {err:.3g} > {bound:.3g}"
 
 
+def one_error_line(capsys, argv):
+    """Run the CLI on argv; it must fail with status 2 and one `caffeq: error: ...` line, returned."""
+    from caffeq.__main__ import main
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2, err
+    assert len(err) == 1 and err[0].startswith("caffeq: error: "), err
+    return err[0]
+
+
 @pytest.fixture(params=case_ids())
 def case(request):
     return Case(FIXTURES / request.param)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import one_error_line
 
 import caffeq
 from caffeq.__main__ import main
@@ -323,14 +324,6 @@ def test_cli_end_to_end_subprocess(tmp_path):
     assert (scores.argmax(1) == y).mean() == pytest.approx(r["best_metric"], abs=0.0025)
 
 
-def _one_error_line(capsys, argv):
-    rc = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2, err
-    assert len(err) == 1 and err[0].startswith("caffeq: error: "), err
-    return err[0]
-
-
 @pytest.mark.parametrize("extra, needle", [
     (["--to", "int8"], "binary weights only"),
     (["-o", "out.txt"], "unknown output format"),
@@ -342,22 +335,22 @@ def _one_error_line(capsys, argv):
     (["--data", "/nonexistent/lmdb"], "not found"),
     (["--keep", "conv1", "--only", "ip1"], "cannot be combined"),
 ])
-def test_cli_bad_inputs_give_one_error_line(capsys, tmp_path, extra, needle):
+def test_cli_bad_inputs_giveone_error_line(capsys, tmp_path, extra, needle):
     argv = ["finetune", TRAIN_VAL, "--weights", WEIGHTS, "--iters", "1", "--no-progress",
             "-o", str(tmp_path / "x.caffeq")] + extra
     if "-o" in extra:
         argv = argv[:-2 - len(extra)] + extra
-    msg = _one_error_line(capsys, argv)
+    msg = one_error_line(capsys, argv)
     assert needle in msg
     assert not os.path.exists(tmp_path / "x.caffeq")
 
 
 def test_cli_missing_files(capsys, tmp_path):
-    assert "no such file" in _one_error_line(capsys, ["finetune", str(tmp_path / "none.prototxt"),
+    assert "no such file" in one_error_line(capsys, ["finetune", str(tmp_path / "none.prototxt"),
                                                       "--weights", WEIGHTS])
     _data, _val, proto, weights = _toy(tmp_path)
     # a deploy net has no training data of its own
-    assert "--data" in _one_error_line(capsys, ["finetune", proto, "--weights", weights, "--keep", "none",
+    assert "--data" in one_error_line(capsys, ["finetune", proto, "--weights", weights, "--keep", "none",
                                                 "--no-progress", "-o", str(tmp_path / "t.caffeq")])
 
 

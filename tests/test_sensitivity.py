@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import one_error_line
 
 import caffeq
 from caffeq.__main__ import main
@@ -142,14 +143,6 @@ def test_cli_sensitivity_subprocess(tmp_path):
     assert "budget 1 points: keep fp32" in p.stdout
 
 
-def _one_error_line(capsys, argv):
-    rc = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2, err
-    assert len(err) == 1 and err[0].startswith("caffeq: error: "), err
-    return err[0]
-
-
 @pytest.mark.parametrize("extra, needle", [
     (["--to", "fp16"], "binary, int8"),
     (["--budget", "-2"], "--budget"),
@@ -158,7 +151,7 @@ def _one_error_line(capsys, argv):
     (["--batch-size", "0"], "--batch-size"),
 ])
 def test_cli_bad_inputs(capsys, extra, needle):
-    assert needle in _one_error_line(capsys, ["sensitivity", TRAIN_VAL, "--weights", WEIGHTS, "--no-progress"]
+    assert needle in one_error_line(capsys, ["sensitivity", TRAIN_VAL, "--weights", WEIGHTS, "--no-progress"]
                                      + extra)
 
 
@@ -174,5 +167,5 @@ def test_convert_budget(capsys, tmp_path, digits_table):
         if node.name in ("conv1", "conv2", "ip1", "ip2"):
             same = np.array_equal(node.blobs[0], base.graph.node(node.name).blobs[0])
             assert same == (node.name in keep), node.name
-    assert "--budget" in _one_error_line(capsys, ["convert", TRAIN_VAL, "--weights", WEIGHTS, "--to", "binary",
+    assert "--budget" in one_error_line(capsys, ["convert", TRAIN_VAL, "--weights", WEIGHTS, "--to", "binary",
                                                   "--budget", "-1", "-o", str(tmp_path / "c.onnx")])

@@ -217,6 +217,58 @@ class ArgMax(Layer):
             ctx.add_node("Concat", pieces, [joined], axis=1)
         ctx.add_node("Reshape", [joined, ctx.const(np.array((0,) + a["_out_tail"], np.int64))], [out])
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        args = [f"top_k={a['top_k']}"]
+        if a["axis"] is not None:
+            args.append(f"axis={a['_axis']}")
+        else:
+            args.append(f"tail={emit.lit(tuple(a['_out_tail']))}")
+        if a["out_max_val"]:
+            args.append("out_max_val=True")
+        emit.helper(TORCH_CAFFE_TOPK)
+        m = emit.module(f"{emit.helper(TORCH_ARGMAX)}({', '.join(args)})")
+        return f"{m}({emit.inputs[0]})"
+
+
+TORCH_CAFFE_TOPK = """
+    def caffe_topk(x, k: int, dim: int):
+        \"\"\"Top k along dim in Caffe's order (std::partial_sort on (value, index) pairs: equal values
+        come highest index first); returns (values, indices).\"\"\"
+        n = x.shape[dim]
+        flipped = x.flip(dim)
+        if k == 1:
+            # argmax returns the first maximum: in the flipped order that is the highest index
+            idx = flipped.argmax(dim=dim, keepdim=True)
+        else:
+            _, idx = torch.sort(flipped, dim=dim, descending=True, stable=True)
+            idx = idx.narrow(dim, 0, k)
+        values = flipped.gather(dim, idx)
+        return values, (n - 1) - idx
+"""
+
+TORCH_ARGMAX = """
+    class ArgMax(nn.Module):
+        \"\"\"Caffe's ArgMax: the top_k indices (as floats), or values with out_max_val, along `axis`;
+        without an axis, over each item flattened: (N, 1, top_k, ...) indices, then the values
+        in channel 1 with out_max_val (`tail` is the shape after N).\"\"\"
+
+        def __init__(self, top_k=1, axis=None, out_max_val=False, tail=()):
+            super().__init__()
+            self.top_k, self.axis, self.out_max_val, self.tail = top_k, axis, out_max_val, tail
+
+        def forward(self, x):
+            if self.axis is not None:
+                values, idx = caffe_topk(x, self.top_k, self.axis)
+                return values if self.out_max_val else idx.to(x.dtype)
+            flat = x.reshape(x.shape[0], -1)
+            values, idx = caffe_topk(flat, self.top_k, 1)
+            out = idx.to(x.dtype)
+            if self.out_max_val:
+                out = torch.cat([out, values], dim=1)  # indices in channel 0, values in channel 1
+            return out.reshape((x.shape[0],) + self.tail)
+"""
+
 
 # ---- Reduction ------------------------------------------------------------------------
 

@@ -157,6 +157,9 @@ class RNN(Recurrent):
     def onnx(self, ctx, node):
         _onnx_recurrent(ctx, node, lstm=False)
 
+    def pytorch_source(self, node, emit):
+        return _recurrent_source(node, emit, TORCH_RNN)
+
 
 @register_layer("LSTM")
 class LSTM(Recurrent):
@@ -209,6 +212,112 @@ class LSTM(Recurrent):
 
     def onnx(self, ctx, node):
         _onnx_recurrent(ctx, node, lstm=True)
+
+    def pytorch_source(self, node, emit):
+        return _recurrent_source(node, emit, TORCH_LSTM)
+
+
+# ---- standalone PyTorch source -----------------------------------------------------------
+
+TORCH_RNN = """
+    class RNN(nn.Module):
+        \"\"\"Caffe's RNN unrolled over time: x (T, N, ...), cont (T, N) (0 starts a new sequence),
+        optional x_static (N, ...) and, with expose_hidden, the initial h0 (1, N, H); per step
+        h_t = tanh(W_hh (cont_t * h_{t-1}) + W_xh x_t + b_h [+ W_xh_static x_static]),
+        o_t = tanh(W_ho h_t + b_o).  Returns o (T, N, H), and h_T (1, N, H) with expose_hidden.\"\"\"
+
+        def __init__(self, num_input, num_output, num_static=0, expose_hidden=False):
+            super().__init__()
+            h = num_output
+            self.num_output, self.expose_hidden = num_output, expose_hidden
+            self.W_xh = nn.Parameter(torch.zeros(h, num_input))
+            self.b_h = nn.Parameter(torch.zeros(h))
+            self.W_xh_static = nn.Parameter(torch.zeros(h, num_static)) if num_static else None
+            self.W_hh = nn.Parameter(torch.zeros(h, h))
+            self.W_ho = nn.Parameter(torch.zeros(h, h))
+            self.b_o = nn.Parameter(torch.zeros(h))
+
+        def forward(self, x, cont, x_static=None, h0=None):
+            t, n, hd = x.shape[0], x.shape[1], self.num_output
+            # the input term of every step at once
+            gx = torch.matmul(x.reshape(t, n, -1), self.W_xh.t()) + self.b_h
+            if self.W_xh_static is not None:
+                gx = gx + torch.matmul(x_static.reshape(x_static.shape[0], -1), self.W_xh_static.t())
+            h = h0.reshape(n, hd) if h0 is not None else gx.new_zeros(n, hd)
+            outs = []
+            for step in range(t):
+                h = torch.tanh(torch.matmul(cont[step].unsqueeze(1) * h, self.W_hh.t()) + gx[step])
+                outs.append(torch.tanh(torch.matmul(h, self.W_ho.t()) + self.b_o))
+            o = torch.stack(outs) if outs else gx.new_zeros(0, n, hd)
+            if self.expose_hidden:
+                return o, h.unsqueeze(0)
+            return o
+"""
+
+TORCH_LSTM = """
+    class LSTM(nn.Module):
+        \"\"\"Caffe's LSTM unrolled over time: x (T, N, ...), cont (T, N) (0 starts a new sequence),
+        optional x_static (N, ...) and, with expose_hidden, the initial h0, c0 (1, N, H); per step
+        [i f o g] = W_hc (cont_t * h_{t-1}) + W_xc x_t + b_c [+ W_xc_static x_static],
+        c_t = cont_t * sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g), h_t = sigmoid(o) * tanh(c_t).
+        Returns h (T, N, H), and h_T, c_T (1, N, H) with expose_hidden.\"\"\"
+
+        def __init__(self, num_input, num_output, num_static=0, expose_hidden=False):
+            super().__init__()
+            g = 4 * num_output
+            self.num_output, self.expose_hidden = num_output, expose_hidden
+            self.W_xc = nn.Parameter(torch.zeros(g, num_input))
+            self.b_c = nn.Parameter(torch.zeros(g))
+            self.W_xc_static = nn.Parameter(torch.zeros(g, num_static)) if num_static else None
+            self.W_hc = nn.Parameter(torch.zeros(g, num_output))
+
+        def forward(self, x, cont, x_static=None, h0=None, c0=None):
+            t, n, hd = x.shape[0], x.shape[1], self.num_output
+            # the input term of every step at once
+            gx = torch.matmul(x.reshape(t, n, -1), self.W_xc.t()) + self.b_c
+            if self.W_xc_static is not None:
+                gx = gx + torch.matmul(x_static.reshape(x_static.shape[0], -1), self.W_xc_static.t())
+            if h0 is not None and c0 is not None:
+                h, c = h0.reshape(n, hd), c0.reshape(n, hd)
+            else:
+                h = c = gx.new_zeros(n, hd)
+            outs = []
+            for step in range(t):
+                ct = cont[step].unsqueeze(1)
+                gates = torch.matmul(ct * h, self.W_hc.t()) + gx[step]
+                i = torch.sigmoid(gates[:, :hd])
+                f = ct * torch.sigmoid(gates[:, hd:2 * hd])  # Caffe's LSTMUnit: f = 0 where cont == 0
+                o = torch.sigmoid(gates[:, 2 * hd:3 * hd])
+                g = torch.tanh(gates[:, 3 * hd:])
+                c = f * c + i * g
+                h = o * torch.tanh(c)
+                outs.append(h)
+            hs = torch.stack(outs) if outs else gx.new_zeros(0, n, hd)
+            if self.expose_hidden:
+                return hs, h.unsqueeze(0), c.unsqueeze(0)
+            return hs
+"""
+
+
+def _recurrent_source(node, emit, template):
+    a = node.attrs
+    x, cont = emit.inputs[0], emit.inputs[1]
+    k = math.prod(emit.in_shape(0)[2:])
+    args = [str(k), str(a["num_output"])]
+    call = [x, cont]
+    nxt = 2
+    if a["static"]:
+        args.append(f"num_static={math.prod(emit.in_shape(2)[1:])}")
+        call.append(emit.inputs[2])
+        nxt = 3
+    if a["expose_hidden"]:
+        args.append("expose_hidden=True")
+        names = ("h0", "c0")[:len(emit.inputs) - nxt]
+        call += [f"{name}={v}" for name, v in zip(names, emit.inputs[nxt:])]
+    m = emit.module(f"{emit.helper(template)}({', '.join(args)})")
+    for i, name in enumerate(node.spec.blob_names_for(a)):
+        emit.param(name, i)
+    return f"{m}({', '.join(call)})"
 
 
 # ---- ONNX: a Scan over the time axis --------------------------------------------------

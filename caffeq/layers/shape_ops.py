@@ -74,6 +74,15 @@ def _check_in_place(lp):
 
 # ---- Concat -------------------------------------------------------------------
 
+def _concat_slice_axis(attrs, ndim, kind):
+    """The axis of Concat/Slice (kind "concat"/"slice"): the legacy <kind>_dim, or <kind>_param.axis."""
+    if attrs["legacy"]:  # concat_dim/slice_dim: no negative indexing
+        if attrs["axis"] >= ndim:
+            raise LayerError(f"{kind}_dim {attrs['axis']} out of range for a {ndim}-axis blob")
+        return attrs["axis"]
+    return canonical_axis(attrs["axis"], ndim, f"{kind}_param.axis")
+
+
 @register_layer("Concat")
 class Concat(Layer):
     def parse(self, lp):
@@ -86,16 +95,9 @@ class Concat(Layer):
             return {"axis": int(p.concat_dim), "legacy": True}
         return {"axis": int(p.axis), "legacy": False}
 
-    def _axis(self, attrs, ndim):
-        if attrs["legacy"]:  # concat_dim: no negative indexing
-            if attrs["axis"] >= ndim:
-                raise LayerError(f"concat_dim {attrs['axis']} out of range for a {ndim}-axis blob")
-            return attrs["axis"]
-        return canonical_axis(attrs["axis"], ndim, "concat_param.axis")
-
     def infer(self, attrs, in_shapes):
         first = tuple(in_shapes[0])
-        axis = attrs["_axis"] = self._axis(attrs, len(first))
+        axis = attrs["_axis"] = _concat_slice_axis(attrs, len(first), "concat")
         top = list(first)
         for i, s in enumerate(in_shapes[1:], 1):
             if len(s) != len(first):
@@ -166,16 +168,9 @@ class Slice(Layer):
             return {"axis": int(p.slice_dim), "legacy": True, "points": points, "tops": tops}
         return {"axis": int(p.axis), "legacy": False, "points": points, "tops": tops}
 
-    def _axis(self, attrs, ndim):
-        if attrs["legacy"]:
-            if attrs["axis"] >= ndim:
-                raise LayerError(f"slice_dim {attrs['axis']} out of range for a {ndim}-axis blob")
-            return attrs["axis"]
-        return canonical_axis(attrs["axis"], ndim, "slice_param.axis")
-
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
-        axis = attrs["_axis"] = self._axis(attrs, len(s))
+        axis = attrs["_axis"] = _concat_slice_axis(attrs, len(s), "slice")
         return [s[:axis] + (n,) + s[axis + 1:] for n in _slice_sizes(attrs, s[axis])]
 
     def forward(self, attrs, params, x):

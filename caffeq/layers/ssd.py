@@ -179,6 +179,23 @@ class Normalize(Layer):
 
 # ---- PriorBox -------------------------------------------------------------------
 
+def _prior_box_hw(p, both, h, w, cast):
+    """(height, width) from prior_box_param's `h`/`w` pair or its single `both` field; (0, 0) when unset."""
+    if p.HasField(h) or p.HasField(w):
+        if p.HasField(both):
+            raise LayerError(f"prior_box_param: give {both} or {h}/{w}, not both")
+        vh, vw = cast(getattr(p, h)), cast(getattr(p, w))
+        if vh <= 0 or vw <= 0:
+            raise LayerError(f"prior_box_param.{h}/{w} must be positive, got {vh}/{vw}")
+        return vh, vw
+    if p.HasField(both):
+        v = getattr(p, both)
+        if v <= 0:
+            raise LayerError(f"prior_box_param.{both} must be positive, got {v}")
+        return cast(v), cast(v)
+    return cast(0), cast(0)
+
+
 @register_layer("PriorBox")
 class PriorBox(Layer):
     def parse(self, lp):
@@ -219,28 +236,8 @@ class PriorBox(Layer):
             raise LayerError(f"prior_box_param.variance must be positive, got {var}")
         if not var:
             var = [0.1]
-        img_h = img_w = 0
-        if p.HasField("img_h") or p.HasField("img_w"):
-            if p.HasField("img_size"):
-                raise LayerError("prior_box_param: give img_size or img_h/img_w, not both")
-            img_h, img_w = int(p.img_h), int(p.img_w)
-            if img_h <= 0 or img_w <= 0:
-                raise LayerError(f"prior_box_param.img_h/img_w must be positive, got {img_h}/{img_w}")
-        elif p.HasField("img_size"):
-            if p.img_size <= 0:
-                raise LayerError("prior_box_param.img_size must be positive")
-            img_h = img_w = int(p.img_size)
-        step_h = step_w = 0.0
-        if p.HasField("step_h") or p.HasField("step_w"):
-            if p.HasField("step"):
-                raise LayerError("prior_box_param: give step or step_h/step_w, not both")
-            step_h, step_w = float(p.step_h), float(p.step_w)
-            if step_h <= 0 or step_w <= 0:
-                raise LayerError(f"prior_box_param.step_h/step_w must be positive, got {step_h}/{step_w}")
-        elif p.HasField("step"):
-            if p.step <= 0:
-                raise LayerError(f"prior_box_param.step must be positive, got {p.step}")
-            step_h = step_w = float(p.step)
+        img_h, img_w = _prior_box_hw(p, "img_size", "img_h", "img_w", int)
+        step_h, step_w = _prior_box_hw(p, "step", "step_h", "step_w", float)
         return {"min_sizes": min_sizes, "max_sizes": max_sizes, "ratios": ratios,
                 # SSD's default (false); OpenCV's importer clips when the field is absent
                 "clip": bool(p.clip) if p.HasField("clip") else False,
@@ -279,6 +276,23 @@ def _hw(shape):
     return int(h), int(w)
 
 
+def prior_sizes(attrs):
+    """Box (width, height) per prior as float32, in SSD's order: min, sqrt(min*max), other ratios."""
+    f32 = np.float32
+    sizes = []
+    for k, mn in enumerate(attrs["min_sizes"]):
+        sizes.append((f32(mn), f32(mn)))
+        if attrs["max_sizes"]:
+            s = f32(math.sqrt(mn * attrs["max_sizes"][k]))
+            sizes.append((s, s))
+        for ar in attrs["ratios"]:
+            if abs(ar - 1.0) < 1e-6:
+                continue
+            r = math.sqrt(float(f32(ar)))
+            sizes.append((f32(mn * r), f32(mn / r)))
+    return sizes
+
+
 def prior_boxes(attrs, feat_hw, img_hw):
     """SSD's PriorBox output (1, 2, H*W*num_priors*4) as float32, computed as SSD does."""
     f32 = np.float32
@@ -291,18 +305,7 @@ def prior_boxes(attrs, feat_hw, img_hw):
         sh, sw = f32(attrs["step_h"]), f32(attrs["step_w"])
     else:
         sh, sw = f32(f32(ih) / f32(lh)), f32(f32(iw) / f32(lw))
-    # box (width, height) per prior, in SSD's order: min, sqrt(min*max), other ratios
-    sizes = []
-    for k, mn in enumerate(attrs["min_sizes"]):
-        sizes.append((f32(mn), f32(mn)))
-        if attrs["max_sizes"]:
-            s = f32(math.sqrt(mn * attrs["max_sizes"][k]))
-            sizes.append((s, s))
-        for ar in attrs["ratios"]:
-            if abs(ar - 1.0) < 1e-6:
-                continue
-            r = math.sqrt(float(f32(ar)))
-            sizes.append((f32(mn * r), f32(mn / r)))
+    sizes = prior_sizes(attrs)
     bw = np.array([s[0] for s in sizes], np.float64)
     bh = np.array([s[1] for s in sizes], np.float64)
     off = f32(attrs["offset"])
