@@ -222,65 +222,75 @@ class LSTM(Recurrent):
 TORCH_RNN = """
     class RNN(nn.Module):
         \"\"\"Caffe's RNN unrolled over time: x (T, N, ...), cont (T, N) (0 starts a new sequence),
-        optional x_static (N, ...) and, with expose_hidden, the initial h0 (1, N, H); per step
+        optional x_static (N, ...) and the initial h0 (1, N, H) (default zeros); per step
         h_t = tanh(W_hh (cont_t * h_{t-1}) + W_xh x_t + b_h [+ W_xh_static x_static]),
-        o_t = tanh(W_ho h_t + b_o).  Returns o (T, N, H), and h_T (1, N, H) with expose_hidden.\"\"\"
+        o_t = tanh(W_ho h_t + b_o).  Returns (o (T, N, H), h_T (1, N, H)).\"\"\"
 
-        def __init__(self, num_input, num_output, num_static=0, expose_hidden=False):
+        def __init__(self, num_input, num_output, num_static=0):
             super().__init__()
             h = num_output
-            self.num_output, self.expose_hidden = num_output, expose_hidden
+            self.num_output = num_output
             self.W_xh = nn.Parameter(torch.zeros(h, num_input))
             self.b_h = nn.Parameter(torch.zeros(h))
-            self.W_xh_static = nn.Parameter(torch.zeros(h, num_static)) if num_static else None
+            if num_static:
+                self.W_xh_static = nn.Parameter(torch.zeros(h, num_static))
+            else:
+                self.register_parameter("W_xh_static", None)
             self.W_hh = nn.Parameter(torch.zeros(h, h))
             self.W_ho = nn.Parameter(torch.zeros(h, h))
             self.b_o = nn.Parameter(torch.zeros(h))
 
-        def forward(self, x, cont, x_static=None, h0=None):
+        def forward(self, x, cont, x_static: torch.Tensor | None = None, h0: torch.Tensor | None = None):
             t, n, hd = x.shape[0], x.shape[1], self.num_output
             # the input term of every step at once
             gx = torch.matmul(x.reshape(t, n, -1), self.W_xh.t()) + self.b_h
             if self.W_xh_static is not None:
+                if x_static is None:
+                    raise ValueError("this layer has a static input: pass x_static")
                 gx = gx + torch.matmul(x_static.reshape(x_static.shape[0], -1), self.W_xh_static.t())
             h = h0.reshape(n, hd) if h0 is not None else gx.new_zeros(n, hd)
             outs = []
             for step in range(t):
                 h = torch.tanh(torch.matmul(cont[step].unsqueeze(1) * h, self.W_hh.t()) + gx[step])
                 outs.append(torch.tanh(torch.matmul(h, self.W_ho.t()) + self.b_o))
-            o = torch.stack(outs) if outs else gx.new_zeros(0, n, hd)
-            if self.expose_hidden:
-                return o, h.unsqueeze(0)
-            return o
+            o = torch.stack(outs) if t > 0 else gx.new_zeros(0, n, hd)
+            return o, h.unsqueeze(0)
 """
 
 TORCH_LSTM = """
     class LSTM(nn.Module):
         \"\"\"Caffe's LSTM unrolled over time: x (T, N, ...), cont (T, N) (0 starts a new sequence),
-        optional x_static (N, ...) and, with expose_hidden, the initial h0, c0 (1, N, H); per step
+        optional x_static (N, ...) and the initial h0, c0 (1, N, H) (default zeros); per step
         [i f o g] = W_hc (cont_t * h_{t-1}) + W_xc x_t + b_c [+ W_xc_static x_static],
         c_t = cont_t * sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g), h_t = sigmoid(o) * tanh(c_t).
-        Returns h (T, N, H), and h_T, c_T (1, N, H) with expose_hidden.\"\"\"
+        Returns (h (T, N, H), h_T (1, N, H), c_T (1, N, H)).\"\"\"
 
-        def __init__(self, num_input, num_output, num_static=0, expose_hidden=False):
+        def __init__(self, num_input, num_output, num_static=0):
             super().__init__()
             g = 4 * num_output
-            self.num_output, self.expose_hidden = num_output, expose_hidden
+            self.num_output = num_output
             self.W_xc = nn.Parameter(torch.zeros(g, num_input))
             self.b_c = nn.Parameter(torch.zeros(g))
-            self.W_xc_static = nn.Parameter(torch.zeros(g, num_static)) if num_static else None
+            if num_static:
+                self.W_xc_static = nn.Parameter(torch.zeros(g, num_static))
+            else:
+                self.register_parameter("W_xc_static", None)
             self.W_hc = nn.Parameter(torch.zeros(g, num_output))
 
-        def forward(self, x, cont, x_static=None, h0=None, c0=None):
+        def forward(self, x, cont, x_static: torch.Tensor | None = None, h0: torch.Tensor | None = None,
+                    c0: torch.Tensor | None = None):
             t, n, hd = x.shape[0], x.shape[1], self.num_output
             # the input term of every step at once
             gx = torch.matmul(x.reshape(t, n, -1), self.W_xc.t()) + self.b_c
             if self.W_xc_static is not None:
+                if x_static is None:
+                    raise ValueError("this layer has a static input: pass x_static")
                 gx = gx + torch.matmul(x_static.reshape(x_static.shape[0], -1), self.W_xc_static.t())
             if h0 is not None and c0 is not None:
                 h, c = h0.reshape(n, hd), c0.reshape(n, hd)
             else:
-                h = c = gx.new_zeros(n, hd)
+                h = gx.new_zeros(n, hd)
+                c = h
             outs = []
             for step in range(t):
                 ct = cont[step].unsqueeze(1)
@@ -292,10 +302,8 @@ TORCH_LSTM = """
                 c = f * c + i * g
                 h = o * torch.tanh(c)
                 outs.append(h)
-            hs = torch.stack(outs) if outs else gx.new_zeros(0, n, hd)
-            if self.expose_hidden:
-                return hs, h.unsqueeze(0), c.unsqueeze(0)
-            return hs
+            hs = torch.stack(outs) if t > 0 else gx.new_zeros(0, n, hd)
+            return hs, h.unsqueeze(0), c.unsqueeze(0)
 """
 
 
@@ -311,13 +319,14 @@ def _recurrent_source(node, emit, template):
         call.append(emit.inputs[2])
         nxt = 3
     if a["expose_hidden"]:
-        args.append("expose_hidden=True")
         names = ("h0", "c0")[:len(emit.inputs) - nxt]
         call += [f"{name}={v}" for name, v in zip(names, emit.inputs[nxt:])]
     m = emit.module(f"{emit.helper(template)}({', '.join(args)})")
     for i, name in enumerate(node.spec.blob_names_for(a)):
         emit.param(name, i)
-    return f"{m}({', '.join(call)})"
+    # the module returns the sequence and the final states; Caffe's tops are the final states
+    # only with expose_hidden
+    return f"{m}({', '.join(call)})" + ("" if a["expose_hidden"] else "[0]")
 
 
 # ---- ONNX: a Scan over the time axis --------------------------------------------------

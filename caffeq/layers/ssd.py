@@ -267,6 +267,69 @@ class PriorBox(Layer):
         arr = prior_boxes(node.attrs, _hw(ctx.shape(node.inputs[0])), _hw(ctx.shape(node.inputs[1])))
         ctx.add_node("Identity", [ctx.const(arr, node.name + "_priors")], [node.outputs[0]], name=node.name)
 
+    def pytorch_source(self, node, emit):
+        # computed from the bottoms' spatial sizes at run time, as forward (never from their values)
+        a = node.attrs
+        sizes = prior_sizes(a)
+        args = [f"widths={emit.lit([float(w) for w, _ in sizes])}",
+                f"heights={emit.lit([float(h) for _, h in sizes])}",
+                f"variance={emit.lit([float(v) for v in a['variance']])}"]
+        if a["img_h"] and a["img_w"]:
+            args += [f"img_h={a['img_h']}", f"img_w={a['img_w']}"]
+        if a["step_h"] and a["step_w"]:
+            args += [f"step_h={emit.lit(a['step_h'])}", f"step_w={emit.lit(a['step_w'])}"]
+        args.append(f"offset={emit.lit(a['offset'])}")
+        if a["clip"]:
+            args.append("clip=True")
+        m = emit.module(f"{emit.helper(TORCH_PRIOR_BOX)}({', '.join(args)})")
+        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
+
+
+TORCH_PRIOR_BOX = """
+    class PriorBox(nn.Module):
+        \"\"\"SSD's PriorBox: for each feature-map cell (row-major) and prior, the corners [xmin, ymin,
+        xmax, ymax] normalized by the image size, then the variances: (1, 2, H * W * P * 4).  Only the
+        spatial sizes of `feat` and `img` (or img_h, img_w) matter, never their values.  widths and
+        heights: each prior's box size (float32) in SSD's order.\"\"\"
+
+        def __init__(self, widths, heights, variance, img_h=0, img_w=0, step_h=0.0, step_w=0.0,
+                     offset=0.5, clip=False):
+            super().__init__()
+            self.widths, self.heights, self.variance = widths, heights, variance
+            self.img_h, self.img_w, self.step_h, self.step_w = img_h, img_w, step_h, step_w
+            self.offset, self.clip = offset, clip
+
+        def forward(self, feat, img):
+            f32 = torch.float32
+            lh = feat.shape[2] if feat.dim() > 2 else 1
+            lw = feat.shape[3] if feat.dim() > 3 else 1
+            if self.img_h and self.img_w:
+                ih, iw = self.img_h, self.img_w
+            else:
+                ih = img.shape[2] if img.dim() > 2 else 1
+                iw = img.shape[3] if img.dim() > 3 else 1
+            if self.step_h and self.step_w:
+                sh, sw = torch.tensor(self.step_h, dtype=f32), torch.tensor(self.step_w, dtype=f32)
+            else:  # image size / feature-map size in float32, as SSD
+                sh = torch.tensor(float(ih), dtype=f32) / torch.tensor(float(lh), dtype=f32)
+                sw = torch.tensor(float(iw), dtype=f32) / torch.tensor(float(lw), dtype=f32)
+            bw = torch.tensor(self.widths, dtype=f32).double()
+            bh = torch.tensor(self.heights, dtype=f32).double()
+            off = torch.tensor(self.offset, dtype=f32)
+            # cell centers in float32, corners in double, then float32: SSD's float/double mix
+            cx = ((torch.arange(lw, dtype=f32) + off) * sw).double()[None, :, None]
+            cy = ((torch.arange(lh, dtype=f32) + off) * sh).double()[:, None, None]
+            boxes = torch.stack(torch.broadcast_tensors((cx - bw / 2.0) / iw, (cy - bh / 2.0) / ih,
+                                                        (cx + bw / 2.0) / iw, (cy + bh / 2.0) / ih), dim=-1)
+            coords = boxes.float().reshape(-1)
+            if self.clip:
+                coords = coords.clamp(0.0, 1.0)
+            var = torch.tensor(self.variance, dtype=f32)
+            variances = var.repeat(coords.numel() // var.numel())  # one value for all, or 4 per prior
+            out = torch.stack([coords, variances]).reshape(1, 2, -1)
+            return out.to(device=feat.device, dtype=feat.dtype)
+"""
+
 
 def _hw(shape):
     """Caffe's legacy height()/width(): axes 2 and 3, 1 where the blob has fewer axes."""
@@ -383,6 +446,32 @@ class DetectionOutput(Layer):
 
     def onnx(self, ctx, node):
         emit_detection_output(ctx, node)
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        args = [str(a["num_classes"])]
+        if not a["share_location"]:
+            args.append("share_location=False")
+        args.append(f"background={a['background']}")
+        args.append(f"nms_threshold={emit.lit(a['nms_threshold'])}")
+        if a["eta"] != 1:
+            args.append(f"eta={emit.lit(a['eta'])}")
+        if a["top_k"] > -1:
+            args.append(f"top_k={a['top_k']}")
+        args.append(f"code_type={emit.lit(_CODE_NAMES[a['code_type']])}")
+        if a["variance_in_target"]:
+            args.append("variance_in_target=True")
+        if a["keep_top_k"] > -1:
+            args.append(f"keep_top_k={a['keep_top_k']}")
+        if a["conf_threshold"] > -FLT_MAX:
+            args.append(f"conf_threshold={emit.lit(a['conf_threshold'])}")
+        if a["clip"]:
+            args.append("clip=True")
+        emit.note(f"{node.name} (DetectionOutput): the number of rows depends on the data (at most "
+                  f"{emit.out_shape(0)[2]} at the prototxt's batch size); NMS runs eagerly on the CPU "
+                  f"(ssd_nms), so this layer does not trace or export to a static graph.")
+        m = emit.module(f"{emit.helper(TORCH_DETECTION_OUTPUT)}({', '.join(args)})")
+        return f"{m}({', '.join(emit.inputs)})"
 
 
 def max_detections(attrs, num, n_priors):
@@ -526,6 +615,148 @@ def detection_output(attrs, loc, conf, prior):
     box = decoded[img, lslot, idx]
     out = torch.cat([img.to(dt)[:, None], lab.to(dt)[:, None], score[:, None].to(dt), box.to(dt)], dim=1)
     return out.reshape(1, 1, -1, 7)
+
+
+# ---- DetectionOutput as standalone PyTorch source -------------------------------------------
+# the same torch calls as decode_boxes/detection_output, and nms_fast's float32 arithmetic in torch
+
+TORCH_DETECTION_OUTPUT = """
+    def box_sizes(b):
+        \"\"\"SSD's BBoxSize of normalized boxes (..., 4): 0 for a box with xmax < xmin or ymax < ymin.\"\"\"
+        w = b[..., 2] - b[..., 0]
+        h = b[..., 3] - b[..., 1]
+        return torch.where((w < 0) | (h < 0), torch.zeros_like(w), w * h)
+
+
+    def jaccard_overlaps(a, b, size_a, size_b):
+        \"\"\"SSD's JaccardOverlap of boxes a (M, 4) against b (K, 4) -> (M, K), float32.  Disjoint (and
+        flipped) boxes have a non-positive intersection width or height: IoU 0.\"\"\"
+        iw = torch.minimum(a[:, None, 2], b[None, :, 2]) - torch.maximum(a[:, None, 0], b[None, :, 0])
+        ih = torch.minimum(a[:, None, 3], b[None, :, 3]) - torch.maximum(a[:, None, 1], b[None, :, 1])
+        inter = torch.clamp(iw, min=0) * torch.clamp(ih, min=0)
+        union = size_a[:, None] + size_b[None, :] - inter
+        return torch.where(inter > 0, inter / union, torch.zeros_like(inter))
+
+
+    def ssd_nms(boxes, scores, score_threshold: float, nms_threshold: float, eta: float = 1.0,
+                top_k: int = -1):
+        \"\"\"SSD's ApplyNMSFast for one class: boxes (P, 4), scores (P,) -> the indices kept, best first.
+
+        The candidates score above score_threshold, best first (ties: lower index first), at most
+        top_k of them (-1: all).  A candidate is kept when its IoU with every box kept before it is
+        <= the threshold in force; with eta < 1 the threshold shrinks by eta after each kept box
+        while it is above 0.5.\"\"\"
+        f32 = torch.float32
+        cand = torch.nonzero(scores > torch.tensor(score_threshold, dtype=f32)).flatten()
+        if cand.numel() == 0:
+            return []
+        order = cand[torch.sort(-scores[cand], stable=True)[1]]
+        if top_k > -1:
+            order = order[:top_k]
+        b = boxes[order]
+        sizes = box_sizes(b)
+        k = order.numel()
+        full = jaccard_overlaps(b, b, sizes, sizes) if k <= 2048 else None
+        worst = torch.zeros(k, dtype=f32)  # each candidate's largest IoU with a kept box so far
+        thr = torch.tensor(nms_threshold, dtype=f32)
+        kept = []
+        for j in range(k):
+            if worst[j] > thr:
+                continue
+            kept.append(int(order[j]))
+            if j + 1 < k:
+                if full is not None:
+                    row = full[j, j + 1:]
+                else:
+                    row = jaccard_overlaps(b[j:j + 1], b[j + 1:], sizes[j:j + 1], sizes[j + 1:])[0]
+                worst[j + 1:] = torch.maximum(worst[j + 1:], row)
+            if eta < 1 and thr > 0.5:
+                thr = thr * torch.tensor(eta, dtype=f32)
+        return kept
+
+
+    class DetectionOutput(nn.Module):
+        \"\"\"SSD's DetectionOutput: loc decoded against the priors (code_type), NMS per class (ssd_nms),
+        the keep_top_k best per image, as rows [image, label, score, xmin, ymin, xmax, ymax] shaped
+        (1, 1, R, 7): per image, label ascending, then score descending.  With no detection at all,
+        one [i, -1, -1, -1, -1, -1, -1] row per image.  R depends on the data.\"\"\"
+
+        def __init__(self, num_classes, share_location=True, background=0, nms_threshold=0.3, eta=1.0,
+                     top_k=-1, code_type="CORNER", variance_in_target=False, keep_top_k=-1,
+                     conf_threshold=-3.4028235e38, clip=False):
+            super().__init__()
+            self.num_classes, self.share_location, self.background = num_classes, share_location, background
+            self.nms_threshold, self.eta, self.top_k = nms_threshold, eta, top_k
+            self.code_type, self.variance_in_target = code_type, variance_in_target
+            self.keep_top_k, self.conf_threshold, self.clip = keep_top_k, conf_threshold, clip
+
+        def decode(self, loc, pbox, pvar):
+            \"\"\"SSD's DecodeBBox: loc (..., P, 4) against the priors pbox, pvar (P, 4) -> corners.\"\"\"
+            if self.variance_in_target:
+                pvar = torch.ones_like(pvar)
+            if self.code_type == "CORNER":
+                return pbox + pvar * loc
+            pw = pbox[:, 2] - pbox[:, 0]
+            ph = pbox[:, 3] - pbox[:, 1]
+            if self.code_type == "CORNER_SIZE":
+                size = torch.stack([pw, ph, pw, ph], dim=-1)
+                return pbox + pvar * loc * size
+            pcx = (pbox[:, 0] + pbox[:, 2]) / 2  # CENTER_SIZE
+            pcy = (pbox[:, 1] + pbox[:, 3]) / 2
+            cx = pvar[:, 0] * loc[..., 0] * pw + pcx
+            cy = pvar[:, 1] * loc[..., 1] * ph + pcy
+            w = torch.exp(pvar[:, 2] * loc[..., 2]) * pw
+            h = torch.exp(pvar[:, 3] * loc[..., 3]) * ph
+            return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1)
+
+        def forward(self, loc, conf, prior):
+            num = loc.shape[0]
+            n_priors = prior.shape[-1] // 4
+            n_cls = self.num_classes
+            n_loc = 1 if self.share_location else n_cls
+            loc = loc.reshape(num, n_priors, n_loc, 4)
+            conf = conf.reshape(num, n_priors, n_cls)
+            pri = prior.reshape(-1, 2, n_priors * 4)[0]  # every image uses the first item's priors
+            pbox, pvar = pri[0].reshape(n_priors, 4), pri[1].reshape(n_priors, 4)
+            decoded = self.decode(loc.transpose(1, 2), pbox, pvar)  # (N, n_loc, P, 4)
+            if self.clip:
+                decoded = decoded.clamp(0.0, 1.0)
+            boxes_all = decoded.detach().float().cpu()  # NMS runs on the CPU, in float32
+            scores_all = conf.detach().float().cpu()
+            picks = []  # (image, label, prior) in SSD's output order
+            for i in range(num):
+                per_label = {}
+                for c in range(n_cls):
+                    if c == self.background:
+                        continue
+                    boxes = boxes_all[i, 0 if self.share_location else c]
+                    per_label[c] = ssd_nms(boxes, scores_all[i, :, c], self.conf_threshold,
+                                           self.nms_threshold, self.eta, self.top_k)
+                total = sum(len(v) for v in per_label.values())
+                if self.keep_top_k > -1 and total > self.keep_top_k:
+                    # the keep_top_k best over all classes; the stable sort keeps ties in label order
+                    pool = [(float(scores_all[i, idx, c]), c, idx) for c in sorted(per_label)
+                            for idx in per_label[c]]
+                    pool.sort(key=lambda t: -t[0])
+                    per_label = {}
+                    for _, c, idx in pool[:self.keep_top_k]:
+                        per_label.setdefault(c, []).append(idx)
+                for c in sorted(per_label):
+                    picks.extend((i, c, idx) for idx in per_label[c])
+            dev, dt = loc.device, loc.dtype
+            if not picks:
+                out = torch.full((num, 7), -1.0, device=dev, dtype=dt)
+                out[:, 0] = torch.arange(num, device=dev, dtype=dt)
+                return out.reshape(1, 1, num, 7)
+            img = torch.tensor([p[0] for p in picks], device=dev)
+            lab = torch.tensor([p[1] for p in picks], device=dev)
+            idx = torch.tensor([p[2] for p in picks], device=dev)
+            lslot = torch.zeros_like(lab) if self.share_location else lab
+            score = conf[img, idx, lab]
+            box = decoded[img, lslot, idx]
+            out = torch.cat([img.to(dt)[:, None], lab.to(dt)[:, None], score[:, None].to(dt), box.to(dt)], dim=1)
+            return out.reshape(1, 1, -1, 7)
+"""
 
 
 # ---- DetectionOutput as ONNX ops ------------------------------------------------------

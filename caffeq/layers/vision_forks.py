@@ -410,6 +410,121 @@ class ShuffleChannel(Layer):
 
 # ---- ROIPooling / PSROIPooling -------------------------------------------------------
 
+# standalone PyTorch source: the bins in the same float32 / float64 arithmetic as roi_bins and
+# PSROIPooling.forward, in torch on the CPU; the pooling itself with the same torch calls
+
+TORCH_ROI_COMMON = """
+    def c_round(v):
+        \"\"\"C's round() of float64 values: half away from zero (torch.round is half to even).\"\"\"
+        return torch.sign(v) * torch.floor(torch.abs(v) + 0.5)
+
+
+    def bin_mask(starts, ends, n: int):
+        \"\"\"(bins, n) bool: position p lies in bin k when starts[k] <= p < ends[k].\"\"\"
+        pos = torch.arange(n)
+        return (pos[None, :] >= starts[:, None]) & (pos[None, :] < ends[:, None])
+"""
+
+TORCH_ROI_POOLING = """
+    def roi_bins(roi, scale: float, ph: int, pw: int, h: int, w: int):
+        \"\"\"Fast R-CNN's integer bins of one roi [batch, x1, y1, x2, y2] (float32, CPU): hstart, hend,
+        wstart, wend, clipped to the map.\"\"\"
+        f32 = torch.float32
+        x1, y1, x2, y2 = c_round((roi[1:5] * torch.tensor(scale, dtype=f32)).double()).tolist()
+        rh = max(int(y2 - y1) + 1, 1)
+        rw = max(int(x2 - x1) + 1, 1)
+        bh = torch.tensor(float(rh), dtype=f32) / torch.tensor(float(ph), dtype=f32)
+        bw = torch.tensor(float(rw), dtype=f32) / torch.tensor(float(pw), dtype=f32)
+        hs = torch.floor(torch.arange(ph, dtype=f32) * bh).long() + int(y1)
+        he = torch.ceil(torch.arange(1, ph + 1, dtype=f32) * bh).long() + int(y1)
+        ws = torch.floor(torch.arange(pw, dtype=f32) * bw).long() + int(x1)
+        we = torch.ceil(torch.arange(1, pw + 1, dtype=f32) * bw).long() + int(x1)
+        return hs.clamp(0, h), he.clamp(0, h), ws.clamp(0, w), we.clamp(0, w)
+
+
+    class ROIPooling(nn.Module):
+        \"\"\"Fast R-CNN's ROIPooling: rois (R, 5) = [batch, x1, y1, x2, y2] in input pixels (times
+        spatial_scale, C-rounded); the max over each of pooled_h x pooled_w bins; an empty bin
+        gives 0.  Returns (R, C, pooled_h, pooled_w).\"\"\"
+
+        def __init__(self, pooled_h, pooled_w, spatial_scale=1.0):
+            super().__init__()
+            self.pooled_h, self.pooled_w, self.spatial_scale = pooled_h, pooled_w, spatial_scale
+
+        def forward(self, x, rois):
+            r = rois.reshape(rois.shape[0], -1).detach().float().cpu()
+            n, c, h, w = x.shape
+            ph, pw = self.pooled_h, self.pooled_w
+            outs = []
+            neg = torch.tensor(float("-inf"), device=x.device, dtype=x.dtype)
+            for roi in r:
+                b = int(roi[0])
+                if not 0 <= b < n:
+                    raise ValueError(f"ROIPooling: roi batch index {b} is outside the batch of {n}")
+                hs, he, ws, we = roi_bins(roi, self.spatial_scale, ph, pw, h, w)
+                empty = ((he <= hs)[:, None] | (we <= ws)[None, :]).to(x.device)
+                h0, h1 = int(hs.min()), max(int(he.max()), int(hs.min()) + 1)
+                w0, w1 = int(ws.min()), max(int(we.max()), int(ws.min()) + 1)
+                h1, w1 = min(h1, h), min(w1, w)
+                if h0 >= h1 or w0 >= w1:  # the whole roi is outside the map
+                    outs.append(torch.zeros((c, ph, pw), device=x.device, dtype=x.dtype))
+                    continue
+                region = x[b, :, h0:h1, w0:w1]  # (C, rh, rw)
+                mw = bin_mask(ws - w0, we - w0, w1 - w0).to(x.device)  # (pw, rw)
+                mh = bin_mask(hs - h0, he - h0, h1 - h0).to(x.device)  # (ph, rh)
+                cols = torch.where(mw[None, None], region[:, :, None, :], neg).amax(-1)  # (C, rh, pw)
+                bins = torch.where(mh[None, :, :, None], cols[:, None, :, :], neg).amax(2)  # (C, ph, pw)
+                outs.append(torch.where(empty[None], torch.zeros((), device=x.device, dtype=x.dtype), bins))
+            if not outs:
+                return x.new_zeros((0, c, ph, pw))
+            return torch.stack(outs)
+"""
+
+TORCH_PSROI_POOLING = """
+    class PSROIPooling(nn.Module):
+        \"\"\"R-FCN's position-sensitive ROI pooling: rois (R, 5) = [batch, x1, y1, x2, y2]; bin (i, j) of
+        a group_size x group_size grid averages channel block (i, j) of each output channel over its
+        cells (0 for an empty bin).  x has output_dim * group_size^2 channels; returns
+        (R, output_dim, group_size, group_size).\"\"\"
+
+        def __init__(self, output_dim, group_size, spatial_scale=1.0):
+            super().__init__()
+            self.output_dim, self.group_size, self.spatial_scale = output_dim, group_size, spatial_scale
+
+        def forward(self, x, rois):
+            f32 = torch.float32
+            r = rois.reshape(rois.shape[0], -1).detach().float().cpu()
+            n, _, h, w = x.shape
+            g, dim = self.group_size, self.output_dim
+            scale = torch.tensor(self.spatial_scale, dtype=f32)
+            x5 = x.reshape(n, dim, g, g, h, w)
+            outs = []
+            for roi in r:
+                b = int(roi[0])
+                if not 0 <= b < n:
+                    raise ValueError(f"PSROIPooling: roi batch index {b} is outside the batch of {n}")
+                corners = c_round(roi[1:5].double())  # x1, y1, x2, y2
+                start = corners[:2].float() * scale  # (x, y), float32 as R-FCN
+                end = (corners[2:] + 1.0).float() * scale
+                size = torch.maximum(end - start, torch.tensor(0.1, dtype=f32))
+                bin_size = size / torch.tensor(float(g), dtype=f32)
+                k = torch.arange(g, dtype=f32)
+                hs = torch.floor(k * bin_size[1] + start[1]).long().clamp(0, h)
+                he = torch.ceil((k + 1) * bin_size[1] + start[1]).long().clamp(0, h)
+                ws = torch.floor(k * bin_size[0] + start[0]).long().clamp(0, w)
+                we = torch.ceil((k + 1) * bin_size[0] + start[0]).long().clamp(0, w)
+                area = ((he - hs).clamp(min=0)[:, None] * (we - ws).clamp(min=0)[None, :]).to(f32)
+                mh = bin_mask(hs, he, h).to(x.device, x.dtype)
+                mw = bin_mask(ws, we, w).to(x.device, x.dtype)
+                sums = torch.einsum("opqhw,ph,qw->opq", x5[b], mh, mw)
+                area_t = area.to(x.device, x.dtype)
+                outs.append(torch.where(area_t > 0, sums / area_t.clamp(min=1), torch.zeros_like(sums)))
+            if not outs:
+                return x.new_zeros((0, dim, g, g))
+            return torch.stack(outs)
+"""
+
+
 def _rois(rois, where):
     r = rois.reshape(rois.shape[0], -1)
     if r.shape[1] != 5:
@@ -500,6 +615,13 @@ class ROIPooling(Layer):
         ctx.add_node("MaxRoiPool", [node.inputs[0], rois], [node.outputs[0]], name=node.name,
                      pooled_shape=[a["ph"], a["pw"]], spatial_scale=a["scale"])
 
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        emit.helper(TORCH_ROI_COMMON)
+        cls = emit.helper(TORCH_ROI_POOLING)
+        m = emit.module(f"{cls}({a['ph']}, {a['pw']}, spatial_scale={emit.lit(a['scale'])})")
+        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
+
 
 @register_layer("PSROIPooling")
 class PSROIPooling(Layer):
@@ -559,3 +681,10 @@ class PSROIPooling(Layer):
 
     def onnx(self, ctx, node):
         raise ExportError(f"layer '{node.name}' (PSROIPooling): ONNX has no position-sensitive ROI pooling op")
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        emit.helper(TORCH_ROI_COMMON)
+        cls = emit.helper(TORCH_PSROI_POOLING)
+        m = emit.module(f"{cls}({a['dim']}, {a['group']}, spatial_scale={emit.lit(a['scale'])})")
+        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
