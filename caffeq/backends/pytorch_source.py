@@ -14,11 +14,13 @@ not bit for bit; `exact_batchnorm=True` keeps Caffe's order in a subclass of
 nn.BatchNorm2d.
 
 The generated modules train (model.train(): BatchNorm batch statistics,
-Dropout), and both torch.export (with a dynamic batch) and torch.jit.script
-accept them; a Parameter layer's blob keeps the shape the prototxt declares.
+Dropout), and torch.export (with a dynamic batch) and torch.jit.script accept
+them, except nets holding DetectionOutput, ROIPooling or PSROIPooling (Python
+loops over data-dependent counts: eager only); LSTM/RNN export at a fixed
+sequence length; a Parameter layer's blob keeps the shape the prototxt declares.
 
-The export refuses (ExportError, nothing written) when any layer has no
-PyTorch source, listing all of them at once.
+Every built-in type has PyTorch source; a registered layer without one makes
+the export refuse (ExportError, nothing written), listing all such layers.
 """
 import hashlib
 import keyword
