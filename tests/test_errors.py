@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -47,7 +46,7 @@ layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_
 
 def test_syntax_error_names_file_line_column(tmp_path):
     p = write(tmp_path, "bad.prototxt", NET.replace('top: "conv" convolution_param', 'top: "conv" convolution_param {{'))
-    line = assert_one_line_error(cli("inspect", p), "bad.prototxt:3:")
+    assert_one_line_error(cli("inspect", p), "bad.prototxt:3:")
 
 
 def test_unknown_field_names_field_and_layer(tmp_path):
