@@ -128,3 +128,14 @@ def test_stage_flag_on_the_cli(tmp_path):
                           "--json"], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert [L["name"] for L in json.loads(out.stdout)["layers"]] == ["data", "a"]
+
+
+@pytest.mark.parametrize("layer", [
+    'type: "Convolution" convolution_param { num_output: 2 kernel_size: 3 kernel_h: 3 kernel_w: 3 }',
+    'type: "Convolution" convolution_param { num_output: 2 kernel_size: 3 pad: 1 pad_h: 1 pad_w: 1 }',
+    'type: "Pooling" pooling_param { kernel_size: 2 kernel_h: 2 kernel_w: 2 }',
+])
+def test_scalar_and_hw_forms_together_are_refused_as_caffe_does(layer):
+    with pytest.raises(caffeq.CaffeqError, match="not both"):
+        load_from_text('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 1 '
+                       'dim: 6 dim: 6 } } }\nlayer { name: "l" ' + layer + ' bottom: "data" top: "l" }')

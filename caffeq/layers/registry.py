@@ -172,6 +172,10 @@ def spatial_params(param, ndim, name, default, allow_hw=True, min_value=None):
     stem = "kernel" if name == "kernel_size" else name
     h_field, w_field = f"{stem}_h", f"{stem}_w"
     if allow_hw and (param.HasField(h_field) or param.HasField(w_field)):
+        plain = getattr(param, name)
+        if (param.HasField(name) if isinstance(plain, int) else len(plain)):
+            # Caffe: "either kernel_size or kernel_h/w should be specified; not both" (likewise pad, stride)
+            raise LayerError(f"give either {name} or {h_field}/{w_field}, not both")
         if ndim != 2:
             raise LayerError(f"{h_field}/{w_field} only work for 2-D data")
         if not (param.HasField(h_field) and param.HasField(w_field)):
