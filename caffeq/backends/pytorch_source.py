@@ -32,6 +32,7 @@ import textwrap
 import numpy as np
 
 from ..errors import CaffeqError, ExportError
+from .names import identifier
 
 WEIGHT_FORMATS = ("safetensors", "pt")
 _RESERVED_LOCALS = {"self", "torch", "nn", "F", "os", "WEIGHTS", "load", "_"}
@@ -42,21 +43,6 @@ _RESERVED_LOCALS = {"self", "torch", "nn", "F", "os", "WEIGHTS", "load", "_"}
 def _module_reserved():
     from torch import nn
     return set(dir(nn.Module)) | {"forward", "training"}
-
-
-def identifier(name, taken, reserved=()):
-    """A Python identifier for a Caffe name: non-word characters become _, collisions get _2, _3..."""
-    ident = re.sub(r"\W", "_", str(name), flags=re.ASCII)
-    if not ident or ident[0].isdigit():
-        ident = "l_" + ident
-    if keyword.iskeyword(ident) or ident in reserved or ident.startswith("__"):
-        ident += "_"
-    base, k = ident, 1
-    while ident in taken:
-        k += 1
-        ident = f"{base}_{k}"
-    taken.add(ident)
-    return ident
 
 
 def class_name(name, taken=()):

@@ -5,7 +5,6 @@ blobs as parameters (statistics as buffers) and calling its spec's forward.
 The fx graph wires them in Caffe's order, so `print(module.code)` reads like
 the prototxt.
 """
-import keyword
 import operator
 import re
 
@@ -14,6 +13,7 @@ import torch
 from torch import fx, nn
 
 from ..errors import DataError
+from .names import identifier
 
 
 class CaffeLayer(nn.Module):
@@ -52,20 +52,6 @@ class CaffeLayer(nn.Module):
         return f"type={self.caffe_type}"
 
 
-def _identifier(name, taken):
-    ident = re.sub(r"\W", "_", name)
-    if not ident or ident[0].isdigit():
-        ident = "l_" + ident
-    if keyword.iskeyword(ident):
-        ident += "_"
-    base, k = ident, 1
-    while ident in taken:
-        k += 1
-        ident = f"{base}_{k}"
-    taken.add(ident)
-    return ident
-
-
 class CaffeNet(fx.GraphModule):
     """The GraphModule caffeq builds; keeps Caffe's input/output names."""
 
@@ -77,7 +63,7 @@ def build_module(model, all_blobs=False):
     taken = {"self", "torch", "operator"} | set(dir(nn.Module))  # a layer named "train" must not shadow it
     values = {}
     for ssa in graph.inputs:
-        ident = _identifier(graph.tensors[ssa].blob, taken)
+        ident = identifier(graph.tensors[ssa].blob, taken)
         values[ssa] = g.placeholder(ident)
     modules = {}
     for node in graph.nodes:
@@ -91,7 +77,7 @@ def build_module(model, all_blobs=False):
                 if tuple(p.shape) == tuple(node.expected_param_shapes[i]):
                     shared[i] = p
         mod = CaffeLayer(node, node.blobs, shared)
-        attr = _identifier(node.name, taken)
+        attr = identifier(node.name, taken)
         root.add_module(attr, mod)
         modules[node.name] = mod
         call = g.call_module(attr, tuple(values[i] for i in node.inputs))
