@@ -6,6 +6,7 @@ loss, as Caffe's top blob does; `attrs["loss_weight"]` (one per top, Caffe's
 defaults: 1 for a loss layer's first top) tells a trainer how to weight it.
 Labels arrive as floats and are truncated to int, as Caffe's static_cast does.
 """
+import inspect
 import math
 
 import numpy as np
@@ -118,9 +119,9 @@ class _TrainingOnly(Layer):
 
 # ---- ArgMax ----------------------------------------------------------------------------
 
-def caffe_topk(x, k, dim):
-    """Top k along dim in Caffe's order: std::partial_sort with std::greater on (value, index)
-    pairs, so equal values come highest index first.  Returns (values, indices)."""
+def caffe_topk(x, k: int, dim: int):
+    """Top k along dim in Caffe's order (std::partial_sort on (value, index) pairs: equal values
+    come highest index first); returns (values, indices)."""
     n = x.shape[dim]
     flipped = x.flip(dim)
     if k == 1:
@@ -231,21 +232,8 @@ class ArgMax(Layer):
         return f"{m}({emit.inputs[0]})"
 
 
-TORCH_CAFFE_TOPK = """
-    def caffe_topk(x, k: int, dim: int):
-        \"\"\"Top k along dim in Caffe's order (std::partial_sort on (value, index) pairs: equal values
-        come highest index first); returns (values, indices).\"\"\"
-        n = x.shape[dim]
-        flipped = x.flip(dim)
-        if k == 1:
-            # argmax returns the first maximum: in the flipped order that is the highest index
-            idx = flipped.argmax(dim=dim, keepdim=True)
-        else:
-            _, idx = torch.sort(flipped, dim=dim, descending=True, stable=True)
-            idx = idx.narrow(dim, 0, k)
-        values = flipped.gather(dim, idx)
-        return values, (n - 1) - idx
-"""
+# model.py gets the same function, so the export stays bit-identical to forward
+TORCH_CAFFE_TOPK = inspect.getsource(caffe_topk)
 
 TORCH_ARGMAX = """
     class ArgMax(nn.Module):
