@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import CaffeqError, GraphError, ShapeError, WeightsError
 from .layers import get_spec, require_specs
-from .layers.registry import LayerError
+from .layers.registry import LayerError, MissingInputShape
 
 MAX_BLOB_ELEMENTS = 1 << 33  # about 32 GB of float32: refuse before allocating
 
@@ -144,7 +144,7 @@ def _check_shape(source, lp, blob, shape):
 
 
 def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None, source="",
-                base_dir=None, input_shapes=None, outputs=None, notes=None):
+                base_dir=None, input_shapes=None, outputs=None, notes=None, unknown_shapes_ok=False):
     """NetParameter (V2, upgraded) + optional caffemodel blobs -> Graph with Caffe's shapes.
 
     weights: dict layer name -> list of BlobData (from read_caffemodel) or arrays.
@@ -154,6 +154,8 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
     outputs: Caffe blob names to make the net's outputs; layers that feed none of them are dropped.
     notes: a list that receives what was changed on the way (dropped training-only layers,
         renamed duplicate layers).
+    unknown_shapes_ok: a data top whose shape only its missing dataset could tell gets shape None,
+        and so does everything computed from it (for listing a net, never for running it).
     """
     notes = [] if notes is None else notes
     input_shapes = {k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()}
@@ -200,32 +202,17 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
         in_shapes = [shapes[i] for i in in_ids]
         given = {i: input_shapes[t] for i, t in enumerate(lp.top) if t in input_shapes} if spec.is_data else {}
         shapes_used.update(lp.top[i] for i in given)
-        try:
-            if given and len(given) == len(lp.top):
-                out_shapes = [given[i] for i in range(len(lp.top))]
-            elif given and hasattr(spec, "top_shapes"):
-                out_shapes = spec.top_shapes(attrs, given)
-            else:
-                out_shapes = spec.infer(attrs, in_shapes)
-                out_shapes = [given.get(i, s) for i, s in enumerate(out_shapes)]
-            if spec.is_data and batch is not None:
-                out_shapes = [(batch,) + tuple(s[1:]) if len(s) else s for s in out_shapes]
-            expected = spec.param_shapes(attrs, in_shapes)
-        except LayerError as e:
-            raise LayerError(f"{where}: {e}") from None
-        except CaffeqError:
-            raise
-        except Exception as e:
-            raise ShapeError(f"{where}: cannot infer shapes from bottoms "
-                             f"{[list(s) for s in in_shapes]}: {type(e).__name__}: {e}") from None
+        out_shapes, expected = _infer_node(spec, attrs, lp, in_shapes, given, batch, where,
+                                           unknown_shapes_ok, notes)
         if len(out_shapes) != len(lp.top):
             raise GraphError(f"{where}: produces {len(out_shapes)} tops but the prototxt names "
                              f"{len(lp.top)}")
 
         out_ids = []
         for t, s in zip(lp.top, out_shapes):
-            s = tuple(int(d) for d in s)
-            _check_shape(source, lp, t, s)
+            if s is not None:
+                s = tuple(int(d) for d in s)
+                _check_shape(source, lp, t, s)
             tid = len(temp_blob)
             temp_blob[tid] = t
             temp_producer[tid] = node_name
@@ -370,6 +357,35 @@ def _did_you_mean(name, choices):
     return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
 
 
+def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_ok, notes):
+    """(top shapes, learnable blob shapes) of one layer by Caffe's rules; None where unknown."""
+    if any(s is None for s in in_shapes):
+        return [None] * len(lp.top), None
+    try:
+        if given and len(given) == len(lp.top):
+            out_shapes = [given[i] for i in range(len(lp.top))]
+        elif given and hasattr(spec, "top_shapes"):
+            out_shapes = spec.top_shapes(attrs, given)
+        else:
+            out_shapes = spec.infer(attrs, in_shapes)
+            out_shapes = [given.get(i, s) for i, s in enumerate(out_shapes)]
+        if spec.is_data and batch is not None:
+            out_shapes = [(batch,) + tuple(s[1:]) if len(s) else s for s in out_shapes]
+        return out_shapes, spec.param_shapes(attrs, in_shapes)
+    except MissingInputShape as e:
+        if not unknown_shapes_ok:
+            raise LayerError(f"{where}: {e}") from None
+        notes.append(f"{where}: {e}")
+        return [given.get(i) for i in range(len(lp.top))], None
+    except LayerError as e:
+        raise LayerError(f"{where}: {e}") from None
+    except CaffeqError:
+        raise
+    except Exception as e:
+        raise ShapeError(f"{where}: cannot infer shapes from bottoms "
+                         f"{[list(s) for s in in_shapes]}: {type(e).__name__}: {e}") from None
+
+
 def attach_weights(graph, weights, source="", weights_source=""):
     """Copy weights into nodes by layer name, as Caffe's Net::CopyTrainedLayersFrom."""
     wsrc = weights_source or source
@@ -382,6 +398,9 @@ def attach_weights(graph, weights, source="", weights_source=""):
                                    f"but the weights file has no layer of that name")
             continue
         blobs = weights[node.name]
+        if expected is None and any(graph.tensors[t].shape is None for t in node.inputs):
+            node.blobs = [b.array if hasattr(b, "array") else np.asarray(b) for b in blobs]
+            continue   # shapes unknown (listed without its dataset): nothing to check against
         if expected is None:
             expected = []
         if len(blobs) != len(expected):

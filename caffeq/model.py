@@ -3,7 +3,7 @@ import os
 
 import numpy as np
 
-from .errors import CaffeqError, ParseError
+from .errors import CaffeqError, ParseError, ShapeError
 from .io.caffemodel import read_caffemodel
 from .io.prototxt import read_prototxt
 from .io.upgrade import upgrade_net
@@ -71,22 +71,26 @@ class Model:
         compile=True wraps it in torch.compile with weight freezing (inference
         only; the first call compiles, which takes tens of seconds on a CPU).
         """
+        self.require_shapes()
         from .backends.torch_backend import to_torch
         return to_torch(self, device=device, dtype=dtype, all_blobs=all_blobs, optimize=optimize,
                         compile=compile)
 
     def run(self, inputs, device="cpu", all_blobs=False, batch_size=None, dtype=None):
         """Run on numpy inputs ({blob: array} or one array) -> {blob: numpy array}."""
+        self.require_shapes()
         from .backends.torch_backend import run_numpy
         return run_numpy(self, inputs, device=device, all_blobs=all_blobs, batch_size=batch_size,
                          dtype=dtype)
 
     def export_onnx(self, path, **kwargs):
+        self.require_shapes()
         from .backends.onnx_backend import export_onnx
         return export_onnx(self, path, **kwargs)
 
     def export_pytorch(self, out, **kwargs):
         """Write a standalone model.py + weights (see caffeq.backends.pytorch_source)."""
+        self.require_shapes()
         from .backends.pytorch_source import export_pytorch
         return export_pytorch(self, out, **kwargs)
 
@@ -104,6 +108,13 @@ class Model:
         if getattr(self, "quant_report", None) is not None:
             m.quant_report = self.quant_report
         return m
+
+    def require_shapes(self):
+        """Refuse to run or export a net listed with unknown data shapes (load(unknown_shapes_ok=True))."""
+        unknown = [self.graph.tensors[t].blob for t in self.graph.inputs if self.graph.tensors[t].shape is None]
+        if unknown:
+            raise ShapeError(f"{self.prototxt}: the shape of {', '.join(map(repr, unknown))} is unknown "
+                             f"without the dataset; give it with --input-shape {unknown[0]}=N,C,H,W")
 
     def build_options(self):
         """The build_graph options the user chose (input shapes, outputs), for rebuilding the graph."""
@@ -132,7 +143,7 @@ def read_net(prototxt, ignore_unknown=False, warnings=None):
 
 
 def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, ignore_unknown=False,
-         random_weights=False, seed=0, net=None, input_shapes=None, outputs=None):
+         random_weights=False, seed=0, net=None, input_shapes=None, outputs=None, unknown_shapes_ok=False):
     """Load a Caffe model: prototxt (+ caffemodel) -> Model.
 
     phase: "TEST" (default, deploy and evaluation) or "TRAIN".
@@ -140,6 +151,8 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
     input_shapes: {blob: (N, C, H, W)} for inputs and data-layer tops (a train_val net whose
         dataset is not at hand, a Python data layer).
     outputs: blob names to make the net's outputs (default: Caffe's, the blobs nothing reads).
+    unknown_shapes_ok: list a net whose data shapes only a missing dataset could tell (shapes None);
+        such a model cannot run or export until loaded with input_shapes.
     random_weights: fill weights the caffemodel does not supply (or all, without one).
     A `.caffeq` file is accepted in place of the prototxt.
     net: an already read (and upgraded) NetParameter to use instead of reading `prototxt`, which
@@ -162,7 +175,8 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
         upgrade_net(cm.net, source=weights_path, weights=cm.blobs)
         blobs = cm.blobs
     graph = build_graph(net, None, phase=phase, stages=stages, level=level, batch=batch, source=path,
-                        input_shapes=input_shapes, outputs=outputs, notes=warnings)
+                        input_shapes=input_shapes, outputs=outputs, notes=warnings,
+                        unknown_shapes_ok=unknown_shapes_ok)
     if blobs is not None:
         from .ir import attach_weights
         names = {n.name for n in graph.nodes}

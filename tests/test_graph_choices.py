@@ -219,3 +219,18 @@ layer { name: "odd" type: "NoSuchLayer" bottom: "x" top: "y" }
 """
     with pytest.raises(CaffeqError, match="NoSuchLayer"):
         load_from_text(text)
+
+
+def test_a_net_can_be_listed_with_unknown_data_shapes_but_not_run():
+    text = """
+layer { name: "mnist" type: "Data" top: "data" top: "label" data_param { source: "gone_lmdb" batch_size: 64 } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 20 kernel_size: 5 } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip" inner_product_param { num_output: 10 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+    model = load_from_text(text, unknown_shapes_ok=True)
+    assert [n.type for n in model.layers] == ["Data", "Convolution", "InnerProduct", "SoftmaxWithLoss"]
+    assert model.blob_shapes["data"] is None and model.blob_shapes["ip"] is None
+    assert any("--input-shape data=N,C,H,W" in w for w in model.warnings)
+    with pytest.raises(CaffeqError, match="--input-shape data=N,C,H,W"):
+        model.run({"data": np.zeros((64, 1, 28, 28), np.float32)})

@@ -11,7 +11,7 @@ exist (as Caffe's setup reads it), else an error that names `--input-shape`.
 import os
 
 from ..errors import DataError
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, MissingInputShape, register_layer
 
 
 def resolve_source(path, base_dir):
@@ -74,7 +74,7 @@ def describe_transform(t):
 
 def needs_input_shape(attrs, top, why):
     """The error for a data top whose shape nothing but the user can tell."""
-    return LayerError(f"cannot tell the shape of top '{top}' without its dataset ({why}); "
+    return MissingInputShape(f"cannot tell the shape of top '{top}' without its dataset ({why}); "
                      f"give it with --input-shape {top}=N,C,H,W (Python: input_shapes={{'{top}': (N, C, H, W)}})")
 
 
