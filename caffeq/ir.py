@@ -197,7 +197,7 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
         for b in lp.bottom:
             if b not in current:
                 raise GraphError(f"{where}: bottom '{b}' is not produced by any earlier layer "
-                                 f"(undefined blob, wrong order or a cycle)")
+                                 f"{_excluded_producer_hint(net, b, layers, phase)}")
             in_ids.append(current[b])
         in_shapes = [shapes[i] for i in in_ids]
         given = {i: input_shapes[t] for i, t in enumerate(lp.top) if t in input_shapes} if spec.is_data else {}
@@ -355,6 +355,22 @@ def _did_you_mean(name, choices):
     import difflib
     close = difflib.get_close_matches(name, list(choices), n=3)
     return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+
+
+def _excluded_producer_hint(net, blob, kept, phase):
+    """Why a bottom is undefined: a layer producing it that the phase/stage rules left out."""
+    from .io.schema import caffe_pb2
+    phase_name = phase if isinstance(phase, str) else caffe_pb2.Phase.Name(phase)
+    excluded = [lp for lp in net.layer if blob in lp.top and lp not in kept]
+    # the layers meant for this phase (but another stage or level) say the most
+    excluded.sort(key=lambda lp: not any(r.HasField("phase") and caffe_pb2.Phase.Name(r.phase) == phase_name.upper()
+                                         for r in lp.include))
+    if not excluded:
+        return "(undefined blob, wrong order or a cycle)"
+    lp = excluded[0]
+    rules = "; ".join(str(r).replace("\n", " ").strip() for r in lp.include) or "its exclude rules"
+    return (f"at {phase_name}: layer '{lp.name}' makes it, but only under include {{ {rules} }}; "
+            f"choose that with --phase/--stage")
 
 
 def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_ok, notes):

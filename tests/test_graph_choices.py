@@ -234,3 +234,14 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
     assert any("--input-shape data=N,C,H,W" in w for w in model.warnings)
     with pytest.raises(CaffeqError, match="--input-shape data=N,C,H,W"):
         model.run({"data": np.zeros((64, 1, 28, 28), np.float32)})
+
+
+def test_undefined_bottom_names_the_layer_the_stage_rules_left_out():
+    text = """
+layer { name: "train_in" type: "Input" top: "data" include { phase: TRAIN } input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "test_in" type: "Input" top: "data" include { phase: TEST stage: "test-on-test" } input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "relu" type: "ReLU" bottom: "data" top: "out" }
+"""
+    with pytest.raises(CaffeqError, match=r"bottom 'data'.*at TEST: layer 'test_in' makes it.*test-on-test.*--stage"):
+        load_from_text(text)
+    assert load_from_text(text, stages=["test-on-test"]).inputs == {"data": (2, 3)}
