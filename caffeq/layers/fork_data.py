@@ -58,10 +58,14 @@ def _crop_or(t, height, width):
 class AnnotatedData(ForkDataLayer):
     def parse(self, lp):
         t = transform_attrs(lp)
-        r = lp.transform_param.resize_param
+        tp = lp.transform_param
+        # resize_param is repeated in MobileNet-YOLO's proto (optional in SSD's): the first one applies
+        r = tp.resize_param[0] if len(tp.resize_param) else None
+        hw = (int(tp.crop_h), int(tp.crop_w)) if tp.crop_h and tp.crop_w else \
+            _crop_or(t, int(r.height) if r else 0, int(r.width) if r else 0)
         return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t,
                 "source": lp.data_param.source, "batch_size": max(1, int(lp.data_param.batch_size)),
-                "channels": _channels(t), "hw": _crop_or(t, int(r.height), int(r.width))}
+                "channels": _channels(t), "hw": hw}
 
     def label_shape(self, data):
         return (1, 1, 1, 8)   # SSD: one row per box, [item, label, instance, xmin, ymin, xmax, ymax, difficult]
