@@ -293,3 +293,21 @@ def test_ctpn_bidirectional_block_in_every_backend(tmp_path):
     want = np.transpose(np.concatenate([fw, bw], axis=2), (1, 2, 0))
     for backend, v in all_backends(model, {"x": x}, tmp_path).items():
         assert_close(v, want, 1e-5, 1e-5, f"CTPN block {backend}")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sequence_layers_on_cuda_match_cpu():
+    t, n, h = 4, 3, 5
+    layers = ['layer { name: "tr" type: "Transpose" bottom: "x" top: "tr" transpose_param { dim: 0 dim: 2 dim: 1 } }',
+              'layer { name: "rv" type: "Reverse" bottom: "tr" top: "rv" reverse_param { axis: 0 } }',
+              f'layer {{ name: "ls" type: "Lstm" bottom: "rv" top: "ls" lstm_param {{ num_output: {h} }} }}',
+              INDICATOR % (t, n),
+              f'layer {{ name: "o" type: "LSTM" bottom: "ls" bottom: "indicator" top: "o" '
+              f'recurrent_param {{ num_output: {h} }} }}']
+    model = load_from_text(net(*layers, inputs={"x": (t, 2, n)}), random_weights=True)
+    feeds = {"x": rng(10).standard_normal((t, 2, n)).astype(np.float32)}
+    cpu = model.run(feeds, all_blobs=True)
+    gpu = model.run(feeds, all_blobs=True, device="cuda")
+    for k, v in cpu.items():
+        assert_close(gpu[k], v, 1e-5, 1e-5, f"cuda {k}")

@@ -221,10 +221,10 @@ def rng(seed=0):
     return np.random.default_rng(seed)
 
 
-def onnx_run(model, feeds, tmp_path):
+def onnx_run(model, feeds, tmp_path, opset=None):
     ort = pytest.importorskip("onnxruntime")
     path = tmp_path / "m.onnx"
-    model.export_onnx(str(path), optimize=False)
+    model.export_onnx(str(path), optimize=False, opset=opset)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(None, {k: feeds[k] for k in model.inputs})))
@@ -462,3 +462,54 @@ def test_yolo_v3_bad_params(change, msg):
 def test_yolo_v3_checks_channels():
     with pytest.raises(LayerError, match="channels 20"):
         load_from_text(v3_text(1, ((3, 4), (6, 8)), 0.5).replace("dim: 21 dim: 3", "dim: 20 dim: 3"))
+
+
+# ---- all four together: ONNX's oldest opset, gradients, CUDA ---------------------------------------
+
+def yolo_net():
+    """Reorg -> Region, and both detection layers, in one net."""
+    v2 = v2_text(2, (4,), 0.2).split("\n")[-1].replace('bottom: "x0"', 'bottom: "m"')
+    v3 = v3_text(2, ((3, 4), (6, 8)), 0.5).split("\n")[-1].replace('name: "o"', 'name: "o3"').replace(
+        'top: "o"', 'top: "o3"')
+    return net('layer { name: "r" type: "Reorg" bottom: "a" top: "r" reorg_param { stride: 2 } }',
+               'layer { name: "g" type: "Region" bottom: "r" top: "g" region_param { classes: 3 coords: 4 '
+               'boxes_of_each_grid: 2 softmax: true } }', v2, v3,
+               inputs={"a": (2, 4, 8, 12), "m": (2, 16, 4, 4), "x0": (2, 21, 3, 4), "x1": (2, 21, 6, 8)})
+
+
+def yolo_feeds(seed, n):
+    g = rng(seed)
+    return {"a": g.standard_normal((n, 4, 8, 12)).astype(np.float32), **v2_inputs(seed, n, (4,)),
+            **{k.replace("x0", "m"): v for k, v in v2_inputs(seed, n, (4,)).items()},
+            **v3_inputs(seed + 1, n, ((3, 4), (6, 8)))}
+
+
+def test_onnx_at_opset_13(tmp_path):
+    model = load_from_text(yolo_net())
+    feeds = yolo_feeds(10, 3)
+    ours = model.run(feeds)
+    theirs = onnx_run(model, feeds, tmp_path, opset=13)
+    for top in ("g", "o", "o3"):
+        assert theirs[top].shape == ours[top].shape, top
+        assert_close(theirs[top], ours[top], 1e-6, 1e-6, f"opset 13 {top}")
+
+
+def test_reorg_and_region_pass_gradients():
+    model = load_from_text(net('layer { name: "r" type: "Reorg" bottom: "a" top: "r" reorg_param { stride: 2 } }',
+                               'layer { name: "g" type: "Region" bottom: "r" top: "g" region_param { classes: 3 '
+                               'coords: 4 boxes_of_each_grid: 2 softmax: true } }', inputs={"a": (2, 4, 8, 12)}))
+    a = torch.from_numpy(rng(11).standard_normal((2, 4, 8, 12)).astype(np.float32)).requires_grad_(True)
+    (model.to_torch()(a) ** 2).sum().backward()
+    assert a.grad is not None and torch.isfinite(a.grad).all() and (a.grad != 0).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_yolo_layers_on_cuda_match_cpu():
+    model = load_from_text(yolo_net())
+    feeds = yolo_feeds(12, 2)
+    cpu = model.run(feeds, all_blobs=True)
+    gpu = model.run(feeds, all_blobs=True, device="cuda")
+    for k, v in cpu.items():
+        assert gpu[k].shape == v.shape, k
+        assert_close(gpu[k], v, 1e-5, 1e-5, f"cuda {k}")

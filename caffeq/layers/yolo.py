@@ -232,7 +232,7 @@ def yolo_v3_candidates(x, biases: list[float], anchor_ids: list[int], scale: int
     """Yolov3DetectionOutput's candidates of one (N, C, H, W) bottom, in the fork's order (image,
     cell, box, class): centre x, y, width, height, class, score, and which are kept (score >
     threshold).  anchor_ids: the anchor (pair of biases) of each box."""
-    n, c, h, w = x.shape
+    n, h, w = x.shape[0], x.shape[2], x.shape[3]
     ln = 5 + num_classes
     y = x[:, :num_box * ln].reshape(n, num_box, ln, h, w).permute(0, 3, 4, 1, 2)   # (n, row, col, box, entry)
     col = torch.arange(w, device=x.device, dtype=x.dtype).reshape(1, 1, w, 1)
@@ -441,7 +441,9 @@ def _emit_yolo_detection(ctx, node, spec):
     a = node.attrs
     name = node.name
     v3 = isinstance(spec, Yolov3DetectionOutput)
-    f32 = lambda v: ctx.const(np.array(v, np.float32))   # noqa: E731
+
+    def f32(v):
+        return ctx.const(np.array(v, np.float32))
 
     def op(op_type, inputs, hint, **kw):
         return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
@@ -487,8 +489,10 @@ def _emit_yolo_detection(ctx, node, spec):
             keep = op("Greater", [score, f32(a["confidence_threshold"])], f"{hint}_keep")
         else:
             prob = op("Softmax", [logits], f"{hint}_prob", axis=-1)
-            best = op("ReduceMax", [prob], f"{hint}_best", keepdims=1) if ctx.opset < 18 else \
-                op("ReduceMax", [prob, _i64(ctx, [-1])], f"{hint}_best", keepdims=1)
+            if ctx.opset < 18:   # axes: an attribute before opset 18, an input after
+                best = op("ReduceMax", [prob], f"{hint}_best", axes=[-1], keepdims=1)
+            else:
+                best = op("ReduceMax", [prob, _i64(ctx, [-1])], f"{hint}_best", keepdims=1)
             lab = op("ArgMax", [prob], f"{hint}_lab", axis=-1, keepdims=1)
             score = op("Mul", [obj, best], f"{hint}_score")
             parts = [bx, by, bw, bh]
@@ -535,5 +539,14 @@ def _emit_yolo_detection(ctx, node, spec):
     ctx.add_node("Reshape", [out2, _i64(ctx, [1, 1, -1, 7])], [node.outputs[0]])
 
 
-__all__ = ["Reorg", "Region", "YoloDetectionOutput", "Yolov3DetectionOutput", "darknet_reorg", "yolo_region",
-           "yolo_v2_candidates", "yolo_v3_candidates", "yolo_detection_rows"]
+__all__ = [
+    "Region",
+    "Reorg",
+    "YoloDetectionOutput",
+    "Yolov3DetectionOutput",
+    "darknet_reorg",
+    "yolo_detection_rows",
+    "yolo_region",
+    "yolo_v2_candidates",
+    "yolo_v3_candidates",
+]
