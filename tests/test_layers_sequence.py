@@ -303,8 +303,8 @@ def test_sequence_layers_on_cuda_match_cpu():
               'layer { name: "rv" type: "Reverse" bottom: "tr" top: "rv" reverse_param { axis: 0 } }',
               f'layer {{ name: "ls" type: "Lstm" bottom: "rv" top: "ls" lstm_param {{ num_output: {h} }} }}',
               INDICATOR % (t, n),
-              f'layer {{ name: "o" type: "LSTM" bottom: "ls" bottom: "indicator" top: "o" '
-              f'recurrent_param {{ num_output: {h} }} }}']
+              (f'layer {{ name: "o" type: "LSTM" bottom: "ls" bottom: "indicator" top: "o" '
+               f'recurrent_param {{ num_output: {h} }} }}')]
     model = load_from_text(net(*layers, inputs={"x": (t, 2, n)}), random_weights=True)
     feeds = {"x": rng(10).standard_normal((t, 2, n)).astype(np.float32)}
     cpu = model.run(feeds, all_blobs=True)

@@ -267,4 +267,4 @@ class Lstm(Layer):
 TORCH_CTPN_LSTM = inspect.getsource(ctpn_lstm)
 TORCH_CTPN_LSTM_MODULE = inspect.getsource(CtpnLstm)
 
-__all__ = ["Reverse", "Transpose", "ContinuationIndicator", "Lstm", "ctpn_lstm", "continuation_indicator"]
+__all__ = ["ContinuationIndicator", "Lstm", "Reverse", "Transpose", "continuation_indicator", "ctpn_lstm"]
