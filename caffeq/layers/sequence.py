@@ -127,6 +127,9 @@ class ContinuationIndicator(Layer):
     def parse(self, lp):
         need_bottoms(lp, 0, 1)   # the fork's bottom, when given, is never read
         p = lp.continuation_indicator_param
+        if "batch_size" not in p.DESCRIPTOR.fields_by_name:
+            raise LayerError("this build's caffe.proto has no continuation_indicator_param.batch_size "
+                             "(the CRNN forks' field 2)")
         t, b = int(p.time_step), int(p.batch_size)
         if t <= 0 or b <= 0:
             raise LayerError(f"continuation_indicator_param.time_step and batch_size must be > 0, got {t} and {b}")
