@@ -18,7 +18,7 @@ from caffeq.model import load_from_text
 # ---- references -------------------------------------------------------------------------------
 
 def reverse_ref(x, axis):
-    """ReverseLayer::Forward_cpu: per prefix, copy the blocks below `axis` in reverse order."""
+    """caffe_ocr's ReverseLayer::Forward_cpu: per prefix, copy the blocks below `axis` in reverse order."""
     shape = x.shape
     count = x.size
     copy_amount = 1 if axis + 1 == len(shape) else int(np.prod(shape[axis + 1:]))
@@ -35,6 +35,18 @@ def reverse_ref(x, axis):
             s += copy_amount
             target -= copy_amount
     return top.reshape(shape)
+
+
+def reverse_ref_ctpn(x, axis):
+    """CTPN's reverse_cpu: index -> index + counts[axis] * (shape[axis] - 2 * ind - 1), ind = the
+    index's position along `axis`."""
+    counts = [int(np.prod(x.shape[i + 1:])) for i in range(x.ndim)]
+    src = x.reshape(-1)
+    top = np.full(x.size, np.nan, np.float32)
+    for index in range(x.size):
+        ind = (index // counts[axis]) % x.shape[axis]
+        top[counts[axis] * (x.shape[axis] - 2 * ind - 1) + index] = src[index]
+    return top.reshape(x.shape)
 
 
 def transpose_ref(x, dims):
@@ -143,6 +155,7 @@ def test_reverse_in_every_backend(axis, tmp_path):
     model = load_from_text(net(f'layer {{ name: "o" type: "Reverse" bottom: "x" top: "o" '
                                f'reverse_param {{ axis: {axis} }} }}', inputs={"x": (2, 2, 4, 5)}))
     want = reverse_ref(x, axis)
+    np.testing.assert_array_equal(reverse_ref_ctpn(x, axis), want)   # CTPN's and caffe_ocr's loops agree
     for backend, v in all_backends(model, {"x": x}, tmp_path).items():
         np.testing.assert_array_equal(v, want, err_msg=backend)
 
