@@ -17,12 +17,15 @@ Yolov3DetectionOutput.
   classes ...), S, S); per cell (row-major) and box: x = (col + sigmoid) / S, y = (row +
   sigmoid) / S, w = exp * bias_w / S, h = exp * bias_h / S, objectness sigmoid, a softmax
   over the classes; score = objectness * best class probability, kept when >= the threshold.
+  The fork reads `side` and `coords` but uses neither (side = the map's width); label_map_file
+  only names classes in its log.
 - Yolov3DetectionOutput (eric612/MobileNet-YOLO): mask_group_num bottoms (N, boxes * (5 +
   classes), H, W); box n of bottom t uses anchor mask[t * (mask size / mask_group_num) + n];
   x = (col + sigmoid) / W, y = (row + sigmoid) / H, w = exp * bias_w / (W * anchors_scale[t]),
   h likewise; one candidate per class whose sigmoid * objectness is > the threshold.  (The
   fork's correct_yolo_boxes is the identity here: its net size is the map size times the
-  scale.)
+  scale.  Its GPU Forward steps through images with bottom 0's size, which differs for N > 1;
+  the CPU Forward, followed here, does not.)
 
 Both detection layers then pool every image's candidates (image ids are not kept: the fork
 writes 0 in column 0 of every row), sort them by score, best first (std::sort; ties here keep
