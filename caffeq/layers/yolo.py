@@ -67,7 +67,9 @@ def _i64(ctx, v):
 # ---- Reorg ------------------------------------------------------------------------------
 
 def darknet_reorg(x, stride: int, reverse: bool):
-    """darknet's reorg on an (N, C, H, W) tensor (see the module docstring for its order)."""
+    """darknet's reorg of an (N, C, H, W) tensor as the Caffe ports call it: without reverse, the
+    input read as (C/s^2, H*s, W*s) and space-to-depth'ed into (C*s^2, H/s, W/s) (not a plain
+    space-to-depth of the input); with reverse, depth-to-space in DCR order."""
     n, c, h, w = x.shape
     s = stride
     oc = c // (s * s)
