@@ -376,7 +376,10 @@ class Yolov3DetectionOutput(_YoloDetection):
         if not p.HasField("num_classes"):
             raise LayerError(f"{f}.num_classes is required")
         if p.gaussian_box:
-            raise LayerError(f"{f}.gaussian_box (Gaussian YOLOv3) is not supported")
+            # the fork's CPU Forward reads its objectness from memory it never wrote, and its GPU
+            # Forward counts one uncertainty twice: there is no one behaviour to reproduce
+            raise LayerError(f"{f}.gaussian_box (Gaussian YOLOv3) is not supported: the fork's CPU and GPU "
+                             f"paths disagree")
         groups = int(p.mask_group_num)
         if groups < 1:
             raise LayerError(f"{f}.mask_group_num must be >= 1, got {groups}")
