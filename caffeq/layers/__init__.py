@@ -13,9 +13,11 @@ from . import (  # noqa: F401,E402
     norm,
     pooling,
     recurrent,
+    sequence,
     shape_ops,
     ssd,
     vision_forks,
+    yolo,
 )
 
 __all__ = ["Layer", "LayerError", "get_spec", "register_layer", "require_specs", "supported_types"]
