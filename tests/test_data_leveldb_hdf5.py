@@ -188,3 +188,24 @@ def test_hdf5_list_with_missing_file(tmp_path):
     (tmp_path / "list.txt").write_text("nowhere.h5\n")
     with pytest.raises(DataError, match="listed file 'nowhere.h5' not found"):
         Hdf5Dataset(str(tmp_path / "list.txt"))
+
+
+def test_hdf5data_vector_items_evaluate(tmp_path):
+    """hdf5_classification style: N x 4 float features, a partial last batch, no transform."""
+    import caffeq
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(37, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 37)
+    write_h5(tmp_path / "test.h5", data=x, label=y.astype(np.float32))
+    (tmp_path / "test.txt").write_text("test.h5\n")
+    (tmp_path / "net.prototxt").write_text(
+        'layer { name: "d" type: "HDF5Data" top: "data" top: "label" include { phase: TEST } '
+        'hdf5_data_param { source: "test.txt" batch_size: 10 } }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 3 } }\n'
+        'layer { name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc" }\n')
+    model = caffeq.load(str(tmp_path / "net.prototxt"), random_weights=True, seed=3)
+    r = evaluate(model, workers=0)
+    w, b = (np.asarray(a, np.float64) for a in model.params["ip"])
+    want = float(np.mean((x @ w.T + b).argmax(1) == y))
+    assert r["data"]["kind"] == "hdf5" and r["results"]["fp32"]["images"] == 37
+    assert r["results"]["fp32"]["top1"] == pytest.approx(want, abs=1e-12)
