@@ -335,8 +335,7 @@ class Upsample(Layer):
         return [(s[0], s[1], ho, wo)]
 
     def forward(self, attrs, params, x, mask=None):
-        n, c, h, w = x.shape
-        ho, wo = self.out_hw(attrs, h, w)
+        ho, wo = self.out_hw(attrs, x.shape[2], x.shape[3])
         if mask is None:
             return x.repeat_interleave(attrs["scale"][0], dim=2).repeat_interleave(attrs["scale"][1], dim=3)
         idx = mask.to(torch.int64)   # SegNet casts the float mask to int
