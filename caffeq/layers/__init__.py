@@ -12,6 +12,7 @@ from . import (  # noqa: F401,E402
     norm,
     pooling,
     recurrent,
+    segmentation,
     shape_ops,
     ssd,
     vision_forks,
