@@ -226,9 +226,10 @@ def test_fork_activations(kind, ref, tmp_path):
 
 # ---- BN (SegNet / ENet, PSPNet) and CropCenter need the fork fields of caffe.proto ----------
 
-def _has_field(name):
+def _has_field(name, message="LayerParameter"):
+    """Whether this checkout's caffe.proto declares the fork field (helper "schema" adds them)."""
     from caffeq.io.schema import caffe_pb2
-    return name in caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name
+    return name in getattr(caffe_pb2, message).DESCRIPTOR.fields_by_name
 
 
 needs_bn = pytest.mark.skipif(not _has_field("bn_param"), reason="caffe.proto without bn_param")
@@ -355,3 +356,47 @@ def test_crop_center_bad_sizes():
         load_from_text(net('layer { name: "c" type: "CropCenter" bottom: "x" top: "c" '
                            'crop_center_param { crop_size: 0 crop_size: 1 crop_size: 4 crop_size: 0 } }',
                            inputs={"x": (2, 3, 7, 9)}))
+
+
+# ---- ceil_mode (DenseNet, DPN, ResNeXt, R-FCN, Inception conversions) ----------------------
+
+needs_ceil_mode = pytest.mark.skipif(not _has_field("ceil_mode", "PoolingParameter"),
+                                     reason="caffe.proto without pooling_param.ceil_mode")
+
+
+def ave_pool_ref(x, k, s, p, ceil):
+    """BVLC's AVE loop: windows clipped to H + pad give the divisor, then to the input for the sum."""
+    n, c, h, w = x.shape
+    oh, ow = pool_out(h, k, s, p, ceil), pool_out(w, k, s, p, ceil)
+    if p:
+        oh -= (oh - 1) * s >= h + p
+        ow -= (ow - 1) * s >= w + p
+    out = np.zeros((n, c, oh, ow), np.float64)
+    for a in range(oh):
+        for b in range(ow):
+            hs, ws = a * s - p, b * s - p
+            he, we = min(hs + k, h + p), min(ws + k, w + p)
+            size = (he - hs) * (we - ws)
+            out[:, :, a, b] = x[:, :, max(hs, 0):min(he, h), max(ws, 0):min(we, w)].sum(axis=(2, 3)) / size
+    return out
+
+
+@needs_ceil_mode
+@pytest.mark.parametrize("ceil", [False, True])
+@pytest.mark.parametrize("pool", ["MAX", "AVE"])
+def test_ceil_mode(ceil, pool, tmp_path):
+    x = np.random.default_rng(9).standard_normal((2, 3, 8, 11)).astype(np.float32)
+    model = load_from_text(net(f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "p" pooling_param {{ '
+                               f'pool: {pool} kernel_size: 3 stride: 2 pad: 1 ceil_mode: {str(ceil).lower()} }} }}',
+                               inputs={"x": x.shape}))
+    ref = max_pool_mask_ref(x, 3, 3, 2, 2, 1, 1, ceil)[0] if pool == "MAX" else ave_pool_ref(x, 3, 2, 1, ceil)
+    # 8 rows: ceil gives 5 windows, floor 4 (the 11 columns give 6 either way)
+    assert model.blob_shapes["p"] == (2, 3, 5 if ceil else 4, 6)
+    check_everywhere(model, {"x": x}, {"p": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+@needs_ceil_mode
+def test_ceil_mode_contradicting_round_mode():
+    with pytest.raises(LayerError, match="contradicts"):
+        load_from_text(net('layer { name: "p" type: "Pooling" bottom: "x" top: "p" pooling_param { '
+                           'kernel_size: 3 stride: 2 ceil_mode: false round_mode: CEIL } }', inputs={"x": (1, 2, 8, 8)}))
