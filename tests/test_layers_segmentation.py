@@ -224,7 +224,7 @@ def test_fork_activations(kind, ref, tmp_path):
     check_everywhere(model, {"x": x}, {"a": ref(x)}, tmp_path, atol=1e-6, rtol=1e-6, opsets=(13, 18))
 
 
-# ---- BN (SegNet / ENet, PSPNet) and CropCenter need the fork fields of caffe.proto ----------
+# ---- BN (SegNet / ENet, PSPNet), CropCenter, SeLu's parameters: fork fields of caffe.proto -----
 
 def _has_field(name, message="LayerParameter"):
     """Whether this checkout's caffe.proto declares the fork field (helper "schema" adds them)."""
@@ -233,6 +233,7 @@ def _has_field(name, message="LayerParameter"):
 
 
 needs_bn = pytest.mark.skipif(not _has_field("bn_param"), reason="caffe.proto without bn_param")
+needs_selu = pytest.mark.skipif(not _has_field("selu_param"), reason="caffe.proto without selu_param")
 needs_crop = pytest.mark.skipif(not _has_field("crop_center_param"), reason="caffe.proto without crop_center_param")
 
 
@@ -334,6 +335,14 @@ def test_bn_bad_params(text, msg):
         load_from_text(text)
 
 
+@needs_selu
+def test_selu_parameters(tmp_path):
+    x = _activation_input()
+    model = load_from_text(net('layer { name: "a" type: "SeLu" bottom: "x" top: "a" '
+                               'selu_param { lambda: 2 alpha: 0.5 } }', inputs={"x": x.shape}))
+    check_everywhere(model, {"x": x}, {"a": selu_ref(x, 2.0, 0.5)}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
 @needs_crop
 @pytest.mark.parametrize("shape, crop", [((2, 3, 7, 9), (0, 1, 2, 3)), ((4, 3, 5, 7), (1, 1, 2, 3))])
 def test_crop_center(shape, crop, tmp_path):
@@ -400,3 +409,72 @@ def test_ceil_mode_contradicting_round_mode():
     with pytest.raises(LayerError, match="contradicts"):
         load_from_text(net('layer { name: "p" type: "Pooling" bottom: "x" top: "p" pooling_param { '
                            'kernel_size: 3 stride: 2 ceil_mode: false round_mode: CEIL } }', inputs={"x": (1, 2, 8, 8)}))
+
+
+# ---- Unpooling (DeconvNet) -------------------------------------------------------------------
+
+needs_unpool = pytest.mark.skipif(not _has_field("unpooling_param"), reason="caffe.proto without unpooling_param")
+
+
+def deconvnet_unpool_ref(x, mask, method, kh, kw, sh, sw, oh, ow):
+    """HyeonwooNoh/caffe UnpoolingLayer::Forward_cpu (pad 0), from a zeroed top."""
+    n, c, h, w = x.shape
+    top = np.zeros((n, c, oh, ow), np.float64)
+    for i in range(n):
+        for j in range(c):
+            flat = top[i, j].reshape(-1)
+            for ph in range(h):
+                for pw in range(w):
+                    v = np.float64(x[i, j, ph, pw])
+                    if method == "MAX":
+                        if mask is not None:
+                            flat[int(mask[i, j, ph, pw])] = v
+                        else:
+                            flat[max(0, min(ph * sh, oh - 1)) * ow + max(0, min(pw * sw, ow - 1))] = v
+                        continue
+                    hs, ws = ph * sh, pw * sw
+                    he, we = min(hs + kh, oh), min(ws + kw, ow)
+                    area = (he - hs) * (we - ws)
+                    for yy in range(hs, he):
+                        for xx in range(ws, we):
+                            flat[yy * ow + xx] += v / area if method == "AVE" else v
+    return top
+
+
+@needs_unpool
+@pytest.mark.parametrize("method, param, mask", [
+    ("MAX", "kernel_size: 2 stride: 2 unpool_h: 7 unpool_w: 9", True),
+    ("MAX", "kernel_size: 2 stride: 2 unpool_h: 5 unpool_w: 9", False),      # rows clamp: last write wins
+    ("AVE", "kernel_size: 3 stride: 2 unpool_h: 10 unpool_w: 12", False),    # overlap, zero-padded
+    ("AVE", "kernel_size: 3 stride: 2 unpool_size: 6", False),               # cropped, areas clipped
+    ("TILE", "kernel_h: 2 kernel_w: 3 stride_h: 2 stride_w: 1 unpool_h: 7 unpool_w: 6", False),
+], ids=["max_mask", "max_grid", "ave_pad", "ave_crop", "tile"])
+def test_deconvnet_unpooling(method, param, mask, tmp_path):
+    g = np.random.default_rng(10)
+    x = g.integers(-2, 3, (2, 3, 7, 9)).astype(np.float32)
+    d = g.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    layers = [('layer { name: "p" type: "Pooling" bottom: "x" top: "p" top: "m" '
+               'pooling_param { pool: MAX kernel_size: 2 stride: 2 } }')]
+    bottoms = 'bottom: "d" bottom: "m"' if mask else 'bottom: "d"'
+    layers.append(f'layer {{ name: "u" type: "Unpooling" {bottoms} top: "u" '
+                  f'unpooling_param {{ unpool: {method} {param} }} }}')
+    model = load_from_text(net(*layers, inputs={"x": x.shape, "d": d.shape}))
+    geometry = _geometry(param)
+    toks = param.split()
+    vals = {k.rstrip(":"): int(v) for k, v in zip(toks[::2], toks[1::2])}
+    oh, ow = vals.get("unpool_h", vals.get("unpool_size")), vals.get("unpool_w", vals.get("unpool_size"))
+    m = max_pool_mask_ref(x, 2, 2, 2, 2, 0, 0)[1] if mask else None
+    ref = deconvnet_unpool_ref(d, m, method, *geometry[:4], oh, ow)
+    assert model.blob_shapes["u"] == (2, 3, oh, ow)
+    check_everywhere(model, {"x": x, "d": d}, {"u": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+@needs_unpool
+@pytest.mark.parametrize("param, msg", [("kernel_size: 2 stride: 2", "unpool_size, or unpool_h"),
+                                        ("kernel_size: 2 unpool_size: 4 unpool_h: 4", "not both"),
+                                        ("kernel_size: 2 pad: 1 unpool_size: 4", "pad must be 0"),
+                                        ("stride: 2 unpool_size: 4", "kernel_size")])
+def test_unpooling_bad_params(param, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(f'layer {{ name: "u" type: "Unpooling" bottom: "x" top: "u" unpooling_param {{ {param} }} }}',
+                           inputs={"x": (1, 2, 3, 4)}))

@@ -1,4 +1,4 @@
-"""Layers of the segmentation forks: the two "BN" layers and CropCenter.
+"""Layers of the segmentation forks: the two "BN" layers, Unpooling and CropCenter.
 
 - BN, SegNet / ENet's (alexgkendall/caffe-segnet, TimoSaemann/caffe-segnet-cudnn5,
   bn_layer.cpp): blobs scale and shift, each 1 x C x 1 x 1.  bn_mode INFERENCE
@@ -18,6 +18,15 @@
   frozen, engine say PSPNet; with none, four `param` entries (PSPNet's files
   always list four) say PSPNet, one or two SegNet.  No weight is quantized
   (like BatchNorm, they stay fp32).
+- Unpooling (DeconvNet, HyeonwooNoh/caffe unpooling_layer.cpp; unpooling_param):
+  the output is unpool_size^2 or unpool_h x unpool_w (one form is required),
+  pad must be 0.  MAX with a mask bottom puts each value at int(mask) (h * W + w,
+  as Pooling's mask top; the last write wins), zeros elsewhere; MAX without a
+  mask puts input (i, j) at output (i * stride_h, j * stride_w), clamped into
+  the output.  AVE adds x / area over each input's kernel window (the area
+  clipped at the output's edge), TILE adds x there; overlapping windows sum.
+  (The fork's AVE and TILE never clear their top, so Caffe adds onto the
+  previous forward's output from the second pass on; this is the first pass.)
 - CropCenter (jolibrain/caffe, crop_center_layer.cpp): crop_size gives one
   value per axis; each axis loses that many entries at both ends (Caffe wants
   2 * crop + 1 <= size).
@@ -29,9 +38,11 @@ import inspect
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, register_layer, spatial_params
+from .vision_forks import TORCH_SEGNET_UNPOOL, onnx_unpool, segnet_unpool
 
 SEGNET, PSPNET = "segnet", "pspnet"
 LEARN, INFERENCE = 0, 1
@@ -252,6 +263,147 @@ class BN(Layer):
         result = emit.tmp(node.name + "_bn")
         emit.stmt(f"{result} = {m}({x})")
         return [f"{result}[{i}]" for i in range(a["tops"])]
+
+
+# ---- Unpooling (DeconvNet) ------------------------------------------------------------
+
+UNPOOL_MAX, UNPOOL_AVE, UNPOOL_TILE = 0, 1, 2
+
+
+def unpool_grid(x, stride: list[int], out_h: int, out_w: int):
+    """DeconvNet's MAX unpooling without a mask: input (i, j) goes to output (i * stride_h, j * stride_w)
+    clamped into the output, as h * out_w + w indices shaped like x (for segnet_unpool)."""
+    rows = torch.clamp(torch.arange(x.shape[2], device=x.device) * stride[0], max=out_h - 1)
+    cols = torch.clamp(torch.arange(x.shape[3], device=x.device) * stride[1], max=out_w - 1)
+    return (rows[:, None] * out_w + cols[None, :]).to(x.dtype).expand(x.shape)
+
+
+def unpool_window_area(n: int, kernel: int, stride: int, out: int, device: torch.device):
+    """Per input row (or column): its window's extent, clipped at the output's edge (>= 1)."""
+    starts = torch.arange(n, device=device) * stride
+    return torch.clamp(torch.clamp(starts + kernel, max=out) - starts, min=1)
+
+
+def unpool_spread(x, kernel: list[int], stride: list[int], out_h: int, out_w: int, average: bool):
+    """DeconvNet's AVE (average=True: x / window area) or TILE unpooling: each value added over its
+    kernel window; the full map ((H - 1) * stride + kernel) is cropped or zero-padded to the output."""
+    c, h, w = x.shape[1], x.shape[2], x.shape[3]
+    if average:
+        area_h = unpool_window_area(h, kernel[0], stride[0], out_h, x.device).to(x.dtype)
+        area_w = unpool_window_area(w, kernel[1], stride[1], out_w, x.device).to(x.dtype)
+        x = x / (area_h[:, None] * area_w[None, :])
+    ones = torch.ones([c, 1, kernel[0], kernel[1]], dtype=x.dtype, device=x.device)
+    y = F.conv_transpose2d(x, ones, stride=stride, groups=c)[:, :, :out_h, :out_w]
+    return F.pad(y, [0, out_w - y.shape[3], 0, out_h - y.shape[2]])
+
+
+class DeconvNetUnpool(nn.Module):
+    """DeconvNet's Unpooling: MAX with or without a mask bottom, AVE, TILE (see the functions)."""
+
+    def __init__(self, method: int, kernel: list[int], stride: list[int], out_h: int, out_w: int):
+        super().__init__()
+        self.method, self.kernel, self.stride, self.out_h, self.out_w = method, kernel, stride, out_h, out_w
+
+    def forward(self, x, mask: torch.Tensor | None = None):
+        if self.method != 0:
+            return unpool_spread(x, self.kernel, self.stride, self.out_h, self.out_w, self.method == 1)
+        if mask is None:
+            mask = unpool_grid(x, self.stride, self.out_h, self.out_w)
+        return segnet_unpool(x, mask, self.out_h, self.out_w)
+
+
+TORCH_DECONVNET_UNPOOL = "\n\n".join(inspect.getsource(o) for o in (unpool_grid, unpool_window_area,
+                                                                     unpool_spread, DeconvNetUnpool))
+
+
+@register_layer("Unpooling")
+class Unpooling(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) not in (1, 2):
+            raise LayerError(f"Unpooling takes 1 bottom or 2 (data, max-pooling mask), got {len(lp.bottom)}")
+        p = lp.unpooling_param
+        method = int(p.unpool)
+        if method not in (UNPOOL_MAX, UNPOOL_AVE, UNPOOL_TILE):
+            raise LayerError(f"unknown unpooling_param.unpool {method}")
+        if not (p.HasField("kernel_size") or p.HasField("kernel_h")):
+            raise LayerError("unpooling_param.kernel_size (or kernel_h/kernel_w) is required")
+        kernel = spatial_params(p, 2, "kernel_size", None, min_value=1)
+        stride = spatial_params(p, 2, "stride", 1, min_value=1)
+        if any(spatial_params(p, 2, "pad", 0)):
+            raise LayerError("unpooling_param.pad must be 0 (the fork implements no padding)")
+        has_hw = p.HasField("unpool_h") or p.HasField("unpool_w")
+        if p.HasField("unpool_size") and not has_hw:
+            out = (int(p.unpool_size),) * 2
+        elif p.HasField("unpool_h") and p.HasField("unpool_w") and not p.HasField("unpool_size"):
+            out = (int(p.unpool_h), int(p.unpool_w))
+        else:
+            raise LayerError("unpooling_param needs unpool_size, or unpool_h and unpool_w (not both forms)")
+        if min(out) < 1:
+            raise LayerError(f"unpooling_param output size must be >= 1, got {list(out)}")
+        return {"method": method, "kernel": kernel, "stride": stride, "out": out,
+                "mask": len(lp.bottom) == 2}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) != 4:
+            raise LayerError(f"Unpooling needs a 4-axis input, got {list(s)}")
+        if attrs["mask"] and tuple(in_shapes[1]) != s:
+            raise LayerError(f"the mask {list(in_shapes[1])} must be shaped like the data {list(s)}")
+        return [s[:2] + attrs["out"]]
+
+    def forward(self, attrs, params, x, mask=None):
+        oh, ow = attrs["out"]
+        if attrs["method"] != UNPOOL_MAX:
+            return unpool_spread(x, list(attrs["kernel"]), list(attrs["stride"]), oh, ow,
+                                 attrs["method"] == UNPOOL_AVE)
+        if mask is None:
+            mask = unpool_grid(x, list(attrs["stride"]), oh, ow)
+        idx = mask.to(torch.int64)
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= oh * ow):
+            raise LayerError(f"Unpooling mask index out of range for a {oh}x{ow} output")
+        return segnet_unpool(x, mask, oh, ow)
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x, out = node.inputs[0], node.outputs[0]
+        _, c, h, w = (int(d) for d in ctx.shape(x))
+        oh, ow = a["out"]
+        k, s = a["kernel"], a["stride"]
+        if a["method"] == UNPOOL_MAX:
+            mask = node.inputs[1] if a["mask"] else None
+            if mask is None:   # the fixed grid of unpool_grid, broadcast to x's shape
+                rows = np.minimum(np.arange(h) * s[0], oh - 1)
+                cols = np.minimum(np.arange(w) * s[1], ow - 1)
+                grid = (rows[:, None] * ow + cols[None, :]).astype(np.float32).reshape(1, 1, h, w)
+                shape = ctx.add_node("Shape", [x], [ctx.tmp(node.name + "_shape")])[0]
+                mask = ctx.add_node("Expand", [ctx.const(grid, node.name + "_grid"), shape],
+                                    [ctx.tmp(node.name + "_grid_x")])[0]
+            onnx_unpool(ctx, node.name, x, mask, out, oh, ow)
+            return
+        if a["method"] == UNPOOL_AVE:
+            ah = np.maximum(np.minimum(np.arange(h) * s[0] + k[0], oh) - np.arange(h) * s[0], 1)
+            aw = np.maximum(np.minimum(np.arange(w) * s[1] + k[1], ow) - np.arange(w) * s[1], 1)
+            area = (ah[:, None] * aw[None, :]).astype(np.float32)
+            x = ctx.add_node("Div", [x, ctx.const(area, node.name + "_area")], [ctx.tmp(node.name + "_avg")],
+                             name=node.name)[0]
+        ones = np.ones((c, 1, k[0], k[1]), np.float32)
+        y = ctx.add_node("ConvTranspose", [x, ctx.const(ones, node.name + "_ones")], [ctx.tmp(node.name + "_spread")],
+                         name=node.name + "/spread", group=c, kernel_shape=list(k), strides=list(s))[0]
+        fh, fw = (h - 1) * s[0] + k[0], (w - 1) * s[1] + k[1]
+        if fh > oh or fw > ow:
+            y = ctx.add_node("Slice", [y, ctx.const(np.array([0, 0], np.int64)),
+                                       ctx.const(np.array([min(fh, oh), min(fw, ow)], np.int64)),
+                                       ctx.const(np.array([2, 3], np.int64))], [ctx.tmp(node.name + "_cut")])[0]
+        pads = np.array([0, 0, 0, 0, 0, 0, max(0, oh - fh), max(0, ow - fw)], np.int64)
+        ctx.add_node("Pad", [y, ctx.const(pads)], [out], mode="constant")
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        emit.helper(TORCH_SEGNET_UNPOOL)
+        cls = emit.helper(TORCH_DECONVNET_UNPOOL)
+        m = emit.module(f"{cls}({a['method']}, {emit.lit(list(a['kernel']))}, {emit.lit(list(a['stride']))}, "
+                        f"{a['out'][0]}, {a['out'][1]})")
+        return f"{m}({', '.join(emit.inputs)})"
 
 
 # ---- CropCenter --------------------------------------------------------------------

@@ -280,6 +280,19 @@ def segnet_unpool(x, mask, out_h: int, out_w: int):
 TORCH_SEGNET_UNPOOL = inspect.getsource(segnet_unpool)
 
 
+def onnx_unpool(ctx, name, x, mask, out, ho, wo):
+    """segnet_unpool in ONNX: ScatterElements of each plane's values into zeros at int(mask).
+    onnxruntime applies the updates in order, so a position written twice keeps the last."""
+    flat_shape = ctx.const(np.array([0, 0, -1], np.int64))
+    xf = ctx.add_node("Reshape", [x, flat_shape], [ctx.tmp(name + "_x")])[0]
+    mf = ctx.add_node("Reshape", [mask, flat_shape], [ctx.tmp(name + "_m")])[0]
+    mi = ctx.add_node("Cast", [mf], [ctx.tmp(name + "_idx")], to=7)[0]   # INT64, truncating as static_cast
+    zshape = _sizes_const(ctx, x, [ho * wo], name + "_zeros")
+    zeros = ctx.add_node("ConstantOfShape", [zshape], [ctx.tmp(name + "_z")], value=_onnx_scalar(0.0))[0]
+    sc = ctx.add_node("ScatterElements", [zeros, mi, xf], [ctx.tmp(name + "_sc")], name=name, axis=2)[0]
+    ctx.add_node("Reshape", [sc, ctx.const(np.array([0, 0, ho, wo], np.int64))], [out])
+
+
 @register_layer("Upsample")
 class Upsample(Layer):
     def parse(self, lp):
@@ -355,16 +368,7 @@ class Upsample(Layer):
             ctx.add_node("Resize", [x, empty, scales], [node.outputs[0]], name=node.name, mode="nearest",
                          coordinate_transformation_mode="asymmetric", nearest_mode="floor")
             return
-        flat_shape = ctx.const(np.array([0, 0, -1], np.int64))
-        xf = ctx.add_node("Reshape", [x, flat_shape], [ctx.tmp(node.name + "_x")])[0]
-        mf = ctx.add_node("Reshape", [node.inputs[1], flat_shape], [ctx.tmp(node.name + "_m")])[0]
-        mi = ctx.add_node("Cast", [mf], [ctx.tmp(node.name + "_idx")], to=7)[0]   # INT64
-        zshape = _sizes_const(ctx, x, [ho * wo], node.name + "_zeros")
-        zeros = ctx.add_node("ConstantOfShape", [zshape], [ctx.tmp(node.name + "_z")],
-                             value=_onnx_scalar(0.0))[0]
-        sc = ctx.add_node("ScatterElements", [zeros, mi, xf], [ctx.tmp(node.name + "_sc")], name=node.name,
-                          axis=2)[0]
-        ctx.add_node("Reshape", [sc, ctx.const(np.array([0, 0, ho, wo], np.int64))], [node.outputs[0]])
+        onnx_unpool(ctx, node.name, x, node.inputs[1], node.outputs[0], ho, wo)
 
     def pytorch_source(self, node, emit):
         a = node.attrs
