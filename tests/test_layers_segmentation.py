@@ -478,3 +478,27 @@ def test_unpooling_bad_params(param, msg):
     with pytest.raises(LayerError, match=msg):
         load_from_text(net(f'layer {{ name: "u" type: "Unpooling" bottom: "x" top: "u" unpooling_param {{ {param} }} }}',
                            inputs={"x": (1, 2, 3, 4)}))
+
+
+# ---- CUDA ------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_segmentation_layers_on_cuda_match_cpu():
+    """The mask top, the last-write-wins unpooling (scatter_reduce, deterministic on the GPU too),
+    Mish and SeLu give the CPU's results on CUDA."""
+    g = np.random.default_rng(11)
+    x = g.integers(-2, 3, (2, 3, 7, 10)).astype(np.float32)
+    d = g.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    model = load_from_text(net(
+        'layer { name: "p" type: "Pooling" bottom: "x" top: "p" top: "m" '
+        'pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 } }',
+        'layer { name: "u" type: "Upsample" bottom: "d" bottom: "m" top: "u" '
+        'upsample_param { upsample_h: 7 upsample_w: 10 } }',
+        'layer { name: "mish" type: "Mish" bottom: "d" top: "mish" }',
+        'layer { name: "selu" type: "SeLu" bottom: "d" top: "selu" }', inputs={"x": x.shape, "d": d.shape}))
+    cpu = model.run({"x": x, "d": d}, all_blobs=True)
+    gpu = model.run({"x": x, "d": d}, all_blobs=True, device="cuda")
+    for k in ("p", "m", "u"):
+        np.testing.assert_array_equal(gpu[k], cpu[k], err_msg=k)
+    for k in ("mish", "selu"):
+        assert_close(gpu[k], cpu[k], 1e-6, 1e-6, f"cuda {k}")
