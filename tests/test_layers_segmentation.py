@@ -324,6 +324,28 @@ def test_pspnet_bn_training_normalizes_by_the_batch_and_updates_the_averages():
 
 
 @needs_bn
+def test_pspnet_bn_train_mode_in_model_py_matches_caffeq(tmp_path):
+    """The generated PSPNetBN in train mode: batch statistics and PSPNet's running averages."""
+    g = np.random.default_rng(12)
+    x = (g.standard_normal((2, 3, 5, 7)) * 2 + 1).astype(np.float32)
+    blobs = [g.uniform(0.5, 2, 3) for _ in range(4)]
+    model = _bn_model(bn_text("momentum: 0.7"), blobs)
+    node = next(n for n in model.layers if n.name == "b")
+    export_pytorch(model, tmp_path / "py")
+    spec = importlib.util.spec_from_file_location("psp_train", str(tmp_path / "py" / "model.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    module = mod.load().train()
+    got = module(torch.from_numpy(x))
+    params = [torch.from_numpy(np.asarray(b, np.float32).copy()) for b in node.blobs]
+    want = node.spec.forward(node.attrs, params, torch.from_numpy(x), training=True)
+    assert torch.equal(got.detach(), want)
+    bn = next(m for m in module.modules() if type(m).__name__ == "PSPNetBN")
+    assert torch.equal(bn.mean, params[2]) and torch.equal(bn.variance, params[3])
+    assert not torch.equal(params[2], torch.from_numpy(np.asarray(node.blobs[2], np.float32)))
+
+
+@needs_bn
 @pytest.mark.parametrize("text, msg", [
     (bn_text(""), "say which"),
     (bn_text("bn_mode: INFERENCE frozen: true"), "mixes"),
