@@ -13,6 +13,7 @@ from . import (  # noqa: F401,E402
     norm,
     pooling,
     recurrent,
+    segmentation,
     sequence,
     shape_ops,
     ssd,
