@@ -63,7 +63,7 @@ class Layer:
 
     def param_shapes(self, attrs, in_shapes):
         """Shapes of the learnable blobs in Caffe's order, or None for a layer without any."""
-        return None
+        return
 
     def forward(self, attrs, params, *inputs):
         raise NotImplementedError(f"{self.types[0]} has no torch implementation")

@@ -2,7 +2,8 @@
 import numpy as np
 
 from ...errors import ExportError
-from .common import CENTER_SIZE, CORNER, CORNER_SIZE, FLT_MAX, scalar_tensor as _scalar_tensor
+from .common import CENTER_SIZE, CORNER, CORNER_SIZE, FLT_MAX
+from .common import scalar_tensor as _scalar_tensor
 
 
 def emit_detection_output(ctx, node):
