@@ -51,7 +51,7 @@ TEST_CONFIG = {"pre_nms_top_n": 6000, "post_nms_top_n": 300, "nms_thresh": 0.7, 
 
 # ---- param_str: a safe reader for the YAML mappings Python layers take ----------------------------
 
-_TOKEN = re.compile(r"""\s*(?:(?P<str>'[^'\n]*'|"[^"\n]*")|(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"""
+_TOKEN = re.compile(r"""\s*(?:(?P<tag>!!python/(?:tuple|list)\b)|(?P<str>'[^'\n]*'|"[^"\n]*")|(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"""
                     r"""|(?P<name>[A-Za-z_][\w.]*)|(?P<punct>[{}\[\](),:]))""")
 _WORDS = {"true": True, "True": True, "false": False, "False": False, "null": None, "None": None}
 
@@ -65,7 +65,9 @@ def _tokens(text, what):
             raise LayerError(f"{what}: cannot read {text[pos:pos + 20].strip()!r}")
         kind = m.lastgroup
         tok = m.group(kind)
-        if kind == "str":
+        if kind == "tag":   # PyYAML's "!!python/tuple [4, 8]": a sequence like any other
+            pass
+        elif kind == "str":
             out.append(("value", tok[1:-1]))
         elif kind == "num":
             out.append(("value", float(tok) if any(c in tok for c in ".eE") else int(tok)))
@@ -89,7 +91,8 @@ def _block_to_flow(text):
 
 def parse_param_str(text, what="python_param.param_str"):
     """A Python layer's param_str ("'feat_stride': 16", "{'feat_stride': 16, 'scales': [8, 16]}", or one
-    "key: value" per line) -> dict.  Values: numbers, strings, booleans and lists of them."""
+    "key: value" per line) -> dict.  Values: numbers, strings, booleans and lists of them (a
+    "!!python/tuple" tag is read as a list); any other YAML construct is refused."""
     text = text.strip()
     if not text:
         return {}
