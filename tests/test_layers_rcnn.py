@@ -319,3 +319,14 @@ def test_python_data_layer_asks_for_input_shapes():
             'python_param { module: "siftflow_layers" layer: "SIFTFlowSegDataLayer" } }')
     with pytest.raises(LayerError, match=r"siftflow_layers.*--input-shape data=N,C,H,W --input-shape label="):
         load_from_text(text)
+
+
+def test_python_data_layer_takes_the_given_shapes():
+    text = ('layer { name: "data" type: "Python" top: "data" top: "label" '
+            'python_param { module: "siftflow_layers" layer: "SIFTFlowSegDataLayer" } }\n'
+            'layer { name: "relu" type: "ReLU" bottom: "data" top: "out" }')
+    model = load_from_text(text, input_shapes={"data": (2, 3, 5, 7), "label": (2, 1, 5, 7)})
+    assert model.blob_shapes["out"] == (2, 3, 5, 7)
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 7)).astype(np.float32)
+    got = model.run({"data": x, "label": np.zeros((2, 1, 5, 7), np.float32)})["out"]
+    np.testing.assert_array_equal(got, np.maximum(x, 0))

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from ..errors import CaffeqError
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, MissingInputShape, register_layer
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -408,8 +408,9 @@ class PythonData(Layer):
 
     def infer(self, attrs, in_shapes):
         tops = " ".join(f"--input-shape {t}=N,C,H,W" for t in attrs["tops"]) or "--input-shape NAME=N,C,H,W"
-        raise LayerError(f"layer '{attrs['name']}' is a Python data layer (module '{attrs['module']}', class "
-                         f"'{attrs['layer']}') that caffeq does not run; give its top shapes with {tops}")
+        raise MissingInputShape(f"layer '{attrs['name']}' is a Python data layer (module '{attrs['module']}', "
+                                f"class '{attrs['layer']}') that caffeq does not run; give its top shapes with "
+                                f"{tops} (Python: input_shapes={{...}})")
 
 
 # ---- region proposals as ONNX ops ----------------------------------------------------------------
