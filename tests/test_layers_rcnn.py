@@ -146,20 +146,25 @@ def test_python_proposal_layer_matches_the_reference(h, w, im_info, scales_text,
     check_rows(got["rois"], got["scores"], ref_rois, ref_scores)
 
 
-def test_cpp_proposal_type_reads_proposal_param():
-    a = 2 * 3
-    layer = ('layer { name: "proposal" type: "Proposal" bottom: "prob" bottom: "deltas" bottom: "im_info" '
-             'top: "rois" proposal_param { feat_stride: 8 base_size: 10 min_size: 6 ratio: 0.5 ratio: 2 '
-             'scale: 2 scale: 5 scale: 9 pre_nms_topn: 40 post_nms_topn: 12 nms_thresh: 0.5 } }')
-    h, w = 7, 9
-    model = load_from_text(proposal_net(a, h, w, layer))
-    assert model.blob_shapes["rois"] == (12, 5)
+def test_other_settings_match_the_reference():
+    """base size, ratios, scales, pre/post NMS counts, threshold and min size as parameters."""
+    from caffeq.layers.rcnn import rpn_proposals
+    a, h, w = 2 * 3, 7, 9
     x = feeds(a, h, w, [60, 70, 1.5], seed=3)
-    got = model.run(x)["rois"]
-    ref, _ = ref_proposals(x["prob"], x["deltas"], x["im_info"], 8, scales=(2, 5, 9), ratios=(0.5, 2),
-                           base=10, pre=40, post=12, thresh=0.5, min_size=6)
+    anchors = torch.from_numpy(generate_anchors(10, (0.5, 2), (2, 5, 9)))
+    rois, scores = rpn_proposals(*(torch.from_numpy(x[k]) for k in ("prob", "deltas", "im_info")), anchors,
+                                 8, 40, 12, 0.5, 6)
+    ref, ref_scores = ref_proposals(x["prob"], x["deltas"], x["im_info"], 8, scales=(2, 5, 9), ratios=(0.5, 2),
+                                    base=10, pre=40, post=12, thresh=0.5, min_size=6)
     assert len(ref) == 12
-    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-4)
+    check_rows(rois.numpy(), scores.numpy(), ref, ref_scores)
+
+
+def test_cpp_proposal_type_is_not_taken_for_the_python_one():
+    layer = ('layer { name: "proposal" type: "Proposal" bottom: "prob" bottom: "deltas" bottom: "im_info" '
+             'top: "rois" proposal_param { feat_stride: 16 } }')
+    with pytest.raises(UnsupportedLayerError, match="Proposal"):
+        load_from_text(proposal_net(9, 3, 4, layer))
 
 
 def test_no_proposal_left_gives_zero_rows():

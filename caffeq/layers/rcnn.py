@@ -22,9 +22,10 @@ spec here, registered as "Python:<module>.<layer>".
   GPU NMS; its CPU fallback uses >=), keep post_nms_top_n.  R depends on the
   data: the static shape is the most rows it can write.  One image per batch,
   as the Python layer asserts.
-- `Proposal` (the C++ port some forks and OpenCV read, proposal_param): the
-  same computation with feat_stride, base_size, min_size, ratio, scale,
-  pre_nms_topn, post_nms_topn and nms_thresh from the prototxt.
+- The C++ `Proposal` type of some forks (PVANet's, happynear/caffe-windows:
+  proposal_param) is not this computation (absolute anchor scales, unrounded
+  ratio sides, a 4-value im_info, boxes below min_size kept with score 0, one
+  set of rows per image), so it is not registered.
 - Any other Python layer without bottoms is a data layer ("PythonData"): its
   top shapes must be given by the user (`--input-shape NAME=N,C,H,W`).
 
@@ -381,19 +382,6 @@ class PythonProposalLayer(_ProposalBase):
             raise LayerError(f"python_param.param_str: 'scales' must be a list of numbers, got {scales!r}")
         return {"feat_stride": stride, "base_size": 16, "ratios": [0.5, 1.0, 2.0],
                 "scales": [float(v) for v in scales], **TEST_CONFIG}
-
-
-@register_layer("Proposal")
-class Proposal(_ProposalBase):
-    """The C++ Proposal layer (proposal_param): py-faster-rcnn's computation with its settings in fields."""
-
-    def settings(self, lp):
-        p = lp.proposal_param
-        return {"feat_stride": int(p.feat_stride), "base_size": int(p.base_size),
-                "ratios": [float(v) for v in p.ratio] or [0.5, 1.0, 2.0],
-                "scales": [float(v) for v in p.scale] or [8.0, 16.0, 32.0],
-                "pre_nms_top_n": int(p.pre_nms_topn), "post_nms_top_n": int(p.post_nms_topn),
-                "nms_thresh": float(p.nms_thresh), "min_size": int(p.min_size)}
 
 
 @register_layer("PythonData")
