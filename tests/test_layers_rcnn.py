@@ -175,14 +175,15 @@ def test_no_proposal_left_gives_zero_rows():
     assert got["rois"].shape == (0, 5) and got["scores"].shape == (0, 1)
 
 
-def test_onnx_matches_torch(tmp_path):
+@pytest.mark.parametrize("opset", [13, None])
+def test_onnx_matches_torch(opset, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     a, h, w = 9, 5, 8
     model = load_from_text(proposal_net(a, h, w, python_proposal("'feat_stride': 16")))
     x = feeds(a, h, w, [70, 120, 0.8], seed=7)
     want = model.run(x)
     path = tmp_path / "p.onnx"
-    model.export_onnx(str(path), optimize=False)
+    model.export_onnx(str(path), optimize=False, opset=opset)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     outs = dict(zip(names, sess.run(None, {i.name: x[model.graph.tensors[i.name].blob]

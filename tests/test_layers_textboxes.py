@@ -168,8 +168,8 @@ def test_quads_need_center_size():
         load_from_text(text)
 
 
-@pytest.mark.parametrize("per", [12, 9])
-def test_onnx_and_model_py_match_forward(per, tmp_path):
+@pytest.mark.parametrize("per, opset", [(12, 13), (9, None)])
+def test_onnx_and_model_py_match_forward(per, opset, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     from caffeq.backends.pytorch_source import export_pytorch
     n, P = 2, 30
@@ -177,7 +177,7 @@ def test_onnx_and_model_py_match_forward(per, tmp_path):
     x = textboxes_inputs(3, n, P, per)
     want = model.run(x)["det"]
     path = tmp_path / "d.onnx"
-    model.export_onnx(str(path), optimize=False)
+    model.export_onnx(str(path), optimize=False, opset=opset)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = sess.run(None, {i.name: x[model.graph.tensors[i.name].blob] for i in sess.get_inputs()})[0]
     assert got.shape == want.shape
