@@ -58,8 +58,7 @@ def denser_priors_ref(lh, lw, ih, iw, min_size, max_size, ratios, step, offset, 
     return np.stack([coords, var]).reshape(1, 2, -1)
 
 
-@needs_denser
-def test_denser_prior_boxes_match_the_loops():
+def denser_model_and_output():
     lh, lw, ih, iw = 3, 5, 40, 72
     text = inputs_text(f=(2, 4, lh, lw), img=(2, 3, ih, iw)) + (
         'layer { name: "pb" type: "PriorBox" bottom: "f" bottom: "img" top: "pb" prior_box_param { '
@@ -71,7 +70,32 @@ def test_denser_prior_boxes_match_the_loops():
     assert model.blob_shapes["pb"] == (1, 2, lh * lw * priors_per_cell * 4)
     got = model.run({"f": np.zeros((2, 4, lh, lw), np.float32), "img": np.zeros((2, 3, ih, iw), np.float32)})["pb"]
     want = denser_priors_ref(lh, lw, ih, iw, 10, 21, [2, 3], 8.0, 0.5, [0.1, 0.1, 0.2, 0.2])
+    return model, got, want
+
+
+@needs_denser
+def test_denser_prior_boxes_match_the_loops():
+    _, got, want = denser_model_and_output()
     np.testing.assert_array_equal(got, want)
+
+
+@needs_denser
+def test_denser_prior_boxes_in_onnx_and_model_py(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    from caffeq.backends.pytorch_source import export_pytorch
+    model, want, _ = denser_model_and_output()
+    feed = {"f": np.zeros((2, 4, 3, 5), np.float32), "img": np.zeros((2, 3, 40, 72), np.float32)}
+    model.export_onnx(str(tmp_path / "p.onnx"), optimize=False)
+    sess = ort.InferenceSession(str(tmp_path / "p.onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {i.name: feed[model.graph.tensors[i.name].blob] for i in sess.get_inputs()})[0]
+    np.testing.assert_array_equal(got, want)
+    info = export_pytorch(model, tmp_path / "o")
+    spec = importlib.util.spec_from_file_location("tbpp_priors", str(tmp_path / "o" / "model.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with torch.no_grad():
+        out = mod.load()(*[torch.from_numpy(feed[b]) for b in info["inputs"]])
+    assert np.array_equal(out.numpy(), want)
 
 
 # ---- DetectionOutput: quadrilaterals and rotated boxes ----------------------------------------------
