@@ -224,3 +224,8 @@ def test_textboxes_plusplus_deploy_builds():
     model = load(str(CORPUS))
     assert model.blob_shapes["detection_out"][3] == 15
     assert model.blob_shapes["detection_out"][2] == 200
+
+
+def test_twice_the_predictions_suggests_denser_priors():
+    with pytest.raises(LayerError, match="denser_prior_boxes: true"):
+        load_from_text(textboxes_text(2, 10, 8))
