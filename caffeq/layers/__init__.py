@@ -14,9 +14,11 @@ from . import (  # noqa: F401,E402
     pooling,
     rcnn,
     recurrent,
+    sequence,
     shape_ops,
     ssd,
     vision_forks,
+    yolo,
 )
 
 __all__ = ["Layer", "LayerError", "get_spec", "register_layer", "require_specs", "spec_for",
