@@ -40,21 +40,38 @@ def ssd_nms(boxes, scores, score_threshold: float, nms_threshold: float, eta: fl
     sizes = box_sizes(b)
     k = order.numel()
     full = jaccard_overlaps(b, b, sizes, sizes) if k <= 2048 else None
-    # each candidate's largest IoU with a kept box so far: a running max gives SSD's test exactly
-    worst = torch.zeros(k, dtype=f32)
     thr = torch.tensor(nms_threshold, dtype=f32)
+    picked = order.tolist()
     kept = []
+    if eta >= 1:
+        # a fixed threshold: each kept box strikes out the later ones it overlaps too much
+        struck = [False] * k
+        for j in range(k):
+            if struck[j]:
+                continue
+            kept.append(picked[j])
+            if j + 1 < k:
+                if full is not None:
+                    row = full[j, j + 1:]
+                else:
+                    row = jaccard_overlaps(b[j:j + 1], b[j + 1:], sizes[j:j + 1], sizes[j + 1:])[0]
+                for i in torch.nonzero(row > thr).flatten().tolist():
+                    struck[j + 1 + i] = True
+        return kept
+    # adaptive (eta < 1): each candidate's largest IoU with a kept box so far, against the threshold
+    # in force when it is examined
+    worst = torch.zeros(k, dtype=f32)
     for j in range(k):
         if worst[j] > thr:
             continue
-        kept.append(int(order[j]))
+        kept.append(picked[j])
         if j + 1 < k:
             if full is not None:
                 row = full[j, j + 1:]
             else:
                 row = jaccard_overlaps(b[j:j + 1], b[j + 1:], sizes[j:j + 1], sizes[j + 1:])[0]
             worst[j + 1:] = torch.maximum(worst[j + 1:], row)
-        if eta < 1 and thr > 0.5:
+        if thr > 0.5:
             thr = thr * torch.tensor(eta, dtype=f32)
     return kept
 
