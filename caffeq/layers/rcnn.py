@@ -190,10 +190,10 @@ def rpn_nms(boxes, thresh: float, max_keep: int):
     x1, y1, x2, y2 = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
     areas = (x2 - x1 + 1) * (y2 - y1 + 1)
     thr = torch.tensor(thresh, dtype=f32)
-    suppressed = torch.zeros(n, dtype=torch.bool)
+    struck = [False] * n
     keep = []
     for i in range(n):
-        if bool(suppressed[i]):
+        if struck[i]:
             continue
         keep.append(i)
         if (max_keep > 0 and len(keep) >= max_keep) or i + 1 == n:
@@ -202,7 +202,8 @@ def rpn_nms(boxes, thresh: float, max_keep: int):
         height = torch.clamp(torch.minimum(y2[i], y2[i + 1:]) - torch.maximum(y1[i], y1[i + 1:]) + 1, min=0)
         inter = width * height
         overlap = inter / (areas[i] + areas[i + 1:] - inter)
-        suppressed[i + 1:] |= overlap > thr
+        for j in torch.nonzero(overlap > thr).flatten().tolist():
+            struck[i + 1 + j] = True
     return keep
 
 
