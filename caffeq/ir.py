@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import CaffeqError, GraphError, ShapeError, WeightsError
-from .layers import get_spec, require_specs
+from .layers import get_spec, require_specs, spec_for
 from .layers.registry import LayerError, MissingInputShape
 
 MAX_BLOB_ELEMENTS = 1 << 33  # about 32 GB of float32: refuse before allocating
@@ -179,7 +179,7 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
     shapes_used = set()
 
     for lp in layers:
-        spec = get_spec(lp.type)
+        spec = spec_for(lp)
         where = _where(source, lp)
         node_name = _unique_layer_name(lp.name, names_seen, source, notes)
         try:

@@ -1,5 +1,5 @@
 """Layer specs: importing this package registers every built-in Caffe type."""
-from .registry import Layer, LayerError, get_spec, register_layer, require_specs, supported_types
+from .registry import Layer, LayerError, get_spec, register_layer, require_specs, spec_for, supported_types
 
 # Each module registers the specs of one layer family.
 from . import (  # noqa: F401,E402
@@ -12,6 +12,7 @@ from . import (  # noqa: F401,E402
     misc,
     norm,
     pooling,
+    rcnn,
     recurrent,
     segmentation,
     sequence,
@@ -21,4 +22,5 @@ from . import (  # noqa: F401,E402
     yolo,
 )
 
-__all__ = ["Layer", "LayerError", "get_spec", "register_layer", "require_specs", "supported_types"]
+__all__ = ["Layer", "LayerError", "get_spec", "register_layer", "require_specs", "spec_for",
+           "supported_types"]
