@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import CaffeqError, GraphError, ShapeError, WeightsError
-from .layers import get_spec, require_specs, spec_for
+from .layers import require_specs, spec_for
 from .layers.registry import LayerError, MissingInputShape
 
 MAX_BLOB_ELEMENTS = 1 << 33  # about 32 GB of float32: refuse before allocating
@@ -318,7 +318,7 @@ def drop_training_only(layers, source="", notes=None):
     """Drop layers of training-only types that have no spec (forks' losses), with a note."""
     kept, dropped = [], []
     for lp in layers:
-        if get_spec(lp.type) is None and lp.type != "Python" and is_training_only_type(lp.type):
+        if spec_for(lp) is None and (is_training_only_type(lp.type) or _is_python_loss(lp)):
             dropped.append(f"{lp.name} ({lp.type})")
         else:
             kept.append(lp)
@@ -326,6 +326,11 @@ def drop_training_only(layers, source="", notes=None):
         notes.append(f"{source + ': ' if source else ''}dropped {len(dropped)} training-only layer(s) "
                      f"that inference does not use: {', '.join(dropped[:6])}{', ...' if len(dropped) > 6 else ''}")
     return kept
+
+
+def _is_python_loss(lp):
+    """A Python layer that Caffe treats as a loss (a loss_weight): it only trains the net."""
+    return lp.type == "Python" and any(w != 0 for w in lp.loss_weight)
 
 
 def _unique_layer_name(name, taken, source, notes):

@@ -12,6 +12,7 @@ from . import (  # noqa: F401,E402
     misc,
     norm,
     pooling,
+    python_layers,
     rcnn,
     recurrent,
     segmentation,

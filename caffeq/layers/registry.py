@@ -146,7 +146,11 @@ def spec_for(lp):
     """The spec of a LayerParameter, or None.  Python layers resolve by module and class
     (see the module docstring); every other layer by its type."""
     if lp.type != "Python":
-        return _REGISTRY.get(lp.type)
+        spec = _REGISTRY.get(lp.type)
+        if spec is None and not len(lp.bottom) and lp.type.endswith("Data"):
+            from .fork_data import UNKNOWN_FORK_DATA   # a fork's data layer: a graph input
+            spec = UNKNOWN_FORK_DATA
+        return spec
     spec = _REGISTRY.get(python_layer_key(lp))
     if spec is None and not len(lp.bottom):
         spec = _REGISTRY.get("PythonData")
