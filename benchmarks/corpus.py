@@ -59,7 +59,7 @@ def caffeq_read(path):
 def _caffeq_child(path, conn):
     try:
         result = {"ok": True, "summary": caffeq_read(path)}
-    except Exception as e:  # report every failure as data: the parent groups them
+    except Exception as e:  # noqa: BLE001 -- every failure is data here: the parent groups them
         from caffeq.errors import CaffeqError
         kind = type(e).__name__
         result = {"ok": False, "kind": kind, "clean": isinstance(e, CaffeqError),
@@ -100,8 +100,8 @@ def run_caffeq(path, timeout):
 def run_opencv(path, timeout):
     t0 = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, "-c", OPENCV_CHILD, path], capture_output=True, text=True,
-                           timeout=timeout)
+        p = subprocess.run([sys.executable, "-c", OPENCV_CHILD, path], check=False, capture_output=True,
+                           text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"timed out after {timeout}s", "seconds": timeout}
     dt = round(time.perf_counter() - t0, 3)
@@ -135,13 +135,13 @@ def main(argv=None):
     have_cv2 = not args.no_opencv
     if have_cv2:
         probe = subprocess.run([sys.executable, "-c", "import cv2; print(cv2.__version__)"],
-                               capture_output=True, text=True)
+                               check=False, capture_output=True, text=True)
         have_cv2 = probe.returncode == 0
         cv_version = probe.stdout.strip() if have_cv2 else None
         if not have_cv2:
             print("corpus.py: cv2 cannot be imported; OpenCV column skipped", file=sys.stderr)
     # import the library once in the parent so each forked worker starts warm
-    import caffeq.commands.inspect  # noqa: F401
+    import caffeq.commands.inspect
     import caffeq.model  # noqa: F401
 
     results = []
