@@ -48,7 +48,8 @@ def _copy_graph(graph):
 
 def _new_model(model, graph):
     from .model import Model
-    m = Model(graph, model.net, model.prototxt, model.weights_path, model.warnings, model.phase)
+    m = Model(graph, model.net, model.prototxt, model.weights_path, model.warnings, model.phase,
+              model.input_shapes, model.output_names)
     m.quantization = dict(getattr(model, "quantization", {}) or {})
     for attr in ("quant_report",):
         if hasattr(model, attr):
@@ -111,7 +112,7 @@ def _rebuild(model, graph):
         del lp.top[:]
         lp.top.extend(n.tops)
     g = build_graph(net, None, phase=model.phase, source=model.prototxt or graph.source or "",
-                    base_dir=model._base_dir())
+                    base_dir=model._base_dir(), **model.build_options())
     for new, old in zip(g.nodes, graph.nodes):
         new.blobs = list(old.blobs) if old.blobs is not None else None
         if getattr(old, "quant", None):

@@ -194,6 +194,9 @@ def save_caffeq(model, path):
         "layout": json.dumps(layout, separators=(",", ":")),
         "quantization": json.dumps(dict(getattr(model, "quantization", {}) or {})),
         "report": report.to_json() if report is not None else "",
+        # the user's choices at load time, so the file rebuilds the same graph
+        "outputs": json.dumps(list(model.output_names)),
+        "input_shapes": json.dumps({k: list(v) for k, v in model.input_shapes.items()}),
         # data layers name their sources relative to the original prototxt's folder
         "source_dir": os.path.dirname(os.path.abspath(model.prototxt)) if getattr(model, "prototxt", None)
         else "",
@@ -320,14 +323,23 @@ def _data_base_dir(net, path, source_dir):
     return here
 
 
-def load_caffeq(path, phase="TEST", batch=None):
+def load_caffeq(path, phase="TEST", batch=None, input_shapes=None, outputs=None):
     """A .caffeq file -> Model with the stored (dequantized) weights and their quantization."""
     from ..ir import attach_weights, build_graph, share_params
     from ..model import Model
     path = os.fspath(path)
     meta, net, blobs, quant = read_caffeq(path)
+    try:
+        if outputs is None:
+            outputs = [str(b) for b in json.loads(meta.get("outputs") or "[]")]
+        if input_shapes is None:
+            input_shapes = {str(k): tuple(int(d) for d in v)
+                            for k, v in json.loads(meta.get("input_shapes") or "{}").items()}
+    except (ValueError, TypeError, AttributeError):
+        raise ParseError(f"{path}: the stored outputs or input shapes are corrupt") from None
     graph = build_graph(net, None, phase=phase, batch=batch, source=path,
-                        base_dir=_data_base_dir(net, path, meta.get("source_dir") or ""))
+                        base_dir=_data_base_dir(net, path, meta.get("source_dir") or ""),
+                        input_shapes=input_shapes, outputs=outputs)
     attach_weights(graph, {k: [b for b in v] for k, v in blobs.items()}, path, path)
     share_params(graph)
     for node in graph.nodes:
@@ -336,7 +348,7 @@ def load_caffeq(path, phase="TEST", batch=None):
             node.quant = {i: (qb if tuple(qb.shape) == tuple(np.shape(node.blobs[i])) else qb.reshaped(
                 np.shape(node.blobs[i]))) for i, qb in q.items()}
             node.quant = {i: qb for i, qb in node.quant.items() if qb is not None}
-    model = Model(graph, net, path, path, [], phase)
+    model = Model(graph, net, path, path, [], phase, input_shapes, outputs)
     try:
         model.quantization = dict(json.loads(meta.get("quantization") or "{}"))
     except ValueError:

@@ -26,6 +26,10 @@ class LayerError(CaffeqError):
     """A bad parameter value; the graph builder adds the file and layer name."""
 
 
+class MissingInputShape(LayerError):
+    """A data top whose shape only its (missing) dataset or the user (`--input-shape`) can tell."""
+
+
 class Layer:
     """Base class of layer specs.  Override what the layer needs."""
 

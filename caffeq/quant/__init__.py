@@ -163,7 +163,8 @@ def copy_model(model):
     graph = Graph(name=g.name, nodes=nodes, tensors=dict(g.tensors), inputs=list(g.inputs),
                   outputs=list(g.outputs), source=g.source)
     net = copy.deepcopy(model.net) if model.net is not None else None
-    m = Model(graph, net, model.prototxt, model.weights_path, list(model.warnings), model.phase)
+    m = Model(graph, net, model.prototxt, model.weights_path, list(model.warnings), model.phase,
+              model.input_shapes, model.output_names)
     m.quantization = dict(getattr(model, "quantization", {}) or {})
     if getattr(model, "quant_report", None) is not None:
         m.quant_report = model.quant_report
