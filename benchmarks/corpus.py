@@ -7,9 +7,11 @@ OpenCV's `cv2.dnn.readNetFromCaffe(FILE)` to read the same file.
 
 caffeq runs in a forked child per file so that a hang or a crash costs one file, not the run;
 OpenCV runs in a fresh interpreter per file (its importer aborts the process on some inputs).
-Files whose text holds no `layer` (solvers, label maps) are skipped.
+Files whose text holds no `layer` (solvers, label maps) are skipped. OpenCV's reader skips fields
+its caffe.proto does not know; --ignore-unknown makes caffeq do the same (to see the next obstacle).
 
-    python benchmarks/corpus.py [FOLDER] [--timeout 60] [--json OUT.json] [--no-opencv] [-k SUBSTR]
+    python benchmarks/corpus.py [FOLDER] [--timeout 60] [--json OUT.json] [--no-opencv] [--ignore-unknown]
+           [-k SUBSTR]
 
 Prints one line per file: `caffeq ok|<first error line>`, `opencv ok|<first error line>`,
 then "caffeq reads X/N, OpenCV reads Y/N".
@@ -46,19 +48,19 @@ def is_net_definition(path):
     return b"layer" in head
 
 
-def caffeq_read(path):
+def caffeq_read(path, ignore_unknown=False):
     """What `caffeq inspect FILE` does without weights. Returns a small summary dict; raises on failure."""
     from caffeq.commands.inspect import summarize
     from caffeq.model import load
-    model = load(path, None, phase="TEST")
+    model = load(path, None, phase="TEST", ignore_unknown=ignore_unknown)
     summary = summarize(model)
     return {"layers": summary["totals"]["layers"], "params": summary["totals"]["params"],
-            "inputs": summary["inputs"], "warnings": len(summary["warnings"])}
+            "inputs": summary["inputs"], "warnings": summary["warnings"]}
 
 
-def _caffeq_child(path, conn):
+def _caffeq_child(path, ignore_unknown, conn):
     try:
-        result = {"ok": True, "summary": caffeq_read(path)}
+        result = {"ok": True, "summary": caffeq_read(path, ignore_unknown)}
     except Exception as e:  # noqa: BLE001 -- every failure is data here: the parent groups them
         from caffeq.errors import CaffeqError
         kind = type(e).__name__
@@ -71,10 +73,10 @@ def _caffeq_child(path, conn):
     conn.close()
 
 
-def run_caffeq(path, timeout):
+def run_caffeq(path, timeout, ignore_unknown=False):
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_caffeq_child, args=(path, child))
+    proc = ctx.Process(target=_caffeq_child, args=(path, ignore_unknown, child))
     t0 = time.perf_counter()
     proc.start()
     child.close()
@@ -122,6 +124,8 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=60, help="seconds allowed per file and reader")
     ap.add_argument("--json", metavar="OUT", help="write per-file results and totals as JSON")
     ap.add_argument("--no-opencv", action="store_true", help="skip the OpenCV anchor")
+    ap.add_argument("--ignore-unknown", action="store_true",
+                    help="skip fields unknown to caffe.proto, as OpenCV's reader does (caffeq --ignore-unknown)")
     ap.add_argument("-k", metavar="SUBSTR", help="only files whose name contains SUBSTR")
     args = ap.parse_args(argv)
 
@@ -148,7 +152,7 @@ def main(argv=None):
     width = min(70, max((len(f) for f in files), default=10))
     for name in files:
         path = os.path.join(args.folder, name)
-        cq = run_caffeq(path, args.timeout)
+        cq = run_caffeq(path, args.timeout, args.ignore_unknown)
         cv = run_opencv(path, args.timeout) if have_cv2 else None
         results.append({"file": name, "caffeq": cq, "opencv": cv})
         cq_text = "ok" if cq["ok"] else cq["error"]
@@ -159,7 +163,7 @@ def main(argv=None):
 
     n = len(results)
     cq_ok = sum(r["caffeq"]["ok"] for r in results)
-    totals = {"files": n, "caffeq_ok": cq_ok}
+    totals = {"files": n, "caffeq_ok": cq_ok, "ignore_unknown": args.ignore_unknown}
     summary_line = f"caffeq reads {cq_ok}/{n}"
     if have_cv2:
         cv_ok = sum(r["opencv"]["ok"] for r in results)
