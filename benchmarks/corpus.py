@@ -11,7 +11,7 @@ Files whose text holds no `layer` (solvers, label maps) are skipped. OpenCV's re
 its caffe.proto does not know; --ignore-unknown makes caffeq do the same (to see the next obstacle).
 
     python benchmarks/corpus.py [FOLDER] [--timeout 60] [--json OUT.json] [--no-opencv] [--ignore-unknown]
-           [-k SUBSTR]
+           [--unknown-shapes-ok] [-k SUBSTR]
 
 Prints one line per file: `caffeq ok|<first error line>`, `opencv ok|<first error line>`,
 then "caffeq reads X/N, OpenCV reads Y/N".
@@ -48,19 +48,20 @@ def is_net_definition(path):
     return b"layer" in head
 
 
-def caffeq_read(path, ignore_unknown=False):
+def caffeq_read(path, ignore_unknown=False, unknown_shapes_ok=False):
     """What `caffeq inspect FILE` does without weights. Returns a small summary dict; raises on failure."""
     from caffeq.commands.inspect import summarize
     from caffeq.model import load
-    model = load(path, None, phase="TEST", ignore_unknown=ignore_unknown)
+    extra = {"unknown_shapes_ok": True} if unknown_shapes_ok else {}
+    model = load(path, None, phase="TEST", ignore_unknown=ignore_unknown, **extra)
     summary = summarize(model)
     return {"layers": summary["totals"]["layers"], "params": summary["totals"]["params"],
             "inputs": summary["inputs"], "warnings": summary["warnings"]}
 
 
-def _caffeq_child(path, ignore_unknown, conn):
+def _caffeq_child(path, options, conn):
     try:
-        result = {"ok": True, "summary": caffeq_read(path, ignore_unknown)}
+        result = {"ok": True, "summary": caffeq_read(path, **options)}
     except Exception as e:  # noqa: BLE001 -- every failure is data here: the parent groups them
         from caffeq.errors import CaffeqError
         kind = type(e).__name__
@@ -73,10 +74,10 @@ def _caffeq_child(path, ignore_unknown, conn):
     conn.close()
 
 
-def run_caffeq(path, timeout, ignore_unknown=False):
+def run_caffeq(path, timeout, **options):
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_caffeq_child, args=(path, ignore_unknown, child))
+    proc = ctx.Process(target=_caffeq_child, args=(path, options, child))
     t0 = time.perf_counter()
     proc.start()
     child.close()
@@ -126,6 +127,9 @@ def main(argv=None):
     ap.add_argument("--no-opencv", action="store_true", help="skip the OpenCV anchor")
     ap.add_argument("--ignore-unknown", action="store_true",
                     help="skip fields unknown to caffe.proto, as OpenCV's reader does (caffeq --ignore-unknown)")
+    ap.add_argument("--unknown-shapes-ok", action="store_true",
+                    help="list nets whose data shapes only their missing dataset could tell "
+                         "(load(unknown_shapes_ok=True))")
     ap.add_argument("-k", metavar="SUBSTR", help="only files whose name contains SUBSTR")
     args = ap.parse_args(argv)
 
@@ -152,7 +156,8 @@ def main(argv=None):
     width = min(70, max((len(f) for f in files), default=10))
     for name in files:
         path = os.path.join(args.folder, name)
-        cq = run_caffeq(path, args.timeout, args.ignore_unknown)
+        cq = run_caffeq(path, args.timeout, ignore_unknown=args.ignore_unknown,
+                        unknown_shapes_ok=args.unknown_shapes_ok)
         cv = run_opencv(path, args.timeout) if have_cv2 else None
         results.append({"file": name, "caffeq": cq, "opencv": cv})
         cq_text = "ok" if cq["ok"] else cq["error"]
@@ -163,7 +168,8 @@ def main(argv=None):
 
     n = len(results)
     cq_ok = sum(r["caffeq"]["ok"] for r in results)
-    totals = {"files": n, "caffeq_ok": cq_ok, "ignore_unknown": args.ignore_unknown}
+    totals = {"files": n, "caffeq_ok": cq_ok, "ignore_unknown": args.ignore_unknown,
+              "unknown_shapes_ok": args.unknown_shapes_ok}
     summary_line = f"caffeq reads {cq_ok}/{n}"
     if have_cv2:
         cv_ok = sum(r["opencv"]["ok"] for r in results)
