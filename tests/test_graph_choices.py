@@ -245,3 +245,50 @@ layer { name: "relu" type: "ReLU" bottom: "data" top: "out" }
     with pytest.raises(CaffeqError, match=r"bottom 'data'.*at TEST: layer 'test_in' makes it.*test-on-test.*--stage"):
         load_from_text(text)
     assert load_from_text(text, stages=["test-on-test"]).inputs == {"data": (2, 3)}
+
+
+# ---- fork data layers ----------------------------------------------------------------------
+
+FORK_DATA = """
+layer { name: "ssd" type: "AnnotatedData" top: "data" top: "label" include { phase: TEST }
+  transform_param { mean_value: 104 mean_value: 117 mean_value: 123
+    resize_param { prob: 1 resize_mode: WARP height: 300 width: 301 interp_mode: LINEAR } }
+  data_param { source: "gone_lmdb" batch_size: 8 backend: LMDB } }
+layer { name: "segnet" type: "DenseImageData" top: "img" top: "seg"
+  dense_image_data_param { source: "gone.txt" batch_size: 4 new_height: 360 new_width: 480 } }
+layer { name: "deeplab" type: "ImageSegData" top: "im" top: "lab"
+  transform_param { crop_size: 321 } image_data_param { source: "gone.txt" batch_size: 2 } }
+"""
+
+
+def test_fork_data_layers_are_shaped_from_their_parameters():
+    model = load_from_text(FORK_DATA)
+    assert model.inputs == {"data": (8, 3, 300, 301), "label": (1, 1, 1, 8), "img": (4, 3, 360, 480),
+                            "seg": (4, 1, 360, 480), "im": (2, 3, 321, 321), "lab": (2, 1, 321, 321)}
+
+
+def test_a_fork_data_layer_without_sizes_needs_input_shape():
+    text = 'layer { name: "hed" type: "ImageLabelmapData" top: "data" top: "label" image_data_param { source: "x.lst" } }'
+    with pytest.raises(CaffeqError, match=r"layer 'hed' \(ImageLabelmapData\).*--input-shape data=N,C,H,W"):
+        load_from_text(text)
+    model = load_from_text(text, input_shapes={"data": (1, 3, 50, 60)})
+    assert model.inputs == {"data": (1, 3, 50, 60), "label": (1, 1, 50, 60)}
+
+
+# ---- Faster R-CNN's Dropout scale_train ------------------------------------------------------
+
+def test_dropout_scale_train_false_scales_at_test(tmp_path):
+    text = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 4 } } }
+layer { name: "drop" type: "Dropout" bottom: "x" top: "y" dropout_param { dropout_ratio: 0.3 scale_train: false } }
+layer { name: "keep" type: "Dropout" bottom: "y" top: "z" dropout_param { dropout_ratio: 0.5 } }
+"""
+    model = load_from_text(text)
+    x = rng().standard_normal((2, 3, 4)).astype(np.float32)
+    # caffe-fast-rcnn: scale_ = 1 / (1 - threshold_) in float, then top = x * (1 / scale_)
+    scale = np.float32(1.0 / (1.0 - float(np.float32(0.3))))
+    want = x * np.float32(1.0 / float(scale))
+    np.testing.assert_array_equal(model.run({"x": x})["z"], want)
+    np.testing.assert_allclose(onnx_outputs(model, tmp_path / "m.onnx", {"x": x})["z"], want, rtol=1e-7)
+    out = pytorch_source_outputs(model, tmp_path / "pt", {"x": x})
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-7)

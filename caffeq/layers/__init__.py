@@ -8,13 +8,17 @@ from . import (  # noqa: F401,E402
     conv,
     data,
     elementwise,
+    fork_data,
     misc,
     norm,
     pooling,
     recurrent,
+    segmentation,
+    sequence,
     shape_ops,
     ssd,
     vision_forks,
+    yolo,
 )
 
 __all__ = ["Layer", "LayerError", "get_spec", "register_layer", "require_specs", "supported_types"]

@@ -156,11 +156,8 @@ class Data(DataLayer):
         source = resolve_source(attrs["source"], attrs.get("base_dir"))
         if not os.path.exists(source):
             raise needs_input_shape(attrs, attrs["top"], f"{attrs['backend']} '{attrs['source']}' not found")
-        if attrs["backend"] != "LMDB":
-            raise needs_input_shape(attrs, attrs["top"], f"reading the shape of LEVELDB '{attrs['source']}' "
-                                                         f"is not supported")
-        from ..data.lmdb_source import first_datum_shape
-        c0, h, w = first_datum_shape(source)
+        from ..data import datum_shape
+        c0, h, w = datum_shape(source, attrs["backend"])
         c, h, w = _with_crop(attrs, c or c0, h, w)
         return (n, c, h, w)
 
