@@ -306,12 +306,14 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
 TRAINING_ONLY_TYPES = frozenset({
     "MultiBoxLoss", "SmoothL1Loss", "CTCLoss", "WarpCTCLoss", "TripletLoss", "CenterLoss",
     "BoxAnnotatorOHEM", "SoftmaxWithLossOHEM", "DetectionEvaluate", "LabelSpecificAdd",
-    "FocalLoss", "L1Loss", "CosinLoss", "NormalizedSoftmaxLoss",
+    "FocalLoss", "L1Loss", "CosinLoss", "NormalizedSoftmaxLoss", "EvalDetection",
 })
 
 
 def is_training_only_type(type_name):
-    return type_name in TRAINING_ONLY_TYPES or type_name.lower().endswith("loss")
+    """Losses and scorers (accuracy, detection evaluation): they train or measure, never infer."""
+    lowered = type_name.lower()
+    return type_name in TRAINING_ONLY_TYPES or lowered.endswith("loss") or lowered.endswith("accuracy")
 
 
 def drop_training_only(layers, source="", notes=None):
