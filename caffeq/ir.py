@@ -196,8 +196,8 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
         in_ids = []
         for b in lp.bottom:
             if b not in current:
-                raise GraphError(f"{where}: bottom '{b}' is not produced by any earlier layer "
-                                 f"{_excluded_producer_hint(net, b, layers, phase)}")
+                hint, rule = _excluded_producer_hint(net, b, layers, phase)
+                raise PhaseRuleError(f"{where}: bottom '{b}' is not produced by any earlier layer {hint}", rule)
             in_ids.append(current[b])
         in_shapes = [shapes[i] for i in in_ids]
         given = {i: input_shapes[t] for i, t in enumerate(lp.top) if t in input_shapes} if spec.is_data else {}
@@ -364,8 +364,19 @@ def _did_you_mean(name, choices):
     return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
 
 
+class PhaseRuleError(GraphError):
+    """An undefined bottom that a layer left out by the phase/stage rules would produce.
+
+    `rule` is that layer's first include rule (a NetStateRule) or None: the state under which
+    the net is whole (inspect tries it)."""
+
+    def __init__(self, message, rule=None):
+        super().__init__(message)
+        self.rule = rule
+
+
 def _excluded_producer_hint(net, blob, kept, phase):
-    """Why a bottom is undefined: a layer producing it that the phase/stage rules left out."""
+    """(why a bottom is undefined, the include rule that would define it or None)."""
     from .io.schema import caffe_pb2
     phase_name = phase if isinstance(phase, str) else caffe_pb2.Phase.Name(phase)
     excluded = [lp for lp in net.layer if blob in lp.top and lp not in kept]
@@ -373,11 +384,11 @@ def _excluded_producer_hint(net, blob, kept, phase):
     excluded.sort(key=lambda lp: not any(r.HasField("phase") and caffe_pb2.Phase.Name(r.phase) == phase_name.upper()
                                          for r in lp.include))
     if not excluded:
-        return "(undefined blob, wrong order or a cycle)"
+        return "(undefined blob, wrong order or a cycle)", None
     lp = excluded[0]
     rules = "; ".join(str(r).replace("\n", " ").strip() for r in lp.include) or "its exclude rules"
     return (f"at {phase_name}: layer '{lp.name}' makes it, but only under include {{ {rules} }}; "
-            f"choose that with --phase/--stage")
+            f"choose that with --phase/--stage"), (lp.include[0] if lp.include else None)
 
 
 def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_ok, notes):
