@@ -24,6 +24,11 @@ The header maps tensor names to {"dtype", "shape", "data_offsets": [begin, end]}
     quantization    JSON {layer: target} (layers whose weights changed)
     report          JSON of the quantization report (caffeq.quant.QuantReport), or ""
 
+The prototxt's relative data paths (sources, mean files) are rewritten relative to the
+.caffeq file's folder when it is written; no absolute local path is stored. (Files written
+by caffeq 0.1.0 before this also held "source_dir", the original prototxt's folder; readers
+still use it when the paths do not resolve beside the file.)
+
 Schemes and their tensors (names are "<layer>.<blob index>[.<role>]"):
 
     fp32    data   F32, the blob's shape
@@ -51,6 +56,7 @@ import struct
 import numpy as np
 
 from ..errors import ParseError, WeightsError
+from .writer import rebase_data_paths
 
 FORMAT = "caffeq"
 FORMAT_VERSION = 1
@@ -168,6 +174,16 @@ def _blob_tensors(node, i, arr):
     raise WeightsError(f"layer '{node.name}' blob {i}: unknown quantization scheme {qb.scheme!r}")
 
 
+def _model_data_dir(model):
+    """The folder the model's relative data paths resolve from (its prototxt's, as the IR saw it)."""
+    for node in model.graph.nodes:
+        base = node.attrs.get("base_dir") if isinstance(node.attrs, dict) else None
+        if base:
+            return base
+    prototxt = getattr(model, "prototxt", None)
+    return os.path.dirname(os.path.abspath(prototxt)) if prototxt else os.getcwd()
+
+
 def save_caffeq(model, path):
     """Write `model` (quantized or not) to a .caffeq file; atomic (temp file + rename)."""
     from .. import __version__
@@ -189,14 +205,13 @@ def save_caffeq(model, path):
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
         "caffeq_version": __version__,
-        "prototxt": _net_text(model.net),
+        # data paths relative to the .caffeq file's folder (no local absolute path is stored)
+        "prototxt": _net_text(rebase_data_paths(model.net, _model_data_dir(model),
+                                                os.path.dirname(os.path.abspath(os.fspath(path))))),
         "phase": str(getattr(model, "phase", "TEST")),
         "layout": json.dumps(layout, separators=(",", ":")),
         "quantization": json.dumps(dict(getattr(model, "quantization", {}) or {})),
         "report": report.to_json() if report is not None else "",
-        # data layers name their sources relative to the original prototxt's folder
-        "source_dir": os.path.dirname(os.path.abspath(model.prototxt)) if getattr(model, "prototxt", None)
-        else "",
     }
     from ..commands.common import atomic_path  # temp file beside path + rename
     path = os.fspath(path)
