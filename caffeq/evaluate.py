@@ -536,6 +536,8 @@ def _prepare(model, data, weights, phase, ignore_unknown, limit, opts):
 
 def _probe(dataset, expected, plan):
     """The shape of the first readable item; fail early, with a hint, when it cannot fit the net."""
+    if len(dataset) == 0:
+        raise DataError(f"{plan.source}: no items to evaluate (the data source is empty)")
     first_err = None
     for i in range(min(len(dataset), PROBE_ITEMS)):
         _, img, _, err = dataset[i]

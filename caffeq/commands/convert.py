@@ -242,9 +242,9 @@ def run(args):
     sizes = (f"size: {display_path(src_name)} {format_bytes(src_bytes)} -> {display_path(out)} "
              f"{format_bytes(out_bytes)}")
     lines.append(f"{sizes} ({_size_change(src_bytes, out_bytes, ext, target)})")
-    if report is not None and report.bytes_after:
+    if report is not None and report.bytes_after and report.bytes_after != report.bytes_before:
         lines.append(f"weights: {format_bytes(report.bytes_before)} fp32 -> {format_bytes(report.bytes_after)} "
-                     f"{target} (x{report.ratio:.2f})")
+                     f"{target} ({report.ratio:.2f}x smaller)")
     if onnx_stats is not None:
         lines.append(f"ONNX opset {onnx_stats['opset']}, batch {onnx_stats['batch']}; nodes: "
                      f"{onnx_stats['nodes_before']} before optimization, {onnx_stats['nodes_after']} after"
