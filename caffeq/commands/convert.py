@@ -1,4 +1,5 @@
 """`caffeq convert`: quantize (fp16 / int8 / binary) and write ONNX, .caffemodel or .caffeq."""
+import argparse
 import os
 import sys
 
@@ -42,7 +43,6 @@ read it)."""
 
 
 def add_parser(sub):
-    import argparse
     p = sub.add_parser("convert", help="quantize to fp16/int8/binary; write .onnx, .caffemodel or .caffeq",
                        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p, batch=False)
@@ -175,7 +175,9 @@ def run(args):
     if keep not in (None, "none") and only is not None:
         raise CaffeqError("--keep and --only cannot be combined; name the layers to quantize with --only")
 
-    model = load_model(args)
+    # the input batch matters to the ONNX file only (the other formats hold the net as written):
+    # the exporter applies it, to the model as the prototxt declares it
+    model = load_model(argparse.Namespace(**{**vars(args), "batch": None}))
 
     stored = sorted(set((getattr(model, "quantization", {}) or {}).values()))
     target = args.to or (stored[0] if len(stored) == 1 else "fp32")
@@ -296,7 +298,7 @@ def _pytorch_output(args, model_path):
 def _run_pytorch(args, model_path, weights, qmodel, target, report, lines, out):
     """--format pytorch: model.py + weights (+ README.md) through caffeq.backends.pytorch_source."""
     from ..backends.pytorch_source import export_pytorch
-    ignored = [f for f, v in (("--opset", args.opset), ("--onnx-batch", args.onnx_batch),
+    ignored = [f for f, v in (("--opset", args.opset), ("--batch", args.batch), ("--onnx-batch", args.onnx_batch),
                               ("--no-optimize", args.no_optimize or None), ("--probe", args.probe)) if v]
     if ignored:
         print(f"caffeq: warning: {', '.join(ignored)} do not apply to --format pytorch; ignored",

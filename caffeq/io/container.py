@@ -207,7 +207,8 @@ def save_caffeq(model, path):
         "caffeq_version": __version__,
         # data paths relative to the .caffeq file's folder (no local absolute path is stored)
         "prototxt": _net_text(rebase_data_paths(model.net, _model_data_dir(model),
-                                                os.path.dirname(os.path.abspath(os.fspath(path))))),
+                                                os.path.dirname(os.path.abspath(os.fspath(path))),
+                                                portable=True)),
         "phase": str(getattr(model, "phase", "TEST")),
         "layout": json.dumps(layout, separators=(",", ":")),
         "quantization": json.dumps(dict(getattr(model, "quantization", {}) or {})),

@@ -49,26 +49,32 @@ _DATA_PATH_FIELDS = (
 )
 
 
-def _rebased(value, from_dir, to_dir):
+def _rebased(value, from_dir, to_dir, portable):
     if not value or os.path.isabs(value):
         return value
     folder_form = value.endswith("/")   # a root_folder is prepended to file names as a string
-    here = os.path.join(from_dir, value)
+    here = os.path.abspath(os.path.join(from_dir, value))
     if not os.path.exists(here) and os.path.exists(os.path.join(os.getcwd(), value)):
-        here = os.path.join(os.getcwd(), value)
+        here = os.path.abspath(os.path.join(os.getcwd(), value))
     try:
-        new = os.path.relpath(os.path.abspath(here), to_dir)
+        common = os.path.commonpath([here, to_dir])
     except ValueError:                   # another drive (Windows)
-        new = os.path.abspath(here)
-    new = new.replace(os.sep, "/")
+        common = None
+    if common is None or os.path.dirname(common) == common:
+        # only the filesystem root in common: an absolute path, or the value as written when the
+        # file must not hold local paths
+        return value if portable else here
+    new = os.path.relpath(here, to_dir).replace(os.sep, "/")
     return new + "/" if folder_form and not new.endswith("/") else new
 
 
-def rebase_data_paths(net, from_dir, to_dir):
+def rebase_data_paths(net, from_dir, to_dir, portable=False):
     """A copy of `net` whose relative data paths (sources, mean files, root folders), written for a
     prototxt in `from_dir`, point at the same files from a prototxt in `to_dir`.
 
-    `net` itself is returned when the folders are the same or nothing changes.
+    Paths whose files share no folder with `to_dir` but the filesystem root become absolute, or,
+    with portable=True (files that travel, like .caffeq), stay as written. `net` itself is
+    returned when the folders are the same or nothing changes.
     """
     from_dir, to_dir = os.path.abspath(from_dir), os.path.abspath(to_dir)
     if from_dir == to_dir:
@@ -79,7 +85,7 @@ def rebase_data_paths(net, from_dir, to_dir):
             if not lp.HasField(msg):
                 continue
             value = getattr(getattr(lp, msg), field)
-            new = _rebased(value, from_dir, to_dir)
+            new = _rebased(value, from_dir, to_dir, portable)
             if new != value:
                 if out is None:
                     out = type(net)()
