@@ -23,6 +23,8 @@ The header maps tensor names to {"dtype", "shape", "data_offsets": [begin, end]}
                     "shape", "shared": [owner layer, owner index]}
     quantization    JSON {layer: target} (layers whose weights changed)
     report          JSON of the quantization report (caffeq.quant.QuantReport), or ""
+    data_shapes     JSON {data layer: [top shapes]}: a data layer whose source is not found
+                    where the file is read becomes an Input layer of these shapes
 
 The prototxt's relative data paths (sources, mean files) are rewritten relative to the
 .caffeq file's folder when it is written; no absolute local path is stored. (Files written
@@ -213,6 +215,9 @@ def save_caffeq(model, path):
         "layout": json.dumps(layout, separators=(",", ":")),
         "quantization": json.dumps(dict(getattr(model, "quantization", {}) or {})),
         "report": report.to_json() if report is not None else "",
+        # the data layers' top shapes: the file still loads where their sources are not found
+        "data_shapes": json.dumps({n.name: [list(model.graph.tensors[t].shape) for t in n.outputs]
+                                   for n in model.graph.nodes if n.spec.is_data}),
     }
     from ..commands.common import atomic_path  # temp file beside path + rename
     path = os.fspath(path)
@@ -336,14 +341,42 @@ def _data_base_dir(net, path, source_dir):
     return here
 
 
+_SOURCE_FIELDS = {"Data": "data_param", "ImageData": "image_data_param", "HDF5Data": "hdf5_data_param",
+                  "WindowData": "window_data_param"}
+
+
+def _stand_in_for_missing_data(net, path, base_dir, data_shapes):
+    """Data layers whose source is not found from here become Input layers of their stored shapes
+    (a .caffeq holds no local paths, so a file moved away from its data still loads) -> notes."""
+    try:
+        shapes = json.loads(data_shapes) if data_shapes else {}
+    except ValueError:
+        shapes = {}
+    notes = []
+    for lp in net.layer:
+        field = _SOURCE_FIELDS.get(lp.type)
+        if field is None or lp.name not in shapes:
+            continue
+        src = getattr(lp, field).source
+        if not src or os.path.isabs(src) and os.path.exists(src) or any(
+                os.path.exists(os.path.join(root, src)) for root in (base_dir, os.getcwd())):
+            continue
+        from ..evaluate import as_input_layer
+        as_input_layer(lp, shapes[lp.name])
+        notes.append(f"{path}: layer '{lp.name}': its data source {src} is not found from here; it is an "
+                     f"input of the stored shapes (evaluate with --data)")
+    return notes
+
+
 def load_caffeq(path, phase="TEST", batch=None):
     """A .caffeq file -> Model with the stored (dequantized) weights and their quantization."""
     from ..ir import attach_weights, build_graph, share_params
     from ..model import Model
     path = os.fspath(path)
     meta, net, blobs, quant = read_caffeq(path)
-    graph = build_graph(net, None, phase=phase, batch=batch, source=path,
-                        base_dir=_data_base_dir(net, path, meta.get("source_dir") or ""))
+    base_dir = _data_base_dir(net, path, meta.get("source_dir") or "")
+    notes = _stand_in_for_missing_data(net, path, base_dir, meta.get("data_shapes") or "")
+    graph = build_graph(net, None, phase=phase, batch=batch, source=path, base_dir=base_dir)
     attach_weights(graph, {k: [b for b in v] for k, v in blobs.items()}, path, path)
     share_params(graph)
     for node in graph.nodes:
@@ -352,7 +385,7 @@ def load_caffeq(path, phase="TEST", batch=None):
             node.quant = {i: (qb if tuple(qb.shape) == tuple(np.shape(node.blobs[i])) else qb.reshaped(
                 np.shape(node.blobs[i]))) for i, qb in q.items()}
             node.quant = {i: qb for i, qb in node.quant.items() if qb is not None}
-    model = Model(graph, net, path, path, [], phase)
+    model = Model(graph, net, path, path, notes, phase)
     try:
         model.quantization = dict(json.loads(meta.get("quantization") or "{}"))
     except ValueError:
