@@ -236,7 +236,7 @@ def test_quantized_models_are_labelled_by_their_precision(here, capsys):
     r2 = json.loads(out)
     assert list(r2["results"]) == ["binary"]
     assert r2["results"]["binary"]["top1"] == r["results"]["binary"]["top1"]
-    assert re.search(r"^binary\s", err, re.M) and not re.search(r"^fp32\s", err, re.M)
+    assert re.search(r"^binary\s", err, re.MULTILINE) and not re.search(r"^fp32\s", err, re.MULTILINE)
 
 
 # ---- written prototxts and .caffeq files find their data -----------------------------------------
@@ -261,11 +261,11 @@ def test_written_prototxt_resolves_data_relative_to_its_own_folder(here, capsys)
 
 
 def test_finetune_output_elsewhere_keeps_its_data(here, capsys):
-    rc, out, err = cli(capsys, "finetune", TRAIN_VAL, "--bn-only", "--bn-batches", "1", "--limit", "64",
-                       "--val-limit", "20", "--no-progress", "-o", "ft/ft.caffemodel")
+    rc, _, err = cli(capsys, "finetune", TRAIN_VAL, "--bn-only", "--bn-batches", "1", "--limit", "64",
+                     "--val-limit", "20", "--no-progress", "-o", "ft/ft.caffemodel")
     assert rc == 0, err
     rc, out, err = cli(capsys, "eval", "ft/ft.prototxt", "--limit", "10", "--workers", "0")
-    assert rc == 0, err
+    assert rc == 0 and "10 images" in out, err
 
 
 def test_caffeq_file_stores_no_local_path(here, capsys):
@@ -333,7 +333,7 @@ def test_convert_batch_is_the_input_batch(here, capsys):
 # ---- progress: a terminal only ------------------------------------------------------------------
 
 def test_no_progress_bar_when_stderr_is_not_a_terminal(capsys):
-    rc, out, err = cli(capsys, "eval", DEPLOY, *PNG_FLAGS, "--limit", "8", "--workers", "0")
+    rc, _out, err = cli(capsys, "eval", DEPLOY, *PNG_FLAGS, "--limit", "8", "--workers", "0")
     assert rc == 0 and "img/s" not in err and "\r" not in err
 
 
@@ -357,7 +357,7 @@ def test_progress_bars_on_a_terminal(monkeypatch):
 def test_finetune_shows_batchnorm_and_validation_progress(here, capsys, monkeypatch):
     from caffeq import progress
     monkeypatch.setattr(progress, "on_terminal", lambda stream=None: True)
-    rc, out, err = cli(capsys, "finetune", TRAIN_VAL, "--bn-only", "--bn-batches", "1", "--limit", "64",
+    rc, _out, err = cli(capsys, "finetune", TRAIN_VAL, "--bn-only", "--bn-batches", "1", "--limit", "64",
                        "--val-limit", "20", "-o", "ft.onnx")
     assert rc == 0, err
     assert "BatchNorm statistics" in err and "validation" in err
@@ -399,7 +399,7 @@ README = (REPO / "README.md").read_text()
 def readme_commands():
     """Every `python cli.py ...` command of the README's ```bash blocks (set-up steps aside)."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+    for block in re.findall(r"```bash\n(.*?)```", README, re.DOTALL):
         for line in block.strip().splitlines():
             for part in line.split("&&"):
                 part = part.strip()
@@ -425,6 +425,6 @@ def test_readme_example_runs_as_written(command, tmp_path, monkeypatch, capsys):
     (tmp_path / "docs").mkdir()
     monkeypatch.chdir(tmp_path)
     argv = shlex.split(command)[2:]
-    rc, out, err = cli(capsys, *argv)
+    rc, _out, err = cli(capsys, *argv)
     assert rc == 0, (command, err[-2000:])
     assert "Traceback" not in err
