@@ -179,6 +179,14 @@ def test_argparse_errors_are_one_line_with_suggestions(capsys):
     assert "did you mean Convolution?" in one_error(capsys, "inspect", _typo_net(capsys))
 
 
+def test_suggestions_read_both_argparse_choice_formats():
+    from caffeq.commands.options import CliParser
+    p = CliParser(prog="caffeq convert")
+    for message in ("argument --to: invalid choice: 'int4' (choose from 'fp32', 'fp16', 'int8', 'binary')",
+                    "argument --to: invalid choice: 'int4' (choose from fp32, fp16, int8, binary)"):
+        assert p._suggestion(message) == "; did you mean int8?"
+
+
 def _typo_net(capsys):
     import tempfile
     folder = tempfile.mkdtemp()

@@ -51,7 +51,8 @@ class CliParser(argparse.ArgumentParser):
     def _suggestion(self, message):
         m = _INVALID_CHOICE.search(message)
         if m:
-            choices = re.findall(r"'([^']*)'", m.group(2))
+            # ('a', 'b') or, in newer Pythons, (a, b)
+            choices = [c.strip().strip("'\"") for c in m.group(2).split(",")]
             return did_you_mean(m.group(1), choices)
         if message.startswith("unrecognized arguments:"):
             options = [o for o in self._option_string_actions if o.startswith("--")]
