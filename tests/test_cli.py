@@ -224,6 +224,11 @@ def test_no_caffemodel_anywhere_asks_for_weights_not_a_python_argument(here, cap
         assert "--weights" in line and "random_weights" not in line
     rc, out, _ = cli(capsys, "inspect", "deploy.prototxt")     # shapes need no weights
     assert rc == 0 and "conv" in out
+    # another net's caffemodel alone in the folder: inspect warns and shows the shapes; run refuses
+    shutil.copy(WEIGHTS, here / "other.caffemodel")
+    rc, out, err = cli(capsys, "inspect", "deploy.prototxt")
+    assert rc == 0 and "conv" in out and "other.caffemodel" in err and "without weights" in err
+    assert "other.caffemodel" in one_error(capsys, "run", "deploy.prototxt", "-i", "x.npy", "-o", "o.npz")
 
 
 # ---- labels by the real precision ----------------------------------------------------------------

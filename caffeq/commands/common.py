@@ -14,7 +14,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 
-from ..errors import CaffeqError, ParseError
+from ..errors import CaffeqError, ParseError, WeightsError
 from .options import add_model_args  # noqa: F401  (commands import it from here too)
 
 # ---- weights beside the prototxt -------------------------------------------------------------
@@ -78,9 +78,20 @@ def load_model(args, random_weights=False, weights_required=False):
                                     required=weights_required and not random_weights)
     say_found(note)
     args.weights = weights
-    model = load(args.model, weights, phase=args.phase, batch=getattr(args, "batch", None),
-                 ignore_unknown=args.ignore_unknown, random_weights=random_weights,
-                 stages=tuple(getattr(args, "stage", ())), level=getattr(args, "level", 0))
+
+    def load_with(w):
+        return load(args.model, w, phase=args.phase, batch=getattr(args, "batch", None),
+                    ignore_unknown=args.ignore_unknown, random_weights=random_weights,
+                    stages=tuple(getattr(args, "stage", ())), level=getattr(args, "level", 0))
+    try:
+        model = load_with(weights)
+    except WeightsError as e:
+        if not note or weights_required:
+            raise
+        # weights found, not given, and not needed (inspect): another net's caffemodel in the folder
+        print(f"caffeq: warning: {e}; showing the net without weights", file=sys.stderr)
+        args.weights = None
+        model = load_with(None)
     check_not_empty(model, args.model)
     for w in model.warnings:
         print(f"caffeq: warning: {w}", file=sys.stderr)
