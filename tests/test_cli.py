@@ -273,6 +273,24 @@ def test_written_prototxt_resolves_data_relative_to_its_own_folder(here, capsys)
     assert sources == [str(DIGITS / "train_lmdb"), str(DIGITS / "test_lmdb")]
 
 
+def test_rebase_data_paths_fields(tmp_path):
+    from caffeq.io.prototxt import parse_prototxt_text
+    from caffeq.io.writer import rebase_data_paths
+    (tmp_path / "a" / "imgs").mkdir(parents=True)
+    net = parse_prototxt_text(
+        'layer { name: "d" type: "ImageData" top: "d" top: "l" transform_param { mean_file: "m.binaryproto" } '
+        'image_data_param { source: "list.txt" root_folder: "imgs/" } }\n'
+        'layer { name: "h" type: "HDF5Data" top: "x" hdf5_data_param { source: "/abs/h5.txt" } }\n')
+    out = rebase_data_paths(net, tmp_path / "a", tmp_path / "b" / "c")
+    d, h = out.layer
+    assert d.image_data_param.source == "../../a/list.txt"
+    assert d.image_data_param.root_folder == "../../a/imgs/"       # still a prefix: the slash stays
+    assert d.transform_param.mean_file == "../../a/m.binaryproto"
+    assert h.hdf5_data_param.source == "/abs/h5.txt"                 # absolute paths are kept
+    assert net.layer[0].image_data_param.source == "list.txt"       # the input net is untouched
+    assert rebase_data_paths(net, tmp_path / "a", tmp_path / "a") is net
+
+
 def test_finetune_output_elsewhere_keeps_its_data(here, capsys):
     rc, _, err = cli(capsys, "finetune", TRAIN_VAL, "--bn-only", "--bn-batches", "1", "--limit", "64",
                      "--val-limit", "20", "--no-progress", "-o", "ft/ft.caffemodel")
