@@ -61,6 +61,7 @@ from torch import nn
 
 from .errors import CaffeqError, DataError
 from .evaluate import as_input_layer, phase_data_layer
+from .progress import tracked
 
 OPTIMIZERS = ("adam", "sgd")
 SCHEDULES = ("cosine", "step", "constant")
@@ -737,7 +738,9 @@ def finetune(prototxt, weights=None, *, target="binary", data=None, val=None, ke
     def bn_batches_iter(epoch_key):
         """The first bn_batches training batches, in a fixed seeded order (not the training order)."""
         sampler.set_epoch(epoch_key)
-        for k, batch in enumerate(train_loader):
+        bar_total = min(bn_batches, len(train_loader))
+        for k, batch in enumerate(tracked(train_loader, "BatchNorm statistics", total=bar_total,
+                                          enabled=progress)):
             if k >= bn_batches:
                 break
             yield batch
@@ -753,7 +756,8 @@ def finetune(prototxt, weights=None, *, target="binary", data=None, val=None, ke
             binarize_module(val_gm, module_model, binarized)
         if state_from is not None:
             _copy_layer_state(state_from, val_gm)
-        r = predict(val_gm, val_loader, val_feed, val_score, reference=fp32_preds)
+        r = predict(val_gm, tracked(val_loader, "validation", enabled=progress), val_feed, val_score,
+                    reference=fp32_preds)
         return r["top1"] if metric == "top1" else r["agreement"]
 
     # ---- baselines: fp32, post-training binary, BatchNorm re-estimated ----
@@ -762,7 +766,7 @@ def finetune(prototxt, weights=None, *, target="binary", data=None, val=None, ke
     fp32_metric = post_metric = None
     if val_loader is not None:
         ref_gm = module_with_outputs(out_model, [val_score], dev)
-        r = predict(ref_gm, val_loader, val_feed, val_score)
+        r = predict(ref_gm, tracked(val_loader, "validation (fp32)", enabled=progress), val_feed, val_score)
         del ref_gm
         if r["top1"] is None:
             metric = "agreement"

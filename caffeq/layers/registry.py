@@ -176,8 +176,16 @@ def require_specs(layer_params, source=""):
         if spec_for(lp) is None:
             missing.setdefault(lp.type, []).append(lp.name)
     if missing:
+        import difflib
+        known = supported_types()
+
+        def close(t):   # "did you mean": a typo or another capitalization of a known type
+            by_case = [k for k in known if k.lower() == t.lower()]
+            hit = by_case or difflib.get_close_matches(t, known, n=1, cutoff=0.75)
+            return f", did you mean {hit[0]}?" if hit else ""
+
         parts = ", ".join(f"{t} (layers {', '.join(repr(n) for n in names[:3])}"
-                          f"{', ...' if len(names) > 3 else ''})" for t, names in sorted(missing.items()))
+                          f"{', ...' if len(names) > 3 else ''}{close(t)})" for t, names in sorted(missing.items()))
         raise UnsupportedLayerError(
             f"{source + ': ' if source else ''}unsupported layer types: {parts}. "
             f"Supported: {', '.join(supported_types())}. "
