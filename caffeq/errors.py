@@ -25,6 +25,17 @@ class GraphError(CaffeqError):
     """Undefined bottoms, duplicate names and other structural problems."""
 
 
+class PhaseRuleError(GraphError):
+    """An undefined bottom that a layer left out by the phase/stage rules would produce.
+
+    `rule` is that layer's first include rule (a NetStateRule) or None: the state under which
+    the net is whole (inspect reads the net so)."""
+
+    def __init__(self, message, rule=None):
+        super().__init__(message)
+        self.rule = rule
+
+
 class DataError(CaffeqError):
     """Datasets, mean files and inputs that cannot be used."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import CaffeqError, GraphError, ShapeError, WeightsError
+from .errors import CaffeqError, GraphError, PhaseRuleError, ShapeError, WeightsError
 from .layers import require_specs, spec_for
 from .layers.registry import LayerError, MissingInputShape
 
@@ -291,6 +291,8 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
         for t in [t for t in tensors if t not in {o for n in nodes for o in n.outputs}]:
             del tensors[t]
     kept = {o for n in nodes for o in n.outputs}
+    if outputs:   # only the inputs the chosen outputs need (a label next to the data is not)
+        kept &= {t for n in nodes for t in n.inputs} | set(net_outputs)
     inputs = [names[tid] for tid in graph_input_ids if names[tid] in kept]
 
     graph = Graph(name=net.name, nodes=nodes, tensors=tensors, inputs=inputs, outputs=net_outputs,
@@ -362,17 +364,6 @@ def _did_you_mean(name, choices):
     import difflib
     close = difflib.get_close_matches(name, list(choices), n=3)
     return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-
-
-class PhaseRuleError(GraphError):
-    """An undefined bottom that a layer left out by the phase/stage rules would produce.
-
-    `rule` is that layer's first include rule (a NetStateRule) or None: the state under which
-    the net is whole (inspect tries it)."""
-
-    def __init__(self, message, rule=None):
-        super().__init__(message)
-        self.rule = rule
 
 
 def _excluded_producer_hint(net, blob, kept, phase):

@@ -459,3 +459,61 @@ def test_readme_example_runs_as_written(command, tmp_path, monkeypatch, capsys):
     rc, _out, err = cli(capsys, *argv)
     assert rc == 0, (command, err[-2000:])
     assert "Traceback" not in err
+
+
+# ---- --input-shape and --outputs (every command that reads a model) -------------------------
+
+MNIST_LIKE = """name: "mnist_like"
+layer { name: "mnist" type: "Data" top: "data" top: "label" include { phase: TEST }
+  transform_param { scale: 0.00390625 } data_param { source: "gone_lmdb" batch_size: 64 backend: LMDB } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "ip" type: "InnerProduct" bottom: "conv1" top: "ip" inner_product_param { num_output: 10 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def test_inspect_lists_a_train_val_net_without_its_dataset(capsys, here):
+    (here / "tv.prototxt").write_text(MNIST_LIKE)
+    rc, out, err = cli(capsys, "inspect", "tv.prototxt")
+    assert rc == 0 and "inputs data ?, label ?" in out and "--input-shape data=N,C,H,W" in err
+    rc, out, err = cli(capsys, "inspect", "tv.prototxt", "--input-shape", "data=2,1,12,12", "--json")
+    summary = json.loads(out)
+    assert summary["inputs"] == {"data": [2, 1, 12, 12], "label": [2]}
+    assert next(L for L in summary["layers"] if L["name"] == "ip")["output_shapes"] == {"ip": [2, 10]}
+
+
+def test_run_and_convert_need_the_shape_and_take_input_shape(capsys, here):
+    (here / "tv.prototxt").write_text(MNIST_LIKE)
+    m = caffeq.load(here / "tv.prototxt", input_shapes={"data": (2, 1, 12, 12)}, random_weights=True)
+    from caffeq.io.writer import write_model_caffemodel
+    write_model_caffemodel(m, here / "tv.caffemodel")
+    line = one_error(capsys, "convert", "tv.prototxt", "-o", "m.onnx")
+    assert "--input-shape data=N,C,H,W" in line and not (here / "m.onnx").exists()
+    assert one_error(capsys, "inspect", "tv.prototxt", "--input-shape", "data=2,a").startswith(
+        "caffeq: error: inspect: argument --input-shape: dimensions must be integers")
+    rc, out, err = cli(capsys, "convert", "tv.prototxt", "--input-shape", "data=2,1,12,12", "--outputs", "conv1",
+                       "-o", "m.onnx")
+    assert rc == 0, err
+    import onnxruntime as ort
+    sess = ort.InferenceSession(str(here / "m.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in sess.get_outputs()] == ["conv1"]
+    x = np.random.default_rng(1).standard_normal((2, 1, 12, 12)).astype(np.float32)
+    want = m.run({"data": x, "label": np.zeros(2, np.float32)}, all_blobs=True)["conv1"]
+    np.testing.assert_allclose(sess.run(None, {"data": x})[0], want, rtol=1e-5, atol=1e-5)
+    np.save(here / "x.npy", x)
+    rc, out, err = cli(capsys, "run", "tv.prototxt", "--input-shape", "data=2,1,12,12", "--outputs", "conv1",
+                       "--input", "x.npy", "-o", "out.npz")
+    assert rc == 0, err
+    with np.load(here / "out.npz") as z:
+        assert list(z) == ["conv1"]
+        np.testing.assert_allclose(z["conv1"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_inspect_reads_a_net_whole_only_under_another_phase(capsys, here):
+    (here / "train.prototxt").write_text(MNIST_LIKE.replace("phase: TEST", "phase: TRAIN"))
+    rc, out, err = cli(capsys, "inspect", "train.prototxt", "--input-shape", "data=2,1,12,12")
+    assert rc == 0 and "showing the net as --phase TRAIN" in err and "ip" in out
+    # commands that run or export the net do not guess: they name the rule
+    with pytest.raises(caffeq.CaffeqError, match=r"only under include \{ phase: TRAIN \}.*--phase/--stage"):
+        caffeq.load(here / "train.prototxt", input_shapes={"data": (2, 1, 12, 12)})

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 
-from ..errors import CaffeqError, ParseError, WeightsError
+from ..errors import CaffeqError, ParseError, PhaseRuleError, WeightsError
 from .options import add_model_args  # noqa: F401  (commands import it from here too)
 
 # ---- weights beside the prototxt -------------------------------------------------------------
@@ -71,8 +71,16 @@ def say_found(note):
         print(note, file=sys.stderr)
 
 
-def load_model(args, random_weights=False, weights_required=False):
-    """Load args.model with the shared options (add_model_args); warnings printed once, on stderr."""
+def input_shapes_arg(args):
+    """{name: shape} from the repeatable --input-shape option."""
+    return dict(getattr(args, "input_shape", None) or [])
+
+
+def load_model(args, random_weights=False, weights_required=False, unknown_shapes_ok=False):
+    """Load args.model with the shared options (add_model_args); warnings printed once, on stderr.
+
+    unknown_shapes_ok: for listing (inspect): data shapes that only a missing dataset could tell
+    stay unknown, and a file whose net is whole only under another phase/stage is read so."""
     from ..model import load
     weights, note = resolve_weights(args.model, getattr(args, "weights", None),
                                     required=weights_required and not random_weights)
@@ -82,9 +90,19 @@ def load_model(args, random_weights=False, weights_required=False):
     def load_with(w):
         return load(args.model, w, phase=args.phase, batch=getattr(args, "batch", None),
                     ignore_unknown=args.ignore_unknown, random_weights=random_weights,
-                    stages=tuple(getattr(args, "stage", ())), level=getattr(args, "level", 0))
+                    stages=tuple(getattr(args, "stage", ())), level=getattr(args, "level", 0),
+                    input_shapes=input_shapes_arg(args), outputs=getattr(args, "outputs", None),
+                    unknown_shapes_ok=unknown_shapes_ok)
     try:
-        model = load_with(weights)
+        try:
+            model = load_with(weights)
+        except PhaseRuleError as e:
+            if not unknown_shapes_ok or e.rule is None or not _adopt_rule(args, e.rule):
+                raise
+            # a train.prototxt (data only at TRAIN) or a net whole only under a stage: list that one
+            print(f"caffeq: note: {e}; showing the net as --phase {args.phase}"
+                  + "".join(f" --stage {st}" for st in args.stage), file=sys.stderr)
+            model = load_with(weights)
     except WeightsError as e:
         if not note or weights_required:
             raise
@@ -96,6 +114,17 @@ def load_model(args, random_weights=False, weights_required=False):
     for w in model.warnings:
         print(f"caffeq: warning: {w}", file=sys.stderr)
     return model
+
+
+def _adopt_rule(args, rule):
+    """Set args' phase and stages to those a NetStateRule asks for; False when nothing changes."""
+    from ..io.schema import caffe_pb2
+    phase = caffe_pb2.Phase.Name(rule.phase) if rule.HasField("phase") else args.phase
+    stages = list(dict.fromkeys(list(args.stage) + list(rule.stage)))
+    if phase == args.phase and stages == list(args.stage):
+        return False
+    args.phase, args.stage = phase, stages
+    return True
 
 
 def check_not_empty(model, path):

@@ -18,7 +18,13 @@ def add_parser(sub):
     return p
 
 
+def _shape_list(shape):
+    return None if shape is None else list(shape)   # None: only the missing dataset could tell
+
+
 def summarize(model):
+    """The listing as a dict; shapes (and the parameters and MACs that need them) are None where the
+    dataset a data layer reads was needed to know them."""
     g = model.graph
     layers = []
     total_params = total_macs = 0
@@ -27,21 +33,22 @@ def summarize(model):
         out_shapes = [g.tensors[t].shape for t in node.outputs]
         shapes = node.expected_param_shapes or []
         params = sum(math.prod(s) for i, s in enumerate(shapes) if i not in node.shared_from)
+        known = all(s is not None for s in in_shapes + out_shapes)
         try:
-            macs = int(node.spec.macs(node.attrs, in_shapes, out_shapes))
+            macs = int(node.spec.macs(node.attrs, in_shapes, out_shapes)) if known else 0
         except Exception:  # an estimate only; never fail the listing for it
             macs = 0
         total_params += params
         total_macs += macs
         layers.append({
             "name": node.name, "type": node.type, "bottoms": list(node.bottoms), "tops": list(node.tops),
-            "output_shapes": {g.tensors[t].blob: list(g.tensors[t].shape) for t in node.outputs},
+            "output_shapes": {g.tensors[t].blob: _shape_list(g.tensors[t].shape) for t in node.outputs},
             "params": params, "macs": macs,
             "weights_loaded": node.blobs is not None if node.has_params else None,
         })
     return {
         "name": g.name,
-        "inputs": {k: list(v) for k, v in model.inputs.items()},
+        "inputs": {k: _shape_list(v) for k, v in model.inputs.items()},
         "outputs": model.outputs,
         "layers": layers,
         "totals": {"layers": len(layers), "params": total_params, "macs": total_macs,
@@ -71,15 +78,19 @@ def _fmt_count(n):
     return str(n)
 
 
+def _fmt_shape(s):
+    return "?" if s is None else ("x".join(map(str, s)) or "scalar")
+
+
 def print_table(summary, out=sys.stdout):
     rows = [("layer", "type", "bottoms -> tops", "output shape", "params", "MACs")]
     for L in summary["layers"]:
-        shapes = "; ".join("x".join(map(str, s)) or "scalar" for s in L["output_shapes"].values())
+        shapes = "; ".join(_fmt_shape(s) for s in L["output_shapes"].values())
         rows.append((L["name"], L["type"], f"{','.join(L['bottoms'])} -> {','.join(L['tops'])}",
                      shapes, _fmt_count(L["params"]) if L["params"] else "", _fmt_count(L["macs"]) if L["macs"] else ""))
     widths = [min(40, max(len(r[i]) for r in rows)) for i in range(len(rows[0]))]
     print(f"net '{summary['name']}': inputs "
-          + ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in summary["inputs"].items())
+          + ", ".join(f"{k} {_fmt_shape(v)}" for k, v in summary["inputs"].items())
           + f"; outputs {', '.join(summary['outputs'])}", file=out)
     for i, r in enumerate(rows):
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
@@ -96,7 +107,7 @@ def run(args):
     check_output(args.json, "--json", (args.model, args.weights, args.onnx))   # before any work
     if args.onnx and not os.path.isfile(args.onnx):
         raise ParseError(f"--onnx {args.onnx}: no such file")
-    model = load_model(args)
+    model = load_model(args, unknown_shapes_ok=True)
     summary = summarize(model)
     if args.onnx:
         summary["onnx"] = onnx_node_counts(args.onnx)

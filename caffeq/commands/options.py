@@ -137,8 +137,32 @@ def workers(text):
 
 # ---- options shared by several commands --------------------------------------------------
 
-def add_model_args(p, weights=True, batch=True):
-    """The model and how to read it: MODEL, --weights, --phase, --stage, --level, --batch, --ignore-unknown.
+def input_shape(text):
+    """NAME=N,C,H,W (also NAME=NxCxHxW): the shape of one input or data-layer top."""
+    name, sep, dims = text.partition("=")
+    parts = [d for d in dims.replace("x", ",").split(",") if d.strip()] if sep else []
+    if not name.strip() or not parts:
+        raise argparse.ArgumentTypeError(f"expected NAME=N,C,H,W, got {text!r}")
+    try:
+        shape = tuple(int(d) for d in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"dimensions must be integers, got {text!r}") from None
+    if any(d < 1 for d in shape):
+        raise argparse.ArgumentTypeError(f"dimensions must be positive, got {text!r}")
+    return name.strip(), shape
+
+
+def blob_names(text):
+    """NAME,NAME,...: Caffe blob names."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected blob names separated by commas")
+    return names
+
+
+def add_model_args(p, weights=True, batch=True, outputs=True):
+    """The model and how to read it: MODEL, --weights, --phase, --stage, --level, --batch,
+    --input-shape, --outputs, --ignore-unknown.
 
     Options that change how the net is read (its inputs, its outputs) belong here, so that every
     command takes them.
@@ -157,6 +181,12 @@ def add_model_args(p, weights=True, batch=True):
                        help="set the batch dimension of the net's inputs to N")
     p.add_argument("--ignore-unknown", action="store_true",
                    help="skip fields unknown to caffe.proto (with a warning) instead of failing")
+    p.add_argument("--input-shape", type=input_shape, action="append", default=[], metavar="NAME=N,C,H,W",
+                   help="the shape of an input or data-layer top (repeatable): a train_val net then needs "
+                        "no dataset, a Python data layer gets its shape")
+    if outputs:
+        p.add_argument("--outputs", type=blob_names, default=None, metavar="NAME,...",
+                       help="make these blobs the net's outputs (layers feeding none of them are dropped)")
 
 
 def add_json_arg(p, what="the results"):
