@@ -242,6 +242,9 @@ def test_label_accuracy_matches_the_loops(tmp_path):
     from caffeq.errors import ExportError
     with pytest.raises(ExportError, match="edit-distance accuracy"):
         model.export_onnx(str(tmp_path / "a.onnx"), optimize=False)
+    from caffeq.backends.pytorch_source import export_pytorch
+    with pytest.raises(ExportError, match="CTCGreedyDecoder"):
+        export_pytorch(model, tmp_path / "a")
 
 
 # ---- bad input ----------------------------------------------------------------------------------
