@@ -6,6 +6,7 @@ from . import (  # noqa: F401,E402
     activation,
     common,
     conv,
+    ctc,
     data,
     elementwise,
     fork_data,
