@@ -11,7 +11,7 @@ Files whose text holds no `layer` (solvers, label maps) are skipped. OpenCV's re
 its caffe.proto does not know; --ignore-unknown makes caffeq do the same (to see the next obstacle).
 
     python benchmarks/corpus.py [FOLDER] [--timeout 60] [--json OUT.json] [--no-opencv] [--ignore-unknown]
-           [--unknown-shapes-ok] [-k SUBSTR]
+           [-k SUBSTR]
 
 Prints one line per file: `caffeq ok|<first error line>`, `opencv ok|<first error line>`,
 then "caffeq reads X/N, OpenCV reads Y/N".
@@ -28,7 +28,8 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-DEFAULT_FOLDER = "/work/corpus"
+# the real-world files shipped with the tests; point it at a larger collection of your own
+DEFAULT_FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "realworld")
 
 # run by a fresh interpreter per file: OpenCV may abort() on a file it cannot read
 OPENCV_CHILD = "import sys, cv2\ncv2.dnn.readNetFromCaffe(sys.argv[1])\n"
@@ -48,13 +49,32 @@ def is_net_definition(path):
     return b"layer" in head
 
 
-def caffeq_read(path, ignore_unknown=False, unknown_shapes_ok=False):
-    """What `caffeq inspect FILE` does without weights. Returns a small summary dict; raises on failure."""
-    from caffeq.commands.inspect import summarize
-    from caffeq.model import load
-    extra = {"unknown_shapes_ok": True} if unknown_shapes_ok else {}
-    model = load(path, None, phase="TEST", ignore_unknown=ignore_unknown, **extra)
-    summary = summarize(model)
+class InspectRefused(Exception):
+    """inspect refused the file with one clear error line and exit status 2."""
+
+
+def caffeq_read(path, ignore_unknown=False):
+    """Run `caffeq inspect FILE --json OUT` in this process, exactly as a user would (no weights
+    beside a corpus file). Returns a small summary dict; raises CaffeqError-like failures."""
+    import contextlib
+    import io
+    import json
+    import tempfile
+
+    from caffeq.__main__ import main as caffeq_main
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "summary.json")
+        argv = ["inspect", path, "--json", out] + (["--ignore-unknown"] if ignore_unknown else [])
+        stderr = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
+            rc = caffeq_main(argv)
+        if rc != 0:
+            errors = [ln for ln in stderr.getvalue().splitlines() if ln.startswith("caffeq: error: ")]
+            # a clean refusal is exit 2 with one error line; anything else is counted as unclean
+            raise (InspectRefused if rc == 2 and len(errors) == 1 else RuntimeError)(
+                first_line((errors or [stderr.getvalue()])[0].replace("caffeq: error: ", "")))
+        with open(out) as f:
+            summary = json.load(f)
     return {"layers": summary["totals"]["layers"], "params": summary["totals"]["params"],
             "inputs": summary["inputs"], "warnings": summary["warnings"]}
 
@@ -65,10 +85,11 @@ def _caffeq_child(path, options, conn):
     except Exception as e:  # noqa: BLE001 -- every failure is data here: the parent groups them
         from caffeq.errors import CaffeqError
         kind = type(e).__name__
-        result = {"ok": False, "kind": kind, "clean": isinstance(e, CaffeqError),
-                  "error": first_line(f"{kind}: {e}" if not isinstance(e, CaffeqError) else str(e)),
+        clean = isinstance(e, (CaffeqError, InspectRefused))
+        result = {"ok": False, "kind": kind, "clean": clean,
+                  "error": first_line(str(e) if clean else f"{kind}: {e}"),
                   "message": str(e)[:4000]}
-        if not isinstance(e, CaffeqError):
+        if not clean:
             result["traceback"] = traceback.format_exc()[-3000:]
     conn.send(result)
     conn.close()
@@ -127,9 +148,6 @@ def main(argv=None):
     ap.add_argument("--no-opencv", action="store_true", help="skip the OpenCV anchor")
     ap.add_argument("--ignore-unknown", action="store_true",
                     help="skip fields unknown to caffe.proto, as OpenCV's reader does (caffeq --ignore-unknown)")
-    ap.add_argument("--unknown-shapes-ok", action="store_true",
-                    help="list nets whose data shapes only their missing dataset could tell "
-                         "(load(unknown_shapes_ok=True))")
     ap.add_argument("-k", metavar="SUBSTR", help="only files whose name contains SUBSTR")
     args = ap.parse_args(argv)
 
@@ -149,15 +167,13 @@ def main(argv=None):
         if not have_cv2:
             print("corpus.py: cv2 cannot be imported; OpenCV column skipped", file=sys.stderr)
     # import the library once in the parent so each forked worker starts warm
-    import caffeq.commands.inspect
-    import caffeq.model  # noqa: F401
+    import caffeq.__main__  # noqa: F401
 
     results = []
     width = min(70, max((len(f) for f in files), default=10))
     for name in files:
         path = os.path.join(args.folder, name)
-        cq = run_caffeq(path, args.timeout, ignore_unknown=args.ignore_unknown,
-                        unknown_shapes_ok=args.unknown_shapes_ok)
+        cq = run_caffeq(path, args.timeout, ignore_unknown=args.ignore_unknown)
         cv = run_opencv(path, args.timeout) if have_cv2 else None
         results.append({"file": name, "caffeq": cq, "opencv": cv})
         cq_text = "ok" if cq["ok"] else cq["error"]
@@ -168,8 +184,7 @@ def main(argv=None):
 
     n = len(results)
     cq_ok = sum(r["caffeq"]["ok"] for r in results)
-    totals = {"files": n, "caffeq_ok": cq_ok, "ignore_unknown": args.ignore_unknown,
-              "unknown_shapes_ok": args.unknown_shapes_ok}
+    totals = {"files": n, "caffeq_ok": cq_ok, "ignore_unknown": args.ignore_unknown}
     summary_line = f"caffeq reads {cq_ok}/{n}"
     if have_cv2:
         cv_ok = sum(r["opencv"]["ok"] for r in results)
