@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .errors import CaffeqError, DataError
+from .fs import atomic_path
 
 
 class SensitivityError(CaffeqError):
@@ -373,7 +374,6 @@ def plot_sensitivity(result, path, title=None):
         import matplotlib.pyplot as plt
     except ImportError:
         raise SensitivityError("--plot needs matplotlib (pip install matplotlib, or 'caffeq[plot]')") from None
-    from .commands.common import atomic_path
     m = result["metric"]
     label = "top-1 (%)" if m == "top1" else "top-1 agreement with fp32 (%)"
     rows = result["layers"]

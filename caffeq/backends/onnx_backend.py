@@ -21,6 +21,7 @@ from collections import Counter
 import numpy as np
 
 from ..errors import CaffeqError, ExportError
+from ..fs import atomic_path, refuse_overwrite
 from ..io.wire import len_field
 
 DEFAULT_OPSET = 21
@@ -837,17 +838,13 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
     """
     import onnx
 
-    from ..commands.common import atomic_path
-
     opset = _parse_opset(opset)
     fixed = parse_batch(batch)
     source = model.prototxt or model.name or ""
     path = os.fspath(path)
     protected = [model.prototxt, model.weights_path] + [os.fspath(p) for p in inputs if p]
     target = os.path.abspath(path)
-    for src in protected:
-        if src and os.path.exists(src) and os.path.exists(target) and os.path.samefile(src, target):
-            raise ExportError(f"{path}: refusing to overwrite an input file")
+    refuse_overwrite(path, protected, ExportError)
     if os.path.isdir(target):
         raise ExportError(f"{path}: is a folder")
     notes = []
@@ -950,9 +947,7 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
 
     data_path = target + ".data" if external else None
     if data_path:
-        for src in protected:
-            if src and os.path.exists(src) and os.path.exists(data_path) and os.path.samefile(src, data_path):
-                raise ExportError(f"{data_path}: refusing to overwrite an input file")
+        refuse_overwrite(data_path, protected, ExportError)
     folder = os.path.dirname(target)
     sources = _ArraySources([model.weights_path])
     try:

@@ -32,6 +32,7 @@ import textwrap
 import numpy as np
 
 from ..errors import CaffeqError, ExportError
+from ..fs import atomic_path, refuse_overwrite
 from .names import identifier
 
 WEIGHT_FORMATS = ("safetensors", "pt")
@@ -648,7 +649,6 @@ def export_pytorch(model, out, to=None, exact_batchnorm=False, weights_format="s
     """
     if weights_format not in WEIGHT_FORMATS:
         raise ExportError(f"weights format must be one of {', '.join(WEIGHT_FORMATS)}, got {weights_format!r}")
-    from ..commands.common import atomic_path
     out = os.fspath(out)
     source_model = model
     if to is not None:
@@ -675,9 +675,7 @@ def export_pytorch(model, out, to=None, exact_batchnorm=False, weights_format="s
         readme_path = os.path.join(folder, "README.md") if readme else None
     protected = [source_model.prototxt, source_model.weights_path] + [os.fspath(p) for p in inputs if p]
     for dst in (py_path, weights_path, readme_path):
-        for src in protected:
-            if dst and src and os.path.exists(src) and os.path.exists(dst) and os.path.samefile(src, dst):
-                raise ExportError(f"{dst}: refusing to overwrite an input file")
+        refuse_overwrite(dst, protected, ExportError)
     if is_file and not os.path.isdir(folder):
         raise ExportError(f"{out}: folder {folder} does not exist")
 

@@ -2,10 +2,8 @@
 import json
 import os
 import sys
-import tempfile
-from contextlib import contextmanager
-
 from ..errors import CaffeqError
+from ..fs import atomic_output, atomic_path, refuse_overwrite
 
 
 def add_model_args(p, weights=True):
@@ -31,49 +29,6 @@ def load_model(args, random_weights=False):
     for w in model.warnings:
         print(f"caffeq: warning: {w}", file=sys.stderr)
     return model
-
-
-def _plain_mode(path):
-    """mkstemp creates 0600 files; outputs get the mode a plain open() would give."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
-
-
-@contextmanager
-def atomic_path(path, inputs=()):
-    """Yield a temporary path beside `path`; rename it onto `path` on success, delete it on failure.
-
-    For writers that open files themselves. inputs: files that `path` must not be.
-    """
-    path = os.fspath(path)
-    target = os.path.abspath(path)
-    for src in inputs:
-        if src and os.path.exists(src) and os.path.exists(target) and os.path.samefile(src, target):
-            raise CaffeqError(f"{path}: refusing to overwrite an input file")
-    folder = os.path.dirname(target) or "."
-    if not os.path.isdir(folder):
-        raise CaffeqError(f"{path}: folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=".caffeq-", suffix=os.path.splitext(path)[1] or ".tmp", dir=folder)
-    os.close(fd)
-    try:
-        yield tmp
-        _plain_mode(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-@contextmanager
-def atomic_output(path, mode="wb", inputs=()):
-    """atomic_path, yielding the temporary file opened in `mode`."""
-    # the file is closed before atomic_path renames (or deletes) it
-    with atomic_path(path, inputs) as tmp, open(tmp, mode) as f:
-        yield f
 
 
 def write_json(path, obj):
@@ -131,9 +86,7 @@ def model_output_format(out, protected):
                           f"use one of {', '.join(MODEL_FORMATS)}")
     if os.path.isdir(out):
         raise CaffeqError(f"-o {out}: is a folder")
-    for src in protected:
-        if os.path.exists(out) and os.path.exists(src) and os.path.samefile(src, out):
-            raise CaffeqError(f"{out}: refusing to overwrite an input file")
+    refuse_overwrite(out, protected)
     return ext
 
 
@@ -161,10 +114,8 @@ def _write_caffemodel(model, out, protected):
     """out (.caffemodel) and the prototxt beside it (same stem) -> the prototxt's path."""
     from ..io.writer import net_to_text, write_model_caffemodel
     proto = os.path.splitext(out)[0] + ".prototxt"
-    for src in protected:
-        if src and os.path.exists(src) and os.path.exists(proto) and os.path.samefile(src, proto):
-            raise CaffeqError(f"{proto}: the prototxt written beside {out} would overwrite an input "
-                              f"file; choose another -o name")
+    refuse_overwrite(proto, protected, message=f"the prototxt written beside {out} would overwrite an input "
+                                               f"file; choose another -o name")
     text = net_to_text(model.net)
     # both files appear together or not at all
     with atomic_path(out, inputs=protected) as tmp_model, atomic_path(proto, inputs=protected) as tmp_proto:

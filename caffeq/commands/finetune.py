@@ -4,6 +4,7 @@ import os
 import sys
 
 from ..errors import CaffeqError
+from ..fs import refuse_overwrite
 from .common import (
     display_path,
     format_bytes,
@@ -134,9 +135,8 @@ def run(args):
         raise CaffeqError(f"-o {out}: folder {folder} does not exist")
     if ext == ".caffemodel":
         proto = os.path.splitext(out)[0] + ".prototxt"
-        if os.path.exists(proto) and os.path.samefile(proto, path):
-            raise CaffeqError(f"{proto}: the prototxt written beside {out} would overwrite the input; "
-                              f"choose another -o name")
+        refuse_overwrite(proto, [path], message=f"the prototxt written beside {out} would overwrite "
+                                                f"the input; choose another -o name")
 
     transform, resize, order = transform_from_args(args)
     progress = not args.no_progress

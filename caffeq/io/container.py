@@ -51,6 +51,7 @@ import struct
 import numpy as np
 
 from ..errors import ParseError, WeightsError
+from ..fs import atomic_path
 
 FORMAT = "caffeq"
 FORMAT_VERSION = 1
@@ -198,7 +199,6 @@ def save_caffeq(model, path):
         "source_dir": os.path.dirname(os.path.abspath(model.prototxt)) if getattr(model, "prototxt", None)
         else "",
     }
-    from ..commands.common import atomic_path  # temp file beside path + rename
     path = os.fspath(path)
     with atomic_path(path) as tmp:
         write_safetensors(tmp, tensors, meta)
