@@ -290,7 +290,7 @@ def model_size_bytes(model):
     for node in model.graph.nodes:
         if not node.blobs:
             continue
-        quant = getattr(node, "quant", None) or {}
+        quant = node.quant
         for i, b in enumerate(node.blobs):
             if b is None or i in node.shared_from:
                 continue

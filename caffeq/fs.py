@@ -34,6 +34,17 @@ def refuse_overwrite(target, inputs, error=CaffeqError, message=INPUT_CLASH):
             raise error(f"{target}: {message}")
 
 
+def resolve_source(path, base_dir):
+    """A data path as Caffe users write it: relative to the prototxt's folder, then the cwd."""
+    if os.path.isabs(path):
+        return path
+    for root in (base_dir, os.getcwd()):
+        cand = os.path.join(root or "", path)
+        if os.path.exists(cand):
+            return cand
+    return os.path.join(base_dir or "", path)
+
+
 def _plain_mode(path):
     """mkstemp creates 0600 files; outputs get the mode a plain open() would give."""
     mask = os.umask(0)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import CaffeqError, GraphError, ShapeError, WeightsError
+from .io.schema import caffe_pb2
 from .layers import get_spec, require_specs
 from .layers.registry import LayerError
 
@@ -42,6 +43,9 @@ class Node:
     param_names: list = field(default_factory=list)  # ParamSpec names for sharing
     expected_param_shapes: list = None
     shared_from: dict = field(default_factory=dict)  # blob index -> (owner layer, owner blob index)
+    # blob index -> caffeq.quant.QuantizedBlob: the compact form of a quantized blob, kept for the
+    # writers (ONNX, .caffeq); node.blobs then holds its dequantized float32 values
+    quant: dict = field(default_factory=dict)
 
     @property
     def has_params(self):
@@ -100,7 +104,6 @@ def _state_meets_rule(phase, level, stages, rule):
 
 def filter_layers(net, phase="TEST", stages=(), level=0, source=""):
     """Layers that exist in the given phase, as Caffe decides."""
-    from .io.schema import caffe_pb2
     phase_value = caffe_pb2.Phase.Value(phase.upper()) if isinstance(phase, str) else phase
     stages = set(stages) | set(net.state.stage)
     level = level or net.state.level

@@ -104,7 +104,7 @@ def _quantized_blobs(model, target):
     q = quantize(model, target, keep="none")
     out = {}
     for node in q.graph.nodes:
-        quant = getattr(node, "quant", None) or {}
+        quant = node.quant
         if quant:
             out[node.name] = {i: np.asarray(node.blobs[i], np.float32) for i in quant}
     return out, q.quant_report
@@ -314,7 +314,7 @@ def layer_sensitivity(model, data=None, target="binary", *, weights=None, batch_
     loaded, loader, feeder, score, plan = prepare_data(
         model, data, weights=weights, batch_size=batch_size, device=device, workers=workers, limit=limit,
         transform=transform, resize=resize, channel_order=channel_order, kind=kind)
-    if any(getattr(loaded, "quantization", None) or {}):
+    if any(loaded.quantization):
         raise SensitivityError("the model is already quantized; measure the fp32 model")
     result = measure_sensitivity(loaded, loader, feeder, score, t, cumulative=cumulative, progress=progress,
                                  has_labels=loader.dataset_has_labels)

@@ -401,5 +401,5 @@ def test_cli_budget_keeps_the_most_sensitive_layers(capsys, tmp_path, monkeypatc
     assert f"budget 1 points: kept fp32 {', '.join(expected_keep)}" in capsys.readouterr().out
     monkeypatch.chdir(DIGITS)       # the train_val's data sources are relative to examples/digits
     back = caffeq.load(str(out))    # a .caffeq keeps the compact binary form
-    binary = sorted(n.name for n in back.graph.nodes if getattr(n, "quant", None))
+    binary = sorted(n.name for n in back.graph.nodes if n.quant)
     assert binary == sorted({"conv1", "conv2", "ip1", "ip2"} - set(expected_keep))

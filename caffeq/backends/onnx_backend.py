@@ -13,6 +13,7 @@ exporting a 550 MB caffemodel holds no extra copy of the weights.  The check
 a small twin of the model whose initializers point, as ONNX external data,
 at the bytes just written.
 """
+import mmap
 import os
 import re
 import tempfile
@@ -22,7 +23,10 @@ import numpy as np
 
 from ..errors import CaffeqError, ExportError
 from ..fs import atomic_path, refuse_overwrite
+from .onnx_weights import emit_quantized_weight
 from ..io.wire import len_field
+from ..transforms import optimize as run_transforms
+from ..version import __version__
 
 DEFAULT_OPSET = 21
 MIN_OPSET = 13
@@ -87,7 +91,6 @@ class OnnxContext:
         self._node_names = set()
         self._const_cache = {}
         self._weight_cache = {}
-        self._extra_shapes = {}
 
     # -- shapes -------------------------------------------------------------------------
     def shape(self, name):
@@ -95,13 +98,7 @@ class OnnxContext:
         t = self.graph.tensors.get(name)
         if t is not None:
             return tuple(t.shape)
-        if name in self._extra_shapes:
-            return self._extra_shapes[name]
         raise ExportError(f"{self._where()}: no static shape known for tensor '{name}'")
-
-    def set_shape(self, name, shape):
-        """Record the static shape of a tensor an emission made (for later emissions)."""
-        self._extra_shapes[name] = tuple(int(d) for d in shape)
 
     # -- names --------------------------------------------------------------------------
     def _where(self):
@@ -165,13 +162,13 @@ class OnnxContext:
         hit = self._weight_cache.get(key)
         if hit is not None:
             return hit
-        quant = getattr(node, "quant", None)
+        quant = node.quant
         if quant and index in quant:
             name = self._quantized_weight(node, index, transpose)
             if name is not None:
                 self._weight_cache[key] = name
                 return name
-        shared = (getattr(node, "shared_from", None) or {}).get(index)
+        shared = node.shared_from.get(index)
         if shared is not None:
             owner = self._node(shared[0])
             if owner is not None and owner.blobs is not None and owner.blobs[shared[1]] is not None \
@@ -197,12 +194,6 @@ class OnnxContext:
         return name
 
     def _quantized_weight(self, node, index, transpose):
-        try:
-            from .onnx_weights import emit_quantized_weight
-        except ImportError:
-            self.notes.append("quantized weights stored as float32 (caffeq.backends.onnx_weights "
-                              "is not available)")
-            return None
         return emit_quantized_weight(self, node, index, transpose)
 
     def _node(self, name):
@@ -574,7 +565,6 @@ class _ArraySources:
 
     def locate(self, arr):
         """(fd, offset) of arr's bytes in a weights file, or None."""
-        import mmap
         if not (isinstance(arr, np.ndarray) and arr.flags.c_contiguous and arr.dtype == np.dtype("<f4")
                 and arr.nbytes):
             return None
@@ -813,12 +803,7 @@ def _with_batch(model, batch):
     if all(model.graph.tensors[t].shape and model.graph.tensors[t].shape[0] == batch
            for t in model.graph.inputs):
         return model
-    new = model.reshaped(batch)
-    for a, b in zip(model.graph.nodes, new.graph.nodes):
-        q = getattr(a, "quant", None)
-        if q:
-            b.quant = q
-    return new
+    return model.reshaped(batch)
 
 
 def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=True,
@@ -866,7 +851,6 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
     # 2. the optimized graph
     emitted = model
     if optimize:
-        from ..transforms import optimize as run_transforms
         emitted, opt_notes = run_transforms(model, with_notes=True)
         notes.extend(opt_notes)
     ctx, refusals, in_names, out_names, dropped = emit_graph(emitted.graph, opset)
@@ -909,7 +893,6 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
         [onnx.helper.make_opsetid("", opset)] +
         [onnx.helper.make_opsetid(d, v) for d, v in ctx.domains.items()])
     m.producer_name = "caffeq"
-    from .. import __version__
     m.producer_version = __version__
     m.doc_string = f"converted from {os.path.basename(model.prototxt)}" if model.prototxt else ""
     op = m.opset_import.add()

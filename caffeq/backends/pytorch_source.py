@@ -33,6 +33,8 @@ import numpy as np
 
 from ..errors import CaffeqError, ExportError
 from ..fs import atomic_path, refuse_overwrite
+from ..quant import get_quantizer, quantize
+from .onnx_backend import _live_io
 from .names import identifier
 
 WEIGHT_FORMATS = ("safetensors", "pt")
@@ -247,7 +249,6 @@ class Emitter:
 class _Generator:
     def __init__(self, model, exact_batchnorm=False, weights_file="weights.safetensors",
                  weights_format="safetensors", cls_name=None, source_note=""):
-        from .onnx_backend import _live_io
         self.model = model
         self.graph = model.graph
         self.exact_batchnorm = bool(exact_batchnorm)
@@ -564,7 +565,7 @@ def generate_source(model, exact_batchnorm=False, weights_file="weights.safetens
                           f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}; pass the caffemodel")
     gen = _Generator(model, exact_batchnorm, weights_file, weights_format, cls_name, source_note)
     params = gen.generate()
-    quant = getattr(model, "quantization", None) or {}
+    quant = model.quantization
     if quant:
         schemes = sorted(set(quant.values()))
         gen.notes.insert(0, _quant_note(schemes, quant))
@@ -652,10 +653,9 @@ def export_pytorch(model, out, to=None, exact_batchnorm=False, weights_format="s
     out = os.fspath(out)
     source_model = model
     if to is not None:
-        from ..quant import get_quantizer, quantize
         if get_quantizer(to).name != "fp32":
             model = quantize(model, to, keep=keep, only=only)
-    schemes = sorted(set((getattr(model, "quantization", None) or {}).values()))
+    schemes = sorted(set((model.quantization).values()))
     target = "+".join(schemes) if schemes else None
     ext = ".safetensors" if weights_format == "safetensors" else ".pt"
     is_file = out.endswith(".py")

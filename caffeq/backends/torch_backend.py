@@ -13,6 +13,7 @@ import torch
 from torch import fx, nn
 
 from ..errors import DataError
+from ..transforms import fold_batchnorm, remove_identities
 from .names import identifier
 
 
@@ -116,7 +117,6 @@ def to_torch(model, device="cpu", dtype=None, all_blobs=False, optimize=False, c
         raise DataError(f"{model.prototxt}: no weights for layers {', '.join(missing[:5])}"
                         f"{', ...' if len(missing) > 5 else ''}; pass --weights (or random_weights=True)")
     if optimize:
-        from ..transforms import fold_batchnorm, remove_identities
         model = fold_batchnorm(remove_identities(model))
     gm = build_module(model, all_blobs=all_blobs)
     gm.to(resolve_device(device))

@@ -52,6 +52,12 @@ import numpy as np
 
 from ..errors import ParseError, WeightsError
 from ..fs import atomic_path
+from ..ir import attach_weights, build_graph, share_params
+from ..quant.base import QuantizedBlob, num_channels
+from ..quant.binary import pack_signs, unpack_signs
+from ..quant.report import QuantReport
+from ..version import __version__
+from .schema import caffe_pb2
 
 FORMAT = "caffeq"
 FORMAT_VERSION = 1
@@ -143,14 +149,13 @@ def _net_text(net):
 
 def _blob_tensors(node, i, arr):
     """(layout entry, [(tensor name, array)]) for blob i of node."""
-    from ..quant.binary import pack_signs
     key = f"{node.name}.{i}"
     entry = {"layer": node.name, "index": i, "shape": [int(d) for d in np.shape(arr)]}
     if i in node.shared_from:
         owner, j = node.shared_from[i]
         entry["shared"] = [owner, int(j)]
         return entry, []
-    qb = (getattr(node, "quant", None) or {}).get(i)
+    qb = node.quant.get(i)
     if qb is None:
         entry.update(scheme="fp32", axis=None, groups=1, tensors={"data": key})
         return entry, [(key, np.asarray(arr, np.float32))]
@@ -171,7 +176,6 @@ def _blob_tensors(node, i, arr):
 
 def save_caffeq(model, path):
     """Write `model` (quantized or not) to a .caffeq file; atomic (temp file + rename)."""
-    from .. import __version__
     missing = [n.name for n in model.graph.nodes
                if n.has_params and (n.blobs is None or any(b is None for b in n.blobs))]
     if missing:
@@ -185,7 +189,7 @@ def save_caffeq(model, path):
             entry, ts = _blob_tensors(node, i, arr)
             layout.append(entry)
             tensors.extend(ts)
-    report = getattr(model, "quant_report", None)
+    report = model.quant_report
     meta = {
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
@@ -193,7 +197,7 @@ def save_caffeq(model, path):
         "prototxt": _net_text(model.net),
         "phase": str(getattr(model, "phase", "TEST")),
         "layout": json.dumps(layout, separators=(",", ":")),
-        "quantization": json.dumps(dict(getattr(model, "quantization", {}) or {})),
+        "quantization": json.dumps(dict(model.quantization)),
         "report": report.to_json() if report is not None else "",
         # data layers name their sources relative to the original prototxt's folder
         "source_dir": os.path.dirname(os.path.abspath(model.prototxt)) if getattr(model, "prototxt", None)
@@ -215,8 +219,6 @@ def _get(tensors, path, entry, role):
 
 def _decode(path, entry, tensors):
     """-> (float32 array, QuantizedBlob or None) for one layout entry."""
-    from ..quant.base import QuantizedBlob, num_channels
-    from ..quant.binary import unpack_signs
     shape = tuple(int(d) for d in entry["shape"])
     scheme = entry.get("scheme")
     where = f"{path}: layer '{entry.get('layer')}' blob {entry.get('index')}"
@@ -260,7 +262,6 @@ def read_caffeq(path):
     """-> (metadata, NetParameter, {layer: [float32 arrays]}, {layer: {index: QuantizedBlob}})."""
     from google.protobuf import text_format
 
-    from .schema import caffe_pb2
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ParseError(f"{path}: no such file")
@@ -320,10 +321,9 @@ def _data_base_dir(net, path, source_dir):
     return here
 
 
-def load_caffeq(path, phase="TEST", batch=None):
-    """A .caffeq file -> Model with the stored (dequantized) weights and their quantization."""
-    from ..ir import attach_weights, build_graph, share_params
-    from ..model import Model
+def load_caffeq_parts(path, phase="TEST", batch=None):
+    """A .caffeq file -> (graph with the stored (dequantized) weights and node.quant, net,
+    {layer: quantizer name}, QuantReport or None, warnings); caffeq.load makes the Model of them."""
     path = os.fspath(path)
     meta, net, blobs, quant = read_caffeq(path)
     graph = build_graph(net, None, phase=phase, batch=batch, source=path,
@@ -336,16 +336,15 @@ def load_caffeq(path, phase="TEST", batch=None):
             node.quant = {i: (qb if tuple(qb.shape) == tuple(np.shape(node.blobs[i])) else qb.reshaped(
                 np.shape(node.blobs[i]))) for i, qb in q.items()}
             node.quant = {i: qb for i, qb in node.quant.items() if qb is not None}
-    model = Model(graph, net, path, path, [], phase)
     try:
-        model.quantization = dict(json.loads(meta.get("quantization") or "{}"))
+        quantization = dict(json.loads(meta.get("quantization") or "{}"))
     except ValueError:
-        model.quantization = {}
+        quantization = {}
+    report, warnings = None, []
     rep = meta.get("report") or ""
     if rep:
-        from ..quant.report import QuantReport
         try:
-            model.quant_report = QuantReport.from_dict(json.loads(rep))
+            report = QuantReport.from_dict(json.loads(rep))
         except (ValueError, KeyError, TypeError):
-            model.warnings.append(f"{path}: the stored quantization report could not be read")
-    return model
+            warnings.append(f"{path}: the stored quantization report could not be read")
+    return graph, net, quantization, report, warnings

@@ -6,19 +6,11 @@ does (Data reads a Datum, ImageData an image).
 """
 import os
 
+from ..data.images import first_image_shape
+from ..data.lmdb_source import first_datum_shape
 from ..errors import DataError
+from ..fs import resolve_source
 from .registry import Layer, LayerError, register_layer
-
-
-def resolve_source(path, base_dir):
-    """A data path as Caffe users write it: relative to the prototxt's folder, then the cwd."""
-    if os.path.isabs(path):
-        return path
-    for root in (base_dir, os.getcwd()):
-        cand = os.path.join(root or "", path)
-        if os.path.exists(cand):
-            return cand
-    return os.path.join(base_dir or "", path)
 
 
 def transform_attrs(lp):
@@ -103,7 +95,6 @@ class Data(DataLayer):
                 "transform": transform_attrs(lp), "num_tops": len(lp.top)}
 
     def infer(self, attrs, in_shapes):
-        from ..data.lmdb_source import first_datum_shape
         source = resolve_source(attrs["source"], attrs.get("base_dir"))
         if attrs["backend"] != "LMDB":
             raise DataError(f"data source '{attrs['source']}': only LMDB databases are supported "
@@ -137,7 +128,6 @@ class ImageData(DataLayer):
                 "transform": transform_attrs(lp), "num_tops": len(lp.top)}
 
     def infer(self, attrs, in_shapes):
-        from ..data.images import first_image_shape
         c = 3 if attrs["is_color"] else 1
         if attrs["new_height"] and attrs["new_width"]:
             h, w = attrs["new_height"], attrs["new_width"]

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import DataError
+from ..errors import CaffeqError, DataError
+from ..io.caffemodel import read_blobproto
 from .norm import legacy_shape, onnx_reduce
 from .registry import Layer, LayerError, canonical_axis, count, register_layer
 
@@ -553,8 +554,6 @@ class InfogainLoss(_TrainingOnly):
             if not p.HasField("source"):
                 raise LayerError("infogain_loss_param.source (the H matrix) is required "
                                  "without a third bottom")
-            from ..errors import CaffeqError
-            from ..io.caffemodel import read_blobproto
             try:  # Caffe opens the path relative to the working directory
                 attrs["H"] = np.asarray(read_blobproto(p.source), np.float32).reshape(-1)
             except CaffeqError as e:

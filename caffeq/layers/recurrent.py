@@ -79,9 +79,6 @@ class Recurrent(Layer):
             tops += [(1, n, h)] * self.num_states
         return tops
 
-    def num_tops(self, attrs, lp):
-        return 1 + (self.num_states if attrs["expose_hidden"] else 0)
-
     def init_params(self, attrs, shapes, rng):
         # Caffe's default filler is constant 0; small random weights make a useful random model
         return [(rng.standard_normal(s) / math.sqrt(s[1])).astype(np.float32) if len(s) == 2

@@ -17,7 +17,7 @@ Users register their own layers the same way (see README).
 """
 import math
 
-from ..errors import CaffeqError, UnsupportedLayerError
+from ..errors import CaffeqError, ExportError, UnsupportedLayerError
 
 _REGISTRY = {}
 
@@ -60,7 +60,6 @@ class Layer:
         raise NotImplementedError(f"{self.types[0]} has no torch implementation")
 
     def onnx(self, ctx, node):
-        from ..errors import ExportError
         raise ExportError(f"layer '{node.name}' ({node.type}): no ONNX emission for this type")
 
     def has_onnx(self):
@@ -77,9 +76,6 @@ class Layer:
     def macs(self, attrs, in_shapes, out_shapes):
         """Multiply-accumulates per forward pass (0 for cheap layers)."""
         return 0
-
-    def num_tops(self, attrs, lp):
-        return len(lp.top)
 
     def weight_axis(self, attrs, index):
         axis = self.weight_axes_for(attrs).get(index)

@@ -15,6 +15,7 @@ import numpy as np
 from . import binary as _binary  # noqa: F401  (registers "binary")
 from . import fp16 as _fp16  # noqa: F401  (registers "fp16")
 from . import int8 as _int8  # noqa: F401  (registers "int8")
+from ..ir import Graph
 from .base import (
     QuantizedBlob,
     QuantizeError,
@@ -26,6 +27,7 @@ from .base import (
     get_quantizer,
     register_quantizer,
 )
+from .fp16 import prepare_fp16
 from .report import LayerRow, QuantReport, rel_l2
 
 __all__ = [
@@ -147,27 +149,18 @@ def _check_names(graph, names, flag, eligible, target):
 
 def copy_model(model):
     """A Model sharing nothing mutable with `model` (weights as read-only views of the originals)."""
-    from ..ir import Graph
-    from ..model import Model
     nodes = []
     for n in model.graph.nodes:
         c = copy.copy(n)
         if n.blobs is not None:
             c.blobs = [None if b is None else _readonly(b) for b in n.blobs]
         c.shared_from = dict(n.shared_from)
-        q = getattr(n, "quant", None)
-        if q:
-            c.quant = dict(q)
+        c.quant = dict(n.quant)
         nodes.append(c)
     g = model.graph
     graph = Graph(name=g.name, nodes=nodes, tensors=dict(g.tensors), inputs=list(g.inputs),
                   outputs=list(g.outputs), source=g.source)
-    net = copy.deepcopy(model.net) if model.net is not None else None
-    m = Model(graph, net, model.prototxt, model.weights_path, list(model.warnings), model.phase)
-    m.quantization = dict(getattr(model, "quantization", {}) or {})
-    if getattr(model, "quant_report", None) is not None:
-        m.quant_report = model.quant_report
-    return m
+    return model.replace(graph, copy.deepcopy(model.net) if model.net is not None else None)
 
 
 def _readonly(arr):
@@ -189,7 +182,7 @@ def quantize(model, target, keep=None, only=None):
     The result carries `quant_report` (a QuantReport: print it or .to_dict()).
     """
     q = get_quantizer(target)
-    if getattr(model, "quantization", None):
+    if model.quantization:
         done = sorted(set(model.quantization.values()))
         raise QuantizeError(f"the model is already quantized ({', '.join(done)}); quantize the fp32 model")
     keep_names = _names(keep, "--keep")
@@ -203,7 +196,6 @@ def quantize(model, target, keep=None, only=None):
     new = copy_model(model)
     report = QuantReport(q.name)
     if q.name == "fp16":
-        from .fp16 import prepare_fp16
         report.notes.extend(prepare_fp16(new))
 
     graph = new.graph
@@ -248,7 +240,7 @@ def quantize(model, target, keep=None, only=None):
             if o is None or o.blobs is None or i >= len(node.blobs):
                 continue
             node.blobs[i] = _readonly(np.asarray(o.blobs[j]).reshape(shapes[i]))
-            oq = getattr(o, "quant", {}).get(j)
+            oq = o.quant.get(j)
             if oq is not None:
                 rq = oq.reshaped(shapes[i])
                 if rq is not None:
@@ -256,7 +248,7 @@ def quantize(model, target, keep=None, only=None):
         if quant:
             node.quant = quant
             new.quantization[node.name] = q.name
-        elif hasattr(node, "quant"):
+        else:
             node.quant = {}
         own = [i for i in range(len(node.blobs)) if i not in node.shared_from and node.blobs[i] is not None]
         n_params = int(sum(np.size(node.blobs[i]) for i in own))
@@ -276,7 +268,7 @@ def quantize(model, target, keep=None, only=None):
                        reason if (reason and blobs) else "",
                        [quant[i].scheme if i in quant else "fp32" for i in range(len(node.blobs))])
         report.layers.append(row)
-    folded = getattr(new, "folded_layers", None)
+    folded = new.folded_layers
     if folded:
         # layers folded away before rounding: listed, with their fp32 bytes gone
         orig = {n.name: n for n in model.graph.nodes}
@@ -307,8 +299,4 @@ def compute_dtype(target, device):
         return torch.float16
     return None
 
-
-def is_quantized(node, index=None):
-    q = getattr(node, "quant", None) or {}
-    return bool(q) if index is None else index in q
 
