@@ -336,15 +336,5 @@ def init_params(graph, seed=0, overwrite=False):
     for node in graph.nodes:
         if not node.has_params or (node.blobs is not None and not overwrite):
             continue
-        init = getattr(node.spec, "init_params", None)
-        if init is not None:
-            node.blobs = [np.asarray(a, np.float32) for a in init(node.attrs, node.expected_param_shapes, rng)]
-            continue
-        blobs = []
-        for shape in node.expected_param_shapes:
-            if len(shape) >= 2:
-                fan_in = max(1, math.prod(shape[1:]))
-                blobs.append((rng.standard_normal(shape) / math.sqrt(fan_in)).astype(np.float32))
-            else:
-                blobs.append(np.zeros(shape, np.float32))
-        node.blobs = blobs
+        node.blobs = [np.asarray(a, np.float32)
+                      for a in node.spec.init_params(node.attrs, node.expected_param_shapes, rng)]

@@ -222,7 +222,7 @@ def _live_io(graph):
     for n in graph.nodes:
         if n.spec.is_data:
             continue
-        if getattr(n.spec, "is_training_only", False) or any(t in gone for t in n.inputs):
+        if n.spec.is_training_only or any(t in gone for t in n.inputs):
             dropped.append(n)
             gone.update(n.outputs)
         else:

@@ -28,8 +28,7 @@ _FLOAT, _BOOL = 1, 9
 
 
 def _blob_name(node, index):
-    spec = node.spec
-    names = spec.blob_names_for(node.attrs) if hasattr(spec, "blob_names_for") else spec.blob_names
+    names = node.spec.blob_names_for(node.attrs)
     return f"{node.name}.{names[index] if index < len(names) else f'blob{index}'}"
 
 

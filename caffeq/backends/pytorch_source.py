@@ -534,8 +534,7 @@ class _Generator:
         data = [n for n in self.graph.nodes if n.spec.is_data and any(t in self.graph_inputs for t in n.outputs)]
         lines = []
         for n in data:
-            describe = getattr(n.spec, "preprocessing", None)
-            desc = describe(n.attrs) if describe else []
+            desc = n.spec.preprocessing(n.attrs)
             tops = ", ".join(self.var_of[t] for t in n.outputs if t in self.graph_inputs)
             if desc:
                 lines.append(f"{tops} (layer {n.name!r}, {n.type}): what Caffe does before the net:")

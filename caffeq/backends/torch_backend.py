@@ -71,7 +71,7 @@ def build_module(model, all_blobs=False):
         if node.spec.is_data:
             continue
         shared = {}
-        for i, src in (getattr(node, "shared_from", None) or {}).items():
+        for i, src in node.shared_from.items():
             owner_mod = modules.get(src[0])
             if owner_mod is not None and src[1] < len(owner_mod.blob_attrs):
                 p = getattr(owner_mod, owner_mod.blob_attrs[src[1]])
@@ -160,7 +160,7 @@ def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dty
     tdtype = dtype or torch.float32
     n = next(iter(arrays.values())).shape[0] if arrays else 1
     step = batch_size or n or 1
-    if any(getattr(node.spec, "data_dependent_shape", False) for node in model.graph.nodes):
+    if any(node.spec.data_dependent_shape for node in model.graph.nodes):
         step = n or 1  # rows of e.g. DetectionOutput carry batch indexes: chunks cannot be concatenated
     chunks = []
     with torch.inference_mode():

@@ -68,10 +68,7 @@ def quantizable_blobs(node, quantizer):
 
 def weight_axes(node):
     """{blob index: output-channel axis} of the node's quantizable weights (its configuration's)."""
-    spec = node.spec
-    if hasattr(spec, "weight_axes_for"):
-        return dict(spec.weight_axes_for(node.attrs))
-    return {i: spec.weight_axis(node.attrs, i) for i in spec.weight_axes}
+    return dict(node.spec.weight_axes_for(node.attrs))
 
 
 def _groups(node, index, axis):
