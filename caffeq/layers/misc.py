@@ -6,12 +6,15 @@ loss, as Caffe's top blob does; `attrs["loss_weight"]` (one per top, Caffe's
 defaults: 1 for a loss layer's first top) tells a trainer how to weight it.
 Labels arrive as floats and are truncated to int, as Caffe's static_cast does.
 """
+from __future__ import annotations
+
 import inspect
 import math
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..errors import CaffeqError, DataError
 from ..io.caffemodel import read_blobproto
@@ -135,6 +138,34 @@ def caffe_topk(x, k: int, dim: int):
     return values, (n - 1) - idx
 
 
+def caffe_argmax(x, top_k: int, axis: int | None, out_max_val: bool, tail: list[int]):
+    """Caffe's ArgMax: the top_k indices (as floats), or values with out_max_val, along `axis`;
+    without an axis, over each item flattened: (N, 1, top_k, ...) indices, then the values
+    in channel 1 with out_max_val (`tail` is the shape after N)."""
+    if axis is not None:
+        values, idx = caffe_topk(x, top_k, axis)
+        return values if out_max_val else idx.to(x.dtype)
+    flat = x.reshape(x.shape[0], -1)
+    values, idx = caffe_topk(flat, top_k, 1)
+    out = idx.to(x.dtype)
+    if out_max_val:
+        out = torch.cat([out, values], dim=1)  # indices in channel 0, values in channel 1
+    return out.reshape([x.shape[0]] + tail)
+
+
+class CaffeArgMax(nn.Module):
+    """Caffe's ArgMax (see caffe_argmax)."""
+
+    tail: list[int]  # for torch.jit.script, which cannot type an empty list
+
+    def __init__(self, top_k=1, axis=None, out_max_val=False, tail=()):
+        super().__init__()
+        self.top_k, self.axis, self.out_max_val, self.tail = top_k, axis, out_max_val, list(tail)
+
+    def forward(self, x):
+        return caffe_argmax(x, self.top_k, self.axis, self.out_max_val, self.tail)
+
+
 @register_layer("ArgMax")
 class ArgMax(Layer):
     def parse(self, lp):
@@ -167,16 +198,8 @@ class ArgMax(Layer):
         return [tuple(shape)]
 
     def forward(self, attrs, params, x):
-        k = attrs["top_k"]
-        if attrs["axis"] is not None:
-            values, idx = caffe_topk(x, k, attrs["_axis"])
-            return values if attrs["out_max_val"] else idx.to(x.dtype)
-        flat = x.reshape(x.shape[0], -1)
-        values, idx = caffe_topk(flat, k, 1)
-        out = idx.to(x.dtype)
-        if attrs["out_max_val"]:
-            out = torch.cat([out, values], dim=1)  # indices in channel 0, values in channel 1
-        return out.reshape((x.shape[0],) + attrs["_out_tail"])
+        axis = attrs["_axis"] if attrs["axis"] is not None else None
+        return caffe_argmax(x, attrs["top_k"], axis, attrs["out_max_val"], list(attrs.get("_out_tail", ())))
 
     def onnx(self, ctx, node):
         a = node.attrs
@@ -228,35 +251,11 @@ class ArgMax(Layer):
             args.append(f"tail={emit.lit(tuple(a['_out_tail']))}")
         if a["out_max_val"]:
             args.append("out_max_val=True")
-        emit.helper(TORCH_CAFFE_TOPK)
-        m = emit.module(f"{emit.helper(TORCH_ARGMAX)}({', '.join(args)})")
+        # model.py gets these very functions, so the export stays bit-identical to forward
+        emit.helper(inspect.getsource(caffe_topk))
+        emit.helper(inspect.getsource(caffe_argmax))
+        m = emit.module(f"{emit.helper(inspect.getsource(CaffeArgMax))}({', '.join(args)})")
         return f"{m}({emit.inputs[0]})"
-
-
-# model.py gets the same function, so the export stays bit-identical to forward
-TORCH_CAFFE_TOPK = inspect.getsource(caffe_topk)
-
-TORCH_ARGMAX = """
-    class ArgMax(nn.Module):
-        \"\"\"Caffe's ArgMax: the top_k indices (as floats), or values with out_max_val, along `axis`;
-        without an axis, over each item flattened: (N, 1, top_k, ...) indices, then the values
-        in channel 1 with out_max_val (`tail` is the shape after N).\"\"\"
-
-        def __init__(self, top_k=1, axis=None, out_max_val=False, tail=()):
-            super().__init__()
-            self.top_k, self.axis, self.out_max_val, self.tail = top_k, axis, out_max_val, tail
-
-        def forward(self, x):
-            if self.axis is not None:
-                values, idx = caffe_topk(x, self.top_k, self.axis)
-                return values if self.out_max_val else idx.to(x.dtype)
-            flat = x.reshape(x.shape[0], -1)
-            values, idx = caffe_topk(flat, self.top_k, 1)
-            out = idx.to(x.dtype)
-            if self.out_max_val:
-                out = torch.cat([out, values], dim=1)  # indices in channel 0, values in channel 1
-            return out.reshape((x.shape[0],) + self.tail)
-"""
 
 
 # ---- Reduction ------------------------------------------------------------------------
