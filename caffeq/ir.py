@@ -15,7 +15,7 @@ import numpy as np
 from .errors import CaffeqError, GraphError, ShapeError, WeightsError
 from .io.schema import caffe_pb2
 from .layers import get_spec, require_specs
-from .layers.registry import LayerError
+from .layers.registry import LayerError, MissingInputShape
 
 MAX_BLOB_ELEMENTS = 1 << 33  # about 32 GB of float32: refuse before allocating
 
@@ -147,13 +147,25 @@ def _check_shape(source, lp, blob, shape):
 
 
 def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None, source="",
-                base_dir=None):
+                base_dir=None, input_shapes=None, outputs=None, notes=None, unknown_shapes_ok=False):
     """NetParameter (V2, upgraded) + optional caffemodel blobs -> Graph with Caffe's shapes.
 
     weights: dict layer name -> list of BlobData (from read_caffemodel) or arrays.
     batch: replaces the first dimension of every graph input.
+    input_shapes: {blob: shape} for tops of data layers and inputs, used before anything the
+        layer itself would infer (so a train_val net needs no dataset).
+    outputs: Caffe blob names to make the net's outputs; layers that feed none of them are dropped.
+    notes: a list that receives what was changed on the way (dropped training-only layers,
+        renamed duplicate layers).
+    unknown_shapes_ok: a data top whose shape only its missing dataset could tell gets shape None,
+        and so does everything computed from it (for listing a net, never for running it).
     """
-    layers = filter_layers(net, phase, stages, level, source)
+    notes = [] if notes is None else notes
+    input_shapes = {k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()}
+    all_layers = filter_layers(net, phase, stages, level, source)
+    layers = drop_training_only(all_layers, source, notes)
+    # inputs read only by dropped layers (labels) are not outputs; the scores a loss read are
+    read_by_dropped = {b for lp in all_layers if lp not in layers for b in lp.bottom}
     require_specs(layers, source)
     if base_dir is None:
         base_dir = os.path.dirname(os.path.abspath(source)) if source else os.getcwd()
@@ -167,13 +179,12 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
     graph_input_ids = []
     shapes = {}             # temp id -> shape
     names_seen = set()
+    shapes_used = set()
 
     for lp in layers:
         spec = get_spec(lp.type)
         where = _where(source, lp)
-        if lp.name in names_seen:
-            raise GraphError(f"{where}: duplicate layer name")
-        names_seen.add(lp.name)
+        node_name = _unique_layer_name(lp.name, names_seen, source, notes)
         try:
             attrs = spec.parse(lp)
         except LayerError as e:
@@ -189,32 +200,25 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
         for b in lp.bottom:
             if b not in current:
                 raise GraphError(f"{where}: bottom '{b}' is not produced by any earlier layer "
-                                 f"(undefined blob, wrong order or a cycle)")
+                                 f"{_excluded_producer_hint(net, b, layers, phase)}")
             in_ids.append(current[b])
         in_shapes = [shapes[i] for i in in_ids]
-        try:
-            out_shapes = spec.infer(attrs, in_shapes)
-            if spec.is_data and batch is not None:
-                out_shapes = [(batch,) + tuple(s[1:]) if len(s) else s for s in out_shapes]
-            expected = spec.param_shapes(attrs, in_shapes)
-        except LayerError as e:
-            raise LayerError(f"{where}: {e}") from None
-        except CaffeqError:
-            raise
-        except Exception as e:
-            raise ShapeError(f"{where}: cannot infer shapes from bottoms "
-                             f"{[list(s) for s in in_shapes]}: {type(e).__name__}: {e}") from None
+        given = {i: input_shapes[t] for i, t in enumerate(lp.top) if t in input_shapes} if spec.is_data else {}
+        shapes_used.update(lp.top[i] for i in given)
+        out_shapes, expected = _infer_node(spec, attrs, lp, in_shapes, given, batch, where,
+                                           unknown_shapes_ok, notes)
         if len(out_shapes) != len(lp.top):
             raise GraphError(f"{where}: produces {len(out_shapes)} tops but the prototxt names "
                              f"{len(lp.top)}")
 
         out_ids = []
         for t, s in zip(lp.top, out_shapes):
-            s = tuple(int(d) for d in s)
-            _check_shape(source, lp, t, s)
+            if s is not None:
+                s = tuple(int(d) for d in s)
+                _check_shape(source, lp, t, s)
             tid = len(temp_blob)
             temp_blob[tid] = t
-            temp_producer[tid] = lp.name
+            temp_producer[tid] = node_name
             shapes[tid] = s
             versions.setdefault(t, []).append(tid)
             current[t] = tid
@@ -222,7 +226,7 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
             if spec.is_data:
                 graph_input_ids.append(tid)
 
-        node = Node(name=lp.name, type=lp.type, spec=spec, param=lp, attrs=attrs,
+        node = Node(name=node_name, type=lp.type, spec=spec, param=lp, attrs=attrs,
                     bottoms=list(lp.bottom), tops=list(lp.top), inputs=in_ids, outputs=out_ids,
                     param_names=[p.name for p in lp.param],
                     expected_param_shapes=[tuple(int(d) for d in s) for s in expected]
@@ -259,16 +263,145 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
         n.inputs = [names[i] for i in n.inputs]
         n.outputs = [names[i] for i in n.outputs]
         consumed.update(n.inputs)
+    unused = sorted(set(input_shapes) - shapes_used)
+    if unused:
+        known = [temp_blob[tid] for tid in graph_input_ids]
+        raise GraphError(f"{source + ': ' if source else ''}--input-shape names {', '.join(map(repr, unused))}, "
+                         f"which no input or data layer produces (inputs: {', '.join(known) or 'none'})")
     final = {ids[-1] for ids in versions.values()}
-    outputs = [names[tid] for tid in sorted(final) if names[tid] not in consumed]
-    inputs = [names[tid] for tid in graph_input_ids]
+    if outputs:
+        chosen = []
+        for blob in outputs:
+            if blob not in versions:
+                raise GraphError(f"{source + ': ' if source else ''}--outputs names '{blob}', which is not "
+                                 f"a blob of this net{_did_you_mean(blob, versions)}")
+            chosen.append(names[versions[blob][-1]])
+        net_outputs = list(dict.fromkeys(chosen))
+    else:
+        net_outputs = [names[tid] for tid in sorted(final)
+                       if names[tid] not in consumed
+                       and not (tid in graph_input_ids and temp_blob[tid] in read_by_dropped)]
+        if not net_outputs:
+            # every top is read by a Silence (or a dropped layer): Caffe's net then has no outputs;
+            # the silenced blobs are what the user wants out of it
+            net_outputs = list(dict.fromkeys(t for n in nodes if n.type == "Silence" for t in n.inputs))
+            if net_outputs:
+                notes.append(f"{source + ': ' if source else ''}every top is consumed by Silence: "
+                             f"the silenced blobs {', '.join(tensors[t].blob for t in net_outputs)} "
+                             f"are the outputs (choose others with --outputs)")
+    if outputs:
+        nodes = _needed_nodes(nodes, net_outputs)
+        for t in [t for t in tensors if t not in {o for n in nodes for o in n.outputs}]:
+            del tensors[t]
+    kept = {o for n in nodes for o in n.outputs}
+    inputs = [names[tid] for tid in graph_input_ids if names[tid] in kept]
 
-    graph = Graph(name=net.name, nodes=nodes, tensors=tensors, inputs=inputs, outputs=outputs,
+    graph = Graph(name=net.name, nodes=nodes, tensors=tensors, inputs=inputs, outputs=net_outputs,
                   source=source)
     if weights is not None:
         attach_weights(graph, weights, source)
         share_params(graph)
     return graph
+
+
+# Layer types that only train or score a net.  A prototxt may hold them with no spec here
+# (fork losses, evaluation layers); they are dropped from inference graphs with a note.
+TRAINING_ONLY_TYPES = frozenset({
+    "MultiBoxLoss", "SmoothL1Loss", "CTCLoss", "WarpCTCLoss", "TripletLoss", "CenterLoss",
+    "BoxAnnotatorOHEM", "SoftmaxWithLossOHEM", "DetectionEvaluate", "LabelSpecificAdd",
+    "FocalLoss", "L1Loss", "CosinLoss", "NormalizedSoftmaxLoss",
+})
+
+
+def is_training_only_type(type_name):
+    return type_name in TRAINING_ONLY_TYPES or type_name.lower().endswith("loss")
+
+
+def drop_training_only(layers, source="", notes=None):
+    """Drop layers of training-only types that have no spec (forks' losses), with a note."""
+    kept, dropped = [], []
+    for lp in layers:
+        if get_spec(lp.type) is None and lp.type != "Python" and is_training_only_type(lp.type):
+            dropped.append(f"{lp.name} ({lp.type})")
+        else:
+            kept.append(lp)
+    if dropped and notes is not None:
+        notes.append(f"{source + ': ' if source else ''}dropped {len(dropped)} training-only layer(s) "
+                     f"that inference does not use: {', '.join(dropped[:6])}{', ...' if len(dropped) > 6 else ''}")
+    return kept
+
+
+def _unique_layer_name(name, taken, source, notes):
+    """Caffe allows two layers of one name (weights go to the first); later ones get a suffix."""
+    unique, k = name, 1
+    while unique in taken:
+        k += 1
+        unique = f"{name}#{k}"
+    if unique != name:
+        notes.append(f"{source + ': ' if source else ''}two layers are named '{name}'; the later one is "
+                     f"'{unique}' here, and weights of that name go to the first, as in Caffe")
+    taken.add(unique)
+    return unique
+
+
+def _needed_nodes(nodes, outputs):
+    """The nodes that compute `outputs` (SSA names), in order."""
+    needed, kept = set(outputs), []
+    for n in reversed(nodes):
+        if any(o in needed for o in n.outputs):
+            kept.append(n)
+            needed.update(n.inputs)
+    return kept[::-1]
+
+
+def _did_you_mean(name, choices):
+    import difflib
+    close = difflib.get_close_matches(name, list(choices), n=3)
+    return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+
+
+def _excluded_producer_hint(net, blob, kept, phase):
+    """Why a bottom is undefined: a layer producing it that the phase/stage rules left out."""
+    phase_name = phase if isinstance(phase, str) else caffe_pb2.Phase.Name(phase)
+    excluded = [lp for lp in net.layer if blob in lp.top and lp not in kept]
+    # the layers meant for this phase (but another stage or level) say the most
+    excluded.sort(key=lambda lp: not any(r.HasField("phase") and caffe_pb2.Phase.Name(r.phase) == phase_name.upper()
+                                         for r in lp.include))
+    if not excluded:
+        return "(undefined blob, wrong order or a cycle)"
+    lp = excluded[0]
+    rules = "; ".join(str(r).replace("\n", " ").strip() for r in lp.include) or "its exclude rules"
+    return (f"at {phase_name}: layer '{lp.name}' makes it, but only under include {{ {rules} }}; "
+            f"choose that with --phase/--stage")
+
+
+def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_ok, notes):
+    """(top shapes, learnable blob shapes) of one layer by Caffe's rules; None where unknown."""
+    if any(s is None for s in in_shapes):
+        return [None] * len(lp.top), None
+    try:
+        if given and len(given) == len(lp.top):
+            out_shapes = [given[i] for i in range(len(lp.top))]
+        else:
+            out_shapes = spec.top_shapes(attrs, given) if given else None
+            if out_shapes is None:
+                out_shapes = spec.infer(attrs, in_shapes)
+                out_shapes = [given.get(i, s) for i, s in enumerate(out_shapes)]
+        if spec.is_data and batch is not None:
+            out_shapes = [(batch,) + tuple(s[1:]) if len(s) else s for s in out_shapes]
+        return out_shapes, spec.param_shapes(attrs, in_shapes)
+    except MissingInputShape as e:
+        if not unknown_shapes_ok:
+            raise LayerError(f"{where}: {e}") from None
+        notes.append(f"{where}: {e}")
+        return [given.get(i) for i in range(len(lp.top))], None
+    except LayerError as e:
+        raise LayerError(f"{where}: {e}") from None
+    except CaffeqError:
+        raise
+    except Exception as e:
+        raise ShapeError(f"{where}: cannot infer shapes from bottoms "
+                         f"{[list(s) for s in in_shapes]}: {type(e).__name__}: {e}") from None
 
 
 def attach_weights(graph, weights, source="", weights_source=""):
@@ -283,6 +416,9 @@ def attach_weights(graph, weights, source="", weights_source=""):
                                    f"but the weights file has no layer of that name")
             continue
         blobs = weights[node.name]
+        if expected is None and any(graph.tensors[t].shape is None for t in node.inputs):
+            node.blobs = [b.array if hasattr(b, "array") else np.asarray(b) for b in blobs]
+            continue   # shapes unknown (listed without its dataset): nothing to check against
         if expected is None:
             expected = []
         if len(blobs) != len(expected):

@@ -7,7 +7,7 @@ import numpy as np
 from .backends.onnx_backend import export_onnx
 from .backends.pytorch_source import export_pytorch
 from .backends.torch_backend import run_numpy, to_torch
-from .errors import CaffeqError, ParseError
+from .errors import CaffeqError, ParseError, ShapeError
 from .io.caffemodel import read_caffemodel
 from .io.container import load_caffeq_parts
 from .io.prototxt import read_prototxt
@@ -23,7 +23,8 @@ class Model:
     `warnings` ([str]), `net` (the upgraded NetParameter).
     """
 
-    def __init__(self, graph, net, prototxt=None, weights_path=None, warnings=None, phase="TEST"):
+    def __init__(self, graph, net, prototxt=None, weights_path=None, warnings=None, phase="TEST",
+                 input_shapes=None, output_names=None):
         self.graph = graph
         self.net = net
         self.prototxt = prototxt
@@ -37,6 +38,9 @@ class Model:
         self.transforms = []
         #: layers folded into the layer before them ahead of fp16 rounding (listed in the report)
         self.folded_layers = []
+        # what the user chose when loading; every rebuild of the graph (reshaped, transforms) keeps it
+        self.input_shapes = dict(input_shapes or {})   # {blob: shape} for data tops and inputs
+        self.output_names = list(output_names or [])   # chosen output blobs ([]: Caffe's own)
 
     # -- what pycaffe users expect --------------------------------------------
     @property
@@ -78,26 +82,31 @@ class Model:
         compile=True wraps it in torch.compile with weight freezing (inference
         only; the first call compiles, which takes tens of seconds on a CPU).
         """
+        self.require_shapes()
         return to_torch(self, device=device, dtype=dtype, all_blobs=all_blobs, optimize=optimize,
                         compile=compile)
 
     def run(self, inputs, device="cpu", all_blobs=False, batch_size=None, dtype=None):
         """Run on numpy inputs ({blob: array} or one array) -> {blob: numpy array}."""
+        self.require_shapes()
         return run_numpy(self, inputs, device=device, all_blobs=all_blobs, batch_size=batch_size,
                          dtype=dtype)
 
     def export_onnx(self, path, **kwargs):
+        self.require_shapes()
         return export_onnx(self, path, **kwargs)
 
     def export_pytorch(self, out, **kwargs):
         """Write a standalone model.py + weights (see caffeq.backends.pytorch_source)."""
+        self.require_shapes()
         return export_pytorch(self, out, **kwargs)
 
     def replace(self, graph=None, net=None):
         """A new Model with `graph` and `net` (default: this model's own) and every other field copied:
         the only way caffeq copies models, so that no field is dropped on the way."""
         m = Model(self.graph if graph is None else graph, self.net if net is None else net,
-                  self.prototxt, self.weights_path, self.warnings, self.phase)
+                  self.prototxt, self.weights_path, self.warnings, self.phase, self.input_shapes,
+                  self.output_names)
         m.quantization = dict(self.quantization)
         m.quant_report = self.quant_report
         m.transforms = list(self.transforms)
@@ -107,11 +116,22 @@ class Model:
     def reshaped(self, batch):
         """The same model with every input's batch dimension set to `batch`."""
         graph = build_graph(self.net, None, phase=self.phase, batch=batch, source=self.prototxt or "",
-                            base_dir=self._base_dir())
+                            base_dir=self._base_dir(), **self.build_options())
         for new, old in zip(graph.nodes, self.graph.nodes):
             new.blobs = old.blobs
             new.quant = old.quant  # keep the compact form for writers (ONNX, .caffeq)
         return self.replace(graph)
+
+    def require_shapes(self):
+        """Refuse to run or export a net listed with unknown data shapes (load(unknown_shapes_ok=True))."""
+        unknown = [self.graph.tensors[t].blob for t in self.graph.inputs if self.graph.tensors[t].shape is None]
+        if unknown:
+            raise ShapeError(f"{self.prototxt}: the shape of {', '.join(map(repr, unknown))} is unknown "
+                             f"without the dataset; give it with --input-shape {unknown[0]}=N,C,H,W")
+
+    def build_options(self):
+        """The build_graph options the user chose (input shapes, outputs), for rebuilding the graph."""
+        return {"input_shapes": self.input_shapes, "outputs": self.output_names}
 
     def _base_dir(self):
         return os.path.dirname(os.path.abspath(self.prototxt)) if self.prototxt else os.getcwd()
@@ -130,11 +150,16 @@ def read_net(prototxt, ignore_unknown=False, warnings=None):
 
 
 def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, ignore_unknown=False,
-         random_weights=False, seed=0, net=None):
+         random_weights=False, seed=0, net=None, input_shapes=None, outputs=None, unknown_shapes_ok=False):
     """Load a Caffe model: prototxt (+ caffemodel) -> Model.
 
     phase: "TEST" (default, deploy and evaluation) or "TRAIN".
     batch: override the batch dimension of every input.
+    input_shapes: {blob: (N, C, H, W)} for inputs and data-layer tops (a train_val net whose
+        dataset is not at hand, a Python data layer).
+    outputs: blob names to make the net's outputs (default: Caffe's, the blobs nothing reads).
+    unknown_shapes_ok: list a net whose data shapes only a missing dataset could tell (shapes None);
+        such a model cannot run or export until loaded with input_shapes.
     random_weights: fill weights the caffemodel does not supply (or all, without one).
     A `.caffeq` file is accepted in place of the prototxt.
     net: an already read (and upgraded) NetParameter to use instead of reading `prototxt`, which
@@ -142,10 +167,11 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
     """
     path = os.fspath(prototxt)
     if path.endswith(".caffeq"):
-        graph, net, quantization, report, warnings = load_caffeq_parts(path, phase=phase, batch=batch)
-        model = Model(graph, net, path, path, warnings, phase)
-        model.quantization = quantization
-        model.quant_report = report
+        parts = load_caffeq_parts(path, phase=phase, batch=batch, input_shapes=input_shapes, outputs=outputs)
+        model = Model(parts.graph, parts.net, path, path, parts.warnings, phase, parts.input_shapes,
+                      parts.outputs)
+        model.quantization = parts.quantization
+        model.quant_report = parts.report
         return model
     warnings = []
     if net is None:
@@ -159,7 +185,9 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
         cm = read_caffemodel(weights_path)
         upgrade_net(cm.net, source=weights_path, weights=cm.blobs)
         blobs = cm.blobs
-    graph = build_graph(net, None, phase=phase, stages=stages, level=level, batch=batch, source=path)
+    graph = build_graph(net, None, phase=phase, stages=stages, level=level, batch=batch, source=path,
+                        input_shapes=input_shapes, outputs=outputs, notes=warnings,
+                        unknown_shapes_ok=unknown_shapes_ok)
     if blobs is not None:
         names = {n.name for n in graph.nodes}
         extra = [k for k, v in blobs.items() if k not in names and v]
@@ -176,7 +204,7 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
     elif random_weights:
         init_params(graph, seed)
     share_params(graph)
-    return Model(graph, net, path, weights_path, warnings, phase)
+    return Model(graph, net, path, weights_path, warnings, phase, input_shapes, outputs)
 
 
 def load_from_text(text, weights=None, **kwargs):

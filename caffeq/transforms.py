@@ -102,7 +102,7 @@ def _rebuild(model, graph):
         del lp.top[:]
         lp.top.extend(n.tops)
     g = build_graph(net, None, phase=model.phase, source=model.prototxt or graph.source or "",
-                    base_dir=model._base_dir())
+                    base_dir=model._base_dir(), **model.build_options())
     for new, old in zip(g.nodes, graph.nodes):
         new.blobs = list(old.blobs) if old.blobs is not None else None
         new.quant = old.quant

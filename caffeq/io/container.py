@@ -47,6 +47,7 @@ import json
 import mmap
 import os
 import struct
+from typing import NamedTuple
 
 import numpy as np
 
@@ -199,6 +200,9 @@ def save_caffeq(model, path):
         "layout": json.dumps(layout, separators=(",", ":")),
         "quantization": json.dumps(dict(model.quantization)),
         "report": report.to_json() if report is not None else "",
+        # the user's choices at load time, so the file rebuilds the same graph
+        "outputs": json.dumps(list(model.output_names)),
+        "input_shapes": json.dumps({k: list(v) for k, v in model.input_shapes.items()}),
         # data layers name their sources relative to the original prototxt's folder
         "source_dir": os.path.dirname(os.path.abspath(model.prototxt)) if getattr(model, "prototxt", None)
         else "",
@@ -310,6 +314,16 @@ def read_caffeq(path):
     return meta, net, blobs, quant
 
 
+class CaffeqParts(NamedTuple):
+    graph: object
+    net: object
+    quantization: dict    # layer -> quantizer name
+    report: object        # QuantReport or None
+    warnings: list
+    input_shapes: dict    # the load-time choices the file was saved with (or the caller's)
+    outputs: list
+
+
 def _data_base_dir(net, path, source_dir):
     """Where relative data sources resolve: beside the .caffeq file, else the original prototxt's folder."""
     here = os.path.dirname(os.path.abspath(path))
@@ -321,13 +335,23 @@ def _data_base_dir(net, path, source_dir):
     return here
 
 
-def load_caffeq_parts(path, phase="TEST", batch=None):
-    """A .caffeq file -> (graph with the stored (dequantized) weights and node.quant, net,
-    {layer: quantizer name}, QuantReport or None, warnings); caffeq.load makes the Model of them."""
+def load_caffeq_parts(path, phase="TEST", batch=None, input_shapes=None, outputs=None):
+    """A .caffeq file -> CaffeqParts: the graph with the stored (dequantized) weights and node.quant,
+    and what caffeq.load needs to make the Model of it.  input_shapes / outputs: as caffeq.load
+    (default: the choices stored in the file)."""
     path = os.fspath(path)
     meta, net, blobs, quant = read_caffeq(path)
+    try:
+        if outputs is None:
+            outputs = [str(b) for b in json.loads(meta.get("outputs") or "[]")]
+        if input_shapes is None:
+            input_shapes = {str(k): tuple(int(d) for d in v)
+                            for k, v in json.loads(meta.get("input_shapes") or "{}").items()}
+    except (ValueError, TypeError, AttributeError):
+        raise ParseError(f"{path}: the stored outputs or input shapes are corrupt") from None
     graph = build_graph(net, None, phase=phase, batch=batch, source=path,
-                        base_dir=_data_base_dir(net, path, meta.get("source_dir") or ""))
+                        base_dir=_data_base_dir(net, path, meta.get("source_dir") or ""),
+                        input_shapes=input_shapes, outputs=outputs)
     attach_weights(graph, {k: [b for b in v] for k, v in blobs.items()}, path, path)
     share_params(graph)
     for node in graph.nodes:
@@ -347,4 +371,4 @@ def load_caffeq_parts(path, phase="TEST", batch=None):
             report = QuantReport.from_dict(json.loads(rep))
         except (ValueError, KeyError, TypeError):
             warnings.append(f"{path}: the stored quantization report could not be read")
-    return graph, net, quantization, report, warnings
+    return CaffeqParts(graph, net, quantization, report, warnings, input_shapes, outputs)

@@ -8,6 +8,7 @@ from . import (  # noqa: F401,E402
     conv,
     data,
     elementwise,
+    fork_data,
     misc,
     norm,
     pooling,

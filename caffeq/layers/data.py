@@ -1,16 +1,21 @@
 """Data layers of train_val nets: they become graph inputs with the shapes Caffe gives them.
 
 The evaluation and fine-tuning code feeds them (caffeq.data); here we only
-work out their top shapes, reading the first record of the source where Caffe
-does (Data reads a Datum, ImageData an image).
+work out their top shapes, without the dataset wherever the prototxt tells
+enough.  In order: shapes the user gives (`--input-shape`, applied by the
+graph builder through `top_shapes`), then `transform_param` (crop_size, the
+mean file's channels and size, force_color/gray, mean_value's count) and the
+layer's own size fields, then the first record of the source if it happens to
+exist (as Caffe's setup reads it), else an error that names `--input-shape`.
 """
 import os
 
 from ..data.images import first_image_shape
 from ..data.lmdb_source import first_datum_shape
+from ..data.transform import load_mean_file
 from ..errors import DataError
 from ..fs import resolve_source
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, MissingInputShape, register_layer
 
 
 def transform_attrs(lp):
@@ -60,8 +65,49 @@ def describe_transform(t):
     return lines
 
 
+def needs_input_shape(attrs, top, why):
+    """The error for a data top whose shape nothing but the user can tell."""
+    return MissingInputShape(f"cannot tell the shape of top '{top}' without its dataset ({why}); "
+                     f"give it with --input-shape {top}=N,C,H,W (Python: input_shapes={{'{top}': (N, C, H, W)}})")
+
+
+def _mean_file_shape(attrs):
+    """(C, H, W) of the transform's mean file when it exists, else None."""
+    mean = attrs["transform"]["mean_file"]
+    if not mean:
+        return None
+    path = resolve_source(mean, attrs.get("base_dir"))
+    if not os.path.exists(path):
+        return None
+    return tuple(load_mean_file(path).shape)
+
+
+def _channels_from_transform(t):
+    if t["force_color"]:
+        return 3
+    if t["force_gray"]:
+        return 1
+    if len(t["mean_value"]) > 1:
+        return len(t["mean_value"])   # Caffe requires one value per channel then
+    return None
+
+
 class DataLayer(Layer):
     is_data = True
+
+    def infer(self, attrs, in_shapes):
+        return self.top_shapes(attrs, {})
+
+    def top_shapes(self, attrs, given):
+        """Top shapes, `given` {top index: shape} by the user taking precedence."""
+        data = given.get(0) or self.data_shape(attrs)
+        shapes = [tuple(data)]
+        if attrs["num_tops"] > 1:
+            shapes.append(tuple(given.get(1) or (data[0],)))
+        return shapes
+
+    def data_shape(self, attrs):
+        raise NotImplementedError
 
     def preprocessing(self, attrs):
         """Lines describing what Caffe does to the data before the net sees it."""
@@ -69,12 +115,6 @@ class DataLayer(Layer):
         if not lines:
             lines = ["no transform_param: the stored values as they are"]
         return lines
-
-    def tops(self, attrs, data_shape, label_shape):
-        shapes = [data_shape]
-        if attrs["num_tops"] > 1:
-            shapes.append(label_shape)
-        return shapes
 
 
 @register_layer("Data")
@@ -92,22 +132,28 @@ class Data(DataLayer):
             raise LayerError("data_param.batch_size must be >= 1")
         backend = "LMDB" if p.backend == 1 else "LEVELDB"
         return {"source": p.source, "batch_size": int(p.batch_size), "backend": backend,
-                "transform": transform_attrs(lp), "num_tops": len(lp.top)}
+                "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
 
-    def infer(self, attrs, in_shapes):
-        source = resolve_source(attrs["source"], attrs.get("base_dir"))
-        if attrs["backend"] != "LMDB":
-            raise DataError(f"data source '{attrs['source']}': only LMDB databases are supported "
-                            f"(backend LEVELDB)")
-        c, h, w = first_datum_shape(source)
+    def data_shape(self, attrs):
         t = attrs["transform"]
-        if t["force_color"]:
-            c = 3
-        if t["force_gray"]:
-            c = 1
-        c, h, w = _with_crop(attrs, c, h, w)
         n = attrs["batch_size"]
-        return self.tops(attrs, (n, c, h, w), (n,))
+        c = _channels_from_transform(t)
+        mean = _mean_file_shape(attrs)
+        if mean is not None:
+            c = c or mean[0]
+        if c and t["crop_size"]:
+            return (n, c, t["crop_size"], t["crop_size"])
+        if c and mean is not None and not t["crop_size"]:
+            return (n, c) + mean[1:]   # Caffe checks the mean file matches the data's size
+        source = resolve_source(attrs["source"], attrs.get("base_dir"))
+        if not os.path.exists(source):
+            raise needs_input_shape(attrs, attrs["top"], f"{attrs['backend']} '{attrs['source']}' not found")
+        if attrs["backend"] != "LMDB":
+            raise needs_input_shape(attrs, attrs["top"], f"reading the shape of LEVELDB '{attrs['source']}' "
+                                                         f"is not supported")
+        c0, h, w = first_datum_shape(source)
+        c, h, w = _with_crop(attrs, c or c0, h, w)
+        return (n, c, h, w)
 
 
 @register_layer("ImageData")
@@ -125,18 +171,23 @@ class ImageData(DataLayer):
         return {"source": p.source, "batch_size": int(p.batch_size), "new_height": int(p.new_height),
                 "new_width": int(p.new_width), "is_color": bool(p.is_color),
                 "root_folder": p.root_folder, "shuffle": bool(p.shuffle),
-                "transform": transform_attrs(lp), "num_tops": len(lp.top)}
+                "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
 
-    def infer(self, attrs, in_shapes):
+    def data_shape(self, attrs):
         c = 3 if attrs["is_color"] else 1
+        n = max(1, attrs["batch_size"])
+        crop = attrs["transform"]["crop_size"]
         if attrs["new_height"] and attrs["new_width"]:
             h, w = attrs["new_height"], attrs["new_width"]
+        elif crop:
+            return (n, c, crop, crop)
         else:
             source = resolve_source(attrs["source"], attrs.get("base_dir"))
+            if not os.path.exists(source):
+                raise needs_input_shape(attrs, attrs["top"], f"image list '{attrs['source']}' not found")
             h, w = first_image_shape(source, attrs["root_folder"], attrs.get("base_dir"))
         c, h, w = _with_crop(attrs, c, h, w)
-        n = max(1, attrs["batch_size"])
-        return self.tops(attrs, (n, c, h, w), (n,))
+        return (n, c, h, w)
 
 
 @register_layer("MemoryData")
@@ -146,10 +197,9 @@ class MemoryData(DataLayer):
         return {"batch_size": int(p.batch_size), "chw": (int(p.channels), int(p.height), int(p.width)),
                 "transform": transform_attrs(lp), "num_tops": len(lp.top)}
 
-    def infer(self, attrs, in_shapes):
+    def data_shape(self, attrs):
         c, h, w = _with_crop(attrs, *attrs["chw"])
-        n = attrs["batch_size"]
-        return self.tops(attrs, (n, c, h, w), (n,))
+        return (attrs["batch_size"], c, h, w)
 
 
 @register_layer("WindowData")
@@ -162,9 +212,8 @@ class WindowData(DataLayer):
         return {"batch_size": int(p.batch_size), "crop": crop, "num_tops": len(lp.top),
                 "transform": transform_attrs(lp)}
 
-    def infer(self, attrs, in_shapes):
-        n, crop = attrs["batch_size"], attrs["crop"]
-        return self.tops(attrs, (n, 3, crop, crop), (n,))
+    def data_shape(self, attrs):
+        return (attrs["batch_size"], 3, attrs["crop"], attrs["crop"])
 
 
 @register_layer("DummyData")
@@ -198,13 +247,25 @@ class HDF5Data(DataLayer):
         return {"source": p.source, "batch_size": int(p.batch_size), "tops": list(lp.top),
                 "num_tops": len(lp.top)}
 
+    def top_shapes(self, attrs, given):
+        if len(given) == len(attrs["tops"]):
+            return [given[i] for i in range(len(attrs["tops"]))]
+        missing = next(t for i, t in enumerate(attrs["tops"]) if i not in given)
+        source = resolve_source(attrs["source"], attrs.get("base_dir"))
+        if not os.path.exists(source):
+            raise needs_input_shape(attrs, missing, f"HDF5 list '{attrs['source']}' not found")
+        shapes = self.infer(attrs, [])
+        return [given.get(i, s) for i, s in enumerate(shapes)]
+
     def infer(self, attrs, in_shapes):
         try:
             import h5py
         except ImportError:
             raise DataError(f"HDF5Data '{attrs['source']}': reading its shapes needs h5py "
-                            f"(pip install h5py)") from None
+                            f"(pip install h5py), or give them with --input-shape") from None
         source = resolve_source(attrs["source"], attrs.get("base_dir"))
+        if not os.path.exists(source):
+            raise needs_input_shape(attrs, attrs["tops"][0], f"HDF5 list '{attrs['source']}' not found")
         try:
             with open(source) as f:
                 first = next((ln.strip() for ln in f if ln.strip()), None)

@@ -30,6 +30,10 @@ class LayerError(CaffeqError):
     """A bad parameter value; the graph builder adds the file and layer name."""
 
 
+class MissingInputShape(LayerError):
+    """A data top whose shape only its (missing) dataset or the user (`--input-shape`) can tell."""
+
+
 class Layer:
     """Base class of layer specs.  Override what the layer needs."""
 
@@ -99,6 +103,11 @@ class Layer:
             else:
                 blobs.append(np.zeros(shape, np.float32))
         return blobs
+
+    def top_shapes(self, attrs, given):
+        """Data layers: every top's shape from the shapes the user gave for some of them
+        ({top index: shape}, `--input-shape`), or None to infer them as usual."""
+        return None
 
     def preprocessing(self, attrs):
         """Data layers: lines saying what Caffe does to the data before the net sees it (the

@@ -1,0 +1,120 @@
+"""Data layers of Caffe forks: graph inputs, shaped without their datasets where the prototxt can tell.
+
+- AnnotatedData (SSD): images resized to `transform_param.resize_param` height x width (or
+  cropped by crop_size); the label top holds SSD's (1, 1, boxes, 8) annotation rows, whose
+  count only the data knows, so it is listed as one row.
+- DenseImageData (SegNet): `dense_image_data_param` new_height/new_width, else
+  crop_height/crop_width; the label top is a (N, 1, H, W) map.
+- ImageSegData (DeepLab), ImageLabelmapData (HED), ImageLabelData: an ImageData-style
+  list of image and label-map pairs; shapes from crop_size or new_height/new_width.
+- Any other fork layer with no bottoms whose type ends in "Data" (BoxData, VideoData, ...)
+  is a graph input whose shapes come from `--input-shape`, else from crop_size.
+
+None of them reads its source while shapes are inferred: a top whose shape only the
+dataset could tell raises MissingInputShape, which names `--input-shape`.
+"""
+from .data import DataLayer, needs_input_shape, transform_attrs
+from .registry import register_layer
+
+
+def _channels(t, is_color=True):
+    if t["force_gray"]:
+        return 1
+    if t["force_color"]:
+        return 3
+    return 3 if is_color else 1
+
+
+class ForkDataLayer(DataLayer):
+    """Two-top fork data layers: data (N, C, H, W), then a label shaped by label_shape()."""
+
+    def data_shape(self, attrs):
+        if not attrs["hw"]:
+            raise needs_input_shape(attrs, attrs["tops"][0], f"{attrs['type']} source "
+                                    f"'{attrs['source'] or '?'}' is not read to infer shapes")
+        return (attrs["batch_size"], attrs["channels"]) + tuple(attrs["hw"])
+
+    def label_shape(self, data):
+        return (data[0],)
+
+    def top_shapes(self, attrs, given):
+        data = tuple(given.get(0) or self.data_shape(attrs))
+        shapes = [data]
+        for i in range(1, attrs["num_tops"]):
+            shapes.append(tuple(given.get(i) or self.label_shape(data)))
+        return shapes
+
+
+def _crop_or(t, height, width):
+    """Caffe's transformer crops last: crop_size wins over a resize."""
+    if t["crop_size"]:
+        return (t["crop_size"], t["crop_size"])
+    if height and width:
+        return (height, width)
+    return None
+
+
+@register_layer("AnnotatedData")
+class AnnotatedData(ForkDataLayer):
+    def parse(self, lp):
+        t = transform_attrs(lp)
+        tp = lp.transform_param
+        # resize_param is repeated in MobileNet-YOLO's proto (optional in SSD's): the first one applies
+        r = tp.resize_param[0] if len(tp.resize_param) else None
+        hw = (int(tp.crop_h), int(tp.crop_w)) if tp.crop_h and tp.crop_w else \
+            _crop_or(t, int(r.height) if r else 0, int(r.width) if r else 0)
+        return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t,
+                "source": lp.data_param.source, "batch_size": max(1, int(lp.data_param.batch_size)),
+                "channels": _channels(t), "hw": hw}
+
+    def label_shape(self, data):
+        return (1, 1, 1, 8)   # SSD: one row per box, [item, label, instance, xmin, ymin, xmax, ymax, difficult]
+
+
+@register_layer("DenseImageData")
+class DenseImageData(ForkDataLayer):
+    def parse(self, lp):
+        p = lp.dense_image_data_param
+        t = transform_attrs(lp)
+        hw = (int(p.crop_height), int(p.crop_width)) if p.crop_height and p.crop_width else \
+            _crop_or(t, int(p.new_height), int(p.new_width))
+        return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t,
+                "source": p.source, "batch_size": max(1, int(p.batch_size)),
+                "channels": _channels(t, p.is_color), "hw": hw}
+
+    def label_shape(self, data):
+        return (data[0], 1) + tuple(data[2:])
+
+
+@register_layer("ImageSegData", "ImageLabelmapData", "ImageLabelData")
+class ImageLabelMapData(ForkDataLayer):
+    def parse(self, lp):
+        p = lp.image_data_param
+        t = transform_attrs(lp)
+        return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t,
+                "source": p.source, "batch_size": max(1, int(p.batch_size)),
+                "channels": _channels(t, p.is_color), "hw": _crop_or(t, int(p.new_height), int(p.new_width))}
+
+    def label_shape(self, data):
+        return (data[0], 1) + tuple(data[2:])
+
+
+class UnknownForkData(ForkDataLayer):
+    """A fork's data layer caffeq has no spec for: a graph input shaped by the user or crop_size."""
+
+    types = ("fork data layer",)
+
+    def parse(self, lp):
+        t = transform_attrs(lp)
+        return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t,
+                "source": lp.data_param.source or lp.image_data_param.source,
+                "batch_size": max(1, int(lp.data_param.batch_size or lp.image_data_param.batch_size or 1)),
+                "channels": _channels(t), "hw": _crop_or(t, 0, 0)}
+
+
+UNKNOWN_FORK_DATA = UnknownForkData()
+
+
+def is_fork_data_layer(lp):
+    """A layer of an unregistered type that reads no bottoms and whose type says it is data."""
+    return not lp.bottom and lp.type.endswith("Data") and lp.type != "Python"

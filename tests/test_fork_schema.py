@@ -1,0 +1,622 @@
+"""Fork schema: layer text from real fork models parses and reads back.
+
+Each snippet is taken from a public model file of that fork (named above it),
+trimmed to the layer(s) that use the fork's fields. proto/README.md cites the
+fork's caffe.proto for every field.
+"""
+import pytest
+
+from caffeq.io.prototxt import parse_prototxt_text
+from caffeq.io.schema import caffe_pb2
+
+
+def _layers(text):
+    net = parse_prototxt_text(text)
+    return {lp.name: lp for lp in net.layer}
+
+
+# TimoSaemann/ENet prototxts/enet_deploy.prototxt (SegNet/ENet BNParameter).
+ENET_BN = """
+layer {
+  name: "bn0_1"
+  type: "BN"
+  bottom: "conv0_1"
+  top: "conv0_1"
+  param { lr_mult: 1 decay_mult: 1 }
+  param { lr_mult: 1 decay_mult: 0 }
+  bn_param {
+    scale_filler {
+      type: "constant"
+      value: 1
+    }
+    shift_filler {
+      type: "constant"
+      value: 0.001
+    }
+    bn_mode: INFERENCE
+  }
+}
+"""
+
+# hszhao/PSPNet evaluation/prototxt/pspnet50_ADE20K_473.prototxt (PSPNet BNParameter).
+PSPNET_BN = """
+layer {
+  name: "conv1_1_3x3_s2/bn"
+  type: "BN"
+  bottom: "conv1_1_3x3_s2"
+  top: "conv1_1_3x3_s2"
+  bn_param {
+    slope_filler {
+      type: "constant"
+      value: 1
+    }
+    bias_filler {
+      type: "constant"
+      value: 0
+    }
+    frozen: true
+    momentum: 0.95
+  }
+}
+"""
+
+
+def test_bn_param_segnet_and_pspnet_variants():
+    enet = _layers(ENET_BN)["bn0_1"].bn_param
+    assert enet.bn_mode == caffe_pb2.BNParameter.INFERENCE
+    assert enet.scale_filler.value == 1
+    assert enet.shift_filler.value == pytest.approx(0.001)
+    psp = _layers(PSPNET_BN)["conv1_1_3x3_s2/bn"].bn_param
+    assert psp.frozen is True
+    assert psp.momentum == pytest.approx(0.95)
+    assert psp.slope_filler.type == "constant" and psp.bias_filler.value == 0
+    # Unset fields keep each fork's defaults.
+    assert psp.bn_mode == caffe_pb2.BNParameter.LEARN
+    assert psp.eps == pytest.approx(1e-5)
+    assert enet.momentum == pytest.approx(0.9)
+
+
+# alexgkendall/SegNet-Tutorial Example_Models (Bayesian SegNet dropout, Upsample).
+SEGNET = """
+layer {
+  name: "encdrop3"
+  type: "Dropout"
+  bottom: "pool3"
+  top: "pool3"
+  dropout_param {
+    dropout_ratio: 0.5
+    sample_weights_test: true
+  }
+}
+layer {
+  name: "upsample4"
+  type: "Upsample"
+  bottom: "pool4"
+  bottom: "pool4_mask"
+  top: "upsample4"
+  upsample_param {
+    scale: 2
+    pad_out_h: true
+  }
+}
+"""
+
+
+def test_segnet_dropout_and_upsample():
+    layers = _layers(SEGNET)
+    assert layers["encdrop3"].dropout_param.sample_weights_test is True
+    assert layers["encdrop3"].dropout_param.scale_train is True  # default
+    up = layers["upsample4"].upsample_param
+    assert (up.scale, up.pad_out_h, up.pad_out_w) == (2, True, False)
+
+
+# shicai/DenseNet-Caffe DenseNet_121.prototxt (ceil_mode), py-R-FCN ZF test (scale_train).
+CEIL_AND_SCALE_TRAIN = """
+layer {
+  name: "pool1"
+  type: "Pooling"
+  bottom: "conv1/bn"
+  top: "pool1"
+  pooling_param {
+    pool: MAX
+    kernel_size: 3
+    stride: 2
+    pad: 1
+    ceil_mode: false
+  }
+}
+layer {
+  name: "drop6"
+  type: "Dropout"
+  bottom: "fc6"
+  top: "fc6"
+  dropout_param {
+    dropout_ratio: 0.5
+    scale_train: false
+  }
+}
+"""
+
+
+def test_ceil_mode_and_scale_train():
+    layers = _layers(CEIL_AND_SCALE_TRAIN)
+    pool = layers["pool1"].pooling_param
+    assert pool.HasField("ceil_mode") and pool.ceil_mode is False
+    assert not pool.HasField("round_mode")
+    assert caffe_pb2.PoolingParameter().ceil_mode is True
+    # ceil_mode does not take BVLC's round_mode number.
+    fields = caffe_pb2.PoolingParameter.DESCRIPTOR.fields_by_name
+    assert fields["round_mode"].number == 13 and fields["ceil_mode"].number != 13
+    assert layers["drop6"].dropout_param.scale_train is False
+
+
+# chuanqi305/MobileNet-SSD voc/MobileNetSSD_train.prototxt (SSD data + loss).
+SSD_TRAIN = """
+layer {
+  name: "data"
+  type: "AnnotatedData"
+  top: "data"
+  top: "label"
+  include {
+    phase: TRAIN
+  }
+  transform_param {
+    scale: 0.007843
+    mirror: true
+    mean_value: 127.5
+    mean_value: 127.5
+    mean_value: 127.5
+    resize_param {
+      prob: 1.0
+      resize_mode: WARP
+      height: 300
+      width: 300
+      interp_mode: LINEAR
+      interp_mode: AREA
+    }
+    emit_constraint {
+      emit_type: CENTER
+    }
+    distort_param {
+      brightness_prob: 0.5
+      brightness_delta: 32.0
+      contrast_prob: 0.5
+      contrast_lower: 0.5
+      contrast_upper: 1.5
+      hue_prob: 0.5
+      hue_delta: 18.0
+      saturation_prob: 0.5
+      saturation_lower: 0.5
+      saturation_upper: 1.5
+      random_order_prob: 0.0
+    }
+    expand_param {
+      prob: 0.5
+      max_expand_ratio: 4.0
+    }
+  }
+  data_param {
+    source: "trainval_lmdb/"
+    batch_size: 24
+    backend: LMDB
+  }
+  annotated_data_param {
+    batch_sampler {
+      max_sample: 1
+      max_trials: 1
+    }
+    batch_sampler {
+      sampler {
+        min_scale: 0.3
+        max_scale: 1.0
+        min_aspect_ratio: 0.5
+        max_aspect_ratio: 2.0
+      }
+      sample_constraint {
+        min_jaccard_overlap: 0.1
+      }
+      max_sample: 1
+      max_trials: 50
+    }
+    label_map_file: "labelmap.prototxt"
+  }
+}
+layer {
+  name: "mbox_loss"
+  type: "MultiBoxLoss"
+  bottom: "mbox_loc"
+  bottom: "mbox_conf"
+  bottom: "mbox_priorbox"
+  bottom: "label"
+  top: "mbox_loss"
+  include {
+    phase: TRAIN
+  }
+  loss_param {
+    normalization: VALID
+  }
+  multibox_loss_param {
+    loc_loss_type: SMOOTH_L1
+    conf_loss_type: SOFTMAX
+    loc_weight: 1.0
+    num_classes: 21
+    share_location: true
+    match_type: PER_PREDICTION
+    overlap_threshold: 0.5
+    use_prior_for_matching: true
+    background_label_id: 0
+    use_difficult_gt: true
+    neg_pos_ratio: 3.0
+    neg_overlap: 0.5
+    code_type: CENTER_SIZE
+    ignore_cross_boundary_bbox: false
+  }
+}
+"""
+
+
+def test_ssd_annotated_data_and_multibox_loss():
+    layers = _layers(SSD_TRAIN)
+    tp = layers["data"].transform_param
+    assert len(tp.resize_param) == 1
+    rp = tp.resize_param[0]
+    assert (rp.height, rp.width, rp.resize_mode) == (300, 300, caffe_pb2.ResizeParameter.WARP)
+    assert list(rp.interp_mode) == [caffe_pb2.ResizeParameter.LINEAR, caffe_pb2.ResizeParameter.AREA]
+    assert tp.emit_constraint.emit_type == caffe_pb2.EmitConstraint.CENTER
+    assert tp.distort_param.hue_delta == pytest.approx(18.0)
+    assert tp.expand_param.max_expand_ratio == pytest.approx(4.0)
+    adp = layers["data"].annotated_data_param
+    assert len(adp.batch_sampler) == 2
+    assert adp.batch_sampler[1].sample_constraint.min_jaccard_overlap == pytest.approx(0.1)
+    assert adp.batch_sampler[1].max_trials == 50
+    assert adp.label_map_file == "labelmap.prototxt"
+    mb = layers["mbox_loss"].multibox_loss_param
+    assert mb.num_classes == 21 and mb.code_type == caffe_pb2.PriorBoxParameter.CENTER_SIZE
+    assert mb.mining_type == caffe_pb2.MultiBoxLossParameter.MAX_NEGATIVE  # default
+
+
+# MhLiao/TextBoxes_plusplus models/deploy.prototxt (PriorBox + DetectionOutput fields).
+TEXTBOXES = """
+layer {
+  name: "conv4_3_norm_mbox_priorbox"
+  type: "PriorBox"
+  bottom: "conv4_3_norm"
+  bottom: "data"
+  top: "conv4_3_norm_mbox_priorbox"
+  prior_box_param {
+    min_size: 30.0
+    max_size: 60.0
+    aspect_ratio: 2.0
+    flip: false
+    clip: false
+    variance: 0.10000000149
+    variance: 0.10000000149
+    variance: 0.20000000298
+    variance: 0.20000000298
+    step: 8.0
+    offset: 0.5
+    denser_prior_boxes: true
+  }
+}
+layer {
+  name: "detection_out"
+  type: "DetectionOutput"
+  bottom: "mbox_loc"
+  bottom: "mbox_conf_flatten"
+  bottom: "mbox_priorbox"
+  top: "detection_out"
+  include {
+    phase: TEST
+  }
+  detection_output_param {
+    num_classes: 2
+    share_location: true
+    background_label_id: 0
+    nms_param {
+      nms_threshold: 0.449999988079
+      top_k: 400
+    }
+    code_type: CENTER_SIZE
+    keep_top_k: 200
+    confidence_threshold: 0.00999999977648
+    use_polygon: true
+  }
+}
+"""
+
+
+def test_textboxes_prior_box_and_detection_output():
+    layers = _layers(TEXTBOXES)
+    pb = layers["conv4_3_norm_mbox_priorbox"].prior_box_param
+    assert pb.denser_prior_boxes is True and pb.step == pytest.approx(8.0)
+    assert len(pb.offset_h) == 0  # the fork's number 14 is not confused with OpenCV's offset_h
+    do = layers["detection_out"].detection_output_param
+    assert do.use_polygon is True and do.keep_top_k == 200
+    assert caffe_pb2.DetectionOutputParameter().use_polygon is False  # plain SSD files
+
+
+# eric612/MobileNet-YOLO yolov3_lite_deploy_inference.prototxt and darknet19_deploy.prototxt.
+YOLO = """
+layer {
+name: "reorg1"
+type: "Reorg"
+bottom: "scale21"
+top: "reorg1"
+reorg_param {
+stride: 2
+}
+}
+layer {
+  name: "detection_out"
+  type: "Yolov3DetectionOutput"
+  bottom: "yolo/conv4"
+  bottom: "yolo/conv5"
+  top: "detection_out"
+  include {
+    phase: TEST
+  }
+  yolov3_detection_output_param {
+    num_classes: 20
+    confidence_threshold: 0.0099999998
+    nms_threshold: 0.44999999
+    biases: 20.0
+    biases: 37.0
+    biases: 49.0
+    biases: 94.0
+    anchors_scale: 32
+    anchors_scale: 16
+    mask_group_num: 2
+    mask: 3
+    mask: 4
+    mask: 5
+    mask: 0
+    mask: 1
+    mask: 2
+  }
+}
+"""
+
+# gklz1982/caffe-yolov2 examples/indoor/eval_detection_deploy_output.prototxt: YOLO v2
+# output through detection_output_param with that fork's own field names.
+YOLOV2_DETECTION_OUTPUT = """
+layer {
+  name: "detection_out"
+  type: "DetectionOutput"
+  bottom: "conv22"
+  top: "detection_out"
+  include {
+	phase: TEST
+  }
+  detection_output_param {
+    num_classes: 9
+    coords: 4
+    confidence_threshold: 0.60
+    biases: 0.738768
+    biases: 0.874946
+  }
+}
+"""
+
+
+def test_yolo_forks():
+    layers = _layers(YOLO)
+    assert layers["reorg1"].reorg_param.stride == 2
+    assert layers["reorg1"].reorg_param.reverse is False
+    y3 = layers["detection_out"].yolov3_detection_output_param
+    assert y3.num_classes == 20 and y3.num_box == 3  # num_box: fork default
+    assert list(y3.anchors_scale) == [32, 16]
+    assert list(y3.mask) == [3, 4, 5, 0, 1, 2]
+    assert y3.nms_threshold == pytest.approx(0.45)
+    do = _layers(YOLOV2_DETECTION_OUTPUT)["detection_out"].detection_output_param
+    assert (do.num_classes, do.coords, do.side) == (9, 4, 13)
+    assert list(do.biases) == pytest.approx([0.738768, 0.874946])
+
+
+# YuwenXiong/py-R-FCN models (R-FCN OHEM training, Faster R-CNN SmoothL1).
+RFCN_TRAIN = """
+layer {
+   name: "annotator_detector"
+   type: "BoxAnnotatorOHEM"
+   bottom: "rois"
+   bottom: "per_roi_loss"
+   bottom: "labels"
+   bottom: "bbox_inside_weights"
+   top: "labels_ohem"
+   top: "bbox_loss_weights_ohem"
+   box_annotator_ohem_param {
+        roi_per_img: 128
+        ignore_label: -1
+   }
+}
+layer {
+   name: "loss_bbox"
+   type: "SmoothL1LossOHEM"
+   bottom: "bbox_pred"
+   bottom: "bbox_targets"
+   bottom: 'bbox_inside_weights'
+   top: "loss_bbox"
+   loss_weight: 1
+   loss_param {
+        normalization: PRE_FIXED
+        pre_fixed_normalizer: 128
+   }
+}
+layer {
+  name: "rpn_loss_bbox"
+  type: "SmoothL1Loss"
+  bottom: "rpn_bbox_pred"
+  bottom: "rpn_bbox_targets"
+  top: "rpn_loss_bbox"
+  loss_weight: 1
+  smooth_l1_loss_param { sigma: 3.0 }
+}
+"""
+
+
+def test_rfcn_training_params():
+    layers = _layers(RFCN_TRAIN)
+    assert layers["annotator_detector"].box_annotator_ohem_param.roi_per_img == 128
+    lp = layers["loss_bbox"].loss_param
+    assert lp.normalization == caffe_pb2.LossParameter.PRE_FIXED
+    assert lp.pre_fixed_normalizer == pytest.approx(128)
+    # BVLC's NONE keeps its value; PRE_FIXED does not take it.
+    assert caffe_pb2.LossParameter.NONE == 3 and caffe_pb2.LossParameter.PRE_FIXED != 3
+    assert layers["rpn_loss_bbox"].smooth_l1_loss_param.sigma == pytest.approx(3.0)
+
+
+# senlinuc/caffe_ocr examples/ocr/inception-bn/deploy.prototxt and
+# jolibrain/caffe examples/warpctc/captcha/crnn/crnn.prototxt (CRNN forks).
+CRNN = """
+layer {
+  name: "pool5_ave_transpose"
+  top: "pool5_ave_transpose"
+  bottom: "pool5_ave"
+  type: "Transpose"
+  transpose_param {
+    dim: 3
+    dim: 2
+    dim: 0
+    dim: 1
+  }
+}
+layer {
+    name: "indicator"
+    type: "ContinuationIndicator"
+    bottom: "permuted_data"
+    top: "indicator"
+    continuation_indicator_param {
+        time_step:  32
+	axis: 1
+    }
+}
+layer {
+	name: "ctc_loss"
+	type: "CtcLoss"
+	bottom: "fc1"
+	bottom: "label"
+	top: "ctc_loss"
+	loss_weight: 1.0
+	ctc_loss_param {
+		blank_label: 10
+		alphabet_size: 11
+    	time_step: 32
+	}
+}
+"""
+
+
+def test_crnn_forks():
+    layers = _layers(CRNN)
+    assert list(layers["pool5_ave_transpose"].transpose_param.dim) == [3, 2, 0, 1]
+    ci = layers["indicator"].continuation_indicator_param
+    assert (ci.time_step, ci.axis) == (32, 1)
+    ctc = layers["ctc_loss"].ctc_loss_param
+    assert (ctc.blank_label, ctc.alphabet_size, ctc.time_step) == (10, 11, 32)
+
+
+# ydwen/caffe-face face_example/face_train_test.prototxt and
+# wy1iu/sphereface train/code/sphereface_model.prototxt.
+FACE_LOSSES = """
+layer {
+  name: "center_loss"
+  type: "CenterLoss"
+  bottom: "fc5"
+  bottom: "label"
+  top: "center_loss"
+  param {
+    lr_mult: 1
+    decay_mult: 2
+  }
+  center_loss_param {
+    num_output: 10572
+    center_filler {
+      type: "xavier"
+    }
+  }
+  loss_weight: 0.008
+}
+layer {
+  name: "fc6"
+  type: "MarginInnerProduct"
+  bottom: "fc5"
+  bottom: "label"
+  top: "fc6"
+  top: "lambda"
+  margin_inner_product_param {
+    num_output: 10572
+    type: QUADRUPLE
+    weight_filler {
+      type: "xavier"
+    }
+    base: 1000
+    gamma: 0.12
+    power: 1
+    lambda_min: 5
+    iteration: 0
+  }
+}
+"""
+
+
+def test_face_losses():
+    layers = _layers(FACE_LOSSES)
+    assert layers["center_loss"].center_loss_param.num_output == 10572
+    assert layers["center_loss"].center_loss_param.axis == 1
+    m = layers["fc6"].margin_inner_product_param
+    assert m.type == caffe_pb2.MarginInnerProductParameter.QUADRUPLE
+    assert (m.base, m.lambda_min) == (1000, 5)
+
+
+# lltcggie/waifu2x-caffe upresnet10 model and xmojiao/deeplab_v2 (DeepLab ImageSegData).
+WAIFU2X_DEEPLAB = """
+layer {
+  name: "/res1/crop"
+  type: "CropCenter"
+  bottom: "/conv_pre_relu"
+  top: "/res1/crop"
+  crop_center_param {
+    crop_size: 0
+    crop_size: 0
+    crop_size: 2
+    crop_size: 2
+  }
+}
+layer {
+  name: "data"
+  type: "ImageSegData"
+  top: "data"
+  transform_param {
+    mirror: false
+    crop_size: 513
+    mean_value: 104.008
+    scale_factors: 0.75
+    scale_factors: 1
+  }
+  image_data_param {
+    root_folder: "/data"
+    source: "list/test.txt"
+    batch_size: 1
+    label_type: NONE
+  }
+}
+"""
+
+
+def test_waifu2x_and_deeplab():
+    layers = _layers(WAIFU2X_DEEPLAB)
+    assert list(layers["/res1/crop"].crop_center_param.crop_size) == [0, 0, 2, 2]
+    data = layers["data"]
+    assert data.image_data_param.label_type == caffe_pb2.ImageDataParameter.NONE
+    assert data.image_data_param.ignore_label == 255
+    assert list(data.transform_param.scale_factors) == pytest.approx([0.75, 1.0])
+
+
+def test_fork_fields_keep_bvlc_numbers():
+    """Fork additions never take a number BVLC uses (binary files stay readable)."""
+    lp = caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name
+    assert lp["clip_param"].number == 148 and lp["swish_param"].number == 147
+    assert lp["norm_param"].number == 149 and lp["embed_param"].number == 137
+    assert lp["multibox_loss_param"].number == 201  # SSD's own number
+    assert lp["proposal_param"].number != 201
+    numbers = [f.number for f in caffe_pb2.LayerParameter.DESCRIPTOR.fields]
+    assert len(numbers) == len(set(numbers))

@@ -1,0 +1,275 @@
+"""What the real Caffe accepts and users need to choose: duplicate layer names, nets whose
+tops are all silenced, chosen outputs, input shapes given instead of a dataset, and fork
+losses that inference drops."""
+import importlib.util
+import shutil
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+import caffeq
+from caffeq.errors import CaffeqError
+from caffeq.model import load_from_text
+
+DIGITS = REPO / "examples" / "digits"
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def onnx_outputs(model, path, feeds):
+    import onnxruntime as ort
+    model.export_onnx(str(path))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, feeds)))
+
+
+def pytorch_source_outputs(model, folder, feeds):
+    caffeq.export_pytorch(model, str(folder))
+    spec = importlib.util.spec_from_file_location(f"gen_{folder.name}", folder / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    import torch
+    net = mod.load(str(folder / "weights.safetensors"))
+    with torch.no_grad():
+        out = net(*[torch.from_numpy(feeds[k]) for k in model.inputs])
+    return out
+
+
+# ---- duplicate layer names (HED has two layers named "crop") ------------------------------
+
+HED_LIKE = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 9 dim: 11 } } }
+layer { name: "ref" type: "Input" top: "ref" input_param { shape { dim: 2 dim: 3 dim: 5 dim: 6 } } }
+layer { name: "crop" type: "Crop" bottom: "x" bottom: "ref" top: "c1" crop_param { axis: 2 offset: 1 offset: 2 } }
+layer { name: "crop" type: "Crop" bottom: "x" bottom: "ref" top: "c2" crop_param { axis: 2 offset: 3 offset: 4 } }
+layer { name: "sum" type: "Eltwise" bottom: "c1" bottom: "c2" top: "sum" }
+"""
+
+
+def test_duplicate_layer_names_load_run_and_export(tmp_path):
+    model = load_from_text(HED_LIKE)
+    assert [n.name for n in model.layers if n.type == "Crop"] == ["crop", "crop#2"]
+    assert any("two layers are named 'crop'" in w for w in model.warnings)
+    x = rng().standard_normal((2, 3, 9, 11)).astype(np.float32)
+    ref = np.zeros((2, 3, 5, 6), np.float32)
+    want = x[:, :, 1:6, 2:8] + x[:, :, 3:8, 4:10]
+    np.testing.assert_array_equal(model.run({"x": x, "ref": ref})["sum"], want)
+    np.testing.assert_allclose(onnx_outputs(model, tmp_path / "m.onnx", {"x": x, "ref": ref})["sum"], want)
+    out = pytorch_source_outputs(model, tmp_path / "pt", {"x": x, "ref": ref})
+    np.testing.assert_allclose(out.numpy(), want)
+
+
+def test_weights_of_a_duplicate_name_go_to_the_first_layer():
+    text = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "a" inner_product_param { num_output: 4 } }
+layer { name: "ip" type: "ReLU" bottom: "a" top: "b" }
+"""
+    w = rng(1).standard_normal((4, 3)).astype(np.float32)
+    b = rng(2).standard_normal(4).astype(np.float32)
+    from caffeq.ir import attach_weights
+    model = load_from_text(text)
+    attach_weights(model.graph, {"ip": [w, b]})
+    x = rng(3).standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_allclose(model.run({"x": x})["b"], np.maximum(x @ w.T + b, 0), rtol=1e-6, atol=1e-6)
+
+
+# ---- silenced nets (the colorization deploy file) and chosen outputs -----------------------
+
+SILENCED = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 4 dim: 5 } } }
+layer { name: "conv" type: "Convolution" bottom: "x" top: "conv" convolution_param { num_output: 6 kernel_size: 3 pad: 1 } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "scaled" type: "Power" bottom: "conv" top: "scaled" power_param { scale: 2.5 } }
+layer { name: "silence" type: "Silence" bottom: "scaled" }
+"""
+
+
+def conv_relu_ref(model, x):
+    w, b = model.params["conv"]
+    import torch
+    y = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), padding=1)
+    return np.maximum(y.numpy(), 0)
+
+
+def test_silenced_blobs_become_the_outputs(tmp_path):
+    model = load_from_text(SILENCED, random_weights=True)
+    assert model.outputs == ["scaled"]
+    assert any("Silence" in w for w in model.warnings)
+    x = rng().standard_normal((2, 3, 4, 5)).astype(np.float32)
+    want = 2.5 * conv_relu_ref(model, x)
+    np.testing.assert_allclose(model.run({"x": x})["scaled"], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(onnx_outputs(model, tmp_path / "m.onnx", {"x": x})["scaled"], want,
+                               rtol=1e-5, atol=1e-5)
+    out = pytorch_source_outputs(model, tmp_path / "pt", {"x": x})
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_chosen_outputs_prune_the_rest(tmp_path):
+    model = load_from_text(SILENCED, random_weights=True, outputs=["conv"])
+    assert model.outputs == ["conv"]
+    assert [n.name for n in model.layers] == ["x", "conv", "relu"]
+    x = rng(4).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    want = conv_relu_ref(model, x)   # the blob's final value: after the in-place ReLU
+    np.testing.assert_allclose(model.run({"x": x})["conv"], want, rtol=1e-5, atol=1e-5)
+    assert set(onnx_outputs(model, tmp_path / "m.onnx", {"x": x})) == {"conv"}
+    np.testing.assert_allclose(onnx_outputs(model, tmp_path / "m.onnx", {"x": x})["conv"], want,
+                               rtol=1e-5, atol=1e-5)
+    out = pytorch_source_outputs(model, tmp_path / "pt", {"x": x})
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+    # transforms and a new batch keep the choice
+    assert model.reshaped(3).outputs == ["conv"]
+    from caffeq.transforms import fold_batchnorm, remove_identities
+    assert fold_batchnorm(remove_identities(model)).outputs == ["conv"]
+
+
+def test_chosen_outputs_survive_the_caffeq_container(tmp_path):
+    model = load_from_text(SILENCED, random_weights=True, outputs=["conv", "scaled"])
+    from caffeq.io.container import save_caffeq
+    save_caffeq(model, tmp_path / "m.caffeq")
+    again = caffeq.load(tmp_path / "m.caffeq")
+    assert again.outputs == ["conv", "scaled"]
+
+
+def test_unknown_output_name_is_one_clear_error():
+    with pytest.raises(CaffeqError, match=r"--outputs names 'scaleed'.*did you mean 'scaled'"):
+        load_from_text(SILENCED, outputs=["scaleed"])
+
+
+# ---- train_val nets without their datasets -------------------------------------------------
+
+def copy_digits_without_lmdb(tmp_path):
+    for f in ("train_val.prototxt", "mean.binaryproto"):
+        shutil.copy(DIGITS / f, tmp_path / f)
+    return tmp_path / "train_val.prototxt"
+
+
+def test_data_shape_from_the_mean_file_without_the_lmdb(tmp_path):
+    path = copy_digits_without_lmdb(tmp_path)
+    model = caffeq.load(path, DIGITS / "model.caffemodel")
+    assert model.inputs == {"data": (100, 1, 16, 16), "label": (100,)}
+    # the same numbers as with the dataset beside it
+    with_lmdb = caffeq.load(DIGITS / "train_val.prototxt", DIGITS / "model.caffemodel")
+    assert with_lmdb.inputs == model.inputs
+    x = rng().standard_normal((100, 1, 16, 16)).astype(np.float32)
+    label = np.zeros(100, np.float32)
+    np.testing.assert_array_equal(model.run({"data": x, "label": label})["accuracy"],
+                                  with_lmdb.run({"data": x, "label": label})["accuracy"])
+
+
+def test_missing_dataset_error_names_the_option_and_input_shape_fixes_it(tmp_path):
+    text = """
+layer { name: "mnist" type: "Data" top: "data" top: "label" include { phase: TEST }
+  transform_param { scale: 0.00390625 } data_param { source: "examples/mnist/mnist_test_lmdb" batch_size: 100 backend: LMDB } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 10 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+    with pytest.raises(CaffeqError, match=r"layer 'mnist' \(Data\).*mnist_test_lmdb.*--input-shape data=N,C,H,W"):
+        load_from_text(text)
+    model = load_from_text(text, input_shapes={"data": (4, 1, 28, 28)})
+    assert model.inputs == {"data": (4, 1, 28, 28), "label": (4,)}
+    assert model.blob_shapes["ip"] == (4, 10)
+
+
+def test_crop_and_mean_values_give_the_shape_without_any_source():
+    text = """
+layer { name: "data" type: "Data" top: "data" top: "label" include { phase: TEST }
+  transform_param { crop_size: 227 mean_value: 104 mean_value: 117 mean_value: 123 }
+  data_param { source: "gone_lmdb" batch_size: 50 backend: LEVELDB } }
+layer { name: "img" type: "ImageData" top: "img" top: "l2" include { phase: TEST }
+  image_data_param { source: "gone.txt" batch_size: 5 new_height: 33 new_width: 44 } }
+"""
+    model = load_from_text(text)
+    assert model.inputs == {"data": (50, 3, 227, 227), "label": (50,), "img": (5, 3, 33, 44), "l2": (5,)}
+
+
+def test_input_shape_overrides_inputs_and_unknown_names_are_refused():
+    model = load_from_text(SILENCED, input_shapes={"x": (1, 3, 8, 7)})
+    assert model.inputs == {"x": (1, 3, 8, 7)} and model.blob_shapes["scaled"] == (1, 6, 8, 7)
+    with pytest.raises(CaffeqError, match=r"--input-shape names 'y'.*inputs: x"):
+        load_from_text(SILENCED, input_shapes={"y": (1, 3, 8, 7)})
+
+
+# ---- fork losses are dropped from inference graphs -------------------------------------------
+
+def test_fork_training_only_layers_are_dropped_with_a_note():
+    text = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 8 } } }
+layer { name: "label" type: "Input" top: "label" input_param { shape { dim: 2 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "ip" inner_product_param { num_output: 3 } }
+layer { name: "mbox_loss" type: "MultiBoxLoss" bottom: "ip" bottom: "label" top: "mbox_loss" }
+layer { name: "ctc" type: "CTCLoss" bottom: "ip" bottom: "label" top: "ctc" }
+"""
+    model = load_from_text(text, random_weights=True)
+    assert [n.name for n in model.layers] == ["x", "label", "ip"]
+    assert model.outputs == ["ip"]
+    assert any("mbox_loss (MultiBoxLoss)" in w and "ctc (CTCLoss)" in w for w in model.warnings)
+
+
+def test_an_unknown_type_that_is_not_a_loss_still_stops_the_read():
+    text = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 8 } } }
+layer { name: "odd" type: "NoSuchLayer" bottom: "x" top: "y" }
+"""
+    with pytest.raises(CaffeqError, match="NoSuchLayer"):
+        load_from_text(text)
+
+
+def test_a_net_can_be_listed_with_unknown_data_shapes_but_not_run():
+    text = """
+layer { name: "mnist" type: "Data" top: "data" top: "label" data_param { source: "gone_lmdb" batch_size: 64 } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 20 kernel_size: 5 } }
+layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip" inner_product_param { num_output: 10 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+    model = load_from_text(text, unknown_shapes_ok=True)
+    assert [n.type for n in model.layers] == ["Data", "Convolution", "InnerProduct", "SoftmaxWithLoss"]
+    assert model.blob_shapes["data"] is None and model.blob_shapes["ip"] is None
+    assert any("--input-shape data=N,C,H,W" in w for w in model.warnings)
+    with pytest.raises(CaffeqError, match="--input-shape data=N,C,H,W"):
+        model.run({"data": np.zeros((64, 1, 28, 28), np.float32)})
+
+
+def test_undefined_bottom_names_the_layer_the_stage_rules_left_out():
+    text = """
+layer { name: "train_in" type: "Input" top: "data" include { phase: TRAIN } input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "test_in" type: "Input" top: "data" include { phase: TEST stage: "test-on-test" } input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "relu" type: "ReLU" bottom: "data" top: "out" }
+"""
+    with pytest.raises(CaffeqError, match=r"bottom 'data'.*at TEST: layer 'test_in' makes it.*test-on-test.*--stage"):
+        load_from_text(text)
+    assert load_from_text(text, stages=["test-on-test"]).inputs == {"data": (2, 3)}
+
+
+# ---- fork data layers ----------------------------------------------------------------------
+
+FORK_DATA = """
+layer { name: "ssd" type: "AnnotatedData" top: "data" top: "label" include { phase: TEST }
+  transform_param { mean_value: 104 mean_value: 117 mean_value: 123
+    resize_param { prob: 1 resize_mode: WARP height: 300 width: 301 interp_mode: LINEAR } }
+  data_param { source: "gone_lmdb" batch_size: 8 backend: LMDB } }
+layer { name: "segnet" type: "DenseImageData" top: "img" top: "seg"
+  dense_image_data_param { source: "gone.txt" batch_size: 4 new_height: 360 new_width: 480 } }
+layer { name: "deeplab" type: "ImageSegData" top: "im" top: "lab"
+  transform_param { crop_size: 321 } image_data_param { source: "gone.txt" batch_size: 2 } }
+"""
+
+
+def test_fork_data_layers_are_shaped_from_their_parameters():
+    model = load_from_text(FORK_DATA)
+    assert model.inputs == {"data": (8, 3, 300, 301), "label": (1, 1, 1, 8), "img": (4, 3, 360, 480),
+                            "seg": (4, 1, 360, 480), "im": (2, 3, 321, 321), "lab": (2, 1, 321, 321)}
+
+
+def test_a_fork_data_layer_without_sizes_needs_input_shape():
+    text = 'layer { name: "hed" type: "ImageLabelmapData" top: "data" top: "label" image_data_param { source: "x.lst" } }'
+    with pytest.raises(CaffeqError, match=r"layer 'hed' \(ImageLabelmapData\).*--input-shape data=N,C,H,W"):
+        load_from_text(text)
+    model = load_from_text(text, input_shapes={"data": (1, 3, 50, 60)})
+    assert model.inputs == {"data": (1, 3, 50, 60), "label": (1, 1, 50, 60)}
