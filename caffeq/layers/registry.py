@@ -80,7 +80,7 @@ class Layer:
     def pytorch_source(self, node, emit):
         """Python source for this layer in a standalone PyTorch model.py (optional).
 
-        `emit` (caffeq.backends.pytorch_source.Emitter) declares modules, helper
+        `emit` (caffeq.backends.pytorch_emit.Emitter) declares modules, helper
         classes and weights; return the call expression for the top (a list of
         expressions, one per top, for several), or None: not supported.
         """
