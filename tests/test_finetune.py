@@ -212,6 +212,7 @@ def test_batchnorm_reestimation_written_in_caffe_layout(tmp_path):
 
 # ---- a short fine-tune on the shipped example ----------------------------------------------
 
+@pytest.mark.slow
 def test_short_finetune_beats_post_training_binarization():
     r = finetune(TRAIN_VAL, WEIGHTS, iters=6, bn_batches=4, seed=0)
     # the binarized model before any step (first/last layers fp32) is Caffe's 85.25%
@@ -293,6 +294,7 @@ def test_deploy_net_without_loss_trains_cross_entropy(tmp_path):
 
 # ---- the command line ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cli_end_to_end_subprocess(tmp_path):
     out = tmp_path / "digits_bwn.onnx"
     rep = tmp_path / "r.json"
@@ -388,6 +390,7 @@ def test_training_crops_are_random_per_epoch_and_seeded(tmp_path):
     assert list(s2) == keys
 
 
+@pytest.mark.slow
 def test_cli_budget_keeps_the_most_sensitive_layers(capsys, tmp_path, monkeypatch):
     from caffeq.sensitivity import choose_keep, layer_sensitivity
     expected_keep = choose_keep(layer_sensitivity(TRAIN_VAL, weights=WEIGHTS, cumulative=False), 1.0)
@@ -422,6 +425,7 @@ def _interrupt_at_step(monkeypatch, n):
     monkeypatch.setattr(ft, "clip_latent", clip_then_interrupt)
 
 
+@pytest.mark.slow
 def test_interrupted_finetune_returns_the_best_epoch_so_far(tmp_path, monkeypatch):
     data, val, proto, weights = _toy(tmp_path)
     kw = {"data": data, "val": val, "keep": "none", "epochs": 4, "batch_size": 8, "bn_batches": 2, "seed": 3}
