@@ -35,6 +35,7 @@ from .errors import DataError
 TRANSFORM_KEYS = ("scale", "mean_file", "mean_value", "crop_size", "mirror", "force_color", "force_gray")
 MAX_LISTED_ERRORS = 1000
 PROBE_ITEMS = 16
+EVAL_DATA_LAYERS = ("Data", "ImageData", "HDF5Data")   # the data layers eval reads itself
 
 
 # ---- what to read --------------------------------------------------------------------------------
@@ -65,9 +66,9 @@ class LayerInfo:
 
 
 def data_layer(model):
-    """The net's (TEST-phase) Data or ImageData layer as a LayerInfo, or None for a deploy net."""
+    """The net's (TEST-phase) Data, ImageData or HDF5Data layer as a LayerInfo, or None for a deploy net."""
     for node in model.graph.nodes:
-        if node.spec.is_data and node.type in ("Data", "ImageData"):
+        if node.spec.is_data and node.type in EVAL_DATA_LAYERS:
             return LayerInfo(node.type, node.name, list(node.tops), node.attrs)
     return None
 
@@ -81,7 +82,7 @@ def phase_data_layer(net, phase, source, base_dir):
     from .layers import get_spec
     from .layers.registry import LayerError
     for lp in filter_layers(net, phase, source=source):
-        if lp.type in ("Data", "ImageData"):
+        if lp.type in EVAL_DATA_LAYERS:
             try:
                 attrs = get_spec(lp.type).parse(lp)
             except LayerError as e:
@@ -122,7 +123,7 @@ def plan_data(layer, inputs, base_dir, data=None, batch_size=None, transform=Non
     image = {}
     if layer is not None:
         attrs = layer.attrs
-        t = dict(attrs["transform"])
+        t = dict(attrs.get("transform") or {})     # HDF5Data has no transform_param
         if t.get("mean_file"):
             t["mean_file"] = resolve_source(t["mean_file"], base_dir)
         data_blob = layer.tops[0]
@@ -179,6 +180,8 @@ def plan_data(layer, inputs, base_dir, data=None, batch_size=None, transform=Non
             shape = inputs.get(data_blob)
             is_color = not (shape is not None and len(shape) > 1 and shape[1] == 1)
         image = {"is_color": is_color}
+    if not kind and layer is not None and layer.type == "HDF5Data":
+        kind = "hdf5"
     kind = kind or detect_kind(source)
     bs = int(batch_size or layer_bs or 64)
     if bs < 1:
@@ -200,6 +203,11 @@ def build_dataset(plan, limit=None, defer_normalize=True, seed=0):
         return ImageListDataset(plan.source, pre, root_folder=img.get("root_folder", ""), new_height=nh,
                                 new_width=nw, is_color=img.get("is_color", True), roots=plan.roots,
                                 limit=limit)
+    if plan.kind == "hdf5":
+        from .data import Hdf5Dataset
+        # Caffe's HDF5Data applies no transform (items may be any rank); flags still apply
+        return Hdf5Dataset(plan.source, plan.data_blob, plan.label_blob, None if t.is_identity else pre,
+                           limit, roots=plan.roots)
     return open_dataset(plan.source, plan.kind, pre, limit, is_color=img.get("is_color", True),
                         force_color=t.force_color, force_gray=t.force_gray, resize=plan.resize)
 
@@ -633,6 +641,9 @@ class Runner:
 
 
 def _evaluate(base, plan, dataset, names, dev, dist_env, workers, strict, output, keep, progress, started):
+    if workers and getattr(dataset, "single_process", False):
+        plan.notes.append(f"{dataset.kind} data is read in one process (--workers {workers} ignored)")
+        workers = 0
     runner = Runner(base, plan, names, dev, keep=keep, output=output, has_labels=dataset.has_labels)
     sampler = StridedSampler(len(dataset), dist_env.rank, dist_env.world_size)
     loader = torch.utils.data.DataLoader(

@@ -137,13 +137,15 @@ class Model:
         return os.path.dirname(os.path.abspath(self.prototxt)) if self.prototxt else os.getcwd()
 
 
-def read_net(prototxt, ignore_unknown=False, warnings=None):
-    """Read a prototxt (or a caffemodel holding the net) and upgrade it to V2 like Caffe."""
+def read_net(prototxt, ignore_unknown=False, warnings=None, phase="TEST"):
+    """Read a prototxt (or a caffemodel holding the net) and upgrade it to V2 like Caffe.
+
+    phase: the net to be built; unknown fields that cannot matter for it are warnings."""
     warnings = [] if warnings is None else warnings
     path = os.fspath(prototxt)
     if not os.path.exists(path):
         raise ParseError(f"{path}: no such file")
-    net = read_prototxt(path, ignore_unknown=ignore_unknown, warnings=warnings)
+    net = read_prototxt(path, ignore_unknown=ignore_unknown, warnings=warnings, phase=phase)
     notes = upgrade_net(net, source=path)
     warnings.extend(notes)
     return net
@@ -175,7 +177,7 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
         return model
     warnings = []
     if net is None:
-        net = read_net(path, ignore_unknown=ignore_unknown, warnings=warnings)
+        net = read_net(path, ignore_unknown=ignore_unknown, warnings=warnings, phase=phase)
     blobs = None
     weights_path = None
     if weights is not None:

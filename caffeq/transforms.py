@@ -403,8 +403,8 @@ def _remove_identities(graph, keep_silence=False):
     inputs = set(graph.inputs)
     silenced = False
     for node in list(graph.nodes):
-        if node.type not in _IDENTITY_TYPES:
-            continue
+        if node.type not in _IDENTITY_TYPES or node.attrs.get("test_scale", 1.0) != 1.0:
+            continue   # (a scale_train: false Dropout scales at TEST)
         if node.type == "Silence":
             if not keep_silence:
                 graph.nodes.remove(node)

@@ -273,3 +273,22 @@ def test_a_fork_data_layer_without_sizes_needs_input_shape():
         load_from_text(text)
     model = load_from_text(text, input_shapes={"data": (1, 3, 50, 60)})
     assert model.inputs == {"data": (1, 3, 50, 60), "label": (1, 1, 50, 60)}
+
+
+# ---- Faster R-CNN's Dropout scale_train ------------------------------------------------------
+
+def test_dropout_scale_train_false_scales_at_test(tmp_path):
+    text = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 4 } } }
+layer { name: "drop" type: "Dropout" bottom: "x" top: "y" dropout_param { dropout_ratio: 0.3 scale_train: false } }
+layer { name: "keep" type: "Dropout" bottom: "y" top: "z" dropout_param { dropout_ratio: 0.5 } }
+"""
+    model = load_from_text(text)
+    x = rng().standard_normal((2, 3, 4)).astype(np.float32)
+    # caffe-fast-rcnn: scale_ = 1 / (1 - threshold_) in float, then top = x * (1 / scale_)
+    scale = np.float32(1.0 / (1.0 - float(np.float32(0.3))))
+    want = x * np.float32(1.0 / float(scale))
+    np.testing.assert_array_equal(model.run({"x": x})["z"], want)
+    np.testing.assert_allclose(onnx_outputs(model, tmp_path / "m.onnx", {"x": x})["z"], want, rtol=1e-7)
+    out = pytorch_source_outputs(model, tmp_path / "pt", {"x": x})
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-7)

@@ -1,6 +1,16 @@
-"""Text-format (.prototxt) reader with file/line/column errors and unknown-field reporting."""
+"""Text-format (.prototxt) reader with file/line/column errors and unknown-field reporting.
+
+An unknown field is an error (naming file, line, column, field and layer) unless it can
+only matter for training, where it is skipped with a warning:
+  - anywhere inside a layer that is not part of the net being read (by default the TEST
+    net: `include { phase: TRAIN }` or `exclude { phase: TEST }`);
+  - reading the TEST net, anywhere inside `transform_param` (data augmentation) or a loss
+    parameter (`loss_param`, `*_loss_param`), or an unknown `*_loss_param` itself.
+`ignore_unknown=True` (--ignore-unknown) turns every unknown field into a warning.
+"""
 import os
 import re
+from dataclasses import dataclass
 
 from google.protobuf import text_format
 
@@ -8,85 +18,169 @@ from ..errors import ParseError
 from .schema import caffe_pb2
 
 _UNKNOWN_FIELD = re.compile(r'has no field named "([^"]+)"')
-_LINE_COL = re.compile(r"^(\d+):(\d+)\s*:\s*(.*)$", re.S)
+_LINE_COL = re.compile(r"^(\d+):(\d+)\s*:\s*(.*)$", re.DOTALL)
+_PHASES = {"TRAIN": caffe_pb2.TRAIN, "TEST": caffe_pb2.TEST}
 
 
-def _layer_at(text, line_no):
-    """Name of the layer whose block encloses line_no (1-based), best effort."""
-    lines = text.splitlines()[:line_no]
-    depth = 0
-    for line in reversed(lines):
-        depth += line.count("}") - line.count("{")
-        m = re.search(r'\bname\s*:\s*"([^"]*)"', line)
-        if m and depth <= 0:
-            return m.group(1)
+@dataclass(frozen=True)
+class _Unknown:
+    name: str            # the unknown field's name
+    message_type: str    # full name of the message it appeared in
+    line: int            # 1-based, or None
+    column: int
+    path: tuple          # field names from the top-level message down to the unknown field
+    layer: tuple         # ("layer" | "layers", index) of the enclosing top-level layer, or None
+
+
+class _RecordingParser(text_format._Parser):
+    """Lenient text parser that records every unknown field it skips and where it was."""
+
+    def __init__(self):
+        super().__init__(allow_unknown_field=True)
+        self.unknown = []
+        self._path = []
+        self._layer = None
+        self._skipping = 0
+
+    def _MergeMessageField(self, tokenizer, message, field):
+        top_layer = not self._path and field.name in ("layer", "layers")
+        if top_layer:
+            self._layer = (field.name, len(getattr(message, field.name)))
+        self._path.append(field.name)
+        try:
+            super()._MergeMessageField(tokenizer, message, field)
+        finally:
+            self._path.pop()
+            if top_layer:
+                self._layer = None
+
+    def _SkipFieldContents(self, tokenizer, field_name, immediate_message_type):
+        if not self._skipping:  # fields nested inside an unknown one are not reported again
+            line = getattr(tokenizer, "_previous_line", None)
+            column = getattr(tokenizer, "_previous_column", None)
+            self.unknown.append(_Unknown(
+                field_name, immediate_message_type,
+                None if line is None else line + 1, None if column is None else column + 1,
+                tuple(self._path) + (field_name,), self._layer))
+        self._skipping += 1
+        try:
+            super()._SkipFieldContents(tokenizer, field_name, immediate_message_type)
+        finally:
+            self._skipping -= 1
+
+
+def _describe(path, err):
+    """file:line:column and message of a text_format error (unknown fields are reported by _report)."""
+    msg = str(err)
+    m = _LINE_COL.match(msg)
+    if m:
+        return f"{path}:{m.group(1)}:{m.group(2)}", m.group(3).strip()
+    return path, msg.strip()
+
+
+def _rule_is_only_phase(rule, phase):
+    """True when the NetStateRule names this phase and nothing else (no level / stage)."""
+    return (rule.HasField("phase") and rule.phase == phase and not rule.HasField("min_level")
+            and not rule.HasField("max_level") and not rule.stage and not rule.not_stage)
+
+
+def _left_out(layer, phase):
+    """True when Caffe never puts this layer in the net of the given phase."""
+    include = list(getattr(layer, "include", ()))
+    if include and all(r.HasField("phase") and r.phase != phase for r in include):
+        return True
+    return any(_rule_is_only_phase(r, phase) for r in getattr(layer, "exclude", ()))
+
+
+def _is_loss_param(name):
+    return name == "loss_param" or name.endswith("_loss_param")
+
+
+def _training_only(unknown, message, phase):
+    """Why an unknown field cannot matter for reading the `phase` net, or None."""
+    if unknown.layer is not None and isinstance(message, caffe_pb2.NetParameter):
+        kind, index = unknown.layer
+        layers = getattr(message, kind)
+        if index < len(layers) and _left_out(layers[index], phase):
+            return f"the layer is not in the {caffe_pb2.Phase.Name(phase)} net"
+    if phase != caffe_pb2.TEST or unknown.layer is None:
+        return None
+    inner = unknown.path[1:]  # below the layer
+    if "transform_param" in inner[:-1]:
+        return "data augmentation (transform_param) only matters for training"
+    if any(_is_loss_param(p) for p in inner):
+        return "loss parameters only matter for training"
     return None
 
 
-def _describe(path, text, err):
-    msg = str(err)
-    m = _LINE_COL.match(msg)
-    line = col = None
-    if m:
-        line, col, msg = int(m.group(1)), int(m.group(2)), m.group(3)
-    where = f"{path}:{line}:{col}" if line else path
-    unknown = _UNKNOWN_FIELD.search(msg)
-    if unknown and line:
-        layer = _layer_at(text, line)
-        ctx = f" in layer '{layer}'" if layer else ""
-        return where, f"unknown field '{unknown.group(1)}'{ctx} ({msg.strip()}); " \
-                      f"pass --ignore-unknown to skip unknown fields with a warning"
-    return where, msg.strip()
+def _layer_name(unknown, message):
+    if unknown.layer is None or not isinstance(message, caffe_pb2.NetParameter):
+        return None
+    kind, index = unknown.layer
+    layers = getattr(message, kind)
+    if index >= len(layers):
+        return None
+    layer = layers[index]
+    if kind == "layers" and not layer.name and layer.HasField("layer"):
+        return layer.layer.name or None  # V0: the name sits one level down
+    return layer.name or None
 
 
-def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False, warnings=None):
-    """Parse text into a NetParameter (or the given message)."""
+def _report(unknowns, message, path, phase, ignore_unknown, warnings):
+    """Raise for the first unknown field that may matter; warn (once per field name) for the rest."""
+    groups = {}
+    for u in unknowns:
+        reason = _training_only(u, message, phase)
+        if reason is None and not ignore_unknown:
+            layer = _layer_name(u, message)
+            where = f"{path}:{u.line}:{u.column}" if u.line else path
+            ctx = f" in layer '{layer}'" if layer else ""
+            raise ParseError(
+                f"{where}: unknown field '{u.name}'{ctx} (message {u.message_type} has no field "
+                f"'{u.name}'); pass --ignore-unknown to skip unknown fields with a warning")
+        groups.setdefault((u.name, reason), []).append(u)
+    if warnings is None:
+        return
+    for (name, reason), members in groups.items():
+        first = members[0]
+        layer = _layer_name(first, message)
+        where = f"{path}:{first.line}" if first.line else path
+        more = f" (and {len(members) - 1} more)" if len(members) > 1 else ""
+        warnings.append(f"{where}: ignored unknown field '{name}'"
+                        + (f" in layer '{layer}'" if layer else "") + more
+                        + (f": {reason}" if reason else ""))
+
+
+def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False, warnings=None,
+                        phase="TEST"):
+    """Parse text into a NetParameter (or the given message).
+
+    phase: the net the caller will build ("TEST" or "TRAIN"); decides which unknown
+    fields are training-only (see the module docstring).
+    """
     message = message if message is not None else caffe_pb2.NetParameter()
+    if phase not in _PHASES:
+        raise ParseError(f"{path}: phase must be TRAIN or TEST, got {phase!r}")
     try:
         text_format.Parse(text, message, allow_unknown_field=False)
         return message
     except text_format.ParseError as e:
-        where, msg = _describe(path, text, e)
-        if not (ignore_unknown and _UNKNOWN_FIELD.search(str(e))):
+        if not _UNKNOWN_FIELD.search(str(e)):
+            where, msg = _describe(path, e)
             raise ParseError(f"{where}: {msg}") from None
-    # Unknown fields allowed: report each one as a warning, then parse leniently.
-    if warnings is not None:
-        probe = message.__class__()
-        seen = set()
-        remaining = text
-        for _ in range(1000):
-            try:
-                text_format.Parse(remaining, probe, allow_unknown_field=False)
-                break
-            except text_format.ParseError as e:
-                m = _UNKNOWN_FIELD.search(str(e))
-                lm = _LINE_COL.match(str(e))
-                if not (m and lm):
-                    break
-                line = int(lm.group(1))
-                layer = _layer_at(remaining, line)
-                key = (m.group(1), layer)
-                if key not in seen:
-                    seen.add(key)
-                    warnings.append(f"{path}:{line}: ignored unknown field '{m.group(1)}'"
-                                    + (f" in layer '{layer}'" if layer else ""))
-                # blank the field name so the next parse goes past it
-                lines = remaining.splitlines()
-                col = int(lm.group(2))
-                ln = lines[line - 1]
-                lines[line - 1] = ln[:col - 1] + ln[col - 1:].replace(m.group(1), "__caffeq_skip__", 1)
-                remaining = "\n".join(lines)
-                probe = message.__class__()
+    # Unknown fields present: parse leniently, recording each one, then decide.
     message.Clear()
+    parser = _RecordingParser()
     try:
-        text_format.Parse(text, message, allow_unknown_field=True)
+        parser.ParseLines(text.split("\n"), message)
     except text_format.ParseError as e:
-        where, msg = _describe(path, text, e)
+        where, msg = _describe(path, e)
         raise ParseError(f"{where}: {msg}") from None
+    _report(parser.unknown, message, path, _PHASES[phase], ignore_unknown, warnings)
     return message
 
 
-def read_prototxt(path, ignore_unknown=False, warnings=None, message=None):
+def read_prototxt(path, ignore_unknown=False, warnings=None, message=None, phase="TEST"):
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
@@ -99,4 +193,4 @@ def read_prototxt(path, ignore_unknown=False, warnings=None, message=None):
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ParseError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    return parse_prototxt_text(text, message, path, ignore_unknown, warnings)
+    return parse_prototxt_text(text, message, path, ignore_unknown, warnings, phase)

@@ -15,9 +15,12 @@ from . import (  # noqa: F401,E402
     norm,
     pooling,
     recurrent,
+    segmentation,
+    sequence,
     shape_ops,
     ssd,
     vision_forks,
+    yolo,
 )
 
 __all__ = ["Layer", "LayerError", "get_spec", "register_layer", "require_specs", "supported_types"]

@@ -2,7 +2,8 @@
 
 Each follows the formula of its BVLC Caffe *_layer.cpp (ReLU, PReLU, ELU,
 Sigmoid, TanH, AbsVal, Power, Exp, Log, BNLL, Threshold, Clip, Swish) or of
-the MobileNet-v2 forks (ReLU6).  Scalars derived from parameters (Exp's
+the forks that define them (ReLU6: MobileNet-v2 forks; Mish: YOLOv4 Caffe
+conversions; SeLu: the SeLu fork's selu_param).  Scalars derived from parameters (Exp's
 inner/outer scale, Log's 1/log(base), Power's power*scale) are computed in
 float32 as Caffe does.
 """
@@ -524,3 +525,57 @@ class Swish(Neuron):
         # not nn.SiLU: it computes x / (1 + exp(-x)), which rounds differently
         arg = x if beta == 1 else f"{x} * {emit.lit(beta)}"
         return f"{x} * torch.sigmoid({arg})"
+
+
+# ---- Mish, SeLu (fork layers) ------------------------------------------------------------
+
+@register_layer("Mish")
+class Mish(Neuron):
+    """x * tanh(softplus(x)) (the YOLOv4 Caffe conversions' mish_layer.cpp; darknet's softplus
+    returns x above 20 and exp(x) below -20, within float32 rounding of log(1 + exp(x)))."""
+
+    def forward(self, attrs, params, x):
+        return F.mish(x)   # torch's softplus also returns x above 20
+
+    def onnx(self, ctx, node):
+        x, out = node.inputs[0], node.outputs[0]
+        if ctx.opset >= 18:
+            ctx.add_node("Mish", [x], [out], name=node.name)
+            return
+        soft = ctx.add_node("Softplus", [x], [ctx.tmp(node.name + "_softplus")], name=node.name)[0]
+        tanh = ctx.add_node("Tanh", [soft], [ctx.tmp(node.name + "_tanh")])[0]
+        ctx.add_node("Mul", [x, tanh], [out])
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.module('nn.Mish()')}({emit.inputs[0]})"   # nn.Mish is F.mish
+
+
+@register_layer("SeLu")
+class SeLu(Neuron):
+    """The SeLu fork's selu_layer.cpp: x > 0 ? lambda * x : lambda * alpha * (exp(x) - 1), with
+    lambda = 1.050700987 and alpha = 1.67326324 by default (selu_param), lambda * alpha in float32."""
+
+    def parse_param(self, lp):
+        lam, alpha = 1.050700987, 1.67326324
+        if "selu_param" in lp.DESCRIPTOR.fields_by_name:   # when the schema declares the fork's message
+            lam, alpha = getattr(lp.selu_param, "lambda"), lp.selu_param.alpha
+        return {"lambda": f32(lam), "alpha": f32(alpha),
+                "lambda_alpha": float(np.float32(lam) * np.float32(alpha))}
+
+    def forward(self, attrs, params, x):
+        # exp of min(x, 0): the same values where they are used, and no inf (NaN gradient) elsewhere
+        return torch.where(x > 0, x * attrs["lambda"], (torch.exp(x.clamp_max(0)) - 1) * attrs["lambda_alpha"])
+
+    def onnx(self, ctx, node):
+        x, a = node.inputs[0], node.attrs
+        pos = onnx_mul_scalar(ctx, x, a["lambda"], node.name + "_pos")
+        ex = ctx.add_node("Exp", [x], [ctx.tmp(node.name + "_exp")], name=node.name)[0]
+        em1 = onnx_add_scalar(ctx, ex, -1.0, node.name + "_expm1")
+        neg = onnx_mul_scalar(ctx, em1, a["lambda_alpha"], node.name + "_neg")
+        above = ctx.add_node("Greater", [x, scalar(ctx, 0.0)], [ctx.tmp(node.name + "_above")])[0]
+        ctx.add_node("Where", [above, pos, neg], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        x, a = emit.inputs[0], node.attrs
+        return (f"torch.where({x} > 0, {x} * {emit.lit(a['lambda'])}, "
+                f"(torch.exp({x}.clamp_max(0)) - 1) * {emit.lit(a['lambda_alpha'])})")

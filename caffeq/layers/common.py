@@ -1,4 +1,5 @@
 """Structural layers: Input, Split, Silence, Dropout."""
+import numpy as np
 import torch.nn.functional as F
 
 from .registry import Layer, LayerError, register_layer
@@ -61,24 +62,42 @@ class Silence(Layer):
 
 @register_layer("Dropout")
 class Dropout(Layer):
-    """Identity at TEST (Caffe scales at train time, so inference is a plain copy)."""
+    """Identity at TEST (Caffe scales at train time, so inference is a plain copy).
+
+    Faster R-CNN's caffe (`scale_train: false`) keeps the kept units unscaled in training
+    and multiplies by (1 - ratio) at TEST instead, rounded as its float32 1 / scale_.
+    """
 
     def parse(self, lp):
-        ratio = lp.dropout_param.dropout_ratio
+        p = lp.dropout_param
+        ratio = p.dropout_ratio
         if not 0 <= ratio < 1:
             raise LayerError(f"dropout_param.dropout_ratio must be in [0, 1), got {ratio}")
-        return {"ratio": ratio}
+        test_scale = 1.0
+        if not p.scale_train:
+            scale = np.float32(1.0 / (1.0 - float(np.float32(ratio))))
+            test_scale = float(np.float32(1.0 / float(scale)))
+        return {"ratio": ratio, "test_scale": test_scale}
 
     uses_training_flag = True
 
     def forward(self, attrs, params, x, training=False):
-        # Caffe scales by 1/(1-ratio) while training, exactly as torch's dropout does
-        return F.dropout(x, attrs["ratio"], training=training) if training else x
+        # Caffe scales by 1/(1-ratio) while training, exactly as torch's dropout does; with
+        # scale_train false, (1 - ratio) times that is the unscaled mask at TRAIN and the
+        # fork's scaling at TEST
+        y = F.dropout(x, attrs["ratio"], training=training) if training else x
+        return y * attrs["test_scale"] if attrs["test_scale"] != 1.0 else y
 
     def onnx(self, ctx, node):
-        ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]])
+        scale = node.attrs["test_scale"]
+        if scale == 1.0:
+            ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]])
+        else:
+            ctx.add_node("Mul", [node.inputs[0], ctx.const(np.array(scale, np.float32))], [node.outputs[0]],
+                         name=node.name)
 
     def pytorch_source(self, node, emit):
         # nn.Dropout is F.dropout: identity in eval mode, Caffe's 1/(1-ratio) scaling in train mode
         m = emit.module(f"nn.Dropout(p={emit.lit(node.attrs['ratio'])})")
-        return f"{m}({emit.inputs[0]})"
+        scale = node.attrs["test_scale"]
+        return f"{m}({emit.inputs[0]})" + (f" * {emit.lit(scale)}" if scale != 1.0 else "")

@@ -10,8 +10,8 @@ exist (as Caffe's setup reads it), else an error that names `--input-shape`.
 """
 import os
 
+from ..data import datum_shape
 from ..data.images import first_image_shape
-from ..data.lmdb_source import first_datum_shape
 from ..data.transform import load_mean_file
 from ..errors import DataError
 from ..fs import resolve_source
@@ -148,10 +148,7 @@ class Data(DataLayer):
         source = resolve_source(attrs["source"], attrs.get("base_dir"))
         if not os.path.exists(source):
             raise needs_input_shape(attrs, attrs["top"], f"{attrs['backend']} '{attrs['source']}' not found")
-        if attrs["backend"] != "LMDB":
-            raise needs_input_shape(attrs, attrs["top"], f"reading the shape of LEVELDB '{attrs['source']}' "
-                                                         f"is not supported")
-        c0, h, w = first_datum_shape(source)
+        c0, h, w = datum_shape(source, attrs["backend"])
         c, h, w = _with_crop(attrs, c or c0, h, w)
         return (n, c, h, w)
 

@@ -5,11 +5,27 @@ when pad > 0, drops a last window that would start at or beyond H + pad.  AVE
 divides by the window clipped to the padded extent (padding cells count, the
 ceil overhang does not); MAX ignores padding.  STOCHASTIC at TEST is the
 probability-weighted average sum(x^2)/sum(x) over the unpadded window.
+
+Rounding: BVLC's `round_mode` (CEIL / FLOOR), or the forks' `ceil_mode`
+(DenseNet, DPN, ResNeXt, R-FCN, Inception conversions: false = floor, true =
+Caffe's ceil; the pad rule above still applies, and never fires with floor).
+
+MAX pooling may have a second top (SegNet and BVLC): the argmax mask, as
+floats, holding the index h * W + w of the chosen cell within its input plane.
+The first maximum in row-major order wins (Caffe's strict `>`); a window with
+no cell above -FLT_MAX keeps -1 (and the value -FLT_MAX).
+
+The torch functions below (caffe_pool_out, caffe_pool2d, caffe_max_pool2d_mask)
+and the modules are also copied into the standalone model.py, so the export
+computes the same bits.
 """
+import inspect
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from .registry import Layer, LayerError, register_layer, spatial_params
 
@@ -31,9 +47,23 @@ def pooled_size(size, k, s, p, round_mode=CEIL, padded=None):
     return out
 
 
+def _round_mode(p):
+    """CEIL or FLOOR from round_mode (BVLC) or ceil_mode (forks); both given must agree."""
+    fields = p.DESCRIPTOR.fields_by_name
+    has_round = "round_mode" in fields and p.HasField("round_mode")
+    has_ceil = "ceil_mode" in fields and p.HasField("ceil_mode")
+    mode = int(p.round_mode) if has_round else CEIL
+    if has_ceil:
+        from_ceil = CEIL if p.ceil_mode else FLOOR
+        if has_round and from_ceil != mode:
+            raise LayerError(f"pooling_param.ceil_mode: {str(bool(p.ceil_mode)).lower()} contradicts "
+                             f"round_mode: {'CEIL' if mode == CEIL else 'FLOOR'}")
+        mode = from_ceil
+    return mode
+
+
 def parse_pooling(p):
-    attrs = {"pool": int(p.pool), "global": bool(p.global_pooling),
-             "round_mode": int(p.round_mode) if hasattr(p, "round_mode") else CEIL}
+    attrs = {"pool": int(p.pool), "global": bool(p.global_pooling), "round_mode": _round_mode(p)}
     if attrs["global"]:
         if p.kernel_size or p.HasField("kernel_h"):
             raise LayerError("with global_pooling, kernel_size must not be set")
@@ -70,120 +100,147 @@ def _ave_divisors(size, k, s, p, out):
     return [min(o * s - p + k, size + p) - (o * s - p) for o in range(out)]
 
 
-def caffe_pool(x, attrs):
-    h, w = x.shape[-2], x.shape[-1]
-    k, s, p, out = window(attrs, h, w)
-    if attrs["global"]:
-        if attrs["pool"] == MAX:
-            return x.amax(dim=(-2, -1), keepdim=True)
-        if attrs["pool"] == AVE:
-            return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
-    if any(o <= 0 for o in out):
-        raise LayerError(f"pooling of a {h}x{w} input gives an empty output")
+# ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
+
+def caffe_pool_out(size: list[int], kernel: list[int], stride: list[int], pad: list[int], ceil: bool):
+    """Caffe's pooled size [out_h, out_w]: ceil((H + 2p - k) / s) + 1 (floor when not ceil), and with
+    any pad a last window starting in the bottom/right padding is dropped, on both axes."""
+    out = [0, 0]
+    for i in range(2):
+        span = size[i] + 2 * pad[i] - kernel[i]
+        out[i] = -(-span // stride[i]) + 1 if ceil else span // stride[i] + 1
+        if (pad[0] > 0 or pad[1] > 0) and (out[i] - 1) * stride[i] >= size[i] + pad[i]:
+            out[i] -= 1
+    return out
+
+
+def caffe_pool2d(x, mode: str, kernel: list[int], stride: list[int], pad: list[int], ceil: bool):
+    """Caffe's Pooling (see caffe_pool_out for the size). MAX ignores padding, AVE divides by the
+    window clipped to the padded input, STOCHASTIC (test) is sum(x^2) / sum(x)."""
+    size = [x.shape[2], x.shape[3]]
+    out = caffe_pool_out(size, kernel, stride, pad, ceil)
+    if mode == "stochastic":  # windows start at 0 (Caffe ignores pad here) and clip at the edge
+        right = max(0, (out[1] - 1) * stride[1] + kernel[1] - size[1])
+        bottom = max(0, (out[0] - 1) * stride[0] + kernel[0] - size[0])
+        xr = F.pad(x, [0, right, 0, bottom])
+        num = F.avg_pool2d(xr * xr, kernel, stride, divisor_override=1)
+        den = F.avg_pool2d(xr, kernel, stride, divisor_override=1) + 1.1754943508222875e-38
+        return (num / den)[:, :, :out[0], :out[1]]
     # right/bottom padding so that every kept window fits; negative means the end is unused
-    extra = [(o - 1) * st + kk - (n + pp) for o, st, kk, n, pp in zip(out, s, k, (h, w), p)]
-    pads = (p[1], max(0, extra[1]), p[0], max(0, extra[0]))
-    if attrs["pool"] == MAX:
-        xp = F.pad(x, pads, value=float("-inf")) if any(pads) else x
-        # Caffe starts every window at -FLT_MAX: a window with no cell (stride > kernel,
-        # ceil rounding) keeps that value, and -inf never wins
-        y = F.max_pool2d(xp, k, s).clamp_min(-FLT_MAX)
-    elif attrs["pool"] == AVE:
-        xp = F.pad(x, pads) if any(pads) else x
-        y = F.avg_pool2d(xp, k, s, divisor_override=1)
-        y = y[..., :out[0], :out[1]]
-        dh = torch.tensor(_ave_divisors(h, k[0], s[0], p[0], out[0]), dtype=y.dtype, device=y.device)
-        dw = torch.tensor(_ave_divisors(w, k[1], s[1], p[1], out[1]), dtype=y.dtype, device=y.device)
-        return y / (dh[:, None] * dw[None, :])
-    else:  # STOCHASTIC at test: windows start at 0 (Caffe ignores pad here) and clip at the edge
-        xr = F.pad(x, (0, max(0, (out[1] - 1) * s[1] + k[1] - w), 0, max(0, (out[0] - 1) * s[0] + k[0] - h)))
-        num = F.avg_pool2d(xr * xr, k, s, divisor_override=1)
-        den = F.avg_pool2d(xr, k, s, divisor_override=1) + FLT_MIN
-        y = num / den
-    return y[..., :out[0], :out[1]]
+    extra = [(out[i] - 1) * stride[i] + kernel[i] - (size[i] + pad[i]) for i in range(2)]
+    pads = [pad[1], max(0, extra[1]), pad[0], max(0, extra[0])]
+    padded = pads != [0, 0, 0, 0]
+    if mode == "max":
+        xp = F.pad(x, pads, value=float("-inf")) if padded else x
+        # Caffe starts every window at -FLT_MAX: an empty window (stride > kernel, ceil rounding)
+        # keeps it, and -inf never wins
+        y = F.max_pool2d(xp, kernel, stride).clamp_min(-3.4028234663852886e38)
+        return y[:, :, :out[0], :out[1]]
+    xp = F.pad(x, pads) if padded else x
+    y = F.avg_pool2d(xp, kernel, stride, divisor_override=1)[:, :, :out[0], :out[1]]
+    divisors = []
+    for i in range(2):
+        starts = torch.arange(out[i], device=x.device) * stride[i] - pad[i]
+        ends = torch.clamp(starts + kernel[i], max=size[i] + pad[i])
+        divisors.append((ends - starts).to(x.dtype))
+    return y / (divisors[0][:, None] * divisors[1][None, :])
 
 
-# ---- standalone PyTorch source (caffeq.backends.pytorch_source) ------------------------
+def caffe_max_pool2d_mask(x, kernel: list[int], stride: list[int], pad: list[int], ceil: bool):
+    """Caffe's MAX pooling and its mask top: per output, h * W + w of the winning input cell in its
+    plane (the first maximum in row-major order), as floats; -1 (value -FLT_MAX) where no cell of
+    the window exceeds -FLT_MAX."""
+    size = [x.shape[2], x.shape[3]]
+    out = caffe_pool_out(size, kernel, stride, pad, ceil)
+    extra = [(out[i] - 1) * stride[i] + kernel[i] - (size[i] + pad[i]) for i in range(2)]
+    pads = [pad[1], max(0, extra[1]), pad[0], max(0, extra[0])]
+    xp = F.pad(x, pads, value=float("-inf"))
+    y, cell = F.max_pool2d(xp, kernel, stride, return_indices=True)
+    y, cell = y[:, :, :out[0], :out[1]], cell[:, :, :out[0], :out[1]]
+    padded_width = size[1] + pads[0] + pads[1]
+    index = (cell // padded_width - pad[0]) * size[1] + cell % padded_width - pad[1]
+    found = y > -3.4028234663852886e38
+    mask = torch.where(found, index.to(x.dtype), torch.full_like(y, -1.0))
+    return y.clamp_min(-3.4028234663852886e38), mask
 
-# Caffe's pooling for the cases nn.MaxPool2d/nn.AvgPool2d cannot express; the same torch
-# calls in the same order as caffe_pool above, so the results are the same bits.
-TORCH_POOL_FUNCTION = """
-    def caffe_pool2d(x, mode: str, kernel: list[int], stride: list[int], pad: list[int], ceil: bool):
-        \"\"\"Caffe's Pooling: out = ceil((H + 2p - k) / s) + 1 (floor with round_mode FLOOR), and with
-        any pad a last window starting in the bottom/right padding is dropped. MAX ignores padding,
-        AVE divides by the window clipped to the padded input, STOCHASTIC (test) is sum(x^2) / sum(x).\"\"\"
-        size = [x.shape[2], x.shape[3]]
-        out = [0, 0]
-        for i in range(2):
-            span = size[i] + 2 * pad[i] - kernel[i]
-            out[i] = -(-span // stride[i]) + 1 if ceil else span // stride[i] + 1
-            if (pad[0] > 0 or pad[1] > 0) and (out[i] - 1) * stride[i] >= size[i] + pad[i]:
-                out[i] -= 1
-        if mode == "stochastic":  # windows start at 0 (Caffe ignores pad here) and clip at the edge
-            right = max(0, (out[1] - 1) * stride[1] + kernel[1] - size[1])
-            bottom = max(0, (out[0] - 1) * stride[0] + kernel[0] - size[0])
-            xr = F.pad(x, [0, right, 0, bottom])
-            num = F.avg_pool2d(xr * xr, kernel, stride, divisor_override=1)
-            den = F.avg_pool2d(xr, kernel, stride, divisor_override=1) + 1.1754943508222875e-38
-            return (num / den)[:, :, :out[0], :out[1]]
-        extra = [(out[i] - 1) * stride[i] + kernel[i] - (size[i] + pad[i]) for i in range(2)]
-        pads = [pad[1], max(0, extra[1]), pad[0], max(0, extra[0])]
-        padded = pads != [0, 0, 0, 0]
-        if mode == "max":
-            xp = F.pad(x, pads, value=float("-inf")) if padded else x
-            # Caffe starts every window at -FLT_MAX: an empty window keeps it, -inf never wins
-            y = F.max_pool2d(xp, kernel, stride).clamp_min(-3.4028234663852886e38)
-            return y[:, :, :out[0], :out[1]]
-        xp = F.pad(x, pads) if padded else x
-        y = F.avg_pool2d(xp, kernel, stride, divisor_override=1)[:, :, :out[0], :out[1]]
-        divisors = []
-        for i in range(2):
-            starts = torch.arange(out[i], device=x.device) * stride[i] - pad[i]
-            ends = torch.clamp(starts + kernel[i], max=size[i] + pad[i])
-            divisors.append((ends - starts).to(x.dtype))
-        return y / (divisors[0][:, None] * divisors[1][None, :])
-"""
 
-TORCH_POOL_MODULE = """
-    class CaffePool2d(nn.Module):
-        \"\"\"Caffe's Pooling where nn.MaxPool2d / nn.AvgPool2d differ from it (see caffe_pool2d).\"\"\"
+class CaffePool2d(nn.Module):
+    """Caffe's Pooling where nn.MaxPool2d / nn.AvgPool2d differ from it (see caffe_pool2d)."""
 
-        def __init__(self, mode, kernel, stride, pad, ceil=True):
-            super().__init__()
-            self.mode, self.kernel, self.stride, self.pad, self.ceil = mode, kernel, stride, pad, ceil
+    def __init__(self, mode: str, kernel: list[int], stride: list[int], pad: list[int], ceil: bool = True):
+        super().__init__()
+        self.mode, self.kernel, self.stride, self.pad, self.ceil = mode, kernel, stride, pad, ceil
 
-        def forward(self, x):
-            return caffe_pool2d(x, self.mode, self.kernel, self.stride, self.pad, self.ceil)
+    def forward(self, x):
+        return caffe_pool2d(x, self.mode, self.kernel, self.stride, self.pad, self.ceil)
 
-        def extra_repr(self):
-            return f"{self.mode}, kernel={self.kernel}, stride={self.stride}, pad={self.pad}, ceil={self.ceil}"
-"""
+    def extra_repr(self):
+        return f"{self.mode}, kernel={self.kernel}, stride={self.stride}, pad={self.pad}, ceil={self.ceil}"
 
-TORCH_SPP_MODULE = """
-    class SPP(nn.Module):
-        \"\"\"Caffe's SPP: level l pools into 2^l x 2^l bins (kernel = stride = ceil(H / bins), padding
-        centres the grid), each level flattened, all concatenated; one level is global pooling.\"\"\"
 
-        def __init__(self, levels, mode):
-            super().__init__()
-            self.levels, self.mode = levels, mode
+class CaffeMaxPool2dMask(nn.Module):
+    """Caffe's MAX Pooling with two tops: (values, argmax mask), see caffe_max_pool2d_mask."""
 
-        def forward(self, x):
-            h, w = x.shape[2], x.shape[3]
-            if self.levels == 1:
-                if self.mode == "max":
-                    return x.amax(dim=(-2, -1), keepdim=True)
-                return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
-            parts: list[torch.Tensor] = []
-            for level in range(self.levels):
-                bins = 1 << level  # 2^level (an int, also for TorchScript)
-                kh, kw = -(-h // bins), -(-w // bins)
-                pad = [(kh * bins - h + 1) // 2, (kw * bins - w + 1) // 2]
-                parts.append(caffe_pool2d(x, self.mode, [kh, kw], [kh, kw], pad, True).flatten(1))
-            return torch.cat(parts, dim=1)
-"""
+    def __init__(self, kernel: list[int], stride: list[int], pad: list[int], ceil: bool = True):
+        super().__init__()
+        self.kernel, self.stride, self.pad, self.ceil = kernel, stride, pad, ceil
+
+    def forward(self, x):
+        return caffe_max_pool2d_mask(x, self.kernel, self.stride, self.pad, self.ceil)
+
+    def extra_repr(self):
+        return f"kernel={self.kernel}, stride={self.stride}, pad={self.pad}, ceil={self.ceil}"
+
+
+class SpatialPyramidPool(nn.Module):
+    """Caffe's SPP: level l pools into 2^l x 2^l bins (kernel = stride = ceil(H / bins), padding
+    centres the grid), each level flattened, all concatenated; one level is global pooling."""
+
+    def __init__(self, levels: int, mode: str):
+        super().__init__()
+        self.levels, self.mode = levels, mode
+
+    def forward(self, x):
+        h, w = x.shape[2], x.shape[3]
+        if self.levels == 1:
+            if self.mode == "max":
+                return x.amax(dim=(-2, -1), keepdim=True)
+            return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
+        parts: list[torch.Tensor] = []
+        for level in range(self.levels):
+            bins = 1 << level  # 2^level (an int, also for TorchScript)
+            kh, kw = -(-h // bins), -(-w // bins)
+            pad = [(kh * bins - h + 1) // 2, (kw * bins - w + 1) // 2]
+            parts.append(caffe_pool2d(x, self.mode, [kh, kw], [kh, kw], pad, True).flatten(1))
+        return torch.cat(parts, dim=1)
+
+
+# model.py gets the same functions and modules, so the export stays bit-identical to forward
+TORCH_POOL_FUNCTIONS = "\n\n\n".join(inspect.getsource(f) for f in (caffe_pool_out, caffe_pool2d,
+                                                                      caffe_max_pool2d_mask))
+TORCH_POOL_MODULE = inspect.getsource(CaffePool2d)
+TORCH_MASK_MODULE = inspect.getsource(CaffeMaxPool2dMask)
+TORCH_SPP_MODULE = inspect.getsource(SpatialPyramidPool)
 
 _TORCH_MODES = {MAX: "max", AVE: "ave", STOCHASTIC: "stochastic"}
+
+
+def caffe_pool(x, attrs, mask=False):
+    """Pooling by the parsed attrs; with mask (MAX only) returns (values, argmax mask)."""
+    h, w = x.shape[-2], x.shape[-1]
+    k, s, p, out = window(attrs, h, w)
+    if any(o <= 0 for o in out):
+        raise LayerError(f"pooling of a {h}x{w} input gives an empty output")
+    ceil = attrs["round_mode"] == CEIL
+    if mask:
+        return caffe_max_pool2d_mask(x, list(k), list(s), list(p), ceil)
+    if attrs["global"] and attrs["pool"] == MAX:
+        return x.amax(dim=(-2, -1), keepdim=True)
+    if attrs["global"] and attrs["pool"] == AVE:
+        return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
+    return caffe_pool2d(x, _TORCH_MODES[attrs["pool"]], list(k), list(s), list(p), ceil)
+
+
 
 
 def _torch_standard_pool(attrs):
@@ -201,12 +258,48 @@ def _torch_standard_pool(attrs):
     return True
 
 
+def _onnx_max_pool_mask(ctx, node):
+    """MAX pooling with its mask top: one MaxPool with the Indices output. ONNX indices count over
+    the whole N x C x H x W tensor (padding excluded), so Mod(H * W) gives Caffe's h * W + w; empty
+    windows, and windows with nothing above -FLT_MAX, get -1 (value -FLT_MAX) as in Caffe."""
+    from ..backends.onnx_pooling import _fill, _plan, _write_to
+    x = node.inputs[0]
+    h, w = (int(d) for d in ctx.shape(x)[2:])
+    k, s, p, out = window(node.attrs, h, w)
+    plans = [_plan(n, kk, ss, pp, o, n) for n, kk, ss, pp, o in zip((h, w), k, s, p, out)]
+    valid = [pl[0] for pl in plans]
+    full = [pl[2] for pl in plans]
+    values, cells = ctx.tmp(node.name + "_max"), ctx.tmp(node.name + "_cells")
+    ctx.add_node("MaxPool", [x], [values, cells], name=node.name, kernel_shape=list(k), strides=list(s),
+                 pads=list(p) + [pl[1] for pl in plans])
+    if full != valid:
+        start, end, axes = (ctx.const(np.array(v, np.int64)) for v in ([0, 0], valid, [2, 3]))
+        values = ctx.add_node("Slice", [values, start, end, axes], [ctx.tmp(node.name + "_max_cut")])[0]
+        cells = ctx.add_node("Slice", [cells, start, end, axes], [ctx.tmp(node.name + "_cells_cut")])[0]
+    plane = ctx.add_node("Mod", [cells, ctx.const(np.array(h * w, np.int64))], [ctx.tmp(node.name + "_plane")])[0]
+    index = ctx.add_node("Cast", [plane], [ctx.tmp(node.name + "_index")], to=1)[0]  # FLOAT
+    found = ctx.add_node("Greater", [values, ctx.const(np.array(-FLT_MAX, np.float32))],
+                         [ctx.tmp(node.name + "_found")])[0]
+    mask = ctx.add_node("Where", [found, index, ctx.const(np.array(-1, np.float32))],
+                        [ctx.tmp(node.name + "_mask")])[0]
+    values = ctx.add_node("Max", [values, ctx.const(np.array(-FLT_MAX, np.float32))],
+                          [ctx.tmp(node.name + "_clamped")])[0]
+    _write_to(ctx, _fill(ctx, node, values, valid, out, -FLT_MAX), node.outputs[0])
+    _write_to(ctx, _fill(ctx, node, mask, valid, out, -1.0), node.outputs[1])
+
+
 @register_layer("Pooling")
 class Pooling(Layer):
     def parse(self, lp):
-        if len(lp.top) != 1:
-            raise LayerError("only one top is supported (the MAX-pooling mask top is not)")
-        return parse_pooling(lp.pooling_param)
+        attrs = parse_pooling(lp.pooling_param)
+        # Caffe: MAX pooling may have a second top, the argmax mask; other methods exactly one
+        most = 2 if attrs["pool"] == MAX else 1
+        if not 1 <= len(lp.top) <= most:
+            raise LayerError(f"{'MAX' if most == 2 else 'AVE and STOCHASTIC'} pooling takes "
+                             f"{'1 or 2 tops (values, argmax mask)' if most == 2 else '1 top'}, "
+                             f"got {len(lp.top)}")
+        attrs["mask"] = len(lp.top) == 2
+        return attrs
 
     def infer(self, attrs, in_shapes):
         s = in_shapes[0]
@@ -215,10 +308,11 @@ class Pooling(Layer):
         _, _, _, out = window(attrs, s[2], s[3])
         if any(o <= 0 for o in out):
             raise LayerError(f"output would be empty for input {list(s)}")
-        return [(s[0], s[1]) + tuple(out)]
+        top = (s[0], s[1]) + tuple(out)
+        return [top, top] if attrs.get("mask") else [top]
 
     def forward(self, attrs, params, x):
-        return caffe_pool(x, attrs)
+        return caffe_pool(x, attrs, mask=attrs.get("mask", False))
 
     def macs(self, attrs, in_shapes, out_shapes):
         s = in_shapes[0]
@@ -226,12 +320,26 @@ class Pooling(Layer):
         return math.prod(out_shapes[0]) * k[0] * k[1]
 
     def onnx(self, ctx, node):
+        if node.attrs.get("mask"):
+            _onnx_max_pool_mask(ctx, node)
+            return
         from ..backends.onnx_pooling import emit_pooling
         emit_pooling(ctx, node, node.attrs, node.inputs[0], node.outputs[0])
 
     def pytorch_source(self, node, emit):
         a = node.attrs
         x = emit.inputs[0]
+        k, s, p, _ = window(a, *emit.in_shape(0)[2:])
+        ceil_arg = "" if a["round_mode"] == CEIL else ", ceil=False"
+        if a.get("mask"):
+            emit.helper(TORCH_POOL_FUNCTIONS)
+            cls = emit.helper(TORCH_MASK_MODULE)
+            if a["global"]:
+                emit.note("Global MAX pooling with a mask top uses the prototxt's input size as its window.")
+            m = emit.module(f"{cls}({emit.lit(list(k))}, {emit.lit(list(s))}, {emit.lit(list(p))}{ceil_arg})")
+            both = emit.tmp(node.name + "_pool")
+            emit.stmt(f"{both} = {m}({x})")
+            return [f"{both}[0]", f"{both}[1]"]
         if a["global"] and a["pool"] != STOCHASTIC:
             # the adaptive 1x1 pools reduce like caffe_pool's amax / sum / (H * W)
             kind = "Max" if a["pool"] == MAX else "Avg"
@@ -250,12 +358,10 @@ class Pooling(Layer):
             h, w = emit.in_shape(0)[2:]
             raise LayerError(f"global STOCHASTIC pooling needs the input size ({h}x{w}) at run time; "
                              f"not supported")
-        emit.uses("F")
-        emit.helper(TORCH_POOL_FUNCTION)
+        emit.helper(TORCH_POOL_FUNCTIONS)
         cls = emit.helper(TORCH_POOL_MODULE)
         m = emit.module(f"{cls}({emit.lit(_TORCH_MODES[a['pool']])}, {emit.lit(list(a['kernel']))}, "
-                        f"{emit.lit(list(a['stride']))}, {emit.lit(list(a['pad']))}"
-                        f"{'' if a['round_mode'] == CEIL else ', ceil=False'})")
+                        f"{emit.lit(list(a['stride']))}, {emit.lit(list(a['pad']))}{ceil_arg})")
         return f"{m}({x})"
 
 
@@ -304,8 +410,7 @@ class SPP(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        emit.uses("F")
-        emit.helper(TORCH_POOL_FUNCTION)
+        emit.helper(TORCH_POOL_FUNCTIONS)
         cls = emit.helper(TORCH_SPP_MODULE)
         m = emit.module(f"{cls}({a['height']}, {emit.lit(_TORCH_MODES[a['pool']])})")
         return f"{m}({emit.inputs[0]})"

@@ -7,8 +7,8 @@
   "nearest_neighbor" is supported too.
 - Upsample (SegNet): max-unpooling.  With two bottoms the second is the mask of
   argmax positions (index h*W + w within each output plane, as SegNet's
-  Pooling writes in its second top).  caffeq's Pooling does not emit that mask
-  top, so a mask must come from the net's inputs or another layer.  With one
+  Pooling writes in its second top); a position written twice keeps the last
+  value in row-major order (Caffe's CPU loop).  With one
   bottom, the layer is the darknet2caffe forks' nearest-neighbour upsampling by
   `scale` (those forks' UpsampleParameter also has `scale` = 1).
 - ShuffleChannel (ShuffleNet): channels viewed as (group, C/group), transposed.
@@ -21,6 +21,7 @@ or Resize (nearest), ShuffleChannel -> Reshape/Transpose/Reshape, ROIPooling ->
 MaxRoiPool (onnxruntime rounds and bins as Fast R-CNN does; checked in the
 tests); PSROIPooling has no ONNX op and is refused.
 """
+import inspect
 import math
 
 import numpy as np
@@ -263,6 +264,35 @@ def _nn_index(n_in, n_out):
 
 # ---- Upsample ----------------------------------------------------------------------
 
+def segnet_unpool(x, mask, out_h: int, out_w: int):
+    """SegNet's Upsample with a mask bottom (upsample_layer.cpp): value i of each (n, c) plane goes to
+    output position int(mask[i]) = h * out_w + w, zeros elsewhere. Where several values share a
+    position the last in row-major order wins, as Caffe's CPU loop writes them in that order."""
+    n, c = x.shape[0], x.shape[1]
+    index = mask.reshape(n, c, -1).to(torch.int64)   # static_cast<int>: truncation toward zero
+    order = torch.arange(index.shape[2], device=x.device).expand(n, c, -1)
+    last = torch.full((n, c, out_h * out_w), -1, dtype=torch.int64, device=x.device)
+    last = last.scatter_reduce(2, index, order, reduce="amax")
+    values = x.reshape(n, c, -1).gather(2, last.clamp_min(0))
+    return torch.where(last >= 0, values, torch.zeros_like(values)).reshape(n, c, out_h, out_w)
+
+
+TORCH_SEGNET_UNPOOL = inspect.getsource(segnet_unpool)
+
+
+def onnx_unpool(ctx, name, x, mask, out, ho, wo):
+    """segnet_unpool in ONNX: ScatterElements of each plane's values into zeros at int(mask).
+    onnxruntime applies the updates in order, so a position written twice keeps the last."""
+    flat_shape = ctx.const(np.array([0, 0, -1], np.int64))
+    xf = ctx.add_node("Reshape", [x, flat_shape], [ctx.tmp(name + "_x")])[0]
+    mf = ctx.add_node("Reshape", [mask, flat_shape], [ctx.tmp(name + "_m")])[0]
+    mi = ctx.add_node("Cast", [mf], [ctx.tmp(name + "_idx")], to=7)[0]   # INT64, truncating as static_cast
+    zshape = _sizes_const(ctx, x, [ho * wo], name + "_zeros")
+    zeros = ctx.add_node("ConstantOfShape", [zshape], [ctx.tmp(name + "_z")], value=_onnx_scalar(0.0))[0]
+    sc = ctx.add_node("ScatterElements", [zeros, mi, xf], [ctx.tmp(name + "_sc")], name=name, axis=2)[0]
+    ctx.add_node("Reshape", [sc, ctx.const(np.array([0, 0, ho, wo], np.int64))], [out])
+
+
 @register_layer("Upsample")
 class Upsample(Layer):
     def parse(self, lp):
@@ -270,29 +300,32 @@ class Upsample(Layer):
             raise LayerError(f"Upsample takes 1 bottom (nearest) or 2 (data, max-pooling mask), "
                              f"got {len(lp.bottom)}")
         p = lp.upsample_param
-        a = {"mask": len(lp.bottom) == 2, "out": None}
-        if p.HasField("upsample_h") and p.HasField("upsample_w"):
+        a = {"mask": len(lp.bottom) == 2, "out": None, "pad_out": (0, 0)}
+        has = p.HasField
+        if a["mask"] and has("upsample_h") and has("upsample_w"):
+            # SegNet: an explicit output size wins; scale and pad_out are then unused
             a["out"] = (int(p.upsample_h), int(p.upsample_w))
+            a["scale"] = (0, 0)
             if min(a["out"]) <= 1:
                 raise LayerError(f"upsample_param.upsample_h/upsample_w must be > 1, got {list(a['out'])}")
-        elif p.HasField("upsample_h") or p.HasField("upsample_w"):
-            raise LayerError("upsample_param: give both upsample_h and upsample_w")
-        if p.HasField("scale_h") or p.HasField("scale_w"):
-            if p.HasField("scale") or not (p.HasField("scale_h") and p.HasField("scale_w")):
+            return a
+        if has("scale_h") or has("scale_w"):
+            # SegNet's check: scale_h and scale_w together, and then no scale
+            if has("scale") or not (has("scale_h") and has("scale_w")):
                 raise LayerError("upsample_param: give scale, or both scale_h and scale_w, not both forms")
             a["scale"] = (int(p.scale_h), int(p.scale_w))
         else:
             a["scale"] = (int(p.scale), int(p.scale))
-        a["pad_out"] = (int(bool(p.pad_out_h)), int(bool(p.pad_out_w)))
         if a["mask"]:
-            if a["out"] is None:
-                if min(a["scale"]) <= 1:
-                    raise LayerError(f"upsample_param scale must be > 1, got {list(a['scale'])}")
-                for pad, sc, f in zip(a["pad_out"], a["scale"], ("h", "w")):
-                    if pad and sc != 2:
-                        raise LayerError(f"upsample_param.pad_out_{f} needs scale_{f} == 2")
+            # (upsample_h or upsample_w alone is ignored, as SegNet does)
+            a["pad_out"] = (int(bool(p.pad_out_h)), int(bool(p.pad_out_w)))
+            if min(a["scale"]) <= 1:
+                raise LayerError(f"upsample_param scale must be > 1, got {list(a['scale'])}")
+            for pad, sc, f in zip(a["pad_out"], a["scale"], ("h", "w")):
+                if pad and sc != 2:
+                    raise LayerError(f"upsample_param.pad_out_{f} needs scale_{f} == 2")
         else:
-            if a["out"] is not None or any(a["pad_out"]):
+            if has("upsample_h") or has("upsample_w") or p.pad_out_h or p.pad_out_w:
                 raise LayerError("one-bottom (nearest) Upsample takes only scale; upsample_h/w and pad_out "
                                  "need the SegNet form with a mask bottom")
             if min(a["scale"]) < 1:
@@ -315,16 +348,14 @@ class Upsample(Layer):
         return [(s[0], s[1], ho, wo)]
 
     def forward(self, attrs, params, x, mask=None):
-        n, c, h, w = x.shape
-        ho, wo = self.out_hw(attrs, h, w)
+        ho, wo = self.out_hw(attrs, x.shape[2], x.shape[3])
         if mask is None:
             return x.repeat_interleave(attrs["scale"][0], dim=2).repeat_interleave(attrs["scale"][1], dim=3)
-        idx = mask.reshape(n, c, h * w).to(torch.int64)   # SegNet casts the float mask to int
+        idx = mask.to(torch.int64)   # SegNet casts the float mask to int
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= ho * wo):
             raise LayerError(f"Upsample mask index out of range for a {ho}x{wo} output: check that the "
                              f"scale matches the pooling that made the mask")
-        out = torch.zeros((n, c, ho * wo), device=x.device, dtype=x.dtype)
-        return out.scatter(2, idx, x.reshape(n, c, h * w)).reshape(n, c, ho, wo)
+        return segnet_unpool(x, mask, ho, wo)
 
     def onnx(self, ctx, node):
         a = node.attrs
@@ -337,16 +368,7 @@ class Upsample(Layer):
             ctx.add_node("Resize", [x, empty, scales], [node.outputs[0]], name=node.name, mode="nearest",
                          coordinate_transformation_mode="asymmetric", nearest_mode="floor")
             return
-        flat_shape = ctx.const(np.array([0, 0, -1], np.int64))
-        xf = ctx.add_node("Reshape", [x, flat_shape], [ctx.tmp(node.name + "_x")])[0]
-        mf = ctx.add_node("Reshape", [node.inputs[1], flat_shape], [ctx.tmp(node.name + "_m")])[0]
-        mi = ctx.add_node("Cast", [mf], [ctx.tmp(node.name + "_idx")], to=7)[0]   # INT64
-        zshape = _sizes_const(ctx, x, [ho * wo], node.name + "_zeros")
-        zeros = ctx.add_node("ConstantOfShape", [zshape], [ctx.tmp(node.name + "_z")],
-                             value=_onnx_scalar(0.0))[0]
-        sc = ctx.add_node("ScatterElements", [zeros, mi, xf], [ctx.tmp(node.name + "_sc")], name=node.name,
-                          axis=2)[0]
-        ctx.add_node("Reshape", [sc, ctx.const(np.array([0, 0, ho, wo], np.int64))], [node.outputs[0]])
+        onnx_unpool(ctx, node.name, x, node.inputs[1], node.outputs[0], ho, wo)
 
     def pytorch_source(self, node, emit):
         a = node.attrs
@@ -354,13 +376,9 @@ class Upsample(Layer):
         if not a["mask"]:
             sh, sw = a["scale"]
             return f"{x}.repeat_interleave({sh}, dim=2).repeat_interleave({sw}, dim=3)"
-        mask = emit.inputs[1]
         ho, wo = self.out_hw(a, *emit.in_shape(0)[2:])
-        n, c = f"{x}.shape[0]", f"{x}.shape[1]"
-        # SegNet's max-unpooling: each value to the output position its mask holds (h * W + w)
-        return (f"torch.zeros([{n}, {c}, {ho * wo}], dtype={x}.dtype, device={x}.device)"
-                f".scatter(2, {mask}.reshape([{n}, {c}, -1]).to(torch.int64), {x}.reshape([{n}, {c}, -1]))"
-                f".reshape([{n}, {c}, {ho}, {wo}])")
+        fn = emit.helper(TORCH_SEGNET_UNPOOL)
+        return f"{fn}({x}, {emit.inputs[1]}, {ho}, {wo})"
 
 
 def _onnx_scalar(v):

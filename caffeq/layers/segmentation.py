@@ -1,0 +1,448 @@
+"""Layers of the segmentation forks: the two "BN" layers, Unpooling and CropCenter.
+
+- BN, SegNet / ENet's (alexgkendall/caffe-segnet, TimoSaemann/caffe-segnet-cudnn5,
+  bn_layer.cpp): blobs scale and shift, each 1 x C x 1 x 1.  bn_mode INFERENCE
+  computes x * scale + shift (compute_bn_statistics.py has folded the
+  statistics into them).  bn_mode LEARN (the default) normalizes by the
+  batch's own statistics in every phase, test included: mean and
+  var = E(x^2) - E(x)^2 over N, H, W, y = (x - mean) / sqrt(var + 1e-9) *
+  scale + shift; its optional second and third tops are that batch mean and
+  variance (1 x C x 1 x 1).
+- BN, PSPNet's (hszhao/PSPNet, bn_layer.cpp): blobs slope, bias, mean,
+  variance, each 1 x C x 1 x 1.  At TEST, or with frozen: true, y = (x - mean) *
+  (variance + eps)^-1/2 * slope + bias with the stored statistics (no moving
+  average factor; eps 1e-5).  In training otherwise: the batch's mean and
+  biased variance, and running = momentum * running + (1 - momentum) * batch.
+  The two share the type name and the bn_param message: fields scale_filler,
+  shift_filler, bn_mode say SegNet; slope_filler, bias_filler, momentum, eps,
+  frozen, engine say PSPNet; with none, four `param` entries (PSPNet's files
+  always list four) say PSPNet, one or two SegNet.  No weight is quantized
+  (like BatchNorm, they stay fp32).
+- Unpooling (DeconvNet, HyeonwooNoh/caffe unpooling_layer.cpp; unpooling_param):
+  the output is unpool_size^2 or unpool_h x unpool_w (one form is required),
+  pad must be 0.  MAX with a mask bottom puts each value at int(mask) (h * W + w,
+  as Pooling's mask top; the last write wins), zeros elsewhere; MAX without a
+  mask puts input (i, j) at output (i * stride_h, j * stride_w), clamped into
+  the output.  AVE adds x / area over each input's kernel window (the area
+  clipped at the output's edge), TILE adds x there; overlapping windows sum.
+  (The fork's AVE and TILE never clear their top, so Caffe adds onto the
+  previous forward's output from the second pass on; this is the first pass.)
+- CropCenter (jolibrain/caffe, crop_center_layer.cpp): crop_size gives one
+  value per axis; each axis loses that many entries at both ends (Caffe wants
+  2 * crop + 1 <= size).
+
+The torch functions and modules below are also copied into the standalone
+model.py (inspect.getsource), so the export computes the same bits.
+"""
+import inspect
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .registry import Layer, LayerError, register_layer, spatial_params
+from .vision_forks import TORCH_SEGNET_UNPOOL, onnx_unpool, segnet_unpool
+
+SEGNET, PSPNET = "segnet", "pspnet"
+LEARN, INFERENCE = 0, 1
+SEGNET_EPS = 1e-9   # bn_layer.cpp's var_eps_
+_SEGNET_FIELDS = ("scale_filler", "shift_filler", "bn_mode")
+_PSPNET_FIELDS = ("slope_filler", "bias_filler", "momentum", "eps", "frozen", "engine")
+
+
+# ---- torch: used by forward and copied into model.py ---------------------------------
+
+def segnet_bn(x, scale, shift, learn: bool):
+    """SegNet's BN -> (y, batch mean, batch variance); the statistics are empty in INFERENCE mode.
+    LEARN: (x - mean) / sqrt(E(x^2) - mean^2 + 1e-9) * scale + shift over the batch, averaged per
+    plane then over N as Caffe's two gemv calls; INFERENCE: x * scale + shift."""
+    if not learn:
+        return x * scale + shift, torch.zeros(0), torch.zeros(0)
+    mean = x.mean(dim=(2, 3), keepdim=True).mean(dim=0, keepdim=True)
+    square_mean = (x * x).mean(dim=(2, 3), keepdim=True).mean(dim=0, keepdim=True)
+    var = square_mean - mean * mean
+    y = (x - mean) / torch.sqrt(var + 1e-9)
+    return y * scale + shift, mean, var
+
+
+def pspnet_bn(x, slope, bias, mean, var, eps: float):
+    """PSPNet's BN with the given statistics: (x - mean) * (var + eps)^-1/2 * slope + bias."""
+    return (x - mean) * torch.pow(var + eps, -0.5) * slope + bias
+
+
+def pspnet_batch_stats(x):
+    """The batch mean and biased variance PSPNet's BN normalizes with while training."""
+    mean = x.mean(dim=(2, 3), keepdim=True).mean(dim=0, keepdim=True)
+    centred = x - mean
+    var = (centred * centred).mean(dim=(2, 3), keepdim=True).mean(dim=0, keepdim=True)
+    return mean, var
+
+
+class SegNetBN(nn.Module):
+    """SegNet / ENet's BN layer (see segnet_bn); returns (y, batch mean, batch variance)."""
+
+    def __init__(self, channels: int, learn: bool):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1, channels, 1, 1))
+        self.shift = nn.Parameter(torch.zeros(1, channels, 1, 1))
+        self.learn = learn
+
+    def forward(self, x):
+        return segnet_bn(x, self.scale, self.shift, self.learn)
+
+
+class PSPNetBN(nn.Module):
+    """PSPNet's BN layer: stored statistics in eval mode or when frozen, else the batch's, with the
+    running averages updated as running = momentum * running + (1 - momentum) * batch."""
+
+    def __init__(self, channels: int, eps: float = 1e-5, momentum: float = 0.9, frozen: bool = False):
+        super().__init__()
+        self.slope = nn.Parameter(torch.ones(1, channels, 1, 1))
+        self.bias = nn.Parameter(torch.zeros(1, channels, 1, 1))
+        self.register_buffer("mean", torch.zeros(1, channels, 1, 1))
+        self.register_buffer("variance", torch.ones(1, channels, 1, 1))
+        self.eps, self.momentum, self.frozen = eps, momentum, frozen
+
+    def forward(self, x):
+        if self.frozen or not self.training:
+            return pspnet_bn(x, self.slope, self.bias, self.mean, self.variance, self.eps)
+        mean, var = pspnet_batch_stats(x)
+        with torch.no_grad():
+            self.mean.mul_(self.momentum).add_(mean.detach(), alpha=1 - self.momentum)
+            self.variance.mul_(self.momentum).add_(var.detach(), alpha=1 - self.momentum)
+        return pspnet_bn(x, self.slope, self.bias, mean, var, self.eps)
+
+
+TORCH_SEGNET_BN = inspect.getsource(segnet_bn) + "\n\n" + inspect.getsource(SegNetBN)
+TORCH_PSPNET_BN = "\n\n".join(inspect.getsource(o) for o in (pspnet_bn, pspnet_batch_stats, PSPNetBN))
+
+
+# ---- BN ------------------------------------------------------------------------------
+
+def _set_fields(p, names):
+    """The names among `names` that the schema declares and the layer sets."""
+    declared = p.DESCRIPTOR.fields_by_name
+    return [n for n in names if n in declared and p.HasField(n)]
+
+
+@register_layer("BN")
+class BN(Layer):
+    # PSPNet's blobs 2 and 3 are statistics (SegNet's BN has only blobs 0 and 1)
+    buffer_blobs = (2, 3)
+    uses_training_flag = True
+
+    def parse(self, lp):
+        if len(lp.bottom) != 1:
+            raise LayerError(f"BN takes one bottom, got {len(lp.bottom)}")
+        p = lp.bn_param
+        segnet, pspnet = _set_fields(p, _SEGNET_FIELDS), _set_fields(p, _PSPNET_FIELDS)
+        if segnet and pspnet:
+            raise LayerError(f"bn_param mixes SegNet's fields ({', '.join(segnet)}) with PSPNet's "
+                             f"({', '.join(pspnet)})")
+        if segnet or pspnet:
+            variant = SEGNET if segnet else PSPNET
+        elif len(lp.param) == 4:
+            variant = PSPNET
+        elif len(lp.param) in (1, 2) or len(lp.top) > 1:
+            variant = SEGNET
+        else:
+            raise LayerError("BN is SegNet's (blobs scale, shift) or PSPNet's (slope, bias, mean, variance); "
+                             "say which in bn_param: bn_mode (SegNet) or eps / frozen (PSPNet)")
+        if variant == SEGNET:
+            mode = int(p.bn_mode) if "bn_mode" in p.DESCRIPTOR.fields_by_name else LEARN
+            if mode not in (LEARN, INFERENCE):
+                raise LayerError(f"unknown bn_param.bn_mode {mode}")
+            most = 3 if mode == LEARN else 1   # LEARN may also output the batch mean and variance
+            if len(lp.top) > most:
+                raise LayerError(f"SegNet's BN in {'LEARN' if mode == LEARN else 'INFERENCE'} mode takes at "
+                                 f"most {most} top(s), got {len(lp.top)}")
+            return {"variant": SEGNET, "learn": mode == LEARN, "tops": len(lp.top)}
+        if len(lp.top) != 1:
+            raise LayerError(f"PSPNet's BN takes one top, got {len(lp.top)}")
+        eps = float(p.eps)
+        if not eps > 0:
+            raise LayerError(f"bn_param.eps must be > 0, got {eps}")
+        return {"variant": PSPNET, "eps": eps, "momentum": float(p.momentum), "frozen": bool(p.frozen)}
+
+    def blob_names_for(self, attrs):
+        if attrs["variant"] == SEGNET:
+            return ("scale", "shift")
+        return ("slope", "bias", "mean", "variance")
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) != 4:
+            raise LayerError(f"BN needs a 4-axis input (N, C, H, W), got {list(s)}")
+        stats = (1, s[1], 1, 1)
+        return [s] + [stats] * (attrs.get("tops", 1) - 1)
+
+    def param_shapes(self, attrs, in_shapes):
+        c = int(in_shapes[0][1])
+        return [(1, c, 1, 1)] * (2 if attrs["variant"] == SEGNET else 4)
+
+    def init_params(self, attrs, shapes, rng):
+        ones, zeros = np.ones(shapes[0], np.float32), np.zeros(shapes[0], np.float32)
+        return [ones, zeros] if attrs["variant"] == SEGNET else [ones, zeros, zeros.copy(), ones.copy()]
+
+    def forward(self, attrs, params, x, training=False):
+        if attrs["variant"] == SEGNET:
+            y, mean, var = segnet_bn(x, params[0], params[1], attrs["learn"])
+            return (y, mean, var)[:attrs["tops"]] if attrs["tops"] > 1 else y
+        if attrs["frozen"] or not training:
+            return pspnet_bn(x, params[0], params[1], params[2], params[3], attrs["eps"])
+        mean, var = pspnet_batch_stats(x)
+        m = attrs["momentum"]
+        with torch.no_grad():
+            params[2].mul_(m).add_(mean.detach(), alpha=1 - m)
+            params[3].mul_(m).add_(var.detach(), alpha=1 - m)
+        return pspnet_bn(x, params[0], params[1], mean, var, attrs["eps"])
+
+    def onnx(self, ctx, node):
+        from .norm import onnx_reduce
+        a = node.attrs
+        x, out = node.inputs[0], node.outputs[0]
+        blob = [np.asarray(b, np.float32) for b in node.blobs]
+        if a["variant"] == PSPNET:
+            # Caffe's order with the inverse deviation folded: ((x - mean) * inv_std) * slope + bias
+            inv_std = np.power(blob[3] + np.float32(a["eps"]), np.float32(-0.5)).astype(np.float32)
+            centred = ctx.add_node("Sub", [x, ctx.const(blob[2], node.name + "_mean")],
+                                   [ctx.tmp(node.name + "_centred")], name=node.name)[0]
+            normed = ctx.add_node("Mul", [centred, ctx.const(inv_std, node.name + "_inv_std")],
+                                  [ctx.tmp(node.name + "_normed")])[0]
+            scaled = ctx.add_node("Mul", [normed, ctx.const(blob[0], node.name + "_slope")],
+                                  [ctx.tmp(node.name + "_scaled")])[0]
+            ctx.add_node("Add", [scaled, ctx.const(blob[1], node.name + "_bias")], [out])
+            return
+        scale, shift = ctx.const(blob[0], node.name + "_scale"), ctx.const(blob[1], node.name + "_shift")
+        if not a["learn"]:
+            scaled = ctx.add_node("Mul", [x, scale], [ctx.tmp(node.name + "_scaled")], name=node.name)[0]
+            ctx.add_node("Add", [scaled, shift], [out])
+            return
+        # LEARN: the batch's own statistics, plane means first, then over N (as segnet_bn)
+        mean = onnx_reduce(ctx, "ReduceMean", onnx_reduce(ctx, "ReduceMean", x, [2, 3], True), [0], True)
+        square = ctx.add_node("Mul", [x, x], [ctx.tmp(node.name + "_sq")], name=node.name)[0]
+        square_mean = onnx_reduce(ctx, "ReduceMean", onnx_reduce(ctx, "ReduceMean", square, [2, 3], True),
+                                  [0], True)
+        mean_sq = ctx.add_node("Mul", [mean, mean], [ctx.tmp(node.name + "_mean_sq")])[0]
+        var = ctx.add_node("Sub", [square_mean, mean_sq], [ctx.tmp(node.name + "_var")])[0]
+        var_eps = ctx.add_node("Add", [var, ctx.const(np.array(SEGNET_EPS, np.float32))],
+                               [ctx.tmp(node.name + "_var_eps")])[0]
+        std = ctx.add_node("Sqrt", [var_eps], [ctx.tmp(node.name + "_std")])[0]
+        centred = ctx.add_node("Sub", [x, mean], [ctx.tmp(node.name + "_centred")])[0]
+        normed = ctx.add_node("Div", [centred, std], [ctx.tmp(node.name + "_normed")])[0]
+        scaled = ctx.add_node("Mul", [normed, scale], [ctx.tmp(node.name + "_scaled")])[0]
+        ctx.add_node("Add", [scaled, shift], [out])
+        if len(node.outputs) > 1:
+            ctx.add_node("Identity", [mean], [node.outputs[1]])
+        if len(node.outputs) > 2:
+            ctx.add_node("Identity", [var], [node.outputs[2]])
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        c = emit.in_shape(0)[1]
+        x = emit.inputs[0]
+        if a["variant"] == PSPNET:
+            cls = emit.helper(TORCH_PSPNET_BN)
+            args = [str(c)]
+            if np.float32(a["eps"]) != np.float32(1e-5):
+                args.append(f"eps={emit.lit(a['eps'])}")
+            args.append(f"momentum={emit.lit(a['momentum'])}")
+            if a["frozen"]:
+                args.append("frozen=True")
+            m = emit.module(f"{cls}({', '.join(args)})")
+            for i, name in enumerate(("slope", "bias", "mean", "variance")):
+                emit.param(name, i)
+            return f"{m}({x})"
+        cls = emit.helper(TORCH_SEGNET_BN)
+        m = emit.module(f"{cls}({c}, learn={a['learn']})")
+        emit.param("scale", 0)
+        emit.param("shift", 1)
+        if a["tops"] == 1:
+            return f"{m}({x})[0]"
+        result = emit.tmp(node.name + "_bn")
+        emit.stmt(f"{result} = {m}({x})")
+        return [f"{result}[{i}]" for i in range(a["tops"])]
+
+
+# ---- Unpooling (DeconvNet) ------------------------------------------------------------
+
+UNPOOL_MAX, UNPOOL_AVE, UNPOOL_TILE = 0, 1, 2
+
+
+def unpool_grid(x, stride: list[int], out_h: int, out_w: int):
+    """DeconvNet's MAX unpooling without a mask: input (i, j) goes to output (i * stride_h, j * stride_w)
+    clamped into the output, as h * out_w + w indices shaped like x (for segnet_unpool)."""
+    rows = torch.clamp(torch.arange(x.shape[2], device=x.device) * stride[0], max=out_h - 1)
+    cols = torch.clamp(torch.arange(x.shape[3], device=x.device) * stride[1], max=out_w - 1)
+    return (rows[:, None] * out_w + cols[None, :]).to(x.dtype).expand(x.shape)
+
+
+def unpool_window_area(n: int, kernel: int, stride: int, out: int, device: torch.device):
+    """Per input row (or column): its window's extent, clipped at the output's edge (>= 1)."""
+    starts = torch.arange(n, device=device) * stride
+    return torch.clamp(torch.clamp(starts + kernel, max=out) - starts, min=1)
+
+
+def unpool_spread(x, kernel: list[int], stride: list[int], out_h: int, out_w: int, average: bool):
+    """DeconvNet's AVE (average=True: x / window area) or TILE unpooling: each value added over its
+    kernel window; the full map ((H - 1) * stride + kernel) is cropped or zero-padded to the output."""
+    c, h, w = x.shape[1], x.shape[2], x.shape[3]
+    if average:
+        area_h = unpool_window_area(h, kernel[0], stride[0], out_h, x.device).to(x.dtype)
+        area_w = unpool_window_area(w, kernel[1], stride[1], out_w, x.device).to(x.dtype)
+        x = x / (area_h[:, None] * area_w[None, :])
+    ones = torch.ones([c, 1, kernel[0], kernel[1]], dtype=x.dtype, device=x.device)
+    y = F.conv_transpose2d(x, ones, stride=stride, groups=c)[:, :, :out_h, :out_w]
+    return F.pad(y, [0, out_w - y.shape[3], 0, out_h - y.shape[2]])
+
+
+class DeconvNetUnpool(nn.Module):
+    """DeconvNet's Unpooling: MAX with or without a mask bottom, AVE, TILE (see the functions)."""
+
+    def __init__(self, method: int, kernel: list[int], stride: list[int], out_h: int, out_w: int):
+        super().__init__()
+        self.method, self.kernel, self.stride, self.out_h, self.out_w = method, kernel, stride, out_h, out_w
+
+    def forward(self, x, mask: torch.Tensor | None = None):
+        if self.method != 0:
+            return unpool_spread(x, self.kernel, self.stride, self.out_h, self.out_w, self.method == 1)
+        if mask is None:
+            mask = unpool_grid(x, self.stride, self.out_h, self.out_w)
+        return segnet_unpool(x, mask, self.out_h, self.out_w)
+
+
+TORCH_DECONVNET_UNPOOL = "\n\n".join(inspect.getsource(o) for o in (unpool_grid, unpool_window_area,
+                                                                     unpool_spread, DeconvNetUnpool))
+
+
+@register_layer("Unpooling")
+class Unpooling(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) not in (1, 2):
+            raise LayerError(f"Unpooling takes 1 bottom or 2 (data, max-pooling mask), got {len(lp.bottom)}")
+        p = lp.unpooling_param
+        method = int(p.unpool)
+        if method not in (UNPOOL_MAX, UNPOOL_AVE, UNPOOL_TILE):
+            raise LayerError(f"unknown unpooling_param.unpool {method}")
+        if not (p.HasField("kernel_size") or p.HasField("kernel_h")):
+            raise LayerError("unpooling_param.kernel_size (or kernel_h/kernel_w) is required")
+        kernel = spatial_params(p, 2, "kernel_size", None, min_value=1)
+        stride = spatial_params(p, 2, "stride", 1, min_value=1)
+        if any(spatial_params(p, 2, "pad", 0)):
+            raise LayerError("unpooling_param.pad must be 0 (the fork implements no padding)")
+        has_hw = p.HasField("unpool_h") or p.HasField("unpool_w")
+        if p.HasField("unpool_size") and not has_hw:
+            out = (int(p.unpool_size),) * 2
+        elif p.HasField("unpool_h") and p.HasField("unpool_w") and not p.HasField("unpool_size"):
+            out = (int(p.unpool_h), int(p.unpool_w))
+        else:
+            raise LayerError("unpooling_param needs unpool_size, or unpool_h and unpool_w (not both forms)")
+        if min(out) < 1:
+            raise LayerError(f"unpooling_param output size must be >= 1, got {list(out)}")
+        return {"method": method, "kernel": kernel, "stride": stride, "out": out,
+                "mask": len(lp.bottom) == 2}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) != 4:
+            raise LayerError(f"Unpooling needs a 4-axis input, got {list(s)}")
+        if attrs["mask"] and tuple(in_shapes[1]) != s:
+            raise LayerError(f"the mask {list(in_shapes[1])} must be shaped like the data {list(s)}")
+        return [s[:2] + attrs["out"]]
+
+    def forward(self, attrs, params, x, mask=None):
+        oh, ow = attrs["out"]
+        if attrs["method"] != UNPOOL_MAX:
+            return unpool_spread(x, list(attrs["kernel"]), list(attrs["stride"]), oh, ow,
+                                 attrs["method"] == UNPOOL_AVE)
+        if mask is None:
+            mask = unpool_grid(x, list(attrs["stride"]), oh, ow)
+        idx = mask.to(torch.int64)
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= oh * ow):
+            raise LayerError(f"Unpooling mask index out of range for a {oh}x{ow} output")
+        return segnet_unpool(x, mask, oh, ow)
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x, out = node.inputs[0], node.outputs[0]
+        _, c, h, w = (int(d) for d in ctx.shape(x))
+        oh, ow = a["out"]
+        k, s = a["kernel"], a["stride"]
+        if a["method"] == UNPOOL_MAX:
+            mask = node.inputs[1] if a["mask"] else None
+            if mask is None:   # the fixed grid of unpool_grid, broadcast to x's shape
+                rows = np.minimum(np.arange(h) * s[0], oh - 1)
+                cols = np.minimum(np.arange(w) * s[1], ow - 1)
+                grid = (rows[:, None] * ow + cols[None, :]).astype(np.float32).reshape(1, 1, h, w)
+                shape = ctx.add_node("Shape", [x], [ctx.tmp(node.name + "_shape")])[0]
+                mask = ctx.add_node("Expand", [ctx.const(grid, node.name + "_grid"), shape],
+                                    [ctx.tmp(node.name + "_grid_x")])[0]
+            onnx_unpool(ctx, node.name, x, mask, out, oh, ow)
+            return
+        if a["method"] == UNPOOL_AVE:
+            ah = np.maximum(np.minimum(np.arange(h) * s[0] + k[0], oh) - np.arange(h) * s[0], 1)
+            aw = np.maximum(np.minimum(np.arange(w) * s[1] + k[1], ow) - np.arange(w) * s[1], 1)
+            area = (ah[:, None] * aw[None, :]).astype(np.float32)
+            x = ctx.add_node("Div", [x, ctx.const(area, node.name + "_area")], [ctx.tmp(node.name + "_avg")],
+                             name=node.name)[0]
+        ones = np.ones((c, 1, k[0], k[1]), np.float32)
+        y = ctx.add_node("ConvTranspose", [x, ctx.const(ones, node.name + "_ones")], [ctx.tmp(node.name + "_spread")],
+                         name=node.name + "/spread", group=c, kernel_shape=list(k), strides=list(s))[0]
+        fh, fw = (h - 1) * s[0] + k[0], (w - 1) * s[1] + k[1]
+        if fh > oh or fw > ow:
+            y = ctx.add_node("Slice", [y, ctx.const(np.array([0, 0], np.int64)),
+                                       ctx.const(np.array([min(fh, oh), min(fw, ow)], np.int64)),
+                                       ctx.const(np.array([2, 3], np.int64))], [ctx.tmp(node.name + "_cut")])[0]
+        pads = np.array([0, 0, 0, 0, 0, 0, max(0, oh - fh), max(0, ow - fw)], np.int64)
+        ctx.add_node("Pad", [y, ctx.const(pads)], [out], mode="constant")
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        emit.helper(TORCH_SEGNET_UNPOOL)
+        cls = emit.helper(TORCH_DECONVNET_UNPOOL)
+        m = emit.module(f"{cls}({a['method']}, {emit.lit(list(a['kernel']))}, {emit.lit(list(a['stride']))}, "
+                        f"{a['out'][0]}, {a['out'][1]})")
+        return f"{m}({', '.join(emit.inputs)})"
+
+
+# ---- CropCenter --------------------------------------------------------------------
+
+@register_layer("CropCenter")
+class CropCenter(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 1:
+            raise LayerError(f"CropCenter takes one bottom, got {len(lp.bottom)}")
+        sizes = tuple(int(v) for v in lp.crop_center_param.crop_size)
+        return {"crop": sizes}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        crop = attrs["crop"]
+        if len(crop) != len(s):
+            raise LayerError(f"crop_center_param.crop_size needs one value per axis ({len(s)}), "
+                             f"got {len(crop)}")
+        for axis, (n, k) in enumerate(zip(s, crop)):
+            if 2 * k + 1 > n:
+                raise LayerError(f"crop_center_param.crop_size {k} leaves nothing of axis {axis} (size {n})")
+        return [tuple(n - 2 * k for n, k in zip(s, crop))]
+
+    def forward(self, attrs, params, x):
+        return x[tuple(slice(k, n - k) for n, k in zip(x.shape, attrs["crop"]))]
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        shape = ctx.shape(x)
+        crop = node.attrs["crop"]
+        # axis 0 (the batch) is dynamic in the export: crop it from its end with a negative bound
+        ends = [-k if i == 0 else int(n) - k for i, (n, k) in enumerate(zip(shape, crop))]
+        if crop[0] == 0:
+            ends[0] = np.iinfo(np.int64).max
+        ctx.add_node("Slice", [x, ctx.const(np.array(crop, np.int64)), ctx.const(np.array(ends, np.int64)),
+                               ctx.const(np.arange(len(crop), dtype=np.int64))], [node.outputs[0]],
+                     name=node.name)
+
+    def pytorch_source(self, node, emit):
+        crop = node.attrs["crop"]
+        parts = [f"{k}:-{k}" if k else ":" for k in crop]
+        return f"{emit.inputs[0]}[{', '.join(parts)}]"

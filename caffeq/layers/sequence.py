@@ -1,0 +1,273 @@
+"""Sequence layers of the text-recognition / text-detection Caffe forks: Reverse, Transpose,
+ContinuationIndicator, and CTPN's "Lstm".
+
+- Reverse (tianzhi0549/CTPN's caffe, senlinuc/caffe_ocr; reverse_param axis, default 0):
+  the bottom flipped along `axis`.  The fork refuses a negative axis.
+- Transpose (same forks; transpose_param dim): top axis i is bottom axis dim[i]; one dim per
+  bottom axis.
+- ContinuationIndicator (CRNN ports, e.g. yalecyu/crnn.caffe; continuation_indicator_param
+  time_step, batch_size): no bottom; a (time_step, batch_size) blob, 0 in the first row and 1
+  after it, the `cont` input of BVLC's LSTM.  It never depends on the data.
+- Lstm (tianzhi0549/CTPN's caffe, Junhyuk Oh's LSTM, also in senlinuc/caffe_ocr; lstm_param
+  num_output, clipping_threshold, weight/bias fillers): x (T, N, ...) flattened from axis 2 to
+  I values; blobs W_x (4H, I), W_h (4H, H), b (4H) (BVLC's LSTM orders them W_xc, b_c, W_hc);
+  gate rows [i f o g]; zero initial state; per step
+      gates = (W_x x_t + b) + W_h h_{t-1},  c_t = sigmoid(f) c_{t-1} + sigmoid(i) tanh(g),
+      h_t = sigmoid(o) tanh(c_t);  top h (T, N, H).
+  clipping_threshold clips gradients only.  The fork's CPU Forward adds sample 0's recurrent term
+  W_h h_{t-1}[0] to every sample of the batch (it never advances its pointer); its GPU Forward,
+  the one CTPN runs, adds each sample's own.  This follows the GPU kernel.  A second bottom
+  (the fork's `clip`) makes the fork carry h and c over from the previous Forward call, which
+  a stateless model cannot do: it is refused.
+
+ONNX: Slice with step -1, Transpose, a constant, and the ONNX LSTM op (gates reordered to
+[i o f c]).
+"""
+import inspect
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from .activation import need_bottoms
+from .registry import Layer, LayerError, register_layer
+
+
+def _no_in_place(lp, what):
+    if lp.top and lp.bottom and lp.top[0] == lp.bottom[0]:
+        raise LayerError(f"{what} does not allow in-place computation (top == bottom '{lp.top[0]}')")
+
+
+def _i64(ctx, v):
+    return ctx.const(np.array(v, np.int64))
+
+
+# ---- Reverse -------------------------------------------------------------------------------
+
+@register_layer("Reverse")
+class Reverse(Layer):
+    def parse(self, lp):
+        need_bottoms(lp, 1)
+        _no_in_place(lp, "Reverse")
+        axis = int(lp.reverse_param.axis)
+        if axis < 0:
+            raise LayerError(f"reverse_param.axis must be >= 0 (the fork takes no negative axis), got {axis}")
+        return {"axis": axis}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if attrs["axis"] >= len(s):
+            raise LayerError(f"reverse_param.axis {attrs['axis']} is out of range for a {len(s)}-axis bottom")
+        return [s]
+
+    def forward(self, attrs, params, x):
+        return x.flip(attrs["axis"])
+
+    def onnx(self, ctx, node):
+        ctx.add_node("Slice", [node.inputs[0], _i64(ctx, [-1]), _i64(ctx, [-(2 ** 63)]),
+                               _i64(ctx, [node.attrs["axis"]]), _i64(ctx, [-1])], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.inputs[0]}.flip({node.attrs['axis']})"
+
+
+# ---- Transpose -----------------------------------------------------------------------------
+
+@register_layer("Transpose")
+class Transpose(Layer):
+    def parse(self, lp):
+        need_bottoms(lp, 1)
+        _no_in_place(lp, "Transpose")
+        dims = [int(d) for d in lp.transpose_param.dim]
+        if sorted(dims) != list(range(len(dims))):
+            raise LayerError(f"transpose_param.dim {dims} must list each axis 0 .. {len(dims) - 1} once")
+        return {"dims": tuple(dims)}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(attrs["dims"]) != len(s):
+            raise LayerError(f"transpose_param gives {len(attrs['dims'])} dims for a {len(s)}-axis bottom; "
+                             f"give one per axis")
+        return [tuple(s[d] for d in attrs["dims"])]
+
+    def forward(self, attrs, params, x):
+        return x.permute(attrs["dims"])
+
+    def onnx(self, ctx, node):
+        ctx.add_node("Transpose", [node.inputs[0]], [node.outputs[0]], name=node.name, perm=list(node.attrs["dims"]))
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.inputs[0]}.permute({list(node.attrs['dims'])})"
+
+
+# ---- ContinuationIndicator -------------------------------------------------------------------
+
+def continuation_indicator(time_step: int, batch_size: int):
+    """(time_step, batch_size): 0 at t = 0 (a new sequence), 1 after."""
+    cont = torch.ones(time_step, batch_size)
+    cont[0] = 0.0
+    return cont
+
+
+class ContinuationIndicatorModule(nn.Module):
+    """The ContinuationIndicator layer's constant (time_step, batch_size) blob (0 at t = 0, 1 after),
+    kept as a buffer so that it follows the module's device."""
+
+    def __init__(self, time_step: int, batch_size: int):
+        super().__init__()
+        self.register_buffer("cont", continuation_indicator(time_step, batch_size), persistent=False)
+
+    def forward(self):
+        return self.cont
+
+
+@register_layer("ContinuationIndicator")
+class ContinuationIndicator(Layer):
+    def parse(self, lp):
+        need_bottoms(lp, 0, 1)   # the fork's bottom, when given, is never read
+        p = lp.continuation_indicator_param
+        if "batch_size" not in p.DESCRIPTOR.fields_by_name:
+            raise LayerError("this build's caffe.proto has no continuation_indicator_param.batch_size "
+                             "(the CRNN forks' field 2)")
+        t, b = int(p.time_step), int(p.batch_size)
+        if t <= 0 or b <= 0:
+            raise LayerError(f"continuation_indicator_param.time_step and batch_size must be > 0, got {t} and {b}")
+        return {"time_step": t, "batch_size": b}
+
+    def infer(self, attrs, in_shapes):
+        return [(attrs["time_step"], attrs["batch_size"])]
+
+    def forward(self, attrs, params, *unused):
+        cont = continuation_indicator(attrs["time_step"], attrs["batch_size"])
+        return cont.to(unused[0].device) if unused else cont
+
+    def onnx(self, ctx, node):
+        arr = continuation_indicator(node.attrs["time_step"], node.attrs["batch_size"]).numpy()
+        ctx.add_node("Identity", [ctx.const(arr, node.name + "_cont")], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        emit.helper(TORCH_CONTINUATION)
+        m = emit.module(f"{emit.helper(TORCH_CONTINUATION_MODULE)}({node.attrs['time_step']}, "
+                        f"{node.attrs['batch_size']})")
+        return f"{m}()"
+
+
+TORCH_CONTINUATION = inspect.getsource(continuation_indicator)
+TORCH_CONTINUATION_MODULE = inspect.getsource(ContinuationIndicatorModule)
+
+
+# ---- CTPN's Lstm -----------------------------------------------------------------------------
+
+def ctpn_lstm(x, w_x, w_h, b):
+    """CTPN's Lstm: x (T, N, ...) -> h (T, N, H); gate rows [i f o g], zero initial state,
+    gates = (W_x x_t + b) + W_h h_{t-1}."""
+    t, n = x.shape[0], x.shape[1]
+    hd = w_h.shape[1]
+    gx = torch.matmul(x.reshape(t, n, -1), w_x.t()) + b
+    h = gx.new_zeros(n, hd)
+    c = h
+    outs = []
+    for step in range(t):
+        gates = gx[step] + torch.matmul(h, w_h.t())
+        i = torch.sigmoid(gates[:, :hd])
+        f = torch.sigmoid(gates[:, hd:2 * hd])
+        o = torch.sigmoid(gates[:, 2 * hd:3 * hd])
+        g = torch.tanh(gates[:, 3 * hd:])
+        c = f * c + i * g
+        h = o * torch.tanh(c)
+        outs.append(h)
+    return torch.stack(outs) if t > 0 else gx.new_zeros(0, n, hd)
+
+
+class CtpnLstm(nn.Module):
+    """CTPN's Lstm layer (see ctpn_lstm) with its blobs W_x (4H, I), W_h (4H, H), b (4H)."""
+
+    def __init__(self, num_input: int, num_output: int):
+        super().__init__()
+        self.W_x = nn.Parameter(torch.zeros(4 * num_output, num_input))
+        self.W_h = nn.Parameter(torch.zeros(4 * num_output, num_output))
+        self.b = nn.Parameter(torch.zeros(4 * num_output))
+
+    def forward(self, x):
+        return ctpn_lstm(x, self.W_x, self.W_h, self.b)
+
+
+@register_layer("Lstm")
+class Lstm(Layer):
+    blob_names = ("W_x", "W_h", "b")
+    weight_axes = {0: 0, 1: 0}
+
+    def parse(self, lp):
+        if len(lp.bottom) == 2:
+            raise LayerError("Lstm with a second bottom (clip) carries h and c over from the previous forward "
+                             "pass, which caffeq cannot reproduce; give it one bottom")
+        need_bottoms(lp, 1)
+        p = lp.lstm_param
+        if p.num_output <= 0:
+            raise LayerError("lstm_param.num_output must be positive")
+        if p.clipping_threshold < 0:
+            raise LayerError(f"lstm_param.clipping_threshold must be >= 0, got {p.clipping_threshold}")
+        # clipping_threshold bounds the gradients only (kept for the Caffe writer via the prototxt)
+        return {"num_output": int(p.num_output), "clipping_threshold": float(p.clipping_threshold)}
+
+    def _dims(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) < 3:
+            raise LayerError(f"Lstm needs a (T, N, ...) bottom with at least 3 axes, got {list(s)}")
+        return s[0], s[1], math.prod(s[2:]), attrs["num_output"]
+
+    def infer(self, attrs, in_shapes):
+        t, n, _, h = self._dims(attrs, in_shapes)
+        return [(t, n, h)]
+
+    def param_shapes(self, attrs, in_shapes):
+        _, _, k, h = self._dims(attrs, in_shapes)
+        return [(4 * h, k), (4 * h, h), (4 * h,)]
+
+    def init_params(self, attrs, shapes, rng):
+        return [(rng.standard_normal(s) / math.sqrt(s[1])).astype(np.float32) if len(s) == 2
+                else np.zeros(s, np.float32) for s in shapes]
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        t, n, k, h = self._dims(attrs, in_shapes)
+        return t * n * 4 * h * (k + h)
+
+    def forward(self, attrs, params, x):
+        return ctpn_lstm(x, *params)
+
+    def onnx(self, ctx, node):
+        name = node.name
+        h = node.attrs["num_output"]
+        # [i f o g] -> ONNX's [i o f c]
+        perm = np.concatenate([np.arange(0, h), np.arange(2 * h, 3 * h), np.arange(h, 2 * h),
+                               np.arange(3 * h, 4 * h)]).astype(np.int64)
+
+        def op(op_type, inputs, hint, **kw):
+            return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
+
+        def onnx_gates(index, hint):
+            rows = op("Gather", [ctx.weight(node, index), ctx.const(perm)], hint + "_iofc", axis=0)
+            return op("Unsqueeze", [rows, _i64(ctx, [0])], hint)
+
+        x = op("Reshape", [node.inputs[0], _i64(ctx, [0, 0, -1])], "x")
+        bias = op("Gather", [ctx.weight(node, 2), ctx.const(perm)], "b_iofc", axis=0)
+        bias = op("Concat", [bias, ctx.const(np.zeros(4 * h, np.float32))], "b_wr", axis=0)
+        bias = op("Unsqueeze", [bias, _i64(ctx, [0])], "B")
+        y = ctx.add_node("LSTM", [x, onnx_gates(0, "W"), onnx_gates(1, "R"), bias], [ctx.tmp(f"{name}_y")],
+                         name=name, hidden_size=h)[0]                                 # (T, 1, N, H)
+        ctx.add_node("Squeeze", [y, _i64(ctx, [1])], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        emit.helper(TORCH_CTPN_LSTM)
+        k = math.prod(emit.in_shape(0)[2:])
+        m = emit.module(f"{emit.helper(TORCH_CTPN_LSTM_MODULE)}({k}, {node.attrs['num_output']})")
+        for i, blob in enumerate(self.blob_names):
+            emit.param(blob, i)
+        return f"{m}({emit.inputs[0]})"
+
+
+TORCH_CTPN_LSTM = inspect.getsource(ctpn_lstm)
+TORCH_CTPN_LSTM_MODULE = inspect.getsource(CtpnLstm)
+
+__all__ = ["ContinuationIndicator", "Lstm", "Reverse", "Transpose", "continuation_indicator", "ctpn_lstm"]

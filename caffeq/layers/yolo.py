@@ -1,0 +1,560 @@
+"""YOLO layers from the Caffe conversions of darknet: Reorg, Region, YoloDetectionOutput,
+Yolov3DetectionOutput.
+
+- Reorg (caffe-yolov2 ports, eric612/MobileNet-YOLO; reorg_param stride, reverse): darknet's
+  reorg_cpu, called with the *input's* w, h, c.  Without reverse it is not a plain
+  space-to-depth: the fork reads the input buffer as if it were (C/s^2, H*s, W*s) and writes a
+  space-to-depth of that into the (C*s^2, H/s, W/s) top, exactly as darknet does.  With
+  reverse it is a depth-to-space in DCR order.  C must divide by s^2 (and, without reverse, H and
+  W by s): otherwise the fork's loop reads and writes outside its blobs.
+- Region (lwplw/caffe_yolov2 and the ports behind it; region_param classes, coords,
+  boxes_of_each_grid, softmax): the top keeps the bottom's (N, C, H, W) shape but holds the
+  channel-last data (N, H, W, boxes, coords + 1 + classes); entry 4 (objectness) goes through the
+  logistic and, with softmax, entries 5 .. 5 + classes - 1 through a softmax.  x, y, w, h stay
+  raw.  (That fork never reads `softmax` into its flag, an uninitialized bool; every published
+  prototxt sets `softmax: true`, which is what is followed here.)
+- YoloDetectionOutput (eric612/MobileNet-YOLO, YOLO v2): one or two bottoms (N, boxes * (5 +
+  classes ...), S, S); per cell (row-major) and box: x = (col + sigmoid) / S, y = (row +
+  sigmoid) / S, w = exp * bias_w / S, h = exp * bias_h / S, objectness sigmoid, a softmax
+  over the classes; score = objectness * best class probability, kept when >= the threshold.
+  The fork reads `side` and `coords` but uses neither (side = the map's width); label_map_file
+  only names classes in its log.
+- Yolov3DetectionOutput (eric612/MobileNet-YOLO): mask_group_num bottoms (N, boxes * (5 +
+  classes), H, W); box n of bottom t uses anchor mask[t * (mask size / mask_group_num) + n];
+  x = (col + sigmoid) / W, y = (row + sigmoid) / H, w = exp * bias_w / (W * anchors_scale[t]),
+  h likewise; one candidate per class whose sigmoid * objectness is > the threshold.  (The
+  fork's correct_yolo_boxes is the identity here: its net size is the map size times the
+  scale.  Its GPU Forward steps through images with bottom 0's size, which differs for N > 1;
+  the CPU Forward, followed here, does not.)
+
+Both detection layers then pool every image's candidates (image ids are not kept: the fork
+writes 0 in column 0 of every row), sort them by score, best first (std::sort; ties here keep
+the candidates' order), and run one class-agnostic greedy NMS that drops a box whose IoU with a
+kept one is >= nms_threshold (IoU from centre/size boxes, in float32, as the fork).  Rows:
+[0, label + 1, score, x - w/2, y - h/2, x + w/2, y + h/2], best first, shaped (1, 1, R, 7); with
+no detection at all, N rows [i, -1, -1, -1, -1, -1, -1].  R depends on the data: the static
+shape reported at load time is the most rows the layer can write.
+
+ONNX: Reorg -> Reshape + SpaceToDepth + Reshape, or DepthToSpace; Region -> Transpose, Slice,
+Sigmoid, Softmax, Concat; the detection layers -> the decoding ops, Compress and
+NonMaxSuppression (threshold moved one float32 step down, since ONNX suppresses IoU > t and the
+fork IoU >= t).  gaussian_box (Gaussian YOLOv3) is refused.
+"""
+import inspect
+import math
+
+import numpy as np
+import torch
+
+from .activation import need_bottoms
+from .registry import Layer, LayerError, register_layer
+
+
+def _no_in_place(lp, what):
+    if lp.top and lp.bottom and lp.top[0] == lp.bottom[0]:
+        raise LayerError(f"{what} does not allow in-place computation (top == bottom '{lp.top[0]}')")
+
+
+def _four_axes(shape, what):
+    if len(shape) != 4:
+        raise LayerError(f"{what} needs a 4-axis (N, C, H, W) bottom, got {list(shape)}")
+
+
+def _i64(ctx, v):
+    return ctx.const(np.array(v, np.int64))
+
+
+# ---- Reorg ------------------------------------------------------------------------------
+
+def darknet_reorg(x, stride: int, reverse: bool):
+    """darknet's reorg of an (N, C, H, W) tensor as the Caffe ports call it: without reverse, the
+    input read as (C/s^2, H*s, W*s) and space-to-depth'ed into (C*s^2, H/s, W/s) (not a plain
+    space-to-depth of the input); with reverse, depth-to-space in DCR order."""
+    n, c, h, w = x.shape
+    s = stride
+    oc = c // (s * s)
+    if reverse:
+        # top (oc, h*s, w*s)[c2, j*s + dy, i*s + dx] = bottom[(dy*s + dx)*oc + c2, j, i]
+        y = x.reshape(n, s, s, oc, h, w).permute(0, 3, 4, 1, 5, 2)
+        return y.reshape(n, oc, h * s, w * s)
+    # the input read as (oc, h*s, w*s), then top[(dy*s + dx)*oc + c2, j, i] = that[c2, j*s + dy, i*s + dx],
+    # the result laid out as (c, h, w) and handed over as (c*s*s, h/s, w/s)
+    y = x.reshape(n, oc, h, s, w, s).permute(0, 3, 5, 1, 2, 4)
+    return y.reshape(n, c * s * s, h // s, w // s)
+
+
+@register_layer("Reorg")
+class Reorg(Layer):
+    def parse(self, lp):
+        need_bottoms(lp, 1)
+        _no_in_place(lp, "Reorg")
+        p = lp.reorg_param
+        if not p.HasField("stride"):
+            raise LayerError("reorg_param.stride is required")
+        if p.stride < 1:
+            raise LayerError(f"reorg_param.stride must be >= 1, got {p.stride}")
+        return {"stride": int(p.stride), "reverse": bool(p.reverse)}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        _four_axes(s, "Reorg")
+        n, c, h, w = s
+        st = attrs["stride"]
+        if c % (st * st):
+            raise LayerError(f"reorg_param.stride {st}: channels {c} must divide by stride^2 = {st * st}")
+        if attrs["reverse"]:
+            return [(n, c // (st * st), h * st, w * st)]
+        if h % st or w % st:
+            raise LayerError(f"reorg_param.stride {st}: height {h} and width {w} must divide by the stride")
+        return [(n, c * st * st, h // st, w // st)]
+
+    def forward(self, attrs, params, x):
+        return darknet_reorg(x, attrs["stride"], attrs["reverse"])
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x, out = node.inputs[0], node.outputs[0]
+        _, c, h, w = ctx.shape(x)
+        s = a["stride"]
+        if a["reverse"]:
+            ctx.add_node("DepthToSpace", [x], [out], name=node.name, blocksize=s, mode="DCR")
+            return
+        read = ctx.add_node("Reshape", [x, _i64(ctx, [0, c // (s * s), h * s, w * s])],
+                            [ctx.tmp(node.name + "_as_read")])[0]
+        s2d = ctx.add_node("SpaceToDepth", [read], [ctx.tmp(node.name + "_s2d")], name=node.name, blocksize=s)[0]
+        ctx.add_node("Reshape", [s2d, _i64(ctx, [0, c * s * s, h // s, w // s])], [out])
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        fn = emit.helper(TORCH_REORG)
+        return f"{fn}({emit.inputs[0]}, {a['stride']}, {emit.lit(a['reverse'])})"
+
+
+TORCH_REORG = inspect.getsource(darknet_reorg)
+
+
+# ---- Region ------------------------------------------------------------------------------
+
+def yolo_region(x, boxes: int, classes: int, softmax: bool):
+    """caffe_yolov2's Region: (N, C, H, W) -> the same shape holding (N, H, W, boxes, C / boxes)
+    with entry 4 through the logistic and, with softmax, entries 5 .. 5 + classes - 1 through a
+    softmax."""
+    n, c, h, w = x.shape
+    y = x.permute(0, 2, 3, 1).reshape(n, h, w, boxes, c // boxes)
+    cls = y[..., 5:5 + classes]
+    if softmax:
+        cls = torch.softmax(cls, dim=-1)
+    y = torch.cat([y[..., :4], torch.sigmoid(y[..., 4:5]), cls, y[..., 5 + classes:]], dim=-1)
+    return y.reshape(n, c, h, w)
+
+
+@register_layer("Region")
+class Region(Layer):
+    def parse(self, lp):
+        need_bottoms(lp, 1)
+        _no_in_place(lp, "Region")
+        p = lp.region_param
+        a = {"classes": int(p.classes), "coords": int(p.coords), "boxes": int(p.boxes_of_each_grid),
+             "softmax": bool(p.softmax)}
+        if a["boxes"] < 1:
+            raise LayerError(f"region_param.boxes_of_each_grid must be >= 1, got {a['boxes']}")
+        if a["classes"] < 1:
+            raise LayerError(f"region_param.classes must be >= 1, got {a['classes']}")
+        if a["coords"] < 4:
+            # the fork reads the objectness at entry 4 and the classes from entry 5, whatever coords says
+            raise LayerError(f"region_param.coords must be >= 4 (the layer reads the objectness at entry 4), "
+                             f"got {a['coords']}")
+        return a
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        _four_axes(s, "Region")
+        size = attrs["coords"] + attrs["classes"] + 1
+        if s[1] != attrs["boxes"] * size:
+            raise LayerError(f"Region: channels {s[1]} must be boxes_of_each_grid x (coords + 1 + classes) = "
+                             f"{attrs['boxes']} x {size}")
+        return [s]
+
+    def forward(self, attrs, params, x):
+        return yolo_region(x, attrs["boxes"], attrs["classes"], attrs["softmax"])
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x, out = node.inputs[0], node.outputs[0]
+        _, c, h, w = ctx.shape(x)
+        size = c // a["boxes"]
+        name = node.name
+
+        def op(op_type, inputs, hint, **kw):
+            return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
+
+        def part(y, lo, hi, hint):
+            return op("Slice", [y, _i64(ctx, [lo]), _i64(ctx, [hi]), _i64(ctx, [-1])], hint)
+
+        t = op("Transpose", [x], "nhwc", perm=[0, 2, 3, 1], name=name)
+        y = op("Reshape", [t, _i64(ctx, [0, h, w, a["boxes"], size])], "boxes")
+        pieces = [part(y, 0, 4, "xywh"), op("Sigmoid", [part(y, 4, 5, "obj_raw")], "obj")]
+        cls = part(y, 5, 5 + a["classes"], "cls_raw")
+        pieces.append(op("Softmax", [cls], "cls", axis=-1) if a["softmax"] else cls)
+        if size > 5 + a["classes"]:
+            pieces.append(part(y, 5 + a["classes"], size, "rest"))
+        joined = op("Concat", pieces, "joined", axis=-1)
+        ctx.add_node("Reshape", [joined, _i64(ctx, [0, c, h, w])], [out])
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        fn = emit.helper(TORCH_REGION)
+        return f"{fn}({emit.inputs[0]}, {a['boxes']}, {a['classes']}, {emit.lit(a['softmax'])})"
+
+
+TORCH_REGION = inspect.getsource(yolo_region)
+
+
+# ---- detection: decoding, NMS and rows -----------------------------------------------------
+
+def yolo_v2_candidates(x, biases: list[float], num_box: int, num_classes: int, threshold: float):
+    """YoloDetectionOutput's candidates of one (N, C, S, S) bottom, in the fork's order (image,
+    row, column, box): centre x, y, width, height, class, score, and which are kept (score >=
+    threshold)."""
+    n, c, h, w = x.shape
+    side = w  # the fork: side = width, for both axes
+    y = x.reshape(n, num_box, c // num_box, h, w).permute(0, 3, 4, 1, 2)   # (n, row, col, box, entry)
+    col = torch.arange(w, device=x.device, dtype=x.dtype).reshape(1, 1, w, 1)
+    row = torch.arange(h, device=x.device, dtype=x.dtype).reshape(1, h, 1, 1)
+    anchors = torch.tensor(biases[:2 * num_box], device=x.device, dtype=x.dtype).reshape(num_box, 2)
+    bx = (col + torch.sigmoid(y[..., 0])) / side
+    by = (row + torch.sigmoid(y[..., 1])) / side
+    bw = torch.exp(y[..., 2]) * anchors[:, 0] / side
+    bh = torch.exp(y[..., 3]) * anchors[:, 1] / side
+    obj = torch.sigmoid(y[..., 4])
+    best, label = torch.softmax(y[..., 5:5 + num_classes], dim=-1).max(dim=-1)   # first maximum
+    score = obj * best
+    return [t.reshape(-1) for t in (bx, by, bw, bh, label, score, score >= threshold)]
+
+
+def yolo_v3_candidates(x, biases: list[float], anchor_ids: list[int], scale: int, num_box: int,
+                       num_classes: int, threshold: float):
+    """Yolov3DetectionOutput's candidates of one (N, C, H, W) bottom, in the fork's order (image,
+    cell, box, class): centre x, y, width, height, class, score, and which are kept (score >
+    threshold).  anchor_ids: the anchor (pair of biases) of each box."""
+    n, h, w = x.shape[0], x.shape[2], x.shape[3]
+    ln = 5 + num_classes
+    y = x[:, :num_box * ln].reshape(n, num_box, ln, h, w).permute(0, 3, 4, 1, 2)   # (n, row, col, box, entry)
+    col = torch.arange(w, device=x.device, dtype=x.dtype).reshape(1, 1, w, 1)
+    row = torch.arange(h, device=x.device, dtype=x.dtype).reshape(1, h, 1, 1)
+    pairs = torch.tensor(biases, device=x.device, dtype=x.dtype).reshape(-1, 2)
+    anchors = pairs[torch.tensor(anchor_ids, device=x.device)]
+    bx = (col + torch.sigmoid(y[..., 0])) / w
+    by = (row + torch.sigmoid(y[..., 1])) / h
+    bw = torch.exp(y[..., 2]) * anchors[:, 0] / (w * scale)
+    bh = torch.exp(y[..., 3]) * anchors[:, 1] / (h * scale)
+    score = torch.sigmoid(y[..., 5:]) * torch.sigmoid(y[..., 4:5])
+    label = torch.arange(num_classes, device=x.device).expand(score.shape)
+    per_class = [t.unsqueeze(-1).expand(score.shape) for t in (bx, by, bw, bh)]
+    return [t.reshape(-1) for t in per_class + [label, score, score > threshold]]
+
+
+def yolo_detection_rows(parts: list[list[torch.Tensor]], num_images: int, nms_threshold: float):
+    """The kept candidates of every bottom, pooled, sorted by score (best first, ties in order),
+    greedy class-agnostic NMS (IoU >= nms_threshold drops a box), as rows (1, 1, R, 7)
+    [0, label + 1, score, left, top, right, bottom]; none: num_images rows [i, -1, ...]."""
+    cols = [torch.cat([p[k][p[6]] for p in parts]) for k in range(6)]
+    bx, by, bw, bh, label, score = cols
+    dev, dt = score.device, score.dtype
+    if score.numel() == 0:
+        out = torch.full((num_images, 7), -1.0, device=dev, dtype=dt)
+        out[:, 0] = torch.arange(num_images, device=dev, dtype=dt)
+        return out.reshape(1, 1, num_images, 7)
+    order = torch.sort(score, descending=True, stable=True)[1]
+    bx, by, bw, bh, label, score = (t[order] for t in (bx, by, bw, bh, label, score))
+    left, right = bx - bw / 2, bx + bw / 2
+    top, bottom = by - bh / 2, by + bh / 2
+    area = bw * bh
+    k = score.numel()
+    alive = torch.ones(k, dtype=torch.bool, device=dev)
+    kept = []
+    for i in range(k):
+        if not bool(alive[i]):
+            continue
+        kept.append(i)
+        if i + 1 < k:
+            iw = torch.minimum(right[i], right[i + 1:]) - torch.maximum(left[i], left[i + 1:])
+            ih = torch.minimum(bottom[i], bottom[i + 1:]) - torch.maximum(top[i], top[i + 1:])
+            inter = torch.where((iw < 0) | (ih < 0), torch.zeros_like(iw), iw * ih)
+            iou = inter / (area[i] + area[i + 1:] - inter)
+            alive[i + 1:] &= ~(iou >= nms_threshold)
+    idx = torch.tensor(kept, device=dev)
+    rows = torch.stack([torch.zeros_like(score[idx]), label[idx].to(dt) + 1, score[idx],
+                        left[idx], top[idx], right[idx], bottom[idx]], dim=1)
+    return rows.reshape(1, 1, -1, 7)
+
+
+TORCH_YOLO_ROWS = inspect.getsource(yolo_detection_rows)
+
+
+def _biases(p, field, need):
+    b = [float(v) for v in p.biases]
+    if len(b) < need:
+        raise LayerError(f"{field}.biases has {len(b)} values; the anchors used need {need}")
+    return b
+
+
+def _threshold(p, field, name):
+    v = float(getattr(p, name))
+    if math.isnan(v):
+        raise LayerError(f"{field}.{name} is NaN")
+    return v
+
+
+class _YoloDetection(Layer):
+    #: the row count is known only after a run; infer gives the most rows the layer can write
+    data_dependent_shape = True
+
+    def onnx(self, ctx, node):
+        _emit_yolo_detection(ctx, node, self)
+
+
+@register_layer("YoloDetectionOutput")
+class YoloDetectionOutput(_YoloDetection):
+    def parse(self, lp):
+        need_bottoms(lp, 1, 2)
+        f = "yolo_detection_output_param"
+        p = lp.yolo_detection_output_param
+        if not p.HasField("num_classes"):
+            raise LayerError(f"{f}.num_classes is required")
+        a = {"num_classes": int(p.num_classes), "num_box": int(p.num_box),
+             "confidence_threshold": _threshold(p, f, "confidence_threshold"),
+             "nms_threshold": _threshold(p, f, "nms_threshold")}
+        if a["num_classes"] < 1 or a["num_box"] < 1:
+            raise LayerError(f"{f}.num_classes and num_box must be >= 1, got {a['num_classes']}, {a['num_box']}")
+        a["biases"] = _biases(p, f, 2 * a["num_box"])
+        return a
+
+    def infer(self, attrs, in_shapes):
+        nb, k = attrs["num_box"], attrs["num_classes"]
+        rows = 0
+        for s in in_shapes:
+            _four_axes(s, "YoloDetectionOutput")
+            n, c, h, w = s
+            if h != w:
+                raise LayerError(f"YoloDetectionOutput needs square maps (the fork walks side x side with "
+                                 f"side = width), got {h}x{w}")
+            if c % nb or c // nb < 5 + k:
+                raise LayerError(f"YoloDetectionOutput: channels {c} must be num_box {nb} x (at least 5 + "
+                                 f"num_classes {k}) values")
+            if n != in_shapes[0][0]:
+                raise LayerError(f"YoloDetectionOutput's bottoms disagree on the batch: {n} vs {in_shapes[0][0]}")
+            rows += n * h * w * nb
+        return [(1, 1, max(rows, in_shapes[0][0]), 7)]
+
+    def candidates(self, attrs, x):
+        return yolo_v2_candidates(x, attrs["biases"], attrs["num_box"], attrs["num_classes"],
+                                  attrs["confidence_threshold"])
+
+    def forward(self, attrs, params, *xs):
+        parts = [self.candidates(attrs, x) for x in xs]
+        return yolo_detection_rows(parts, xs[0].shape[0], attrs["nms_threshold"])
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        fn = emit.helper(TORCH_YOLO_V2)
+        rows = emit.helper(TORCH_YOLO_ROWS)
+        emit.note(f"{node.name} (YoloDetectionOutput): the number of rows depends on the data")
+        parts = ", ".join(f"{fn}({x}, {emit.lit(a['biases'])}, {a['num_box']}, {a['num_classes']}, "
+                          f"{emit.lit(a['confidence_threshold'])})" for x in emit.inputs)
+        return f"{rows}([{parts}], {emit.inputs[0]}.shape[0], {emit.lit(a['nms_threshold'])})"
+
+
+TORCH_YOLO_V2 = inspect.getsource(yolo_v2_candidates)
+
+
+@register_layer("Yolov3DetectionOutput")
+class Yolov3DetectionOutput(_YoloDetection):
+    def parse(self, lp):
+        f = "yolov3_detection_output_param"
+        p = lp.yolov3_detection_output_param
+        if not p.HasField("num_classes"):
+            raise LayerError(f"{f}.num_classes is required")
+        if p.gaussian_box:
+            # the fork's CPU Forward reads its objectness from memory it never wrote, and its GPU
+            # Forward counts one uncertainty twice: there is no one behaviour to reproduce
+            raise LayerError(f"{f}.gaussian_box (Gaussian YOLOv3) is not supported: the fork's CPU and GPU "
+                             f"paths disagree")
+        groups = int(p.mask_group_num)
+        if groups < 1:
+            raise LayerError(f"{f}.mask_group_num must be >= 1, got {groups}")
+        if len(lp.bottom) != groups:
+            raise LayerError(f"{f}.mask_group_num {groups} must equal the number of bottoms, {len(lp.bottom)}")
+        a = {"num_classes": int(p.num_classes), "num_box": int(p.num_box),
+             "confidence_threshold": _threshold(p, f, "confidence_threshold"),
+             "nms_threshold": _threshold(p, f, "nms_threshold")}
+        if a["num_classes"] < 1 or a["num_box"] < 1:
+            raise LayerError(f"{f}.num_classes and num_box must be >= 1, got {a['num_classes']}, {a['num_box']}")
+        mask = [int(m) for m in p.mask]
+        per_group = len(mask) // groups
+        # box n of bottom t uses mask[n + t * per_group]
+        ids = [[t * per_group + n for n in range(a["num_box"])] for t in range(groups)]
+        if ids[-1][-1] >= len(mask):
+            raise LayerError(f"{f}.mask has {len(mask)} entries; {groups} bottoms x num_box {a['num_box']} "
+                             f"read up to entry {ids[-1][-1]}")
+        a["anchor_ids"] = [[mask[i] for i in row] for row in ids]
+        a["biases"] = _biases(p, f, 2 * (max(max(r) for r in a["anchor_ids"]) + 1))
+        scales = [int(s) for s in p.anchors_scale]
+        if len(scales) < groups or any(s < 1 for s in scales[:groups]):
+            raise LayerError(f"{f}.anchors_scale needs one positive value per bottom ({groups}), got {scales}")
+        a["scales"] = scales[:groups]
+        return a
+
+    def infer(self, attrs, in_shapes):
+        nb, k = attrs["num_box"], attrs["num_classes"]
+        rows = 0
+        for s in in_shapes:
+            _four_axes(s, "Yolov3DetectionOutput")
+            n, c, h, w = s
+            if c != nb * (5 + k):
+                raise LayerError(f"Yolov3DetectionOutput: channels {c} must be num_box x (5 + num_classes) = "
+                                 f"{nb} x {5 + k}")
+            if n != in_shapes[0][0]:
+                raise LayerError(f"Yolov3DetectionOutput's bottoms disagree on the batch: {n} vs {in_shapes[0][0]}")
+            rows += n * h * w * nb * k
+        return [(1, 1, max(rows, in_shapes[0][0]), 7)]
+
+    def candidates(self, attrs, x, t):
+        return yolo_v3_candidates(x, attrs["biases"], attrs["anchor_ids"][t], attrs["scales"][t],
+                                  attrs["num_box"], attrs["num_classes"], attrs["confidence_threshold"])
+
+    def forward(self, attrs, params, *xs):
+        parts = [self.candidates(attrs, x, t) for t, x in enumerate(xs)]
+        return yolo_detection_rows(parts, xs[0].shape[0], attrs["nms_threshold"])
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        fn = emit.helper(TORCH_YOLO_V3)
+        rows = emit.helper(TORCH_YOLO_ROWS)
+        emit.note(f"{node.name} (Yolov3DetectionOutput): the number of rows depends on the data")
+        parts = ", ".join(f"{fn}({x}, {emit.lit(a['biases'])}, {emit.lit(a['anchor_ids'][t])}, "
+                          f"{a['scales'][t]}, {a['num_box']}, {a['num_classes']}, "
+                          f"{emit.lit(a['confidence_threshold'])})" for t, x in enumerate(emit.inputs))
+        return f"{rows}([{parts}], {emit.inputs[0]}.shape[0], {emit.lit(a['nms_threshold'])})"
+
+
+TORCH_YOLO_V3 = inspect.getsource(yolo_v3_candidates)
+
+
+# ---- detection as ONNX ops -----------------------------------------------------------------
+
+def _emit_yolo_detection(ctx, node, spec):
+    """Candidates decoded per bottom, pooled in the fork's order, filtered (Compress), then one
+    class-agnostic NonMaxSuppression on centre/size boxes; rows in NMS's order (best first)."""
+    a = node.attrs
+    name = node.name
+    v3 = isinstance(spec, Yolov3DetectionOutput)
+
+    def f32(v):
+        return ctx.const(np.array(v, np.float32))
+
+    def op(op_type, inputs, hint, **kw):
+        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
+
+    def entry(y, lo, hi, hint):
+        return op("Slice", [y, _i64(ctx, [lo]), _i64(ctx, [hi]), _i64(ctx, [-1])], hint)
+
+    cols = [[] for _ in range(7)]   # x, y, w, h, label, score, keep: flat per bottom
+    nb, k = a["num_box"], a["num_classes"]
+    for t, x in enumerate(node.inputs):
+        _, c, h, w = ctx.shape(x)
+        per = c // nb
+        hint = f"b{t}"
+        if v3:
+            x = op("Slice", [x, _i64(ctx, [0]), _i64(ctx, [nb * per]), _i64(ctx, [1])], f"{hint}_used")
+        y = op("Reshape", [x, _i64(ctx, [0, nb, per, h, w])], f"{hint}_split")
+        y = op("Transpose", [y], f"{hint}_t", perm=[0, 3, 4, 1, 2])           # (n, row, col, box, entry)
+        colv = f32(np.arange(w, dtype=np.float32).reshape(1, 1, w, 1, 1))
+        rowv = f32(np.arange(h, dtype=np.float32).reshape(1, h, 1, 1, 1))
+        if v3:
+            ids = a["anchor_ids"][t]
+            anc = np.array(a["biases"], np.float32).reshape(-1, 2)[ids]
+            div_w, div_h = np.float32(w), np.float32(h)
+            adiv_w, adiv_h = np.float32(w * a["scales"][t]), np.float32(h * a["scales"][t])
+        else:
+            anc = np.array(a["biases"][:2 * nb], np.float32).reshape(nb, 2)
+            div_w = div_h = adiv_w = adiv_h = np.float32(w)
+        bx = op("Div", [op("Add", [colv, op("Sigmoid", [entry(y, 0, 1, f"{hint}_tx")], f"{hint}_sx")],
+                           f"{hint}_cx"), f32(div_w)], f"{hint}_bx")
+        by = op("Div", [op("Add", [rowv, op("Sigmoid", [entry(y, 1, 2, f"{hint}_ty")], f"{hint}_sy")],
+                           f"{hint}_cy"), f32(div_h)], f"{hint}_by")
+        bw = op("Div", [op("Mul", [op("Exp", [entry(y, 2, 3, f"{hint}_tw")], f"{hint}_ew"),
+                                   f32(anc[:, 0].reshape(nb, 1))], f"{hint}_aw"), f32(adiv_w)], f"{hint}_bw")
+        bh = op("Div", [op("Mul", [op("Exp", [entry(y, 3, 4, f"{hint}_th")], f"{hint}_eh"),
+                                   f32(anc[:, 1].reshape(nb, 1))], f"{hint}_ah"), f32(adiv_h)], f"{hint}_bh")
+        obj = op("Sigmoid", [entry(y, 4, 5, f"{hint}_to")], f"{hint}_obj")
+        logits = entry(y, 5, 5 + k, f"{hint}_cls")
+        if v3:
+            score = op("Mul", [op("Sigmoid", [logits], f"{hint}_p"), obj], f"{hint}_score")   # (.., box, k)
+            shape = op("Shape", [score], f"{hint}_shape")
+            parts = [op("Expand", [v, shape], f"{hint}_e{i}") for i, v in enumerate((bx, by, bw, bh))]
+            lab = op("Expand", [_i64(ctx, np.arange(k, dtype=np.int64)), shape], f"{hint}_lab")
+            keep = op("Greater", [score, f32(a["confidence_threshold"])], f"{hint}_keep")
+        else:
+            prob = op("Softmax", [logits], f"{hint}_prob", axis=-1)
+            if ctx.opset < 18:   # axes: an attribute before opset 18, an input after
+                best = op("ReduceMax", [prob], f"{hint}_best", axes=[-1], keepdims=1)
+            else:
+                best = op("ReduceMax", [prob, _i64(ctx, [-1])], f"{hint}_best", keepdims=1)
+            lab = op("ArgMax", [prob], f"{hint}_lab", axis=-1, keepdims=1)
+            score = op("Mul", [obj, best], f"{hint}_score")
+            parts = [bx, by, bw, bh]
+            keep = op("GreaterOrEqual", [score, f32(a["confidence_threshold"])], f"{hint}_keep")
+        for i, v in enumerate(parts + [lab, score, keep]):
+            cols[i].append(op("Reshape", [v, _i64(ctx, [-1])], f"{hint}_flat{i}"))
+    keep = cols[6][0] if len(cols[6]) == 1 else op("Concat", cols[6], "keep", axis=0)
+    flat = []
+    for i in range(6):
+        v = cols[i][0] if len(cols[i]) == 1 else op("Concat", cols[i], f"all{i}", axis=0)
+        flat.append(op("Compress", [v, keep], f"kept{i}", axis=0))
+    bx, by, bw, bh, lab, score = flat
+    boxes = op("Unsqueeze", [op("Concat", [op("Unsqueeze", [v, _i64(ctx, [1])], f"c{i}") for i, v in
+                                            enumerate((bx, by, bw, bh))], "boxes2", axis=1), _i64(ctx, [0])],
+               "boxes")                                                                      # (1, K, 4)
+    scores = op("Reshape", [score, _i64(ctx, [1, 1, -1])], "scores")
+    # ONNX drops IoU > t, the fork IoU >= t: the next float32 below t gives the same decisions
+    thr = np.nextafter(np.float32(a["nms_threshold"]), np.float32(-np.inf))
+    sel = ctx.add_node("NonMaxSuppression", [boxes, scores, _i64(ctx, [2 ** 31 - 1]), f32([thr])],
+                       [ctx.tmp(f"{name}_sel")], name=name, center_point_box=1)[0]
+    sel_box = op("Slice", [sel, _i64(ctx, [2]), _i64(ctx, [3]), _i64(ctx, [1])], "sel_box")
+    idx = op("Squeeze", [sel_box, _i64(ctx, [1])], "idx")
+    g = {i: op("Gather", [v, idx], f"g{i}", axis=0) for i, v in enumerate((bx, by, bw, bh, lab, score))}
+    half_w = op("Mul", [g[2], f32(0.5)], "half_w")
+    half_h = op("Mul", [g[3], f32(0.5)], "half_h")
+    columns = [op("Mul", [g[5], f32(0.0)], "zero"),
+               op("Add", [op("Cast", [g[4]], "lab_f", to=1), f32(1.0)], "label"), g[5],
+               op("Sub", [g[0], half_w], "left"), op("Sub", [g[1], half_h], "top"),
+               op("Add", [g[0], half_w], "right"), op("Add", [g[1], half_h], "bottom")]
+    rows = op("Concat", [op("Unsqueeze", [v, _i64(ctx, [1])], f"r{i}") for i, v in enumerate(columns)],
+              "rows", axis=1)                                                                # (R, 7)
+    # no detection at all: one [i, -1, -1, -1, -1, -1, -1] row per image
+    n1 = op("Slice", [op("Shape", [node.inputs[0]], "in_shape"), _i64(ctx, [0]), _i64(ctx, [1])], "n")
+    nf = op("Cast", [op("Squeeze", [n1, _i64(ctx, [0])], "n_s")], "nf", to=1)
+    ids = op("Unsqueeze", [op("Range", [f32(0.0), nf, f32(1.0)], "ids"), _i64(ctx, [1])], "ids_c")
+    minus = op("Expand", [f32(np.full((1, 6), -1.0, np.float32)),
+                          op("Concat", [n1, _i64(ctx, [6])], "f_shape", axis=0)], "minus")
+    fallback = op("Concat", [ids, minus], "fallback", axis=1)
+    r1 = op("Slice", [op("Shape", [rows], "rows_shape"), _i64(ctx, [0]), _i64(ctx, [1])], "r")
+    none = op("Cast", [op("Equal", [r1, _i64(ctx, [0])], "none_b")], "none", to=7)
+    end = op("Add", [r1, op("Mul", [none, n1], "n_if_none")], "end")
+    both = op("Concat", [rows, fallback], "both", axis=0)
+    out2 = op("Slice", [both, _i64(ctx, [0]), end, _i64(ctx, [0])], "out2")
+    ctx.add_node("Reshape", [out2, _i64(ctx, [1, 1, -1, 7])], [node.outputs[0]])
+
+
+__all__ = [
+    "Region",
+    "Reorg",
+    "YoloDetectionOutput",
+    "Yolov3DetectionOutput",
+    "darknet_reorg",
+    "yolo_detection_rows",
+    "yolo_region",
+    "yolo_v2_candidates",
+    "yolo_v3_candidates",
+]

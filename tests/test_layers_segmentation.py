@@ -1,0 +1,526 @@
+"""Segmentation and classification fork layers: Pooling's mask top and ceil_mode, SegNet's
+Upsample, the two BN layers (SegNet / ENet, PSPNet), CropCenter, Mish and SeLu.
+
+Each reference is a numpy loop written here from the fork's C++ (caffe-segnet's pooling_layer.cpp
+and upsample_layer.cpp, the forks' bn_layer.cpp, jolibrain's crop_center_layer.cpp, the Mish and
+SeLu layers), on shapes where N, C, H and W all differ, and is checked in torch (caffeq's
+forward), in onnxruntime (the exported ONNX) and in the generated standalone model.py.
+"""
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_close
+
+from caffeq.backends.pytorch_source import export_pytorch, identifier
+from caffeq.layers import LayerError
+from caffeq.model import load_from_text
+
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def net(*layers, inputs):
+    head = "".join(
+        f'layer {{ name: "{n}" type: "Input" top: "{n}" input_param {{ shape {{ '
+        + " ".join(f"dim: {d}" for d in s) + " } } }\n"
+        for n, s in inputs.items())
+    return head + "\n".join(layers)
+
+
+def onnx_outputs(model, feeds, tmp_path, opset=None):
+    ort = pytest.importorskip("onnxruntime")
+    path = tmp_path / f"m{opset}.onnx"
+    model.export_onnx(str(path), optimize=False, opset=opset)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, {k: feeds[k] for k in model.inputs})))
+
+
+def model_py_outputs(model, feeds, tmp_path):
+    info = export_pytorch(model, tmp_path / "py")
+    spec = importlib.util.spec_from_file_location(f"seg_{abs(hash(str(tmp_path)))}", str(tmp_path / "py" / "model.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    net_ = mod.load()
+    by_ident = {identifier(b, set()): b for b in feeds}
+    args = [torch.from_numpy(feeds[by_ident.get(p, p)]) for p in info["inputs"]]
+    with torch.no_grad():
+        out = net_(*args)
+    if not isinstance(out, dict):
+        out = {info["outputs"][0]: out}
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def check_everywhere(model, feeds, refs, tmp_path, atol=0.0, rtol=0.0, opsets=(13, None)):
+    """caffeq's forward, onnxruntime (each opset) and model.py against the references {top: array}."""
+    ours = model.run(feeds, all_blobs=True)
+    for k, ref in refs.items():
+        assert_close(ours[k], ref, atol, rtol, f"torch {k}")
+    for opset in opsets:
+        got = onnx_outputs(model, feeds, tmp_path, opset)
+        for k, ref in refs.items():
+            if k in got:
+                assert_close(got[k], ref, atol, rtol, f"onnx opset {opset} {k}")
+    got = model_py_outputs(model, feeds, tmp_path)
+    for k, ref in refs.items():
+        if k in got:
+            assert_close(got[k], ref, atol, rtol, f"model.py {k}")
+
+
+# ---- Pooling with a mask top ---------------------------------------------------------------
+
+def pool_out(size, k, s, p, ceil):
+    span = size + 2 * p - k
+    out = (math.ceil(span / s) if ceil else span // s) + 1
+    return out
+
+
+def max_pool_mask_ref(x, kh, kw, sh, sw, ph, pw, ceil=True):
+    """caffe-segnet's PoolingLayer::Forward_cpu, MAX with top[1]: loops, strict '>' from -FLT_MAX."""
+    n, c, h, w = x.shape
+    oh, ow = pool_out(h, kh, sh, ph, ceil), pool_out(w, kw, sw, pw, ceil)
+    if ph or pw:
+        oh -= (oh - 1) * sh >= h + ph
+        ow -= (ow - 1) * sw >= w + pw
+    top = np.full((n, c, oh, ow), -FLT_MAX, np.float32)
+    mask = np.full((n, c, oh, ow), -1, np.float32)
+    for i in range(n):
+        for j in range(c):
+            for a in range(oh):
+                for b in range(ow):
+                    hs, ws = a * sh - ph, b * sw - pw
+                    he, we = min(hs + kh, h), min(ws + kw, w)
+                    for yy in range(max(hs, 0), he):
+                        for xx in range(max(ws, 0), we):
+                            if x[i, j, yy, xx] > top[i, j, a, b]:
+                                top[i, j, a, b] = x[i, j, yy, xx]
+                                mask[i, j, a, b] = yy * w + xx
+    return top, mask
+
+
+POOL_CASES = [
+    # (pooling_param, kernel/stride/pad as (kh, kw, sh, sw, ph, pw), ceil)
+    ("kernel_size: 2 stride: 2", (2, 2, 2, 2, 0, 0), True),                        # SegNet / ENet
+    ("kernel_size: 3 stride: 2 pad: 1", (3, 3, 2, 2, 1, 1), True),                  # overlapping windows
+    ("kernel_h: 3 kernel_w: 2 stride_h: 1 stride_w: 3 pad_h: 1 pad_w: 0", (3, 2, 1, 3, 1, 0), True),
+    ("kernel_h: 1 kernel_w: 2 stride_h: 3 stride_w: 2", (1, 2, 3, 2, 0, 0), True),  # empty windows (ceil)
+    ("kernel_size: 3 stride: 2 round_mode: FLOOR", (3, 3, 2, 2, 0, 0), False),
+]
+
+
+@pytest.mark.parametrize("param, geometry, ceil", POOL_CASES, ids=[f"p{i}" for i in range(len(POOL_CASES))])
+def test_max_pooling_mask_top(param, geometry, ceil, tmp_path):
+    g = np.random.default_rng(1)
+    # few distinct values: ties, where Caffe keeps the first maximum in row-major order
+    x = g.integers(-3, 4, (2, 3, 8, 11)).astype(np.float32)
+    x[0, 0, :3, :3] = -np.inf      # windows with nothing above -FLT_MAX keep -1
+    model = load_from_text(net(f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "p" top: "m" '
+                               f'pooling_param {{ pool: MAX {param} }} }}', inputs={"x": x.shape}))
+    top, mask = max_pool_mask_ref(x, *geometry, ceil=ceil)
+    assert model.blob_shapes["p"] == model.blob_shapes["m"] == top.shape
+    assert (mask == -1).any() and (mask >= 0).any()
+    check_everywhere(model, {"x": x}, {"p": top, "m": mask}, tmp_path)
+
+
+def test_pooling_mask_needs_max():
+    with pytest.raises(LayerError, match="AVE and STOCHASTIC pooling takes 1 top"):
+        load_from_text(net('layer { name: "p" type: "Pooling" bottom: "x" top: "p" top: "m" '
+                           'pooling_param { pool: AVE kernel_size: 2 } }', inputs={"x": (1, 2, 4, 4)}))
+    with pytest.raises(LayerError, match="1 or 2 tops"):
+        load_from_text(net('layer { name: "p" type: "Pooling" bottom: "x" top: "p" top: "m" top: "q" '
+                           'pooling_param { pool: MAX kernel_size: 2 } }', inputs={"x": (1, 2, 4, 4)}))
+
+
+# ---- SegNet's Upsample ---------------------------------------------------------------------
+
+def unpool_ref(x, mask, oh, ow):
+    """caffe-segnet's UpsampleLayer::Forward_cpu: zeros, then top[int(mask[i])] = x[i] in order."""
+    n, c = x.shape[:2]
+    top = np.zeros((n, c, oh * ow), np.float32)
+    for i in range(n):
+        for j in range(c):
+            for src, idx in zip(x[i, j].ravel(), mask[i, j].ravel()):
+                top[i, j, int(idx)] = src
+    return top.reshape(n, c, oh, ow)
+
+
+@pytest.mark.parametrize("pool, upsample, size", [
+    ("kernel_size: 2 stride: 2", "scale: 2", (8, 10)),
+    ("kernel_size: 2 stride: 2", "scale: 2 pad_out_h: true", (7, 10)),        # 7 rows pool to 4
+    ("kernel_size: 3 stride: 2 pad: 1", "upsample_h: 7 upsample_w: 10", (7, 10)),  # shared argmaxes
+    ("kernel_size: 3 stride: 2 pad: 1", "upsample_h: 7 upsample_w: 10 scale: 5 pad_out_h: true", (7, 10)),
+    ("kernel_h: 2 kernel_w: 3 stride_h: 2 stride_w: 3", "scale_h: 2 scale_w: 3 upsample_h: 5", (8, 9)),
+], ids=["segnet", "pad_out", "overlap_last_wins", "size_wins", "scale_hw_one_size_ignored"])
+def test_segnet_pool_and_upsample(pool, upsample, size, tmp_path):
+    g = np.random.default_rng(2)
+    h, w = size
+    x = g.integers(-2, 3, (2, 3, h, w)).astype(np.float32)
+    text = net(f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "p" top: "m" pooling_param {{ pool: MAX {pool} }} }}',
+               inputs={"x": x.shape})
+    pooled = load_from_text(text).blob_shapes["p"]
+    d = g.standard_normal(pooled).astype(np.float32)   # decoder features, unlike the pooled values
+    model = load_from_text(text + net(f'layer {{ name: "u" type: "Upsample" bottom: "d" bottom: "m" top: "u" '
+                                      f'upsample_param {{ {upsample} }} }}', inputs={"d": pooled}))
+    _, mask = max_pool_mask_ref(x, *_geometry(pool))
+    if "pad: 1" in pool:   # overlapping windows share argmaxes: the last write must win
+        assert any(np.unique(plane).size < plane.size for plane in mask.reshape(6, -1))
+    ref = unpool_ref(d, mask, h, w)
+    assert model.blob_shapes["u"] == (2, 3, h, w)
+    check_everywhere(model, {"x": x, "d": d}, {"u": ref}, tmp_path)
+
+
+def _geometry(pool):
+    """(kh, kw, sh, sw, ph, pw) of a pooling_param text such as "kernel_size: 3 stride: 2 pad: 1"."""
+    toks = pool.split()
+    vals = {key.rstrip(":"): int(val) for key, val in zip(toks[::2], toks[1::2])}
+    kh = vals.get("kernel_h", vals.get("kernel_size"))
+    kw = vals.get("kernel_w", vals.get("kernel_size"))
+    sh = vals.get("stride_h", vals.get("stride", 1))
+    sw = vals.get("stride_w", vals.get("stride", 1))
+    p = vals.get("pad", 0)
+    return kh, kw, sh, sw, p, p
+
+
+def test_upsample_bad_params():
+    two = {"x": (1, 2, 3, 4), "m": (1, 2, 3, 4)}
+    with pytest.raises(LayerError, match="scale_h and scale_w"):
+        load_from_text(net('layer { name: "u" type: "Upsample" bottom: "x" bottom: "m" top: "u" '
+                           'upsample_param { scale: 2 scale_h: 2 scale_w: 2 } }', inputs=two))
+    with pytest.raises(LayerError, match="must be > 1"):
+        load_from_text(net('layer { name: "u" type: "Upsample" bottom: "x" bottom: "m" top: "u" '
+                           'upsample_param { upsample_h: 1 upsample_w: 6 } }', inputs=two))
+    with pytest.raises(LayerError, match="scale must be > 1"):
+        load_from_text(net('layer { name: "u" type: "Upsample" bottom: "x" bottom: "m" top: "u" '
+                           'upsample_param { scale: 1 } }', inputs=two))
+
+
+# ---- Mish, SeLu ----------------------------------------------------------------------------
+
+def mish_ref(x):
+    """The YOLOv4 fork's mish: x * tanh(softplus(x)), darknet's softplus with threshold 20."""
+    x = x.astype(np.float64)
+    soft = np.where(x > 20, x, np.where(x < -20, np.exp(x), np.log1p(np.exp(np.minimum(x, 20)))))
+    return x * np.tanh(soft)
+
+
+def selu_ref(x, lam=1.050700987, alpha=1.67326324):
+    x = x.astype(np.float64)
+    return np.where(x > 0, lam * x, lam * alpha * (np.exp(np.minimum(x, 0)) - 1))
+
+
+def _activation_input():
+    g = np.random.default_rng(3)
+    x = (g.standard_normal((2, 3, 5, 7)) * 4).astype(np.float32)
+    x.flat[:8] = [0.0, -0.0, 25.0, -25.0, 90.0, -90.0, 1e-7, -1e-7]
+    return x
+
+
+@pytest.mark.parametrize("kind, ref", [("Mish", mish_ref), ("SeLu", selu_ref)])
+def test_fork_activations(kind, ref, tmp_path):
+    x = _activation_input()
+    model = load_from_text(net(f'layer {{ name: "a" type: "{kind}" bottom: "x" top: "a" }}', inputs={"x": x.shape}))
+    check_everywhere(model, {"x": x}, {"a": ref(x)}, tmp_path, atol=1e-6, rtol=1e-6, opsets=(13, 18))
+
+
+# ---- BN (SegNet / ENet, PSPNet), CropCenter, SeLu's parameters: fork fields of caffe.proto -----
+
+def _has_field(name, message="LayerParameter"):
+    """Whether this checkout's caffe.proto declares the fork field (helper "schema" adds them)."""
+    from caffeq.io.schema import caffe_pb2
+    return name in getattr(caffe_pb2, message).DESCRIPTOR.fields_by_name
+
+
+needs_bn = pytest.mark.skipif(not _has_field("bn_param"), reason="caffe.proto without bn_param")
+needs_selu = pytest.mark.skipif(not _has_field("selu_param"), reason="caffe.proto without selu_param")
+needs_crop = pytest.mark.skipif(not _has_field("crop_center_param"), reason="caffe.proto without crop_center_param")
+
+
+def bn_text(params, tops=("b",), nparams=0):
+    top = " ".join(f'top: "{t}"' for t in tops)
+    specs = "param { lr_mult: 1 } " * nparams
+    return net(f'layer {{ name: "b" type: "BN" bottom: "x" {top} {specs}bn_param {{ {params} }} }}',
+               inputs={"x": (2, 3, 5, 7)})
+
+
+def _bn_model(text, blobs):
+    model = load_from_text(text, random_weights=True)
+    node = next(n for n in model.layers if n.name == "b")
+    node.blobs = [b.reshape(1, -1, 1, 1).astype(np.float32) for b in blobs]
+    return model
+
+
+@needs_bn
+def test_segnet_bn_inference(tmp_path):
+    g = np.random.default_rng(4)
+    x = g.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    scale, shift = g.uniform(0.5, 2, 3), g.standard_normal(3)
+    model = _bn_model(bn_text("bn_mode: INFERENCE"), [scale, shift])
+    ref = np.empty_like(x)
+    for c in range(3):   # bn_layer.cpp INFERENCE: top = bottom * scale + shift
+        ref[:, c] = x[:, c] * np.float32(scale[c]) + np.float32(shift[c])
+    check_everywhere(model, {"x": x}, {"b": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+@needs_bn
+def test_segnet_bn_learn_uses_the_batch_statistics_at_test(tmp_path):
+    g = np.random.default_rng(5)
+    x = (g.standard_normal((2, 3, 5, 7)) * 3 + 1).astype(np.float32)
+    scale, shift = g.uniform(0.5, 2, 3), g.standard_normal(3)
+    model = _bn_model(bn_text("scale_filler { type: 'constant' value: 1 }", tops=("b", "mean", "var")),
+                      [scale, shift])
+    xd = x.astype(np.float64)
+    ref, means, vars_ = np.empty_like(xd), np.empty(3), np.empty(3)
+    for c in range(3):   # var(X) = E(X^2) - (EX)^2 over N, H, W; eps 1e-9
+        m = xd[:, c].mean()
+        v = (xd[:, c] ** 2).mean() - m * m
+        ref[:, c] = (xd[:, c] - m) / np.sqrt(v + 1e-9) * scale[c] + shift[c]
+        means[c], vars_[c] = m, v
+    assert model.blob_shapes["mean"] == model.blob_shapes["var"] == (1, 3, 1, 1)
+    check_everywhere(model, {"x": x}, {"b": ref, "mean": means.reshape(1, 3, 1, 1),
+                                       "var": vars_.reshape(1, 3, 1, 1)}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def pspnet_ref(x, slope, bias, mean, var, eps=1e-5):
+    out = np.empty(x.shape, np.float64)
+    for c in range(x.shape[1]):
+        out[:, c] = (x[:, c] - mean[c]) / np.sqrt(var[c] + eps) * slope[c] + bias[c]
+    return out
+
+
+@needs_bn
+@pytest.mark.parametrize("params, nparams, eps", [("frozen: true momentum: 0.95", 0, 1e-5),
+                                                  ("eps: 0.001", 0, 1e-3),
+                                                  ("", 4, 1e-5)], ids=["frozen", "eps", "four_params"])
+def test_pspnet_bn_uses_the_stored_statistics(params, nparams, eps, tmp_path):
+    g = np.random.default_rng(6)
+    x = (g.standard_normal((2, 3, 5, 7)) * 2 + 0.5).astype(np.float32)
+    slope, bias, mean, var = g.uniform(0.5, 2, 3), g.standard_normal(3), g.standard_normal(3), g.uniform(0.1, 3, 3)
+    model = _bn_model(bn_text(params, nparams=nparams), [slope, bias, mean, var])
+    node = next(n for n in model.layers if n.name == "b")
+    assert node.attrs["variant"] == "pspnet" and node.expected_param_shapes == [(1, 3, 1, 1)] * 4
+    ref = pspnet_ref(x.astype(np.float64), *(np.float32(a).astype(np.float64) for a in (slope, bias, mean, var)),
+                     eps=np.float32(eps))
+    check_everywhere(model, {"x": x}, {"b": ref}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+@needs_bn
+def test_pspnet_bn_training_normalizes_by_the_batch_and_updates_the_averages():
+    g = np.random.default_rng(7)
+    x = torch.from_numpy((g.standard_normal((2, 3, 5, 7)) * 2 + 1).astype(np.float32))
+    model = load_from_text(bn_text("momentum: 0.8"), random_weights=True)
+    node = next(n for n in model.layers if n.name == "b")
+    params = [torch.from_numpy(g.uniform(0.5, 2, (1, 3, 1, 1)).astype(np.float32)) for _ in range(4)]
+    before = [p.clone() for p in params]
+    y = node.spec.forward(node.attrs, params, x, training=True)
+    xd = x.double().numpy()
+    bm = np.array([xd[:, c].mean() for c in range(3)])
+    bv = np.array([((xd[:, c] - bm[c]) ** 2).mean() for c in range(3)])
+    ref = pspnet_ref(xd, before[0].double().flatten().numpy(), before[1].double().flatten().numpy(), bm, bv)
+    assert_close(y.numpy(), ref, 1e-5, 1e-5, "train-mode output")
+    assert_close(params[2].flatten().numpy(), 0.8 * before[2].flatten().numpy() + 0.2 * bm, 1e-6, 1e-6, "mean")
+    assert_close(params[3].flatten().numpy(), 0.8 * before[3].flatten().numpy() + 0.2 * bv, 1e-6, 1e-6, "var")
+
+
+@needs_bn
+def test_pspnet_bn_train_mode_in_model_py_matches_caffeq(tmp_path):
+    """The generated PSPNetBN in train mode: batch statistics and PSPNet's running averages."""
+    g = np.random.default_rng(12)
+    x = (g.standard_normal((2, 3, 5, 7)) * 2 + 1).astype(np.float32)
+    blobs = [g.uniform(0.5, 2, 3) for _ in range(4)]
+    model = _bn_model(bn_text("momentum: 0.7"), blobs)
+    node = next(n for n in model.layers if n.name == "b")
+    export_pytorch(model, tmp_path / "py")
+    spec = importlib.util.spec_from_file_location("psp_train", str(tmp_path / "py" / "model.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    module = mod.load().train()
+    got = module(torch.from_numpy(x))
+    params = [torch.from_numpy(np.asarray(b, np.float32).copy()) for b in node.blobs]
+    want = node.spec.forward(node.attrs, params, torch.from_numpy(x), training=True)
+    assert torch.equal(got.detach(), want)
+    bn = next(m for m in module.modules() if type(m).__name__ == "PSPNetBN")
+    assert torch.equal(bn.mean, params[2]) and torch.equal(bn.variance, params[3])
+    assert not torch.equal(params[2], torch.from_numpy(np.asarray(node.blobs[2], np.float32)))
+
+
+@needs_bn
+@pytest.mark.parametrize("text, msg", [
+    (bn_text(""), "say which"),
+    (bn_text("bn_mode: INFERENCE frozen: true"), "mixes"),
+    (bn_text("bn_mode: INFERENCE", tops=("b", "m")), "at most 1"),
+    (bn_text("eps: 0"), "eps must be > 0"),
+])
+def test_bn_bad_params(text, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(text)
+
+
+@needs_selu
+def test_selu_parameters(tmp_path):
+    x = _activation_input()
+    model = load_from_text(net('layer { name: "a" type: "SeLu" bottom: "x" top: "a" '
+                               'selu_param { lambda: 2 alpha: 0.5 } }', inputs={"x": x.shape}))
+    check_everywhere(model, {"x": x}, {"a": selu_ref(x, 2.0, 0.5)}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+@needs_crop
+@pytest.mark.parametrize("shape, crop", [((2, 3, 7, 9), (0, 1, 2, 3)), ((4, 3, 5, 7), (1, 1, 2, 3))])
+def test_crop_center(shape, crop, tmp_path):
+    x = np.random.default_rng(8).standard_normal(shape).astype(np.float32)
+    sizes = " ".join(f"crop_size: {c}" for c in crop)
+    model = load_from_text(net(f'layer {{ name: "c" type: "CropCenter" bottom: "x" top: "c" '
+                               f'crop_center_param {{ {sizes} }} }}', inputs={"x": shape}))
+    ref = x.copy()
+    for axis, k in enumerate(crop):   # crop_copy: indices crop .. size - crop on every axis
+        ref = np.take(ref, np.arange(k, shape[axis] - k), axis=axis)
+    check_everywhere(model, {"x": x}, {"c": ref}, tmp_path)
+
+
+@needs_crop
+def test_crop_center_bad_sizes():
+    with pytest.raises(LayerError, match="one value per axis"):
+        load_from_text(net('layer { name: "c" type: "CropCenter" bottom: "x" top: "c" '
+                           'crop_center_param { crop_size: 1 } }', inputs={"x": (2, 3, 7, 9)}))
+    with pytest.raises(LayerError, match="leaves nothing"):
+        load_from_text(net('layer { name: "c" type: "CropCenter" bottom: "x" top: "c" '
+                           'crop_center_param { crop_size: 0 crop_size: 1 crop_size: 4 crop_size: 0 } }',
+                           inputs={"x": (2, 3, 7, 9)}))
+
+
+# ---- ceil_mode (DenseNet, DPN, ResNeXt, R-FCN, Inception conversions) ----------------------
+
+needs_ceil_mode = pytest.mark.skipif(not _has_field("ceil_mode", "PoolingParameter"),
+                                     reason="caffe.proto without pooling_param.ceil_mode")
+
+
+def ave_pool_ref(x, k, s, p, ceil):
+    """BVLC's AVE loop: windows clipped to H + pad give the divisor, then to the input for the sum."""
+    n, c, h, w = x.shape
+    oh, ow = pool_out(h, k, s, p, ceil), pool_out(w, k, s, p, ceil)
+    if p:
+        oh -= (oh - 1) * s >= h + p
+        ow -= (ow - 1) * s >= w + p
+    out = np.zeros((n, c, oh, ow), np.float64)
+    for a in range(oh):
+        for b in range(ow):
+            hs, ws = a * s - p, b * s - p
+            he, we = min(hs + k, h + p), min(ws + k, w + p)
+            size = (he - hs) * (we - ws)
+            out[:, :, a, b] = x[:, :, max(hs, 0):min(he, h), max(ws, 0):min(we, w)].sum(axis=(2, 3)) / size
+    return out
+
+
+@needs_ceil_mode
+@pytest.mark.parametrize("ceil", [False, True])
+@pytest.mark.parametrize("pool", ["MAX", "AVE"])
+def test_ceil_mode(ceil, pool, tmp_path):
+    x = np.random.default_rng(9).standard_normal((2, 3, 8, 11)).astype(np.float32)
+    model = load_from_text(net(f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "p" pooling_param {{ '
+                               f'pool: {pool} kernel_size: 3 stride: 2 pad: 1 ceil_mode: {str(ceil).lower()} }} }}',
+                               inputs={"x": x.shape}))
+    ref = max_pool_mask_ref(x, 3, 3, 2, 2, 1, 1, ceil)[0] if pool == "MAX" else ave_pool_ref(x, 3, 2, 1, ceil)
+    # 8 rows: ceil gives 5 windows, floor 4 (the 11 columns give 6 either way)
+    assert model.blob_shapes["p"] == (2, 3, 5 if ceil else 4, 6)
+    check_everywhere(model, {"x": x}, {"p": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+@needs_ceil_mode
+def test_ceil_mode_contradicting_round_mode():
+    with pytest.raises(LayerError, match="contradicts"):
+        load_from_text(net('layer { name: "p" type: "Pooling" bottom: "x" top: "p" pooling_param { '
+                           'kernel_size: 3 stride: 2 ceil_mode: false round_mode: CEIL } }', inputs={"x": (1, 2, 8, 8)}))
+
+
+# ---- Unpooling (DeconvNet) -------------------------------------------------------------------
+
+needs_unpool = pytest.mark.skipif(not _has_field("unpooling_param"), reason="caffe.proto without unpooling_param")
+
+
+def deconvnet_unpool_ref(x, mask, method, kh, kw, sh, sw, oh, ow):
+    """HyeonwooNoh/caffe UnpoolingLayer::Forward_cpu (pad 0), from a zeroed top."""
+    n, c, h, w = x.shape
+    top = np.zeros((n, c, oh, ow), np.float64)
+    for i in range(n):
+        for j in range(c):
+            flat = top[i, j].reshape(-1)
+            for ph in range(h):
+                for pw in range(w):
+                    v = np.float64(x[i, j, ph, pw])
+                    if method == "MAX":
+                        if mask is not None:
+                            flat[int(mask[i, j, ph, pw])] = v
+                        else:
+                            flat[max(0, min(ph * sh, oh - 1)) * ow + max(0, min(pw * sw, ow - 1))] = v
+                        continue
+                    hs, ws = ph * sh, pw * sw
+                    he, we = min(hs + kh, oh), min(ws + kw, ow)
+                    area = (he - hs) * (we - ws)
+                    for yy in range(hs, he):
+                        for xx in range(ws, we):
+                            flat[yy * ow + xx] += v / area if method == "AVE" else v
+    return top
+
+
+@needs_unpool
+@pytest.mark.parametrize("method, param, mask", [
+    ("MAX", "kernel_size: 2 stride: 2 unpool_h: 7 unpool_w: 9", True),
+    ("MAX", "kernel_size: 2 stride: 2 unpool_h: 5 unpool_w: 9", False),      # rows clamp: last write wins
+    ("AVE", "kernel_size: 3 stride: 2 unpool_h: 10 unpool_w: 12", False),    # overlap, zero-padded
+    ("AVE", "kernel_size: 3 stride: 2 unpool_size: 6", False),               # cropped, areas clipped
+    ("TILE", "kernel_h: 2 kernel_w: 3 stride_h: 2 stride_w: 1 unpool_h: 7 unpool_w: 6", False),
+], ids=["max_mask", "max_grid", "ave_pad", "ave_crop", "tile"])
+def test_deconvnet_unpooling(method, param, mask, tmp_path):
+    g = np.random.default_rng(10)
+    x = g.integers(-2, 3, (2, 3, 7, 9)).astype(np.float32)
+    d = g.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    layers = [('layer { name: "p" type: "Pooling" bottom: "x" top: "p" top: "m" '
+               'pooling_param { pool: MAX kernel_size: 2 stride: 2 } }')]
+    bottoms = 'bottom: "d" bottom: "m"' if mask else 'bottom: "d"'
+    layers.append(f'layer {{ name: "u" type: "Unpooling" {bottoms} top: "u" '
+                  f'unpooling_param {{ unpool: {method} {param} }} }}')
+    model = load_from_text(net(*layers, inputs={"x": x.shape, "d": d.shape}))
+    geometry = _geometry(param)
+    toks = param.split()
+    vals = {k.rstrip(":"): int(v) for k, v in zip(toks[::2], toks[1::2])}
+    oh, ow = vals.get("unpool_h", vals.get("unpool_size")), vals.get("unpool_w", vals.get("unpool_size"))
+    m = max_pool_mask_ref(x, 2, 2, 2, 2, 0, 0)[1] if mask else None
+    ref = deconvnet_unpool_ref(d, m, method, *geometry[:4], oh, ow)
+    assert model.blob_shapes["u"] == (2, 3, oh, ow)
+    check_everywhere(model, {"x": x, "d": d}, {"u": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+@needs_unpool
+@pytest.mark.parametrize("param, msg", [("kernel_size: 2 stride: 2", "unpool_size, or unpool_h"),
+                                        ("kernel_size: 2 unpool_size: 4 unpool_h: 4", "not both"),
+                                        ("kernel_size: 2 pad: 1 unpool_size: 4", "pad must be 0"),
+                                        ("stride: 2 unpool_size: 4", "kernel_size")])
+def test_unpooling_bad_params(param, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(f'layer {{ name: "u" type: "Unpooling" bottom: "x" top: "u" unpooling_param {{ {param} }} }}',
+                           inputs={"x": (1, 2, 3, 4)}))
+
+
+# ---- CUDA ------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_segmentation_layers_on_cuda_match_cpu():
+    """The mask top, the last-write-wins unpooling (scatter_reduce, deterministic on the GPU too),
+    Mish and SeLu give the CPU's results on CUDA."""
+    g = np.random.default_rng(11)
+    x = g.integers(-2, 3, (2, 3, 7, 10)).astype(np.float32)
+    d = g.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    model = load_from_text(net(
+        'layer { name: "p" type: "Pooling" bottom: "x" top: "p" top: "m" '
+        'pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 } }',
+        'layer { name: "u" type: "Upsample" bottom: "d" bottom: "m" top: "u" '
+        'upsample_param { upsample_h: 7 upsample_w: 10 } }',
+        'layer { name: "mish" type: "Mish" bottom: "d" top: "mish" }',
+        'layer { name: "selu" type: "SeLu" bottom: "d" top: "selu" }', inputs={"x": x.shape, "d": d.shape}))
+    cpu = model.run({"x": x, "d": d}, all_blobs=True)
+    gpu = model.run({"x": x, "d": d}, all_blobs=True, device="cuda")
+    for k in ("p", "m", "u"):
+        np.testing.assert_array_equal(gpu[k], cpu[k], err_msg=k)
+    for k in ("mish", "selu"):
+        assert_close(gpu[k], cpu[k], 1e-6, 1e-6, f"cuda {k}")

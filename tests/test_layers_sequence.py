@@ -1,0 +1,349 @@
+"""Sequence layers of the OCR / text-detection forks: Reverse, Transpose, ContinuationIndicator,
+CTPN's Lstm.
+
+References are numpy re-derivations written here as loops from the forks' C++
+(tianzhi0549/CTPN's caffe, senlinuc/caffe_ocr, the CRNN ports' ContinuationIndicator); each layer
+runs in torch, in onnxruntime (the exported ONNX) and in the generated model.py.
+"""
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_close
+
+from caffeq.layers import LayerError
+from caffeq.model import load_from_text
+
+# ---- references -------------------------------------------------------------------------------
+
+def reverse_ref(x, axis):
+    """caffe_ocr's ReverseLayer::Forward_cpu: per prefix, copy the blocks below `axis` in reverse order."""
+    shape = x.shape
+    count = x.size
+    copy_amount = 1 if axis + 1 == len(shape) else int(np.prod(shape[axis + 1:]))
+    axis_count = int(np.prod(shape[axis:]))
+    num_fix = count // axis_count if axis > 0 else 1
+    sub_iter_max = shape[axis]
+    src = x.reshape(-1)
+    top = np.full(count, np.nan, np.float32)
+    s = 0
+    for fix in range(num_fix):
+        target = (fix + 1) * copy_amount * sub_iter_max - copy_amount
+        for _ in range(sub_iter_max):
+            top[target:target + copy_amount] = src[s:s + copy_amount]
+            s += copy_amount
+            target -= copy_amount
+    return top.reshape(shape)
+
+
+def reverse_ref_ctpn(x, axis):
+    """CTPN's reverse_cpu: index -> index + counts[axis] * (shape[axis] - 2 * ind - 1), ind = the
+    index's position along `axis`."""
+    counts = [int(np.prod(x.shape[i + 1:])) for i in range(x.ndim)]
+    src = x.reshape(-1)
+    top = np.full(x.size, np.nan, np.float32)
+    for index in range(x.size):
+        ind = (index // counts[axis]) % x.shape[axis]
+        top[counts[axis] * (x.shape[axis] - 2 * ind - 1) + index] = src[index]
+    return top.reshape(x.shape)
+
+
+def transpose_ref(x, dims):
+    """transpose_cpu: from_inds by the bottom's counts, to_index = sum from_inds[dim[i]] * top counts."""
+    shape = x.shape
+    top_shape = tuple(shape[d] for d in dims)
+    from_counts = [int(np.prod(shape[i + 1:])) for i in range(len(shape))]
+    to_counts = [int(np.prod(top_shape[i + 1:])) for i in range(len(shape))]
+    src = x.reshape(-1)
+    top = np.full(x.size, np.nan, np.float32)
+    for index in range(x.size):
+        rest, inds = index, []
+        for i in range(len(shape)):
+            inds.append(rest // from_counts[i])
+            rest %= from_counts[i]
+        to_index = sum(inds[dims[i]] * to_counts[i] for i in range(len(shape)))
+        top[to_index] = src[index]
+    return top.reshape(top_shape)
+
+
+def continuation_ref(time_step, batch_size):
+    out = []
+    for t in range(time_step):
+        for _ in range(batch_size):
+            out.append(0.0 if t == 0 else 1.0)
+    return np.array(out, np.float32).reshape(time_step, batch_size)
+
+
+def sigmoid(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+def lstm_ref(x, w_x, w_h, b):
+    """LstmLayer's forward (the GPU kernels: each sample's own recurrent term), float64 loops:
+    pre_gate = W_x x + b (+ W_h h_{t-1} when t > 0); gates [i f o g]; f = 0 at t = 0."""
+    t_len, n = x.shape[0], x.shape[1]
+    hd = w_h.shape[1]
+    xs = x.reshape(t_len, n, -1).astype(np.float64)
+    w_x, w_h, b = (a.astype(np.float64) for a in (w_x, w_h, b))
+    h = np.zeros((t_len, n, hd))
+    c = np.zeros((t_len, n, hd))
+    for t in range(t_len):
+        for s in range(n):
+            pre = w_x @ xs[t, s] + b
+            if t > 0:
+                pre = pre + w_h @ h[t - 1, s]
+            for d in range(hd):
+                i = sigmoid(pre[d])
+                f = sigmoid(pre[hd + d]) if t > 0 else 0.0
+                o = sigmoid(pre[2 * hd + d])
+                g = np.tanh(pre[3 * hd + d])
+                c_prev = c[t - 1, s, d] if t > 0 else 0.0
+                c[t, s, d] = f * c_prev + i * g
+                h[t, s, d] = o * np.tanh(c[t, s, d])
+    return h
+
+
+# ---- running a net: torch, onnxruntime, model.py ---------------------------------------------
+
+def net(*layers, inputs):
+    head = "".join(
+        f'layer {{ name: "{n}" type: "Input" top: "{n}" input_param {{ shape {{ '
+        + " ".join(f"dim: {d}" for d in s) + " } } }\n"
+        for n, s in inputs.items())
+    return head + "\n".join(layers)
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def onnx_run(model, feeds, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    path = tmp_path / "m.onnx"
+    model.export_onnx(str(path), optimize=False)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, {k: feeds[k] for k in model.inputs})))
+
+
+def model_py_run(model, feeds, tmp_path):
+    from caffeq.backends.pytorch_source import export_pytorch
+    folder = tmp_path / "py"
+    info = export_pytorch(model, folder)
+    spec = importlib.util.spec_from_file_location(f"gen_{abs(hash(str(folder)))}", str(folder / "model.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    net_ = mod.load()
+    with torch.no_grad():
+        out = net_(*[torch.from_numpy(feeds[b]) for b in info["inputs"]])
+    if not isinstance(out, dict):
+        out = {info["outputs"][0]: out}
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def all_backends(model, feeds, tmp_path, top="o"):
+    return {"torch": model.run(feeds)[top], "onnx": onnx_run(model, feeds, tmp_path)[top],
+            "model.py": model_py_run(model, feeds, tmp_path)[top]}
+
+
+# ---- Reverse ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("axis", [0, 1, 2, 3])
+def test_reverse_in_every_backend(axis, tmp_path):
+    x = rng(1).standard_normal((3, 2, 4, 5)).astype(np.float32)
+    model = load_from_text(net(f'layer {{ name: "o" type: "Reverse" bottom: "x" top: "o" '
+                               f'reverse_param {{ axis: {axis} }} }}', inputs={"x": (2, 2, 4, 5)}))
+    want = reverse_ref(x, axis)
+    np.testing.assert_array_equal(reverse_ref_ctpn(x, axis), want)   # CTPN's and caffe_ocr's loops agree
+    for backend, v in all_backends(model, {"x": x}, tmp_path).items():
+        np.testing.assert_array_equal(v, want, err_msg=backend)
+
+
+def test_reverse_default_axis_is_0():
+    x = rng(2).standard_normal((3, 2, 4)).astype(np.float32)
+    model = load_from_text(net('layer { name: "o" type: "Reverse" bottom: "x" top: "o" }', inputs={"x": x.shape}))
+    np.testing.assert_array_equal(model.run({"x": x})["o"], x[::-1])
+
+
+@pytest.mark.parametrize("params, top, msg", [("axis: -1", "o", "axis must be >= 0"),
+                                               ("axis: 3", "o", "out of range"), ("axis: 0", "x", "in-place")])
+def test_reverse_bad_params(params, top, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(f'layer {{ name: "o" type: "Reverse" bottom: "x" top: "{top}" '
+                           f'reverse_param {{ {params} }} }}', inputs={"x": (3, 2, 4)}))
+
+
+# ---- Transpose ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dims", [(3, 2, 0, 1), (2, 3, 1, 0), (0, 1, 2, 3), (1, 0, 3, 2)])
+def test_transpose_in_every_backend(dims, tmp_path):
+    x = rng(3).standard_normal((3, 2, 4, 5)).astype(np.float32)
+    text = net(f'layer {{ name: "o" type: "Transpose" bottom: "x" top: "o" transpose_param {{ '
+               f'{" ".join(f"dim: {d}" for d in dims)} }} }}', inputs={"x": (2, 2, 4, 5)})
+    model = load_from_text(text)
+    want = transpose_ref(x, dims)
+    assert model.blob_shapes["o"] == tuple((2, 2, 4, 5)[d] for d in dims)
+    for backend, v in all_backends(model, {"x": x}, tmp_path).items():
+        np.testing.assert_array_equal(v, want, err_msg=backend)
+
+
+@pytest.mark.parametrize("dims, msg", [((0, 1, 2), "one per axis"), ((0, 1, 1, 2), "each axis"),
+                                       ((0, 1, 2, 4), "each axis"), ((), "one per axis")])
+def test_transpose_bad_dims(dims, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(f'layer {{ name: "o" type: "Transpose" bottom: "x" top: "o" transpose_param {{ '
+                           f'{" ".join(f"dim: {d}" for d in dims)} }} }}', inputs={"x": (3, 2, 4, 5)}))
+
+
+# ---- ContinuationIndicator ----------------------------------------------------------------------
+
+def _indicator_fields():
+    from caffeq.io.schema import caffe_pb2
+    message = getattr(caffe_pb2, "ContinuationIndicatorParameter", None)
+    return message.DESCRIPTOR.fields_by_name if message is not None else {}
+
+
+needs_batch_size = pytest.mark.skipif("batch_size" not in _indicator_fields(),
+                                      reason="caffe.proto lacks continuation_indicator_param.batch_size "
+                                             "(the CRNN forks' field 2, used by every published prototxt)")
+
+INDICATOR = ('layer { name: "indicator" type: "ContinuationIndicator" top: "indicator" '
+             'continuation_indicator_param { time_step: %d batch_size: %d } }')
+
+
+@needs_batch_size
+def test_continuation_indicator_in_every_backend(tmp_path):
+    """With BVLC's LSTM, as CRNN ports use it: the indicator restarts the sequence at t = 0 only."""
+    t, n, k, h = 5, 3, 4, 6
+    text = net(INDICATOR % (t, n),
+               f'layer {{ name: "o" type: "LSTM" bottom: "x" bottom: "indicator" top: "o" '
+               f'recurrent_param {{ num_output: {h} }} }}', inputs={"x": (t, n, k)})
+    model = load_from_text(text, random_weights=True)
+    assert model.blob_shapes["indicator"] == (t, n)
+    x = rng(4).standard_normal((t, n, k)).astype(np.float32)
+    ref_cont = continuation_ref(t, n)
+    np.testing.assert_array_equal(model.run({"x": x}, all_blobs=True)["indicator"], ref_cont)
+    # the LSTM fed the indicator equals the LSTM fed the reference blob as an input
+    fed = load_from_text(net(f'layer {{ name: "o" type: "LSTM" bottom: "x" bottom: "cont" top: "o" '
+                             f'recurrent_param {{ num_output: {h} }} }}', inputs={"x": (t, n, k), "cont": (t, n)}),
+                         random_weights=True)
+    lstm = next(node for node in model.layers if node.name == "o")
+    next(node for node in fed.layers if node.name == "o").blobs = lstm.blobs
+    want = fed.run({"x": x, "cont": ref_cont})["o"]
+    for backend, v in all_backends(model, {"x": x}, tmp_path).items():
+        assert_close(v, want, 1e-5, 1e-5, f"indicator + LSTM {backend}")
+
+
+@needs_batch_size
+@pytest.mark.parametrize("t, n", [(0, 1), (3, 0)])
+def test_continuation_indicator_bad_params(t, n):
+    with pytest.raises(LayerError, match="time_step and batch_size must be > 0"):
+        load_from_text(INDICATOR % (t, n))
+
+
+# ---- CTPN's Lstm -----------------------------------------------------------------------------------
+
+def lstm_model(t, n, in_tail, h, seed, extra_bottom=""):
+    text = net(f'layer {{ name: "o" type: "Lstm" bottom: "x" {extra_bottom} top: "o" lstm_param {{ num_output: {h} '
+               f'weight_filler {{ type: "gaussian" std: 0.01 }} bias_filler {{ type: "constant" }} '
+               f'clipping_threshold: 1 }} }}', inputs={"x": (t, n) + in_tail})
+    model = load_from_text(text, random_weights=True)
+    node = next(node for node in model.layers if node.name == "o")
+    g = rng(seed)
+    node.blobs = [g.normal(0, 0.6, b.shape).astype(np.float32) for b in node.blobs]
+    return model, node
+
+
+def test_ctpn_lstm_in_every_backend(tmp_path):
+    t, n, tail, h = 5, 3, (2, 2), 6
+    model, node = lstm_model(t, n, tail, h, 5)
+    assert [tuple(b.shape) for b in node.blobs] == [(4 * h, 4), (4 * h, h), (4 * h,)]
+    assert model.blob_shapes["o"] == (t, n, h)
+    x = rng(6).standard_normal((t, n) + tail).astype(np.float32)
+    want = lstm_ref(x, *node.blobs)
+    for backend, v in all_backends(model, {"x": x}, tmp_path).items():
+        assert v.shape == want.shape, backend
+        assert_close(v, want, 1e-5, 1e-5, f"Lstm {backend}")
+
+
+def test_ctpn_lstm_samples_do_not_mix():
+    """Each sample of the batch runs its own recurrence (the fork's GPU kernels; see sequence.py)."""
+    t, n, tail, h = 4, 3, (5,), 4
+    model, _ = lstm_model(t, n, tail, h, 7)
+    x = rng(8).standard_normal((t, n) + tail).astype(np.float32)
+    whole = model.run({"x": x})["o"]
+    single, _ = lstm_model(t, 1, tail, h, 7)
+    for s in range(n):
+        assert_close(single.run({"x": x[:, s:s + 1]})["o"][:, 0], whole[:, s], 1e-6, 1e-6, f"sample {s}")
+
+
+def test_ctpn_lstm_bad_params():
+    with pytest.raises(LayerError, match="second bottom"):
+        load_from_text(net('layer { name: "o" type: "Lstm" bottom: "x" bottom: "c" top: "o" '
+                           'lstm_param { num_output: 3 } }', inputs={"x": (4, 2, 3), "c": (4, 2)}))
+    with pytest.raises(LayerError, match="num_output must be positive"):
+        load_from_text(net('layer { name: "o" type: "Lstm" bottom: "x" top: "o" }', inputs={"x": (4, 2, 3)}))
+    with pytest.raises(LayerError, match="at least 3 axes"):
+        load_from_text(net('layer { name: "o" type: "Lstm" bottom: "x" top: "o" lstm_param { num_output: 3 } }',
+                           inputs={"x": (4, 2)}))
+
+
+# ---- CTPN's recurrent block ---------------------------------------------------------------------------
+
+def test_ctpn_bidirectional_block_in_every_backend(tmp_path):
+    """CTPN's deploy.prototxt pattern: Transpose to (W, H, C...), forward Lstm, Reverse + Lstm + Reverse,
+    Concat, Transpose back."""
+    n, c, hh, ww, h = 2, 3, 4, 5, 4
+    layers = [
+        'layer { name: "tr" type: "Transpose" bottom: "x" top: "tr" transpose_param { dim: 3 dim: 2 dim: 0 dim: 1 } }',
+        'layer { name: "in" type: "Reshape" bottom: "tr" top: "in" reshape_param { shape { dim: 0 dim: -1 dim: 3 } } }',
+        f'layer {{ name: "fw" type: "Lstm" bottom: "in" top: "fw" lstm_param {{ num_output: {h} }} }}',
+        'layer { name: "r1" type: "Reverse" bottom: "in" top: "r1" reverse_param { axis: 0 } }',
+        f'layer {{ name: "bw" type: "Lstm" bottom: "r1" top: "bw0" lstm_param {{ num_output: {h} }} }}',
+        'layer { name: "r2" type: "Reverse" bottom: "bw0" top: "bw" reverse_param { axis: 0 } }',
+        'layer { name: "cat" type: "Concat" bottom: "fw" bottom: "bw" top: "cat" concat_param { axis: 2 } }',
+        'layer { name: "o" type: "Transpose" bottom: "cat" top: "o" transpose_param { dim: 1 dim: 2 dim: 0 } }',
+    ]
+    model = load_from_text(net(*layers, inputs={"x": (n, c, hh, ww)}), random_weights=True)
+    g = rng(9)
+    for node in model.layers:
+        if node.type == "Lstm":
+            node.blobs = [g.normal(0, 0.6, b.shape).astype(np.float32) for b in node.blobs]
+    blobs = {node.name: node.blobs for node in model.layers if node.type == "Lstm"}
+    x = g.standard_normal((n, c, hh, ww)).astype(np.float32)
+    seq = transpose_ref(x, (3, 2, 0, 1)).reshape(ww, hh * n, c)
+    fw = lstm_ref(seq, *blobs["fw"])
+    bw = reverse_ref(lstm_ref(reverse_ref(seq, 0), *blobs["bw"]).astype(np.float32), 0)
+    want = np.transpose(np.concatenate([fw, bw], axis=2), (1, 2, 0))
+    for backend, v in all_backends(model, {"x": x}, tmp_path).items():
+        assert_close(v, want, 1e-5, 1e-5, f"CTPN block {backend}")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sequence_layers_on_cuda_match_cpu():
+    t, n, h = 4, 3, 5
+    layers = ['layer { name: "tr" type: "Transpose" bottom: "x" top: "tr" transpose_param { dim: 0 dim: 2 dim: 1 } }',
+              'layer { name: "rv" type: "Reverse" bottom: "tr" top: "rv" reverse_param { axis: 0 } }',
+              f'layer {{ name: "o" type: "Lstm" bottom: "rv" top: "o" lstm_param {{ num_output: {h} }} }}']
+    model = load_from_text(net(*layers, inputs={"x": (t, 2, n)}), random_weights=True)
+    feeds = {"x": rng(10).standard_normal((t, 2, n)).astype(np.float32)}
+    cpu = model.run(feeds, all_blobs=True)
+    gpu = model.run(feeds, all_blobs=True, device="cuda")
+    for k, v in cpu.items():
+        assert_close(gpu[k], v, 1e-5, 1e-5, f"cuda {k}")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@needs_batch_size
+@pytest.mark.xfail(strict=True, reason="a layer without bottoms gets no device from the torch backend: the "
+                                       "indicator stays on the CPU while the LSTM runs on CUDA")
+def test_continuation_indicator_feeds_an_lstm_on_cuda():
+    t, n, h = 4, 3, 5
+    text = net(INDICATOR % (t, n), f'layer {{ name: "o" type: "LSTM" bottom: "x" bottom: "indicator" top: "o" '
+                                   f'recurrent_param {{ num_output: {h} }} }}', inputs={"x": (t, n, 2)})
+    model = load_from_text(text, random_weights=True)
+    feeds = {"x": rng(11).standard_normal((t, n, 2)).astype(np.float32)}
+    assert_close(model.run(feeds, device="cuda")["o"], model.run(feeds)["o"], 1e-5, 1e-5, "cuda LSTM")

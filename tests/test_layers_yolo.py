@@ -1,0 +1,515 @@
+"""YOLO fork layers: Reorg, Region, YoloDetectionOutput, Yolov3DetectionOutput.
+
+References are numpy re-derivations written here as loops from the forks' C++
+(eric612/MobileNet-YOLO, lwplw/caffe_yolov2): the forks' flat buffers and index formulas,
+float32 where the fork stores float32.  OpenCV's darknet importer is a second opinion on Reorg.
+Every layer runs in torch, in onnxruntime (the exported ONNX) and in the generated model.py.
+"""
+import importlib.util
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_close
+
+from caffeq.layers import LayerError
+from caffeq.model import load_from_text
+
+F32 = np.float32
+
+
+def reorg_ref(x, stride, reverse):
+    """darknet's reorg_cpu(x, w, h, c, batch, stride, forward=reverse, out) on the bottom's sizes."""
+    n, c, h, w = x.shape
+    flat = x.reshape(-1)
+    out = np.full(flat.size, np.nan, np.float32)
+    out_c = c // (stride * stride)
+    for b in range(n):
+        for k in range(c):
+            for j in range(h):
+                for i in range(w):
+                    in_index = i + w * (j + h * (k + c * b))
+                    c2 = k % out_c
+                    offset = k // out_c
+                    w2 = i * stride + offset % stride
+                    h2 = j * stride + offset // stride
+                    out_index = w2 + w * stride * (h2 + h * stride * (c2 + out_c * b))
+                    if reverse:
+                        out[out_index] = flat[in_index]
+                    else:
+                        out[in_index] = flat[out_index]
+    if reverse:
+        return out.reshape(n, out_c, h * stride, w * stride)
+    return out.reshape(n, c * stride * stride, h // stride, w // stride)
+
+
+def _logistic(v):
+    return F32(1.0 / (1.0 + np.exp(-np.float64(v))))
+
+
+def _softmax_inplace(buf, start, n):
+    """The forks' softmax: largest first, exp(x - largest) summed in float32, then divided."""
+    largest = -np.inf
+    for i in range(n):
+        largest = max(largest, buf[start + i])
+    total = F32(0)
+    for i in range(n):
+        e = F32(np.exp(np.float64(buf[start + i] - largest)))
+        total = F32(total + e)
+        buf[start + i] = e
+    for i in range(n):
+        buf[start + i] = F32(buf[start + i] / total)
+
+
+def region_ref(x, classes, coords, boxes, softmax):
+    """lwplw/caffe_yolov2's Region Forward_cpu: flatten (channel-last), logistic at entry 4, softmax
+    from entry 5."""
+    n, c, h, w = x.shape
+    size = coords + classes + 1
+    area, channel = w * h, boxes * size
+    src = x.reshape(-1)
+    top = np.empty_like(src)
+    for b in range(n):
+        for ch in range(channel):
+            for i in range(area):
+                top[b * channel * area + i * channel + ch] = src[b * channel * area + ch * area + i]
+    for b in range(n):
+        for i in range(h * w * boxes):
+            index = size * i + b * h * w * c
+            top[index + 4] = _logistic(top[index + 4])
+    if softmax:
+        for b in range(n):
+            for i in range(h * w * boxes):
+                _softmax_inplace(top, size * i + b * h * w * c + 5, classes)
+    return top.reshape(n, c, h, w)
+
+
+class Pred:
+    def __init__(self, x, y, w, h, cls, conf):
+        self.x, self.y, self.w, self.h, self.cls, self.conf = x, y, w, h, cls, conf
+
+
+def _overlap(x1, w1, x2, w2):
+    l1, l2 = F32(x1 - w1 / F32(2)), F32(x2 - w2 / F32(2))
+    r1, r2 = F32(x1 + w1 / F32(2)), F32(x2 + w2 / F32(2))
+    return F32(min(r1, r2) - max(l1, l2))
+
+
+def box_iou(a, b):
+    """The forks' box_iou on centre/size boxes, in float32."""
+    w = _overlap(a.x, a.w, b.x, b.w)
+    h = _overlap(a.y, a.h, b.y, b.h)
+    inter = F32(0) if (w < 0 or h < 0) else F32(w * h)
+    union = F32(F32(F32(a.w * a.h) + F32(b.w * b.h)) - inter)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return F32(inter / union)
+
+
+def rows_ref(preds, num_images, nms_threshold):
+    """Sort by confidence (best first; the test inputs have no ties), ApplyNms, the output rows."""
+    preds = sorted(preds, key=lambda p: -p.conf)
+    dropped = set()
+    for i in range(len(preds) - 1):
+        if i in dropped:
+            continue
+        for j in range(i + 1, len(preds)):
+            if j not in dropped and box_iou(preds[i], preds[j]) >= F32(nms_threshold):
+                dropped.add(j)
+    kept = [p for i, p in enumerate(preds) if i not in dropped]
+    if not kept:
+        out = np.full((num_images, 7), -1, np.float32)
+        out[:, 0] = np.arange(num_images)
+        return out.reshape(1, 1, -1, 7)
+    rows = [[0, p.cls + 1, p.conf, F32(p.x - p.w / 2), F32(p.y - p.h / 2), F32(p.x + p.w / 2),
+             F32(p.y + p.h / 2)] for p in kept]
+    return np.array(rows, np.float32).reshape(1, 1, -1, 7)
+
+
+def yolo_v2_preds(x, biases, num_box, num_classes, threshold):
+    """YoloDetectionOutput's predictions of one bottom: swap to (N, H*W, box, C/box), then per
+    image, row j, column i (both < side = width) and box n."""
+    n, c, h, w = x.shape
+    per = c // num_box
+    swap = np.empty(x.size, np.float32)
+    index = 0
+    for b in range(n):
+        for hh in range(h):
+            for ww in range(w):
+                for ch in range(c):
+                    swap[index] = x[b, ch, hh, ww]
+                    index += 1
+    side = w
+    out = []
+    for b in range(n):
+        for j in range(side):
+            for i in range(side):
+                for k in range(num_box):
+                    idx = b * h * w * c + (j * side + i) * c + k * per
+                    px = F32(F32(i + _logistic(swap[idx])) / F32(side))
+                    py = F32(F32(j + _logistic(swap[idx + 1])) / F32(side))
+                    pw = F32(F32(F32(np.exp(np.float64(swap[idx + 2]))) * F32(biases[2 * k])) / F32(side))
+                    ph = F32(F32(F32(np.exp(np.float64(swap[idx + 3]))) * F32(biases[2 * k + 1])) / F32(side))
+                    obj = _logistic(swap[idx + 4])
+                    probs = swap.copy()
+                    _softmax_inplace(probs, idx + 5, num_classes)
+                    best, cls = probs[idx + 5], 0
+                    for q in range(num_classes):
+                        if probs[idx + 5 + q] > best:
+                            best, cls = probs[idx + 5 + q], q
+                    conf = F32(obj * best)
+                    if conf >= F32(threshold):
+                        out.append(Pred(px, py, pw, ph, cls, conf))
+    return out
+
+
+def yolo_v3_preds(bottoms, biases, mask, anchors_scale, num_box, num_classes, threshold):
+    """Yolov3DetectionOutput's Forward_cpu predictions over all bottoms."""
+    out = []
+    mask_offset = 0
+    groups = len(mask) // len(bottoms)
+    ln = 5 + num_classes
+    for t, x in enumerate(bottoms):
+        n, c, h, w = x.shape
+        stride = w * h
+        data = x.reshape(-1)
+        nw, nh = w * anchors_scale[t], h * anchors_scale[t]
+        for b in range(n):
+            for s in range(stride):
+                for k in range(num_box):
+                    index = k * ln * stride + s + b * c * stride
+                    sig = [_logistic(data[index + q * stride]) for q in range(ln)]
+                    y2, x2 = s // w, s % w
+                    obj = sig[4]
+                    anchor = mask[k + mask_offset]
+                    for q in range(num_classes):
+                        score = F32(sig[5 + q] * obj)
+                        if score > F32(threshold):
+                            px = F32(F32(x2 + sig[0]) / F32(w))
+                            py = F32(F32(y2 + sig[1]) / F32(h))
+                            pw = F32(F32(F32(np.exp(np.float64(data[index + 2 * stride]))) * F32(biases[2 * anchor]))
+                                     / F32(nw))
+                            ph = F32(F32(F32(np.exp(np.float64(data[index + 3 * stride])))
+                                         * F32(biases[2 * anchor + 1])) / F32(nh))
+                            out.append(Pred(px, py, pw, ph, q, score))
+        mask_offset += groups
+    return out
+
+
+def nms_margins(preds, nms_threshold):
+    """Smallest |IoU - threshold| over all pairs and smallest gap between distinct scores: the
+    test inputs keep every decision away from a float tie."""
+    iou_gap = min((abs(float(box_iou(a, b)) - nms_threshold) for i, a in enumerate(preds)
+                   for b in preds[i + 1:]), default=1.0)
+    confs = sorted(float(p.conf) for p in preds)
+    score_gap = min((b - a for a, b in itertools.pairwise(confs)), default=1.0)
+    return iou_gap, score_gap
+
+
+# ---- running a net: torch, onnxruntime, model.py ---------------------------------------------
+
+def net(*layers, inputs):
+    """A prototxt with Input layers for `inputs` ({name: shape}) and the given layer texts."""
+    head = "".join(
+        f'layer {{ name: "{n}" type: "Input" top: "{n}" input_param {{ shape {{ '
+        + " ".join(f"dim: {d}" for d in s) + " } } }\n"
+        for n, s in inputs.items())
+    return head + "\n".join(layers)
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def onnx_run(model, feeds, tmp_path, opset=None):
+    ort = pytest.importorskip("onnxruntime")
+    path = tmp_path / "m.onnx"
+    model.export_onnx(str(path), optimize=False, opset=opset)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, {k: feeds[k] for k in model.inputs})))
+
+
+def model_py_run(model, feeds, tmp_path):
+    """The generated standalone model.py, imported and run on `feeds`."""
+    from caffeq.backends.pytorch_source import export_pytorch
+    folder = tmp_path / "py"
+    info = export_pytorch(model, folder)
+    spec = importlib.util.spec_from_file_location(f"gen_{abs(hash(str(folder)))}", str(folder / "model.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    net_ = mod.load()
+    with torch.no_grad():
+        out = net_(*[torch.from_numpy(feeds[b]) for b in info["inputs"]])
+    if not isinstance(out, dict):
+        out = {info["outputs"][0]: out}
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def all_backends(text, feeds, tmp_path, top="o"):
+    """{backend: the top} from torch, onnxruntime and model.py."""
+    model = load_from_text(text)
+    return model, {"torch": model.run(feeds)[top], "onnx": onnx_run(model, feeds, tmp_path)[top],
+                   "model.py": model_py_run(model, feeds, tmp_path)[top]}
+
+
+# ---- Reorg ------------------------------------------------------------------------------------
+
+REORG_CASES = [((2, 8, 4, 6), 2, False), ((3, 18, 6, 9), 3, False), ((2, 12, 3, 5), 2, True),
+               ((1, 27, 2, 3), 3, True)]
+
+
+def reorg_text(shape, stride, reverse):
+    return net(f'layer {{ name: "o" type: "Reorg" bottom: "x" top: "o" reorg_param {{ stride: {stride} '
+               f'reverse: {str(reverse).lower()} }} }}', inputs={"x": (1,) + shape[1:]})
+
+
+@pytest.mark.parametrize("shape, stride, reverse", REORG_CASES)
+def test_reorg_follows_darknets_loop_in_every_backend(shape, stride, reverse, tmp_path):
+    x = rng(1).standard_normal(shape).astype(np.float32)     # batch differs from the prototxt's 1
+    model, got = all_backends(reorg_text(shape, stride, reverse), {"x": x}, tmp_path)
+    want = reorg_ref(x, stride, reverse)
+    _, c, h, w = shape
+    expect = (c // stride ** 2, h * stride, w * stride) if reverse else (c * stride ** 2, h // stride, w // stride)
+    assert model.blob_shapes["o"] == (1,) + expect
+    for backend, v in got.items():
+        assert v.shape == want.shape, backend
+        np.testing.assert_array_equal(v, want, err_msg=backend)
+
+
+def test_reorg_agrees_with_opencvs_darknet_reorg(tmp_path):
+    """OpenCV's ReorgLayer (through its darknet importer) as a second opinion on the odd order."""
+    cv2 = pytest.importorskip("cv2")
+    (tmp_path / "r.cfg").write_text("[net]\nbatch=1\nwidth=6\nheight=4\nchannels=8\n\n[reorg]\nstride=2\n")
+    x = rng(2).standard_normal((1, 8, 4, 6)).astype(np.float32)
+    cv_net = cv2.dnn.readNetFromDarknet(str(tmp_path / "r.cfg"))
+    cv_net.setInput(x)
+    theirs = cv_net.forward()
+    ours = load_from_text(reorg_text(x.shape, 2, False)).run({"x": x})["o"]
+    np.testing.assert_array_equal(ours, theirs)
+    # and it is not a plain space-to-depth
+    assert not np.array_equal(ours, torch.nn.functional.pixel_unshuffle(torch.from_numpy(x), 2).numpy())
+
+
+@pytest.mark.parametrize("params, shape, msg", [
+    ("", (1, 8, 4, 4), "stride is required"), ("stride: 0", (1, 8, 4, 4), "stride must be >= 1"),
+    ("stride: 2", (1, 6, 4, 4), "divide by stride"), ("stride: 2", (1, 8, 5, 4), "height 5"),
+    ("stride: 2 reverse: true", (1, 6, 4, 4), "divide by stride"), ("stride: 2", (1, 8, 4), "4-axis")])
+def test_reorg_bad_params(params, shape, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(f'layer {{ name: "o" type: "Reorg" bottom: "x" top: "o" reorg_param {{ {params} }} }}',
+                           inputs={"x": shape}))
+
+
+def test_reorg_refuses_in_place():
+    with pytest.raises(LayerError, match="in-place"):
+        load_from_text(net('layer { name: "o" type: "Reorg" bottom: "x" top: "x" reorg_param { stride: 2 } }',
+                           inputs={"x": (1, 8, 4, 4)}))
+
+
+# ---- Region -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("classes, coords, boxes, softmax", [(3, 4, 2, True), (2, 5, 3, True), (3, 4, 2, False)])
+def test_region_follows_the_forks_loops_in_every_backend(classes, coords, boxes, softmax, tmp_path):
+    c = boxes * (coords + 1 + classes)
+    x = (rng(3).standard_normal((2, c, 3, 5)) * 3).astype(np.float32)
+    text = net(f'layer {{ name: "o" type: "Region" bottom: "x" top: "o" region_param {{ classes: {classes} '
+               f'coords: {coords} boxes_of_each_grid: {boxes} softmax: {str(softmax).lower()} }} }}',
+               inputs={"x": (1, c, 3, 5)})
+    model, got = all_backends(text, {"x": x}, tmp_path)
+    want = region_ref(x, classes, coords, boxes, softmax)
+    assert model.blob_shapes["o"] == (1, c, 3, 5)
+    for backend, v in got.items():
+        assert_close(v, want, 1e-6, 1e-6, f"region {backend}")
+
+
+@pytest.mark.parametrize("params, shape, msg", [
+    ("classes: 3 coords: 4 boxes_of_each_grid: 2", (1, 15, 3, 3), "channels 15"),
+    ("classes: 3 coords: 3 boxes_of_each_grid: 2", (1, 14, 3, 3), "coords must be >= 4"),
+    ("classes: 3 boxes_of_each_grid: 0", (1, 16, 3, 3), "boxes_of_each_grid must be >= 1"),
+    ("classes: 0", (1, 25, 3, 3), "classes must be >= 1")])
+def test_region_bad_params(params, shape, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(f'layer {{ name: "o" type: "Region" bottom: "x" top: "o" region_param {{ {params} }} }}',
+                           inputs={"x": shape}))
+
+
+# ---- YoloDetectionOutput ------------------------------------------------------------------------
+
+V2_BIASES = [1.1, 1.3, 2.4, 1.9]
+
+
+def v2_text(n, sides, threshold, nms=0.45, k=3, nb=2, extra=""):
+    names = [f"x{i}" for i in range(len(sides))]
+    biases = " ".join(f"biases: {b}" for b in V2_BIASES)
+    layer = (f'layer {{ name: "o" type: "YoloDetectionOutput" {" ".join(f"bottom: {chr(34)}{b}{chr(34)}" for b in names)} '
+             f'top: "o" yolo_detection_output_param {{ num_classes: {k} num_box: {nb} coords: 4 '
+             f'confidence_threshold: {threshold} nms_threshold: {nms} {biases} {extra} }} }}')
+    return net(layer, inputs={b: (n, nb * (5 + k), s, s) for b, s in zip(names, sides)})
+
+
+def v2_inputs(seed, n, sides, k=3, nb=2):
+    g = rng(seed)
+    return {f"x{i}": g.standard_normal((n, nb * (5 + k), s, s)).astype(np.float32) for i, s in enumerate(sides)}
+
+
+@pytest.mark.parametrize("sides", [(4, 2), (5,)])
+def test_yolo_v2_detections_in_every_backend(sides, tmp_path):
+    threshold, nms = 0.2, 0.45
+    feeds = v2_inputs(4, 3, sides)     # batch 3; the prototxt says 2
+    preds = [p for i in range(len(sides)) for p in yolo_v2_preds(feeds[f"x{i}"], V2_BIASES, 2, 3, threshold)]
+    iou_gap, score_gap = nms_margins(preds, nms)
+    assert iou_gap > 1e-4 and score_gap > 1e-6, "inputs too close to a tie for a well-posed test"
+    want = rows_ref(preds, 3, nms)
+    assert 5 < want.shape[2] < len(preds)      # the threshold keeps some, NMS drops some
+    assert (want[0, 0, :, 0] == 0).all()        # the fork writes image 0 on every row
+    model, got = all_backends(v2_text(2, sides, threshold, nms), feeds, tmp_path)
+    assert model.blob_shapes["o"] == (1, 1, 2 * 2 * sum(s * s for s in sides), 7)   # the most rows it can write
+    for backend, v in got.items():
+        assert v.shape == want.shape, backend
+        assert_close(v, want, 1e-6, 1e-6, f"yolo v2 {backend}")
+
+
+def test_yolo_v2_without_detections_gives_one_row_per_image(tmp_path):
+    feeds = v2_inputs(5, 3, (3,))
+    want = np.full((1, 1, 3, 7), -1, np.float32)
+    want[0, 0, :, 0] = np.arange(3)
+    np.testing.assert_array_equal(rows_ref(yolo_v2_preds(feeds["x0"], V2_BIASES, 2, 3, 0.99), 3, 0.45), want)
+    _, got = all_backends(v2_text(2, (3,), 0.99), feeds, tmp_path)
+    for backend, v in got.items():
+        np.testing.assert_array_equal(v, want, err_msg=backend)
+
+
+@pytest.mark.parametrize("num_box, msg", [(3, "biases has 4 values"), (0, "num_box must be >= 1")])
+def test_yolo_v2_bad_params(num_box, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(v2_text(1, (3,), 0.5, nb=num_box))
+
+
+def test_yolo_v2_refuses_non_square_maps_and_wrong_channels():
+    layer = ('layer { name: "o" type: "YoloDetectionOutput" bottom: "x" top: "o" yolo_detection_output_param { '
+             'num_classes: 3 num_box: 2 biases: 1 biases: 1 biases: 2 biases: 2 } }')
+    with pytest.raises(LayerError, match="square"):
+        load_from_text(net(layer, inputs={"x": (1, 16, 3, 4)}))
+    with pytest.raises(LayerError, match="channels 14"):
+        load_from_text(net(layer, inputs={"x": (1, 14, 3, 3)}))
+    with pytest.raises(LayerError, match="num_classes is required"):
+        load_from_text(net(layer.replace("num_classes: 3 ", ""), inputs={"x": (1, 16, 3, 3)}))
+
+
+# ---- Yolov3DetectionOutput ------------------------------------------------------------------------
+
+V3_BIASES = [10, 14, 23, 27, 37, 58, 81, 82, 135, 169, 344, 319]
+V3_MASK = [3, 4, 5, 0, 1, 2]
+V3_SCALES = [32, 16]
+
+
+def v3_text(n, maps, threshold, nms=0.45, k=2, nb=3, extra=""):
+    names = [f"x{i}" for i in range(len(maps))]
+    fields = (" ".join(f"biases: {b}" for b in V3_BIASES) + " " + " ".join(f"mask: {m}" for m in V3_MASK) + " "
+              + " ".join(f"anchors_scale: {s}" for s in V3_SCALES))
+    layer = (f'layer {{ name: "o" type: "Yolov3DetectionOutput" {" ".join(f"bottom: {chr(34)}{b}{chr(34)}" for b in names)} '
+             f'top: "o" yolov3_detection_output_param {{ num_classes: {k} num_box: {nb} '
+             f'confidence_threshold: {threshold} nms_threshold: {nms} mask_group_num: {len(maps)} {fields} {extra} }} }}')
+    return net(layer, inputs={b: (n, nb * (5 + k)) + hw for b, hw in zip(names, maps)})
+
+
+def v3_inputs(seed, n, maps, k=2, nb=3):
+    g = rng(seed)
+    return {f"x{i}": g.standard_normal((n, nb * (5 + k)) + hw).astype(np.float32) for i, hw in enumerate(maps)}
+
+
+def test_yolo_v3_detections_in_every_backend(tmp_path):
+    maps, threshold, nms = ((3, 4), (6, 8)), 0.5, 0.45
+    feeds = v3_inputs(6, 3, maps)
+    preds = yolo_v3_preds([feeds["x0"], feeds["x1"]], V3_BIASES, V3_MASK, V3_SCALES, 3, 2, threshold)
+    iou_gap, score_gap = nms_margins(preds, nms)
+    assert iou_gap > 1e-4 and score_gap > 1e-6, "inputs too close to a tie for a well-posed test"
+    want = rows_ref(preds, 3, nms)
+    assert 5 < want.shape[2] < len(preds)
+    model, got = all_backends(v3_text(2, maps, threshold, nms), feeds, tmp_path)
+    assert model.blob_shapes["o"] == (1, 1, 2 * 3 * 2 * (12 + 48), 7)
+    for backend, v in got.items():
+        assert v.shape == want.shape, backend
+        assert_close(v, want, 1e-6, 1e-6, f"yolo v3 {backend}")
+
+
+def test_yolo_v3_without_detections_gives_one_row_per_image(tmp_path):
+    maps = ((2, 3),)
+    feeds = v3_inputs(7, 2, maps)
+    text = v3_text(2, maps, 0.999)
+    want = np.full((1, 1, 2, 7), -1, np.float32)
+    want[0, 0, :, 0] = np.arange(2)
+    _, got = all_backends(text, feeds, tmp_path)
+    for backend, v in got.items():
+        np.testing.assert_array_equal(v, want, err_msg=backend)
+
+
+@pytest.mark.parametrize("change, msg", [
+    (("num_classes: 2", "num_classes: 2 gaussian_box: true"), "gaussian_box"),
+    (("num_box: 3", "num_box: 4"), "mask has 6 entries"),
+    (("mask_group_num: 2", "mask_group_num: 3"), "mask_group_num 3 must equal the number of bottoms"),
+    (("anchors_scale: 16", ""), "anchors_scale needs one positive value per bottom"),
+    (("biases: 344 biases: 319", ""), "biases has 10 values"),
+])
+def test_yolo_v3_bad_params(change, msg):
+    text = v3_text(1, ((3, 4), (6, 8)), 0.5)
+    assert change[0] in text
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(text.replace(change[0], change[1]))
+
+
+def test_yolo_v3_checks_channels():
+    with pytest.raises(LayerError, match="channels 20"):
+        load_from_text(v3_text(1, ((3, 4), (6, 8)), 0.5).replace("dim: 21 dim: 3", "dim: 20 dim: 3"))
+
+
+# ---- all four together: ONNX's oldest opset, gradients, CUDA ---------------------------------------
+
+def yolo_net():
+    """Reorg -> Region, and both detection layers, in one net."""
+    v2 = v2_text(2, (4,), 0.2).split("\n")[-1].replace('bottom: "x0"', 'bottom: "m"')
+    v3 = v3_text(2, ((3, 4), (6, 8)), 0.5).split("\n")[-1].replace('name: "o"', 'name: "o3"').replace(
+        'top: "o"', 'top: "o3"')
+    return net('layer { name: "r" type: "Reorg" bottom: "a" top: "r" reorg_param { stride: 2 } }',
+               'layer { name: "g" type: "Region" bottom: "r" top: "g" region_param { classes: 3 coords: 4 '
+               'boxes_of_each_grid: 2 softmax: true } }', v2, v3,
+               inputs={"a": (2, 4, 8, 12), "m": (2, 16, 4, 4), "x0": (2, 21, 3, 4), "x1": (2, 21, 6, 8)})
+
+
+def yolo_feeds(seed, n):
+    g = rng(seed)
+    return {"a": g.standard_normal((n, 4, 8, 12)).astype(np.float32), **v2_inputs(seed, n, (4,)),
+            **{k.replace("x0", "m"): v for k, v in v2_inputs(seed, n, (4,)).items()},
+            **v3_inputs(seed + 1, n, ((3, 4), (6, 8)))}
+
+
+def test_onnx_at_opset_13(tmp_path):
+    model = load_from_text(yolo_net())
+    feeds = yolo_feeds(10, 3)
+    ours = model.run(feeds)
+    theirs = onnx_run(model, feeds, tmp_path, opset=13)
+    for top in ("g", "o", "o3"):
+        assert theirs[top].shape == ours[top].shape, top
+        assert_close(theirs[top], ours[top], 1e-6, 1e-6, f"opset 13 {top}")
+
+
+def test_reorg_and_region_pass_gradients():
+    model = load_from_text(net('layer { name: "r" type: "Reorg" bottom: "a" top: "r" reorg_param { stride: 2 } }',
+                               'layer { name: "g" type: "Region" bottom: "r" top: "g" region_param { classes: 3 '
+                               'coords: 4 boxes_of_each_grid: 2 softmax: true } }', inputs={"a": (2, 4, 8, 12)}))
+    a = torch.from_numpy(rng(11).standard_normal((2, 4, 8, 12)).astype(np.float32)).requires_grad_(True)
+    (model.to_torch()(a) ** 2).sum().backward()
+    assert a.grad is not None and torch.isfinite(a.grad).all() and (a.grad != 0).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_yolo_layers_on_cuda_match_cpu():
+    model = load_from_text(yolo_net())
+    feeds = yolo_feeds(12, 2)
+    cpu = model.run(feeds, all_blobs=True)
+    gpu = model.run(feeds, all_blobs=True, device="cuda")
+    for k, v in cpu.items():
+        assert gpu[k].shape == v.shape, k
+        assert_close(gpu[k], v, 1e-5, 1e-5, f"cuda {k}")
