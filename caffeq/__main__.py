@@ -1,43 +1,57 @@
 """The caffeq command line: `python cli.py COMMAND ...` or `caffeq COMMAND ...`.
 
 Each subcommand lives in caffeq/commands/<name>.py with `add_parser(sub)`
-and `run(args)`; this module only dispatches and turns CaffeqError into one
-line on stderr with exit status 2.
+and `run(args)`; their shared options are in caffeq/commands/options.py. This
+module only dispatches and turns every user error (CaffeqError, and the
+command-line errors argparse finds) into one line on stderr with exit status 2.
 """
-import argparse
 import importlib
 import sys
 
+from . import __version__
 from .errors import CaffeqError
 
 COMMANDS = ["inspect", "run", "convert", "upgrade", "eval", "finetune", "sensitivity"]
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="caffeq", description="Read, run, quantize and export Caffe models.")
+    from .commands.options import CliParser
+    parser = CliParser(prog="caffeq", description="Read, run, quantize and export Caffe models.")
+    parser.add_argument("--version", action="version", version=f"caffeq {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CliParser)
     handlers = {}
     for name in COMMANDS:
         mod = importlib.import_module(f"caffeq.commands.{name}")
         p = mod.add_parser(sub)
-        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+        p.add_argument("--debug", action="store_true", default=False, help="show tracebacks")
         handlers[name] = mod.run
+    parser.subcommands = sub.choices
     return parser, handlers
 
 
+def _parse(parser, argv):
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # unknown options are reported by the command's parser, which can suggest its own options
+        owner = parser.subcommands.get(getattr(args, "command", None), parser)
+        owner.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    parser, handlers = build_parser()
-    args = parser.parse_args(argv)
-    if not args.command:
-        parser.print_help()
-        return 2
+    argv = sys.argv[1:] if argv is None else list(map(str, argv))
+    debug = "--debug" in argv
+    args = None
     try:
+        parser, handlers = build_parser()
+        args = _parse(parser, argv)
+        if not args.command:
+            parser.print_help()
+            return 2
         return handlers[args.command](args) or 0
     except CaffeqError as e:
-        if getattr(args, "debug", False):
+        if debug:
             raise
         print(f"caffeq: error: {e}", file=sys.stderr)
         return 2
@@ -45,7 +59,7 @@ def main(argv=None):
         print("caffeq: interrupted", file=sys.stderr)
         return 130
     except MemoryError:
-        if getattr(args, "debug", False):
+        if debug:
             raise
         print("caffeq: error: out of memory", file=sys.stderr)
         return 2

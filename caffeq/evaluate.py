@@ -13,7 +13,6 @@ single-process numbers.
 """
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -306,6 +305,29 @@ def model_size_bytes(model):
     return total
 
 
+def model_precision(model):
+    """The precision a model's weights are stored at: "fp32", or what it was quantized to
+    ("binary", "int8", "fp16"; "int8+binary" for a mix). Layers kept fp32 do not count."""
+    done = sorted(set((getattr(model, "quantization", None) or {}).values()))
+    return "+".join(done) if done else "fp32"
+
+
+def _labelled_targets(names, base):
+    """Target names with the reference (names[0], "fp32") labelled by the model's real precision.
+
+    A quantized model (a .caffeq file, caffeq.quantize's result) is its own reference: it cannot
+    be quantized again, and asking for fp32 evaluates it as it is.
+    """
+    precision = model_precision(base)
+    if precision == "fp32":
+        return names
+    others = [t for t in names[1:] if t != precision]
+    if others:
+        raise DataError(f"the model is already {precision} (quantized); it cannot also be evaluated as "
+                        f"{', '.join(others)}: evaluate the fp32 prototxt and caffemodel for those")
+    return [precision]
+
+
 def _targets(targets):
     if isinstance(targets, str):
         targets = [t for t in targets.split(",")]
@@ -475,6 +497,7 @@ def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=No
     opts = {"batch_size": batch_size, "transform": transform, "resize": resize,
             "channel_order": channel_order, "kind": kind}
     base, plan, dataset = _prepare(model, data, weights, phase, ignore_unknown, limit, opts)
+    names = _labelled_targets(names, base)
     dev = _device(device)
     dist_env = _Dist(distributed, dev)
     try:
@@ -521,6 +544,8 @@ def _prepare(model, data, weights, phase, ignore_unknown, limit, opts):
 
 def _probe(dataset, expected, plan):
     """The shape of the first readable item; fail early, with a hint, when it cannot fit the net."""
+    if len(dataset) == 0:
+        raise DataError(f"{plan.source}: no items to evaluate (the data source is empty)")
     first_err = None
     for i in range(min(len(dataset), PROBE_ITEMS)):
         _, img, _, err = dataset[i]
@@ -564,12 +589,13 @@ class Runner:
         self.models, self.modules, self.notes = {}, {}, list(plan.notes)
         wanted = [self.score] + [m for m in self.metric_names if m != self.score]
         for t in self.names:
-            m = base if t == "fp32" else quantize(base, t, keep=keep)
-            if t != "fp32":
+            reference = t == self.names[0]    # the model as given (fp32, or its stored precision)
+            m = base if reference else quantize(base, t, keep=keep)
+            if not reference:
                 rep = getattr(m, "quant_report", None)
                 self.notes.extend(f"{t}: {n}" for n in getattr(rep, "notes", []) or [])
             self.models[t] = m
-            dtype = compute_dtype(t, device)
+            dtype = compute_dtype(t if "+" not in t else "fp32", device)   # a mix computes in fp32
             self.modules[t] = (_module(m, wanted, device, dtype), dtype)
         t = plan.transformer
         self.normalizer = Normalizer(t.mean_for(_raw_shape(plan, self.expected)), t.scale)
@@ -624,7 +650,7 @@ class Runner:
             feed = [xin] if feed_label is None else _ordered_feed(gm, self.plan, xin, feed_label)
             out = gm(*feed)
             s = _batch_stats(acc, out, self.score, self.metric_names, lab, labeled, ref, n)
-            if t == "fp32":
+            if t == self.names[0]:
                 ref = s
             if self.on_device:
                 end.record()
@@ -651,11 +677,9 @@ def _evaluate(base, plan, dataset, names, dev, dist_env, workers, strict, output
         collate_fn=runner.collate(), pin_memory=runner.on_device,
         worker_init_fn=worker_init if workers else None, prefetch_factor=4 if workers else None)
     bad, bad_count, oor, oor_count = [], 0, [], 0
-    bar = None
-    if progress and dist_env.rank == 0:
-        from tqdm import tqdm
-        bar = tqdm(total=len(sampler), unit="img", desc="eval", file=sys.stderr, dynamic_ncols=True,
-                   smoothing=0.1)
+    from .progress import progress_bar
+    # a bar on a terminal only (never tqdm's redraws in a log file)
+    bar = progress_bar(len(sampler), "eval", unit="img", enabled=progress and dist_env.rank == 0)
     loop_start = time.perf_counter()
     try:
         with torch.inference_mode():
@@ -673,12 +697,10 @@ def _evaluate(base, plan, dataset, names, dev, dist_env, workers, strict, output
                     oor_count += len(dropped)
                     oor.extend(dropped[:max(0, MAX_LISTED_ERRORS - len(oor))])
                 runner.step(x, labels)
-                if bar is not None:
-                    bar.update(int(batch["index"].shape[0]) + len(batch["bad"]))
+                bar.update(int(batch["index"].shape[0]) + len(batch["bad"]))
         runner.sync()
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     wall = time.perf_counter() - loop_start
     result = _report(runner, dist_env, dataset, bad, bad_count, oor, oor_count, wall, started, workers)
     result["warnings"] = list(base.warnings)
@@ -748,7 +770,7 @@ def _report(runner, dist_env, dataset, bad, bad_count, oor, oor_count, wall, sta
             r["top5"] = _frac(s[TOP5], s[LABELED])
         if metric_names:
             r["layers"] = {m: _frac(s[NSLOTS + j], n) for j, m in enumerate(metric_names)}
-        if t != "fp32":
+        if k > 0:      # agreement with the reference, names[0]
             r["agreement_top1"] = _frac(s[AGREE], s[POS])
             r["mean_abs_diff"] = _frac(s[ABS], s[ELEMS])
             r["max_abs_diff"] = float(maxes[k]) if n else None
@@ -791,6 +813,7 @@ def format_table(result):
     """The side-by-side table of targets (percentages for reading; the JSON keeps fractions)."""
     res = result["results"]
     names = list(res)
+    ref = names[0] if names else None
     layer_names = []
     for r in res.values():
         for m in (r.get("layers") or {}):
@@ -802,10 +825,10 @@ def format_table(result):
     for m in layer_names:
         cols.append((m, lambda t, r, m=m: _num((r.get("layers") or {}).get(m))))
     if len(names) > 1:
-        cols += [("agree@1", lambda t, r: _pct(r.get("agreement_top1")) if t != "fp32" else "-"),
-                 ("cosine", lambda t, r: _num(r.get("cosine"), 5) if t != "fp32" else "-"),
-                 ("mean|d|", lambda t, r: _num(r.get("mean_abs_diff")) if t != "fp32" else "-"),
-                 ("max|d|", lambda t, r: _num(r.get("max_abs_diff")) if t != "fp32" else "-")]
+        cols += [("agree@1", lambda t, r: _pct(r.get("agreement_top1")) if t != ref else "-"),
+                 ("cosine", lambda t, r: _num(r.get("cosine"), 5) if t != ref else "-"),
+                 ("mean|d|", lambda t, r: _num(r.get("mean_abs_diff")) if t != ref else "-"),
+                 ("max|d|", lambda t, r: _num(r.get("max_abs_diff")) if t != ref else "-")]
     cols += [("images/s", lambda t, r: f"{r['images_per_s']:.0f}" if r.get("images_per_s") else "-"),
              ("size", lambda t, r: _size(r.get("model_size_bytes")))]
     rows = [[c[0] for c in cols]] + [[c[1](t, res[t]) for c in cols] for t in names]
@@ -829,10 +852,8 @@ def _num(v, digits=4):
 def _size(b):
     if b is None:
         return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if b < 1024 or unit == "GB":
-            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
-        b /= 1024
+    from .fs import format_bytes  # one unit style in every report
+    return format_bytes(b)
 
 
 __all__ = [
@@ -840,6 +861,7 @@ __all__ = [
     "build_dataset",
     "evaluate",
     "format_table",
+    "model_precision",
     "model_size_bytes",
     "parse_resize",
     "plan_data",

@@ -70,6 +70,7 @@ from .errors import DataError
 from .evaluate import build_dataset, phase_data_layer, plan_data
 from .model import load, read_net
 from .quant import get_quantizer, quantize
+from .progress import tracked
 from .sensitivity import choose_keep, estimated_drop, measure_sensitivity
 from .training import FinetuneError
 from .training.batchnorm import batchnorm_modules, force_batch_statistics, reestimate_batchnorm
@@ -388,7 +389,9 @@ class _Session:
     def bn_batches(self, epoch_key):
         """The first bn_batches training batches, in a fixed seeded order (not the training order)."""
         self.sampler.set_epoch(epoch_key)
-        for k, batch in enumerate(self.train_loader):
+        bar_total = min(self.config.bn_batches, len(self.train_loader))
+        for k, batch in enumerate(tracked(self.train_loader, "BatchNorm statistics", total=bar_total,
+                                          enabled=self.config.progress)):
             if k >= self.config.bn_batches:
                 break
             yield batch
@@ -402,7 +405,8 @@ class _Session:
             force_batch_statistics(self.val_gm)
             binarize_module(self.val_gm, self.out_model, self.binarized)
         copy_layer_state(self.gm, self.val_gm)
-        r = predict(self.val_gm, self.val_loader, self.val_feed, self.val_score, reference=self.fp32_preds)
+        r = predict(self.val_gm, tracked(self.val_loader, "validation", enabled=self.config.progress), self.val_feed,
+                    self.val_score, reference=self.fp32_preds)
         return r["top1"] if self.metric == "top1" else r["agreement"]
 
     # -- baselines: fp32, post-training binary, BatchNorm re-estimated (epoch 0) --
@@ -410,7 +414,8 @@ class _Session:
         c = self.config
         if self.val_loader is not None:
             ref_gm = module_with_outputs(self.out_model, [self.val_score], self.dev)
-            r = predict(ref_gm, self.val_loader, self.val_feed, self.val_score)
+            r = predict(ref_gm, tracked(self.val_loader, "validation (fp32)", enabled=c.progress), self.val_feed,
+                        self.val_score)
             del ref_gm
             if r["top1"] is None:
                 self.metric = "agreement"

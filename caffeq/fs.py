@@ -1,4 +1,5 @@
-"""Writing output files safely: below every other caffeq module (it imports only errors).
+"""Files: writing outputs safely, finding data sources, sizes in messages. Below every other caffeq
+module (it imports only errors).
 
 Every writer (backends, io, sensitivity plots, the commands) goes through these, so that an output
 never replaces an input file and a failed write leaves no partial file behind.
@@ -45,6 +46,31 @@ def resolve_source(path, base_dir):
     return os.path.join(base_dir or "", path)
 
 
+def _make_folders(folder):
+    """Create `folder` and its missing parents -> the folders created, deepest first."""
+    created = []
+    folder = os.path.abspath(folder)
+    while not os.path.exists(folder):
+        created.append(folder)
+        folder = os.path.dirname(folder)
+    for d in reversed(created):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise CaffeqError(f"cannot create folder {d}: {e.strerror}") from None
+    return created
+
+
+def _remove_folders(created):
+    for d in created:            # deepest first; only folders left empty
+        try:
+            os.rmdir(d)
+        except OSError:
+            break
+
+
 def _plain_mode(path):
     """mkstemp creates 0600 files; outputs get the mode a plain open() would give."""
     mask = os.umask(0)
@@ -56,15 +82,21 @@ def _plain_mode(path):
 def atomic_path(path, inputs=()):
     """Yield a temporary path beside `path`; rename it onto `path` on success, delete it on failure.
 
-    For writers that open files themselves. inputs: files that `path` must not be.
+    For writers that open files themselves. inputs: files that `path` must not be. Missing
+    folders are created, and removed again on failure.
     """
     path = os.fspath(path)
     target = os.path.abspath(path)
     refuse_overwrite(path, inputs)
+    if os.path.isdir(target):
+        raise CaffeqError(f"{path}: is a folder; name a file")
     folder = os.path.dirname(target) or "."
-    if not os.path.isdir(folder):
-        raise CaffeqError(f"{path}: folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=".caffeq-", suffix=os.path.splitext(path)[1] or ".tmp", dir=folder)
+    created = _make_folders(folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".caffeq-", suffix=os.path.splitext(path)[1] or ".tmp", dir=folder)
+    except OSError as e:
+        _remove_folders(created)
+        raise CaffeqError(f"{path}: cannot write in {folder}: {e.strerror}") from None
     os.close(fd)
     try:
         yield tmp
@@ -75,6 +107,7 @@ def atomic_path(path, inputs=()):
             os.unlink(tmp)
         except OSError:
             pass
+        _remove_folders(created)
         raise
 
 
@@ -84,3 +117,11 @@ def atomic_output(path, mode="wb", inputs=()):
     # the file is closed before atomic_path renames (or deletes) it
     with atomic_path(path, inputs) as tmp, open(tmp, mode) as f:
         yield f
+
+
+def format_bytes(n):
+    """Decimal units, one style everywhere: 950 B, 9.02 kB, 150.10 kB, 1.20 MB."""
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{int(n)} B"

@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import CaffeqError, GraphError, ShapeError, WeightsError
 from .io.schema import caffe_pb2
-from .layers import get_spec, require_specs
+from .layers import require_specs, spec_for
 from .layers.registry import LayerError, MissingInputShape
 
 MAX_BLOB_ELEMENTS = 1 << 33  # about 32 GB of float32: refuse before allocating
@@ -182,7 +182,7 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
     shapes_used = set()
 
     for lp in layers:
-        spec = get_spec(lp.type)
+        spec = spec_for(lp)
         where = _where(source, lp)
         node_name = _unique_layer_name(lp.name, names_seen, source, notes)
         try:
@@ -199,8 +199,8 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
         in_ids = []
         for b in lp.bottom:
             if b not in current:
-                raise GraphError(f"{where}: bottom '{b}' is not produced by any earlier layer "
-                                 f"{_excluded_producer_hint(net, b, layers, phase)}")
+                hint, rule = _excluded_producer_hint(net, b, layers, phase)
+                raise PhaseRuleError(f"{where}: bottom '{b}' is not produced by any earlier layer {hint}", rule)
             in_ids.append(current[b])
         in_shapes = [shapes[i] for i in in_ids]
         given = {i: input_shapes[t] for i, t in enumerate(lp.top) if t in input_shapes} if spec.is_data else {}
@@ -309,19 +309,21 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
 TRAINING_ONLY_TYPES = frozenset({
     "MultiBoxLoss", "SmoothL1Loss", "CTCLoss", "WarpCTCLoss", "TripletLoss", "CenterLoss",
     "BoxAnnotatorOHEM", "SoftmaxWithLossOHEM", "DetectionEvaluate", "LabelSpecificAdd",
-    "FocalLoss", "L1Loss", "CosinLoss", "NormalizedSoftmaxLoss",
+    "FocalLoss", "L1Loss", "CosinLoss", "NormalizedSoftmaxLoss", "EvalDetection",
 })
 
 
 def is_training_only_type(type_name):
-    return type_name in TRAINING_ONLY_TYPES or type_name.lower().endswith("loss")
+    """Losses and scorers (accuracy, detection evaluation): they train or measure, never infer."""
+    lowered = type_name.lower()
+    return type_name in TRAINING_ONLY_TYPES or lowered.endswith("loss") or lowered.endswith("accuracy")
 
 
 def drop_training_only(layers, source="", notes=None):
     """Drop layers of training-only types that have no spec (forks' losses), with a note."""
     kept, dropped = [], []
     for lp in layers:
-        if get_spec(lp.type) is None and lp.type != "Python" and is_training_only_type(lp.type):
+        if spec_for(lp) is None and (is_training_only_type(lp.type) or _is_python_loss(lp)):
             dropped.append(f"{lp.name} ({lp.type})")
         else:
             kept.append(lp)
@@ -329,6 +331,11 @@ def drop_training_only(layers, source="", notes=None):
         notes.append(f"{source + ': ' if source else ''}dropped {len(dropped)} training-only layer(s) "
                      f"that inference does not use: {', '.join(dropped[:6])}{', ...' if len(dropped) > 6 else ''}")
     return kept
+
+
+def _is_python_loss(lp):
+    """A Python layer that Caffe treats as a loss (a loss_weight): it only trains the net."""
+    return lp.type == "Python" and any(w != 0 for w in lp.loss_weight)
 
 
 def _unique_layer_name(name, taken, source, notes):
@@ -360,19 +367,30 @@ def _did_you_mean(name, choices):
     return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
 
 
+class PhaseRuleError(GraphError):
+    """An undefined bottom that a layer left out by the phase/stage rules would produce.
+
+    `rule` is that layer's first include rule (a NetStateRule) or None: the state under which
+    the net is whole (inspect tries it)."""
+
+    def __init__(self, message, rule=None):
+        super().__init__(message)
+        self.rule = rule
+
+
 def _excluded_producer_hint(net, blob, kept, phase):
-    """Why a bottom is undefined: a layer producing it that the phase/stage rules left out."""
+    """(why a bottom is undefined, the include rule that would define it or None)."""
     phase_name = phase if isinstance(phase, str) else caffe_pb2.Phase.Name(phase)
     excluded = [lp for lp in net.layer if blob in lp.top and lp not in kept]
     # the layers meant for this phase (but another stage or level) say the most
     excluded.sort(key=lambda lp: not any(r.HasField("phase") and caffe_pb2.Phase.Name(r.phase) == phase_name.upper()
                                          for r in lp.include))
     if not excluded:
-        return "(undefined blob, wrong order or a cycle)"
+        return "(undefined blob, wrong order or a cycle)", None
     lp = excluded[0]
     rules = "; ".join(str(r).replace("\n", " ").strip() for r in lp.include) or "its exclude rules"
     return (f"at {phase_name}: layer '{lp.name}' makes it, but only under include {{ {rules} }}; "
-            f"choose that with --phase/--stage")
+            f"choose that with --phase/--stage"), (lp.include[0] if lp.include else None)
 
 
 def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_ok, notes):

@@ -21,7 +21,6 @@ sensitive first, which is optimal for a sum.
 """
 import math
 import os
-import sys
 
 import numpy as np
 import torch
@@ -169,11 +168,8 @@ def measure_sensitivity(model, loader, feeder, score, target="binary", cumulativ
         correct = {k: 0 for k, _ in configs}
         agree = {k: 0 for k, _ in configs}
         labeled = total = items = 0
-        bar = None
-        if progress:
-            from tqdm import tqdm
-            bar = tqdm(total=len(loader), desc=desc, unit="batch", file=sys.stderr, dynamic_ncols=True,
-                       leave=False, disable=None)
+        from .progress import progress_bar
+        bar = progress_bar(len(loader), desc, unit="batch", enabled=progress, leave=False)  # terminal only
         with torch.no_grad():
             for batch in loader:
                 inputs = feeder(batch)
@@ -195,10 +191,8 @@ def measure_sensitivity(model, loader, feeder, score, target="binary", cumulativ
                     if labels is not None:
                         correct[key] += count_correct(s, labels)[0]
                     agree[key] += int((s.reshape(s.shape[0], s.shape[1], -1).argmax(1) == ref_pred).sum())
-                if bar is not None:
-                    bar.update(1)
-        if bar is not None:
-            bar.close()
+                bar.update(1)
+        bar.close()
         swap.set(())
         return correct, labeled, agree, total, items
 

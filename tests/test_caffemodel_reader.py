@@ -180,3 +180,17 @@ def test_truncated_mean_file_is_a_clear_error(tmp_path):
     p.write_bytes(raw[: len(raw) // 2])
     with pytest.raises(ParseError, match="m.binaryproto"):
         read_blobproto(p)
+
+
+@pytest.mark.parametrize("net_field, name_field, bottom_field", [(100, 1, 3), (2, 4, 2)])  # V2 layer, V1 layers
+def test_text_fields_that_are_not_utf8_are_clear_errors(tmp_path, net_field, name_field, bottom_field):
+    # a bottom name of invalid UTF-8 used to reach the legacy upgrade and fail there with a traceback
+    from caffeq.io.wire import encode_key, encode_varint
+
+    def string_field(number, raw):
+        return encode_key(number, 2) + encode_varint(len(raw)) + raw
+    layer = string_field(name_field, b"conv") + string_field(bottom_field, b"\xff\xfedata")
+    path = tmp_path / "bad.caffemodel"
+    path.write_bytes(string_field(net_field, layer))
+    with pytest.raises(ParseError, match=r"bad.caffemodel: not a valid caffemodel: layers? #0: field 'bottom'.*not UTF-8"):
+        read_caffemodel(path)

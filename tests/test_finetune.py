@@ -232,7 +232,7 @@ def test_short_finetune_beats_post_training_binarization():
         np.testing.assert_allclose(np.abs(w), np.abs(w[:, :1]) * np.ones_like(w), rtol=1e-6)
     assert not getattr(q.graph.node("conv1"), "quant", None)       # kept fp32
     res = caffeq.evaluate(q, workers=0)
-    assert res["results"]["fp32"]["top1"] == pytest.approx(r.best_metric)
+    assert res["results"]["binary"]["top1"] == pytest.approx(r.best_metric)
 
 
 def test_finetune_is_reproducible_and_bn_only_never_steps(tmp_path):

@@ -205,11 +205,13 @@ layer { name: "label" type: "Input" top: "label" input_param { shape { dim: 2 } 
 layer { name: "ip" type: "InnerProduct" bottom: "x" top: "ip" inner_product_param { num_output: 3 } }
 layer { name: "mbox_loss" type: "MultiBoxLoss" bottom: "ip" bottom: "label" top: "mbox_loss" }
 layer { name: "ctc" type: "CTCLoss" bottom: "ip" bottom: "label" top: "ctc" }
+layer { name: "acc" type: "LabelsequenceAccuracy" bottom: "ip" bottom: "label" top: "acc" }
 """
     model = load_from_text(text, random_weights=True)
     assert [n.name for n in model.layers] == ["x", "label", "ip"]
     assert model.outputs == ["ip"]
-    assert any("mbox_loss (MultiBoxLoss)" in w and "ctc (CTCLoss)" in w for w in model.warnings)
+    assert any("mbox_loss (MultiBoxLoss)" in w and "ctc (CTCLoss)" in w and "acc (LabelsequenceAccuracy)" in w
+               for w in model.warnings)
 
 
 def test_an_unknown_type_that_is_not_a_loss_still_stops_the_read():
@@ -292,3 +294,35 @@ layer { name: "keep" type: "Dropout" bottom: "y" top: "z" dropout_param { dropou
     np.testing.assert_allclose(onnx_outputs(model, tmp_path / "m.onnx", {"x": x})["z"], want, rtol=1e-7)
     out = pytorch_source_outputs(model, tmp_path / "pt", {"x": x})
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-7)
+
+
+def test_an_unknown_fork_data_layer_is_an_input_and_python_losses_are_dropped():
+    text = """
+layer { name: "box" type: "BoxData" top: "data" top: "label" transform_param { crop_size: 20 } data_param { source: "x" batch_size: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 3 } }
+layer { name: "loss" type: "Python" bottom: "ip" bottom: "label" top: "loss" loss_weight: 1
+  python_param { module: "pyloss" layer: "EuclideanLossLayer" } }
+"""
+    model = load_from_text(text, random_weights=True)
+    assert model.inputs == {"data": (2, 3, 20, 20), "label": (2,)}
+    assert model.outputs == ["ip"]
+    assert any("loss (Python)" in w for w in model.warnings)
+
+
+def test_enet_spatial_dropout_python_layer(tmp_path):
+    # TimoSaemann/ENet's spatial_dropout.py: with 'phase': 'TEST' it multiplies by 1 / (1 - p)
+    text = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 4 dim: 5 } } }
+layer { name: "d" type: "Python" bottom: "x" top: "y"
+  python_param { module: "spatial_dropout" layer: "SpatialDropoutLayer" param_str: "{'phase': 'TEST', 'p': '0.01'}" } }
+layer { name: "t" type: "Python" bottom: "y" top: "z"
+  python_param { module: "spatial_dropout" layer: "SpatialDropoutLayer" param_str: "{'phase': 'TRAIN', 'p': '0.1'}" } }
+"""
+    model = load_from_text(text)
+    x = rng(5).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    want = x * np.float32(1.0 / (1.0 - 0.01))
+    np.testing.assert_array_equal(model.run({"x": x})["z"], want)
+    np.testing.assert_allclose(onnx_outputs(model, tmp_path / "m.onnx", {"x": x})["z"], want, rtol=1e-7)
+    np.testing.assert_allclose(pytorch_source_outputs(model, tmp_path / "pt", {"x": x}).numpy(), want, rtol=1e-7)
+    with pytest.raises(CaffeqError, match="p must be between 0 and 1"):
+        load_from_text(text.replace("'0.01'", "'1.5'"))

@@ -83,7 +83,7 @@ def test_digits_sensitivity_matches_single_layer_evaluations(digits_table):
     base = caffeq.load(TRAIN_VAL, WEIGHTS)
     for row in t["layers"]:
         q = caffeq.quantize(base, "binary", only=[row["layer"]])
-        top1 = caffeq.evaluate(q, workers=0)["results"]["fp32"]["top1"]
+        top1 = caffeq.evaluate(q, workers=0)["results"]["binary"]["top1"]   # labelled by its precision
         assert row["top1"] == pytest.approx(top1), row["layer"]
         assert row["drop"] == pytest.approx(100 * (0.99 - top1)), row["layer"]
     # the cumulative curve: least sensitive first, ending with every layer binary

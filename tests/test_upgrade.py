@@ -528,6 +528,8 @@ def test_cli_bad_inputs(tmp_path, capsys):
                                    "-o", tmp_path / "n.prototxt"), "--weights-out")
     assert_one_error_line(cli_here(capsys, tmp_path / "missing.prototxt", "-o", tmp_path / "n.prototxt"),
                           "missing.prototxt")
-    assert_one_error_line(cli_here(capsys, V1_CASE.prototxt, "-o", tmp_path / "no_dir" / "n.prototxt"),
-                          "no_dir")
+    # an output under a file (missing folders are created, as in every command)
+    (tmp_path / "a_file").write_text("")
+    assert_one_error_line(cli_here(capsys, V1_CASE.prototxt, "-o", tmp_path / "a_file" / "n.prototxt"),
+                          "a_file")
     assert not (tmp_path / "n.prototxt").exists()

@@ -1,5 +1,6 @@
 """Writers: prototxt text, caffemodel (hand-built wire format) and binaryproto round trips."""
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -45,10 +46,11 @@ def test_prototxt_text_round_trip(case_dir, tmp_path):
     assert os.listdir(tmp_path) == ["net.prototxt"]
 
 
-def test_write_prototxt_refuses_missing_folder_and_inputs(tmp_path):
+def test_write_prototxt_creates_missing_folders_and_refuses_inputs(tmp_path):
     net = parse_prototxt_text('name: "n" layer { name: "a" type: "ReLU" bottom: "x" top: "x" }')
-    with pytest.raises(CaffeqError, match="does not exist"):
-        write_prototxt(net, tmp_path / "nope" / "n.prototxt")
+    write_prototxt(net, tmp_path / "new" / "sub" / "n.prototxt")     # one rule: missing folders are made
+    assert read_prototxt(tmp_path / "new" / "sub" / "n.prototxt") == net
+    shutil.rmtree(tmp_path / "new")
     src = tmp_path / "src.prototxt"
     src.write_text("name: 'old'")
     with pytest.raises(CaffeqError, match="refusing to overwrite"):

@@ -1,43 +1,145 @@
-"""Argument helpers shared by subcommands."""
+"""What the commands share besides their options (see options.py): finding the weights, loading
+the model, checking and writing output files, JSON, sizes and paths in messages.
+
+Output rules, the same in every command:
+- every output path is checked before any work: an existing folder, an input file or a parent
+  that is a file is refused with one error line;
+- missing folders on the way to an output are created (and removed again when the command fails);
+- files are written to a temporary name and renamed at the end, so a failure leaves nothing.
+"""
+import glob
 import json
 import os
 import sys
-from ..errors import CaffeqError
-from ..fs import atomic_output, atomic_path, refuse_overwrite
+from ..errors import CaffeqError, ParseError, WeightsError
+from ..fs import atomic_output, atomic_path, format_bytes, refuse_overwrite  # noqa: F401  (commands use them)
+from .options import add_model_args  # noqa: F401  (commands import it from here too)
+
+# ---- weights beside the prototxt -------------------------------------------------------------
 
 
-def add_model_args(p, weights=True):
-    p.add_argument("model", help="deploy/train_val .prototxt (or a .caffeq file)")
-    if weights:
-        p.add_argument("--weights", "-w", help=".caffemodel with the trained weights")
-    p.add_argument("--phase", default="TEST", choices=["TEST", "TRAIN"], help="phase rules to apply")
-    p.add_argument("--stage", action="append", default=[], metavar="NAME",
-                   help="a NetState stage for include/exclude rules (repeatable)")
-    p.add_argument("--level", type=int, default=0, help="the NetState level for min/max_level rules")
-    p.add_argument("--batch", type=int, default=None, help="override the batch dimension of the inputs")
-    p.add_argument("--ignore-unknown", action="store_true",
-                   help="skip fields unknown to caffe.proto (with a warning) instead of failing")
+def find_weights(prototxt):
+    """The .caffemodel beside `prototxt`: same stem, else the only one in the folder; None if none."""
+    folder = os.path.dirname(os.path.abspath(prototxt))
+    stem = os.path.splitext(os.path.basename(prototxt))[0]
+    same = os.path.join(folder, stem + ".caffemodel")
+    if os.path.isfile(same):
+        return same
+    found = sorted(f for f in glob.glob(os.path.join(glob.escape(folder), "*.caffemodel")) if os.path.isfile(f))
+    if len(found) == 1:
+        return found[0]
+    if len(found) > 1:
+        names = ", ".join(os.path.basename(f) for f in found[:5]) + (", ..." if len(found) > 5 else "")
+        raise CaffeqError(f"{prototxt}: no --weights given and {len(found)} .caffemodel files beside it "
+                          f"({names}); pass --weights FILE.caffemodel")
+    return None
 
 
-def load_model(args, random_weights=False):
+def resolve_weights(model_path, weights=None, required=True):
+    """-> (weights path or None, a line saying which file was found, or None).
+
+    A .caffeq file holds its weights. Otherwise --weights, else the .caffemodel beside the
+    prototxt (find_weights). required=False (inspect): no weights is fine, shapes still print.
+    """
+    if not os.path.exists(model_path):
+        raise CaffeqError(f"{model_path}: no such file")
+    if os.path.isdir(model_path):
+        raise CaffeqError(f"{model_path}: is a folder; pass the .prototxt")
+    if model_path.endswith(".caffeq"):
+        if weights:
+            raise CaffeqError(f"{model_path}: a .caffeq file holds its weights; drop --weights")
+        return None, None
+    if weights is not None:
+        if not os.path.isfile(weights):
+            raise CaffeqError(f"{weights}: no such file" if not os.path.isdir(weights)
+                              else f"--weights {weights}: is a folder; pass the .caffemodel")
+        return weights, None
+    found = find_weights(model_path)
+    if found is None:
+        if required:
+            raise CaffeqError(f"{model_path}: no .caffemodel beside it (same name, or the only one in its "
+                              f"folder); pass --weights FILE.caffemodel")
+        return None, None
+    return found, (f"weights: {display_path(found)} (found beside {os.path.basename(model_path)}; "
+                   f"--weights to choose another)")
+
+
+def say_found(note):
+    if note:
+        print(note, file=sys.stderr)
+
+
+def load_model(args, random_weights=False, weights_required=False):
+    """Load args.model with the shared options (add_model_args); warnings printed once, on stderr."""
     from ..model import load
-    if args.batch is not None and args.batch < 1:
-        raise CaffeqError(f"--batch must be >= 1, got {args.batch}")
-    model = load(args.model, getattr(args, "weights", None), phase=args.phase, batch=args.batch,
-                 ignore_unknown=args.ignore_unknown, random_weights=random_weights,
-                 stages=tuple(getattr(args, "stage", ())), level=getattr(args, "level", 0))
+    weights, note = resolve_weights(args.model, getattr(args, "weights", None),
+                                    required=weights_required and not random_weights)
+    say_found(note)
+    args.weights = weights
+
+    def load_with(w):
+        return load(args.model, w, phase=args.phase, batch=getattr(args, "batch", None),
+                    ignore_unknown=args.ignore_unknown, random_weights=random_weights,
+                    stages=tuple(getattr(args, "stage", ())), level=getattr(args, "level", 0))
+    try:
+        model = load_with(weights)
+    except WeightsError as e:
+        if not note or weights_required:
+            raise
+        # weights found, not given, and not needed (inspect): another net's caffemodel in the folder
+        print(f"caffeq: warning: {e}; showing the net without weights", file=sys.stderr)
+        args.weights = None
+        model = load_with(None)
+    check_not_empty(model, args.model)
     for w in model.warnings:
         print(f"caffeq: warning: {w}", file=sys.stderr)
     return model
 
 
+def check_not_empty(model, path):
+    if not model.graph.nodes:
+        raise ParseError(f"{path}: the net has no layers (an empty or commented-out prototxt?)")
+
+
+# ---- output paths -------------------------------------------------------------------------------
+
+def check_output(path, flag="-o", inputs=(), exts=None):
+    """Refuse an output path before any work: a folder, an input file, a parent that is a file.
+
+    inputs: files this output must not replace; exts: allowed extensions (lower case, with dot).
+    Missing folders are fine: they are created when the file is written.
+    """
+    if path in (None, "-"):
+        return path
+    path = os.fspath(path)
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        raise CaffeqError(f"{flag} {path}: is a folder; name a file")
+    if exts is not None:
+        ext = os.path.splitext(path)[1].lower()
+        if ext not in exts:
+            raise CaffeqError(f"{flag} {path}: unknown output format {ext or '(no extension)'}; "
+                              f"use {' or '.join(exts)}")
+    refuse_overwrite(path, inputs)
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise CaffeqError(f"{flag} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK):
+        raise CaffeqError(f"{flag} {path}: cannot write in {parent}")
+    return path
+
+
 def write_json(path, obj):
+    """JSON to stdout (path None or '-') or atomically to a file."""
     if path in (None, "-"):
         json.dump(obj, sys.stdout, indent=1)
         sys.stdout.write("\n")
+        sys.stdout.flush()
         return
     with atomic_output(path, "w") as f:
         json.dump(obj, f, indent=1)
+        f.write("\n")
 
 
 # ---- model outputs and messages shared by convert and finetune ---------------------------
@@ -54,11 +156,9 @@ def display_path(path):
         return path
 
 
-def format_bytes(n):
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n} B"
+def format_count(n):
+    """A count as every report prints it: 38,428."""
+    return f"{int(n):,}"
 
 
 def layer_names_arg(value, flag, verb="quantize"):
@@ -79,14 +179,14 @@ def layer_names_arg(value, flag, verb="quantize"):
 
 
 def model_output_format(out, protected):
-    """The format (extension) of the model file `-o out`; refuses unknown formats, folders and inputs."""
+    """The format (extension) of the model file `-o out`, checked before any work (check_output);
+    a .caffemodel's prototxt, written beside it, must not replace an input either."""
+    check_output(out, "-o", protected, MODEL_FORMATS)
     ext = os.path.splitext(out)[1].lower()
-    if ext not in MODEL_FORMATS:
-        raise CaffeqError(f"-o {out}: unknown output format {ext or '(no extension)'}; "
-                          f"use one of {', '.join(MODEL_FORMATS)}")
-    if os.path.isdir(out):
-        raise CaffeqError(f"-o {out}: is a folder")
-    refuse_overwrite(out, protected)
+    if ext == ".caffemodel":
+        proto = os.path.splitext(out)[0] + ".prototxt"
+        refuse_overwrite(proto, protected, message=f"the prototxt written beside {out} would overwrite an "
+                                                   f"input file; choose another -o name")
     return ext
 
 
@@ -112,17 +212,25 @@ def write_model_file(model, out, protected, **onnx_options):
 
 def _write_caffemodel(model, out, protected):
     """out (.caffemodel) and the prototxt beside it (same stem) -> the prototxt's path."""
-    from ..io.writer import net_to_text, write_model_caffemodel
+    from ..io.writer import net_to_text, rebase_data_paths, write_model_caffemodel
     proto = os.path.splitext(out)[0] + ".prototxt"
     refuse_overwrite(proto, protected, message=f"the prototxt written beside {out} would overwrite an input "
                                                f"file; choose another -o name")
-    text = net_to_text(model.net)
+    # data sources and mean files relative to the new prototxt's folder, so that it reads from there
+    net = rebase_data_paths(model.net, _model_dir(model), os.path.dirname(os.path.abspath(proto)))
+    text = net_to_text(net)
     # both files appear together or not at all
     with atomic_path(out, inputs=protected) as tmp_model, atomic_path(proto, inputs=protected) as tmp_proto:
         write_model_caffemodel(model, tmp_model)
         with open(tmp_proto, "w") as f:
             f.write(text)
     return proto
+
+
+def _model_dir(model):
+    """The folder the model's relative data paths are resolved from (its prototxt's)."""
+    from ..io.container import _model_data_dir
+    return _model_data_dir(model)
 
 
 def _write_caffeq(model, out, protected):

@@ -1,5 +1,5 @@
 """`caffeq convert`: quantize (fp16 / int8 / binary) and write ONNX, .caffemodel or .caffeq."""
-import glob
+import argparse
 import os
 import sys
 
@@ -7,12 +7,18 @@ import numpy as np
 
 from ..errors import CaffeqError, DataError
 from .common import (
+    check_output,
     display_path,
+    find_weights,
     format_bytes,
+    format_count,
     layer_names_arg,
+    load_model,
     model_output_format,
+    resolve_weights,
     write_model_file,
 )
+from .options import add_json_arg, add_model_args, positive_int, report_stream
 
 TARGETS = ("fp32", "fp16", "int8", "binary")
 
@@ -37,13 +43,12 @@ read it)."""
 
 
 def add_parser(sub):
-    import argparse
     p = sub.add_parser("convert", help="quantize to fp16/int8/binary; write .onnx, .caffemodel or .caffeq",
                        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", help="deploy/train_val .prototxt (or a .caffeq file)")
-    p.add_argument("--weights", "-w", metavar="W.caffemodel",
-                   help="trained weights (default: the .caffemodel beside the prototxt with the same "
-                        "name, or the only one in that folder)")
+    add_model_args(p, batch=False)
+    p.add_argument("--batch", type=_batch_value, default=None, metavar="N",
+                   help="set the batch dimension of the net's inputs to N (as in every command); an "
+                        "ONNX file then has the fixed batch N unless --onnx-batch dynamic")
     p.add_argument("--to", choices=TARGETS, default=None,
                    help="weight precision (default fp32; a .caffeq input keeps its own). fp16 computes "
                         "in fp32 with fp16-rounded weights on CPU and in fp16 on CUDA")
@@ -61,18 +66,15 @@ def add_parser(sub):
                    help="--budget: the data to measure each layer's drop on (default: the TEST-phase "
                         "data layer's source)")
     p.add_argument("--opset", default=None, metavar="N", help="ONNX opset, 13 or newer (default 21)")
-    p.add_argument("--batch", default="dynamic", metavar="dynamic|N",
-                   help="ONNX batch dimension: dynamic (default) or a fixed size")
+    p.add_argument("--onnx-batch", default=None, metavar="dynamic|N",
+                   help="the ONNX file's batch dimension: dynamic (the default without --batch) or a "
+                        "fixed size")
     p.add_argument("--no-optimize", action="store_true",
                    help="ONNX: keep BatchNorm/Scale, Dropout, Split and reshapes as they are")
     p.add_argument("--probe", metavar="X.npz",
                    help="inputs by blob name: run fp32 and the target, report each output's relative "
                         "error and top-1 agreement")
-    p.add_argument("--json", nargs="?", const="-", metavar="OUT.json",
-                   help="write what was done as JSON (to stdout without a file name)")
-    p.add_argument("--phase", default="TEST", choices=["TEST", "TRAIN"], help="phase rules to apply")
-    p.add_argument("--ignore-unknown", action="store_true",
-                   help="skip fields unknown to caffe.proto (with a warning) instead of failing")
+    add_json_arg(p, "what was done")
     p.add_argument("--format", choices=["pytorch"], default=None,
                    help="pytorch: a standalone model.py (plain torch.nn) + weights.safetensors + "
                         "README.md in the folder -o (default <prototxt stem>_pytorch/), or -o NAME.py "
@@ -85,21 +87,11 @@ def add_parser(sub):
 
 # ---- inputs ------------------------------------------------------------------------
 
-def find_weights(prototxt):
-    """The .caffemodel beside `prototxt`: same stem, else the only one in the folder; None if none."""
-    folder = os.path.dirname(os.path.abspath(prototxt))
-    stem = os.path.splitext(os.path.basename(prototxt))[0]
-    same = os.path.join(folder, stem + ".caffemodel")
-    if os.path.isfile(same):
-        return same
-    found = sorted(f for f in glob.glob(os.path.join(glob.escape(folder), "*.caffemodel")) if os.path.isfile(f))
-    if len(found) == 1:
-        return found[0]
-    if len(found) > 1:
-        names = ", ".join(os.path.basename(f) for f in found[:5]) + (", ..." if len(found) > 5 else "")
-        raise CaffeqError(f"{prototxt}: no --weights given and {len(found)} .caffemodel files beside it "
-                          f"({names}); pass --weights FILE.caffemodel")
-    return None
+def _batch_value(text):
+    """--batch N; `--batch dynamic` (convert's old spelling of the ONNX batch) still works."""
+    if str(text).strip().lower() == "dynamic":
+        return "dynamic"
+    return positive_int(text)
 
 
 def _parse_opset(value):
@@ -162,39 +154,48 @@ def probe(fp32_model, quant_model, inputs):
 
 def run(args):
     from ..backends.onnx_backend import parse_batch
-    from ..model import load
     from ..quant import get_quantizer, quantize
 
     model_path = args.model
-    is_caffeq = model_path.endswith(".caffeq")
-    if not os.path.exists(model_path):
-        raise CaffeqError(f"{model_path}: no such file")
-    weights = args.weights
     lines = []          # what it did, printed at the end (nothing printed before a failure)
-    if is_caffeq:
-        if weights:
-            raise CaffeqError(f"{model_path}: a .caffeq file holds its weights; drop --weights")
-    elif weights is None:
-        weights = find_weights(model_path)
-        if weights is None:
-            raise CaffeqError(f"{model_path}: no .caffemodel beside it (same name or the only one in the "
-                              f"folder); pass --weights FILE.caffemodel")
-        lines.append(f"weights: {display_path(weights)} (found beside {os.path.basename(model_path)}; "
-                     f"--weights to choose another)")
-    batch = parse_batch(args.batch, "--batch")   # None: dynamic
+    weights, note = resolve_weights(model_path, args.weights)
+    if note:
+        lines.append(note)
+    args.weights = weights
+    check_output(args.json, "--json", (model_path, weights, args.probe))
+    if args.batch == "dynamic":
+        print("caffeq: warning: convert --batch dynamic is now --onnx-batch dynamic (the default); "
+              "--batch N sets the input batch, as in every command", file=sys.stderr)
+        args.batch = None
+        args.onnx_batch = args.onnx_batch or "dynamic"
+    batch = parse_batch(args.onnx_batch if args.onnx_batch is not None else args.batch, "--onnx-batch")
     opset = _parse_opset(args.opset)
     keep = layer_names_arg(args.keep, "--keep")
     only = layer_names_arg(args.only, "--only")
     if keep not in (None, "none") and only is not None:
         raise CaffeqError("--keep and --only cannot be combined; name the layers to quantize with --only")
 
-    model = load(model_path, weights, phase=args.phase, ignore_unknown=args.ignore_unknown)
-    for w in model.warnings:
-        print(f"caffeq: warning: {w}", file=sys.stderr)
+    # the input batch matters to the ONNX file only (the other formats hold the net as written):
+    # the exporter applies it, to the model as the prototxt declares it
+    model = load_model(argparse.Namespace(**{**vars(args), "batch": None}))
 
     stored = sorted(set((getattr(model, "quantization", {}) or {}).values()))
     target = args.to or (stored[0] if len(stored) == 1 else "fp32")
     get_quantizer(target)
+    # the output is checked before the (possibly long) budget analysis and quantization
+    if getattr(args, "format", None) == "pytorch":
+        out = _pytorch_output(args, model_path)
+    else:
+        out = args.output or f"{os.path.splitext(os.path.basename(model_path))[0]}.{target}.onnx"
+        protected = [p for p in (model_path, weights, args.probe) if p]
+        ext = model_output_format(out, protected)
+        if ext != ".onnx":
+            ignored = [f for f, v in (("--opset", args.opset), ("--batch", args.batch),
+                                      ("--onnx-batch", args.onnx_batch),
+                                      ("--no-optimize", args.no_optimize or None)) if v is not None]
+            if ignored:
+                print(f"caffeq: warning: {', '.join(ignored)} only apply to .onnx output; ignored for {ext}",
+                      file=sys.stderr)
     if stored:
         if target == "fp32":
             qmodel = _dequantized(model)
@@ -219,17 +220,7 @@ def run(args):
         fp32_model = model
     report = getattr(qmodel, "quant_report", None)
     if getattr(args, "format", None) == "pytorch":
-        return _run_pytorch(args, model_path, weights, qmodel, target, report, lines)
-
-    out = args.output or f"{os.path.splitext(os.path.basename(model_path))[0]}.{target}.onnx"
-    protected = [p for p in (model_path, weights, args.probe) if p]
-    ext = model_output_format(out, protected)
-    if ext != ".onnx":
-        ignored = [f for f, v in (("--opset", args.opset), ("--batch", batch),
-                                  ("--no-optimize", args.no_optimize or None)) if v is not None]
-        if ignored:
-            print(f"caffeq: warning: {', '.join(ignored)} only apply to .onnx output; ignored for {ext}",
-                  file=sys.stderr)
+        return _run_pytorch(args, model_path, weights, qmodel, target, report, lines, out)
 
     probe_inputs = _read_probe(args.probe, model) if args.probe else None
 
@@ -249,14 +240,13 @@ def run(args):
         for n in report.notes:
             lines.append(f"note: {n}")
     src_name = weights if weights else model_path
-    ratio = src_bytes / out_bytes if out_bytes else float("inf")
     lines.append(f"wrote {', '.join(display_path(p) for p in written)} ({target}, {ext[1:]})")
     sizes = (f"size: {display_path(src_name)} {format_bytes(src_bytes)} -> {display_path(out)} "
              f"{format_bytes(out_bytes)}")
-    lines.append(f"{sizes} (x{ratio:.2f} smaller)" if ratio >= 1 else f"{sizes} ({1 / ratio:.2f}x larger)")
-    if report is not None and report.bytes_after:
+    lines.append(f"{sizes} ({_size_change(src_bytes, out_bytes, ext, target)})")
+    if report is not None and report.bytes_after and report.bytes_after != report.bytes_before:
         lines.append(f"weights: {format_bytes(report.bytes_before)} fp32 -> {format_bytes(report.bytes_after)} "
-                     f"{target} (x{report.ratio:.2f})")
+                     f"{target} ({report.ratio:.2f}x smaller)")
     if onnx_stats is not None:
         lines.append(f"ONNX opset {onnx_stats['opset']}, batch {onnx_stats['batch']}; nodes: "
                      f"{onnx_stats['nodes_before']} before optimization, {onnx_stats['nodes_after']} after"
@@ -278,9 +268,7 @@ def run(args):
         lines.append(f"note: post-training binarization of a float-trained model changes its outputs a lot; "
                      f"recover accuracy with `python cli.py finetune {display_path(model_path)}{w} "
                      f"--to binary ...`")
-    to_stdout = args.json != "-"
-    stream = sys.stdout if to_stdout else sys.stderr
-    print("\n".join(lines), file=stream)
+    print("\n".join(lines), file=report_stream(args))
 
     if args.json:
         from .common import write_json
@@ -295,14 +283,22 @@ def run(args):
     return 0
 
 
-def _run_pytorch(args, model_path, weights, qmodel, target, report, lines):
-    """--format pytorch: model.py + weights (+ README.md) through caffeq.backends.pytorch_source."""
-    from ..backends.pytorch_source import export_pytorch
+def _pytorch_output(args, model_path):
+    """-o for --format pytorch: a folder (made if missing) or NAME.py (checked like any output)."""
     out = args.output or f"{os.path.splitext(os.path.basename(model_path))[0]}_pytorch"
     if os.path.splitext(out.rstrip("/" + os.sep))[1].lower() not in ("", ".py"):
         raise CaffeqError(f"-o {out}: --format pytorch writes a folder or a .py file")
-    ignored = [f for f, v in (("--opset", args.opset), ("--batch", None if args.batch in (None, "dynamic")
-                                                         else args.batch),
+    if out.lower().endswith(".py"):
+        check_output(out, "-o", [model_path, args.weights], (".py",))
+    elif os.path.exists(out) and not os.path.isdir(out):
+        raise CaffeqError(f"-o {out}: is a file; --format pytorch writes a folder (or NAME.py)")
+    return out
+
+
+def _run_pytorch(args, model_path, weights, qmodel, target, report, lines, out):
+    """--format pytorch: model.py + weights (+ README.md) through caffeq.backends.pytorch_source."""
+    from ..backends.pytorch_source import export_pytorch
+    ignored = [f for f, v in (("--opset", args.opset), ("--batch", args.batch), ("--onnx-batch", args.onnx_batch),
                               ("--no-optimize", args.no_optimize or None), ("--probe", args.probe)) if v]
     if ignored:
         print(f"caffeq: warning: {', '.join(ignored)} do not apply to --format pytorch; ignored",
@@ -315,17 +311,29 @@ def _run_pytorch(args, model_path, weights, qmodel, target, report, lines):
             lines.append(f"note: {n}")
     written = [info["model_py"], info["weights"]] + ([info["readme"]] if info["readme"] else [])
     lines.append(f"wrote {', '.join(display_path(p) for p in written)} (class {info['class_name']}, "
-                 f"{target} weights, {info['parameters']} values, {format_bytes(info['weights_bytes'])})")
+                 f"{target} weights, {format_count(info['parameters'])} values, {format_bytes(info['weights_bytes'])})")
     lines.append(f"inputs: {', '.join(info['inputs'])}; outputs: {', '.join(info['outputs'])}")
     for n in info["notes"]:
         lines.append(f"note: {n}")
-    print("\n".join(lines), file=sys.stdout if args.json != "-" else sys.stderr)
+    print("\n".join(lines), file=report_stream(args))
     if args.json:
         from .common import write_json
         write_json(args.json, {"model": model_path, "weights": weights, "target": target, "format": "pytorch",
                                "output": out, "written": written, "pytorch": info,
                                "report": report.to_dict() if report is not None else None})
     return 0
+
+
+def _size_change(before, after, ext, target):
+    """How the output's size compares with the input's, in words."""
+    if not after:
+        return "empty"
+    ratio = before / after
+    if 0.99 <= ratio <= 1.01:
+        if ext == ".caffemodel" and target != "fp32":
+            return "the same size: a .caffemodel holds float32 weights; .onnx or .caffeq store them compactly"
+        return "about the same size"
+    return f"{ratio:.2f}x smaller" if ratio > 1 else f"{1 / ratio:.2f}x larger"
 
 
 def _dequantized(model):

@@ -3,7 +3,27 @@ import os
 import sys
 
 from ..errors import DataError
-from .common import add_model_args, write_json
+from .common import (
+    check_output,
+    layer_names_arg,
+    resolve_weights,
+    say_found,
+    write_json,
+)
+from .options import (
+    add_batch_size_arg,
+    add_device_arg,
+    add_json_arg,
+    add_model_args,
+    add_progress_arg,
+    add_workers_arg,
+    default_workers,  # noqa: F401  (kept importable from here)
+    nonnegative_int,
+    number,
+    positive_int,
+    progress_wanted,
+    report_stream,
+)
 
 
 def add_parser(sub):
@@ -22,22 +42,20 @@ def add_parser(sub):
                    help="targets, comma separated: fp32, fp16, int8, binary (fp32 always runs as the "
                         "reference)")
     p.add_argument("--keep", default=None, help="quantized targets: layers kept fp32 (none or NAME,...)")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="images per batch (default: the data layer's batch_size, else 64)")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (CUDA when available)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="data loading processes (default: min(4, CPUs - 1))")
-    p.add_argument("--limit", type=int, default=None, help="evaluate the first N items only")
+    add_batch_size_arg(p)
+    add_device_arg(p)
+    add_workers_arg(p)
+    p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="evaluate the first N items only")
     p.add_argument("--strict", action="store_true", help="fail on the first unreadable item or bad label")
-    p.add_argument("--json", metavar="OUT.json", help="write the numbers as JSON ('-' for stdout)")
+    add_json_arg(p, "the numbers")
     p.add_argument("--output", metavar="BLOB", help="the blob holding the class scores (default: what the "
                                                      "Accuracy layer reads, else the net's output)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_arg(p)
     g = p.add_argument_group("preprocessing (override the data layer's transform_param)")
     g.add_argument("--mean-file", metavar="MEAN.binaryproto", help="per-pixel mean (Caffe binaryproto)")
     g.add_argument("--mean-value", metavar="V[,V,...]", help="one mean, or one per channel (net order)")
-    g.add_argument("--scale", type=float, default=None, help="multiply (pixel - mean) by this")
-    g.add_argument("--crop-size", type=int, default=None, help="centre crop (square)")
+    g.add_argument("--scale", type=number, default=None, help="multiply (pixel - mean) by this")
+    g.add_argument("--crop-size", type=nonnegative_int, default=None, help="centre crop (square)")
     g.add_argument("--resize", metavar="HxW", help="resize images first (OpenCV bilinear, as ImageData)")
     g.add_argument("--channel-order", choices=["BGR", "RGB", "bgr", "rgb"], default=None,
                    help="colour order the net expects (Caffe: BGR, the default)")
@@ -55,31 +73,30 @@ def _mean_values(text):
         raise DataError(f"--mean-value {text!r}: expected numbers separated by commas") from None
 
 
-def default_workers():
-    return max(0, min(4, (os.cpu_count() or 1) - 1))
-
-
 def run(args):
     from ..evaluate import evaluate, format_table
+    # everything a typo can break is checked before the evaluation
+    check_output(args.json, "--json", (args.model, args.weights, args.data))
     if args.mean_file is not None and not os.path.exists(args.mean_file):
         raise DataError(f"{args.mean_file}: mean file not found")
     if args.data is not None and not os.path.exists(args.data):
         raise DataError(f"{args.data}: data source not found")
+    weights, note = resolve_weights(args.model, args.weights)
+    say_found(note)
     transform = {"mean_file": args.mean_file, "mean_value": _mean_values(args.mean_value),
                  "scale": args.scale, "crop_size": args.crop_size, "force_color": args.force_color,
                  "force_gray": args.force_gray}
-    keep = None if args.keep is None else ("none" if args.keep == "none" else args.keep.split(","))
-    workers = default_workers() if args.workers is None else args.workers
-    result = evaluate(args.model, data=args.data, weights=args.weights, phase=args.phase,
-                      ignore_unknown=args.ignore_unknown, targets=args.to, batch_size=args.batch_size or args.batch, device=args.device,
-                      workers=workers, limit=args.limit, strict=args.strict, transform=transform,
-                      resize=args.resize, channel_order=args.channel_order, output=args.output, keep=keep,
-                      progress=not args.no_progress)
+    result = evaluate(args.model, data=args.data, weights=weights, phase=args.phase,
+                      ignore_unknown=args.ignore_unknown, targets=args.to, batch_size=args.batch_size or args.batch,
+                      device=args.device, workers=args.workers, limit=args.limit, strict=args.strict,
+                      transform=transform, resize=args.resize, channel_order=args.channel_order,
+                      output=args.output, keep=layer_names_arg(args.keep, "--keep"),
+                      progress=progress_wanted(args))
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return 0      # under torchrun, rank 0 reports
     for w in result["warnings"]:
         print(f"caffeq: warning: {w}", file=sys.stderr)
-    out = sys.stderr if args.json == "-" else sys.stdout
+    out = report_stream(args)
     d = result["data"]
     head = (f"{result['images']} images from {d['source']} ({d['kind']}), batch {d['batch_size']}, "
             f"{result['device']}, {result['workers']} workers")

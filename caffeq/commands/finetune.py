@@ -4,13 +4,24 @@ import os
 import sys
 
 from ..errors import CaffeqError
-from ..fs import refuse_overwrite
 from .common import (
+    check_output,
     display_path,
     format_bytes,
     layer_names_arg,
     model_output_format,
+    resolve_weights,
     write_model_file,
+)
+from .options import (
+    add_batch_size_arg,
+    add_device_arg,
+    add_json_arg,
+    add_progress_arg,
+    add_workers_arg,
+    nonnegative_int,
+    positive_int,
+    report_stream,
 )
 
 _DESCRIPTION = """\
@@ -48,15 +59,18 @@ def add_parser(sub):
                        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="train_val (or deploy) .prototxt of the float model")
     p.add_argument("--weights", "-w", metavar="W.caffemodel",
-                   help="trained float weights (default: the .caffemodel beside the prototxt)")
+                   help="trained float weights (default: the .caffemodel beside the prototxt with the "
+                        "same name, or the only one in its folder)")
     p.add_argument("--to", default="binary", metavar="binary", help="target precision (binary)")
     p.add_argument("-o", "--output", metavar="OUT", default=None,
                    help="output: .onnx, .caffemodel (+ .prototxt beside it) or .caffeq "
                         "(default <prototxt stem>.binary.finetuned.onnx in the current folder)")
     p.add_argument("--data", metavar="TRAIN_SRC", help="training data (default: the TRAIN-phase data layer's)")
     p.add_argument("--val", metavar="VAL_SRC", help="validation data (default: the TEST-phase data layer's)")
-    p.add_argument("--epochs", default="8", metavar="N", help="passes over the training data (default 8)")
-    p.add_argument("--iters", default=None, metavar="N", help="stop after N steps in all (overrides --epochs)")
+    p.add_argument("--epochs", type=nonnegative_int, default=8, metavar="N",
+                   help="passes over the training data (default 8)")
+    p.add_argument("--iters", type=positive_int, default=None, metavar="N",
+                   help="stop after N steps in all (overrides --epochs)")
     p.add_argument("--lr", default=None, metavar="X", help="learning rate (default: adam 1e-3, sgd 0.01)")
     p.add_argument("--optimizer", default="adam", metavar="adam|sgd", help="adam (default) or sgd with momentum")
     p.add_argument("--schedule", default="cosine", metavar="cosine|step|constant",
@@ -65,11 +79,10 @@ def add_parser(sub):
     p.add_argument("--momentum", default="0.9", metavar="M", help="SGD momentum (default 0.9)")
     p.add_argument("--weight-decay", default="0", metavar="W",
                    help="weight decay (default 0: decay pulls latent weights to 0, where signs flip)")
-    p.add_argument("--batch-size", default=None, metavar="N",
-                   help="training batch size (default: the data layer's, else 64)")
+    add_batch_size_arg(p, help="training batch size (default: the data layer's, else 64)")
     p.add_argument("--seed", default="0", metavar="S", help="random seed (default 0)")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (CUDA when available)")
-    p.add_argument("--workers", default="0", metavar="N", help="data loading processes (default 0)")
+    add_device_arg(p)
+    add_workers_arg(p)
     p.add_argument("--keep", metavar="none|NAME,...", default=None,
                    help="layers kept fp32 (default: the first and last weighted layers; 'none' binarizes all)")
     p.add_argument("--only", metavar="NAME,...", default=None, help="binarize only these layers")
@@ -78,17 +91,17 @@ def add_parser(sub):
                         "fits this many points, from a sensitivity analysis on the validation data")
     p.add_argument("--bn-only", action="store_true",
                    help="no training: binarize and re-estimate BatchNorm statistics only")
-    p.add_argument("--bn-batches", default="200", metavar="N",
+    p.add_argument("--bn-batches", type=positive_int, default=200, metavar="N",
                    help="training batches for each BatchNorm re-estimation (default 200, or all)")
     p.add_argument("--no-bn-reestimate", action="store_true",
                    help="keep the running BatchNorm statistics of training (Caffe's moving averages, "
                         "starting from the float model's) instead of re-estimating them")
-    p.add_argument("--limit", default=None, metavar="N", help="train on the first N items only")
-    p.add_argument("--val-limit", default=None, metavar="N", help="validate on the first N items only")
+    p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="train on the first N items only")
+    p.add_argument("--val-limit", type=positive_int, default=None, metavar="N",
+                   help="validate on the first N items only")
     p.add_argument("--no-shuffle", action="store_true", help="read the training data in its own order")
-    p.add_argument("--json", nargs="?", const="-", metavar="OUT.json",
-                   help="write the history and results as JSON (stdout without a file name)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar or per-epoch lines")
+    add_json_arg(p, "the history and results")
+    add_progress_arg(p)
     add_preprocess_args(p)
     return p
 
@@ -100,25 +113,14 @@ def _pct(v):
 def run(args):
     from ..finetune import finetune
     from .common import write_json
-    from .convert import find_weights
-    from .sensitivity import _number, transform_from_args
+    from .sensitivity import transform_from_args
 
     path = args.model
-    if not os.path.exists(path):
-        raise CaffeqError(f"{path}: no such file")
-    if path.endswith(".caffeq"):
+    if path.endswith(".caffeq") and os.path.exists(path):
         raise CaffeqError(f"{path}: fine-tuning starts from the fp32 prototxt and caffemodel, not a .caffeq file")
     if str(args.to).strip().lower() not in ("binary", "bin", "bwn"):
         raise CaffeqError(f"--to {args.to}: fine-tuning supports binary weights only (--to binary)")
-    weights = args.weights
-    found = False
-    if weights is None:
-        weights = find_weights(path)
-        if weights is None:
-            raise CaffeqError(f"{path}: no .caffemodel beside it; pass --weights FILE.caffemodel")
-        found = True
-    if not os.path.exists(weights):
-        raise CaffeqError(f"{weights}: no such file")
+    weights, found = resolve_weights(path, args.weights)
     keep = layer_names_arg(args.keep, "--keep", verb="binarize")
     only = layer_names_arg(args.only, "--only", verb="binarize")
     if keep not in (None, "none") and only is not None:
@@ -126,38 +128,30 @@ def run(args):
     if args.budget is not None and (keep is not None or only is not None):
         raise CaffeqError("--budget chooses the layers kept fp32; drop --keep/--only")
 
-    # the output is checked before any training
+    # the outputs are checked before any training
     out = args.output or f"{os.path.splitext(os.path.basename(path))[0]}.binary.finetuned.onnx"
     protected = [p for p in (path, weights, args.data, args.val) if p]
     ext = model_output_format(out, protected)
-    folder = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(folder):
-        raise CaffeqError(f"-o {out}: folder {folder} does not exist")
-    if ext == ".caffemodel":
-        proto = os.path.splitext(out)[0] + ".prototxt"
-        refuse_overwrite(proto, [path], message=f"the prototxt written beside {out} would overwrite "
-                                                f"the input; choose another -o name")
+    check_output(args.json, "--json", protected + [out])
 
     transform, resize, order = transform_from_args(args)
-    progress = not args.no_progress
-    if found and progress:
-        print(f"weights: {display_path(weights)} (found beside {os.path.basename(path)})", file=sys.stderr)
+    if found:
+        print(found, file=sys.stderr)
+    # per-epoch lines are printed unless --no-progress; bars only on a terminal
     result = finetune(
         path, weights, target="binary", data=args.data, val=args.val, keep=keep, only=only,
-        epochs=args.epochs, iters=args.iters, lr=args.lr,
-        batch_size=_number(args.batch_size, "--batch-size", integer=True, lo=1),
+        epochs=args.epochs, iters=args.iters, lr=args.lr, batch_size=args.batch_size,
         optimizer=args.optimizer, schedule=args.schedule, momentum=args.momentum,
         weight_decay=args.weight_decay, seed=args.seed, device=args.device,
-        workers=_number(args.workers, "--workers", integer=True, lo=0), bn_only=args.bn_only,
+        workers=args.workers, bn_only=args.bn_only,
         bn_batches=args.bn_batches, bn_reestimate=not args.no_bn_reestimate, budget=args.budget,
-        limit=_number(args.limit, "--limit", integer=True, lo=1),
-        val_limit=_number(args.val_limit, "--val-limit", integer=True, lo=1),
+        limit=args.limit, val_limit=args.val_limit,
         transform=transform, resize=resize, channel_order=order, shuffle=not args.no_shuffle,
-        progress=progress)
+        progress=not args.no_progress)
 
     written, _ = write_model_file(result.model, out, protected)
 
-    stream = sys.stderr if args.json == "-" else sys.stdout
+    stream = report_stream(args)
     lines = []
     kept = ", ".join(f"{k} ({v})" for k, v in result.kept.items()) or "none"
     lines.append(f"binary layers: {', '.join(result.binarized)}; kept fp32: {kept}")

@@ -1,8 +1,11 @@
 """`caffeq inspect`: layers, shapes, parameters and multiply-accumulates of a model."""
 import math
+import os
 import sys
 
-from .common import add_model_args, load_model, write_json
+from ..errors import ParseError
+from .common import check_output, format_bytes, format_count, load_model, write_json
+from .options import add_json_arg, add_model_args, report_stream
 
 
 def add_parser(sub):
@@ -10,8 +13,7 @@ def add_parser(sub):
                        description="Print a table of the net: layer, type, bottoms -> tops, output "
                                    "shapes, parameters and multiply-accumulates, with totals.")
     add_model_args(p)
-    p.add_argument("--json", nargs="?", const="-", metavar="OUT.json",
-                   help="write the summary as JSON (to stdout without a file name)")
+    add_json_arg(p, "the summary")
     p.add_argument("--onnx", metavar="MODEL.onnx", help="also count the nodes of an exported ONNX file")
     return p
 
@@ -51,8 +53,6 @@ def summarize(model):
 
 def onnx_node_counts(path):
     import onnx
-
-    from ..errors import ParseError
     try:
         m = onnx.load(path, load_external_data=False)
     except Exception as e:
@@ -86,24 +86,29 @@ def print_table(summary, out=sys.stdout):
         if i == 0:
             print("  ".join("-" * w for w in widths), file=out)
     t = summary["totals"]
-    print(f"total: {t['layers']} layers, {t['params']:,} parameters "
-          f"({t['param_bytes_fp32'] / 2**20:.2f} MiB as fp32), {t['macs']:,} multiply-accumulates", file=out)
-    for w in summary["warnings"]:
-        print(f"warning: {w}", file=out)
+    # (the warnings are printed once, on stderr, when the model is loaded; the JSON keeps them)
+    print(f"total: {t['layers']} layers, {format_count(t['params'])} parameters "
+          f"({format_bytes(t['param_bytes_fp32'])} as fp32), {format_count(t['macs'])} multiply-accumulates",
+          file=out)
 
 
 def run(args):
+    check_output(args.json, "--json", (args.model, args.weights, args.onnx))   # before any work
+    if args.onnx and not os.path.isfile(args.onnx):
+        raise ParseError(f"--onnx {args.onnx}: no such file")
     model = load_model(args)
     summary = summarize(model)
     if args.onnx:
         summary["onnx"] = onnx_node_counts(args.onnx)
-    if args.json:
-        write_json(args.json, summary)
-        if args.json == "-":
-            return 0
-    print_table(summary)
+    if args.json == "-":
+        write_json("-", summary)
+        return 0
+    out = report_stream(args)
+    print_table(summary, out)
     if args.onnx:
         o = summary["onnx"]
         print(f"onnx {args.onnx}: {o['nodes']} nodes (opset {o['opset']}): "
-              + ", ".join(f"{k} {v}" for k, v in o["by_op"].items()))
+              + ", ".join(f"{k} {v}" for k, v in o["by_op"].items()), file=out)
+    if args.json:
+        write_json(args.json, summary)
     return 0

@@ -1,11 +1,11 @@
 """`caffeq run`: run a model on inputs from .npy/.npz and save the outputs."""
 import os
-import sys
 
 import numpy as np
 
 from ..errors import DataError
-from .common import add_model_args, atomic_output, load_model
+from .common import atomic_output, check_output, layer_names_arg, load_model
+from .options import add_batch_size_arg, add_device_arg, add_model_args
 
 
 def add_parser(sub):
@@ -16,8 +16,8 @@ def add_parser(sub):
     add_model_args(p)
     p.add_argument("--input", "-i", required=True, metavar="X.npy|X.npz", help="input array(s)")
     p.add_argument("--output", "-o", required=True, metavar="OUT.npz", help="where to write the outputs")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (CUDA when available)")
-    p.add_argument("--batch-size", type=int, default=None, help="run in chunks of this many items")
+    add_device_arg(p, default="cpu")
+    add_batch_size_arg(p, help="run in chunks of this many items (default: all at once)")
     p.add_argument("--all-blobs", action="store_true",
                    help="save every blob (a blob rewritten in place: its final value, as Caffe shows it)")
     p.add_argument("--to", default="fp32", choices=["fp32", "fp16", "int8", "binary"],
@@ -39,14 +39,15 @@ def read_inputs(path):
 
 
 def run(args):
-    model = load_model(args)
+    inputs_files = (args.model, args.input, getattr(args, "weights", None))
+    check_output(args.output, "-o", inputs_files)   # before any work
+    if not os.path.exists(args.input):
+        raise DataError(f"{args.input}: no such file")
+    model = load_model(args, weights_required=True)
     if args.to != "fp32":
         from ..quant import quantize
-        keep = None if args.keep is None else ("none" if args.keep == "none" else args.keep.split(","))
-        model = quantize(model, args.to, keep=keep)
+        model = quantize(model, args.to, keep=layer_names_arg(args.keep, "--keep"))
     inputs = read_inputs(args.input)
-    if args.batch_size is not None and args.batch_size < 1:
-        raise DataError(f"--batch-size must be >= 1, got {args.batch_size}")
     dtype = None
     if args.to == "fp16" and args.device != "cpu":
         import torch
@@ -56,8 +57,7 @@ def run(args):
             dtype = torch.float16
     outputs = model.run(inputs, device=args.device, all_blobs=args.all_blobs, batch_size=args.batch_size,
                         dtype=dtype)
-    with atomic_output(args.output, inputs=(args.model, args.input, getattr(args, "weights", None))) as f:
+    with atomic_output(args.output, inputs=(args.model, args.input, args.weights)) as f:
         np.savez(f, **outputs)
-    print(f"wrote {args.output}: " + ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items()),
-          file=sys.stderr if args.output == "-" else sys.stdout)
+    print(f"wrote {args.output}: " + ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items()))
     return 0

@@ -1,9 +1,21 @@
 """`caffeq sensitivity`: quantize one layer at a time and rank the layers by their accuracy drop."""
 import argparse
 import os
-import sys
 
 from ..errors import CaffeqError, DataError
+from .common import check_output, resolve_weights, say_found
+from .options import (
+    add_batch_size_arg,
+    add_device_arg,
+    add_json_arg,
+    add_progress_arg,
+    add_workers_arg,
+    nonnegative_int,
+    number,
+    positive_int,
+    progress_wanted,
+    report_stream,
+)
 
 _DESCRIPTION = """\
 Quantize one weighted layer at a time (every other layer fp32) and report each
@@ -24,24 +36,13 @@ def add_preprocess_args(p):
     g = p.add_argument_group("preprocessing (override the data layer's transform_param)")
     g.add_argument("--mean-file", metavar="MEAN.binaryproto", help="per-pixel mean (Caffe binaryproto)")
     g.add_argument("--mean-value", metavar="V[,V,...]", help="one mean, or one per channel (net order)")
-    g.add_argument("--scale", default=None, metavar="S", help="multiply (pixel - mean) by this")
-    g.add_argument("--crop-size", default=None, metavar="N", help="square crop (centre at test, random in training)")
+    g.add_argument("--scale", type=number, default=None, metavar="S", help="multiply (pixel - mean) by this")
+    g.add_argument("--crop-size", type=nonnegative_int, default=None, metavar="N",
+                   help="square crop (centre at test, random in training)")
     g.add_argument("--resize", metavar="HxW", help="resize images first (OpenCV bilinear, as ImageData)")
     g.add_argument("--channel-order", default=None, metavar="BGR|RGB",
                    help="colour order the net expects (Caffe: BGR, the default)")
     return g
-
-
-def _number(value, flag, integer=False, lo=None):
-    if value is None:
-        return None
-    try:
-        v = int(value) if integer else float(value)
-    except ValueError:
-        raise CaffeqError(f"{flag} must be {'an integer' if integer else 'a number'}, got {value!r}") from None
-    if lo is not None and v < lo:
-        raise CaffeqError(f"{flag} must be >= {lo}, got {value!r}")
-    return v
 
 
 def transform_from_args(args):
@@ -60,8 +61,7 @@ def transform_from_args(args):
         if order not in ("BGR", "RGB"):
             raise DataError(f"--channel-order {args.channel_order!r}: BGR or RGB")
     transform = {"mean_file": args.mean_file, "mean_value": mean_value,
-                 "scale": _number(args.scale, "--scale"),
-                 "crop_size": _number(args.crop_size, "--crop-size", integer=True, lo=0)}
+                 "scale": args.scale, "crop_size": args.crop_size}
     return transform, args.resize, order
 
 
@@ -69,24 +69,24 @@ def add_parser(sub):
     p = sub.add_parser("sensitivity", help="per-layer accuracy drop of binary (or int8) weights, sorted",
                        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="train_val/deploy .prototxt")
-    p.add_argument("--weights", "-w", metavar="W.caffemodel", help="trained weights (default: the .caffemodel "
-                                                                    "beside the prototxt)")
+    p.add_argument("--weights", "-w", metavar="W.caffemodel",
+                   help="trained weights (default: the .caffemodel beside the prototxt with the same name, "
+                        "or the only one in its folder)")
     p.add_argument("--to", default="binary", metavar="binary|int8", help="the precision tested (default binary)")
     p.add_argument("--data", metavar="SRC", help="LMDB, ImageData list, image folder or .npy/.npz "
                                                  "(default: the TEST-phase data layer's source)")
-    p.add_argument("--batch-size", default=None, metavar="N", help="images per batch")
-    p.add_argument("--limit", default=None, metavar="N", help="use the first N items only")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
-    p.add_argument("--workers", default="0", metavar="N", help="data loading processes (default 0)")
+    add_batch_size_arg(p)
+    p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="use the first N items only")
+    add_device_arg(p)
+    add_workers_arg(p)
     p.add_argument("--budget", default=None, metavar="POINTS",
                    help="also print which layers this budget (points of top-1) keeps fp32")
     p.add_argument("--plot", metavar="OUT.png", help="bar chart of the drops and the cumulative curve "
                                                      "(needs matplotlib)")
-    p.add_argument("--json", nargs="?", const="-", metavar="OUT.json",
-                   help="write the table as JSON (stdout without a file name)")
+    add_json_arg(p, "the table")
     p.add_argument("--no-cumulative", action="store_true",
                    help="skip the second pass (accuracy vs number of quantized layers)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_arg(p)
     add_preprocess_args(p)
     return p
 
@@ -99,34 +99,25 @@ def run(args):
         plot_sensitivity,
     )
     from .common import write_json
-    from .convert import find_weights
-    if not os.path.exists(args.model):
-        raise CaffeqError(f"{args.model}: no such file")
+    weights, note = resolve_weights(args.model, args.weights)
+    check_output(args.json, "--json", (args.model, weights, args.data))
     if args.budget is not None:
         check_budget(args.budget)
     if args.plot is not None:
         if not args.plot.lower().endswith(".png"):
             raise CaffeqError(f"--plot {args.plot}: the plot is written as PNG; name it *.png")
-        folder = os.path.dirname(os.path.abspath(args.plot))
-        if not os.path.isdir(folder):
-            raise CaffeqError(f"--plot {args.plot}: folder {folder} does not exist")
+        check_output(args.plot, "--plot", (args.model, weights, args.data))
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise CaffeqError("--plot needs matplotlib (pip install matplotlib)") from None
-    weights = args.weights
-    if weights is None and not args.model.endswith(".caffeq"):
-        weights = find_weights(args.model)
-        if weights is None:
-            raise CaffeqError(f"{args.model}: no .caffemodel beside it; pass --weights FILE.caffemodel")
+    say_found(note)
     transform, resize, order = transform_from_args(args)
     result = layer_sensitivity(
-        args.model, args.data, args.to, weights=weights,
-        batch_size=_number(args.batch_size, "--batch-size", integer=True, lo=1),
-        device=args.device, workers=_number(args.workers, "--workers", integer=True, lo=0),
-        limit=_number(args.limit, "--limit", integer=True, lo=1), transform=transform, resize=resize,
-        channel_order=order, cumulative=not args.no_cumulative, progress=not args.no_progress)
-    out = sys.stderr if args.json == "-" else sys.stdout
+        args.model, args.data, args.to, weights=weights, batch_size=args.batch_size,
+        device=args.device, workers=args.workers, limit=args.limit, transform=transform, resize=resize,
+        channel_order=order, cumulative=not args.no_cumulative, progress=progress_wanted(args))
+    out = report_stream(args)
     d = result["data"]
     print(f"sensitivity to {result['target']} weights: {result['images']} images from {d['source']}, "
           f"{'top-1' if result['metric'] == 'top1' else 'top-1 agreement with fp32'}", file=out)

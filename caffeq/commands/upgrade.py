@@ -8,6 +8,7 @@ import sys
 
 from ..errors import CaffeqError
 from ..fs import same_file
+from .common import check_output
 
 
 def add_parser(sub):
@@ -46,6 +47,9 @@ def run(args):
     for src in inputs:
         if not os.path.isfile(src):
             raise CaffeqError(f"{src}: no such file")
+    check_output(args.output, "-o", inputs)
+    if args.weights_out:
+        check_output(args.weights_out, "--weights-out", inputs)
 
     # Read and upgrade everything before writing anything, so a bad caffemodel leaves no half result
     warnings = []
@@ -60,7 +64,9 @@ def run(args):
         bin_needed = net_needs_upgrade(cm.net)
         bin_notes = upgrade_net(cm.net, source=args.weights, weights=cm.blobs)
 
-    write_prototxt(net, args.output, inputs=inputs)
+    # relative data paths keep pointing at the same files from the new prototxt's folder
+    write_prototxt(net, args.output, inputs=inputs,
+                   source_dir=os.path.dirname(os.path.abspath(args.prototxt)))
     _report(args.prototxt, args.output, text_needed, text_notes, f"{len(net.layer)} layers")
     if cm is not None:
         write_caffemodel(cm.net, cm.blobs, args.weights_out, inputs=inputs)

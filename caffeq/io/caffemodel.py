@@ -274,6 +274,20 @@ def _layer_name(name):
     return name
 
 
+def _check_text(msg, what):
+    """Every string field of a parsed message must be text: protobuf hands back bytes for one that
+    is not valid UTF-8, and the legacy upgrade would fail on it later."""
+    for field, value in msg.ListFields():
+        values = value if field.is_repeated else [value]
+        if field.type == field.TYPE_STRING:
+            for v in values:
+                if not isinstance(v, str):
+                    raise ParseError(f"{what}: field '{field.name}' holds {bytes(v)[:40]!r}, not UTF-8 text")
+        elif field.type == field.TYPE_MESSAGE and field.message_type.name != "BlobProto":
+            for v in values:
+                _check_text(v, what)
+
+
 def read_caffemodel(path):
     """Read a binary NetParameter (.caffemodel) with zero-copy weight arrays."""
     path = os.fspath(path)
@@ -306,10 +320,12 @@ def read_caffemodel(path):
         for msg, blobs in layer_msgs:
             lp = net.layer.add()
             lp.ParseFromString(msg)
+            _check_text(lp, f"layer #{len(net.layer) - 1}")
             blobs_by_layer.setdefault(_layer_name(lp.name), blobs)
         for msg, blobs in v1_msgs:
             lp = net.layers.add()
             lp.ParseFromString(msg)
+            _check_text(lp, f"layers #{len(net.layers) - 1}")
             name = lp.name or (lp.layer.name if lp.HasField("layer") else "")
             blobs_by_layer.setdefault(_layer_name(name), blobs)
     except ParseError as e:

@@ -23,6 +23,15 @@ The header maps tensor names to {"dtype", "shape", "data_offsets": [begin, end]}
                     "shape", "shared": [owner layer, owner index]}
     quantization    JSON {layer: target} (layers whose weights changed)
     report          JSON of the quantization report (caffeq.quant.QuantReport), or ""
+    data_shapes     JSON {data layer: [top shapes]}: the shapes the data layers' tops take
+                    when the file is read, so no dataset is needed where it is read
+    outputs         JSON [blob]: the outputs chosen at load time ([]: Caffe's own)
+    input_shapes    JSON {blob: shape}: the input shapes given at load time
+
+The prototxt's relative data paths (sources, mean files) are rewritten relative to the
+.caffeq file's folder when it is written; no absolute local path is stored. (Files written
+by caffeq 0.1.0 before this also held "source_dir", the original prototxt's folder; readers
+still use it when the paths do not resolve beside the file.)
 
 Schemes and their tensors (names are "<layer>.<blob index>[.<role>]"):
 
@@ -59,6 +68,7 @@ from ..quant.binary import pack_signs, unpack_signs
 from ..quant.report import QuantReport
 from ..version import __version__
 from .schema import caffe_pb2
+from .writer import rebase_data_paths
 
 FORMAT = "caffeq"
 FORMAT_VERSION = 1
@@ -175,6 +185,16 @@ def _blob_tensors(node, i, arr):
     raise WeightsError(f"layer '{node.name}' blob {i}: unknown quantization scheme {qb.scheme!r}")
 
 
+def _model_data_dir(model):
+    """The folder the model's relative data paths resolve from (its prototxt's, as the IR saw it)."""
+    for node in model.graph.nodes:
+        base = node.attrs.get("base_dir") if isinstance(node.attrs, dict) else None
+        if base:
+            return base
+    prototxt = getattr(model, "prototxt", None)
+    return os.path.dirname(os.path.abspath(prototxt)) if prototxt else os.getcwd()
+
+
 def save_caffeq(model, path):
     """Write `model` (quantized or not) to a .caffeq file; atomic (temp file + rename)."""
     missing = [n.name for n in model.graph.nodes
@@ -195,7 +215,10 @@ def save_caffeq(model, path):
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
         "caffeq_version": __version__,
-        "prototxt": _net_text(model.net),
+        # data paths relative to the .caffeq file's folder (no local absolute path is stored)
+        "prototxt": _net_text(rebase_data_paths(model.net, _model_data_dir(model),
+                                                os.path.dirname(os.path.abspath(os.fspath(path))),
+                                                portable=True)),
         "phase": str(getattr(model, "phase", "TEST")),
         "layout": json.dumps(layout, separators=(",", ":")),
         "quantization": json.dumps(dict(model.quantization)),
@@ -203,9 +226,9 @@ def save_caffeq(model, path):
         # the user's choices at load time, so the file rebuilds the same graph
         "outputs": json.dumps(list(model.output_names)),
         "input_shapes": json.dumps({k: list(v) for k, v in model.input_shapes.items()}),
-        # data layers name their sources relative to the original prototxt's folder
-        "source_dir": os.path.dirname(os.path.abspath(model.prototxt)) if getattr(model, "prototxt", None)
-        else "",
+        # the data layers' top shapes: the file still loads where their sources are not found
+        "data_shapes": json.dumps({n.name: [_shape_list(model.graph.tensors[t].shape) for t in n.outputs]
+                                   for n in model.graph.nodes if n.spec.is_data}),
     }
     path = os.fspath(path)
     with atomic_path(path) as tmp:
@@ -324,6 +347,10 @@ class CaffeqParts(NamedTuple):
     outputs: list
 
 
+def _shape_list(shape):
+    return None if shape is None else list(shape)
+
+
 def _data_base_dir(net, path, source_dir):
     """Where relative data sources resolve: beside the .caffeq file, else the original prototxt's folder."""
     here = os.path.dirname(os.path.abspath(path))
@@ -344,11 +371,15 @@ def load_caffeq_parts(path, phase="TEST", batch=None, input_shapes=None, outputs
     try:
         if outputs is None:
             outputs = [str(b) for b in json.loads(meta.get("outputs") or "[]")]
-        if input_shapes is None:
-            input_shapes = {str(k): tuple(int(d) for d in v)
-                            for k, v in json.loads(meta.get("input_shapes") or "{}").items()}
+        stored = {str(k): tuple(int(d) for d in v)
+                  for k, v in json.loads(meta.get("input_shapes") or "{}").items()}
+        # the data layers' shapes at saving: the file loads where their sources are not found
+        for layer, shapes in json.loads(meta.get("data_shapes") or "{}").items():
+            tops = next((list(lp.top) for lp in net.layer if lp.name == layer), [])
+            stored.update({t: tuple(int(d) for d in s) for t, s in zip(tops, shapes) if s is not None})
     except (ValueError, TypeError, AttributeError):
         raise ParseError(f"{path}: the stored outputs or input shapes are corrupt") from None
+    input_shapes = {**stored, **(input_shapes or {})}
     graph = build_graph(net, None, phase=phase, batch=batch, source=path,
                         base_dir=_data_base_dir(net, path, meta.get("source_dir") or ""),
                         input_shapes=input_shapes, outputs=outputs)

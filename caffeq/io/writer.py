@@ -34,8 +34,70 @@ def net_to_text(net):
     return text_format.MessageToString(net)
 
 
-def write_prototxt(net, path, inputs=()):
-    """Write net as text to path atomically (temp file + rename). inputs: files it must not replace."""
+# (message, field) of every path a data layer reads; Caffe resolves them from its working folder,
+# caffeq from the prototxt's folder first
+_DATA_PATH_FIELDS = (
+    ("data_param", "source"), ("data_param", "mean_file"),
+    ("image_data_param", "source"), ("image_data_param", "mean_file"), ("image_data_param", "root_folder"),
+    ("hdf5_data_param", "source"),
+    ("window_data_param", "source"), ("window_data_param", "mean_file"), ("window_data_param", "root_folder"),
+    ("transform_param", "mean_file"),
+)
+
+
+def _rebased(value, from_dir, to_dir, portable):
+    if not value or os.path.isabs(value):
+        return value
+    folder_form = value.endswith("/")   # a root_folder is prepended to file names as a string
+    here = os.path.abspath(os.path.join(from_dir, value))
+    if not os.path.exists(here) and os.path.exists(os.path.join(os.getcwd(), value)):
+        here = os.path.abspath(os.path.join(os.getcwd(), value))
+    try:
+        common = os.path.commonpath([here, to_dir])
+    except ValueError:                   # another drive (Windows)
+        common = None
+    if common is None or os.path.dirname(common) == common:
+        # only the filesystem root in common: an absolute path, or the value as written when the
+        # file must not hold local paths
+        return value if portable else here
+    new = os.path.relpath(here, to_dir).replace(os.sep, "/")
+    return new + "/" if folder_form and not new.endswith("/") else new
+
+
+def rebase_data_paths(net, from_dir, to_dir, portable=False):
+    """A copy of `net` whose relative data paths (sources, mean files, root folders), written for a
+    prototxt in `from_dir`, point at the same files from a prototxt in `to_dir`.
+
+    Paths whose files share no folder with `to_dir` but the filesystem root become absolute, or,
+    with portable=True (files that travel, like .caffeq), stay as written. `net` itself is
+    returned when the folders are the same or nothing changes.
+    """
+    from_dir, to_dir = os.path.abspath(from_dir), os.path.abspath(to_dir)
+    if from_dir == to_dir:
+        return net
+    out = None
+    for i, lp in enumerate(net.layer):
+        for msg, field in _DATA_PATH_FIELDS:
+            if not lp.HasField(msg):
+                continue
+            value = getattr(getattr(lp, msg), field)
+            new = _rebased(value, from_dir, to_dir, portable)
+            if new != value:
+                if out is None:
+                    out = type(net)()
+                    out.CopyFrom(net)
+                setattr(getattr(out.layer[i], msg), field, new)
+    return net if out is None else out
+
+
+def write_prototxt(net, path, inputs=(), source_dir=None):
+    """Write net as text to path atomically (temp file + rename). inputs: files it must not replace.
+
+    source_dir: the folder the net's relative data paths were written for (its prototxt's); they
+    are rewritten relative to path's folder.
+    """
+    if source_dir is not None:
+        net = rebase_data_paths(net, source_dir, os.path.dirname(os.path.abspath(path)))
     text = net_to_text(net)
     with atomic_output(path, "w", inputs) as f:
         f.write(text)

@@ -1,5 +1,5 @@
 """Layer specs: importing this package registers every built-in Caffe type."""
-from .registry import Layer, LayerError, get_spec, register_layer, require_specs, supported_types
+from .registry import Layer, LayerError, get_spec, register_layer, require_specs, spec_for, supported_types
 
 # Each module registers the specs of one layer family.
 from . import (  # noqa: F401,E402
@@ -14,6 +14,8 @@ from . import (  # noqa: F401,E402
     misc,
     norm,
     pooling,
+    python_layers,
+    rcnn,
     recurrent,
     segmentation,
     sequence,
@@ -23,4 +25,5 @@ from . import (  # noqa: F401,E402
     yolo,
 )
 
-__all__ = ["Layer", "LayerError", "get_spec", "register_layer", "require_specs", "supported_types"]
+__all__ = ["Layer", "LayerError", "get_spec", "register_layer", "require_specs", "spec_for",
+           "supported_types"]

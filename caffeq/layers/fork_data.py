@@ -113,8 +113,3 @@ class UnknownForkData(ForkDataLayer):
 
 
 UNKNOWN_FORK_DATA = UnknownForkData()
-
-
-def is_fork_data_layer(lp):
-    """A layer of an unregistered type that reads no bottoms and whose type says it is data."""
-    return not lp.bottom and lp.type.endswith("Data") and lp.type != "Python"

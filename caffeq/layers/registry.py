@@ -16,6 +16,15 @@ strings with `@register_layer("Type")`.  It declares, in one place:
   each declared on `Layer` with its default.
 
 Users register their own layers the same way (see README).
+
+Python layers.  caffeq never imports or runs code named by a model file.  A
+`Python` layer whose python_param names a well-known module and class gets a
+native spec instead (as OpenCV does): a spec registered under
+"Python:<module>.<layer>", e.g. `@register_layer("Python:rpn.proposal_layer.ProposalLayer")`,
+is what such a layer resolves to.  Any other Python layer without bottoms is a
+data layer whose top shapes must come from the user (`--input-shape
+NAME=N,C,H,W`): it resolves to the "PythonData" spec.  Any other Python layer
+is refused with a clear error.  `spec_for(lp)` does this lookup for every layer.
 """
 import math
 
@@ -66,7 +75,7 @@ class Layer:
 
     def param_shapes(self, attrs, in_shapes):
         """Shapes of the learnable blobs in Caffe's order, or None for a layer without any."""
-        return None
+        return
 
     def forward(self, attrs, params, *inputs):
         raise NotImplementedError(f"{self.types[0]} has no torch implementation")
@@ -157,6 +166,26 @@ def get_spec(type_name):
     return _REGISTRY.get(type_name)
 
 
+def python_layer_key(lp):
+    """The registry key of a Python layer's native spec: "Python:<module>.<layer>"."""
+    return f"Python:{lp.python_param.module}.{lp.python_param.layer}"
+
+
+def spec_for(lp):
+    """The spec of a LayerParameter, or None.  Python layers resolve by module and class
+    (see the module docstring); every other layer by its type."""
+    if lp.type != "Python":
+        spec = _REGISTRY.get(lp.type)
+        if spec is None and not len(lp.bottom) and lp.type.endswith("Data"):
+            from .fork_data import UNKNOWN_FORK_DATA   # a fork's data layer: a graph input
+            spec = UNKNOWN_FORK_DATA
+        return spec
+    spec = _REGISTRY.get(python_layer_key(lp))
+    if spec is None and not len(lp.bottom):
+        spec = _REGISTRY.get("PythonData")
+    return spec
+
+
 def supported_types():
     return sorted(_REGISTRY)
 
@@ -165,19 +194,27 @@ def require_specs(layer_params, source=""):
     """Check every layer type has a spec; list all unknown types at once."""
     missing = {}
     for lp in layer_params:
-        if lp.type == "Python":
+        if lp.type == "Python" and spec_for(lp) is None:
             mod = lp.python_param.module or "?"
             layer = lp.python_param.layer or "?"
             raise UnsupportedLayerError(
                 f"{source + ': ' if source else ''}layer '{lp.name}' is a Python layer "
                 f"(module '{mod}', class '{layer}'); caffeq never imports or runs code named by a "
-                f"model file. Write the layer as a caffeq.register_layer spec under a type name "
-                f"of its own and use that type in the prototxt")
-        if lp.type not in _REGISTRY:
+                f"model file. Write the layer as a caffeq.register_layer spec under the type name "
+                f"'Python:{mod}.{layer}' (or a type of its own, used in the prototxt)")
+        if spec_for(lp) is None:
             missing.setdefault(lp.type, []).append(lp.name)
     if missing:
+        import difflib
+        known = supported_types()
+
+        def close(t):   # "did you mean": a typo or another capitalization of a known type
+            by_case = [k for k in known if k.lower() == t.lower()]
+            hit = by_case or difflib.get_close_matches(t, known, n=1, cutoff=0.75)
+            return f", did you mean {hit[0]}?" if hit else ""
+
         parts = ", ".join(f"{t} (layers {', '.join(repr(n) for n in names[:3])}"
-                          f"{', ...' if len(names) > 3 else ''})" for t, names in sorted(missing.items()))
+                          f"{', ...' if len(names) > 3 else ''}{close(t)})" for t, names in sorted(missing.items()))
         raise UnsupportedLayerError(
             f"{source + ': ' if source else ''}unsupported layer types: {parts}. "
             f"Supported: {', '.join(supported_types())}. "

@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..errors import ExportError
 from .registry import Layer, LayerError, register_layer
@@ -55,66 +56,78 @@ def _resize(ctx, x, out, sizes, name, **attrs):
 
 # ---- Interp ------------------------------------------------------------------------
 
-TORCH_INTERP = """
-    def _interp_coords(n_in: int, n_out: int, device: torch.device):
-        \"\"\"Caffe's interp source coordinates: float32 (n_in - 1) / (n_out - 1) * i.\"\"\"
-        ratio = torch.tensor(0.0)
-        if n_out > 1:
-            ratio = torch.tensor(float(n_in - 1)) / torch.tensor(float(n_out - 1))
-        return (ratio * torch.arange(n_out, dtype=torch.float32)).to(device)
+def interp_coords(n_in: int, n_out: int, device: torch.device):
+    """Caffe's interp2 source coordinates: float32 (n_in - 1) / (n_out - 1) * i."""
+    ratio = torch.tensor(0.0)
+    if n_out > 1:
+        ratio = torch.tensor(float(n_in - 1)) / torch.tensor(float(n_out - 1))
+    return (ratio * torch.arange(n_out, dtype=torch.float32)).to(device)
 
 
-    class Interp(nn.Module):
-        \"\"\"DeepLab's Interp: crop by pad_beg/pad_end (<= 0), then an align-corners resize with Caffe's
-        float32 coordinates and truncated indexes (bilinear) or rounding (nearest_neighbor). Output
-        size, first match wins: shrink, zoom, height x width, shrink then zoom, else ref_h x ref_w.\"\"\"
+def interp_output_size(he: int, we: int, shrink: int, zoom: int, height: int, width: int, ref_h: int, ref_w: int):
+    """DeepLab v2's Interp output size from the cropped input size he x we (0: a field not set);
+    first match wins: shrink alone, zoom alone, height x width, shrink then zoom, else ref_h x ref_w."""
+    if shrink and not zoom:
+        return (he - 1) // shrink + 1, (we - 1) // shrink + 1
+    if zoom and not shrink:
+        return he + (he - 1) * (zoom - 1), we + (we - 1) * (zoom - 1)
+    if height and width:
+        return height, width
+    if zoom and shrink:
+        ho, wo = (he - 1) // shrink + 1, (we - 1) // shrink + 1
+        return ho + (ho - 1) * (zoom - 1), wo + (wo - 1) * (zoom - 1)
+    return ref_h, ref_w
 
-        def __init__(self, shrink=0, zoom=0, height=0, width=0, pad_beg=0, pad_end=0, nearest=False):
-            super().__init__()
-            self.shrink, self.zoom, self.height, self.width = shrink, zoom, height, width
-            self.pad_beg, self.pad_end, self.nearest = pad_beg, pad_end, nearest
 
-        def out_size(self, he: int, we: int, ref_h: int, ref_w: int):
-            if self.shrink and not self.zoom:
-                return (he - 1) // self.shrink + 1, (we - 1) // self.shrink + 1
-            if self.zoom and not self.shrink:
-                return he + (he - 1) * (self.zoom - 1), we + (we - 1) * (self.zoom - 1)
-            if self.height:
-                return self.height, self.width
-            if self.zoom and self.shrink:
-                ho, wo = (he - 1) // self.shrink + 1, (we - 1) // self.shrink + 1
-                return ho + (ho - 1) * (self.zoom - 1), wo + (wo - 1) * (self.zoom - 1)
-            return ref_h, ref_w
+def interp_resize(x, ho: int, wo: int, nearest: bool = False):
+    """Caffe's interp2 of x (N, C, H, W) to ho x wo: align-corners coordinates in float32, then
+    truncated indexes and float32 weights (bilinear), or rounding (nearest_neighbor)."""
+    he, we = x.shape[2], x.shape[3]
+    src_h = interp_coords(he, ho, x.device)
+    src_w = interp_coords(we, wo, x.device)
+    if nearest:
+        ih = torch.floor(src_h.double() + 0.5).long().clamp(0, he - 1)
+        iw = torch.floor(src_w.double() + 0.5).long().clamp(0, we - 1)
+        return x.index_select(2, ih).index_select(3, iw)
+    h0, w0 = src_h.long(), src_w.long()
+    h1 = torch.where(h0 < he - 1, h0 + 1, h0)
+    w1 = torch.where(w0 < we - 1, w0 + 1, w0)
+    lh = (src_h - h0.float()).to(x.dtype)[:, None]
+    lw = (src_w - w0.float()).to(x.dtype)
+    rows0 = x.index_select(2, h0)
+    rows1 = x.index_select(2, h1)
+    top = (1 - lw) * rows0.index_select(3, w0) + lw * rows0.index_select(3, w1)
+    bot = (1 - lw) * rows1.index_select(3, w0) + lw * rows1.index_select(3, w1)
+    return (1 - lh) * top + lh * bot
 
-        def forward(self, x, ref_h: int = 0, ref_w: int = 0):
-            he = x.shape[2] + self.pad_beg + self.pad_end
-            we = x.shape[3] + self.pad_beg + self.pad_end
-            ho, wo = self.out_size(he, we, ref_h, ref_w)
-            b = -self.pad_beg
-            x = x[:, :, b:b + he, b:b + we]
-            if ho == he and wo == we:
-                return x
-            src_h = _interp_coords(he, ho, x.device)
-            src_w = _interp_coords(we, wo, x.device)
-            if self.nearest:
-                ih = torch.floor(src_h.double() + 0.5).long().clamp(0, he - 1)
-                iw = torch.floor(src_w.double() + 0.5).long().clamp(0, we - 1)
-                return x.index_select(2, ih).index_select(3, iw)
-            h0, w0 = src_h.long(), src_w.long()
-            h1 = torch.where(h0 < he - 1, h0 + 1, h0)
-            w1 = torch.where(w0 < we - 1, w0 + 1, w0)
-            lh = (src_h - h0.float()).to(x.dtype)[:, None]
-            lw = (src_w - w0.float()).to(x.dtype)
-            rows0 = x.index_select(2, h0)
-            rows1 = x.index_select(2, h1)
-            top = (1 - lw) * rows0.index_select(3, w0) + lw * rows0.index_select(3, w1)
-            bot = (1 - lw) * rows1.index_select(3, w0) + lw * rows1.index_select(3, w1)
-            return (1 - lh) * top + lh * bot
-"""
+
+class Interp(nn.Module):
+    """DeepLab's Interp: crop by pad_beg/pad_end (<= 0), then interp_resize to interp_output_size
+    (ref_h x ref_w: the second bottom's size, when nothing else sets it)."""
+
+    def __init__(self, shrink=0, zoom=0, height=0, width=0, pad_beg=0, pad_end=0, nearest=False):
+        super().__init__()
+        self.shrink, self.zoom, self.height, self.width = shrink, zoom, height, width
+        self.pad_beg, self.pad_end, self.nearest = pad_beg, pad_end, nearest
+
+    def forward(self, x, ref_h: int = 0, ref_w: int = 0):
+        he = x.shape[2] + self.pad_beg + self.pad_end
+        we = x.shape[3] + self.pad_beg + self.pad_end
+        ho, wo = interp_output_size(he, we, self.shrink, self.zoom, self.height, self.width, ref_h, ref_w)
+        b = -self.pad_beg
+        x = x[:, :, b:b + he, b:b + we]
+        if ho == he and wo == we:
+            return x
+        return interp_resize(x, ho, wo, self.nearest)
+
+
+# model.py gets the same code that forward runs
+TORCH_INTERP = "\n\n\n".join(inspect.getsource(f) for f in (interp_coords, interp_output_size, interp_resize,
+                                                               Interp))
 
 
 @register_layer("Interp")
-class Interp(Layer):
+class InterpLayer(Layer):
     def parse(self, lp):
         if len(lp.bottom) not in (1, 2):
             raise LayerError(f"Interp takes 1 or 2 bottoms, got {len(lp.bottom)}")
@@ -143,18 +156,8 @@ class Interp(Layer):
         he, we = h + a["pad_beg"] + a["pad_end"], w + a["pad_beg"] + a["pad_end"]
         if he <= 0 or we <= 0:
             raise LayerError(f"cropping {a['pad_beg']}/{a['pad_end']} leaves nothing of a {h}x{w} input")
-        zoom, shrink = a["zoom"], a["shrink"]
-        if shrink is not None and zoom is None:
-            ho, wo = (he - 1) // shrink + 1, (we - 1) // shrink + 1
-        elif zoom is not None and shrink is None:
-            ho, wo = he + (he - 1) * (zoom - 1), we + (we - 1) * (zoom - 1)
-        elif a["height"] is not None:
-            ho, wo = a["height"], a["width"]
-        elif zoom is not None and shrink is not None:
-            ho, wo = (he - 1) // shrink + 1, (we - 1) // shrink + 1
-            ho, wo = ho + (ho - 1) * (zoom - 1), wo + (wo - 1) * (zoom - 1)
-        else:
-            ho, wo = ref_hw
+        ho, wo = interp_output_size(he, we, a["shrink"] or 0, a["zoom"] or 0, a["height"] or 0, a["width"] or 0,
+                                    *(ref_hw or (0, 0)))
         if ho <= 0 or wo <= 0:
             raise LayerError(f"output size {ho}x{wo} must be positive")
         return (he, we), (int(ho), int(wo))
@@ -179,22 +182,7 @@ class Interp(Layer):
         x = x[:, :, b:b + he, b:b + we]
         if (he, we) == (ho, wo):
             return x.clone()
-        if attrs["type"] == "nearest_neighbor":
-            ih = _nn_index(he, ho)
-            iw = _nn_index(we, wo)
-            return x.index_select(2, torch.from_numpy(ih).to(x.device)) \
-                    .index_select(3, torch.from_numpy(iw).to(x.device))
-        h0, h1, lh = _lin_index(he, ho)
-        w0, w1, lw = _lin_index(we, wo)
-        dev = x.device
-        lh = torch.from_numpy(lh).to(dev, x.dtype)[:, None]
-        lw = torch.from_numpy(lw).to(dev, x.dtype)
-        rows0 = x.index_select(2, torch.from_numpy(h0).to(dev))
-        rows1 = x.index_select(2, torch.from_numpy(h1).to(dev))
-        w0t, w1t = torch.from_numpy(w0).to(dev), torch.from_numpy(w1).to(dev)
-        top = (1 - lw) * rows0.index_select(3, w0t) + lw * rows0.index_select(3, w1t)
-        bot = (1 - lw) * rows1.index_select(3, w0t) + lw * rows1.index_select(3, w1t)
-        return (1 - lh) * top + lh * bot
+        return interp_resize(x, ho, wo, attrs["type"] == "nearest_neighbor")
 
     def onnx(self, ctx, node):
         a = node.attrs
@@ -240,26 +228,6 @@ class Interp(Layer):
             ref = emit.inputs[1]
             return f"{m}({emit.inputs[0]}, {ref}.shape[2], {ref}.shape[3])"
         return f"{m}({emit.inputs[0]})"
-
-
-def _src_coords(n_in, n_out):
-    """Caffe interp2's float32 source coordinates: (n_in-1)/(n_out-1) * i."""
-    f32 = np.float32
-    r = f32(f32(n_in - 1) / f32(n_out - 1)) if n_out > 1 else f32(0)
-    return (r * np.arange(n_out, dtype=f32)).astype(f32)
-
-
-def _lin_index(n_in, n_out):
-    src = _src_coords(n_in, n_out)
-    i0 = src.astype(np.int64)                     # truncation, as C's int conversion
-    i1 = np.where(i0 < n_in - 1, i0 + 1, i0)
-    lam = (src - i0.astype(np.float32)).astype(np.float32)
-    return i0, i1, lam
-
-
-def _nn_index(n_in, n_out):
-    src = _src_coords(n_in, n_out)
-    return np.floor(src.astype(np.float64) + 0.5).astype(np.int64).clip(0, n_in - 1)
 
 
 # ---- Upsample ----------------------------------------------------------------------

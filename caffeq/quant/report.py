@@ -77,7 +77,7 @@ class QuantReport:
                          f"{r.rel_l2_error:.4g}" if r.precision != "fp32" else "-"))
         t = self.totals()
         rows.append(("total", "", f"{t['params']:,}", self.target, f"{t['bytes_before']:,}",
-                     f"{t['bytes_after']:,}", f"x{self.ratio:.2f}" if self.bytes_after else "-"))
+                     f"{t['bytes_after']:,}", "-"))   # (the size ratio is in the summary, not under the error)
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
         lines = []
         for k, row in enumerate(rows):

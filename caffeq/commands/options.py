@@ -1,0 +1,219 @@
+"""The command line's shared options: one parser class and one definition per option.
+
+Every command builds its options from the helpers below, so that an option means the same
+thing, takes the same values and has the same default in every command:
+
+- `CliParser` turns every argparse error into one `caffeq: error:` line (exit status 2), with a
+  "did you mean" for a mistyped command, option or choice;
+- argument types (`positive_int`, `nonnegative_int`, `number`, `device`, `workers`) refuse bad
+  values at parse time, before any work;
+- `add_model_args`, `add_json_arg`, `add_device_arg`, `add_workers_arg`, `add_progress_arg`,
+  `add_batch_size_arg` declare the options that several commands share.
+"""
+import argparse
+import difflib
+import os
+import re
+import sys
+
+from ..errors import CaffeqError
+
+
+class UsageError(CaffeqError):
+    """A bad command line: unknown command or option, a missing or malformed value."""
+
+
+def did_you_mean(word, choices):
+    """' (did you mean X?)' for the closest of `choices` to `word`, else ''."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+
+
+class CliParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (raised as UsageError, printed by main)."""
+
+    def __init__(self, *args, **kwargs):
+        import inspect
+        if "suggest_on_error" in inspect.signature(argparse.ArgumentParser.__init__).parameters:
+            kwargs.setdefault("suggest_on_error", True)   # Python 3.14+: argparse's own suggestions
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        message = " ".join(str(message).split())
+        if "did you mean" not in message.lower() and "maybe you meant" not in message.lower():
+            message += self._suggestion(message)
+        where = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        raise UsageError(f"{where}{message} (see `{self.prog} --help`)")
+
+    def _suggestion(self, message):
+        m = _INVALID_CHOICE.search(message)
+        if m:
+            # ('a', 'b') or, in newer Pythons, (a, b)
+            choices = [c.strip().strip("'\"") for c in m.group(2).split(",")]
+            return did_you_mean(m.group(1), choices)
+        if message.startswith("unrecognized arguments:"):
+            options = [o for o in self._option_string_actions if o.startswith("--")]
+            for word in message.split(":", 1)[1].split():
+                if word.startswith("--"):
+                    hint = did_you_mean(word.split("=", 1)[0], options)
+                    if hint:
+                        return hint
+        return ""
+
+
+# ---- argument types (argparse calls them; ArgumentTypeError becomes one error line) ----------
+
+def _integer(text):
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def positive_int(text):
+    """An integer >= 1 (counts: batch sizes, epochs, limits)."""
+    v = _integer(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return v
+
+
+def nonnegative_int(text):
+    """An integer >= 0."""
+    v = _integer(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return v
+
+
+def number(text):
+    """A finite float."""
+    import math
+    try:
+        v = float(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+    return v
+
+
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")
+
+
+def device(text):
+    """cpu, cuda, cuda:N or auto (CUDA when available); CUDA asked for and absent is an error here."""
+    value = str(text).strip().lower()
+    m = re.fullmatch(r"cuda(?::(\d+))?", value)
+    if value not in ("auto", "cpu") and not m:
+        hint = "; did you mean cuda?" if value in ("gpu", "nvidia") or value.startswith("gpu:") else \
+            did_you_mean(value, ("auto", "cpu", "cuda"))
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}: use cpu, cuda, cuda:N or auto{hint}")
+    if m:
+        import torch
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"{value}: no CUDA device is available here "
+                                             f"(use --device cpu, or auto to take CUDA when there is one)")
+        if m.group(1) is not None and int(m.group(1)) >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"{value}: this machine has {torch.cuda.device_count()} CUDA "
+                                             f"device(s), numbered from 0")
+    return value
+
+
+def default_workers():
+    """Data loading processes when --workers is not given: up to 4, leaving one CPU to the model."""
+    return max(0, min(4, (os.cpu_count() or 1) - 1))
+
+
+def workers(text):
+    """--workers: auto (the default, see default_workers) or a count >= 0."""
+    if str(text).strip().lower() == "auto":
+        return default_workers()
+    return nonnegative_int(text)
+
+
+# ---- options shared by several commands --------------------------------------------------
+
+def add_model_args(p, weights=True, batch=True):
+    """The model and how to read it: MODEL, --weights, --phase, --stage, --level, --batch, --ignore-unknown.
+
+    Options that change how the net is read (its inputs, its outputs) belong here, so that every
+    command takes them.
+    """
+    p.add_argument("model", help="deploy/train_val .prototxt (or a .caffeq file)")
+    if weights:
+        p.add_argument("--weights", "-w", metavar="W.caffemodel",
+                       help="trained weights (default: the .caffemodel beside the prototxt with the same "
+                            "name, or the only one in its folder)")
+    p.add_argument("--phase", default="TEST", choices=["TEST", "TRAIN"], help="phase rules to apply")
+    p.add_argument("--stage", action="append", default=[], metavar="NAME",
+                   help="a NetState stage for include/exclude rules (repeatable)")
+    p.add_argument("--level", type=int, default=0, help="the NetState level for min/max_level rules")
+    if batch:
+        p.add_argument("--batch", type=positive_int, default=None, metavar="N",
+                       help="set the batch dimension of the net's inputs to N")
+    p.add_argument("--ignore-unknown", action="store_true",
+                   help="skip fields unknown to caffe.proto (with a warning) instead of failing")
+
+
+def add_json_arg(p, what="the results"):
+    """--json [OUT]: JSON on stdout without a file name (the report then goes to stderr), else to OUT."""
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="OUT.json",
+                   help=f"write {what} as JSON: to stdout without a file name (the text report then goes "
+                        f"to stderr), else to OUT.json")
+
+
+def add_device_arg(p, default="auto"):
+    p.add_argument("--device", type=device, default=default, metavar="cpu|cuda|cuda:N|auto",
+                   help=f"where to compute: cpu, cuda, cuda:N, or auto for CUDA when available "
+                        f"(default {default})")
+
+
+def add_workers_arg(p):
+    p.add_argument("--workers", type=workers, default="auto", metavar="N|auto",
+                   help=f"data loading processes (default auto: min(4, CPUs - 1), here "
+                        f"{default_workers()})")
+
+
+def add_progress_arg(p):
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (they are drawn on a terminal only)")
+
+
+def add_batch_size_arg(p, help="images per batch (default: the data layer's batch_size, else 64)"):
+    p.add_argument("--batch-size", type=positive_int, default=None, metavar="N", help=help)
+
+
+def progress_wanted(args):
+    """Progress bars for this command: not --no-progress, and stderr is a terminal."""
+    from ..progress import on_terminal
+    return not getattr(args, "no_progress", False) and on_terminal()
+
+
+def report_stream(args):
+    """Where the text report goes: stderr when --json writes to stdout, else stdout."""
+    return sys.stderr if getattr(args, "json", None) == "-" else sys.stdout
+
+
+__all__ = [
+    "CliParser",
+    "UsageError",
+    "add_batch_size_arg",
+    "add_device_arg",
+    "add_json_arg",
+    "add_model_args",
+    "add_progress_arg",
+    "add_workers_arg",
+    "default_workers",
+    "device",
+    "did_you_mean",
+    "nonnegative_int",
+    "number",
+    "positive_int",
+    "progress_wanted",
+    "report_stream",
+    "workers",
+]

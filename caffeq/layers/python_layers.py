@@ -1,0 +1,56 @@
+"""Well-known Python layers other than Faster R-CNN's proposals (those live in rcnn.py).
+
+caffeq never imports the module a `Python` layer names; these specs implement, natively,
+what the known module computes (see registry.spec_for).
+
+- `spatial_dropout.SpatialDropoutLayer` (ENet, TimoSaemann/ENet): its param_str carries a
+  `phase` and `p`.  With phase 'TEST' the layer multiplies by 1 / (1 - p) (float32), in every
+  phase of the net, as the module does; with phase 'TRAIN' it drops whole channels while
+  training and, for inference here, passes the data through (the module would keep dropping
+  channels at random, which no inference wants).
+"""
+import numpy as np
+import torch.nn.functional as F
+
+from .rcnn import parse_param_str
+from .registry import Layer, LayerError, register_layer
+
+
+@register_layer("Python:spatial_dropout.SpatialDropoutLayer")
+class SpatialDropout(Layer):
+    uses_training_flag = True
+
+    def parse(self, lp):
+        if len(lp.bottom) != 1 or len(lp.top) != 1:
+            raise LayerError("SpatialDropoutLayer takes one bottom and one top")
+        params = parse_param_str(lp.python_param.param_str)
+        phase = str(params.get("phase", "TRAIN")).upper()
+        try:
+            p = float(params.get("p", 0.5))
+        except (TypeError, ValueError):
+            raise LayerError(f"python_param.param_str: p must be a number, got {params.get('p')!r}") from None
+        if not 0 < p < 1:
+            raise LayerError(f"python_param.param_str: p must be between 0 and 1, got {p}")
+        if phase not in ("TRAIN", "TEST"):
+            raise LayerError(f"python_param.param_str: phase must be 'TRAIN' or 'TEST', got {phase!r}")
+        # the module computes scale_ = 1. / (1. - p) in float64 and multiplies float32 data by it
+        return {"p": p, "phase": phase, "test_scale": float(np.float32(1.0 / (1.0 - p)))}
+
+    def forward(self, attrs, params, x, training=False):
+        if attrs["phase"] == "TEST":
+            return x * attrs["test_scale"]
+        return F.dropout2d(x, attrs["p"], training=training) if training else x
+
+    def onnx(self, ctx, node):
+        if node.attrs["phase"] == "TEST":
+            ctx.add_node("Mul", [node.inputs[0], ctx.const(np.array(node.attrs["test_scale"], np.float32))],
+                         [node.outputs[0]], name=node.name)
+        else:
+            ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        if a["phase"] == "TEST":
+            return f"{emit.inputs[0]} * {emit.lit(a['test_scale'])}"
+        dropout = emit.module(f"nn.Dropout2d(p={emit.lit(a['p'])})")
+        return f"{dropout}({emit.inputs[0]})"

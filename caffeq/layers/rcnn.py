@@ -1,0 +1,484 @@
+"""Faster R-CNN's region proposals, and Python layers in general.
+
+caffeq never imports code named by a model file (see registry.py): a `Python`
+layer runs only when its module and class are a well-known one with a native
+spec here, registered as "Python:<module>.<layer>".
+
+- `rpn.proposal_layer.ProposalLayer` (py-faster-rcnn, and py-R-FCN, which is
+  the same at TEST time): parameters from python_param.param_str, a YAML
+  mapping read by a small parser of our own (only numbers, strings, booleans
+  and lists; nothing is evaluated): 'feat_stride' (required) and 'scales'
+  (default 8, 16, 32).  The rest is py-faster-rcnn's TEST configuration:
+  RPN_PRE_NMS_TOP_N 6000, RPN_POST_NMS_TOP_N 300, RPN_NMS_THRESH 0.7,
+  RPN_MIN_SIZE 16, anchors from generate_anchors (base 16, ratios 0.5, 1, 2).
+  Bottoms: rpn_cls_prob_reshape (1, 2A, H, W), rpn_bbox_pred (1, 4A, H, W),
+  im_info (1, 3) = [height, width, scale].  Tops: rois (R, 5) = [0, x1, y1, x2,
+  y2] and optionally scores (R, 1).  The steps, in float32 as the Python layer:
+  decode the deltas against the shifted anchors (sizes with the +1 pixel),
+  clip to [0, width-1] x [0, height-1], drop boxes narrower or lower than
+  min_size * scale, sort by score (ties: higher index first, as
+  argsort()[::-1]), keep pre_nms_top_n, greedy NMS (a box goes when its IoU,
+  +1 pixel sizes, with a kept box is > the threshold: py-faster-rcnn's default
+  GPU NMS; its CPU fallback uses >=), keep post_nms_top_n.  R depends on the
+  data: the static shape is the most rows it can write.  One image per batch,
+  as the Python layer asserts.
+- The C++ `Proposal` type of some forks (PVANet's, happynear/caffe-windows:
+  proposal_param) is not this computation (absolute anchor scales, unrounded
+  ratio sides, a 4-value im_info, boxes below min_size kept with score 0, one
+  set of rows per image), so it is not registered.
+- Any other Python layer without bottoms is a data layer ("PythonData"): its
+  top shapes must be given by the user (`--input-shape NAME=N,C,H,W`).
+
+ONNX: anchors and their sizes are constants; decoding, clipping and the size
+filter are elementwise ops, then TopK, NonMaxSuppression (boxes given as
+[y1, x1, y2 + 1, x2 + 1] so that ONNX's IoU is the +1 pixel one) and Gather.
+"""
+import inspect
+import math
+import re
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import CaffeqError
+from .registry import Layer, LayerError, MissingInputShape, register_layer
+
+FLT_MAX = float(np.finfo(np.float32).max)
+
+# py-faster-rcnn's __C.TEST values (lib/fast_rcnn/config.py)
+TEST_CONFIG = {"pre_nms_top_n": 6000, "post_nms_top_n": 300, "nms_thresh": 0.7, "min_size": 16}
+
+
+# ---- param_str: a safe reader for the YAML mappings Python layers take ----------------------------
+
+_TOKEN = re.compile(r"""\s*(?:(?P<tag>!!python/(?:tuple|list)\b)|(?P<str>'[^'\n]*'|"[^"\n]*")|(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"""
+                    r"""|(?P<name>[A-Za-z_][\w.]*)|(?P<punct>[{}\[\](),:]))""")
+_WORDS = {"true": True, "True": True, "false": False, "False": False, "null": None, "None": None}
+
+
+def _tokens(text, what):
+    pos, out = 0, []
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise LayerError(f"{what}: cannot read {text[pos:pos + 20].strip()!r}")
+        kind = m.lastgroup
+        tok = m.group(kind)
+        if kind == "tag":   # PyYAML's "!!python/tuple [4, 8]": a sequence like any other
+            pass
+        elif kind == "str":
+            out.append(("value", tok[1:-1]))
+        elif kind == "num":
+            out.append(("value", float(tok) if any(c in tok for c in ".eE") else int(tok)))
+        elif kind == "name":
+            out.append(("value", _WORDS.get(tok, tok)))
+        else:
+            out.append(("punct", tok))
+        pos = m.end()
+    return out
+
+
+def _block_to_flow(text):
+    """YAML block style ("a: 1" per line) -> flow style: newlines at bracket depth 0 become commas."""
+    depth, out = 0, []
+    for ch in text.strip():
+        depth += ch in "[({"
+        depth -= ch in "])}"
+        out.append("," if ch == "\n" and depth == 0 else ch)
+    return "{" + "".join(out) + "}"
+
+
+def parse_param_str(text, what="python_param.param_str"):
+    """A Python layer's param_str ("'feat_stride': 16", "{'feat_stride': 16, 'scales': [8, 16]}", or one
+    "key: value" per line) -> dict.  Values: numbers, strings, booleans and lists of them (a
+    "!!python/tuple" tag is read as a list); any other YAML construct is refused."""
+    text = text.strip()
+    if not text:
+        return {}
+    toks = _tokens(text if text.startswith("{") else _block_to_flow(text), what)
+    pos = 0
+
+    def peek():
+        return toks[pos] if pos < len(toks) else ("end", None)
+
+    def take(punct=None):
+        nonlocal pos
+        tok = peek()
+        if punct is not None and tok != ("punct", punct):
+            raise LayerError(f"{what}: expected '{punct}' in {text!r}")
+        if tok[0] == "end":
+            raise LayerError(f"{what}: {text!r} ends too soon")
+        pos += 1
+        return tok
+
+    def value():
+        kind, v = take()
+        if kind == "value":
+            return v
+        if v in "[(":
+            close = "]" if v == "[" else ")"
+            items = []
+            while peek() != ("punct", close):
+                items.append(value())
+                if peek() != ("punct", close):
+                    take(",")
+            take(close)
+            return items
+        raise LayerError(f"{what}: unexpected '{v}' in {text!r}")
+
+    take("{")
+    result = {}
+    while peek() != ("punct", "}"):
+        if peek() == ("punct", ","):   # empty line in block style
+            take(",")
+            continue
+        kind, key = take()
+        if kind != "value" or not isinstance(key, str):
+            raise LayerError(f"{what}: expected a key in {text!r}")
+        take(":")
+        result[key] = value()
+        if peek() != ("punct", "}"):
+            take(",")
+    take("}")
+    if pos != len(toks):
+        raise LayerError(f"{what}: unexpected text after the mapping in {text!r}")
+    return result
+
+
+# ---- anchors ------------------------------------------------------------------------------
+
+def generate_anchors(base_size=16, ratios=(0.5, 1, 2), scales=(8, 16, 32)):
+    """py-faster-rcnn's generate_anchors: (A, 4) float64 [x1, y1, x2, y2], ratios outer, scales inner.
+
+    The (0, 0, base-1, base-1) window is reshaped to each ratio keeping its area (sides rounded half
+    to even, as numpy's round), then scaled; every box keeps the window's centre, and a box of
+    width w spans w - 1 (pixel sizes count both ends)."""
+    side = float(base_size)
+    centre = 0.5 * (side - 1)
+    rows = []
+    for ratio in ratios:
+        w = float(np.round(np.sqrt(side * side / ratio)))
+        h = float(np.round(w * ratio))
+        for scale in scales:
+            sw, sh = w * scale, h * scale
+            rows.append([centre - 0.5 * (sw - 1), centre - 0.5 * (sh - 1),
+                         centre + 0.5 * (sw - 1), centre + 0.5 * (sh - 1)])
+    return np.array(rows, np.float64).reshape(-1, 4)
+
+
+def shifted_anchors(anchors, height: int, width: int, feat_stride: int):
+    """Anchors (A, 4) placed on every cell of an H x W map: (H * W * A, 4), rows ordered (h, w, a).
+    Integer shifts added in float64, as the Python layer does."""
+    sx = torch.arange(width, dtype=torch.float64) * feat_stride
+    sy = torch.arange(height, dtype=torch.float64) * feat_stride
+    gx = sx[None, :].expand(height, width)
+    gy = sy[:, None].expand(height, width)
+    shifts = torch.stack([gx, gy, gx, gy], dim=-1).reshape(-1, 1, 4)
+    return (anchors.to(torch.float64)[None] + shifts).reshape(-1, 4)
+
+
+# ---- the proposal computation (also copied into model.py) ---------------------------------------
+
+def rpn_nms(boxes, thresh: float, max_keep: int):
+    """Greedy NMS over boxes (P, 4) sorted best first: a box goes when its IoU with a kept box is
+    > thresh; sizes count both end pixels (+1).  Returns the kept indices, at most max_keep (<= 0:
+    no limit), in order."""
+    f32 = torch.float32
+    n = boxes.shape[0]
+    x1, y1, x2, y2 = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
+    areas = (x2 - x1 + 1) * (y2 - y1 + 1)
+    thr = torch.tensor(thresh, dtype=f32)
+    struck = [False] * n
+    keep = []
+    for i in range(n):
+        if struck[i]:
+            continue
+        keep.append(i)
+        if (max_keep > 0 and len(keep) >= max_keep) or i + 1 == n:
+            break
+        width = torch.clamp(torch.minimum(x2[i], x2[i + 1:]) - torch.maximum(x1[i], x1[i + 1:]) + 1, min=0)
+        height = torch.clamp(torch.minimum(y2[i], y2[i + 1:]) - torch.maximum(y1[i], y1[i + 1:]) + 1, min=0)
+        inter = width * height
+        overlap = inter / (areas[i] + areas[i + 1:] - inter)
+        for j in torch.nonzero(overlap > thr).flatten().tolist():
+            struck[i + 1 + j] = True
+    return keep
+
+
+def rpn_proposals(cls_prob, bbox_pred, im_info, anchors, feat_stride: int, pre_nms_top_n: int,
+                  post_nms_top_n: int, nms_thresh: float, min_size: float):
+    """py-faster-rcnn's ProposalLayer.forward for one image: cls_prob (1, 2A, H, W) (the second A
+    channels are the object scores), bbox_pred (1, 4A, H, W), im_info (1, 3) = [height, width,
+    scale], anchors (A, 4).  Returns rois (R, 5) = [0, x1, y1, x2, y2] and scores (R, 1)."""
+    if cls_prob.shape[0] != 1:
+        raise ValueError(f"region proposals take one image per batch, got {cls_prob.shape[0]}")
+    n_anchors = anchors.shape[0]
+    height, width = cls_prob.shape[2], cls_prob.shape[3]
+    dt = bbox_pred.dtype
+    scores = cls_prob[0, n_anchors:].permute(1, 2, 0).reshape(-1)       # (H * W * A,), order (h, w, a)
+    deltas = bbox_pred[0].permute(1, 2, 0).reshape(-1, 4)
+    boxes = shifted_anchors(anchors, height, width, feat_stride).to(dt)
+    # decode: centre moves by d * size, size scales by exp(d); sizes count both end pixels
+    widths = boxes[:, 2] - boxes[:, 0] + 1.0
+    heights = boxes[:, 3] - boxes[:, 1] + 1.0
+    ctr_x = boxes[:, 0] + 0.5 * widths
+    ctr_y = boxes[:, 1] + 0.5 * heights
+    pred_x = deltas[:, 0] * widths + ctr_x
+    pred_y = deltas[:, 1] * heights + ctr_y
+    pred_w = torch.exp(deltas[:, 2]) * widths
+    pred_h = torch.exp(deltas[:, 3]) * heights
+    info = im_info.reshape(-1).to(dt)
+    zero = torch.zeros((), dtype=dt)
+    x_max, y_max = info[1] - 1, info[0] - 1
+    x1 = torch.maximum(torch.minimum(pred_x - 0.5 * pred_w, x_max), zero)
+    y1 = torch.maximum(torch.minimum(pred_y - 0.5 * pred_h, y_max), zero)
+    x2 = torch.maximum(torch.minimum(pred_x + 0.5 * pred_w, x_max), zero)
+    y2 = torch.maximum(torch.minimum(pred_y + 0.5 * pred_h, y_max), zero)
+    proposals = torch.stack([x1, y1, x2, y2], dim=1)
+    # min_size is at the original image's scale
+    limit = torch.tensor(min_size, dtype=dt) * info[2]
+    big = ((x2 - x1 + 1) >= limit) & ((y2 - y1 + 1) >= limit)
+    keep = torch.nonzero(big).flatten()
+    proposals, scores = proposals[keep], scores[keep]
+    order = torch.sort(scores, stable=True)[1].flip(0)   # best first; ties: higher index first
+    if pre_nms_top_n > 0:
+        order = order[:pre_nms_top_n]
+    proposals, scores = proposals[order], scores[order]
+    kept = rpn_nms(proposals.detach().float().cpu(), nms_thresh, post_nms_top_n)
+    kept = torch.tensor(kept, dtype=torch.long, device=proposals.device)
+    proposals, scores = proposals[kept], scores[kept]
+    rois = torch.cat([torch.zeros_like(proposals[:, :1]), proposals], dim=1)
+    return rois, scores[:, None]
+
+
+class RPNProposal(nn.Module):
+    """Faster R-CNN's region proposal layer (rpn_proposals) with its anchors and settings;
+    returns rois (R, 5), and scores (R, 1) too when with_scores.  R depends on the data."""
+
+    def __init__(self, anchors, feat_stride, pre_nms_top_n=6000, post_nms_top_n=300, nms_thresh=0.7,
+                 min_size=16.0, with_scores=False):
+        super().__init__()
+        self.anchors = anchors
+        self.feat_stride, self.pre_nms_top_n, self.post_nms_top_n = feat_stride, pre_nms_top_n, post_nms_top_n
+        self.nms_thresh, self.min_size, self.with_scores = nms_thresh, min_size, with_scores
+
+    def forward(self, cls_prob, bbox_pred, im_info):
+        anchors = torch.tensor(self.anchors, dtype=torch.float64)
+        rois, scores = rpn_proposals(cls_prob, bbox_pred, im_info, anchors, self.feat_stride,
+                                     self.pre_nms_top_n, self.post_nms_top_n, self.nms_thresh, self.min_size)
+        if self.with_scores:
+            return rois, scores
+        return rois
+
+
+# model.py gets these very functions, so the export runs the same code as forward
+TORCH_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (shifted_anchors, rpn_nms, rpn_proposals,
+                                                               RPNProposal))
+
+
+# ---- the specs --------------------------------------------------------------------------------
+
+class _ProposalBase(Layer):
+    #: the row count is known only after a run; infer gives the most rows
+    data_dependent_shape = True
+
+    def settings(self, lp):
+        """{feat_stride, base_size, ratios, scales, pre_nms_top_n, post_nms_top_n, nms_thresh, min_size}"""
+        raise NotImplementedError
+
+    def parse(self, lp):
+        if len(lp.bottom) != 3:
+            raise LayerError(f"region proposals take 3 bottoms (rpn_cls_prob_reshape, rpn_bbox_pred, im_info), "
+                             f"got {len(lp.bottom)}")
+        if len(lp.top) not in (1, 2):
+            raise LayerError(f"region proposals give 1 or 2 tops (rois, scores), got {len(lp.top)}")
+        s = self.settings(lp)
+        if s["feat_stride"] <= 0:
+            raise LayerError(f"feat_stride must be positive, got {s['feat_stride']}")
+        if s["base_size"] <= 0:
+            raise LayerError(f"base_size must be positive, got {s['base_size']}")
+        for key in ("ratios", "scales"):
+            if not s[key] or any(not v > 0 for v in s[key]):
+                raise LayerError(f"{key} must be positive numbers, got {s[key]}")
+        if not 0 <= s["nms_thresh"] <= 1:
+            raise LayerError(f"nms_thresh must be in [0, 1], got {s['nms_thresh']}")
+        anchors = generate_anchors(s["base_size"], s["ratios"], s["scales"])
+        return {**s, "anchors": anchors.tolist(), "with_scores": len(lp.top) == 2}
+
+    def infer(self, attrs, in_shapes):
+        prob, deltas, info = in_shapes
+        a = len(attrs["anchors"])
+        if len(prob) != 4 or prob[1] != 2 * a:
+            raise LayerError(f"rpn_cls_prob_reshape must be (1, {2 * a}, H, W) for {a} anchors, got {list(prob)}")
+        if len(deltas) != 4 or tuple(deltas) != (prob[0], 4 * a, prob[2], prob[3]):
+            raise LayerError(f"rpn_bbox_pred must be ({prob[0]}, {4 * a}, {prob[2]}, {prob[3]}), got {list(deltas)}")
+        if math.prod(info) < 3:
+            raise LayerError(f"im_info must hold [height, width, scale], got shape {list(info)}")
+        if prob[0] != 1:
+            raise LayerError(f"region proposals take one image per batch (as py-faster-rcnn), got {prob[0]}")
+        rows = prob[2] * prob[3] * a
+        for key in ("pre_nms_top_n", "post_nms_top_n"):
+            if attrs[key] > 0:
+                rows = min(rows, attrs[key])
+        tops = [(rows, 5)]
+        if attrs["with_scores"]:
+            tops.append((rows, 1))
+        return tops
+
+    def forward(self, attrs, params, cls_prob, bbox_pred, im_info):
+        if cls_prob.shape[0] != 1:
+            raise CaffeqError(f"region proposals take one image per batch (as py-faster-rcnn), "
+                              f"got {cls_prob.shape[0]}")
+        anchors = torch.tensor(attrs["anchors"], dtype=torch.float64)
+        rois, scores = rpn_proposals(cls_prob, bbox_pred, im_info, anchors, attrs["feat_stride"],
+                                     attrs["pre_nms_top_n"], attrs["post_nms_top_n"], attrs["nms_thresh"],
+                                     attrs["min_size"])
+        return (rois, scores) if attrs["with_scores"] else rois
+
+    def onnx(self, ctx, node):
+        emit_proposals(ctx, node)
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        args = [emit.lit(a["anchors"], exact=True), str(a["feat_stride"]),
+                f"pre_nms_top_n={a['pre_nms_top_n']}", f"post_nms_top_n={a['post_nms_top_n']}",
+                f"nms_thresh={emit.lit(a['nms_thresh'], exact=True)}",
+                f"min_size={emit.lit(float(a['min_size']), exact=True)}"]
+        if a["with_scores"]:
+            args.append("with_scores=True")
+        emit.note(f"{node.name} (region proposals): the number of rois depends on the data (at most "
+                  f"{emit.out_shape(0)[0]}); NMS runs eagerly on the CPU, so this layer does not trace.")
+        m = emit.module(f"{emit.helper(TORCH_PROPOSAL)}({', '.join(args)})")
+        call = f"{m}({', '.join(emit.inputs)})"
+        if not a["with_scores"]:
+            return call
+        t = emit.tmp("proposals")
+        emit.stmt(f"{t} = {call}")
+        return [f"{t}[0]", f"{t}[1]"]
+
+
+_PARAM_STR_KEYS = {"feat_stride", "scales"}
+
+
+@register_layer("Python:rpn.proposal_layer.ProposalLayer")
+class PythonProposalLayer(_ProposalBase):
+    """py-faster-rcnn's (and py-R-FCN's) rpn.proposal_layer.ProposalLayer, natively."""
+
+    def settings(self, lp):
+        p = parse_param_str(lp.python_param.param_str)
+        unknown = sorted(set(p) - _PARAM_STR_KEYS)
+        if unknown:
+            raise LayerError(f"python_param.param_str: ProposalLayer reads only 'feat_stride' and 'scales', "
+                             f"got {unknown}")
+        if "feat_stride" not in p:
+            raise LayerError("python_param.param_str: 'feat_stride' is required (e.g. \"'feat_stride': 16\")")
+        stride = p["feat_stride"]
+        if not isinstance(stride, int) or isinstance(stride, bool):
+            raise LayerError(f"python_param.param_str: 'feat_stride' must be an integer, got {stride!r}")
+        scales = p.get("scales", [8, 16, 32])
+        if not isinstance(scales, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                   for v in scales):
+            raise LayerError(f"python_param.param_str: 'scales' must be a list of numbers, got {scales!r}")
+        return {"feat_stride": stride, "base_size": 16, "ratios": [0.5, 1.0, 2.0],
+                "scales": [float(v) for v in scales], **TEST_CONFIG}
+
+
+@register_layer("PythonData")
+class PythonData(Layer):
+    """A Python layer without bottoms that caffeq does not know: a data layer (a graph input) whose top
+    shapes only the user can give.  The graph builder uses `--input-shape` values before asking this."""
+    is_data = True
+
+    def parse(self, lp):
+        return {"module": lp.python_param.module, "layer": lp.python_param.layer, "name": lp.name,
+                "tops": list(lp.top)}
+
+    def infer(self, attrs, in_shapes):
+        tops = " ".join(f"--input-shape {t}=N,C,H,W" for t in attrs["tops"]) or "--input-shape NAME=N,C,H,W"
+        raise MissingInputShape(f"layer '{attrs['name']}' is a Python data layer (module '{attrs['module']}', "
+                                f"class '{attrs['layer']}') that caffeq does not run; give its top shapes with "
+                                f"{tops} (Python: input_shapes={{...}})")
+
+
+# ---- region proposals as ONNX ops ----------------------------------------------------------------
+
+def emit_proposals(ctx, node):
+    """rpn_proposals from standard ops; the anchors and their sizes are constants of the static H, W."""
+    a = node.attrs
+    prob_in, deltas_in, info_in = node.inputs
+    _, _, height, width = ctx.shape(prob_in)
+    n_anchors = len(a["anchors"])
+    total = height * width * n_anchors
+    name = node.name
+    i64 = lambda v: ctx.const(np.array(v, np.int64))
+    f32 = lambda v: ctx.const(np.array(v, np.float32))
+
+    def op(op_type, inputs, hint, **kw):
+        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
+
+    def column(x, k, hint):   # x[:, k]
+        return op("Gather", [x, i64(k)], hint, axis=1)
+
+    boxes = shifted_anchors(torch.tensor(a["anchors"], dtype=torch.float64), height, width,
+                            a["feat_stride"]).numpy().astype(np.float32)
+    widths = boxes[:, 2] - boxes[:, 0] + np.float32(1.0)
+    heights = boxes[:, 3] - boxes[:, 1] + np.float32(1.0)
+    ctr_x = boxes[:, 0] + np.float32(0.5) * widths
+    ctr_y = boxes[:, 1] + np.float32(0.5) * heights
+
+    scores = op("Slice", [prob_in, i64([n_anchors]), i64([2 * n_anchors]), i64([1])], "fg")
+    scores = op("Reshape", [op("Transpose", [scores], "fg_t", perm=[0, 2, 3, 1]), i64([-1])], "scores")
+    deltas = op("Reshape", [op("Transpose", [deltas_in], "d_t", perm=[0, 2, 3, 1]), i64([-1, 4])], "deltas")
+    pred_x = op("Add", [op("Mul", [column(deltas, 0, "dx"), f32(widths)], "mx"), f32(ctr_x)], "px")
+    pred_y = op("Add", [op("Mul", [column(deltas, 1, "dy"), f32(heights)], "my"), f32(ctr_y)], "py")
+    half_w = op("Mul", [f32(0.5), op("Mul", [op("Exp", [column(deltas, 2, "dw")], "ew"), f32(widths)], "pw")], "hw")
+    half_h = op("Mul", [f32(0.5), op("Mul", [op("Exp", [column(deltas, 3, "dh")], "eh"), f32(heights)], "ph")], "hh")
+    info = op("Reshape", [info_in, i64([-1])], "info")
+    im_h, im_w, im_scale = (op("Gather", [info, i64(k)], hint, axis=0) for k, hint in
+                            ((0, "im_h"), (1, "im_w"), (2, "im_scale")))
+    x_max = op("Sub", [im_w, f32(1.0)], "x_max")
+    y_max = op("Sub", [im_h, f32(1.0)], "y_max")
+    zero = f32(0.0)
+
+    def clip(v, top, hint):
+        return op("Max", [op("Min", [v, top], hint + "_min"), zero], hint)
+
+    x1 = clip(op("Sub", [pred_x, half_w], "x1r"), x_max, "x1")
+    y1 = clip(op("Sub", [pred_y, half_h], "y1r"), y_max, "y1")
+    x2 = clip(op("Add", [pred_x, half_w], "x2r"), x_max, "x2")
+    y2 = clip(op("Add", [pred_y, half_h], "y2r"), y_max, "y2")
+    limit = op("Mul", [f32(float(a["min_size"])), im_scale], "limit")
+    ws = op("Add", [op("Sub", [x2, x1], "ws0"), f32(1.0)], "ws")
+    hs = op("Add", [op("Sub", [y2, y1], "hs0"), f32(1.0)], "hs")
+    small = op("Or", [op("Less", [ws, limit], "narrow"), op("Less", [hs, limit], "low")], "small")
+    # filtered boxes score -inf: NonMaxSuppression's score threshold (-FLT_MAX) then leaves them out
+    live = op("Where", [small, f32(-np.inf), scores], "live")
+    k = total if a["pre_nms_top_n"] <= 0 else min(a["pre_nms_top_n"], total)
+    vals, idx = ctx.add_node("TopK", [live, i64([k])], [ctx.tmp(f"{name}_top"), ctx.tmp(f"{name}_top_idx")],
+                             axis=0, largest=1, sorted=1)
+    corners = op("Concat", [op("Unsqueeze", [v, i64([1])], f"{h}_c") for v, h in
+                            ((x1, "x1"), (y1, "y1"), (x2, "x2"), (y2, "y2"))], "corners", axis=1)
+    cand = op("Gather", [corners, idx], "cand", axis=0)                                   # (k, 4)
+    # ONNX's IoU has no +1: give it [y1, x1, y2 + 1, x2 + 1]
+    plus = f32(np.array([0, 0, 1, 1], np.float32))
+    nms_boxes = op("Gather", [op("Add", [cand, plus], "cand1"), i64([1, 0, 3, 2])], "yx", axis=1)
+    max_out = k if a["post_nms_top_n"] <= 0 else min(a["post_nms_top_n"], k)
+    sel = ctx.add_node("NonMaxSuppression",
+                       [op("Unsqueeze", [nms_boxes, i64([0])], "nms_b"),
+                        op("Reshape", [vals, i64([1, 1, -1])], "nms_s"),
+                        i64([max_out]), f32([a["nms_thresh"]]), f32([-FLT_MAX])],
+                       [ctx.tmp(f"{name}_sel")], name=name)[0]
+    picked = op("Gather", [sel, i64(2)], "picked", axis=1)                                 # (R,)
+    chosen = op("Gather", [cand, picked], "chosen", axis=0)
+    zeros = op("ConstantOfShape", [op("Concat", [op("Shape", [picked], "r"), i64([1])], "z_shape", axis=0)],
+               "zeros", value=_scalar_tensor(0.0))
+    ctx.add_node("Concat", [zeros, chosen], [node.outputs[0]], axis=1)
+    if a["with_scores"]:
+        ctx.add_node("Unsqueeze", [op("Gather", [vals, picked], "chosen_s", axis=0), i64([1])], [node.outputs[1]])
+
+
+def _scalar_tensor(v):
+    from onnx import numpy_helper
+    return numpy_helper.from_array(np.array([v], np.float32))

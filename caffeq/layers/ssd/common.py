@@ -1,0 +1,34 @@
+"""What the SSD layers share: constants, bottom checks, Caffe's legacy height/width."""
+import numpy as np
+
+from ..registry import LayerError
+
+FLT_MAX = float(np.finfo(np.float32).max)
+CORNER, CENTER_SIZE, CORNER_SIZE = 1, 2, 3
+CODE_NAMES = {CORNER: "CORNER", CENTER_SIZE: "CENTER_SIZE", CORNER_SIZE: "CORNER_SIZE"}
+
+
+def check_bottoms(lp, n, what):
+    if len(lp.bottom) != n:
+        raise LayerError(f"{what} takes {n} bottom(s), got {len(lp.bottom)}")
+
+
+def proto_field(param, name, default=None):
+    """A fork field's value, `default` when unset or when this schema lacks the field."""
+    if name not in param.DESCRIPTOR.fields_by_name or not param.HasField(name):
+        return default
+    return getattr(param, name)
+
+
+def legacy_hw(shape):
+    """Caffe's legacy height()/width(): axes 2 and 3, 1 where the blob has fewer axes."""
+    shape = tuple(shape)
+    h = shape[2] if len(shape) > 2 else 1
+    w = shape[3] if len(shape) > 3 else 1
+    return int(h), int(w)
+
+
+def scalar_tensor(v):
+    """A one-element float32 TensorProto (ConstantOfShape's value)."""
+    from onnx import numpy_helper
+    return numpy_helper.from_array(np.array([v], np.float32))

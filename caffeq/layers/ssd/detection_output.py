@@ -1,0 +1,264 @@
+"""SSD's DetectionOutput, with TextBoxes++'s quadrilaterals and rotated boxes.
+
+- Rows per image, label ascending then score descending, exactly as many as
+  survive; with no detection at all, one [i, -1, -1, ...] row per image.  The
+  static shape reported at load time is the most rows it can write (keep_top_k
+  * N), since the real count is only known at run time.  save_output_param
+  (writing result files) is ignored.
+- TextBoxes++ (MhLiao/TextBoxes_plusplus) predicts more than 4 numbers per
+  prior and location class, told apart by the loc size: 12 (`use_polygon`,
+  its default) = the box, then a quadrilateral (x1, y1, ..., x4, y4) as
+  offsets from the prior's corners (top-left, top-right, bottom-right,
+  bottom-left) scaled by variance[0] (x) or [1] (y) and the prior's size;
+  9 = the box, then a rotated box (x1, y1, x2, y2 from the prior's centre, and
+  h = exp(variance[3] * t) * prior height).  Rows are then 15 or 12 wide:
+  [image, label, score, xmin, ymin, xmax, ymax, the 8 or 5 values].  NMS
+  still runs on the axis-aligned boxes, as TextBoxes++ does; it decodes the
+  extra values only for CENTER_SIZE without variance_encoded_in_target
+  (otherwise they are undefined there, so caffeq refuses).
+ONNX: standard ops (TopK, NonMaxSuppression, NonZero...) give the same rows
+in the same order; only eta < 1 (adaptive NMS) is refused.
+"""
+import inspect
+import math
+
+import torch
+from torch import nn
+
+from ..registry import Layer, LayerError, register_layer
+from .common import CENTER_SIZE, CODE_NAMES, FLT_MAX, proto_field
+from .nms import TORCH_SSD_NMS, ssd_nms
+
+#: extra numbers per prior after the box: TextBoxes++'s layouts
+EXTRA = {0: "", 5: "rbox", 8: "quad"}
+
+
+def decode_boxes(loc, pbox, pvar, code_type: str, variance_in_target: bool):
+    """SSD's DecodeBBox: loc (..., P, 4) against the priors pbox, pvar (P, 4) -> corners (..., P, 4)."""
+    if variance_in_target:
+        pvar = torch.ones_like(pvar)
+    if code_type == "CORNER":
+        return pbox + pvar * loc
+    pw = pbox[:, 2] - pbox[:, 0]
+    ph = pbox[:, 3] - pbox[:, 1]
+    if code_type == "CORNER_SIZE":
+        size = torch.stack([pw, ph, pw, ph], dim=-1)
+        return pbox + pvar * loc * size
+    pcx = (pbox[:, 0] + pbox[:, 2]) / 2  # CENTER_SIZE
+    pcy = (pbox[:, 1] + pbox[:, 3]) / 2
+    cx = pvar[:, 0] * loc[..., 0] * pw + pcx
+    cy = pvar[:, 1] * loc[..., 1] * ph + pcy
+    w = torch.exp(pvar[:, 2] * loc[..., 2]) * pw
+    h = torch.exp(pvar[:, 3] * loc[..., 3]) * ph
+    return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1)
+
+
+def decode_textboxes(extra, pbox, pvar, layout: str):
+    """TextBoxes++'s CENTER_SIZE decoding of the numbers after the box (..., P, 8 or 5).
+    quad: corner k = the prior's corner k (top-left, top-right, bottom-right, bottom-left) plus
+    variance[0] * dx * width, variance[1] * dy * height.  rbox: x1, y1, x2, y2 the same around the
+    prior's centre, then h = exp(variance[3] * t) * height."""
+    pw = pbox[:, 2] - pbox[:, 0]
+    ph = pbox[:, 3] - pbox[:, 1]
+    if layout == "quad":
+        ax = torch.stack([pbox[:, 0], pbox[:, 2], pbox[:, 2], pbox[:, 0]], dim=-1)
+        ay = torch.stack([pbox[:, 1], pbox[:, 1], pbox[:, 3], pbox[:, 3]], dim=-1)
+        xs = pvar[:, 0:1] * extra[..., 0::2] * pw[:, None] + ax
+        ys = pvar[:, 1:2] * extra[..., 1::2] * ph[:, None] + ay
+        return torch.stack([xs, ys], dim=-1).flatten(-2)
+    pcx = (pbox[:, 0] + pbox[:, 2]) / 2
+    pcy = (pbox[:, 1] + pbox[:, 3]) / 2
+    xs = pvar[:, 0:1] * extra[..., 0:4:2] * pw[:, None] + pcx[:, None]
+    ys = pvar[:, 1:2] * extra[..., 1:4:2] * ph[:, None] + pcy[:, None]
+    h = torch.exp(pvar[:, 3] * extra[..., 4]) * ph
+    return torch.cat([torch.stack([xs, ys], dim=-1).flatten(-2), h[..., None]], dim=-1)
+
+
+class DetectionOutput(nn.Module):
+    """SSD's DetectionOutput: loc decoded against the priors (code_type), NMS per class (ssd_nms),
+    the keep_top_k best per image, as rows [image, label, score, xmin, ymin, xmax, ymax] shaped
+    (1, 1, R, 7): per image, label ascending, then score descending.  With no detection at all,
+    one [i, -1, ...] row per image.  R depends on the data.  layout "quad" / "rbox": TextBoxes++'s
+    8 / 5 more numbers per prior (decode_textboxes), appended to each row."""
+
+    def __init__(self, num_classes, share_location=True, background=0, nms_threshold=0.3, eta=1.0,
+                 top_k=-1, code_type="CORNER", variance_in_target=False, keep_top_k=-1,
+                 conf_threshold=-3.4028234663852886e38, clip=False, layout=""):
+        super().__init__()
+        self.num_classes, self.share_location, self.background = num_classes, share_location, background
+        self.nms_threshold, self.eta, self.top_k = nms_threshold, eta, top_k
+        self.code_type, self.variance_in_target = code_type, variance_in_target
+        self.keep_top_k, self.conf_threshold, self.clip = keep_top_k, conf_threshold, clip
+        self.layout = layout
+
+    def forward(self, loc, conf, prior):
+        num = loc.shape[0]
+        n_priors = prior.shape[-1] // 4
+        n_cls = self.num_classes
+        n_loc = 1 if self.share_location else n_cls
+        width = 4 + {"": 0, "rbox": 5, "quad": 8}[self.layout]
+        loc = loc.reshape(num, n_priors, n_loc, width).transpose(1, 2)   # (N, n_loc, P, width)
+        conf = conf.reshape(num, n_priors, n_cls)
+        pri = prior.reshape(-1, 2, n_priors * 4)[0]  # every image uses the first item's priors
+        pbox, pvar = pri[0].reshape(n_priors, 4), pri[1].reshape(n_priors, 4)
+        decoded = decode_boxes(loc[..., :4], pbox, pvar, self.code_type, self.variance_in_target)
+        if self.clip:
+            decoded = decoded.clamp(0.0, 1.0)
+        boxes_all = decoded.detach().float().cpu()  # NMS runs on the CPU, in float32
+        scores_all = conf.detach().float().cpu()
+        if self.layout:
+            decoded = torch.cat([decoded, decode_textboxes(loc[..., 4:], pbox, pvar, self.layout)], dim=-1)
+        picks = []  # (image, label, prior) in SSD's output order
+        for i in range(num):
+            per_label = {}
+            for c in range(n_cls):
+                if c == self.background:
+                    continue
+                boxes = boxes_all[i, 0 if self.share_location else c]
+                per_label[c] = ssd_nms(boxes, scores_all[i, :, c], self.conf_threshold,
+                                       self.nms_threshold, self.eta, self.top_k)
+            total = sum(len(v) for v in per_label.values())
+            if self.keep_top_k > -1 and total > self.keep_top_k:
+                # the keep_top_k best over all classes; the stable sort keeps ties in label order
+                pool = [(float(scores_all[i, idx, c]), c, idx) for c in sorted(per_label)
+                        for idx in per_label[c]]
+                pool.sort(key=lambda t: -t[0])
+                per_label = {}
+                for _, c, idx in pool[:self.keep_top_k]:
+                    per_label.setdefault(c, []).append(idx)
+            for c in sorted(per_label):
+                picks.extend((i, c, idx) for idx in per_label[c])
+        dev, dt = loc.device, loc.dtype
+        cols = 3 + decoded.shape[-1]
+        if not picks:
+            out = torch.full((num, cols), -1.0, device=dev, dtype=dt)
+            out[:, 0] = torch.arange(num, device=dev, dtype=dt)
+            return out.reshape(1, 1, num, cols)
+        img = torch.tensor([p[0] for p in picks], device=dev)
+        lab = torch.tensor([p[1] for p in picks], device=dev)
+        idx = torch.tensor([p[2] for p in picks], device=dev)
+        lslot = torch.zeros_like(lab) if self.share_location else lab
+        score = conf[img, idx, lab]
+        box = decoded[img, lslot, idx]
+        out = torch.cat([img.to(dt)[:, None], lab.to(dt)[:, None], score[:, None].to(dt), box.to(dt)], dim=1)
+        return out.reshape(1, 1, -1, cols)
+
+
+# model.py gets the same code that forward runs
+TORCH_DETECTION_OUTPUT = "\n\n\n".join(inspect.getsource(f) for f in (decode_boxes, decode_textboxes,
+                                                                       DetectionOutput))
+
+
+def max_detections(attrs, num, n_priors):
+    """Rows DetectionOutput can write at most (the static shape; the real count is data dependent)."""
+    if attrs["keep_top_k"] > -1:
+        return attrs["keep_top_k"] * num
+    classes = attrs["num_classes"] - (0 <= attrs["background"] < attrs["num_classes"])
+    per_class = n_priors if attrs["top_k"] < 0 else min(attrs["top_k"], n_priors)
+    return max(1, num * classes * per_class)
+
+
+def module_kwargs(attrs, layout):
+    """DetectionOutput's constructor arguments for a node's attrs."""
+    return {"num_classes": attrs["num_classes"], "share_location": attrs["share_location"],
+            "background": attrs["background"], "nms_threshold": attrs["nms_threshold"], "eta": attrs["eta"],
+            "top_k": attrs["top_k"], "code_type": CODE_NAMES[attrs["code_type"]],
+            "variance_in_target": attrs["variance_in_target"], "keep_top_k": attrs["keep_top_k"],
+            "conf_threshold": attrs["conf_threshold"], "clip": attrs["clip"], "layout": layout}
+
+
+def loc_layout(attrs, loc_shape, n_priors):
+    """"" (SSD), "rbox" or "quad" (TextBoxes++) from the numbers per prior in loc; LayerError if none fits."""
+    n_loc = 1 if attrs["share_location"] else attrs["num_classes"]
+    per = math.prod(loc_shape[1:]) / (n_priors * n_loc) if len(loc_shape) >= 2 and n_priors else 0
+    allowed = {12} if attrs["use_polygon"] is True else {4, 9} if attrs["use_polygon"] is False else {4, 9, 12}
+    if per not in allowed:
+        want = " or ".join(f"{n_priors} priors x {n_loc} x {k}" for k in sorted(allowed))
+        hint = ""
+        if per / 2 in allowed:   # TextBoxes (v1) always doubles its priors, with no field to say so
+            hint = ("; it holds twice as many: if the priors come from TextBoxes' PriorBox, "
+                    "add denser_prior_boxes: true to its prior_box_param")
+        raise LayerError(f"loc {list(loc_shape)} does not hold {want} predictions{hint}")
+    layout = EXTRA[int(per) - 4]
+    if layout and (attrs["code_type"] != CENTER_SIZE or attrs["variance_in_target"]):
+        raise LayerError(f"TextBoxes++'s {layout} predictions are decoded only for code_type CENTER_SIZE "
+                         f"without variance_encoded_in_target")
+    return layout
+
+
+@register_layer("DetectionOutput")
+class DetectionOutputLayer(Layer):
+    #: the row count is known only after a run; infer gives the most rows (keep_top_k * N)
+    data_dependent_shape = True
+
+    def parse(self, lp):
+        if len(lp.bottom) != 3:
+            raise LayerError(f"DetectionOutput takes 3 bottoms (loc, conf, priors), got {len(lp.bottom)}")
+        p = lp.detection_output_param
+        if not p.HasField("num_classes"):
+            raise LayerError("detection_output_param.num_classes is required")
+        nms = p.nms_param
+        use_polygon = proto_field(p, "use_polygon")
+        attrs = {
+            "num_classes": int(p.num_classes),
+            "share_location": bool(p.share_location),
+            "background": int(p.background_label_id),
+            "nms_threshold": float(nms.nms_threshold),
+            "eta": float(nms.eta),
+            "top_k": int(nms.top_k) if nms.HasField("top_k") else -1,
+            "code_type": int(p.code_type),
+            "variance_in_target": bool(p.variance_encoded_in_target),
+            "keep_top_k": int(p.keep_top_k),
+            "conf_threshold": float(p.confidence_threshold) if p.HasField("confidence_threshold") else -FLT_MAX,
+            "clip": bool(p.clip),  # OpenCV-only field: clip decoded boxes to [0, 1]
+            # TextBoxes++: true = quadrilaterals, false = rotated boxes or SSD's plain boxes, unset: by loc size
+            "use_polygon": None if use_polygon is None else bool(use_polygon),
+        }
+        if attrs["num_classes"] < 1:
+            raise LayerError("detection_output_param.num_classes must be >= 1")
+        if attrs["nms_threshold"] < 0:
+            raise LayerError(f"nms_param.nms_threshold must be >= 0, got {attrs['nms_threshold']}")
+        if not 0 < attrs["eta"] <= 1:
+            raise LayerError(f"nms_param.eta must be in (0, 1], got {attrs['eta']}")
+        if attrs["code_type"] not in CODE_NAMES:
+            raise LayerError(f"detection_output_param.code_type {attrs['code_type']} is unknown")
+        if p.HasField("normalized_bbox") and not p.normalized_bbox:
+            raise LayerError("detection_output_param.normalized_bbox: false (OpenCV-only, pixel boxes) "
+                             "is not supported")
+        return attrs
+
+    def infer(self, attrs, in_shapes):
+        loc, conf, prior = in_shapes
+        if len(prior) < 3 or prior[1] != 2 or prior[2] % 4:
+            raise LayerError(f"priors must be shaped (1, 2, 4 * num_priors), got {list(prior)}")
+        n_priors = prior[2] // 4
+        layout = loc_layout(attrs, loc, n_priors)
+        if len(conf) < 2 or math.prod(conf[1:]) != n_priors * attrs["num_classes"]:
+            raise LayerError(f"conf {list(conf)} does not hold {n_priors} priors x "
+                             f"{attrs['num_classes']} class scores")
+        if loc[0] != conf[0]:
+            raise LayerError(f"loc and conf disagree on the batch: {loc[0]} vs {conf[0]}")
+        attrs["layout"] = layout
+        width = 7 + {"": 0, "rbox": 5, "quad": 8}[layout]
+        return [(1, 1, max_detections(attrs, loc[0], n_priors), width)]
+
+    def forward(self, attrs, params, loc, conf, prior):
+        return DetectionOutput(**module_kwargs(attrs, attrs.get("layout", "")))(loc, conf, prior)
+
+    def onnx(self, ctx, node):
+        from .detection_output_onnx import emit_detection_output
+        emit_detection_output(ctx, node)
+
+    def pytorch_source(self, node, emit):
+        defaults = inspect.signature(DetectionOutput.__init__).parameters
+        kwargs = module_kwargs(node.attrs, node.attrs["layout"])
+        args = [str(kwargs.pop("num_classes"))]
+        for key, value in kwargs.items():
+            if key in ("background", "nms_threshold", "code_type") or value != defaults[key].default:
+                args.append(f"{key}={emit.lit(value)}")
+        emit.note(f"{node.name} (DetectionOutput): the number of rows depends on the data (at most "
+                  f"{emit.out_shape(0)[2]} at the prototxt's batch size); NMS runs eagerly on the CPU "
+                  f"(ssd_nms), so this layer does not trace or export to a static graph.")
+        emit.helper(TORCH_SSD_NMS)
+        m = emit.module(f"{emit.helper(TORCH_DETECTION_OUTPUT)}({', '.join(args)})")
+        return f"{m}({', '.join(emit.inputs)})"

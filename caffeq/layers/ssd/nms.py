@@ -1,0 +1,79 @@
+"""SSD's non-maximum suppression (ApplyNMSFast) in float32 torch; also copied into model.py."""
+import inspect
+
+import torch
+
+
+def box_sizes(b):
+    """SSD's BBoxSize of normalized boxes (..., 4): 0 for a box with xmax < xmin or ymax < ymin."""
+    w = b[..., 2] - b[..., 0]
+    h = b[..., 3] - b[..., 1]
+    return torch.where((w < 0) | (h < 0), torch.zeros_like(w), w * h)
+
+
+def jaccard_overlaps(a, b, size_a, size_b):
+    """SSD's JaccardOverlap of boxes a (M, 4) against b (K, 4) -> (M, K), float32.  Disjoint (and
+    flipped) boxes have a non-positive intersection width or height: IoU 0."""
+    iw = torch.minimum(a[:, None, 2], b[None, :, 2]) - torch.maximum(a[:, None, 0], b[None, :, 0])
+    ih = torch.minimum(a[:, None, 3], b[None, :, 3]) - torch.maximum(a[:, None, 1], b[None, :, 1])
+    inter = torch.clamp(iw, min=0) * torch.clamp(ih, min=0)
+    union = size_a[:, None] + size_b[None, :] - inter
+    return torch.where(inter > 0, inter / union, torch.zeros_like(inter))
+
+
+def ssd_nms(boxes, scores, score_threshold: float, nms_threshold: float, eta: float = 1.0,
+            top_k: int = -1):
+    """SSD's ApplyNMSFast for one class: boxes (P, 4), scores (P,) -> the indices kept, best first.
+
+    The candidates score above score_threshold, best first (ties: lower index first), at most
+    top_k of them (-1: all).  A candidate is kept when its IoU with every box kept before it is
+    <= the threshold in force; with eta < 1 the threshold shrinks by eta after each kept box
+    while it is above 0.5.  Up to 2048 candidates the whole IoU matrix is computed at once."""
+    f32 = torch.float32
+    cand = torch.nonzero(scores > torch.tensor(score_threshold, dtype=f32)).flatten()
+    if cand.numel() == 0:
+        return []
+    order = cand[torch.sort(-scores[cand], stable=True)[1]]
+    if top_k > -1:
+        order = order[:top_k]
+    b = boxes[order]
+    sizes = box_sizes(b)
+    k = order.numel()
+    full = jaccard_overlaps(b, b, sizes, sizes) if k <= 2048 else None
+    thr = torch.tensor(nms_threshold, dtype=f32)
+    picked = order.tolist()
+    kept = []
+    if eta >= 1:
+        # a fixed threshold: each kept box strikes out the later ones it overlaps too much
+        struck = [False] * k
+        for j in range(k):
+            if struck[j]:
+                continue
+            kept.append(picked[j])
+            if j + 1 < k:
+                if full is not None:
+                    row = full[j, j + 1:]
+                else:
+                    row = jaccard_overlaps(b[j:j + 1], b[j + 1:], sizes[j:j + 1], sizes[j + 1:])[0]
+                for i in torch.nonzero(row > thr).flatten().tolist():
+                    struck[j + 1 + i] = True
+        return kept
+    # adaptive (eta < 1): each candidate's largest IoU with a kept box so far, against the threshold
+    # in force when it is examined
+    worst = torch.zeros(k, dtype=f32)
+    for j in range(k):
+        if worst[j] > thr:
+            continue
+        kept.append(picked[j])
+        if j + 1 < k:
+            if full is not None:
+                row = full[j, j + 1:]
+            else:
+                row = jaccard_overlaps(b[j:j + 1], b[j + 1:], sizes[j:j + 1], sizes[j + 1:])[0]
+            worst[j + 1:] = torch.maximum(worst[j + 1:], row)
+        if thr > 0.5:
+            thr = thr * torch.tensor(eta, dtype=f32)
+    return kept
+
+
+TORCH_SSD_NMS = "\n\n\n".join(inspect.getsource(f) for f in (box_sizes, jaccard_overlaps, ssd_nms))

@@ -1,0 +1,222 @@
+"""SSD's PriorBox, with TextBoxes++'s denser_prior_boxes.
+
+- `clip` defaults to false as in SSD since 2016 (caffe.proto here carries
+  OpenCV's default, true, so only an explicit `clip` is read).  SSD truncates
+  min/max sizes to int.  The output never depends on the batch or on the
+  bottoms' values, only on their spatial sizes.
+- TextBoxes++ (MhLiao/TextBoxes_plusplus) `denser_prior_boxes: true` follows
+  every prior with a copy shifted down by half a cell: its centre y is
+  (h + 1) * step_h instead of (h + offset) * step_h, so each cell has twice
+  the priors, in the order prior, its shifted copy, next prior, ...
+"""
+import inspect
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..registry import Layer, LayerError, register_layer
+from .common import check_bottoms, legacy_hw, proto_field
+
+
+def _prior_box_hw(p, both, h, w, cast):
+    """(height, width) from prior_box_param's `h`/`w` pair or its single `both` field; (0, 0) when unset."""
+    if p.HasField(h) or p.HasField(w):
+        if p.HasField(both):
+            raise LayerError(f"prior_box_param: give {both} or {h}/{w}, not both")
+        vh, vw = cast(getattr(p, h)), cast(getattr(p, w))
+        if vh <= 0 or vw <= 0:
+            raise LayerError(f"prior_box_param.{h}/{w} must be positive, got {vh}/{vw}")
+        return vh, vw
+    if p.HasField(both):
+        v = getattr(p, both)
+        if v <= 0:
+            raise LayerError(f"prior_box_param.{both} must be positive, got {v}")
+        return cast(v), cast(v)
+    return cast(0), cast(0)
+
+
+def prior_sizes(attrs):
+    """Box (width, height, shifted) per prior, sizes as float32, in SSD's order: min, sqrt(min*max), other
+    ratios; with denser_prior_boxes each followed by its copy shifted down by half a cell."""
+    f32 = np.float32
+    sizes = []
+    for k, mn in enumerate(attrs["min_sizes"]):
+        sizes.append((f32(mn), f32(mn)))
+        if attrs["max_sizes"]:
+            s = f32(math.sqrt(mn * attrs["max_sizes"][k]))
+            sizes.append((s, s))
+        for ar in attrs["ratios"]:
+            if abs(ar - 1.0) < 1e-6:
+                continue
+            r = math.sqrt(float(f32(ar)))
+            sizes.append((f32(mn * r), f32(mn / r)))
+    if attrs.get("denser"):
+        return [(w, h, shifted) for w, h in sizes for shifted in (False, True)]
+    return [(w, h, False) for w, h in sizes]
+
+
+def prior_box_tensor(widths: list[float], heights: list[float], shifted: list[bool], variance: list[float],
+                     lh: int, lw: int, ih: int, iw: int, step_h: float = 0.0, step_w: float = 0.0,
+                     offset: float = 0.5, clip: bool = False):
+    """SSD's PriorBox output (1, 2, H * W * P * 4), float32: for each cell (row-major) and prior the
+    corners [xmin, ymin, xmax, ymax] normalized by the image size, then the variances.  widths,
+    heights: each prior's box size (float32 values); shifted: priors centred at (h + 1) * step_h
+    (TextBoxes++'s denser priors); lh, lw: the feature map's size; ih, iw: the image's."""
+    f32 = torch.float32
+    if step_h != 0.0 and step_w != 0.0:
+        sh, sw = torch.tensor(step_h, dtype=f32), torch.tensor(step_w, dtype=f32)
+    else:  # image size / feature-map size in float32, as SSD
+        sh = torch.tensor(float(ih), dtype=f32) / torch.tensor(float(lh), dtype=f32)
+        sw = torch.tensor(float(iw), dtype=f32) / torch.tensor(float(lw), dtype=f32)
+    bw = torch.tensor(widths, dtype=f32).double()
+    bh = torch.tensor(heights, dtype=f32).double()
+    off = torch.tensor(offset, dtype=f32)
+    rows = torch.arange(lh, dtype=f32)
+    # cell centres in float32, corners in double, then float32: SSD's float/double mix
+    cx = ((torch.arange(lw, dtype=f32) + off) * sw).double()[None, :, None]
+    cy = ((rows + off) * sh).double()[:, None, None]
+    cy_shifted = ((rows + 1.0) * sh).double()[:, None, None]
+    cy = torch.where(torch.tensor(shifted, dtype=torch.bool)[None, None, :], cy_shifted, cy)
+    boxes = torch.stack(torch.broadcast_tensors((cx - bw / 2.0) / iw, (cy - bh / 2.0) / ih,
+                                                (cx + bw / 2.0) / iw, (cy + bh / 2.0) / ih), dim=-1)
+    coords = boxes.float().reshape(-1)
+    if clip:
+        coords = coords.clamp(0.0, 1.0)
+    var = torch.tensor(variance, dtype=f32)
+    variances = var.repeat(coords.numel() // var.numel())  # one value for all, or 4 per prior
+    return torch.stack([coords, variances]).reshape(1, 2, -1)
+
+
+class PriorBox(nn.Module):
+    """SSD's PriorBox (prior_box_tensor) from the bottoms' spatial sizes at run time (never their
+    values); img_h, img_w, when set, replace the image's size."""
+
+    def __init__(self, widths, heights, shifted, variance, img_h=0, img_w=0, step_h=0.0, step_w=0.0,
+                 offset=0.5, clip=False):
+        super().__init__()
+        self.widths, self.heights, self.shifted, self.variance = widths, heights, shifted, variance
+        self.img_h, self.img_w, self.step_h, self.step_w = img_h, img_w, step_h, step_w
+        self.offset, self.clip = offset, clip
+
+    def forward(self, feat, img):
+        lh = feat.shape[2] if feat.dim() > 2 else 1
+        lw = feat.shape[3] if feat.dim() > 3 else 1
+        if self.img_h and self.img_w:
+            ih, iw = self.img_h, self.img_w
+        else:
+            ih = img.shape[2] if img.dim() > 2 else 1
+            iw = img.shape[3] if img.dim() > 3 else 1
+        out = prior_box_tensor(self.widths, self.heights, self.shifted, self.variance, lh, lw, ih, iw,
+                               self.step_h, self.step_w, self.offset, self.clip)
+        return out.to(device=feat.device, dtype=feat.dtype)
+
+
+# model.py gets the same code that forward runs
+TORCH_PRIOR_BOX = inspect.getsource(prior_box_tensor) + "\n\n" + inspect.getsource(PriorBox)
+
+
+def _module_args(attrs):
+    sizes = prior_sizes(attrs)
+    return ([float(w) for w, _, _ in sizes], [float(h) for _, h, _ in sizes], [s for _, _, s in sizes],
+            [float(v) for v in attrs["variance"]])
+
+
+def prior_boxes(attrs, feat_hw, img_hw):
+    """The PriorBox output (1, 2, H*W*num_priors*4) as a float32 array (feat_hw, img_hw: (height, width))."""
+    if attrs["img_h"] and attrs["img_w"]:
+        img_hw = (attrs["img_h"], attrs["img_w"])
+    widths, heights, shifted, variance = _module_args(attrs)
+    return prior_box_tensor(widths, heights, shifted, variance, *feat_hw, *img_hw, attrs["step_h"],
+                            attrs["step_w"], attrs["offset"], attrs["clip"]).numpy()
+
+
+@register_layer("PriorBox")
+class PriorBoxLayer(Layer):
+    def parse(self, lp):
+        check_bottoms(lp, 2, "PriorBox")
+        p = lp.prior_box_param
+        for f in ("offset_h", "offset_w", "width", "height"):
+            if f in p.DESCRIPTOR.fields_by_name and len(getattr(p, f)):
+                raise LayerError(f"prior_box_param.{f} is an OpenCV-only field that caffeq does not support")
+        if not len(p.min_size):
+            raise LayerError("prior_box_param.min_size is required")
+        if any(m <= 0 for m in p.min_size):
+            raise LayerError(f"prior_box_param.min_size must be positive, got {list(p.min_size)}")
+        # SSD keeps the sizes as float but reads them back as int
+        min_sizes = [int(m) for m in p.min_size]
+        max_sizes = []
+        if len(p.max_size):
+            if len(p.max_size) != len(p.min_size):
+                raise LayerError(f"prior_box_param has {len(p.max_size)} max_size for "
+                                 f"{len(p.min_size)} min_size; give one per min_size")
+            for lo, hi in zip(p.min_size, p.max_size):
+                if not hi > lo:
+                    raise LayerError(f"prior_box_param.max_size {hi} must be greater than min_size {lo}")
+            max_sizes = [int(m) for m in p.max_size]
+        flip = bool(p.flip)
+        ratios = [1.0]
+        for ar in p.aspect_ratio:
+            if ar <= 0:
+                raise LayerError(f"prior_box_param.aspect_ratio must be positive, got {ar}")
+            if any(abs(ar - r) < 1e-6 for r in ratios):
+                continue
+            ratios.append(float(ar))
+            if flip:
+                ratios.append(1.0 / float(np.float32(ar)))
+        var = [float(v) for v in p.variance]
+        if len(var) > 1 and len(var) != 4:
+            raise LayerError(f"prior_box_param.variance needs 1 or 4 values, got {len(var)}")
+        if any(v <= 0 for v in var):
+            raise LayerError(f"prior_box_param.variance must be positive, got {var}")
+        if not var:
+            var = [0.1]
+        img_h, img_w = _prior_box_hw(p, "img_size", "img_h", "img_w", int)
+        step_h, step_w = _prior_box_hw(p, "step", "step_h", "step_w", float)
+        return {"min_sizes": min_sizes, "max_sizes": max_sizes, "ratios": ratios,
+                # SSD's default (false); OpenCV's importer clips when the field is absent
+                "clip": bool(p.clip) if p.HasField("clip") else False,
+                "variance": var, "img_h": img_h, "img_w": img_w,
+                "step_h": step_h, "step_w": step_w, "offset": float(p.offset),
+                "denser": bool(proto_field(p, "denser_prior_boxes", False))}
+
+    @staticmethod
+    def num_priors(attrs):
+        n = len(attrs["ratios"]) * len(attrs["min_sizes"]) + len(attrs["max_sizes"])
+        return 2 * n if attrs.get("denser") else n
+
+    def infer(self, attrs, in_shapes):
+        feat, img = in_shapes
+        if len(feat) < 2 or len(img) < 2:
+            raise LayerError(f"PriorBox needs spatial bottoms, got {list(feat)} and {list(img)}")
+        h, w = legacy_hw(feat)
+        n = h * w * self.num_priors(attrs) * 4
+        if n <= 0:
+            raise LayerError(f"feature map {list(feat)} gives no priors")
+        return [(1, 2, n)]
+
+    def forward(self, attrs, params, feat, img):
+        arr = prior_boxes(attrs, legacy_hw(feat.shape), legacy_hw(img.shape))
+        return torch.from_numpy(arr).to(device=feat.device, dtype=feat.dtype)
+
+    def onnx(self, ctx, node):
+        # the output depends only on the (static) spatial sizes, never on the batch
+        arr = prior_boxes(node.attrs, legacy_hw(ctx.shape(node.inputs[0])), legacy_hw(ctx.shape(node.inputs[1])))
+        ctx.add_node("Identity", [ctx.const(arr, node.name + "_priors")], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        # computed from the bottoms' spatial sizes at run time, as forward (never from their values)
+        a = node.attrs
+        widths, heights, shifted, variance = _module_args(a)
+        args = [f"widths={emit.lit(widths)}", f"heights={emit.lit(heights)}", f"shifted={emit.lit(shifted)}",
+                f"variance={emit.lit(variance)}"]
+        if a["img_h"] and a["img_w"]:
+            args += [f"img_h={a['img_h']}", f"img_w={a['img_w']}"]
+        if a["step_h"] and a["step_w"]:
+            args += [f"step_h={emit.lit(a['step_h'])}", f"step_w={emit.lit(a['step_w'])}"]
+        args.append(f"offset={emit.lit(a['offset'])}")
+        if a["clip"]:
+            args.append("clip=True")
+        m = emit.module(f"{emit.helper(TORCH_PRIOR_BOX)}({', '.join(args)})")
+        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
