@@ -6,7 +6,7 @@ from .evaluate import evaluate
 from .layers import Layer, LayerError, register_layer, supported_types
 from .model import Model, load
 from .quant import quantize
+from .version import __version__  # noqa: F401  (caffeq.__version__)
 
-__version__ = "0.1.0"
 __all__ = ["CaffeqError", "Layer", "LayerError", "Model", "evaluate", "export_onnx", "export_pytorch", "load", "quantize",
            "register_layer", "supported_types"]

@@ -22,12 +22,7 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CliParser)
     handlers = {}
     for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"caffeq.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"caffeq.commands.{name}":
-                continue  # command not built yet
-            raise
+        mod = importlib.import_module(f"caffeq.commands.{name}")
         p = mod.add_parser(sub)
         p.add_argument("--debug", action="store_true", default=False, help="show tracebacks")
         handlers[name] = mod.run

@@ -42,10 +42,3 @@ class DataError(CaffeqError):
 
 class ExportError(CaffeqError):
     """A model that a backend cannot express."""
-
-
-def layer_context(layer_name, layer_type=None):
-    """Prefix for messages about one layer: `layer 'conv1' (Convolution)`."""
-    if layer_type:
-        return f"layer '{layer_name}' ({layer_type})"
-    return f"layer '{layer_name}'"

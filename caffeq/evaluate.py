@@ -297,7 +297,7 @@ def model_size_bytes(model):
     for node in model.graph.nodes:
         if not node.blobs:
             continue
-        quant = getattr(node, "quant", None) or {}
+        quant = node.quant
         for i, b in enumerate(node.blobs):
             if b is None or i in node.shared_from:
                 continue
@@ -852,7 +852,7 @@ def _num(v, digits=4):
 def _size(b):
     if b is None:
         return "-"
-    from .commands.common import format_bytes  # one unit style in every report
+    from .fs import format_bytes  # one unit style in every report
     return format_bytes(b)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import CaffeqError, GraphError, PhaseRuleError, ShapeError, WeightsError
+from .io.schema import caffe_pb2
 from .layers import require_specs, spec_for
 from .layers.registry import LayerError, MissingInputShape
 
@@ -42,6 +43,9 @@ class Node:
     param_names: list = field(default_factory=list)  # ParamSpec names for sharing
     expected_param_shapes: list = None
     shared_from: dict = field(default_factory=dict)  # blob index -> (owner layer, owner blob index)
+    # blob index -> caffeq.quant.QuantizedBlob: the compact form of a quantized blob, kept for the
+    # writers (ONNX, .caffeq); node.blobs then holds its dequantized float32 values
+    quant: dict = field(default_factory=dict)
 
     @property
     def has_params(self):
@@ -100,7 +104,6 @@ def _state_meets_rule(phase, level, stages, rule):
 
 def filter_layers(net, phase="TEST", stages=(), level=0, source=""):
     """Layers that exist in the given phase, as Caffe decides."""
-    from .io.schema import caffe_pb2
     phase_value = caffe_pb2.Phase.Value(phase.upper()) if isinstance(phase, str) else phase
     stages = set(stages) | set(net.state.stage)
     level = level or net.state.level
@@ -368,7 +371,6 @@ def _did_you_mean(name, choices):
 
 def _excluded_producer_hint(net, blob, kept, phase):
     """(why a bottom is undefined, the include rule that would define it or None)."""
-    from .io.schema import caffe_pb2
     phase_name = phase if isinstance(phase, str) else caffe_pb2.Phase.Name(phase)
     excluded = [lp for lp in net.layer if blob in lp.top and lp not in kept]
     # the layers meant for this phase (but another stage or level) say the most
@@ -389,11 +391,11 @@ def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_
     try:
         if given and len(given) == len(lp.top):
             out_shapes = [given[i] for i in range(len(lp.top))]
-        elif given and hasattr(spec, "top_shapes"):
-            out_shapes = spec.top_shapes(attrs, given)
         else:
-            out_shapes = spec.infer(attrs, in_shapes)
-            out_shapes = [given.get(i, s) for i, s in enumerate(out_shapes)]
+            out_shapes = spec.top_shapes(attrs, given) if given else None
+            if out_shapes is None:
+                out_shapes = spec.infer(attrs, in_shapes)
+                out_shapes = [given.get(i, s) for i, s in enumerate(out_shapes)]
         if spec.is_data and batch is not None:
             out_shapes = [(batch,) + tuple(s[1:]) if len(s) else s for s in out_shapes]
         return out_shapes, spec.param_shapes(attrs, in_shapes)
@@ -479,15 +481,5 @@ def init_params(graph, seed=0, overwrite=False):
     for node in graph.nodes:
         if not node.has_params or (node.blobs is not None and not overwrite):
             continue
-        init = getattr(node.spec, "init_params", None)
-        if init is not None:
-            node.blobs = [np.asarray(a, np.float32) for a in init(node.attrs, node.expected_param_shapes, rng)]
-            continue
-        blobs = []
-        for shape in node.expected_param_shapes:
-            if len(shape) >= 2:
-                fan_in = max(1, math.prod(shape[1:]))
-                blobs.append((rng.standard_normal(shape) / math.sqrt(fan_in)).astype(np.float32))
-            else:
-                blobs.append(np.zeros(shape, np.float32))
-        node.blobs = blobs
+        node.blobs = [np.asarray(a, np.float32)
+                      for a in node.spec.init_params(node.attrs, node.expected_param_shapes, rng)]

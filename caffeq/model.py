@@ -1,13 +1,18 @@
 """`caffeq.load` and the Model object users hold."""
 import os
+import tempfile
 
 import numpy as np
 
+from .backends.onnx_backend import export_onnx
+from .backends.pytorch_source import export_pytorch
+from .backends.torch_backend import run_numpy, to_torch
 from .errors import CaffeqError, ParseError, ShapeError
 from .io.caffemodel import read_caffemodel
+from .io.container import load_caffeq_parts
 from .io.prototxt import read_prototxt
 from .io.upgrade import upgrade_net
-from .ir import build_graph, init_params
+from .ir import attach_weights, build_graph, init_params, share_params
 
 
 class Model:
@@ -27,6 +32,12 @@ class Model:
         self.warnings = list(warnings or [])
         self.phase = phase
         self.quantization = {}   # layer name -> quantizer name, filled by caffeq.quantize
+        #: the caffeq.quant.QuantReport of the quantize() call that made this model, or None
+        self.quant_report = None
+        #: [(transform name, what it changed)] applied by caffeq.transforms, oldest first
+        self.transforms = []
+        #: layers folded into the layer before them ahead of fp16 rounding (listed in the report)
+        self.folded_layers = []
         # what the user chose when loading; every rebuild of the graph (reshaped, transforms) keeps it
         self.input_shapes = dict(input_shapes or {})   # {blob: shape} for data tops and inputs
         self.output_names = list(output_names or [])   # chosen output blobs ([]: Caffe's own)
@@ -72,27 +83,35 @@ class Model:
         only; the first call compiles, which takes tens of seconds on a CPU).
         """
         self.require_shapes()
-        from .backends.torch_backend import to_torch
         return to_torch(self, device=device, dtype=dtype, all_blobs=all_blobs, optimize=optimize,
                         compile=compile)
 
     def run(self, inputs, device="cpu", all_blobs=False, batch_size=None, dtype=None):
         """Run on numpy inputs ({blob: array} or one array) -> {blob: numpy array}."""
         self.require_shapes()
-        from .backends.torch_backend import run_numpy
         return run_numpy(self, inputs, device=device, all_blobs=all_blobs, batch_size=batch_size,
                          dtype=dtype)
 
     def export_onnx(self, path, **kwargs):
         self.require_shapes()
-        from .backends.onnx_backend import export_onnx
         return export_onnx(self, path, **kwargs)
 
     def export_pytorch(self, out, **kwargs):
         """Write a standalone model.py + weights (see caffeq.backends.pytorch_source)."""
         self.require_shapes()
-        from .backends.pytorch_source import export_pytorch
         return export_pytorch(self, out, **kwargs)
+
+    def replace(self, graph=None, net=None):
+        """A new Model with `graph` and `net` (default: this model's own) and every other field copied:
+        the only way caffeq copies models, so that no field is dropped on the way."""
+        m = Model(self.graph if graph is None else graph, self.net if net is None else net,
+                  self.prototxt, self.weights_path, self.warnings, self.phase, self.input_shapes,
+                  self.output_names)
+        m.quantization = dict(self.quantization)
+        m.quant_report = self.quant_report
+        m.transforms = list(self.transforms)
+        m.folded_layers = list(self.folded_layers)
+        return m
 
     def reshaped(self, batch):
         """The same model with every input's batch dimension set to `batch`."""
@@ -100,14 +119,8 @@ class Model:
                             base_dir=self._base_dir(), **self.build_options())
         for new, old in zip(graph.nodes, self.graph.nodes):
             new.blobs = old.blobs
-            if getattr(old, "quant", None):
-                new.quant = old.quant  # keep the compact form for writers (ONNX, .caffeq)
-        m = Model(graph, self.net, self.prototxt, self.weights_path, self.warnings, self.phase,
-                  self.input_shapes, self.output_names)
-        m.quantization = dict(self.quantization)
-        if getattr(self, "quant_report", None) is not None:
-            m.quant_report = self.quant_report
-        return m
+            new.quant = old.quant  # keep the compact form for writers (ONNX, .caffeq)
+        return self.replace(graph)
 
     def require_shapes(self):
         """Refuse to run or export a net listed with unknown data shapes (load(unknown_shapes_ok=True))."""
@@ -122,12 +135,6 @@ class Model:
 
     def _base_dir(self):
         return os.path.dirname(os.path.abspath(self.prototxt)) if self.prototxt else os.getcwd()
-
-
-def _looks_binary(path):
-    with open(path, "rb") as f:
-        head = f.read(4096)
-    return b"\x00" in head
 
 
 def read_net(prototxt, ignore_unknown=False, warnings=None, phase="TEST"):
@@ -162,8 +169,12 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
     """
     path = os.fspath(prototxt)
     if path.endswith(".caffeq"):
-        from .io.container import load_caffeq
-        return load_caffeq(path, phase=phase, batch=batch, input_shapes=input_shapes, outputs=outputs)
+        parts = load_caffeq_parts(path, phase=phase, batch=batch, input_shapes=input_shapes, outputs=outputs)
+        model = Model(parts.graph, parts.net, path, path, parts.warnings, phase, parts.input_shapes,
+                      parts.outputs)
+        model.quantization = parts.quantization
+        model.quant_report = parts.report
+        return model
     warnings = []
     if net is None:
         net = read_net(path, ignore_unknown=ignore_unknown, warnings=warnings, phase=phase)
@@ -180,7 +191,6 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
                         input_shapes=input_shapes, outputs=outputs, notes=warnings,
                         unknown_shapes_ok=unknown_shapes_ok)
     if blobs is not None:
-        from .ir import attach_weights
         names = {n.name for n in graph.nodes}
         extra = [k for k, v in blobs.items() if k not in names and v]
         if extra:
@@ -195,14 +205,12 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
         attach_weights(graph, blobs, path, weights_path)
     elif random_weights:
         init_params(graph, seed)
-    from .ir import share_params
     share_params(graph)
     return Model(graph, net, path, weights_path, warnings, phase, input_shapes, outputs)
 
 
 def load_from_text(text, weights=None, **kwargs):
     """Load from prototxt text (for tests and notebooks)."""
-    import tempfile
     with tempfile.NamedTemporaryFile("w", suffix=".prototxt", delete=False) as f:
         f.write(text)
         name = f.name

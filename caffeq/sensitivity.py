@@ -25,7 +25,22 @@ import os
 import numpy as np
 import torch
 
+from .backends.torch_backend import resolve_device
 from .errors import CaffeqError, DataError
+from .evaluate import build_dataset, data_layer, phase_data_layer, plan_data
+from .fs import atomic_path
+from .model import Model, load, read_net
+from .quant import default_kept_layers, get_quantizer, quantize
+from .training.feeding import (
+    Feeder,
+    count_correct,
+    load_phase,
+    make_loader,
+    module_with_outputs,
+    probe_shape,
+    score_blob,
+)
+from .training.ste import caffe_layers
 
 
 class SensitivityError(CaffeqError):
@@ -98,11 +113,10 @@ def choose_keep(table, budget):
 
 def _quantized_blobs(model, target):
     """{layer: {blob index: float32 array}} of every layer the target would change (keep none)."""
-    from .quant import quantize
     q = quantize(model, target, keep="none")
     out = {}
     for node in q.graph.nodes:
-        quant = getattr(node, "quant", None) or {}
+        quant = node.quant
         if quant:
             out[node.name] = {i: np.asarray(node.blobs[i], np.float32) for i in quant}
     return out, q.quant_report
@@ -112,7 +126,6 @@ class _Swapper:
     """Swaps layers' weight tensors between fp32 and quantized values in one module."""
 
     def __init__(self, gm, qblobs, device):
-        from .finetune import caffe_layers
         mods = caffe_layers(gm)
         self.slots = {}
         for name, blobs in qblobs.items():
@@ -141,7 +154,6 @@ class _Swapper:
 def measure_sensitivity(model, loader, feeder, score, target="binary", cumulative=True, progress=False,
                         has_labels=True):
     """The sensitivity table of `model` over `loader` (see layer_sensitivity)."""
-    from .finetune import count_correct, module_with_outputs
     qblobs, _ = _quantized_blobs(model, target)
     if not qblobs:
         raise SensitivityError(f"no layer of the net has weights that --to {target} changes")
@@ -149,7 +161,6 @@ def measure_sensitivity(model, loader, feeder, score, target="binary", cumulativ
     gm = module_with_outputs(model, [score], dev).eval()
     swap = _Swapper(gm, qblobs, dev)
     layers = [n.name for n in model.graph.nodes if n.name in swap.slots]
-    from .quant import default_kept_layers
     ends = set(default_kept_layers(model.graph))
 
     def one_pass(configs, desc):
@@ -235,10 +246,6 @@ def prepare_data(model, data=None, *, weights=None, batch_size=None, device="cpu
                  transform=None, resize=None, channel_order=None, kind=None, phase="TEST"):
     """(Model with Input layers for its data layer, loader, feeder, score blob, DataPlan) for a
     model path or caffeq.Model and a data source (default: the TEST-phase data layer's)."""
-    from .backends.torch_backend import resolve_device
-    from .evaluate import build_dataset, data_layer, phase_data_layer, plan_data
-    from .finetune import Feeder, _loader, _probe_shape, load_phase, score_blob
-    from .model import Model, read_net
     dev = resolve_device(device)
     if data is not None and not os.path.exists(os.fspath(data)):
         raise DataError(f"--data {data}: data source not found")
@@ -248,12 +255,11 @@ def prepare_data(model, data=None, *, weights=None, batch_size=None, device="cpu
         plan = plan_data(data_layer(model), model.inputs, model._base_dir(), data, prototxt=model.prototxt,
                          **opts)
         dataset = build_dataset(plan, limit, defer_normalize=False)
-        shape = _probe_shape(dataset, plan.source)
+        shape = probe_shape(dataset, plan.source)
         loaded = model
     else:
         path = os.fspath(model)
         if path.endswith(".caffeq"):
-            from .model import load
             loaded = load(path, phase=phase)
             return prepare_data(loaded, data, device=dev, workers=workers, limit=limit, **opts)
         if not os.path.exists(path):
@@ -263,12 +269,11 @@ def prepare_data(model, data=None, *, weights=None, batch_size=None, device="cpu
         info, _ = phase_data_layer(net, phase, path, base_dir)
         inputs = None
         if info is None:
-            from .model import load
             loaded = load(path, weights, phase=phase, net=net)
             inputs = loaded.inputs
         plan = plan_data(info, inputs, base_dir, data, prototxt=path, **opts)
         dataset = build_dataset(plan, limit, defer_normalize=False)
-        shape = _probe_shape(dataset, plan.source)
+        shape = probe_shape(dataset, plan.source)
         if info is not None:
             loaded = load_phase(path, weights, net, phase, shape, plan.batch_size)
     if plan.data_blob not in loaded.inputs:
@@ -282,7 +287,7 @@ def prepare_data(model, data=None, *, weights=None, batch_size=None, device="cpu
         raise DataError(f"{loaded.prototxt}: no weights loaded; pass --weights")
     dataset.close()
     label = plan.label_blob if plan.label_blob in loaded.inputs else None
-    loader = _loader(dataset, plan.batch_size, workers, dev, None, shape)
+    loader = make_loader(dataset, plan.batch_size, workers, dev, None, shape)
     score = score_blob(loaded, label)
     feeder = Feeder.for_model(loaded, plan.data_blob, label, dev)
     return loaded, loader, feeder, score, plan
@@ -300,14 +305,13 @@ def layer_sensitivity(model, data=None, target="binary", *, weights=None, batch_
      "cumulative": [{"quantized": k, "layers", <metric>, "estimated"}] (least sensitive first)}
     """
     t = str(target).strip().lower()
-    from .quant import get_quantizer
     t = get_quantizer(t).name
     if t not in TARGETS:
         raise SensitivityError(f"--to {target}: sensitivity is measured for {', '.join(TARGETS)}")
     loaded, loader, feeder, score, plan = prepare_data(
         model, data, weights=weights, batch_size=batch_size, device=device, workers=workers, limit=limit,
         transform=transform, resize=resize, channel_order=channel_order, kind=kind)
-    if any(getattr(loaded, "quantization", None) or {}):
+    if any(loaded.quantization):
         raise SensitivityError("the model is already quantized; measure the fp32 model")
     result = measure_sensitivity(loaded, loader, feeder, score, t, cumulative=cumulative, progress=progress,
                                  has_labels=loader.dataset_has_labels)
@@ -367,7 +371,6 @@ def plot_sensitivity(result, path, title=None):
         import matplotlib.pyplot as plt
     except ImportError:
         raise SensitivityError("--plot needs matplotlib (pip install matplotlib, or 'caffeq[plot]')") from None
-    from .commands.common import atomic_path
     m = result["metric"]
     label = "top-1 (%)" if m == "top1" else "top-1 agreement with fp32 (%)"
     rows = result["layers"]

@@ -21,7 +21,9 @@ import copy
 
 import numpy as np
 
-from .ir import Graph
+from .io.schema import caffe_pb2
+from .ir import Graph, build_graph, share_params
+from .layers import get_spec
 
 _CONV_TYPES = ("Convolution", "ConvolutionDepthwise", "DepthwiseConvolution", "Deconvolution",
                "InnerProduct")
@@ -37,6 +39,7 @@ def _copy_node(node):
     n.tops = list(node.tops)
     n.blobs = list(node.blobs) if node.blobs is not None else None
     n.shared_from = dict(node.shared_from or {})
+    n.quant = dict(node.quant)
     return n
 
 
@@ -44,18 +47,6 @@ def _copy_graph(graph):
     tensors = {k: copy.copy(t) for k, t in graph.tensors.items()}
     return Graph(name=graph.name, nodes=[_copy_node(n) for n in graph.nodes], tensors=tensors,
                  inputs=list(graph.inputs), outputs=list(graph.outputs), source=graph.source)
-
-
-def _new_model(model, graph):
-    from .model import Model
-    m = Model(graph, model.net, model.prototxt, model.weights_path, model.warnings, model.phase,
-              model.input_shapes, model.output_names)
-    m.quantization = dict(getattr(model, "quantization", {}) or {})
-    for attr in ("quant_report",):
-        if hasattr(model, attr):
-            setattr(m, attr, getattr(model, attr))
-    m.transforms = list(getattr(model, "transforms", []) or [])
-    return m
 
 
 def _shares_params(graph, node):
@@ -97,7 +88,6 @@ def _rebuild(model, graph):
     Its `net` lists exactly these layers (phase rules already applied), so reshaped(),
     writers and the SSA names all agree with the new graph; blobs and quant carry over.
     """
-    from .ir import build_graph, share_params
     net = type(model.net)()
     net.CopyFrom(model.net)
     for f in ("layer", "layers", "input", "input_dim", "input_shape"):
@@ -115,13 +105,10 @@ def _rebuild(model, graph):
                     base_dir=model._base_dir(), **model.build_options())
     for new, old in zip(g.nodes, graph.nodes):
         new.blobs = list(old.blobs) if old.blobs is not None else None
-        if getattr(old, "quant", None):
-            new.quant = old.quant
+        new.quant = old.quant
     if any(n.param_names for n in g.nodes):
         share_params(g)
-    m = _new_model(model, g)
-    m.net = net
-    return m
+    return model.replace(g, net)
 
 
 # ---- BatchNorm / Scale folding ---------------------------------------------------------------
@@ -202,7 +189,7 @@ def _affine_chain(graph, start_tensor, channels, rank, uses, outputs, allow_bn=T
 def _conv_channels(node, graph):
     """Output channels of a foldable conv-like node, or None."""
     a = node.attrs
-    if node.blobs is None or getattr(node, "quant", None) or len(node.inputs) != 1 or len(node.outputs) != 1:
+    if node.blobs is None or node.quant or len(node.inputs) != 1 or len(node.outputs) != 1:
         return None
     if _shares_params(graph, node):
         return None
@@ -297,7 +284,6 @@ def _fold_batchnorm(graph):
             changed = True
             break
     # BatchNorm [+ Scale] elsewhere: one per-channel Scale
-    from .layers import get_spec
     scale_spec = get_spec("Scale")
     if scale_spec is not None:
         changed = True
@@ -338,7 +324,6 @@ def _fold_batchnorm(graph):
 
 
 def _scale_node(spec, bn, chain, a, c, in_shape):
-    from .io.schema import caffe_pb2
     lp = caffe_pb2.LayerParameter()
     lp.name = bn.name
     lp.type = "Scale"
@@ -361,8 +346,7 @@ def _scale_node(spec, bn, chain, a, c, in_shape):
     new.blobs = [a.astype(np.float32), c.astype(np.float32)]
     new.expected_param_shapes = [tuple(s) for s in shapes]
     new.param_names, new.shared_from = [], {}
-    if hasattr(new, "quant"):
-        del new.quant
+    new.quant = {}
     return new
 
 
@@ -508,8 +492,6 @@ def merge_reshapes(model):
 
 
 def _merge_reshapes(graph):
-    from .io.schema import caffe_pb2
-    from .layers import get_spec
     spec = get_spec("Reshape")
     if spec is None:
         return 0
@@ -570,7 +552,7 @@ def optimize(model, with_notes=False):
     folded = _fold_batchnorm(graph)
     merged = _merge_reshapes(graph)
     m = _rebuild(m, graph)
-    m.transforms = list(getattr(model, "transforms", []) or []) + [
+    m.transforms = list(model.transforms) + [
         ("optimize", {"fold_batchnorm": folded, "remove_identities": removed, "merge_reshapes": merged})]
     if not with_notes:
         return m

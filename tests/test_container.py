@@ -12,7 +12,6 @@ import caffeq
 from caffeq.errors import CaffeqError, ParseError
 from caffeq.io.container import (
     FORMAT_VERSION,
-    load_caffeq,
     read_safetensors,
     save_caffeq,
 )
@@ -52,7 +51,7 @@ def test_caffeq_round_trip_is_bit_identical(tmp_path, name, target):
         assert a.name == b.name
         for x, y in zip(a.blobs or [], b.blobs or []):
             np.testing.assert_array_equal(x, y)
-        qa, qb = getattr(a, "quant", {}) or {}, getattr(b, "quant", {}) or {}
+        qa, qb = a.quant, b.quant
         assert set(qa) == set(qb), a.name
         for i in qa:
             assert (qa[i].scheme, qa[i].axis, qa[i].groups) == (qb[i].scheme, qb[i].axis, qb[i].groups)
@@ -101,7 +100,7 @@ def test_caffeq_batch_override(tmp_path):
     case, q = _quantized("net_lenet", "int8")
     path = tmp_path / "m.caffeq"
     save_caffeq(q, path)
-    m = load_caffeq(str(path), batch=5)
+    m = caffeq.load(str(path), batch=5)
     assert m.inputs["data"][0] == 5
     x = np.concatenate([case.inputs["data"]] * 2)[:5]
     # another batch size may take another BLAS path: equal within float rounding
@@ -230,25 +229,6 @@ def test_onnx_stores_each_precision_compactly(tmp_path):
         assert not any(t == T.FLOAT and n in ("ip1.weight", "conv2.weight") for n, t in types.items())
 
 
-def test_onnx_int4_binary_storage_at_opset_21(tmp_path, monkeypatch):
-    import onnx
-
-    import caffeq.backends.onnx_weights as ow
-    monkeypatch.setattr(ow, "DEFAULT_BINARY_STORAGE", "int4")
-    for name in ("net_lenet", "deconv_group_nobias", "inner_product_axis2_transpose"):
-        case, q = _quantized(name, "binary")
-        path = tmp_path / f"{name}.onnx"
-        q.export_onnx(str(path), opset=21)
-        types, ops = _initializer_types(path)
-        assert onnx.TensorProto.INT4 in types.values() and "DequantizeLinear" in ops
-        got = _ort_run(path, case.inputs)
-        ref = q.run(case.inputs)
-        for out in q.outputs:
-            _assert_rel(got[out], ref[out], 1e-5, f"{name} int4: {out}")
-    with pytest.raises(CaffeqError, match="opset 21"):
-        q.export_onnx(str(tmp_path / "old.onnx"), opset=17)
-
-
 # ---- sizes on a real-sized layer -------------------------------------------------------------------
 
 BIG = """name: "big"
@@ -286,16 +266,6 @@ def test_compression_ratios_on_512x512x3x3(big, tmp_path):
         assert fp32_bytes * frac <= size <= fp32_bytes * frac * 1.01 + 8192, (target, size)
         save_caffeq(q, tmp_path / f"{target}.caffeq")
         assert os.path.getsize(tmp_path / f"{target}.caffeq") <= fp32_bytes * frac * 1.01 + 8192
-
-
-def test_int4_onnx_is_one_eighth(big, tmp_path, monkeypatch):
-    import caffeq.backends.onnx_weights as ow
-    monkeypatch.setattr(ow, "DEFAULT_BINARY_STORAGE", "int4")
-    fp32_bytes = 512 * 512 * 9 * 4
-    b = quantize(big, "binary", keep="none")
-    b.export_onnx(str(tmp_path / "b4.onnx"), opset=21)
-    # INT4 codes are exactly 1/8; alpha and the fp32 bias come on top
-    assert os.path.getsize(tmp_path / "b4.onnx") <= fp32_bytes / 8 + 2 * 512 * 4 + 8192
 
 
 def test_train_val_caffeq_written_elsewhere_finds_its_data(tmp_path):

@@ -74,6 +74,7 @@ def test_no_weights_anywhere_is_one_line(tmp_path):
     assert os.listdir(tmp_path) == ["deploy.prototxt"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["fp16", "int8", "binary"])
 def test_caffeq_and_caffemodel_outputs_round_trip(tmp_path, target):
     x = _digits_inputs()
@@ -90,6 +91,7 @@ def test_caffeq_and_caffemodel_outputs_round_trip(tmp_path, target):
     np.testing.assert_array_equal(b, ref)
 
 
+@pytest.mark.slow
 def test_run_inspect_and_convert_read_the_container(tmp_path):
     x = _digits_inputs()
     np.save(tmp_path / "x.npy", x)
@@ -111,6 +113,7 @@ def test_run_inspect_and_convert_read_the_container(tmp_path):
     assert not (tmp_path / "x.caffeq").exists()
 
 
+@pytest.mark.slow
 def test_probe_and_json(tmp_path):
     x = _digits_inputs(32)
     np.savez(tmp_path / "probe.npz", data=x)

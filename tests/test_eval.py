@@ -210,6 +210,7 @@ def test_cli_table_and_json_schema(tmp_path):
     assert r["errors"] == {"count": 0, "items": []}
 
 
+@pytest.mark.slow
 def test_cli_deploy_flags_and_errors(tmp_path):
     p = run_cli("eval", DEPLOY, "--weights", WEIGHTS, "--data", str(DIGITS / "test_list.txt"), "--mean-file",
                 MEAN, "--scale", str(SCALE), "--limit", "100", "--no-progress", "--json", "-")
@@ -221,6 +222,7 @@ def test_cli_deploy_flags_and_errors(tmp_path):
     assert len(p.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_equal_single_process(tmp_path):
     """2 CPU processes on gloo: shards without duplicates, all-reduced sums = one process's numbers."""
     entries = list_entries()[:45]

@@ -212,6 +212,7 @@ def test_batchnorm_reestimation_written_in_caffe_layout(tmp_path):
 
 # ---- a short fine-tune on the shipped example ----------------------------------------------
 
+@pytest.mark.slow
 def test_short_finetune_beats_post_training_binarization():
     r = finetune(TRAIN_VAL, WEIGHTS, iters=6, bn_batches=4, seed=0)
     # the binarized model before any step (first/last layers fp32) is Caffe's 85.25%
@@ -293,6 +294,7 @@ def test_deploy_net_without_loss_trains_cross_entropy(tmp_path):
 
 # ---- the command line ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cli_end_to_end_subprocess(tmp_path):
     out = tmp_path / "digits_bwn.onnx"
     rep = tmp_path / "r.json"
@@ -388,6 +390,7 @@ def test_training_crops_are_random_per_epoch_and_seeded(tmp_path):
     assert list(s2) == keys
 
 
+@pytest.mark.slow
 def test_cli_budget_keeps_the_most_sensitive_layers(capsys, tmp_path, monkeypatch):
     from caffeq.sensitivity import choose_keep, layer_sensitivity
     expected_keep = choose_keep(layer_sensitivity(TRAIN_VAL, weights=WEIGHTS, cumulative=False), 1.0)
@@ -401,5 +404,60 @@ def test_cli_budget_keeps_the_most_sensitive_layers(capsys, tmp_path, monkeypatc
     assert f"budget 1 points: kept fp32 {', '.join(expected_keep)}" in capsys.readouterr().out
     monkeypatch.chdir(DIGITS)       # the train_val's data sources are relative to examples/digits
     back = caffeq.load(str(out))    # a .caffeq keeps the compact binary form
-    binary = sorted(n.name for n in back.graph.nodes if getattr(n, "quant", None))
+    binary = sorted(n.name for n in back.graph.nodes if n.quant)
     assert binary == sorted({"conv1", "conv2", "ip1", "ip2"} - set(expected_keep))
+
+
+# ---- Ctrl-C -------------------------------------------------------------------------------------
+
+def _interrupt_at_step(monkeypatch, n):
+    """Ctrl-C (KeyboardInterrupt) right after the n-th training step."""
+    import caffeq.finetune as ft
+    calls = []
+    real = ft.clip_latent
+
+    def clip_then_interrupt(mods):
+        real(mods)
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(ft, "clip_latent", clip_then_interrupt)
+
+
+@pytest.mark.slow
+def test_interrupted_finetune_returns_the_best_epoch_so_far(tmp_path, monkeypatch):
+    data, val, proto, weights = _toy(tmp_path)
+    kw = {"data": data, "val": val, "keep": "none", "epochs": 4, "batch_size": 8, "bn_batches": 2, "seed": 3}
+    _interrupt_at_step(monkeypatch, 6 * 2 + 3)                # 48 items / 8: 6 steps an epoch; cut in epoch 3
+    cut = finetune(proto, weights, **kw)
+    assert cut.interrupted
+    assert [h["epoch"] for h in cut.history] == [0, 1, 2]
+    assert any("interrupted after 2 complete epoch(s)" in n for n in cut.notes)
+    best = max(cut.history, key=lambda h: h["top1"])
+    assert cut.best_epoch == best["epoch"] and cut.best_metric == best["top1"]
+    # the uninterrupted run went the same way up to the cut
+    monkeypatch.undo()
+    full = finetune(proto, weights, **kw)
+    assert not full.interrupted
+    assert [h["top1"] for h in full.history[:3]] == [h["top1"] for h in cut.history]
+    if full.best_epoch <= 2:
+        for a, b in zip(full.model.graph.nodes, cut.model.graph.nodes):
+            for x, y in zip(a.blobs or [], b.blobs or []):
+                np.testing.assert_array_equal(x, y)
+
+
+def test_cli_ctrl_c_writes_the_best_epoch_and_exits_130(tmp_path, monkeypatch, capsys):
+    data, val, proto, weights = _toy(tmp_path)
+    _interrupt_at_step(monkeypatch, 6 + 2)                    # in epoch 2
+    out = tmp_path / "cut.caffeq"
+    rc = main(["finetune", proto, "--weights", weights, "--data", data, "--val", val, "--keep", "none",
+               "--epochs", "3", "--batch-size", "8", "--bn-batches", "2", "--no-progress", "-o", str(out),
+               "--json", str(tmp_path / "cut.json")])
+    assert rc == 130
+    err = capsys.readouterr().err
+    r = json.loads((tmp_path / "cut.json").read_text())
+    assert r["interrupted"] is True and [h["epoch"] for h in r["history"]] == [0, 1]
+    assert f"interrupted: wrote the best epoch so far (epoch {r['best_epoch']})" in err
+    back = caffeq.load(str(out))
+    assert sorted(n.name for n in back.graph.nodes if n.quant) == ["conv", "ip"]

@@ -475,7 +475,7 @@ def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
 
     def boom(*a, **k):
         raise ExportError("checker says no")
-    monkeypatch.setattr(ob, "_check_written", boom)
+    monkeypatch.setattr(ob, "check_written", boom)
     with pytest.raises(ExportError, match="checker says no"):
         export_onnx(Case(FIXTURES / "conv_basic").load(), tmp_path / "x.onnx")
     assert not os.listdir(tmp_path)

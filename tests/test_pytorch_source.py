@@ -854,6 +854,7 @@ def test_literals_round_trip():
 
 # ---- the command line ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cli_convert_format_pytorch(tmp_path):
     case_dir = FIXTURES / "net_lenet"
     out = tmp_path / "lenet_pt"

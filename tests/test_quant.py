@@ -176,7 +176,7 @@ layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
 
 
 def _changed(q):
-    return [n.name for n in q.graph.nodes if getattr(n, "quant", None)]
+    return [n.name for n in q.graph.nodes if n.quant]
 
 
 def test_default_keeps_first_and_last_weighted_layers():
@@ -235,7 +235,7 @@ def test_original_model_untouched():
     for k, v in m.params.items():
         for a, b in zip(v, before[k]):
             np.testing.assert_array_equal(a, b)
-    assert not any(getattr(n, "quant", None) for n in m.graph.nodes)
+    assert not any(n.quant for n in m.graph.nodes)
     assert m.quantization == {}
 
 

@@ -23,7 +23,7 @@ def test_inferred_shapes_equal_caffes(case):
     # Tops whose size depends on the data (Filter): shape inference gives Caffe's
     # pre-forward shape; case.json holds the shape after the forward, so compare
     # those with the shapes a real run produces.
-    dynamic = {t for n in model.layers if getattr(n.spec, "data_dependent_shape", False) for t in n.tops}
+    dynamic = {t for n in model.layers if n.spec.data_dependent_shape for t in n.tops}
     ran = model.run(case.inputs, all_blobs=True) if dynamic else {}
     for blob, shape in case.meta["blob_shapes"].items():
         src = caffe_blob_source(blob, ours)

@@ -68,6 +68,7 @@ def digits_table():
     return layer_sensitivity(TRAIN_VAL, weights=WEIGHTS, workers=0)
 
 
+@pytest.mark.slow
 def test_digits_sensitivity_matches_single_layer_evaluations(digits_table):
     t = digits_table
     assert t["metric"] == "top1" and t["images"] == 400
@@ -130,6 +131,7 @@ def test_plot_without_matplotlib_is_a_clear_error(digits_table, tmp_path, monkey
 
 # ---- the command line ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cli_sensitivity_subprocess(tmp_path):
     out = tmp_path / "s.json"
     cmd = [sys.executable, str(REPO / "cli.py"), "sensitivity", TRAIN_VAL, "--weights", WEIGHTS, "--to", "binary",
@@ -155,6 +157,7 @@ def test_cli_bad_inputs(capsys, extra, needle):
                                      + extra)
 
 
+@pytest.mark.slow
 def test_convert_budget(capsys, tmp_path, digits_table):
     out = tmp_path / "b.caffemodel"
     rc = main(["convert", TRAIN_VAL, "--weights", WEIGHTS, "--to", "binary", "--budget", "1.0", "-o", str(out)])

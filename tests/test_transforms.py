@@ -204,12 +204,12 @@ layer { name: "c2" type: "Convolution" bottom: "c1" top: "c2" param { name: "w" 
     q = caffeq.quantize(randomize(net(CONV_BN_SCALE + """
 layer { name: "conv2" type: "Convolution" bottom: "conv" top: "conv2" convolution_param { num_output: 2 kernel_size: 1 } }
 """)), "int8", keep="none")
-    assert getattr(q.graph.node("conv"), "quant", None)
+    assert q.graph.node("conv").quant
     fq = fold_batchnorm(q)
     # the int8 codes stay as quantized: BatchNorm+Scale become one Scale after the conv instead
     assert types(fq) == ["Input", "Convolution", "Scale", "ReLU", "Convolution"]
     np.testing.assert_array_equal(fq.graph.node("conv").blobs[0], q.graph.node("conv").blobs[0])
-    assert fq.graph.node("conv").quant is q.graph.node("conv").quant
+    assert fq.graph.node("conv").quant[0] is q.graph.node("conv").quant[0]
     assert_same_outputs(q, fq, inputs_for(q))
 
 

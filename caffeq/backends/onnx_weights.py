@@ -10,9 +10,7 @@ codes at their precision:
 - binary: the signs bit-packed into a UINT8 initializer (1/32 of the fp32
           bytes, plus alpha), unpacked by a constant subgraph that works from
           opset 13 up: two BitShifts isolate each bit, Cast to bool, and
-          Where(bit, alpha, -alpha) gives alpha * sign exactly.  With
-          binary_storage="int4" at opset 21+ the signs are an INT4 initializer
-          of +-1 and DequantizeLinear's per-axis scale is alpha (1/8 of the bytes).
+          Where(bit, alpha, -alpha) gives alpha * sign exactly.
 - Grouped Deconvolution: output channel g * (C_out/group) + j is not one axis
   of the C_in x C_out/group x k... weight, so the decoded codes are reshaped
   to (group, C_in/group, C_out/group, rest), multiplied (or selected) by
@@ -24,16 +22,13 @@ starts, so they cost nothing per inference.
 import numpy as np
 
 from ..errors import ExportError
+from ..quant.binary import pack_signs
 
 _FLOAT, _BOOL = 1, 9
-_BINARY_STORAGE = ("bits", "int4")
-#: how binary signs are stored unless the context says otherwise (ctx.binary_storage)
-DEFAULT_BINARY_STORAGE = "bits"
 
 
 def _blob_name(node, index):
-    spec = node.spec
-    names = spec.blob_names_for(node.attrs) if hasattr(spec, "blob_names_for") else spec.blob_names
+    names = node.spec.blob_names_for(node.attrs)
     return f"{node.name}.{names[index] if index < len(names) else f'blob{index}'}"
 
 
@@ -49,47 +44,13 @@ def _view(shape, axis, groups):
     return shape, tuple(b)
 
 
-def _int4_init(codes):
-    """An INT4 initializer for the ONNX writer: two's complement nibbles, low nibble first."""
-    from .onnx_backend import _Init
-
-    class Int4Init(_Init):
-        __slots__ = ("dims",)
-
-        def __init__(self, codes):
-            flat = np.asarray(codes, np.int8).reshape(-1).astype(np.uint8) & 0x0F
-            if flat.size % 2:
-                flat = np.concatenate([flat, np.zeros(1, np.uint8)])
-            super().__init__((flat[0::2] | (flat[1::2] << 4)).astype(np.uint8), False)
-            self.dims = tuple(np.shape(codes))
-
-        def shape(self):
-            return self.dims
-
-        def dtype(self):
-            import ml_dtypes
-            return np.dtype(ml_dtypes.int4)
-
-    return Int4Init(codes)
-
-
-def _int4_available(ctx):
-    if ctx.opset < 21 or not hasattr(ctx, "initializers"):
-        return False
-    try:
-        import ml_dtypes  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def emit_quantized_weight(ctx, node, index, transpose=False, binary_storage=None):
+def emit_quantized_weight(ctx, node, index, transpose=False):
     """Emit node.quant[index] compactly -> name of the float32 weight tensor."""
     qb = node.quant[index]
-    shared = (getattr(node, "shared_from", None) or {}).get(index)
+    shared = node.shared_from.get(index)
     if shared is not None:
         owner = ctx._node(shared[0]) if hasattr(ctx, "_node") else None
-        oq = (getattr(owner, "quant", None) or {}).get(shared[1]) if owner is not None else None
+        oq = owner.quant.get(shared[1]) if owner is not None else None
         if oq is not None and oq.shape == qb.shape and oq.scheme == qb.scheme:
             return ctx.weight(owner, shared[1], transpose)
 
@@ -125,26 +86,7 @@ def emit_quantized_weight(ctx, node, index, transpose=False, binary_storage=None
 
     if qb.scheme != "binary":
         raise ExportError(f"layer '{node.name}': unknown quantization scheme {qb.scheme!r}")
-    storage = binary_storage or getattr(ctx, "binary_storage", None) or DEFAULT_BINARY_STORAGE
-    if storage not in _BINARY_STORAGE:
-        raise ExportError(f"binary weight storage must be one of {', '.join(_BINARY_STORAGE)}, got {storage!r}")
-    if storage == "int4":
-        if not _int4_available(ctx):
-            raise ExportError(f"INT4 binary weights need opset 21 or newer (and ml_dtypes); "
-                              f"this export is opset {ctx.opset}")
-        q = ctx.tmp(base + "_int4")
-        ctx.initializers[q] = _int4_init(codes)
-        if groups == 1:
-            s = ctx.const(np.asarray(scale, np.float32), base + "_alpha")
-            dq = ctx.tmp(base + "_dq") if len(shape) == 2 else out
-            ctx.add_node("DequantizeLinear", [q, s], [dq], axis=int(axis))
-            return _guard(ctx, dq, shape, out)
-        f = ctx.tmp(base + "_signs")
-        ctx.add_node("DequantizeLinear", [q, ctx.const(np.array(1.0, np.float32), base + "_one")], [f])
-        return _grouped_scale(ctx, base, f, view, scale_v, shape, out)
-
     # bit-packed signs: element 8i + k is bit k of byte i, 1 = +1
-    from ..quant.binary import pack_signs
     packed = pack_signs(codes)
     m = packed.size
     n = int(codes.size)

@@ -13,6 +13,7 @@ import torch
 from torch import fx, nn
 
 from ..errors import DataError
+from ..transforms import fold_batchnorm, remove_identities
 from .names import identifier
 
 
@@ -70,7 +71,7 @@ def build_module(model, all_blobs=False):
         if node.spec.is_data:
             continue
         shared = {}
-        for i, src in (getattr(node, "shared_from", None) or {}).items():
+        for i, src in node.shared_from.items():
             owner_mod = modules.get(src[0])
             if owner_mod is not None and src[1] < len(owner_mod.blob_attrs):
                 p = getattr(owner_mod, owner_mod.blob_attrs[src[1]])
@@ -116,7 +117,6 @@ def to_torch(model, device="cpu", dtype=None, all_blobs=False, optimize=False, c
         raise DataError(f"{model.prototxt}: no weights for layers {', '.join(missing[:5])}"
                         f"{', ...' if len(missing) > 5 else ''}; pass --weights (or random_weights=True)")
     if optimize:
-        from ..transforms import fold_batchnorm, remove_identities
         model = fold_batchnorm(remove_identities(model))
     gm = build_module(model, all_blobs=all_blobs)
     gm.to(resolve_device(device))
@@ -160,7 +160,7 @@ def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dty
     tdtype = dtype or torch.float32
     n = next(iter(arrays.values())).shape[0] if arrays else 1
     step = batch_size or n or 1
-    if any(getattr(node.spec, "data_dependent_shape", False) for node in model.graph.nodes):
+    if any(node.spec.data_dependent_shape for node in model.graph.nodes):
         step = n or 1  # rows of e.g. DetectionOutput carry batch indexes: chunks cannot be concatenated
     chunks = []
     with torch.inference_mode():

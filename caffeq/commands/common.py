@@ -11,10 +11,8 @@ import glob
 import json
 import os
 import sys
-import tempfile
-from contextlib import contextmanager
-
 from ..errors import CaffeqError, ParseError, PhaseRuleError, WeightsError
+from ..fs import atomic_output, atomic_path, format_bytes, refuse_overwrite  # noqa: F401  (commands use them)
 from .options import add_model_args  # noqa: F401  (commands import it from here too)
 
 # ---- weights beside the prototxt -------------------------------------------------------------
@@ -150,9 +148,7 @@ def check_output(path, flag="-o", inputs=(), exts=None):
         if ext not in exts:
             raise CaffeqError(f"{flag} {path}: unknown output format {ext or '(no extension)'}; "
                               f"use {' or '.join(exts)}")
-    for src in inputs:
-        if src and os.path.exists(src) and os.path.exists(path) and os.path.samefile(src, path):
-            raise CaffeqError(f"{path}: refusing to overwrite an input file")
+    refuse_overwrite(path, inputs)
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
@@ -161,81 +157,6 @@ def check_output(path, flag="-o", inputs=(), exts=None):
     if not os.access(parent, os.W_OK):
         raise CaffeqError(f"{flag} {path}: cannot write in {parent}")
     return path
-
-
-def _make_folders(folder):
-    """Create `folder` and its missing parents -> the folders created, deepest first."""
-    created = []
-    folder = os.path.abspath(folder)
-    while not os.path.exists(folder):
-        created.append(folder)
-        folder = os.path.dirname(folder)
-    for d in reversed(created):
-        try:
-            os.mkdir(d)
-        except FileExistsError:
-            pass
-        except OSError as e:
-            raise CaffeqError(f"cannot create folder {d}: {e.strerror}") from None
-    return created
-
-
-def _remove_folders(created):
-    for d in created:            # deepest first; only folders left empty
-        try:
-            os.rmdir(d)
-        except OSError:
-            break
-
-
-def _plain_mode(path):
-    """mkstemp creates 0600 files; outputs get the mode a plain open() would give."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
-
-
-@contextmanager
-def atomic_path(path, inputs=()):
-    """Yield a temporary path beside `path`; rename it onto `path` on success, delete it on failure.
-
-    For writers that open files themselves. inputs: files that `path` must not be. Missing
-    folders are created, and removed again on failure.
-    """
-    path = os.fspath(path)
-    target = os.path.abspath(path)
-    for src in inputs:
-        if src and os.path.exists(src) and os.path.exists(target) and os.path.samefile(src, target):
-            raise CaffeqError(f"{path}: refusing to overwrite an input file")
-    if os.path.isdir(target):
-        raise CaffeqError(f"{path}: is a folder; name a file")
-    folder = os.path.dirname(target) or "."
-    created = _make_folders(folder)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".caffeq-", suffix=os.path.splitext(path)[1] or ".tmp", dir=folder)
-    except OSError as e:
-        _remove_folders(created)
-        raise CaffeqError(f"{path}: cannot write in {folder}: {e.strerror}") from None
-    os.close(fd)
-    try:
-        yield tmp
-        _plain_mode(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        _remove_folders(created)
-        raise
-
-
-@contextmanager
-def atomic_output(path, mode="wb", inputs=()):
-    """atomic_path, yielding the temporary file opened in `mode`."""
-    # the file is closed before atomic_path renames (or deletes) it
-    with atomic_path(path, inputs) as tmp, open(tmp, mode) as f:
-        yield f
 
 
 def write_json(path, obj):
@@ -262,14 +183,6 @@ def display_path(path):
         return r if not r.startswith("..") else path
     except ValueError:   # another drive (Windows)
         return path
-
-
-def format_bytes(n):
-    """Decimal units, one style everywhere: 950 B, 9.02 kB, 150.10 kB, 1.20 MB."""
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 def format_count(n):
@@ -301,10 +214,8 @@ def model_output_format(out, protected):
     ext = os.path.splitext(out)[1].lower()
     if ext == ".caffemodel":
         proto = os.path.splitext(out)[0] + ".prototxt"
-        for src in protected:
-            if src and os.path.exists(src) and os.path.exists(proto) and os.path.samefile(src, proto):
-                raise CaffeqError(f"{proto}: the prototxt written beside {out} would overwrite an input "
-                                  f"file; choose another -o name")
+        refuse_overwrite(proto, protected, message=f"the prototxt written beside {out} would overwrite an "
+                                                   f"input file; choose another -o name")
     return ext
 
 
@@ -332,10 +243,8 @@ def _write_caffemodel(model, out, protected):
     """out (.caffemodel) and the prototxt beside it (same stem) -> the prototxt's path."""
     from ..io.writer import net_to_text, rebase_data_paths, write_model_caffemodel
     proto = os.path.splitext(out)[0] + ".prototxt"
-    for src in protected:
-        if src and os.path.exists(src) and os.path.exists(proto) and os.path.samefile(src, proto):
-            raise CaffeqError(f"{proto}: the prototxt written beside {out} would overwrite an input "
-                              f"file; choose another -o name")
+    refuse_overwrite(proto, protected, message=f"the prototxt written beside {out} would overwrite an input "
+                                               f"file; choose another -o name")
     # data sources and mean files relative to the new prototxt's folder, so that it reads from there
     net = rebase_data_paths(model.net, _model_dir(model), os.path.dirname(os.path.abspath(proto)))
     text = net_to_text(net)

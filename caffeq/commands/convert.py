@@ -341,8 +341,7 @@ def _dequantized(model):
     from ..quant import copy_model
     m = copy_model(model)
     for n in m.graph.nodes:
-        if getattr(n, "quant", None):
-            n.quant = {}
+        n.quant = {}
     m.quantization = {}
     return m
 

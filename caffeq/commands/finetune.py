@@ -186,6 +186,10 @@ def run(args):
         obj = result.to_dict()
         obj.update({"model": path, "weights": weights, "output": out, "written": written})
         write_json(args.json, obj)
+    if result.interrupted:
+        print(f"caffeq: interrupted: wrote the best epoch so far (epoch {result.best_epoch}) to "
+              f"{display_path(out)}", file=sys.stderr)
+        return 130
     return 0
 
 

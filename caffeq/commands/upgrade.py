@@ -7,6 +7,7 @@ import os
 import sys
 
 from ..errors import CaffeqError
+from ..fs import same_file
 from .common import check_output
 
 
@@ -25,13 +26,6 @@ def add_parser(sub):
     return p
 
 
-def _same_file(a, b):
-    a, b = os.path.abspath(a), os.path.abspath(b)
-    if a == b:
-        return True
-    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
-
-
 def run(args):
     from ..io.caffemodel import read_caffemodel
     from ..io.prototxt import read_prototxt
@@ -46,9 +40,9 @@ def run(args):
     outputs = [args.output] + ([args.weights_out] if args.weights_out else [])
     for out in outputs:
         for src in inputs:
-            if _same_file(out, src):
+            if same_file(out, src):
                 raise CaffeqError(f"{out}: refusing to overwrite an input file")
-    if args.weights_out and _same_file(args.output, args.weights_out):
+    if args.weights_out and same_file(args.output, args.weights_out):
         raise CaffeqError(f"{args.output}: -o and --weights-out name the same file")
     for src in inputs:
         if not os.path.isfile(src):

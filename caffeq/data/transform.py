@@ -19,7 +19,8 @@ import os
 
 import numpy as np
 
-from ..errors import DataError
+from ..errors import DataError, ParseError
+from ..io.caffemodel import read_blobproto
 
 
 class CaffeRNG:
@@ -40,8 +41,6 @@ def item_seed(seed, index):
 
 def load_mean_file(path):
     """A .binaryproto mean -> float32 C x H x W (Caffe's data_mean_)."""
-    from ..errors import ParseError
-    from ..io.caffemodel import read_blobproto
     if not os.path.exists(path):
         raise DataError(f"{path}: mean file not found")
     try:
@@ -86,18 +85,6 @@ class DataTransformer:
         if self.mean_file and self._mean is None:
             self._mean = load_mean_file(self.mean_file)   # missing mean file: fail now, once
 
-    @classmethod
-    def from_attrs(cls, t, base_dir=None, phase="TEST"):
-        """From caffeq.layers.data.transform_attrs (paths relative to base_dir, then cwd)."""
-        mean_file = t.get("mean_file")
-        if mean_file:
-            from ..layers.data import resolve_source
-            mean_file = resolve_source(mean_file, base_dir)
-        return cls(scale=t.get("scale", 1.0), mean_file=mean_file, mean_value=t.get("mean_value", ()),
-                   crop_size=t.get("crop_size", 0), mirror=t.get("mirror", False),
-                   force_color=t.get("force_color", False), force_gray=t.get("force_gray", False),
-                   phase=phase)
-
     # -- description -----------------------------------------------------------------
     @property
     def mean(self):
@@ -116,12 +103,6 @@ class DataTransformer:
         return {"scale": self.scale, "mean_file": self.mean_file, "mean_value": list(self.mean_value),
                 "crop_size": self.crop_size, "mirror": self.mirror, "force_color": self.force_color,
                 "force_gray": self.force_gray, "phase": self.phase}
-
-    def output_shape(self, shape):
-        c, h, w = shape
-        if self.crop_size:
-            return (c, self.crop_size, self.crop_size)
-        return (c, h, w)
 
     # -- the steps ---------------------------------------------------------------------
     def check(self, shape, where="image"):

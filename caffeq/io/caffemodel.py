@@ -277,13 +277,13 @@ def _layer_name(name):
 def _check_text(msg, what):
     """Every string field of a parsed message must be text: protobuf hands back bytes for one that
     is not valid UTF-8, and the legacy upgrade would fail on it later."""
-    for field, value in msg.ListFields():
-        values = value if field.is_repeated else [value]
-        if field.type == field.TYPE_STRING:
+    for fd, value in msg.ListFields():
+        values = value if fd.is_repeated else [value]
+        if fd.type == fd.TYPE_STRING:
             for v in values:
                 if not isinstance(v, str):
-                    raise ParseError(f"{what}: field '{field.name}' holds {bytes(v)[:40]!r}, not UTF-8 text")
-        elif field.type == field.TYPE_MESSAGE and field.message_type.name != "BlobProto":
+                    raise ParseError(f"{what}: field '{fd.name}' holds {bytes(v)[:40]!r}, not UTF-8 text")
+        elif fd.type == fd.TYPE_MESSAGE and fd.message_type.name != "BlobProto":
             for v in values:
                 _check_text(v, what)
 

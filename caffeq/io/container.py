@@ -56,10 +56,18 @@ import json
 import mmap
 import os
 import struct
+from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import ParseError, WeightsError
+from ..fs import atomic_path
+from ..ir import attach_weights, build_graph, share_params
+from ..quant.base import QuantizedBlob, num_channels
+from ..quant.binary import pack_signs, unpack_signs
+from ..quant.report import QuantReport
+from ..version import __version__
+from .schema import caffe_pb2
 from .writer import rebase_data_paths
 
 FORMAT = "caffeq"
@@ -152,14 +160,13 @@ def _net_text(net):
 
 def _blob_tensors(node, i, arr):
     """(layout entry, [(tensor name, array)]) for blob i of node."""
-    from ..quant.binary import pack_signs
     key = f"{node.name}.{i}"
     entry = {"layer": node.name, "index": i, "shape": [int(d) for d in np.shape(arr)]}
     if i in node.shared_from:
         owner, j = node.shared_from[i]
         entry["shared"] = [owner, int(j)]
         return entry, []
-    qb = (getattr(node, "quant", None) or {}).get(i)
+    qb = node.quant.get(i)
     if qb is None:
         entry.update(scheme="fp32", axis=None, groups=1, tensors={"data": key})
         return entry, [(key, np.asarray(arr, np.float32))]
@@ -190,7 +197,6 @@ def _model_data_dir(model):
 
 def save_caffeq(model, path):
     """Write `model` (quantized or not) to a .caffeq file; atomic (temp file + rename)."""
-    from .. import __version__
     missing = [n.name for n in model.graph.nodes
                if n.has_params and (n.blobs is None or any(b is None for b in n.blobs))]
     if missing:
@@ -204,7 +210,7 @@ def save_caffeq(model, path):
             entry, ts = _blob_tensors(node, i, arr)
             layout.append(entry)
             tensors.extend(ts)
-    report = getattr(model, "quant_report", None)
+    report = model.quant_report
     meta = {
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
@@ -215,7 +221,7 @@ def save_caffeq(model, path):
                                                 portable=True)),
         "phase": str(getattr(model, "phase", "TEST")),
         "layout": json.dumps(layout, separators=(",", ":")),
-        "quantization": json.dumps(dict(getattr(model, "quantization", {}) or {})),
+        "quantization": json.dumps(dict(model.quantization)),
         "report": report.to_json() if report is not None else "",
         # the user's choices at load time, so the file rebuilds the same graph
         "outputs": json.dumps(list(model.output_names)),
@@ -224,7 +230,6 @@ def save_caffeq(model, path):
         "data_shapes": json.dumps({n.name: [_shape_list(model.graph.tensors[t].shape) for t in n.outputs]
                                    for n in model.graph.nodes if n.spec.is_data}),
     }
-    from ..commands.common import atomic_path  # temp file beside path + rename
     path = os.fspath(path)
     with atomic_path(path) as tmp:
         write_safetensors(tmp, tensors, meta)
@@ -241,8 +246,6 @@ def _get(tensors, path, entry, role):
 
 def _decode(path, entry, tensors):
     """-> (float32 array, QuantizedBlob or None) for one layout entry."""
-    from ..quant.base import QuantizedBlob, num_channels
-    from ..quant.binary import unpack_signs
     shape = tuple(int(d) for d in entry["shape"])
     scheme = entry.get("scheme")
     where = f"{path}: layer '{entry.get('layer')}' blob {entry.get('index')}"
@@ -286,7 +289,6 @@ def read_caffeq(path):
     """-> (metadata, NetParameter, {layer: [float32 arrays]}, {layer: {index: QuantizedBlob}})."""
     from google.protobuf import text_format
 
-    from .schema import caffe_pb2
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ParseError(f"{path}: no such file")
@@ -335,6 +337,16 @@ def read_caffeq(path):
     return meta, net, blobs, quant
 
 
+class CaffeqParts(NamedTuple):
+    graph: object
+    net: object
+    quantization: dict    # layer -> quantizer name
+    report: object        # QuantReport or None
+    warnings: list
+    input_shapes: dict    # the load-time choices the file was saved with (or the caller's)
+    outputs: list
+
+
 def _shape_list(shape):
     return None if shape is None else list(shape)
 
@@ -350,10 +362,10 @@ def _data_base_dir(net, path, source_dir):
     return here
 
 
-def load_caffeq(path, phase="TEST", batch=None, input_shapes=None, outputs=None):
-    """A .caffeq file -> Model with the stored (dequantized) weights and their quantization."""
-    from ..ir import attach_weights, build_graph, share_params
-    from ..model import Model
+def load_caffeq_parts(path, phase="TEST", batch=None, input_shapes=None, outputs=None):
+    """A .caffeq file -> CaffeqParts: the graph with the stored (dequantized) weights and node.quant,
+    and what caffeq.load needs to make the Model of it.  input_shapes / outputs: as caffeq.load
+    (default: the choices stored in the file)."""
     path = os.fspath(path)
     meta, net, blobs, quant = read_caffeq(path)
     try:
@@ -379,16 +391,15 @@ def load_caffeq(path, phase="TEST", batch=None, input_shapes=None, outputs=None)
             node.quant = {i: (qb if tuple(qb.shape) == tuple(np.shape(node.blobs[i])) else qb.reshaped(
                 np.shape(node.blobs[i]))) for i, qb in q.items()}
             node.quant = {i: qb for i, qb in node.quant.items() if qb is not None}
-    model = Model(graph, net, path, path, [], phase, input_shapes, outputs)
     try:
-        model.quantization = dict(json.loads(meta.get("quantization") or "{}"))
+        quantization = dict(json.loads(meta.get("quantization") or "{}"))
     except ValueError:
-        model.quantization = {}
+        quantization = {}
+    report, warnings = None, []
     rep = meta.get("report") or ""
     if rep:
-        from ..quant.report import QuantReport
         try:
-            model.quant_report = QuantReport.from_dict(json.loads(rep))
+            report = QuantReport.from_dict(json.loads(rep))
         except (ValueError, KeyError, TypeError):
-            model.warnings.append(f"{path}: the stored quantization report could not be read")
-    return model
+            warnings.append(f"{path}: the stored quantization report could not be read")
+    return CaffeqParts(graph, net, quantization, report, warnings, input_shapes, outputs)

@@ -13,6 +13,7 @@ import numpy as np
 from google.protobuf import text_format
 
 from ..errors import CaffeqError
+from ..fs import atomic_output
 from .schema import caffe_pb2
 from .wire import VARINT, encode_key, encode_varint, len_field
 
@@ -31,11 +32,6 @@ _SHAPE_DIM = 1                        # BlobShape.dim (packed int64)
 def net_to_text(net):
     """A NetParameter (or any message) as Caffe-style protobuf text."""
     return text_format.MessageToString(net)
-
-
-def _atomic(path, mode, inputs=()):
-    from ..commands.common import atomic_output  # temp file beside path + rename
-    return atomic_output(path, mode, inputs=inputs)
 
 
 # (message, field) of every path a data layer reads; Caffe resolves them from its working folder,
@@ -103,7 +99,7 @@ def write_prototxt(net, path, inputs=(), source_dir=None):
     if source_dir is not None:
         net = rebase_data_paths(net, source_dir, os.path.dirname(os.path.abspath(path)))
     text = net_to_text(net)
-    with _atomic(path, "w", inputs) as f:
+    with atomic_output(path, "w", inputs) as f:
         f.write(text)
 
 
@@ -259,7 +255,7 @@ def write_caffemodel(net, blobs_by_layer, path, inputs=()):
             getattr(header, fd.name).CopyFrom(value)
         else:
             setattr(header, fd.name, value)
-    with _atomic(path, "wb", inputs) as f:
+    with atomic_output(path, "wb", inputs) as f:
         # NetParameter fields may come in any order; header first, then the layers
         f.write(header.SerializeToString())
         for entry in net.layers:
@@ -296,7 +292,7 @@ class _Legacy:
 def write_blobproto(array, path, legacy_shape=False, inputs=()):
     """Write a .binaryproto (e.g. a mean file). legacy_shape: 4-D as num/channels/height/width."""
     head, data_prefix, arr = _blob_parts(_Legacy(array, legacy_shape), os.fspath(path))
-    with _atomic(path, "wb", inputs) as f:
+    with atomic_output(path, "wb", inputs) as f:
         f.write(head + data_prefix)
         if arr.nbytes:
             f.write(memoryview(arr.reshape(-1)).cast("B"))

@@ -10,6 +10,8 @@ from . import (  # noqa: F401,E402
     data,
     elementwise,
     fork_data,
+    im2col,
+    losses,
     misc,
     norm,
     pooling,

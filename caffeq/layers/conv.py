@@ -4,6 +4,7 @@ import math
 import numpy as np
 import torch.nn.functional as F
 
+from ..errors import ExportError
 from .registry import Layer, LayerError, canonical_axis, count, register_layer, spatial_params
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -102,7 +103,6 @@ def _conv_top_shapes(attrs, in_shapes, out_size):
 def _onnx_conv(ctx, node, op):
     a = node.attrs
     if a["_axis"] != 1:
-        from ..errors import ExportError
         raise ExportError(f"layer '{node.name}': convolution over axis {a['_axis']} has no ONNX form here")
     w = ctx.weight(node, 0)
     b = [ctx.weight(node, 1)] if a["bias_term"] else []

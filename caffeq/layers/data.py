@@ -10,19 +10,12 @@ exist (as Caffe's setup reads it), else an error that names `--input-shape`.
 """
 import os
 
+from ..data import datum_shape
+from ..data.images import first_image_shape
+from ..data.transform import load_mean_file
 from ..errors import DataError
+from ..fs import resolve_source
 from .registry import Layer, LayerError, MissingInputShape, register_layer
-
-
-def resolve_source(path, base_dir):
-    """A data path as Caffe users write it: relative to the prototxt's folder, then the cwd."""
-    if os.path.isabs(path):
-        return path
-    for root in (base_dir, os.getcwd()):
-        cand = os.path.join(root or "", path)
-        if os.path.exists(cand):
-            return cand
-    return os.path.join(base_dir or "", path)
 
 
 def transform_attrs(lp):
@@ -86,7 +79,6 @@ def _mean_file_shape(attrs):
     path = resolve_source(mean, attrs.get("base_dir"))
     if not os.path.exists(path):
         return None
-    from ..data.transform import load_mean_file
     return tuple(load_mean_file(path).shape)
 
 
@@ -156,7 +148,6 @@ class Data(DataLayer):
         source = resolve_source(attrs["source"], attrs.get("base_dir"))
         if not os.path.exists(source):
             raise needs_input_shape(attrs, attrs["top"], f"{attrs['backend']} '{attrs['source']}' not found")
-        from ..data import datum_shape
         c0, h, w = datum_shape(source, attrs["backend"])
         c, h, w = _with_crop(attrs, c or c0, h, w)
         return (n, c, h, w)
@@ -191,7 +182,6 @@ class ImageData(DataLayer):
             source = resolve_source(attrs["source"], attrs.get("base_dir"))
             if not os.path.exists(source):
                 raise needs_input_shape(attrs, attrs["top"], f"image list '{attrs['source']}' not found")
-            from ..data.images import first_image_shape
             h, w = first_image_shape(source, attrs["root_folder"], attrs.get("base_dir"))
         c, h, w = _with_crop(attrs, c, h, w)
         return (n, c, h, w)

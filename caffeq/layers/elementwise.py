@@ -7,8 +7,11 @@ num_axes, num_axes -1 meaning "to the end") or a second bottom (its own shape
 gives k).  A 0-axis factor is a scalar.  Scale with bias_term holds its bias
 as the last blob: [scale, bias] with one bottom, [bias] with two.
 """
+import inspect
+
 import numpy as np
 import torch
+from torch import nn
 
 from .activation import need_bottoms, scalar
 from .registry import Layer, LayerError, canonical_axis, register_layer
@@ -17,36 +20,33 @@ PROD, SUM, MAX = 0, 1, 2
 _OP_NAMES = {PROD: "PROD", SUM: "SUM", MAX: "MAX"}
 
 
-TORCH_SCALE = """
-    class Scale(nn.Module):
-        \"\"\"Caffe's Scale layer: x * weight (+ bias); the factors are viewed as `view` so that they
-        line up with x from Caffe's `axis` (trailing axes of 1).\"\"\"
+class CaffeScale(nn.Module):
+    """Caffe's Scale layer: x * weight (+ bias); the factors are viewed as `view` so that they
+    line up with x from Caffe's `axis` (trailing axes of 1)."""
 
-        def __init__(self, shape, view, bias=True):
-            super().__init__()
-            self.view = view
-            self.weight = nn.Parameter(torch.ones(shape))
-            self.bias = nn.Parameter(torch.zeros(shape)) if bias else None
+    def __init__(self, shape, view, bias=True):
+        super().__init__()
+        self.view = view
+        self.weight = nn.Parameter(torch.ones(shape))
+        self.bias = nn.Parameter(torch.zeros(shape)) if bias else None
 
-        def forward(self, x):
-            y = x * self.weight.reshape(self.view)
-            if self.bias is not None:
-                y = y + self.bias.reshape(self.view)
-            return y
-"""
+    def forward(self, x):
+        y = x * self.weight.reshape(self.view)
+        if self.bias is not None:
+            y = y + self.bias.reshape(self.view)
+        return y
 
-TORCH_BIAS = """
-    class Bias(nn.Module):
-        \"\"\"Caffe's Bias layer: x + bias, the bias viewed as `view` to line up with x from Caffe's `axis`.\"\"\"
 
-        def __init__(self, shape, view):
-            super().__init__()
-            self.view = view
-            self.bias = nn.Parameter(torch.zeros(shape))
+class CaffeBias(nn.Module):
+    """Caffe's Bias layer: x + bias, the bias viewed as `view` to line up with x from Caffe's `axis`."""
 
-        def forward(self, x):
-            return x + self.bias.reshape(self.view)
-"""
+    def __init__(self, shape, view):
+        super().__init__()
+        self.view = view
+        self.bias = nn.Parameter(torch.zeros(shape))
+
+    def forward(self, x):
+        return x + self.bias.reshape(self.view)
 
 
 def _torch_view(shape, x_ndim, axis):
@@ -280,13 +280,13 @@ class Scale(Layer):
             if not a["bias_term"]:
                 return y
             shape = node.expected_param_shapes[0]
-            m = emit.module(f"{emit.helper(TORCH_BIAS)}({list(shape)}, "
+            m = emit.module(f"{emit.helper(inspect.getsource(CaffeBias))}({list(shape)}, "
                             f"{_torch_view(shape, ndim, a['_bias_axis'])})")
             emit.param("bias", 0)
             return f"{m}({y})"
         shape = node.expected_param_shapes[0]
         bias = "" if a["bias_term"] else ", bias=False"
-        m = emit.module(f"{emit.helper(TORCH_SCALE)}({list(shape)}, {_torch_view(shape, ndim, a['_axis'])}{bias})")
+        m = emit.module(f"{emit.helper(inspect.getsource(CaffeScale))}({list(shape)}, {_torch_view(shape, ndim, a['_axis'])}{bias})")
         emit.param("weight", 0)
         if a["bias_term"]:
             emit.param("bias", 1)
@@ -351,7 +351,7 @@ class Bias(Layer):
         if a["two_bottoms"]:
             return f"{x} + {_torch_bottom_view(emit.inputs[1], len(emit.in_shape(1)), ndim, a['_axis'])}"
         shape = node.expected_param_shapes[0]
-        m = emit.module(f"{emit.helper(TORCH_BIAS)}({list(shape)}, {_torch_view(shape, ndim, a['_axis'])})")
+        m = emit.module(f"{emit.helper(inspect.getsource(CaffeBias))}({list(shape)}, {_torch_view(shape, ndim, a['_axis'])})")
         emit.param("bias", 0)
         return f"{m}({x})"
 

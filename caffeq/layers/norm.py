@@ -11,9 +11,12 @@
 - MVN adds eps to the standard deviation, not to the variance, and its top is
   Caffe's legacy 4-axis shape.
 """
+import inspect
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from .registry import Layer, LayerError, canonical_axis, count, register_layer
 
@@ -43,48 +46,61 @@ def onnx_channel_vector(ctx, name, channels, rank, axis=1):
 
 # ---- BatchNorm ---------------------------------------------------------------------
 
-TORCH_BATCHNORM = """
-    class CaffeBatchNorm{d}d(nn.BatchNorm{d}d):
-        \"\"\"nn.BatchNorm{d}d computing Caffe's (x - mean) / sqrt(var + eps) * weight + bias in that
-        order (nn.BatchNorm{d}d folds it into x * a + b, which rounds differently). use_global_stats as
-        Caffe's: None uses the stored statistics in eval mode and the batch's in train mode, True
-        always the stored ones, False never. Running averages are PyTorch's (momentum).\"\"\"
+class CaffeBatchNorm:
+    """Mixed into nn.BatchNorm1d/2d/3d (CaffeBatchNorm1d/2d/3d): Caffe's (x - mean) / sqrt(var + eps)
+    * weight + bias in that order (nn.BatchNorm folds it into x * a + b, which rounds differently).
+    use_global_stats as Caffe's: None uses the stored statistics in eval mode and the batch's in
+    train mode, True always the stored ones, False never. Running averages are PyTorch's (momentum)."""
 
-        def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, use_global_stats=None):
-            super().__init__(num_features, eps=eps, momentum=momentum, affine=affine)
-            self.use_global_stats = use_global_stats
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, use_global_stats=None):
+        super().__init__(num_features, eps=eps, momentum=momentum, affine=affine)
+        self.use_global_stats = use_global_stats
 
-        def forward(self, x):
-            use_global = not self.training if self.use_global_stats is None else self.use_global_stats
-            view = [1, -1] + [1] * (x.dim() - 2)
-            mean, var = self.running_mean, self.running_var
-            if use_global and mean is not None and var is not None:
-                mean, var = mean.reshape(view), var.reshape(view)
-            else:
-                dims = [0] + list(range(2, x.dim()))
-                mean = x.mean(dim=dims, keepdim=True)
-                var = ((x - mean) ** 2).mean(dim=dims, keepdim=True)  # biased, as Caffe normalizes
-                if self.training:
-                    self.update_running_stats(mean, var, x.numel() // x.shape[1])
-            y = (x - mean) / torch.sqrt(var + self.eps)
-            if self.weight is not None:
-                y = y * self.weight.reshape(view)
-            if self.bias is not None:
-                y = y + self.bias.reshape(view)
-            return y
+    def forward(self, x):
+        use_global = not self.training if self.use_global_stats is None else self.use_global_stats
+        view = [1, -1] + [1] * (x.dim() - 2)
+        mean, var = self.running_mean, self.running_var
+        if use_global and mean is not None and var is not None:
+            mean, var = mean.reshape(view), var.reshape(view)
+        else:
+            dims = [0] + list(range(2, x.dim()))
+            mean = x.mean(dim=dims, keepdim=True)
+            var = ((x - mean) ** 2).mean(dim=dims, keepdim=True)  # biased, as Caffe normalizes
+            if self.training:
+                self.update_running_stats(mean, var, x.numel() // x.shape[1])
+        y = (x - mean) / torch.sqrt(var + self.eps)
+        if self.weight is not None:
+            y = y * self.weight.reshape(view)
+        if self.bias is not None:
+            y = y + self.bias.reshape(view)
+        return y
 
-        def update_running_stats(self, mean, var, count: int):
-            running_mean, running_var = self.running_mean, self.running_var
-            if running_mean is None or running_var is None or self.momentum is None:
-                return
-            m = self.momentum
-            with torch.no_grad():
-                running_mean.mul_(1 - m).add_(mean.reshape(-1), alpha=m)
-                running_var.mul_(1 - m).add_(var.reshape(-1) * (count / max(count - 1, 1)), alpha=m)
-            batches = self.num_batches_tracked
-            if batches is not None:
-                batches.add_(1)
-"""
+    def update_running_stats(self, mean, var, count: int):
+        running_mean, running_var = self.running_mean, self.running_var
+        if running_mean is None or running_var is None or self.momentum is None:
+            return
+        m = self.momentum
+        with torch.no_grad():
+            running_mean.mul_(1 - m).add_(mean.reshape(-1), alpha=m)
+            running_var.mul_(1 - m).add_(var.reshape(-1) * (count / max(count - 1, 1)), alpha=m)
+        batches = self.num_batches_tracked
+        if batches is not None:
+            batches.add_(1)
+
+
+class CaffeBatchNorm1d(CaffeBatchNorm, nn.BatchNorm1d):
+    """nn.BatchNorm1d in Caffe's order (see CaffeBatchNorm)."""
+
+
+class CaffeBatchNorm2d(CaffeBatchNorm, nn.BatchNorm2d):
+    """nn.BatchNorm2d in Caffe's order (see CaffeBatchNorm)."""
+
+
+class CaffeBatchNorm3d(CaffeBatchNorm, nn.BatchNorm3d):
+    """nn.BatchNorm3d in Caffe's order (see CaffeBatchNorm)."""
+
+
+_CAFFE_BATCHNORM = {1: CaffeBatchNorm1d, 2: CaffeBatchNorm2d, 3: CaffeBatchNorm3d}
 
 
 def _torch_scale_after(node, emit, channels):
@@ -277,7 +293,9 @@ class BatchNorm(Layer):
         if weight is None:
             args.append("affine=False")
         if exact:
-            cls = emit.helper(TORCH_BATCHNORM.replace("{d}", str(d)))
+            # model.py gets these very classes
+            emit.helper(inspect.getsource(CaffeBatchNorm))
+            cls = emit.helper(inspect.getsource(_CAFFE_BATCHNORM[d]))
             if use_global is not None:
                 args.append(f"use_global_stats={use_global}")
         else:
@@ -312,14 +330,13 @@ class BatchNorm(Layer):
 ACROSS_CHANNELS, WITHIN_CHANNEL = 0, 1
 
 
-def _window_sum(x, dim, n):
+def window_sum(x, dim: int, n: int):
     """Sum over a centred window of odd size n along dim, zero padded (n shifted adds:
     cheaper than torch's pooling kernels for LRN's small windows, and no size limits)."""
     pad = (n - 1) // 2
     if pad == 0:
         return x
-    widths = [0, 0] * (x.dim() - dim - 1) + [pad, pad]
-    padded = F.pad(x, widths)
+    padded = F.pad(x, [0, 0] * (x.dim() - dim - 1) + [pad, pad])
     size = x.shape[dim]
     total = padded.narrow(dim, 0, size)
     for j in range(1, n):
@@ -327,42 +344,32 @@ def _window_sum(x, dim, n):
     return total
 
 
-TORCH_LRN = """
-    def window_sum(x, dim: int, n: int):
-        \"\"\"Sum over a centred window of odd size n along dim, zero padded.\"\"\"
-        pad = (n - 1) // 2
-        if pad == 0:
-            return x
-        padded = F.pad(x, [0, 0] * (x.dim() - dim - 1) + [pad, pad])
-        size = x.shape[dim]
-        total = padded.narrow(dim, 0, size)
-        for j in range(1, n):
-            total = total + padded.narrow(dim, j, size)
-        return total
+def caffe_lrn(x, n: int, alpha: float, beta: float, k: float, within_channel: bool):
+    """ACROSS_CHANNELS: x * (k + alpha/n * sum of x^2 over n channels centred on c, zeros beyond the
+    edges)^-beta; WITHIN_CHANNEL: x * (1 + alpha * mean of x^2 over an n x n window)^-beta (Caffe's
+    AVE pooling with pad (n-1)/2, stride 1: every window divides by n*n)."""
+    sq = x * x
+    if within_channel:
+        total = window_sum(window_sum(sq, 2, n), 3, n)
+        scale = 1.0 + alpha * (total / (n * n))
+    else:
+        scale = k + (alpha / n) * window_sum(sq, 1, n)
+    return x * scale.pow(-beta)
 
 
-    class LRN(nn.Module):
-        \"\"\"Caffe's LRN. ACROSS_CHANNELS: x * (k + alpha/n * sum of x^2 over n channels)^-beta;
-        WITHIN_CHANNEL: x * (1 + alpha * mean of x^2 over an n x n window, zero padded)^-beta.
-        (nn.LocalResponseNorm divides by the power instead, which rounds differently.)\"\"\"
+class CaffeLRN(nn.Module):
+    """Caffe's LRN (see caffe_lrn). nn.LocalResponseNorm divides by the power instead, which
+    rounds differently."""
 
-        def __init__(self, size, alpha=1.0, beta=0.75, k=1.0, within_channel=False):
-            super().__init__()
-            # Caffe's parameters are float32: keep exactly those values
-            self.alpha, self.beta, self.k = (float(torch.tensor(v, dtype=torch.float32, device="cpu"))
-                                             for v in (alpha, beta, k))
-            self.size, self.within_channel = size, within_channel
+    def __init__(self, size, alpha=1.0, beta=0.75, k=1.0, within_channel=False):
+        super().__init__()
+        # Caffe's parameters are float32: keep exactly those values
+        self.alpha, self.beta, self.k = (float(torch.tensor(v, dtype=torch.float32, device="cpu"))
+                                         for v in (alpha, beta, k))
+        self.size, self.within_channel = size, within_channel
 
-        def forward(self, x):
-            n = self.size
-            sq = x * x
-            if self.within_channel:
-                total = window_sum(window_sum(sq, 2, n), 3, n)
-                scale = 1.0 + self.alpha * (total / (n * n))
-            else:
-                scale = self.k + (self.alpha / n) * window_sum(sq, 1, n)
-            return x * scale.pow(-self.beta)
-"""
+    def forward(self, x):
+        return caffe_lrn(x, self.size, self.alpha, self.beta, self.k, self.within_channel)
 
 
 @register_layer("LRN")
@@ -386,16 +393,8 @@ class LRN(Layer):
         return [tuple(s)]
 
     def forward(self, attrs, params, x):
-        n = attrs["size"]
-        sq = x * x
-        if attrs["region"] == ACROSS_CHANNELS:
-            # sum over n channels centred on c, zeros beyond the edges, times alpha / n
-            scale = attrs["k"] + (attrs["alpha"] / n) * _window_sum(sq, 1, n)
-        else:
-            # Caffe's AVE pooling with pad (n-1)/2, stride 1: every window divides by n*n
-            total = _window_sum(_window_sum(sq, 2, n), 3, n)
-            scale = 1.0 + attrs["alpha"] * (total / (n * n))
-        return x * scale.pow(-attrs["beta"])
+        return caffe_lrn(x, attrs["size"], attrs["alpha"], attrs["beta"], attrs["k"],
+                         attrs["region"] == WITHIN_CHANNEL)
 
     def macs(self, attrs, in_shapes, out_shapes):
         n = attrs["size"]
@@ -431,7 +430,9 @@ class LRN(Layer):
             args.append("within_channel=True")
         else:
             args.append(f"k={emit.lit(a['k'])}")
-        m = emit.module(f"{emit.helper(TORCH_LRN)}({', '.join(args)})")
+        emit.helper(inspect.getsource(window_sum))
+        emit.helper(inspect.getsource(caffe_lrn))
+        m = emit.module(f"{emit.helper(inspect.getsource(CaffeLRN))}({', '.join(args)})")
         return f"{m}({emit.inputs[0]})"
 
 
@@ -442,26 +443,29 @@ def legacy_shape(shape):
     return tuple(shape) + (1,) * (4 - len(shape))
 
 
-TORCH_MVN = """
-    class MVN(nn.Module):
-        \"\"\"Caffe's MVN: subtract the mean over H x W (and C when across_channels), then divide by
-        the standard deviation + eps (eps on the deviation, not the variance). The output has
-        Caffe's 4 axes (N, C, H, W) whatever the input's rank.\"\"\"
+def caffe_mvn(x, across_channels: bool, normalize_variance: bool, eps: float):
+    """Caffe's MVN on x viewed with Caffe's 4 axes (N, C, H, W): subtract the mean over H x W (and C
+    when across_channels), then divide by the standard deviation + eps (eps on the deviation, not
+    the variance)."""
+    if x.dim() < 4:
+        x = x.reshape(list(x.shape) + [1] * (4 - x.dim()))
+    dims = [1, 2, 3] if across_channels else [2, 3]
+    y = x - x.mean(dim=dims, keepdim=True)
+    if normalize_variance:
+        std = torch.sqrt((y * y).mean(dim=dims, keepdim=True))
+        y = y / (std + eps)
+    return y
 
-        def __init__(self, normalize_variance=True, across_channels=False, eps=1e-9):
-            super().__init__()
-            self.normalize_variance, self.across_channels, self.eps = normalize_variance, across_channels, eps
 
-        def forward(self, x):
-            if x.dim() < 4:
-                x = x.reshape(list(x.shape) + [1] * (4 - x.dim()))
-            dims = [1, 2, 3] if self.across_channels else [2, 3]
-            y = x - x.mean(dim=dims, keepdim=True)
-            if self.normalize_variance:
-                std = torch.sqrt((y * y).mean(dim=dims, keepdim=True))
-                y = y / (std + self.eps)
-            return y
-"""
+class CaffeMVN(nn.Module):
+    """Caffe's MVN (see caffe_mvn). The output has Caffe's 4 axes whatever the input's rank."""
+
+    def __init__(self, normalize_variance=True, across_channels=False, eps=1e-9):
+        super().__init__()
+        self.normalize_variance, self.across_channels, self.eps = normalize_variance, across_channels, eps
+
+    def forward(self, x):
+        return caffe_mvn(x, self.across_channels, self.normalize_variance, self.eps)
 
 
 @register_layer("MVN")
@@ -483,13 +487,7 @@ class MVN(Layer):
         return [legacy_shape(s)]
 
     def forward(self, attrs, params, x):
-        x = x.reshape(legacy_shape(x.shape))
-        dims = (1, 2, 3) if attrs["across_channels"] else (2, 3)
-        y = x - x.mean(dim=dims, keepdim=True)
-        if attrs["normalize_variance"]:
-            std = torch.sqrt((y * y).mean(dim=dims, keepdim=True))
-            y = y / (std + attrs["eps"])  # Caffe adds eps to the standard deviation
-        return y
+        return caffe_mvn(x, attrs["across_channels"], attrs["normalize_variance"], attrs["eps"])
 
     def onnx(self, ctx, node):
         a = node.attrs
@@ -518,7 +516,8 @@ class MVN(Layer):
         a = node.attrs
         args = [f"normalize_variance={a['normalize_variance']}", f"across_channels={a['across_channels']}",
                 f"eps={emit.lit(a['eps'])}"]
-        m = emit.module(f"{emit.helper(TORCH_MVN)}({', '.join(args)})")
+        emit.helper(inspect.getsource(caffe_mvn))
+        m = emit.module(f"{emit.helper(inspect.getsource(CaffeMVN))}({', '.join(args)})")
         return f"{m}({emit.inputs[0]})"
 
 

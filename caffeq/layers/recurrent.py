@@ -21,16 +21,124 @@ Blobs, in the order Caffe's unrolled net owns them:
   RNN:  W_xh (H, K), b_h (H), [W_xh_static (H, Ks)], W_hh (H, H), W_ho (H, H), b_o (H)
   LSTM: W_xc (4H, K), b_c (4H), [W_xc_static (4H, Ks)], W_hc (4H, H)
 """
+from __future__ import annotations
+
+import inspect
 import math
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..errors import ExportError
 from .activation import need_bottoms
 from .registry import Layer, LayerError, register_layer
 
 FLOAT = 1  # onnx.TensorProto.FLOAT
+
+
+# ---- the torch computation, shared by forward and the model.py modules ------------------------
+
+def recurrent_input(x, w, b, x_static: torch.Tensor | None, w_static: torch.Tensor | None):
+    """W x_t + b for every step t at once, plus W_static x_static when there is one: (T, N, G)."""
+    t, n = x.shape[0], x.shape[1]
+    gx = torch.matmul(x.reshape(t, n, -1), w.t()) + b
+    if x_static is not None and w_static is not None:
+        gx = gx + torch.matmul(x_static.reshape(x_static.shape[0], -1), w_static.t())
+    return gx
+
+
+def rnn_steps(gx, cont, h, w_hh, w_ho, b_o):
+    """Caffe's RNN steps from the input terms gx (T, N, H) and h_0 (N, H) -> (o (T, N, H), h_T)."""
+    outs = []
+    for step in range(gx.shape[0]):
+        h = torch.tanh(torch.matmul(cont[step].unsqueeze(1) * h, w_hh.t()) + gx[step])
+        outs.append(torch.tanh(torch.matmul(h, w_ho.t()) + b_o))
+    o = torch.stack(outs) if gx.shape[0] > 0 else gx.new_zeros(0, h.shape[0], h.shape[1])
+    return o, h
+
+
+def lstm_steps(gx, cont, h, c, w_hc):
+    """Caffe's LSTM steps from the input terms gx (T, N, 4H), h_0 and c_0 (N, H) -> (h (T, N, H),
+    h_T, c_T)."""
+    hd = h.shape[1]
+    outs = []
+    for step in range(gx.shape[0]):
+        ct = cont[step].unsqueeze(1)
+        gates = torch.matmul(ct * h, w_hc.t()) + gx[step]
+        i = torch.sigmoid(gates[:, :hd])
+        f = ct * torch.sigmoid(gates[:, hd:2 * hd])  # lstm_unit_layer.cpp: f = 0 where cont == 0
+        o = torch.sigmoid(gates[:, 2 * hd:3 * hd])
+        g = torch.tanh(gates[:, 3 * hd:])
+        c = f * c + i * g
+        h = o * torch.tanh(c)
+        outs.append(h)
+    hs = torch.stack(outs) if gx.shape[0] > 0 else gx.new_zeros(0, h.shape[0], hd)
+    return hs, h, c
+
+
+class CaffeRNN(nn.Module):
+    """Caffe's RNN unrolled over time: x (T, N, ...), cont (T, N) (0 starts a new sequence),
+    optional x_static (N, ...) and the initial h0 (1, N, H) (default zeros); per step
+    h_t = tanh(W_hh (cont_t * h_{t-1}) + W_xh x_t + b_h [+ W_xh_static x_static]),
+    o_t = tanh(W_ho h_t + b_o).  Returns (o (T, N, H), h_T (1, N, H))."""
+
+    def __init__(self, num_input, num_output, num_static=0):
+        super().__init__()
+        h = num_output
+        self.num_output = num_output
+        self.W_xh = nn.Parameter(torch.zeros(h, num_input))
+        self.b_h = nn.Parameter(torch.zeros(h))
+        if num_static:
+            self.W_xh_static = nn.Parameter(torch.zeros(h, num_static))
+        else:
+            self.register_parameter("W_xh_static", None)
+        self.W_hh = nn.Parameter(torch.zeros(h, h))
+        self.W_ho = nn.Parameter(torch.zeros(h, h))
+        self.b_o = nn.Parameter(torch.zeros(h))
+
+    def forward(self, x, cont, x_static: torch.Tensor | None = None, h0: torch.Tensor | None = None):
+        if self.W_xh_static is not None and x_static is None:
+            raise ValueError("this layer has a static input: pass x_static")
+        gx = recurrent_input(x, self.W_xh, self.b_h, x_static, self.W_xh_static)
+        n, hd = x.shape[1], self.num_output
+        h = h0.reshape(n, hd) if h0 is not None else gx.new_zeros(n, hd)
+        o, h = rnn_steps(gx, cont, h, self.W_hh, self.W_ho, self.b_o)
+        return o, h.unsqueeze(0)
+
+
+class CaffeLSTM(nn.Module):
+    """Caffe's LSTM unrolled over time: x (T, N, ...), cont (T, N) (0 starts a new sequence),
+    optional x_static (N, ...) and the initial h0, c0 (1, N, H) (default zeros); per step
+    [i f o g] = W_hc (cont_t * h_{t-1}) + W_xc x_t + b_c [+ W_xc_static x_static],
+    c_t = cont_t * sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g), h_t = sigmoid(o) * tanh(c_t).
+    Returns (h (T, N, H), h_T (1, N, H), c_T (1, N, H))."""
+
+    def __init__(self, num_input, num_output, num_static=0):
+        super().__init__()
+        g = 4 * num_output
+        self.num_output = num_output
+        self.W_xc = nn.Parameter(torch.zeros(g, num_input))
+        self.b_c = nn.Parameter(torch.zeros(g))
+        if num_static:
+            self.W_xc_static = nn.Parameter(torch.zeros(g, num_static))
+        else:
+            self.register_parameter("W_xc_static", None)
+        self.W_hc = nn.Parameter(torch.zeros(g, num_output))
+
+    def forward(self, x, cont, x_static: torch.Tensor | None = None, h0: torch.Tensor | None = None,
+                c0: torch.Tensor | None = None):
+        if self.W_xc_static is not None and x_static is None:
+            raise ValueError("this layer has a static input: pass x_static")
+        gx = recurrent_input(x, self.W_xc, self.b_c, x_static, self.W_xc_static)
+        n, hd = x.shape[1], self.num_output
+        if h0 is not None and c0 is not None:
+            h, c = h0.reshape(n, hd), c0.reshape(n, hd)
+        else:
+            h = gx.new_zeros(n, hd)
+            c = h
+        hs, h, c = lstm_steps(gx, cont, h, c, self.W_hc)
+        return hs, h.unsqueeze(0), c.unsqueeze(0)
 
 
 class Recurrent(Layer):
@@ -79,9 +187,6 @@ class Recurrent(Layer):
             tops += [(1, n, h)] * self.num_states
         return tops
 
-    def num_tops(self, attrs, lp):
-        return 1 + (self.num_states if attrs["expose_hidden"] else 0)
-
     def init_params(self, attrs, shapes, rng):
         # Caffe's default filler is constant 0; small random weights make a useful random model
         return [(rng.standard_normal(s) / math.sqrt(s[1])).astype(np.float32) if len(s) == 2
@@ -104,15 +209,6 @@ class Recurrent(Layer):
             xs, nxt = inputs[2], 3
         states = list(inputs[nxt:nxt + self.num_states]) if attrs["expose_hidden"] else None
         return x, cont, xs, states
-
-    @staticmethod
-    def _x_transform(x, w, b, xs, ws):
-        """W x_t + b for every step at once, plus the static term (T x N x G)."""
-        t, n = x.shape[0], x.shape[1]
-        gx = torch.matmul(x.reshape(t, n, -1), w.t()) + b
-        if xs is not None:
-            gx = gx + torch.matmul(xs.reshape(xs.shape[0], -1), ws.t())
-        return gx
 
 
 @register_layer("RNN")
@@ -142,14 +238,10 @@ class RNN(Recurrent):
             w_xh, b_h, w_static, w_hh, w_ho, b_o = params
         else:
             (w_xh, b_h, w_hh, w_ho, b_o), w_static = params, None
-        gx = self._x_transform(x, w_xh, b_h, xs, w_static)
+        gx = recurrent_input(x, w_xh, b_h, xs, w_static)
         n, hdim = x.shape[1], attrs["num_output"]
         h = states[0].reshape(n, hdim) if states is not None else gx.new_zeros(n, hdim)
-        outs = []
-        for t in range(x.shape[0]):
-            h = torch.tanh(torch.matmul(cont[t].unsqueeze(1) * h, w_hh.t()) + gx[t])
-            outs.append(torch.tanh(torch.matmul(h, w_ho.t()) + b_o))
-        o = torch.stack(outs) if outs else gx.new_zeros(0, n, hdim)
+        o, h = rnn_steps(gx, cont, h, w_hh, w_ho, b_o)
         if attrs["expose_hidden"]:
             return o, h.unsqueeze(0)
         return o
@@ -158,7 +250,7 @@ class RNN(Recurrent):
         _onnx_recurrent(ctx, node, lstm=False)
 
     def pytorch_source(self, node, emit):
-        return _recurrent_source(node, emit, TORCH_RNN)
+        return _recurrent_source(node, emit, CaffeRNN, rnn_steps)
 
 
 @register_layer("LSTM")
@@ -187,25 +279,13 @@ class LSTM(Recurrent):
             w_xc, b_c, w_static, w_hc = params
         else:
             (w_xc, b_c, w_hc), w_static = params, None
-        gx = self._x_transform(x, w_xc, b_c, xs, w_static)
+        gx = recurrent_input(x, w_xc, b_c, xs, w_static)
         n, hd = x.shape[1], attrs["num_output"]
         if states is not None:
             h, c = states[0].reshape(n, hd), states[1].reshape(n, hd)
         else:
             h = c = gx.new_zeros(n, hd)
-        outs = []
-        for t in range(x.shape[0]):
-            ct = cont[t].unsqueeze(1)
-            gates = torch.matmul(ct * h, w_hc.t()) + gx[t]
-            i = torch.sigmoid(gates[:, :hd])
-            # lstm_unit_layer.cpp: f = 0 where cont == 0, else cont * sigmoid(f')
-            f = ct * torch.sigmoid(gates[:, hd:2 * hd])
-            o = torch.sigmoid(gates[:, 2 * hd:3 * hd])
-            g = torch.tanh(gates[:, 3 * hd:])
-            c = f * c + i * g
-            h = o * torch.tanh(c)
-            outs.append(h)
-        hs = torch.stack(outs) if outs else gx.new_zeros(0, n, hd)
+        hs, h, c = lstm_steps(gx, cont, h, c, w_hc)
         if attrs["expose_hidden"]:
             return hs, h.unsqueeze(0), c.unsqueeze(0)
         return hs
@@ -214,100 +294,12 @@ class LSTM(Recurrent):
         _onnx_recurrent(ctx, node, lstm=True)
 
     def pytorch_source(self, node, emit):
-        return _recurrent_source(node, emit, TORCH_LSTM)
+        return _recurrent_source(node, emit, CaffeLSTM, lstm_steps)
 
 
 # ---- standalone PyTorch source -----------------------------------------------------------
 
-TORCH_RNN = """
-    class RNN(nn.Module):
-        \"\"\"Caffe's RNN unrolled over time: x (T, N, ...), cont (T, N) (0 starts a new sequence),
-        optional x_static (N, ...) and the initial h0 (1, N, H) (default zeros); per step
-        h_t = tanh(W_hh (cont_t * h_{t-1}) + W_xh x_t + b_h [+ W_xh_static x_static]),
-        o_t = tanh(W_ho h_t + b_o).  Returns (o (T, N, H), h_T (1, N, H)).\"\"\"
-
-        def __init__(self, num_input, num_output, num_static=0):
-            super().__init__()
-            h = num_output
-            self.num_output = num_output
-            self.W_xh = nn.Parameter(torch.zeros(h, num_input))
-            self.b_h = nn.Parameter(torch.zeros(h))
-            if num_static:
-                self.W_xh_static = nn.Parameter(torch.zeros(h, num_static))
-            else:
-                self.register_parameter("W_xh_static", None)
-            self.W_hh = nn.Parameter(torch.zeros(h, h))
-            self.W_ho = nn.Parameter(torch.zeros(h, h))
-            self.b_o = nn.Parameter(torch.zeros(h))
-
-        def forward(self, x, cont, x_static: torch.Tensor | None = None, h0: torch.Tensor | None = None):
-            t, n, hd = x.shape[0], x.shape[1], self.num_output
-            # the input term of every step at once
-            gx = torch.matmul(x.reshape(t, n, -1), self.W_xh.t()) + self.b_h
-            if self.W_xh_static is not None:
-                if x_static is None:
-                    raise ValueError("this layer has a static input: pass x_static")
-                gx = gx + torch.matmul(x_static.reshape(x_static.shape[0], -1), self.W_xh_static.t())
-            h = h0.reshape(n, hd) if h0 is not None else gx.new_zeros(n, hd)
-            outs = []
-            for step in range(t):
-                h = torch.tanh(torch.matmul(cont[step].unsqueeze(1) * h, self.W_hh.t()) + gx[step])
-                outs.append(torch.tanh(torch.matmul(h, self.W_ho.t()) + self.b_o))
-            o = torch.stack(outs) if t > 0 else gx.new_zeros(0, n, hd)
-            return o, h.unsqueeze(0)
-"""
-
-TORCH_LSTM = """
-    class LSTM(nn.Module):
-        \"\"\"Caffe's LSTM unrolled over time: x (T, N, ...), cont (T, N) (0 starts a new sequence),
-        optional x_static (N, ...) and the initial h0, c0 (1, N, H) (default zeros); per step
-        [i f o g] = W_hc (cont_t * h_{t-1}) + W_xc x_t + b_c [+ W_xc_static x_static],
-        c_t = cont_t * sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g), h_t = sigmoid(o) * tanh(c_t).
-        Returns (h (T, N, H), h_T (1, N, H), c_T (1, N, H)).\"\"\"
-
-        def __init__(self, num_input, num_output, num_static=0):
-            super().__init__()
-            g = 4 * num_output
-            self.num_output = num_output
-            self.W_xc = nn.Parameter(torch.zeros(g, num_input))
-            self.b_c = nn.Parameter(torch.zeros(g))
-            if num_static:
-                self.W_xc_static = nn.Parameter(torch.zeros(g, num_static))
-            else:
-                self.register_parameter("W_xc_static", None)
-            self.W_hc = nn.Parameter(torch.zeros(g, num_output))
-
-        def forward(self, x, cont, x_static: torch.Tensor | None = None, h0: torch.Tensor | None = None,
-                    c0: torch.Tensor | None = None):
-            t, n, hd = x.shape[0], x.shape[1], self.num_output
-            # the input term of every step at once
-            gx = torch.matmul(x.reshape(t, n, -1), self.W_xc.t()) + self.b_c
-            if self.W_xc_static is not None:
-                if x_static is None:
-                    raise ValueError("this layer has a static input: pass x_static")
-                gx = gx + torch.matmul(x_static.reshape(x_static.shape[0], -1), self.W_xc_static.t())
-            if h0 is not None and c0 is not None:
-                h, c = h0.reshape(n, hd), c0.reshape(n, hd)
-            else:
-                h = gx.new_zeros(n, hd)
-                c = h
-            outs = []
-            for step in range(t):
-                ct = cont[step].unsqueeze(1)
-                gates = torch.matmul(ct * h, self.W_hc.t()) + gx[step]
-                i = torch.sigmoid(gates[:, :hd])
-                f = ct * torch.sigmoid(gates[:, hd:2 * hd])  # Caffe's LSTMUnit: f = 0 where cont == 0
-                o = torch.sigmoid(gates[:, 2 * hd:3 * hd])
-                g = torch.tanh(gates[:, 3 * hd:])
-                c = f * c + i * g
-                h = o * torch.tanh(c)
-                outs.append(h)
-            hs = torch.stack(outs) if t > 0 else gx.new_zeros(0, n, hd)
-            return hs, h.unsqueeze(0), c.unsqueeze(0)
-"""
-
-
-def _recurrent_source(node, emit, template):
+def _recurrent_source(node, emit, module, steps):
     a = node.attrs
     x, cont = emit.inputs[0], emit.inputs[1]
     k = math.prod(emit.in_shape(0)[2:])
@@ -321,7 +313,10 @@ def _recurrent_source(node, emit, template):
     if a["expose_hidden"]:
         names = ("h0", "c0")[:len(emit.inputs) - nxt]
         call += [f"{name}={v}" for name, v in zip(names, emit.inputs[nxt:])]
-    m = emit.module(f"{emit.helper(template)}({', '.join(args)})")
+    # model.py gets these very functions and classes: the export computes what forward does
+    emit.helper(inspect.getsource(recurrent_input))
+    emit.helper(inspect.getsource(steps))
+    m = emit.module(f"{emit.helper(inspect.getsource(module))}({', '.join(args)})")
     for i, name in enumerate(node.spec.blob_names_for(a)):
         emit.param(name, i)
     # the module returns the sequence and the final states; Caffe's tops are the final states

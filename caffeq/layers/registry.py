@@ -11,7 +11,9 @@ strings with `@register_layer("Type")`.  It declares, in one place:
 - `forward(attrs, params, *inputs)`: the torch implementation;
 - `onnx(ctx, node)`: the ONNX emission (optional);
 - `pytorch_source(node, emit)`: source for a standalone PyTorch model.py (optional);
-- `weight_axes`: blob index -> output-channel axis, for quantizers.
+- `weight_axes`: blob index -> output-channel axis, for quantizers;
+- `init_params`, `preprocessing`, `macs`, `data_dependent_shape` and the flags below: optional,
+  each declared on `Layer` with its default.
 
 Users register their own layers the same way (see README).
 
@@ -26,7 +28,9 @@ is refused with a clear error.  `spec_for(lp)` does this lookup for every layer.
 """
 import math
 
-from ..errors import CaffeqError, UnsupportedLayerError
+import numpy as np
+
+from ..errors import CaffeqError, ExportError, UnsupportedLayerError
 
 _REGISTRY = {}
 
@@ -57,8 +61,12 @@ class Layer:
     #: True when forward needs torch's train/eval mode: it is then called as
     #: forward(attrs, params, *inputs, training=bool) (Dropout, BatchNorm)
     uses_training_flag = False
+    #: True when the top's shape depends on the values, not only the shapes, of the bottoms
+    #: (Filter, DetectionOutput): infer gives a bound, and runs check the real shape instead
+    data_dependent_shape = False
 
     def parse(self, lp):
+        """The layer's parameters from its caffe_pb2.LayerParameter -> a plain dict (attrs)."""
         return {}
 
     def infer(self, attrs, in_shapes):
@@ -73,7 +81,6 @@ class Layer:
         raise NotImplementedError(f"{self.types[0]} has no torch implementation")
 
     def onnx(self, ctx, node):
-        from ..errors import ExportError
         raise ExportError(f"layer '{node.name}' ({node.type}): no ONNX emission for this type")
 
     def has_onnx(self):
@@ -82,7 +89,7 @@ class Layer:
     def pytorch_source(self, node, emit):
         """Python source for this layer in a standalone PyTorch model.py (optional).
 
-        `emit` (caffeq.backends.pytorch_source.Emitter) declares modules, helper
+        `emit` (caffeq.backends.pytorch_emit.Emitter) declares modules, helper
         classes and weights; return the call expression for the top (a list of
         expressions, one per top, for several), or None: not supported.
         """
@@ -91,8 +98,30 @@ class Layer:
         """Multiply-accumulates per forward pass (0 for cheap layers)."""
         return 0
 
-    def num_tops(self, attrs, lp):
-        return len(lp.top)
+    def init_params(self, attrs, shapes, rng):
+        """Weights for a model loaded without a caffemodel (random_weights=True): arrays of `shapes`.
+
+        Default: blobs of 2 or more axes ~ N(0, 1/fan_in) drawn from the numpy Generator `rng`,
+        1-axis blobs (biases) 0.  Override where those would be meaningless (BatchNorm statistics).
+        """
+        blobs = []
+        for shape in shapes:
+            if len(shape) >= 2:
+                fan_in = max(1, math.prod(shape[1:]))
+                blobs.append((rng.standard_normal(shape) / math.sqrt(fan_in)).astype(np.float32))
+            else:
+                blobs.append(np.zeros(shape, np.float32))
+        return blobs
+
+    def top_shapes(self, attrs, given):
+        """Data layers: every top's shape from the shapes the user gave for some of them
+        ({top index: shape}, `--input-shape`), or None to infer them as usual."""
+        return None
+
+    def preprocessing(self, attrs):
+        """Data layers: lines saying what Caffe does to the data before the net sees it (the
+        model.py export's README lists them). [] when nothing is declared."""
+        return []
 
     def weight_axis(self, attrs, index):
         axis = self.weight_axes_for(attrs).get(index)

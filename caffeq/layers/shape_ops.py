@@ -1,4 +1,4 @@
-"""Shape layers: Concat, Slice, Flatten, Reshape, Crop, Tile, Im2col, BatchReindex, Filter.
+"""Shape layers: Concat, Slice, Flatten, Reshape, Crop, Tile, BatchReindex, Filter (Im2col: im2col.py).
 
 Each follows BVLC Caffe's layer (src/caffe/layers/<name>_layer.cpp).  Top shapes
 are computed from the *runtime* bottom shapes in forward, with the same
@@ -10,14 +10,13 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .registry import Layer, LayerError, canonical_axis, register_layer
 
 INT64_MAX = np.iinfo(np.int64).max
 
 
-def _i64(values):
+def i64(values):
     return np.asarray(list(values), dtype=np.int64)
 
 
@@ -26,13 +25,13 @@ def _i64(values):
 def _onnx_slice(ctx, x, starts, ends, axes, out=None, name=None):
     """Slice with constant or tensor starts/ends (tensor names are passed through)."""
     out = out or ctx.tmp(x + "_slice")
-    s = starts if isinstance(starts, str) else ctx.const(_i64(starts))
-    e = ends if isinstance(ends, str) else ctx.const(_i64(ends))
-    ctx.add_node("Slice", [x, s, e, ctx.const(_i64(axes))], [out], name=name)
+    s = starts if isinstance(starts, str) else ctx.const(i64(starts))
+    e = ends if isinstance(ends, str) else ctx.const(i64(ends))
+    ctx.add_node("Slice", [x, s, e, ctx.const(i64(axes))], [out], name=name)
     return out
 
 
-def _onnx_dims(ctx, x, start, end):
+def onnx_dims(ctx, x, start, end):
     """1-D int64 tensor holding x.shape[start:end] at run time."""
     shape = ctx.tmp(x + "_shape")
     ctx.add_node("Shape", [x], [shape])
@@ -47,7 +46,7 @@ def _onnx_shape_from(ctx, x, pieces):
             merged[-1] = ("const", merged[-1][1] + list(val))
         else:
             merged.append((kind, list(val) if kind == "const" else val))
-    parts = [ctx.const(_i64(v)) if k == "const" else _onnx_dims(ctx, x, v, v + 1) for k, v in merged]
+    parts = [ctx.const(i64(v)) if k == "const" else onnx_dims(ctx, x, v, v + 1) for k, v in merged]
     if len(parts) == 1:
         return parts[0]
     out = ctx.tmp(x + "_target_shape")
@@ -55,11 +54,11 @@ def _onnx_shape_from(ctx, x, pieces):
     return out
 
 
-def _onnx_reshape(ctx, x, spec, out, name=None):
+def onnx_reshape(ctx, x, spec, out, name=None):
     """Reshape to `spec`: one entry per output axis, an int (ONNX semantics: 0 copies the input
     axis of the same index, -1 infers) or ("dim", i) for input axis i taken at run time."""
     if all(isinstance(v, int) for v in spec):
-        target = ctx.const(_i64(spec))
+        target = ctx.const(i64(spec))
     else:
         target = _onnx_shape_from(ctx, x, [("dim", v[1]) if isinstance(v, tuple) else ("const", [v])
                                            for v in spec])
@@ -188,7 +187,7 @@ class Slice(Layer):
         if axis != 0:  # static size along the axis
             sizes = _slice_sizes(a, ctx.shape(x)[axis])
             if ctx.opset >= 13:
-                ctx.add_node("Split", [x, ctx.const(_i64(sizes))], outs, name=node.name, axis=axis)
+                ctx.add_node("Split", [x, ctx.const(i64(sizes))], outs, name=node.name, axis=axis)
             else:
                 ctx.add_node("Split", [x], outs, name=node.name, axis=axis, split=sizes)
             return
@@ -199,13 +198,13 @@ class Slice(Layer):
                 _onnx_slice(ctx, x, [bounds[i]], [bounds[i + 1]], [0], out=out,
                             name=node.name if i == 0 else None)
             return
-        n = _onnx_dims(ctx, x, 0, 1)
+        n = onnx_dims(ctx, x, 0, 1)
         step = ctx.tmp(node.name + "_step")
-        ctx.add_node("Div", [n, ctx.const(_i64([a["tops"]]))], [step])
+        ctx.add_node("Div", [n, ctx.const(i64([a["tops"]]))], [step])
         for i, out in enumerate(outs):
             start, end = ctx.tmp(node.name + "_start"), ctx.tmp(node.name + "_end")
-            ctx.add_node("Mul", [step, ctx.const(_i64([i]))], [start])
-            ctx.add_node("Mul", [step, ctx.const(_i64([i + 1]))], [end])
+            ctx.add_node("Mul", [step, ctx.const(i64([i]))], [start])
+            ctx.add_node("Mul", [step, ctx.const(i64([i + 1]))], [end])
             _onnx_slice(ctx, x, start, end, [0], out=out, name=node.name if i == 0 else None)
 
     def pytorch_source(self, node, emit):
@@ -261,7 +260,7 @@ class Flatten(Layer):
         # leading axes copied (0), the merged axis inferred, trailing axes (never dim 0) static
         merged = -1 if end >= start else 1
         spec = [0] * start + [merged] + [int(d) for d in shape[end + 1:]]
-        _onnx_reshape(ctx, x, spec, node.outputs[0], name=node.name)
+        onnx_reshape(ctx, x, spec, node.outputs[0], name=node.name)
 
     def pytorch_source(self, node, emit):
         x = emit.inputs[0]
@@ -365,7 +364,7 @@ class Reshape(Layer):
             # the only run-time dim can be inferred from the count instead
             spec = [-1 if isinstance(v, tuple) else v for v in spec]
         # (in a computed shape, 0 still means "copy the input axis of the same index")
-        _onnx_reshape(ctx, x, spec, node.outputs[0], name=node.name)
+        onnx_reshape(ctx, x, spec, node.outputs[0], name=node.name)
 
     def pytorch_source(self, node, emit):
         a = node.attrs
@@ -426,9 +425,9 @@ class Crop(Layer):
         start, offsets = _crop_plan(node.attrs, shape, ref_shape)
         axes = list(range(start, len(shape)))
         if start == 0:  # dim 0 is cropped to the reference's run-time batch
-            dims = _onnx_dims(ctx, ref, 0, len(shape))
+            dims = onnx_dims(ctx, ref, 0, len(shape))
             ends = ctx.tmp(node.name + "_ends")
-            ctx.add_node("Add", [dims, ctx.const(_i64(offsets))], [ends])
+            ctx.add_node("Add", [dims, ctx.const(i64(offsets))], [ends])
         else:
             ends = [o + int(ref_shape[i]) for i, o in zip(axes, offsets)]
         _onnx_slice(ctx, x, offsets, ends, axes, out=node.outputs[0], name=node.name)
@@ -470,142 +469,11 @@ class Tile(Layer):
 
     def onnx(self, ctx, node):
         x = node.inputs[0]
-        reps = ctx.const(_i64(self._reps(node.attrs, len(ctx.shape(x)))))
+        reps = ctx.const(i64(self._reps(node.attrs, len(ctx.shape(x)))))
         ctx.add_node("Tile", [x, reps], node.outputs, name=node.name)
 
     def pytorch_source(self, node, emit):
         return f"{emit.inputs[0]}.repeat({self._reps(node.attrs, len(emit.in_shape(0)))})"
-
-
-# ---- Im2col -------------------------------------------------------------------
-
-def _conv_field(p, nsp, name, hw, default, what):
-    """Caffe's Im2colLayer::LayerSetUp reading of kernel/stride/pad (scalar, per-axis or _h/_w)."""
-    h, w = hw
-    if h and (p.HasField(h) or p.HasField(w)):
-        if nsp != 2:
-            raise LayerError(f"{h}/{w} can only be used for 2-D data")
-        if len(getattr(p, name)):
-            raise LayerError(f"set either {name} or {h}/{w}, not both")
-        return (int(getattr(p, h)), int(getattr(p, w)))
-    rep = [int(v) for v in getattr(p, name)]
-    if not rep:
-        if default is None:
-            raise LayerError(f"convolution_param.{name} is required")
-        return (default,) * nsp
-    if len(rep) == 1:
-        return (rep[0],) * nsp
-    if len(rep) != nsp:
-        raise LayerError(f"{name} must be given once or once per spatial axis ({nsp}), "
-                         f"got {len(rep)} values for {what}")
-    return tuple(rep)
-
-
-@register_layer("Im2col")
-class Im2col(Layer):
-    def parse(self, lp):
-        return {"param": lp.convolution_param, "axis": int(lp.convolution_param.axis)}
-
-    def _resolve(self, attrs, shape):
-        ndim = len(shape)
-        if attrs.get("_ndim") == ndim:
-            return
-        p = attrs["param"]
-        axis = canonical_axis(attrs["axis"], ndim, "convolution_param.axis")
-        nsp = ndim - axis - 1
-        if nsp < 1:
-            raise LayerError(f"bottom {list(shape)} has no spatial axes after axis {axis}")
-        what = f"{nsp} spatial axes"
-        kernel = _conv_field(p, nsp, "kernel_size", ("kernel_h", "kernel_w"), None, what)
-        stride = _conv_field(p, nsp, "stride", ("stride_h", "stride_w"), 1, what)
-        pad = _conv_field(p, nsp, "pad", ("pad_h", "pad_w"), 0, what)
-        dilation = _conv_field(p, nsp, "dilation", (None, None), 1, what)
-        if any(k <= 0 for k in kernel):
-            raise LayerError(f"kernel dimensions must be > 0, got {list(kernel)}")
-        if any(s <= 0 for s in stride):
-            raise LayerError(f"stride dimensions must be > 0, got {list(stride)}")
-        if any(d <= 0 for d in dilation):
-            raise LayerError(f"dilation must be > 0, got {list(dilation)}")
-        attrs.update(_ndim=ndim, _axis=axis, kernel=kernel, stride=stride, pad=pad, dilation=dilation)
-
-    @staticmethod
-    def _out_shape(attrs, shape):
-        axis = attrs["_axis"]
-        top = list(shape)
-        top[axis] = shape[axis] * math.prod(attrs["kernel"])
-        for i, (k, s, p, d) in enumerate(zip(attrs["kernel"], attrs["stride"], attrs["pad"],
-                                             attrs["dilation"])):
-            n = shape[axis + 1 + i]
-            top[axis + 1 + i] = (n + 2 * p - (d * (k - 1) + 1)) // s + 1
-        return tuple(top)
-
-    def infer(self, attrs, in_shapes):
-        s = tuple(in_shapes[0])
-        self._resolve(attrs, s)
-        top = self._out_shape(attrs, s)
-        if any(v <= 0 for v in top[attrs["_axis"] + 1:]):
-            raise LayerError(f"output would be empty: bottom {list(s)}, kernel {list(attrs['kernel'])}, "
-                             f"pad {list(attrs['pad'])}")
-        return [top]
-
-    def forward(self, attrs, params, x):
-        axis = attrs["_axis"]
-        lead = tuple(x.shape[:axis])
-        top = self._out_shape(attrs, tuple(x.shape))
-        x = x.reshape((-1,) + tuple(x.shape[axis:]))  # Caffe loops over count(0, axis) items
-        k, s, p, d = attrs["kernel"], attrs["stride"], attrs["pad"], attrs["dilation"]
-        if len(k) == 2:
-            # F.unfold orders columns as channel, kernel row, kernel col: Caffe's im2col order
-            cols = F.unfold(x, k, dilation=d, padding=p, stride=s)
-        else:
-            pads = [v for pd in reversed(p) for v in (pd, pd)]
-            x = F.pad(x, pads) if any(p) else x
-            for i, (kk, ss, dd) in enumerate(zip(k, s, d)):
-                # windows along spatial axis i become a trailing axis; keep every d-th element
-                x = x.unfold(2 + i, dd * (kk - 1) + 1, ss)[..., ::dd]
-            nsp = len(k)
-            # (B, C, O..., K...) -> (B, C, K..., O...)
-            perm = [0, 1] + [2 + nsp + i for i in range(nsp)] + [2 + i for i in range(nsp)]
-            cols = x.permute(perm)
-        return cols.reshape(lead + tuple(top[axis:]))
-
-    def onnx(self, ctx, node):
-        a = node.attrs
-        x = node.inputs[0]
-        shape = tuple(ctx.shape(x))
-        axis, k = a["_axis"], a["kernel"]
-        c, kk = int(shape[axis]), math.prod(k)
-        # a grouped convolution with one-hot kernels: output channel c*K + j copies input
-        # channel c at kernel position j (exact: each output is x*1 plus zeros)
-        w = np.zeros((c * kk, 1) + tuple(k), np.float32)
-        onehot = np.eye(kk, dtype=np.float32).reshape((kk, 1) + tuple(k))
-        for ch in range(c):
-            w[ch * kk:(ch + 1) * kk] = onehot
-        top = self._out_shape(a, shape)
-        src = x
-        if axis != 1:
-            src = ctx.tmp(node.name + "_merged")
-            _onnx_reshape(ctx, x, [-1] + [int(v) for v in shape[axis:]], src)
-        conv_out = node.outputs[0] if axis == 1 else ctx.tmp(node.name + "_cols")
-        ctx.add_node("Conv", [src, ctx.const(w, node.name + "_onehot")], [conv_out], name=node.name,
-                     kernel_shape=list(k), strides=list(a["stride"]), pads=list(a["pad"]) * 2,
-                     dilations=list(a["dilation"]), group=c)
-        if axis != 1:
-            lead = _onnx_dims(ctx, x, 0, axis)
-            target = ctx.tmp(node.name + "_shape")
-            ctx.add_node("Concat", [lead, ctx.const(_i64(top[axis:]))], [target], axis=0)
-            ctx.add_node("Reshape", [conv_out, target], node.outputs)
-
-    def pytorch_source(self, node, emit):
-        a = node.attrs
-        if a["_axis"] != 1 or len(a["kernel"]) != 2:
-            raise LayerError("only 2-D Im2col over axis 1 has PyTorch source here (F.unfold)")
-        x = emit.inputs[0]
-        top = self._out_shape(a, emit.in_shape(0))
-        emit.uses("F")
-        return (f"F.unfold({x}, {list(a['kernel'])}, dilation={list(a['dilation'])}, "
-                f"padding={list(a['pad'])}, stride={list(a['stride'])})"
-                f".reshape([{x}.shape[0], {top[1]}, {top[2]}, {top[3]}])")
 
 
 # ---- BatchReindex -------------------------------------------------------------
@@ -693,7 +561,7 @@ class Filter(Layer):
     def onnx(self, ctx, node):
         *xs, sel = node.inputs
         flat, cond = ctx.tmp(node.name + "_sel"), ctx.tmp(node.name + "_keep")
-        ctx.add_node("Reshape", [sel, ctx.const(_i64([-1]))], [flat])
+        ctx.add_node("Reshape", [sel, ctx.const(i64([-1]))], [flat])
         ctx.add_node("Cast", [flat], [cond], to=9)  # BOOL: non-zero -> true, as Caffe's `if (sel)`
         for i, (x, out) in enumerate(zip(xs, node.outputs)):
             ctx.add_node("Compress", [x, cond], [out], name=node.name if i == 0 else None, axis=0)

@@ -15,6 +15,7 @@ import numpy as np
 from . import binary as _binary  # noqa: F401  (registers "binary")
 from . import fp16 as _fp16  # noqa: F401  (registers "fp16")
 from . import int8 as _int8  # noqa: F401  (registers "int8")
+from ..ir import Graph
 from .base import (
     QuantizedBlob,
     QuantizeError,
@@ -26,6 +27,7 @@ from .base import (
     get_quantizer,
     register_quantizer,
 )
+from .fp16 import prepare_fp16
 from .report import LayerRow, QuantReport, rel_l2
 
 __all__ = [
@@ -66,10 +68,7 @@ def quantizable_blobs(node, quantizer):
 
 def weight_axes(node):
     """{blob index: output-channel axis} of the node's quantizable weights (its configuration's)."""
-    spec = node.spec
-    if hasattr(spec, "weight_axes_for"):
-        return dict(spec.weight_axes_for(node.attrs))
-    return {i: spec.weight_axis(node.attrs, i) for i in spec.weight_axes}
+    return dict(node.spec.weight_axes_for(node.attrs))
 
 
 def _groups(node, index, axis):
@@ -147,28 +146,18 @@ def _check_names(graph, names, flag, eligible, target):
 
 def copy_model(model):
     """A Model sharing nothing mutable with `model` (weights as read-only views of the originals)."""
-    from ..ir import Graph
-    from ..model import Model
     nodes = []
     for n in model.graph.nodes:
         c = copy.copy(n)
         if n.blobs is not None:
             c.blobs = [None if b is None else _readonly(b) for b in n.blobs]
         c.shared_from = dict(n.shared_from)
-        q = getattr(n, "quant", None)
-        if q:
-            c.quant = dict(q)
+        c.quant = dict(n.quant)
         nodes.append(c)
     g = model.graph
     graph = Graph(name=g.name, nodes=nodes, tensors=dict(g.tensors), inputs=list(g.inputs),
                   outputs=list(g.outputs), source=g.source)
-    net = copy.deepcopy(model.net) if model.net is not None else None
-    m = Model(graph, net, model.prototxt, model.weights_path, list(model.warnings), model.phase,
-              model.input_shapes, model.output_names)
-    m.quantization = dict(getattr(model, "quantization", {}) or {})
-    if getattr(model, "quant_report", None) is not None:
-        m.quant_report = model.quant_report
-    return m
+    return model.replace(graph, copy.deepcopy(model.net) if model.net is not None else None)
 
 
 def _readonly(arr):
@@ -190,7 +179,7 @@ def quantize(model, target, keep=None, only=None):
     The result carries `quant_report` (a QuantReport: print it or .to_dict()).
     """
     q = get_quantizer(target)
-    if getattr(model, "quantization", None):
+    if model.quantization:
         done = sorted(set(model.quantization.values()))
         raise QuantizeError(f"the model is already quantized ({', '.join(done)}); quantize the fp32 model")
     keep_names = _names(keep, "--keep")
@@ -204,7 +193,6 @@ def quantize(model, target, keep=None, only=None):
     new = copy_model(model)
     report = QuantReport(q.name)
     if q.name == "fp16":
-        from .fp16 import prepare_fp16
         report.notes.extend(prepare_fp16(new))
 
     graph = new.graph
@@ -249,7 +237,7 @@ def quantize(model, target, keep=None, only=None):
             if o is None or o.blobs is None or i >= len(node.blobs):
                 continue
             node.blobs[i] = _readonly(np.asarray(o.blobs[j]).reshape(shapes[i]))
-            oq = getattr(o, "quant", {}).get(j)
+            oq = o.quant.get(j)
             if oq is not None:
                 rq = oq.reshaped(shapes[i])
                 if rq is not None:
@@ -257,7 +245,7 @@ def quantize(model, target, keep=None, only=None):
         if quant:
             node.quant = quant
             new.quantization[node.name] = q.name
-        elif hasattr(node, "quant"):
+        else:
             node.quant = {}
         own = [i for i in range(len(node.blobs)) if i not in node.shared_from and node.blobs[i] is not None]
         n_params = int(sum(np.size(node.blobs[i]) for i in own))
@@ -277,7 +265,7 @@ def quantize(model, target, keep=None, only=None):
                        reason if (reason and blobs) else "",
                        [quant[i].scheme if i in quant else "fp32" for i in range(len(node.blobs))])
         report.layers.append(row)
-    folded = getattr(new, "folded_layers", None)
+    folded = new.folded_layers
     if folded:
         # layers folded away before rounding: listed, with their fp32 bytes gone
         orig = {n.name: n for n in model.graph.nodes}
@@ -308,8 +296,4 @@ def compute_dtype(target, device):
         return torch.float16
     return None
 
-
-def is_quantized(node, index=None):
-    q = getattr(node, "quant", None) or {}
-    return bool(q) if index is None else index in q
 

@@ -142,22 +142,6 @@ class QuantizedBlob:
             return QuantizedBlob(self.scheme, 0, self.scale, self.codes.reshape(shape), 1)
         return None
 
-    def rescaled(self, factor):
-        """W * factor[c] per output channel, still at this precision, or None if it cannot be.
-
-        Binary and int8 absorb a per-channel factor into their scale exactly as
-        a Caffe BatchNorm/Scale fold would multiply the weight (one rounding per
-        element may differ from multiplying the float weights).  fp16 cannot.
-        """
-        if self.scheme == "fp16" or self.scale is None:
-            return None
-        factor = np.asarray(factor, np.float32).reshape(-1)
-        if factor.size != np.asarray(self.scale).size:
-            return None
-        return QuantizedBlob(self.scheme, self.axis, (self.scale * factor).astype(np.float32),
-                             self.codes, self.groups)
-
-
 # ---- quantizers --------------------------------------------------------------------
 
 class Quantizer:

@@ -7,6 +7,7 @@ raw accumulators (mean and variance times ~999.98) that fp16 would distort.
 """
 import numpy as np
 
+from ..transforms import fold_batchnorm
 from .base import QuantizedBlob, Quantizer, register_quantizer
 
 FP16_MAX = float(np.finfo(np.float16).max)   # 65504
@@ -81,16 +82,11 @@ def normalize_batchnorm(model):
 def prepare_fp16(model):
     """Fold BatchNorm in fp32 before rounding (in place on a model copy) -> notes for the report."""
     notes = []
-    try:
-        from ..transforms import fold_batchnorm
-    except ImportError:   # the transform module is optional here; the factor division still applies
-        fold_batchnorm = None
-    if fold_batchnorm is not None:
-        folded = fold_into_model(model, fold_batchnorm)
-        if folded:
-            model.folded_layers = folded
-            notes.append(f"BatchNorm/Scale folded in fp32 into the layer before them, then rounded: "
-                         f"{', '.join(folded)}")
+    folded = fold_into_model(model, fold_batchnorm)
+    if folded:
+        model.folded_layers = folded
+        notes.append(f"BatchNorm/Scale folded in fp32 into the layer before them, then rounded: "
+                     f"{', '.join(folded)}")
     normed = normalize_batchnorm(model)
     if normed:
         notes.append(f"BatchNorm moving-average factor divided out in fp32 before rounding: {', '.join(normed)}")
