@@ -50,9 +50,23 @@ def _eval_layout(node, arrays):
     return None
 
 
+def _subgraph_reads(nodes):
+    """Names that the bodies of Scan/Loop/If nodes read (outer-scope values included)."""
+    names = set()
+    for n in nodes:
+        for a in n.attribute:
+            graphs = [a.g] if a.HasField("g") else list(a.graphs)
+            for g in graphs:
+                names.update(i for sub in g.node for i in sub.input if i)
+                names.update(_subgraph_reads(g.node))
+    return names
+
+
 def fold_layout_constants(ctx, keep=()):
-    """Reshape/Unsqueeze/Transpose/... of initializers done now (the bytes are the same)."""
-    keep = set(keep)
+    """Reshape/Unsqueeze/Transpose/... of initializers done now (the bytes are the same).
+
+    Values a Scan body reads from the outer scope count as used: they are kept as they are."""
+    keep = set(keep) | _subgraph_reads(ctx.nodes)
     uses = Counter(i for n in ctx.nodes for i in n.input if i)
     rename = {}
     nodes = []
