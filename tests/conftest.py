@@ -82,3 +82,72 @@ def one_error_line(capsys, argv):
 @pytest.fixture(params=case_ids())
 def case(request):
     return Case(FIXTURES / request.param)
+
+
+# ---- building a net and running it: torch, onnxruntime, the generated model.py ------------------
+
+def inputs_text(**shapes):
+    """Input layers for {name: shape}, one prototxt line each."""
+    return "".join(f'layer {{ name: "{n}" type: "Input" top: "{n}" input_param {{ shape {{ '
+                   + " ".join(f"dim: {d}" for d in s) + " } } }\n" for n, s in shapes.items())
+
+
+def net(*layers, inputs):
+    """A prototxt with Input layers for `inputs` ({name: shape}) and the given layer texts."""
+    return inputs_text(**inputs) + "\n".join(layers)
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def onnx_session(model, path, opset=None):
+    """Export `model` (unoptimized) to `path` and open it in onnxruntime; skips where it is missing."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("caffeq.backends.onnx_backend")
+    model.export_onnx(str(path), optimize=False, opset=opset)
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def onnx_outputs(model, feeds, tmp_path, opset=None):
+    """{ONNX output name: array} for `feeds` ({input blob: array})."""
+    sess = onnx_session(model, tmp_path / f"m{opset}.onnx", opset)
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, {k: feeds[k] for k in model.inputs})))
+
+
+def onnx_run_by_blob(sess, model, feeds):
+    """Run an onnxruntime session whose inputs are named by ONNX tensor, fed by Caffe blob name."""
+    return sess.run(None, {i.name: feeds[model.graph.tensors[i.name].blob] for i in sess.get_inputs()})
+
+
+def load_model_py(model, folder):
+    """Export the standalone model.py into `folder`, import it, and return (its loaded net, export info)."""
+    import importlib.util
+
+    from caffeq.backends.pytorch_source import export_pytorch
+    info = export_pytorch(model, folder)
+    spec = importlib.util.spec_from_file_location(f"gen_{abs(hash(str(folder)))}", str(folder / "model.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.load(), info
+
+
+def model_py_outputs(model, feeds, tmp_path):
+    """The generated model.py, run on `feeds`: {top: array}."""
+    import torch
+
+    from caffeq.backends.pytorch_source import identifier
+    net_, info = load_model_py(model, tmp_path / "py")
+    by_ident = {identifier(b, set()): b for b in feeds}
+    with torch.no_grad():
+        out = net_(*[torch.from_numpy(feeds[by_ident.get(p, p)]) for p in info["inputs"]])
+    if not isinstance(out, dict):
+        out = {info["outputs"][0]: out}
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def backend_outputs(model, feeds, tmp_path, top="o"):
+    """{backend: the top} from torch, onnxruntime and model.py."""
+    return {"torch": model.run(feeds)[top], "onnx": onnx_outputs(model, feeds, tmp_path)[top],
+            "model.py": model_py_outputs(model, feeds, tmp_path)[top]}

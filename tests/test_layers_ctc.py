@@ -7,22 +7,17 @@ sequence indicators end an item before the first step t >= 1 whose indicator is 
 top sums minus the maximal score over the item's steps.  caffe_ocr's label form gives
 [1 - mean(edit distance / longer length), fraction of exact items].
 """
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import inputs_text, load_model_py, onnx_run_by_blob, onnx_session
 
 from caffeq.layers import LayerError
 from caffeq.model import load, load_from_text
 
 T, N, C = 7, 3, 5  # asymmetric: time, batch, classes
-
-
-def inputs_text(**shapes):
-    return "".join(f'layer {{ name: "{k}" type: "Input" top: "{k}" input_param {{ shape {{ '
-                   + " ".join(f"dim: {d}" for d in s) + " } } }\n" for k, s in shapes.items())
 
 
 def decoder_text(bottoms=("x",), tops=("y",), param=""):
@@ -114,23 +109,6 @@ def accuracy_ref(decoded, labels, blank):
     return np.array([1 - edit / batch, exact / batch], np.float32).reshape(1, 2, 1, 1)
 
 
-def load_model_py(model, tmp_path, name):
-    from caffeq.backends.pytorch_source import export_pytorch
-    info = export_pytorch(model, tmp_path / name)
-    spec = importlib.util.spec_from_file_location(name, str(tmp_path / name / "model.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.load(), info["inputs"]
-
-
-def ort_run(model, path, feeds, opset=None):
-    ort = pytest.importorskip("onnxruntime")
-    kw = {} if opset is None else {"opset": opset}
-    model.export_onnx(str(path), optimize=False, **kw)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return sess.run(None, {i.name: feeds[model.graph.tensors[i.name].blob] for i in sess.get_inputs()})
-
-
 # ---- one bottom (caffe_ocr deploy) ------------------------------------------------------------
 
 BLANKS = [("", 0), ("blank_index: -1", C - 1), ("blank_index: 2", 2)]
@@ -183,11 +161,11 @@ def test_onnx_and_model_py_match_the_loops(merge, opset, tmp_path):
     text = inputs_text(x=x.shape) + decoder_text(param=f"blank_index: -1 ctc_merge_repeated: {str(merge).lower()}")
     model = load_from_text(text)
     want, _ = decode_ref(x, C - 1, merge)
-    got = ort_run(model, tmp_path / "c.onnx", {"x": x}, opset)[0]
+    got = onnx_run_by_blob(onnx_session(model, tmp_path / "c.onnx", opset), model, {"x": x})[0]
     np.testing.assert_array_equal(got, want)
-    net, names = load_model_py(model, tmp_path, f"ctc_{merge}_{opset}")
+    net, info = load_model_py(model, tmp_path / f"ctc_{merge}_{opset}")
     with torch.no_grad():
-        out = net(*[torch.from_numpy({"x": x}[b]) for b in names])
+        out = net(*[torch.from_numpy({"x": x}[b]) for b in info["inputs"]])
     np.testing.assert_array_equal(out.numpy(), want)
 
 
@@ -217,12 +195,12 @@ def test_sequence_indicators_and_scores_match_the_loops(param, blank, tmp_path):
     np.testing.assert_array_equal(out["y"], want)
     np.testing.assert_allclose(out["s"], want_scores, rtol=1e-6)
     feeds = {"x": x, "ind": ind}
-    got = ort_run(model, tmp_path / "i.onnx", feeds)
+    got = onnx_run_by_blob(onnx_session(model, tmp_path / "i.onnx"), model, feeds)
     np.testing.assert_array_equal(got[0], want)
     np.testing.assert_allclose(got[1], want_scores, rtol=1e-6)
-    net, names = load_model_py(model, tmp_path, f"ctc_ind_{blank}")
+    net, info = load_model_py(model, tmp_path / f"ctc_ind_{blank}")
     with torch.no_grad():
-        out = net(*[torch.from_numpy(feeds[b]) for b in names])  # a dict by blob name
+        out = net(*[torch.from_numpy(feeds[b]) for b in info["inputs"]])  # a dict by blob name
     np.testing.assert_array_equal(out["y"].numpy(), want)
     np.testing.assert_allclose(out["s"].numpy(), want_scores, rtol=1e-6)
 
@@ -300,8 +278,8 @@ def test_corpus_deploy_in_onnx_and_model_py(name, tmp_path):
     # another backend's rounding upstream may only swap two classes whose scores nearly tie
     assert (scores[:, -1] - scores[:, -2]).min() > 1e-5 * np.abs(scores).max()
     want = out[node.tops[0]]
-    np.testing.assert_array_equal(ort_run(model, tmp_path / "d.onnx", feeds)[0], want)
-    net, names = load_model_py(model, tmp_path, "ctc_deploy")
+    np.testing.assert_array_equal(onnx_run_by_blob(onnx_session(model, tmp_path / "d.onnx"), model, feeds)[0], want)
+    net, info = load_model_py(model, tmp_path / "ctc_deploy")
     with torch.no_grad():
-        got = net(*[torch.from_numpy(feeds[b]) for b in names])
+        got = net(*[torch.from_numpy(feeds[b]) for b in info["inputs"]])
     np.testing.assert_array_equal(got.numpy(), want)

@@ -10,28 +10,15 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import FIXTURES, Case, assert_close
+from conftest import FIXTURES, Case, assert_close, net, onnx_outputs, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
 
-def net(*layers, inputs):
-    """A prototxt with Input layers for `inputs` ({name: shape}) and the given layer texts."""
-    head = "".join(
-        f'layer {{ name: "{n}" type: "Input" top: "{n}" input_param {{ shape {{ '
-        + " ".join(f"dim: {d}" for d in s) + " } } }\n"
-        for n, s in inputs.items())
-    return head + "\n".join(layers)
-
-
 def run(text, feeds, **kw):
     model = load_from_text(text, **kw)
     return model, model.run(feeds, all_blobs=True)
-
-
-def rng(seed=0):
-    return np.random.default_rng(seed)
 
 
 # ---- Permute ------------------------------------------------------------------------
@@ -617,16 +604,6 @@ def test_fork_layers_on_cuda_match_cpu():
 
 # ---- ONNX ------------------------------------------------------------------------------------
 
-def onnx_run(model, feeds, tmp_path, opset=None):
-    ort = pytest.importorskip("onnxruntime")
-    pytest.importorskip("caffeq.backends.onnx_backend")
-    path = tmp_path / "m.onnx"
-    model.export_onnx(str(path), optimize=False, opset=opset)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(None, {k: feeds[k] for k in model.inputs})))
-
-
 ONNX_NETS = [
     ("permute", 'layer { name: "o" type: "Permute" bottom: "x" top: "o" permute_param { order: 0 order: 3 } }', {}),
     ("normalize", ('layer { name: "o" type: "Normalize" bottom: "x" top: "o" norm_param { across_spatial: false '
@@ -662,7 +639,7 @@ def test_onnx_matches_torch_at_another_batch(name, layer, extra, opset, tmp_path
         feeds["rois"] = np.array([[0, 1, 1, 13, 9], [2, 3, 1, 7, 11], [1, 0, 0, 20, 20], [2, 5, 4, 5, 4]],
                                  np.float32)
     ours = model.run(feeds)["o"]
-    theirs = onnx_run(model, feeds, tmp_path, opset)["o"]
+    theirs = onnx_outputs(model, feeds, tmp_path, opset)["o"]
     assert theirs.shape == ours.shape
     assert_close(theirs, ours, 1e-5, 1e-5, f"onnx {name}")
 
@@ -674,7 +651,7 @@ def test_onnx_upsample_with_mask(tmp_path):
     model = load_from_text(net('layer { name: "o" type: "Upsample" bottom: "x" bottom: "m" top: "o" }',
                                inputs={"x": (1, 2, 3, 4), "m": (1, 2, 3, 4)}))
     feeds = {"x": x, "m": mask}
-    assert_close(onnx_run(model, feeds, tmp_path)["o"], model.run(feeds)["o"], 0, 0, "onnx unpool")
+    assert_close(onnx_outputs(model, feeds, tmp_path)["o"], model.run(feeds)["o"], 0, 0, "onnx unpool")
 
 
 @pytest.mark.parametrize("params, kw", DETECTION_VARIANTS + [
@@ -691,7 +668,7 @@ def test_onnx_detection_output(params, kw, tmp_path):
         with pytest.raises(ExportError, match="eta"):
             model.export_onnx(str(tmp_path / "m.onnx"), optimize=False)
         return
-    theirs = onnx_run(model, feeds, tmp_path)["det"]
+    theirs = onnx_outputs(model, feeds, tmp_path)["det"]
     ours = model.run(feeds)["det"]
     assert theirs.shape == ours.shape
     assert_close(theirs, ours, 1e-5, 1e-5, "onnx detections")
@@ -700,7 +677,7 @@ def test_onnx_detection_output(params, kw, tmp_path):
 @pytest.mark.parametrize("opset", [13, None])
 def test_onnx_ssd_case(opset, tmp_path):
     case = Case(FIXTURES / "fork_ssd_mini")
-    got = onnx_run(case.load(), case.inputs, tmp_path, opset)
+    got = onnx_outputs(case.load(), case.inputs, tmp_path, opset)
     atol, rtol = case.tolerance
     assert_close(got["detection_out"], case.outputs["detection_out"], atol, rtol, "onnx fork_ssd_mini")
 

@@ -5,13 +5,13 @@ The reference is a numpy re-derivation written here from py-faster-rcnn's Python
 (generate_anchors.py, bbox_transform.py, proposal_layer.py, the GPU NMS's IoU test), in loops
 over boxes, in float32 where the Python layer computes in float32.
 """
-import importlib.util
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import load_model_py, onnx_run_by_blob, onnx_session
 
 from caffeq.errors import CaffeqError, UnsupportedLayerError
 from caffeq.layers import LayerError
@@ -177,17 +177,12 @@ def test_no_proposal_left_gives_zero_rows():
 
 @pytest.mark.parametrize("opset", [13, None])
 def test_onnx_matches_torch(opset, tmp_path):
-    ort = pytest.importorskip("onnxruntime")
     a, h, w = 9, 5, 8
     model = load_from_text(proposal_net(a, h, w, python_proposal("'feat_stride': 16")))
     x = feeds(a, h, w, [70, 120, 0.8], seed=7)
     want = model.run(x)
-    path = tmp_path / "p.onnx"
-    model.export_onnx(str(path), optimize=False, opset=opset)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    outs = dict(zip(names, sess.run(None, {i.name: x[model.graph.tensors[i.name].blob]
-                                           for i in sess.get_inputs()})))
+    sess = onnx_session(model, tmp_path / "p.onnx", opset)
+    outs = dict(zip([o.name for o in sess.get_outputs()], onnx_run_by_blob(sess, model, x)))
     by_blob = {model.graph.tensors[n].blob: v for n, v in outs.items()}
     assert by_blob["rois"].shape == want["rois"].shape
     np.testing.assert_allclose(by_blob["rois"], want["rois"], rtol=1e-6, atol=1e-4)
@@ -195,14 +190,9 @@ def test_onnx_matches_torch(opset, tmp_path):
 
 
 def test_pytorch_source_matches_forward(tmp_path):
-    from caffeq.backends.pytorch_source import export_pytorch
     a, h, w = 9, 4, 6
     model = load_from_text(proposal_net(a, h, w, python_proposal("'feat_stride': 16")))
-    info = export_pytorch(model, tmp_path / "o")
-    spec = importlib.util.spec_from_file_location("rcnn_model", str(tmp_path / "o" / "model.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    net = mod.load()
+    net, info = load_model_py(model, tmp_path / "o")
     x = feeds(a, h, w, [60, 90, 1.0], seed=2)
     with torch.no_grad():
         out = net(*[torch.from_numpy(x[b]) for b in info["inputs"]])

@@ -6,51 +6,17 @@ and upsample_layer.cpp, the forks' bn_layer.cpp, jolibrain's crop_center_layer.c
 SeLu layers), on shapes where N, C, H and W all differ, and is checked in torch (caffeq's
 forward), in onnxruntime (the exported ONNX) and in the generated standalone model.py.
 """
-import importlib.util
 import math
 
 import numpy as np
 import pytest
 import torch
-from conftest import assert_close
+from conftest import assert_close, load_model_py, model_py_outputs, net, onnx_outputs
 
-from caffeq.backends.pytorch_source import export_pytorch, identifier
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
 FLT_MAX = float(np.finfo(np.float32).max)
-
-
-def net(*layers, inputs):
-    head = "".join(
-        f'layer {{ name: "{n}" type: "Input" top: "{n}" input_param {{ shape {{ '
-        + " ".join(f"dim: {d}" for d in s) + " } } }\n"
-        for n, s in inputs.items())
-    return head + "\n".join(layers)
-
-
-def onnx_outputs(model, feeds, tmp_path, opset=None):
-    ort = pytest.importorskip("onnxruntime")
-    path = tmp_path / f"m{opset}.onnx"
-    model.export_onnx(str(path), optimize=False, opset=opset)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(None, {k: feeds[k] for k in model.inputs})))
-
-
-def model_py_outputs(model, feeds, tmp_path):
-    info = export_pytorch(model, tmp_path / "py")
-    spec = importlib.util.spec_from_file_location(f"seg_{abs(hash(str(tmp_path)))}", str(tmp_path / "py" / "model.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    net_ = mod.load()
-    by_ident = {identifier(b, set()): b for b in feeds}
-    args = [torch.from_numpy(feeds[by_ident.get(p, p)]) for p in info["inputs"]]
-    with torch.no_grad():
-        out = net_(*args)
-    if not isinstance(out, dict):
-        out = {info["outputs"][0]: out}
-    return {k: v.numpy() for k, v in out.items()}
 
 
 def check_everywhere(model, feeds, refs, tmp_path, atol=0.0, rtol=0.0, opsets=(13, None)):
@@ -331,11 +297,7 @@ def test_pspnet_bn_train_mode_in_model_py_matches_caffeq(tmp_path):
     blobs = [g.uniform(0.5, 2, 3) for _ in range(4)]
     model = _bn_model(bn_text("momentum: 0.7"), blobs)
     node = next(n for n in model.layers if n.name == "b")
-    export_pytorch(model, tmp_path / "py")
-    spec = importlib.util.spec_from_file_location("psp_train", str(tmp_path / "py" / "model.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    module = mod.load().train()
+    module = load_model_py(model, tmp_path / "py")[0].train()
     got = module(torch.from_numpy(x))
     params = [torch.from_numpy(np.asarray(b, np.float32).copy()) for b in node.blobs]
     want = node.spec.forward(node.attrs, params, torch.from_numpy(x), training=True)

@@ -5,12 +5,11 @@ References are numpy re-derivations written here as loops from the forks' C++
 (tianzhi0549/CTPN's caffe, senlinuc/caffe_ocr, the CRNN ports' ContinuationIndicator); each layer
 runs in torch, in onnxruntime (the exported ONNX) and in the generated model.py.
 """
-import importlib.util
 
 import numpy as np
 import pytest
 import torch
-from conftest import assert_close
+from conftest import assert_close, backend_outputs, net, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -104,49 +103,6 @@ def lstm_ref(x, w_x, w_h, b):
     return h
 
 
-# ---- running a net: torch, onnxruntime, model.py ---------------------------------------------
-
-def net(*layers, inputs):
-    head = "".join(
-        f'layer {{ name: "{n}" type: "Input" top: "{n}" input_param {{ shape {{ '
-        + " ".join(f"dim: {d}" for d in s) + " } } }\n"
-        for n, s in inputs.items())
-    return head + "\n".join(layers)
-
-
-def rng(seed=0):
-    return np.random.default_rng(seed)
-
-
-def onnx_run(model, feeds, tmp_path):
-    ort = pytest.importorskip("onnxruntime")
-    path = tmp_path / "m.onnx"
-    model.export_onnx(str(path), optimize=False)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(None, {k: feeds[k] for k in model.inputs})))
-
-
-def model_py_run(model, feeds, tmp_path):
-    from caffeq.backends.pytorch_source import export_pytorch
-    folder = tmp_path / "py"
-    info = export_pytorch(model, folder)
-    spec = importlib.util.spec_from_file_location(f"gen_{abs(hash(str(folder)))}", str(folder / "model.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    net_ = mod.load()
-    with torch.no_grad():
-        out = net_(*[torch.from_numpy(feeds[b]) for b in info["inputs"]])
-    if not isinstance(out, dict):
-        out = {info["outputs"][0]: out}
-    return {k: v.numpy() for k, v in out.items()}
-
-
-def all_backends(model, feeds, tmp_path, top="o"):
-    return {"torch": model.run(feeds)[top], "onnx": onnx_run(model, feeds, tmp_path)[top],
-            "model.py": model_py_run(model, feeds, tmp_path)[top]}
-
-
 # ---- Reverse ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("axis", [0, 1, 2, 3])
@@ -156,7 +112,7 @@ def test_reverse_in_every_backend(axis, tmp_path):
                                f'reverse_param {{ axis: {axis} }} }}', inputs={"x": (2, 2, 4, 5)}))
     want = reverse_ref(x, axis)
     np.testing.assert_array_equal(reverse_ref_ctpn(x, axis), want)   # CTPN's and caffe_ocr's loops agree
-    for backend, v in all_backends(model, {"x": x}, tmp_path).items():
+    for backend, v in backend_outputs(model, {"x": x}, tmp_path).items():
         np.testing.assert_array_equal(v, want, err_msg=backend)
 
 
@@ -184,7 +140,7 @@ def test_transpose_in_every_backend(dims, tmp_path):
     model = load_from_text(text)
     want = transpose_ref(x, dims)
     assert model.blob_shapes["o"] == tuple((2, 2, 4, 5)[d] for d in dims)
-    for backend, v in all_backends(model, {"x": x}, tmp_path).items():
+    for backend, v in backend_outputs(model, {"x": x}, tmp_path).items():
         np.testing.assert_array_equal(v, want, err_msg=backend)
 
 
@@ -231,7 +187,7 @@ def test_continuation_indicator_in_every_backend(tmp_path):
     lstm = next(node for node in model.layers if node.name == "o")
     next(node for node in fed.layers if node.name == "o").blobs = lstm.blobs
     want = fed.run({"x": x, "cont": ref_cont})["o"]
-    for backend, v in all_backends(model, {"x": x}, tmp_path).items():
+    for backend, v in backend_outputs(model, {"x": x}, tmp_path).items():
         assert_close(v, want, 1e-5, 1e-5, f"indicator + LSTM {backend}")
 
 
@@ -262,7 +218,7 @@ def test_ctpn_lstm_in_every_backend(tmp_path):
     assert model.blob_shapes["o"] == (t, n, h)
     x = rng(6).standard_normal((t, n) + tail).astype(np.float32)
     want = lstm_ref(x, *node.blobs)
-    for backend, v in all_backends(model, {"x": x}, tmp_path).items():
+    for backend, v in backend_outputs(model, {"x": x}, tmp_path).items():
         assert v.shape == want.shape, backend
         assert_close(v, want, 1e-5, 1e-5, f"Lstm {backend}")
 
@@ -316,7 +272,7 @@ def test_ctpn_bidirectional_block_in_every_backend(tmp_path):
     fw = lstm_ref(seq, *blobs["fw"])
     bw = reverse_ref(lstm_ref(reverse_ref(seq, 0), *blobs["bw"]).astype(np.float32), 0)
     want = np.transpose(np.concatenate([fw, bw], axis=2), (1, 2, 0))
-    for backend, v in all_backends(model, {"x": x}, tmp_path).items():
+    for backend, v in backend_outputs(model, {"x": x}, tmp_path).items():
         assert_close(v, want, 1e-5, 1e-5, f"CTPN block {backend}")
 
 

@@ -4,25 +4,16 @@ quadrilateral (12 numbers per prior) and rotated-box (9) predictions.
 References are loops written here from TextBoxes++'s prior_box_layer.cpp and bbox_util.cpp
 (DecodeBBoxPolygon, DecodeBBoxRBox, GetLocPredictions), in float64 then float32.
 """
-import importlib.util
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import inputs_text, load_model_py, onnx_run_by_blob, onnx_session, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load, load_from_text
-
-
-def rng(seed):
-    return np.random.default_rng(seed)
-
-
-def inputs_text(**shapes):
-    return "".join(f'layer {{ name: "{n}" type: "Input" top: "{n}" input_param {{ shape {{ '
-                   + " ".join(f"dim: {d}" for d in s) + " } } }\n" for n, s in shapes.items())
 
 
 def has_proto_field(message, field):
@@ -81,20 +72,13 @@ def test_denser_prior_boxes_match_the_loops():
 
 @needs_denser
 def test_denser_prior_boxes_in_onnx_and_model_py(tmp_path):
-    ort = pytest.importorskip("onnxruntime")
-    from caffeq.backends.pytorch_source import export_pytorch
     model, want, _ = denser_model_and_output()
     feed = {"f": np.zeros((2, 4, 3, 5), np.float32), "img": np.zeros((2, 3, 40, 72), np.float32)}
-    model.export_onnx(str(tmp_path / "p.onnx"), optimize=False)
-    sess = ort.InferenceSession(str(tmp_path / "p.onnx"), providers=["CPUExecutionProvider"])
-    got = sess.run(None, {i.name: feed[model.graph.tensors[i.name].blob] for i in sess.get_inputs()})[0]
+    got = onnx_run_by_blob(onnx_session(model, tmp_path / "p.onnx"), model, feed)[0]
     np.testing.assert_array_equal(got, want)
-    info = export_pytorch(model, tmp_path / "o")
-    spec = importlib.util.spec_from_file_location("tbpp_priors", str(tmp_path / "o" / "model.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    net, info = load_model_py(model, tmp_path / "o")
     with torch.no_grad():
-        out = mod.load()(*[torch.from_numpy(feed[b]) for b in info["inputs"]])
+        out = net(*[torch.from_numpy(feed[b]) for b in info["inputs"]])
     assert np.array_equal(out.numpy(), want)
 
 
@@ -194,24 +178,16 @@ def test_quads_need_center_size():
 
 @pytest.mark.parametrize("per, opset", [(12, 13), (9, None)])
 def test_onnx_and_model_py_match_forward(per, opset, tmp_path):
-    ort = pytest.importorskip("onnxruntime")
-    from caffeq.backends.pytorch_source import export_pytorch
     n, P = 2, 30
     model = load_from_text(textboxes_text(n, P, per))
     x = textboxes_inputs(3, n, P, per)
     want = model.run(x)["det"]
-    path = tmp_path / "d.onnx"
-    model.export_onnx(str(path), optimize=False, opset=opset)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    got = sess.run(None, {i.name: x[model.graph.tensors[i.name].blob] for i in sess.get_inputs()})[0]
+    got = onnx_run_by_blob(onnx_session(model, tmp_path / "d.onnx", opset), model, x)[0]
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    info = export_pytorch(model, tmp_path / "o")
-    spec = importlib.util.spec_from_file_location(f"tbpp_{per}", str(tmp_path / "o" / "model.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    net, info = load_model_py(model, tmp_path / "o")
     with torch.no_grad():
-        out = mod.load()(*[torch.from_numpy(x[b]) for b in info["inputs"]])
+        out = net(*[torch.from_numpy(x[b]) for b in info["inputs"]])
     assert np.array_equal(out.numpy(), want)
 
 

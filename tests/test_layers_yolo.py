@@ -5,13 +5,12 @@ References are numpy re-derivations written here as loops from the forks' C++
 float32 where the fork stores float32.  OpenCV's darknet importer is a second opinion on Reorg.
 Every layer runs in torch, in onnxruntime (the exported ONNX) and in the generated model.py.
 """
-import importlib.util
 import itertools
 
 import numpy as np
 import pytest
 import torch
-from conftest import assert_close
+from conftest import assert_close, backend_outputs, net, onnx_outputs, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -208,49 +207,10 @@ def nms_margins(preds, nms_threshold):
 
 # ---- running a net: torch, onnxruntime, model.py ---------------------------------------------
 
-def net(*layers, inputs):
-    """A prototxt with Input layers for `inputs` ({name: shape}) and the given layer texts."""
-    head = "".join(
-        f'layer {{ name: "{n}" type: "Input" top: "{n}" input_param {{ shape {{ '
-        + " ".join(f"dim: {d}" for d in s) + " } } }\n"
-        for n, s in inputs.items())
-    return head + "\n".join(layers)
-
-
-def rng(seed=0):
-    return np.random.default_rng(seed)
-
-
-def onnx_run(model, feeds, tmp_path, opset=None):
-    ort = pytest.importorskip("onnxruntime")
-    path = tmp_path / "m.onnx"
-    model.export_onnx(str(path), optimize=False, opset=opset)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(None, {k: feeds[k] for k in model.inputs})))
-
-
-def model_py_run(model, feeds, tmp_path):
-    """The generated standalone model.py, imported and run on `feeds`."""
-    from caffeq.backends.pytorch_source import export_pytorch
-    folder = tmp_path / "py"
-    info = export_pytorch(model, folder)
-    spec = importlib.util.spec_from_file_location(f"gen_{abs(hash(str(folder)))}", str(folder / "model.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    net_ = mod.load()
-    with torch.no_grad():
-        out = net_(*[torch.from_numpy(feeds[b]) for b in info["inputs"]])
-    if not isinstance(out, dict):
-        out = {info["outputs"][0]: out}
-    return {k: v.numpy() for k, v in out.items()}
-
-
 def all_backends(text, feeds, tmp_path, top="o"):
     """{backend: the top} from torch, onnxruntime and model.py."""
     model = load_from_text(text)
-    return model, {"torch": model.run(feeds)[top], "onnx": onnx_run(model, feeds, tmp_path)[top],
-                   "model.py": model_py_run(model, feeds, tmp_path)[top]}
+    return model, backend_outputs(model, feeds, tmp_path, top)
 
 
 # ---- Reorg ------------------------------------------------------------------------------------
@@ -488,7 +448,7 @@ def test_onnx_at_opset_13(tmp_path):
     model = load_from_text(yolo_net())
     feeds = yolo_feeds(10, 3)
     ours = model.run(feeds)
-    theirs = onnx_run(model, feeds, tmp_path, opset=13)
+    theirs = onnx_outputs(model, feeds, tmp_path, opset=13)
     for top in ("g", "o", "o3"):
         assert theirs[top].shape == ours[top].shape, top
         assert_close(theirs[top], ours[top], 1e-6, 1e-6, f"opset 13 {top}")
