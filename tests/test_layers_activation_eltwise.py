@@ -7,6 +7,7 @@ from Caffe's layer sources (float64), never against caffeq itself.
 import numpy as np
 import pytest
 import torch
+from conftest import inputs_text
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -16,11 +17,7 @@ RTOL = 1e-5
 
 def net(inputs, layers):
     """Prototxt text: one Input layer per (name, shape), then the given layers."""
-    text = 'name: "t"\n'
-    for name, shape in inputs.items():
-        dims = " ".join(f"dim: {d}" for d in shape)
-        text += f'layer {{ name: "{name}" type: "Input" top: "{name}" input_param {{ shape {{ {dims} }} }} }}\n'
-    return text + layers
+    return 'name: "t"\n' + inputs_text(**inputs) + layers
 
 
 def load(inputs, layers, blobs=None):

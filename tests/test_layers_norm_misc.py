@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import inputs_text
 
 from caffeq.errors import DataError
 from caffeq.layers import LayerError
@@ -17,12 +18,7 @@ RNG = np.random.default_rng(1234)
 
 def net(inputs, layers):
     """A prototxt with one Input layer per (name, shape) and the given layer lines."""
-    lines = ['name: "t"']
-    for name, shape in inputs:
-        dims = " ".join(f"dim: {d}" for d in shape)
-        lines.append(f'layer {{ name: "{name}" type: "Input" top: "{name}" input_param {{ shape {{ {dims} }} }} }}')
-    lines += list(layers)
-    return "\n".join(lines) + "\n"
+    return 'name: "t"\n' + inputs_text(**dict(inputs)) + "\n".join(layers) + "\n"
 
 
 def build(inputs, layers, blobs=None):

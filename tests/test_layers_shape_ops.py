@@ -13,18 +13,13 @@ import torch
 from caffeq.errors import CaffeqError, ShapeError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
-from conftest import FIXTURES, Case
+from conftest import FIXTURES, Case, inputs_text
 
 RNG = np.random.default_rng(7)
 
 
-def inputs_text(shapes):
-    return "".join(f'layer {{ name: "{n}" type: "Input" top: "{n}" input_param {{ shape {{ '
-                   + " ".join(f"dim: {d}" for d in s) + " } } }\n" for n, s in shapes.items())
-
-
 def net(shapes, layers):
-    return 'name: "t"\n' + inputs_text(shapes) + layers
+    return 'name: "t"\n' + inputs_text(**shapes) + layers
 
 
 def rand(*shape):
