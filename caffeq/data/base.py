@@ -4,7 +4,9 @@ A dataset item is a tuple `(index, array or None, label, error or None)`:
 decoding problems become an error message for that one item (the evaluation
 counts and lists them) instead of an exception in a worker process.
 """
+import importlib
 import math
+import os
 
 import numpy as np
 import torch
@@ -14,6 +16,43 @@ from ..errors import CaffeqError, DataError
 from .transform import CaffeRNG, item_seed
 
 NO_LABEL = -(1 << 62)
+
+
+def optional_module(module, what):
+    """Import an optional reader package (extra `data`), or one DataError saying what needs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise DataError(f"reading {what} data needs the {module} package (pip install 'caffeq[data]')") from None
+
+
+class ProcessHandles:
+    """One open handle per database and process, opened on first use and kept open.
+
+    A forked child must open its own: `opener(path, inherited)` gets the parent's handle
+    (or None) for readers that may reuse it.
+    """
+
+    def __init__(self, opener):
+        self.opener = opener
+        self.handles = {}   # realpath -> (pid, handle)
+
+    def get(self, path):
+        key = os.path.realpath(path)
+        got = self.handles.get(key)
+        if got is not None and got[0] == os.getpid():
+            return got[1]
+        handle = self.opener(path, None if got is None else got[1])
+        self.handles[key] = (os.getpid(), handle)
+        return handle
+
+    def close(self, path=None):
+        """Close this process's handle on `path` (all of them when None)."""
+        keys = [os.path.realpath(path)] if path is not None else list(self.handles)
+        for key in keys:
+            got = self.handles.pop(key, None)
+            if got is not None and got[0] == os.getpid():
+                got[1].close()
 
 
 class StringTable:

@@ -10,17 +10,13 @@ import os
 import numpy as np
 
 from ..errors import DataError
-from .base import NO_LABEL, CaffeDataset, _limited
+from .base import NO_LABEL, CaffeDataset, _limited, optional_module
 
 H5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 
 
 def _h5py():
-    try:
-        import h5py
-    except ImportError:
-        raise DataError("reading HDF5 data needs the h5py package (pip install 'caffeq[data]')") from None
-    return h5py
+    return optional_module("h5py", "HDF5")
 
 
 def looks_like_h5_list(path):

@@ -7,8 +7,8 @@ process: `single_process` tells the evaluation to use no worker processes.
 import os
 
 from ..errors import DataError
-from .base import StringTable
-from .lmdb_source import LmdbDataset, decode_datum, parse_datum
+from .base import ProcessHandles, optional_module
+from .lmdb_source import LmdbDataset, record_shape
 
 
 def is_leveldb(path):
@@ -17,16 +17,8 @@ def is_leveldb(path):
         n.endswith((".ldb", ".log", ".sst")) for n in os.listdir(path))
 
 
-def _plyvel():
-    try:
-        import plyvel
-    except ImportError:
-        raise DataError("reading LevelDB data needs the plyvel package (pip install 'caffeq[data]')") from None
-    return plyvel
-
-
 def open_leveldb(path):
-    plyvel = _plyvel()
+    plyvel = optional_module("plyvel", "LevelDB")
     if not os.path.isdir(path):
         raise DataError(f"{path}: no such LevelDB database")
     try:
@@ -37,41 +29,20 @@ def open_leveldb(path):
         raise DataError(f"{path}: cannot open the LevelDB database: {e}{hint}") from None
 
 
-_DBS = {}   # realpath -> (pid, db)
-
-
-def shared_db(path):
-    """This process's handle on the database at `path` (opened on first use, kept open)."""
-    key = os.path.realpath(path)
-    got = _DBS.get(key)
-    if got is not None and got[0] == os.getpid():
-        return got[1]
-    db = open_leveldb(path)
-    _DBS[key] = (os.getpid(), db)
-    return db
-
-
-def close_db(path=None):
-    """Close this process's handle(s), releasing LevelDB's lock."""
-    keys = [os.path.realpath(path)] if path is not None else list(_DBS)
-    for key in keys:
-        got = _DBS.pop(key, None)
-        if got is not None and got[0] == os.getpid():
-            got[1].close()
+# This process's handle on each database (opened on first use, kept open); close_db releases
+# LevelDB's lock.
+_DBS = ProcessHandles(lambda path, _inherited: open_leveldb(path))
+shared_db = _DBS.get
+close_db = _DBS.close
 
 
 def first_datum_shape(path):
     """C x H x W of the first record, as Caffe's Data layer reads it to shape its top."""
-    db = shared_db(path)
-    with db.iterator() as it:
+    with shared_db(path).iterator() as it:
         first = next(it, None)
     if first is None:
         raise DataError(f"{path}: the LevelDB database is empty")
-    d = parse_datum(first[1], f"{path}: first record")
-    if d.encoded:
-        img, _ = decode_datum(d, f"{path}: first record", dtype=None)
-        return img.shape
-    return (d.channels, d.height, d.width)
+    return record_shape(first[1], f"{path}: first record")
 
 
 def scan_keys(path, limit=None):
@@ -90,13 +61,7 @@ class LeveldbDataset(LmdbDataset):
 
     kind = "leveldb"
     single_process = True
-
-    def __init__(self, path, preprocess=None, limit=None, force_color=False, force_gray=False, resize=None):
-        super(LmdbDataset, self).__init__(preprocess, limit)
-        self.path = os.fspath(path)
-        self.keys = StringTable(scan_keys(self.path, limit))
-        self.is_color = True if force_color else (False if force_gray else None)
-        self.resize = resize
+    scan_keys = staticmethod(scan_keys)
 
     def close(self):
         close_db(self.path)

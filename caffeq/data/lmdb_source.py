@@ -5,14 +5,11 @@ import numpy as np
 
 from ..errors import DataError
 from ..io.schema import caffe_pb2
-from .base import CaffeDataset, StringTable
+from .base import CaffeDataset, ProcessHandles, StringTable, optional_module
 
 
 def open_lmdb(path):
-    try:
-        import lmdb
-    except ImportError:
-        raise DataError("reading LMDB data needs the lmdb package (pip install 'caffeq[data]')") from None
+    lmdb = optional_module("lmdb", "LMDB")
     if not os.path.exists(path):
         raise DataError(f"{path}: no such LMDB database")
     try:
@@ -22,36 +19,22 @@ def open_lmdb(path):
         raise DataError(f"{path}: not an LMDB database: {e}") from None
 
 
-# One environment per database and process: py-lmdb refuses a second open of a path in one
-# process, and a forked child inherits its parent's "open" mark.
-_ENVS = {}   # realpath -> (pid, env)
-
-
-def shared_env(path):
-    """The process's environment for `path` (opened on first use, kept open)."""
-    key = os.path.realpath(path)
-    got = _ENVS.get(key)
-    if got is not None and got[0] == os.getpid():
-        return got[1]
+def _open_env(path, inherited):
     try:
-        env = open_lmdb(path)
+        return open_lmdb(path)
     except DataError as e:
-        if got is None or "already open" not in str(e):
+        if inherited is None or "already open" not in str(e):
             raise
         # forked from a process that still holds it: read-only and lock-free, the inherited
         # map stays valid for reading
-        env = got[1]
-    _ENVS[key] = (os.getpid(), env)
-    return env
+        return inherited
 
 
-def close_env(path=None):
-    """Close this process's environment(s) (before forking worker processes)."""
-    keys = [os.path.realpath(path)] if path is not None else list(_ENVS)
-    for key in keys:
-        got = _ENVS.pop(key, None)
-        if got is not None and got[0] == os.getpid():
-            got[1].close()
+# One environment per database and process: py-lmdb refuses a second open of a path in one
+# process, and a forked child inherits its parent's "open" mark.
+_ENVS = ProcessHandles(_open_env)
+shared_env = _ENVS.get
+close_env = _ENVS.close     # before forking worker processes
 
 
 def parse_datum(raw, where="datum"):
@@ -95,9 +78,14 @@ def first_datum_shape(path):
         cur = txn.cursor()
         if not cur.first():
             raise DataError(f"{path}: the LMDB database is empty")
-        d = parse_datum(cur.value(), f"{path}: first record")
+        return record_shape(cur.value(), f"{path}: first record")
+
+
+def record_shape(raw, where):
+    """C x H x W of a stored Datum, as Caffe's Data layer reads its first record to shape its top."""
+    d = parse_datum(raw, where)
     if d.encoded:
-        img, _ = decode_datum(d, f"{path}: first record", dtype=None)
+        img, _ = decode_datum(d, where, dtype=None)
         return img.shape
     return (d.channels, d.height, d.width)
 
@@ -121,11 +109,12 @@ class LmdbDataset(CaffeDataset):
     """
 
     kind = "lmdb"
+    scan_keys = staticmethod(scan_keys)
 
     def __init__(self, path, preprocess=None, limit=None, force_color=False, force_gray=False, resize=None):
         super().__init__(preprocess, limit)
         self.path = os.fspath(path)
-        self.keys = StringTable(scan_keys(self.path, limit))
+        self.keys = StringTable(self.scan_keys(self.path, limit))
         self.is_color = True if force_color else (False if force_gray else None)
         self.resize = resize
 
