@@ -372,18 +372,17 @@ class Unpooling(Layer):
         if a["method"] == UNPOOL_MAX:
             mask = node.inputs[1] if a["mask"] else None
             if mask is None:   # the fixed grid of unpool_grid, broadcast to x's shape
-                rows = np.minimum(np.arange(h) * s[0], oh - 1)
-                cols = np.minimum(np.arange(w) * s[1], ow - 1)
-                grid = (rows[:, None] * ow + cols[None, :]).astype(np.float32).reshape(1, 1, h, w)
+                grid = np.ascontiguousarray(unpool_grid(torch.zeros(1, 1, h, w), list(s), oh, ow).numpy())
                 shape = ctx.add_node("Shape", [x], [ctx.tmp(node.name + "_shape")])[0]
                 mask = ctx.add_node("Expand", [ctx.const(grid, node.name + "_grid"), shape],
                                     [ctx.tmp(node.name + "_grid_x")])[0]
             onnx_unpool(ctx, node.name, x, mask, out, oh, ow)
             return
         if a["method"] == UNPOOL_AVE:
-            ah = np.maximum(np.minimum(np.arange(h) * s[0] + k[0], oh) - np.arange(h) * s[0], 1)
-            aw = np.maximum(np.minimum(np.arange(w) * s[1] + k[1], ow) - np.arange(w) * s[1], 1)
-            area = (ah[:, None] * aw[None, :]).astype(np.float32)
+            cpu = torch.device("cpu")
+            ah = unpool_window_area(h, k[0], s[0], oh, cpu)
+            aw = unpool_window_area(w, k[1], s[1], ow, cpu)
+            area = (ah[:, None] * aw[None, :]).numpy().astype(np.float32)
             x = ctx.add_node("Div", [x, ctx.const(area, node.name + "_area")], [ctx.tmp(node.name + "_avg")],
                              name=node.name)[0]
         ones = np.ones((c, 1, k[0], k[1]), np.float32)

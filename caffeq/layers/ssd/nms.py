@@ -21,6 +21,14 @@ def jaccard_overlaps(a, b, size_a, size_b):
     return torch.where(inter > 0, inter / union, torch.zeros_like(inter))
 
 
+def overlaps_with_later(b, sizes, full, j: int):
+    """IoU of candidate j with each candidate after it: a row of the whole matrix `full` where it
+    was computed, else computed on the spot."""
+    if full is not None:
+        return full[j, j + 1:]
+    return jaccard_overlaps(b[j:j + 1], b[j + 1:], sizes[j:j + 1], sizes[j + 1:])[0]
+
+
 def ssd_nms(boxes, scores, score_threshold: float, nms_threshold: float, eta: float = 1.0,
             top_k: int = -1):
     """SSD's ApplyNMSFast for one class: boxes (P, 4), scores (P,) -> the indices kept, best first.
@@ -51,10 +59,7 @@ def ssd_nms(boxes, scores, score_threshold: float, nms_threshold: float, eta: fl
                 continue
             kept.append(picked[j])
             if j + 1 < k:
-                if full is not None:
-                    row = full[j, j + 1:]
-                else:
-                    row = jaccard_overlaps(b[j:j + 1], b[j + 1:], sizes[j:j + 1], sizes[j + 1:])[0]
+                row = overlaps_with_later(b, sizes, full, j)
                 for i in torch.nonzero(row > thr).flatten().tolist():
                     struck[j + 1 + i] = True
         return kept
@@ -66,14 +71,10 @@ def ssd_nms(boxes, scores, score_threshold: float, nms_threshold: float, eta: fl
             continue
         kept.append(picked[j])
         if j + 1 < k:
-            if full is not None:
-                row = full[j, j + 1:]
-            else:
-                row = jaccard_overlaps(b[j:j + 1], b[j + 1:], sizes[j:j + 1], sizes[j + 1:])[0]
-            worst[j + 1:] = torch.maximum(worst[j + 1:], row)
+            worst[j + 1:] = torch.maximum(worst[j + 1:], overlaps_with_later(b, sizes, full, j))
         if thr > 0.5:
             thr = thr * torch.tensor(eta, dtype=f32)
     return kept
 
 
-TORCH_SSD_NMS = "\n\n\n".join(inspect.getsource(f) for f in (box_sizes, jaccard_overlaps, ssd_nms))
+TORCH_SSD_NMS = "\n\n\n".join(inspect.getsource(f) for f in (box_sizes, jaccard_overlaps, overlaps_with_later, ssd_nms))
