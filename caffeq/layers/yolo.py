@@ -307,8 +307,60 @@ def _threshold(p, field, name):
 
 
 class _YoloDetection(Layer):
+    """What both forks' detection outputs share: the counts and thresholds they read, the row bound,
+    candidates per bottom pooled into one NMS (yolo_detection_rows)."""
+
     #: the row count is known only after a run; infer gives the most rows the layer can write
     data_dependent_shape = True
+    #: the torch candidate decoder (source copied into model.py)
+    torch_candidates = None
+
+    @staticmethod
+    def counts_and_thresholds(p, f):
+        a = {"num_classes": int(p.num_classes), "num_box": int(p.num_box),
+             "confidence_threshold": _threshold(p, f, "confidence_threshold"),
+             "nms_threshold": _threshold(p, f, "nms_threshold")}
+        if a["num_classes"] < 1 or a["num_box"] < 1:
+            raise LayerError(f"{f}.num_classes and num_box must be >= 1, got {a['num_classes']}, {a['num_box']}")
+        return a
+
+    def check_bottom(self, attrs, shape):
+        """Raise LayerError where one bottom (N, C, H, W) does not fit the parameters."""
+
+    def rows_per_cell(self, attrs):
+        raise NotImplementedError
+
+    def infer(self, attrs, in_shapes):
+        name = self.types[0]
+        rows = 0
+        for s in in_shapes:
+            _four_axes(s, name)
+            self.check_bottom(attrs, s)
+            n, _, h, w = s
+            if n != in_shapes[0][0]:
+                raise LayerError(f"{name}'s bottoms disagree on the batch: {n} vs {in_shapes[0][0]}")
+            rows += n * h * w * self.rows_per_cell(attrs)
+        return [(1, 1, max(rows, in_shapes[0][0]), 7)]
+
+    def candidates(self, attrs, x, t):
+        raise NotImplementedError
+
+    def forward(self, attrs, params, *xs):
+        parts = [self.candidates(attrs, x, t) for t, x in enumerate(xs)]
+        return yolo_detection_rows(parts, xs[0].shape[0], attrs["nms_threshold"])
+
+    def candidate_args(self, a, t, emit):
+        """The model.py arguments of torch_candidates between the bottom and the threshold."""
+        raise NotImplementedError
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        fn = emit.helper(self.torch_candidates)
+        rows = emit.helper(TORCH_YOLO_ROWS)
+        emit.note(f"{node.name} ({self.types[0]}): the number of rows depends on the data")
+        parts = ", ".join(f"{fn}({x}, {self.candidate_args(a, t, emit)}, {emit.lit(a['confidence_threshold'])})"
+                          for t, x in enumerate(emit.inputs))
+        return f"{rows}([{parts}], {emit.inputs[0]}.shape[0], {emit.lit(a['nms_threshold'])})"
 
     def onnx(self, ctx, node):
         _emit_yolo_detection(ctx, node, self)
@@ -316,60 +368,43 @@ class _YoloDetection(Layer):
 
 @register_layer("YoloDetectionOutput")
 class YoloDetectionOutput(_YoloDetection):
+    torch_candidates = inspect.getsource(yolo_v2_candidates)
+
     def parse(self, lp):
         need_bottoms(lp, 1, 2)
         f = "yolo_detection_output_param"
         p = lp.yolo_detection_output_param
         if not p.HasField("num_classes"):
             raise LayerError(f"{f}.num_classes is required")
-        a = {"num_classes": int(p.num_classes), "num_box": int(p.num_box),
-             "confidence_threshold": _threshold(p, f, "confidence_threshold"),
-             "nms_threshold": _threshold(p, f, "nms_threshold")}
-        if a["num_classes"] < 1 or a["num_box"] < 1:
-            raise LayerError(f"{f}.num_classes and num_box must be >= 1, got {a['num_classes']}, {a['num_box']}")
+        a = self.counts_and_thresholds(p, f)
         a["biases"] = _biases(p, f, 2 * a["num_box"])
         return a
 
-    def infer(self, attrs, in_shapes):
+    def check_bottom(self, attrs, shape):
         nb, k = attrs["num_box"], attrs["num_classes"]
-        rows = 0
-        for s in in_shapes:
-            _four_axes(s, "YoloDetectionOutput")
-            n, c, h, w = s
-            if h != w:
-                raise LayerError(f"YoloDetectionOutput needs square maps (the fork walks side x side with "
-                                 f"side = width), got {h}x{w}")
-            if c % nb or c // nb < 5 + k:
-                raise LayerError(f"YoloDetectionOutput: channels {c} must be num_box {nb} x (at least 5 + "
-                                 f"num_classes {k}) values")
-            if n != in_shapes[0][0]:
-                raise LayerError(f"YoloDetectionOutput's bottoms disagree on the batch: {n} vs {in_shapes[0][0]}")
-            rows += n * h * w * nb
-        return [(1, 1, max(rows, in_shapes[0][0]), 7)]
+        _, c, h, w = shape
+        if h != w:
+            raise LayerError(f"YoloDetectionOutput needs square maps (the fork walks side x side with "
+                             f"side = width), got {h}x{w}")
+        if c % nb or c // nb < 5 + k:
+            raise LayerError(f"YoloDetectionOutput: channels {c} must be num_box {nb} x (at least 5 + "
+                             f"num_classes {k}) values")
 
-    def candidates(self, attrs, x):
+    def rows_per_cell(self, attrs):
+        return attrs["num_box"]
+
+    def candidates(self, attrs, x, t):
         return yolo_v2_candidates(x, attrs["biases"], attrs["num_box"], attrs["num_classes"],
                                   attrs["confidence_threshold"])
 
-    def forward(self, attrs, params, *xs):
-        parts = [self.candidates(attrs, x) for x in xs]
-        return yolo_detection_rows(parts, xs[0].shape[0], attrs["nms_threshold"])
-
-    def pytorch_source(self, node, emit):
-        a = node.attrs
-        fn = emit.helper(TORCH_YOLO_V2)
-        rows = emit.helper(TORCH_YOLO_ROWS)
-        emit.note(f"{node.name} (YoloDetectionOutput): the number of rows depends on the data")
-        parts = ", ".join(f"{fn}({x}, {emit.lit(a['biases'])}, {a['num_box']}, {a['num_classes']}, "
-                          f"{emit.lit(a['confidence_threshold'])})" for x in emit.inputs)
-        return f"{rows}([{parts}], {emit.inputs[0]}.shape[0], {emit.lit(a['nms_threshold'])})"
-
-
-TORCH_YOLO_V2 = inspect.getsource(yolo_v2_candidates)
+    def candidate_args(self, a, t, emit):
+        return f"{emit.lit(a['biases'])}, {a['num_box']}, {a['num_classes']}"
 
 
 @register_layer("Yolov3DetectionOutput")
 class Yolov3DetectionOutput(_YoloDetection):
+    torch_candidates = inspect.getsource(yolo_v3_candidates)
+
     def parse(self, lp):
         f = "yolov3_detection_output_param"
         p = lp.yolov3_detection_output_param
@@ -385,11 +420,7 @@ class Yolov3DetectionOutput(_YoloDetection):
             raise LayerError(f"{f}.mask_group_num must be >= 1, got {groups}")
         if len(lp.bottom) != groups:
             raise LayerError(f"{f}.mask_group_num {groups} must equal the number of bottoms, {len(lp.bottom)}")
-        a = {"num_classes": int(p.num_classes), "num_box": int(p.num_box),
-             "confidence_threshold": _threshold(p, f, "confidence_threshold"),
-             "nms_threshold": _threshold(p, f, "nms_threshold")}
-        if a["num_classes"] < 1 or a["num_box"] < 1:
-            raise LayerError(f"{f}.num_classes and num_box must be >= 1, got {a['num_classes']}, {a['num_box']}")
+        a = self.counts_and_thresholds(p, f)
         mask = [int(m) for m in p.mask]
         per_group = len(mask) // groups
         # box n of bottom t uses mask[n + t * per_group]
@@ -405,40 +436,23 @@ class Yolov3DetectionOutput(_YoloDetection):
         a["scales"] = scales[:groups]
         return a
 
-    def infer(self, attrs, in_shapes):
+    def check_bottom(self, attrs, shape):
         nb, k = attrs["num_box"], attrs["num_classes"]
-        rows = 0
-        for s in in_shapes:
-            _four_axes(s, "Yolov3DetectionOutput")
-            n, c, h, w = s
-            if c != nb * (5 + k):
-                raise LayerError(f"Yolov3DetectionOutput: channels {c} must be num_box x (5 + num_classes) = "
-                                 f"{nb} x {5 + k}")
-            if n != in_shapes[0][0]:
-                raise LayerError(f"Yolov3DetectionOutput's bottoms disagree on the batch: {n} vs {in_shapes[0][0]}")
-            rows += n * h * w * nb * k
-        return [(1, 1, max(rows, in_shapes[0][0]), 7)]
+        c = shape[1]
+        if c != nb * (5 + k):
+            raise LayerError(f"Yolov3DetectionOutput: channels {c} must be num_box x (5 + num_classes) = "
+                             f"{nb} x {5 + k}")
+
+    def rows_per_cell(self, attrs):
+        return attrs["num_box"] * attrs["num_classes"]
 
     def candidates(self, attrs, x, t):
         return yolo_v3_candidates(x, attrs["biases"], attrs["anchor_ids"][t], attrs["scales"][t],
                                   attrs["num_box"], attrs["num_classes"], attrs["confidence_threshold"])
 
-    def forward(self, attrs, params, *xs):
-        parts = [self.candidates(attrs, x, t) for t, x in enumerate(xs)]
-        return yolo_detection_rows(parts, xs[0].shape[0], attrs["nms_threshold"])
-
-    def pytorch_source(self, node, emit):
-        a = node.attrs
-        fn = emit.helper(TORCH_YOLO_V3)
-        rows = emit.helper(TORCH_YOLO_ROWS)
-        emit.note(f"{node.name} (Yolov3DetectionOutput): the number of rows depends on the data")
-        parts = ", ".join(f"{fn}({x}, {emit.lit(a['biases'])}, {emit.lit(a['anchor_ids'][t])}, "
-                          f"{a['scales'][t]}, {a['num_box']}, {a['num_classes']}, "
-                          f"{emit.lit(a['confidence_threshold'])})" for t, x in enumerate(emit.inputs))
-        return f"{rows}([{parts}], {emit.inputs[0]}.shape[0], {emit.lit(a['nms_threshold'])})"
-
-
-TORCH_YOLO_V3 = inspect.getsource(yolo_v3_candidates)
+    def candidate_args(self, a, t, emit):
+        return (f"{emit.lit(a['biases'])}, {emit.lit(a['anchor_ids'][t])}, {a['scales'][t]}, {a['num_box']}, "
+                f"{a['num_classes']}")
 
 
 # ---- detection as ONNX ops -----------------------------------------------------------------
