@@ -272,16 +272,30 @@ def _ignore_labels(model, label_blob):
     return values
 
 
-def _module(model, outputs, device, dtype=None):
-    """The fx module with exactly `outputs` ({blob: tensor}), in eval mode."""
-    gm = model.to_torch(device=device, dtype=dtype, all_blobs=True)
+def _module(model, outputs, device, dtype=None, exact=False, compile=False):
+    """The fx module with exactly `outputs` ({blob: tensor}), in eval mode.
+
+    The optimized module (BatchNorm/Scale folded, identities removed, channels_last) unless
+    exact=True or folding removed one of `outputs`; compile=True adds torch.compile (freezing).
+    """
+    gm = None
+    if not exact:
+        gm = model.to_torch(device=device, dtype=dtype, all_blobs=True, optimize=True)
+        values = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        if any(k not in values for k in outputs):
+            gm = None      # a folded layer's blob is wanted: the exact module has it
+    if gm is None:
+        gm = model.to_torch(device=device, dtype=dtype, all_blobs=True)
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     values = out_node.args[0]
     out_node.args = ({k: values[k] for k in outputs},)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     gm.output_names = list(outputs)
-    return gm.eval()
+    gm.eval()
+    if compile:
+        return torch.compile(gm, options={"freezing": True})
+    return gm
 
 
 def model_size_bytes(model):
@@ -433,7 +447,8 @@ def _batch_stats(acc, out, score, metric_names, labels, labeled, ref, n):
             acc.max_abs = torch.maximum(acc.max_abs, d.max())
         a, b = s.reshape(n, -1).double(), r.reshape(n, -1).double()
         parts[COS] = torch.nn.functional.cosine_similarity(a, b, dim=1, eps=1e-12).sum()
-    layer_vals = [out[m].double().reshape(()) * n for m in metric_names]
+    # a target that cannot compute a metric layer (static int8 runs the inference graph) adds 0
+    layer_vals = [out[m].double().reshape(()) * n if m in out else parts.new_zeros(()) for m in metric_names]
     acc.sums[:NSLOTS] += parts
     if layer_vals:
         acc.sums[NSLOTS:] += torch.stack(layer_vals)
@@ -445,7 +460,7 @@ def _batch_stats(acc, out, score, metric_names, labels, labeled, ref, n):
 def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=None, device="auto",
              workers=0, limit=None, strict=False, transform=None, resize=None, channel_order=None,
              kind=None, output=None, keep=None, progress=False, distributed=None, phase="TEST",
-             ignore_unknown=False):
+             ignore_unknown=False, exact=False, compile=False, calibrate=None, calibrate_images=256):
     """Evaluate a model (path or caffeq.Model) on a dataset -> a dict (see `--json` of `caffeq eval`).
 
     targets: "fp32" and/or quantization targets ("fp16", "int8", "binary"); fp32 always runs
@@ -457,6 +472,11 @@ def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=No
     workers: DataLoader worker processes; limit: evaluate only the first N items.
     strict: a corrupt or unreadable item raises DataError (otherwise it is counted and listed).
     distributed: None (automatic under torchrun), True or False.
+    exact: run the layer-by-layer module in Caffe's order of operations instead of the optimized
+        one (BatchNorm/Scale folded, channels_last; equal within 1e-5 relative).
+    compile: torch.compile the modules with weight freezing (long evaluations).
+    calibrate: with target "int8", a data source (or .npy/.npz of inputs) to calibrate activation
+        scales on: int8 becomes static int8 (a QDQ ONNX run by onnxruntime's int8 kernels).
     """
     started = time.perf_counter()
     names = _targets(targets)
@@ -470,8 +490,10 @@ def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=No
     dev = _device(device)
     dist_env = _Dist(distributed, dev)
     try:
+        modes = {"exact": exact, "compile": compile, "calibrate": calibrate,
+                 "calibrate_images": calibrate_images}
         return _evaluate(base, plan, dataset, names, dev, dist_env, workers=int(workers), strict=strict,
-                         output=output, keep=keep, progress=progress, started=started)
+                         output=output, keep=keep, progress=progress, started=started, modes=modes)
     finally:
         dist_env.close()
 
@@ -539,7 +561,8 @@ class Runner:
     batches preloaded, to time the model side alone.
     """
 
-    def __init__(self, base, plan, names, device, keep=None, output=None, has_labels=True):
+    def __init__(self, base, plan, names, device, keep=None, output=None, has_labels=True, exact=False,
+                 compile=False, calibrate=None, calibrate_images=256):
         from .quant import compute_dtype, quantize
         if plan.label_blob is not None and plan.label_blob not in base.inputs:
             plan.label_blob = None            # a data layer whose label top nothing reads
@@ -555,14 +578,23 @@ class Runner:
         self.ignore = _ignore_labels(base, plan.label_blob)
         self.models, self.modules, self.notes = {}, {}, list(plan.notes)
         wanted = [self.score] + [m for m in self.metric_names if m != self.score]
+        self.missing_metrics = {}      # target -> metric blobs it cannot compute
         for t in self.names:
+            if t == "int8" and calibrate is not None:
+                from .quant.static_int8 import eval_module
+                m, mod, missing, notes = eval_module(base, plan, wanted, calibrate, calibrate_images,
+                                                     keep=keep)
+                self.models[t], self.modules[t] = m, (mod, None)
+                self.missing_metrics[t] = missing
+                self.notes.extend(f"{t}: {n}" for n in notes)
+                continue
             m = base if t == "fp32" else quantize(base, t, keep=keep)
             if t != "fp32":
                 rep = getattr(m, "quant_report", None)
                 self.notes.extend(f"{t}: {n}" for n in getattr(rep, "notes", []) or [])
             self.models[t] = m
             dtype = compute_dtype(t, device)
-            self.modules[t] = (_module(m, wanted, device, dtype), dtype)
+            self.modules[t] = (_module(m, wanted, device, dtype, exact=exact, compile=compile), dtype)
         t = plan.transformer
         self.normalizer = Normalizer(t.mean_for(_raw_shape(plan, self.expected)), t.scale)
         self.on_device = device.type == "cuda"
@@ -632,8 +664,10 @@ class Runner:
             _collect_events(self.events, self.accs)
 
 
-def _evaluate(base, plan, dataset, names, dev, dist_env, workers, strict, output, keep, progress, started):
-    runner = Runner(base, plan, names, dev, keep=keep, output=output, has_labels=dataset.has_labels)
+def _evaluate(base, plan, dataset, names, dev, dist_env, workers, strict, output, keep, progress, started,
+              modes=None):
+    runner = Runner(base, plan, names, dev, keep=keep, output=output, has_labels=dataset.has_labels,
+                    **(modes or {}))
     sampler = StridedSampler(len(dataset), dist_env.rank, dist_env.world_size)
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=plan.batch_size, sampler=sampler, num_workers=workers,
@@ -736,7 +770,9 @@ def _report(runner, dist_env, dataset, bad, bad_count, oor, oor_count, wall, sta
             r["top1"] = _frac(s[TOP1], s[LABELED])
             r["top5"] = _frac(s[TOP5], s[LABELED])
         if metric_names:
-            r["layers"] = {m: _frac(s[NSLOTS + j], n) for j, m in enumerate(metric_names)}
+            missing = runner.missing_metrics.get(t, ())
+            r["layers"] = {m: None if m in missing else _frac(s[NSLOTS + j], n)
+                           for j, m in enumerate(metric_names)}
         if t != "fp32":
             r["agreement_top1"] = _frac(s[AGREE], s[POS])
             r["mean_abs_diff"] = _frac(s[ABS], s[ELEMS])

@@ -152,10 +152,36 @@ def check_inputs(model, arrays):
                             f"{['N'] + list(want[1:])}")
 
 
-def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dtype=None, module=None):
+def _weights_fingerprint(model):
+    """Identity of every node and weight array: a cached module is stale once any is replaced."""
+    return tuple((id(n), tuple(id(b) for b in (n.blobs or ()))) for n in model.graph.nodes)
+
+
+def cached_module(model, device="cpu", dtype=None, all_blobs=False, exact=False, compile=False):
+    """The module `Model.run` uses, built once per set of options and kept on the model.
+
+    Optimized (folded, channels_last) unless every blob is asked for or exact=True.
+    """
+    optimize = not (all_blobs or exact)
+    dev = resolve_device(device)
+    key = (str(dev), dtype, bool(all_blobs), optimize, bool(compile))
+    fingerprint = _weights_fingerprint(model)
+    hit = model.__dict__.get("_run_cache")
+    if hit is not None and hit[0] == key and hit[1] == fingerprint:
+        return hit[2]
+    model.__dict__.pop("_run_cache", None)   # one module at a time: free the old weights first
+    gm = to_torch(model, device=dev, dtype=dtype, all_blobs=all_blobs, optimize=optimize, compile=compile)
+    model.__dict__["_run_cache"] = (key, fingerprint, gm)
+    return gm
+
+
+def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dtype=None, module=None,
+              exact=False, compile=False):
     arrays = _as_input_dict(model, inputs)
     check_inputs(model, arrays)
-    gm = module if module is not None else to_torch(model, device=device, dtype=dtype, all_blobs=all_blobs).eval()
+    gm = module if module is not None else cached_module(model, device=device, dtype=dtype,
+                                                         all_blobs=all_blobs, exact=exact, compile=compile)
+    channels_last = module is None and not (all_blobs or exact)
     dev = next((p.device for p in gm.parameters()), resolve_device(device))
     tdtype = dtype or torch.float32
     n = next(iter(arrays.values())).shape[0] if arrays else 1
@@ -169,10 +195,13 @@ def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dty
             feed = [torch.from_numpy(np.ascontiguousarray(arrays[k][start:start + step] if batch_size
                                                           else arrays[k], dtype=np.float32))
                     .to(dev, tdtype) for k in arrays]
+            if channels_last:
+                # the optimized module's weights are channels_last: feed its layout, no reorder
+                feed = [t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in feed]
             out = gm(*feed)
             if not isinstance(out, dict):
                 out = {gm.output_names[0]: out}
-            chunks.append({k: v.float().cpu().numpy() for k, v in out.items()})
+            chunks.append({k: v.float().contiguous().cpu().numpy() for k, v in out.items()})
     if len(chunks) == 1:
         return chunks[0]
     merged = {}

@@ -33,6 +33,16 @@ def add_parser(sub):
     p.add_argument("--output", metavar="BLOB", help="the blob holding the class scores (default: what the "
                                                      "Accuracy layer reads, else the net's output)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--exact", action="store_true",
+                   help="run the layer-by-layer module in Caffe's order of operations (default: the "
+                        "optimized one, BatchNorm/Scale folded, equal within 1e-5 relative)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile with weight freezing (long evaluations; compiling takes a while)")
+    p.add_argument("--calibrate", metavar="SRC", default=None,
+                   help="with --to int8: static int8 (activations too), scales calibrated on SRC (a data "
+                        "source or .npy/.npz of inputs), run by onnxruntime's int8 kernels")
+    p.add_argument("--calibrate-images", type=int, default=256, metavar="N",
+                   help="images of --calibrate to use (default 256)")
     g = p.add_argument_group("preprocessing (override the data layer's transform_param)")
     g.add_argument("--mean-file", metavar="MEAN.binaryproto", help="per-pixel mean (Caffe binaryproto)")
     g.add_argument("--mean-value", metavar="V[,V,...]", help="one mean, or one per channel (net order)")
@@ -74,7 +84,8 @@ def run(args):
                       ignore_unknown=args.ignore_unknown, targets=args.to, batch_size=args.batch_size or args.batch, device=args.device,
                       workers=workers, limit=args.limit, strict=args.strict, transform=transform,
                       resize=args.resize, channel_order=args.channel_order, output=args.output, keep=keep,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, exact=args.exact, compile=args.compile,
+                      calibrate=args.calibrate, calibrate_images=args.calibrate_images)
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return 0      # under torchrun, rank 0 reports
     for w in result["warnings"]:

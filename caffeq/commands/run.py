@@ -20,6 +20,10 @@ def add_parser(sub):
     p.add_argument("--batch-size", type=int, default=None, help="run in chunks of this many items")
     p.add_argument("--all-blobs", action="store_true",
                    help="save every blob (a blob rewritten in place: its final value, as Caffe shows it)")
+    p.add_argument("--exact", action="store_true",
+                   help="run layer by layer in Caffe's order of operations (default: BatchNorm/Scale "
+                        "folded, channels_last; equal within 1e-5 relative). --all-blobs implies it")
+    p.add_argument("--compile", action="store_true", help="torch.compile with weight freezing (large inputs)")
     p.add_argument("--to", default="fp32", choices=["fp32", "fp16", "int8", "binary"],
                    help="quantize weights first (fp16 computes in fp16 on CUDA, fp32 on CPU)")
     p.add_argument("--keep", default=None, help="with --to binary: layers kept fp32 (none or NAME,...)")
@@ -55,7 +59,7 @@ def run(args):
         if resolve_device(args.device).type == "cuda":
             dtype = torch.float16
     outputs = model.run(inputs, device=args.device, all_blobs=args.all_blobs, batch_size=args.batch_size,
-                        dtype=dtype)
+                        dtype=dtype, exact=args.exact, compile=args.compile)
     with atomic_output(args.output, inputs=(args.model, args.input, getattr(args, "weights", None))) as f:
         np.savez(f, **outputs)
     print(f"wrote {args.output}: " + ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items()),
