@@ -300,6 +300,8 @@ def _module(model, outputs, device, dtype=None, exact=False, compile=False):
 
 def model_size_bytes(model):
     """Bytes of the weights at their storage precision (shared blobs counted once)."""
+    if hasattr(model, "size_bytes"):
+        return model.size_bytes          # static int8: the file onnxruntime runs
     total = 0
     for node in model.graph.nodes:
         if not node.blobs:

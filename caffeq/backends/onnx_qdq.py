@@ -6,7 +6,10 @@ for calibration and for writing the QuantizeLinear/DequantizeLinear graph with i
 optimizer fuses each DequantizeLinear -> Conv -> QuantizeLinear group into one QLinearConv
 (likewise Gemm/MatMul, Add, pooling), so the arithmetic runs on int8 kernels.
 """
+import contextlib
+import io
 import json
+import logging
 import os
 import tempfile
 
@@ -88,36 +91,61 @@ class ArrayReader:
         self.start, self.end, self.pos = 0, self.n, 0
 
 
+@contextlib.contextmanager
+def _quiet():
+    """onnxruntime's quantization tools print progress and log advice; caffeq reports itself."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        root.setLevel(level)
+
+
+def _methods(q):
+    return {"minmax": q.CalibrationMethod.MinMax, "percentile": q.CalibrationMethod.Percentile,
+            "entropy": q.CalibrationMethod.Entropy}
+
+
 def calibrate_ranges(fp32_path, arrays, method, cache_path, batch=8):
     """Activation ranges of `method` ("minmax", "percentile", "entropy") on `arrays`, saved to
     cache_path (onnxruntime's JSON calibration cache) for write_qdq."""
     _, q = require_onnxruntime()
     from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
-    methods = {"minmax": q.CalibrationMethod.MinMax, "percentile": q.CalibrationMethod.Percentile,
-               "entropy": q.CalibrationMethod.Entropy}
-    # bounded memory: min/max reduced every few batches instead of keeping every activation
+    methods = _methods(q)
     extra = {"symmetric": False, "percentile": 99.999}
-    if method == "minmax":
-        extra["max_intermediate_outputs"] = 4
-    with tempfile.TemporaryDirectory(prefix="caffeq-calib-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="caffeq-calib-") as tmp, _quiet():
         calibrator = create_calibrator(fp32_path, list(QUANTIZED_OPS),
                                        augmented_model_path=os.path.join(tmp, "augmented.onnx"),
                                        calibrate_method=methods[method], extra_options=extra)
-        calibrator.collect_data(ArrayReader(arrays, batch))
+        # a few batches per call: each call reduces what it saw (min/max merged, histograms added),
+        # so memory stays bounded by `chunk` batches of every activation
+        reader = ArrayReader(arrays, batch)
+        chunk = 4 * reader.batch
+        for start in range(0, reader.n, chunk):
+            reader.set_range(start, start + chunk)
+            calibrator.collect_data(reader)
         ranges = calibrator.compute_data()
         del calibrator
     save_tensors_data(ranges, cache_path)
 
 
-def write_qdq(fp32_path, out_path, cache_path, exclude=(), reduce_range=False):
+def write_qdq(fp32_path, out_path, cache_path, method, exclude=(), reduce_range=False):
     """The QDQ int8 file: per-channel symmetric int8 weights, per-tensor uint8 activations with the
     ranges in cache_path; nodes in `exclude` stay float."""
     _, q = require_onnxruntime()
+    with _quiet():
+        _quantize_static(q, fp32_path, out_path, cache_path, method, exclude, reduce_range)
+
+
+def _quantize_static(q, fp32_path, out_path, cache_path, method, exclude, reduce_range):
     q.quantize_static(
         fp32_path, out_path, None, quant_format=q.QuantFormat.QDQ, per_channel=True,
         reduce_range=reduce_range, activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8,
         op_types_to_quantize=list(QUANTIZED_OPS), nodes_to_exclude=list(exclude) or None,
-        calibration_cache_path=cache_path,
+        calibration_cache_path=cache_path, calibrate_method=_methods(q)[method],
         extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
 
 
