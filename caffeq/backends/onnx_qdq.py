@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -162,7 +163,8 @@ def kernel_ops(path, feed, threads=1):
     for e in events:
         args = e.get("args") or {}
         if e.get("cat") == "Node" and "op_name" in args and e.get("name", "").endswith("_kernel_time"):
-            ops[e["name"][:-len("_kernel_time")]] = args["op_name"]
+            # layout transforms rename fused nodes "conv1_token_2": keep the layer's name
+            ops[re.sub(r"_token_\d+$", "", e["name"][:-len("_kernel_time")])] = args["op_name"]
     return ops
 
 

@@ -25,6 +25,8 @@ compact container; the format follows -o's extension (default:
           networks, as in XNOR-Net); the first and last weighted layers stay
           fp32 unless --keep none.  Biases, BatchNorm, Scale, PReLU stay fp32.
   int8    weight-only, symmetric, per output channel (scale = max|W_c| / 127).
+          With --calibrate SRC: static int8, activations too (per-tensor scales
+          calibrated on SRC), a QDQ .onnx that onnxruntime runs on int8 kernels.
   fp16    every blob rounded to fp16, BatchNorm folded in fp32 first.  caffeq
           computes fp16 models in fp32 with fp16-rounded weights on CPU and in
           fp16 on CUDA.
@@ -80,6 +82,8 @@ def add_parser(sub):
     p.add_argument("--exact-batchnorm", action="store_true",
                    help="pytorch: BatchNorm keeps Caffe's op order (bit-identical to caffeq) instead of "
                         "plain nn.BatchNorm2d (equal up to float32 rounding)")
+    from .calibration import add_arguments as add_calibration_arguments
+    add_calibration_arguments(p)
     return p
 
 
@@ -191,6 +195,9 @@ def run(args):
     model = load(model_path, weights, phase=args.phase, ignore_unknown=args.ignore_unknown)
     for w in model.warnings:
         print(f"caffeq: warning: {w}", file=sys.stderr)
+    if getattr(args, "calibrate", None) is not None:
+        from .calibration import run_static_int8
+        return run_static_int8(args, model, model_path, weights, lines, keep, only)
 
     stored = sorted(set((getattr(model, "quantization", {}) or {}).values()))
     target = args.to or (stored[0] if len(stored) == 1 else "fp32")

@@ -58,12 +58,13 @@ def _read_arrays(path, model):
 
 
 def calibration_inputs(model, source, images=DEFAULT_IMAGES, plan=None, transform=None, resize=None,
-                       channel_order=None):
+                       channel_order=None, notes=None):
     """{input blob: float32 array of up to `images` items} to calibrate on.
 
     source: an .npy/.npz of preprocessed inputs, or any data source `eval` reads (LMDB, image
     list, image folder), preprocessed by the net's data layer or the given transform options
-    (or `plan`, an evaluation's DataPlan, whose preprocessing is reused).
+    (or `plan`, an evaluation's DataPlan, whose preprocessing is reused).  notes: a list that
+    receives remarks on the preprocessing (e.g. none given for a deploy net).
     """
     import dataclasses
 
@@ -87,6 +88,8 @@ def calibration_inputs(model, source, images=DEFAULT_IMAGES, plan=None, transfor
     else:
         plan = dataclasses.replace(plan, source=source, kind=detect_kind(source),
                                    roots=[os.getcwd(), model._base_dir()])
+    if notes is not None:
+        notes.extend(plan.notes)
     others = [n for n in model.inputs if n not in (plan.data_blob, plan.label_blob)]
     if plan.data_blob not in model.inputs or others:
         raise DataError(f"--calibrate {source}: the net's inputs {list(model.inputs)} are not one image blob "
