@@ -12,7 +12,7 @@ from caffeq.evaluate import evaluate
 
 pytest.importorskip("onnxruntime")
 
-from caffeq.backends.onnx_qdq import kernel_ops, session  # noqa: E402
+from caffeq.backends.onnx_qdq import kernel_ops, session
 
 REPO = Path(__file__).resolve().parents[1]
 DIGITS = REPO / "examples" / "digits"
@@ -83,9 +83,10 @@ def test_convolutions_run_on_int8_kernels(int8_file):
     import onnx
     g = onnx.load(str(path)).graph
     inits = {i.name: i for i in g.initializer}
-    w = [n for n in g.node if n.op_type == "DequantizeLinear" and n.input[0].startswith("conv2.weight")][0]
-    assert inits[w.input[0]].data_type == onnx.TensorProto.INT8
-    assert list(inits[w.input[1]].dims) == [list(inits[w.input[0]].dims)[0]]   # one scale per output channel
+    w = next(n for n in g.node if n.op_type == "DequantizeLinear" and n.input[0].startswith("conv2.weight"))
+    codes, scale = inits[w.input[0]], inits[w.input[1]]
+    assert codes.data_type == onnx.TensorProto.INT8
+    assert list(scale.dims) == [codes.dims[0]]   # one scale per output channel
 
 
 def test_int8_outputs_agree_with_fp32(int8_file):

@@ -30,7 +30,7 @@ def require_onnxruntime():
     """onnxruntime and its quantization package, or one clear error saying how to get them."""
     try:
         import onnxruntime
-        import onnxruntime.quantization as quantization
+        from onnxruntime import quantization
     except ImportError:
         raise QuantizeError("static int8 (--calibrate) needs onnxruntime: pip install 'caffeq[verify]' "
                             "(or pip install onnxruntime)") from None
@@ -209,5 +209,5 @@ def add_outputs(path, names):
     return added
 
 
-__all__ = ["ArrayReader", "INTEGER_KERNELS", "OrtModule", "QUANTIZED_OPS", "add_outputs", "calibrate_ranges",
+__all__ = ["INTEGER_KERNELS", "QUANTIZED_OPS", "ArrayReader", "OrtModule", "add_outputs", "calibrate_ranges",
            "kernel_ops", "require_onnxruntime", "session", "write_qdq"]

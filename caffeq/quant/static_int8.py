@@ -251,8 +251,8 @@ def static_int8(model, out_path, arrays, keep=None, only=None, methods=METHODS, 
 
 def format_summary(info):
     """Lines describing a static_int8 result for the command line."""
-    lines = [f"static int8: activations calibrated on {info['images']} item(s); method {info['method']} "
-             f"chosen by top-1 agreement with fp32, then relative error:"]
+    lines = [(f"static int8: activations calibrated on {info['images']} item(s); method {info['method']} "
+              f"chosen by top-1 agreement with fp32, then relative error:")]
     for m, c in info["candidates"].items():
         mark = "*" if m == info["method"] else " "
         sp = f", {c['speedup']:.2f}x fp32's speed there" if c.get("speedup") else ""
@@ -278,8 +278,8 @@ def eval_module(base, plan, wanted, calibrate, images=DEFAULT_IMAGES, keep=None)
     shutil.rmtree(folder, ignore_errors=True)    # the session holds the model
     missing = [w for w in wanted if w not in module.output_names]
     model = _SizedModel(base, info)
-    notes = [f"static, activations calibrated on {info['images']} item(s) of {calibrate} ({info['method']}); "
-             f"run by onnxruntime ({len(info['integer_kernels'])} int8 kernels)"]
+    notes = [(f"static, activations calibrated on {info['images']} item(s) of {calibrate} ({info['method']}); "
+              f"run by onnxruntime ({len(info['integer_kernels'])} int8 kernels)")]
     if missing:
         notes.append(f"no {', '.join(missing)} (training-only layers are not in the ONNX graph)")
     return model, module, missing, notes
