@@ -193,6 +193,32 @@ class OrtModule:
         return self
 
 
+def sums_to_adds(path):
+    """Rewrite every n-input Sum (Eltwise SUM without coefficients) as a chain of 2-input Adds, in
+    place: onnxruntime's quantizer and kernels have QLinearAdd but no int8 Sum, and a float Sum
+    between int8 convolutions costs a dequantize and a quantize of both full tensors."""
+    import onnx
+    m = onnx.load(path)
+    nodes = []
+    changed = 0
+    for n in m.graph.node:
+        if n.op_type != "Sum" or len(n.input) < 2:
+            nodes.append(n)
+            continue
+        changed += 1
+        acc = n.input[0]
+        for k, term in enumerate(n.input[1:], 1):
+            last = k == len(n.input) - 1
+            out = n.output[0] if last else f"{n.output[0]}/add{k}"
+            nodes.append(onnx.helper.make_node("Add", [acc, term], [out], name=n.name if last else f"{n.name}/add{k}"))
+            acc = out
+    if changed:
+        del m.graph.node[:]
+        m.graph.node.extend(nodes)
+        onnx.save(m, path)
+    return changed
+
+
 def add_outputs(path, names):
     """Make the tensors `names` graph outputs of the ONNX file at path (in place), when they exist."""
     import onnx
@@ -210,4 +236,4 @@ def add_outputs(path, names):
 
 
 __all__ = ["INTEGER_KERNELS", "QUANTIZED_OPS", "ArrayReader", "OrtModule", "add_outputs", "calibrate_ranges",
-           "kernel_ops", "require_onnxruntime", "session", "write_qdq"]
+           "kernel_ops", "require_onnxruntime", "session", "sums_to_adds", "write_qdq"]

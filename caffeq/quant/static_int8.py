@@ -196,6 +196,7 @@ def static_int8(model, out_path, arrays, keep=None, only=None, methods=METHODS, 
         calibrate_ranges,
         kernel_ops,
         require_onnxruntime,
+        sums_to_adds,
         write_qdq,
     )
     from ..commands.common import atomic_path
@@ -215,6 +216,7 @@ def static_int8(model, out_path, arrays, keep=None, only=None, methods=METHODS, 
         fp32 = os.path.join(tmp, "fp32.onnx")
         stats = export_onnx(model, fp32, opset=opset, batch="dynamic", optimize=True)
         add_outputs(fp32, outputs)
+        sums_to_adds(fp32)
         import onnx
         names = [o.name for o in onnx.load(fp32, load_external_data=False).graph.output]
         feed = {k: v for k, v in arrays.items() if k in set(stats["inputs"])}
@@ -227,9 +229,15 @@ def static_int8(model, out_path, arrays, keep=None, only=None, methods=METHODS, 
         for method in methods:
             t0 = time.perf_counter()
             cache = os.path.join(tmp, f"{method}.json")
-            calibrate_ranges(fp32, feed, method, cache)
             qpath = os.path.join(tmp, f"{method}.onnx")
-            write_qdq(fp32, qpath, cache, method, exclude=exclude)
+            try:
+                calibrate_ranges(fp32, feed, method, cache)
+                write_qdq(fp32, qpath, cache, method, exclude=exclude)
+            except (AssertionError, ValueError, ArithmeticError) as e:
+                # onnxruntime's tools reject some ranges (e.g. a histogram method on a constant
+                # tensor): that method is out, the others still compete
+                candidates[method] = {"error": f"{type(e).__name__}: {e}".strip()}
+                continue
             got, int8_s = _outputs(qpath, feed, names, threads=threads)
             rows = agreement(ref, got)
             candidates[method] = {"outputs": rows, "agreement_top1": _score(rows)[0],
@@ -237,6 +245,9 @@ def static_int8(model, out_path, arrays, keep=None, only=None, methods=METHODS, 
                                   "speedup": fp32_s / int8_s if int8_s > 0 else None}
             if best is None or _score(rows) > _score(candidates[best]["outputs"]):
                 best = method
+        if best is None:
+            errors = "; ".join(f"{m}: {c['error']}" for m, c in candidates.items())
+            raise QuantizeError(f"static int8: no calibration method gave usable ranges ({errors})")
         chosen = os.path.join(tmp, f"{best}.onnx")
         probe = {k: v[:1] for k, v in feed.items()}
         ops = kernel_ops(chosen, probe)
@@ -254,6 +265,9 @@ def format_summary(info):
     lines = [(f"static int8: activations calibrated on {info['images']} item(s); method {info['method']} "
               f"chosen by top-1 agreement with fp32, then relative error:")]
     for m, c in info["candidates"].items():
+        if "error" in c:
+            lines.append(f"   {m:<10} failed: {c['error']}")
+            continue
         mark = "*" if m == info["method"] else " "
         sp = f", {c['speedup']:.2f}x fp32's speed there" if c.get("speedup") else ""
         lines.append(f" {mark} {m:<10} agreement {100 * c['agreement_top1']:.2f}%, relative error "
