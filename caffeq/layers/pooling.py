@@ -86,8 +86,9 @@ def caffe_pool(x, attrs):
     if attrs["pool"] == MAX:
         xp = F.pad(x, pads, value=float("-inf")) if any(pads) else x
         # Caffe starts every window at -FLT_MAX: a window with no cell (stride > kernel,
-        # ceil rounding) keeps that value, and -inf never wins
-        y = F.max_pool2d(xp, k, s).clamp_min(-FLT_MAX)
+        # ceil rounding) keeps that value, and -inf never wins; fp16 has no -FLT_MAX: its lowest
+        floor = -FLT_MAX if x.dtype in (torch.float32, torch.float64) else torch.finfo(x.dtype).min
+        y = F.max_pool2d(xp, k, s).clamp_min(floor)
     elif attrs["pool"] == AVE:
         xp = F.pad(x, pads) if any(pads) else x
         y = F.avg_pool2d(xp, k, s, divisor_override=1)
