@@ -122,11 +122,15 @@ def calibrate_ranges(fp32_path, arrays, method, cache_path, batch=8):
                                        augmented_model_path=os.path.join(tmp, "augmented.onnx"),
                                        calibrate_method=methods[method], extra_options=extra)
         # a few batches per call: each call reduces what it saw (min/max merged, histograms added),
-        # so memory stays bounded by `chunk` batches of every activation
+        # so memory stays bounded by `chunk` batches of every activation.  The histogram methods
+        # stack a call's batches, so a short last batch gets a call of its own.
         reader = ArrayReader(arrays, batch)
-        chunk = 4 * reader.batch
-        for start in range(0, reader.n, chunk):
-            reader.set_range(start, start + chunk)
+        full = reader.n - reader.n % reader.batch
+        bounds = [(s, min(s + 4 * reader.batch, full)) for s in range(0, full, 4 * reader.batch)]
+        if full < reader.n:
+            bounds.append((full, reader.n))
+        for start, stop in bounds:
+            reader.set_range(start, stop)
             calibrator.collect_data(reader)
         ranges = calibrator.compute_data()
         del calibrator

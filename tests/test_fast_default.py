@@ -1,0 +1,78 @@
+"""The optimized module is the default of Model.run, run and eval; exact=True / --exact and
+all_blobs give the layer-by-layer one."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import caffeq
+from caffeq.evaluate import evaluate
+
+REPO = Path(__file__).resolve().parents[1]
+DIGITS = REPO / "examples" / "digits"
+
+
+def _digits():
+    return caffeq.load(DIGITS / "deploy.prototxt", DIGITS / "model.caffemodel")
+
+
+def _inputs(n=7):
+    return np.random.default_rng(1).uniform(-0.5, 0.5, (n, 1, 16, 16)).astype(np.float32)
+
+
+def test_default_is_folded_and_exact_is_caffes_order():
+    model = _digits()
+    x = _inputs()
+    fast = model.run(x)["prob"]
+    gm = model._run_cache[2]
+    kinds = {m.caffe_type for m in gm.modules() if hasattr(m, "caffe_type")}
+    assert "BatchNorm" not in kinds and "Scale" not in kinds          # folded into the convolutions
+    assert gm.conv1.blob_tensors()[0].is_contiguous(memory_format=torch.channels_last)
+    exact = model.run(x, exact=True)["prob"]
+    with torch.inference_mode():
+        plain = model.to_torch()(torch.from_numpy(x)).numpy()
+    np.testing.assert_array_equal(exact, plain)                        # exact: the plain module
+    np.testing.assert_allclose(fast, exact, rtol=1e-5, atol=1e-6)
+    every = model.run(x, all_blobs=True)                               # every blob: exact too
+    assert set(every) == set(model.blob_shapes)
+    np.testing.assert_array_equal(every["prob"], exact)
+
+
+def test_module_is_built_once_and_follows_new_weights():
+    model = _digits()
+    x = _inputs(3)
+    a = model.run(x)["prob"]
+    first = model._run_cache[2]
+    model.run(x)
+    assert model._run_cache[2] is first                                # reused
+    ip2 = next(n for n in model.graph.nodes if n.name == "ip2")
+    ip2.blobs = [ip2.blobs[0], np.asarray(ip2.blobs[1]) + np.arange(10, dtype=np.float32)]
+    b = model.run(x)["prob"]
+    assert model._run_cache[2] is not first                            # new weights, new module
+    assert not np.allclose(a, b)
+    model.clear_cache()
+    assert "_run_cache" not in model.__dict__
+
+
+def test_run_cli_exact_and_default(tmp_path):
+    x = _inputs(5)
+    np.save(tmp_path / "x.npy", x)
+    model = _digits()
+    for flags, want in (([], model.run(x)["prob"]), (["--exact"], model.run(x, exact=True)["prob"])):
+        out = tmp_path / "y.npz"
+        res = subprocess.run([sys.executable, str(REPO / "cli.py"), "run", DIGITS / "deploy.prototxt", "--weights",
+                              DIGITS / "model.caffemodel", "-i", tmp_path / "x.npy", "-o", out, *flags],
+                             capture_output=True, text=True, timeout=300, check=False)
+        assert res.returncode == 0, res.stderr
+        with np.load(out) as z:
+            np.testing.assert_array_equal(z["prob"], want)
+
+
+def test_eval_default_and_exact_give_caffes_numbers():
+    kw = {"weights": str(DIGITS / "model.caffemodel"), "limit": 200, "batch_size": 50}
+    fast = evaluate(str(DIGITS / "train_val.prototxt"), **kw)["results"]["fp32"]
+    exact = evaluate(str(DIGITS / "train_val.prototxt"), exact=True, **kw)["results"]["fp32"]
+    assert fast["top1"] == exact["top1"]
+    assert abs(fast["layers"]["loss"] - exact["layers"]["loss"]) <= 1e-5 * abs(exact["layers"]["loss"])
