@@ -482,6 +482,8 @@ def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=No
     """
     started = time.perf_counter()
     names = _targets(targets)
+    if calibrate is not None and "int8" not in names:
+        raise DataError("--calibrate calibrates static int8; add int8 to the targets (--to ...,int8)")
     if limit is not None and int(limit) < 0:
         raise DataError(f"--limit must be >= 0, got {limit}")
     if workers is None or int(workers) < 0:

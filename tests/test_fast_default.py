@@ -76,3 +76,34 @@ def test_eval_default_and_exact_give_caffes_numbers():
     exact = evaluate(str(DIGITS / "train_val.prototxt"), exact=True, **kw)["results"]["fp32"]
     assert fast["top1"] == exact["top1"]
     assert abs(fast["layers"]["loss"] - exact["layers"]["loss"]) <= 1e-5 * abs(exact["layers"]["loss"])
+
+
+def test_in_place_reuse_never_overwrites_a_blob_read_elsewhere():
+    """The optimized module writes ReLU / Eltwise SUM results into their input only when nothing
+    else reads it: here the convolution's output also feeds a Concat and a second Eltwise."""
+    text = """
+    name: "shared"
+    input: "data" input_shape { dim: 2 dim: 3 dim: 5 dim: 4 }
+    layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+            convolution_param { num_output: 4 kernel_size: 1 } }
+    layer { name: "conv2" type: "Convolution" bottom: "data" top: "conv2"
+            convolution_param { num_output: 4 kernel_size: 1 } }
+    layer { name: "relu" type: "ReLU" bottom: "conv" top: "r" }
+    layer { name: "sum" type: "Eltwise" bottom: "conv2" bottom: "conv" top: "s" }
+    layer { name: "relu2" type: "ReLU" bottom: "s" top: "s" }
+    layer { name: "cat" type: "Concat" bottom: "conv" bottom: "r" bottom: "s" bottom: "conv2" top: "out" }
+    """
+    from caffeq.model import load_from_text
+    model = load_from_text(text, random_weights=True, seed=3)
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 4)).astype(np.float32)
+    fast = model.run(x)["out"]
+    gm = model._run_cache[2]
+    in_place = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert in_place == [torch.relu_]                  # only relu2, on the Eltwise's own output
+    w1, b1 = (np.asarray(b, np.float64) for b in model.params["conv"])
+    w2, b2 = (np.asarray(b, np.float64) for b in model.params["conv2"])
+    xd = x.astype(np.float64)
+    conv = np.einsum("oc,nchw->nohw", w1[:, :, 0, 0], xd) + b1[None, :, None, None]
+    conv2 = np.einsum("oc,nchw->nohw", w2[:, :, 0, 0], xd) + b2[None, :, None, None]
+    want = np.concatenate([conv, np.maximum(conv, 0), np.maximum(conv2 + conv, 0), conv2], axis=1)
+    np.testing.assert_allclose(fast, want, rtol=1e-5, atol=1e-5)

@@ -191,7 +191,8 @@ class OrtModule:
         feed = {name: t.detach().float().cpu().numpy() for name, t in zip(self.input_names, tensors)
                 if name in self.onnx_inputs}
         out = self.sess.run(self.output_names, feed)
-        return {k: self._torch.from_numpy(np.asarray(v)) for k, v in zip(self.output_names, out)}
+        dev = tensors[0].device if tensors else "cpu"     # back where the other targets' outputs live
+        return {k: self._torch.from_numpy(np.asarray(v)).to(dev) for k, v in zip(self.output_names, out)}
 
     def eval(self):
         return self

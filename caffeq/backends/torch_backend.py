@@ -101,6 +101,50 @@ def build_module(model, all_blobs=False):
     return gm
 
 
+# layers whose output is a tensor of its own (not a view of an input): a later layer may overwrite it
+_FRESH_OUTPUT = ("Convolution", "ConvolutionDepthwise", "DepthwiseConvolution", "Deconvolution", "InnerProduct",
+                 "Scale", "Pooling")
+
+
+def _sole_reader(gm, src, node):
+    """True when `src` is a fresh tensor that only `node` reads (so node may write into it)."""
+    if not isinstance(src, fx.Node) or list(src.users) != [node]:
+        return False
+    if src.op == "call_function":
+        return src.target in (torch.relu_, torch.Tensor.add_)   # already writes into a fresh tensor
+    if src.op != "call_module":
+        return False
+    mod = gm.get_submodule(src.target)
+    if getattr(mod, "caffe_type", None) == "Eltwise":
+        return len(src.args) >= 2          # one input: Eltwise returns that input itself
+    return getattr(mod, "caffe_type", None) in _FRESH_OUTPUT
+
+
+def reuse_buffers(gm):
+    """Inference only: ReLU and two-input Eltwise SUM write into their first input when nothing
+    else reads it.  The arithmetic is the same; each large new tensor would cost an allocation
+    whose pages fault on first touch, a sizeable part of a CPU forward."""
+    changed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module":
+            continue
+        mod = gm.get_submodule(node.target)
+        kind = getattr(mod, "caffe_type", None)
+        if kind == "ReLU" and mod.attrs.get("negative_slope", 0) == 0 and len(node.args) == 1 and \
+                _sole_reader(gm, node.args[0], node):
+            node.op, node.target = "call_function", torch.relu_
+            changed += 1
+        elif kind == "Eltwise" and mod.attrs.get("operation") == 1 and len(node.args) == 2 and \
+                all(c == 1 for c in mod.attrs.get("coeff", (1, 1))) and node.args[1] is not node.args[0] and \
+                _sole_reader(gm, node.args[0], node):
+            node.op, node.target = "call_function", torch.Tensor.add_
+            changed += 1
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return changed
+
+
 def resolve_device(device):
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -124,6 +168,7 @@ def to_torch(model, device="cpu", dtype=None, all_blobs=False, optimize=False, c
         gm.to(dtype)
     if optimize:
         gm.to(memory_format=torch.channels_last)
+        reuse_buffers(gm)
     gm.eval()
     if compile:
         # inductor with freezing prepacks convolution weights once (eager oneDNN
