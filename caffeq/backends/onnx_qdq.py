@@ -37,10 +37,14 @@ def require_onnxruntime():
     return onnxruntime, quantization
 
 
-def session(path, threads=None, profile_prefix=None):
-    """An onnxruntime CPU session with every graph optimization (the QDQ fusions) enabled."""
+def session(path, threads=None, profile_prefix=None, spin=True):
+    """An onnxruntime CPU session with every graph optimization (the QDQ fusions) enabled.
+
+    spin=False: idle pool threads sleep instead of spinning (shared, oversubscribed machines)."""
     ort, _ = require_onnxruntime()
     opts = ort.SessionOptions()
+    if not spin:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
     if threads:

@@ -269,9 +269,8 @@ def format_summary(info):
             lines.append(f"   {m:<10} failed: {c['error']}")
             continue
         mark = "*" if m == info["method"] else " "
-        sp = f", {c['speedup']:.2f}x fp32's speed there" if c.get("speedup") else ""
         lines.append(f" {mark} {m:<10} agreement {100 * c['agreement_top1']:.2f}%, relative error "
-                     f"{c['rel_error']:.4g}{sp}")
+                     f"{c['rel_error']:.4g}")
     convs = [n for n, op in info["kernels"].items() if op in ("QLinearConv", "ConvInteger")]
     lines.append(f"onnxruntime runs {len(info['integer_kernels'])} int8 kernel(s) ({len(convs)} convolutions as "
                  f"QLinearConv/ConvInteger)")
