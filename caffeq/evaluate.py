@@ -292,6 +292,12 @@ def _module(model, outputs, device, dtype=None, exact=False, compile=False):
     gm.graph.eliminate_dead_code()
     gm.recompile()
     gm.output_names = list(outputs)
+    if not exact:
+        # now that only `outputs` leave the module: in-place ReLU/SUM, packed CPU convolutions
+        from .backends.torch_backend import prepack_convolutions, reuse_buffers
+        reuse_buffers(gm)
+        if not compile:
+            prepack_convolutions(gm)
     gm.eval()
     if compile:
         return torch.compile(gm, options={"freezing": True})

@@ -29,7 +29,12 @@ def test_default_is_folded_and_exact_is_caffes_order():
     gm = model._run_cache[2]
     kinds = {m.caffe_type for m in gm.modules() if hasattr(m, "caffe_type")}
     assert "BatchNorm" not in kinds and "Scale" not in kinds          # folded into the convolutions
-    assert gm.conv1.blob_tensors()[0].is_contiguous(memory_format=torch.channels_last)
+    if torch.backends.mkldnn.is_available():
+        from caffeq.backends.torch_backend import PackedConv2d
+        assert isinstance(gm.conv1, PackedConv2d) and gm.conv1.relu     # packed once, ReLU fused
+        assert not hasattr(gm, "relu1")
+    else:
+        assert gm.conv1.blob_tensors()[0].is_contiguous(memory_format=torch.channels_last)
     exact = model.run(x, exact=True)["prob"]
     with torch.inference_mode():
         plain = model.to_torch()(torch.from_numpy(x)).numpy()
@@ -100,6 +105,7 @@ def test_in_place_reuse_never_overwrites_a_blob_read_elsewhere():
     gm = model._run_cache[2]
     in_place = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert in_place == [torch.relu_]                  # only relu2, on the Eltwise's own output
+    assert hasattr(gm, "relu")                        # conv's ReLU is neither in place nor fused
     w1, b1 = (np.asarray(b, np.float64) for b in model.params["conv"])
     w2, b2 = (np.asarray(b, np.float64) for b in model.params["conv2"])
     xd = x.astype(np.float64)

@@ -66,6 +66,7 @@ def build_module(model, all_blobs=False):
         ident = identifier(graph.tensors[ssa].blob, taken)
         values[ssa] = g.placeholder(ident)
     modules = {}
+    in_shapes = {}      # submodule -> the shape of its single input (Caffe's, at the model's batch)
     for node in graph.nodes:
         if node.spec.is_data:
             continue
@@ -79,6 +80,7 @@ def build_module(model, all_blobs=False):
         mod = CaffeLayer(node, node.blobs, shared)
         attr = identifier(node.name, taken)
         root.add_module(attr, mod)
+        in_shapes[attr] = graph.tensors[node.inputs[0]].shape if len(node.inputs) == 1 else None
         modules[node.name] = mod
         call = g.call_module(attr, tuple(values[i] for i in node.inputs))
         if len(node.outputs) == 1:
@@ -98,6 +100,7 @@ def build_module(model, all_blobs=False):
     gm.input_names = [graph.tensors[s].blob for s in graph.inputs]
     gm.output_names = [b for b, _ in wanted]
     gm.input_shapes = {graph.tensors[s].blob: graph.tensors[s].shape for s in graph.inputs}
+    gm.layer_input_shapes = in_shapes
     return gm
 
 
@@ -142,7 +145,73 @@ def reuse_buffers(gm):
     if changed:
         gm.graph.lint()
         gm.recompile()
+        gm.delete_all_unused_submodules()
     return changed
+
+
+class PackedConv2d(nn.Module):
+    """A 2-D Caffe Convolution whose weight oneDNN reordered once (eager torch reorders it on every
+    call), optionally with the ReLU after it fused.  CPU, float32, inference only; the same
+    arithmetic as F.conv2d up to oneDNN's choice of algorithm."""
+
+    def __init__(self, weight, bias, stride, padding, dilation, groups, input_shape, relu=False):
+        super().__init__()
+        self.stride, self.padding, self.dilation, self.groups = list(stride), list(padding), list(dilation), groups
+        self.packed = torch._C._nn.mkldnn_reorder_conv2d_weight(
+            weight.detach().contiguous().to_mkldnn(), self.padding, self.stride, self.dilation, groups,
+            list(input_shape))
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.relu = relu
+
+    def forward(self, x):
+        return torch.ops.mkldnn._convolution_pointwise(x, self.packed, self.bias, self.padding, self.stride,
+                                                       self.dilation, self.groups,
+                                                       "relu" if self.relu else "none", [], "")
+
+
+def _packable(mod, shape):
+    a = mod.attrs
+    return (mod.caffe_type == "Convolution" and a.get("_axis") == 1 and len(a.get("kernel", ())) == 2 and
+            shape is not None and len(shape) == 4 and mod.blob_tensors()[0].dtype == torch.float32 and
+            mod.blob_tensors()[0].device.type == "cpu")
+
+
+def prepack_convolutions(gm):
+    """CPU inference: 2-D convolutions get oneDNN-packed weights (PackedConv2d), and a ReLU that
+    alone reads a convolution's output is fused into it.  Returns the number packed."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise")):
+        return 0
+    shapes = getattr(gm, "layer_input_shapes", {})
+    packed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module":
+            continue
+        mod = gm.get_submodule(node.target)
+        if getattr(mod, "caffe_type", None) != "Convolution":
+            continue
+        shape = shapes.get(node.target)
+        if not _packable(mod, shape):
+            continue
+        a = mod.attrs
+        blobs = mod.blob_tensors()
+        users = list(node.users)
+        fuse = (len(users) == 1 and users[0].op == "call_function" and users[0].target is torch.relu_)
+        try:
+            new = PackedConv2d(blobs[0], blobs[1] if a.get("bias_term") else None, a["stride"], a["pad"],
+                               a["dilation"], a["group"], shape, relu=fuse)
+        except RuntimeError:
+            continue     # this build's oneDNN cannot pack it: the layer stays as it was
+        setattr(gm, node.target, new)
+        packed += 1
+        if fuse:
+            relu = users[0]
+            relu.replace_all_uses_with(node)
+            gm.graph.erase_node(relu)
+    if packed:
+        gm.graph.lint()
+        gm.recompile()
+        gm.delete_all_unused_submodules()
+    return packed
 
 
 def resolve_device(device):
@@ -169,6 +238,8 @@ def to_torch(model, device="cpu", dtype=None, all_blobs=False, optimize=False, c
     if optimize:
         gm.to(memory_format=torch.channels_last)
         reuse_buffers(gm)
+        if not compile and not all_blobs and next((p.device.type for p in gm.parameters()), "cpu") == "cpu":
+            prepack_convolutions(gm)
     gm.eval()
     if compile:
         # inductor with freezing prepacks convolution weights once (eager oneDNN
