@@ -138,8 +138,12 @@ def reuse_buffers(gm):
             node.op, node.target = "call_function", torch.relu_
             changed += 1
         elif kind == "Eltwise" and mod.attrs.get("operation") == 1 and len(node.args) == 2 and \
-                all(c == 1 for c in mod.attrs.get("coeff", (1, 1))) and node.args[1] is not node.args[0] and \
-                _sole_reader(gm, node.args[0], node):
+                all(c == 1 for c in mod.attrs.get("coeff", (1, 1))) and node.args[1] is not node.args[0]:
+            a, b = node.args
+            if not _sole_reader(gm, a, node):
+                if not _sole_reader(gm, b, node):
+                    continue
+                node.args = (b, a)          # a + b == b + a exactly: write into the one only it reads
             node.op, node.target = "call_function", torch.Tensor.add_
             changed += 1
     if changed:
