@@ -60,7 +60,8 @@ def model_only(proto, weights, data, device, batch_size, workers, n):
     import caffeq
     from caffeq.backends.torch_backend import resolve_device
     from caffeq.data import worker_init
-    from caffeq.evaluate import Runner, build_dataset, plan_data
+    from caffeq.data.plan import build_dataset, plan_data
+    from caffeq.evaluate import Runner
     dev = resolve_device(device)
     model = caffeq.load(proto, weights)
     plan = plan_data(None, model.inputs, os.getcwd(), data, batch_size=batch_size, transform=TRANSFORM)

@@ -14,216 +14,32 @@ single-process numbers.
 import math
 import os
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from .data import (
-    Collate,
-    DataTransformer,
-    Normalizer,
-    Preprocess,
-    StridedSampler,
-    detect_kind,
-    open_dataset,
-    worker_init,
-)
+from .data import Collate, Normalizer, StridedSampler, worker_init
+from .data.plan import as_input_layer, build_dataset, data_layer, phase_data_layer, plan_data
 from .errors import DataError
+from .eval_metrics import (  # noqa: F401  (format_table: evaluate's result as a table, kept importable here)
+    ABS,
+    AGREE,
+    COS,
+    ELEMS,
+    LABELED,
+    NSLOTS,
+    POS,
+    TOP1,
+    TOP5,
+    N,
+    Sums,
+    add_batch,
+    format_table,
+    fraction,
+)
 
-TRANSFORM_KEYS = ("scale", "mean_file", "mean_value", "crop_size", "mirror", "force_color", "force_gray")
 MAX_LISTED_ERRORS = 1000
 PROBE_ITEMS = 16
-EVAL_DATA_LAYERS = ("Data", "ImageData", "HDF5Data")   # the data layers eval reads itself
-
-
-# ---- what to read --------------------------------------------------------------------------------
-
-@dataclass
-class DataPlan:
-    source: str
-    kind: str
-    batch_size: int
-    transformer: DataTransformer
-    data_blob: str
-    label_blob: str = None
-    layer: str = None               # the data layer it came from
-    image: dict = field(default_factory=dict)   # root_folder, new_height, new_width, is_color
-    resize: tuple = None
-    channel_order: str = "BGR"
-    roots: list = field(default_factory=list)   # where relative image paths are looked up
-    notes: list = field(default_factory=list)
-
-
-@dataclass
-class LayerInfo:
-    """A TEST-phase Data/ImageData layer: from a loaded graph node or straight from the prototxt."""
-    type: str
-    name: str
-    tops: list
-    attrs: dict
-
-
-def data_layer(model):
-    """The net's (TEST-phase) Data, ImageData or HDF5Data layer as a LayerInfo, or None for a deploy net."""
-    for node in model.graph.nodes:
-        if node.spec.is_data and node.type in EVAL_DATA_LAYERS:
-            return LayerInfo(node.type, node.name, list(node.tops), node.attrs)
-    return None
-
-
-def phase_data_layer(net, phase, source, base_dir):
-    """(LayerInfo, LayerParameter) of the net's Data/ImageData layer in `phase`, or (None, None).
-
-    Its source is not opened.
-    """
-    from .ir import filter_layers
-    from .layers import get_spec
-    from .layers.registry import LayerError
-    for lp in filter_layers(net, phase, source=source):
-        if lp.type in EVAL_DATA_LAYERS:
-            try:
-                attrs = get_spec(lp.type).parse(lp)
-            except LayerError as e:
-                raise LayerError(f"{source}: layer '{lp.name}' ({lp.type}): {e}") from None
-            attrs["base_dir"] = base_dir
-            return LayerInfo(lp.type, lp.name, list(lp.top), attrs), lp
-    return None, None
-
-
-def parse_resize(value):
-    """'256x256', '256,256' or '256' -> (height, width)."""
-    if value is None or isinstance(value, tuple):
-        return value
-    if isinstance(value, list):
-        return tuple(int(v) for v in value)
-    text = str(value).lower().replace(",", "x")
-    try:
-        parts = [int(p) for p in text.split("x")]
-    except ValueError:
-        raise DataError(f"--resize {value!r}: expected HEIGHTxWIDTH, e.g. 256x256") from None
-    if len(parts) == 1:
-        parts = parts * 2
-    if len(parts) != 2 or min(parts) < 1:
-        raise DataError(f"--resize {value!r}: expected HEIGHTxWIDTH with positive sizes")
-    return tuple(parts)
-
-
-def plan_data(layer, inputs, base_dir, data=None, batch_size=None, transform=None, resize=None,
-              channel_order=None, kind=None, prototxt=None):
-    """Source, batch size, transform and blobs from the net's data layer (a LayerInfo, or None
-    for a deploy net with `inputs` {blob: shape}) and the overrides."""
-    from .layers.data import resolve_source
-    transform = {k: v for k, v in (transform or {}).items() if v is not None}
-    unknown = set(transform) - set(TRANSFORM_KEYS)
-    if unknown:
-        raise DataError(f"unknown transform option(s) {sorted(unknown)}; expected {list(TRANSFORM_KEYS)}")
-    notes = []
-    image = {}
-    if layer is not None:
-        attrs = layer.attrs
-        t = dict(attrs.get("transform") or {})     # HDF5Data has no transform_param
-        if t.get("mean_file"):
-            t["mean_file"] = resolve_source(t["mean_file"], base_dir)
-        data_blob = layer.tops[0]
-        label_blob = layer.tops[1] if len(layer.tops) > 1 else None
-        if data is None:
-            source = resolve_source(attrs["source"], base_dir)
-            if not os.path.exists(source):
-                raise DataError(f"layer '{layer.name}' ({layer.type}): source '{attrs['source']}' not found "
-                                f"(looked in {base_dir} and {os.getcwd()}); pass --data")
-            roots = [base_dir, os.getcwd()]
-        else:
-            source = os.fspath(data)
-            roots = [os.getcwd(), base_dir]
-        layer_bs = attrs.get("batch_size") or None
-        if layer.type == "ImageData":
-            image = {"root_folder": attrs.get("root_folder", ""), "new_height": attrs.get("new_height", 0),
-                     "new_width": attrs.get("new_width", 0), "is_color": attrs.get("is_color", True)}
-            if attrs.get("shuffle"):
-                notes.append(f"layer '{layer.name}': shuffle ignored (the evaluation reads in list order)")
-        layer_name = layer.name
-    else:
-        if data is None:
-            raise DataError(f"{prototxt or 'the model'}: a deploy net (no TEST-phase Data/ImageData "
-                            f"layer); pass the data to evaluate (--data)")
-        names = list(inputs)
-        if len(names) != 1:
-            raise DataError(f"the net has {len(names)} inputs {names}; eval feeds one image blob "
-                            f"(use a net with one input, or a train_val net with a Data layer)")
-        data_blob, label_blob, layer_bs, layer_name = names[0], None, None, None
-        source = os.fspath(data)
-        roots = [os.getcwd(), base_dir]
-        t = {}
-    # flags replace the layer's values; a mean of one kind replaces the other kind
-    if "mean_file" in transform:
-        t.pop("mean_value", None)
-    if "mean_value" in transform:
-        t.pop("mean_file", None)
-    t.update(transform)
-    if t.get("mirror"):
-        notes.append("mirror ignored at TEST (Caffe would flip at random; the evaluation stays deterministic)")
-    transformer = DataTransformer(scale=t.get("scale", 1.0), mean_file=t.get("mean_file"),
-                                  mean_value=t.get("mean_value") or (), crop_size=t.get("crop_size", 0) or 0,
-                                  mirror=t.get("mirror", False), force_color=t.get("force_color", False),
-                                  force_gray=t.get("force_gray", False), phase="TEST")
-    if layer is None and transformer.is_identity:
-        notes.append("no mean or scale given: the net sees raw pixel values (see --mean-file, --mean-value, "
-                     "--scale)")
-    if not image:
-        if t.get("force_color") or t.get("force_gray"):
-            is_color = bool(t.get("force_color"))
-        elif layer is not None:
-            is_color = None      # a Data layer decodes images natively (DecodeDatumToCVMatNative)
-        else:
-            shape = inputs.get(data_blob)
-            is_color = not (shape is not None and len(shape) > 1 and shape[1] == 1)
-        image = {"is_color": is_color}
-    if not kind and layer is not None and layer.type == "HDF5Data":
-        kind = "hdf5"
-    kind = kind or detect_kind(source)
-    bs = int(batch_size or layer_bs or 64)
-    if bs < 1:
-        raise DataError(f"--batch-size must be >= 1, got {bs}")
-    return DataPlan(source=source, kind=kind, batch_size=bs, transformer=transformer, data_blob=data_blob,
-                    label_blob=label_blob, layer=layer_name, image=image, resize=parse_resize(resize),
-                    channel_order=(channel_order or "BGR").upper(), roots=roots, notes=notes)
-
-
-def build_dataset(plan, limit=None, defer_normalize=True, seed=0):
-    pre = Preprocess(plan.transformer, plan.channel_order, defer_normalize=defer_normalize, seed=seed)
-    t = plan.transformer
-    img = plan.image
-    if plan.kind == "image_list":
-        from .data import ImageListDataset
-        nh, nw = img.get("new_height", 0), img.get("new_width", 0)
-        if not (nh or nw) and plan.resize:
-            nh, nw = plan.resize
-        return ImageListDataset(plan.source, pre, root_folder=img.get("root_folder", ""), new_height=nh,
-                                new_width=nw, is_color=img.get("is_color", True), roots=plan.roots,
-                                limit=limit)
-    if plan.kind == "hdf5":
-        from .data import Hdf5Dataset
-        # Caffe's HDF5Data applies no transform (items may be any rank); flags still apply
-        return Hdf5Dataset(plan.source, plan.data_blob, plan.label_blob, None if t.is_identity else pre,
-                           limit, roots=plan.roots)
-    return open_dataset(plan.source, plan.kind, pre, limit, is_color=img.get("is_color", True),
-                        force_color=t.force_color, force_gray=t.force_gray, resize=plan.resize)
-
-
-def as_input_layer(lp, shapes):
-    """Turn a data layer into an Input layer with these top shapes (its name, tops and phase rules kept)."""
-    include = [type(r)() for r in lp.include]
-    for new, old in zip(include, lp.include):
-        new.CopyFrom(old)
-    name, tops = lp.name, list(lp.top)
-    lp.Clear()
-    lp.name, lp.type = name, "Input"
-    lp.top.extend(tops)
-    for r in include:
-        lp.include.add().CopyFrom(r)
-    for shape in shapes:
-        lp.input_param.shape.add().dim.extend(int(d) for d in shape)
 
 
 # ---- the nets --------------------------------------------------------------------------------
@@ -279,20 +95,42 @@ def _ignore_labels(model, label_blob):
     return values
 
 
-def _module(model, outputs, device, dtype=None):
-    """The fx module with exactly `outputs` ({blob: tensor}), in eval mode."""
-    gm = model.to_torch(device=device, dtype=dtype, all_blobs=True)
+def _module(model, outputs, device, dtype=None, exact=False, compile=False):
+    """The fx module with exactly `outputs` ({blob: tensor}), in eval mode.
+
+    The optimized module (BatchNorm/Scale folded, identities removed, channels_last) unless
+    exact=True or folding removed one of `outputs`; compile=True adds torch.compile (freezing).
+    """
+    gm = None
+    if not exact:
+        gm = model.to_torch(device=device, dtype=dtype, all_blobs=True, optimize=True)
+        values = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        if any(k not in values for k in outputs):
+            gm = None      # a folded layer's blob is wanted: the exact module has it
+    if gm is None:
+        gm = model.to_torch(device=device, dtype=dtype, all_blobs=True)
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     values = out_node.args[0]
     out_node.args = ({k: values[k] for k in outputs},)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     gm.output_names = list(outputs)
-    return gm.eval()
+    if not exact:
+        # now that only `outputs` leave the module: in-place ReLU/SUM, packed CPU convolutions
+        from .backends.torch_backend import prepack_convolutions, reuse_buffers
+        reuse_buffers(gm)
+        if not compile:
+            prepack_convolutions(gm)
+    gm.eval()
+    if compile:
+        return torch.compile(gm, options={"freezing": True})
+    return gm
 
 
 def model_size_bytes(model):
     """Bytes of the weights at their storage precision (shared blobs counted once)."""
+    if hasattr(model, "size_bytes"):
+        return model.size_bytes          # static int8: the file onnxruntime runs
     total = 0
     for node in model.graph.nodes:
         if not node.blobs:
@@ -412,70 +250,12 @@ def _device(device):
     return dev
 
 
-# ---- per-target accumulation -------------------------------------------------------------------
-
-# slots of the float64 sum vector
-N, LABELED, TOP1, TOP5, POS, AGREE, ABS, ELEMS, COS = range(9)
-NSLOTS = 9
-
-
-class _Acc:
-    """Sums of one target's metrics, kept on the device (no sync per batch)."""
-
-    def __init__(self, device, layer_names):
-        self.sums = torch.zeros(NSLOTS + len(layer_names), dtype=torch.float64, device=device)
-        self.max_abs = torch.zeros((), dtype=torch.float64, device=device)
-        self.layer_names = list(layer_names)
-        self.seconds = 0.0
-
-
-def _flat_scores(s, n):
-    """(n, C) for per-image scores; (n, C, P) when each image has P positions."""
-    if s.dim() == 0:
-        s = s.reshape(1, 1)
-    s = s.reshape(n, s.shape[1] if s.dim() > 1 else 1, -1).float()
-    return s
-
-
-def _batch_stats(acc, out, score, metric_names, labels, labeled, ref, n):
-    s = _flat_scores(out[score], n)
-    c = s.shape[1]
-    parts = torch.zeros(NSLOTS, dtype=torch.float64, device=s.device)
-    parts[N] = n
-    if labels is not None and s.shape[2] == 1:
-        x = s[:, :, 0]
-        lab = labels.clamp(0, max(c - 1, 0))
-        true = x.gather(1, lab[:, None])
-        # Caffe's AccuracyLayer: every class scoring >= the true one counts, the true one included
-        better = (x >= true).sum(1) - 1
-        ok = labeled & torch.isfinite(true[:, 0])
-        parts[LABELED] = labeled.sum()
-        parts[TOP1] = ((better < 1) & ok).sum()
-        parts[TOP5] = ((better < 5) & ok).sum()
-    if ref is not None:
-        r = ref
-        parts[POS] = s.shape[0] * s.shape[2]
-        parts[AGREE] = (s.argmax(1) == r.argmax(1)).sum()
-        d = (s.double() - r.double()).abs()
-        parts[ABS] = d.sum()
-        parts[ELEMS] = d.numel()
-        if d.numel():
-            acc.max_abs = torch.maximum(acc.max_abs, d.max())
-        a, b = s.reshape(n, -1).double(), r.reshape(n, -1).double()
-        parts[COS] = torch.nn.functional.cosine_similarity(a, b, dim=1, eps=1e-12).sum()
-    layer_vals = [out[m].double().reshape(()) * n for m in metric_names]
-    acc.sums[:NSLOTS] += parts
-    if layer_vals:
-        acc.sums[NSLOTS:] += torch.stack(layer_vals)
-    return s
-
-
 # ---- the evaluation ---------------------------------------------------------------------------
 
 def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=None, device="auto",
              workers=0, limit=None, strict=False, transform=None, resize=None, channel_order=None,
              kind=None, output=None, keep=None, progress=False, distributed=None, phase="TEST",
-             ignore_unknown=False):
+             ignore_unknown=False, exact=False, compile=False, calibrate=None, calibrate_images=256):
     """Evaluate a model (path or caffeq.Model) on a dataset -> a dict (see `--json` of `caffeq eval`).
 
     targets: "fp32" and/or quantization targets ("fp16", "int8", "binary"); fp32 always runs
@@ -487,9 +267,16 @@ def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=No
     workers: DataLoader worker processes; limit: evaluate only the first N items.
     strict: a corrupt or unreadable item raises DataError (otherwise it is counted and listed).
     distributed: None (automatic under torchrun), True or False.
+    exact: run the layer-by-layer module in Caffe's order of operations instead of the optimized
+        one (BatchNorm/Scale folded, channels_last; equal within 1e-5 relative).
+    compile: torch.compile the modules with weight freezing (long evaluations).
+    calibrate: with target "int8", a data source (or .npy/.npz of inputs) to calibrate activation
+        scales on: int8 becomes static int8 (a QDQ ONNX run by onnxruntime's int8 kernels).
     """
     started = time.perf_counter()
     names = _targets(targets)
+    if calibrate is not None and "int8" not in names:
+        raise DataError("--calibrate calibrates static int8; add int8 to the targets (--to ...,int8)")
     if limit is not None and int(limit) < 0:
         raise DataError(f"--limit must be >= 0, got {limit}")
     if workers is None or int(workers) < 0:
@@ -501,8 +288,10 @@ def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=No
     dev = _device(device)
     dist_env = _Dist(distributed, dev)
     try:
+        modes = {"exact": exact, "compile": compile, "calibrate": calibrate,
+                 "calibrate_images": calibrate_images}
         return _evaluate(base, plan, dataset, names, dev, dist_env, workers=int(workers), strict=strict,
-                         output=output, keep=keep, progress=progress, started=started)
+                         output=output, keep=keep, progress=progress, started=started, modes=modes)
     finally:
         dist_env.close()
 
@@ -572,7 +361,8 @@ class Runner:
     batches preloaded, to time the model side alone.
     """
 
-    def __init__(self, base, plan, names, device, keep=None, output=None, has_labels=True):
+    def __init__(self, base, plan, names, device, keep=None, output=None, has_labels=True, exact=False,
+                 compile=False, calibrate=None, calibrate_images=256):
         from .quant import compute_dtype, quantize
         if plan.label_blob is not None and plan.label_blob not in base.inputs:
             plan.label_blob = None            # a data layer whose label top nothing reads
@@ -588,19 +378,28 @@ class Runner:
         self.ignore = _ignore_labels(base, plan.label_blob)
         self.models, self.modules, self.notes = {}, {}, list(plan.notes)
         wanted = [self.score] + [m for m in self.metric_names if m != self.score]
+        self.missing_metrics = {}      # target -> metric blobs it cannot compute
         for t in self.names:
             reference = t == self.names[0]    # the model as given (fp32, or its stored precision)
+            if t == "int8" and calibrate is not None and not reference:
+                from .quant.static_int8 import eval_module
+                m, mod, missing, notes = eval_module(base, plan, wanted, calibrate, calibrate_images,
+                                                     keep=keep)
+                self.models[t], self.modules[t] = m, (mod, None)
+                self.missing_metrics[t] = missing
+                self.notes.extend(f"{t}: {n}" for n in notes)
+                continue
             m = base if reference else quantize(base, t, keep=keep)
             if not reference:
                 rep = getattr(m, "quant_report", None)
                 self.notes.extend(f"{t}: {n}" for n in getattr(rep, "notes", []) or [])
             self.models[t] = m
             dtype = compute_dtype(t if "+" not in t else "fp32", device)   # a mix computes in fp32
-            self.modules[t] = (_module(m, wanted, device, dtype), dtype)
+            self.modules[t] = (_module(m, wanted, device, dtype, exact=exact, compile=compile), dtype)
         t = plan.transformer
         self.normalizer = Normalizer(t.mean_for(_raw_shape(plan, self.expected)), t.scale)
         self.on_device = device.type == "cuda"
-        self.accs = {t: _Acc(device, self.metric_names) for t in self.names}
+        self.accs = {t: Sums(device, self.metric_names) for t in self.names}
         self.events = []
         self._ignore_dev = None
 
@@ -649,7 +448,7 @@ class Runner:
             xin = x if dtype is None else x.to(dtype)
             feed = [xin] if feed_label is None else _ordered_feed(gm, self.plan, xin, feed_label)
             out = gm(*feed)
-            s = _batch_stats(acc, out, self.score, self.metric_names, lab, labeled, ref, n)
+            s = add_batch(acc, out, self.score, self.metric_names, lab, labeled, ref, n)
             if t == self.names[0]:
                 ref = s
             if self.on_device:
@@ -666,11 +465,13 @@ class Runner:
             _collect_events(self.events, self.accs)
 
 
-def _evaluate(base, plan, dataset, names, dev, dist_env, workers, strict, output, keep, progress, started):
+def _evaluate(base, plan, dataset, names, dev, dist_env, workers, strict, output, keep, progress, started,
+              modes=None):
     if workers and getattr(dataset, "single_process", False):
         plan.notes.append(f"{dataset.kind} data is read in one process (--workers {workers} ignored)")
         workers = 0
-    runner = Runner(base, plan, names, dev, keep=keep, output=output, has_labels=dataset.has_labels)
+    runner = Runner(base, plan, names, dev, keep=keep, output=output, has_labels=dataset.has_labels,
+                    **(modes or {}))
     sampler = StridedSampler(len(dataset), dist_env.rank, dist_env.world_size)
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=plan.batch_size, sampler=sampler, num_workers=workers,
@@ -701,6 +502,7 @@ def _evaluate(base, plan, dataset, names, dev, dist_env, workers, strict, output
         runner.sync()
     finally:
         bar.close()
+        dataset.close()   # this process's handle (workers hold their own); a later open must succeed
     wall = time.perf_counter() - loop_start
     result = _report(runner, dist_env, dataset, bad, bad_count, oor, oor_count, wall, started, workers)
     result["warnings"] = list(base.warnings)
@@ -737,10 +539,6 @@ def _collect_events(events, accs):
     events.clear()
 
 
-def _frac(num, den):
-    return float(num) / float(den) if den else None
-
-
 def _report(runner, dist_env, dataset, bad, bad_count, oor, oor_count, wall, started, workers):
     base, plan, names, models, accs = runner.base, runner.plan, runner.names, runner.models, runner.accs
     metric_names, score, num_classes, dev = runner.metric_names, runner.score, runner.num_classes, runner.dev
@@ -766,15 +564,17 @@ def _report(runner, dist_env, dataset, bad, bad_count, oor, oor_count, wall, sta
         n = int(s[N])
         r = {"images": n}
         if dataset.has_labels and num_classes is not None:
-            r["top1"] = _frac(s[TOP1], s[LABELED])
-            r["top5"] = _frac(s[TOP5], s[LABELED])
+            r["top1"] = fraction(s[TOP1], s[LABELED])
+            r["top5"] = fraction(s[TOP5], s[LABELED])
         if metric_names:
-            r["layers"] = {m: _frac(s[NSLOTS + j], n) for j, m in enumerate(metric_names)}
+            missing = runner.missing_metrics.get(t, ())
+            r["layers"] = {m: None if m in missing else fraction(s[NSLOTS + j], n)
+                           for j, m in enumerate(metric_names)}
         if k > 0:      # agreement with the reference, names[0]
-            r["agreement_top1"] = _frac(s[AGREE], s[POS])
-            r["mean_abs_diff"] = _frac(s[ABS], s[ELEMS])
+            r["agreement_top1"] = fraction(s[AGREE], s[POS])
+            r["mean_abs_diff"] = fraction(s[ABS], s[ELEMS])
             r["max_abs_diff"] = float(maxes[k]) if n else None
-            r["cosine"] = _frac(s[COS], n)
+            r["cosine"] = fraction(s[COS], n)
         r["images_per_s"] = n / float(secs[k]) if secs[k] > 0 else None
         r["model_seconds"] = float(secs[k])
         r["model_size_bytes"] = model_size_bytes(models[t])
@@ -809,60 +609,9 @@ def _report(runner, dist_env, dataset, bad, bad_count, oor, oor_count, wall, sta
     }
 
 
-def format_table(result):
-    """The side-by-side table of targets (percentages for reading; the JSON keeps fractions)."""
-    res = result["results"]
-    names = list(res)
-    ref = names[0] if names else None
-    layer_names = []
-    for r in res.values():
-        for m in (r.get("layers") or {}):
-            if m not in layer_names:
-                layer_names.append(m)
-    cols = [("target", lambda t, r: t)]
-    if any("top1" in r for r in res.values()):
-        cols += [("top-1", lambda t, r: _pct(r.get("top1"))), ("top-5", lambda t, r: _pct(r.get("top5")))]
-    for m in layer_names:
-        cols.append((m, lambda t, r, m=m: _num((r.get("layers") or {}).get(m))))
-    if len(names) > 1:
-        cols += [("agree@1", lambda t, r: _pct(r.get("agreement_top1")) if t != ref else "-"),
-                 ("cosine", lambda t, r: _num(r.get("cosine"), 5) if t != ref else "-"),
-                 ("mean|d|", lambda t, r: _num(r.get("mean_abs_diff")) if t != ref else "-"),
-                 ("max|d|", lambda t, r: _num(r.get("max_abs_diff")) if t != ref else "-")]
-    cols += [("images/s", lambda t, r: f"{r['images_per_s']:.0f}" if r.get("images_per_s") else "-"),
-             ("size", lambda t, r: _size(r.get("model_size_bytes")))]
-    rows = [[c[0] for c in cols]] + [[c[1](t, res[t]) for c in cols] for t in names]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    lines = ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _pct(v):
-    return "-" if v is None else f"{100 * v:.2f}%"
-
-
-def _num(v, digits=4):
-    if v is None:
-        return "-"
-    return f"{v:.{digits}g}"
-
-
-def _size(b):
-    if b is None:
-        return "-"
-    from .fs import format_bytes  # one unit style in every report
-    return format_bytes(b)
-
-
 __all__ = [
-    "DataPlan",
-    "build_dataset",
     "evaluate",
     "format_table",
     "model_precision",
     "model_size_bytes",
-    "parse_resize",
-    "plan_data",
 ]

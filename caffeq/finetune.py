@@ -67,7 +67,7 @@ from torch import nn
 
 from .backends.torch_backend import resolve_device
 from .errors import DataError
-from .evaluate import build_dataset, phase_data_layer, plan_data
+from .data.plan import build_dataset, phase_data_layer, plan_data
 from .model import load, read_net
 from .quant import get_quantizer, quantize
 from .progress import tracked

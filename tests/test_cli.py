@@ -431,7 +431,7 @@ def readme_commands():
     """Every `python cli.py ...` command of the README's ```bash blocks (set-up steps aside)."""
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", README, re.DOTALL):
-        for line in block.strip().splitlines():
+        for line in block.replace("\\\n", " ").strip().splitlines():   # continued lines are one command
             for part in line.split("&&"):
                 part = part.strip()
                 if part.startswith("python cli.py "):

@@ -168,7 +168,9 @@ def test_caffemodel_round_trip_is_bit_identical(tmp_path, name, target):
     (tmp_path / "q.prototxt").write_text(net_to_text(q.net))
     write_model_caffemodel(q, tmp_path / "q.caffemodel")
     back = caffeq.load(str(tmp_path / "q.prototxt"), str(tmp_path / "q.caffemodel"))
-    _same_outputs(q.run(case.inputs), back.run(case.inputs))
+    # exact: the float file folds BatchNorm into its (dequantized) weights where the quantized
+    # model keeps a Scale after its int8/binary weights, which rounds differently
+    _same_outputs(q.run(case.inputs, exact=True), back.run(case.inputs, exact=True))
 
 
 # ---- ONNX: onnxruntime equals torch for every target ----------------------------------------------

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, REPO
 
+import caffeq
+from caffeq.data.plan import parse_resize
 from caffeq.errors import CaffeqError, DataError
-from caffeq.evaluate import evaluate, parse_resize
+from caffeq.evaluate import evaluate
 
 cv2 = pytest.importorskip("cv2")
 pytest.importorskip("lmdb")
@@ -178,6 +180,16 @@ def test_missing_inputs_are_one_clear_error(tmp_path):
     (tmp_path / "tv.prototxt").write_text(net.replace('"test_lmdb"', f'"{DIGITS / "test_lmdb"}"'))
     with pytest.raises(DataError, match="mean.binaryproto: mean file not found"):
         evaluate(str(tmp_path / "tv.prototxt"), weights=WEIGHTS)
+
+
+def test_shapes_read_from_a_database_leave_it_closed(tmp_path):
+    # no mean file and no crop: the Data layer's shape comes from the LMDB's first record
+    net = (DIGITS / "train_val.prototxt").read_text().replace('"test_lmdb"', f'"{DIGITS / "test_lmdb"}"')
+    (tmp_path / "tv.prototxt").write_text(net.replace(' mean_file: "mean.binaryproto"', ""))
+    model = caffeq.load(str(tmp_path / "tv.prototxt"), random_weights=True)
+    assert model.inputs["data"][1:] == (1, 16, 16)
+    import lmdb
+    lmdb.open(str(DIGITS / "test_lmdb"), readonly=True, lock=False).close()   # py-lmdb refuses a 2nd open
 
 
 def test_parse_resize():

@@ -186,7 +186,7 @@ def test_fresh_interpreter_in_the_output_folder(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
-    assert np.array_equal(np.load(tmp_path / "y.npy"), model.run(case.inputs)[info["outputs"][0]])
+    assert np.array_equal(np.load(tmp_path / "y.npy"), model.run(case.inputs, exact=True)[info["outputs"][0]])
 
 
 # ---- files, names, docstring ---------------------------------------------------------------
@@ -267,7 +267,7 @@ def test_names_are_sanitized_and_collisions_resolved(tmp_path):
     net.eval()
     x = torch.randn(2, 3, 8, 8)
     y = net(x)
-    assert np.array_equal(y.detach().numpy(), model.run(x.numpy())["torch"])
+    assert np.array_equal(y.detach().numpy(), model.run(x.numpy(), exact=True)["torch"])
 
 
 def test_escapes_in_names_keep_the_file_valid(tmp_path):
@@ -285,12 +285,12 @@ def test_single_file_output_and_torch_load_format(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["net.py", "net.safetensors"]
     assert info["weights"].endswith("net.safetensors")
     y = _import(tmp_path / "net.py").load()(torch.from_numpy(case.inputs["data"]))
-    assert np.array_equal(y.detach().numpy(), model.run(case.inputs)["conv"])
+    assert np.array_equal(y.detach().numpy(), model.run(case.inputs, exact=True)["conv"])
     info = export_pytorch(model, tmp_path / "pt", weights_format="pt")
     state = torch.load(tmp_path / "pt" / "weights.pt", weights_only=True)
     assert set(state) == {"conv.weight", "conv.bias"}
     y = _import(tmp_path / "pt" / "model.py").load()(torch.from_numpy(case.inputs["data"]))
-    assert np.array_equal(y.detach().numpy(), model.run(case.inputs)["conv"])
+    assert np.array_equal(y.detach().numpy(), model.run(case.inputs, exact=True)["conv"])
 
 
 def test_preprocessing_from_transform_param(tmp_path):
@@ -509,7 +509,7 @@ def test_fp16_weights_stored_half_and_cast_at_load(tmp_path):
         qmodel = quantize(model, "fp16")
     x = torch.from_numpy(case.inputs["data"])
     y = net(x).detach().numpy()
-    ref = qmodel.run(case.inputs)["prob"]
+    ref = qmodel.run(case.inputs, exact=True)["prob"]
     assert np.array_equal(y, ref)   # fp16 folds BatchNorm into the convolutions first: exact layers only
     assert np.abs(y - model.run(case.inputs)["prob"]).max() < 1e-2
     assert "fp16 weights" in (tmp_path / "o" / "model.py").read_text()
@@ -533,7 +533,7 @@ def test_binary_weights_are_alpha_sign_and_noted(tmp_path):
         assert np.allclose(np.abs(mat), alpha[:, None], rtol=1e-6)            # one magnitude per channel
         assert np.array_equal(np.sign(mat), np.where(orig.reshape(mat.shape) >= 0, 1, -1))
     x = torch.from_numpy(case.inputs["data"])
-    assert np.array_equal(net(x).detach().numpy(), qmodel.run(case.inputs)["fc"])
+    assert np.array_equal(net(x).detach().numpy(), qmodel.run(case.inputs, exact=True)["fc"])
     doc = " ".join((tmp_path / "o" / "model.py").read_text().split())
     assert "alpha * sign(W)" in doc and all(n in doc for n in changed)
 
@@ -868,7 +868,7 @@ def test_cli_convert_format_pytorch(tmp_path):
     case = Case(case_dir)
     net = _import(out / "model.py").load()
     y = net(torch.from_numpy(case.inputs["data"])).detach().numpy()
-    assert np.array_equal(y, case.load().run(case.inputs)["prob"])
+    assert np.array_equal(y, case.load().run(case.inputs, exact=True)["prob"])
     # -o file.py, binary
     proc = subprocess.run([sys.executable, "cli.py", "convert", str(case_dir / "model.prototxt"),
                            "--weights", str(case_dir / "model.caffemodel"), "--format", "pytorch",

@@ -24,7 +24,7 @@ def test_inferred_shapes_equal_caffes(case):
     # pre-forward shape; case.json holds the shape after the forward, so compare
     # those with the shapes a real run produces.
     dynamic = {t for n in model.layers if n.spec.data_dependent_shape for t in n.tops}
-    ran = model.run(case.inputs, all_blobs=True) if dynamic else {}
+    ran = model.run(case.inputs, all_blobs=True, exact=True) if dynamic else {}
     for blob, shape in case.meta["blob_shapes"].items():
         src = caffe_blob_source(blob, ours)
         assert src is not None, f"blob {blob} missing"
@@ -34,12 +34,27 @@ def test_inferred_shapes_equal_caffes(case):
 
 def test_every_blob_matches_caffe(case):
     model = case.load()
-    got = model.run(case.inputs, all_blobs=True)
+    got = model.run(case.inputs, all_blobs=True, exact=True)   # layer by layer, in Caffe's order
     atol, rtol = case.tolerance
     for blob, ref in case.outputs.items():
         src = caffe_blob_source(blob, got)
         assert src is not None, f"blob {blob} not produced"
         assert_close(got[src], ref, atol, rtol, f"{case.name}/{blob}")
+
+
+def test_default_run_is_optimized_and_matches_caffe(case):
+    """Model.run's default (folded, channels_last) module gives Caffe's outputs within the case's
+    tolerance, and stays within 1e-5 relative of the exact layer-by-layer module."""
+    model = case.load()
+    got = model.run(case.inputs)
+    assert model.run_cache[0][3], "the default run should use the optimized module"
+    exact = model.run(case.inputs, exact=True)
+    atol, rtol = case.tolerance
+    assert sorted(got) == sorted(model.outputs)
+    for blob in model.outputs:
+        assert blob in case.outputs, f"{case.name}: Caffe's outputs lack {blob}"
+        assert_close(got[blob], case.outputs[blob], atol, rtol, f"{case.name}/{blob} (optimized)")
+        assert_close(got[blob], exact[blob], 1e-6, 1e-5, f"{case.name}/{blob} (optimized vs exact)")
 
 
 def test_net_outputs_are_caffes(case):

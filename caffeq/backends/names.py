@@ -1,4 +1,5 @@
-"""Python identifiers for Caffe layer and blob names (shared by the torch backend and model.py export)."""
+"""Names made unique: Python identifiers for Caffe layer and blob names (torch backend, model.py export),
+and fresh ONNX tensor and node names."""
 import keyword
 import re
 
@@ -10,9 +11,14 @@ def identifier(name, taken, reserved=()):
         ident = "l_" + ident
     if keyword.iskeyword(ident) or ident in reserved or ident.startswith("__"):
         ident += "_"
-    base, k = ident, 1
-    while ident in taken:
+    return unique_name(ident, taken)
+
+
+def unique_name(base, taken):
+    """`base`, or base_2, base_3... when taken; the name returned is added to `taken`."""
+    name, k = base, 1
+    while name in taken:
         k += 1
-        ident = f"{base}_{k}"
-    taken.add(ident)
-    return ident
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name

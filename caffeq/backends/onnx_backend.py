@@ -19,6 +19,7 @@ from ..errors import CaffeqError, ExportError
 from ..fs import atomic_path, refuse_overwrite
 from ..transforms import optimize as run_transforms
 from ..version import __version__
+from .names import unique_name
 from .onnx_shapes import declared_dims, dynamic_dims, fold_layout_constants, input_symbols, output_dims, value_info
 from .onnx_weights import emit_quantized_weight
 from .onnx_writer import (
@@ -85,13 +86,7 @@ class OnnxContext:
         return f"layer '{n.name}' ({n.type})" if n is not None else "graph"
 
     def _unique(self, base, taken):
-        base = base or "t"
-        name, k = base, 1
-        while name in taken:
-            k += 1
-            name = f"{base}_{k}"
-        taken.add(name)
-        return name
+        return unique_name(base or "t", taken)
 
     def tmp(self, hint="t"):
         return self._unique(str(hint), self._names)

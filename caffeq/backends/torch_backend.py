@@ -67,6 +67,7 @@ def build_module(model, all_blobs=False):
         ident = identifier(graph.tensors[ssa].blob, taken)
         values[ssa] = g.placeholder(ident)
     modules = {}
+    in_shapes = {}      # submodule -> the shape of its single input (Caffe's, at the model's batch)
     for node in graph.nodes:
         if node.spec.is_data:
             continue
@@ -80,6 +81,7 @@ def build_module(model, all_blobs=False):
         mod = CaffeLayer(node, node.blobs, shared)
         attr = identifier(node.name, taken)
         root.add_module(attr, mod)
+        in_shapes[attr] = graph.tensors[node.inputs[0]].shape if len(node.inputs) == 1 else None
         modules[node.name] = mod
         call = g.call_module(attr, tuple(values[i] for i in node.inputs))
         if len(node.outputs) == 1:
@@ -99,7 +101,122 @@ def build_module(model, all_blobs=False):
     gm.input_names = [graph.tensors[s].blob for s in graph.inputs]
     gm.output_names = [b for b, _ in wanted]
     gm.input_shapes = {graph.tensors[s].blob: graph.tensors[s].shape for s in graph.inputs}
+    gm.layer_input_shapes = in_shapes
     return gm
+
+
+# layers whose output is a tensor of its own (not a view of an input): a later layer may overwrite it
+_FRESH_OUTPUT = ("Convolution", "ConvolutionDepthwise", "DepthwiseConvolution", "Deconvolution", "InnerProduct",
+                 "Scale", "Pooling")
+
+
+def _sole_reader(gm, src, node):
+    """True when `src` is a fresh tensor that only `node` reads (so node may write into it)."""
+    if not isinstance(src, fx.Node) or list(src.users) != [node]:
+        return False
+    if src.op == "call_function":
+        return src.target in (torch.relu_, torch.Tensor.add_)   # already writes into a fresh tensor
+    if src.op != "call_module":
+        return False
+    mod = gm.get_submodule(src.target)
+    if getattr(mod, "caffe_type", None) == "Eltwise":
+        return len(src.args) >= 2          # one input: Eltwise returns that input itself
+    return getattr(mod, "caffe_type", None) in _FRESH_OUTPUT
+
+
+def reuse_buffers(gm):
+    """Inference only: ReLU and two-input Eltwise SUM write into their first input when nothing
+    else reads it.  The arithmetic is the same; each large new tensor would cost an allocation
+    whose pages fault on first touch, a sizeable part of a CPU forward."""
+    changed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module":
+            continue
+        mod = gm.get_submodule(node.target)
+        kind = getattr(mod, "caffe_type", None)
+        if kind == "ReLU" and mod.attrs.get("negative_slope", 0) == 0 and len(node.args) == 1 and \
+                _sole_reader(gm, node.args[0], node):
+            node.op, node.target = "call_function", torch.relu_
+            changed += 1
+        elif kind == "Eltwise" and mod.attrs.get("operation") == 1 and len(node.args) == 2 and \
+                all(c == 1 for c in mod.attrs.get("coeff", (1, 1))) and node.args[1] is not node.args[0]:
+            a, b = node.args
+            if not _sole_reader(gm, a, node):
+                if not _sole_reader(gm, b, node):
+                    continue
+                node.args = (b, a)          # a + b == b + a exactly: write into the one only it reads
+            node.op, node.target = "call_function", torch.Tensor.add_
+            changed += 1
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+        gm.delete_all_unused_submodules()
+    return changed
+
+
+class PackedConv2d(nn.Module):
+    """A 2-D Caffe Convolution whose weight oneDNN reordered once (eager torch reorders it on every
+    call), optionally with the ReLU after it fused.  CPU, float32, inference only; the same
+    arithmetic as F.conv2d up to oneDNN's choice of algorithm."""
+
+    def __init__(self, weight, bias, stride, padding, dilation, groups, input_shape, relu=False):
+        super().__init__()
+        self.stride, self.padding, self.dilation, self.groups = list(stride), list(padding), list(dilation), groups
+        self.packed = torch._C._nn.mkldnn_reorder_conv2d_weight(
+            weight.detach().contiguous().to_mkldnn(), self.padding, self.stride, self.dilation, groups,
+            list(input_shape))
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.relu = relu
+
+    def forward(self, x):
+        return torch.ops.mkldnn._convolution_pointwise(x, self.packed, self.bias, self.padding, self.stride,
+                                                       self.dilation, self.groups,
+                                                       "relu" if self.relu else "none", [], "")
+
+
+def _packable(mod, shape):
+    a = mod.attrs
+    return (mod.caffe_type == "Convolution" and a.get("_axis") == 1 and len(a.get("kernel", ())) == 2 and
+            shape is not None and len(shape) == 4 and mod.blob_tensors()[0].dtype == torch.float32 and
+            mod.blob_tensors()[0].device.type == "cpu")
+
+
+def prepack_convolutions(gm):
+    """CPU inference: 2-D convolutions get oneDNN-packed weights (PackedConv2d), and a ReLU that
+    alone reads a convolution's output is fused into it.  Returns the number packed."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise")):
+        return 0
+    shapes = getattr(gm, "layer_input_shapes", {})
+    packed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module":
+            continue
+        mod = gm.get_submodule(node.target)
+        if getattr(mod, "caffe_type", None) != "Convolution":
+            continue
+        shape = shapes.get(node.target)
+        if not _packable(mod, shape):
+            continue
+        a = mod.attrs
+        blobs = mod.blob_tensors()
+        users = list(node.users)
+        fuse = (len(users) == 1 and users[0].op == "call_function" and users[0].target is torch.relu_)
+        try:
+            new = PackedConv2d(blobs[0], blobs[1] if a.get("bias_term") else None, a["stride"], a["pad"],
+                               a["dilation"], a["group"], shape, relu=fuse)
+        except RuntimeError:
+            continue     # this build's oneDNN cannot pack it: the layer stays as it was
+        setattr(gm, node.target, new)
+        packed += 1
+        if fuse:
+            relu = users[0]
+            relu.replace_all_uses_with(node)
+            gm.graph.erase_node(relu)
+    if packed:
+        gm.graph.lint()
+        gm.recompile()
+        gm.delete_all_unused_submodules()
+    return packed
 
 
 def resolve_device(device):
@@ -124,6 +241,9 @@ def to_torch(model, device="cpu", dtype=None, all_blobs=False, optimize=False, c
         gm.to(dtype)
     if optimize:
         gm.to(memory_format=torch.channels_last)
+        reuse_buffers(gm)
+        if not compile and not all_blobs and next((p.device.type for p in gm.parameters()), "cpu") == "cpu":
+            prepack_convolutions(gm)
     gm.eval()
     if compile:
         # inductor with freezing prepacks convolution weights once (eager oneDNN
@@ -152,10 +272,36 @@ def check_inputs(model, arrays):
                             f"{['N'] + list(want[1:])}")
 
 
-def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dtype=None, module=None):
+def _weights_fingerprint(model):
+    """Identity of every node and weight array: a cached module is stale once any is replaced."""
+    return tuple((id(n), tuple(id(b) for b in (n.blobs or ()))) for n in model.graph.nodes)
+
+
+def cached_module(model, device="cpu", dtype=None, all_blobs=False, exact=False, compile=False):
+    """The module `Model.run` uses, built once per set of options and kept on the model.
+
+    Optimized (folded, channels_last) unless every blob is asked for or exact=True.
+    """
+    optimize = not (all_blobs or exact)
+    dev = resolve_device(device)
+    key = (str(dev), dtype, bool(all_blobs), optimize, bool(compile))
+    fingerprint = _weights_fingerprint(model)
+    hit = model.run_cache
+    if hit is not None and hit[0] == key and hit[1] == fingerprint:
+        return hit[2]
+    model.run_cache = None   # one module at a time: free the old weights first
+    gm = to_torch(model, device=dev, dtype=dtype, all_blobs=all_blobs, optimize=optimize, compile=compile)
+    model.run_cache = (key, fingerprint, gm)
+    return gm
+
+
+def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dtype=None, module=None,
+              exact=False, compile=False):
     arrays = _as_input_dict(model, inputs)
     check_inputs(model, arrays)
-    gm = module if module is not None else to_torch(model, device=device, dtype=dtype, all_blobs=all_blobs).eval()
+    gm = module if module is not None else cached_module(model, device=device, dtype=dtype,
+                                                         all_blobs=all_blobs, exact=exact, compile=compile)
+    channels_last = module is None and not (all_blobs or exact)
     dev = next((p.device for p in gm.parameters()), resolve_device(device))
     tdtype = dtype or torch.float32
     n = next(iter(arrays.values())).shape[0] if arrays else 1
@@ -169,10 +315,13 @@ def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dty
             feed = [torch.from_numpy(np.ascontiguousarray(arrays[k][start:start + step] if batch_size
                                                           else arrays[k], dtype=np.float32))
                     .to(dev, tdtype) for k in arrays]
+            if channels_last:
+                # the optimized module's weights are channels_last: feed its layout, no reorder
+                feed = [t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in feed]
             out = gm(*feed)
             if not isinstance(out, dict):
                 out = {gm.output_names[0]: out}
-            chunks.append({k: v.float().cpu().numpy() for k, v in out.items()})
+            chunks.append({k: v.float().contiguous().cpu().numpy() for k, v in out.items()})
     if len(chunks) == 1:
         return chunks[0]
     merged = {}

@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 
-from ..errors import CaffeqError, DataError
+from ..errors import CaffeqError
 from .common import (
     check_output,
     display_path,
@@ -18,6 +18,7 @@ from .common import (
     resolve_weights,
     write_model_file,
 )
+from ..data.arrays import net_inputs
 from .options import add_json_arg, add_model_args, positive_int, report_stream
 
 TARGETS = ("fp32", "fp16", "int8", "binary")
@@ -31,6 +32,8 @@ compact container; the format follows -o's extension (default:
           networks, as in XNOR-Net); the first and last weighted layers stay
           fp32 unless --keep none.  Biases, BatchNorm, Scale, PReLU stay fp32.
   int8    weight-only, symmetric, per output channel (scale = max|W_c| / 127).
+          With --calibrate SRC: static int8, activations too (per-tensor scales
+          calibrated on SRC), a QDQ .onnx that onnxruntime runs on int8 kernels.
   fp16    every blob rounded to fp16, BatchNorm folded in fp32 first.  caffeq
           computes fp16 models in fp32 with fp16-rounded weights on CPU and in
           fp16 on CUDA.
@@ -82,6 +85,8 @@ def add_parser(sub):
     p.add_argument("--exact-batchnorm", action="store_true",
                    help="pytorch: BatchNorm keeps Caffe's op order (bit-identical to caffeq) instead of "
                         "plain nn.BatchNorm2d (equal up to float32 rounding)")
+    from .calibration import add_arguments as add_calibration_arguments
+    add_calibration_arguments(p)
     return p
 
 
@@ -102,29 +107,6 @@ def _parse_opset(value):
         return int(value)
     except ValueError:
         raise CaffeqError(f"--opset must be an integer (13 or newer), got {value!r}") from None
-
-
-def _read_probe(path, model):
-    if not os.path.exists(path):
-        raise DataError(f"{path}: no such file")
-    try:
-        if path.endswith(".npz"):
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        else:
-            arrays = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise DataError(f"{path}: not a numpy .npz/.npy file: {e}") from None
-    if isinstance(arrays, np.ndarray):
-        if len(model.inputs) != 1:
-            raise DataError(f"{path}: the net has {len(model.inputs)} inputs {list(model.inputs)}; "
-                            f"pass a .npz with one array per input blob")
-        arrays = {next(iter(model.inputs)): arrays}
-    missing = [k for k in model.inputs if k not in arrays]
-    if missing:
-        raise DataError(f"{path}: no array for input blob(s) {', '.join(missing)}; "
-                        f"it holds {', '.join(arrays) or 'nothing'}")
-    return {k: arrays[k] for k in model.inputs}
 
 
 def probe(fp32_model, quant_model, inputs):
@@ -178,6 +160,9 @@ def run(args):
     # the input batch matters to the ONNX file only (the other formats hold the net as written):
     # the exporter applies it, to the model as the prototxt declares it
     model = load_model(argparse.Namespace(**{**vars(args), "batch": None}))
+    if args.calibrate is not None:
+        from .calibration import run_static_int8
+        return run_static_int8(args, model, model_path, weights, lines, keep, only)
 
     stored = sorted(set((getattr(model, "quantization", {}) or {}).values()))
     target = args.to or (stored[0] if len(stored) == 1 else "fp32")
@@ -222,7 +207,7 @@ def run(args):
     if getattr(args, "format", None) == "pytorch":
         return _run_pytorch(args, model_path, weights, qmodel, target, report, lines, out)
 
-    probe_inputs = _read_probe(args.probe, model) if args.probe else None
+    probe_inputs = net_inputs(args.probe, model) if args.probe else None
 
     written, onnx_stats = write_model_file(qmodel, out, protected, opset=opset, batch=batch,
                                            optimize=not args.no_optimize)

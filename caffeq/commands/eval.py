@@ -15,14 +15,15 @@ from .options import (
     add_device_arg,
     add_json_arg,
     add_model_args,
+    add_preprocess_args,
     add_progress_arg,
+    add_speed_args,
     add_workers_arg,
     default_workers,  # noqa: F401  (kept importable from here)
-    nonnegative_int,
-    number,
     positive_int,
     progress_wanted,
     report_stream,
+    transform_from_args,
 )
 
 
@@ -51,47 +52,32 @@ def add_parser(sub):
     p.add_argument("--output", metavar="BLOB", help="the blob holding the class scores (default: what the "
                                                      "Accuracy layer reads, else the net's output)")
     add_progress_arg(p)
-    g = p.add_argument_group("preprocessing (override the data layer's transform_param)")
-    g.add_argument("--mean-file", metavar="MEAN.binaryproto", help="per-pixel mean (Caffe binaryproto)")
-    g.add_argument("--mean-value", metavar="V[,V,...]", help="one mean, or one per channel (net order)")
-    g.add_argument("--scale", type=number, default=None, help="multiply (pixel - mean) by this")
-    g.add_argument("--crop-size", type=nonnegative_int, default=None, help="centre crop (square)")
-    g.add_argument("--resize", metavar="HxW", help="resize images first (OpenCV bilinear, as ImageData)")
-    g.add_argument("--channel-order", choices=["BGR", "RGB", "bgr", "rgb"], default=None,
-                   help="colour order the net expects (Caffe: BGR, the default)")
-    g.add_argument("--force-color", action="store_true", default=None, help="decode images in colour")
-    g.add_argument("--force-gray", action="store_true", default=None, help="decode images in grey")
+    add_speed_args(p)
+    p.add_argument("--calibrate", metavar="SRC", default=None,
+                   help="with --to int8: static int8 (activations too), scales calibrated on SRC (a data "
+                        "source or .npy/.npz of inputs), run by onnxruntime's int8 kernels")
+    p.add_argument("--calibrate-images", type=positive_int, default=256, metavar="N",
+                   help="images of --calibrate to use (default 256)")
+    add_preprocess_args(p, decode=True)
     return p
-
-
-def _mean_values(text):
-    if text is None:
-        return None
-    try:
-        return [float(v) for v in str(text).replace(" ", "").split(",") if v]
-    except ValueError:
-        raise DataError(f"--mean-value {text!r}: expected numbers separated by commas") from None
 
 
 def run(args):
     from ..evaluate import evaluate, format_table
     # everything a typo can break is checked before the evaluation
     check_output(args.json, "--json", (args.model, args.weights, args.data))
-    if args.mean_file is not None and not os.path.exists(args.mean_file):
-        raise DataError(f"{args.mean_file}: mean file not found")
     if args.data is not None and not os.path.exists(args.data):
         raise DataError(f"{args.data}: data source not found")
     weights, note = resolve_weights(args.model, args.weights)
     say_found(note)
-    transform = {"mean_file": args.mean_file, "mean_value": _mean_values(args.mean_value),
-                 "scale": args.scale, "crop_size": args.crop_size, "force_color": args.force_color,
-                 "force_gray": args.force_gray}
+    transform, resize, order = transform_from_args(args)
     result = evaluate(args.model, data=args.data, weights=weights, phase=args.phase,
                       ignore_unknown=args.ignore_unknown, targets=args.to, batch_size=args.batch_size or args.batch,
                       device=args.device, workers=args.workers, limit=args.limit, strict=args.strict,
-                      transform=transform, resize=args.resize, channel_order=args.channel_order,
+                      transform=transform, resize=resize, channel_order=order,
                       output=args.output, keep=layer_names_arg(args.keep, "--keep"),
-                      progress=progress_wanted(args))
+                      progress=progress_wanted(args), exact=args.exact, compile=args.compile,
+                      calibrate=args.calibrate, calibrate_images=args.calibrate_images)
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return 0      # under torchrun, rank 0 reports
     for w in result["warnings"]:

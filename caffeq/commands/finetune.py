@@ -17,11 +17,13 @@ from .options import (
     add_batch_size_arg,
     add_device_arg,
     add_json_arg,
+    add_preprocess_args,
     add_progress_arg,
     add_workers_arg,
     nonnegative_int,
     positive_int,
     report_stream,
+    transform_from_args,
 )
 
 _DESCRIPTION = """\
@@ -54,7 +56,6 @@ crops/mirrors."""
 
 
 def add_parser(sub):
-    from .sensitivity import add_preprocess_args
     p = sub.add_parser("finetune", help="fine-tune a binary-weight model to recover its accuracy",
                        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="train_val (or deploy) .prototxt of the float model")
@@ -113,7 +114,6 @@ def _pct(v):
 def run(args):
     from ..finetune import finetune
     from .common import write_json
-    from .sensitivity import transform_from_args
 
     path = args.model
     if path.endswith(".caffeq") and os.path.exists(path):

@@ -16,7 +16,7 @@ import os
 import re
 import sys
 
-from ..errors import CaffeqError
+from ..errors import CaffeqError, DataError
 
 
 class UsageError(CaffeqError):
@@ -217,6 +217,64 @@ def add_batch_size_arg(p, help="images per batch (default: the data layer's batc
     p.add_argument("--batch-size", type=positive_int, default=None, metavar="N", help=help)
 
 
+def mean_values(text):
+    """--mean-value V[,V,...] -> [float, ...]."""
+    try:
+        values = [float(v) for v in str(text).replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected one number, or one per channel")
+    return values
+
+
+def channel_order(text):
+    order = str(text).upper()
+    if order not in ("BGR", "RGB"):
+        raise argparse.ArgumentTypeError(f"BGR or RGB, got {text!r}")
+    return order
+
+
+def add_preprocess_args(p, title="preprocessing (override the data layer's transform_param)", decode=False):
+    """How images become net inputs (eval, finetune, sensitivity, convert --calibrate): flags that
+    replace the data layer's transform_param; decode adds --force-color/--force-gray."""
+    g = p.add_argument_group(title)
+    g.add_argument("--mean-file", metavar="MEAN.binaryproto", help="per-pixel mean (Caffe binaryproto)")
+    g.add_argument("--mean-value", type=mean_values, metavar="V[,V,...]",
+                   help="one mean, or one per channel (net order)")
+    g.add_argument("--scale", type=number, default=None, metavar="S", help="multiply (pixel - mean) by this")
+    g.add_argument("--crop-size", type=nonnegative_int, default=None, metavar="N",
+                   help="square crop (centre at test, random in training)")
+    g.add_argument("--resize", metavar="HxW", help="resize images first (OpenCV bilinear, as ImageData)")
+    g.add_argument("--channel-order", type=channel_order, default=None, metavar="BGR|RGB",
+                   help="colour order the net expects (Caffe: BGR, the default)")
+    if decode:
+        g.add_argument("--force-color", action="store_true", default=None, help="decode images in colour")
+        g.add_argument("--force-gray", action="store_true", default=None, help="decode images in grey")
+    return g
+
+
+def transform_from_args(args):
+    """(transform overrides, resize, channel order) from the flags of add_preprocess_args."""
+    if args.mean_file is not None and not os.path.exists(args.mean_file):
+        raise DataError(f"--mean-file {args.mean_file}: mean file not found")
+    transform = {"mean_file": args.mean_file, "mean_value": args.mean_value, "scale": args.scale,
+                 "crop_size": args.crop_size}
+    for flag in ("force_color", "force_gray"):
+        if hasattr(args, flag):
+            transform[flag] = getattr(args, flag)
+    return transform, args.resize, args.channel_order
+
+
+def add_speed_args(p):
+    """--exact and --compile: which torch module runs (run, eval)."""
+    p.add_argument("--exact", action="store_true",
+                   help="run layer by layer in Caffe's order of operations (default: the optimized module, "
+                        "BatchNorm/Scale folded, channels_last; equal within 1e-5 relative)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile with weight freezing, for long runs (compiling takes a while)")
+
+
 def progress_wanted(args):
     """Progress bars for this command: not --no-progress, and stderr is a terminal."""
     from ..progress import on_terminal
@@ -235,15 +293,20 @@ __all__ = [
     "add_device_arg",
     "add_json_arg",
     "add_model_args",
+    "add_preprocess_args",
     "add_progress_arg",
+    "add_speed_args",
     "add_workers_arg",
+    "channel_order",
     "default_workers",
     "device",
     "did_you_mean",
+    "mean_values",
     "nonnegative_int",
     "number",
     "positive_int",
     "progress_wanted",
     "report_stream",
+    "transform_from_args",
     "workers",
 ]

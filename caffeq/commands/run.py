@@ -4,8 +4,9 @@ import os
 import numpy as np
 
 from ..errors import DataError
+from ..data.arrays import load_arrays
 from .common import atomic_output, check_output, layer_names_arg, load_model
-from .options import add_batch_size_arg, add_device_arg, add_model_args
+from .options import add_batch_size_arg, add_device_arg, add_model_args, add_speed_args
 
 
 def add_parser(sub):
@@ -20,22 +21,11 @@ def add_parser(sub):
     add_batch_size_arg(p, help="run in chunks of this many items (default: all at once)")
     p.add_argument("--all-blobs", action="store_true",
                    help="save every blob (a blob rewritten in place: its final value, as Caffe shows it)")
+    add_speed_args(p)
     p.add_argument("--to", default="fp32", choices=["fp32", "fp16", "int8", "binary"],
                    help="quantize weights first (fp16 computes in fp16 on CUDA, fp32 on CPU)")
     p.add_argument("--keep", default=None, help="with --to binary: layers kept fp32 (none or NAME,...)")
     return p
-
-
-def read_inputs(path):
-    if not os.path.exists(path):
-        raise DataError(f"{path}: no such file")
-    try:
-        if path.endswith(".npz"):
-            with np.load(path, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
-        return np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise DataError(f"{path}: not a numpy .npy/.npz file: {e}") from None
 
 
 def run(args):
@@ -47,7 +37,7 @@ def run(args):
     if args.to != "fp32":
         from ..quant import quantize
         model = quantize(model, args.to, keep=layer_names_arg(args.keep, "--keep"))
-    inputs = read_inputs(args.input)
+    inputs = load_arrays(args.input)
     dtype = None
     if args.to == "fp16" and args.device != "cpu":
         import torch
@@ -56,7 +46,7 @@ def run(args):
         if resolve_device(args.device).type == "cuda":
             dtype = torch.float16
     outputs = model.run(inputs, device=args.device, all_blobs=args.all_blobs, batch_size=args.batch_size,
-                        dtype=dtype)
+                        dtype=dtype, exact=args.exact, compile=args.compile)
     with atomic_output(args.output, inputs=(args.model, args.input, args.weights)) as f:
         np.savez(f, **outputs)
     print(f"wrote {args.output}: " + ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items()))

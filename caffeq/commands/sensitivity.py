@@ -2,19 +2,19 @@
 import argparse
 import os
 
-from ..errors import CaffeqError, DataError
+from ..errors import CaffeqError
 from .common import check_output, resolve_weights, say_found
 from .options import (
     add_batch_size_arg,
     add_device_arg,
     add_json_arg,
+    add_preprocess_args,
     add_progress_arg,
     add_workers_arg,
-    nonnegative_int,
-    number,
     positive_int,
     progress_wanted,
     report_stream,
+    transform_from_args,
 )
 
 _DESCRIPTION = """\
@@ -29,40 +29,6 @@ preprocessing; --data replaces the source.  --budget POINTS prints which
 layers the budget rule keeps fp32 (the fewest, most sensitive first, that
 bring the estimated drop, the sum of single-layer drops, within the budget):
 the same rule as `finetune --budget` and `convert --budget`."""
-
-
-def add_preprocess_args(p):
-    """The preprocessing flags of `eval` (they override the data layer's transform_param)."""
-    g = p.add_argument_group("preprocessing (override the data layer's transform_param)")
-    g.add_argument("--mean-file", metavar="MEAN.binaryproto", help="per-pixel mean (Caffe binaryproto)")
-    g.add_argument("--mean-value", metavar="V[,V,...]", help="one mean, or one per channel (net order)")
-    g.add_argument("--scale", type=number, default=None, metavar="S", help="multiply (pixel - mean) by this")
-    g.add_argument("--crop-size", type=nonnegative_int, default=None, metavar="N",
-                   help="square crop (centre at test, random in training)")
-    g.add_argument("--resize", metavar="HxW", help="resize images first (OpenCV bilinear, as ImageData)")
-    g.add_argument("--channel-order", default=None, metavar="BGR|RGB",
-                   help="colour order the net expects (Caffe: BGR, the default)")
-    return g
-
-
-def transform_from_args(args):
-    """(transform dict, resize, channel order) from the preprocessing flags."""
-    if args.mean_file is not None and not os.path.exists(args.mean_file):
-        raise DataError(f"--mean-file {args.mean_file}: mean file not found")
-    mean_value = None
-    if args.mean_value is not None:
-        try:
-            mean_value = [float(v) for v in str(args.mean_value).replace(" ", "").split(",") if v]
-        except ValueError:
-            raise DataError(f"--mean-value {args.mean_value!r}: expected numbers separated by commas") from None
-    order = None
-    if args.channel_order is not None:
-        order = str(args.channel_order).upper()
-        if order not in ("BGR", "RGB"):
-            raise DataError(f"--channel-order {args.channel_order!r}: BGR or RGB")
-    transform = {"mean_file": args.mean_file, "mean_value": mean_value,
-                 "scale": args.scale, "crop_size": args.crop_size}
-    return transform, args.resize, order
 
 
 def add_parser(sub):
@@ -136,4 +102,4 @@ def run(args):
     return 0
 
 
-__all__ = ["add_parser", "add_preprocess_args", "run", "transform_from_args"]
+__all__ = ["add_parser", "run"]

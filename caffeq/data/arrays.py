@@ -17,6 +17,41 @@ DATA_KEYS = ("data", "images", "x", "inputs")
 LABEL_KEYS = ("label", "labels", "y", "targets")
 
 
+def load_arrays(path):
+    """An .npy file's array, or an .npz file's {name: array} (read whole, never unpickled)."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file")
+    try:
+        if path.endswith(".npz"):
+            with np.load(path, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+        return np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise DataError(f"{path}: not a numpy .npy/.npz file: {e}") from None
+
+
+def net_inputs(path, model):
+    """{input blob: float32 array} from an .npy (a net with one input) or an .npz by blob name,
+    each the shape the net takes but for the batch."""
+    arrays = load_arrays(path)
+    names = list(model.inputs)
+    if isinstance(arrays, np.ndarray):
+        if len(names) != 1:
+            raise DataError(f"{path}: the net has {len(names)} inputs {names}; pass a .npz with one array "
+                            f"per input blob")
+        arrays = {names[0]: arrays}
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise DataError(f"{path}: no array for input blob(s) {', '.join(missing)}; it holds "
+                        f"{', '.join(arrays) or 'nothing'}")
+    for n in names:
+        want, got = model.inputs[n], arrays[n].shape
+        if len(got) != len(want) or tuple(got[1:]) != tuple(want[1:]):
+            raise DataError(f"{path}: '{n}' is {list(got)}; the net takes {['N'] + list(want[1:])}")
+    return {n: np.asarray(arrays[n], np.float32) for n in names}
+
+
 def _npz_member(path, key):
     """A memory map of one uncompressed npz member, or a loaded array when it is compressed."""
     with zipfile.ZipFile(path) as z:

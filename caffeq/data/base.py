@@ -4,6 +4,7 @@ A dataset item is a tuple `(index, array or None, label, error or None)`:
 decoding problems become an error message for that one item (the evaluation
 counts and lists them) instead of an exception in a worker process.
 """
+import contextlib
 import importlib
 import math
 import os
@@ -45,6 +46,20 @@ class ProcessHandles:
         handle = self.opener(path, None if got is None else got[1])
         self.handles[key] = (os.getpid(), handle)
         return handle
+
+    @contextlib.contextmanager
+    def borrowed(self, path):
+        """The handle for one quick read: one this process already holds stays open, one opened
+        here is closed afterwards (reading a net's shapes leaves no database open)."""
+        key = os.path.realpath(path)
+        got = self.handles.get(key)
+        held = got is not None and got[0] == os.getpid()
+        handle = self.get(path)
+        try:
+            yield handle
+        finally:
+            if not held:
+                self.close(path)
 
     def close(self, path=None):
         """Close this process's handle on `path` (all of them when None)."""
@@ -239,9 +254,10 @@ class Collate:
 
 
 def worker_init(_worker_id):
-    """One OpenCV thread per worker process: the workers are the parallelism."""
+    """No OpenCV thread pool in a worker process: the workers are the parallelism, and a pool
+    inherited through fork from a parent that used it can deadlock."""
     try:
         import cv2
-        cv2.setNumThreads(1)
+        cv2.setNumThreads(0)
     except ImportError:
         pass

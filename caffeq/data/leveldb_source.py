@@ -38,7 +38,7 @@ close_db = _DBS.close
 
 def first_datum_shape(path):
     """C x H x W of the first record, as Caffe's Data layer reads it to shape its top."""
-    with shared_db(path).iterator() as it:
+    with _DBS.borrowed(path) as db, db.iterator() as it:
         first = next(it, None)
     if first is None:
         raise DataError(f"{path}: the LevelDB database is empty")

@@ -74,7 +74,7 @@ def decode_datum(d, where="datum", dtype=np.float32, is_color=None):
 
 
 def first_datum_shape(path):
-    with shared_env(path).begin() as txn:
+    with _ENVS.borrowed(path) as env, env.begin() as txn:
         cur = txn.cursor()
         if not cur.first():
             raise DataError(f"{path}: the LMDB database is empty")

@@ -18,6 +18,7 @@ from . import (  # noqa: F401,E402
     python_layers,
     rcnn,
     recurrent,
+    roi_pooling,
     segmentation,
     sequence,
     shape_ops,

@@ -28,10 +28,12 @@ def parse_conv(lp, depthwise=False):
     return attrs
 
 
-def _resolve_spatial(attrs, in_shape):
-    """Fill kernel/stride/pad/dilation once the input rank is known (Caffe's LayerSetUp)."""
+def resolve_geometry(attrs, in_shape):
+    """Fill axis, kernel, stride, pad and dilation from attrs["param"] (a ConvolutionParameter) once
+    the input rank is known, as BaseConvolutionLayer and Im2colLayer::LayerSetUp read them.
+    Returns False when they were already filled for this rank."""
     if "kernel" in attrs and attrs.get("_ndim") == len(in_shape):
-        return
+        return False
     p = attrs["param"]
     axis = canonical_axis(attrs["axis"], len(in_shape), "convolution_param.axis")
     nsp = len(in_shape) - axis - 1
@@ -44,6 +46,14 @@ def _resolve_spatial(attrs, in_shape):
     attrs["stride"] = spatial_params(p, nsp, "stride", 1, min_value=1)
     attrs["pad"] = spatial_params(p, nsp, "pad", 0, min_value=0)
     attrs["dilation"] = spatial_params(p, nsp, "dilation", 1, allow_hw=False, min_value=1)
+    return True
+
+
+def _resolve_spatial(attrs, in_shape):
+    """Geometry, then the convolution's own checks (depthwise group, channels by group)."""
+    if not resolve_geometry(attrs, in_shape):
+        return
+    axis = attrs["_axis"]
     if attrs["depthwise"]:
         channels = in_shape[axis]
         attrs["group"] = channels

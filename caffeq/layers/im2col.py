@@ -5,33 +5,12 @@ import math
 import numpy as np
 import torch.nn.functional as F
 
-from .registry import Layer, LayerError, canonical_axis, register_layer
+from .conv import resolve_geometry
+from .registry import Layer, LayerError, register_layer
 from .shape_ops import i64, onnx_dims, onnx_reshape
 
 
 # ---- Im2col -------------------------------------------------------------------
-
-def _conv_field(p, nsp, name, hw, default, what):
-    """Caffe's Im2colLayer::LayerSetUp reading of kernel/stride/pad (scalar, per-axis or _h/_w)."""
-    h, w = hw
-    if h and (p.HasField(h) or p.HasField(w)):
-        if nsp != 2:
-            raise LayerError(f"{h}/{w} can only be used for 2-D data")
-        if len(getattr(p, name)):
-            raise LayerError(f"set either {name} or {h}/{w}, not both")
-        return (int(getattr(p, h)), int(getattr(p, w)))
-    rep = [int(v) for v in getattr(p, name)]
-    if not rep:
-        if default is None:
-            raise LayerError(f"convolution_param.{name} is required")
-        return (default,) * nsp
-    if len(rep) == 1:
-        return (rep[0],) * nsp
-    if len(rep) != nsp:
-        raise LayerError(f"{name} must be given once or once per spatial axis ({nsp}), "
-                         f"got {len(rep)} values for {what}")
-    return tuple(rep)
-
 
 @register_layer("Im2col")
 class Im2col(Layer):
@@ -39,26 +18,7 @@ class Im2col(Layer):
         return {"param": lp.convolution_param, "axis": int(lp.convolution_param.axis)}
 
     def _resolve(self, attrs, shape):
-        ndim = len(shape)
-        if attrs.get("_ndim") == ndim:
-            return
-        p = attrs["param"]
-        axis = canonical_axis(attrs["axis"], ndim, "convolution_param.axis")
-        nsp = ndim - axis - 1
-        if nsp < 1:
-            raise LayerError(f"bottom {list(shape)} has no spatial axes after axis {axis}")
-        what = f"{nsp} spatial axes"
-        kernel = _conv_field(p, nsp, "kernel_size", ("kernel_h", "kernel_w"), None, what)
-        stride = _conv_field(p, nsp, "stride", ("stride_h", "stride_w"), 1, what)
-        pad = _conv_field(p, nsp, "pad", ("pad_h", "pad_w"), 0, what)
-        dilation = _conv_field(p, nsp, "dilation", (None, None), 1, what)
-        if any(k <= 0 for k in kernel):
-            raise LayerError(f"kernel dimensions must be > 0, got {list(kernel)}")
-        if any(s <= 0 for s in stride):
-            raise LayerError(f"stride dimensions must be > 0, got {list(stride)}")
-        if any(d <= 0 for d in dilation):
-            raise LayerError(f"dilation must be > 0, got {list(dilation)}")
-        attrs.update(_ndim=ndim, _axis=axis, kernel=kernel, stride=stride, pad=pad, dilation=dilation)
+        resolve_geometry(attrs, shape)   # Im2colLayer::LayerSetUp reads them as convolutions do
 
     @staticmethod
     def _out_shape(attrs, shape):

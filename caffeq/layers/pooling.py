@@ -133,8 +133,9 @@ def caffe_pool2d(x, mode: str, kernel: list[int], stride: list[int], pad: list[i
     if mode == "max":
         xp = F.pad(x, pads, value=float("-inf")) if padded else x
         # Caffe starts every window at -FLT_MAX: an empty window (stride > kernel, ceil rounding)
-        # keeps it, and -inf never wins
-        y = F.max_pool2d(xp, kernel, stride).clamp_min(-3.4028234663852886e38)
+        # keeps it, and -inf never wins; fp16 has no -FLT_MAX, its lowest value stands in
+        floor = -65504.0 if x.dtype == torch.float16 else -3.4028234663852886e38
+        y = F.max_pool2d(xp, kernel, stride).clamp_min(floor)
         return y[:, :, :out[0], :out[1]]
     xp = F.pad(x, pads) if padded else x
     y = F.avg_pool2d(xp, kernel, stride, divisor_override=1)[:, :, :out[0], :out[1]]
@@ -159,9 +160,10 @@ def caffe_max_pool2d_mask(x, kernel: list[int], stride: list[int], pad: list[int
     y, cell = y[:, :, :out[0], :out[1]], cell[:, :, :out[0], :out[1]]
     padded_width = size[1] + pads[0] + pads[1]
     index = (cell // padded_width - pad[0]) * size[1] + cell % padded_width - pad[1]
-    found = y > -3.4028234663852886e38
+    floor = -65504.0 if x.dtype == torch.float16 else -3.4028234663852886e38
+    found = y > floor
     mask = torch.where(found, index.to(x.dtype), torch.full_like(y, -1.0))
-    return y.clamp_min(-3.4028234663852886e38), mask
+    return y.clamp_min(floor), mask
 
 
 class CaffePool2d(nn.Module):

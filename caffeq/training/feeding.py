@@ -7,7 +7,7 @@ import torch
 
 from ..data import Collate, DataTransformer, worker_init
 from ..errors import DataError
-from ..evaluate import as_input_layer, phase_data_layer
+from ..data.plan import as_input_layer, phase_data_layer
 from ..model import load
 from . import FinetuneError
 

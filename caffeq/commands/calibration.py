@@ -1,0 +1,64 @@
+"""`convert --to int8 --calibrate SRC`: the static-int8 options of convert and their run.
+
+Kept apart from convert.py, which only adds these options and hands over when --calibrate is given.
+"""
+import os
+import sys
+
+from ..errors import CaffeqError
+from .common import display_path, format_bytes
+from .options import add_preprocess_args, positive_int, transform_from_args
+
+
+def add_arguments(p):
+    g = p.add_argument_group("static int8 (--to int8 --calibrate SRC)")
+    g.add_argument("--calibrate", metavar="SRC", default=None,
+                   help="quantize activations too: per-tensor scales calibrated on SRC (LMDB, image list, "
+                        "image folder, or an .npy/.npz of preprocessed inputs); writes a QDQ ONNX that "
+                        "onnxruntime runs on int8 kernels")
+    g.add_argument("--calibrate-images", type=positive_int, default=256, metavar="N",
+                   help="items of SRC to calibrate on (default 256)")
+    g.add_argument("--calibrate-method", default="minmax,percentile,entropy", metavar="M[,M...]",
+                   help="activation range methods to try; the one agreeing best with fp32 on SRC is "
+                        "written (default: all three)")
+    add_preprocess_args(p, title="static int8: how SRC's images become net inputs (default: the data "
+                                 "layer's transform_param)")
+
+
+def run_static_int8(args, model, model_path, weights, lines, keep, only):
+    """Calibrate, write the QDQ ONNX, print what was done."""
+    from ..quant.static_int8 import calibration_inputs, format_summary, static_int8
+    target = args.to or "fp32"
+    if target != "int8":
+        raise CaffeqError(f"--calibrate quantizes activations to int8; use it with --to int8 (not {target})")
+    if getattr(model, "quantization", None):
+        raise CaffeqError(f"{model_path} is already quantized; calibrate the fp32 prototxt and caffemodel")
+    out = args.output or f"{os.path.splitext(os.path.basename(model_path))[0]}.int8.onnx"
+    if os.path.splitext(out)[1].lower() != ".onnx" or getattr(args, "format", None):
+        raise CaffeqError(f"-o {out}: static int8 (--calibrate) writes a QDQ .onnx file")
+    if args.budget is not None:
+        raise CaffeqError("--budget does not apply to --calibrate; choose float layers with --keep/--only")
+    if args.no_optimize or args.batch not in (None, "dynamic") or args.onnx_batch not in (None, "dynamic"):
+        raise CaffeqError("--calibrate writes an optimized file with a dynamic batch; drop "
+                          "--no-optimize/--batch/--onnx-batch")
+    methods = [m.strip().lower() for m in str(args.calibrate_method).split(",") if m.strip()]
+    transform, resize, order = transform_from_args(args)
+    notes = []
+    arrays = calibration_inputs(model, args.calibrate, args.calibrate_images, transform=transform,
+                                resize=resize, channel_order=order, notes=notes)
+    for n in notes:
+        print(f"caffeq: warning: --calibrate {args.calibrate}: {n}", file=sys.stderr)
+    protected = [p for p in (model_path, weights, args.calibrate) if p]
+    info = static_int8(model, out, arrays, keep=keep, only=only, methods=methods, opset=args.opset,
+                       inputs=protected)
+    lines.extend(format_summary(info))
+    src = weights or model_path
+    lines.append(f"wrote {display_path(out)} (static int8, QDQ ONNX opset {info['opset']})")
+    lines.append(f"size: {display_path(src)} {format_bytes(os.path.getsize(src))} -> {display_path(out)} "
+                 f"{format_bytes(info['file_size'])}")
+    print("\n".join(lines), file=sys.stdout if args.json != "-" else sys.stderr)
+    if args.json:
+        from .common import write_json
+        write_json(args.json, {"model": model_path, "weights": weights, "target": "int8", "static": True,
+                               "output": out, "format": "onnx", "written": [out], "static_int8": info})
+    return 0

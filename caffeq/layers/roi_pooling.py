@@ -1,0 +1,251 @@
+"""ROI pooling from the detection forks: ROIPooling (Fast/Faster R-CNN), PSROIPooling (R-FCN).
+
+rois are (R, 5) = [batch, x1, y1, x2, y2] in input pixels.
+- ROIPooling: corners times spatial_scale, rounded with C's round(); integer bins by floor/ceil of
+  float32 bin sizes, clipped to the map; the max over each bin; an empty bin gives 0.
+- PSROIPooling: corners C-rounded, then scaled in float32 (the end corner + 1); bin (i, j) of the
+  group_size x group_size grid averages channel block (i, j) of each output channel over its cells;
+  an empty bin gives 0.
+
+The bins are computed on the CPU in the forks' float32 arithmetic, the pooling on the input's device.
+The torch functions below serve `forward` and are copied into model.py (inspect.getsource).
+ONNX: ROIPooling -> MaxRoiPool (onnxruntime rounds and bins as Fast R-CNN does; checked in the
+tests); ONNX has no position-sensitive ROI pooling, so PSROIPooling is refused.
+"""
+import inspect
+import math
+
+import torch
+from torch import nn
+
+from ..errors import ExportError
+from .registry import Layer, LayerError, register_layer
+
+# ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
+
+
+def c_round(v):
+    """C's round() of float64 values: half away from zero (torch.round is half to even)."""
+    return torch.sign(v) * torch.floor(torch.abs(v) + 0.5)
+
+
+def bin_mask(starts, ends, n: int):
+    """(bins, n) bool: position p lies in bin k when starts[k] <= p < ends[k]."""
+    pos = torch.arange(n)
+    return (pos[None, :] >= starts[:, None]) & (pos[None, :] < ends[:, None])
+
+
+def roi_rows(rois, kind: str):
+    """rois as (R, 5) float32 rows on the CPU, where the bins are computed."""
+    r = rois.reshape(rois.shape[0], -1)
+    if r.shape[1] != 5:
+        raise ValueError(f"{kind}: rois must be (R, 5) = [batch, x1, y1, x2, y2], got {list(rois.shape)}")
+    return r.detach().float().cpu()
+
+
+def roi_batch_index(roi, n: int, kind: str):
+    b = int(roi[0])
+    if not 0 <= b < n:
+        raise ValueError(f"{kind}: roi batch index {b} is outside the batch of {n}")
+    return b
+
+
+def roi_bins(roi, scale: float, ph: int, pw: int, h: int, w: int):
+    """Fast R-CNN's integer bins of one roi [batch, x1, y1, x2, y2] (float32, CPU): hstart, hend,
+    wstart, wend, clipped to the map."""
+    f32 = torch.float32
+    x1, y1, x2, y2 = c_round((roi[1:5] * torch.tensor(scale, dtype=f32)).double()).tolist()
+    rh = max(int(y2 - y1) + 1, 1)
+    rw = max(int(x2 - x1) + 1, 1)
+    bh = torch.tensor(float(rh), dtype=f32) / torch.tensor(float(ph), dtype=f32)
+    bw = torch.tensor(float(rw), dtype=f32) / torch.tensor(float(pw), dtype=f32)
+    hs = torch.floor(torch.arange(ph, dtype=f32) * bh).long() + int(y1)
+    he = torch.ceil(torch.arange(1, ph + 1, dtype=f32) * bh).long() + int(y1)
+    ws = torch.floor(torch.arange(pw, dtype=f32) * bw).long() + int(x1)
+    we = torch.ceil(torch.arange(1, pw + 1, dtype=f32) * bw).long() + int(x1)
+    return hs.clamp(0, h), he.clamp(0, h), ws.clamp(0, w), we.clamp(0, w)
+
+
+def roi_max_pool(x, rois, ph: int, pw: int, spatial_scale: float):
+    """Fast R-CNN's ROIPooling -> (R, C, ph, pw)."""
+    r = roi_rows(rois, "ROIPooling")
+    n, c, h, w = x.shape
+    outs = []
+    neg = torch.tensor(float("-inf"), device=x.device, dtype=x.dtype)
+    zero = torch.zeros((), device=x.device, dtype=x.dtype)
+    for roi in r:
+        b = roi_batch_index(roi, n, "ROIPooling")
+        hs, he, ws, we = roi_bins(roi, spatial_scale, ph, pw, h, w)
+        empty = ((he <= hs)[:, None] | (we <= ws)[None, :]).to(x.device)
+        h0, h1 = int(hs.min()), max(int(he.max()), int(hs.min()) + 1)
+        w0, w1 = int(ws.min()), max(int(we.max()), int(ws.min()) + 1)
+        h1, w1 = min(h1, h), min(w1, w)
+        if h0 >= h1 or w0 >= w1:  # the whole roi is outside the map
+            outs.append(torch.zeros((c, ph, pw), device=x.device, dtype=x.dtype))
+            continue
+        region = x[b, :, h0:h1, w0:w1]  # (C, rh, rw)
+        mw = bin_mask(ws - w0, we - w0, w1 - w0).to(x.device)  # (pw, rw)
+        mh = bin_mask(hs - h0, he - h0, h1 - h0).to(x.device)  # (ph, rh)
+        cols = torch.where(mw[None, None], region[:, :, None, :], neg).amax(-1)  # (C, rh, pw)
+        bins = torch.where(mh[None, :, :, None], cols[:, None, :, :], neg).amax(2)  # (C, ph, pw)
+        outs.append(torch.where(empty[None], zero, bins))
+    if not outs:
+        return x.new_zeros((0, c, ph, pw))
+    return torch.stack(outs)
+
+
+def ps_roi_avg_pool(x, rois, output_dim: int, group_size: int, spatial_scale: float):
+    """R-FCN's PSROIPooling -> (R, output_dim, group_size, group_size); x has
+    output_dim * group_size^2 channels."""
+    f32 = torch.float32
+    r = roi_rows(rois, "PSROIPooling")
+    n, _, h, w = x.shape
+    g, dim = group_size, output_dim
+    scale = torch.tensor(spatial_scale, dtype=f32)
+    x5 = x.reshape(n, dim, g, g, h, w)
+    outs = []
+    for roi in r:
+        b = roi_batch_index(roi, n, "PSROIPooling")
+        corners = c_round(roi[1:5].double())  # x1, y1, x2, y2
+        start = corners[:2].float() * scale  # (x, y), float32 as R-FCN
+        end = (corners[2:] + 1.0).float() * scale
+        size = torch.maximum(end - start, torch.tensor(0.1, dtype=f32))
+        bin_size = size / torch.tensor(float(g), dtype=f32)
+        k = torch.arange(g, dtype=f32)
+        hs = torch.floor(k * bin_size[1] + start[1]).long().clamp(0, h)
+        he = torch.ceil((k + 1) * bin_size[1] + start[1]).long().clamp(0, h)
+        ws = torch.floor(k * bin_size[0] + start[0]).long().clamp(0, w)
+        we = torch.ceil((k + 1) * bin_size[0] + start[0]).long().clamp(0, w)
+        area = ((he - hs).clamp(min=0)[:, None] * (we - ws).clamp(min=0)[None, :]).to(x.device, x.dtype)
+        mh = bin_mask(hs, he, h).to(x.device, x.dtype)
+        mw = bin_mask(ws, we, w).to(x.device, x.dtype)
+        sums = torch.einsum("opqhw,ph,qw->opq", x5[b], mh, mw)
+        outs.append(torch.where(area > 0, sums / area.clamp(min=1), torch.zeros_like(sums)))
+    if not outs:
+        return x.new_zeros((0, dim, g, g))
+    return torch.stack(outs)
+
+
+class ROIPool(nn.Module):
+    """Fast R-CNN's ROIPooling (see roi_max_pool)."""
+
+    def __init__(self, pooled_h: int, pooled_w: int, spatial_scale: float = 1.0):
+        super().__init__()
+        self.pooled_h, self.pooled_w, self.spatial_scale = pooled_h, pooled_w, spatial_scale
+
+    def forward(self, x, rois):
+        return roi_max_pool(x, rois, self.pooled_h, self.pooled_w, self.spatial_scale)
+
+
+class PSROIPool(nn.Module):
+    """R-FCN's PSROIPooling (see ps_roi_avg_pool)."""
+
+    def __init__(self, output_dim: int, group_size: int, spatial_scale: float = 1.0):
+        super().__init__()
+        self.output_dim, self.group_size, self.spatial_scale = output_dim, group_size, spatial_scale
+
+    def forward(self, x, rois):
+        return ps_roi_avg_pool(x, rois, self.output_dim, self.group_size, self.spatial_scale)
+
+
+def _source(*objects):
+    return "\n\n\n".join(inspect.getsource(o) for o in objects)
+
+
+# model.py gets the same functions, so the export stays bit-identical to forward
+TORCH_ROI_COMMON = _source(c_round, bin_mask, roi_rows, roi_batch_index)
+TORCH_ROI_POOLING = _source(roi_bins, roi_max_pool, ROIPool)
+TORCH_PSROI_POOLING = _source(ps_roi_avg_pool, PSROIPool)
+
+
+# ---- the specs ---------------------------------------------------------------------------
+
+def _check_roi_shapes(where, in_shapes):
+    s, r = in_shapes
+    if len(s) != 4:
+        raise LayerError(f"{where} needs a 4-axis input, got {list(s)}")
+    if not r or math.prod(r[1:]) != 5:
+        raise LayerError(f"{where}: rois must be (R, 5) = [batch, x1, y1, x2, y2], got {list(r)}")
+
+
+def _run(fn, *args):
+    try:
+        return fn(*args)
+    except ValueError as e:   # a roi that does not fit the batch: the user's data, one clear line
+        raise LayerError(str(e)) from None
+
+
+@register_layer("ROIPooling")
+class ROIPooling(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 2:
+            raise LayerError(f"ROIPooling takes 2 bottoms (data, rois), got {len(lp.bottom)}")
+        p = lp.roi_pooling_param
+        if p.pooled_h <= 0 or p.pooled_w <= 0:
+            raise LayerError(f"roi_pooling_param.pooled_h and pooled_w must be > 0, "
+                             f"got {p.pooled_h} x {p.pooled_w}")
+        return {"ph": int(p.pooled_h), "pw": int(p.pooled_w), "scale": float(p.spatial_scale)}
+
+    def infer(self, attrs, in_shapes):
+        _check_roi_shapes("ROIPooling", in_shapes)
+        s, r = in_shapes
+        return [(r[0], s[1], attrs["ph"], attrs["pw"])]
+
+    def forward(self, attrs, params, x, rois):
+        return _run(roi_max_pool, x, rois, attrs["ph"], attrs["pw"], attrs["scale"])
+
+    def onnx(self, ctx, node):
+        import numpy as np
+        a = node.attrs
+        rois = node.inputs[1]
+        if len(ctx.shape(rois)) != 2:
+            flat = ctx.tmp(node.name + "_rois")
+            ctx.add_node("Reshape", [rois, ctx.const(np.array([-1, 5], np.int64))], [flat])
+            rois = flat
+        # onnxruntime's MaxRoiPool rounds the corners and forms the bins as Fast R-CNN does
+        ctx.add_node("MaxRoiPool", [node.inputs[0], rois], [node.outputs[0]], name=node.name,
+                     pooled_shape=[a["ph"], a["pw"]], spatial_scale=a["scale"])
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        emit.helper(TORCH_ROI_COMMON)
+        cls = emit.helper(TORCH_ROI_POOLING)
+        m = emit.module(f"{cls}({a['ph']}, {a['pw']}, spatial_scale={emit.lit(a['scale'])})")
+        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
+
+
+@register_layer("PSROIPooling")
+class PSROIPooling(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 2:
+            raise LayerError(f"PSROIPooling takes 2 bottoms (data, rois), got {len(lp.bottom)}")
+        p = lp.psroi_pooling_param
+        for f in ("spatial_scale", "output_dim", "group_size"):
+            if not p.HasField(f):
+                raise LayerError(f"psroi_pooling_param.{f} is required")
+        if p.output_dim <= 0 or p.group_size <= 0:
+            raise LayerError(f"psroi_pooling_param.output_dim and group_size must be > 0, "
+                             f"got {p.output_dim} and {p.group_size}")
+        return {"scale": float(p.spatial_scale), "dim": int(p.output_dim), "group": int(p.group_size)}
+
+    def infer(self, attrs, in_shapes):
+        _check_roi_shapes("PSROIPooling", in_shapes)
+        s, r = in_shapes
+        g = attrs["group"]
+        if s[1] != attrs["dim"] * g * g:
+            raise LayerError(f"input has {s[1]} channels; output_dim {attrs['dim']} x group_size^2 {g * g} "
+                             f"= {attrs['dim'] * g * g} are needed")
+        return [(r[0], attrs["dim"], g, g)]
+
+    def forward(self, attrs, params, x, rois):
+        return _run(ps_roi_avg_pool, x, rois, attrs["dim"], attrs["group"], attrs["scale"])
+
+    def onnx(self, ctx, node):
+        raise ExportError(f"layer '{node.name}' (PSROIPooling): ONNX has no position-sensitive ROI pooling op")
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        emit.helper(TORCH_ROI_COMMON)
+        cls = emit.helper(TORCH_PSROI_POOLING)
+        m = emit.module(f"{cls}({a['dim']}, {a['group']}, spatial_scale={emit.lit(a['scale'])})")
+        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

@@ -1,0 +1,115 @@
+"""The optimized module is the default of Model.run, run and eval; exact=True / --exact and
+all_blobs give the layer-by-layer one."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import caffeq
+from caffeq.evaluate import evaluate
+
+REPO = Path(__file__).resolve().parents[1]
+DIGITS = REPO / "examples" / "digits"
+
+
+def _digits():
+    return caffeq.load(DIGITS / "deploy.prototxt", DIGITS / "model.caffemodel")
+
+
+def _inputs(n=7):
+    return np.random.default_rng(1).uniform(-0.5, 0.5, (n, 1, 16, 16)).astype(np.float32)
+
+
+def test_default_is_folded_and_exact_is_caffes_order():
+    model = _digits()
+    x = _inputs()
+    fast = model.run(x)["prob"]
+    gm = model.run_cache[2]
+    kinds = {m.caffe_type for m in gm.modules() if hasattr(m, "caffe_type")}
+    assert "BatchNorm" not in kinds and "Scale" not in kinds          # folded into the convolutions
+    if torch.backends.mkldnn.is_available():
+        from caffeq.backends.torch_backend import PackedConv2d
+        assert isinstance(gm.conv1, PackedConv2d) and gm.conv1.relu     # packed once, ReLU fused
+        assert not hasattr(gm, "relu1")
+    else:
+        assert gm.conv1.blob_tensors()[0].is_contiguous(memory_format=torch.channels_last)
+    exact = model.run(x, exact=True)["prob"]
+    with torch.inference_mode():
+        plain = model.to_torch()(torch.from_numpy(x)).numpy()
+    np.testing.assert_array_equal(exact, plain)                        # exact: the plain module
+    np.testing.assert_allclose(fast, exact, rtol=1e-5, atol=1e-6)
+    every = model.run(x, all_blobs=True)                               # every blob: exact too
+    assert set(every) == set(model.blob_shapes)
+    np.testing.assert_array_equal(every["prob"], exact)
+
+
+def test_module_is_built_once_and_follows_new_weights():
+    model = _digits()
+    x = _inputs(3)
+    a = model.run(x)["prob"]
+    first = model.run_cache[2]
+    model.run(x)
+    assert model.run_cache[2] is first                                # reused
+    ip2 = next(n for n in model.graph.nodes if n.name == "ip2")
+    ip2.blobs = [ip2.blobs[0], np.asarray(ip2.blobs[1]) + np.arange(10, dtype=np.float32)]
+    b = model.run(x)["prob"]
+    assert model.run_cache[2] is not first                            # new weights, new module
+    assert not np.allclose(a, b)
+    model.clear_cache()
+    assert model.run_cache is None
+
+
+def test_run_cli_exact_and_default(tmp_path):
+    x = _inputs(5)
+    np.save(tmp_path / "x.npy", x)
+    model = _digits()
+    for flags, want in (([], model.run(x)["prob"]), (["--exact"], model.run(x, exact=True)["prob"])):
+        out = tmp_path / "y.npz"
+        res = subprocess.run([sys.executable, str(REPO / "cli.py"), "run", DIGITS / "deploy.prototxt", "--weights",
+                              DIGITS / "model.caffemodel", "-i", tmp_path / "x.npy", "-o", out, *flags],
+                             capture_output=True, text=True, timeout=300, check=False)
+        assert res.returncode == 0, res.stderr
+        with np.load(out) as z:
+            np.testing.assert_array_equal(z["prob"], want)
+
+
+def test_eval_default_and_exact_give_caffes_numbers():
+    kw = {"weights": str(DIGITS / "model.caffemodel"), "limit": 200, "batch_size": 50}
+    fast = evaluate(str(DIGITS / "train_val.prototxt"), **kw)["results"]["fp32"]
+    exact = evaluate(str(DIGITS / "train_val.prototxt"), exact=True, **kw)["results"]["fp32"]
+    assert fast["top1"] == exact["top1"]
+    assert abs(fast["layers"]["loss"] - exact["layers"]["loss"]) <= 1e-5 * abs(exact["layers"]["loss"])
+
+
+def test_in_place_reuse_never_overwrites_a_blob_read_elsewhere():
+    """The optimized module writes ReLU / Eltwise SUM results into their input only when nothing
+    else reads it: here the convolution's output also feeds a Concat and a second Eltwise."""
+    text = """
+    name: "shared"
+    input: "data" input_shape { dim: 2 dim: 3 dim: 5 dim: 4 }
+    layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+            convolution_param { num_output: 4 kernel_size: 1 } }
+    layer { name: "conv2" type: "Convolution" bottom: "data" top: "conv2"
+            convolution_param { num_output: 4 kernel_size: 1 } }
+    layer { name: "relu" type: "ReLU" bottom: "conv" top: "r" }
+    layer { name: "sum" type: "Eltwise" bottom: "conv2" bottom: "conv" top: "s" }
+    layer { name: "relu2" type: "ReLU" bottom: "s" top: "s" }
+    layer { name: "cat" type: "Concat" bottom: "conv" bottom: "r" bottom: "s" bottom: "conv2" top: "out" }
+    """
+    from caffeq.model import load_from_text
+    model = load_from_text(text, random_weights=True, seed=3)
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 4)).astype(np.float32)
+    fast = model.run(x)["out"]
+    gm = model.run_cache[2]
+    in_place = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert in_place == [torch.relu_]                  # only relu2, on the Eltwise's own output
+    assert hasattr(gm, "relu")                        # conv's ReLU is neither in place nor fused
+    w1, b1 = (np.asarray(b, np.float64) for b in model.params["conv"])
+    w2, b2 = (np.asarray(b, np.float64) for b in model.params["conv2"])
+    xd = x.astype(np.float64)
+    conv = np.einsum("oc,nchw->nohw", w1[:, :, 0, 0], xd) + b1[None, :, None, None]
+    conv2 = np.einsum("oc,nchw->nohw", w2[:, :, 0, 0], xd) + b2[None, :, None, None]
+    want = np.concatenate([conv, np.maximum(conv, 0), np.maximum(conv2 + conv, 0), conv2], axis=1)
+    np.testing.assert_allclose(fast, want, rtol=1e-5, atol=1e-5)

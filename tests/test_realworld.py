@@ -1,0 +1,105 @@
+"""Real-world net definitions from public repositories (tests/fixtures/realworld/, sources in
+SOURCES.md): `inspect` reads them as a new user would, without weights or datasets, and refuses
+the few it cannot read with one clear line; the smaller ones run with random weights and give the
+same outputs in torch, onnxruntime and the generated model.py."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import caffeq
+from caffeq.__main__ import main
+
+REALWORLD = Path(__file__).parent / "fixtures" / "realworld"
+FILES = sorted(p.name for p in REALWORLD.glob("*.prototxt"))
+
+# Files caffeq refuses, each for a reason a user can act on, and the words the refusal must hold.
+KNOWN_REFUSALS = {
+    # the real Caffe refuses it too: a stride-1 2x2 max pool gives 12x12 where darknet kept 13x13
+    "ChenYingpeng__caffe-yolov3__prototxt__yolov3-tiny.prototxt": "bottoms must match except along axis 1",
+    # a template: `num_output: ${NUM_LABELS}` is filled in by a script before Caffe reads it
+    "xmojiao__deeplab_v2__voc2012__config__deeplab_largeFOV__test.prototxt": "Couldn't parse integer",
+    # caffe_ocr's DenseBlock layer (a whole dense block in one layer) has no spec yet
+    "senlinuc__caffe_ocr__examples__ocr__densenet__densenet-no-blstm_deploy.prototxt": "unsupported layer types: DenseBlock",
+    # CTPN's text proposal layer is Python code caffeq does not run
+    "tianzhi0549__CTPN__models__deploy.prototxt": "module 'layers.text_proposal_layer', class 'ProposalLayer'",
+}
+
+
+def inspect_json(capsys, tmp_path, name):
+    out = tmp_path / "summary.json"
+    capsys.readouterr()
+    try:
+        rc = main(["inspect", str(REALWORLD / name), "--json", str(out)])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    return rc, err, (json.loads(out.read_text()) if rc == 0 else None)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_inspect_reads_each_file_or_refuses_it_in_one_line(name, capsys, tmp_path):
+    rc, err, summary = inspect_json(capsys, tmp_path, name)
+    assert "Traceback" not in err
+    if name in KNOWN_REFUSALS:
+        errors = [ln for ln in err.splitlines() if ln.startswith("caffeq: error: ")]
+        assert rc == 2 and len(errors) == 1 and KNOWN_REFUSALS[name] in errors[0], err
+        assert not (tmp_path / "summary.json").exists()
+    else:
+        assert rc == 0, err
+        assert summary["layers"] and summary["totals"]["layers"] == len(summary["layers"])
+
+
+# Nets small enough to run here, with the input shape to run them at (None: the file's own).
+RUNNABLE = {
+    "warrentdrew__Caffe_SSD_LSTM_LPR__models__ResNet_LSTM_CTC__deploy.prototxt": None,
+    "yalecyu__crnn.caffe__examples__crnn__deploy.prototxt": None,
+    "kpzhang93__MTCNN_face_detection_alignment__code__codes__MTCNNv1__model__det1.prototxt": {"data": (2, 3, 31, 23)},
+    "lltcggie__waifu2x-caffe__bin__models__upconv_7_photo__scale2.0x_model.prototxt": {"input": (1, 3, 20, 24)},
+    "lltcggie__waifu2x-caffe__bin__models__upresnet10__scale2.0x_model.prototxt": {"input": (1, 3, 40, 36)},
+    "forresti__SqueezeNet__SqueezeNet_v1.1__deploy.prototxt": {"data": (1, 3, 67, 83)},
+    "s9xie__hed__examples__hed__deploy.prototxt": {"data": (1, 3, 64, 80)},   # two layers named "crop"
+    "python019__colorize-python__models__colorization_deploy_v2.prototxt": {"data_l": (1, 1, 64, 64)},  # silenced
+}
+
+
+def _feeds(model, seed=0):
+    rng = np.random.default_rng(seed)
+    return {k: rng.standard_normal(v).astype(np.float32) for k, v in model.inputs.items()}
+
+
+def _rel_err(got, ref):
+    ref = np.asarray(ref, np.float64)
+    return float(np.abs(np.asarray(got, np.float64) - ref).max() / max(1e-6, np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("name", sorted(RUNNABLE))
+def test_real_net_runs_the_same_in_torch_onnxruntime_and_model_py(name, tmp_path):
+    import onnxruntime as ort
+    import torch
+    model = caffeq.load(REALWORLD / name, random_weights=True, input_shapes=RUNNABLE[name])
+    assert model.outputs
+    feeds = _feeds(model)
+    ref = model.run(feeds, exact=True)
+    path = tmp_path / "m.onnx"
+    model.export_onnx(str(path))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    assert set(got) == set(ref)
+    for blob in ref:
+        assert got[blob].shape == ref[blob].shape, blob
+        assert _rel_err(got[blob], ref[blob]) < 1e-4, blob
+    caffeq.export_pytorch(model, str(tmp_path / "pt"), exact_batchnorm=True)
+    spec = importlib.util.spec_from_file_location(f"rw_{tmp_path.name}", tmp_path / "pt" / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    net = mod.load(str(tmp_path / "pt" / "weights.safetensors"))
+    with torch.no_grad():
+        out = net(*[torch.from_numpy(feeds[k]) for k in model.inputs])
+    out = out if isinstance(out, dict) else {model.outputs[0]: out}
+    for blob in ref:
+        assert _rel_err(out[blob].numpy(), ref[blob]) < 1e-4, blob
