@@ -146,7 +146,7 @@ def model_size_bytes(model):
 def model_precision(model):
     """The precision a model's weights are stored at: "fp32", or what it was quantized to
     ("binary", "int8", "fp16"; "int8+binary" for a mix). Layers kept fp32 do not count."""
-    done = sorted(set((getattr(model, "quantization", None) or {}).values()))
+    done = sorted(set((model.quantization).values()))
     return "+".join(done) if done else "fp32"
 
 
@@ -390,9 +390,8 @@ class Runner:
                 self.notes.extend(f"{t}: {n}" for n in notes)
                 continue
             m = base if reference else quantize(base, t, keep=keep)
-            if not reference:
-                rep = getattr(m, "quant_report", None)
-                self.notes.extend(f"{t}: {n}" for n in getattr(rep, "notes", []) or [])
+            if not reference and m.quant_report is not None:
+                self.notes.extend(f"{t}: {n}" for n in m.quant_report.notes)
             self.models[t] = m
             dtype = compute_dtype(t if "+" not in t else "fp32", device)   # a mix computes in fp32
             self.modules[t] = (_module(m, wanted, device, dtype, exact=exact, compile=compile), dtype)
@@ -578,7 +577,7 @@ def _report(runner, dist_env, dataset, bad, bad_count, oor, oor_count, wall, sta
         r["images_per_s"] = n / float(secs[k]) if secs[k] > 0 else None
         r["model_seconds"] = float(secs[k])
         r["model_size_bytes"] = model_size_bytes(models[t])
-        rep = getattr(models[t], "quant_report", None)
+        rep = models[t].quant_report
         if rep is not None:
             r["layers_quantized"] = len(rep.changed)
             r["layers_kept_fp32"] = len(rep.kept)

@@ -31,7 +31,7 @@ def run_static_int8(args, model, model_path, weights, lines, keep, only):
     target = args.to or "fp32"
     if target != "int8":
         raise CaffeqError(f"--calibrate quantizes activations to int8; use it with --to int8 (not {target})")
-    if getattr(model, "quantization", None):
+    if model.quantization:
         raise CaffeqError(f"{model_path} is already quantized; calibrate the fp32 prototxt and caffemodel")
     out = args.output or f"{os.path.splitext(os.path.basename(model_path))[0]}.int8.onnx"
     if os.path.splitext(out)[1].lower() != ".onnx" or getattr(args, "format", None):

@@ -164,7 +164,7 @@ def run(args):
         from .calibration import run_static_int8
         return run_static_int8(args, model, model_path, weights, lines, keep, only)
 
-    stored = sorted(set((getattr(model, "quantization", {}) or {}).values()))
+    stored = sorted(set(model.quantization.values()))
     target = args.to or (stored[0] if len(stored) == 1 else "fp32")
     get_quantizer(target)
     # the output is checked before the (possibly long) budget analysis and quantization
@@ -203,7 +203,7 @@ def run(args):
             lines.append(f"budget {float(args.budget):g} points: keep fp32 {', '.join(kept) or 'nothing'}")
         qmodel = quantize(model, target, keep=keep, only=only)
         fp32_model = model
-    report = getattr(qmodel, "quant_report", None)
+    report = qmodel.quant_report
     if getattr(args, "format", None) == "pytorch":
         return _run_pytorch(args, model_path, weights, qmodel, target, report, lines, out)
 

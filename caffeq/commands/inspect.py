@@ -54,7 +54,7 @@ def summarize(model):
         "totals": {"layers": len(layers), "params": total_params, "macs": total_macs,
                    "param_bytes_fp32": 4 * total_params},
         "warnings": list(model.warnings),
-        "quantization": dict(getattr(model, "quantization", {}) or {}),
+        "quantization": dict(model.quantization),
     }
 
 

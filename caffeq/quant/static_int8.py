@@ -181,7 +181,7 @@ def static_int8(model, out_path, arrays, keep=None, only=None, methods=METHODS, 
         raise QuantizeError(f"calibration method(s) {bad or methods}: choose from {', '.join(METHODS)}")
     if any(n.has_params and n.blobs is None for n in model.graph.nodes):
         raise QuantizeError("static int8 needs the trained weights; load the model with its .caffemodel")
-    if getattr(model, "quantization", None):
+    if model.quantization:
         raise QuantizeError("the model is already quantized; calibrate the fp32 model")
     kept = float_layers(model, keep, only)
     n_items = next(iter(arrays.values())).shape[0]
