@@ -15,7 +15,7 @@ import numpy as np
 from .errors import CaffeqError, GraphError, PhaseRuleError, ShapeError, WeightsError
 from .io.schema import caffe_pb2
 from .layers import require_specs, spec_for
-from .layers.registry import LayerError, MissingInputShape
+from .layers.registry import ForkReading, LayerError, MissingInputShape
 
 MAX_BLOB_ELEMENTS = 1 << 33  # about 32 GB of float32: refuse before allocating
 
@@ -148,6 +148,27 @@ def _check_shape(source, lp, blob, shape):
 
 def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None, source="",
                 base_dir=None, input_shapes=None, outputs=None, notes=None, unknown_shapes_ok=False):
+    """NetParameter -> Graph (see _build_graph); a net whose shapes fit only a fork's reading of some
+    layers (ForkReading) is built again from a copy that says so, with a note."""
+    notes = [] if notes is None else notes
+    options = dict(weights=weights, phase=phase, stages=stages, level=level, batch=batch, source=source,
+                   base_dir=base_dir, input_shapes=input_shapes, outputs=outputs,
+                   unknown_shapes_ok=unknown_shapes_ok)
+    first = len(notes)
+    try:
+        return _build_graph(net, notes=notes, **options)
+    except ForkReading as e:
+        del notes[first:]          # the second build says them again
+        twin = type(net)()
+        twin.CopyFrom(net)
+        note = e.rewrite(twin)
+        graph = _build_graph(twin, notes=notes, **options)
+        notes.append(f"{source}: {note}" if source else note)
+        return graph
+
+
+def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None, source="",
+                 base_dir=None, input_shapes=None, outputs=None, notes=None, unknown_shapes_ok=False):
     """NetParameter (V2, upgraded) + optional caffemodel blobs -> Graph with Caffe's shapes.
 
     weights: dict layer name -> list of BlobData (from read_caffemodel) or arrays.
@@ -404,6 +425,8 @@ def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_
             raise LayerError(f"{where}: {e}") from None
         notes.append(f"{where}: {e}")
         return [given.get(i) for i in range(len(lp.top))], None
+    except ForkReading as e:
+        raise ForkReading(f"{where}: {e}", e.rewrite) from None
     except LayerError as e:
         raise LayerError(f"{where}: {e}") from None
     except CaffeqError:

@@ -191,17 +191,55 @@ def test_onnx_and_model_py_match_forward(per, opset, tmp_path):
     assert np.array_equal(out.numpy(), want)
 
 
-CORPUS = Path("/work/corpus/MhLiao__TextBoxes_plusplus__models__deploy.prototxt")
+REALWORLD = Path(__file__).parent / "fixtures" / "realworld"
 
 
 @needs_denser
-@pytest.mark.skipif(not CORPUS.exists(), reason="the prototxt corpus is not on this machine")
 def test_textboxes_plusplus_deploy_builds():
-    model = load(str(CORPUS))
+    model = load(str(REALWORLD / "MhLiao__TextBoxes_plusplus__models__deploy.prototxt"))
     assert model.blob_shapes["detection_out"][3] == 15
     assert model.blob_shapes["detection_out"][2] == 200
 
 
-def test_twice_the_predictions_suggests_denser_priors():
-    with pytest.raises(LayerError, match="denser_prior_boxes: true"):
-        load_from_text(textboxes_text(2, 10, 8))
+# ---- TextBoxes (v1): every PriorBox doubles its priors, and no field says so ---------------------
+
+def textboxes_v1_text(lh, lw, ih, iw, per_cell):
+    """PriorBox as TextBoxes' deploy files write it (no denser_prior_boxes), and predictions for
+    twice its SSD count of priors."""
+    P = lh * lw * per_cell
+    return inputs_text(f=(1, 4, lh, lw), img=(1, 3, ih, iw), loc=(1, P * 4), conf=(1, P * 2)) + (
+        'layer { name: "pb" type: "PriorBox" bottom: "f" bottom: "img" top: "pb" prior_box_param { '
+        'min_size: 10 max_size: 21 aspect_ratio: 2 aspect_ratio: 3 flip: true clip: false '
+        'variance: 0.1 variance: 0.1 variance: 0.2 variance: 0.2 } }'
+        'layer { name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "pb" top: "det" '
+        'detection_output_param { num_classes: 2 share_location: true background_label_id: 0 '
+        'nms_param { nms_threshold: 0.45 top_k: 30 } code_type: CENTER_SIZE keep_top_k: 12 } }')
+
+
+@needs_denser
+def test_textboxes_v1_priors_are_doubled_as_its_fork_does():
+    lh, lw, ih, iw = 3, 5, 48, 80          # step 16 both ways, as TextBoxes computes it (image / map)
+    per_cell = 2 * (1 + 1 + 4)             # (min, sqrt(min * max), 2, 1/2, 3, 1/3), each doubled
+    model = load_from_text(textboxes_v1_text(lh, lw, ih, iw, per_cell))
+    assert any("PriorBox read as TextBoxes'" in w for w in model.warnings)
+    assert "denser_prior_boxes" not in str(model.net)      # the net as written, for the writers
+    feed = {"f": np.zeros((1, 4, lh, lw), np.float32), "img": np.zeros((1, 3, ih, iw), np.float32),
+            **{k: v for k, v in textboxes_inputs(3, 1, lh * lw * per_cell, 4).items() if k != "prior"}}
+    got = model.run(feed, all_blobs=True)
+    # MhLiao/TextBoxes prior_box_layer.cpp: each prior, then its copy centred at (h + 1) * step_y
+    want = denser_priors_ref(lh, lw, ih, iw, 10, 21, [2, 3], 16.0, 0.5, [0.1, 0.1, 0.2, 0.2])
+    np.testing.assert_array_equal(got["pb"], want)
+    assert got["det"].shape[-1] == 7
+    # a rebuild (another batch) reads it the same way
+    assert model.reshaped(1).blob_shapes["pb"] == model.blob_shapes["pb"]
+
+
+def test_textboxes_v1_deploy_builds():
+    model = load(str(REALWORLD / "MhLiao__TextBoxes__examples__TextBoxes__deploy.prototxt"))
+    assert model.blob_shapes["detection_out"] == (1, 1, 200, 7)
+    assert sum("PriorBox read as TextBoxes'" in w for w in model.warnings) == 1
+
+
+def test_predictions_that_fit_no_reading_are_one_error():
+    with pytest.raises(LayerError, match="does not hold"):
+        load_from_text(textboxes_text(2, 10, 7))

@@ -39,6 +39,16 @@ class LayerError(CaffeqError):
     """A bad parameter value; the graph builder adds the file and layer name."""
 
 
+class ForkReading(LayerError):
+    """The net's shapes fit only a fork's reading of some of its layers, one no field marks (TextBoxes'
+    PriorBox always doubles its priors).  `rewrite(net)` marks them on a copy of the NetParameter
+    and returns a note; the graph builder then builds from that copy, once."""
+
+    def __init__(self, message, rewrite):
+        super().__init__(message)
+        self.rewrite = rewrite
+
+
 class MissingInputShape(LayerError):
     """A data top whose shape only its (missing) dataset or the user (`--input-shape`) can tell."""
 

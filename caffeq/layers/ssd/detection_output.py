@@ -25,9 +25,10 @@ import math
 import torch
 from torch import nn
 
-from ..registry import Layer, LayerError, register_layer
+from ..registry import ForkReading, Layer, LayerError, register_layer
 from .common import CENTER_SIZE, CODE_NAMES, FLT_MAX, proto_field
 from .nms import TORCH_SSD_NMS, ssd_nms
+from .priorbox import textboxes_priors
 
 #: extra numbers per prior after the box: TextBoxes++'s layouts
 EXTRA = {0: "", 5: "rbox", 8: "quad"}
@@ -174,11 +175,10 @@ def loc_layout(attrs, loc_shape, n_priors):
     allowed = {12} if attrs["use_polygon"] is True else {4, 9} if attrs["use_polygon"] is False else {4, 9, 12}
     if per not in allowed:
         want = " or ".join(f"{n_priors} priors x {n_loc} x {k}" for k in sorted(allowed))
-        hint = ""
         if per / 2 in allowed:   # TextBoxes (v1) always doubles its priors, with no field to say so
-            hint = ("; it holds twice as many: if the priors come from TextBoxes' PriorBox, "
-                    "add denser_prior_boxes: true to its prior_box_param")
-        raise LayerError(f"loc {list(loc_shape)} does not hold {want} predictions{hint}")
+            raise ForkReading(f"loc {list(loc_shape)} holds twice the predictions of {want}: the priors "
+                              f"of TextBoxes' PriorBox, each doubled", textboxes_priors)
+        raise LayerError(f"loc {list(loc_shape)} does not hold {want} predictions")
     layout = EXTRA[int(per) - 4]
     if layout and (attrs["code_type"] != CENTER_SIZE or attrs["variance_in_target"]):
         raise LayerError(f"TextBoxes++'s {layout} predictions are decoded only for code_type CENTER_SIZE "

@@ -132,6 +132,19 @@ def prior_boxes(attrs, feat_hw, img_hw):
                             attrs["step_w"], attrs["offset"], attrs["clip"]).numpy()
 
 
+def textboxes_priors(net):
+    """Read the net's PriorBox layers as TextBoxes' fork does (MhLiao/TextBoxes prior_box_layer.cpp):
+    every prior followed by its copy centred half a cell lower, what TextBoxes++ calls
+    denser_prior_boxes.  Marks them on `net` (a copy); returns the note to show."""
+    changed = [lp.name for lp in net.layer if lp.type == "PriorBox"
+               and not lp.prior_box_param.HasField("denser_prior_boxes")]
+    for lp in net.layer:
+        if lp.name in changed:
+            lp.prior_box_param.denser_prior_boxes = True
+    return (f"PriorBox read as TextBoxes' (each prior doubled, its copy half a cell lower), as the loc "
+            f"predictions require: {', '.join(changed)}")
+
+
 @register_layer("PriorBox")
 class PriorBoxLayer(Layer):
     def parse(self, lp):
