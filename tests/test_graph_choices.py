@@ -269,6 +269,18 @@ def test_fork_data_layers_are_shaped_from_their_parameters():
                             "seg": (4, 1, 360, 480), "im": (2, 3, 321, 321), "lab": (2, 1, 321, 321)}
 
 
+def test_enet_label_maps_are_divided_by_label_divide_factor():
+    # TimoSaemann/caffe-enet dense_image_data_layer.cpp: label (N, 1, H / f, W / f), integer division,
+    # unless a crop sets both tops
+    text = ('layer { name: "enet" type: "DenseImageData" top: "data" top: "label" dense_image_data_param { '
+            'source: "gone.txt" batch_size: 2 new_height: 100 new_width: 150 label_divide_factor: 8 } }')
+    assert load_from_text(text).inputs == {"data": (2, 3, 100, 150), "label": (2, 1, 12, 18)}
+    cropped = text.replace("label_divide_factor", "crop_height: 40 crop_width: 48 label_divide_factor")
+    assert load_from_text(cropped).inputs == {"data": (2, 3, 40, 48), "label": (2, 1, 40, 48)}
+    with pytest.raises(CaffeqError, match="label_divide_factor must be >= 1"):
+        load_from_text(text.replace("label_divide_factor: 8", "label_divide_factor: 0"))
+
+
 def test_a_fork_data_layer_without_sizes_needs_input_shape():
     text = 'layer { name: "hed" type: "ImageLabelmapData" top: "data" top: "label" image_data_param { source: "x.lst" } }'
     with pytest.raises(CaffeqError, match=r"layer 'hed' \(ImageLabelmapData\).*--input-shape data=N,C,H,W"):

@@ -14,7 +14,7 @@ None of them reads its source while shapes are inferred: a top whose shape only 
 dataset could tell raises MissingInputShape, which names `--input-shape`.
 """
 from .data import DataLayer, needs_input_shape, transform_attrs
-from .registry import register_layer
+from .registry import LayerError, register_layer
 
 
 def _channels(t, is_color=True):
@@ -34,14 +34,14 @@ class ForkDataLayer(DataLayer):
                                     f"'{attrs['source'] or '?'}' is not read to infer shapes")
         return (attrs["batch_size"], attrs["channels"]) + tuple(attrs["hw"])
 
-    def label_shape(self, data):
+    def label_shape(self, attrs, data):
         return (data[0],)
 
     def top_shapes(self, attrs, given):
         data = tuple(given.get(0) or self.data_shape(attrs))
         shapes = [data]
         for i in range(1, attrs["num_tops"]):
-            shapes.append(tuple(given.get(i) or self.label_shape(data)))
+            shapes.append(tuple(given.get(i) or self.label_shape(attrs, data)))
         return shapes
 
 
@@ -67,7 +67,7 @@ class AnnotatedData(ForkDataLayer):
                 "source": lp.data_param.source, "batch_size": max(1, int(lp.data_param.batch_size)),
                 "channels": _channels(t), "hw": hw}
 
-    def label_shape(self, data):
+    def label_shape(self, attrs, data):
         return (1, 1, 1, 8)   # SSD: one row per box, [item, label, instance, xmin, ymin, xmax, ymax, difficult]
 
 
@@ -78,12 +78,17 @@ class DenseImageData(ForkDataLayer):
         t = transform_attrs(lp)
         hw = (int(p.crop_height), int(p.crop_width)) if p.crop_height and p.crop_width else \
             _crop_or(t, int(p.new_height), int(p.new_width))
+        if p.label_divide_factor < 1:
+            raise LayerError(f"dense_image_data_param.label_divide_factor must be >= 1, got {p.label_divide_factor}")
         return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t,
                 "source": p.source, "batch_size": max(1, int(p.batch_size)),
-                "channels": _channels(t, p.is_color), "hw": hw}
+                "channels": _channels(t, p.is_color), "hw": hw,
+                # ENet's encoder trains on label maps this many times smaller (not with a crop)
+                "label_divide": 1 if p.crop_height and p.crop_width else int(p.label_divide_factor)}
 
-    def label_shape(self, data):
-        return (data[0], 1) + tuple(data[2:])
+    def label_shape(self, attrs, data):
+        f = attrs["label_divide"]
+        return (data[0], 1) + tuple(d // f for d in data[2:])
 
 
 @register_layer("ImageSegData", "ImageLabelmapData", "ImageLabelData")
@@ -95,7 +100,7 @@ class ImageLabelMapData(ForkDataLayer):
                 "source": p.source, "batch_size": max(1, int(p.batch_size)),
                 "channels": _channels(t, p.is_color), "hw": _crop_or(t, int(p.new_height), int(p.new_width))}
 
-    def label_shape(self, data):
+    def label_shape(self, attrs, data):
         return (data[0], 1) + tuple(data[2:])
 
 
