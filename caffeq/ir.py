@@ -332,7 +332,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
 TRAINING_ONLY_TYPES = frozenset({
     "MultiBoxLoss", "SmoothL1Loss", "CTCLoss", "WarpCTCLoss", "TripletLoss", "CenterLoss",
     "BoxAnnotatorOHEM", "SoftmaxWithLossOHEM", "DetectionEvaluate", "LabelSpecificAdd",
-    "FocalLoss", "L1Loss", "CosinLoss", "NormalizedSoftmaxLoss", "EvalDetection",
+    "FocalLoss", "L1Loss", "CosinLoss", "NormalizedSoftmaxLoss", "EvalDetection", "SmoothL1LossOHEM",
 })
 
 
@@ -343,10 +343,44 @@ def is_training_only_type(type_name):
 
 
 def drop_training_only(layers, source="", notes=None):
-    """Drop layers of training-only types that have no spec (forks' losses), with a note."""
+    """Drop layers of training-only types that have no spec (forks' losses), with a note; then
+    Python layers caffeq does not know whose every top feeds only losses and scorers (the
+    targets a loss trains on, as Faster R-CNN's AnchorTargetLayer computes), with those readers;
+    then every layer that reads a blob only dropped layers make."""
+    gone = {id(lp) for lp in layers
+            if spec_for(lp) is None and (is_training_only_type(lp.type) or _is_python_loss(lp))}
+    changed = True
+    while changed:
+        changed = False
+        for lp in layers:
+            if id(lp) in gone or lp.type != "Python" or spec_for(lp) is not None or not len(lp.top):
+                continue
+            readers = [[other for other in layers if other is not lp and top in other.bottom] for top in lp.top]
+            if all(r and all(id(o) in gone or is_training_only_type(o.type) for o in r) for r in readers):
+                gone.update(id(o) for r in readers for o in r)
+                gone.add(id(lp))
+                changed = True
+    # what reads only results of dropped layers cannot be computed either (R-FCN's OHEM sums the
+    # per-roi losses in an Eltwise for its annotator)
+    producers = {}
+    for lp in layers:
+        for top in lp.top:
+            producers.setdefault(top, []).append(lp)
+    changed = bool(gone)
+    while changed:
+        changed = False
+        for lp in layers:
+            if id(lp) in gone:
+                continue
+            for b in lp.bottom:
+                made = [p for p in producers.get(b, []) if p is not lp]
+                if made and all(id(p) in gone for p in made):
+                    gone.add(id(lp))
+                    changed = True
+                    break
     kept, dropped = [], []
     for lp in layers:
-        if spec_for(lp) is None and (is_training_only_type(lp.type) or _is_python_loss(lp)):
+        if id(lp) in gone:
             dropped.append(f"{lp.name} ({lp.type})")
         else:
             kept.append(lp)

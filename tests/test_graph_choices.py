@@ -321,6 +321,51 @@ layer { name: "loss" type: "Python" bottom: "ip" bottom: "label" top: "loss" los
     assert any("loss (Python)" in w for w in model.warnings)
 
 
+FASTER_RCNN_TRAIN = """
+layer { name: "in" type: "Input" top: "data" top: "gt_boxes" top: "rpn_rois"
+  input_param { shape { dim: 1 dim: 3 dim: 12 dim: 16 } shape { dim: 4 dim: 5 } shape { dim: 30 dim: 5 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 8 kernel_size: 3 pad: 1 } }
+layer { name: "rpn_score" type: "Convolution" bottom: "conv" top: "rpn_score" convolution_param { num_output: 18 kernel_size: 1 } }
+layer { name: "rpn-data" type: "Python" bottom: "rpn_score" bottom: "gt_boxes" top: "rpn_labels" top: "rpn_targets"
+  python_param { module: "rpn.anchor_target_layer" layer: "AnchorTargetLayer" param_str: "'feat_stride': 16" } }
+layer { name: "rpn_loss" type: "SoftmaxWithLoss" bottom: "rpn_score" bottom: "rpn_labels" top: "rpn_loss" }
+layer { name: "rpn_bbox_loss" type: "SmoothL1Loss" bottom: "rpn_score" bottom: "rpn_targets" top: "rpn_bbox_loss" }
+layer { name: "roi-data" type: "Python" bottom: "rpn_rois" bottom: "gt_boxes" top: "rois" top: "labels"
+  top: "bbox_targets" top: "bbox_inside_weights" top: "bbox_outside_weights"
+  python_param { module: "rpn.proposal_target_layer" layer: "ProposalTargetLayer" param_str: "'num_classes': 3" } }
+layer { name: "pool" type: "ROIPooling" bottom: "conv" bottom: "rois" top: "pool"
+  roi_pooling_param { pooled_w: 2 pooled_h: 2 spatial_scale: 0.0625 } }
+layer { name: "cls" type: "InnerProduct" bottom: "pool" top: "cls" inner_product_param { num_output: 3 } }
+layer { name: "bbox_loss" type: "SmoothL1Loss" bottom: "cls" bottom: "bbox_targets" top: "bbox_loss" }
+layer { name: "per_roi" type: "Eltwise" bottom: "bbox_loss" bottom: "bbox_loss" top: "per_roi" }
+"""
+
+
+def test_a_faster_rcnn_train_net_reads_without_its_training_layers():
+    model = load_from_text(FASTER_RCNN_TRAIN, random_weights=True)
+    dropped = next(w for w in model.warnings if "training-only" in w)
+    # the anchor targets feed only losses: gone with them; the Eltwise read only a dropped loss
+    for name in ("rpn-data (Python)", "rpn_loss (SoftmaxWithLoss)", "rpn_bbox_loss (SmoothL1Loss)",
+                 "bbox_loss (SmoothL1Loss)", "per_roi (Eltwise)"):
+        assert name in dropped
+    # py-faster-rcnn's ProposalTargetLayer.setup shapes
+    shapes = model.blob_shapes
+    assert shapes["rois"] == (1, 5) and shapes["labels"] == (1, 1) and shapes["bbox_targets"] == (1, 12)
+    assert shapes["pool"] == (1, 8, 2, 2)
+    with pytest.raises(CaffeqError, match="samples training rois.*test or deploy prototxt"):
+        model.run({"data": np.zeros((1, 3, 12, 16), np.float32), "gt_boxes": np.zeros((4, 5), np.float32),
+                   "rpn_rois": np.zeros((30, 5), np.float32)})
+    with pytest.raises(CaffeqError, match="'num_classes' must be a positive integer"):
+        load_from_text(FASTER_RCNN_TRAIN.replace("'num_classes': 3", "'classes': 3"))
+
+
+def test_an_unknown_python_layer_read_by_inference_is_still_refused():
+    text = FASTER_RCNN_TRAIN.replace('layer { name: "rpn_loss"', 'layer { name: "use" type: "ReLU" bottom: '
+                                     '"rpn_labels" top: "used" }\nlayer { name: "rpn_loss"')
+    with pytest.raises(CaffeqError, match="Python layer .*rpn.anchor_target_layer"):
+        load_from_text(text)
+
+
 def test_enet_spatial_dropout_python_layer(tmp_path):
     # TimoSaemann/ENet's spatial_dropout.py: with 'phase': 'TEST' it multiplies by 1 / (1 - p)
     text = """

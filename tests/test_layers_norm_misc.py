@@ -439,6 +439,25 @@ def test_softmax_loss_normalization_modes(mode):
     close(out["prob"], softmax_np(scores, 1), rtol=1e-5, atol=1e-7)
 
 
+def test_rfcn_softmax_loss_third_top_is_each_positions_loss():
+    # daijifeng001/caffe-rfcn: top[2] shaped like the labels, -log(max(prob, FLT_MIN)), 0 where ignored
+    scores = randn(3, 4, 2, 5) * 2
+    labels = RNG.integers(0, 4, size=(3, 1, 2, 5)).astype(np.float32)
+    labels[1, 0, 0, :2] = 7
+    model = build([("s", scores.shape), ("l", labels.shape)],
+                  ['layer { name: "loss" type: "SoftmaxWithLoss" bottom: "s" bottom: "l" top: "loss" top: "prob" '
+                   'top: "each" loss_weight: 0 loss_weight: 0 loss_weight: 0 loss_param { ignore_label: 7 } }'])
+    assert model.blob_shapes["each"] == labels.shape
+    out = model.run({"s": scores, "l": labels})
+    prob = softmax_np(scores, 1)
+    want = np.zeros(labels.shape, np.float64)
+    for i, _, h, w in np.ndindex(*labels.shape):
+        if labels[i, 0, h, w] != 7:
+            want[i, 0, h, w] = -np.log(max(prob[i, int(labels[i, 0, h, w]), h, w], FLT_MIN))
+    close(out["each"], want, rtol=1e-5, atol=1e-6)
+    close(out["loss"], softmax_loss_ref(scores, labels, "VALID", ignore=7), rtol=1e-5)
+
+
 def test_softmax_loss_clamps_like_caffe_and_backpropagates_prob_minus_one():
     scores = np.array([[0.0, 100.0, 0.0], [1.0, 2.0, 3.0]], np.float32)
     labels = np.array([0, 2], np.float32)
@@ -565,7 +584,7 @@ BAD = [
     ([("s", (4, 3)), ("l", (4,))], 'layer { name: "bad" type: "InfogainLoss" bottom: "s" bottom: "l" top: "a" }',
      "source"),
     ([("s", (4, 3)), ("l", (4,))], 'layer { name: "bad" type: "SoftmaxWithLoss" bottom: "s" bottom: "l" top: "a" '
-     'top: "b" top: "c" }', "top"),
+     'top: "b" top: "c" top: "d" }', "top"),   # R-FCN's fork has a third top; nobody a fourth
     ([("s", (4, 3)), ("l", (4, 3))], 'layer { name: "bad" type: "EuclideanLoss" bottom: "s" top: "a" }', "bottom"),
     ([], 'layer { name: "bad" type: "Parameter" top: "p" parameter_param { shape { dim: 2 dim: -1 } } }',
      "negative"),

@@ -202,24 +202,30 @@ def _outputs(attrs, loss, scores):
 
 @register_layer("SoftmaxWithLoss")
 class SoftmaxWithLoss(_TrainingOnly):
+    """R-FCN's fork (daijifeng001/caffe-rfcn softmax_loss_layer) adds a third top: each position's
+    loss -log(max(prob, FLT_MIN)) (0 where the label is ignored), shaped like the labels."""
+
     def parse(self, lp):
-        n = _tops(lp, 0, 2, "SoftmaxWithLoss")
+        n = _tops(lp, 0, 3, "SoftmaxWithLoss")
         return {"axis": int(lp.softmax_param.axis), "ignore_label": _label_attrs(lp, "loss_param"),
                 "normalization": _normalization(lp, VALID), "tops": n,
                 "loss_weight": _loss_weights(lp, n, 1.0)}
 
     def infer(self, attrs, in_shapes):
         _loss_common_infer(in_shapes, 2, "SoftmaxWithLoss")
-        return _softmax_loss_infer(attrs, in_shapes, "softmax_param.axis", "SoftmaxWithLoss")
+        shapes = _softmax_loss_infer(attrs, in_shapes, "softmax_param.axis", "SoftmaxWithLoss")
+        return shapes + [tuple(in_shapes[1])] if attrs["tops"] == 3 else shapes
 
     def forward(self, attrs, params, scores, labels):
         logp, lab, valid = _label_log_probs(attrs, scores, labels, "SoftmaxWithLoss")
         safe = torch.where(valid, lab, torch.zeros_like(lab))
         picked = logp.gather(1, safe.unsqueeze(1)).squeeze(1)
         picked = _ste(picked, picked.clamp_min(LOG_FLT_MIN))  # Caffe: log(max(prob, FLT_MIN))
-        total = -torch.where(valid, picked, torch.zeros_like(picked)).sum()
+        each = -torch.where(valid, picked, torch.zeros_like(picked))
         norm = _normalizer(attrs["normalization"], lab.shape[0], lab.shape[1], valid.sum(), scores.dtype)
-        return _outputs(attrs, total / norm, scores)
+        if attrs["tops"] == 3:
+            return each.sum() / norm, torch.softmax(scores, dim=attrs["_axis"]), each.reshape(labels.shape)
+        return _outputs(attrs, each.sum() / norm, scores)
 
 
 @register_layer("InfogainLoss")

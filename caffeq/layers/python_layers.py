@@ -8,10 +8,15 @@ what the known module computes (see registry.spec_for).
   phase of the net, as the module does; with phase 'TRAIN' it drops whole channels while
   training and, for inference here, passes the data through (the module would keep dropping
   channels at random, which no inference wants).
+- `rpn.proposal_target_layer.ProposalTargetLayer` (py-faster-rcnn, py-R-FCN train nets): samples
+  training rois against the ground-truth boxes.  Its shapes are those its setup gives (rois
+  (1, 5), labels (1, 1), bbox targets and weights (1, 4 * num_classes)), so a train net can be
+  listed and converted up to it; it never runs (a deploy or test net has no such layer).
 """
 import numpy as np
 import torch.nn.functional as F
 
+from ..errors import ExportError
 from .rcnn import parse_param_str
 from .registry import Layer, LayerError, register_layer
 
@@ -54,3 +59,35 @@ class SpatialDropout(Layer):
             return f"{emit.inputs[0]} * {emit.lit(a['test_scale'])}"
         dropout = emit.module(f"nn.Dropout2d(p={emit.lit(a['p'])})")
         return f"{dropout}({emit.inputs[0]})"
+
+
+@register_layer("Python:rpn.proposal_target_layer.ProposalTargetLayer")
+class ProposalTarget(Layer):
+    data_dependent_shape = True     # the sampled rois: (1, 5) until a training forward
+
+    def parse(self, lp):
+        if len(lp.bottom) != 2 or len(lp.top) != 5:
+            raise LayerError(f"ProposalTargetLayer takes 2 bottoms (rpn_rois, gt_boxes) and 5 tops, got "
+                             f"{len(lp.bottom)} and {len(lp.top)}")
+        classes = parse_param_str(lp.python_param.param_str).get("num_classes")
+        if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
+            raise LayerError(f"python_param.param_str: 'num_classes' must be a positive integer, got {classes!r}")
+        return {"num_classes": classes, "name": lp.name}
+
+    def infer(self, attrs, in_shapes):
+        targets = (1, 4 * attrs["num_classes"])
+        return [(1, 5), (1, 1), targets, targets, targets]
+
+    def _refuse(self, error, name):
+        raise error(f"layer '{name}' (rpn.proposal_target_layer.ProposalTargetLayer) samples training rois "
+                    f"against the ground-truth boxes and does not run for inference; use the net's test or "
+                    f"deploy prototxt, where region proposals feed the ROI pooling")
+
+    def forward(self, attrs, params, *bottoms):
+        self._refuse(LayerError, attrs["name"])
+
+    def onnx(self, ctx, node):
+        self._refuse(ExportError, node.name)
+
+    def pytorch_source(self, node, emit):
+        self._refuse(ExportError, node.name)
