@@ -21,7 +21,7 @@ KNOWN_REFUSALS = {
     # the real Caffe refuses it too: a stride-1 2x2 max pool gives 12x12 where darknet kept 13x13
     "ChenYingpeng__caffe-yolov3__prototxt__yolov3-tiny.prototxt": "bottoms must match except along axis 1",
     # a template: `num_output: ${NUM_LABELS}` is filled in by a script before Caffe reads it
-    "xmojiao__deeplab_v2__voc2012__config__deeplab_largeFOV__test.prototxt": "Couldn't parse integer",
+    "xmojiao__deeplab_v2__voc2012__config__deeplab_largeFOV__test.prototxt": "${NUM_LABELS} is a template placeholder",
     # caffe_ocr's DenseBlock layer (a whole dense block in one layer) has no spec yet
     "senlinuc__caffe_ocr__examples__ocr__densenet__densenet-no-blstm_deploy.prototxt": "unsupported layer types: DenseBlock",
     # CTPN's text proposal layer is Python code caffeq does not run

@@ -19,6 +19,7 @@ from .schema import caffe_pb2
 
 _UNKNOWN_FIELD = re.compile(r'has no field named "([^"]+)"')
 _LINE_COL = re.compile(r"^(\d+):(\d+)\s*:\s*(.*)$", re.DOTALL)
+_PLACEHOLDER = re.compile(r"\$\{\w+\}|\$\w+")
 _PHASES = {"TRAIN": caffe_pb2.TRAIN, "TEST": caffe_pb2.TEST}
 
 
@@ -69,13 +70,20 @@ class _RecordingParser(text_format._Parser):
             self._skipping -= 1
 
 
-def _describe(path, err):
+def _describe(path, err, text=""):
     """file:line:column and message of a text_format error (unknown fields are reported by _report)."""
     msg = str(err)
     m = _LINE_COL.match(msg)
-    if m:
-        return f"{path}:{m.group(1)}:{m.group(2)}", m.group(3).strip()
-    return path, msg.strip()
+    if not m:
+        return path, msg.strip()
+    lines = text.split("\n")
+    row = int(m.group(1)) - 1
+    placeholder = _PLACEHOLDER.search(lines[row]) if 0 <= row < len(lines) else None
+    msg = m.group(3).strip()
+    if placeholder:   # DeepLab's config files: a script substitutes ${NUM_LABELS} before Caffe reads them
+        msg += (f" ({placeholder.group(0)} is a template placeholder that a script fills in before Caffe "
+                f"reads the file; put the value in its place)")
+    return f"{path}:{m.group(1)}:{m.group(2)}", msg
 
 
 def _rule_is_only_phase(rule, phase):
@@ -166,7 +174,7 @@ def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False,
         return message
     except text_format.ParseError as e:
         if not _UNKNOWN_FIELD.search(str(e)):
-            where, msg = _describe(path, e)
+            where, msg = _describe(path, e, text)
             raise ParseError(f"{where}: {msg}") from None
     # Unknown fields present: parse leniently, recording each one, then decide.
     message.Clear()
@@ -174,7 +182,7 @@ def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False,
     try:
         parser.ParseLines(text.split("\n"), message)
     except text_format.ParseError as e:
-        where, msg = _describe(path, e)
+        where, msg = _describe(path, e, text)
         raise ParseError(f"{where}: {msg}") from None
     _report(parser.unknown, message, path, _PHASES[phase], ignore_unknown, warnings)
     return message
