@@ -23,10 +23,11 @@ fruits.jpg, ...) or Caffe's examples/images.  Preprocessing is open_nsfw's: resi
 centre crop 224, BGR minus (104, 117, 123).  The photos' centre crops are the agreement set; their
 mirrored and corner crops calibrate int8, so no photo crop is both.
 
-Each runtime runs alone in its own process.  By default torch's OpenMP threads wait passively
-(OMP_WAIT_POLICY=PASSIVE) and onnxruntime's do not spin: on a shared machine with more runnable
-threads than cores, spinning waits stall the runtime's own threads (torch's throughput varied 50x
-between runs here).  --spin keeps each runtime's default.  OpenCV's own pool is left as it is.
+Each runtime runs alone in its own process with its own default thread pools: what a user gets.
+--passive makes torch's OpenMP threads wait passively (OMP_WAIT_POLICY=PASSIVE) and onnxruntime's
+not spin, for a machine with more runnable threads than cores, where spinning waits stall the
+runtime's own threads; it costs torch dearly at batch 1 (a sleeping thread takes tens of
+microseconds to wake for each convolution).  OpenCV's own pool is left as it is.
 
 Without --weights the real prototxt gets synthetic weights: random convolutions (N(0, 1/fan_in))
 whose BatchNorm statistics are estimated on the photos, so activations have trained-like scales,
@@ -182,9 +183,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--compile", action="store_true", help="also time Model.run(compile=True)")
-    ap.add_argument("--spin", action="store_true",
-                    help="keep torch's OpenMP and onnxruntime's spinning thread pools (default: passive "
-                         "waiting, see below)")
+    ap.add_argument("--passive", action="store_true",
+                    help="torch's OpenMP threads and onnxruntime's pools wait passively (default: each "
+                         "runtime's own spinning pools; see above)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--files", help=argparse.SUPPRESS)
@@ -212,9 +213,9 @@ def main():
     kind = "real" if args.weights else "synthetic (BatchNorm statistics from the photos)"
     files = {"prototxt": os.path.abspath(args.prototxt), "weights": os.path.abspath(weights),
              "fp32": os.path.join(tmp, "fp32.onnx"), "int8": os.path.join(tmp, "int8.onnx"),
-             "photos": os.path.join(tmp, "photos.npy"), "spin": args.spin}
+             "photos": os.path.join(tmp, "photos.npy"), "spin": not args.passive}
     env = dict(ENVIRON)
-    if not args.spin:
+    if args.passive:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
     np.save(files["photos"], centre)
     model = caffeq.load(args.prototxt, weights)
@@ -225,7 +226,7 @@ def main():
     names = list(CONTENDERS) + (["caffeq-compile"] if args.compile else [])
 
     print(f"open_nsfw ResNet-50-1by2, {kind} weights; CPU, {args.threads} threads, each runtime in its own "
-          f"process, {'spinning' if args.spin else 'passive'} waits; torch {torch.__version__}, "
+          f"process, {'passive' if args.passive else 'default (spinning)'} waits; torch {torch.__version__}, "
           f"onnxruntime {onnxruntime.__version__}, OpenCV {cv2.__version__}")
     print(f"static int8 calibrated in {calib_s:.0f} s; {len(centre)} photos for agreement")
     print("\n".join(format_summary(info)))

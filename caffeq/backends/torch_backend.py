@@ -168,10 +168,15 @@ class PackedConv2d(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.relu = relu
 
-    def forward(self, x):
-        return torch.ops.mkldnn._convolution_pointwise(x, self.packed, self.bias, self.padding, self.stride,
-                                                       self.dilation, self.groups,
-                                                       "relu" if self.relu else "none", [], "")
+    def forward(self, x, residual=None):
+        """conv(x), then + residual (a ResNet's Eltwise SUM: conv + r == r + conv exactly), then the ReLU."""
+        if residual is None:
+            return torch.ops.mkldnn._convolution_pointwise(x, self.packed, self.bias, self.padding, self.stride,
+                                                           self.dilation, self.groups,
+                                                           "relu" if self.relu else "none", [], "")
+        return torch.ops.mkldnn._convolution_pointwise.binary(
+            x, residual, self.packed, self.bias, self.padding, self.stride, self.dilation, self.groups, "add",
+            1.0, "relu" if self.relu else None, [], "" if self.relu else None)
 
 
 def _packable(mod, shape):
@@ -213,10 +218,40 @@ def prepack_convolutions(gm):
             relu.replace_all_uses_with(node)
             gm.graph.erase_node(relu)
     if packed:
+        _fuse_residual_sums(gm)
         gm.graph.lint()
         gm.recompile()
         gm.delete_all_unused_submodules()
     return packed
+
+
+def _fuse_residual_sums(gm):
+    """A packed convolution read only by an Eltwise SUM (add_, see reuse_buffers) takes the other
+    input as its residual, and the ReLU that alone reads the sum: oneDNN adds in the convolution's
+    epilogue, the tensor is not read twice more.  Same arithmetic: conv + r, then max(0, .)."""
+    for add in list(gm.graph.nodes):
+        if add.op != "call_function" or add.target is not torch.Tensor.add_ or len(add.args) != 2:
+            continue
+        conv = next((a for a in add.args if isinstance(a, fx.Node) and a.op == "call_module"
+                     and isinstance(gm.get_submodule(a.target), PackedConv2d)
+                     and not gm.get_submodule(a.target).relu and list(a.users) == [add]
+                     and len(a.args) == 1), None)
+        if conv is None:
+            continue
+        residual = add.args[1] if add.args[0] is conv else add.args[0]
+        if not isinstance(residual, fx.Node) or residual is conv:
+            continue
+        users = list(add.users)
+        relu = users[0] if len(users) == 1 and users[0].op == "call_function" and \
+            users[0].target is torch.relu_ else None
+        gm.get_submodule(conv.target).relu = relu is not None
+        with gm.graph.inserting_before(add):
+            fused = gm.graph.call_module(conv.target, (conv.args[0], residual))
+        (relu or add).replace_all_uses_with(fused)
+        if relu is not None:
+            gm.graph.erase_node(relu)
+        gm.graph.erase_node(add)
+        gm.graph.erase_node(conv)
 
 
 def resolve_device(device):

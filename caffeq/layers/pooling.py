@@ -240,9 +240,12 @@ def caffe_pool(x, attrs, mask=False):
         return x.amax(dim=(-2, -1), keepdim=True)
     if attrs["global"] and attrs["pool"] == AVE:
         return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
+    if attrs["pool"] == MAX and _torch_standard_pool(attrs):
+        # torch's windows are Caffe's here (no empty window) and a maximum is exact: one pass,
+        # no padded copy; the floor keeps Caffe's -FLT_MAX for an all -inf window
+        floor = -65504.0 if x.dtype == torch.float16 else -3.4028234663852886e38
+        return F.max_pool2d(x, list(k), list(s), list(p), ceil_mode=ceil).clamp_min(floor)
     return caffe_pool2d(x, _TORCH_MODES[attrs["pool"]], list(k), list(s), list(p), ceil)
-
-
 
 
 def _torch_standard_pool(attrs):
