@@ -7,6 +7,7 @@ from . import (  # noqa: F401,E402
     common,
     conv,
     ctc,
+    ctpn,
     data,
     elementwise,
     fork_data,

@@ -273,9 +273,10 @@ class RPNProposal(nn.Module):
         return rois
 
 
-# model.py gets these very functions, so the export runs the same code as forward
-TORCH_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (shifted_anchors, rpn_nms, rpn_proposals,
-                                                               RPNProposal))
+# model.py gets these very functions, so the export runs the same code as forward (the anchors
+# helper on its own: CTPN's text proposals use it too)
+TORCH_ANCHORS = inspect.getsource(shifted_anchors)
+TORCH_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (rpn_nms, rpn_proposals, RPNProposal))
 
 
 # ---- the specs --------------------------------------------------------------------------------
@@ -350,6 +351,7 @@ class _ProposalBase(Layer):
             args.append("with_scores=True")
         emit.note(f"{node.name} (region proposals): the number of rois depends on the data (at most "
                   f"{emit.out_shape(0)[0]}); NMS runs eagerly on the CPU, so this layer does not trace.")
+        emit.helper(TORCH_ANCHORS)
         m = emit.module(f"{emit.helper(TORCH_PROPOSAL)}({', '.join(args)})")
         call = f"{m}({', '.join(emit.inputs)})"
         if not a["with_scores"]:
