@@ -113,3 +113,45 @@ def test_in_place_reuse_never_overwrites_a_blob_read_elsewhere():
     conv2 = np.einsum("oc,nchw->nohw", w2[:, :, 0, 0], xd) + b2[None, :, None, None]
     want = np.concatenate([conv, np.maximum(conv, 0), np.maximum(conv2 + conv, 0), conv2], axis=1)
     np.testing.assert_allclose(fast, want, rtol=1e-5, atol=1e-5)
+
+
+def test_residual_sum_and_relu_run_in_the_convolution():
+    """A ResNet block: the Eltwise SUM of a convolution (read by nothing else) and the shortcut,
+    then ReLU, becomes one oneDNN convolution with the sum and ReLU in its epilogue."""
+    text = """
+    name: "block"
+    input: "data" input_shape { dim: 2 dim: 3 dim: 7 dim: 5 }
+    layer { name: "conv0" type: "Convolution" bottom: "data" top: "x" convolution_param { num_output: 6 kernel_size: 3 pad: 1 } }
+    layer { name: "relu0" type: "ReLU" bottom: "x" top: "x" }
+    layer { name: "conv1" type: "Convolution" bottom: "x" top: "y1" convolution_param { num_output: 4 kernel_size: 1 } }
+    layer { name: "relu1" type: "ReLU" bottom: "y1" top: "y1" }
+    layer { name: "conv2" type: "Convolution" bottom: "y1" top: "y2" convolution_param { num_output: 6 kernel_size: 3 pad: 1 } }
+    layer { name: "sum" type: "Eltwise" bottom: "y2" bottom: "x" top: "s" }
+    layer { name: "relu2" type: "ReLU" bottom: "s" top: "s" }
+    layer { name: "proj" type: "Convolution" bottom: "s" top: "p" convolution_param { num_output: 6 kernel_size: 1 } }
+    layer { name: "sum2" type: "Eltwise" bottom: "s" bottom: "p" top: "out" }
+    """
+    from caffeq.model import load_from_text
+    model = load_from_text(text, random_weights=True, seed=4)
+    x = np.random.default_rng(2).standard_normal((2, 3, 7, 5)).astype(np.float32)
+    fast = model.run(x)["out"]
+    gm = model.run_cache[2]
+    exact = model.run(x, exact=True)["out"]
+    if torch.backends.mkldnn.is_available():
+        from caffeq.backends.torch_backend import PackedConv2d
+        assert [n.op for n in gm.graph.nodes].count("call_function") == 0     # no add_, no relu_ left
+        calls = {n.target: len(n.args) for n in gm.graph.nodes if n.op == "call_module"}
+        assert calls["conv2"] == 2 and gm.conv2.relu                           # + x, then ReLU
+        assert calls["proj"] == 2 and not gm.proj.relu                         # + s, no ReLU after
+        assert all(isinstance(getattr(gm, k), PackedConv2d) for k in calls)
+    w = {k: [np.asarray(b, np.float64) for b in v] for k, v in model.params.items()}
+
+    def conv(t, name, pad):
+        wt, b = w[name]
+        return torch.nn.functional.conv2d(torch.from_numpy(t), torch.from_numpy(wt), torch.from_numpy(b),
+                                          padding=pad).numpy()
+    xd = np.maximum(conv(x.astype(np.float64), "conv0", 1), 0)
+    s = np.maximum(conv(np.maximum(conv(xd, "conv1", 0), 0), "conv2", 1) + xd, 0)
+    want = s + conv(s, "proj", 0)
+    np.testing.assert_allclose(fast, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fast, exact, rtol=1e-5, atol=1e-6)
