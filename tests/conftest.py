@@ -1,5 +1,7 @@
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +79,33 @@ def one_error_line(capsys, argv):
     assert rc == 2, err
     assert len(err) == 1 and err[0].startswith("caffeq: error: "), err
     return err[0]
+
+
+# ---- the command line in a subprocess, as users type it ---------------------------------------
+
+def cli_process(*args, cwd=REPO, timeout=300):
+    """`python cli.py ARGS` in a fresh interpreter -> CompletedProcess (text output)."""
+    return subprocess.run([sys.executable, str(REPO / "cli.py"), *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False)
+
+
+def ok(res):
+    """A CompletedProcess that succeeded without a traceback -> its stdout."""
+    assert res.returncode == 0, (res.returncode, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr
+    return res.stdout
+
+
+def one_line_error(res, *needles):
+    """A CompletedProcess that failed with status 2 and one `caffeq: error:` line holding every
+    needle (warnings aside) -> that line."""
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith("caffeq: warning")]
+    assert len(lines) == 1 and lines[0].startswith("caffeq: error: "), res.stderr
+    assert "Traceback" not in res.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
 
 
 @pytest.fixture(params=case_ids())

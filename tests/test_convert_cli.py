@@ -2,11 +2,12 @@
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from conftest import cli_process, ok, one_line_error
 
 import caffeq
 from caffeq.quant import quantize
@@ -16,32 +17,13 @@ DIGITS = REPO / "examples" / "digits"
 CASES = REPO / "tests" / "fixtures" / "caffe"
 
 
-def cli(*args, cwd=REPO):
-    return subprocess.run([sys.executable, str(REPO / "cli.py"), *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=300, check=False)
-
-
-def ok(res):
-    assert res.returncode == 0, (res.returncode, res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr
-    return res.stdout
-
-
-def one_line_error(res, *needles):
-    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith("caffeq: warning")]
-    assert len(lines) == 1 and lines[0].startswith("caffeq: error: "), res.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-
-
 def _digits_inputs(n=16):
     return np.random.default_rng(0).uniform(-0.5, 0.5, (n, 1, 16, 16)).astype(np.float32)
 
 
 def test_first_command_without_weights_from_repo_root(tmp_path):
     # exactly what users type first (output redirected so the checkout stays clean)
-    out = ok(cli("convert", "examples/digits/deploy.prototxt", "--to", "binary", "-o", tmp_path / "d.onnx"))
+    out = ok(cli_process("convert", "examples/digits/deploy.prototxt", "--to", "binary", "-o", tmp_path / "d.onnx"))
     assert "model.caffemodel" in out and "found beside" in out            # which weights it used
     assert "changed 2 layer(s): conv2, ip1" in out
     assert "conv1 (first weighted layer)" in out and "ip2 (last weighted layer)" in out
@@ -53,7 +35,7 @@ def test_first_command_without_weights_from_repo_root(tmp_path):
 
 
 def test_default_output_name_in_current_folder(tmp_path):
-    ok(cli("convert", DIGITS / "deploy.prototxt", "--to", "binary", cwd=tmp_path))
+    ok(cli_process("convert", DIGITS / "deploy.prototxt", "--to", "binary", cwd=tmp_path))
     path = tmp_path / "deploy.binary.onnx"
     assert path.exists() and not [f for f in os.listdir(tmp_path) if f.startswith(".caffeq-")]
     # onnxruntime runs it with the torch module's numbers
@@ -69,7 +51,7 @@ def test_default_output_name_in_current_folder(tmp_path):
 
 def test_no_weights_anywhere_is_one_line(tmp_path):
     (tmp_path / "deploy.prototxt").write_text((CASES / "conv_basic" / "model.prototxt").read_text())
-    one_line_error(cli("convert", tmp_path / "deploy.prototxt", "--to", "binary", cwd=tmp_path),
+    one_line_error(cli_process("convert", tmp_path / "deploy.prototxt", "--to", "binary", cwd=tmp_path),
                    "deploy.prototxt", "--weights")
     assert os.listdir(tmp_path) == ["deploy.prototxt"]
 
@@ -79,8 +61,8 @@ def test_no_weights_anywhere_is_one_line(tmp_path):
 def test_caffeq_and_caffemodel_outputs_round_trip(tmp_path, target):
     x = _digits_inputs()
     np.save(tmp_path / "x.npy", x)
-    ok(cli("convert", DIGITS / "deploy.prototxt", "--to", target, "--keep", "none", "-o", tmp_path / "m.caffeq"))
-    ok(cli("convert", DIGITS / "deploy.prototxt", "--to", target, "--keep", "none",
+    ok(cli_process("convert", DIGITS / "deploy.prototxt", "--to", target, "--keep", "none", "-o", tmp_path / "m.caffeq"))
+    ok(cli_process("convert", DIGITS / "deploy.prototxt", "--to", target, "--keep", "none",
            "-o", tmp_path / "m.caffemodel"))
     assert (tmp_path / "m.prototxt").exists()
     model = caffeq.load(DIGITS / "deploy.prototxt", DIGITS / "model.caffemodel")
@@ -96,20 +78,20 @@ def test_caffeq_and_caffemodel_outputs_round_trip(tmp_path, target):
 def test_run_inspect_and_convert_read_the_container(tmp_path):
     x = _digits_inputs()
     np.save(tmp_path / "x.npy", x)
-    ok(cli("convert", DIGITS / "deploy.prototxt", "--to", "binary", "-o", tmp_path / "m.caffeq"))
+    ok(cli_process("convert", DIGITS / "deploy.prototxt", "--to", "binary", "-o", tmp_path / "m.caffeq"))
     model = caffeq.load(DIGITS / "deploy.prototxt", DIGITS / "model.caffemodel")
     ref = quantize(model, "binary").run(x)["prob"]
-    ok(cli("run", tmp_path / "m.caffeq", "-i", tmp_path / "x.npy", "-o", tmp_path / "y.npz"))
+    ok(cli_process("run", tmp_path / "m.caffeq", "-i", tmp_path / "x.npy", "-o", tmp_path / "y.npz"))
     with np.load(tmp_path / "y.npz") as z:
         np.testing.assert_array_equal(z["prob"], ref)
-    assert "conv1" in ok(cli("inspect", tmp_path / "m.caffeq"))
+    assert "conv1" in ok(cli_process("inspect", tmp_path / "m.caffeq"))
     # convert keeps the stored precision, or writes float32 with --to fp32
-    out = ok(cli("convert", tmp_path / "m.caffeq", "-o", tmp_path / "again.onnx"))
+    out = ok(cli_process("convert", tmp_path / "m.caffeq", "-o", tmp_path / "again.onnx"))
     assert "already binary" in out
-    ok(cli("convert", tmp_path / "m.caffeq", "--to", "fp32", "-o", tmp_path / "f.caffemodel"))
+    ok(cli_process("convert", tmp_path / "m.caffeq", "--to", "fp32", "-o", tmp_path / "f.caffemodel"))
     f = caffeq.load(str(tmp_path / "f.prototxt"), str(tmp_path / "f.caffemodel")).run(x, exact=True)["prob"]
     np.testing.assert_array_equal(f, quantize(model, "binary").run(x, exact=True)["prob"])
-    one_line_error(cli("convert", tmp_path / "m.caffeq", "--to", "int8", "-o", tmp_path / "x.caffeq"),
+    one_line_error(cli_process("convert", tmp_path / "m.caffeq", "--to", "int8", "-o", tmp_path / "x.caffeq"),
                    "already quantized")
     assert not (tmp_path / "x.caffeq").exists()
 
@@ -118,7 +100,7 @@ def test_run_inspect_and_convert_read_the_container(tmp_path):
 def test_probe_and_json(tmp_path):
     x = _digits_inputs(32)
     np.savez(tmp_path / "probe.npz", data=x)
-    res = cli("convert", DIGITS / "deploy.prototxt", "--to", "fp16", "-o", tmp_path / "m.onnx",
+    res = cli_process("convert", DIGITS / "deploy.prototxt", "--to", "fp16", "-o", tmp_path / "m.onnx",
               "--probe", tmp_path / "probe.npz", "--json", tmp_path / "r.json")
     out = ok(res)
     assert "probe" in out and "top-1 agreement 32/32" in out
@@ -132,7 +114,7 @@ def test_probe_and_json(tmp_path):
     # the ONNX file is about half of the fp32 weights
     assert os.path.getsize(tmp_path / "m.onnx") < 0.6 * os.path.getsize(DIGITS / "model.caffemodel")
     # binary: the probe shows how much post-training binarization changes the outputs
-    r2 = cli("convert", DIGITS / "deploy.prototxt", "--to", "binary", "--keep", "none",
+    r2 = cli_process("convert", DIGITS / "deploy.prototxt", "--to", "binary", "--keep", "none",
              "-o", tmp_path / "b.onnx", "--probe", tmp_path / "probe.npz", "--json", "-")
     d = json.loads(ok(r2))
     assert d["probe"]["prob"]["rel_error"] > 0.05
@@ -141,7 +123,7 @@ def test_probe_and_json(tmp_path):
 
 def test_onnx_flags(tmp_path):
     import onnx
-    ok(cli("convert", DIGITS / "deploy.prototxt", "--to", "int8", "-o", tmp_path / "a.onnx",
+    ok(cli_process("convert", DIGITS / "deploy.prototxt", "--to", "int8", "-o", tmp_path / "a.onnx",
            "--opset", "13", "--batch", "4", "--no-optimize"))
     m = onnx.load(str(tmp_path / "a.onnx"))
     assert max(o.version for o in m.opset_import if o.domain in ("", "ai.onnx")) == 13
@@ -179,13 +161,13 @@ def test_caffemodel_output_never_replaces_the_input_prototxt(tmp_path):
     (tmp_path / "deploy.prototxt").write_text((DIGITS / "deploy.prototxt").read_text())
     os.symlink(DIGITS / "model.caffemodel", tmp_path / "w.caffemodel")
     before = (tmp_path / "deploy.prototxt").read_text()
-    one_line_error(cli("convert", "deploy.prototxt", "--weights", "w.caffemodel", "--to", "int8",
+    one_line_error(cli_process("convert", "deploy.prototxt", "--weights", "w.caffemodel", "--to", "int8",
                        "-o", "deploy.caffemodel", cwd=tmp_path), "overwrite an input")
     assert (tmp_path / "deploy.prototxt").read_text() == before
     assert sorted(os.listdir(tmp_path)) == ["deploy.prototxt", "w.caffemodel"]
 
 
 def test_help_says_how_fp16_computes():
-    out = ok(cli("convert", "--help"))
+    out = ok(cli_process("convert", "--help"))
     flat = " ".join(out.split())
     assert "fp32 with fp16-rounded weights on CPU and in fp16 on CUDA" in flat

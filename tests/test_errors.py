@@ -8,28 +8,14 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import cli_process, one_line_error
+
 import caffeq
 from caffeq.errors import CaffeqError
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = REPO / "tests" / "fixtures" / "caffe"
 CONV = CASES / "conv_basic"
-
-
-def cli(*args, cwd=REPO):
-    return subprocess.run([sys.executable, str(REPO / "cli.py"), *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=120)
-
-
-def assert_one_line_error(res, *needles):
-    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith("caffeq: warning")]
-    assert len(lines) == 1, res.stderr
-    assert lines[0].startswith("caffeq: error: "), lines[0]
-    assert "Traceback" not in res.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 def write(tmp_path, name, text):
@@ -46,17 +32,17 @@ layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_
 
 def test_syntax_error_names_file_line_column(tmp_path):
     p = write(tmp_path, "bad.prototxt", NET.replace('top: "conv" convolution_param', 'top: "conv" convolution_param {{'))
-    assert_one_line_error(cli("inspect", p), "bad.prototxt:3:")
+    one_line_error(cli_process("inspect", p), "bad.prototxt:3:")
 
 
 def test_unknown_field_names_field_and_layer(tmp_path):
     p = write(tmp_path, "u.prototxt", NET.replace("kernel_size: 3", "kernel_size: 3 kernal_pad: 1"))
-    assert_one_line_error(cli("inspect", p), "kernal_pad", "conv", "u.prototxt:3")
+    one_line_error(cli_process("inspect", p), "kernal_pad", "conv", "u.prototxt:3")
 
 
 def test_unknown_field_can_be_ignored_with_warning(tmp_path):
     p = write(tmp_path, "u.prototxt", NET.replace("kernel_size: 3", "kernel_size: 3 kernal_pad: 1"))
-    res = cli("inspect", p, "--ignore-unknown")
+    res = cli_process("inspect", p, "--ignore-unknown")
     assert res.returncode == 0, res.stderr
     assert "warning" in res.stderr and "kernal_pad" in res.stderr
 
@@ -64,7 +50,7 @@ def test_unknown_field_can_be_ignored_with_warning(tmp_path):
 def test_unknown_layer_types_all_listed(tmp_path):
     text = NET + ('layer { name: "a" type: "Frobnicate" bottom: "conv" top: "a" }\n'
                   'layer { name: "b" type: "Wobble" bottom: "a" top: "b" }\n')
-    line = assert_one_line_error(cli("inspect", write(tmp_path, "x.prototxt", text)), "Frobnicate", "Wobble")
+    line = one_line_error(cli_process("inspect", write(tmp_path, "x.prototxt", text)), "Frobnicate", "Wobble")
     assert "Convolution" in line  # the supported list
 
 
@@ -78,55 +64,55 @@ def test_python_layer_is_never_imported(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     res = subprocess.run([sys.executable, str(REPO / "cli.py"), "inspect", str(p)], capture_output=True,
                          text=True, cwd=tmp_path, env=env, timeout=60)
-    assert_one_line_error(res, "evil_layer", "Evil", "py")
+    one_line_error(res, "evil_layer", "Evil", "py")
     assert not marker.exists()
 
 
 def test_undefined_bottom(tmp_path):
     text = NET + 'layer { name: "r" type: "Dropout" bottom: "nothing" top: "r" }\n'
-    assert_one_line_error(cli("inspect", write(tmp_path, "x.prototxt", text)), "'r'", "nothing")
+    one_line_error(cli_process("inspect", write(tmp_path, "x.prototxt", text)), "'r'", "nothing")
 
 
 def test_negative_and_absurd_dimensions_refused_before_allocating(tmp_path):
     neg = NET.replace("dim: 8 dim: 8", "dim: -8 dim: 8")
-    assert_one_line_error(cli("inspect", write(tmp_path, "n.prototxt", neg)), "data", "negative")
+    one_line_error(cli_process("inspect", write(tmp_path, "n.prototxt", neg)), "data", "negative")
     huge = NET.replace("dim: 8 dim: 8", "dim: 100000000 dim: 100000000")
-    res = cli("inspect", write(tmp_path, "h.prototxt", huge))
-    assert_one_line_error(res, "absurd")
+    res = cli_process("inspect", write(tmp_path, "h.prototxt", huge))
+    one_line_error(res, "absurd")
 
 
 def test_truncated_caffemodel(tmp_path):
     data = (CONV / "model.caffemodel").read_bytes()
     p = write(tmp_path, "t.caffemodel", data[: len(data) // 2])
-    assert_one_line_error(cli("inspect", CONV / "model.prototxt", "--weights", p), "t.caffemodel")
+    one_line_error(cli_process("inspect", CONV / "model.prototxt", "--weights", p), "t.caffemodel")
 
 
 def test_random_bytes_caffemodel(tmp_path):
     p = write(tmp_path, "r.caffemodel", np.random.default_rng(0).bytes(5000))
-    assert_one_line_error(cli("inspect", CONV / "model.prototxt", "--weights", p), "r.caffemodel")
+    one_line_error(cli_process("inspect", CONV / "model.prototxt", "--weights", p), "r.caffemodel")
 
 
 def test_misshaped_weights_name_layer_blob_and_shapes(tmp_path):
     p = write(tmp_path, "m.prototxt", (CONV / "model.prototxt").read_text().replace("num_output: 5", "num_output: 6"))
-    line = assert_one_line_error(cli("inspect", p, "--weights", CONV / "model.caffemodel"), "'conv'", "blob 0")
+    line = one_line_error(cli_process("inspect", p, "--weights", CONV / "model.caffemodel"), "'conv'", "blob 0")
     assert "[5, 3, 3, 3]" in line and "[6, 3, 3, 3]" in line
 
 
 def test_missing_weights_for_layer(tmp_path):
     p = write(tmp_path, "m.prototxt", (CONV / "model.prototxt").read_text().replace('name: "conv"', 'name: "conv_renamed"'))
-    assert_one_line_error(cli("inspect", p, "--weights", CONV / "model.caffemodel"), "conv_renamed")
+    one_line_error(cli_process("inspect", p, "--weights", CONV / "model.caffemodel"), "conv_renamed")
 
 
 def test_debug_shows_traceback(tmp_path):
     p = write(tmp_path, "bad.prototxt", "layer { name: ")
-    res = cli("--debug", "inspect", p)
+    res = cli_process("--debug", "inspect", p)
     assert res.returncode != 0 and "Traceback" in res.stderr
 
 
 def test_failed_run_leaves_no_output_file(tmp_path):
     out = tmp_path / "out.npz"
     bad_input = write(tmp_path, "x.npy", b"not numpy")
-    assert_one_line_error(cli("run", CONV / "model.prototxt", "--weights", CONV / "model.caffemodel",
+    one_line_error(cli_process("run", CONV / "model.prototxt", "--weights", CONV / "model.caffemodel",
                               "--input", bad_input, "-o", out), "x.npy")
     assert not out.exists()
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".caffeq-")]
@@ -135,7 +121,7 @@ def test_failed_run_leaves_no_output_file(tmp_path):
 def test_wrong_input_shape_is_one_line(tmp_path):
     x = tmp_path / "x.npy"
     np.save(x, np.zeros((2, 4, 11, 13), np.float32))
-    assert_one_line_error(cli("run", CONV / "model.prototxt", "--weights", CONV / "model.caffemodel",
+    one_line_error(cli_process("run", CONV / "model.prototxt", "--weights", CONV / "model.caffemodel",
                               "--input", x, "-o", tmp_path / "o.npz"), "data")
 
 
@@ -143,7 +129,7 @@ def test_run_refuses_to_overwrite_its_input(tmp_path):
     x = tmp_path / "x.npz"
     np.savez(x, data=np.zeros((2, 3, 11, 13), np.float32))
     before = x.read_bytes()
-    assert_one_line_error(cli("run", CONV / "model.prototxt", "--weights", CONV / "model.caffemodel",
+    one_line_error(cli_process("run", CONV / "model.prototxt", "--weights", CONV / "model.caffemodel",
                               "--input", x, "-o", x), "overwrite")
     assert x.read_bytes() == before
 

@@ -1,11 +1,12 @@
 """Static int8 (activations calibrated on data): accuracy on the example model, int8 kernels in
 onnxruntime, the --keep rules, the calibration sources and the errors."""
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from conftest import cli_process, ok, one_line_error
 
 import caffeq
 from caffeq.evaluate import evaluate
@@ -22,25 +23,6 @@ WEIGHTS = str(DIGITS / "model.caffemodel")
 PREPROCESS = ["--mean-file", DIGITS / "mean.binaryproto", "--scale", "0.00390625"]
 
 
-def cli(*args, cwd=REPO):
-    return subprocess.run([sys.executable, str(REPO / "cli.py"), *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=300, check=False)
-
-
-def ok(res):
-    assert res.returncode == 0, (res.returncode, res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr
-    return res.stdout
-
-
-def one_line_error(res, *needles):
-    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith("caffeq: warning")]
-    assert len(lines) == 1 and lines[0].startswith("caffeq: error: "), res.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-
-
 def _test_images(n=64):
     """Preprocessed TEST-LMDB images of the example (Caffe's transform, as eval reads them)."""
     from caffeq.quant.static_int8 import calibration_inputs
@@ -52,7 +34,7 @@ def _test_images(n=64):
 def int8_file(tmp_path_factory):
     """The deploy net converted to static int8, calibrated on the TRAIN LMDB."""
     out = tmp_path_factory.mktemp("int8") / "digits.int8.onnx"
-    text = ok(cli("convert", DEPLOY, "--to", "int8", "--calibrate", DIGITS / "train_lmdb",
+    text = ok(cli_process("convert", DEPLOY, "--to", "int8", "--calibrate", DIGITS / "train_lmdb",
                   "--calibrate-images", 128, *PREPROCESS, "-o", out))
     return out, text
 
@@ -103,7 +85,7 @@ def test_kept_layers_stay_float(tmp_path):
     x = _test_images(16)
     np.save(tmp_path / "calib.npy", x)          # an .npy of preprocessed inputs calibrates too
     out = tmp_path / "keep.onnx"
-    text = ok(cli("convert", DEPLOY, "--to", "int8", "--calibrate", tmp_path / "calib.npy", "--keep", "conv1,ip2",
+    text = ok(cli_process("convert", DEPLOY, "--to", "int8", "--calibrate", tmp_path / "calib.npy", "--keep", "conv1,ip2",
                   "--calibrate-method", "minmax", "-o", out))
     assert "kept float: conv1, ip2" in text and "minmax" in text
     ops = kernel_ops(out, {"data": x[:2]})
@@ -121,18 +103,18 @@ def _op_of(ops, layer):
 
 
 def test_bad_requests_are_one_line(tmp_path):
-    one_line_error(cli("convert", DEPLOY, "--to", "binary", "--calibrate", DIGITS / "train_lmdb",
+    one_line_error(cli_process("convert", DEPLOY, "--to", "binary", "--calibrate", DIGITS / "train_lmdb",
                        "-o", tmp_path / "b.onnx"), "--to int8")
-    one_line_error(cli("convert", DEPLOY, "--to", "int8", "--calibrate", tmp_path / "missing",
+    one_line_error(cli_process("convert", DEPLOY, "--to", "int8", "--calibrate", tmp_path / "missing",
                        "-o", tmp_path / "b.onnx"), "missing")
-    one_line_error(cli("convert", DEPLOY, "--to", "int8", "--calibrate", DIGITS / "train_lmdb",
+    one_line_error(cli_process("convert", DEPLOY, "--to", "int8", "--calibrate", DIGITS / "train_lmdb",
                        "--calibrate-method", "median", "-o", tmp_path / "b.onnx"), "median")
-    one_line_error(cli("convert", DEPLOY, "--to", "int8", "--calibrate", DIGITS / "train_lmdb",
+    one_line_error(cli_process("convert", DEPLOY, "--to", "int8", "--calibrate", DIGITS / "train_lmdb",
                        "--keep", "nosuch", "-o", tmp_path / "b.onnx"), "nosuch")
-    one_line_error(cli("convert", DEPLOY, "--to", "int8", "--calibrate", DIGITS / "train_lmdb",
+    one_line_error(cli_process("convert", DEPLOY, "--to", "int8", "--calibrate", DIGITS / "train_lmdb",
                        "-o", tmp_path / "b.caffemodel"), ".onnx")
     np.save(tmp_path / "wrong.npy", np.zeros((2, 3, 16, 16), np.float32))
-    one_line_error(cli("convert", DEPLOY, "--to", "int8", "--calibrate", tmp_path / "wrong.npy",
+    one_line_error(cli_process("convert", DEPLOY, "--to", "int8", "--calibrate", tmp_path / "wrong.npy",
                        "-o", tmp_path / "b.onnx"), "wrong.npy")
     assert not (tmp_path / "b.onnx").exists() and not (tmp_path / "b.caffemodel").exists()
 
