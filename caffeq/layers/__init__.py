@@ -8,6 +8,7 @@ from . import (  # noqa: F401,E402
     conv,
     ctc,
     data,
+    denseblock,
     elementwise,
     fork_data,
     im2col,
