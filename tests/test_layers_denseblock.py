@@ -278,6 +278,14 @@ def test_quantized_block_exports_to_onnx(target, tmp_path):
     assert_close(onnx_outputs(q, {"x": x}, tmp_path)["o"], want, 1e-5, 1e-5, f"{target} onnx")
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_the_forks_formula():
+    model, node = loaded("use_BC: true", use_bc=True)
+    x = rng(13).standard_normal(SHAPE).astype(np.float32)
+    assert_close(model.run({"x": x}, device="cuda")["o"], ref_dense_block(x, node.blobs, True), 1e-5, 1e-5, "cuda")
+
+
 @pytest.mark.parametrize("text, field", [
     (block_net("numTransition: 0").replace(f"numTransition: {T} ", ""), "denseblock_param.numTransition"),
     (block_net("growthRate: -2").replace(f"growthRate: {G} ", ""), "denseblock_param.growthRate"),
