@@ -22,8 +22,6 @@ KNOWN_REFUSALS = {
     "ChenYingpeng__caffe-yolov3__prototxt__yolov3-tiny.prototxt": "bottoms must match except along axis 1",
     # a template: `num_output: ${NUM_LABELS}` is filled in by a script before Caffe reads it
     "xmojiao__deeplab_v2__voc2012__config__deeplab_largeFOV__test.prototxt": "${NUM_LABELS} is a template placeholder",
-    # caffe_ocr's DenseBlock layer (a whole dense block in one layer) has no spec yet
-    "senlinuc__caffe_ocr__examples__ocr__densenet__densenet-no-blstm_deploy.prototxt": "unsupported layer types: DenseBlock",
 }
 
 
@@ -63,6 +61,9 @@ RUNNABLE = {
     "python019__colorize-python__models__colorization_deploy_v2.prototxt": {"data_l": (1, 1, 64, 64)},  # silenced
     # VGG16 + BLSTM + CTPN's text proposals (a native spec of its Python layer)
     "tianzhi0549__CTPN__models__deploy.prototxt": {"data": (1, 3, 64, 80)},
+    # caffe_ocr's DenseNets: three DenseBlock layers (the OCR nets are 32 high; W/8 time steps)
+    "senlinuc__caffe_ocr__examples__ocr__densenet__densenet-no-blstm_deploy.prototxt": {"data": (1, 3, 32, 48)},
+    "senlinuc__caffe_ocr__examples__ocr__densenet__densenet-res-blstm_deploy.prototxt": {"data": (1, 3, 32, 48)},
 }
 
 

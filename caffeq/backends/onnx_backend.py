@@ -158,7 +158,7 @@ class OnnxContext:
             arr = arr.astype(np.float32)
         if transpose and arr.ndim != 2:
             raise ExportError(f"layer '{node.name}': cannot transpose a {arr.ndim}-axis blob")
-        names = node.spec.blob_names
+        names = node.spec.blob_names_for(node.attrs)
         base = f"{node.name}.{names[index] if index < len(names) else f'blob{index}'}"
         if transpose and any(k[:2] == key[:2] for k in self._weight_cache):
             base += "_T"

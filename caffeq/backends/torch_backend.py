@@ -28,6 +28,7 @@ class CaffeLayer(nn.Module):
         self.attrs = node.attrs
         names = []
         declared = node.spec.blob_names_for(node.attrs)
+        buffers = node.spec.buffer_blobs_for(node.attrs)
         for i, arr in enumerate(blobs or []):
             name = declared[i] if i < len(declared) else f"blob{i}"
             names.append(name)
@@ -35,7 +36,7 @@ class CaffeLayer(nn.Module):
                 setattr(self, name, shared[i])
                 continue
             tensor = torch.from_numpy(np.array(arr, dtype=np.float32, copy=True))
-            if i in node.spec.buffer_blobs:
+            if i in buffers:
                 self.register_buffer(name, tensor)
             else:
                 self.register_parameter(name, nn.Parameter(tensor))

@@ -9,6 +9,7 @@ from . import (  # noqa: F401,E402
     ctc,
     ctpn,
     data,
+    denseblock,
     elementwise,
     fork_data,
     im2col,

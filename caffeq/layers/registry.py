@@ -141,6 +141,10 @@ class Layer:
         """Blob names for this configuration (override when optional blobs shift the order)."""
         return self.blob_names
 
+    def buffer_blobs_for(self, attrs):
+        """Indexes of the statistics blobs for this configuration (override when they move)."""
+        return self.buffer_blobs
+
     def weight_axes_for(self, attrs):
         """{blob index: output-channel axis} for this configuration (quantizers use it)."""
         return {i: (a(attrs) if callable(a) else a) for i, a in self.weight_axes.items()}
