@@ -66,6 +66,21 @@ def test_unknown_field_in_a_test_layer_is_still_an_error():
     assert "--ignore-unknown" in msg
 
 
+@pytest.mark.parametrize("empty", ["fork_param { }", "fork_param {\n  # nothing here\n  }", "fork_param < >",
+                                   "fork_param: { }"])
+def test_an_unknown_empty_message_sets_nothing_and_is_a_warning(empty):
+    # a colorization deploy copy writes `batch_normalize_bbox_param{ }` in its BatchNorm layers
+    net, warnings = _parse(CONV.replace("convolution_param", f"{empty}\n  convolution_param"))
+    assert net.layer[0].convolution_param.num_output == 4
+    assert len(warnings) == 1 and "'fork_param'" in warnings[0] and "an empty message" in warnings[0]
+
+
+@pytest.mark.parametrize("filled", ["fork_param { x: 1 }", "fork_param { inner { } }", "fork_param: 3"])
+def test_an_unknown_field_with_content_is_still_an_error(filled):
+    with pytest.raises(ParseError, match="fork_param"):
+        _parse(CONV.replace("convolution_param", f"{filled}\n  convolution_param"))
+
+
 def test_transform_and_loss_params_are_training_only_at_test():
     text = """
 layer {

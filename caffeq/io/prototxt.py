@@ -31,13 +31,15 @@ class _Unknown:
     column: int
     path: tuple          # field names from the top-level message down to the unknown field
     layer: tuple         # ("layer" | "layers", index) of the enclosing top-level layer, or None
+    empty: bool = False  # written as an empty message (`name { }`): it sets nothing
 
 
 class _RecordingParser(text_format._Parser):
     """Lenient text parser that records every unknown field it skips and where it was."""
 
-    def __init__(self):
+    def __init__(self, lines=()):
         super().__init__(allow_unknown_field=True)
+        self.lines = list(lines)
         self.unknown = []
         self._path = []
         self._layer = None
@@ -56,18 +58,32 @@ class _RecordingParser(text_format._Parser):
                 self._layer = None
 
     def _SkipFieldContents(self, tokenizer, field_name, immediate_message_type):
-        if not self._skipping:  # fields nested inside an unknown one are not reported again
-            line = getattr(tokenizer, "_previous_line", None)
-            column = getattr(tokenizer, "_previous_column", None)
-            self.unknown.append(_Unknown(
-                field_name, immediate_message_type,
-                None if line is None else line + 1, None if column is None else column + 1,
-                tuple(self._path) + (field_name,), self._layer))
+        line = getattr(tokenizer, "_previous_line", None)
+        column = getattr(tokenizer, "_previous_column", None)
         self._skipping += 1
         try:
             super()._SkipFieldContents(tokenizer, field_name, immediate_message_type)
         finally:
             self._skipping -= 1
+        if not self._skipping:  # fields nested inside an unknown one are not reported again
+            self.unknown.append(_Unknown(
+                field_name, immediate_message_type,
+                None if line is None else line + 1, None if column is None else column + 1,
+                tuple(self._path) + (field_name,), self._layer,
+                self._skipped_text(field_name, line, column, tokenizer) in ("{}", ":{}", "<>", ":<>")))
+
+    def _skipped_text(self, field_name, line, column, tokenizer):
+        """What followed the field name up to the last token skipped, without blanks or comments."""
+        end_line = getattr(tokenizer, "_previous_line", None)
+        end_column = getattr(tokenizer, "_previous_column", None)
+        if None in (line, column, end_line, end_column) or end_line >= len(self.lines):
+            return None
+        if line == end_line:
+            span = [self.lines[line][column:end_column + 1]]
+        else:
+            span = [self.lines[line][column:]] + self.lines[line + 1:end_line] + [self.lines[end_line][:end_column + 1]]
+        text = "".join("".join(part.split("#", 1)[0].split()) for part in span)
+        return text.removeprefix(field_name)
 
 
 def _describe(path, err, text=""):
@@ -106,6 +122,8 @@ def _is_loss_param(name):
 
 def _training_only(unknown, message, phase):
     """Why an unknown field cannot matter for reading the `phase` net, or None."""
+    if unknown.empty:
+        return "an empty message, it sets nothing"
     if unknown.layer is not None and isinstance(message, caffe_pb2.NetParameter):
         kind, index = unknown.layer
         layers = getattr(message, kind)
@@ -178,7 +196,7 @@ def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False,
             raise ParseError(f"{where}: {msg}") from None
     # Unknown fields present: parse leniently, recording each one, then decide.
     message.Clear()
-    parser = _RecordingParser()
+    parser = _RecordingParser(text.split("\n"))
     try:
         parser.ParseLines(text.split("\n"), message)
     except text_format.ParseError as e:
