@@ -19,6 +19,7 @@ from .options import (
     add_json_arg,
     add_preprocess_args,
     add_progress_arg,
+    add_weights_arg,
     add_workers_arg,
     nonnegative_int,
     positive_int,
@@ -59,9 +60,7 @@ def add_parser(sub):
     p = sub.add_parser("finetune", help="fine-tune a binary-weight model to recover its accuracy",
                        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="train_val (or deploy) .prototxt of the float model")
-    p.add_argument("--weights", "-w", metavar="W.caffemodel",
-                   help="trained float weights (default: the .caffemodel beside the prototxt with the "
-                        "same name, or the only one in its folder)")
+    add_weights_arg(p, "trained float weights")
     p.add_argument("--to", default="binary", metavar="binary", help="target precision (binary)")
     p.add_argument("-o", "--output", metavar="OUT", default=None,
                    help="output: .onnx, .caffemodel (+ .prototxt beside it) or .caffeq "

@@ -160,6 +160,12 @@ def blob_names(text):
     return names
 
 
+def add_weights_arg(p, what="trained weights"):
+    p.add_argument("--weights", "-w", metavar="W.caffemodel",
+                   help=f"{what} (default: the .caffemodel beside the prototxt with the same name, or the "
+                        f"only one in its folder)")
+
+
 def add_model_args(p, weights=True, batch=True, outputs=True):
     """The model and how to read it: MODEL, --weights, --phase, --stage, --level, --batch,
     --input-shape, --outputs, --ignore-unknown.
@@ -169,9 +175,7 @@ def add_model_args(p, weights=True, batch=True, outputs=True):
     """
     p.add_argument("model", help="deploy/train_val .prototxt (or a .caffeq file)")
     if weights:
-        p.add_argument("--weights", "-w", metavar="W.caffemodel",
-                       help="trained weights (default: the .caffemodel beside the prototxt with the same "
-                            "name, or the only one in its folder)")
+        add_weights_arg(p)
     p.add_argument("--phase", default="TEST", choices=["TEST", "TRAIN"], help="phase rules to apply")
     p.add_argument("--stage", action="append", default=[], metavar="NAME",
                    help="a NetState stage for include/exclude rules (repeatable)")
@@ -296,6 +300,7 @@ __all__ = [
     "add_preprocess_args",
     "add_progress_arg",
     "add_speed_args",
+    "add_weights_arg",
     "add_workers_arg",
     "channel_order",
     "default_workers",

@@ -10,6 +10,7 @@ from .options import (
     add_json_arg,
     add_preprocess_args,
     add_progress_arg,
+    add_weights_arg,
     add_workers_arg,
     positive_int,
     progress_wanted,
@@ -35,9 +36,7 @@ def add_parser(sub):
     p = sub.add_parser("sensitivity", help="per-layer accuracy drop of binary (or int8) weights, sorted",
                        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="train_val/deploy .prototxt")
-    p.add_argument("--weights", "-w", metavar="W.caffemodel",
-                   help="trained weights (default: the .caffemodel beside the prototxt with the same name, "
-                        "or the only one in its folder)")
+    add_weights_arg(p, "trained weights")
     p.add_argument("--to", default="binary", metavar="binary|int8", help="the precision tested (default binary)")
     p.add_argument("--data", metavar="SRC", help="LMDB, ImageData list, image folder or .npy/.npz "
                                                  "(default: the TEST-phase data layer's source)")
