@@ -24,7 +24,7 @@ class Model:
     """
 
     def __init__(self, graph, net, prototxt=None, weights_path=None, warnings=None, phase="TEST",
-                 input_shapes=None, output_names=None):
+                 input_shapes=None, output_names=None, stages=(), level=0, batch=None):
         self.graph = graph
         self.net = net
         self.prototxt = prototxt
@@ -41,6 +41,8 @@ class Model:
         # what the user chose when loading; every rebuild of the graph (reshaped, transforms) keeps it
         self.input_shapes = dict(input_shapes or {})   # {blob: shape} for data tops and inputs
         self.output_names = list(output_names or [])   # chosen output blobs ([]: Caffe's own)
+        self.stages, self.level = tuple(stages), int(level)  # the NetState the layers were chosen by
+        self.batch = batch                               # the inputs' batch the user set, or None
         #: (options, weights fingerprint, module) of the last `run`, reused while both match; never copied
         self.run_cache = None
 
@@ -122,7 +124,7 @@ class Model:
         the only way caffeq copies models, so that no field is dropped on the way."""
         m = Model(self.graph if graph is None else graph, self.net if net is None else net,
                   self.prototxt, self.weights_path, self.warnings, self.phase, self.input_shapes,
-                  self.output_names)
+                  self.output_names, self.stages, self.level, self.batch)
         m.quantization = dict(self.quantization)
         m.quant_report = self.quant_report
         m.transforms = list(self.transforms)
@@ -131,12 +133,14 @@ class Model:
 
     def reshaped(self, batch):
         """The same model with every input's batch dimension set to `batch`."""
-        graph = build_graph(self.net, None, phase=self.phase, batch=batch, source=self.prototxt or "",
-                            base_dir=self._base_dir(), **self.build_options())
+        graph = build_graph(self.net, None, phase=self.phase, source=self.prototxt or "",
+                            base_dir=self._base_dir(), **{**self.build_options(), "batch": batch})
         for new, old in zip(graph.nodes, self.graph.nodes):
             new.blobs = old.blobs
             new.quant = old.quant  # keep the compact form for writers (ONNX, .caffeq)
-        return self.replace(graph)
+        m = self.replace(graph)
+        m.batch = batch          # later rebuilds (transforms) keep it
+        return m
 
     def require_shapes(self):
         """Refuse to run or export a net listed with unknown data shapes (load(unknown_shapes_ok=True))."""
@@ -146,8 +150,10 @@ class Model:
                              f"without the dataset; give it with --input-shape {unknown[0]}=N,C,H,W")
 
     def build_options(self):
-        """The build_graph options the user chose (input shapes, outputs), for rebuilding the graph."""
-        return {"input_shapes": self.input_shapes, "outputs": self.output_names}
+        """The build_graph options the user chose (input shapes, outputs, NetState, batch), for rebuilding
+        the graph."""
+        return {"input_shapes": self.input_shapes, "outputs": self.output_names, "stages": self.stages,
+                "level": self.level, "batch": self.batch}
 
     def _base_dir(self):
         return os.path.dirname(os.path.abspath(self.prototxt)) if self.prototxt else os.getcwd()
@@ -187,7 +193,7 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
     if path.endswith(".caffeq"):
         parts = load_caffeq_parts(path, phase=phase, batch=batch, input_shapes=input_shapes, outputs=outputs)
         model = Model(parts.graph, parts.net, path, path, parts.warnings, phase, parts.input_shapes,
-                      parts.outputs)
+                      parts.outputs, batch=batch)
         model.quantization = parts.quantization
         model.quant_report = parts.report
         return model
@@ -222,7 +228,7 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
     elif random_weights:
         init_params(graph, seed)
     share_params(graph)
-    return Model(graph, net, path, weights_path, warnings, phase, input_shapes, outputs)
+    return Model(graph, net, path, weights_path, warnings, phase, input_shapes, outputs, stages, level, batch)
 
 
 def load_from_text(text, weights=None, **kwargs):

@@ -383,3 +383,30 @@ layer { name: "t" type: "Python" bottom: "y" top: "z"
     np.testing.assert_allclose(pytorch_source_outputs(model, tmp_path / "pt", {"x": x}).numpy(), want, rtol=1e-7)
     with pytest.raises(CaffeqError, match="p must be between 0 and 1"):
         load_from_text(text.replace("'0.01'", "'1.5'"))
+
+
+# ---- what the user chose survives every rebuild (reshaped, transforms, the ONNX export) -----------
+
+STAGED_BN = """
+name: "staged"
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 5 dim: 4 } } }
+layer { name: "conv" type: "Convolution" bottom: "x" top: "c" convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" batch_norm_param { use_global_stats: true } }
+layer { name: "deploy_only" type: "ReLU" bottom: "c" top: "r" include { stage: "deploy" } }
+"""
+
+
+def test_the_batch_and_stages_survive_folding_and_the_onnx_export(tmp_path):
+    import onnx
+    from caffeq.transforms import fold_batchnorm
+    model = load_from_text(STAGED_BN, random_weights=True, stages=["deploy"])
+    assert "deploy_only" in [n.name for n in model.layers]
+    folded = fold_batchnorm(model)
+    assert "deploy_only" in [n.name for n in folded.layers] and "bn" not in [n.name for n in folded.layers]
+    # a fixed ONNX batch on the optimized export: the file holds that batch, not the prototxt's
+    model.export_onnx(str(tmp_path / "b5.onnx"), batch=5, optimize=True)
+    g = onnx.load(str(tmp_path / "b5.onnx")).graph
+    assert [d.dim_value for d in g.input[0].type.tensor_type.shape.dim] == [5, 3, 5, 4]
+    assert [o.name for o in g.output] == ["r"]
+    assert [d.dim_value for d in g.output[0].type.tensor_type.shape.dim] == [5, 4, 3, 2]
+    assert fold_batchnorm(model.reshaped(7)).inputs == {"x": (7, 3, 5, 4)}
