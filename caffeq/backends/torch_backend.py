@@ -268,7 +268,8 @@ def to_torch(model, device="cpu", dtype=None, all_blobs=False, optimize=False, c
     if any(n.has_params and n.blobs is None for n in model.graph.nodes):
         missing = [n.name for n in model.graph.nodes if n.has_params and n.blobs is None]
         raise DataError(f"{model.prototxt}: no weights for layers {', '.join(missing[:5])}"
-                        f"{', ...' if len(missing) > 5 else ''}; pass --weights (or random_weights=True)")
+                        f"{', ...' if len(missing) > 5 else ''}; give the caffemodel (--weights; in Python, "
+                        f"load(..., weights) or random_weights=True to try the net untrained)")
     if optimize:
         model = fold_batchnorm(remove_identities(model))
     gm = build_module(model, all_blobs=all_blobs)
