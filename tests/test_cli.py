@@ -229,6 +229,12 @@ def test_no_caffemodel_anywhere_asks_for_weights_not_a_python_argument(here, cap
     rc, out, err = cli(capsys, "inspect", "deploy.prototxt")
     assert rc == 0 and "conv" in out and "other.caffemodel" in err and "without weights" in err
     assert "other.caffemodel" in one_error(capsys, "run", "deploy.prototxt", "-i", "x.npy", "-o", "o.npz")
+    # two caffemodels and none of the prototxt's name: inspect lists the net, run asks which one
+    shutil.copy(WEIGHTS, here / "another.caffemodel")
+    rc, out, err = cli(capsys, "inspect", "deploy.prototxt")
+    assert rc == 0 and "conv" in out and "2 .caffemodel files" in err and "without weights" in err
+    line = one_error(capsys, "run", "deploy.prototxt", "-i", "x.npy", "-o", "o.npz")
+    assert "another.caffemodel, other.caffemodel" in line and "--weights" in line
 
 
 # ---- labels by the real precision ----------------------------------------------------------------

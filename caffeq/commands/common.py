@@ -18,6 +18,10 @@ from .options import add_model_args  # noqa: F401  (commands import it from here
 # ---- weights beside the prototxt -------------------------------------------------------------
 
 
+class AmbiguousWeights(CaffeqError):
+    """Several .caffemodel files beside a prototxt and none of its name: which one is meant?"""
+
+
 def find_weights(prototxt):
     """The .caffemodel beside `prototxt`: same stem, else the only one in the folder; None if none."""
     folder = os.path.dirname(os.path.abspath(prototxt))
@@ -30,8 +34,8 @@ def find_weights(prototxt):
         return found[0]
     if len(found) > 1:
         names = ", ".join(os.path.basename(f) for f in found[:5]) + (", ..." if len(found) > 5 else "")
-        raise CaffeqError(f"{prototxt}: no --weights given and {len(found)} .caffemodel files beside it "
-                          f"({names}); pass --weights FILE.caffemodel")
+        raise AmbiguousWeights(f"{prototxt}: no --weights given and {len(found)} .caffemodel files beside it "
+                               f"({names}); pass --weights FILE.caffemodel")
     return None
 
 
@@ -54,7 +58,12 @@ def resolve_weights(model_path, weights=None, required=True):
             raise CaffeqError(f"{weights}: no such file" if not os.path.isdir(weights)
                               else f"--weights {weights}: is a folder; pass the .caffemodel")
         return weights, None
-    found = find_weights(model_path)
+    try:
+        found = find_weights(model_path)
+    except AmbiguousWeights as e:
+        if required:
+            raise
+        return None, f"note: {str(e).split('; pass')[0]}: listed without weights (--weights to choose one)"
     if found is None:
         if required:
             raise CaffeqError(f"{model_path}: no .caffemodel beside it (same name, or the only one in its "
