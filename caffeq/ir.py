@@ -208,6 +208,8 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
         node_name = _unique_layer_name(lp.name, names_seen, source, notes)
         try:
             attrs = spec.parse(lp)
+        except ForkReading as e:   # the whole net tells how to read this layer
+            raise ForkReading(f"{where}: {e}", e.rewrite) from None
         except LayerError as e:
             raise LayerError(f"{where}: {e}") from None
         except CaffeqError:

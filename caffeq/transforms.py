@@ -193,7 +193,7 @@ def _conv_channels(node, graph):
         return None
     if _shares_params(graph, node):
         return None
-    if a.get("_axis") != 1:
+    if a.get("_axis") != 1 or a.get("normalize"):   # happynear's unit rows would undo a fold
         return None
     out_shape = graph.tensors[node.outputs[0]].shape
     if node.type == "InnerProduct" and len(out_shape) != 2:

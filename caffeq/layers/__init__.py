@@ -12,6 +12,7 @@ from . import (  # noqa: F401,E402
     denseblock,
     elementwise,
     fork_data,
+    happynear,
     im2col,
     losses,
     misc,

@@ -1,10 +1,12 @@
 """Convolution, Deconvolution, InnerProduct and the depthwise-convolution forks."""
+import inspect
 import math
 
 import numpy as np
 import torch.nn.functional as F
 
 from ..errors import ExportError
+from .happynear import FORK_EPS, onnx_unit_rows, unit_rows
 from .registry import Layer, LayerError, canonical_axis, count, register_layer, spatial_params
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -240,7 +242,7 @@ class InnerProduct(Layer):
         if not p.HasField("num_output"):
             raise LayerError("inner_product_param.num_output is required")
         return {"num_output": int(p.num_output), "bias_term": bool(p.bias_term),
-                "axis": int(p.axis), "transpose": bool(p.transpose)}
+                "axis": int(p.axis), "transpose": bool(p.transpose), "normalize": bool(p.normalize)}
 
     def _k(self, attrs, shape):
         axis = canonical_axis(attrs["axis"], len(shape), "inner_product_param.axis")
@@ -263,7 +265,10 @@ class InnerProduct(Layer):
     def forward(self, attrs, params, x):
         axis = attrs["_axis"]
         flat = x.reshape(tuple(x.shape[:axis]) + (-1,))
-        w = params[0].t() if attrs["transpose"] else params[0]
+        w = params[0]
+        if attrs.get("normalize"):   # happynear's fork: unit rows of the stored (N, K) memory
+            w = unit_rows(w, attrs["num_output"], FORK_EPS)
+        w = w.t() if attrs["transpose"] else w
         return F.linear(flat, w, params[1] if attrs["bias_term"] else None)
 
     def macs(self, attrs, in_shapes, out_shapes):
@@ -286,6 +291,13 @@ class InnerProduct(Layer):
             emit.param("bias", 1)
         x = emit.inputs[0]
         flat = x if len(emit.in_shape(0)) == axis + 1 else f"{x}.flatten({axis})"
+        if a.get("normalize"):
+            fn = emit.helper(inspect.getsource(unit_rows))
+            w = f"{m}.weight.t()" if a["transpose"] else f"{m}.weight"
+            w = f"{fn}({w}, {a['num_output']}, {emit.lit(FORK_EPS)})"
+            w = f"{w}.t()" if a["transpose"] else w
+            emit.uses("F")
+            return f"F.linear({flat}, {w}, {m}.bias)"
         return f"{m}({flat})"
 
     def onnx(self, ctx, node):
@@ -294,6 +306,22 @@ class InnerProduct(Layer):
         axis = a["_axis"]
         rank = len(ctx.shape(x))
         bias = [ctx.weight(node, 1)] if a["bias_term"] else []
+        if a.get("normalize"):
+            n = a["num_output"]
+            k = count(ctx.shape(x), axis)
+            stored = [k, n] if a["transpose"] else [n, k]
+            w = onnx_unit_rows(ctx, ctx.weight(node, 0), n, stored, node.name)
+            if not a["transpose"]:
+                w = ctx.add_node("Transpose", [w], [ctx.tmp(node.name + "_wT")], perm=[1, 0])
+            if rank != axis + 1:
+                flat = ctx.tmp(node.name + "_flat")
+                ctx.add_node("Reshape", [x, ctx.const(np.array([0] * axis + [-1], np.int64))], [flat])
+                x = flat
+            mm = node.outputs[0] if not bias else ctx.tmp(node.name + "_mm")
+            ctx.add_node("MatMul", [x, w], [mm], name=node.name)
+            if bias:
+                ctx.add_node("Add", [mm, bias[0]], [node.outputs[0]])
+            return
         if axis == 1:
             if rank != 2:
                 flat = ctx.tmp(node.name + "_flat")

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..happynear import HAPPYNEAR_NORMALIZE, normalize_fork
 from ..registry import Layer, LayerError, register_layer
 from .common import check_bottoms
 
@@ -91,11 +92,19 @@ class Normalize(nn.Module):
 TORCH_NORMALIZE = inspect.getsource(ssd_normalize) + "\n\n" + inspect.getsource(Normalize)
 
 
+def _happynear(attrs):
+    return attrs.get("fork") == "happynear"
+
+
 @register_layer("Normalize")
 class NormalizeLayer(Layer):
+    """SSD's Normalize (norm_param); a layer with happynear's normalize_param (no blobs) is handed
+    to happynear.py's spec, and one with neither message is read as its net's fork (normalize_fork)."""
     blob_names = ("scale",)
 
     def parse(self, lp):
+        if normalize_fork(lp) == "happynear":
+            return HAPPYNEAR_NORMALIZE.parse(lp)
         check_bottoms(lp, 1, "Normalize")
         p = lp.norm_param
         attrs = {"across_spatial": bool(p.across_spatial), "channel_shared": bool(p.channel_shared),
@@ -110,7 +119,12 @@ class NormalizeLayer(Layer):
             raise LayerError(f"norm_param.eps must be >= 0, got {attrs['eps']}")
         return attrs
 
+    def blob_names_for(self, attrs):
+        return () if _happynear(attrs) else self.blob_names
+
     def infer(self, attrs, in_shapes):
+        if _happynear(attrs):
+            return HAPPYNEAR_NORMALIZE.infer(attrs, in_shapes)
         s = in_shapes[0]
         # SSD reads num/channels/height/width, which exist for 2 to 4 axes only
         if not 2 <= len(s) <= 4:
@@ -118,6 +132,8 @@ class NormalizeLayer(Layer):
         return [tuple(s)]
 
     def param_shapes(self, attrs, in_shapes):
+        if _happynear(attrs):
+            return None
         # channel_shared: SSD makes a 0-axis blob (one value, no shape)
         return [()] if attrs["channel_shared"] else [(in_shapes[0][1],)]
 
@@ -125,9 +141,16 @@ class NormalizeLayer(Layer):
         return [np.full(shapes[0], attrs["fill"], np.float32)]
 
     def forward(self, attrs, params, x):
+        if _happynear(attrs):
+            return HAPPYNEAR_NORMALIZE.forward(attrs, params, x)
         return ssd_normalize(x, params[0], attrs["across_spatial"], attrs["channel_shared"], attrs["eps"])
 
+    def macs(self, attrs, in_shapes, out_shapes):
+        return HAPPYNEAR_NORMALIZE.macs(attrs, in_shapes, out_shapes) if _happynear(attrs) else 0
+
     def onnx(self, ctx, node):
+        if _happynear(node.attrs):
+            return HAPPYNEAR_NORMALIZE.onnx(ctx, node)
         a = node.attrs
         x, out = node.inputs[0], node.outputs[0]
         rank = len(ctx.shape(x))
@@ -145,6 +168,8 @@ class NormalizeLayer(Layer):
         ctx.add_node("Mul", [y, scale], [out])
 
     def pytorch_source(self, node, emit):
+        if _happynear(node.attrs):
+            return HAPPYNEAR_NORMALIZE.pytorch_source(node, emit)
         a = node.attrs
         args = [str(emit.in_shape(0)[1])]
         if a["across_spatial"]:
