@@ -111,7 +111,8 @@ class Accuracy(_TrainingOnly):
             raise LayerError(f"accuracy_param.top_k must be >= 1, got {p.top_k}")
         n = _tops(lp, 1, 2, "Accuracy")
         return {"top_k": int(p.top_k), "axis": int(p.axis), "ignore_label": _label_attrs(lp, "accuracy_param"),
-                "tops": n, "loss_weight": _loss_weights(lp, n, 0.0)}
+                "tops": n, "loss_weight": _loss_weights(lp, n, 0.0),
+                "min_is_better": bool(p.min_is_better)}
 
     def infer(self, attrs, in_shapes):
         need_bottom_count(in_shapes, 2, "Accuracy")
@@ -135,6 +136,8 @@ class Accuracy(_TrainingOnly):
         c = scores.shape[axis]
         outer = math.prod(scores.shape[:axis])
         x = scores.reshape(outer, c, -1)
+        if attrs.get("min_is_better"):   # happynear's fork: the smallest score (a distance) wins
+            x = -x
         lab = labels.reshape(outer, -1).long()
         valid = _valid(lab, attrs["ignore_label"])
         _check_labels(lab, valid, c, "Accuracy")
