@@ -312,7 +312,7 @@ class InnerProduct(Layer):
             stored = [k, n] if a["transpose"] else [n, k]
             w = onnx_unit_rows(ctx, ctx.weight(node, 0), n, stored, node.name)
             if not a["transpose"]:
-                w = ctx.add_node("Transpose", [w], [ctx.tmp(node.name + "_wT")], perm=[1, 0])
+                w = ctx.add_node("Transpose", [w], ctx.tmp(node.name + "_wT"), perm=[1, 0])
             if rank != axis + 1:
                 flat = ctx.tmp(node.name + "_flat")
                 ctx.add_node("Reshape", [x, ctx.const(np.array([0] * axis + [-1], np.int64))], [flat])

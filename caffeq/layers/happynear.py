@@ -91,12 +91,12 @@ def _reduce(ctx, op, x, axes, out=None):
 
 def onnx_unit_rows(ctx, w, rows, shape, name):
     """ONNX for unit_rows on the tensor `w` of static `shape`."""
-    grid = ctx.add_node("Reshape", [w, ctx.const(np.array([rows, -1], np.int64))], [ctx.tmp(name + "_rows")])
+    grid = ctx.add_node("Reshape", [w, ctx.const(np.array([rows, -1], np.int64))], ctx.tmp(name + "_rows"))
     ss = _reduce(ctx, "ReduceSumSquare", grid, [1])
-    sse = ctx.add_node("Add", [ss, ctx.const(np.array(FORK_EPS, np.float32))], [ctx.tmp(name + "_sse")])
-    norm = ctx.add_node("Sqrt", [sse], [ctx.tmp(name + "_norm")])
-    unit = ctx.add_node("Div", [grid, norm], [ctx.tmp(name + "_unit")])
-    return ctx.add_node("Reshape", [unit, ctx.const(np.array(shape, np.int64))], [ctx.tmp(name + "_normed")])
+    sse = ctx.add_node("Add", [ss, ctx.const(np.array(FORK_EPS, np.float32))], ctx.tmp(name + "_sse"))
+    norm = ctx.add_node("Sqrt", [sse], ctx.tmp(name + "_norm"))
+    unit = ctx.add_node("Div", [grid, norm], ctx.tmp(name + "_unit"))
+    return ctx.add_node("Reshape", [unit, ctx.const(np.array(shape, np.int64))], ctx.tmp(name + "_normed"))
 
 
 # ---- Normalize (happynear's) ---------------------------------------------------------------
@@ -181,7 +181,7 @@ class HappynearNormalize(Layer):
         a = node.attrs
         name = node.name
         x = ctx.add_node("Reshape", [node.inputs[0], ctx.const(np.array(a["_legacy"], np.int64))],
-                         [ctx.tmp(name + "_4d")], name=name)
+                         ctx.tmp(name + "_4d"), name=name)
         eps = ctx.const(np.array(FORK_EPS, np.float32))
         norm_out = node.outputs[1] if a["tops"] == 2 else ctx.tmp(name + "_norm")
         if a["l1"]:
@@ -189,7 +189,7 @@ class HappynearNormalize(Layer):
             ctx.add_node("Add", [total, eps], [norm_out])
         else:
             ss = _reduce(ctx, "ReduceSumSquare", x, [1])
-            sse = ctx.add_node("Add", [ss, eps], [ctx.tmp(name + "_sse")])
+            sse = ctx.add_node("Add", [ss, eps], ctx.tmp(name + "_sse"))
             ctx.add_node("Sqrt", [sse], [norm_out])
         ctx.add_node("Div", [x, norm_out], [node.outputs[0]])
 
@@ -295,17 +295,17 @@ class ChannelScale(Layer):
             return
         if a["global_scale"]:
             lo = ctx.add_node("Min", [ctx.weight(node, 0), ctx.const(np.array([a["max"]], np.float32))],
-                              [ctx.tmp(node.name + "_capped")], name=node.name)
+                              ctx.tmp(node.name + "_capped"), name=node.name)
             g = node.outputs[1] if a["tops"] == 2 else ctx.tmp(node.name + "_scale")
             ctx.add_node("Max", [lo, ctx.const(np.array([a["min"]], np.float32))], [g])
             ctx.add_node("Mul", [x, g], [out])
             return
         shape = list(ctx.shape(x))
         grid = ctx.add_node("Reshape", [x, ctx.const(np.array(shape[:2] + [-1], np.int64))],
-                            [ctx.tmp(node.name + "_grid")], name=node.name)
+                            ctx.tmp(node.name + "_grid"), name=node.name)
         per = ctx.add_node("Reshape", [s, ctx.const(np.array([shape[0], 1, -1], np.int64))],
-                           [ctx.tmp(node.name + "_per")])
-        prod = ctx.add_node("Mul", [grid, per], [ctx.tmp(node.name + "_prod")])
+                           ctx.tmp(node.name + "_per"))
+        prod = ctx.add_node("Mul", [grid, per], ctx.tmp(node.name + "_prod"))
         ctx.add_node("Reshape", [prod, ctx.const(np.array(shape, np.int64))], [out])
 
     def pytorch_source(self, node, emit):
@@ -380,15 +380,15 @@ class InnerDistanceLayer(Layer):
         name, axis, rows = node.name, a["_axis"], a["_rows"]
         x = node.inputs[0]
         flat = ctx.add_node("Reshape", [x, ctx.const(np.array([0] * axis + [1, -1], np.int64))],
-                            [ctx.tmp(name + "_flat")], name=name)
+                            ctx.tmp(name + "_flat"), name=name)
         if a["blob"]:
             w = ctx.weight(node, 0)
             if a["normalize"]:
                 w = onnx_unit_rows(ctx, w, rows, [rows, a["_k"]], name)
         else:
             w = ctx.add_node("Reshape", [node.inputs[1], ctx.const(np.array([rows, -1], np.int64))],
-                             [ctx.tmp(name + "_w")])
-        diff = ctx.add_node("Sub", [flat, w], [ctx.tmp(name + "_diff")])
+                             ctx.tmp(name + "_w"))
+        diff = ctx.add_node("Sub", [flat, w], ctx.tmp(name + "_diff"))
         op = "ReduceL1" if a["l1"] else "ReduceSumSquare"
         summed = _reduce(ctx, op, diff, [axis + 1])
         ctx.add_node("Reshape", [summed, ctx.const(np.array([0] * axis + [rows], np.int64))],
