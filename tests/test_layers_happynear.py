@@ -121,7 +121,7 @@ def test_inner_product_normalize(transpose, bias, tmp_path):
 
 def flip_ref(x, height, width):
     """flip_layer.cpp: top[n, c, h, w] = bottom[n, c, H-1-h if flip_height, W-1-w if flip_width]."""
-    n, c, hh, ww = x.shape
+    hh, ww = x.shape[2:]
     y = np.empty_like(x)
     for h in range(hh):
         for w in range(ww):

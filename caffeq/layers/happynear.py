@@ -263,7 +263,7 @@ class ChannelScale(Layer):
 
     def infer(self, attrs, in_shapes):
         x, s = in_shapes
-        n, c, h, w = _legacy_4d(x, "ChannelScale")
+        n, _, h, w = _legacy_4d(x, "ChannelScale")
         if not s or s[0] != n or count(s) != n * h * w:
             raise LayerError(f"ChannelScale's scale bottom {list(s)} must have num {n} and "
                              f"count {n * h * w} (x {list(x)} without its channels)")
@@ -407,5 +407,5 @@ class InnerDistanceLayer(Layer):
         return f"{m}({emit.inputs[0]})"
 
 
-__all__ = ["ChannelScale", "Flip", "HAPPYNEAR_NORMALIZE", "InnerDistanceLayer", "channel_normalize",
+__all__ = ["HAPPYNEAR_NORMALIZE", "ChannelScale", "Flip", "InnerDistanceLayer", "channel_normalize",
            "channel_scale", "flip_hw", "inner_distance", "normalize_fork", "onnx_unit_rows", "unit_rows"]
