@@ -12,6 +12,7 @@ from . import (  # noqa: F401,E402
     denseblock,
     elementwise,
     fork_data,
+    frcnn,
     im2col,
     losses,
     misc,
