@@ -122,3 +122,74 @@ def test_frcnn_corpus_files_read():
     for path in sorted(CORPUS2.glob("makefile__frcnn__*")):
         model = caffeq.load(str(path), random_weights=True)
         assert model.blob_shapes["rois"][1:] == (5, 1, 1), path.name
+
+
+# ---- PointwiseSpatialAttention --------------------------------------------------------------------
+
+def ref_psa(x, mask, mask_h, mask_w, distribute, softmax, factor):
+    """pointwise_spatial_attention_layer.cpp Forward_cpu: the buffer loops, Softmax over axis 1, GEMM."""
+    n, c, h, w = x.shape
+    hm, wm = (mask_h - 1) // 2, (mask_w - 1) // 2
+    buf = np.zeros((n, h * w, h, w), np.float64)
+    for b in range(n):
+        for y in range(h):
+            for z in range(w):
+                for hi in range(max(0, hm - y), min(mask_h, h + hm - y)):
+                    for wi in range(max(0, wm - z), min(mask_w, w + wm - z)):
+                        v = mask[b, hi * mask_w + wi, y, z]
+                        p = (hi + y - hm) * w + (wi + z - wm)
+                        if distribute:
+                            buf[b, y * w + z, (hi + y - hm), (wi + z - wm)] = v
+                        else:
+                            buf[b, p, y, z] = v
+    if softmax:
+        e = np.exp(buf - buf.max(axis=1, keepdims=True))
+        buf = e / e.sum(axis=1, keepdims=True)
+    out = np.einsum("ncp,npq->ncq", x.reshape(n, c, h * w).astype(np.float64), buf.reshape(n, h * w, h * w))
+    return (out / factor).reshape(x.shape)
+
+
+def psa_net(x_shape, mask_shape, param):
+    layer = ('layer { name: "psa" type: "PointwiseSpatialAttention" bottom: "x" bottom: "mask" top: "o" '
+             f'pointwise_spatial_attention_param {{ {param} }} }}')
+    return net(layer, inputs={"x": x_shape, "mask": mask_shape})
+
+
+@pytest.mark.parametrize("psa_type", ["COLLECT", "DISTRIBUTE"])
+@pytest.mark.parametrize("mask_hw, softmax, factor", [(None, True, 1.0), ((3, 5), False, None), ((5, 3), True, None),
+                                                      (None, False, 2.5)])
+def test_psa_matches_the_fork(psa_type, mask_hw, softmax, factor, tmp_path):
+    n, c, h, w = 2, 3, 4, 5
+    mask_h, mask_w = mask_hw or (2 * h - 1, 2 * w - 1)
+    param = f"psa_type: {psa_type} is_softmax: {str(softmax).lower()}"
+    if mask_hw:
+        param += f" attention_mask_height: {mask_h} attention_mask_width: {mask_w}"
+    if factor is not None:
+        param += f" normalization_factor: {factor}"
+    model = load_from_text(psa_net((n, c, h, w), (n, mask_h * mask_w, h, w), param))
+    r = np.random.default_rng(len(param))
+    x = {"x": r.standard_normal((n, c, h, w)).astype(np.float32),
+         "mask": r.standard_normal((n, mask_h * mask_w, h, w)).astype(np.float32)}
+    want = ref_psa(x["x"], x["mask"], mask_h, mask_w, psa_type == "DISTRIBUTE", softmax,
+                   factor if factor is not None else mask_h * mask_w)
+    for backend, got in backends(model, x, tmp_path, ("o",)).items():
+        np.testing.assert_allclose(got["o"], want, rtol=1e-5, atol=1e-5, err_msg=backend)
+    np.testing.assert_allclose(onnx_outputs(model, x, tmp_path, opset=13)["o"], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("param, mask_c, msg", [
+    ("attention_mask_height: 3", 15, "both attention_mask_height and attention_mask_width"),
+    ("attention_mask_height: 4 attention_mask_width: 3", 12, "attention_mask_height must be odd"),
+    ("", 20, r"the mask must be shaped \[1, 63, 4, 5\] for x \[1, 3, 4, 5\] and a 7x9 window"),
+])
+def test_psa_bad_params(param, mask_c, msg):
+    with pytest.raises(CaffeqError, match=msg):
+        load_from_text(psa_net((1, 3, 4, 5), (1, mask_c, 4, 5), param))
+
+
+@pytest.mark.skipif(not CORPUS2.is_dir(), reason="corpus2 not on this machine")
+def test_psanet_ade20k_reads():
+    import caffeq
+    model = caffeq.load(str(CORPUS2 / "hszhao__PSANet__evaluation__prototxt__ade20k__psanet50_ade20k_465.prototxt"),
+                        random_weights=True)
+    assert model.blob_shapes["global_feature_COLLECT"] == (1, 512, 30, 30)

@@ -18,6 +18,7 @@ from . import (  # noqa: F401,E402
     misc,
     norm,
     pooling,
+    psanet,
     python_layers,
     rcnn,
     recurrent,
