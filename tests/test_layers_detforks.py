@@ -193,3 +193,86 @@ def test_psanet_ade20k_reads():
     model = caffeq.load(str(CORPUS2 / "hszhao__PSANet__evaluation__prototxt__ade20k__psanet50_ade20k_465.prototxt"),
                         random_weights=True)
     assert model.blob_shapes["global_feature_COLLECT"] == (1, 512, 30, 30)
+
+
+# ---- FaceBoxes' PriorBox ----------------------------------------------------------------------------
+
+def ref_faceboxes_priors(min_sizes, lh, lw, ih, iw, step, offset, variance, max_sizes=()):
+    """FaceBoxes prior_box_layer.cpp Forward_cpu: float centres, double corners, float out."""
+    f = np.float32
+    coords = []
+    for h in range(lh):
+        for w in range(lw):
+            cx, cy = f((w + f(offset)) * f(step)), f((h + f(offset)) * f(step))
+            for s, mn in enumerate(min_sizes):
+                grid = {32: (range(-2, 2), 8), 64: (range(-1, 1), 16)}.get(mn, (range(1), 0))
+                for i in grid[0]:
+                    for j in grid[0]:
+                        x0, y0 = f(cx + f(j * grid[1])), f(cy + f(i * grid[1]))
+                        half = (float(mn) - 1) / 2.0
+                        coords += [(x0 - half) / iw, (y0 - half) / ih, (x0 + half) / iw, (y0 + half) / ih]
+                if max_sizes:
+                    half = float(f(np.sqrt(mn * max_sizes[s]))) / 2.0
+                    coords += [(cx - half) / iw, (cy - half) / ih, (cx + half) / iw, (cy + half) / ih]
+    coords = np.array(coords, np.float64).astype(np.float32)
+    var = np.tile(np.array(variance, np.float32), len(coords) // len(variance))
+    return np.stack([coords, var]).reshape(1, 2, -1)
+
+
+def faceboxes_net(img, feats, per_cell, classes=2, max_size=""):
+    """Input maps, a 3-min_size PriorBox on f1 and a 1-min_size one on f2, loc/conf sized for `per_cell`."""
+    (h1, w1), (h2, w2) = feats
+    priors = h1 * w1 * per_cell[0] + h2 * w2 * per_cell[1]
+    box = ('layer {{ name: "{n}" type: "PriorBox" bottom: "{b}" bottom: "img" top: "{n}" prior_box_param {{ '
+           '{sizes} clip: false variance: 0.1 variance: 0.1 variance: 0.2 variance: 0.2 step: {step} '
+           'offset: 0.5 }} }}')
+    layers = [box.format(n="p1", b="f1", sizes="min_size: 32 min_size: 64 min_size: 128" + max_size, step=16),
+              box.format(n="p2", b="f2", sizes="min_size: 256", step=32),
+              'layer { name: "priors" type: "Concat" bottom: "p1" bottom: "p2" top: "priors" concat_param { axis: 2 } }',
+              ('layer { name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "priors" top: "det" '
+               f'detection_output_param {{ num_classes: {classes} nms_param {{ nms_threshold: 0.3 top_k: 20 }} '
+               'keep_top_k: 10 confidence_threshold: 0.5 } }')]
+    return net(*layers, inputs={"img": (1, 3, *img), "f1": (1, 4, h1, w1), "f2": (1, 5, h2, w2),
+                                "loc": (1, priors * 4), "conf": (1, priors * classes)})
+
+
+def test_faceboxes_priors_match_the_fork(tmp_path):
+    img, feats = (96, 80), ((6, 5), (3, 2))
+    model = load_from_text(faceboxes_net(img, feats, (21, 1)), outputs=["p1", "p2", "det"])
+    assert any("FaceBoxes'" in w for w in model.warnings)
+    r = np.random.default_rng(5)
+    x = {k: r.standard_normal(s).astype(np.float32) for k, s in model.inputs.items()}
+    want = {"p1": ref_faceboxes_priors([32, 64, 128], *feats[0], *img, 16, 0.5, [0.1, 0.1, 0.2, 0.2]),
+            "p2": ref_faceboxes_priors([256], *feats[1], *img, 32, 0.5, [0.1, 0.1, 0.2, 0.2])}
+    for backend, got in backends(model, x, tmp_path, ("p1", "p2")).items():
+        for top in ("p1", "p2"):
+            np.testing.assert_array_equal(got[top], want[top], err_msg=f"{backend} {top}")
+
+
+def test_ssd_priors_stay_ssd_and_unfitting_nets_still_fail():
+    img, feats = (96, 80), ((6, 5), (3, 2))
+    model = load_from_text(faceboxes_net(img, feats, (3, 1)))
+    assert not any("FaceBoxes'" in w for w in model.warnings)
+    assert model.blob_shapes["p1"] == (1, 2, 6 * 5 * 3 * 4)
+    with pytest.raises(CaffeqError, match=r"loc \[1, \d+\] does not hold"):
+        load_from_text(faceboxes_net(img, feats, (5, 1)))
+
+
+def test_faceboxes_reading_refuses_boxes_that_overflow_the_count():
+    # with max_size the fork still declares 21 + 3 priors and writes 21 + 3: fits
+    img, feats = (96, 80), ((4, 3), (2, 2))
+    model = load_from_text(faceboxes_net(img, feats, (24, 1), max_size=" max_size: 48 max_size: 96 max_size: 160"))
+    assert model.blob_shapes["p1"] == (1, 2, 4 * 3 * 24 * 4)
+    # one min_size 32 alone: the fork declares 1 prior per cell and writes 16 (past its top)
+    alone = ('layer { name: "p" type: "PriorBox" bottom: "f" bottom: "img" top: "p" prior_box_param { '
+             'min_size: 32 faceboxes_priors: true } }')
+    with pytest.raises(CaffeqError, match=r"min_size \[32\]: FaceBoxes' PriorBox declares 1 priors per cell "
+                                          "but writes 16"):
+        load_from_text(net(alone, inputs={"img": (1, 3, 40, 30), "f": (1, 2, 4, 3)}))
+
+
+@pytest.mark.skipif(not CORPUS2.is_dir(), reason="corpus2 not on this machine")
+def test_faceboxes_deploy_reads():
+    import caffeq
+    model = caffeq.load(str(CORPUS2 / "sfzhang15__FaceBoxes__models__faceboxes__deploy.prototxt"), random_weights=True)
+    assert model.blob_shapes["mbox_priorbox"] == (1, 2, 25600)
