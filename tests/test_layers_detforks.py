@@ -276,3 +276,32 @@ def test_faceboxes_deploy_reads():
     import caffeq
     model = caffeq.load(str(CORPUS2 / "sfzhang15__FaceBoxes__models__faceboxes__deploy.prototxt"), random_weights=True)
     assert model.blob_shapes["mbox_priorbox"] == (1, 2, 25600)
+
+
+# ---- LargeMarginInnerProduct ------------------------------------------------------------------------
+
+def lm_net(param, tops=("o", "lam")):
+    top_text = " ".join(f'top: "{t}"' for t in tops)
+    layer = (f'layer {{ name: "ip" type: "LargeMarginInnerProduct" bottom: "x" bottom: "label" {top_text} '
+             f'largemargin_inner_product_param {{ {param} }} }}')
+    return net(layer, inputs={"x": (3, 4, 2, 5), "label": (3, 1, 1, 1)})
+
+
+def test_large_margin_single_matches_the_fork(tmp_path):
+    model = load_from_text(lm_net("num_output: 6 type: SINGLE base: 2 gamma: 0.5 power: 2 iteration: 3 "
+                                  "lambda_min: 0.01"), random_weights=True)
+    assert model.blob_shapes["o"] == (3, 6) and model.blob_shapes["lam"] == (1,)
+    r = np.random.default_rng(9)
+    x = {"x": r.standard_normal((3, 4, 2, 5)).astype(np.float32), "label": np.zeros((3, 1, 1, 1), np.float32)}
+    weight = model.params["ip"][0]
+    assert weight.shape == (6, 40)
+    want = x["x"].reshape(3, 40).astype(np.float64) @ weight.astype(np.float64).T   # cpp:182, no bias
+    lam = max(2 * (1 + 0.5 * 4) ** -2, 0.01)                                       # first forward: iter 4
+    for backend, got in backends(model, x, tmp_path, ("o", "lam")).items():
+        np.testing.assert_allclose(got["o"], want, rtol=1e-5, atol=1e-5, err_msg=backend)
+        np.testing.assert_allclose(got["lam"], [lam], rtol=1e-6, err_msg=backend)
+
+
+def test_large_margin_refuses_the_training_types():
+    with pytest.raises(CaffeqError, match="largemargin_inner_product_param.type QUADRUPLE"):
+        load_from_text(lm_net("num_output: 6 type: QUADRUPLE"))

@@ -15,6 +15,7 @@ from . import (  # noqa: F401,E402
     frcnn,
     im2col,
     losses,
+    margin,
     misc,
     norm,
     pooling,
