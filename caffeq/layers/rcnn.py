@@ -286,7 +286,8 @@ class _ProposalBase(Layer):
     data_dependent_shape = True
 
     def settings(self, lp):
-        """{feat_stride, base_size, ratios, scales, pre_nms_top_n, post_nms_top_n, nms_thresh, min_size}"""
+        """{feat_stride, base_size, ratios, scales, pre_nms_top_n, post_nms_top_n, nms_thresh, min_size},
+        or with "anchors" (a list of [x1, y1, x2, y2]) instead of base_size, ratios and scales"""
         raise NotImplementedError
 
     def parse(self, lp):
@@ -298,13 +299,15 @@ class _ProposalBase(Layer):
         s = self.settings(lp)
         if s["feat_stride"] <= 0:
             raise LayerError(f"feat_stride must be positive, got {s['feat_stride']}")
+        if not 0 <= s["nms_thresh"] <= 1:
+            raise LayerError(f"nms_thresh must be in [0, 1], got {s['nms_thresh']}")
+        if "anchors" in s:
+            return {**s, "with_scores": len(lp.top) == 2}
         if s["base_size"] <= 0:
             raise LayerError(f"base_size must be positive, got {s['base_size']}")
         for key in ("ratios", "scales"):
             if not s[key] or any(not v > 0 for v in s[key]):
                 raise LayerError(f"{key} must be positive numbers, got {s[key]}")
-        if not 0 <= s["nms_thresh"] <= 1:
-            raise LayerError(f"nms_thresh must be in [0, 1], got {s['nms_thresh']}")
         anchors = generate_anchors(s["base_size"], s["ratios"], s["scales"])
         return {**s, "anchors": anchors.tolist(), "with_scores": len(lp.top) == 2}
 

@@ -8,6 +8,14 @@
   every prior with a copy shifted down by half a cell: its centre y is
   (h + 1) * step_h instead of (h + offset) * step_h, so each cell has twice
   the priors, in the order prior, its shifted copy, next prior, ...
+- FaceBoxes (sfzhang15/FaceBoxes b52cc92 prior_box_layer.cpp) densifies small anchors, with no
+  field to say so (the net's predictions decide: see faceboxes_priors): a min_size of 32 gives a
+  4 x 4 grid of boxes centred at the cell centre + (8j, 8i) px, i (rows) outer, j inner, in
+  -2..1; 64 a 2 x 2 grid at + (16j, 16i), i, j in -1..0; any other min_size one box.  These
+  min_size boxes span (size - 1) / 2 on each side of their centre (the sqrt(min * max) and
+  aspect-ratio boxes keep size / 2).  A layer with exactly 3 min_size declares 21 priors per
+  cell (LayerSetUp), others the SSD count; a layer whose boxes would not fill exactly that
+  count (Caffe would write past its top or leave it short) is refused.
 """
 import inspect
 import math
@@ -37,13 +45,27 @@ def _prior_box_hw(p, both, h, w, cast):
     return cast(0), cast(0)
 
 
+#: FaceBoxes' densified min_size boxes: size -> (grid offsets in px, from LayerSetUp's loops)
+FACEBOXES_GRIDS = {32: [-16, -8, 0, 8], 64: [-16, 0]}
+
+
+def faceboxes_offsets(min_size):
+    """FaceBoxes' (dx, dy) centre offsets of one min_size's boxes, row (dy) outer."""
+    grid = FACEBOXES_GRIDS.get(min_size, [0])
+    return [(dx, dy) for dy in grid for dx in grid]
+
+
 def prior_sizes(attrs):
     """Box (width, height, shifted) per prior, sizes as float32, in SSD's order: min, sqrt(min*max), other
-    ratios; with denser_prior_boxes each followed by its copy shifted down by half a cell."""
+    ratios; with denser_prior_boxes each followed by its copy shifted down by half a cell.  FaceBoxes'
+    min_size boxes are given as size - 1 wide (they span (size - 1) / 2 either side), one per offset."""
     f32 = np.float32
     sizes = []
     for k, mn in enumerate(attrs["min_sizes"]):
-        sizes.append((f32(mn), f32(mn)))
+        if attrs.get("faceboxes"):
+            sizes += [(f32(mn - 1), f32(mn - 1))] * len(faceboxes_offsets(mn))
+        else:
+            sizes.append((f32(mn), f32(mn)))
         if attrs["max_sizes"]:
             s = f32(math.sqrt(mn * attrs["max_sizes"][k]))
             sizes.append((s, s))
@@ -57,13 +79,25 @@ def prior_sizes(attrs):
     return [(w, h, False) for w, h in sizes]
 
 
+def prior_offsets(attrs):
+    """Per prior (dx, dy) centre offsets in px: FaceBoxes' grids, else None (all at the cell centre)."""
+    if not attrs.get("faceboxes"):
+        return None
+    out = []
+    for k, mn in enumerate(attrs["min_sizes"]):
+        out += faceboxes_offsets(mn)
+        out += [(0, 0)] * (bool(attrs["max_sizes"]) + sum(abs(r - 1.0) >= 1e-6 for r in attrs["ratios"]))
+    return out
+
+
 def prior_box_tensor(widths: list[float], heights: list[float], shifted: list[bool], variance: list[float],
                      lh: int, lw: int, ih: int, iw: int, step_h: float = 0.0, step_w: float = 0.0,
-                     offset: float = 0.5, clip: bool = False):
+                     offset: float = 0.5, clip: bool = False, dx: list[float] = (), dy: list[float] = ()):
     """SSD's PriorBox output (1, 2, H * W * P * 4), float32: for each cell (row-major) and prior the
     corners [xmin, ymin, xmax, ymax] normalized by the image size, then the variances.  widths,
     heights: each prior's box size (float32 values); shifted: priors centred at (h + 1) * step_h
-    (TextBoxes++'s denser priors); lh, lw: the feature map's size; ih, iw: the image's."""
+    (TextBoxes++'s denser priors); lh, lw: the feature map's size; ih, iw: the image's; dx, dy: each
+    prior's centre offset in px, added in float32 (FaceBoxes' dense anchors), none when empty."""
     f32 = torch.float32
     if step_h != 0.0 and step_w != 0.0:
         sh, sw = torch.tensor(step_h, dtype=f32), torch.tensor(step_w, dtype=f32)
@@ -75,9 +109,14 @@ def prior_box_tensor(widths: list[float], heights: list[float], shifted: list[bo
     off = torch.tensor(offset, dtype=f32)
     rows = torch.arange(lh, dtype=f32)
     # cell centres in float32, corners in double, then float32: SSD's float/double mix
-    cx = ((torch.arange(lw, dtype=f32) + off) * sw).double()[None, :, None]
-    cy = ((rows + off) * sh).double()[:, None, None]
-    cy_shifted = ((rows + 1.0) * sh).double()[:, None, None]
+    cx = ((torch.arange(lw, dtype=f32) + off) * sw)[None, :, None]
+    cy = ((rows + off) * sh)[:, None, None]
+    cy_shifted = ((rows + 1.0) * sh)[:, None, None]
+    if len(dx):
+        cx = cx + torch.tensor(dx, dtype=f32)[None, None, :]
+        cy = cy + torch.tensor(dy, dtype=f32)[None, None, :]
+        cy_shifted = cy_shifted + torch.tensor(dy, dtype=f32)[None, None, :]
+    cx, cy, cy_shifted = cx.double(), cy.double(), cy_shifted.double()
     cy = torch.where(torch.tensor(shifted, dtype=torch.bool)[None, None, :], cy_shifted, cy)
     boxes = torch.stack(torch.broadcast_tensors((cx - bw / 2.0) / iw, (cy - bh / 2.0) / ih,
                                                 (cx + bw / 2.0) / iw, (cy + bh / 2.0) / ih), dim=-1)
@@ -94,11 +133,11 @@ class PriorBox(nn.Module):
     values); img_h, img_w, when set, replace the image's size."""
 
     def __init__(self, widths, heights, shifted, variance, img_h=0, img_w=0, step_h=0.0, step_w=0.0,
-                 offset=0.5, clip=False):
+                 offset=0.5, clip=False, dx=(), dy=()):
         super().__init__()
         self.widths, self.heights, self.shifted, self.variance = widths, heights, shifted, variance
         self.img_h, self.img_w, self.step_h, self.step_w = img_h, img_w, step_h, step_w
-        self.offset, self.clip = offset, clip
+        self.offset, self.clip, self.dx, self.dy = offset, clip, dx, dy
 
     def forward(self, feat, img):
         lh = feat.shape[2] if feat.dim() > 2 else 1
@@ -109,7 +148,7 @@ class PriorBox(nn.Module):
             ih = img.shape[2] if img.dim() > 2 else 1
             iw = img.shape[3] if img.dim() > 3 else 1
         out = prior_box_tensor(self.widths, self.heights, self.shifted, self.variance, lh, lw, ih, iw,
-                               self.step_h, self.step_w, self.offset, self.clip)
+                               self.step_h, self.step_w, self.offset, self.clip, self.dx, self.dy)
         return out.to(device=feat.device, dtype=feat.dtype)
 
 
@@ -123,13 +162,21 @@ def _module_args(attrs):
             [float(v) for v in attrs["variance"]])
 
 
+def _offset_args(attrs):
+    """(dx, dy) lists for prior_box_tensor: empty unless FaceBoxes' reading."""
+    offsets = prior_offsets(attrs)
+    if offsets is None:
+        return [], []
+    return [float(x) for x, _ in offsets], [float(y) for _, y in offsets]
+
+
 def prior_boxes(attrs, feat_hw, img_hw):
     """The PriorBox output (1, 2, H*W*num_priors*4) as a float32 array (feat_hw, img_hw: (height, width))."""
     if attrs["img_h"] and attrs["img_w"]:
         img_hw = (attrs["img_h"], attrs["img_w"])
     widths, heights, shifted, variance = _module_args(attrs)
     return prior_box_tensor(widths, heights, shifted, variance, *feat_hw, *img_hw, attrs["step_h"],
-                            attrs["step_w"], attrs["offset"], attrs["clip"]).numpy()
+                            attrs["step_w"], attrs["offset"], attrs["clip"], *_offset_args(attrs)).numpy()
 
 
 def textboxes_priors(net):
@@ -143,6 +190,18 @@ def textboxes_priors(net):
             lp.prior_box_param.denser_prior_boxes = True
     return (f"PriorBox read as TextBoxes' (each prior doubled, its copy half a cell lower), as the loc "
             f"predictions require: {', '.join(changed)}")
+
+
+def faceboxes_priors(net):
+    """Read the net's PriorBox layers as FaceBoxes' fork does (see the module doc), when one of them has
+    exactly 3 min_size (the fork's 21-prior rule); marks them on `net` (a copy); returns the note."""
+    boxes = [lp for lp in net.layer if lp.type == "PriorBox" and not lp.prior_box_param.denser_prior_boxes]
+    if not any(len(lp.prior_box_param.min_size) == 3 for lp in boxes):
+        return "no PriorBox has FaceBoxes' 3 min_size"   # nothing changes: the second build fails as the first
+    for lp in boxes:
+        lp.prior_box_param.faceboxes_priors = True
+    return (f"PriorBox read as FaceBoxes' (21 priors per cell for 3 min_size, dense anchors for min_size 32 "
+            f"and 64), as the loc predictions require: {', '.join(lp.name for lp in boxes)}")
 
 
 @register_layer("PriorBox")
@@ -192,10 +251,28 @@ class PriorBoxLayer(Layer):
                 "clip": bool(p.clip) if p.HasField("clip") else False,
                 "variance": var, "img_h": img_h, "img_w": img_w,
                 "step_h": step_h, "step_w": step_w, "offset": float(p.offset),
-                "denser": bool(proto_field(p, "denser_prior_boxes", False))}
+                "denser": bool(proto_field(p, "denser_prior_boxes", False)),
+                "faceboxes": self._faceboxes(p, min_sizes, max_sizes, ratios)}
+
+    @staticmethod
+    def _faceboxes(p, min_sizes, max_sizes, ratios):
+        """FaceBoxes' reading (faceboxes_priors marks it): True, once its box count is checked."""
+        if not proto_field(p, "faceboxes_priors", False):
+            return False
+        if proto_field(p, "denser_prior_boxes", False):
+            raise LayerError("prior_box_param: FaceBoxes' priors and denser_prior_boxes do not combine")
+        declared = (21 if len(min_sizes) == 3 else len(ratios) * len(min_sizes)) + len(max_sizes)
+        written = (sum(len(faceboxes_offsets(m)) for m in min_sizes) + len(max_sizes)
+                   + len(min_sizes) * (len(ratios) - 1))
+        if declared != written:
+            raise LayerError(f"prior_box_param.min_size {min_sizes}: FaceBoxes' PriorBox declares {declared} "
+                             f"priors per cell but writes {written}")
+        return True
 
     @staticmethod
     def num_priors(attrs):
+        if attrs.get("faceboxes"):
+            return len(prior_sizes(attrs))
         n = len(attrs["ratios"]) * len(attrs["min_sizes"]) + len(attrs["max_sizes"])
         return 2 * n if attrs.get("denser") else n
 
@@ -231,5 +308,8 @@ class PriorBoxLayer(Layer):
         args.append(f"offset={emit.lit(a['offset'])}")
         if a["clip"]:
             args.append("clip=True")
+        dx, dy = _offset_args(a)
+        if dx:
+            args += [f"dx={emit.lit(dx)}", f"dy={emit.lit(dy)}"]
         m = emit.module(f"{emit.helper(TORCH_PRIOR_BOX)}({', '.join(args)})")
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

@@ -1,0 +1,83 @@
+"""makefile/frcnn's FrcnnProposal: Faster R-CNN region proposals as a C++ layer.
+
+makefile/frcnn (8d9b9eb) src/caffe/FRCNN/frcnn_proposal_layer.cpp computes, at TEST, what
+py-faster-rcnn's Python ProposalLayer computes (rcnn.py's rpn_proposals, which this spec reuses):
+scores from the second half of rpn_cls_prob_reshape's channels, deltas decoded against the anchors
+shifted by feat_stride (+1 pixel sizes), boxes clipped to [0, width-1] x [0, height-1], boxes below
+min_size * im_info[2] dropped, sorted by score (pair<score, index> with std::greater: ties put the
+higher index first), pre-NMS cut, greedy NMS dropping IoU > threshold (+1 pixel sizes), post-NMS cut.
+Bottoms: rpn_cls_prob_reshape (1, 2A, H, W), rpn_bbox_pred (1, 4A, H, W), im_info; one image only.
+Tops are 4-D: rois (R, 5, 1, 1) = [0, x1, y1, x2, y2] and, optionally, scores (R, 1, 1, 1).
+
+Its settings do not come from the prototxt: FrcnnParam::load_param reads a JSON file named on the
+command line (--default_c).  Only `proposal_param.feat_stride` (the fork's field 252, read here by
+its name through caffeq's ProposalParameter) can override the config's stride when it is not 0.
+The values below are those of the config the fork's own test and demo scripts pass,
+examples/FRCNN/config/voc_config.json.  Its anchor list is py-faster-rcnn's generate_anchors()
+table except two entries that differ in the file ([-360, -184, 375, 100] where the generator gives
+199, and [-56, -56, 71, 72] where it gives 71); they are kept as written, since they are what the
+fork computes with.  test_rpn_score_thresh is absent from that file and defaults to 0
+(frcnn_param.cpp:185), so it drops no softmax score; test_soft_nms defaults to 0 (plain NMS).
+"""
+import dataclasses
+
+import numpy as np
+
+from .rcnn import _ProposalBase
+from .registry import LayerError, register_layer
+
+# examples/FRCNN/config/voc_config.json at makefile/frcnn 8d9b9eb (the TEST keys the layer reads)
+FRCNN_VOC_CONFIG = {
+    "feat_stride": 16,
+    "pre_nms_top_n": 6000,    # test_rpn_pre_nms_top_n
+    "post_nms_top_n": 300,    # test_rpn_post_nms_top_n
+    "nms_thresh": 0.7,        # test_rpn_nms_thresh
+    "min_size": 16,           # test_rpn_min_size
+    "anchors": [[-84, -40, 99, 55], [-176, -88, 191, 103], [-360, -184, 375, 100],
+                [-56, -56, 71, 72], [-120, -120, 135, 135], [-248, -248, 263, 263],
+                [-36, -80, 51, 95], [-80, -168, 95, 183], [-168, -344, 183, 359]],
+}
+
+
+def _as_4d(shape):
+    return tuple(shape) + (1,) * (4 - len(shape))
+
+
+@register_layer("FrcnnProposal")
+class FrcnnProposalLayer(_ProposalBase):
+    """makefile/frcnn's FrcnnProposal at TEST, with voc_config.json's settings (see the module doc)."""
+
+    def settings(self, lp):
+        config = dict(FRCNN_VOC_CONFIG)
+        p = lp.proposal_param
+        if p.HasField("feat_stride") and p.feat_stride != 0:   # 0: the fork's "take the config's"
+            config["feat_stride"] = int(p.feat_stride)
+        for field in ("base_size", "min_size", "ratio", "scale", "pre_nms_topn", "post_nms_topn", "nms_thresh"):
+            if field in p.DESCRIPTOR.fields_by_name and (len(getattr(p, field)) if field in ("ratio", "scale")
+                                                         else p.HasField(field)):
+                raise LayerError(f"proposal_param.{field}: makefile/frcnn's FrcnnProposal has only feat_stride "
+                                 f"(the rest comes from its JSON config)")
+        config["anchors"] = [[float(v) for v in row] for row in config["anchors"]]
+        return config
+
+    def infer(self, attrs, in_shapes):
+        return [_as_4d(s) for s in super().infer(attrs, in_shapes)]
+
+    def forward(self, attrs, params, cls_prob, bbox_pred, im_info):
+        out = super().forward(attrs, params, cls_prob, bbox_pred, im_info)
+        if attrs["with_scores"]:
+            return out[0][:, :, None, None], out[1][:, :, None, None]
+        return out[:, :, None, None]
+
+    def onnx(self, ctx, node):
+        from .rcnn import emit_proposals
+        flat = [ctx.tmp(f"{node.name}_{k}") for k in range(len(node.outputs))]
+        emit_proposals(ctx, dataclasses.replace(node, outputs=flat))
+        for two_d, four_d in zip(flat, node.outputs):
+            ctx.add_node("Unsqueeze", [two_d, ctx.const(np.array([2, 3], np.int64))], [four_d])
+
+    def pytorch_source(self, node, emit):
+        calls = super().pytorch_source(node, emit)
+        if isinstance(calls, list):
+            return [f"{c}[:, :, None, None]" for c in calls]
+        return f"{calls}[:, :, None, None]"
