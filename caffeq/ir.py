@@ -498,6 +498,8 @@ def attach_weights(graph, weights, source="", weights_source=""):
             arr = b.array if hasattr(b, "array") else np.asarray(b)
             legacy = getattr(b, "legacy_shape", False)
             ok = _legacy_shape_equals(arr.shape, shape) if legacy else tuple(arr.shape) == tuple(shape)
+            if not ok and not node.param.strict_dim:
+                ok = arr.size == math.prod(shape)   # DeepLab-Context's strict_dim: false (net.cpp)
             if not ok:
                 raise WeightsError(f"{wsrc}: layer '{node.name}' ({node.type}) blob {i}: "
                                    f"the weights file has shape {list(arr.shape)}, "
