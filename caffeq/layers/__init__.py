@@ -25,6 +25,7 @@ from . import (  # noqa: F401,E402
     sequence,
     shape_ops,
     ssd,
+    v1_forks,
     vision_forks,
     yolo,
 )
