@@ -4,6 +4,7 @@ from .registry import Layer, LayerError, get_spec, register_layer, require_specs
 # Each module registers the specs of one layer family.
 from . import (  # noqa: F401,E402
     activation,
+    c3d,
     common,
     conv,
     ctc,
