@@ -35,7 +35,8 @@ def conv3d_ref(x, w, b, stride, tstride, pad, tpad):
     """Each output voxel: sum over C x kd x k x k of the zero-padded input times the filter, plus bias."""
     n, c, length, h, wd = x.shape
     o, _, kd, k, _ = w.shape
-    ol, oh, ow = (length + 2 * tpad - kd) // tstride + 1, (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
+    ol = (length + 2 * tpad - kd) // tstride + 1
+    oh, ow = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (tpad, tpad), (pad, pad), (pad, pad)))
     out = np.zeros((n, o, ol, oh, ow))
     for t in range(ol):
