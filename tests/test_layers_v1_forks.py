@@ -36,7 +36,7 @@ def v1_net(shape, *layers):
 
 # ---- enum names and the upgrade -------------------------------------------------------------
 
-@pytest.mark.parametrize("name, v2", [("BN", "BN"), ("UNPOOLING", "Unpooling"), ("CROP", "CoordMapCrop"),
+@pytest.mark.parametrize("name, v2", [("BN", "BN"), ("UNPOOLING", "Unpooling"),
                                       ("WINDOW_SEG_DATA", "WindowSegData"), ("IMAGE_SEG_DATA", "ImageSegData"),
                                       ("INTERP", "Interp"), ("PADDING", "Padding"), ("MAT_WRITE", "MatWrite"),
                                       ("CONVOLUTION3D", "Convolution3D"), ("POOLING3D", "Pooling3D"),
@@ -165,11 +165,45 @@ def test_strict_dim_false_loads_weights_by_count(tmp_path):
         load_from_text(text.replace("STRICT", ""), weights=str(path))
 
 
-# ---- DeconvNet / FCN CROP -------------------------------------------------------------------
+# ---- DeconvNet / FCN CROP: offsets from the coordinate maps ----------------------------------
 
-def test_coord_map_crop_is_refused_by_name():
-    text = v1_net((2, 3, 9, 11), "layers { name: 'c' type: CONVOLUTION bottom: 'x' top: 'c'\n"
-                                 "  convolution_param { num_output: 2 kernel_size: 3 pad: 1 } }\n"
-                                 "layers { name: 'crop' type: CROP bottom: 'c' bottom: 'x' top: 'o' }")
+CROP_NET = ("layers { name: 'c' type: CONVOLUTION bottom: 'x' top: 'c'\n"
+            "  convolution_param { num_output: 2 kernel_size: 3 stride: 2 } }\n"
+            "layers { name: 'r' type: RELU bottom: 'c' top: 'c' }\n"
+            "layers { name: 'd' type: DECONVOLUTION bottom: 'c' top: 'd'\n"
+            "  convolution_param { num_output: 4 kernel_size: K stride: 2 } }\n"
+            "layers { name: 'crop' type: CROP bottom: 'd' bottom: 'x' top: 'o' }")
+
+
+def test_coord_map_crop_takes_the_forks_offset(tmp_path):
+    # coords.hpp: conv k3 s2 p0 maps by FilterMap^-1 = (1/2, -1/2), deconv k5 s2 p0 by (2, 2);
+    # bottom 0's map (2, 2) o (1/2, -1/2) = (1, 1), bottom 1 is the meeting blob (identity):
+    # crop = identity o (1, 1)^-1 = (1, -1), so offset 1 on H and W
+    x = rng(16).standard_normal((2, 3, 13, 11)).astype(np.float32)
+    model = load_from_text(v1_net(x.shape, CROP_NET.replace("K", "5")), random_weights=True)
+    assert model.blob_shapes["d"] == (2, 4, 15, 13) and model.blob_shapes["o"] == (2, 4, 13, 11)
+    deconv = model.run({"x": x}, all_blobs=True)["d"]
+    # the crop copies exactly; the tolerance is onnxruntime's own deconvolution rounding
+    check_everywhere(model, {"x": x}, {"o": deconv[:, :, 1:14, 1:12]}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+def test_coord_map_crop_needs_a_whole_shift():
+    # deconv k4: (2, 3/2) o (1/2, -1/2) = (1, 1/2): the fork refuses a half-pixel crop
+    with pytest.raises(CaffeqError, match="layer 'crop'.*whole shift"):
+        load_from_text(v1_net((2, 3, 13, 11), CROP_NET.replace("K", "4")))
+
+
+def test_coord_map_crop_through_a_layer_without_a_map_is_refused():
+    # an in-place layer is not on the chain (the fork maps each blob to its first writer), this BN is
+    text = v1_net((2, 3, 13, 11), CROP_NET.replace("K", "5").replace(
+        "type: RELU bottom: 'c' top: 'c' }", "type: BN bottom: 'c' top: 'cb' bn_param { bn_mode: INFERENCE } }")
+        .replace("type: DECONVOLUTION bottom: 'c'", "type: DECONVOLUTION bottom: 'cb'"))
+    with pytest.raises(CaffeqError, match="layer 'crop'.*'r' \\(BN\\) .*no coordinate map"):
+        load_from_text(text)
+
+
+def test_coord_map_crop_type_in_a_v2_file_is_refused_by_name():
+    text = ('input: "x" input_shape { dim: 2 dim: 3 dim: 9 dim: 11 }\n'
+            'layer { name: "crop" type: "CoordMapCrop" bottom: "x" bottom: "x" top: "o" }')
     with pytest.raises(CaffeqError, match="layer 'crop'.*coordinate maps"):
         load_from_text(text)

@@ -18,6 +18,7 @@ upgrade renames or removes are re-keyed / dropped so the dict keeps matching
 the net's layer names.
 """
 from ..errors import ParseError
+from .coord_maps import resolve_coord_map_crops
 from .schema import caffe_pb2
 
 _ALL = "*"  # route a V0 field whatever the layer type
@@ -169,6 +170,8 @@ def upgrade_net(net, source="", weights=None):
     if len(net.layers):
         count = _upgrade_v1(net, where, notes)
         notes.append(f"upgraded {count} V1 'layers' entries to V2 'layer' definitions")
+        if any(lp.type == "CoordMapCrop" for lp in net.layer):
+            resolve_coord_map_crops(net, where, notes)
     if len(net.input):
         _upgrade_input(net, where, notes)
     if _needs_batchnorm_upgrade(net):
