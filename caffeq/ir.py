@@ -305,11 +305,12 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
                        if names[tid] not in consumed
                        and not (tid in graph_input_ids and temp_blob[tid] in read_by_dropped)]
         if not net_outputs:
-            # every top is read by a Silence (or a dropped layer): Caffe's net then has no outputs;
-            # the silenced blobs are what the user wants out of it
-            net_outputs = list(dict.fromkeys(t for n in nodes if n.type == "Silence" for t in n.inputs))
+            # every top is read by a Silence or DeepLab's MatWrite (or a dropped layer): Caffe's net
+            # then has no outputs; the blobs they swallow are what the user wants out of it
+            net_outputs = list(dict.fromkeys(t for n in nodes if n.type in ("Silence", "MatWrite")
+                                             for t in n.inputs))
             if net_outputs:
-                notes.append(f"{source + ': ' if source else ''}every top is consumed by Silence: "
+                notes.append(f"{source + ': ' if source else ''}every top is consumed by Silence or MatWrite: "
                              f"the silenced blobs {', '.join(tensors[t].blob for t in net_outputs)} "
                              f"are the outputs (choose others with --outputs)")
     if outputs:
@@ -500,6 +501,8 @@ def attach_weights(graph, weights, source="", weights_source=""):
             arr = b.array if hasattr(b, "array") else np.asarray(b)
             legacy = getattr(b, "legacy_shape", False)
             ok = _legacy_shape_equals(arr.shape, shape) if legacy else tuple(arr.shape) == tuple(shape)
+            if not ok and not node.param.strict_dim:
+                ok = arr.size == math.prod(shape)   # DeepLab-Context's strict_dim: false (net.cpp)
             if not ok:
                 raise WeightsError(f"{wsrc}: layer '{node.name}' ({node.type}) blob {i}: "
                                    f"the weights file has shape {list(arr.shape)}, "

@@ -18,6 +18,7 @@ upgrade renames or removes are re-keyed / dropped so the dict keeps matching
 the net's layer names.
 """
 from ..errors import ParseError
+from .coord_maps import resolve_coord_map_crops
 from .schema import caffe_pb2
 
 _ALL = "*"  # route a V0 field whatever the layer type
@@ -104,6 +105,34 @@ _V1_TYPES = {
     "TANH": "TanH", "WINDOW_DATA": "WindowData", "THRESHOLD": "Threshold",
 }
 
+# V1 enum names that forks added (proto/README.md) -> the type string of caffeq's spec for that
+# fork's layer.  These forks are V1-only, so the strings are caffeq's; each names the fork's layer
+# as the later V2 forks did where one exists (BN, Unpooling, ImageSegData, Interp).
+_V1_FORK_TYPES = {
+    # HyeonwooNoh/caffe (DeconvNet)
+    "CROP": "CoordMapCrop", "ELTWISE_ACCURACY": "EltwiseAccuracy", "UNPOOLING": "Unpooling",
+    "BN": "BN", "RED_SOFTMAX_LOSS": "RedSoftmaxWithLoss", "RED_ACCURACY": "RedAccuracy",
+    "IMAGE_SEG_DATA": "ImageSegData", "WINDOW_SEG_DATA": "WindowSegData",
+    "WINDOW_INST_SEG_DATA": "WindowInstSegData", "BIN_ACCURACY": "BinaryAccuracy",
+    "WINDOW_CLS_DATA": "WindowClsData", "WINDOW_SEG_BINARY": "WindowSegBinary",
+    "SELECT_SEG_BINARY": "SelectSegBinary", "DROPOUT_CHANNEL": "DropoutChannel",
+    # TheLegendAli/DeepLab-Context (DeepLab v1)
+    "SEG_ACCURACY": "SegAccuracy", "INTERP": "Interp", "PADDING": "Padding", "MAT_WRITE": "MatWrite",
+    "MAT_READ": "MatRead", "DENSE_CRF": "DenseCRF", "DOMINANT_CHANNEL": "DominantChannel",
+    "BIAS_CHANNEL": "BiasChannel", "UNIQUE_LABEL": "UniqueLabel", "CENSOR_LABEL": "CensorLabel",
+    "ADAPTIVE_BIAS_CHANNEL": "AdaptiveBiasChannel", "CHANNEL_AGGREGATOR": "ChannelAggregator",
+    "IGNORE_OVERLAY": "IgnoreOverlay", "HISTOGRAM": "Histogram", "RELATIVE_ERROR": "RelativeError",
+    "GAIN_CHANNEL": "GainChannel", "ONEHOT": "OneHot",
+    # facebookarchive/C3D, C3D-v1.0 (its VIDEO_DATA reads image_data_param, unlike the V2 forks'
+    # VideoData layers, hence its own name)
+    "CONVOLUTION3D": "Convolution3D", "POOLING3D": "Pooling3D", "VOLUME_DATA": "VolumeData",
+    "VIDEO_DATA": "C3DVideoData", "DECONVOLUTION3D": "Deconvolution3D",
+    "VIDEO_SEGMENTATION_DATA": "VideoSegmentationData", "VOXEL_SOFTMAX": "VoxelSoftmax",
+    "VOXEL_SOFTMAX_LOSS": "VoxelSoftmaxLoss", "VIDEO_WITH_VOXEL_TRUTH_DATA": "VideoWithVoxelTruthData",
+    "VOXEL_CUSTOM_LOSS": "VoxelCustomLoss", "DOWN_SAMPLING": "DownSampling",
+}
+_V1_TYPES.update(_V1_FORK_TYPES)
+
 # Every `*_param` of V1LayerParameter has a same-named LayerParameter field;
 # Caffe copies exactly these.
 _V1_SUBPARAMS = tuple(f.name for f in caffe_pb2.V1LayerParameter.DESCRIPTOR.fields
@@ -141,6 +170,8 @@ def upgrade_net(net, source="", weights=None):
     if len(net.layers):
         count = _upgrade_v1(net, where, notes)
         notes.append(f"upgraded {count} V1 'layers' entries to V2 'layer' definitions")
+        if any(lp.type == "CoordMapCrop" for lp in net.layer):
+            resolve_coord_map_crops(net, where, notes)
     if len(net.input):
         _upgrade_input(net, where, notes)
     if _needs_batchnorm_upgrade(net):
@@ -376,6 +407,8 @@ def _upgrade_v1_layer(v1):
     for i, decay in enumerate(v1.weight_decay):
         spec(i).decay_mult = decay
     lp.loss_weight.extend(v1.loss_weight)
+    if v1.HasField("strict_dim"):   # DeepLab-Context's V1 field (weights loaded by count)
+        lp.strict_dim = v1.strict_dim
     for sub in _V1_SUBPARAMS:
         if v1.HasField(sub):
             getattr(lp, sub).CopyFrom(getattr(v1, sub))

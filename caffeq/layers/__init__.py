@@ -4,6 +4,7 @@ from .registry import Layer, LayerError, get_spec, register_layer, require_specs
 # Each module registers the specs of one layer family.
 from . import (  # noqa: F401,E402
     activation,
+    c3d,
     common,
     conv,
     ctc,
@@ -29,6 +30,7 @@ from . import (  # noqa: F401,E402
     sequence,
     shape_ops,
     ssd,
+    v1_forks,
     vision_forks,
     yolo,
 )

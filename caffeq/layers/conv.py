@@ -48,7 +48,32 @@ def resolve_geometry(attrs, in_shape):
     attrs["stride"] = spatial_params(p, nsp, "stride", 1, min_value=1)
     attrs["pad"] = spatial_params(p, nsp, "pad", 0, min_value=0)
     attrs["dilation"] = spatial_params(p, nsp, "dilation", 1, allow_hw=False, min_value=1)
+    holes = _hole_dilation(p, nsp)
+    if holes is not None:
+        attrs["dilation"] = holes
     return True
+
+
+def _hole_dilation(p, nsp):
+    """DeepLab v1's `hole` / `hole_h` + `hole_w` (TheLegendAli/DeepLab-Context conv_layer.cpp): the
+    filter's dilation under its older name, the effective kernel being k + (k - 1)(hole - 1).
+    None when the layer names no hole."""
+    declared = p.DESCRIPTOR.fields_by_name
+    if "hole" not in declared:
+        return None
+    has_hole, has_hw = p.HasField("hole"), p.HasField("hole_h") or p.HasField("hole_w")
+    if not (has_hole or has_hw):
+        return None
+    if len(p.dilation):
+        raise LayerError("give either convolution_param.dilation or DeepLab's hole, not both")
+    if has_hw and (has_hole or not (p.HasField("hole_h") and p.HasField("hole_w"))):
+        raise LayerError("give convolution_param.hole, or both hole_h and hole_w")
+    values = (int(p.hole),) * nsp if has_hole else (int(p.hole_h), int(p.hole_w))
+    if len(values) != nsp:
+        raise LayerError(f"hole_h/hole_w only work for 2-D data, this input has {nsp} spatial axes")
+    if min(values) < 1:
+        raise LayerError(f"convolution_param.hole must be >= 1, got {list(values)}")
+    return values
 
 
 def _resolve_spatial(attrs, in_shape):

@@ -5,8 +5,9 @@
   count only the data knows, so it is listed as one row.
 - DenseImageData (SegNet): `dense_image_data_param` new_height/new_width, else
   crop_height/crop_width; the label top is a (N, 1, H, W) map.
-- ImageSegData (DeepLab), ImageLabelmapData (HED), ImageLabelData: an ImageData-style
-  list of image and label-map pairs; shapes from crop_size or new_height/new_width.
+- ImageSegData (DeepLab), ImageLabelmapData (HED), ImageLabelData, WindowSegData (DeconvNet's
+  V1 WINDOW_SEG_DATA): an ImageData-style list of image and label-map pairs; shapes from
+  crop_size or new_height/new_width.
 - Any other fork layer with no bottoms whose type ends in "Data" (BoxData, VideoData, ...)
   is a graph input whose shapes come from `--input-shape`, else from crop_size.
 
@@ -91,7 +92,7 @@ class DenseImageData(ForkDataLayer):
         return (data[0], 1) + tuple(d // f for d in data[2:])
 
 
-@register_layer("ImageSegData", "ImageLabelmapData", "ImageLabelData")
+@register_layer("ImageSegData", "ImageLabelmapData", "ImageLabelData", "WindowSegData")
 class ImageLabelMapData(ForkDataLayer):
     def parse(self, lp):
         p = lp.image_data_param

@@ -1,0 +1,294 @@
+"""C3D v1.0's 3-D layers (facebookarchive/C3D, C3D-v1.0; V1 files: CONVOLUTION3D, POOLING3D, VIDEO_DATA).
+
+Blobs are 5-D: (N, C, L, H, W), L the frames.  The V1 names map to these types in
+caffeq/io/upgrade.py; the parameters sit in the V1 convolution_param / pooling_param /
+image_data_param under C3D's own field names (proto/README.md).
+
+- Convolution3D (convolution3d_layer.cpp): kernel (kernel_depth, kernel_size, kernel_size),
+  stride (temporal_stride, stride, stride), pad (temporal_pad, pad, pad); each output extent
+  (n + 2 pad - k) / stride + 1, rounded down.  Weight (num_output, C, kd, k, k), bias
+  (1, 1, 1, 1, num_output).  filter_group only splits the GEMM: every filter sees all of C.
+- Pooling3D (pool3d_layer.cpp): MAX or AVE over (kernel_depth, kernel_size, kernel_size)
+  windows with strides (temporal_stride, stride, stride).  Output extents round up:
+  ceil((H + 2 pad - k) / stride) + 1 and ceil((L - kd) / temporal_stride) + 1, and unlike BVLC
+  the last window is never dropped.  pad is spatial only and only for AVE.  MAX windows are
+  clipped to the input (an empty one gives -FLT_MAX); AVE sums the window clipped to the input
+  and divides by its extent clipped to H + pad (W + pad) and to L, so padded cells count.
+- C3DVideoData (video_data_layer.cpp): a graph input (batch_size, 3, new_length, crop_size,
+  crop_size), or new_height x new_width without a crop; its label top is (batch_size, 1, 1, 1, 1).
+"""
+import inspect
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .data import DataLayer, needs_input_shape
+from .registry import Layer, LayerError, count, register_layer
+
+FLT_MAX = 3.4028234663852886e38   # C3D's MAX pooling starts every output at -FLT_MAX
+POOL_MAX, POOL_AVE = 0, 1
+
+
+def _one(values, name):
+    """C3D's kernel_size / stride / pad are single values (repeated here for BVLC's N-D form)."""
+    values = list(values) if not isinstance(values, int) else [values]
+    if len(values) > 1:
+        raise LayerError(f"{name} takes one value in C3D's 3-D layers, got {values}")
+    return values
+
+
+def _ceil_div(a, b):
+    return -((-a) // b)
+
+
+# ---- torch: used by forward and copied into model.py -------------------------------------------
+
+def c3d_pool_extents(size: int, kernel: int, stride: int, pad: int, out: int):
+    """Per output position of one axis: the AVE divisor (the window clipped to size + pad)."""
+    sizes = []
+    for i in range(out):
+        start = i * stride - pad
+        sizes.append(min(start + kernel, size + pad) - start)
+    return sizes
+
+
+def c3d_max_pool3d(x, kernel: list[int], stride: list[int], out: list[int]):
+    """C3D's MAX Pooling3D: windows from 0 on each axis, clipped to the input; cells past the input's
+    end are padded with -FLT_MAX so the ceil-rounded last windows exist."""
+    extra = [max(0, (o - 1) * s + k - n) for o, s, k, n in zip(out, stride, kernel, x.shape[2:])]
+    x = F.pad(x, [0, extra[2], 0, extra[1], 0, extra[0]], value=-torch.finfo(torch.float32).max)
+    return F.max_pool3d(x, kernel, stride)
+
+
+def c3d_ave_pool3d(x, kernel: list[int], stride: list[int], pad: int, out: list[int]):
+    """C3D's AVE Pooling3D: the sum over each window clipped to the input (zeros padded in), divided
+    by the window's extent clipped to (L, H + pad, W + pad)."""
+    length, height, width = x.shape[2], x.shape[3], x.shape[4]
+    back = [max(0, (o - 1) * s + k - lead - n)
+            for o, s, k, lead, n in zip(out, stride, kernel, (0, pad, pad), (length, height, width))]
+    x = F.pad(x, [pad, back[2], pad, back[1], 0, back[0]])
+    sums = F.avg_pool3d(x, kernel, stride, divisor_override=1)
+    d = c3d_pool_extents(length, kernel[0], stride[0], 0, out[0])
+    h = c3d_pool_extents(height, kernel[1], stride[1], pad, out[1])
+    w = c3d_pool_extents(width, kernel[2], stride[2], pad, out[2])
+    divisor = torch.tensor(d, dtype=x.dtype, device=x.device)[:, None, None] * \
+        torch.tensor(h, dtype=x.dtype, device=x.device)[None, :, None] * \
+        torch.tensor(w, dtype=x.dtype, device=x.device)[None, None, :]
+    return sums / divisor
+
+
+class C3DConv3d(nn.Module):
+    """C3D's Convolution3D with Caffe's blob shapes: weight (O, C, kd, k, k), bias (1, 1, 1, 1, O)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel: list[int], stride: list[int],
+                 pad: list[int], bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros([out_channels, in_channels] + kernel))
+        self.bias = nn.Parameter(torch.zeros(1, 1, 1, 1, out_channels)) if bias else None
+        self.stride, self.pad = stride, pad
+
+    def forward(self, x):
+        bias = self.bias.reshape(-1) if self.bias is not None else None
+        return F.conv3d(x, self.weight, bias, stride=self.stride, padding=self.pad)
+
+
+TORCH_C3D_MAX_POOL = inspect.getsource(c3d_max_pool3d)
+TORCH_C3D_AVE_POOL = inspect.getsource(c3d_pool_extents) + "\n\n" + inspect.getsource(c3d_ave_pool3d)
+TORCH_C3D_CONV = inspect.getsource(C3DConv3d)
+
+
+def _need_5d(shape, what):
+    if len(shape) != 5:
+        raise LayerError(f"{what} needs a 5-axis input (N, C, L, H, W), got {list(shape)}")
+
+
+# ---- Convolution3D ----------------------------------------------------------------------------
+
+@register_layer("Convolution3D")
+class Convolution3D(Layer):
+    blob_names = ("weight", "bias")
+    weight_axes = {0: 0}
+
+    def parse(self, lp):
+        if len(lp.bottom) != 1 or len(lp.top) != 1:
+            raise LayerError(f"Convolution3D takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+        p = lp.convolution_param
+        if not p.num_output:
+            raise LayerError("convolution_param.num_output must be > 0")
+        kernel = _one(p.kernel_size, "convolution_param.kernel_size")
+        if not kernel or kernel[0] < 1:
+            raise LayerError("convolution_param.kernel_size must be given and >= 1")
+        if p.kernel_depth < 1:
+            raise LayerError(f"convolution_param.kernel_depth must be given and >= 1, got {p.kernel_depth}")
+        stride = _one(p.stride, "convolution_param.stride") or [1]
+        pad = _one(p.pad, "convolution_param.pad") or [0]
+        if stride[0] < 1 or p.temporal_stride < 1:
+            raise LayerError(f"convolution_param.stride and temporal_stride must be >= 1, got {stride[0]} "
+                             f"and {p.temporal_stride}")
+        if p.filter_group < 1 or p.num_output % p.filter_group:
+            raise LayerError(f"convolution_param.filter_group {p.filter_group} must divide num_output "
+                             f"{p.num_output}")
+        return {"num_output": int(p.num_output), "bias_term": bool(p.bias_term),
+                "kernel": [int(p.kernel_depth), kernel[0], kernel[0]],
+                "stride": [int(p.temporal_stride), stride[0], stride[0]],
+                "pad": [int(p.temporal_pad), pad[0], pad[0]]}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        _need_5d(s, "Convolution3D")
+        out = [(n + 2 * p - k) // st + 1 for n, k, st, p in zip(s[2:], attrs["kernel"], attrs["stride"], attrs["pad"])]
+        if min(out) < 1:
+            raise LayerError(f"output would be empty: input {list(s)}, kernel {attrs['kernel']}")
+        return [(s[0], attrs["num_output"]) + tuple(out)]
+
+    def param_shapes(self, attrs, in_shapes):
+        shapes = [(attrs["num_output"], int(in_shapes[0][1])) + tuple(attrs["kernel"])]
+        if attrs["bias_term"]:
+            shapes.append((1, 1, 1, 1, attrs["num_output"]))
+        return shapes
+
+    def forward(self, attrs, params, x):
+        bias = params[1].reshape(-1) if attrs["bias_term"] else None
+        return F.conv3d(x, params[0], bias, stride=attrs["stride"], padding=attrs["pad"])
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        return count(out_shapes[0]) * in_shapes[0][1] * math.prod(attrs["kernel"])
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        inputs = [node.inputs[0], ctx.weight(node, 0)]
+        if a["bias_term"]:
+            inputs.append(ctx.add_node("Reshape", [ctx.weight(node, 1), ctx.const(np.array([-1], np.int64))],
+                                       [ctx.tmp(node.name + "_bias")])[0])
+        ctx.add_node("Conv", inputs, [node.outputs[0]], name=node.name, kernel_shape=a["kernel"],
+                     strides=a["stride"], pads=a["pad"] * 2)
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        cls = emit.helper(TORCH_C3D_CONV)
+        m = emit.module(f"{cls}({emit.in_shape(0)[1]}, {a['num_output']}, {a['kernel']}, {a['stride']}, "
+                        f"{a['pad']}, bias={a['bias_term']})")
+        emit.param("weight", 0)
+        if a["bias_term"]:
+            emit.param("bias", 1)
+        return f"{m}({emit.inputs[0]})"
+
+
+# ---- Pooling3D ----------------------------------------------------------------------------------
+
+@register_layer("Pooling3D")
+class Pooling3D(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 1 or len(lp.top) != 1:
+            raise LayerError(f"Pooling3D takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+        p = lp.pooling_param
+        method = int(p.pool)
+        if method not in (POOL_MAX, POOL_AVE):
+            raise LayerError("pooling_param.pool: C3D's Pooling3D has MAX and AVE only (STOCHASTIC is not "
+                             "implemented there)")
+        if not p.HasField("kernel_size") or p.kernel_size < 1 or p.kernel_depth < 1:
+            raise LayerError(f"pooling_param.kernel_size and kernel_depth must be given and >= 1, got "
+                             f"{p.kernel_size} and {p.kernel_depth}")
+        if p.stride < 1 or p.temporal_stride < 1:
+            raise LayerError(f"pooling_param.stride and temporal_stride must be >= 1, got {p.stride} and "
+                             f"{p.temporal_stride}")
+        if p.pad and method != POOL_AVE:
+            raise LayerError("pooling_param.pad: C3D's Pooling3D pads only AVE pooling")
+        return {"method": method, "kernel": [int(p.kernel_depth), int(p.kernel_size), int(p.kernel_size)],
+                "stride": [int(p.temporal_stride), int(p.stride), int(p.stride)], "pad": int(p.pad)}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        _need_5d(s, "Pooling3D")
+        pads = (0, attrs["pad"], attrs["pad"])
+        out = [_ceil_div(n + 2 * p - k, st) + 1 for n, k, st, p in zip(s[2:], attrs["kernel"], attrs["stride"], pads)]
+        if min(out) < 1:
+            raise LayerError(f"output would be empty: input {list(s)}, kernel {attrs['kernel']}")
+        if attrs["method"] == POOL_AVE:
+            for axis, (n, k, st, p, o) in enumerate(zip(s[2:], attrs["kernel"], attrs["stride"], pads, out)):
+                if min(c3d_pool_extents(n, k, st, p, o)) < 1:
+                    raise LayerError(f"the last AVE window of axis {axis + 2} starts past the input (stride "
+                                     f"{st} > kernel {k}); C3D divides by zero there")
+        attrs["_out"] = out
+        return [s[:2] + tuple(out)]
+
+    def forward(self, attrs, params, x):
+        if attrs["method"] == POOL_MAX:
+            return c3d_max_pool3d(x, attrs["kernel"], attrs["stride"], attrs["_out"])
+        return c3d_ave_pool3d(x, attrs["kernel"], attrs["stride"], attrs["pad"], attrs["_out"])
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x, y = node.inputs[0], node.outputs[0]
+        s = ctx.shape(x)
+        out, kernel, stride = a["_out"], a["kernel"], a["stride"]
+        lead = (0, a["pad"], a["pad"])
+        back = [max(0, (o - 1) * st + k - p - n) for o, st, k, p, n in zip(out, stride, kernel, lead, s[2:])]
+        pads = np.array([0, 0] + list(lead) + [0, 0] + back, np.int64)
+        fill = np.array(-FLT_MAX if a["method"] == POOL_MAX else 0.0, np.float32)
+        padded = ctx.add_node("Pad", [x, ctx.const(pads, node.name + "_pads"), ctx.const(fill)],
+                              [ctx.tmp(node.name + "_padded")], name=node.name)[0]
+        if a["method"] == POOL_MAX:
+            ctx.add_node("MaxPool", [padded], [y], kernel_shape=kernel, strides=stride)
+            return
+        mean = ctx.add_node("AveragePool", [padded], [ctx.tmp(node.name + "_mean")], kernel_shape=kernel,
+                            strides=stride)[0]
+        # window mean * window volume / C3D's divisor, as one constant per output position
+        extents = [np.array(c3d_pool_extents(n, k, st, p, o), np.float64)
+                   for n, k, st, p, o in zip(s[2:], kernel, stride, lead, out)]
+        divisor = extents[0][:, None, None] * extents[1][None, :, None] * extents[2][None, None, :]
+        factor = (math.prod(kernel) / divisor).astype(np.float32)[None, None]
+        ctx.add_node("Mul", [mean, ctx.const(factor, node.name + "_factor")], [y])
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        if a["method"] == POOL_MAX:
+            fn = emit.helper(TORCH_C3D_MAX_POOL)
+            return f"{fn}({emit.inputs[0]}, {a['kernel']}, {a['stride']}, {a['_out']})"
+        fn = emit.helper(TORCH_C3D_AVE_POOL)
+        return f"{fn}({emit.inputs[0]}, {a['kernel']}, {a['stride']}, {a['pad']}, {a['_out']})"
+
+
+# ---- C3D v1.0 VideoData -------------------------------------------------------------------------
+
+@register_layer("C3DVideoData")
+class C3DVideoData(DataLayer):
+    def parse(self, lp):
+        p = lp.image_data_param
+        if not 1 <= len(lp.top) <= 2:
+            raise LayerError(f"C3D's VideoData takes one or two tops, got {len(lp.top)}")
+        if p.new_length < 1:
+            raise LayerError(f"image_data_param.new_length (frames per clip) must be > 0, got {p.new_length}")
+        if bool(p.new_height) != bool(p.new_width):
+            raise LayerError("image_data_param.new_height and new_width must be set together")
+        crop = int(p.crop_size)
+        hw = (crop, crop) if crop else ((int(p.new_height), int(p.new_width)) if p.new_height else None)
+        return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "source": p.source,
+                "batch_size": max(1, int(p.batch_size)), "length": int(p.new_length), "hw": hw,
+                "crop_size": crop, "mean_file": p.mean_file or None, "mirror": bool(p.mirror)}
+
+    def top_shapes(self, attrs, given):
+        data = given.get(0)
+        if data is None:
+            if attrs["hw"] is None:
+                raise needs_input_shape(attrs, attrs["tops"][0], "C3D's VideoData without crop_size or "
+                                        "new_height/new_width takes the frames' own size")
+            data = (attrs["batch_size"], 3, attrs["length"]) + tuple(attrs["hw"])
+        shapes = [tuple(data)]
+        if attrs["num_tops"] > 1:
+            shapes.append(tuple(given.get(1) or (data[0], 1, 1, 1, 1)))
+        return shapes
+
+    def preprocessing(self, attrs):
+        lines = [f"clips of {attrs['length']} frames, channels x frames x height x width"]
+        if attrs["crop_size"]:
+            n = attrs["crop_size"]
+            lines.append(f"crop {n}x{n}: the centre crop at TEST (a random one at TRAIN)")
+        if attrs["mean_file"]:
+            lines.append(f"subtract the per-voxel mean volume {attrs['mean_file']!r} (cropped like the data)")
+        if attrs["mirror"]:
+            lines.append("random horizontal flips at TRAIN (mirror: true)")
+        return lines

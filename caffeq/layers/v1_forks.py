@@ -1,0 +1,87 @@
+"""Layers of the V1-only forks whose enum names caffeq's V1 upgrade maps to type strings
+(caffeq/io/upgrade.py, proto/README.md): DeepLab v1's Padding and MatWrite, DeconvNet's CROP.
+
+- Padding (TheLegendAli/DeepLab-Context padding_layer.cpp, padding_param): pad_beg and pad_end,
+  both >= 0 or both <= 0, act on H and W alike: top (N, C, H + pad_beg + pad_end, W + ...),
+  top[h, w] = bottom[h - pad_beg, w - pad_beg]; positive values add zeros, negative ones crop
+  (DeepLab crops the interpolated scores with -7 / -8).
+- MatWrite (DeepLab-Context mat_write_layer.cpp): writes its bottom to .mat files and has no
+  top; for inference it is a sink, like Silence.
+- CoordMapCrop (HyeonwooNoh/caffe crop_layer.cpp, longjon's FCN CROP): its offsets come from
+  the coordinate maps of the whole net, not from parameters; refused with a clear error.
+"""
+import numpy as np
+import torch.nn.functional as F
+
+from .common import Silence
+from .registry import Layer, LayerError, register_layer
+
+# ---- Padding -----------------------------------------------------------------------------
+
+@register_layer("Padding")
+class Padding(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 1 or len(lp.top) != 1:
+            raise LayerError(f"Padding takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+        p = lp.padding_param
+        beg, end = int(p.pad_beg), int(p.pad_end)
+        if not ((beg >= 0 and end >= 0) or (beg <= 0 and end <= 0)):
+            raise LayerError(f"padding_param.pad_beg and pad_end must be both >= 0 or both <= 0 "
+                             f"(negative values crop), got {beg} and {end}")
+        return {"beg": beg, "end": end}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) != 4:
+            raise LayerError(f"Padding needs a 4-axis input (N, C, H, W), got {list(s)}")
+        grow = attrs["beg"] + attrs["end"]
+        if s[2] + grow <= 0 or s[3] + grow <= 0:
+            raise LayerError(f"padding_param pad_beg {attrs['beg']} and pad_end {attrs['end']} leave "
+                             f"nothing of the {s[2]}x{s[3]} input")
+        return [(s[0], s[1], s[2] + grow, s[3] + grow)]
+
+    def forward(self, attrs, params, x):
+        b, e = attrs["beg"], attrs["end"]
+        return F.pad(x, [b, e, b, e])   # negative amounts crop
+
+    def onnx(self, ctx, node):
+        b, e = node.attrs["beg"], node.attrs["end"]
+        x, out = node.inputs[0], node.outputs[0]
+        if b >= 0 and e >= 0:
+            pads = np.array([0, 0, b, b, 0, 0, e, e], np.int64)
+            ctx.add_node("Pad", [x, ctx.const(pads, node.name + "_pads")], [out], name=node.name)
+            return
+        h, w = ctx.shape(x)[2:]
+        ctx.add_node("Slice", [x, ctx.const(np.array([-b, -b], np.int64), node.name + "_starts"),
+                               ctx.const(np.array([h + e, w + e], np.int64), node.name + "_ends"),
+                               ctx.const(np.array([2, 3], np.int64), node.name + "_axes")], [out],
+                     name=node.name)
+
+    def pytorch_source(self, node, emit):
+        emit.uses("F")
+        b, e = node.attrs["beg"], node.attrs["end"]
+        return f"F.pad({emit.inputs[0]}, [{b}, {e}, {b}, {e}])"
+
+
+# ---- MatWrite ------------------------------------------------------------------------------
+
+@register_layer("MatWrite")
+class MatWrite(Silence):
+    """A sink: DeepLab writes the blob to disk; nothing downstream reads it."""
+
+    def parse(self, lp):
+        if len(lp.top):
+            raise LayerError(f"MatWrite has no top, got {len(lp.top)}")
+        return {}
+
+
+# ---- DeconvNet / FCN CROP ---------------------------------------------------------------------
+
+@register_layer("CoordMapCrop")
+class CoordMapCrop(Layer):
+    def parse(self, lp):
+        raise LayerError(
+            "the V1 CROP layer of DeconvNet / FCN (HyeonwooNoh/caffe crop_layer.cpp) takes its offsets "
+            "from the coordinate maps of the layers between its two bottoms, which caffeq does not "
+            "compute; replace it with a BVLC Crop layer (layer { type: \"Crop\" crop_param { axis: 2 "
+            "offset: K } }) whose offset K is the one the fork computes")

@@ -1,0 +1,140 @@
+"""C3D v1.0's 3-D layers (facebookarchive/C3D, C3D-v1.0) in V1 files: Convolution3D, Pooling3D and
+VideoData.  References are numpy loops written from convolution3d_layer.cpp (vol2col + GEMM) and
+pool3d_layer.cpp's Forward_cpu, on (N, C, L, H, W) shapes where every axis differs."""
+import math
+
+import numpy as np
+import pytest
+from conftest import assert_close, model_py_outputs, onnx_outputs, rng
+
+from caffeq.layers import LayerError
+from caffeq.model import load_from_text
+
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def check_everywhere(model, feeds, refs, tmp_path, atol=0.0, rtol=0.0):
+    ours = model.run(feeds, all_blobs=True)
+    for k, ref in refs.items():
+        assert_close(ours[k], ref, atol, rtol, f"torch {k}")
+    for opset in (13, None):
+        got = onnx_outputs(model, feeds, tmp_path, opset)
+        for k, ref in refs.items():
+            assert_close(got[k], ref, atol, rtol, f"onnx opset {opset} {k}")
+    got = model_py_outputs(model, feeds, tmp_path)
+    for k, ref in refs.items():
+        assert_close(got[k], ref, atol, rtol, f"model.py {k}")
+
+
+def v1_net(shape, *layers):
+    dims = " ".join(f"dim: {d}" for d in shape)
+    return f'name: "c3d"\ninput: "x"\ninput_shape {{ {dims} }}\n' + "\n".join(layers)
+
+
+def conv3d_ref(x, w, b, stride, tstride, pad, tpad):
+    """Each output voxel: sum over C x kd x k x k of the zero-padded input times the filter, plus bias."""
+    n, c, length, h, wd = x.shape
+    o, _, kd, k, _ = w.shape
+    ol = (length + 2 * tpad - kd) // tstride + 1
+    oh, ow = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (tpad, tpad), (pad, pad), (pad, pad)))
+    out = np.zeros((n, o, ol, oh, ow))
+    for t in range(ol):
+        for i in range(oh):
+            for j in range(ow):
+                patch = xp[:, :, t * tstride:t * tstride + kd, i * stride:i * stride + k, j * stride:j * stride + k]
+                out[:, :, t, i, j] = np.einsum("ncdkl,ocdkl->no", patch, w) + b.reshape(-1)
+    return out
+
+
+@pytest.mark.parametrize("stride, tstride, pad, tpad, groups", [(1, 1, 1, 1, 1), (2, 1, 0, 1, 2), (2, 2, 1, 0, 1)])
+def test_convolution3d(stride, tstride, pad, tpad, groups, tmp_path):
+    x = rng(21).standard_normal((2, 3, 5, 7, 6)).astype(np.float32)
+    text = v1_net(x.shape, f"layers {{ name: 'c' type: CONVOLUTION3D bottom: 'x' top: 'c'\n"
+                           f"  convolution_param {{ num_output: 4 kernel_size: 3 kernel_depth: 2 stride: {stride} "
+                           f"temporal_stride: {tstride} pad: {pad} temporal_pad: {tpad} filter_group: {groups} }} }}")
+    model = load_from_text(text, random_weights=True)
+    node = next(n for n in model.layers if n.name == "c")
+    w, b = node.blobs
+    assert w.shape == (4, 3, 2, 3, 3) and b.shape == (1, 1, 1, 1, 4)
+    node.blobs = [w, rng(22).standard_normal(b.shape).astype(np.float32)]   # a bias that is not zero
+    check_everywhere(model, {"x": x}, {"c": conv3d_ref(x, w, node.blobs[1], stride, tstride, pad, tpad)},
+                     tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def pool3d_ref(x, method, k, kd, s, ts, pad):
+    """pool3d_layer.cpp Forward_cpu: ceil-rounded extents, windows never dropped."""
+    n, c, length, h, w = x.shape
+    ol = int(math.ceil((length - kd) / ts)) + 1
+    oh = int(math.ceil((h + 2 * pad - k) / s)) + 1
+    ow = int(math.ceil((w + 2 * pad - k) / s)) + 1
+    out = np.zeros((n, c, ol, oh, ow))
+    xd = x.astype(np.float64)
+    for pl in range(ol):
+        for ph in range(oh):
+            for pw in range(ow):
+                if method == "MAX":
+                    ls, hs, ws = pl * ts, ph * s, pw * s
+                    le, he, we = min(ls + kd, length), min(hs + k, h), min(ws + k, w)
+                    win = xd[:, :, ls:le, hs:he, ws:we]
+                    out[:, :, pl, ph, pw] = win.max(axis=(2, 3, 4)) if win.size else -FLT_MAX
+                else:
+                    hs, ws, ls = ph * s - pad, pw * s - pad, pl * ts
+                    he, we, le = min(hs + k, h + pad), min(ws + k, w + pad), min(ls + kd, length)
+                    size = (he - hs) * (we - ws) * (le - ls)
+                    win = xd[:, :, ls:min(le, length), max(hs, 0):min(he, h), max(ws, 0):min(we, w)]
+                    out[:, :, pl, ph, pw] = win.sum(axis=(2, 3, 4)) / size
+    return out
+
+
+@pytest.mark.parametrize("method, k, kd, s, ts, pad", [
+    ("MAX", 2, 2, 2, 2, 0),      # C3D's pool2..pool5; H 7 -> 4 by ceil
+    ("MAX", 2, 1, 2, 1, 0),      # pool1
+    ("MAX", 1, 1, 3, 3, 0),      # stride > kernel: the last windows start past the input (-FLT_MAX)
+    ("AVE", 3, 2, 2, 2, 1),      # padded cells count in the divisor
+    ("AVE", 3, 3, 2, 1, 0),
+])
+def test_pooling3d(method, k, kd, s, ts, pad, tmp_path):
+    x = rng(23).standard_normal((2, 3, 5, 7, 6)).astype(np.float32)
+    text = v1_net(x.shape, f"layers {{ name: 'p' type: POOLING3D bottom: 'x' top: 'p'\n"
+                           f"  pooling_param {{ pool: {method} kernel_size: {k} kernel_depth: {kd} stride: {s} "
+                           f"temporal_stride: {ts} pad: {pad} }} }}")
+    model = load_from_text(text)
+    ref = pool3d_ref(x, method, k, kd, s, ts, pad)
+    assert model.blob_shapes["p"] == ref.shape
+    check_everywhere(model, {"x": x}, {"p": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("params, msg", [
+    ("pool: MAX kernel_size: 2 kernel_depth: 2 pad: 1", "pads only AVE"),
+    ("pool: STOCHASTIC kernel_size: 2 kernel_depth: 2", "MAX and AVE only"),
+    ("pool: MAX kernel_size: 2", "kernel_depth"),
+    ("pool: AVE kernel_size: 1 kernel_depth: 1 stride: 3", "divides by zero"),
+])
+def test_pooling3d_bad_params(params, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(v1_net((2, 3, 5, 7, 6), f"layers {{ name: 'p' type: POOLING3D bottom: 'x' top: 'p'\n"
+                                               f"  pooling_param {{ {params} }} }}"))
+
+
+def test_convolution3d_bad_params():
+    with pytest.raises(LayerError, match="kernel_depth"):
+        load_from_text(v1_net((2, 3, 5, 7, 6), "layers { name: 'c' type: CONVOLUTION3D bottom: 'x' top: 'c'\n"
+                                               "  convolution_param { num_output: 4 kernel_size: 3 } }"))
+    with pytest.raises(LayerError, match="5-axis"):
+        load_from_text(v1_net((2, 3, 7, 6), "layers { name: 'c' type: CONVOLUTION3D bottom: 'x' top: 'c'\n"
+                                            "  convolution_param { num_output: 4 kernel_size: 3 kernel_depth: 1 } }"))
+
+
+def test_c3d_video_data_shapes_its_clip():
+    text = ("name: 'v'\nlayers { name: 'data' type: VIDEO_DATA top: 'data' top: 'label'\n"
+            "  image_data_param { source: 'list.txt' use_image: true batch_size: 3 crop_size: 11 new_height: 16\n"
+            "    new_width: 20 new_length: 4 mirror: false show_data: 0 } }\n"
+            "layers { name: 'c' type: CONVOLUTION3D bottom: 'data' top: 'c'\n"
+            "  convolution_param { num_output: 2 kernel_size: 3 kernel_depth: 3 pad: 1 temporal_pad: 1 } }")
+    model = load_from_text(text, random_weights=True)
+    assert model.blob_shapes["data"] == (3, 3, 4, 11, 11)
+    assert model.blob_shapes["label"] == (3, 1, 1, 1, 1)
+    assert model.blob_shapes["c"] == (3, 2, 4, 11, 11)
+    no_crop = load_from_text(text.replace("crop_size: 11 ", ""), random_weights=True)
+    assert no_crop.blob_shapes["data"] == (3, 3, 4, 16, 20)

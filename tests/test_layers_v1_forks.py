@@ -1,0 +1,209 @@
+"""V1-format files of forks that added names to V1LayerParameter.LayerType: DeconvNet
+(HyeonwooNoh/caffe), DeepLab v1 (TheLegendAli/DeepLab-Context) and C3D v1.0 (facebookarchive/C3D).
+
+References are numpy loops written here from the forks' C++ (padding_layer.cpp, bn_layer.cpp,
+conv_layer.cpp's hole), on shapes where N, C, H and W all differ.
+"""
+import numpy as np
+import pytest
+from conftest import assert_close, model_py_outputs, onnx_outputs, rng
+
+from caffeq.errors import CaffeqError, WeightsError
+from caffeq.io.prototxt import parse_prototxt_text
+from caffeq.io.upgrade import upgrade_net
+from caffeq.layers import LayerError
+from caffeq.model import load_from_text
+
+
+def check_everywhere(model, feeds, refs, tmp_path, atol=0.0, rtol=0.0):
+    """torch, onnxruntime (opset 13 and the default) and the generated model.py against refs."""
+    ours = model.run(feeds, all_blobs=True)
+    for k, ref in refs.items():
+        assert_close(ours[k], ref, atol, rtol, f"torch {k}")
+    for opset in (13, None):
+        got = onnx_outputs(model, feeds, tmp_path, opset)
+        for k, ref in refs.items():
+            assert_close(got[k], ref, atol, rtol, f"onnx opset {opset} {k}")
+    got = model_py_outputs(model, feeds, tmp_path)
+    for k, ref in refs.items():
+        assert_close(got[k], ref, atol, rtol, f"model.py {k}")
+
+
+def v1_net(shape, *layers):
+    dims = "".join(f"input_dim: {d}\n" for d in shape)
+    return 'name: "v1"\ninput: "x"\n' + dims + "\n".join(layers)
+
+
+# ---- enum names and the upgrade -------------------------------------------------------------
+
+@pytest.mark.parametrize("name, v2", [("BN", "BN"), ("UNPOOLING", "Unpooling"),
+                                      ("WINDOW_SEG_DATA", "WindowSegData"), ("IMAGE_SEG_DATA", "ImageSegData"),
+                                      ("INTERP", "Interp"), ("PADDING", "Padding"), ("MAT_WRITE", "MatWrite"),
+                                      ("CONVOLUTION3D", "Convolution3D"), ("POOLING3D", "Pooling3D"),
+                                      ("VIDEO_DATA", "C3DVideoData"), ("ELTWISE_ACCURACY", "EltwiseAccuracy")])
+def test_fork_enum_names_upgrade_to_type_strings(name, v2):
+    net = parse_prototxt_text(f'layers {{ name: "l" type: {name} bottom: "a" top: "b" }}')
+    upgrade_net(net)
+    assert net.layer[0].type == v2
+
+
+def test_deconvnet_bn_inference_in_a_v1_file(tmp_path):
+    g = rng(11)
+    x = g.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    text = v1_net(x.shape, "layers { bottom: 'x' top: 'b' name: 'bn' type: BN\n"
+                           "  bn_param { scale_filler { type: 'constant' value: 1 }\n"
+                           "             shift_filler { type: 'constant' value: 0.001 } bn_mode: INFERENCE } }")
+    model = load_from_text(text, random_weights=True)
+    scale, shift = g.uniform(0.5, 2, 3).astype(np.float32), g.standard_normal(3).astype(np.float32)
+    node = next(n for n in model.layers if n.name == "bn")
+    node.blobs = [scale.reshape(1, 3, 1, 1), shift.reshape(1, 3, 1, 1)]
+    ref = np.empty_like(x)
+    for c in range(3):   # bn_layer.cpp, INFERENCE: top = bottom * scale + shift
+        ref[:, c] = x[:, c] * scale[c] + shift[c]
+    check_everywhere(model, {"x": x}, {"b": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+# ---- DeepLab-Context Padding ----------------------------------------------------------------
+
+def padding_ref(x, beg, end):
+    """padding_layer.cpp: top[n, c, h, w] = bottom[n, c, h - pad_beg, w - pad_beg] where it exists, else 0."""
+    n, c, h, w = x.shape
+    oh, ow = h + beg + end, w + beg + end
+    out = np.zeros((n, c, oh, ow), x.dtype)
+    for i in range(oh):
+        for j in range(ow):
+            si, sj = i - beg, j - beg
+            if 0 <= si < h and 0 <= sj < w:
+                out[:, :, i, j] = x[:, :, si, sj]
+    return out
+
+
+@pytest.mark.parametrize("beg, end", [(-2, -3), (1, 2), (0, -1), (3, 0)])
+def test_padding(beg, end, tmp_path):
+    x = rng(12).standard_normal((2, 3, 9, 11)).astype(np.float32)
+    model = load_from_text(v1_net(x.shape, f"layers {{ name: 'p' type: PADDING bottom: 'x' top: 'p'\n"
+                                           f"  padding_param {{ pad_beg: {beg} pad_end: {end} }} }}"))
+    assert model.blob_shapes["p"] == (2, 3, 9 + beg + end, 11 + beg + end)
+    check_everywhere(model, {"x": x}, {"p": padding_ref(x, beg, end)}, tmp_path)
+
+
+@pytest.mark.parametrize("beg, end, msg", [(-1, 2, "both >= 0 or both <= 0"), (-5, -5, "leave nothing")])
+def test_padding_bad_values(beg, end, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(v1_net((2, 3, 9, 11), f"layers {{ name: 'p' type: PADDING bottom: 'x' top: 'p'\n"
+                                              f"  padding_param {{ pad_beg: {beg} pad_end: {end} }} }}"))
+
+
+def test_mat_write_is_a_sink_whose_bottom_is_the_output():
+    text = v1_net((2, 3, 9, 11), "layers { name: 'p' type: PADDING bottom: 'x' top: 'p'\n"
+                                 "  padding_param { pad_beg: -1 pad_end: -1 } }\n"
+                                 "layers { name: 'w' type: MAT_WRITE bottom: 'p'\n"
+                                 "  mat_write_param { prefix: 'out/' source: 'ids.txt' } }")
+    model = load_from_text(text)
+    x = rng(13).standard_normal((2, 3, 9, 11)).astype(np.float32)
+    out = model.run({"x": x})
+    assert list(out) == ["p"]
+    np.testing.assert_array_equal(out["p"], x[:, :, 1:-1, 1:-1])
+
+
+# ---- DeepLab v1 hole ------------------------------------------------------------------------
+
+def conv_hole_ref(x, w, b, pad, hole, stride=1):
+    """conv_layer.cpp with holes: kernel taps hole apart, effective kernel k + (k - 1)(hole - 1)."""
+    n, _, h, wd = x.shape
+    o, _, k, _ = w.shape
+    ext = k + (k - 1) * (hole - 1)
+    oh, ow = (h + 2 * pad - ext) // stride + 1, (wd + 2 * pad - ext) // stride + 1
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    out = np.zeros((n, o, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            patch = xp[:, :, i * stride:i * stride + ext:hole, j * stride:j * stride + ext:hole]
+            out[:, :, i, j] = np.einsum("nckl,ockl->no", patch, w) + b
+    return out
+
+
+def test_deeplab_hole_is_dilation(tmp_path):
+    x = rng(14).standard_normal((2, 3, 13, 10)).astype(np.float32)
+    text = v1_net(x.shape, "layers { name: 'c' type: CONVOLUTION bottom: 'x' top: 'c' strict_dim: false\n"
+                           "  convolution_param { num_output: 4 kernel_size: 3 pad: 2 hole: 3 } }")
+    model = load_from_text(text, random_weights=True)
+    node = next(n for n in model.layers if n.name == "c")
+    w, b = node.blobs
+    assert model.blob_shapes["c"] == (2, 4, 13 + 4 - 7 + 1, 10 + 4 - 7 + 1)
+    check_everywhere(model, {"x": x}, {"c": conv_hole_ref(x, w, b, 2, 3)}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def test_hole_and_dilation_together_are_refused():
+    with pytest.raises(LayerError, match="dilation or DeepLab's hole"):
+        load_from_text(v1_net((2, 3, 13, 10), "layers { name: 'c' type: CONVOLUTION bottom: 'x' top: 'c'\n"
+                                              "  convolution_param { num_output: 4 kernel_size: 3 hole: 2 "
+                                              "dilation: 2 } }"))
+
+
+# ---- strict_dim: false (weights of another shape, same count) -------------------------------
+
+def test_strict_dim_false_loads_weights_by_count(tmp_path):
+    from caffeq.io.schema import caffe_pb2
+    text = v1_net((2, 3, 4, 4), "layers { name: 'fc' type: CONVOLUTION bottom: 'x' top: 'fc' STRICT\n"
+                                "  convolution_param { num_output: 5 kernel_size: 4 } }")
+    g = rng(15)
+    weight, bias = g.standard_normal((1, 1, 5, 48)).astype(np.float32), g.standard_normal(5).astype(np.float32)
+    saved = caffe_pb2.NetParameter()
+    layer = saved.layer.add(name="fc", type="Convolution")
+    for arr in (weight, bias):   # an InnerProduct-shaped blob for the convolution, as DeepLab's init models
+        blob = layer.blobs.add()
+        blob.shape.dim.extend(arr.shape)
+        blob.data.extend(arr.ravel().tolist())
+    path = tmp_path / "w.caffemodel"
+    path.write_bytes(saved.SerializeToString())
+    x = g.standard_normal((2, 3, 4, 4)).astype(np.float32)
+    model = load_from_text(text.replace("STRICT", "strict_dim: false"), weights=str(path))
+    ref = x.reshape(2, 48).astype(np.float64) @ weight.reshape(5, 48).T.astype(np.float64) + bias
+    assert_close(model.run({"x": x})["fc"], ref.reshape(2, 5, 1, 1), 1e-5, 1e-5, "fc")
+    with pytest.raises(WeightsError, match="shape"):
+        load_from_text(text.replace("STRICT", ""), weights=str(path))
+
+
+# ---- DeconvNet / FCN CROP: offsets from the coordinate maps ----------------------------------
+
+CROP_NET = ("layers { name: 'c' type: CONVOLUTION bottom: 'x' top: 'c'\n"
+            "  convolution_param { num_output: 2 kernel_size: 3 stride: 2 } }\n"
+            "layers { name: 'r' type: RELU bottom: 'c' top: 'c' }\n"
+            "layers { name: 'd' type: DECONVOLUTION bottom: 'c' top: 'd'\n"
+            "  convolution_param { num_output: 4 kernel_size: K stride: 2 } }\n"
+            "layers { name: 'crop' type: CROP bottom: 'd' bottom: 'x' top: 'o' }")
+
+
+def test_coord_map_crop_takes_the_forks_offset(tmp_path):
+    # coords.hpp: conv k3 s2 p0 maps by FilterMap^-1 = (1/2, -1/2), deconv k5 s2 p0 by (2, 2);
+    # bottom 0's map (2, 2) o (1/2, -1/2) = (1, 1), bottom 1 is the meeting blob (identity):
+    # crop = identity o (1, 1)^-1 = (1, -1), so offset 1 on H and W
+    x = rng(16).standard_normal((2, 3, 13, 11)).astype(np.float32)
+    model = load_from_text(v1_net(x.shape, CROP_NET.replace("K", "5")), random_weights=True)
+    assert model.blob_shapes["d"] == (2, 4, 15, 13) and model.blob_shapes["o"] == (2, 4, 13, 11)
+    deconv = model.run({"x": x}, all_blobs=True)["d"]
+    # the crop copies exactly; the tolerance is onnxruntime's own deconvolution rounding
+    check_everywhere(model, {"x": x}, {"o": deconv[:, :, 1:14, 1:12]}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+def test_coord_map_crop_needs_a_whole_shift():
+    # deconv k4: (2, 3/2) o (1/2, -1/2) = (1, 1/2): the fork refuses a half-pixel crop
+    with pytest.raises(CaffeqError, match="layer 'crop'.*whole shift"):
+        load_from_text(v1_net((2, 3, 13, 11), CROP_NET.replace("K", "4")))
+
+
+def test_coord_map_crop_through_a_layer_without_a_map_is_refused():
+    # an in-place layer is not on the chain (the fork maps each blob to its first writer), this BN is
+    text = v1_net((2, 3, 13, 11), CROP_NET.replace("K", "5").replace(
+        "type: RELU bottom: 'c' top: 'c' }", "type: BN bottom: 'c' top: 'cb' bn_param { bn_mode: INFERENCE } }")
+        .replace("type: DECONVOLUTION bottom: 'c'", "type: DECONVOLUTION bottom: 'cb'"))
+    with pytest.raises(CaffeqError, match="layer 'crop'.*'r' \\(BN\\) .*no coordinate map"):
+        load_from_text(text)
+
+
+def test_coord_map_crop_type_in_a_v2_file_is_refused_by_name():
+    text = ('input: "x" input_shape { dim: 2 dim: 3 dim: 9 dim: 11 }\n'
+            'layer { name: "crop" type: "CoordMapCrop" bottom: "x" bottom: "x" top: "o" }')
+    with pytest.raises(CaffeqError, match="layer 'crop'.*coordinate maps"):
+        load_from_text(text)
