@@ -347,22 +347,41 @@ def is_training_only_type(type_name):
 
 def drop_training_only(layers, source="", notes=None):
     """Drop layers of training-only types that have no spec (forks' losses), with a note; then
-    Python layers caffeq does not know whose every top feeds only losses and scorers (the
-    targets a loss trains on, as Faster R-CNN's AnchorTargetLayer computes), with those readers;
+    layers caffeq does not know whose results only train or score the net, with those readers:
+      - a Python layer whose every top is read, and only by losses and scorers or by layers whose
+        every top goes only to them (the targets a loss trains on, as Faster R-CNN's
+        AnchorTargetLayer computes);
+      - a layer of any type that reads a data layer's label (which a deployed net does not have)
+        and whose tops are either unread or go only to losses and scorers that way (margin
+        layers: LargeMarginInnerProduct, xialuxi's CosinAddm feeding Scale -> SoftmaxWithLoss);
     then every layer that reads a blob only dropped layers make."""
     gone = {id(lp) for lp in layers
             if spec_for(lp) is None and (is_training_only_type(lp.type) or _is_python_loss(lp))}
+    labels = _label_blobs(layers)
+    label_readers = []
     changed = True
     while changed:
         changed = False
-        for lp in layers:
-            if id(lp) in gone or lp.type != "Python" or spec_for(lp) is not None or not len(lp.top):
+        for i, lp in enumerate(layers):
+            if id(lp) in gone or spec_for(lp) is not None or not len(lp.top):
                 continue
-            readers = [[other for other in layers if other is not lp and top in other.bottom] for top in lp.top]
-            if all(r and all(id(o) in gone or is_training_only_type(o.type) for o in r) for r in readers):
-                gone.update(id(o) for r in readers for o in r)
+            memo = {}
+            if lp.type == "Python":
+                drop = all(_trains_only_through(i, top, layers, gone, memo) for top in lp.top)
+            elif any(b in labels for b in lp.bottom):
+                read = [top for top in lp.top if _readers_after(i, top, layers)]
+                drop = bool(read) and all(_trains_only_through(i, top, layers, gone, memo) for top in read)
+                if drop:
+                    label_readers.append(lp)
+            else:
+                continue
+            if drop:
                 gone.add(id(lp))
                 changed = True
+    if label_readers and notes is not None:
+        notes.append(f"{source + ': ' if source else ''}" + "; ".join(
+            f"'{lp.name}' ({lp.type}) reads the label '{next(b for b in lp.bottom if b in labels)}' and its "
+            f"results go only to losses and scorers: it only trains the net" for lp in label_readers))
     # what reads only results of dropped layers cannot be computed either (R-FCN's OHEM sums the
     # per-roi losses in an Eltwise for its annotator)
     producers = {}
@@ -391,6 +410,49 @@ def drop_training_only(layers, source="", notes=None):
         notes.append(f"{source + ': ' if source else ''}dropped {len(dropped)} training-only layer(s) "
                      f"that inference does not use: {', '.join(dropped[:6])}{', ...' if len(dropped) > 6 else ''}")
     return kept
+
+
+def _label_blobs(layers):
+    """The labels: every top after the first of a data layer, and what a loss or scorer reads after
+    its first bottom that no layer of this net makes (a label of the other phase's data layer,
+    as in a train_val file whose only data layer is TRAIN's)."""
+    labels, made = set(), set()
+    for lp in layers:
+        spec = spec_for(lp)
+        if spec is not None and spec.is_data:
+            labels.update(lp.top[1:])
+        made.update(lp.top)
+    labels.update(b for lp in layers if is_training_only_type(lp.type) for b in lp.bottom[1:] if b not in made)
+    return labels
+
+
+def _readers_after(index, blob, layers):
+    """Positions of the layers that read the `blob` layers[index] writes (until it is written again)."""
+    readers = []
+    for later in range(index + 1, len(layers)):
+        if blob in layers[later].bottom:
+            readers.append(later)
+        if blob in layers[later].top:
+            break
+    return readers
+
+
+def _trains_only_through(index, blob, layers, gone, memo):
+    """True when the `blob` layers[index] writes is read, and every reader is a loss or scorer, a
+    dropped layer, or a layer whose every top is such a blob in turn (never a net output)."""
+    readers = _readers_after(index, blob, layers)
+    return bool(readers) and all(_only_trains(r, layers, gone, memo) for r in readers)
+
+
+def _only_trains(index, layers, gone, memo):
+    lp = layers[index]
+    if id(lp) in gone or is_training_only_type(lp.type):
+        return True
+    if index not in memo:
+        memo[index] = False   # a cycle through in-place writes proves nothing
+        memo[index] = bool(len(lp.top)) and all(
+            _trains_only_through(index, top, layers, gone, memo) for top in lp.top)
+    return memo[index]
 
 
 def _is_python_loss(lp):

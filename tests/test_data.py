@@ -261,6 +261,40 @@ def test_image_list_resize_is_opencv_bilinear(tmp_path):
     np.testing.assert_array_equal(got, want)
 
 
+def test_image_list_new_dim_resizes_the_shorter_side(tmp_path):
+    """yihui-he/caffe-pro new_dim: the shorter side becomes new_dim, the other round(scale * side)."""
+    rng = np.random.default_rng(3)
+    tall = rng.integers(0, 256, (15, 6, 3), dtype=np.uint8)    # 6 -> 4, 15 * 4/6 = 10
+    wide = rng.integers(0, 256, (6, 9, 3), dtype=np.uint8)     # 6 -> 4, 9 * 4/6 = 6
+    cv2.imwrite(str(tmp_path / "t.png"), tall)
+    cv2.imwrite(str(tmp_path / "w.png"), wide)
+    (tmp_path / "list.txt").write_text("t.png 0\nw.png 1\n")
+    for bicubic, interp in [(False, cv2.INTER_LINEAR), (True, cv2.INTER_CUBIC)]:
+        ds = ImageListDataset(str(tmp_path / "list.txt"), None, new_dim=4, bicubic=bicubic,
+                              base_dir=str(tmp_path))
+        for k, (img, size) in enumerate([(tall, (4, 10)), (wide, (6, 4))]):   # cv2 sizes are (w, h)
+            _, got, _, err = ds[k]
+            assert err is None
+            np.testing.assert_array_equal(got, cv2.resize(img, size, interpolation=interp).transpose(2, 0, 1))
+    with pytest.raises(DataError, match="new_dim and new_height"):
+        ImageListDataset(str(tmp_path / "list.txt"), None, new_dim=4, new_height=3, new_width=3)
+
+
+def test_image_data_new_dim_gives_the_top_shape(tmp_path):
+    from caffeq.model import load_from_text
+    cv2.imwrite(str(tmp_path / "t.png"), np.zeros((15, 6, 3), np.uint8))
+    (tmp_path / "list.txt").write_text("t.png 0\n")
+    text = f"""layer {{ name: "data" type: "ImageData" top: "data" top: "label"
+      image_data_param {{ source: "{tmp_path / 'list.txt'}" batch_size: 2 new_dim: 4 bicubic: true }} }}"""
+    model = load_from_text(text)
+    assert model.inputs["data"] == (2, 3, 10, 4)
+    cropped = load_from_text(text.replace("bicubic: true }", "bicubic: true } transform_param { crop_size: 3 }"))
+    assert cropped.inputs["data"] == (2, 3, 3, 3)
+    from caffeq.errors import CaffeqError
+    with pytest.raises(CaffeqError, match="new_dim and new_height"):
+        load_from_text(text.replace("new_dim: 4", "new_dim: 4 new_height: 5 new_width: 5"))
+
+
 def test_image_list_root_folder_and_errors(tmp_path):
     os.makedirs(tmp_path / "imgs")
     cv2.imwrite(str(tmp_path / "imgs" / "a.png"), np.full((4, 4), 9, np.uint8))

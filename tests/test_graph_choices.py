@@ -410,3 +410,76 @@ def test_the_batch_and_stages_survive_folding_and_the_onnx_export(tmp_path):
     assert [o.name for o in g.output] == ["r"]
     assert [d.dim_value for d in g.output[0].type.tensor_type.shape.dim] == [5, 4, 3, 2]
     assert fold_batchnorm(model.reshaped(7)).inputs == {"x": (7, 3, 5, 4)}
+
+
+# -- unknown layers that read the label and only feed losses (margin layers) -----------------------
+
+MARGIN_NET = """
+layer { name: "d" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 3 dim: 2 dim: 4 dim: 5 } shape { dim: 3 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 6 } }
+layer { name: "ip2" type: "LargeMarginInnerProduct" bottom: "ip" bottom: "label" top: "ip2" top: "lambda" }
+layer { name: "scale" type: "Scale" bottom: "ip2" top: "ip2s" scale_param { bias_term: false } }
+layer { name: "accuracy" type: "Accuracy" bottom: "ip2s" bottom: "label" top: "accuracy" }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2s" bottom: "label" top: "loss" }
+"""
+
+
+def test_an_unknown_label_reader_feeding_only_losses_is_dropped_with_them():
+    # the label is an input's (or a data layer's) second top
+    model = load_from_text(MARGIN_NET, random_weights=True)
+    assert model.outputs == ["ip"]
+    note = next(w for w in model.warnings if "reads the label" in w)
+    assert "'ip2' (LargeMarginInnerProduct) reads the label 'label'" in note
+    dropped = next(w for w in model.warnings if "dropped" in w)
+    for name in ("ip2 (LargeMarginInnerProduct)", "scale (Scale)", "accuracy (Accuracy)", "loss (SoftmaxWithLoss)"):
+        assert name in dropped
+    # what is left computes the InnerProduct: x W^T + b
+    x = np.random.default_rng(3).standard_normal((3, 2, 4, 5)).astype(np.float32)
+    w, b = model.params["ip"]
+    want = x.reshape(3, -1).astype(np.float64) @ w.T.astype(np.float64) + b
+    got = model.run({"data": x, "label": np.zeros(3, np.float32)}, exact=True)["ip"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+DATA_LAYER = 'layer { name: "d" type: "Data" top: "data" top: "label" data_param { source: "x" batch_size: 3 } }'
+SHAPES = {"data": (3, 2, 4, 5), "label": (3,)}
+
+
+@pytest.mark.parametrize("change, why", [
+    # a result that inference keeps (the Scale's top is a net output)
+    ('layer { name: "accuracy"', 'layer { name: "keep" type: "ReLU" bottom: "ip2s" top: "kept" }\nlayer { name: "accuracy"'),
+    # reads no label
+    ('bottom: "ip" bottom: "label" top: "ip2"', 'bottom: "ip" bottom: "ip" top: "ip2"'),
+    # no top read at all
+    ('bottom: "ip2" top: "ip2s"', 'bottom: "ip" top: "ip2s"'),
+])
+def test_an_unknown_label_reader_is_kept_unless_every_read_top_only_trains(change, why):
+    text = DATA_LAYER + MARGIN_NET.split("} } }", 1)[1].replace(change, why)
+    with pytest.raises(CaffeqError, match="unsupported layer types: LargeMarginInnerProduct"):
+        load_from_text(text, random_weights=True, input_shapes=SHAPES)
+
+
+def test_a_label_of_the_train_data_layer_counts_at_test():
+    """A train_val file whose only data layer is TRAIN's: the margin layer goes, and the phase
+    error that remains says what to choose."""
+    text = DATA_LAYER.replace('batch_size: 3 }', 'batch_size: 3 } include { phase: TRAIN }') + \
+        MARGIN_NET.split("} } }", 1)[1]
+    with pytest.raises(CaffeqError, match="only under include { phase: TRAIN }"):
+        load_from_text(text, random_weights=True)
+    model = load_from_text(text, random_weights=True, phase="TRAIN", input_shapes=SHAPES)
+    assert "ip2" not in model.blob_shapes
+
+
+def test_a_python_layer_feeding_a_loss_through_a_known_layer_is_dropped():
+    text = DATA_LAYER + """
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 6 } }
+layer { name: "t" type: "Python" bottom: "ip" top: "targets" python_param { module: "m" layer: "TargetLayer" } }
+layer { name: "s" type: "Power" bottom: "targets" top: "targets2" }
+layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "targets2" top: "loss" }
+"""
+    model = load_from_text(text, random_weights=True, input_shapes=SHAPES)
+    assert "ip" in model.outputs and "targets" not in model.blob_shapes and "targets2" not in model.blob_shapes
+    with pytest.raises(CaffeqError, match="Python layer"):
+        load_from_text(text + 'layer { name: "r" type: "ReLU" bottom: "targets2" top: "out" }',
+                       random_weights=True, input_shapes=SHAPES)

@@ -198,6 +198,50 @@ def test_continuation_indicator_bad_params(t, n):
         load_from_text(INDICATOR % (t, n))
 
 
+JOLIBRAIN_INDICATOR = ('layer { name: "o" type: "ContinuationIndicator" bottom: "x" top: "o" '
+                       'continuation_indicator_param { time_step: %d %s } }')
+
+
+@pytest.mark.parametrize("axis_text, axis", [("", 0), ("axis: 3", 3), ("axis: -2", 2)])
+def test_jolibrain_continuation_indicator_takes_the_batch_from_its_bottom(tmp_path, axis_text, axis):
+    """jolibrain/caffe continuation_indicator_layer.cpp: mini_batch = bottom[0]->shape(axis)."""
+    shape, t = (2, 3, 5, 7), 4
+    model = load_from_text(net(JOLIBRAIN_INDICATOR % (t, axis_text), inputs={"x": shape}))
+    want = continuation_ref(t, shape[axis])
+    assert model.blob_shapes["o"] == want.shape
+    x = rng(1).standard_normal(shape).astype(np.float32)
+    for backend, v in backend_outputs(model, {"x": x}, tmp_path).items():
+        np.testing.assert_array_equal(v, want, err_msg=backend)
+
+
+def test_jolibrain_continuation_indicator_follows_the_batch(tmp_path):
+    """The batch is read at every Reshape: another batch in torch and in the dynamic-batch ONNX."""
+    from conftest import onnx_session
+    model = load_from_text(net(JOLIBRAIN_INDICATOR % (3, ""), inputs={"x": (2, 3, 5, 7)}))
+    x = rng(2).standard_normal((6, 3, 5, 7)).astype(np.float32)
+    np.testing.assert_array_equal(model.reshaped(6).run({"x": x})["o"], continuation_ref(3, 6))
+    sess = onnx_session(model, tmp_path / "m.onnx")
+    np.testing.assert_array_equal(sess.run(None, {sess.get_inputs()[0].name: x})[0], continuation_ref(3, 6))
+    one_step = load_from_text(net(JOLIBRAIN_INDICATOR % (1, ""), inputs={"x": (2, 3, 5, 7)}))
+    for backend, v in backend_outputs(one_step, {"x": x[:2]}, tmp_path / "one").items():
+        np.testing.assert_array_equal(v, continuation_ref(1, 2), err_msg=backend)
+
+
+@pytest.mark.parametrize("params, msg", [
+    ("axis: 4", "axis 4 is out of range for a 4-axis bottom"),
+    ("axis: -5", "axis -5 is out of range"),
+])
+def test_jolibrain_continuation_indicator_bad_axis(params, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(JOLIBRAIN_INDICATOR % (3, params), inputs={"x": (2, 3, 5, 7)}))
+
+
+def test_continuation_indicator_without_batch_size_or_bottom_says_so():
+    with pytest.raises(LayerError, match="without batch_size, takes the batch from a bottom"):
+        load_from_text('layer { name: "o" type: "ContinuationIndicator" top: "o" '
+                       'continuation_indicator_param { time_step: 3 } }')
+
+
 # ---- CTPN's Lstm -----------------------------------------------------------------------------------
 
 def lstm_model(t, n, in_tail, h, seed, extra_bottom=""):

@@ -191,6 +191,30 @@ def test_onnx_and_model_py_match_forward(per, opset, tmp_path):
     assert np.array_equal(out.numpy(), want)
 
 
+def test_a_fourth_bottom_is_accepted_and_not_read(tmp_path):
+    """weiliu89/caffe ssd: DetectionOutput takes 3-4 bottoms; bottom[3] (the images) is only drawn on
+    with visualize: true.  The rows match the loops whatever the 4th bottom holds."""
+    n, P, per = 2, 30, 12
+    text = textboxes_text(n, P, per).replace('bottom: "prior" top: "det"', 'bottom: "prior" bottom: "img" top: "det"')
+    text = inputs_text(img=(n, 3, 5, 7)) + text
+    model = load_from_text(text)
+    x = textboxes_inputs(5, n, P, per)
+    want = textboxes_ref(x["loc"], x["conf"], x["prior"], per, top_k=30, keep_top_k=12)
+    for fill in (0.0, 1e9):
+        x["img"] = np.full((n, 3, 5, 7), fill, np.float32)
+        got = model.run(x)["det"]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    got = onnx_run_by_blob(onnx_session(model, tmp_path / "d.onnx"), model, x)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    net, info = load_model_py(model, tmp_path / "o")
+    with torch.no_grad():
+        out = net(*[torch.from_numpy(x[b]) for b in info["inputs"]])
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(LayerError, match="optional 4th"):
+        load_from_text(text.replace('bottom: "img"', 'bottom: "img" bottom: "img"'))
+
+
 REALWORLD = Path(__file__).parent / "fixtures" / "realworld"
 
 

@@ -161,3 +161,143 @@ def test_syntax_errors_after_an_unknown_field_still_fail(tmp_path):
 def test_bad_phase_is_refused():
     with pytest.raises(ParseError, match="phase"):
         parse_prototxt_text(CONV, phase="VAL")
+
+
+# -- fork fields known to be training-only, by message and name -------------------------------------
+
+FORK_FIELDS_NET = """name: "forks"
+eltwise_mem_sharing: true
+default_forward_type: FLOAT16
+global_grad_scale: 1000.
+bn_stats_batch_size: 32
+richness: 1000
+layer {
+  name: "data" type: "MemoryData" top: "data" top: "label"
+  memory_data_param { source: "spark_rdd" batch_size: 2 channels: 3 height: 5 width: 7
+                      share_in_parallel: false }
+}
+layer {
+  name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  param { lr_mult: 1 force_mult: 1 }
+  convolution_param { num_output: 4 kernel_size: 3 }
+}
+"""
+
+
+def test_known_fork_training_fields_are_warnings_with_their_reason():
+    net, warnings = _parse(FORK_FIELDS_NET)
+    assert net.layer[0].memory_data_param.height == 5 and net.layer[1].param[0].lr_mult == 1
+    joined = "\n".join(warnings)
+    for field, why in [("eltwise_mem_sharing", "NVCaffe's memory sharing"),
+                       ("default_forward_type", "caffeq computes in float32"),
+                       ("global_grad_scale", "gradient (loss) scaling"),
+                       ("bn_stats_batch_size", "Intel Caffe"), ("richness", "cuDNN workspace"),
+                       ("source", "CaffeOnSpark"), ("share_in_parallel", "CaffeOnSpark"),
+                       ("force_mult", "training regulariser")]:
+        line = [w for w in warnings if f"'{field}'" in w]
+        assert len(line) == 1 and why in line[0], (field, joined)
+
+
+def test_known_fork_training_hyperparameters_stay_strict_for_the_train_net():
+    with pytest.raises(ParseError, match="global_grad_scale"):
+        _parse(FORK_FIELDS_NET, phase="TRAIN")
+    # memory and cuDNN knobs never matter for the numbers
+    train = FORK_FIELDS_NET.replace("global_grad_scale: 1000.\n", "").replace("bn_stats_batch_size: 32\n", "") \
+        .replace(" force_mult: 1", "")
+    _, warnings = _parse(train, phase="TRAIN")
+    assert any("'eltwise_mem_sharing'" in w for w in warnings)
+
+
+def test_a_known_name_in_another_message_is_still_an_error():
+    # force_mult is only known in ParamSpec; new_dim-like names elsewhere are not excused
+    text = CONV.replace("kernel_size: 3", "kernel_size: 3 force_mult: 1")
+    with pytest.raises(ParseError, match="force_mult"):
+        _parse(text)
+    with pytest.raises(ParseError, match="richness"):
+        _parse(CONV.replace("kernel_size: 3", "kernel_size: 3 richness: 1"))
+
+
+def test_cpm_transform_param_is_data_augmentation():
+    text = """layer { name: "data" type: "CPMData" top: "data" top: "label"
+  data_param { source: "lmdb" batch_size: 10 backend: LMDB }
+  cpm_transform_param { stride: 8 crop_size_x: 368 num_parts: 56 }
+}"""
+    _, warnings = _parse(text)
+    assert "'cpm_transform_param'" in warnings[0] and "augmentation" in warnings[0]
+
+
+def test_real_fork_files_read(tmp_path):
+    """NVCaffe, Intel and CaffeOnSpark files from corpus2 (when present)."""
+    import os
+    corpus = "/work/corpus2"
+    names = ["NVIDIA__caffe__models__resnet50__train_val_fp16.prototxt",
+             "intel__caffe__models__intel_optimized_models__benchmark__googlenet_v3__train_val_dummydata.prototxt",
+             "jay-mahadeokar__pynetbuilder__models__cifar10__resnet_110__test.prototxt"]
+    present = [n for n in names if os.path.exists(os.path.join(corpus, n))]
+    if not present:
+        pytest.skip("corpus2 not on this machine")
+    for n in present:
+        warnings = []
+        net = read_prototxt(os.path.join(corpus, n), warnings=warnings)
+        assert len(net.layer) > 10 and warnings
+
+
+# -- solver files -----------------------------------------------------------------------------------
+
+SOLVER = """test_iter: 1000
+base_lr: 0.01
+lr_policy: "step"
+solver_mode: GPU
+solver_type: SGD
+fancy_fork_solver_knob: 3
+net_param {
+  name: "inline"
+  layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }
+  layer {
+    name: "data_train" type: "Data" top: "data" top: "label" include { phase: TRAIN }
+    data_param { source: "x" batch_size: 4 } transform_param { color_jitter: 1 }
+  }
+  CONV
+}
+"""
+
+
+def test_a_solver_with_net_param_gives_its_net_with_a_note():
+    text = SOLVER.replace("CONV", CONV.replace("\n", "\n  "))
+    net, warnings = _parse(text)
+    assert net.name == "inline" and [lp.name for lp in net.layer] == ["data", "data_train", "conv"]
+    joined = "\n".join(warnings)
+    assert "a Caffe solver file; read the net in its net_param" in joined
+    # a fork's unknown solver setting is training-only; unknown fields in the net keep the net's rules
+    assert "'fancy_fork_solver_knob'" in joined and "solver setting" in joined
+    assert "'color_jitter'" in joined and "t.prototxt:12" in joined and "'data_train'" in joined
+
+
+def test_an_unknown_field_in_a_solvers_net_is_still_an_error():
+    text = SOLVER.replace("CONV", CONV.replace("kernel_size: 3", "kernel_size: 3 kernal_pad: 1"))
+    with pytest.raises(ParseError, match=r"t.prototxt:\d+:\d+: unknown field 'kernal_pad' in layer 'conv'"):
+        _parse(text)
+
+
+@pytest.mark.parametrize("field", ["net", "train_net", "test_net"])
+def test_a_solver_naming_its_net_file_says_which_file_to_pass(field):
+    text = f'{field}: "models/x/train_val.prototxt"\nbase_lr: 0.1\nmax_iter: 10\n'
+    with pytest.raises(ParseError, match=rf"t.prototxt: this is a Caffe solver; its net is in another file "
+                                         rf"\({field}: \"models/x/train_val.prototxt\""):
+        _parse(text)
+
+
+def test_a_solver_through_load(tmp_path):
+    from caffeq import load
+    path = tmp_path / "solver.prototxt"
+    path.write_text(SOLVER.replace("CONV", CONV))
+    model = load(path, random_weights=True)
+    assert model.blob_shapes["conv"] == (1, 4, 6, 6)
+    assert any("net_param" in w for w in model.warnings)
+
+
+def test_a_solver_with_only_train_or_test_net_param_is_refused_clearly():
+    text = 'base_lr: 0.1\ntest_net_param { name: "t" }\n'
+    with pytest.raises(ParseError, match="solver with its nets in test_net_param; caffeq reads a solver's "
+                                         "net from net_param only"):
+        _parse(text)

@@ -1,4 +1,5 @@
 """Image files as Caffe reads them (OpenCV, BGR channel order): ImageData lists and class folders."""
+import math
 import os
 
 import numpy as np
@@ -52,9 +53,12 @@ def decode_image_bytes(data, where="image", is_color=True):
     return np.ascontiguousarray(chw(decode_image_hwc(data, where, is_color))).astype(np.float32)
 
 
-def read_image(path, is_color=True, resize=None, where=None):
+def read_image(path, is_color=True, resize=None, where=None, shorter_side=0, bicubic=False):
     """Caffe's ReadImageToCVMat: imread(is_color), then cv::resize (bilinear) when both sizes
-    are given -> C x H x W uint8."""
+    are given -> C x H x W uint8.
+
+    shorter_side: yihui-he/caffe-pro's `new_dim` (io.cpp ReadImageToCVMat with min_dim): the
+    shorter side becomes shorter_side and the other round(scale * side), bicubic or bilinear."""
     where = where or path
     try:
         with open(path, "rb") as f:
@@ -62,13 +66,29 @@ def read_image(path, is_color=True, resize=None, where=None):
     except OSError as e:
         raise DataError(f"{where}: cannot read image: {e.strerror}") from None
     img = decode_image_hwc(data, where, is_color)
+    if shorter_side:
+        resize = shorter_side_size(img.shape[:2], shorter_side)
     if resize:
         h, w = resize
         if img.shape[:2] != (h, w):
             cv2 = _cv2()
-            out = cv2.resize(img, (int(w), int(h)), interpolation=cv2.INTER_LINEAR)
+            out = cv2.resize(img, (int(w), int(h)),
+                             interpolation=cv2.INTER_CUBIC if bicubic else cv2.INTER_LINEAR)
             img = out[:, :, None] if out.ndim == 2 else out
     return chw(img)
+
+
+def shorter_side_size(hw, shorter_side):
+    """(height, width) after caffe-pro's new_dim resize: the shorter side (the width when square)
+    becomes shorter_side, the other is scaled in float32 and rounded half away from zero."""
+    h, w = int(hw[0]), int(hw[1])
+    scale = np.float32(shorter_side) / np.float32(min(h, w))
+
+    def scaled(side):   # C's round() of a float product; float64 holds the float32 value exactly
+        return math.floor(float(scale * np.float32(side)) + 0.5)
+    if h >= w:
+        return scaled(h), int(shorter_side)
+    return int(shorter_side), scaled(w)
 
 
 def read_list_file(path):
@@ -140,6 +160,8 @@ class _ImageFilesDataset(CaffeDataset):
     """Items read from image files: subclasses fill paths (a StringTable), labels, is_color and
     resize, and say where a stored path lies on disk (file_path)."""
 
+    shorter_side, bicubic = 0, False   # caffe-pro's new_dim resize (ImageListDataset)
+
     def __len__(self):
         return len(self.paths)
 
@@ -151,7 +173,8 @@ class _ImageFilesDataset(CaffeDataset):
 
     def load(self, i):
         rel = self.paths[i]
-        return read_image(self.file_path(rel), self.is_color, self.resize, where=rel), int(self.labels[i])
+        return (read_image(self.file_path(rel), self.is_color, self.resize, where=rel,
+                           shorter_side=self.shorter_side, bicubic=self.bicubic), int(self.labels[i]))
 
 
 class ImageListDataset(_ImageFilesDataset):
@@ -161,7 +184,7 @@ class ImageListDataset(_ImageFilesDataset):
     kind = "image_list"
 
     def __init__(self, list_path, preprocess=None, root_folder="", new_height=0, new_width=0,
-                 is_color=True, base_dir=None, limit=None, roots=None):
+                 is_color=True, base_dir=None, limit=None, roots=None, new_dim=0, bicubic=False):
         super().__init__(preprocess, limit)
         if (new_height > 0) != (new_width > 0):
             raise DataError(f"{list_path}: new_height and new_width must be set together "
@@ -177,7 +200,10 @@ class ImageListDataset(_ImageFilesDataset):
             labels.append(label)
         self.paths = StringTable(paths)
         self.labels = np.asarray(labels, np.int64)
+        if new_dim and new_height:
+            raise DataError(f"{list_path}: new_dim and new_height/new_width cannot be set together")
         self.resize = (int(new_height), int(new_width)) if new_height > 0 else None
+        self.shorter_side, self.bicubic = int(new_dim), bool(bicubic)
         self.is_color = is_color
         # relative image paths: the given roots (default: the prototxt's folder, then the working
         # directory), then the list file's own folder
@@ -238,4 +264,5 @@ __all__ = [
     "read_image",
     "read_list_file",
     "resize_chw",
+    "shorter_side_size",
 ]

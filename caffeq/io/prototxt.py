@@ -5,8 +5,14 @@ only matter for training, where it is skipped with a warning:
   - anywhere inside a layer that is not part of the net being read (by default the TEST
     net: `include { phase: TRAIN }` or `exclude { phase: TEST }`);
   - reading the TEST net, anywhere inside `transform_param` (data augmentation) or a loss
-    parameter (`loss_param`, `*_loss_param`), or an unknown `*_loss_param` itself.
+    parameter (`loss_param`, `*_loss_param`), or an unknown `*_loss_param` itself;
+  - a fork field listed in _KNOWN_FORK_FIELDS by message and name: memory, cuDNN and multi-GPU
+    knobs (any phase), training hyper-parameters and data augmentation (reading the TEST net).
 `ignore_unknown=True` (--ignore-unknown) turns every unknown field into a warning.
+
+A solver file (caffe.SolverParameter, BVLC fields 1-40) asked for as a net gives the net it holds
+inline in `net_param` (field 25), with a note; one that names its net by path (`net`, `train_net`,
+`test_net`) is an error naming that file.
 """
 import os
 import re
@@ -32,21 +38,23 @@ class _Unknown:
     path: tuple          # field names from the top-level message down to the unknown field
     layer: tuple         # ("layer" | "layers", index) of the enclosing top-level layer, or None
     empty: bool = False  # written as an empty message (`name { }`): it sets nothing
+    solver: bool = False  # a solver's own setting (outside its net_param): only for training
 
 
 class _RecordingParser(text_format._Parser):
     """Lenient text parser that records every unknown field it skips and where it was."""
 
-    def __init__(self, lines=()):
+    def __init__(self, lines=(), net_path=()):
         super().__init__(allow_unknown_field=True)
         self.lines = list(lines)
+        self.net_path = list(net_path)   # where the NetParameter sits: () or ["net_param"] in a solver
         self.unknown = []
         self._path = []
         self._layer = None
         self._skipping = 0
 
     def _MergeMessageField(self, tokenizer, message, field):
-        top_layer = not self._path and field.name in ("layer", "layers")
+        top_layer = self._path == self.net_path and field.name in ("layer", "layers")
         if top_layer:
             self._layer = (field.name, len(getattr(message, field.name)))
         self._path.append(field.name)
@@ -66,11 +74,15 @@ class _RecordingParser(text_format._Parser):
         finally:
             self._skipping -= 1
         if not self._skipping:  # fields nested inside an unknown one are not reported again
+            inside_net = self._path[:len(self.net_path)] == self.net_path
             self.unknown.append(_Unknown(
                 field_name, immediate_message_type,
                 None if line is None else line + 1, None if column is None else column + 1,
-                tuple(self._path) + (field_name,), self._layer,
-                self._skipped_text(field_name, line, column, tokenizer) in ("{}", ":{}", "<>", ":<>")))
+                # from the net down; a solver's own fields keep the solver's path
+                tuple(self._path[len(self.net_path):] if inside_net else self._path) + (field_name,),
+                self._layer,
+                self._skipped_text(field_name, line, column, tokenizer) in ("{}", ":{}", "<>", ":<>"),
+                solver=not inside_net))
 
     def _skipped_text(self, field_name, line, column, tokenizer):
         """What followed the field name up to the last token skipped, without blanks or comments."""
@@ -116,12 +128,61 @@ def _left_out(layer, phase):
     return any(_rule_is_only_phase(r, phase) for r in getattr(layer, "exclude", ()))
 
 
+# Fork fields that Caffe builds the same net and the same numbers without, by message and name.
+# They are skipped by name (not declared in caffe.proto) because their numbers clash between forks
+# (Intel's bn_stats_batch_size = 11 is NVCaffe's default_forward_type; CMU's cpm_transform_param =
+# 147 is swish_param).  {message: {field: (phases it cannot matter for, why)}}
+_ANY_PHASE, _TEST_ONLY = ("TRAIN", "TEST"), ("TEST",)
+_KNOWN_FORK_FIELDS = {
+    "caffe.NetParameter": {
+        # NVIDIA/caffe 87a2554 caffe.proto NetParameter 12-20
+        "eltwise_mem_sharing": (_ANY_PHASE, "NVCaffe's memory sharing between Eltwise blobs"),
+        "reduce_buckets": (_ANY_PHASE, "NVCaffe's multi-GPU gradient reduction"),
+        "default_conv_algos_override": (_ANY_PHASE, "NVCaffe's cuDNN algorithm choice"),
+        "default_backward_type": (_TEST_ONLY, "NVCaffe's precision of the backward pass"),
+        "default_backward_math": (_TEST_ONLY, "NVCaffe's precision of the backward pass"),
+        "global_grad_scale": (_TEST_ONLY, "NVCaffe's gradient (loss) scaling"),
+        "global_grad_scale_adaptive": (_TEST_ONLY, "NVCaffe's gradient (loss) scaling"),
+        # NVCaffe runs the forward pass in this type; the function is the same, only the rounding
+        "default_forward_type": (_ANY_PHASE, "NVCaffe's forward precision; caffeq computes in float32"),
+        "default_forward_math": (_ANY_PHASE, "NVCaffe's forward precision; caffeq computes in float32"),
+        # intel/caffe 44d5363 caffe.proto NetParameter 9-11, 101
+        "bn_stats_batch_size": (_TEST_ONLY, "Intel Caffe's batch for BatchNorm statistics in training"),
+        "multinode": (_TEST_ONLY, "Intel Caffe's multi-node training"),
+        # Cysu/caffe ab98582 (domain-guided-dropout) NetParameter.richness = 9
+        "richness": (_ANY_PHASE, "Cysu/caffe's cuDNN workspace limit (MB)"),
+    },
+    "caffe.ParamSpec": {
+        # wenwei202/caffe f54a74a ParamSpec.force_mult = 6
+        "force_mult": (_TEST_ONLY, "wenwei202/caffe's multiplier of a training regulariser"),
+    },
+    "caffe.MemoryDataParameter": {
+        # Yahoo CaffeOnSpark: the data Spark feeds; caffeq takes the shape from batch_size, channels,
+        # height and width like MemoryData
+        "source": (_ANY_PHASE, "CaffeOnSpark's data source; the shape comes from channels, height, width"),
+        "share_in_parallel": (_ANY_PHASE, "CaffeOnSpark's multi-GPU data sharing"),
+    },
+    "caffe.LayerParameter": {
+        # CMU-Perceptual-Computing-Lab/caffe_train 76dd956: the CPMData layer's augmentation
+        "cpm_transform_param": (_TEST_ONLY, "CPMData's data augmentation only matters for training"),
+    },
+}
+
+
+def _known_fork_field(unknown, phase):
+    """Why a field of _KNOWN_FORK_FIELDS cannot matter for the `phase` net, or None."""
+    phases, why = _KNOWN_FORK_FIELDS.get(unknown.message_type, {}).get(unknown.name, ((), None))
+    return why if caffe_pb2.Phase.Name(phase) in phases else None
+
+
 def _is_loss_param(name):
     return name == "loss_param" or name.endswith("_loss_param")
 
 
 def _training_only(unknown, message, phase):
     """Why an unknown field cannot matter for reading the `phase` net, or None."""
+    if unknown.solver:
+        return "a solver setting only matters for training"
     if unknown.empty:
         return "an empty message, it sets nothing"
     if unknown.layer is not None and isinstance(message, caffe_pb2.NetParameter):
@@ -129,6 +190,9 @@ def _training_only(unknown, message, phase):
         layers = getattr(message, kind)
         if index < len(layers) and _left_out(layers[index], phase):
             return f"the layer is not in the {caffe_pb2.Phase.Name(phase)} net"
+    known = _known_fork_field(unknown, phase)
+    if known:
+        return known
     if phase != caffe_pb2.TEST or unknown.layer is None:
         return None
     inner = unknown.path[1:]  # below the layer
@@ -202,8 +266,52 @@ def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False,
     except text_format.ParseError as e:
         where, msg = _describe(path, e, text)
         raise ParseError(f"{where}: {msg}") from None
+    if isinstance(message, caffe_pb2.NetParameter) and _is_solver(parser.unknown):
+        message.CopyFrom(_net_from_solver(text, path, ignore_unknown, warnings, phase))
+        return message
     _report(parser.unknown, message, path, _PHASES[phase], ignore_unknown, warnings)
     return message
+
+
+# SolverParameter fields that say where the net is; no NetParameter has them
+_SOLVER_NET_FIELDS = ("net_param", "net", "train_net", "test_net", "train_net_param", "test_net_param")
+
+
+def _is_solver(unknowns):
+    """A solver read as a net: its net field is an unknown top-level field of the NetParameter."""
+    return any(len(u.path) == 1 and u.name in _SOLVER_NET_FIELDS for u in unknowns)
+
+
+def _net_from_solver(text, path, ignore_unknown, warnings, phase):
+    """The NetParameter a solver file holds in net_param (Caffe's Solver::InitTrainNet/InitTestNets
+    use it for both phases when no train_/test_ net is given)."""
+    lines = text.split("\n")
+    solver = caffe_pb2.SolverParameter()
+    parser = _RecordingParser(lines, net_path=("net_param",))
+    try:
+        parser.ParseLines(lines, solver)
+    except text_format.ParseError as e:
+        where, msg = _describe(path, e, text)
+        raise ParseError(f"{where}: {msg} (reading the file as a Caffe solver)") from None
+    named = [(f, v) for f, v in (("net", solver.net), ("train_net", solver.train_net))
+             if solver.HasField(f)] + [("test_net", v) for v in solver.test_net]
+    if not solver.HasField("net_param"):
+        inline = (["train_net_param"] if solver.HasField("train_net_param") else []) + \
+                 (["test_net_param"] if len(solver.test_net_param) else [])
+        if named:
+            field, net_file = named[0]
+            raise ParseError(f"{path}: this is a Caffe solver; its net is in another file ({field}: "
+                             f"\"{net_file}\", relative to where caffe was started): pass that file instead")
+        raise ParseError(f"{path}: this is a Caffe solver with its nets in {' and '.join(inline) or 'no field'}; "
+                         f"caffeq reads a solver's net from net_param only: copy the net into its own "
+                         f"prototxt and pass that")
+    net = solver.net_param
+    _report(parser.unknown, net, path, _PHASES[phase], ignore_unknown, warnings)
+    if warnings is not None:
+        also = f" (it also names {', '.join(f for f, _ in named)}, not read)" if named else ""
+        warnings.append(f"{path}: a Caffe solver file; read the net in its net_param and ignored the "
+                        f"solver settings{also}")
+    return net
 
 
 def read_prototxt(path, ignore_unknown=False, warnings=None, message=None, phase="TEST"):

@@ -11,7 +11,7 @@ exist (as Caffe's setup reads it), else an error that names `--input-shape`.
 import os
 
 from ..data import datum_shape
-from ..data.images import first_image_shape
+from ..data.images import first_image_shape, shorter_side_size
 from ..data.transform import load_mean_file
 from ..errors import DataError
 from ..fs import resolve_source
@@ -159,14 +159,20 @@ class ImageData(DataLayer):
         lines = [f"images read with OpenCV ({'BGR colour' if attrs['is_color'] else 'gray'}, 0-255 values)"]
         if attrs["new_height"] and attrs["new_width"]:
             lines.append(f"resized to {attrs['new_height']}x{attrs['new_width']} (height x width)")
+        if attrs.get("new_dim"):
+            lines.append(f"shorter side resized to {attrs['new_dim']}, aspect kept "
+                         f"({'bicubic' if attrs['bicubic'] else 'bilinear'}, yihui-he/caffe-pro new_dim)")
         return lines + describe_transform(attrs.get("transform"))
 
     def parse(self, lp):
         p = lp.image_data_param
         if not p.source:
             raise LayerError("image_data_param.source is required")
+        if p.new_dim and (p.new_height or p.new_width):   # caffe-pro image_data_layer.cpp:38
+            raise LayerError("image_data_param.new_dim and new_height/new_width cannot be set together")
         return {"source": p.source, "batch_size": int(p.batch_size), "new_height": int(p.new_height),
                 "new_width": int(p.new_width), "is_color": bool(p.is_color),
+                "new_dim": int(p.new_dim), "bicubic": bool(p.bicubic),
                 "root_folder": p.root_folder, "shuffle": bool(p.shuffle),
                 "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
 
@@ -183,6 +189,8 @@ class ImageData(DataLayer):
             if not os.path.exists(source):
                 raise needs_input_shape(attrs, attrs["top"], f"image list '{attrs['source']}' not found")
             h, w = first_image_shape(source, attrs["root_folder"], attrs.get("base_dir"))
+            if attrs.get("new_dim"):
+                h, w = shorter_side_size((h, w), attrs["new_dim"])
         c, h, w = _with_crop(attrs, c, h, w)
         return (n, c, h, w)
 

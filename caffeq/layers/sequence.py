@@ -8,6 +8,10 @@ ContinuationIndicator, and CTPN's "Lstm".
 - ContinuationIndicator (CRNN ports, e.g. yalecyu/crnn.caffe; continuation_indicator_param
   time_step, batch_size): no bottom; a (time_step, batch_size) blob, 0 in the first row and 1
   after it, the `cont` input of BVLC's LSTM.  It never depends on the data.
+  jolibrain/caffe (23928c0, continuation_indicator_layer.cpp:9,18-19) has no batch_size: the batch
+  is bottom[0]'s size along `axis` (default 0, negative counts from the end, as Blob::shape), read
+  at every Reshape.  With batch_size 0 and a bottom, caffeq does the same (the batch follows the
+  input in every backend); with batch_size set, the bottom is not read, as in the CRNN ports.
 - Lstm (tianzhi0549/CTPN's caffe, Junhyuk Oh's LSTM, also in senlinuc/caffe_ocr; lstm_param
   num_output, clipping_threshold, weight/bias fillers): x (T, N, ...) flattened from axis 2 to
   I values; blobs W_x (4H, I), W_h (4H, H), b (4H) (BVLC's LSTM orders them W_xc, b_c, W_hc);
@@ -110,6 +114,11 @@ def continuation_indicator(time_step: int, batch_size: int):
     return cont
 
 
+def continuation_indicator_like(x: torch.Tensor, time_step: int, axis: int):
+    """jolibrain's form: (time_step, x.shape[axis]), 0 at t = 0 and 1 after, on x's device."""
+    return continuation_indicator(time_step, x.shape[axis]).to(x.device)
+
+
 class ContinuationIndicatorModule(nn.Module):
     """The ContinuationIndicator layer's constant (time_step, batch_size) blob (0 at t = 0, 1 after),
     kept as a buffer so that it follows the module's device."""
@@ -131,23 +140,53 @@ class ContinuationIndicator(Layer):
             raise LayerError("this build's caffe.proto has no continuation_indicator_param.batch_size "
                              "(the CRNN forks' field 2)")
         t, b = int(p.time_step), int(p.batch_size)
+        if b == 0 and len(lp.bottom) and t > 0:   # jolibrain: the batch is the bottom's size along axis
+            return {"time_step": t, "batch_size": None, "axis": int(p.axis)}
         if t <= 0 or b <= 0:
-            raise LayerError(f"continuation_indicator_param.time_step and batch_size must be > 0, got {t} and {b}")
+            raise LayerError(f"continuation_indicator_param.time_step and batch_size must be > 0, got {t} and {b}"
+                             + ("" if len(lp.bottom) or t <= 0 else
+                                " (jolibrain's form, without batch_size, takes the batch from a bottom)"))
         return {"time_step": t, "batch_size": b}
 
     def infer(self, attrs, in_shapes):
-        return [(attrs["time_step"], attrs["batch_size"])]
+        if attrs["batch_size"] is not None:
+            return [(attrs["time_step"], attrs["batch_size"])]
+        shape, axis = tuple(in_shapes[0]), attrs["axis"]
+        if not -len(shape) <= axis < len(shape):
+            raise LayerError(f"continuation_indicator_param.axis {axis} is out of range for a "
+                             f"{len(shape)}-axis bottom {list(shape)}")
+        if shape[axis] <= 0:   # jolibrain: CHECK_GT(mini_batch_, 0)
+            raise LayerError(f"the bottom's size along axis {axis} (the batch) must be > 0, got {shape[axis]}")
+        return [(attrs["time_step"], shape[axis])]
 
-    def forward(self, attrs, params, *unused):
+    def forward(self, attrs, params, *bottoms):
+        if attrs["batch_size"] is None:
+            return continuation_indicator_like(bottoms[0], attrs["time_step"], attrs["axis"])
         cont = continuation_indicator(attrs["time_step"], attrs["batch_size"])
-        return cont.to(unused[0].device) if unused else cont
+        return cont.to(bottoms[0].device) if bottoms else cont
 
     def onnx(self, ctx, node):
-        arr = continuation_indicator(node.attrs["time_step"], node.attrs["batch_size"]).numpy()
-        ctx.add_node("Identity", [ctx.const(arr, node.name + "_cont")], [node.outputs[0]], name=node.name)
+        t = node.attrs["time_step"]
+        if node.attrs["batch_size"] is not None:
+            arr = continuation_indicator(t, node.attrs["batch_size"]).numpy()
+            ctx.add_node("Identity", [ctx.const(arr, node.name + "_cont")], [node.outputs[0]], name=node.name)
+            return
+        # the batch follows the input's (dynamic) size: a row of zeros, then time_step - 1 rows of ones
+        from .ssd.common import scalar_tensor
+        batch = ctx.add_node("Gather", [ctx.add_node("Shape", [node.inputs[0]], ctx.tmp("shape")),
+                                        _i64(ctx, [node.attrs["axis"]])], ctx.tmp("batch"), axis=0)
+        rows = []
+        for count, value in ((1, 0.0), (t - 1, 1.0)):
+            if count:
+                size = ctx.add_node("Concat", [_i64(ctx, [count]), batch], ctx.tmp("size"), axis=0)
+                rows.append(ctx.add_node("ConstantOfShape", [size], ctx.tmp("rows"), value=scalar_tensor(value)))
+        ctx.add_node("Concat", rows, [node.outputs[0]], name=node.name, axis=0)
 
     def pytorch_source(self, node, emit):
         emit.helper(TORCH_CONTINUATION)
+        if node.attrs["batch_size"] is None:
+            like = emit.helper(TORCH_CONTINUATION_LIKE)
+            return f"{like}({emit.inputs[0]}, {node.attrs['time_step']}, {node.attrs['axis']})"
         m = emit.module(f"{emit.helper(TORCH_CONTINUATION_MODULE)}({node.attrs['time_step']}, "
                         f"{node.attrs['batch_size']})")
         return f"{m}()"
@@ -155,6 +194,7 @@ class ContinuationIndicator(Layer):
 
 TORCH_CONTINUATION = inspect.getsource(continuation_indicator)
 TORCH_CONTINUATION_MODULE = inspect.getsource(ContinuationIndicatorModule)
+TORCH_CONTINUATION_LIKE = inspect.getsource(continuation_indicator_like)
 
 
 # ---- CTPN's Lstm -----------------------------------------------------------------------------

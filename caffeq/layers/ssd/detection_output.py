@@ -5,6 +5,9 @@
   static shape reported at load time is the most rows it can write (keep_top_k
   * N), since the real count is only known at run time.  save_output_param
   (writing result files) is ignored.
+- A 4th bottom (weiliu89/caffe ssd 4817bf8: MinBottomBlobs 3, MaxBottomBlobs 4) is only read
+  when `visualize: true`, to draw the boxes on the images (detection_output_layer.cpp:459-462);
+  the top never depends on it, so it is accepted and not read.
 - TextBoxes++ (MhLiao/TextBoxes_plusplus) predicts more than 4 numbers per
   prior and location class, told apart by the loc size: 12 (`use_polygon`,
   its default) = the box, then a quadrilateral (x1, y1, ..., x4, y4) as
@@ -194,8 +197,9 @@ class DetectionOutputLayer(Layer):
     data_dependent_shape = True
 
     def parse(self, lp):
-        if len(lp.bottom) != 3:
-            raise LayerError(f"DetectionOutput takes 3 bottoms (loc, conf, priors), got {len(lp.bottom)}")
+        if len(lp.bottom) not in (3, 4):
+            raise LayerError(f"DetectionOutput takes 3 bottoms (loc, conf, priors) and an optional 4th "
+                             f"(the images, for visualize), got {len(lp.bottom)}")
         p = lp.detection_output_param
         if not p.HasField("num_classes"):
             raise LayerError("detection_output_param.num_classes is required")
@@ -230,7 +234,7 @@ class DetectionOutputLayer(Layer):
         return attrs
 
     def infer(self, attrs, in_shapes):
-        loc, conf, prior = in_shapes
+        loc, conf, prior = in_shapes[:3]   # a 4th bottom (the images) is only drawn on
         if len(prior) < 3 or prior[1] != 2 or prior[2] % 4:
             raise LayerError(f"priors must be shaped (1, 2, 4 * num_priors), got {list(prior)}")
         n_priors = prior[2] // 4
@@ -244,7 +248,7 @@ class DetectionOutputLayer(Layer):
         width = 7 + {"": 0, "rbox": 5, "quad": 8}[layout]
         return [(1, 1, max_detections(attrs, loc[0], n_priors), width)]
 
-    def forward(self, attrs, params, loc, conf, prior):
+    def forward(self, attrs, params, loc, conf, prior, images=None):
         return DetectionOutput(**module_kwargs(attrs, attrs.get("layout", "")))(loc, conf, prior)
 
     def onnx(self, ctx, node):
@@ -263,4 +267,4 @@ class DetectionOutputLayer(Layer):
                   f"(ssd_nms), so this layer does not trace or export to a static graph.")
         emit.helper(TORCH_SSD_NMS)
         m = emit.module(f"{emit.helper(TORCH_DETECTION_OUTPUT)}({', '.join(args)})")
-        return f"{m}({', '.join(emit.inputs)})"
+        return f"{m}({', '.join(emit.inputs[:3])})"

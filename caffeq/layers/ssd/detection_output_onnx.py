@@ -21,7 +21,7 @@ def emit_detection_output(ctx, node):
     if a["eta"] < 1:
         raise ExportError(f"layer '{node.name}' (DetectionOutput): nms_param.eta {a['eta']} < 1 "
                           f"(adaptive NMS) has no ONNX form")
-    loc_in, conf_in, prior_in = node.inputs
+    loc_in, conf_in, prior_in = node.inputs[:3]   # a 4th input (visualize's images) is not read
     P = ctx.shape(prior_in)[-1] // 4
     C = a["num_classes"]
     L = 1 if a["share_location"] else C
