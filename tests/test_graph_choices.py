@@ -418,7 +418,7 @@ MARGIN_NET = """
 layer { name: "d" type: "Input" top: "data" top: "label"
   input_param { shape { dim: 3 dim: 2 dim: 4 dim: 5 } shape { dim: 3 } } }
 layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 6 } }
-layer { name: "ip2" type: "LargeMarginInnerProduct" bottom: "ip" bottom: "label" top: "ip2" top: "lambda" }
+layer { name: "ip2" type: "CosinAddm" bottom: "ip" bottom: "label" top: "ip2" top: "lambda" }
 layer { name: "scale" type: "Scale" bottom: "ip2" top: "ip2s" scale_param { bias_term: false } }
 layer { name: "accuracy" type: "Accuracy" bottom: "ip2s" bottom: "label" top: "accuracy" }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2s" bottom: "label" top: "loss" }
@@ -430,9 +430,9 @@ def test_an_unknown_label_reader_feeding_only_losses_is_dropped_with_them():
     model = load_from_text(MARGIN_NET, random_weights=True)
     assert model.outputs == ["ip"]
     note = next(w for w in model.warnings if "reads the label" in w)
-    assert "'ip2' (LargeMarginInnerProduct) reads the label 'label'" in note
+    assert "'ip2' (CosinAddm) reads the label 'label'" in note
     dropped = next(w for w in model.warnings if "dropped" in w)
-    for name in ("ip2 (LargeMarginInnerProduct)", "scale (Scale)", "accuracy (Accuracy)", "loss (SoftmaxWithLoss)"):
+    for name in ("ip2 (CosinAddm)", "scale (Scale)", "accuracy (Accuracy)", "loss (SoftmaxWithLoss)"):
         assert name in dropped
     # what is left computes the InnerProduct: x W^T + b
     x = np.random.default_rng(3).standard_normal((3, 2, 4, 5)).astype(np.float32)
@@ -456,7 +456,7 @@ SHAPES = {"data": (3, 2, 4, 5), "label": (3,)}
 ])
 def test_an_unknown_label_reader_is_kept_unless_every_read_top_only_trains(change, why):
     text = DATA_LAYER + MARGIN_NET.split("} } }", 1)[1].replace(change, why)
-    with pytest.raises(CaffeqError, match="unsupported layer types: LargeMarginInnerProduct"):
+    with pytest.raises(CaffeqError, match="unsupported layer types: CosinAddm"):
         load_from_text(text, random_weights=True, input_shapes=SHAPES)
 
 
