@@ -13,6 +13,8 @@ from .io.container import load_caffeq_parts
 from .io.prototxt import read_prototxt
 from .io.upgrade import upgrade_net
 from .ir import attach_weights, build_graph, init_params, share_params
+from .layers import spec_for
+from .layers.fork_data import UNKNOWN_FORK_DATA
 
 
 class Model:
@@ -159,6 +161,13 @@ class Model:
         return os.path.dirname(os.path.abspath(self.prototxt)) if self.prototxt else os.getcwd()
 
 
+def reads_parameters(lp):
+    """Whether caffeq has a spec that reads this layer's parameters (not the stand-in for an
+    unknown fork data layer, which takes its shapes from --input-shape)."""
+    spec = spec_for(lp)
+    return spec is not None and spec is not UNKNOWN_FORK_DATA
+
+
 def read_net(prototxt, ignore_unknown=False, warnings=None, phase="TEST"):
     """Read a prototxt (or a caffemodel holding the net) and upgrade it to V2 like Caffe.
 
@@ -167,7 +176,8 @@ def read_net(prototxt, ignore_unknown=False, warnings=None, phase="TEST"):
     path = os.fspath(prototxt)
     if not os.path.exists(path):
         raise ParseError(f"{path}: no such file")
-    net = read_prototxt(path, ignore_unknown=ignore_unknown, warnings=warnings, phase=phase)
+    net = read_prototxt(path, ignore_unknown=ignore_unknown, warnings=warnings, phase=phase,
+                        known_layer=reads_parameters)
     notes = upgrade_net(net, source=path)
     warnings.extend(notes)
     return net

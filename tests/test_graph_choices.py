@@ -483,3 +483,20 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "targets2" top: 
     with pytest.raises(CaffeqError, match="Python layer"):
         load_from_text(text + 'layer { name: "r" type: "ReLU" bottom: "targets2" top: "out" }',
                        random_weights=True, input_shapes=SHAPES)
+
+
+def test_parameters_of_a_type_caffeq_has_no_spec_for_never_stop_the_read():
+    # xialuxi's margin layer carries its own parameter message: the layer only trains and is dropped
+    text = MARGIN_NET.replace('top: "ip2" top: "lambda" }', 'top: "ip2" top: "lambda" cosin_add_m_param { m: 0.1 } }')
+    model = load_from_text(text, random_weights=True)
+    assert model.outputs == ["ip"]
+    assert any("cosin_add_m_param" in w and "reads no parameters of type 'CosinAddm'" in w for w in model.warnings)
+    # a spec-less type that inference would keep: one error naming the type, not its field
+    kept = text.replace('layer { name: "accuracy"', 'layer { name: "keep" type: "ReLU" bottom: "ip2s" top: "kept" }\n'
+                        'layer { name: "accuracy"')
+    with pytest.raises(CaffeqError, match="unsupported layer types: CosinAddm"):
+        load_from_text(kept, random_weights=True)
+    # a known type keeps its strictness
+    with pytest.raises(CaffeqError, match="unknown field 'kernal_size'"):
+        load_from_text(text.replace("inner_product_param { num_output: 6 }",
+                                    "inner_product_param { num_output: 6 kernal_size: 3 }"), random_weights=True)

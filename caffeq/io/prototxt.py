@@ -179,8 +179,12 @@ def _is_loss_param(name):
     return name == "loss_param" or name.endswith("_loss_param")
 
 
-def _training_only(unknown, message, phase):
-    """Why an unknown field cannot matter for reading the `phase` net, or None."""
+def _training_only(unknown, message, phase, known_layer=None):
+    """Why an unknown field cannot matter for reading the `phase` net, or None.
+
+    known_layer(LayerParameter) -> bool says whether caffeq has a spec that reads the layer's
+    parameters: the parameters of a layer it has none for never matter (the layer is dropped as
+    training-only, or the read stops on its type with one clear error)."""
     if unknown.solver:
         return "a solver setting only matters for training"
     if unknown.empty:
@@ -193,6 +197,11 @@ def _training_only(unknown, message, phase):
     known = _known_fork_field(unknown, phase)
     if known:
         return known
+    if known_layer is not None and unknown.layer is not None and unknown.layer[0] == "layer" and \
+            isinstance(message, caffe_pb2.NetParameter) and unknown.layer[1] < len(message.layer):
+        lp = message.layer[unknown.layer[1]]
+        if lp.type and not known_layer(lp):
+            return f"caffeq reads no parameters of type '{lp.type}' (dropped if it only trains, else refused)"
     if phase != caffe_pb2.TEST or unknown.layer is None:
         return None
     inner = unknown.path[1:]  # below the layer
@@ -216,11 +225,11 @@ def _layer_name(unknown, message):
     return layer.name or None
 
 
-def _report(unknowns, message, path, phase, ignore_unknown, warnings):
+def _report(unknowns, message, path, phase, ignore_unknown, warnings, known_layer=None):
     """Raise for the first unknown field that may matter; warn (once per field name) for the rest."""
     groups = {}
     for u in unknowns:
-        reason = _training_only(u, message, phase)
+        reason = _training_only(u, message, phase, known_layer)
         if reason is None and not ignore_unknown:
             layer = _layer_name(u, message)
             where = f"{path}:{u.line}:{u.column}" if u.line else path
@@ -242,11 +251,11 @@ def _report(unknowns, message, path, phase, ignore_unknown, warnings):
 
 
 def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False, warnings=None,
-                        phase="TEST"):
+                        phase="TEST", known_layer=None):
     """Parse text into a NetParameter (or the given message).
 
     phase: the net the caller will build ("TEST" or "TRAIN"); decides which unknown
-    fields are training-only (see the module docstring).
+    fields are training-only (see the module docstring).  known_layer: see _training_only.
     """
     message = message if message is not None else caffe_pb2.NetParameter()
     if phase not in _PHASES:
@@ -267,9 +276,9 @@ def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False,
         where, msg = _describe(path, e, text)
         raise ParseError(f"{where}: {msg}") from None
     if isinstance(message, caffe_pb2.NetParameter) and _is_solver(parser.unknown):
-        message.CopyFrom(_net_from_solver(text, path, ignore_unknown, warnings, phase))
+        message.CopyFrom(_net_from_solver(text, path, ignore_unknown, warnings, phase, known_layer))
         return message
-    _report(parser.unknown, message, path, _PHASES[phase], ignore_unknown, warnings)
+    _report(parser.unknown, message, path, _PHASES[phase], ignore_unknown, warnings, known_layer)
     return message
 
 
@@ -282,7 +291,7 @@ def _is_solver(unknowns):
     return any(len(u.path) == 1 and u.name in _SOLVER_NET_FIELDS for u in unknowns)
 
 
-def _net_from_solver(text, path, ignore_unknown, warnings, phase):
+def _net_from_solver(text, path, ignore_unknown, warnings, phase, known_layer=None):
     """The NetParameter a solver file holds in net_param (Caffe's Solver::InitTrainNet/InitTestNets
     use it for both phases when no train_/test_ net is given)."""
     lines = text.split("\n")
@@ -306,7 +315,7 @@ def _net_from_solver(text, path, ignore_unknown, warnings, phase):
                          f"caffeq reads a solver's net from net_param only: copy the net into its own "
                          f"prototxt and pass that")
     net = solver.net_param
-    _report(parser.unknown, net, path, _PHASES[phase], ignore_unknown, warnings)
+    _report(parser.unknown, net, path, _PHASES[phase], ignore_unknown, warnings, known_layer)
     if warnings is not None:
         also = f" (it also names {', '.join(f for f, _ in named)}, not read)" if named else ""
         warnings.append(f"{path}: a Caffe solver file; read the net in its net_param and ignored the "
@@ -314,7 +323,7 @@ def _net_from_solver(text, path, ignore_unknown, warnings, phase):
     return net
 
 
-def read_prototxt(path, ignore_unknown=False, warnings=None, message=None, phase="TEST"):
+def read_prototxt(path, ignore_unknown=False, warnings=None, message=None, phase="TEST", known_layer=None):
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
@@ -327,4 +336,4 @@ def read_prototxt(path, ignore_unknown=False, warnings=None, message=None, phase
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ParseError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    return parse_prototxt_text(text, message, path, ignore_unknown, warnings, phase)
+    return parse_prototxt_text(text, message, path, ignore_unknown, warnings, phase, known_layer)

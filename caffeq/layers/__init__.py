@@ -12,6 +12,7 @@ from . import (  # noqa: F401,E402
     data,
     denseblock,
     elementwise,
+    face_norms,
     fork_data,
     happynear,
     frcnn,

@@ -1,0 +1,59 @@
+"""The metric-learning forks' L2 normalizations: xiaolonw's Norm and xialuxi's NormL2.
+
+References are numpy loops written here from the forks' CPU code (caffe-video_triplet
+norm_layer.cpp, arcface-caffe AdaCos/normL2_layer.cpp); each layer runs in torch, onnxruntime and the
+generated model.py.
+"""
+import numpy as np
+import pytest
+from conftest import assert_close, model_py_outputs, net, onnx_outputs, rng
+
+from caffeq.layers import LayerError
+from caffeq.model import load_from_text
+
+
+def norm_ref(x):
+    """norm_layer.cpp: at each (n, h, w), sum_c x^2 in float, then x / (sqrt(sum) + 1e-6)."""
+    x4 = x.reshape(x.shape + (1,) * (4 - x.ndim))
+    n, c, h, w = x4.shape
+    y = np.zeros(x4.shape, np.float64)
+    for i in range(n):
+        for a in range(h):
+            for b in range(w):
+                total = np.float32(0)
+                for k in range(c):
+                    total = np.float32(total + np.float32(x4[i, k, a, b]) * np.float32(x4[i, k, a, b]))
+                d = np.float32(np.sqrt(np.float64(total)) + 1e-6)
+                y[i, :, a, b] = x4[i, :, a, b] / np.float64(d)
+    return y
+
+
+def norm_l2_ref(x):
+    """normL2_layer.cpp: each item times float(1 / sqrt(sum of squares + 1e-7)), the root in double."""
+    x4 = x.reshape(x.shape + (1,) * (4 - x.ndim))
+    y = np.zeros(x4.shape, np.float64)
+    for i in range(x4.shape[0]):
+        total = float(np.sum(np.square(x4[i].astype(np.float32)), dtype=np.float32))
+        y[i] = x4[i] * np.float64(np.float32(1.0 / np.sqrt(total + 1e-7)))
+    return y
+
+
+@pytest.mark.parametrize("kind, ref", [("Norm", norm_ref), ("NormL2", norm_l2_ref)])
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
+def test_l2_normalizations_match_the_forks(kind, ref, shape, tmp_path):
+    x = rng(4).standard_normal(shape).astype(np.float32)
+    model = load_from_text(net(f'layer {{ name: "n" type: "{kind}" bottom: "x" top: "o" }}', inputs={"x": shape}))
+    want = ref(x)
+    assert model.blob_shapes["o"] == want.shape                  # 4-axis, as the forks' Reshape
+    for backend, out in (("torch", model.run({"x": x})), ("onnx", onnx_outputs(model, {"x": x}, tmp_path)),
+                         ("model.py", model_py_outputs(model, {"x": x}, tmp_path))):
+        assert_close(out["o"], want, 1e-6, 1e-5, f"{kind} {backend}")
+    # per position (Norm) or per item (NormL2): the unit vectors the name promises
+    got = model.run({"x": x})["o"].astype(np.float64)
+    axes = (1,) if kind == "Norm" else (1, 2, 3)
+    np.testing.assert_allclose(np.sqrt((got ** 2).sum(axis=axes)), 1.0, rtol=1e-5)
+
+
+def test_l2_normalizations_take_one_bottom():
+    with pytest.raises(LayerError, match="Norm takes one bottom and one top"):
+        load_from_text(net('layer { name: "n" type: "Norm" bottom: "x" bottom: "x" top: "o" }', inputs={"x": (2, 3)}))
