@@ -272,6 +272,24 @@ def test_pspnet_bn_uses_the_stored_statistics(params, nparams, eps, tmp_path):
 
 
 @needs_bn
+@pytest.mark.parametrize("params, nparams", [("bn_mode: INFERENCE", 0), ("frozen: true", 0)], ids=["segnet", "pspnet"])
+def test_bn_of_an_n_by_c_input_is_per_channel(params, nparams, tmp_path):
+    # the forks read num/channels/height/width: an (N, C) bottom (after an InnerProduct, as in
+    # wy1iu's LargeMargin nets) is (N, C, 1, 1); the top keeps the bottom's shape
+    g = np.random.default_rng(7)
+    x = (g.standard_normal((4, 3)) * 2 + 0.5).astype(np.float32)
+    a, b, mean, var = g.uniform(0.5, 2, 3), g.standard_normal(3), g.standard_normal(3), g.uniform(0.1, 3, 3)
+    text = bn_text(params, nparams=nparams).replace("dim: 2 dim: 3 dim: 5 dim: 7", "dim: 4 dim: 3")
+    blobs = [a, b] if "INFERENCE" in params else [a, b, mean, var]
+    model = _bn_model(text, blobs)
+    assert model.blob_shapes["b"] == (4, 3)
+    xd = x.astype(np.float64)
+    f = [np.float32(v).astype(np.float64) for v in blobs]
+    ref = xd * f[0] + f[1] if len(f) == 2 else pspnet_ref(xd[:, :, None, None], *f).reshape(4, 3)
+    check_everywhere(model, {"x": x}, {"b": ref}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+@needs_bn
 def test_pspnet_bn_training_normalizes_by_the_batch_and_updates_the_averages():
     g = np.random.default_rng(7)
     x = torch.from_numpy((g.standard_normal((2, 3, 5, 7)) * 2 + 1).astype(np.float32))

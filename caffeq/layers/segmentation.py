@@ -172,8 +172,10 @@ class BN(Layer):
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
-        if len(s) != 4:
-            raise LayerError(f"BN needs a 4-axis input (N, C, H, W), got {list(s)}")
+        if len(s) not in (2, 4):
+            raise LayerError(f"BN needs an (N, C, H, W) or (N, C) input, got {list(s)}")
+        if len(s) == 2 and attrs.get("tops", 1) > 1:
+            raise LayerError("BN's batch statistics tops need an (N, C, H, W) input")
         stats = (1, s[1], 1, 1)
         return [s] + [stats] * (attrs.get("tops", 1) - 1)
 
@@ -186,6 +188,9 @@ class BN(Layer):
         return [ones, zeros] if attrs["variant"] == SEGNET else [ones, zeros, zeros.copy(), ones.copy()]
 
     def forward(self, attrs, params, x, training=False):
+        if x.dim() == 2:
+            # the forks read num/channels/height/width: (N, C) is (N, C, 1, 1)
+            return self.forward(attrs, params, x.reshape(x.shape[0], x.shape[1], 1, 1), training).reshape(x.shape)
         if attrs["variant"] == SEGNET:
             y, mean, var = segnet_bn(x, params[0], params[1], attrs["learn"])
             return (y, mean, var)[:attrs["tops"]] if attrs["tops"] > 1 else y
@@ -199,9 +204,20 @@ class BN(Layer):
         return pspnet_bn(x, params[0], params[1], mean, var, attrs["eps"])
 
     def onnx(self, ctx, node):
+        x, out = node.inputs[0], node.outputs[0]
+        if len(ctx.shape(x)) == 2:   # (N, C) as (N, C, 1, 1), and back
+            c = int(ctx.shape(x)[1])
+            x4 = ctx.add_node("Reshape", [x, ctx.const(np.array([0, c, 1, 1], np.int64))],
+                              [ctx.tmp(node.name + "_4d")], name=node.name + "_4d")[0]
+            y4 = ctx.tmp(node.name + "_y4d")
+            self._onnx_4d(ctx, node, x4, y4)
+            ctx.add_node("Reshape", [y4, ctx.const(np.array([0, c], np.int64))], [out])
+            return
+        self._onnx_4d(ctx, node, x, out)
+
+    def _onnx_4d(self, ctx, node, x, out):
         from .norm import onnx_reduce
         a = node.attrs
-        x, out = node.inputs[0], node.outputs[0]
         blob = [np.asarray(b, np.float32) for b in node.blobs]
         if a["variant"] == PSPNET:
             # Caffe's order with the inverse deviation folded: ((x - mean) * inv_std) * slope + bias
@@ -242,6 +258,11 @@ class BN(Layer):
         a = node.attrs
         c = emit.in_shape(0)[1]
         x = emit.inputs[0]
+        two_axes = len(emit.in_shape(0)) == 2      # (N, C) runs as (N, C, 1, 1)
+        x4 = f"{x}.reshape({x}.shape[0], {c}, 1, 1)" if two_axes else x
+
+        def flat(expr):
+            return f"{expr}.reshape({x}.shape[0], {c})" if two_axes else expr
         if a["variant"] == PSPNET:
             cls = emit.helper(TORCH_PSPNET_BN)
             args = [str(c)]
@@ -253,13 +274,13 @@ class BN(Layer):
             m = emit.module(f"{cls}({', '.join(args)})")
             for i, name in enumerate(("slope", "bias", "mean", "variance")):
                 emit.param(name, i)
-            return f"{m}({x})"
+            return flat(f"{m}({x4})")
         cls = emit.helper(TORCH_SEGNET_BN)
         m = emit.module(f"{cls}({c}, learn={a['learn']})")
         emit.param("scale", 0)
         emit.param("shift", 1)
         if a["tops"] == 1:
-            return f"{m}({x})[0]"
+            return flat(f"{m}({x4})[0]")
         result = emit.tmp(node.name + "_bn")
         emit.stmt(f"{result} = {m}({x})")
         return [f"{result}[{i}]" for i in range(a["tops"])]
