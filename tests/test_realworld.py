@@ -22,6 +22,22 @@ KNOWN_REFUSALS = {
     "ChenYingpeng__caffe-yolov3__prototxt__yolov3-tiny.prototxt": "bottoms must match except along axis 1",
     # a template: `num_output: ${NUM_LABELS}` is filled in by a script before Caffe reads it
     "xmojiao__deeplab_v2__voc2012__config__deeplab_largeFOV__test.prototxt": "${NUM_LABELS} is a template placeholder",
+    "TheLegendAli__DeepLab-Context__voc12__config__vgg128_noup__test.prototxt": "${NUM_LABELS} is a template placeholder",
+    # snippets: a bottom that no layer makes (a placeholder for the reader's own net)
+    "happynear__AMSoftmax__prototxt__GNAP.prototxt": "bottom 'res4_3' is not produced by any earlier layer",
+    "happynear__NormFace__prototxt__scaled_cosine_softmax.prototxt": "unknown field 'min_value'",
+    # DetectNet's clustering is Python code caffeq does not run
+    "NVIDIA__caffe__examples__kitti__detectnet_network.prototxt": "module 'caffe.layers.detectnet.clustering'",
+    # jolibrain's sparse-input InnerProduct has no spec
+    "jolibrain__caffe__examples__sparse_classification__train_val.prototxt": "unsupported layer types: SparseInnerProduct",
+    # the styletransfer fork's own schema: string pooling methods, input_blob
+    "shenfalong__styletransfer__matlab__prototxt__deploy_resnet_101_16x_v0.prototxt": "has no value named \"max\"",
+    "shenfalong__styletransfer__python__prototxt__16__predict.prototxt": "unknown field 'input_blob'",
+    # xiaolonw's ImageData reads image pairs (pair_size): the data shape depends on it
+    "xiaolonw__caffe-video_triplet__rank_scripts__rank_alexnet__imagenet_train.prototxt": "unknown field 'pair_size'",
+    # yihui-he's one-bottom channel Filter (filter_param) and TSN's VideoData: no spec yet
+    "yihui-he__channel-pruning__temp__resnet-50-cp.prototxt": "unknown field 'filter_param'",
+    "yjxiong__temporal-segment-networks__models__ucf101__tsn_bn_inception_rgb_train_val.prototxt": "is not divisible by the product 303",
 }
 
 
