@@ -251,13 +251,14 @@ def test_video_data_param_is_read_by_its_fields():
 
 
 @pytest.mark.parametrize("name, data_shape", [
-    ("facebookarchive__C3D__C3D-v1.1__examples__c3d_ucf101_feature_extraction__"
-     "c3d_resnet18_ucf101_feature_extraction.prototxt", (30, 3, 8, 112, 112)),
+    (("facebookarchive__C3D__C3D-v1.1__examples__c3d_ucf101_feature_extraction__"
+      "c3d_resnet18_ucf101_feature_extraction.prototxt"), (30, 3, 8, 112, 112)),
     ("facebookarchive__C3D__C3D-v1.1__examples__c3d_ucf101_training__train_simple.prototxt", (30, 3, 16, 112, 112)),
     ("yjxiong__temporal-segment-networks__models__ucf101__tsn_bn_inception_rgb_train_val.prototxt", (1, 9, 224, 224)),
 ])
 def test_corpus_video_nets_read(name, data_shape):
     import os
+
     from caffeq.model import load
     path = os.path.join("/work/corpus2", name)
     if not os.path.exists(path):

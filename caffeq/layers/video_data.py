@@ -109,12 +109,12 @@ class VideoData(DataLayer):
         if attrs["fork"] == "SSD":
             return UNKNOWN_FORK_DATA.preprocessing(attrs)
         if attrs["fork"] == "C3D v1.1":
-            lines = [f"clips of {attrs['length']} colour frames (every {attrs['sampling_rate']}th), "
-                     f"channels x frames x height x width"]
+            lines = [(f"clips of {attrs['length']} colour frames (every {attrs['sampling_rate']}th), "
+                      f"channels x frames x height x width")]
         else:
             per = "x and y flow images" if attrs["modality"] == "FLOW" else "frames"
-            lines = [f"{attrs['segments']} segments x {attrs['length']} {per} ({attrs['modality']}), stacked "
-                     f"on the channel axis"]
+            lines = [(f"{attrs['segments']} segments x {attrs['length']} {per} ({attrs['modality']}), "
+                      f"stacked on the channel axis")]
         if attrs["resize"]:
             lines.append(f"frames resized to {attrs['resize'][0]}x{attrs['resize'][1]}")
         return lines + describe_transform(attrs["transform"])
