@@ -138,3 +138,130 @@ def test_c3d_video_data_shapes_its_clip():
     assert model.blob_shapes["c"] == (3, 2, 4, 11, 11)
     no_crop = load_from_text(text.replace("crop_size: 11 ", ""), random_weights=True)
     assert no_crop.blob_shapes["data"] == (3, 3, 4, 16, 20)
+
+
+# ---- C3D v1.1 (V2 files: convolution3d_param / pooling3d_param / video_data_param 6660) and TSN ----
+
+def v2_net(shape, *layers):
+    dims = " ".join(f"dim: {d}" for d in shape)
+    return f'name: "c3d11"\nlayer {{ name: "x" type: "Input" top: "x" input_param {{ shape {{ {dims} }} }} }}\n' + \
+        "\n".join(layers)
+
+
+def test_c3d_v11_convolution3d_and_pooling3d(tmp_path):
+    """v1.1's Convolution3DParameter / Pooling3DParameter (scalar fields) give v1.0's numbers."""
+    x = rng(31).standard_normal((2, 3, 5, 7, 6)).astype(np.float32)
+    text = v2_net(x.shape,
+                  'layer { name: "c" type: "Convolution3D" bottom: "x" top: "c"\n'
+                  '  convolution3d_param { num_output: 4 kernel_size: 3 kernel_depth: 2 stride: 2 temporal_stride: 1 '
+                  'pad: 1 temporal_pad: 1 filter_group: 2 } }',
+                  'layer { name: "p" type: "Pooling3D" bottom: "c" top: "p"\n'
+                  '  pooling3d_param { pool: AVE kernel_size: 2 kernel_depth: 2 stride: 2 temporal_stride: 2 pad: 1 } }')
+    model = load_from_text(text, random_weights=True)
+    node = next(n for n in model.layers if n.name == "c")
+    w, b = node.blobs
+    assert w.shape == (4, 3, 2, 3, 3) and b.shape == (1, 1, 1, 1, 4)
+    node.blobs = [w, rng(32).standard_normal(b.shape).astype(np.float32)]
+    conv = conv3d_ref(x, w, node.blobs[1], 2, 1, 1, 1)
+    pool = pool3d_ref(conv.astype(np.float32), "AVE", 2, 2, 2, 2, 1)
+    assert model.blob_shapes["c"] == conv.shape and model.blob_shapes["p"] == pool.shape
+    assert_close(model.run({"x": x}, all_blobs=True)["c"], conv, 1e-5, 1e-5, "torch c")
+    check_everywhere(model, {"x": x}, {"p": pool}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def test_c3d_v11_bad_params_name_the_v11_field():
+    with pytest.raises(LayerError, match="pooling3d_param.pad"):
+        load_from_text(v2_net((2, 3, 5, 7, 6), 'layer { name: "p" type: "Pooling3D" bottom: "x" top: "p"\n'
+                                               '  pooling3d_param { pool: MAX kernel_size: 2 kernel_depth: 2 pad: 1 } }'))
+    with pytest.raises(LayerError, match="convolution3d_param.kernel_depth"):
+        load_from_text(v2_net((2, 3, 5, 7, 6), 'layer { name: "c" type: "Convolution3D" bottom: "x" top: "c"\n'
+                                               '  convolution3d_param { num_output: 2 kernel_size: 3 } }'))
+
+
+C3D11_DATA = ('layer { name: "data" type: "VideoData" top: "data" top: "label"\n'
+              '  transform_param { crop_size: 11 mean_value: 128 }\n'
+              '  video_data_param { source: "l.txt" root_folder: "" new_length: 4 sampling_rate: 2 new_height: 16 '
+              'new_width: 20 use_image: true batch_size: 3 %s } }')
+
+
+def test_c3d_v11_video_data_shapes():
+    """video_data_layer.cpp: (batch, 3, new_length, crop, crop); label (batch) or (batch, num_of_labels)."""
+    model = load_from_text(C3D11_DATA % "")
+    assert model.blob_shapes["data"] == (3, 3, 4, 11, 11) and model.blob_shapes["label"] == (3,)
+    multi = load_from_text(C3D11_DATA % "use_multiple_label: true num_of_labels: 5")
+    assert multi.blob_shapes["label"] == (3, 5)
+    no_crop = load_from_text((C3D11_DATA % "").replace("crop_size: 11 ", ""))
+    assert no_crop.blob_shapes["data"] == (3, 3, 4, 16, 20)
+    with pytest.raises(LayerError, match="exceeds"):
+        load_from_text((C3D11_DATA % "").replace("crop_size: 11", "crop_size: 17"))
+    with pytest.raises(LayerError, match="num_of_labels"):
+        load_from_text(C3D11_DATA % "use_multiple_label: true")
+
+
+def tsn_data(params, transform="crop_size: 13"):
+    return ('name: "tsn"\nlayer { name: "data" type: "VideoData" top: "data" top: "label"\n'
+            f'  transform_param {{ {transform} }}\n  video_data_param {{ source: "l.txt" {params} }} }}')
+
+
+@pytest.mark.parametrize("params, channels", [
+    ("batch_size: 2 new_length: 1 num_segments: 3 modality: RGB", 3 * 1 * 3),
+    ("batch_size: 2 new_length: 5 num_segments: 3 modality: FLOW", 2 * 5 * 3),
+    ("batch_size: 2 new_length: 2 num_segments: 4 modality: RGB grayscale: true", 1 * 2 * 4),
+    ("batch_size: 2 new_length: 5 num_segments: 3", 2 * 5 * 3),     # modality defaults to FLOW
+    ("batch_size: 2 name_pattern: 'img_%05d.jpg'", 2 * 1 * 1),      # new_length, num_segments default 1
+])
+def test_tsn_video_data_stacks_segments_on_channels(params, channels):
+    """yjxiong/caffe video_data_layer.cpp: (batch, per-frame channels x new_length x num_segments, crop, crop),
+    label (batch, 1, 1, 1)."""
+    model = load_from_text(tsn_data(params))
+    assert model.blob_shapes["data"] == (2, channels, 13, 13)
+    assert model.blob_shapes["label"] == (2, 1, 1, 1)
+
+
+def test_tsn_training_transform_fields_and_resize():
+    text = tsn_data("batch_size: 2 new_length: 1 num_segments: 2 modality: RGB new_height: 16 new_width: 19",
+                    "mirror: true fix_crop: true more_fix_crop: true multi_scale: true max_distort: 1 "
+                    "scale_ratios: [1, .875, .75] is_flow: false")
+    from caffeq.io.prototxt import parse_prototxt_text
+    model = load_from_text(text)
+    assert model.blob_shapes["data"] == (2, 6, 16, 19)
+    transform = parse_prototxt_text(text).layer[0].transform_param
+    assert list(transform.scale_ratios) == pytest.approx([1, .875, .75]) and transform.more_fix_crop
+
+
+def test_video_data_param_is_read_by_its_fields():
+    """One name, three forks: fields only C3D v1.1 / TSN / SSD declare pick the message; shared-only fields
+    go by whether the net has 3-D layers, with a warning."""
+    from caffeq.io.prototxt import parse_prototxt_text
+    c3d = parse_prototxt_text(C3D11_DATA % "").layer[0]
+    assert c3d.HasField("c3d_video_data_param") and c3d.c3d_video_data_param.sampling_rate == 2
+    tsn = parse_prototxt_text(tsn_data("num_segments: 3 modality: RGB")).layer[0]
+    assert tsn.HasField("tsn_video_data_param") and tsn.tsn_video_data_param.num_segments == 3
+    ssd = parse_prototxt_text(tsn_data("").replace('source: "l.txt"', "video_type: VIDEO video_file: 'a.mp4'")).layer[0]
+    assert ssd.HasField("video_data_param") and ssd.video_data_param.video_file == "a.mp4"
+    shared = tsn_data("batch_size: 2 new_length: 4")
+    warnings = []
+    assert parse_prototxt_text(shared, warnings=warnings).layer[0].HasField("tsn_video_data_param")
+    assert any("read as TSN" in w for w in warnings)
+    with_3d = shared + ('\nlayer { name: "c" type: "Convolution3D" bottom: "data" top: "c"\n'
+                        '  convolution3d_param { num_output: 2 kernel_size: 3 kernel_depth: 3 } }')
+    warnings = []
+    assert parse_prototxt_text(with_3d, warnings=warnings).layer[0].HasField("c3d_video_data_param")
+    assert any("read as C3D v1.1" in w for w in warnings)
+
+
+@pytest.mark.parametrize("name, data_shape", [
+    (("facebookarchive__C3D__C3D-v1.1__examples__c3d_ucf101_feature_extraction__"
+      "c3d_resnet18_ucf101_feature_extraction.prototxt"), (30, 3, 8, 112, 112)),
+    ("facebookarchive__C3D__C3D-v1.1__examples__c3d_ucf101_training__train_simple.prototxt", (30, 3, 16, 112, 112)),
+    ("yjxiong__temporal-segment-networks__models__ucf101__tsn_bn_inception_rgb_train_val.prototxt", (1, 9, 224, 224)),
+])
+def test_corpus_video_nets_read(name, data_shape):
+    import os
+
+    from caffeq.model import load
+    path = os.path.join("/work/corpus2", name)
+    if not os.path.exists(path):
+        pytest.skip("corpus2 not on this machine")
+    model = load(path, stages=("test-on-train",)) if "train_simple" in name else load(path)
+    assert model.blob_shapes["data"] == data_shape

@@ -41,12 +41,81 @@ class _Unknown:
     solver: bool = False  # a solver's own setting (outside its net_param): only for training
 
 
-class _RecordingParser(text_format._Parser):
+# Fields that several forks write under one name with different messages: {(message, name):
+# candidate fields of caffe.proto, the first being the one that name parses to by default}.
+# SSD's webcam VideoData (207), C3D-v1.1's clips (6660) and TSN's segments (yjxiong/caffe 140).
+_SHARED_NAMES = {
+    ("caffe.LayerParameter", "video_data_param"): ("video_data_param", "c3d_video_data_param",
+                                                   "tsn_video_data_param"),
+}
+_FORK_OF_FIELD = {"video_data_param": "SSD", "c3d_video_data_param": "C3D v1.1",
+                  "tsn_video_data_param": "TSN (yjxiong/caffe)"}
+_3D_LAYERS = re.compile(r"\b(convolution3d_param|pooling3d_param|Convolution3D|Pooling3D)\b")
+
+
+def _block_field_names(lines, line, column):
+    """Names of the fields set directly inside the message block that starts at lines[line][column]."""
+    tokenizer = text_format.Tokenizer([lines[line][column:]] + lines[line + 1:])
+    tokens, depth = [], 0
+    while not tokenizer.AtEnd():
+        token = tokenizer.token
+        if token in ("{", "<"):
+            depth += 1
+        elif token in ("}", ">"):
+            depth -= 1
+            if not depth:
+                break
+        tokens.append((token, depth))
+        tokenizer.NextToken()
+    return {t for (t, d), (after, _) in zip(tokens, tokens[1:] + [("", 0)])
+            if d == 1 and after in (":", "{", "<") and t[:1].isalpha()}
+
+
+class _FieldPicker(text_format._Parser):
+    """Text parser that reads a name several forks share (_SHARED_NAMES) into the candidate field
+    whose message declares every field the block sets; notes record each choice that needed a guess."""
+
+    def __init__(self, lines=(), allow_unknown_field=False):
+        super().__init__(allow_unknown_field=allow_unknown_field)
+        self.lines = list(lines)
+        self.notes = []
+        self._has_3d_layers = any(_3D_LAYERS.search(x) for x in self.lines)
+
+    def _MergeMessageField(self, tokenizer, message, field):
+        options = _SHARED_NAMES.get((message.DESCRIPTOR.full_name, field.name))
+        if options and self.lines and tokenizer._line < len(self.lines):
+            field = message.DESCRIPTOR.fields_by_name[self._pick(options, tokenizer)]
+        super()._MergeMessageField(tokenizer, message, field)
+
+    def _pick(self, options, tokenizer):
+        names = _block_field_names(self.lines, tokenizer._line, tokenizer._column)
+        known = {option: names & set(_message_of(option).fields_by_name) for option in options}
+        fits = [option for option in options if known[option] == names]
+        if not names or len(fits) == 1:
+            return options[0] if not names else fits[0]
+        if not fits:   # an unknown field either way: the message that knows most of them reports it
+            return max(options, key=lambda option: len(known[option]))
+        # only fields C3D v1.1 and TSN share (source, batch_size, new_length, ...): C3D's clips feed
+        # its 3-D layers, TSN's segments feed 2-D ones
+        choice = "c3d_video_data_param" if self._has_3d_layers else "tsn_video_data_param"
+        choice = choice if choice in fits else fits[0]
+        why = "the net has 3-D layers" if self._has_3d_layers else "the net has no 3-D layers"
+        self.notes.append(
+            f"{tokenizer._line + 1}: video_data_param sets only fields that "
+            f"{' and '.join(_FORK_OF_FIELD[f] for f in fits)} share ({', '.join(sorted(names))}); "
+            f"read as {_FORK_OF_FIELD[choice]}'s ({why})")
+        return choice
+
+
+def _message_of(layer_field):
+    return caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name[layer_field].message_type
+
+
+class _RecordingParser(_FieldPicker):
     """Lenient text parser that records every unknown field it skips and where it was."""
 
     def __init__(self, lines=(), net_path=()):
-        super().__init__(allow_unknown_field=True)
-        self.lines = list(lines)
+        super().__init__(lines, allow_unknown_field=True)
         self.net_path = list(net_path)   # where the NetParameter sits: () or ["net_param"] in a solver
         self.unknown = []
         self._path = []
@@ -260,8 +329,11 @@ def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False,
     message = message if message is not None else caffe_pb2.NetParameter()
     if phase not in _PHASES:
         raise ParseError(f"{path}: phase must be TRAIN or TEST, got {phase!r}")
+    lines = text.split("\n")
     try:
-        text_format.Parse(text, message, allow_unknown_field=False)
+        picker = _FieldPicker(lines)
+        picker.ParseLines(lines, message)
+        _add_notes(picker, path, warnings)
         return message
     except text_format.ParseError as e:
         if not _UNKNOWN_FIELD.search(str(e)):
@@ -279,7 +351,13 @@ def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False,
         message.CopyFrom(_net_from_solver(text, path, ignore_unknown, warnings, phase, known_layer))
         return message
     _report(parser.unknown, message, path, _PHASES[phase], ignore_unknown, warnings, known_layer)
+    _add_notes(parser, path, warnings)
     return message
+
+
+def _add_notes(parser, path, warnings):
+    if warnings is not None:
+        warnings.extend(f"{path}:{note}" for note in parser.notes)
 
 
 # SolverParameter fields that say where the net is; no NetParameter has them

@@ -32,6 +32,7 @@ from . import (  # noqa: F401,E402
     shape_ops,
     ssd,
     v1_forks,
+    video_data,
     vision_forks,
     yolo,
 )

@@ -115,21 +115,23 @@ class Convolution3D(Layer):
     def parse(self, lp):
         if len(lp.bottom) != 1 or len(lp.top) != 1:
             raise LayerError(f"Convolution3D takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
-        p = lp.convolution_param
+        # C3D v1.1 (V2 files): convolution3d_param; C3D v1.0 (V1 files): its convolution_param
+        field = "convolution3d_param" if lp.HasField("convolution3d_param") else "convolution_param"
+        p = getattr(lp, field)
         if not p.num_output:
-            raise LayerError("convolution_param.num_output must be > 0")
-        kernel = _one(p.kernel_size, "convolution_param.kernel_size")
+            raise LayerError(f"{field}.num_output must be > 0")
+        kernel = _one(p.kernel_size, f"{field}.kernel_size")
         if not kernel or kernel[0] < 1:
-            raise LayerError("convolution_param.kernel_size must be given and >= 1")
+            raise LayerError(f"{field}.kernel_size must be given and >= 1")
         if p.kernel_depth < 1:
-            raise LayerError(f"convolution_param.kernel_depth must be given and >= 1, got {p.kernel_depth}")
-        stride = _one(p.stride, "convolution_param.stride") or [1]
-        pad = _one(p.pad, "convolution_param.pad") or [0]
+            raise LayerError(f"{field}.kernel_depth must be given and >= 1, got {p.kernel_depth}")
+        stride = _one(p.stride, f"{field}.stride") or [1]
+        pad = _one(p.pad, f"{field}.pad") or [0]
         if stride[0] < 1 or p.temporal_stride < 1:
-            raise LayerError(f"convolution_param.stride and temporal_stride must be >= 1, got {stride[0]} "
+            raise LayerError(f"{field}.stride and temporal_stride must be >= 1, got {stride[0]} "
                              f"and {p.temporal_stride}")
         if p.filter_group < 1 or p.num_output % p.filter_group:
-            raise LayerError(f"convolution_param.filter_group {p.filter_group} must divide num_output "
+            raise LayerError(f"{field}.filter_group {p.filter_group} must divide num_output "
                              f"{p.num_output}")
         return {"num_output": int(p.num_output), "bias_term": bool(p.bias_term),
                 "kernel": [int(p.kernel_depth), kernel[0], kernel[0]],
@@ -184,19 +186,21 @@ class Pooling3D(Layer):
     def parse(self, lp):
         if len(lp.bottom) != 1 or len(lp.top) != 1:
             raise LayerError(f"Pooling3D takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
-        p = lp.pooling_param
+        # C3D v1.1 (V2 files): pooling3d_param (same enum values); C3D v1.0 (V1 files): pooling_param
+        field = "pooling3d_param" if lp.HasField("pooling3d_param") else "pooling_param"
+        p = getattr(lp, field)
         method = int(p.pool)
         if method not in (POOL_MAX, POOL_AVE):
-            raise LayerError("pooling_param.pool: C3D's Pooling3D has MAX and AVE only (STOCHASTIC is not "
+            raise LayerError(f"{field}.pool: C3D's Pooling3D has MAX and AVE only (STOCHASTIC is not "
                              "implemented there)")
         if not p.HasField("kernel_size") or p.kernel_size < 1 or p.kernel_depth < 1:
-            raise LayerError(f"pooling_param.kernel_size and kernel_depth must be given and >= 1, got "
+            raise LayerError(f"{field}.kernel_size and kernel_depth must be given and >= 1, got "
                              f"{p.kernel_size} and {p.kernel_depth}")
         if p.stride < 1 or p.temporal_stride < 1:
-            raise LayerError(f"pooling_param.stride and temporal_stride must be >= 1, got {p.stride} and "
+            raise LayerError(f"{field}.stride and temporal_stride must be >= 1, got {p.stride} and "
                              f"{p.temporal_stride}")
         if p.pad and method != POOL_AVE:
-            raise LayerError("pooling_param.pad: C3D's Pooling3D pads only AVE pooling")
+            raise LayerError(f"{field}.pad: C3D's Pooling3D pads only AVE pooling")
         return {"method": method, "kernel": [int(p.kernel_depth), int(p.kernel_size), int(p.kernel_size)],
                 "stride": [int(p.temporal_stride), int(p.stride), int(p.stride)], "pad": int(p.pad)}
 

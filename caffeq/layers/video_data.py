@@ -1,0 +1,120 @@
+"""The "VideoData" type of three forks, told apart by the message the layer carries.
+
+All three call their message VideoDataParameter and the field video_data_param; caffe.proto
+declares them apart (proto/README.md) and the text reader (caffeq/io/prototxt.py) reads the
+block into the one whose fields it sets.  Each is a graph input shaped from its parameters:
+
+- C3D v1.1 (facebookarchive/C3D, video_data_layer.cpp DataLayerSetUp and
+  DataTransformer::InferBlobShape(VolumeDatum)), c3d_video_data_param: clips of new_length
+  colour frames (image_io.cpp always reads 3 channels), top0 (batch_size, 3, new_length, H, W)
+  with H = W = transform_param.crop_size, else new_height x new_width, else the frames' own
+  size.  The label is (batch_size,), or (batch_size, num_of_labels) with use_multiple_label.
+- TSN (yjxiong/caffe 9831a2b, video_data_layer.cpp and io.cpp ReadSegment*ToDatum),
+  tsn_video_data_param: num_segments snippets of new_length frames stacked on channels, 3 per
+  RGB frame (1 with grayscale), 2 per FLOW frame (x and y); top0 (batch_size, C, crop, crop)
+  with transform_param.crop_size, else new_height x new_width, else the frames' own size.
+  The label is (batch_size, 1, 1, 1).  video_data_param.crop_size / mirror / mean_file are
+  declared there but unused: the transformer's are what apply.
+- SSD (weiliu89/caffe), video_data_param: webcam or video-file frames; shaped like any other
+  fork data layer (caffeq/layers/fork_data.py: --input-shape or crop_size).
+"""
+from .data import DataLayer, describe_transform, needs_input_shape, transform_attrs
+from .fork_data import UNKNOWN_FORK_DATA
+from .registry import LayerError, register_layer
+
+TSN_RGB, TSN_FLOW = 0, 1
+
+
+def _frame_size(attrs, field):
+    """(H, W) of the data: the transformer's crop, else the resize, else None (the frames' own)."""
+    crop, resize = attrs["transform"]["crop_size"], attrs["resize"]
+    if resize and crop and (crop > resize[0] or crop > resize[1]):
+        raise LayerError(f"transform_param.crop_size {crop} exceeds the {resize[0]}x{resize[1]} frames "
+                         f"({field}.new_height x new_width)")
+    return (crop, crop) if crop else resize
+
+
+def _resize(p, field):
+    if bool(p.new_height) != bool(p.new_width):
+        raise LayerError(f"{field}.new_height and new_width must be set together, got {p.new_height} "
+                         f"and {p.new_width}")
+    return (int(p.new_height), int(p.new_width)) if p.new_height else None
+
+
+def _parse_c3d(lp):
+    field = "c3d_video_data_param"
+    p = lp.c3d_video_data_param
+    if p.new_length < 1:
+        raise LayerError(f"video_data_param.new_length (frames per clip) must be > 0, got {p.new_length}")
+    if p.batch_size < 1:
+        raise LayerError(f"video_data_param.batch_size must be > 0, got {p.batch_size}")
+    if p.use_multiple_label and not p.HasField("num_of_labels"):
+        raise LayerError("video_data_param.num_of_labels must be set with use_multiple_label")
+    return {"fork": "C3D v1.1", "field": field, "length": int(p.new_length), "channels": 3,
+            "batch_size": int(p.batch_size), "resize": _resize(p, "video_data_param"),
+            "labels": int(p.num_of_labels) if p.use_multiple_label else None,
+            "sampling_rate": int(p.sampling_rate)}
+
+
+def _parse_tsn(lp):
+    field = "tsn_video_data_param"
+    p = lp.tsn_video_data_param
+    if p.new_length < 1 or p.num_segments < 1:
+        raise LayerError(f"video_data_param.new_length and num_segments must be > 0, got {p.new_length} "
+                         f"and {p.num_segments}")
+    per_frame = 2 if p.modality == TSN_FLOW else (1 if p.grayscale else 3)
+    return {"fork": "TSN", "field": field, "length": int(p.new_length), "segments": int(p.num_segments),
+            "modality": "FLOW" if p.modality == TSN_FLOW else "RGB",
+            "channels": per_frame * int(p.new_length) * int(p.num_segments),
+            # no default there (a 0 batch); 1 as for the other fork data layers
+            "batch_size": max(1, int(p.batch_size)), "resize": _resize(p, "video_data_param")}
+
+
+@register_layer("VideoData")
+class VideoData(DataLayer):
+    def parse(self, lp):
+        if lp.HasField("c3d_video_data_param"):
+            attrs = _parse_c3d(lp)
+        elif lp.HasField("tsn_video_data_param"):
+            attrs = _parse_tsn(lp)
+        else:
+            return dict(UNKNOWN_FORK_DATA.parse(lp), fork="SSD")
+        if not 1 <= len(lp.top) <= 2:
+            raise LayerError(f"{attrs['fork']}'s VideoData takes one or two tops, got {len(lp.top)}")
+        attrs.update(type=lp.type, tops=list(lp.top), num_tops=len(lp.top), transform=transform_attrs(lp),
+                     source=getattr(lp, attrs["field"]).source)
+        attrs["hw"] = _frame_size(attrs, "video_data_param")
+        return attrs
+
+    def top_shapes(self, attrs, given):
+        if attrs["fork"] == "SSD":
+            return UNKNOWN_FORK_DATA.top_shapes(attrs, given)
+        data = given.get(0)
+        if data is None:
+            if attrs["hw"] is None:
+                raise needs_input_shape(attrs, attrs["tops"][0], f"{attrs['fork']}'s VideoData without "
+                                        "crop_size or new_height/new_width takes the frames' own size")
+            n, c, hw = attrs["batch_size"], attrs["channels"], tuple(attrs["hw"])
+            data = (n, c, attrs["length"]) + hw if attrs["fork"] == "C3D v1.1" else (n, c) + hw
+        shapes = [tuple(data)]
+        if attrs["num_tops"] > 1:
+            if attrs["fork"] == "TSN":
+                label = (data[0], 1, 1, 1)
+            else:
+                label = (data[0],) if attrs["labels"] is None else (data[0], attrs["labels"])
+            shapes.append(tuple(given.get(1) or label))
+        return shapes
+
+    def preprocessing(self, attrs):
+        if attrs["fork"] == "SSD":
+            return UNKNOWN_FORK_DATA.preprocessing(attrs)
+        if attrs["fork"] == "C3D v1.1":
+            lines = [(f"clips of {attrs['length']} colour frames (every {attrs['sampling_rate']}th), "
+                      f"channels x frames x height x width")]
+        else:
+            per = "x and y flow images" if attrs["modality"] == "FLOW" else "frames"
+            lines = [(f"{attrs['segments']} segments x {attrs['length']} {per} ({attrs['modality']}), "
+                      f"stacked on the channel axis")]
+        if attrs["resize"]:
+            lines.append(f"frames resized to {attrs['resize'][0]}x{attrs['resize'][1]}")
+        return lines + describe_transform(attrs["transform"])
