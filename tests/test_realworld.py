@@ -35,9 +35,8 @@ KNOWN_REFUSALS = {
     "shenfalong__styletransfer__python__prototxt__16__predict.prototxt": "unknown field 'input_blob'",
     # xiaolonw's ImageData reads image pairs (pair_size): the data shape depends on it
     "xiaolonw__caffe-video_triplet__rank_scripts__rank_alexnet__imagenet_train.prototxt": "unknown field 'pair_size'",
-    # yihui-he's one-bottom channel Filter (filter_param) and TSN's VideoData: no spec yet
+    # yihui-he's one-bottom channel Filter (filter_param): no spec yet
     "yihui-he__channel-pruning__temp__resnet-50-cp.prototxt": "unknown field 'filter_param'",
-    "yjxiong__temporal-segment-networks__models__ucf101__tsn_bn_inception_rgb_train_val.prototxt": "is not divisible by the product 303",
 }
 
 
