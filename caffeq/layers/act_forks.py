@@ -353,5 +353,5 @@ def is_selector_filter(attrs):
     return attrs.get("fork") == "yihui-he"
 
 
-__all__ = ["APL", "AdaptivePiecewiseLinear", "ChannelSelector", "GuidedDropout", "RReLU", "SELECTOR_FILTER",
+__all__ = ["APL", "SELECTOR_FILTER", "AdaptivePiecewiseLinear", "ChannelSelector", "GuidedDropout", "RReLU",
            "adaptive_piecewise_linear", "guided_dropout", "is_selector_filter", "rrelu_test", "select_channels"]
