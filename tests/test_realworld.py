@@ -35,8 +35,6 @@ KNOWN_REFUSALS = {
     "shenfalong__styletransfer__python__prototxt__16__predict.prototxt": "unknown field 'input_blob'",
     # xiaolonw's ImageData reads image pairs (pair_size): the data shape depends on it
     "xiaolonw__caffe-video_triplet__rank_scripts__rank_alexnet__imagenet_train.prototxt": "unknown field 'pair_size'",
-    # yihui-he's one-bottom channel Filter (filter_param): no spec yet
-    "yihui-he__channel-pruning__temp__resnet-50-cp.prototxt": "unknown field 'filter_param'",
 }
 
 

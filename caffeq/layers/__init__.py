@@ -3,6 +3,7 @@ from .registry import Layer, LayerError, get_spec, register_layer, require_specs
 
 # Each module registers the specs of one layer family.
 from . import (  # noqa: F401,E402
+    act_forks,
     activation,
     c3d,
     common,

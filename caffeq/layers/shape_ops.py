@@ -11,6 +11,7 @@ import math
 import numpy as np
 import torch
 
+from .act_forks import SELECTOR_FILTER, is_selector_filter
 from .registry import Layer, LayerError, canonical_axis, register_layer
 
 INT64_MAX = np.iinfo(np.int64).max
@@ -523,20 +524,38 @@ class Filter(Layer):
     data has flowed (FilterLayer::Reshape's first call: the full bottom[0]
     batch, an upper bound); forward and ONNX (Compress) use the real selector,
     so run-time outputs have Caffe's post-forward shape.
+
+    A Filter carrying `filter_param` is yihui-he/caffe-pro's channel selector (one bottom per top,
+    a selector blob): every method hands it to act_forks.SELECTOR_FILTER.
     """
 
     #: dim 0 of the tops depends on the selector's values (static shape = upper bound)
     data_dependent_shape = True
 
     def parse(self, lp):
+        if lp.HasField("filter_param"):
+            return SELECTOR_FILTER.parse(lp)
         if len(lp.bottom) < 2:
-            raise LayerError("Filter needs at least 2 bottoms (blobs to filter, then the selector)")
+            hint = (" (yihui-he/caffe-pro's one-bottom Filter needs filter_param { num_output: ... })"
+                    if len(lp.bottom) == len(lp.top) == 1 else "")
+            raise LayerError(f"Filter needs at least 2 bottoms (blobs to filter, then the selector){hint}")
         if len(lp.top) != len(lp.bottom) - 1:
             raise LayerError(f"Filter needs one top per filtered bottom: {len(lp.bottom) - 1} "
                              f"top(s), got {len(lp.top)}")
         return {}
 
+    def blob_names_for(self, attrs):
+        return SELECTOR_FILTER.blob_names if is_selector_filter(attrs) else self.blob_names
+
+    def param_shapes(self, attrs, in_shapes):
+        return SELECTOR_FILTER.param_shapes(attrs, in_shapes) if is_selector_filter(attrs) else None
+
+    def init_params(self, attrs, shapes, rng):
+        return SELECTOR_FILTER.init_params(attrs, shapes, rng)
+
     def infer(self, attrs, in_shapes):
+        if is_selector_filter(attrs):
+            return SELECTOR_FILTER.infer(attrs, in_shapes)
         sel = tuple(in_shapes[-1])
         if not sel:
             raise LayerError("the selector bottom must have at least one axis")
@@ -549,6 +568,8 @@ class Filter(Layer):
         return [tuple(in_shapes[0][:1]) + tuple(s[1:]) for s in in_shapes[:-1]]
 
     def forward(self, attrs, params, *inputs):
+        if is_selector_filter(attrs):
+            return SELECTOR_FILTER.forward(attrs, params, *inputs)
         *xs, sel = inputs
         for x in xs:
             if x.shape[0] != sel.shape[0]:
@@ -559,6 +580,8 @@ class Filter(Layer):
         return ys[0] if len(ys) == 1 else ys
 
     def onnx(self, ctx, node):
+        if is_selector_filter(node.attrs):
+            return SELECTOR_FILTER.onnx(ctx, node)
         *xs, sel = node.inputs
         flat, cond = ctx.tmp(node.name + "_sel"), ctx.tmp(node.name + "_keep")
         ctx.add_node("Reshape", [sel, ctx.const(i64([-1]))], [flat])
@@ -567,6 +590,8 @@ class Filter(Layer):
             ctx.add_node("Compress", [x, cond], [out], name=node.name if i == 0 else None, axis=0)
 
     def pytorch_source(self, node, emit):
+        if is_selector_filter(node.attrs):
+            return SELECTOR_FILTER.pytorch_source(node, emit)
         *xs, sel = emit.inputs
         keep = emit.tmp(node.name + "_keep")
         emit.stmt(f"{keep} = torch.nonzero({sel}.reshape({sel}.shape[0], -1)[:, 0] != 0).flatten()",

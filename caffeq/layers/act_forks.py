@@ -1,0 +1,357 @@
+"""Activation, dropout and selector layers of single forks, each as its fork computes it at TEST.
+
+- RReLU (ducha-aiki/caffe `elu` c9b0c54, rrelu_layer.cpp; from happynear/caffe-windows): at TRAIN
+  the negative part is divided by a ~ U(lb, ub); at TEST by the fork's `mean_slope` =
+  (ub - lb) / (ln|ub| - ln|lb|), the logarithmic mean of lb and ub (1 / E[1/a]), *not* (lb + ub) / 2.
+  y = x for x > 0, x / mean_slope otherwise.  No blobs.
+- APL (forestagostinelli/Learned-Activation-Functions-Source aa1f97e, apl_layer.cpp): with
+  K = count / num (every (c, h, w) position has its own hinges),
+  y[n, k] = max(x, 0) + sum_s slope[k, s] * max(offset[k, s] - x, 0), summed in order s = 0, 1, ...
+  Two blobs (slope, offset), each shaped (1, 1, sums, K) but indexed k * sums + s, so their memory
+  is read here as (K, sums).
+- GuidedDropout (Cysu/caffe `domain-guided-dropout` ab98582, guided_dropout_layer.cpp): bottoms x
+  and guidance (num, channels, 1, 1).  "deterministic" (at TEST too): keep channel c of sample n
+  when guidance[n, c] > guidance_threshold, times channels / kept[n] when kept[n] > 0 (all dropped
+  gives zeros).  "stochastic" at TEST copies x.
+- yihui-he/caffe-pro's Filter (filter_layer.cpp/.cu, 602b9e3): one top per bottom, each keeping the
+  channels whose selector blob entry (C,) is non-zero, in order; the top has filter_param.num_output
+  channels and the fork's GPU forward checks that the selector keeps exactly that many.  It shares
+  the type name with BVLC's Filter (selector bottom, no parameters): shape_ops.Filter hands a layer
+  carrying `filter_param` to `SELECTOR_FILTER` here.
+"""
+import inspect
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from .registry import Layer, LayerError, canonical_axis, count, register_layer
+
+
+def _legacy_num_channels(shape, what):
+    """num and channels as the fork's Blob::num()/channels() read them (at most 4 axes)."""
+    if not 1 <= len(shape) <= 4:
+        raise LayerError(f"{what} needs a 1- to 4-axis input (the fork reads num/channels), got {list(shape)}")
+    return shape[0], (shape[1] if len(shape) > 1 else 1)
+
+
+# ---- torch functions (model.py gets the same code) ---------------------------------------
+
+def rrelu_test(x, mean_slope: float):
+    """ducha-aiki's RReLU at TEST: negative inputs divided by the fork's mean slope."""
+    return torch.where(x > 0, x, x / mean_slope)
+
+
+def adaptive_piecewise_linear(x, slope, offset, sums: int):
+    """APL: max(x, 0) + sum_s slope[k, s] * max(offset[k, s] - x, 0) per position k, s in order."""
+    flat = x.reshape(x.shape[0], -1)
+    slopes, offsets = slope.reshape(-1, sums), offset.reshape(-1, sums)   # memory is k * sums + s
+    y = flat.clamp(min=0)
+    for s in range(sums):
+        y = y + slopes[:, s] * (offsets[:, s] - flat).clamp(min=0)
+    return y.reshape(x.shape)
+
+
+class AdaptivePiecewiseLinear(nn.Module):
+    """APL with its slope and offset blobs, (1, 1, sums, K) each."""
+
+    def __init__(self, sums, positions):
+        super().__init__()
+        self.sums = sums
+        self.slope = nn.Parameter(torch.zeros(1, 1, sums, positions))
+        self.offset = nn.Parameter(torch.zeros(1, 1, sums, positions))
+
+    def forward(self, x):
+        return adaptive_piecewise_linear(x, self.slope, self.offset, self.sums)
+
+
+def guided_dropout(x, guidance, threshold: float):
+    """Deterministic guided dropout: channels whose guidance > threshold, rescaled by C / kept."""
+    n = x.shape[0]
+    c = x.shape[1] if x.dim() > 1 else 1
+    mask = (guidance.reshape(n, c, 1) > threshold).to(x.dtype)
+    kept = mask.sum(dim=1, keepdim=True)
+    y = x.reshape(n, c, -1) * mask
+    return torch.where(kept > 0, y * c / kept, y).reshape(x.shape)
+
+
+def select_channels(x, selector, num_output: int):
+    """yihui-he's Filter: the channels of x whose selector entry is non-zero (there must be num_output)."""
+    keep = torch.nonzero(selector.reshape(-1) != 0).flatten()
+    if keep.numel() != num_output:
+        raise ValueError(f"Filter: the selector keeps {keep.numel()} channels, "
+                         f"filter_param.num_output is {num_output}")
+    return x.index_select(1, keep)
+
+
+class ChannelSelector(nn.Module):
+    """yihui-he's Filter with its selector blob (C,)."""
+
+    def __init__(self, channels, num_output):
+        super().__init__()
+        self.num_output = num_output
+        self.selector = nn.Parameter(torch.ones(channels))
+
+    def forward(self, x):
+        return select_channels(x, self.selector, self.num_output)
+
+
+# ---- RReLU ---------------------------------------------------------------------------------
+
+@register_layer("RReLU")
+class RReLU(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 1 or len(lp.top) != 1:
+            raise LayerError(f"RReLU takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+        lb, ub = float(lp.rrelu_param.lb), float(lp.rrelu_param.ub)
+        if not ub > lb:
+            raise LayerError(f"rrelu_param.ub must be > rrelu_param.lb, got lb {lb} and ub {ub}")
+        if lb * ub == 0:
+            raise LayerError(f"rrelu_param.lb and ub must not be 0, got lb {lb} and ub {ub}")
+        spread = math.log(abs(ub)) - math.log(abs(lb))
+        if spread == 0:
+            raise LayerError(f"rrelu_param.lb {lb} and ub {ub} have the same magnitude: the fork's "
+                             f"mean slope (ub - lb) / (ln|ub| - ln|lb|) divides by zero")
+        # Caffe keeps mean_slope in float
+        return {"lb": lb, "ub": ub, "mean_slope": float(np.float32((ub - lb) / spread))}
+
+    def infer(self, attrs, in_shapes):
+        if len(in_shapes[0]) < 2:
+            raise LayerError(f"RReLU needs an input of at least 2 axes, got {list(in_shapes[0])}")
+        return [tuple(in_shapes[0])]
+
+    def forward(self, attrs, params, x):
+        return rrelu_test(x, attrs["mean_slope"])
+
+    def onnx(self, ctx, node):
+        x, name = node.inputs[0], node.name
+        slope = ctx.const(np.array(node.attrs["mean_slope"], np.float32), name + "_mean_slope")
+        pos = ctx.add_node("Greater", [x, ctx.const(np.array(0, np.float32))], ctx.tmp(name + "_pos"), name=name)
+        neg = ctx.add_node("Div", [x, slope], ctx.tmp(name + "_neg"))
+        ctx.add_node("Where", [pos, x, neg], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        fn = emit.helper(inspect.getsource(rrelu_test))
+        return f"{fn}({emit.inputs[0]}, {emit.lit(node.attrs['mean_slope'])})"
+
+
+# ---- APL -----------------------------------------------------------------------------------
+
+_FILLERS = ("uniform", "gaussian", "constant")
+
+
+def _filler(p, field, default):
+    if not p.HasField(field):
+        return default
+    f = getattr(p, field)
+    return {"type": f.type, "min": float(f.min), "max": float(f.max), "mean": float(f.mean),
+            "std": float(f.std), "value": float(f.value)}
+
+
+def _fill(filler, shape, rng, field):
+    kind = filler["type"]
+    if kind == "uniform":
+        return rng.uniform(filler["min"], filler["max"], shape).astype(np.float32)
+    if kind == "gaussian":
+        return (filler["mean"] + filler["std"] * rng.standard_normal(shape)).astype(np.float32)
+    if kind == "constant":
+        return np.full(shape, filler["value"], np.float32)
+    raise LayerError(f"apl_param.{field} type '{kind}': only {', '.join(_FILLERS)} can fill a missing blob")
+
+
+@register_layer("APL")
+class APL(Layer):
+    blob_names = ("slope", "offset")
+
+    def parse(self, lp):
+        if len(lp.bottom) != 1 or len(lp.top) != 1:
+            raise LayerError(f"APL takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+        p = lp.apl_param
+        sums = int(p.sums)
+        if sums < 1:
+            raise LayerError(f"apl_param.sums must be >= 1, got {sums}")
+        # the fork's fillers when none is given (apl_layer.cpp LayerSetUp)
+        slope = _filler(p, "slope_filler", {"type": "uniform", "min": -0.5 / sums, "max": 0.5 / sums})
+        offset = _filler(p, "offset_filler", {"type": "gaussian", "mean": 0.0, "std": 0.5})
+        return {"sums": sums, "slope_filler": slope, "offset_filler": offset}
+
+    def infer(self, attrs, in_shapes):
+        s = in_shapes[0]
+        if not 2 <= len(s) <= 4:
+            raise LayerError(f"APL needs a 2- to 4-axis input (the fork reads num()), got {list(s)}")
+        return [tuple(s)]
+
+    def param_shapes(self, attrs, in_shapes):
+        self.infer(attrs, in_shapes)
+        return [(1, 1, attrs["sums"], count(in_shapes[0], 1))] * 2
+
+    def init_params(self, attrs, shapes, rng):
+        return [_fill(attrs["slope_filler"], shapes[0], rng, "slope_filler"),
+                _fill(attrs["offset_filler"], shapes[1], rng, "offset_filler")]
+
+    def forward(self, attrs, params, x):
+        return adaptive_piecewise_linear(x, params[0], params[1], attrs["sums"])
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        return count(in_shapes[0]) * attrs["sums"]
+
+    def onnx(self, ctx, node):
+        x, name, sums = node.inputs[0], node.name, node.attrs["sums"]
+        grid = ctx.const(np.array([-1, sums], np.int64))
+        flat = ctx.add_node("Reshape", [x, ctx.const(np.array([0, -1], np.int64))], ctx.tmp(name + "_flat"),
+                            name=name)
+        slopes = ctx.add_node("Reshape", [ctx.weight(node, 0), grid], ctx.tmp(name + "_slopes"))
+        offsets = ctx.add_node("Reshape", [ctx.weight(node, 1), grid], ctx.tmp(name + "_offsets"))
+        y = ctx.add_node("Relu", [flat], ctx.tmp(name + "_relu"))
+        for s in range(sums):
+            column = ctx.const(np.array(s, np.int64))
+            a = ctx.add_node("Gather", [slopes, column], ctx.tmp(f"{name}_slope{s}"), axis=1)
+            b = ctx.add_node("Gather", [offsets, column], ctx.tmp(f"{name}_offset{s}"), axis=1)
+            gap = ctx.add_node("Sub", [b, flat], ctx.tmp(f"{name}_gap{s}"))
+            hinge = ctx.add_node("Relu", [gap], ctx.tmp(f"{name}_hinge{s}"))
+            term = ctx.add_node("Mul", [a, hinge], ctx.tmp(f"{name}_term{s}"))
+            y = ctx.add_node("Add", [y, term], ctx.tmp(f"{name}_sum{s}"))
+        ctx.add_node("Reshape", [y, ctx.const(np.array(ctx.shape(x), np.int64))], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        emit.helper(inspect.getsource(adaptive_piecewise_linear))
+        cls = emit.helper(inspect.getsource(AdaptivePiecewiseLinear))
+        m = emit.module(f"{cls}({node.attrs['sums']}, {count(emit.in_shape(0), 1)})")
+        emit.param("slope", 0)
+        emit.param("offset", 1)
+        return f"{m}({emit.inputs[0]})"
+
+
+# ---- GuidedDropout ---------------------------------------------------------------------------
+
+@register_layer("GuidedDropout")
+class GuidedDropout(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 2 or len(lp.top) != 1:
+            raise LayerError(f"GuidedDropout takes 2 bottoms (x, guidance) and one top, got "
+                             f"{len(lp.bottom)} and {len(lp.top)}")
+        p = lp.guided_dropout_param
+        if p.type not in ("deterministic", "stochastic"):
+            raise LayerError(f'guided_dropout_param.type must be "deterministic" or "stochastic", got {p.type!r}')
+        return {"deterministic": p.type == "deterministic", "threshold": float(p.guidance_threshold)}
+
+    def infer(self, attrs, in_shapes):
+        x, g = in_shapes
+        n, c = _legacy_num_channels(x, "GuidedDropout")
+        if not 1 <= len(g) <= 4 or tuple(g) + (1,) * (4 - len(g)) != (n, c, 1, 1):
+            raise LayerError(f"GuidedDropout's guidance {list(g)} must be (num {n}, channels {c}, 1, 1) "
+                             f"for the input {list(x)}")
+        return [tuple(x)]
+
+    def forward(self, attrs, params, x, guidance):
+        if not attrs["deterministic"]:
+            return x.clone()          # "stochastic" copies its bottom at TEST
+        return guided_dropout(x, guidance, attrs["threshold"])
+
+    def onnx(self, ctx, node):
+        x, g = node.inputs
+        out, name = node.outputs[0], node.name
+        if not node.attrs["deterministic"]:
+            ctx.add_node("Identity", [x], [out], name=name)
+            return
+        from .norm import onnx_reduce
+        shape = list(ctx.shape(x))
+        n, c = shape[0], (shape[1] if len(shape) > 1 else 1)
+        x3 = ctx.add_node("Reshape", [x, ctx.const(np.array([n, c, -1], np.int64))], ctx.tmp(name + "_x3"),
+                          name=name)
+        g3 = ctx.add_node("Reshape", [g, ctx.const(np.array([n, c, 1], np.int64))], ctx.tmp(name + "_g3"))
+        over = ctx.add_node("Greater", [g3, ctx.const(np.array(node.attrs["threshold"], np.float32))],
+                            ctx.tmp(name + "_over"))
+        mask = ctx.add_node("Cast", [over], ctx.tmp(name + "_mask"), to=1)
+        kept = onnx_reduce(ctx, "ReduceSum", mask, [1], True, ctx.tmp(name + "_kept"))
+        y = ctx.add_node("Mul", [x3, mask], ctx.tmp(name + "_masked"))
+        times_c = ctx.add_node("Mul", [y, ctx.const(np.array(c, np.float32))], ctx.tmp(name + "_times_c"))
+        scaled = ctx.add_node("Div", [times_c, kept], ctx.tmp(name + "_scaled"))
+        any_kept = ctx.add_node("Greater", [kept, ctx.const(np.array(0, np.float32))], ctx.tmp(name + "_any"))
+        picked = ctx.add_node("Where", [any_kept, scaled, y], ctx.tmp(name + "_picked"))
+        ctx.add_node("Reshape", [picked, ctx.const(np.array(shape, np.int64))], [out])
+
+    def pytorch_source(self, node, emit):
+        x, g = emit.inputs
+        if not node.attrs["deterministic"]:
+            return f"{x}.clone()"
+        fn = emit.helper(inspect.getsource(guided_dropout))
+        return f"{fn}({x}, {g}, {emit.lit(node.attrs['threshold'])})"
+
+
+# ---- yihui-he's Filter (reached through shape_ops.Filter) ---------------------------------------
+
+class SelectorFilter(Layer):
+    """yihui-he/caffe-pro's Filter: one top per bottom, the channels its selector blob keeps."""
+
+    blob_names = ("selector",)
+
+    def parse(self, lp):
+        p = lp.filter_param
+        if not len(lp.bottom) or len(lp.top) != len(lp.bottom):
+            raise LayerError(f"Filter with filter_param (yihui-he/caffe-pro) takes one top per bottom, got "
+                             f"{len(lp.bottom)} bottom(s) and {len(lp.top)} top(s)")
+        if p.num_output <= 0:
+            raise LayerError(f"filter_param.num_output must be > 0 (the channels the selector keeps), "
+                             f"got {p.num_output}")
+        return {"fork": "yihui-he", "axis": int(p.axis), "num_output": int(p.num_output)}
+
+    def infer(self, attrs, in_shapes):
+        channels = None
+        for s in in_shapes:
+            # the fork's kernel reads shape(1..3) as (C, H, W) whatever the axis: 4-axis only
+            if len(s) != 4:
+                raise LayerError(f"Filter with filter_param needs 4-axis bottoms, got {list(s)}")
+            if canonical_axis(attrs["axis"], 4, "filter_param.axis") != 1:
+                raise LayerError(f"filter_param.axis {attrs['axis']}: the fork's forward selects channels "
+                                 f"(axis 1) only")
+            if channels is not None and s[1] != channels:
+                raise LayerError(f"Filter's bottoms must share the selector's {channels} channels, got {list(s)}")
+            channels = s[1]
+        if attrs["num_output"] > channels:
+            raise LayerError(f"filter_param.num_output {attrs['num_output']} exceeds the {channels} channels")
+        return [(s[0], attrs["num_output"]) + tuple(s[2:]) for s in in_shapes]
+
+    def param_shapes(self, attrs, in_shapes):
+        self.infer(attrs, in_shapes)
+        return [(in_shapes[0][1],)]
+
+    def init_params(self, attrs, shapes, rng):
+        # the fork fills ones, which its forward rejects unless num_output is every channel:
+        # keep the first num_output channels instead, so a net without weights runs
+        sel = np.zeros(shapes[0], np.float32)
+        sel[:attrs["num_output"]] = 1
+        return [sel]
+
+    def forward(self, attrs, params, *xs):
+        try:
+            ys = tuple(select_channels(x, params[0], attrs["num_output"]) for x in xs)
+        except ValueError as e:
+            raise LayerError(str(e)) from None
+        return ys[0] if len(ys) == 1 else ys
+
+    def onnx(self, ctx, node):
+        cond = ctx.add_node("Cast", [ctx.weight(node, 0)], ctx.tmp(node.name + "_keep"), name=node.name,
+                            to=9)   # BOOL: non-zero -> kept, as the fork's `if (*selector)`
+        for x, out in zip(node.inputs, node.outputs):
+            ctx.add_node("Compress", [x, cond], [out], axis=1)
+
+    def pytorch_source(self, node, emit):
+        emit.helper(inspect.getsource(select_channels))
+        cls = emit.helper(inspect.getsource(ChannelSelector))
+        m = emit.module(f"{cls}({emit.in_shape(0)[1]}, {node.attrs['num_output']})")
+        emit.param("selector", 0)
+        return [f"{m}({x})" for x in emit.inputs]
+
+
+SELECTOR_FILTER = SelectorFilter()
+SELECTOR_FILTER.types = ("Filter",)
+
+
+def is_selector_filter(attrs):
+    return attrs.get("fork") == "yihui-he"
+
+
+__all__ = ["APL", "SELECTOR_FILTER", "AdaptivePiecewiseLinear", "ChannelSelector", "GuidedDropout", "RReLU",
+           "adaptive_piecewise_linear", "guided_dropout", "is_selector_filter", "rrelu_test", "select_channels"]

@@ -1,0 +1,220 @@
+"""Single-fork layers of act_forks.py, each as its fork computes it at TEST: RReLU (ducha-aiki/caffe
+rrelu_layer.cpp), APL (Learned-Activation-Functions-Source apl_layer.cpp), GuidedDropout (Cysu/caffe
+guided_dropout_layer.cpp) and yihui-he/caffe-pro's one-bottom Filter (filter_layer.cu).
+
+References are float64 numpy loops written here from the forks' code; each layer runs in torch,
+onnxruntime and the generated model.py.
+"""
+import math
+
+import numpy as np
+import pytest
+from conftest import assert_close, model_py_outputs, net, onnx_outputs, rng
+
+from caffeq.layers import LayerError
+from caffeq.model import load_from_text
+
+
+def check_backends(model, feeds, tmp_path, refs, atol=1e-5, rtol=1e-5):
+    outs = {"torch": model.run(feeds), "onnx": onnx_outputs(model, feeds, tmp_path),
+            "model.py": model_py_outputs(model, feeds, tmp_path)}
+    for backend, got in outs.items():
+        for top, ref in refs.items():
+            assert_close(got[top], ref, atol, rtol, f"{backend} {top}")
+
+
+def node_of(model, name):
+    return next(n for n in model.layers if n.name == name)
+
+
+# ---- RReLU -----------------------------------------------------------------------------------
+
+def rrelu_ref(x, lb, ub):
+    """rrelu_layer.cpp TEST: max(x, 0) + min(x, 0) / mean_slope, mean_slope = (ub-lb)/(ln|ub|-ln|lb|)."""
+    mean_slope = (ub - lb) / (math.log(abs(ub)) - math.log(abs(lb)))
+    y = np.empty(x.shape)
+    for i, v in np.ndenumerate(x.astype(np.float64)):
+        y[i] = max(v, 0.0) + min(v, 0.0) / mean_slope
+    return y
+
+
+@pytest.mark.parametrize("params, lb, ub", [("rrelu_param { lb: 10 ub: 30 }", 10.0, 30.0),
+                                            ("", 5.0, 10.0),                    # the fork's defaults
+                                            ("rrelu_param { lb: -8 ub: -3 }", -8.0, -3.0)])
+def test_rrelu_divides_by_the_logarithmic_mean(params, lb, ub, tmp_path):
+    x = rng(1).standard_normal((2, 3, 4, 5)).astype(np.float32) * 4
+    model = load_from_text(net(f'layer {{ name: "r" type: "RReLU" bottom: "x" top: "o" {params} }}',
+                               inputs={"x": x.shape}))
+    ref = rrelu_ref(x, lb, ub)
+    # the fork's TEST slope is not the arithmetic mean of the bounds
+    arithmetic = np.where(x > 0, x, x / ((lb + ub) / 2))
+    assert np.abs(ref - arithmetic).max() > 1e-3
+    check_backends(model, {"x": x}, tmp_path, {"o": ref})
+
+
+@pytest.mark.parametrize("params, field", [("lb: 3 ub: 3", "rrelu_param.ub"), ("lb: 0 ub: 3", "rrelu_param.lb"),
+                                           ("lb: -4 ub: 4", "same magnitude")])
+def test_rrelu_bad_bounds(params, field):
+    with pytest.raises(LayerError, match=field):
+        load_from_text(net(f'layer {{ name: "r" type: "RReLU" bottom: "x" top: "o" rrelu_param {{ {params} }} }}',
+                           inputs={"x": (1, 2, 3, 4)}))
+
+
+# ---- APL -------------------------------------------------------------------------------------
+
+def apl_ref(x, slope, offset, sums):
+    """apl_layer.cpp Forward_cpu: K = count / num, parameter index k * sums + s."""
+    n = x.shape[0]
+    flat = x.astype(np.float64).reshape(n, -1)
+    a, b = slope.astype(np.float64).ravel(), offset.astype(np.float64).ravel()
+    y = np.empty_like(flat)
+    for e in range(n):
+        for k in range(flat.shape[1]):
+            v = flat[e, k]
+            t = max(v, 0.0)
+            for s in range(sums):
+                t += a[k * sums + s] * max(-v + b[k * sums + s], 0.0)
+            y[e, k] = t
+    return y.reshape(x.shape)
+
+
+@pytest.mark.parametrize("sums", [2, 3])
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
+def test_apl(sums, shape, tmp_path):
+    x = rng(2).standard_normal(shape).astype(np.float32)
+    model = load_from_text(net(f'layer {{ name: "a" type: "APL" bottom: "x" top: "o" apl_param {{ sums: {sums} }} }}',
+                               inputs={"x": shape}), random_weights=True)
+    node = node_of(model, "a")
+    k = math.prod(shape[1:])
+    assert node.expected_param_shapes == [(1, 1, sums, k)] * 2
+    slope = rng(3).uniform(-1, 1, (1, 1, sums, k)).astype(np.float32)
+    offset = rng(4).standard_normal((1, 1, sums, k)).astype(np.float32)
+    node.blobs[0], node.blobs[1] = slope, offset
+    check_backends(model, {"x": x}, tmp_path, {"o": apl_ref(x, slope, offset, sums)})
+
+
+def test_apl_fillers_and_bad_sums():
+    text = net('layer { name: "a" type: "APL" bottom: "x" top: "o" apl_param { sums: 2 '
+               'slope_filler { type: "constant" value: 0.25 } offset_filler { type: "uniform" min: 1 max: 2 } } }',
+               inputs={"x": (2, 3, 2, 2)})
+    node = node_of(load_from_text(text, random_weights=True), "a")
+    assert np.all(node.blobs[0] == 0.25)
+    assert node.blobs[1].min() >= 1 and node.blobs[1].max() <= 2
+    # the fork's defaults: uniform(+-0.5 / sums) slopes
+    node = node_of(load_from_text(net('layer { name: "a" type: "APL" bottom: "x" top: "o" apl_param { sums: 5 } }',
+                                      inputs={"x": (2, 3, 2, 2)}), random_weights=True), "a")
+    assert np.abs(node.blobs[0]).max() <= 0.1
+    with pytest.raises(LayerError, match="apl_param.sums"):
+        load_from_text(net('layer { name: "a" type: "APL" bottom: "x" top: "o" apl_param { sums: 0 } }',
+                           inputs={"x": (2, 3)}))
+
+
+# ---- GuidedDropout ---------------------------------------------------------------------------
+
+def guided_ref(x, guidance, threshold):
+    """guided_dropout_layer.cpp deterministic: mask = guidance > thr, x * mask * C / kept when kept > 0."""
+    n, c = x.shape[:2]
+    dim = x[0, 0].size
+    flat, g = x.astype(np.float64).reshape(n, c, dim), guidance.reshape(n, c)
+    y = np.empty_like(flat)
+    for i in range(n):
+        kept = sum(1 for ch in range(c) if g[i, ch] > threshold)
+        for ch in range(c):
+            for d in range(dim):
+                v = flat[i, ch, d] * (1.0 if g[i, ch] > threshold else 0.0)
+                y[i, ch, d] = v * c / kept if kept > 0 else v
+    return y.reshape(x.shape)
+
+
+@pytest.mark.parametrize("shape, gshape", [((3, 4, 2, 5), (3, 4, 1, 1)), ((3, 6), (3, 6))])
+@pytest.mark.parametrize("threshold", [0.0, 0.3])
+def test_guided_dropout_deterministic(shape, gshape, threshold, tmp_path):
+    x = rng(5).standard_normal(shape).astype(np.float32)
+    g = rng(6).standard_normal(gshape).astype(np.float32)
+    g.reshape(shape[0], -1)[1] = -1.0          # sample 1 keeps no channel: its output is zero
+    text = net('layer { name: "d" type: "GuidedDropout" bottom: "x" bottom: "g" top: "o" '
+               f'guided_dropout_param {{ guidance_threshold: {threshold} }} }}', inputs={"x": shape, "g": gshape})
+    model = load_from_text(text)
+    ref = guided_ref(x, g, np.float32(threshold))
+    assert np.all(ref[1] == 0)
+    check_backends(model, {"x": x, "g": g}, tmp_path, {"o": ref})
+
+
+def test_guided_dropout_stochastic_is_identity_at_test(tmp_path):
+    x = rng(7).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    g = rng(8).standard_normal((2, 3)).astype(np.float32)
+    text = net('layer { name: "d" type: "GuidedDropout" bottom: "x" bottom: "g" top: "o" '
+               'guided_dropout_param { type: "stochastic" sigmoid_scaler: 2 } }', inputs={"x": x.shape, "g": g.shape})
+    check_backends(load_from_text(text), {"x": x, "g": g}, tmp_path, {"o": x}, 0, 0)
+
+
+@pytest.mark.parametrize("param, gshape, match", [('type: "random"', (2, 3), "guided_dropout_param.type"),
+                                                  ("", (2, 4), "guidance"), ("", (2, 3, 2, 1), "guidance")])
+def test_guided_dropout_errors(param, gshape, match):
+    text = net(f'layer {{ name: "d" type: "GuidedDropout" bottom: "x" bottom: "g" top: "o" '
+               f'guided_dropout_param {{ {param} }} }}', inputs={"x": (2, 3, 4, 5), "g": gshape})
+    with pytest.raises(LayerError, match=match):
+        load_from_text(text)
+
+
+# ---- yihui-he's Filter (filter_param) ----------------------------------------------------------
+
+def select_ref(x, selector):
+    """filter_layer.cu: top channel n = bottom channel indices_to_forward_[n] (non-zero selector entries)."""
+    kept = [c for c in range(x.shape[1]) if selector[c] != 0]
+    y = np.empty((x.shape[0], len(kept)) + x.shape[2:])
+    for n, c in enumerate(kept):
+        y[:, n] = x[:, c]
+    return y
+
+
+def test_selector_filter_one_and_two_bottoms(tmp_path):
+    x = rng(9).standard_normal((2, 5, 3, 4)).astype(np.float32)
+    z = rng(10).standard_normal((3, 5, 2, 1)).astype(np.float32)
+    text = net('layer { name: "f" type: "Filter" bottom: "x" top: "o" param { lr_mult: 0 } '
+               'filter_param { num_output: 3 } }',
+               'layer { name: "f2" type: "Filter" bottom: "x" bottom: "z" top: "p" top: "q" '
+               'filter_param { num_output: 2 axis: -3 } }', inputs={"x": x.shape, "z": z.shape})
+    model = load_from_text(text, random_weights=True)
+    f, f2 = node_of(model, "f"), node_of(model, "f2")
+    assert f.expected_param_shapes == [(5,)] and model.blob_shapes["o"] == (2, 3, 3, 4)
+    assert model.blob_shapes["q"] == (3, 2, 2, 1)
+    assert list(f.blobs[0]) == [1, 1, 1, 0, 0]            # without weights: the first num_output channels
+    f.blobs[0] = np.array([0, 1, 1, 0, 2], np.float32)
+    f2.blobs[0] = np.array([0, 0, -1, 0, 1], np.float32)
+    refs = {"o": select_ref(x, f.blobs[0]), "p": select_ref(x, f2.blobs[0]), "q": select_ref(z, f2.blobs[0])}
+    check_backends(model, {"x": x, "z": z}, tmp_path, refs, 0, 0)
+
+
+def test_selector_filter_errors():
+    one = 'layer {{ name: "f" type: "Filter" bottom: "x" top: "o" {} }}'
+    with pytest.raises(LayerError, match="filter_param.num_output"):
+        load_from_text(net(one.format("filter_param { axis: 1 }"), inputs={"x": (2, 5, 3, 4)}))
+    with pytest.raises(LayerError, match="filter_param.num_output 6 exceeds"):
+        load_from_text(net(one.format("filter_param { num_output: 6 }"), inputs={"x": (2, 5, 3, 4)}))
+    with pytest.raises(LayerError, match="filter_param.axis"):
+        load_from_text(net(one.format("filter_param { num_output: 1 axis: 2 }"), inputs={"x": (2, 5, 3, 4)}))
+    with pytest.raises(LayerError, match="4-axis"):
+        load_from_text(net(one.format("filter_param { num_output: 1 }"), inputs={"x": (2, 5)}))
+    # no filter_param and one bottom: BVLC's Filter, whose error points at the fork's message
+    with pytest.raises(LayerError, match="filter_param"):
+        load_from_text(net(one.format(""), inputs={"x": (2, 5, 3, 4)}))
+    # filter_param with BVLC's bottoms-minus-one tops
+    with pytest.raises(LayerError, match="one top per bottom"):
+        load_from_text(net('layer { name: "f" type: "Filter" bottom: "x" bottom: "s" top: "o" '
+                           'filter_param { num_output: 1 } }', inputs={"x": (2, 5, 3, 4), "s": (2, 1)}))
+    # a selector that keeps another number of channels than num_output: the fork's CHECK, as an error
+    model = load_from_text(net(one.format("filter_param { num_output: 2 }"), inputs={"x": (2, 5, 3, 4)}),
+                           random_weights=True)
+    node_of(model, "f").blobs[0] = np.array([1, 1, 1, 0, 0], np.float32)
+    with pytest.raises(LayerError, match="keeps 3 channels"):
+        model.run({"x": np.zeros((2, 5, 3, 4), np.float32)})
+
+
+def test_bvlc_filter_still_selects_items(tmp_path):
+    x = rng(11).standard_normal((4, 3, 2)).astype(np.float32)
+    sel = np.array([[1], [0], [2], [0]], np.float32)
+    model = load_from_text(net('layer { name: "f" type: "Filter" bottom: "x" bottom: "s" top: "o" }',
+                               inputs={"x": x.shape, "s": sel.shape}))
+    assert node_of(model, "f").expected_param_shapes is None
+    assert_close(model.run({"x": x, "s": sel})["o"], x[[0, 2]], 0, 0, "torch")
