@@ -13,6 +13,7 @@ from . import (  # noqa: F401,E402
     denseblock,
     elementwise,
     fork_data,
+    fpn,
     happynear,
     frcnn,
     im2col,
