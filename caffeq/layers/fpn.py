@@ -35,12 +35,18 @@ import inspect
 import math
 import re
 
-import numpy as np
 import torch
 from torch import nn
 
 from ..errors import CaffeqError, ExportError
-from .rcnn import TORCH_ANCHORS, TORCH_PROPOSAL, generate_anchors, parse_param_str, rpn_nms, shifted_anchors
+from .rcnn import (
+    TORCH_ANCHORS,
+    TORCH_PROPOSAL,
+    generate_anchors,
+    parse_param_str,
+    rpn_nms,
+    shifted_anchors,
+)
 from .registry import Layer, LayerError, register_layer
 
 # unsky/FPN lib/fast_rcnn/config.py
@@ -175,7 +181,7 @@ def read_fpn_param_str(text):
     """FPN's param_str, "'feat_stride': 4,8,16,32,64": in YAML's block style a plain scalar keeps its
     commas, so the value is the string "4,8,16,32,64" (the flow-style reader would split it).  Other
     forms go to rcnn.parse_param_str."""
-    m = re.fullmatch(r"""\s*(['"]?)feat_stride\1\s*:\s*([-+\d][\d\s,+-]*)""", text)
+    m = re.fullmatch(r"""\s*(['"]?)feat_stride\1\s*:\s*([^\s'"{}\[\]][^\n'"{}\[\]:]*)""", text)
     if m and "," in m.group(2):
         return {"feat_stride": m.group(2).strip()}
     return parse_param_str(text)
