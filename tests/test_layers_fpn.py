@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import load_model_py
+from conftest import load_model_py, onnx_run_by_blob, onnx_session
 from test_layers_rcnn import ref_anchors, ref_iou
 
 from caffeq.errors import CaffeqError, ExportError
@@ -197,11 +197,46 @@ def test_pytorch_source_matches_forward(merged, tmp_path):
         assert np.array_equal(got[blob].numpy(), want[blob]), blob
 
 
-@pytest.mark.parametrize("merged", [None, False, True])
-def test_onnx_export_is_refused_clearly(merged, tmp_path):
-    model = load_from_text(proposal_net(MAPS, merged=merged))
+def test_onnx_export_of_the_proposals_is_refused_clearly(tmp_path):
+    model = load_from_text(proposal_net(MAPS, merged=True))
     with pytest.raises(ExportError, match="no ONNX form"):
         model.export_onnx(str(tmp_path / "m.onnx"))
+
+
+def rois_at_level_steps():
+    """Boxes whose float32 area w * h sits on, and one float32 step below, sqrt(w h) = 112, 224, 448
+    (where the float32 log2 pipeline rounds), plus random ones and an empty level-4 set."""
+    rows = []
+    for side in (112.0, 224.0, 448.0):
+        area = np.float32(side * side)
+        for a in (area, np.nextafter(area, np.float32(0)), np.nextafter(np.nextafter(area, np.float32(0)),
+                                                                         np.float32(0))):
+            rows.append([0, 3, 5, 3 + a, 6])      # w = a, h = 1
+    rois = np.concatenate([np.array(rows, np.float32), random_rois(23, 7)])
+    return rois
+
+
+@pytest.mark.parametrize("merged", [False, True])
+def test_as_rois_level_steps_match_the_reference(merged):
+    rois = rois_at_level_steps()
+    model = load_from_text(input_layer("rpn_rois", rois.shape) + as_rois_layer(merged))
+    got = model.run({"rpn_rois": rois})
+    want = (ref_as_rois_merged if merged else ref_as_rois)(rois)
+    for blob, ref in zip(("rois", "rois/h2", "rois/h3", "rois/h4", "rois/h5"), want):
+        np.testing.assert_array_equal(got[blob], ref, err_msg=blob)
+
+
+@pytest.mark.parametrize("merged", [False, True])
+@pytest.mark.parametrize("opset", [13, 21])
+def test_as_rois_onnx_matches_torch(merged, opset, tmp_path):
+    for rois in (rois_at_level_steps(), random_rois(6, 3)[:2] * np.float32([1, 1, 1, 0, 1])):   # all on level 2
+        model = load_from_text(input_layer("rpn_rois", rois.shape) + as_rois_layer(merged))
+        want = model.run({"rpn_rois": rois})
+        sess = onnx_session(model, tmp_path / f"m{len(rois)}.onnx", opset)
+        outs = dict(zip([o.name for o in sess.get_outputs()], onnx_run_by_blob(sess, model, {"rpn_rois": rois})))
+        by_blob = {model.graph.tensors[n].blob: v for n, v in outs.items()}
+        for blob in ("rois", "rois/h2", "rois/h3", "rois/h4", "rois/h5"):
+            np.testing.assert_array_equal(by_blob[blob], want[blob], err_msg=blob)
 
 
 def test_py_faster_rcnn_proposal_layer_is_still_its_own():

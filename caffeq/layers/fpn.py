@@ -28,13 +28,15 @@ compute what unsky/FPN a096edb's lib/rpn modules compute at TEST time.
   rois, or 4 zero rows when it has none; rois is the four stacked.  Row counts depend on the
   data (infer gives the most rows: R + 12 and max(R, 4)).
 
-ONNX: refused (the shapes hang on values and on a per-level scatter; the proposals' level
-loop could be written but the runs here are eager).
+ONNX: As_rois and As_rois_MergeRcnn from standard ops (the levels by comparing the area with the
+float32 steps of the log2 pipeline, found once by a binary search; NonZero, Gather, Pad).  FPN's
+proposals are refused (their NMS and row repeats could be written, not done yet).
 """
 import inspect
 import math
 import re
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -172,6 +174,61 @@ def fpn_assign_rois_merged(rois, empty_rows: int = 4):
     return [torch.cat(blocks)] + blocks
 
 
+def level_area_thresholds():
+    """The smallest float32 areas w * h that fpn_roi_levels puts on levels 3, 4 and 5.  The level is a
+    non-decreasing function of the area, so a binary search over the positive float32 bit patterns
+    finds each step; comparing the area with these gives the very levels of the float32 log2
+    pipeline (ONNX has no log2, and Log / Log(2) rounds otherwise near the steps)."""
+    def level_of(bits):
+        area = torch.tensor(np.array([bits], np.int32).view(np.float32))
+        rois = torch.zeros((1, 5))
+        rois[0, 3], rois[0, 4] = area, 1.0
+        return int(fpn_roi_levels(rois)[0])
+
+    out = []
+    for k in (3, 4, 5):
+        lo, hi = 1, 0x7F7FFFFF          # level_of(lo) < k <= level_of(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if level_of(mid) >= k else (mid, hi)
+        out.append(float(np.array([hi], np.int32).view(np.float32)[0]))
+    return out
+
+
+def emit_assign_rois(ctx, node, merged):
+    """As_rois / As_rois_MergeRcnn from standard ops: the levels by comparing the area with
+    level_area_thresholds(), each level's rows by NonZero + Gather, zero rows by Pad."""
+    name = node.name
+    i64 = lambda v: ctx.const(np.array(v, np.int64))
+
+    def op(op_type, inputs, hint, **kw):
+        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
+
+    rois = node.inputs[0]
+    col = lambda k: op("Gather", [rois, i64(k)], f"c{k}", axis=1)
+    area = op("Mul", [op("Sub", [col(3), col(1)], "w"), op("Sub", [col(4), col(2)], "h")], "area")
+    at_least = [op("GreaterOrEqual", [area, ctx.const(np.array(t, np.float32))], f"ge{k}")
+                for k, t in zip((3, 4, 5), level_area_thresholds())]
+    masks = [op("Not", [at_least[0]], "l2"),
+             op("And", [at_least[0], op("Not", [at_least[1]], "n4")], "l3"),
+             op("And", [at_least[1], op("Not", [at_least[2]], "n5")], "l4"),
+             at_least[2]]
+    blocks = []
+    for k, mask in zip(range(2, 6), masks):
+        idx = op("Reshape", [op("NonZero", [mask], f"nz{k}"), i64([-1])], f"idx{k}")
+        picked = op("Gather", [rois, idx], f"rows{k}", axis=0)
+        count = op("Shape", [idx], f"n{k}")
+        if merged:   # 4 zero rows when the level is empty
+            extra = op("Mul", [op("Cast", [op("Equal", [count, i64([0])], f"empty{k}")], f"e{k}",
+                                  to=7), i64([EMPTY_LEVEL_ROWS])], f"extra{k}")
+        else:        # zero rows up to level_rows
+            extra = op("Sub", [i64([node.attrs["level_rows"]]), count], f"extra{k}")
+        pads = op("Concat", [i64([0, 0]), extra, i64([0])], f"pads{k}", axis=0)
+        blocks.append(ctx.add_node("Pad", [picked, pads, ctx.const(np.array(0, np.float32))],
+                                   [node.outputs[k - 1]], mode="constant")[0])
+    ctx.add_node("Concat", blocks, [node.outputs[0]], axis=0)
+
+
 TORCH_FPN_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (fpn_level_boxes, fpn_proposals, FPNProposal))
 TORCH_FPN_ASSIGN = "\n\n\n".join(inspect.getsource(f) for f in (fpn_roi_levels, fpn_assign_rois,
                                                                  fpn_assign_rois_merged))
@@ -307,7 +364,7 @@ class _AsRoisBase(Layer):
             raise LayerError(f"rois must be (R, 5) = [batch, x1, y1, x2, y2], got {list(rois)}")
 
     def onnx(self, ctx, node):
-        raise ExportError(f"layer '{node.name}' (FPN roi levels): the per-level split of rois has no ONNX form here")
+        emit_assign_rois(ctx, node, self.merged)
 
 
 @register_layer("Python:rpn.as_rois.As_roisLayer")
