@@ -13,7 +13,7 @@ import torch
 from conftest import load_model_py, onnx_run_by_blob, onnx_session
 from test_layers_rcnn import ref_anchors, ref_iou
 
-from caffeq.errors import CaffeqError, ExportError
+from caffeq.errors import CaffeqError
 from caffeq.model import load, load_from_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "realworld"
@@ -147,7 +147,7 @@ def test_as_rois_shapes():
     fixed = load_from_text(input_layer("rpn_rois", (1000, 5)) + as_rois_layer(False))
     assert fixed.blob_shapes["rois"] == (4000, 5) and fixed.blob_shapes["rois/h3"] == (1000, 5)
     merged = load_from_text(input_layer("rpn_rois", (10, 5)) + as_rois_layer(True))
-    assert merged.blob_shapes["rois"] == (22, 5) and merged.blob_shapes["rois/h5"] == (10, 5)
+    assert merged.blob_shapes["rois"] == (40, 5) and merged.blob_shapes["rois/h5"] == (10, 5)
     with pytest.raises(CaffeqError, match="at most 1000 rois per level"):
         load_from_text(input_layer("rpn_rois", (1001, 5)) + as_rois_layer(False))
     with pytest.raises(CaffeqError, match=r"\(R, 5\)"):
@@ -197,10 +197,19 @@ def test_pytorch_source_matches_forward(merged, tmp_path):
         assert np.array_equal(got[blob].numpy(), want[blob]), blob
 
 
-def test_onnx_export_of_the_proposals_is_refused_clearly(tmp_path):
-    model = load_from_text(proposal_net(MAPS, merged=True))
-    with pytest.raises(ExportError, match="no ONNX form"):
-        model.export_onnx(str(tmp_path / "m.onnx"))
+@pytest.mark.parametrize("merged", [False, True])
+@pytest.mark.parametrize("opset", [13, 21])
+def test_fpn_onnx_matches_torch(merged, opset, tmp_path):
+    model = load_from_text(proposal_net(MAPS, merged=merged))
+    for seed, im_info in ((4, [40, 57, 0.5]), (6, [33, 60, 1.0])):
+        x = proposal_feeds(MAPS, im_info, seed=seed)
+        want = model.run(x)
+        sess = onnx_session(model, tmp_path / f"m{seed}.onnx", opset)
+        outs = dict(zip([o.name for o in sess.get_outputs()], onnx_run_by_blob(sess, model, x)))
+        by_blob = {model.graph.tensors[n].blob: v for n, v in outs.items()}
+        for blob in ("rois", "rois/h2", "rois/h3", "rois/h4", "rois/h5"):
+            assert by_blob[blob].shape == want[blob].shape, blob
+            np.testing.assert_allclose(by_blob[blob], want[blob], rtol=1e-6, atol=1e-4, err_msg=blob)
 
 
 def rois_at_level_steps():
@@ -246,7 +255,7 @@ def test_py_faster_rcnn_proposal_layer_is_still_its_own():
     assert "pyramid" not in model.graph.nodes[[n.name for n in model.graph.nodes].index("proposal")].attrs
 
 
-@pytest.mark.parametrize("path,rois", [(FPN_TEST, (4000, 5)), (FPN_MERGE, (1012, 5))])
+@pytest.mark.parametrize("path,rois", [(FPN_TEST, (4000, 5)), (FPN_MERGE, (4000, 5))])
 def test_corpus_files_load(path, rois):
     model = load(str(path), random_weights=True)
     assert model.blob_shapes["rpn_rois"] == (1000, 5)

@@ -26,7 +26,7 @@ compute what unsky/FPN a096edb's lib/rpn modules compute at TEST time.
   with more than B rois would overrun its block in the module: refused here.
 - `rpn.as_rois_mrcnn.As_rois_MergeRcnnLayer`: the same levels; each level top holds just its
   rois, or 4 zero rows when it has none; rois is the four stacked.  Row counts depend on the
-  data (infer gives the most rows: R + 12 and max(R, 4)).
+  data (infer gives the most rows: max(R, 4) per level, four times that for rois).
 
 ONNX: As_rois and As_rois_MergeRcnn from standard ops (the levels by comparing the area with the
 float32 steps of the log2 pipeline, found once by a binary search; NonZero, Gather, Pad).  FPN's
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import CaffeqError, ExportError
+from ..errors import CaffeqError
 from .rcnn import (
     TORCH_ANCHORS,
     TORCH_PROPOSAL,
@@ -229,6 +229,93 @@ def emit_assign_rois(ctx, node, merged):
     ctx.add_node("Concat", blocks, [node.outputs[0]], axis=0)
 
 
+def emit_fpn_proposals(ctx, node):
+    """fpn_proposals from standard ops.  Every level's anchors cover its whole static map; boxes on
+    cells outside the image's grid (int(im_info / stride)) or under the size limit score -inf, so
+    TopK puts them last and NonMaxSuppression's score threshold leaves them out, which keeps the
+    kept boxes' order.  The map-smaller-than-grid error of the torch form has no ONNX counterpart."""
+    a = node.attrs
+    name = node.name
+    i64 = lambda v: ctx.const(np.array(v, np.int64))
+    f32 = lambda v: ctx.const(np.array(v, np.float32))
+
+    def op(op_type, inputs, hint, **kw):
+        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
+
+    info = op("Reshape", [node.inputs[0], i64([-1])], "info")
+    im_h, im_w, im_scale = (op("Gather", [info, i64(k)], h, axis=0) for k, h in ((0, "im_h"), (1, "im_w"), (2, "sc")))
+    x_max, y_max = op("Sub", [im_w, f32(1.0)], "x_max"), op("Sub", [im_h, f32(1.0)], "y_max")
+    limit = op("Mul", [f32(float(a["min_size"])), im_scale], "limit")
+    level_boxes, level_scores, total = [], [], 0
+
+    def clip(v, top, hint):
+        return op("Max", [op("Min", [v, top], hint + "_min"), f32(0.0)], hint)
+
+    for level, stride, anchors in zip(a["levels"], a["strides"], a["anchors"]):
+        deltas_in, prob_in = node.inputs[1 + level], node.inputs[6 + level]
+        _, _, height, width = ctx.shape(prob_in)
+        n_anchors = len(anchors)
+        total += height * width * n_anchors
+        boxes = shifted_anchors(torch.tensor(anchors, dtype=torch.float64), height, width,
+                                stride).numpy().astype(np.float32)
+        widths = boxes[:, 2] - boxes[:, 0] + np.float32(1.0)
+        heights = boxes[:, 3] - boxes[:, 1] + np.float32(1.0)
+        ctr_x, ctr_y = boxes[:, 0] + np.float32(0.5) * widths, boxes[:, 1] + np.float32(0.5) * heights
+        cell_y = np.repeat(np.arange(height), width * n_anchors).astype(np.float32)
+        cell_x = np.tile(np.repeat(np.arange(width), n_anchors), height).astype(np.float32)
+        t = f"s{stride}"
+        scores = op("Slice", [prob_in, i64([n_anchors]), i64([2 * n_anchors]), i64([1])], t + "fg")
+        scores = op("Reshape", [op("Transpose", [scores], t + "fg_t", perm=[0, 2, 3, 1]), i64([-1])], t + "sc")
+        deltas = op("Reshape", [op("Transpose", [deltas_in], t + "d_t", perm=[0, 2, 3, 1]), i64([-1, 4])], t + "d")
+        def col(k, h, deltas=deltas, t=t):
+            return op("Gather", [deltas, i64(k)], t + h, axis=1)
+
+        px = op("Add", [op("Mul", [col(0, "dx"), f32(widths)], t + "mx"), f32(ctr_x)], t + "px")
+        py = op("Add", [op("Mul", [col(1, "dy"), f32(heights)], t + "my"), f32(ctr_y)], t + "py")
+        hw = op("Mul", [f32(0.5), op("Mul", [op("Exp", [col(2, "dw")], t + "ew"), f32(widths)], t + "pw")], t + "hw")
+        hh = op("Mul", [f32(0.5), op("Mul", [op("Exp", [col(3, "dh")], t + "eh"), f32(heights)], t + "ph")], t + "hh")
+
+        x1 = clip(op("Sub", [px, hw], t + "x1r"), x_max, t + "x1")
+        y1 = clip(op("Sub", [py, hh], t + "y1r"), y_max, t + "y1")
+        x2 = clip(op("Add", [px, hw], t + "x2r"), x_max, t + "x2")
+        y2 = clip(op("Add", [py, hh], t + "y2r"), y_max, t + "y2")
+        ws = op("Add", [op("Sub", [x2, x1], t + "ws0"), f32(1.0)], t + "ws")
+        hs = op("Add", [op("Sub", [y2, y1], t + "hs0"), f32(1.0)], t + "hs")
+        grid_h = op("Floor", [op("Div", [im_h, f32(float(stride))], t + "gh0")], t + "gh")
+        grid_w = op("Floor", [op("Div", [im_w, f32(float(stride))], t + "gw0")], t + "gw")
+        inside = op("And", [op("Less", [f32(cell_y), grid_h], t + "in_y"),
+                            op("Less", [f32(cell_x), grid_w], t + "in_x")], t + "inside")
+        big = op("And", [op("GreaterOrEqual", [ws, limit], t + "wide"),
+                         op("GreaterOrEqual", [hs, limit], t + "high")], t + "big")
+        level_scores.append(op("Where", [op("And", [inside, big], t + "live"), scores, f32(-np.inf)], t + "score"))
+        level_boxes.append(op("Concat", [op("Unsqueeze", [v, i64([1])], t + h) for v, h in
+                                         ((x1, "c1"), (y1, "c2"), (x2, "c3"), (y2, "c4"))], t + "corners", axis=1))
+    scores = op("Concat", level_scores, "scores", axis=0)
+    corners = op("Concat", level_boxes, "corners", axis=0)
+    k = total if a["pre_nms_top_n"] <= 0 else min(a["pre_nms_top_n"], total)
+    vals, idx = ctx.add_node("TopK", [scores, i64([k])], [ctx.tmp(f"{name}_top"), ctx.tmp(f"{name}_top_idx")],
+                             axis=0, largest=1, sorted=1)
+    cand = op("Gather", [corners, idx], "cand", axis=0)
+    # ONNX's IoU has no +1: give it [y1, x1, y2 + 1, x2 + 1]
+    nms_boxes = op("Gather", [op("Add", [cand, f32([0, 0, 1, 1])], "cand1"), i64([1, 0, 3, 2])], "yx", axis=1)
+    post = a["post_nms_top_n"]
+    max_out = k if post <= 0 else min(post, k)
+    sel = ctx.add_node("NonMaxSuppression",
+                       [op("Unsqueeze", [nms_boxes, i64([0])], "nms_b"), op("Reshape", [vals, i64([1, 1, -1])], "nms_s"),
+                        i64([max_out]), f32([a["nms_thresh"]]), f32([-np.finfo(np.float32).max])],
+                       [ctx.tmp(f"{name}_sel")], name=name)[0]
+    picked = op("Gather", [sel, i64(2)], "picked", axis=1)
+    if post > 0:   # the kept rows repeated in order up to post (none kept: no rows)
+        kept = op("Shape", [picked], "kept")
+        rows = op("Min", [i64([post]), op("Mul", [kept, i64([post])], "kept_post")], "rows")
+        order = op("Range", [i64(0), op("Squeeze", [rows, i64([0])], "rows_s"), i64(1)], "order")
+        picked = op("Gather", [picked, op("Mod", [order, op("Max", [kept, i64([1])], "kept1")], "cycle")], "padded",
+                    axis=0)
+    chosen = op("Gather", [cand, picked], "chosen", axis=0)
+    zeros = op("Mul", [op("Gather", [chosen, i64([0])], "first", axis=1), f32(0.0)], "zeros")
+    ctx.add_node("Concat", [zeros, chosen], [node.outputs[0]], axis=1)
+
+
 TORCH_FPN_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (fpn_level_boxes, fpn_proposals, FPNProposal))
 TORCH_FPN_ASSIGN = "\n\n\n".join(inspect.getsource(f) for f in (fpn_roi_levels, fpn_assign_rois,
                                                                  fpn_assign_rois_merged))
@@ -323,7 +410,7 @@ class FPNProposalSpec(Layer):
             raise CaffeqError(f"FPN ProposalLayer: {e}") from None
 
     def onnx(self, ctx, node):
-        raise ExportError(f"layer '{node.name}' (FPN ProposalLayer): multi-level proposals have no ONNX form here")
+        emit_fpn_proposals(ctx, node)
 
     def pytorch_source(self, node, emit):
         a = node.attrs
@@ -400,8 +487,10 @@ class FPNAssignRoisMerged(_AsRoisBase):
         rois = in_shapes[0]
         self._check(rois)
         r = rois[0]
-        # the most rows: every roi on one level and the three others empty
-        return [(r + 3 * EMPTY_LEVEL_ROWS if r else 4 * EMPTY_LEVEL_ROWS, 5)] + [(max(r, EMPTY_LEVEL_ROWS), 5)] * 4
+        # the most rows of each level: all rois, or the dummy rows; rois stacks the four bounds (a
+        # looser bound than R + 12, but the sum of its parts, as the ONNX Concat's shape)
+        level = max(r, EMPTY_LEVEL_ROWS)
+        return [(4 * level, 5)] + [(level, 5)] * 4
 
     def forward(self, attrs, params, rois):
         return fpn_assign_rois_merged(rois, EMPTY_LEVEL_ROWS)
