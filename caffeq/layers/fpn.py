@@ -342,7 +342,7 @@ class FPNProposalSpec(Layer):
     @staticmethod
     def claims(lp):
         """True when a rpn.proposal_layer.ProposalLayer is FPN's, not py-faster-rcnn's."""
-        if len(lp.bottom) != 3:
+        if len(lp.bottom) == 11:
             return True
         try:
             stride = read_fpn_param_str(lp.python_param.param_str).get("feat_stride")
