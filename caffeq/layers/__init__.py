@@ -15,6 +15,7 @@ from . import (  # noqa: F401,E402
     elementwise,
     face_norms,
     fork_data,
+    fpn,
     happynear,
     frcnn,
     im2col,

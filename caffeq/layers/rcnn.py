@@ -369,7 +369,39 @@ _PARAM_STR_KEYS = {"feat_stride", "scales"}
 
 @register_layer("Python:rpn.proposal_layer.ProposalLayer")
 class PythonProposalLayer(_ProposalBase):
-    """py-faster-rcnn's (and py-R-FCN's) rpn.proposal_layer.ProposalLayer, natively."""
+    """py-faster-rcnn's (and py-R-FCN's) rpn.proposal_layer.ProposalLayer, natively.  unsky/FPN's
+    multi-level proposal layer has the same module and class name: fpn.FPN_PROPOSAL takes those
+    (11 bottoms, or a comma list of strides); their attrs carry "pyramid"."""
+
+    @staticmethod
+    def _fpn():
+        from .fpn import FPN_PROPOSAL
+        return FPN_PROPOSAL
+
+    def parse(self, lp):
+        if self._fpn().claims(lp):
+            return self._fpn().parse(lp)
+        return super().parse(lp)
+
+    def infer(self, attrs, in_shapes):
+        if attrs.get("pyramid"):
+            return self._fpn().infer(attrs, in_shapes)
+        return super().infer(attrs, in_shapes)
+
+    def forward(self, attrs, params, *inputs):
+        if attrs.get("pyramid"):
+            return self._fpn().forward(attrs, params, *inputs)
+        return super().forward(attrs, params, *inputs)
+
+    def onnx(self, ctx, node):
+        if node.attrs.get("pyramid"):
+            return self._fpn().onnx(ctx, node)
+        return super().onnx(ctx, node)
+
+    def pytorch_source(self, node, emit):
+        if node.attrs.get("pyramid"):
+            return self._fpn().pytorch_source(node, emit)
+        return super().pytorch_source(node, emit)
 
     def settings(self, lp):
         p = parse_param_str(lp.python_param.param_str)
