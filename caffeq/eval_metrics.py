@@ -4,7 +4,6 @@ import torch
 
 from .fs import format_bytes
 
-
 # slots of the float64 sum vector
 N, LABELED, TOP1, TOP5, POS, AGREE, ABS, ELEMS, COS = range(9)
 NSLOTS = 9

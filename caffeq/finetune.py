@@ -66,14 +66,18 @@ import torch
 from torch import nn
 
 from .backends.torch_backend import resolve_device
-from .errors import DataError
 from .data.plan import build_dataset, phase_data_layer, plan_data
+from .errors import DataError
 from .model import load, read_net
-from .quant import get_quantizer, quantize
 from .progress import tracked
+from .quant import get_quantizer, quantize
 from .sensitivity import choose_keep, estimated_drop, measure_sensitivity
 from .training import FinetuneError
-from .training.batchnorm import batchnorm_modules, force_batch_statistics, reestimate_batchnorm
+from .training.batchnorm import (
+    batchnorm_modules,
+    force_batch_statistics,
+    reestimate_batchnorm,
+)
 from .training.feeding import (
     EpochSampler,
     EpochView,

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from .backends.torch_backend import resolve_device
-from .errors import CaffeqError, DataError
 from .data.plan import build_dataset, data_layer, phase_data_layer, plan_data
+from .errors import CaffeqError, DataError
 from .fs import atomic_path
 from .model import Model, load, read_net
 from .quant import default_kept_layers, get_quantizer, quantize

@@ -9,7 +9,6 @@ import numpy as np
 from ..errors import ExportError
 from .onnx_writer import Initializer
 
-
 # ---- constant folding of layout-only ops on weights --------------------------------------------
 
 _LAYOUT_OPS = ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Identity")

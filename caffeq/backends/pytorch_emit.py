@@ -10,7 +10,6 @@ import numpy as np
 from ..errors import ExportError
 from .names import identifier
 
-
 # ---- names and literals --------------------------------------------------------------
 
 def module_reserved():

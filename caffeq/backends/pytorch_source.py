@@ -32,9 +32,17 @@ import numpy as np
 from ..errors import CaffeqError, ExportError
 from ..fs import atomic_path, refuse_overwrite
 from ..quant import get_quantizer, quantize
-from .onnx_backend import _live_io
 from .names import identifier
-from .pytorch_emit import Emitter, class_name, doc_safe, lit, module_reserved, one_line, size_arg
+from .onnx_backend import _live_io
+from .pytorch_emit import (
+    Emitter,
+    class_name,
+    doc_safe,
+    lit,
+    module_reserved,
+    one_line,
+    size_arg,
+)
 
 WEIGHT_FORMATS = ("safetensors", "pt")
 _RESERVED_LOCALS = {"self", "torch", "nn", "F", "os", "WEIGHTS", "load", "_"}

@@ -11,6 +11,7 @@ import glob
 import json
 import os
 import sys
+
 from ..errors import CaffeqError, ParseError, PhaseRuleError, WeightsError
 from ..fs import atomic_output, atomic_path, format_bytes, refuse_overwrite  # noqa: F401  (commands use them)
 from .options import add_model_args  # noqa: F401  (commands import it from here too)

@@ -5,6 +5,7 @@ import sys
 
 import numpy as np
 
+from ..data.arrays import net_inputs
 from ..errors import CaffeqError
 from .common import (
     check_output,
@@ -18,7 +19,6 @@ from .common import (
     resolve_weights,
     write_model_file,
 )
-from ..data.arrays import net_inputs
 from .options import add_json_arg, add_model_args, positive_int, report_stream
 
 TARGETS = ("fp32", "fp16", "int8", "binary")

@@ -11,14 +11,10 @@ from .common import (
     write_json,
 )
 from .options import (
-    add_batch_size_arg,
-    add_device_arg,
+    add_dataset_args,
     add_json_arg,
     add_model_args,
-    add_preprocess_args,
-    add_progress_arg,
     add_speed_args,
-    add_workers_arg,
     default_workers,  # noqa: F401  (kept importable from here)
     positive_int,
     progress_wanted,
@@ -43,22 +39,18 @@ def add_parser(sub):
                    help="targets, comma separated: fp32, fp16, int8, binary (fp32 always runs as the "
                         "reference)")
     p.add_argument("--keep", default=None, help="quantized targets: layers kept fp32 (none or NAME,...)")
-    add_batch_size_arg(p)
-    add_device_arg(p)
-    add_workers_arg(p)
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="evaluate the first N items only")
     p.add_argument("--strict", action="store_true", help="fail on the first unreadable item or bad label")
     add_json_arg(p, "the numbers")
     p.add_argument("--output", metavar="BLOB", help="the blob holding the class scores (default: what the "
                                                      "Accuracy layer reads, else the net's output)")
-    add_progress_arg(p)
     add_speed_args(p)
     p.add_argument("--calibrate", metavar="SRC", default=None,
                    help="with --to int8: static int8 (activations too), scales calibrated on SRC (a data "
                         "source or .npy/.npz of inputs), run by onnxruntime's int8 kernels")
     p.add_argument("--calibrate-images", type=positive_int, default=256, metavar="N",
                    help="images of --calibrate to use (default 256)")
-    add_preprocess_args(p, decode=True)
+    add_dataset_args(p, decode=True)
     return p
 
 

@@ -14,13 +14,9 @@ from .common import (
     write_model_file,
 )
 from .options import (
-    add_batch_size_arg,
-    add_device_arg,
+    add_dataset_args,
     add_json_arg,
-    add_preprocess_args,
-    add_progress_arg,
     add_weights_arg,
-    add_workers_arg,
     nonnegative_int,
     positive_int,
     report_stream,
@@ -79,10 +75,7 @@ def add_parser(sub):
     p.add_argument("--momentum", default="0.9", metavar="M", help="SGD momentum (default 0.9)")
     p.add_argument("--weight-decay", default="0", metavar="W",
                    help="weight decay (default 0: decay pulls latent weights to 0, where signs flip)")
-    add_batch_size_arg(p, help="training batch size (default: the data layer's, else 64)")
     p.add_argument("--seed", default="0", metavar="S", help="random seed (default 0)")
-    add_device_arg(p)
-    add_workers_arg(p)
     p.add_argument("--keep", metavar="none|NAME,...", default=None,
                    help="layers kept fp32 (default: the first and last weighted layers; 'none' binarizes all)")
     p.add_argument("--only", metavar="NAME,...", default=None, help="binarize only these layers")
@@ -101,8 +94,7 @@ def add_parser(sub):
                    help="validate on the first N items only")
     p.add_argument("--no-shuffle", action="store_true", help="read the training data in its own order")
     add_json_arg(p, "the history and results")
-    add_progress_arg(p)
-    add_preprocess_args(p)
+    add_dataset_args(p, batch_help="training batch size (default: the data layer's, else 64)")
     return p
 
 

@@ -270,6 +270,19 @@ def transform_from_args(args):
     return transform, args.resize, args.channel_order
 
 
+def add_dataset_args(p, batch_help=None, decode=False):
+    """The options every command that reads a dataset in batches shares (eval, finetune,
+    sensitivity): batch size, device, loader workers, progress bars and the preprocessing flags."""
+    if batch_help:
+        add_batch_size_arg(p, help=batch_help)
+    else:
+        add_batch_size_arg(p)
+    add_device_arg(p)
+    add_workers_arg(p)
+    add_progress_arg(p)
+    add_preprocess_args(p, decode=decode)
+
+
 def add_speed_args(p):
     """--exact and --compile: which torch module runs (run, eval)."""
     p.add_argument("--exact", action="store_true",

@@ -3,8 +3,8 @@ import os
 
 import numpy as np
 
-from ..errors import DataError
 from ..data.arrays import load_arrays
+from ..errors import DataError
 from .common import atomic_output, check_output, layer_names_arg, load_model
 from .options import add_batch_size_arg, add_device_arg, add_model_args, add_speed_args
 

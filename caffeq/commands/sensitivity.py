@@ -5,13 +5,9 @@ import os
 from ..errors import CaffeqError
 from .common import check_output, resolve_weights, say_found
 from .options import (
-    add_batch_size_arg,
-    add_device_arg,
+    add_dataset_args,
     add_json_arg,
-    add_preprocess_args,
-    add_progress_arg,
     add_weights_arg,
-    add_workers_arg,
     positive_int,
     progress_wanted,
     report_stream,
@@ -40,10 +36,7 @@ def add_parser(sub):
     p.add_argument("--to", default="binary", metavar="binary|int8", help="the precision tested (default binary)")
     p.add_argument("--data", metavar="SRC", help="LMDB, ImageData list, image folder or .npy/.npz "
                                                  "(default: the TEST-phase data layer's source)")
-    add_batch_size_arg(p)
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="use the first N items only")
-    add_device_arg(p)
-    add_workers_arg(p)
     p.add_argument("--budget", default=None, metavar="POINTS",
                    help="also print which layers this budget (points of top-1) keeps fp32")
     p.add_argument("--plot", metavar="OUT.png", help="bar chart of the drops and the cumulative curve "
@@ -51,8 +44,7 @@ def add_parser(sub):
     add_json_arg(p, "the table")
     p.add_argument("--no-cumulative", action="store_true",
                    help="skip the second pass (accuracy vs number of quantized layers)")
-    add_progress_arg(p)
-    add_preprocess_args(p)
+    add_dataset_args(p)
     return p
 
 

@@ -1,6 +1,4 @@
 """Layer specs: importing this package registers every built-in Caffe type."""
-from .registry import Layer, LayerError, get_spec, register_layer, require_specs, spec_for, supported_types
-
 # Each module registers the specs of one layer family.
 from . import (  # noqa: F401,E402
     act_forks,
@@ -16,8 +14,8 @@ from . import (  # noqa: F401,E402
     face_norms,
     fork_data,
     fpn,
-    happynear,
     frcnn,
+    happynear,
     im2col,
     losses,
     margin,
@@ -37,6 +35,15 @@ from . import (  # noqa: F401,E402
     video_data,
     vision_forks,
     yolo,
+)
+from .registry import (
+    Layer,
+    LayerError,
+    get_spec,
+    register_layer,
+    require_specs,
+    spec_for,
+    supported_types,
 )
 
 __all__ = ["Layer", "LayerError", "get_spec", "register_layer", "require_specs", "spec_for",

@@ -26,7 +26,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from .registry import Layer, LayerError, canonical_axis, count, register_layer
+from .registry import (
+    Layer,
+    LayerError,
+    canonical_axis,
+    count,
+    positive_field,
+    register_layer,
+)
 
 
 def _legacy_num_channels(shape, what):
@@ -169,8 +176,7 @@ class APL(Layer):
             raise LayerError(f"APL takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
         p = lp.apl_param
         sums = int(p.sums)
-        if sums < 1:
-            raise LayerError(f"apl_param.sums must be >= 1, got {sums}")
+        positive_field(sums, "apl_param.sums")
         # the fork's fillers when none is given (apl_layer.cpp LayerSetUp)
         slope = _filler(p, "slope_filler", {"type": "uniform", "min": -0.5 / sums, "max": 0.5 / sums})
         offset = _filler(p, "offset_filler", {"type": "gaussian", "mean": 0.0, "std": 0.5})

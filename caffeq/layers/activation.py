@@ -13,21 +13,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, need_bottoms, register_layer
 
 FLOAT = 1  # onnx.TensorProto.FLOAT
 
 
 # ---- helpers shared with elementwise.py and recurrent.py ----------------------
-
-def need_bottoms(lp, low, high=None):
-    """Caffe's Min/Max/ExactNumBottomBlobs check, as a LayerError."""
-    n = len(lp.bottom)
-    high = low if high is None else high
-    if not low <= n <= high:
-        want = str(low) if low == high else f"{low} to {high}"
-        raise LayerError(f"takes {want} bottom(s), got {n}")
-
 
 def f32(v):
     """A Python float rounded to float32, as a Caffe Dtype parameter is."""

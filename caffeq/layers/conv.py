@@ -7,7 +7,15 @@ import torch.nn.functional as F
 
 from ..errors import ExportError
 from .happynear import FORK_EPS, onnx_unit_rows, unit_rows
-from .registry import Layer, LayerError, canonical_axis, count, register_layer, spatial_params
+from .registry import (
+    Layer,
+    LayerError,
+    canonical_axis,
+    count,
+    positive_field,
+    register_layer,
+    spatial_params,
+)
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _DECONV = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -25,8 +33,7 @@ def parse_conv(lp, depthwise=False):
         "param": p,  # spatial fields are read once the number of spatial axes is known
         "depthwise": depthwise,
     }
-    if attrs["group"] < 1:
-        raise LayerError(f"convolution_param.group must be >= 1, got {attrs['group']}")
+    positive_field(attrs["group"], "convolution_param.group")
     return attrs
 
 

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .norm import CaffeBatchNorm, CaffeBatchNorm2d
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, positive_field, register_layer
 
 EPS = 1e-5  # CUDNN_BN_MIN_EPSILON, the epsilon every BN of the block uses
 
@@ -143,10 +143,8 @@ class DenseBlock(Layer):
                  "use_bc": bool(p.use_BC), "use_dropout": bool(p.use_dropout),
                  "dropout_amount": float(p.dropout_amount),
                  "moving_average_fraction": float(p.moving_average_fraction)}
-        if attrs["num_transition"] < 1:
-            raise LayerError(f"denseblock_param.numTransition must be >= 1, got {attrs['num_transition']}")
-        if attrs["growth_rate"] < 1:
-            raise LayerError(f"denseblock_param.growthRate must be >= 1, got {attrs['growth_rate']}")
+        positive_field(attrs["num_transition"], "denseblock_param.numTransition")
+        positive_field(attrs["growth_rate"], "denseblock_param.growthRate")
         if attrs["use_dropout"] and not 0 <= attrs["dropout_amount"] < 1:
             raise LayerError(f"denseblock_param.dropout_amount must be in [0, 1) with use_dropout, "
                              f"got {attrs['dropout_amount']}")

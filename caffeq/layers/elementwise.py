@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .activation import need_bottoms, scalar
-from .registry import Layer, LayerError, canonical_axis, register_layer
+from .activation import scalar
+from .registry import Layer, LayerError, canonical_axis, need_bottoms, register_layer
 
 PROD, SUM, MAX = 0, 1, 2
 _OP_NAMES = {PROD: "PROD", SUM: "SUM", MAX: "MAX"}

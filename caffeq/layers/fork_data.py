@@ -15,7 +15,7 @@ None of them reads its source while shapes are inferred: a top whose shape only 
 dataset could tell raises MissingInputShape, which names `--input-shape`.
 """
 from .data import DataLayer, needs_input_shape, transform_attrs
-from .registry import LayerError, register_layer
+from .registry import positive_field, register_layer
 
 
 def _channels(t, is_color=True):
@@ -79,8 +79,7 @@ class DenseImageData(ForkDataLayer):
         t = transform_attrs(lp)
         hw = (int(p.crop_height), int(p.crop_width)) if p.crop_height and p.crop_width else \
             _crop_or(t, int(p.new_height), int(p.new_width))
-        if p.label_divide_factor < 1:
-            raise LayerError(f"dense_image_data_param.label_divide_factor must be >= 1, got {p.label_divide_factor}")
+        positive_field(p.label_divide_factor, "dense_image_data_param.label_divide_factor")
         return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t,
                 "source": p.source, "batch_size": max(1, int(p.batch_size)),
                 "channels": _channels(t, p.is_color), "hw": hw,

@@ -46,6 +46,7 @@ from .rcnn import (
     TORCH_PROPOSAL,
     generate_anchors,
     parse_param_str,
+    rpn_decode_boxes,
     rpn_nms,
     shifted_anchors,
 )
@@ -74,23 +75,8 @@ def fpn_level_boxes(cls_prob, bbox_pred, info, anchors, stride: int, min_size: f
     scores = cls_prob[0, n_anchors:, :height, :width].permute(1, 2, 0).reshape(-1)
     deltas = bbox_pred[0, :, :height, :width].permute(1, 2, 0).reshape(-1, 4)
     boxes = shifted_anchors(anchors, height, width, stride).to(dt)
-    widths = boxes[:, 2] - boxes[:, 0] + 1.0
-    heights = boxes[:, 3] - boxes[:, 1] + 1.0
-    ctr_x = boxes[:, 0] + 0.5 * widths
-    ctr_y = boxes[:, 1] + 0.5 * heights
-    pred_x = deltas[:, 0] * widths + ctr_x
-    pred_y = deltas[:, 1] * heights + ctr_y
-    pred_w = torch.exp(deltas[:, 2]) * widths
-    pred_h = torch.exp(deltas[:, 3]) * heights
-    zero = torch.zeros((), dtype=dt)
-    x_max, y_max = info[1] - 1, info[0] - 1
-    x1 = torch.maximum(torch.minimum(pred_x - 0.5 * pred_w, x_max), zero)
-    y1 = torch.maximum(torch.minimum(pred_y - 0.5 * pred_h, y_max), zero)
-    x2 = torch.maximum(torch.minimum(pred_x + 0.5 * pred_w, x_max), zero)
-    y2 = torch.maximum(torch.minimum(pred_y + 0.5 * pred_h, y_max), zero)
-    limit = torch.tensor(min_size, dtype=dt) * info[2]      # min_size is at the original image's scale
-    keep = torch.nonzero(((x2 - x1 + 1) >= limit) & ((y2 - y1 + 1) >= limit)).flatten()
-    return torch.stack([x1, y1, x2, y2], dim=1)[keep], scores[keep]
+    boxes, keep = rpn_decode_boxes(boxes, deltas, info, min_size)
+    return boxes[keep], scores[keep]
 
 
 def fpn_proposals(im_info, bbox_preds, cls_probs, anchors_per_level, strides, pre_nms_top_n: int,

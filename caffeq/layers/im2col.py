@@ -9,7 +9,6 @@ from .conv import resolve_geometry
 from .registry import Layer, LayerError, register_layer
 from .shape_ops import i64, onnx_dims, onnx_reshape
 
-
 # ---- Im2col -------------------------------------------------------------------
 
 @register_layer("Im2col")

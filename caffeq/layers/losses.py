@@ -14,7 +14,14 @@ from ..errors import CaffeqError, DataError
 from ..io.caffemodel import read_blobproto
 from .misc import eager_checks, need_bottom_count
 from .norm import legacy_shape
-from .registry import Layer, LayerError, canonical_axis, count, register_layer
+from .registry import (
+    Layer,
+    LayerError,
+    canonical_axis,
+    count,
+    positive_field,
+    register_layer,
+)
 
 FLT_MIN = 1.1754943508222875e-38
 LOG_FLT_MIN = math.log(FLT_MIN)
@@ -107,8 +114,7 @@ class _TrainingOnly(Layer):
 class Accuracy(_TrainingOnly):
     def parse(self, lp):
         p = lp.accuracy_param
-        if p.top_k < 1:
-            raise LayerError(f"accuracy_param.top_k must be >= 1, got {p.top_k}")
+        positive_field(p.top_k, "accuracy_param.top_k")
         n = _tops(lp, 1, 2, "Accuracy")
         return {"top_k": int(p.top_k), "axis": int(p.axis), "ignore_label": _label_attrs(lp, "accuracy_param"),
                 "tops": n, "loss_weight": _loss_weights(lp, n, 0.0),

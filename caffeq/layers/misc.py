@@ -10,7 +10,14 @@ from torch import nn
 
 from ..errors import DataError
 from .norm import onnx_reduce
-from .registry import Layer, LayerError, canonical_axis, count, register_layer
+from .registry import (
+    Layer,
+    LayerError,
+    canonical_axis,
+    count,
+    positive_field,
+    register_layer,
+)
 
 
 def need_bottom_count(in_shapes, n, type_name):
@@ -77,8 +84,7 @@ class CaffeArgMax(nn.Module):
 class ArgMax(Layer):
     def parse(self, lp):
         p = lp.argmax_param
-        if p.top_k < 1:
-            raise LayerError(f"argmax_param.top_k must be >= 1, got {p.top_k}")
+        positive_field(p.top_k, "argmax_param.top_k")
         return {"out_max_val": bool(p.out_max_val), "top_k": int(p.top_k),
                 "axis": int(p.axis) if p.HasField("axis") else None}
 

@@ -20,7 +20,6 @@ from torch import nn
 
 from .registry import Layer, LayerError, canonical_axis, count, register_layer
 
-
 # ---- ONNX helpers shared with misc.py ---------------------------------------------
 
 def onnx_reduce(ctx, op, x, axes, keepdims, out=None):

@@ -207,6 +207,31 @@ def rpn_nms(boxes, thresh: float, max_keep: int):
     return keep
 
 
+def rpn_decode_boxes(anchor_boxes, deltas, info, min_size: float):
+    """py-faster-rcnn's bbox_transform_inv and clip_boxes: each anchor moved by its deltas and
+    clipped to the image of info = [height, width, scale].  Returns the boxes (P, 4) and the
+    indices of those at least min_size (at the original image's scale) on both sides."""
+    dt = anchor_boxes.dtype
+    # the centre moves by d * size, the size scales by exp(d); sizes count both end pixels
+    widths = anchor_boxes[:, 2] - anchor_boxes[:, 0] + 1.0
+    heights = anchor_boxes[:, 3] - anchor_boxes[:, 1] + 1.0
+    ctr_x = anchor_boxes[:, 0] + 0.5 * widths
+    ctr_y = anchor_boxes[:, 1] + 0.5 * heights
+    pred_x = deltas[:, 0] * widths + ctr_x
+    pred_y = deltas[:, 1] * heights + ctr_y
+    pred_w = torch.exp(deltas[:, 2]) * widths
+    pred_h = torch.exp(deltas[:, 3]) * heights
+    zero = torch.zeros((), dtype=dt)
+    x_max, y_max = info[1] - 1, info[0] - 1
+    x1 = torch.maximum(torch.minimum(pred_x - 0.5 * pred_w, x_max), zero)
+    y1 = torch.maximum(torch.minimum(pred_y - 0.5 * pred_h, y_max), zero)
+    x2 = torch.maximum(torch.minimum(pred_x + 0.5 * pred_w, x_max), zero)
+    y2 = torch.maximum(torch.minimum(pred_y + 0.5 * pred_h, y_max), zero)
+    limit = torch.tensor(min_size, dtype=dt) * info[2]
+    keep = torch.nonzero(((x2 - x1 + 1) >= limit) & ((y2 - y1 + 1) >= limit)).flatten()
+    return torch.stack([x1, y1, x2, y2], dim=1), keep
+
+
 def rpn_proposals(cls_prob, bbox_pred, im_info, anchors, feat_stride: int, pre_nms_top_n: int,
                   post_nms_top_n: int, nms_thresh: float, min_size: float):
     """py-faster-rcnn's ProposalLayer.forward for one image: cls_prob (1, 2A, H, W) (the second A
@@ -220,27 +245,8 @@ def rpn_proposals(cls_prob, bbox_pred, im_info, anchors, feat_stride: int, pre_n
     scores = cls_prob[0, n_anchors:].permute(1, 2, 0).reshape(-1)       # (H * W * A,), order (h, w, a)
     deltas = bbox_pred[0].permute(1, 2, 0).reshape(-1, 4)
     boxes = shifted_anchors(anchors, height, width, feat_stride).to(dt)
-    # decode: centre moves by d * size, size scales by exp(d); sizes count both end pixels
-    widths = boxes[:, 2] - boxes[:, 0] + 1.0
-    heights = boxes[:, 3] - boxes[:, 1] + 1.0
-    ctr_x = boxes[:, 0] + 0.5 * widths
-    ctr_y = boxes[:, 1] + 0.5 * heights
-    pred_x = deltas[:, 0] * widths + ctr_x
-    pred_y = deltas[:, 1] * heights + ctr_y
-    pred_w = torch.exp(deltas[:, 2]) * widths
-    pred_h = torch.exp(deltas[:, 3]) * heights
     info = im_info.reshape(-1).to(dt)
-    zero = torch.zeros((), dtype=dt)
-    x_max, y_max = info[1] - 1, info[0] - 1
-    x1 = torch.maximum(torch.minimum(pred_x - 0.5 * pred_w, x_max), zero)
-    y1 = torch.maximum(torch.minimum(pred_y - 0.5 * pred_h, y_max), zero)
-    x2 = torch.maximum(torch.minimum(pred_x + 0.5 * pred_w, x_max), zero)
-    y2 = torch.maximum(torch.minimum(pred_y + 0.5 * pred_h, y_max), zero)
-    proposals = torch.stack([x1, y1, x2, y2], dim=1)
-    # min_size is at the original image's scale
-    limit = torch.tensor(min_size, dtype=dt) * info[2]
-    big = ((x2 - x1 + 1) >= limit) & ((y2 - y1 + 1) >= limit)
-    keep = torch.nonzero(big).flatten()
+    proposals, keep = rpn_decode_boxes(boxes, deltas, info, min_size)
     proposals, scores = proposals[keep], scores[keep]
     order = torch.sort(scores, stable=True)[1].flip(0)   # best first; ties: higher index first
     if pre_nms_top_n > 0:
@@ -276,7 +282,8 @@ class RPNProposal(nn.Module):
 # model.py gets these very functions, so the export runs the same code as forward (the anchors
 # helper on its own: CTPN's text proposals use it too)
 TORCH_ANCHORS = inspect.getsource(shifted_anchors)
-TORCH_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (rpn_nms, rpn_proposals, RPNProposal))
+TORCH_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (rpn_nms, rpn_decode_boxes, rpn_proposals,
+                                                               RPNProposal))
 
 
 # ---- the specs --------------------------------------------------------------------------------

@@ -31,8 +31,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .activation import need_bottoms
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, need_bottoms, register_layer
 
 FLOAT = 1  # onnx.TensorProto.FLOAT
 

@@ -191,7 +191,9 @@ def spec_for(lp):
     if lp.type != "Python":
         spec = _REGISTRY.get(lp.type)
         if spec is None and not len(lp.bottom) and lp.type.endswith("Data"):
-            from .fork_data import UNKNOWN_FORK_DATA   # a fork's data layer: a graph input
+            from .fork_data import (
+                UNKNOWN_FORK_DATA,  # a fork's data layer: a graph input
+            )
             spec = UNKNOWN_FORK_DATA
         return spec
     spec = _REGISTRY.get(python_layer_key(lp))
@@ -236,6 +238,28 @@ def require_specs(layer_params, source=""):
 
 
 # ---- helpers shared by specs -------------------------------------------------
+
+def need_bottoms(lp, low, high=None):
+    """Caffe's Min/Max/ExactNumBottomBlobs check, as a LayerError."""
+    n = len(lp.bottom)
+    high = low if high is None else high
+    if not low <= n <= high:
+        want = str(low) if low == high else f"{low} to {high}"
+        raise LayerError(f"takes {want} bottom(s), got {n}")
+
+
+def no_in_place(lp, what):
+    """Refuse top == bottom for layers whose Caffe implementation cannot compute in place."""
+    if lp.top and lp.bottom and lp.top[0] == lp.bottom[0]:
+        raise LayerError(f"{what} does not allow in-place computation (top == bottom '{lp.top[0]}')")
+
+
+def positive_field(value, field):
+    """value as an int; a LayerError naming the prototxt field when it is below 1."""
+    if value < 1:
+        raise LayerError(f"{field} must be >= 1, got {value}")
+    return int(value)
+
 
 def canonical_axis(axis, ndim, layer_field="axis"):
     if not -ndim <= axis < ndim:

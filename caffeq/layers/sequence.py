@@ -34,13 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .activation import need_bottoms
-from .registry import Layer, LayerError, register_layer
-
-
-def _no_in_place(lp, what):
-    if lp.top and lp.bottom and lp.top[0] == lp.bottom[0]:
-        raise LayerError(f"{what} does not allow in-place computation (top == bottom '{lp.top[0]}')")
+from .registry import Layer, LayerError, need_bottoms, no_in_place, register_layer
 
 
 def _i64(ctx, v):
@@ -53,7 +47,7 @@ def _i64(ctx, v):
 class Reverse(Layer):
     def parse(self, lp):
         need_bottoms(lp, 1)
-        _no_in_place(lp, "Reverse")
+        no_in_place(lp, "Reverse")
         axis = int(lp.reverse_param.axis)
         if axis < 0:
             raise LayerError(f"reverse_param.axis must be >= 0 (the fork takes no negative axis), got {axis}")
@@ -82,7 +76,7 @@ class Reverse(Layer):
 class Transpose(Layer):
     def parse(self, lp):
         need_bottoms(lp, 1)
-        _no_in_place(lp, "Transpose")
+        no_in_place(lp, "Transpose")
         dims = [int(d) for d in lp.transpose_param.dim]
         if sorted(dims) != list(range(len(dims))):
             raise LayerError(f"transpose_param.dim {dims} must list each axis 0 .. {len(dims) - 1} once")

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, positive_field, register_layer
 
 
 def _sizes_const(ctx, x, hw, hint):
@@ -349,8 +349,7 @@ class ShuffleChannel(Layer):
         if len(lp.bottom) != 1:
             raise LayerError(f"ShuffleChannel takes 1 bottom, got {len(lp.bottom)}")
         g = int(lp.shuffle_channel_param.group)
-        if g < 1:
-            raise LayerError(f"shuffle_channel_param.group must be >= 1, got {g}")
+        positive_field(g, "shuffle_channel_param.group")
         return {"group": g}
 
     def infer(self, attrs, in_shapes):

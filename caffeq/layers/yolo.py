@@ -46,13 +46,14 @@ import math
 import numpy as np
 import torch
 
-from .activation import need_bottoms
-from .registry import Layer, LayerError, register_layer
-
-
-def _no_in_place(lp, what):
-    if lp.top and lp.bottom and lp.top[0] == lp.bottom[0]:
-        raise LayerError(f"{what} does not allow in-place computation (top == bottom '{lp.top[0]}')")
+from .registry import (
+    Layer,
+    LayerError,
+    need_bottoms,
+    no_in_place,
+    positive_field,
+    register_layer,
+)
 
 
 def _four_axes(shape, what):
@@ -87,12 +88,11 @@ def darknet_reorg(x, stride: int, reverse: bool):
 class Reorg(Layer):
     def parse(self, lp):
         need_bottoms(lp, 1)
-        _no_in_place(lp, "Reorg")
+        no_in_place(lp, "Reorg")
         p = lp.reorg_param
         if not p.HasField("stride"):
             raise LayerError("reorg_param.stride is required")
-        if p.stride < 1:
-            raise LayerError(f"reorg_param.stride must be >= 1, got {p.stride}")
+        positive_field(p.stride, "reorg_param.stride")
         return {"stride": int(p.stride), "reverse": bool(p.reverse)}
 
     def infer(self, attrs, in_shapes):
@@ -152,14 +152,12 @@ def yolo_region(x, boxes: int, classes: int, softmax: bool):
 class Region(Layer):
     def parse(self, lp):
         need_bottoms(lp, 1)
-        _no_in_place(lp, "Region")
+        no_in_place(lp, "Region")
         p = lp.region_param
         a = {"classes": int(p.classes), "coords": int(p.coords), "boxes": int(p.boxes_of_each_grid),
              "softmax": bool(p.softmax)}
-        if a["boxes"] < 1:
-            raise LayerError(f"region_param.boxes_of_each_grid must be >= 1, got {a['boxes']}")
-        if a["classes"] < 1:
-            raise LayerError(f"region_param.classes must be >= 1, got {a['classes']}")
+        positive_field(a["boxes"], "region_param.boxes_of_each_grid")
+        positive_field(a["classes"], "region_param.classes")
         if a["coords"] < 4:
             # the fork reads the objectness at entry 4 and the classes from entry 5, whatever coords says
             raise LayerError(f"region_param.coords must be >= 4 (the layer reads the objectness at entry 4), "
@@ -416,8 +414,7 @@ class Yolov3DetectionOutput(_YoloDetection):
             raise LayerError(f"{f}.gaussian_box (Gaussian YOLOv3) is not supported: the fork's CPU and GPU "
                              f"paths disagree")
         groups = int(p.mask_group_num)
-        if groups < 1:
-            raise LayerError(f"{f}.mask_group_num must be >= 1, got {groups}")
+        positive_field(groups, f"{f}.mask_group_num")
         if len(lp.bottom) != groups:
             raise LayerError(f"{f}.mask_group_num {groups} must equal the number of bottoms, {len(lp.bottom)}")
         a = self.counts_and_thresholds(p, f)

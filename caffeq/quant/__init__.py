@@ -12,10 +12,10 @@ import copy
 
 import numpy as np
 
+from ..ir import Graph
 from . import binary as _binary  # noqa: F401  (registers "binary")
 from . import fp16 as _fp16  # noqa: F401  (registers "fp16")
 from . import int8 as _int8  # noqa: F401  (registers "int8")
-from ..ir import Graph
 from .base import (
     QuantizedBlob,
     QuantizeError,

@@ -45,8 +45,8 @@ def calibration_inputs(model, source, images=DEFAULT_IMAGES, plan=None, transfor
     import torch
 
     from ..data import Collate, Normalizer, detect_kind
-    from ..errors import DataError
     from ..data.plan import build_dataset, data_layer, plan_data
+    from ..errors import DataError
     images = int(images)
     if images < 1:
         raise DataError(f"--calibrate-images must be >= 1, got {images}")

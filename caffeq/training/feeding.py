@@ -6,8 +6,8 @@ import os
 import torch
 
 from ..data import Collate, DataTransformer, worker_init
-from ..errors import DataError
 from ..data.plan import as_input_layer, phase_data_layer
+from ..errors import DataError
 from ..model import load
 from . import FinetuneError
 
