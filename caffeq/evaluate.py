@@ -19,13 +19,7 @@ import numpy as np
 import torch
 
 from .data import Collate, Normalizer, StridedSampler, worker_init
-from .data.plan import (
-    as_input_layer,
-    build_dataset,
-    data_layer,
-    phase_data_layer,
-    plan_data,
-)
+from .data.plan import as_input_layer, build_dataset, data_layer, phase_data_layer, plan_data
 from .errors import DataError
 from .eval_metrics import (  # noqa: F401  (format_table: evaluate's result as a table, kept importable here)
     ABS,

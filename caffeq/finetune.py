@@ -73,11 +73,7 @@ from .progress import tracked
 from .quant import get_quantizer, quantize
 from .sensitivity import choose_keep, estimated_drop, measure_sensitivity
 from .training import FinetuneError
-from .training.batchnorm import (
-    batchnorm_modules,
-    force_batch_statistics,
-    reestimate_batchnorm,
-)
+from .training.batchnorm import batchnorm_modules, force_batch_statistics, reestimate_batchnorm
 from .training.feeding import (
     EpochSampler,
     EpochView,

@@ -20,14 +20,7 @@ from ..fs import atomic_path, refuse_overwrite
 from ..transforms import optimize as run_transforms
 from ..version import __version__
 from .names import unique_name
-from .onnx_shapes import (
-    declared_dims,
-    dynamic_dims,
-    fold_layout_constants,
-    input_symbols,
-    output_dims,
-    value_info,
-)
+from .onnx_shapes import declared_dims, dynamic_dims, fold_layout_constants, input_symbols, output_dims, value_info
 from .onnx_weights import emit_quantized_weight
 from .onnx_writer import (
     ArraySources,

@@ -20,15 +20,7 @@ Caffe's windows (a Slice trims any extra row):
 import numpy as np
 
 from ..errors import ExportError
-from ..layers.pooling import (
-    AVE,
-    FLT_MAX,
-    FLT_MIN,
-    MAX,
-    STOCHASTIC,
-    _ave_divisors,
-    window,
-)
+from ..layers.pooling import AVE, FLT_MAX, FLT_MIN, MAX, STOCHASTIC, _ave_divisors, window
 
 
 def _plan(size, k, s, begin, out, limit):

@@ -34,15 +34,7 @@ from ..fs import atomic_path, refuse_overwrite
 from ..quant import get_quantizer, quantize
 from .names import identifier
 from .onnx_backend import _live_io
-from .pytorch_emit import (
-    Emitter,
-    class_name,
-    doc_safe,
-    lit,
-    module_reserved,
-    one_line,
-    size_arg,
-)
+from .pytorch_emit import Emitter, class_name, doc_safe, lit, module_reserved, one_line, size_arg
 
 WEIGHT_FORMATS = ("safetensors", "pt")
 _RESERVED_LOCALS = {"self", "torch", "nn", "F", "os", "WEIGHTS", "load", "_"}

@@ -3,13 +3,7 @@ import os
 import sys
 
 from ..errors import DataError
-from .common import (
-    check_output,
-    layer_names_arg,
-    resolve_weights,
-    say_found,
-    write_json,
-)
+from .common import check_output, layer_names_arg, resolve_weights, say_found, write_json
 from .options import (
     add_dataset_args,
     add_json_arg,

@@ -8,16 +8,7 @@ import os
 
 from ..errors import DataError
 from .arrays import ArrayDataset
-from .base import (
-    NO_LABEL,
-    CaffeDataset,
-    Collate,
-    Preprocess,
-    StridedSampler,
-    StringTable,
-    resize_chw,
-    worker_init,
-)
+from .base import NO_LABEL, CaffeDataset, Collate, Preprocess, StridedSampler, StringTable, resize_chw, worker_init
 from .hdf5_source import H5_SUFFIXES, Hdf5Dataset, looks_like_h5_list
 from .images import ImageFolderDataset, ImageListDataset, read_image
 from .leveldb_source import LeveldbDataset, is_leveldb

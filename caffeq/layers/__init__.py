@@ -36,15 +36,7 @@ from . import (  # noqa: F401,E402
     vision_forks,
     yolo,
 )
-from .registry import (
-    Layer,
-    LayerError,
-    get_spec,
-    register_layer,
-    require_specs,
-    spec_for,
-    supported_types,
-)
+from .registry import Layer, LayerError, get_spec, register_layer, require_specs, spec_for, supported_types
 
 __all__ = ["Layer", "LayerError", "get_spec", "register_layer", "require_specs", "spec_for",
            "supported_types"]

@@ -26,14 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .registry import (
-    Layer,
-    LayerError,
-    canonical_axis,
-    count,
-    positive_field,
-    register_layer,
-)
+from .registry import Layer, LayerError, canonical_axis, count, positive_field, register_layer
 
 
 def _legacy_num_channels(shape, what):

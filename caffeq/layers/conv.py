@@ -7,15 +7,7 @@ import torch.nn.functional as F
 
 from ..errors import ExportError
 from .happynear import FORK_EPS, onnx_unit_rows, unit_rows
-from .registry import (
-    Layer,
-    LayerError,
-    canonical_axis,
-    count,
-    positive_field,
-    register_layer,
-    spatial_params,
-)
+from .registry import Layer, LayerError, canonical_axis, count, positive_field, register_layer, spatial_params
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _DECONV = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}

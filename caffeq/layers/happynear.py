@@ -20,14 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .registry import (
-    ForkReading,
-    Layer,
-    LayerError,
-    canonical_axis,
-    count,
-    register_layer,
-)
+from .registry import ForkReading, Layer, LayerError, canonical_axis, count, register_layer
 
 FORK_EPS = 1e-6
 

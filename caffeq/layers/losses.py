@@ -14,14 +14,7 @@ from ..errors import CaffeqError, DataError
 from ..io.caffemodel import read_blobproto
 from .misc import eager_checks, need_bottom_count
 from .norm import legacy_shape
-from .registry import (
-    Layer,
-    LayerError,
-    canonical_axis,
-    count,
-    positive_field,
-    register_layer,
-)
+from .registry import Layer, LayerError, canonical_axis, count, positive_field, register_layer
 
 FLT_MIN = 1.1754943508222875e-38
 LOG_FLT_MIN = math.log(FLT_MIN)

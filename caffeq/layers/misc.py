@@ -10,14 +10,7 @@ from torch import nn
 
 from ..errors import DataError
 from .norm import onnx_reduce
-from .registry import (
-    Layer,
-    LayerError,
-    canonical_axis,
-    count,
-    positive_field,
-    register_layer,
-)
+from .registry import Layer, LayerError, canonical_axis, count, positive_field, register_layer
 
 
 def need_bottom_count(in_shapes, n, type_name):

@@ -46,14 +46,7 @@ import math
 import numpy as np
 import torch
 
-from .registry import (
-    Layer,
-    LayerError,
-    need_bottoms,
-    no_in_place,
-    positive_field,
-    register_layer,
-)
+from .registry import Layer, LayerError, need_bottoms, no_in_place, positive_field, register_layer
 
 
 def _four_axes(shape, what):

@@ -5,13 +5,7 @@ with sign(0) = +1 (torch.sign and np.sign give 0 there, which would drop weights
 """
 import numpy as np
 
-from .base import (
-    QuantizedBlob,
-    Quantizer,
-    channel_matrix,
-    from_channel_matrix,
-    register_quantizer,
-)
+from .base import QuantizedBlob, Quantizer, channel_matrix, from_channel_matrix, register_quantizer
 
 
 def sign_codes(array):

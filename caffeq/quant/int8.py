@@ -1,13 +1,7 @@
 """int8 weights: weight-only, symmetric, per output channel, scale = max|W_c| / 127."""
 import numpy as np
 
-from .base import (
-    QuantizedBlob,
-    Quantizer,
-    broadcast_scale,
-    channel_matrix,
-    register_quantizer,
-)
+from .base import QuantizedBlob, Quantizer, broadcast_scale, channel_matrix, register_quantizer
 
 
 @register_quantizer
