@@ -50,7 +50,7 @@ def _score_blob(model, label_blob, output=None):
     blobs = model.blob_shapes
     if output is not None:
         if output not in blobs:
-            raise DataError(f"--output '{output}': no such blob (blobs: {', '.join(list(blobs)[:12])}...)")
+            raise DataError(f"--outputs '{output}': no such blob (blobs: {', '.join(list(blobs)[:12])}...)")
         return output
     for types in (("Accuracy",), ("SoftmaxWithLoss", "MultinomialLogisticLoss", "InfogainLoss",
                                   "SigmoidCrossEntropyLoss", "HingeLoss")):
@@ -63,7 +63,7 @@ def _score_blob(model, label_blob, output=None):
     cands = [o for o in model.graph.outputs if o not in training_only and tensors[o].shape]
     if not cands:
         raise DataError(f"the net's outputs {model.outputs} hold no per-image scores; name the blob "
-                        f"with --output")
+                        f"with --outputs")
     # prefer an output with several values per image (class scores) over a single value
     best = next((o for o in cands if math.prod(tensors[o].shape[1:]) > 1), cands[0])
     return tensors[best].blob
@@ -255,7 +255,8 @@ def _device(device):
 def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=None, device="auto",
              workers=0, limit=None, strict=False, transform=None, resize=None, channel_order=None,
              kind=None, output=None, keep=None, progress=False, distributed=None, phase="TEST",
-             ignore_unknown=False, exact=False, compile=False, calibrate=None, calibrate_images=256):
+             ignore_unknown=False, exact=False, compile=False, calibrate=None, calibrate_images=256,
+             stages=(), level=0, input_shapes=None):
     """Evaluate a model (path or caffeq.Model) on a dataset -> a dict (see `--json` of `caffeq eval`).
 
     targets: "fp32" and/or quantization targets ("fp16", "int8", "binary"); fp32 always runs
@@ -272,6 +273,7 @@ def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=No
     compile: torch.compile the modules with weight freezing (long evaluations).
     calibrate: with target "int8", a data source (or .npy/.npz of inputs) to calibrate activation
         scales on: int8 becomes static int8 (a QDQ ONNX run by onnxruntime's int8 kernels).
+    stages, level, input_shapes: how a prototxt path is read, as caffeq.load takes them.
     """
     started = time.perf_counter()
     names = _targets(targets)
@@ -283,7 +285,8 @@ def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=No
         raise DataError(f"--workers must be >= 0, got {workers}")
     opts = {"batch_size": batch_size, "transform": transform, "resize": resize,
             "channel_order": channel_order, "kind": kind}
-    base, plan, dataset = _prepare(model, data, weights, phase, ignore_unknown, limit, opts)
+    reading = {"phase": phase, "stages": tuple(stages), "level": level, "input_shapes": input_shapes}
+    base, plan, dataset = _prepare(model, data, weights, reading, ignore_unknown, limit, opts)
     names = _labelled_targets(names, base)
     dev = _device(device)
     dist_env = _Dist(distributed, dev)
@@ -296,7 +299,7 @@ def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=No
         dist_env.close()
 
 
-def _prepare(model, data, weights, phase, ignore_unknown, limit, opts):
+def _prepare(model, data, weights, reading, ignore_unknown, limit, opts):
     """-> (Model, DataPlan, dataset).
 
     A train_val prototxt whose source is replaced (`data=`) is loaded with its data layer turned
@@ -306,14 +309,14 @@ def _prepare(model, data, weights, phase, ignore_unknown, limit, opts):
     if not isinstance(model, Model):
         path = os.fspath(model)
         if path.endswith(".caffeq") or data is None:
-            model = load(path, weights, phase=phase, ignore_unknown=ignore_unknown)
+            model = load(path, weights, ignore_unknown=ignore_unknown, **reading)
         else:
             warnings = []
             net = read_net(path, ignore_unknown=ignore_unknown, warnings=warnings)
             base_dir = os.path.dirname(os.path.abspath(path))
-            layer, lp = phase_data_layer(net, phase, path, base_dir)
+            layer, lp = phase_data_layer(net, reading["phase"], path, base_dir)
             if layer is None:
-                model = load(path, weights, phase=phase, net=net)
+                model = load(path, weights, net=net, **reading)
             else:
                 plan = plan_data(layer, None, base_dir, data, prototxt=path, **opts)
                 dataset = build_dataset(plan, limit)
@@ -321,7 +324,7 @@ def _prepare(model, data, weights, phase, ignore_unknown, limit, opts):
                 dataset.close()
                 n = plan.batch_size
                 as_input_layer(lp, [(n,) + tuple(shape)] + [(n,)] * (len(layer.tops) - 1))
-                model = load(path, weights, phase=phase, net=net)
+                model = load(path, weights, net=net, **reading)
                 model.warnings[:0] = warnings
                 return model, plan, dataset
     plan = plan_data(data_layer(model), model.inputs, model._base_dir(), data, prototxt=model.prototxt, **opts)

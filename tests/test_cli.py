@@ -179,6 +179,51 @@ def test_argparse_errors_are_one_line_with_suggestions(capsys):
     assert "did you mean Convolution?" in one_error(capsys, "inspect", _typo_net(capsys))
 
 
+
+@pytest.mark.parametrize("args, needles", [
+    (["eval", TRAIN_VAL, "--to", "fp16,int4"], ("int4", "did you mean int8?")),
+    (["sensitivity", TRAIN_VAL, "--to", "int4"], ("int4", "did you mean int8?")),
+    (["finetune", TRAIN_VAL, "--lr", "abc"], ("--lr", "abc")),
+    (["finetune", TRAIN_VAL, "--lr", "0"], ("--lr",)),
+    (["finetune", TRAIN_VAL, "--optimizer", "rmsprop"], ("--optimizer", "adam")),
+    (["finetune", TRAIN_VAL, "--schedule", "linear"], ("--schedule", "cosine")),
+    (["finetune", TRAIN_VAL, "--momentum", "-1"], ("--momentum",)),
+    (["finetune", TRAIN_VAL, "--bn-only", "--no-bn-reestimate"], ("--bn-only", "--no-bn-reestimate")),
+    (["finetune", TRAIN_VAL, "--bn-only", "--epochs", "3"], ("--bn-only", "--epochs")),
+    (["inspect", DEPLOY, "--input-shape", "data=2,x,16,16"], ("--input-shape", "'x'")),
+    (["inspect", DEPLOY, "--input-shape", "data=1,1,16,16,"], ("--input-shape",)),
+    (["eval", TRAIN_VAL, "--outputs", "nosuch"], ("--outputs", "nosuch")),
+    (["eval", TRAIN_VAL, "--outputs", "ip1,ip2"], ("--outputs", "one blob")),
+])
+def test_values_are_checked_before_any_work(here, capsys, args, needles):
+    line = one_error(capsys, *args)
+    for n in needles:
+        assert n in line, (n, line)
+    assert os.listdir(here) == []
+
+
+def test_eval_outputs_names_the_score_blob(capsys):
+    # the same option as in every command: here the output that is scored
+    base = ["eval", TRAIN_VAL, "--limit", "40", "--no-progress", "--json", "-", "--workers", "0"]
+    by_default = json.loads(cli(capsys, *base)[1])
+    named = json.loads(cli(capsys, *base, "--outputs", "ip2")[1])
+    assert by_default["score_blob"] == named["score_blob"] == "ip2"
+    assert by_default["results"]["fp32"]["top1"] == named["results"]["fp32"]["top1"]
+    pooled = json.loads(cli(capsys, *base, "--outputs", "ip1")[1])      # not the class scores
+    assert pooled["score_blob"] == "ip1"
+    assert pooled["results"]["fp32"]["top1"] < named["results"]["fp32"]["top1"]
+
+
+def test_array_files_that_are_not_arrays(here, capsys):
+    (here / "garbage.npy").write_bytes(b"\x00not numpy at all" * 10)
+    line = one_error(capsys, "run", DEPLOY, "-i", here / "garbage.npy", "-o", here / "o.npz")
+    assert "no .npy header" in line and "pickle" not in line
+    (here / "adir").mkdir()
+    line = one_error(capsys, "run", DEPLOY, "-i", here / "adir", "-o", here / "o.npz")
+    assert "is a folder" in line and "Errno" not in line
+    assert sorted(os.listdir(here)) == ["adir", "garbage.npy"]
+
+
 def test_suggestions_read_both_argparse_choice_formats():
     from caffeq.commands.options import CliParser
     p = CliParser(prog="caffeq convert")
@@ -514,7 +559,7 @@ def test_run_and_convert_need_the_shape_and_take_input_shape(capsys, here):
     line = one_error(capsys, "convert", "tv.prototxt", "-o", "m.onnx")
     assert "--input-shape data=N,C,H,W" in line and not (here / "m.onnx").exists()
     assert one_error(capsys, "inspect", "tv.prototxt", "--input-shape", "data=2,a").startswith(
-        "caffeq: error: inspect: argument --input-shape: dimensions must be integers")
+        "caffeq: error: inspect: argument --input-shape: 'data=2,a': dimension 'a' is not an integer")
     rc, out, err = cli(capsys, "convert", "tv.prototxt", "--input-shape", "data=2,1,12,12", "--outputs", "conv1",
                        "-o", "m.onnx")
     assert rc == 0, err

@@ -378,6 +378,25 @@ def test_refuses_to_overwrite_inputs_and_missing_weights(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+
+@pytest.mark.parametrize("users_file", ["model.py", "README.md", "weights.safetensors"])
+def test_a_folder_with_a_users_files_is_refused_and_an_earlier_export_is_replaced(tmp_path, users_file):
+    model = Case(FIXTURES / "conv_basic").load()
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / users_file).write_bytes(b"the user's own file")
+    with pytest.raises(ExportError, match="not written by caffeq"):
+        export_pytorch(model, out)
+    assert [p.name for p in out.iterdir()] == [users_file]
+    assert (out / users_file).read_bytes() == b"the user's own file"
+    # a folder holding an earlier export is replaced in place
+    (out / users_file).unlink()
+    first = export_pytorch(model, out)
+    before = (out / "model.py").read_text()
+    second = export_pytorch(model, out)
+    assert (out / "model.py").read_text() == before and second["weights"] == first["weights"]
+
+
 # ---- training, gradients, torch.export / TorchScript ---------------------------------------------
 
 @pytest.mark.parametrize("name", ["net_resnet_mini", "net_mobilenet_block", "net_inception_block",

@@ -146,7 +146,7 @@ def test_cli_sensitivity_subprocess(tmp_path):
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--to", "fp16"], "binary, int8"),
+    (["--to", "fp16"], "int8"),
     (["--budget", "-2"], "--budget"),
     (["--plot", "s.jpg"], "PNG"),
     (["--data", "/nonexistent"], "not found"),

@@ -287,7 +287,7 @@ class _Generator:
 
     def _module_doc(self, cls):
         name = self.graph.name or "net"
-        lines = [f"{name}: a plain PyTorch port of a Caffe model (written by caffeq).", ""]
+        lines = [f"{name}: a plain PyTorch port of a Caffe model ({EXPORT_MARK}).", ""]
         if self.source_note:
             lines.append(self.source_note)
         lines += ["Needs only torch (and safetensors to read the weights):" if self.weights_format ==
@@ -471,6 +471,13 @@ def export_pytorch(model, out, to=None, exact_batchnorm=False, weights_format="s
     protected = [source_model.prototxt, source_model.weights_path] + [os.fspath(p) for p in inputs if p]
     for dst in (py_path, weights_path, readme_path):
         refuse_overwrite(dst, protected, ExportError)
+    if not is_file:
+        # a folder is ours to fill only where it is new or holds an earlier export: never replace
+        # a user's own model.py, README.md or weights
+        for dst in (py_path, weights_path, readme_path):
+            if dst and os.path.exists(dst) and not _written_by_caffeq(dst, py_path):
+                raise ExportError(f"{dst}: exists and was not written by caffeq; export into a new or empty "
+                                  f"folder (nothing written)")
     if is_file and not os.path.isdir(folder):
         raise ExportError(f"{out}: folder {folder} does not exist")
 
@@ -504,6 +511,31 @@ def export_pytorch(model, out, to=None, exact_batchnorm=False, weights_format="s
     return info
 
 
+EXPORT_MARK = "written by caffeq"     # in model.py's docstring and README.md
+
+
+def _written_by_caffeq(path, py_path):
+    """Whether `path` is a file of an earlier export: model.py and README.md carry EXPORT_MARK near
+    their top, safetensors weights say so in their metadata, .pt weights count with their model.py."""
+    if path.endswith((".py", ".md")):
+        with open(path, "rb") as f:
+            return EXPORT_MARK.encode() in f.read(8192)
+    if path.endswith(".safetensors"):
+        import json
+        import struct
+        with open(path, "rb") as f:
+            head = f.read(8)
+            size = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+            if not 0 < size <= 1 << 24:      # a header, not a whole file, is read
+                return False
+            try:
+                header = json.loads(f.read(size))
+            except ValueError:
+                return False
+        return isinstance(header, dict) and (header.get("__metadata__") or {}).get("source") == "caffeq"
+    return os.path.exists(py_path) and _written_by_caffeq(py_path, py_path)
+
+
 def _source_note(model, target):
     parts = []
     if model.prototxt:
@@ -525,7 +557,7 @@ def _readme(model, info, weights_name, target, src_note):
     if model.weights_path and os.path.exists(model.weights_path):
         lines.append(f"- caffemodel: `{os.path.basename(model.weights_path)}` "
                      f"({os.path.getsize(model.weights_path)} bytes)")
-    lines.append(f"- written by caffeq; `model.py` needs only PyTorch"
+    lines.append(f"- {EXPORT_MARK}; `model.py` needs only PyTorch"
                  f"{' (and safetensors to read the weights)' if weights_name.endswith('.safetensors') else ''}")
     if target and target != "fp32":
         lines.append(f"- weights quantized to **{target}**; see the notes in `model.py`'s class docstring")

@@ -3,7 +3,7 @@ import os
 import sys
 
 from ..errors import DataError
-from .common import check_output, layer_names_arg, resolve_weights, say_found, write_json
+from .common import check_output, input_shapes_arg, layer_names_arg, resolve_weights, say_found, write_json
 from .options import (
     add_dataset_args,
     add_json_arg,
@@ -13,6 +13,8 @@ from .options import (
     positive_int,
     progress_wanted,
     report_stream,
+    score_blob,
+    targets,
     transform_from_args,
 )
 
@@ -25,19 +27,21 @@ def add_parser(sub):
                     "labels; --data replaces the source. For a deploy net pass --data and the "
                     "preprocessing flags. Every target runs on the same batches in one pass. Under "
                     "`torchrun --nproc_per_node=N` the data is sharded and the numbers all-reduced.")
-    add_model_args(p)
+    add_model_args(p, outputs=False)
     p.add_argument("--data", metavar="SRC",
                    help="LMDB folder, ImageData list (path label per line), image folder (one subfolder "
                         "per class) or .npy/.npz")
-    p.add_argument("--to", default="fp32", metavar="T1,T2",
+    p.add_argument("--to", type=targets, default="fp32", metavar="T1,T2",
                    help="targets, comma separated: fp32, fp16, int8, binary (fp32 always runs as the "
                         "reference)")
     p.add_argument("--keep", default=None, help="quantized targets: layers kept fp32 (none or NAME,...)")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="evaluate the first N items only")
     p.add_argument("--strict", action="store_true", help="fail on the first unreadable item or bad label")
     add_json_arg(p, "the numbers")
-    p.add_argument("--output", metavar="BLOB", help="the blob holding the class scores (default: what the "
-                                                     "Accuracy layer reads, else the net's output)")
+    # --outputs as in every command: the output that counts here is the one holding the scores
+    p.add_argument("--outputs", "--output", dest="outputs", type=score_blob, metavar="BLOB",
+                   help="the blob holding the class scores (default: what the Accuracy layer reads, else "
+                        "the net's output)")
     add_speed_args(p)
     p.add_argument("--calibrate", metavar="SRC", default=None,
                    help="with --to int8: static int8 (activations too), scales calibrated on SRC (a data "
@@ -61,9 +65,10 @@ def run(args):
                       ignore_unknown=args.ignore_unknown, targets=args.to, batch_size=args.batch_size or args.batch,
                       device=args.device, workers=args.workers, limit=args.limit, strict=args.strict,
                       transform=transform, resize=resize, channel_order=order,
-                      output=args.output, keep=layer_names_arg(args.keep, "--keep"),
+                      output=args.outputs, keep=layer_names_arg(args.keep, "--keep"),
                       progress=progress_wanted(args), exact=args.exact, compile=args.compile,
-                      calibrate=args.calibrate, calibrate_images=args.calibrate_images)
+                      calibrate=args.calibrate, calibrate_images=args.calibrate_images,
+                      stages=args.stage, level=args.level, input_shapes=input_shapes_arg(args))
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return 0      # under torchrun, rank 0 reports
     for w in result["warnings"]:

@@ -4,6 +4,7 @@ import os
 import sys
 
 from ..errors import CaffeqError
+from ..finetune import OPTIMIZERS, SCHEDULES, FinetuneConfig
 from .common import (
     check_output,
     display_path,
@@ -18,7 +19,9 @@ from .options import (
     add_json_arg,
     add_weights_arg,
     nonnegative_int,
+    nonnegative_number,
     positive_int,
+    positive_number,
     report_stream,
     transform_from_args,
 )
@@ -63,19 +66,19 @@ def add_parser(sub):
                         "(default <prototxt stem>.binary.finetuned.onnx in the current folder)")
     p.add_argument("--data", metavar="TRAIN_SRC", help="training data (default: the TRAIN-phase data layer's)")
     p.add_argument("--val", metavar="VAL_SRC", help="validation data (default: the TEST-phase data layer's)")
-    p.add_argument("--epochs", type=nonnegative_int, default=8, metavar="N",
+    p.add_argument("--epochs", type=nonnegative_int, default=None, metavar="N",
                    help="passes over the training data (default 8)")
     p.add_argument("--iters", type=positive_int, default=None, metavar="N",
                    help="stop after N steps in all (overrides --epochs)")
-    p.add_argument("--lr", default=None, metavar="X", help="learning rate (default: adam 1e-3, sgd 0.01)")
-    p.add_argument("--optimizer", default="adam", metavar="adam|sgd", help="adam (default) or sgd with momentum")
-    p.add_argument("--schedule", default="cosine", metavar="cosine|step|constant",
+    p.add_argument("--lr", type=positive_number, default=None, metavar="X", help="learning rate (default: adam 1e-3, sgd 0.01)")
+    p.add_argument("--optimizer", type=str.lower, choices=OPTIMIZERS, default="adam", metavar="adam|sgd", help="adam (default) or sgd with momentum")
+    p.add_argument("--schedule", type=str.lower, choices=SCHEDULES, default="cosine", metavar="cosine|step|constant",
                    help="learning-rate schedule over all steps: cosine (default), step (x0.1 at 50%% and "
                         "75%%) or constant")
-    p.add_argument("--momentum", default="0.9", metavar="M", help="SGD momentum (default 0.9)")
-    p.add_argument("--weight-decay", default="0", metavar="W",
+    p.add_argument("--momentum", type=nonnegative_number, default=0.9, metavar="M", help="SGD momentum (default 0.9)")
+    p.add_argument("--weight-decay", type=nonnegative_number, default=0.0, metavar="W",
                    help="weight decay (default 0: decay pulls latent weights to 0, where signs flip)")
-    p.add_argument("--seed", default="0", metavar="S", help="random seed (default 0)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, metavar="S", help="random seed (default 0)")
     p.add_argument("--keep", metavar="none|NAME,...", default=None,
                    help="layers kept fp32 (default: the first and last weighted layers; 'none' binarizes all)")
     p.add_argument("--only", metavar="NAME,...", default=None, help="binarize only these layers")
@@ -118,6 +121,13 @@ def run(args):
         raise CaffeqError("--keep and --only cannot be combined; name the layers to binarize with --only")
     if args.budget is not None and (keep is not None or only is not None):
         raise CaffeqError("--budget chooses the layers kept fp32; drop --keep/--only")
+    if args.bn_only:
+        training = [flag for flag, value in (("--no-bn-reestimate", args.no_bn_reestimate),
+                                             ("--epochs", args.epochs), ("--iters", args.iters),
+                                             ("--lr", args.lr)) if value not in (None, False)]
+        if training:
+            raise CaffeqError(f"--bn-only trains nothing and only re-estimates BatchNorm; drop "
+                              f"{', '.join(training)}")
 
     # the outputs are checked before any training
     out = args.output or f"{os.path.splitext(os.path.basename(path))[0]}.binary.finetuned.onnx"
@@ -131,7 +141,7 @@ def run(args):
     # per-epoch lines are printed unless --no-progress; bars only on a terminal
     result = finetune(
         path, weights, target="binary", data=args.data, val=args.val, keep=keep, only=only,
-        epochs=args.epochs, iters=args.iters, lr=args.lr, batch_size=args.batch_size,
+        epochs=FinetuneConfig.epochs if args.epochs is None else args.epochs, iters=args.iters, lr=args.lr, batch_size=args.batch_size,
         optimizer=args.optimizer, schedule=args.schedule, momentum=args.momentum,
         weight_decay=args.weight_decay, seed=args.seed, device=args.device,
         workers=args.workers, bn_only=args.bn_only,

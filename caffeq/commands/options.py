@@ -101,6 +101,47 @@ def number(text):
     return v
 
 
+def nonnegative_number(text):
+    """A finite float >= 0."""
+    v = number(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return v
+
+
+def positive_number(text):
+    """A finite float > 0."""
+    v = number(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return v
+
+
+def score_blob(text):
+    """BLOB: the one blob whose values are the class scores (eval)."""
+    name = str(text).strip()
+    if not name or "," in name:
+        raise argparse.ArgumentTypeError(f"expected one blob name (the class scores), got {text!r}")
+    return name
+
+
+def targets(text):
+    """T1,T2,... -> [precision names] (fp32, fp16, int8, binary, their aliases, registered quantizers),
+    with a did-you-mean for a typo."""
+    from ..quant import available_targets, get_quantizer
+    from ..quant.base import QuantizeError
+    names = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected one or more of {', '.join(available_targets())}")
+    for t in names:
+        try:
+            get_quantizer(t)
+        except QuantizeError:
+            raise argparse.ArgumentTypeError(f"unknown target {t!r} (choose from {', '.join(available_targets())})"
+                                             f"{did_you_mean(t.lower(), available_targets())}") from None
+    return names
+
+
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 
 
@@ -140,13 +181,16 @@ def workers(text):
 def input_shape(text):
     """NAME=N,C,H,W (also NAME=NxCxHxW): the shape of one input or data-layer top."""
     name, sep, dims = text.partition("=")
-    parts = [d for d in dims.replace("x", ",").split(",") if d.strip()] if sep else []
-    if not name.strip() or not parts:
+    if not name.strip() or not sep or not dims.strip():
         raise argparse.ArgumentTypeError(f"expected NAME=N,C,H,W, got {text!r}")
+    separator = "," if "," in dims else "x"
+    parts = [d.strip() for d in dims.split(separator)]
     try:
         shape = tuple(int(d) for d in parts)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"dimensions must be integers, got {text!r}") from None
+        bad = next(d for d in parts if not d.lstrip("-").isdigit())
+        raise argparse.ArgumentTypeError(f"{text!r}: dimension {bad!r} is not an integer "
+                                         f"(expected NAME=N,C,H,W)") from None
     if any(d < 1 for d in shape):
         raise argparse.ArgumentTypeError(f"dimensions must be positive, got {text!r}")
     return name.strip(), shape

@@ -33,7 +33,7 @@ def add_parser(sub):
                        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="train_val/deploy .prototxt")
     add_weights_arg(p, "trained weights")
-    p.add_argument("--to", default="binary", metavar="binary|int8", help="the precision tested (default binary)")
+    p.add_argument("--to", type=str.lower, choices=("binary", "int8"), default="binary", metavar="binary|int8", help="the precision tested (default binary)")
     p.add_argument("--data", metavar="SRC", help="LMDB, ImageData list, image folder or .npy/.npz "
                                                  "(default: the TEST-phase data layer's source)")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="use the first N items only")

@@ -17,9 +17,18 @@ DATA_KEYS = ("data", "images", "x", "inputs")
 LABEL_KEYS = ("label", "labels", "y", "targets")
 
 
+def _not_arrays(path, error):
+    """The DataError for a file numpy cannot read as arrays; numpy's own message for a file without
+    an .npy header suggests unpickling it, which caffeq never does with input files."""
+    reason = "no .npy header" if "pickle" in str(error) else str(error)
+    return DataError(f"{path}: not a numpy .npy/.npz file: {reason}")
+
+
 def load_arrays(path):
     """An .npy file's array, or an .npz file's {name: array} (read whole, never unpickled)."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise DataError(f"{path}: is a folder, not an .npy/.npz file")
     if not os.path.exists(path):
         raise DataError(f"{path}: no such file")
     try:
@@ -28,7 +37,7 @@ def load_arrays(path):
                 return {k: z[k] for k in z.files}
         return np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
-        raise DataError(f"{path}: not a numpy .npy/.npz file: {e}") from None
+        raise _not_arrays(path, e) from None
 
 
 def net_inputs(path, model):
@@ -89,7 +98,7 @@ def _open_arrays(path, data_key=None):
         with zipfile.ZipFile(path) as z:
             keys = [n[:-4] for n in z.namelist() if n.endswith(".npy")]
     except (ValueError, OSError, zipfile.BadZipFile) as e:
-        raise DataError(f"{path}: cannot read arrays: {e}") from None
+        raise _not_arrays(path, e) from None
     if not keys:
         raise DataError(f"{path}: holds no arrays")
     if data_key is not None and data_key not in keys:
