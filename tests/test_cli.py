@@ -224,6 +224,46 @@ def test_array_files_that_are_not_arrays(here, capsys):
     assert sorted(os.listdir(here)) == ["adir", "garbage.npy"]
 
 
+
+@pytest.mark.parametrize("args, needles", [
+    (["upgrade", ".", "-o", "new.prototxt"], ("is a folder",)),
+    (["upgrade", DEPLOY, "-o", "new.caffemodel"], ("-o", "--weights-out")),
+    (["upgrade", DEPLOY, "-o", "n.prototxt", "--weights", WEIGHTS, "--weights-out", "w.prototxt"], ("--weights-out",)),
+    (["inspect", WEIGHTS], ("holds the weights", "--weights")),
+    (["inspect", DEPLOY, "--batch", "4", "--input-shape", "data=2,1,16,16"], ("--batch 4", "disagree")),
+    (["run", DEPLOY, "--keep", "conv1", "-i", "x.npy", "-o", "o.npz"], ("--keep", "--to")),
+    (["run", DEPLOY, "--batch", "1", "-i", "x.npy", "-o", "o.npz"], ("holds 3 items", "1")),
+    (["run", DEPLOY, "--input-shape", "data=5,1,16,16", "-i", "x.npy", "-o", "o.npz"], ("holds 3 items", "5")),
+])
+def test_conflicting_or_misplaced_arguments(here, capsys, args, needles):
+    digits_inputs(here / "x.npy")
+    line = one_error(capsys, *args)
+    for n in needles:
+        assert n in line, (n, line)
+    assert os.listdir(here) == ["x.npy"]
+
+
+def test_upgrade_of_an_empty_prototxt_writes_nothing(here, capsys):
+    (here / "empty.prototxt").write_text("")
+    assert "no layers" in one_error(capsys, "upgrade", "empty.prototxt", "-o", "new.prototxt")
+    assert os.listdir(here) == ["empty.prototxt"]
+
+
+def test_inspect_without_the_dataset_says_the_parameters_are_unknown(capsys):
+    lenet = REPO / "tests/fixtures/realworld/BVLC__caffe__examples__mnist__lenet_train_test.prototxt"
+    rc, out, err = cli(capsys, "inspect", lenet)
+    assert rc == 0, err
+    total = out.strip().splitlines()[-1]
+    assert "0 parameters" not in total and "unknown" in total and "--input-shape" in total
+    rc, out, err = cli(capsys, "inspect", lenet, "--input-shape", "data=1,1,28,28", "--json", "-")
+    assert rc == 0, err
+    summary = json.loads(out)
+    # LeNet: conv 20x1x5x5+20, conv 50x20x5x5+50, ip 500x800+500, ip 10x500+10
+    assert summary["totals"]["params"] == 520 + 25050 + 400500 + 5010
+    assert summary["totals"]["layers_with_unknown_params"] == []
+    assert "total: 10 layers, 431,080 parameters" in err      # the text report goes to stderr
+
+
 def test_suggestions_read_both_argparse_choice_formats():
     from caffeq.commands.options import CliParser
     p = CliParser(prog="caffeq convert")

@@ -50,6 +50,9 @@ def resolve_weights(model_path, weights=None, required=True):
         raise CaffeqError(f"{model_path}: no such file")
     if os.path.isdir(model_path):
         raise CaffeqError(f"{model_path}: is a folder; pass the .prototxt")
+    if model_path.lower().endswith(".caffemodel"):
+        raise CaffeqError(f"{model_path}: a .caffemodel holds the weights, not the net; pass the .prototxt "
+                          f"(and this file as --weights)")
     if model_path.endswith(".caffeq"):
         if weights:
             raise CaffeqError(f"{model_path}: a .caffeq file holds its weights; drop --weights")
@@ -92,8 +95,13 @@ def load_model(args, random_weights=False, weights_required=False, unknown_shape
     from ..model import load
     weights, note = resolve_weights(args.model, getattr(args, "weights", None),
                                     required=weights_required and not random_weights)
-    say_found(note)
     args.weights = weights
+    batch, shapes = getattr(args, "batch", None), input_shapes_arg(args)
+    clash = {name: shape for name, shape in shapes.items() if batch is not None and shape[0] != batch}
+    if clash:
+        name, shape = next(iter(clash.items()))
+        raise CaffeqError(f"--batch {batch} and --input-shape {name}={','.join(map(str, shape))} disagree on "
+                          f"the batch; give one of them")
 
     def load_with(w):
         return load(args.model, w, phase=args.phase, batch=getattr(args, "batch", None),
@@ -116,9 +124,10 @@ def load_model(args, random_weights=False, weights_required=False, unknown_shape
             raise
         # weights found, not given, and not needed (inspect): another net's caffemodel in the folder
         print(f"caffeq: warning: {e}; showing the net without weights", file=sys.stderr)
-        args.weights = None
+        args.weights = note = None
         model = load_with(None)
     check_not_empty(model, args.model)
+    say_found(note)        # only once the net has read: an error stays the one line on stderr
     for w in model.warnings:
         print(f"caffeq: warning: {w}", file=sys.stderr)
     return model

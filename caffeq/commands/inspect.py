@@ -4,6 +4,7 @@ import os
 import sys
 
 from ..errors import ParseError
+from ..layers.registry import Layer
 from .common import check_output, format_bytes, format_count, load_model, write_json
 from .options import add_json_arg, add_model_args, report_stream
 
@@ -26,19 +27,23 @@ def summarize(model):
     """The listing as a dict; shapes (and the parameters and MACs that need them) are None where the
     dataset a data layer reads was needed to know them."""
     g = model.graph
-    layers = []
+    layers, unknown = [], []
     total_params = total_macs = 0
     for node in g.nodes:
         in_shapes = [g.tensors[t].shape for t in node.inputs]
         out_shapes = [g.tensors[t].shape for t in node.outputs]
-        shapes = node.expected_param_shapes or []
-        params = sum(math.prod(s) for i, s in enumerate(shapes) if i not in node.shared_from)
         known = all(s is not None for s in in_shapes + out_shapes)
+        shapes = node.expected_param_shapes
+        if shapes is None and not known and type(node.spec).param_shapes is not Layer.param_shapes:
+            params = None           # its blobs' shapes follow the input's, which the dataset would tell
+            unknown.append(node.name)
+        else:
+            params = sum(math.prod(s) for i, s in enumerate(shapes or []) if i not in node.shared_from)
         try:
             macs = int(node.spec.macs(node.attrs, in_shapes, out_shapes)) if known else 0
         except Exception:  # an estimate only; never fail the listing for it
             macs = 0
-        total_params += params
+        total_params += params or 0
         total_macs += macs
         layers.append({
             "name": node.name, "type": node.type, "bottoms": list(node.bottoms), "tops": list(node.tops),
@@ -52,7 +57,7 @@ def summarize(model):
         "outputs": model.outputs,
         "layers": layers,
         "totals": {"layers": len(layers), "params": total_params, "macs": total_macs,
-                   "param_bytes_fp32": 4 * total_params},
+                   "param_bytes_fp32": 4 * total_params, "layers_with_unknown_params": unknown},
         "warnings": list(model.warnings),
         "quantization": dict(model.quantization),
     }
@@ -87,7 +92,7 @@ def print_table(summary, out=sys.stdout):
     for L in summary["layers"]:
         shapes = "; ".join(_fmt_shape(s) for s in L["output_shapes"].values())
         rows.append((L["name"], L["type"], f"{','.join(L['bottoms'])} -> {','.join(L['tops'])}",
-                     shapes, _fmt_count(L["params"]) if L["params"] else "", _fmt_count(L["macs"]) if L["macs"] else ""))
+                     shapes, "?" if L["params"] is None else (_fmt_count(L["params"]) if L["params"] else ""), _fmt_count(L["macs"]) if L["macs"] else ""))
     widths = [min(40, max(len(r[i]) for r in rows)) for i in range(len(rows[0]))]
     print(f"net '{summary['name']}': inputs "
           + ", ".join(f"{k} {_fmt_shape(v)}" for k, v in summary["inputs"].items())
@@ -98,6 +103,12 @@ def print_table(summary, out=sys.stdout):
             print("  ".join("-" * w for w in widths), file=out)
     t = summary["totals"]
     # (the warnings are printed once, on stderr, when the model is loaded; the JSON keeps them)
+    unknown = t["layers_with_unknown_params"]
+    if unknown:
+        names = ", ".join(unknown[:4]) + (", ..." if len(unknown) > 4 else "")
+        print(f"total: {t['layers']} layers; parameters and multiply-accumulates unknown without the input "
+              f"shape (its dataset is not here): {names}; pass --input-shape NAME=N,C,H,W", file=out)
+        return
     print(f"total: {t['layers']} layers, {format_count(t['params'])} parameters "
           f"({format_bytes(t['param_bytes_fp32'])} as fp32), {format_count(t['macs'])} multiply-accumulates",
           file=out)
@@ -111,10 +122,7 @@ def run(args):
     summary = summarize(model)
     if args.onnx:
         summary["onnx"] = onnx_node_counts(args.onnx)
-    if args.json == "-":
-        write_json("-", summary)
-        return 0
-    out = report_stream(args)
+    out = report_stream(args)      # stderr when the JSON goes to stdout
     print_table(summary, out)
     if args.onnx:
         o = summary["onnx"]

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..data.arrays import load_arrays
 from ..errors import DataError
-from .common import atomic_output, check_output, layer_names_arg, load_model
+from .common import atomic_output, check_output, input_shapes_arg, layer_names_arg, load_model
 from .options import add_batch_size_arg, add_device_arg, add_model_args, add_speed_args
 
 
@@ -33,11 +33,14 @@ def run(args):
     check_output(args.output, "-o", inputs_files)   # before any work
     if not os.path.exists(args.input):
         raise DataError(f"{args.input}: no such file")
+    if args.keep is not None and args.to == "fp32":
+        raise DataError("--keep names the layers kept fp32 when quantizing; add --to fp16|int8|binary")
+    inputs = load_arrays(args.input)
+    _check_batch(args, inputs)
     model = load_model(args, weights_required=True)
     if args.to != "fp32":
         from ..quant import quantize
         model = quantize(model, args.to, keep=layer_names_arg(args.keep, "--keep"))
-    inputs = load_arrays(args.input)
     dtype = None
     if args.to == "fp16" and args.device != "cpu":
         import torch
@@ -51,3 +54,16 @@ def run(args):
         np.savez(f, **outputs)
     print(f"wrote {args.output}: " + ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items()))
     return 0
+
+
+def _check_batch(args, inputs):
+    """--batch and --input-shape's batch must be what the input file holds (run takes its items)."""
+    asked = dict(input_shapes_arg(args))
+    # a .npy feeds the net's one input: the one --input-shape given is its shape
+    arrays = inputs if isinstance(inputs, dict) else {next(iter(asked), None): inputs}
+    for name, arr in arrays.items():
+        want = args.batch if args.batch is not None else (asked.get(name) or (None,))[0]
+        if want is not None and arr.ndim and arr.shape[0] != want:
+            what = f"'{name}' in {args.input}" if isinstance(inputs, dict) else args.input
+            raise DataError(f"{what} holds {arr.shape[0]} items but the batch asked for is {want} "
+                            f"(--batch/--input-shape); run takes the items the file holds")

@@ -6,9 +6,12 @@ the same upgrade rules (caffeq.io.upgrade), both files written atomically.
 import os
 import sys
 
-from ..errors import CaffeqError
+from ..errors import CaffeqError, ParseError
 from ..fs import same_file
 from .common import check_output
+
+TEXT_EXTS = (".prototxt", ".pbtxt", ".txt")
+WEIGHTS_EXTS = (".caffemodel", ".binaryproto", ".caffeq", ".onnx")
 
 
 def add_parser(sub):
@@ -45,8 +48,16 @@ def run(args):
     if args.weights_out and same_file(args.output, args.weights_out):
         raise CaffeqError(f"{args.output}: -o and --weights-out name the same file")
     for src in inputs:
+        if os.path.isdir(src):
+            raise CaffeqError(f"{src}: is a folder; pass the {'.caffemodel' if src == args.weights else '.prototxt'}")
         if not os.path.isfile(src):
             raise CaffeqError(f"{src}: no such file")
+    # -o is the net's text, --weights-out the binary weights: refuse the other's extension
+    if os.path.splitext(args.output)[1].lower() in WEIGHTS_EXTS:
+        raise CaffeqError(f"-o {args.output}: -o writes the upgraded prototxt (text); the caffemodel goes to "
+                          f"--weights-out")
+    if args.weights_out and os.path.splitext(args.weights_out)[1].lower() in TEXT_EXTS:
+        raise CaffeqError(f"--weights-out {args.weights_out}: writes the binary caffemodel; the prototxt goes to -o")
     check_output(args.output, "-o", inputs)
     if args.weights_out:
         check_output(args.weights_out, "--weights-out", inputs)
@@ -54,6 +65,8 @@ def run(args):
     # Read and upgrade everything before writing anything, so a bad caffemodel leaves no half result
     warnings = []
     net = read_prototxt(args.prototxt, ignore_unknown=args.ignore_unknown, warnings=warnings)
+    if not net.layer and not net.layers and not net.input:
+        raise ParseError(f"{args.prototxt}: the net has no layers (an empty or commented-out prototxt?)")
     for w in warnings:
         print(f"caffeq: warning: {w}", file=sys.stderr)
     text_needed = net_needs_upgrade(net)
