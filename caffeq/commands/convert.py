@@ -237,6 +237,9 @@ def run(args):
     check_output(args.json, "--json", (model_path, weights, args.probe))
     _refuse_ignored_options(args)
     if args.batch == "dynamic":
+        if args.onnx_batch is not None and str(args.onnx_batch).strip().lower() != "dynamic":
+            raise CaffeqError(f"--batch dynamic and --onnx-batch {args.onnx_batch} both set the ONNX file's batch "
+                              f"and disagree; pass one of them")
         print("caffeq: warning: convert --batch dynamic is now --onnx-batch dynamic (the default); "
               "--batch N sets the input batch, as in every command", file=sys.stderr)
         args.batch = None
@@ -264,9 +267,9 @@ def run(args):
     get_quantizer(target)
     if target == "fp32" and (keep is not None or only is not None):
         flag = "--keep" if keep is not None else "--only"
-        given = "--to fp32" if args.to else "the target is fp32 (no --to given)"
-        raise CaffeqError(f"{flag} chooses the layers to quantize, but {given} quantizes none; "
-                          f"add --to fp16/int8/binary or drop {flag}")
+        given = "--to fp32 quantizes none" if args.to else "without --to the target is fp32 (none quantized)"
+        raise CaffeqError(f"{flag} chooses the layers to quantize, and {given}; add --to fp16/int8/binary "
+                          f"or drop {flag}")
     # the output is checked before the (possibly long) budget analysis and quantization
     if getattr(args, "format", None) == "pytorch":
         out = _pytorch_output(args, model_path)
