@@ -1,4 +1,4 @@
-"""`python cli.py convert` end to end, through a subprocess, as users type it."""
+"""`python cli.py convert` end to end, as users type it: through a subprocess, or in process (main)."""
 import json
 import os
 import subprocess
