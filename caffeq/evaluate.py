@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .data import Collate, Normalizer, StridedSampler, worker_init
-from .data.plan import as_input_layer, build_dataset, data_layer, phase_data_layer, plan_data
+from .data.plan import as_input_layer, build_dataset, data_layer, phase_data_layer, plan_data, probe_items
 from .errors import DataError
 from .eval_metrics import (  # noqa: F401  (format_table: evaluate's result as a table, kept importable here)
     ABS,
@@ -39,7 +39,6 @@ from .eval_metrics import (  # noqa: F401  (format_table: evaluate's result as a
 )
 
 MAX_LISTED_ERRORS = 1000
-PROBE_ITEMS = 16
 
 
 # ---- the nets --------------------------------------------------------------------------------
@@ -320,7 +319,7 @@ def _prepare(model, data, weights, reading, ignore_unknown, limit, opts):
             else:
                 plan = plan_data(layer, None, base_dir, data, prototxt=path, **opts)
                 dataset = build_dataset(plan, limit)
-                shape = _probe(dataset, None, plan)
+                shape = probe_items(dataset, None, plan)
                 dataset.close()
                 n = plan.batch_size
                 as_input_layer(lp, [(n,) + tuple(shape)] + [(n,)] * (len(layer.tops) - 1))
@@ -329,32 +328,9 @@ def _prepare(model, data, weights, reading, ignore_unknown, limit, opts):
                 return model, plan, dataset
     plan = plan_data(data_layer(model), model.inputs, model._base_dir(), data, prototxt=model.prototxt, **opts)
     dataset = build_dataset(plan, limit)
-    _probe(dataset, tuple(model.inputs[plan.data_blob][1:]), plan)
+    probe_items(dataset, tuple(model.inputs[plan.data_blob][1:]), plan)
     dataset.close()
     return model, plan, dataset
-
-
-def _probe(dataset, expected, plan):
-    """The shape of the first readable item; fail early, with a hint, when it cannot fit the net."""
-    if len(dataset) == 0:
-        raise DataError(f"{plan.source}: no items to evaluate (the data source is empty)")
-    first_err = None
-    for i in range(min(len(dataset), PROBE_ITEMS)):
-        _, img, _, err = dataset[i]
-        if err is not None:
-            first_err = first_err or err
-            continue
-        if expected is not None and tuple(img.shape) != tuple(expected):
-            raise DataError(f"{plan.source}: items are {'x'.join(map(str, img.shape))} after preprocessing "
-                            f"but the net's input '{plan.data_blob}' takes {'x'.join(map(str, expected))}; "
-                            f"set --resize HxW / --crop-size (or the channel count: force_color/force_gray)")
-        return tuple(img.shape)
-    if first_err is not None:
-        raise DataError(f"none of the first {min(len(dataset), PROBE_ITEMS)} items can be read; "
-                        f"the first: {first_err}")
-    if expected is None:
-        raise DataError(f"{plan.source}: no items to evaluate")
-    return tuple(expected)
 
 
 class Runner:

@@ -1,4 +1,4 @@
-"""`python cli.py convert` end to end, through a subprocess, as users type it."""
+"""`python cli.py convert` end to end, as users type it: through a subprocess, or in process (main)."""
 import json
 import os
 import subprocess
@@ -23,8 +23,9 @@ def _digits_inputs(n=16):
 
 def test_first_command_without_weights_from_repo_root(tmp_path):
     # exactly what users type first (output redirected so the checkout stays clean)
-    out = ok(cli_process("convert", "examples/digits/deploy.prototxt", "--to", "binary", "-o", tmp_path / "d.onnx"))
-    assert "model.caffemodel" in out and "found beside" in out            # which weights it used
+    res = cli_process("convert", "examples/digits/deploy.prototxt", "--to", "binary", "-o", tmp_path / "d.onnx")
+    out = ok(res)
+    assert "model.caffemodel" in res.stderr and "found beside" in res.stderr   # which weights, on stderr
     assert "changed 2 layer(s): conv2, ip1" in out
     assert "conv1 (first weighted layer)" in out and "ip2 (last weighted layer)" in out
     assert "rel. L2 err" in out and "total" in out                        # the per-layer table
@@ -171,3 +172,133 @@ def test_help_says_how_fp16_computes():
     out = ok(cli_process("convert", "--help"))
     flat = " ".join(out.split())
     assert "fp32 with fp16-rounded weights on CPU and in fp16 on CUDA" in flat
+
+
+# ---- in process: the new user's trial (each mistake one error line, nothing written) --------------
+
+PREPROCESS = ("--mean-file", DIGITS / "mean.binaryproto", "--scale", "0.00390625")
+
+
+def _cli(capsys, *args):
+    """main(args) in this process -> CompletedProcess-like (returncode, stdout, stderr)."""
+    from caffeq.__main__ import main
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code
+    got = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, got.out, got.err)
+
+
+def test_budget_reads_the_data_as_sensitivity_does(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    data = ("--data", DIGITS / "test_lmdb", *PREPROCESS)
+    ok(_cli(capsys, "sensitivity", DIGITS / "deploy.prototxt", "--budget", "1", "--no-cumulative",
+            "--workers", "0", "--device", "cpu", "--json", "s.json", *data))
+    sens = json.loads((tmp_path / "s.json").read_text())
+    assert sens["fp32"] > 0.9             # the preprocessing flags took effect (a raw LMDB scores ~10%)
+    res = _cli(capsys, "convert", DIGITS / "deploy.prototxt", "--to", "binary", "--budget", "1",
+               "-o", "b.onnx", "--json", "c.json", *data)
+    out = ok(res)
+    conv = json.loads((tmp_path / "c.json").read_text())
+    kept = conv["report"]["kept"]
+    assert sorted(kept) == sorted(sens["budget"]["keep"])
+    assert conv["report"]["changed"] and not set(conv["report"]["changed"]) & set(kept)
+    # labelled by why they are kept: the budget, not a --keep that was never given
+    assert set(kept.values()) == {"budget 1 points"}
+    assert "(--keep)" not in out and "--keep none" not in out
+    assert "fp32 (budget 1 points)" in out
+
+
+def test_a_budget_keeping_every_layer_says_so_without_suggesting_keep_none():
+    model = caffeq.load(DIGITS / "deploy.prototxt", DIGITS / "model.caffemodel")
+    layers = ["conv1", "conv2", "ip1", "ip2"]
+    report = quantize(model, "binary", keep=layers, keep_reason="budget 0 points").quant_report
+    assert report.kept == {n: "budget 0 points" for n in layers} and not report.changed
+    assert report.notes == ["every weighted layer was kept fp32 (budget 0 points): nothing was binarized"]
+    report = quantize(model, "binary", keep=layers).quant_report
+    assert report.notes == ["every weighted layer was kept fp32: --keep names them all"]
+
+
+def test_calibration_items_of_the_wrong_size_are_explained_as_in_eval(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(_cli(capsys, "convert", DIGITS / "deploy.prototxt", "--to", "int8", "--calibrate",
+                               DIGITS / "train_lmdb", "--resize", "10"),
+                          "items are 1x10x10 after preprocessing", "input 'data' takes 1x16x16", "--resize")
+    assert "no readable items" not in line
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_file_format_given_to_to_points_to_o(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for fmt, ext in (("onnx", ".onnx"), ("caffemodel", ".caffemodel"), ("caffeq", ".caffeq")):
+        one_line_error(_cli(capsys, "convert", DIGITS / "deploy.prototxt", "--to", fmt),
+                       "file format", "-o's extension", f"-o model{ext}", "--format")
+    one_line_error(_cli(capsys, "convert", DIGITS / "deploy.prototxt", "--to", "pytorch"), "--format pytorch")
+    one_line_error(_cli(capsys, "convert", DIGITS / "deploy.prototxt", "--to", "bnary"), "did you mean binary?")
+    assert os.listdir(tmp_path) == []
+
+
+def test_conflicting_or_ignored_options_are_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for args, needles in (
+            (("--batch", "2", "--onnx-batch", "3"), ("--batch 2", "--onnx-batch 3", "disagree")),
+            (("--batch", "dynamic", "--onnx-batch", "3"), ("--onnx-batch 3",)),
+            (("--to", "fp32", "--keep", "conv1"), ("--keep", "--to fp32")),
+            (("--keep", "conv1"), ("--keep", "without --to")),
+            (("--to", "fp32", "--only", "conv1"), ("--only", "--to fp32")),
+            (("--to", "int8", "--exact-batchnorm"), ("--exact-batchnorm", "--format pytorch")),
+            (("--to", "int8", "--data", DIGITS / "test_lmdb"), ("--data", "--budget")),
+            *(((("--to", "int8", flag, value)), (flag, "--calibrate", "--budget"))
+              for flag, value in (("--mean-file", DIGITS / "mean.binaryproto"), ("--mean-value", "128"),
+                                  ("--scale", "0.5"), ("--crop-size", "12"), ("--resize", "16x16"),
+                                  ("--channel-order", "RGB")))):
+        one_line_error(_cli(capsys, "convert", DIGITS / "deploy.prototxt", *args), *needles)
+        assert os.listdir(tmp_path) == [], args
+    # agreeing values, and --onnx-batch dynamic with --batch (as the help says), still work
+    import onnx
+    ok(_cli(capsys, "convert", DIGITS / "deploy.prototxt", "--batch", "2", "--onnx-batch", "2", "-o", "a.onnx"))
+    assert onnx.load("a.onnx").graph.input[0].type.tensor_type.shape.dim[0].dim_value == 2
+    ok(_cli(capsys, "convert", DIGITS / "deploy.prototxt", "--batch", "2", "--onnx-batch", "dynamic",
+            "-o", "b.onnx"))
+
+
+def _finetune_hint(out):
+    line = next(ln for ln in out.splitlines() if "recover accuracy with" in ln)
+    return line.split("`")[1]
+
+
+@pytest.mark.slow
+def test_the_finetune_hint_runs_as_printed(tmp_path, monkeypatch, capsys):
+    import shlex
+    monkeypatch.chdir(tmp_path)
+    hint = _finetune_hint(ok(_cli(capsys, "convert", DIGITS / "deploy.prototxt", "--to", "binary", "-o", "b.onnx")))
+    # the deploy net has no training data: the train_val net beside it has
+    assert f"finetune {DIGITS / 'train_val.prototxt'} --weights {DIGITS / 'model.caffemodel'} --to binary" in hint
+    words = shlex.split(hint)
+    assert words[:2] == ["python", "cli.py"] and "..." not in words
+    short = ["--iters", "1", "--limit", "8", "--val-limit", "8", "--bn-batches", "1", "--workers", "0",
+             "--no-progress", "-o", "f.onnx"]
+    out = ok(_cli(capsys, *words[2:], *short))
+    assert "wrote" in out and (tmp_path / "f.onnx").exists()
+    # a deploy net alone: placeholders for the data finetune needs
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "deploy.prototxt").write_text((DIGITS / "deploy.prototxt").read_text())
+    os.symlink(DIGITS / "model.caffemodel", alone / "deploy.caffemodel")
+    hint = _finetune_hint(ok(_cli(capsys, "convert", alone / "deploy.prototxt", "--to", "binary", "--keep", "none",
+                                  "-o", "c.onnx")))
+    assert hint.endswith("--to binary --keep none --data TRAIN_SRC --val VAL_SRC"), hint
+    assert "alone/deploy.prototxt" in hint
+
+
+def test_found_weights_line_on_stderr_and_warning_grammar(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    res = _cli(capsys, "convert", DIGITS / "deploy.prototxt", "--to", "int8", "-o", "m.caffeq", "--opset", "13")
+    out = ok(res)
+    assert "found beside" in res.stderr and "found beside" not in out      # as in inspect, run and eval
+    assert "caffeq: warning: --opset only applies to .onnx output; ignored for .caffeq" in res.stderr
+    res = _cli(capsys, "convert", DIGITS / "deploy.prototxt", "--to", "int8", "-o", "n.caffeq", "--opset", "13",
+               "--no-optimize")
+    assert "--opset, --no-optimize only apply to .onnx output" in res.stderr

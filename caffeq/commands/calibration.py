@@ -6,8 +6,8 @@ import os
 import sys
 
 from ..errors import CaffeqError
-from .common import display_path, format_bytes
-from .options import add_preprocess_args, positive_int, transform_from_args
+from .common import display_path, format_bytes, say_found
+from .options import positive_int, preprocess_options, report_stream
 
 
 def add_arguments(p):
@@ -21,12 +21,10 @@ def add_arguments(p):
     g.add_argument("--calibrate-method", default="minmax,percentile,entropy", metavar="M[,M...]",
                    help="activation range methods to try; the one agreeing best with fp32 on SRC is "
                         "written (default: all three)")
-    add_preprocess_args(p, title="static int8: how SRC's images become net inputs (default: the data "
-                                 "layer's transform_param)")
 
 
-def run_static_int8(args, model, model_path, weights, lines, keep, only):
-    """Calibrate, write the QDQ ONNX, print what was done."""
+def run_static_int8(args, model, model_path, weights, lines, keep, only, found=None):
+    """Calibrate, write the QDQ ONNX, print what was done (found: which weights were found, for stderr)."""
     from ..quant.static_int8 import calibration_inputs, format_summary, static_int8
     target = args.to or "fp32"
     if target != "int8":
@@ -42,10 +40,9 @@ def run_static_int8(args, model, model_path, weights, lines, keep, only):
         raise CaffeqError("--calibrate writes an optimized file with a dynamic batch; drop "
                           "--no-optimize/--batch/--onnx-batch")
     methods = [m.strip().lower() for m in str(args.calibrate_method).split(",") if m.strip()]
-    transform, resize, order = transform_from_args(args)
     notes = []
-    arrays = calibration_inputs(model, args.calibrate, args.calibrate_images, transform=transform,
-                                resize=resize, channel_order=order, notes=notes)
+    arrays = calibration_inputs(model, args.calibrate, args.calibrate_images, notes=notes,
+                                **preprocess_options(args))
     for n in notes:
         print(f"caffeq: warning: --calibrate {args.calibrate}: {n}", file=sys.stderr)
     protected = [p for p in (model_path, weights, args.calibrate) if p]
@@ -56,7 +53,8 @@ def run_static_int8(args, model, model_path, weights, lines, keep, only):
     lines.append(f"wrote {display_path(out)} (static int8, QDQ ONNX opset {info['opset']})")
     lines.append(f"size: {display_path(src)} {format_bytes(os.path.getsize(src))} -> {display_path(out)} "
                  f"{format_bytes(info['file_size'])}")
-    print("\n".join(lines), file=sys.stdout if args.json != "-" else sys.stderr)
+    say_found(found)
+    print("\n".join(lines), file=report_stream(args))
     if args.json:
         from .common import write_json
         write_json(args.json, {"model": model_path, "weights": weights, "target": "int8", "static": True,

@@ -17,9 +17,18 @@ from .common import (
     load_model,
     model_output_format,
     resolve_weights,
+    say_found,
     write_model_file,
 )
-from .options import add_json_arg, add_model_args, positive_int, report_stream
+from .options import (
+    add_json_arg,
+    add_model_args,
+    add_preprocess_args,
+    positive_int,
+    preprocess_flags_given,
+    preprocess_options,
+    report_stream,
+)
 
 TARGETS = ("fp32", "fp16", "int8", "binary")
 
@@ -52,7 +61,7 @@ def add_parser(sub):
     p.add_argument("--batch", type=_batch_value, default=None, metavar="N",
                    help="set the batch dimension of the net's inputs to N (as in every command); an "
                         "ONNX file then has the fixed batch N unless --onnx-batch dynamic")
-    p.add_argument("--to", choices=TARGETS, default=None,
+    p.add_argument("--to", type=_target, default=None, metavar="|".join(TARGETS),
                    help="weight precision (default fp32; a .caffeq input keeps its own). fp16 computes "
                         "in fp32 with fp16-rounded weights on CPU and in fp16 on CUDA")
     p.add_argument("-o", "--output", metavar="OUT", default=None,
@@ -87,10 +96,32 @@ def add_parser(sub):
                         "plain nn.BatchNorm2d (equal up to float32 rounding)")
     from .calibration import add_arguments as add_calibration_arguments
     add_calibration_arguments(p)
+    add_preprocess_args(p, title="--calibrate SRC and --budget's --data: how the images become net inputs "
+                                 "(default: the data layer's transform_param)")
     return p
 
 
 # ---- inputs ------------------------------------------------------------------------
+
+FILE_FORMATS = {"onnx": ".onnx", "caffemodel": ".caffemodel", "caffe": ".caffemodel", "caffeq": ".caffeq"}
+
+
+def _target(text):
+    """--to: a weight precision; a file format there gets a hint to -o / --format instead."""
+    value = str(text).strip().lower()
+    if value in TARGETS:
+        return value
+    if value in FILE_FORMATS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a file format, not a weight precision ({', '.join(TARGETS)}); the format follows "
+            f"-o's extension (.onnx, .caffemodel, .caffeq) or --format, e.g. -o model{FILE_FORMATS[value]}")
+    if value in ("pytorch", "torch"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a file format, not a weight precision ({', '.join(TARGETS)}); for PyTorch source "
+            f"pass --format pytorch")
+    from .options import did_you_mean
+    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(TARGETS)})"
+                                     f"{did_you_mean(value, TARGETS)}")
 
 def _batch_value(text):
     """--batch N; `--batch dynamic` (convert's old spelling of the ONNX batch) still works."""
@@ -132,6 +163,67 @@ def probe(fp32_model, quant_model, inputs):
     return rows
 
 
+def _refuse_ignored_options(args):
+    """Options that would be silently ignored with the others given: one error, before any work."""
+    if args.exact_batchnorm and getattr(args, "format", None) != "pytorch":
+        raise CaffeqError("--exact-batchnorm is an option of --format pytorch (the BatchNorm of model.py); "
+                          "add --format pytorch or drop it")
+    flags = preprocess_flags_given(args)
+    if flags and args.calibrate is None and args.budget is None:
+        raise CaffeqError(f"{', '.join(flags)}: preprocessing applies to the images of --calibrate SRC or "
+                          f"--budget's --data only; add one of them or drop {'it' if len(flags) == 1 else 'them'}")
+    if args.data is not None and args.budget is None:
+        raise CaffeqError(f"--data {args.data}: the data --budget measures on; add --budget POINTS or drop --data"
+                          + (" (--calibrate SRC is the calibration data)" if args.calibrate is not None else ""))
+
+
+def finetune_hint(model_path, weights, args):
+    """A `finetune` command line for this model that runs as printed.
+
+    finetune trains on a net with TRAIN-phase data: the prototxt itself when it has one, else a
+    train_val prototxt beside it that has, else the deploy net with --data/--val placeholders."""
+    net = model_path if _train_data_layer(model_path) else _train_val_beside(model_path)
+    data = "" if net else " --data TRAIN_SRC --val VAL_SRC"
+    parts = [f"python cli.py finetune {display_path(net or model_path)}"]
+    if weights:
+        parts.append(f"--weights {display_path(weights)}")
+    parts.append("--to binary")
+    for flag, value in (("--keep", args.keep), ("--only", args.only), ("--budget", args.budget)):
+        if value is not None:
+            parts.append(f"{flag} {value}")
+    return " ".join(parts) + data
+
+
+def _train_data_layer(prototxt):
+    """Whether the prototxt has a TRAIN-phase Data/ImageData/HDF5Data layer whose source exists."""
+    from ..data.plan import phase_data_layer
+    from ..model import read_net
+    try:
+        net = read_net(prototxt, warnings=[])
+        base_dir = os.path.dirname(os.path.abspath(prototxt))
+        info, _ = phase_data_layer(net, "TRAIN", prototxt, base_dir)
+    except CaffeqError:
+        return False
+    if info is None:
+        return False
+    source = info.attrs.get("source")
+    return bool(source) and os.path.exists(os.path.join(base_dir, source))
+
+
+def _train_val_beside(prototxt):
+    """A train_val-style prototxt in the same folder with TRAIN-phase data, or None."""
+    folder = os.path.dirname(os.path.abspath(prototxt))
+    names = sorted(f for f in os.listdir(folder) if f.endswith(".prototxt") and "train" in f.lower()
+                   and "solver" not in f.lower())
+    # train_val / trainval first: they also have the TEST-phase data finetune validates on
+    names.sort(key=lambda f: 0 if "val" in f.lower() or "test" in f.lower() else 1)
+    for name in names:
+        path = os.path.join(os.path.dirname(prototxt), name)
+        if _train_data_layer(path):
+            return path
+    return None
+
+
 # ---- the command ---------------------------------------------------------------------------
 
 def run(args):
@@ -141,16 +233,22 @@ def run(args):
     model_path = args.model
     lines = []          # what it did, printed at the end (nothing printed before a failure)
     weights, note = resolve_weights(model_path, args.weights)
-    if note:
-        lines.append(note)
     args.weights = weights
     check_output(args.json, "--json", (model_path, weights, args.probe))
+    _refuse_ignored_options(args)
     if args.batch == "dynamic":
+        if args.onnx_batch is not None and str(args.onnx_batch).strip().lower() != "dynamic":
+            raise CaffeqError(f"--batch dynamic and --onnx-batch {args.onnx_batch} both set the ONNX file's batch "
+                              f"and disagree; pass one of them")
         print("caffeq: warning: convert --batch dynamic is now --onnx-batch dynamic (the default); "
               "--batch N sets the input batch, as in every command", file=sys.stderr)
         args.batch = None
         args.onnx_batch = args.onnx_batch or "dynamic"
     batch = parse_batch(args.onnx_batch if args.onnx_batch is not None else args.batch, "--onnx-batch")
+    if args.batch is not None and args.onnx_batch is not None and batch not in (None, "dynamic") \
+            and batch != args.batch:
+        raise CaffeqError(f"--batch {args.batch} and --onnx-batch {args.onnx_batch} both set the ONNX file's "
+                          f"batch and disagree; pass one of them")
     opset = _parse_opset(args.opset)
     keep = layer_names_arg(args.keep, "--keep")
     only = layer_names_arg(args.only, "--only")
@@ -162,11 +260,16 @@ def run(args):
     model = load_model(argparse.Namespace(**{**vars(args), "batch": None}))
     if args.calibrate is not None:
         from .calibration import run_static_int8
-        return run_static_int8(args, model, model_path, weights, lines, keep, only)
+        return run_static_int8(args, model, model_path, weights, lines, keep, only, found=note)
 
     stored = sorted(set(model.quantization.values()))
     target = args.to or (stored[0] if len(stored) == 1 else "fp32")
     get_quantizer(target)
+    if target == "fp32" and (keep is not None or only is not None):
+        flag = "--keep" if keep is not None else "--only"
+        given = "--to fp32 quantizes none" if args.to else "without --to the target is fp32 (none quantized)"
+        raise CaffeqError(f"{flag} chooses the layers to quantize, and {given}; add --to fp16/int8/binary "
+                          f"or drop {flag}")
     # the output is checked before the (possibly long) budget analysis and quantization
     if getattr(args, "format", None) == "pytorch":
         out = _pytorch_output(args, model_path)
@@ -179,7 +282,8 @@ def run(args):
                                       ("--onnx-batch", args.onnx_batch),
                                       ("--no-optimize", args.no_optimize or None)) if v is not None]
             if ignored:
-                print(f"caffeq: warning: {', '.join(ignored)} only apply to .onnx output; ignored for {ext}",
+                verb = "applies" if len(ignored) == 1 else "apply"
+                print(f"caffeq: warning: {', '.join(ignored)} only {verb} to .onnx output; ignored for {ext}",
                       file=sys.stderr)
     if stored:
         if target == "fp32":
@@ -194,18 +298,22 @@ def run(args):
                               f"prototxt and caffemodel to --to {target}")
         fp32_model = None   # the float weights are not in the file
     else:
+        keep_reason = "--keep"
         if args.budget is not None:
             from ..sensitivity import keep_for_budget
             if keep is not None or only is not None:
                 raise CaffeqError("--budget chooses the layers kept fp32; drop --keep/--only")
-            kept, _ = keep_for_budget(model, args.budget, data=args.data, target=target)
+            # the data read as `caffeq sensitivity` reads it: the same preprocessing flags
+            kept, _ = keep_for_budget(model, args.budget, data=args.data, target=target,
+                                      **preprocess_options(args))
             keep = kept or "none"
-            lines.append(f"budget {float(args.budget):g} points: keep fp32 {', '.join(kept) or 'nothing'}")
-        qmodel = quantize(model, target, keep=keep, only=only)
+            keep_reason = f"budget {float(args.budget):g} points"
+            lines.append(f"{keep_reason}: keep fp32 {', '.join(kept) or 'nothing'}")
+        qmodel = quantize(model, target, keep=keep, only=only, keep_reason=keep_reason)
         fp32_model = model
     report = qmodel.quant_report
     if getattr(args, "format", None) == "pytorch":
-        return _run_pytorch(args, model_path, weights, qmodel, target, report, lines, out)
+        return _run_pytorch(args, model_path, weights, qmodel, target, report, lines, out, note)
 
     probe_inputs = net_inputs(args.probe, model) if args.probe else None
 
@@ -249,10 +357,9 @@ def run(args):
                  if "top1_agreement" in row else "")
             lines.append(f"  {name}: relative error {row['rel_error']:.4g}{t}")
     if target == "binary" and not stored and report is not None and report.changed:
-        w = f" --weights {display_path(weights)}" if weights else ""
         lines.append(f"note: post-training binarization of a float-trained model changes its outputs a lot; "
-                     f"recover accuracy with `python cli.py finetune {display_path(model_path)}{w} "
-                     f"--to binary ...`")
+                     f"recover accuracy with `{finetune_hint(model_path, weights, args)}`")
+    say_found(note)      # on stderr, as in every command; after the work, so a failure prints one line
     print("\n".join(lines), file=report_stream(args))
 
     if args.json:
@@ -280,7 +387,7 @@ def _pytorch_output(args, model_path):
     return out
 
 
-def _run_pytorch(args, model_path, weights, qmodel, target, report, lines, out):
+def _run_pytorch(args, model_path, weights, qmodel, target, report, lines, out, found):
     """--format pytorch: model.py + weights (+ README.md) through caffeq.backends.pytorch_source."""
     from ..backends.pytorch_source import export_pytorch
     ignored = [f for f, v in (("--opset", args.opset), ("--batch", args.batch), ("--onnx-batch", args.onnx_batch),
@@ -300,6 +407,7 @@ def _run_pytorch(args, model_path, weights, qmodel, target, report, lines, out):
     lines.append(f"inputs: {', '.join(info['inputs'])}; outputs: {', '.join(info['outputs'])}")
     for n in info["notes"]:
         lines.append(f"note: {n}")
+    say_found(found)      # on stderr, as in every command; after the work, so a failure prints one line
     print("\n".join(lines), file=report_stream(args))
     if args.json:
         from .common import write_json

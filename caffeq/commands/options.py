@@ -314,6 +314,21 @@ def transform_from_args(args):
     return transform, args.resize, args.channel_order
 
 
+PREPROCESS_FLAGS = ("mean_file", "mean_value", "scale", "crop_size", "resize", "channel_order")
+
+
+def preprocess_options(args):
+    """The flags of add_preprocess_args as the keyword arguments (transform, resize, channel_order)
+    that the library's dataset readers take: sensitivity, convert --budget and --calibrate pass them so."""
+    transform, resize, order = transform_from_args(args)
+    return {"transform": transform, "resize": resize, "channel_order": order}
+
+
+def preprocess_flags_given(args):
+    """The preprocessing flags on the command line, spelled as typed (--mean-file, ...)."""
+    return ["--" + f.replace("_", "-") for f in PREPROCESS_FLAGS if getattr(args, f, None) is not None]
+
+
 def add_dataset_args(p, batch_help=None, decode=False):
     """The options every command that reads a dataset in batches shares (eval, finetune,
     sensitivity): batch size, device, loader workers, progress bars and the preprocessing flags."""
@@ -367,6 +382,8 @@ __all__ = [
     "nonnegative_int",
     "number",
     "positive_int",
+    "preprocess_flags_given",
+    "preprocess_options",
     "progress_wanted",
     "report_stream",
     "transform_from_args",

@@ -9,9 +9,9 @@ from .options import (
     add_json_arg,
     add_weights_arg,
     positive_int,
+    preprocess_options,
     progress_wanted,
     report_stream,
-    transform_from_args,
 )
 
 _DESCRIPTION = """\
@@ -69,11 +69,10 @@ def run(args):
         except ImportError:
             raise CaffeqError("--plot needs matplotlib (pip install matplotlib)") from None
     say_found(note)
-    transform, resize, order = transform_from_args(args)
     result = layer_sensitivity(
         args.model, args.data, args.to, weights=weights, batch_size=args.batch_size,
-        device=args.device, workers=args.workers, limit=args.limit, transform=transform, resize=resize,
-        channel_order=order, cumulative=not args.no_cumulative, progress=progress_wanted(args))
+        device=args.device, workers=args.workers, limit=args.limit, cumulative=not args.no_cumulative,
+        progress=progress_wanted(args), **preprocess_options(args))
     out = report_stream(args)
     d = result["data"]
     print(f"sensitivity to {result['target']} weights: {result['images']} images from {d['source']}, "

@@ -183,6 +183,35 @@ def build_dataset(plan, limit=None, defer_normalize=True, seed=0):
                         force_color=t.force_color, force_gray=t.force_gray, resize=plan.resize)
 
 
+PROBE_ITEMS = 16   # items read to learn the data's shape before a run
+
+
+def probe_items(dataset, expected, plan):
+    """The shape of the first readable item (of the first PROBE_ITEMS); fail early, with a hint, when
+    the items cannot fit the net's input (`expected`, C x H x W, or None when the net takes any).
+
+    eval and convert --calibrate share it, so that a size mismatch reads the same in both."""
+    if len(dataset) == 0:
+        raise DataError(f"{plan.source}: no items (the data source is empty)")
+    first_err = None
+    for i in range(min(len(dataset), PROBE_ITEMS)):
+        _, img, _, err = dataset[i]
+        if err is not None:
+            first_err = first_err or err
+            continue
+        if expected is not None and tuple(img.shape) != tuple(expected):
+            raise DataError(f"{plan.source}: items are {'x'.join(map(str, img.shape))} after preprocessing "
+                            f"but the net's input '{plan.data_blob}' takes {'x'.join(map(str, expected))}; "
+                            f"set --resize HxW / --crop-size (or the channel count: force_color/force_gray)")
+        return tuple(img.shape)
+    if first_err is not None:
+        raise DataError(f"{plan.source}: none of the first {min(len(dataset), PROBE_ITEMS)} items can be read; "
+                        f"the first: {first_err}")
+    if expected is None:
+        raise DataError(f"{plan.source}: no readable items")
+    return tuple(expected)
+
+
 def as_input_layer(lp, shapes):
     """Turn a data layer into an Input layer with these top shapes (its name, tops and phase rules kept)."""
     include = [type(r)() for r in lp.include]

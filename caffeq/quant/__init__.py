@@ -168,7 +168,7 @@ def _readonly(arr):
 
 # ---- quantize ----------------------------------------------------------------------
 
-def quantize(model, target, keep=None, only=None):
+def quantize(model, target, keep=None, only=None, keep_reason="--keep"):
     """Quantize a model's weights -> a new Model (the original is untouched).
 
     target: "fp32" | "fp16" | "int8" | "binary" (or a Quantizer).
@@ -176,6 +176,8 @@ def quantize(model, target, keep=None, only=None):
             nothing kept), "none" / [] (quantize every eligible layer), or
             layer names to keep fp32.
     only:   layer names to quantize (every other layer stays fp32).
+    keep_reason: why the layers named in `keep` stay fp32, as the report shows it
+            (convert --budget: "budget 1 points").
     The result carries `quant_report` (a QuantReport: print it or .to_dict()).
     """
     q = get_quantizer(target)
@@ -210,7 +212,7 @@ def quantize(model, target, keep=None, only=None):
         kept = default_kept_layers(graph) if q.default_keep_ends else {}
         kept = {k: v for k, v in kept.items() if k in eligible}
     else:
-        kept = {n: "--keep" for n in keep_names}
+        kept = {n: keep_reason for n in keep_names}
 
     by_name = {n.name: n for n in graph.nodes}
     for node in graph.nodes:
@@ -282,8 +284,13 @@ def quantize(model, target, keep=None, only=None):
         if q.stats.underflow:
             report.notes.append(f"{q.stats.underflow} nonzero value(s) underflowed to 0 in fp16")
     if q.name == "binary" and not report.changed and eligible:
-        report.notes.append("every weighted layer was kept fp32 (the first and last weighted layers stay "
-                            "fp32 by default); pass keep='none' (--keep none) to binarize them")
+        if keep_names is None:
+            report.notes.append("every weighted layer was kept fp32 (the first and last weighted layers stay "
+                                "fp32 by default); pass keep='none' (--keep none) to binarize them")
+        elif keep_reason == "--keep":
+            report.notes.append("every weighted layer was kept fp32: --keep names them all")
+        else:
+            report.notes.append(f"every weighted layer was kept fp32 ({keep_reason}): nothing was binarized")
     new.quant_report = report
     return new
 

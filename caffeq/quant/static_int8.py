@@ -45,7 +45,7 @@ def calibration_inputs(model, source, images=DEFAULT_IMAGES, plan=None, transfor
     import torch
 
     from ..data import Collate, Normalizer, detect_kind
-    from ..data.plan import build_dataset, data_layer, plan_data
+    from ..data.plan import build_dataset, data_layer, plan_data, probe_items
     from ..errors import DataError
     images = int(images)
     if images < 1:
@@ -70,6 +70,7 @@ def calibration_inputs(model, source, images=DEFAULT_IMAGES, plan=None, transfor
                         f"(and a label); pass an .npz of inputs by blob name")
     dataset = build_dataset(plan, limit=images)
     expected = tuple(model.inputs[plan.data_blob][1:])
+    probe_items(dataset, expected, plan)      # a size mismatch explained, as in eval
     t = plan.transformer
     mean_shape = tuple(t.mean.shape) if t.mean is not None else expected
     collate = Collate(expected, Normalizer(t.mean_for(mean_shape), t.scale))
