@@ -125,3 +125,8 @@ def format_bytes(n):
         if n >= div:
             return f"{n / div:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def format_count(n):
+    """A count as every report prints it: 38,428."""
+    return f"{int(n):,}"

@@ -224,7 +224,9 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
                         unknown_shapes_ok=unknown_shapes_ok)
     if blobs is not None:
         names = {n.name for n in graph.nodes}
-        extra = [k for k, v in blobs.items() if k not in names and v]
+        # layers of the file that --outputs or the phase left out are not "extra" weights
+        in_file = names | {lp.name for lp in net.layer}
+        extra = [k for k, v in blobs.items() if k not in in_file and v]
         if extra:
             warnings.append(f"{weights_path}: {len(extra)} layer(s) in the weights are not in the net "
                             f"and were ignored: {', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''}")

@@ -28,7 +28,7 @@ import torch
 from .backends.torch_backend import resolve_device
 from .data.plan import build_dataset, data_layer, phase_data_layer, plan_data
 from .errors import CaffeqError, DataError
-from .fs import atomic_path
+from .fs import atomic_path, format_count
 from .model import Model, load, read_net
 from .quant import default_kept_layers, get_quantizer, quantize
 from .training.feeding import (
@@ -340,7 +340,7 @@ def format_table(result, budget=None):
     label = "top-1" if m == "top1" else "agree@1"
     rows = [["layer", "type", "params", label, "drop (points)"]]
     for r in result["layers"]:
-        rows.append([r["layer"], r["type"], str(r["params"]), _pct(r[m]), f"{r['drop']:.2f}"])
+        rows.append([r["layer"], r["type"], format_count(r["params"]), _pct(r[m]), f"{r['drop']:.2f}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
              for row in rows]

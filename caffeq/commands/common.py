@@ -13,7 +13,7 @@ import os
 import sys
 
 from ..errors import CaffeqError, ParseError, PhaseRuleError, WeightsError
-from ..fs import atomic_output, atomic_path, format_bytes, refuse_overwrite  # noqa: F401  (commands use them)
+from ..fs import atomic_output, atomic_path, format_bytes, format_count, refuse_overwrite  # noqa: F401  (commands use them)
 from .options import add_model_args  # noqa: F401  (commands import it from here too)
 
 # ---- weights beside the prototxt -------------------------------------------------------------
@@ -202,11 +202,6 @@ def display_path(path):
         return r if not r.startswith("..") else path
     except ValueError:   # another drive (Windows)
         return path
-
-
-def format_count(n):
-    """A count as every report prints it: 38,428."""
-    return f"{int(n):,}"
 
 
 def layer_names_arg(value, flag, verb="quantize"):

@@ -68,7 +68,7 @@ def onnx_node_counts(path):
     try:
         m = onnx.load(path, load_external_data=False)
     except Exception as e:
-        raise ParseError(f"{path}: not an ONNX model: {e}") from None
+        raise ParseError(f"{path}: not an ONNX model ({type(e).__name__})") from None
     counts = {}
     for n in m.graph.node:
         counts[n.op_type] = counts.get(n.op_type, 0) + 1

@@ -233,8 +233,8 @@ def require_specs(layer_params, source=""):
                           f"{', ...' if len(names) > 3 else ''}{close(t)})" for t, names in sorted(missing.items()))
         raise UnsupportedLayerError(
             f"{source + ': ' if source else ''}unsupported layer types: {parts}. "
-            f"Supported: {', '.join(supported_types())}. "
-            f"Add one with caffeq.register_layer")
+            f"caffeq knows {len(supported_types())} types (the README's table; caffeq.supported_types()); "
+            f"add one with caffeq.register_layer")
 
 
 # ---- helpers shared by specs -------------------------------------------------
