@@ -1,5 +1,6 @@
 """The emission context a layer spec writes its model.py source through (`Emitter`), and the
 names and literals of that source.  caffeq.backends.pytorch_source drives it over the graph."""
+import inspect
 import keyword
 import math
 import re
@@ -170,6 +171,9 @@ class Emitter:
 
     # -- module level ---------------------------------------------------------------------
     def helper(self, source):
+        """Write a module-level helper once: source text, or a function or class (its source)."""
+        if not isinstance(source, str):
+            source = inspect.getsource(source)
         source = textwrap.dedent(source).strip("\n")
         names = re.findall(r"^(?:class|def)\s+(\w+)", source, re.MULTILINE)
         if not names:
@@ -186,6 +190,13 @@ class Emitter:
         if re.search(r"\bF\.", source):
             self.uses("F")
         return name
+
+    def instance(self, source, args="", needs=()):
+        """self.<attr> = <the class `source` defines last>(args), with the helpers it `needs`
+        written first; returns the attribute expression."""
+        for helper in needs:
+            self.helper(helper)
+        return self.module(f"{self.helper(source)}({args})")
 
     def uses(self, what):
         self._x.imports.add(what)

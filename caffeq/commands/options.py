@@ -73,22 +73,6 @@ def _integer(text):
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
-def positive_int(text):
-    """An integer >= 1 (counts: batch sizes, epochs, limits)."""
-    v = _integer(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return v
-
-
-def nonnegative_int(text):
-    """An integer >= 0."""
-    v = _integer(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
-    return v
-
-
 def number(text):
     """A finite float."""
     import math
@@ -101,20 +85,22 @@ def number(text):
     return v
 
 
-def nonnegative_number(text):
-    """A finite float >= 0."""
-    v = number(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
-    return v
+def _bounded(parse, low, strict, requirement, doc):
+    """An argument type: parse(text), refused below `low` (or at it, when strict)."""
+    def check(text):
+        v = parse(text)
+        if v < low or (strict and v == low):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text!r}")
+        return v
+    check.__doc__ = doc
+    return check
 
 
-def positive_number(text):
-    """A finite float > 0."""
-    v = number(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return v
+positive_int = _bounded(_integer, 1, False, "a positive integer",
+                        "An integer >= 1 (counts: batch sizes, epochs, limits).")
+nonnegative_int = _bounded(_integer, 0, False, "0 or more", "An integer >= 0.")
+nonnegative_number = _bounded(number, 0, False, ">= 0", "A finite float >= 0.")
+positive_number = _bounded(number, 0, True, "> 0", "A finite float > 0.")
 
 
 def score_blob(text):
@@ -366,6 +352,7 @@ __all__ = [
     "CliParser",
     "UsageError",
     "add_batch_size_arg",
+    "add_dataset_args",
     "add_device_arg",
     "add_json_arg",
     "add_model_args",
@@ -374,18 +361,24 @@ __all__ = [
     "add_speed_args",
     "add_weights_arg",
     "add_workers_arg",
+    "blob_names",
     "channel_order",
     "default_workers",
     "device",
     "did_you_mean",
+    "input_shape",
     "mean_values",
     "nonnegative_int",
+    "nonnegative_number",
     "number",
     "positive_int",
+    "positive_number",
     "preprocess_flags_given",
     "preprocess_options",
     "progress_wanted",
     "report_stream",
+    "score_blob",
+    "targets",
     "transform_from_args",
     "workers",
 ]

@@ -214,9 +214,8 @@ class APL(Layer):
         ctx.add_node("Reshape", [y, ctx.const(np.array(ctx.shape(x), np.int64))], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
-        emit.helper(inspect.getsource(adaptive_piecewise_linear))
-        cls = emit.helper(inspect.getsource(AdaptivePiecewiseLinear))
-        m = emit.module(f"{cls}({node.attrs['sums']}, {count(emit.in_shape(0), 1)})")
+        m = emit.instance(AdaptivePiecewiseLinear, needs=[adaptive_piecewise_linear],
+                          args=f"{node.attrs['sums']}, {count(emit.in_shape(0), 1)}")
         emit.param("slope", 0)
         emit.param("offset", 1)
         return f"{m}({emit.inputs[0]})"
@@ -337,9 +336,8 @@ class SelectorFilter(Layer):
             ctx.add_node("Compress", [x, cond], [out], axis=1)
 
     def pytorch_source(self, node, emit):
-        emit.helper(inspect.getsource(select_channels))
-        cls = emit.helper(inspect.getsource(ChannelSelector))
-        m = emit.module(f"{cls}({emit.in_shape(0)[1]}, {node.attrs['num_output']})")
+        m = emit.instance(ChannelSelector, needs=[select_channels],
+                          args=f"{emit.in_shape(0)[1]}, {node.attrs['num_output']}")
         emit.param("selector", 0)
         return [f"{m}({x})" for x in emit.inputs]
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import DataLayer, needs_input_shape
-from .registry import Layer, LayerError, count, register_layer
+from .registry import Layer, LayerError, count, need_blobs, register_layer
 
 FLT_MAX = 3.4028234663852886e38   # C3D's MAX pooling starts every output at -FLT_MAX
 POOL_MAX, POOL_AVE = 0, 1
@@ -113,8 +113,7 @@ class Convolution3D(Layer):
     weight_axes = {0: 0}
 
     def parse(self, lp):
-        if len(lp.bottom) != 1 or len(lp.top) != 1:
-            raise LayerError(f"Convolution3D takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, "Convolution3D", 1, 1)
         # C3D v1.1 (V2 files): convolution3d_param; C3D v1.0 (V1 files): its convolution_param
         field = "convolution3d_param" if lp.HasField("convolution3d_param") else "convolution_param"
         p = getattr(lp, field)
@@ -184,8 +183,7 @@ class Convolution3D(Layer):
 @register_layer("Pooling3D")
 class Pooling3D(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 1 or len(lp.top) != 1:
-            raise LayerError(f"Pooling3D takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, "Pooling3D", 1, 1)
         # C3D v1.1 (V2 files): pooling3d_param (same enum values); C3D v1.0 (V1 files): pooling_param
         field = "pooling3d_param" if lp.HasField("pooling3d_param") else "pooling_param"
         p = getattr(lp, field)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .happynear import _legacy_4d, _reduce
-from .registry import Layer, LayerError, count, register_layer
+from .registry import Layer, count, need_blobs, register_layer
 
 NORM_EPS = 1e-6       # xiaolonw: added to the root
 NORM_L2_EPS = 1e-7    # xialuxi: added to the sum of squares
@@ -39,9 +39,7 @@ class _L2Norm(Layer):
     type_name = ""
 
     def parse(self, lp):
-        if len(lp.bottom) != 1 or len(lp.top) != 1:
-            raise LayerError(f"{self.type_name} takes one bottom and one top, got {len(lp.bottom)} and "
-                             f"{len(lp.top)}")
+        need_blobs(lp, self.type_name, 1, 1)
         return {}
 
     def infer(self, attrs, in_shapes):

@@ -399,10 +399,9 @@ class InnerDistanceLayer(Layer):
         fn = emit.helper(inspect.getsource(inner_distance))
         if not a["blob"]:
             return f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {a['_axis']}, {a['_rows']}, {a['l1']})"
-        emit.helper(inspect.getsource(unit_rows))
-        cls = emit.helper(inspect.getsource(InnerDistance))
-        m = emit.module(f"{cls}({a['_rows']}, {a['_k']}, axis={a['_axis']}, l1={a['l1']}, "
-                        f"normalize={a['normalize']})")
+        m = emit.instance(InnerDistance, needs=[unit_rows],
+                          args=f"{a['_rows']}, {a['_k']}, axis={a['_axis']}, l1={a['l1']}, "
+                               f"normalize={a['normalize']}")
         emit.param("weight", 0)
         return f"{m}({emit.inputs[0]})"
 

@@ -363,10 +363,9 @@ class Pooling(Layer):
             h, w = emit.in_shape(0)[2:]
             raise LayerError(f"global STOCHASTIC pooling needs the input size ({h}x{w}) at run time; "
                              f"not supported")
-        emit.helper(TORCH_POOL_FUNCTIONS)
-        cls = emit.helper(TORCH_POOL_MODULE)
-        m = emit.module(f"{cls}({emit.lit(_TORCH_MODES[a['pool']])}, {emit.lit(list(a['kernel']))}, "
-                        f"{emit.lit(list(a['stride']))}, {emit.lit(list(a['pad']))}{ceil_arg})")
+        m = emit.instance(TORCH_POOL_MODULE, needs=[TORCH_POOL_FUNCTIONS],
+                          args=f"{emit.lit(_TORCH_MODES[a['pool']])}, {emit.lit(list(a['kernel']))}, "
+                               f"{emit.lit(list(a['stride']))}, {emit.lit(list(a['pad']))}{ceil_arg}")
         return f"{m}({x})"
 
 
@@ -415,7 +414,6 @@ class SPP(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        emit.helper(TORCH_POOL_FUNCTIONS)
-        cls = emit.helper(TORCH_SPP_MODULE)
-        m = emit.module(f"{cls}({a['height']}, {emit.lit(_TORCH_MODES[a['pool']])})")
+        m = emit.instance(TORCH_SPP_MODULE, needs=[TORCH_POOL_FUNCTIONS],
+                          args=f"{a['height']}, {emit.lit(_TORCH_MODES[a['pool']])}")
         return f"{m}({emit.inputs[0]})"

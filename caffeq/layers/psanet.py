@@ -22,7 +22,7 @@ import inspect
 import numpy as np
 import torch
 
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, need_blobs, register_layer
 
 #: the buffer holds (H*W)^2 values per image: refuse maps whose buffer could not be allocated
 MAX_BUFFER = 1 << 31
@@ -64,9 +64,7 @@ def pointwise_spatial_attention(x, mask, mask_h: int, mask_w: int, distribute: b
 @register_layer("PointwiseSpatialAttention")
 class PointwiseSpatialAttention(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 2 or len(lp.top) != 1:
-            raise LayerError(f"PointwiseSpatialAttention takes 2 bottoms (x, mask) and gives 1 top, got "
-                             f"{len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, "PointwiseSpatialAttention", 2, 1, "x, mask")
         p = lp.pointwise_spatial_attention_param
         given = (p.HasField("attention_mask_height"), p.HasField("attention_mask_width"))
         if given[0] != given[1]:

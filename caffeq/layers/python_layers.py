@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ..errors import ExportError
 from .rcnn import parse_param_str
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, need_blobs, register_layer
 
 
 @register_layer("Python:spatial_dropout.SpatialDropoutLayer")
@@ -26,8 +26,7 @@ class SpatialDropout(Layer):
     uses_training_flag = True
 
     def parse(self, lp):
-        if len(lp.bottom) != 1 or len(lp.top) != 1:
-            raise LayerError("SpatialDropoutLayer takes one bottom and one top")
+        need_blobs(lp, "SpatialDropoutLayer", 1, 1)
         params = parse_param_str(lp.python_param.param_str)
         phase = str(params.get("phase", "TRAIN")).upper()
         try:
@@ -66,9 +65,7 @@ class ProposalTarget(Layer):
     data_dependent_shape = True     # the sampled rois: (1, 5) until a training forward
 
     def parse(self, lp):
-        if len(lp.bottom) != 2 or len(lp.top) != 5:
-            raise LayerError(f"ProposalTargetLayer takes 2 bottoms (rpn_rois, gt_boxes) and 5 tops, got "
-                             f"{len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, "ProposalTargetLayer", 2, 5, "rpn_rois, gt_boxes")
         classes = parse_param_str(lp.python_param.param_str).get("num_classes")
         if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
             raise LayerError(f"python_param.param_str: 'num_classes' must be a positive integer, got {classes!r}")

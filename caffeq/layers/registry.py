@@ -248,6 +248,16 @@ def need_bottoms(lp, low, high=None):
         raise LayerError(f"takes {want} bottom(s), got {n}")
 
 
+def need_blobs(lp, what, bottoms, tops, roles=""):
+    """Exactly `bottoms` bottoms and `tops` tops (Caffe's ExactNumBottomBlobs/ExactNumTopBlobs);
+    roles names the bottoms in the message, e.g. "x, mask"."""
+    if len(lp.bottom) != bottoms or len(lp.top) != tops:
+        def words(n, blob):
+            return f"one {blob}" if n == 1 else f"{n} {blob}s"
+        raise LayerError(f"{what} takes {words(bottoms, 'bottom')}{f' ({roles})' if roles else ''} and "
+                         f"{words(tops, 'top')}, got {len(lp.bottom)} and {len(lp.top)}")
+
+
 def no_in_place(lp, what):
     """Refuse top == bottom for layers whose Caffe implementation cannot compute in place."""
     if lp.top and lp.bottom and lp.top[0] == lp.bottom[0]:

@@ -208,9 +208,8 @@ class ROIPooling(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        emit.helper(TORCH_ROI_COMMON)
-        cls = emit.helper(TORCH_ROI_POOLING)
-        m = emit.module(f"{cls}({a['ph']}, {a['pw']}, spatial_scale={emit.lit(a['scale'])})")
+        m = emit.instance(TORCH_ROI_POOLING, needs=[TORCH_ROI_COMMON],
+                          args=f"{a['ph']}, {a['pw']}, spatial_scale={emit.lit(a['scale'])}")
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
 
 
@@ -245,7 +244,6 @@ class PSROIPooling(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        emit.helper(TORCH_ROI_COMMON)
-        cls = emit.helper(TORCH_PSROI_POOLING)
-        m = emit.module(f"{cls}({a['dim']}, {a['group']}, spatial_scale={emit.lit(a['scale'])})")
+        m = emit.instance(TORCH_PSROI_POOLING, needs=[TORCH_ROI_COMMON],
+                          args=f"{a['dim']}, {a['group']}, spatial_scale={emit.lit(a['scale'])}")
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

@@ -419,10 +419,9 @@ class Unpooling(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        emit.helper(TORCH_SEGNET_UNPOOL)
-        cls = emit.helper(TORCH_DECONVNET_UNPOOL)
-        m = emit.module(f"{cls}({a['method']}, {emit.lit(list(a['kernel']))}, {emit.lit(list(a['stride']))}, "
-                        f"{a['out'][0]}, {a['out'][1]})")
+        m = emit.instance(TORCH_DECONVNET_UNPOOL, needs=[TORCH_SEGNET_UNPOOL],
+                          args=f"{a['method']}, {emit.lit(list(a['kernel']))}, {emit.lit(list(a['stride']))}, "
+                               f"{a['out'][0]}, {a['out'][1]}")
         return f"{m}({', '.join(emit.inputs)})"
 
 

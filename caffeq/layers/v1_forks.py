@@ -14,15 +14,14 @@ import numpy as np
 import torch.nn.functional as F
 
 from .common import Silence
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, need_blobs, register_layer
 
 # ---- Padding -----------------------------------------------------------------------------
 
 @register_layer("Padding")
 class Padding(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 1 or len(lp.top) != 1:
-            raise LayerError(f"Padding takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, "Padding", 1, 1)
         p = lp.padding_param
         beg, end = int(p.pad_beg), int(p.pad_end)
         if not ((beg >= 0 and end >= 0) or (beg <= 0 and end <= 0)):
