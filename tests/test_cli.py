@@ -194,6 +194,8 @@ def test_argparse_errors_are_one_line_with_suggestions(capsys):
     (["inspect", DEPLOY, "--input-shape", "data=1,1,16,16,"], ("--input-shape",)),
     (["eval", TRAIN_VAL, "--outputs", "nosuch"], ("--outputs", "nosuch")),
     (["eval", TRAIN_VAL, "--outputs", "ip1,ip2"], ("--outputs", "one blob")),
+    (["inspect", "--json", DEPLOY], ("--json", "put the model before --json")),
+    (["convert", DEPLOY, "--json", "out.onnx"], ("--json", "out.onnx")),
 ])
 def test_values_are_checked_before_any_work(here, capsys, args, needles):
     line = one_error(capsys, *args)

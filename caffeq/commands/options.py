@@ -223,9 +223,21 @@ def add_model_args(p, weights=True, batch=True, outputs=True):
                        help="make these blobs the net's outputs (layers feeding none of them are dropped)")
 
 
+MODEL_EXTS = (".prototxt", ".pbtxt", ".caffemodel", ".caffeq", ".onnx", ".npy", ".npz")
+
+
+def json_output(text):
+    """--json's file: refused when it names a model or array file (a model path taken by --json,
+    or a swapped argument), which JSON would replace."""
+    if os.path.splitext(str(text))[1].lower() in MODEL_EXTS:
+        raise argparse.ArgumentTypeError(f"{text!r} names a model or array file, not a JSON report: put the model "
+                                         f"before --json, write --json - for stdout, or name OUT.json")
+    return text
+
+
 def add_json_arg(p, what="the results"):
     """--json [OUT]: JSON on stdout without a file name (the report then goes to stderr), else to OUT."""
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="OUT.json",
+    p.add_argument("--json", type=json_output, nargs="?", const="-", default=None, metavar="OUT.json",
                    help=f"write {what} as JSON: to stdout without a file name (the text report then goes "
                         f"to stderr), else to OUT.json")
 
