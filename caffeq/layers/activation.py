@@ -333,6 +333,16 @@ def _log_base(base, field):
     return f32(np.log(np.float32(base)))
 
 
+def onnx_op_times(ctx, op, x, out, factor, name):
+    """out = op(x) * factor, the Mul left out when factor is 1 (Exp's and Log's outer scale)."""
+    if factor == 1:
+        ctx.add_node(op, [x], [out], name=name)
+        return
+    y = ctx.tmp(f"{name}_{op.lower()}")
+    ctx.add_node(op, [x], [y], name=name)
+    ctx.add_node("Mul", [y, scalar(ctx, factor)], [out])
+
+
 @register_layer("Exp")
 class Exp(Neuron):
     """base ^ (shift + scale * x), computed as Caffe does: outer * exp(inner * x) with
@@ -362,12 +372,7 @@ class Exp(Neuron):
         x, out = node.inputs[0], node.outputs[0]
         if a["inner"] != 1:
             x = onnx_mul_scalar(ctx, x, a["inner"], node.name + "_inner")
-        if a["outer"] == 1:
-            ctx.add_node("Exp", [x], [out], name=node.name)
-            return
-        e = ctx.tmp(node.name + "_exp")
-        ctx.add_node("Exp", [x], [e], name=node.name)
-        ctx.add_node("Mul", [e, scalar(ctx, a["outer"])], [out])
+        onnx_op_times(ctx, "Exp", x, out, a["outer"], node.name)
 
     def pytorch_source(self, node, emit):
         a, x = node.attrs, emit.inputs[0]
@@ -407,12 +412,7 @@ class Log(Neuron):
             x = onnx_mul_scalar(ctx, x, a["scale"], node.name + "_scaled")
         if a["shift"] != 0:
             x = onnx_add_scalar(ctx, x, a["shift"], node.name + "_shifted")
-        if a["base_scale"] == 1:
-            ctx.add_node("Log", [x], [out], name=node.name)
-            return
-        ln = ctx.tmp(node.name + "_ln")
-        ctx.add_node("Log", [x], [ln], name=node.name)
-        ctx.add_node("Mul", [ln, scalar(ctx, a["base_scale"])], [out])
+        onnx_op_times(ctx, "Log", x, out, a["base_scale"], node.name)
 
     def pytorch_source(self, node, emit):
         a = node.attrs
