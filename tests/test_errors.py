@@ -55,6 +55,12 @@ def test_unknown_layer_types_all_listed(tmp_path):
     assert "supported_types()" in line and "register_layer" in line and "Convolution" not in line
 
 
+
+def test_a_layer_without_a_type_is_named(tmp_path):
+    text = NET + 'layer { name: "stub" bottom: "conv" top: "stub" }\n'
+    one_line_error(cli_process("inspect", write(tmp_path, "x.prototxt", text)), "layer 'stub' has no type")
+
+
 def test_python_layer_is_never_imported(tmp_path):
     marker = tmp_path / "imported"
     mod = tmp_path / "evil_layer.py"

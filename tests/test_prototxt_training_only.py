@@ -217,6 +217,36 @@ def test_a_known_name_in_another_message_is_still_an_error():
         _parse(CONV.replace("kernel_size: 3", "kernel_size: 3 richness: 1"))
 
 
+
+def test_memory_logging_and_label_map_fields_of_forks_are_warnings():
+    text = """name: "n"
+mem_param { optimize_train: true optimize_test: true exclude_blob: "fc7" }
+layer { name: "data" type: "ImageData" top: "data" top: "label"
+  image_data_param { source: "list.txt" batch_size: 2 normalize: true } }
+layer { name: "acc" type: "Accuracy" bottom: "data" bottom: "label" top: "acc"
+  accuracy_param { top_k: 1 use_log: true } }
+"""
+    net, warnings = _parse(text)
+    assert net.layer[1].accuracy_param.top_k == 1
+    for field, why in [("mem_param", "yjxiong/caffe"), ("use_log", "Tongcheng/caffe"),
+                       ("normalize", "caffe_dss")]:
+        line = [w for w in warnings if f"'{field}'" in w]
+        assert len(line) == 1 and why in line[0], (field, warnings)
+
+
+def test_comments_that_are_not_utf8_are_skipped_like_caffe_does(tmp_path):
+    good = 'name: "n"  # \u7f51\u7edc comment in GBK\n' + CONV
+    (tmp_path / "gbk.prototxt").write_bytes(good.encode("gbk"))
+    warnings = []
+    net = read_prototxt(tmp_path / "gbk.prototxt", warnings=warnings)
+    assert net.name == "n" and net.layer[0].convolution_param.num_output == 4
+    assert any("not UTF-8" in w and "comments" in w for w in warnings)
+    # outside a comment the bytes would change a name or a path: refused, naming the line
+    (tmp_path / "bad.prototxt").write_bytes(('name: "n"\n' + CONV.replace('"conv"', '"\u7f51"', 1)).encode("gbk"))
+    with pytest.raises(ParseError, match=r"bad.prototxt:3: not UTF-8 text .*outside a comment"):
+        read_prototxt(tmp_path / "bad.prototxt")
+
+
 def test_cpm_transform_param_is_data_augmentation():
     text = """layer { name: "data" type: "CPMData" top: "data" top: "label"
   data_param { source: "lmdb" batch_size: 10 backend: LMDB }

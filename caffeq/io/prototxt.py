@@ -220,6 +220,17 @@ _KNOWN_FORK_FIELDS = {
         "multinode": (_TEST_ONLY, "Intel Caffe's multi-node training"),
         # Cysu/caffe ab98582 (domain-guided-dropout) NetParameter.richness = 9
         "richness": (_ANY_PHASE, "Cysu/caffe's cuDNN workspace limit (MB)"),
+        # yjxiong/caffe and Cysu/caffe@faster-rcnn: NetParameter.mem_param = 200
+        # (MemoryOptimizationParameter {optimize_train, optimize_test, exclude_blob})
+        "mem_param": (_ANY_PHASE, "yjxiong/caffe's blob memory sharing; the same numbers without it"),
+    },
+    "caffe.AccuracyParameter": {
+        # Tongcheng/caffe (DenseNet): AccuracyParameter.use_log = 4
+        "use_log": (_ANY_PHASE, "Tongcheng/caffe's Accuracy logging switch"),
+    },
+    "caffe.ImageDataParameter": {
+        # Andrew-Qibin/caffe_dss (ImageLabelmapData): ImageDataParameter.normalize = 17
+        "normalize": (_ANY_PHASE, "caffe_dss's scaling of the label map, a training target"),
     },
     "caffe.ParamSpec": {
         # wenwei202/caffe f54a74a ParamSpec.force_mult = 6
@@ -401,6 +412,45 @@ def _net_from_solver(text, path, ignore_unknown, warnings, phase, known_layer=No
     return net
 
 
+def _comment_start(line):
+    """The index of the '#' that opens a comment on this line (outside quoted strings), or None."""
+    quote = None
+    escaped = False
+    for i, ch in enumerate(line):
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            return i
+    return None
+
+
+def _decode(raw, path, warnings):
+    """The file's text. Bytes that are not UTF-8 are accepted in comments, which Caffe's tokenizer
+    skips unread (files with GBK or Latin-1 comments load in Caffe); anywhere else they are an error."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        first_bad = e.start
+    text = raw.decode("utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), 1):
+        bad = line.find("\ufffd")
+        if bad >= 0:
+            comment = _comment_start(line)
+            if comment is None or bad < comment:
+                raise ParseError(f"{path}:{number}: not UTF-8 text (byte {first_bad}), outside a comment")
+    if warnings is not None:
+        warnings.append(f"{path}: comments that are not UTF-8 text (from byte {first_bad}) were skipped, "
+                        f"as Caffe skips them")
+    return text
+
+
 def read_prototxt(path, ignore_unknown=False, warnings=None, message=None, phase="TEST", known_layer=None):
     path = os.fspath(path)
     try:
@@ -410,8 +460,5 @@ def read_prototxt(path, ignore_unknown=False, warnings=None, message=None, phase
         raise ParseError(f"{path}: cannot read: {e.strerror or e}") from None
     if b"\x00" in raw[:4096]:
         raise ParseError(f"{path}: binary data, not a text prototxt (pass it as --weights?)")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ParseError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    text = _decode(raw, path, warnings)
     return parse_prototxt_text(text, message, path, ignore_unknown, warnings, phase, known_layer)

@@ -218,6 +218,9 @@ def require_specs(layer_params, source=""):
                 f"(module '{mod}', class '{layer}'); caffeq never imports or runs code named by a "
                 f"model file. Write the layer as a caffeq.register_layer spec under the type name "
                 f"'Python:{mod}.{layer}' (or a type of its own, used in the prototxt)")
+        if not lp.type:
+            raise UnsupportedLayerError(f"{source + ': ' if source else ''}layer '{lp.name}' has no type "
+                                        f"(Caffe refuses it too: every layer needs type: \"...\")")
         if spec_for(lp) is None:
             missing.setdefault(lp.type, []).append(lp.name)
     if missing:
