@@ -419,7 +419,7 @@ def _label_blobs(layers):
     labels, made = set(), set()
     for lp in layers:
         spec = spec_for(lp)
-        if spec is not None and spec.is_data:
+        if spec is not None and (spec.is_data or spec.makes_training_targets):
             labels.update(lp.top[1:])
         made.update(lp.top)
     labels.update(b for lp in layers if is_training_only_type(lp.type) for b in lp.bottom[1:] if b not in made)

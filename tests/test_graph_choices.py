@@ -359,6 +359,31 @@ def test_a_faster_rcnn_train_net_reads_without_its_training_layers():
         load_from_text(FASTER_RCNN_TRAIN.replace("'num_classes': 3", "'classes': 3"))
 
 
+
+def test_person_search_oim_layers_train_on_the_proposal_targets_aux_label():
+    # ShuangLI59/person_search: ProposalTargetLayer's sixth top is a pid label per roi, and the OIM
+    # loss's LabeledMatching / UnlabeledMatching (no spec) train on it through Power and Concat
+    text = FASTER_RCNN_TRAIN.replace('top: "bbox_outside_weights"', 'top: "bbox_outside_weights" top: "pid_label"')
+    text += """
+layer { name: "feat" type: "InnerProduct" bottom: "pool" top: "feat" inner_product_param { num_output: 4 } }
+layer { name: "lm" type: "LabeledMatching" bottom: "feat" bottom: "pid_label" top: "lm_scores" top: "id_labels" }
+layer { name: "um" type: "UnlabeledMatching" bottom: "feat" bottom: "pid_label" top: "um_scores" }
+layer { name: "lm_scale" type: "Power" bottom: "lm_scores" top: "lm_scaled" power_param { scale: 10 } }
+layer { name: "cat" type: "Concat" bottom: "lm_scaled" bottom: "um_scores" top: "id_scores" }
+layer { name: "id_loss" type: "SoftmaxWithLoss" bottom: "id_scores" bottom: "id_labels" top: "id_loss" }
+"""
+    model = load_from_text(text, random_weights=True)
+    assert model.blob_shapes["pid_label"] == (1, 1)
+    readers = next(w for w in model.warnings if "reads the label" in w)
+    for name in ("'lm' (LabeledMatching) reads the label 'pid_label'", "'um' (UnlabeledMatching) reads the label"):
+        assert name in readers
+    assert "feat" in model.blob_shapes and "id_scores" not in model.blob_shapes
+    # the same layers reading something that is not a training target are still refused
+    with pytest.raises(CaffeqError, match="LabeledMatching"):
+        load_from_text(text.replace('bottom: "feat" bottom: "pid_label" top: "lm_scores"',
+                                    'bottom: "feat" bottom: "feat" top: "lm_scores"'))
+
+
 def test_an_unknown_python_layer_read_by_inference_is_still_refused():
     text = FASTER_RCNN_TRAIN.replace('layer { name: "rpn_loss"', 'layer { name: "use" type: "ReLU" bottom: '
                                      '"rpn_labels" top: "used" }\nlayer { name: "rpn_loss"')

@@ -63,17 +63,22 @@ class SpatialDropout(Layer):
 @register_layer("Python:rpn.proposal_target_layer.ProposalTargetLayer")
 class ProposalTarget(Layer):
     data_dependent_shape = True     # the sampled rois: (1, 5) until a training forward
+    makes_training_targets = True   # labels, bbox targets and weights (and person_search's pid label)
 
     def parse(self, lp):
-        need_blobs(lp, "ProposalTargetLayer", 2, 5, "rpn_rois, gt_boxes")
+        # person_search (ShuangLI59) adds a sixth top: an auxiliary (pid) label per roi, (1, 1)
+        if len(lp.top) != 6:
+            need_blobs(lp, "ProposalTargetLayer", 2, 5, "rpn_rois, gt_boxes")
+        elif len(lp.bottom) != 2:
+            need_blobs(lp, "ProposalTargetLayer", 2, 6, "rpn_rois, gt_boxes")
         classes = parse_param_str(lp.python_param.param_str).get("num_classes")
         if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
             raise LayerError(f"python_param.param_str: 'num_classes' must be a positive integer, got {classes!r}")
-        return {"num_classes": classes, "name": lp.name}
+        return {"num_classes": classes, "name": lp.name, "aux_label": len(lp.top) == 6}
 
     def infer(self, attrs, in_shapes):
         targets = (1, 4 * attrs["num_classes"])
-        return [(1, 5), (1, 1), targets, targets, targets]
+        return [(1, 5), (1, 1), targets, targets, targets] + [(1, 1)] * attrs["aux_label"]
 
     def _refuse(self, error, name):
         raise error(f"layer '{name}' (rpn.proposal_target_layer.ProposalTargetLayer) samples training rois "

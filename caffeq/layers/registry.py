@@ -68,6 +68,9 @@ class Layer:
     is_data = False
     #: True for layers that exist only for training (losses, accuracy): dropped on export
     is_training_only = False
+    #: True when the tops after the first are training targets, as a data layer's labels are
+    #: (Faster R-CNN's ProposalTargetLayer): layers that train only on them are dropped
+    makes_training_targets = False
     #: True when forward needs torch's train/eval mode: it is then called as
     #: forward(attrs, params, *inputs, training=bool) (Dropout, BatchNorm)
     uses_training_flag = False
