@@ -357,6 +357,18 @@ def drop_training_only(layers, source="", notes=None):
     then every layer that reads a blob only dropped layers make."""
     gone = {id(lp) for lp in layers
             if spec_for(lp) is None and (is_training_only_type(lp.type) or _is_python_loss(lp))}
+    # a deploy file that kept its Accuracy or loss layer but not the label it reads: Caffe refuses
+    # it ("Unknown bottom blob"); the net is whole without the scorer
+    made = {top for lp in layers for top in lp.top}
+    unlabelled = [lp for lp in layers if id(lp) not in gone and spec_for(lp) is not None
+                  and spec_for(lp).is_training_only and lp.bottom[:1] and lp.bottom[0] in made
+                  and any(b not in made for b in lp.bottom[1:])]
+    if unlabelled and notes is not None:
+        notes.append(f"{source + ': ' if source else ''}" + "; ".join(
+            f"'{lp.name}' ({lp.type}) reads '{next(b for b in lp.bottom[1:] if b not in made)}', which no layer "
+            f"makes (a deploy file that kept its scorer): dropped, as the net needs it only to train"
+            for lp in unlabelled))
+    gone.update(id(lp) for lp in unlabelled)
     labels = _label_blobs(layers)
     label_readers = []
     changed = True

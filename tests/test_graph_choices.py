@@ -525,3 +525,21 @@ def test_parameters_of_a_type_caffeq_has_no_spec_for_never_stop_the_read():
     with pytest.raises(CaffeqError, match="unknown field 'kernal_size'"):
         load_from_text(text.replace("inner_product_param { num_output: 6 }",
                                     "inner_product_param { num_output: 6 kernal_size: 3 }"), random_weights=True)
+
+
+def test_a_deploy_net_that_kept_its_scorer_reads_without_it():
+    # AlfredXiangWu's LightenedCNN deploy file keeps an Accuracy layer reading a 'label' nothing makes
+    text = """
+layer { name: "in" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 4 dim: 5 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 6 } }
+layer { name: "accuracy" type: "Accuracy" bottom: "ip" bottom: "label" top: "accuracy" }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+    model = load_from_text(text, random_weights=True)
+    assert model.outputs == ["ip"]
+    note = next(w for w in model.warnings if "which no layer makes" in w)
+    assert "'accuracy' (Accuracy) reads 'label'" in note and "'loss' (SoftmaxWithLoss)" in note
+    # a scorer whose scores are missing too is still an error: the file is broken, not just a deploy file
+    with pytest.raises(CaffeqError, match="bottom 'ipx' is not produced"):
+        load_from_text(text.replace('bottom: "ip" bottom: "label" top: "accuracy"',
+                                    'bottom: "ipx" bottom: "label" top: "accuracy"'))
