@@ -4,6 +4,7 @@ from . import (  # noqa: F401,E402
     act_forks,
     activation,
     c3d,
+    cascade_rcnn,
     common,
     conv,
     ctc,

@@ -2,7 +2,9 @@
 
 rois are (R, 5) = [batch, x1, y1, x2, y2] in input pixels.
 - ROIPooling: corners times spatial_scale, rounded with C's round(); integer bins by floor/ceil of
-  float32 bin sizes, clipped to the map; the max over each bin; an empty bin gives 0.
+  float32 bin sizes, clipped to the map; the max over each bin; an empty bin gives 0.  The zhaoweicai
+  MS-CNN / Cascade R-CNN fork's pad_ratio first widens the roi by pad_ratio x (x2 - x1 + 1) on the left
+  and right and pad_ratio x (y2 - y1 + 1) above and below (float32); 0 leaves it as it is.
 - PSROIPooling: corners C-rounded, then scaled in float32 (the end corner + 1); bin (i, j) of the
   group_size x group_size grid averages channel block (i, j) of each output channel over its cells;
   an empty bin gives 0.
@@ -50,11 +52,23 @@ def roi_batch_index(roi, n: int, kind: str):
     return b
 
 
-def roi_bins(roi, scale: float, ph: int, pw: int, h: int, w: int):
+def pad_roi_corners(roi, pad_ratio: float):
+    """x1, y1, x2, y2 of one float32 roi row, each side moved out by pad_ratio x the roi's size
+    (float32, as the zhaoweicai fork); pad_ratio 0 returns the corners untouched."""
+    corners = roi[1:5]
+    if pad_ratio == 0:
+        return corners
+    ratio = torch.tensor(pad_ratio, dtype=torch.float32)
+    pad = (corners[2:] - corners[:2] + 1.0) * ratio   # (pad_w, pad_h)
+    return torch.cat([corners[:2] - pad, corners[2:] + pad])
+
+
+def roi_bins(roi, scale: float, ph: int, pw: int, h: int, w: int, pad_ratio: float = 0.0):
     """Fast R-CNN's integer bins of one roi [batch, x1, y1, x2, y2] (float32, CPU): hstart, hend,
     wstart, wend, clipped to the map."""
     f32 = torch.float32
-    x1, y1, x2, y2 = c_round((roi[1:5] * torch.tensor(scale, dtype=f32)).double()).tolist()
+    corners = pad_roi_corners(roi, pad_ratio)
+    x1, y1, x2, y2 = c_round((corners * torch.tensor(scale, dtype=f32)).double()).tolist()
     rh = max(int(y2 - y1) + 1, 1)
     rw = max(int(x2 - x1) + 1, 1)
     bh = torch.tensor(float(rh), dtype=f32) / torch.tensor(float(ph), dtype=f32)
@@ -66,7 +80,7 @@ def roi_bins(roi, scale: float, ph: int, pw: int, h: int, w: int):
     return hs.clamp(0, h), he.clamp(0, h), ws.clamp(0, w), we.clamp(0, w)
 
 
-def roi_max_pool(x, rois, ph: int, pw: int, spatial_scale: float):
+def roi_max_pool(x, rois, ph: int, pw: int, spatial_scale: float, pad_ratio: float = 0.0):
     """Fast R-CNN's ROIPooling -> (R, C, ph, pw)."""
     r = roi_rows(rois, "ROIPooling")
     n, c, h, w = x.shape
@@ -75,7 +89,7 @@ def roi_max_pool(x, rois, ph: int, pw: int, spatial_scale: float):
     zero = torch.zeros((), device=x.device, dtype=x.dtype)
     for roi in r:
         b = roi_batch_index(roi, n, "ROIPooling")
-        hs, he, ws, we = roi_bins(roi, spatial_scale, ph, pw, h, w)
+        hs, he, ws, we = roi_bins(roi, spatial_scale, ph, pw, h, w, pad_ratio)
         empty = ((he <= hs)[:, None] | (we <= ws)[None, :]).to(x.device)
         h0, h1 = int(hs.min()), max(int(he.max()), int(hs.min()) + 1)
         w0, w1 = int(ws.min()), max(int(we.max()), int(ws.min()) + 1)
@@ -129,12 +143,13 @@ def ps_roi_avg_pool(x, rois, output_dim: int, group_size: int, spatial_scale: fl
 class ROIPool(nn.Module):
     """Fast R-CNN's ROIPooling (see roi_max_pool)."""
 
-    def __init__(self, pooled_h: int, pooled_w: int, spatial_scale: float = 1.0):
+    def __init__(self, pooled_h: int, pooled_w: int, spatial_scale: float = 1.0, pad_ratio: float = 0.0):
         super().__init__()
         self.pooled_h, self.pooled_w, self.spatial_scale = pooled_h, pooled_w, spatial_scale
+        self.pad_ratio = pad_ratio
 
     def forward(self, x, rois):
-        return roi_max_pool(x, rois, self.pooled_h, self.pooled_w, self.spatial_scale)
+        return roi_max_pool(x, rois, self.pooled_h, self.pooled_w, self.spatial_scale, self.pad_ratio)
 
 
 class PSROIPool(nn.Module):
@@ -154,7 +169,7 @@ def _source(*objects):
 
 # model.py gets the same functions, so the export stays bit-identical to forward
 TORCH_ROI_COMMON = _source(c_round, bin_mask, roi_rows, roi_batch_index)
-TORCH_ROI_POOLING = _source(roi_bins, roi_max_pool, ROIPool)
+TORCH_ROI_POOLING = _source(pad_roi_corners, roi_bins, roi_max_pool, ROIPool)
 TORCH_PSROI_POOLING = _source(ps_roi_avg_pool, PSROIPool)
 
 
@@ -184,7 +199,10 @@ class ROIPooling(Layer):
         if p.pooled_h <= 0 or p.pooled_w <= 0:
             raise LayerError(f"roi_pooling_param.pooled_h and pooled_w must be > 0, "
                              f"got {p.pooled_h} x {p.pooled_w}")
-        return {"ph": int(p.pooled_h), "pw": int(p.pooled_w), "scale": float(p.spatial_scale)}
+        if not math.isfinite(p.pad_ratio):
+            raise LayerError(f"roi_pooling_param.pad_ratio must be a finite number, got {p.pad_ratio}")
+        return {"ph": int(p.pooled_h), "pw": int(p.pooled_w), "scale": float(p.spatial_scale),
+                "pad_ratio": float(p.pad_ratio)}
 
     def infer(self, attrs, in_shapes):
         _check_roi_shapes("ROIPooling", in_shapes)
@@ -192,7 +210,7 @@ class ROIPooling(Layer):
         return [(r[0], s[1], attrs["ph"], attrs["pw"])]
 
     def forward(self, attrs, params, x, rois):
-        return _run(roi_max_pool, x, rois, attrs["ph"], attrs["pw"], attrs["scale"])
+        return _run(roi_max_pool, x, rois, attrs["ph"], attrs["pw"], attrs["scale"], attrs.get("pad_ratio", 0.0))
 
     def onnx(self, ctx, node):
         import numpy as np
@@ -202,6 +220,8 @@ class ROIPooling(Layer):
             flat = ctx.tmp(node.name + "_rois")
             ctx.add_node("Reshape", [rois, ctx.const(np.array([-1, 5], np.int64))], [flat])
             rois = flat
+        if a.get("pad_ratio", 0.0):
+            rois = onnx_pad_rois(ctx, node.name, rois, a["pad_ratio"])
         # onnxruntime's MaxRoiPool rounds the corners and forms the bins as Fast R-CNN does
         ctx.add_node("MaxRoiPool", [node.inputs[0], rois], [node.outputs[0]], name=node.name,
                      pooled_shape=[a["ph"], a["pw"]], spatial_scale=a["scale"])
@@ -209,8 +229,34 @@ class ROIPooling(Layer):
     def pytorch_source(self, node, emit):
         a = node.attrs
         m = emit.instance(TORCH_ROI_POOLING, needs=[TORCH_ROI_COMMON],
-                          args=f"{a['ph']}, {a['pw']}, spatial_scale={emit.lit(a['scale'])}")
+                          args=f"{a['ph']}, {a['pw']}, spatial_scale={emit.lit(a['scale'])}"
+                               f"{pad_arg(a, emit)}")
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
+
+
+def pad_arg(attrs, emit):
+    """The model.py constructor argument for a non-zero pad_ratio ('' keeps older exports as they were)."""
+    ratio = attrs.get("pad_ratio", 0.0)
+    return f", pad_ratio={emit.lit(ratio)}" if ratio else ""
+
+
+def onnx_pad_rois(ctx, name, rois, pad_ratio):
+    """ONNX: (R, 5) rois with each side moved out by pad_ratio x the roi's size, in the fork's float32
+    order ((x2 - x1 + 1) * ratio, then x1 - pad, x2 + pad)."""
+    import numpy as np
+    i64 = lambda v: ctx.const(np.array(v, np.int64))
+    f32 = lambda v: ctx.const(np.array(v, np.float32))
+    names = {k: ctx.tmp(f"{name}_{k}") for k in ("batch", "start", "end", "size", "size1", "pad", "lo", "hi", "out")}
+    ctx.add_node("Slice", [rois, i64([0]), i64([1]), i64([1])], [names["batch"]])
+    ctx.add_node("Slice", [rois, i64([1]), i64([3]), i64([1])], [names["start"]])
+    ctx.add_node("Slice", [rois, i64([3]), i64([5]), i64([1])], [names["end"]])
+    ctx.add_node("Sub", [names["end"], names["start"]], [names["size"]])
+    ctx.add_node("Add", [names["size"], f32(1.0)], [names["size1"]])
+    ctx.add_node("Mul", [names["size1"], f32(pad_ratio)], [names["pad"]])
+    ctx.add_node("Sub", [names["start"], names["pad"]], [names["lo"]])
+    ctx.add_node("Add", [names["end"], names["pad"]], [names["hi"]])
+    ctx.add_node("Concat", [names["batch"], names["lo"], names["hi"]], [names["out"]], axis=1)
+    return names["out"]
 
 
 @register_layer("PSROIPooling")

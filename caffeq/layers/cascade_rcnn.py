@@ -1,0 +1,329 @@
+"""zhaoweicai's MS-CNN / Cascade R-CNN fork (zhaoweicai/mscnn 534bcac, zhaoweicai/cascade-rcnn 2252f46).
+
+- ROIAlign (roi_align_layer.cpp): reads roi_pooling_param.  Each roi [batch, x1, y1, x2, y2], widened by
+  pad_ratio as in ROIPooling, is scaled and shifted by -0.5 (float32); a (pooled_h + 1) x (pooled_w + 1)
+  grid of points start + k * (size / pooled) is sampled bilinearly, one point per output, no averaging.
+  So the top is (R, C, pooled_h + 1, pooled_w + 1).  A point outside [-0.5, size - 0.5] gives 0, as does
+  every point of a roi whose scaled size is not positive; inside, the point and its neighbours are
+  clipped to the map.  ONNX's RoiAlign averages bins and zeroes other borders, so the export is refused.
+- DecodeBBox (decode_bbox_layer.cpp, bbox_util.cpp DecodeBBoxesWithPrior): bottoms (deltas (R, 8) = the
+  background and foreground boxes of a class-agnostic regressor, rois (R, 5)); the foreground deltas,
+  de-normalized by bbox_reg_param's std and mean, move each roi as Fast R-CNN does (width x2 - x1 + 1,
+  centre (x1 + x2) / 2, exp of the size deltas); no clipping.  Top = the rois' shape, with the batch
+  column kept.  In TRAIN the fork also drops inverted boxes and, with a third bottom (matched gt boxes),
+  boxes whose IoU >= decode_bbox_param.gt_iou_thr: that data-dependent screening is not reproduced.
+- BoxGroupOutput (cascade-rcnn) and BoxOutput (mscnn): the region proposals, decoded per receptive
+  field group, thresholded, sorted and NMS-ed; how many come out depends on the data.  Here they read,
+  check their bottoms as the fork's Reshape does and give its placeholder tops, (1, 5) rois and an
+  optional (1, 6) rois-with-score, so a net can be listed and its later layers sized; they refuse to run.
+
+The torch functions below serve `forward` and are copied into model.py (inspect.getsource).
+"""
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import ExportError
+from .registry import Layer, LayerError, register_layer
+from .roi_pooling import TORCH_ROI_COMMON, _check_roi_shapes, _run, _source, roi_rows
+
+# ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
+
+
+def roi_align_grid(x, rois, ph: int, pw: int, spatial_scale: float, pad_ratio: float = 0.0):
+    """The zhaoweicai fork's ROIAlign -> (R, C, ph + 1, pw + 1); grid arithmetic in float32 on the CPU."""
+    f32 = torch.float32
+    r = roi_rows(rois, "ROIAlign")
+    n, c, h, w = x.shape
+    if r.shape[0] == 0:
+        return x.new_zeros((0, c, ph + 1, pw + 1))
+    batch = r[:, 0].long()   # C's int conversion: toward zero
+    if bool(((batch < 0) | (batch >= n)).any()):
+        bad = int(batch[(batch < 0) | (batch >= n)][0])
+        raise ValueError(f"ROIAlign: roi batch index {bad} is outside the batch of {n}")
+    start, end = r[:, 1:3], r[:, 3:5]   # (x, y)
+    if pad_ratio != 0:
+        pad = (end - start + 1.0) * torch.tensor(pad_ratio, dtype=f32)
+        start, end = start - pad, end + pad
+    scale = torch.tensor(spatial_scale, dtype=f32)
+    start = start * scale - 0.5
+    end = end * scale - 0.5
+    size = end - start
+    malformed = (size[:, 0] <= 0) | (size[:, 1] <= 0)
+    bin_w = size[:, 0] / torch.tensor(float(pw), dtype=f32)
+    bin_h = size[:, 1] / torch.tensor(float(ph), dtype=f32)
+    ys = start[:, 1:2] + torch.arange(ph + 1, dtype=f32)[None, :] * bin_h[:, None]   # (R, ph + 1)
+    xs = start[:, 0:1] + torch.arange(pw + 1, dtype=f32)[None, :] * bin_w[:, None]   # (R, pw + 1)
+    inside = (((ys >= -0.5) & (ys <= h - 0.5))[:, :, None] & ((xs >= -0.5) & (xs <= w - 0.5))[:, None, :]
+              & ~malformed[:, None, None])   # (R, ph + 1, pw + 1)
+    y0 = torch.floor(ys).long()
+    x0 = torch.floor(xs).long()
+    y1 = (y0 + 1).clamp(0, h - 1)
+    x1 = (x0 + 1).clamp(0, w - 1)
+    y0, x0 = y0.clamp(0, h - 1), x0.clamp(0, w - 1)
+    ly = ys.clamp(0, h - 1) - y0.float()
+    lx = xs.clamp(0, w - 1) - x0.float()
+    hy, hx = 1 - ly, 1 - lx
+    # the fork's weights: w00 = hx*hy (y0, x0), w10 = lx*hy (y0, x1), w01 = hx*ly (y1, x0), w11 = lx*ly
+    weights = [hx[:, None, :] * hy[:, :, None], lx[:, None, :] * hy[:, :, None],
+               hx[:, None, :] * ly[:, :, None], lx[:, None, :] * ly[:, :, None]]
+    b = batch[:, None, None].to(x.device)
+
+    def corner(yi, xi):   # (R, C, ph + 1, pw + 1)
+        return x[b, :, yi[:, :, None].to(x.device), xi[:, None, :].to(x.device)].permute(0, 3, 1, 2)
+
+    values = [corner(y0, x0), corner(y0, x1), corner(y1, x0), corner(y1, x1)]
+    out = None
+    for wt, v in zip(weights, values):
+        term = wt[:, None].to(x.device, x.dtype) * v
+        out = term if out is None else out + term
+    return torch.where(inside[:, None].to(x.device), out, torch.zeros((), device=x.device, dtype=x.dtype))
+
+
+class ROIAlignGrid(nn.Module):
+    """The zhaoweicai fork's ROIAlign (see roi_align_grid)."""
+
+    def __init__(self, pooled_h: int, pooled_w: int, spatial_scale: float = 1.0, pad_ratio: float = 0.0):
+        super().__init__()
+        self.pooled_h, self.pooled_w, self.spatial_scale = pooled_h, pooled_w, spatial_scale
+        self.pad_ratio = pad_ratio
+
+    def forward(self, x, rois):
+        return roi_align_grid(x, rois, self.pooled_h, self.pooled_w, self.spatial_scale, self.pad_ratio)
+
+
+def decode_roi_boxes(deltas, rois, means, stds):
+    """The fork's DecodeBBox (TEST): rois (R, 5) moved by the foreground deltas deltas[:, 4:8]
+    (de-normalized: delta * std + mean) -> [batch, x1, y1, x2, y2], shaped like rois."""
+    num = rois.shape[0]
+    d = deltas.reshape(num, -1)[:, 4:8]
+    p = rois.reshape(num, -1)
+    mean = torch.tensor(means, dtype=d.dtype, device=d.device)
+    std = torch.tensor(stds, dtype=d.dtype, device=d.device)
+    dx, dy, dw, dh = (d * std + mean).unbind(1)
+    width = p[:, 3] - p[:, 1] + 1
+    height = p[:, 4] - p[:, 2] + 1
+    cx = 0.5 * (p[:, 3] + p[:, 1])
+    cy = 0.5 * (p[:, 4] + p[:, 2])
+    new_w = width * torch.exp(dw)
+    new_h = height * torch.exp(dh)
+    x1 = dx * width + cx - (new_w - 1) / 2
+    y1 = dy * height + cy - (new_h - 1) / 2
+    boxes = torch.stack([p[:, 0], x1, y1, x1 + new_w - 1, y1 + new_h - 1], 1)
+    return boxes.reshape(rois.shape)
+
+
+class DecodeRoiBoxes(nn.Module):
+    """The fork's DecodeBBox (see decode_roi_boxes)."""
+
+    def __init__(self, means=(0.0, 0.0, 0.0, 0.0), stds=(1.0, 1.0, 1.0, 1.0)):
+        super().__init__()
+        self.means, self.stds = list(means), list(stds)
+
+    def forward(self, deltas, rois):
+        return decode_roi_boxes(deltas, rois, self.means, self.stds)
+
+
+TORCH_ROI_ALIGN = _source(roi_align_grid, ROIAlignGrid)
+TORCH_DECODE_BBOX = _source(decode_roi_boxes, DecodeRoiBoxes)
+
+
+# ---- the specs ---------------------------------------------------------------------------
+
+@register_layer("ROIAlign")
+class ROIAlign(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 2:
+            raise LayerError(f"ROIAlign takes 2 bottoms (data, rois), got {len(lp.bottom)}")
+        p = lp.roi_pooling_param
+        if p.pooled_h <= 0 or p.pooled_w <= 0:
+            raise LayerError(f"roi_pooling_param.pooled_h and pooled_w must be > 0, "
+                             f"got {p.pooled_h} x {p.pooled_w}")
+        if not math.isfinite(p.pad_ratio):
+            raise LayerError(f"roi_pooling_param.pad_ratio must be a finite number, got {p.pad_ratio}")
+        return {"ph": int(p.pooled_h), "pw": int(p.pooled_w), "scale": float(p.spatial_scale),
+                "pad_ratio": float(p.pad_ratio)}
+
+    def infer(self, attrs, in_shapes):
+        _check_roi_shapes("ROIAlign", in_shapes)
+        s, r = in_shapes
+        return [(r[0], s[1], attrs["ph"] + 1, attrs["pw"] + 1)]   # the fork's grid is pooled + 1 points
+
+    def forward(self, attrs, params, x, rois):
+        return _run(roi_align_grid, x, rois, attrs["ph"], attrs["pw"], attrs["scale"], attrs["pad_ratio"])
+
+    def onnx(self, ctx, node):
+        raise ExportError(f"layer '{node.name}' (ROIAlign): the zhaoweicai fork samples one point per grid "
+                          f"corner and zeroes points beyond half a pixel outside the map; ONNX RoiAlign averages "
+                          f"bins and treats the border differently, so it cannot give the same numbers")
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        args = f"{a['ph']}, {a['pw']}, spatial_scale={emit.lit(a['scale'])}, pad_ratio={emit.lit(a['pad_ratio'])}"
+        m = emit.instance(TORCH_ROI_ALIGN, needs=[TORCH_ROI_COMMON], args=args)
+        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
+
+
+def _bbox_normalization(lp, where):
+    """bbox_reg_param's (means, stds): both or neither given, 4 each, stds > 0 (the fork's CHECKs)."""
+    p = lp.bbox_reg_param
+    if len(p.bbox_mean) and len(p.bbox_std):
+        if len(p.bbox_mean) != 4 or len(p.bbox_std) != 4:
+            raise LayerError(f"{where}: bbox_reg_param needs 4 bbox_mean and 4 bbox_std values, "
+                             f"got {len(p.bbox_mean)} and {len(p.bbox_std)}")
+        stds = [float(np.float32(v)) for v in p.bbox_std]
+        if not all(v > 0 for v in stds):
+            raise LayerError(f"{where}: bbox_reg_param.bbox_std must all be > 0, got {stds}")
+        return [float(np.float32(v)) for v in p.bbox_mean], stds
+    return [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]
+
+
+@register_layer("DecodeBBox")
+class DecodeBBox(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) not in (2, 3) or len(lp.top) != 1:
+            raise LayerError(f"DecodeBBox takes 2 bottoms (bbox deltas, rois), or 3 in TRAIN (with matched gt "
+                             f"boxes), and 1 top; got {len(lp.bottom)} and {len(lp.top)}")
+        means, stds = _bbox_normalization(lp, "DecodeBBox")
+        return {"means": means, "stds": stds, "train_screen": len(lp.bottom) == 3, "name": lp.name}
+
+    def infer(self, attrs, in_shapes):
+        deltas, rois = in_shapes[0], in_shapes[1]
+        if len(deltas) < 2 or deltas[1] != 8 or math.prod(deltas[2:]) != 1:
+            raise LayerError(f"DecodeBBox: bottom 0 must be (R, 8) bbox deltas (background and foreground box), "
+                             f"got {list(deltas)}")
+        if len(rois) < 2 or rois[1] != 5 or math.prod(rois[2:]) != 1:
+            raise LayerError(f"DecodeBBox: bottom 1 must be (R, 5) rois [batch, x1, y1, x2, y2], got {list(rois)}")
+        if deltas[0] != rois[0] or (len(in_shapes) == 3 and in_shapes[2][0] != deltas[0]):
+            raise LayerError(f"DecodeBBox: the bottoms need the same number of rows, got "
+                             f"{[list(s) for s in in_shapes]}")
+        return [tuple(rois)]
+
+    def _refuse_train(self, error, name):
+        raise error(f"layer '{name}' (DecodeBBox): with a third bottom (matched gt boxes) it is the TRAIN-phase "
+                    f"layer, which drops boxes by their data; only the TEST decoding (2 bottoms) runs here")
+
+    def forward(self, attrs, params, deltas, rois, *gt):
+        if attrs["train_screen"]:
+            self._refuse_train(LayerError, attrs["name"])
+        return decode_roi_boxes(deltas, rois, attrs["means"], attrs["stds"])
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        if a["train_screen"]:
+            self._refuse_train(ExportError, node.name)
+        i64 = lambda v: ctx.const(np.array(v, np.int64))
+        f32 = lambda v: ctx.const(np.array(v, np.float32))
+        t = lambda hint: ctx.tmp(f"{node.name}_{hint}")
+
+        def op(kind, inputs, hint, **kw):
+            out = t(hint)
+            ctx.add_node(kind, inputs, [out], **kw)
+            return out
+
+        def column(src, lo, hi, hint):
+            return op("Slice", [src, i64([lo]), i64([hi]), i64([1])], hint)
+
+        deltas = op("Reshape", [node.inputs[0], i64([-1, 8])], "deltas")
+        rois = op("Reshape", [node.inputs[1], i64([-1, 5])], "rois")
+        d = op("Add", [op("Mul", [column(deltas, 4, 8, "fg"), f32(a["stds"])], "scaled"), f32(a["means"])], "d")
+        start, end = column(rois, 1, 3, "start"), column(rois, 3, 5, "end")   # (x, y) pairs
+        size = op("Add", [op("Sub", [end, start], "diff"), f32(1.0)], "size")
+        centre = op("Mul", [f32(0.5), op("Add", [end, start], "sum")], "centre")
+        new_size = op("Mul", [size, op("Exp", [column(d, 2, 4, "dwh")], "exp")], "new_size")
+        moved = op("Add", [op("Mul", [column(d, 0, 2, "dxy"), size], "shift"), centre], "moved")
+        lo = op("Sub", [moved, op("Div", [op("Sub", [new_size, f32(1.0)], "nm1"), f32(2.0)], "half")], "lo")
+        hi = op("Sub", [op("Add", [lo, new_size], "lo_plus"), f32(1.0)], "hi")
+        boxes = op("Concat", [column(rois, 0, 1, "batch"), lo, hi], "boxes", axis=1)
+        ctx.add_node("Reshape", [boxes, op("Shape", [node.inputs[1]], "shape")], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        if a["train_screen"]:
+            self._refuse_train(ExportError, node.name)
+        means = "[" + ", ".join(emit.lit(v) for v in a["means"]) + "]"
+        stds = "[" + ", ".join(emit.lit(v) for v in a["stds"]) + "]"
+        m = emit.instance(TORCH_DECODE_BBOX, args=f"means={means}, stds={stds}")
+        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
+
+
+class _ProposalOutput(Layer):
+    """BoxGroupOutput / BoxOutput: read, checked and sized as the fork's Reshape does; never run."""
+
+    data_dependent_shape = True   # the proposals: (1, 5) until a forward that is not reproduced here
+
+    def _tops(self, lp, kind):
+        if len(lp.top) not in (1, 2):
+            raise LayerError(f"{kind} has 1 or 2 tops (rois, rois with score), got {len(lp.top)}")
+        return {"kind": kind, "name": lp.name, "tops": len(lp.top)}
+
+    def infer(self, attrs, in_shapes):
+        return [(1, 5, 1, 1), (1, 6, 1, 1)][:attrs["tops"]]
+
+    def _refuse(self, error, name, kind):
+        raise error(f"layer '{name}' ({kind}): the MS-CNN / Cascade R-CNN region proposals (decoding per "
+                    f"receptive field, score threshold, sort and NMS, a data-dependent number of boxes) are "
+                    f"not reproduced by caffeq; the net can be inspected and converted, not run")
+
+    def forward(self, attrs, params, *bottoms):
+        self._refuse(LayerError, attrs["name"], attrs["kind"])
+
+    def onnx(self, ctx, node):
+        self._refuse(ExportError, node.name, node.attrs["kind"])
+
+    def pytorch_source(self, node, emit):
+        self._refuse(ExportError, node.name, node.attrs["kind"])
+
+
+@register_layer("BoxGroupOutput")
+class BoxGroupOutput(_ProposalOutput):
+    def parse(self, lp):
+        attrs = self._tops(lp, "BoxGroupOutput")
+        if len(lp.bottom) < 2 or len(lp.bottom) % 2:
+            raise LayerError(f"BoxGroupOutput takes (score, bbox) bottom pairs, got {len(lp.bottom)} bottoms")
+        groups = lp.box_group_output_param.box_group_param
+        if len(groups) != len(lp.bottom) // 2:
+            raise LayerError(f"box_group_output_param needs one box_group_param per (score, bbox) pair: "
+                             f"{len(lp.bottom) // 2} pairs, {len(groups)} box_group_param")
+        sizes = []
+        for i, g in enumerate(groups):
+            if len(g.field_h) != len(g.field_w) or not len(g.field_h):
+                raise LayerError(f"box_group_output_param.box_group_param[{i}] needs as many field_h as field_w "
+                                 f"(at least one), got {len(g.field_h)} and {len(g.field_w)}")
+            sizes.append(len(g.field_h))
+        _bbox_normalization(lp, "BoxGroupOutput")
+        return {**attrs, "group_sizes": sizes}
+
+    def infer(self, attrs, in_shapes):
+        sizes = attrs["group_sizes"]
+        first = in_shapes[0]
+        for i, n_groups in enumerate(sizes):
+            score, bbox = in_shapes[2 * i], in_shapes[2 * i + 1]
+            if len(score) != 4 or len(bbox) != 4:
+                raise LayerError(f"BoxGroupOutput: bottoms {2 * i} and {2 * i + 1} must be 4-axis, "
+                                 f"got {list(score)} and {list(bbox)}")
+            if score[0] % n_groups or score[0] // n_groups != first[0] // sizes[0]:
+                raise LayerError(f"BoxGroupOutput: bottom {2 * i} has {score[0]} rows, not {n_groups} groups "
+                                 f"per image of the other pairs")
+            if score[1] != first[1]:
+                raise LayerError(f"BoxGroupOutput: every score bottom needs {first[1]} channels, "
+                                 f"bottom {2 * i} has {score[1]}")
+            if bbox[1] != 4 or bbox[0] != score[0] or tuple(bbox[2:]) != tuple(score[2:]):
+                raise LayerError(f"BoxGroupOutput: bbox bottom {2 * i + 1} must be ({score[0]}, 4, {score[2]}, "
+                                 f"{score[3]}) to match its scores, got {list(bbox)}")
+        return super().infer(attrs, in_shapes)
+
+
+@register_layer("BoxOutput")
+class BoxOutput(_ProposalOutput):
+    def parse(self, lp):
+        attrs = self._tops(lp, "BoxOutput")
+        p = lp.box_output_param
+        n = len(lp.bottom)
+        if not n or not (len(p.field_h) == len(p.field_w) == len(p.downsample_rate) == n):
+            raise LayerError(f"box_output_param needs one field_h, field_w and downsample_rate per bottom: "
+                             f"{n} bottoms, got {len(p.field_h)}, {len(p.field_w)} and {len(p.downsample_rate)}")
+        _bbox_normalization(lp, "BoxOutput")
+        return attrs   # the fork's Reshape checks no bottom shape

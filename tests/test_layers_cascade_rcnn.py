@@ -1,0 +1,301 @@
+"""zhaoweicai MS-CNN / Cascade R-CNN fork layers: ROIPooling pad_ratio, ROIAlign, DecodeBBox, and the
+proposal layers BoxGroupOutput / BoxOutput (read and sized, refused at run time).
+
+References are numpy loops written here from the fork's C++ (roi_pooling_layer.cpp, roi_align_layer.cpp,
+decode_bbox_layer.cpp with bbox_util.cpp's DecodeBBoxesWithPrior), in float32 where the fork's float32
+rounding decides integer bins.  The fork's licence (UC non-commercial) keeps its prototxt files out of
+tests/fixtures/realworld/, so the net-level test is a small prototxt shaped like its deploy files.
+"""
+import math
+
+import numpy as np
+import pytest
+from conftest import assert_close, model_py_outputs, net, onnx_outputs, rng
+
+from caffeq.errors import ExportError
+from caffeq.layers import LayerError
+from caffeq.model import load_from_text
+
+F = np.float32
+X_SHAPE = (2, 3, 7, 9)   # N, C, H, W all different
+
+
+def c_round(v):
+    return float(np.sign(v) * np.floor(abs(float(v)) + 0.5))
+
+
+def padded(roi, pad_ratio):
+    """x1, y1, x2, y2 widened by the fork's float32 padding."""
+    x1, y1, x2, y2 = (F(v) for v in roi[1:5])
+    pad_w = (x2 - x1 + F(1)) * F(pad_ratio)
+    pad_h = (y2 - y1 + F(1)) * F(pad_ratio)
+    return x1 - pad_w, y1 - pad_h, x2 + pad_w, y2 + pad_h
+
+
+def ref_roi_pool(x, rois, ph, pw, scale, pad_ratio):
+    _n, c, h, w = x.shape
+    out = np.zeros((len(rois), c, ph, pw), np.float32)
+    for r, roi in enumerate(rois):
+        b = int(roi[0])
+        x1, y1, x2, y2 = (int(c_round(v * F(scale))) for v in padded(roi, pad_ratio))
+        bin_h = F(max(y2 - y1 + 1, 1)) / F(ph)
+        bin_w = F(max(x2 - x1 + 1, 1)) / F(pw)
+        for i in range(ph):
+            hs = min(max(math.floor(F(i) * bin_h) + y1, 0), h)
+            he = min(max(math.ceil(F(i + 1) * bin_h) + y1, 0), h)
+            for j in range(pw):
+                ws = min(max(math.floor(F(j) * bin_w) + x1, 0), w)
+                we = min(max(math.ceil(F(j + 1) * bin_w) + x1, 0), w)
+                if he > hs and we > ws:
+                    out[r, :, i, j] = x[b, :, hs:he, ws:we].max(axis=(1, 2))
+    return out
+
+
+def ref_roi_align(x, rois, ph, pw, scale, pad_ratio):
+    _n, c, h, w = x.shape
+    out = np.zeros((len(rois), c, ph + 1, pw + 1), np.float32)
+    for r, roi in enumerate(rois):
+        b = int(roi[0])
+        x1, y1, x2, y2 = (v * F(scale) - F(0.5) for v in padded(roi, pad_ratio))
+        rh, rw = y2 - y1, x2 - x1
+        if rh <= 0 or rw <= 0:
+            continue
+        bin_h, bin_w = rh / F(ph), rw / F(pw)
+        for i in range(ph + 1):
+            for j in range(pw + 1):
+                hf = y1 + F(i) * bin_h
+                wf = x1 + F(j) * bin_w
+                if hf < -0.5 or hf > h - 0.5 or wf < -0.5 or wf > w - 0.5:
+                    continue
+                h0, w0 = math.floor(hf), math.floor(wf)
+                h1, w1 = min(max(h0 + 1, 0), h - 1), min(max(w0 + 1, 0), w - 1)
+                h0, w0 = min(max(h0, 0), h - 1), min(max(w0, 0), w - 1)
+                lh = F(min(max(hf, F(0)), F(h - 1))) - F(h0)
+                lw = F(min(max(wf, F(0)), F(w - 1))) - F(w0)
+                hh, hw = F(1) - lh, F(1) - lw
+                d = x[b]
+                out[r, :, i, j] = (hw * hh * d[:, h0, w0] + lw * hh * d[:, h0, w1]
+                                   + hw * lh * d[:, h1, w0] + lw * lh * d[:, h1, w1])
+    return out
+
+
+def ref_decode(deltas, rois, means=(0, 0, 0, 0), stds=(1, 1, 1, 1)):
+    out = np.zeros((len(rois), 5))
+    for i, (roi, d) in enumerate(zip(rois.astype(np.float64), deltas.astype(np.float64))):
+        bx, by, bw, bh = (d[4 + k] * stds[k] + means[k] for k in range(4))
+        pw, ph = roi[3] - roi[1] + 1, roi[4] - roi[2] + 1
+        cx, cy = 0.5 * (roi[3] + roi[1]), 0.5 * (roi[4] + roi[2])
+        tw, th = pw * math.exp(bw), ph * math.exp(bh)
+        tx, ty = bx * pw + cx - (tw - 1) / 2, by * ph + cy - (th - 1) / 2
+        out[i] = [roi[0], tx, ty, tx + tw - 1, ty + th - 1]
+    return out
+
+
+# rois in input pixels (spatial_scale 0.5 below): inside, crossing the border, one pixel wide, outside,
+# on the second image, and corners at odd values so that rounding half away from zero matters
+ROIS = np.array([[0, 1, 3, 13, 9], [1, 5, 1, 17, 13], [1, -4, -3, 6, 4], [0, 9, 7, 9, 7],
+                 [1, 30, 20, 40, 33], [0, 3.5, 2.5, 11, 6]], np.float32)
+
+
+def layer_net(kind, params, rois_shape=(6, 5), name="o"):
+    return net(f'layer {{ name: "{name}" type: "{kind}" bottom: "x" bottom: "rois" top: "{name}" '
+               f'roi_pooling_param {{ {params} }} }}', inputs={"x": X_SHAPE, "rois": rois_shape})
+
+
+def feeds(seed=0):
+    return {"x": rng(seed).standard_normal(X_SHAPE).astype(np.float32), "rois": ROIS}
+
+
+# ---- ROIPooling pad_ratio ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("pad_ratio", [0.25, 0.5, -0.1])
+def test_roi_pooling_pad_ratio_matches_the_fork(pad_ratio, tmp_path):
+    model = load_from_text(layer_net("ROIPooling", f"pooled_h: 3 pooled_w: 2 spatial_scale: 0.5 pad_ratio: {pad_ratio}"))
+    f = feeds()
+    ref = ref_roi_pool(f["x"], ROIS, 3, 2, 0.5, pad_ratio)
+    np.testing.assert_array_equal(model.run(f)["o"], ref)
+    np.testing.assert_array_equal(model_py_outputs(model, f, tmp_path)["o"], ref)
+    np.testing.assert_array_equal(onnx_outputs(model, f, tmp_path)["o"], ref)
+
+
+def test_roi_pooling_pad_ratio_zero_keeps_the_numbers(tmp_path):
+    f = feeds(1)
+    plain = load_from_text(layer_net("ROIPooling", "pooled_h: 3 pooled_w: 2 spatial_scale: 0.5")).run(f)["o"]
+    zero = load_from_text(layer_net("ROIPooling", "pooled_h: 3 pooled_w: 2 spatial_scale: 0.5 pad_ratio: 0"))
+    np.testing.assert_array_equal(zero.run(f)["o"], plain)
+    np.testing.assert_array_equal(plain, ref_roi_pool(f["x"], ROIS, 3, 2, 0.5, 0.0))
+    # the export of a net without pad_ratio stays as before: no padding argument, no extra ONNX nodes
+    onnx = pytest.importorskip("onnx")
+    m = load_from_text(layer_net("ROIPooling", "pooled_h: 3 pooled_w: 2 spatial_scale: 0.5"))
+    np.testing.assert_array_equal(onnx_outputs(m, f, tmp_path)["o"], plain)
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "mNone.onnx")).graph.node]
+    assert "Concat" not in ops and "MaxRoiPool" in ops
+    np.testing.assert_array_equal(model_py_outputs(m, f, tmp_path)["o"], plain)
+    assert "ROIPool(3, 2, spatial_scale=0.5)" in (tmp_path / "py" / "model.py").read_text()
+
+
+# ---- ROIAlign ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("params, ph, pw, scale, pad", [
+    ("pooled_h: 3 pooled_w: 2 spatial_scale: 0.5", 3, 2, 0.5, 0.0),
+    ("pooled_h: 2 pooled_w: 4 spatial_scale: 0.5 pad_ratio: 0.2", 2, 4, 0.5, 0.2),
+    ("pooled_h: 1 pooled_w: 3", 1, 3, 1.0, 0.0),
+])
+def test_roi_align_matches_the_fork(params, ph, pw, scale, pad, tmp_path):
+    model = load_from_text(layer_net("ROIAlign", params))
+    assert model.blob_shapes["o"] == (6, 3, ph + 1, pw + 1)   # the fork's grid: pooled + 1 points
+    f = feeds(2)
+    ref = ref_roi_align(f["x"], ROIS, ph, pw, scale, pad)
+    got = model.run(f)["o"]
+    assert got.shape == (6, 3, ph + 1, pw + 1)
+    assert_close(got, ref, 1e-6, 1e-6, "torch")
+    assert_close(model_py_outputs(model, f, tmp_path)["o"], ref, 1e-6, 1e-6, "model.py")
+    assert np.count_nonzero(ref[4]) == 0   # the roi outside the map gives 0
+
+
+def test_roi_align_shape_and_refusals(tmp_path):
+    model = load_from_text(layer_net("ROIAlign", "pooled_h: 6 pooled_w: 5", rois_shape=(4, 5, 1, 1)))
+    assert model.blob_shapes["o"] == (4, 3, 7, 6)
+    with pytest.raises(ExportError, match="ROIAlign"):
+        onnx_outputs(model, {"x": np.zeros(X_SHAPE, np.float32), "rois": np.zeros((4, 5, 1, 1), np.float32)},
+                     tmp_path)
+    with pytest.raises(LayerError, match="pooled_h"):
+        load_from_text(layer_net("ROIAlign", "pooled_w: 2"))
+    with pytest.raises(LayerError, match="batch index"):
+        load_from_text(layer_net("ROIAlign", "pooled_h: 2 pooled_w: 2", (1, 5))).run(
+            {"x": np.zeros(X_SHAPE, np.float32), "rois": np.array([[2, 0, 0, 1, 1]], np.float32)})
+
+
+# ---- DecodeBBox --------------------------------------------------------------------------------
+
+def decode_net(extra="", rois_shape=(6, 5, 1, 1), deltas_shape=(6, 8)):
+    return net(f'layer {{ name: "o" type: "DecodeBBox" bottom: "deltas" bottom: "rois" top: "o" {extra} }}',
+               inputs={"deltas": deltas_shape, "rois": rois_shape})
+
+
+@pytest.mark.parametrize("extra, means, stds", [
+    ("", (0, 0, 0, 0), (1, 1, 1, 1)),
+    (("bbox_reg_param { bbox_mean: 0.1 bbox_mean: -0.2 bbox_mean: 0 bbox_mean: 0.05 "
+     "bbox_std: 0.1 bbox_std: 0.1 bbox_std: 0.2 bbox_std: 0.3 }"), (0.1, -0.2, 0, 0.05), (0.1, 0.1, 0.2, 0.3)),
+])
+def test_decode_bbox_matches_the_fork(extra, means, stds, tmp_path):
+    model = load_from_text(decode_net(extra))
+    g = rng(3)
+    deltas = (g.standard_normal((6, 8)) * 0.5).astype(np.float32)
+    rois = ROIS.reshape(6, 5, 1, 1)
+    f = {"deltas": deltas, "rois": rois}
+    ref = ref_decode(deltas, ROIS, [float(F(v)) for v in means], [float(F(v)) for v in stds]).reshape(6, 5, 1, 1)
+    for backend, got in [("torch", model.run(f)["o"]), ("onnx", onnx_outputs(model, f, tmp_path)["o"]),
+                         ("model.py", model_py_outputs(model, f, tmp_path)["o"])]:
+        assert got.shape == (6, 5, 1, 1), backend
+        assert_close(got, ref, 1e-4, 1e-6, backend)
+        np.testing.assert_array_equal(got[:, 0], rois[:, 0])   # the batch column is kept
+
+
+@pytest.mark.parametrize("extra, shapes, msg", [
+    ("bbox_reg_param { bbox_mean: 0 bbox_std: 1 }", {}, "4 bbox_mean"),
+    (("bbox_reg_param { bbox_mean: 0 bbox_mean: 0 bbox_mean: 0 bbox_mean: 0 bbox_std: 1 bbox_std: 0 bbox_std: 1 "
+     "bbox_std: 1 }"), {}, "bbox_std must all be > 0"),
+    ("", {"deltas_shape": (6, 12)}, "bottom 0 must be"),
+    ("", {"rois_shape": (6, 4)}, "bottom 1 must be"),
+    ("", {"rois_shape": (5, 5)}, "same number of rows"),
+])
+def test_decode_bbox_refuses_bad_params_and_shapes(extra, shapes, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(decode_net(extra, **shapes))
+
+
+def test_decode_bbox_train_screening_is_refused(tmp_path):
+    text = net('layer { name: "o" type: "DecodeBBox" bottom: "deltas" bottom: "rois" bottom: "gt" top: "o" }',
+               inputs={"deltas": (6, 8), "rois": (6, 5), "gt": (6, 6)})
+    model = load_from_text(text)
+    with pytest.raises(LayerError, match="TRAIN"):
+        model.run({"deltas": np.zeros((6, 8), np.float32), "rois": ROIS, "gt": np.zeros((6, 6), np.float32)})
+
+
+# ---- BoxGroupOutput / BoxOutput -----------------------------------------------------------------
+
+BOX_GROUP = '''layer { name: "proposals" type: "BoxGroupOutput" bottom: "s1" bottom: "b1" bottom: "s2" bottom: "b2"
+  top: "proposals" top: "proposals_score"
+  box_group_output_param { fg_thr: 0.01 iou_thr: 0.7 max_nms_num: 100
+    box_group_param { stride: 8 field_h: 32 field_w: 32 }
+    box_group_param { stride: 16 field_h: 64 field_w: 64 field_h: 96 field_w: 48 } } }'''
+
+
+def box_group_inputs(b2=(2, 4, 5, 6)):
+    return {"s1": (1, 2, 10, 12), "b1": (1, 4, 10, 12), "s2": (2, 2, 5, 6), "b2": b2}
+
+
+def test_box_group_output_gives_the_forks_placeholder_shapes_and_refuses_to_run(tmp_path):
+    roi = ('layer { name: "pool" type: "ROIAlign" bottom: "s1" bottom: "proposals" top: "pool" '
+           'roi_pooling_param { pooled_h: 3 pooled_w: 4 spatial_scale: 0.125 } }')
+    model = load_from_text(net(BOX_GROUP, roi, inputs=box_group_inputs()))
+    shapes = model.blob_shapes
+    assert shapes["proposals"] == (1, 5, 1, 1) and shapes["proposals_score"] == (1, 6, 1, 1)
+    assert shapes["pool"] == (1, 2, 4, 5)
+    feeds_ = {k: np.zeros(s, np.float32) for k, s in box_group_inputs().items()}
+    with pytest.raises(LayerError, match="'proposals' \\(BoxGroupOutput\\).*not run"):
+        model.run(feeds_)
+    with pytest.raises(ExportError, match="BoxGroupOutput"):
+        model.export_onnx(str(tmp_path / "m.onnx"))
+
+
+@pytest.mark.parametrize("text, inputs, msg", [
+    (BOX_GROUP, box_group_inputs(b2=(2, 5, 5, 6)), "bbox bottom 3"),
+    (BOX_GROUP, {**box_group_inputs(), "s2": (3, 2, 5, 6), "b2": (3, 4, 5, 6)}, "groups"),
+    (BOX_GROUP.replace('bottom: "s2" bottom: "b2"', ''), box_group_inputs(), "one box_group_param per"),
+    (BOX_GROUP.replace("field_h: 96 ", ""), box_group_inputs(), "as many field_h as field_w"),
+])
+def test_box_group_output_checks_like_the_forks_reshape(text, inputs, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(text, inputs=inputs))
+
+
+def test_box_output_reads_and_refuses_to_run():
+    text = net('''layer { name: "proposals" type: "BoxOutput" bottom: "a" bottom: "b" top: "proposals"
+      box_output_param { fg_thr: -5 field_w: 20 field_w: 40 field_h: 40 field_h: 80 downsample_rate: 8
+        downsample_rate: 16 } bbox_reg_param { bbox_mean: 0 bbox_mean: 0 bbox_mean: 0 bbox_mean: 0
+        bbox_std: 0.1 bbox_std: 0.1 bbox_std: 0.2 bbox_std: 0.2 } }''', inputs={"a": (1, 6, 8, 10), "b": (1, 6, 4, 5)})
+    model = load_from_text(text)
+    with pytest.raises(LayerError, match="BoxOutput"):
+        model.run({"a": np.zeros((1, 6, 8, 10), np.float32), "b": np.zeros((1, 6, 4, 5), np.float32)})
+    with pytest.raises(LayerError, match="one field_h, field_w and downsample_rate per bottom"):
+        load_from_text(text.replace("downsample_rate: 16", ""))
+
+
+# ---- a net shaped like the fork's deploy files -----------------------------------------------------
+
+CASCADE_LIKE = '''
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 6 kernel_size: 3 stride: 2 pad: 1 } }
+layer { name: "rpn_cls" type: "Convolution" bottom: "conv" top: "rpn_prob" convolution_param { num_output: 2 kernel_size: 1 } }
+layer { name: "rpn_bbox" type: "Convolution" bottom: "conv" top: "rpn_bbox" convolution_param { num_output: 4 kernel_size: 1 } }
+layer { name: "proposals" type: "BoxGroupOutput" bottom: "rpn_prob" bottom: "rpn_bbox" top: "proposals"
+  box_group_output_param { box_group_param { stride: 2 field_h: 16 field_w: 16 } } }
+layer { name: "roi_pool" type: "ROIPooling" bottom: "conv" bottom: "proposals" top: "roi_pool"
+  roi_pooling_param { pooled_w: 4 pooled_h: 3 spatial_scale: 0.5 pad_ratio: 0.25 } }
+layer { name: "roi_grid" type: "ROIAlign" bottom: "conv" bottom: "proposals" top: "roi_grid"
+  roi_pooling_param { pooled_w: 3 pooled_h: 2 spatial_scale: 0.5 } }
+layer { name: "fc" type: "InnerProduct" bottom: "roi_pool" top: "bbox_pred" inner_product_param { num_output: 8 } }
+layer { name: "decode" type: "DecodeBBox" bottom: "bbox_pred" bottom: "proposals" top: "proposals_2nd"
+  bbox_reg_param { bbox_mean: 0 bbox_mean: 0 bbox_mean: 0 bbox_mean: 0
+    bbox_std: 0.1 bbox_std: 0.1 bbox_std: 0.2 bbox_std: 0.2 } }
+'''
+
+
+def test_a_cascade_like_net_is_inspected(capsys, tmp_path):
+    from caffeq.__main__ import main
+    path = tmp_path / "cascade.prototxt"
+    path.write_text(net(CASCADE_LIKE, inputs={"data": (1, 3, 20, 28)}))
+    try:
+        rc = main(["inspect", str(path)])
+    except SystemExit as e:
+        rc = e.code
+    out, err = capsys.readouterr()
+    assert rc in (0, None) and "Traceback" not in err, err
+    assert "BoxGroupOutput" in out and "DecodeBBox" in out and "ROIAlign" in out
+    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip()}
+    assert rows["roi_grid"].split()[-1] == "1x6x3x4"      # ROIAlign: pooled + 1 grid points
+    assert rows["roi_pool"].split()[-1] == "1x6x3x4"      # ROIPooling: pooled_h x pooled_w
+    assert rows["decode"].split()[-1] == "1x5x1x1"        # DecodeBBox: shaped like its rois
+    assert rows["proposals"].split()[-1] == "1x5x1x1"     # BoxGroupOutput's placeholder
