@@ -222,6 +222,12 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
         in_ids = []
         for b in lp.bottom:
             if b not in current:
+                dropped = [d for d in all_layers if b in d.top and d not in layers]
+                if dropped:
+                    raise GraphError(
+                        f"{where}: bottom '{b}' comes from layer '{dropped[0].name}' ({dropped[0].type}), which "
+                        f"was dropped because it computes only from training-only layers (sampled targets, "
+                        f"losses): this is a training net; read the net's test or deploy prototxt")
                 hint, rule = _excluded_producer_hint(net, b, layers, phase)
                 raise PhaseRuleError(f"{where}: bottom '{b}' is not produced by any earlier layer {hint}", rule)
             in_ids.append(current[b])
@@ -397,17 +403,18 @@ def drop_training_only(layers, source="", notes=None):
     # what reads only results of dropped layers cannot be computed either (R-FCN's OHEM sums the
     # per-roi losses in an Eltwise for its annotator)
     producers = {}
-    for lp in layers:
+    for position, lp in enumerate(layers):
         for top in lp.top:
-            producers.setdefault(top, []).append(lp)
+            producers.setdefault(top, []).append((position, lp))
     changed = bool(gone)
     while changed:
         changed = False
-        for lp in layers:
+        for position, lp in enumerate(layers):
             if id(lp) in gone:
                 continue
             for b in lp.bottom:
-                made = [p for p in producers.get(b, []) if p is not lp]
+                # the version it reads: the last one written before it (in-place chains write again)
+                made = [p for at, p in producers.get(b, []) if at < position][-1:]
                 if made and all(id(p) in gone for p in made):
                     gone.add(id(lp))
                     changed = True

@@ -543,3 +543,25 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
     with pytest.raises(CaffeqError, match="bottom 'ipx' is not produced"):
         load_from_text(text.replace('bottom: "ip" bottom: "label" top: "accuracy"',
                                     'bottom: "ipx" bottom: "label" top: "accuracy"'))
+
+
+def test_an_in_place_chain_on_a_dropped_training_branch_goes_with_it():
+    # mscnn's trainval files: the detection branch computes from the sampled targets (a C++
+    # ProposalTarget reading the ground truth) and ends in losses; its in-place ReLU/Dropout chain
+    # must go with it, not stop the read
+    text = """
+layer { name: "data" type: "Input" top: "data" top: "gt" input_param { shape { dim: 1 dim: 3 dim: 6 dim: 6 } shape { dim: 4 dim: 5 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 1 } }
+layer { name: "sample" type: "MyProposalTarget" bottom: "conv" bottom: "gt" top: "rois" top: "targets" }
+layer { name: "fc" type: "InnerProduct" bottom: "rois" top: "fc" inner_product_param { num_output: 3 } }
+layer { name: "relu" type: "ReLU" bottom: "fc" top: "fc" }
+layer { name: "drop" type: "Dropout" bottom: "fc" top: "fc" }
+layer { name: "loss" type: "SmoothL1Loss" bottom: "fc" bottom: "targets" top: "loss" }
+"""
+    text = text.replace('type: "Input" top: "data" top: "gt"', 'type: "Input" top: "data" top: "gt"', 1)
+    model = load_from_text(text.replace('layer { name: "data" type: "Input"', 'layer { name: "data" type: "Input"'),
+                           input_shapes=None, random_weights=True)
+    assert model.outputs == ["conv"]
+    dropped = next(w for w in model.warnings if "training-only" in w)
+    for name in ("sample (MyProposalTarget)", "fc (InnerProduct)", "relu (ReLU)", "drop (Dropout)"):
+        assert name in dropped, dropped
