@@ -18,7 +18,7 @@ upgrade renames or removes are re-keyed / dropped so the dict keeps matching
 the net's layer names.
 """
 from ..errors import ParseError
-from .coord_maps import resolve_coord_map_crops
+from .coord_maps import resolve_auto_crops, resolve_coord_map_crops
 from .schema import caffe_pb2
 
 _ALL = "*"  # route a V0 field whatever the layer type
@@ -130,6 +130,8 @@ _V1_FORK_TYPES = {
     "VIDEO_SEGMENTATION_DATA": "VideoSegmentationData", "VOXEL_SOFTMAX": "VoxelSoftmax",
     "VOXEL_SOFTMAX_LOSS": "VoxelSoftmaxLoss", "VIDEO_WITH_VOXEL_TRUTH_DATA": "VideoWithVoxelTruthData",
     "VOXEL_CUSTOM_LOSS": "VoxelCustomLoss", "DOWN_SAMPLING": "DownSampling",
+    # torrvision/crfasrnn caffe-crfrnn (CRF-RNN)
+    "MULTI_STAGE_MEANFIELD": "MultiStageMeanfield",
 }
 _V1_TYPES.update(_V1_FORK_TYPES)
 
@@ -172,6 +174,8 @@ def upgrade_net(net, source="", weights=None):
         notes.append(f"upgraded {count} V1 'layers' entries to V2 'layer' definitions")
         if any(lp.type == "CoordMapCrop" for lp in net.layer):
             resolve_coord_map_crops(net, where, notes)
+    if any(lp.type == "AutoCrop" for lp in net.layer):
+        resolve_auto_crops(net, where, notes)
     if len(net.input):
         _upgrade_input(net, where, notes)
     if _needs_batchnorm_upgrade(net):

@@ -11,6 +11,7 @@ from . import (  # noqa: F401,E402
     ctpn,
     data,
     denseblock,
+    edge_flow_crf_forks,
     elementwise,
     face_norms,
     fork_data,

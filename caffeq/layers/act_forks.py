@@ -101,24 +101,29 @@ class ChannelSelector(nn.Module):
 
 @register_layer("RReLU")
 class RReLU(Layer):
+    #: the LayerParameter field holding lb and ub (happynear's Insanity reads insanity_param)
+    param_field = "rrelu_param"
+
     def parse(self, lp):
+        what, field = self.types[0], self.param_field
         if len(lp.bottom) != 1 or len(lp.top) != 1:
-            raise LayerError(f"RReLU takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
-        lb, ub = float(lp.rrelu_param.lb), float(lp.rrelu_param.ub)
+            raise LayerError(f"{what} takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+        param = getattr(lp, field)
+        lb, ub = float(param.lb), float(param.ub)
         if not ub > lb:
-            raise LayerError(f"rrelu_param.ub must be > rrelu_param.lb, got lb {lb} and ub {ub}")
+            raise LayerError(f"{field}.ub must be > {field}.lb, got lb {lb} and ub {ub}")
         if lb * ub == 0:
-            raise LayerError(f"rrelu_param.lb and ub must not be 0, got lb {lb} and ub {ub}")
+            raise LayerError(f"{field}.lb and ub must not be 0, got lb {lb} and ub {ub}")
         spread = math.log(abs(ub)) - math.log(abs(lb))
         if spread == 0:
-            raise LayerError(f"rrelu_param.lb {lb} and ub {ub} have the same magnitude: the fork's "
+            raise LayerError(f"{field}.lb {lb} and ub {ub} have the same magnitude: the fork's "
                              f"mean slope (ub - lb) / (ln|ub| - ln|lb|) divides by zero")
         # Caffe keeps mean_slope in float
         return {"lb": lb, "ub": ub, "mean_slope": float(np.float32((ub - lb) / spread))}
 
     def infer(self, attrs, in_shapes):
         if len(in_shapes[0]) < 2:
-            raise LayerError(f"RReLU needs an input of at least 2 axes, got {list(in_shapes[0])}")
+            raise LayerError(f"{self.types[0]} needs an input of at least 2 axes, got {list(in_shapes[0])}")
         return [tuple(in_shapes[0])]
 
     def forward(self, attrs, params, x):

@@ -1,0 +1,289 @@
+"""Single-fork layers of edge detection, skeletons, optical flow and CRF-RNN nets.
+
+- AutoCrop (yun-liu/RCF auto_crop_layer.cpp): no parameters; crops bottom 0 to bottom 1's H and W
+  at offsets the fork derives from the coordinate maps of the whole net.  caffeq/io/coord_maps.py
+  computes them when the net is read and rewrites each AutoCrop into a BVLC Crop (axis 2, those
+  offsets), so the spec below is reached only by a net that skipped that step.
+- Insanity (happynear/caffe-windows 967eedf, insanity_layer.cpp/.cu; insanity_param lb [5], ub [10]):
+  the randomised leaky ReLU.  At TEST (CPU and GPU alike) y = max(x, 0) + min(x, 0) / mean_slope with
+  mean_slope = (ub - lb) / (ln|ub| - ln|lb|): the same layer as ducha-aiki's RReLU (act_forks.py),
+  under its first name and parameter field.
+- Quantize (zeakey/DeepSkeleton quantize_layer.cpp, CPU only): maps a skeleton scale to its class:
+  [1, 12) -> 1, [12, 36) -> 2, [36, 80) -> 3, [80, 200) -> 4, anything else -> 0.  The fork stops
+  (LOG(FATAL)) on NaN; here NaN gives 0.
+- Rescale (zeakey/DeepSkeleton rescale_layer.cpp; rescale_param rf [1]): top0 = 2 x / rf - 1, and
+  an optional top1 = 1, where x < rf and |x| > 0.0001; both 0 elsewhere.  (The fork calls an
+  unqualified `abs` on a float; this reads it as the float absolute value.)
+- FlowWarp (lmb-freiburg/flownet2 flow_warp_layer.cpp/.cu; flow_warp_param fill_value ZERO | NOT_A_NUMBER):
+  bottoms (image, flow), flow (N, 2, H, W) in pixels, x then y.  top[n, c, y, x] samples the image at
+  (x2, y2) = (x + fx, y + fy) bilinearly from the pixels (floor(x2), floor(y2)) and the next ones,
+  clamped to the last row / column; where x2 or y2 leaves [0, W) x [0, H) the top is the fill
+  value (0 or NaN).
+- MultiStageMeanfield (torrvision/caffe multi_stage_meanfield.cpp, CRF-RNN): bottoms (unary, Q0,
+  image); top = unary's shape; blobs spatial weights, bilateral weights, compatibility, each
+  (1, 1, C, C).  Its permutohedral-lattice filtering has no implementation here: the layer reads,
+  infers and loads its weights, and refuses to run or export with an error naming it.
+"""
+import numpy as np
+import torch
+
+from ..errors import ExportError
+from .act_forks import RReLU
+from .registry import Layer, LayerError, need_blobs, positive_field, register_layer
+
+# ---- torch functions (model.py gets the same code) ---------------------------------------
+
+
+def skeleton_scale_class(x):
+    """DeepSkeleton's Quantize: the class of a skeleton scale (0 outside [1, 200))."""
+    cls = 1 + (x >= 12).to(x.dtype) + (x >= 36).to(x.dtype) + (x >= 80).to(x.dtype)
+    return torch.where((x >= 1) & (x < 200), cls, torch.zeros_like(x))
+
+
+def skeleton_rescale(x, rf: float, eps: float):
+    """DeepSkeleton's Rescale: (2 x / rf - 1, 1) inside the receptive field, (0, 0) elsewhere."""
+    outside = (x >= rf) | (x.abs() <= eps)
+    zero = torch.zeros_like(x)
+    return torch.where(outside, zero, 2 * x / rf - 1), torch.where(outside, zero, torch.ones_like(x))
+
+
+def flow_warp(image, flow, fill: float):
+    """FlowNet2's FlowWarp: bilinear samples of image at (x + fx, y + fy), fill outside the image."""
+    n, c, h, w = image.shape
+    gy, gx = torch.meshgrid(torch.arange(h, dtype=image.dtype, device=image.device),
+                            torch.arange(w, dtype=image.dtype, device=image.device), indexing="ij")
+    x2 = gx + flow[:, 0:1]
+    y2 = gy + flow[:, 1:2]
+    inside = (x2 >= 0) & (y2 >= 0) & (x2 < w) & (y2 < h)
+    # sample at (0, 0) where outside, so every index is valid; those results are replaced
+    x2 = torch.where(inside, x2, torch.zeros_like(x2))
+    y2 = torch.where(inside, y2, torch.zeros_like(y2))
+    left, top = x2.floor(), y2.floor()
+    alpha, beta = x2 - left, y2 - top
+    left, top = left.long(), top.long()
+    right, bottom = (left + 1).clamp(max=w - 1), (top + 1).clamp(max=h - 1)
+    flat = image.reshape(n, c, h * w)
+
+    def sample(row, col):
+        return flat.gather(2, (row * w + col).reshape(n, 1, h * w).expand(n, c, h * w)).reshape(n, c, h, w)
+
+    warped = ((1 - alpha) * (1 - beta) * sample(top, left) + alpha * (1 - beta) * sample(top, right)
+              + (1 - alpha) * beta * sample(bottom, left) + alpha * beta * sample(bottom, right))
+    return torch.where(inside, warped, torch.full_like(warped, fill))
+
+
+# ---- AutoCrop ------------------------------------------------------------------------------
+
+@register_layer("AutoCrop")
+class AutoCrop(Layer):
+    def parse(self, lp):
+        raise LayerError("RCF's AutoCrop takes its offsets from the coordinate maps of the net; caffeq "
+                         "computes them when it reads a net file (caffeq.io.upgrade), which this net "
+                         "did not go through")
+
+
+# ---- Insanity ------------------------------------------------------------------------------
+
+@register_layer("Insanity")
+class Insanity(RReLU):
+    param_field = "insanity_param"
+
+
+# ---- Quantize and Rescale ------------------------------------------------------------------
+
+@register_layer("Quantize")
+class Quantize(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "Quantize", 1, 1)
+        return {}
+
+    def forward(self, attrs, params, x):
+        return skeleton_scale_class(x)
+
+    def onnx(self, ctx, node):
+        x, name = node.inputs[0], node.name
+
+        def step(edge):
+            above = ctx.add_node("GreaterOrEqual", [x, ctx.const(np.array(edge, np.float32))],
+                                 ctx.tmp(f"{name}_ge{edge}"))
+            return ctx.add_node("Cast", [above], ctx.tmp(f"{name}_step{edge}"), to=1)   # FLOAT
+
+        cls = ctx.const(np.array(1, np.float32))
+        for edge in (12, 36, 80):
+            cls = ctx.add_node("Add", [cls, step(edge)], ctx.tmp(f"{name}_cls{edge}"))
+        low = ctx.add_node("GreaterOrEqual", [x, ctx.const(np.array(1, np.float32))], ctx.tmp(name + "_low"),
+                           name=name)
+        high = ctx.add_node("Less", [x, ctx.const(np.array(200, np.float32))], ctx.tmp(name + "_high"))
+        inside = ctx.add_node("And", [low, high], ctx.tmp(name + "_inside"))
+        ctx.add_node("Where", [inside, cls, ctx.const(np.array(0, np.float32))], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(skeleton_scale_class)}({emit.inputs[0]})"
+
+
+_RESCALE_EPS = float(np.float32(0.0001))   # Dtype(0.0001)
+
+
+@register_layer("Rescale")
+class Rescale(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 1 or len(lp.top) not in (1, 2):
+            raise LayerError(f"Rescale takes one bottom and one or two tops, got {len(lp.bottom)} and "
+                             f"{len(lp.top)}")
+        # rf == 0 divides by zero in the fork; refuse it rather than return infinities
+        return {"rf": float(positive_field(lp.rescale_param.rf, "rescale_param.rf")), "tops": len(lp.top)}
+
+    def infer(self, attrs, in_shapes):
+        return [tuple(in_shapes[0])] * attrs["tops"]
+
+    def forward(self, attrs, params, x):
+        scaled, inside = skeleton_rescale(x, attrs["rf"], _RESCALE_EPS)
+        return (scaled, inside) if attrs["tops"] == 2 else scaled
+
+    def onnx(self, ctx, node):
+        x, name = node.inputs[0], node.name
+        far = ctx.add_node("GreaterOrEqual", [x, ctx.const(np.array(node.attrs["rf"], np.float32))],
+                           ctx.tmp(name + "_far"), name=name)
+        mag = ctx.add_node("Abs", [x], ctx.tmp(name + "_abs"))
+        tiny = ctx.add_node("LessOrEqual", [mag, ctx.const(np.array(_RESCALE_EPS, np.float32))],
+                            ctx.tmp(name + "_tiny"))
+        outside = ctx.add_node("Or", [far, tiny], ctx.tmp(name + "_outside"))
+        zero = ctx.const(np.array(0, np.float32))
+        twice = ctx.add_node("Mul", [ctx.const(np.array(2, np.float32)), x], ctx.tmp(name + "_2x"))
+        ratio = ctx.add_node("Div", [twice, ctx.const(np.array(node.attrs["rf"], np.float32))],
+                             ctx.tmp(name + "_ratio"))
+        shifted = ctx.add_node("Sub", [ratio, ctx.const(np.array(1, np.float32))], ctx.tmp(name + "_shifted"))
+        ctx.add_node("Where", [outside, zero, shifted], [node.outputs[0]])
+        if node.attrs["tops"] == 2:
+            ctx.add_node("Where", [outside, zero, ctx.const(np.array(1, np.float32))], [node.outputs[1]])
+
+    def pytorch_source(self, node, emit):
+        call = (f"{emit.helper(skeleton_rescale)}({emit.inputs[0]}, {emit.lit(node.attrs['rf'])}, "
+                f"{emit.lit(_RESCALE_EPS)})")
+        if node.attrs["tops"] == 1:
+            return f"{call}[0]"
+        pair = emit.tmp("rescaled")
+        emit.stmt(f"{pair} = {call}")
+        return [f"{pair}[0]", f"{pair}[1]"]
+
+
+# ---- FlowWarp ------------------------------------------------------------------------------
+
+@register_layer("FlowWarp")
+class FlowWarp(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "FlowWarp", 2, 1, "image, flow")
+        fill = lp.flow_warp_param.fill_value
+        return {"fill": 0.0 if fill == lp.flow_warp_param.ZERO else float("nan")}
+
+    def infer(self, attrs, in_shapes):
+        image, flow = (tuple(s) for s in in_shapes)
+        if len(image) != 4 or len(flow) != 4:
+            raise LayerError(f"FlowWarp needs 4-axis image and flow, got {list(image)} and {list(flow)}")
+        if flow[0] != image[0] or flow[1] != 2 or flow[2:] != image[2:]:
+            raise LayerError(f"FlowWarp's flow must be (N, 2, H, W) of the image's N, H and W: image "
+                             f"{list(image)}, flow {list(flow)}")
+        return [image]
+
+    def forward(self, attrs, params, image, flow):
+        return flow_warp(image, flow, attrs["fill"])
+
+    def onnx(self, ctx, node):
+        image, flow = node.inputs
+        name = node.name
+        _, c, h, w = ctx.shape(image)
+        f32, i64 = np.float32, np.int64
+
+        def op(kind, inputs, hint, **kw):
+            return ctx.add_node(kind, inputs, ctx.tmp(f"{name}_{hint}"), **kw)
+
+        gy, gx = np.meshgrid(np.arange(h, dtype=f32), np.arange(w, dtype=f32), indexing="ij")
+        fx = op("Slice", [flow, ctx.const(np.array([0], i64)), ctx.const(np.array([1], i64)),
+                          ctx.const(np.array([1], i64))], "fx", name=name)
+        fy = op("Slice", [flow, ctx.const(np.array([1], i64)), ctx.const(np.array([2], i64)),
+                          ctx.const(np.array([1], i64))], "fy")
+        x2 = op("Add", [ctx.const(gx.reshape(1, 1, h, w), name + "_gx"), fx], "x2")
+        y2 = op("Add", [ctx.const(gy.reshape(1, 1, h, w), name + "_gy"), fy], "y2")
+        zero = ctx.const(np.array(0, f32))
+        inside = op("And", [op("And", [op("GreaterOrEqual", [x2, zero], "x_ge0"),
+                                       op("GreaterOrEqual", [y2, zero], "y_ge0")], "ge0"),
+                            op("And", [op("Less", [x2, ctx.const(np.array(w, f32))], "x_ltw"),
+                                       op("Less", [y2, ctx.const(np.array(h, f32))], "y_lth")], "lt")], "inside")
+        x2 = op("Where", [inside, x2, zero], "xs")
+        y2 = op("Where", [inside, y2, zero], "ys")
+        left, top = op("Floor", [x2], "left"), op("Floor", [y2], "top")
+        alpha, beta = op("Sub", [x2, left], "alpha"), op("Sub", [y2, top], "beta")
+        one = ctx.const(np.array(1, f32))
+        right = op("Min", [op("Add", [left, one], "left1"), ctx.const(np.array(w - 1, f32))], "right")
+        bottom = op("Min", [op("Add", [top, one], "top1"), ctx.const(np.array(h - 1, f32))], "bottom")
+        flat = op("Reshape", [image, ctx.const(np.array([0, c, h * w], i64))], "flat")
+
+        def sample(row, col, hint):
+            index = op("Add", [op("Mul", [row, ctx.const(np.array(w, f32))], hint + "_rw"), col], hint + "_i")
+            index = op("Cast", [index], hint + "_i64", to=7)   # INT64; exact below 2^24 pixels
+            index = op("Reshape", [index, ctx.const(np.array([0, 1, h * w], i64))], hint + "_flat")
+            index = op("Expand", [index, ctx.const(np.array([1, c, 1], i64))], hint + "_all")
+            got = op("GatherElements", [flat, index], hint, axis=2)
+            return op("Reshape", [got, ctx.const(np.array([0, c, h, w], i64))], hint + "_img")
+
+        def weight(a, b, hint):
+            return op("Mul", [a, b], hint)
+
+        not_alpha = op("Sub", [one, alpha], "1_alpha")
+        not_beta = op("Sub", [one, beta], "1_beta")
+        terms = [op("Mul", [weight(not_alpha, not_beta, "w_tl"), sample(top, left, "tl")], "t_tl"),
+                 op("Mul", [weight(alpha, not_beta, "w_tr"), sample(top, right, "tr")], "t_tr"),
+                 op("Mul", [weight(not_alpha, beta, "w_bl"), sample(bottom, left, "bl")], "t_bl"),
+                 op("Mul", [weight(alpha, beta, "w_br"), sample(bottom, right, "br")], "t_br")]
+        total = op("Add", [op("Add", [op("Add", terms[:2], "s2"), terms[2]], "s3"), terms[3]], "warped")
+        fill = ctx.const(np.array(node.attrs["fill"], f32))
+        ctx.add_node("Where", [inside, total, fill], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        fn = emit.helper(flow_warp)
+        return f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {emit.lit(node.attrs['fill'])})"
+
+
+# ---- MultiStageMeanfield -------------------------------------------------------------------
+
+@register_layer("MultiStageMeanfield")
+class MultiStageMeanfield(Layer):
+    blob_names = ("spatial_weight", "bilateral_weight", "compatibility")
+
+    def parse(self, lp):
+        need_blobs(lp, "MultiStageMeanfield", 3, 1, "unary, Q0, image")
+        p = lp.multi_stage_meanfield_param
+        if p.num_iterations <= 1:
+            raise LayerError(f"multi_stage_meanfield_param.num_iterations must be > 1 (the fork's check), "
+                             f"got {p.num_iterations}")
+        return {"name": lp.name, "iterations": int(p.num_iterations), "theta_alpha": float(p.theta_alpha),
+                "theta_beta": float(p.theta_beta), "theta_gamma": float(p.theta_gamma)}
+
+    def infer(self, attrs, in_shapes):
+        unary, q0, image = (tuple(s) for s in in_shapes)
+        if len(unary) != 4:
+            raise LayerError(f"MultiStageMeanfield needs a 4-axis unary (N, C, H, W), got {list(unary)}")
+        if q0 != unary:
+            raise LayerError(f"MultiStageMeanfield's Q0 must have the unary's shape {list(unary)}, got {list(q0)}")
+        if len(image) != 4 or image[0] != unary[0] or image[2:] != unary[2:]:
+            raise LayerError(f"MultiStageMeanfield's image must share the unary's N, H and W "
+                             f"{list(unary)}, got {list(image)}")
+        return [unary]
+
+    def param_shapes(self, attrs, in_shapes):
+        c = in_shapes[0][1]
+        return [(1, 1, c, c)] * 3
+
+    def _refuse(self, error, name):
+        raise error(f"layer '{name}' (MultiStageMeanfield): CRF-RNN's mean-field iterations filter with a "
+                    f"permutohedral lattice, which caffeq does not implement; the net reads and its "
+                    f"shapes and weights load, but it cannot run or be exported")
+
+    def forward(self, attrs, params, *bottoms):
+        self._refuse(LayerError, attrs["name"])
+
+    def onnx(self, ctx, node):
+        self._refuse(ExportError, node.name)
+
+    def pytorch_source(self, node, emit):
+        self._refuse(ExportError, node.name)
