@@ -299,3 +299,41 @@ def test_a_cascade_like_net_is_inspected(capsys, tmp_path):
     assert rows["roi_pool"].split()[-1] == "1x6x3x4"      # ROIPooling: pooled_h x pooled_w
     assert rows["decode"].split()[-1] == "1x5x1x1"        # DecodeBBox: shaped like its rois
     assert rows["proposals"].split()[-1] == "1x5x1x1"     # BoxGroupOutput's placeholder
+
+
+def ref_scale_route(rois, low, high, mid):
+    """scale_route_layer.cpp: rows with sqrt(BBoxSize) in [low, high); else the closest to mid."""
+    chosen, best, best_i = [], np.float32(np.finfo(np.float32).max), -1
+    for i, (_, x1, y1, x2, y2) in enumerate(rois.reshape(len(rois), 5)):
+        size = np.float32(0) if (x2 < x1 or y2 < y1) else np.float32((x2 - x1 + 1) * (y2 - y1 + 1))
+        scale = np.sqrt(size, dtype=np.float32)
+        if low <= scale < high:
+            chosen.append(i)
+        d = abs(np.log2(scale / np.float32(mid)))
+        if d < best:
+            best, best_i = d, i
+    return chosen or [best_i]
+
+
+@pytest.mark.parametrize("param, low, high, mid", [
+    ("high_scale: 112", 0.0, 112.0, 112.0),
+    ("low_scale: 112 high_scale: 224", 112.0, 224.0, math.sqrt(112 * 224)),
+    ("low_scale: 224", 224.0, float(np.finfo(np.float32).max), 224.0),
+    ("low_scale: 900 high_scale: 1000", 900.0, 1000.0, math.sqrt(900 * 1000)),   # none: the closest one
+])
+def test_scale_route_matches_the_fork(param, low, high, mid, tmp_path):
+    text = net(f'layer {{ name: "o" type: "ScaleRoute" bottom: "rois" bottom: "feat" top: "o" top: "f" '
+               f'scale_route_param {{ {param} }} }}', inputs={"rois": (7, 5), "feat": (7, 3, 2, 2)})
+    model = load_from_text(text)
+    rois = np.array([[0, 0, 0, 49, 39], [0, 10, 10, 209, 159], [1, 0, 0, 99, 149], [0, 5, 5, 4, 30],
+                     [1, 0, 0, 399, 299], [0, 3, 3, 130, 120], [1, 1, 2, 60, 80]], np.float32)
+    feat = rng(4).standard_normal((7, 3, 2, 2)).astype(np.float32)
+    rows = ref_scale_route(rois, low, high, mid)
+    f = {"rois": rois, "feat": feat}
+    for backend, got in [("torch", model.run(f)), ("model.py", model_py_outputs(model, f, tmp_path))]:
+        np.testing.assert_array_equal(got["o"], rois[rows], backend)
+        np.testing.assert_array_equal(got["f"], feat[rows], backend)
+    with pytest.raises(ExportError, match="ScaleRoute"):
+        onnx_outputs(model, f, tmp_path)
+    with pytest.raises(LayerError, match="low_scale"):
+        load_from_text(text.replace(param, "low_scale: 200 high_scale: 100"))

@@ -126,6 +126,32 @@ class DecodeRoiBoxes(nn.Module):
         return decode_roi_boxes(deltas, rois, self.means, self.stds)
 
 
+def scale_route_rows(rois, low: float, high: float, mid: float):
+    """Cascade R-CNN's ScaleRoute: the indices of the rois whose sqrt((x2-x1+1)(y2-y1+1)) lies in
+    [low, high) (an inverted box has size 0); when none does, the one closest to `mid` in log2
+    scale (the first of equals)."""
+    r = rois.reshape(rois.shape[0], -1).detach().float().cpu()
+    w, h = r[:, 3] - r[:, 1], r[:, 4] - r[:, 2]
+    size = torch.where((w < 0) | (h < 0), torch.zeros_like(w), (w + 1) * (h + 1))
+    scale = torch.sqrt(size)
+    chosen = torch.nonzero((scale >= low) & (scale < high)).flatten()
+    if chosen.numel() == 0 and r.shape[0]:
+        chosen = torch.argmin(torch.abs(torch.log2(scale / mid))).reshape(1)
+    return chosen.to(rois.device)
+
+
+class ScaleRoute(nn.Module):
+    """scale_route_rows applied to every input: the same rows of each (the rois first)."""
+
+    def __init__(self, low, high, mid):
+        super().__init__()
+        self.low, self.high, self.mid = low, high, mid
+
+    def forward(self, rois, *others):
+        rows = scale_route_rows(rois, self.low, self.high, self.mid)
+        return tuple(x[rows] for x in (rois,) + others)
+
+
 TORCH_ROI_ALIGN = _source(roi_align_grid, ROIAlignGrid)
 TORCH_DECODE_BBOX = _source(decode_roi_boxes, DecodeRoiBoxes)
 
@@ -247,6 +273,58 @@ class DecodeBBox(Layer):
         stds = "[" + ", ".join(emit.lit(v) for v in a["stds"]) + "]"
         m = emit.instance(TORCH_DECODE_BBOX, args=f"means={means}, stds={stds}")
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
+
+
+@register_layer("ScaleRoute")
+class ScaleRouteLayer(Layer):
+    """The rois of one FPN level and the matching rows of the other bottoms (cascade-rcnn's
+    scale_route_layer.cpp); R depends on the data."""
+
+    data_dependent_shape = True
+
+    def parse(self, lp):
+        if not lp.bottom or len(lp.bottom) != len(lp.top):
+            raise LayerError(f"ScaleRoute takes as many tops as bottoms (rois first), got {len(lp.bottom)} and "
+                             f"{len(lp.top)}")
+        p = lp.scale_route_param
+        low = float(np.float32(p.low_scale)) if p.HasField("low_scale") else 0.0
+        high = float(np.float32(p.high_scale)) if p.HasField("high_scale") else float(np.finfo(np.float32).max)
+        if p.HasField("low_scale") and low <= 0:
+            raise LayerError(f"scale_route_param.low_scale must be > 0, got {low}")
+        if high < low:
+            raise LayerError(f"scale_route_param.high_scale {high} is below low_scale {low}")
+        if p.HasField("low_scale") and p.HasField("high_scale"):
+            mid = float(np.float32(math.sqrt(low * high)))
+        else:
+            mid = low if p.HasField("low_scale") else (high if p.HasField("high_scale") else 256.0)
+        return {"low": low, "high": high, "mid": mid}
+
+    def infer(self, attrs, in_shapes):
+        rois = in_shapes[0]
+        if len(rois) < 2 or rois[1] != 5:
+            raise LayerError(f"ScaleRoute: bottom 0 must be (R, 5) rois, got {list(rois)}")
+        if any(not s or s[0] != rois[0] for s in in_shapes):
+            raise LayerError(f"ScaleRoute: every bottom needs the rois' {rois[0]} rows, got "
+                             f"{[list(s) for s in in_shapes]}")
+        return [tuple(s) for s in in_shapes]      # at most every row
+
+    def forward(self, attrs, params, rois, *others):
+        rows = scale_route_rows(rois, attrs["low"], attrs["high"], attrs["mid"])
+        outs = [x[rows] for x in (rois,) + others]
+        return outs if len(outs) > 1 else outs[0]
+
+    def onnx(self, ctx, node):
+        raise ExportError(f"layer '{node.name}' (ScaleRoute): its fallback (the roi closest to the level's "
+                          f"scale when none falls in it) has no ONNX form here; export the net up to the "
+                          f"proposals (--outputs) or run it in torch")
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        m = emit.instance(ScaleRoute, needs=[scale_route_rows],
+                          args=f"{emit.lit(a['low'])}, {emit.lit(a['high'])}, {emit.lit(a['mid'])}")
+        routed = emit.tmp("routed")
+        emit.stmt(f"{routed} = {m}({', '.join(emit.inputs)})")
+        return [f"{routed}[{i}]" for i in range(len(emit.inputs))] if len(emit.inputs) > 1 else f"{routed}[0]"
 
 
 class _ProposalOutput(Layer):
