@@ -337,3 +337,22 @@ def test_scale_route_matches_the_fork(param, low, high, mid, tmp_path):
         onnx_outputs(model, f, tmp_path)
     with pytest.raises(LayerError, match="low_scale"):
         load_from_text(text.replace(param, "low_scale: 200 high_scale: 100"))
+
+
+def test_roi_pooling_reads_rois_declared_with_another_width_as_caffe_does(tmp_path):
+    # person_search's eval_probe declares rois (1, 4) and reshapes them before forward; Caffe's
+    # ROIPooling Reshape reads only their count. Running or exporting them as declared is refused.
+    text = net('layer { name: "o" type: "ROIPooling" bottom: "x" bottom: "rois" top: "o" '
+               'roi_pooling_param { pooled_h: 2 pooled_w: 3 spatial_scale: 0.5 } }',
+               inputs={"x": (1, 3, 8, 10), "rois": (1, 4)})
+    model = load_from_text(text)
+    assert model.blob_shapes["o"] == (1, 3, 2, 3)
+    with pytest.raises(LayerError, match=r"rois must be \(R, 5\)"):
+        model.run({"x": np.zeros((1, 3, 8, 10), np.float32), "rois": np.zeros((1, 4), np.float32)})
+    with pytest.raises(ExportError, match=r"rois must be \(R, 5\).*--input-shape"):
+        onnx_outputs(model, {}, tmp_path)
+    # given the real shape, it runs as any ROIPooling
+    fixed = load_from_text(text, input_shapes={"rois": (2, 5)})
+    rois = np.array([[0, 0, 0, 9, 7], [0, 2, 1, 6, 5]], np.float32)
+    x = rng(2).standard_normal((1, 3, 8, 10)).astype(np.float32)
+    assert_close(fixed.run({"x": x, "rois": rois})["o"], ref_roi_pool(x, rois, 2, 3, 0.5, 0.0), 0, 0, "torch")

@@ -175,12 +175,17 @@ TORCH_PSROI_POOLING = _source(ps_roi_avg_pool, PSROIPool)
 
 # ---- the specs ---------------------------------------------------------------------------
 
-def _check_roi_shapes(where, in_shapes):
+ROIS_WANTED = "rois must be (R, 5) = [batch, x1, y1, x2, y2]"
+
+
+def _check_roi_shapes(where, in_shapes, rows_only=False):
+    """rows_only: Caffe's ROIPoolingLayer::Reshape reads only the rois' count (person_search declares
+    (1, 4) rois and reshapes them before each forward); the width is checked when the layer runs."""
     s, r = in_shapes
     if len(s) != 4:
         raise LayerError(f"{where} needs a 4-axis input, got {list(s)}")
-    if not r or math.prod(r[1:]) != 5:
-        raise LayerError(f"{where}: rois must be (R, 5) = [batch, x1, y1, x2, y2], got {list(r)}")
+    if not r or (not rows_only and math.prod(r[1:]) != 5):
+        raise LayerError(f"{where}: {ROIS_WANTED}, got {list(r)}")
 
 
 def _run(fn, *args):
@@ -205,7 +210,7 @@ class ROIPooling(Layer):
                 "pad_ratio": float(p.pad_ratio)}
 
     def infer(self, attrs, in_shapes):
-        _check_roi_shapes("ROIPooling", in_shapes)
+        _check_roi_shapes("ROIPooling", in_shapes, rows_only=True)
         s, r = in_shapes
         return [(r[0], s[1], attrs["ph"], attrs["pw"])]
 
@@ -216,6 +221,9 @@ class ROIPooling(Layer):
         import numpy as np
         a = node.attrs
         rois = node.inputs[1]
+        if math.prod(ctx.shape(rois)[1:]) != 5:
+            raise ExportError(f"layer '{node.name}' (ROIPooling): {ROIS_WANTED}, the net declares "
+                              f"{list(ctx.shape(rois))}; give their shape with --input-shape")
         if len(ctx.shape(rois)) != 2:
             flat = ctx.tmp(node.name + "_rois")
             ctx.add_node("Reshape", [rois, ctx.const(np.array([-1, 5], np.int64))], [flat])
