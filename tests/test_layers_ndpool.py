@@ -17,7 +17,7 @@ FLT_MAX = float(np.finfo(np.float32).max)
 
 
 def pooled_axis(n, k, s, p):
-    out = int(math.ceil((n + 2 * p - k) / s)) + 1
+    out = math.ceil((n + 2 * p - k) / s) + 1
     if p and (out - 1) * s >= n + p:
         out -= 1
     return out
@@ -137,3 +137,25 @@ def test_two_d_pooling_reads_repeated_values_as_kernel_h_w():
 def test_nd_pooling_bad_params(shape, params, tops, msg):
     with pytest.raises(LayerError, match=msg):
         load_from_text(pool_net(shape, params, tops))
+
+
+def test_r_c3d_thumos14_reads_up_to_its_proposals(tmp_path):
+    # R-C3D's test net up to its (temporal, unsupported) proposal layer: C3D's 3-D convolutions and
+    # five N-D poolings, (1, 3, 512, 112, 112) down to 64 x 1 x 1 anchors' positions
+    from pathlib import Path
+    text = (Path(__file__).parent / "fixtures" / "realworld" /
+            "VisionLearningGroup__R-C3D__experiments__thumos14__test__test.prototxt").read_text()
+    cut = tmp_path / "rc3d_trunk.prototxt"
+    cut.write_text(text[:text.index("layer {\n  name: 'proposal'")])
+    shapes = load_from_text(cut.read_text()).blob_shapes
+    expect = {"data": (1, 3, 512, 112, 112)}
+    size = [512, 112, 112]
+    for name, k, s in [("pool1", (1, 2, 2), (1, 2, 2)), ("pool2", (2, 2, 2), (2, 2, 2)), ("pool3", (2, 2, 2), (2, 2, 2)),
+                       ("pool4", (2, 2, 2), (2, 2, 2))]:
+        size = [pooled_axis(n, kk, ss, 0) for n, kk, ss in zip(size, k, s)]
+        expect[name] = tuple(shapes[name][:2]) + tuple(size)
+    size = [pooled_axis(n, kk, ss, 0) for n, kk, ss in zip(size, (1, 7, 7), (1, 1, 1))]
+    expect["rpn/output_pool"] = (1, 512) + tuple(size)
+    for name, shape in expect.items():
+        assert shapes[name] == shape, name
+    assert shapes["pool4"] == (1, 512, 64, 7, 7) and shapes["rpn/output_pool"] == (1, 512, 64, 1, 1)
