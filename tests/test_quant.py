@@ -400,7 +400,8 @@ def _np_forward(lp_list, weights, inputs):
                 y = y + w[1]
         elif lp.type == "Pooling":
             assert lp.pooling_param.pool == 0 and not lp.pooling_param.pad
-            y = _np_maxpool(x, lp.pooling_param.kernel_size, lp.pooling_param.stride)
+            pp = lp.pooling_param   # kernel_size / stride are repeated (N-D pooling), one value here
+            y = _np_maxpool(x, pp.kernel_size[0], pp.stride[0] if pp.stride else 1)
         elif lp.type == "ReLU":
             y = np.maximum(x, 0)
         elif lp.type == "Softmax":

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import DataLayer, needs_input_shape
+from .pooling_nd import ave_pool3d_windows, max_pool3d_windows, onnx_pool3d_windows, pool_extents, pytorch_pool3d_call
 from .registry import Layer, LayerError, count, need_blobs, register_layer
 
-FLT_MAX = 3.4028234663852886e38   # C3D's MAX pooling starts every output at -FLT_MAX
 POOL_MAX, POOL_AVE = 0, 1
 
 
@@ -46,40 +46,6 @@ def _ceil_div(a, b):
 
 # ---- torch: used by forward and copied into model.py -------------------------------------------
 
-def c3d_pool_extents(size: int, kernel: int, stride: int, pad: int, out: int):
-    """Per output position of one axis: the AVE divisor (the window clipped to size + pad)."""
-    sizes = []
-    for i in range(out):
-        start = i * stride - pad
-        sizes.append(min(start + kernel, size + pad) - start)
-    return sizes
-
-
-def c3d_max_pool3d(x, kernel: list[int], stride: list[int], out: list[int]):
-    """C3D's MAX Pooling3D: windows from 0 on each axis, clipped to the input; cells past the input's
-    end are padded with -FLT_MAX so the ceil-rounded last windows exist."""
-    extra = [max(0, (o - 1) * s + k - n) for o, s, k, n in zip(out, stride, kernel, x.shape[2:])]
-    x = F.pad(x, [0, extra[2], 0, extra[1], 0, extra[0]], value=-torch.finfo(torch.float32).max)
-    return F.max_pool3d(x, kernel, stride)
-
-
-def c3d_ave_pool3d(x, kernel: list[int], stride: list[int], pad: int, out: list[int]):
-    """C3D's AVE Pooling3D: the sum over each window clipped to the input (zeros padded in), divided
-    by the window's extent clipped to (L, H + pad, W + pad)."""
-    length, height, width = x.shape[2], x.shape[3], x.shape[4]
-    back = [max(0, (o - 1) * s + k - lead - n)
-            for o, s, k, lead, n in zip(out, stride, kernel, (0, pad, pad), (length, height, width))]
-    x = F.pad(x, [pad, back[2], pad, back[1], 0, back[0]])
-    sums = F.avg_pool3d(x, kernel, stride, divisor_override=1)
-    d = c3d_pool_extents(length, kernel[0], stride[0], 0, out[0])
-    h = c3d_pool_extents(height, kernel[1], stride[1], pad, out[1])
-    w = c3d_pool_extents(width, kernel[2], stride[2], pad, out[2])
-    divisor = torch.tensor(d, dtype=x.dtype, device=x.device)[:, None, None] * \
-        torch.tensor(h, dtype=x.dtype, device=x.device)[None, :, None] * \
-        torch.tensor(w, dtype=x.dtype, device=x.device)[None, None, :]
-    return sums / divisor
-
-
 class C3DConv3d(nn.Module):
     """C3D's Convolution3D with Caffe's blob shapes: weight (O, C, kd, k, k), bias (1, 1, 1, 1, O)."""
 
@@ -95,8 +61,6 @@ class C3DConv3d(nn.Module):
         return F.conv3d(x, self.weight, bias, stride=self.stride, padding=self.pad)
 
 
-TORCH_C3D_MAX_POOL = inspect.getsource(c3d_max_pool3d)
-TORCH_C3D_AVE_POOL = inspect.getsource(c3d_pool_extents) + "\n\n" + inspect.getsource(c3d_ave_pool3d)
 TORCH_C3D_CONV = inspect.getsource(C3DConv3d)
 
 
@@ -191,16 +155,21 @@ class Pooling3D(Layer):
         if method not in (POOL_MAX, POOL_AVE):
             raise LayerError(f"{field}.pool: C3D's Pooling3D has MAX and AVE only (STOCHASTIC is not "
                              "implemented there)")
-        if not p.HasField("kernel_size") or p.kernel_size < 1 or p.kernel_depth < 1:
+        # pooling3d_param declares single values; pooling_param repeats them (N-D Pooling)
+        has_kernel = p.HasField("kernel_size") if field == "pooling3d_param" else len(p.kernel_size) > 0
+        kernel = int(_one(p.kernel_size, f"{field}.kernel_size")[0]) if has_kernel else 0
+        stride = int((_one(p.stride, f"{field}.stride") or [1])[0])
+        pad = int((_one(p.pad, f"{field}.pad") or [0])[0])
+        if kernel < 1 or p.kernel_depth < 1:
             raise LayerError(f"{field}.kernel_size and kernel_depth must be given and >= 1, got "
-                             f"{p.kernel_size} and {p.kernel_depth}")
-        if p.stride < 1 or p.temporal_stride < 1:
-            raise LayerError(f"{field}.stride and temporal_stride must be >= 1, got {p.stride} and "
+                             f"{kernel} and {p.kernel_depth}")
+        if stride < 1 or p.temporal_stride < 1:
+            raise LayerError(f"{field}.stride and temporal_stride must be >= 1, got {stride} and "
                              f"{p.temporal_stride}")
-        if p.pad and method != POOL_AVE:
+        if pad and method != POOL_AVE:
             raise LayerError(f"{field}.pad: C3D's Pooling3D pads only AVE pooling")
-        return {"method": method, "kernel": [int(p.kernel_depth), int(p.kernel_size), int(p.kernel_size)],
-                "stride": [int(p.temporal_stride), int(p.stride), int(p.stride)], "pad": int(p.pad)}
+        return {"method": method, "kernel": [int(p.kernel_depth), kernel, kernel],
+                "stride": [int(p.temporal_stride), stride, stride], "pad": pad}
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
@@ -211,47 +180,30 @@ class Pooling3D(Layer):
             raise LayerError(f"output would be empty: input {list(s)}, kernel {attrs['kernel']}")
         if attrs["method"] == POOL_AVE:
             for axis, (n, k, st, p, o) in enumerate(zip(s[2:], attrs["kernel"], attrs["stride"], pads, out)):
-                if min(c3d_pool_extents(n, k, st, p, o)) < 1:
+                if min(pool_extents(n, k, st, p, o)) < 1:
                     raise LayerError(f"the last AVE window of axis {axis + 2} starts past the input (stride "
                                      f"{st} > kernel {k}); C3D divides by zero there")
         attrs["_out"] = out
         return [s[:2] + tuple(out)]
 
     def forward(self, attrs, params, x):
-        if attrs["method"] == POOL_MAX:
-            return c3d_max_pool3d(x, attrs["kernel"], attrs["stride"], attrs["_out"])
-        return c3d_ave_pool3d(x, attrs["kernel"], attrs["stride"], attrs["pad"], attrs["_out"])
+        pool = max_pool3d_windows if attrs["method"] == POOL_MAX else ave_pool3d_windows
+        return pool(x, attrs["kernel"], attrs["stride"], _c3d_pads(attrs), attrs["_out"])
 
     def onnx(self, ctx, node):
         a = node.attrs
-        x, y = node.inputs[0], node.outputs[0]
-        s = ctx.shape(x)
-        out, kernel, stride = a["_out"], a["kernel"], a["stride"]
-        lead = (0, a["pad"], a["pad"])
-        back = [max(0, (o - 1) * st + k - p - n) for o, st, k, p, n in zip(out, stride, kernel, lead, s[2:])]
-        pads = np.array([0, 0] + list(lead) + [0, 0] + back, np.int64)
-        fill = np.array(-FLT_MAX if a["method"] == POOL_MAX else 0.0, np.float32)
-        padded = ctx.add_node("Pad", [x, ctx.const(pads, node.name + "_pads"), ctx.const(fill)],
-                              [ctx.tmp(node.name + "_padded")], name=node.name)[0]
-        if a["method"] == POOL_MAX:
-            ctx.add_node("MaxPool", [padded], [y], kernel_shape=kernel, strides=stride)
-            return
-        mean = ctx.add_node("AveragePool", [padded], [ctx.tmp(node.name + "_mean")], kernel_shape=kernel,
-                            strides=stride)[0]
-        # window mean * window volume / C3D's divisor, as one constant per output position
-        extents = [np.array(c3d_pool_extents(n, k, st, p, o), np.float64)
-                   for n, k, st, p, o in zip(s[2:], kernel, stride, lead, out)]
-        divisor = extents[0][:, None, None] * extents[1][None, :, None] * extents[2][None, None, :]
-        factor = (math.prod(kernel) / divisor).astype(np.float32)[None, None]
-        ctx.add_node("Mul", [mean, ctx.const(factor, node.name + "_factor")], [y])
+        onnx_pool3d_windows(ctx, node, a["method"] == POOL_MAX, node.inputs[0], node.outputs[0],
+                            ctx.shape(node.inputs[0])[2:], a["kernel"], a["stride"], _c3d_pads(a), a["_out"])
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        if a["method"] == POOL_MAX:
-            fn = emit.helper(TORCH_C3D_MAX_POOL)
-            return f"{fn}({emit.inputs[0]}, {a['kernel']}, {a['stride']}, {a['_out']})"
-        fn = emit.helper(TORCH_C3D_AVE_POOL)
-        return f"{fn}({emit.inputs[0]}, {a['kernel']}, {a['stride']}, {a['pad']}, {a['_out']})"
+        return pytorch_pool3d_call(emit, a["method"] == POOL_MAX, emit.inputs[0], a["kernel"], a["stride"],
+                                   _c3d_pads(a), a["_out"])
+
+
+def _c3d_pads(attrs):
+    """C3D pads H and W only (and MAX pooling never: parse refuses it)."""
+    return [0, attrs["pad"], attrs["pad"]]
 
 
 # ---- C3D v1.0 VideoData -------------------------------------------------------------------------

@@ -7,7 +7,16 @@ import torch.nn.functional as F
 
 from ..errors import ExportError
 from .happynear import FORK_EPS, onnx_unit_rows, unit_rows
-from .registry import Layer, LayerError, canonical_axis, count, positive_field, register_layer, spatial_params
+from .registry import (
+    Layer,
+    LayerError,
+    canonical_axis,
+    count,
+    need_blobs,
+    positive_field,
+    register_layer,
+    spatial_params,
+)
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _DECONV = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -15,7 +24,9 @@ _DECONV = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 def parse_conv(lp, depthwise=False):
     p = lp.convolution_param
-    if not p.HasField("num_output") and not depthwise:
+    if depthwise:
+        return _parse_sp2823(lp)
+    if not p.HasField("num_output"):
         raise LayerError("convolution_param.num_output is required")
     attrs = {
         "num_output": int(p.num_output),
@@ -23,7 +34,7 @@ def parse_conv(lp, depthwise=False):
         "group": int(p.group),
         "axis": int(p.axis),
         "param": p,  # spatial fields are read once the number of spatial axes is known
-        "depthwise": depthwise,
+        "depthwise": False,
     }
     positive_field(attrs["group"], "convolution_param.group")
     return attrs
@@ -35,6 +46,8 @@ def resolve_geometry(attrs, in_shape):
     Returns False when they were already filled for this rank."""
     if "kernel" in attrs and attrs.get("_ndim") == len(in_shape):
         return False
+    if attrs.get("depthwise"):
+        return _sp2823_geometry(attrs, in_shape)
     p = attrs["param"]
     axis = canonical_axis(attrs["axis"], len(in_shape), "convolution_param.axis")
     nsp = len(in_shape) - axis - 1
@@ -50,6 +63,50 @@ def resolve_geometry(attrs, in_shape):
     holes = _hole_dilation(p, nsp)
     if holes is not None:
         attrs["dilation"] = holes
+    return True
+
+
+def _parse_sp2823(lp):
+    """sp2823's ConvolutionDepthwise (BVLC PR #5665, conv_dw_layer.cpp): one k x k filter per input
+    channel.  num_output, group and axis are never read: top and weights follow the input channels."""
+    need_blobs(lp, "ConvolutionDepthwise", 1, 1)
+    p = lp.convolution_param
+    return {"num_output": None, "group": None, "axis": 1, "bias_term": bool(p.bias_term),
+            "param": p, "depthwise": True}
+
+
+def _sp2823_pair(p, name, default):
+    """(h, w) as conv_dw_layer.cpp's LayerSetUp reads them: name_h and name_w when both are set,
+    else the repeated field's first value for both or its first two.  An empty list is read out of
+    range there; caffeq takes BVLC's default instead (stride 1, pad 0, dilation 1)."""
+    stem = "kernel" if name == "kernel_size" else name
+    if name != "dilation" and p.HasField(f"{stem}_h") and p.HasField(f"{stem}_w"):
+        values = (int(getattr(p, f"{stem}_h")), int(getattr(p, f"{stem}_w")))
+    else:
+        rep = [int(v) for v in getattr(p, name)]
+        if not rep:
+            if default is None:
+                raise LayerError(f"convolution_param.{name} is required")
+            rep = [default]
+        values = (rep[0], rep[0]) if len(rep) == 1 else (rep[0], rep[1])
+    return values
+
+
+def _sp2823_geometry(attrs, in_shape):
+    if len(in_shape) != 4:
+        raise LayerError(f"ConvolutionDepthwise works on 4-D (N, C, H, W) input, got {list(in_shape)}")
+    p = attrs["param"]
+    attrs["_axis"], attrs["_ndim"] = 1, 4
+    for key, name, default, low in (("kernel", "kernel_size", None, 1), ("stride", "stride", 1, 1),
+                                    ("pad", "pad", 0, 0), ("dilation", "dilation", 1, 1)):
+        values = _sp2823_pair(p, name, default)
+        if min(values) < low:
+            raise LayerError(f"convolution_param.{name} must be >= {low}, got {list(values)}")
+        attrs[key] = values
+    channels = in_shape[1]
+    if channels < 1:
+        raise LayerError(f"input shape {list(in_shape)} has no channels")
+    attrs["num_output"] = attrs["group"] = channels
     return True
 
 
@@ -80,11 +137,6 @@ def _resolve_spatial(attrs, in_shape):
     if not resolve_geometry(attrs, in_shape):
         return
     axis = attrs["_axis"]
-    if attrs["depthwise"]:
-        channels = in_shape[axis]
-        attrs["group"] = channels
-        if not attrs["num_output"]:
-            attrs["num_output"] = channels
     channels = in_shape[axis]
     if channels % attrs["group"]:
         raise LayerError(f"input channels {channels} not divisible by group {attrs['group']}")
@@ -177,7 +229,9 @@ def _torch_conv_source(node, emit, transposed):
     return calls[0] if len(calls) == 1 else calls
 
 
-@register_layer("Convolution")
+# yonghenglh6's / eric612's DepthwiseConvolution is a BaseConvolutionLayer with a faster kernel:
+# num_output and group are read and checked as for Convolution (depthwise_conv_layer.cpp)
+@register_layer("Convolution", "DepthwiseConvolution")
 class Convolution(Layer):
     blob_names = ("weight", "bias")
     weight_axes = {0: 0}
@@ -213,9 +267,10 @@ class Convolution(Layer):
         return _torch_conv_source(node, emit, transposed=False)
 
 
-@register_layer("ConvolutionDepthwise", "DepthwiseConvolution")
+@register_layer("ConvolutionDepthwise")
 class ConvolutionDepthwise(Convolution):
-    """Forks (sp2823's PR #5665, yonghenglh6): group = channels, weights (C, 1, kh, kw)."""
+    """sp2823's layer (BVLC PR #5665, shipped by caffe-mobilenet and ShuffleNet forks): 2-D only,
+    top (N, C, H', W') whatever num_output and group say, weights (C, 1, kh, kw), bias (C)."""
     depthwise = True
 
 

@@ -27,6 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .pooling_nd import (
+    ave_pool3d_windows,
+    first_empty_axis,
+    max_pool3d_windows,
+    onnx_pool3d_windows,
+    pytorch_pool3d_call,
+)
 from .registry import Layer, LayerError, register_layer, spatial_params
 
 MAX, AVE, STOCHASTIC = 0, 1, 2
@@ -63,7 +70,18 @@ def _round_mode(p):
 
 
 def parse_pooling(p):
-    attrs = {"pool": int(p.pool), "global": bool(p.global_pooling), "round_mode": _round_mode(p)}
+    attrs = {"pool": int(p.pool), "global": bool(p.global_pooling), "round_mode": _round_mode(p), "param": p}
+    if attrs["pool"] not in (MAX, AVE, STOCHASTIC):
+        raise LayerError(f"unknown pool method {attrs['pool']}")
+    if max(len(p.kernel_size), len(p.stride), len(p.pad)) <= 2:
+        pooling_geometry(attrs, 2)   # the usual 2-D case is checked at once; N-D once the rank is known
+    return attrs
+
+
+def pooling_geometry(attrs, nsp):
+    """kernel, stride and pad for `nsp` spatial axes, as PoolingLayer::LayerSetUp reads them (BVLC for
+    2-D; R-C3D's caffe3d for N-D: each repeated field given once or once per axis)."""
+    p = attrs["param"]
     if attrs["global"]:
         if p.kernel_size or p.HasField("kernel_h"):
             raise LayerError("with global_pooling, kernel_size must not be set")
@@ -71,18 +89,15 @@ def parse_pooling(p):
     else:
         if not (p.kernel_size or p.HasField("kernel_h")):
             raise LayerError("pooling_param.kernel_size (or kernel_h/kernel_w) is required")
-        attrs["kernel"] = spatial_params(p, 2, "kernel_size", None, min_value=1)
-    attrs["stride"] = spatial_params(p, 2, "stride", 1, min_value=1)
-    attrs["pad"] = spatial_params(p, 2, "pad", 0, min_value=0)
+        attrs["kernel"] = spatial_params(p, nsp, "kernel_size", None, min_value=1)
+    attrs["stride"] = spatial_params(p, nsp, "stride", 1, min_value=1)
+    attrs["pad"] = spatial_params(p, nsp, "pad", 0, min_value=0)
     if attrs["global"]:
         # Caffe: global pooling forces pad 0 and stride 1
         if any(attrs["pad"]) or any(s != 1 for s in attrs["stride"]):
             raise LayerError("with global_pooling, pad must be 0 and stride 1")
     elif any(pd >= k for pd, k in zip(attrs["pad"], attrs["kernel"])):
         raise LayerError(f"pad {list(attrs['pad'])} must be smaller than kernel {list(attrs['kernel'])}")
-    if attrs["pool"] not in (MAX, AVE, STOCHASTIC):
-        raise LayerError(f"unknown pool method {attrs['pool']}")
-    return attrs
 
 
 def window(attrs, h, w):
@@ -293,6 +308,35 @@ def _onnx_max_pool_mask(ctx, node):
     _write_to(ctx, _fill(ctx, node, mask, valid, out, -1.0), node.outputs[1])
 
 
+def window_nd(attrs, sizes):
+    """(kernel, stride, pad, out) per spatial axis of R-C3D's N-D pooling.  Its Reshape rounds each axis
+    as BVLC does, but drops a last window starting in the padding only on the axes that have a pad."""
+    if attrs["global"]:
+        n = len(sizes)
+        return tuple(int(v) for v in sizes), (1,) * n, (0,) * n, (1,) * n
+    k, s, p = attrs["kernel"], attrs["stride"], attrs["pad"]
+    out = tuple(pooled_size(int(n), kk, ss, pp, attrs["round_mode"]) for n, kk, ss, pp in zip(sizes, k, s, p))
+    return k, s, p, out
+
+
+def _infer_nd(attrs, shape):
+    """Top shape of N-D pooling on a 5-axis (N, C, D, H, W) input (R-C3D's caffe3d): its N-D forward is
+    cuDNN's MAX / AVE with padding counted, so STOCHASTIC and the mask top (2-D loops) are refused."""
+    if attrs["pool"] == STOCHASTIC:
+        raise LayerError("pooling_param.pool: N-D pooling (5-axis input) has MAX and AVE only")
+    if attrs.get("mask"):
+        raise LayerError("the argmax mask top exists for 2-D pooling only, this input has 5 axes")
+    pooling_geometry(attrs, 3)
+    k, s, p, out = window_nd(attrs, shape[2:])
+    if min(out) < 1:
+        raise LayerError(f"output would be empty for input {list(shape)}")
+    axis = first_empty_axis(shape[2:], s, p, out)
+    if axis is not None and attrs["pool"] == AVE:
+        raise LayerError(f"the last AVE window of axis {axis + 2} starts past the input (stride {s[axis]} > "
+                         f"kernel {k[axis]}); Caffe divides by zero or less there")
+    return tuple(shape[:2]) + tuple(out)
+
+
 @register_layer("Pooling")
 class Pooling(Layer):
     def parse(self, lp):
@@ -308,8 +352,13 @@ class Pooling(Layer):
 
     def infer(self, attrs, in_shapes):
         s = in_shapes[0]
+        attrs["nd"] = len(s) == 5
+        if attrs["nd"]:
+            return [_infer_nd(attrs, s)]
         if len(s) != 4:
-            raise LayerError(f"Pooling needs a 4-axis input, got {list(s)}")
+            raise LayerError(f"Pooling needs a 4-axis input (or a 5-axis one: R-C3D's N-D pooling), got {list(s)}")
+        if attrs.get("kernel", ()) is not None and len(attrs.get("kernel", ())) != 2:
+            pooling_geometry(attrs, 2)   # after a 5-axis input, or 3 values given for a 2-D one (the count error)
         _, _, _, out = window(attrs, s[2], s[3])
         if any(o <= 0 for o in out):
             raise LayerError(f"output would be empty for input {list(s)}")
@@ -317,14 +366,24 @@ class Pooling(Layer):
         return [top, top] if attrs.get("mask") else [top]
 
     def forward(self, attrs, params, x):
+        if attrs.get("nd"):
+            k, s, p, out = window_nd(attrs, x.shape[2:])
+            pool = max_pool3d_windows if attrs["pool"] == MAX else ave_pool3d_windows
+            return pool(x, list(k), list(s), list(p), list(out))
         return caffe_pool(x, attrs, mask=attrs.get("mask", False))
 
     def macs(self, attrs, in_shapes, out_shapes):
         s = in_shapes[0]
-        k, _, _, _ = window(attrs, s[2], s[3])
-        return math.prod(out_shapes[0]) * k[0] * k[1]
+        k = window_nd(attrs, s[2:])[0] if attrs.get("nd") else window(attrs, s[2], s[3])[0]
+        return math.prod(out_shapes[0]) * math.prod(k)
 
     def onnx(self, ctx, node):
+        if node.attrs.get("nd"):
+            sizes = ctx.shape(node.inputs[0])[2:]
+            k, s, p, out = window_nd(node.attrs, sizes)
+            onnx_pool3d_windows(ctx, node, node.attrs["pool"] == MAX, node.inputs[0], node.outputs[0],
+                                sizes, k, s, p, out)
+            return
         if node.attrs.get("mask"):
             _onnx_max_pool_mask(ctx, node)
             return
@@ -334,6 +393,9 @@ class Pooling(Layer):
     def pytorch_source(self, node, emit):
         a = node.attrs
         x = emit.inputs[0]
+        if a.get("nd"):
+            k, s, p, out = window_nd(a, emit.in_shape(0)[2:])
+            return pytorch_pool3d_call(emit, a["pool"] == MAX, x, k, s, p, out)
         k, s, p, _ = window(a, *emit.in_shape(0)[2:])
         ceil_arg = "" if a["round_mode"] == CEIL else ", ceil=False"
         if a.get("mask"):

@@ -299,8 +299,11 @@ class _ProposalBase(Layer):
 
     def parse(self, lp):
         if len(lp.bottom) != 3:
+            # R-C3D's rpn.proposal_layer has the same module and class name but proposes temporal
+            # segments: two bottoms (5-axis scores and twin deltas), rois (R, 3)
+            hint = "; R-C3D's temporal (twin) proposals, with 2 bottoms, have no spec" if len(lp.bottom) == 2 else ""
             raise LayerError(f"region proposals take 3 bottoms (rpn_cls_prob_reshape, rpn_bbox_pred, im_info), "
-                             f"got {len(lp.bottom)}")
+                             f"got {len(lp.bottom)}{hint}")
         if len(lp.top) not in (1, 2):
             raise LayerError(f"region proposals give 1 or 2 tops (rois, scores), got {len(lp.top)}")
         s = self.settings(lp)

@@ -1,0 +1,161 @@
+"""N-D Pooling of VisionLearningGroup/R-C3D's caffe3d: PoolingParameter with repeated kernel_size / stride /
+pad (once, or once per spatial axis) on 5-axis (N, C, D, H, W) blobs.  References are numpy loops written
+from caffe3d's pooling_layer.cpp: Reshape's per-axis ceil rule (a last window starting in the padding is
+dropped only on an axis that has a pad) and the MAX / AVE windows of its forward (MAX over the cells
+inside the input starting from -FLT_MAX; AVE divides by the window clipped to size + pad)."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+from conftest import assert_close, model_py_outputs, net, onnx_outputs, rng
+
+from caffeq.layers import LayerError
+from caffeq.model import load_from_text
+
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def pooled_axis(n, k, s, p):
+    out = math.ceil((n + 2 * p - k) / s) + 1
+    if p and (out - 1) * s >= n + p:
+        out -= 1
+    return out
+
+
+def pool_nd_ref(x, method, kernel, stride, pad):
+    sizes = x.shape[2:]
+    outs = [pooled_axis(n, k, s, p) for n, k, s, p in zip(sizes, kernel, stride, pad)]
+    y = np.zeros(x.shape[:2] + tuple(outs))
+    xd = x.astype(np.float64)
+    for index in itertools.product(*[range(o) for o in outs]):
+        starts = [o * s - p for o, s, p in zip(index, stride, pad)]
+        if method == "MAX":
+            lo = [max(a, 0) for a in starts]
+            hi = [min(a + k, n) for a, k, n in zip(starts, kernel, sizes)]
+            best = np.full(x.shape[:2], -FLT_MAX)
+            for cell in itertools.product(*[range(a, b) for a, b in zip(lo, hi)]):
+                v = xd[(slice(None), slice(None)) + cell]
+                best = np.where(v > best, v, best)
+            y[(slice(None), slice(None)) + index] = best
+        else:
+            ends = [min(a + k, n + p) for a, k, n, p in zip(starts, kernel, sizes, pad)]
+            divisor = math.prod(b - a for a, b in zip(starts, ends))
+            lo = [max(a, 0) for a in starts]
+            hi = [min(b, n) for b, n in zip(ends, sizes)]
+            total = np.zeros(x.shape[:2])
+            for cell in itertools.product(*[range(a, b) for a, b in zip(lo, hi)]):
+                total += xd[(slice(None), slice(None)) + cell]
+            y[(slice(None), slice(None)) + index] = total / divisor
+    return y
+
+
+def pool_net(shape, params, tops=1):
+    top = ' top: "p"' + (' top: "mask"' if tops == 2 else "")
+    return net(f'layer {{ name: "p" type: "Pooling" bottom: "x"{top} pooling_param {{ {params} }} }}',
+               inputs={"x": shape})
+
+
+def repeated(name, values):
+    return " ".join(f"{name}: {v}" for v in values)
+
+
+def check_everywhere(model, feeds, ref, tmp_path):
+    tol = 1e-6
+    assert_close(model.run(feeds)["p"], ref, tol, tol, "torch")
+    for opset in (13, None):
+        assert_close(onnx_outputs(model, feeds, tmp_path, opset)["p"], ref, tol, tol, f"onnx opset {opset}")
+    assert_close(model_py_outputs(model, feeds, tmp_path)["p"], ref, tol, tol, "model.py")
+
+
+@pytest.mark.parametrize("method, kernel, stride, pad", [
+    ("MAX", (1, 2, 2), (1, 2, 2), (0, 0, 0)),    # R-C3D's pool1
+    ("MAX", (2, 2, 2), (2, 2, 2), (0, 0, 0)),    # ceil: the odd extents keep a clipped last window
+    ("MAX", (2, 3, 2), (1, 2, 3), (1, 1, 0)),
+    # D: kernel 1 stride 2 without pad keeps a window past the input (-FLT_MAX); BVLC's 2-D rule
+    # would drop it because another axis has a pad, R-C3D's per-axis rule does not
+    ("MAX", (1, 3, 3), (2, 2, 2), (0, 1, 1)),
+    ("AVE", (3, 2, 3), (2, 1, 2), (1, 0, 1)),
+    ("AVE", (2, 2, 2), (2, 2, 2), (0, 0, 0)),
+    ("AVE", (3, 3, 2), (2, 3, 1), (2, 1, 1)),    # a last window dropped on D (starts in the padding)
+])
+def test_nd_pooling_against_the_loops(method, kernel, stride, pad, tmp_path):
+    x = rng(3).standard_normal((2, 3, 4, 7, 6)).astype(np.float32)
+    params = " ".join([f"pool: {method}", repeated("kernel_size", kernel), repeated("stride", stride),
+                       repeated("pad", pad)])
+    model = load_from_text(pool_net(x.shape, params))
+    ref = pool_nd_ref(x, method, kernel, stride, pad)
+    assert model.blob_shapes["p"] == ref.shape
+    check_everywhere(model, {"x": x}, ref, tmp_path)
+
+
+def test_nd_pooling_single_values_apply_to_every_axis(tmp_path):
+    x = rng(4).standard_normal((1, 2, 5, 6, 9)).astype(np.float32)
+    model = load_from_text(pool_net(x.shape, "pool: AVE kernel_size: 3 stride: 2 pad: 1"))
+    check_everywhere(model, {"x": x}, pool_nd_ref(x, "AVE", (3, 3, 3), (2, 2, 2), (1, 1, 1)), tmp_path)
+
+
+def test_nd_pooling_keeps_minus_flt_max_for_an_all_minus_inf_window(tmp_path):
+    x = rng(5).standard_normal((1, 2, 4, 4, 4)).astype(np.float32)
+    x[:, :, :2, :2, :2] = -np.inf
+    model = load_from_text(pool_net(x.shape, "pool: MAX kernel_size: 2 stride: 2"))
+    ref = pool_nd_ref(x, "MAX", (2, 2, 2), (2, 2, 2), (0, 0, 0))
+    assert ref[0, 0, 0, 0, 0] == -FLT_MAX
+    check_everywhere(model, {"x": x}, ref, tmp_path)
+
+
+@pytest.mark.parametrize("method", ["MAX", "AVE"])
+def test_nd_global_pooling(method, tmp_path):
+    x = rng(6).standard_normal((2, 3, 3, 5, 4)).astype(np.float32)
+    model = load_from_text(pool_net(x.shape, f"pool: {method} global_pooling: true"))
+    ref = pool_nd_ref(x, method, x.shape[2:], (1, 1, 1), (0, 0, 0))
+    assert ref.shape == (2, 3, 1, 1, 1)
+    check_everywhere(model, {"x": x}, ref, tmp_path)
+
+
+def test_two_d_pooling_reads_repeated_values_as_kernel_h_w():
+    x = rng(7).standard_normal((2, 3, 9, 8)).astype(np.float32)
+    hw = load_from_text(pool_net(x.shape, "pool: AVE kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 1 pad_h: 1 "
+                                          "pad_w: 1")).run({"x": x})["p"]
+    rep = load_from_text(pool_net(x.shape, "pool: AVE kernel_size: 3 kernel_size: 2 stride: 2 stride: 1 "
+                                           "pad: 1 pad: 1")).run({"x": x})["p"]
+    np.testing.assert_array_equal(hw, rep)
+
+
+@pytest.mark.parametrize("shape, params, tops, msg", [
+    ((1, 2, 4, 5, 6), "kernel_size: 2 kernel_size: 2", 1, "kernel_size must be given once or 3 times, got 2"),
+    ((1, 2, 4, 5, 6), "kernel_h: 2 kernel_w: 2", 1, "kernel_h/kernel_w only work for 2-D data"),
+    ((1, 2, 4, 5, 6), "pool: STOCHASTIC kernel_size: 2", 1, "N-D pooling .5-axis input. has MAX and AVE only"),
+    ((1, 2, 4, 5, 6), "kernel_size: 2", 2, "the argmax mask top exists for 2-D pooling only"),
+    ((1, 2, 4, 5, 6), "pool: AVE kernel_size: 1 stride: 3", 1, "the last AVE window of axis 3 starts past"),
+    ((1, 2, 4, 5, 6), "kernel_size: 2 pad: 2", 1, "must be smaller than kernel"),
+    ((1, 2, 4, 5, 6), "global_pooling: true kernel_size: 2 kernel_size: 2 kernel_size: 2", 1,
+     "with global_pooling, kernel_size must not be set"),
+    ((1, 2, 5, 6), "kernel_size: 2 kernel_size: 2 kernel_size: 2", 1, "kernel_size must be given once or 2 times"),
+    ((2, 5, 6), "kernel_size: 2", 1, "Pooling needs a 4-axis input"),
+])
+def test_nd_pooling_bad_params(shape, params, tops, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(pool_net(shape, params, tops))
+
+
+def test_r_c3d_thumos14_reads_up_to_its_proposals(tmp_path):
+    # R-C3D's test net up to its (temporal, unsupported) proposal layer: C3D's 3-D convolutions and
+    # five N-D poolings, (1, 3, 512, 112, 112) down to 64 x 1 x 1 anchors' positions
+    from pathlib import Path
+    text = (Path(__file__).parent / "fixtures" / "realworld" /
+            "VisionLearningGroup__R-C3D__experiments__thumos14__test__test.prototxt").read_text()
+    cut = tmp_path / "rc3d_trunk.prototxt"
+    cut.write_text(text[:text.index("layer {\n  name: 'proposal'")])
+    shapes = load_from_text(cut.read_text()).blob_shapes
+    expect = {"data": (1, 3, 512, 112, 112)}
+    size = [512, 112, 112]
+    for name, k, s in [("pool1", (1, 2, 2), (1, 2, 2)), ("pool2", (2, 2, 2), (2, 2, 2)), ("pool3", (2, 2, 2), (2, 2, 2)),
+                       ("pool4", (2, 2, 2), (2, 2, 2))]:
+        size = [pooled_axis(n, kk, ss, 0) for n, kk, ss in zip(size, k, s)]
+        expect[name] = tuple(shapes[name][:2]) + tuple(size)
+    size = [pooled_axis(n, kk, ss, 0) for n, kk, ss in zip(size, (1, 7, 7), (1, 1, 1))]
+    expect["rpn/output_pool"] = (1, 512) + tuple(size)
+    for name, shape in expect.items():
+        assert shapes[name] == shape, name
+    assert shapes["pool4"] == (1, 512, 64, 7, 7) and shapes["rpn/output_pool"] == (1, 512, 64, 1, 1)
