@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, register_layer
-from .roi_pooling import TORCH_ROI_COMMON, _check_roi_shapes, _run, _source, roi_rows
+from .registry import Layer, LayerError, ReadOnlyLayer, register_layer
+from .roi_pooling import TORCH_ROI_COMMON, _check_roi_shapes, _run, _source, roi_pooling_attrs, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -161,16 +161,7 @@ TORCH_DECODE_BBOX = _source(decode_roi_boxes, DecodeRoiBoxes)
 @register_layer("ROIAlign")
 class ROIAlign(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 2:
-            raise LayerError(f"ROIAlign takes 2 bottoms (data, rois), got {len(lp.bottom)}")
-        p = lp.roi_pooling_param
-        if p.pooled_h <= 0 or p.pooled_w <= 0:
-            raise LayerError(f"roi_pooling_param.pooled_h and pooled_w must be > 0, "
-                             f"got {p.pooled_h} x {p.pooled_w}")
-        if not math.isfinite(p.pad_ratio):
-            raise LayerError(f"roi_pooling_param.pad_ratio must be a finite number, got {p.pad_ratio}")
-        return {"ph": int(p.pooled_h), "pw": int(p.pooled_w), "scale": float(p.spatial_scale),
-                "pad_ratio": float(p.pad_ratio)}
+        return roi_pooling_attrs(lp, "ROIAlign")
 
     def infer(self, attrs, in_shapes):
         _check_roi_shapes("ROIAlign", in_shapes)
@@ -327,7 +318,7 @@ class ScaleRouteLayer(Layer):
         return [f"{routed}[{i}]" for i in range(len(emit.inputs))] if len(emit.inputs) > 1 else f"{routed}[0]"
 
 
-class _ProposalOutput(Layer):
+class _ProposalOutput(ReadOnlyLayer):
     """BoxGroupOutput / BoxOutput: read, checked and sized as the fork's Reshape does; never run."""
 
     data_dependent_shape = True   # the proposals: (1, 5) until a forward that is not reproduced here
@@ -340,16 +331,10 @@ class _ProposalOutput(Layer):
     def infer(self, attrs, in_shapes):
         return [(1, 5, 1, 1), (1, 6, 1, 1)][:attrs["tops"]]
 
-    def _refuse(self, error, name, kind):
-        raise error(f"layer '{name}' ({kind}): the MS-CNN / Cascade R-CNN region proposals (decoding per "
-                    f"receptive field, score threshold, sort and NMS, a data-dependent number of boxes) are "
-                    f"not reproduced by caffeq; the net can be inspected and converted, not run")
-
-    def forward(self, attrs, params, *bottoms):
-        self._refuse(LayerError, attrs["name"], attrs["kind"])
-
-    def onnx(self, ctx, node):
-        self._refuse(ExportError, node.name, node.attrs["kind"])
+    def refusal(self, attrs):
+        return (f"layer '{attrs['name']}' ({attrs['kind']}): the MS-CNN / Cascade R-CNN region proposals (decoding "
+                f"per receptive field, score threshold, sort and NMS, a data-dependent number of boxes) are "
+                f"not reproduced by caffeq; the net can be inspected and converted, not run")
 
     def pytorch_source(self, node, emit):
         self._refuse(ExportError, node.name, node.attrs["kind"])

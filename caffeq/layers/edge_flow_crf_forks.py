@@ -29,7 +29,7 @@ import torch
 
 from ..errors import ExportError
 from .act_forks import RReLU
-from .registry import Layer, LayerError, need_blobs, positive_field, register_layer
+from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer
 
 # ---- torch functions (model.py gets the same code) ---------------------------------------
 
@@ -247,7 +247,7 @@ class FlowWarp(Layer):
 # ---- MultiStageMeanfield -------------------------------------------------------------------
 
 @register_layer("MultiStageMeanfield")
-class MultiStageMeanfield(Layer):
+class MultiStageMeanfield(ReadOnlyLayer):
     blob_names = ("spatial_weight", "bilateral_weight", "compatibility")
 
     def parse(self, lp):
@@ -274,16 +274,10 @@ class MultiStageMeanfield(Layer):
         c = in_shapes[0][1]
         return [(1, 1, c, c)] * 3
 
-    def _refuse(self, error, name):
-        raise error(f"layer '{name}' (MultiStageMeanfield): CRF-RNN's mean-field iterations filter with a "
-                    f"permutohedral lattice, which caffeq does not implement; the net reads and its "
-                    f"shapes and weights load, but it cannot run or be exported")
-
-    def forward(self, attrs, params, *bottoms):
-        self._refuse(LayerError, attrs["name"])
-
-    def onnx(self, ctx, node):
-        self._refuse(ExportError, node.name)
+    def refusal(self, attrs):
+        return (f"layer '{attrs['name']}' (MultiStageMeanfield): CRF-RNN's mean-field iterations filter with a "
+                f"permutohedral lattice, which caffeq does not implement; the net reads and its "
+                f"shapes and weights load, but it cannot run or be exported")
 
     def pytorch_source(self, node, emit):
         self._refuse(ExportError, node.name)

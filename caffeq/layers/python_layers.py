@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ..errors import ExportError
 from .rcnn import parse_param_str
-from .registry import Layer, LayerError, need_blobs, register_layer
+from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer
 
 
 @register_layer("Python:spatial_dropout.SpatialDropoutLayer")
@@ -61,7 +61,7 @@ class SpatialDropout(Layer):
 
 
 @register_layer("Python:rpn.proposal_target_layer.ProposalTargetLayer")
-class ProposalTarget(Layer):
+class ProposalTarget(ReadOnlyLayer):
     data_dependent_shape = True     # the sampled rois: (1, 5) until a training forward
     makes_training_targets = True   # labels, bbox targets and weights (and person_search's pid label)
 
@@ -80,16 +80,10 @@ class ProposalTarget(Layer):
         targets = (1, 4 * attrs["num_classes"])
         return [(1, 5), (1, 1), targets, targets, targets] + [(1, 1)] * attrs["aux_label"]
 
-    def _refuse(self, error, name):
-        raise error(f"layer '{name}' (rpn.proposal_target_layer.ProposalTargetLayer) samples training rois "
-                    f"against the ground-truth boxes and does not run for inference; use the net's test or "
-                    f"deploy prototxt, where region proposals feed the ROI pooling")
-
-    def forward(self, attrs, params, *bottoms):
-        self._refuse(LayerError, attrs["name"])
-
-    def onnx(self, ctx, node):
-        self._refuse(ExportError, node.name)
+    def refusal(self, attrs):
+        return (f"layer '{attrs['name']}' (rpn.proposal_target_layer.ProposalTargetLayer) samples training "
+                f"rois against the ground-truth boxes and does not run for inference; use the net's test or "
+                f"deploy prototxt, where region proposals feed the ROI pooling")
 
     def pytorch_source(self, node, emit):
         self._refuse(ExportError, node.name)

@@ -153,6 +153,23 @@ class Layer:
         return {i: (a(attrs) if callable(a) else a) for i, a in self.weight_axes.items()}
 
 
+class ReadOnlyLayer(Layer):
+    """A layer caffeq reads, checks and sizes but does not run (a training sampler, a filter it does
+    not implement): `refusal(attrs)` says why in one line; parse must keep attrs["name"]."""
+
+    def refusal(self, attrs):
+        raise NotImplementedError
+
+    def forward(self, attrs, params, *bottoms):
+        raise LayerError(self.refusal(attrs))
+
+    def onnx(self, ctx, node):
+        raise ExportError(self.refusal(node.attrs))
+
+    def pytorch_source(self, node, emit):
+        raise ExportError(self.refusal(node.attrs))
+
+
 def register_layer(*type_names, override=False):
     """Class decorator: register a Layer subclass under Caffe type names.
 

@@ -195,19 +195,23 @@ def _run(fn, *args):
         raise LayerError(str(e)) from None
 
 
+def roi_pooling_attrs(lp, kind):
+    """roi_pooling_param as ROIPooling and zhaoweicai's ROIAlign read it."""
+    if len(lp.bottom) != 2:
+        raise LayerError(f"{kind} takes 2 bottoms (data, rois), got {len(lp.bottom)}")
+    p = lp.roi_pooling_param
+    if p.pooled_h <= 0 or p.pooled_w <= 0:
+        raise LayerError(f"roi_pooling_param.pooled_h and pooled_w must be > 0, got {p.pooled_h} x {p.pooled_w}")
+    if not math.isfinite(p.pad_ratio):
+        raise LayerError(f"roi_pooling_param.pad_ratio must be a finite number, got {p.pad_ratio}")
+    return {"ph": int(p.pooled_h), "pw": int(p.pooled_w), "scale": float(p.spatial_scale),
+            "pad_ratio": float(p.pad_ratio)}
+
+
 @register_layer("ROIPooling")
 class ROIPooling(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 2:
-            raise LayerError(f"ROIPooling takes 2 bottoms (data, rois), got {len(lp.bottom)}")
-        p = lp.roi_pooling_param
-        if p.pooled_h <= 0 or p.pooled_w <= 0:
-            raise LayerError(f"roi_pooling_param.pooled_h and pooled_w must be > 0, "
-                             f"got {p.pooled_h} x {p.pooled_w}")
-        if not math.isfinite(p.pad_ratio):
-            raise LayerError(f"roi_pooling_param.pad_ratio must be a finite number, got {p.pad_ratio}")
-        return {"ph": int(p.pooled_h), "pw": int(p.pooled_w), "scale": float(p.spatial_scale),
-                "pad_ratio": float(p.pad_ratio)}
+        return roi_pooling_attrs(lp, "ROIPooling")
 
     def infer(self, attrs, in_shapes):
         _check_roi_shapes("ROIPooling", in_shapes, rows_only=True)
