@@ -536,8 +536,10 @@ def test_roi_pooling_spatial_scale_rounds_half_away_from_zero():
 def test_roi_pooling_bad_params():
     with pytest.raises(LayerError, match="pooled_h"):
         load_from_text(roi_net("pooled_w: 2", (3, 5)))
+    # Caffe's Reshape reads only the rois' count; four columns are refused when the layer runs
+    narrow = load_from_text(roi_net("pooled_h: 2 pooled_w: 2", (3, 4)))
     with pytest.raises(LayerError, match=r"\(R, 5\)"):
-        load_from_text(roi_net("pooled_h: 2 pooled_w: 2", (3, 4)))
+        narrow.run({"x": np.zeros((2, 1, 4, 6), np.float32), "rois": np.zeros((3, 4), np.float32)})
     m = load_from_text(roi_net("pooled_h: 2 pooled_w: 2", (1, 5)))
     with pytest.raises(LayerError, match="batch index"):
         m.run({"x": np.zeros((2, 1, 4, 6), np.float32), "rois": np.array([[5, 0, 0, 1, 1]], np.float32)})
