@@ -108,7 +108,7 @@ layer {
     assert len(focal) == 1 and "(and 1 more)" in focal[0]  # one line per field name
 
 
-def test_reading_the_train_net_keeps_training_fields_strict():
+def test_reading_the_train_net_warns_of_augmentation_and_keeps_other_fields_strict():
     text = """
 layer {
   name: "data" type: "Data" top: "data"
@@ -117,8 +117,13 @@ layer {
 }
 """
     _parse(text)  # TEST: a warning
-    with pytest.raises(ParseError, match="color_jitter"):
-        _parse(text, phase="TRAIN")
+    # TRAIN: a fork's augmentation knob is a warning that says caffeq does not apply it (its training
+    # applies crop, mirror, mean and scale only); a loss parameter stays strict
+    _, warnings = _parse(text, phase="TRAIN")
+    assert "'color_jitter'" in warnings[0] and "does not apply" in warnings[0]
+    loss = text.replace("transform_param { color_jitter: 0.1 }", "loss_param { focal_gamma: 2 }")
+    with pytest.raises(ParseError, match="focal_gamma"):
+        _parse(loss, phase="TRAIN")
     # and layers left out of the TRAIN net become the lenient ones
     _, warnings = _parse(text.replace('type: "Data"', 'type: "Data" include { phase: TEST }'),
                          phase="TRAIN")

@@ -282,11 +282,17 @@ def _training_only(unknown, message, phase, known_layer=None):
         lp = message.layer[unknown.layer[1]]
         if lp.type and not known_layer(lp):
             return f"caffeq reads no parameters of type '{lp.type}' (dropped if it only trains, else refused)"
-    if phase != caffe_pb2.TEST or unknown.layer is None:
+    if unknown.layer is None:
         return None
     inner = unknown.path[1:]  # below the layer
     if "transform_param" in inner[:-1]:
+        if phase != caffe_pb2.TEST:
+            # a fork's augmentation (SSD's distort_param knobs...): caffeq's own training applies
+            # crop, mirror, mean and scale only, so the field could not take effect anyway
+            return "a fork's data augmentation (transform_param), which caffeq does not apply"
         return "data augmentation (transform_param) only matters for training"
+    if phase != caffe_pb2.TEST:
+        return None
     if any(_is_loss_param(p) for p in inner):
         return "loss parameters only matter for training"
     return None
