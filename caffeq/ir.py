@@ -474,9 +474,22 @@ def _only_trains(index, layers, gone, memo):
     return memo[index]
 
 
+# Python layers known to only score a net against its labels (module.class): NVIDIA DIGITS
+# DetectNet's ground-truth clustering and mean-average-precision layers
+SCORING_PYTHON_LAYERS = frozenset({
+    "caffe.layers.detectnet.clustering.ClusterGroundtruth",
+    "caffe.layers.detectnet.mean_ap.ScoreDetections",
+    "caffe.layers.detectnet.mean_ap.mAP",
+})
+
+
 def _is_python_loss(lp):
-    """A Python layer that Caffe treats as a loss (a loss_weight): it only trains the net."""
-    return lp.type == "Python" and any(w != 0 for w in lp.loss_weight)
+    """A Python layer that Caffe treats as a loss (a loss_weight), or one known to only score the net
+    against its labels: it only trains or evaluates the net."""
+    if lp.type != "Python":
+        return False
+    known = f"{lp.python_param.module}.{lp.python_param.layer}" in SCORING_PYTHON_LAYERS
+    return known or any(w != 0 for w in lp.loss_weight)
 
 
 def _unique_layer_name(name, taken, source, notes):

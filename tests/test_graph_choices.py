@@ -565,3 +565,40 @@ layer { name: "loss" type: "SmoothL1Loss" bottom: "fc" bottom: "targets" top: "l
     dropped = next(w for w in model.warnings if "training-only" in w)
     for name in ("sample (MyProposalTarget)", "fc (InnerProduct)", "relu (ReLU)", "drop (Dropout)"):
         assert name in dropped, dropped
+
+
+DETECTNET = """
+layer { name: "in" type: "Input" top: "data" top: "coverage-label" top: "bbox-label"
+  input_param { shape { dim: 2 dim: 3 dim: 32 dim: 48 } shape { dim: 2 dim: 2 dim: 2 dim: 3 } shape { dim: 2 dim: 4 dim: 2 dim: 3 } } }
+layer { name: "coverage" type: "Convolution" bottom: "data" top: "coverage" convolution_param { num_output: 2 kernel_size: 16 stride: 16 } }
+layer { name: "bboxes" type: "Convolution" bottom: "data" top: "bboxes" convolution_param { num_output: 4 kernel_size: 16 stride: 16 } }
+layer { name: "cluster" type: "Python" bottom: "coverage" bottom: "bboxes" top: "bbox-list-class0" top: "bbox-list-class1"
+  python_param { module: "caffe.layers.detectnet.clustering" layer: "ClusterDetections"
+                 param_str: "48,32,16,0.05,3,0.2,10,2,40" } }
+layer { name: "cluster_gt" type: "Python" bottom: "coverage-label" bottom: "bbox-label" top: "gt-list"
+  python_param { module: "caffe.layers.detectnet.clustering" layer: "ClusterGroundtruth" param_str: "48,32,16" } }
+layer { name: "score" type: "Python" bottom: "gt-list" bottom: "bbox-list-class0" top: "scored"
+  python_param { module: "caffe.layers.detectnet.mean_ap" layer: "ScoreDetections" } }
+layer { name: "mAP" type: "Python" bottom: "scored" top: "mAP" top: "precision" top: "recall"
+  python_param { module: "caffe.layers.detectnet.mean_ap" layer: "mAP" param_str: "48,32,16" } }
+"""
+
+
+def test_detectnet_clustering_is_sized_and_its_scoring_layers_are_dropped():
+    model = load_from_text(DETECTNET, random_weights=True)
+    shapes = model.blob_shapes
+    # clustering.py's reshape: one (N, max_boxes, 5) list per class
+    assert shapes["bbox-list-class0"] == shapes["bbox-list-class1"] == (2, 40, 5)
+    assert "mAP" not in shapes and "scored" not in shapes and "gt-list" not in shapes
+    assert sorted(model.outputs) == ["bbox-list-class0", "bbox-list-class1"]
+    feeds = {"data": np.zeros((2, 3, 32, 48), np.float32), "coverage-label": np.zeros((2, 2, 2, 3), np.float32),
+             "bbox-label": np.zeros((2, 4, 2, 3), np.float32)}
+    with pytest.raises(CaffeqError, match="groupRectangles.*--outputs"):
+        model.run(feeds)
+    # up to the grid it runs
+    grid = load_from_text(DETECTNET, random_weights=True, outputs=["coverage", "bboxes"])
+    assert grid.run({"data": feeds["data"]})["coverage"].shape == (2, 2, 2, 3)
+    with pytest.raises(CaffeqError, match="one top per class"):
+        load_from_text(DETECTNET.replace('param_str: "48,32,16,0.05,3,0.2,10,2,40"', 'param_str: "48,32,16,0.05,3,0.2,10,3"'))
+    with pytest.raises(CaffeqError, match="7 to 9 comma-separated"):
+        load_from_text(DETECTNET.replace('param_str: "48,32,16,0.05,3,0.2,10,2,40"', 'param_str: "48,32"'))

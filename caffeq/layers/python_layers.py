@@ -12,13 +12,17 @@ what the known module computes (see registry.spec_for).
   training rois against the ground-truth boxes.  Its shapes are those its setup gives (rois
   (1, 5), labels (1, 1), bbox targets and weights (1, 4 * num_classes)), so a train net can be
   listed and converted up to it; it never runs (a deploy or test net has no such layer).
+- `caffe.layers.detectnet.clustering.ClusterDetections` (NVIDIA DIGITS DetectNet): clusters the
+  coverage grid's boxes with OpenCV's groupRectangles into one (N, max_boxes, 5) list per class.
+  Its shapes are its reshape's; it does not run here (groupRectangles is not reproduced): the
+  net converts and runs up to its coverage and bbox outputs.
 """
 import numpy as np
 import torch.nn.functional as F
 
 from ..errors import ExportError
 from .rcnn import parse_param_str
-from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer
+from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer
 
 
 @register_layer("Python:spatial_dropout.SpatialDropoutLayer")
@@ -87,3 +91,41 @@ class ProposalTarget(ReadOnlyLayer):
 
     def pytorch_source(self, node, emit):
         self._refuse(ExportError, node.name)
+
+
+@register_layer("Python:caffe.layers.detectnet.clustering.ClusterDetections")
+class ClusterDetections(ReadOnlyLayer):
+    """DetectNet's clustering: param_str 'img_size_x,img_size_y,stride,gridbox_cvg_threshold,
+    gridbox_rect_threshold,gridbox_rect_eps,min_height[,num_classes[,max_boxes]]'."""
+
+    def parse(self, lp):
+        need_blobs(lp, "ClusterDetections", 2, len(lp.top) or 1, "coverage, bboxes")
+        fields = [f.strip() for f in lp.python_param.param_str.split(",")]
+        kinds = (int, int, int, float, int, float, int, int, int)
+        if not 7 <= len(fields) <= 9:
+            raise LayerError(f"python_param.param_str: ClusterDetections takes 7 to 9 comma-separated values "
+                             f"(img_size_x, img_size_y, stride, cvg threshold, rect threshold, rect eps, "
+                             f"min height[, num_classes[, max_boxes]]), got {lp.python_param.param_str!r}")
+        try:
+            values = [kind(v) for kind, v in zip(kinds, fields)]
+        except ValueError:
+            raise LayerError(f"python_param.param_str: ClusterDetections values of the wrong type in "
+                             f"{lp.python_param.param_str!r}") from None
+        classes = values[7] if len(values) > 7 else 1
+        max_boxes = values[8] if len(values) > 8 else 50
+        positive_field(max_boxes, "python_param.param_str's max_boxes")
+        if len(lp.top) != classes:
+            raise LayerError(f"ClusterDetections gives one top per class: {classes} class(es), {len(lp.top)} tops")
+        return {"name": lp.name, "classes": classes, "max_boxes": max_boxes}
+
+    def infer(self, attrs, in_shapes):
+        coverage = in_shapes[0]
+        if len(coverage) < 2 or coverage[1] != attrs["classes"]:
+            raise LayerError(f"ClusterDetections: the coverage needs {attrs['classes']} channel(s) (one per class), "
+                             f"got {list(coverage)}")
+        return [(coverage[0], attrs["max_boxes"], 5)] * attrs["classes"]
+
+    def refusal(self, attrs):
+        return (f"layer '{attrs['name']}' (caffe.layers.detectnet.clustering.ClusterDetections) groups the "
+                f"coverage grid's boxes with OpenCV's groupRectangles, which caffeq does not reproduce; run or "
+                f"export the net up to its coverage and bbox blobs (--outputs)")
