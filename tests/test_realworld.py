@@ -26,8 +26,6 @@ KNOWN_REFUSALS = {
     # snippets: a bottom that no layer makes (a placeholder for the reader's own net)
     "happynear__AMSoftmax__prototxt__GNAP.prototxt": "bottom 'res4_3' is not produced by any earlier layer",
     "happynear__NormFace__prototxt__scaled_cosine_softmax.prototxt": "unknown field 'min_value'",
-    # DetectNet's clustering is Python code caffeq does not run
-    "NVIDIA__caffe__examples__kitti__detectnet_network.prototxt": "module 'caffe.layers.detectnet.clustering'",
     # jolibrain's sparse-input InnerProduct has no spec
     "jolibrain__caffe__examples__sparse_classification__train_val.prototxt": "unsupported layer types: SparseInnerProduct",
     # the styletransfer fork's own schema: string pooling methods, input_blob
