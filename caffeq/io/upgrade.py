@@ -132,6 +132,8 @@ _V1_FORK_TYPES = {
     "VOXEL_CUSTOM_LOSS": "VoxelCustomLoss", "DOWN_SAMPLING": "DownSampling",
     # torrvision/crfasrnn caffe-crfrnn (CRF-RNN)
     "MULTI_STAGE_MEANFIELD": "MultiStageMeanfield",
+    # dsisds/caffe-SPPNet
+    "SPATIAL_PYRAMID_POOLING": "SpatialPyramidPooling",
 }
 _V1_TYPES.update(_V1_FORK_TYPES)
 

@@ -32,6 +32,7 @@ from . import (  # noqa: F401,E402
     segmentation,
     sequence,
     shape_ops,
+    sppnet,
     ssd,
     v1_forks,
     video_data,
