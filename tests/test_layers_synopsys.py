@@ -1,0 +1,73 @@
+"""synopsys-caffe (foss-for-synopsys-dwc-arc-processors/synopsys-caffe @977ba36a) fork fields.
+
+References are numpy re-derivations of the fork's C++ written here:
+- BatchNorm add_eps_before_sqrt: false (batch_norm_layer.cpp Forward_cpu): sqrt of the variance,
+  then eps added, then (x - mean) divided by it; true is BVLC's sqrt(var + eps).
+"""
+import numpy as np
+import pytest
+from conftest import assert_close, backend_outputs, inputs_text, rng
+
+from caffeq.backends.pytorch_source import export_pytorch
+from caffeq.model import load_from_text
+
+SHAPE = (2, 3, 5, 7)  # N, C, H, W all different
+
+
+# ---- BatchNorm add_eps_before_sqrt ------------------------------------------------------------
+
+def bn_net(param):
+    return inputs_text(x=SHAPE) + (
+        f'layer {{ name: "bn" type: "BatchNorm" bottom: "x" top: "o" batch_norm_param {{ {param} }} }}')
+
+
+def bn_ref(x, mean, var, factor, eps, before):
+    f = 0.0 if factor == 0 else 1.0 / factor
+    m = (mean * f).reshape(1, -1, 1, 1).astype(np.float64)
+    v = (var * f).reshape(1, -1, 1, 1).astype(np.float64)
+    std = np.sqrt(v + eps) if before else np.sqrt(v) + eps
+    return (x - m) / std
+
+
+def bn_model(param):
+    model = load_from_text(bn_net(param), random_weights=True)
+    g = rng(3)
+    c = SHAPE[1]
+    # tiny variances so that where eps goes matters far above float32 rounding
+    blobs = [g.uniform(-1, 1, c), g.uniform(1e-4, 3e-3, c), np.array([2.5])]
+    model.graph.node("bn").blobs = [b.astype(np.float32) for b in blobs]
+    return model, blobs
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_batchnorm_add_eps_before_sqrt(before, tmp_path):
+    model, (mean, var, factor) = bn_model(f"eps: 0.01 add_eps_before_sqrt: {str(before).lower()}")
+    x = rng(1).standard_normal(SHAPE).astype(np.float32)
+    ref = bn_ref(x, mean, var, factor[0], 0.01, before)
+    other = bn_ref(x, mean, var, factor[0], 0.01, not before)
+    assert np.abs(ref - other).max() > 0.1  # the flag matters on these numbers
+    outs = backend_outputs(model, {"x": x}, tmp_path)
+    outs["exact"] = model.run({"x": x}, exact=True)["o"]  # model.run folds BatchNorm by default
+    for name, out in outs.items():
+        assert_close(out, ref, 1e-4, 1e-4, name)
+
+
+def test_batchnorm_default_is_bvlc_bit_for_bit(tmp_path):
+    plain, _ = bn_model("eps: 0.01")
+    flagged, _ = bn_model("eps: 0.01 add_eps_before_sqrt: true")
+    assert plain.graph.node("bn").attrs["eps_after_sqrt"] is False
+    x = rng(2).standard_normal(SHAPE).astype(np.float32)
+    for exact in (False, True):
+        assert np.array_equal(plain.run({"x": x}, exact=exact)["o"], flagged.run({"x": x}, exact=exact)["o"])
+
+
+def test_batchnorm_eps_after_sqrt_in_exact_model_py_and_batch_stats(tmp_path):
+    model, _ = bn_model("eps: 0.01 add_eps_before_sqrt: false use_global_stats: false")
+    x = rng(4).standard_normal(SHAPE).astype(np.float32) * 0.05
+    mean = x.mean(axis=(0, 2, 3), keepdims=True, dtype=np.float64)
+    var = ((x - mean) ** 2).mean(axis=(0, 2, 3), keepdims=True)
+    ref = (x - mean) / (np.sqrt(var) + 0.01)
+    for name, out in backend_outputs(model, {"x": x}, tmp_path).items():
+        assert_close(out, ref, 1e-4, 1e-4, name)
+    export_pytorch(model, tmp_path / "exact", exact_batchnorm=True)
+    assert "eps_after_sqrt=True" in (tmp_path / "exact" / "model.py").read_text()
