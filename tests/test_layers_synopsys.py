@@ -9,6 +9,7 @@ import pytest
 from conftest import assert_close, backend_outputs, inputs_text, rng
 
 from caffeq.backends.pytorch_source import export_pytorch
+from caffeq.errors import CaffeqError
 from caffeq.model import load_from_text
 
 SHAPE = (2, 3, 5, 7)  # N, C, H, W all different
@@ -71,3 +72,35 @@ def test_batchnorm_eps_after_sqrt_in_exact_model_py_and_batch_stats(tmp_path):
         assert_close(out, ref, 1e-4, 1e-4, name)
     export_pytorch(model, tmp_path / "exact", exact_batchnorm=True)
     assert "eps_after_sqrt=True" in (tmp_path / "exact" / "model.py").read_text()
+
+
+# ---- UpsampleDarknet ------------------------------------------------------------------------
+
+def upsample_darknet_ref(x, stride):
+    n, c, h, w = x.shape
+    out = np.empty((n, c, h * stride, w * stride), x.dtype)
+    for i in range(h * stride):
+        for j in range(w * stride):
+            out[:, :, i, j] = x[:, :, i // stride, j // stride]
+    return out
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3])
+def test_upsample_darknet(stride, tmp_path):
+    text = inputs_text(x=SHAPE) + (
+        f'layer {{ name: "up" type: "UpsampleDarknet" bottom: "x" top: "o" '
+        f'upsample_darknet_param {{ stride: {stride} }} }}')
+    model = load_from_text(text)
+    x = rng(5).standard_normal(SHAPE).astype(np.float32)
+    ref = upsample_darknet_ref(x, stride)
+    for name, out in backend_outputs(model, {"x": x}, tmp_path).items():
+        assert out.shape == ref.shape, name
+        assert np.array_equal(out, ref), name
+
+
+@pytest.mark.parametrize("param, msg", [("stride: 0", "stride must be >= 1"), ("stride: -2", "stride")])
+def test_upsample_darknet_bad_stride(param, msg):
+    text = inputs_text(x=SHAPE) + (
+        f'layer {{ name: "up" type: "UpsampleDarknet" bottom: "x" top: "o" upsample_darknet_param {{ {param} }} }}')
+    with pytest.raises(CaffeqError, match=msg):
+        load_from_text(text)
