@@ -104,3 +104,37 @@ def test_upsample_darknet_bad_stride(param, msg):
         f'layer {{ name: "up" type: "UpsampleDarknet" bottom: "x" top: "o" upsample_darknet_param {{ {param} }} }}')
     with pytest.raises(CaffeqError, match=msg):
         load_from_text(text)
+
+
+# ---- BN icnet: picks PSPNet's BN (true) or SegNet's (false) in bn_layer.cpp --------------------
+
+def bn_icnet_model(param):
+    text = inputs_text(x=SHAPE) + f'layer {{ name: "bn" type: "BN" bottom: "x" top: "o" bn_param {{ {param} }} }}'
+    return load_from_text(text, random_weights=True)
+
+
+def test_bn_icnet_true_is_pspnets_bn(tmp_path):
+    # only a SegNet field besides icnet: the fork still runs PSPNet's branch
+    model = bn_icnet_model("icnet: true eps: 0.001 bn_mode: INFERENCE")
+    node = model.graph.node("bn")
+    g, c = rng(6), SHAPE[1]
+    slope, bias, mean = (g.uniform(-1, 1, (1, c, 1, 1)) for _ in range(3))
+    var = g.uniform(0.01, 1, (1, c, 1, 1))
+    node.blobs = [b.astype(np.float32) for b in (slope, bias, mean, var)]
+    x = rng(7).standard_normal(SHAPE).astype(np.float32)
+    ref = (x - mean) * (var + 0.001) ** -0.5 * slope + bias
+    for name, out in backend_outputs(model, {"x": x}, tmp_path).items():
+        assert_close(out, ref, 1e-5, 1e-5, name)
+
+
+def test_bn_icnet_false_is_segnets_bn(tmp_path):
+    # PSPNet's eps is unread in the fork's SegNet branch
+    model = bn_icnet_model("icnet: false eps: 0.5 bn_mode: INFERENCE")
+    assert model.graph.node("bn").attrs["variant"] == "segnet"
+    node = model.graph.node("bn")
+    g, c = rng(8), SHAPE[1]
+    scale, shift = g.uniform(-1, 1, (1, c, 1, 1)), g.uniform(-1, 1, (1, c, 1, 1))
+    node.blobs = [scale.astype(np.float32), shift.astype(np.float32)]
+    x = rng(9).standard_normal(SHAPE).astype(np.float32)
+    for name, out in backend_outputs(model, {"x": x}, tmp_path).items():
+        assert_close(out, x * scale + shift, 1e-5, 1e-5, name)
