@@ -4,9 +4,11 @@ References are numpy re-derivations of the fork's C++ written here:
 - BatchNorm add_eps_before_sqrt: false (batch_norm_layer.cpp Forward_cpu): sqrt of the variance,
   then eps added, then (x - mean) divided by it; true is BVLC's sqrt(var + eps).
 """
+import re
+
 import numpy as np
 import pytest
-from conftest import assert_close, backend_outputs, inputs_text, rng
+from conftest import assert_close, backend_outputs, inputs_text, model_py_outputs, rng
 
 from caffeq.backends.pytorch_source import export_pytorch
 from caffeq.errors import CaffeqError
@@ -138,3 +140,90 @@ def test_bn_icnet_false_is_segnets_bn(tmp_path):
     x = rng(9).standard_normal(SHAPE).astype(np.float32)
     for name, out in backend_outputs(model, {"x": x}, tmp_path).items():
         assert_close(out, x * scale + shift, 1e-5, 1e-5, name)
+
+
+# ---- Convolution pad_type / pad_l/r/t/b (im2col.cpp) ------------------------------------------
+
+def conv_ref(x, w, stride, dil, top, left, oh, ow):
+    """The fork's im2col read: output (i, j) takes input (i * s - top + ki * d, j * s - left + kj * d),
+    zero outside the image."""
+    n, _, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    out = np.zeros((n, o, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            for ki in range(kh):
+                for kj in range(kw):
+                    r, q = i * stride[0] - top + ki * dil[0], j * stride[1] - left + kj * dil[1]
+                    if 0 <= r < h and 0 <= q < wd:
+                        out[:, :, i, j] += x[:, :, r, q] @ w[:, :, ki, kj].T
+    return out
+
+
+def fork_same_geometry(size, k, s):
+    out = -(-size // s)
+    along = max(k - (s if size % s == 0 else size % s), 0)
+    return out, along // 2
+
+
+CONV_CASES = [
+    # (param text, stride, dilation, kernel (h, w))
+    ("pad_t: 1 pad_b: 0 pad_l: 2 pad_r: 1 stride: 2", (2, 2), (1, 1), (3, 3)),
+    ("pad_t: 0 pad_b: 2 pad_l: 1 pad_r: 0", (1, 1), (1, 1), (3, 2)),
+    ("pad_t: -1 pad_l: 1 pad_r: 1", (1, 1), (1, 1), (2, 3)),
+    ("pad_type: 1 stride: 2", (2, 2), (1, 1), (3, 3)),
+    ("pad_type: 1 stride_h: 3 stride_w: 2", (3, 2), (1, 1), (2, 3)),
+    ("pad_type: 1 dilation: 2", (1, 1), (2, 2), (3, 3)),
+]
+
+
+def conv_case_geometry(param, stride, dil, kernel, hw):
+    """(top, left, out_h, out_w) from the fork's formulas."""
+    if "pad_type" in param:
+        (oh, top), (ow, left) = (fork_same_geometry(n, k, s) for n, k, s in zip(hw, kernel, stride))
+        return top, left, oh, ow
+    vals = dict(re.findall(r"(\w+): (-?\d+)", param))
+    t, b, l, r = (int(vals.get(f, 0)) for f in ("pad_t", "pad_b", "pad_l", "pad_r"))
+    ext = [d * (k - 1) + 1 for d, k in zip(dil, kernel)]
+    return t, l, (hw[0] + t + b - ext[0]) // stride[0] + 1, (hw[1] + l + r - ext[1]) // stride[1] + 1
+
+
+@pytest.mark.parametrize("param, stride, dil, kernel", CONV_CASES)
+def test_conv_fork_edge_pads(param, stride, dil, kernel, tmp_path):
+    kp = f"kernel_h: {kernel[0]} kernel_w: {kernel[1]}"
+    text = inputs_text(x=SHAPE) + (
+        f'layer {{ name: "c" type: "Convolution" bottom: "x" top: "o" convolution_param {{ num_output: 4 '
+        f'{kp} {param} }} }}')
+    model = load_from_text(text, random_weights=True)
+    w, bias = (np.asarray(b, np.float64) for b in model.graph.node("c").blobs)
+    x = rng(10).standard_normal(SHAPE).astype(np.float32)
+    top, left, oh, ow = conv_case_geometry(param, stride, dil, kernel, SHAPE[2:])
+    ref = conv_ref(x.astype(np.float64), w, stride, dil, top, left, oh, ow) + bias.reshape(1, -1, 1, 1)
+    if "-" in param:  # a crop: torch and model.py (ONNX refuses negative pads)
+        outs = {"torch": model.run({"x": x})["o"], "model.py": model_py_outputs(model, {"x": x}, tmp_path)["o"]}
+        with pytest.raises(CaffeqError, match="negative"):
+            model.export_onnx(str(tmp_path / "m.onnx"), optimize=False)
+    else:
+        outs = backend_outputs(model, {"x": x}, tmp_path)
+    for name, out in outs.items():
+        assert out.shape == ref.shape, name
+        assert_close(out, ref, 1e-4, 1e-4, name)
+
+
+def test_conv_default_pads_unchanged():
+    text = inputs_text(x=SHAPE) + (
+        'layer { name: "c" type: "Convolution" bottom: "x" top: "o" convolution_param { num_output: 4 '
+        'kernel_size: 3 pad: 1 stride: 2 } }')
+    model = load_from_text(text, random_weights=True)
+    assert model.graph.node("c").attrs["edge_pads"] is None
+
+
+@pytest.mark.parametrize("param, msg", [
+    ("pad: 1 pad_l: 1", "not both"), ("pad_type: 1 pad_t: 1", "not both"), ("pad_type: 2", "pad_type"),
+    ("pad_h: 1 pad_w: 1 pad_type: 1", "not both")])
+def test_conv_fork_edge_pads_bad(param, msg):
+    text = inputs_text(x=SHAPE) + (
+        f'layer {{ name: "c" type: "Convolution" bottom: "x" top: "o" convolution_param {{ num_output: 4 '
+        f'kernel_size: 3 {param} }} }}')
+    with pytest.raises(CaffeqError, match=msg):
+        load_from_text(text, random_weights=True)
