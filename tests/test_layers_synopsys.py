@@ -227,3 +227,14 @@ def test_conv_fork_edge_pads_bad(param, msg):
         f'kernel_size: 3 {param} }} }}')
     with pytest.raises(CaffeqError, match=msg):
         load_from_text(text, random_weights=True)
+
+
+# ---- Pooling: the fork's fields are declared but refused until modelled ---------------------------
+
+@pytest.mark.parametrize("param, msg", [("pool: AVE_EXC_PAD", "AVE_EXC_PAD"), ("pool: AVE_TF", "AVE_EXC_PAD"),
+                                        ("pad_type: 1", "pad_type"), ("pad_l: 1", "pad_l")])
+def test_pooling_fork_fields_refused(param, msg):
+    text = inputs_text(x=SHAPE) + (
+        f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "o" pooling_param {{ kernel_size: 2 {param} }} }}')
+    with pytest.raises(CaffeqError, match=msg):
+        load_from_text(text)
