@@ -128,7 +128,10 @@ def _bn_affine(node):
         s = float(np.asarray(node.blobs[2], np.float64).reshape(-1)[0])
         f = 0.0 if s == 0 else 1.0 / s
     # Caffe divides by sqrt(var + eps) computed in float32; fp64 here differs by < 1 ulp
-    inv = 1.0 / np.sqrt(var * f + float(a["eps"]))
+    if a.get("eps_after_sqrt"):  # synopsys-caffe's add_eps_before_sqrt: false
+        inv = 1.0 / (np.sqrt(var * f) + float(a["eps"]))
+    else:
+        inv = 1.0 / np.sqrt(var * f + float(a["eps"]))
     scale, shift = inv, -mean * f * inv
     if a.get("scale_bias"):
         gamma = np.asarray(node.blobs[3], np.float64).reshape(-1)

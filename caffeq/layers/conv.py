@@ -6,6 +6,7 @@ import numpy as np
 import torch.nn.functional as F
 
 from ..errors import ExportError
+from .edge_pads import onnx_pads, read_edge_pads, resolve_edge_pads
 from .happynear import FORK_EPS, onnx_unit_rows, unit_rows
 from .registry import (
     Layer,
@@ -63,7 +64,14 @@ def resolve_geometry(attrs, in_shape):
     holes = _hole_dilation(p, nsp)
     if holes is not None:
         attrs["dilation"] = holes
+    # synopsys-caffe pad_type / pad_l/r/t/b (edge_pads.py); None keeps Caffe's symmetric pad
+    attrs["edge_pads"] = read_edge_pads(p, nsp, "convolution_param")
     return True
+
+
+def conv_edge_pads(attrs, hw):
+    """[left, right, top, bottom] for F.pad when the layer pads per side, else None."""
+    return resolve_edge_pads(attrs.get("edge_pads"), hw, attrs["kernel"], attrs["stride"], attrs["dilation"])
 
 
 def _parse_sp2823(lp):
@@ -156,6 +164,10 @@ def _conv_nd(x, attrs, weight, bias, transposed):
         x = x.reshape((-1,) + tuple(x.shape[axis:]))
     if nsp not in _CONV:
         raise LayerError(f"{nsp}-D convolution is not supported by torch")
+    pads = conv_edge_pads(attrs, x.shape[-2:])
+    if pads is not None:
+        # padded here: the convolution itself then runs with pad 0
+        return _conv_nd(F.pad(x, pads), dict(attrs, edge_pads=None), weight, bias, transposed)
     if transposed:
         y = _DECONV[nsp](x, weight, bias, stride=attrs["stride"], padding=attrs["pad"],
                          groups=attrs["group"], dilation=attrs["dilation"])
@@ -180,6 +192,14 @@ def _conv_top_shapes(attrs, in_shapes, out_size):
     s = in_shapes[0]
     _resolve_spatial(attrs, s)
     ax = attrs["_axis"]
+    pads = conv_edge_pads(attrs, s[-2:])
+    if pads is not None:
+        if out_size is deconv_out_size:
+            raise LayerError("pad_type / pad_l/r/t/b are read for Convolution only, not Deconvolution")
+        l, r, t, b = pads
+        s = tuple(s[:-2]) + (s[-2] + t + b, s[-1] + l + r)
+        if min(s[-2:]) < 0:
+            raise LayerError(f"pad_l/r/t/b crop more than the input {list(in_shapes[0])}")
     spatial = [out_size(n, k, st, p, d) for n, k, st, p, d in
                zip(s[ax + 1:], attrs["kernel"], attrs["stride"], attrs["pad"], attrs["dilation"])]
     if any(v <= 0 for v in spatial):
@@ -195,9 +215,11 @@ def _onnx_conv(ctx, node, op):
     w = ctx.weight(node, 0)
     b = [ctx.weight(node, 1)] if a["bias_term"] else []
     # Caffe applies the same filters to each bottom (one top per bottom)
+    pads = conv_edge_pads(a, ctx.shape(node.inputs[0])[-2:])
+    pads = list(a["pad"]) * 2 if pads is None else onnx_pads(pads, f"layer '{node.name}'")
     for i, (x, y) in enumerate(zip(node.inputs, node.outputs)):
         ctx.add_node(op, [x, w] + b, [y], name=node.name if i == 0 else f"{node.name}_{i}",
-                     kernel_shape=list(a["kernel"]), strides=list(a["stride"]), pads=list(a["pad"]) * 2,
+                     kernel_shape=list(a["kernel"]), strides=list(a["stride"]), pads=pads,
                      dilations=list(a["dilation"]), group=a["group"])
 
 
@@ -224,6 +246,11 @@ def _torch_conv_source(node, emit, transposed):
     emit.param("weight", 0)
     if a["bias_term"]:
         emit.param("bias", 1)
+    pads = conv_edge_pads(a, emit.in_shape(0)[-2:])
+    if pads is not None:  # synopsys-caffe per-side padding: F.pad, then the pad-0 module
+        emit.uses("F")
+        calls = [f"{m}(F.pad({x}, {pads}))" for x in emit.inputs]
+        return calls[0] if len(calls) == 1 else calls
     # Caffe runs the same filters over each bottom, one top per bottom
     calls = [f"{m}({x})" for x in emit.inputs]
     return calls[0] if len(calls) == 1 else calls

@@ -45,15 +45,26 @@ def onnx_channel_vector(ctx, name, channels, rank, axis=1):
 
 # ---- BatchNorm ---------------------------------------------------------------------
 
+def batchnorm_std(var, eps: float, eps_after_sqrt: bool = False):
+    """BatchNorm's divisor: sqrt(var + eps) (Caffe), or sqrt(var) + eps (synopsys-caffe's
+    add_eps_before_sqrt: false)."""
+    if eps_after_sqrt:
+        return torch.sqrt(var) + eps
+    return torch.sqrt(var + eps)
+
+
 class CaffeBatchNorm:
     """Mixed into nn.BatchNorm1d/2d/3d (CaffeBatchNorm1d/2d/3d): Caffe's (x - mean) / sqrt(var + eps)
     * weight + bias in that order (nn.BatchNorm folds it into x * a + b, which rounds differently).
     use_global_stats as Caffe's: None uses the stored statistics in eval mode and the batch's in
-    train mode, True always the stored ones, False never. Running averages are PyTorch's (momentum)."""
+    train mode, True always the stored ones, False never. Running averages are PyTorch's (momentum).
+    eps_after_sqrt: divide by sqrt(var) + eps instead (synopsys-caffe)."""
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, use_global_stats=None):
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, use_global_stats=None,
+                 eps_after_sqrt=False):
         super().__init__(num_features, eps=eps, momentum=momentum, affine=affine)
         self.use_global_stats = use_global_stats
+        self.eps_after_sqrt = eps_after_sqrt
 
     def forward(self, x):
         use_global = not self.training if self.use_global_stats is None else self.use_global_stats
@@ -67,7 +78,7 @@ class CaffeBatchNorm:
             var = ((x - mean) ** 2).mean(dim=dims, keepdim=True)  # biased, as Caffe normalizes
             if self.training:
                 self.update_running_stats(mean, var, x.numel() // x.shape[1])
-        y = (x - mean) / torch.sqrt(var + self.eps)
+        y = (x - mean) / batchnorm_std(var, self.eps, self.eps_after_sqrt)
         if self.weight is not None:
             y = y * self.weight.reshape(view)
         if self.bias is not None:
@@ -138,6 +149,8 @@ class BatchNorm(Layer):
             "moving_average_fraction": float(p.moving_average_fraction),
             "eps": eps,
             "scale_bias": scale_bias,
+            # synopsys-caffe: add_eps_before_sqrt: false divides by sqrt(var) + eps
+            "eps_after_sqrt": not p.add_eps_before_sqrt,
         }
 
     def _channels(self, attrs, shape):
@@ -193,7 +206,7 @@ class BatchNorm(Layer):
             var = ((x - mean) ** 2).mean(dim=dims, keepdim=True)  # biased, as Caffe normalizes
             if training:
                 self._update(attrs, params, x, mean, var)
-        y = (x - mean) / torch.sqrt(var + attrs["eps"])
+        y = (x - mean) / batchnorm_std(var, attrs["eps"], attrs.get("eps_after_sqrt", False))
         if attrs["scale_bias"]:
             y = y * params[3].reshape(bshape) + params[4].reshape(bshape)
         return y
@@ -229,10 +242,16 @@ class BatchNorm(Layer):
             square = ctx.tmp(node.name + "_sq")
             ctx.add_node("Mul", [centred, centred], [square])
             var = onnx_reduce(ctx, "ReduceMean", square, axes, True)
-            var_eps = ctx.tmp(node.name + "_var_eps")
-            ctx.add_node("Add", [var, ctx.const(np.array(a["eps"], np.float32))], [var_eps])
             std = ctx.tmp(node.name + "_std")
-            ctx.add_node("Sqrt", [var_eps], [std])
+            eps = ctx.const(np.array(a["eps"], np.float32))
+            if a.get("eps_after_sqrt"):
+                root = ctx.tmp(node.name + "_sqrt")
+                ctx.add_node("Sqrt", [var], [root])
+                ctx.add_node("Add", [root, eps], [std])
+            else:
+                var_eps = ctx.tmp(node.name + "_var_eps")
+                ctx.add_node("Add", [var, eps], [var_eps])
+                ctx.add_node("Sqrt", [var_eps], [std])
             ctx.add_node("Div", [centred, std], [out])
             return
         if a["scale_bias"]:
@@ -243,7 +262,10 @@ class BatchNorm(Layer):
             f = np.float32(0) if s == 0 else np.float32(1) / s
             mean = np.asarray(node.blobs[0], np.float32) * f
             var = np.asarray(node.blobs[1], np.float32) * f
-        std = np.sqrt(var + np.float32(a["eps"])).astype(np.float32)
+        if a.get("eps_after_sqrt"):
+            std = (np.sqrt(var) + np.float32(a["eps"])).astype(np.float32)
+        else:
+            std = np.sqrt(var + np.float32(a["eps"])).astype(np.float32)
         bshape = (a["channels"],) + (1,) * max(rank - 2, 0)
         centred = ctx.tmp(node.name + "_centred")
         ctx.add_node("Sub", [x, ctx.const(mean.reshape(bshape), node.name + "_mean")], [centred],
@@ -282,7 +304,8 @@ class BatchNorm(Layer):
         use_global = None if a["scale_bias"] else a["use_global_stats"]
         # plain nn.BatchNorm unless asked for Caffe's exact op order, or the layer normalizes with
         # batch statistics even in eval mode (use_global_stats: false)
-        exact = emit.exact_batchnorm or use_global is False
+        # and sqrt(var) + eps (synopsys-caffe), which nn.BatchNorm cannot express
+        exact = emit.exact_batchnorm or use_global is False or a.get("eps_after_sqrt", False)
         args = [str(c)]
         if np.float32(a["eps"]) != np.float32(1e-5):
             args.append(f"eps={emit.lit(a['eps'])}")
@@ -293,10 +316,13 @@ class BatchNorm(Layer):
             args.append("affine=False")
         if exact:
             # model.py gets these very classes
+            emit.helper(inspect.getsource(batchnorm_std))
             emit.helper(inspect.getsource(CaffeBatchNorm))
             cls = emit.helper(inspect.getsource(_CAFFE_BATCHNORM[d]))
             if use_global is not None:
                 args.append(f"use_global_stats={use_global}")
+            if a.get("eps_after_sqrt"):
+                args.append("eps_after_sqrt=True")
         else:
             cls = f"nn.BatchNorm{d}d"
             if use_global:

@@ -37,6 +37,7 @@ from .pooling_nd import (
 from .registry import Layer, LayerError, register_layer, spatial_params
 
 MAX, AVE, STOCHASTIC = 0, 1, 2
+AVE_EXC_PAD = 3  # synopsys-caffe: average over the in-image part of the window
 CEIL, FLOOR = 0, 1
 FLT_MIN = 1.1754943508222875e-38
 FLT_MAX = 3.4028234663852886e38
@@ -71,8 +72,13 @@ def _round_mode(p):
 
 def parse_pooling(p):
     attrs = {"pool": int(p.pool), "global": bool(p.global_pooling), "round_mode": _round_mode(p), "param": p}
+    if attrs["pool"] == AVE_EXC_PAD:
+        raise LayerError("pooling_param.pool AVE_EXC_PAD (synopsys-caffe) is not supported yet")
     if attrs["pool"] not in (MAX, AVE, STOCHASTIC):
         raise LayerError(f"unknown pool method {attrs['pool']}")
+    if any(getattr(p, f, 0) for f in ("pad_type", "pad_l", "pad_r", "pad_t", "pad_b")):
+        # declared for the schema; the fork's pooling geometry is not modelled yet
+        raise LayerError("pooling_param.pad_type / pad_l/r/t/b (synopsys-caffe) are not supported yet")
     if max(len(p.kernel_size), len(p.stride), len(p.pad)) <= 2:
         pooling_geometry(attrs, 2)   # the usual 2-D case is checked at once; N-D once the rank is known
     return attrs

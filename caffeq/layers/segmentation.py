@@ -137,6 +137,9 @@ class BN(Layer):
             raise LayerError(f"BN takes one bottom, got {len(lp.bottom)}")
         p = lp.bn_param
         segnet, pspnet = _set_fields(p, _SEGNET_FIELDS), _set_fields(p, _PSPNET_FIELDS)
+        if _set_fields(p, ("icnet",)):
+            # synopsys-caffe's bn_layer.cpp: icnet alone picks the variant, the other one's fields unread
+            segnet, pspnet = ([], ["icnet"]) if p.icnet else (["icnet"], [])
         if segnet and pspnet:
             raise LayerError(f"bn_param mixes SegNet's fields ({', '.join(segnet)}) with PSPNet's "
                              f"({', '.join(pspnet)})")

@@ -11,6 +11,8 @@
   value in row-major order (Caffe's CPU loop).  With one
   bottom, the layer is the darknet2caffe forks' nearest-neighbour upsampling by
   `scale` (those forks' UpsampleParameter also has `scale` = 1).
+- UpsampleDarknet (synopsys-caffe): the same nearest upsampling by
+  `upsample_darknet_param.stride`.
 - ShuffleChannel (ShuffleNet): channels viewed as (group, C/group), transposed.
 
 ONNX: Interp -> Slice + Resize (align_corners), Upsample -> ScatterElements (mask)
@@ -334,6 +336,20 @@ class Upsample(Layer):
         ho, wo = self.out_hw(a, *emit.in_shape(0)[2:])
         fn = emit.helper(TORCH_SEGNET_UNPOOL)
         return f"{fn}({x}, {emit.inputs[1]}, {ho}, {wo})"
+
+
+@register_layer("UpsampleDarknet")
+class UpsampleDarknet(Upsample):
+    """synopsys-caffe's UpsampleDarknet (upsample_darknet_layer.cpp): top[n, c, h, w] =
+    bottom[n, c, h / stride, w / stride], the one-bottom nearest Upsample with scale = stride."""
+
+    def parse(self, lp):
+        if len(lp.bottom) != 1:
+            raise LayerError(f"UpsampleDarknet takes 1 bottom, got {len(lp.bottom)}")
+        stride = int(lp.upsample_darknet_param.stride)
+        if stride < 1:
+            raise LayerError(f"upsample_darknet_param.stride must be >= 1, got {stride}")
+        return {"mask": False, "out": None, "pad_out": (0, 0), "scale": (stride, stride)}
 
 
 def _onnx_scalar(v):

@@ -1,0 +1,240 @@
+"""synopsys-caffe (foss-for-synopsys-dwc-arc-processors/synopsys-caffe @977ba36a) fork fields.
+
+References are numpy re-derivations of the fork's C++ written here:
+- BatchNorm add_eps_before_sqrt: false (batch_norm_layer.cpp Forward_cpu): sqrt of the variance,
+  then eps added, then (x - mean) divided by it; true is BVLC's sqrt(var + eps).
+"""
+import re
+
+import numpy as np
+import pytest
+from conftest import assert_close, backend_outputs, inputs_text, model_py_outputs, rng
+
+from caffeq.backends.pytorch_source import export_pytorch
+from caffeq.errors import CaffeqError
+from caffeq.model import load_from_text
+
+SHAPE = (2, 3, 5, 7)  # N, C, H, W all different
+
+
+# ---- BatchNorm add_eps_before_sqrt ------------------------------------------------------------
+
+def bn_net(param):
+    return inputs_text(x=SHAPE) + (
+        f'layer {{ name: "bn" type: "BatchNorm" bottom: "x" top: "o" batch_norm_param {{ {param} }} }}')
+
+
+def bn_ref(x, mean, var, factor, eps, before):
+    f = 0.0 if factor == 0 else 1.0 / factor
+    m = (mean * f).reshape(1, -1, 1, 1).astype(np.float64)
+    v = (var * f).reshape(1, -1, 1, 1).astype(np.float64)
+    std = np.sqrt(v + eps) if before else np.sqrt(v) + eps
+    return (x - m) / std
+
+
+def bn_model(param):
+    model = load_from_text(bn_net(param), random_weights=True)
+    g = rng(3)
+    c = SHAPE[1]
+    # tiny variances so that where eps goes matters far above float32 rounding
+    blobs = [g.uniform(-1, 1, c), g.uniform(1e-4, 3e-3, c), np.array([2.5])]
+    model.graph.node("bn").blobs = [b.astype(np.float32) for b in blobs]
+    return model, blobs
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_batchnorm_add_eps_before_sqrt(before, tmp_path):
+    model, (mean, var, factor) = bn_model(f"eps: 0.01 add_eps_before_sqrt: {str(before).lower()}")
+    x = rng(1).standard_normal(SHAPE).astype(np.float32)
+    ref = bn_ref(x, mean, var, factor[0], 0.01, before)
+    other = bn_ref(x, mean, var, factor[0], 0.01, not before)
+    assert np.abs(ref - other).max() > 0.1  # the flag matters on these numbers
+    outs = backend_outputs(model, {"x": x}, tmp_path)
+    outs["exact"] = model.run({"x": x}, exact=True)["o"]  # model.run folds BatchNorm by default
+    for name, out in outs.items():
+        assert_close(out, ref, 1e-4, 1e-4, name)
+
+
+def test_batchnorm_default_is_bvlc_bit_for_bit(tmp_path):
+    plain, _ = bn_model("eps: 0.01")
+    flagged, _ = bn_model("eps: 0.01 add_eps_before_sqrt: true")
+    assert plain.graph.node("bn").attrs["eps_after_sqrt"] is False
+    x = rng(2).standard_normal(SHAPE).astype(np.float32)
+    for exact in (False, True):
+        assert np.array_equal(plain.run({"x": x}, exact=exact)["o"], flagged.run({"x": x}, exact=exact)["o"])
+
+
+def test_batchnorm_eps_after_sqrt_in_exact_model_py_and_batch_stats(tmp_path):
+    model, _ = bn_model("eps: 0.01 add_eps_before_sqrt: false use_global_stats: false")
+    x = rng(4).standard_normal(SHAPE).astype(np.float32) * 0.05
+    mean = x.mean(axis=(0, 2, 3), keepdims=True, dtype=np.float64)
+    var = ((x - mean) ** 2).mean(axis=(0, 2, 3), keepdims=True)
+    ref = (x - mean) / (np.sqrt(var) + 0.01)
+    for name, out in backend_outputs(model, {"x": x}, tmp_path).items():
+        assert_close(out, ref, 1e-4, 1e-4, name)
+    export_pytorch(model, tmp_path / "exact", exact_batchnorm=True)
+    assert "eps_after_sqrt=True" in (tmp_path / "exact" / "model.py").read_text()
+
+
+# ---- UpsampleDarknet ------------------------------------------------------------------------
+
+def upsample_darknet_ref(x, stride):
+    n, c, h, w = x.shape
+    out = np.empty((n, c, h * stride, w * stride), x.dtype)
+    for i in range(h * stride):
+        for j in range(w * stride):
+            out[:, :, i, j] = x[:, :, i // stride, j // stride]
+    return out
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3])
+def test_upsample_darknet(stride, tmp_path):
+    text = inputs_text(x=SHAPE) + (
+        f'layer {{ name: "up" type: "UpsampleDarknet" bottom: "x" top: "o" '
+        f'upsample_darknet_param {{ stride: {stride} }} }}')
+    model = load_from_text(text)
+    x = rng(5).standard_normal(SHAPE).astype(np.float32)
+    ref = upsample_darknet_ref(x, stride)
+    for name, out in backend_outputs(model, {"x": x}, tmp_path).items():
+        assert out.shape == ref.shape, name
+        assert np.array_equal(out, ref), name
+
+
+@pytest.mark.parametrize("param, msg", [("stride: 0", "stride must be >= 1"), ("stride: -2", "stride")])
+def test_upsample_darknet_bad_stride(param, msg):
+    text = inputs_text(x=SHAPE) + (
+        f'layer {{ name: "up" type: "UpsampleDarknet" bottom: "x" top: "o" upsample_darknet_param {{ {param} }} }}')
+    with pytest.raises(CaffeqError, match=msg):
+        load_from_text(text)
+
+
+# ---- BN icnet: picks PSPNet's BN (true) or SegNet's (false) in bn_layer.cpp --------------------
+
+def bn_icnet_model(param):
+    text = inputs_text(x=SHAPE) + f'layer {{ name: "bn" type: "BN" bottom: "x" top: "o" bn_param {{ {param} }} }}'
+    return load_from_text(text, random_weights=True)
+
+
+def test_bn_icnet_true_is_pspnets_bn(tmp_path):
+    # only a SegNet field besides icnet: the fork still runs PSPNet's branch
+    model = bn_icnet_model("icnet: true eps: 0.001 bn_mode: INFERENCE")
+    node = model.graph.node("bn")
+    g, c = rng(6), SHAPE[1]
+    slope, bias, mean = (g.uniform(-1, 1, (1, c, 1, 1)) for _ in range(3))
+    var = g.uniform(0.01, 1, (1, c, 1, 1))
+    node.blobs = [b.astype(np.float32) for b in (slope, bias, mean, var)]
+    x = rng(7).standard_normal(SHAPE).astype(np.float32)
+    ref = (x - mean) * (var + 0.001) ** -0.5 * slope + bias
+    for name, out in backend_outputs(model, {"x": x}, tmp_path).items():
+        assert_close(out, ref, 1e-5, 1e-5, name)
+
+
+def test_bn_icnet_false_is_segnets_bn(tmp_path):
+    # PSPNet's eps is unread in the fork's SegNet branch
+    model = bn_icnet_model("icnet: false eps: 0.5 bn_mode: INFERENCE")
+    assert model.graph.node("bn").attrs["variant"] == "segnet"
+    node = model.graph.node("bn")
+    g, c = rng(8), SHAPE[1]
+    scale, shift = g.uniform(-1, 1, (1, c, 1, 1)), g.uniform(-1, 1, (1, c, 1, 1))
+    node.blobs = [scale.astype(np.float32), shift.astype(np.float32)]
+    x = rng(9).standard_normal(SHAPE).astype(np.float32)
+    for name, out in backend_outputs(model, {"x": x}, tmp_path).items():
+        assert_close(out, x * scale + shift, 1e-5, 1e-5, name)
+
+
+# ---- Convolution pad_type / pad_l/r/t/b (im2col.cpp) ------------------------------------------
+
+def conv_ref(x, w, stride, dil, top, left, oh, ow):
+    """The fork's im2col read: output (i, j) takes input (i * s - top + ki * d, j * s - left + kj * d),
+    zero outside the image."""
+    n, _, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    out = np.zeros((n, o, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            for ki in range(kh):
+                for kj in range(kw):
+                    r, q = i * stride[0] - top + ki * dil[0], j * stride[1] - left + kj * dil[1]
+                    if 0 <= r < h and 0 <= q < wd:
+                        out[:, :, i, j] += x[:, :, r, q] @ w[:, :, ki, kj].T
+    return out
+
+
+def fork_same_geometry(size, k, s):
+    out = -(-size // s)
+    along = max(k - (s if size % s == 0 else size % s), 0)
+    return out, along // 2
+
+
+CONV_CASES = [
+    # (param text, stride, dilation, kernel (h, w))
+    ("pad_t: 1 pad_b: 0 pad_l: 2 pad_r: 1 stride: 2", (2, 2), (1, 1), (3, 3)),
+    ("pad_t: 0 pad_b: 2 pad_l: 1 pad_r: 0", (1, 1), (1, 1), (3, 2)),
+    ("pad_t: -1 pad_l: 1 pad_r: 1", (1, 1), (1, 1), (2, 3)),
+    ("pad_type: 1 stride: 2", (2, 2), (1, 1), (3, 3)),
+    ("pad_type: 1 stride_h: 3 stride_w: 2", (3, 2), (1, 1), (2, 3)),
+    ("pad_type: 1 dilation: 2", (1, 1), (2, 2), (3, 3)),
+]
+
+
+def conv_case_geometry(param, stride, dil, kernel, hw):
+    """(top, left, out_h, out_w) from the fork's formulas."""
+    if "pad_type" in param:
+        (oh, top), (ow, left) = (fork_same_geometry(n, k, s) for n, k, s in zip(hw, kernel, stride))
+        return top, left, oh, ow
+    vals = dict(re.findall(r"(\w+): (-?\d+)", param))
+    t, b, l, r = (int(vals.get(f, 0)) for f in ("pad_t", "pad_b", "pad_l", "pad_r"))
+    ext = [d * (k - 1) + 1 for d, k in zip(dil, kernel)]
+    return t, l, (hw[0] + t + b - ext[0]) // stride[0] + 1, (hw[1] + l + r - ext[1]) // stride[1] + 1
+
+
+@pytest.mark.parametrize("param, stride, dil, kernel", CONV_CASES)
+def test_conv_fork_edge_pads(param, stride, dil, kernel, tmp_path):
+    kp = f"kernel_h: {kernel[0]} kernel_w: {kernel[1]}"
+    text = inputs_text(x=SHAPE) + (
+        f'layer {{ name: "c" type: "Convolution" bottom: "x" top: "o" convolution_param {{ num_output: 4 '
+        f'{kp} {param} }} }}')
+    model = load_from_text(text, random_weights=True)
+    w, bias = (np.asarray(b, np.float64) for b in model.graph.node("c").blobs)
+    x = rng(10).standard_normal(SHAPE).astype(np.float32)
+    top, left, oh, ow = conv_case_geometry(param, stride, dil, kernel, SHAPE[2:])
+    ref = conv_ref(x.astype(np.float64), w, stride, dil, top, left, oh, ow) + bias.reshape(1, -1, 1, 1)
+    if "-" in param:  # a crop: torch and model.py (ONNX refuses negative pads)
+        outs = {"torch": model.run({"x": x})["o"], "model.py": model_py_outputs(model, {"x": x}, tmp_path)["o"]}
+        with pytest.raises(CaffeqError, match="negative"):
+            model.export_onnx(str(tmp_path / "m.onnx"), optimize=False)
+    else:
+        outs = backend_outputs(model, {"x": x}, tmp_path)
+    for name, out in outs.items():
+        assert out.shape == ref.shape, name
+        assert_close(out, ref, 1e-4, 1e-4, name)
+
+
+def test_conv_default_pads_unchanged():
+    text = inputs_text(x=SHAPE) + (
+        'layer { name: "c" type: "Convolution" bottom: "x" top: "o" convolution_param { num_output: 4 '
+        'kernel_size: 3 pad: 1 stride: 2 } }')
+    model = load_from_text(text, random_weights=True)
+    assert model.graph.node("c").attrs["edge_pads"] is None
+
+
+@pytest.mark.parametrize("param, msg", [
+    ("pad: 1 pad_l: 1", "not both"), ("pad_type: 1 pad_t: 1", "not both"), ("pad_type: 2", "pad_type"),
+    ("pad_h: 1 pad_w: 1 pad_type: 1", "not both")])
+def test_conv_fork_edge_pads_bad(param, msg):
+    text = inputs_text(x=SHAPE) + (
+        f'layer {{ name: "c" type: "Convolution" bottom: "x" top: "o" convolution_param {{ num_output: 4 '
+        f'kernel_size: 3 {param} }} }}')
+    with pytest.raises(CaffeqError, match=msg):
+        load_from_text(text, random_weights=True)
+
+
+# ---- Pooling: the fork's fields are declared but refused until modelled ---------------------------
+
+@pytest.mark.parametrize("param, msg", [("pool: AVE_EXC_PAD", "AVE_EXC_PAD"), ("pool: AVE_TF", "AVE_EXC_PAD"),
+                                        ("pad_type: 1", "pad_type"), ("pad_l: 1", "pad_l")])
+def test_pooling_fork_fields_refused(param, msg):
+    text = inputs_text(x=SHAPE) + (
+        f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "o" pooling_param {{ kernel_size: 2 {param} }} }}')
+    with pytest.raises(CaffeqError, match=msg):
+        load_from_text(text)
