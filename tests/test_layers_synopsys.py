@@ -238,3 +238,38 @@ def test_pooling_fork_fields_refused(param, msg):
         f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "o" pooling_param {{ kernel_size: 2 {param} }} }}')
     with pytest.raises(CaffeqError, match=msg):
         load_from_text(text)
+
+
+def relu_ref(x, slope, relu6, maximum, minimum):
+    """relu_layer.cpp (synopsys-caffe): the slope, then relu6, maximum > 0 and minimum != 0 in order."""
+    y = np.maximum(x, 0) + np.float32(slope) * np.minimum(x, 0)
+    if relu6:
+        y = np.minimum(y, np.float32(6))
+    if maximum > 0:
+        y = np.minimum(y, np.float32(maximum))
+    if minimum != 0:
+        y = np.maximum(y, np.float32(minimum))
+    return y.astype(np.float32)
+
+
+@pytest.mark.parametrize("param, slope, relu6, maximum, minimum", [
+    ("relu6: true", 0, True, 0, 0),
+    ("negative_slope: 0.1 relu6: true", 0.1, True, 0, 0),
+    ("maximum: 2.5", 0, False, 2.5, 0),
+    ("relu6: true maximum: 8 minimum: -0.2 negative_slope: 0.3", 0.3, True, 8, -0.2),
+    ("", 0, False, 0, 0),
+])
+def test_relu_bounds_match_the_fork(param, slope, relu6, maximum, minimum, tmp_path):
+    text = inputs_text(x=(2, 3, 4, 5)) + f'layer {{ name: "o" type: "ReLU" bottom: "x" top: "o" relu_param {{ {param} }} }}'
+    model = load_from_text(text)
+    x = (rng(7).standard_normal((2, 3, 4, 5)) * 6).astype(np.float32)
+    ref = relu_ref(x, slope, relu6, maximum, minimum)
+    for backend, got in backend_outputs(model, {"x": x}, tmp_path).items():
+        assert_close(got, ref, 0, 0, backend)
+    # the fast module must not fuse a bounded ReLU into the convolution before it
+    conv = inputs_text(x=(2, 3, 4, 5)) + ('layer { name: "c" type: "Convolution" bottom: "x" top: "c" '
+                                          'convolution_param { num_output: 4 kernel_size: 1 } }\n'
+                                          f'layer {{ name: "o" type: "ReLU" bottom: "c" top: "r" relu_param {{ {param} }} }}')
+    m = load_from_text(conv, random_weights=True)
+    pre = m.run({"x": x}, exact=True, all_blobs=True)["c"]
+    assert_close(m.run({"x": x})["r"], relu_ref(pre, slope, relu6, maximum, minimum), 1e-5, 1e-5, "optimized")

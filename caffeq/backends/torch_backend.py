@@ -135,7 +135,8 @@ def reuse_buffers(gm):
             continue
         mod = gm.get_submodule(node.target)
         kind = getattr(mod, "caffe_type", None)
-        if kind == "ReLU" and mod.attrs.get("negative_slope", 0) == 0 and len(node.args) == 1 and \
+        if kind == "ReLU" and mod.attrs.get("negative_slope", 0) == 0 and mod.attrs.get("upper") is None and \
+                mod.attrs.get("lower") is None and len(node.args) == 1 and \
                 _sole_reader(gm, node.args[0], node):
             node.op, node.target = "call_function", torch.relu_
             changed += 1

@@ -99,32 +99,62 @@ class _Unary(Neuron):
 
 # ---- ReLU family -----------------------------------------------------------------
 
+def relu_bounds(p):
+    """synopsys-caffe's bounds after the slope, in its order: (upper or None, lower or None).
+    relu6 caps at 6, a positive maximum caps at maximum, a non-zero minimum floors at minimum."""
+    upper = None
+    if p.relu6:
+        upper = 6.0
+    if p.maximum > 0:
+        upper = f32(p.maximum) if upper is None else min(upper, f32(p.maximum))
+    lower = f32(p.minimum) if p.minimum != 0 else None
+    return upper, lower
+
+
 @register_layer("ReLU")
 class ReLU(Neuron):
-    """max(x, 0) + negative_slope * min(x, 0)."""
+    """max(x, 0) + negative_slope * min(x, 0), then synopsys-caffe's optional bounds."""
 
     def parse_param(self, lp):
-        return {"negative_slope": f32(lp.relu_param.negative_slope)}
+        upper, lower = relu_bounds(lp.relu_param)
+        return {"negative_slope": f32(lp.relu_param.negative_slope), "upper": upper, "lower": lower}
 
     def forward(self, attrs, params, x):
         slope = attrs["negative_slope"]
-        if slope == 0:
-            return F.relu(x)
-        return x.clamp(min=0) + slope * x.clamp(max=0)
+        y = F.relu(x) if slope == 0 else x.clamp(min=0) + slope * x.clamp(max=0)
+        if attrs.get("upper") is not None:
+            y = y.clamp(max=attrs["upper"])
+        if attrs.get("lower") is not None:
+            y = y.clamp(min=attrs["lower"])
+        return y
 
     def onnx(self, ctx, node):
-        slope = node.attrs["negative_slope"]
+        a = node.attrs
+        slope = a["negative_slope"]
+        bounded = a.get("upper") is not None or a.get("lower") is not None
+        out = ctx.tmp(node.name + "_relu") if bounded else node.outputs[0]
         if slope == 0:
-            ctx.add_node("Relu", [node.inputs[0]], [node.outputs[0]], name=node.name)
+            ctx.add_node("Relu", [node.inputs[0]], [out], name=node.name)
         else:
-            ctx.add_node("LeakyRelu", [node.inputs[0]], [node.outputs[0]], name=node.name,
-                         alpha=float(slope))
+            ctx.add_node("LeakyRelu", [node.inputs[0]], [out], name=node.name, alpha=float(slope))
+        if a.get("upper") is not None:
+            capped = ctx.tmp(node.name + "_cap") if a.get("lower") is not None else node.outputs[0]
+            ctx.add_node("Min", [out, scalar(ctx, a["upper"])], [capped])
+            out = capped
+        if a.get("lower") is not None:
+            ctx.add_node("Max", [out, scalar(ctx, a["lower"])], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
-        slope = node.attrs["negative_slope"]
+        a = node.attrs
+        slope = a["negative_slope"]
         # LeakyReLU's "x or slope * x" is the value of clamp(min=0) + slope * clamp(max=0)
         m = emit.module("nn.ReLU()" if slope == 0 else f"nn.LeakyReLU({emit.lit(slope)})")
-        return f"{m}({emit.inputs[0]})"
+        y = f"{m}({emit.inputs[0]})"
+        if a.get("upper") is not None:
+            y = f"{y}.clamp(max={emit.lit(a['upper'])})"
+        if a.get("lower") is not None:
+            y = f"{y}.clamp(min={emit.lit(a['lower'])})"
+        return y
 
 
 @register_layer("ReLU6")
