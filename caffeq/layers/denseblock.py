@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .norm import CaffeBatchNorm, CaffeBatchNorm2d
+from .norm import CaffeBatchNorm2d, emit_exact_batchnorm
 from .registry import Layer, LayerError, positive_field, register_layer
 
 EPS = 1e-5  # CUDNN_BN_MIN_EPSILON, the epsilon every BN of the block uses
@@ -263,7 +263,7 @@ class DenseBlock(Layer):
             args.append(f"dropout={emit.lit(a['dropout'])}")
         args.append(f"momentum={emit.lit(a['moving_average_fraction'])}")
         if exact:   # model.py gets these very classes
-            emit.helper(inspect.getsource(CaffeBatchNorm))
+            emit_exact_batchnorm(emit)
             args.append(f"norm={emit.helper(inspect.getsource(CaffeBatchNorm2d))}")
         emit.helper(inspect.getsource(DenseTransition))
         m = emit.module(f"{emit.helper(inspect.getsource(CaffeDenseBlock))}({', '.join(args)})")

@@ -98,6 +98,12 @@ class CaffeBatchNorm:
             batches.add_(1)
 
 
+def emit_exact_batchnorm(emit):
+    """Write CaffeBatchNorm and what it calls into model.py (BatchNorm and DenseBlock layers)."""
+    for helper in (batchnorm_std, CaffeBatchNorm):
+        emit.helper(helper)
+
+
 class CaffeBatchNorm1d(CaffeBatchNorm, nn.BatchNorm1d):
     """nn.BatchNorm1d in Caffe's order (see CaffeBatchNorm)."""
 
@@ -315,9 +321,7 @@ class BatchNorm(Layer):
         if weight is None:
             args.append("affine=False")
         if exact:
-            # model.py gets these very classes
-            emit.helper(inspect.getsource(batchnorm_std))
-            emit.helper(inspect.getsource(CaffeBatchNorm))
+            emit_exact_batchnorm(emit)      # model.py gets these very classes
             cls = emit.helper(inspect.getsource(_CAFFE_BATCHNORM[d]))
             if use_global is not None:
                 args.append(f"use_global_stats={use_global}")
