@@ -602,3 +602,16 @@ def test_detectnet_clustering_is_sized_and_its_scoring_layers_are_dropped():
         load_from_text(DETECTNET.replace('param_str: "48,32,16,0.05,3,0.2,10,2,40"', 'param_str: "48,32,16,0.05,3,0.2,10,3"'))
     with pytest.raises(CaffeqError, match="7 to 9 comma-separated"):
         load_from_text(DETECTNET.replace('param_str: "48,32,16,0.05,3,0.2,10,2,40"', 'param_str: "48,32"'))
+
+
+def test_read_only_layers_refuse_every_backend_with_their_reason(tmp_path):
+    from caffeq.backends.pytorch_source import export_pytorch
+    from caffeq.errors import ExportError
+    model = load_from_text(FASTER_RCNN_TRAIN, random_weights=True)
+    with pytest.raises(ExportError, match="samples training rois"):
+        export_pytorch(model, tmp_path / "py")
+    with pytest.raises(ExportError, match="samples training rois"):
+        model.export_onnx(tmp_path / "m.onnx")
+    detect = load_from_text(DETECTNET, random_weights=True)
+    with pytest.raises(ExportError, match="groupRectangles"):
+        export_pytorch(detect, tmp_path / "py2")

@@ -336,9 +336,6 @@ class _ProposalOutput(ReadOnlyLayer):
                 f"per receptive field, score threshold, sort and NMS, a data-dependent number of boxes) are "
                 f"not reproduced by caffeq; the net can be inspected and converted, not run")
 
-    def pytorch_source(self, node, emit):
-        self._refuse(ExportError, node.name, node.attrs["kind"])
-
 
 @register_layer("BoxGroupOutput")
 class BoxGroupOutput(_ProposalOutput):

@@ -27,7 +27,6 @@
 import numpy as np
 import torch
 
-from ..errors import ExportError
 from .act_forks import RReLU
 from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer
 
@@ -278,6 +277,3 @@ class MultiStageMeanfield(ReadOnlyLayer):
         return (f"layer '{attrs['name']}' (MultiStageMeanfield): CRF-RNN's mean-field iterations filter with a "
                 f"permutohedral lattice, which caffeq does not implement; the net reads and its "
                 f"shapes and weights load, but it cannot run or be exported")
-
-    def pytorch_source(self, node, emit):
-        self._refuse(ExportError, node.name)

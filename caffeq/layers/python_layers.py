@@ -20,7 +20,6 @@ what the known module computes (see registry.spec_for).
 import numpy as np
 import torch.nn.functional as F
 
-from ..errors import ExportError
 from .rcnn import parse_param_str
 from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer
 
@@ -88,9 +87,6 @@ class ProposalTarget(ReadOnlyLayer):
         return (f"layer '{attrs['name']}' (rpn.proposal_target_layer.ProposalTargetLayer) samples training "
                 f"rois against the ground-truth boxes and does not run for inference; use the net's test or "
                 f"deploy prototxt, where region proposals feed the ROI pooling")
-
-    def pytorch_source(self, node, emit):
-        self._refuse(ExportError, node.name)
 
 
 @register_layer("Python:caffe.layers.detectnet.clustering.ClusterDetections")
