@@ -3,6 +3,7 @@
 from . import (  # noqa: F401,E402
     act_forks,
     activation,
+    affordance,
     c3d,
     cascade_rcnn,
     common,

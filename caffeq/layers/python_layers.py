@@ -63,25 +63,35 @@ class SpatialDropout(Layer):
         return f"{dropout}({emit.inputs[0]})"
 
 
+AFFORDANCE_MASK_SIZE = 244   # nqanh/affordance-net lib/fast_rcnn/config.py: __C.TRAIN.MASK_SIZE
+
+
 @register_layer("Python:rpn.proposal_target_layer.ProposalTargetLayer")
 class ProposalTarget(ReadOnlyLayer):
     data_dependent_shape = True     # the sampled rois: (1, 5) until a training forward
     makes_training_targets = True   # labels, bbox targets and weights (and person_search's pid label)
 
     def parse(self, lp):
-        # person_search (ShuangLI59) adds a sixth top: an auxiliary (pid) label per roi, (1, 1)
-        if len(lp.top) != 6:
+        # person_search (ShuangLI59) adds a sixth top: an auxiliary (pid) label per roi, (1, 1);
+        # nqanh/affordance-net takes im_info, seg_mask_inds and flipped too and adds mask_targets and rois_pos
+        if len(lp.top) == 7:
+            need_blobs(lp, "ProposalTargetLayer", 5, 7, "rpn_rois, gt_boxes, im_info, seg_mask_inds, flipped")
+        elif len(lp.top) != 6:
             need_blobs(lp, "ProposalTargetLayer", 2, 5, "rpn_rois, gt_boxes")
         elif len(lp.bottom) != 2:
             need_blobs(lp, "ProposalTargetLayer", 2, 6, "rpn_rois, gt_boxes")
         classes = parse_param_str(lp.python_param.param_str).get("num_classes")
         if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
             raise LayerError(f"python_param.param_str: 'num_classes' must be a positive integer, got {classes!r}")
-        return {"num_classes": classes, "name": lp.name, "aux_label": len(lp.top) == 6}
+        return {"num_classes": classes, "name": lp.name, "aux_label": len(lp.top) == 6,
+                "masks": len(lp.top) == 7}
 
     def infer(self, attrs, in_shapes):
         targets = (1, 4 * attrs["num_classes"])
-        return [(1, 5), (1, 1), targets, targets, targets] + [(1, 1)] * attrs["aux_label"]
+        extra = [(1, 1)] * attrs["aux_label"]
+        if attrs.get("masks"):   # affordance-net's setup: (1, MASK_SIZE, MASK_SIZE) with its cfg's 244, (1, 5)
+            extra = [(1, AFFORDANCE_MASK_SIZE, AFFORDANCE_MASK_SIZE), (1, 5)]
+        return [(1, 5), (1, 1), targets, targets, targets] + extra
 
     def refusal(self, attrs):
         return (f"layer '{attrs['name']}' (rpn.proposal_target_layer.ProposalTargetLayer) samples training "
