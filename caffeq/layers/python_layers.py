@@ -12,6 +12,7 @@ what the known module computes (see registry.spec_for).
   training rois against the ground-truth boxes.  Its shapes are those its setup gives (rois
   (1, 5), labels (1, 1), bbox targets and weights (1, 4 * num_classes)), so a train net can be
   listed and converted up to it; it never runs (a deploy or test net has no such layer).
+  nqanh/affordance-net's form takes 5 bottoms and adds mask_targets (1, 244, 244) and rois_pos (1, 5).
 - `caffe.layers.detectnet.clustering.ClusterDetections` (NVIDIA DIGITS DetectNet): clusters the
   coverage grid's boxes with OpenCV's groupRectangles into one (N, max_boxes, 5) list per class.
   Its shapes are its reshape's; it does not run here (groupRectangles is not reproduced): the
