@@ -356,3 +356,12 @@ def test_roi_pooling_reads_rois_declared_with_another_width_as_caffe_does(tmp_pa
     rois = np.array([[0, 0, 0, 9, 7], [0, 2, 1, 6, 5]], np.float32)
     x = rng(2).standard_normal((1, 3, 8, 10)).astype(np.float32)
     assert_close(fixed.run({"x": x, "rois": rois})["o"], ref_roi_pool(x, rois, 2, 3, 0.5, 0.0), 0, 0, "torch")
+
+
+@pytest.mark.parametrize("kind", ["ROIPooling", "ROIAlign"])
+def test_no_rois_give_an_empty_top(kind):
+    # Caffe's Reshape gives (0, C, ph, pw) when a proposal layer keeps no roi
+    model = load_from_text(layer_net(kind, "pooled_h: 2 pooled_w: 3 spatial_scale: 0.5"))
+    got = model.run({"x": np.zeros((2, 3, 7, 9), np.float32), "rois": np.zeros((0, 5), np.float32)})["o"]
+    extra = 1 if kind == "ROIAlign" else 0
+    assert got.shape == (0, 3, 2 + extra, 3 + extra)

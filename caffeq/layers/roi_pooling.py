@@ -39,7 +39,7 @@ def bin_mask(starts, ends, n: int):
 
 def roi_rows(rois, kind: str):
     """rois as (R, 5) float32 rows on the CPU, where the bins are computed."""
-    r = rois.reshape(rois.shape[0], -1)
+    r = rois.flatten(1) if rois.dim() > 1 else rois.reshape(-1, 1)     # flatten: (0, 5) stays (0, 5)
     if r.shape[1] != 5:
         raise ValueError(f"{kind}: rois must be (R, 5) = [batch, x1, y1, x2, y2], got {list(rois.shape)}")
     return r.detach().float().cpu()
