@@ -229,13 +229,101 @@ def test_conv_fork_edge_pads_bad(param, msg):
         load_from_text(text, random_weights=True)
 
 
-# ---- Pooling: the fork's fields are declared but refused until modelled ---------------------------
+# ---- Pooling pad_type / pad_l/r/t/b / AVE_EXC_PAD (pooling_layer.cpp) -------------------------------
 
-@pytest.mark.parametrize("param, msg", [("pool: AVE_EXC_PAD", "AVE_EXC_PAD"), ("pool: AVE_TF", "AVE_EXC_PAD"),
-                                        ("pad_type: 1", "pad_type"), ("pad_l: 1", "pad_l")])
-def test_pooling_fork_fields_refused(param, msg):
+def fork_pool_ref(x, pool, kernel, stride, edges, same, ceil):
+    """The fork's Reshape and Forward_cpu loops: edges (t, b, l, r); float64 sums."""
+    n, c, h, w = x.shape
+    sizes, out, pads = (h, w), [0, 0], [0, 0, 0, 0]
+    for i in range(2):
+        if same:
+            out[i] = int(np.ceil(sizes[i] / stride[i]))
+            rem = sizes[i] % stride[i]
+            along = max(kernel[i] - (stride[i] if rem == 0 else rem), 0)
+            pads[2 * i], pads[2 * i + 1] = along // 2, along - along // 2
+        else:
+            pads[2 * i], pads[2 * i + 1] = edges[2 * i], edges[2 * i + 1]
+            span = (sizes[i] + edges[2 * i] + edges[2 * i + 1] - kernel[i]) / stride[i]
+            out[i] = int(np.ceil(span) if ceil else np.floor(span)) + 1
+    if not same and any(edges):
+        for i in range(2):
+            if (out[i] - 1) * stride[i] >= sizes[i] + pads[2 * i]:
+                out[i] -= 1
+    t, b, l, r = pads
+    y = np.zeros((n, c, out[0], out[1]))
+    for ph in range(out[0]):
+        for pw in range(out[1]):
+            hs, ws = ph * stride[0] - t, pw * stride[1] - l
+            if pool == "MAX":
+                he, we = min(hs + kernel[0], h), min(ws + kernel[1], w)
+                hs, ws = max(hs, 0), max(ws, 0)
+                y[:, :, ph, pw] = x[:, :, hs:he, ws:we].max(axis=(2, 3))
+                continue
+            he, we = min(hs + kernel[0], h + b), min(ws + kernel[1], w + r)
+            size = (he - hs) * (we - ws)
+            hs, ws, he, we = max(hs, 0), max(ws, 0), min(he, h), min(we, w)
+            if pool == "AVE_EXC_PAD":
+                size = (he - hs) * (we - ws)
+            y[:, :, ph, pw] = x[:, :, hs:he, ws:we].sum(axis=(2, 3)) / size
+    return y
+
+
+POOL_CASES = [
+    # (param text, kernel (h, w), stride (h, w), edges (t, b, l, r), same)
+    ("pool: MAX pad_t: 1 pad_b: 0 pad_l: 0 pad_r: 2 stride_h: 2 stride_w: 1", (3, 2), (2, 1), (1, 0, 0, 2), False),
+    ("pool: AVE pad_t: 0 pad_b: 2 pad_l: 1 pad_r: 0 stride_h: 2 stride_w: 3", (3, 3), (2, 3), (0, 2, 1, 0), False),
+    ("pool: AVE_EXC_PAD pad_t: 2 pad_l: 1 pad_r: 1", (3, 2), (1, 1), (2, 0, 1, 1), False),
+    ("pool: MAX pad_type: 1 stride: 2", (2, 3), (2, 2), None, True),
+    ("pool: AVE pad_type: 1 stride_h: 3 stride_w: 2", (3, 2), (3, 2), None, True),
+    ("pool: AVE_TF pad_type: 1 stride: 2", (3, 3), (2, 2), None, True),
+    ("pool: AVE_EXC_PAD pad_h: 1 pad_w: 2 stride: 2", (3, 3), (2, 2), (1, 1, 2, 2), False),
+    ("pool: MAX pad_b: 1 pad_r: 1 round_mode: FLOOR stride: 2", (2, 2), (2, 2), (0, 1, 0, 1), False),
+    ("pool: AVE pad_t: 1 pad_r: 1 stride: 3", (2, 2), (3, 3), (1, 0, 0, 1), False),
+]
+
+
+@pytest.mark.parametrize("param, kernel, stride, edges, same", POOL_CASES)
+def test_pooling_fork_edge_pads(param, kernel, stride, edges, same, tmp_path):
     text = inputs_text(x=SHAPE) + (
-        f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "o" pooling_param {{ kernel_size: 2 {param} }} }}')
+        f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "o" pooling_param {{ '
+        f'kernel_h: {kernel[0]} kernel_w: {kernel[1]} {param} }} }}')
+    model = load_from_text(text)
+    x = rng(11).standard_normal(SHAPE).astype(np.float32)
+    pool = re.search(r"pool: (\w+)", param).group(1).replace("AVE_TF", "AVE_EXC_PAD")
+    ref = fork_pool_ref(x.astype(np.float64), pool, kernel, stride, edges, same, "FLOOR" not in param)
+    outs = backend_outputs(model, {"x": x}, tmp_path)
+    for name, out in outs.items():
+        assert out.shape == ref.shape, name
+        assert_close(out, ref, 1e-5, 1e-5, name)
+
+
+def test_pooling_exc_pad_differs_from_ave():
+    x = rng(12).standard_normal(SHAPE).astype(np.float32)
+    outs = []
+    for pool in ("AVE", "AVE_EXC_PAD"):
+        text = inputs_text(x=SHAPE) + (
+            f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "o" pooling_param {{ '
+            f'kernel_size: 3 pad: 1 pool: {pool} }} }}')
+        outs.append(load_from_text(text).run({"x": x})["o"])
+    assert np.abs(outs[0] - outs[1]).max() > 0.05
+    assert np.array_equal(outs[0][:, :, 1:-1, 1:-1], outs[1][:, :, 1:-1, 1:-1])
+
+
+def test_pooling_default_geometry_unchanged():
+    text = inputs_text(x=SHAPE) + (
+        'layer { name: "p" type: "Pooling" bottom: "x" top: "o" pooling_param { kernel_size: 3 pad: 1 '
+        'stride: 2 pool: AVE } }')
+    model = load_from_text(text)
+    assert model.graph.node("p").attrs["edge"] is None
+
+
+@pytest.mark.parametrize("param, msg", [
+    ("pad: 1 pad_l: 1", "not both"), ("pad_type: 1 pad_t: 1", "not both"), ("pad_type: 2", "pad_type"),
+    ("pool: STOCHASTIC pad_l: 1", "STOCHASTIC"), ("global_pooling: true pad_type: 1", "global")])
+def test_pooling_fork_edge_pads_bad(param, msg):
+    kernel = "" if "global" in param else "kernel_size: 2 "
+    text = inputs_text(x=SHAPE) + (
+        f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "o" pooling_param {{ {kernel}{param} }} }}')
     with pytest.raises(CaffeqError, match=msg):
         load_from_text(text)
 
