@@ -361,3 +361,38 @@ def test_relu_bounds_match_the_fork(param, slope, relu6, maximum, minimum, tmp_p
     m = load_from_text(conv, random_weights=True)
     pre = m.run({"x": x}, exact=True, all_blobs=True)["c"]
     assert_close(m.run({"x": x})["r"], relu_ref(pre, slope, relu6, maximum, minimum), 1e-5, 1e-5, "optimized")
+
+
+# ---- Reshape pixelshuffler (reshape_layer.cpp Forward_cpu) -------------------------------------
+
+def pixel_shuffle_ref(x, r):
+    """The fork's loop: bottom (n, c, h, w) goes to top (n, c // r^2, h*r + (c // r) % r, w*r + c % r)."""
+    n, c, h, w = x.shape
+    y = np.zeros((n, c // (r * r), h * r, w * r), x.dtype)
+    for ci in range(c):
+        for hi in range(h):
+            for wi in range(w):
+                y[:, ci // (r * r), hi * r + (ci // r) % r, wi * r + ci % r] = x[:, ci, hi, wi]
+    return y
+
+
+@pytest.mark.parametrize("r, shape", [(2, (2, 12, 3, 5)), (3, (3, 18, 4, 2))])
+def test_reshape_pixelshuffler(r, shape, tmp_path):
+    text = inputs_text(x=shape) + (
+        f'layer {{ name: "ps" type: "Reshape" bottom: "x" top: "o" reshape_param {{ pixelshuffler: {r} }} }}')
+    model = load_from_text(text)
+    x = rng(13).standard_normal(shape).astype(np.float32)
+    ref = pixel_shuffle_ref(x, r)
+    for name, out in backend_outputs(model, {"x": x}, tmp_path).items():
+        assert out.shape == ref.shape, name
+        assert np.array_equal(out, ref), name
+
+
+@pytest.mark.parametrize("param, shape, msg", [
+    ("pixelshuffler: 0", (2, 12, 3, 5), "pixelshuffler"), ("pixelshuffler: 2", (2, 6, 3, 5), "multiple of 4"),
+    ("pixelshuffler: 2", (2, 12, 15), "4-axis")])
+def test_reshape_pixelshuffler_bad(param, shape, msg):
+    text = inputs_text(x=shape) + (
+        f'layer {{ name: "ps" type: "Reshape" bottom: "x" top: "o" reshape_param {{ {param} }} }}')
+    with pytest.raises(CaffeqError, match=msg):
+        load_from_text(text)

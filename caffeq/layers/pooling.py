@@ -15,6 +15,9 @@ floats, holding the index h * W + w of the chosen cell within its input plane.
 The first maximum in row-major order wins (Caffe's strict `>`); a window with
 no cell above -FLT_MAX keeps -1 (and the value -FLT_MAX).
 
+synopsys-caffe's pad_type (SAME), pad_l/r/t/b and AVE_EXC_PAD (alias AVE_TF) follow that fork's
+own geometry: pooling_edges.py.
+
 The torch functions below (caffe_pool_out, caffe_pool2d, caffe_max_pool2d_mask)
 and the modules are also copied into the standalone model.py, so the export
 computes the same bits.
