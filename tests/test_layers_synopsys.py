@@ -396,3 +396,62 @@ def test_reshape_pixelshuffler_bad(param, shape, msg):
         f'layer {{ name: "ps" type: "Reshape" bottom: "x" top: "o" reshape_param {{ {param} }} }}')
     with pytest.raises(CaffeqError, match=msg):
         load_from_text(text)
+
+
+# ---- PriorBox tf / yx_order (prior_box_layer.cpp Forward_cpu) -----------------------------------
+
+def fork_prior_ref(feat_hw, img_hw, min_size, max_size, ratios, tf, yx, variance):
+    """The fork's loops: per cell the min box (inset 0.05 when tf and min_size is 60), the
+    sqrt(min*max) box before (not tf) or after (tf) the flipped aspect-ratio boxes."""
+    lh, lw = feat_hw
+    ih, iw = img_hw
+    sh, sw = np.float32(ih) / np.float32(lh), np.float32(iw) / np.float32(lw)
+    ars = [1.0]
+    for ar in ratios:
+        ars += [ar, 1.0 / np.float32(ar)]
+    coords = []
+    for h in range(lh):
+        for w in range(lw):
+            cx, cy = float((np.float32(w) + np.float32(0.5)) * sw), float((np.float32(h) + np.float32(0.5)) * sh)
+            boxes = [(float(min_size), float(min_size), 0.05 if tf and min_size == 60 else 0.0)]
+            big = float(np.float32(np.sqrt(min_size * max_size))) if max_size else None
+            if big and not tf:
+                boxes.append((big, big, 0.0))
+            for ar in ars[1:]:
+                r = np.sqrt(float(np.float32(ar)))
+                boxes.append((float(np.float32(min_size * r)), float(np.float32(min_size / r)), 0.0))
+            if big and tf:
+                boxes.append((big, big, 0.0))
+            for bw, bh, d in boxes:
+                x0, y0 = (cx - bw / 2) / iw + d, (cy - bh / 2) / ih + d
+                x1, y1 = (cx + bw / 2) / iw - d, (cy + bh / 2) / ih - d
+                coords += [y0, x0, y1, x1] if yx else [x0, y0, x1, y1]
+    coords = np.asarray(coords, np.float32)
+    return np.stack([coords, np.tile(np.asarray(variance, np.float32), len(coords) // 4)])[None]
+
+
+@pytest.mark.parametrize("min_size, max_size, tf, yx", [
+    (60, 0, True, True), (60, 90, True, False), (45, 70, True, True), (60, 90, False, True), (45, 70, False, False)])
+def test_priorbox_tf_yx_order(min_size, max_size, tf, yx, tmp_path):
+    variance = [0.1, 0.1, 0.2, 0.2]
+    extra = f"max_size: {max_size} " if max_size else ""
+    text = inputs_text(f=(2, 3, 3, 5), img=(2, 3, 70, 110)) + (
+        f'layer {{ name: "pb" type: "PriorBox" bottom: "f" bottom: "img" top: "o" prior_box_param {{ '
+        f'min_size: {min_size} {extra}aspect_ratio: 2 aspect_ratio: 3 flip: true clip: false '
+        f'tf: {str(tf).lower()} yx_order: {str(yx).lower()} '
+        + " ".join(f"variance: {v}" for v in variance) + ' } }')
+    model = load_from_text(text)
+    ref = fork_prior_ref((3, 5), (70, 110), min_size, max_size, [2.0, 3.0], tf, yx, variance)
+    feeds = {"f": rng(14).standard_normal((2, 3, 3, 5)).astype(np.float32),
+             "img": rng(15).standard_normal((2, 3, 70, 110)).astype(np.float32)}
+    for name, out in backend_outputs(model, feeds, tmp_path).items():
+        assert out.shape == ref.shape, name
+        assert_close(out, ref, 0, 1e-6, name)
+
+
+def test_priorbox_tf_with_denser_refused():
+    text = inputs_text(f=(1, 3, 3, 5), img=(1, 3, 70, 110)) + (
+        'layer { name: "pb" type: "PriorBox" bottom: "f" bottom: "img" top: "o" prior_box_param { '
+        'min_size: 30 tf: true denser_prior_boxes: true } }')
+    with pytest.raises(CaffeqError, match="tf"):
+        load_from_text(text)
