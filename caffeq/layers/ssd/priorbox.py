@@ -145,8 +145,8 @@ def prior_box_tensor(widths: list[float], heights: list[float], shifted: list[bo
     if len(inset):
         d = torch.tensor(inset, dtype=torch.float64)[None, None, :]
         x0, y0, x1, y1 = x0 + d, y0 + d, x1 - d, y1 - d
-    corners = [y0, x0, y1, x1] if yx else [x0, y0, x1, y1]
-    boxes = torch.stack(torch.broadcast_tensors(*corners), dim=-1)
+    x0, y0, x1, y1 = torch.broadcast_tensors(x0, y0, x1, y1)
+    boxes = torch.stack([y0, x0, y1, x1] if yx else [x0, y0, x1, y1], dim=-1)
     coords = boxes.float().reshape(-1)
     if clip:
         coords = coords.clamp(0.0, 1.0)
