@@ -480,6 +480,8 @@ def _keeps_batch(node, in_shape):
     if node.type == "Flatten":
         return a["axis"] % ndim >= 1
     if node.type == "Reshape":
+        if a.get("pixelshuffler", 1) > 1:  # synopsys-caffe's depth-to-space reorders, never merged
+            return False
         start = a["axis"] if a["axis"] >= 0 else ndim + a["axis"] + 1
         if start >= 1:
             return True

@@ -229,13 +229,101 @@ def test_conv_fork_edge_pads_bad(param, msg):
         load_from_text(text, random_weights=True)
 
 
-# ---- Pooling: the fork's fields are declared but refused until modelled ---------------------------
+# ---- Pooling pad_type / pad_l/r/t/b / AVE_EXC_PAD (pooling_layer.cpp) -------------------------------
 
-@pytest.mark.parametrize("param, msg", [("pool: AVE_EXC_PAD", "AVE_EXC_PAD"), ("pool: AVE_TF", "AVE_EXC_PAD"),
-                                        ("pad_type: 1", "pad_type"), ("pad_l: 1", "pad_l")])
-def test_pooling_fork_fields_refused(param, msg):
+def fork_pool_ref(x, pool, kernel, stride, edges, same, ceil):
+    """The fork's Reshape and Forward_cpu loops: edges (t, b, l, r); float64 sums."""
+    n, c, h, w = x.shape
+    sizes, out, pads = (h, w), [0, 0], [0, 0, 0, 0]
+    for i in range(2):
+        if same:
+            out[i] = int(np.ceil(sizes[i] / stride[i]))
+            rem = sizes[i] % stride[i]
+            along = max(kernel[i] - (stride[i] if rem == 0 else rem), 0)
+            pads[2 * i], pads[2 * i + 1] = along // 2, along - along // 2
+        else:
+            pads[2 * i], pads[2 * i + 1] = edges[2 * i], edges[2 * i + 1]
+            span = (sizes[i] + edges[2 * i] + edges[2 * i + 1] - kernel[i]) / stride[i]
+            out[i] = int(np.ceil(span) if ceil else np.floor(span)) + 1
+    if not same and any(edges):
+        for i in range(2):
+            if (out[i] - 1) * stride[i] >= sizes[i] + pads[2 * i]:
+                out[i] -= 1
+    t, b, l, r = pads
+    y = np.zeros((n, c, out[0], out[1]))
+    for ph in range(out[0]):
+        for pw in range(out[1]):
+            hs, ws = ph * stride[0] - t, pw * stride[1] - l
+            if pool == "MAX":
+                he, we = min(hs + kernel[0], h), min(ws + kernel[1], w)
+                hs, ws = max(hs, 0), max(ws, 0)
+                y[:, :, ph, pw] = x[:, :, hs:he, ws:we].max(axis=(2, 3))
+                continue
+            he, we = min(hs + kernel[0], h + b), min(ws + kernel[1], w + r)
+            size = (he - hs) * (we - ws)
+            hs, ws, he, we = max(hs, 0), max(ws, 0), min(he, h), min(we, w)
+            if pool == "AVE_EXC_PAD":
+                size = (he - hs) * (we - ws)
+            y[:, :, ph, pw] = x[:, :, hs:he, ws:we].sum(axis=(2, 3)) / size
+    return y
+
+
+POOL_CASES = [
+    # (param text, kernel (h, w), stride (h, w), edges (t, b, l, r), same)
+    ("pool: MAX pad_t: 1 pad_b: 0 pad_l: 0 pad_r: 2 stride_h: 2 stride_w: 1", (3, 2), (2, 1), (1, 0, 0, 2), False),
+    ("pool: AVE pad_t: 0 pad_b: 2 pad_l: 1 pad_r: 0 stride_h: 2 stride_w: 3", (3, 3), (2, 3), (0, 2, 1, 0), False),
+    ("pool: AVE_EXC_PAD pad_t: 2 pad_l: 1 pad_r: 1", (3, 2), (1, 1), (2, 0, 1, 1), False),
+    ("pool: MAX pad_type: 1 stride: 2", (2, 3), (2, 2), None, True),
+    ("pool: AVE pad_type: 1 stride_h: 3 stride_w: 2", (3, 2), (3, 2), None, True),
+    ("pool: AVE_TF pad_type: 1 stride: 2", (3, 3), (2, 2), None, True),
+    ("pool: AVE_EXC_PAD pad_h: 1 pad_w: 2 stride: 2", (3, 3), (2, 2), (1, 1, 2, 2), False),
+    ("pool: MAX pad_b: 1 pad_r: 1 round_mode: FLOOR stride: 2", (2, 2), (2, 2), (0, 1, 0, 1), False),
+    ("pool: AVE pad_t: 1 pad_r: 1 stride: 3", (2, 2), (3, 3), (1, 0, 0, 1), False),
+]
+
+
+@pytest.mark.parametrize("param, kernel, stride, edges, same", POOL_CASES)
+def test_pooling_fork_edge_pads(param, kernel, stride, edges, same, tmp_path):
     text = inputs_text(x=SHAPE) + (
-        f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "o" pooling_param {{ kernel_size: 2 {param} }} }}')
+        f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "o" pooling_param {{ '
+        f'kernel_h: {kernel[0]} kernel_w: {kernel[1]} {param} }} }}')
+    model = load_from_text(text)
+    x = rng(11).standard_normal(SHAPE).astype(np.float32)
+    pool = re.search(r"pool: (\w+)", param).group(1).replace("AVE_TF", "AVE_EXC_PAD")
+    ref = fork_pool_ref(x.astype(np.float64), pool, kernel, stride, edges, same, "FLOOR" not in param)
+    outs = backend_outputs(model, {"x": x}, tmp_path)
+    for name, out in outs.items():
+        assert out.shape == ref.shape, name
+        assert_close(out, ref, 1e-5, 1e-5, name)
+
+
+def test_pooling_exc_pad_differs_from_ave():
+    x = rng(12).standard_normal(SHAPE).astype(np.float32)
+    outs = []
+    for pool in ("AVE", "AVE_EXC_PAD"):
+        text = inputs_text(x=SHAPE) + (
+            f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "o" pooling_param {{ '
+            f'kernel_size: 3 pad: 1 pool: {pool} }} }}')
+        outs.append(load_from_text(text).run({"x": x})["o"])
+    assert np.abs(outs[0] - outs[1]).max() > 0.05
+    assert np.array_equal(outs[0][:, :, 1:-1, 1:-1], outs[1][:, :, 1:-1, 1:-1])
+
+
+def test_pooling_default_geometry_unchanged():
+    text = inputs_text(x=SHAPE) + (
+        'layer { name: "p" type: "Pooling" bottom: "x" top: "o" pooling_param { kernel_size: 3 pad: 1 '
+        'stride: 2 pool: AVE } }')
+    model = load_from_text(text)
+    assert model.graph.node("p").attrs["edge"] is None
+
+
+@pytest.mark.parametrize("param, msg", [
+    ("pad: 1 pad_l: 1", "not both"), ("pad_type: 1 pad_t: 1", "not both"), ("pad_type: 2", "pad_type"),
+    ("pool: STOCHASTIC pad_l: 1", "STOCHASTIC"), ("global_pooling: true pad_type: 1", "global")])
+def test_pooling_fork_edge_pads_bad(param, msg):
+    kernel = "" if "global" in param else "kernel_size: 2 "
+    text = inputs_text(x=SHAPE) + (
+        f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "o" pooling_param {{ {kernel}{param} }} }}')
     with pytest.raises(CaffeqError, match=msg):
         load_from_text(text)
 
@@ -273,3 +361,97 @@ def test_relu_bounds_match_the_fork(param, slope, relu6, maximum, minimum, tmp_p
     m = load_from_text(conv, random_weights=True)
     pre = m.run({"x": x}, exact=True, all_blobs=True)["c"]
     assert_close(m.run({"x": x})["r"], relu_ref(pre, slope, relu6, maximum, minimum), 1e-5, 1e-5, "optimized")
+
+
+# ---- Reshape pixelshuffler (reshape_layer.cpp Forward_cpu) -------------------------------------
+
+def pixel_shuffle_ref(x, r):
+    """The fork's loop: bottom (n, c, h, w) goes to top (n, c // r^2, h*r + (c // r) % r, w*r + c % r)."""
+    n, c, h, w = x.shape
+    y = np.zeros((n, c // (r * r), h * r, w * r), x.dtype)
+    for ci in range(c):
+        for hi in range(h):
+            for wi in range(w):
+                y[:, ci // (r * r), hi * r + (ci // r) % r, wi * r + ci % r] = x[:, ci, hi, wi]
+    return y
+
+
+@pytest.mark.parametrize("r, shape", [(2, (2, 12, 3, 5)), (3, (3, 18, 4, 2))])
+def test_reshape_pixelshuffler(r, shape, tmp_path):
+    text = inputs_text(x=shape) + (
+        f'layer {{ name: "ps" type: "Reshape" bottom: "x" top: "o" reshape_param {{ pixelshuffler: {r} }} }}')
+    model = load_from_text(text)
+    x = rng(13).standard_normal(shape).astype(np.float32)
+    ref = pixel_shuffle_ref(x, r)
+    for name, out in backend_outputs(model, {"x": x}, tmp_path).items():
+        assert out.shape == ref.shape, name
+        assert np.array_equal(out, ref), name
+
+
+@pytest.mark.parametrize("param, shape, msg", [
+    ("pixelshuffler: 0", (2, 12, 3, 5), "pixelshuffler"), ("pixelshuffler: 2", (2, 6, 3, 5), "multiple of 4"),
+    ("pixelshuffler: 2", (2, 12, 15), "4-axis")])
+def test_reshape_pixelshuffler_bad(param, shape, msg):
+    text = inputs_text(x=shape) + (
+        f'layer {{ name: "ps" type: "Reshape" bottom: "x" top: "o" reshape_param {{ {param} }} }}')
+    with pytest.raises(CaffeqError, match=msg):
+        load_from_text(text)
+
+
+# ---- PriorBox tf / yx_order (prior_box_layer.cpp Forward_cpu) -----------------------------------
+
+def fork_prior_ref(feat_hw, img_hw, min_size, max_size, ratios, tf, yx, variance):
+    """The fork's loops: per cell the min box (inset 0.05 when tf and min_size is 60), the
+    sqrt(min*max) box before (not tf) or after (tf) the flipped aspect-ratio boxes."""
+    lh, lw = feat_hw
+    ih, iw = img_hw
+    sh, sw = np.float32(ih) / np.float32(lh), np.float32(iw) / np.float32(lw)
+    ars = [1.0]
+    for ar in ratios:
+        ars += [ar, 1.0 / np.float32(ar)]
+    coords = []
+    for h in range(lh):
+        for w in range(lw):
+            cx, cy = float((np.float32(w) + np.float32(0.5)) * sw), float((np.float32(h) + np.float32(0.5)) * sh)
+            boxes = [(float(min_size), float(min_size), 0.05 if tf and min_size == 60 else 0.0)]
+            big = float(np.float32(np.sqrt(min_size * max_size))) if max_size else None
+            if big and not tf:
+                boxes.append((big, big, 0.0))
+            for ar in ars[1:]:
+                r = np.sqrt(float(np.float32(ar)))
+                boxes.append((float(np.float32(min_size * r)), float(np.float32(min_size / r)), 0.0))
+            if big and tf:
+                boxes.append((big, big, 0.0))
+            for bw, bh, d in boxes:
+                x0, y0 = (cx - bw / 2) / iw + d, (cy - bh / 2) / ih + d
+                x1, y1 = (cx + bw / 2) / iw - d, (cy + bh / 2) / ih - d
+                coords += [y0, x0, y1, x1] if yx else [x0, y0, x1, y1]
+    coords = np.asarray(coords, np.float32)
+    return np.stack([coords, np.tile(np.asarray(variance, np.float32), len(coords) // 4)])[None]
+
+
+@pytest.mark.parametrize("min_size, max_size, tf, yx", [
+    (60, 0, True, True), (60, 90, True, False), (45, 70, True, True), (60, 90, False, True), (45, 70, False, False)])
+def test_priorbox_tf_yx_order(min_size, max_size, tf, yx, tmp_path):
+    variance = [0.1, 0.1, 0.2, 0.2]
+    extra = f"max_size: {max_size} " if max_size else ""
+    text = inputs_text(f=(2, 3, 3, 5), img=(2, 3, 70, 110)) + (
+        f'layer {{ name: "pb" type: "PriorBox" bottom: "f" bottom: "img" top: "o" prior_box_param {{ '
+        f'min_size: {min_size} {extra}aspect_ratio: 2 aspect_ratio: 3 flip: true clip: false '
+        f'tf: {str(tf).lower()} yx_order: {str(yx).lower()} '
+        + " ".join(f"variance: {v}" for v in variance) + ' } }')
+    model = load_from_text(text)
+    ref = fork_prior_ref((3, 5), (70, 110), min_size, max_size, [2.0, 3.0], tf, yx, variance)
+    feeds = {"f": rng(14).standard_normal((2, 3, 3, 5)).astype(np.float32),
+             "img": rng(15).standard_normal((2, 3, 70, 110)).astype(np.float32)}
+    for name, out in backend_outputs(model, feeds, tmp_path).items():
+        assert out.shape == ref.shape, name
+        assert_close(out, ref, 0, 1e-6, name)
+
+
+def test_priorbox_tf_with_denser_refused():
+    text = inputs_text(f=(1, 3, 3, 5), img=(1, 3, 70, 110)) + (
+        'layer { name: "pb" type: "PriorBox" bottom: "f" bottom: "img" top: "o" prior_box_param { '
+        'min_size: 30 tf: true denser_prior_boxes: true } }')
+    with pytest.raises(CaffeqError, match="tf"):
+        load_from_text(text)

@@ -20,7 +20,18 @@ Caffe's windows (a Slice trims any extra row):
 import numpy as np
 
 from ..errors import ExportError
-from ..layers.pooling import AVE, FLT_MAX, FLT_MIN, MAX, STOCHASTIC, _ave_divisors, window
+from ..layers.pooling import (
+    AVE,
+    FLT_MAX,
+    FLT_MIN,
+    MAX,
+    STOCHASTIC,
+    _ave_divisors,
+    is_synopsys,
+    synopsys_args,
+    window,
+)
+from ..layers.pooling_edges import synopsys_pool_divisors, synopsys_pool_geometry
 
 
 def _plan(size, k, s, begin, out, limit):
@@ -88,6 +99,8 @@ def emit_pooling(ctx, node, attrs, x, y):
     if any(o <= 0 for o in out):
         raise ExportError(f"layer '{node.name}': pooling of a {h}x{w} input gives an empty output")
     sizes = (h, w)
+    if is_synopsys(attrs):
+        return _write_to(ctx, _emit_synopsys(ctx, node, attrs, x, h, w), y)
 
     if pool == MAX:
         plans = [_plan(n, kk, ss, pp, o, n) for n, kk, ss, pp, o in zip(sizes, k, s, p, out)]
@@ -129,6 +142,48 @@ def emit_pooling(ctx, node, attrs, x, y):
     else:
         raise ExportError(f"layer '{node.name}': unknown pool method {pool}")
     return _write_to(ctx, r, y)
+
+
+def _cut_to(ctx, node, y, sizes, before, after, k, s, out):
+    """Slice the pool op's rows past the last kept window off (the end pad is never negative)."""
+    full = [(n + b + a - kk) // ss + 1 for n, b, a, kk, ss in zip(sizes, before, after, k, s)]
+    if full != list(out):
+        cut = ctx.tmp(f"{node.name}_cut")
+        ctx.add_node("Slice", [y, ctx.const(np.array([0, 0], np.int64)), ctx.const(np.array(out, np.int64)),
+                               ctx.const(np.array([2, 3], np.int64))], [cut])
+        y = cut
+    return y
+
+
+def _emit_synopsys(ctx, node, attrs, x, h, w):
+    """synopsys-caffe's per-side / SAME padded pooling and AVE_EXC_PAD (pooling_edges.py): the pool op
+    with the fork's pads before and just enough after; AVE's divisors corrected by a constant map."""
+    mode, k, s, edges, same, ceil = synopsys_args(attrs)
+    out, pads = synopsys_pool_geometry([h, w], k, s, edges, same, ceil)
+    before = [pads[0], pads[2]]
+    if any(b >= kk for b, kk in zip(before, k)):
+        raise ExportError(f"layer '{node.name}': a pad before ({before}) as large as the kernel {k} "
+                          f"has no ONNX pooling form")
+    # every kept window starts inside the image (the fork's Reshape rule), so none is empty
+    after = [max(0, (o - 1) * ss + kk - n - b) for o, ss, kk, n, b in zip(out, s, k, (h, w), before)]
+    if mode == "max":
+        y = ctx.tmp(f"{node.name}_maxpool")
+        ctx.add_node("MaxPool", [x], [y], name=node.name, kernel_shape=k, strides=s, pads=before + after)
+        y = _cut_to(ctx, node, y, (h, w), before, after, k, s, out)
+    else:
+        y = ctx.tmp(f"{node.name}_avgpool")
+        ctx.add_node("AveragePool", [x], [y], name=node.name, kernel_shape=k, strides=s,
+                     pads=before + after, count_include_pad=1)
+        y = _cut_to(ctx, node, y, (h, w), before, after, k, s, out)
+        exclude = mode == "ave_exc_pad"
+        dh = synopsys_pool_divisors(h, k[0], s[0], pads[0], pads[1], out[0], exclude)
+        dw = synopsys_pool_divisors(w, k[1], s[1], pads[2], pads[3], out[1], exclude)
+        ratio = (k[0] * k[1]) / np.outer(np.asarray(dh, np.float64), np.asarray(dw, np.float64))
+        if not np.all(ratio == 1.0):
+            fixed = ctx.tmp(f"{node.name}_divided")
+            ctx.add_node("Mul", [y, ctx.const(ratio.astype(np.float32), f"{node.name}_divisor_fix")], [fixed])
+            y = fixed
+    return y
 
 
 def emit_spp(ctx, node, spec):

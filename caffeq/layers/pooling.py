@@ -15,6 +15,9 @@ floats, holding the index h * W + w of the chosen cell within its input plane.
 The first maximum in row-major order wins (Caffe's strict `>`); a window with
 no cell above -FLT_MAX keeps -1 (and the value -FLT_MAX).
 
+synopsys-caffe's pad_type (SAME), pad_l/r/t/b and AVE_EXC_PAD (alias AVE_TF) follow that fork's
+own geometry: pooling_edges.py.
+
 The torch functions below (caffe_pool_out, caffe_pool2d, caffe_max_pool2d_mask)
 and the modules are also copied into the standalone model.py, so the export
 computes the same bits.
@@ -27,6 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .edge_pads import SAME, read_edge_pads
+from .pooling_edges import (
+    TORCH_SYNOPSYS_POOL_FUNCTIONS,
+    TORCH_SYNOPSYS_POOL_MODULE,
+    synopsys_pool2d,
+    synopsys_pool_geometry,
+)
 from .pooling_nd import (
     ave_pool3d_windows,
     first_empty_axis,
@@ -72,13 +82,17 @@ def _round_mode(p):
 
 def parse_pooling(p):
     attrs = {"pool": int(p.pool), "global": bool(p.global_pooling), "round_mode": _round_mode(p), "param": p}
-    if attrs["pool"] == AVE_EXC_PAD:
-        raise LayerError("pooling_param.pool AVE_EXC_PAD (synopsys-caffe) is not supported yet")
-    if attrs["pool"] not in (MAX, AVE, STOCHASTIC):
+    if attrs["pool"] not in (MAX, AVE, STOCHASTIC, AVE_EXC_PAD):
         raise LayerError(f"unknown pool method {attrs['pool']}")
-    if any(getattr(p, f, 0) for f in ("pad_type", "pad_l", "pad_r", "pad_t", "pad_b")):
-        # declared for the schema; the fork's pooling geometry is not modelled yet
-        raise LayerError("pooling_param.pad_type / pad_l/r/t/b (synopsys-caffe) are not supported yet")
+    # synopsys-caffe's pad_type / pad_l/r/t/b (pooling_edges.py); None keeps Caffe's symmetric pad
+    attrs["edge"] = read_edge_pads(p, 2, "pooling_param")
+    if attrs["edge"] is not None:
+        if attrs["global"]:
+            raise LayerError("pooling_param: global_pooling with pad_type / pad_l/r/t/b is not supported")
+        if attrs["pool"] == STOCHASTIC:
+            raise LayerError("pooling_param.pool: STOCHASTIC has no pad_type / pad_l/r/t/b in synopsys-caffe")
+    if attrs["pool"] == AVE_EXC_PAD and attrs["global"]:
+        attrs["pool"] = AVE   # a global window has no padding: the two averages agree
     if max(len(p.kernel_size), len(p.stride), len(p.pad)) <= 2:
         pooling_geometry(attrs, 2)   # the usual 2-D case is checked at once; N-D once the rank is known
     return attrs
@@ -111,9 +125,29 @@ def window(attrs, h, w):
     if attrs["global"]:
         return (h, w), (1, 1), (0, 0), (1, 1)
     k, s, p = attrs["kernel"], attrs["stride"], attrs["pad"]
+    if is_synopsys(attrs):
+        out, _ = synopsys_pool_geometry([h, w], *synopsys_args(attrs)[1:])
+        return k, s, p, tuple(out)
     out = tuple(pooled_size(n, kk, ss, pp, attrs["round_mode"], padded=any(p))
                 for n, kk, ss, pp in zip((h, w), k, s, p))
     return k, s, p, out
+
+
+def is_synopsys(attrs):
+    """True where the fork's own pooling (pooling_edges.py) applies: per-side / SAME pads or AVE_EXC_PAD."""
+    return attrs.get("edge") is not None or attrs["pool"] == AVE_EXC_PAD
+
+
+def synopsys_args(attrs):
+    """(mode, kernel, stride, edges [t, b, l, r], same, ceil) for synopsys_pool2d."""
+    edge = attrs.get("edge")
+    if edge is None:
+        ph, pw = attrs["pad"]
+        edges = [ph, ph, pw, pw]
+    else:
+        edges = [0, 0, 0, 0] if edge == SAME else list(edge)
+    return (_TORCH_MODES[attrs["pool"]], list(attrs["kernel"]), list(attrs["stride"]), edges, edge == SAME,
+            attrs["round_mode"] == CEIL)
 
 
 def _ave_divisors(size, k, s, p, out):
@@ -245,7 +279,7 @@ TORCH_POOL_MODULE = inspect.getsource(CaffePool2d)
 TORCH_MASK_MODULE = inspect.getsource(CaffeMaxPool2dMask)
 TORCH_SPP_MODULE = inspect.getsource(SpatialPyramidPool)
 
-_TORCH_MODES = {MAX: "max", AVE: "ave", STOCHASTIC: "stochastic"}
+_TORCH_MODES = {MAX: "max", AVE: "ave", STOCHASTIC: "stochastic", AVE_EXC_PAD: "ave_exc_pad"}
 
 
 def caffe_pool(x, attrs, mask=False):
@@ -257,6 +291,8 @@ def caffe_pool(x, attrs, mask=False):
     ceil = attrs["round_mode"] == CEIL
     if mask:
         return caffe_max_pool2d_mask(x, list(k), list(s), list(p), ceil)
+    if is_synopsys(attrs):
+        return synopsys_pool2d(x, *synopsys_args(attrs))
     if attrs["global"] and attrs["pool"] == MAX:
         return x.amax(dim=(-2, -1), keepdim=True)
     if attrs["global"] and attrs["pool"] == AVE:
@@ -274,7 +310,7 @@ def _torch_standard_pool(attrs):
     average windows exactly as Caffe: torch's ceil correction (drop a last window that starts
     at or past H + pad) applies even without any pad, where Caffe's does not (it can only
     trigger with stride > kernel), and torch wants pad <= kernel / 2."""
-    if attrs["pool"] not in (MAX, AVE):
+    if attrs["pool"] not in (MAX, AVE) or attrs.get("edge") is not None:
         return False
     if any(p > k // 2 for k, p in zip(attrs["kernel"], attrs["pad"])):
         return False
@@ -354,12 +390,16 @@ class Pooling(Layer):
                              f"{'1 or 2 tops (values, argmax mask)' if most == 2 else '1 top'}, "
                              f"got {len(lp.top)}")
         attrs["mask"] = len(lp.top) == 2
+        if attrs["mask"] and attrs["edge"] is not None:
+            raise LayerError("pooling_param: the argmax mask top with pad_type / pad_l/r/t/b is not supported")
         return attrs
 
     def infer(self, attrs, in_shapes):
         s = in_shapes[0]
         attrs["nd"] = len(s) == 5
         if attrs["nd"]:
+            if is_synopsys(attrs):
+                raise LayerError("pooling_param: pad_type / pad_l/r/t/b and AVE_EXC_PAD are 2-D only (4-axis input)")
             return [_infer_nd(attrs, s)]
         if len(s) != 4:
             raise LayerError(f"Pooling needs a 4-axis input (or a 5-axis one: R-C3D's N-D pooling), got {list(s)}")
@@ -413,6 +453,12 @@ class Pooling(Layer):
             both = emit.tmp(node.name + "_pool")
             emit.stmt(f"{both} = {m}({x})")
             return [f"{both}[0]", f"{both}[1]"]
+        if is_synopsys(a) and not a["global"]:
+            mode, kk, ss, edges, same, ceil = synopsys_args(a)
+            m = emit.instance(TORCH_SYNOPSYS_POOL_MODULE, needs=[TORCH_SYNOPSYS_POOL_FUNCTIONS],
+                              args=f"{emit.lit(mode)}, {emit.lit(kk)}, {emit.lit(ss)}, {emit.lit(edges)}, "
+                                   f"{emit.lit(same)}, {emit.lit(ceil)}")
+            return f"{m}({x})"
         if a["global"] and a["pool"] != STOCHASTIC:
             # the adaptive 1x1 pools reduce like caffe_pool's amax / sum / (H * W)
             kind = "Max" if a["pool"] == MAX else "Avg"

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .act_forks import SELECTOR_FILTER, is_selector_filter
 from .registry import Layer, LayerError, canonical_axis, register_layer
@@ -315,6 +316,16 @@ def _reshape_shape(attrs, shape):
     return tuple(top)
 
 
+def _pixel_shuffle_shape(r, shape):
+    """synopsys-caffe's pixelshuffler top: N x C/r^2 x rH x rW of a 4-axis bottom."""
+    if len(shape) != 4:
+        raise LayerError(f"reshape_param.pixelshuffler needs a 4-axis bottom, got {list(shape)}")
+    n, c, h, w = (int(d) for d in shape)
+    if c % (r * r):
+        raise LayerError(f"reshape_param.pixelshuffler {r}: the bottom's {c} channels are not a multiple of {r * r}")
+    return (n, c // (r * r), h * r, w * r)
+
+
 @register_layer("Reshape")
 class Reshape(Layer):
     def parse(self, lp):
@@ -328,19 +339,33 @@ class Reshape(Layer):
             raise LayerError(f"reshape_param.shape {dims} has a dimension below -1")
         if p.num_axes < -1:
             raise LayerError(f"reshape_param.num_axes must be >= 0, or -1 for all; got {p.num_axes}")
-        return {"dims": dims, "axis": int(p.axis), "num_axes": int(p.num_axes),
+        shuffle = int(getattr(p, "pixelshuffler", 1))
+        if shuffle < 1:
+            raise LayerError(f"reshape_param.pixelshuffler must be >= 1, got {shuffle}")
+        return {"pixelshuffler": shuffle,
+                "dims": dims, "axis": int(p.axis), "num_axes": int(p.num_axes),
                 "copy_axes": [i for i, d in enumerate(dims) if d == 0],
                 "inferred_axis": inferred[0] if inferred else -1}
 
     def infer(self, attrs, in_shapes):
+        if attrs.get("pixelshuffler", 1) > 1:
+            return [_pixel_shuffle_shape(attrs["pixelshuffler"], in_shapes[0])]
         return [_reshape_shape(attrs, in_shapes[0])]
 
     def forward(self, attrs, params, x):
+        if attrs.get("pixelshuffler", 1) > 1:
+            # the fork's loop sends channel c*r^2 + i*r + j of (h, w) to channel c at (h*r + i, w*r + j)
+            return F.pixel_shuffle(x, attrs["pixelshuffler"])
         return x.reshape(_reshape_shape(attrs, tuple(x.shape)))
 
     def onnx(self, ctx, node):
         a = node.attrs
         x = node.inputs[0]
+        if a.get("pixelshuffler", 1) > 1:
+            # ONNX's channel-major (CRD) DepthToSpace is the fork's reorder
+            ctx.add_node("DepthToSpace", [x], [node.outputs[0]], name=node.name, blocksize=a["pixelshuffler"],
+                         mode="CRD")
+            return
         shape = tuple(ctx.shape(x))
         ndim = len(shape)
         start, end = _reshape_plan(a, ndim)
@@ -370,6 +395,9 @@ class Reshape(Layer):
     def pytorch_source(self, node, emit):
         a = node.attrs
         x = emit.inputs[0]
+        if a.get("pixelshuffler", 1) > 1:
+            emit.uses("F")
+            return f"F.pixel_shuffle({x}, {a['pixelshuffler']})"
         ndim = len(emit.in_shape(0))
         start, end = _reshape_plan(a, ndim)
         # axes Caffe copies (outside [start, end), and 0 in the spec) come from x at run time

@@ -16,6 +16,10 @@
   aspect-ratio boxes keep size / 2).  A layer with exactly 3 min_size declares 21 priors per
   cell (LayerSetUp), others the SSD count; a layer whose boxes would not fill exactly that
   count (Caffe would write past its top or leave it short) is refused.
+- synopsys-caffe (977ba36a prior_box_layer.cpp) `tf: true` orders each min_size's priors min,
+  the other aspect ratios, then sqrt(min * max), and a min_size (as int) of exactly 60 has its
+  first box inset by 0.05 on every side after normalizing; `yx_order: true` writes each box
+  as [ymin, xmin, ymax, xmax].
 """
 import inspect
 import math
@@ -66,17 +70,33 @@ def prior_sizes(attrs):
             sizes += [(f32(mn - 1), f32(mn - 1))] * len(faceboxes_offsets(mn))
         else:
             sizes.append((f32(mn), f32(mn)))
+        geometric = []
         if attrs["max_sizes"]:
             s = f32(math.sqrt(mn * attrs["max_sizes"][k]))
-            sizes.append((s, s))
+            geometric = [(s, s)]
+        if not attrs.get("tf"):  # synopsys' tf puts it after the aspect ratios
+            sizes += geometric
         for ar in attrs["ratios"]:
             if abs(ar - 1.0) < 1e-6:
                 continue
             r = math.sqrt(float(f32(ar)))
             sizes.append((f32(mn * r), f32(mn / r)))
+        if attrs.get("tf"):
+            sizes += geometric
     if attrs.get("denser"):
         return [(w, h, shifted) for w, h in sizes for shifted in (False, True)]
     return [(w, h, False) for w, h in sizes]
+
+
+def prior_insets(attrs):
+    """Per prior the normalized inset of synopsys' tf reading (0.05 for a min_size 60 box), else None."""
+    if not attrs.get("tf"):
+        return None
+    out = []
+    per_size = len(attrs["ratios"]) + (1 if attrs["max_sizes"] else 0)
+    for mn in attrs["min_sizes"]:
+        out += [0.05 if mn == 60 else 0.0] + [0.0] * (per_size - 1)
+    return out if any(out) else None
 
 
 def prior_offsets(attrs):
@@ -92,12 +112,15 @@ def prior_offsets(attrs):
 
 def prior_box_tensor(widths: list[float], heights: list[float], shifted: list[bool], variance: list[float],
                      lh: int, lw: int, ih: int, iw: int, step_h: float = 0.0, step_w: float = 0.0,
-                     offset: float = 0.5, clip: bool = False, dx: list[float] = (), dy: list[float] = ()):
+                     offset: float = 0.5, clip: bool = False, dx: list[float] = (), dy: list[float] = (),
+                     inset: list[float] = (), yx: bool = False):
     """SSD's PriorBox output (1, 2, H * W * P * 4), float32: for each cell (row-major) and prior the
     corners [xmin, ymin, xmax, ymax] normalized by the image size, then the variances.  widths,
     heights: each prior's box size (float32 values); shifted: priors centred at (h + 1) * step_h
     (TextBoxes++'s denser priors); lh, lw: the feature map's size; ih, iw: the image's; dx, dy: each
-    prior's centre offset in px, added in float32 (FaceBoxes' dense anchors), none when empty."""
+    prior's centre offset in px, added in float32 (FaceBoxes' dense anchors), none when empty; inset:
+    per prior, added to the normalized min corner and taken off the max one (synopsys' tf); yx: corners
+    as [ymin, xmin, ymax, xmax] (synopsys' yx_order)."""
     f32 = torch.float32
     if step_h != 0.0 and step_w != 0.0:
         sh, sw = torch.tensor(step_h, dtype=f32), torch.tensor(step_w, dtype=f32)
@@ -118,8 +141,12 @@ def prior_box_tensor(widths: list[float], heights: list[float], shifted: list[bo
         cy_shifted = cy_shifted + torch.tensor(dy, dtype=f32)[None, None, :]
     cx, cy, cy_shifted = cx.double(), cy.double(), cy_shifted.double()
     cy = torch.where(torch.tensor(shifted, dtype=torch.bool)[None, None, :], cy_shifted, cy)
-    boxes = torch.stack(torch.broadcast_tensors((cx - bw / 2.0) / iw, (cy - bh / 2.0) / ih,
-                                                (cx + bw / 2.0) / iw, (cy + bh / 2.0) / ih), dim=-1)
+    x0, y0, x1, y1 = (cx - bw / 2.0) / iw, (cy - bh / 2.0) / ih, (cx + bw / 2.0) / iw, (cy + bh / 2.0) / ih
+    if len(inset):
+        d = torch.tensor(inset, dtype=torch.float64)[None, None, :]
+        x0, y0, x1, y1 = x0 + d, y0 + d, x1 - d, y1 - d
+    x0, y0, x1, y1 = torch.broadcast_tensors(x0, y0, x1, y1)
+    boxes = torch.stack([y0, x0, y1, x1] if yx else [x0, y0, x1, y1], dim=-1)
     coords = boxes.float().reshape(-1)
     if clip:
         coords = coords.clamp(0.0, 1.0)
@@ -133,11 +160,12 @@ class PriorBox(nn.Module):
     values); img_h, img_w, when set, replace the image's size."""
 
     def __init__(self, widths, heights, shifted, variance, img_h=0, img_w=0, step_h=0.0, step_w=0.0,
-                 offset=0.5, clip=False, dx=(), dy=()):
+                 offset=0.5, clip=False, dx=(), dy=(), inset=(), yx=False):
         super().__init__()
         self.widths, self.heights, self.shifted, self.variance = widths, heights, shifted, variance
         self.img_h, self.img_w, self.step_h, self.step_w = img_h, img_w, step_h, step_w
         self.offset, self.clip, self.dx, self.dy = offset, clip, dx, dy
+        self.inset, self.yx = inset, yx
 
     def forward(self, feat, img):
         lh = feat.shape[2] if feat.dim() > 2 else 1
@@ -148,7 +176,8 @@ class PriorBox(nn.Module):
             ih = img.shape[2] if img.dim() > 2 else 1
             iw = img.shape[3] if img.dim() > 3 else 1
         out = prior_box_tensor(self.widths, self.heights, self.shifted, self.variance, lh, lw, ih, iw,
-                               self.step_h, self.step_w, self.offset, self.clip, self.dx, self.dy)
+                               self.step_h, self.step_w, self.offset, self.clip, self.dx, self.dy,
+                               self.inset, self.yx)
         return out.to(device=feat.device, dtype=feat.dtype)
 
 
@@ -176,7 +205,8 @@ def prior_boxes(attrs, feat_hw, img_hw):
         img_hw = (attrs["img_h"], attrs["img_w"])
     widths, heights, shifted, variance = _module_args(attrs)
     return prior_box_tensor(widths, heights, shifted, variance, *feat_hw, *img_hw, attrs["step_h"],
-                            attrs["step_w"], attrs["offset"], attrs["clip"], *_offset_args(attrs)).numpy()
+                            attrs["step_w"], attrs["offset"], attrs["clip"], *_offset_args(attrs),
+                            prior_insets(attrs) or [], attrs.get("yx", False)).numpy()
 
 
 def textboxes_priors(net):
@@ -244,6 +274,10 @@ class PriorBoxLayer(Layer):
             raise LayerError(f"prior_box_param.variance must be positive, got {var}")
         if not var:
             var = [0.1]
+        if proto_field(p, "tf", False) and (proto_field(p, "denser_prior_boxes", False)
+                                            or proto_field(p, "faceboxes_priors", False)):
+            raise LayerError("prior_box_param.tf (synopsys-caffe) does not combine with denser_prior_boxes "
+                             "or FaceBoxes' priors")
         img_h, img_w = _prior_box_hw(p, "img_size", "img_h", "img_w", int)
         step_h, step_w = _prior_box_hw(p, "step", "step_h", "step_w", float)
         return {"min_sizes": min_sizes, "max_sizes": max_sizes, "ratios": ratios,
@@ -252,7 +286,8 @@ class PriorBoxLayer(Layer):
                 "variance": var, "img_h": img_h, "img_w": img_w,
                 "step_h": step_h, "step_w": step_w, "offset": float(p.offset),
                 "denser": bool(proto_field(p, "denser_prior_boxes", False)),
-                "faceboxes": self._faceboxes(p, min_sizes, max_sizes, ratios)}
+                "faceboxes": self._faceboxes(p, min_sizes, max_sizes, ratios),
+                "tf": bool(proto_field(p, "tf", False)), "yx": bool(proto_field(p, "yx_order", False))}
 
     @staticmethod
     def _faceboxes(p, min_sizes, max_sizes, ratios):
@@ -311,5 +346,10 @@ class PriorBoxLayer(Layer):
         dx, dy = _offset_args(a)
         if dx:
             args += [f"dx={emit.lit(dx)}", f"dy={emit.lit(dy)}"]
+        inset = prior_insets(a)
+        if inset:
+            args.append(f"inset={emit.lit(inset)}")
+        if a.get("yx"):
+            args.append("yx=True")
         m = emit.module(f"{emit.helper(TORCH_PRIOR_BOX)}({', '.join(args)})")
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
