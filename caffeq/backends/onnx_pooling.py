@@ -52,12 +52,17 @@ def _pool(ctx, node, op, x, k, s, begin, plans, **attrs):
     y = ctx.tmp(f"{node.name}_{op.lower()}")
     ctx.add_node(op, [x], [y], name=node.name, kernel_shape=list(k), strides=list(s),
                  pads=list(begin) + [pl[1] for pl in plans], **attrs)
-    if full != valid:
-        cut = ctx.tmp(f"{node.name}_cut")
-        ctx.add_node("Slice", [y, ctx.const(np.array([0, 0], np.int64)), ctx.const(np.array(valid, np.int64)),
-                               ctx.const(np.array([2, 3], np.int64))], [cut])
-        y = cut
-    return y
+    return _keep_rows(ctx, node, y, full, valid)
+
+
+def _keep_rows(ctx, node, y, full, wanted):
+    """y's first `wanted` rows and columns, when the pool op made `full` of them."""
+    if list(full) == list(wanted):
+        return y
+    cut = ctx.tmp(f"{node.name}_cut")
+    ctx.add_node("Slice", [y, ctx.const(np.array([0, 0], np.int64)), ctx.const(np.array(wanted, np.int64)),
+                           ctx.const(np.array([2, 3], np.int64))], [cut])
+    return cut
 
 
 def _fill(ctx, node, x, valid, out, value):
@@ -147,12 +152,7 @@ def emit_pooling(ctx, node, attrs, x, y):
 def _cut_to(ctx, node, y, sizes, before, after, k, s, out):
     """Slice the pool op's rows past the last kept window off (the end pad is never negative)."""
     full = [(n + b + a - kk) // ss + 1 for n, b, a, kk, ss in zip(sizes, before, after, k, s)]
-    if full != list(out):
-        cut = ctx.tmp(f"{node.name}_cut")
-        ctx.add_node("Slice", [y, ctx.const(np.array([0, 0], np.int64)), ctx.const(np.array(out, np.int64)),
-                               ctx.const(np.array([2, 3], np.int64))], [cut])
-        y = cut
-    return y
+    return _keep_rows(ctx, node, y, full, out)
 
 
 def _emit_synopsys(ctx, node, attrs, x, h, w):
