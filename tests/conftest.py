@@ -176,6 +176,26 @@ def model_py_outputs(model, feeds, tmp_path):
     return {k: v.numpy() for k, v in out.items()}
 
 
+def check_everywhere(model, feeds, refs, tmp_path, atol=0.0, rtol=0.0, opsets=(13, None), **run_options):
+    """refs ({top: array}) against caffeq's forward (model.run(feeds, **run_options)), onnxruntime at
+    each opset and the generated model.py."""
+    ours = model.run(feeds, **run_options)
+    for k, ref in refs.items():
+        assert_close(ours[k], ref, atol, rtol, f"torch {k}")
+    for opset in opsets:
+        got = onnx_outputs(model, feeds, tmp_path, opset)
+        for k, ref in refs.items():
+            assert_close(got[k], ref, atol, rtol, f"onnx opset {opset} {k}")
+    got = model_py_outputs(model, feeds, tmp_path)
+    for k, ref in refs.items():
+        assert_close(got[k], ref, atol, rtol, f"model.py {k}")
+
+
+def node_of(model, name):
+    """The graph node of the layer `name`."""
+    return next(n for n in model.layers if n.name == name)
+
+
 def backend_outputs(model, feeds, tmp_path, top="o"):
     """{backend: the top} from torch, onnxruntime and model.py."""
     return {"torch": model.run(feeds)[top], "onnx": onnx_outputs(model, feeds, tmp_path)[top],

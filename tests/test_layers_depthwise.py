@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_close, model_py_outputs, net, onnx_outputs, rng
+from conftest import check_everywhere as shared_check
+from conftest import net, rng
 
 import caffeq
 from caffeq.layers import LayerError
@@ -19,16 +20,9 @@ REALWORLD = Path(__file__).parent / "fixtures" / "realworld"
 
 
 def check_everywhere(model, feeds, refs, tmp_path, tol=1e-5):
-    ours = model.run(feeds, all_blobs=True)
-    for k, ref in refs.items():
-        assert_close(ours[k], ref, tol, tol, f"torch {k}")
-    for opset in (13, None):
-        got = onnx_outputs(model, feeds, tmp_path, opset)
-        for k, ref in refs.items():
-            assert_close(got[k], ref, tol, tol, f"onnx opset {opset} {k}")
-    got = model_py_outputs(model, feeds, tmp_path)
-    for k, ref in refs.items():
-        assert_close(got[k], ref, tol, tol, f"model.py {k}")
+    """torch (every blob), onnxruntime (opset 13 and the default) and model.py against refs."""
+    shared_check(model, feeds, refs, tmp_path, tol, tol, all_blobs=True)
+
 
 
 def conv_dw_ref(x, w, b, kernel, stride, pad, dilation):

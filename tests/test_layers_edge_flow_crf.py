@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import assert_close, model_py_outputs, net, onnx_outputs, rng
+from conftest import assert_close, check_everywhere, model_py_outputs, net, node_of, onnx_outputs, rng
 
 from caffeq.errors import CaffeqError, ExportError
 from caffeq.layers import LayerError
@@ -18,15 +18,8 @@ from caffeq.model import load_from_text
 
 
 def check_backends(model, feeds, tmp_path, refs, atol=1e-5, rtol=1e-5):
-    outs = {"torch": model.run(feeds, exact=True), "onnx": onnx_outputs(model, feeds, tmp_path),
-            "model.py": model_py_outputs(model, feeds, tmp_path)}
-    for backend, got in outs.items():
-        for top, ref in refs.items():
-            assert_close(got[top], ref, atol, rtol, f"{backend} {top}")
-
-
-def node_of(model, name):
-    return next(n for n in model.layers if n.name == name)
+    """torch (the exact module), onnxruntime (default opset) and model.py against refs."""
+    check_everywhere(model, feeds, refs, tmp_path, atol, rtol, opsets=(None,), exact=True)
 
 
 # ---- AutoCrop ------------------------------------------------------------------------------

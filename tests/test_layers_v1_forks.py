@@ -6,7 +6,8 @@ conv_layer.cpp's hole), on shapes where N, C, H and W all differ.
 """
 import numpy as np
 import pytest
-from conftest import assert_close, model_py_outputs, onnx_outputs, rng
+from conftest import assert_close, rng
+from conftest import check_everywhere as shared_check
 
 from caffeq.errors import CaffeqError, WeightsError
 from caffeq.io.prototxt import parse_prototxt_text
@@ -16,17 +17,8 @@ from caffeq.model import load_from_text
 
 
 def check_everywhere(model, feeds, refs, tmp_path, atol=0.0, rtol=0.0):
-    """torch, onnxruntime (opset 13 and the default) and the generated model.py against refs."""
-    ours = model.run(feeds, all_blobs=True)
-    for k, ref in refs.items():
-        assert_close(ours[k], ref, atol, rtol, f"torch {k}")
-    for opset in (13, None):
-        got = onnx_outputs(model, feeds, tmp_path, opset)
-        for k, ref in refs.items():
-            assert_close(got[k], ref, atol, rtol, f"onnx opset {opset} {k}")
-    got = model_py_outputs(model, feeds, tmp_path)
-    for k, ref in refs.items():
-        assert_close(got[k], ref, atol, rtol, f"model.py {k}")
+    """torch (every blob), onnxruntime (opset 13 and the default) and model.py against refs."""
+    shared_check(model, feeds, refs, tmp_path, atol, rtol, all_blobs=True)
 
 
 def v1_net(shape, *layers):
