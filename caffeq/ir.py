@@ -216,6 +216,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
             raise
         except Exception as e:  # a spec's own check on user input
             raise LayerError(f"{where}: bad parameters: {e}") from None
+        notes.extend(f"{where}: {text}" for text in attrs.pop("reading_notes", ()))
         if spec.is_data:
             attrs["base_dir"] = base_dir
 

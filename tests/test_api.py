@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 import torch
+from conftest import FIXTURES, Case, assert_close
 
 import caffeq
 from caffeq.model import load_from_text
-from conftest import FIXTURES, Case, assert_close
 
 
 def test_load_exposes_pycaffe_like_attributes():

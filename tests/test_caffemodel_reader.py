@@ -8,11 +8,11 @@ import struct
 
 import numpy as np
 import pytest
+from conftest import FIXTURES, case_dirs
 
 from caffeq.errors import ParseError
 from caffeq.io.caffemodel import read_blobproto, read_caffemodel
 from caffeq.io.schema import caffe_pb2
-from conftest import FIXTURES, case_dirs
 
 
 def varint(v):

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import cli_process, ok, one_line_error
 
 import caffeq

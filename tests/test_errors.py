@@ -5,10 +5,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from conftest import cli_process, one_line_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from conftest import cli_process, one_line_error
 
 import caffeq
 from caffeq.errors import CaffeqError

@@ -423,6 +423,7 @@ layer { name: "deploy_only" type: "ReLU" bottom: "c" top: "r" include { stage: "
 
 def test_the_batch_and_stages_survive_folding_and_the_onnx_export(tmp_path):
     import onnx
+
     from caffeq.transforms import fold_batchnorm
     model = load_from_text(STAGED_BN, random_weights=True, stages=["deploy"])
     assert "deploy_only" in [n.name for n in model.layers]

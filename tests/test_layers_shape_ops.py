@@ -9,11 +9,11 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from conftest import FIXTURES, Case, inputs_text
 
 from caffeq.errors import CaffeqError, ShapeError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
-from conftest import FIXTURES, Case, inputs_text
 
 RNG = np.random.default_rng(7)
 

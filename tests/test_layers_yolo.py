@@ -252,13 +252,21 @@ def test_reorg_agrees_with_opencvs_darknet_reorg(tmp_path):
 
 
 @pytest.mark.parametrize("params, shape, msg", [
-    ("", (1, 8, 4, 4), "stride is required"), ("stride: 0", (1, 8, 4, 4), "stride must be >= 1"),
+    ("stride: 0", (1, 8, 4, 4), "stride must be >= 1"),
     ("stride: 2", (1, 6, 4, 4), "divide by stride"), ("stride: 2", (1, 8, 5, 4), "height 5"),
     ("stride: 2 reverse: true", (1, 6, 4, 4), "divide by stride"), ("stride: 2", (1, 8, 4), "4-axis")])
 def test_reorg_bad_params(params, shape, msg):
     with pytest.raises(LayerError, match=msg):
         load_from_text(net(f'layer {{ name: "o" type: "Reorg" bottom: "x" top: "o" reorg_param {{ {params} }} }}',
                            inputs={"x": shape}))
+
+
+def test_reorg_without_stride_takes_caffe_yolo9000s_default_of_2(tmp_path):
+    """choasup/caffe-yolo9000 declares `stride = 1 [default = 2]`; its test nets leave it out."""
+    x = rng(4).standard_normal((1, 8, 4, 6)).astype(np.float32)
+    model = load_from_text(net('layer { name: "o" type: "Reorg" bottom: "x" top: "o" }', inputs={"x": x.shape}))
+    np.testing.assert_array_equal(model.run({"x": x})["o"], reorg_ref(x, 2, False))
+    assert any("sets no stride: 2" in n for n in model.warnings), model.warnings
 
 
 def test_reorg_refuses_in_place():
@@ -289,6 +297,120 @@ def test_region_follows_the_forks_loops_in_every_backend(classes, coords, boxes,
     ("classes: 3 boxes_of_each_grid: 0", (1, 16, 3, 3), "boxes_of_each_grid must be >= 1"),
     ("classes: 0", (1, 25, 3, 3), "classes must be >= 1")])
 def test_region_bad_params(params, shape, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(f'layer {{ name: "o" type: "Region" bottom: "x" top: "o" region_param {{ {params} }} }}',
+                           inputs={"x": shape}))
+
+
+# ---- Region as darknet2caffe writes it: darknet's forward_region_layer --------------------------
+
+def _darknet_softmax(src, dst, start, n, stride):
+    """darknet's softmax(): over n values `stride` apart, largest subtracted, float32 sums."""
+    largest = max(src[start + i * stride] for i in range(n))
+    exps = [F32(np.exp(np.float64(src[start + i * stride] - largest))) for i in range(n)]
+    total = F32(0)
+    for e in exps:
+        total = F32(total + e)
+    for i, e in enumerate(exps):
+        dst[start + i * stride] = F32(e / total)
+
+
+def darknet_region_ref(x, classes, coords, num, softmax, background):
+    """darknet's forward_region_layer (CPU) with its entry_index(), activate_array() and
+    softmax_cpu() loops on the flat buffers."""
+    batch, c, h, w = x.shape
+    src = x.reshape(-1).copy()
+    out = src.copy()
+    outputs = c * h * w
+
+    def entry_index(b, location, entry):
+        return b * outputs + (location // (w * h)) * w * h * (coords + classes + 1) + entry * w * h + location % (w * h)
+
+    for b in range(batch):
+        for n in range(num):
+            index = entry_index(b, n * w * h, 0)
+            out[index:index + 2 * w * h] = [_logistic(v) for v in out[index:index + 2 * w * h]]
+            index = entry_index(b, n * w * h, coords)
+            if not background:
+                out[index:index + w * h] = [_logistic(v) for v in out[index:index + w * h]]
+            index = entry_index(b, n * w * h, coords + 1)
+            if not softmax:
+                out[index:index + classes * w * h] = [_logistic(v) for v in out[index:index + classes * w * h]]
+    if softmax:
+        index = entry_index(0, 0, coords + (0 if background else 1))
+        for b in range(batch * num):           # softmax_cpu(input + index, classes + background, ...)
+            for g in range(w * h):
+                _darknet_softmax(src, out, index + b * (outputs // num) + g, classes + int(background), w * h)
+    return out.reshape(x.shape)
+
+
+def darknet_region_text(classes, coords, num, softmax, background, shape, extra=""):
+    soft = "" if softmax is None else f"softmax: {int(softmax)} "
+    return net(f'layer {{ name: "o" type: "Region" bottom: "x" top: "o" region_param {{ '
+               f'anchors: "1.08,1.19,  3.42,4.41,  6.63,11.38" classes: {classes} coords: {coords} num: {num} '
+               f'{soft}background: {int(background)} jitter: .2 rescore: 1 object_scale: 5 thresh: .6 '
+               f'nms_thresh: 0.3 box_thresh: 0.24 {extra}}} }}', inputs={"x": shape})
+
+
+@pytest.mark.parametrize("classes, coords, num, softmax, background", [
+    (3, 4, 2, True, False), (2, 5, 3, False, False), (3, 4, 2, True, True), (2, 4, 1, False, True)])
+def test_darknet2caffe_region_follows_darknets_loops_in_every_backend(classes, coords, num, softmax, background,
+                                                                      tmp_path):
+    c = num * (coords + 1 + classes)
+    x = (rng(13).standard_normal((2, c, 3, 5)) * 3).astype(np.float32)
+    model, got = all_backends(darknet_region_text(classes, coords, num, softmax, background, (1, c, 3, 5)),
+                              {"x": x}, tmp_path)
+    want = darknet_region_ref(x, classes, coords, num, softmax, background)
+    assert model.blob_shapes["o"] == (1, c, 3, 5)
+    assert model.graph.nodes[-1].attrs["anchors"] == [1.08, 1.19, 3.42, 4.41, 6.63, 11.38]
+    for backend, v in got.items():
+        assert_close(v, want, 1e-6, 1e-6, f"darknet region {backend}")
+    # not the caffe_yolov2 reading of the same channels
+    assert not np.allclose(want, region_ref(x, classes, coords, num, softmax), atol=1e-3)
+
+
+def test_darknet2caffe_region_agrees_with_opencvs_darknet_region(tmp_path):
+    """OpenCV's RegionLayer (through its darknet importer) decodes boxes from the same activations:
+    x = (col + out[x]) / W, w = exp(out[w]) * anchor / W, class columns = objectness * probability."""
+    cv2 = pytest.importorskip("cv2")
+    anchors, classes, num, h, w = [1.0, 2.0, 3.0, 1.5], 3, 2, 3, 5
+    c = num * (5 + classes)
+    (tmp_path / "r.cfg").write_text(f"[net]\nbatch=1\nwidth={w}\nheight={h}\nchannels={c}\n\n[region]\n"
+                                    f"anchors = 1.0,2.0, 3.0,1.5\nclasses={classes}\ncoords=4\nnum={num}\n"
+                                    f"softmax=1\nthresh=0\n")
+    x = rng(14).standard_normal((1, c, h, w)).astype(np.float32)
+    cv_net = cv2.dnn.readNetFromDarknet(str(tmp_path / "r.cfg"))
+    cv_net.setInput(x)
+    theirs = cv_net.forward()
+    text = net('layer { name: "o" type: "Region" bottom: "x" top: "o" region_param { anchors: "1.0,2.0, 3.0,1.5" '
+               f'classes: {classes} num: {num} softmax: 1 }} }}', inputs={"x": x.shape})
+    o = load_from_text(text).run({"x": x})["o"].reshape(num, 5 + classes, h, w)
+    rows = []
+    for i in range(h):
+        for j in range(w):
+            for a in range(num):
+                e = o[a, :, i, j]
+                rows.append([(j + e[0]) / w, (i + e[1]) / h, np.exp(e[2]) * anchors[2 * a] / w,
+                             np.exp(e[3]) * anchors[2 * a + 1] / h, e[4], *(e[4] * e[5:])])
+    ours = np.array(rows, np.float32)
+    np.testing.assert_allclose(ours[:, :5], theirs[:, :5], rtol=1e-5, atol=1e-6)
+    kept = theirs[:, 5:] > 0      # OpenCV zeroes class scores under its own threshold
+    assert kept.mean() > 0.5
+    np.testing.assert_allclose(ours[:, 5:][kept], theirs[:, 5:][kept], rtol=1e-5, atol=1e-6)
+
+
+def test_darknet2caffe_region_notes_what_it_assumes():
+    notes = load_from_text(darknet_region_text(3, 4, 2, None, False, (1, 16, 3, 3))).warnings
+    assert any("sets no softmax" in n and "logistic" in n for n in notes), notes
+    assert any("holds 6 numbers for num: 2" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("params, shape, msg", [
+    ('anchors: "1,2, x,4" num: 2 classes: 3', (1, 16, 3, 3), "'x' is not a number"),
+    ("num: 2 classes: 3", (1, 15, 3, 3), "channels 15 must be num x"),
+    ("num: 2 classes: 3 boxes_of_each_grid: 2", (1, 16, 3, 3), "both boxes_of_each_grid"),
+    ("num: 2 classes: 3 coords: 1", (1, 10, 3, 3), "coords must be >= 2")])
+def test_darknet2caffe_region_bad_params(params, shape, msg):
     with pytest.raises(LayerError, match=msg):
         load_from_text(net(f'layer {{ name: "o" type: "Region" bottom: "x" top: "o" region_param {{ {params} }} }}',
                            inputs={"x": shape}))

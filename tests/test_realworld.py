@@ -20,6 +20,7 @@ FILES = sorted(p.name for p in REALWORLD.glob("*.prototxt"))
 KNOWN_REFUSALS = {
     # the real Caffe refuses it too: a stride-1 2x2 max pool gives 12x12 where darknet kept 13x13
     "ChenYingpeng__caffe-yolov3__prototxt__yolov3-tiny.prototxt": "bottoms must match except along axis 1",
+    "ysh329__darknet2caffe__models__tiny-yolo-jd__JDminiYOLOv2.prototxt": "bottoms must match except along axis 1",
     # a template: `num_output: ${NUM_LABELS}` is filled in by a script before Caffe reads it
     "xmojiao__deeplab_v2__voc2012__config__deeplab_largeFOV__test.prototxt": "${NUM_LABELS} is a template placeholder",
     "TheLegendAli__DeepLab-Context__voc12__config__vgg128_noup__test.prototxt": "${NUM_LABELS} is a template placeholder",
@@ -88,6 +89,8 @@ RUNNABLE = {
     # caffe_ocr's DenseNets: three DenseBlock layers (the OCR nets are 32 high; W/8 time steps)
     "senlinuc__caffe_ocr__examples__ocr__densenet__densenet-no-blstm_deploy.prototxt": {"data": (1, 3, 32, 48)},
     "senlinuc__caffe_ocr__examples__ocr__densenet__densenet-res-blstm_deploy.prototxt": {"data": (1, 3, 32, 48)},
+    # darknet2caffe's tiny YOLO v2: darknet's own Region
+    "lwplw__darknet2caffe__yolov2_tiny_3.prototxt": {"data": (1, 3, 96, 64)},
 }
 
 

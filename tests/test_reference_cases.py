@@ -1,8 +1,7 @@
 """Every reference case made by the real Caffe: shapes and every blob's values."""
 import numpy as np
 import pytest
-
-from conftest import caffe_blob_source, assert_close
+from conftest import assert_close, caffe_blob_source
 
 
 def test_weights_load_with_caffes_shapes(case):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import FIXTURES, REPO, Case, assert_close
 from google.protobuf import text_format
 
 import caffeq
@@ -14,8 +15,6 @@ from caffeq.io.caffemodel import BlobData, read_caffemodel
 from caffeq.io.prototxt import parse_prototxt_text
 from caffeq.io.schema import caffe_pb2
 from caffeq.io.upgrade import net_needs_upgrade, upgrade_net
-
-from conftest import FIXTURES, REPO, Case, assert_close
 
 V1_CASE = Case(FIXTURES / "legacy_v1_layers")
 HEADER_CASE = Case(FIXTURES / "legacy_input_dim_header")

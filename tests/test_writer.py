@@ -4,6 +4,7 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import FIXTURES, Case, case_dirs
 
 import caffeq
 from caffeq.errors import CaffeqError
@@ -11,10 +12,14 @@ from caffeq.io.caffemodel import BlobData, read_blobproto, read_caffemodel
 from caffeq.io.prototxt import parse_prototxt_text, read_prototxt
 from caffeq.io.schema import caffe_pb2
 from caffeq.io.upgrade import upgrade_net
-from caffeq.io.writer import (blobproto_bytes, net_to_text, write_blobproto, write_caffemodel,
-                              write_model_caffemodel, write_prototxt)
-
-from conftest import FIXTURES, Case, case_dirs
+from caffeq.io.writer import (
+    blobproto_bytes,
+    net_to_text,
+    write_blobproto,
+    write_caffemodel,
+    write_model_caffemodel,
+    write_prototxt,
+)
 
 
 def bits(a):

@@ -79,7 +79,10 @@ class Layer:
     data_dependent_shape = False
 
     def parse(self, lp):
-        """The layer's parameters from its caffe_pb2.LayerParameter -> a plain dict (attrs)."""
+        """The layer's parameters from its caffe_pb2.LayerParameter -> a plain dict (attrs).
+
+        A "reading_notes" entry (a list of lines) is taken out of attrs and reported with the net's
+        other notes: what the reading had to assume (a default a converter left out)."""
         return {}
 
     def infer(self, attrs, in_shapes):

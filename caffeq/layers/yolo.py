@@ -13,6 +13,13 @@ Yolov3DetectionOutput.
   logistic and, with softmax, entries 5 .. 5 + classes - 1 through a softmax.  x, y, w, h stay
   raw.  (That fork never reads `softmax` into its flag, an uninitialized bool; every published
   prototxt sets `softmax: true`, which is what is followed here.)
+- Region as darknet2caffe writes it (marvis/pytorch-caffe-darknet-convert and its copies:
+  region_param anchors as a string, num, softmax, background and darknet's training options):
+  darknet's own forward_region_layer, since no Caffe fork runs these files.  The layout is kept;
+  per anchor, entries 0 and 1 (x, y) go through the logistic, entry `coords` (objectness) too
+  unless background; with softmax the entries from coords + !background to the end get a softmax,
+  without it the classes get the logistic.  Unset fields take darknet's defaults (num 1, softmax
+  0, classes 20, coords 4).
 - YoloDetectionOutput (eric612/MobileNet-YOLO, YOLO v2): one or two bottoms (N, boxes * (5 +
   classes ...), S, S); per cell (row-major) and box: x = (col + sigmoid) / S, y = (row +
   sigmoid) / S, w = exp * bias_w / S, h = exp * bias_h / S, objectness sigmoid, a softmax
@@ -83,10 +90,14 @@ class Reorg(Layer):
         need_bottoms(lp, 1)
         no_in_place(lp, "Reorg")
         p = lp.reorg_param
+        attrs = {"stride": int(p.stride), "reverse": bool(p.reverse), "reading_notes": []}
         if not p.HasField("stride"):
-            raise LayerError("reorg_param.stride is required")
-        positive_field(p.stride, "reorg_param.stride")
-        return {"stride": int(p.stride), "reverse": bool(p.reverse)}
+            # MobileNet-YOLO declares no default (a stride of 0 divides by zero there); a file that
+            # leaves it out was written for choasup/caffe-yolo9000, whose default is 2
+            attrs["stride"] = 2
+            attrs["reading_notes"].append("reorg_param sets no stride: 2, caffe-yolo9000's default")
+        positive_field(attrs["stride"], "reorg_param.stride")
+        return attrs
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
@@ -141,14 +152,51 @@ def yolo_region(x, boxes: int, classes: int, softmax: bool):
     return y.reshape(n, c, h, w)
 
 
+def darknet_region(x, num: int, coords: int, classes: int, softmax: bool, background: bool):
+    """darknet's forward_region_layer on (N, num * (coords + 1 + classes), H, W), layout kept: per
+    anchor x, y and (unless background) the objectness through the logistic; with softmax, a
+    softmax over the entries from coords + !background on, else the classes through the logistic."""
+    n, c, h, w = x.shape
+    y = x.reshape(n, num, c // num, h, w)
+    pieces = [torch.sigmoid(y[:, :, :2]), y[:, :, 2:coords]]
+    if softmax and background:
+        pieces.append(torch.softmax(y[:, :, coords:], dim=2))
+    else:
+        obj = y[:, :, coords:coords + 1]
+        pieces.append(obj if background else torch.sigmoid(obj))
+        cls = y[:, :, coords + 1:]
+        pieces.append(torch.softmax(cls, dim=2) if softmax else torch.sigmoid(cls))
+    return torch.cat(pieces, dim=2).reshape(n, c, h, w)
+
+
+# the fields only darknet2caffe writes: any of them marks darknet's reading of the layer
+_DARKNET_REGION_FIELDS = ("anchors", "num", "background", "bias_match", "jitter", "rescore", "object_scale",
+                          "noobject_scale", "class_scale", "coord_scale", "absolute", "thresh", "random",
+                          "nms_thresh", "tree_thresh", "relative", "box_thresh")
+
+
+def _darknet_anchors(text):
+    """darknet's anchors option, "w0,h0, w1,h1, ...", as floats."""
+    values = []
+    for item in text.split(","):
+        try:
+            values.append(float(item))
+        except ValueError:
+            raise LayerError(f"region_param.anchors: {item.strip()!r} is not a number (expected "
+                             f"\"w0,h0, w1,h1, ...\")") from None
+    return values
+
+
 @register_layer("Region")
 class Region(Layer):
     def parse(self, lp):
         need_bottoms(lp, 1)
         no_in_place(lp, "Region")
         p = lp.region_param
-        a = {"classes": int(p.classes), "coords": int(p.coords), "boxes": int(p.boxes_of_each_grid),
-             "softmax": bool(p.softmax)}
+        if any(p.HasField(f) for f in _DARKNET_REGION_FIELDS):
+            return self._parse_darknet(p)
+        a = {"flavour": "caffe_yolov2", "classes": int(p.classes), "coords": int(p.coords),
+             "boxes": int(p.boxes_of_each_grid), "softmax": bool(p.softmax)}
         positive_field(a["boxes"], "region_param.boxes_of_each_grid")
         positive_field(a["classes"], "region_param.classes")
         if a["coords"] < 4:
@@ -157,19 +205,46 @@ class Region(Layer):
                              f"got {a['coords']}")
         return a
 
+    @staticmethod
+    def _parse_darknet(p):
+        if p.HasField("boxes_of_each_grid"):
+            raise LayerError("region_param sets both boxes_of_each_grid (caffe_yolov2's Region) and darknet's "
+                             "options (anchors, num, ...); a Region is one or the other")
+        a = {"flavour": "darknet", "classes": int(p.classes), "coords": int(p.coords), "boxes": int(p.num or 1),
+             "softmax": bool(p.softmax), "background": bool(p.background),
+             "anchors": _darknet_anchors(p.anchors) if p.HasField("anchors") else []}
+        positive_field(a["classes"], "region_param.classes")
+        if a["coords"] < 2:
+            raise LayerError(f"region_param.coords must be >= 2 (darknet reads x and y first), got {a['coords']}")
+        notes = []
+        if not p.HasField("softmax"):
+            notes.append("region_param sets no softmax: the class scores go through darknet's default, the "
+                         "logistic (YOLO v2 cfgs say softmax=1, which some converters leave out)")
+        if a["anchors"] and len(a["anchors"]) != 2 * a["boxes"]:
+            notes.append(f"region_param.anchors holds {len(a['anchors'])} numbers for num: {a['boxes']} anchors "
+                         f"(darknet reads a width and a height per anchor)")
+        a["reading_notes"] = notes
+        return a
+
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
         _four_axes(s, "Region")
         size = attrs["coords"] + attrs["classes"] + 1
         if s[1] != attrs["boxes"] * size:
-            raise LayerError(f"Region: channels {s[1]} must be boxes_of_each_grid x (coords + 1 + classes) = "
+            boxes = "num" if attrs["flavour"] == "darknet" else "boxes_of_each_grid"
+            raise LayerError(f"Region: channels {s[1]} must be {boxes} x (coords + 1 + classes) = "
                              f"{attrs['boxes']} x {size}")
         return [s]
 
     def forward(self, attrs, params, x):
+        if attrs["flavour"] == "darknet":
+            return darknet_region(x, attrs["boxes"], attrs["coords"], attrs["classes"], attrs["softmax"],
+                                  attrs["background"])
         return yolo_region(x, attrs["boxes"], attrs["classes"], attrs["softmax"])
 
     def onnx(self, ctx, node):
+        if node.attrs["flavour"] == "darknet":
+            return self._onnx_darknet(ctx, node)
         a = node.attrs
         x, out = node.inputs[0], node.outputs[0]
         _, c, h, w = ctx.shape(x)
@@ -192,8 +267,39 @@ class Region(Layer):
         joined = op("Concat", pieces, "joined", axis=-1)
         ctx.add_node("Reshape", [joined, _i64(ctx, [0, c, h, w])], [out])
 
+    @staticmethod
+    def _onnx_darknet(ctx, node):
+        a = node.attrs
+        x, out = node.inputs[0], node.outputs[0]
+        _, c, h, w = ctx.shape(x)
+        num, coords, size = a["boxes"], a["coords"], c // a["boxes"]
+        name = node.name
+
+        def op(op_type, inputs, hint, **kw):
+            return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
+
+        def part(lo, hi, hint):
+            return op("Slice", [y, _i64(ctx, [lo]), _i64(ctx, [hi]), _i64(ctx, [2])], hint)
+
+        y = op("Reshape", [x, _i64(ctx, [0, num, size, h, w])], "anchors", name=name)
+        pieces = [op("Sigmoid", [part(0, 2, "xy_raw")], "xy")]
+        if coords > 2:
+            pieces.append(part(2, coords, "wh"))
+        if a["softmax"] and a["background"]:
+            pieces.append(op("Softmax", [part(coords, size, "cls_raw")], "cls", axis=2))
+        else:
+            obj = part(coords, coords + 1, "obj_raw")
+            pieces.append(obj if a["background"] else op("Sigmoid", [obj], "obj"))
+            cls = part(coords + 1, size, "cls_raw")
+            pieces.append(op("Softmax", [cls], "cls", axis=2) if a["softmax"] else op("Sigmoid", [cls], "cls"))
+        joined = op("Concat", pieces, "joined", axis=2)
+        ctx.add_node("Reshape", [joined, _i64(ctx, [0, c, h, w])], [out])
+
     def pytorch_source(self, node, emit):
         a = node.attrs
+        if a["flavour"] == "darknet":
+            return (f"{emit.helper(darknet_region)}({emit.inputs[0]}, {a['boxes']}, {a['coords']}, {a['classes']}, "
+                    f"{emit.lit(a['softmax'])}, {emit.lit(a['background'])})")
         fn = emit.helper(TORCH_REGION)
         return f"{fn}({emit.inputs[0]}, {a['boxes']}, {a['classes']}, {emit.lit(a['softmax'])})"
 
