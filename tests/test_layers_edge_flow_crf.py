@@ -236,6 +236,18 @@ def test_meanfield_infers_caffes_shapes_and_refuses_to_run(tmp_path):
         model.export_onnx(str(tmp_path / "m.onnx"))
 
 
+def test_continuous_crf_fork_reads_with_its_two_kernel_weights():
+    """danxuhk/ContinuousCRF-CNN's MultiStageMeanfield: spatial_weight/bilateral_weight (fields 11, 12)
+    seed its two (1, 1, C, C) blobs; there is no compatibility matrix."""
+    shapes = {"unary": (1, 1, 6, 7), "q0": (1, 1, 6, 7), "img": (1, 3, 6, 7)}
+    text = MEANFIELD.format(it=15).replace("theta_gamma: 3", "theta_gamma: 3 spatial_weight: 4 bilateral_weight: 4.2")
+    model = load_from_text(net(text, inputs=shapes), random_weights=True)
+    assert node_of(model, "crf").attrs["continuous"]
+    assert [tuple(b.shape) for b in node_of(model, "crf").blobs] == [(1, 1, 1, 1)] * 2
+    with pytest.raises(CaffeqError, match="ContinuousCRF-CNN's continuous mean-field"):
+        model.run({k: np.zeros(s, np.float32) for k, s in shapes.items()})
+
+
 def test_meanfield_needs_more_than_one_iteration():
     shapes = {"unary": (1, 2, 3, 3), "q0": (1, 2, 3, 3), "img": (1, 3, 3, 3)}
     with pytest.raises(LayerError, match="num_iterations must be > 1"):

@@ -118,12 +118,21 @@ layer {
 """
     _parse(text)  # TEST: a warning
     # TRAIN: a fork's augmentation knob is a warning that says caffeq does not apply it (its training
-    # applies crop, mirror, mean and scale only); a loss parameter stays strict
+    # applies crop, mirror, mean and scale only); so is a fork's loss parameter (its fine-tuning uses
+    # its own cross-entropy), DeepLab's V1 `softmaxloss_param` spelling included
     _, warnings = _parse(text, phase="TRAIN")
     assert "'color_jitter'" in warnings[0] and "does not apply" in warnings[0]
     loss = text.replace("transform_param { color_jitter: 0.1 }", "loss_param { focal_gamma: 2 }")
-    with pytest.raises(ParseError, match="focal_gamma"):
-        _parse(loss, phase="TRAIN")
+    _, warnings = _parse(loss, phase="TRAIN")
+    assert "'focal_gamma'" in warnings[0] and "fine-tuning does not apply" in warnings[0]
+    v1 = ('layers { name: "loss" type: SOFTMAX_LOSS bottom: "a" bottom: "b" '
+          'softmaxloss_param { ignore_label: 255 } include { phase: TRAIN } }')
+    for phase in ("TRAIN", "TEST"):
+        _, warnings = _parse(v1, phase=phase)
+        assert "'softmaxloss_param'" in warnings[0], warnings
+    # a field of another layer stays strict in the train net
+    with pytest.raises(ParseError, match="fancy"):
+        _parse(text.replace("transform_param { color_jitter: 0.1 }", "fancy: 2"), phase="TRAIN")
     # and layers left out of the TRAIN net become the lenient ones
     _, warnings = _parse(text.replace('type: "Data"', 'type: "Data" include { phase: TEST }'),
                          phase="TRAIN")

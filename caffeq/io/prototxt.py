@@ -256,7 +256,8 @@ def _known_fork_field(unknown, phase):
 
 
 def _is_loss_param(name):
-    return name == "loss_param" or name.endswith("_loss_param")
+    # DeepLab's V1 files spell it softmaxloss_param
+    return name.endswith("loss_param")
 
 
 def _training_only(unknown, message, phase, known_layer=None):
@@ -291,9 +292,9 @@ def _training_only(unknown, message, phase, known_layer=None):
             # crop, mirror, mean and scale only, so the field could not take effect anyway
             return "a fork's data augmentation (transform_param), which caffeq does not apply"
         return "data augmentation (transform_param) only matters for training"
-    if phase != caffe_pb2.TEST:
-        return None
     if any(_is_loss_param(p) for p in inner):
+        if phase != caffe_pb2.TEST:
+            return "a fork's loss parameters, which caffeq's fine-tuning does not apply"
         return "loss parameters only matter for training"
     return None
 

@@ -256,7 +256,9 @@ class MultiStageMeanfield(ReadOnlyLayer):
             raise LayerError(f"multi_stage_meanfield_param.num_iterations must be > 1 (the fork's check), "
                              f"got {p.num_iterations}")
         return {"name": lp.name, "iterations": int(p.num_iterations), "theta_alpha": float(p.theta_alpha),
-                "theta_beta": float(p.theta_beta), "theta_gamma": float(p.theta_gamma)}
+                "theta_beta": float(p.theta_beta), "theta_gamma": float(p.theta_gamma),
+                # ContinuousCRF-CNN's continuous CRF keeps two kernel weights and no compatibility matrix
+                "continuous": p.HasField("spatial_weight") or p.HasField("bilateral_weight")}
 
     def infer(self, attrs, in_shapes):
         unary, q0, image = (tuple(s) for s in in_shapes)
@@ -271,9 +273,10 @@ class MultiStageMeanfield(ReadOnlyLayer):
 
     def param_shapes(self, attrs, in_shapes):
         c = in_shapes[0][1]
-        return [(1, 1, c, c)] * 3
+        return [(1, 1, c, c)] * (2 if attrs["continuous"] else 3)
 
     def refusal(self, attrs):
-        return (f"layer '{attrs['name']}' (MultiStageMeanfield): CRF-RNN's mean-field iterations filter with a "
+        which = "ContinuousCRF-CNN's continuous" if attrs["continuous"] else "CRF-RNN's"
+        return (f"layer '{attrs['name']}' (MultiStageMeanfield): {which} mean-field iterations filter with a "
                 f"permutohedral lattice, which caffeq does not implement; the net reads and its "
                 f"shapes and weights load, but it cannot run or be exported")
