@@ -139,3 +139,30 @@ def test_scalar_and_hw_forms_together_are_refused_as_caffe_does(layer):
     with pytest.raises(caffeq.CaffeqError, match="not both"):
         load_from_text('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 1 '
                        'dim: 6 dim: 6 } } }\nlayer { name: "l" ' + layer + ' bottom: "data" top: "l" }')
+
+
+def _conv_net(params):
+    return ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 5 dim: 7 } } }\n'
+            'layer { name: "l" type: "Convolution" bottom: "data" top: "l" convolution_param { num_output: 4 '
+            + params + ' } }')
+
+
+def test_convolution_takes_an_unset_pad_h_or_pad_w_as_0_as_caffe_does():
+    """BaseConvolutionLayer reads pad_h and pad_w when either is set; the other keeps its proto default
+    0 (rodney-wang/crnn.caffe's deploy sets pad_w alone).  Pooling, unlike it, wants both."""
+    model = load_from_text(_conv_net("kernel_size: 3 pad_w: 1"), random_weights=True)
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 7)).astype(np.float32)
+    w, b = (torch.from_numpy(np.asarray(v)) for v in model.graph.nodes[-1].blobs)
+    want = torch.nn.functional.conv2d(torch.from_numpy(x), w, b, padding=(0, 1)).numpy()
+    assert model.blob_shapes["l"] == (2, 4, 3, 7)
+    np.testing.assert_allclose(model.run({"data": x})["l"], want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(caffeq.CaffeqError, match="both pad_h and pad_w are required"):
+        load_from_text(_conv_net("kernel_size: 3").replace('"Convolution"', '"Pooling"').replace(
+            "convolution_param { num_output: 4 kernel_size: 3", "pooling_param { kernel_size: 3 pad_w: 1"))
+
+
+@pytest.mark.parametrize("params, msg", [("kernel_h: 3", r"kernel_w must be >= 1, got 0 \(not set\)"),
+                                         ("kernel_size: 3 stride_w: 2", r"stride_h must be >= 1, got 0 \(not set\)")])
+def test_convolution_refuses_an_unset_kernel_or_stride_half(params, msg):
+    with pytest.raises(caffeq.CaffeqError, match=msg):
+        load_from_text(_conv_net(params))

@@ -56,10 +56,10 @@ def resolve_geometry(attrs, in_shape):
         raise LayerError(f"input shape {list(in_shape)} has no spatial axes after axis {axis}")
     attrs["_axis"] = axis
     attrs["_ndim"] = len(in_shape)
-    attrs["kernel"] = spatial_params(p, nsp, "kernel_size", None, min_value=1) \
-        if (p.kernel_size or p.HasField("kernel_h")) else _missing("kernel_size")
-    attrs["stride"] = spatial_params(p, nsp, "stride", 1, min_value=1)
-    attrs["pad"] = spatial_params(p, nsp, "pad", 0, min_value=0)
+    attrs["kernel"] = spatial_params(p, nsp, "kernel_size", None, min_value=1, pair_required=False) \
+        if (p.kernel_size or p.HasField("kernel_h") or p.HasField("kernel_w")) else _missing("kernel_size")
+    attrs["stride"] = spatial_params(p, nsp, "stride", 1, min_value=1, pair_required=False)
+    attrs["pad"] = spatial_params(p, nsp, "pad", 0, min_value=0, pair_required=False)
     attrs["dilation"] = spatial_params(p, nsp, "dilation", 1, allow_hw=False, min_value=1)
     holes = _hole_dilation(p, nsp)
     if holes is not None:

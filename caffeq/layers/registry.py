@@ -307,11 +307,12 @@ def count(shape, start=0, end=None):
     return math.prod(shape[start:end])
 
 
-def spatial_params(param, ndim, name, default, allow_hw=True, min_value=None):
+def spatial_params(param, ndim, name, default, allow_hw=True, min_value=None, pair_required=True):
     """Read Caffe's kernel/stride/pad/dilation forms: scalar, repeated, or _h/_w.
 
     Returns a tuple with one value per spatial axis, as Caffe's
-    BaseConvolutionLayer::LayerSetUp does.
+    BaseConvolutionLayer::LayerSetUp does.  pair_required: _h and _w must come together, as
+    Pooling checks; Convolution takes the unset one as 0 (a valid pad, a refused kernel or stride).
     """
     stem = "kernel" if name == "kernel_size" else name
     h_field, w_field = f"{stem}_h", f"{stem}_w"
@@ -322,9 +323,13 @@ def spatial_params(param, ndim, name, default, allow_hw=True, min_value=None):
             raise LayerError(f"give either {name} or {h_field}/{w_field}, not both")
         if ndim != 2:
             raise LayerError(f"{h_field}/{w_field} only work for 2-D data")
-        if not (param.HasField(h_field) and param.HasField(w_field)):
+        if pair_required and not (param.HasField(h_field) and param.HasField(w_field)):
             raise LayerError(f"both {h_field} and {w_field} are required")
         values = (getattr(param, h_field), getattr(param, w_field))
+        if min_value is not None and min(values) < min_value:
+            unset = h_field if values[0] < min_value else w_field
+            raise LayerError(f"{unset} must be >= {min_value}, got {getattr(param, unset)}"
+                             f"{'' if param.HasField(unset) else ' (not set)'}")
     else:
         value = getattr(param, name)
         if isinstance(value, int):  # PoolingParameter declares these as scalars, not repeated
