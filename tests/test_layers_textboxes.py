@@ -211,8 +211,10 @@ def test_a_fourth_bottom_is_accepted_and_not_read(tmp_path):
     with torch.no_grad():
         out = net(*[torch.from_numpy(x[b]) for b in info["inputs"]])
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
-    with pytest.raises(LayerError, match="optional 4th"):
+    with pytest.raises(LayerError, match="arm conf"):   # RefineDet's 5-bottom form wants 2 scores per prior
         load_from_text(text.replace('bottom: "img"', 'bottom: "img" bottom: "img"'))
+    with pytest.raises(LayerError, match="optional 4th"):
+        load_from_text(text.replace('bottom: "img"', 'bottom: "img" bottom: "img" bottom: "img"'))
 
 
 REALWORLD = Path(__file__).parent / "fixtures" / "realworld"

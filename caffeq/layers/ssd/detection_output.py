@@ -19,6 +19,15 @@
   still runs on the axis-aligned boxes, as TextBoxes++ does; it decodes the
   extra values only for CENTER_SIZE without variance_encoded_in_target
   (otherwise they are undefined there, so caffeq refuses).
+- RefineDet (sfzhang15/RefineDet detection_output_layer.cpp, bbox_util.cpp OSGetConfidenceScores,
+  CasRegDecodeBBoxesAll) adds two bottoms: 4th the ARM's class scores (N, P * 2, after its softmax),
+  5th the ARM's loc (N, P * 4).  An anchor whose arm conf for class 1 is below objectness_score
+  scores 1 for class 0 and 0 for every other class (class 0, whatever background_label_id says);
+  with the 5th bottom each image's priors are first decoded by its arm loc (same code_type,
+  variances and variance_encoded_in_target, never clipped), and loc is decoded against those boxes
+  (keeping the priors' variances).  A 4th bottom holding N x 2P numbers without `visualize: true`
+  is read as RefineDet's; any other is SSD's images.  The arm loc is read shared (the fork reads
+  label -1 of it), so share_location must be true with 5 bottoms.
 ONNX: standard ops (TopK, NonMaxSuppression, NonZero...) give the same rows
 in the same order; only eta < 1 (adaptive NMS) is refused.
 """
@@ -43,13 +52,13 @@ def decode_boxes(loc, pbox, pvar, code_type: str, variance_in_target: bool):
         pvar = torch.ones_like(pvar)
     if code_type == "CORNER":
         return pbox + pvar * loc
-    pw = pbox[:, 2] - pbox[:, 0]
-    ph = pbox[:, 3] - pbox[:, 1]
+    pw = pbox[..., 2] - pbox[..., 0]   # pbox (P, 4), or RefineDet's refined boxes (N, 1, P, 4)
+    ph = pbox[..., 3] - pbox[..., 1]
     if code_type == "CORNER_SIZE":
         size = torch.stack([pw, ph, pw, ph], dim=-1)
         return pbox + pvar * loc * size
-    pcx = (pbox[:, 0] + pbox[:, 2]) / 2  # CENTER_SIZE
-    pcy = (pbox[:, 1] + pbox[:, 3]) / 2
+    pcx = (pbox[..., 0] + pbox[..., 2]) / 2  # CENTER_SIZE
+    pcy = (pbox[..., 1] + pbox[..., 3]) / 2
     cx = pvar[:, 0] * loc[..., 0] * pw + pcx
     cy = pvar[:, 1] * loc[..., 1] * ph + pcy
     w = torch.exp(pvar[:, 2] * loc[..., 2]) * pw
@@ -83,19 +92,21 @@ class DetectionOutput(nn.Module):
     the keep_top_k best per image, as rows [image, label, score, xmin, ymin, xmax, ymax] shaped
     (1, 1, R, 7): per image, label ascending, then score descending.  With no detection at all,
     one [i, -1, ...] row per image.  R depends on the data.  layout "quad" / "rbox": TextBoxes++'s
-    8 / 5 more numbers per prior (decode_textboxes), appended to each row."""
+    8 / 5 more numbers per prior (decode_textboxes), appended to each row.  RefineDet: arm_conf
+    (N, 2P) replaces the scores of anchors whose objectness is below `objectness` by (1, 0, ...);
+    arm_loc (N, 4P) refines each image's priors before loc is decoded against them."""
 
     def __init__(self, num_classes, share_location=True, background=0, nms_threshold=0.3, eta=1.0,
                  top_k=-1, code_type="CORNER", variance_in_target=False, keep_top_k=-1,
-                 conf_threshold=-3.4028234663852886e38, clip=False, layout=""):
+                 conf_threshold=-3.4028234663852886e38, clip=False, layout="", objectness=0.01):
         super().__init__()
         self.num_classes, self.share_location, self.background = num_classes, share_location, background
         self.nms_threshold, self.eta, self.top_k = nms_threshold, eta, top_k
         self.code_type, self.variance_in_target = code_type, variance_in_target
         self.keep_top_k, self.conf_threshold, self.clip = keep_top_k, conf_threshold, clip
-        self.layout = layout
+        self.layout, self.objectness = layout, objectness
 
-    def forward(self, loc, conf, prior):
+    def forward(self, loc, conf, prior, arm_conf=None, arm_loc=None):
         num = loc.shape[0]
         n_priors = prior.shape[-1] // 4
         n_cls = self.num_classes
@@ -105,6 +116,13 @@ class DetectionOutput(nn.Module):
         conf = conf.reshape(num, n_priors, n_cls)
         pri = prior.reshape(-1, 2, n_priors * 4)[0]  # every image uses the first item's priors
         pbox, pvar = pri[0].reshape(n_priors, 4), pri[1].reshape(n_priors, 4)
+        if arm_conf is not None:   # RefineDet: anchors the ARM finds empty score (1, 0, 0, ...)
+            empty = arm_conf.reshape(num, n_priors, 2)[:, :, 1:] < self.objectness
+            first = torch.arange(n_cls, device=conf.device) == 0
+            conf = torch.where(empty, first.to(conf.dtype).expand(num, n_priors, n_cls), conf)
+        if arm_loc is not None:    # RefineDet: each image's priors refined by the ARM's loc
+            arm = arm_loc.reshape(num, 1, n_priors, 4)
+            pbox = decode_boxes(arm, pbox, pvar, self.code_type, self.variance_in_target)
         decoded = decode_boxes(loc[..., :4], pbox, pvar, self.code_type, self.variance_in_target)
         if self.clip:
             decoded = decoded.clamp(0.0, 1.0)
@@ -168,7 +186,8 @@ def module_kwargs(attrs, layout):
             "background": attrs["background"], "nms_threshold": attrs["nms_threshold"], "eta": attrs["eta"],
             "top_k": attrs["top_k"], "code_type": CODE_NAMES[attrs["code_type"]],
             "variance_in_target": attrs["variance_in_target"], "keep_top_k": attrs["keep_top_k"],
-            "conf_threshold": attrs["conf_threshold"], "clip": attrs["clip"], "layout": layout}
+            "conf_threshold": attrs["conf_threshold"], "clip": attrs["clip"], "layout": layout,
+            "objectness": attrs["objectness"]}
 
 
 def loc_layout(attrs, loc_shape, n_priors):
@@ -191,15 +210,45 @@ def loc_layout(attrs, loc_shape, n_priors):
     return layout
 
 
+def arm_bottoms(attrs, in_shapes, n_priors):
+    """How many of the bottoms after the priors are RefineDet's (arm conf, arm loc): 0, 1 or 2.
+    A 4th bottom is RefineDet's arm conf when it holds 2 scores per prior and visualize is off
+    (SSD reads its 4th bottom, the images, only to draw on them); a 5th is always the arm loc."""
+    extra = in_shapes[3:]
+    if not extra:
+        return 0
+    num = in_shapes[0][0]
+    arm_conf = extra[0]
+    if len(extra) == 1 and (attrs["visualize"] or math.prod(arm_conf) != num * 2 * n_priors):
+        return 0   # SSD's images
+    if len(arm_conf) < 2 or arm_conf[0] != num or math.prod(arm_conf[1:]) != 2 * n_priors:
+        raise LayerError(f"RefineDet's arm conf (4th bottom) {list(arm_conf)} does not hold {num} x "
+                         f"{n_priors} priors x 2 scores")
+    if attrs["layout"]:
+        raise LayerError(f"RefineDet's arm bottoms do not combine with TextBoxes++'s {attrs['layout']} "
+                         f"predictions")
+    if len(extra) == 1:
+        return 1
+    arm_loc = extra[1]
+    if not attrs["share_location"]:
+        raise LayerError("RefineDet's arm loc (5th bottom) needs share_location: true (the fork reads it "
+                         "as shared boxes)")
+    if len(arm_loc) < 2 or arm_loc[0] != num or math.prod(arm_loc[1:]) != 4 * n_priors:
+        raise LayerError(f"RefineDet's arm loc (5th bottom) {list(arm_loc)} does not hold {num} x "
+                         f"{n_priors} priors x 4")
+    return 2
+
+
 @register_layer("DetectionOutput")
 class DetectionOutputLayer(Layer):
     #: the row count is known only after a run; infer gives the most rows (keep_top_k * N)
     data_dependent_shape = True
 
     def parse(self, lp):
-        if len(lp.bottom) not in (3, 4):
-            raise LayerError(f"DetectionOutput takes 3 bottoms (loc, conf, priors) and an optional 4th "
-                             f"(the images, for visualize), got {len(lp.bottom)}")
+        if len(lp.bottom) not in (3, 4, 5):
+            raise LayerError(f"DetectionOutput takes 3 bottoms (loc, conf, priors), an optional 4th (SSD: the "
+                             f"images, for visualize; RefineDet: arm conf) and RefineDet's 5th (arm loc), "
+                             f"got {len(lp.bottom)}")
         p = lp.detection_output_param
         if not p.HasField("num_classes"):
             raise LayerError("detection_output_param.num_classes is required")
@@ -219,6 +268,9 @@ class DetectionOutputLayer(Layer):
             "clip": bool(p.clip),  # OpenCV-only field: clip decoded boxes to [0, 1]
             # TextBoxes++: true = quadrilaterals, false = rotated boxes or SSD's plain boxes, unset: by loc size
             "use_polygon": None if use_polygon is None else bool(use_polygon),
+            # RefineDet: anchors whose arm conf (class 1) is below this are scored as background
+            "objectness": float(proto_field(p, "objectness_score", 0.01)),
+            "visualize": bool(proto_field(p, "visualize", False)),
         }
         if attrs["num_classes"] < 1:
             raise LayerError("detection_output_param.num_classes must be >= 1")
@@ -245,11 +297,13 @@ class DetectionOutputLayer(Layer):
         if loc[0] != conf[0]:
             raise LayerError(f"loc and conf disagree on the batch: {loc[0]} vs {conf[0]}")
         attrs["layout"] = layout
+        attrs["arm"] = arm_bottoms(attrs, in_shapes, n_priors)
         width = 7 + {"": 0, "rbox": 5, "quad": 8}[layout]
         return [(1, 1, max_detections(attrs, loc[0], n_priors), width)]
 
-    def forward(self, attrs, params, loc, conf, prior, images=None):
-        return DetectionOutput(**module_kwargs(attrs, attrs.get("layout", "")))(loc, conf, prior)
+    def forward(self, attrs, params, loc, conf, prior, *extra):
+        arm = extra[:attrs.get("arm", 0)]   # RefineDet's arm conf (and arm loc); SSD's images are not read
+        return DetectionOutput(**module_kwargs(attrs, attrs.get("layout", "")))(loc, conf, prior, *arm)
 
     def onnx(self, ctx, node):
         from .detection_output_onnx import emit_detection_output
@@ -258,6 +312,8 @@ class DetectionOutputLayer(Layer):
     def pytorch_source(self, node, emit):
         defaults = inspect.signature(DetectionOutput.__init__).parameters
         kwargs = module_kwargs(node.attrs, node.attrs["layout"])
+        if not node.attrs["arm"]:
+            del kwargs["objectness"]   # read only with RefineDet's arm conf
         args = [str(kwargs.pop("num_classes"))]
         for key, value in kwargs.items():
             if key in ("background", "nms_threshold", "code_type") or value != defaults[key].default:
@@ -267,4 +323,4 @@ class DetectionOutputLayer(Layer):
                   f"(ssd_nms), so this layer does not trace or export to a static graph.")
         emit.helper(TORCH_SSD_NMS)
         m = emit.module(f"{emit.helper(TORCH_DETECTION_OUTPUT)}({', '.join(args)})")
-        return f"{m}({', '.join(emit.inputs[:3])})"
+        return f"{m}({', '.join(emit.inputs[:3 + node.attrs['arm']])})"

@@ -15,13 +15,16 @@ def emit_detection_output(ctx, node):
     survivors, and NonZero over the (image, class, rank) mask lists the rows in
     SSD's order.  With no detection the graph returns SSD's one [i, -1, ...] row
     per image.  Only eta < 1 (adaptive NMS) has no ONNX form.  TextBoxes++'s
-    quadrilaterals / rotated boxes ride along with their boxes as extra columns.
+    quadrilaterals / rotated boxes ride along with their boxes as extra columns.  RefineDet's
+    arm conf replaces the scores of empty anchors by (1, 0, ...) with a Where, and its arm loc
+    is decoded against the priors first (boxes (N, 1, P, 4)), loc then against those.
     """
     a = node.attrs
     if a["eta"] < 1:
         raise ExportError(f"layer '{node.name}' (DetectionOutput): nms_param.eta {a['eta']} < 1 "
                           f"(adaptive NMS) has no ONNX form")
     loc_in, conf_in, prior_in = node.inputs[:3]   # a 4th input (visualize's images) is not read
+    arm = a.get("arm", 0)                          # RefineDet: arm conf, then arm loc
     P = ctx.shape(prior_in)[-1] // 4
     C = a["num_classes"]
     L = 1 if a["share_location"] else C
@@ -53,29 +56,39 @@ def emit_detection_output(ctx, node):
     loc_all = op("Transpose", [loc_all], "loc_t", perm=[0, 2, 1, 3])
     loc = op("Slice", [loc_all, i64([0]), i64([4]), i64([-1])], "loc_box") if layout else loc_all
     code = a["code_type"]
-    if code == CORNER:
-        dec = op("Add", [pbox, op("Mul", [pvar, loc], "vl")], "dec")
-    else:
-        px0, py0, px1, py1 = (last(pbox, k, f"p{k}") for k in range(4))
-        pw = op("Sub", [px1, px0], "pw")
-        ph = op("Sub", [py1, py0], "ph")
-        vl = op("Mul", [pvar, loc], "vl")
+
+    def decode(loc, pbox, pre=""):
+        """SSD's DecodeBBox of loc against pbox; (the prior's x0, y0, x1, y1, w, h, cx, cy) too."""
+        if code == CORNER:
+            return op("Add", [pbox, op("Mul", [pvar, loc], pre + "vl")], pre + "dec"), None
+        px0, py0, px1, py1 = (last(pbox, k, f"{pre}p{k}") for k in range(4))
+        pw = op("Sub", [px1, px0], pre + "pw")
+        ph = op("Sub", [py1, py0], pre + "ph")
+        vl = op("Mul", [pvar, loc], pre + "vl")
         if code == CORNER_SIZE:
-            size = op("Concat", [pw, ph, pw, ph], "psize", axis=-1)
-            dec = op("Add", [pbox, op("Mul", [vl, size], "vls")], "dec")
-        else:
-            half = f32(0.5)
-            pcx = op("Mul", [op("Add", [px0, px1], "pxs"), half], "pcx")
-            pcy = op("Mul", [op("Add", [py0, py1], "pys"), half], "pcy")
-            cx = op("Add", [op("Mul", [last(vl, 0, "v0"), pw], "dx"), pcx], "cx")
-            cy = op("Add", [op("Mul", [last(vl, 1, "v1"), ph], "dy"), pcy], "cy")
-            hw = op("Mul", [op("Mul", [op("Exp", [last(vl, 2, "v2")], "ew"), pw], "w"), half], "hw")
-            hh = op("Mul", [op("Mul", [op("Exp", [last(vl, 3, "v3")], "eh"), ph], "h"), half], "hh")
-            dec = op("Concat", [op("Sub", [cx, hw], "x0"), op("Sub", [cy, hh], "y0"),
-                                op("Add", [cx, hw], "x1"), op("Add", [cy, hh], "y1")], "dec", axis=-1)
+            size = op("Concat", [pw, ph, pw, ph], pre + "psize", axis=-1)
+            return op("Add", [pbox, op("Mul", [vl, size], pre + "vls")], pre + "dec"), (px0, py0, px1, py1, pw, ph)
+        half = f32(0.5)
+        pcx = op("Mul", [op("Add", [px0, px1], pre + "pxs"), half], pre + "pcx")
+        pcy = op("Mul", [op("Add", [py0, py1], pre + "pys"), half], pre + "pcy")
+        cx = op("Add", [op("Mul", [last(vl, 0, pre + "v0"), pw], pre + "dx"), pcx], pre + "cx")
+        cy = op("Add", [op("Mul", [last(vl, 1, pre + "v1"), ph], pre + "dy"), pcy], pre + "cy")
+        hw = op("Mul", [op("Mul", [op("Exp", [last(vl, 2, pre + "v2")], pre + "ew"), pw], pre + "w"), half],
+                pre + "hw")
+        hh = op("Mul", [op("Mul", [op("Exp", [last(vl, 3, pre + "v3")], pre + "eh"), ph], pre + "h"), half],
+                pre + "hh")
+        dec = op("Concat", [op("Sub", [cx, hw], pre + "x0"), op("Sub", [cy, hh], pre + "y0"),
+                            op("Add", [cx, hw], pre + "x1"), op("Add", [cy, hh], pre + "y1")], pre + "dec", axis=-1)
+        return dec, (px0, py0, px1, py1, pw, ph, pcx, pcy)
+
+    if arm == 2:   # RefineDet: each image's priors refined by its arm loc, (N, 1, P, 4)
+        arm_loc = op("Reshape", [node.inputs[4], i64([0, 1, P, 4])], "arm_loc")
+        pbox, _ = decode(arm_loc, pbox, "arm_")
+    dec, parts = decode(loc, pbox)
     if a["clip"]:
         dec = op("Clip", [dec, f32(0.0), f32(1.0)], "clip")
-    if layout:   # CENTER_SIZE only (checked at load)
+    if layout:   # CENTER_SIZE only (checked at load), never with the arm bottoms
+        px0, py0, px1, py1, pw, ph, pcx, pcy = parts
         ex = op("Slice", [loc_all, i64([4]), i64([W]), i64([-1])], "loc_extra")
         v0, v1, v3 = last(pvar, 0, "pv0"), last(pvar, 1, "pv1"), last(pvar, 3, "pv3")
 
@@ -99,6 +112,11 @@ def emit_detection_output(ctx, node):
         dec = op("Concat", [dec, extra], "dec_all", axis=-1)
     # per class boxes (N, K, P, 4) and scores (N, K, P)
     conf = op("Reshape", [conf_in, i64([0, P, C])], "conf")
+    if arm:   # RefineDet: anchors with arm conf[1] < objectness_score score (1, 0, 0, ...)
+        arm_conf = op("Reshape", [node.inputs[3], i64([0, P, 2])], "arm_conf")
+        empty = op("Less", [last(arm_conf, 1, "objectness"), f32(np.float32(a["objectness"]))], "empty")
+        first = f32((np.arange(C) == 0).astype(np.float32))
+        conf = op("Where", [empty, first, conf], "conf_os")
     conf = op("Transpose", [conf], "conf_t", perm=[0, 2, 1])
     scores = op("Gather", [conf, i64(cls)], "scores", axis=1) if K != C else conf
     if a["share_location"]:
