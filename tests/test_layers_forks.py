@@ -484,6 +484,27 @@ def test_upsample_one_bottom_is_nearest():
     np.testing.assert_array_equal(got["u"], x.repeat(3, axis=2).repeat(3, axis=3))
 
 
+def test_cambricon_nearest_neighbour_upsample_to_a_fixed_size(tmp_path):
+    """Cambricon/caffe's nearestneighbor_mode: one bottom copied to upsample_h x upsample_w, a whole
+    multiple of its size (its MLU test: cpu_top[row * 2 + i][col * 2 + j] = bottom[row][col])."""
+    from conftest import backend_outputs
+    x = rng(8).standard_normal((2, 3, 3, 5)).astype(np.float32)
+    text = net('layer { name: "u" type: "Upsample" bottom: "x" top: "u" upsample_param { nearestneighbor_mode: true '
+               'upsample_h: 6 upsample_w: 15 } }', inputs={"x": x.shape})
+    model = load_from_text(text)
+    want = np.empty((2, 3, 6, 15), np.float32)
+    for i in range(6):
+        for j in range(15):
+            want[:, :, i, j] = x[:, :, i // 2, j // 3]
+    assert model.blob_shapes["u"] == (2, 3, 6, 15)
+    for backend, got in backend_outputs(model, {"x": x}, tmp_path, "u").items():
+        np.testing.assert_array_equal(got, want, err_msg=backend)
+    with pytest.raises(LayerError, match="whole multiple"):
+        load_from_text(text.replace("upsample_w: 15", "upsample_w: 7"))
+    with pytest.raises(LayerError, match="needs both upsample_h and upsample_w"):
+        load_from_text(text.replace("upsample_w: 15", ""))
+
+
 def test_upsample_bad_params_and_mask():
     with pytest.raises(LayerError, match="scale_h == 2"):
         load_from_text(net('layer { name: "u" type: "Upsample" bottom: "x" bottom: "m" top: "u" '

@@ -259,6 +259,16 @@ class Upsample(Layer):
         p = lp.upsample_param
         a = {"mask": len(lp.bottom) == 2, "out": None, "pad_out": (0, 0)}
         has = p.HasField
+        if not a["mask"] and p.nearestneighbor_mode and (has("upsample_h") or has("upsample_w")):
+            # Cambricon's nearest-neighbour mode: a fixed output size, a whole multiple of the input's
+            if not (has("upsample_h") and has("upsample_w")):
+                raise LayerError("upsample_param.nearestneighbor_mode with an output size needs both "
+                                 "upsample_h and upsample_w")
+            a["out"] = (int(p.upsample_h), int(p.upsample_w))
+            a["scale"] = (0, 0)
+            if min(a["out"]) < 1:
+                raise LayerError(f"upsample_param.upsample_h/upsample_w must be >= 1, got {list(a['out'])}")
+            return a
         if a["mask"] and has("upsample_h") and has("upsample_w"):
             # SegNet: an explicit output size wins; scale and pad_out are then unused
             a["out"] = (int(p.upsample_h), int(p.upsample_w))
@@ -302,12 +312,22 @@ class Upsample(Layer):
         if attrs["mask"] and tuple(in_shapes[1]) != tuple(s):
             raise LayerError(f"the mask {list(in_shapes[1])} must be shaped like the data {list(s)}")
         ho, wo = self.out_hw(attrs, s[2], s[3])
+        if not attrs["mask"] and (ho % s[2] or wo % s[3]):
+            raise LayerError(f"nearest-neighbour Upsample to {ho}x{wo} from {s[2]}x{s[3]}: the output must be a "
+                             f"whole multiple of the input")
         return [(s[0], s[1], ho, wo)]
+
+    @classmethod
+    def nearest_scale(cls, a, h, w):
+        """The whole factor of the one-bottom (nearest) form: scale, or output size / input size."""
+        ho, wo = cls.out_hw(a, h, w)
+        return ho // h, wo // w
 
     def forward(self, attrs, params, x, mask=None):
         ho, wo = self.out_hw(attrs, x.shape[2], x.shape[3])
         if mask is None:
-            return x.repeat_interleave(attrs["scale"][0], dim=2).repeat_interleave(attrs["scale"][1], dim=3)
+            sh, sw = self.nearest_scale(attrs, x.shape[2], x.shape[3])
+            return x.repeat_interleave(sh, dim=2).repeat_interleave(sw, dim=3)
         idx = mask.to(torch.int64)   # SegNet casts the float mask to int
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= ho * wo):
             raise LayerError(f"Upsample mask index out of range for a {ho}x{wo} output: check that the "
@@ -320,7 +340,7 @@ class Upsample(Layer):
         _n, _c, h, w = ctx.shape(x)
         ho, wo = self.out_hw(a, h, w)
         if not a["mask"]:
-            scales = ctx.const(np.array([1, 1, a["scale"][0], a["scale"][1]], np.float32))
+            scales = ctx.const(np.array([1, 1, *self.nearest_scale(a, h, w)], np.float32))
             empty = "" if ctx.opset >= 13 else ctx.const(np.zeros(0, np.float32))
             ctx.add_node("Resize", [x, empty, scales], [node.outputs[0]], name=node.name, mode="nearest",
                          coordinate_transformation_mode="asymmetric", nearest_mode="floor")
@@ -331,7 +351,7 @@ class Upsample(Layer):
         a = node.attrs
         x = emit.inputs[0]
         if not a["mask"]:
-            sh, sw = a["scale"]
+            sh, sw = self.nearest_scale(a, *emit.in_shape(0)[2:])
             return f"{x}.repeat_interleave({sh}, dim=2).repeat_interleave({sw}, dim=3)"
         ho, wo = self.out_hw(a, *emit.in_shape(0)[2:])
         fn = emit.helper(TORCH_SEGNET_UNPOOL)
