@@ -56,6 +56,41 @@ def test_convolution3d(stride, tstride, pad, tpad, groups, tmp_path):
                      tmp_path, atol=1e-5, rtol=1e-5)
 
 
+def deconv3d_ref(x, w, b, stride, tstride, pad, tpad):
+    """deconvolution3d_layer.cpp: col = W^T x (one column per input voxel), then col2vol adds each
+    column's kd x k x k block into the output at (t * tstride - tpad, i * stride - pad, ...)."""
+    n, c, length, h, wd = x.shape
+    _, o, kd, k, _ = w.shape
+    ol, oh, ow = (length - 1) * tstride - 2 * tpad + kd, (h - 1) * stride - 2 * pad + k, (wd - 1) * stride - 2 * pad + k
+    out = np.zeros((n, o, ol + 2 * tpad + kd, oh + 2 * pad + k, ow + 2 * pad + k))
+    for t in range(length):
+        for i in range(h):
+            for j in range(wd):
+                block = np.einsum("nc,cokpq->nokpq", x[:, :, t, i, j].astype(np.float64), w)
+                out[:, :, t * tstride:t * tstride + kd, i * stride:i * stride + k, j * stride:j * stride + k] += block
+    out = out[:, :, tpad:tpad + ol, pad:pad + oh, pad:pad + ow]
+    return out + b.reshape(1, -1, 1, 1, 1)
+
+
+@pytest.mark.parametrize("stride, tstride, pad, tpad", [(2, 2, 1, 1), (2, 1, 0, 1), (3, 2, 1, 0)])
+def test_deconvolution3d_is_the_transpose_of_c3ds_vol2col(stride, tstride, pad, tpad, tmp_path):
+    """C3D v1.0's DECONVOLUTION3D (the v2v nets' upsampling): weight (C, O, kd, k, k)."""
+    x = rng(25).standard_normal((2, 3, 3, 4, 5)).astype(np.float32)
+    text = v1_net(x.shape, f"layers {{ name: 'd' type: DECONVOLUTION3D bottom: 'x' top: 'd'\n"
+                           f"  convolution_param {{ num_output: 2 kernel_size: 4 kernel_depth: 3 stride: {stride} "
+                           f"temporal_stride: {tstride} pad: {pad} temporal_pad: {tpad} }} }}")
+    model = load_from_text(text, random_weights=True)
+    node = next(n for n in model.layers if n.name == "d")
+    w, b = node.blobs
+    assert w.shape == (3, 2, 3, 4, 4) and b.shape == (1, 1, 1, 1, 2)
+    node.blobs = [w, rng(26).standard_normal(b.shape).astype(np.float32)]
+    want = deconv3d_ref(x, w, node.blobs[1], stride, tstride, pad, tpad)
+    assert model.blob_shapes["d"] == want.shape
+    check_everywhere(model, {"x": x}, {"d": want}, tmp_path, atol=1e-5, rtol=1e-5)
+    with pytest.raises(LayerError, match="no filter groups"):
+        load_from_text(text.replace("pad: {pad} ".format(pad=pad), f"pad: {pad} filter_group: 2 ", 1))
+
+
 def pool3d_ref(x, method, k, kd, s, ts, pad):
     """pool3d_layer.cpp Forward_cpu: ceil-rounded extents, windows never dropped."""
     n, c, length, h, w = x.shape

@@ -8,6 +8,9 @@ image_data_param under C3D's own field names (proto/README.md).
   stride (temporal_stride, stride, stride), pad (temporal_pad, pad, pad); each output extent
   (n + 2 pad - k) / stride + 1, rounded down.  Weight (num_output, C, kd, k, k), bias
   (1, 1, 1, 1, num_output).  filter_group only splits the GEMM: every filter sees all of C.
+- Deconvolution3D (deconvolution3d_layer.cpp): the transpose of Convolution3D (GEMM then
+  col2vol), each output extent (n - 1) stride - 2 pad + k; weight (C, num_output, kd, k, k),
+  bias (1, 1, 1, 1, num_output); no filter groups.
 - Pooling3D (pool3d_layer.cpp): MAX or AVE over (kernel_depth, kernel_size, kernel_size)
   windows with strides (temporal_stride, stride, stride).  Output extents round up:
   ceil((H + 2 pad - k) / stride) + 1 and ceil((L - kd) / temporal_stride) + 1, and unlike BVLC
@@ -62,6 +65,21 @@ class C3DConv3d(nn.Module):
 
 
 TORCH_C3D_CONV = inspect.getsource(C3DConv3d)
+
+
+class C3DConvTranspose3d(nn.Module):
+    """C3D's Deconvolution3D with Caffe's blob shapes: weight (C, O, kd, k, k), bias (1, 1, 1, 1, O)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel: list[int], stride: list[int],
+                 pad: list[int], bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros([in_channels, out_channels] + kernel))
+        self.bias = nn.Parameter(torch.zeros(1, 1, 1, 1, out_channels)) if bias else None
+        self.stride, self.pad = stride, pad
+
+    def forward(self, x):
+        bias = self.bias.reshape(-1) if self.bias is not None else None
+        return F.conv_transpose3d(x, self.weight, bias, stride=self.stride, padding=self.pad)
 
 
 def _need_5d(shape, what):
@@ -132,14 +150,62 @@ class Convolution3D(Layer):
                      strides=a["stride"], pads=a["pad"] * 2)
 
     def pytorch_source(self, node, emit):
+        return self.emit_module(node, emit, TORCH_C3D_CONV)
+
+    @staticmethod
+    def emit_module(node, emit, module):
         a = node.attrs
-        cls = emit.helper(TORCH_C3D_CONV)
+        cls = emit.helper(module)
         m = emit.module(f"{cls}({emit.in_shape(0)[1]}, {a['num_output']}, {a['kernel']}, {a['stride']}, "
                         f"{a['pad']}, bias={a['bias_term']})")
         emit.param("weight", 0)
         if a["bias_term"]:
             emit.param("bias", 1)
         return f"{m}({emit.inputs[0]})"
+
+
+@register_layer("Deconvolution3D")
+class Deconvolution3D(Convolution3D):
+    weight_axes = {0: 1}   # (C, num_output, kd, k, k): output channels on axis 1
+
+    def parse(self, lp):
+        need_blobs(lp, "Deconvolution3D", 1, 1)
+        attrs = super().parse(lp)
+        if lp.convolution_param.filter_group != 1:
+            raise LayerError("Deconvolution3D has no filter groups (convolution_param.filter_group must be 1)")
+        return attrs
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        _need_5d(s, "Deconvolution3D")
+        out = [(n - 1) * st - 2 * p + k for n, k, st, p in zip(s[2:], attrs["kernel"], attrs["stride"], attrs["pad"])]
+        if min(out) < 1:
+            raise LayerError(f"output would be empty: input {list(s)}, kernel {attrs['kernel']}, pad {attrs['pad']}")
+        return [(s[0], attrs["num_output"]) + tuple(out)]
+
+    def param_shapes(self, attrs, in_shapes):
+        shapes = super().param_shapes(attrs, in_shapes)
+        shapes[0] = (int(in_shapes[0][1]), attrs["num_output"]) + tuple(attrs["kernel"])
+        return shapes
+
+    def forward(self, attrs, params, x):
+        bias = params[1].reshape(-1) if attrs["bias_term"] else None
+        return F.conv_transpose3d(x, params[0], bias, stride=attrs["stride"], padding=attrs["pad"])
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        return count(in_shapes[0]) * attrs["num_output"] * math.prod(attrs["kernel"])
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        inputs = [node.inputs[0], ctx.weight(node, 0)]
+        if a["bias_term"]:
+            inputs.append(ctx.add_node("Reshape", [ctx.weight(node, 1), ctx.const(np.array([-1], np.int64))],
+                                       [ctx.tmp(node.name + "_bias")])[0])
+        ctx.add_node("ConvTranspose", inputs, [node.outputs[0]], name=node.name, kernel_shape=a["kernel"],
+                     strides=a["stride"], pads=a["pad"] * 2)
+
+    def pytorch_source(self, node, emit):
+        return self.emit_module(node, emit, C3DConvTranspose3d)
 
 
 # ---- Pooling3D ----------------------------------------------------------------------------------
