@@ -178,6 +178,8 @@ def upgrade_net(net, source="", weights=None):
             resolve_coord_map_crops(net, where, notes)
     if any(lp.type == "AutoCrop" for lp in net.layer):
         resolve_auto_crops(net, where, notes)
+    if any(lp.type == "Warp" for lp in net.layer) and any(lp.type == "Grid" for lp in net.layer):
+        _mark_coordinate_warps(net, notes)
     if len(net.input):
         _upgrade_input(net, where, notes)
     if _needs_batchnorm_upgrade(net):
@@ -186,6 +188,31 @@ def upgrade_net(net, source="", weights=None):
                      f"BatchNorm layer(s) (statistics are not learned)")
     _warn_v2_data_fields(net, where, notes)
     return notes
+
+
+def _mark_coordinate_warps(net, notes):
+    """Two forks name their layer "Warp": PWC-Net's reads a flow, LiteFlowNet's absolute coordinates,
+    which its nets make by adding a Grid's pixel positions to the flow.  A Warp whose second bottom is
+    a Grid's top, or the top of a layer reading one (LiteFlowNet's Eltwise sum), is LiteFlowNet's:
+    mark it with caffeq's warp_param.absolute_coords (unless the layer says either way)."""
+    writer = {}             # blob -> the layer that last wrote it
+    grid_tops = set()
+    marked = []
+    for lp in net.layer:
+        if lp.type == "Warp" and len(lp.bottom) == 2 and not lp.HasField("warp_param"):
+            maker = writer.get(lp.bottom[1])
+            if maker is not None and (maker.type == "Grid" or any(b in grid_tops for b in maker.bottom)):
+                lp.warp_param.absolute_coords = True
+                marked.append(lp.name)
+        for top in lp.top:
+            writer[top] = lp
+            if lp.type == "Grid":
+                grid_tops.add(top)
+            else:
+                grid_tops.discard(top)
+    if marked:
+        notes.append(f"read {len(marked)} Warp layer(s) ('{marked[0]}'{', ...' if len(marked) > 1 else ''}) "
+                     f"as LiteFlowNet's: their coordinates come from a Grid")
 
 
 # -- V0 -> V1 -----------------------------------------------------------------

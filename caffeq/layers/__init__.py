@@ -24,6 +24,7 @@ from . import (  # noqa: F401,E402
     margin,
     misc,
     norm,
+    optical_flow,
     pooling,
     psanet,
     python_layers,

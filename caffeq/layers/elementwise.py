@@ -64,12 +64,14 @@ def _torch_bottom_view(name, ndim, x_ndim, axis):
 
 @register_layer("Eltwise")
 class Eltwise(Layer):
-    """SUM (with one coefficient per bottom), PROD or MAX over any number (>= 2) of bottoms."""
+    """SUM (with one coefficient per bottom), PROD or MAX over any number (>= 2) of bottoms.  The
+    optical-flow forks (lmb-freiburg/flownet2, twhui/LiteFlowNet: MinBottomBlobs 1) also sum a single
+    bottom, y = coeff x, which their nets use to scale flows; PROD and MAX there read a second bottom."""
 
     def parse(self, lp):
-        need_bottoms(lp, 2, 1 << 30)
         p = lp.eltwise_param
         op = int(p.operation)
+        need_bottoms(lp, 1 if op == SUM else 2, 1 << 30)
         if op not in _OP_NAMES:
             raise LayerError(f"eltwise_param.operation {op} is not PROD, SUM or MAX")
         coeff = [float(np.float32(c)) for c in p.coeff]

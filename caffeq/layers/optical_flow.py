@@ -1,0 +1,681 @@
+"""Layers of the optical-flow Caffe forks: lmb-freiburg/flownet2 b92e198 (FlowNet 2), NVlabs/PWC-Net
+07df6eb (Caffe/warping_code) and twhui/LiteFlowNet e7d6c43 (which carries flownet2's layers unchanged).
+FlowWarp lives in edge_flow_crf_forks.py; L1Loss is a loss, dropped from inference graphs (ir.py).
+
+- Correlation (flownet2 correlation_layer.cpp/.cu; correlation_param pad, kernel_size, max_displacement,
+  stride_1 [1], stride_2 [1], correlation_type MULTIPLY | SUBTRACT; do_abs is read by no kernel):
+  both bottoms are zero-padded by pad on each side; radius r = (kernel_size - 1) / 2, border =
+  max_displacement + r, top H/W = ceil((padded H/W - 2 border) / stride_1), top channels (2g + 1)^2 with
+  g = max_displacement / stride_2, channel (p + g) (2g + 1) + (o + g) for the displacement
+  (dy, dx) = (p, o) stride_2.  top[n, ch, y, x] = sum over the k x k patch whose top-left corner is
+  (y stride_1 + max_displacement, x stride_1 + max_displacement) of the padded first bottom and every
+  channel of a * b (MULTIPLY) or |a - b| (SUBTRACT), b displaced by (dy, dx), divided by k^2 channels.
+- Correlation1D (correlation_layer1d.cpp/.cu, same message plus single_direction): padding along W
+  only, top H = ceil((H - 2r) / stride_1), patch rows start at y stride_1; displacements along x only,
+  o = -g..g (single_direction 0), 0..g (1), or -(g + 1)..-1 (-1), (g + 1) channels for +-1.  With -1
+  the fork's first columns read before the padded row (outside the blob): caffeq sizes that layer
+  and refuses to run it.
+- ChannelNorm (channel_norm_layer.cu): top (N, 1, H, W) = sqrt(sum over channels of x^2).
+- Downsample (downsample_layer.cu; downsample_param top_height/top_width, or bottom 1's H and W):
+  when the size is unchanged the top is the bottom; otherwise each top pixel (dx, dy) sits at
+  (bx, by) = (dx / (tw - 1) (bw - 1), dy / (th - 1) (bh - 1)) (float32) and averages the bottom pixels
+  within ceil(scale) of (round(bx), round(by)) with tent weights max(0, 1 - |x - bx| / sx) max(0, 1 -
+  |y - by| / sy), s = (b - 1) / (t - 1); NaN samples weigh nothing, and the top is NaN when their
+  weight over the kept weight passes 0.5.  A top height or width of 1 divides by zero in the fork:
+  refused.
+- Warp, PWC-Net's (Caffe/warping_code/warp_layer.cu): bottoms (image, flow); top[n, c, s, t] samples the
+  image at (t + fx, s + fy) bilinearly between floor and ceil of each coordinate when the point lies in
+  [0, W - 1] x [0, H - 1], else 0.
+- Warp, LiteFlowNet's (warp_layer.cu), marked by warp_param.absolute_coords (caffeq's own; set by
+  caffeq/io/upgrade.py on a Warp whose coordinates come from a Grid): bottoms (image, coordinates x, y in
+  pixels); the four bilinear neighbours each count only where they lie inside the image (zero padding).
+- Grid (LiteFlowNet grid_layer.cpp): top (N, 2, H, W) of bottom's N, H, W: channel 0 = x, channel 1 = y.
+- NegSquare (negsquare_layer.cu): y = -x^2.
+- ExpMax (expmax_layer.cu; expmax_param base [-1 = e], scale [1], shift [0]): y = outer exp(inner (x -
+  m)), inner = ln(base) scale, outer = base^shift (1 when shift = 0).  The fork's max kernel runs with
+  outer_num = 1: m is the channel maximum of batch item 0 only; the later items subtract the zeros of
+  its never-written scale buffer, as reproduced here.
+- DataAugmentation, FlowAugmentation, GenerateAugmentationParameters (flownet2 *_augmentation_*.cpp):
+  random training augmentation (and, in DataAugmentation, a running mean updated from the images it
+  sees, at TEST too).  Read-only: sized as their Reshape sizes them, never run.
+- Resample (flownet2 resample_layer.cpp): top (N, C, height, width) or bottom 1's H, W.  Its
+  NEAREST/LINEAR/CUBIC antialiasing filters are not reproduced: read-only.
+"""
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .norm import onnx_reduce
+from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer
+
+# AugmentationCoeff's field count in flownet2's caffe.proto (6 spatial, 6 chromatic, 22 chromatic-eigen,
+# 8 effect): the channels of every augmentation-parameter blob
+AUGMENTATION_COEFFS = 42
+
+
+def _four_axes(shape, what, role="bottom"):
+    if len(shape) != 4:
+        raise LayerError(f"{what} needs a 4-axis {role} (N, C, H, W), got {list(shape)}")
+    return tuple(int(d) for d in shape)
+
+
+# ---- torch functions (model.py gets the same code) ---------------------------------------
+
+def flow_correlation(a, b, pad_h: int, pad_w: int, kernel: int, y0: int, x0: int, stride: int,
+                     offsets: list, subtract: bool, top_h: int, top_w: int):
+    """flownet2's Correlation / Correlation1D: one channel per (dy, dx) of offsets, the k x k x C mean of
+    a * b (or |a - b|) with b displaced; patch corners at (y0 + y stride, x0 + x stride) of the padded a."""
+    a = F.pad(a, (pad_w, pad_w, pad_h, pad_h))
+    b = F.pad(b, (pad_w, pad_w, pad_h, pad_h))
+    span_h = (top_h - 1) * stride + kernel
+    span_w = (top_w - 1) * stride + kernel
+    first = a[:, :, y0:y0 + span_h, x0:x0 + span_w]
+    maps = []
+    for dy, dx in offsets:
+        second = b[:, :, y0 + dy:y0 + dy + span_h, x0 + dx:x0 + dx + span_w]
+        cost = (first - second).abs() if subtract else first * second
+        maps.append(cost.mean(1, keepdim=True))
+    cost = torch.cat(maps, 1)
+    if kernel > 1 or stride > 1:
+        cost = F.avg_pool2d(cost, kernel, stride)
+    return cost
+
+
+def channel_norm(x):
+    """flownet2's ChannelNorm: the L2 norm over channels, (N, 1, H, W)."""
+    return x.pow(2).sum(1, keepdim=True).sqrt()
+
+
+def downsample_matrix(bottom: int, top: int, device: torch.device):
+    """(top, bottom) tent weights of flownet2's Downsample along one axis, in float32 as the fork."""
+    f32 = torch.float32
+    scale = torch.tensor(bottom - 1, dtype=f32) / torch.tensor(top - 1, dtype=f32)
+    radius = int(torch.ceil(scale).item())
+    centre = torch.arange(top, dtype=f32, device=device) / (top - 1) * (bottom - 1)
+    whole = centre.trunc()
+    nearest = whole + (centre - whole >= 0.5).to(f32)           # C round(): halves away from zero
+    pos = torch.arange(bottom, dtype=f32, device=device)[None, :]
+    near = (pos - nearest[:, None]).abs() <= radius
+    weight = (1 - (pos - centre[:, None]).abs() / scale.to(device)).clamp(min=0)
+    return torch.where(near, weight, torch.zeros_like(weight))
+
+
+def flow_downsample(x, top_h: int, top_w: int):
+    """flownet2's Downsample of x (N, C, H, W) to (top_h, top_w)."""
+    h, w = x.shape[2], x.shape[3]
+    if (h, w) == (top_h, top_w):
+        return x
+    rows = downsample_matrix(h, top_h, x.device)
+    cols = downsample_matrix(w, top_w, x.device).t()
+    bad = torch.isnan(x)
+    good = (~bad).to(x.dtype)
+    value = rows @ (torch.where(bad, torch.zeros_like(x), x) @ cols)
+    weight = rows @ (good @ cols)
+    nan_weight = rows @ ((1 - good) @ cols)
+    return torch.where(nan_weight / weight > 0.5, torch.full_like(value, float("nan")), value / weight)
+
+
+def pixels_at(image, row, col):
+    """image[n, :, row, col] for integer maps row, col (N, 1, h, w) inside the image -> (N, C, h, w)."""
+    n, c, h, w = image.shape
+    index = (row * w + col).reshape(n, 1, -1).expand(n, c, row.shape[2] * row.shape[3])
+    return image.reshape(n, c, h * w).gather(2, index).reshape(n, c, row.shape[2], row.shape[3])
+
+
+def pwc_warp(image, flow):
+    """PWC-Net's Warp: bilinear samples at (x + fx, y + fy) between floor and ceil, 0 off [0, W-1] x [0, H-1]."""
+    h, w = image.shape[2], image.shape[3]
+    gy, gx = torch.meshgrid(torch.arange(h, dtype=image.dtype, device=image.device),
+                            torch.arange(w, dtype=image.dtype, device=image.device), indexing="ij")
+    x = gx + flow[:, 0:1]
+    y = gy + flow[:, 1:2]
+    inside = (x >= 0) & (x <= w - 1) & (y >= 0) & (y <= h - 1)
+    x = torch.where(inside, x, torch.zeros_like(x))
+    y = torch.where(inside, y, torch.zeros_like(y))
+    fx, fy = x.floor(), y.floor()
+    cx, cy = x.ceil().long(), y.ceil().long()
+    ax, ay = x - fx, y - fy
+    fx, fy = fx.long(), fy.long()
+    warped = ((1 - ax) * (1 - ay) * pixels_at(image, fy, fx) + ax * (1 - ay) * pixels_at(image, fy, cx)
+              + (1 - ax) * ay * pixels_at(image, cy, fx) + ax * ay * pixels_at(image, cy, cx))
+    return torch.where(inside, warped, torch.zeros_like(warped))
+
+
+def coords_warp(image, coords):
+    """LiteFlowNet's Warp: bilinear samples at absolute (x, y); neighbours outside the image count 0."""
+    n, c, h, w = image.shape
+    x, y = coords[:, 0:1], coords[:, 1:2]
+    x0, y0 = x.floor(), y.floor()
+    ax, ay = x - x0, y - y0
+    total = torch.zeros(n, c, x.shape[2], x.shape[3], dtype=image.dtype, device=image.device)
+    for px, py, weight in ((x0, y0, (1 - ax) * (1 - ay)), (x0 + 1, y0, ax * (1 - ay)),
+                           (x0, y0 + 1, (1 - ax) * ay), (x0 + 1, y0 + 1, ax * ay)):
+        inside = (px >= 0) & (px < w) & (py >= 0) & (py < h)
+        col = torch.where(inside, px, torch.zeros_like(px)).long()
+        row = torch.where(inside, py, torch.zeros_like(py)).long()
+        term = weight * pixels_at(image, row, col)
+        total = total + torch.where(inside, term, torch.zeros_like(term))
+    return total
+
+
+def pixel_grid(x):
+    """LiteFlowNet's Grid: (N, 2, H, W) holding each pixel's x, then y."""
+    n, h, w = x.shape[0], x.shape[2], x.shape[3]
+    gy, gx = torch.meshgrid(torch.arange(h, dtype=x.dtype, device=x.device),
+                            torch.arange(w, dtype=x.dtype, device=x.device), indexing="ij")
+    return torch.stack([gx, gy]).unsqueeze(0).expand(n, 2, h, w)
+
+
+def neg_square(x):
+    return -(x * x)
+
+
+def exp_max(x, inner: float, outer: float):
+    """LiteFlowNet's ExpMax: outer exp(inner (x - m)), m the channel maximum of item 0, 0 for the others."""
+    top = x.amax(1, keepdim=True)
+    m = torch.cat([top[:1], torch.zeros_like(top[1:])], 0)
+    y = x - m
+    if inner != 1.0:
+        y = y * inner
+    y = torch.exp(y)
+    if outer != 1.0:
+        y = y * outer
+    return y
+
+
+# ---- Correlation and Correlation1D ---------------------------------------------------------
+
+@register_layer("Correlation", "Correlation1D")
+class Correlation(Layer):
+    def parse(self, lp):
+        what = lp.type
+        need_blobs(lp, what, 2, 1, "first image, second image")
+        p = lp.correlation_param
+        if not p.HasField("kernel_size") or not p.HasField("max_displacement"):
+            raise LayerError(f"{what} needs correlation_param.kernel_size and max_displacement (the fork's CHECK)")
+        if p.kernel_size % 2 == 0:
+            raise LayerError(f"{what} needs an odd correlation_param.kernel_size, got {p.kernel_size}")
+        if p.stride_1 < 1 or p.stride_2 < 1:
+            raise LayerError(f"{what}'s correlation_param.stride_1 and stride_2 must be >= 1, got "
+                             f"{p.stride_1} and {p.stride_2}")
+        one_d = what == "Correlation1D"
+        direction = int(p.single_direction) if one_d else 0
+        if direction not in (-1, 0, 1):
+            raise LayerError(f"correlation_param.single_direction must be -1 (left), 0 (off) or 1 (right), "
+                             f"got {direction}")
+        k, md, s2 = int(p.kernel_size), int(p.max_displacement), int(p.stride_2)
+        g = md // s2
+        if not one_d:
+            offsets = [(dy * s2, dx * s2) for dy in range(-g, g + 1) for dx in range(-g, g + 1)]
+        elif direction == 0:
+            offsets = [(0, dx * s2) for dx in range(-g, g + 1)]
+        else:
+            first = 0 if direction == 1 else -(g + 1)
+            offsets = [(0, (first + i) * s2) for i in range(g + 1)]
+        return {"name": lp.name, "type": what, "one_d": one_d, "direction": direction, "pad": int(p.pad),
+                "kernel": k, "max_disp": md, "stride1": int(p.stride_1), "offsets": offsets,
+                "subtract": p.correlation_type == p.SUBTRACT}
+
+    def infer(self, attrs, in_shapes):
+        what = attrs["type"]
+        a = _four_axes(in_shapes[0], what)
+        b = _four_axes(in_shapes[1], what)
+        if a[1:] != b[1:]:
+            raise LayerError(f"{what}'s bottoms must share C, H and W, got {list(a)} and {list(b)}")
+        radius = (attrs["kernel"] - 1) // 2
+        pad, s1 = attrs["pad"], attrs["stride1"]
+        width = math.ceil((a[3] + 2 * pad - 2 * (attrs["max_disp"] + radius)) / s1)
+        if attrs["one_d"]:
+            height = math.ceil((a[2] - 2 * radius) / s1)
+        else:
+            height = math.ceil((a[2] + 2 * pad - 2 * (attrs["max_disp"] + radius)) / s1)
+        if width < 1 or height < 1:
+            raise LayerError(f"{what}: neighbourhood and kernel do not fit in a {a[2]}x{a[3]} bottom padded by "
+                             f"{pad} (max_displacement {attrs['max_disp']}, kernel_size {attrs['kernel']})")
+        return [(a[0], len(attrs["offsets"]), height, width)]
+
+    def _args(self, attrs, shape):
+        pad_h = 0 if attrs["one_d"] else attrs["pad"]
+        y0 = 0 if attrs["one_d"] else attrs["max_disp"]
+        return (pad_h, attrs["pad"], attrs["kernel"], y0, attrs["max_disp"], attrs["stride1"],
+                attrs["offsets"], attrs["subtract"], shape[2], shape[3])
+
+    def _check_runs(self, attrs, error):
+        if attrs["direction"] == -1:
+            raise error(f"layer '{attrs['name']}' (Correlation1D): single_direction -1 makes the fork read "
+                        f"before the start of each padded row (outside the blob); caffeq sizes this layer "
+                        f"but does not run it")
+
+    def forward(self, attrs, params, a, b):
+        self._check_runs(attrs, LayerError)
+        shape = self.infer(attrs, [a.shape, b.shape])[0]
+        return flow_correlation(a, b, *self._args(attrs, shape))
+
+    def onnx(self, ctx, node):
+        from ..errors import ExportError
+        self._check_runs(node.attrs, ExportError)
+        a, b = node.inputs
+        name = node.name
+        pad_h, pad_w, k, y0, x0, stride, offsets, subtract, top_h, top_w = self._args(
+            node.attrs, ctx.shape(node.outputs[0]))
+        i64 = np.int64
+
+        def op(kind, inputs, hint, **kw):
+            return ctx.add_node(kind, inputs, ctx.tmp(f"{name}_{hint}"), **kw)
+
+        if pad_h or pad_w:
+            pads = ctx.const(np.array([0, 0, pad_h, pad_w, 0, 0, pad_h, pad_w], i64))
+            a = op("Pad", [a, pads], "pad_a", name=name)
+            b = op("Pad", [b, pads], "pad_b")
+        span_h, span_w = (top_h - 1) * stride + k, (top_w - 1) * stride + k
+        axes = ctx.const(np.array([2, 3], i64))
+
+        def window(x, dy, dx, hint):
+            starts = ctx.const(np.array([y0 + dy, x0 + dx], i64))
+            ends = ctx.const(np.array([y0 + dy + span_h, x0 + dx + span_w], i64))
+            return op("Slice", [x, starts, ends, axes], hint)
+
+        first = window(a, 0, 0, "first")
+        maps = []
+        for i, (dy, dx) in enumerate(offsets):
+            second = window(b, dy, dx, f"b{i}")
+            cost = (op("Abs", [op("Sub", [first, second], f"d{i}")], f"ad{i}") if subtract
+                    else op("Mul", [first, second], f"p{i}"))
+            maps.append(onnx_reduce(ctx, "ReduceMean", cost, [1], True, ctx.tmp(f"{name}_m{i}")))
+        out = node.outputs[0]
+        pooled = k > 1 or stride > 1
+        cost = ctx.add_node("Concat", maps, ctx.tmp(name + "_cost") if pooled else out, axis=1)
+        if pooled:
+            ctx.add_node("AveragePool", [cost], out, kernel_shape=[k, k], strides=[stride, stride])
+
+    def pytorch_source(self, node, emit):
+        from ..errors import ExportError
+        self._check_runs(node.attrs, ExportError)
+        args = self._args(node.attrs, emit.out_shape())
+        rest = ", ".join(emit.lit(v) for v in args)
+        return f"{emit.helper(flow_correlation)}({emit.inputs[0]}, {emit.inputs[1]}, {rest})"
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        n, c, h, w = out_shapes[0]
+        return n * c * h * w * attrs["kernel"] ** 2 * in_shapes[0][1]
+
+
+# ---- ChannelNorm ---------------------------------------------------------------------------
+
+@register_layer("ChannelNorm")
+class ChannelNorm(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "ChannelNorm", 1, 1)
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        n, _, h, w = _four_axes(in_shapes[0], "ChannelNorm")
+        return [(n, 1, h, w)]
+
+    def forward(self, attrs, params, x):
+        return channel_norm(x)
+
+    def onnx(self, ctx, node):
+        ss = onnx_reduce(ctx, "ReduceSumSquare", node.inputs[0], [1], True, ctx.tmp(node.name + "_ss"))
+        ctx.add_node("Sqrt", [ss], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(channel_norm)}({emit.inputs[0]})"
+
+
+# ---- Downsample ----------------------------------------------------------------------------
+
+@register_layer("Downsample")
+class Downsample(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) not in (1, 2) or len(lp.top) != 1:
+            raise LayerError(f"Downsample takes one or two bottoms and one top, got {len(lp.bottom)} and "
+                             f"{len(lp.top)}")
+        p = lp.downsample_param
+        return {"size": (int(p.top_height), int(p.top_width)), "bottoms": len(lp.bottom)}
+
+    def infer(self, attrs, in_shapes):
+        n, c, h, w = _four_axes(in_shapes[0], "Downsample")
+        if attrs["bottoms"] == 2:
+            th, tw = _four_axes(in_shapes[1], "Downsample", "second bottom")[2:]
+        else:
+            th, tw = attrs["size"]
+        if th < 1 or tw < 1:
+            raise LayerError(f"Downsample needs a top height and width > 0 (downsample_param top_height and "
+                             f"top_width, or a second bottom), got {th} x {tw}")
+        if (th, tw) != (h, w) and (th == 1 or tw == 1):
+            raise LayerError(f"Downsample to {th} x {tw}: the fork divides by (top size - 1) = 0")
+        return [(n, c, th, tw)]
+
+    def forward(self, attrs, params, x, *like):
+        th, tw = self.infer(attrs, [x.shape] + [t.shape for t in like])[0][2:]
+        return flow_downsample(x, th, tw)
+
+    def onnx(self, ctx, node):
+        x, name = node.inputs[0], node.name
+        _, _, h, w = ctx.shape(x)
+        _, _, th, tw = ctx.shape(node.outputs[0])
+        out = node.outputs[0]
+        if (h, w) == (th, tw):
+            ctx.add_node("Identity", [x], out, name=name)
+            return
+        rows = downsample_matrix(h, th, torch.device("cpu")).numpy()
+        cols = downsample_matrix(w, tw, torch.device("cpu")).t().contiguous().numpy()
+        rows_c, cols_c = ctx.const(rows, name + "_rows"), ctx.const(cols, name + "_cols")
+
+        def op(kind, inputs, hint, **kw):
+            return ctx.add_node(kind, inputs, ctx.tmp(f"{name}_{hint}"), **kw)
+
+        def resize(t, hint):
+            return op("MatMul", [rows_c, op("MatMul", [t, cols_c], hint + "_w")], hint)
+
+        bad = op("IsNaN", [x], "isnan", name=name)
+        zero, one = ctx.const(np.array(0, np.float32)), ctx.const(np.array(1, np.float32))
+        good = op("Cast", [op("Not", [bad], "ok")], "good", to=1)
+        value = resize(op("Where", [bad, zero, x], "clean"), "value")
+        weight = resize(good, "weight")
+        nan_weight = resize(op("Sub", [one, good], "bad"), "nan_weight")
+        many = op("Greater", [op("Div", [nan_weight, weight], "nan_share"), ctx.const(np.array(0.5, np.float32))],
+                  "mostly_nan")
+        ctx.add_node("Where", [many, ctx.const(np.array(np.nan, np.float32)),
+                               op("Div", [value, weight], "mean")], [out])
+
+    def pytorch_source(self, node, emit):
+        th, tw = emit.out_shape()[2:]
+        emit.helper(downsample_matrix)
+        return f"{emit.helper(flow_downsample)}({emit.inputs[0]}, {th}, {tw})"
+
+
+# ---- Warp (PWC-Net's and LiteFlowNet's) ----------------------------------------------------
+
+@register_layer("Warp")
+class Warp(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "Warp", 2, 1, "image, flow or coordinates")
+        return {"coords": bool(lp.warp_param.absolute_coords)}
+
+    def infer(self, attrs, in_shapes):
+        image = _four_axes(in_shapes[0], "Warp", "image")
+        second = _four_axes(in_shapes[1], "Warp", "second bottom")
+        what = "coordinates" if attrs["coords"] else "flow"
+        if second[0] != image[0] or second[1] != 2 or second[2:] != image[2:]:
+            # PWC-Net's kernel reads the flow at the image's H and W; LiteFlowNet's indexes the
+            # coordinates with the image's H and W although its top takes theirs
+            raise LayerError(f"Warp's {what} must be (N, 2, H, W) of the image's N, H and W: image "
+                             f"{list(image)}, {what} {list(second)}")
+        return [image]
+
+    def forward(self, attrs, params, image, second):
+        return coords_warp(image, second) if attrs["coords"] else pwc_warp(image, second)
+
+    def onnx(self, ctx, node):
+        image, second = node.inputs
+        name = node.name
+        _, c, h, w = ctx.shape(image)
+        f32, i64 = np.float32, np.int64
+
+        def op(kind, inputs, hint, **kw):
+            return ctx.add_node(kind, inputs, ctx.tmp(f"{name}_{hint}"), **kw)
+
+        def f(v):
+            return ctx.const(np.array(v, f32))
+
+        x = op("Slice", [second, ctx.const(np.array([0], i64)), ctx.const(np.array([1], i64)),
+                         ctx.const(np.array([1], i64))], "x", name=name)
+        y = op("Slice", [second, ctx.const(np.array([1], i64)), ctx.const(np.array([2], i64)),
+                         ctx.const(np.array([1], i64))], "y")
+        flat = op("Reshape", [image, ctx.const(np.array([0, c, h * w], i64))], "flat")
+
+        def pixels(row, col, hint):
+            index = op("Add", [op("Mul", [row, f(w)], hint + "_rw"), col], hint + "_i")
+            index = op("Cast", [index], hint + "_i64", to=7)   # INT64; exact below 2^24 pixels
+            index = op("Reshape", [index, ctx.const(np.array([0, 1, h * w], i64))], hint + "_flat")
+            index = op("Expand", [index, ctx.const(np.array([1, c, 1], i64))], hint + "_all")
+            got = op("GatherElements", [flat, index], hint, axis=2)
+            return op("Reshape", [got, ctx.const(np.array([0, c, h, w], i64))], hint + "_img")
+
+        def within(px, py, hint, right_open):
+            lt = "Less" if right_open else "LessOrEqual"
+            wmax, hmax = (w, h) if right_open else (w - 1, h - 1)
+            return op("And", [op("And", [op("GreaterOrEqual", [px, f(0)], hint + "_x0"),
+                                         op("GreaterOrEqual", [py, f(0)], hint + "_y0")], hint + "_lo"),
+                              op("And", [op(lt, [px, f(wmax)], hint + "_x1"),
+                                         op(lt, [py, f(hmax)], hint + "_y1")], hint + "_hi")], hint)
+
+        if node.attrs["coords"]:
+            x0, y0 = op("Floor", [x], "x0"), op("Floor", [y], "y0")
+            ax, ay = op("Sub", [x, x0], "ax"), op("Sub", [y, y0], "ay")
+            nx, ny = op("Sub", [f(1), ax], "nax"), op("Sub", [f(1), ay], "nay")
+            x1, y1 = op("Add", [x0, f(1)], "x1"), op("Add", [y0, f(1)], "y1")
+            total = None
+            for k, (px, py, wx, wy) in enumerate(((x0, y0, nx, ny), (x1, y0, ax, ny), (x0, y1, nx, ay),
+                                                  (x1, y1, ax, ay))):
+                inside = within(px, py, f"in{k}", True)
+                col = op("Where", [inside, px, f(0)], f"col{k}")
+                row = op("Where", [inside, py, f(0)], f"row{k}")
+                term = op("Mul", [op("Mul", [wx, wy], f"w{k}"), pixels(row, col, f"v{k}")], f"t{k}")
+                term = op("Where", [inside, term, f(0)], f"k{k}")
+                total = term if total is None else op("Add", [total, term], f"s{k}")
+            ctx.add_node("Identity", [total], [node.outputs[0]])
+            return
+        gy, gx = np.meshgrid(np.arange(h, dtype=f32), np.arange(w, dtype=f32), indexing="ij")
+        x = op("Add", [ctx.const(gx.reshape(1, 1, h, w), name + "_gx"), x], "px")
+        y = op("Add", [ctx.const(gy.reshape(1, 1, h, w), name + "_gy"), y], "py")
+        inside = within(x, y, "inside", False)
+        x = op("Where", [inside, x, f(0)], "xs")
+        y = op("Where", [inside, y, f(0)], "ys")
+        fx, fy = op("Floor", [x], "fx"), op("Floor", [y], "fy")
+        cx, cy = op("Ceil", [x], "cx"), op("Ceil", [y], "cy")
+        ax, ay = op("Sub", [x, fx], "ax"), op("Sub", [y, fy], "ay")
+        nx, ny = op("Sub", [f(1), ax], "nax"), op("Sub", [f(1), ay], "nay")
+        terms = [op("Mul", [op("Mul", [wx, wy], f"w{k}"), pixels(row, col, f"v{k}")], f"t{k}")
+                 for k, (row, col, wx, wy) in enumerate(((fy, fx, nx, ny), (fy, cx, ax, ny), (cy, fx, nx, ay),
+                                                         (cy, cx, ax, ay)))]
+        total = op("Add", [op("Add", [op("Add", terms[:2], "s2"), terms[2]], "s3"), terms[3]], "warped")
+        ctx.add_node("Where", [inside, total, f(0)], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        emit.helper(pixels_at)
+        fn = emit.helper(coords_warp if node.attrs["coords"] else pwc_warp)
+        return f"{fn}({emit.inputs[0]}, {emit.inputs[1]})"
+
+
+# ---- Grid, NegSquare, ExpMax ---------------------------------------------------------------
+
+@register_layer("Grid")
+class Grid(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "Grid", 1, 1)
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        n, _, h, w = _four_axes(in_shapes[0], "Grid")
+        return [(n, 2, h, w)]
+
+    def forward(self, attrs, params, x):
+        return pixel_grid(x)
+
+    def onnx(self, ctx, node):
+        x, name = node.inputs[0], node.name
+        _, _, h, w = ctx.shape(x)
+        gy, gx = np.meshgrid(np.arange(h, dtype=np.float32), np.arange(w, dtype=np.float32), indexing="ij")
+        grid = ctx.const(np.stack([gx, gy])[None], name + "_grid")
+        batch = ctx.add_node("Slice", [ctx.add_node("Shape", [x], ctx.tmp(name + "_shape"), name=name),
+                                       ctx.const(np.array([0], np.int64)), ctx.const(np.array([1], np.int64))],
+                             ctx.tmp(name + "_n"))
+        shape = ctx.add_node("Concat", [batch, ctx.const(np.array([2, h, w], np.int64))], ctx.tmp(name + "_to"),
+                             axis=0)
+        ctx.add_node("Expand", [grid, shape], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(pixel_grid)}({emit.inputs[0]})"
+
+
+@register_layer("NegSquare")
+class NegSquare(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "NegSquare", 1, 1)
+        return {}
+
+    def forward(self, attrs, params, x):
+        return neg_square(x)
+
+    def onnx(self, ctx, node):
+        sq = ctx.add_node("Mul", [node.inputs[0], node.inputs[0]], ctx.tmp(node.name + "_sq"), name=node.name)
+        ctx.add_node("Neg", [sq], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(neg_square)}({emit.inputs[0]})"
+
+
+@register_layer("ExpMax")
+class ExpMax(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "ExpMax", 1, 1)
+        p = lp.expmax_param
+        base, scale, shift = np.float32(p.base), np.float32(p.scale), np.float32(p.shift)
+        if base != -1 and not base > 0:
+            raise LayerError(f"expmax_param.base must be > 0 (or -1 for e), got {float(base)}")
+        log_base = np.float32(1) if base == -1 else np.log(base)
+        outer = np.float32(1) if shift == 0 else (np.power(base, shift) if base != -1 else np.exp(shift))
+        return {"inner": float(np.float32(log_base * scale)), "outer": float(np.float32(outer))}
+
+    def infer(self, attrs, in_shapes):
+        return [_four_axes(in_shapes[0], "ExpMax")]
+
+    def forward(self, attrs, params, x):
+        return exp_max(x, attrs["inner"], attrs["outer"])
+
+    def onnx(self, ctx, node):
+        x, name = node.inputs[0], node.name
+        i64 = np.int64
+
+        def op(kind, inputs, hint, **kw):
+            return ctx.add_node(kind, inputs, ctx.tmp(f"{name}_{hint}"), **kw)
+
+        top = onnx_reduce(ctx, "ReduceMax", x, [1], True, ctx.tmp(name + "_max"))
+        first = op("Slice", [top, ctx.const(np.array([0], i64)), ctx.const(np.array([1], i64)),
+                             ctx.const(np.array([0], i64))], "max0", name=name)
+        rest = op("Slice", [top, ctx.const(np.array([1], i64)), ctx.const(np.array([np.iinfo(i64).max], i64)),
+                            ctx.const(np.array([0], i64))], "rest")
+        zeros = op("ConstantOfShape", [op("Shape", [rest], "rest_shape")], "zeros",
+                   value=np.array([0], np.float32))
+        m = op("Concat", [first, zeros], "m", axis=0)
+        y = op("Sub", [x, m], "centred")
+        if node.attrs["inner"] != 1.0:
+            y = op("Mul", [y, ctx.const(np.array(node.attrs["inner"], np.float32))], "scaled")
+        if node.attrs["outer"] != 1.0:
+            y = op("Exp", [y], "exp")
+            ctx.add_node("Mul", [y, ctx.const(np.array(node.attrs["outer"], np.float32))], [node.outputs[0]])
+        else:
+            ctx.add_node("Exp", [y], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        return (f"{emit.helper(exp_max)}({emit.inputs[0]}, {emit.lit(node.attrs['inner'])}, "
+                f"{emit.lit(node.attrs['outer'])})")
+
+
+# ---- read-only: augmentation and Resample ---------------------------------------------------
+
+_AUGMENTATION_WHY = ("flownet2's {type} draws random augmentation parameters while training and keeps "
+                     "state across batches; caffeq sizes it but does not run it (read the net's deploy "
+                     "prototxt to run the network)")
+
+
+@register_layer("DataAugmentation")
+class DataAugmentation(ReadOnlyLayer):
+    blob_names = ("iteration", "mean", "channel_mean")
+
+    def parse(self, lp):
+        if len(lp.bottom) not in (1, 2) or len(lp.top) not in (1, 2):
+            raise LayerError(f"DataAugmentation takes one or two bottoms and one or two tops, got "
+                             f"{len(lp.bottom)} and {len(lp.top)}")
+        p = lp.augmentation_param
+        crop = (int(p.crop_height), int(p.crop_width)) if p.HasField("crop_width") and p.HasField("crop_height") \
+            else None
+        return {"name": lp.name, "crop": crop, "tops": len(lp.top), "bottoms": len(lp.bottom),
+                "recompute_mean": int(p.recompute_mean)}
+
+    def infer(self, attrs, in_shapes):
+        n, c, h, w = _four_axes(in_shapes[0], "DataAugmentation")
+        ch, cw = attrs["crop"] or (h, w)
+        if cw > w or ch > h:
+            raise LayerError(f"DataAugmentation's crop {ch} x {cw} is larger than its {h} x {w} bottom")
+        shapes = [(n, c, ch, cw)]
+        if attrs["tops"] == 2:
+            shapes.append(tuple(in_shapes[1]) if attrs["bottoms"] == 2 else (n, AUGMENTATION_COEFFS, 1, 1))
+        return shapes
+
+    def param_shapes(self, attrs, in_shapes):
+        if not attrs["recompute_mean"]:
+            return [(1, 1, 1, 1)]
+        _, c, h, w = in_shapes[0]
+        ch, cw = attrs["crop"] or (h, w)
+        return [(1, 1, 1, 1), (1, c, ch, cw), (1, c, 1, 1)]
+
+    def refusal(self, attrs):
+        return f"layer '{attrs['name']}' (DataAugmentation): " + _AUGMENTATION_WHY.format(type="DataAugmentation")
+
+
+@register_layer("FlowAugmentation")
+class FlowAugmentation(ReadOnlyLayer):
+    def parse(self, lp):
+        need_blobs(lp, "FlowAugmentation", 3, 1, "flow, first image's parameters, second image's parameters")
+        p = lp.augmentation_param
+        return {"name": lp.name, "crop": (int(p.crop_height), int(p.crop_width))}
+
+    def infer(self, attrs, in_shapes):
+        n, c, _, _ = _four_axes(in_shapes[0], "FlowAugmentation")
+        if c != 2:
+            raise LayerError(f"FlowAugmentation's flow must have two channels, got {list(in_shapes[0])}")
+        return [(n, 2) + attrs["crop"]]
+
+    def refusal(self, attrs):
+        return f"layer '{attrs['name']}' (FlowAugmentation): " + _AUGMENTATION_WHY.format(type="FlowAugmentation")
+
+
+@register_layer("GenerateAugmentationParameters")
+class GenerateAugmentationParameters(ReadOnlyLayer):
+    def parse(self, lp):
+        if len(lp.bottom) not in (1, 3) or len(lp.top) != 1:
+            raise LayerError(f"GenerateAugmentationParameters takes one or three bottoms and one top, got "
+                             f"{len(lp.bottom)} and {len(lp.top)}")
+        p = lp.augmentation_param
+        if len(lp.bottom) == 1 and not (p.HasField("crop_width") and p.HasField("crop_height")):
+            raise LayerError("GenerateAugmentationParameters with one bottom needs augmentation_param.crop_width "
+                             "and crop_height")
+        return {"name": lp.name}
+
+    def infer(self, attrs, in_shapes):
+        return [(int(in_shapes[0][0]), AUGMENTATION_COEFFS, 1, 1)]
+
+    def refusal(self, attrs):
+        return (f"layer '{attrs['name']}' (GenerateAugmentationParameters): "
+                + _AUGMENTATION_WHY.format(type="GenerateAugmentationParameters"))
+
+
+@register_layer("Resample")
+class Resample(ReadOnlyLayer):
+    def parse(self, lp):
+        if len(lp.bottom) not in (1, 2) or len(lp.top) != 1:
+            raise LayerError(f"Resample takes one or two bottoms and one top, got {len(lp.bottom)} and "
+                             f"{len(lp.top)}")
+        p = lp.resample_param
+        return {"name": lp.name, "size": (int(p.height), int(p.width)), "bottoms": len(lp.bottom),
+                "type": p.ResampleType.Name(p.type)}
+
+    def infer(self, attrs, in_shapes):
+        n, c, _, _ = _four_axes(in_shapes[0], "Resample")
+        th, tw = _four_axes(in_shapes[1], "Resample", "second bottom")[2:] if attrs["bottoms"] == 2 \
+            else attrs["size"]
+        if th < 1 or tw < 1:
+            raise LayerError(f"Resample needs a top height and width > 0 (resample_param height and width, or "
+                             f"a second bottom), got {th} x {tw}")
+        return [(n, c, th, tw)]
+
+    def refusal(self, attrs):
+        return (f"layer '{attrs['name']}' (Resample, {attrs['type']}): flownet2's resampling filters "
+                f"(antialiased triangle / bicubic, nearest) are not reproduced in caffeq; the net reads and "
+                f"sizes but cannot run or be exported")
