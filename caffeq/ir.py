@@ -485,12 +485,14 @@ SCORING_PYTHON_LAYERS = frozenset({
 
 
 def _is_python_loss(lp):
-    """A Python layer that Caffe treats as a loss (a loss_weight), or one known to only score the net
-    against its labels: it only trains or evaluates the net."""
+    """A Python layer that Caffe treats as a loss (a loss_weight), one whose class is named as a loss,
+    or one known to only score the net against its labels: it only trains or evaluates the net."""
     if lp.type != "Python":
         return False
     known = f"{lp.python_param.module}.{lp.python_param.layer}" in SCORING_PYTHON_LAYERS
-    return known or any(w != 0 for w in lp.loss_weight)
+    # a class named as a loss (pycaffe-yolo's YoloLossLayer), as a type named "...Loss" is one
+    named_loss = lp.python_param.layer.lower().removesuffix("layer").endswith("loss")
+    return known or named_loss or any(w != 0 for w in lp.loss_weight)
 
 
 def _unique_layer_name(name, taken, source, notes):

@@ -319,6 +319,12 @@ layer { name: "loss" type: "Python" bottom: "ip" bottom: "label" top: "loss" los
     assert model.inputs == {"data": (2, 3, 20, 20), "label": (2,)}
     assert model.outputs == ["ip"]
     assert any("loss (Python)" in w for w in model.warnings)
+    # without loss_weight, a class named as a loss (pycaffe-yolo's YoloLossLayer) is one too
+    named = text.replace(" loss_weight: 1", "").replace("EuclideanLossLayer", "YoloLossLayer")
+    assert load_from_text(named, random_weights=True).outputs == ["ip"]
+    # any other unknown Python layer is still refused
+    with pytest.raises(CaffeqError, match="is a Python layer"):
+        load_from_text(named.replace("YoloLossLayer", "YoloHeadLayer"), random_weights=True)
 
 
 FASTER_RCNN_TRAIN = """
