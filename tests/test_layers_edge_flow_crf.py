@@ -264,3 +264,39 @@ def test_meanfield_v1_enum_upgrades():
     crf = node_of(model, "crf")
     assert crf.type == "MultiStageMeanfield" and crf.attrs["theta_alpha"] == 160
     assert model.graph.tensors["o"].shape == (1, 4, 3, 5)
+
+
+# ---- DenseCRF ---------------------------------------------------------------------------------
+
+DENSE_CRF = ('layer {{ name: "crf" type: "DenseCRF" bottom: "scores" bottom: "dims" {image} top: "o" '
+             'dense_crf_param {{ max_iter: 4 pos_w: 3 pos_xy_std: 3 {bilateral} }} }}')
+BILATERAL = "bi_w: 4 bi_xy_std: 50 bi_rgb_std: 5"
+
+
+def test_dense_crf_infers_deeplabs_shapes_and_refuses_to_run(tmp_path):
+    """DeepLab v2's DenseCRF (dense_crf_layer.cpp): top = the scores' (N, C, H, W)."""
+    shapes = {"scores": (2, 5, 6, 7), "dims": (2, 1, 1, 2), "img": (2, 3, 6, 7)}
+    text = net(DENSE_CRF.format(image='bottom: "img"', bilateral=BILATERAL), inputs=shapes)
+    model = load_from_text(text)
+    assert model.graph.tensors["o"].shape == (2, 5, 6, 7)
+    assert node_of(model, "crf").attrs["iterations"] == 4
+    with pytest.raises(CaffeqError, match="'crf' .DenseCRF.*permutohedral"):
+        model.run({k: np.zeros(s, np.float32) for k, s in shapes.items()})
+    with pytest.raises(ExportError, match="'crf' .DenseCRF"):
+        model.export_onnx(str(tmp_path / "m.onnx"))
+    # without the image there are no bilateral terms
+    two = {k: v for k, v in shapes.items() if k != "img"}
+    assert load_from_text(net(DENSE_CRF.format(image="", bilateral=""), inputs=two)).graph.tensors["o"].shape == \
+        (2, 5, 6, 7)
+
+
+@pytest.mark.parametrize("image, bilateral, shapes, msg", [
+    ('bottom: "img"', "", {"img": (1, 3, 4, 4)}, "needs the bilateral terms"),
+    ('bottom: "img"', "bi_w: 4 bi_xy_std: 50", {"img": (1, 3, 4, 4)}, "come in threes"),
+    ('bottom: "img"', BILATERAL, {"img": (1, 3, 4, 5)}, "image must be"),
+    ('bottom: "img"', BILATERAL, {"img": (1, 1, 4, 4)}, "image must be"),
+])
+def test_dense_crf_checks_as_the_fork_does(image, bilateral, shapes, msg):
+    inputs = {"scores": (1, 2, 4, 4), "dims": (1, 1, 1, 2), **shapes}
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(DENSE_CRF.format(image=image, bilateral=bilateral), inputs=inputs))

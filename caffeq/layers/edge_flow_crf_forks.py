@@ -23,12 +23,16 @@
   image); top = unary's shape; blobs spatial weights, bilateral weights, compatibility, each
   (1, 1, C, C).  Its permutohedral-lattice filtering has no implementation here: the layer reads,
   infers and loads its weights, and refuses to run or export with an error naming it.
+- DenseCRF (DeepLab v2 dense_crf_layer.cpp; dense_crf_param max_iter, pos_w / pos_xy_std, bi_w /
+  bi_xy_std / bi_rgb_std, output_probability): bottoms (scores, image size, image), the image
+  optional without bilateral terms; top = the scores' shape.  Its fully connected CRF inference
+  (permutohedral lattice) has no implementation here either: read, sized, refused to run.
 """
 import numpy as np
 import torch
 
 from .act_forks import RReLU
-from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer
+from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, need_bottoms, positive_field, register_layer
 
 # ---- torch functions (model.py gets the same code) ---------------------------------------
 
@@ -280,3 +284,39 @@ class MultiStageMeanfield(ReadOnlyLayer):
         return (f"layer '{attrs['name']}' (MultiStageMeanfield): {which} mean-field iterations filter with a "
                 f"permutohedral lattice, which caffeq does not implement; the net reads and its "
                 f"shapes and weights load, but it cannot run or be exported")
+
+
+# ---- DenseCRF ---------------------------------------------------------------------------------
+
+@register_layer("DenseCRF")
+class DenseCRF(ReadOnlyLayer):
+    def parse(self, lp):
+        need_bottoms(lp, 2, 3)
+        p = lp.dense_crf_param
+        if len(p.pos_w) != len(p.pos_xy_std):
+            raise LayerError("dense_crf_param: pos_w and pos_xy_std must come in pairs (the fork's check)")
+        if not len(p.bi_w) == len(p.bi_xy_std) == len(p.bi_rgb_std):
+            raise LayerError("dense_crf_param: bi_w, bi_xy_std and bi_rgb_std must come in threes (the fork's check)")
+        if len(lp.bottom) == 3 and not len(p.bi_w):
+            raise LayerError("dense_crf_param: an image bottom needs the bilateral terms (bi_w, bi_xy_std, "
+                             "bi_rgb_std), as the fork checks")
+        return {"name": lp.name, "iterations": int(p.max_iter), "image": len(lp.bottom) == 3,
+                "probability": bool(p.output_probability)}
+
+    def infer(self, attrs, in_shapes):
+        scores = tuple(in_shapes[0])
+        if len(scores) != 4:
+            raise LayerError(f"DenseCRF needs 4-axis scores (N, C, H, W), got {list(scores)}")
+        if any(s[0] != scores[0] for s in in_shapes[1:]):
+            raise LayerError(f"DenseCRF's bottoms must share N: {[list(s) for s in in_shapes]}")
+        if attrs["image"]:
+            image = tuple(in_shapes[2])
+            if len(image) != 4 or image[1] != 3 or image[2:] != scores[2:]:
+                raise LayerError(f"DenseCRF's image must be (N, 3, H, W) with the scores' H and W {list(scores[2:])}, "
+                                 f"got {list(image)}")
+        return [scores]
+
+    def refusal(self, attrs):
+        return (f"layer '{attrs['name']}' (DenseCRF): DeepLab's fully connected CRF infers with a permutohedral "
+                f"lattice, which caffeq does not implement; the net reads and its shapes are known, but it "
+                f"cannot run or be exported (take the scores before it)")
