@@ -50,36 +50,24 @@ def _ceil_div(a, b):
 # ---- torch: used by forward and copied into model.py -------------------------------------------
 
 class C3DConv3d(nn.Module):
-    """C3D's Convolution3D with Caffe's blob shapes: weight (O, C, kd, k, k), bias (1, 1, 1, 1, O)."""
+    """C3D's Convolution3D with Caffe's blob shapes: weight (O, C, kd, k, k), bias (1, 1, 1, 1, O);
+    transposed: its Deconvolution3D, weight (C, O, kd, k, k)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel: list[int], stride: list[int],
-                 pad: list[int], bias: bool):
+                 pad: list[int], bias: bool, transposed: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros([out_channels, in_channels] + kernel))
+        channels = [in_channels, out_channels] if transposed else [out_channels, in_channels]
+        self.weight = nn.Parameter(torch.zeros(channels + kernel))
         self.bias = nn.Parameter(torch.zeros(1, 1, 1, 1, out_channels)) if bias else None
-        self.stride, self.pad = stride, pad
+        self.stride, self.pad, self.transposed = stride, pad, transposed
 
     def forward(self, x):
         bias = self.bias.reshape(-1) if self.bias is not None else None
-        return F.conv3d(x, self.weight, bias, stride=self.stride, padding=self.pad)
+        conv = F.conv_transpose3d if self.transposed else F.conv3d
+        return conv(x, self.weight, bias, stride=self.stride, padding=self.pad)
 
 
 TORCH_C3D_CONV = inspect.getsource(C3DConv3d)
-
-
-class C3DConvTranspose3d(nn.Module):
-    """C3D's Deconvolution3D with Caffe's blob shapes: weight (C, O, kd, k, k), bias (1, 1, 1, 1, O)."""
-
-    def __init__(self, in_channels: int, out_channels: int, kernel: list[int], stride: list[int],
-                 pad: list[int], bias: bool):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros([in_channels, out_channels] + kernel))
-        self.bias = nn.Parameter(torch.zeros(1, 1, 1, 1, out_channels)) if bias else None
-        self.stride, self.pad = stride, pad
-
-    def forward(self, x):
-        bias = self.bias.reshape(-1) if self.bias is not None else None
-        return F.conv_transpose3d(x, self.weight, bias, stride=self.stride, padding=self.pad)
 
 
 def _need_5d(shape, what):
@@ -93,6 +81,7 @@ def _need_5d(shape, what):
 class Convolution3D(Layer):
     blob_names = ("weight", "bias")
     weight_axes = {0: 0}
+    onnx_op = "Conv"
 
     def parse(self, lp):
         need_blobs(lp, "Convolution3D", 1, 1)
@@ -146,18 +135,18 @@ class Convolution3D(Layer):
         if a["bias_term"]:
             inputs.append(ctx.add_node("Reshape", [ctx.weight(node, 1), ctx.const(np.array([-1], np.int64))],
                                        [ctx.tmp(node.name + "_bias")])[0])
-        ctx.add_node("Conv", inputs, [node.outputs[0]], name=node.name, kernel_shape=a["kernel"],
+        ctx.add_node(self.onnx_op, inputs, [node.outputs[0]], name=node.name, kernel_shape=a["kernel"],
                      strides=a["stride"], pads=a["pad"] * 2)
 
     def pytorch_source(self, node, emit):
-        return self.emit_module(node, emit, TORCH_C3D_CONV)
+        return self.emit_module(node, emit)
 
     @staticmethod
-    def emit_module(node, emit, module):
+    def emit_module(node, emit, transposed=False):
         a = node.attrs
-        cls = emit.helper(module)
+        cls = emit.helper(TORCH_C3D_CONV)
         m = emit.module(f"{cls}({emit.in_shape(0)[1]}, {a['num_output']}, {a['kernel']}, {a['stride']}, "
-                        f"{a['pad']}, bias={a['bias_term']})")
+                        f"{a['pad']}, bias={a['bias_term']}{', transposed=True' if transposed else ''})")
         emit.param("weight", 0)
         if a["bias_term"]:
             emit.param("bias", 1)
@@ -167,6 +156,7 @@ class Convolution3D(Layer):
 @register_layer("Deconvolution3D")
 class Deconvolution3D(Convolution3D):
     weight_axes = {0: 1}   # (C, num_output, kd, k, k): output channels on axis 1
+    onnx_op = "ConvTranspose"
 
     def parse(self, lp):
         need_blobs(lp, "Deconvolution3D", 1, 1)
@@ -195,17 +185,8 @@ class Deconvolution3D(Convolution3D):
     def macs(self, attrs, in_shapes, out_shapes):
         return count(in_shapes[0]) * attrs["num_output"] * math.prod(attrs["kernel"])
 
-    def onnx(self, ctx, node):
-        a = node.attrs
-        inputs = [node.inputs[0], ctx.weight(node, 0)]
-        if a["bias_term"]:
-            inputs.append(ctx.add_node("Reshape", [ctx.weight(node, 1), ctx.const(np.array([-1], np.int64))],
-                                       [ctx.tmp(node.name + "_bias")])[0])
-        ctx.add_node("ConvTranspose", inputs, [node.outputs[0]], name=node.name, kernel_shape=a["kernel"],
-                     strides=a["stride"], pads=a["pad"] * 2)
-
     def pytorch_source(self, node, emit):
-        return self.emit_module(node, emit, C3DConvTranspose3d)
+        return self.emit_module(node, emit, transposed=True)
 
 
 # ---- Pooling3D ----------------------------------------------------------------------------------
