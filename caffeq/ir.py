@@ -235,8 +235,14 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
         in_shapes = [shapes[i] for i in in_ids]
         given = {i: input_shapes[t] for i, t in enumerate(lp.top) if t in input_shapes} if spec.is_data else {}
         shapes_used.update(lp.top[i] for i in given)
-        out_shapes, expected = _infer_node(spec, attrs, lp, in_shapes, given, batch, where,
-                                           unknown_shapes_ok, notes)
+        try:
+            out_shapes, expected = _infer_node(spec, attrs, lp, in_shapes, given, batch, where,
+                                               unknown_shapes_ok, notes)
+        except LayerError as e:
+            hint = _shrinking_pool_hint(lp, in_ids, nodes) if lp.type in ("Concat", "Eltwise") else ""
+            if not hint:
+                raise
+            raise LayerError(f"{e}{hint}") from None
         if len(out_shapes) != len(lp.top):
             raise GraphError(f"{where}: produces {len(out_shapes)} tops but the prototxt names "
                              f"{len(lp.top)}")
@@ -537,6 +543,28 @@ def _excluded_producer_hint(net, blob, kept, phase):
     rules = "; ".join(str(r).replace("\n", " ").strip() for r in lp.include) or "its exclude rules"
     return (f"at {phase_name}: layer '{lp.name}' makes it, but only under include {{ {rules} }}; "
             f"choose that with --phase/--stage"), (lp.include[0] if lp.include else None)
+
+
+def _shrinking_pool_hint(lp, in_ids, nodes):
+    """Darknet converters write darknet's size-2 stride-1 maxpool, which keeps the map's size, as a
+    Caffe Pooling, which shrinks it by one; the Concat or Eltwise that joins the branches then fails
+    in Caffe as here.  Name the first such Pooling upstream of the layer's bottoms."""
+    by_output = {tid: n for n in nodes for tid in n.outputs}
+    seen, todo = set(), list(in_ids)
+    while todo:
+        tid = todo.pop()
+        node = by_output.get(tid)
+        if node is None or node.name in seen:
+            continue
+        seen.add(node.name)
+        a = node.attrs
+        if node.type == "Pooling" and not a.get("global") and tuple(a.get("kernel", ())) == (2, 2) and \
+                tuple(a.get("stride", ())) == (1, 1) and not any(a.get("pad", ())):
+            return (f"; layer '{node.name}' (Pooling, 2x2, stride 1, no pad) makes its map one smaller, where "
+                    f"darknet's maxpool of that size keeps it: the converter's Pooling cannot express darknet's, "
+                    f"and Caffe refuses this net too")
+        todo.extend(node.inputs)
+    return ""
 
 
 def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_ok, notes):

@@ -19,8 +19,11 @@ FILES = sorted(p.name for p in REALWORLD.glob("*.prototxt"))
 # Files caffeq refuses, each for a reason a user can act on, and the words the refusal must hold.
 KNOWN_REFUSALS = {
     # the real Caffe refuses it too: a stride-1 2x2 max pool gives 12x12 where darknet kept 13x13
-    "ChenYingpeng__caffe-yolov3__prototxt__yolov3-tiny.prototxt": "bottoms must match except along axis 1",
-    "ysh329__darknet2caffe__models__tiny-yolo-jd__JDminiYOLOv2.prototxt": "bottoms must match except along axis 1",
+    # (and the error names the Pooling that shrank the map)
+    "ChenYingpeng__caffe-yolov3__prototxt__yolov3-tiny.prototxt":
+        "'layer12-maxpool' (Pooling, 2x2, stride 1, no pad) makes its map one smaller",
+    "ysh329__darknet2caffe__models__tiny-yolo-jd__JDminiYOLOv2.prototxt":
+        "'layer12-maxpool' (Pooling, 2x2, stride 1, no pad) makes its map one smaller",
     # a template: `num_output: ${NUM_LABELS}` is filled in by a script before Caffe reads it
     "xmojiao__deeplab_v2__voc2012__config__deeplab_largeFOV__test.prototxt": "${NUM_LABELS} is a template placeholder",
     "TheLegendAli__DeepLab-Context__voc12__config__vgg128_noup__test.prototxt": "${NUM_LABELS} is a template placeholder",
