@@ -25,6 +25,7 @@ from . import (  # noqa: F401,E402
     misc,
     norm,
     pooling,
+    pred_to_proposal,
     psanet,
     python_layers,
     rcnn,
