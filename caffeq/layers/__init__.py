@@ -26,6 +26,7 @@ from . import (  # noqa: F401,E402
     norm,
     optical_flow,
     pooling,
+    pred_to_proposal,
     psanet,
     python_layers,
     rcnn,

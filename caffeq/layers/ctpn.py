@@ -19,6 +19,9 @@ CTPN's module computes at test time (src/layers/text_proposal_layer.py, src/anch
   bottom is top + height (no -1), x1 and x2 are the anchor's.
 - Boxes are clipped to [0, width - 1] x [0, height - 1].  No score threshold, sorting or NMS: those
   run outside the net (TextDetector), so both tops have one row per anchor.
+- The same module vendored as a `CTPN` package (tocigm/CMT-Text-Detection's
+  CTPN/layers/text_proposal_layer.py: CTPN's file with its imports changed to CTPN.other and
+  CTPN.anchor) is the same spec, registered under that module path too.
 - Tops: rois (H * W * A, 4) = [x1, y1, x2, y2] (no batch index column) and scores (H * W * A, 1).
   The module's setup shapes them (1, 4) and (1, 1, 1, 1) until the first forward; the shapes here
   are those every forward writes, which follow from the bottoms' shapes alone.
@@ -101,9 +104,12 @@ TORCH_TEXT_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (text_proposal
 
 # ---- the spec ---------------------------------------------------------------------------------
 
-@register_layer("Python:layers.text_proposal_layer.ProposalLayer")
+@register_layer("Python:layers.text_proposal_layer.ProposalLayer",
+                "Python:CTPN.layers.text_proposal_layer.ProposalLayer")
 class CTPNProposalLayer(Layer):
-    """tianzhi0549/CTPN's layers.text_proposal_layer.ProposalLayer, natively."""
+    """tianzhi0549/CTPN's layers.text_proposal_layer.ProposalLayer, natively; also under the module path
+    CTPN.layers.text_proposal_layer of projects that vendor CTPN's src/ as a CTPN package
+    (tocigm/CMT-Text-Detection: the same file, only its imports say CTPN.other and CTPN.anchor)."""
 
     def parse(self, lp):
         if len(lp.bottom) != 3:

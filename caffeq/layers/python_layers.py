@@ -17,8 +17,19 @@ what the known module computes (see registry.spec_for).
   coverage grid's boxes with OpenCV's groupRectangles into one (N, max_boxes, 5) list per class.
   Its shapes are its reshape's; it does not run here (groupRectangles is not reproduced): the
   net converts and runs up to its coverage and bbox outputs.
+- `interp.UpsamplingBilinear2d` (jasonlovescoding/YOLOv3-caffe's interp.py): despite its name, a
+  nearest-neighbour resize, each image through OpenCV's cv2.resize(..., INTER_NEAREST) to
+  int(W * zoom_factor) x int(H * zoom_factor) (param_str {'zoom_factor': z}).  OpenCV's rule: output
+  index i reads the source index min(floor(i * (1 / (out / in))), in - 1), in doubles; for an integer
+  zoom every pixel repeats zoom times.  The module's setup shapes the top (N, C, W', H') while its
+  forward writes (C, H', W'), so it runs only for a square output (H' == W'), and cv2 takes 2 to 512
+  channels (one channel loses its axis and the transpose fails): others are refused as the module
+  would fail.  ONNX: two Gathers with the index tables as constants.
 """
+import inspect
+
 import numpy as np
+import torch
 import torch.nn.functional as F
 
 from .rcnn import parse_param_str
@@ -136,3 +147,78 @@ class ClusterDetections(ReadOnlyLayer):
         return (f"layer '{attrs['name']}' (caffe.layers.detectnet.clustering.ClusterDetections) groups the "
                 f"coverage grid's boxes with OpenCV's groupRectangles, which caffeq does not reproduce; run or "
                 f"export the net up to its coverage and bbox blobs (--outputs)")
+
+
+# ---- interp.UpsamplingBilinear2d (YOLOv3-caffe): OpenCV's nearest resize --------------------------
+
+def cv_nearest_index(n_in: int, n_out: int):
+    """OpenCV's INTER_NEAREST source index for each of n_out outputs: floor(i * (1 / (n_out / n_in)))
+    in doubles (int() floors these non-negative products), at most n_in - 1."""
+    step = 1.0 / (n_out / n_in)
+    return [min(int(i * step), n_in - 1) for i in range(n_out)]
+
+
+def cv_nearest_resize(x, h_out: int, w_out: int):
+    """cv2.resize(..., INTER_NEAREST) of every plane of x (N, C, H, W) to h_out x w_out."""
+    rows = torch.tensor(cv_nearest_index(x.shape[2], h_out), dtype=torch.long, device=x.device)
+    cols = torch.tensor(cv_nearest_index(x.shape[3], w_out), dtype=torch.long, device=x.device)
+    return x.index_select(2, rows).index_select(3, cols)
+
+
+# model.py gets these very functions
+TORCH_CV_NEAREST = "\n\n\n".join(inspect.getsource(f) for f in (cv_nearest_index, cv_nearest_resize))
+
+CV_CN_MAX = 512   # OpenCV's most channels in one Mat element
+
+
+@register_layer("Python:interp.UpsamplingBilinear2d")
+class CVNearestUpsample(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "interp.UpsamplingBilinear2d", 1, 1)
+        params = parse_param_str(lp.python_param.param_str)
+        zoom = params.get("zoom_factor")
+        if not isinstance(zoom, (int, float)) or isinstance(zoom, bool) or not zoom > 0:
+            raise LayerError(f"python_param.param_str: 'zoom_factor' must be a positive number "
+                             f"(e.g. '{{\"zoom_factor\": 2}}'), got {zoom!r}")
+        unknown = sorted(set(params) - {"zoom_factor"})
+        if unknown:
+            raise LayerError(f"python_param.param_str: interp.UpsamplingBilinear2d reads only 'zoom_factor', "
+                             f"got {unknown}")
+        return {"zoom": zoom}
+
+    @staticmethod
+    def out_hw(attrs, h, w):
+        return int(h * attrs["zoom"]), int(w * attrs["zoom"])   # the module's int(size * zoom_factor)
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) != 4:
+            raise LayerError(f"interp.UpsamplingBilinear2d needs a 4-axis input, got {list(s)}")
+        ho, wo = self.out_hw(attrs, s[2], s[3])
+        if ho < 1 or wo < 1:
+            raise LayerError(f"interp.UpsamplingBilinear2d: zoom_factor {attrs['zoom']} leaves a "
+                             f"{ho}x{wo} output for a {s[2]}x{s[3]} input")
+        if ho != wo:
+            raise LayerError(f"interp.UpsamplingBilinear2d shapes its top (N, C, W', H') but writes (C, H', W') "
+                             f"into it, so it runs only for a square output; got {ho}x{wo}")
+        if not 2 <= s[1] <= CV_CN_MAX:
+            raise LayerError(f"interp.UpsamplingBilinear2d resizes with cv2, which takes 2 to {CV_CN_MAX} "
+                             f"channels here (one channel loses its axis), got {s[1]}")
+        return [(s[0], s[1], ho, wo)]
+
+    def forward(self, attrs, params, x):
+        ho, wo = self.out_hw(attrs, x.shape[2], x.shape[3])
+        return cv_nearest_resize(x, ho, wo)
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        _n, _c, h, w = ctx.shape(x)
+        ho, wo = self.out_hw(node.attrs, h, w)
+        rows = ctx.add_node("Gather", [x, ctx.const(np.array(cv_nearest_index(h, ho), np.int64))],
+                            [ctx.tmp(f"{node.name}_rows")], axis=2)[0]
+        ctx.add_node("Gather", [rows, ctx.const(np.array(cv_nearest_index(w, wo), np.int64))],
+                     [node.outputs[0]], name=node.name, axis=3)
+
+    def pytorch_source(self, node, emit):
+        ho, wo = self.out_hw(node.attrs, *emit.in_shape(0)[2:])
+        return f"{emit.helper(TORCH_CV_NEAREST)}({emit.inputs[0]}, {ho}, {wo})"

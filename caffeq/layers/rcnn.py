@@ -22,6 +22,13 @@ spec here, registered as "Python:<module>.<layer>".
   GPU NMS; its CPU fallback uses >=), keep post_nms_top_n.  R depends on the
   data: the static shape is the most rows it can write.  One image per batch,
   as the Python layer asserts.
+- `SSH.layers.proposal_layer.ProposalLayer` (mahyarnajibi/SSH, one per detection module): the same
+  steps with its param_str's 'feat_stride' (required), 'scales' (default 8, 16, 32), 'ratios'
+  (default 0.5, 1, 2) and 'base_size' (default 16), and SSH's TEST configuration
+  (SSH/configs/default_config.yml): the best N_DETS_PER_MODULE = 1000 boxes by score, boxes smaller
+  than ANCHOR_MIN_SIZE = 0 dropped (none, as clipped sides are >= 1) and no NMS (SSH runs it outside
+  the net, over all modules).  When no box is left, rois is the one row [0, 0, 0, 16, 16] and scores
+  has no row, as the module writes.
 - The C++ `Proposal` type of some forks (PVANet's, happynear/caffe-windows:
   proposal_param) is not this computation (absolute anchor scales, unrounded
   ratio sides, a 4-value im_info, boxes below min_size kept with score 0, one
@@ -31,7 +38,8 @@ spec here, registered as "Python:<module>.<layer>".
 
 ONNX: anchors and their sizes are constants; decoding, clipping and the size
 filter are elementwise ops, then TopK, NonMaxSuppression (boxes given as
-[y1, x1, y2 + 1, x2 + 1] so that ONNX's IoU is the +1 pixel one) and Gather.
+[y1, x1, y2 + 1, x2 + 1] so that ONNX's IoU is the +1 pixel one) and Gather.  SSH's form keeps
+the top-k rows the size filter left (Compress) and pads the empty case with its default roi.
 """
 import inspect
 import math
@@ -233,10 +241,11 @@ def rpn_decode_boxes(anchor_boxes, deltas, info, min_size: float):
 
 
 def rpn_proposals(cls_prob, bbox_pred, im_info, anchors, feat_stride: int, pre_nms_top_n: int,
-                  post_nms_top_n: int, nms_thresh: float, min_size: float):
+                  post_nms_top_n: int, nms_thresh: float, min_size: float, apply_nms: bool = True):
     """py-faster-rcnn's ProposalLayer.forward for one image: cls_prob (1, 2A, H, W) (the second A
     channels are the object scores), bbox_pred (1, 4A, H, W), im_info (1, 3) = [height, width,
-    scale], anchors (A, 4).  Returns rois (R, 5) = [0, x1, y1, x2, y2] and scores (R, 1)."""
+    scale], anchors (A, 4).  Returns rois (R, 5) = [0, x1, y1, x2, y2] and scores (R, 1).
+    apply_nms=False (SSH at TEST): the best pre_nms_top_n boxes, without NMS."""
     if cls_prob.shape[0] != 1:
         raise ValueError(f"region proposals take one image per batch, got {cls_prob.shape[0]}")
     n_anchors = anchors.shape[0]
@@ -252,28 +261,40 @@ def rpn_proposals(cls_prob, bbox_pred, im_info, anchors, feat_stride: int, pre_n
     if pre_nms_top_n > 0:
         order = order[:pre_nms_top_n]
     proposals, scores = proposals[order], scores[order]
-    kept = rpn_nms(proposals.detach().float().cpu(), nms_thresh, post_nms_top_n)
-    kept = torch.tensor(kept, dtype=torch.long, device=proposals.device)
-    proposals, scores = proposals[kept], scores[kept]
+    if apply_nms:
+        kept = rpn_nms(proposals.detach().float().cpu(), nms_thresh, post_nms_top_n)
+        kept = torch.tensor(kept, dtype=torch.long, device=proposals.device)
+        proposals, scores = proposals[kept], scores[kept]
     rois = torch.cat([torch.zeros_like(proposals[:, :1]), proposals], dim=1)
     return rois, scores[:, None]
 
 
+def ssh_empty_rois(rois):
+    """SSH's proposal layer writes the one roi [0, 0, 0, 16, 16] when no box is left (scores stay empty)."""
+    if rois.shape[0] > 0:
+        return rois
+    return torch.tensor([[0.0, 0.0, 0.0, 16.0, 16.0]], dtype=rois.dtype, device=rois.device)
+
+
 class RPNProposal(nn.Module):
     """Faster R-CNN's region proposal layer (rpn_proposals) with its anchors and settings;
-    returns rois (R, 5), and scores (R, 1) too when with_scores.  R depends on the data."""
+    returns rois (R, 5), and scores (R, 1) too when with_scores.  R depends on the data.
+    ssh=True: SSH's form (no NMS, the one default roi when none is left)."""
 
     def __init__(self, anchors, feat_stride, pre_nms_top_n=6000, post_nms_top_n=300, nms_thresh=0.7,
-                 min_size=16.0, with_scores=False):
+                 min_size=16.0, with_scores=False, ssh=False):
         super().__init__()
         self.anchors = anchors
         self.feat_stride, self.pre_nms_top_n, self.post_nms_top_n = feat_stride, pre_nms_top_n, post_nms_top_n
-        self.nms_thresh, self.min_size, self.with_scores = nms_thresh, min_size, with_scores
+        self.nms_thresh, self.min_size, self.with_scores, self.ssh = nms_thresh, min_size, with_scores, ssh
 
     def forward(self, cls_prob, bbox_pred, im_info):
         anchors = torch.tensor(self.anchors, dtype=torch.float64)
         rois, scores = rpn_proposals(cls_prob, bbox_pred, im_info, anchors, self.feat_stride,
-                                     self.pre_nms_top_n, self.post_nms_top_n, self.nms_thresh, self.min_size)
+                                     self.pre_nms_top_n, self.post_nms_top_n, self.nms_thresh, self.min_size,
+                                     not self.ssh)
+        if self.ssh:
+            rois = ssh_empty_rois(rois)
         if self.with_scores:
             return rois, scores
         return rois
@@ -283,7 +304,7 @@ class RPNProposal(nn.Module):
 # helper on its own: CTPN's text proposals use it too)
 TORCH_ANCHORS = inspect.getsource(shifted_anchors)
 TORCH_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (rpn_nms, rpn_decode_boxes, rpn_proposals,
-                                                               RPNProposal))
+                                                               ssh_empty_rois, RPNProposal))
 
 
 # ---- the specs --------------------------------------------------------------------------------
@@ -336,7 +357,7 @@ class _ProposalBase(Layer):
         for key in ("pre_nms_top_n", "post_nms_top_n"):
             if attrs[key] > 0:
                 rows = min(rows, attrs[key])
-        tops = [(rows, 5)]
+        tops = [(max(rows, 1) if attrs.get("ssh") else rows, 5)]
         if attrs["with_scores"]:
             tops.append((rows, 1))
         return tops
@@ -346,9 +367,12 @@ class _ProposalBase(Layer):
             raise CaffeqError(f"region proposals take one image per batch (as py-faster-rcnn), "
                               f"got {cls_prob.shape[0]}")
         anchors = torch.tensor(attrs["anchors"], dtype=torch.float64)
+        ssh = attrs.get("ssh", False)
         rois, scores = rpn_proposals(cls_prob, bbox_pred, im_info, anchors, attrs["feat_stride"],
                                      attrs["pre_nms_top_n"], attrs["post_nms_top_n"], attrs["nms_thresh"],
-                                     attrs["min_size"])
+                                     attrs["min_size"], not ssh)
+        if ssh:
+            rois = ssh_empty_rois(rois)
         return (rois, scores) if attrs["with_scores"] else rois
 
     def onnx(self, ctx, node):
@@ -362,6 +386,8 @@ class _ProposalBase(Layer):
                 f"min_size={emit.lit(float(a['min_size']), exact=True)}"]
         if a["with_scores"]:
             args.append("with_scores=True")
+        if a.get("ssh"):
+            args.append("ssh=True")
         emit.note(f"{node.name} (region proposals): the number of rois depends on the data (at most "
                   f"{emit.out_shape(0)[0]}); NMS runs eagerly on the CPU, so this layer does not trace.")
         emit.helper(TORCH_ANCHORS)
@@ -432,6 +458,41 @@ class PythonProposalLayer(_ProposalBase):
                 "scales": [float(v) for v in scales], **TEST_CONFIG}
 
 
+# mahyarnajibi/SSH's TEST configuration (SSH/configs/default_config.yml); NMS_THRESH is applied outside
+SSH_TEST_CONFIG = {"pre_nms_top_n": 1000, "post_nms_top_n": 0, "nms_thresh": 0.3, "min_size": 0}
+
+
+def _numbers(p, key, default):
+    value = p.get(key, default)
+    if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        raise LayerError(f"python_param.param_str: '{key}' must be a list of numbers, got {value!r}")
+    return [float(v) for v in value]
+
+
+@register_layer("Python:SSH.layers.proposal_layer.ProposalLayer")
+class SSHProposalLayer(_ProposalBase):
+    """mahyarnajibi/SSH's per-module proposals at TEST: py-faster-rcnn's decoding, clipping and sorting,
+    the best 1000 boxes, no NMS and no size filter; anchors from the param_str's scales, ratios and
+    base_size."""
+
+    def settings(self, lp):
+        p = parse_param_str(lp.python_param.param_str)
+        unknown = sorted(set(p) - {"feat_stride", "scales", "ratios", "base_size"})
+        if unknown:
+            raise LayerError(f"python_param.param_str: SSH's ProposalLayer reads only 'feat_stride', 'scales', "
+                             f"'ratios' and 'base_size', got {unknown}")
+        if "feat_stride" not in p:
+            raise LayerError("python_param.param_str: 'feat_stride' is required (e.g. \"'feat_stride': 16\")")
+        stride = p["feat_stride"]
+        if not isinstance(stride, int) or isinstance(stride, bool):
+            raise LayerError(f"python_param.param_str: 'feat_stride' must be an integer, got {stride!r}")
+        base = p.get("base_size", 16)
+        if not isinstance(base, (int, float)) or isinstance(base, bool):
+            raise LayerError(f"python_param.param_str: 'base_size' must be a number, got {base!r}")
+        return {"feat_stride": stride, "base_size": base, "ratios": _numbers(p, "ratios", [0.5, 1, 2]),
+                "scales": _numbers(p, "scales", [8, 16, 32]), "ssh": True, **SSH_TEST_CONFIG}
+
+
 @register_layer("PythonData")
 class PythonData(Layer):
     """A Python layer without bottoms that caffeq does not know: a data layer (a graph input) whose top
@@ -499,7 +560,9 @@ def emit_proposals(ctx, node):
     limit = op("Mul", [f32(float(a["min_size"])), im_scale], "limit")
     ws = op("Add", [op("Sub", [x2, x1], "ws0"), f32(1.0)], "ws")
     hs = op("Add", [op("Sub", [y2, y1], "hs0"), f32(1.0)], "hs")
-    small = op("Or", [op("Less", [ws, limit], "narrow"), op("Less", [hs, limit], "low")], "small")
+    # as the Python layer's (ws >= limit) & (hs >= limit): a NaN side is dropped too
+    small = op("Not", [op("And", [op("GreaterOrEqual", [ws, limit], "wide"), op("GreaterOrEqual", [hs, limit], "high")],
+                          "big_enough")], "small")
     # filtered boxes score -inf: NonMaxSuppression's score threshold (-FLT_MAX) then leaves them out
     live = op("Where", [small, f32(-np.inf), scores], "live")
     k = total if a["pre_nms_top_n"] <= 0 else min(a["pre_nms_top_n"], total)
@@ -508,6 +571,9 @@ def emit_proposals(ctx, node):
     corners = op("Concat", [op("Unsqueeze", [v, i64([1])], f"{h}_c") for v, h in
                             ((x1, "x1"), (y1, "y1"), (x2, "x2"), (y2, "y2"))], "corners", axis=1)
     cand = op("Gather", [corners, idx], "cand", axis=0)                                   # (k, 4)
+    if a.get("ssh"):
+        emit_ssh_rows(ctx, node, op, small, idx, cand, vals)
+        return
     # ONNX's IoU has no +1: give it [y1, x1, y2 + 1, x2 + 1]
     plus = f32(np.array([0, 0, 1, 1], np.float32))
     nms_boxes = op("Gather", [op("Add", [cand, plus], "cand1"), i64([1, 0, 3, 2])], "yx", axis=1)
@@ -524,6 +590,22 @@ def emit_proposals(ctx, node):
     ctx.add_node("Concat", [zeros, chosen], [node.outputs[0]], axis=1)
     if a["with_scores"]:
         ctx.add_node("Unsqueeze", [op("Gather", [vals, picked], "chosen_s", axis=0), i64([1])], [node.outputs[1]])
+
+
+def emit_ssh_rows(ctx, node, op, small, idx, cand, vals):
+    """SSH: the top-k rows without NMS, less those the size filter dropped (scored -inf, so last);
+    the one roi [0, 0, 0, 16, 16] when none is left."""
+    i64 = lambda v: ctx.const(np.array(v, np.int64))
+    live = op("Gather", [op("Not", [small], "big"), idx], "live_k", axis=0)
+    chosen = op("Compress", [cand, live], "chosen", axis=0)
+    rows = op("Slice", [op("Shape", [chosen], "shape"), i64([0]), i64([1])], "rows")
+    zeros = op("ConstantOfShape", [op("Concat", [rows, i64([1])], "z_shape", axis=0)], "zeros",
+               value=_scalar_tensor(0.0))
+    rois = op("Concat", [op("Concat", [zeros, chosen], "rois_all", axis=1),
+                         ctx.const(np.array([[0, 0, 0, 16, 16]], np.float32))], "rois_pad", axis=0)
+    ctx.add_node("Slice", [rois, i64([0]), op("Max", [rows, i64([1])], "rows1")], [node.outputs[0]], name=node.name)
+    if node.attrs["with_scores"]:
+        ctx.add_node("Unsqueeze", [op("Compress", [vals, live], "chosen_s", axis=0), i64([1])], [node.outputs[1]])
 
 
 def _scalar_tensor(v):
