@@ -145,3 +145,13 @@ def test_infogain_loss_gradient_past_the_log_threshold_clamp():
     np.testing.assert_allclose(float(gm(x, labels, h4).detach()), expected, rtol=1e-12)
     assert torch.autograd.gradcheck(lambda s: _with_backward_of(unclamped(s), gm(s, labels, h4)), (x,),
                                     eps=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("scale", [-0.1, 0.0, 2.5])
+def test_scaled_gradient_backward_is_the_derivative_of_scale_times_x(scale):
+    """affordanceNet_DA's GradientScaler: identity forward, backward scale * grad (the surrogate
+    scale * x has that derivative)."""
+    from caffeq.layers.affordance import ScaledGradient
+    x = torch.tensor(RNG.standard_normal((2, 3, 4)), requires_grad=True)
+    assert torch.equal(ScaledGradient.apply(x, scale), x)
+    assert torch.autograd.gradcheck(lambda t: _with_backward_of(scale * t, ScaledGradient.apply(t, scale)), (x,))

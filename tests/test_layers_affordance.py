@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import model_py_outputs, net, onnx_outputs, rng
+from conftest import check_everywhere, model_py_outputs, net, onnx_outputs, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -122,3 +122,44 @@ def test_affordance_net_proposal_targets_read_with_their_mask_tops():
     assert shapes["pool5"] == shapes["pool5_2"] == (1, 8, 7, 7)
     with pytest.raises(LayerError, match="5 bottoms"):
         load_from_text(AFFORDANCE_TRAIN.replace('bottom: "flipped" top', 'top'))
+
+
+# ---- GradientScaler / GradientSilent (ivalab/affordanceNet_DA) -----------------------------------
+
+GRADIENT_NET = ('layer {{ name: "g" type: "{kind}" bottom: "x" {extra} top: "y" {param} }}\n'
+                'layer {{ name: "s" type: "Scale" bottom: "y" top: "z" scale_param {{ bias_term: false }} }}')
+
+
+@pytest.mark.parametrize("kind, param, flag, want_scale", [
+    ("GradientScaler", "gradient_scaler_param { scale_factor: -0.1 }", None, -0.1),
+    ("GradientScaler", "", None, 0.0),                    # the fork's default scale_factor
+    ("GradientSilent", "", None, 0.0),
+    ("GradientSilent", "", 1.0, 1.0),                     # need_backprop set: the gradient passes
+    ("GradientSilent", "", 0.0, 0.0)])
+def test_gradient_layers_pass_data_and_scale_gradients(kind, param, flag, want_scale, tmp_path):
+    import torch
+    inputs = {"x": (2, 3, 4, 5)}
+    extra = ""
+    if flag is not None:
+        inputs["flag"] = (1,)
+        extra = 'bottom: "flag"'
+    model = load_from_text(net(GRADIENT_NET.format(kind=kind, extra=extra, param=param), inputs=inputs),
+                           random_weights=True)
+    x = rng(30).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    feeds = {"x": x} if flag is None else {"x": x, "flag": np.array([flag], np.float32)}
+    w = np.asarray(model.graph.nodes[-1].blobs[0]).reshape(1, 3, 1, 1)
+    np.testing.assert_array_equal(model.run(feeds, all_blobs=True)["y"], x)
+    check_everywhere(model, feeds, {"z": x * w}, tmp_path, rtol=1e-6)
+    module = model.to_torch()
+    xt = torch.from_numpy(x).requires_grad_(True)
+    args = [xt] + ([torch.tensor([flag])] if flag is not None else [])
+    out = module(*args)
+    z = out["z"] if isinstance(out, dict) else out
+    z.sum().backward()
+    torch.testing.assert_close(xt.grad, torch.from_numpy(want_scale * w).expand_as(xt.grad), rtol=1e-6, atol=0)
+
+
+def test_gradient_scaler_takes_one_bottom():
+    with pytest.raises(LayerError, match="1 bottom"):
+        load_from_text(net(GRADIENT_NET.format(kind="GradientScaler", extra='bottom: "x"', param=""),
+                           inputs={"x": (1, 2, 3, 3)}))

@@ -1,4 +1,14 @@
-"""nqanh/affordance-net's ROIAlignment (caffe-affordance-net roi_alignment_layer.cpp / .cu, 8db1b3f).
+"""nqanh/affordance-net's ROIAlignment (caffe-affordance-net roi_alignment_layer.cpp / .cu, 8db1b3f),
+and the gradient layers of its domain-adaptation fork (ivalab/affordanceNet_DA).
+
+GradientScaler (gradient_scaler_layer.cpp; gradient_scaler_param scale_factor [0]) and GradientSilent
+(gradient_silent_layer.cpp / .cu): the top shares bottom 0's data; backward multiplies the gradient
+by scale_factor (a negative one reverses it, as domain-adversarial training does), or, for
+GradientSilent, passes it where the optional second bottom's first value (need_backprop) is non-zero
+and zeroes it otherwise (the GPU code, which the fork trains with; its CPU code always zeroes it).
+Here the forward is the identity and torch's backward scales the same way.
+
+ROIAlignment:
 
 rois are (R, 5) = [batch, x1, y1, x2, y2] in input pixels.  Each corner is scaled by spatial_scale
 (float32, no rounding); the roi is max(y2 - y1 + 1, 1) high (width likewise) and bin (i, j) spans
@@ -20,7 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, need_bottoms, register_layer
 from .roi_pooling import ROIS_WANTED, TORCH_ROI_COMMON, _check_roi_shapes, _run, _source, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
@@ -184,3 +194,40 @@ def _onnx_points(g, start, end, pooled, size):
     ratio = g.op("Sub", centre, low)
     as_index = lambda t: g.op("Cast", g.op("Min", g.op("Max", t, g.f32(0.0)), g.f32(float(size - 1))), to=7)
     return as_index(low), as_index(g.op("Ceil", centre)), ratio
+
+
+# ---- GradientScaler / GradientSilent ------------------------------------------------------------
+
+class ScaledGradient(torch.autograd.Function):
+    """The identity forward; backward multiplies the gradient by `scale`."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
+
+
+@register_layer("GradientScaler", "GradientSilent")
+class GradientScaler(Layer):
+    def parse(self, lp):
+        need_bottoms(lp, 1, 1 if lp.type == "GradientScaler" else 2)
+        scale = float(lp.gradient_scaler_param.scale_factor) if lp.type == "GradientScaler" else 0.0
+        return {"scale": scale}
+
+    def forward(self, attrs, params, x, need_backprop=None):
+        if not (torch.is_grad_enabled() and x.requires_grad):
+            return x
+        scale = attrs["scale"]
+        if need_backprop is not None:
+            scale = float(need_backprop.reshape(-1)[0] != 0)
+        return ScaledGradient.apply(x, scale)
+
+    def onnx(self, ctx, node):
+        ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        return emit.inputs[0]   # model.py infers: the gradient's scale does not matter there
