@@ -15,6 +15,7 @@ from caffeq.io.caffemodel import BlobData, read_caffemodel
 from caffeq.io.prototxt import parse_prototxt_text
 from caffeq.io.schema import caffe_pb2
 from caffeq.io.upgrade import net_needs_upgrade, upgrade_net
+from caffeq.model import load_from_text
 
 V1_CASE = Case(FIXTURES / "legacy_v1_layers")
 HEADER_CASE = Case(FIXTURES / "legacy_input_dim_header")
@@ -532,3 +533,52 @@ def test_cli_bad_inputs(tmp_path, capsys):
     assert_one_error_line(cli_here(capsys, V1_CASE.prototxt, "-o", tmp_path / "a_file" / "n.prototxt"),
                           "a_file")
     assert not (tmp_path / "n.prototxt").exists()
+
+
+SPPNET_V0 = """
+input: "data" input_dim: 2 input_dim: 3 input_dim: 19 input_dim: 17
+layers { layer { name: "conv1" type: "conv" conv_param { num_output: 4 kernel_size: 3 pad: 1 stride: 2 }
+                 blobs_lr: 1.0 } bottom: "data" top: "conv1" }
+layers { layer { name: "norm1" type: "lrn"
+                 lrn_param { local_size: 3 alpha: 0.00005 beta: 0.75 norm_region: WITHIN_CHANNEL } }
+         bottom: "conv1" top: "norm1" }
+layers { layer { name: "pool1" type: "pool" pool_param { kernel_size: 3 stride: 2 pool: MAX } }
+         bottom: "norm1" top: "pool1" }
+layers { layer { name: "pool2" type: "pool" pool_param { kernel_size: 5 stride: 4 pool: AVE } }
+         bottom: "norm1" top: "pool2" }
+layers { layer { name: "f1" type: "flatten" } bottom: "pool1" top: "f1" }
+layers { layer { name: "f2" type: "flatten" } bottom: "pool2" top: "f2" }
+layers { layer { name: "spm" type: "concat" concat_param { concat_dim: 1 } } bottom: "f1" bottom: "f2" top: "spm" }
+layers { layer { name: "fc6" type: "inner_product" inner_product_param { num_output: 5 bias_term: false } }
+         bottom: "spm" top: "fc6" }
+layers { layer { name: "drop6" type: "dropout" dropout_param { dropout_ratio: 0.4 } } bottom: "fc6" top: "fc6" }
+"""
+
+SPPNET_V2 = """
+input: "data" input_shape { dim: 2 dim: 3 dim: 19 dim: 17 }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" param { lr_mult: 1 }
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 stride: 2 } }
+layer { name: "norm1" type: "LRN" bottom: "conv1" top: "norm1"
+        lrn_param { local_size: 3 alpha: 0.00005 beta: 0.75 norm_region: WITHIN_CHANNEL } }
+layer { name: "pool1" type: "Pooling" bottom: "norm1" top: "pool1" pooling_param { kernel_size: 3 stride: 2 pool: MAX } }
+layer { name: "pool2" type: "Pooling" bottom: "norm1" top: "pool2" pooling_param { kernel_size: 5 stride: 4 pool: AVE } }
+layer { name: "f1" type: "Flatten" bottom: "pool1" top: "f1" }
+layer { name: "f2" type: "Flatten" bottom: "pool2" top: "f2" }
+layer { name: "spm" type: "Concat" bottom: "f1" bottom: "f2" top: "spm" concat_param { concat_dim: 1 } }
+layer { name: "fc6" type: "InnerProduct" bottom: "spm" top: "fc6" inner_product_param { num_output: 5 bias_term: false } }
+layer { name: "drop6" type: "Dropout" bottom: "fc6" top: "fc6" dropout_param { dropout_ratio: 0.4 } }
+"""
+
+
+def test_sppnet_v0_dialect_with_v1_parameter_messages():
+    """ShaoqingRen/SPP_net's 2014 model-defs: V0 `layers { layer { ... } }` holding conv_param,
+    lrn_param, pool_param, inner_product_param, dropout_param, concat_param, and the type spelled
+    "inner_product": the same net as the V2 file written out by hand, numbers included."""
+    v0 = load_from_text(SPPNET_V0, random_weights=True, seed=3)
+    v2 = load_from_text(SPPNET_V2, random_weights=True, seed=3)
+    assert [(n.name, n.type) for n in v0.layers] == [(n.name, n.type) for n in v2.layers]
+    assert v0.blob_shapes == v2.blob_shapes
+    for a, b in zip(v0.layers, v2.layers):
+        assert a.attrs == b.attrs, a.name
+    x = np.random.default_rng(0).standard_normal((2, 3, 19, 17)).astype(np.float32)
+    np.testing.assert_array_equal(v0.run({"data": x}, exact=True)["fc6"], v2.run({"data": x}, exact=True)["fc6"])

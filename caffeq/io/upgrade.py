@@ -29,11 +29,19 @@ _V0_TYPES = {
     "data": "DATA", "dropout": "DROPOUT", "euclidean_loss": "EUCLIDEAN_LOSS",
     "flatten": "FLATTEN", "hdf5_data": "HDF5_DATA", "hdf5_output": "HDF5_OUTPUT",
     "im2col": "IM2COL", "images": "IMAGE_DATA", "infogain_loss": "INFOGAIN_LOSS",
-    "innerproduct": "INNER_PRODUCT", "lrn": "LRN",
+    "innerproduct": "INNER_PRODUCT", "inner_product": "INNER_PRODUCT", "lrn": "LRN",
     "multinomial_logistic_loss": "MULTINOMIAL_LOGISTIC_LOSS", "pool": "POOLING",
     "relu": "RELU", "sigmoid": "SIGMOID", "softmax": "SOFTMAX", "softmax_loss": "SOFTMAX_LOSS",
     "split": "SPLIT", "tanh": "TANH", "window_data": "WINDOW_DATA",
 }
+
+# SPP_net's V0 dialect (ShaoqingRen/SPP_net model-defs, 2014): "inner_product" for "innerproduct",
+# and whole V1 parameter messages inside the V0 layer; V0 field -> V1 field, applied after the flat
+# fields (the message is the more specific).
+_V0_TYPE_SPELLINGS = {"inner_product": "innerproduct"}
+_V0_MESSAGES = (("conv_param", "convolution_param"), ("lrn_param", "lrn_param"), ("pool_param", "pooling_param"),
+                ("inner_product_param", "inner_product_param"), ("dropout_param", "dropout_param"),
+                ("concat_param", "concat_param"))
 
 # V0 field -> {V0 type (or _ALL): (V1 sub-message, field)}; the order is Caffe's.
 # A V0 field set on a type not listed is dropped with a note (Caffe logs an error).
@@ -308,6 +316,7 @@ def _upgrade_v0_layer(entry, where, notes):
     out.blobs_lr.extend(v0.blobs_lr)
     out.weight_decay.extend(v0.weight_decay)
     dropped = []
+    vtype = _V0_TYPE_SPELLINGS.get(vtype, vtype)
     for field, routes in _V0_ROUTES:
         if not v0.HasField(field):
             continue
@@ -325,6 +334,9 @@ def _upgrade_v0_layer(entry, where, notes):
                 caffe_pb2.V0LayerParameter.PoolMethod.Name(value))
         else:
             _set_field(sub, target, value)
+    for field, target in _V0_MESSAGES:
+        if v0.HasField(field):
+            getattr(out, target).MergeFrom(getattr(v0, field))
     if dropped:
         notes.append(f"{where}: layer '{v0.name}' (V0 type '{vtype}'): dropped field(s) "
                      f"{', '.join(dropped)} that mean nothing for this type (as Caffe does)")
