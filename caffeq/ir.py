@@ -367,7 +367,14 @@ def drop_training_only(layers, source="", notes=None):
       - a layer of any type that reads a data layer's label (which a deployed net does not have)
         and whose tops are either unread or go only to losses and scorers that way (margin
         layers: LargeMarginInnerProduct, xialuxi's CosinAddm feeding Scale -> SoftmaxWithLoss);
-    then every layer that reads a blob only dropped layers make."""
+    then every layer that reads a blob only dropped layers make.  Python layers without tops only
+    observe the net (debug printing, writing files): they are dropped first, with their own note."""
+    sinks = [lp for lp in layers if lp.type == "Python" and not lp.top and spec_for(lp) is None]
+    if sinks and notes is not None:
+        notes.append(f"{source + ': ' if source else ''}dropped {len(sinks)} Python layer(s) without tops, which "
+                     f"only observe the net (debug output, files) and cannot change its outputs: "
+                     + ", ".join(f"{lp.name} ({lp.python_param.module}.{lp.python_param.layer})" for lp in sinks))
+    layers = [lp for lp in layers if not any(lp is sink for sink in sinks)]
     gone = {id(lp) for lp in layers
             if spec_for(lp) is None and (is_training_only_type(lp.type) or _is_python_loss(lp))}
     # a deploy file that kept its Accuracy or loss layer but not the label it reads: Caffe refuses

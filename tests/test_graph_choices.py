@@ -327,6 +327,19 @@ layer { name: "loss" type: "Python" bottom: "ip" bottom: "label" top: "loss" los
         load_from_text(named.replace("YoloLossLayer", "YoloHeadLayer"), random_weights=True)
 
 
+def test_a_python_layer_without_tops_only_observes_and_is_dropped():
+    """PPR-FCN's test net ends in a debug Python layer that reads eight blobs and makes none: it
+    cannot change any output, so it is dropped with its own note (not refused)."""
+    text = """
+layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 3 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "ip" inner_product_param { num_output: 2 } }
+layer { name: "debug" type: "Python" bottom: "x" bottom: "ip" python_param { module: "layers.debug_layer" layer: "Dbg" } }
+"""
+    model = load_from_text(text, random_weights=True)
+    assert model.outputs == ["ip"] and [n.name for n in model.layers] == ["in", "ip"]
+    assert any("without tops" in w and "debug (layers.debug_layer.Dbg)" in w for w in model.warnings)
+
+
 FASTER_RCNN_TRAIN = """
 layer { name: "in" type: "Input" top: "data" top: "gt_boxes" top: "rpn_rois"
   input_param { shape { dim: 1 dim: 3 dim: 12 dim: 16 } shape { dim: 4 dim: 5 } shape { dim: 30 dim: 5 } } }
