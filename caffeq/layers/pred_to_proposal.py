@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .rcnn import TORCH_PROPOSAL, _scalar_tensor, parse_param_str, rpn_nms
+from .rcnn import TORCH_PROPOSAL, _scalar_tensor, onnx_clipped_corners, parse_param_str, rpn_nms
 from .registry import Layer, LayerError, need_blobs, register_layer
 
 TEST_NMS = 0.3   # affordance-net's (and TomatoNet's) lib/fast_rcnn/config.py: __C.TEST.NMS
@@ -214,15 +214,7 @@ def emit_pred_to_proposals(ctx, node):
     half_ph = op("Mul", [f32(0.5), op("Mul", [op("Exp", [dh], "eh"), heights], "pred_h")], "half_ph")
     x_max = op("Sub", [op("Div", [im_w, im_scale], "orig_w"), f32(1.0)], "x_max")
     y_max = op("Sub", [op("Div", [im_h, im_scale], "orig_h"), f32(1.0)], "y_max")
-    zero = f32(0.0)
-
-    def clip(v, top, hint):
-        return op("Max", [op("Min", [v, top], hint + "_min"), zero], hint)
-
-    x1 = clip(op("Sub", [pred_x, half_pw], "x1r"), x_max, "x1")
-    y1 = clip(op("Sub", [pred_y, half_ph], "y1r"), y_max, "y1")
-    x2 = clip(op("Add", [pred_x, half_pw], "x2r"), x_max, "x2")
-    y2 = clip(op("Add", [pred_y, half_ph], "y2r"), y_max, "y2")
+    x1, y1, x2, y2 = onnx_clipped_corners(op, f32(0.0), pred_x, pred_y, half_pw, half_ph, x_max, y_max)
 
     def per_class(parts, hint):   # (R, K) parts -> (K - 1, R, len(parts)): each foreground class a batch
         stacked = op("Concat", [op("Unsqueeze", [p, i64([2])], f"{hint}{i}") for i, p in enumerate(parts)],

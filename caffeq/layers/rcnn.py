@@ -512,6 +512,16 @@ class PythonData(Layer):
 
 # ---- region proposals as ONNX ops ----------------------------------------------------------------
 
+def onnx_clipped_corners(op, zero, cx, cy, half_w, half_h, x_max, y_max):
+    """py-faster-rcnn's bbox_transform_inv + clip_boxes in ONNX: the corners of boxes given by centre
+    and half sizes, each clipped to [0, x_max] or [0, y_max] (Min, then Max, as np.maximum(np.minimum))."""
+    def clip(v, top, hint):
+        return op("Max", [op("Min", [v, top], hint + "_min"), zero], hint)
+
+    return (clip(op("Sub", [cx, half_w], "x1r"), x_max, "x1"), clip(op("Sub", [cy, half_h], "y1r"), y_max, "y1"),
+            clip(op("Add", [cx, half_w], "x2r"), x_max, "x2"), clip(op("Add", [cy, half_h], "y2r"), y_max, "y2"))
+
+
 def emit_proposals(ctx, node):
     """rpn_proposals from standard ops; the anchors and their sizes are constants of the static H, W."""
     a = node.attrs
@@ -548,15 +558,7 @@ def emit_proposals(ctx, node):
                             ((0, "im_h"), (1, "im_w"), (2, "im_scale")))
     x_max = op("Sub", [im_w, f32(1.0)], "x_max")
     y_max = op("Sub", [im_h, f32(1.0)], "y_max")
-    zero = f32(0.0)
-
-    def clip(v, top, hint):
-        return op("Max", [op("Min", [v, top], hint + "_min"), zero], hint)
-
-    x1 = clip(op("Sub", [pred_x, half_w], "x1r"), x_max, "x1")
-    y1 = clip(op("Sub", [pred_y, half_h], "y1r"), y_max, "y1")
-    x2 = clip(op("Add", [pred_x, half_w], "x2r"), x_max, "x2")
-    y2 = clip(op("Add", [pred_y, half_h], "y2r"), y_max, "y2")
+    x1, y1, x2, y2 = onnx_clipped_corners(op, f32(0.0), pred_x, pred_y, half_w, half_h, x_max, y_max)
     limit = op("Mul", [f32(float(a["min_size"])), im_scale], "limit")
     ws = op("Add", [op("Sub", [x2, x1], "ws0"), f32(1.0)], "ws")
     hs = op("Add", [op("Sub", [y2, y1], "hs0"), f32(1.0)], "hs")
