@@ -211,3 +211,32 @@ def test_bvlc_filter_still_selects_items(tmp_path):
                                inputs={"x": x.shape, "s": sel.shape}))
     assert node_of(model, "f").expected_param_shapes is None
     assert_close(model.run({"x": x, "s": sel})["o"], x[[0, 2]], 0, 0, "torch")
+
+
+# ---- MinReLU (ALISCIFP/caffe minrelu_layer.cpp) ----------------------------------------------
+
+def min_relu_ref(x, slope):
+    """Forward_cpu: min(x, 0) + positive_slope * max(x, 0), element by element."""
+    y = np.empty(x.shape)
+    for i, v in np.ndenumerate(x.astype(np.float64)):
+        y[i] = min(v, 0.0) + slope * max(v, 0.0)
+    return y
+
+
+@pytest.mark.parametrize("params, slope", [("", 0.0), ("minrelu_param { positive_slope: 0.25 }", 0.25),
+                                           ("minrelu_param { positive_slope: -1.5 engine: CAFFE }", -1.5)])
+def test_min_relu(params, slope, tmp_path):
+    x = rng(21).standard_normal((2, 3, 4, 5)).astype(np.float32) * 3
+    model = load_from_text(net(f'layer {{ name: "m" type: "MinReLU" bottom: "x" top: "o" {params} }}',
+                               inputs={"x": x.shape}))
+    ref = min_relu_ref(x, slope)
+    assert (ref[x > 0] == 0).all() if slope == 0 else True
+    check_backends(model, {"x": x}, tmp_path, {"o": ref})
+
+
+def test_min_relu_in_place_and_cudnn_note(tmp_path):
+    x = rng(22).standard_normal((3, 2, 5)).astype(np.float32)
+    model = load_from_text(net('layer { name: "m" type: "MinReLU" bottom: "x" top: "x" '
+                               'minrelu_param { engine: CUDNN } }', inputs={"x": x.shape}))
+    assert any("plain ReLU" in n for n in model.warnings)
+    assert_close(model.run({"x": x})["x"], np.minimum(x, 0), 0, 0, "in place")

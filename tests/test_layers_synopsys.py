@@ -455,3 +455,97 @@ def test_priorbox_tf_with_denser_refused():
         'min_size: 30 tf: true denser_prior_boxes: true } }')
     with pytest.raises(CaffeqError, match="tf"):
         load_from_text(text)
+
+
+# ---- ResizeBilinear (resize_bilinear_layer.cpp 90349ee) ----------------------------------------
+
+def resize_weights_ref(n_in, n_out, mode):
+    """compute_interpolation_weights, in float32 as the fork: [(lower, upper, lerp)] per output index."""
+    f = np.float32
+    if mode == "align_corners" and n_out > 1:
+        scale = f(n_in - 1) / f(n_out - 1)
+    else:
+        scale = f(n_in) / f(n_out)
+    taps = []
+    for i in range(n_out):
+        if mode in ("align_corners", "asymmetric"):
+            src = f(i) * scale
+        elif mode == "pytorch_half_pixel" and n_out == 1:
+            src = f(-0.5)
+        else:
+            src = (f(i) + f(0.5)) * scale - f(0.5)
+        lo = np.floor(src)
+        taps.append((max(int(lo), 0), min(int(np.ceil(src)), n_in - 1), f(src - lo)))
+    return taps
+
+
+def resize_bilinear_ref(x, ho, wo, mode, nhwc=False, quant=False, sat=None):
+    """The fork's NCHW / NHWC loops: top + (bottom - top) * y_lerp of top = tl + (tr - tl) * x_lerp."""
+    xc = x.transpose(0, 3, 1, 2) if nhwc else x
+    n, c, h, w = xc.shape
+    ys, xs = resize_weights_ref(h, ho, mode), resize_weights_ref(w, wo, mode)
+    out = np.empty((n, c, ho, wo), np.float32)
+    for i, (y0, y1, ly) in enumerate(ys):
+        for j, (x0, x1, lx) in enumerate(xs):
+            top = xc[:, :, y0, x0] + (xc[:, :, y0, x1] - xc[:, :, y0, x0]) * lx
+            bottom = xc[:, :, y1, x0] + (xc[:, :, y1, x1] - xc[:, :, y1, x0]) * lx
+            v = top + (bottom - top) * ly
+            if quant:  # std::round: half away from zero
+                v = np.sign(v) * np.floor(np.abs(v) + 0.5)
+            out[:, :, i, j] = v
+    if sat is not None:
+        out = np.clip(out, *sat)
+    return out.transpose(0, 2, 3, 1) if nhwc else out
+
+
+def resize_model(shape, param):
+    return load_from_text(inputs_text(x=shape) + (
+        f'layer {{ name: "rs" type: "ResizeBilinear" bottom: "x" top: "o" resize_bilinear_param {{ {param} }} }}'))
+
+
+RESIZE_FLAGS = {"asymmetric": "", "align_corners": "align_corners: true",
+                "half_pixel": "half_pixel_centers: true", "pytorch_half_pixel": "pytorch_half_pixel: true"}
+
+
+@pytest.mark.parametrize("mode", list(RESIZE_FLAGS))
+@pytest.mark.parametrize("fmt, size, hw", [
+    ("NCHW", "output_height: 8 output_width: 4", (8, 4)),       # up in H, down in W
+    ("NHWC", "output_height: 3 output_width: 11", (3, 11)),     # the fork's default layout
+    ("NCHW", "scale_height: 1.5 scale_width: 0.3", (7, 2)),     # floor(5 * 1.5), floor(7 * 0.3)
+    ("NCHW", "output_height: 1 scale_width: 2.0", (1, 14)),     # one axis set, the other scaled
+])
+def test_resize_bilinear_matches_the_fork(mode, fmt, size, hw, tmp_path):
+    shape = SHAPE if fmt == "NCHW" else (2, 5, 7, 3)   # N, H, W, C
+    model = resize_model(shape, f'{RESIZE_FLAGS[mode]} {size} data_format: "{fmt}"')
+    x = rng(11).standard_normal(shape).astype(np.float32)
+    ref = resize_bilinear_ref(x, *hw, mode, nhwc=fmt == "NHWC")
+    expect = (2, 3) + hw if fmt == "NCHW" else (2,) + hw + (3,)
+    assert model.graph.shape("o") == expect
+    for name, out in backend_outputs(model, {"x": x}, tmp_path).items():
+        assert out.shape == expect, name
+        assert_close(out, ref, 1e-5, 1e-5, f"{mode} {name}")
+
+
+def test_resize_bilinear_default_layout_is_nhwc():
+    assert resize_model((1, 4, 6, 3), "output_height: 8 output_width: 9").graph.shape("o") == (1, 8, 9, 3)
+
+
+def test_resize_bilinear_quantized_output_rounds_then_saturates(tmp_path):
+    param = 'output_height: 9 output_width: 4 data_format: "NCHW" output_zero_point: 3 saturate: Signed_8bit'
+    model = resize_model(SHAPE, param)
+    x = (rng(12).standard_normal(SHAPE) * 90).astype(np.float32)
+    ref = resize_bilinear_ref(x, 9, 4, "asymmetric", quant=True, sat=(-128, 127))
+    assert ref.max() == 127 and ref.min() == -128
+    for name, out in backend_outputs(model, {"x": x}, tmp_path).items():
+        assert_close(out, ref, 0, 0, name)
+
+
+@pytest.mark.parametrize("param, msg", [
+    ('data_format: "NCHWD" output_height: 2 output_width: 2', "3-D"),
+    ("align_corners: true half_pixel_centers: true output_height: 2", "exclude each other"),
+    ("output_height: 0 output_width: 3", "output_height must be positive"),
+    ('data_format: "NCHW" scale_height: 0.1 output_width: 3', "must be positive"),
+])
+def test_resize_bilinear_bad(param, msg):
+    with pytest.raises(CaffeqError, match=msg):
+        resize_model(SHAPE, param)

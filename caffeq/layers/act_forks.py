@@ -18,6 +18,10 @@
   channels and the fork's GPU forward checks that the selector keeps exactly that many.  It shares
   the type name with BVLC's Filter (selector bottom, no parameters): shape_ops.Filter hands a layer
   carrying `filter_param` to `SELECTOR_FILTER` here.
+- MinReLU (ALISCIFP/caffe 1d2d3f2, minrelu_layer.cpp/.cu; used by ALISCIFP/bvlc_alexnet_VReLU):
+  y = min(x, 0) + positive_slope * max(x, 0) (the CAFFE engine; its GPU kernel's x < 0 ? x : x * slope
+  is the same).  The fork's cuDNN engine (engine CUDNN, or DEFAULT in a cuDNN build) runs cuDNN's
+  plain ReLU when positive_slope is 0, max(x, 0), the opposite; that slip is not reproduced.
 """
 import inspect
 import math
@@ -41,6 +45,11 @@ def _legacy_num_channels(shape, what):
 def rrelu_test(x, mean_slope: float):
     """ducha-aiki's RReLU at TEST: negative inputs divided by the fork's mean slope."""
     return torch.where(x > 0, x, x / mean_slope)
+
+
+def min_relu(x, positive_slope: float):
+    """ALISCIFP's MinReLU: negative inputs kept, positive ones times positive_slope."""
+    return torch.clamp_max(x, 0) + positive_slope * torch.clamp_min(x, 0)
 
 
 def adaptive_piecewise_linear(x, slope, offset, sums: int):
@@ -139,6 +148,37 @@ class RReLU(Layer):
     def pytorch_source(self, node, emit):
         fn = emit.helper(inspect.getsource(rrelu_test))
         return f"{fn}({emit.inputs[0]}, {emit.lit(node.attrs['mean_slope'])})"
+
+
+# ---- MinReLU --------------------------------------------------------------------------------
+
+@register_layer("MinReLU")
+class MinReLU(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 1 or len(lp.top) != 1:
+            raise LayerError(f"MinReLU takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+        attrs = {"positive_slope": float(lp.minrelu_param.positive_slope)}
+        if int(lp.minrelu_param.engine) == 2 and attrs["positive_slope"] == 0:
+            attrs["reading_notes"] = ["MinReLU engine CUDNN: the fork's cuDNN layer would run a plain ReLU "
+                                      "here; read as its CAFFE engine, min(x, 0)"]
+        return attrs
+
+    def forward(self, attrs, params, x):
+        return min_relu(x, attrs["positive_slope"])
+
+    def onnx(self, ctx, node):
+        x, name = node.inputs[0], node.name
+        zero = ctx.const(np.array(0, np.float32))
+        neg = ctx.add_node("Min", [x, zero], ctx.tmp(name + "_neg"), name=name)
+        slope = node.attrs["positive_slope"]
+        pos = ctx.add_node("Max", [x, zero], ctx.tmp(name + "_pos"))
+        pos = ctx.add_node("Mul", [pos, ctx.const(np.array(slope, np.float32), name + "_slope")],
+                           ctx.tmp(name + "_scaled"))
+        ctx.add_node("Add", [neg, pos], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        fn = emit.helper(inspect.getsource(min_relu))
+        return f"{fn}({emit.inputs[0]}, {emit.lit(node.attrs['positive_slope'])})"
 
 
 # ---- APL -----------------------------------------------------------------------------------

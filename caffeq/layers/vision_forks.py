@@ -14,9 +14,20 @@
 - UpsampleDarknet (synopsys-caffe): the same nearest upsampling by
   `upsample_darknet_param.stride`.
 - ShuffleChannel (ShuffleNet): channels viewed as (group, C/group), transposed.
+- ResizeBilinear (synopsys-caffe e73a136 caffe.proto, resize_bilinear_layer.cpp 90349ee):
+  TensorFlow's bilinear resize of a 4-D NHWC (the fork's default) or NCHW blob.  Output size per
+  axis: output_height / output_width when set, else floor(input * scale_height / scale_width) in
+  float32.  Source coordinate of output index i, in float32: i * (in - 1) / (out - 1) with
+  align_corners (i * in / out when out is 1), (i + 0.5) * in / out - 0.5 with half_pixel_centers or
+  pytorch_half_pixel (the latter -0.5 when out is 1), else i * in / out; taps
+  max(floor(src), 0) and min(ceil(src), in - 1), weight src - floor(src), each row
+  top + (bottom - top) * wy from top = a + (b - a) * wx.  A non-default output_scale or
+  output_zero_point rounds the result (half away from zero), saturate then clamps it.  The 3-D
+  NCHWD form (any other data_format) is refused.
 
 ONNX: Interp -> Slice + Resize (align_corners), Upsample -> ScatterElements (mask)
-or Resize (nearest), ShuffleChannel -> Reshape/Transpose/Reshape.
+or Resize (nearest), ShuffleChannel -> Reshape/Transpose/Reshape, ResizeBilinear -> Resize
+(linear, with the matching coordinate_transformation_mode; Transpose around it for NHWC).
 """
 import inspect
 
@@ -414,3 +425,156 @@ class ShuffleChannel(Layer):
         # nn.ChannelShuffle: the (group, C/group) view transposed, as forward
         m = emit.module(f"nn.ChannelShuffle({node.attrs['group']})")
         return f"{m}({emit.inputs[0]})"
+
+
+# ---- ResizeBilinear (synopsys-caffe) --------------------------------------------------
+
+#: saturate enum value -> (low, high) as the fork's caffe_cpu_saturate clamps (math_functions.cpp)
+SATURATE_RANGES = {1: (-2048.0, 2047.0), 2: (0.0, 4095.0), 3: (-128.0, 127.0), 4: (0.0, 255.0)}
+RESIZE_MODES = ("asymmetric", "align_corners", "half_pixel", "pytorch_half_pixel")
+
+
+def resize_bilinear_taps(n_in: int, n_out: int, mode: str, device: torch.device):
+    """synopsys-caffe's compute_interpolation_weights for one axis: (lower, upper, lerp) per output
+    index, the source coordinate in float32 as the fork computes it."""
+    f32 = torch.float32
+    i = torch.arange(n_out, dtype=f32)
+    if mode == "align_corners" and n_out > 1:
+        scale = torch.tensor(float(n_in - 1), dtype=f32) / torch.tensor(float(n_out - 1), dtype=f32)
+    else:
+        scale = torch.tensor(float(n_in), dtype=f32) / torch.tensor(float(n_out), dtype=f32)
+    if mode in ("align_corners", "asymmetric"):
+        src = i * scale
+    elif mode == "pytorch_half_pixel" and n_out <= 1:
+        src = torch.full((n_out,), -0.5, dtype=f32)
+    else:
+        src = (i + 0.5) * scale - 0.5
+    base = torch.floor(src)
+    lower = base.clamp_min(0).long().to(device)
+    upper = torch.ceil(src).clamp_max(n_in - 1).long().to(device)
+    return lower, upper, (src - base).to(device)
+
+
+def resize_bilinear_size(n_in: int, out: int, scale: float):
+    """The fork's output size on one axis: `out` when set (> 0), else floor(n_in * scale) in float32."""
+    if out > 0:
+        return out
+    return int(torch.floor(torch.tensor(float(n_in), dtype=torch.float32)
+                           * torch.tensor(scale, dtype=torch.float32)))
+
+
+def synopsys_resize_bilinear(x, out_h: int, out_w: int, scale_h: float, scale_w: float, mode: str,
+                             nhwc: bool, round_out: bool = False, low: float = None, high: float = None):
+    """synopsys-caffe's ResizeBilinear of a 4-D x (N, H, W, C when nhwc, else N, C, H, W); out_h /
+    out_w: the output size (0: floor(input * scale_h / scale_w)); round_out: round half away from
+    zero (the fork's quantized output); low / high: its saturate clamp."""
+    if nhwc:
+        x = x.permute(0, 3, 1, 2)
+    h, w = x.shape[2], x.shape[3]
+    ho, wo = resize_bilinear_size(h, out_h, scale_h), resize_bilinear_size(w, out_w, scale_w)
+    y0, y1, ly = resize_bilinear_taps(h, ho, mode, x.device)
+    x0, x1, lx = resize_bilinear_taps(w, wo, mode, x.device)
+    ly, lx = ly.to(x.dtype)[:, None], lx.to(x.dtype)
+    rows0, rows1 = x.index_select(2, y0), x.index_select(2, y1)
+    tl, tr = rows0.index_select(3, x0), rows0.index_select(3, x1)
+    bl, br = rows1.index_select(3, x0), rows1.index_select(3, x1)
+    top = tl + (tr - tl) * lx
+    bottom = bl + (br - bl) * lx
+    out = top + (bottom - top) * ly
+    if round_out:
+        out = torch.sign(out) * torch.floor(torch.abs(out) + 0.5)
+    if low is not None:
+        out = out.clamp(low, high)
+    return out.permute(0, 2, 3, 1) if nhwc else out
+
+
+# model.py gets the same code that forward runs
+TORCH_RESIZE_BILINEAR = "\n\n\n".join(inspect.getsource(f) for f in (resize_bilinear_taps, resize_bilinear_size,
+                                                                      synopsys_resize_bilinear))
+
+
+@register_layer("ResizeBilinear")
+class ResizeBilinear(Layer):
+    def parse(self, lp):
+        if len(lp.bottom) != 1 or len(lp.top) != 1:
+            raise LayerError(f"ResizeBilinear takes 1 bottom and 1 top, got {len(lp.bottom)} and {len(lp.top)}")
+        if lp.top[0] == lp.bottom[0]:
+            raise LayerError("ResizeBilinear does not allow in-place computation (the fork checks it)")
+        p = lp.resize_bilinear_param
+        fmt = str(p.data_format)
+        if fmt not in ("NHWC", "NCHW"):
+            raise LayerError(f"resize_bilinear_param.data_format '{fmt}' is the fork's 3-D (NCHWD) resize, "
+                             f"which caffeq does not read; use NHWC or NCHW")
+        flags = [f for f in ("align_corners", "half_pixel_centers", "pytorch_half_pixel") if getattr(p, f)]
+        if len(flags) > 1:
+            raise LayerError(f"resize_bilinear_param: {' and '.join(flags)} exclude each other (the fork checks it)")
+        mode = {"align_corners": "align_corners", "half_pixel_centers": "half_pixel",
+                "pytorch_half_pixel": "pytorch_half_pixel"}[flags[0]] if flags else "asymmetric"
+        a = {"nhwc": fmt == "NHWC", "mode": mode}
+        for axis in ("height", "width"):
+            out, scale = f"output_{axis}", f"scale_{axis}"
+            a[out] = int(getattr(p, out)) if p.HasField(out) else 0
+            a[scale] = float(getattr(p, scale))
+            if p.HasField(out) and a[out] <= 0:
+                raise LayerError(f"resize_bilinear_param.{out} must be positive, got {a[out]}")
+            if not p.HasField(out) and not a[scale] > 0:
+                raise LayerError(f"resize_bilinear_param.{scale} must be positive, got {a[scale]}")
+        # the fork's quantization options: a non-default output scale / zero point rounds the result
+        a["round"] = float(p.output_scale) != 1.0 or int(p.output_zero_point) != 0
+        a["saturate"] = SATURATE_RANGES.get(int(p.saturate))
+        return a
+
+    @staticmethod
+    def out_hw(a, shape):
+        if len(shape) != 4:
+            raise LayerError(f"ResizeBilinear needs a 4-axis input, got {list(shape)}")
+        h, w = (shape[1], shape[2]) if a["nhwc"] else (shape[2], shape[3])
+        ho = resize_bilinear_size(h, a["output_height"], a["scale_height"])
+        wo = resize_bilinear_size(w, a["output_width"], a["scale_width"])
+        if ho <= 0 or wo <= 0:
+            raise LayerError(f"output size {ho}x{wo} (from a {h}x{w} input) must be positive")
+        return ho, wo
+
+    def infer(self, attrs, in_shapes):
+        s = in_shapes[0]
+        ho, wo = self.out_hw(attrs, s)
+        return [(s[0], ho, wo, s[3]) if attrs["nhwc"] else (s[0], s[1], ho, wo)]
+
+    @staticmethod
+    def _call_args(a):
+        low, high = a["saturate"] or (None, None)
+        return (a["output_height"], a["output_width"], a["scale_height"], a["scale_width"], a["mode"],
+                a["nhwc"], a["round"], low, high)
+
+    def forward(self, attrs, params, x):
+        self.out_hw(attrs, x.shape)
+        return synopsys_resize_bilinear(x, *self._call_args(attrs))
+
+    def onnx(self, ctx, node):
+        a, name = node.attrs, node.name
+        x, out = node.inputs[0], node.outputs[0]
+        ho, wo = self.out_hw(a, ctx.shape(x))
+        if a["nhwc"]:
+            x = ctx.add_node("Transpose", [x], [ctx.tmp(name + "_nchw")], perm=[0, 3, 1, 2])[0]
+        tail = a["nhwc"] or a["round"] or a["saturate"]
+        y = ctx.tmp(name + "_resized") if tail else out
+        _resize(ctx, x, y, _sizes_const(ctx, x, [ho, wo], name), name, mode="linear",
+                coordinate_transformation_mode=a["mode"])
+        if a["round"]:  # half away from zero: sign(y) * floor(|y| + 0.5)
+            mag = ctx.add_node("Abs", [y], [ctx.tmp(name + "_abs")])[0]
+            mag = ctx.add_node("Add", [mag, ctx.const(np.array(0.5, np.float32))], [ctx.tmp(name + "_half")])[0]
+            mag = ctx.add_node("Floor", [mag], [ctx.tmp(name + "_floor")])[0]
+            sign = ctx.add_node("Sign", [y], [ctx.tmp(name + "_sign")])[0]
+            y = ctx.add_node("Mul", [sign, mag], [ctx.tmp(name + "_round")])[0]
+        if a["saturate"]:
+            low, high = (ctx.const(np.array(v, np.float32)) for v in a["saturate"])
+            y = ctx.add_node("Clip", [y, low, high], [ctx.tmp(name + "_sat")])[0]
+        if a["nhwc"]:
+            ctx.add_node("Transpose", [y], [out], perm=[0, 2, 3, 1])
+        elif tail:
+            ctx.add_node("Identity", [y], [out])
+
+    def pytorch_source(self, node, emit):
+        fn = emit.helper(TORCH_RESIZE_BILINEAR)
+        args = ", ".join(emit.lit(v) for v in self._call_args(node.attrs))
+        return f"{fn}({emit.inputs[0]}, {args})"
