@@ -472,14 +472,15 @@ def _readers_after(index, blob, layers):
 
 def _trains_only_through(index, blob, layers, gone, memo):
     """True when the `blob` layers[index] writes is read, and every reader is a loss or scorer, a
-    dropped layer, or a layer whose every top is such a blob in turn (never a net output)."""
+    Silence, a dropped layer, or a layer whose every top is such a blob in turn (never a net output)."""
     readers = _readers_after(index, blob, layers)
     return bool(readers) and all(_only_trains(r, layers, gone, memo) for r in readers)
 
 
 def _only_trains(index, layers, gone, memo):
     lp = layers[index]
-    if id(lp) in gone or is_training_only_type(lp.type):
+    # a Silence reader swallows the blob: it adds nothing to any output
+    if id(lp) in gone or is_training_only_type(lp.type) or lp.type == "Silence":
         return True
     if index not in memo:
         memo[index] = False   # a cycle through in-place writes proves nothing

@@ -620,3 +620,25 @@ def test_fork_fields_keep_bvlc_numbers():
     assert lp["proposal_param"].number != 201
     numbers = [f.number for f in caffe_pb2.LayerParameter.DESCRIPTOR.fields]
     assert len(numbers) == len(set(numbers))
+
+
+def test_region_loss_switches_read_as_0_1_and_true_false():
+    """RegionLossParameter's switches: MobileNet-YOLO writes `softmax: 1`, MaskYolo_Caffe
+    `softmax: false` and `bias_match: true`; bool takes both, and is the same varint on the wire."""
+    for text, want in (("softmax: 1 rescore: 0 bias_match: 1", (True, False, True)),
+                       ("softmax: false rescore: true bias_match: true absolute: false random: 0",
+                        (False, True, True))):
+        net = parse_prototxt_text('layer { name: "l" type: "RegionLoss" region_loss_param { ' + text + " } }")
+        p = net.layer[0].region_loss_param
+        assert (p.softmax, p.rescore, p.bias_match) == want
+    as_uint = caffe_pb2.RegionLossParameter()
+    as_uint.ParseFromString(bytes([6 << 3, 1]))   # softmax = 1, as a uint32 writer encodes it
+    assert as_uint.softmax is True
+
+
+def test_opencv_ports_bn_scale_and_shift_are_initial_values():
+    warnings = []
+    net = parse_prototxt_text('layer { name: "bn" type: "BN" bn_param { scale: 1.0 shift: 0.001 bn_mode: INFERENCE } }',
+                              warnings=warnings)
+    assert net.layer[0].bn_param.bn_mode == caffe_pb2.BNParameter.INFERENCE
+    assert any("'scale'" in w and "filler" in w for w in warnings)

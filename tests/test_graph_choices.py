@@ -289,6 +289,34 @@ def test_a_fork_data_layer_without_sizes_needs_input_shape():
     assert model.inputs == {"data": (1, 3, 50, 60), "label": (1, 1, 50, 60)}
 
 
+# ---- SeLuDropout (jolibrain/caffe, synopsys-caffe) ------------------------------------------
+
+def test_selu_dropout_copies_at_test_and_alpha_drops_in_training(tmp_path):
+    """selu_dropout_layer.cpp: TEST copies; TRAIN gives a * x for kept units and a * alpha + b for
+    dropped ones, a = (q (1 + alpha^2 (1 - q)))^-1/2, b = -a (1 - q) alpha, q = 1 - ratio."""
+    import torch
+    from conftest import check_everywhere
+    text = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 40 dim: 50 } } }
+layer { name: "drop" type: "SeLuDropout" bottom: "x" top: "y" selu_dropout_param { dropout_ratio: 0.2 alpha: -1.5 } }
+"""
+    model = load_from_text(text)
+    x = np.random.default_rng(5).standard_normal((2, 3, 40, 50)).astype(np.float32)
+    check_everywhere(model, {"x": x}, {"y": x}, tmp_path)
+    q, alpha = 0.8, -1.5
+    a = (q * (1 + alpha ** 2 * (1 - q))) ** -0.5
+    b = -a * (1 - q) * alpha
+    module = model.to_torch().train()
+    torch.manual_seed(0)
+    y = module(torch.from_numpy(x)).detach().numpy().astype(np.float64)
+    kept = np.isclose(y, a * x + b, rtol=0, atol=1e-5)
+    dropped = np.isclose(y, a * alpha + b, rtol=0, atol=1e-6)
+    assert np.all(kept | dropped)
+    assert abs(dropped.mean() - 0.2) < 0.02
+    with pytest.raises(CaffeqError, match="dropout_ratio must be in"):
+        load_from_text(text.replace("dropout_ratio: 0.2", "dropout_ratio: 1.0"))
+
+
 # ---- Faster R-CNN's Dropout scale_train ------------------------------------------------------
 
 def test_dropout_scale_train_false_scales_at_test(tmp_path):
@@ -635,3 +663,21 @@ def test_read_only_layers_refuse_every_backend_with_their_reason(tmp_path):
     detect = load_from_text(DETECTNET, random_weights=True)
     with pytest.raises(ExportError, match="groupRectangles"):
         export_pytorch(detect, tmp_path / "py2")
+
+
+def test_targets_read_only_by_losses_and_silence_train_only():
+    """MaskYolo_Caffe's DecodeRois reads the label and makes rois for a mask loss plus targets that a
+    Silence swallows: the whole branch only trains, so it is dropped (Silence adds no output)."""
+    text = """
+layer { name: "data" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } shape { dim: 1 dim: 5 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 1 } }
+layer { name: "decode" type: "DecodeRois" bottom: "conv" bottom: "label" top: "rois" top: "unused_targets" top: "mask_t" }
+layer { name: "pool" type: "ROIPooling" bottom: "conv" bottom: "rois" top: "pool"
+  roi_pooling_param { pooled_w: 2 pooled_h: 2 spatial_scale: 1 } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "pool" bottom: "mask_t" top: "loss" }
+layer { name: "silence" type: "Silence" bottom: "unused_targets" }
+"""
+    model = load_from_text(text, random_weights=True)
+    assert [n.name for n in model.layers] == ["data", "conv"] and model.outputs == ["conv"]
+    assert any("decode (DecodeRois)" in w for w in model.warnings)

@@ -232,6 +232,12 @@ _KNOWN_FORK_FIELDS = {
         # Andrew-Qibin/caffe_dss (ImageLabelmapData): ImageDataParameter.normalize = 17
         "normalize": (_ANY_PHASE, "caffe_dss's scaling of the label map, a training target"),
     },
+    "caffe.BNParameter": {
+        # wanggao1990/opencv_dnn_application's ENet for its own OpenCV BN layer: the values of the
+        # scale and shift blobs when the weights have none, as scale_filler / shift_filler
+        "scale": (_ANY_PHASE, "the initial scale blob value of an OpenCV port's BN layer (a filler)"),
+        "shift": (_ANY_PHASE, "the initial shift blob value of an OpenCV port's BN layer (a filler)"),
+    },
     "caffe.ParamSpec": {
         # wenwei202/caffe f54a74a ParamSpec.force_mult = 6
         "force_mult": (_TEST_ONLY, "wenwei202/caffe's multiplier of a training regulariser"),

@@ -1,5 +1,6 @@
-"""Structural layers: Input, Split, Silence, Dropout."""
+"""Structural layers: Input, Split, Silence, Dropout, SeLuDropout."""
 import numpy as np
+import torch
 import torch.nn.functional as F
 
 from .registry import Layer, LayerError, register_layer
@@ -101,3 +102,33 @@ class Dropout(Layer):
         m = emit.module(f"nn.Dropout(p={emit.lit(node.attrs['ratio'])})")
         scale = node.attrs["test_scale"]
         return f"{m}({emit.inputs[0]})" + (f" * {emit.lit(scale)}" if scale != 1.0 else "")
+
+
+@register_layer("SeLuDropout")
+class SeLuDropout(Layer):
+    """jolibrain/caffe's (and synopsys-caffe's SeLU) alpha dropout for SELU nets: TEST copies the input;
+    TRAIN keeps each unit with probability q = 1 - dropout_ratio, sets the others to alpha, then
+    returns a * y + b with a = (q (1 + alpha^2 (1 - q)))^-1/2 and b = -a (1 - q) alpha."""
+
+    uses_training_flag = True
+
+    def parse(self, lp):
+        p = lp.selu_dropout_param
+        if not 0 < p.dropout_ratio < 1:
+            raise LayerError(f"selu_dropout_param.dropout_ratio must be in (0, 1), got {p.dropout_ratio}")
+        q = 1.0 - float(p.dropout_ratio)
+        a = (q * (1.0 + float(p.alpha) ** 2 * (1.0 - q))) ** -0.5
+        return {"ratio": float(p.dropout_ratio), "alpha": float(p.alpha), "a": a, "b": -a * (1.0 - q) * float(p.alpha)}
+
+    def forward(self, attrs, params, x, training=False):
+        if not training:
+            return x
+        keep = torch.rand_like(x) >= attrs["ratio"]
+        return attrs["a"] * torch.where(keep, x, torch.full_like(x, attrs["alpha"])) + attrs["b"]
+
+    def onnx(self, ctx, node):
+        ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        emit.note("SeLuDropout copies its input at inference; model.py leaves out its training-time alpha dropout")
+        return emit.inputs[0]
