@@ -13,6 +13,7 @@ import pytest
 from conftest import check_everywhere, net
 
 import caffeq
+from caffeq.errors import ExportError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -306,13 +307,14 @@ def test_ssh_with_no_box_left_writes_its_default_roi(tmp_path):
     check_everywhere(model, x, ref, tmp_path)
 
 
-def test_ssh_param_str_is_checked():
+def test_ssh_param_str_is_checked(tmp_path):
     with pytest.raises(LayerError, match="'feat_stride' is required"):
         load_from_text(ssh_net(2, 3, 4, "{'scales': [1,2], 'ratios':[1,]}"))
     with pytest.raises(LayerError, match="reads only"):
         load_from_text(ssh_net(2, 3, 4, "{'feat_stride': 8, 'pre_nms_topN': 10}"))
-    with pytest.raises(LayerError, match="rpn_cls_prob_reshape must be"):
-        load_from_text(ssh_net(2, 3, 4, "{'feat_stride': 8}"))   # 9 default anchors, 2 given
+    model = load_from_text(ssh_net(2, 3, 4, "{'feat_stride': 8}"))   # 9 default anchors, 2 given: reads
+    with pytest.raises(ExportError, match="the net scores 2 anchors per position"):
+        model.export_onnx(str(tmp_path / "m.onnx"))
 
 
 # ---- CTPN's text proposals under CMT-Text-Detection's module path --------------------------------

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import load_model_py, onnx_run_by_blob, onnx_session
 
-from caffeq.errors import CaffeqError, UnsupportedLayerError
+from caffeq.errors import CaffeqError, ExportError, UnsupportedLayerError
 from caffeq.layers import LayerError
 from caffeq.layers.rcnn import generate_anchors, parse_param_str
 from caffeq.model import load_from_text
@@ -294,9 +294,25 @@ def test_bad_proposal_params(param_str, msg):
         load_from_text(proposal_net(9, 3, 4, python_proposal(param_str)))
 
 
-def test_wrong_rpn_shapes_are_refused():
-    with pytest.raises(LayerError, match="rpn_cls_prob_reshape must be"):
-        load_from_text(proposal_net(6, 3, 4, python_proposal("'feat_stride': 16")))
+def test_other_anchor_counts_and_short_im_info_read_but_do_not_run(tmp_path):
+    """Caffe's Python ProposalLayer shapes its tops without looking at the bottoms, so a net whose
+    fork makes another anchor set (12 here, R-FCN's class-agnostic variants) or whose im_info lacks
+    the scale loads in Caffe and fails in forward: caffeq reads it and refuses to run or export it."""
+    model = load_from_text(proposal_net(12, 3, 4, python_proposal("'feat_stride': 16")))
+    assert model.blob_shapes["rois"] == (3 * 4 * 12, 5)   # at most every anchor of the net
+    x = feeds(12, 3, 4, [48, 64, 1.0])
+    with pytest.raises(CaffeqError, match="'proposal' .region proposals.: the net scores 12 anchors .* settings make 9"):
+        model.run(x)
+    with pytest.raises(ExportError, match="scores 12 anchors"):
+        model.export_onnx(str(tmp_path / "m.onnx"))
+    short = proposal_net(9, 3, 4, python_proposal("'feat_stride': 16")).replace(
+        'top: "im_info" input_param { shape { dim: 1 dim: 3 } }', 'top: "im_info" input_param { shape { dim: 1 dim: 2 } }')
+    model = load_from_text(short)
+    with pytest.raises(CaffeqError, match=r"im_info must hold \[height, width, scale\]"):
+        model.run({**feeds(9, 3, 4, [48, 64, 1.0]), "im_info": np.array([[48, 64]], np.float32)})
+    # deltas that disagree with the scores are still refused on reading
+    with pytest.raises(LayerError, match="rpn_bbox_pred must be"):
+        load_from_text(proposal_net(6, 3, 4, python_proposal("'feat_stride': 16")).replace("dim: 24", "dim: 20"))
 
 
 def test_unknown_python_layer_is_refused_and_nothing_is_imported(tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ import dataclasses
 
 import numpy as np
 
+from ..errors import ExportError
 from .rcnn import _ProposalBase
 from .registry import LayerError, register_layer
 
@@ -71,6 +72,7 @@ class FrcnnProposalLayer(_ProposalBase):
 
     def onnx(self, ctx, node):
         from .rcnn import emit_proposals
+        self._refuse(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError)
         flat = [ctx.tmp(f"{node.name}_{k}") for k in range(len(node.outputs))]
         emit_proposals(ctx, dataclasses.replace(node, outputs=flat))
         for two_d, four_d in zip(flat, node.outputs):

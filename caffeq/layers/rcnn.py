@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import CaffeqError
+from ..errors import CaffeqError, ExportError
 from .registry import Layer, LayerError, MissingInputShape, register_layer
 
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -333,24 +333,44 @@ class _ProposalBase(Layer):
         if not 0 <= s["nms_thresh"] <= 1:
             raise LayerError(f"nms_thresh must be in [0, 1], got {s['nms_thresh']}")
         if "anchors" in s:
-            return {**s, "with_scores": len(lp.top) == 2}
+            return {**s, "with_scores": len(lp.top) == 2, "name": lp.name}
         if s["base_size"] <= 0:
             raise LayerError(f"base_size must be positive, got {s['base_size']}")
         for key in ("ratios", "scales"):
             if not s[key] or any(not v > 0 for v in s[key]):
                 raise LayerError(f"{key} must be positive numbers, got {s[key]}")
         anchors = generate_anchors(s["base_size"], s["ratios"], s["scales"])
-        return {**s, "anchors": anchors.tolist(), "with_scores": len(lp.top) == 2}
+        return {**s, "anchors": anchors.tolist(), "with_scores": len(lp.top) == 2, "name": lp.name}
+
+    @staticmethod
+    def cannot_run(attrs, in_shapes):
+        """Why the proposals cannot be computed for these bottoms, or None.  Caffe's Python layer
+        reshapes its tops without looking at the bottoms, so such a net loads there (a fork's own
+        proposal_layer.py makes another anchor set) and fails only in forward: caffeq reads it too
+        and refuses to run or export it with this reason."""
+        prob, deltas, info = (tuple(s) for s in in_shapes)
+        a = len(attrs["anchors"])
+        if prob[1] != 2 * a or deltas[1] != 4 * a:
+            return (f"the net scores {prob[1] // 2} anchors per position and regresses {deltas[1] // 4}, but the "
+                    f"proposal layer's settings make {a} (py-faster-rcnn's scales {attrs.get('scales')} x ratios "
+                    f"{attrs.get('ratios')}): this fork's proposal_layer.py makes its own anchors; give them in "
+                    f"param_str 'scales' if they differ only there")
+        if math.prod(info) < 3:
+            return f"im_info must hold [height, width, scale], got shape {list(info)}"
+        return None
+
+    def _refuse(self, node_name, attrs, in_shapes, error=CaffeqError):
+        why = self.cannot_run(attrs, in_shapes)
+        if why:
+            raise error(f"layer '{node_name}' (region proposals): {why}")
 
     def infer(self, attrs, in_shapes):
         prob, deltas, info = in_shapes
-        a = len(attrs["anchors"])
-        if len(prob) != 4 or prob[1] != 2 * a:
-            raise LayerError(f"rpn_cls_prob_reshape must be (1, {2 * a}, H, W) for {a} anchors, got {list(prob)}")
+        if len(prob) != 4 or prob[1] % 2:
+            raise LayerError(f"rpn_cls_prob_reshape must be (1, 2 x anchors, H, W), got {list(prob)}")
+        a = prob[1] // 2
         if len(deltas) != 4 or tuple(deltas) != (prob[0], 4 * a, prob[2], prob[3]):
             raise LayerError(f"rpn_bbox_pred must be ({prob[0]}, {4 * a}, {prob[2]}, {prob[3]}), got {list(deltas)}")
-        if math.prod(info) < 3:
-            raise LayerError(f"im_info must hold [height, width, scale], got shape {list(info)}")
         if prob[0] != 1:
             raise LayerError(f"region proposals take one image per batch (as py-faster-rcnn), got {prob[0]}")
         rows = prob[2] * prob[3] * a
@@ -363,6 +383,7 @@ class _ProposalBase(Layer):
         return tops
 
     def forward(self, attrs, params, cls_prob, bbox_pred, im_info):
+        self._refuse(attrs["name"], attrs, [cls_prob.shape, bbox_pred.shape, im_info.shape])
         if cls_prob.shape[0] != 1:
             raise CaffeqError(f"region proposals take one image per batch (as py-faster-rcnn), "
                               f"got {cls_prob.shape[0]}")
@@ -376,10 +397,12 @@ class _ProposalBase(Layer):
         return (rois, scores) if attrs["with_scores"] else rois
 
     def onnx(self, ctx, node):
+        self._refuse(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError)
         emit_proposals(ctx, node)
 
     def pytorch_source(self, node, emit):
         a = node.attrs
+        self._refuse(node.name, a, [emit.in_shape(i) for i in range(3)], ExportError)
         args = [emit.lit(a["anchors"], exact=True), str(a["feat_stride"]),
                 f"pre_nms_top_n={a['pre_nms_top_n']}", f"post_nms_top_n={a['post_nms_top_n']}",
                 f"nms_thresh={emit.lit(a['nms_thresh'], exact=True)}",
