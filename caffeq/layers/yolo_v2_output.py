@@ -1,0 +1,128 @@
+"""gklz1982/caffe-yolov2's DetectionOutput (detection_output_layer.cpp, util/bbox_util.hpp, ebb2702),
+the YOLO v2 detector its copies (Ewenwan/caffe-yolov2, ...) put under SSD's type name.
+
+One bottom (1, num_box * (5 + ...), side, side) and detection_output_param num_classes, side [13],
+num_box [5], confidence_threshold [0.01], nms_threshold [0.45] and biases (a width and a height per
+box).  The fork reads the map channel-last, cell (row j, column i) and box n in that order:
+x = (i + sigmoid) / side, y = (j + sigmoid) / side, w = exp * bias_w / side, h = exp * bias_h / side,
+objectness sigmoid(entry 4), the class the first maximum of a softmax over entries 5 .. 5 +
+num_classes - 1; confidence = objectness * that probability, kept when >= confidence_threshold.
+Unlike MobileNet-YOLO's YoloDetectionOutput the candidates are NOT sorted: its NMS walks them in
+cell order and drops a later box whose IoU with a kept one is >= nms_threshold, the IoU taken on
+boxes clipped to [0, 1] (a box whose clipped corners cross has size 0).  Rows: [0, class (from 0),
+confidence, x, y, w, h] (centre and size, unclipped), (1, 1, R, 7); with none, one row
+[0, -1, ...].  The fork checks N == 1 and indexes cells by `side`, so the map must be side x side.
+
+ONNX is refused: its NonMaxSuppression orders boxes by score.
+"""
+import inspect
+
+import torch
+
+from ..errors import CaffeqError, ExportError
+from .registry import LayerError
+from .yolo import yolo_v2_candidates
+
+
+def yolo_v2_cell_order_rows(x, biases: list[float], num_box: int, num_classes: int, threshold: float,
+                            nms_threshold: float):
+    """gklz1982's DetectionOutput on a (1, C, side, side) map -> rows (1, 1, R, 7)."""
+    bx, by, bw, bh, label, score, keep = yolo_v2_candidates(x, biases, num_box, num_classes, float("-inf"))
+    keep = score >= threshold
+    bx, by, bw, bh, label, score = (t[keep] for t in (bx, by, bw, bh, label, score))
+    if score.numel() == 0:
+        out = torch.full((1, 7), -1.0, device=x.device, dtype=x.dtype)
+        out[0, 0] = 0
+        return out.reshape(1, 1, 1, 7)
+    left, right = (bx - bw / 2).clamp_min(0), (bx + bw / 2).clamp_max(1)
+    top, bottom = (by - bh / 2).clamp_min(0), (by + bh / 2).clamp_max(1)
+    valid = (right >= left) & (bottom >= top)
+    size = torch.where(valid, (right - left) * (bottom - top), torch.zeros_like(bx))
+    k = score.numel()
+    alive = torch.ones(k, dtype=torch.bool, device=x.device)
+    for i in range(k - 1):
+        if not bool(alive[i]):
+            continue
+        rest = slice(i + 1, k)
+        apart = (left[rest] > right[i]) | (right[rest] < left[i]) | (top[rest] > bottom[i]) | (bottom[rest] < top[i])
+        iw = torch.minimum(right[i], right[rest]) - torch.maximum(left[i], left[rest])
+        ih = torch.minimum(bottom[i], bottom[rest]) - torch.maximum(top[i], top[rest])
+        overlaps = ~apart & (iw > 0) & (ih > 0)
+        inter = torch.where(overlaps, iw * ih, torch.zeros_like(iw))
+        iou = torch.where(overlaps, inter / (size[i] + size[rest] - inter), torch.zeros_like(iw))
+        alive[rest] &= ~(iou >= nms_threshold)
+    rows = torch.stack([torch.zeros_like(score), label.to(x.dtype), score, bx, by, bw, bh], dim=1)[alive]
+    return rows.reshape(1, 1, -1, 7)
+
+
+TORCH_YOLO_V2_CELL_ORDER = inspect.getsource(yolo_v2_cell_order_rows)
+
+
+def claims(lp):
+    """The fork's form: one bottom (SSD's needs loc, conf and priors)."""
+    return len(lp.bottom) == 1
+
+
+def parse(lp):
+    p = lp.detection_output_param
+    if len(lp.top) != 1:
+        raise LayerError(f"caffe-yolov2's DetectionOutput gives one top, got {len(lp.top)}")
+    if not p.HasField("num_classes") or p.num_classes < 1:
+        raise LayerError("detection_output_param.num_classes is required (>= 1)")
+    num_box, side = int(p.num_box), int(p.side)
+    if num_box < 1 or side < 1:
+        raise LayerError(f"detection_output_param.num_box and side must be >= 1, got {num_box} and {side}")
+    biases = [float(v) for v in p.biases]
+    if len(biases) < 2 * num_box:
+        raise LayerError(f"detection_output_param.biases has {len(biases)} values; {num_box} boxes need "
+                         f"{2 * num_box} (a width and a height each)")
+    threshold = float(p.confidence_threshold) if p.HasField("confidence_threshold") else 0.01
+    return {"flavour": "yolo_v2", "name": lp.name, "num_classes": int(p.num_classes), "num_box": num_box,
+            "side": side, "biases": biases[:2 * num_box], "conf_threshold": threshold,
+            "nms_threshold": float(p.nms_threshold)}
+
+
+def infer(attrs, in_shapes):
+    s = tuple(in_shapes[0])
+    if len(s) != 4:
+        raise LayerError(f"caffe-yolov2's DetectionOutput needs a 4-axis map, got {list(s)}")
+    if s[1] % attrs["num_box"] or s[1] // attrs["num_box"] < 5 + attrs["num_classes"]:
+        raise LayerError(f"channels {s[1]} must be num_box {attrs['num_box']} x at least 5 + num_classes "
+                         f"{attrs['num_classes']}")
+    return [(1, 1, attrs["side"] * attrs["side"] * attrs["num_box"], 7)]
+
+
+def cannot_run(attrs, shape):
+    """Caffe reads such a net (Reshape checks nothing of the map) and fails or reads garbage in forward."""
+    side = attrs["side"]
+    if shape[0] != 1:
+        return f"the fork takes one image (its CHECK_EQ(num, 1)), got a batch of {shape[0]}"
+    if tuple(shape[2:]) != (side, side):
+        return f"the fork indexes cells by side {side}, but the map is {shape[2]}x{shape[3]}"
+    return None
+
+
+def forward(attrs, x):
+    why = cannot_run(attrs, tuple(x.shape))
+    if why:
+        raise CaffeqError(f"layer '{attrs['name']}' (DetectionOutput, caffe-yolov2): {why}")
+    return yolo_v2_cell_order_rows(x, attrs["biases"], attrs["num_box"], attrs["num_classes"],
+                                   attrs["conf_threshold"], attrs["nms_threshold"])
+
+
+def onnx(ctx, node):
+    raise ExportError(f"layer '{node.name}' (DetectionOutput, caffe-yolov2): its NMS keeps boxes in cell order, "
+                      f"which ONNX's NonMaxSuppression (by score) cannot express; export the map before it")
+
+
+def pytorch_source(node, emit):
+    a = node.attrs
+    why = cannot_run(a, emit.in_shape(0))
+    if why:
+        raise ExportError(f"layer '{node.name}' (DetectionOutput, caffe-yolov2): {why}")
+    emit.helper(yolo_v2_candidates)
+    fn = emit.helper(TORCH_YOLO_V2_CELL_ORDER)
+    emit.note(f"{node.name} (DetectionOutput, caffe-yolov2): the number of rows depends on the data; "
+              f"NMS runs eagerly, so this layer does not trace.")
+    return (f"{fn}({emit.inputs[0]}, {emit.lit(a['biases'], exact=True)}, {a['num_box']}, {a['num_classes']}, "
+            f"{emit.lit(a['conf_threshold'], exact=True)}, {emit.lit(a['nms_threshold'], exact=True)})")
