@@ -286,12 +286,21 @@ def test_param_str_reader_refuses_anything_else(text):
 
 
 @pytest.mark.parametrize("param_str, msg", [("'scales': [8]", "'feat_stride' is required"),
-                                            ("'feat_stride': 16, 'ratios': [1]", "reads only"),
                                             ("'feat_stride': 1.5", "must be an integer"),
                                             ("'feat_stride': 16, 'scales': 8", "list of numbers")])
 def test_bad_proposal_params(param_str, msg):
     with pytest.raises(LayerError, match=msg):
         load_from_text(proposal_net(9, 3, 4, python_proposal(param_str)))
+
+
+def test_a_forks_own_param_str_keys_read_but_do_not_run(tmp_path):
+    """FaceBoxes-in-R-FCN's proposal_layer.py reads 'densification_times' (py-faster-rcnn's ignores
+    unknown keys): the net is a fork's, so it reads and its proposals are refused."""
+    model = load_from_text(proposal_net(9, 3, 4, python_proposal("'feat_stride': 16, 'densification_times': [4, 2]")))
+    with pytest.raises(CaffeqError, match=r"param_str sets \['densification_times'\].*fork's proposal_layer.py"):
+        model.run(feeds(9, 3, 4, [48, 64, 1.0]))
+    with pytest.raises(ExportError, match="densification_times"):
+        model.export_onnx(str(tmp_path / "m.onnx"))
 
 
 def test_other_anchor_counts_and_short_im_info_read_but_do_not_run(tmp_path):

@@ -349,6 +349,10 @@ class _ProposalBase(Layer):
         proposal_layer.py makes another anchor set) and fails only in forward: caffeq reads it too
         and refuses to run or export it with this reason."""
         prob, deltas, info = (tuple(s) for s in in_shapes)
+        if attrs.get("foreign_keys"):
+            return (f"param_str sets {attrs['foreign_keys']}, which py-faster-rcnn's ProposalLayer does not read "
+                    f"(it reads 'feat_stride' and 'scales'): this net comes with a fork's proposal_layer.py, "
+                    f"whose proposals caffeq does not guess")
         a = len(attrs["anchors"])
         if prob[1] != 2 * a or deltas[1] != 4 * a:
             return (f"the net scores {prob[1] // 2} anchors per position and regresses {deltas[1] // 4}, but the "
@@ -464,10 +468,9 @@ class PythonProposalLayer(_ProposalBase):
 
     def settings(self, lp):
         p = parse_param_str(lp.python_param.param_str)
-        unknown = sorted(set(p) - _PARAM_STR_KEYS)
-        if unknown:
-            raise LayerError(f"python_param.param_str: ProposalLayer reads only 'feat_stride' and 'scales', "
-                             f"got {unknown}")
+        # keys py-faster-rcnn's layer does not read (FaceBoxes' 'densification_times'): the net comes
+        # with a fork's proposal_layer.py; it reads, and cannot_run says why it does not run
+        foreign = sorted(set(p) - _PARAM_STR_KEYS)
         if "feat_stride" not in p:
             raise LayerError("python_param.param_str: 'feat_stride' is required (e.g. \"'feat_stride': 16\")")
         stride = p["feat_stride"]
@@ -478,7 +481,7 @@ class PythonProposalLayer(_ProposalBase):
                                                    for v in scales):
             raise LayerError(f"python_param.param_str: 'scales' must be a list of numbers, got {scales!r}")
         return {"feat_stride": stride, "base_size": 16, "ratios": [0.5, 1.0, 2.0],
-                "scales": [float(v) for v in scales], **TEST_CONFIG}
+                "scales": [float(v) for v in scales], **TEST_CONFIG, "foreign_keys": foreign}
 
 
 # mahyarnajibi/SSH's TEST configuration (SSH/configs/default_config.yml); NMS_THRESH is applied outside
