@@ -355,6 +355,19 @@ layer { name: "loss" type: "Python" bottom: "ip" bottom: "label" top: "loss" los
         load_from_text(named.replace("YoloLossLayer", "YoloHeadLayer"), random_weights=True)
 
 
+def test_a_fork_data_layer_named_data_something_with_a_data_param_is_an_input():
+    """RegNet's DenseRegisterDataXY: no bottoms, "Data" in the type and a *data_param message."""
+    text = """
+layer { name: "d" type: "DenseRegisterDataXY" top: "ref" top: "fl" dense_image_data_param { source: "x" batch_size: 2 } }
+layer { name: "c" type: "Concat" bottom: "ref" bottom: "fl" top: "both" }
+"""
+    model = load_from_text(text, input_shapes={"ref": (2, 1, 8, 8), "fl": (2, 1, 8, 8)})
+    assert model.inputs == {"ref": (2, 1, 8, 8), "fl": (2, 1, 8, 8)} and model.blob_shapes["both"] == (2, 2, 8, 8)
+    # without a data parameter message the name alone does not make a data layer
+    with pytest.raises(CaffeqError, match="unsupported layer type"):
+        load_from_text(text.replace(' dense_image_data_param { source: "x" batch_size: 2 }', ""))
+
+
 def test_a_python_layer_without_tops_only_observes_and_is_dropped():
     """PPR-FCN's test net ends in a debug Python layer that reads eight blobs and makes none: it
     cannot change any output, so it is dropped with its own note (not refused)."""

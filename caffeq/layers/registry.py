@@ -208,12 +208,20 @@ def python_layer_key(lp):
     return f"Python:{lp.python_param.module}.{lp.python_param.layer}"
 
 
+def _names_a_data_layer(lp):
+    """A fork's data layer by its look: a type ending in "Data", or naming Data and setting a data
+    parameter message (RegNet's DenseRegisterDataXY with dense_image_data_param)."""
+    if lp.type.endswith("Data"):
+        return True
+    return "Data" in lp.type and any(f.name.endswith("data_param") for f, _ in lp.ListFields())
+
+
 def spec_for(lp):
     """The spec of a LayerParameter, or None.  Python layers resolve by module and class
     (see the module docstring); every other layer by its type."""
     if lp.type != "Python":
         spec = _REGISTRY.get(lp.type)
-        if spec is None and not len(lp.bottom) and lp.type.endswith("Data"):
+        if spec is None and not len(lp.bottom) and _names_a_data_layer(lp):
             from .fork_data import (
                 UNKNOWN_FORK_DATA,  # a fork's data layer: a graph input
             )
