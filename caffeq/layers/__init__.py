@@ -12,6 +12,7 @@ from . import (  # noqa: F401,E402
     ctpn,
     data,
     denseblock,
+    densereg,
     edge_flow_crf_forks,
     elementwise,
     face_norms,
