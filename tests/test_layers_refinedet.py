@@ -212,3 +212,38 @@ def test_refinedet_deploy_reads():
     assert det.attrs["arm"] == 2
     assert det.attrs["objectness"] == pytest.approx(0.01)
     assert model.blob_shapes["detection_out"] == (1, 1, 500, 7)
+
+
+# ---- tl_ssd's state scores (julimueller/tl_ssd detection_output_layer.cu) ----------------------
+
+def test_tl_ssd_state_scores_follow_each_rows_prior(tmp_path):
+    """do_state_prediction: a 4th bottom (N, P * S) and rows [image, label, score, S states of the
+    row's prior, box].  With zero loc every decoded box is its prior's, so the prior of each row
+    is found by its box and its states checked against the input."""
+    n, P, C, S = 2, 31, 5, 3
+    x = refinedet_inputs(11, n, P, C)
+    x["loc"] = np.zeros_like(x["loc"])
+    x["state"] = rng(12).random((n, P * S)).astype(f32)
+    params = "nms_param { nms_threshold: 0.45 } code_type: CENTER_SIZE confidence_threshold: 0.05"
+    plain = load_from_text(refinedet_text(params, n, P, C, arm=0)).run({k: x[k] for k in ("loc", "conf", "prior")})
+    text = refinedet_text(params + " do_state_prediction: true num_states: 3", n, P, C, arm=1,
+                          arm_conf=(n, P * S)).replace("arm_conf", "state")
+    model = load_from_text(text)
+    rows = model.run({k: x[k] for k in ("loc", "conf", "prior", "state")})["det"][0, 0]
+    base = plain["det"][0, 0]
+    assert model.blob_shapes["det"][3] == 7 + S and len(rows) == len(base) > 3
+    np.testing.assert_array_equal(rows[:, :3], base[:, :3])
+    np.testing.assert_array_equal(rows[:, 3 + S:], base[:, 3:])
+    pbox = x["prior"][0, 0].reshape(P, 4)
+    states = x["state"].reshape(n, P, S)
+    for row in rows:
+        p = int(np.flatnonzero(np.all(np.abs(pbox - row[3 + S:]) < 1e-6, axis=1))[0])
+        np.testing.assert_array_equal(row[3:3 + S], states[int(row[0]), p])
+    from conftest import model_py_outputs
+    feeds = {k: x[k] for k in ("loc", "conf", "prior", "state")}
+    np.testing.assert_array_equal(model_py_outputs(model, feeds, tmp_path)["det"][0, 0], rows)
+    m2 = load_from_text(text)
+    with pytest.raises(Exception, match="state columns have no ONNX form"):
+        m2.export_onnx(str(tmp_path / "m.onnx"))
+    with pytest.raises(LayerError, match="do not hold 2 x 31 priors x num_states 3"):
+        load_from_text(text.replace(f"dim: {P * S}", f"dim: {P * S + 1}"))

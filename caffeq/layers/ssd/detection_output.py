@@ -28,8 +28,13 @@
   (keeping the priors' variances).  A 4th bottom holding N x 2P numbers without `visualize: true`
   is read as RefineDet's; any other is SSD's images.  The arm loc is read shared (the fork reads
   label -1 of it), so share_location must be true with 5 bottoms.
+- julimueller/tl_ssd (traffic lights; detection_output_layer.cu, be5ae7f): `do_state_prediction`
+  with `num_states` S reads a 4th bottom (N, P * S) of per-prior state scores and writes rows
+  [image, label, score, S state scores of the row's prior, xmin, ymin, xmax, ymax], as its GPU
+  Forward does (its CPU Forward ignores the states and writes SSD's rows).  With no detection its
+  -1 rows keep SSD's stride of 7 for the image ids, as the fork writes them.
 ONNX: standard ops (TopK, NonMaxSuppression, NonZero...) give the same rows
-in the same order; only eta < 1 (adaptive NMS) is refused.
+in the same order; only eta < 1 (adaptive NMS) and tl_ssd's state columns are refused.
 """
 import inspect
 import math
@@ -37,6 +42,7 @@ import math
 import torch
 from torch import nn
 
+from ...errors import ExportError
 from .. import yolo_v2_output
 from ..registry import ForkReading, Layer, LayerError, register_layer
 from .common import CENTER_SIZE, CODE_NAMES, FLT_MAX, proto_field
@@ -99,15 +105,16 @@ class DetectionOutput(nn.Module):
 
     def __init__(self, num_classes, share_location=True, background=0, nms_threshold=0.3, eta=1.0,
                  top_k=-1, code_type="CORNER", variance_in_target=False, keep_top_k=-1,
-                 conf_threshold=-3.4028234663852886e38, clip=False, layout="", objectness=0.01):
+                 conf_threshold=-3.4028234663852886e38, clip=False, layout="", objectness=0.01, states=0):
         super().__init__()
+        self.states = states   # tl_ssd: state scores per prior, after the score in each row
         self.num_classes, self.share_location, self.background = num_classes, share_location, background
         self.nms_threshold, self.eta, self.top_k = nms_threshold, eta, top_k
         self.code_type, self.variance_in_target = code_type, variance_in_target
         self.keep_top_k, self.conf_threshold, self.clip = keep_top_k, conf_threshold, clip
         self.layout, self.objectness = layout, objectness
 
-    def forward(self, loc, conf, prior, arm_conf=None, arm_loc=None):
+    def forward(self, loc, conf, prior, arm_conf=None, arm_loc=None, state=None):
         num = loc.shape[0]
         n_priors = prior.shape[-1] // 4
         n_cls = self.num_classes
@@ -152,10 +159,11 @@ class DetectionOutput(nn.Module):
             for c in sorted(per_label):
                 picks.extend((i, c, idx) for idx in per_label[c])
         dev, dt = loc.device, loc.dtype
-        cols = 3 + decoded.shape[-1]
+        cols = 3 + self.states + decoded.shape[-1]
         if not picks:
-            out = torch.full((num, cols), -1.0, device=dev, dtype=dt)
-            out[:, 0] = torch.arange(num, device=dev, dtype=dt)
+            out = torch.full((num * cols,), -1.0, device=dev, dtype=dt)
+            stride = 7 if self.states else cols   # tl_ssd steps 7 numbers per image id whatever the width
+            out[torch.arange(num, device=dev) * stride] = torch.arange(num, device=dev, dtype=dt)
             return out.reshape(1, 1, num, cols)
         img = torch.tensor([p[0] for p in picks], device=dev)
         lab = torch.tensor([p[1] for p in picks], device=dev)
@@ -163,7 +171,10 @@ class DetectionOutput(nn.Module):
         lslot = torch.zeros_like(lab) if self.share_location else lab
         score = conf[img, idx, lab]
         box = decoded[img, lslot, idx]
-        out = torch.cat([img.to(dt)[:, None], lab.to(dt)[:, None], score[:, None].to(dt), box.to(dt)], dim=1)
+        parts = [img.to(dt)[:, None], lab.to(dt)[:, None], score[:, None].to(dt), box.to(dt)]
+        if self.states:
+            parts.insert(3, state.reshape(num, n_priors, self.states)[img, idx].to(dt))
+        out = torch.cat(parts, dim=1)
         return out.reshape(1, 1, -1, cols)
 
 
@@ -188,7 +199,7 @@ def module_kwargs(attrs, layout):
             "top_k": attrs["top_k"], "code_type": CODE_NAMES[attrs["code_type"]],
             "variance_in_target": attrs["variance_in_target"], "keep_top_k": attrs["keep_top_k"],
             "conf_threshold": attrs["conf_threshold"], "clip": attrs["clip"], "layout": layout,
-            "objectness": attrs["objectness"]}
+            "objectness": attrs["objectness"], "states": attrs.get("states", 0)}
 
 
 def loc_layout(attrs, loc_shape, n_priors):
@@ -274,7 +285,12 @@ class DetectionOutputLayer(Layer):
             # RefineDet: anchors whose arm conf (class 1) is below this are scored as background
             "objectness": float(proto_field(p, "objectness_score", 0.01)),
             "visualize": bool(proto_field(p, "visualize", False)),
+            # tl_ssd: S state scores per prior from a 4th bottom, copied into each row
+            "states": int(p.num_states) if p.do_state_prediction else 0,
         }
+        if attrs["states"] and len(lp.bottom) != 4:
+            raise LayerError(f"do_state_prediction (tl_ssd) reads the states from a 4th bottom, got {len(lp.bottom)} "
+                             f"bottoms")
         if attrs["num_classes"] < 1:
             raise LayerError("detection_output_param.num_classes must be >= 1")
         if attrs["nms_threshold"] < 0:
@@ -302,21 +318,32 @@ class DetectionOutputLayer(Layer):
         if loc[0] != conf[0]:
             raise LayerError(f"loc and conf disagree on the batch: {loc[0]} vs {conf[0]}")
         attrs["layout"] = layout
-        attrs["arm"] = arm_bottoms(attrs, in_shapes, n_priors)
-        width = 7 + {"": 0, "rbox": 5, "quad": 8}[layout]
+        if attrs["states"]:
+            state = in_shapes[3]
+            if len(state) < 2 or state[0] != loc[0] or math.prod(state[1:]) != n_priors * attrs["states"]:
+                raise LayerError(f"tl_ssd's states (4th bottom) {list(state)} do not hold {loc[0]} x {n_priors} "
+                                 f"priors x num_states {attrs['states']}")
+        attrs["arm"] = 0 if attrs["states"] else arm_bottoms(attrs, in_shapes, n_priors)
+        width = 7 + attrs["states"] + {"": 0, "rbox": 5, "quad": 8}[layout]
         return [(1, 1, max_detections(attrs, loc[0], n_priors), width)]
 
     def forward(self, attrs, params, loc, *rest):
         if attrs.get("flavour") == "yolo_v2":
             return yolo_v2_output.forward(attrs, loc)
         conf, prior, *extra = rest
+        module = DetectionOutput(**module_kwargs(attrs, attrs.get("layout", "")))
+        if attrs.get("states"):
+            return module(loc, conf, prior, state=extra[0])
         arm = extra[:attrs.get("arm", 0)]   # RefineDet's arm conf (and arm loc); SSD's images are not read
-        return DetectionOutput(**module_kwargs(attrs, attrs.get("layout", "")))(loc, conf, prior, *arm)
+        return module(loc, conf, prior, *arm)
 
     def onnx(self, ctx, node):
         from .detection_output_onnx import emit_detection_output
         if node.attrs.get("flavour") == "yolo_v2":
             return yolo_v2_output.onnx(ctx, node)
+        if node.attrs.get("states"):
+            raise ExportError(f"layer '{node.name}' (DetectionOutput): tl_ssd's state columns have no ONNX form "
+                              f"here; export the state scores with --outputs, or run it in torch")
         emit_detection_output(ctx, node)
 
     def pytorch_source(self, node, emit):
@@ -335,4 +362,6 @@ class DetectionOutputLayer(Layer):
                   f"(ssd_nms), so this layer does not trace or export to a static graph.")
         emit.helper(TORCH_SSD_NMS)
         m = emit.module(f"{emit.helper(TORCH_DETECTION_OUTPUT)}({', '.join(args)})")
+        if node.attrs["states"]:
+            return f"{m}({', '.join(emit.inputs[:3])}, state={emit.inputs[3]})"
         return f"{m}({', '.join(emit.inputs[:3 + node.attrs['arm']])})"
