@@ -349,6 +349,8 @@ TRAINING_ONLY_TYPES = frozenset({
     "MultiBoxLoss", "SmoothL1Loss", "CTCLoss", "WarpCTCLoss", "TripletLoss", "CenterLoss",
     "BoxAnnotatorOHEM", "SoftmaxWithLossOHEM", "DetectionEvaluate", "LabelSpecificAdd",
     "FocalLoss", "L1Loss", "CosinLoss", "NormalizedSoftmaxLoss", "EvalDetection", "SmoothL1LossOHEM",
+    # eric612/MobileNet-YOLO's YOLO v3 loss (Yolov3Layer, a LossLayer) under a name without "Loss"
+    "Yolov3",
 })
 
 

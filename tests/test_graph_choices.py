@@ -206,12 +206,13 @@ layer { name: "ip" type: "InnerProduct" bottom: "x" top: "ip" inner_product_para
 layer { name: "mbox_loss" type: "MultiBoxLoss" bottom: "ip" bottom: "label" top: "mbox_loss" }
 layer { name: "ctc" type: "CTCLoss" bottom: "ip" bottom: "label" top: "ctc" }
 layer { name: "acc" type: "LabelsequenceAccuracy" bottom: "ip" bottom: "label" top: "acc" }
+layer { name: "yolo_loss" type: "Yolov3" bottom: "ip" bottom: "label" top: "yolo_loss" }
 """
     model = load_from_text(text, random_weights=True)
     assert [n.name for n in model.layers] == ["x", "label", "ip"]
     assert model.outputs == ["ip"]
     assert any("mbox_loss (MultiBoxLoss)" in w and "ctc (CTCLoss)" in w and "acc (LabelsequenceAccuracy)" in w
-               for w in model.warnings)
+               and "yolo_loss (Yolov3)" in w for w in model.warnings)
 
 
 def test_an_unknown_type_that_is_not_a_loss_still_stops_the_read():
