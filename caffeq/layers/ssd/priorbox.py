@@ -20,6 +20,7 @@
   the other aspect ratios, then sqrt(min * max), and a min_size (as int) of exactly 60 has its
   first box inset by 0.05 on every side after normalizing; `yx_order: true` writes each box
   as [ymin, xmin, ymax, xmax].
+- julimueller/tl_ssd's repeated offset_w / offset_h: a grid of priors per cell (priorbox_offset_grid.py).
 """
 import inspect
 import math
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 
 from ..registry import Layer, LayerError, register_layer
+from . import priorbox_offset_grid as offset_grid
 from .common import check_bottoms, legacy_hw, proto_field
 
 
@@ -201,6 +203,8 @@ def _offset_args(attrs):
 
 def prior_boxes(attrs, feat_hw, img_hw):
     """The PriorBox output (1, 2, H*W*num_priors*4) as a float32 array (feat_hw, img_hw: (height, width))."""
+    if attrs.get("offset_grid"):
+        return offset_grid.priors(attrs, feat_hw, img_hw)
     if attrs["img_h"] and attrs["img_w"]:
         img_hw = (attrs["img_h"], attrs["img_w"])
     widths, heights, shifted, variance = _module_args(attrs)
@@ -239,7 +243,8 @@ class PriorBoxLayer(Layer):
     def parse(self, lp):
         check_bottoms(lp, 2, "PriorBox")
         p = lp.prior_box_param
-        for f in ("offset_h", "offset_w", "width", "height"):
+        grid = offset_grid.claims(p)   # tl_ssd's offset grid
+        for f in ("width", "height") if grid else ("offset_h", "offset_w", "width", "height"):
             if f in p.DESCRIPTOR.fields_by_name and len(getattr(p, f)):
                 raise LayerError(f"prior_box_param.{f} is an OpenCV-only field that caffeq does not support")
         if not len(p.min_size):
@@ -280,14 +285,15 @@ class PriorBoxLayer(Layer):
                              "or FaceBoxes' priors")
         img_h, img_w = _prior_box_hw(p, "img_size", "img_h", "img_w", int)
         step_h, step_w = _prior_box_hw(p, "step", "step_h", "step_w", float)
-        return {"min_sizes": min_sizes, "max_sizes": max_sizes, "ratios": ratios,
-                # SSD's default (false); OpenCV's importer clips when the field is absent
-                "clip": bool(p.clip) if p.HasField("clip") else False,
-                "variance": var, "img_h": img_h, "img_w": img_w,
-                "step_h": step_h, "step_w": step_w, "offset": float(p.offset),
-                "denser": bool(proto_field(p, "denser_prior_boxes", False)),
-                "faceboxes": self._faceboxes(p, min_sizes, max_sizes, ratios),
-                "tf": bool(proto_field(p, "tf", False)), "yx": bool(proto_field(p, "yx_order", False))}
+        attrs = {"min_sizes": min_sizes, "max_sizes": max_sizes, "ratios": ratios,
+                 # SSD's default (false); OpenCV's importer clips when the field is absent
+                 "clip": bool(p.clip) if p.HasField("clip") else False,
+                 "variance": var, "img_h": img_h, "img_w": img_w,
+                 "step_h": step_h, "step_w": step_w, "offset": float(p.offset),
+                 "denser": bool(proto_field(p, "denser_prior_boxes", False)),
+                 "faceboxes": self._faceboxes(p, min_sizes, max_sizes, ratios),
+                 "tf": bool(proto_field(p, "tf", False)), "yx": bool(proto_field(p, "yx_order", False))}
+        return offset_grid.parse(p, attrs) if grid else attrs
 
     @staticmethod
     def _faceboxes(p, min_sizes, max_sizes, ratios):
@@ -306,6 +312,8 @@ class PriorBoxLayer(Layer):
 
     @staticmethod
     def num_priors(attrs):
+        if attrs.get("offset_grid"):
+            return offset_grid.num_priors(attrs)
         if attrs.get("faceboxes"):
             return len(prior_sizes(attrs))
         n = len(attrs["ratios"]) * len(attrs["min_sizes"]) + len(attrs["max_sizes"])
@@ -333,6 +341,8 @@ class PriorBoxLayer(Layer):
     def pytorch_source(self, node, emit):
         # computed from the bottoms' spatial sizes at run time, as forward (never from their values)
         a = node.attrs
+        if a.get("offset_grid"):
+            return offset_grid.pytorch_source(node, emit)
         widths, heights, shifted, variance = _module_args(a)
         args = [f"widths={emit.lit(widths)}", f"heights={emit.lit(heights)}", f"shifted={emit.lit(shifted)}",
                 f"variance={emit.lit(variance)}"]
