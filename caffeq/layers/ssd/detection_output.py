@@ -34,7 +34,7 @@
   Forward does (its CPU Forward ignores the states and writes SSD's rows).  With no detection its
   -1 rows keep SSD's stride of 7 for the image ids, as the fork writes them.
 ONNX: standard ops (TopK, NonMaxSuppression, NonZero...) give the same rows
-in the same order; only eta < 1 (adaptive NMS) and tl_ssd's state columns are refused.
+in the same order; only eta < 1 (adaptive NMS) is refused.
 """
 import inspect
 import math
@@ -42,7 +42,6 @@ import math
 import torch
 from torch import nn
 
-from ...errors import ExportError
 from .. import yolo_v2_output
 from ..registry import ForkReading, Layer, LayerError, register_layer
 from .common import CENTER_SIZE, CODE_NAMES, FLT_MAX, proto_field
@@ -341,9 +340,6 @@ class DetectionOutputLayer(Layer):
         from .detection_output_onnx import emit_detection_output
         if node.attrs.get("flavour") == "yolo_v2":
             return yolo_v2_output.onnx(ctx, node)
-        if node.attrs.get("states"):
-            raise ExportError(f"layer '{node.name}' (DetectionOutput): tl_ssd's state columns have no ONNX form "
-                              f"here; export the state scores with --outputs, or run it in torch")
         emit_detection_output(ctx, node)
 
     def pytorch_source(self, node, emit):
