@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import model_py_outputs, net, rng
+from conftest import check_everywhere, net, rng
 
 from caffeq.errors import CaffeqError, ExportError
 from caffeq.layers import LayerError
@@ -83,16 +83,14 @@ def test_cell_order_detections_match_the_forks_loops(threshold, nms, seed, tmp_p
     model = load_from_text(net(layer(threshold, nms), inputs={"x": x.shape}))
     want = reference(x, 2, 3, 3, threshold, nms)
     assert want.shape[2] > 1      # detections, some suppressed
-    got = model.run({"x": x})["det"]
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(model_py_outputs(model, {"x": x}, tmp_path)["det"], want, rtol=1e-5, atol=1e-6)
+    check_everywhere(model, {"x": x}, {"det": want}, tmp_path, atol=1e-6, rtol=1e-5)
     assert model.blob_shapes["det"] == (1, 1, 3 * 3 * 2, 7)     # the most rows: every candidate
 
 
-def test_no_detection_gives_one_minus_one_row():
+def test_no_detection_gives_one_minus_one_row(tmp_path):
     x = np.full((1, 18, 3, 3), -8.0, np.float32)
     model = load_from_text(net(layer(0.5), inputs={"x": x.shape}))
-    np.testing.assert_array_equal(model.run({"x": x})["det"], [[[[0, -1, -1, -1, -1, -1, -1]]]])
+    check_everywhere(model, {"x": x}, {"det": np.array([[[[0, -1, -1, -1, -1, -1, -1]]]], np.float32)}, tmp_path)
 
 
 def test_refusals(tmp_path):
@@ -100,10 +98,9 @@ def test_refusals(tmp_path):
         load_from_text(net(layer().replace("num_box: 2", "num_box: 3"), inputs={"x": (1, 27, 3, 3)}))
     with pytest.raises(LayerError, match="channels 14 must be num_box 2 x at least 5 \\+ num_classes 3"):
         load_from_text(net(layer(), inputs={"x": (1, 14, 3, 3)}))
-    model = load_from_text(net(layer(), inputs={"x": (1, 18, 3, 3)}))
-    with pytest.raises(ExportError, match="cell order"):
-        model.export_onnx(str(tmp_path / "m.onnx"))
     # Caffe reads a map that is not side x side; its forward indexes cells by side: refused on running
     other = load_from_text(net(layer(side=4), inputs={"x": (1, 18, 3, 3)}))
     with pytest.raises(CaffeqError, match="indexes cells by side 4, but the map is 3x3"):
         other.run({"x": np.zeros((1, 18, 3, 3), np.float32)})
+    with pytest.raises(ExportError, match="indexes cells by side 4"):
+        other.export_onnx(str(tmp_path / "m.onnx"))

@@ -558,7 +558,38 @@ def _emit_yolo_detection(ctx, node, spec):
     class-agnostic NonMaxSuppression on centre/size boxes; rows in NMS's order (best first)."""
     a = node.attrs
     name = node.name
-    v3 = isinstance(spec, Yolov3DetectionOutput)
+    bx, by, bw, bh, lab, score = emit_yolo_candidates(ctx, node, a, isinstance(spec, Yolov3DetectionOutput))
+
+    def f32(v):
+        return ctx.const(np.array(v, np.float32))
+
+    def op(op_type, inputs, hint, **kw):
+        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
+
+    boxes = op("Unsqueeze", [op("Concat", [op("Unsqueeze", [v, _i64(ctx, [1])], f"c{i}") for i, v in
+                                            enumerate((bx, by, bw, bh))], "boxes2", axis=1), _i64(ctx, [0])],
+               "boxes")                                                                      # (1, K, 4)
+    scores = op("Reshape", [score, _i64(ctx, [1, 1, -1])], "scores")
+    # ONNX drops IoU > t, the fork IoU >= t: the next float32 below t gives the same decisions
+    thr = np.nextafter(np.float32(a["nms_threshold"]), np.float32(-np.inf))
+    sel = ctx.add_node("NonMaxSuppression", [boxes, scores, _i64(ctx, [2 ** 31 - 1]), f32([thr])],
+                       [ctx.tmp(f"{name}_sel")], name=name, center_point_box=1)[0]
+    sel_box = op("Slice", [sel, _i64(ctx, [2]), _i64(ctx, [3]), _i64(ctx, [1])], "sel_box")
+    idx = op("Squeeze", [sel_box, _i64(ctx, [1])], "idx")
+    g = {i: op("Gather", [v, idx], f"g{i}", axis=0) for i, v in enumerate((bx, by, bw, bh, lab, score))}
+    half_w = op("Mul", [g[2], f32(0.5)], "half_w")
+    half_h = op("Mul", [g[3], f32(0.5)], "half_h")
+    columns = [op("Mul", [g[5], f32(0.0)], "zero"),
+               op("Add", [op("Cast", [g[4]], "lab_f", to=1), f32(1.0)], "label"), g[5],
+               op("Sub", [g[0], half_w], "left"), op("Sub", [g[1], half_h], "top"),
+               op("Add", [g[0], half_w], "right"), op("Add", [g[1], half_h], "bottom")]
+    emit_rows_or_fallback(ctx, node, op, f32, columns)
+
+
+def emit_yolo_candidates(ctx, node, a, v3):
+    """The kept candidates of every bottom, flat, in the fork's order: x, y, w, h, label, score
+    (a: num_box, num_classes, biases, confidence_threshold, and for v3 anchor_ids, scales)."""
+    name = node.name
 
     def f32(v):
         return ctx.const(np.array(v, np.float32))
@@ -623,26 +654,13 @@ def _emit_yolo_detection(ctx, node, spec):
         v = cols[i][0] if len(cols[i]) == 1 else op("Concat", cols[i], f"all{i}", axis=0)
         flat.append(op("Compress", [v, keep], f"kept{i}", axis=0))
     bx, by, bw, bh, lab, score = flat
-    boxes = op("Unsqueeze", [op("Concat", [op("Unsqueeze", [v, _i64(ctx, [1])], f"c{i}") for i, v in
-                                            enumerate((bx, by, bw, bh))], "boxes2", axis=1), _i64(ctx, [0])],
-               "boxes")                                                                      # (1, K, 4)
-    scores = op("Reshape", [score, _i64(ctx, [1, 1, -1])], "scores")
-    # ONNX drops IoU > t, the fork IoU >= t: the next float32 below t gives the same decisions
-    thr = np.nextafter(np.float32(a["nms_threshold"]), np.float32(-np.inf))
-    sel = ctx.add_node("NonMaxSuppression", [boxes, scores, _i64(ctx, [2 ** 31 - 1]), f32([thr])],
-                       [ctx.tmp(f"{name}_sel")], name=name, center_point_box=1)[0]
-    sel_box = op("Slice", [sel, _i64(ctx, [2]), _i64(ctx, [3]), _i64(ctx, [1])], "sel_box")
-    idx = op("Squeeze", [sel_box, _i64(ctx, [1])], "idx")
-    g = {i: op("Gather", [v, idx], f"g{i}", axis=0) for i, v in enumerate((bx, by, bw, bh, lab, score))}
-    half_w = op("Mul", [g[2], f32(0.5)], "half_w")
-    half_h = op("Mul", [g[3], f32(0.5)], "half_h")
-    columns = [op("Mul", [g[5], f32(0.0)], "zero"),
-               op("Add", [op("Cast", [g[4]], "lab_f", to=1), f32(1.0)], "label"), g[5],
-               op("Sub", [g[0], half_w], "left"), op("Sub", [g[1], half_h], "top"),
-               op("Add", [g[0], half_w], "right"), op("Add", [g[1], half_h], "bottom")]
+    return flat
+
+
+def emit_rows_or_fallback(ctx, node, op, f32, columns):
+    """Rows from the 7 (R,) columns, or with no row at all one [i, -1, -1, -1, -1, -1, -1] per image."""
     rows = op("Concat", [op("Unsqueeze", [v, _i64(ctx, [1])], f"r{i}") for i, v in enumerate(columns)],
               "rows", axis=1)                                                                # (R, 7)
-    # no detection at all: one [i, -1, -1, -1, -1, -1, -1] row per image
     n1 = op("Slice", [op("Shape", [node.inputs[0]], "in_shape"), _i64(ctx, [0]), _i64(ctx, [1])], "n")
     nf = op("Cast", [op("Squeeze", [n1, _i64(ctx, [0])], "n_s")], "nf", to=1)
     ids = op("Unsqueeze", [op("Range", [f32(0.0), nf, f32(1.0)], "ids"), _i64(ctx, [1])], "ids_c")

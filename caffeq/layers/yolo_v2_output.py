@@ -13,15 +13,18 @@ boxes clipped to [0, 1] (a box whose clipped corners cross has size 0).  Rows: [
 confidence, x, y, w, h] (centre and size, unclipped), (1, 1, R, 7); with none, one row
 [0, -1, ...].  The fork checks N == 1 and indexes cells by `side`, so the map must be side x side.
 
-ONNX is refused: its NonMaxSuppression orders boxes by score.
+ONNX: the candidates as YoloDetectionOutput decodes them, NonMaxSuppression on the clipped corners
+with scores -index (so it walks them in cell order; the next float32 below nms_threshold, since it
+drops IoU > t and the fork IoU >= t), the survivors gathered back in that order.
 """
 import inspect
 
+import numpy as np
 import torch
 
 from ..errors import CaffeqError, ExportError
 from .registry import LayerError
-from .yolo import yolo_v2_candidates
+from .yolo import emit_rows_or_fallback, emit_yolo_candidates, yolo_v2_candidates
 
 
 def yolo_v2_cell_order_rows(x, biases: list[float], num_box: int, num_classes: int, threshold: float,
@@ -111,8 +114,41 @@ def forward(attrs, x):
 
 
 def onnx(ctx, node):
-    raise ExportError(f"layer '{node.name}' (DetectionOutput, caffe-yolov2): its NMS keeps boxes in cell order, "
-                      f"which ONNX's NonMaxSuppression (by score) cannot express; export the map before it")
+    a = node.attrs
+    why = cannot_run(a, ctx.shape(node.inputs[0]))
+    if why:
+        raise ExportError(f"layer '{node.name}' (DetectionOutput, caffe-yolov2): {why}")
+    name = node.name
+
+    def f32(v):
+        return ctx.const(np.array(v, np.float32))
+
+    def i64(v):
+        return ctx.const(np.array(v, np.int64))
+
+    def op(op_type, inputs, hint, **kw):
+        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
+
+    decode = {"num_box": a["num_box"], "num_classes": a["num_classes"], "biases": a["biases"],
+              "confidence_threshold": a["conf_threshold"]}
+    bx, by, bw, bh, lab, score = emit_yolo_candidates(ctx, node, decode, False)
+    half_w, half_h = op("Mul", [bw, f32(0.5)], "half_w"), op("Mul", [bh, f32(0.5)], "half_h")
+    corners = [op("Max", [op("Sub", [by, half_h], "y0r"), f32(0.0)], "y0"),
+               op("Max", [op("Sub", [bx, half_w], "x0r"), f32(0.0)], "x0"),
+               op("Min", [op("Add", [by, half_h], "y1r"), f32(1.0)], "y1"),
+               op("Min", [op("Add", [bx, half_w], "x1r"), f32(1.0)], "x1")]
+    boxes = op("Unsqueeze", [op("Concat", [op("Unsqueeze", [v, i64([1])], f"c{k}") for k, v in enumerate(corners)],
+                                "corners", axis=1), i64([0])], "boxes")                       # (1, K, 4)
+    order = op("Neg", [op("Cast", [op("Range", [i64(0), op("Squeeze", [op("Shape", [score], "k_shape"), i64([0])],
+                                                                   "k"), i64(1)], "ids")], "ids_f", to=1)], "order")
+    scores = op("Reshape", [order, i64([1, 1, -1])], "scores")
+    thr = np.nextafter(np.float32(a["nms_threshold"]), np.float32(-np.inf))
+    sel = ctx.add_node("NonMaxSuppression", [boxes, scores, i64([2 ** 31 - 1]), f32([thr])],
+                       [ctx.tmp(f"{name}_sel")], name=name, center_point_box=0)[0]
+    idx = op("Squeeze", [op("Slice", [sel, i64([2]), i64([3]), i64([1])], "sel_box"), i64([1])], "idx")
+    g = [op("Gather", [v, idx], f"g{k}", axis=0) for k, v in enumerate((bx, by, bw, bh, lab, score))]
+    columns = [op("Mul", [g[5], f32(0.0)], "zero"), op("Cast", [g[4]], "label", to=1), g[5], g[0], g[1], g[2], g[3]]
+    emit_rows_or_fallback(ctx, node, op, f32, columns)
 
 
 def pytorch_source(node, emit):
