@@ -376,7 +376,8 @@ def drop_training_only(layers, source="", notes=None):
         notes.append(f"{source + ': ' if source else ''}dropped {len(sinks)} Python layer(s) without tops, which "
                      f"only observe the net (debug output, files) and cannot change its outputs: "
                      + ", ".join(f"{lp.name} ({lp.python_param.module}.{lp.python_param.layer})" for lp in sinks))
-    layers = [lp for lp in layers if not any(lp is sink for sink in sinks)]
+    sink_ids = {id(lp) for lp in sinks}
+    layers = [lp for lp in layers if id(lp) not in sink_ids]
     gone = {id(lp) for lp in layers
             if spec_for(lp) is None and (is_training_only_type(lp.type) or _is_python_loss(lp))}
     # a deploy file that kept its Accuracy or loss layer but not the label it reads: Caffe refuses

@@ -363,10 +363,11 @@ class _ProposalBase(Layer):
             return f"im_info must hold [height, width, scale], got shape {list(info)}"
         return None
 
-    def _refuse(self, node_name, attrs, in_shapes, error=CaffeqError):
+    def _refuse(self, node_name, attrs, in_shapes, error=CaffeqError, layer_type="region proposals"):
+        """Raise `error` naming the layer as the exporters word it ("layer 'NAME' (TYPE): ...")."""
         why = self.cannot_run(attrs, in_shapes)
         if why:
-            raise error(f"layer '{node_name}' (region proposals): {why}")
+            raise error(f"layer '{node_name}' ({layer_type}): {why}")
 
     def infer(self, attrs, in_shapes):
         prob, deltas, info = in_shapes
@@ -401,12 +402,12 @@ class _ProposalBase(Layer):
         return (rois, scores) if attrs["with_scores"] else rois
 
     def onnx(self, ctx, node):
-        self._refuse(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError)
+        self._refuse(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError, node.type)
         emit_proposals(ctx, node)
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        self._refuse(node.name, a, [emit.in_shape(i) for i in range(3)], ExportError)
+        self._refuse(node.name, a, [emit.in_shape(i) for i in range(3)], ExportError, node.type)
         args = [emit.lit(a["anchors"], exact=True), str(a["feat_stride"]),
                 f"pre_nms_top_n={a['pre_nms_top_n']}", f"post_nms_top_n={a['post_nms_top_n']}",
                 f"nms_thresh={emit.lit(a['nms_thresh'], exact=True)}",

@@ -117,7 +117,7 @@ def onnx(ctx, node):
     a = node.attrs
     why = cannot_run(a, ctx.shape(node.inputs[0]))
     if why:
-        raise ExportError(f"layer '{node.name}' (DetectionOutput, caffe-yolov2): {why}")
+        raise ExportError(f"layer '{node.name}' ({node.type}): caffe-yolov2's form: {why}")
     name = node.name
 
     def f32(v):
@@ -155,7 +155,7 @@ def pytorch_source(node, emit):
     a = node.attrs
     why = cannot_run(a, emit.in_shape(0))
     if why:
-        raise ExportError(f"layer '{node.name}' (DetectionOutput, caffe-yolov2): {why}")
+        raise ExportError(f"layer '{node.name}' ({node.type}): caffe-yolov2's form: {why}")
     emit.helper(yolo_v2_candidates)
     fn = emit.helper(TORCH_YOLO_V2_CELL_ORDER)
     emit.note(f"{node.name} (DetectionOutput, caffe-yolov2): the number of rows depends on the data; "
