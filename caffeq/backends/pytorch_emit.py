@@ -28,12 +28,18 @@ def class_name(name, taken=()):
     return cls
 
 
+class Code(str):
+    """Source text that lit() writes as it is (an expression already rendered)."""
+
+
 def lit(value, exact=False):
     """Python source for a constant: float32 values in their shortest exact form.
 
     torch casts a Python float to float32 before combining it with a float32 tensor, so the
     shortest decimal naming the same float32 gives the same bits; `exact` keeps the double's
     own repr, for values that take part in Python arithmetic first."""
+    if isinstance(value, Code):
+        return str(value)
     if isinstance(value, (bool, np.bool_)):
         return "True" if value else "False"
     if value is None:
@@ -129,6 +135,7 @@ class Emitter:
         return np.array(node.blobs[index], dtype=np.float32, copy=True)
 
     lit = staticmethod(lit)
+    Code = Code
     size_arg = staticmethod(size_arg)
 
     # -- __init__ -------------------------------------------------------------------------
@@ -191,12 +198,14 @@ class Emitter:
             self.uses("F")
         return name
 
-    def instance(self, source, args="", needs=()):
-        """self.<attr> = <the class `source` defines last>(args), with the helpers it `needs`
-        written first; returns the attribute expression."""
+    def instance(self, source, *values, needs=(), **named):
+        """self.<attr> = <the class `source` defines last>(values..., name=value...), each value
+        written by lit() (a Code value as it is), with the helpers it `needs` written first;
+        returns the attribute expression."""
         for helper in needs:
             self.helper(helper)
-        return self.module(f"{self.helper(source)}({args})")
+        args = [lit(v) for v in values] + [f"{k}={lit(v)}" for k, v in named.items()]
+        return self.module(f"{self.helper(source)}({', '.join(args)})")
 
     def uses(self, what):
         self._x.imports.add(what)

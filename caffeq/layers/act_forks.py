@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .registry import Layer, LayerError, canonical_axis, count, positive_field, register_layer
+from .registry import Layer, LayerError, canonical_axis, count, need_blobs, positive_field, register_layer
 
 
 def _legacy_num_channels(shape, what):
@@ -115,8 +115,7 @@ class RReLU(Layer):
 
     def parse(self, lp):
         what, field = self.types[0], self.param_field
-        if len(lp.bottom) != 1 or len(lp.top) != 1:
-            raise LayerError(f"{what} takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, what, 1, 1)
         param = getattr(lp, field)
         lb, ub = float(param.lb), float(param.ub)
         if not ub > lb:
@@ -155,8 +154,7 @@ class RReLU(Layer):
 @register_layer("MinReLU")
 class MinReLU(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 1 or len(lp.top) != 1:
-            raise LayerError(f"MinReLU takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, "MinReLU", 1, 1)
         attrs = {"positive_slope": float(lp.minrelu_param.positive_slope)}
         if int(lp.minrelu_param.engine) == 2 and attrs["positive_slope"] == 0:
             attrs["reading_notes"] = ["MinReLU engine CUDNN: the fork's cuDNN layer would run a plain ReLU "
@@ -210,8 +208,7 @@ class APL(Layer):
     blob_names = ("slope", "offset")
 
     def parse(self, lp):
-        if len(lp.bottom) != 1 or len(lp.top) != 1:
-            raise LayerError(f"APL takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, "APL", 1, 1)
         p = lp.apl_param
         sums = int(p.sums)
         positive_field(sums, "apl_param.sums")
@@ -259,8 +256,8 @@ class APL(Layer):
         ctx.add_node("Reshape", [y, ctx.const(np.array(ctx.shape(x), np.int64))], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
-        m = emit.instance(AdaptivePiecewiseLinear, needs=[adaptive_piecewise_linear],
-                          args=f"{node.attrs['sums']}, {count(emit.in_shape(0), 1)}")
+        m = emit.instance(AdaptivePiecewiseLinear, node.attrs["sums"], count(emit.in_shape(0), 1),
+                          needs=[adaptive_piecewise_linear])
         emit.param("slope", 0)
         emit.param("offset", 1)
         return f"{m}({emit.inputs[0]})"
@@ -271,9 +268,7 @@ class APL(Layer):
 @register_layer("GuidedDropout")
 class GuidedDropout(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 2 or len(lp.top) != 1:
-            raise LayerError(f"GuidedDropout takes 2 bottoms (x, guidance) and one top, got "
-                             f"{len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, "GuidedDropout", 2, 1, roles="x, guidance")
         p = lp.guided_dropout_param
         if p.type not in ("deterministic", "stochastic"):
             raise LayerError(f'guided_dropout_param.type must be "deterministic" or "stochastic", got {p.type!r}')
@@ -381,8 +376,7 @@ class SelectorFilter(Layer):
             ctx.add_node("Compress", [x, cond], [out], axis=1)
 
     def pytorch_source(self, node, emit):
-        m = emit.instance(ChannelSelector, needs=[select_channels],
-                          args=f"{emit.in_shape(0)[1]}, {node.attrs['num_output']}")
+        m = emit.instance(ChannelSelector, emit.in_shape(0)[1], node.attrs["num_output"], needs=[select_channels])
         emit.param("selector", 0)
         return [f"{m}({x})" for x in emit.inputs]
 

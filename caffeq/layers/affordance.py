@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, need_bottoms, register_layer
+from .registry import Layer, LayerError, need_blobs, need_bottoms, register_layer
 from .roi_pooling import ROIS_WANTED, TORCH_ROI_COMMON, _check_roi_shapes, _run, _source, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
@@ -100,8 +100,7 @@ TORCH_ROI_ALIGNMENT = _source(alignment_points, roi_alignment, ROIAlignment)
 @register_layer("ROIAlignment")
 class ROIAlignmentLayer(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 2:
-            raise LayerError(f"ROIAlignment takes 2 bottoms (data, rois), got {len(lp.bottom)}")
+        need_blobs(lp, "ROIAlignment", 2, roles="data, rois")
         p = lp.roi_alignment_param
         if p.pooled_h <= 0 or p.pooled_w <= 0:
             raise LayerError(f"roi_alignment_param.pooled_h and pooled_w must be > 0, "
@@ -157,8 +156,7 @@ class ROIAlignmentLayer(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.instance(TORCH_ROI_ALIGNMENT, needs=[TORCH_ROI_COMMON],
-                          args=f"{a['ph']}, {a['pw']}, spatial_scale={emit.lit(a['scale'])}")
+        m = emit.instance(TORCH_ROI_ALIGNMENT, a["ph"], a["pw"], needs=[TORCH_ROI_COMMON], spatial_scale=a["scale"])
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
 
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, ReadOnlyLayer, register_layer
+from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer
 from .roi_pooling import TORCH_ROI_COMMON, _check_roi_shapes, _run, _source, roi_pooling_attrs, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
@@ -178,8 +178,8 @@ class ROIAlign(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        args = f"{a['ph']}, {a['pw']}, spatial_scale={emit.lit(a['scale'])}, pad_ratio={emit.lit(a['pad_ratio'])}"
-        m = emit.instance(TORCH_ROI_ALIGN, needs=[TORCH_ROI_COMMON], args=args)
+        m = emit.instance(TORCH_ROI_ALIGN, a["ph"], a["pw"], needs=[TORCH_ROI_COMMON], spatial_scale=a["scale"],
+                          pad_ratio=a["pad_ratio"])
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
 
 
@@ -200,9 +200,7 @@ def _bbox_normalization(lp, where):
 @register_layer("DecodeBBox")
 class DecodeBBox(Layer):
     def parse(self, lp):
-        if len(lp.bottom) not in (2, 3) or len(lp.top) != 1:
-            raise LayerError(f"DecodeBBox takes 2 bottoms (bbox deltas, rois), or 3 in TRAIN (with matched gt "
-                             f"boxes), and 1 top; got {len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, "DecodeBBox", (2, 3), 1, roles="bbox deltas, rois, and in TRAIN the matched gt boxes")
         means, stds = _bbox_normalization(lp, "DecodeBBox")
         return {"means": means, "stds": stds, "train_screen": len(lp.bottom) == 3, "name": lp.name}
 
@@ -260,9 +258,7 @@ class DecodeBBox(Layer):
         a = node.attrs
         if a["train_screen"]:
             self._refuse_train(ExportError, node.name)
-        means = "[" + ", ".join(emit.lit(v) for v in a["means"]) + "]"
-        stds = "[" + ", ".join(emit.lit(v) for v in a["stds"]) + "]"
-        m = emit.instance(TORCH_DECODE_BBOX, args=f"means={means}, stds={stds}")
+        m = emit.instance(TORCH_DECODE_BBOX, means=list(a["means"]), stds=list(a["stds"]))
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
 
 
@@ -311,8 +307,7 @@ class ScaleRouteLayer(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.instance(ScaleRoute, needs=[scale_route_rows],
-                          args=f"{emit.lit(a['low'])}, {emit.lit(a['high'])}, {emit.lit(a['mid'])}")
+        m = emit.instance(ScaleRoute, a["low"], a["high"], a["mid"], needs=[scale_route_rows])
         routed = emit.tmp("routed")
         emit.stmt(f"{routed} = {m}({', '.join(emit.inputs)})")
         return [f"{routed}[{i}]" for i in range(len(emit.inputs))] if len(emit.inputs) > 1 else f"{routed}[0]"

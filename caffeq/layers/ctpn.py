@@ -39,7 +39,7 @@ from torch import nn
 
 from ..errors import CaffeqError
 from .rcnn import TORCH_ANCHORS, parse_param_str, shifted_anchors
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, need_blobs, register_layer
 
 # src/anchor.py, AnchorText.basic_anchors
 ANCHOR_HEIGHTS = (11, 16, 23, 33, 48, 68, 97, 139, 198, 283)
@@ -112,9 +112,7 @@ class CTPNProposalLayer(Layer):
     (tocigm/CMT-Text-Detection: the same file, only its imports say CTPN.other and CTPN.anchor)."""
 
     def parse(self, lp):
-        if len(lp.bottom) != 3:
-            raise LayerError(f"CTPN's text proposals take 3 bottoms (rpn_cls_prob_reshape, rpn_bbox_pred, "
-                             f"im_info), got {len(lp.bottom)}")
+        need_blobs(lp, "CTPN's text proposals", 3, roles="rpn_cls_prob_reshape, rpn_bbox_pred, im_info")
         if len(lp.top) != 2:   # its setup shapes top[0] and top[1]
             raise LayerError(f"CTPN's text proposals give 2 tops (rois, scores), got {len(lp.top)}")
         p = parse_param_str(lp.python_param.param_str)

@@ -130,9 +130,7 @@ _RESCALE_EPS = float(np.float32(0.0001))   # Dtype(0.0001)
 @register_layer("Rescale")
 class Rescale(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 1 or len(lp.top) not in (1, 2):
-            raise LayerError(f"Rescale takes one bottom and one or two tops, got {len(lp.bottom)} and "
-                             f"{len(lp.top)}")
+        need_blobs(lp, "Rescale", 1, (1, 2))
         # rf == 0 divides by zero in the fork; refuse it rather than return infinities
         return {"rf": float(positive_field(lp.rescale_param.rf, "rescale_param.rf")), "tops": len(lp.top)}
 

@@ -50,7 +50,7 @@ from .rcnn import (
     rpn_nms,
     shifted_anchors,
 )
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, need_blobs, register_layer
 
 # unsky/FPN lib/fast_rcnn/config.py
 FPN_CONFIG = {"pre_nms_top_n": 6000, "post_nms_top_n": 1000, "nms_thresh": 0.7, "min_size": 16}
@@ -356,9 +356,7 @@ class FPNProposalSpec(Layer):
         if any(s not in by_stride for s in strides):
             raise LayerError(f"python_param.param_str: FPN's ProposalLayer knows the strides 4, 8, 16, 32, 64 "
                              f"only, got {text!r}")
-        if len(lp.bottom) != 11:
-            raise LayerError(f"FPN's ProposalLayer takes 11 bottoms (im_info, 5 rpn_bbox_pred, 5 "
-                             f"rpn_cls_prob_reshape), got {len(lp.bottom)}")
+        need_blobs(lp, "FPN's ProposalLayer", 11, roles="im_info, 5 rpn_bbox_pred, 5 rpn_cls_prob_reshape")
         if len(lp.top) != 1:
             raise LayerError(f"FPN's ProposalLayer gives 1 top (rois), got {len(lp.top)}")
         anchors = [generate_anchors(s, FPN_RATIOS, FPN_SCALES).tolist() for s in strides]
@@ -423,8 +421,7 @@ class _AsRoisBase(Layer):
 
     def parse(self, lp):
         what = f"{lp.python_param.module}.{lp.python_param.layer}"
-        if len(lp.bottom) != 1:
-            raise LayerError(f"{what} takes 1 bottom (rois), got {len(lp.bottom)}")
+        need_blobs(lp, what, 1, roles="rois")
         if len(lp.top) != 5:
             raise LayerError(f"{what} gives 5 tops (rois, then levels 2, 3, 4, 5), got {len(lp.top)}")
         if lp.python_param.param_str.strip():

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .registry import ForkReading, Layer, LayerError, canonical_axis, count, register_layer
+from .registry import ForkReading, Layer, LayerError, canonical_axis, count, need_blobs, register_layer
 
 FORK_EPS = 1e-6
 
@@ -156,10 +156,7 @@ class HappynearNormalize(Layer):
     """happynear's Normalize; SSD's Normalize spec (ssd/permute_normalize.py) delegates to it."""
 
     def parse(self, lp):
-        if len(lp.bottom) != 1:
-            raise LayerError(f"Normalize (happynear) takes one bottom, got {len(lp.bottom)}")
-        if len(lp.top) not in (1, 2):
-            raise LayerError(f"Normalize (happynear) takes 1 or 2 tops, got {len(lp.top)}")
+        need_blobs(lp, "Normalize (happynear)", 1, (1, 2))
         kind = lp.normalize_param.normalize_type
         if kind not in ("L2", "L1"):
             raise LayerError(f"normalize_param.normalize_type must be \"L2\" or \"L1\", got {kind!r}")
@@ -208,8 +205,7 @@ HAPPYNEAR_NORMALIZE = HappynearNormalize()
 @register_layer("Flip")
 class Flip(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 1 or len(lp.top) != 1:
-            raise LayerError(f"Flip takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, "Flip", 1, 1)
         p = lp.flip_param
         return {"flip_height": bool(p.flip_height), "flip_width": bool(p.flip_width)}
 
@@ -248,8 +244,7 @@ class ChannelScale(Layer):
     blob_names = ("global_scale",)
 
     def parse(self, lp):
-        if len(lp.bottom) != 2:
-            raise LayerError(f"ChannelScale takes 2 bottoms (x, scale), got {len(lp.bottom)}")
+        need_blobs(lp, "ChannelScale", 2, roles="x, scale")
         p = lp.channel_scale_param
         glob = bool(p.global_scale)
         if len(lp.top) not in ((1, 2) if glob else (1,)):
@@ -399,9 +394,8 @@ class InnerDistanceLayer(Layer):
         fn = emit.helper(inspect.getsource(inner_distance))
         if not a["blob"]:
             return f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {a['_axis']}, {a['_rows']}, {a['l1']})"
-        m = emit.instance(InnerDistance, needs=[unit_rows],
-                          args=f"{a['_rows']}, {a['_k']}, axis={a['_axis']}, l1={a['l1']}, "
-                               f"normalize={a['normalize']}")
+        m = emit.instance(InnerDistance, a["_rows"], a["_k"], needs=[unit_rows], axis=a["_axis"], l1=a["l1"],
+                          normalize=a["normalize"])
         emit.param("weight", 0)
         return f"{m}({emit.inputs[0]})"
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .conv import InnerProduct
-from .registry import LayerError, count, register_layer
+from .registry import LayerError, count, need_blobs, register_layer
 
 SINGLE = 0
 TYPE_NAMES = {0: "SINGLE", 1: "DOUBLE", 2: "TRIPLE", 3: "QUADRUPLE"}
@@ -26,9 +26,7 @@ class LargeMarginInnerProduct(InnerProduct):
     blob_names = ("weight",)
 
     def parse(self, lp):
-        if len(lp.bottom) != 2 or len(lp.top) not in (1, 2):
-            raise LayerError(f"LargeMarginInnerProduct takes 2 bottoms (x, label) and gives 1 or 2 tops "
-                             f"(scores, lambda), got {len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, "LargeMarginInnerProduct", 2, (1, 2), roles="x, label")
         p = lp.largemargin_inner_product_param
         if not p.HasField("num_output"):
             raise LayerError("largemargin_inner_product_param.num_output is required")

@@ -330,9 +330,7 @@ class ChannelNorm(Layer):
 @register_layer("Downsample")
 class Downsample(Layer):
     def parse(self, lp):
-        if len(lp.bottom) not in (1, 2) or len(lp.top) != 1:
-            raise LayerError(f"Downsample takes one or two bottoms and one top, got {len(lp.bottom)} and "
-                             f"{len(lp.top)}")
+        need_blobs(lp, "Downsample", (1, 2), 1)
         p = lp.downsample_param
         return {"size": (int(p.top_height), int(p.top_width)), "bottoms": len(lp.bottom)}
 
@@ -589,9 +587,7 @@ class DataAugmentation(ReadOnlyLayer):
     blob_names = ("iteration", "mean", "channel_mean")
 
     def parse(self, lp):
-        if len(lp.bottom) not in (1, 2) or len(lp.top) not in (1, 2):
-            raise LayerError(f"DataAugmentation takes one or two bottoms and one or two tops, got "
-                             f"{len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, "DataAugmentation", (1, 2), (1, 2))
         p = lp.augmentation_param
         crop = (int(p.crop_height), int(p.crop_width)) if p.HasField("crop_width") and p.HasField("crop_height") \
             else None
@@ -639,9 +635,7 @@ class FlowAugmentation(ReadOnlyLayer):
 @register_layer("GenerateAugmentationParameters")
 class GenerateAugmentationParameters(ReadOnlyLayer):
     def parse(self, lp):
-        if len(lp.bottom) not in (1, 3) or len(lp.top) != 1:
-            raise LayerError(f"GenerateAugmentationParameters takes one or three bottoms and one top, got "
-                             f"{len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, "GenerateAugmentationParameters", (1, 3), 1)
         p = lp.augmentation_param
         if len(lp.bottom) == 1 and not (p.HasField("crop_width") and p.HasField("crop_height")):
             raise LayerError("GenerateAugmentationParameters with one bottom needs augmentation_param.crop_width "
@@ -659,9 +653,7 @@ class GenerateAugmentationParameters(ReadOnlyLayer):
 @register_layer("Resample")
 class Resample(ReadOnlyLayer):
     def parse(self, lp):
-        if len(lp.bottom) not in (1, 2) or len(lp.top) != 1:
-            raise LayerError(f"Resample takes one or two bottoms and one top, got {len(lp.bottom)} and "
-                             f"{len(lp.top)}")
+        need_blobs(lp, "Resample", (1, 2), 1)
         p = lp.resample_param
         return {"name": lp.name, "size": (int(p.height), int(p.width)), "bottoms": len(lp.bottom),
                 "type": p.ResampleType.Name(p.type)}

@@ -443,21 +443,18 @@ class Pooling(Layer):
             k, s, p, out = window_nd(a, emit.in_shape(0)[2:])
             return pytorch_pool3d_call(emit, a["pool"] == MAX, x, k, s, p, out)
         k, s, p, _ = window(a, *emit.in_shape(0)[2:])
-        ceil_arg = "" if a["round_mode"] == CEIL else ", ceil=False"
+        floor = {} if a["round_mode"] == CEIL else {"ceil": False}
         if a.get("mask"):
-            emit.helper(TORCH_POOL_FUNCTIONS)
-            cls = emit.helper(TORCH_MASK_MODULE)
             if a["global"]:
                 emit.note("Global MAX pooling with a mask top uses the prototxt's input size as its window.")
-            m = emit.module(f"{cls}({emit.lit(list(k))}, {emit.lit(list(s))}, {emit.lit(list(p))}{ceil_arg})")
+            m = emit.instance(TORCH_MASK_MODULE, list(k), list(s), list(p), needs=[TORCH_POOL_FUNCTIONS], **floor)
             both = emit.tmp(node.name + "_pool")
             emit.stmt(f"{both} = {m}({x})")
             return [f"{both}[0]", f"{both}[1]"]
         if is_synopsys(a) and not a["global"]:
             mode, kk, ss, edges, same, ceil = synopsys_args(a)
-            m = emit.instance(TORCH_SYNOPSYS_POOL_MODULE, needs=[TORCH_SYNOPSYS_POOL_FUNCTIONS],
-                              args=f"{emit.lit(mode)}, {emit.lit(kk)}, {emit.lit(ss)}, {emit.lit(edges)}, "
-                                   f"{emit.lit(same)}, {emit.lit(ceil)}")
+            m = emit.instance(TORCH_SYNOPSYS_POOL_MODULE, mode, kk, ss, edges, same, ceil,
+                              needs=[TORCH_SYNOPSYS_POOL_FUNCTIONS])
             return f"{m}({x})"
         if a["global"] and a["pool"] != STOCHASTIC:
             # the adaptive 1x1 pools reduce like caffe_pool's amax / sum / (H * W)
@@ -477,9 +474,8 @@ class Pooling(Layer):
             h, w = emit.in_shape(0)[2:]
             raise LayerError(f"global STOCHASTIC pooling needs the input size ({h}x{w}) at run time; "
                              f"not supported")
-        m = emit.instance(TORCH_POOL_MODULE, needs=[TORCH_POOL_FUNCTIONS],
-                          args=f"{emit.lit(_TORCH_MODES[a['pool']])}, {emit.lit(list(a['kernel']))}, "
-                               f"{emit.lit(list(a['stride']))}, {emit.lit(list(a['pad']))}{ceil_arg}")
+        m = emit.instance(TORCH_POOL_MODULE, _TORCH_MODES[a["pool"]], list(a["kernel"]), list(a["stride"]),
+                          list(a["pad"]), needs=[TORCH_POOL_FUNCTIONS], **floor)
         return f"{m}({x})"
 
 
@@ -528,6 +524,5 @@ class SPP(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.instance(TORCH_SPP_MODULE, needs=[TORCH_POOL_FUNCTIONS],
-                          args=f"{a['height']}, {emit.lit(_TORCH_MODES[a['pool']])}")
+        m = emit.instance(TORCH_SPP_MODULE, a["height"], _TORCH_MODES[a["pool"]], needs=[TORCH_POOL_FUNCTIONS])
         return f"{m}({emit.inputs[0]})"

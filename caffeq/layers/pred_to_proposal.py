@@ -174,8 +174,9 @@ class PredToProposalLayer(Layer):
         emit.note(f"{node.name} (PredToProposalLayer): the number of rois depends on the data (at most "
                   f"{emit.out_shape(0)[0]}); NMS runs eagerly on the CPU, so this layer does not trace.")
         emit.helper(TORCH_PROPOSAL)   # rpn_nms
-        m = emit.instance(TORCH_PRED_TO_PROPOSAL, args=f"{emit.lit(a['thresh'], exact=True)}, {a['max_per_image']}, "
-                                                       f"{emit.lit(a['nms_thresh'], exact=True)}")
+        # exact doubles: the thresholds are compared in Python's float64 arithmetic
+        m = emit.instance(TORCH_PRED_TO_PROPOSAL, emit.Code(emit.lit(a["thresh"], exact=True)), a["max_per_image"],
+                          emit.Code(emit.lit(a["nms_thresh"], exact=True)))
         t = emit.tmp("pred_to_proposal")
         emit.stmt(f"{t} = {m}({', '.join(emit.inputs)})")
         return [f"{t}[{i}]" for i in range(4)]

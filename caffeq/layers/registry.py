@@ -282,14 +282,36 @@ def need_bottoms(lp, low, high=None):
         raise LayerError(f"takes {want} bottom(s), got {n}")
 
 
-def need_blobs(lp, what, bottoms, tops, roles=""):
-    """Exactly `bottoms` bottoms and `tops` tops (Caffe's ExactNumBottomBlobs/ExactNumTopBlobs);
-    roles names the bottoms in the message, e.g. "x, mask"."""
-    if len(lp.bottom) != bottoms or len(lp.top) != tops:
-        def words(n, blob):
-            return f"one {blob}" if n == 1 else f"{n} {blob}s"
-        raise LayerError(f"{what} takes {words(bottoms, 'bottom')}{f' ({roles})' if roles else ''} and "
-                         f"{words(tops, 'top')}, got {len(lp.bottom)} and {len(lp.top)}")
+def _count_words(allowed, blob):
+    """'one bottom', '2 bottoms', '1 or 2 bottoms', 'at least 2 bottoms' for an allowed count."""
+    if isinstance(allowed, int):
+        return f"one {blob}" if allowed == 1 else f"{allowed} {blob}s"
+    if isinstance(allowed, range) and allowed.stop > 1_000:
+        return f"at least {allowed.start} {blob}s"
+    counts = [str(n) for n in allowed]
+    return f"{', '.join(counts[:-1])} or {counts[-1]} {blob}s" if len(counts) > 1 else f"{counts[0]} {blob}s"
+
+
+def _count_ok(n, allowed):
+    return allowed is None or (n == allowed if isinstance(allowed, int) else n in allowed)
+
+
+def need_blobs(lp, what, bottoms, tops=None, roles=""):
+    """Caffe's Exact/Min/MaxNumBottomBlobs and top checks, as one LayerError line.
+
+    `bottoms` and `tops` are a count, a collection of allowed counts, or `range(low, AT_LEAST)`
+    for "low or more"; tops=None accepts any. `roles` names the bottoms, e.g. "data, rois"."""
+    if _count_ok(len(lp.bottom), bottoms) and _count_ok(len(lp.top), tops):
+        return
+    roles = f" ({roles})" if roles else ""
+    if tops is None:
+        raise LayerError(f"{what} takes {_count_words(bottoms, 'bottom')}{roles}, got {len(lp.bottom)}")
+    raise LayerError(f"{what} takes {_count_words(bottoms, 'bottom')}{roles} and {_count_words(tops, 'top')}, "
+                     f"got {len(lp.bottom)} and {len(lp.top)}")
+
+
+#: need_blobs(lp, what, range(2, AT_LEAST)): two bottoms or more
+AT_LEAST = 1 << 20
 
 
 def no_in_place(lp, what):

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, need_blobs, register_layer
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -197,8 +197,7 @@ def _run(fn, *args):
 
 def roi_pooling_attrs(lp, kind):
     """roi_pooling_param as ROIPooling and zhaoweicai's ROIAlign read it."""
-    if len(lp.bottom) != 2:
-        raise LayerError(f"{kind} takes 2 bottoms (data, rois), got {len(lp.bottom)}")
+    need_blobs(lp, kind, 2, roles="data, rois")
     p = lp.roi_pooling_param
     if p.pooled_h <= 0 or p.pooled_w <= 0:
         raise LayerError(f"roi_pooling_param.pooled_h and pooled_w must be > 0, got {p.pooled_h} x {p.pooled_w}")
@@ -240,16 +239,15 @@ class ROIPooling(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.instance(TORCH_ROI_POOLING, needs=[TORCH_ROI_COMMON],
-                          args=f"{a['ph']}, {a['pw']}, spatial_scale={emit.lit(a['scale'])}"
-                               f"{pad_arg(a, emit)}")
+        m = emit.instance(TORCH_ROI_POOLING, a["ph"], a["pw"], needs=[TORCH_ROI_COMMON], spatial_scale=a["scale"],
+                          **pad_kwarg(a))
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
 
 
-def pad_arg(attrs, emit):
-    """The model.py constructor argument for a non-zero pad_ratio ('' keeps older exports as they were)."""
+def pad_kwarg(attrs):
+    """The model.py constructor argument for a non-zero pad_ratio (none keeps older exports as they were)."""
     ratio = attrs.get("pad_ratio", 0.0)
-    return f", pad_ratio={emit.lit(ratio)}" if ratio else ""
+    return {"pad_ratio": ratio} if ratio else {}
 
 
 def onnx_pad_rois(ctx, name, rois, pad_ratio):
@@ -274,8 +272,7 @@ def onnx_pad_rois(ctx, name, rois, pad_ratio):
 @register_layer("PSROIPooling")
 class PSROIPooling(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 2:
-            raise LayerError(f"PSROIPooling takes 2 bottoms (data, rois), got {len(lp.bottom)}")
+        need_blobs(lp, "PSROIPooling", 2, roles="data, rois")
         p = lp.psroi_pooling_param
         for f in ("spatial_scale", "output_dim", "group_size"):
             if not p.HasField(f):
@@ -302,6 +299,5 @@ class PSROIPooling(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.instance(TORCH_PSROI_POOLING, needs=[TORCH_ROI_COMMON],
-                          args=f"{a['dim']}, {a['group']}, spatial_scale={emit.lit(a['scale'])}")
+        m = emit.instance(TORCH_PSROI_POOLING, a["dim"], a["group"], needs=[TORCH_ROI_COMMON], spatial_scale=a["scale"])
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

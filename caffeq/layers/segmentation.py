@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .registry import Layer, LayerError, register_layer, spatial_params
+from .registry import Layer, LayerError, need_blobs, register_layer, spatial_params
 from .vision_forks import TORCH_SEGNET_UNPOOL, onnx_unpool, segnet_unpool
 
 SEGNET, PSPNET = "segnet", "pspnet"
@@ -133,8 +133,7 @@ class BN(Layer):
     uses_training_flag = True
 
     def parse(self, lp):
-        if len(lp.bottom) != 1:
-            raise LayerError(f"BN takes one bottom, got {len(lp.bottom)}")
+        need_blobs(lp, "BN", 1)
         p = lp.bn_param
         segnet, pspnet = _set_fields(p, _SEGNET_FIELDS), _set_fields(p, _PSPNET_FIELDS)
         if _set_fields(p, ("icnet",)):
@@ -343,8 +342,7 @@ TORCH_DECONVNET_UNPOOL = "\n\n".join(inspect.getsource(o) for o in (unpool_grid,
 @register_layer("Unpooling")
 class Unpooling(Layer):
     def parse(self, lp):
-        if len(lp.bottom) not in (1, 2):
-            raise LayerError(f"Unpooling takes 1 bottom or 2 (data, max-pooling mask), got {len(lp.bottom)}")
+        need_blobs(lp, "Unpooling", (1, 2), roles="data, max-pooling mask")
         p = lp.unpooling_param
         method = int(p.unpool)
         if method not in (UNPOOL_MAX, UNPOOL_AVE, UNPOOL_TILE):
@@ -422,9 +420,8 @@ class Unpooling(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.instance(TORCH_DECONVNET_UNPOOL, needs=[TORCH_SEGNET_UNPOOL],
-                          args=f"{a['method']}, {emit.lit(list(a['kernel']))}, {emit.lit(list(a['stride']))}, "
-                               f"{a['out'][0]}, {a['out'][1]}")
+        m = emit.instance(TORCH_DECONVNET_UNPOOL, a["method"], list(a["kernel"]), list(a["stride"]), *a["out"],
+                          needs=[TORCH_SEGNET_UNPOOL])
         return f"{m}({', '.join(emit.inputs)})"
 
 
@@ -433,8 +430,7 @@ class Unpooling(Layer):
 @register_layer("CropCenter")
 class CropCenter(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 1:
-            raise LayerError(f"CropCenter takes one bottom, got {len(lp.bottom)}")
+        need_blobs(lp, "CropCenter", 1)
         sizes = tuple(int(v) for v in lp.crop_center_param.crop_size)
         return {"crop": sizes}
 

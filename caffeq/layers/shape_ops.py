@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .act_forks import SELECTOR_FILTER, is_selector_filter
-from .registry import Layer, LayerError, canonical_axis, register_layer
+from .registry import Layer, LayerError, canonical_axis, need_blobs, register_layer
 
 INT64_MAX = np.iinfo(np.int64).max
 
@@ -431,8 +431,7 @@ def _crop_plan(attrs, shape, ref_shape):
 @register_layer("Crop")
 class Crop(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 2:
-            raise LayerError(f"Crop needs 2 bottoms (data, reference), got {len(lp.bottom)}")
+        need_blobs(lp, "Crop", 2, roles="data, reference")
         p = lp.crop_param
         return {"axis": int(p.axis), "offsets": [int(v) for v in p.offset]}
 
@@ -510,8 +509,7 @@ class Tile(Layer):
 @register_layer("BatchReindex")
 class BatchReindex(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 2:
-            raise LayerError(f"BatchReindex needs 2 bottoms (data, indices), got {len(lp.bottom)}")
+        need_blobs(lp, "BatchReindex", 2, roles="data, indices")
         return {}
 
     def infer(self, attrs, in_shapes):

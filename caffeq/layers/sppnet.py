@@ -154,8 +154,8 @@ class SpatialPyramidPooling(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.instance(ForkSpatialPyramidPool, needs=[fork_spp_windows, fork_spatial_pyramid_pool],
-                          args=f"{emit.lit(list(a['bins']))}, {a['average']}")
+        m = emit.instance(ForkSpatialPyramidPool, list(a["bins"]), a["average"],
+                          needs=[fork_spp_windows, fork_spatial_pyramid_pool])
         return f"{m}({emit.inputs[0]})"
 
 

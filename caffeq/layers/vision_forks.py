@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .registry import Layer, LayerError, positive_field, register_layer
+from .registry import Layer, LayerError, need_blobs, positive_field, register_layer
 
 
 def _sizes_const(ctx, x, hw, hint):
@@ -129,8 +129,7 @@ TORCH_INTERP = "\n\n\n".join(inspect.getsource(f) for f in (interp_coords, inter
 @register_layer("Interp")
 class InterpLayer(Layer):
     def parse(self, lp):
-        if len(lp.bottom) not in (1, 2):
-            raise LayerError(f"Interp takes 1 or 2 bottoms, got {len(lp.bottom)}")
+        need_blobs(lp, "Interp", (1, 2), roles="data, size reference")
         p = lp.interp_param
         a = {"pad_beg": int(p.pad_beg), "pad_end": int(p.pad_end), "type": p.interp_type,
              "zoom": int(p.zoom_factor) if p.HasField("zoom_factor") else None,
@@ -264,9 +263,7 @@ def onnx_unpool(ctx, name, x, mask, out, ho, wo):
 @register_layer("Upsample")
 class Upsample(Layer):
     def parse(self, lp):
-        if len(lp.bottom) not in (1, 2):
-            raise LayerError(f"Upsample takes 1 bottom (nearest) or 2 (data, max-pooling mask), "
-                             f"got {len(lp.bottom)}")
+        need_blobs(lp, "Upsample", (1, 2), roles="data, max-pooling mask")
         p = lp.upsample_param
         a = {"mask": len(lp.bottom) == 2, "out": None, "pad_out": (0, 0)}
         has = p.HasField
@@ -375,8 +372,7 @@ class UpsampleDarknet(Upsample):
     bottom[n, c, h / stride, w / stride], the one-bottom nearest Upsample with scale = stride."""
 
     def parse(self, lp):
-        if len(lp.bottom) != 1:
-            raise LayerError(f"UpsampleDarknet takes 1 bottom, got {len(lp.bottom)}")
+        need_blobs(lp, "UpsampleDarknet", 1)
         stride = int(lp.upsample_darknet_param.stride)
         if stride < 1:
             raise LayerError(f"upsample_darknet_param.stride must be >= 1, got {stride}")
@@ -393,8 +389,7 @@ def _onnx_scalar(v):
 @register_layer("ShuffleChannel")
 class ShuffleChannel(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 1:
-            raise LayerError(f"ShuffleChannel takes 1 bottom, got {len(lp.bottom)}")
+        need_blobs(lp, "ShuffleChannel", 1)
         g = int(lp.shuffle_channel_param.group)
         positive_field(g, "shuffle_channel_param.group")
         return {"group": g}
@@ -496,8 +491,7 @@ TORCH_RESIZE_BILINEAR = "\n\n\n".join(inspect.getsource(f) for f in (resize_bili
 @register_layer("ResizeBilinear")
 class ResizeBilinear(Layer):
     def parse(self, lp):
-        if len(lp.bottom) != 1 or len(lp.top) != 1:
-            raise LayerError(f"ResizeBilinear takes 1 bottom and 1 top, got {len(lp.bottom)} and {len(lp.top)}")
+        need_blobs(lp, "ResizeBilinear", 1, 1)
         if lp.top[0] == lp.bottom[0]:
             raise LayerError("ResizeBilinear does not allow in-place computation (the fork checks it)")
         p = lp.resize_bilinear_param

@@ -1,16 +1,9 @@
-"""What the SSD layers share: constants, bottom checks, Caffe's legacy height/width."""
+"""What the SSD layers share: constants, Caffe's legacy height/width."""
 import numpy as np
-
-from ..registry import LayerError
 
 FLT_MAX = float(np.finfo(np.float32).max)
 CORNER, CENTER_SIZE, CORNER_SIZE = 1, 2, 3
 CODE_NAMES = {CORNER: "CORNER", CENTER_SIZE: "CENTER_SIZE", CORNER_SIZE: "CORNER_SIZE"}
-
-
-def check_bottoms(lp, n, what):
-    if len(lp.bottom) != n:
-        raise LayerError(f"{what} takes {n} bottom(s), got {len(lp.bottom)}")
 
 
 def proto_field(param, name, default=None):

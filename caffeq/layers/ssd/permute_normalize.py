@@ -12,8 +12,7 @@ import torch
 from torch import nn
 
 from ..happynear import HAPPYNEAR_NORMALIZE, normalize_fork
-from ..registry import Layer, LayerError, register_layer
-from .common import check_bottoms
+from ..registry import Layer, LayerError, need_blobs, register_layer
 
 
 def _reduce_sum_square(ctx, x, axes, out, keepdims=1):
@@ -38,7 +37,7 @@ def full_order(order, ndim):
 @register_layer("Permute")
 class Permute(Layer):
     def parse(self, lp):
-        check_bottoms(lp, 1, "Permute")
+        need_blobs(lp, "Permute", 1)
         order = [int(o) for o in lp.permute_param.order]
         if len(set(order)) != len(order):
             raise LayerError(f"permute_param.order {order} has duplicate axes")
@@ -105,7 +104,7 @@ class NormalizeLayer(Layer):
     def parse(self, lp):
         if normalize_fork(lp) == "happynear":
             return HAPPYNEAR_NORMALIZE.parse(lp)
-        check_bottoms(lp, 1, "Normalize")
+        need_blobs(lp, "Normalize", 1)
         p = lp.norm_param
         attrs = {"across_spatial": bool(p.across_spatial), "channel_shared": bool(p.channel_shared),
                  "eps": float(p.eps), "fill": 1.0}

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..registry import Layer, LayerError, register_layer
+from ..registry import Layer, LayerError, need_blobs, register_layer
 from . import priorbox_offset_grid as offset_grid
-from .common import check_bottoms, legacy_hw, proto_field
+from .common import legacy_hw, proto_field
 
 
 def _prior_box_hw(p, both, h, w, cast):
@@ -241,7 +241,7 @@ def faceboxes_priors(net):
 @register_layer("PriorBox")
 class PriorBoxLayer(Layer):
     def parse(self, lp):
-        check_bottoms(lp, 2, "PriorBox")
+        need_blobs(lp, "PriorBox", 2, roles="feature map, image")
         p = lp.prior_box_param
         grid = offset_grid.claims(p)   # tl_ssd's offset grid
         for f in ("width", "height") if grid else ("offset_h", "offset_w", "width", "height"):

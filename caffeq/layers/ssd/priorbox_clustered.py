@@ -26,8 +26,7 @@ import inspect
 import torch
 from torch import nn
 
-from ..registry import Layer, LayerError, register_layer
-from .common import check_bottoms
+from ..registry import Layer, LayerError, need_blobs, register_layer
 
 
 def prior_box_clustered_tensor(widths: list[float], heights: list[float], variance: list[float], lh: int, lw: int,
@@ -85,7 +84,7 @@ _ARGS = ("widths", "heights", "variance", "img_h", "img_w", "step_h", "step_w", 
 @register_layer("PriorBoxClustered")
 class PriorBoxClusteredLayer(Layer):
     def parse(self, lp):
-        check_bottoms(lp, 2, "PriorBoxClustered")
+        need_blobs(lp, "PriorBoxClustered", 2, roles="feature map, image")
         p = lp.prior_box_param
         widths, heights = [float(v) for v in p.width], [float(v) for v in p.height]
         if not widths or len(widths) != len(heights):
