@@ -230,7 +230,7 @@ def emit_graph(graph, opset):
     for node in kept:
         ctx.layer = node
         if not node.spec.has_onnx():
-            refusals.append((node.name, node.type, "no ONNX emission for this layer type"))
+            refusals.append((node.name, node.type, node.spec.onnx_refusal or "no ONNX emission for this layer type"))
             continue
         # a refused layer leaves partial nodes behind; the export stops before writing anyway
         try:

@@ -160,6 +160,10 @@ TORCH_DECODE_BBOX = _source(decode_roi_boxes, DecodeRoiBoxes)
 
 @register_layer("ROIAlign")
 class ROIAlign(Layer):
+    onnx_refusal = ("the zhaoweicai fork samples one point per grid corner and zeroes points beyond half a "
+                    "pixel outside the map; ONNX RoiAlign averages bins and treats the border differently, so "
+                    "it cannot give the same numbers")
+
     def parse(self, lp):
         return roi_pooling_attrs(lp, "ROIAlign")
 
@@ -170,11 +174,6 @@ class ROIAlign(Layer):
 
     def forward(self, attrs, params, x, rois):
         return _run(roi_align_grid, x, rois, attrs["ph"], attrs["pw"], attrs["scale"], attrs["pad_ratio"])
-
-    def onnx(self, ctx, node):
-        raise ExportError(f"layer '{node.name}' (ROIAlign): the zhaoweicai fork samples one point per grid "
-                          f"corner and zeroes points beyond half a pixel outside the map; ONNX RoiAlign averages "
-                          f"bins and treats the border differently, so it cannot give the same numbers")
 
     def pytorch_source(self, node, emit):
         a = node.attrs
@@ -267,6 +266,9 @@ class ScaleRouteLayer(Layer):
     """The rois of one FPN level and the matching rows of the other bottoms (cascade-rcnn's
     scale_route_layer.cpp); R depends on the data."""
 
+    onnx_refusal = ("its fallback (the roi closest to the level's scale when none falls in it) has no ONNX "
+                    "form here; export the net up to the proposals (--outputs) or run it in torch")
+
     data_dependent_shape = True
 
     def parse(self, lp):
@@ -300,11 +302,6 @@ class ScaleRouteLayer(Layer):
         outs = [x[rows] for x in (rois,) + others]
         return outs if len(outs) > 1 else outs[0]
 
-    def onnx(self, ctx, node):
-        raise ExportError(f"layer '{node.name}' (ScaleRoute): its fallback (the roi closest to the level's "
-                          f"scale when none falls in it) has no ONNX form here; export the net up to the "
-                          f"proposals (--outputs) or run it in torch")
-
     def pytorch_source(self, node, emit):
         a = node.attrs
         m = emit.instance(ScaleRoute, a["low"], a["high"], a["mid"], needs=[scale_route_rows])
@@ -326,10 +323,10 @@ class _ProposalOutput(ReadOnlyLayer):
     def infer(self, attrs, in_shapes):
         return [(1, 5, 1, 1), (1, 6, 1, 1)][:attrs["tops"]]
 
-    def refusal(self, attrs):
-        return (f"layer '{attrs['name']}' ({attrs['kind']}): the MS-CNN / Cascade R-CNN region proposals (decoding "
-                f"per receptive field, score threshold, sort and NMS, a data-dependent number of boxes) are "
-                f"not reproduced by caffeq; the net can be inspected and converted, not run")
+    def why_not_run(self, attrs):
+        return ("the MS-CNN / Cascade R-CNN region proposals (decoding per receptive field, score threshold, "
+                "sort and NMS, a data-dependent number of boxes) are not reproduced by caffeq; the net can be "
+                "inspected and converted, not run")
 
 
 @register_layer("BoxGroupOutput")

@@ -277,11 +277,10 @@ class MultiStageMeanfield(ReadOnlyLayer):
         c = in_shapes[0][1]
         return [(1, 1, c, c)] * (2 if attrs["continuous"] else 3)
 
-    def refusal(self, attrs):
+    def why_not_run(self, attrs):
         which = "ContinuousCRF-CNN's continuous" if attrs["continuous"] else "CRF-RNN's"
-        return (f"layer '{attrs['name']}' (MultiStageMeanfield): {which} mean-field iterations filter with a "
-                f"permutohedral lattice, which caffeq does not implement; the net reads and its "
-                f"shapes and weights load, but it cannot run or be exported")
+        return (f"{which} mean-field iterations filter with a permutohedral lattice, which caffeq does not "
+                f"implement; the net reads and its shapes and weights load, but it cannot run or be exported")
 
 
 # ---- DenseCRF ---------------------------------------------------------------------------------
@@ -314,7 +313,7 @@ class DenseCRF(ReadOnlyLayer):
                                  f"got {list(image)}")
         return [scores]
 
-    def refusal(self, attrs):
-        return (f"layer '{attrs['name']}' (DenseCRF): DeepLab's fully connected CRF infers with a permutohedral "
-                f"lattice, which caffeq does not implement; the net reads and its shapes are known, but it "
-                f"cannot run or be exported (take the scores before it)")
+    def why_not_run(self, attrs):
+        return ("DeepLab's fully connected CRF infers with a permutohedral lattice, which caffeq does not "
+                "implement; the net reads and its shapes are known, but it cannot run or be exported (take the "
+                "scores before it)")

@@ -611,8 +611,8 @@ class DataAugmentation(ReadOnlyLayer):
         ch, cw = attrs["crop"] or (h, w)
         return [(1, 1, 1, 1), (1, c, ch, cw), (1, c, 1, 1)]
 
-    def refusal(self, attrs):
-        return f"layer '{attrs['name']}' (DataAugmentation): " + _AUGMENTATION_WHY.format(type="DataAugmentation")
+    def why_not_run(self, attrs):
+        return _AUGMENTATION_WHY.format(type="DataAugmentation")
 
 
 @register_layer("FlowAugmentation")
@@ -628,8 +628,8 @@ class FlowAugmentation(ReadOnlyLayer):
             raise LayerError(f"FlowAugmentation's flow must have two channels, got {list(in_shapes[0])}")
         return [(n, 2) + attrs["crop"]]
 
-    def refusal(self, attrs):
-        return f"layer '{attrs['name']}' (FlowAugmentation): " + _AUGMENTATION_WHY.format(type="FlowAugmentation")
+    def why_not_run(self, attrs):
+        return _AUGMENTATION_WHY.format(type="FlowAugmentation")
 
 
 @register_layer("GenerateAugmentationParameters")
@@ -645,9 +645,8 @@ class GenerateAugmentationParameters(ReadOnlyLayer):
     def infer(self, attrs, in_shapes):
         return [(int(in_shapes[0][0]), AUGMENTATION_COEFFS, 1, 1)]
 
-    def refusal(self, attrs):
-        return (f"layer '{attrs['name']}' (GenerateAugmentationParameters): "
-                + _AUGMENTATION_WHY.format(type="GenerateAugmentationParameters"))
+    def why_not_run(self, attrs):
+        return _AUGMENTATION_WHY.format(type="GenerateAugmentationParameters")
 
 
 @register_layer("Resample")
@@ -656,7 +655,7 @@ class Resample(ReadOnlyLayer):
         need_blobs(lp, "Resample", (1, 2), 1)
         p = lp.resample_param
         return {"name": lp.name, "size": (int(p.height), int(p.width)), "bottoms": len(lp.bottom),
-                "type": p.ResampleType.Name(p.type)}
+                "kind": f"Resample, {p.ResampleType.Name(p.type)}"}
 
     def infer(self, attrs, in_shapes):
         n, c, _, _ = _four_axes(in_shapes[0], "Resample")
@@ -667,7 +666,6 @@ class Resample(ReadOnlyLayer):
                              f"a second bottom), got {th} x {tw}")
         return [(n, c, th, tw)]
 
-    def refusal(self, attrs):
-        return (f"layer '{attrs['name']}' (Resample, {attrs['type']}): flownet2's resampling filters "
-                f"(antialiased triangle / bicubic, nearest) are not reproduced in caffeq; the net reads and "
-                f"sizes but cannot run or be exported")
+    def why_not_run(self, attrs):
+        return ("flownet2's resampling filters (antialiased triangle / bicubic, nearest) are not reproduced in "
+                "caffeq; the net reads and sizes but cannot run or be exported")

@@ -105,10 +105,9 @@ class ProposalTarget(ReadOnlyLayer):
             extra = [(1, AFFORDANCE_MASK_SIZE, AFFORDANCE_MASK_SIZE), (1, 5)]
         return [(1, 5), (1, 1), targets, targets, targets] + extra
 
-    def refusal(self, attrs):
-        return (f"layer '{attrs['name']}' (rpn.proposal_target_layer.ProposalTargetLayer) samples training "
-                f"rois against the ground-truth boxes and does not run for inference; use the net's test or "
-                f"deploy prototxt, where region proposals feed the ROI pooling")
+    def why_not_run(self, attrs):
+        return ("it samples training rois against the ground-truth boxes and does not run for inference; use "
+                "the net's test or deploy prototxt, where region proposals feed the ROI pooling")
 
 
 @register_layer("Python:caffe.layers.detectnet.clustering.ClusterDetections")
@@ -143,10 +142,9 @@ class ClusterDetections(ReadOnlyLayer):
                              f"got {list(coverage)}")
         return [(coverage[0], attrs["max_boxes"], 5)] * attrs["classes"]
 
-    def refusal(self, attrs):
-        return (f"layer '{attrs['name']}' (caffe.layers.detectnet.clustering.ClusterDetections) groups the "
-                f"coverage grid's boxes with OpenCV's groupRectangles, which caffeq does not reproduce; run or "
-                f"export the net up to its coverage and bbox blobs (--outputs)")
+    def why_not_run(self, attrs):
+        return ("it groups the coverage grid's boxes with OpenCV's groupRectangles, which caffeq does not "
+                "reproduce; run or export the net up to its coverage and bbox blobs (--outputs)")
 
 
 # ---- interp.UpsamplingBilinear2d (YOLOv3-caffe): OpenCV's nearest resize --------------------------

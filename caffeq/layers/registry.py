@@ -77,6 +77,8 @@ class Layer:
     #: True when the top's shape depends on the values, not only the shapes, of the bottoms
     #: (Filter, DetectionOutput): infer gives a bound, and runs check the real shape instead
     data_dependent_shape = False
+    #: for a layer ONNX cannot express: why, in one line (the export refuses with it)
+    onnx_refusal = None
 
     def parse(self, lp):
         """The layer's parameters from its caffe_pb2.LayerParameter -> a plain dict (attrs).
@@ -97,7 +99,8 @@ class Layer:
         raise NotImplementedError(f"{self.types[0]} has no torch implementation")
 
     def onnx(self, ctx, node):
-        raise ExportError(f"layer '{node.name}' ({node.type}): no ONNX emission for this type")
+        raise ExportError(f"layer '{node.name}' ({node.type}): "
+                          f"{self.onnx_refusal or 'no ONNX emission for this layer type'}")
 
     def has_onnx(self):
         return type(self).onnx is not Layer.onnx
@@ -158,10 +161,16 @@ class Layer:
 
 class ReadOnlyLayer(Layer):
     """A layer caffeq reads, checks and sizes but does not run (a training sampler, a filter it does
-    not implement): `refusal(attrs)` says why in one line; parse must keep attrs["name"]."""
+    not implement): `why_not_run(attrs)` says why; parse must keep attrs["name"] (and may set
+    attrs["kind"], the type as the message names it)."""
+
+    def why_not_run(self, attrs):
+        """Why caffeq cannot run or export this layer: the message's clause after the layer's name."""
+        raise NotImplementedError
 
     def refusal(self, attrs):
-        raise NotImplementedError
+        kind = attrs.get("kind") or self.types[0].removeprefix("Python:")
+        return f"layer '{attrs['name']}' ({kind}): {self.why_not_run(attrs)}"
 
     def forward(self, attrs, params, *bottoms):
         raise LayerError(self.refusal(attrs))

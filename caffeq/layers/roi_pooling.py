@@ -271,6 +271,8 @@ def onnx_pad_rois(ctx, name, rois, pad_ratio):
 
 @register_layer("PSROIPooling")
 class PSROIPooling(Layer):
+    onnx_refusal = "ONNX has no position-sensitive ROI pooling op"
+
     def parse(self, lp):
         need_blobs(lp, "PSROIPooling", 2, roles="data, rois")
         p = lp.psroi_pooling_param
@@ -293,9 +295,6 @@ class PSROIPooling(Layer):
 
     def forward(self, attrs, params, x, rois):
         return _run(ps_roi_avg_pool, x, rois, attrs["dim"], attrs["group"], attrs["scale"])
-
-    def onnx(self, ctx, node):
-        raise ExportError(f"layer '{node.name}' (PSROIPooling): ONNX has no position-sensitive ROI pooling op")
 
     def pytorch_source(self, node, emit):
         a = node.attrs
