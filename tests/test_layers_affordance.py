@@ -160,6 +160,6 @@ def test_gradient_layers_pass_data_and_scale_gradients(kind, param, flag, want_s
 
 
 def test_gradient_scaler_takes_one_bottom():
-    with pytest.raises(LayerError, match="1 bottom"):
+    with pytest.raises(LayerError, match="takes one bottom, got 2"):
         load_from_text(net(GRADIENT_NET.format(kind="GradientScaler", extra='bottom: "x"', param=""),
                            inputs={"x": (1, 2, 3, 3)}))

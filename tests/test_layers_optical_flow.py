@@ -394,7 +394,7 @@ def test_single_bottom_eltwise_sum_scales(tmp_path):
     model = load_from_text(net('layer { name: "s" type: "Eltwise" bottom: "x" top: "o" '
                                'eltwise_param { operation: SUM coeff: 0.625 } }', inputs={"x": x.shape}))
     check_backends(model, {"x": x}, tmp_path, {"o": x * np.float32(0.625)})
-    with pytest.raises(LayerError, match="takes 2 to"):
+    with pytest.raises(LayerError, match="takes at least 2 bottoms, got 1"):
         load_from_text(net('layer { name: "s" type: "Eltwise" bottom: "x" top: "o" eltwise_param { operation: PROD } }',
                            inputs={"x": x.shape}))
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .registry import Layer, LayerError, need_bottoms, register_layer
+from .registry import Layer, LayerError, need_blobs, register_layer
 
 FLOAT = 1  # onnx.TensorProto.FLOAT
 
@@ -67,7 +67,7 @@ class Neuron(Layer):
     """One bottom, one top shaped like it (Caffe's NeuronLayer)."""
 
     def parse(self, lp):
-        need_bottoms(lp, 1)
+        need_blobs(lp, lp.type, 1)
         return self.parse_param(lp)
 
     def parse_param(self, lp):

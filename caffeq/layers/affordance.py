@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, need_blobs, need_bottoms, register_layer
+from .registry import Layer, LayerError, need_blobs, register_layer
 from .roi_pooling import ROIS_WANTED, TORCH_ROI_COMMON, _check_roi_shapes, _run, _source, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
@@ -212,7 +212,7 @@ class ScaledGradient(torch.autograd.Function):
 @register_layer("GradientScaler", "GradientSilent")
 class GradientScaler(Layer):
     def parse(self, lp):
-        need_bottoms(lp, 1, 1 if lp.type == "GradientScaler" else 2)
+        need_blobs(lp, lp.type, 1 if lp.type == "GradientScaler" else (1, 2))
         scale = float(lp.gradient_scaler_param.scale_factor) if lp.type == "GradientScaler" else 0.0
         return {"scale": scale}
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from .act_forks import RReLU
-from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, need_bottoms, positive_field, register_layer
+from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer
 
 # ---- torch functions (model.py gets the same code) ---------------------------------------
 
@@ -288,7 +288,7 @@ class MultiStageMeanfield(ReadOnlyLayer):
 @register_layer("DenseCRF")
 class DenseCRF(ReadOnlyLayer):
     def parse(self, lp):
-        need_bottoms(lp, 2, 3)
+        need_blobs(lp, lp.type, (2, 3))
         p = lp.dense_crf_param
         if len(p.pos_w) != len(p.pos_xy_std):
             raise LayerError("dense_crf_param: pos_w and pos_xy_std must come in pairs (the fork's check)")

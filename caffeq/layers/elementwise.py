@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .activation import scalar
-from .registry import Layer, LayerError, canonical_axis, need_bottoms, register_layer
+from .registry import AT_LEAST, Layer, LayerError, canonical_axis, need_blobs, register_layer
 
 PROD, SUM, MAX = 0, 1, 2
 _OP_NAMES = {PROD: "PROD", SUM: "SUM", MAX: "MAX"}
@@ -71,7 +71,7 @@ class Eltwise(Layer):
     def parse(self, lp):
         p = lp.eltwise_param
         op = int(p.operation)
-        need_bottoms(lp, 1 if op == SUM else 2, 1 << 30)
+        need_blobs(lp, lp.type, range(1 if op == SUM else 2, AT_LEAST))
         if op not in _OP_NAMES:
             raise LayerError(f"eltwise_param.operation {op} is not PROD, SUM or MAX")
         coeff = [float(np.float32(c)) for c in p.coeff]
@@ -203,7 +203,7 @@ class Scale(Layer):
         return ("bias",) if attrs["two_bottoms"] else self.blob_names
 
     def parse(self, lp):
-        need_bottoms(lp, 1, 2)
+        need_blobs(lp, lp.type, (1, 2))
         p = lp.scale_param
         return {"axis": int(p.axis), "num_axes": int(p.num_axes), "bias_term": bool(p.bias_term),
                 "two_bottoms": len(lp.bottom) == 2,
@@ -308,7 +308,7 @@ class Bias(Layer):
     blob_names = ("bias",)
 
     def parse(self, lp):
-        need_bottoms(lp, 1, 2)
+        need_blobs(lp, lp.type, (1, 2))
         p = lp.bias_param
         return {"axis": int(p.axis), "num_axes": int(p.num_axes), "two_bottoms": len(lp.bottom) == 2,
                 "filler": _constant_filler(p.filler, 0.0)}
@@ -366,7 +366,7 @@ class Axpy(Layer):
     y = bottom[2] (x and y of equal shape): SENet's fused channel scale + residual sum."""
 
     def parse(self, lp):
-        need_bottoms(lp, 3)
+        need_blobs(lp, lp.type, 3)
         return {}
 
     def infer(self, attrs, in_shapes):

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, need_bottoms, register_layer
+from .registry import Layer, LayerError, need_blobs, register_layer
 
 FLOAT = 1  # onnx.TensorProto.FLOAT
 
@@ -150,7 +150,7 @@ class Recurrent(Layer):
             raise LayerError("recurrent_param.num_output must be positive")
         expose = bool(p.expose_hidden)
         low = 2 + (self.num_states if expose else 0)
-        need_bottoms(lp, low, low + 1)
+        need_blobs(lp, lp.type, (low, low + 1))
         return {"num_output": int(p.num_output), "expose_hidden": expose,
                 "static": len(lp.bottom) == low + 1}
 

@@ -282,21 +282,12 @@ def require_specs(layer_params, source=""):
 
 # ---- helpers shared by specs -------------------------------------------------
 
-def need_bottoms(lp, low, high=None):
-    """Caffe's Min/Max/ExactNumBottomBlobs check, as a LayerError."""
-    n = len(lp.bottom)
-    high = low if high is None else high
-    if not low <= n <= high:
-        want = str(low) if low == high else f"{low} to {high}"
-        raise LayerError(f"takes {want} bottom(s), got {n}")
-
-
 def _count_words(allowed, blob):
     """'one bottom', '2 bottoms', '1 or 2 bottoms', 'at least 2 bottoms' for an allowed count."""
     if isinstance(allowed, int):
         return f"one {blob}" if allowed == 1 else f"{allowed} {blob}s"
     if isinstance(allowed, range) and allowed.stop > 1_000:
-        return f"at least {allowed.start} {blob}s"
+        return f"at least {_count_words(allowed.start, blob)}"
     counts = [str(n) for n in allowed]
     return f"{', '.join(counts[:-1])} or {counts[-1]} {blob}s" if len(counts) > 1 else f"{counts[0]} {blob}s"
 
@@ -305,11 +296,14 @@ def _count_ok(n, allowed):
     return allowed is None or (n == allowed if isinstance(allowed, int) else n in allowed)
 
 
-def need_blobs(lp, what, bottoms, tops=None, roles=""):
+def need_blobs(lp, what, bottoms=None, tops=None, roles="", in_place=True):
     """Caffe's Exact/Min/MaxNumBottomBlobs and top checks, as one LayerError line.
 
     `bottoms` and `tops` are a count, a collection of allowed counts, or `range(low, AT_LEAST)`
-    for "low or more"; tops=None accepts any. `roles` names the bottoms, e.g. "data, rois"."""
+    for "low or more"; None accepts any. `roles` names the bottoms, e.g. "data, rois".
+    in_place=False refuses top == bottom, for layers whose Caffe code cannot compute in place."""
+    if not in_place and lp.top and lp.bottom and lp.top[0] == lp.bottom[0]:
+        raise LayerError(f"{what} does not allow in-place computation (top == bottom '{lp.top[0]}')")
     if _count_ok(len(lp.bottom), bottoms) and _count_ok(len(lp.top), tops):
         return
     roles = f" ({roles})" if roles else ""
@@ -321,12 +315,6 @@ def need_blobs(lp, what, bottoms, tops=None, roles=""):
 
 #: need_blobs(lp, what, range(2, AT_LEAST)): two bottoms or more
 AT_LEAST = 1 << 20
-
-
-def no_in_place(lp, what):
-    """Refuse top == bottom for layers whose Caffe implementation cannot compute in place."""
-    if lp.top and lp.bottom and lp.top[0] == lp.bottom[0]:
-        raise LayerError(f"{what} does not allow in-place computation (top == bottom '{lp.top[0]}')")
 
 
 def positive_field(value, field):

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .registry import Layer, LayerError, need_bottoms, no_in_place, register_layer
+from .registry import Layer, LayerError, need_blobs, register_layer
 
 
 def _i64(ctx, v):
@@ -46,8 +46,7 @@ def _i64(ctx, v):
 @register_layer("Reverse")
 class Reverse(Layer):
     def parse(self, lp):
-        need_bottoms(lp, 1)
-        no_in_place(lp, "Reverse")
+        need_blobs(lp, "Reverse", 1, in_place=False)
         axis = int(lp.reverse_param.axis)
         if axis < 0:
             raise LayerError(f"reverse_param.axis must be >= 0 (the fork takes no negative axis), got {axis}")
@@ -75,8 +74,7 @@ class Reverse(Layer):
 @register_layer("Transpose")
 class Transpose(Layer):
     def parse(self, lp):
-        need_bottoms(lp, 1)
-        no_in_place(lp, "Transpose")
+        need_blobs(lp, "Transpose", 1, in_place=False)
         dims = [int(d) for d in lp.transpose_param.dim]
         if sorted(dims) != list(range(len(dims))):
             raise LayerError(f"transpose_param.dim {dims} must list each axis 0 .. {len(dims) - 1} once")
@@ -128,7 +126,7 @@ class ContinuationIndicatorModule(nn.Module):
 @register_layer("ContinuationIndicator")
 class ContinuationIndicator(Layer):
     def parse(self, lp):
-        need_bottoms(lp, 0, 1)   # the fork's bottom, when given, is never read
+        need_blobs(lp, lp.type, (0, 1))   # the fork's bottom, when given, is never read
         p = lp.continuation_indicator_param
         if "batch_size" not in p.DESCRIPTOR.fields_by_name:
             raise LayerError("this build's caffe.proto has no continuation_indicator_param.batch_size "
@@ -236,7 +234,7 @@ class Lstm(Layer):
         if len(lp.bottom) == 2:
             raise LayerError("Lstm with a second bottom (clip) carries h and c over from the previous forward "
                              "pass, which caffeq cannot reproduce; give it one bottom")
-        need_bottoms(lp, 1)
+        need_blobs(lp, lp.type, 1)
         p = lp.lstm_param
         if p.num_output <= 0:
             raise LayerError("lstm_param.num_output must be positive")

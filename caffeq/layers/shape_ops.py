@@ -68,11 +68,6 @@ def onnx_reshape(ctx, x, spec, out, name=None):
     return out
 
 
-def _check_in_place(lp):
-    if lp.top and lp.bottom and lp.top[0] == lp.bottom[0]:
-        raise LayerError(f"{lp.type} does not allow in-place computation (top == bottom)")
-
-
 # ---- Concat -------------------------------------------------------------------
 
 def _concat_slice_axis(attrs, ndim, kind):
@@ -245,7 +240,7 @@ def _flatten_shape(attrs, shape):
 @register_layer("Flatten")
 class Flatten(Layer):
     def parse(self, lp):
-        _check_in_place(lp)
+        need_blobs(lp, lp.type, in_place=False)
         p = lp.flatten_param
         return {"axis": int(p.axis), "end_axis": int(p.end_axis)}
 
@@ -329,7 +324,7 @@ def _pixel_shuffle_shape(r, shape):
 @register_layer("Reshape")
 class Reshape(Layer):
     def parse(self, lp):
-        _check_in_place(lp)
+        need_blobs(lp, lp.type, in_place=False)
         p = lp.reshape_param
         dims = [int(d) for d in p.shape.dim]
         inferred = [i for i, d in enumerate(dims) if d == -1]

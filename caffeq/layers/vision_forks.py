@@ -491,9 +491,7 @@ TORCH_RESIZE_BILINEAR = "\n\n\n".join(inspect.getsource(f) for f in (resize_bili
 @register_layer("ResizeBilinear")
 class ResizeBilinear(Layer):
     def parse(self, lp):
-        need_blobs(lp, "ResizeBilinear", 1, 1)
-        if lp.top[0] == lp.bottom[0]:
-            raise LayerError("ResizeBilinear does not allow in-place computation (the fork checks it)")
+        need_blobs(lp, "ResizeBilinear", 1, 1, in_place=False)
         p = lp.resize_bilinear_param
         fmt = str(p.data_format)
         if fmt not in ("NHWC", "NCHW"):

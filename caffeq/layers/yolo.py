@@ -53,7 +53,7 @@ import math
 import numpy as np
 import torch
 
-from .registry import Layer, LayerError, need_bottoms, no_in_place, positive_field, register_layer
+from .registry import Layer, LayerError, need_blobs, positive_field, register_layer
 
 
 def _four_axes(shape, what):
@@ -87,8 +87,7 @@ def darknet_reorg(x, stride: int, reverse: bool):
 @register_layer("Reorg")
 class Reorg(Layer):
     def parse(self, lp):
-        need_bottoms(lp, 1)
-        no_in_place(lp, "Reorg")
+        need_blobs(lp, "Reorg", 1, in_place=False)
         p = lp.reorg_param
         attrs = {"stride": int(p.stride), "reverse": bool(p.reverse), "reading_notes": []}
         if not p.HasField("stride"):
@@ -190,8 +189,7 @@ def _darknet_anchors(text):
 @register_layer("Region")
 class Region(Layer):
     def parse(self, lp):
-        need_bottoms(lp, 1)
-        no_in_place(lp, "Region")
+        need_blobs(lp, "Region", 1, in_place=False)
         p = lp.region_param
         if any(p.HasField(f) for f in _DARKNET_REGION_FIELDS):
             return self._parse_darknet(p)
@@ -468,7 +466,7 @@ class YoloDetectionOutput(_YoloDetection):
     torch_candidates = inspect.getsource(yolo_v2_candidates)
 
     def parse(self, lp):
-        need_bottoms(lp, 1, 2)
+        need_blobs(lp, lp.type, (1, 2))
         f = "yolo_detection_output_param"
         p = lp.yolo_detection_output_param
         if not p.HasField("num_classes"):
