@@ -201,6 +201,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
     shapes = {}             # temp id -> shape
     names_seen = set()
     shapes_used = set()
+    unsized = {}            # (type, why) -> names of layers whose tops only a dataset or plugin could size
 
     for lp in layers:
         spec = spec_for(lp)
@@ -237,7 +238,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
         shapes_used.update(lp.top[i] for i in given)
         try:
             out_shapes, expected = _infer_node(spec, attrs, lp, in_shapes, given, batch, where,
-                                               unknown_shapes_ok, notes)
+                                               unknown_shapes_ok, unsized)
         except LayerError as e:
             hint = _shrinking_pool_hint(lp, in_ids, nodes) if lp.type in ("Concat", "Eltwise") else ""
             if not hint:
@@ -271,6 +272,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
             for s in node.expected_param_shapes:
                 _check_shape(source, lp, "weights", s)
         nodes.append(node)
+    notes.extend(_unsized_notes(unsized, source))
 
     # SSA names
     input_set = set(graph_input_ids)
@@ -578,7 +580,7 @@ def _shrinking_pool_hint(lp, in_ids, nodes):
     return ""
 
 
-def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_ok, notes):
+def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_ok, unsized):
     """(top shapes, learnable blob shapes) of one layer by Caffe's rules; None where unknown."""
     if any(s is None for s in in_shapes):
         return [None] * len(lp.top), None
@@ -596,7 +598,7 @@ def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_
     except MissingInputShape as e:
         if not unknown_shapes_ok:
             raise LayerError(f"{where}: {e}") from None
-        notes.append(f"{where}: {e}")
+        unsized.setdefault((lp.type, str(e)), []).append(lp.name)
         return [given.get(i) for i in range(len(lp.top))], None
     except ForkReading as e:
         raise ForkReading(f"{where}: {e}", e.rewrite) from None
@@ -607,6 +609,14 @@ def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_
     except Exception as e:
         raise ShapeError(f"{where}: cannot infer shapes from bottoms "
                          f"{[list(s) for s in in_shapes]}: {type(e).__name__}: {e}") from None
+
+
+def _unsized_notes(unsized, source):
+    """One note per (type, reason) of the layers whose tops were left unsized (eighteen TensorRT
+    stand-ins give one line, not eighteen)."""
+    for (type_name, text), names in unsized.items():
+        shown = ", ".join(f"'{n}'" for n in names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
+        yield f"{source + ': ' if source else ''}layer{'s' if len(names) > 1 else ''} {shown} ({type_name}): {text}"
 
 
 def attach_weights(graph, weights, source="", weights_source=""):

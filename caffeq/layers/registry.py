@@ -33,6 +33,7 @@ import numpy as np
 from ..errors import CaffeqError, ExportError, UnsupportedLayerError
 
 _REGISTRY = {}
+_CLAIMS = []     # (type name, looks_like(lp), spec): see claim_layers
 
 
 class LayerError(CaffeqError):
@@ -208,6 +209,16 @@ def register_layer(*type_names, override=False):
     return deco
 
 
+def claim_layers(type_name, looks_like):
+    """Class decorator: this spec reads the `type_name` layers for which looks_like(lp) is true,
+    before the type's own spec (a fork's or a tool's layer that reuses a Caffe type name)."""
+    def deco(cls):
+        _CLAIMS.append((type_name, looks_like, cls()))
+        return cls
+
+    return deco
+
+
 def get_spec(type_name):
     return _REGISTRY.get(type_name)
 
@@ -229,7 +240,8 @@ def spec_for(lp):
     """The spec of a LayerParameter, or None.  Python layers resolve by module and class
     (see the module docstring); every other layer by its type."""
     if lp.type != "Python":
-        spec = _REGISTRY.get(lp.type)
+        spec = next((s for t, looks_like, s in _CLAIMS if t == lp.type and looks_like(lp)), None)
+        spec = spec or _REGISTRY.get(lp.type)
         if spec is None and not len(lp.bottom) and _names_a_data_layer(lp):
             from .fork_data import (
                 UNKNOWN_FORK_DATA,  # a fork's data layer: a graph input
