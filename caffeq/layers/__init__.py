@@ -26,6 +26,7 @@ from . import (  # noqa: F401,E402
     misc,
     norm,
     optical_flow,
+    orn,
     plugin_standins,
     pooling,
     pred_to_proposal,

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from ..errors import ExportError
 from .edge_pads import onnx_pads, read_edge_pads, resolve_edge_pads
 from .happynear import FORK_EPS, onnx_unit_rows, unit_rows
+from .orn import check_arf, conv_orientations, onnx_arf_weight, source_conv_class, torch_arf_weight
 from .registry import (
     Layer,
     LayerError,
@@ -36,6 +37,7 @@ def parse_conv(lp, depthwise=False):
         "axis": int(p.axis),
         "param": p,  # spatial fields are read once the number of spatial axes is known
         "depthwise": False,
+        "orn": conv_orientations(lp),   # MhLiao/RRD's active rotating filters (orn.py), or None
     }
     positive_field(attrs["group"], "convolution_param.group")
     return attrs
@@ -150,6 +152,8 @@ def _resolve_spatial(attrs, in_shape):
         raise LayerError(f"input channels {channels} not divisible by group {attrs['group']}")
     if attrs["num_output"] % attrs["group"]:
         raise LayerError(f"num_output {attrs['num_output']} not divisible by group {attrs['group']}")
+    if attrs.get("orn"):
+        check_arf(attrs, channels)
 
 
 def _missing(field):
@@ -213,6 +217,9 @@ def _onnx_conv(ctx, node, op):
     if a["_axis"] != 1:
         raise ExportError(f"layer '{node.name}': convolution over axis {a['_axis']} has no ONNX form here")
     w = ctx.weight(node, 0)
+    if a.get("orn"):
+        c = ctx.shape(node.inputs[0])[1]
+        w = onnx_arf_weight(ctx, node, w, (a["num_output"], c) + tuple(a["kernel"]))
     b = [ctx.weight(node, 1)] if a["bias_term"] else []
     # Caffe applies the same filters to each bottom (one top per bottom)
     pads = conv_edge_pads(a, ctx.shape(node.inputs[0])[-2:])
@@ -242,7 +249,10 @@ def _torch_conv_source(node, emit, transposed):
     if not a["bias_term"]:
         args.append("bias=False")
     kind = "ConvTranspose" if transposed else "Conv"
-    m = emit.module(f"nn.{kind}{nsp}d({', '.join(args)})")
+    if a.get("orn"):   # RRD's active rotating filters: nn.Conv2d rotating its weight (orn.py)
+        m = emit.module(f"{source_conv_class(emit)}({', '.join(args)}, orientations={a['orn']})")
+    else:
+        m = emit.module(f"nn.{kind}{nsp}d({', '.join(args)})")
     emit.param("weight", 0)
     if a["bias_term"]:
         emit.param("bias", 1)
@@ -280,7 +290,8 @@ class Convolution(Layer):
 
     def forward(self, attrs, params, *xs):
         bias = params[1] if attrs["bias_term"] else None
-        ys = [_conv_nd(x, attrs, params[0], bias, False) for x in xs]
+        weight = torch_arf_weight(params[0], attrs["orn"]) if attrs.get("orn") else params[0]
+        ys = [_conv_nd(x, attrs, weight, bias, False) for x in xs]
         return ys[0] if len(ys) == 1 else tuple(ys)
 
     def macs(self, attrs, in_shapes, out_shapes):
