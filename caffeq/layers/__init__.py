@@ -5,6 +5,7 @@ from . import (  # noqa: F401,E402
     activation,
     affordance,
     c3d,
+    cambricon_yolo,
     cascade_rcnn,
     common,
     conv,

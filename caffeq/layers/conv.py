@@ -3,6 +3,7 @@ import inspect
 import math
 
 import numpy as np
+import torch
 import torch.nn.functional as F
 
 from ..errors import ExportError
@@ -40,7 +41,61 @@ def parse_conv(lp, depthwise=False):
         "orn": conv_orientations(lp),   # MhLiao/RRD's active rotating filters (orn.py), or None
     }
     positive_field(attrs["group"], "convolution_param.group")
+    # Cambricon's DeconvolutionLayer reads the fields too but its forward never applies them
+    pre, notes = parse_first_conv(p) if lp.type != "Deconvolution" else (None, [])
+    if pre is not None:
+        attrs["first_conv"] = pre
+    if notes:
+        attrs["reading_notes"] = notes
     return attrs
+
+
+def parse_first_conv(p):
+    """Cambricon/caffe's "first conv" (base_conv_layer.cpp SetMean, conv_layer.cpp Forward_cpu,
+    commit eadcc46d): with mean_value, std or scale set, every bottom becomes (x - mean[c]) * std
+    (else * scale, else unscaled) before the convolution; mean 0 without mean_value.  Returns
+    (the {"mean", "mul"} dict or None, reading notes).  The fork also writes the preprocessed values
+    back into the bottom blob; caffeq leaves the bottom as it was."""
+    if "mean_value" not in p.DESCRIPTOR.fields_by_name:
+        return None, []
+    if p.same_mode:
+        raise LayerError("convolution_param.same_mode (Cambricon's TensorFlow-style SAME padding) is not "
+                         "supported")
+    if p.HasField("mean_file"):
+        raise LayerError("convolution_param.mean_file (Cambricon's first-conv mean image) is not read; give "
+                         "the per-channel means as mean_value")
+    has_std, has_scale = p.HasField("std"), p.HasField("scale")
+    if not (len(p.mean_value) or has_std or has_scale):
+        return None, []
+    notes = []
+    if has_std and has_scale:
+        notes.append("convolution_param sets both std and scale: Cambricon's first conv multiplies by std")
+    if p.input_format != p.BGR:
+        notes.append(f"convolution_param.input_format {p.InputFormat.Name(p.input_format)} only reorders "
+                     f"channels on Cambricon's MLU; its CPU forward, followed here, ignores it")
+    mul = float(p.std) if has_std else float(p.scale) if has_scale else None
+    return {"mean": [float(v) for v in p.mean_value], "mul": mul}, notes
+
+
+def first_conv_input(x, mean: list[float], mul: float | None):
+    """Cambricon's first-conv preprocessing of an (N, C, H, W) bottom: (x - mean[c]) * mul, the
+    mean's first C values (all 0 when it is empty)."""
+    c = x.shape[1]
+    if mean:
+        x = x - torch.tensor(mean[:c], dtype=x.dtype, device=x.device).reshape(1, c, 1, 1)
+    return x if mul is None else x * mul
+
+
+def _check_first_conv(attrs, in_shape):
+    pre = attrs.get("first_conv")
+    if pre is None:
+        return
+    if len(in_shape) != 4 or attrs["_axis"] != 1:
+        raise LayerError(f"Cambricon's first-conv preprocessing (mean_value / std / scale) needs a 4-D "
+                         f"(N, C, H, W) bottom with axis 1, got {list(in_shape)}")
+    if pre["mean"] and len(pre["mean"]) < in_shape[1]:
+        raise LayerError(f"convolution_param.mean_value has {len(pre['mean'])} values for {in_shape[1]} input "
+                         f"channels (Cambricon reads one per channel)")
 
 
 def resolve_geometry(attrs, in_shape):
@@ -154,6 +209,7 @@ def _resolve_spatial(attrs, in_shape):
         raise LayerError(f"num_output {attrs['num_output']} not divisible by group {attrs['group']}")
     if attrs.get("orn"):
         check_arf(attrs, channels)
+    _check_first_conv(attrs, in_shape)
 
 
 def _missing(field):
@@ -212,7 +268,7 @@ def _conv_top_shapes(attrs, in_shapes, out_size):
     return [tuple(s[:ax]) + (attrs["num_output"],) + tuple(spatial)] * len(in_shapes)
 
 
-def _onnx_conv(ctx, node, op):
+def _onnx_conv(ctx, node, op, inputs=None):
     a = node.attrs
     if a["_axis"] != 1:
         raise ExportError(f"layer '{node.name}': convolution over axis {a['_axis']} has no ONNX form here")
@@ -224,15 +280,16 @@ def _onnx_conv(ctx, node, op):
     # Caffe applies the same filters to each bottom (one top per bottom)
     pads = conv_edge_pads(a, ctx.shape(node.inputs[0])[-2:])
     pads = list(a["pad"]) * 2 if pads is None else onnx_pads(pads, f"layer '{node.name}'")
-    for i, (x, y) in enumerate(zip(node.inputs, node.outputs)):
+    for i, (x, y) in enumerate(zip(inputs or node.inputs, node.outputs)):
         ctx.add_node(op, [x, w] + b, [y], name=node.name if i == 0 else f"{node.name}_{i}",
                      kernel_shape=list(a["kernel"]), strides=list(a["stride"]), pads=pads,
                      dilations=list(a["dilation"]), group=a["group"])
 
 
-def _torch_conv_source(node, emit, transposed):
+def _torch_conv_source(node, emit, transposed, inputs=None):
     """nn.Conv{1,2,3}d / nn.ConvTranspose{1,2,3}d: the F.conv* call of _conv_nd, same arguments."""
     a = node.attrs
+    inputs = inputs or emit.inputs
     nsp = len(a["kernel"])
     if a["_axis"] != 1:
         raise LayerError(f"convolution over axis {a['_axis']} has no torch.nn module (only axis 1)")
@@ -259,10 +316,10 @@ def _torch_conv_source(node, emit, transposed):
     pads = conv_edge_pads(a, emit.in_shape(0)[-2:])
     if pads is not None:  # synopsys-caffe per-side padding: F.pad, then the pad-0 module
         emit.uses("F")
-        calls = [f"{m}(F.pad({x}, {pads}))" for x in emit.inputs]
+        calls = [f"{m}(F.pad({x}, {pads}))" for x in inputs]
         return calls[0] if len(calls) == 1 else calls
     # Caffe runs the same filters over each bottom, one top per bottom
-    calls = [f"{m}({x})" for x in emit.inputs]
+    calls = [f"{m}({x})" for x in inputs]
     return calls[0] if len(calls) == 1 else calls
 
 
@@ -290,6 +347,9 @@ class Convolution(Layer):
 
     def forward(self, attrs, params, *xs):
         bias = params[1] if attrs["bias_term"] else None
+        pre = attrs.get("first_conv")
+        if pre is not None:
+            xs = [first_conv_input(x, pre["mean"], pre["mul"]) for x in xs]
         weight = torch_arf_weight(params[0], attrs["orn"]) if attrs.get("orn") else params[0]
         ys = [_conv_nd(x, attrs, weight, bias, False) for x in xs]
         return ys[0] if len(ys) == 1 else tuple(ys)
@@ -299,10 +359,31 @@ class Convolution(Layer):
         return sum(count(o) * k for o in out_shapes)
 
     def onnx(self, ctx, node):
-        _onnx_conv(ctx, node, "Conv")
+        pre = node.attrs.get("first_conv")
+        inputs = None
+        if pre is not None:
+            inputs = []
+            for i, x in enumerate(node.inputs):
+                c = ctx.shape(x)[1]
+                if pre["mean"]:
+                    mean = ctx.const(np.array(pre["mean"][:c], np.float32).reshape(1, c, 1, 1))
+                    x = ctx.add_node("Sub", [x, mean], [ctx.tmp(f"{node.name}_centred{i}")])[0]
+                if pre["mul"] is not None:
+                    x = ctx.add_node("Mul", [x, ctx.const(np.array(pre["mul"], np.float32))],
+                                     [ctx.tmp(f"{node.name}_scaled{i}")])[0]
+                inputs.append(x)
+        _onnx_conv(ctx, node, "Conv", inputs)
 
     def pytorch_source(self, node, emit):
-        return _torch_conv_source(node, emit, transposed=False)
+        pre = node.attrs.get("first_conv")
+        inputs = None
+        if pre is not None:
+            fn = emit.helper(TORCH_FIRST_CONV)
+            inputs = [f"{fn}({x}, {emit.lit(pre['mean'])}, {emit.lit(pre['mul'])})" for x in emit.inputs]
+        return _torch_conv_source(node, emit, transposed=False, inputs=inputs)
+
+
+TORCH_FIRST_CONV = inspect.getsource(first_conv_input)
 
 
 @register_layer("ConvolutionDepthwise")
