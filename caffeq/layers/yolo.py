@@ -584,9 +584,10 @@ def _emit_yolo_detection(ctx, node, spec):
     emit_rows_or_fallback(ctx, node, op, f32, columns)
 
 
-def emit_yolo_candidates(ctx, node, a, v3):
+def emit_yolo_candidates(ctx, node, a, v3, with_obj=False):
     """The kept candidates of every bottom, flat, in the fork's order: x, y, w, h, label, score
-    (a: num_box, num_classes, biases, confidence_threshold, and for v3 anchor_ids, scales)."""
+    and, with_obj (v2 only), the objectness (a: num_box, num_classes, biases,
+    confidence_threshold, and for v3 anchor_ids, scales)."""
     name = node.name
 
     def f32(v):
@@ -598,7 +599,7 @@ def emit_yolo_candidates(ctx, node, a, v3):
     def entry(y, lo, hi, hint):
         return op("Slice", [y, _i64(ctx, [lo]), _i64(ctx, [hi]), _i64(ctx, [-1])], hint)
 
-    cols = [[] for _ in range(7)]   # x, y, w, h, label, score, keep: flat per bottom
+    cols = [[] for _ in range(8)]   # x, y, w, h, label, score, keep, objectness: flat per bottom
     nb, k = a["num_box"], a["num_classes"]
     for t, x in enumerate(node.inputs):
         _, c, h, w = ctx.shape(x)
@@ -644,14 +645,13 @@ def emit_yolo_candidates(ctx, node, a, v3):
             score = op("Mul", [obj, best], f"{hint}_score")
             parts = [bx, by, bw, bh]
             keep = op("GreaterOrEqual", [score, f32(a["confidence_threshold"])], f"{hint}_keep")
-        for i, v in enumerate(parts + [lab, score, keep]):
+        for i, v in enumerate(parts + [lab, score, keep] + ([obj] if with_obj else [])):
             cols[i].append(op("Reshape", [v, _i64(ctx, [-1])], f"{hint}_flat{i}"))
     keep = cols[6][0] if len(cols[6]) == 1 else op("Concat", cols[6], "keep", axis=0)
     flat = []
-    for i in range(6):
+    for i in (0, 1, 2, 3, 4, 5, 7) if with_obj else range(6):
         v = cols[i][0] if len(cols[i]) == 1 else op("Concat", cols[i], f"all{i}", axis=0)
         flat.append(op("Compress", [v, keep], f"kept{i}", axis=0))
-    bx, by, bw, bh, lab, score = flat
     return flat
 
 

@@ -16,6 +16,15 @@ confidence, x, y, w, h] (centre and size, unclipped), (1, 1, R, 7); with none, o
 ONNX: the candidates as YoloDetectionOutput decodes them, NonMaxSuppression on the clipped corners
 with scores -index (so it walks them in cell order; the next float32 below nms_threshold, since it
 drops IoU > t and the fork IoU >= t), the survivors gathered back in that order.
+
+BirdeeChen/caffe_yolo_v2 (6a1e658, BSD-2-Clause) is the same layer with the class count named
+`classes` (required) and its own ApplyNms (util/bbox_util.hpp), chosen here by `classes`:
+walking the candidates in cell order, box i (not yet dropped) meets each later box j not yet
+dropped; when their clipped IoU is >= nms_threshold, the one with the lower objectness (not the
+confidence) drops, i on a tie.  i's objectness is then -1, so once dropped it drops no more
+boxes.  A box is kept when its objectness ends > 0.  Decoding, rows and the empty row are
+gklz1982's.  ONNX: that walk as a Scan over the candidates on the pairwise IoU >= t and
+objectness comparisons (i drops the overlapping j it beats before the first one that beats it).
 """
 import inspect
 
@@ -28,22 +37,21 @@ from .yolo import emit_rows_or_fallback, emit_yolo_candidates, yolo_v2_candidate
 
 
 def yolo_v2_cell_order_rows(x, biases: list[float], num_box: int, num_classes: int, threshold: float,
-                            nms_threshold: float):
-    """gklz1982's DetectionOutput on a (1, C, side, side) map -> rows (1, 1, R, 7)."""
+                            nms_threshold: float, duel: bool = False):
+    """gklz1982's DetectionOutput on a (1, C, side, side) map -> rows (1, 1, R, 7); duel:
+    BirdeeChen's NMS (of two overlapping boxes the lower objectness drops)."""
     bx, by, bw, bh, label, score, keep = yolo_v2_candidates(x, biases, num_box, num_classes, float("-inf"))
+    n, c, h, w = x.shape
+    obj = torch.sigmoid(x.reshape(n, num_box, c // num_box, h, w)[:, :, 4].permute(0, 2, 3, 1)).reshape(-1)
     keep = score >= threshold
-    bx, by, bw, bh, label, score = (t[keep] for t in (bx, by, bw, bh, label, score))
-    if score.numel() == 0:
-        out = torch.full((1, 7), -1.0, device=x.device, dtype=x.dtype)
-        out[0, 0] = 0
-        return out.reshape(1, 1, 1, 7)
+    bx, by, bw, bh, label, score, obj = (t[keep] for t in (bx, by, bw, bh, label, score, obj))
     left, right = (bx - bw / 2).clamp_min(0), (bx + bw / 2).clamp_max(1)
     top, bottom = (by - bh / 2).clamp_min(0), (by + bh / 2).clamp_max(1)
     valid = (right >= left) & (bottom >= top)
     size = torch.where(valid, (right - left) * (bottom - top), torch.zeros_like(bx))
     k = score.numel()
     alive = torch.ones(k, dtype=torch.bool, device=x.device)
-    for i in range(k - 1):
+    for i in range(k - 1):   # the last box meets no later one
         if not bool(alive[i]):
             continue
         rest = slice(i + 1, k)
@@ -53,7 +61,22 @@ def yolo_v2_cell_order_rows(x, biases: list[float], num_box: int, num_classes: i
         overlaps = ~apart & (iw > 0) & (ih > 0)
         inter = torch.where(overlaps, iw * ih, torch.zeros_like(iw))
         iou = torch.where(overlaps, inter / (size[i] + size[rest] - inter), torch.zeros_like(iw))
-        alive[rest] &= ~(iou >= nms_threshold)
+        if not duel:
+            alive[rest] &= ~(iou >= nms_threshold)
+            continue
+        met = alive[rest] & (iou >= nms_threshold)
+        beats = obj[i] > obj[rest]
+        loses = met & ~beats
+        # i drops the boxes it beats up to the first one that beats it, and then itself
+        alive[rest] &= ~(met & beats & (torch.cumsum(loses.to(torch.int64), 0) == 0))
+        if bool(loses.any()):
+            alive[i] = False
+    if duel:
+        alive &= obj > 0
+    if not bool(alive.any()):
+        out = torch.full((1, 7), -1.0, device=x.device, dtype=x.dtype)
+        out[0, 0] = 0
+        return out.reshape(1, 1, 1, 7)
     rows = torch.stack([torch.zeros_like(score), label.to(x.dtype), score, bx, by, bw, bh], dim=1)[alive]
     return rows.reshape(1, 1, -1, 7)
 
@@ -70,8 +93,14 @@ def parse(lp):
     p = lp.detection_output_param
     if len(lp.top) != 1:
         raise LayerError(f"caffe-yolov2's DetectionOutput gives one top, got {len(lp.top)}")
-    if not p.HasField("num_classes") or p.num_classes < 1:
-        raise LayerError("detection_output_param.num_classes is required (>= 1)")
+    duel = p.HasField("classes")     # BirdeeChen/caffe_yolo_v2's name for the class count, and its NMS
+    if duel and p.HasField("num_classes"):
+        raise LayerError("detection_output_param sets both num_classes (gklz1982/caffe-yolov2) and classes "
+                         "(BirdeeChen/caffe_yolo_v2); the layer is one fork's or the other's")
+    classes = int(p.classes if duel else p.num_classes)
+    if not (duel or p.HasField("num_classes")) or classes < 1:
+        raise LayerError("detection_output_param.num_classes (BirdeeChen/caffe_yolo_v2: classes) is required "
+                         "(>= 1)")
     num_box, side = int(p.num_box), int(p.side)
     if num_box < 1 or side < 1:
         raise LayerError(f"detection_output_param.num_box and side must be >= 1, got {num_box} and {side}")
@@ -80,9 +109,9 @@ def parse(lp):
         raise LayerError(f"detection_output_param.biases has {len(biases)} values; {num_box} boxes need "
                          f"{2 * num_box} (a width and a height each)")
     threshold = float(p.confidence_threshold) if p.HasField("confidence_threshold") else 0.01
-    return {"flavour": "yolo_v2", "name": lp.name, "num_classes": int(p.num_classes), "num_box": num_box,
+    return {"flavour": "yolo_v2", "name": lp.name, "num_classes": classes, "num_box": num_box,
             "side": side, "biases": biases[:2 * num_box], "conf_threshold": threshold,
-            "nms_threshold": float(p.nms_threshold)}
+            "nms_threshold": float(p.nms_threshold), "nms": "objectness" if duel else "cell_order"}
 
 
 def infer(attrs, in_shapes):
@@ -110,7 +139,12 @@ def forward(attrs, x):
     if why:
         raise CaffeqError(f"layer '{attrs['name']}' (DetectionOutput, caffe-yolov2): {why}")
     return yolo_v2_cell_order_rows(x, attrs["biases"], attrs["num_box"], attrs["num_classes"],
-                                   attrs["conf_threshold"], attrs["nms_threshold"])
+                                   attrs["conf_threshold"], attrs["nms_threshold"], _duel(attrs))
+
+
+def _duel(attrs):
+    """BirdeeChen's NMS (objectness duels) rather than gklz1982's (cell order)."""
+    return attrs.get("nms") == "objectness"
 
 
 def onnx(ctx, node):
@@ -131,6 +165,8 @@ def onnx(ctx, node):
 
     decode = {"num_box": a["num_box"], "num_classes": a["num_classes"], "biases": a["biases"],
               "confidence_threshold": a["conf_threshold"]}
+    if _duel(a):
+        return _onnx_duel(ctx, node, op, f32, i64, emit_yolo_candidates(ctx, node, decode, False, with_obj=True))
     bx, by, bw, bh, lab, score = emit_yolo_candidates(ctx, node, decode, False)
     half_w, half_h = op("Mul", [bw, f32(0.5)], "half_w"), op("Mul", [bh, f32(0.5)], "half_h")
     corners = [op("Max", [op("Sub", [by, half_h], "y0r"), f32(0.0)], "y0"),
@@ -151,6 +187,88 @@ def onnx(ctx, node):
     emit_rows_or_fallback(ctx, node, op, f32, columns)
 
 
+def _onnx_duel(ctx, node, op, f32, i64, candidates):
+    """BirdeeChen's ApplyNms: pairwise IoU >= t (on clipped corners) and objectness comparisons, then a
+    Scan over the candidates in cell order carrying which are alive."""
+    from onnx import TensorProto, helper
+    a = node.attrs
+    bx, by, bw, bh, lab, score, obj = candidates
+    half_w, half_h = op("Mul", [bw, f32(0.5)], "half_w"), op("Mul", [bh, f32(0.5)], "half_h")
+    x0 = op("Max", [op("Sub", [bx, half_w], "x0r"), f32(0.0)], "x0")
+    y0 = op("Max", [op("Sub", [by, half_h], "y0r"), f32(0.0)], "y0")
+    x1 = op("Min", [op("Add", [bx, half_w], "x1r"), f32(1.0)], "x1")
+    y1 = op("Min", [op("Add", [by, half_h], "y1r"), f32(1.0)], "y1")
+    valid = op("And", [op("GreaterOrEqual", [x1, x0], "w_ok"), op("GreaterOrEqual", [y1, y0], "h_ok")], "valid")
+    size = op("Where", [valid, op("Mul", [op("Sub", [x1, x0], "cw"), op("Sub", [y1, y0], "ch")], "area"),
+                        f32(0.0)], "size")
+
+    def pair(v, hint):   # box i along axis 0, box j along axis 1
+        return op("Unsqueeze", [v, i64([1])], f"{hint}_i"), op("Unsqueeze", [v, i64([0])], f"{hint}_j")
+
+    (x0i, x0j), (y0i, y0j), (x1i, x1j), (y1i, y1j) = (pair(v, h) for v, h in
+                                                      ((x0, "x0"), (y0, "y0"), (x1, "x1"), (y1, "y1")))
+    apart = op("Or", [op("Or", [op("Greater", [x0j, x1i], "a0"), op("Less", [x1j, x0i], "a1")], "ax"),
+                      op("Or", [op("Greater", [y0j, y1i], "a2"), op("Less", [y1j, y0i], "a3")], "ay")], "apart")
+    iw = op("Sub", [op("Min", [x1i, x1j], "ix1"), op("Max", [x0i, x0j], "ix0")], "iw")
+    ih = op("Sub", [op("Min", [y1i, y1j], "iy1"), op("Max", [y0i, y0j], "iy0")], "ih")
+    meets = op("And", [op("Not", [apart], "near"), op("And", [op("Greater", [iw, f32(0.0)], "iw_pos"),
+                                                              op("Greater", [ih, f32(0.0)], "ih_pos")], "pos")],
+               "meets")
+    inter = op("Mul", [iw, ih], "inter")
+    si, sj = pair(size, "size")
+    union = op("Sub", [op("Add", [si, sj], "sizes"), inter], "union")
+    iou = op("Where", [meets, op("Div", [inter, union], "iou_raw"), f32(0.0)], "iou")
+    k1 = op("Shape", [score], "k_shape")
+    ids = op("Range", [i64(0), op("Squeeze", [k1, i64([0])], "k"), i64(1)], "ids")
+    idi, idj = pair(ids, "ids")
+    hit = op("And", [op("GreaterOrEqual", [iou, f32(np.float32(a["nms_threshold"]))], "overlap"),
+                     op("Less", [idi, idj], "later")], "hit")                              # (K, K)
+    oi, oj = pair(obj, "obj")
+    beats = op("Greater", [oi, oj], "beats")                                                  # (K, K)
+    # onnxruntime's Scan refuses 0 steps: one more box that meets none, dropped after the walk
+    hit, beats = (op("Pad", [v, i64([0, 0, 1, 1])], f"{v}_pad") for v in (hit, beats))     # (K+1, K+1)
+    k_pad = op("Add", [k1, i64([1])], "k_pad")
+    ids = op("Range", [i64(0), op("Squeeze", [k_pad, i64([0])], "k_pad_s"), i64(1)], "ids_pad")
+
+    body = []
+
+    def b(op_type, inputs, hint, **kw):
+        out = ctx.tmp(f"{node.name}_{hint}")
+        body.append(helper.make_node(op_type, inputs, [out], **kw))
+        return out
+
+    def bconst(value, dtype, hint):
+        return b("Constant", [], hint, value=helper.make_tensor(f"{hint}_value", dtype, [], [value]))
+
+    alive_in, it, row_hit, row_beats = (ctx.tmp(f"{node.name}_{h}") for h in ("alive_in", "it", "row_hit",
+                                                                                 "row_beats"))
+    zero = bconst(0.0, TensorProto.FLOAT, "zero")
+    met = b("And", [b("And", [row_hit, alive_in], "met_alive"), b("Gather", [alive_in, it], "i_alive", axis=0)],
+            "met")
+    loses = b("Cast", [b("And", [met, b("Not", [row_beats], "not_beats")], "loses_b")], "loses", to=TensorProto.FLOAT)
+    before = b("Equal", [b("CumSum", [loses, bconst(0, TensorProto.INT64, "axis0")], "lost_so_far"), zero], "before")
+    drops = b("And", [b("And", [met, row_beats], "beaten"), before], "drops")
+    i_drops = b("And", [b("Equal", [ids, it], "is_i"),
+                        b("Greater", [b("ReduceSum", [loses], "lost", keepdims=0), zero], "i_lost")], "i_drops")
+    alive_out = b("And", [alive_in, b("Not", [b("Or", [drops, i_drops], "gone")], "stays")], "alive_out")
+    graph = helper.make_graph(
+        body, f"{node.name}_nms_step",
+        [helper.make_tensor_value_info(alive_in, TensorProto.BOOL, [None]),
+         helper.make_tensor_value_info(it, TensorProto.INT64, []),
+         helper.make_tensor_value_info(row_hit, TensorProto.BOOL, [None]),
+         helper.make_tensor_value_info(row_beats, TensorProto.BOOL, [None])],
+        [helper.make_tensor_value_info(alive_out, TensorProto.BOOL, [None])])
+    alive0 = op("ConstantOfShape", [k_pad], "alive0", value=np.array([True]))
+    # a Scan (not a Loop: ONNX infers no shape for a Loop's carried values) over box i and its rows
+    alive = ctx.add_node("Scan", [alive0, ids, hit, beats], [ctx.tmp(f"{node.name}_alive")], name=node.name,
+                         body=graph, num_scan_inputs=3)[0]
+    alive = op("Slice", [alive, i64([0]), k1, i64([0])], "alive_k")
+    keep = op("And", [alive, op("Greater", [obj, f32(0.0)], "obj_pos")], "kept")
+    g = [op("Compress", [v, keep], f"g{i}", axis=0) for i, v in enumerate((bx, by, bw, bh, lab, score))]
+    columns = [op("Mul", [g[5], f32(0.0)], "zero"), op("Cast", [g[4]], "label", to=1), g[5], g[0], g[1], g[2], g[3]]
+    emit_rows_or_fallback(ctx, node, op, f32, columns)
+
+
 def pytorch_source(node, emit):
     a = node.attrs
     why = cannot_run(a, emit.in_shape(0))
@@ -161,4 +279,5 @@ def pytorch_source(node, emit):
     emit.note(f"{node.name} (DetectionOutput, caffe-yolov2): the number of rows depends on the data; "
               f"NMS runs eagerly, so this layer does not trace.")
     return (f"{fn}({emit.inputs[0]}, {emit.lit(a['biases'], exact=True)}, {a['num_box']}, {a['num_classes']}, "
-            f"{emit.lit(a['conf_threshold'], exact=True)}, {emit.lit(a['nms_threshold'], exact=True)})")
+            f"{emit.lit(a['conf_threshold'], exact=True)}, {emit.lit(a['nms_threshold'], exact=True)}, "
+            f"{emit.lit(_duel(a))})")
