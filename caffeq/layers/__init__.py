@@ -36,6 +36,7 @@ from . import (  # noqa: F401,E402
     rcnn,
     recurrent,
     roi_pooling,
+    rrpn,
     segmentation,
     sequence,
     shape_ops,

@@ -18,6 +18,9 @@ compute what unsky/FPN a096edb's lib/rpn modules compute at TEST time.
   rows; caffeq repeats the kept rows in order (keep[i % n]) so that runs are repeatable:
   the same boxes, other duplicates.  With nothing kept the module fails (npr.choice of an
   empty list); here the top has no rows.  Top: rpn_rois (1000, 5) = [0, x1, y1, x2, y2].
+  A fork's proposal_layer.py with its own cfg.FPNRATIOS / FPNRSCALES (xraydetec/Xdet 1119bbe: five
+  ratios, one scale) scores another number of anchors; its setup looks at no bottom, so the net
+  loads in Caffe: caffeq reads it and refuses to run or export it (cannot_run).
 - `rpn.as_rois.As_roisLayer`: assigns each roi to a pyramid level
   k = floor(4 + log2(sqrt(w * h) / 224)) clamped to [2, 5], w = x2 - x1 and h = y2 - y1
   (no +1), w * h <= 0 read as 1e-6, in the rois' dtype (float32).  B = cfg.TEST
@@ -40,7 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import CaffeqError
+from ..errors import CaffeqError, ExportError
 from .rcnn import (
     TORCH_ANCHORS,
     TORCH_PROPOSAL,
@@ -360,7 +363,7 @@ class FPNProposalSpec(Layer):
         if len(lp.top) != 1:
             raise LayerError(f"FPN's ProposalLayer gives 1 top (rois), got {len(lp.top)}")
         anchors = [generate_anchors(s, FPN_RATIOS, FPN_SCALES).tolist() for s in strides]
-        return {"pyramid": True, "strides": strides, "levels": [by_stride[s] for s in strides],
+        return {"pyramid": True, "name": lp.name, "strides": strides, "levels": [by_stride[s] for s in strides],
                 "anchors": anchors, **FPN_CONFIG}
 
     def infer(self, attrs, in_shapes):
@@ -368,12 +371,14 @@ class FPNProposalSpec(Layer):
         if math.prod(info) < 3:
             raise LayerError(f"im_info must hold [height, width, scale], got shape {list(info)}")
         total = 0
-        for level, stride, anchors in zip(attrs["levels"], attrs["strides"], attrs["anchors"]):
-            a = len(anchors)
+        for level, stride in zip(attrs["levels"], attrs["strides"]):
+            # the anchor count is the maps' own here: another one than the spec's loads in Caffe (the
+            # Python layer's setup looks at no bottom) and is refused at run time (cannot_run)
             deltas, prob = maps[level], maps[5 + level]
-            if len(prob) != 4 or prob[0] != 1 or prob[1] != 2 * a:
+            if len(prob) != 4 or prob[0] != 1 or prob[1] % 2:
                 raise LayerError(f"the stride-{stride} rpn_cls_prob_reshape (bottom {6 + level}) must be "
-                                 f"(1, {2 * a}, H, W), got {list(prob)}")
+                                 f"(1, 2 x anchors, H, W), got {list(prob)}")
+            a = prob[1] // 2
             if tuple(deltas) != (1, 4 * a, prob[2], prob[3]):
                 raise LayerError(f"the stride-{stride} rpn_bbox_pred (bottom {1 + level}) must be "
                                  f"(1, {4 * a}, {prob[2]}, {prob[3]}), got {list(deltas)}")
@@ -381,10 +386,32 @@ class FPNProposalSpec(Layer):
         # kept rows are repeated up to post_nms_top_n
         return [(attrs["post_nms_top_n"] if attrs["post_nms_top_n"] > 0 else total, 5)]
 
+    @staticmethod
+    def cannot_run(attrs, in_shapes):
+        """Why the proposals cannot be computed for these maps, or None: a level scoring another number
+        of anchors than unsky/FPN's (a fork's proposal_layer.py with its own cfg.FPNRATIOS and
+        FPNRSCALES, such as xraydetec/Xdet's five ratios) loads in Caffe and fails only in forward."""
+        maps = in_shapes[1:]
+        for level, stride, anchors in zip(attrs["levels"], attrs["strides"], attrs["anchors"]):
+            got = maps[5 + level][1] // 2
+            if got != len(anchors):
+                return (f"the stride-{stride} maps score {got} anchors per position, but unsky/FPN's proposal "
+                        f"layer makes {len(anchors)} (cfg.FPNRATIOS {list(FPN_RATIOS)} x FPNRSCALES "
+                        f"{list(FPN_SCALES)}): this net comes with a fork's proposal_layer.py and config, "
+                        f"whose anchors caffeq does not guess")
+        return None
+
+    def _refuse(self, name, attrs, in_shapes, error=CaffeqError, layer_type="FPN region proposals"):
+        """Raise `error` naming the layer as the exporters word it ("layer 'NAME' (TYPE): ...")."""
+        why = self.cannot_run(attrs, in_shapes)
+        if why:
+            raise error(f"layer '{name}' ({layer_type}): {why}")
+
     def _ordered(self, attrs, maps):
         return ([maps[lv] for lv in attrs["levels"]], [maps[5 + lv] for lv in attrs["levels"]])
 
     def forward(self, attrs, params, im_info, *maps):
+        self._refuse(attrs["name"], attrs, [im_info.shape] + [m.shape for m in maps])
         deltas, probs = self._ordered(attrs, maps)
         anchors = [torch.tensor(a, dtype=torch.float64) for a in attrs["anchors"]]
         try:
@@ -394,10 +421,12 @@ class FPNProposalSpec(Layer):
             raise CaffeqError(f"FPN ProposalLayer: {e}") from None
 
     def onnx(self, ctx, node):
+        self._refuse(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError, node.type)
         emit_fpn_proposals(ctx, node)
 
     def pytorch_source(self, node, emit):
         a = node.attrs
+        self._refuse(node.name, a, [emit.in_shape(i) for i in range(len(emit.inputs))], ExportError, node.type)
         emit.note(f"{node.name} (FPN region proposals): NMS runs eagerly on the CPU, so this layer does not trace; "
                   f"fewer than {a['post_nms_top_n']} kept boxes are repeated in order (the Python layer repeats "
                   f"random ones).")

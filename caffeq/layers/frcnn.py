@@ -18,14 +18,28 @@ table except two entries that differ in the file ([-360, -184, 375, 100] where t
 199, and [-56, -56, 71, 72] where it gives 71); they are kept as written, since they are what the
 fork computes with.  test_rpn_score_thresh is absent from that file and defaults to 0
 (frcnn_param.cpp:185), so it drops no softmax score; test_soft_nms defaults to 0 (plain NMS).
+
+`RPN` (zhanglaplace/faster-rcnn-cplusplus2 5b6701d, rpn_layer.cpp; rpn_param as its README declares,
+number 158 there) is another C++ port, with its settings in the prototxt: feat_stride, basesize,
+scale, ratio, boxminsize, per_nms_topn, post_nms_topn and nms_thresh (none has a default; a topn
+of 0 keeps every box).  It differs from py-faster-rcnn (rcnn.py's cpp_rpn switches):
+- anchors as generate_anchors with C's round (half away from zero), then truncated to int;
+- a box goes when its unclipped predicted width or height (exp(d) * anchor size) is below
+  boxminsize * im_info[2]; the rest are clipped to [0, int(width)] x [0, int(height)] (not - 1);
+- NMS drops a box whose IoU with a kept one is >= nms_thresh (+1 pixel sizes);
+- it reads image 0 of any batch (im_info's first row), and its tops are 4-D.
+Boxes are sorted by score with std::sort, whose order of equal scores is unspecified; caffeq puts
+the higher index first, as for py-faster-rcnn.  The fork computes x1 = ctr - 0.5 * w in double
+before storing a float; caffeq stays in float32, which rounds the same except for boxes whose
+centre and size differ by over 2^29 (none an image has).
 """
 import dataclasses
 
 import numpy as np
 
 from ..errors import ExportError
-from .rcnn import _ProposalBase
-from .registry import LayerError, register_layer
+from .rcnn import _ProposalBase, generate_anchors
+from .registry import LayerError, need_blobs, register_layer
 
 # examples/FRCNN/config/voc_config.json at makefile/frcnn 8d9b9eb (the TEST keys the layer reads)
 FRCNN_VOC_CONFIG = {
@@ -44,22 +58,8 @@ def _as_4d(shape):
     return tuple(shape) + (1,) * (4 - len(shape))
 
 
-@register_layer("FrcnnProposal")
-class FrcnnProposalLayer(_ProposalBase):
-    """makefile/frcnn's FrcnnProposal at TEST, with voc_config.json's settings (see the module doc)."""
-
-    def settings(self, lp):
-        config = dict(FRCNN_VOC_CONFIG)
-        p = lp.proposal_param
-        if p.HasField("feat_stride") and p.feat_stride != 0:   # 0: the fork's "take the config's"
-            config["feat_stride"] = int(p.feat_stride)
-        for field in ("base_size", "min_size", "ratio", "scale", "pre_nms_topn", "post_nms_topn", "nms_thresh"):
-            if field in p.DESCRIPTOR.fields_by_name and (len(getattr(p, field)) if field in ("ratio", "scale")
-                                                         else p.HasField(field)):
-                raise LayerError(f"proposal_param.{field}: makefile/frcnn's FrcnnProposal has only feat_stride "
-                                 f"(the rest comes from its JSON config)")
-        config["anchors"] = [[float(v) for v in row] for row in config["anchors"]]
-        return config
+class _FourDProposal(_ProposalBase):
+    """py-faster-rcnn's proposals with 4-D tops: rois (R, 5, 1, 1) and scores (R, 1, 1, 1)."""
 
     def infer(self, attrs, in_shapes):
         return [_as_4d(s) for s in super().infer(attrs, in_shapes)]
@@ -83,3 +83,49 @@ class FrcnnProposalLayer(_ProposalBase):
         if isinstance(calls, list):
             return [f"{c}[:, :, None, None]" for c in calls]
         return f"{calls}[:, :, None, None]"
+
+
+@register_layer("FrcnnProposal")
+class FrcnnProposalLayer(_FourDProposal):
+    """makefile/frcnn's FrcnnProposal at TEST, with voc_config.json's settings (see the module doc)."""
+
+    def settings(self, lp):
+        config = dict(FRCNN_VOC_CONFIG)
+        p = lp.proposal_param
+        if p.HasField("feat_stride") and p.feat_stride != 0:   # 0: the fork's "take the config's"
+            config["feat_stride"] = int(p.feat_stride)
+        for field in ("base_size", "min_size", "ratio", "scale", "pre_nms_topn", "post_nms_topn", "nms_thresh"):
+            if field in p.DESCRIPTOR.fields_by_name and (len(getattr(p, field)) if field in ("ratio", "scale")
+                                                         else p.HasField(field)):
+                raise LayerError(f"proposal_param.{field}: makefile/frcnn's FrcnnProposal has only feat_stride "
+                                 f"(the rest comes from its JSON config)")
+        config["anchors"] = [[float(v) for v in row] for row in config["anchors"]]
+        return config
+
+
+@register_layer("RPN")
+class CppRPNLayer(_FourDProposal):
+    """zhanglaplace/faster-rcnn-cplusplus2's RPN layer (see the module doc)."""
+
+    def parse(self, lp):
+        need_blobs(lp, "RPN", 3, (1, 2), "rpn_cls_prob_reshape, rpn_bbox_pred, im_info")
+        return super().parse(lp)
+
+    def settings(self, lp):
+        p = lp.rpn_param
+        if not len(p.scale) or not len(p.ratio):
+            raise LayerError(f"rpn_param: give the anchors' scale and ratio values (the layer makes "
+                             f"len(scale) x len(ratio) anchors), got {len(p.scale)} scale(s) and "
+                             f"{len(p.ratio)} ratio(s)")
+        if p.basesize < 1:
+            raise LayerError(f"rpn_param.basesize must be >= 1, got {p.basesize}")
+        ratios = [float(v) for v in p.ratio]
+        if any(not v > 0 for v in ratios):
+            raise LayerError(f"rpn_param.ratio must be positive numbers, got {ratios}")
+        scales = [float(v) for v in p.scale]
+        # the layer stores its anchors in an int array: C's round on the sides, then truncation
+        anchors = np.trunc(generate_anchors(p.basesize, ratios, scales, c_round=True))
+        return {"feat_stride": int(p.feat_stride), "scales": scales, "ratios": ratios,
+                "anchors": anchors.tolist(), "pre_nms_top_n": int(p.per_nms_topn),
+                "post_nms_top_n": int(p.post_nms_topn), "nms_thresh": float(p.nms_thresh),
+                "min_size": int(p.boxminsize), "cpp_rpn": True}

@@ -13,6 +13,8 @@ what the known module computes (see registry.spec_for).
   (1, 5), labels (1, 1), bbox targets and weights (1, 4 * num_classes)), so a train net can be
   listed and converted up to it; it never runs (a deploy or test net has no such layer).
   nqanh/affordance-net's form takes 5 bottoms and adds mask_targets (1, 244, 244) and rois_pos (1, 5).
+  xraydetec/Xdet's FPN form (1119bbe lib/rpn/proposal_target_layer.py) takes rpn_rois, gt_boxes and
+  data and gives one rois top per pyramid level 2-5 (1, 5) each, then labels and the three targets.
 - `caffe.layers.detectnet.clustering.ClusterDetections` (NVIDIA DIGITS DetectNet): clusters the
   coverage grid's boxes with OpenCV's groupRectangles into one (N, max_boxes, 5) list per class.
   Its shapes are its reshape's; it does not run here (groupRectangles is not reproduced): the
@@ -86,7 +88,9 @@ class ProposalTarget(ReadOnlyLayer):
     def parse(self, lp):
         # person_search (ShuangLI59) adds a sixth top: an auxiliary (pid) label per roi, (1, 1);
         # nqanh/affordance-net takes im_info, seg_mask_inds and flipped too and adds mask_targets and rois_pos
-        if len(lp.top) == 7:
+        if len(lp.top) == 8:
+            need_blobs(lp, "ProposalTargetLayer", 3, 8, "rpn_rois, gt_boxes, data")
+        elif len(lp.top) == 7:
             need_blobs(lp, "ProposalTargetLayer", 5, 7, "rpn_rois, gt_boxes, im_info, seg_mask_inds, flipped")
         elif len(lp.top) != 6:
             need_blobs(lp, "ProposalTargetLayer", 2, 5, "rpn_rois, gt_boxes")
@@ -96,14 +100,14 @@ class ProposalTarget(ReadOnlyLayer):
         if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
             raise LayerError(f"python_param.param_str: 'num_classes' must be a positive integer, got {classes!r}")
         return {"num_classes": classes, "name": lp.name, "aux_label": len(lp.top) == 6,
-                "masks": len(lp.top) == 7}
+                "masks": len(lp.top) == 7, "levels": 4 if len(lp.top) == 8 else 1}
 
     def infer(self, attrs, in_shapes):
         targets = (1, 4 * attrs["num_classes"])
         extra = [(1, 1)] * attrs["aux_label"]
         if attrs.get("masks"):   # affordance-net's setup: (1, MASK_SIZE, MASK_SIZE) with its cfg's 244, (1, 5)
             extra = [(1, AFFORDANCE_MASK_SIZE, AFFORDANCE_MASK_SIZE), (1, 5)]
-        return [(1, 5), (1, 1), targets, targets, targets] + extra
+        return [(1, 5)] * attrs.get("levels", 1) + [(1, 1), targets, targets, targets] + extra
 
     def why_not_run(self, attrs):
         return ("it samples training rois against the ground-truth boxes and does not run for inference; use "

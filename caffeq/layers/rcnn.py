@@ -33,6 +33,9 @@ spec here, registered as "Python:<module>.<layer>".
   proposal_param) is not this computation (absolute anchor scales, unrounded
   ratio sides, a 4-value im_info, boxes below min_size kept with score 0, one
   set of rows per image), so it is not registered.
+- zhanglaplace/faster-rcnn-cplusplus2's C++ `RPN` (frcnn.py) is the same computation with a few
+  differences, switched on by `cpp_rpn` here: the size filter on the unclipped sizes, clipping to
+  [0, int(width)] x [0, int(height)], and NMS that drops IoU >= the threshold.
 - Any other Python layer without bottoms is a data layer ("PythonData"): its
   top shapes must be given by the user (`--input-shape NAME=N,C,H,W`).
 
@@ -157,18 +160,19 @@ def parse_param_str(text, what="python_param.param_str"):
 
 # ---- anchors ------------------------------------------------------------------------------
 
-def generate_anchors(base_size=16, ratios=(0.5, 1, 2), scales=(8, 16, 32)):
+def generate_anchors(base_size=16, ratios=(0.5, 1, 2), scales=(8, 16, 32), c_round=False):
     """py-faster-rcnn's generate_anchors: (A, 4) float64 [x1, y1, x2, y2], ratios outer, scales inner.
 
     The (0, 0, base-1, base-1) window is reshaped to each ratio keeping its area (sides rounded half
-    to even, as numpy's round), then scaled; every box keeps the window's centre, and a box of
-    width w spans w - 1 (pixel sizes count both ends)."""
+    to even, as numpy's round; c_round: half away from zero, as C's round), then scaled; every box
+    keeps the window's centre, and a box of width w spans w - 1 (pixel sizes count both ends)."""
     side = float(base_size)
     centre = 0.5 * (side - 1)
+    rnd = (lambda v: float(np.sign(v) * np.floor(abs(v) + 0.5))) if c_round else (lambda v: float(np.round(v)))
     rows = []
     for ratio in ratios:
-        w = float(np.round(np.sqrt(side * side / ratio)))
-        h = float(np.round(w * ratio))
+        w = rnd(np.sqrt(side * side / ratio))
+        h = rnd(w * ratio)
         for scale in scales:
             sw, sh = w * scale, h * scale
             rows.append([centre - 0.5 * (sw - 1), centre - 0.5 * (sh - 1),
@@ -189,10 +193,10 @@ def shifted_anchors(anchors, height: int, width: int, feat_stride: int):
 
 # ---- the proposal computation (also copied into model.py) ---------------------------------------
 
-def rpn_nms(boxes, thresh: float, max_keep: int):
+def rpn_nms(boxes, thresh: float, max_keep: int, inclusive: bool = False):
     """Greedy NMS over boxes (P, 4) sorted best first: a box goes when its IoU with a kept box is
-    > thresh; sizes count both end pixels (+1).  Returns the kept indices, at most max_keep (<= 0:
-    no limit), in order."""
+    > thresh (inclusive: >= thresh); sizes count both end pixels (+1).  Returns the kept indices, at
+    most max_keep (<= 0: no limit), in order."""
     f32 = torch.float32
     n = boxes.shape[0]
     x1, y1, x2, y2 = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
@@ -210,42 +214,54 @@ def rpn_nms(boxes, thresh: float, max_keep: int):
         height = torch.clamp(torch.minimum(y2[i], y2[i + 1:]) - torch.maximum(y1[i], y1[i + 1:]) + 1, min=0)
         inter = width * height
         overlap = inter / (areas[i] + areas[i + 1:] - inter)
-        for j in torch.nonzero(overlap > thr).flatten().tolist():
+        for j in torch.nonzero((overlap >= thr) if inclusive else (overlap > thr)).flatten().tolist():
             struck[i + 1 + j] = True
     return keep
 
 
-def rpn_decode_boxes(anchor_boxes, deltas, info, min_size: float):
-    """py-faster-rcnn's bbox_transform_inv and clip_boxes: each anchor moved by its deltas and
-    clipped to the image of info = [height, width, scale].  Returns the boxes (P, 4) and the
-    indices of those at least min_size (at the original image's scale) on both sides."""
-    dt = anchor_boxes.dtype
-    # the centre moves by d * size, the size scales by exp(d); sizes count both end pixels
+def rpn_decode_centres(anchor_boxes, deltas):
+    """py-faster-rcnn's bbox_transform_inv up to the corners: each anchor's centre moves by d * size,
+    its size scales by exp(d); sizes count both end pixels.  -> centre x, centre y, width, height."""
     widths = anchor_boxes[:, 2] - anchor_boxes[:, 0] + 1.0
     heights = anchor_boxes[:, 3] - anchor_boxes[:, 1] + 1.0
     ctr_x = anchor_boxes[:, 0] + 0.5 * widths
     ctr_y = anchor_boxes[:, 1] + 0.5 * heights
-    pred_x = deltas[:, 0] * widths + ctr_x
-    pred_y = deltas[:, 1] * heights + ctr_y
-    pred_w = torch.exp(deltas[:, 2]) * widths
-    pred_h = torch.exp(deltas[:, 3]) * heights
+    return (deltas[:, 0] * widths + ctr_x, deltas[:, 1] * heights + ctr_y,
+            torch.exp(deltas[:, 2]) * widths, torch.exp(deltas[:, 3]) * heights)
+
+
+def rpn_decode_boxes(anchor_boxes, deltas, info, min_size: float, cpp_rpn: bool = False):
+    """py-faster-rcnn's bbox_transform_inv and clip_boxes: each anchor moved by its deltas and
+    clipped to the image of info = [height, width, scale].  Returns the boxes (P, 4) and the
+    indices of those at least min_size (at the original image's scale) on both sides.
+    cpp_rpn (faster-rcnn-cplusplus2's RPN layer): a box goes when its unclipped width or height is
+    below min_size * scale, and the rest clip to [0, int(width)] x [0, int(height)]."""
+    dt = anchor_boxes.dtype
+    pred_x, pred_y, pred_w, pred_h = rpn_decode_centres(anchor_boxes, deltas)
     zero = torch.zeros((), dtype=dt)
     x_max, y_max = info[1] - 1, info[0] - 1
+    if cpp_rpn:
+        x_max, y_max = torch.trunc(info[1]), torch.trunc(info[0])
     x1 = torch.maximum(torch.minimum(pred_x - 0.5 * pred_w, x_max), zero)
     y1 = torch.maximum(torch.minimum(pred_y - 0.5 * pred_h, y_max), zero)
     x2 = torch.maximum(torch.minimum(pred_x + 0.5 * pred_w, x_max), zero)
     y2 = torch.maximum(torch.minimum(pred_y + 0.5 * pred_h, y_max), zero)
     limit = torch.tensor(min_size, dtype=dt) * info[2]
-    keep = torch.nonzero(((x2 - x1 + 1) >= limit) & ((y2 - y1 + 1) >= limit)).flatten()
+    if cpp_rpn:
+        keep = torch.nonzero(~((pred_w < limit) | (pred_h < limit))).flatten()
+    else:
+        keep = torch.nonzero(((x2 - x1 + 1) >= limit) & ((y2 - y1 + 1) >= limit)).flatten()
     return torch.stack([x1, y1, x2, y2], dim=1), keep
 
 
 def rpn_proposals(cls_prob, bbox_pred, im_info, anchors, feat_stride: int, pre_nms_top_n: int,
-                  post_nms_top_n: int, nms_thresh: float, min_size: float, apply_nms: bool = True):
+                  post_nms_top_n: int, nms_thresh: float, min_size: float, apply_nms: bool = True,
+                  cpp_rpn: bool = False):
     """py-faster-rcnn's ProposalLayer.forward for one image: cls_prob (1, 2A, H, W) (the second A
     channels are the object scores), bbox_pred (1, 4A, H, W), im_info (1, 3) = [height, width,
     scale], anchors (A, 4).  Returns rois (R, 5) = [0, x1, y1, x2, y2] and scores (R, 1).
-    apply_nms=False (SSH at TEST): the best pre_nms_top_n boxes, without NMS."""
+    apply_nms=False (SSH at TEST): the best pre_nms_top_n boxes, without NMS.  cpp_rpn: the C++
+    RPN layer's size filter and clipping (rpn_decode_boxes) and its NMS, which drops IoU >= thresh."""
     if cls_prob.shape[0] != 1:
         raise ValueError(f"region proposals take one image per batch, got {cls_prob.shape[0]}")
     n_anchors = anchors.shape[0]
@@ -255,14 +271,14 @@ def rpn_proposals(cls_prob, bbox_pred, im_info, anchors, feat_stride: int, pre_n
     deltas = bbox_pred[0].permute(1, 2, 0).reshape(-1, 4)
     boxes = shifted_anchors(anchors, height, width, feat_stride).to(dt)
     info = im_info.reshape(-1).to(dt)
-    proposals, keep = rpn_decode_boxes(boxes, deltas, info, min_size)
+    proposals, keep = rpn_decode_boxes(boxes, deltas, info, min_size, cpp_rpn)
     proposals, scores = proposals[keep], scores[keep]
     order = torch.sort(scores, stable=True)[1].flip(0)   # best first; ties: higher index first
     if pre_nms_top_n > 0:
         order = order[:pre_nms_top_n]
     proposals, scores = proposals[order], scores[order]
     if apply_nms:
-        kept = rpn_nms(proposals.detach().float().cpu(), nms_thresh, post_nms_top_n)
+        kept = rpn_nms(proposals.detach().float().cpu(), nms_thresh, post_nms_top_n, cpp_rpn)
         kept = torch.tensor(kept, dtype=torch.long, device=proposals.device)
         proposals, scores = proposals[kept], scores[kept]
     rois = torch.cat([torch.zeros_like(proposals[:, :1]), proposals], dim=1)
@@ -279,20 +295,24 @@ def ssh_empty_rois(rois):
 class RPNProposal(nn.Module):
     """Faster R-CNN's region proposal layer (rpn_proposals) with its anchors and settings;
     returns rois (R, 5), and scores (R, 1) too when with_scores.  R depends on the data.
-    ssh=True: SSH's form (no NMS, the one default roi when none is left)."""
+    ssh=True: SSH's form (no NMS, the one default roi when none is left).  cpp_rpn=True: the C++ RPN
+    layer's form (rpn_proposals' cpp_rpn, on image 0 of the batch)."""
 
     def __init__(self, anchors, feat_stride, pre_nms_top_n=6000, post_nms_top_n=300, nms_thresh=0.7,
-                 min_size=16.0, with_scores=False, ssh=False):
+                 min_size=16.0, with_scores=False, ssh=False, cpp_rpn=False):
         super().__init__()
         self.anchors = anchors
         self.feat_stride, self.pre_nms_top_n, self.post_nms_top_n = feat_stride, pre_nms_top_n, post_nms_top_n
         self.nms_thresh, self.min_size, self.with_scores, self.ssh = nms_thresh, min_size, with_scores, ssh
+        self.cpp_rpn = cpp_rpn
 
     def forward(self, cls_prob, bbox_pred, im_info):
         anchors = torch.tensor(self.anchors, dtype=torch.float64)
+        if self.cpp_rpn:
+            cls_prob, bbox_pred, im_info = cls_prob[:1], bbox_pred[:1], im_info[:1]
         rois, scores = rpn_proposals(cls_prob, bbox_pred, im_info, anchors, self.feat_stride,
                                      self.pre_nms_top_n, self.post_nms_top_n, self.nms_thresh, self.min_size,
-                                     not self.ssh)
+                                     not self.ssh, self.cpp_rpn)
         if self.ssh:
             rois = ssh_empty_rois(rois)
         if self.with_scores:
@@ -303,8 +323,8 @@ class RPNProposal(nn.Module):
 # model.py gets these very functions, so the export runs the same code as forward (the anchors
 # helper on its own: CTPN's text proposals use it too)
 TORCH_ANCHORS = inspect.getsource(shifted_anchors)
-TORCH_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (rpn_nms, rpn_decode_boxes, rpn_proposals,
-                                                               ssh_empty_rois, RPNProposal))
+TORCH_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (rpn_nms, rpn_decode_centres, rpn_decode_boxes,
+                                                               rpn_proposals, ssh_empty_rois, RPNProposal))
 
 
 # ---- the specs --------------------------------------------------------------------------------
@@ -376,7 +396,7 @@ class _ProposalBase(Layer):
         a = prob[1] // 2
         if len(deltas) != 4 or tuple(deltas) != (prob[0], 4 * a, prob[2], prob[3]):
             raise LayerError(f"rpn_bbox_pred must be ({prob[0]}, {4 * a}, {prob[2]}, {prob[3]}), got {list(deltas)}")
-        if prob[0] != 1:
+        if prob[0] != 1 and not attrs.get("cpp_rpn"):   # the C++ RPN layer reads image 0 only
             raise LayerError(f"region proposals take one image per batch (as py-faster-rcnn), got {prob[0]}")
         rows = prob[2] * prob[3] * a
         for key in ("pre_nms_top_n", "post_nms_top_n"):
@@ -389,6 +409,9 @@ class _ProposalBase(Layer):
 
     def forward(self, attrs, params, cls_prob, bbox_pred, im_info):
         self._refuse(attrs["name"], attrs, [cls_prob.shape, bbox_pred.shape, im_info.shape])
+        cpp = attrs.get("cpp_rpn", False)
+        if cpp:
+            cls_prob, bbox_pred, im_info = cls_prob[:1], bbox_pred[:1], im_info[:1]
         if cls_prob.shape[0] != 1:
             raise CaffeqError(f"region proposals take one image per batch (as py-faster-rcnn), "
                               f"got {cls_prob.shape[0]}")
@@ -396,7 +419,7 @@ class _ProposalBase(Layer):
         ssh = attrs.get("ssh", False)
         rois, scores = rpn_proposals(cls_prob, bbox_pred, im_info, anchors, attrs["feat_stride"],
                                      attrs["pre_nms_top_n"], attrs["post_nms_top_n"], attrs["nms_thresh"],
-                                     attrs["min_size"], not ssh)
+                                     attrs["min_size"], not ssh, cpp)
         if ssh:
             rois = ssh_empty_rois(rois)
         return (rois, scores) if attrs["with_scores"] else rois
@@ -416,6 +439,8 @@ class _ProposalBase(Layer):
             args.append("with_scores=True")
         if a.get("ssh"):
             args.append("ssh=True")
+        if a.get("cpp_rpn"):
+            args.append("cpp_rpn=True")
         emit.note(f"{node.name} (region proposals): the number of rois depends on the data (at most "
                   f"{emit.out_shape(0)[0]}); NMS runs eagerly on the CPU, so this layer does not trace.")
         emit.helper(TORCH_ANCHORS)
@@ -552,8 +577,9 @@ def onnx_clipped_corners(op, zero, cx, cy, half_w, half_h, x_max, y_max):
 def emit_proposals(ctx, node):
     """rpn_proposals from standard ops; the anchors and their sizes are constants of the static H, W."""
     a = node.attrs
+    cpp = a.get("cpp_rpn", False)
     prob_in, deltas_in, info_in = node.inputs
-    _, _, height, width = ctx.shape(prob_in)
+    batch, _, height, width = ctx.shape(prob_in)
     n_anchors = len(a["anchors"])
     total = height * width * n_anchors
     name = node.name
@@ -573,25 +599,36 @@ def emit_proposals(ctx, node):
     ctr_x = boxes[:, 0] + np.float32(0.5) * widths
     ctr_y = boxes[:, 1] + np.float32(0.5) * heights
 
+    if cpp and batch > 1:   # the C++ RPN layer reads image 0 only
+        prob_in, deltas_in = (op("Slice", [v, i64([0]), i64([1]), i64([0])], h) for v, h in
+                              ((prob_in, "prob0"), (deltas_in, "deltas0")))
     scores = op("Slice", [prob_in, i64([n_anchors]), i64([2 * n_anchors]), i64([1])], "fg")
     scores = op("Reshape", [op("Transpose", [scores], "fg_t", perm=[0, 2, 3, 1]), i64([-1])], "scores")
     deltas = op("Reshape", [op("Transpose", [deltas_in], "d_t", perm=[0, 2, 3, 1]), i64([-1, 4])], "deltas")
     pred_x = op("Add", [op("Mul", [column(deltas, 0, "dx"), f32(widths)], "mx"), f32(ctr_x)], "px")
     pred_y = op("Add", [op("Mul", [column(deltas, 1, "dy"), f32(heights)], "my"), f32(ctr_y)], "py")
-    half_w = op("Mul", [f32(0.5), op("Mul", [op("Exp", [column(deltas, 2, "dw")], "ew"), f32(widths)], "pw")], "hw")
-    half_h = op("Mul", [f32(0.5), op("Mul", [op("Exp", [column(deltas, 3, "dh")], "eh"), f32(heights)], "ph")], "hh")
+    pred_w = op("Mul", [op("Exp", [column(deltas, 2, "dw")], "ew"), f32(widths)], "pw")
+    pred_h = op("Mul", [op("Exp", [column(deltas, 3, "dh")], "eh"), f32(heights)], "ph")
+    half_w, half_h = op("Mul", [f32(0.5), pred_w], "hw"), op("Mul", [f32(0.5), pred_h], "hh")
     info = op("Reshape", [info_in, i64([-1])], "info")
     im_h, im_w, im_scale = (op("Gather", [info, i64(k)], hint, axis=0) for k, hint in
                             ((0, "im_h"), (1, "im_w"), (2, "im_scale")))
-    x_max = op("Sub", [im_w, f32(1.0)], "x_max")
-    y_max = op("Sub", [im_h, f32(1.0)], "y_max")
+    if cpp:   # [0, int(width)] x [0, int(height)]
+        x_max, y_max = (op("Cast", [op("Cast", [v, ], f"{h}_i", to=7)], h, to=1) for v, h in
+                        ((im_w, "x_max"), (im_h, "y_max")))
+    else:
+        x_max = op("Sub", [im_w, f32(1.0)], "x_max")
+        y_max = op("Sub", [im_h, f32(1.0)], "y_max")
     x1, y1, x2, y2 = onnx_clipped_corners(op, f32(0.0), pred_x, pred_y, half_w, half_h, x_max, y_max)
     limit = op("Mul", [f32(float(a["min_size"])), im_scale], "limit")
-    ws = op("Add", [op("Sub", [x2, x1], "ws0"), f32(1.0)], "ws")
-    hs = op("Add", [op("Sub", [y2, y1], "hs0"), f32(1.0)], "hs")
-    # as the Python layer's (ws >= limit) & (hs >= limit): a NaN side is dropped too
-    small = op("Not", [op("And", [op("GreaterOrEqual", [ws, limit], "wide"), op("GreaterOrEqual", [hs, limit], "high")],
-                          "big_enough")], "small")
+    if cpp:   # the unclipped sizes, as (w < limit || h < limit): a NaN side is kept
+        small = op("Or", [op("Less", [pred_w, limit], "narrow"), op("Less", [pred_h, limit], "low")], "small")
+    else:
+        ws = op("Add", [op("Sub", [x2, x1], "ws0"), f32(1.0)], "ws")
+        hs = op("Add", [op("Sub", [y2, y1], "hs0"), f32(1.0)], "hs")
+        # as the Python layer's (ws >= limit) & (hs >= limit): a NaN side is dropped too
+        small = op("Not", [op("And", [op("GreaterOrEqual", [ws, limit], "wide"),
+                                      op("GreaterOrEqual", [hs, limit], "high")], "big_enough")], "small")
     # filtered boxes score -inf: NonMaxSuppression's score threshold (-FLT_MAX) then leaves them out
     live = op("Where", [small, f32(-np.inf), scores], "live")
     k = total if a["pre_nms_top_n"] <= 0 else min(a["pre_nms_top_n"], total)
@@ -607,10 +644,13 @@ def emit_proposals(ctx, node):
     plus = f32(np.array([0, 0, 1, 1], np.float32))
     nms_boxes = op("Gather", [op("Add", [cand, plus], "cand1"), i64([1, 0, 3, 2])], "yx", axis=1)
     max_out = k if a["post_nms_top_n"] <= 0 else min(a["post_nms_top_n"], k)
+    # ONNX drops IoU > threshold; the C++ RPN layer drops IoU >= threshold: the next float32 below
+    thresh = np.float32(a["nms_thresh"])
+    thresh = np.nextafter(thresh, np.float32(-np.inf)) if cpp else thresh
     sel = ctx.add_node("NonMaxSuppression",
                        [op("Unsqueeze", [nms_boxes, i64([0])], "nms_b"),
                         op("Reshape", [vals, i64([1, 1, -1])], "nms_s"),
-                        i64([max_out]), f32([a["nms_thresh"]]), f32([-FLT_MAX])],
+                        i64([max_out]), f32([thresh]), f32([-FLT_MAX])],
                        [ctx.tmp(f"{name}_sel")], name=name)[0]
     picked = op("Gather", [sel, i64(2)], "picked", axis=1)                                 # (R,)
     chosen = op("Gather", [cand, picked], "chosen", axis=0)
