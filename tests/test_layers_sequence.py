@@ -9,8 +9,9 @@ runs in torch, in onnxruntime (the exported ONNX) and in the generated model.py.
 import numpy as np
 import pytest
 import torch
-from conftest import assert_close, backend_outputs, net, rng
+from conftest import assert_close, backend_outputs, model_py_outputs, net, onnx_outputs, rng
 
+from caffeq.errors import ExportError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -78,10 +79,14 @@ def sigmoid(v):
     return 1.0 / (1.0 + np.exp(-v))
 
 
-def lstm_ref(x, w_x, w_h, b):
+def lstm_ref(x, w_x, w_h, b, clip=None, n=None):
     """LstmLayer's forward (the GPU kernels: each sample's own recurrent term), float64 loops:
-    pre_gate = W_x x + b (+ W_h h_{t-1} when t > 0); gates [i f o g]; f = 0 at t = 0."""
-    t_len, n = x.shape[0], x.shape[1]
+    pre_gate = W_x x + b (+ clip_t W_h h_{t-1}); gates [i f o g]; c = clip_t f c_{t-1} + i g, where
+    clip_t[n] is the clip bottom's element offset(t) + n (offset(t) = t * count / num) and, without
+    a clip bottom, t > 0.  The state before t = 0 is zero (the fork's first forward).  n: the
+    batch of junhyukoh/caffe-lstm's (T*N, ...) layout (the result is then (T*N, H))."""
+    flat = n is not None
+    t_len, n = (x.shape[0] // n, n) if flat else (x.shape[0], x.shape[1])
     hd = w_h.shape[1]
     xs = x.reshape(t_len, n, -1).astype(np.float64)
     w_x, w_h, b = (a.astype(np.float64) for a in (w_x, w_h, b))
@@ -89,18 +94,21 @@ def lstm_ref(x, w_x, w_h, b):
     c = np.zeros((t_len, n, hd))
     for t in range(t_len):
         for s in range(n):
-            pre = w_x @ xs[t, s] + b
-            if t > 0:
-                pre = pre + w_h @ h[t - 1, s]
+            if clip is None:
+                cont = 1.0 if t > 0 else 0.0
+            else:
+                cont = float(clip.reshape(-1)[t * (clip.size // clip.shape[0]) + s])
+            h_prev = h[t - 1, s] if t > 0 else np.zeros(hd)
+            c_prev = c[t - 1, s] if t > 0 else np.zeros(hd)
+            pre = w_x @ xs[t, s] + b + cont * (w_h @ h_prev)
             for d in range(hd):
                 i = sigmoid(pre[d])
-                f = sigmoid(pre[hd + d]) if t > 0 else 0.0
+                f = sigmoid(pre[hd + d])
                 o = sigmoid(pre[2 * hd + d])
                 g = np.tanh(pre[3 * hd + d])
-                c_prev = c[t - 1, s, d] if t > 0 else 0.0
-                c[t, s, d] = f * c_prev + i * g
+                c[t, s, d] = cont * f * c_prev[d] + i * g
                 h[t, s, d] = o * np.tanh(c[t, s, d])
-    return h
+    return h.reshape(t_len * n, hd) if flat else h
 
 
 # ---- Reverse ------------------------------------------------------------------------------------
@@ -279,14 +287,76 @@ def test_ctpn_lstm_samples_do_not_mix():
 
 
 def test_ctpn_lstm_bad_params():
-    with pytest.raises(LayerError, match="second bottom"):
+    with pytest.raises(LayerError, match="clip bottom .4, 1. holds too few entries for T = 4 steps of N = 2"):
         load_from_text(net('layer { name: "o" type: "Lstm" bottom: "x" bottom: "c" top: "o" '
-                           'lstm_param { num_output: 3 } }', inputs={"x": (4, 2, 3), "c": (4, 2)}))
+                           'lstm_param { num_output: 3 } }', inputs={"x": (4, 2, 3), "c": (4, 1)}))
     with pytest.raises(LayerError, match="num_output must be positive"):
         load_from_text(net('layer { name: "o" type: "Lstm" bottom: "x" top: "o" }', inputs={"x": (4, 2, 3)}))
-    with pytest.raises(LayerError, match="at least 3 axes"):
-        load_from_text(net('layer { name: "o" type: "Lstm" bottom: "x" top: "o" lstm_param { num_output: 3 } }',
-                           inputs={"x": (4, 2)}))
+    with pytest.raises(LayerError, match="first axis must be a multiple of lstm_param.batch_size 3"):
+        load_from_text(net('layer { name: "o" type: "Lstm" bottom: "x" top: "o" lstm_param { num_output: 3 '
+                           'batch_size: 3 } }', inputs={"x": (4, 2)}))
+    with pytest.raises(LayerError, match="lstm_param.batch_size"):
+        load_from_text(net('layer { name: "o" type: "Lstm" bottom: "x" top: "o" lstm_param { num_output: 3 '
+                           'batch_size: 0 } }', inputs={"x": (4, 2)}))
+
+
+def clip_model(x_shape, clip_shape, h, seed, extra=""):
+    text = net(f'layer {{ name: "o" type: "Lstm" bottom: "x" bottom: "clip" top: "o" lstm_param {{ num_output: {h} '
+               f'{extra} }} }}', inputs={"x": x_shape, "clip": clip_shape})
+    model = load_from_text(text, random_weights=True)
+    node = next(node for node in model.layers if node.name == "o")
+    node.blobs = [rng(seed).normal(0, 0.6, b.shape).astype(np.float32) for b in node.blobs]
+    return model, node
+
+
+def test_lstm_clip_restarts_sequences_in_torch_and_model_py(tmp_path):
+    """A clip bottom (junhyukoh/caffe-lstm, CTPN's fork): 0 where a sequence starts, state carried
+    where 1; CTPN's (T, N) clip on asymmetric shapes, a restart in mid-batch and a first step of 1
+    (which reads the zero state of the fork's first forward)."""
+    t, n, h = 5, 3, 4
+    model, node = clip_model((t, n, 2, 3), (t, n), h, 11)
+    x = rng(12).standard_normal((t, n, 2, 3)).astype(np.float32)
+    clip = np.array([[0, 1, 1], [1, 1, 0], [1, 0, 1], [1, 1, 1], [0, 1, 1]], np.float32)
+    want = lstm_ref(x, *node.blobs, clip=clip)
+    feeds = {"x": x, "clip": clip}
+    assert model.blob_shapes["o"] == (t, n, h)
+    assert_close(model.run(feeds)["o"], want, 1e-5, 1e-5, "torch")
+    assert_close(model_py_outputs(model, feeds, tmp_path)["o"], want, 1e-5, 1e-5, "model.py")
+    # a restart really restarts: the clip changes the result, and clip = (t > 0) is the one-bottom layer
+    assert np.abs(lstm_ref(x, *node.blobs) - want).max() > 1e-3
+    steps = np.repeat((np.arange(t) > 0).astype(np.float32)[:, None], n, 1)
+    assert_close(model.run({"x": x, "clip": steps})["o"], lstm_ref(x, *node.blobs), 1e-5, 1e-5, "clip = t > 0")
+    with pytest.raises(ExportError, match="'o' .Lstm.: its clip bottom restarts sequences"):
+        onnx_outputs(model, feeds, tmp_path)
+
+
+def test_junhyukoh_flat_layout_with_batch_size_everywhere(tmp_path):
+    """junhyukoh/caffe-lstm's layout: x (T*N, I...), N = lstm_param.batch_size, top (T*N, H)."""
+    t, n, h = 4, 2, 3
+    text = net(f'layer {{ name: "o" type: "Lstm" bottom: "x" top: "o" lstm_param {{ num_output: {h} batch_size: {n} '
+               f'}} }}', inputs={"x": (t * n, 5)})
+    model = load_from_text(text, random_weights=True)
+    node = next(node for node in model.layers if node.name == "o")
+    node.blobs = [rng(13).normal(0, 0.6, b.shape).astype(np.float32) for b in node.blobs]
+    assert [tuple(b.shape) for b in node.blobs] == [(4 * h, 5), (4 * h, h), (4 * h,)]
+    x = rng(14).standard_normal((t * n, 5)).astype(np.float32)
+    want = lstm_ref(x, *node.blobs, n=n)
+    assert model.blob_shapes["o"] == (t * n, h)
+    for backend, v in backend_outputs(model, {"x": x}, tmp_path).items():
+        assert v.shape == want.shape, backend
+        assert_close(v, want, 1e-5, 1e-5, f"flat Lstm {backend}")
+
+
+def test_junhyukoh_lstm_sequence_example_runs_with_its_clip(tmp_path):
+    """The fork's examples/lstm_sequence net: a (320, 1) series, a (320, 1) clip, N = 1."""
+    model, node = clip_model((12, 1), (12, 1), 5, 15, extra="clipping_threshold: 0.1")
+    x = rng(16).standard_normal((12, 1)).astype(np.float32)
+    clip = np.ones((12, 1), np.float32)
+    clip[[0, 7]] = 0
+    want = lstm_ref(x, *node.blobs, clip=clip, n=1)
+    assert model.blob_shapes["o"] == (12, 5)
+    assert_close(model.run({"x": x, "clip": clip})["o"], want, 1e-5, 1e-5, "torch")
+    assert_close(model_py_outputs(model, {"x": x, "clip": clip}, tmp_path)["o"], want, 1e-5, 1e-5, "model.py")
 
 
 # ---- CTPN's recurrent block ---------------------------------------------------------------------------

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .registry import Layer, LayerError, need_blobs, register_layer
+from ..errors import ExportError
+from .registry import Layer, LayerError, need_blobs, positive_field, register_layer
 
 
 def _i64(ctx, v):
@@ -191,9 +192,10 @@ TORCH_CONTINUATION_LIKE = inspect.getsource(continuation_indicator_like)
 
 # ---- CTPN's Lstm -----------------------------------------------------------------------------
 
-def ctpn_lstm(x, w_x, w_h, b):
+def ctpn_lstm(x, w_x, w_h, b, cont=None):
     """CTPN's Lstm: x (T, N, ...) -> h (T, N, H); gate rows [i f o g], zero initial state,
-    gates = (W_x x_t + b) + W_h h_{t-1}."""
+    gates = (W_x x_t + b) + W_h h_{t-1}.  cont (T, N), the clip bottom, 0 where a sequence
+    starts: h_{t-1} and c_{t-1} count times cont, as the fork's GPU kernels multiply them."""
     t, n = x.shape[0], x.shape[1]
     hd = w_h.shape[1]
     gx = torch.matmul(x.reshape(t, n, -1), w_x.t()) + b
@@ -201,28 +203,48 @@ def ctpn_lstm(x, w_x, w_h, b):
     c = h
     outs = []
     for step in range(t):
-        gates = gx[step] + torch.matmul(h, w_h.t())
+        recurrent = torch.matmul(h, w_h.t())
+        if cont is not None:
+            recurrent = cont[step].unsqueeze(1) * recurrent
+        gates = gx[step] + recurrent
         i = torch.sigmoid(gates[:, :hd])
         f = torch.sigmoid(gates[:, hd:2 * hd])
         o = torch.sigmoid(gates[:, 2 * hd:3 * hd])
         g = torch.tanh(gates[:, 3 * hd:])
+        if cont is not None:
+            f = cont[step].unsqueeze(1) * f
         c = f * c + i * g
         h = o * torch.tanh(c)
         outs.append(h)
     return torch.stack(outs) if t > 0 else gx.new_zeros(0, n, hd)
 
 
-class CtpnLstm(nn.Module):
-    """CTPN's Lstm layer (see ctpn_lstm) with its blobs W_x (4H, I), W_h (4H, H), b (4H)."""
+def lstm_layer(x, clip, w_x, w_h, b, flat_batch: int = 0):
+    """The Lstm layer around ctpn_lstm.  flat_batch N > 0: junhyukoh/caffe-lstm's layout, x
+    (T*N, ...) -> h (T*N, H); else CTPN's (T, N, ...) -> (T, N, H).  The clip bottom's entry
+    (t, n) is its flat element t * (count / shape[0]) + n, as the fork's offset(t) reads it."""
+    t, n = (x.shape[0] // flat_batch, flat_batch) if flat_batch else (x.shape[0], x.shape[1])
+    cont = None
+    if clip is not None:
+        stride = clip.numel() // clip.shape[0]
+        where = torch.arange(t, device=clip.device).unsqueeze(1) * stride + torch.arange(n, device=clip.device)
+        cont = clip.reshape(-1)[where].to(x.dtype)
+    h = ctpn_lstm(x.reshape(t, n, -1), w_x, w_h, b, cont)
+    return h.reshape(t * n, -1) if flat_batch else h
 
-    def __init__(self, num_input: int, num_output: int):
+
+class CtpnLstm(nn.Module):
+    """The Lstm layer (see lstm_layer) with its blobs W_x (4H, I), W_h (4H, H), b (4H)."""
+
+    def __init__(self, num_input: int, num_output: int, flat_batch: int = 0):
         super().__init__()
         self.W_x = nn.Parameter(torch.zeros(4 * num_output, num_input))
         self.W_h = nn.Parameter(torch.zeros(4 * num_output, num_output))
         self.b = nn.Parameter(torch.zeros(4 * num_output))
+        self.flat_batch = flat_batch
 
-    def forward(self, x):
-        return ctpn_lstm(x, self.W_x, self.W_h, self.b)
+    def forward(self, x, clip=None):
+        return lstm_layer(x, clip, self.W_x, self.W_h, self.b, self.flat_batch)
 
 
 @register_layer("Lstm")
@@ -231,27 +253,52 @@ class Lstm(Layer):
     weight_axes = {0: 0, 1: 0}
 
     def parse(self, lp):
-        if len(lp.bottom) == 2:
-            raise LayerError("Lstm with a second bottom (clip) carries h and c over from the previous forward "
-                             "pass, which caffeq cannot reproduce; give it one bottom")
-        need_blobs(lp, lp.type, 1)
+        need_blobs(lp, lp.type, (1, 2), roles="x, clip")
         p = lp.lstm_param
         if p.num_output <= 0:
             raise LayerError("lstm_param.num_output must be positive")
         if p.clipping_threshold < 0:
             raise LayerError(f"lstm_param.clipping_threshold must be >= 0, got {p.clipping_threshold}")
         # clipping_threshold bounds the gradients only (kept for the Caffe writer via the prototxt)
-        return {"num_output": int(p.num_output), "clipping_threshold": float(p.clipping_threshold)}
+        attrs = {"num_output": int(p.num_output), "clipping_threshold": float(p.clipping_threshold),
+                 "clip": len(lp.bottom) == 2, "reading_notes": [],
+                 # junhyukoh/caffe-lstm's (T*N, ...) layout, N = batch_size; CTPN's fork takes N from axis 1
+                 "batch_size": int(p.batch_size) if p.HasField("batch_size") else None}
+        if attrs["batch_size"] is not None:
+            positive_field(attrs["batch_size"], "lstm_param.batch_size")
+        if attrs["clip"]:
+            attrs["reading_notes"].append(
+                "the clip bottom carries h and c over from the previous forward in the fork (truncated BPTT); "
+                "caffeq starts every forward from zero state, as the fork's first forward does (the same "
+                "whenever clip is 0 at t = 0)")
+        return attrs
+
+    @staticmethod
+    def flat_batch(attrs, in_shape):
+        """N of junhyukoh/caffe-lstm's (T*N, ...) layout (batch_size set, or a bottom of < 3 axes), else 0."""
+        if attrs["batch_size"] is not None:
+            return attrs["batch_size"]
+        return 1 if len(in_shape) < 3 else 0
 
     def _dims(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
-        if len(s) < 3:
-            raise LayerError(f"Lstm needs a (T, N, ...) bottom with at least 3 axes, got {list(s)}")
+        flat = self.flat_batch(attrs, s)
+        if flat:
+            if len(s) < 1 or s[0] % flat:
+                raise LayerError(f"Lstm's bottom {list(s)}: its first axis must be a multiple of "
+                                 f"lstm_param.batch_size {flat} (T * N rows)")
+            return s[0] // flat, flat, math.prod(s[1:]), attrs["num_output"]
         return s[0], s[1], math.prod(s[2:]), attrs["num_output"]
 
     def infer(self, attrs, in_shapes):
         t, n, _, h = self._dims(attrs, in_shapes)
-        return [(t, n, h)]
+        if attrs["clip"]:
+            clip = tuple(in_shapes[1])
+            count = math.prod(clip)
+            if not clip or (t - 1) * (count // max(clip[0], 1)) + n > count:
+                raise LayerError(f"Lstm's clip bottom {list(clip)} holds too few entries for T = {t} steps of "
+                                 f"N = {n} (entry (t, n) is element t * (count / shape[0]) + n)")
+        return [(t * n, h)] if self.flat_batch(attrs, in_shapes[0]) else [(t, n, h)]
 
     def param_shapes(self, attrs, in_shapes):
         _, _, k, h = self._dims(attrs, in_shapes)
@@ -265,12 +312,17 @@ class Lstm(Layer):
         t, n, k, h = self._dims(attrs, in_shapes)
         return t * n * 4 * h * (k + h)
 
-    def forward(self, attrs, params, x):
-        return ctpn_lstm(x, *params)
+    def forward(self, attrs, params, x, clip=None):
+        return lstm_layer(x, clip, *params, flat_batch=self.flat_batch(attrs, x.shape))
 
     def onnx(self, ctx, node):
         name = node.name
         h = node.attrs["num_output"]
+        if node.attrs["clip"]:
+            raise ExportError(f"layer '{name}' (Lstm): its clip bottom restarts sequences inside the batch, "
+                              f"which ONNX's LSTM cannot do; export a net whose Lstm has one bottom")
+        t, n, _, _ = self._dims(node.attrs, [ctx.shape(node.inputs[0])])
+        flat = self.flat_batch(node.attrs, ctx.shape(node.inputs[0]))
         # [i f o g] -> ONNX's [i o f c]
         perm = np.concatenate([np.arange(0, h), np.arange(2 * h, 3 * h), np.arange(h, 2 * h),
                                np.arange(3 * h, 4 * h)]).astype(np.int64)
@@ -282,24 +334,24 @@ class Lstm(Layer):
             rows = op("Gather", [ctx.weight(node, index), ctx.const(perm)], hint + "_iofc", axis=0)
             return op("Unsqueeze", [rows, _i64(ctx, [0])], hint)
 
-        x = op("Reshape", [node.inputs[0], _i64(ctx, [0, 0, -1])], "x")
+        x = op("Reshape", [node.inputs[0], _i64(ctx, [t, n, -1] if flat else [0, 0, -1])], "x")
         bias = op("Gather", [ctx.weight(node, 2), ctx.const(perm)], "b_iofc", axis=0)
         bias = op("Concat", [bias, ctx.const(np.zeros(4 * h, np.float32))], "b_wr", axis=0)
         bias = op("Unsqueeze", [bias, _i64(ctx, [0])], "B")
         y = ctx.add_node("LSTM", [x, onnx_gates(0, "W"), onnx_gates(1, "R"), bias], [ctx.tmp(f"{name}_y")],
                          name=name, hidden_size=h)[0]                                 # (T, 1, N, H)
-        ctx.add_node("Squeeze", [y, _i64(ctx, [1])], [node.outputs[0]])
+        if flat:
+            y = op("Squeeze", [y, _i64(ctx, [1])], "y3")
+            ctx.add_node("Reshape", [y, _i64(ctx, [t * n, h])], [node.outputs[0]])
+        else:
+            ctx.add_node("Squeeze", [y, _i64(ctx, [1])], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
-        emit.helper(TORCH_CTPN_LSTM)
-        k = math.prod(emit.in_shape(0)[2:])
-        m = emit.module(f"{emit.helper(TORCH_CTPN_LSTM_MODULE)}({k}, {node.attrs['num_output']})")
+        _, _, k, h = self._dims(node.attrs, [emit.in_shape(0)])
+        flat = self.flat_batch(node.attrs, emit.in_shape(0))
+        m = emit.instance(CtpnLstm, k, h, *([flat] if flat else []), needs=[ctpn_lstm, lstm_layer])
         for i, blob in enumerate(self.blob_names):
             emit.param(blob, i)
-        return f"{m}({emit.inputs[0]})"
-
-
-TORCH_CTPN_LSTM = inspect.getsource(ctpn_lstm)
-TORCH_CTPN_LSTM_MODULE = inspect.getsource(CtpnLstm)
+        return f"{m}({', '.join(emit.inputs)})"
 
 __all__ = ["ContinuationIndicator", "Lstm", "Reverse", "Transpose", "continuation_indicator", "ctpn_lstm"]
