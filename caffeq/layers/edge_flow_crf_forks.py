@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from .act_forks import RReLU
-from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer
+from .registry import FunctionLayer, Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer
 
 # ---- torch functions (model.py gets the same code) ---------------------------------------
 
@@ -95,13 +95,8 @@ class Insanity(RReLU):
 # ---- Quantize and Rescale ------------------------------------------------------------------
 
 @register_layer("Quantize")
-class Quantize(Layer):
-    def parse(self, lp):
-        need_blobs(lp, "Quantize", 1, 1)
-        return {}
-
-    def forward(self, attrs, params, x):
-        return skeleton_scale_class(x)
+class Quantize(FunctionLayer):
+    fn = staticmethod(skeleton_scale_class)
 
     def onnx(self, ctx, node):
         x, name = node.inputs[0], node.name
@@ -119,9 +114,6 @@ class Quantize(Layer):
         high = ctx.add_node("Less", [x, ctx.const(np.array(200, np.float32))], ctx.tmp(name + "_high"))
         inside = ctx.add_node("And", [low, high], ctx.tmp(name + "_inside"))
         ctx.add_node("Where", [inside, cls, ctx.const(np.array(0, np.float32))], [node.outputs[0]])
-
-    def pytorch_source(self, node, emit):
-        return f"{emit.helper(skeleton_scale_class)}({emit.inputs[0]})"
 
 
 _RESCALE_EPS = float(np.float32(0.0001))   # Dtype(0.0001)

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from .norm import onnx_reduce
-from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer
+from .registry import FunctionLayer, Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer
 
 # AugmentationCoeff's field count in flownet2's caffe.proto (6 spatial, 6 chromatic, 22 chromatic-eigen,
 # 8 effect): the channels of every augmentation-parameter blob
@@ -305,24 +305,16 @@ class Correlation(Layer):
 # ---- ChannelNorm ---------------------------------------------------------------------------
 
 @register_layer("ChannelNorm")
-class ChannelNorm(Layer):
-    def parse(self, lp):
-        need_blobs(lp, "ChannelNorm", 1, 1)
-        return {}
+class ChannelNorm(FunctionLayer):
+    fn = staticmethod(channel_norm)
 
     def infer(self, attrs, in_shapes):
         n, _, h, w = _four_axes(in_shapes[0], "ChannelNorm")
         return [(n, 1, h, w)]
 
-    def forward(self, attrs, params, x):
-        return channel_norm(x)
-
     def onnx(self, ctx, node):
         ss = onnx_reduce(ctx, "ReduceSumSquare", node.inputs[0], [1], True, ctx.tmp(node.name + "_ss"))
         ctx.add_node("Sqrt", [ss], [node.outputs[0]], name=node.name)
-
-    def pytorch_source(self, node, emit):
-        return f"{emit.helper(channel_norm)}({emit.inputs[0]})"
 
 
 # ---- Downsample ----------------------------------------------------------------------------
@@ -483,17 +475,12 @@ class Warp(Layer):
 # ---- Grid, NegSquare, ExpMax ---------------------------------------------------------------
 
 @register_layer("Grid")
-class Grid(Layer):
-    def parse(self, lp):
-        need_blobs(lp, "Grid", 1, 1)
-        return {}
+class Grid(FunctionLayer):
+    fn = staticmethod(pixel_grid)
 
     def infer(self, attrs, in_shapes):
         n, _, h, w = _four_axes(in_shapes[0], "Grid")
         return [(n, 2, h, w)]
-
-    def forward(self, attrs, params, x):
-        return pixel_grid(x)
 
     def onnx(self, ctx, node):
         x, name = node.inputs[0], node.name
@@ -507,25 +494,14 @@ class Grid(Layer):
                              axis=0)
         ctx.add_node("Expand", [grid, shape], [node.outputs[0]])
 
-    def pytorch_source(self, node, emit):
-        return f"{emit.helper(pixel_grid)}({emit.inputs[0]})"
-
 
 @register_layer("NegSquare")
-class NegSquare(Layer):
-    def parse(self, lp):
-        need_blobs(lp, "NegSquare", 1, 1)
-        return {}
-
-    def forward(self, attrs, params, x):
-        return neg_square(x)
+class NegSquare(FunctionLayer):
+    fn = staticmethod(neg_square)
 
     def onnx(self, ctx, node):
         sq = ctx.add_node("Mul", [node.inputs[0], node.inputs[0]], ctx.tmp(node.name + "_sq"), name=node.name)
         ctx.add_node("Neg", [sq], [node.outputs[0]])
-
-    def pytorch_source(self, node, emit):
-        return f"{emit.helper(neg_square)}({emit.inputs[0]})"
 
 
 @register_layer("ExpMax")

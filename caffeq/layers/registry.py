@@ -183,6 +183,23 @@ class ReadOnlyLayer(Layer):
         raise ExportError(self.refusal(node.attrs))
 
 
+class FunctionLayer(Layer):
+    """A layer with one bottom, one top and no parameters, computed by the module-level torch
+    function `fn` (set as `fn = staticmethod(that_function)`), which model.py copies."""
+
+    fn = None
+
+    def parse(self, lp):
+        need_blobs(lp, lp.type, 1, 1)
+        return {}
+
+    def forward(self, attrs, params, x):
+        return self.fn(x)
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(self.fn)}({emit.inputs[0]})"
+
+
 def register_layer(*type_names, override=False):
     """Class decorator: register a Layer subclass under Caffe type names.
 

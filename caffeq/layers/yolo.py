@@ -186,13 +186,35 @@ def _darknet_anchors(text):
     return values
 
 
+def _parse_darknet_region(p):
+    """region_param as darknet2caffe writes it (anchors string, num, darknet's training fields)."""
+    if p.HasField("boxes_of_each_grid"):
+        raise LayerError("region_param sets both boxes_of_each_grid (caffe_yolov2's Region) and darknet's "
+                         "options (anchors, num, ...); a Region is one or the other")
+    a = {"flavour": "darknet", "classes": int(p.classes), "coords": int(p.coords), "boxes": int(p.num or 1),
+         "softmax": bool(p.softmax), "background": bool(p.background),
+         "anchors": _darknet_anchors(p.anchors) if p.HasField("anchors") else []}
+    positive_field(a["classes"], "region_param.classes")
+    if a["coords"] < 2:
+        raise LayerError(f"region_param.coords must be >= 2 (darknet reads x and y first), got {a['coords']}")
+    notes = []
+    if not p.HasField("softmax"):
+        notes.append("region_param sets no softmax: the class scores go through darknet's default, the "
+                     "logistic (YOLO v2 cfgs say softmax=1, which some converters leave out)")
+    if a["anchors"] and len(a["anchors"]) != 2 * a["boxes"]:
+        notes.append(f"region_param.anchors holds {len(a['anchors'])} numbers for num: {a['boxes']} anchors "
+                     f"(darknet reads a width and a height per anchor)")
+    a["reading_notes"] = notes
+    return a
+
+
 @register_layer("Region")
 class Region(Layer):
     def parse(self, lp):
         need_blobs(lp, "Region", 1, in_place=False)
         p = lp.region_param
         if any(p.HasField(f) for f in _DARKNET_REGION_FIELDS):
-            return self._parse_darknet(p)
+            return _parse_darknet_region(p)
         a = {"flavour": "caffe_yolov2", "classes": int(p.classes), "coords": int(p.coords),
              "boxes": int(p.boxes_of_each_grid), "softmax": bool(p.softmax)}
         positive_field(a["boxes"], "region_param.boxes_of_each_grid")
@@ -201,27 +223,6 @@ class Region(Layer):
             # the fork reads the objectness at entry 4 and the classes from entry 5, whatever coords says
             raise LayerError(f"region_param.coords must be >= 4 (the layer reads the objectness at entry 4), "
                              f"got {a['coords']}")
-        return a
-
-    @staticmethod
-    def _parse_darknet(p):
-        if p.HasField("boxes_of_each_grid"):
-            raise LayerError("region_param sets both boxes_of_each_grid (caffe_yolov2's Region) and darknet's "
-                             "options (anchors, num, ...); a Region is one or the other")
-        a = {"flavour": "darknet", "classes": int(p.classes), "coords": int(p.coords), "boxes": int(p.num or 1),
-             "softmax": bool(p.softmax), "background": bool(p.background),
-             "anchors": _darknet_anchors(p.anchors) if p.HasField("anchors") else []}
-        positive_field(a["classes"], "region_param.classes")
-        if a["coords"] < 2:
-            raise LayerError(f"region_param.coords must be >= 2 (darknet reads x and y first), got {a['coords']}")
-        notes = []
-        if not p.HasField("softmax"):
-            notes.append("region_param sets no softmax: the class scores go through darknet's default, the "
-                         "logistic (YOLO v2 cfgs say softmax=1, which some converters leave out)")
-        if a["anchors"] and len(a["anchors"]) != 2 * a["boxes"]:
-            notes.append(f"region_param.anchors holds {len(a['anchors'])} numbers for num: {a['boxes']} anchors "
-                         f"(darknet reads a width and a height per anchor)")
-        a["reading_notes"] = notes
         return a
 
     def infer(self, attrs, in_shapes):
