@@ -33,6 +33,7 @@ import torch
 
 from .act_forks import RReLU
 from .registry import FunctionLayer, Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer
+from .warp_onnx import OnnxImageSampler
 
 # ---- torch functions (model.py gets the same code) ---------------------------------------
 
@@ -183,54 +184,19 @@ class FlowWarp(Layer):
 
     def onnx(self, ctx, node):
         image, flow = node.inputs
-        name = node.name
-        _, c, h, w = ctx.shape(image)
-        f32, i64 = np.float32, np.int64
-
-        def op(kind, inputs, hint, **kw):
-            return ctx.add_node(kind, inputs, ctx.tmp(f"{name}_{hint}"), **kw)
-
-        gy, gx = np.meshgrid(np.arange(h, dtype=f32), np.arange(w, dtype=f32), indexing="ij")
-        fx = op("Slice", [flow, ctx.const(np.array([0], i64)), ctx.const(np.array([1], i64)),
-                          ctx.const(np.array([1], i64))], "fx", name=name)
-        fy = op("Slice", [flow, ctx.const(np.array([1], i64)), ctx.const(np.array([2], i64)),
-                          ctx.const(np.array([1], i64))], "fy")
-        x2 = op("Add", [ctx.const(gx.reshape(1, 1, h, w), name + "_gx"), fx], "x2")
-        y2 = op("Add", [ctx.const(gy.reshape(1, 1, h, w), name + "_gy"), fy], "y2")
-        zero = ctx.const(np.array(0, f32))
-        inside = op("And", [op("And", [op("GreaterOrEqual", [x2, zero], "x_ge0"),
-                                       op("GreaterOrEqual", [y2, zero], "y_ge0")], "ge0"),
-                            op("And", [op("Less", [x2, ctx.const(np.array(w, f32))], "x_ltw"),
-                                       op("Less", [y2, ctx.const(np.array(h, f32))], "y_lth")], "lt")], "inside")
-        x2 = op("Where", [inside, x2, zero], "xs")
-        y2 = op("Where", [inside, y2, zero], "ys")
-        left, top = op("Floor", [x2], "left"), op("Floor", [y2], "top")
-        alpha, beta = op("Sub", [x2, left], "alpha"), op("Sub", [y2, top], "beta")
-        one = ctx.const(np.array(1, f32))
-        right = op("Min", [op("Add", [left, one], "left1"), ctx.const(np.array(w - 1, f32))], "right")
-        bottom = op("Min", [op("Add", [top, one], "top1"), ctx.const(np.array(h - 1, f32))], "bottom")
-        flat = op("Reshape", [image, ctx.const(np.array([0, c, h * w], i64))], "flat")
-
-        def sample(row, col, hint):
-            index = op("Add", [op("Mul", [row, ctx.const(np.array(w, f32))], hint + "_rw"), col], hint + "_i")
-            index = op("Cast", [index], hint + "_i64", to=7)   # INT64; exact below 2^24 pixels
-            index = op("Reshape", [index, ctx.const(np.array([0, 1, h * w], i64))], hint + "_flat")
-            index = op("Expand", [index, ctx.const(np.array([1, c, 1], i64))], hint + "_all")
-            got = op("GatherElements", [flat, index], hint, axis=2)
-            return op("Reshape", [got, ctx.const(np.array([0, c, h, w], i64))], hint + "_img")
-
-        def weight(a, b, hint):
-            return op("Mul", [a, b], hint)
-
-        not_alpha = op("Sub", [one, alpha], "1_alpha")
-        not_beta = op("Sub", [one, beta], "1_beta")
-        terms = [op("Mul", [weight(not_alpha, not_beta, "w_tl"), sample(top, left, "tl")], "t_tl"),
-                 op("Mul", [weight(alpha, not_beta, "w_tr"), sample(top, right, "tr")], "t_tr"),
-                 op("Mul", [weight(not_alpha, beta, "w_bl"), sample(bottom, left, "bl")], "t_bl"),
-                 op("Mul", [weight(alpha, beta, "w_br"), sample(bottom, right, "br")], "t_br")]
-        total = op("Add", [op("Add", [op("Add", terms[:2], "s2"), terms[2]], "s3"), terms[3]], "warped")
-        fill = ctx.const(np.array(node.attrs["fill"], f32))
-        ctx.add_node("Where", [inside, total, fill], [node.outputs[0]])
+        s = OnnxImageSampler(ctx, node.name, image)
+        x2, y2 = s.plus_pixel_grid(s.channel(flow, 0, "fx", name=node.name), s.channel(flow, 1, "fy"))
+        inside = s.within(x2, y2, "inside", True)
+        x2 = s.op("Where", [inside, x2, s.f32(0)], "xs")
+        y2 = s.op("Where", [inside, y2, s.f32(0)], "ys")
+        left, top = s.op("Floor", [x2], "left"), s.op("Floor", [y2], "top")
+        alpha, beta = s.op("Sub", [x2, left], "alpha"), s.op("Sub", [y2, top], "beta")
+        right = s.op("Min", [s.op("Add", [left, s.f32(1)], "left1"), s.f32(s.w - 1)], "right")
+        bottom = s.op("Min", [s.op("Add", [top, s.f32(1)], "top1"), s.f32(s.h - 1)], "bottom")
+        not_alpha, not_beta = s.op("Sub", [s.f32(1), alpha], "1_alpha"), s.op("Sub", [s.f32(1), beta], "1_beta")
+        total = s.weighted_sum([(top, left, not_alpha, not_beta), (top, right, alpha, not_beta),
+                                (bottom, left, not_alpha, beta), (bottom, right, alpha, beta)])
+        ctx.add_node("Where", [inside, total, s.f32(node.attrs["fill"])], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
         fn = emit.helper(flow_warp)

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from .norm import onnx_reduce
 from .registry import FunctionLayer, Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer
+from .warp_onnx import OnnxImageSampler
 
 # AugmentationCoeff's field count in flownet2's caffe.proto (6 spatial, 6 chromatic, 22 chromatic-eigen,
 # 8 effect): the channels of every augmentation-parameter blob
@@ -402,69 +403,34 @@ class Warp(Layer):
 
     def onnx(self, ctx, node):
         image, second = node.inputs
-        name = node.name
-        _, c, h, w = ctx.shape(image)
-        f32, i64 = np.float32, np.int64
-
-        def op(kind, inputs, hint, **kw):
-            return ctx.add_node(kind, inputs, ctx.tmp(f"{name}_{hint}"), **kw)
-
-        def f(v):
-            return ctx.const(np.array(v, f32))
-
-        x = op("Slice", [second, ctx.const(np.array([0], i64)), ctx.const(np.array([1], i64)),
-                         ctx.const(np.array([1], i64))], "x", name=name)
-        y = op("Slice", [second, ctx.const(np.array([1], i64)), ctx.const(np.array([2], i64)),
-                         ctx.const(np.array([1], i64))], "y")
-        flat = op("Reshape", [image, ctx.const(np.array([0, c, h * w], i64))], "flat")
-
-        def pixels(row, col, hint):
-            index = op("Add", [op("Mul", [row, f(w)], hint + "_rw"), col], hint + "_i")
-            index = op("Cast", [index], hint + "_i64", to=7)   # INT64; exact below 2^24 pixels
-            index = op("Reshape", [index, ctx.const(np.array([0, 1, h * w], i64))], hint + "_flat")
-            index = op("Expand", [index, ctx.const(np.array([1, c, 1], i64))], hint + "_all")
-            got = op("GatherElements", [flat, index], hint, axis=2)
-            return op("Reshape", [got, ctx.const(np.array([0, c, h, w], i64))], hint + "_img")
-
-        def within(px, py, hint, right_open):
-            lt = "Less" if right_open else "LessOrEqual"
-            wmax, hmax = (w, h) if right_open else (w - 1, h - 1)
-            return op("And", [op("And", [op("GreaterOrEqual", [px, f(0)], hint + "_x0"),
-                                         op("GreaterOrEqual", [py, f(0)], hint + "_y0")], hint + "_lo"),
-                              op("And", [op(lt, [px, f(wmax)], hint + "_x1"),
-                                         op(lt, [py, f(hmax)], hint + "_y1")], hint + "_hi")], hint)
-
+        s = OnnxImageSampler(ctx, node.name, image)
+        x, y = s.channel(second, 0, "x", name=node.name), s.channel(second, 1, "y")
         if node.attrs["coords"]:
-            x0, y0 = op("Floor", [x], "x0"), op("Floor", [y], "y0")
-            ax, ay = op("Sub", [x, x0], "ax"), op("Sub", [y, y0], "ay")
-            nx, ny = op("Sub", [f(1), ax], "nax"), op("Sub", [f(1), ay], "nay")
-            x1, y1 = op("Add", [x0, f(1)], "x1"), op("Add", [y0, f(1)], "y1")
+            x0, y0 = s.op("Floor", [x], "x0"), s.op("Floor", [y], "y0")
+            ax, ay = s.op("Sub", [x, x0], "ax"), s.op("Sub", [y, y0], "ay")
+            nx, ny = s.op("Sub", [s.f32(1), ax], "nax"), s.op("Sub", [s.f32(1), ay], "nay")
+            x1, y1 = s.op("Add", [x0, s.f32(1)], "x1"), s.op("Add", [y0, s.f32(1)], "y1")
             total = None
             for k, (px, py, wx, wy) in enumerate(((x0, y0, nx, ny), (x1, y0, ax, ny), (x0, y1, nx, ay),
                                                   (x1, y1, ax, ay))):
-                inside = within(px, py, f"in{k}", True)
-                col = op("Where", [inside, px, f(0)], f"col{k}")
-                row = op("Where", [inside, py, f(0)], f"row{k}")
-                term = op("Mul", [op("Mul", [wx, wy], f"w{k}"), pixels(row, col, f"v{k}")], f"t{k}")
-                term = op("Where", [inside, term, f(0)], f"k{k}")
-                total = term if total is None else op("Add", [total, term], f"s{k}")
+                inside = s.within(px, py, f"in{k}", True)
+                col = s.op("Where", [inside, px, s.f32(0)], f"col{k}")
+                row = s.op("Where", [inside, py, s.f32(0)], f"row{k}")
+                term = s.op("Mul", [s.op("Mul", [wx, wy], f"w{k}"), s.pixels(row, col, f"v{k}")], f"t{k}")
+                term = s.op("Where", [inside, term, s.f32(0)], f"k{k}")
+                total = term if total is None else s.op("Add", [total, term], f"s{k}")
             ctx.add_node("Identity", [total], [node.outputs[0]])
             return
-        gy, gx = np.meshgrid(np.arange(h, dtype=f32), np.arange(w, dtype=f32), indexing="ij")
-        x = op("Add", [ctx.const(gx.reshape(1, 1, h, w), name + "_gx"), x], "px")
-        y = op("Add", [ctx.const(gy.reshape(1, 1, h, w), name + "_gy"), y], "py")
-        inside = within(x, y, "inside", False)
-        x = op("Where", [inside, x, f(0)], "xs")
-        y = op("Where", [inside, y, f(0)], "ys")
-        fx, fy = op("Floor", [x], "fx"), op("Floor", [y], "fy")
-        cx, cy = op("Ceil", [x], "cx"), op("Ceil", [y], "cy")
-        ax, ay = op("Sub", [x, fx], "ax"), op("Sub", [y, fy], "ay")
-        nx, ny = op("Sub", [f(1), ax], "nax"), op("Sub", [f(1), ay], "nay")
-        terms = [op("Mul", [op("Mul", [wx, wy], f"w{k}"), pixels(row, col, f"v{k}")], f"t{k}")
-                 for k, (row, col, wx, wy) in enumerate(((fy, fx, nx, ny), (fy, cx, ax, ny), (cy, fx, nx, ay),
-                                                         (cy, cx, ax, ay)))]
-        total = op("Add", [op("Add", [op("Add", terms[:2], "s2"), terms[2]], "s3"), terms[3]], "warped")
-        ctx.add_node("Where", [inside, total, f(0)], [node.outputs[0]])
+        x, y = s.plus_pixel_grid(x, y)
+        inside = s.within(x, y, "inside", False)
+        x = s.op("Where", [inside, x, s.f32(0)], "xs")
+        y = s.op("Where", [inside, y, s.f32(0)], "ys")
+        fx, fy = s.op("Floor", [x], "fx"), s.op("Floor", [y], "fy")
+        cx, cy = s.op("Ceil", [x], "cx"), s.op("Ceil", [y], "cy")
+        ax, ay = s.op("Sub", [x, fx], "ax"), s.op("Sub", [y, fy], "ay")
+        nx, ny = s.op("Sub", [s.f32(1), ax], "nax"), s.op("Sub", [s.f32(1), ay], "nay")
+        total = s.weighted_sum([(fy, fx, nx, ny), (fy, cx, ax, ny), (cy, fx, nx, ay), (cy, cx, ax, ay)])
+        ctx.add_node("Where", [inside, total, s.f32(0)], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
         emit.helper(pixels_at)

@@ -1,0 +1,58 @@
+"""ONNX for the warp layers (FlowNet2's FlowWarp, PWC-Net's and LiteFlowNet's Warp): reading an
+(N, C, H, W) image at per-pixel float coordinates, one GatherElements per bilinear corner."""
+import numpy as np
+
+
+class OnnxImageSampler:
+    """Emits the pieces every warp needs, its node names prefixed by the layer's."""
+
+    def __init__(self, ctx, name, image):
+        self.ctx, self.name = ctx, name
+        _, self.c, self.h, self.w = ctx.shape(image)
+        self.flat = self.op("Reshape", [image, self.i64([0, self.c, self.h * self.w])], "flat")
+
+    def op(self, kind, inputs, hint, **kw):
+        return self.ctx.add_node(kind, inputs, self.ctx.tmp(f"{self.name}_{hint}"), **kw)
+
+    def f32(self, value):
+        return self.ctx.const(np.array(value, np.float32))
+
+    def i64(self, values):
+        return self.ctx.const(np.array(values, np.int64))
+
+    def channel(self, t, k, hint, **kw):
+        """Channel k of an (N, 2, H, W) flow or coordinate map, as (N, 1, H, W)."""
+        return self.op("Slice", [t, self.i64([k]), self.i64([k + 1]), self.i64([1])], hint, **kw)
+
+    def plus_pixel_grid(self, x, y):
+        """(x + column, y + row): a flow's displacement turned into coordinates."""
+        h, w = self.h, self.w
+        gy, gx = np.meshgrid(np.arange(h, dtype=np.float32), np.arange(w, dtype=np.float32), indexing="ij")
+        return (self.op("Add", [self.ctx.const(gx.reshape(1, 1, h, w), self.name + "_gx"), x], "px"),
+                self.op("Add", [self.ctx.const(gy.reshape(1, 1, h, w), self.name + "_gy"), y], "py"))
+
+    def pixels(self, row, col, hint):
+        """The image at integer-valued float (row, col) maps of (N, 1, H, W), inside the image."""
+        index = self.op("Add", [self.op("Mul", [row, self.f32(self.w)], hint + "_rw"), col], hint + "_i")
+        index = self.op("Cast", [index], hint + "_i64", to=7)   # INT64; exact below 2^24 pixels
+        index = self.op("Reshape", [index, self.i64([0, 1, self.h * self.w])], hint + "_flat")
+        index = self.op("Expand", [index, self.i64([1, self.c, 1])], hint + "_all")
+        got = self.op("GatherElements", [self.flat, index], hint, axis=2)
+        return self.op("Reshape", [got, self.i64([0, self.c, self.h, self.w])], hint + "_img")
+
+    def within(self, px, py, hint, right_open):
+        """0 <= px < W and 0 <= py < H (right_open), or 0 <= px <= W - 1 and 0 <= py <= H - 1."""
+        less = "Less" if right_open else "LessOrEqual"
+        wmax, hmax = (self.w, self.h) if right_open else (self.w - 1, self.h - 1)
+        low = self.op("And", [self.op("GreaterOrEqual", [px, self.f32(0)], hint + "_x0"),
+                              self.op("GreaterOrEqual", [py, self.f32(0)], hint + "_y0")], hint + "_lo")
+        high = self.op("And", [self.op(less, [px, self.f32(wmax)], hint + "_x1"),
+                               self.op(less, [py, self.f32(hmax)], hint + "_y1")], hint + "_hi")
+        return self.op("And", [low, high], hint)
+
+    def weighted_sum(self, corners):
+        """sum of wx * wy * pixels(row, col) over the four (row, col, wx, wy) corners, added in order."""
+        terms = [self.op("Mul", [self.op("Mul", [wx, wy], f"w{k}"), self.pixels(row, col, f"v{k}")], f"t{k}")
+                 for k, (row, col, wx, wy) in enumerate(corners)]
+        return self.op("Add", [self.op("Add", [self.op("Add", terms[:2], "s2"), terms[2]], "s3"), terms[3]],
+                       "warped")
