@@ -66,12 +66,18 @@ def onnx_add_scalar(ctx, x, value, hint):
 class Neuron(Layer):
     """One bottom, one top shaped like it (Caffe's NeuronLayer)."""
 
+    #: ("elu_param", "alpha"): the layer's one float parameter, read as float32 into attrs["alpha"]
+    scalar_param = None
+
     def parse(self, lp):
         need_blobs(lp, lp.type, 1)
         return self.parse_param(lp)
 
     def parse_param(self, lp):
-        return {}
+        if self.scalar_param is None:
+            return {}
+        message, field = self.scalar_param
+        return {field: f32(getattr(getattr(lp, message), field))}
 
 
 class _Unary(Neuron):
@@ -252,8 +258,7 @@ class PReLU(Neuron):
 class ELU(Neuron):
     """max(x, 0) + alpha * (exp(min(x, 0)) - 1)."""
 
-    def parse_param(self, lp):
-        return {"alpha": f32(lp.elu_param.alpha)}
+    scalar_param = ("elu_param", "alpha")
 
     def forward(self, attrs, params, x):
         return F.elu(x, alpha=attrs["alpha"])
@@ -480,8 +485,7 @@ class BNLL(Neuron):
 class Threshold(Neuron):
     """1 where x > threshold, else 0 (Caffe has no gradient for it)."""
 
-    def parse_param(self, lp):
-        return {"threshold": f32(lp.threshold_param.threshold)}
+    scalar_param = ("threshold_param", "threshold")
 
     def forward(self, attrs, params, x):
         return (x > attrs["threshold"]).to(x.dtype)
@@ -526,8 +530,7 @@ class Clip(Neuron):
 class Swish(Neuron):
     """x * sigmoid(beta * x)."""
 
-    def parse_param(self, lp):
-        return {"beta": f32(lp.swish_param.beta)}
+    scalar_param = ("swish_param", "beta")
 
     def forward(self, attrs, params, x):
         beta = attrs["beta"]

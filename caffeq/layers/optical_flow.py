@@ -305,13 +305,19 @@ class Correlation(Layer):
 
 # ---- ChannelNorm ---------------------------------------------------------------------------
 
-@register_layer("ChannelNorm")
-class ChannelNorm(FunctionLayer):
-    fn = staticmethod(channel_norm)
+class _PerPixelMap(FunctionLayer):
+    """A function of an (N, C, H, W) map giving `channels` values per pixel."""
+
+    channels = 1
 
     def infer(self, attrs, in_shapes):
-        n, _, h, w = _four_axes(in_shapes[0], "ChannelNorm")
-        return [(n, 1, h, w)]
+        n, _, h, w = _four_axes(in_shapes[0], self.types[0])
+        return [(n, self.channels, h, w)]
+
+
+@register_layer("ChannelNorm")
+class ChannelNorm(_PerPixelMap):
+    fn = staticmethod(channel_norm)
 
     def onnx(self, ctx, node):
         ss = onnx_reduce(ctx, "ReduceSumSquare", node.inputs[0], [1], True, ctx.tmp(node.name + "_ss"))
@@ -441,12 +447,9 @@ class Warp(Layer):
 # ---- Grid, NegSquare, ExpMax ---------------------------------------------------------------
 
 @register_layer("Grid")
-class Grid(FunctionLayer):
+class Grid(_PerPixelMap):
     fn = staticmethod(pixel_grid)
-
-    def infer(self, attrs, in_shapes):
-        n, _, h, w = _four_axes(in_shapes[0], "Grid")
-        return [(n, 2, h, w)]
+    channels = 2   # (x, y)
 
     def onnx(self, ctx, node):
         x, name = node.inputs[0], node.name
