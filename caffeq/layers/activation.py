@@ -359,13 +359,21 @@ class Power(Neuron):
         return [x] if y == x else y
 
 
-def _log_base(base, field):
-    """log(base) in float32, 1 for base -1 (meaning e); LayerError where Caffe CHECK-fails."""
+def _base_scale_shift(lp, field):
+    """Exp's and Log's (base, scale, shift) as float32 and log(base) (1 for base -1, meaning e);
+    LayerError where Caffe CHECK-fails."""
+    p = getattr(lp, field)
+    base, scale, shift = f32(p.base), f32(p.scale), f32(p.shift)
     if base == -1:
-        return 1.0
+        return base, scale, shift, 1.0
     if not base > 0:
         raise LayerError(f"{field}.base must be strictly positive (or -1 for e), got {base}")
-    return f32(np.log(np.float32(base)))
+    return base, scale, shift, f32(np.log(np.float32(base)))
+
+
+def _times(y, factor):
+    """y * factor, left as y when factor is 1 (as Caffe skips its scal)."""
+    return y if factor == 1 else y * factor
 
 
 def onnx_op_times(ctx, op, x, out, factor, name):
@@ -384,9 +392,7 @@ class Exp(Neuron):
     inner = log(base) * scale and outer = base ^ shift."""
 
     def parse_param(self, lp):
-        p = lp.exp_param
-        base, scale, shift = f32(p.base), f32(p.scale), f32(p.shift)
-        log_base = _log_base(base, "exp_param")
+        base, scale, shift, log_base = _base_scale_shift(lp, "exp_param")
         inner = f32(np.float32(log_base) * np.float32(scale))
         if shift == 0:
             outer = 1.0
@@ -399,8 +405,7 @@ class Exp(Neuron):
         return {"base": base, "scale": scale, "shift": shift, "inner": inner, "outer": outer}
 
     def forward(self, attrs, params, x):
-        y = torch.exp(x if attrs["inner"] == 1 else x * attrs["inner"])
-        return y if attrs["outer"] == 1 else y * attrs["outer"]
+        return _times(torch.exp(_times(x, attrs["inner"])), attrs["outer"])
 
     def onnx(self, ctx, node):
         a = node.attrs
@@ -421,9 +426,7 @@ class Log(Neuron):
     """log_base(shift + scale * x) = ln(shift + scale * x) / ln(base)."""
 
     def parse_param(self, lp):
-        p = lp.log_param
-        base, scale, shift = f32(p.base), f32(p.scale), f32(p.shift)
-        log_base = _log_base(base, "log_param")
+        base, scale, shift, log_base = _base_scale_shift(lp, "log_param")
         if log_base == 0:
             raise LayerError(f"log_param.base {base} gives 1/log(base) = inf")
         base_scale = f32(np.float32(1) / np.float32(log_base))
@@ -437,8 +440,7 @@ class Log(Neuron):
             y = y * attrs["scale"]
         if attrs["shift"] != 0:
             y = y + attrs["shift"]
-        y = torch.log(y)
-        return y if attrs["base_scale"] == 1 else y * attrs["base_scale"]
+        return _times(torch.log(y), attrs["base_scale"])
 
     def onnx(self, ctx, node):
         a = node.attrs

@@ -527,8 +527,13 @@ _AUGMENTATION_WHY = ("flownet2's {type} draws random augmentation parameters whi
                      "prototxt to run the network)")
 
 
+class _Augmentation(ReadOnlyLayer):
+    def why_not_run(self, attrs):
+        return _AUGMENTATION_WHY.format(type=self.types[0])
+
+
 @register_layer("DataAugmentation")
-class DataAugmentation(ReadOnlyLayer):
+class DataAugmentation(_Augmentation):
     blob_names = ("iteration", "mean", "channel_mean")
 
     def parse(self, lp):
@@ -556,12 +561,9 @@ class DataAugmentation(ReadOnlyLayer):
         ch, cw = attrs["crop"] or (h, w)
         return [(1, 1, 1, 1), (1, c, ch, cw), (1, c, 1, 1)]
 
-    def why_not_run(self, attrs):
-        return _AUGMENTATION_WHY.format(type="DataAugmentation")
-
 
 @register_layer("FlowAugmentation")
-class FlowAugmentation(ReadOnlyLayer):
+class FlowAugmentation(_Augmentation):
     def parse(self, lp):
         need_blobs(lp, "FlowAugmentation", 3, 1, "flow, first image's parameters, second image's parameters")
         p = lp.augmentation_param
@@ -573,12 +575,9 @@ class FlowAugmentation(ReadOnlyLayer):
             raise LayerError(f"FlowAugmentation's flow must have two channels, got {list(in_shapes[0])}")
         return [(n, 2) + attrs["crop"]]
 
-    def why_not_run(self, attrs):
-        return _AUGMENTATION_WHY.format(type="FlowAugmentation")
-
 
 @register_layer("GenerateAugmentationParameters")
-class GenerateAugmentationParameters(ReadOnlyLayer):
+class GenerateAugmentationParameters(_Augmentation):
     def parse(self, lp):
         need_blobs(lp, "GenerateAugmentationParameters", (1, 3), 1)
         p = lp.augmentation_param
@@ -589,9 +588,6 @@ class GenerateAugmentationParameters(ReadOnlyLayer):
 
     def infer(self, attrs, in_shapes):
         return [(int(in_shapes[0][0]), AUGMENTATION_COEFFS, 1, 1)]
-
-    def why_not_run(self, attrs):
-        return _AUGMENTATION_WHY.format(type="GenerateAugmentationParameters")
 
 
 @register_layer("Resample")
