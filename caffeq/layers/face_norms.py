@@ -8,8 +8,6 @@
 Neither has parameters or blobs.  Both read num/channels/height/width, so their top is 4-axis even
 for an (N, C) bottom.  (happynear's Normalize is in happynear.py.)
 """
-import inspect
-
 import numpy as np
 import torch
 
@@ -36,59 +34,61 @@ def item_l2_normalize(x, legacy_shape: list[int], eps: float):
 
 
 class _L2Norm(Layer):
-    type_name = ""
+    """One bottom made 4-axis and normalized by `fn` with the fork's `eps` (see the module docstring)."""
+
+    fn = None     # staticmethod(the torch function), copied into model.py
+    eps = None
 
     def parse(self, lp):
-        need_blobs(lp, self.type_name, 1, 1)
+        need_blobs(lp, self.types[0], 1, 1)
         return {}
 
     def infer(self, attrs, in_shapes):
-        legacy = _legacy_4d(in_shapes[0], self.type_name)
+        legacy = _legacy_4d(in_shapes[0], self.types[0])
         attrs["_legacy"] = list(legacy)
         return [legacy]
 
     def macs(self, attrs, in_shapes, out_shapes):
         return count(in_shapes[0])
 
+    def forward(self, attrs, params, x):
+        return self.fn(x, attrs["_legacy"], self.eps)
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(self.fn)}({emit.inputs[0]}, {node.attrs['_legacy']}, {emit.lit(self.eps)})"
+
+    @staticmethod
+    def onnx_4d(ctx, node):
+        """The bottom reshaped to its 4-axis legacy shape, and ctx.add_node for the rest of the layer."""
+        name = node.name
+
+        def op(kind, inputs, hint):
+            return ctx.add_node(kind, inputs, [ctx.tmp(f"{name}_{hint}")])[0]
+
+        shape = ctx.const(np.array(node.attrs["_legacy"], np.int64))
+        return ctx.add_node("Reshape", [node.inputs[0], shape], [ctx.tmp(name + "_4d")], name=name)[0], op
+
 
 @register_layer("Norm")
 class Norm(_L2Norm):
-    type_name = "Norm"
-
-    def forward(self, attrs, params, x):
-        return channel_l2_normalize(x, attrs["_legacy"], NORM_EPS)
+    fn = staticmethod(channel_l2_normalize)
+    eps = NORM_EPS
 
     def onnx(self, ctx, node):
-        name = node.name
-        x = ctx.add_node("Reshape", [node.inputs[0], ctx.const(np.array(node.attrs["_legacy"], np.int64))],
-                         [ctx.tmp(name + "_4d")], name=name)[0]
-        ss = _reduce(ctx, "ReduceSumSquare", x, [1])
-        root = ctx.add_node("Sqrt", [ss], [ctx.tmp(name + "_root")])[0]
-        norm = ctx.add_node("Add", [root, ctx.const(np.array(NORM_EPS, np.float32))], [ctx.tmp(name + "_norm")])[0]
+        x, op = self.onnx_4d(ctx, node)
+        root = op("Sqrt", [_reduce(ctx, "ReduceSumSquare", x, [1])], "root")
+        norm = op("Add", [root, ctx.const(np.array(NORM_EPS, np.float32))], "norm")
         ctx.add_node("Div", [x, norm], [node.outputs[0]])
-
-    def pytorch_source(self, node, emit):
-        fn = emit.helper(inspect.getsource(channel_l2_normalize))
-        return f"{fn}({emit.inputs[0]}, {node.attrs['_legacy']}, {emit.lit(NORM_EPS)})"
 
 
 @register_layer("NormL2")
 class NormL2(_L2Norm):
-    type_name = "NormL2"
-
-    def forward(self, attrs, params, x):
-        return item_l2_normalize(x, attrs["_legacy"], NORM_L2_EPS)
+    fn = staticmethod(item_l2_normalize)
+    eps = NORM_L2_EPS
 
     def onnx(self, ctx, node):
-        name = node.name
-        x = ctx.add_node("Reshape", [node.inputs[0], ctx.const(np.array(node.attrs["_legacy"], np.int64))],
-                         [ctx.tmp(name + "_4d")], name=name)[0]
-        ss = _reduce(ctx, "ReduceSumSquare", x, [1, 2, 3])
-        sse = ctx.add_node("Add", [ss, ctx.const(np.array(NORM_L2_EPS, np.float32))], [ctx.tmp(name + "_sse")])[0]
-        root = ctx.add_node("Sqrt", [sse], [ctx.tmp(name + "_root")])[0]
-        inv = ctx.add_node("Reciprocal", [root], [ctx.tmp(name + "_inv")])[0]
+        x, op = self.onnx_4d(ctx, node)
+        sse = op("Add", [_reduce(ctx, "ReduceSumSquare", x, [1, 2, 3]), ctx.const(np.array(NORM_L2_EPS, np.float32))],
+                 "sse")
+        inv = op("Reciprocal", [op("Sqrt", [sse], "root")], "inv")
         ctx.add_node("Mul", [x, inv], [node.outputs[0]])
-
-    def pytorch_source(self, node, emit):
-        fn = emit.helper(inspect.getsource(item_l2_normalize))
-        return f"{fn}({emit.inputs[0]}, {node.attrs['_legacy']}, {emit.lit(NORM_L2_EPS)})"
