@@ -275,23 +275,44 @@ class InfogainLoss(_TrainingOnly):
         return _outputs(attrs, total / norm, scores)
 
 
-@register_layer("SigmoidCrossEntropyLoss")
-class SigmoidCrossEntropyLoss(_TrainingOnly):
+class _ScalarLoss(_TrainingOnly):
+    """A loss with 0 or 1 top (the scalar, loss_weight 1 unless set) over `bottoms` bottoms whose
+    first dimensions agree; a subclass adds its parameters, shape checks and `loss`."""
+
+    bottoms = 2
+
     def parse(self, lp):
-        n = _tops(lp, 0, 1, "SigmoidCrossEntropyLoss")
-        # unlike SoftmaxWithLoss, the default here is BATCH_SIZE
-        mode = _normalization(lp, BATCH_SIZE)
-        return {"ignore_label": _label_attrs(lp, "loss_param"), "normalization": mode, "tops": n,
-                "loss_weight": _loss_weights(lp, n, 1.0)}
+        n = _tops(lp, 0, 1, self.types[0])
+        return {**self.parse_param(lp), "tops": n, "loss_weight": _loss_weights(lp, n, 1.0)}
+
+    def parse_param(self, lp):
+        return {}
 
     def infer(self, attrs, in_shapes):
-        _loss_common_infer(in_shapes, 2, "SigmoidCrossEntropyLoss")
+        _loss_common_infer(in_shapes, self.bottoms, self.types[0])
+        self.check_shapes(in_shapes)
+        return [()] * attrs["tops"]
+
+    def check_shapes(self, in_shapes):
+        """LayerError where Caffe's Reshape CHECK-fails on the bottoms."""
+
+    def forward(self, attrs, params, *bottoms):
+        loss = self.loss(attrs, *bottoms)
+        return loss if attrs["tops"] else ()
+
+
+@register_layer("SigmoidCrossEntropyLoss")
+class SigmoidCrossEntropyLoss(_ScalarLoss):
+    def parse_param(self, lp):
+        # unlike SoftmaxWithLoss, the default here is BATCH_SIZE
+        return {"ignore_label": _label_attrs(lp, "loss_param"), "normalization": _normalization(lp, BATCH_SIZE)}
+
+    def check_shapes(self, in_shapes):
         if count(in_shapes[0]) != count(in_shapes[1]):
             raise LayerError(f"SigmoidCrossEntropyLoss inputs must have the same count, got "
                              f"{list(in_shapes[0])} and {list(in_shapes[1])}")
-        return [()] * attrs["tops"]
 
-    def forward(self, attrs, params, x, target):
+    def loss(self, attrs, x, target):
         t = target.reshape(x.shape)
         pos = (x >= 0).to(x.dtype)
         # Caffe's stable form of -[t log s(x) + (1 - t) log(1 - s(x))]
@@ -299,97 +320,76 @@ class SigmoidCrossEntropyLoss(_TrainingOnly):
         valid = _valid(t.long(), attrs["ignore_label"])
         total = torch.where(valid, per, torch.zeros_like(per)).sum()
         n = x.shape[0]
-        norm = _normalizer(attrs["normalization"], n, x.numel() // max(n, 1), valid.sum(), x.dtype)
-        return total / norm if attrs["tops"] else ()
+        return total / _normalizer(attrs["normalization"], n, x.numel() // max(n, 1), valid.sum(), x.dtype)
 
 
 @register_layer("EuclideanLoss")
-class EuclideanLoss(_TrainingOnly):
-    def parse(self, lp):
-        n = _tops(lp, 0, 1, "EuclideanLoss")
-        return {"tops": n, "loss_weight": _loss_weights(lp, n, 1.0)}
-
-    def infer(self, attrs, in_shapes):
-        _loss_common_infer(in_shapes, 2, "EuclideanLoss")
+class EuclideanLoss(_ScalarLoss):
+    def check_shapes(self, in_shapes):
         if count(in_shapes[0], 1) != count(in_shapes[1], 1):
             raise LayerError(f"EuclideanLoss inputs must have the same dimension, got "
                              f"{list(in_shapes[0])} and {list(in_shapes[1])}")
-        return [()] * attrs["tops"]
 
-    def forward(self, attrs, params, a, b):
+    def loss(self, attrs, a, b):
         d = a - b.reshape(a.shape)
-        loss = (d * d).sum() / a.shape[0] / 2
-        return loss if attrs["tops"] else ()
+        return (d * d).sum() / a.shape[0] / 2
 
 
 @register_layer("HingeLoss")
-class HingeLoss(_TrainingOnly):
+class HingeLoss(_ScalarLoss):
     L1, L2 = 1, 2
 
-    def parse(self, lp):
+    def parse_param(self, lp):
         norm = int(lp.hinge_loss_param.norm)
         if norm not in (self.L1, self.L2):
             raise LayerError(f"unknown hinge_loss_param.norm {norm}")
-        n = _tops(lp, 0, 1, "HingeLoss")
-        return {"norm": norm, "tops": n, "loss_weight": _loss_weights(lp, n, 1.0)}
+        return {"norm": norm}
 
-    def infer(self, attrs, in_shapes):
-        _loss_common_infer(in_shapes, 2, "HingeLoss")
+    def check_shapes(self, in_shapes):
         if count(in_shapes[1]) != in_shapes[0][0]:
             raise LayerError(f"HingeLoss needs one label per item, got labels {list(in_shapes[1])} "
                              f"for predictions {list(in_shapes[0])}")
-        return [()] * attrs["tops"]
 
-    def forward(self, attrs, params, x, labels):
+    def loss(self, attrs, x, labels):
         n = x.shape[0]
         flat = x.reshape(n, -1)
         lab = labels.reshape(n).long()
         _check_labels(lab, torch.ones_like(lab, dtype=torch.bool), flat.shape[1], "HingeLoss")
         sign = torch.ones_like(flat).scatter(1, lab.unsqueeze(1), -1.0)  # the true class flips sign
         margin = torch.clamp_min(1 + flat * sign, 0)
-        loss = (margin.sum() if attrs["norm"] == self.L1 else (margin * margin).sum()) / n
-        return loss if attrs["tops"] else ()
+        return (margin.sum() if attrs["norm"] == self.L1 else (margin * margin).sum()) / n
 
 
 @register_layer("MultinomialLogisticLoss")
-class MultinomialLogisticLoss(_TrainingOnly):
+class MultinomialLogisticLoss(_ScalarLoss):
     """-mean log(max(prob[label], 1e-20)) over items; the input holds probabilities."""
 
-    def parse(self, lp):
-        n = _tops(lp, 0, 1, "MultinomialLogisticLoss")
-        return {"tops": n, "loss_weight": _loss_weights(lp, n, 1.0)}
-
-    def infer(self, attrs, in_shapes):
-        _loss_common_infer(in_shapes, 2, "MultinomialLogisticLoss")
+    def check_shapes(self, in_shapes):
         ls = in_shapes[1]
         if len(ls) > 4 or any(d != 1 for d in legacy_shape(ls)[1:]):
             raise LayerError(f"MultinomialLogisticLoss needs labels shaped (N, 1, 1, 1), got {list(ls)}")
-        return [()] * attrs["tops"]
 
-    def forward(self, attrs, params, prob, labels):
+    def loss(self, attrs, prob, labels):
         n = prob.shape[0]
         flat = prob.reshape(n, -1)
         lab = labels.reshape(n).long()
         _check_labels(lab, torch.ones_like(lab, dtype=torch.bool), flat.shape[1], "MultinomialLogisticLoss")
         p = flat.gather(1, lab.unsqueeze(1)).squeeze(1)
-        logp = torch.log(p.clamp_min(1e-20))
-        loss = -logp.sum() / n
-        return loss if attrs["tops"] else ()
+        return -torch.log(p.clamp_min(1e-20)).sum() / n
 
 
 @register_layer("ContrastiveLoss")
-class ContrastiveLoss(_TrainingOnly):
+class ContrastiveLoss(_ScalarLoss):
     """Pairs (a, b) with similarity y: similar pairs add d^2, dissimilar max(margin - d, 0)^2
     (legacy_version: max(margin - d^2, 0)); the sum is divided by 2N."""
 
-    def parse(self, lp):
-        p = lp.contrastive_loss_param
-        n = _tops(lp, 0, 1, "ContrastiveLoss")
-        return {"margin": float(p.margin), "legacy": bool(p.legacy_version), "tops": n,
-                "loss_weight": _loss_weights(lp, n, 1.0)}
+    bottoms = 3
 
-    def infer(self, attrs, in_shapes):
-        _loss_common_infer(in_shapes, 3, "ContrastiveLoss")
+    def parse_param(self, lp):
+        p = lp.contrastive_loss_param
+        return {"margin": float(p.margin), "legacy": bool(p.legacy_version)}
+
+    def check_shapes(self, in_shapes):
         a, b, y = in_shapes
         if any(len(s) > 4 for s in in_shapes):
             raise LayerError("ContrastiveLoss inputs have at most 4 axes")
@@ -397,9 +397,8 @@ class ContrastiveLoss(_TrainingOnly):
         if la[1] != lb[1] or la[2:] != (1, 1) or lb[2:] != (1, 1) or ly[1:] != (1, 1, 1):
             raise LayerError(f"ContrastiveLoss needs features (N, C, 1, 1) twice and similarity "
                              f"(N, 1, 1, 1), got {list(a)}, {list(b)}, {list(y)}")
-        return [()] * attrs["tops"]
 
-    def forward(self, attrs, params, a, b, y):
+    def loss(self, attrs, a, b, y):
         n = a.shape[0]
         d = (a - b).reshape(n, -1)
         dist_sq = (d * d).sum(dim=1)
@@ -410,8 +409,7 @@ class ContrastiveLoss(_TrainingOnly):
         else:
             # the floor keeps the gradient finite where a pair coincides
             far = torch.clamp_min(m - torch.sqrt(dist_sq.clamp_min(1e-30)), 0) ** 2
-        loss = torch.where(similar, dist_sq, far).sum() / n / 2
-        return loss if attrs["tops"] else ()
+        return torch.where(similar, dist_sq, far).sum() / n / 2
 
 
 __all__ = ["Accuracy", "ContrastiveLoss", "EuclideanLoss", "HingeLoss", "InfogainLoss", "MultinomialLogisticLoss",
