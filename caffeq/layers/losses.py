@@ -119,12 +119,7 @@ class Accuracy(_TrainingOnly):
         if count(ls) == 0 or attrs["top_k"] > count(s) // count(ls):
             raise LayerError(f"accuracy_param.top_k {attrs['top_k']} exceeds the number of classes "
                              f"({count(s)} predictions for {count(ls)} labels)")
-        axis = canonical_axis(attrs["axis"], len(s), "accuracy_param.axis")
-        attrs["_axis"] = axis
-        if count(s, 0, axis) * count(s, axis + 1) != count(ls):
-            raise LayerError(f"the number of labels must match the predictions: predictions {list(s)} "
-                             f"with the label axis {axis} need {count(s, 0, axis) * count(s, axis + 1)} "
-                             f"labels, got {list(ls)}")
+        axis = _label_axis(attrs, s, ls, "accuracy_param.axis", "Accuracy")
         shapes = [()]
         if attrs["tops"] > 1:
             shapes.append((s[axis],))
@@ -168,14 +163,21 @@ def _loss_common_infer(in_shapes, n, type_name):
                          f"got {list(s0)} and {list(s1)}")
 
 
-def _softmax_loss_infer(attrs, in_shapes, axis_field, type_name):
-    s, ls = tuple(in_shapes[0]), tuple(in_shapes[1])
+def _label_axis(attrs, s, ls, axis_field, type_name):
+    """The class axis of predictions `s` (kept in attrs["_axis"]), checked to leave one label of `ls`
+    per remaining position, as Caffe's Reshape checks."""
     axis = canonical_axis(attrs["axis"], len(s), axis_field)
     attrs["_axis"] = axis
     if count(s, 0, axis) * count(s, axis + 1) != count(ls):
         raise LayerError(f"{type_name}: the number of labels must match the predictions: predictions "
                          f"{list(s)} along axis {axis} need {count(s, 0, axis) * count(s, axis + 1)} labels, "
                          f"got {list(ls)}")
+    return axis
+
+
+def _softmax_loss_infer(attrs, in_shapes, axis_field, type_name):
+    s, ls = tuple(in_shapes[0]), tuple(in_shapes[1])
+    _label_axis(attrs, s, ls, axis_field, type_name)
     shapes = [()]
     if attrs["tops"] > 1:
         shapes.append(s)
