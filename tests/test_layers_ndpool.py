@@ -16,16 +16,19 @@ from caffeq.model import load_from_text
 FLT_MAX = float(np.finfo(np.float32).max)
 
 
-def pooled_axis(n, k, s, p):
+def pooled_axis(n, k, s, p, padded=None):
+    """padded: R-C3D drops a last window starting in the padding on a padded axis (None); 3D-Caffe's
+    PoolingND on every axis once any axis has a pad (True / False)."""
     out = math.ceil((n + 2 * p - k) / s) + 1
-    if p and (out - 1) * s >= n + p:
+    if (p if padded is None else padded) and (out - 1) * s >= n + p:
         out -= 1
     return out
 
 
-def pool_nd_ref(x, method, kernel, stride, pad):
+def pool_nd_ref(x, method, kernel, stride, pad, any_axis_rule=False):
     sizes = x.shape[2:]
-    outs = [pooled_axis(n, k, s, p) for n, k, s, p in zip(sizes, kernel, stride, pad)]
+    padded = any(pad) if any_axis_rule else None
+    outs = [pooled_axis(n, k, s, p, padded) for n, k, s, p in zip(sizes, kernel, stride, pad)]
     y = np.zeros(x.shape[:2] + tuple(outs))
     xd = x.astype(np.float64)
     for index in itertools.product(*[range(o) for o in outs]):
@@ -156,3 +159,55 @@ def test_r_c3d_thumos14_reads_up_to_its_proposals(tmp_path):
     for name, shape in expect.items():
         assert shapes[name] == shape, name
     assert shapes["pool4"] == (1, 512, 64, 7, 7) and shapes["rpn/output_pool"] == (1, 512, 64, 1, 1)
+
+
+# ---- 3D-Caffe's PoolingND (pooling_nd_param) ------------------------------------------------------
+# The reference is the same loops: 3D-Caffe's pooling_nd_layer.cpp pools 2 or 3 spatial axes with
+# BVLC's windows, and its Reshape drops a last window starting in the padding on every axis once any
+# axis has a pad (`if (pad_sum)`), as BVLC's 2-D pooling does.
+
+def pooling_nd_net(shape, params):
+    return net(f'layer {{ name: "p" type: "PoolingND" bottom: "x" top: "p" pooling_nd_param {{ {params} }} }}',
+               inputs={"x": shape})
+
+
+@pytest.mark.parametrize("method, kernel, stride, pad, unlike_r_c3d", [
+    ("MAX", (2, 2, 2), (2, 2, 2), (0, 0, 0), False),    # the 3-D U-Nets' pools (ceil keeps clipped windows)
+    ("AVE", (3, 2, 3), (2, 1, 2), (1, 0, 1), False),
+    # D has no pad, but H has: D's last window (starting at 4 >= 4 + 0) is dropped as well
+    ("MAX", (1, 3, 3), (2, 2, 2), (0, 1, 1), True),
+])
+def test_pooling_nd_against_the_loops(method, kernel, stride, pad, unlike_r_c3d, tmp_path):
+    x = rng(8).standard_normal((2, 3, 4, 7, 6)).astype(np.float32)
+    params = " ".join([f"pool: {method}", repeated("kernel_size", kernel), repeated("stride", stride),
+                       repeated("pad", pad)])
+    model = load_from_text(pooling_nd_net(x.shape, params))
+    ref = pool_nd_ref(x, method, kernel, stride, pad, any_axis_rule=True)
+    assert model.blob_shapes["p"] == ref.shape
+    check_pooled(model, {"x": x}, ref, tmp_path)
+    # the rule that tells it from R-C3D's N-D Pooling
+    assert (ref.shape != pool_nd_ref(x, method, kernel, stride, pad).shape) == unlike_r_c3d
+
+
+def test_pooling_nd_on_two_spatial_axes_is_caffes_pooling(tmp_path):
+    x = rng(9).standard_normal((2, 3, 9, 8)).astype(np.float32)
+    nd = load_from_text(pooling_nd_net(x.shape, "pool: AVE kernel_size: 3 kernel_size: 2 stride: 2 pad: 1"))
+    ref = pool_nd_ref(x, "AVE", (3, 2), (2, 2), (1, 1), any_axis_rule=True)
+    check_pooled(nd, {"x": x}, ref, tmp_path)
+    plain = load_from_text(pool_net(x.shape, "pool: AVE kernel_h: 3 kernel_w: 2 stride: 2 pad: 1"))
+    np.testing.assert_array_equal(nd.run({"x": x})["p"], plain.run({"x": x})["p"])
+
+
+def test_pooling_nd_refuses_another_channel_axis():
+    with pytest.raises(LayerError, match="pooling_nd_param.axis 2: only channels on axis 1"):
+        load_from_text(pooling_nd_net((1, 2, 4, 5, 6), "kernel_size: 2 axis: 2"))
+
+
+def test_unet3d_train_file_reads_with_its_pooling_nd(capsys):
+    from pathlib import Path
+
+    from caffeq.__main__ import main
+    path = Path(__file__).parent / "fixtures" / "realworld" / "jackyko1991__unet3d-pytorch__train.prototxt"
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "d1a_pool    PoolingND" in out and "5x32x78x78x4" in out

@@ -715,3 +715,13 @@ def test_onnx_matches_torch(tmp_path, inputs, layers, blobs, opset):
             assert value.shape == r.shape, out.name
             bound = 1e-5 * max(np.abs(r).max(), 1e-30)
             assert np.abs(value - r).max() <= bound, (out.name, np.abs(value - r).max(), bound)
+
+
+def test_a_loss_without_tops_takes_one_loss_weight_as_caffes_anonymous_top_does():
+    # LossLayer::AutoTopBlobs: Caffe gives a loss that names no top an anonymous one, which one
+    # loss_weight may weigh (3-D U-Net train nets write `loss_weight: 0.5` on top-less losses)
+    layer = 'layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "s" bottom: "l" {} }}'
+    model = build([("s", (2, 3)), ("l", (2,))], [layer.format("loss_weight: 0.5")])
+    assert model.graph.node("loss").attrs["tops"] == 0
+    with pytest.raises(LayerError, match="2 loss_weight values for 0 top"):
+        build([("s", (2, 3)), ("l", (2,))], [layer.format("loss_weight: 0.5 loss_weight: 1")])

@@ -41,8 +41,13 @@ def _ste(value, clamped):
 
 
 def _loss_weights(lp, n_tops, default_first):
-    if len(lp.loss_weight) > n_tops:
+    """loss_weight per top.  A loss layer that names no top gets an anonymous one in Caffe
+    (LossLayer::AutoTopBlobs), which a single loss_weight may weigh; caffeq does not add it, so
+    that weight goes with it (fine-tuning counts the losses whose tops the net names)."""
+    if len(lp.loss_weight) > max(n_tops, 1):
         raise LayerError(f"{len(lp.loss_weight)} loss_weight values for {n_tops} top(s)")
+    if not n_tops:
+        return []
     if lp.loss_weight:
         return [float(w) for w in lp.loss_weight] + [0.0] * (n_tops - len(lp.loss_weight))
     return [float(default_first)] + [0.0] * (n_tops - 1) if n_tops else []

@@ -351,13 +351,16 @@ def _onnx_max_pool_mask(ctx, node):
 
 
 def window_nd(attrs, sizes):
-    """(kernel, stride, pad, out) per spatial axis of R-C3D's N-D pooling.  Its Reshape rounds each axis
-    as BVLC does, but drops a last window starting in the padding only on the axes that have a pad."""
+    """(kernel, stride, pad, out) per spatial axis of N-D pooling.  R-C3D's Reshape rounds each axis as
+    BVLC does, but drops a last window starting in the padding only on the axes that have a pad;
+    3D-Caffe's PoolingND (attrs["pad_rule_any_axis"]) on every axis once any axis has one, as BVLC's 2-D."""
     if attrs["global"]:
         n = len(sizes)
         return tuple(int(v) for v in sizes), (1,) * n, (0,) * n, (1,) * n
     k, s, p = attrs["kernel"], attrs["stride"], attrs["pad"]
-    out = tuple(pooled_size(int(n), kk, ss, pp, attrs["round_mode"]) for n, kk, ss, pp in zip(sizes, k, s, p))
+    padded = any(p) if attrs.get("pad_rule_any_axis") else None
+    out = tuple(pooled_size(int(n), kk, ss, pp, attrs["round_mode"], padded=padded)
+                for n, kk, ss, pp in zip(sizes, k, s, p))
     return k, s, p, out
 
 
@@ -381,8 +384,10 @@ def _infer_nd(attrs, shape):
 
 @register_layer("Pooling")
 class Pooling(Layer):
+    param_field = "pooling_param"
+
     def parse(self, lp):
-        attrs = parse_pooling(lp.pooling_param)
+        attrs = parse_pooling(getattr(lp, self.param_field))
         # Caffe: MAX pooling may have a second top, the argmax mask; other methods exactly one
         most = 2 if attrs["pool"] == MAX else 1
         if not 1 <= len(lp.top) <= most:
@@ -477,6 +482,20 @@ class Pooling(Layer):
         m = emit.instance(TORCH_POOL_MODULE, _TORCH_MODES[a["pool"]], list(a["kernel"]), list(a["stride"]),
                           list(a["pad"]), needs=[TORCH_POOL_FUNCTIONS], **floor)
         return f"{m}({x})"
+
+
+@register_layer("PoolingND")
+class PoolingND(Pooling):
+    """3D-Caffe's PoolingND (pooling_nd_param): BVLC's pooling rules (ceil, the pad rule, AVE divided by
+    the window clipped to size + pad) on 2 spatial axes or 3, as the N-D path above computes them."""
+
+    param_field = "pooling_nd_param"
+
+    def parse(self, lp):
+        axis = lp.pooling_nd_param.axis
+        if axis != 1:
+            raise LayerError(f"pooling_nd_param.axis {axis}: only channels on axis 1 are supported")
+        return {**super().parse(lp), "pad_rule_any_axis": True}
 
 
 @register_layer("SPP")
