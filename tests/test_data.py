@@ -383,3 +383,16 @@ def test_lmdb_dataset_in_worker_processes():
     want = np.stack([ds[i][1] for i in range(40)])
     np.testing.assert_array_equal(got, want)
     ds.close()
+
+
+def test_memory_data_reads_naibaf7_caffes_n_d_dims():
+    # naibaf7/caffe (the OpenCL Caffe of the connectomics U-Nets): memory_data_param { dim: ... } gives
+    # the whole N-D shape, and the label is (N, 1, ..., 1) with one axis per data axis
+    from caffeq.model import load_from_text
+    text = ('layer { name: "data" type: "MemoryData" top: "data" top: "label" '
+            'memory_data_param { dim: 2 dim: 1 dim: 5 dim: 7 dim: 3 } }')
+    shapes = load_from_text(text).blob_shapes
+    assert shapes["data"] == (2, 1, 5, 7, 3) and shapes["label"] == (2, 1, 1, 1, 1)
+    plain = load_from_text('layer { name: "data" type: "MemoryData" top: "data" top: "label" '
+                           'memory_data_param { batch_size: 2 channels: 3 height: 4 width: 5 } }').blob_shapes
+    assert plain["data"] == (2, 3, 4, 5) and plain["label"] == (2,)

@@ -200,11 +200,20 @@ class MemoryData(DataLayer):
     def parse(self, lp):
         p = lp.memory_data_param
         return {"batch_size": int(p.batch_size), "chw": (int(p.channels), int(p.height), int(p.width)),
-                "transform": transform_attrs(lp), "num_tops": len(lp.top)}
+                "dims": tuple(int(d) for d in p.dim), "transform": transform_attrs(lp), "num_tops": len(lp.top)}
 
     def data_shape(self, attrs):
+        if attrs["dims"]:   # naibaf7/caffe's N-D form: the shape as given
+            return attrs["dims"]
         c, h, w = _with_crop(attrs, *attrs["chw"])
         return (attrs["batch_size"], c, h, w)
+
+    def top_shapes(self, attrs, given):
+        shapes = super().top_shapes(attrs, given)
+        if attrs["dims"] and len(shapes) > 1 and 1 not in given:
+            # naibaf7/caffe labels an N-D batch (N, 1, ..., 1), one axis per data axis
+            shapes[1] = (shapes[0][0],) + (1,) * (len(shapes[0]) - 1)
+        return shapes
 
 
 @register_layer("WindowData")
