@@ -337,6 +337,24 @@ layer { name: "keep" type: "Dropout" bottom: "y" top: "z" dropout_param { dropou
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-7)
 
 
+def test_dropout_ratio_one_loads_as_release_caffe_does(tmp_path):
+    # dropout_layer.cpp checks the ratio with DCHECK only: a release build loads 1.0 (epi-depth's deploy
+    # net does); TEST copies the input, and with scale_train false multiplies by 1 / scale_ = 0
+    text = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 4 } } }
+layer { name: "all" type: "Dropout" bottom: "x" top: "y" dropout_param { dropout_ratio: 1.0 } }
+layer { name: "fork" type: "Dropout" bottom: "x" top: "z" dropout_param { dropout_ratio: 1.0 scale_train: false } }
+"""
+    model = load_from_text(text)
+    x = rng().standard_normal((2, 3, 4)).astype(np.float32)
+    out = model.run({"x": x})
+    np.testing.assert_array_equal(out["y"], x)
+    np.testing.assert_array_equal(out["z"], np.zeros_like(x))
+    np.testing.assert_array_equal(onnx_outputs(model, tmp_path / "m.onnx", {"x": x})["y"], x)
+    with pytest.raises(CaffeqError, match=r"dropout_ratio must be in \[0, 1\], got 1.5"):
+        load_from_text(text.replace("dropout_ratio: 1.0 }", "dropout_ratio: 1.5 }"))
+
+
 def test_an_unknown_fork_data_layer_is_an_input_and_python_losses_are_dropped():
     text = """
 layer { name: "box" type: "BoxData" top: "data" top: "label" transform_param { crop_size: 20 } data_param { source: "x" batch_size: 2 } }

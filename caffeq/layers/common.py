@@ -72,13 +72,20 @@ class Dropout(Layer):
     def parse(self, lp):
         p = lp.dropout_param
         ratio = p.dropout_ratio
-        if not 0 <= ratio < 1:
-            raise LayerError(f"dropout_param.dropout_ratio must be in [0, 1), got {ratio}")
+        # Caffe's own check is a DCHECK (debug builds only): release builds load 1.0, which drops
+        # every unit in training and copies at TEST
+        if not 0 <= ratio <= 1:
+            raise LayerError(f"dropout_param.dropout_ratio must be in [0, 1], got {ratio}")
+        notes = ["dropout_ratio 1 drops every unit in training (release Caffe loads it; TEST copies the "
+                 "input)"] if ratio == 1 else []
         test_scale = 1.0
         if not p.scale_train:
-            scale = np.float32(1.0 / (1.0 - float(np.float32(ratio))))
-            test_scale = float(np.float32(1.0 / float(scale)))
-        return {"ratio": ratio, "test_scale": test_scale}
+            if ratio == 1:
+                test_scale = 0.0   # the fork multiplies by 1 / scale_ = 1 / inf
+            else:
+                scale = np.float32(1.0 / (1.0 - float(np.float32(ratio))))
+                test_scale = float(np.float32(1.0 / float(scale)))
+        return {"ratio": ratio, "test_scale": test_scale, "reading_notes": notes}
 
     uses_training_flag = True
 
