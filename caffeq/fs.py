@@ -36,7 +36,10 @@ def refuse_overwrite(target, inputs, error=CaffeqError, message=INPUT_CLASH):
 
 
 def resolve_source(path, base_dir):
-    """A data path as Caffe users write it: relative to the prototxt's folder, then the cwd."""
+    """A data path as Caffe users write it: relative to the prototxt's folder, then the cwd.  An empty
+    path (a train file whose sources were blanked) names nothing: "" (which does not exist)."""
+    if not path.strip():
+        return ""
     if os.path.isabs(path):
         return path
     for root in (base_dir, os.getcwd()):

@@ -209,3 +209,18 @@ def test_hdf5data_vector_items_evaluate(tmp_path):
     want = float(np.mean((x @ w.T + b).argmax(1) == y))
     assert r["data"]["kind"] == "hdf5" and r["results"]["fp32"]["images"] == 37
     assert r["results"]["fp32"]["top1"] == pytest.approx(want, abs=1e-12)
+
+
+def test_a_blank_hdf5_source_is_no_source(tmp_path, capsys):
+    # a train file published with `source: ""`: its data shapes come from --input-shape, as for a
+    # missing list, never from opening the prototxt's folder
+    from caffeq.__main__ import main
+    path = tmp_path / "train.prototxt"
+    path.write_text('layer { name: "d" type: "HDF5Data" top: "data" top: "label" '
+                    'hdf5_data_param { source: "" batch_size: 4 } }\n'
+                    'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+                    'inner_product_param { num_output: 2 } }\n')
+    assert main(["inspect", str(path)]) == 0
+    assert "HDF5 list '' not found" in capsys.readouterr().err
+    assert main(["inspect", str(path), "--input-shape", "data=4,3,5,5", "--input-shape", "label=4"]) == 0
+    assert "4x2" in capsys.readouterr().out
