@@ -192,7 +192,7 @@ layer {
 }
 layer {
   name: "conv" type: "Convolution" bottom: "data" top: "conv"
-  param { lr_mult: 1 force_mult: 1 }
+  param { lr_mult: 1 force_mult: 1 param_propagate_down: false breadth_decay_mult: 1 kernel_shape_decay_mult: 1 }
   convolution_param { num_output: 4 kernel_size: 3 }
 }
 """
@@ -207,7 +207,9 @@ def test_known_fork_training_fields_are_warnings_with_their_reason():
                        ("global_grad_scale", "gradient (loss) scaling"),
                        ("bn_stats_batch_size", "Intel Caffe"), ("richness", "cuDNN workspace"),
                        ("source", "CaffeOnSpark"), ("share_in_parallel", "CaffeOnSpark"),
-                       ("force_mult", "training regulariser")]:
+                       ("force_mult", "training regulariser"), ("param_propagate_down", "GAN training"),
+                       ("breadth_decay_mult", "structured weight decay"),
+                       ("kernel_shape_decay_mult", "structured weight decay")]:
         line = [w for w in warnings if f"'{field}'" in w]
         assert len(line) == 1 and why in line[0], (field, joined)
 
@@ -217,7 +219,7 @@ def test_known_fork_training_hyperparameters_stay_strict_for_the_train_net():
         _parse(FORK_FIELDS_NET, phase="TRAIN")
     # memory and cuDNN knobs never matter for the numbers
     train = FORK_FIELDS_NET.replace("global_grad_scale: 1000.\n", "").replace("bn_stats_batch_size: 32\n", "") \
-        .replace(" force_mult: 1", "")
+        .replace(" force_mult: 1 param_propagate_down: false breadth_decay_mult: 1 kernel_shape_decay_mult: 1", "")
     _, warnings = _parse(train, phase="TRAIN")
     assert any("'eltwise_mem_sharing'" in w for w in warnings)
 

@@ -241,6 +241,11 @@ _KNOWN_FORK_FIELDS = {
     "caffe.ParamSpec": {
         # wenwei202/caffe f54a74a ParamSpec.force_mult = 6
         "force_mult": (_TEST_ONLY, "wenwei202/caffe's multiplier of a training regulariser"),
+        # longriyao/caffe_colorizer (README: ParamSpec.param_propagate_down = 6): no gradient into the blob
+        "param_propagate_down": (_TEST_ONLY, "caffe_colorizer's switch of gradients into a blob (GAN training)"),
+        # haochen-rye/LSTD's caffe: per-blob multipliers of its structured weight decays
+        "breadth_decay_mult": (_TEST_ONLY, "LSTD's multiplier of a structured weight decay"),
+        "kernel_shape_decay_mult": (_TEST_ONLY, "LSTD's multiplier of a structured weight decay"),
     },
     "caffe.MemoryDataParameter": {
         # Yahoo CaffeOnSpark: the data Spark feeds; caffeq takes the shape from batch_size, channels,
