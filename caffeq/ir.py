@@ -353,6 +353,8 @@ TRAINING_ONLY_TYPES = frozenset({
     "FocalLoss", "L1Loss", "CosinLoss", "NormalizedSoftmaxLoss", "EvalDetection", "SmoothL1LossOHEM",
     # eric612/MobileNet-YOLO's YOLO v3 loss (Yolov3Layer, a LossLayer) under a name without "Loss"
     "Yolov3",
+    # nudles/vldbj-code's V1 PRECISION_RECALL: a metric over scores and labels, like Accuracy
+    "PrecisionRecall",
 })
 
 

@@ -582,3 +582,35 @@ def test_sppnet_v0_dialect_with_v1_parameter_messages():
         assert a.attrs == b.attrs, a.name
     x = np.random.default_rng(0).standard_normal((2, 3, 19, 17)).astype(np.float32)
     np.testing.assert_array_equal(v0.run({"data": x}, exact=True)["fc6"], v2.run({"data": x}, exact=True)["fc6"])
+
+
+V1_FORK_TYPES = """
+name: "fork"
+layers { name: "data" type: NUSWIDE_DATA top: "data" top: "label"
+         data_param { source: "x" batch_size: 2 max_labels: 13 } transform_param { crop_size: 9 } }
+layers { name: "ip" type: INNER_PRODUCT bottom: "data" top: "ip" inner_product_param { num_output: 5 } }
+layers { name: "pr" type: PRECISION_RECALL bottom: "ip" bottom: "label" top: "pr" }
+layers { name: "loss" type: SOFTMAX_MULTILABEL_LOSS bottom: "ip" bottom: "label" top: "loss" }
+layers { name: "ip2" type: INNER_PRODUCT bottom: "ip" top: "ip2" inner_product_param { num_output: 3 } }
+"""
+
+
+def test_a_forks_v1_enum_types_read_as_their_v2_names():
+    # nudles/vldbj-code's caffe adds NUSWIDE_DATA, PRECISION_RECALL and SOFTMAX_MULTILABEL_LOSS to the
+    # V1 enum: the text reader keeps each name, and the upgrade names the type as Caffe renamed its own
+    warnings = []
+    net = parse_prototxt_text(V1_FORK_TYPES.replace(" max_labels: 13", ""), path="f.prototxt", warnings=warnings)
+    assert [v1.fork_type for v1 in net.layers] == ["NUSWIDE_DATA", "", "PRECISION_RECALL", "SOFTMAX_MULTILABEL_LOSS",
+                                                    ""]
+    assert sum("V1 layer type PRECISION_RECALL is not one of Caffe's" in w for w in warnings) == 1
+    upgrade_net(net)
+    assert [lp.type for lp in net.layer] == ["NuswideData", "InnerProduct", "PrecisionRecall",
+                                            "SoftmaxMultilabelLoss", "InnerProduct"]
+    # the fork's data layer is an input (crop_size gives its shape; its own max_labels is not read), the
+    # metric and the loss only train
+    model = load_from_text(V1_FORK_TYPES)
+    assert model.blob_shapes["data"] == (2, 3, 9, 9) and model.blob_shapes["ip2"] == (2, 3)
+    assert {n.type for n in model.graph.nodes} == {"NuswideData", "InnerProduct"}
+    # a V2 type string in a V1 layer (a file mixing the formats) is still an error, as in Caffe
+    with pytest.raises(ParseError, match='has no value named "InnerProduct"'):
+        parse_prototxt_text(V1_FORK_TYPES.replace(" max_labels: 13", "").replace("INNER_PRODUCT", '"InnerProduct"', 1))

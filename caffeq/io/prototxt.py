@@ -22,6 +22,7 @@ from google.protobuf import text_format
 
 from ..errors import ParseError
 from .schema import caffe_pb2
+from .upgrade import fork_v1_type
 
 _UNKNOWN_FIELD = re.compile(r'has no field named "([^"]+)"')
 _LINE_COL = re.compile(r"^(\d+):(\d+)\s*:\s*(.*)$", re.DOTALL)
@@ -50,6 +51,7 @@ _SHARED_NAMES = {
 }
 _FORK_OF_FIELD = {"video_data_param": "SSD", "c3d_video_data_param": "C3D v1.1",
                   "tsn_video_data_param": "TSN (yjxiong/caffe)"}
+_V1_TYPE = caffe_pb2.V1LayerParameter.DESCRIPTOR.fields_by_name["type"]
 _3D_LAYERS = re.compile(r"\b(convolution3d_param|pooling3d_param|Convolution3D|Pooling3D)\b")
 
 
@@ -80,12 +82,26 @@ class _FieldPicker(text_format._Parser):
         self.lines = list(lines)
         self.notes = []
         self._has_3d_layers = any(_3D_LAYERS.search(x) for x in self.lines)
+        self._fork_types = set()   # fork V1 enum names already noted
 
     def _MergeMessageField(self, tokenizer, message, field):
         options = _SHARED_NAMES.get((message.DESCRIPTOR.full_name, field.name))
         if options and self.lines and tokenizer._line < len(self.lines):
             field = message.DESCRIPTOR.fields_by_name[self._pick(options, tokenizer)]
         super()._MergeMessageField(tokenizer, message, field)
+
+    def _MergeScalarField(self, tokenizer, message, field):
+        # a fork's V1 layer type (NUSWIDE_DATA) that the enum lacks: kept as written, for the upgrade
+        if field is _V1_TYPE and tokenizer.token.isidentifier() and \
+                tokenizer.token not in field.enum_type.values_by_name:
+            message.fork_type = tokenizer.token
+            if message.fork_type not in self._fork_types:
+                self._fork_types.add(message.fork_type)
+                self.notes.append(f"{tokenizer._line + 1}: V1 layer type {message.fork_type} is not one of "
+                                  f"Caffe's; read as the type \"{fork_v1_type(message.fork_type)}\"")
+            tokenizer.NextToken()
+            return
+        super()._MergeScalarField(tokenizer, message, field)
 
     def _pick(self, options, tokenizer):
         names = _block_field_names(self.lines, tokenizer._line, tokenizer._column)
@@ -289,9 +305,8 @@ def _training_only(unknown, message, phase, known_layer=None):
     known = _known_fork_field(unknown, phase)
     if known:
         return known
-    if known_layer is not None and unknown.layer is not None and unknown.layer[0] == "layer" and \
-            isinstance(message, caffe_pb2.NetParameter) and unknown.layer[1] < len(message.layer):
-        lp = message.layer[unknown.layer[1]]
+    lp = _as_v2_layer(message, unknown.layer)
+    if known_layer is not None and lp is not None:
         if lp.type and not known_layer(lp):
             return f"caffeq reads no parameters of type '{lp.type}' (dropped if it only trains, else refused)"
     if unknown.layer is None:
@@ -308,6 +323,23 @@ def _training_only(unknown, message, phase, known_layer=None):
             return "a fork's loss parameters, which caffeq's fine-tuning does not apply"
         return "loss parameters only matter for training"
     return None
+
+
+def _as_v2_layer(message, where):
+    """The layer an unknown field sits in, as a LayerParameter: a V2 layer itself, a V1 layer of a
+    fork's type (fork_type) by its name, type and blobs; None otherwise."""
+    if where is None or not isinstance(message, caffe_pb2.NetParameter):
+        return None
+    kind, index = where
+    layers = getattr(message, kind)
+    if index >= len(layers):
+        return None
+    if kind == "layer":
+        return layers[index]
+    v1 = layers[index]
+    if not v1.HasField("fork_type"):
+        return None
+    return caffe_pb2.LayerParameter(name=v1.name, type=fork_v1_type(v1.fork_type), bottom=v1.bottom, top=v1.top)
 
 
 def _layer_name(unknown, message):

@@ -424,6 +424,12 @@ def _warn_v2_data_fields(net, where, notes):
 
 # -- V1 -> V2 -------------------------------------------------------------------
 
+def fork_v1_type(name):
+    """A fork's V1 enum name as its V2 type string, the way Caffe's own were renamed:
+    NUSWIDE_DATA -> NuswideData, SOFTMAX_MULTILABEL_LOSS -> SoftmaxMultilabelLoss."""
+    return "".join(word.capitalize() for word in name.split("_"))
+
+
 def _upgrade_v1_layer(v1):
     """One V1LayerParameter -> LayerParameter (UpgradeV1LayerParameter)."""
     lp = caffe_pb2.LayerParameter()
@@ -433,7 +439,9 @@ def _upgrade_v1_layer(v1):
         lp.name = v1.name
     lp.include.extend(v1.include)
     lp.exclude.extend(v1.exclude)
-    if v1.HasField("type"):
+    if v1.HasField("fork_type"):
+        lp.type = fork_v1_type(v1.fork_type)
+    elif v1.HasField("type"):
         lp.type = _V1_TYPES[caffe_pb2.V1LayerParameter.LayerType.Name(v1.type)]
     lp.blobs.extend(v1.blobs)
 
@@ -468,7 +476,7 @@ def _upgrade_v1(net, where, notes):
         if v1.HasField("layer"):
             notes.append(f"{where}: 'layers' entry #{i} ('{v1.name}') still holds a V0 'layer' "
                          f"message; ignored (as Caffe does)")
-        if not v1.HasField("type") or v1.type == caffe_pb2.V1LayerParameter.NONE:
+        if not v1.HasField("fork_type") and (not v1.HasField("type") or v1.type == caffe_pb2.V1LayerParameter.NONE):
             # binary files: an enum value caffe.proto lacks parses as "no type"
             notes.append(f"{where}: 'layers' entry #{i} ('{v1.name}') has no layer type (or one "
                          f"this caffe.proto does not know); it upgrades to type \"\"")

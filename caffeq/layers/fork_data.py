@@ -116,5 +116,13 @@ class UnknownForkData(ForkDataLayer):
                 "batch_size": max(1, int(lp.data_param.batch_size or lp.image_data_param.batch_size or 1)),
                 "channels": _channels(t), "hw": _crop_or(t, 0, 0)}
 
+    def top_shapes(self, attrs, given):
+        # data and a label as Caffe's Data gives them; what a third top holds only the fork knows
+        extra = [t for i, t in enumerate(attrs["tops"]) if i >= 2 and i not in given]
+        if extra:
+            raise needs_input_shape(attrs, extra[0], f"{attrs['type']} is a fork's data layer; its top "
+                                    f"'{extra[0]}' has a shape only the fork's code knows")
+        return super().top_shapes(attrs, given)
+
 
 UNKNOWN_FORK_DATA = UnknownForkData()
