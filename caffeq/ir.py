@@ -234,7 +234,8 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
                 raise PhaseRuleError(f"{where}: bottom '{b}' is not produced by any earlier layer {hint}", rule)
             in_ids.append(current[b])
         in_shapes = [shapes[i] for i in in_ids]
-        given = {i: input_shapes[t] for i, t in enumerate(lp.top) if t in input_shapes} if spec.is_data else {}
+        given = {i: input_shapes[t] for i, t in enumerate(lp.top) if t in input_shapes} \
+            if spec.is_data or spec.shape_from_user else {}
         shapes_used.update(lp.top[i] for i in given)
         try:
             out_shapes, expected = _infer_node(spec, attrs, lp, in_shapes, given, batch, where,

@@ -30,6 +30,7 @@ from . import (  # noqa: F401,E402
     orn,
     plugin_standins,
     pooling,
+    pose_action,
     pred_to_proposal,
     psanet,
     python_layers,

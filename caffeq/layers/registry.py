@@ -78,6 +78,9 @@ class Layer:
     #: True when the top's shape depends on the values, not only the shapes, of the bottoms
     #: (Filter, DetectionOutput): infer gives a bound, and runs check the real shape instead
     data_dependent_shape = False
+    #: True when a top's size comes from the bottoms' values only (pose_action_caffe's masks sized
+    #: by aux_info): `--input-shape TOP=...` (input_shapes) may give it, as for a data layer's top
+    shape_from_user = False
     #: for a layer ONNX cannot express: why, in one line (the export refuses with it)
     onnx_refusal = None
 
