@@ -353,6 +353,9 @@ TRAINING_ONLY_TYPES = frozenset({
     "FocalLoss", "L1Loss", "CosinLoss", "NormalizedSoftmaxLoss", "EvalDetection", "SmoothL1LossOHEM",
     # eric612/MobileNet-YOLO's YOLO v3 loss (Yolov3Layer, a LossLayer) under a name without "Loss"
     "Yolov3",
+    # wy1iu/sphereface-plus's inter-class separability loss (InterClassLayer, a LossLayer over the
+    # classifier weight it shares, and the labels)
+    "InterClass",
 })
 
 

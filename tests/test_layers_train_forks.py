@@ -1,6 +1,6 @@
 """Layers of forks' train nets (tests/fixtures/realworld, sources in SOURCES.md):
 D-X-Y/caffe-faster-rcnn's FrcnnRoiData, FrcnnAnchorTarget and FrcnnProposalTarget (read and sized with the
-fork's setup shapes, never run)."""
+fork's setup shapes, never run); wy1iu/sphereface-plus's InterClass loss (read, training-only, dropped)."""
 from pathlib import Path
 
 import numpy as np
@@ -94,3 +94,25 @@ def test_frcnn_roi_data_notes_a_config_it_does_not_read():
     assert any("does not read the JSON config 'my.json'" in w for w in model.warnings)
     given = load_from_text(net, input_shapes={"data": (1, 3, 64, 80)})
     assert given.blob_shapes["c"] == (1, 2, 62, 78)
+
+
+# ---- wy1iu/sphereface-plus (84a0c8b): the InterClass loss ----------------------------------------------
+
+SFPLUS_TRAIN = REALWORLD / "wy1iu__sphereface-plus__train__code__sfplus__m_double_model.prototxt"
+
+
+def test_sphereface_plus_inter_class_is_read_and_dropped_as_a_loss():
+    """InterClassLayer is a LossLayer over the shared classifier weight (fc6_w) and the labels: its
+    inter_class_param parses (no unknown-field warning) and the layer is dropped with the other losses."""
+    model = load(str(SFPLUS_TRAIN), input_shapes={"data": (2, 3, 112, 96), "label": (2,)})
+    assert not any("inter_class_param" in w for w in model.warnings)
+    assert any("inter_class_dist_output (InterClass)" in w for w in model.warnings)
+    assert "maximize_inter_class_dist" not in model.blob_shapes
+    assert model.blob_shapes["fc5"] == (2, 512)
+    p = model.net.layer[[lp.name for lp in model.net.layer].index("inter_class_dist_output")].inter_class_param
+    assert (p.num_output, p.type, p.iteration, p.alpha_start_iter, p.alpha_start_value) == (10572, 1, 16000, 16001, 6)
+    assert p.normalize and p.axis == 1
+
+
+def test_sphereface_plus_train_net_inspects(capsys):
+    assert inspect_rc(SFPLUS_TRAIN, "--input-shape", "data=1,3,112,96") == 0
