@@ -1,10 +1,12 @@
 """Layers of forks' train nets (tests/fixtures/realworld, sources in SOURCES.md):
 D-X-Y/caffe-faster-rcnn's FrcnnRoiData, FrcnnAnchorTarget and FrcnnProposalTarget (read and sized with the
-fork's setup shapes, never run); wy1iu/sphereface-plus's InterClass loss (read, training-only, dropped)."""
+fork's setup shapes, never run); wy1iu/sphereface-plus's InterClass loss (read, training-only, dropped);
+SSAW14/LearnableDilationNetwork's Truncation and Duplicate (run, against references from the fork's code)."""
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import check_everywhere, net, rng
 
 from caffeq.__main__ import main
 from caffeq.errors import CaffeqError
@@ -116,3 +118,76 @@ def test_sphereface_plus_inter_class_is_read_and_dropped_as_a_loss():
 
 def test_sphereface_plus_train_net_inspects(capsys):
     assert inspect_rc(SFPLUS_TRAIN, "--input-shape", "data=1,3,112,96") == 0
+
+
+# ---- SSAW14/LearnableDilationNetwork (4838c44): Truncation and Duplicate ---------------------------------
+
+DILATION_TRAIN = REALWORLD / "SSAW14__LearnableDilationNetwork__train.prototxt"
+
+
+def ref_truncation(x, lo, hi):
+    """truncation_layer.cpp: std::min(std::max(x, Dtype(min)), Dtype(max)), element by element."""
+    out = np.empty_like(x)
+    flat, res = x.reshape(-1), out.reshape(-1)
+    for i, v in enumerate(flat):
+        low = lo if v < lo else v         # std::max(a, b): (a < b) ? b : a
+        res[i] = hi if hi < low else low  # std::min(a, b): (b < a) ? b : a
+    return out
+
+
+def ref_duplicate(x, h, w):
+    """duplicate_layer.cu DuplicateForward: out[index] = in[n * channels + c] for every index of the
+    (num, channels, h, w) top, c = (index / w / h) % channels, n = index / w / h / channels."""
+    n, c = x.shape[0], x.shape[1]
+    flat = x.reshape(-1)
+    out = np.empty(n * c * h * w, np.float32)
+    for index in range(out.size):
+        cc = (index // w // h) % c
+        nn = index // w // h // c
+        out[index] = flat[nn * c + cc]
+    return out.reshape(n, c, h, w)
+
+
+@pytest.mark.parametrize("lo, hi", [(1.0, 4.0), (-0.25, 0.5), (0.75, -0.5)])
+def test_truncation_matches_the_forks_formula(tmp_path, lo, hi):
+    x = (rng().standard_normal((2, 3, 4, 5)) * 3).astype(np.float32)
+    model = load_from_text(net(f'layer {{ name: "t" type: "Truncation" bottom: "x" top: "o" '
+                               f'truncation_param {{ truncation_min: {lo} truncation_max: {hi} }} }}',
+                               inputs={"x": (2, 3, 4, 5)}))
+    check_everywhere(model, {"x": x}, {"o": ref_truncation(x, np.float32(lo), np.float32(hi))}, tmp_path)
+
+
+def test_truncation_defaults_are_0_and_1(tmp_path):
+    x = rng(1).standard_normal((3, 2, 5)).astype(np.float32)
+    model = load_from_text(net('layer { name: "t" type: "Truncation" bottom: "x" top: "o" }', inputs={"x": (3, 2, 5)}))
+    check_everywhere(model, {"x": x}, {"o": ref_truncation(x, 0.0, 1.0)}, tmp_path)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 1, 1), (3, 2, 4, 5)])
+def test_duplicate_matches_the_forks_gpu_forward(tmp_path, shape):
+    """(N, C, 1, 1) spreads each channel over the plane; a larger bottom gives its first N * C values."""
+    x = rng(2).standard_normal(shape).astype(np.float32)
+    model = load_from_text(net('layer { name: "d" type: "Duplicate" bottom: "x" top: "o" '
+                               'duplicate_param { height: 7.9 width: 4 } }', inputs={"x": shape}))
+    assert model.blob_shapes["o"] == (shape[0], shape[1], 7, 4)
+    check_everywhere(model, {"x": x}, {"o": ref_duplicate(x, 7, 4)}, tmp_path)
+
+
+def test_duplicate_checks_its_size():
+    with pytest.raises(LayerError, match="duplicate_param.height and width must be >= 1"):
+        load_from_text(net('layer { name: "d" type: "Duplicate" bottom: "x" top: "o" '
+                           'duplicate_param { height: 0.5 width: 4 } }', inputs={"x": (1, 2, 1, 1)}))
+
+
+def test_learnable_dilation_branch_reads_with_the_forks_shapes():
+    """The train net's dilation branch: 1x1 'zero' images through 1x1 convolutions, Truncation to [1, 4],
+    Duplicate to 41 x 41.  The rest of the file needs the fork's Convolution with a dilation bottom."""
+    text = DILATION_TRAIN.read_text()
+    model = load_from_text(text[:text.index("###################### DeepLab")], phase="TRAIN")
+    s = model.blob_shapes
+    assert s["hole_conv_5_1"] == s["loc_truncation_5_1"] == (10, 512, 1, 1)
+    assert s["dilation_5_1"] == s["dilation_5_3"] == (10, 512, 41, 41)
+    node = next(n for n in model.graph.nodes if n.name == "loc_truncation_5_2")
+    assert (node.attrs["min"], node.attrs["max"]) == (1.0, 4.0)
+    with pytest.raises(CaffeqError, match=r"layer 'conv5_1' \(Convolution\): produces 2 tops but the prototxt names 1"):
+        load(str(DILATION_TRAIN), phase="TRAIN")
