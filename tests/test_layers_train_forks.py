@@ -1,7 +1,8 @@
 """Layers of forks' train nets (tests/fixtures/realworld, sources in SOURCES.md):
 D-X-Y/caffe-faster-rcnn's FrcnnRoiData, FrcnnAnchorTarget and FrcnnProposalTarget (read and sized with the
 fork's setup shapes, never run); wy1iu/sphereface-plus's InterClass loss (read, training-only, dropped);
-SSAW14/LearnableDilationNetwork's Truncation and Duplicate (run, against references from the fork's code)."""
+SSAW14/LearnableDilationNetwork's Truncation and Duplicate (run, against references from the fork's code);
+apsvvfb/caffe_qi's 3-top ImageData (LRCN clip markers)."""
 from pathlib import Path
 
 import numpy as np
@@ -191,3 +192,32 @@ def test_learnable_dilation_branch_reads_with_the_forks_shapes():
     assert (node.attrs["min"], node.attrs["max"]) == (1.0, 4.0)
     with pytest.raises(CaffeqError, match=r"layer 'conv5_1' \(Convolution\): produces 2 tops but the prototxt names 1"):
         load(str(DILATION_TRAIN), phase="TRAIN")
+
+
+# ---- apsvvfb/caffe_qi (88f2478): ImageData's third top, the LRCN clip markers ------------------------------
+
+LRCN_TRAIN = REALWORLD / "apsvvfb__caffe_qi__examples__LRCN_activity_recognition__train_test_lstm_RGB.prototxt"
+
+
+@pytest.mark.parametrize("phase, stages, batch", [("TRAIN", (), 96), ("TEST", ("test-on-test",), 48)])
+def test_lrcn_image_data_gives_clip_markers(phase, stages, batch):
+    """image_data_layer.cpp: with 3 tops, clip_markers is reshaped to (batch_size,) like the label; data is
+    (batch_size, 3, crop, crop); the LSTM reads them as (16, batch_size / 16) after the net's Reshape."""
+    model = load(str(LRCN_TRAIN), phase=phase, stages=stages)
+    s = model.blob_shapes
+    assert s["data"] == (batch, 3, 227, 227) and s["label"] == (batch,) and s["clip_markers"] == (batch,)
+    assert s["reshape-cm"] == (16, batch // 16) and s["lstm1"] == (16, batch // 16, 256)
+
+
+def test_image_data_clip_markers_follow_the_given_batch():
+    text = """layer { name: "d" type: "ImageData" top: "data" top: "label" top: "cm"
+      transform_param { crop_size: 5 } image_data_param { source: "none.txt" batch_size: 32 } }"""
+    assert load_from_text(text).blob_shapes["cm"] == (32,)
+    assert load_from_text(text, input_shapes={"data": (16, 3, 5, 5)}).blob_shapes["cm"] == (16,)
+    with pytest.raises(LayerError, match=r"ImageData \(tops data\[, label\[, clip_markers\]\]\) takes"):
+        load_from_text(text.replace('top: "cm"', 'top: "cm" top: "extra"'))
+
+
+def test_lrcn_train_test_inspects(capsys):
+    assert inspect_rc(LRCN_TRAIN) == 0
+    assert inspect_rc(LRCN_TRAIN, "--phase", "TRAIN") == 0
