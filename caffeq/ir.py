@@ -356,6 +356,9 @@ TRAINING_ONLY_TYPES = frozenset({
     "Yolov3",
     # nudles/vldbj-code's V1 PRECISION_RECALL: a metric over scores and labels, like Accuracy
     "PrecisionRecall",
+    # wy1iu/sphereface-plus's inter-class separability loss (InterClassLayer, a LossLayer over the
+    # classifier weight it shares, and the labels)
+    "InterClass",
 })
 
 

@@ -22,6 +22,7 @@ from . import (  # noqa: F401,E402
     frcnn,
     happynear,
     im2col,
+    learnable_dilation,
     losses,
     margin,
     misc,

@@ -15,7 +15,7 @@ from ..data.images import first_image_shape, shorter_side_size
 from ..data.transform import load_mean_file
 from ..errors import DataError
 from ..fs import resolve_source
-from .registry import Layer, LayerError, MissingInputShape, register_layer
+from .registry import Layer, LayerError, MissingInputShape, need_blobs, register_layer
 
 
 def transform_attrs(lp):
@@ -162,10 +162,15 @@ class ImageData(DataLayer):
         if attrs.get("new_dim"):
             lines.append(f"shorter side resized to {attrs['new_dim']}, aspect kept "
                          f"({'bicubic' if attrs['bicubic'] else 'bilinear'}, yihui-he/caffe-pro new_dim)")
+        if attrs["num_tops"] > 2:
+            lines.append("a third top, clip markers (apsvvfb/caffe_qi, LRCN): the batch holds batch_size / 16 "
+                         "clips of 16 consecutive frames, interleaved frame by frame; 0 at a clip's first frame, "
+                         "else 1")
         return lines + describe_transform(attrs.get("transform"))
 
     def parse(self, lp):
         p = lp.image_data_param
+        need_blobs(lp, "ImageData (tops data[, label[, clip_markers]])", 0, (1, 2, 3))
         if not p.source:
             raise LayerError("image_data_param.source is required")
         if p.new_dim and (p.new_height or p.new_width):   # caffe-pro image_data_layer.cpp:38
@@ -175,6 +180,14 @@ class ImageData(DataLayer):
                 "new_dim": int(p.new_dim), "bicubic": bool(p.bicubic),
                 "root_folder": p.root_folder, "shuffle": bool(p.shuffle),
                 "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
+
+    def top_shapes(self, attrs, given):
+        """apsvvfb/caffe_qi's (and LRCN's lisa-caffe-public's) ImageData gives a third top, the clip
+        markers of its 16-frame clips, (batch_size,) as its DataLayerSetUp shapes it."""
+        shapes = super().top_shapes(attrs, given)
+        if attrs["num_tops"] > 2:
+            shapes.append(tuple(given.get(2) or (shapes[0][0],)))
+        return shapes
 
     def data_shape(self, attrs):
         c = 3 if attrs["is_color"] else 1

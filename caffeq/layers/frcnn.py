@@ -32,14 +32,20 @@ Boxes are sorted by score with std::sort, whose order of equal scores is unspeci
 the higher index first, as for py-faster-rcnn.  The fork computes x1 = ctr - 0.5 * w in double
 before storing a float; caffeq stays in float32, which rounds the same except for boxes whose
 centre and size differ by over 2^29 (none an image has).
+
+D-X-Y/caffe-faster-rcnn (c9ca246, the same FRCNN code) train nets add three layers that read the same
+JSON config; caffeq sizes them with voc_config.json's values (see the section at the end):
+FrcnnRoiData (a graph input), FrcnnAnchorTarget and FrcnnProposalTarget (training targets, read and
+sized with their setup shapes, never run).
 """
 import dataclasses
 
 import numpy as np
 
 from ..errors import ExportError
+from .data import DataLayer
 from .rcnn import _ProposalBase, generate_anchors
-from .registry import LayerError, need_blobs, register_layer
+from .registry import LayerError, ReadOnlyLayer, need_blobs, register_layer
 
 # examples/FRCNN/config/voc_config.json at makefile/frcnn 8d9b9eb (the TEST keys the layer reads)
 FRCNN_VOC_CONFIG = {
@@ -129,3 +135,95 @@ class CppRPNLayer(_FourDProposal):
                 "anchors": anchors.tolist(), "pre_nms_top_n": int(p.per_nms_topn),
                 "post_nms_top_n": int(p.post_nms_topn), "nms_thresh": float(p.nms_thresh),
                 "min_size": int(p.boxminsize), "cpp_rpn": True}
+
+
+# ---- the fork's train-net layers (D-X-Y/caffe-faster-rcnn c9ca246, = makefile/frcnn) ---------------
+#
+# FrcnnRoiData reads window_data_param.config (FrcnnParam::load_param) before anything else; the
+# two target layers read FrcnnParam's anchors and n_classes from it.  caffeq does not read the JSON
+# file: it sizes the tops with the values of the config the fork's train scripts name,
+# examples/FRCNN/config/voc_config.json (scales 600, max_size 1000, 9 anchors, n_classes 21), and
+# says so in a note when a net names another config.
+
+FRCNN_VOC_CONFIG_PATH = "examples/FRCNN/config/voc_config.json"
+FRCNN_VOC_TRAIN_SIZES = {"max_short": 600, "max_long": 1000, "n_classes": 21}
+
+
+def _config_note(config, what):
+    if config.replace("\\", "/").endswith("voc_config.json"):
+        return []
+    return [f"{what} are those of the fork's {FRCNN_VOC_CONFIG_PATH} (caffeq does not read the JSON "
+            f"config {config!r} that the net names)"]
+
+
+@register_layer("FrcnnRoiData")
+class FrcnnRoiData(DataLayer):
+    """The fork's training data (frcnn_roi_data_layer.cpp): one image a batch.  Its setup shapes data
+    (1, 3, max(scales), max_size), im_info (1, 3, 1, 1) = [height, width, scale] and gt_boxes
+    (1, 5, 1, 1), rows [x1, y1, x2, y2, label] (one per box of the image in forward)."""
+
+    def parse(self, lp):
+        need_blobs(lp, "FrcnnRoiData (tops data, im_info, gt_boxes)", 0, 3)
+        p = lp.window_data_param
+        if not p.source:
+            raise LayerError("window_data_param.source is required (the fork's roi list)")
+        config = p.config if "config" in p.DESCRIPTOR.fields_by_name else ""
+        return {"source": p.source, "config": config, "tops": list(lp.top), "num_tops": 3,
+                "reading_notes": _config_note(config, "the data size (600 x 1000) and anchors")}
+
+    def top_shapes(self, attrs, given):
+        s = FRCNN_VOC_TRAIN_SIZES
+        shapes = [(1, 3, s["max_short"], s["max_long"]), (1, 3, 1, 1), (1, 5, 1, 1)]
+        return [tuple(given.get(i) or shape) for i, shape in enumerate(shapes)]
+
+    def preprocessing(self, attrs):
+        return ["the fork's FrcnnRoiData: the image scaled so that its shorter side is 600 and its longer at "
+                "most 1000, pixel means [102.9801, 115.9465, 122.7717] subtracted (BGR), random flips at TRAIN; "
+                "im_info = [height, width, scale], gt_boxes rows [x1, y1, x2, y2, label]"]
+
+
+@register_layer("FrcnnAnchorTarget")
+class FrcnnAnchorTarget(ReadOnlyLayer):
+    """RPN training targets (frcnn_anchor_target_layer.cpp): labels (1, 1, A * H, W) and bbox targets,
+    inside and outside weights (1, 4A, H, W) for the A config anchors at each of rpn_cls_score's H x W
+    positions.  Bottoms: rpn_cls_score, gt_boxes, im_info."""
+
+    makes_training_targets = True
+
+    def parse(self, lp):
+        need_blobs(lp, "FrcnnAnchorTarget", 3, 4, "rpn_cls_score, gt_boxes, im_info")
+        return {"name": lp.name, "anchors": len(FRCNN_VOC_CONFIG["anchors"])}
+
+    def infer(self, attrs, in_shapes):
+        score = in_shapes[0]
+        if len(score) != 4:
+            raise LayerError(f"FrcnnAnchorTarget reads rpn_cls_score's height and width: it must be 4-D "
+                             f"(N, C, H, W), got {tuple(score)}")
+        a, (h, w) = attrs["anchors"], score[2:]
+        return [(1, 1, a * h, w)] + [(1, 4 * a, h, w)] * 3
+
+    def why_not_run(self, attrs):
+        return ("it labels anchors against the ground-truth boxes for RPN training and does not run for "
+                "inference; use the net's test prototxt")
+
+
+@register_layer("FrcnnProposalTarget")
+class FrcnnProposalTarget(ReadOnlyLayer):
+    """Fast R-CNN training rois (frcnn_proposal_target_layer.cpp): samples the proposals and ground-truth
+    boxes into rois (R, 5, 1, 1), labels (R, 1, 1, 1) and bbox targets and weights (R, 4 * n_classes, 1, 1);
+    R is known only in forward, so the shapes are its setup's (R = 1).  Bottoms: rpn_rois, gt_boxes."""
+
+    data_dependent_shape = True
+    makes_training_targets = True
+
+    def parse(self, lp):
+        need_blobs(lp, "FrcnnProposalTarget", 2, 5, "rpn_rois, gt_boxes")
+        return {"name": lp.name, "num_classes": FRCNN_VOC_TRAIN_SIZES["n_classes"]}
+
+    def infer(self, attrs, in_shapes):
+        targets = (1, 4 * attrs["num_classes"], 1, 1)
+        return [(1, 5, 1, 1), (1, 1, 1, 1), targets, targets, targets]
+
+    def why_not_run(self, attrs):
+        return ("it samples training rois against the ground-truth boxes and does not run for inference; use "
+                "the net's test prototxt, where the proposals feed the ROI pooling")
