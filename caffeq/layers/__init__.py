@@ -9,6 +9,7 @@ from . import (  # noqa: F401,E402
     cascade_rcnn,
     common,
     conv,
+    conv_lstm,
     ctc,
     ctpn,
     data,

@@ -1,0 +1,194 @@
+"""The video saliency forks' ConvLSTM (DengPingFan/DAVSOD mycaffe-convlstm d44e2f3, as PDB-ConvLSTM
+and AGS use it).  References are numpy loops written from the fork's unrolled net
+(conv_lstm_layer.cpp FillUnrolledNet, conv_lstm_helper.hpp, conv_lstm_unit_layer.cu) on shapes
+where T, N, C_in, C, H and W all differ."""
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import check_everywhere, net, node_of, rng
+
+import caffeq
+from caffeq.layers import LayerError
+from caffeq.model import load_from_text
+
+REALWORLD = Path(__file__).parent / "fixtures" / "realworld"
+
+
+def conv2d_ref(x, w, b, stride, pad, dilation, group):
+    """Caffe's convolution of x (N, C, H, W) as loops over output pixels and kernel taps."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    oh = (h + 2 * pad[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + 2 * pad[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    out = np.zeros((n, o, oh, ow))
+    og = o // group
+    for g in range(group):
+        for i in range(oh):
+            for j in range(ow):
+                for p in range(kh):
+                    for q in range(kw):
+                        patch = xp[:, g * cg:(g + 1) * cg, i * stride[0] + p * dilation[0],
+                                   j * stride[1] + q * dilation[1]]
+                        out[:, g * og:(g + 1) * og, i, j] += patch @ w[g * og:(g + 1) * og, :, p, q].T
+    if b is not None:
+        out += b.reshape(1, -1, 1, 1)
+    return out
+
+
+def sigmoid(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+def conv_lstm_ref(x, cont, h0, c0, w_x, w_h, b_h, peep, conv_x, conv_h, peep_axis, peep_axes):
+    """The fork's steps: h, c (1, N, C, H, W); peep (w_i, w_f, w_o) scale c_{t-1} from axis
+    peep_axis over peep_axes axes (a Scale layer); returns (h per step, all h_t, all c_t)."""
+    t = x.shape[0]
+    hd = h0.shape[2]
+    h, c = h0.astype(np.float64), c0.astype(np.float64)
+    hs, cs, outs = [h], [c], []
+    for step in range(t):
+        ct = cont[step].astype(np.float64)
+        conted = h[0] * ct[:, None, None, None]                  # Scale(h_{t-1}, cont_t), axis 0
+        pre = conv2d_ref(conted, w_h, b_h, *conv_h)              # hidden->transform (with the bias)
+        if w_x is not None:
+            pre = pre + conv2d_ref(x[step], w_x, None, *conv_x)  # x->transform (no bias)
+        if peep:
+            view = (1,) * peep_axis + peep[0].shape + (1,) * (5 - peep_axis - peep_axes)
+            had = [c * w.reshape(view) for w in peep] + [np.zeros_like(c)]
+            pre = pre + np.concatenate(had, axis=2)[0]           # Concat on axis 2, then Eltwise SUM
+        hn = np.zeros_like(h)
+        cn = np.zeros_like(c)
+        for n in range(x.shape[1]):                              # ConvLSTMUnit, one stream at a time
+            for d in np.ndindex(h.shape[2:]):
+                ch, yy, xx = d
+                i = sigmoid(pre[n, ch, yy, xx])
+                f = ct[n] * sigmoid(pre[n, hd + ch, yy, xx])
+                o = sigmoid(pre[n, 2 * hd + ch, yy, xx])
+                g = np.tanh(pre[n, 3 * hd + ch, yy, xx])
+                cn[0, n, ch, yy, xx] = f * c[0, n, ch, yy, xx] + i * g
+                hn[0, n, ch, yy, xx] = o * np.tanh(cn[0, n, ch, yy, xx])
+        h, c = hn, cn
+        hs.append(h)
+        cs.append(c)
+        outs.append(h[0])
+    return np.stack(outs), hs, cs
+
+
+def lstm_layer(body, bottoms=("x", "cont", "h0", "c0"), tops=("o", "hT", "cT")):
+    return ('layer { name: "lstm" type: "ConvLSTM" ' + " ".join(f'bottom: "{b}"' for b in bottoms) + " "
+            + " ".join(f'top: "{t}"' for t in tops) + " " + body + " }")
+
+
+def with_random(model, seed):
+    node = node_of(model, "lstm")
+    node.blobs = [rng(seed + i).standard_normal(b.shape).astype(np.float32) * 0.5
+                  for i, b in enumerate(node.blobs)]
+    return node.blobs
+
+
+def test_conv_lstm_davsod_configuration(tmp_path):
+    """expose_hidden with h_0 / c_0 bottoms, a dilated 3x3 kernel (pad 2, dilation 2) and the
+    H x W peephole weights of axis_hadamard 3, num_axes_hadamard 2, as DAVSOD's encode2."""
+    t, n, cin, c, h, w = 3, 2, 3, 4, 5, 6
+    body = ('recurrent_param { expose_hidden: true } lstm_debug_param { axis_hadamard: 3 num_axes_hadamard: 2 } '
+            'lstm_conv_param { num_output: 4 kernel_size: 3 pad: 2 dilation: 2 }')
+    shapes = {"x": (t, n, cin, h, w), "cont": (t, n), "h0": (1, n, c, h, w), "c0": (1, n, c, h, w)}
+    model = load_from_text(net(lstm_layer(body), inputs=shapes), random_weights=True)
+    assert model.blob_shapes["o"] == (t, n, c, h, w)
+    assert model.blob_shapes["hT"] == model.blob_shapes["cT"] == (1, n, c, h, w)
+    node = node_of(model, "lstm")
+    assert [tuple(b.shape) for b in node.blobs] == [(16, 3, 3, 3), (16, 4, 3, 3), (16,), (5, 6), (5, 6), (5, 6)]
+    w_x, w_h, b_h, *peep = with_random(model, 10)
+    r = rng(1)
+    feeds = {k: r.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    feeds["cont"] = np.array([[0, 0], [1, 0], [1, 1]], np.float32)   # stream 1 restarts at t = 1
+    conv = ((1, 1), (2, 2), (2, 2), 1)
+    o, hs, cs = conv_lstm_ref(feeds["x"], feeds["cont"], feeds["h0"], feeds["c0"], w_x, w_h, b_h, peep,
+                              conv, conv, 3, 2)
+    check_everywhere(model, feeds, {"o": o, "hT": hs[-1], "cT": cs[-1]}, tmp_path, atol=2e-5, rtol=2e-5)
+
+
+def test_conv_lstm_two_blocks_groups_and_per_channel_peepholes(tmp_path):
+    """Two lstm_conv_param blocks (type "hidden" first: the input transform takes the second),
+    grouped convolutions, no hidden bias, peepholes over C x H x W, zero initial states (no
+    expose_hidden) and states exposed by name."""
+    t, n, cin, c, h, w = 4, 3, 2, 6, 3, 5
+    body = ('lstm_debug_param { axis_hadamard: 2 num_axes_hadamard: 3 expose: "c_t=1" expose: "h_t=T" } '
+            'lstm_conv_param { type: "hidden" num_output: 6 kernel_size: 3 pad: 1 group: 2 bias_term: false } '
+            'lstm_conv_param { type: "input" num_output: 6 kernel_size: 1 kernel_size: 3 pad: 0 pad: 1 group: 2 }')
+    shapes = {"x": (t, n, cin, h, w), "cont": (t, n)}
+    model = load_from_text(net(lstm_layer(body, ("x", "cont"), ("o", "c1", "hT")), inputs=shapes),
+                           random_weights=True)
+    node = node_of(model, "lstm")
+    assert node.spec.blob_names_for(node.attrs) == ("W_x", "W_h", "w_i", "w_f", "w_o")
+    assert [tuple(b.shape) for b in node.blobs] == [(24, 1, 1, 3), (24, 3, 3, 3)] + [(c, h, w)] * 3
+    w_x, w_h, *peep = with_random(model, 20)
+    r = rng(2)
+    feeds = {"x": r.standard_normal(shapes["x"]).astype(np.float32),
+             "cont": np.array([[0, 0, 0], [1, 1, 0], [1, 0, 1], [1, 1, 1]], np.float32)}
+    zeros = np.zeros((1, n, c, h, w), np.float32)
+    o, hs, cs = conv_lstm_ref(feeds["x"], feeds["cont"], zeros, zeros, w_x, w_h, None, peep,
+                              ((1, 1), (0, 1), (1, 1), 2), ((1, 1), (1, 1), (1, 1), 2), 2, 3)
+    check_everywhere(model, feeds, {"o": o, "c1": cs[1], "hT": hs[-1]}, tmp_path, atol=2e-5, rtol=2e-5)
+
+
+def test_conv_lstm_ignore_x_and_no_hadamard(tmp_path):
+    """ignore_x drops the input transform (and its blob), disable_hadamard the peephole blobs."""
+    t, n, c, h, w = 2, 3, 2, 4, 3
+    body = ('recurrent_param { expose_hidden: true } lstm_debug_param { ignore_x: true disable_hadamard: true } '
+            'lstm_conv_param { num_output: 2 kernel_size: 1 }')
+    shapes = {"x": (t, n, 5, h, w), "cont": (t, n), "h0": (1, n, c, h, w), "c0": (1, n, c, h, w)}
+    model = load_from_text(net(lstm_layer(body), inputs=shapes), random_weights=True)
+    node = node_of(model, "lstm")
+    assert node.spec.blob_names_for(node.attrs) == ("W_h", "b_h")
+    w_h, b_h = with_random(model, 30)
+    r = rng(3)
+    feeds = {k: r.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    feeds["cont"] = np.ones((t, n), np.float32)
+    one = ((1, 1), (0, 0), (1, 1), 1)
+    o, hs, cs = conv_lstm_ref(feeds["x"], feeds["cont"], feeds["h0"], feeds["c0"], None, w_h, b_h, [],
+                              one, one, 3, 2)
+    check_everywhere(model, feeds, {"o": o, "hT": hs[-1], "cT": cs[-1]}, tmp_path, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("body, msg", [
+    ("lstm_conv_param { num_output: 4 kernel_size: 3 }", "turns 5 x 6 into 3 x 4"),
+    ("lstm_conv_param { num_output: 4 kernel_h: 3 kernel_w: 3 pad: 1 }", "kernel_h is not read"),
+    ("lstm_conv_param { num_output: 4 kernel_size: 1 } lstm_conv_param { num_output: 3 kernel_size: 1 }",
+     "same num_output"),
+    ("lstm_conv_param { num_output: 4 kernel_size: 1 } lstm_debug_param { axis_hadamard: 4 num_axes_hadamard: 2 }",
+     "axis_hadamard 4 + num_axes_hadamard 2 > 5"),
+    ("lstm_conv_param { num_output: 4 kernel_size: 1 } lstm_debug_param { expose: \"gate_input_1\" }",
+     "'h_t=k' and 'c_t=k' only"),
+])
+def test_conv_lstm_bad_params(body, msg):
+    shapes = {"x": (3, 2, 3, 5, 6), "cont": (3, 2)}
+    tops = ("o", "e") if "expose" in body else ("o",)
+    with pytest.raises(LayerError, match=re.escape(msg)):
+        load_from_text(net(lstm_layer(body, ("x", "cont"), tops), inputs=shapes))
+
+
+def test_conv_lstm_initial_state_shape_is_checked():
+    shapes = {"x": (3, 2, 3, 5, 6), "cont": (3, 2), "h0": (1, 2, 4, 5, 6), "c0": (1, 2, 4, 6, 5)}
+    body = 'recurrent_param { expose_hidden: true } lstm_conv_param { num_output: 4 kernel_size: 1 }'
+    with pytest.raises(LayerError, match=r"bottom\[3\] \(initial c\) must be \[1, 2, 4, 5, 6\]"):
+        load_from_text(net(lstm_layer(body), inputs=shapes))
+
+
+@pytest.mark.parametrize("name, shapes, lstm_params", [
+    ("DengPingFan__DAVSOD__test.prototxt", {"reshape-cm": (3, 1)}, 84656),
+    ("shenjianbing__PDB-ConvLSTM__test.prototxt", {"reshape-cm": (5, 1)}, 84656),
+    ("wenguanwang__AGS__model__deploy.prototxt", None, 76556),
+])
+def test_video_saliency_files_read(name, shapes, lstm_params):
+    """The real files: every ConvLSTM is sized (the clip markers come from an HDF5 list that is not
+    here, so DAVSOD and PDB-ConvLSTM are given their T x N shape)."""
+    model = caffeq.load(str(REALWORLD / name), input_shapes=shapes)
+    nodes = [nd for nd in model.layers if nd.type == "ConvLSTM"]
+    assert nodes
+    for nd in nodes:
+        count = sum(int(np.prod(s)) for s in nd.spec.param_shapes(nd.attrs, [model.graph.shape(i) for i in nd.inputs]))
+        assert count == lstm_params
