@@ -192,3 +192,84 @@ def test_video_saliency_files_read(name, shapes, lstm_params):
     for nd in nodes:
         count = sum(int(np.prod(s)) for s in nd.spec.param_shapes(nd.attrs, [model.graph.shape(i) for i in nd.inputs]))
         assert count == lstm_params
+
+
+# ---- HyperColumns (JiangQH/caffe a86cdfe hypercolumns_layer.cpp) -------------------------------
+
+def hypercolumns_ref(normal, feats, skip):
+    """The fork's Forward_cpu at test: every skip-th grid point, its four cases as written."""
+    n_, k, hh, ww = normal.shape
+    while (hh * ww) % skip:
+        skip -= 1
+    points = list(range(0, hh * ww, skip))
+    rows, normals = [], []
+    for n in range(n_):
+        for index in points:
+            h, w = index // ww, index % ww
+            col = []
+            for f in feats:
+                height, width = f.shape[2], f.shape[3]
+                scale = hh // height
+                pad = np.float32((scale - 1.0) / 2)
+                tw = np.float32((np.float32(w) - pad) / np.float32(scale))
+                th = np.float32((np.float32(h) - pad) / np.float32(scale))
+                fw, fh = max(int(np.floor(tw)), 0), max(int(np.floor(th)), 0)
+                cw, ch = max(int(np.ceil(tw)), 0), max(int(np.ceil(th)), 0)
+                cw = cw if cw < width else fw
+                ch = ch if ch < height else fh
+                a = f[n].astype(np.float64)
+                dw, dh = float(tw - fw), float(th - fh)
+                if fw == cw and fh == ch:
+                    v = a[:, fh, fw]
+                elif fh == ch:
+                    v = a[:, fh, fw] * (1 - dw) + a[:, fh, fw + 1] * dw
+                elif fw == cw:
+                    v = a[:, fh, fw] * (1 - dh) + a[:, fh + 1, fw] * dh
+                else:
+                    v = (a[:, fh, fw] * (1 - dh) + a[:, fh + 1, fw] * dh) * (1 - dw) + \
+                        (a[:, fh, fw + 1] * (1 - dh) + a[:, fh + 1, fw + 1] * dh) * dw
+                col.append(v)
+            rows.append(np.concatenate(col))
+            normals.append(normal[n, :, h, w])
+    hyper = np.stack(rows)
+    return hyper.reshape(hyper.shape[0], hyper.shape[1], 1, 1), np.stack(normals)
+
+
+def hyper_net(sizes, params, n=2, k=3, hw=(8, 6), tops=("hc", "pt")):
+    shapes = {"normal": (n, k) + hw}
+    shapes.update({f"f{i}": (n, 2 + i) + s for i, s in enumerate(sizes)})
+    layer = ('layer { name: "hyper" type: "HyperColumns" ' + " ".join(f'bottom: "{b}"' for b in shapes)
+             + " " + " ".join(f'top: "{t}"' for t in tops) + f" hypercolumns_param {{ {params} }} }}")
+    return net(layer, inputs=shapes), shapes
+
+
+@pytest.mark.parametrize("skip, samples", [(1, 48), (5, 12)])
+def test_hypercolumns_test_sampling(tmp_path, skip, samples):
+    """A non-square 8 x 6 normal map, maps at scales 1, 2, 4 and 8 (the last a single pixel), and a
+    skip_ratio the fork lowers to a divisor of H*W (5 -> 4)."""
+    text, shapes = hyper_net([(8, 6), (4, 3), (2, 2), (1, 1)], f"is_train: false skip_ratio: {skip}")
+    model = load_from_text(text)
+    assert model.blob_shapes["hc"] == (2 * samples, 2 + 3 + 4 + 5, 1, 1)
+    assert model.blob_shapes["pt"] == (2 * samples, 3)
+    r = rng(5)
+    feeds = {k: r.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    hc, pt = hypercolumns_ref(feeds["normal"], [feeds[f"f{i}"] for i in range(4)], skip)
+    check_everywhere(model, feeds, {"hc": hc, "pt": pt}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def test_hypercolumns_map_too_small_and_train_refusal(tmp_path):
+    text, _ = hyper_net([(3, 3)], "is_train: false")
+    with pytest.raises(LayerError, match="too small for scale 2 of the 8 x 6 normal map"):
+        load_from_text(text)
+    text, shapes = hyper_net([(4, 3)], "sample_num: 7")
+    model = load_from_text(text)
+    assert model.blob_shapes["hc"] == (14, 2, 1, 1)
+    feeds = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
+    with pytest.raises(LayerError, match="is_train samples random valid points"):
+        model.run(feeds)
+
+
+def test_hypercolumns_file_reads():
+    model = caffeq.load(str(REALWORLD / "JiangQH__Hypercolumns-Based-Surface-Normal-Recovery__model__deploy.prototxt"))
+    assert model.blob_shapes["hypercolumns"] == (224 * 224, 64 + 128 + 256 + 512 + 512 + 4096, 1, 1)
+    assert model.blob_shapes["normal_point"] == (224 * 224, 3)

@@ -4,6 +4,7 @@ from . import (  # noqa: F401,E402
     act_forks,
     activation,
     affordance,
+    bilinear_forks,
     c3d,
     cambricon_yolo,
     cascade_rcnn,
