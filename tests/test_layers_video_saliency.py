@@ -273,3 +273,80 @@ def test_hypercolumns_file_reads():
     model = caffeq.load(str(REALWORLD / "JiangQH__Hypercolumns-Based-Surface-Normal-Recovery__model__deploy.prototxt"))
     assert model.blob_shapes["hypercolumns"] == (224 * 224, 64 + 128 + 256 + 512 + 512 + 4096, 1, 1)
     assert model.blob_shapes["normal_point"] == (224 * 224, 3)
+
+
+# ---- BilinearInterpolation and PR (ctensmeyer/caffe 0ded1da bilinear_layer.cpp, 19fcdb2 PR) ----
+
+def bilinear_ref(x, oh, ow):
+    """bilinear_layer.cpp Forward_cpu, float32 positions and weights as the fork."""
+    n_, c_, ih, iw = x.shape
+    hf = np.float32(ih - 1) / np.float32(oh - 1)
+    wf = np.float32(iw - 1) / np.float32(ow - 1)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (0, 1), (0, 1)))  # the weight-0 reads past the edge
+    out = np.zeros((n_, c_, oh, ow))
+    for h in range(oh):
+        ho = np.float32(np.float32(h) * hf)
+        hl, hc = int(ho), int(np.float32(ho + np.float32(1)))
+        for w in range(ow):
+            wo = np.float32(np.float32(w) * wf)
+            wl, wc = int(wo), int(np.float32(wo + np.float32(1)))
+            a00 = np.float32(hc - ho) * np.float32(wc - wo)
+            a01 = np.float32(hc - ho) * np.float32(wo - wl)
+            a10 = np.float32(ho - hl) * np.float32(wc - wo)
+            a11 = np.float32(ho - hl) * np.float32(wo - wl)
+            out[:, :, h, w] = (a00 * xp[:, :, hl, wl] + a10 * xp[:, :, hl + 1, wl]
+                               + a01 * xp[:, :, hl, wc] + a11 * xp[:, :, hl + 1, wc])
+    return out
+
+
+@pytest.mark.parametrize("src, dst", [((4, 5), (7, 11)), ((9, 6), (4, 3)), ((1, 3), (5, 2))])
+def test_bilinear_interpolation(tmp_path, src, dst):
+    shapes = {"x": (2, 3) + src, "ref": (1, 1) + dst}
+    text = net('layer { name: "up" type: "BilinearInterpolation" bottom: "x" bottom: "ref" top: "up" }',
+               inputs=shapes)
+    model = load_from_text(text)
+    assert model.blob_shapes["up"] == (2, 3) + dst
+    r = rng(7)
+    feeds = {k: r.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    check_everywhere(model, feeds, {"up": bilinear_ref(feeds["x"], *dst)}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def test_bilinear_interpolation_refuses_a_side_of_one():
+    text = net('layer { name: "up" type: "BilinearInterpolation" bottom: "x" bottom: "ref" top: "up" }',
+               inputs={"x": (1, 2, 4, 5), "ref": (1, 1, 1, 8)})
+    with pytest.raises(LayerError, match="an output side of 1 is not computed"):
+        load_from_text(text)
+
+
+@pytest.mark.parametrize("params, ignore", [("", None), ("precision_recall_param { thresh: 0.3 ignore_label: 2 }", 2)])
+def test_pr_metric(params, ignore):
+    """precision_recall_layer.cpp: counts of prediction >= thresh against label != 0."""
+    text = net('layer { name: "pr" type: "PR" bottom: "p" bottom: "g" top: "precision" top: "recall" '
+               f'top: "accuracy" top: "tnr" top: "f" {params} }}', inputs={"p": (2, 1, 3, 4), "g": (2, 1, 3, 4)})
+    model = load_from_text(text)
+    assert node_of(model, "pr").spec.is_training_only
+    r = rng(9)
+    p = r.random((2, 1, 3, 4)).astype(np.float32)
+    g = r.integers(0, 3, (2, 1, 3, 4)).astype(np.float32)
+    got = model.run({"p": p, "g": g})
+    thresh = 0.3 if ignore is not None else 0.5
+    tp = fp = tn = fn = 0
+    for pv, lv in zip(p.ravel(), g.ravel().astype(int)):
+        if ignore is not None and lv == ignore:
+            continue
+        if pv >= thresh:
+            tp, fp = (tp + 1, fp) if lv else (tp, fp + 1)
+        else:
+            tn, fn = (tn + 1, fn) if lv == 0 else (tn, fn + 1)
+    prec, rec = tp / (tp + fp), tp / (tp + fn)
+    want = {"precision": prec, "recall": rec, "accuracy": (tp + tn) / (tp + fp + tn + fn),
+            "tnr": tn / (fp + tn), "f": 2 * prec * rec / (prec + rec)}
+    for k, v in want.items():
+        assert abs(float(got[k]) - v) < 1e-6, k
+
+
+@pytest.mark.parametrize("name", ["ctensmeyer__binarization_2017__dibco_model.prototxt",
+                                  "ctensmeyer__binarization_2017__train_val.prototxt"])
+def test_binarization_files_read(name):
+    model = caffeq.load(str(REALWORLD / name), unknown_shapes_ok=True)
+    assert sum(nd.type == "BilinearInterpolation" for nd in model.layers) == 3

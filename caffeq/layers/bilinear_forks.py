@@ -171,3 +171,127 @@ class HyperColumns(Layer):
         picked = ctx.add_node("Gather", [flat, index], ctx.tmp(f"{name}_normal_picked"), axis=2)
         tr = ctx.add_node("Transpose", [picked], ctx.tmp(f"{name}_normal_t"), perm=[0, 2, 1])
         ctx.add_node("Reshape", [tr, ctx.const(np.array([-1, k], np.int64))], [node.outputs[1]])
+
+
+# ---- BilinearInterpolation (ctensmeyer/caffe 0ded1da, bilinear_layer.cpp / .cu) -------------
+#
+# Bottoms x (N x C x h x w) and a blob whose axes 2 and 3 give the output size H x W.  Per axis,
+# in float32 as the fork: factor = (h - 1) / (H - 1), o = i * factor, lo = (int) o, hi = (int)(o + 1);
+# rows lo and lo + 1 weigh hi - o and o - lo, columns lo and hi likewise (align-corners bilinear).
+# The fork reads one row or column past the map with weight 0 at the last output; where float32
+# rounding makes that weight ~1e-7 instead, it reads the next row of memory there, and caffeq
+# reads the last row again.  H or W = 1 divides by zero in the fork: refused.
+
+def align_corners_axis(out_size: int, in_size: int):
+    """BilinearInterpolation's (out_size, in_size) matrix along one axis (float32 as the fork)."""
+    factor = torch.tensor(float(in_size - 1), dtype=torch.float32) / torch.tensor(float(out_size - 1))
+    pos = torch.arange(out_size, dtype=torch.float32) * factor
+    lo = torch.trunc(pos)
+    hi = torch.trunc(pos + 1)
+    m = torch.zeros(out_size, in_size)
+    rows = torch.arange(out_size)
+    m.index_put_((rows, lo.long().clamp(0, in_size - 1)), hi - pos, accumulate=True)
+    m.index_put_((rows, (lo + 1).long().clamp(0, in_size - 1)), pos - lo, accumulate=True)
+    return m
+
+
+def align_corners_columns(out_size: int, in_size: int):
+    """The same along the width, where the fork reads column hi (not lo + 1)."""
+    factor = torch.tensor(float(in_size - 1), dtype=torch.float32) / torch.tensor(float(out_size - 1))
+    pos = torch.arange(out_size, dtype=torch.float32) * factor
+    lo = torch.trunc(pos)
+    hi = torch.trunc(pos + 1)
+    m = torch.zeros(out_size, in_size)
+    rows = torch.arange(out_size)
+    m.index_put_((rows, lo.long().clamp(0, in_size - 1)), hi - pos, accumulate=True)
+    m.index_put_((rows, hi.long().clamp(0, in_size - 1)), pos - lo, accumulate=True)
+    return m
+
+
+class CaffeBilinearInterpolation(nn.Module):
+    """BilinearInterpolation from h x w to H x W: forward(x) = Mh x Mw^T."""
+
+    def __init__(self, out_h: int, out_w: int, in_h: int, in_w: int):
+        super().__init__()
+        self.register_buffer("mh", align_corners_axis(out_h, in_h), persistent=False)
+        self.register_buffer("mw", align_corners_columns(out_w, in_w), persistent=False)
+
+    def forward(self, x):
+        return torch.matmul(torch.matmul(self.mh, x), self.mw.t())
+
+
+@register_layer("BilinearInterpolation")
+class BilinearInterpolation(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "BilinearInterpolation", 2, 1, roles="data, size reference")
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        x, ref = tuple(in_shapes[0]), tuple(in_shapes[1])
+        if len(x) != 4:
+            raise LayerError(f"bottom[0] must be N x C x H x W, got {list(x)}")
+        if len(ref) < 4:
+            raise LayerError(f"bottom[1] gives the output size by its axes 2 and 3, got {list(ref)}")
+        oh, ow = ref[2], ref[3]
+        if oh < 2 or ow < 2:
+            raise LayerError(f"output {oh} x {ow}: the fork divides by (size - 1); "
+                             f"an output side of 1 is not computed")
+        return [(x[0], x[1], oh, ow)]
+
+    def forward(self, attrs, params, x, ref):
+        mh = align_corners_axis(ref.shape[2], x.shape[2]).to(x)
+        mw = align_corners_columns(ref.shape[3], x.shape[3]).to(x)
+        return torch.matmul(torch.matmul(mh, x), mw.t())
+
+    def pytorch_source(self, node, emit):
+        _, _, oh, ow = emit.out_shape(0)
+        _, _, ih, iw = emit.in_shape(0)
+        m = emit.instance(CaffeBilinearInterpolation, oh, ow, ih, iw,
+                          needs=[align_corners_axis, align_corners_columns])
+        return f"{m}({emit.inputs[0]})"
+
+    def onnx(self, ctx, node):
+        _, _, oh, ow = ctx.shape(node.outputs[0])
+        _, _, ih, iw = ctx.shape(node.inputs[0])
+        mh = ctx.const(align_corners_axis(oh, ih).numpy())
+        mw = ctx.const(np.ascontiguousarray(align_corners_columns(ow, iw).numpy().T))
+        rows = ctx.add_node("MatMul", [mh, node.inputs[0]], ctx.tmp(f"{node.name}_rows"), name=node.name)
+        ctx.add_node("MatMul", [rows, mw], [node.outputs[0]])
+
+
+# ---- PR (ctensmeyer/caffe precision_recall_layer.cpp): a test-phase metric --------------------
+
+@register_layer("PR")
+class PR(Layer):
+    """Precision, recall, accuracy, true negative rate and F-measure of `prediction >= thresh`
+    against integer labels (label != 0 is positive), `ignore_label` skipped: 5 scalar tops."""
+
+    is_training_only = True
+
+    def parse(self, lp):
+        need_blobs(lp, "PR", 2, 5, roles="predictions, labels")
+        p = lp.precision_recall_param
+        return {"thresh": float(p.thresh), "ignore_label": int(p.ignore_label) if p.HasField("ignore_label") else None}
+
+    def infer(self, attrs, in_shapes):
+        a, b = (int(np.prod(s)) for s in in_shapes[:2])
+        if a != b:
+            raise LayerError(f"PR's two bottoms must have the same count, got {a} and {b}")
+        return [()] * 5
+
+    def forward(self, attrs, params, pred, labels):
+        lab = labels.reshape(-1).to(torch.int64)    # static_cast<int>: truncation
+        pos = pred.reshape(-1) >= attrs["thresh"]
+        keep = torch.ones_like(pos) if attrs["ignore_label"] is None else lab != attrs["ignore_label"]
+        real = lab != 0
+        tp = (keep & pos & real).sum().to(pred.dtype)
+        fp = (keep & pos & ~real).sum().to(pred.dtype)
+        tn = (keep & ~pos & ~real).sum().to(pred.dtype)
+        fn = (keep & ~pos & real).sum().to(pred.dtype)
+        zero = torch.zeros((), dtype=pred.dtype, device=pred.device)
+        precision = torch.where(tp + fp != 0, tp / (tp + fp), zero)
+        recall = torch.where(tp + fn != 0, tp / (tp + fn), zero)
+        accuracy = (tp + tn) / (tp + fp + tn + fn)   # 0 / 0 is NaN in the fork as well
+        tnr = tn / (fp + tn)
+        f = torch.where(precision + recall != 0, 2 * precision * recall / (precision + recall), zero)
+        return precision, recall, accuracy, tnr, f
