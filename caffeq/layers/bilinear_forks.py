@@ -182,29 +182,18 @@ class HyperColumns(Layer):
 # rounding makes that weight ~1e-7 instead, it reads the next row of memory there, and caffeq
 # reads the last row again.  H or W = 1 divides by zero in the fork: refused.
 
-def align_corners_axis(out_size: int, in_size: int):
-    """BilinearInterpolation's (out_size, in_size) matrix along one axis (float32 as the fork)."""
+def align_corners_axis(out_size: int, in_size: int, second_at_hi: bool = False):
+    """BilinearInterpolation's (out_size, in_size) matrix along one axis (float32 as the fork).  Rows
+    read lo + 1 as the second neighbour; the width (second_at_hi) reads column hi = trunc(pos + 1)."""
     factor = torch.tensor(float(in_size - 1), dtype=torch.float32) / torch.tensor(float(out_size - 1))
     pos = torch.arange(out_size, dtype=torch.float32) * factor
     lo = torch.trunc(pos)
     hi = torch.trunc(pos + 1)
+    second = hi if second_at_hi else lo + 1
     m = torch.zeros(out_size, in_size)
     rows = torch.arange(out_size)
     m.index_put_((rows, lo.long().clamp(0, in_size - 1)), hi - pos, accumulate=True)
-    m.index_put_((rows, (lo + 1).long().clamp(0, in_size - 1)), pos - lo, accumulate=True)
-    return m
-
-
-def align_corners_columns(out_size: int, in_size: int):
-    """The same along the width, where the fork reads column hi (not lo + 1)."""
-    factor = torch.tensor(float(in_size - 1), dtype=torch.float32) / torch.tensor(float(out_size - 1))
-    pos = torch.arange(out_size, dtype=torch.float32) * factor
-    lo = torch.trunc(pos)
-    hi = torch.trunc(pos + 1)
-    m = torch.zeros(out_size, in_size)
-    rows = torch.arange(out_size)
-    m.index_put_((rows, lo.long().clamp(0, in_size - 1)), hi - pos, accumulate=True)
-    m.index_put_((rows, hi.long().clamp(0, in_size - 1)), pos - lo, accumulate=True)
+    m.index_put_((rows, second.long().clamp(0, in_size - 1)), pos - lo, accumulate=True)
     return m
 
 
@@ -214,7 +203,7 @@ class CaffeBilinearInterpolation(nn.Module):
     def __init__(self, out_h: int, out_w: int, in_h: int, in_w: int):
         super().__init__()
         self.register_buffer("mh", align_corners_axis(out_h, in_h), persistent=False)
-        self.register_buffer("mw", align_corners_columns(out_w, in_w), persistent=False)
+        self.register_buffer("mw", align_corners_axis(out_w, in_w, True), persistent=False)
 
     def forward(self, x):
         return torch.matmul(torch.matmul(self.mh, x), self.mw.t())
@@ -240,21 +229,21 @@ class BilinearInterpolation(Layer):
 
     def forward(self, attrs, params, x, ref):
         mh = align_corners_axis(ref.shape[2], x.shape[2]).to(x)
-        mw = align_corners_columns(ref.shape[3], x.shape[3]).to(x)
+        mw = align_corners_axis(ref.shape[3], x.shape[3], True).to(x)
         return torch.matmul(torch.matmul(mh, x), mw.t())
 
     def pytorch_source(self, node, emit):
         _, _, oh, ow = emit.out_shape(0)
         _, _, ih, iw = emit.in_shape(0)
         m = emit.instance(CaffeBilinearInterpolation, oh, ow, ih, iw,
-                          needs=[align_corners_axis, align_corners_columns])
+                          needs=[align_corners_axis])
         return f"{m}({emit.inputs[0]})"
 
     def onnx(self, ctx, node):
         _, _, oh, ow = ctx.shape(node.outputs[0])
         _, _, ih, iw = ctx.shape(node.inputs[0])
         mh = ctx.const(align_corners_axis(oh, ih).numpy())
-        mw = ctx.const(np.ascontiguousarray(align_corners_columns(ow, iw).numpy().T))
+        mw = ctx.const(np.ascontiguousarray(align_corners_axis(ow, iw, True).numpy().T))
         rows = ctx.add_node("MatMul", [mh, node.inputs[0]], ctx.tmp(f"{node.name}_rows"), name=node.name)
         ctx.add_node("MatMul", [rows, mw], [node.outputs[0]])
 

@@ -46,8 +46,9 @@ class Split(Layer):
         return [emit.inputs[0]] * len(node.outputs)  # every top is the bottom itself
 
 
-@register_layer("Silence")
-class Silence(Layer):
+class Sink(Layer):
+    """A layer without tops (Silence; a fork's writer or visualiser): nothing to compute at inference."""
+
     def infer(self, attrs, in_shapes):
         return []
 
@@ -59,6 +60,11 @@ class Silence(Layer):
 
     def pytorch_source(self, node, emit):
         return []
+
+
+@register_layer("Silence")
+class Silence(Sink):
+    pass
 
 
 @register_layer("Dropout")

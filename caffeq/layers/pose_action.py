@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .common import Sink
 from .data import needs_input_shape, transform_attrs
 from .fork_data import ForkDataLayer
 from .registry import (
@@ -528,7 +529,7 @@ class PosePDJAccuracy(ReadOnlyLayer):
 
 # ---- sinks: visualisation ---------------------------------------------------------------------
 
-class _VisualSink(Layer):
+class _VisualSink(Sink):
     """Writes images or text files and has no top: for inference a sink, like Silence."""
 
     aux_last = True
@@ -540,15 +541,6 @@ class _VisualSink(Layer):
     def infer(self, attrs, in_shapes):
         if self.aux_last:
             _check_aux(in_shapes[-1], in_shapes[0][0], self.types[0])
-        return []
-
-    def forward(self, attrs, params, *inputs):
-        return ()
-
-    def onnx(self, ctx, node):
-        pass
-
-    def pytorch_source(self, node, emit):
         return []
 
 
