@@ -204,6 +204,9 @@ class PoseResize(Layer):
 
 @register_layer("SpatialDropout")
 class SpatialDropout(Layer):
+    """TEST copies; TRAIN drops whole maps and scales the kept ones by 1 / (1 - ratio), torch's dropout2d
+    (ENet's Python SpatialDropoutLayer in python_layers.py has its own TEST-phase scaling)."""
+
     uses_training_flag = True
 
     def parse(self, lp):
@@ -218,18 +221,14 @@ class SpatialDropout(Layer):
         return [tuple(in_shapes[0])]
 
     def forward(self, attrs, params, x, training=False):
-        if not training:
-            return x   # the fork's TEST phase copies
-        keep = torch.rand(x.shape[:2] + (1,) * (x.dim() - 2), device=x.device) >= attrs["ratio"]
-        return x * keep.to(x.dtype) / (1 - attrs["ratio"])
+        return F.dropout2d(x, attrs["ratio"], training=True) if training else x
 
     def onnx(self, ctx, node):
         ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]], name=node.name)
 
     def pytorch_source(self, node, emit):
-        emit.note("SpatialDropout copies its input at inference; model.py leaves out its training-time "
-                  "dropping of whole maps")
-        return emit.inputs[0]
+        dropout = emit.module(f"nn.Dropout2d(p={emit.lit(node.attrs['ratio'])})")
+        return f"{dropout}({emit.inputs[0]})"
 
 
 # ---- CoordsFromHeatMaps ---------------------------------------------------------------------
