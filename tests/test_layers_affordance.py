@@ -73,7 +73,7 @@ def test_roi_alignment_matches_the_fork(params, ph, pw, scale, tmp_path):
     np.testing.assert_array_equal(got, ref)
     np.testing.assert_array_equal(model_py_outputs(model, f, tmp_path)["o"], ref)
     np.testing.assert_array_equal(onnx_outputs(model, f, tmp_path)["o"], ref)
-    assert "ROIAlignment(" in (tmp_path / "py" / "model.py").read_text()
+    assert "RoiLayer(roi_alignment, " in (tmp_path / "py" / "model.py").read_text()
 
 
 def test_roi_alignment_4d_rois_and_the_samples_are_not_max_pooling(tmp_path):

@@ -131,7 +131,7 @@ def test_roi_pooling_pad_ratio_zero_keeps_the_numbers(tmp_path):
     ops = [n.op_type for n in onnx.load(str(tmp_path / "mNone.onnx")).graph.node]
     assert "Concat" not in ops and "MaxRoiPool" in ops
     np.testing.assert_array_equal(model_py_outputs(m, f, tmp_path)["o"], plain)
-    assert "ROIPool(3, 2, spatial_scale=0.5)" in (tmp_path / "py" / "model.py").read_text()
+    assert "RoiLayer(roi_max_pool, 3, 2, spatial_scale=0.5)" in (tmp_path / "py" / "model.py").read_text()
 
 
 # ---- ROIAlign ----------------------------------------------------------------------------------

@@ -27,11 +27,10 @@ import math
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..errors import ExportError
 from .registry import Layer, LayerError, need_blobs, register_layer
-from .roi_pooling import ROIS_WANTED, TORCH_ROI_COMMON, _check_roi_shapes, _run, _source, roi_rows
+from .roi_pooling import ROIS_WANTED, _check_roi_shapes, _run, _source, roi_layer_call, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -81,18 +80,7 @@ def roi_alignment(x, rois, ph: int, pw: int, spatial_scale: float):
             + corner(bottom, right) * wy * wx)
 
 
-class ROIAlignment(nn.Module):
-    """affordance-net's ROIAlignment (see roi_alignment)."""
-
-    def __init__(self, pooled_h: int, pooled_w: int, spatial_scale: float = 1.0):
-        super().__init__()
-        self.pooled_h, self.pooled_w, self.spatial_scale = pooled_h, pooled_w, spatial_scale
-
-    def forward(self, x, rois):
-        return roi_alignment(x, rois, self.pooled_h, self.pooled_w, self.spatial_scale)
-
-
-TORCH_ROI_ALIGNMENT = _source(alignment_points, roi_alignment, ROIAlignment)
+TORCH_ROI_ALIGNMENT = _source(alignment_points, roi_alignment)
 
 
 # ---- the spec ----------------------------------------------------------------------------
@@ -156,8 +144,7 @@ class ROIAlignmentLayer(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.instance(TORCH_ROI_ALIGNMENT, a["ph"], a["pw"], needs=[TORCH_ROI_COMMON], spatial_scale=a["scale"])
-        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
+        return roi_layer_call(emit, TORCH_ROI_ALIGNMENT, a["ph"], a["pw"], spatial_scale=a["scale"])
 
 
 class _OnnxGraph:

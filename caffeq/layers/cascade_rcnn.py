@@ -27,7 +27,7 @@ from torch import nn
 
 from ..errors import ExportError
 from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer
-from .roi_pooling import TORCH_ROI_COMMON, _check_roi_shapes, _run, _source, roi_pooling_attrs, roi_rows
+from .roi_pooling import _check_roi_shapes, _run, _source, roi_layer_call, roi_pooling_attrs, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -80,18 +80,6 @@ def roi_align_grid(x, rois, ph: int, pw: int, spatial_scale: float, pad_ratio: f
         term = wt[:, None].to(x.device, x.dtype) * v
         out = term if out is None else out + term
     return torch.where(inside[:, None].to(x.device), out, torch.zeros((), device=x.device, dtype=x.dtype))
-
-
-class ROIAlignGrid(nn.Module):
-    """The zhaoweicai fork's ROIAlign (see roi_align_grid)."""
-
-    def __init__(self, pooled_h: int, pooled_w: int, spatial_scale: float = 1.0, pad_ratio: float = 0.0):
-        super().__init__()
-        self.pooled_h, self.pooled_w, self.spatial_scale = pooled_h, pooled_w, spatial_scale
-        self.pad_ratio = pad_ratio
-
-    def forward(self, x, rois):
-        return roi_align_grid(x, rois, self.pooled_h, self.pooled_w, self.spatial_scale, self.pad_ratio)
 
 
 def decode_roi_boxes(deltas, rois, means, stds):
@@ -152,7 +140,7 @@ class ScaleRoute(nn.Module):
         return tuple(x[rows] for x in (rois,) + others)
 
 
-TORCH_ROI_ALIGN = _source(roi_align_grid, ROIAlignGrid)
+TORCH_ROI_ALIGN = _source(roi_align_grid)
 TORCH_DECODE_BBOX = _source(decode_roi_boxes, DecodeRoiBoxes)
 
 
@@ -177,9 +165,8 @@ class ROIAlign(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.instance(TORCH_ROI_ALIGN, a["ph"], a["pw"], needs=[TORCH_ROI_COMMON], spatial_scale=a["scale"],
-                          pad_ratio=a["pad_ratio"])
-        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
+        return roi_layer_call(emit, TORCH_ROI_ALIGN, a["ph"], a["pw"], spatial_scale=a["scale"],
+                              pad_ratio=a["pad_ratio"])
 
 
 def _bbox_normalization(lp, where):

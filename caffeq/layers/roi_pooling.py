@@ -140,27 +140,16 @@ def ps_roi_avg_pool(x, rois, output_dim: int, group_size: int, spatial_scale: fl
     return torch.stack(outs)
 
 
-class ROIPool(nn.Module):
-    """Fast R-CNN's ROIPooling (see roi_max_pool)."""
+class RoiLayer(nn.Module):
+    """A ROI layer in model.py: its function (roi_max_pool, ps_roi_avg_pool, ...) applied to (x, rois)
+    with the layer's fixed arguments."""
 
-    def __init__(self, pooled_h: int, pooled_w: int, spatial_scale: float = 1.0, pad_ratio: float = 0.0):
+    def __init__(self, fn, *args, **kwargs):
         super().__init__()
-        self.pooled_h, self.pooled_w, self.spatial_scale = pooled_h, pooled_w, spatial_scale
-        self.pad_ratio = pad_ratio
+        self.fn, self.args, self.kwargs = fn, args, kwargs
 
     def forward(self, x, rois):
-        return roi_max_pool(x, rois, self.pooled_h, self.pooled_w, self.spatial_scale, self.pad_ratio)
-
-
-class PSROIPool(nn.Module):
-    """R-FCN's PSROIPooling (see ps_roi_avg_pool)."""
-
-    def __init__(self, output_dim: int, group_size: int, spatial_scale: float = 1.0):
-        super().__init__()
-        self.output_dim, self.group_size, self.spatial_scale = output_dim, group_size, spatial_scale
-
-    def forward(self, x, rois):
-        return ps_roi_avg_pool(x, rois, self.output_dim, self.group_size, self.spatial_scale)
+        return self.fn(x, rois, *self.args, **self.kwargs)
 
 
 def _source(*objects):
@@ -169,8 +158,16 @@ def _source(*objects):
 
 # model.py gets the same functions, so the export stays bit-identical to forward
 TORCH_ROI_COMMON = _source(c_round, bin_mask, roi_rows, roi_batch_index)
-TORCH_ROI_POOLING = _source(pad_roi_corners, roi_bins, roi_max_pool, ROIPool)
-TORCH_PSROI_POOLING = _source(ps_roi_avg_pool, PSROIPool)
+TORCH_ROI_POOLING = _source(pad_roi_corners, roi_bins, roi_max_pool)
+TORCH_PSROI_POOLING = _source(ps_roi_avg_pool)
+
+
+def roi_layer_call(emit, function_source, *args, **kwargs):
+    """model.py: a RoiLayer of the function `function_source` defines last, applied to (x, rois)."""
+    fn = emit.Code(emit.helper(function_source))
+    emit.helper(TORCH_ROI_COMMON)
+    m = emit.instance(RoiLayer, fn, *args, **kwargs)
+    return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
 
 
 # ---- the specs ---------------------------------------------------------------------------
@@ -239,9 +236,7 @@ class ROIPooling(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.instance(TORCH_ROI_POOLING, a["ph"], a["pw"], needs=[TORCH_ROI_COMMON], spatial_scale=a["scale"],
-                          **pad_kwarg(a))
-        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
+        return roi_layer_call(emit, TORCH_ROI_POOLING, a["ph"], a["pw"], spatial_scale=a["scale"], **pad_kwarg(a))
 
 
 def pad_kwarg(attrs):
@@ -298,5 +293,4 @@ class PSROIPooling(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.instance(TORCH_PSROI_POOLING, a["dim"], a["group"], needs=[TORCH_ROI_COMMON], spatial_scale=a["scale"])
-        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
+        return roi_layer_call(emit, TORCH_PSROI_POOLING, a["dim"], a["group"], spatial_scale=a["scale"])
