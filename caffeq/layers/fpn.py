@@ -401,17 +401,12 @@ class FPNProposalSpec(Layer):
                         f"whose anchors caffeq does not guess")
         return None
 
-    def _refuse(self, name, attrs, in_shapes, error=CaffeqError, layer_type="FPN region proposals"):
-        """Raise `error` naming the layer as the exporters word it ("layer 'NAME' (TYPE): ...")."""
-        why = self.cannot_run(attrs, in_shapes)
-        if why:
-            raise error(f"layer '{name}' ({layer_type}): {why}")
-
     def _ordered(self, attrs, maps):
         return ([maps[lv] for lv in attrs["levels"]], [maps[5 + lv] for lv in attrs["levels"]])
 
     def forward(self, attrs, params, im_info, *maps):
-        self._refuse(attrs["name"], attrs, [im_info.shape] + [m.shape for m in maps])
+        self.refuse_if_cannot_run(attrs["name"], attrs, [im_info.shape] + [m.shape for m in maps],
+                                  layer_type="FPN region proposals")
         deltas, probs = self._ordered(attrs, maps)
         anchors = [torch.tensor(a, dtype=torch.float64) for a in attrs["anchors"]]
         try:
@@ -421,12 +416,12 @@ class FPNProposalSpec(Layer):
             raise CaffeqError(f"FPN ProposalLayer: {e}") from None
 
     def onnx(self, ctx, node):
-        self._refuse(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError, node.type)
+        self.refuse_if_cannot_run(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError, node.type)
         emit_fpn_proposals(ctx, node)
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        self._refuse(node.name, a, [emit.in_shape(i) for i in range(len(emit.inputs))], ExportError, node.type)
+        self.refuse_if_cannot_run(node.name, a, [emit.in_shape(i) for i in range(len(emit.inputs))], ExportError, node.type)
         emit.note(f"{node.name} (FPN region proposals): NMS runs eagerly on the CPU, so this layer does not trace; "
                   f"fewer than {a['post_nms_top_n']} kept boxes are repeated in order (the Python layer repeats "
                   f"random ones).")

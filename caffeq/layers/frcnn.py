@@ -78,7 +78,7 @@ class _FourDProposal(_ProposalBase):
 
     def onnx(self, ctx, node):
         from .rcnn import emit_proposals
-        self._refuse(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError, node.type)
+        self.refuse_if_cannot_run(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError, node.type)
         flat = [ctx.tmp(f"{node.name}_{k}") for k in range(len(node.outputs))]
         emit_proposals(ctx, dataclasses.replace(node, outputs=flat))
         for two_d, four_d in zip(flat, node.outputs):

@@ -383,12 +383,6 @@ class _ProposalBase(Layer):
             return f"im_info must hold [height, width, scale], got shape {list(info)}"
         return None
 
-    def _refuse(self, node_name, attrs, in_shapes, error=CaffeqError, layer_type="region proposals"):
-        """Raise `error` naming the layer as the exporters word it ("layer 'NAME' (TYPE): ...")."""
-        why = self.cannot_run(attrs, in_shapes)
-        if why:
-            raise error(f"layer '{node_name}' ({layer_type}): {why}")
-
     def infer(self, attrs, in_shapes):
         prob, deltas, info = in_shapes
         if len(prob) != 4 or prob[1] % 2:
@@ -408,7 +402,8 @@ class _ProposalBase(Layer):
         return tops
 
     def forward(self, attrs, params, cls_prob, bbox_pred, im_info):
-        self._refuse(attrs["name"], attrs, [cls_prob.shape, bbox_pred.shape, im_info.shape])
+        self.refuse_if_cannot_run(attrs["name"], attrs, [cls_prob.shape, bbox_pred.shape, im_info.shape],
+                                  layer_type="region proposals")
         cpp = attrs.get("cpp_rpn", False)
         if cpp:
             cls_prob, bbox_pred, im_info = cls_prob[:1], bbox_pred[:1], im_info[:1]
@@ -425,12 +420,12 @@ class _ProposalBase(Layer):
         return (rois, scores) if attrs["with_scores"] else rois
 
     def onnx(self, ctx, node):
-        self._refuse(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError, node.type)
+        self.refuse_if_cannot_run(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError, node.type)
         emit_proposals(ctx, node)
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        self._refuse(node.name, a, [emit.in_shape(i) for i in range(3)], ExportError, node.type)
+        self.refuse_if_cannot_run(node.name, a, [emit.in_shape(i) for i in range(3)], ExportError, node.type)
         args = [emit.lit(a["anchors"], exact=True), str(a["feat_stride"]),
                 f"pre_nms_top_n={a['pre_nms_top_n']}", f"post_nms_top_n={a['post_nms_top_n']}",
                 f"nms_thresh={emit.lit(a['nms_thresh'], exact=True)}",

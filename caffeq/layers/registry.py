@@ -121,6 +121,18 @@ class Layer:
         """Multiply-accumulates per forward pass (0 for cheap layers)."""
         return 0
 
+    def cannot_run(self, attrs, in_shapes):
+        """Why a layer that Caffe loads (and caffeq reads) cannot run here, or None: a fork's own
+        Python module, a map the layer cannot index.  forward, onnx and pytorch_source call
+        refuse_if_cannot_run with the shapes they see."""
+        return None
+
+    def refuse_if_cannot_run(self, name, attrs, in_shapes, error=CaffeqError, layer_type=None):
+        """Raise `error` naming the layer as the exporters word it ("layer 'NAME' (TYPE): why")."""
+        why = self.cannot_run(attrs, in_shapes)
+        if why:
+            raise error(f"layer '{name}' ({layer_type or self.types[0]}): {why}")
+
     def init_params(self, attrs, shapes, rng):
         """Weights for a model loaded without a caffemodel (random_weights=True): arrays of `shapes`.
 
