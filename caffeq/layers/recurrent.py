@@ -47,6 +47,15 @@ def recurrent_input(x, w, b, x_static: torch.Tensor | None, w_static: torch.Tens
     return gx
 
 
+def add_input_weights(module, gate: str, rows: int, num_input: int, num_static: int):
+    """The input terms' parameters of a recurrent module: W_x<gate> (rows, num_input), b_<gate> (rows)
+    and, with a static input, W_x<gate>_static (rows, num_static) (else registered as None)."""
+    module.register_parameter(f"W_x{gate}", nn.Parameter(torch.zeros(rows, num_input)))
+    module.register_parameter(f"b_{gate}", nn.Parameter(torch.zeros(rows)))
+    static = nn.Parameter(torch.zeros(rows, num_static)) if num_static else None
+    module.register_parameter(f"W_x{gate}_static", static)
+
+
 def rnn_steps(gx, cont, h, w_hh, w_ho, b_o):
     """Caffe's RNN steps from the input terms gx (T, N, H) and h_0 (N, H) -> (o (T, N, H), h_T)."""
     outs = []
@@ -86,12 +95,7 @@ class CaffeRNN(nn.Module):
         super().__init__()
         h = num_output
         self.num_output = num_output
-        self.W_xh = nn.Parameter(torch.zeros(h, num_input))
-        self.b_h = nn.Parameter(torch.zeros(h))
-        if num_static:
-            self.W_xh_static = nn.Parameter(torch.zeros(h, num_static))
-        else:
-            self.register_parameter("W_xh_static", None)
+        add_input_weights(self, "h", h, num_input, num_static)
         self.W_hh = nn.Parameter(torch.zeros(h, h))
         self.W_ho = nn.Parameter(torch.zeros(h, h))
         self.b_o = nn.Parameter(torch.zeros(h))
@@ -115,15 +119,9 @@ class CaffeLSTM(nn.Module):
 
     def __init__(self, num_input, num_output, num_static=0):
         super().__init__()
-        g = 4 * num_output
         self.num_output = num_output
-        self.W_xc = nn.Parameter(torch.zeros(g, num_input))
-        self.b_c = nn.Parameter(torch.zeros(g))
-        if num_static:
-            self.W_xc_static = nn.Parameter(torch.zeros(g, num_static))
-        else:
-            self.register_parameter("W_xc_static", None)
-        self.W_hc = nn.Parameter(torch.zeros(g, num_output))
+        add_input_weights(self, "c", 4 * num_output, num_input, num_static)
+        self.W_hc = nn.Parameter(torch.zeros(4 * num_output, num_output))
 
     def forward(self, x, cont, x_static: torch.Tensor | None = None, h0: torch.Tensor | None = None,
                 c0: torch.Tensor | None = None):
@@ -314,6 +312,7 @@ def _recurrent_source(node, emit, module, steps):
         call += [f"{name}={v}" for name, v in zip(names, emit.inputs[nxt:])]
     # model.py gets these very functions and classes: the export computes what forward does
     emit.helper(inspect.getsource(recurrent_input))
+    emit.helper(inspect.getsource(add_input_weights))
     emit.helper(inspect.getsource(steps))
     m = emit.module(f"{emit.helper(inspect.getsource(module))}({', '.join(args)})")
     for i, name in enumerate(node.spec.blob_names_for(a)):
