@@ -267,6 +267,15 @@ def resolve_device(device):
     return dev
 
 
+def _channels_last(gm):
+    """The 4-D weights in channels_last (Module.to(memory_format=...) would also take the 5-D ones of
+    an N-D convolution, for which channels_last does not exist)."""
+    with torch.no_grad():
+        for t in list(gm.parameters()) + list(gm.buffers()):
+            if t.dim() == 4:
+                t.data = t.data.contiguous(memory_format=torch.channels_last)
+
+
 def to_torch(model, device="cpu", dtype=None, all_blobs=False, optimize=False, compile=False):
     if any(n.has_params and n.blobs is None for n in model.graph.nodes):
         missing = [n.name for n in model.graph.nodes if n.has_params and n.blobs is None]
@@ -280,7 +289,7 @@ def to_torch(model, device="cpu", dtype=None, all_blobs=False, optimize=False, c
     if dtype is not None:
         gm.to(dtype)
     if optimize:
-        gm.to(memory_format=torch.channels_last)
+        _channels_last(gm)
         reuse_buffers(gm)
         if not compile and not all_blobs and next((p.device.type for p in gm.parameters()), "cpu") == "cpu":
             prepack_convolutions(gm)

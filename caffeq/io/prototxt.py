@@ -52,7 +52,7 @@ _SHARED_NAMES = {
 _FORK_OF_FIELD = {"video_data_param": "SSD", "c3d_video_data_param": "C3D v1.1",
                   "tsn_video_data_param": "TSN (yjxiong/caffe)"}
 _V1_TYPE = caffe_pb2.V1LayerParameter.DESCRIPTOR.fields_by_name["type"]
-_3D_LAYERS = re.compile(r"\b(convolution3d_param|pooling3d_param|Convolution3D|Pooling3D)\b")
+_3D_LAYERS = re.compile(r"\b(convolution3d_param|pooling3d_param|Convolution3D|Pooling3D|NdConvolution|NdPooling)\b")
 
 
 def _block_field_names(lines, line, column):

@@ -47,6 +47,7 @@ from . import (  # noqa: F401,E402
     sppnet,
     ssd,
     v1_forks,
+    video_caffe,
     video_data,
     vision_forks,
     yolo,
