@@ -79,17 +79,23 @@ def _concat_slice_axis(attrs, ndim, kind):
     return canonical_axis(attrs["axis"], ndim, f"{kind}_param.axis")
 
 
+def _axis_attrs(p, legacy, kind):
+    """Concat's and Slice's axis, or their V1-era concat_dim / slice_dim (Caffe refuses both):
+    {"axis", "legacy"}; the legacy form counts from 0 and allows no negative values."""
+    if p.HasField("axis") and p.HasField(legacy):
+        raise LayerError(f"{kind}_param: set either axis or {legacy}, not both")
+    if p.HasField(legacy):
+        return {"axis": int(getattr(p, legacy)), "legacy": True}
+    return {"axis": int(p.axis), "legacy": False}
+
+
 @register_layer("Concat")
 class Concat(Layer):
     def parse(self, lp):
-        p = lp.concat_param
-        if p.HasField("axis") and p.HasField("concat_dim"):
-            raise LayerError("concat_param: set either axis or concat_dim, not both")
+        attrs = _axis_attrs(lp.concat_param, "concat_dim", "concat")
         if not lp.bottom:
             raise LayerError("Concat needs at least one bottom")
-        if p.HasField("concat_dim"):
-            return {"axis": int(p.concat_dim), "legacy": True}
-        return {"axis": int(p.axis), "legacy": False}
+        return attrs
 
     def infer(self, attrs, in_shapes):
         first = tuple(in_shapes[0])
@@ -144,8 +150,7 @@ def _slice_sizes(attrs, size):
 class Slice(Layer):
     def parse(self, lp):
         p = lp.slice_param
-        if p.HasField("axis") and p.HasField("slice_dim"):
-            raise LayerError("slice_param: set either axis or slice_dim, not both")
+        attrs = _axis_attrs(p, "slice_dim", "slice")
         points = [int(v) for v in p.slice_point]
         tops = len(lp.top)
         if tops < 1:
@@ -160,9 +165,7 @@ class Slice(Layer):
                     raise LayerError(f"slice_point values must be strictly increasing and > 0, "
                                      f"got {points}")
                 prev = v
-        if p.HasField("slice_dim"):
-            return {"axis": int(p.slice_dim), "legacy": True, "points": points, "tops": tops}
-        return {"axis": int(p.axis), "legacy": False, "points": points, "tops": tops}
+        return {**attrs, "points": points, "tops": tops}
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
