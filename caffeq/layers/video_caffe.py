@@ -97,9 +97,7 @@ class NdConvolution(Convolution):
         attrs = {"num_output": int(p.num_output), "bias_term": bool(p.bias_term), "group": int(p.group),
                  "axis": 1, "_axis": 1, "_ndim": len(kernel) + 2, "kernel": kernel, "stride": stride,
                  "pad": pad, "dilation": (1,) * len(kernel), "edge_pads": None, "depthwise": False,
-                 "orn": None, "param": p}
-        if notes:
-            attrs["reading_notes"] = notes
+                 "orn": None, "param": p, "reading_notes": notes}
         return attrs
 
     def infer(self, attrs, in_shapes):
@@ -163,11 +161,8 @@ class NdPooling(Layer):
             raise LayerError("pooling_param.pool: the fork's NdPooling has MAX and AVE only (STOCHASTIC is an "
                              "unknown pooling method there)")
         kernel, stride, pad, notes = read_nd_window(p, "pooling_param", "NdPooling")
-        attrs = {"method": method, "global": bool(p.global_pooling), "kernel_shape": kernel,
-                 "stride": stride, "pad": pad}
-        if notes:
-            attrs["reading_notes"] = notes
-        return attrs
+        return {"method": method, "global": bool(p.global_pooling), "kernel_shape": kernel,
+                "stride": stride, "pad": pad, "reading_notes": notes}
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
