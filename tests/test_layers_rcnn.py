@@ -161,9 +161,10 @@ def test_other_settings_match_the_reference():
 
 
 def test_cpp_proposal_type_is_not_taken_for_the_python_one():
+    """type "Proposal" is PVANet's C++ layer (pva_proposal.py): no py-faster-rcnn default anchors."""
     layer = ('layer { name: "proposal" type: "Proposal" bottom: "prob" bottom: "deltas" bottom: "im_info" '
              'top: "rois" proposal_param { feat_stride: 16 } }')
-    with pytest.raises(UnsupportedLayerError, match="Proposal"):
+    with pytest.raises(LayerError, match="proposal_param.ratio must be one or more positive"):
         load_from_text(proposal_net(9, 3, 4, layer))
 
 

@@ -29,10 +29,8 @@ spec here, registered as "Python:<module>.<layer>".
   than ANCHOR_MIN_SIZE = 0 dropped (none, as clipped sides are >= 1) and no NMS (SSH runs it outside
   the net, over all modules).  When no box is left, rois is the one row [0, 0, 0, 16, 16] and scores
   has no row, as the module writes.
-- The C++ `Proposal` type of some forks (PVANet's, happynear/caffe-windows:
-  proposal_param) is not this computation (absolute anchor scales, unrounded
-  ratio sides, a 4-value im_info, boxes below min_size kept with score 0, one
-  set of rows per image), so it is not registered.
+- PVANet's C++ `Proposal` (pva_proposal.py) is this computation with the `pva` switches: float32
+  anchors, im_info [height, width, scale_h, scale_w], small boxes kept with score 0, its sort.
 - zhanglaplace/faster-rcnn-cplusplus2's C++ `RPN` (frcnn.py) is the same computation with a few
   differences, switched on by `cpp_rpn` here: the size filter on the unclipped sizes, clipping to
   [0, int(width)] x [0, int(height)], and NMS that drops IoU >= the threshold.
@@ -54,6 +52,7 @@ from torch import nn
 
 from ..errors import CaffeqError, ExportError
 from .registry import Layer, LayerError, MissingInputShape, register_layer
+from .sort_box import pva_sort_order
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -160,24 +159,27 @@ def parse_param_str(text, what="python_param.param_str"):
 
 # ---- anchors ------------------------------------------------------------------------------
 
-def generate_anchors(base_size=16, ratios=(0.5, 1, 2), scales=(8, 16, 32), c_round=False):
+def generate_anchors(base_size=16, ratios=(0.5, 1, 2), scales=(8, 16, 32), c_round=False, f32=False):
     """py-faster-rcnn's generate_anchors: (A, 4) float64 [x1, y1, x2, y2], ratios outer, scales inner.
 
     The (0, 0, base-1, base-1) window is reshaped to each ratio keeping its area (sides rounded half
     to even, as numpy's round; c_round: half away from zero, as C's round), then scaled; every box
-    keeps the window's centre, and a box of width w spans w - 1 (pixel sizes count both ends)."""
-    side = float(base_size)
-    centre = 0.5 * (side - 1)
+    keeps the window's centre, and a box of width w spans w - 1 (pixel sizes count both ends).
+    f32 (PVANet's C++ generate_anchors): every step in float32, sides rounded as (int)(v + 0.5f)."""
+    cast = np.float32 if f32 else np.float64
+    side, one, half = cast(base_size), cast(1), cast(0.5)
+    centre = half * (side - one)
     rnd = (lambda v: float(np.sign(v) * np.floor(abs(v) + 0.5))) if c_round else (lambda v: float(np.round(v)))
+    if f32:
+        rnd = lambda v: float(np.trunc(v + half))   # noqa: E731
     rows = []
     for ratio in ratios:
-        w = rnd(np.sqrt(side * side / ratio))
-        h = rnd(w * ratio)
+        w = cast(rnd(np.sqrt(side * side / cast(ratio))))
+        h = cast(rnd(w * cast(ratio)))
         for scale in scales:
-            sw, sh = w * scale, h * scale
-            rows.append([centre - 0.5 * (sw - 1), centre - 0.5 * (sh - 1),
-                         centre + 0.5 * (sw - 1), centre + 0.5 * (sh - 1)])
-    return np.array(rows, np.float64).reshape(-1, 4)
+            hw, hh = half * (w * cast(scale) - one), half * (h * cast(scale) - one)
+            rows.append([centre - hw, centre - hh, centre + hw, centre + hh])
+    return np.array(rows, cast).astype(np.float64).reshape(-1, 4)
 
 
 def shifted_anchors(anchors, height: int, width: int, feat_stride: int):
@@ -230,12 +232,13 @@ def rpn_decode_centres(anchor_boxes, deltas):
             torch.exp(deltas[:, 2]) * widths, torch.exp(deltas[:, 3]) * heights)
 
 
-def rpn_decode_boxes(anchor_boxes, deltas, info, min_size: float, cpp_rpn: bool = False):
+def rpn_decode_boxes(anchor_boxes, deltas, info, min_size: float, cpp_rpn: bool = False, pva: bool = False):
     """py-faster-rcnn's bbox_transform_inv and clip_boxes: each anchor moved by its deltas and
     clipped to the image of info = [height, width, scale].  Returns the boxes (P, 4) and the
     indices of those at least min_size (at the original image's scale) on both sides.
     cpp_rpn (faster-rcnn-cplusplus2's RPN layer): a box goes when its unclipped width or height is
-    below min_size * scale, and the rest clip to [0, int(width)] x [0, int(height)]."""
+    below min_size * scale, and the rest clip to [0, int(width)] x [0, int(height)].  pva (PVANet):
+    info = [height, width, scale_h, scale_w], the clipped width against min_size * scale_w."""
     dt = anchor_boxes.dtype
     pred_x, pred_y, pred_w, pred_h = rpn_decode_centres(anchor_boxes, deltas)
     zero = torch.zeros((), dtype=dt)
@@ -247,21 +250,23 @@ def rpn_decode_boxes(anchor_boxes, deltas, info, min_size: float, cpp_rpn: bool 
     x2 = torch.maximum(torch.minimum(pred_x + 0.5 * pred_w, x_max), zero)
     y2 = torch.maximum(torch.minimum(pred_y + 0.5 * pred_h, y_max), zero)
     limit = torch.tensor(min_size, dtype=dt) * info[2]
+    limit_w = torch.tensor(min_size, dtype=dt) * info[3] if pva else limit
     if cpp_rpn:
         keep = torch.nonzero(~((pred_w < limit) | (pred_h < limit))).flatten()
     else:
-        keep = torch.nonzero(((x2 - x1 + 1) >= limit) & ((y2 - y1 + 1) >= limit)).flatten()
+        keep = torch.nonzero(((x2 - x1 + 1) >= limit_w) & ((y2 - y1 + 1) >= limit)).flatten()
     return torch.stack([x1, y1, x2, y2], dim=1), keep
 
 
 def rpn_proposals(cls_prob, bbox_pred, im_info, anchors, feat_stride: int, pre_nms_top_n: int,
                   post_nms_top_n: int, nms_thresh: float, min_size: float, apply_nms: bool = True,
-                  cpp_rpn: bool = False):
+                  cpp_rpn: bool = False, pva: bool = False):
     """py-faster-rcnn's ProposalLayer.forward for one image: cls_prob (1, 2A, H, W) (the second A
     channels are the object scores), bbox_pred (1, 4A, H, W), im_info (1, 3) = [height, width,
     scale], anchors (A, 4).  Returns rois (R, 5) = [0, x1, y1, x2, y2] and scores (R, 1).
     apply_nms=False (SSH at TEST): the best pre_nms_top_n boxes, without NMS.  cpp_rpn: the C++
-    RPN layer's size filter and clipping (rpn_decode_boxes) and its NMS, which drops IoU >= thresh."""
+    RPN layer's size filter and clipping (rpn_decode_boxes) and its NMS, which drops IoU >= thresh.
+    pva: PVANet's C++ Proposal: small boxes stay with score 0, its sort_box order, scores (R,)."""
     if cls_prob.shape[0] != 1:
         raise ValueError(f"region proposals take one image per batch, got {cls_prob.shape[0]}")
     n_anchors = anchors.shape[0]
@@ -271,9 +276,13 @@ def rpn_proposals(cls_prob, bbox_pred, im_info, anchors, feat_stride: int, pre_n
     deltas = bbox_pred[0].permute(1, 2, 0).reshape(-1, 4)
     boxes = shifted_anchors(anchors, height, width, feat_stride).to(dt)
     info = im_info.reshape(-1).to(dt)
-    proposals, keep = rpn_decode_boxes(boxes, deltas, info, min_size, cpp_rpn)
-    proposals, scores = proposals[keep], scores[keep]
-    order = torch.sort(scores, stable=True)[1].flip(0)   # best first; ties: higher index first
+    proposals, keep = rpn_decode_boxes(boxes, deltas, info, min_size, cpp_rpn, pva)
+    if pva:
+        scores = scores * torch.zeros_like(scores).index_fill_(0, keep, 1.0)
+        order = pva_sort_order(scores, pre_nms_top_n)
+    else:
+        proposals, scores = proposals[keep], scores[keep]
+        order = torch.sort(scores, stable=True)[1].flip(0)   # best first; ties: higher index first
     if pre_nms_top_n > 0:
         order = order[:pre_nms_top_n]
     proposals, scores = proposals[order], scores[order]
@@ -282,7 +291,7 @@ def rpn_proposals(cls_prob, bbox_pred, im_info, anchors, feat_stride: int, pre_n
         kept = torch.tensor(kept, dtype=torch.long, device=proposals.device)
         proposals, scores = proposals[kept], scores[kept]
     rois = torch.cat([torch.zeros_like(proposals[:, :1]), proposals], dim=1)
-    return rois, scores[:, None]
+    return rois, (scores if pva else scores[:, None])
 
 
 def ssh_empty_rois(rois):
@@ -296,15 +305,15 @@ class RPNProposal(nn.Module):
     """Faster R-CNN's region proposal layer (rpn_proposals) with its anchors and settings;
     returns rois (R, 5), and scores (R, 1) too when with_scores.  R depends on the data.
     ssh=True: SSH's form (no NMS, the one default roi when none is left).  cpp_rpn=True: the C++ RPN
-    layer's form (rpn_proposals' cpp_rpn, on image 0 of the batch)."""
+    layer's form (rpn_proposals' cpp_rpn, on image 0 of the batch).  pva=True: PVANet's Proposal."""
 
     def __init__(self, anchors, feat_stride, pre_nms_top_n=6000, post_nms_top_n=300, nms_thresh=0.7,
-                 min_size=16.0, with_scores=False, ssh=False, cpp_rpn=False):
+                 min_size=16.0, with_scores=False, ssh=False, cpp_rpn=False, pva=False):
         super().__init__()
         self.anchors = anchors
         self.feat_stride, self.pre_nms_top_n, self.post_nms_top_n = feat_stride, pre_nms_top_n, post_nms_top_n
         self.nms_thresh, self.min_size, self.with_scores, self.ssh = nms_thresh, min_size, with_scores, ssh
-        self.cpp_rpn = cpp_rpn
+        self.cpp_rpn, self.pva = cpp_rpn, pva
 
     def forward(self, cls_prob, bbox_pred, im_info):
         anchors = torch.tensor(self.anchors, dtype=torch.float64)
@@ -312,7 +321,7 @@ class RPNProposal(nn.Module):
             cls_prob, bbox_pred, im_info = cls_prob[:1], bbox_pred[:1], im_info[:1]
         rois, scores = rpn_proposals(cls_prob, bbox_pred, im_info, anchors, self.feat_stride,
                                      self.pre_nms_top_n, self.post_nms_top_n, self.nms_thresh, self.min_size,
-                                     not self.ssh, self.cpp_rpn)
+                                     not self.ssh, self.cpp_rpn, self.pva)
         if self.ssh:
             rois = ssh_empty_rois(rois)
         if self.with_scores:
@@ -324,7 +333,8 @@ class RPNProposal(nn.Module):
 # helper on its own: CTPN's text proposals use it too)
 TORCH_ANCHORS = inspect.getsource(shifted_anchors)
 TORCH_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (rpn_nms, rpn_decode_centres, rpn_decode_boxes,
-                                                               rpn_proposals, ssh_empty_rois, RPNProposal))
+                                                               pva_sort_order, rpn_proposals, ssh_empty_rois,
+                                                               RPNProposal))
 
 
 # ---- the specs --------------------------------------------------------------------------------
@@ -398,7 +408,7 @@ class _ProposalBase(Layer):
                 rows = min(rows, attrs[key])
         tops = [(max(rows, 1) if attrs.get("ssh") else rows, 5)]
         if attrs["with_scores"]:
-            tops.append((rows, 1))
+            tops.append((rows,) if attrs.get("pva") else (rows, 1))
         return tops
 
     def forward(self, attrs, params, cls_prob, bbox_pred, im_info):
@@ -414,7 +424,7 @@ class _ProposalBase(Layer):
         ssh = attrs.get("ssh", False)
         rois, scores = rpn_proposals(cls_prob, bbox_pred, im_info, anchors, attrs["feat_stride"],
                                      attrs["pre_nms_top_n"], attrs["post_nms_top_n"], attrs["nms_thresh"],
-                                     attrs["min_size"], not ssh, cpp)
+                                     attrs["min_size"], not ssh, cpp, attrs.get("pva", False))
         if ssh:
             rois = ssh_empty_rois(rois)
         return (rois, scores) if attrs["with_scores"] else rois
@@ -434,8 +444,7 @@ class _ProposalBase(Layer):
             args.append("with_scores=True")
         if a.get("ssh"):
             args.append("ssh=True")
-        if a.get("cpp_rpn"):
-            args.append("cpp_rpn=True")
+        args += [f"{k}=True" for k in ("cpp_rpn", "pva") if a.get(k)]
         emit.note(f"{node.name} (region proposals): the number of rois depends on the data (at most "
                   f"{emit.out_shape(0)[0]}); NMS runs eagerly on the CPU, so this layer does not trace.")
         emit.helper(TORCH_ANCHORS)
@@ -572,7 +581,7 @@ def onnx_clipped_corners(op, zero, cx, cy, half_w, half_h, x_max, y_max):
 def emit_proposals(ctx, node):
     """rpn_proposals from standard ops; the anchors and their sizes are constants of the static H, W."""
     a = node.attrs
-    cpp = a.get("cpp_rpn", False)
+    cpp, pva = a.get("cpp_rpn", False), a.get("pva", False)
     prob_in, deltas_in, info_in = node.inputs
     batch, _, height, width = ctx.shape(prob_in)
     n_anchors = len(a["anchors"])
@@ -606,8 +615,8 @@ def emit_proposals(ctx, node):
     pred_h = op("Mul", [op("Exp", [column(deltas, 3, "dh")], "eh"), f32(heights)], "ph")
     half_w, half_h = op("Mul", [f32(0.5), pred_w], "hw"), op("Mul", [f32(0.5), pred_h], "hh")
     info = op("Reshape", [info_in, i64([-1])], "info")
-    im_h, im_w, im_scale = (op("Gather", [info, i64(k)], hint, axis=0) for k, hint in
-                            ((0, "im_h"), (1, "im_w"), (2, "im_scale")))
+    im_h, im_w, im_scale, scale_w = (op("Gather", [info, i64(k)], hint, axis=0) for k, hint in
+                                     ((0, "im_h"), (1, "im_w"), (2, "im_scale"), (3 if pva else 2, "scale_w")))
     if cpp:   # [0, int(width)] x [0, int(height)]
         x_max, y_max = (op("Cast", [op("Cast", [v, ], f"{h}_i", to=7)], h, to=1) for v, h in
                         ((im_w, "x_max"), (im_h, "y_max")))
@@ -622,10 +631,14 @@ def emit_proposals(ctx, node):
         ws = op("Add", [op("Sub", [x2, x1], "ws0"), f32(1.0)], "ws")
         hs = op("Add", [op("Sub", [y2, y1], "hs0"), f32(1.0)], "hs")
         # as the Python layer's (ws >= limit) & (hs >= limit): a NaN side is dropped too
-        small = op("Not", [op("And", [op("GreaterOrEqual", [ws, limit], "wide"),
+        limit_w = op("Mul", [f32(float(a["min_size"])), scale_w], "limit_w")
+        small = op("Not", [op("And", [op("GreaterOrEqual", [ws, limit_w], "wide"),
                                       op("GreaterOrEqual", [hs, limit], "high")], "big_enough")], "small")
     # filtered boxes score -inf: NonMaxSuppression's score threshold (-FLT_MAX) then leaves them out
-    live = op("Where", [small, f32(-np.inf), scores], "live")
+    if pva:   # PVANet keeps them, scored score * 0 (TopK puts equal scores' lower index first)
+        live = op("Mul", [scores, op("Cast", [op("Not", [small], "big")], "valid", to=1)], "live")
+    else:
+        live = op("Where", [small, f32(-np.inf), scores], "live")
     k = total if a["pre_nms_top_n"] <= 0 else min(a["pre_nms_top_n"], total)
     vals, idx = ctx.add_node("TopK", [live, i64([k])], [ctx.tmp(f"{name}_top"), ctx.tmp(f"{name}_top_idx")],
                              axis=0, largest=1, sorted=1)
@@ -652,7 +665,9 @@ def emit_proposals(ctx, node):
     zeros = op("ConstantOfShape", [op("Concat", [op("Shape", [picked], "r"), i64([1])], "z_shape", axis=0)],
                "zeros", value=_scalar_tensor(0.0))
     ctx.add_node("Concat", [zeros, chosen], [node.outputs[0]], axis=1)
-    if a["with_scores"]:
+    if a["with_scores"] and pva:
+        ctx.add_node("Gather", [vals, picked], [node.outputs[1]], axis=0)
+    elif a["with_scores"]:
         ctx.add_node("Unsqueeze", [op("Gather", [vals, picked], "chosen_s", axis=0), i64([1])], [node.outputs[1]])
 
 

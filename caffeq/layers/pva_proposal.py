@@ -1,0 +1,68 @@
+"""PVANet's C++ `Proposal` layer (proposal_param), run natively.
+
+Read from sanghoon/caffe dev_pvanet 6068dd0 (the caffe-fast-rcnn submodule of
+sanghoon/pva-faster-rcnn b0dc7d2): src/caffe/layers/proposal_layer.cpp / .cu and
+src/caffe/util/nms.cpp / .cu.  It is py-faster-rcnn's proposal computation (rcnn.py's
+rpn_proposals, with its `pva` switches) except where noted:
+- anchors (LayerSetUp, generate_anchors): in float32, per ratio the sides
+  w = (int)(sqrt(base_size^2 / ratio) + 0.5), h = (int)(w * ratio + 0.5), then per scale the box
+  centre (base_size - 1) / 2 +- 0.5 * (side * scale - 1); ratios outer, scales inner;
+- bottoms rpn_cls_prob_reshape (1, 2A, H, W) (object scores: channels A..2A-1), rpn_bbox_pred
+  (1, 4A, H, W), im_info = [img_H, img_W, scale_H, scale_W] (4 values read); one image only
+  (CHECK_EQ(bottom[0]->shape(0), 1));
+- proposals in (h, w, anchor) order at (w * feat_stride, h * feat_stride), decoded with +1 pixel
+  sizes, clipped to [0, img_W - 1] x [0, img_H - 1]; a box whose clipped width is below
+  min_size * scale_W or height below min_size * scale_H is not dropped: its score becomes score * 0;
+- sort_box: a partial quicksort of all proposals (sort_box.py reproduces its order of equal scores),
+  NMS over the first min(count, pre_nms_topn) (+1 pixel IoU, a box goes when IoU > nms_thresh,
+  as both nms_cpu and nms_gpu), at most post_nms_topn kept (0: no limit, as nms_cpu's count check);
+- tops: rois (R, 5) = [0, x1, y1, x2, y2] and optionally scores (R,) (1-D, unlike the Python layer).
+nms_cpu returns IoU 0 at once for boxes apart by any gap while nms_gpu (and caffeq) compute the
++1 pixel overlap: they differ only for boxes less than a pixel apart, whose IoU stays below 0.5.
+ONNX's TopK puts equal scores' lower index first, so the exported graph differs from the fork only
+where equal scores (the zeroed small boxes) reach the pre-NMS cut.  A net whose maps score another
+anchor count than len(ratio) x len(scale), or whose im_info has fewer than 4 values, loads in Caffe
+and fails (or reads past im_info) in forward: caffeq reads it and refuses to run or export it.
+"""
+import math
+
+from .rcnn import _ProposalBase, generate_anchors
+from .registry import LayerError, need_blobs, register_layer
+
+
+@register_layer("Proposal")
+class PVAProposalLayer(_ProposalBase):
+    """PVANet's Proposal (see the module doc)."""
+
+    def parse(self, lp):
+        need_blobs(lp, "Proposal", 3, (1, 2), "rpn_cls_prob_reshape, rpn_bbox_pred, im_info")
+        return super().parse(lp)
+
+    def settings(self, lp):
+        p = lp.proposal_param
+        ratios, scales = [float(v) for v in p.ratio], [float(v) for v in p.scale]
+        for key, values in (("ratio", ratios), ("scale", scales)):
+            if not values or any(not v > 0 for v in values):
+                raise LayerError(f"proposal_param.{key} must be one or more positive numbers, got {values}")
+        if p.base_size < 1:
+            raise LayerError(f"proposal_param.base_size must be >= 1, got {p.base_size}")
+        if p.pre_nms_topn < 1:
+            raise LayerError("proposal_param.pre_nms_topn must be >= 1 (0 keeps no proposal)")
+        anchors = generate_anchors(p.base_size, ratios, scales, f32=True)
+        return {"feat_stride": int(p.feat_stride), "base_size": int(p.base_size), "ratios": ratios,
+                "scales": scales, "anchors": anchors.tolist(), "pre_nms_top_n": int(p.pre_nms_topn),
+                "post_nms_top_n": int(p.post_nms_topn), "nms_thresh": float(p.nms_thresh),
+                "min_size": int(p.min_size), "pva": True}
+
+    @staticmethod
+    def cannot_run(attrs, in_shapes):
+        prob, deltas, info = (tuple(s) for s in in_shapes)
+        a = len(attrs["anchors"])
+        if prob[1] != 2 * a or deltas[1] != 4 * a:
+            return (f"the net scores {prob[1] // 2} anchors per position and regresses {deltas[1] // 4}, but "
+                    f"proposal_param makes {a} ({len(attrs['ratios'])} ratio(s) x {len(attrs['scales'])} "
+                    f"scale(s)): PVANet's layer would read past its bottoms")
+        if math.prod(info) < 4:
+            return (f"im_info must hold [height, width, scale_h, scale_w] (PVANet's layer reads 4 values), "
+                    f"got shape {list(info)}")
+        return None

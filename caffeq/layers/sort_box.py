@@ -1,0 +1,38 @@
+"""PVANet's sort_box (sanghoon/caffe dev_pvanet 6068dd0, src/caffe/layers/proposal_layer.cpp): the
+order its partial quicksort leaves proposals in, equal scores included (torch and model.py)."""
+import torch
+
+
+def pva_sort_order(scores, num_top: int):
+    """Indices of the first min(len, num_top) proposals after PVANet's sort_box(list, 0, n - 1,
+    num_top): a quicksort, best first, pivot the segment's first box, Hoare scans (left skips >= pivot,
+    right skips <= pivot), the pivot swapped to `right`; the right part sorted only while it starts
+    before num_top.  Without equal scores (or NaN) up to the cut this is the descending sort; with
+    them the quicksort itself runs, on Python floats."""
+    n = scores.shape[0]
+    k = min(n, num_top)
+    order = torch.sort(scores, descending=True, stable=True)[1]
+    vals = scores[order]
+    m = min(k, n - 1)   # no pair (i, i + 1) of equal scores with i < k
+    if not bool(torch.isnan(scores).any()) and bool((vals[:m] != vals[1:m + 1]).all()):
+        return order[:k]
+    s, idx = scores.tolist(), list(range(n))
+    stack = [(0, n - 1)]
+    while stack:
+        start, end = stack.pop()
+        pivot, left, right = s[start], start + 1, end
+        while left <= right:
+            while left <= end and s[left] >= pivot:
+                left += 1
+            while right > start and s[right] <= pivot:
+                right -= 1
+            if left <= right:
+                s[left], s[right], idx[left], idx[right] = s[right], s[left], idx[right], idx[left]
+                left, right = left + 1, right - 1
+        if right > start:
+            s[start], s[right], idx[start], idx[right] = s[right], s[start], idx[right], idx[start]
+        if start < right - 1:
+            stack.append((start, right - 1))
+        if right + 1 < num_top and right + 1 < end:
+            stack.append((right + 1, end))
+    return torch.tensor(idx[:k], dtype=torch.long, device=scores.device)
