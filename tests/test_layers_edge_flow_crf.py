@@ -248,6 +248,52 @@ def test_continuous_crf_fork_reads_with_its_two_kernel_weights():
         model.run({k: np.zeros(s, np.float32) for k, s in shapes.items()})
 
 
+SEGNET_CRF = """layer {
+  name: "crfrnn" #if you set name "inference1", code will load parameters from caffemodel.
+  type: "MultiStageMeanfield"
+  bottom: "unary"
+  bottom: "q0"
+  bottom: "img"
+  top: "crfrnn"
+  param { lr_mult: 10000 }
+  param { lr_mult: 10000 }
+  param { lr_mult: 1000 }
+  multi_stage_meanfield_param {
+   num_iterations: 3
+   compatibility_mode: POTTS#Initialize the compatilibity transform matrix with a matrix whose diagonal is -1.
+   threshold: 2
+   theta_alpha: 160
+   theta_beta: 3
+   theta_gamma: 3
+   spatial_filter_weights_str: "3 1 3 1"
+   bilateral_filter_weights_str: "3 1 3 1" %s
+  }
+}"""
+
+
+def test_segnet_crf_fork_weight_strings_seed_the_diagonals():
+    """nathanin/caffe-segnet-crf 41e60779's MultiStageMeanfield block (its deploy-SegNet-CRFRNN.prototxt,
+    4 classes; the file itself is CC BY-NC and not copied): spatial_filter_weights_str /
+    bilateral_filter_weights_str (fields 19, 20) and force_cpu (29) read; without weights the two
+    strings seed the kernel weights' diagonals and the compatibility starts at -identity."""
+    shapes = {"unary": (1, 4, 6, 7), "q0": (1, 4, 6, 7), "img": (1, 3, 6, 7)}
+    model = load_from_text(net(SEGNET_CRF % "force_cpu: true", inputs=shapes), random_weights=True)
+    crf = node_of(model, "crfrnn")
+    assert not crf.attrs["continuous"] and model.graph.tensors["crfrnn"].shape == (1, 4, 6, 7)
+    blobs = [np.asarray(b) for b in crf.blobs]
+    diag = np.diag(np.array([3, 1, 3, 1], np.float32)).reshape(1, 1, 4, 4)
+    np.testing.assert_array_equal(blobs[0], diag)
+    np.testing.assert_array_equal(blobs[1], diag)
+    np.testing.assert_array_equal(blobs[2], -np.eye(4, dtype=np.float32).reshape(1, 1, 4, 4))
+    with pytest.raises(CaffeqError, match="'crfrnn' .MultiStageMeanfield.*permutohedral"):
+        model.run({k: np.zeros(s, np.float32) for k, s in shapes.items()})
+    # shapes read without weights; five classes need five values once the fork seeds its blobs
+    five = {"unary": (1, 5, 6, 7), "q0": (1, 5, 6, 7), "img": (1, 3, 6, 7)}
+    assert load_from_text(net(SEGNET_CRF % "", inputs=five)).graph.tensors["crfrnn"].shape == (1, 5, 6, 7)
+    with pytest.raises(LayerError, match="spatial_filter_weights_str '3 1 3 1': the fork reads 5"):
+        load_from_text(net(SEGNET_CRF % "", inputs=five), random_weights=True)
+
+
 def test_meanfield_needs_more_than_one_iteration():
     shapes = {"unary": (1, 2, 3, 3), "q0": (1, 2, 3, 3), "img": (1, 3, 3, 3)}
     with pytest.raises(LayerError, match="num_iterations must be > 1"):

@@ -97,6 +97,8 @@ RUNNABLE = {
     "senlinuc__caffe_ocr__examples__ocr__densenet__densenet-res-blstm_deploy.prototxt": {"data": (1, 3, 32, 48)},
     # darknet2caffe's tiny YOLO v2: darknet's own Region
     "lwplw__darknet2caffe__yolov2_tiny_3.prototxt": {"data": (1, 3, 96, 64)},
+    # FaceBoxes with faceboxes_lqy's fixed_size / density PriorBox, through DetectionOutput
+    "lippman1125__faceboxes_lqy__examples__faceboxes__faceboxes_deploy.prototxt": {"data": (1, 3, 128, 256)},
 }
 
 

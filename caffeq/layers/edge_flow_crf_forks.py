@@ -23,6 +23,11 @@
   image); top = unary's shape; blobs spatial weights, bilateral weights, compatibility, each
   (1, 1, C, C).  Its permutohedral-lattice filtering has no implementation here: the layer reads,
   infers and loads its weights, and refuses to run or export with an error naming it.
+  nathanin/caffe-segnet-crf (41e60779, CRF-RNN's caffe-crfrnn variant) adds spatial_filter_weights_str
+  and bilateral_filter_weights_str: space-separated values whose first C seed the diagonals of blobs 0
+  and 1 when no weights are loaded (CommonUtils::read_into_the_diagonal; fewer than C values is the
+  fork's "malformed string" error), the compatibility blob starting at -identity (Potts); force_cpu
+  only picks the CPU lattice.  The blobs stay three (1, 1, C, C).
 - DenseCRF (DeepLab v2 dense_crf_layer.cpp; dense_crf_param max_iter, pos_w / pos_xy_std, bi_w /
   bi_xy_std / bi_rgb_std, output_probability): bottoms (scores, image size, image), the image
   optional without bilateral terms; top = the scores' shape.  Its fully connected CRF inference
@@ -218,7 +223,9 @@ class MultiStageMeanfield(ReadOnlyLayer):
         return {"name": lp.name, "iterations": int(p.num_iterations), "theta_alpha": float(p.theta_alpha),
                 "theta_beta": float(p.theta_beta), "theta_gamma": float(p.theta_gamma),
                 # ContinuousCRF-CNN's continuous CRF keeps two kernel weights and no compatibility matrix
-                "continuous": p.HasField("spatial_weight") or p.HasField("bilateral_weight")}
+                "continuous": p.HasField("spatial_weight") or p.HasField("bilateral_weight"),
+                "diagonals": [p.spatial_filter_weights_str, p.bilateral_filter_weights_str]
+                if p.spatial_filter_weights_str or p.bilateral_filter_weights_str else None}
 
     def infer(self, attrs, in_shapes):
         unary, q0, image = (tuple(s) for s in in_shapes)
@@ -234,6 +241,26 @@ class MultiStageMeanfield(ReadOnlyLayer):
     def param_shapes(self, attrs, in_shapes):
         c = in_shapes[0][1]
         return [(1, 1, c, c)] * (2 if attrs["continuous"] else 3)
+
+    def init_params(self, attrs, shapes, rng):
+        """caffe-segnet-crf's start without weights: the kernel weights' diagonals from the two strings,
+        the compatibility -identity; other variants: the default fill."""
+        if not attrs.get("diagonals") or attrs["continuous"]:
+            return super().init_params(attrs, shapes, rng)
+        c = shapes[0][-1]
+        blobs = []
+        for field, text in zip(("spatial_filter_weights_str", "bilateral_filter_weights_str"), attrs["diagonals"]):
+            tokens = text.split(" ")[:c]
+            try:
+                values = [float(t) for t in tokens]
+            except ValueError:
+                values = []
+            if len(values) < c:
+                raise LayerError(f"multi_stage_meanfield_param.{field} {text!r}: the fork reads {c} "
+                                 f"space-separated numbers into the diagonal (one per class)")
+            blobs.append(np.diag(np.array(values, np.float32)).reshape(1, 1, c, c))
+        blobs.append(-np.eye(c, dtype=np.float32).reshape(1, 1, c, c))
+        return blobs
 
     def why_not_run(self, attrs):
         which = "ContinuousCRF-CNN's continuous" if attrs["continuous"] else "CRF-RNN's"

@@ -21,6 +21,8 @@
   first box inset by 0.05 on every side after normalizing; `yx_order: true` writes each box
   as [ymin, xmin, ymax, xmax].
 - julimueller/tl_ssd's repeated offset_w / offset_h: a grid of priors per cell (priorbox_offset_grid.py).
+- lippman1125/faceboxes_lqy's fixed_size / density / fixed_ratio: FaceBoxes anchors on a density grid
+  per cell (priorbox_fixed_size.py).
 """
 import inspect
 import math
@@ -30,6 +32,7 @@ import torch
 from torch import nn
 
 from ..registry import Layer, LayerError, need_blobs, register_layer
+from . import priorbox_fixed_size as fixed_size
 from . import priorbox_offset_grid as offset_grid
 from .common import legacy_hw, proto_field
 
@@ -205,6 +208,8 @@ def prior_boxes(attrs, feat_hw, img_hw):
     """The PriorBox output (1, 2, H*W*num_priors*4) as a float32 array (feat_hw, img_hw: (height, width))."""
     if attrs.get("offset_grid"):
         return offset_grid.priors(attrs, feat_hw, img_hw)
+    if attrs.get("fixed_size"):
+        return fixed_size.priors(attrs, feat_hw, img_hw)
     if attrs["img_h"] and attrs["img_w"]:
         img_hw = (attrs["img_h"], attrs["img_w"])
     widths, heights, shifted, variance = _module_args(attrs)
@@ -247,6 +252,10 @@ class PriorBoxLayer(Layer):
         for f in ("width", "height") if grid else ("offset_h", "offset_w", "width", "height"):
             if f in p.DESCRIPTOR.fields_by_name and len(getattr(p, f)):
                 raise LayerError(f"prior_box_param.{f} is an OpenCV-only field that caffeq does not support")
+        if fixed_size.claims(p):   # faceboxes_lqy's fixed_size anchors
+            if grid:
+                raise LayerError("prior_box_param: tl_ssd's offset_w/offset_h do not combine with fixed_size")
+            return fixed_size.parse(p, self._shared(p))
         if not len(p.min_size):
             raise LayerError("prior_box_param.min_size is required")
         if any(m <= 0 for m in p.min_size):
@@ -272,28 +281,29 @@ class PriorBoxLayer(Layer):
             ratios.append(float(ar))
             if flip:
                 ratios.append(1.0 / float(np.float32(ar)))
+        if proto_field(p, "tf", False) and (proto_field(p, "denser_prior_boxes", False)
+                                            or proto_field(p, "faceboxes_priors", False)):
+            raise LayerError("prior_box_param.tf (synopsys-caffe) does not combine with denser_prior_boxes "
+                             "or FaceBoxes' priors")
+        attrs = {**self._shared(p), "min_sizes": min_sizes, "max_sizes": max_sizes, "ratios": ratios,
+                 "denser": bool(proto_field(p, "denser_prior_boxes", False)),
+                 "faceboxes": self._faceboxes(p, min_sizes, max_sizes, ratios),
+                 "tf": bool(proto_field(p, "tf", False)), "yx": bool(proto_field(p, "yx_order", False))}
+        return offset_grid.parse(p, attrs) if grid else attrs
+
+    @staticmethod
+    def _shared(p):
+        """attrs every reading shares: variance, img_h/img_w, step_h/step_w, offset, clip."""
         var = [float(v) for v in p.variance]
         if len(var) > 1 and len(var) != 4:
             raise LayerError(f"prior_box_param.variance needs 1 or 4 values, got {len(var)}")
         if any(v <= 0 for v in var):
             raise LayerError(f"prior_box_param.variance must be positive, got {var}")
-        if not var:
-            var = [0.1]
-        if proto_field(p, "tf", False) and (proto_field(p, "denser_prior_boxes", False)
-                                            or proto_field(p, "faceboxes_priors", False)):
-            raise LayerError("prior_box_param.tf (synopsys-caffe) does not combine with denser_prior_boxes "
-                             "or FaceBoxes' priors")
         img_h, img_w = _prior_box_hw(p, "img_size", "img_h", "img_w", int)
         step_h, step_w = _prior_box_hw(p, "step", "step_h", "step_w", float)
-        attrs = {"min_sizes": min_sizes, "max_sizes": max_sizes, "ratios": ratios,
-                 # SSD's default (false); OpenCV's importer clips when the field is absent
-                 "clip": bool(p.clip) if p.HasField("clip") else False,
-                 "variance": var, "img_h": img_h, "img_w": img_w,
-                 "step_h": step_h, "step_w": step_w, "offset": float(p.offset),
-                 "denser": bool(proto_field(p, "denser_prior_boxes", False)),
-                 "faceboxes": self._faceboxes(p, min_sizes, max_sizes, ratios),
-                 "tf": bool(proto_field(p, "tf", False)), "yx": bool(proto_field(p, "yx_order", False))}
-        return offset_grid.parse(p, attrs) if grid else attrs
+        # SSD's default clip (false); OpenCV's importer clips when the field is absent
+        return {"clip": bool(p.clip) if p.HasField("clip") else False, "variance": var or [0.1],
+                "img_h": img_h, "img_w": img_w, "step_h": step_h, "step_w": step_w, "offset": float(p.offset)}
 
     @staticmethod
     def _faceboxes(p, min_sizes, max_sizes, ratios):
@@ -314,6 +324,8 @@ class PriorBoxLayer(Layer):
     def num_priors(attrs):
         if attrs.get("offset_grid"):
             return offset_grid.num_priors(attrs)
+        if attrs.get("fixed_size"):
+            return fixed_size.num_priors(attrs)
         if attrs.get("faceboxes"):
             return len(prior_sizes(attrs))
         n = len(attrs["ratios"]) * len(attrs["min_sizes"]) + len(attrs["max_sizes"])
@@ -343,6 +355,8 @@ class PriorBoxLayer(Layer):
         a = node.attrs
         if a.get("offset_grid"):
             return offset_grid.pytorch_source(node, emit)
+        if a.get("fixed_size"):
+            return fixed_size.pytorch_source(node, emit)
         widths, heights, shifted, variance = _module_args(a)
         args = [f"widths={emit.lit(widths)}", f"heights={emit.lit(heights)}", f"shifted={emit.lit(shifted)}",
                 f"variance={emit.lit(variance)}"]
