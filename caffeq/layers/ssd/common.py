@@ -13,6 +13,16 @@ def proto_field(param, name, default=None):
     return getattr(param, name)
 
 
+def prior_run_sizes(feat, img, img_h: int, img_w: int):
+    """(map h, map w, image h, image w) of PriorBox's bottoms at run time, as Caffe's legacy
+    height()/width() read them (1 past the last axis); img_h and img_w, when set, replace the image's."""
+    lh = feat.shape[2] if feat.dim() > 2 else 1
+    lw = feat.shape[3] if feat.dim() > 3 else 1
+    if img_h and img_w:
+        return lh, lw, img_h, img_w
+    return lh, lw, img.shape[2] if img.dim() > 2 else 1, img.shape[3] if img.dim() > 3 else 1
+
+
 def legacy_hw(shape):
     """Caffe's legacy height()/width(): axes 2 and 3, 1 where the blob has fewer axes."""
     shape = tuple(shape)

@@ -34,7 +34,7 @@ from torch import nn
 from ..registry import Layer, LayerError, need_blobs, register_layer
 from . import priorbox_fixed_size as fixed_size
 from . import priorbox_offset_grid as offset_grid
-from .common import legacy_hw, proto_field
+from .common import legacy_hw, prior_run_sizes, proto_field
 
 
 def _prior_box_hw(p, both, h, w, cast):
@@ -173,13 +173,7 @@ class PriorBox(nn.Module):
         self.inset, self.yx = inset, yx
 
     def forward(self, feat, img):
-        lh = feat.shape[2] if feat.dim() > 2 else 1
-        lw = feat.shape[3] if feat.dim() > 3 else 1
-        if self.img_h and self.img_w:
-            ih, iw = self.img_h, self.img_w
-        else:
-            ih = img.shape[2] if img.dim() > 2 else 1
-            iw = img.shape[3] if img.dim() > 3 else 1
+        lh, lw, ih, iw = prior_run_sizes(feat, img, self.img_h, self.img_w)
         out = prior_box_tensor(self.widths, self.heights, self.shifted, self.variance, lh, lw, ih, iw,
                                self.step_h, self.step_w, self.offset, self.clip, self.dx, self.dy,
                                self.inset, self.yx)
@@ -375,5 +369,6 @@ class PriorBoxLayer(Layer):
             args.append(f"inset={emit.lit(inset)}")
         if a.get("yx"):
             args.append("yx=True")
+        emit.helper(prior_run_sizes)
         m = emit.module(f"{emit.helper(TORCH_PRIOR_BOX)}({', '.join(args)})")
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..registry import LayerError
+from .common import prior_run_sizes
 
 F32 = np.float32
 
@@ -71,13 +72,7 @@ class FixedSizePriorBox(nn.Module):
         self.offset, self.clip = offset, clip
 
     def forward(self, feat, img):
-        lh = feat.shape[2] if feat.dim() > 2 else 1
-        lw = feat.shape[3] if feat.dim() > 3 else 1
-        if self.img_h and self.img_w:
-            ih, iw = self.img_h, self.img_w
-        else:
-            ih = img.shape[2] if img.dim() > 2 else 1
-            iw = img.shape[3] if img.dim() > 3 else 1
+        lh, lw, ih, iw = prior_run_sizes(feat, img, self.img_h, self.img_w)
         out = fixed_size_priors(self.boxes, self.variance, lh, lw, ih, iw, self.step_h, self.step_w,
                                 self.offset, self.clip)
         return out.to(device=feat.device, dtype=feat.dtype)
@@ -176,5 +171,6 @@ def pytorch_source(node, emit):
     args = [emit.lit(a["fixed_boxes"], exact=True), emit.lit([float(v) for v in a["variance"]]),
             f"img_h={a['img_h']}", f"img_w={a['img_w']}", f"step_h={emit.lit(a['step_h'])}", f"step_w={emit.lit(a['step_w'])}",
             f"offset={emit.lit(a['offset'])}", f"clip={emit.lit(a['clip'])}"]
+    emit.helper(prior_run_sizes)
     m = emit.module(f"{emit.helper(TORCH_FIXED_SIZE)}({', '.join(args)})")
     return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
