@@ -113,10 +113,6 @@ class FrcnnProposalLayer(_FourDProposal):
 class CppRPNLayer(_FourDProposal):
     """zhanglaplace/faster-rcnn-cplusplus2's RPN layer (see the module doc)."""
 
-    def parse(self, lp):
-        need_blobs(lp, "RPN", 3, (1, 2), "rpn_cls_prob_reshape, rpn_bbox_pred, im_info")
-        return super().parse(lp)
-
     def settings(self, lp):
         p = lp.rpn_param
         if not len(p.scale) or not len(p.ratio):

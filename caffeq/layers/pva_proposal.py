@@ -27,16 +27,12 @@ and fails (or reads past im_info) in forward: caffeq reads it and refuses to run
 import math
 
 from .rcnn import _ProposalBase, generate_anchors
-from .registry import LayerError, need_blobs, register_layer
+from .registry import LayerError, register_layer
 
 
 @register_layer("Proposal")
 class PVAProposalLayer(_ProposalBase):
     """PVANet's Proposal (see the module doc)."""
-
-    def parse(self, lp):
-        need_blobs(lp, "Proposal", 3, (1, 2), "rpn_cls_prob_reshape, rpn_bbox_pred, im_info")
-        return super().parse(lp)
 
     def settings(self, lp):
         p = lp.proposal_param

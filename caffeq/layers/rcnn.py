@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from ..errors import CaffeqError, ExportError
-from .registry import Layer, LayerError, MissingInputShape, register_layer
+from .registry import Layer, LayerError, MissingInputShape, need_blobs, register_layer
 from .sort_box import pva_sort_order
 
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -349,14 +349,13 @@ class _ProposalBase(Layer):
         raise NotImplementedError
 
     def parse(self, lp):
-        if len(lp.bottom) != 3:
+        if len(lp.bottom) == 2 and lp.type == "Python":
             # R-C3D's rpn.proposal_layer has the same module and class name but proposes temporal
             # segments: two bottoms (5-axis scores and twin deltas), rois (R, 3)
-            hint = "; R-C3D's temporal (twin) proposals, with 2 bottoms, have no spec" if len(lp.bottom) == 2 else ""
-            raise LayerError(f"region proposals take 3 bottoms (rpn_cls_prob_reshape, rpn_bbox_pred, im_info), "
-                             f"got {len(lp.bottom)}{hint}")
-        if len(lp.top) not in (1, 2):
-            raise LayerError(f"region proposals give 1 or 2 tops (rois, scores), got {len(lp.top)}")
+            raise LayerError("region proposals take 3 bottoms (rpn_cls_prob_reshape, rpn_bbox_pred, im_info), "
+                             "got 2; R-C3D's temporal (twin) proposals, with 2 bottoms, have no spec")
+        kind = "region proposals" if lp.type == "Python" else lp.type
+        need_blobs(lp, kind, 3, (1, 2), "rpn_cls_prob_reshape, rpn_bbox_pred, im_info")
         s = self.settings(lp)
         if s["feat_stride"] <= 0:
             raise LayerError(f"feat_stride must be positive, got {s['feat_stride']}")
