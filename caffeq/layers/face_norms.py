@@ -38,6 +38,8 @@ class _L2Norm(Layer):
 
     fn = None     # staticmethod(the torch function), copied into model.py
     eps = None
+    axes = None   # the axes summed over, of the 4-axis blob
+    eps_under_root = False
 
     def parse(self, lp):
         need_blobs(lp, self.types[0], 1, 1)
@@ -57,38 +59,33 @@ class _L2Norm(Layer):
     def pytorch_source(self, node, emit):
         return f"{emit.helper(self.fn)}({emit.inputs[0]}, {node.attrs['_legacy']}, {emit.lit(self.eps)})"
 
-    @staticmethod
-    def onnx_4d(ctx, node):
-        """The bottom reshaped to its 4-axis legacy shape, and ctx.add_node for the rest of the layer."""
+    def onnx(self, ctx, node):
         name = node.name
 
         def op(kind, inputs, hint):
             return ctx.add_node(kind, inputs, [ctx.tmp(f"{name}_{hint}")])[0]
 
         shape = ctx.const(np.array(node.attrs["_legacy"], np.int64))
-        return ctx.add_node("Reshape", [node.inputs[0], shape], [ctx.tmp(name + "_4d")], name=name)[0], op
+        x = ctx.add_node("Reshape", [node.inputs[0], shape], [ctx.tmp(name + "_4d")], name=name)[0]
+        squares = _reduce(ctx, "ReduceSumSquare", x, self.axes)
+        eps = ctx.const(np.array(self.eps, np.float32))
+        if self.eps_under_root:   # xialuxi: x * 1 / sqrt(sum + eps)
+            inv = op("Reciprocal", [op("Sqrt", [op("Add", [squares, eps], "sse")], "root")], "inv")
+            ctx.add_node("Mul", [x, inv], [node.outputs[0]])
+        else:                     # xiaolonw: x / (sqrt(sum) + eps)
+            ctx.add_node("Div", [x, op("Add", [op("Sqrt", [squares], "root"), eps], "norm")], [node.outputs[0]])
 
 
 @register_layer("Norm")
 class Norm(_L2Norm):
     fn = staticmethod(channel_l2_normalize)
     eps = NORM_EPS
-
-    def onnx(self, ctx, node):
-        x, op = self.onnx_4d(ctx, node)
-        root = op("Sqrt", [_reduce(ctx, "ReduceSumSquare", x, [1])], "root")
-        norm = op("Add", [root, ctx.const(np.array(NORM_EPS, np.float32))], "norm")
-        ctx.add_node("Div", [x, norm], [node.outputs[0]])
+    axes = [1]
 
 
 @register_layer("NormL2")
 class NormL2(_L2Norm):
     fn = staticmethod(item_l2_normalize)
     eps = NORM_L2_EPS
-
-    def onnx(self, ctx, node):
-        x, op = self.onnx_4d(ctx, node)
-        sse = op("Add", [_reduce(ctx, "ReduceSumSquare", x, [1, 2, 3]), ctx.const(np.array(NORM_L2_EPS, np.float32))],
-                 "sse")
-        inv = op("Reciprocal", [op("Sqrt", [sse], "root")], "inv")
-        ctx.add_node("Mul", [x, inv], [node.outputs[0]])
+    axes = [1, 2, 3]
+    eps_under_root = True
