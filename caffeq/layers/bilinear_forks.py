@@ -211,9 +211,7 @@ class CaffeBilinearInterpolation(nn.Module):
 
 @register_layer("BilinearInterpolation")
 class BilinearInterpolation(Layer):
-    def parse(self, lp):
-        need_blobs(lp, "BilinearInterpolation", 2, 1, roles="data, size reference")
-        return {}
+    bottoms, tops, bottom_roles = 2, 1, "data, size reference"
 
     def infer(self, attrs, in_shapes):
         x, ref = tuple(in_shapes[0]), tuple(in_shapes[1])

@@ -21,32 +21,20 @@ _OP_NAMES = {PROD: "PROD", SUM: "SUM", MAX: "MAX"}
 
 
 class CaffeScale(nn.Module):
-    """Caffe's Scale layer: x * weight (+ bias); the factors are viewed as `view` so that they
-    line up with x from Caffe's `axis` (trailing axes of 1)."""
+    """Caffe's Scale layer, x * weight (+ bias), and its Bias layer, x + bias (scale=False); the
+    blobs are viewed as `view` so that they line up with x from Caffe's `axis` (trailing axes of 1)."""
 
-    def __init__(self, shape, view, bias=True):
+    def __init__(self, shape, view, bias=True, scale=True):
         super().__init__()
         self.view = view
-        self.weight = nn.Parameter(torch.ones(shape))
+        self.weight = nn.Parameter(torch.ones(shape)) if scale else None
         self.bias = nn.Parameter(torch.zeros(shape)) if bias else None
 
     def forward(self, x):
-        y = x * self.weight.reshape(self.view)
+        y = x * self.weight.reshape(self.view) if self.weight is not None else x
         if self.bias is not None:
             y = y + self.bias.reshape(self.view)
         return y
-
-
-class CaffeBias(nn.Module):
-    """Caffe's Bias layer: x + bias, the bias viewed as `view` to line up with x from Caffe's `axis`."""
-
-    def __init__(self, shape, view):
-        super().__init__()
-        self.view = view
-        self.bias = nn.Parameter(torch.zeros(shape))
-
-    def forward(self, x):
-        return x + self.bias.reshape(self.view)
 
 
 def _torch_view(shape, x_ndim, axis):
@@ -282,8 +270,8 @@ class Scale(Layer):
             if not a["bias_term"]:
                 return y
             shape = node.expected_param_shapes[0]
-            m = emit.module(f"{emit.helper(inspect.getsource(CaffeBias))}({list(shape)}, "
-                            f"{_torch_view(shape, ndim, a['_bias_axis'])})")
+            m = emit.module(f"{emit.helper(inspect.getsource(CaffeScale))}({list(shape)}, "
+                            f"{_torch_view(shape, ndim, a['_bias_axis'])}, scale=False)")
             emit.param("bias", 0)
             return f"{m}({y})"
         shape = node.expected_param_shapes[0]
@@ -353,7 +341,8 @@ class Bias(Layer):
         if a["two_bottoms"]:
             return f"{x} + {_torch_bottom_view(emit.inputs[1], len(emit.in_shape(1)), ndim, a['_axis'])}"
         shape = node.expected_param_shapes[0]
-        m = emit.module(f"{emit.helper(inspect.getsource(CaffeBias))}({list(shape)}, {_torch_view(shape, ndim, a['_axis'])})")
+        m = emit.module(f"{emit.helper(inspect.getsource(CaffeScale))}({list(shape)}, "
+                        f"{_torch_view(shape, ndim, a['_axis'])}, scale=False)")
         emit.param("bias", 0)
         return f"{m}({x})"
 
@@ -365,9 +354,7 @@ class Axpy(Layer):
     """top = a * x + y with a = bottom[0] shaped (N, C) or (N, C, 1, 1), x = bottom[1],
     y = bottom[2] (x and y of equal shape): SENet's fused channel scale + residual sum."""
 
-    def parse(self, lp):
-        need_blobs(lp, lp.type, 3)
-        return {}
+    bottoms = 3
 
     def infer(self, attrs, in_shapes):
         a, x, y = (tuple(s) for s in in_shapes)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .happynear import _legacy_4d, _reduce
-from .registry import Layer, count, need_blobs, register_layer
+from .registry import Layer, count, register_layer
 
 NORM_EPS = 1e-6       # xiaolonw: added to the root
 NORM_L2_EPS = 1e-7    # xialuxi: added to the sum of squares
@@ -41,9 +41,7 @@ class _L2Norm(Layer):
     axes = None   # the axes summed over, of the 4-axis blob
     eps_under_root = False
 
-    def parse(self, lp):
-        need_blobs(lp, self.types[0], 1, 1)
-        return {}
+    bottoms = tops = 1
 
     def infer(self, attrs, in_shapes):
         legacy = _legacy_4d(in_shapes[0], self.types[0])

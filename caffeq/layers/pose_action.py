@@ -300,9 +300,7 @@ class CoordsFromHeatMaps(Layer):
 
 @register_layer("RescaledPoseCoords")
 class RescaledPoseCoords(Layer):
-    def parse(self, lp):
-        need_blobs(lp, "RescaledPoseCoords", 2, 1, roles="coords, aux_info")
-        return {}
+    bottoms, tops, bottom_roles = 2, 1, "coords, aux_info"
 
     def infer(self, attrs, in_shapes):
         s = in_shapes[0]

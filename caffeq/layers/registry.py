@@ -83,12 +83,20 @@ class Layer:
     shape_from_user = False
     #: for a layer ONNX cannot express: why, in one line (the export refuses with it)
     onnx_refusal = None
+    #: Caffe's bottom and top counts for the default parse (a count, allowed counts or a range; None:
+    #: unchecked) and the bottoms' roles for its message, e.g. "data, rois"
+    bottoms = None
+    tops = None
+    bottom_roles = ""
 
     def parse(self, lp):
         """The layer's parameters from its caffe_pb2.LayerParameter -> a plain dict (attrs).
 
         A "reading_notes" entry (a list of lines) is taken out of attrs and reported with the net's
-        other notes: what the reading had to assume (a default a converter left out)."""
+        other notes: what the reading had to assume (a default a converter left out).  Default: no
+        parameters, the `bottoms` / `tops` counts checked."""
+        if self.bottoms is not None or self.tops is not None:
+            need_blobs(lp, self.types[0], self.bottoms, self.tops, self.bottom_roles)
         return {}
 
     def infer(self, attrs, in_shapes):
@@ -203,10 +211,7 @@ class FunctionLayer(Layer):
     function `fn` (set as `fn = staticmethod(that_function)`), which model.py copies."""
 
     fn = None
-
-    def parse(self, lp):
-        need_blobs(lp, lp.type, 1, 1)
-        return {}
+    bottoms = tops = 1
 
     def forward(self, attrs, params, x):
         return self.fn(x)

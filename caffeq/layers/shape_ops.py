@@ -506,9 +506,7 @@ class Tile(Layer):
 
 @register_layer("BatchReindex")
 class BatchReindex(Layer):
-    def parse(self, lp):
-        need_blobs(lp, "BatchReindex", 2, roles="data, indices")
-        return {}
+    bottoms, bottom_roles = 2, "data, indices"
 
     def infer(self, attrs, in_shapes):
         s, idx = tuple(in_shapes[0]), tuple(in_shapes[1])
