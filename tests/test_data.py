@@ -396,3 +396,16 @@ def test_memory_data_reads_naibaf7_caffes_n_d_dims():
     plain = load_from_text('layer { name: "data" type: "MemoryData" top: "data" top: "label" '
                            'memory_data_param { batch_size: 2 channels: 3 height: 4 width: 5 } }').blob_shapes
     assert plain["data"] == (2, 3, 4, 5) and plain["label"] == (2,)
+
+
+def test_deeplab_data_dim_tops_are_each_images_height_and_width():
+    # DeepLab v2's ImageSegData and the memory reader built on it (yilei0620/DeepLab-V2-Read-Memory-Data)
+    # give a third top, data_dim: (N, 1, 1, 2), each image's size before the crop
+    from caffeq.model import load_from_text
+    seg = load_from_text('layer { name: "data" type: "ImageSegData" top: "data" top: "label" top: "data_dim" '
+                         'image_data_param { source: "missing.txt" batch_size: 2 } '
+                         'transform_param { crop_size: 9 } }').blob_shapes
+    assert seg["data"] == (2, 3, 9, 9) and seg["label"] == (2, 1, 9, 9) and seg["data_dim"] == (2, 1, 1, 2)
+    mem = load_from_text('layer { name: "data" type: "MemoryData" top: "data" top: "label" top: "data_dim" '
+                         'memory_data_param { batch_size: 1 channels: 3 height: 7 width: 5 } }').blob_shapes
+    assert mem["data"] == (1, 3, 7, 5) and mem["label"] == (1,) and mem["data_dim"] == (1, 1, 1, 2)

@@ -226,6 +226,9 @@ class MemoryData(DataLayer):
         if attrs["dims"] and len(shapes) > 1 and 1 not in given:
             # naibaf7/caffe labels an N-D batch (N, 1, ..., 1), one axis per data axis
             shapes[1] = (shapes[0][0],) + (1,) * (len(shapes[0]) - 1)
+        if attrs["num_tops"] == 3:
+            # DeepLab v2 memory readers (yilei0620's): a third top, each image's (height, width)
+            shapes.append(tuple(given.get(2) or (shapes[0][0], 1, 1, 2)))
         return shapes
 
 

@@ -103,6 +103,12 @@ class ImageLabelMapData(ForkDataLayer):
     def label_shape(self, attrs, data):
         return (data[0], 1) + tuple(data[2:])
 
+    def top_shapes(self, attrs, given):
+        shapes = super().top_shapes(attrs, given)
+        if attrs["type"] == "ImageSegData" and len(shapes) == 3 and 2 not in given:
+            shapes[2] = (shapes[0][0], 1, 1, 2)   # DeepLab: each image's (height, width) before the crop
+        return shapes
+
 
 class UnknownForkData(ForkDataLayer):
     """A fork's data layer caffeq has no spec for: a graph input shaped by the user or crop_size."""
