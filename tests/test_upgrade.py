@@ -614,3 +614,19 @@ def test_a_forks_v1_enum_types_read_as_their_v2_names():
     # a V2 type string in a V1 layer (a file mixing the formats) is still an error, as in Caffe
     with pytest.raises(ParseError, match='has no value named "InnerProduct"'):
         parse_prototxt_text(V1_FORK_TYPES.replace(" max_labels: 13", "").replace("INNER_PRODUCT", '"InnerProduct"', 1))
+
+
+def test_a_v1_dense_crf_keeps_its_parameters():
+    # DeepLab v1 files write DENSE_CRF with dense_crf_param inside a V1 layer (deeplab-public: field 48)
+    text = """
+input: "prob" input_shape { dim: 1 dim: 3 dim: 5 dim: 6 }
+input: "dim" input_shape { dim: 1 dim: 1 dim: 1 dim: 2 }
+input: "img" input_shape { dim: 1 dim: 3 dim: 5 dim: 6 }
+layers { name: "crf" type: DENSE_CRF bottom: "prob" bottom: "dim" bottom: "img" top: "crf"
+         dense_crf_param { max_iter: 10 pos_w: 3 pos_xy_std: 3 bi_w: 5 bi_xy_std: 50 bi_rgb_std: 10 } }
+"""
+    net = parse_prototxt_text(text)
+    upgrade_net(net)
+    assert net.layer[-1].type == "DenseCRF" and net.layer[-1].dense_crf_param.max_iter == 10
+    assert list(net.layer[-1].dense_crf_param.bi_rgb_std) == [10]
+    assert load_from_text(text, unknown_shapes_ok=True).blob_shapes["crf"] == (1, 3, 5, 6)
