@@ -36,6 +36,7 @@ from . import (  # noqa: F401,E402
     pose_action,
     pred_to_proposal,
     psanet,
+    psroi_align,
     pva_proposal,
     python_layers,
     rcnn,

@@ -264,29 +264,40 @@ def onnx_pad_rois(ctx, name, rois, pad_ratio):
     return names["out"]
 
 
+def ps_roi_attrs(lp, kind, field):
+    """The position-sensitive layers' shared fields (R-FCN's PSROIPooling, PSROIAlign): spatial_scale,
+    output_dim and group_size, all required and the last two > 0."""
+    need_blobs(lp, kind, 2, roles="data, rois")
+    p = getattr(lp, field)
+    for f in ("spatial_scale", "output_dim", "group_size"):
+        if not p.HasField(f):
+            raise LayerError(f"{field}.{f} is required")
+    if p.output_dim <= 0 or p.group_size <= 0:
+        raise LayerError(f"{field}.output_dim and group_size must be > 0, "
+                         f"got {p.output_dim} and {p.group_size}")
+    return {"scale": float(p.spatial_scale), "dim": int(p.output_dim), "group": int(p.group_size)}
+
+
+def ps_roi_shape(kind, attrs, in_shapes):
+    """(R, output_dim, group_size, group_size), the input holding output_dim x group_size^2 channels."""
+    _check_roi_shapes(kind, in_shapes)
+    s, r = in_shapes
+    g = attrs["group"]
+    if s[1] != attrs["dim"] * g * g:
+        raise LayerError(f"input has {s[1]} channels; output_dim {attrs['dim']} x group_size^2 {g * g} "
+                         f"= {attrs['dim'] * g * g} are needed")
+    return (r[0], attrs["dim"], g, g)
+
+
 @register_layer("PSROIPooling")
 class PSROIPooling(Layer):
     onnx_refusal = "ONNX has no position-sensitive ROI pooling op"
 
     def parse(self, lp):
-        need_blobs(lp, "PSROIPooling", 2, roles="data, rois")
-        p = lp.psroi_pooling_param
-        for f in ("spatial_scale", "output_dim", "group_size"):
-            if not p.HasField(f):
-                raise LayerError(f"psroi_pooling_param.{f} is required")
-        if p.output_dim <= 0 or p.group_size <= 0:
-            raise LayerError(f"psroi_pooling_param.output_dim and group_size must be > 0, "
-                             f"got {p.output_dim} and {p.group_size}")
-        return {"scale": float(p.spatial_scale), "dim": int(p.output_dim), "group": int(p.group_size)}
+        return ps_roi_attrs(lp, "PSROIPooling", "psroi_pooling_param")
 
     def infer(self, attrs, in_shapes):
-        _check_roi_shapes("PSROIPooling", in_shapes)
-        s, r = in_shapes
-        g = attrs["group"]
-        if s[1] != attrs["dim"] * g * g:
-            raise LayerError(f"input has {s[1]} channels; output_dim {attrs['dim']} x group_size^2 {g * g} "
-                             f"= {attrs['dim'] * g * g} are needed")
-        return [(r[0], attrs["dim"], g, g)]
+        return [ps_roi_shape("PSROIPooling", attrs, in_shapes)]
 
     def forward(self, attrs, params, x, rois):
         return _run(ps_roi_avg_pool, x, rois, attrs["dim"], attrs["group"], attrs["scale"])
