@@ -30,7 +30,7 @@ import torch
 
 from ..errors import ExportError
 from .registry import Layer, LayerError, need_blobs, register_layer
-from .roi_pooling import ROIS_WANTED, _check_roi_shapes, _run, _source, roi_layer_call, roi_rows
+from .roi_pooling import ROIS_WANTED, RoiLayerSpec, _check_roi_shapes, _source, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -86,7 +86,9 @@ TORCH_ROI_ALIGNMENT = _source(alignment_points, roi_alignment)
 # ---- the spec ----------------------------------------------------------------------------
 
 @register_layer("ROIAlignment")
-class ROIAlignmentLayer(Layer):
+class ROIAlignmentLayer(RoiLayerSpec):
+    roi_fn, roi_source = staticmethod(roi_alignment), TORCH_ROI_ALIGNMENT
+
     def parse(self, lp):
         need_blobs(lp, "ROIAlignment", 2, roles="data, rois")
         p = lp.roi_alignment_param
@@ -102,8 +104,8 @@ class ROIAlignmentLayer(Layer):
         s, r = in_shapes
         return [(r[0], s[1], attrs["ph"], attrs["pw"])]
 
-    def forward(self, attrs, params, x, rois):
-        return _run(roi_alignment, x, rois, attrs["ph"], attrs["pw"], attrs["scale"])
+    def roi_args(self, attrs):
+        return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"]}
 
     def onnx(self, ctx, node):
         a = node.attrs
@@ -142,9 +144,6 @@ class ROIAlignmentLayer(Layer):
         total = g.op("Add", g.op("Add", g.op("Add", terms[0], terms[1]), terms[2]), terms[3])
         ctx.add_node("Transpose", [total], [node.outputs[0]], name=node.name, perm=[0, 3, 1, 2])
 
-    def pytorch_source(self, node, emit):
-        a = node.attrs
-        return roi_layer_call(emit, TORCH_ROI_ALIGNMENT, a["ph"], a["pw"], spatial_scale=a["scale"])
 
 
 class _OnnxGraph:

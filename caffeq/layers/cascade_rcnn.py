@@ -27,7 +27,7 @@ from torch import nn
 
 from ..errors import ExportError
 from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer
-from .roi_pooling import _check_roi_shapes, _run, _source, roi_layer_call, roi_pooling_attrs, roi_rows
+from .roi_pooling import RoiLayerSpec, _check_roi_shapes, _source, roi_pooling_attrs, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -147,7 +147,8 @@ TORCH_DECODE_BBOX = _source(decode_roi_boxes, DecodeRoiBoxes)
 # ---- the specs ---------------------------------------------------------------------------
 
 @register_layer("ROIAlign")
-class ROIAlign(Layer):
+class ROIAlign(RoiLayerSpec):
+    roi_fn, roi_source = staticmethod(roi_align_grid), TORCH_ROI_ALIGN
     onnx_refusal = ("the zhaoweicai fork samples one point per grid corner and zeroes points beyond half a "
                     "pixel outside the map; ONNX RoiAlign averages bins and treats the border differently, so "
                     "it cannot give the same numbers")
@@ -160,13 +161,8 @@ class ROIAlign(Layer):
         s, r = in_shapes
         return [(r[0], s[1], attrs["ph"] + 1, attrs["pw"] + 1)]   # the fork's grid is pooled + 1 points
 
-    def forward(self, attrs, params, x, rois):
-        return _run(roi_align_grid, x, rois, attrs["ph"], attrs["pw"], attrs["scale"], attrs["pad_ratio"])
-
-    def pytorch_source(self, node, emit):
-        a = node.attrs
-        return roi_layer_call(emit, TORCH_ROI_ALIGN, a["ph"], a["pw"], spatial_scale=a["scale"],
-                              pad_ratio=a["pad_ratio"])
+    def roi_args(self, attrs):
+        return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"], "pad_ratio": attrs["pad_ratio"]}
 
 
 def _bbox_normalization(lp, where):

@@ -21,8 +21,8 @@ position-sensitive op and RoiAlign samples other points, so the export is refuse
 """
 import torch
 
-from .registry import Layer, LayerError, register_layer
-from .roi_pooling import _run, _source, ps_roi_attrs, ps_roi_shape, roi_batch_index, roi_layer_call, roi_rows
+from .registry import LayerError, register_layer
+from .roi_pooling import RoiLayerSpec, _source, ps_roi_attrs, ps_roi_shape, roi_batch_index, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -100,7 +100,8 @@ TORCH_PSROI_ALIGN = _source(psroi_align_axis, ps_roi_align)
 # ---- the spec ------------------------------------------------------------------------------
 
 @register_layer("PSROIAlign")
-class PSROIAlign(Layer):
+class PSROIAlign(RoiLayerSpec):
+    roi_fn, roi_source = staticmethod(ps_roi_align), TORCH_PSROI_ALIGN
     onnx_refusal = ("ONNX has no position-sensitive ROI op, and its RoiAlign samples other points than "
                     "R-FCN-PSROIAlign's, so it cannot give the same numbers")
 
@@ -115,10 +116,5 @@ class PSROIAlign(Layer):
     def infer(self, attrs, in_shapes):
         return [ps_roi_shape("PSROIAlign", attrs, in_shapes)]
 
-    def forward(self, attrs, params, x, rois):
-        return _run(ps_roi_align, x, rois, attrs["dim"], attrs["group"], attrs["scale"], attrs["samples"])
-
-    def pytorch_source(self, node, emit):
-        a = node.attrs
-        return roi_layer_call(emit, TORCH_PSROI_ALIGN, a["dim"], a["group"], spatial_scale=a["scale"],
-                              sample_num=a["samples"])
+    def roi_args(self, attrs):
+        return (attrs["dim"], attrs["group"]), {"spatial_scale": attrs["scale"], "sample_num": attrs["samples"]}

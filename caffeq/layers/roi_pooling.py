@@ -185,11 +185,27 @@ def _check_roi_shapes(where, in_shapes, rows_only=False):
         raise LayerError(f"{where}: {ROIS_WANTED}, got {list(r)}")
 
 
-def _run(fn, *args):
-    try:
-        return fn(*args)
-    except ValueError as e:   # a roi that does not fit the batch: the user's data, one clear line
-        raise LayerError(str(e)) from None
+class RoiLayerSpec(Layer):
+    """A ROI layer computed by the module-level function `roi_fn(x, rois, *args, **kwargs)`; model.py
+    gets it from `roi_source` (its source with its helpers) and applies it through RoiLayer."""
+
+    roi_fn = None       # staticmethod(the function)
+    roi_source = None
+
+    def roi_args(self, attrs):
+        """(the positional arguments after x and rois, the keyword ones) for these attrs."""
+        raise NotImplementedError
+
+    def forward(self, attrs, params, x, rois):
+        args, kwargs = self.roi_args(attrs)
+        try:
+            return self.roi_fn(x, rois, *args, **kwargs)
+        except ValueError as e:   # a roi that does not fit the batch: the user's data, one clear line
+            raise LayerError(str(e)) from None
+
+    def pytorch_source(self, node, emit):
+        args, kwargs = self.roi_args(node.attrs)
+        return roi_layer_call(emit, self.roi_source, *args, **kwargs)
 
 
 def roi_pooling_attrs(lp, kind):
@@ -205,7 +221,9 @@ def roi_pooling_attrs(lp, kind):
 
 
 @register_layer("ROIPooling")
-class ROIPooling(Layer):
+class ROIPooling(RoiLayerSpec):
+    roi_fn, roi_source = staticmethod(roi_max_pool), TORCH_ROI_POOLING
+
     def parse(self, lp):
         return roi_pooling_attrs(lp, "ROIPooling")
 
@@ -214,8 +232,8 @@ class ROIPooling(Layer):
         s, r = in_shapes
         return [(r[0], s[1], attrs["ph"], attrs["pw"])]
 
-    def forward(self, attrs, params, x, rois):
-        return _run(roi_max_pool, x, rois, attrs["ph"], attrs["pw"], attrs["scale"], attrs.get("pad_ratio", 0.0))
+    def roi_args(self, attrs):
+        return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"], **pad_kwarg(attrs)}
 
     def onnx(self, ctx, node):
         import numpy as np
@@ -234,9 +252,6 @@ class ROIPooling(Layer):
         ctx.add_node("MaxRoiPool", [node.inputs[0], rois], [node.outputs[0]], name=node.name,
                      pooled_shape=[a["ph"], a["pw"]], spatial_scale=a["scale"])
 
-    def pytorch_source(self, node, emit):
-        a = node.attrs
-        return roi_layer_call(emit, TORCH_ROI_POOLING, a["ph"], a["pw"], spatial_scale=a["scale"], **pad_kwarg(a))
 
 
 def pad_kwarg(attrs):
@@ -290,8 +305,9 @@ def ps_roi_shape(kind, attrs, in_shapes):
 
 
 @register_layer("PSROIPooling")
-class PSROIPooling(Layer):
+class PSROIPooling(RoiLayerSpec):
     onnx_refusal = "ONNX has no position-sensitive ROI pooling op"
+    roi_fn, roi_source = staticmethod(ps_roi_avg_pool), TORCH_PSROI_POOLING
 
     def parse(self, lp):
         return ps_roi_attrs(lp, "PSROIPooling", "psroi_pooling_param")
@@ -299,9 +315,5 @@ class PSROIPooling(Layer):
     def infer(self, attrs, in_shapes):
         return [ps_roi_shape("PSROIPooling", attrs, in_shapes)]
 
-    def forward(self, attrs, params, x, rois):
-        return _run(ps_roi_avg_pool, x, rois, attrs["dim"], attrs["group"], attrs["scale"])
-
-    def pytorch_source(self, node, emit):
-        a = node.attrs
-        return roi_layer_call(emit, TORCH_PSROI_POOLING, a["dim"], a["group"], spatial_scale=a["scale"])
+    def roi_args(self, attrs):
+        return (attrs["dim"], attrs["group"]), {"spatial_scale": attrs["scale"]}
