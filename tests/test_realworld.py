@@ -99,6 +99,8 @@ RUNNABLE = {
     "lwplw__darknet2caffe__yolov2_tiny_3.prototxt": {"data": (1, 3, 96, 64)},
     # FaceBoxes with faceboxes_lqy's fixed_size / density PriorBox, through DetectionOutput
     "lippman1125__faceboxes_lqy__examples__faceboxes__faceboxes_deploy.prototxt": {"data": (1, 3, 128, 256)},
+    # OpenCV's TextBoxes sample: PriorBox offset_w/offset_h pairs, through DetectionOutput
+    "Gaukhar1998__python-tasks__textbox.prototxt": {"data": (1, 3, 192, 160)},
 }
 
 

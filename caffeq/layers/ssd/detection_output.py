@@ -46,7 +46,7 @@ from .. import yolo_v2_output
 from ..registry import ForkReading, Layer, LayerError, register_layer
 from .common import CENTER_SIZE, CODE_NAMES, FLT_MAX, proto_field
 from .nms import TORCH_SSD_NMS, ssd_nms
-from .priorbox import faceboxes_priors, textboxes_priors
+from .priorbox import fork_priors, textboxes_priors
 
 #: extra numbers per prior after the box: TextBoxes++'s layouts
 EXTRA = {0: "", 5: "rbox", 8: "quad"}
@@ -211,9 +211,10 @@ def loc_layout(attrs, loc_shape, n_priors):
         if per / 2 in allowed:   # TextBoxes (v1) always doubles its priors, with no field to say so
             raise ForkReading(f"loc {list(loc_shape)} holds twice the predictions of {want}: the priors "
                               f"of TextBoxes' PriorBox, each doubled", textboxes_priors)
-        # FaceBoxes densifies some priors, again with no field: faceboxes_priors tries that reading
-        # (when no PriorBox fits it, it changes nothing and this error stands)
-        raise ForkReading(f"loc {list(loc_shape)} does not hold {want} predictions", faceboxes_priors)
+        # FaceBoxes densifies some priors and OpenCV reads offset_w/offset_h as pairs, again with no
+        # field: fork_priors tries those readings (when no PriorBox fits one, it changes nothing and
+        # this error stands)
+        raise ForkReading(f"loc {list(loc_shape)} does not hold {want} predictions", fork_priors)
     layout = EXTRA[int(per) - 4]
     if layout and (attrs["code_type"] != CENTER_SIZE or attrs["variance_in_target"]):
         raise LayerError(f"TextBoxes++'s {layout} predictions are decoded only for code_type CENTER_SIZE "

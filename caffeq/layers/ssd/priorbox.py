@@ -20,7 +20,9 @@
   the other aspect ratios, then sqrt(min * max), and a min_size (as int) of exactly 60 has its
   first box inset by 0.05 on every side after normalizing; `yx_order: true` writes each box
   as [ymin, xmin, ymax, xmax].
-- julimueller/tl_ssd's repeated offset_w / offset_h: a grid of priors per cell (priorbox_offset_grid.py).
+- julimueller/tl_ssd's repeated offset_w / offset_h: a grid of priors per cell (priorbox_offset_grid.py);
+  OpenCV reads them as (offset_w, offset_h) pairs instead (priorbox_opencv_pairs.py), when the loc
+  predictions fit only that reading (see fork_priors).
 - lippman1125/faceboxes_lqy's fixed_size / density / fixed_ratio: FaceBoxes anchors on a density grid
   per cell (priorbox_fixed_size.py).
 """
@@ -34,6 +36,7 @@ from torch import nn
 from ..registry import Layer, LayerError, need_blobs, register_layer
 from . import priorbox_fixed_size as fixed_size
 from . import priorbox_offset_grid as offset_grid
+from . import priorbox_opencv_pairs as opencv_pairs
 from .common import legacy_hw, prior_run_sizes, proto_field
 
 
@@ -202,6 +205,8 @@ def prior_boxes(attrs, feat_hw, img_hw):
     """The PriorBox output (1, 2, H*W*num_priors*4) as a float32 array (feat_hw, img_hw: (height, width))."""
     if attrs.get("offset_grid"):
         return offset_grid.priors(attrs, feat_hw, img_hw)
+    if attrs.get("opencv_pairs"):
+        return opencv_pairs.priors(attrs, feat_hw, img_hw)
     if attrs.get("fixed_size"):
         return fixed_size.priors(attrs, feat_hw, img_hw)
     if attrs["img_h"] and attrs["img_w"]:
@@ -225,16 +230,29 @@ def textboxes_priors(net):
             f"predictions require: {', '.join(changed)}")
 
 
-def faceboxes_priors(net):
-    """Read the net's PriorBox layers as FaceBoxes' fork does (see the module doc), when one of them has
-    exactly 3 min_size (the fork's 21-prior rule); marks them on `net` (a copy); returns the note."""
-    boxes = [lp for lp in net.layer if lp.type == "PriorBox" and not lp.prior_box_param.denser_prior_boxes]
-    if not any(len(lp.prior_box_param.min_size) == 3 for lp in boxes):
-        return "no PriorBox has FaceBoxes' 3 min_size"   # nothing changes: the second build fails as the first
-    for lp in boxes:
-        lp.prior_box_param.faceboxes_priors = True
-    return (f"PriorBox read as FaceBoxes' (21 priors per cell for 3 min_size, dense anchors for min_size 32 "
-            f"and 64), as the loc predictions require: {', '.join(lp.name for lp in boxes)}")
+def fork_priors(net):
+    """Read the net's unmarked PriorBox layers as the fork whose precondition each meets: OpenCV's
+    offset pairs where offset_w and offset_h come in equal numbers (priorbox_opencv_pairs.py), and
+    FaceBoxes' (see the module doc) for the rest when one of them has exactly 3 min_size (the fork's
+    21-prior rule).  Marks them on `net` (a copy); returns the note."""
+    boxes = [lp for lp in net.layer if lp.type == "PriorBox" and not lp.prior_box_param.denser_prior_boxes
+             and not opencv_pairs.marked(lp.prior_box_param)]
+    pairs = [lp for lp in boxes if opencv_pairs.claims(lp.prior_box_param)
+             and not (len(lp.prior_box_param.width) or len(lp.prior_box_param.height))]
+    rest = [lp for lp in boxes if lp not in pairs]
+    notes = []
+    for lp in pairs:
+        lp.prior_box_param.opencv_offset_pairs = True
+    if pairs:
+        notes.append(f"PriorBox read as OpenCV's (offset_w/offset_h as pairs of centre offsets, not tl_ssd's "
+                     f"grid), as the loc predictions require: {', '.join(lp.name for lp in pairs)}")
+    if any(len(lp.prior_box_param.min_size) == 3 for lp in rest):
+        for lp in rest:
+            lp.prior_box_param.faceboxes_priors = True
+        notes.append(f"PriorBox read as FaceBoxes' (21 priors per cell for 3 min_size, dense anchors for min_size "
+                     f"32 and 64), as the loc predictions require: {', '.join(lp.name for lp in rest)}")
+    # with nothing marked the second build fails as the first
+    return "; ".join(notes) or "no PriorBox has FaceBoxes' 3 min_size or OpenCV's offset pairs"
 
 
 @register_layer("PriorBox")
@@ -242,6 +260,8 @@ class PriorBoxLayer(Layer):
     def parse(self, lp):
         need_blobs(lp, "PriorBox", 2, roles="feature map, image")
         p = lp.prior_box_param
+        if opencv_pairs.marked(p):   # OpenCV's offset pairs (fork_priors marks them)
+            return opencv_pairs.parse(p, self._shared(p))
         grid = offset_grid.claims(p)   # tl_ssd's offset grid
         for f in ("width", "height") if grid else ("offset_h", "offset_w", "width", "height"):
             if f in p.DESCRIPTOR.fields_by_name and len(getattr(p, f)):
@@ -318,6 +338,8 @@ class PriorBoxLayer(Layer):
     def num_priors(attrs):
         if attrs.get("offset_grid"):
             return offset_grid.num_priors(attrs)
+        if attrs.get("opencv_pairs"):
+            return opencv_pairs.num_priors(attrs)
         if attrs.get("fixed_size"):
             return fixed_size.num_priors(attrs)
         if attrs.get("faceboxes"):
@@ -349,6 +371,8 @@ class PriorBoxLayer(Layer):
         a = node.attrs
         if a.get("offset_grid"):
             return offset_grid.pytorch_source(node, emit)
+        if a.get("opencv_pairs"):
+            return opencv_pairs.pytorch_source(node, emit)
         if a.get("fixed_size"):
             return fixed_size.pytorch_source(node, emit)
         widths, heights, shifted, variance = _module_args(a)
