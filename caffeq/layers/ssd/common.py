@@ -1,5 +1,6 @@
 """What the SSD layers share: constants, Caffe's legacy height/width."""
 import numpy as np
+import torch
 
 FLT_MAX = float(np.finfo(np.float32).max)
 CORNER, CENTER_SIZE, CORNER_SIZE = 1, 2, 3
@@ -21,6 +22,16 @@ def prior_run_sizes(feat, img, img_h: int, img_w: int):
     if img_h and img_w:
         return lh, lw, img_h, img_w
     return lh, lw, img.shape[2] if img.dim() > 2 else 1, img.shape[3] if img.dim() > 3 else 1
+
+
+def prior_steps(step_h: float, step_w: float, lh: int, lw: int, ih: int, iw: int):
+    """PriorBox's (step_h, step_w) as float32 tensors: the ones given (both set), else the image size over
+    the feature map's, divided in float32 as SSD and the forks do."""
+    f32 = torch.float32
+    if step_h != 0.0 and step_w != 0.0:
+        return torch.tensor(step_h, dtype=f32), torch.tensor(step_w, dtype=f32)
+    return (torch.tensor(float(ih), dtype=f32) / torch.tensor(float(lh), dtype=f32),
+            torch.tensor(float(iw), dtype=f32) / torch.tensor(float(lw), dtype=f32))
 
 
 def legacy_hw(shape):

@@ -37,7 +37,7 @@ from ..registry import Layer, LayerError, need_blobs, register_layer
 from . import priorbox_fixed_size as fixed_size
 from . import priorbox_offset_grid as offset_grid
 from . import priorbox_opencv_pairs as opencv_pairs
-from .common import legacy_hw, prior_run_sizes, proto_field
+from .common import legacy_hw, prior_run_sizes, prior_steps, proto_field
 
 
 def _prior_box_hw(p, both, h, w, cast):
@@ -130,11 +130,7 @@ def prior_box_tensor(widths: list[float], heights: list[float], shifted: list[bo
     per prior, added to the normalized min corner and taken off the max one (synopsys' tf); yx: corners
     as [ymin, xmin, ymax, xmax] (synopsys' yx_order)."""
     f32 = torch.float32
-    if step_h != 0.0 and step_w != 0.0:
-        sh, sw = torch.tensor(step_h, dtype=f32), torch.tensor(step_w, dtype=f32)
-    else:  # image size / feature-map size in float32, as SSD
-        sh = torch.tensor(float(ih), dtype=f32) / torch.tensor(float(lh), dtype=f32)
-        sw = torch.tensor(float(iw), dtype=f32) / torch.tensor(float(lw), dtype=f32)
+    sh, sw = prior_steps(step_h, step_w, lh, lw, ih, iw)
     bw = torch.tensor(widths, dtype=f32).double()
     bh = torch.tensor(heights, dtype=f32).double()
     off = torch.tensor(offset, dtype=f32)
@@ -394,5 +390,6 @@ class PriorBoxLayer(Layer):
         if a.get("yx"):
             args.append("yx=True")
         emit.helper(prior_run_sizes)
+        emit.helper(prior_steps)
         m = emit.module(f"{emit.helper(TORCH_PRIOR_BOX)}({', '.join(args)})")
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..registry import LayerError
-from .common import prior_run_sizes
+from .common import prior_run_sizes, prior_steps
 
 F32 = np.float32
 
@@ -36,11 +36,7 @@ def fixed_size_priors(boxes: list[list[float]], variance: list[float], lh: int, 
     order [width, height (float32 values), fs // 2 (int), x shift, y shift (px, from fs // 2 off the
     cell centre)]."""
     f32, f64 = torch.float32, torch.float64
-    if step_h != 0.0 and step_w != 0.0:
-        sh, sw = torch.tensor(step_h, dtype=f32), torch.tensor(step_w, dtype=f32)
-    else:  # image size / feature-map size in float32
-        sh = torch.tensor(float(ih), dtype=f32) / torch.tensor(float(lh), dtype=f32)
-        sw = torch.tensor(float(iw), dtype=f32) / torch.tensor(float(lw), dtype=f32)
+    sh, sw = prior_steps(step_h, step_w, lh, lw, ih, iw)
     b = torch.tensor(boxes, dtype=f64)
     half = b[:, 2].to(f32)
     off = torch.tensor(offset, dtype=f32)
@@ -172,5 +168,6 @@ def pytorch_source(node, emit):
             f"img_h={a['img_h']}", f"img_w={a['img_w']}", f"step_h={emit.lit(a['step_h'])}", f"step_w={emit.lit(a['step_w'])}",
             f"offset={emit.lit(a['offset'])}", f"clip={emit.lit(a['clip'])}"]
     emit.helper(prior_run_sizes)
+    emit.helper(prior_steps)
     m = emit.module(f"{emit.helper(TORCH_FIXED_SIZE)}({', '.join(args)})")
     return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

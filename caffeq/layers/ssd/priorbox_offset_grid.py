@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..registry import LayerError
+from .common import prior_steps
 
 
 def offset_grid_priors(sizes: list[list[float]], offsets_w: list[float], offsets_h: list[float],
@@ -26,11 +27,7 @@ def offset_grid_priors(sizes: list[list[float]], offsets_w: list[float], offsets
     """tl_ssd's PriorBox output (1, 2, H * W * P * 4), float32; sizes: per (min_size, ratio) the box
     [width, height] as float32 values, in the fork's order."""
     f32 = torch.float32
-    if step_h != 0.0 and step_w != 0.0:
-        sh, sw = torch.tensor(step_h, dtype=f32), torch.tensor(step_w, dtype=f32)
-    else:
-        sh = torch.tensor(float(ih), dtype=f32) / torch.tensor(float(lh), dtype=f32)
-        sw = torch.tensor(float(iw), dtype=f32) / torch.tensor(float(lw), dtype=f32)
+    sh, sw = prior_steps(step_h, step_w, lh, lw, ih, iw)
     ox = torch.tensor(offsets_w, dtype=f32)
     oy = torch.tensor(offsets_h, dtype=f32)
     # centres (h, w, offset_w, offset_h) in float32, as the fork's float arithmetic
@@ -120,5 +117,6 @@ def pytorch_source(node, emit):
     args = [emit.lit(a["grid_sizes"]), emit.lit(a["offsets_w"]), emit.lit(a["offsets_h"]),
             emit.lit([float(v) for v in a["variance"]]), f"img_h={a['img_h']}", f"img_w={a['img_w']}",
             f"step_h={emit.lit(a['step_h'])}", f"step_w={emit.lit(a['step_w'])}", f"clip={emit.lit(a['clip'])}"]
+    emit.helper(prior_steps)
     m = emit.module(f"{emit.helper(TORCH_OFFSET_GRID)}({', '.join(args)})")
     return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..registry import LayerError
-from .common import prior_run_sizes, proto_field
+from .common import prior_run_sizes, prior_steps, proto_field
 
 F32 = np.float32
 
@@ -35,11 +35,7 @@ def opencv_pair_priors(widths: list[float], heights: list[float], offsets_w: lis
                        clip: bool):
     """OpenCV's PriorBox output (1, 2, H * W * boxes * pairs * 4), float32, every step in float32."""
     f32 = torch.float32
-    if step_h != 0.0 and step_w != 0.0:
-        sy, sx = torch.tensor(step_h, dtype=f32), torch.tensor(step_w, dtype=f32)
-    else:
-        sy = torch.tensor(float(ih), dtype=f32) / torch.tensor(float(lh), dtype=f32)
-        sx = torch.tensor(float(iw), dtype=f32) / torch.tensor(float(lw), dtype=f32)
+    sy, sx = prior_steps(step_h, step_w, lh, lw, ih, iw)
     # axes (h, w, box, pair)
     cx = (torch.arange(lw, dtype=f32)[None, :, None, None] + torch.tensor(offsets_w, dtype=f32)) * sx
     cy = (torch.arange(lh, dtype=f32)[:, None, None, None] + torch.tensor(offsets_h, dtype=f32)) * sy
@@ -154,5 +150,6 @@ def pytorch_source(node, emit):
             emit.lit(a["offsets_h"]), emit.lit([float(v) for v in a["variance"]]),
             f"step_h={emit.lit(a['step_h'])}", f"step_w={emit.lit(a['step_w'])}", f"clip={emit.lit(a['clip'])}"]
     emit.helper(prior_run_sizes)
+    emit.helper(prior_steps)
     m = emit.module(f"{emit.helper(TORCH_OPENCV_PAIRS)}({', '.join(args)})")
     return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
