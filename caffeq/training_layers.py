@@ -1,0 +1,177 @@
+"""Which layers of a train_val net only train: losses, metrics and the layers that feed only them
+(target samplers, label reshapes).  The graph builder (ir.py) drops them from inference graphs,
+with a note, so that a train file reads without its datasets."""
+from .layers import spec_for
+
+# Layer types that only train or score a net.  A prototxt may hold them with no spec here
+# (fork losses, evaluation layers); they are dropped from inference graphs with a note.
+TRAINING_ONLY_TYPES = frozenset({
+    "MultiBoxLoss", "SmoothL1Loss", "CTCLoss", "WarpCTCLoss", "TripletLoss", "CenterLoss",
+    "BoxAnnotatorOHEM", "SoftmaxWithLossOHEM", "DetectionEvaluate", "LabelSpecificAdd",
+    "FocalLoss", "L1Loss", "CosinLoss", "NormalizedSoftmaxLoss", "EvalDetection", "SmoothL1LossOHEM",
+    # eric612/MobileNet-YOLO's YOLO v3 loss (Yolov3Layer, a LossLayer) under a name without "Loss"
+    "Yolov3",
+    # nudles/vldbj-code's V1 PRECISION_RECALL: a metric over scores and labels, like Accuracy
+    "PrecisionRecall",
+    # wy1iu/sphereface-plus's inter-class separability loss (InterClassLayer, a LossLayer over the
+    # classifier weight it shares, and the labels)
+    "InterClass",
+})
+
+
+def is_training_only_type(type_name):
+    """Losses and scorers (accuracy, detection evaluation): they train or measure, never infer."""
+    lowered = type_name.lower()
+    return type_name in TRAINING_ONLY_TYPES or lowered.endswith("loss") or lowered.endswith("accuracy")
+
+
+def drop_training_only(layers, source="", notes=None):
+    """Drop layers of training-only types that have no spec (forks' losses), with a note; then
+    layers caffeq does not know whose results only train or score the net, with those readers:
+      - a Python layer whose every top is read, and only by losses and scorers or by layers whose
+        every top goes only to them (the targets a loss trains on, as Faster R-CNN's
+        AnchorTargetLayer computes);
+      - a layer of any type that reads a data layer's label (which a deployed net does not have)
+        and whose tops are either unread or go only to losses and scorers that way (margin
+        layers: LargeMarginInnerProduct, xialuxi's CosinAddm feeding Scale -> SoftmaxWithLoss);
+    then every layer that reads a blob only dropped layers make.  Python layers without tops only
+    observe the net (debug printing, writing files): they are dropped first, with their own note."""
+    sinks = [lp for lp in layers if lp.type == "Python" and not lp.top and spec_for(lp) is None]
+    if sinks and notes is not None:
+        notes.append(f"{source + ': ' if source else ''}dropped {len(sinks)} Python layer(s) without tops, which "
+                     f"only observe the net (debug output, files) and cannot change its outputs: "
+                     + ", ".join(f"{lp.name} ({lp.python_param.module}.{lp.python_param.layer})" for lp in sinks))
+    sink_ids = {id(lp) for lp in sinks}
+    layers = [lp for lp in layers if id(lp) not in sink_ids]
+    gone = {id(lp) for lp in layers
+            if spec_for(lp) is None and (is_training_only_type(lp.type) or _is_python_loss(lp))}
+    # a deploy file that kept its Accuracy or loss layer but not the label it reads: Caffe refuses
+    # it ("Unknown bottom blob"); the net is whole without the scorer
+    made = {top for lp in layers for top in lp.top}
+    unlabelled = [lp for lp in layers if id(lp) not in gone and spec_for(lp) is not None
+                  and spec_for(lp).is_training_only and lp.bottom[:1] and lp.bottom[0] in made
+                  and any(b not in made for b in lp.bottom[1:])]
+    if unlabelled and notes is not None:
+        notes.append(f"{source + ': ' if source else ''}" + "; ".join(
+            f"'{lp.name}' ({lp.type}) reads '{next(b for b in lp.bottom[1:] if b not in made)}', which no layer "
+            f"makes (a deploy file that kept its scorer): dropped, as the net needs it only to train"
+            for lp in unlabelled))
+    gone.update(id(lp) for lp in unlabelled)
+    labels = _label_blobs(layers)
+    label_readers = []
+    changed = True
+    while changed:
+        changed = False
+        for i, lp in enumerate(layers):
+            if id(lp) in gone or spec_for(lp) is not None or not len(lp.top):
+                continue
+            memo = {}
+            if lp.type == "Python":
+                drop = all(_trains_only_through(i, top, layers, gone, memo) for top in lp.top)
+            elif any(b in labels for b in lp.bottom):
+                read = [top for top in lp.top if _readers_after(i, top, layers)]
+                drop = bool(read) and all(_trains_only_through(i, top, layers, gone, memo) for top in read)
+                if drop:
+                    label_readers.append(lp)
+            else:
+                continue
+            if drop:
+                gone.add(id(lp))
+                changed = True
+    if label_readers and notes is not None:
+        notes.append(f"{source + ': ' if source else ''}" + "; ".join(
+            f"'{lp.name}' ({lp.type}) reads the label '{next(b for b in lp.bottom if b in labels)}' and its "
+            f"results go only to losses and scorers: it only trains the net" for lp in label_readers))
+    # what reads only results of dropped layers cannot be computed either (R-FCN's OHEM sums the
+    # per-roi losses in an Eltwise for its annotator)
+    producers = {}
+    for position, lp in enumerate(layers):
+        for top in lp.top:
+            producers.setdefault(top, []).append((position, lp))
+    changed = bool(gone)
+    while changed:
+        changed = False
+        for position, lp in enumerate(layers):
+            if id(lp) in gone:
+                continue
+            for b in lp.bottom:
+                # the version it reads: the last one written before it (in-place chains write again)
+                made = [p for at, p in producers.get(b, []) if at < position][-1:]
+                if made and all(id(p) in gone for p in made):
+                    gone.add(id(lp))
+                    changed = True
+                    break
+    kept, dropped = [], []
+    for lp in layers:
+        if id(lp) in gone:
+            dropped.append(f"{lp.name} ({lp.type})")
+        else:
+            kept.append(lp)
+    if dropped and notes is not None:
+        notes.append(f"{source + ': ' if source else ''}dropped {len(dropped)} training-only layer(s) "
+                     f"that inference does not use: {', '.join(dropped[:6])}{', ...' if len(dropped) > 6 else ''}")
+    return kept
+
+
+def _label_blobs(layers):
+    """The labels: every top after the first of a data layer, and what a loss or scorer reads after
+    its first bottom that no layer of this net makes (a label of the other phase's data layer,
+    as in a train_val file whose only data layer is TRAIN's)."""
+    labels, made = set(), set()
+    for lp in layers:
+        spec = spec_for(lp)
+        if spec is not None and (spec.is_data or spec.makes_training_targets):
+            labels.update(lp.top[1:])
+        made.update(lp.top)
+    labels.update(b for lp in layers if is_training_only_type(lp.type) for b in lp.bottom[1:] if b not in made)
+    return labels
+
+
+def _readers_after(index, blob, layers):
+    """Positions of the layers that read the `blob` layers[index] writes (until it is written again)."""
+    readers = []
+    for later in range(index + 1, len(layers)):
+        if blob in layers[later].bottom:
+            readers.append(later)
+        if blob in layers[later].top:
+            break
+    return readers
+
+
+def _trains_only_through(index, blob, layers, gone, memo):
+    """True when the `blob` layers[index] writes is read, and every reader is a loss or scorer, a
+    Silence, a dropped layer, or a layer whose every top is such a blob in turn (never a net output)."""
+    readers = _readers_after(index, blob, layers)
+    return bool(readers) and all(_only_trains(r, layers, gone, memo) for r in readers)
+
+
+def _only_trains(index, layers, gone, memo):
+    lp = layers[index]
+    # a Silence reader swallows the blob: it adds nothing to any output
+    if id(lp) in gone or is_training_only_type(lp.type) or lp.type == "Silence":
+        return True
+    if index not in memo:
+        memo[index] = False   # a cycle through in-place writes proves nothing
+        memo[index] = bool(len(lp.top)) and all(
+            _trains_only_through(index, top, layers, gone, memo) for top in lp.top)
+    return memo[index]
+
+
+# Python layers known to only score a net against its labels (module.class): NVIDIA DIGITS
+# DetectNet's ground-truth clustering and mean-average-precision layers
+SCORING_PYTHON_LAYERS = frozenset({
+    "caffe.layers.detectnet.clustering.ClusterGroundtruth",
+    "caffe.layers.detectnet.mean_ap.ScoreDetections",
+    "caffe.layers.detectnet.mean_ap.mAP",
+})
+
+
+def _is_python_loss(lp):
+    """A Python layer that Caffe treats as a loss (a loss_weight), one whose class is named as a loss,
+    or one known to only score the net against its labels: it only trains or evaluates the net."""
+    if lp.type != "Python":
+        return False
+    known = f"{lp.python_param.module}.{lp.python_param.layer}" in SCORING_PYTHON_LAYERS
+    # a class named as a loss (pycaffe-yolo's YoloLossLayer), as a type named "...Loss" is one
+    named_loss = lp.python_param.layer.lower().removesuffix("layer").endswith("loss")
+    return known or named_loss or any(w != 0 for w in lp.loss_weight)
