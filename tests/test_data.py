@@ -409,3 +409,19 @@ def test_deeplab_data_dim_tops_are_each_images_height_and_width():
     mem = load_from_text('layer { name: "data" type: "MemoryData" top: "data" top: "label" top: "data_dim" '
                          'memory_data_param { batch_size: 1 channels: 3 height: 7 width: 5 } }').blob_shapes
     assert mem["data"] == (1, 3, 7, 5) and mem["label"] == (1,) and mem["data_dim"] == (1, 1, 1, 2)
+
+
+def test_a_digits_train_val_without_sources_reads():
+    # DIGITS writes its train_val nets with data layers that name no source (it fills them in when it
+    # trains): they read; the channels only the dataset could tell come from --input-shape, or stay
+    # unknown when the net is only listed
+    from caffeq.errors import CaffeqError
+    from caffeq.model import load_from_text
+    text = ('layer { name: "train-data" type: "Data" top: "data" top: "label" include { stage: "train" } '
+            'transform_param { mirror: true crop_size: 9 } data_param { batch_size: 4 } }\n'
+            'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 2 } }')
+    shapes = load_from_text(text, stages=("train",), input_shapes={"data": (4, 3, 9, 9)}).blob_shapes
+    assert shapes["data"] == (4, 3, 9, 9) and shapes["ip"] == (4, 2)
+    assert load_from_text(text, stages=("train",), unknown_shapes_ok=True).blob_shapes["ip"] is None
+    with pytest.raises(CaffeqError, match=r"data_param names no source\); give it with --input-shape data="):
+        load_from_text(text, stages=("train",))

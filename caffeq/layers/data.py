@@ -126,8 +126,8 @@ class Data(DataLayer):
 
     def parse(self, lp):
         p = lp.data_param
-        if not p.source:
-            raise LayerError("data_param.source is required")
+        # no source is fine for reading (DIGITS writes its train_val nets without one and fills it in
+        # when it trains): only the shapes that the dataset alone could tell need it
         if p.batch_size < 1:
             raise LayerError("data_param.batch_size must be >= 1")
         backend = "LMDB" if p.backend == 1 else "LEVELDB"
@@ -147,7 +147,8 @@ class Data(DataLayer):
             return (n, c) + mean[1:]   # Caffe checks the mean file matches the data's size
         source = resolve_source(attrs["source"], attrs.get("base_dir"))
         if not os.path.exists(source):
-            raise needs_input_shape(attrs, attrs["top"], f"{attrs['backend']} '{attrs['source']}' not found")
+            raise needs_input_shape(attrs, attrs["top"], f"{attrs['backend']} '{attrs['source']}' not found"
+                                    if attrs["source"] else "data_param names no source")
         c0, h, w = datum_shape(source, attrs["backend"])
         c, h, w = _with_crop(attrs, c or c0, h, w)
         return (n, c, h, w)
@@ -171,8 +172,6 @@ class ImageData(DataLayer):
     def parse(self, lp):
         p = lp.image_data_param
         need_blobs(lp, "ImageData (tops data[, label[, clip_markers]])", 0, (1, 2, 3))
-        if not p.source:
-            raise LayerError("image_data_param.source is required")
         if p.new_dim and (p.new_height or p.new_width):   # caffe-pro image_data_layer.cpp:38
             raise LayerError("image_data_param.new_dim and new_height/new_width cannot be set together")
         return {"source": p.source, "batch_size": int(p.batch_size), "new_height": int(p.new_height),
