@@ -172,6 +172,7 @@ def _is_python_loss(lp):
     if lp.type != "Python":
         return False
     known = f"{lp.python_param.module}.{lp.python_param.layer}" in SCORING_PYTHON_LAYERS
-    # a class named as a loss (pycaffe-yolo's YoloLossLayer), as a type named "...Loss" is one
-    named_loss = lp.python_param.layer.lower().removesuffix("layer").endswith("loss")
+    # a class named as a loss (pycaffe-yolo's YoloLossLayer) or a scorer (TextMaps' WebAccuracyLayer),
+    # as a type named "...Loss" or "...Accuracy" is one
+    named_loss = lp.python_param.layer.lower().removesuffix("layer").endswith(("loss", "accuracy"))
     return known or named_loss or any(w != 0 for w in lp.loss_weight)

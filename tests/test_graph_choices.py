@@ -369,6 +369,9 @@ layer { name: "loss" type: "Python" bottom: "ip" bottom: "label" top: "loss" los
     # without loss_weight, a class named as a loss (pycaffe-yolo's YoloLossLayer) is one too
     named = text.replace(" loss_weight: 1", "").replace("EuclideanLossLayer", "YoloLossLayer")
     assert load_from_text(named, random_weights=True).outputs == ["ip"]
+    # and so is a class named as a scorer (TextMaps' WebAccuracyLayer), as a type named "...Accuracy"
+    scorer = named.replace("YoloLossLayer", "WebAccuracyLayer")
+    assert load_from_text(scorer, random_weights=True).outputs == ["ip"]
     # any other unknown Python layer is still refused
     with pytest.raises(CaffeqError, match="is a Python layer"):
         load_from_text(named.replace("YoloLossLayer", "YoloHeadLayer"), random_weights=True)
