@@ -614,8 +614,10 @@ def emit_proposals(ctx, node):
     pred_h = op("Mul", [op("Exp", [column(deltas, 3, "dh")], "eh"), f32(heights)], "ph")
     half_w, half_h = op("Mul", [f32(0.5), pred_w], "hw"), op("Mul", [f32(0.5), pred_h], "hh")
     info = op("Reshape", [info_in, i64([-1])], "info")
-    im_h, im_w, im_scale, scale_w = (op("Gather", [info, i64(k)], hint, axis=0) for k, hint in
-                                     ((0, "im_h"), (1, "im_w"), (2, "im_scale"), (3 if pva else 2, "scale_w")))
+    im_h, im_w, im_scale = (op("Gather", [info, i64(k)], hint, axis=0) for k, hint in
+                            ((0, "im_h"), (1, "im_w"), (2, "im_scale")))
+    # PVANet's im_info holds the width's scale apart; the others scale both sides by im_info[2]
+    scale_w = op("Gather", [info, i64(3)], "scale_w", axis=0) if pva else im_scale
     if cpp:   # [0, int(width)] x [0, int(height)]
         x_max, y_max = (op("Cast", [op("Cast", [v, ], f"{h}_i", to=7)], h, to=1) for v, h in
                         ((im_w, "x_max"), (im_h, "y_max")))
@@ -630,7 +632,7 @@ def emit_proposals(ctx, node):
         ws = op("Add", [op("Sub", [x2, x1], "ws0"), f32(1.0)], "ws")
         hs = op("Add", [op("Sub", [y2, y1], "hs0"), f32(1.0)], "hs")
         # as the Python layer's (ws >= limit) & (hs >= limit): a NaN side is dropped too
-        limit_w = op("Mul", [f32(float(a["min_size"])), scale_w], "limit_w")
+        limit_w = op("Mul", [f32(float(a["min_size"])), scale_w], "limit_w") if pva else limit
         small = op("Not", [op("And", [op("GreaterOrEqual", [ws, limit_w], "wide"),
                                       op("GreaterOrEqual", [hs, limit], "high")], "big_enough")], "small")
     # filtered boxes score -inf: NonMaxSuppression's score threshold (-FLT_MAX) then leaves them out

@@ -335,7 +335,7 @@ def _count_words(allowed, blob):
     """'one bottom', '2 bottoms', '1 or 2 bottoms', 'at least 2 bottoms' for an allowed count."""
     if isinstance(allowed, int):
         return f"one {blob}" if allowed == 1 else f"{allowed} {blob}s"
-    if isinstance(allowed, range) and allowed.stop > 1_000:
+    if isinstance(allowed, range) and allowed.stop >= AT_LEAST:
         return f"at least {_count_words(allowed.start, blob)}"
     counts = [str(n) for n in allowed]
     return f"{', '.join(counts[:-1])} or {counts[-1]} {blob}s" if len(counts) > 1 else f"{counts[0]} {blob}s"

@@ -34,6 +34,15 @@ def prior_steps(step_h: float, step_w: float, lh: int, lw: int, ih: int, iw: int
             torch.tensor(float(iw), dtype=f32) / torch.tensor(float(lw), dtype=f32))
 
 
+def prior_output(coords, variance: list[float], clip: bool):
+    """PriorBox's top (1, 2, N * 4) from the flat float32 corners: clamped to [0, 1] with `clip`, then
+    the variances (one value for all, or 4 per prior)."""
+    if clip:
+        coords = coords.clamp(0.0, 1.0)
+    var = torch.tensor(variance, dtype=torch.float32)
+    return torch.stack([coords, var.repeat(coords.numel() // var.numel())]).reshape(1, 2, -1)
+
+
 def legacy_hw(shape):
     """Caffe's legacy height()/width(): axes 2 and 3, 1 where the blob has fewer axes."""
     shape = tuple(shape)

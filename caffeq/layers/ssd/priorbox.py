@@ -37,7 +37,7 @@ from ..registry import Layer, LayerError, need_blobs, register_layer
 from . import priorbox_fixed_size as fixed_size
 from . import priorbox_offset_grid as offset_grid
 from . import priorbox_opencv_pairs as opencv_pairs
-from .common import legacy_hw, prior_run_sizes, prior_steps, proto_field
+from .common import legacy_hw, prior_output, prior_run_sizes, prior_steps, proto_field
 
 
 def _prior_box_hw(p, both, h, w, cast):
@@ -152,11 +152,7 @@ def prior_box_tensor(widths: list[float], heights: list[float], shifted: list[bo
     x0, y0, x1, y1 = torch.broadcast_tensors(x0, y0, x1, y1)
     boxes = torch.stack([y0, x0, y1, x1] if yx else [x0, y0, x1, y1], dim=-1)
     coords = boxes.float().reshape(-1)
-    if clip:
-        coords = coords.clamp(0.0, 1.0)
-    var = torch.tensor(variance, dtype=f32)
-    variances = var.repeat(coords.numel() // var.numel())  # one value for all, or 4 per prior
-    return torch.stack([coords, variances]).reshape(1, 2, -1)
+    return prior_output(coords, variance, clip)
 
 
 class PriorBox(nn.Module):
@@ -391,5 +387,6 @@ class PriorBoxLayer(Layer):
             args.append("yx=True")
         emit.helper(prior_run_sizes)
         emit.helper(prior_steps)
+        emit.helper(prior_output)
         m = emit.module(f"{emit.helper(TORCH_PRIOR_BOX)}({', '.join(args)})")
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..registry import Layer, LayerError, need_blobs, register_layer
+from .common import prior_output
 
 
 def prior_box_clustered_tensor(widths: list[float], heights: list[float], variance: list[float], lh: int, lw: int,
@@ -48,11 +49,7 @@ def prior_box_clustered_tensor(widths: list[float], heights: list[float], varian
     fw, fh = torch.tensor(float(iw), dtype=f32), torch.tensor(float(ih), dtype=f32)
     corners = torch.broadcast_tensors((cx - half_w) / fw, (cy - half_h) / fh, (cx + half_w) / fw, (cy + half_h) / fh)
     coords = torch.stack(corners, dim=-1).reshape(-1)
-    if clip:
-        coords = coords.clamp(0.0, 1.0)
-    var = torch.tensor(variance, dtype=f32)
-    variances = var.repeat(coords.numel() // var.numel())
-    return torch.stack([coords, variances]).reshape(1, 2, -1)
+    return prior_output(coords, variance, clip)
 
 
 class PriorBoxClustered(nn.Module):
@@ -131,5 +128,6 @@ class PriorBoxClusteredLayer(Layer):
 
     def pytorch_source(self, node, emit):
         args = ", ".join(f"{k}={emit.lit(node.attrs[k])}" for k in _ARGS)
+        emit.helper(prior_output)
         m = emit.module(f"{emit.helper(TORCH_PRIOR_BOX_CLUSTERED)}({args})")
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

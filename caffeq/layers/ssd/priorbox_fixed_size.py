@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..registry import LayerError
-from .common import prior_run_sizes, prior_steps
+from .common import prior_output, prior_run_sizes, prior_steps
 
 F32 = np.float32
 
@@ -52,10 +52,7 @@ def fixed_size_priors(boxes: list[list[float]], variance: list[float], lh: int, 
     y1 = ((py + bh / 2.0) / ih).clamp(0.0, 1.0)
     x0, y0, x1, y1 = torch.broadcast_tensors(x0, y0, x1, y1)
     coords = torch.stack([x0, y0, x1, y1], dim=-1).to(f32).reshape(-1)
-    if clip:
-        coords = coords.clamp(0.0, 1.0)
-    var = torch.tensor(variance, dtype=f32)
-    return torch.stack([coords, var.repeat(coords.numel() // var.numel())]).reshape(1, 2, -1)
+    return prior_output(coords, variance, clip)
 
 
 class FixedSizePriorBox(nn.Module):
@@ -169,5 +166,6 @@ def pytorch_source(node, emit):
             f"offset={emit.lit(a['offset'])}", f"clip={emit.lit(a['clip'])}"]
     emit.helper(prior_run_sizes)
     emit.helper(prior_steps)
+    emit.helper(prior_output)
     m = emit.module(f"{emit.helper(TORCH_FIXED_SIZE)}({', '.join(args)})")
     return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

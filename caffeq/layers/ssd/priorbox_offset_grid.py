@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..registry import LayerError
-from .common import prior_steps
+from .common import prior_output, prior_run_sizes, prior_steps
 
 
 def offset_grid_priors(sizes: list[list[float]], offsets_w: list[float], offsets_h: list[float],
@@ -40,10 +40,7 @@ def offset_grid_priors(sizes: list[list[float]], offsets_w: list[float], offsets
     boxes = torch.stack([(cx - bw / 2.0) / iw, (cy - bh / 2.0) / ih, (cx + bw / 2.0) / iw, (cy + bh / 2.0) / ih],
                         dim=-1)
     coords = boxes.float().reshape(-1)
-    if clip:
-        coords = coords.clamp(0.0, 1.0)
-    var = torch.tensor(variance, dtype=f32)
-    return torch.stack([coords, var.repeat(coords.numel() // var.numel())]).reshape(1, 2, -1)
+    return prior_output(coords, variance, clip)
 
 
 class OffsetGridPriorBox(nn.Module):
@@ -56,8 +53,7 @@ class OffsetGridPriorBox(nn.Module):
         self.img_h, self.img_w, self.step_h, self.step_w, self.clip = img_h, img_w, step_h, step_w, clip
 
     def forward(self, feat, img):
-        lh, lw = feat.shape[2], feat.shape[3]
-        ih, iw = (self.img_h, self.img_w) if self.img_h and self.img_w else (img.shape[2], img.shape[3])
+        lh, lw, ih, iw = prior_run_sizes(feat, img, self.img_h, self.img_w)
         out = offset_grid_priors(self.sizes, self.offsets_w, self.offsets_h, self.variance, lh, lw, ih, iw,
                                  self.step_h, self.step_w, self.clip)
         return out.to(device=feat.device, dtype=feat.dtype)
@@ -118,5 +114,7 @@ def pytorch_source(node, emit):
             emit.lit([float(v) for v in a["variance"]]), f"img_h={a['img_h']}", f"img_w={a['img_w']}",
             f"step_h={emit.lit(a['step_h'])}", f"step_w={emit.lit(a['step_w'])}", f"clip={emit.lit(a['clip'])}"]
     emit.helper(prior_steps)
+    emit.helper(prior_output)
+    emit.helper(prior_run_sizes)
     m = emit.module(f"{emit.helper(TORCH_OFFSET_GRID)}({', '.join(args)})")
     return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..registry import LayerError
-from .common import prior_run_sizes, prior_steps, proto_field
+from .common import prior_output, prior_run_sizes, prior_steps, proto_field
 
 F32 = np.float32
 
@@ -45,10 +45,7 @@ def opencv_pair_priors(widths: list[float], heights: list[float], offsets_w: lis
     corners = torch.broadcast_tensors((cx - half_w) / img_w, (cy - half_h) / img_h,
                                       (cx + half_w) / img_w, (cy + half_h) / img_h)
     coords = torch.stack(corners, dim=-1).reshape(-1)
-    if clip:
-        coords = coords.clamp(0.0, 1.0)
-    var = torch.tensor(variance, dtype=f32)
-    return torch.stack([coords, var.repeat(coords.numel() // var.numel())]).reshape(1, 2, -1)
+    return prior_output(coords, variance, clip)
 
 
 class OpenCVPairPriorBox(nn.Module):
@@ -151,5 +148,6 @@ def pytorch_source(node, emit):
             f"step_h={emit.lit(a['step_h'])}", f"step_w={emit.lit(a['step_w'])}", f"clip={emit.lit(a['clip'])}"]
     emit.helper(prior_run_sizes)
     emit.helper(prior_steps)
+    emit.helper(prior_output)
     m = emit.module(f"{emit.helper(TORCH_OPENCV_PAIRS)}({', '.join(args)})")
     return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
