@@ -41,6 +41,7 @@ def cambricon_yolov3_decode(xs: list, biases: list[float], num_classes: int, anc
     num_classes) holding x, y, w, h (pixels), objectness, class probabilities."""
     import math
     out = []
+    b = torch.tensor(biases, dtype=xs[0].dtype, device=xs[0].device)
     for i, x in enumerate(xs):
         n, c, h, w = x.shape
         hw = h * w
@@ -49,7 +50,6 @@ def cambricon_yolov3_decode(xs: list, biases: list[float], num_classes: int, anc
         r = torch.arange(hw * anchor_num, device=x.device)
         k = r // anchor_num
         col, row = (k % w).to(x.dtype), (k // w).to(x.dtype)
-        b = torch.tensor(biases, dtype=x.dtype, device=x.device)
         aw, ah = b[6 * i + (2 * r) % 6], b[6 * i + (2 * r + 1) % 6]
         act = 1 / (1 + torch.exp(-y))
         bx = stride * (act[..., 0] + col)

@@ -25,6 +25,8 @@ RRD's PriorBox and DetectionOutput are TextBoxes++'s, byte for byte (bbox_util.c
 detection_output_layer.cpp/.cu, prior_box_layer.cpp identical to MhLiao/TextBoxes_plusplus): see
 caffeq/layers/ssd.
 """
+import functools
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -115,9 +117,14 @@ def check_arf(attrs, channels):
             raise LayerError(f"orn_param: {what} {value} is not a multiple of orientations {n}")
 
 
+@functools.lru_cache(maxsize=None)
+def _arf_index(n, k):
+    """arf_table as a tensor, built once per (orientations, kernel size): forward runs every call."""
+    return torch.tensor(arf_table(n, k), dtype=torch.long)
+
+
 def torch_arf_weight(weight, n):
-    table = torch.tensor(arf_table(n, weight.shape[-1]), dtype=torch.long, device=weight.device)
-    return arf_weight(weight, table)
+    return arf_weight(weight, _arf_index(n, weight.shape[-1]).to(weight.device))
 
 
 def onnx_arf_weight(ctx, node, w, shape):
