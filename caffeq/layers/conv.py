@@ -197,16 +197,20 @@ def _hole_dilation(p, nsp):
     return values
 
 
-def _resolve_spatial(attrs, in_shape):
-    """Geometry, then the convolution's own checks (depthwise group, channels by group)."""
-    if not resolve_geometry(attrs, in_shape):
-        return
-    axis = attrs["_axis"]
-    channels = in_shape[axis]
+def check_groups(attrs, channels):
+    """Caffe's group checks: input channels and num_output both divisible by group."""
     if channels % attrs["group"]:
         raise LayerError(f"input channels {channels} not divisible by group {attrs['group']}")
     if attrs["num_output"] % attrs["group"]:
         raise LayerError(f"num_output {attrs['num_output']} not divisible by group {attrs['group']}")
+
+
+def _resolve_spatial(attrs, in_shape):
+    """Geometry, then the convolution's own checks (depthwise group, channels by group)."""
+    if not resolve_geometry(attrs, in_shape):
+        return
+    channels = in_shape[attrs["_axis"]]
+    check_groups(attrs, channels)
     if attrs.get("orn"):
         check_arf(attrs, channels)
     _check_first_conv(attrs, in_shape)

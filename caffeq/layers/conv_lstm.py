@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .conv import conv_out_size
 from .registry import Layer, LayerError, need_blobs, register_layer, spatial_params
 
 _EXPOSE = re.compile(r"^([hc])_t=(\d+|T)$")
@@ -125,11 +126,6 @@ def _read_conv(p, which):
             "group": int(p.group), "bias": bool(p.bias_term)}
 
 
-def _out_size(size, conv, i):
-    k = conv["dilation"][i] * (conv["kernel"][i] - 1) + 1
-    return (size + 2 * conv["pad"][i] - k) // conv["stride"][i] + 1
-
-
 @register_layer("ConvLSTM")
 class ConvLSTM(Layer):
     def parse(self, lp):
@@ -186,7 +182,8 @@ class ConvLSTM(Layer):
             if cin % conv["group"] or (4 * c) % conv["group"]:
                 raise LayerError(f"lstm_conv_param ({what}): group {conv['group']} must divide "
                                  f"{cin} input and {4 * c} output channels")
-            out = (_out_size(hh, conv, 0), _out_size(ww, conv, 1))
+            out = tuple(conv_out_size(n, conv["kernel"][i], conv["stride"][i], conv["pad"][i], conv["dilation"][i])
+                        for i, n in enumerate((hh, ww)))
             if out != (hh, ww):
                 raise LayerError(f"lstm_conv_param ({what}) turns {hh} x {ww} into {out[0]} x {out[1]}: "
                                  f"the fork's ConvLSTM needs convolutions that keep H x W")

@@ -48,18 +48,12 @@ import torch
 import torch.nn.functional as F
 
 from .norm import onnx_reduce
-from .registry import FunctionLayer, Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer
+from .registry import FunctionLayer, Layer, LayerError, ReadOnlyLayer, four_axes, need_blobs, register_layer
 from .warp_onnx import OnnxImageSampler
 
 # AugmentationCoeff's field count in flownet2's caffe.proto (6 spatial, 6 chromatic, 22 chromatic-eigen,
 # 8 effect): the channels of every augmentation-parameter blob
 AUGMENTATION_COEFFS = 42
-
-
-def _four_axes(shape, what, role="bottom"):
-    if len(shape) != 4:
-        raise LayerError(f"{what} needs a 4-axis {role} (N, C, H, W), got {list(shape)}")
-    return tuple(int(d) for d in shape)
 
 
 # ---- torch functions (model.py gets the same code) ---------------------------------------
@@ -221,8 +215,8 @@ class Correlation(Layer):
 
     def infer(self, attrs, in_shapes):
         what = attrs["type"]
-        a = _four_axes(in_shapes[0], what)
-        b = _four_axes(in_shapes[1], what)
+        a = four_axes(in_shapes[0], what)
+        b = four_axes(in_shapes[1], what)
         if a[1:] != b[1:]:
             raise LayerError(f"{what}'s bottoms must share C, H and W, got {list(a)} and {list(b)}")
         radius = (attrs["kernel"] - 1) // 2
@@ -311,7 +305,7 @@ class _PerPixelMap(FunctionLayer):
     channels = 1
 
     def infer(self, attrs, in_shapes):
-        n, _, h, w = _four_axes(in_shapes[0], self.types[0])
+        n, _, h, w = four_axes(in_shapes[0], self.types[0])
         return [(n, self.channels, h, w)]
 
 
@@ -334,9 +328,9 @@ class Downsample(Layer):
         return {"size": (int(p.top_height), int(p.top_width)), "bottoms": len(lp.bottom)}
 
     def infer(self, attrs, in_shapes):
-        n, c, h, w = _four_axes(in_shapes[0], "Downsample")
+        n, c, h, w = four_axes(in_shapes[0], "Downsample")
         if attrs["bottoms"] == 2:
-            th, tw = _four_axes(in_shapes[1], "Downsample", "second bottom")[2:]
+            th, tw = four_axes(in_shapes[1], "Downsample", "second bottom")[2:]
         else:
             th, tw = attrs["size"]
         if th < 1 or tw < 1:
@@ -394,8 +388,8 @@ class Warp(Layer):
         return {"coords": bool(lp.warp_param.absolute_coords)}
 
     def infer(self, attrs, in_shapes):
-        image = _four_axes(in_shapes[0], "Warp", "image")
-        second = _four_axes(in_shapes[1], "Warp", "second bottom")
+        image = four_axes(in_shapes[0], "Warp", "image")
+        second = four_axes(in_shapes[1], "Warp", "second bottom")
         what = "coordinates" if attrs["coords"] else "flow"
         if second[0] != image[0] or second[1] != 2 or second[2:] != image[2:]:
             # PWC-Net's kernel reads the flow at the image's H and W; LiteFlowNet's indexes the
@@ -486,7 +480,7 @@ class ExpMax(Layer):
         return {"inner": float(np.float32(log_base * scale)), "outer": float(np.float32(outer))}
 
     def infer(self, attrs, in_shapes):
-        return [_four_axes(in_shapes[0], "ExpMax")]
+        return [four_axes(in_shapes[0], "ExpMax")]
 
     def forward(self, attrs, params, x):
         return exp_max(x, attrs["inner"], attrs["outer"])
@@ -545,7 +539,7 @@ class DataAugmentation(_Augmentation):
                 "recompute_mean": int(p.recompute_mean)}
 
     def infer(self, attrs, in_shapes):
-        n, c, h, w = _four_axes(in_shapes[0], "DataAugmentation")
+        n, c, h, w = four_axes(in_shapes[0], "DataAugmentation")
         ch, cw = attrs["crop"] or (h, w)
         if cw > w or ch > h:
             raise LayerError(f"DataAugmentation's crop {ch} x {cw} is larger than its {h} x {w} bottom")
@@ -570,7 +564,7 @@ class FlowAugmentation(_Augmentation):
         return {"name": lp.name, "crop": (int(p.crop_height), int(p.crop_width))}
 
     def infer(self, attrs, in_shapes):
-        n, c, _, _ = _four_axes(in_shapes[0], "FlowAugmentation")
+        n, c, _, _ = four_axes(in_shapes[0], "FlowAugmentation")
         if c != 2:
             raise LayerError(f"FlowAugmentation's flow must have two channels, got {list(in_shapes[0])}")
         return [(n, 2) + attrs["crop"]]
@@ -599,8 +593,8 @@ class Resample(ReadOnlyLayer):
                 "kind": f"Resample, {p.ResampleType.Name(p.type)}"}
 
     def infer(self, attrs, in_shapes):
-        n, c, _, _ = _four_axes(in_shapes[0], "Resample")
-        th, tw = _four_axes(in_shapes[1], "Resample", "second bottom")[2:] if attrs["bottoms"] == 2 \
+        n, c, _, _ = four_axes(in_shapes[0], "Resample")
+        th, tw = four_axes(in_shapes[1], "Resample", "second bottom")[2:] if attrs["bottoms"] == 2 \
             else attrs["size"]
         if th < 1 or tw < 1:
             raise LayerError(f"Resample needs a top height and width > 0 (resample_param height and width, or "

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .norm import onnx_reduce
-from .registry import Layer, LayerError, need_blobs, register_layer
+from .registry import Layer, LayerError, four_axes, need_blobs, register_layer
 
 #: orientation counts for which RRD builds its rotation indices
 ARF_ORIENTATIONS = (4, 8)
@@ -159,11 +159,6 @@ def _orientations(lp, what):
     return n
 
 
-def _four_axes(shape, what):
-    if len(shape) != 4:
-        raise LayerError(f"{what} works on 4-D (N, C, H, W) input, got {list(shape)}")
-
-
 @register_layer("Extend")
 class Extend(Layer):
     """RRD's Extend: each channel repeated `orientations` times in place (channel c -> c*n .. c*n+n-1)."""
@@ -175,7 +170,7 @@ class Extend(Layer):
 
     def infer(self, attrs, in_shapes):
         s = in_shapes[0]
-        _four_axes(s, "Extend")
+        four_axes(s, "Extend")
         return [(s[0], s[1] * attrs["orientations"], s[2], s[3])]
 
     def forward(self, attrs, params, x):
@@ -201,7 +196,7 @@ class ORPooling(Layer):
 
     def infer(self, attrs, in_shapes):
         s = in_shapes[0]
-        _four_axes(s, "ORPooling")
+        four_axes(s, "ORPooling")
         n = attrs["orientations"]
         if s[1] % n:
             raise LayerError(f"ORPooling: input channels {s[1]} are not a multiple of orientations {n}")

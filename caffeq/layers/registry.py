@@ -362,6 +362,13 @@ def need_blobs(lp, what, bottoms=None, tops=None, roles="", in_place=True):
                      f"got {len(lp.bottom)} and {len(lp.top)}")
 
 
+def four_axes(shape, what, role="bottom"):
+    """An (N, C, H, W) shape as ints, or a LayerError naming the layer and the blob's role."""
+    if len(shape) != 4:
+        raise LayerError(f"{what} needs a 4-axis {role} (N, C, H, W), got {list(shape)}")
+    return tuple(int(d) for d in shape)
+
+
 #: need_blobs(lp, what, range(2, AT_LEAST)): two bottoms or more
 AT_LEAST = 1 << 20
 

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from .conv import Convolution, _conv_nd, _torch_conv_source
+from .conv import Convolution, _conv_nd, _torch_conv_source, check_groups
 from .pooling import CEIL, pooled_size
 from .pooling_nd import (
     ave_pool3d_windows,
@@ -106,10 +106,7 @@ class NdConvolution(Convolution):
         for other in in_shapes[1:]:
             if tuple(other) != s:
                 raise LayerError(f"NdConvolution's bottoms must all have one shape, got {list(s)} and {list(other)}")
-        if s[1] % attrs["group"]:
-            raise LayerError(f"input channels {s[1]} not divisible by group {attrs['group']}")
-        if attrs["num_output"] % attrs["group"]:
-            raise LayerError(f"num_output {attrs['num_output']} not divisible by group {attrs['group']}")
+        check_groups(attrs, s[1])
         out = [(n + 2 * p - k) // st + 1 if n + 2 * p >= k else 0
                for n, k, st, p in zip(s[2:], attrs["kernel"], attrs["stride"], attrs["pad"])]
         if min(out) < 1:

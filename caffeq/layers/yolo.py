@@ -53,12 +53,7 @@ import math
 import numpy as np
 import torch
 
-from .registry import Layer, LayerError, need_blobs, positive_field, register_layer
-
-
-def _four_axes(shape, what):
-    if len(shape) != 4:
-        raise LayerError(f"{what} needs a 4-axis (N, C, H, W) bottom, got {list(shape)}")
+from .registry import Layer, LayerError, four_axes, need_blobs, positive_field, register_layer
 
 
 def _i64(ctx, v):
@@ -100,7 +95,7 @@ class Reorg(Layer):
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
-        _four_axes(s, "Reorg")
+        four_axes(s, "Reorg")
         n, c, h, w = s
         st = attrs["stride"]
         if c % (st * st):
@@ -227,7 +222,7 @@ class Region(Layer):
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
-        _four_axes(s, "Region")
+        four_axes(s, "Region")
         size = attrs["coords"] + attrs["classes"] + 1
         if s[1] != attrs["boxes"] * size:
             boxes = "num" if attrs["flavour"] == "darknet" else "boxes_of_each_grid"
@@ -430,7 +425,7 @@ class _YoloDetection(Layer):
         name = self.types[0]
         rows = 0
         for s in in_shapes:
-            _four_axes(s, name)
+            four_axes(s, name)
             self.check_bottom(attrs, s)
             n, _, h, w = s
             if n != in_shapes[0][0]:
