@@ -53,6 +53,7 @@ from . import (  # noqa: F401,E402
     video_data,
     vision_forks,
     yolo,
+    yolo_v2_output,
 )
 from .registry import Layer, LayerError, get_spec, register_layer, require_specs, spec_for, supported_types
 

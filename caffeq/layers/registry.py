@@ -250,6 +250,8 @@ def claim_layers(type_name, looks_like):
     """Class decorator: this spec reads the `type_name` layers for which looks_like(lp) is true,
     before the type's own spec (a fork's or a tool's layer that reuses a Caffe type name)."""
     def deco(cls):
+        if "types" not in cls.__dict__:
+            cls.types = (type_name,)
         _CLAIMS.append((type_name, looks_like, cls()))
         return cls
 

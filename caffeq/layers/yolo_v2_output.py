@@ -31,8 +31,8 @@ import inspect
 import numpy as np
 import torch
 
-from ..errors import CaffeqError, ExportError
-from .registry import LayerError
+from ..errors import ExportError
+from .registry import Layer, LayerError, claim_layers
 from .yolo import emit_rows_or_fallback, emit_yolo_candidates, yolo_v2_candidates
 
 
@@ -89,69 +89,13 @@ def claims(lp):
     return len(lp.bottom) == 1
 
 
-def parse(lp):
-    p = lp.detection_output_param
-    if len(lp.top) != 1:
-        raise LayerError(f"caffe-yolov2's DetectionOutput gives one top, got {len(lp.top)}")
-    duel = p.HasField("classes")     # BirdeeChen/caffe_yolo_v2's name for the class count, and its NMS
-    if duel and p.HasField("num_classes"):
-        raise LayerError("detection_output_param sets both num_classes (gklz1982/caffe-yolov2) and classes "
-                         "(BirdeeChen/caffe_yolo_v2); the layer is one fork's or the other's")
-    classes = int(p.classes if duel else p.num_classes)
-    if not (duel or p.HasField("num_classes")) or classes < 1:
-        raise LayerError("detection_output_param.num_classes (BirdeeChen/caffe_yolo_v2: classes) is required "
-                         "(>= 1)")
-    num_box, side = int(p.num_box), int(p.side)
-    if num_box < 1 or side < 1:
-        raise LayerError(f"detection_output_param.num_box and side must be >= 1, got {num_box} and {side}")
-    biases = [float(v) for v in p.biases]
-    if len(biases) < 2 * num_box:
-        raise LayerError(f"detection_output_param.biases has {len(biases)} values; {num_box} boxes need "
-                         f"{2 * num_box} (a width and a height each)")
-    threshold = float(p.confidence_threshold) if p.HasField("confidence_threshold") else 0.01
-    return {"flavour": "yolo_v2", "name": lp.name, "num_classes": classes, "num_box": num_box,
-            "side": side, "biases": biases[:2 * num_box], "conf_threshold": threshold,
-            "nms_threshold": float(p.nms_threshold), "nms": "objectness" if duel else "cell_order"}
-
-
-def infer(attrs, in_shapes):
-    s = tuple(in_shapes[0])
-    if len(s) != 4:
-        raise LayerError(f"caffe-yolov2's DetectionOutput needs a 4-axis map, got {list(s)}")
-    if s[1] % attrs["num_box"] or s[1] // attrs["num_box"] < 5 + attrs["num_classes"]:
-        raise LayerError(f"channels {s[1]} must be num_box {attrs['num_box']} x at least 5 + num_classes "
-                         f"{attrs['num_classes']}")
-    return [(1, 1, attrs["side"] * attrs["side"] * attrs["num_box"], 7)]
-
-
-def cannot_run(attrs, shape):
-    """Caffe reads such a net (Reshape checks nothing of the map) and fails or reads garbage in forward."""
-    side = attrs["side"]
-    if shape[0] != 1:
-        return f"the fork takes one image (its CHECK_EQ(num, 1)), got a batch of {shape[0]}"
-    if tuple(shape[2:]) != (side, side):
-        return f"the fork indexes cells by side {side}, but the map is {shape[2]}x{shape[3]}"
-    return None
-
-
-def forward(attrs, x):
-    why = cannot_run(attrs, tuple(x.shape))
-    if why:
-        raise CaffeqError(f"layer '{attrs['name']}' (DetectionOutput, caffe-yolov2): {why}")
-    return yolo_v2_cell_order_rows(x, attrs["biases"], attrs["num_box"], attrs["num_classes"],
-                                   attrs["conf_threshold"], attrs["nms_threshold"], _duel(attrs))
-
-
 def _duel(attrs):
     """BirdeeChen's NMS (objectness duels) rather than gklz1982's (cell order)."""
     return attrs.get("nms") == "objectness"
 
 
-def onnx(ctx, node):
+def emit_onnx(ctx, node):
     a = node.attrs
-    why = cannot_run(a, ctx.shape(node.inputs[0]))
-    if why:
-        raise ExportError(f"layer '{node.name}' ({node.type}): caffe-yolov2's form: {why}")
     name = node.name
 
     def f32(v):
@@ -269,11 +213,8 @@ def _onnx_duel(ctx, node, op, f32, i64, candidates):
     emit_rows_or_fallback(ctx, node, op, f32, columns)
 
 
-def pytorch_source(node, emit):
+def emit_pytorch_source(node, emit):
     a = node.attrs
-    why = cannot_run(a, emit.in_shape(0))
-    if why:
-        raise ExportError(f"layer '{node.name}' ({node.type}): caffe-yolov2's form: {why}")
     emit.helper(yolo_v2_candidates)
     fn = emit.helper(TORCH_YOLO_V2_CELL_ORDER)
     emit.note(f"{node.name} (DetectionOutput, caffe-yolov2): the number of rows depends on the data; "
@@ -281,3 +222,68 @@ def pytorch_source(node, emit):
     return (f"{fn}({emit.inputs[0]}, {emit.lit(a['biases'], exact=True)}, {a['num_box']}, {a['num_classes']}, "
             f"{emit.lit(a['conf_threshold'], exact=True)}, {emit.lit(a['nms_threshold'], exact=True)}, "
             f"{emit.lit(_duel(a))})")
+
+
+@claim_layers("DetectionOutput", claims)
+class YoloV2DetectionOutput(Layer):
+    """caffe-yolov2's one-bottom DetectionOutput (see the module doc): claims the type's one-bottom layers."""
+
+    #: the row count is known only after a run; infer gives the most rows
+    data_dependent_shape = True
+
+    def parse(self, lp):
+        p = lp.detection_output_param
+        if len(lp.top) != 1:
+            raise LayerError(f"caffe-yolov2's DetectionOutput gives one top, got {len(lp.top)}")
+        duel = p.HasField("classes")     # BirdeeChen/caffe_yolo_v2's name for the class count, and its NMS
+        if duel and p.HasField("num_classes"):
+            raise LayerError("detection_output_param sets both num_classes (gklz1982/caffe-yolov2) and classes "
+                             "(BirdeeChen/caffe_yolo_v2); the layer is one fork's or the other's")
+        classes = int(p.classes if duel else p.num_classes)
+        if not (duel or p.HasField("num_classes")) or classes < 1:
+            raise LayerError("detection_output_param.num_classes (BirdeeChen/caffe_yolo_v2: classes) is required "
+                             "(>= 1)")
+        num_box, side = int(p.num_box), int(p.side)
+        if num_box < 1 or side < 1:
+            raise LayerError(f"detection_output_param.num_box and side must be >= 1, got {num_box} and {side}")
+        biases = [float(v) for v in p.biases]
+        if len(biases) < 2 * num_box:
+            raise LayerError(f"detection_output_param.biases has {len(biases)} values; {num_box} boxes need "
+                             f"{2 * num_box} (a width and a height each)")
+        threshold = float(p.confidence_threshold) if p.HasField("confidence_threshold") else 0.01
+        return {"name": lp.name, "num_classes": classes, "num_box": num_box,
+                "side": side, "biases": biases[:2 * num_box], "conf_threshold": threshold,
+                "nms_threshold": float(p.nms_threshold), "nms": "objectness" if duel else "cell_order"}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) != 4:
+            raise LayerError(f"caffe-yolov2's DetectionOutput needs a 4-axis map, got {list(s)}")
+        if s[1] % attrs["num_box"] or s[1] // attrs["num_box"] < 5 + attrs["num_classes"]:
+            raise LayerError(f"channels {s[1]} must be num_box {attrs['num_box']} x at least 5 + num_classes "
+                             f"{attrs['num_classes']}")
+        return [(1, 1, attrs["side"] * attrs["side"] * attrs["num_box"], 7)]
+
+    def cannot_run(self, attrs, in_shapes):
+        """Caffe reads such a net (Reshape checks nothing of the map) and fails or reads garbage in forward."""
+        shape, side = tuple(in_shapes[0]), attrs["side"]
+        if shape[0] != 1:
+            return (f"caffe-yolov2's form: the fork takes one image (its CHECK_EQ(num, 1)), got a batch of "
+                    f"{shape[0]}")
+        if tuple(shape[2:]) != (side, side):
+            return (f"caffe-yolov2's form: the fork indexes cells by side {side}, but the map is "
+                    f"{shape[2]}x{shape[3]}")
+        return None
+
+    def forward(self, attrs, params, x):
+        self.refuse_if_cannot_run(attrs["name"], attrs, [x.shape])
+        return yolo_v2_cell_order_rows(x, attrs["biases"], attrs["num_box"], attrs["num_classes"],
+                                       attrs["conf_threshold"], attrs["nms_threshold"], _duel(attrs))
+
+    def onnx(self, ctx, node):
+        self.refuse_if_cannot_run(node.name, node.attrs, [ctx.shape(node.inputs[0])], ExportError, node.type)
+        emit_onnx(ctx, node)
+
+    def pytorch_source(self, node, emit):
+        self.refuse_if_cannot_run(node.name, node.attrs, [emit.in_shape(0)], ExportError, node.type)
+        return emit_pytorch_source(node, emit)

@@ -42,7 +42,6 @@ import math
 import torch
 from torch import nn
 
-from .. import yolo_v2_output
 from ..registry import ForkReading, Layer, LayerError, register_layer
 from .common import CENTER_SIZE, CODE_NAMES, FLT_MAX, proto_field
 from .nms import TORCH_SSD_NMS, ssd_nms
@@ -257,8 +256,6 @@ class DetectionOutputLayer(Layer):
     data_dependent_shape = True
 
     def parse(self, lp):
-        if yolo_v2_output.claims(lp):
-            return yolo_v2_output.parse(lp)
         if len(lp.bottom) not in (3, 4, 5):
             raise LayerError(f"DetectionOutput takes 3 bottoms (loc, conf, priors), an optional 4th (SSD: the "
                              f"images, for visualize; RefineDet: arm conf) and RefineDet's 5th (arm loc), "
@@ -305,8 +302,6 @@ class DetectionOutputLayer(Layer):
         return attrs
 
     def infer(self, attrs, in_shapes):
-        if attrs.get("flavour") == "yolo_v2":
-            return yolo_v2_output.infer(attrs, in_shapes)
         loc, conf, prior = in_shapes[:3]   # a 4th bottom (the images) is only drawn on
         if len(prior) < 3 or prior[1] != 2 or prior[2] % 4:
             raise LayerError(f"priors must be shaped (1, 2, 4 * num_priors), got {list(prior)}")
@@ -328,8 +323,6 @@ class DetectionOutputLayer(Layer):
         return [(1, 1, max_detections(attrs, loc[0], n_priors), width)]
 
     def forward(self, attrs, params, loc, *rest):
-        if attrs.get("flavour") == "yolo_v2":
-            return yolo_v2_output.forward(attrs, loc)
         conf, prior, *extra = rest
         module = DetectionOutput(**module_kwargs(attrs, attrs.get("layout", "")))
         if attrs.get("states"):
@@ -339,13 +332,9 @@ class DetectionOutputLayer(Layer):
 
     def onnx(self, ctx, node):
         from .detection_output_onnx import emit_detection_output
-        if node.attrs.get("flavour") == "yolo_v2":
-            return yolo_v2_output.onnx(ctx, node)
         emit_detection_output(ctx, node)
 
     def pytorch_source(self, node, emit):
-        if node.attrs.get("flavour") == "yolo_v2":
-            return yolo_v2_output.pytorch_source(node, emit)
         defaults = inspect.signature(DetectionOutput.__init__).parameters
         kwargs = module_kwargs(node.attrs, node.attrs["layout"])
         if not node.attrs["arm"]:
