@@ -29,7 +29,7 @@ _V0_TYPES = {
     "data": "DATA", "dropout": "DROPOUT", "euclidean_loss": "EUCLIDEAN_LOSS",
     "flatten": "FLATTEN", "hdf5_data": "HDF5_DATA", "hdf5_output": "HDF5_OUTPUT",
     "im2col": "IM2COL", "images": "IMAGE_DATA", "infogain_loss": "INFOGAIN_LOSS",
-    "innerproduct": "INNER_PRODUCT", "inner_product": "INNER_PRODUCT", "lrn": "LRN",
+    "innerproduct": "INNER_PRODUCT", "lrn": "LRN",
     "multinomial_logistic_loss": "MULTINOMIAL_LOGISTIC_LOSS", "pool": "POOLING",
     "relu": "RELU", "sigmoid": "SIGMOID", "softmax": "SOFTMAX", "softmax_loss": "SOFTMAX_LOSS",
     "split": "SPLIT", "tanh": "TANH", "window_data": "WINDOW_DATA",
@@ -306,7 +306,7 @@ def _upgrade_v0_layer(entry, where, notes):
     v0 = entry.layer
     if v0.HasField("name"):
         out.name = v0.name
-    vtype = v0.type
+    vtype = _V0_TYPE_SPELLINGS.get(v0.type, v0.type)
     if v0.HasField("type"):
         if vtype not in _V0_TYPES:
             raise ParseError(f"{where}: layer '{v0.name}': unknown V0 layer type '{vtype}' "
@@ -316,7 +316,6 @@ def _upgrade_v0_layer(entry, where, notes):
     out.blobs_lr.extend(v0.blobs_lr)
     out.weight_decay.extend(v0.weight_decay)
     dropped = []
-    vtype = _V0_TYPE_SPELLINGS.get(vtype, vtype)
     for field, routes in _V0_ROUTES:
         if not v0.HasField(field):
             continue
