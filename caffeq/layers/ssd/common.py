@@ -43,6 +43,12 @@ def prior_output(coords, variance: list[float], clip: bool):
     return torch.stack([coords, var.repeat(coords.numel() // var.numel())]).reshape(1, 2, -1)
 
 
+def emit_prior_helpers(emit):
+    """model.py: the shared PriorBox functions (sizes, steps, output) its prior modules call."""
+    for helper in (prior_run_sizes, prior_steps, prior_output):
+        emit.helper(helper)
+
+
 def legacy_hw(shape):
     """Caffe's legacy height()/width(): axes 2 and 3, 1 where the blob has fewer axes."""
     shape = tuple(shape)

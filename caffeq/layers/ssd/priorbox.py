@@ -37,7 +37,7 @@ from ..registry import Layer, LayerError, need_blobs, register_layer
 from . import priorbox_fixed_size as fixed_size
 from . import priorbox_offset_grid as offset_grid
 from . import priorbox_opencv_pairs as opencv_pairs
-from .common import legacy_hw, prior_output, prior_run_sizes, prior_steps, proto_field
+from .common import emit_prior_helpers, legacy_hw, prior_output, prior_run_sizes, prior_steps, proto_field
 
 
 def _prior_box_hw(p, both, h, w, cast):
@@ -385,8 +385,6 @@ class PriorBoxLayer(Layer):
             args.append(f"inset={emit.lit(inset)}")
         if a.get("yx"):
             args.append("yx=True")
-        emit.helper(prior_run_sizes)
-        emit.helper(prior_steps)
-        emit.helper(prior_output)
+        emit_prior_helpers(emit)
         m = emit.module(f"{emit.helper(TORCH_PRIOR_BOX)}({', '.join(args)})")
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

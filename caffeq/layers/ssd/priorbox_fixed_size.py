@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..registry import LayerError
-from .common import prior_output, prior_run_sizes, prior_steps
+from .common import emit_prior_helpers, prior_output, prior_run_sizes, prior_steps
 
 F32 = np.float32
 
@@ -164,8 +164,6 @@ def pytorch_source(node, emit):
     args = [emit.lit(a["fixed_boxes"], exact=True), emit.lit([float(v) for v in a["variance"]]),
             f"img_h={a['img_h']}", f"img_w={a['img_w']}", f"step_h={emit.lit(a['step_h'])}", f"step_w={emit.lit(a['step_w'])}",
             f"offset={emit.lit(a['offset'])}", f"clip={emit.lit(a['clip'])}"]
-    emit.helper(prior_run_sizes)
-    emit.helper(prior_steps)
-    emit.helper(prior_output)
+    emit_prior_helpers(emit)
     m = emit.module(f"{emit.helper(TORCH_FIXED_SIZE)}({', '.join(args)})")
     return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..registry import LayerError
-from .common import prior_output, prior_run_sizes, prior_steps
+from .common import emit_prior_helpers, prior_output, prior_run_sizes, prior_steps
 
 
 def offset_grid_priors(sizes: list[list[float]], offsets_w: list[float], offsets_h: list[float],
@@ -113,8 +113,6 @@ def pytorch_source(node, emit):
     args = [emit.lit(a["grid_sizes"]), emit.lit(a["offsets_w"]), emit.lit(a["offsets_h"]),
             emit.lit([float(v) for v in a["variance"]]), f"img_h={a['img_h']}", f"img_w={a['img_w']}",
             f"step_h={emit.lit(a['step_h'])}", f"step_w={emit.lit(a['step_w'])}", f"clip={emit.lit(a['clip'])}"]
-    emit.helper(prior_steps)
-    emit.helper(prior_output)
-    emit.helper(prior_run_sizes)
+    emit_prior_helpers(emit)
     m = emit.module(f"{emit.helper(TORCH_OFFSET_GRID)}({', '.join(args)})")
     return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

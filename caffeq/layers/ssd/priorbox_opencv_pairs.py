@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..registry import LayerError
-from .common import prior_output, prior_run_sizes, prior_steps, proto_field
+from .common import emit_prior_helpers, prior_output, prior_run_sizes, prior_steps, proto_field
 
 F32 = np.float32
 
@@ -146,8 +146,6 @@ def pytorch_source(node, emit):
     args = [emit.lit(a["pair_widths"]), emit.lit(a["pair_heights"]), emit.lit(a["offsets_w"]),
             emit.lit(a["offsets_h"]), emit.lit([float(v) for v in a["variance"]]),
             f"step_h={emit.lit(a['step_h'])}", f"step_w={emit.lit(a['step_w'])}", f"clip={emit.lit(a['clip'])}"]
-    emit.helper(prior_run_sizes)
-    emit.helper(prior_steps)
-    emit.helper(prior_output)
+    emit_prior_helpers(emit)
     m = emit.module(f"{emit.helper(TORCH_OPENCV_PAIRS)}({', '.join(args)})")
     return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
