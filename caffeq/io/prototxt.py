@@ -218,62 +218,58 @@ def _left_out(layer, phase):
 # (Intel's bn_stats_batch_size = 11 is NVCaffe's default_forward_type; CMU's cpm_transform_param =
 # 147 is swish_param).  {message: {field: (phases it cannot matter for, why)}}
 _ANY_PHASE, _TEST_ONLY = ("TRAIN", "TEST"), ("TEST",)
-_KNOWN_FORK_FIELDS = {
-    "caffe.NetParameter": {
-        # NVIDIA/caffe 87a2554 caffe.proto NetParameter 12-20
-        "eltwise_mem_sharing": (_ANY_PHASE, "NVCaffe's memory sharing between Eltwise blobs"),
-        "reduce_buckets": (_ANY_PHASE, "NVCaffe's multi-GPU gradient reduction"),
-        "default_conv_algos_override": (_ANY_PHASE, "NVCaffe's cuDNN algorithm choice"),
-        "default_backward_type": (_TEST_ONLY, "NVCaffe's precision of the backward pass"),
-        "default_backward_math": (_TEST_ONLY, "NVCaffe's precision of the backward pass"),
-        "global_grad_scale": (_TEST_ONLY, "NVCaffe's gradient (loss) scaling"),
-        "global_grad_scale_adaptive": (_TEST_ONLY, "NVCaffe's gradient (loss) scaling"),
-        # NVCaffe runs the forward pass in this type; the function is the same, only the rounding
-        "default_forward_type": (_ANY_PHASE, "NVCaffe's forward precision; caffeq computes in float32"),
-        "default_forward_math": (_ANY_PHASE, "NVCaffe's forward precision; caffeq computes in float32"),
-        # intel/caffe 44d5363 caffe.proto NetParameter 9-11, 101
-        "bn_stats_batch_size": (_TEST_ONLY, "Intel Caffe's batch for BatchNorm statistics in training"),
-        "multinode": (_TEST_ONLY, "Intel Caffe's multi-node training"),
-        # Cysu/caffe ab98582 (domain-guided-dropout) NetParameter.richness = 9
-        "richness": (_ANY_PHASE, "Cysu/caffe's cuDNN workspace limit (MB)"),
-        # yjxiong/caffe and Cysu/caffe@faster-rcnn: NetParameter.mem_param = 200
-        # (MemoryOptimizationParameter {optimize_train, optimize_test, exclude_blob})
-        "mem_param": (_ANY_PHASE, "yjxiong/caffe's blob memory sharing; the same numbers without it"),
-    },
-    "caffe.AccuracyParameter": {
-        # Tongcheng/caffe (DenseNet): AccuracyParameter.use_log = 4
-        "use_log": (_ANY_PHASE, "Tongcheng/caffe's Accuracy logging switch"),
-    },
-    "caffe.ImageDataParameter": {
-        # Andrew-Qibin/caffe_dss (ImageLabelmapData): ImageDataParameter.normalize = 17
-        "normalize": (_ANY_PHASE, "caffe_dss's scaling of the label map, a training target"),
-    },
-    "caffe.BNParameter": {
-        # wanggao1990/opencv_dnn_application's ENet for its own OpenCV BN layer: the values of the
-        # scale and shift blobs when the weights have none, as scale_filler / shift_filler
-        "scale": (_ANY_PHASE, "the initial scale blob value of an OpenCV port's BN layer (a filler)"),
-        "shift": (_ANY_PHASE, "the initial shift blob value of an OpenCV port's BN layer (a filler)"),
-    },
-    "caffe.ParamSpec": {
-        # wenwei202/caffe f54a74a ParamSpec.force_mult = 6
-        "force_mult": (_TEST_ONLY, "wenwei202/caffe's multiplier of a training regulariser"),
-        # longriyao/caffe_colorizer (README: ParamSpec.param_propagate_down = 6): no gradient into the blob
-        "param_propagate_down": (_TEST_ONLY, "caffe_colorizer's switch of gradients into a blob (GAN training)"),
-        # haochen-rye/LSTD's caffe: per-blob multipliers of its structured weight decays
-        "breadth_decay_mult": (_TEST_ONLY, "LSTD's multiplier of a structured weight decay"),
-        "kernel_shape_decay_mult": (_TEST_ONLY, "LSTD's multiplier of a structured weight decay"),
-    },
-    "caffe.MemoryDataParameter": {
-        # Yahoo CaffeOnSpark: the data Spark feeds; caffeq takes the shape from batch_size, channels,
-        # height and width like MemoryData
-        "source": (_ANY_PHASE, "CaffeOnSpark's data source; the shape comes from channels, height, width"),
-        "share_in_parallel": (_ANY_PHASE, "CaffeOnSpark's multi-GPU data sharing"),
-    },
-    "caffe.LayerParameter": {
-        # CMU-Perceptual-Computing-Lab/caffe_train 76dd956: the CPMData layer's augmentation
-        "cpm_transform_param": (_TEST_ONLY, "CPMData's data augmentation only matters for training"),
-    },
-}
+# (message, the phases a field cannot matter for, why, the fields), one group per fork and reason
+_FORK_FIELD_GROUPS = [
+    # NVIDIA/caffe 87a2554 caffe.proto NetParameter 12-20
+    ("NetParameter", _ANY_PHASE, "NVCaffe's memory sharing, multi-GPU reduction and cuDNN algorithm choice",
+     "eltwise_mem_sharing", "reduce_buckets", "default_conv_algos_override"),
+    ("NetParameter", _TEST_ONLY, "NVCaffe's backward pass precision and gradient (loss) scaling",
+     "default_backward_type", "default_backward_math", "global_grad_scale", "global_grad_scale_adaptive"),
+    # NVCaffe runs the forward pass in this type; the function is the same, only the rounding
+    ("NetParameter", _ANY_PHASE, "NVCaffe's forward precision; caffeq computes in float32",
+     "default_forward_type", "default_forward_math"),
+    # intel/caffe 44d5363 caffe.proto NetParameter 9-11, 101
+    ("NetParameter", _TEST_ONLY, "Intel Caffe's BatchNorm statistics batch and multi-node training",
+     "bn_stats_batch_size", "multinode"),
+    # Cysu/caffe ab98582 (domain-guided-dropout) NetParameter.richness = 9
+    ("NetParameter", _ANY_PHASE, "Cysu/caffe's cuDNN workspace limit (MB)", "richness"),
+    # yjxiong/caffe and Cysu/caffe@faster-rcnn: NetParameter.mem_param = 200
+    # (MemoryOptimizationParameter {optimize_train, optimize_test, exclude_blob})
+    ("NetParameter", _ANY_PHASE, "yjxiong/caffe's blob memory sharing; the same numbers without it", "mem_param"),
+    # Tongcheng/caffe (DenseNet): AccuracyParameter.use_log = 4
+    ("AccuracyParameter", _ANY_PHASE, "Tongcheng/caffe's Accuracy logging switch", "use_log"),
+    # Andrew-Qibin/caffe_dss (ImageLabelmapData): ImageDataParameter.normalize = 17
+    ("ImageDataParameter", _ANY_PHASE, "caffe_dss's scaling of the label map, a training target", "normalize"),
+    # wanggao1990/opencv_dnn_application's ENet for its own OpenCV BN layer: the values of the
+    # scale and shift blobs when the weights have none, as scale_filler / shift_filler
+    ("BNParameter", _ANY_PHASE, "the initial scale or shift blob value of an OpenCV port's BN layer (a filler)",
+     "scale", "shift"),
+    # wenwei202/caffe f54a74a ParamSpec.force_mult = 6
+    ("ParamSpec", _TEST_ONLY, "wenwei202/caffe's multiplier of a training regulariser", "force_mult"),
+    # longriyao/caffe_colorizer (README: ParamSpec.param_propagate_down = 6): no gradient into the blob
+    ("ParamSpec", _TEST_ONLY, "caffe_colorizer's switch of gradients into a blob (GAN training)",
+     "param_propagate_down"),
+    # haochen-rye/LSTD's caffe: per-blob multipliers of its structured weight decays
+    ("ParamSpec", _TEST_ONLY, "LSTD's multiplier of a structured weight decay",
+     "breadth_decay_mult", "kernel_shape_decay_mult"),
+    # Yahoo CaffeOnSpark: the data Spark feeds; caffeq takes the shape from batch_size, channels,
+    # height and width like MemoryData
+    ("MemoryDataParameter", _ANY_PHASE, "CaffeOnSpark's data source and multi-GPU sharing; the shape comes "
+     "from channels, height, width", "source", "share_in_parallel"),
+    # CMU-Perceptual-Computing-Lab/caffe_train 76dd956: the CPMData layer's augmentation
+    ("LayerParameter", _TEST_ONLY, "CPMData's data augmentation only matters for training", "cpm_transform_param"),
+]
+
+
+def _by_message(groups):
+    """{"caffe.Message": {field: (phases, why)}} from the groups."""
+    table = {}
+    for message, phases, why, *fields in groups:
+        table.setdefault("caffe." + message, {}).update(dict.fromkeys(fields, (phases, why)))
+    return table
+
+
+_KNOWN_FORK_FIELDS = _by_message(_FORK_FIELD_GROUPS)
 
 
 def _known_fork_field(unknown, phase):

@@ -43,52 +43,44 @@ _V0_MESSAGES = (("conv_param", "convolution_param"), ("lrn_param", "lrn_param"),
                 ("inner_product_param", "inner_product_param"), ("dropout_param", "dropout_param"),
                 ("concat_param", "concat_param"))
 
-# V0 field -> {V0 type (or _ALL): (V1 sub-message, field)}; the order is Caffe's.
+# V0 type -> the V1 message that its own fields move into
+_V0_PARAMS = {"conv": "convolution_param", "innerproduct": "inner_product_param", "pool": "pooling_param",
+              "dropout": "dropout_param", "lrn": "lrn_param", "concat": "concat_param", "data": "data_param",
+              "hdf5_data": "hdf5_data_param", "images": "image_data_param", "window_data": "window_data_param",
+              "infogain_loss": "infogain_loss_param", "hdf5_output": "hdf5_output_param"}
+# V0 fields whose V1 name differs (det_* lose their prefix); hdf5_output_param is the whole message
+_V0_RENAMED = {"biasterm": "bias_term", "kernelsize": "kernel_size", "meanfile": "mean_file",
+               "batchsize": "batch_size", "cropsize": "crop_size", "shuffle_images": "shuffle",
+               "hdf5_output_param": None}
+_CONV_IP, _CONV_POOL, _LRN, _IMAGES, _WINDOW = ("conv", "innerproduct"), ("conv", "pool"), ("lrn",), ("images",), ("window_data",)
+_DATA_LAYERS = ("data", "hdf5_data", "images", "window_data")
+# V0 field -> the V0 types that carry it (_ALL: any type, into transform_param), in Caffe's order.
 # A V0 field set on a type not listed is dropped with a note (Caffe logs an error).
-_V0_ROUTES = [
-    ("num_output", {"conv": ("convolution_param", "num_output"),
-                    "innerproduct": ("inner_product_param", "num_output")}),
-    ("biasterm", {"conv": ("convolution_param", "bias_term"),
-                  "innerproduct": ("inner_product_param", "bias_term")}),
-    ("weight_filler", {"conv": ("convolution_param", "weight_filler"),
-                       "innerproduct": ("inner_product_param", "weight_filler")}),
-    ("bias_filler", {"conv": ("convolution_param", "bias_filler"),
-                     "innerproduct": ("inner_product_param", "bias_filler")}),
-    ("pad", {"conv": ("convolution_param", "pad"), "pool": ("pooling_param", "pad")}),
-    ("kernelsize", {"conv": ("convolution_param", "kernel_size"),
-                    "pool": ("pooling_param", "kernel_size")}),
-    ("group", {"conv": ("convolution_param", "group")}),
-    ("stride", {"conv": ("convolution_param", "stride"), "pool": ("pooling_param", "stride")}),
-    ("pool", {"pool": ("pooling_param", "pool")}),
-    ("dropout_ratio", {"dropout": ("dropout_param", "dropout_ratio")}),
-    ("local_size", {"lrn": ("lrn_param", "local_size")}),
-    ("alpha", {"lrn": ("lrn_param", "alpha")}),
-    ("beta", {"lrn": ("lrn_param", "beta")}),
-    ("k", {"lrn": ("lrn_param", "k")}),
-    ("source", {"data": ("data_param", "source"), "hdf5_data": ("hdf5_data_param", "source"),
-                "images": ("image_data_param", "source"),
-                "window_data": ("window_data_param", "source"),
-                "infogain_loss": ("infogain_loss_param", "source")}),
-    ("scale", {_ALL: ("transform_param", "scale")}),
-    ("meanfile", {_ALL: ("transform_param", "mean_file")}),
-    ("batchsize", {"data": ("data_param", "batch_size"),
-                   "hdf5_data": ("hdf5_data_param", "batch_size"),
-                   "images": ("image_data_param", "batch_size"),
-                   "window_data": ("window_data_param", "batch_size")}),
-    ("cropsize", {_ALL: ("transform_param", "crop_size")}),
-    ("mirror", {_ALL: ("transform_param", "mirror")}),
-    ("rand_skip", {"data": ("data_param", "rand_skip"), "images": ("image_data_param", "rand_skip")}),
-    ("shuffle_images", {"images": ("image_data_param", "shuffle")}),
-    ("new_height", {"images": ("image_data_param", "new_height")}),
-    ("new_width", {"images": ("image_data_param", "new_width")}),
-    ("concat_dim", {"concat": ("concat_param", "concat_dim")}),
-    ("det_fg_threshold", {"window_data": ("window_data_param", "fg_threshold")}),
-    ("det_bg_threshold", {"window_data": ("window_data_param", "bg_threshold")}),
-    ("det_fg_fraction", {"window_data": ("window_data_param", "fg_fraction")}),
-    ("det_context_pad", {"window_data": ("window_data_param", "context_pad")}),
-    ("det_crop_mode", {"window_data": ("window_data_param", "crop_mode")}),
-    ("hdf5_output_param", {"hdf5_output": ("hdf5_output_param", None)}),
-]
+_V0_ROUTES = {
+    "num_output": _CONV_IP, "biasterm": _CONV_IP, "weight_filler": _CONV_IP, "bias_filler": _CONV_IP,
+    "pad": _CONV_POOL, "kernelsize": _CONV_POOL, "group": ("conv",), "stride": _CONV_POOL,
+    "pool": ("pool",), "dropout_ratio": ("dropout",),
+    "local_size": _LRN, "alpha": _LRN, "beta": _LRN, "k": _LRN,
+    "source": _DATA_LAYERS + ("infogain_loss",), "scale": _ALL, "meanfile": _ALL, "batchsize": _DATA_LAYERS,
+    "cropsize": _ALL, "mirror": _ALL, "rand_skip": ("data", "images"),
+    "shuffle_images": _IMAGES, "new_height": _IMAGES, "new_width": _IMAGES, "concat_dim": ("concat",),
+    "det_fg_threshold": _WINDOW, "det_bg_threshold": _WINDOW, "det_fg_fraction": _WINDOW,
+    "det_context_pad": _WINDOW, "det_crop_mode": _WINDOW,
+    "hdf5_output_param": ("hdf5_output",),
+}
+
+
+def _v0_route(field, vtype):
+    """(V1 sub-message, field or None for the whole message) where a V0 field of this type goes, or None."""
+    types = _V0_ROUTES[field]
+    if types == _ALL:
+        sub_name = "transform_param"
+    elif vtype in types:
+        sub_name = _V0_PARAMS[vtype]
+    else:
+        return None
+    return sub_name, _V0_RENAMED.get(field, field.removeprefix("det_"))
+
 
 # V1 data layers whose own params carried transform fields before transform_param existed
 _DATA_TRANSFORM_PARAMS = {"DATA": "data_param", "IMAGE_DATA": "image_data_param",
@@ -316,10 +308,10 @@ def _upgrade_v0_layer(entry, where, notes):
     out.blobs_lr.extend(v0.blobs_lr)
     out.weight_decay.extend(v0.weight_decay)
     dropped = []
-    for field, routes in _V0_ROUTES:
+    for field in _V0_ROUTES:
         if not v0.HasField(field):
             continue
-        route = routes.get(vtype) or routes.get(_ALL)
+        route = _v0_route(field, vtype)
         if route is None:
             dropped.append(field)
             continue

@@ -23,7 +23,6 @@
   is the same).  The fork's cuDNN engine (engine CUDNN, or DEFAULT in a cuDNN build) runs cuDNN's
   plain ReLU when positive_slope is 0, max(x, 0), the opposite; that slip is not reproduced.
 """
-import inspect
 import math
 
 import numpy as np
@@ -145,7 +144,7 @@ class RReLU(Layer):
         ctx.add_node("Where", [pos, x, neg], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
-        fn = emit.helper(inspect.getsource(rrelu_test))
+        fn = emit.helper(rrelu_test)
         return f"{fn}({emit.inputs[0]}, {emit.lit(node.attrs['mean_slope'])})"
 
 
@@ -175,7 +174,7 @@ class MinReLU(Layer):
         ctx.add_node("Add", [neg, pos], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
-        fn = emit.helper(inspect.getsource(min_relu))
+        fn = emit.helper(min_relu)
         return f"{fn}({emit.inputs[0]}, {emit.lit(node.attrs['positive_slope'])})"
 
 
@@ -314,7 +313,7 @@ class GuidedDropout(Layer):
         x, g = emit.inputs
         if not node.attrs["deterministic"]:
             return f"{x}.clone()"
-        fn = emit.helper(inspect.getsource(guided_dropout))
+        fn = emit.helper(guided_dropout)
         return f"{fn}({x}, {g}, {emit.lit(node.attrs['threshold'])})"
 
 

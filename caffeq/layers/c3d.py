@@ -20,7 +20,6 @@ image_data_param under C3D's own field names (proto/README.md).
 - C3DVideoData (video_data_layer.cpp): a graph input (batch_size, 3, new_length, crop_size,
   crop_size), or new_height x new_width without a crop; its label top is (batch_size, 1, 1, 1, 1).
 """
-import inspect
 import math
 
 import numpy as np
@@ -30,7 +29,7 @@ from torch import nn
 
 from .data import DataLayer, needs_input_shape
 from .pooling_nd import ave_pool3d_windows, max_pool3d_windows, onnx_pool3d_windows, pool_extents, pytorch_pool3d_call
-from .registry import Layer, LayerError, count, need_blobs, register_layer
+from .registry import Layer, LayerError, count, need_blobs, register_layer, torch_sources
 
 POOL_MAX, POOL_AVE = 0, 1
 
@@ -67,7 +66,7 @@ class C3DConv3d(nn.Module):
         return conv(x, self.weight, bias, stride=self.stride, padding=self.pad)
 
 
-TORCH_C3D_CONV = inspect.getsource(C3DConv3d)
+TORCH_C3D_CONV = torch_sources(C3DConv3d)
 
 
 def _need_5d(shape, what):

@@ -29,11 +29,10 @@ them.  The fork also rewrites its bottoms in place (decoded values); caffeq leav
 ONNX: refused (per-class sequential sorts and a per-class greedy NMS on inclusive-pixel IoU have no
 ONNX form; NonMaxSuppression computes another IoU).
 """
-import inspect
 
 import torch
 
-from .registry import Layer, LayerError, need_blobs, positive_field, register_layer
+from .registry import Layer, LayerError, need_blobs, positive_field, register_layer, torch_sources
 
 
 def cambricon_yolov3_decode(xs: list, biases: list[float], num_classes: int, anchor_num: int, im_w: int):
@@ -104,8 +103,8 @@ def cambricon_yolov3_rows(d, num_classes: int, num_box: int, im_w: int, im_h: in
     return top.reshape(1, total, 1, 1)
 
 
-TORCH_DECODE = inspect.getsource(cambricon_yolov3_decode)
-TORCH_ROWS = inspect.getsource(cambricon_yolov3_rows)
+TORCH_DECODE = torch_sources(cambricon_yolov3_decode)
+TORCH_ROWS = torch_sources(cambricon_yolov3_rows)
 
 
 @register_layer("Yolov3Detection")

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer
-from .roi_pooling import RoiLayerSpec, _check_roi_shapes, _source, roi_pooling_attrs, roi_rows
+from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer, torch_sources
+from .roi_pooling import RoiLayerSpec, _check_roi_shapes, roi_pooling_attrs, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -140,8 +140,8 @@ class ScaleRoute(nn.Module):
         return tuple(x[rows] for x in (rois,) + others)
 
 
-TORCH_ROI_ALIGN = _source(roi_align_grid)
-TORCH_DECODE_BBOX = _source(decode_roi_boxes, DecodeRoiBoxes)
+TORCH_ROI_ALIGN = torch_sources(roi_align_grid)
+TORCH_DECODE_BBOX = torch_sources(decode_roi_boxes, DecodeRoiBoxes)
 
 
 # ---- the specs ---------------------------------------------------------------------------

@@ -1,5 +1,4 @@
 """Convolution, Deconvolution, InnerProduct and the depthwise-convolution forks."""
-import inspect
 import math
 
 import numpy as np
@@ -19,6 +18,7 @@ from .registry import (
     positive_field,
     register_layer,
     spatial_params,
+    torch_sources,
 )
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -387,7 +387,7 @@ class Convolution(Layer):
         return _torch_conv_source(node, emit, transposed=False, inputs=inputs)
 
 
-TORCH_FIRST_CONV = inspect.getsource(first_conv_input)
+TORCH_FIRST_CONV = torch_sources(first_conv_input)
 
 
 @register_layer("ConvolutionDepthwise")
@@ -494,7 +494,7 @@ class InnerProduct(Layer):
         x = emit.inputs[0]
         flat = x if len(emit.in_shape(0)) == axis + 1 else f"{x}.flatten({axis})"
         if a.get("normalize"):
-            fn = emit.helper(inspect.getsource(unit_rows))
+            fn = emit.helper(unit_rows)
             w = f"{m}.weight.t()" if a["transpose"] else f"{m}.weight"
             w = f"{fn}({w}, {a['num_output']}, {emit.lit(FORK_EPS)})"
             w = f"{w}.t()" if a["transpose"] else w

@@ -20,12 +20,11 @@ The layer comes in three forms, told apart by its bottoms and tops:
 
 A negative blank_index means the last class, C - 1, as in both forks.
 """
-import inspect
 
 import numpy as np
 import torch
 
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, register_layer, torch_sources
 
 DECODE, INDICATORS, ACCURACY = "decode", "indicators", "accuracy"
 
@@ -111,7 +110,7 @@ class CTCGreedyDecoder(torch.nn.Module):
         return (labels, scores) if self.scores else labels
 
 
-TORCH_CTC = inspect.getsource(ctc_best_path) + "\n\n" + inspect.getsource(CTCGreedyDecoder)
+TORCH_CTC = torch_sources(ctc_best_path, CTCGreedyDecoder)
 
 
 # ---- spec ---------------------------------------------------------------------------------

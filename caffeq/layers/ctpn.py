@@ -30,7 +30,6 @@ ONNX: the shifted anchors, their centres and heights are constants of the static
 Slice, Transpose, Reshape, Gather, Exp, Cast (float64 where the module computes in float64), Min,
 Max and Concat.
 """
-import inspect
 import math
 
 import numpy as np
@@ -39,7 +38,7 @@ from torch import nn
 
 from ..errors import CaffeqError
 from .rcnn import TORCH_ANCHORS, parse_param_str, shifted_anchors
-from .registry import Layer, LayerError, need_blobs, register_layer
+from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 
 # src/anchor.py, AnchorText.basic_anchors
 ANCHOR_HEIGHTS = (11, 16, 23, 33, 48, 68, 97, 139, 198, 283)
@@ -99,7 +98,7 @@ class TextProposal(nn.Module):
 
 
 # model.py gets these very functions, so the export runs the same code as forward
-TORCH_TEXT_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (text_proposals, TextProposal))
+TORCH_TEXT_PROPOSAL = torch_sources(text_proposals, TextProposal)
 
 
 # ---- the spec ---------------------------------------------------------------------------------

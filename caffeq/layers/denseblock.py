@@ -35,7 +35,6 @@ ONNX: per transition Sub/Div/Mul/Add (BN), Relu, Conv (the kernel flipped), Conc
 model.py: CaffeDenseBlock, made of nn.BatchNorm2d (CaffeBatchNorm2d with exact_batchnorm) and
 nn.Conv2d modules holding the flipped kernels.
 """
-import inspect
 import math
 
 import numpy as np
@@ -264,9 +263,9 @@ class DenseBlock(Layer):
         args.append(f"momentum={emit.lit(a['moving_average_fraction'])}")
         if exact:   # model.py gets these very classes
             emit_exact_batchnorm(emit)
-            args.append(f"norm={emit.helper(inspect.getsource(CaffeBatchNorm2d))}")
-        emit.helper(inspect.getsource(DenseTransition))
-        m = emit.module(f"{emit.helper(inspect.getsource(CaffeDenseBlock))}({', '.join(args)})")
+            args.append(f"norm={emit.helper(CaffeBatchNorm2d)}")
+        emit.helper(DenseTransition)
+        m = emit.module(f"{emit.helper(CaffeDenseBlock)}({', '.join(args)})")
 
         def norm(prefix, first):
             for name, k in (("weight", 0), ("bias", 1), ("running_mean", 2), ("running_var", 3)):

@@ -7,7 +7,6 @@ num_axes, num_axes -1 meaning "to the end") or a second bottom (its own shape
 gives k).  A 0-axis factor is a scalar.  Scale with bias_term holds its bias
 as the last blob: [scale, bias] with one bottom, [bias] with two.
 """
-import inspect
 
 import numpy as np
 import torch
@@ -270,13 +269,13 @@ class Scale(Layer):
             if not a["bias_term"]:
                 return y
             shape = node.expected_param_shapes[0]
-            m = emit.module(f"{emit.helper(inspect.getsource(CaffeScale))}({list(shape)}, "
+            m = emit.module(f"{emit.helper(CaffeScale)}({list(shape)}, "
                             f"{_torch_view(shape, ndim, a['_bias_axis'])}, scale=False)")
             emit.param("bias", 0)
             return f"{m}({y})"
         shape = node.expected_param_shapes[0]
         bias = "" if a["bias_term"] else ", bias=False"
-        m = emit.module(f"{emit.helper(inspect.getsource(CaffeScale))}({list(shape)}, {_torch_view(shape, ndim, a['_axis'])}{bias})")
+        m = emit.module(f"{emit.helper(CaffeScale)}({list(shape)}, {_torch_view(shape, ndim, a['_axis'])}{bias})")
         emit.param("weight", 0)
         if a["bias_term"]:
             emit.param("bias", 1)
@@ -341,7 +340,7 @@ class Bias(Layer):
         if a["two_bottoms"]:
             return f"{x} + {_torch_bottom_view(emit.inputs[1], len(emit.in_shape(1)), ndim, a['_axis'])}"
         shape = node.expected_param_shapes[0]
-        m = emit.module(f"{emit.helper(inspect.getsource(CaffeScale))}({list(shape)}, "
+        m = emit.module(f"{emit.helper(CaffeScale)}({list(shape)}, "
                         f"{_torch_view(shape, ndim, a['_axis'])}, scale=False)")
         emit.param("bias", 0)
         return f"{m}({x})"

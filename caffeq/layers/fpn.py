@@ -35,7 +35,6 @@ ONNX: As_rois and As_rois_MergeRcnn from standard ops (the levels by comparing t
 float32 steps of the log2 pipeline, found once by a binary search; NonZero, Gather, Pad).  FPN's
 proposals are refused (their NMS and row repeats could be written, not done yet).
 """
-import inspect
 import math
 import re
 
@@ -53,7 +52,7 @@ from .rcnn import (
     rpn_nms,
     shifted_anchors,
 )
-from .registry import Layer, LayerError, need_blobs, register_layer
+from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 
 # unsky/FPN lib/fast_rcnn/config.py
 FPN_CONFIG = {"pre_nms_top_n": 6000, "post_nms_top_n": 1000, "nms_thresh": 0.7, "min_size": 16}
@@ -305,9 +304,9 @@ def emit_fpn_proposals(ctx, node):
     ctx.add_node("Concat", [zeros, chosen], [node.outputs[0]], axis=1)
 
 
-TORCH_FPN_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (fpn_level_boxes, fpn_proposals, FPNProposal))
-TORCH_FPN_ASSIGN = "\n\n\n".join(inspect.getsource(f) for f in (fpn_roi_levels, fpn_assign_rois,
-                                                                 fpn_assign_rois_merged))
+TORCH_FPN_PROPOSAL = torch_sources(fpn_level_boxes, fpn_proposals, FPNProposal)
+TORCH_FPN_ASSIGN = torch_sources(fpn_roi_levels, fpn_assign_rois,
+                                                                 fpn_assign_rois_merged)
 
 
 def read_fpn_param_str(text):

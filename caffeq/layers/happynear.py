@@ -14,7 +14,6 @@
 
 The eps values are the fork's CPU code's (1e-6); its GPU kernels use 1e-12 for L2.
 """
-import inspect
 
 import numpy as np
 import torch
@@ -192,7 +191,7 @@ class HappynearNormalize(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        fn = emit.helper(inspect.getsource(channel_normalize))
+        fn = emit.helper(channel_normalize)
         call = f"{fn}({emit.inputs[0]}, {list(a['_legacy'])}, {a['l1']}, {emit.lit(FORK_EPS)})"
         return [f"{call}[0]", f"{call}[1]"] if a["tops"] == 2 else f"{call}[0]"
 
@@ -233,7 +232,7 @@ class Flip(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        fn = emit.helper(inspect.getsource(flip_hw))
+        fn = emit.helper(flip_hw)
         return f"{fn}({emit.inputs[0]}, {a['flip_height']}, {a['flip_width']})"
 
 
@@ -309,7 +308,7 @@ class ChannelScale(Layer):
         if not a["do_forward"]:
             return f"{x}.clone()"
         if not a["global_scale"]:
-            return f"{emit.helper(inspect.getsource(channel_scale))}({x}, {s})"
+            return f"{emit.helper(channel_scale)}({x}, {s})"
         m = emit.module("nn.Parameter(torch.zeros(1))")
         emit.param("", 0)
         g = emit.tmp("scale")
@@ -391,7 +390,7 @@ class InnerDistanceLayer(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        fn = emit.helper(inspect.getsource(inner_distance))
+        fn = emit.helper(inner_distance)
         if not a["blob"]:
             return f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {a['_axis']}, {a['_rows']}, {a['l1']})"
         m = emit.instance(InnerDistance, a["_rows"], a["_k"], needs=[unit_rows], axis=a["_axis"], l1=a["l1"],

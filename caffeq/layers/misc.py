@@ -1,8 +1,6 @@
 """ArgMax, Reduction, Embed and Parameter (Accuracy and the loss layers are in losses.py)."""
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -158,9 +156,9 @@ class ArgMax(Layer):
         if a["out_max_val"]:
             args.append("out_max_val=True")
         # model.py gets these very functions, so the export stays bit-identical to forward
-        emit.helper(inspect.getsource(caffe_topk))
-        emit.helper(inspect.getsource(caffe_argmax))
-        m = emit.module(f"{emit.helper(inspect.getsource(CaffeArgMax))}({', '.join(args)})")
+        emit.helper(caffe_topk)
+        emit.helper(caffe_argmax)
+        m = emit.module(f"{emit.helper(CaffeArgMax)}({', '.join(args)})")
         return f"{m}({emit.inputs[0]})"
 
 

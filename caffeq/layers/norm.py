@@ -11,7 +11,6 @@
 - MVN adds eps to the standard deviation, not to the variance, and its top is
   Caffe's legacy 4-axis shape.
 """
-import inspect
 
 import numpy as np
 import torch
@@ -322,7 +321,7 @@ class BatchNorm(Layer):
             args.append("affine=False")
         if exact:
             emit_exact_batchnorm(emit)      # model.py gets these very classes
-            cls = emit.helper(inspect.getsource(_CAFFE_BATCHNORM[d]))
+            cls = emit.helper(_CAFFE_BATCHNORM[d])
             if use_global is not None:
                 args.append(f"use_global_stats={use_global}")
             if a.get("eps_after_sqrt"):
@@ -459,9 +458,9 @@ class LRN(Layer):
             args.append("within_channel=True")
         else:
             args.append(f"k={emit.lit(a['k'])}")
-        emit.helper(inspect.getsource(window_sum))
-        emit.helper(inspect.getsource(caffe_lrn))
-        m = emit.module(f"{emit.helper(inspect.getsource(CaffeLRN))}({', '.join(args)})")
+        emit.helper(window_sum)
+        emit.helper(caffe_lrn)
+        m = emit.module(f"{emit.helper(CaffeLRN)}({', '.join(args)})")
         return f"{m}({emit.inputs[0]})"
 
 
@@ -545,8 +544,8 @@ class MVN(Layer):
         a = node.attrs
         args = [f"normalize_variance={a['normalize_variance']}", f"across_channels={a['across_channels']}",
                 f"eps={emit.lit(a['eps'])}"]
-        emit.helper(inspect.getsource(caffe_mvn))
-        m = emit.module(f"{emit.helper(inspect.getsource(CaffeMVN))}({', '.join(args)})")
+        emit.helper(caffe_mvn)
+        m = emit.module(f"{emit.helper(CaffeMVN)}({', '.join(args)})")
         return f"{m}({emit.inputs[0]})"
 
 

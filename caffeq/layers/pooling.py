@@ -22,7 +22,6 @@ The torch functions below (caffe_pool_out, caffe_pool2d, caffe_max_pool2d_mask)
 and the modules are also copied into the standalone model.py, so the export
 computes the same bits.
 """
-import inspect
 import math
 
 import numpy as np
@@ -44,7 +43,7 @@ from .pooling_nd import (
     onnx_pool3d_windows,
     pytorch_pool3d_call,
 )
-from .registry import Layer, LayerError, register_layer, spatial_params
+from .registry import Layer, LayerError, register_layer, spatial_params, torch_sources
 
 MAX, AVE, STOCHASTIC = 0, 1, 2
 AVE_EXC_PAD = 3  # synopsys-caffe: average over the in-image part of the window
@@ -273,11 +272,11 @@ class SpatialPyramidPool(nn.Module):
 
 
 # model.py gets the same functions and modules, so the export stays bit-identical to forward
-TORCH_POOL_FUNCTIONS = "\n\n\n".join(inspect.getsource(f) for f in (caffe_pool_out, caffe_pool2d,
-                                                                      caffe_max_pool2d_mask))
-TORCH_POOL_MODULE = inspect.getsource(CaffePool2d)
-TORCH_MASK_MODULE = inspect.getsource(CaffeMaxPool2dMask)
-TORCH_SPP_MODULE = inspect.getsource(SpatialPyramidPool)
+TORCH_POOL_FUNCTIONS = torch_sources(caffe_pool_out, caffe_pool2d,
+                                                                      caffe_max_pool2d_mask)
+TORCH_POOL_MODULE = torch_sources(CaffePool2d)
+TORCH_MASK_MODULE = torch_sources(CaffeMaxPool2dMask)
+TORCH_SPP_MODULE = torch_sources(SpatialPyramidPool)
 
 _TORCH_MODES = {MAX: "max", AVE: "ave", STOCHASTIC: "stochastic", AVE_EXC_PAD: "ave_exc_pad"}
 

@@ -12,11 +12,12 @@ pooling_layer.cpp Reshape and Forward_cpu):
 
 The torch functions and module below are copied into the standalone model.py too.
 """
-import inspect
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .registry import torch_sources
 
 
 def synopsys_pool_geometry(size: list[int], kernel: list[int], stride: list[int], edges: list[int],
@@ -96,6 +97,5 @@ class SynopsysPool2d(nn.Module):
                 f"same={self.same}, ceil={self.ceil}")
 
 
-TORCH_SYNOPSYS_POOL_FUNCTIONS = "\n\n\n".join(
-    inspect.getsource(f) for f in (synopsys_pool_geometry, synopsys_pool_divisors, synopsys_pool2d))
-TORCH_SYNOPSYS_POOL_MODULE = inspect.getsource(SynopsysPool2d)
+TORCH_SYNOPSYS_POOL_FUNCTIONS = torch_sources(synopsys_pool_geometry, synopsys_pool_divisors, synopsys_pool2d)
+TORCH_SYNOPSYS_POOL_MODULE = torch_sources(SynopsysPool2d)

@@ -30,14 +30,13 @@ of its own (boxes given as [y1, x1, y2 + 1, x2 + 1] so that ONNX's IoU is the +1
 score threshold the module's strict thresh); the max_per_image cut is a TopK over the selected
 scores padded with -inf; the empty case a default row kept by Slice.
 """
-import inspect
 
 import numpy as np
 import torch
 from torch import nn
 
 from .rcnn import TORCH_PROPOSAL, _scalar_tensor, onnx_clipped_corners, parse_param_str, rpn_nms
-from .registry import Layer, LayerError, need_blobs, register_layer
+from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 
 TEST_NMS = 0.3   # affordance-net's (and TomatoNet's) lib/fast_rcnn/config.py: __C.TEST.NMS
 
@@ -111,7 +110,7 @@ class PredToProposal(nn.Module):
                                  self.nms_thresh)
 
 
-TORCH_PRED_TO_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (pred_to_proposals, PredToProposal))
+TORCH_PRED_TO_PROPOSAL = torch_sources(pred_to_proposals, PredToProposal)
 
 
 # ---- the spec ---------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ ones must be odd and > 1.  hm = (mH - 1) / 2, wm = (mW - 1) / 2.
 Here the transposed buffer S[q, p] = buffer[p, q] is gathered straight from the mask, so the
 softmax runs over the last axis (as ONNX's Softmax of every opset) and top = x . S^T.
 """
-import inspect
 
 import numpy as np
 import torch
@@ -153,8 +152,8 @@ class PointwiseSpatialAttention(Layer):
 
     def pytorch_source(self, node, emit):
         mask_h, mask_w, scale = self._settings(node.attrs, emit.in_shape(0))
-        emit.helper(inspect.getsource(psa_gather_index))
-        fn = emit.helper(inspect.getsource(pointwise_spatial_attention))
+        emit.helper(psa_gather_index)
+        fn = emit.helper(pointwise_spatial_attention)
         return (f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {mask_h}, {mask_w}, "
                 f"distribute={node.attrs['distribute']}, softmax={node.attrs['softmax']}, "
                 f"scale={emit.lit(scale)})")

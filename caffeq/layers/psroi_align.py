@@ -21,8 +21,8 @@ position-sensitive op and RoiAlign samples other points, so the export is refuse
 """
 import torch
 
-from .registry import LayerError, register_layer
-from .roi_pooling import RoiLayerSpec, _source, ps_roi_attrs, ps_roi_shape, roi_batch_index, roi_rows
+from .registry import LayerError, register_layer, torch_sources
+from .roi_pooling import RoiLayerSpec, ps_roi_attrs, ps_roi_shape, roi_batch_index, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -94,7 +94,7 @@ def ps_roi_align(x, rois, output_dim: int, group_size: int, spatial_scale: float
     return torch.where(empty, torch.zeros((), device=dev, dtype=dt), out)
 
 
-TORCH_PSROI_ALIGN = _source(psroi_align_axis, ps_roi_align)
+TORCH_PSROI_ALIGN = torch_sources(psroi_align_axis, ps_roi_align)
 
 
 # ---- the spec ------------------------------------------------------------------------------

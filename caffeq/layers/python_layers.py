@@ -28,14 +28,13 @@ what the known module computes (see registry.spec_for).
   channels (one channel loses its axis and the transpose fails): others are refused as the module
   would fail.  ONNX: two Gathers with the index tables as constants.
 """
-import inspect
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .rcnn import parse_param_str
-from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer
+from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer, torch_sources
 
 
 @register_layer("Python:spatial_dropout.SpatialDropoutLayer")
@@ -168,7 +167,7 @@ def cv_nearest_resize(x, h_out: int, w_out: int):
 
 
 # model.py gets these very functions
-TORCH_CV_NEAREST = "\n\n\n".join(inspect.getsource(f) for f in (cv_nearest_index, cv_nearest_resize))
+TORCH_CV_NEAREST = torch_sources(cv_nearest_index, cv_nearest_resize)
 
 CV_CN_MAX = 512   # OpenCV's most channels in one Mat element
 

@@ -42,7 +42,6 @@ filter are elementwise ops, then TopK, NonMaxSuppression (boxes given as
 [y1, x1, y2 + 1, x2 + 1] so that ONNX's IoU is the +1 pixel one) and Gather.  SSH's form keeps
 the top-k rows the size filter left (Compress) and pads the empty case with its default roi.
 """
-import inspect
 import math
 import re
 
@@ -51,7 +50,7 @@ import torch
 from torch import nn
 
 from ..errors import CaffeqError, ExportError
-from .registry import Layer, LayerError, MissingInputShape, need_blobs, register_layer
+from .registry import Layer, LayerError, MissingInputShape, need_blobs, register_layer, torch_sources
 from .sort_box import pva_sort_order
 
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -331,10 +330,10 @@ class RPNProposal(nn.Module):
 
 # model.py gets these very functions, so the export runs the same code as forward (the anchors
 # helper on its own: CTPN's text proposals use it too)
-TORCH_ANCHORS = inspect.getsource(shifted_anchors)
-TORCH_PROPOSAL = "\n\n\n".join(inspect.getsource(f) for f in (rpn_nms, rpn_decode_centres, rpn_decode_boxes,
+TORCH_ANCHORS = torch_sources(shifted_anchors)
+TORCH_PROPOSAL = torch_sources(rpn_nms, rpn_decode_centres, rpn_decode_boxes,
                                                                pva_sort_order, rpn_proposals, ssh_empty_rois,
-                                                               RPNProposal))
+                                                               RPNProposal)
 
 
 # ---- the specs --------------------------------------------------------------------------------

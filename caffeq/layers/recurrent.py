@@ -23,7 +23,6 @@ Blobs, in the order Caffe's unrolled net owns them:
 """
 from __future__ import annotations
 
-import inspect
 import math
 
 import numpy as np
@@ -311,10 +310,10 @@ def _recurrent_source(node, emit, module, steps):
         names = ("h0", "c0")[:len(emit.inputs) - nxt]
         call += [f"{name}={v}" for name, v in zip(names, emit.inputs[nxt:])]
     # model.py gets these very functions and classes: the export computes what forward does
-    emit.helper(inspect.getsource(recurrent_input))
-    emit.helper(inspect.getsource(add_input_weights))
-    emit.helper(inspect.getsource(steps))
-    m = emit.module(f"{emit.helper(inspect.getsource(module))}({', '.join(args)})")
+    emit.helper(recurrent_input)
+    emit.helper(add_input_weights)
+    emit.helper(steps)
+    m = emit.module(f"{emit.helper(module)}({', '.join(args)})")
     for i, name in enumerate(node.spec.blob_names_for(a)):
         emit.param(name, i)
     # the module returns the sequence and the final states; Caffe's tops are the final states

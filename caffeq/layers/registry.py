@@ -26,6 +26,7 @@ data layer whose top shapes must come from the user (`--input-shape
 NAME=N,C,H,W`): it resolves to the "PythonData" spec.  Any other Python layer
 is refused with a clear error.  `spec_for(lp)` does this lookup for every layer.
 """
+import inspect
 import math
 
 import numpy as np
@@ -218,6 +219,12 @@ class FunctionLayer(Layer):
 
     def pytorch_source(self, node, emit):
         return f"{emit.helper(self.fn)}({emit.inputs[0]})"
+
+
+def torch_sources(*objects):
+    """The source text of functions and classes, for a spec's model.py helper: the export runs the
+    very code that `forward` runs, so the two stay bit-identical."""
+    return "\n\n\n".join(inspect.getsource(o) for o in objects)
 
 
 def register_layer(*type_names, override=False):

@@ -14,14 +14,13 @@ The torch functions below serve `forward` and are copied into model.py (inspect.
 ONNX: ROIPooling -> MaxRoiPool (onnxruntime rounds and bins as Fast R-CNN does; checked in the
 tests); ONNX has no position-sensitive ROI pooling, so PSROIPooling is refused.
 """
-import inspect
 import math
 
 import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, need_blobs, register_layer
+from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -152,14 +151,10 @@ class RoiLayer(nn.Module):
         return self.fn(x, rois, *self.args, **self.kwargs)
 
 
-def _source(*objects):
-    return "\n\n\n".join(inspect.getsource(o) for o in objects)
-
-
 # model.py gets the same functions, so the export stays bit-identical to forward
-TORCH_ROI_COMMON = _source(c_round, bin_mask, roi_rows, roi_batch_index)
-TORCH_ROI_POOLING = _source(pad_roi_corners, roi_bins, roi_max_pool)
-TORCH_PSROI_POOLING = _source(ps_roi_avg_pool)
+TORCH_ROI_COMMON = torch_sources(c_round, bin_mask, roi_rows, roi_batch_index)
+TORCH_ROI_POOLING = torch_sources(pad_roi_corners, roi_bins, roi_max_pool)
+TORCH_PSROI_POOLING = torch_sources(ps_roi_avg_pool)
 
 
 def roi_layer_call(emit, function_source, *args, **kwargs):

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .registry import Layer, LayerError, need_blobs, register_layer, spatial_params
+from .registry import Layer, LayerError, need_blobs, register_layer, spatial_params, torch_sources
 from .vision_forks import TORCH_SEGNET_UNPOOL, onnx_unpool, segnet_unpool
 
 SEGNET, PSPNET = "segnet", "pspnet"
@@ -114,7 +114,7 @@ class PSPNetBN(nn.Module):
         return pspnet_bn(x, self.slope, self.bias, mean, var, self.eps)
 
 
-TORCH_SEGNET_BN = inspect.getsource(segnet_bn) + "\n\n" + inspect.getsource(SegNetBN)
+TORCH_SEGNET_BN = torch_sources(segnet_bn, SegNetBN)
 TORCH_PSPNET_BN = "\n\n".join(inspect.getsource(o) for o in (pspnet_bn, pspnet_batch_stats, PSPNetBN))
 
 

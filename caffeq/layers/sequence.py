@@ -27,7 +27,6 @@ ContinuationIndicator, and CTPN's "Lstm".
 ONNX: Slice with step -1, Transpose, a constant, and the ONNX LSTM op (gates reordered to
 [i o f c]).
 """
-import inspect
 import math
 
 import numpy as np
@@ -35,7 +34,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, need_blobs, positive_field, register_layer
+from .registry import Layer, LayerError, need_blobs, positive_field, register_layer, torch_sources
 
 
 def _i64(ctx, v):
@@ -185,9 +184,9 @@ class ContinuationIndicator(Layer):
         return f"{m}()"
 
 
-TORCH_CONTINUATION = inspect.getsource(continuation_indicator)
-TORCH_CONTINUATION_MODULE = inspect.getsource(ContinuationIndicatorModule)
-TORCH_CONTINUATION_LIKE = inspect.getsource(continuation_indicator_like)
+TORCH_CONTINUATION = torch_sources(continuation_indicator)
+TORCH_CONTINUATION_MODULE = torch_sources(ContinuationIndicatorModule)
+TORCH_CONTINUATION_LIKE = torch_sources(continuation_indicator_like)
 
 
 # ---- CTPN's Lstm -----------------------------------------------------------------------------

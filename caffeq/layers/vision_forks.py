@@ -29,13 +29,12 @@ ONNX: Interp -> Slice + Resize (align_corners), Upsample -> ScatterElements (mas
 or Resize (nearest), ShuffleChannel -> Reshape/Transpose/Reshape, ResizeBilinear -> Resize
 (linear, with the matching coordinate_transformation_mode; Transpose around it for NHWC).
 """
-import inspect
 
 import numpy as np
 import torch
 from torch import nn
 
-from .registry import Layer, LayerError, need_blobs, positive_field, register_layer
+from .registry import Layer, LayerError, need_blobs, positive_field, register_layer, torch_sources
 
 
 def _sizes_const(ctx, x, hw, hint):
@@ -122,8 +121,8 @@ class Interp(nn.Module):
 
 
 # model.py gets the same code that forward runs
-TORCH_INTERP = "\n\n\n".join(inspect.getsource(f) for f in (interp_coords, interp_output_size, interp_resize,
-                                                               Interp))
+TORCH_INTERP = torch_sources(interp_coords, interp_output_size, interp_resize,
+                                                               Interp)
 
 
 @register_layer("Interp")
@@ -244,7 +243,7 @@ def segnet_unpool(x, mask, out_h: int, out_w: int):
     return torch.where(last >= 0, values, torch.zeros_like(values)).reshape(n, c, out_h, out_w)
 
 
-TORCH_SEGNET_UNPOOL = inspect.getsource(segnet_unpool)
+TORCH_SEGNET_UNPOOL = torch_sources(segnet_unpool)
 
 
 def onnx_unpool(ctx, name, x, mask, out, ho, wo):
@@ -484,8 +483,8 @@ def synopsys_resize_bilinear(x, out_h: int, out_w: int, scale_h: float, scale_w:
 
 
 # model.py gets the same code that forward runs
-TORCH_RESIZE_BILINEAR = "\n\n\n".join(inspect.getsource(f) for f in (resize_bilinear_taps, resize_bilinear_size,
-                                                                      synopsys_resize_bilinear))
+TORCH_RESIZE_BILINEAR = torch_sources(resize_bilinear_taps, resize_bilinear_size,
+                                                                      synopsys_resize_bilinear)
 
 
 @register_layer("ResizeBilinear")

@@ -47,13 +47,12 @@ Sigmoid, Softmax, Concat; the detection layers -> the decoding ops, Compress and
 NonMaxSuppression (threshold moved one float32 step down, since ONNX suppresses IoU > t and the
 fork IoU >= t).  gaussian_box (Gaussian YOLOv3) is refused.
 """
-import inspect
 import math
 
 import numpy as np
 import torch
 
-from .registry import Layer, LayerError, four_axes, need_blobs, positive_field, register_layer
+from .registry import Layer, LayerError, four_axes, need_blobs, positive_field, register_layer, torch_sources
 
 
 def _i64(ctx, v):
@@ -128,7 +127,7 @@ class Reorg(Layer):
         return f"{fn}({emit.inputs[0]}, {a['stride']}, {emit.lit(a['reverse'])})"
 
 
-TORCH_REORG = inspect.getsource(darknet_reorg)
+TORCH_REORG = torch_sources(darknet_reorg)
 
 
 # ---- Region ------------------------------------------------------------------------------
@@ -298,7 +297,7 @@ class Region(Layer):
         return f"{fn}({emit.inputs[0]}, {a['boxes']}, {a['classes']}, {emit.lit(a['softmax'])})"
 
 
-TORCH_REGION = inspect.getsource(yolo_region)
+TORCH_REGION = torch_sources(yolo_region)
 
 
 # ---- detection: decoding, NMS and rows -----------------------------------------------------
@@ -380,7 +379,7 @@ def yolo_detection_rows(parts: list[list[torch.Tensor]], num_images: int, nms_th
     return rows.reshape(1, 1, -1, 7)
 
 
-TORCH_YOLO_ROWS = inspect.getsource(yolo_detection_rows)
+TORCH_YOLO_ROWS = torch_sources(yolo_detection_rows)
 
 
 def _biases(p, field, need):
@@ -459,7 +458,7 @@ class _YoloDetection(Layer):
 
 @register_layer("YoloDetectionOutput")
 class YoloDetectionOutput(_YoloDetection):
-    torch_candidates = inspect.getsource(yolo_v2_candidates)
+    torch_candidates = torch_sources(yolo_v2_candidates)
 
     def parse(self, lp):
         need_blobs(lp, lp.type, (1, 2))
@@ -494,7 +493,7 @@ class YoloDetectionOutput(_YoloDetection):
 
 @register_layer("Yolov3DetectionOutput")
 class Yolov3DetectionOutput(_YoloDetection):
-    torch_candidates = inspect.getsource(yolo_v3_candidates)
+    torch_candidates = torch_sources(yolo_v3_candidates)
 
     def parse(self, lp):
         f = "yolov3_detection_output_param"

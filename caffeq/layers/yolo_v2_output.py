@@ -26,13 +26,12 @@ boxes.  A box is kept when its objectness ends > 0.  Decoding, rows and the empt
 gklz1982's.  ONNX: that walk as a Scan over the candidates on the pairwise IoU >= t and
 objectness comparisons (i drops the overlapping j it beats before the first one that beats it).
 """
-import inspect
 
 import numpy as np
 import torch
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, claim_layers
+from .registry import Layer, LayerError, claim_layers, torch_sources
 from .yolo import emit_rows_or_fallback, emit_yolo_candidates, yolo_v2_candidates
 
 
@@ -81,7 +80,7 @@ def yolo_v2_cell_order_rows(x, biases: list[float], num_box: int, num_classes: i
     return rows.reshape(1, 1, -1, 7)
 
 
-TORCH_YOLO_V2_CELL_ORDER = inspect.getsource(yolo_v2_cell_order_rows)
+TORCH_YOLO_V2_CELL_ORDER = torch_sources(yolo_v2_cell_order_rows)
 
 
 def claims(lp):

@@ -42,7 +42,7 @@ import math
 import torch
 from torch import nn
 
-from ..registry import ForkReading, Layer, LayerError, register_layer
+from ..registry import ForkReading, Layer, LayerError, register_layer, torch_sources
 from .common import CENTER_SIZE, CODE_NAMES, FLT_MAX, proto_field
 from .nms import TORCH_SSD_NMS, ssd_nms
 from .priorbox import fork_priors, textboxes_priors
@@ -177,8 +177,8 @@ class DetectionOutput(nn.Module):
 
 
 # model.py gets the same code that forward runs
-TORCH_DETECTION_OUTPUT = "\n\n\n".join(inspect.getsource(f) for f in (decode_boxes, decode_textboxes,
-                                                                       DetectionOutput))
+TORCH_DETECTION_OUTPUT = torch_sources(decode_boxes, decode_textboxes,
+                                                                       DetectionOutput)
 
 
 def max_detections(attrs, num, n_priors):

@@ -1,7 +1,8 @@
 """SSD's non-maximum suppression (ApplyNMSFast) in float32 torch; also copied into model.py."""
-import inspect
 
 import torch
+
+from ..registry import torch_sources
 
 
 def box_sizes(b):
@@ -77,4 +78,4 @@ def ssd_nms(boxes, scores, score_threshold: float, nms_threshold: float, eta: fl
     return kept
 
 
-TORCH_SSD_NMS = "\n\n\n".join(inspect.getsource(f) for f in (box_sizes, jaccard_overlaps, overlaps_with_later, ssd_nms))
+TORCH_SSD_NMS = torch_sources(box_sizes, jaccard_overlaps, overlaps_with_later, ssd_nms)

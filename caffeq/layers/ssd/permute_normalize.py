@@ -5,14 +5,13 @@
   and multiplies by a learned scale: one value (a 0-axis blob) when
   channel_shared, else one per channel.
 """
-import inspect
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..happynear import HAPPYNEAR_NORMALIZE, normalize_fork
-from ..registry import Layer, LayerError, need_blobs, register_layer
+from ..registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 
 
 def _reduce_sum_square(ctx, x, axes, out, keepdims=1):
@@ -88,7 +87,7 @@ class Normalize(nn.Module):
 
 
 # model.py gets the same code that forward runs
-TORCH_NORMALIZE = inspect.getsource(ssd_normalize) + "\n\n" + inspect.getsource(Normalize)
+TORCH_NORMALIZE = torch_sources(ssd_normalize, Normalize)
 
 
 def _happynear(attrs):

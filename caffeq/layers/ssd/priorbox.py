@@ -26,14 +26,13 @@
 - lippman1125/faceboxes_lqy's fixed_size / density / fixed_ratio: FaceBoxes anchors on a density grid
   per cell (priorbox_fixed_size.py).
 """
-import inspect
 import math
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..registry import Layer, LayerError, need_blobs, register_layer
+from ..registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 from . import priorbox_fixed_size as fixed_size
 from . import priorbox_offset_grid as offset_grid
 from . import priorbox_opencv_pairs as opencv_pairs
@@ -176,7 +175,7 @@ class PriorBox(nn.Module):
 
 
 # model.py gets the same code that forward runs
-TORCH_PRIOR_BOX = inspect.getsource(prior_box_tensor) + "\n\n" + inspect.getsource(PriorBox)
+TORCH_PRIOR_BOX = torch_sources(prior_box_tensor, PriorBox)
 
 
 def _module_args(attrs):

@@ -21,12 +21,11 @@ extension ext_priorbox_clustered.cpp, b334dcf, and the nGraph reference prior_bo
 img_size, flip, min_size, max_size and aspect_ratio play no part (OpenVINO ignores them); a set
 img_size gets a reading note.  OpenCV's dnn does not implement this layer.
 """
-import inspect
 
 import torch
 from torch import nn
 
-from ..registry import Layer, LayerError, need_blobs, register_layer
+from ..registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 from .common import prior_output
 
 
@@ -72,8 +71,7 @@ class PriorBoxClustered(nn.Module):
 
 
 # model.py gets the same code that forward runs
-TORCH_PRIOR_BOX_CLUSTERED = inspect.getsource(prior_box_clustered_tensor) + "\n\n" + inspect.getsource(
-    PriorBoxClustered)
+TORCH_PRIOR_BOX_CLUSTERED = torch_sources(prior_box_clustered_tensor, PriorBoxClustered)
 
 _ARGS = ("widths", "heights", "variance", "img_h", "img_w", "step_h", "step_w", "offset", "clip")
 

@@ -18,13 +18,12 @@ ratios, and nothing for min_size; a layer whose boxes would not fill exactly tha
 fixed_ratios, min_size beside fixed_size, a fractional density) writes past its top or leaves it
 short, and is refused, as is min_size / max_size / density / fixed_ratio without fixed_size.
 """
-import inspect
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..registry import LayerError
+from ..registry import LayerError, torch_sources
 from .common import emit_prior_helpers, prior_output, prior_run_sizes, prior_steps
 
 F32 = np.float32
@@ -71,7 +70,7 @@ class FixedSizePriorBox(nn.Module):
         return out.to(device=feat.device, dtype=feat.dtype)
 
 
-TORCH_FIXED_SIZE = inspect.getsource(fixed_size_priors) + "\n\n" + inspect.getsource(FixedSizePriorBox)
+TORCH_FIXED_SIZE = torch_sources(fixed_size_priors, FixedSizePriorBox)
 
 
 def claims(p):

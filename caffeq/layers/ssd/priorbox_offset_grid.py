@@ -10,14 +10,13 @@ y = (h + offset_h) * step_h in float32, box min_size * sqrt(ratio) wide and min_
 high (double, stored as float), corners normalized by the image size (double, stored as float),
 clipped to [0, 1] with `clip`; then the variances (1 value, or 4 per prior).
 """
-import inspect
 import math
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..registry import LayerError
+from ..registry import LayerError, torch_sources
 from .common import emit_prior_helpers, prior_output, prior_run_sizes, prior_steps
 
 
@@ -59,7 +58,7 @@ class OffsetGridPriorBox(nn.Module):
         return out.to(device=feat.device, dtype=feat.dtype)
 
 
-TORCH_OFFSET_GRID = inspect.getsource(offset_grid_priors) + "\n\n" + inspect.getsource(OffsetGridPriorBox)
+TORCH_OFFSET_GRID = torch_sources(offset_grid_priors, OffsetGridPriorBox)
 
 
 def claims(p):

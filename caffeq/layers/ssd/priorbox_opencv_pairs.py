@@ -18,13 +18,12 @@ image height in float32; clip (true unless set false, OpenCV's default) clamps a
 the variances (1 value, or 4 per prior).  The image size is always the image bottom's (OpenCV reads
 no img_size / img_h / img_w).
 """
-import inspect
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..registry import LayerError
+from ..registry import LayerError, torch_sources
 from .common import emit_prior_helpers, prior_output, prior_run_sizes, prior_steps, proto_field
 
 F32 = np.float32
@@ -63,7 +62,7 @@ class OpenCVPairPriorBox(nn.Module):
         return out.to(device=feat.device, dtype=feat.dtype)
 
 
-TORCH_OPENCV_PAIRS = inspect.getsource(opencv_pair_priors) + "\n\n" + inspect.getsource(OpenCVPairPriorBox)
+TORCH_OPENCV_PAIRS = torch_sources(opencv_pair_priors, OpenCVPairPriorBox)
 
 
 def claims(p):
