@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, need_blobs, register_layer
-from .roi_pooling import ROIS_WANTED, RoiLayerSpec, _check_roi_shapes, _source, roi_rows
+from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
+from .roi_pooling import ROIS_WANTED, RoiLayerSpec, _check_roi_shapes, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -80,7 +80,7 @@ def roi_alignment(x, rois, ph: int, pw: int, spatial_scale: float):
             + corner(bottom, right) * wy * wx)
 
 
-TORCH_ROI_ALIGNMENT = _source(alignment_points, roi_alignment)
+TORCH_ROI_ALIGNMENT = torch_sources(alignment_points, roi_alignment)
 
 
 # ---- the spec ----------------------------------------------------------------------------
