@@ -203,6 +203,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
     names_seen = set()
     shapes_used = set()
     unsized = {}            # (type, why) -> names of layers whose tops only a dataset or plugin could size
+    guessed_labels = {}     # temp id -> the data layer whose label top it is, shaped (N,) as in BVLC Caffe
 
     for lp in layers:
         spec = spec_for(lp)
@@ -241,11 +242,21 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
         try:
             out_shapes, expected = _infer_node(spec, attrs, lp, in_shapes, given, batch, where,
                                                unknown_shapes_ok, unsized)
-        except LayerError as e:
-            hint = _shrinking_pool_hint(lp, in_ids, nodes) if lp.type in ("Concat", "Eltwise") else ""
-            if not hint:
-                raise
-            raise LayerError(f"{e}{hint}") from None
+        except ForkReading:
+            raise
+        except (LayerError, ShapeError) as e:
+            label = next((i for i in in_ids if i in guessed_labels), None)
+            if label is not None:
+                why = _guessed_label_reason(temp_blob[label], guessed_labels[label], shapes[label])
+                if not unknown_shapes_ok:
+                    raise LayerError(f"{e}; {why}") from None
+                unsized.setdefault((lp.type, f"{why}; the shapes after it are unknown"), []).append(lp.name)
+                out_shapes, expected = [None] * len(lp.top), None
+            else:
+                hint = _shrinking_pool_hint(lp, in_ids, nodes) if lp.type in ("Concat", "Eltwise") else ""
+                if not hint:
+                    raise
+                raise LayerError(f"{e}{hint}") from None
         if len(out_shapes) != len(lp.top):
             raise GraphError(f"{where}: produces {len(out_shapes)} tops but the prototxt names "
                              f"{len(lp.top)}")
@@ -264,6 +275,8 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
             out_ids.append(tid)
             if spec.is_data:
                 graph_input_ids.append(tid)
+        if spec.is_data and all(s is not None for s in out_shapes):
+            guessed_labels.update((out_ids[i], lp) for i in spec.guessed_label_tops(attrs, given))
 
         node = Node(name=node_name, type=lp.type, spec=spec, param=lp, attrs=attrs,
                     bottoms=list(lp.bottom), tops=list(lp.top), inputs=in_ids, outputs=out_ids,
@@ -442,6 +455,13 @@ def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_
     except Exception as e:
         raise ShapeError(f"{where}: cannot infer shapes from bottoms "
                          f"{[list(s) for s in in_shapes]}: {type(e).__name__}: {e}") from None
+
+
+def _guessed_label_reason(top, data_layer, shape):
+    """Why a layer that fails on a data layer's label may only need the label's real shape."""
+    return (f"bottom '{top}' is the label of data layer '{data_layer.name}' ({data_layer.type}), shaped "
+            f"{list(shape)} as BVLC Caffe gives it; a fork's reader may give more (caffe-ocr's ImageData "
+            f"reads every label of a line: N x labels x 1 x 1): give its shape with --input-shape {top}=...")
 
 
 def _unsized_notes(unsized, source):

@@ -425,3 +425,23 @@ def test_a_digits_train_val_without_sources_reads():
     assert load_from_text(text, stages=("train",), unknown_shapes_ok=True).blob_shapes["ip"] is None
     with pytest.raises(CaffeqError, match=r"data_param names no source\); give it with --input-shape data="):
         load_from_text(text, stages=("train",))
+
+
+def test_a_fork_label_that_a_layer_reads_as_multi_axis_is_sized_by_input_shape():
+    # caffe-ocr's ImageData reads every label of a list line: its label top is (N, labels, 1, 1), where
+    # BVLC Caffe's is (N,). Without the list nothing tells the count: listing the net leaves the label
+    # branch unsized with one note, --input-shape sizes it, and commands that need shapes say so
+    from caffeq.errors import CaffeqError
+    from caffeq.model import load
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "realworld",
+               "wudigepimao__caffe-ocr-linux__examples__ocr-duan__inception-bn__pla1-pla2-blue-withType__train_val.prototxt")
+    listed = load(path, unknown_shapes_ok=True)
+    assert listed.blob_shapes["label"] == (90,) and listed.blob_shapes["label1"] is None
+    assert listed.blob_shapes["fc1x5990"] == (13, 90, 37)   # the net itself is sized
+    note = [n for n in listed.warnings if "Slice_label" in n]
+    assert len(note) == 1 and "--input-shape label=" in note[0] and "the shapes after it are unknown" in note[0]
+    sized = load(path, input_shapes={"label": (90, 9, 1, 1)}).blob_shapes
+    assert sized["label1"] == (90, 1, 1, 1) and sized["label2"] == (90, 8, 1, 1)
+    with pytest.raises(CaffeqError, match=r"slice_param.axis 1 out of range .*label of data layer 'data' "
+                                          r"\(ImageData\), shaped \[90\].*--input-shape label="):
+        load(path)

@@ -106,6 +106,9 @@ class DataLayer(Layer):
             shapes.append(tuple(given.get(1) or (data[0],)))
         return shapes
 
+    def guessed_label_tops(self, attrs, given):
+        return (1,) if attrs["num_tops"] > 1 and 1 not in given else ()
+
     def data_shape(self, attrs):
         raise NotImplementedError
 
@@ -268,6 +271,9 @@ class DummyData(DataLayer):
     def infer(self, attrs, in_shapes):
         return list(attrs["shapes"])
 
+    def guessed_label_tops(self, attrs, given):
+        return ()   # every shape is written out
+
 
 @register_layer("HDF5Data")
 class HDF5Data(DataLayer):
@@ -275,6 +281,9 @@ class HDF5Data(DataLayer):
         p = lp.hdf5_data_param
         return {"source": p.source, "batch_size": int(p.batch_size), "tops": list(lp.top),
                 "num_tops": len(lp.top)}
+
+    def guessed_label_tops(self, attrs, given):
+        return ()   # every top's shape comes from the HDF5 file or the user
 
     def top_shapes(self, attrs, given):
         if len(given) == len(attrs["tops"]):

@@ -162,6 +162,12 @@ class Layer:
         ({top index: shape}, `--input-shape`), or None to infer them as usual."""
         return None
 
+    def guessed_label_tops(self, attrs, given):
+        """Data layers: indexes of the tops shaped as BVLC Caffe's labels, (N,), because nothing
+        else tells their shape (a fork's reader may give more: the graph builder says so when a
+        layer needs another shape)."""
+        return ()
+
     def preprocessing(self, attrs):
         """Data layers: lines saying what Caffe does to the data before the net sees it (the
         model.py export's README lists them). [] when nothing is declared."""
