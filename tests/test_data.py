@@ -445,3 +445,20 @@ def test_a_fork_label_that_a_layer_reads_as_multi_axis_is_sized_by_input_shape()
     with pytest.raises(CaffeqError, match=r"slice_param.axis 1 out of range .*label of data layer 'data' "
                                           r"\(ImageData\), shaped \[90\].*--input-shape label="):
         load(path)
+
+
+def test_the_multi_label_recipes_label_dim_shapes_the_label():
+    # the multi-label ImageData recipe (label_dim labels a list line): the label top is (N, label_dim),
+    # which the nets then slice along axis 1, one loss per label
+    from caffeq.model import load_from_text
+    text = ('layer { name: "data" type: "ImageData" top: "data" top: "label" '
+            'image_data_param { source: "missing.txt" batch_size: 4 new_height: 7 new_width: 5 label_dim: 3 } }\n'
+            'layer { name: "slice" type: "Slice" bottom: "label" top: "a" top: "b" '
+            'slice_param { axis: 1 slice_point: 1 } }')
+    shapes = load_from_text(text).blob_shapes
+    assert shapes["data"] == (4, 3, 7, 5) and shapes["label"] == (4, 3)
+    assert shapes["a"] == (4, 1) and shapes["b"] == (4, 2)
+    one = load_from_text(text.replace("label_dim: 3", "label_dim: 1").split("\n")[0]).blob_shapes
+    assert one["label"] == (4, 1)      # set, even to its default: the recipe's (N, 1)
+    bvlc = load_from_text(text.replace(" label_dim: 3", "").split("\n")[0]).blob_shapes
+    assert bvlc["label"] == (4,)

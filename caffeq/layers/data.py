@@ -181,15 +181,22 @@ class ImageData(DataLayer):
                 "new_width": int(p.new_width), "is_color": bool(p.is_color),
                 "new_dim": int(p.new_dim), "bicubic": bool(p.bicubic),
                 "root_folder": p.root_folder, "shuffle": bool(p.shuffle),
+                "label_dim": int(p.label_dim) if p.HasField("label_dim") else 0,
                 "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
 
     def top_shapes(self, attrs, given):
-        """apsvvfb/caffe_qi's (and LRCN's lisa-caffe-public's) ImageData gives a third top, the clip
+        """The multi-label recipe's label_dim labels a line make the label (N, label_dim).
+        apsvvfb/caffe_qi's (and LRCN's lisa-caffe-public's) ImageData gives a third top, the clip
         markers of its 16-frame clips, (batch_size,) as its DataLayerSetUp shapes it."""
         shapes = super().top_shapes(attrs, given)
+        if attrs["label_dim"] and len(shapes) > 1 and 1 not in given:
+            shapes[1] = (shapes[0][0], attrs["label_dim"])
         if attrs["num_tops"] > 2:
             shapes.append(tuple(given.get(2) or (shapes[0][0],)))
         return shapes
+
+    def guessed_label_tops(self, attrs, given):
+        return () if attrs["label_dim"] else super().guessed_label_tops(attrs, given)
 
     def data_shape(self, attrs):
         c = 3 if attrs["is_color"] else 1
