@@ -272,7 +272,10 @@ def _conv_top_shapes(attrs, in_shapes, out_size):
     return [tuple(s[:ax]) + (attrs["num_output"],) + tuple(spatial)] * len(in_shapes)
 
 
-def _onnx_conv(ctx, node, op, inputs=None):
+def _onnx_conv(ctx, node, op, inputs=None, outputs=None):
+    """One ONNX op (Conv or ConvTranspose) per bottom, all with the layer's filters.  inputs /
+    outputs replace the node's own: preprocessed bottoms (Cambricon's first conv), or tops that a
+    later node finishes (NdConvolution squeezes its extents of 1)."""
     a = node.attrs
     if a["_axis"] != 1:
         raise ExportError(f"layer '{node.name}': convolution over axis {a['_axis']} has no ONNX form here")
@@ -284,7 +287,7 @@ def _onnx_conv(ctx, node, op, inputs=None):
     # Caffe applies the same filters to each bottom (one top per bottom)
     pads = conv_edge_pads(a, ctx.shape(node.inputs[0])[-2:])
     pads = list(a["pad"]) * 2 if pads is None else onnx_pads(pads, f"layer '{node.name}'")
-    for i, (x, y) in enumerate(zip(inputs or node.inputs, node.outputs)):
+    for i, (x, y) in enumerate(zip(inputs or node.inputs, outputs or node.outputs)):
         ctx.add_node(op, [x, w] + b, [y], name=node.name if i == 0 else f"{node.name}_{i}",
                      kernel_shape=list(a["kernel"]), strides=list(a["stride"]), pads=pads,
                      dilations=list(a["dilation"]), group=a["group"])

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .conv import conv_out_size
+from .recurrent import onnx_lstm_unit
 from .registry import Layer, LayerError, need_blobs, register_layer, spatial_params
 
 _EXPOSE = re.compile(r"^([hc])_t=(\d+|T)$")
@@ -363,16 +364,7 @@ def _onnx_unrolled(ctx, node, spec):
             for k in range(3):
                 term = ctx.add_node("Mul", [cc, peep[k]], tmp(f"peep{step}_{k}"))
                 parts[k] = ctx.add_node("Add", [parts[k], term], tmp(f"gate{step}_{k}_peep"))
-        i_ = ctx.add_node("Sigmoid", [parts[0]], tmp(f"i{step}"))
-        f_ = ctx.add_node("Sigmoid", [parts[1]], tmp(f"f_raw{step}"))
-        f_ = ctx.add_node("Mul", [ct, f_], tmp(f"f{step}"))
-        o_ = ctx.add_node("Sigmoid", [parts[2]], tmp(f"o{step}"))
-        g_ = ctx.add_node("Tanh", [parts[3]], tmp(f"g{step}"))
-        fc = ctx.add_node("Mul", [f_, cc], tmp(f"fc{step}"))
-        ig = ctx.add_node("Mul", [i_, g_], tmp(f"ig{step}"))
-        cc = ctx.add_node("Add", [fc, ig], tmp(f"c{step}"))
-        tc = ctx.add_node("Tanh", [cc], tmp(f"tanh_c{step}"))
-        h = ctx.add_node("Mul", [o_, tc], tmp(f"h{step}"))
+        h, cc = onnx_lstm_unit(lambda op, ins, hint: ctx.add_node(op, ins, tmp(hint)), parts, ct, cc, str(step))
         hs.append(h)
         cs.append(cc)
         outs.append(ctx.add_node("Reshape", [h, i64([1, -1, c, hh, ww])], tmp(f"h{step}_5d")))

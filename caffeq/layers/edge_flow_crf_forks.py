@@ -18,7 +18,8 @@
   bottoms (image, flow), flow (N, 2, H, W) in pixels, x then y.  top[n, c, y, x] samples the image at
   (x2, y2) = (x + fx, y + fy) bilinearly from the pixels (floor(x2), floor(y2)) and the next ones,
   clamped to the last row / column; where x2 or y2 leaves [0, W) x [0, H) the top is the fill
-  value (0 or NaN).
+  value (0 or NaN).  optical_flow.flow_warp computes it, PWC-Net's Warp being the same sampling
+  with other bounds and neighbours.
 - MultiStageMeanfield (torrvision/caffe multi_stage_meanfield.cpp, CRF-RNN): bottoms (unary, Q0,
   image); top = unary's shape; blobs spatial weights, bilateral weights, compatibility, each
   (1, 1, C, C).  Its permutohedral-lattice filtering has no implementation here: the layer reads,
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 
 from .act_forks import RReLU
+from .optical_flow import flow_warp, pixels_at
 from .registry import FunctionLayer, Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer
 from .warp_onnx import OnnxImageSampler
 
@@ -54,31 +56,6 @@ def skeleton_rescale(x, rf: float, eps: float):
     outside = (x >= rf) | (x.abs() <= eps)
     zero = torch.zeros_like(x)
     return torch.where(outside, zero, 2 * x / rf - 1), torch.where(outside, zero, torch.ones_like(x))
-
-
-def flow_warp(image, flow, fill: float):
-    """FlowNet2's FlowWarp: bilinear samples of image at (x + fx, y + fy), fill outside the image."""
-    n, c, h, w = image.shape
-    gy, gx = torch.meshgrid(torch.arange(h, dtype=image.dtype, device=image.device),
-                            torch.arange(w, dtype=image.dtype, device=image.device), indexing="ij")
-    x2 = gx + flow[:, 0:1]
-    y2 = gy + flow[:, 1:2]
-    inside = (x2 >= 0) & (y2 >= 0) & (x2 < w) & (y2 < h)
-    # sample at (0, 0) where outside, so every index is valid; those results are replaced
-    x2 = torch.where(inside, x2, torch.zeros_like(x2))
-    y2 = torch.where(inside, y2, torch.zeros_like(y2))
-    left, top = x2.floor(), y2.floor()
-    alpha, beta = x2 - left, y2 - top
-    left, top = left.long(), top.long()
-    right, bottom = (left + 1).clamp(max=w - 1), (top + 1).clamp(max=h - 1)
-    flat = image.reshape(n, c, h * w)
-
-    def sample(row, col):
-        return flat.gather(2, (row * w + col).reshape(n, 1, h * w).expand(n, c, h * w)).reshape(n, c, h, w)
-
-    warped = ((1 - alpha) * (1 - beta) * sample(top, left) + alpha * (1 - beta) * sample(top, right)
-              + (1 - alpha) * beta * sample(bottom, left) + alpha * beta * sample(bottom, right))
-    return torch.where(inside, warped, torch.full_like(warped, fill))
 
 
 # ---- AutoCrop ------------------------------------------------------------------------------
@@ -185,27 +162,18 @@ class FlowWarp(Layer):
         return [image]
 
     def forward(self, attrs, params, image, flow):
-        return flow_warp(image, flow, attrs["fill"])
+        return flow_warp(image, flow, attrs["fill"], False)
 
     def onnx(self, ctx, node):
         image, flow = node.inputs
         s = OnnxImageSampler(ctx, node.name, image)
-        x2, y2 = s.plus_pixel_grid(s.channel(flow, 0, "fx", name=node.name), s.channel(flow, 1, "fy"))
-        inside = s.within(x2, y2, "inside", True)
-        x2 = s.op("Where", [inside, x2, s.f32(0)], "xs")
-        y2 = s.op("Where", [inside, y2, s.f32(0)], "ys")
-        left, top = s.op("Floor", [x2], "left"), s.op("Floor", [y2], "top")
-        alpha, beta = s.op("Sub", [x2, left], "alpha"), s.op("Sub", [y2, top], "beta")
-        right = s.op("Min", [s.op("Add", [left, s.f32(1)], "left1"), s.f32(s.w - 1)], "right")
-        bottom = s.op("Min", [s.op("Add", [top, s.f32(1)], "top1"), s.f32(s.h - 1)], "bottom")
-        not_alpha, not_beta = s.op("Sub", [s.f32(1), alpha], "1_alpha"), s.op("Sub", [s.f32(1), beta], "1_beta")
-        total = s.weighted_sum([(top, left, not_alpha, not_beta), (top, right, alpha, not_beta),
-                                (bottom, left, not_alpha, beta), (bottom, right, alpha, beta)])
-        ctx.add_node("Where", [inside, total, s.f32(node.attrs["fill"])], [node.outputs[0]])
+        s.flow_warp(s.channel(flow, 0, "fx", name=node.name), s.channel(flow, 1, "fy"), node.attrs["fill"], False,
+                    node.outputs[0])
 
     def pytorch_source(self, node, emit):
+        emit.helper(pixels_at)
         fn = emit.helper(flow_warp)
-        return f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {emit.lit(node.attrs['fill'])})"
+        return f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {emit.lit(node.attrs['fill'])}, False)"
 
 
 # ---- MultiStageMeanfield -------------------------------------------------------------------

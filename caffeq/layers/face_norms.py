@@ -11,8 +11,8 @@ for an (N, C) bottom.  (happynear's Normalize is in happynear.py.)
 import numpy as np
 import torch
 
-from .happynear import _legacy_4d, _reduce
-from .registry import Layer, count, register_layer
+from .happynear import _reduce
+from .registry import Layer, count, legacy_nchw, register_layer
 
 NORM_EPS = 1e-6       # xiaolonw: added to the root
 NORM_L2_EPS = 1e-7    # xialuxi: added to the sum of squares
@@ -44,7 +44,7 @@ class _L2Norm(Layer):
     bottoms = tops = 1
 
     def infer(self, attrs, in_shapes):
-        legacy = _legacy_4d(in_shapes[0], self.types[0])
+        legacy = legacy_nchw(in_shapes[0], self.types[0])
         attrs["_legacy"] = list(legacy)
         return [legacy]
 

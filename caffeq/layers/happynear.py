@@ -19,16 +19,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from .registry import ForkReading, Layer, LayerError, canonical_axis, count, need_blobs, register_layer
+from .registry import (
+    ForkReading,
+    Layer,
+    LayerError,
+    canonical_axis,
+    count,
+    legacy_nchw,
+    need_blobs,
+    register_layer,
+)
 
 FORK_EPS = 1e-6
-
-
-def _legacy_4d(shape, what):
-    """(N, C, H, W) as the fork's num()/channels()/height()/width() read it (1 past the last axis)."""
-    if not 1 <= len(shape) <= 4:
-        raise LayerError(f"{what} needs a 1- to 4-axis input, got {list(shape)}")
-    return tuple(shape) + (1,) * (4 - len(shape))
 
 
 # ---- torch functions (model.py gets the same code) ---------------------------------------
@@ -162,7 +164,7 @@ class HappynearNormalize(Layer):
         return {"fork": "happynear", "l1": kind == "L1", "tops": len(lp.top)}
 
     def infer(self, attrs, in_shapes):
-        n, c, h, w = _legacy_4d(in_shapes[0], "Normalize (happynear)")
+        n, c, h, w = legacy_nchw(in_shapes[0], "Normalize (happynear)")
         attrs["_legacy"] = [n, c, h, w]
         return [(n, c, h, w), (n, 1, h, w)][:attrs["tops"]]
 
@@ -209,7 +211,7 @@ class Flip(Layer):
         return {"flip_height": bool(p.flip_height), "flip_width": bool(p.flip_width)}
 
     def infer(self, attrs, in_shapes):
-        _legacy_4d(in_shapes[0], "Flip")
+        legacy_nchw(in_shapes[0], "Flip")
         return [tuple(in_shapes[0])]
 
     def forward(self, attrs, params, x):
@@ -257,7 +259,7 @@ class ChannelScale(Layer):
 
     def infer(self, attrs, in_shapes):
         x, s = in_shapes
-        n, _, h, w = _legacy_4d(x, "ChannelScale")
+        n, _, h, w = legacy_nchw(x, "ChannelScale")
         if not s or s[0] != n or count(s) != n * h * w:
             raise LayerError(f"ChannelScale's scale bottom {list(s)} must have num {n} and "
                              f"count {n * h * w} (x {list(x)} without its channels)")

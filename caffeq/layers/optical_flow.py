@@ -1,6 +1,7 @@
 """Layers of the optical-flow Caffe forks: lmb-freiburg/flownet2 b92e198 (FlowNet 2), NVlabs/PWC-Net
 07df6eb (Caffe/warping_code) and twhui/LiteFlowNet e7d6c43 (which carries flownet2's layers unchanged).
-FlowWarp lives in edge_flow_crf_forks.py; L1Loss is a loss, dropped from inference graphs (ir.py).
+FlowWarp lives in edge_flow_crf_forks.py (its sampling is flow_warp here, shared with
+PWC-Net's Warp); L1Loss is a loss, dropped from inference graphs (ir.py).
 
 - Correlation (flownet2 correlation_layer.cpp/.cu; correlation_param pad, kernel_size, max_displacement,
   stride_1 [1], stride_2 [1], correlation_type MULTIPLY | SUBTRACT; do_abs is read by no kernel):
@@ -119,23 +120,37 @@ def pixels_at(image, row, col):
     return image.reshape(n, c, h * w).gather(2, index).reshape(n, c, row.shape[2], row.shape[3])
 
 
-def pwc_warp(image, flow):
-    """PWC-Net's Warp: bilinear samples at (x + fx, y + fy) between floor and ceil, 0 off [0, W-1] x [0, H-1]."""
+def flow_warp(image, flow, fill: float, pwc_net: bool):
+    """Bilinear samples of image at (x + fx, y + fy), fill where the point is outside: FlowNet2's
+    FlowWarp (pwc_net False) and PWC-Net's Warp (pwc_net True, fill 0).  The forks differ in two
+    places only, so one function serves both:
+    - inside: PWC-Net's [0, W-1] x [0, H-1] (a point past the last pixel centre gets 0) against
+      FlowNet2's [0, W) x [0, H) (there it reads the last pixel);
+    - the far neighbour: PWC-Net's ceil against FlowNet2's floor + 1 clamped to the last pixel.  They
+      differ only where that neighbour's weight is 0, which still shows when its pixel is NaN or inf
+      (0 * NaN is NaN)."""
     h, w = image.shape[2], image.shape[3]
     gy, gx = torch.meshgrid(torch.arange(h, dtype=image.dtype, device=image.device),
                             torch.arange(w, dtype=image.dtype, device=image.device), indexing="ij")
     x = gx + flow[:, 0:1]
     y = gy + flow[:, 1:2]
-    inside = (x >= 0) & (x <= w - 1) & (y >= 0) & (y <= h - 1)
+    if pwc_net:
+        inside = (x >= 0) & (x <= w - 1) & (y >= 0) & (y <= h - 1)
+    else:
+        inside = (x >= 0) & (x < w) & (y >= 0) & (y < h)
+    # sample at (0, 0) where outside, so every index is valid; those results are replaced
     x = torch.where(inside, x, torch.zeros_like(x))
     y = torch.where(inside, y, torch.zeros_like(y))
     fx, fy = x.floor(), y.floor()
-    cx, cy = x.ceil().long(), y.ceil().long()
     ax, ay = x - fx, y - fy
     fx, fy = fx.long(), fy.long()
+    if pwc_net:
+        cx, cy = x.ceil().long(), y.ceil().long()
+    else:
+        cx, cy = (fx + 1).clamp(max=w - 1), (fy + 1).clamp(max=h - 1)
     warped = ((1 - ax) * (1 - ay) * pixels_at(image, fy, fx) + ax * (1 - ay) * pixels_at(image, fy, cx)
               + (1 - ax) * ay * pixels_at(image, cy, fx) + ax * ay * pixels_at(image, cy, cx))
-    return torch.where(inside, warped, torch.zeros_like(warped))
+    return torch.where(inside, warped, torch.full_like(warped, fill))
 
 
 def coords_warp(image, coords):
@@ -399,7 +414,7 @@ class Warp(Layer):
         return [image]
 
     def forward(self, attrs, params, image, second):
-        return coords_warp(image, second) if attrs["coords"] else pwc_warp(image, second)
+        return coords_warp(image, second) if attrs["coords"] else flow_warp(image, second, 0.0, True)
 
     def onnx(self, ctx, node):
         image, second = node.inputs
@@ -421,21 +436,13 @@ class Warp(Layer):
                 total = term if total is None else s.op("Add", [total, term], f"s{k}")
             ctx.add_node("Identity", [total], [node.outputs[0]])
             return
-        x, y = s.plus_pixel_grid(x, y)
-        inside = s.within(x, y, "inside", False)
-        x = s.op("Where", [inside, x, s.f32(0)], "xs")
-        y = s.op("Where", [inside, y, s.f32(0)], "ys")
-        fx, fy = s.op("Floor", [x], "fx"), s.op("Floor", [y], "fy")
-        cx, cy = s.op("Ceil", [x], "cx"), s.op("Ceil", [y], "cy")
-        ax, ay = s.op("Sub", [x, fx], "ax"), s.op("Sub", [y, fy], "ay")
-        nx, ny = s.op("Sub", [s.f32(1), ax], "nax"), s.op("Sub", [s.f32(1), ay], "nay")
-        total = s.weighted_sum([(fy, fx, nx, ny), (fy, cx, ax, ny), (cy, fx, nx, ay), (cy, cx, ax, ay)])
-        ctx.add_node("Where", [inside, total, s.f32(0)], [node.outputs[0]])
+        s.flow_warp(x, y, 0.0, True, node.outputs[0])
 
     def pytorch_source(self, node, emit):
         emit.helper(pixels_at)
-        fn = emit.helper(coords_warp if node.attrs["coords"] else pwc_warp)
-        return f"{fn}({emit.inputs[0]}, {emit.inputs[1]})"
+        if node.attrs["coords"]:
+            return f"{emit.helper(coords_warp)}({emit.inputs[0]}, {emit.inputs[1]})"
+        return f"{emit.helper(flow_warp)}({emit.inputs[0]}, {emit.inputs[1]}, 0.0, True)"
 
 
 # ---- Grid, NegSquare, ExpMax ---------------------------------------------------------------

@@ -39,20 +39,14 @@ from .registry import (
     MissingInputShape,
     ReadOnlyLayer,
     count,
+    legacy_nchw,
     need_blobs,
     register_layer,
 )
 
 
-def _legacy4(shape, what):
-    """Caffe's num/channels/height/width of a blob of at most 4 axes."""
-    if len(shape) > 4:
-        raise LayerError(f"{what} reads num/channels/height/width: needs at most 4 axes, got {list(shape)}")
-    return tuple(shape) + (1,) * (4 - len(shape))
-
-
 def _check_aux(shape, n, what):
-    if tuple(_legacy4(shape, what)[1:]) != (5, 1, 1) or shape[0] != n:
+    if tuple(legacy_nchw(shape, what)[1:]) != (5, 1, 1) or shape[0] != n:
         raise LayerError(f"{what}: aux_info must be ({n}, 5, 1, 1) (image index, width, height, "
                          f"im_scale, flippable per item), got {list(shape)}")
 
@@ -174,7 +168,7 @@ class PoseResize(Layer):
             raise MissingInputShape("the size comes from the values (width, height, ...) of its 4-value "
                                     "second bottom, which the file does not tell")
         else:
-            h, w = _legacy4(in_shapes[1], "Resize's second bottom")[2:]
+            h, w = legacy_nchw(in_shapes[1], "Resize's second bottom")[2:]
         if h <= 0 or w <= 0:
             raise LayerError(f"Resize's output size must be positive, got {h}x{w}")
         attrs["_out"] = (h, w)
@@ -217,7 +211,7 @@ class SpatialDropout(Layer):
         return {"ratio": ratio}
 
     def infer(self, attrs, in_shapes):
-        _legacy4(in_shapes[0], "SpatialDropout")
+        legacy_nchw(in_shapes[0], "SpatialDropout")
         return [tuple(in_shapes[0])]
 
     def forward(self, attrs, params, x, training=False):
@@ -304,7 +298,7 @@ class RescaledPoseCoords(Layer):
 
     def infer(self, attrs, in_shapes):
         s = in_shapes[0]
-        c = _legacy4(s, "RescaledPoseCoords")[1]
+        c = legacy_nchw(s, "RescaledPoseCoords")[1]
         if not s or count(s) != s[0] * c or c % 2:
             raise LayerError(f"RescaledPoseCoords needs (N, 2K, 1, 1) coordinates, got {list(s)}")
         _check_aux(in_shapes[1], s[0], "RescaledPoseCoords")
@@ -366,7 +360,7 @@ class CoordsToBboxesMasks(Layer):
 
     def infer(self, attrs, in_shapes):
         s = in_shapes[0]
-        c = _legacy4(s, "CoordsToBboxesMasks")[1]
+        c = legacy_nchw(s, "CoordsToBboxesMasks")[1]
         if not s or count(s) != s[0] * c:
             raise LayerError(f"CoordsToBboxesMasks needs (N, C, 1, 1) coordinates, got {list(s)}")
         ids = [i for pair in attrs["pairs"] or () for i in pair]
@@ -431,7 +425,7 @@ class HeatMapsFromCoordsOrigin(ReadOnlyLayer):
 
     def infer(self, attrs, in_shapes):
         s = in_shapes[0]
-        c = _legacy4(s, "HeatMapsFromCoordsOrigin")[1]
+        c = legacy_nchw(s, "HeatMapsFromCoordsOrigin")[1]
         if not s or count(s) != s[0] * c or c % 2:
             raise LayerError(f"HeatMapsFromCoordsOrigin needs (N, 2K, 1, 1) coordinates, got {list(s)}")
         if attrs["radius"] and len(attrs["radius"]) != c // 2:
@@ -493,8 +487,8 @@ class PoseHeatMapLoss(ReadOnlyLayer):
         if tuple(p) != tuple(t):
             raise LayerError(f"predicted {list(p)} and target {list(t)} maps must have the same shape")
         if len(in_shapes) == 3:
-            m = _legacy4(in_shapes[2], "PoseHeatMapLoss")
-            if m[0] != p[0] or m[1] != _legacy4(p, "PoseHeatMapLoss")[1] or count(m) != m[0] * m[1]:
+            m = legacy_nchw(in_shapes[2], "PoseHeatMapLoss")
+            if m[0] != p[0] or m[1] != legacy_nchw(p, "PoseHeatMapLoss")[1] or count(m) != m[0] * m[1]:
                 raise LayerError(f"the masks must be (N, K, 1, 1) as the maps' N and K, got {list(in_shapes[2])}")
         return [()] * attrs["tops"]
 
@@ -515,7 +509,7 @@ class PosePDJAccuracy(ReadOnlyLayer):
         a, b = in_shapes
         if tuple(a) != tuple(b):
             raise LayerError(f"predicted {list(a)} and true {list(b)} coordinates must have the same shape")
-        c = _legacy4(a, "PosePDJAccuracy")[1]
+        c = legacy_nchw(a, "PosePDJAccuracy")[1]
         if count(a) != a[0] * c or c % 2:
             raise LayerError(f"PosePDJAccuracy needs (N, 2K, 1, 1) coordinates, got {list(a)}")
         for f in ("shoulder", "hip"):

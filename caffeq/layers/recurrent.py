@@ -323,6 +323,21 @@ def _recurrent_source(node, emit, module, steps):
 
 # ---- ONNX: a Scan over the time axis --------------------------------------------------
 
+def onnx_lstm_unit(add, gates, cont, c_prev, suffix):
+    """Caffe's LSTMUnit (lstm_unit_layer.cpp) as ONNX nodes, one step: from the pre-activations
+    gates = (i, f, o, g), cont_t and c_{t-1}, c_t = cont_t sigmoid(f) c_{t-1} + sigmoid(i) tanh(g)
+    and h_t = sigmoid(o) tanh(c_t).  Shared by LSTM's Scan body and ConvLSTM's unrolled steps, which
+    place their nodes differently: add(op, inputs, hint) makes one node and returns its output name;
+    suffix ends every hint.  Returns (h_t, c_t)."""
+    i = add("Sigmoid", [gates[0]], f"i{suffix}")
+    f = add("Mul", [cont, add("Sigmoid", [gates[1]], f"f_raw{suffix}")], f"f{suffix}")   # f = 0 where cont == 0
+    o = add("Sigmoid", [gates[2]], f"o{suffix}")
+    g = add("Tanh", [gates[3]], f"g{suffix}")
+    c = add("Add", [add("Mul", [f, c_prev], f"fc{suffix}"), add("Mul", [i, g], f"ig{suffix}")], f"c{suffix}")
+    h = add("Mul", [o, add("Tanh", [c], f"tanh_c{suffix}")], f"h{suffix}")
+    return h, c
+
+
 def _onnx_recurrent(ctx, node, lstm):
     """Emit the recurrence as an ONNX Scan over axis 0, so T and N both stay dynamic.
 
@@ -417,25 +432,15 @@ def _onnx_recurrent(ctx, node, lstm):
     h_conted = bn("Mul", [cont_col, h_in], [tmp("h_conted")])
     hw = bn("MatMul", [h_conted, w_h], [tmp("hw")])
     pre = bn("Add", [hw, gx_t], [tmp("pre")])
-    h_out = tmp("h_t")
     if lstm:
         g4 = bn("Reshape", [pre, bconst([0, 4, hd], "shape_gates")], [tmp("gates")])
         parts = [bn("Gather", [g4, bconst(k, f"index{k}")], [tmp(f"gate{k}")], axis=1) for k in range(4)]
-        i_ = bn("Sigmoid", [parts[0]], [tmp("i")])
-        f_ = bn("Sigmoid", [parts[1]], [tmp("f_raw")])
-        f_ = bn("Mul", [cont_col, f_], [tmp("f")])
-        o_ = bn("Sigmoid", [parts[2]], [tmp("o")])
-        g_ = bn("Tanh", [parts[3]], [tmp("g")])
-        fc = bn("Mul", [f_, c_in], [tmp("fc")])
-        ig = bn("Mul", [i_, g_], [tmp("ig")])
-        c_out = bn("Add", [fc, ig], [tmp("c_t")])
-        tc = bn("Tanh", [c_out], [tmp("tanh_c")])
-        bn("Mul", [o_, tc], [h_out])
+        h_out, c_out = onnx_lstm_unit(lambda op, ins, hint: bn(op, ins, [tmp(hint)]), parts, cont_col, c_in, "_t")
         y_out = tmp("y_t")
         bn("Identity", [h_out], [y_out])
         state_in, state_out = [h_in, c_in], [h_out, c_out]
     else:
-        bn("Tanh", [pre], [h_out])
+        h_out = bn("Tanh", [pre], [tmp("h_t")])
         ho = bn("MatMul", [h_out, w_o], [tmp("ho")])
         ob = bn("Add", [ho, b_o], [tmp("ob")])
         y_out = bn("Tanh", [ob], [tmp("o_t")])

@@ -384,6 +384,15 @@ def four_axes(shape, what, role="bottom"):
     return tuple(int(d) for d in shape)
 
 
+def legacy_nchw(shape, what):
+    """(num, channels, height, width) as Caffe's legacy accessors (Blob::LegacyShape) read a blob of
+    at most 4 axes: 1 past its last axis.  Forks that size or run a layer through num()/channels()/
+    height()/width() share this reading (happynear's, the pose/action forks')."""
+    if len(shape) > 4:
+        raise LayerError(f"{what} reads num/channels/height/width, which need at most 4 axes, got {list(shape)}")
+    return tuple(shape) + (1,) * (4 - len(shape))
+
+
 #: need_blobs(lp, what, range(2, AT_LEAST)): two bottoms or more
 AT_LEAST = 1 << 20
 

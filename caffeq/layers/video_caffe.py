@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from .conv import Convolution, _conv_nd, _torch_conv_source, check_groups
+from .conv import Convolution, _onnx_conv, _torch_conv_source, check_groups
 from .pooling import CEIL, pooled_size
 from .pooling_nd import (
     ave_pool3d_windows,
@@ -118,23 +118,23 @@ class NdConvolution(Convolution):
         return [top] * len(in_shapes)
 
     def forward(self, attrs, params, *xs):
-        bias = params[1] if attrs["bias_term"] else None
-        ys = [_conv_nd(x, attrs, params[0], bias, False) for x in xs]
-        if attrs["_squeeze"]:
-            ys = [y.squeeze(attrs["_squeeze"]) for y in ys]
-        return ys[0] if len(ys) == 1 else tuple(ys)
+        ys = super().forward(attrs, params, *xs)
+        if not attrs["_squeeze"]:
+            return ys
+        if isinstance(ys, tuple):
+            return tuple(y.squeeze(attrs["_squeeze"]) for y in ys)
+        return ys.squeeze(attrs["_squeeze"])
 
     def onnx(self, ctx, node):
-        a = node.attrs
-        w = ctx.weight(node, 0)
-        b = [ctx.weight(node, 1)] if a["bias_term"] else []
-        for i, (x, y) in enumerate(zip(node.inputs, node.outputs)):
-            name = node.name if i == 0 else f"{node.name}_{i}"
-            conv_out = ctx.tmp(f"{name}_full") if a["_squeeze"] else y
-            ctx.add_node("Conv", [x, w] + b, [conv_out], name=name, kernel_shape=list(a["kernel"]),
-                         strides=list(a["stride"]), pads=list(a["pad"]) * 2, group=a["group"])
-            if a["_squeeze"]:
-                ctx.add_node("Squeeze", [conv_out, ctx.const(np.array(a["_squeeze"], np.int64))], [y])
+        squeeze = node.attrs["_squeeze"]
+        if not squeeze:
+            _onnx_conv(ctx, node, "Conv")
+            return
+        # BVLC's Conv into a full-rank temporary per top, then the fork's extents of 1 squeezed out
+        full = [ctx.tmp(f"{y}_full") for y in node.outputs]
+        _onnx_conv(ctx, node, "Conv", outputs=full)
+        for conv_out, y in zip(full, node.outputs):
+            ctx.add_node("Squeeze", [conv_out, ctx.const(np.array(squeeze, np.int64))], [y])
 
     def pytorch_source(self, node, emit):
         calls = _torch_conv_source(node, emit, transposed=False)

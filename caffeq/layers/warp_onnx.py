@@ -56,3 +56,21 @@ class OnnxImageSampler:
                  for k, (row, col, wx, wy) in enumerate(corners)]
         return self.op("Add", [self.op("Add", [self.op("Add", terms[:2], "s2"), terms[2]], "s3"), terms[3]],
                        "warped")
+
+    def flow_warp(self, fx, fy, fill, pwc_net, out):
+        """optical_flow.flow_warp (FlowNet2's FlowWarp, PWC-Net's Warp with pwc_net) into `out`, from
+        the flow's channels fx, fy: the same bounds, neighbours and fill as there."""
+        x, y = self.plus_pixel_grid(fx, fy)
+        inside = self.within(x, y, "inside", not pwc_net)
+        x = self.op("Where", [inside, x, self.f32(0)], "xs")
+        y = self.op("Where", [inside, y, self.f32(0)], "ys")
+        x0, y0 = self.op("Floor", [x], "x0"), self.op("Floor", [y], "y0")
+        ax, ay = self.op("Sub", [x, x0], "ax"), self.op("Sub", [y, y0], "ay")
+        if pwc_net:
+            x1, y1 = self.op("Ceil", [x], "x1"), self.op("Ceil", [y], "y1")
+        else:
+            x1 = self.op("Min", [self.op("Add", [x0, self.f32(1)], "x0_1"), self.f32(self.w - 1)], "x1")
+            y1 = self.op("Min", [self.op("Add", [y0, self.f32(1)], "y0_1"), self.f32(self.h - 1)], "y1")
+        nx, ny = self.op("Sub", [self.f32(1), ax], "nax"), self.op("Sub", [self.f32(1), ay], "nay")
+        total = self.weighted_sum([(y0, x0, nx, ny), (y0, x1, ax, ny), (y1, x0, nx, ay), (y1, x1, ax, ay)])
+        self.ctx.add_node("Where", [inside, total, self.f32(fill)], [out])
