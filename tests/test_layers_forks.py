@@ -566,6 +566,52 @@ def test_roi_pooling_bad_params():
         m.run({"x": np.zeros((2, 1, 4, 6), np.float32), "rois": np.array([[5, 0, 0, 1, 1]], np.float32)})
 
 
+def ref_roi_avg_pool(x, rois, ph, pw, scale):
+    """wk910930/ccnn's ROIPoolForwardAve (GPU): Fast R-CNN's float32 bins, the mean over each; 0 if empty."""
+    f = np.float32
+    _n, c, h, w = x.shape
+    out = np.zeros((len(rois), c, ph, pw), np.float32)
+    for r, roi in enumerate(rois):
+        b = int(roi[0])
+        x1, y1, x2, y2 = (int(np.sign(v * f(scale)) * np.floor(abs(float(v * f(scale))) + 0.5)) for v in roi[1:5])
+        bin_h = f(max(y2 - y1 + 1, 1)) / f(ph)
+        bin_w = f(max(x2 - x1 + 1, 1)) / f(pw)
+        for i in range(ph):
+            hs = min(max(math.floor(f(i) * bin_h) + y1, 0), h)
+            he = min(max(math.ceil(f(i + 1) * bin_h) + y1, 0), h)
+            for j in range(pw):
+                ws = min(max(math.floor(f(j) * bin_w) + x1, 0), w)
+                we = min(max(math.ceil(f(j + 1) * bin_w) + x1, 0), w)
+                if he > hs and we > ws:
+                    out[r, :, i, j] = x[b, :, hs:he, ws:we].sum(axis=(1, 2), dtype=np.float64) / ((he - hs) * (we - ws))
+    return out
+
+
+def test_roi_pooling_ave_of_ccnn_matches_its_kernel(tmp_path):
+    from conftest import model_py_outputs
+
+    from caffeq.errors import ExportError
+    x_shape = (2, 3, 7, 9)
+    x = rng(4).standard_normal(x_shape).astype(np.float32)
+    rois = np.array([[0, 1, 3, 13, 9], [1, 5, 1, 17, 13], [1, -4, -3, 6, 4], [0, 9, 7, 9, 7],
+                     [1, 30, 20, 40, 33], [0, 3.5, 2.5, 11, 6]], np.float32)
+    model = load_from_text(roi_net("pooled_h: 3 pooled_w: 2 spatial_scale: 0.5 pool: AVE", rois.shape, x_shape))
+    ref = ref_roi_avg_pool(x, rois, 3, 2, 0.5)
+    assert (ref == 0).any() and (ref != 0).any()    # empty bins and real ones
+    feeds = {"x": x, "rois": rois}
+    assert_close(model.run(feeds)["r"], ref, 1e-6, 1e-6, "torch")
+    assert_close(model_py_outputs(model, feeds, tmp_path)["r"], ref, 1e-6, 1e-6, "model.py")
+    with pytest.raises(ExportError, match="pool: AVE"):
+        model.export_onnx(str(tmp_path / "m.onnx"))
+    assert not (tmp_path / "m.onnx").exists()
+    # MAX, the default, stays Fast R-CNN's
+    maxed = load_from_text(roi_net("pooled_h: 3 pooled_w: 2 spatial_scale: 0.5 pool: MAX", rois.shape, x_shape))
+    plain = load_from_text(roi_net("pooled_h: 3 pooled_w: 2 spatial_scale: 0.5", rois.shape, x_shape))
+    np.testing.assert_array_equal(maxed.run(feeds)["r"], plain.run(feeds)["r"])
+    with pytest.raises(LayerError, match="cannot be set together"):
+        load_from_text(roi_net("pooled_h: 3 pooled_w: 2 pool: AVE pad_ratio: 0.5", rois.shape, x_shape))
+
+
 def test_psroi_pooling_hand_computed():
     g, dim = 2, 1
     x = np.zeros((1, dim * g * g, 4, 4), np.float32)

@@ -5,6 +5,7 @@ rois are (R, 5) = [batch, x1, y1, x2, y2] in input pixels.
   float32 bin sizes, clipped to the map; the max over each bin; an empty bin gives 0.  The zhaoweicai
   MS-CNN / Cascade R-CNN fork's pad_ratio first widens the roi by pad_ratio x (x2 - x1 + 1) on the left
   and right and pad_ratio x (y2 - y1 + 1) above and below (float32); 0 leaves it as it is.
+  wk910930/ccnn's `pool: AVE` averages each bin instead (its GPU kernel: an empty bin gives 0).
 - PSROIPooling: corners C-rounded, then scaled in float32 (the end corner + 1); bin (i, j) of the
   group_size x group_size grid averages channel block (i, j) of each output channel over its cells;
   an empty bin gives 0.
@@ -107,6 +108,25 @@ def roi_max_pool(x, rois, ph: int, pw: int, spatial_scale: float, pad_ratio: flo
     return torch.stack(outs)
 
 
+def roi_avg_pool(x, rois, ph: int, pw: int, spatial_scale: float):
+    """wk910930/ccnn's ROIPooling with pool: AVE -> (R, C, ph, pw): the mean over Fast R-CNN's bins;
+    an empty bin gives 0 (the fork's GPU kernel; its CPU loop divides 0 by 0 there)."""
+    r = roi_rows(rois, "ROIPooling")
+    n, c, h, w = x.shape
+    outs = []
+    for roi in r:
+        b = roi_batch_index(roi, n, "ROIPooling")
+        hs, he, ws, we = roi_bins(roi, spatial_scale, ph, pw, h, w)
+        area = ((he - hs).clamp(min=0)[:, None] * (we - ws).clamp(min=0)[None, :]).to(x.device, x.dtype)
+        mh = bin_mask(hs, he, h).to(x.device, x.dtype)
+        mw = bin_mask(ws, we, w).to(x.device, x.dtype)
+        sums = torch.einsum("chw,ph,qw->cpq", x[b], mh, mw)
+        outs.append(torch.where(area > 0, sums / area.clamp(min=1), torch.zeros_like(sums)))
+    if not outs:
+        return x.new_zeros((0, c, ph, pw))
+    return torch.stack(outs)
+
+
 def ps_roi_avg_pool(x, rois, output_dim: int, group_size: int, spatial_scale: float):
     """R-FCN's PSROIPooling -> (R, output_dim, group_size, group_size); x has
     output_dim * group_size^2 channels."""
@@ -154,6 +174,7 @@ class RoiLayer(nn.Module):
 # model.py gets the same functions, so the export stays bit-identical to forward
 TORCH_ROI_COMMON = torch_sources(c_round, bin_mask, roi_rows, roi_batch_index)
 TORCH_ROI_POOLING = torch_sources(pad_roi_corners, roi_bins, roi_max_pool)
+TORCH_ROI_AVG_POOLING = torch_sources(pad_roi_corners, roi_bins, roi_avg_pool)
 TORCH_PSROI_POOLING = torch_sources(ps_roi_avg_pool)
 
 
@@ -191,16 +212,22 @@ class RoiLayerSpec(Layer):
         """(the positional arguments after x and rois, the keyword ones) for these attrs."""
         raise NotImplementedError
 
+    def roi_function(self, attrs):
+        """(the function, its model.py source) for these attrs: roi_fn and roi_source unless a
+        parameter picks another."""
+        return self.roi_fn, self.roi_source
+
     def forward(self, attrs, params, x, rois):
         args, kwargs = self.roi_args(attrs)
+        fn, _ = self.roi_function(attrs)
         try:
-            return self.roi_fn(x, rois, *args, **kwargs)
+            return fn(x, rois, *args, **kwargs)
         except ValueError as e:   # a roi that does not fit the batch: the user's data, one clear line
             raise LayerError(str(e)) from None
 
     def pytorch_source(self, node, emit):
         args, kwargs = self.roi_args(node.attrs)
-        return roi_layer_call(emit, self.roi_source, *args, **kwargs)
+        return roi_layer_call(emit, self.roi_function(node.attrs)[1], *args, **kwargs)
 
 
 def roi_pooling_attrs(lp, kind):
@@ -220,7 +247,17 @@ class ROIPooling(RoiLayerSpec):
     roi_fn, roi_source = staticmethod(roi_max_pool), TORCH_ROI_POOLING
 
     def parse(self, lp):
-        return roi_pooling_attrs(lp, "ROIPooling")
+        attrs = roi_pooling_attrs(lp, "ROIPooling")
+        attrs["average"] = lp.roi_pooling_param.pool == lp.roi_pooling_param.AVE
+        if attrs["average"] and attrs["pad_ratio"]:
+            raise LayerError("roi_pooling_param: pool AVE (wk910930/ccnn) and pad_ratio (zhaoweicai's "
+                             "fork) come from different forks and cannot be set together")
+        return attrs
+
+    def roi_function(self, attrs):
+        if attrs.get("average"):
+            return roi_avg_pool, TORCH_ROI_AVG_POOLING
+        return super().roi_function(attrs)
 
     def infer(self, attrs, in_shapes):
         _check_roi_shapes("ROIPooling", in_shapes, rows_only=True)
@@ -233,6 +270,9 @@ class ROIPooling(RoiLayerSpec):
     def onnx(self, ctx, node):
         import numpy as np
         a = node.attrs
+        if a.get("average"):
+            raise ExportError(f"layer '{node.name}' (ROIPooling): ONNX has no average over Fast R-CNN's "
+                              f"integer bins (pool: AVE); RoiAlign samples points instead")
         rois = node.inputs[1]
         if math.prod(ctx.shape(rois)[1:]) != 5:
             raise ExportError(f"layer '{node.name}' (ROIPooling): {ROIS_WANTED}, the net declares "
