@@ -409,23 +409,23 @@ class _ProposalBase(Layer):
             tops.append((rows,) if attrs.get("pva") else (rows, 1))
         return tops
 
+    @staticmethod
+    def module_settings(attrs):
+        """RPNProposal's arguments for this layer: forward runs that very module, and model.py builds
+        it with the same values, so the two cannot drift apart."""
+        return {"anchors": attrs["anchors"], "feat_stride": attrs["feat_stride"],
+                "pre_nms_top_n": attrs["pre_nms_top_n"], "post_nms_top_n": attrs["post_nms_top_n"],
+                "nms_thresh": attrs["nms_thresh"], "min_size": float(attrs["min_size"]),
+                "with_scores": attrs["with_scores"], "ssh": attrs.get("ssh", False),
+                "cpp_rpn": attrs.get("cpp_rpn", False), "pva": attrs.get("pva", False)}
+
     def forward(self, attrs, params, cls_prob, bbox_pred, im_info):
         self.refuse_if_cannot_run(attrs["name"], attrs, [cls_prob.shape, bbox_pred.shape, im_info.shape],
                                   layer_type="region proposals")
-        cpp = attrs.get("cpp_rpn", False)
-        if cpp:
-            cls_prob, bbox_pred, im_info = cls_prob[:1], bbox_pred[:1], im_info[:1]
-        if cls_prob.shape[0] != 1:
+        if cls_prob.shape[0] != 1 and not attrs.get("cpp_rpn"):   # the C++ RPN layer reads image 0 only
             raise CaffeqError(f"region proposals take one image per batch (as py-faster-rcnn), "
                               f"got {cls_prob.shape[0]}")
-        anchors = torch.tensor(attrs["anchors"], dtype=torch.float64)
-        ssh = attrs.get("ssh", False)
-        rois, scores = rpn_proposals(cls_prob, bbox_pred, im_info, anchors, attrs["feat_stride"],
-                                     attrs["pre_nms_top_n"], attrs["post_nms_top_n"], attrs["nms_thresh"],
-                                     attrs["min_size"], not ssh, cpp, attrs.get("pva", False))
-        if ssh:
-            rois = ssh_empty_rois(rois)
-        return (rois, scores) if attrs["with_scores"] else rois
+        return RPNProposal(**self.module_settings(attrs))(cls_prob, bbox_pred, im_info)
 
     def onnx(self, ctx, node):
         self.refuse_if_cannot_run(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError, node.type)
@@ -434,15 +434,10 @@ class _ProposalBase(Layer):
     def pytorch_source(self, node, emit):
         a = node.attrs
         self.refuse_if_cannot_run(node.name, a, [emit.in_shape(i) for i in range(3)], ExportError, node.type)
-        args = [emit.lit(a["anchors"], exact=True), str(a["feat_stride"]),
-                f"pre_nms_top_n={a['pre_nms_top_n']}", f"post_nms_top_n={a['post_nms_top_n']}",
-                f"nms_thresh={emit.lit(a['nms_thresh'], exact=True)}",
-                f"min_size={emit.lit(float(a['min_size']), exact=True)}"]
-        if a["with_scores"]:
-            args.append("with_scores=True")
-        if a.get("ssh"):
-            args.append("ssh=True")
-        args += [f"{k}=True" for k in ("cpp_rpn", "pva") if a.get(k)]
+        kw = self.module_settings(a)
+        args = [emit.lit(kw.pop("anchors"), exact=True), emit.lit(kw.pop("feat_stride"))]
+        # the switches only when on, as RPNProposal's defaults are off
+        args += [f"{k}={emit.lit(v, exact=True)}" for k, v in kw.items() if v is not False]
         emit.note(f"{node.name} (region proposals): the number of rois depends on the data (at most "
                   f"{emit.out_shape(0)[0]}); NMS runs eagerly on the CPU, so this layer does not trace.")
         emit.helper(TORCH_ANCHORS)
