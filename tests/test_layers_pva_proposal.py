@@ -172,7 +172,7 @@ def test_pva_sort_order_is_sort_box(seed):
 @pytest.mark.parametrize("param, msg", [
     ("ratio: 1", "scale must be one or more positive"),
     ("ratio: -1 scale: 2", "ratio must be one or more positive"),
-    ("ratio: 1 scale: 2 base_size: 0", "base_size must be >= 1"),
+    ("ratio: 1 scale: 2 base_size: 0", "proposal_param.base_size must be positive"),
     ("ratio: 1 scale: 2 pre_nms_topn: 0", "pre_nms_topn must be >= 1"),
 ])
 def test_pva_bad_params(param, msg):

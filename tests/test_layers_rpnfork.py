@@ -160,9 +160,9 @@ def test_rpn_nms_drops_an_iou_equal_to_the_threshold():
 
 
 @pytest.mark.parametrize("param, msg", [
-    ("feat_stride: 16 basesize: 16 ratio: 1 nms_thresh: 0.3", "give the anchors' scale and ratio"),
-    ("feat_stride: 16 scale: 8 ratio: 1 nms_thresh: 0.3", "basesize must be >= 1"),
-    ("feat_stride: 16 basesize: 16 scale: 8 ratio: -1 nms_thresh: 0.3", "ratio must be positive"),
+    ("feat_stride: 16 basesize: 16 ratio: 1 nms_thresh: 0.3", "rpn_param.scale must be one or more positive"),
+    ("feat_stride: 16 scale: 8 ratio: 1 nms_thresh: 0.3", "rpn_param.basesize must be positive"),
+    ("feat_stride: 16 basesize: 16 scale: 8 ratio: -1 nms_thresh: 0.3", "rpn_param.ratio must be one or more positive"),
 ])
 def test_rpn_bad_params(param, msg):
     with pytest.raises(LayerError, match=msg):

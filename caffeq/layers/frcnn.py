@@ -113,22 +113,18 @@ class FrcnnProposalLayer(_FourDProposal):
 class CppRPNLayer(_FourDProposal):
     """zhanglaplace/faster-rcnn-cplusplus2's RPN layer (see the module doc)."""
 
+    anchor_fields = ("rpn_param.basesize", "rpn_param.ratio", "rpn_param.scale")
+
+    @staticmethod
+    def make_anchors(base_size, ratios, scales):
+        # the layer stores its anchors in an int array: C's round on the sides, then truncation
+        return np.trunc(generate_anchors(base_size, ratios, scales, c_round=True))
+
     def settings(self, lp):
         p = lp.rpn_param
-        if not len(p.scale) or not len(p.ratio):
-            raise LayerError(f"rpn_param: give the anchors' scale and ratio values (the layer makes "
-                             f"len(scale) x len(ratio) anchors), got {len(p.scale)} scale(s) and "
-                             f"{len(p.ratio)} ratio(s)")
-        if p.basesize < 1:
-            raise LayerError(f"rpn_param.basesize must be >= 1, got {p.basesize}")
-        ratios = [float(v) for v in p.ratio]
-        if any(not v > 0 for v in ratios):
-            raise LayerError(f"rpn_param.ratio must be positive numbers, got {ratios}")
-        scales = [float(v) for v in p.scale]
-        # the layer stores its anchors in an int array: C's round on the sides, then truncation
-        anchors = np.trunc(generate_anchors(p.basesize, ratios, scales, c_round=True))
-        return {"feat_stride": int(p.feat_stride), "scales": scales, "ratios": ratios,
-                "anchors": anchors.tolist(), "pre_nms_top_n": int(p.per_nms_topn),
+        # _ProposalBase.parse checks basesize, ratio and scale and makes the anchors
+        return {"feat_stride": int(p.feat_stride), "base_size": int(p.basesize), "ratios": [float(v) for v in p.ratio],
+                "scales": [float(v) for v in p.scale], "pre_nms_top_n": int(p.per_nms_topn),
                 "post_nms_top_n": int(p.post_nms_topn), "nms_thresh": float(p.nms_thresh),
                 "min_size": int(p.boxminsize), "cpp_rpn": True}
 

@@ -34,21 +34,21 @@ from .registry import LayerError, register_layer
 class PVAProposalLayer(_ProposalBase):
     """PVANet's Proposal (see the module doc)."""
 
+    anchor_fields = ("proposal_param.base_size", "proposal_param.ratio", "proposal_param.scale")
+
+    @staticmethod
+    def make_anchors(base_size, ratios, scales):
+        return generate_anchors(base_size, ratios, scales, f32=True)   # PVANet's generate_anchors: float32
+
     def settings(self, lp):
         p = lp.proposal_param
-        ratios, scales = [float(v) for v in p.ratio], [float(v) for v in p.scale]
-        for key, values in (("ratio", ratios), ("scale", scales)):
-            if not values or any(not v > 0 for v in values):
-                raise LayerError(f"proposal_param.{key} must be one or more positive numbers, got {values}")
-        if p.base_size < 1:
-            raise LayerError(f"proposal_param.base_size must be >= 1, got {p.base_size}")
         if p.pre_nms_topn < 1:
             raise LayerError("proposal_param.pre_nms_topn must be >= 1 (0 keeps no proposal)")
-        anchors = generate_anchors(p.base_size, ratios, scales, f32=True)
-        return {"feat_stride": int(p.feat_stride), "base_size": int(p.base_size), "ratios": ratios,
-                "scales": scales, "anchors": anchors.tolist(), "pre_nms_top_n": int(p.pre_nms_topn),
-                "post_nms_top_n": int(p.post_nms_topn), "nms_thresh": float(p.nms_thresh),
-                "min_size": int(p.min_size), "pva": True}
+        # _ProposalBase.parse checks base_size, ratios and scales and makes the anchors
+        return {"feat_stride": int(p.feat_stride), "base_size": int(p.base_size),
+                "ratios": [float(v) for v in p.ratio], "scales": [float(v) for v in p.scale],
+                "pre_nms_top_n": int(p.pre_nms_topn), "post_nms_top_n": int(p.post_nms_topn),
+                "nms_thresh": float(p.nms_thresh), "min_size": int(p.min_size), "pva": True}
 
     @staticmethod
     def cannot_run(attrs, in_shapes):

@@ -344,8 +344,18 @@ class _ProposalBase(Layer):
 
     def settings(self, lp):
         """{feat_stride, base_size, ratios, scales, pre_nms_top_n, post_nms_top_n, nms_thresh, min_size},
-        or with "anchors" (a list of [x1, y1, x2, y2]) instead of base_size, ratios and scales"""
+        or with "anchors" (a list of [x1, y1, x2, y2]) instead of base_size, ratios and scales; parse
+        checks these, the same for every form, and makes the anchors with make_anchors"""
         raise NotImplementedError
+
+    #: where the file gives base_size, ratios and scales, as the parse errors name them
+    anchor_fields = tuple(f"python_param.param_str '{k}'" for k in ("base_size", "ratios", "scales"))
+
+    @staticmethod
+    def make_anchors(base_size, ratios, scales):
+        """The (A, 4) anchors of checked settings: py-faster-rcnn's generate_anchors; a C++ port that
+        rounds its sides otherwise overrides this."""
+        return generate_anchors(base_size, ratios, scales)
 
     def parse(self, lp):
         if len(lp.bottom) == 2 and lp.type == "Python":
@@ -362,12 +372,13 @@ class _ProposalBase(Layer):
             raise LayerError(f"nms_thresh must be in [0, 1], got {s['nms_thresh']}")
         if "anchors" in s:
             return {**s, "with_scores": len(lp.top) == 2, "name": lp.name}
+        base_field, ratio_field, scale_field = self.anchor_fields
         if s["base_size"] <= 0:
-            raise LayerError(f"base_size must be positive, got {s['base_size']}")
-        for key in ("ratios", "scales"):
-            if not s[key] or any(not v > 0 for v in s[key]):
-                raise LayerError(f"{key} must be positive numbers, got {s[key]}")
-        anchors = generate_anchors(s["base_size"], s["ratios"], s["scales"])
+            raise LayerError(f"{base_field} must be positive, got {s['base_size']}")
+        for field, values in ((ratio_field, s["ratios"]), (scale_field, s["scales"])):
+            if not values or any(not v > 0 for v in values):
+                raise LayerError(f"{field} must be one or more positive numbers, got {values}")
+        anchors = self.make_anchors(s["base_size"], s["ratios"], s["scales"])
         return {**s, "anchors": anchors.tolist(), "with_scores": len(lp.top) == 2, "name": lp.name}
 
     @staticmethod
