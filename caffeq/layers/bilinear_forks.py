@@ -116,16 +116,15 @@ class HyperColumns(Layer):
         n, k, _, _, _, _, samples, channels = self._plan(attrs, in_shapes)
         return [(n * samples, channels, 1, 1), (n * samples, k)]
 
-    def _refuse(self, attrs):
+    @staticmethod
+    def cannot_run(attrs, in_shapes):
         if attrs["is_train"]:
-            return (f"layer '{attrs['name']}' (HyperColumns): is_train samples random valid points "
-                    f"(std::random_shuffle seeded by the time); set is_train: false to run it")
+            return ("is_train samples random valid points (std::random_shuffle seeded by the time); "
+                    "set is_train: false to run it")
         return None
 
     def forward(self, attrs, params, normal, *feats):
-        why = self._refuse(attrs)
-        if why:
-            raise LayerError(why)
+        self.refuse_if_cannot_run(attrs["name"], attrs, [normal.shape] + [f.shape for f in feats], LayerError)
         hh, ww = normal.shape[2], normal.shape[3]
         mats = []
         for f in feats:
@@ -135,9 +134,8 @@ class HyperColumns(Layer):
         return hypercolumns_sample(normal, list(feats), mats, index)
 
     def pytorch_source(self, node, emit):
-        why = self._refuse(node.attrs)
-        if why:
-            raise ExportError(why)
+        self.refuse_if_cannot_run(node.name, node.attrs, [emit.in_shape(i) for i in range(len(node.inputs))],
+                                  ExportError)
         _, _, hh, ww = emit.in_shape(0)
         sizes = [tuple(emit.in_shape(i)[2:]) for i in range(1, len(node.inputs))]
         m = emit.instance(CaffeHyperColumns, hh, ww, sizes, _test_skip(node.attrs["skip_ratio"], hh * ww),
@@ -147,9 +145,7 @@ class HyperColumns(Layer):
         return [f"{out}[0]", f"{out}[1]"]
 
     def onnx(self, ctx, node):
-        why = self._refuse(node.attrs)
-        if why:
-            raise ExportError(why)
+        self.refuse_if_cannot_run(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError)
         name = node.name
         n, k, hh, ww, sizes, skip, _, channels = self._plan(node.attrs, [ctx.shape(i) for i in node.inputs])
         index = ctx.const(np.arange(0, hh * ww, skip, dtype=np.int64))

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import ExportError
 from .norm import onnx_reduce
 from .registry import FunctionLayer, Layer, LayerError, ReadOnlyLayer, four_axes, need_blobs, register_layer
 from .warp_onnx import OnnxImageSampler
@@ -252,20 +253,20 @@ class Correlation(Layer):
         return (pad_h, attrs["pad"], attrs["kernel"], y0, attrs["max_disp"], attrs["stride1"],
                 attrs["offsets"], attrs["subtract"], shape[2], shape[3])
 
-    def _check_runs(self, attrs, error):
+    @staticmethod
+    def cannot_run(attrs, in_shapes):
         if attrs["direction"] == -1:
-            raise error(f"layer '{attrs['name']}' (Correlation1D): single_direction -1 makes the fork read "
-                        f"before the start of each padded row (outside the blob); caffeq sizes this layer "
-                        f"but does not run it")
+            return ("single_direction -1 makes the fork read before the start of each padded row (outside "
+                    "the blob); caffeq sizes this layer but does not run it")
+        return None
 
     def forward(self, attrs, params, a, b):
-        self._check_runs(attrs, LayerError)
+        self.refuse_if_cannot_run(attrs["name"], attrs, [a.shape, b.shape], LayerError, attrs["type"])
         shape = self.infer(attrs, [a.shape, b.shape])[0]
         return flow_correlation(a, b, *self._args(attrs, shape))
 
     def onnx(self, ctx, node):
-        from ..errors import ExportError
-        self._check_runs(node.attrs, ExportError)
+        self.refuse_if_cannot_run(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError, node.type)
         a, b = node.inputs
         name = node.name
         pad_h, pad_w, k, y0, x0, stride, offsets, subtract, top_h, top_w = self._args(
@@ -301,8 +302,8 @@ class Correlation(Layer):
             ctx.add_node("AveragePool", [cost], out, kernel_shape=[k, k], strides=[stride, stride])
 
     def pytorch_source(self, node, emit):
-        from ..errors import ExportError
-        self._check_runs(node.attrs, ExportError)
+        self.refuse_if_cannot_run(node.name, node.attrs, [emit.in_shape(0), emit.in_shape(1)], ExportError,
+                                  node.type)
         args = self._args(node.attrs, emit.out_shape())
         rest = ", ".join(emit.lit(v) for v in args)
         return f"{emit.helper(flow_correlation)}({emit.inputs[0]}, {emit.inputs[1]}, {rest})"
