@@ -39,10 +39,9 @@ def yolo_v2_cell_order_rows(x, biases: list[float], num_box: int, num_classes: i
                             nms_threshold: float, duel: bool = False):
     """gklz1982's DetectionOutput on a (1, C, side, side) map -> rows (1, 1, R, 7); duel:
     BirdeeChen's NMS (of two overlapping boxes the lower objectness drops)."""
-    bx, by, bw, bh, label, score, keep = yolo_v2_candidates(x, biases, num_box, num_classes, float("-inf"))
+    bx, by, bw, bh, label, score, keep = yolo_v2_candidates(x, biases, num_box, num_classes, threshold)
     n, c, h, w = x.shape
     obj = torch.sigmoid(x.reshape(n, num_box, c // num_box, h, w)[:, :, 4].permute(0, 2, 3, 1)).reshape(-1)
-    keep = score >= threshold
     bx, by, bw, bh, label, score, obj = (t[keep] for t in (bx, by, bw, bh, label, score, obj))
     left, right = (bx - bw / 2).clamp_min(0), (bx + bw / 2).clamp_max(1)
     top, bottom = (by - bh / 2).clamp_min(0), (by + bh / 2).clamp_max(1)
