@@ -179,8 +179,6 @@ def emit_detection_output(ctx, node):
     n1 = op("Slice", [op("Shape", [loc_in], "loc_shape"), i64([0]), i64([1])], "n")
     nf = op("Cast", [op("Squeeze", [n1, i64([0])], "n_s")], "nf", to=1)
     ids = op("Unsqueeze", [op("Range", [f32(0.0), nf, f32(1.0)], "ids"), i64([1])], "ids_c")
-    minus = op("Expand", [f32(np.full((1, W + 2 + S), -1.0, np.float32)),
-                          op("Concat", [n1, i64([W + 2 + S])], "f_shape", axis=0)], "minus")
     if S:   # tl_ssd writes image i's id at 7 * i, whatever the row width
         all_minus = op("Expand", [f32(np.full((1, W + 3 + S), -1.0, np.float32)),
                                   op("Concat", [n1, i64([W + 3 + S])], "fb_shape", axis=0)], "all_minus")
@@ -190,6 +188,8 @@ def emit_detection_output(ctx, node):
         flat = op("ScatterElements", [flat, id_at, id_vals], "flat_ids", axis=0)
         fallback = op("Reshape", [flat, i64([-1, W + 3 + S])], "fallback")
     else:
+        minus = op("Expand", [f32(np.full((1, W + 2), -1.0, np.float32)),
+                              op("Concat", [n1, i64([W + 2])], "f_shape", axis=0)], "minus")
         fallback = op("Concat", [ids, minus], "fallback", axis=1)
     r1 = op("Slice", [op("Shape", [rows], "rows_shape"), i64([0]), i64([1])], "r")
     none = op("Cast", [op("Equal", [r1, i64([0])], "none_b")], "none", to=7)
