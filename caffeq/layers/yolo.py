@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from .registry import Layer, LayerError, four_axes, need_blobs, positive_field, register_layer, torch_sources
+from .ssd.common import emit_detection_top
 
 
 def _i64(ctx, v):
@@ -576,7 +577,7 @@ def _emit_yolo_detection(ctx, node, spec):
                op("Add", [op("Cast", [g[4]], "lab_f", to=1), f32(1.0)], "label"), g[5],
                op("Sub", [g[0], half_w], "left"), op("Sub", [g[1], half_h], "top"),
                op("Add", [g[0], half_w], "right"), op("Add", [g[1], half_h], "bottom")]
-    emit_rows_or_fallback(ctx, node, op, f32, columns)
+    emit_rows_or_fallback(ctx, node, op, columns)
 
 
 def emit_yolo_candidates(ctx, node, a, v3, with_obj=False):
@@ -650,22 +651,11 @@ def emit_yolo_candidates(ctx, node, a, v3, with_obj=False):
     return flat
 
 
-def emit_rows_or_fallback(ctx, node, op, f32, columns):
+def emit_rows_or_fallback(ctx, node, op, columns):
     """Rows from the 7 (R,) columns, or with no row at all one [i, -1, -1, -1, -1, -1, -1] per image."""
     rows = op("Concat", [op("Unsqueeze", [v, _i64(ctx, [1])], f"r{i}") for i, v in enumerate(columns)],
               "rows", axis=1)                                                                # (R, 7)
-    n1 = op("Slice", [op("Shape", [node.inputs[0]], "in_shape"), _i64(ctx, [0]), _i64(ctx, [1])], "n")
-    nf = op("Cast", [op("Squeeze", [n1, _i64(ctx, [0])], "n_s")], "nf", to=1)
-    ids = op("Unsqueeze", [op("Range", [f32(0.0), nf, f32(1.0)], "ids"), _i64(ctx, [1])], "ids_c")
-    minus = op("Expand", [f32(np.full((1, 6), -1.0, np.float32)),
-                          op("Concat", [n1, _i64(ctx, [6])], "f_shape", axis=0)], "minus")
-    fallback = op("Concat", [ids, minus], "fallback", axis=1)
-    r1 = op("Slice", [op("Shape", [rows], "rows_shape"), _i64(ctx, [0]), _i64(ctx, [1])], "r")
-    none = op("Cast", [op("Equal", [r1, _i64(ctx, [0])], "none_b")], "none", to=7)
-    end = op("Add", [r1, op("Mul", [none, n1], "n_if_none")], "end")
-    both = op("Concat", [rows, fallback], "both", axis=0)
-    out2 = op("Slice", [both, _i64(ctx, [0]), end, _i64(ctx, [0])], "out2")
-    ctx.add_node("Reshape", [out2, _i64(ctx, [1, 1, -1, 7])], [node.outputs[0]])
+    emit_detection_top(ctx, op, rows, node.inputs[0], node.outputs[0], 7)
 
 
 __all__ = [

@@ -126,7 +126,7 @@ def emit_onnx(ctx, node):
     idx = op("Squeeze", [op("Slice", [sel, i64([2]), i64([3]), i64([1])], "sel_box"), i64([1])], "idx")
     g = [op("Gather", [v, idx], f"g{k}", axis=0) for k, v in enumerate((bx, by, bw, bh, lab, score))]
     columns = [op("Mul", [g[5], f32(0.0)], "zero"), op("Cast", [g[4]], "label", to=1), g[5], g[0], g[1], g[2], g[3]]
-    emit_rows_or_fallback(ctx, node, op, f32, columns)
+    emit_rows_or_fallback(ctx, node, op, columns)
 
 
 def _onnx_duel(ctx, node, op, f32, i64, candidates):
@@ -208,7 +208,7 @@ def _onnx_duel(ctx, node, op, f32, i64, candidates):
     keep = op("And", [alive, op("Greater", [obj, f32(0.0)], "obj_pos")], "kept")
     g = [op("Compress", [v, keep], f"g{i}", axis=0) for i, v in enumerate((bx, by, bw, bh, lab, score))]
     columns = [op("Mul", [g[5], f32(0.0)], "zero"), op("Cast", [g[4]], "label", to=1), g[5], g[0], g[1], g[2], g[3]]
-    emit_rows_or_fallback(ctx, node, op, f32, columns)
+    emit_rows_or_fallback(ctx, node, op, columns)
 
 
 def emit_pytorch_source(node, emit):

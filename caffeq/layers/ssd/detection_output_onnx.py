@@ -2,7 +2,7 @@
 import numpy as np
 
 from ...errors import ExportError
-from .common import CENTER_SIZE, CORNER, CORNER_SIZE, FLT_MAX
+from .common import CENTER_SIZE, CORNER, CORNER_SIZE, FLT_MAX, emit_detection_top
 from .common import scalar_tensor as _scalar_tensor
 
 
@@ -175,25 +175,5 @@ def emit_detection_output(ctx, node):
         states = op("Reshape", [node.inputs[3], i64([0, P, S])], "states")
         parts.insert(3, op("GatherND", [states, img_prior], "row_states"))                       # (R, S)
     rows = op("Concat", parts, "rows", axis=1)                                                 # (R, 3 + S + W)
-    # no detection at all: one [i, -1, -1, -1, -1, -1, -1] row per image
-    n1 = op("Slice", [op("Shape", [loc_in], "loc_shape"), i64([0]), i64([1])], "n")
-    nf = op("Cast", [op("Squeeze", [n1, i64([0])], "n_s")], "nf", to=1)
-    ids = op("Unsqueeze", [op("Range", [f32(0.0), nf, f32(1.0)], "ids"), i64([1])], "ids_c")
-    if S:   # tl_ssd writes image i's id at 7 * i, whatever the row width
-        all_minus = op("Expand", [f32(np.full((1, W + 3 + S), -1.0, np.float32)),
-                                  op("Concat", [n1, i64([W + 3 + S])], "fb_shape", axis=0)], "all_minus")
-        flat = op("Reshape", [all_minus, i64([-1])], "flat")
-        id_vals = op("Squeeze", [ids, i64([1])], "ids_v")
-        id_at = op("Mul", [op("Cast", [id_vals], "ids_i", to=7), i64(7)], "id_at")
-        flat = op("ScatterElements", [flat, id_at, id_vals], "flat_ids", axis=0)
-        fallback = op("Reshape", [flat, i64([-1, W + 3 + S])], "fallback")
-    else:
-        minus = op("Expand", [f32(np.full((1, W + 2), -1.0, np.float32)),
-                              op("Concat", [n1, i64([W + 2])], "f_shape", axis=0)], "minus")
-        fallback = op("Concat", [ids, minus], "fallback", axis=1)
-    r1 = op("Slice", [op("Shape", [rows], "rows_shape"), i64([0]), i64([1])], "r")
-    none = op("Cast", [op("Equal", [r1, i64([0])], "none_b")], "none", to=7)
-    end = op("Add", [r1, op("Mul", [none, n1], "n_if_none")], "end")
-    both = op("Concat", [rows, fallback], "both", axis=0)
-    out2 = op("Slice", [both, i64([0]), end, i64([0])], "out2")
-    ctx.add_node("Reshape", [out2, i64([1, 1, -1, W + 3 + a.get("states", 0)])], [node.outputs[0]])
+    # tl_ssd writes image i's id at 7 * i, whatever the row width
+    emit_detection_top(ctx, op, rows, loc_in, node.outputs[0], W + 3 + S, id_stride=7 if S else 0)
