@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, need_blobs, positive_field, register_layer
+from .registry import Layer, LayerError, cached_constant, need_blobs, positive_field, register_layer
 
 # ---- the interpolation matrices and the torch computation (model.py copies these) -----------
 
@@ -129,7 +129,8 @@ class HyperColumns(Layer):
         mats = []
         for f in feats:
             scale = hh // f.shape[2]
-            mats += [hypercolumn_axis(hh, f.shape[2], scale).to(f), hypercolumn_axis(ww, f.shape[3], scale).to(f)]
+            mats += [cached_constant(hypercolumn_axis, hh, f.shape[2], scale, device=f.device, dtype=f.dtype),
+                     cached_constant(hypercolumn_axis, ww, f.shape[3], scale, device=f.device, dtype=f.dtype)]
         index = torch.arange(0, hh * ww, _test_skip(attrs["skip_ratio"], hh * ww), device=normal.device)
         return hypercolumns_sample(normal, list(feats), mats, index)
 
@@ -222,8 +223,8 @@ class BilinearInterpolation(Layer):
         return [(x[0], x[1], oh, ow)]
 
     def forward(self, attrs, params, x, ref):
-        mh = align_corners_axis(ref.shape[2], x.shape[2]).to(x)
-        mw = align_corners_axis(ref.shape[3], x.shape[3], True).to(x)
+        mh = cached_constant(align_corners_axis, ref.shape[2], x.shape[2], device=x.device, dtype=x.dtype)
+        mw = cached_constant(align_corners_axis, ref.shape[3], x.shape[3], True, device=x.device, dtype=x.dtype)
         return torch.matmul(torch.matmul(mh, x), mw.t())
 
     def pytorch_source(self, node, emit):

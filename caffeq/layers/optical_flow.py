@@ -50,7 +50,16 @@ import torch.nn.functional as F
 
 from ..errors import ExportError
 from .norm import onnx_reduce
-from .registry import FunctionLayer, Layer, LayerError, ReadOnlyLayer, four_axes, need_blobs, register_layer
+from .registry import (
+    FunctionLayer,
+    Layer,
+    LayerError,
+    ReadOnlyLayer,
+    cached_constant,
+    four_axes,
+    need_blobs,
+    register_layer,
+)
 from .warp_onnx import OnnxImageSampler
 
 # AugmentationCoeff's field count in flownet2's caffe.proto (6 spatial, 6 chromatic, 22 chromatic-eigen,
@@ -104,8 +113,13 @@ def flow_downsample(x, top_h: int, top_w: int):
     h, w = x.shape[2], x.shape[3]
     if (h, w) == (top_h, top_w):
         return x
-    rows = downsample_matrix(h, top_h, x.device)
-    cols = downsample_matrix(w, top_w, x.device).t()
+    return tent_average(x, downsample_matrix(h, top_h, x.device), downsample_matrix(w, top_w, x.device))
+
+
+def tent_average(x, rows, cols):
+    """Downsample's NaN-aware average of x (N, C, H, W) with the tent weights rows (top_h, H) and cols
+    (top_w, W) of downsample_matrix."""
+    cols = cols.t()
     bad = torch.isnan(x)
     good = (~bad).to(x.dtype)
     value = rows @ (torch.where(bad, torch.zeros_like(x), x) @ cols)
@@ -358,7 +372,13 @@ class Downsample(Layer):
 
     def forward(self, attrs, params, x, *like):
         th, tw = self.infer(attrs, [x.shape] + [t.shape for t in like])[0][2:]
-        return flow_downsample(x, th, tw)
+        h, w = x.shape[2], x.shape[3]
+        if (h, w) == (th, tw):
+            return x
+        # flow_downsample's computation (model.py runs that) with the weights made once per size and
+        # device; on x's device, as there: CUDA divides by a scalar through its reciprocal
+        return tent_average(x, cached_constant(downsample_matrix, h, th, x.device),
+                            cached_constant(downsample_matrix, w, tw, x.device))
 
     def onnx(self, ctx, node):
         x, name = node.inputs[0], node.name
@@ -392,6 +412,7 @@ class Downsample(Layer):
     def pytorch_source(self, node, emit):
         th, tw = emit.out_shape()[2:]
         emit.helper(downsample_matrix)
+        emit.helper(tent_average)
         return f"{emit.helper(flow_downsample)}({emit.inputs[0]}, {th}, {tw})"
 
 

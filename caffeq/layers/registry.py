@@ -26,10 +26,12 @@ data layer whose top shapes must come from the user (`--input-shape
 NAME=N,C,H,W`): it resolves to the "PythonData" spec.  Any other Python layer
 is refused with a clear error.  `spec_for(lp)` does this lookup for every layer.
 """
+import functools
 import inspect
 import math
 
 import numpy as np
+import torch
 
 from ..errors import CaffeqError, ExportError, UnsupportedLayerError
 
@@ -231,6 +233,16 @@ def torch_sources(*objects):
     """The source text of functions and classes, for a spec's model.py helper: the export runs the
     very code that `forward` runs, so the two stay bit-identical."""
     return "\n\n\n".join(inspect.getsource(o) for o in objects)
+
+
+@functools.lru_cache(maxsize=64)
+def cached_constant(build, *args, device=None, dtype=None):
+    """build(*args) on `device` in `dtype`, made once per (build, args, device, dtype): the constant
+    matrices a spec's forward would otherwise rebuild on every call (model.py keeps them as an
+    nn.Module's buffers instead).  Callers only read it.  It is made outside inference mode, so that
+    one first made under torch.inference_mode() still serves a later run that records gradients."""
+    with torch.inference_mode(False):
+        return build(*args).to(device=device, dtype=dtype)
 
 
 def register_layer(*type_names, override=False):
