@@ -331,9 +331,8 @@ class RPNProposal(nn.Module):
 # model.py gets these very functions, so the export runs the same code as forward (the anchors
 # helper on its own: CTPN's text proposals use it too)
 TORCH_ANCHORS = torch_sources(shifted_anchors)
-TORCH_PROPOSAL = torch_sources(rpn_nms, rpn_decode_centres, rpn_decode_boxes,
-                                                               pva_sort_order, rpn_proposals, ssh_empty_rois,
-                                                               RPNProposal)
+TORCH_PROPOSAL = torch_sources(rpn_nms, rpn_decode_centres, rpn_decode_boxes, pva_sort_order, rpn_proposals,
+                               ssh_empty_rois, RPNProposal)
 
 
 # ---- the specs --------------------------------------------------------------------------------
