@@ -37,6 +37,17 @@ def bin_mask(starts, ends, n: int):
     return (pos[None, :] >= starts[:, None]) & (pos[None, :] < ends[:, None])
 
 
+def bin_means(planes, pattern: str, hs, he, ws, we):
+    """The mean of `planes` (..., H, W) over each bin [hs, he) x [ws, we), 0 for an empty bin;
+    `pattern` contracts the planes with the (bins, H) row and (bins, W) column masks."""
+    h, w = planes.shape[-2:]
+    area = ((he - hs).clamp(min=0)[:, None] * (we - ws).clamp(min=0)[None, :]).to(planes.device, planes.dtype)
+    mh = bin_mask(hs, he, h).to(planes.device, planes.dtype)
+    mw = bin_mask(ws, we, w).to(planes.device, planes.dtype)
+    sums = torch.einsum(pattern, planes, mh, mw)
+    return torch.where(area > 0, sums / area.clamp(min=1), torch.zeros_like(sums))
+
+
 def roi_rows(rois, kind: str):
     """rois as (R, 5) float32 rows on the CPU, where the bins are computed."""
     r = rois.flatten(1) if rois.dim() > 1 else rois.reshape(-1, 1)     # flatten: (0, 5) stays (0, 5)
@@ -117,11 +128,7 @@ def roi_avg_pool(x, rois, ph: int, pw: int, spatial_scale: float):
     for roi in r:
         b = roi_batch_index(roi, n, "ROIPooling")
         hs, he, ws, we = roi_bins(roi, spatial_scale, ph, pw, h, w)
-        area = ((he - hs).clamp(min=0)[:, None] * (we - ws).clamp(min=0)[None, :]).to(x.device, x.dtype)
-        mh = bin_mask(hs, he, h).to(x.device, x.dtype)
-        mw = bin_mask(ws, we, w).to(x.device, x.dtype)
-        sums = torch.einsum("chw,ph,qw->cpq", x[b], mh, mw)
-        outs.append(torch.where(area > 0, sums / area.clamp(min=1), torch.zeros_like(sums)))
+        outs.append(bin_means(x[b], "chw,ph,qw->cpq", hs, he, ws, we))
     if not outs:
         return x.new_zeros((0, c, ph, pw))
     return torch.stack(outs)
@@ -149,11 +156,7 @@ def ps_roi_avg_pool(x, rois, output_dim: int, group_size: int, spatial_scale: fl
         he = torch.ceil((k + 1) * bin_size[1] + start[1]).long().clamp(0, h)
         ws = torch.floor(k * bin_size[0] + start[0]).long().clamp(0, w)
         we = torch.ceil((k + 1) * bin_size[0] + start[0]).long().clamp(0, w)
-        area = ((he - hs).clamp(min=0)[:, None] * (we - ws).clamp(min=0)[None, :]).to(x.device, x.dtype)
-        mh = bin_mask(hs, he, h).to(x.device, x.dtype)
-        mw = bin_mask(ws, we, w).to(x.device, x.dtype)
-        sums = torch.einsum("opqhw,ph,qw->opq", x5[b], mh, mw)
-        outs.append(torch.where(area > 0, sums / area.clamp(min=1), torch.zeros_like(sums)))
+        outs.append(bin_means(x5[b], "opqhw,ph,qw->opq", hs, he, ws, we))
     if not outs:
         return x.new_zeros((0, dim, g, g))
     return torch.stack(outs)
@@ -172,7 +175,7 @@ class RoiLayer(nn.Module):
 
 
 # model.py gets the same functions, so the export stays bit-identical to forward
-TORCH_ROI_COMMON = torch_sources(c_round, bin_mask, roi_rows, roi_batch_index)
+TORCH_ROI_COMMON = torch_sources(c_round, bin_mask, bin_means, roi_rows, roi_batch_index)
 TORCH_ROI_POOLING = torch_sources(pad_roi_corners, roi_bins, roi_max_pool)
 TORCH_ROI_AVG_POOLING = torch_sources(pad_roi_corners, roi_bins, roi_avg_pool)
 TORCH_PSROI_POOLING = torch_sources(ps_roi_avg_pool)
