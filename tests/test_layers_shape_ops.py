@@ -471,3 +471,40 @@ def test_onnx_reference_cases(name, tmp_path):
         ref1 = model.run(one)
         for k, v in ref1.items():
             np.testing.assert_allclose(got1[k], v, rtol=1e-5, atol=1e-5)
+
+
+# ---- Tiling (the highway-driving fork, asyncbridge/tsinghua-tencent-100k code/caffe) --------------
+
+def ref_tiling(x, t):
+    """tiling_layer.cpp Forward_cpu's loop: output channel c's t x t tile at input pixel (iy, ix) reads
+    input channels c*t^2 .. c*t^2 + t^2 - 1 in row-major tile order."""
+    n, c, h, w = x.shape
+    out = np.zeros((n, c // (t * t), h * t, w * t), x.dtype)
+    for b in range(n):
+        for oc in range(c // (t * t)):
+            for iy in range(h):
+                for ix in range(w):
+                    for ty in range(t):
+                        for tx in range(t):
+                            out[b, oc, iy * t + ty, ix * t + tx] = x[b, oc * t * t + ty * t + tx, iy, ix]
+    return out
+
+
+@pytest.mark.parametrize("t, shape", [(2, (2, 12, 3, 5)), (3, (1, 18, 4, 2)), (1, (2, 3, 2, 3))])
+def test_tiling_matches_the_forks_loop(t, shape, tmp_path):
+    from conftest import check_everywhere
+    x = rand(*shape)
+    model = load_from_text(net({"x": shape}, f'layer {{ name: "tile" type: "Tiling" bottom: "x" top: "o" '
+                                             f'tiling_param {{ tile_dim: {t} }} }}'))
+    ref = ref_tiling(x, t)
+    assert model.blob_shapes["o"] == ref.shape
+    check_everywhere(model, {"x": x}, {"o": ref}, tmp_path)
+
+
+@pytest.mark.parametrize("params, shape, msg", [("tile_dim: 2", (1, 6, 3, 3), "not a multiple of 4"),
+                                                ("", (1, 4, 3, 3), "tile_dim must be positive"),
+                                                ("tile_dim: 2", (4, 8), "needs a 4-axis bottom")])
+def test_tiling_bad_input(params, shape, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net({"x": shape}, f'layer {{ name: "tile" type: "Tiling" bottom: "x" top: "o" '
+                                         f'tiling_param {{ {params} }} }}'))

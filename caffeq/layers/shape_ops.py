@@ -314,14 +314,53 @@ def _reshape_shape(attrs, shape):
     return tuple(top)
 
 
-def _pixel_shuffle_shape(r, shape):
-    """synopsys-caffe's pixelshuffler top: N x C/r^2 x rH x rW of a 4-axis bottom."""
+def _pixel_shuffle_shape(r, shape, field="reshape_param.pixelshuffler"):
+    """synopsys-caffe's pixelshuffler (and the driving fork's Tiling) top: N x C/r^2 x rH x rW of a
+    4-axis bottom."""
     if len(shape) != 4:
-        raise LayerError(f"reshape_param.pixelshuffler needs a 4-axis bottom, got {list(shape)}")
+        raise LayerError(f"{field} needs a 4-axis bottom, got {list(shape)}")
     n, c, h, w = (int(d) for d in shape)
     if c % (r * r):
-        raise LayerError(f"reshape_param.pixelshuffler {r}: the bottom's {c} channels are not a multiple of {r * r}")
+        raise LayerError(f"{field} {r}: the bottom's {c} channels are not a multiple of {r * r}")
     return (n, c // (r * r), h * r, w * r)
+
+
+def _onnx_pixel_shuffle(ctx, node, r):
+    # ONNX's channel-major (CRD) DepthToSpace is torch's pixel_shuffle and the forks' reorder
+    ctx.add_node("DepthToSpace", [node.inputs[0]], [node.outputs[0]], name=node.name, blocksize=r, mode="CRD")
+
+
+def _source_pixel_shuffle(emit, r):
+    emit.uses("F")
+    return f"F.pixel_shuffle({emit.inputs[0]}, {r})"
+
+
+@register_layer("Tiling")
+class Tiling(Layer):
+    """The highway-driving fork's Tiling (asyncbridge/tsinghua-tencent-100k code/caffe tiling_layer.cpp):
+    input channel c*t^2 + i*t + j of pixel (h, w) goes to channel c at (h*t + i, w*t + j), torch's
+    pixel_shuffle."""
+
+    bottoms = tops = 1
+
+    def parse(self, lp):
+        need_blobs(lp, "Tiling", 1, 1, in_place=False)
+        t = int(lp.tiling_param.tile_dim)
+        if t <= 0:
+            raise LayerError(f"tiling_param.tile_dim must be positive, got {t}")
+        return {"tile": t}
+
+    def infer(self, attrs, in_shapes):
+        return [_pixel_shuffle_shape(attrs["tile"], in_shapes[0], "tiling_param.tile_dim")]
+
+    def forward(self, attrs, params, x):
+        return F.pixel_shuffle(x, attrs["tile"])
+
+    def onnx(self, ctx, node):
+        _onnx_pixel_shuffle(ctx, node, node.attrs["tile"])
+
+    def pytorch_source(self, node, emit):
+        return _source_pixel_shuffle(emit, node.attrs["tile"])
 
 
 @register_layer("Reshape")
@@ -360,9 +399,7 @@ class Reshape(Layer):
         a = node.attrs
         x = node.inputs[0]
         if a.get("pixelshuffler", 1) > 1:
-            # ONNX's channel-major (CRD) DepthToSpace is the fork's reorder
-            ctx.add_node("DepthToSpace", [x], [node.outputs[0]], name=node.name, blocksize=a["pixelshuffler"],
-                         mode="CRD")
+            _onnx_pixel_shuffle(ctx, node, a["pixelshuffler"])
             return
         shape = tuple(ctx.shape(x))
         ndim = len(shape)
@@ -394,8 +431,7 @@ class Reshape(Layer):
         a = node.attrs
         x = emit.inputs[0]
         if a.get("pixelshuffler", 1) > 1:
-            emit.uses("F")
-            return f"F.pixel_shuffle({x}, {a['pixelshuffler']})"
+            return _source_pixel_shuffle(emit, a["pixelshuffler"])
         ndim = len(emit.in_shape(0))
         start, end = _reshape_plan(a, ndim)
         # axes Caffe copies (outside [start, end), and 0 in the spec) come from x at run time
