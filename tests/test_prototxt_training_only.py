@@ -191,7 +191,7 @@ layer {
                       share_in_parallel: false }
 }
 layer {
-  name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  name: "conv" type: "Convolution" bottom: "data" top: "conv" deletetop: true deletebottom: false
   param { lr_mult: 1 force_mult: 1 param_propagate_down: false breadth_decay_mult: 1 kernel_shape_decay_mult: 1 }
   convolution_param { num_output: 4 kernel_size: 3 }
 }
@@ -209,7 +209,8 @@ def test_known_fork_training_fields_are_warnings_with_their_reason():
                        ("source", "CaffeOnSpark"), ("share_in_parallel", "CaffeOnSpark"),
                        ("force_mult", "training regulariser"), ("param_propagate_down", "GAN training"),
                        ("breadth_decay_mult", "structured weight decay"),
-                       ("kernel_shape_decay_mult", "structured weight decay")]:
+                       ("kernel_shape_decay_mult", "structured weight decay"),
+                       ("deletetop", "UberNet's memory saving"), ("deletebottom", "UberNet's memory saving")]:
         line = [w for w in warnings if f"'{field}'" in w]
         assert len(line) == 1 and why in line[0], (field, joined)
 

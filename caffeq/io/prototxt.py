@@ -258,6 +258,10 @@ _FORK_FIELD_GROUPS = [
      "from channels, height, width", "source", "share_in_parallel"),
     # CMU-Perceptual-Computing-Lab/caffe_train 76dd956: the CPMData layer's augmentation
     ("LayerParameter", _TEST_ONLY, "CPMData's data augmentation only matters for training", "cpm_transform_param"),
+    # jkokkin/UberNet b33344d caffe-fast-rcnn: LayerParameter 201-204 (201/202 are SSD's Permute numbers);
+    # net.cpp frees a layer's bottoms after its forward when deletebottom is set, nothing reads the others
+    ("LayerParameter", _ANY_PHASE, "UberNet's memory saving (blobs freed after use); the same numbers without it",
+     "deletetop", "deletebottom", "pullsfrom", "eliminate"),
 ]
 
 
