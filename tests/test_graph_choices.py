@@ -318,6 +318,34 @@ layer { name: "drop" type: "SeLuDropout" bottom: "x" top: "y" selu_dropout_param
         load_from_text(text.replace("dropout_ratio: 0.2", "dropout_ratio: 1.0"))
 
 
+# ---- Noise (sergeyk's layer, bnkang/caffe-windows-for-fr and other forks) ----------------------
+
+@pytest.mark.parametrize("params, mean, std", [("gaussian_std: 0.5 bias: 2", 2.0, 0.5),
+                                               ("uniform_range: 3 bias: -1", -1.0, 3 / 3 ** 0.5)])
+def test_noise_copies_at_test_and_adds_its_noise_in_training(params, mean, std, tmp_path):
+    """noise_layer.cpp: TEST copies; TRAIN adds gaussian(bias, gaussian_std) noise, or uniform noise in
+    bias +- uniform_range (std range / sqrt(3)) when only that is set."""
+    import torch
+    from conftest import check_everywhere
+    text = f"""
+layer {{ name: "x" type: "Input" top: "x" input_param {{ shape {{ dim: 2 dim: 3 dim: 40 dim: 50 }} }} }}
+layer {{ name: "data" type: "Noise" bottom: "x" top: "x" noise_param {{ {params} }} }}
+layer {{ name: "relu" type: "ReLU" bottom: "x" top: "y" }}
+"""
+    model = load_from_text(text)
+    x = np.random.default_rng(6).standard_normal((2, 3, 40, 50)).astype(np.float32)
+    check_everywhere(model, {"x": x}, {"y": np.maximum(x, 0)}, tmp_path)
+    noisy = load_from_text(text.replace('layer { name: "relu" type: "ReLU" bottom: "x" top: "y" }', ""))
+    module = noisy.to_torch().train()
+    torch.manual_seed(0)
+    added = module(torch.from_numpy(x)).detach().numpy().astype(np.float64) - x
+    assert abs(added.mean() - mean) < 0.05 and abs(added.std() - std) < 0.05
+    if "uniform" in params:
+        assert added.min() >= -4 - 1e-5 and added.max() <= 2 + 1e-5
+    with pytest.raises(CaffeqError, match="must be a finite number >= 0"):
+        load_from_text(text.replace("bias:", "gaussian_std: -1 bias:").replace("gaussian_std: 0.5 ", ""))
+
+
 # ---- Faster R-CNN's Dropout scale_train ------------------------------------------------------
 
 def test_dropout_scale_train_false_scales_at_test(tmp_path):

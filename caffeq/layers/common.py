@@ -1,4 +1,6 @@
-"""Structural layers: Input, Split, Silence, Dropout, SeLuDropout."""
+"""Structural layers: Input, Split, Silence, Dropout, Noise, SeLuDropout."""
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -115,6 +117,38 @@ class Dropout(Layer):
         m = emit.module(f"nn.Dropout(p={emit.lit(node.attrs['ratio'])})")
         scale = node.attrs["test_scale"]
         return f"{m}({emit.inputs[0]})" + (f" * {emit.lit(scale)}" if scale != 1.0 else "")
+
+
+@register_layer("Noise")
+class AdditiveNoise(Layer):
+    """sergeyk's Noise layer (bnkang/caffe-windows-for-fr noise_layer.cpp and other forks): TEST copies
+    the input; TRAIN adds gaussian noise of mean bias and std gaussian_std, else uniform noise in
+    bias +- uniform_range when that is set, else nothing."""
+
+    uses_training_flag = True
+    bottoms = tops = 1
+
+    def parse(self, lp):
+        p = lp.noise_param
+        for f in ("gaussian_std", "uniform_range"):
+            if not math.isfinite(getattr(p, f)) or getattr(p, f) < 0:
+                raise LayerError(f"noise_param.{f} must be a finite number >= 0, got {getattr(p, f)}")
+        kind = "gaussian" if p.HasField("gaussian_std") else "uniform" if p.HasField("uniform_range") else None
+        return {"kind": kind, "std": float(p.gaussian_std), "range": float(p.uniform_range), "bias": float(p.bias)}
+
+    def forward(self, attrs, params, x, training=False):
+        if not training or attrs["kind"] is None:
+            return x
+        if attrs["kind"] == "gaussian":
+            return x + torch.randn_like(x) * attrs["std"] + attrs["bias"]
+        return x + (torch.rand_like(x) * 2 - 1) * attrs["range"] + attrs["bias"]
+
+    def onnx(self, ctx, node):
+        ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        emit.note("Noise copies its input at inference; model.py leaves out its training-time noise")
+        return emit.inputs[0]
 
 
 @register_layer("SeLuDropout")
