@@ -192,6 +192,7 @@ layer {
 }
 layer {
   name: "conv" type: "Convolution" bottom: "data" top: "conv" deletetop: true deletebottom: false
+  forward_type: FLOAT16 backward_type: FLOAT16 forward_math: FLOAT
   param { lr_mult: 1 force_mult: 1 param_propagate_down: false breadth_decay_mult: 1 kernel_shape_decay_mult: 1 }
   convolution_param { num_output: 4 kernel_size: 3 }
 }
@@ -210,19 +211,23 @@ def test_known_fork_training_fields_are_warnings_with_their_reason():
                        ("force_mult", "training regulariser"), ("param_propagate_down", "GAN training"),
                        ("breadth_decay_mult", "structured weight decay"),
                        ("kernel_shape_decay_mult", "structured weight decay"),
-                       ("deletetop", "UberNet's memory saving"), ("deletebottom", "UberNet's memory saving")]:
+                       ("deletetop", "UberNet's memory saving"), ("deletebottom", "UberNet's memory saving"),
+                       ("forward_type", "per-layer forward precision"), ("forward_math", "per-layer forward precision"),
+                       ("backward_type", "per-layer backward pass precision")]:
         line = [w for w in warnings if f"'{field}'" in w]
         assert len(line) == 1 and why in line[0], (field, joined)
 
 
 def test_known_fork_training_hyperparameters_stay_strict_for_the_train_net():
-    with pytest.raises(ParseError, match="global_grad_scale"):
+    with pytest.raises(ParseError, match="bn_stats_batch_size"):
         _parse(FORK_FIELDS_NET, phase="TRAIN")
-    # memory and cuDNN knobs never matter for the numbers
-    train = FORK_FIELDS_NET.replace("global_grad_scale: 1000.\n", "").replace("bn_stats_batch_size: 32\n", "") \
+    # memory and cuDNN knobs never matter for the numbers, nor NVCaffe's loss scale (it cancels in
+    # caffeq's float32 training)
+    train = FORK_FIELDS_NET.replace("bn_stats_batch_size: 32\n", "") \
         .replace(" force_mult: 1 param_propagate_down: false breadth_decay_mult: 1 kernel_shape_decay_mult: 1", "")
     _, warnings = _parse(train, phase="TRAIN")
     assert any("'eltwise_mem_sharing'" in w for w in warnings)
+    assert any("'global_grad_scale'" in w and "caffeq trains in float32" in w for w in warnings)
 
 
 def test_a_known_name_in_another_message_is_still_an_error():

@@ -223,8 +223,11 @@ _FORK_FIELD_GROUPS = [
     # NVIDIA/caffe 87a2554 caffe.proto NetParameter 12-20
     ("NetParameter", _ANY_PHASE, "NVCaffe's memory sharing, multi-GPU reduction and cuDNN algorithm choice",
      "eltwise_mem_sharing", "reduce_buckets", "default_conv_algos_override"),
-    ("NetParameter", _TEST_ONLY, "NVCaffe's backward pass precision and gradient (loss) scaling",
-     "default_backward_type", "default_backward_math", "global_grad_scale", "global_grad_scale_adaptive"),
+    # the loss scale multiplies the loss and divides the gradients again: in caffeq's float32 training
+    # it cancels, as a precision only changes the rounding
+    ("NetParameter", _ANY_PHASE, "NVCaffe's backward pass precision and gradient (loss) scaling; caffeq "
+     "trains in float32", "default_backward_type", "default_backward_math", "global_grad_scale",
+     "global_grad_scale_adaptive"),
     # NVCaffe runs the forward pass in this type; the function is the same, only the rounding
     ("NetParameter", _ANY_PHASE, "NVCaffe's forward precision; caffeq computes in float32",
      "default_forward_type", "default_forward_math"),
@@ -256,6 +259,12 @@ _FORK_FIELD_GROUPS = [
     # height and width like MemoryData
     ("MemoryDataParameter", _ANY_PHASE, "CaffeOnSpark's data source and multi-GPU sharing; the shape comes "
      "from channels, height, width", "source", "share_in_parallel"),
+    # NVIDIA/caffe 87a2554 caffe.proto LayerParameter 145-150 (145-150 are fork messages here): the
+    # layer's own precision; the function is the same, only the rounding
+    ("LayerParameter", _ANY_PHASE, "NVCaffe's per-layer forward precision; caffeq computes in float32",
+     "forward_type", "forward_math", "cudnn_math_override", "debug"),
+    ("LayerParameter", _ANY_PHASE, "NVCaffe's per-layer backward pass precision; caffeq trains in float32",
+     "backward_type", "backward_math"),
     # CMU-Perceptual-Computing-Lab/caffe_train 76dd956: the CPMData layer's augmentation
     ("LayerParameter", _TEST_ONLY, "CPMData's data augmentation only matters for training", "cpm_transform_param"),
     # jkokkin/UberNet b33344d caffe-fast-rcnn: LayerParameter 201-204 (201/202 are SSD's Permute numbers);
