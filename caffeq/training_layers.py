@@ -58,19 +58,20 @@ def drop_training_only(layers, source="", notes=None):
             for lp in unlabelled))
     gone.update(id(lp) for lp in unlabelled)
     labels = _label_blobs(layers)
+    readers = _readers(layers)
     label_readers = []
     changed = True
     while changed:
         changed = False
+        only = _only_train(layers, gone, readers)
         for i, lp in enumerate(layers):
             if id(lp) in gone or spec_for(lp) is not None or not len(lp.top):
                 continue
-            memo = {}
             if lp.type == "Python":
-                drop = all(_trains_only_through(i, top, layers, gone, memo) for top in lp.top)
+                drop = all(_trains_only_through(i, top, readers, only) for top in lp.top)
             elif any(b in labels for b in lp.bottom):
-                read = [top for top in lp.top if _readers_after(i, top, layers)]
-                drop = bool(read) and all(_trains_only_through(i, top, layers, gone, memo) for top in read)
+                read = [top for top in lp.top if readers.get((i, top))]
+                drop = bool(read) and all(_trains_only_through(i, top, readers, only) for top in read)
                 if drop:
                     label_readers.append(lp)
             else:
@@ -127,34 +128,38 @@ def _label_blobs(layers):
     return labels
 
 
-def _readers_after(index, blob, layers):
-    """Positions of the layers that read the `blob` layers[index] writes (until it is written again)."""
-    readers = []
-    for later in range(index + 1, len(layers)):
-        if blob in layers[later].bottom:
-            readers.append(later)
-        if blob in layers[later].top:
-            break
+def _readers(layers):
+    """{(position, blob): positions of the layers that read the blob layers[position] writes, until
+    it is written again}, in one pass."""
+    writer, readers = {}, {}
+    for position, lp in enumerate(layers):
+        for blob in dict.fromkeys(lp.bottom):
+            if blob in writer:
+                readers.setdefault((writer[blob], blob), []).append(position)
+        for blob in lp.top:
+            writer[blob] = position
     return readers
 
 
-def _trains_only_through(index, blob, layers, gone, memo):
-    """True when the `blob` layers[index] writes is read, and every reader is a loss or scorer, a
-    Silence, a dropped layer, or a layer whose every top is such a blob in turn (never a net output)."""
-    readers = _readers_after(index, blob, layers)
-    return bool(readers) and all(_only_trains(r, layers, gone, memo) for r in readers)
+def _trains_only_through(index, blob, readers, only):
+    """True when the `blob` layers[index] writes is read, and every reader only trains (`only`)."""
+    read = readers.get((index, blob), ())
+    return bool(read) and all(only[r] for r in read)
 
 
-def _only_trains(index, layers, gone, memo):
-    lp = layers[index]
-    # a Silence reader swallows the blob: it adds nothing to any output
-    if id(lp) in gone or is_training_only_type(lp.type) or lp.type == "Silence":
-        return True
-    if index not in memo:
-        memo[index] = False   # a cycle through in-place writes proves nothing
-        memo[index] = bool(len(lp.top)) and all(
-            _trains_only_through(index, top, layers, gone, memo) for top in lp.top)
-    return memo[index]
+def _only_train(layers, gone, readers):
+    """only[i]: layers[i] is a loss or scorer, a Silence (it swallows the blob: it adds nothing to
+    any output), a dropped layer, or a layer whose every top is read, and only by such layers (never
+    a net output).  Readers come after what they read, so one sweep from the last layer back
+    decides them all, without recursion (converted nets run to thousands of layers)."""
+    only = [False] * len(layers)
+    for i in range(len(layers) - 1, -1, -1):
+        lp = layers[i]
+        if id(lp) in gone or is_training_only_type(lp.type) or lp.type == "Silence":
+            only[i] = True
+        else:
+            only[i] = bool(len(lp.top)) and all(_trains_only_through(i, top, readers, only) for top in lp.top)
+    return only
 
 
 # Python layers known to only score a net against its labels (module.class): NVIDIA DIGITS

@@ -501,6 +501,23 @@ def test_an_unknown_python_layer_read_by_inference_is_still_refused():
         load_from_text(text)
 
 
+def test_a_python_layer_before_thousands_of_layers_is_refused_in_one_line():
+    # converted TensorFlow nets (synopsys-caffe-models' resnet_v2_101) put a Python layer before
+    # thousands of layers: deciding whether its results only train must not recurse down the chain
+    chain = "\n".join(f'layer {{ name: "r{i}" type: "ReLU" bottom: "b{i}" top: "b{i + 1}" }}' for i in range(3000))
+    text = ('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 } } }\n'
+            'layer { name: "pad" type: "Python" bottom: "x" top: "b0" python_param { module: "pad" layer: "PadTensor" } }\n'
+            + chain)
+    with pytest.raises(CaffeqError, match="'pad' is a Python layer"):
+        load_from_text(text)
+    # and when the chain ends in a loss the whole branch only trains and is dropped
+    lossy = text + \
+        '\nlayer { name: "loss" type: "EuclideanLoss" bottom: "b3000" bottom: "x" top: "loss" }' + \
+        '\nlayer { name: "keep" type: "ReLU" bottom: "x" top: "y" }'
+    model = load_from_text(lossy)
+    assert [n.name for n in model.layers] == ["x", "keep"]
+
+
 def test_enet_spatial_dropout_python_layer(tmp_path):
     # TimoSaemann/ENet's spatial_dropout.py: with 'phase': 'TEST' it multiplies by 1 / (1 - p)
     text = """
