@@ -9,8 +9,9 @@ TRAINING_ONLY_TYPES = frozenset({
     "MultiBoxLoss", "SmoothL1Loss", "CTCLoss", "WarpCTCLoss", "TripletLoss", "CenterLoss",
     "BoxAnnotatorOHEM", "SoftmaxWithLossOHEM", "DetectionEvaluate", "LabelSpecificAdd",
     "FocalLoss", "L1Loss", "CosinLoss", "NormalizedSoftmaxLoss", "EvalDetection", "SmoothL1LossOHEM",
-    # eric612/MobileNet-YOLO's YOLO v3 loss (Yolov3Layer, a LossLayer) under a name without "Loss"
-    "Yolov3",
+    # eric612/MobileNet-YOLO's YOLO v3 loss (Yolov3Layer, a LossLayer) under a name without "Loss",
+    # its segmentation loss (YoloSegLayer, a LossLayer) and its segmentation scorer (69b4441)
+    "Yolov3", "YoloSeg", "SegmentationEvaluate",
     # nudles/vldbj-code's V1 PRECISION_RECALL: a metric over scores and labels, like Accuracy
     "PrecisionRecall",
     # wy1iu/sphereface-plus's inter-class separability loss (InterClassLayer, a LossLayer over the

@@ -207,12 +207,14 @@ layer { name: "mbox_loss" type: "MultiBoxLoss" bottom: "ip" bottom: "label" top:
 layer { name: "ctc" type: "CTCLoss" bottom: "ip" bottom: "label" top: "ctc" }
 layer { name: "acc" type: "LabelsequenceAccuracy" bottom: "ip" bottom: "label" top: "acc" }
 layer { name: "yolo_loss" type: "Yolov3" bottom: "ip" bottom: "label" top: "yolo_loss" }
+layer { name: "seg_loss" type: "YoloSeg" bottom: "ip" bottom: "label" top: "seg_loss" }
+layer { name: "seg_eval" type: "SegmentationEvaluate" bottom: "ip" bottom: "label" top: "seg_eval" }
 """
     model = load_from_text(text, random_weights=True)
     assert [n.name for n in model.layers] == ["x", "label", "ip"]
     assert model.outputs == ["ip"]
     assert any("mbox_loss (MultiBoxLoss)" in w and "ctc (CTCLoss)" in w and "acc (LabelsequenceAccuracy)" in w
-               and "yolo_loss (Yolov3)" in w for w in model.warnings)
+               and "yolo_loss (Yolov3)" in w and "seg_loss (YoloSeg)" in w for w in model.warnings)
 
 
 def test_an_unknown_type_that_is_not_a_loss_still_stops_the_read():
