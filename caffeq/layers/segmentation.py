@@ -34,7 +34,6 @@
 The torch functions and modules below are also copied into the standalone
 model.py (inspect.getsource), so the export computes the same bits.
 """
-import inspect
 
 import numpy as np
 import torch
@@ -115,7 +114,7 @@ class PSPNetBN(nn.Module):
 
 
 TORCH_SEGNET_BN = torch_sources(segnet_bn, SegNetBN)
-TORCH_PSPNET_BN = "\n\n".join(inspect.getsource(o) for o in (pspnet_bn, pspnet_batch_stats, PSPNetBN))
+TORCH_PSPNET_BN = torch_sources(pspnet_bn, pspnet_batch_stats, PSPNetBN)
 
 
 # ---- BN ------------------------------------------------------------------------------
@@ -335,8 +334,7 @@ class DeconvNetUnpool(nn.Module):
         return segnet_unpool(x, mask, self.out_h, self.out_w)
 
 
-TORCH_DECONVNET_UNPOOL = "\n\n".join(inspect.getsource(o) for o in (unpool_grid, unpool_window_area,
-                                                                     unpool_spread, DeconvNetUnpool))
+TORCH_DECONVNET_UNPOOL = torch_sources(unpool_grid, unpool_window_area, unpool_spread, DeconvNetUnpool)
 
 
 @register_layer("Unpooling")
