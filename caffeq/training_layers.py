@@ -3,12 +3,11 @@
 with a note, so that a train file reads without its datasets."""
 from .layers import spec_for
 
-# Layer types that only train or score a net.  A prototxt may hold them with no spec here
-# (fork losses, evaluation layers); they are dropped from inference graphs with a note.
+# Layer types that only train or score a net beyond those whose names say "loss" or end in
+# "accuracy".  A prototxt may hold them with no spec here (fork losses, evaluation layers); they are
+# dropped from inference graphs with a note.
 TRAINING_ONLY_TYPES = frozenset({
-    "MultiBoxLoss", "SmoothL1Loss", "CTCLoss", "WarpCTCLoss", "TripletLoss", "CenterLoss",
-    "BoxAnnotatorOHEM", "SoftmaxWithLossOHEM", "DetectionEvaluate", "LabelSpecificAdd",
-    "FocalLoss", "L1Loss", "CosinLoss", "NormalizedSoftmaxLoss", "EvalDetection", "SmoothL1LossOHEM",
+    "BoxAnnotatorOHEM", "DetectionEvaluate", "LabelSpecificAdd", "EvalDetection",
     # eric612/MobileNet-YOLO's YOLO v3 loss (Yolov3Layer, a LossLayer) under a name without "Loss",
     # its segmentation loss (YoloSegLayer, a LossLayer) and its segmentation scorer (69b4441)
     "Yolov3", "YoloSeg", "SegmentationEvaluate",
@@ -21,9 +20,10 @@ TRAINING_ONLY_TYPES = frozenset({
 
 
 def is_training_only_type(type_name):
-    """Losses and scorers (accuracy, detection evaluation): they train or measure, never infer."""
+    """Losses and scorers (accuracy, detection evaluation): they train or measure, never infer.  A fork's
+    loss may carry a suffix (Jallet/caffe_colorization's EuclideanLossWithTV, SoftmaxWithLossOHEM)."""
     lowered = type_name.lower()
-    return type_name in TRAINING_ONLY_TYPES or lowered.endswith("loss") or lowered.endswith("accuracy")
+    return type_name in TRAINING_ONLY_TYPES or "loss" in lowered or lowered.endswith("accuracy")
 
 
 def drop_training_only(layers, source="", notes=None):

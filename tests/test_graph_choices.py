@@ -209,6 +209,7 @@ layer { name: "acc" type: "LabelsequenceAccuracy" bottom: "ip" bottom: "label" t
 layer { name: "yolo_loss" type: "Yolov3" bottom: "ip" bottom: "label" top: "yolo_loss" }
 layer { name: "seg_loss" type: "YoloSeg" bottom: "ip" bottom: "label" top: "seg_loss" }
 layer { name: "seg_eval" type: "SegmentationEvaluate" bottom: "ip" bottom: "label" top: "seg_eval" }
+layer { name: "tv_loss" type: "EuclideanLossWithTV" bottom: "ip" bottom: "label" top: "tv_loss" }
 """
     model = load_from_text(text, random_weights=True)
     assert [n.name for n in model.layers] == ["x", "label", "ip"]
