@@ -472,18 +472,30 @@ def _unsized_notes(unsized, source):
         yield f"{source + ': ' if source else ''}layer{'s' if len(names) > 1 else ''} {shown} ({type_name}): {text}"
 
 
+def _weights_layer_name(node, weights):
+    """The weights-file layer that initialises this node: its own name, else (pose_action_caffe's
+    copy_postfix_name, as its CopyTrainedLayersFrom) the postfix its longer name ends with; None."""
+    if node.name in weights:
+        return node.name
+    postfix = node.param.copy_postfix_name if node.param is not None else ""
+    if postfix and len(node.name) > len(postfix) and node.name.endswith(postfix) and postfix in weights:
+        return postfix
+    return None
+
+
 def attach_weights(graph, weights, source="", weights_source=""):
     """Copy weights into nodes by layer name, as Caffe's Net::CopyTrainedLayersFrom."""
     wsrc = weights_source or source
     for node in graph.nodes:
         expected = node.expected_param_shapes
-        if node.name not in weights:
+        source_name = _weights_layer_name(node, weights)
+        if source_name is None:
             if expected:
                 raise WeightsError(f"{wsrc}: layer '{node.name}' ({node.type}) needs "
                                    f"{len(expected)} weight blob(s) {[list(s) for s in expected]} "
                                    f"but the weights file has no layer of that name")
             continue
-        blobs = weights[node.name]
+        blobs = weights[source_name]
         if expected is None and any(graph.tensors[t].shape is None for t in node.inputs):
             node.blobs = [b.array if hasattr(b, "array") else np.asarray(b) for b in blobs]
             continue   # shapes unknown (listed without its dataset): nothing to check against

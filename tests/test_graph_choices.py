@@ -80,6 +80,32 @@ layer { name: "ip" type: "ReLU" bottom: "a" top: "b" }
     np.testing.assert_allclose(model.run({"x": x})["b"], np.maximum(x @ w.T + b, 0), rtol=1e-6, atol=1e-6)
 
 
+def test_copy_postfix_name_initialises_layers_from_the_postfix_layer():
+    # pose_action_caffe's CopyTrainedLayersFrom: with no layer named fc6, the weights file's fc6 goes to
+    # every layer whose name ends with it and says copy_postfix_name: "fc6"; an exact name wins
+    text = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "primary_fc6" type: "InnerProduct" bottom: "x" top: "p" copy_postfix_name: "fc6"
+        inner_product_param { num_output: 4 } }
+layer { name: "secondary_fc6" type: "InnerProduct" bottom: "x" top: "s" copy_postfix_name: "fc6"
+        inner_product_param { num_output: 4 } }
+layer { name: "other_fc6" type: "InnerProduct" bottom: "x" top: "o" inner_product_param { num_output: 4 } }
+"""
+    from caffeq.errors import WeightsError
+    from caffeq.ir import attach_weights
+    w, b = rng(1).standard_normal((4, 3)).astype(np.float32), rng(2).standard_normal(4).astype(np.float32)
+    w2, b2 = rng(3).standard_normal((4, 3)).astype(np.float32), rng(4).standard_normal(4).astype(np.float32)
+    model = load_from_text(text)
+    attach_weights(model.graph, {"fc6": [w, b], "secondary_fc6": [w2, b2], "other_fc6": [w, b]})
+    x = rng(5).standard_normal((2, 3)).astype(np.float32)
+    out = model.run({"x": x})
+    np.testing.assert_allclose(out["p"], x @ w.T + b, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out["s"], x @ w2.T + b2, rtol=1e-6, atol=1e-6)
+    # a layer without the field never takes a postfix's weights
+    with pytest.raises(WeightsError, match="'other_fc6'"):
+        attach_weights(load_from_text(text).graph, {"fc6": [w, b]})
+
+
 # ---- silenced nets (the colorization deploy file) and chosen outputs -----------------------
 
 SILENCED = """

@@ -265,6 +265,9 @@ _FORK_FIELD_GROUPS = [
      "forward_type", "forward_math", "cudnn_math_override", "debug"),
     ("LayerParameter", _ANY_PHASE, "NVCaffe's per-layer backward pass precision; caffeq trains in float32",
      "backward_type", "backward_math"),
+    # zimenglan-sysu-512/pose_action_caffe d397a23 LayerParameter 404, 409: what its training logs show
+    ("LayerParameter", _ANY_PHASE, "pose_action_caffe's display of training information",
+     "is_disp_info", "train_net_output_disp"),
     # CMU-Perceptual-Computing-Lab/caffe_train 76dd956: the CPMData layer's augmentation
     ("LayerParameter", _TEST_ONLY, "CPMData's data augmentation only matters for training", "cpm_transform_param"),
     # jkokkin/UberNet b33344d caffe-fast-rcnn: LayerParameter 201-204 (201/202 are SSD's Permute numbers);
