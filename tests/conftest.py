@@ -1,4 +1,5 @@
 import json
+import math
 import re
 import subprocess
 import sys
@@ -124,6 +125,21 @@ def inputs_text(**shapes):
 def net(*layers, inputs):
     """A prototxt with Input layers for `inputs` ({name: shape}) and the given layer texts."""
     return inputs_text(**inputs) + "\n".join(layers)
+
+
+def fast_rcnn_bins(x1, y1, x2, y2, ph, pw, h, w):
+    """Fast R-CNN's integer ROI-pooling bins of a roi whose corners are already scaled and rounded:
+    (i, j, hstart, hend, wstart, wend) clipped to the h x w map, from float32 bin sizes as its C++."""
+    f = np.float32
+    bin_h = f(max(y2 - y1 + 1, 1)) / f(ph)
+    bin_w = f(max(x2 - x1 + 1, 1)) / f(pw)
+    for i in range(ph):
+        hs = min(max(math.floor(f(i) * bin_h) + y1, 0), h)
+        he = min(max(math.ceil(f(i + 1) * bin_h) + y1, 0), h)
+        for j in range(pw):
+            ws = min(max(math.floor(f(j) * bin_w) + x1, 0), w)
+            we = min(max(math.ceil(f(j + 1) * bin_w) + x1, 0), w)
+            yield i, j, hs, he, ws, we
 
 
 def rng(seed=0):

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import assert_close, model_py_outputs, net, onnx_outputs, rng
+from conftest import assert_close, fast_rcnn_bins, model_py_outputs, net, onnx_outputs, rng
 
 from caffeq.errors import ExportError
 from caffeq.layers import LayerError
@@ -37,17 +37,10 @@ def ref_roi_pool(x, rois, ph, pw, scale, pad_ratio):
     out = np.zeros((len(rois), c, ph, pw), np.float32)
     for r, roi in enumerate(rois):
         b = int(roi[0])
-        x1, y1, x2, y2 = (int(c_round(v * F(scale))) for v in padded(roi, pad_ratio))
-        bin_h = F(max(y2 - y1 + 1, 1)) / F(ph)
-        bin_w = F(max(x2 - x1 + 1, 1)) / F(pw)
-        for i in range(ph):
-            hs = min(max(math.floor(F(i) * bin_h) + y1, 0), h)
-            he = min(max(math.ceil(F(i + 1) * bin_h) + y1, 0), h)
-            for j in range(pw):
-                ws = min(max(math.floor(F(j) * bin_w) + x1, 0), w)
-                we = min(max(math.ceil(F(j + 1) * bin_w) + x1, 0), w)
-                if he > hs and we > ws:
-                    out[r, :, i, j] = x[b, :, hs:he, ws:we].max(axis=(1, 2))
+        corners = (int(c_round(v * F(scale))) for v in padded(roi, pad_ratio))
+        for i, j, hs, he, ws, we in fast_rcnn_bins(*corners, ph, pw, h, w):
+            if he > hs and we > ws:
+                out[r, :, i, j] = x[b, :, hs:he, ws:we].max(axis=(1, 2))
     return out
 
 

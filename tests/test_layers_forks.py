@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import FIXTURES, Case, assert_close, net, onnx_outputs, rng
+from conftest import FIXTURES, Case, assert_close, fast_rcnn_bins, net, onnx_outputs, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -573,17 +573,10 @@ def ref_roi_avg_pool(x, rois, ph, pw, scale):
     out = np.zeros((len(rois), c, ph, pw), np.float32)
     for r, roi in enumerate(rois):
         b = int(roi[0])
-        x1, y1, x2, y2 = (int(np.sign(v * f(scale)) * np.floor(abs(float(v * f(scale))) + 0.5)) for v in roi[1:5])
-        bin_h = f(max(y2 - y1 + 1, 1)) / f(ph)
-        bin_w = f(max(x2 - x1 + 1, 1)) / f(pw)
-        for i in range(ph):
-            hs = min(max(math.floor(f(i) * bin_h) + y1, 0), h)
-            he = min(max(math.ceil(f(i + 1) * bin_h) + y1, 0), h)
-            for j in range(pw):
-                ws = min(max(math.floor(f(j) * bin_w) + x1, 0), w)
-                we = min(max(math.ceil(f(j + 1) * bin_w) + x1, 0), w)
-                if he > hs and we > ws:
-                    out[r, :, i, j] = x[b, :, hs:he, ws:we].sum(axis=(1, 2), dtype=np.float64) / ((he - hs) * (we - ws))
+        corners = (int(np.sign(v * f(scale)) * np.floor(abs(float(v * f(scale))) + 0.5)) for v in roi[1:5])
+        for i, j, hs, he, ws, we in fast_rcnn_bins(*corners, ph, pw, h, w):
+            if he > hs and we > ws:
+                out[r, :, i, j] = x[b, :, hs:he, ws:we].sum(axis=(1, 2), dtype=np.float64) / ((he - hs) * (we - ws))
     return out
 
 
