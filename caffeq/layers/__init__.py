@@ -14,6 +14,7 @@ from . import (  # noqa: F401,E402
     ctc,
     ctpn,
     data,
+    deeplab_forks,
     denseblock,
     densereg,
     edge_flow_crf_forks,
