@@ -25,6 +25,7 @@ from . import (  # noqa: F401,E402
     frcnn,
     happynear,
     im2col,
+    landmark_crops,
     learnable_dilation,
     losses,
     margin,
