@@ -487,6 +487,33 @@ TORCH_RESIZE_BILINEAR = torch_sources(resize_bilinear_taps, resize_bilinear_size
                                                                       synopsys_resize_bilinear)
 
 
+def synopsys_resize_fields(p, field):
+    """output_height / output_width (0 when unset) and scale_height / scale_width of synopsys-caffe's
+    resize messages (ResizeBilinear, ResizeNearestNeighbor), checked."""
+    a = {}
+    for axis in ("height", "width"):
+        out, scale = f"output_{axis}", f"scale_{axis}"
+        a[out] = int(getattr(p, out)) if p.HasField(out) else 0
+        a[scale] = float(getattr(p, scale))
+        if p.HasField(out) and a[out] <= 0:
+            raise LayerError(f"{field}.{out} must be positive, got {a[out]}")
+        if not p.HasField(out) and not a[scale] > 0:
+            raise LayerError(f"{field}.{scale} must be positive, got {a[scale]}")
+    return a
+
+
+def synopsys_resize_hw(a, shape, what):
+    """(h, w, output h, output w) of a synopsys-caffe resize of a 4-axis NHWC (a["nhwc"]) or NCHW blob."""
+    if len(shape) != 4:
+        raise LayerError(f"{what} needs a 4-axis input, got {list(shape)}")
+    h, w = (shape[1], shape[2]) if a["nhwc"] else (shape[2], shape[3])
+    ho = resize_bilinear_size(h, a["output_height"], a["scale_height"])
+    wo = resize_bilinear_size(w, a["output_width"], a["scale_width"])
+    if ho <= 0 or wo <= 0:
+        raise LayerError(f"output size {ho}x{wo} (from a {h}x{w} input) must be positive")
+    return h, w, ho, wo
+
+
 @register_layer("ResizeBilinear")
 class ResizeBilinear(Layer):
     def parse(self, lp):
@@ -501,15 +528,7 @@ class ResizeBilinear(Layer):
             raise LayerError(f"resize_bilinear_param: {' and '.join(flags)} exclude each other (the fork checks it)")
         mode = {"align_corners": "align_corners", "half_pixel_centers": "half_pixel",
                 "pytorch_half_pixel": "pytorch_half_pixel"}[flags[0]] if flags else "asymmetric"
-        a = {"nhwc": fmt == "NHWC", "mode": mode}
-        for axis in ("height", "width"):
-            out, scale = f"output_{axis}", f"scale_{axis}"
-            a[out] = int(getattr(p, out)) if p.HasField(out) else 0
-            a[scale] = float(getattr(p, scale))
-            if p.HasField(out) and a[out] <= 0:
-                raise LayerError(f"resize_bilinear_param.{out} must be positive, got {a[out]}")
-            if not p.HasField(out) and not a[scale] > 0:
-                raise LayerError(f"resize_bilinear_param.{scale} must be positive, got {a[scale]}")
+        a = {"nhwc": fmt == "NHWC", "mode": mode, **synopsys_resize_fields(p, "resize_bilinear_param")}
         # the fork's quantization options: a non-default output scale / zero point rounds the result
         a["round"] = float(p.output_scale) != 1.0 or int(p.output_zero_point) != 0
         a["saturate"] = SATURATE_RANGES.get(int(p.saturate))
@@ -517,14 +536,7 @@ class ResizeBilinear(Layer):
 
     @staticmethod
     def out_hw(a, shape):
-        if len(shape) != 4:
-            raise LayerError(f"ResizeBilinear needs a 4-axis input, got {list(shape)}")
-        h, w = (shape[1], shape[2]) if a["nhwc"] else (shape[2], shape[3])
-        ho = resize_bilinear_size(h, a["output_height"], a["scale_height"])
-        wo = resize_bilinear_size(w, a["output_width"], a["scale_width"])
-        if ho <= 0 or wo <= 0:
-            raise LayerError(f"output size {ho}x{wo} (from a {h}x{w} input) must be positive")
-        return ho, wo
+        return synopsys_resize_hw(a, shape, "ResizeBilinear")[2:]
 
     def infer(self, attrs, in_shapes):
         s = in_shapes[0]
