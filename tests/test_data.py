@@ -462,3 +462,19 @@ def test_the_multi_label_recipes_label_dim_shapes_the_label():
     assert one["label"] == (4, 1)      # set, even to its default: the recipe's (N, 1)
     bvlc = load_from_text(text.replace(" label_dim: 3", "").split("\n")[0]).blob_shapes
     assert bvlc["label"] == (4,)
+
+
+def test_a_data_layer_with_input_param_and_no_data_param_reads_as_an_input():
+    # dgschwend/zynqnet's nets type their input layer "Data" but give input_param (OpenCV's importer
+    # reads a Data layer as an input too): its shape, with a note; a real Data layer keeps its checks
+    from caffeq.errors import CaffeqError
+    from caffeq.model import load_from_text
+    text = ('layer { name: "data" type: "Data" top: "data" input_param { shape { dim: 2 dim: 3 dim: 7 dim: 5 } } }\n'
+            'layer { name: "relu" type: "ReLU" bottom: "data" top: "y" }')
+    model = load_from_text(text)
+    assert model.inputs == {"data": (2, 3, 7, 5)}
+    assert any("read as an Input layer of shape [2, 3, 7, 5]" in w for w in model.warnings)
+    x = np.random.default_rng(0).standard_normal((2, 3, 7, 5)).astype(np.float32)
+    np.testing.assert_array_equal(model.run({"data": x})["y"], np.maximum(x, 0))
+    with pytest.raises(CaffeqError, match="batch_size must be >= 1"):
+        load_from_text(text.replace("input_param", "data_param { source: 'x' } input_param"))

@@ -123,12 +123,16 @@ class DataLayer(Layer):
 @register_layer("Data")
 class Data(DataLayer):
     def preprocessing(self, attrs):
+        if attrs.get("input_shapes"):
+            return ["none: an Input layer's blob, fed as it is (the layer is typed Data but gives input_param)"]
         lines = [(f"Datum records of {attrs['backend']} {attrs['source']!r} (convert_imageset "
                   f"stores OpenCV's BGR, 0-255 values)")]
         return lines + describe_transform(attrs.get("transform"))
 
     def parse(self, lp):
         p = lp.data_param
+        if not lp.HasField("data_param") and len(lp.input_param.shape):
+            return self._as_input(lp)
         # no source is fine for reading (DIGITS writes its train_val nets without one and fills it in
         # when it trains): only the shapes that the dataset alone could tell need it
         if p.batch_size < 1:
@@ -136,6 +140,26 @@ class Data(DataLayer):
         backend = "LMDB" if p.backend == 1 else "LEVELDB"
         return {"source": p.source, "batch_size": int(p.batch_size), "backend": backend,
                 "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
+
+    @staticmethod
+    def _as_input(lp):
+        """A "Data" layer that gives an input_param and no data_param (dgschwend/zynqnet's nets, written
+        for its own tools): the shapes of an Input layer, as OpenCV's importer reads a Data layer."""
+        shapes = [tuple(int(d) for d in s.dim) for s in lp.input_param.shape]
+        if len(shapes) not in (1, len(lp.top)):
+            raise LayerError(f"input_param gives {len(shapes)} shapes for {len(lp.top)} tops")
+        shapes = shapes * len(lp.top) if len(shapes) == 1 else shapes
+        return {"input_shapes": shapes, "num_tops": len(lp.top), "transform": transform_attrs(lp),
+                "reading_notes": [f"typed Data but with input_param and no data_param: read as an Input layer of "
+                                  f"shape {' and '.join(str(list(x)) for x in shapes)}"]}
+
+    def top_shapes(self, attrs, given):
+        if attrs.get("input_shapes"):
+            return [tuple(given.get(i) or s) for i, s in enumerate(attrs["input_shapes"])]
+        return super().top_shapes(attrs, given)
+
+    def guessed_label_tops(self, attrs, given):
+        return () if attrs.get("input_shapes") else super().guessed_label_tops(attrs, given)
 
     def data_shape(self, attrs):
         t = attrs["transform"]
