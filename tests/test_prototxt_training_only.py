@@ -269,6 +269,15 @@ def test_comments_that_are_not_utf8_are_skipped_like_caffe_does(tmp_path):
         read_prototxt(tmp_path / "bad.prototxt")
 
 
+def test_a_utf8_byte_order_mark_is_skipped_with_a_note(tmp_path):
+    # Windows editors start files with EF BB BF; protobuf's tokenizer would stop on it
+    (tmp_path / "bom.prototxt").write_bytes(b"\xef\xbb\xbf" + ('name: "n"\n' + CONV).encode("utf-8"))
+    warnings = []
+    net = read_prototxt(tmp_path / "bom.prototxt", warnings=warnings)
+    assert net.name == "n" and net.layer[0].convolution_param.num_output == 4
+    assert any("byte-order mark" in w for w in warnings)
+
+
 def test_cpm_transform_param_is_data_augmentation():
     text = """layer { name: "data" type: "CPMData" top: "data" top: "label"
   data_param { source: "lmdb" batch_size: 10 backend: LMDB }

@@ -522,5 +522,11 @@ def read_prototxt(path, ignore_unknown=False, warnings=None, message=None, phase
         raise ParseError(f"{path}: cannot read: {e.strerror or e}") from None
     if b"\x00" in raw[:4096]:
         raise ParseError(f"{path}: binary data, not a text prototxt (pass it as --weights?)")
+    if raw.startswith(b"\xef\xbb\xbf"):
+        # a Windows editor's UTF-8 byte-order mark: protobuf's tokenizer (Caffe's, OpenCV's) stops on
+        # it, though the text after it is the net
+        raw = raw[3:]
+        if warnings is not None:
+            warnings.append(f"{path}: skipped the UTF-8 byte-order mark at the start of the file")
     text = _decode(raw, path, warnings)
     return parse_prototxt_text(text, message, path, ignore_unknown, warnings, phase, known_layer)
