@@ -353,7 +353,8 @@ def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dty
     channels_last = module is None and not (all_blobs or exact)
     dev = next((p.device for p in gm.parameters()), resolve_device(device))
     tdtype = dtype or torch.float32
-    n = next(iter(arrays.values())).shape[0] if arrays else 1
+    first = next(iter(arrays.values()), None)
+    n = first.shape[0] if first is not None and first.ndim else 1   # a scalar input: one run
     step = batch_size or n or 1
     if any(node.spec.data_dependent_shape for node in model.graph.nodes):
         step = n or 1  # rows of e.g. DetectionOutput carry batch indexes: chunks cannot be concatenated
@@ -361,8 +362,9 @@ def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dty
     with torch.inference_mode():
         for start in range(0, max(n, 1), step):
             # without batch_size, feed whole arrays: inputs need not share dim 0 (BatchReindex indices)
-            feed = [torch.from_numpy(np.ascontiguousarray(arrays[k][start:start + step] if batch_size
-                                                          else arrays[k], dtype=np.float32))
+            # (np.require, not ascontiguousarray: a 0-axis input stays a scalar)
+            feed = [torch.from_numpy(np.require(arrays[k][start:start + step] if batch_size and arrays[k].ndim
+                                                else arrays[k], np.float32, "C"))
                     .to(dev, tdtype) for k in arrays]
             if channels_last:
                 # the optimized module's weights are channels_last: feed its layout, no reorder
