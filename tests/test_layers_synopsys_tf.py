@@ -462,3 +462,170 @@ def test_space_to_batch_round_trip(tmp_path):
 ])
 def test_block_layers_bad(ltype, param, msg):
     refused((2, 3, 5, 6), ltype, param, msg)
+
+
+# ---- Mul, Add, Sub, Div ---------------------------------------------------------------------
+
+BINARY = {"Mul": lambda p, q: p * q, "Add": lambda p, q: p + q, "Sub": lambda p, q: p - q,
+          "Div": lambda p, q: p / q}
+
+
+def fork_count(shape, i):
+    """Blob::count(i): the product of the axes from i on."""
+    return math.prod(shape[i:])
+
+
+def fork_binary_shape(s0, s1):
+    """The fork's Reshape: the top shape from the two operands' shapes."""
+    diff, dim = len(s0) - len(s1), max(len(s0), len(s1))
+    if not s0 or not s1:
+        return tuple(s1 if not s0 else s0)
+    if diff >= 0:
+        return tuple(s0[i] if i < diff else max(s0[i], s1[i - diff]) for i in range(dim))
+    return tuple(s1[i] if i < -diff else max(s0[i + diff], s1[i]) for i in range(dim))
+
+
+def fork_binary_ref(op, b0, b1):
+    """The fork's Forward_cpu over flat buffers: top offset d -> offset0 / offset1, axis by axis as its
+    three branches (equal ranks, bottom[0] longer, operand longer), or its scalar branches."""
+    s0, s1, f = b0.shape, b1.shape, BINARY[op]
+    ts = fork_binary_shape(s0, s1)
+    p, q = b0.ravel(), b1.ravel()
+    top = np.zeros(math.prod(ts), np.float32)
+    if not s0 or not s1:
+        for d in range(top.size):
+            if not s1:   # bottom[1] a scalar: copy bottom[0], then add -s / scale / divide
+                top[d] = p[d] + (-q[0]) if op == "Sub" else f(p[d], q[0])
+            else:        # bottom[0] a scalar
+                top[d] = (np.float32(-1) * q[d]) + p[0] if op == "Sub" else f(p[0], q[d])
+        return top.reshape(ts)
+    diff, dim = len(s0) - len(s1), len(ts)
+    for d in range(top.size):
+        o0 = o1 = 0
+        for i in range(dim - 1):
+            num = (d % fork_count(ts, i)) // fork_count(ts, i + 1)
+            if diff >= 0:
+                o0 += (0 if s0[i] == 1 else num) * fork_count(s0, i + 1)
+                if i >= diff:
+                    o1 += (0 if s1[i - diff] == 1 else num) * fork_count(s1, i - diff + 1)
+            else:
+                o1 += (0 if s1[i] == 1 else num) * fork_count(s1, i + 1)
+                if i >= -diff:
+                    o0 += (0 if s0[i + diff] == 1 else num) * fork_count(s0, i + diff + 1)
+        z = d % ts[dim - 1]
+        o0 += 0 if s0[-1] == 1 else z
+        o1 += 0 if s1[-1] == 1 else z
+        top[d] = f(p[o0], q[o1])
+    return top.reshape(ts)
+
+
+def operands(s0, s1, op, seed):
+    g = rng(seed)
+    a = g.standard_normal(s0).astype(np.float32)
+    b = g.standard_normal(s1).astype(np.float32)
+    if op == "Div":   # divisors away from zero
+        b = (np.sign(b) + (b == 0)) * (np.abs(b) + 0.5)
+    return a, np.asarray(b, np.float32)
+
+
+BINARY_SHAPES = [((2, 3, 4, 5), (2, 3, 4, 5)), ((2, 3, 4, 5), (2, 1, 4, 1)), ((1, 3, 1, 5), (2, 3, 4, 1)),
+                 ((2, 3, 4, 5), (4, 1)), ((5,), (2, 3, 4, 5)), ((3, 1, 5), (2, 3, 4, 1)),
+                 ((2, 3, 4), ()), ((), (3, 4, 2))]
+
+
+@pytest.mark.parametrize("op", list(BINARY))
+@pytest.mark.parametrize("s0, s1", BINARY_SHAPES)
+def test_binary_two_bottoms(op, s0, s1, tmp_path):
+    text = inputs_text(a=s0, b=s1) + f'layer {{ name: "l" type: "{op}" bottom: "a" bottom: "b" top: "o" }}'
+    model = load_from_text(text)
+    a, b = operands(s0, s1, op, 7)
+    ref = fork_binary_ref(op, a, b)
+    assert model.graph.shape("o") == ref.shape
+    check_everywhere(model, {"a": a, "b": b}, {"o": ref}, tmp_path)
+
+
+def test_binary_scalars_give_a_scalar(tmp_path):
+    text = inputs_text(a=(), b=()) + 'layer { name: "l" type: "Div" bottom: "a" bottom: "b" top: "o" }'
+    model = load_from_text(text)
+    assert model.graph.shape("o") == ()
+    a, b = np.float32(3.0), np.float32(-4.0)
+    check_everywhere(model, {"a": np.array(a), "b": np.array(b)}, {"o": np.array(a / b)}, tmp_path)
+
+
+def test_binary_operand_order(tmp_path):
+    """Sub and Div take bottom[1] from bottom[0], whichever is longer."""
+    text = inputs_text(a=(4,), b=(3, 4)) + "".join(
+        f'layer {{ name: "{op}" type: "{op}" bottom: "a" bottom: "b" top: "{op}" }}' for op in ("Sub", "Div"))
+    model = load_from_text(text)
+    a, b = np.float32([1, 2, 3, 4]), np.full((3, 4), 2, np.float32)
+    check_everywhere(model, {"a": a, "b": b}, {"Sub": a - b, "Div": a / b}, tmp_path)
+
+
+def mul_weights(tmp_path, blob):
+    from caffeq.io.schema import caffe_pb2
+    saved = caffe_pb2.NetParameter()
+    b = saved.layer.add(name="l", type="Mul").blobs.add()
+    b.shape.SetInParent()   # a scalar blob: shape {} with no dim
+    b.shape.dim.extend(blob.shape)
+    b.data.extend(blob.ravel().tolist())
+    path = tmp_path / "w.caffemodel"
+    path.write_bytes(saved.SerializeToString())
+    return str(path)
+
+
+@pytest.mark.parametrize("x_shape, mul_shape", [((2, 3, 4, 5), (3, 1, 5)), ((2, 3, 4), ()),
+                                                ((3, 4), (2, 1, 4)), ((2, 3, 4, 5), (2, 1, 4, 1))])
+def test_mul_one_bottom_blob(x_shape, mul_shape, tmp_path):
+    param = "mul_param { " + " ".join(f"mul_shape: {d}" for d in mul_shape) + " }"
+    x, w = operands(x_shape, mul_shape, "Mul", 8)
+    model = load_from_text(one_layer(x_shape, "Mul", param), weights=mul_weights(tmp_path, w))
+    ref = fork_binary_ref("Mul", x, w)
+    assert model.graph.shape("o") == ref.shape
+    check_everywhere(model, {"x": x}, {"o": ref}, tmp_path)
+
+
+def test_mul_one_bottom_weights_of_another_shape(tmp_path):
+    from caffeq.errors import WeightsError
+    w = np.ones((3, 5), np.float32)
+    with pytest.raises(WeightsError, match="shape"):
+        load_from_text(one_layer((2, 3, 4, 5), "Mul", "mul_param { mul_shape: 5 }"), weights=mul_weights(tmp_path, w))
+
+
+def test_mul_two_bottoms_ignore_mul_shape_and_extra_bottoms(tmp_path):
+    text = inputs_text(a=(2, 3), b=(3,), c=(7,)) + (
+        'layer { name: "l" type: "Mul" bottom: "a" bottom: "b" bottom: "c" top: "o" mul_param { mul_shape: 9 } }')
+    model = load_from_text(text)
+    a, b = operands((2, 3), (3,), "Mul", 9)
+    c = np.zeros(7, np.float32)
+    check_everywhere(model, {"a": a, "b": b, "c": c}, {"o": fork_binary_ref("Mul", a, b)}, tmp_path)
+
+
+def test_binary_in_place_on_operand_of_the_top_shape(tmp_path):
+    text = inputs_text(a=(3, 1), b=(3, 4)) + (
+        'layer { name: "l" type: "Sub" bottom: "a" bottom: "b" top: "b" }'
+        'layer { name: "m" type: "Mul" bottom: "b" bottom: "a" top: "o" }')
+    model = load_from_text(text)
+    a, b = operands((3, 1), (3, 4), "Sub", 10)
+    sub = fork_binary_ref("Sub", a, b)   # the in-place top, read by the next layer
+    check_everywhere(model, {"a": a, "b": b}, {"o": fork_binary_ref("Mul", sub, a)}, tmp_path)
+
+
+@pytest.mark.parametrize("shapes, layer, msg", [
+    ({"a": (2, 3), "b": (2, 4)}, 'type: "Add" bottom: "a" bottom: "b" top: "o"',
+     r"Add: bottom shapes \[2, 3\] and \[2, 4\] differ at axis 1 \(3 vs 4\); the fork needs equal sizes or 1"),
+    ({"a": (2, 3, 4), "b": (3,)}, 'type: "Mul" bottom: "a" bottom: "b" top: "o"',
+     r"differ at axis 2 of the top \(4 vs 3\); the fork does not check ranks that differ"),
+    ({"a": (2,), "b": (2, 3, 4)}, 'type: "Div" bottom: "a" bottom: "b" top: "o"', r"would read outside"),
+    ({"a": (2, 3)}, 'type: "Mul" bottom: "a" top: "a"', r"Mul does not allow in-place computation"),
+    ({"a": (2, 3), "b": (3,)}, 'type: "Sub" bottom: "a" bottom: "b" top: "b"',
+     r"Sub in place on bottom\[1\] \(\[3\]\) reshapes it to the top's \[2, 3\]"),
+    ({"a": (2, 3)}, 'type: "Add" bottom: "a" top: "o"', r"Add with one bottom reads a blob the fork's Add never makes"),
+    ({"a": (2, 3)}, 'type: "Div" bottom: "a" top: "o"', r"give it two bottoms"),
+    ({"a": (2, 3)}, 'type: "Mul" bottom: "a" top: "o" mul_param { mul_shape: 0 mul_shape: 3 }',
+     r"mul_param.mul_shape \[0, 3\] makes an empty blob"),
+    ({"a": (2, 3)}, 'type: "Mul" top: "o"', r"Mul takes at least one bottom"),
+    ({"a": (2, 3), "b": (3,)}, 'type: "Sub" bottom: "a" bottom: "b" top: "o" top: "p"', r"and one top, got 2 and 2"),
+])
+def test_binary_bad(shapes, layer, msg):
+    with pytest.raises(CaffeqError, match=msg):
+        load_from_text(inputs_text(**shapes) + f'layer {{ name: "l" {layer} }}')

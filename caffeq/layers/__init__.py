@@ -50,6 +50,7 @@ from . import (  # noqa: F401,E402
     shape_ops,
     sppnet,
     ssd,
+    synopsys_binary,
     synopsys_tf,
     v1_forks,
     video_caffe,
