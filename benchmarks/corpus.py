@@ -124,8 +124,9 @@ def run_caffeq(path, timeout, **options):
 def run_opencv(path, timeout):
     t0 = time.perf_counter()
     try:
+        # OpenCV echoes a file's bytes in its messages: not always UTF-8 (GBK comments)
         p = subprocess.run([sys.executable, "-c", OPENCV_CHILD, path], check=False, capture_output=True,
-                           text=True, timeout=timeout)
+                           text=True, errors="replace", timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"timed out after {timeout}s", "seconds": timeout}
     dt = round(time.perf_counter() - t0, 3)
