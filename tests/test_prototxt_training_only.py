@@ -196,6 +196,11 @@ layer {
   param { lr_mult: 1 force_mult: 1 param_propagate_down: false breadth_decay_mult: 1 kernel_shape_decay_mult: 1 }
   convolution_param { num_output: 4 kernel_size: 3 }
 }
+layer {
+  name: "frames" type: "Data" top: "frames" include { phase: TEST }
+  transform_param { crop_size: 4 mean_value: 1 mean_value: 2 mean_value: 3 }
+  data_param { source: "frames_lmdb" batch_size: 2 random: true }
+}
 """
 
 
@@ -213,7 +218,8 @@ def test_known_fork_training_fields_are_warnings_with_their_reason():
                        ("kernel_shape_decay_mult", "structured weight decay"),
                        ("deletetop", "UberNet's memory saving"), ("deletebottom", "UberNet's memory saving"),
                        ("forward_type", "per-layer forward precision"), ("forward_math", "per-layer forward precision"),
-                       ("backward_type", "per-layer backward pass precision")]:
+                       ("backward_type", "per-layer backward pass precision"),
+                       ("random", "darknet-style random resizing")]:
         line = [w for w in warnings if f"'{field}'" in w]
         assert len(line) == 1 and why in line[0], (field, joined)
 

@@ -268,6 +268,10 @@ _FORK_FIELD_GROUPS = [
     # zimenglan-sysu-512/pose_action_caffe d397a23 LayerParameter 404, 409: what its training logs show
     ("LayerParameter", _ANY_PHASE, "pose_action_caffe's display of training information",
      "is_disp_info", "train_net_output_disp"),
+    # foss-for-synopsys-dwc-arc-processors/synopsys-caffe 977ba36 DataParameter.random = 22
+    # (annotated_data_layer.cpp): darknet's multi-scale training, a new input size every 10 iterations
+    ("DataParameter", _ANY_PHASE, "synopsys-caffe's darknet-style random resizing of training inputs, "
+     "which caffeq does not apply", "random"),
     # CMU-Perceptual-Computing-Lab/caffe_train 76dd956: the CPMData layer's augmentation
     ("LayerParameter", _TEST_ONLY, "CPMData's data augmentation only matters for training", "cpm_transform_param"),
     # jkokkin/UberNet b33344d caffe-fast-rcnn: LayerParameter 201-204 (201/202 are SSD's Permute numbers);
