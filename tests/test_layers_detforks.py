@@ -303,3 +303,52 @@ def test_large_margin_single_matches_the_fork(tmp_path):
 def test_large_margin_refuses_the_training_types():
     with pytest.raises(CaffeqError, match="largemargin_inner_product_param.type QUADRUPLE"):
         load_from_text(lm_net("num_output: 6 type: QUADRUPLE"))
+
+
+# ---- SSD_windows_caffe's NO_SQRT PriorBox -------------------------------------------------------
+
+def ref_no_sqrt_priors(min_sizes, ratios, lh, lw, ih, iw, step, offset, variance):
+    """dreadlord1984/SSD_windows_caffe prior_box_layer.cpp Forward_cpu built with NO_SQRT: per cell and
+    min_size (read as int), the min_size box, then one box per aspect ratio other than 1 (no
+    sqrt(min_size * max_size) box); float centres, double corners, float out."""
+    f = np.float32
+    coords = []
+    for h in range(lh):
+        for w in range(lw):
+            cx, cy = f((w + f(offset)) * f(step)), f((h + f(offset)) * f(step))
+            for mn in min_sizes:
+                boxes = [(float(int(mn)), float(int(mn)))]
+                boxes += [(float(f(int(mn) * f(np.sqrt(f(ar))))), float(f(int(mn) / f(np.sqrt(f(ar))))))
+                          for ar in ratios]
+                for bw, bh in boxes:
+                    coords += [(float(cx) - bw / 2.0) / iw, (float(cy) - bh / 2.0) / ih,
+                               (float(cx) + bw / 2.0) / iw, (float(cy) + bh / 2.0) / ih]
+    coords = np.array(coords, np.float64).astype(np.float32)
+    var = np.tile(np.array(variance, np.float32), len(coords) // len(variance))
+    return np.stack([coords, var]).reshape(1, 2, -1)
+
+
+def no_sqrt_net(per_cell, img=(60, 44), feat=(5, 4)):
+    priors = feat[0] * feat[1] * per_cell
+    return net('layer { name: "p" type: "PriorBox" bottom: "f" bottom: "img" top: "p" prior_box_param { '
+               'min_size: 15 max_size: 25 min_size: 25.5 max_size: 51 aspect_ratio: 0.5 aspect_ratio: 2 flip: false '
+               'clip: false variance: 0.1 variance: 0.1 variance: 0.2 variance: 0.2 step: 12 } }',
+               'layer { name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "p" top: "det" '
+               'detection_output_param { num_classes: 2 nms_param { nms_threshold: 0.45 top_k: 20 } keep_top_k: 10 '
+               'confidence_threshold: 0.3 } }',
+               inputs={"img": (1, 3, *img), "f": (1, 2, *feat), "loc": (1, priors * 4), "conf": (1, priors * 2)})
+
+
+def test_no_sqrt_priors_are_read_when_the_predictions_need_them(tmp_path):
+    # 2 min_size x (1 + 2 ratios) = 6 priors a cell; SSD's own reading has 8 (one sqrt box per max_size)
+    model = load_from_text(no_sqrt_net(6), outputs=["p", "det"])
+    assert any("NO_SQRT" in w for w in model.warnings)
+    r = np.random.default_rng(7)
+    x = {k: r.standard_normal(s).astype(np.float32) for k, s in model.inputs.items()}
+    want = ref_no_sqrt_priors([15, 25.5], [0.5, 2.0], 5, 4, 60, 44, 12, 0.5, [0.1, 0.1, 0.2, 0.2])
+    for backend, got in backends(model, x, tmp_path, ("p",)).items():
+        np.testing.assert_array_equal(got["p"], want, err_msg=backend)
+    ssd = load_from_text(no_sqrt_net(8))
+    assert not any("NO_SQRT" in w for w in ssd.warnings) and ssd.blob_shapes["p"] == (1, 2, 5 * 4 * 8 * 4)
+    with pytest.raises(CaffeqError, match=r"loc \[1, \d+\] does not hold"):
+        load_from_text(no_sqrt_net(7))

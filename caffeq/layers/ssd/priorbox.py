@@ -242,8 +242,15 @@ def fork_priors(net):
             lp.prior_box_param.faceboxes_priors = True
         notes.append(f"PriorBox read as FaceBoxes' (21 priors per cell for 3 min_size, dense anchors for min_size "
                      f"32 and 64), as the loc predictions require: {', '.join(lp.name for lp in rest)}")
+    elif not pairs and any(len(lp.prior_box_param.max_size) for lp in rest):
+        # dreadlord1984/SSD_windows_caffe 3014c48 prior_box_layer.cpp built with NO_SQRT: max_size is
+        # checked but gives no sqrt(min_size * max_size) prior
+        for lp in rest:
+            lp.prior_box_param.no_sqrt_prior = True
+        notes.append(f"PriorBox read as SSD_windows_caffe's NO_SQRT build (max_size gives no sqrt(min_size * "
+                     f"max_size) prior), as the loc predictions require: {', '.join(lp.name for lp in rest)}")
     # with nothing marked the second build fails as the first
-    return "; ".join(notes) or "no PriorBox has FaceBoxes' 3 min_size or OpenCV's offset pairs"
+    return "; ".join(notes) or "no PriorBox has FaceBoxes' 3 min_size, OpenCV's offset pairs or a max_size"
 
 
 @register_layer("PriorBox")
@@ -276,6 +283,8 @@ class PriorBoxLayer(Layer):
                 if not hi > lo:
                     raise LayerError(f"prior_box_param.max_size {hi} must be greater than min_size {lo}")
             max_sizes = [int(m) for m in p.max_size]
+            if proto_field(p, "no_sqrt_prior", False):   # fork_priors' NO_SQRT reading: checked, unused
+                max_sizes = []
         flip = bool(p.flip)
         ratios = [1.0]
         for ar in p.aspect_ratio:
