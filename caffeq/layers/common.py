@@ -8,22 +8,27 @@ import torch.nn.functional as F
 from .registry import Layer, LayerError, register_layer
 
 
+def input_param_shapes(lp):
+    """input_param's shape of every top (one shape given for all tops serves each)."""
+    shapes = [tuple(int(d) for d in s.dim) for s in lp.input_param.shape]
+    if not shapes:
+        raise LayerError("input_param needs a shape")
+    if len(shapes) not in (1, len(lp.top)):
+        raise LayerError(f"input_param has {len(shapes)} shapes for {len(lp.top)} tops")
+    if len(shapes) == 1:
+        shapes = shapes * len(lp.top)
+    for s in shapes:
+        if any(d < 0 for d in s):
+            raise LayerError(f"input_param.shape has a negative dimension {list(s)}")
+    return shapes
+
+
 @register_layer("Input")
 class Input(Layer):
     is_data = True
 
     def parse(self, lp):
-        shapes = [tuple(int(d) for d in s.dim) for s in lp.input_param.shape]
-        if not shapes:
-            raise LayerError("input_param needs a shape")
-        if len(shapes) not in (1, len(lp.top)):
-            raise LayerError(f"input_param has {len(shapes)} shapes for {len(lp.top)} tops")
-        if len(shapes) == 1:
-            shapes = shapes * len(lp.top)
-        for s in shapes:
-            if any(d < 0 for d in s):
-                raise LayerError(f"input_param.shape has a negative dimension {list(s)}")
-        return {"shapes": shapes}
+        return {"shapes": input_param_shapes(lp)}
 
     def infer(self, attrs, in_shapes):
         return list(attrs["shapes"])

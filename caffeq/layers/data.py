@@ -15,6 +15,7 @@ from ..data.images import first_image_shape, shorter_side_size
 from ..data.transform import load_mean_file
 from ..errors import DataError
 from ..fs import resolve_source
+from .common import input_param_shapes
 from .registry import Layer, LayerError, MissingInputShape, need_blobs, register_layer
 
 
@@ -145,10 +146,7 @@ class Data(DataLayer):
     def _as_input(lp):
         """A "Data" layer that gives an input_param and no data_param (dgschwend/zynqnet's nets, written
         for its own tools): the shapes of an Input layer, as OpenCV's importer reads a Data layer."""
-        shapes = [tuple(int(d) for d in s.dim) for s in lp.input_param.shape]
-        if len(shapes) not in (1, len(lp.top)):
-            raise LayerError(f"input_param gives {len(shapes)} shapes for {len(lp.top)} tops")
-        shapes = shapes * len(lp.top) if len(shapes) == 1 else shapes
+        shapes = input_param_shapes(lp)
         return {"input_shapes": shapes, "num_tops": len(lp.top), "transform": transform_attrs(lp),
                 "reading_notes": [f"typed Data but with input_param and no data_param: read as an Input layer of "
                                   f"shape {' and '.join(str(list(x)) for x in shapes)}"]}
