@@ -108,6 +108,35 @@ layer {
     assert len(focal) == 1 and "(and 1 more)" in focal[0]  # one line per field name
 
 
+def test_a_fork_value_of_a_known_enum_is_a_warning_where_only_training_reads_it():
+    # dreadlord1984/SSD_windows_caffe's train files: `conf_loss_type: FocalLoss` (its own enum value)
+    text = """
+layer {
+  name: "conf" type: "Convolution" bottom: "data" top: "conf"
+  convolution_param { num_output: 4 kernel_size: 1 }
+}
+layer {
+  name: "loss" type: "SoftmaxWithLoss" bottom: "conf" bottom: "label" top: "loss"
+  loss_param { ignore_label: 255 normalization: POS_NUM }
+}
+"""
+    net, warnings = _parse(text)
+    assert net.layer[1].loss_param.ignore_label == 255   # the rest of the parameter still reads
+    assert not net.layer[1].loss_param.HasField("normalization")
+    assert len(warnings) == 1
+    assert "t.prototxt:8:" in warnings[0] and "value POS_NUM of field 'normalization'" in warnings[0]
+    assert "loss parameters only matter for training" in warnings[0]
+
+
+def test_a_fork_value_of_an_enum_that_matters_is_an_error_naming_it():
+    text = CONV.replace("kernel_size: 3", "kernel_size: 3 engine: CUDNN_FAST")
+    with pytest.raises(ParseError, match=r"t.prototxt:6:\d+: 'engine: CUDNN_FAST' in layer 'conv': "
+                                         r"enum caffe.ConvolutionParameter.Engine has no value named CUDNN_FAST"):
+        _parse(text)
+    with pytest.raises(ParseError, match="has no value named CUDNN_FAST"):   # strict for the TRAIN net too
+        _parse(text, phase="TRAIN")
+
+
 def test_reading_the_train_net_warns_of_augmentation_and_keeps_other_fields_strict():
     text = """
 layer {

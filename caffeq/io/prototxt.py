@@ -24,7 +24,7 @@ from ..errors import ParseError
 from .schema import caffe_pb2
 from .upgrade import fork_v1_type
 
-_UNKNOWN_FIELD = re.compile(r'has no field named "([^"]+)"')
+_UNKNOWN_FIELD = re.compile(r'has no field named "([^"]+)"|has no value named')
 _LINE_COL = re.compile(r"^(\d+):(\d+)\s*:\s*(.*)$", re.DOTALL)
 _PLACEHOLDER = re.compile(r"\$\{\w+\}|\$\w+")
 _PHASES = {"TRAIN": caffe_pb2.TRAIN, "TEST": caffe_pb2.TEST}
@@ -40,6 +40,7 @@ class _Unknown:
     layer: tuple         # ("layer" | "layers", index) of the enclosing top-level layer, or None
     empty: bool = False  # written as an empty message (`name { }`): it sets nothing
     solver: bool = False  # a solver's own setting (outside its net_param): only for training
+    enum_value: str = None  # set when the field is known but this value of its enum is not (a fork's)
 
 
 # Fields that several forks write under one name with different messages: {(message, name):
@@ -168,6 +169,21 @@ class _RecordingParser(_FieldPicker):
                 self._layer,
                 self._skipped_text(field_name, line, column, tokenizer) in ("{}", ":{}", "<>", ":<>"),
                 solver=not inside_net))
+
+    def _MergeScalarField(self, tokenizer, message, field):
+        # a fork's value of a known enum (SSD forks' `conf_loss_type: FocalLoss`): recorded like an
+        # unknown field, so that where it cannot matter (a loss parameter) it is only a warning
+        token = tokenizer.token
+        if field.enum_type is not None and field is not _V1_TYPE and token.isidentifier() \
+                and token not in field.enum_type.values_by_name and not self._skipping:
+            inside_net = self._path[:len(self.net_path)] == self.net_path
+            self.unknown.append(_Unknown(
+                field.name, field.enum_type.full_name, tokenizer._line + 1, tokenizer._column + 1,
+                tuple(self._path[len(self.net_path):] if inside_net else self._path) + (field.name,),
+                self._layer, solver=not inside_net, enum_value=token))
+            tokenizer.NextToken()
+            return
+        super()._MergeScalarField(tokenizer, message, field)
 
     def _skipped_text(self, field_name, line, column, tokenizer):
         """What followed the field name up to the last token skipped, without blanks or comments."""
@@ -380,18 +396,22 @@ def _report(unknowns, message, path, phase, ignore_unknown, warnings, known_laye
             layer = _layer_name(u, message)
             where = f"{path}:{u.line}:{u.column}" if u.line else path
             ctx = f" in layer '{layer}'" if layer else ""
+            if u.enum_value is not None:
+                raise ParseError(f"{where}: '{u.name}: {u.enum_value}'{ctx}: enum {u.message_type} has no "
+                                 f"value named {u.enum_value}")
             raise ParseError(
                 f"{where}: unknown field '{u.name}'{ctx} (message {u.message_type} has no field "
                 f"'{u.name}'); pass --ignore-unknown to skip unknown fields with a warning")
-        groups.setdefault((u.name, reason), []).append(u)
+        groups.setdefault((u.name, u.enum_value, reason), []).append(u)
     if warnings is None:
         return
-    for (name, reason), members in groups.items():
+    for (name, _, reason), members in groups.items():
         first = members[0]
         layer = _layer_name(first, message)
         where = f"{path}:{first.line}" if first.line else path
         more = f" (and {len(members) - 1} more)" if len(members) > 1 else ""
-        warnings.append(f"{where}: ignored unknown field '{name}'"
+        what = (f"value {first.enum_value} of field" if first.enum_value is not None else "field")
+        warnings.append(f"{where}: ignored unknown {what} '{name}'"
                         + (f" in layer '{layer}'" if layer else "") + more
                         + (f": {reason}" if reason else ""))
 
