@@ -255,7 +255,7 @@ def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=No
              workers=0, limit=None, strict=False, transform=None, resize=None, channel_order=None,
              kind=None, output=None, keep=None, progress=False, distributed=None, phase="TEST",
              ignore_unknown=False, exact=False, compile=False, calibrate=None, calibrate_images=256,
-             stages=(), level=0, input_shapes=None):
+             stages=(), level=0, input_shapes=None, defines=None):
     """Evaluate a model (path or caffeq.Model) on a dataset -> a dict (see `--json` of `caffeq eval`).
 
     targets: "fp32" and/or quantization targets ("fp16", "int8", "binary"); fp32 always runs
@@ -272,7 +272,7 @@ def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=No
     compile: torch.compile the modules with weight freezing (long evaluations).
     calibrate: with target "int8", a data source (or .npy/.npz of inputs) to calibrate activation
         scales on: int8 becomes static int8 (a QDQ ONNX run by onnxruntime's int8 kernels).
-    stages, level, input_shapes: how a prototxt path is read, as caffeq.load takes them.
+    stages, level, input_shapes, defines: how a prototxt path is read, as caffeq.load takes them.
     """
     started = time.perf_counter()
     names = _targets(targets)
@@ -284,7 +284,8 @@ def evaluate(model, data=None, targets=("fp32",), *, weights=None, batch_size=No
         raise DataError(f"--workers must be >= 0, got {workers}")
     opts = {"batch_size": batch_size, "transform": transform, "resize": resize,
             "channel_order": channel_order, "kind": kind}
-    reading = {"phase": phase, "stages": tuple(stages), "level": level, "input_shapes": input_shapes}
+    reading = {"phase": phase, "stages": tuple(stages), "level": level, "input_shapes": input_shapes,
+               "defines": defines}
     base, plan, dataset = _prepare(model, data, weights, reading, ignore_unknown, limit, opts)
     names = _labelled_targets(names, base)
     dev = _device(device)
@@ -311,7 +312,7 @@ def _prepare(model, data, weights, reading, ignore_unknown, limit, opts):
             model = load(path, weights, ignore_unknown=ignore_unknown, **reading)
         else:
             warnings = []
-            net = read_net(path, ignore_unknown=ignore_unknown, warnings=warnings)
+            net = read_net(path, ignore_unknown=ignore_unknown, warnings=warnings, defines=reading["defines"])
             base_dir = os.path.dirname(os.path.abspath(path))
             layer, lp = phase_data_layer(net, reading["phase"], path, base_dir)
             if layer is None:

@@ -15,6 +15,7 @@ import numpy as np
 from .errors import CaffeqError, GraphError, PhaseRuleError, ShapeError, WeightsError
 from .io.schema import caffe_pb2
 from .layers import require_specs, spec_for
+from .layers.common import Sink
 from .layers.registry import ForkReading, LayerError, MissingInputShape
 from .training_layers import drop_training_only
 
@@ -335,12 +336,12 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
                        if names[tid] not in consumed
                        and not (tid in graph_input_ids and temp_blob[tid] in read_by_dropped)]
         if not net_outputs:
-            # every top is read by a Silence or DeepLab's MatWrite (or a dropped layer): Caffe's net
-            # then has no outputs; the blobs they swallow are what the user wants out of it
-            net_outputs = list(dict.fromkeys(t for n in nodes if n.type in ("Silence", "MatWrite")
+            # every top is read by a Silence or a writer (DeepLab's MatWrite, flownet2's FLOWriter) or
+            # a dropped layer: Caffe's net then has no outputs; what they swallow is what the user wants
+            net_outputs = list(dict.fromkeys(t for n in nodes if isinstance(n.spec, Sink)
                                              for t in n.inputs))
             if net_outputs:
-                notes.append(f"{source + ': ' if source else ''}every top is consumed by Silence or MatWrite: "
+                notes.append(f"{source + ': ' if source else ''}every top is consumed by Silence or a writer: "
                              f"the silenced blobs {', '.join(tensors[t].blob for t in net_outputs)} "
                              f"are the outputs (choose others with --outputs)")
     if outputs:

@@ -11,6 +11,7 @@ from .errors import CaffeqError, ParseError, ShapeError
 from .io.caffemodel import read_caffemodel
 from .io.container import load_caffeq_parts
 from .io.prototxt import read_prototxt
+from .io.templates import resolve_placeholders
 from .io.upgrade import upgrade_net
 from .ir import attach_weights, build_graph, init_params, share_params
 from .layers import spec_for
@@ -168,23 +169,32 @@ def reads_parameters(lp):
     return spec is not None and spec is not UNKNOWN_FORK_DATA
 
 
-def read_net(prototxt, ignore_unknown=False, warnings=None, phase="TEST"):
+def read_net(prototxt, ignore_unknown=False, warnings=None, phase="TEST", defines=None, placeholders=None):
     """Read a prototxt (or a caffemodel holding the net) and upgrade it to V2 like Caffe.
 
-    phase: the net to be built; unknown fields that cannot matter for it are warnings."""
+    phase: the net to be built; unknown fields that cannot matter for it are warnings.
+    defines: {NAME: value} for template placeholders (`num_output: ${NUM_LABELS}`).  placeholders: a
+    list that receives those left unfilled (io/templates.py), for the caller to fill from the net a
+    caffemodel saved; without it an unfilled placeholder is an error."""
     warnings = [] if warnings is None else warnings
     path = os.fspath(prototxt)
     if not os.path.exists(path):
         raise ParseError(f"{path}: no such file")
+    pending = []
     net = read_prototxt(path, ignore_unknown=ignore_unknown, warnings=warnings, phase=phase,
-                        known_layer=reads_parameters)
+                        known_layer=reads_parameters, defines=defines, placeholders=pending)
     notes = upgrade_net(net, source=path)
     warnings.extend(notes)
+    if placeholders is None:
+        resolve_placeholders(net, pending, path, warnings)
+    else:
+        placeholders.extend(pending)
     return net
 
 
 def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, ignore_unknown=False,
-         random_weights=False, seed=0, net=None, input_shapes=None, outputs=None, unknown_shapes_ok=False):
+         random_weights=False, seed=0, net=None, input_shapes=None, outputs=None, unknown_shapes_ok=False,
+         defines=None):
     """Load a Caffe model: prototxt (+ caffemodel) -> Model.
 
     phase: "TEST" (default, deploy and evaluation) or "TRAIN".
@@ -195,6 +205,8 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
     unknown_shapes_ok: list a net whose data shapes only a missing dataset could tell (shapes None);
         such a model cannot run or export until loaded with input_shapes.
     random_weights: fill weights the caffemodel does not supply (or all, without one).
+    defines: {NAME: value} for the template placeholders of a prototxt that a script fills in
+        (`num_output: ${NUM_LABELS}`); undefined ones come from the net saved in the caffemodel.
     A `.caffeq` file is accepted in place of the prototxt.
     net: an already read (and upgraded) NetParameter to use instead of reading `prototxt`, which
     still names the source and the folder relative paths start from.
@@ -208,8 +220,10 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
         model.quant_report = parts.report
         return model
     warnings = []
+    placeholders = []
     if net is None:
-        net = read_net(path, ignore_unknown=ignore_unknown, warnings=warnings, phase=phase)
+        net = read_net(path, ignore_unknown=ignore_unknown, warnings=warnings, phase=phase, defines=defines,
+                       placeholders=placeholders)
     blobs = None
     weights_path = None
     if weights is not None:
@@ -219,6 +233,7 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
         cm = read_caffemodel(weights_path)
         upgrade_net(cm.net, source=weights_path, weights=cm.blobs)
         blobs = cm.blobs
+    resolve_placeholders(net, placeholders, path, warnings, None if blobs is None else cm.net, weights_path)
     graph = build_graph(net, None, phase=phase, stages=stages, level=level, batch=batch, source=path,
                         input_shapes=input_shapes, outputs=outputs, notes=warnings,
                         unknown_shapes_ok=unknown_shapes_ok)

@@ -172,6 +172,19 @@ def test_channel_norm(tmp_path):
     check_backends(model, {"x": x}, tmp_path, {"o": ref})
 
 
+@pytest.mark.parametrize("writer", ["FLOWriter", "FloatWriter", "ImgWriter", "PFMWriter"])
+def test_a_writer_saves_nothing_and_adds_no_output(tmp_path, writer):
+    # PWC-Net's test nets end in FLOWriter { folder: "./tmp" ... }: the flow stays the output
+    x = rng(5).standard_normal((2, 3, 5, 7)).astype(np.float32)
+    model = load_from_text(net('layer { name: "n" type: "ChannelNorm" bottom: "x" top: "o" }\n'
+                               f'layer {{ name: "w" type: "{writer}" bottom: "o" writer_param {{ folder: '
+                               f'"{tmp_path}/out" prefix: "flow-" suffix: "" scale: 1.0 }} }}', inputs={"x": x.shape}))
+    assert model.outputs == ["o"]
+    ref = np.sqrt((x.astype(np.float64) ** 2).sum(axis=1, keepdims=True))
+    check_backends(model, {"x": x}, tmp_path, {"o": ref})
+    assert not (tmp_path / "out").exists()
+
+
 # ---- Downsample ----------------------------------------------------------------------------
 
 def downsample_ref(x, th, tw):

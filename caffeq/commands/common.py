@@ -87,6 +87,11 @@ def input_shapes_arg(args):
     return dict(getattr(args, "input_shape", None) or [])
 
 
+def defines_arg(args):
+    """{NAME: value} from the repeatable --define option."""
+    return dict(getattr(args, "define", None) or [])
+
+
 def load_model(args, random_weights=False, weights_required=False, unknown_shapes_ok=False):
     """Load args.model with the shared options (add_model_args); warnings printed once, on stderr.
 
@@ -108,7 +113,7 @@ def load_model(args, random_weights=False, weights_required=False, unknown_shape
                     ignore_unknown=args.ignore_unknown, random_weights=random_weights,
                     stages=tuple(getattr(args, "stage", ())), level=getattr(args, "level", 0),
                     input_shapes=input_shapes_arg(args), outputs=getattr(args, "outputs", None),
-                    unknown_shapes_ok=unknown_shapes_ok)
+                    unknown_shapes_ok=unknown_shapes_ok, defines=defines_arg(args))
     try:
         try:
             model = load_with(weights)

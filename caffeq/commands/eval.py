@@ -3,7 +3,7 @@ import os
 import sys
 
 from ..errors import DataError
-from .common import check_output, input_shapes_arg, layer_names_arg, resolve_weights, say_found, write_json
+from .common import check_output, defines_arg, input_shapes_arg, layer_names_arg, resolve_weights, say_found, write_json
 from .options import (
     add_dataset_args,
     add_json_arg,
@@ -68,7 +68,8 @@ def run(args):
                       output=args.outputs, keep=layer_names_arg(args.keep, "--keep"),
                       progress=progress_wanted(args), exact=args.exact, compile=args.compile,
                       calibrate=args.calibrate, calibrate_images=args.calibrate_images,
-                      stages=args.stage, level=args.level, input_shapes=input_shapes_arg(args))
+                      stages=args.stage, level=args.level, input_shapes=input_shapes_arg(args),
+                      defines=defines_arg(args))
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return 0      # under torchrun, rank 0 reports
     for w in result["warnings"]:

@@ -182,6 +182,15 @@ def input_shape(text):
     return name.strip(), shape
 
 
+def definition(text):
+    """NAME=VALUE: the value of a template placeholder ($NAME or ${NAME}) of the prototxt."""
+    name, sep, value = text.partition("=")
+    name, value = name.strip().removeprefix("${").removesuffix("}").removeprefix("$"), value.strip()
+    if not sep or not name.isidentifier() or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (a template placeholder's value), got {text!r}")
+    return name, value
+
+
 def blob_names(text):
     """NAME,NAME,...: Caffe blob names."""
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -196,9 +205,16 @@ def add_weights_arg(p, what="trained weights"):
                         f"only one in its folder)")
 
 
+def add_define_arg(p):
+    p.add_argument("--define", type=definition, action="append", default=[], metavar="NAME=VALUE",
+                   help="the value of a template placeholder ${NAME} or $NAME that a script fills in before "
+                        "Caffe reads the file, such as DeepLab's NUM_LABELS (repeatable; without it the value "
+                        "comes from the net saved in --weights)")
+
+
 def add_model_args(p, weights=True, batch=True, outputs=True):
     """The model and how to read it: MODEL, --weights, --phase, --stage, --level, --batch,
-    --input-shape, --outputs, --ignore-unknown.
+    --input-shape, --outputs, --ignore-unknown, --define.
 
     Options that change how the net is read (its inputs, its outputs) belong here, so that every
     command takes them.
@@ -218,6 +234,7 @@ def add_model_args(p, weights=True, batch=True, outputs=True):
     p.add_argument("--input-shape", type=input_shape, action="append", default=[], metavar="NAME=N,C,H,W",
                    help="the shape of an input or data-layer top (repeatable): a train_val net then needs "
                         "no dataset, a Python data layer gets its shape")
+    add_define_arg(p)
     if outputs:
         p.add_argument("--outputs", type=blob_names, default=None, metavar="NAME,...",
                        help="make these blobs the net's outputs (layers feeding none of them are dropped)")

@@ -8,7 +8,8 @@ import sys
 
 from ..errors import CaffeqError, ParseError
 from ..fs import same_file
-from .common import check_output
+from .common import check_output, defines_arg
+from .options import add_define_arg
 
 TEXT_EXTS = (".prototxt", ".pbtxt", ".txt")
 WEIGHTS_EXTS = (".caffemodel", ".binaryproto", ".caffeq", ".onnx")
@@ -26,6 +27,7 @@ def add_parser(sub):
     p.add_argument("--weights-out", help="where to write the upgraded .caffemodel (with --weights)")
     p.add_argument("--ignore-unknown", action="store_true",
                    help="skip fields unknown to caffe.proto (with a warning) instead of failing")
+    add_define_arg(p)
     return p
 
 
@@ -64,7 +66,8 @@ def run(args):
 
     # Read and upgrade everything before writing anything, so a bad caffemodel leaves no half result
     warnings = []
-    net = read_prototxt(args.prototxt, ignore_unknown=args.ignore_unknown, warnings=warnings)
+    net = read_prototxt(args.prototxt, ignore_unknown=args.ignore_unknown, warnings=warnings,
+                        defines=defines_arg(args))
     if not net.layer and not net.layers and not net.input:
         raise ParseError(f"{args.prototxt}: the net has no layers (an empty or commented-out prototxt?)")
     for w in warnings:

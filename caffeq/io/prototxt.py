@@ -22,6 +22,7 @@ from google.protobuf import text_format
 
 from ..errors import ParseError
 from .schema import caffe_pb2
+from .templates import fill_placeholders, resolve_placeholders
 from .upgrade import fork_v1_type
 
 _UNKNOWN_FIELD = re.compile(r'has no field named "([^"]+)"|has no value named')
@@ -344,6 +345,9 @@ def _training_only(unknown, message, phase, known_layer=None):
     if unknown.layer is None:
         return None
     inner = unknown.path[1:]  # below the layer
+    if unknown.message_type == "caffe.FillerParameter" and phase == caffe_pb2.TEST:
+        # FlowNet2's `diag_val`, PPR-FCN's fillers: how a training run starts, the weights replace it
+        return "a weight filler only sets the weights a training run starts from"
     if "transform_param" in inner[:-1]:
         if phase != caffe_pb2.TEST:
             # a fork's augmentation (SSD's distort_param knobs...): caffeq's own training applies
@@ -417,15 +421,31 @@ def _report(unknowns, message, path, phase, ignore_unknown, warnings, known_laye
 
 
 def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False, warnings=None,
-                        phase="TEST", known_layer=None):
+                        phase="TEST", known_layer=None, defines=None, placeholders=None):
     """Parse text into a NetParameter (or the given message).
 
     phase: the net the caller will build ("TEST" or "TRAIN"); decides which unknown
     fields are training-only (see the module docstring).  known_layer: see _training_only.
+    defines: {NAME: value} for template placeholders (io/templates.py).  placeholders: a list that
+    receives the placeholders left unfilled, for the caller to fill from a caffemodel's net; without
+    it an unfilled placeholder is an error.
     """
     message = message if message is not None else caffe_pb2.NetParameter()
     if phase not in _PHASES:
         raise ParseError(f"{path}: phase must be TRAIN or TEST, got {phase!r}")
+    filled = []
+    text, pending = fill_placeholders(text, defines, path, filled)
+    message = _parse(text, message, path, ignore_unknown, warnings, phase, known_layer)
+    if warnings is not None:
+        warnings.extend(filled)
+    if placeholders is None:
+        resolve_placeholders(message, pending, path, [])
+    else:
+        placeholders.extend(pending)
+    return message
+
+
+def _parse(text, message, path, ignore_unknown, warnings, phase, known_layer):
     lines = text.split("\n")
     try:
         picker = _FieldPicker(lines)
@@ -537,7 +557,8 @@ def _decode(raw, path, warnings):
     return text
 
 
-def read_prototxt(path, ignore_unknown=False, warnings=None, message=None, phase="TEST", known_layer=None):
+def read_prototxt(path, ignore_unknown=False, warnings=None, message=None, phase="TEST", known_layer=None,
+                  defines=None, placeholders=None):
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
@@ -553,4 +574,5 @@ def read_prototxt(path, ignore_unknown=False, warnings=None, message=None, phase
         if warnings is not None:
             warnings.append(f"{path}: skipped the UTF-8 byte-order mark at the start of the file")
     text = _decode(raw, path, warnings)
-    return parse_prototxt_text(text, message, path, ignore_unknown, warnings, phase, known_layer)
+    return parse_prototxt_text(text, message, path, ignore_unknown, warnings, phase, known_layer, defines,
+                               placeholders)

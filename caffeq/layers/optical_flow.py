@@ -16,6 +16,8 @@ PWC-Net's Warp); L1Loss is a loss, dropped from inference graphs (ir.py).
   o = -g..g (single_direction 0), 0..g (1), or -(g + 1)..-1 (-1), (g + 1) channels for +-1.  With -1
   the fork's first columns read before the padded row (outside the blob): caffeq sizes that layer
   and refuses to run it.
+- FLOWriter, FloatWriter, ImgWriter, PFMWriter (flowriter_layer.cpp...): save their one bottom to a file
+  named by writer_param at every forward; no tops, nothing to compute (caffeq writes no such file).
 - ChannelNorm (channel_norm_layer.cu): top (N, 1, H, W) = sqrt(sum over channels of x^2).
 - Downsample (downsample_layer.cu; downsample_param top_height/top_width, or bottom 1's H and W):
   when the size is unchanged the top is the bottom; otherwise each top pixel (dx, dy) sits at
@@ -49,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ExportError
+from .common import Sink
 from .norm import onnx_reduce
 from .registry import (
     FunctionLayer,
@@ -633,3 +636,12 @@ class Resample(ReadOnlyLayer):
     def why_not_run(self, attrs):
         return ("flownet2's resampling filters (antialiased triangle / bicubic, nearest) are not reproduced in "
                 "caffeq; the net reads and sizes but cannot run or be exported")
+
+
+@register_layer("FLOWriter", "FloatWriter", "ImgWriter", "PFMWriter")
+class FlowNetWriter(Sink):
+    """flownet2's writers (flowriter_layer.cpp...): each TEST forward saves its one bottom as a file
+    (.flo, float, image, .pfm) under writer_param; no tops, so nothing to compute, and caffeq writes
+    no files a model names."""
+    bottoms, tops = 1, 0
+

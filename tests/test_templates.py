@@ -1,0 +1,108 @@
+"""Template placeholders (DeepLab's `num_output: ${NUM_LABELS}`, PWC-Net's `crop_width: $TARGET_WIDTH`):
+filled by --define, or from the net Caffe saved in the caffemodel, else one clear error."""
+import json
+
+import numpy as np
+import pytest
+from conftest import rng
+
+from caffeq.__main__ import main as cli_main
+from caffeq.errors import ParseError
+from caffeq.io.prototxt import parse_prototxt_text
+from caffeq.io.writer import write_caffemodel, write_model_caffemodel
+from caffeq.model import load
+
+# a DeepLab config in miniature: the class count and a float come from the run script; the quoted
+# ${EXP} and the commented ${NOT_USED} are plain text to Caffe
+TEMPLATE = """name: "${EXP}-net"
+input: "data"
+input_shape { dim: 2 dim: 3 dim: $SIZE dim: 9 }
+layer {
+  name: "fc8_${EXP}" type: "Convolution" bottom: "data" top: "fc8"
+  convolution_param { num_output: ${NUM_LABELS} kernel_size: 3 pad: 1 }   # was ${NOT_USED}
+}
+layer { name: "scale" type: "Power" bottom: "fc8" top: "out" power_param { scale: ${SCALE} } }
+"""
+VALUES = {"NUM_LABELS": "5", "SIZE": "7", "SCALE": "0.5"}
+
+
+def _filled(values):
+    text = TEMPLATE
+    for name, value in values.items():
+        text = text.replace("${%s}" % name, value).replace("$%s" % name, value)
+    return text
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_define_fills_placeholders_in_value_position_only(tmp_path):
+    model = load(_write(tmp_path, "t.prototxt", TEMPLATE), defines=VALUES, random_weights=True)
+    assert model.inputs == {"data": (2, 3, 7, 9)}
+    assert model.blob_shapes["fc8"] == (2, 5, 7, 9)
+    layers = {lp.name: lp for lp in model.net.layer}
+    assert model.net.name == "${EXP}-net" and "fc8_${EXP}" in layers   # quoted: kept
+    assert layers["scale"].power_param.scale == 0.5
+    assert any("filled the template placeholder NUM_LABELS with 5 (--define, 1 place)" in w for w in model.warnings)
+
+
+@pytest.mark.parametrize("missing, where", [
+    ("NUM_LABELS", r"t.prototxt:6: \$\{NUM_LABELS\} \(layer 'fc8_\$\{EXP\}', convolution_param.num_output\)"),
+    ("SIZE", r"t.prototxt:3: \$SIZE \(layer 'input', input_param.shape\[0\].dim\[2\]\)"),   # the header, upgraded
+    ("SCALE", r"t.prototxt:8: \$\{SCALE\} \(layer 'scale', power_param.scale\)")])
+def test_an_undefined_placeholder_is_one_clear_error(tmp_path, missing, where):
+    values = {k: v for k, v in VALUES.items() if k != missing}
+    with pytest.raises(ParseError, match=where + r" is a template placeholder that a script fills in before "
+                       rf"Caffe reads the file: pass --define {missing}=VALUE, or --weights"):
+        load(_write(tmp_path, "t.prototxt", TEMPLATE), defines=values)
+
+
+def test_the_caffemodels_saved_net_fills_what_is_not_defined(tmp_path):
+    # Caffe saves the filled net with the weights: a template plus its caffemodel reads as the filled net
+    filled = _filled(VALUES)
+    weights = {"fc8_${EXP}": [rng(1).standard_normal((5, 3, 3, 3)).astype(np.float32),
+                              rng(2).standard_normal(5).astype(np.float32)]}
+    write_caffemodel(parse_prototxt_text(filled), weights, tmp_path / "m.caffemodel")
+    expected = load(_write(tmp_path, "filled.prototxt", filled), tmp_path / "m.caffemodel")
+    model = load(_write(tmp_path, "t.prototxt", TEMPLATE), tmp_path / "m.caffemodel", defines={"SIZE": "7"})
+    notes = "\n".join(model.warnings)
+    assert "filled the template placeholder NUM_LABELS with 5, from the net saved in" in notes
+    assert "filled the template placeholder SCALE with 0.5" in notes
+    x = rng(3).standard_normal((2, 3, 7, 9)).astype(np.float32)
+    np.testing.assert_array_equal(model.run({"data": x})["out"], expected.run({"data": x})["out"])
+
+
+def test_a_caffemodel_that_does_not_say_leaves_the_error(tmp_path):
+    filled = _filled(VALUES).replace('name: "fc8_${EXP}"', 'name: "other"')
+    write_caffemodel(parse_prototxt_text(filled), {}, tmp_path / "m.caffemodel")
+    with pytest.raises(ParseError, match=r"pass --define NUM_LABELS=VALUE \(the net saved in .*m.caffemodel "
+                                         r"does not give it\)"):
+        load(_write(tmp_path, "t.prototxt", TEMPLATE), tmp_path / "m.caffemodel", defines={"SIZE": "7"})
+
+
+def test_the_command_line_takes_define_on_every_model_command(tmp_path, capsys):
+    path = str(_write(tmp_path, "t.prototxt", TEMPLATE))
+    assert cli_main(["inspect", path]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pass --define" in err[0] and "Traceback" not in err[0]
+    defines = [a for k, v in VALUES.items() for a in ("--define", f"{k}={v}")]
+    assert cli_main(["inspect", path, "--json", "-"] + defines) == 0
+    report = json.JSONDecoder().raw_decode(capsys.readouterr().out)[0]
+    assert report["inputs"] == {"data": [2, 3, 7, 9]}
+    assert [lay["output_shapes"] for lay in report["layers"] if lay["name"] == "fc8_${EXP}"] == [{"fc8": [2, 5, 7, 9]}]
+    # convert: the caffemodel's saved net gives what --define does not
+    trained = load(_write(tmp_path, "filled.prototxt", _filled(VALUES)), random_weights=True)
+    write_model_caffemodel(trained, tmp_path / "m.caffemodel")
+    out = tmp_path / "t.onnx"
+    assert cli_main(["convert", path, "--weights", str(tmp_path / "m.caffemodel"), "--define", "SIZE=7",
+                     "-o", str(out)]) == 0
+    import onnxruntime as ort
+    x = rng(4).standard_normal((2, 3, 7, 9)).astype(np.float32)
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"data": x})[0]
+    np.testing.assert_allclose(got, trained.run({"data": x})["out"], rtol=1e-5, atol=1e-5)
+    capsys.readouterr()
+    assert cli_main(["inspect", path, "--define", "NUM LABELS"]) == 2
+    assert "expected NAME=VALUE" in capsys.readouterr().err
