@@ -447,6 +447,23 @@ layer { name: "c" type: "Concat" bottom: "ref" bottom: "fl" top: "both" }
         load_from_text(text.replace(' dense_image_data_param { source: "x" batch_size: 2 }', ""))
 
 
+def test_a_fork_data_layer_whose_type_starts_with_data_is_an_input():
+    """tpfister/caffe-heatmap's DataHeatmap: its heatmap_data_param is unknown to caffe.proto (a warning,
+    as caffeq reads none of its fields); the shapes come from --input-shape."""
+    text = """
+layer { name: "data" type: "DataHeatmap" top: "data" top: "label" visualise: false
+  heatmap_data_param { source: "/data/tp/flic/test_shuffle.txt" batchsize: 1 cropsize: 248 outsize: 256 } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 2 kernel_size: 3 } }
+"""
+    model = load_from_text(text, input_shapes={"data": (1, 3, 8, 8), "label": (1, 2, 6, 6)}, random_weights=True)
+    assert model.inputs == {"data": (1, 3, 8, 8), "label": (1, 2, 6, 6)} and model.outputs == ["label", "conv"]
+    assert any("'heatmap_data_param'" in w and "reads no parameters of type 'DataHeatmap'" in w
+               for w in model.warnings)
+    # with bottoms it is not a data layer (flownet2's DataAugmentation has its own spec)
+    with pytest.raises(CaffeqError, match="unsupported layer type"):
+        load_from_text(text.replace('top: "data" top: "label"', 'bottom: "x" top: "data" top: "label"'))
+
+
 def test_a_python_layer_without_tops_only_observes_and_is_dropped():
     """PPR-FCN's test net ends in a debug Python layer that reads eight blobs and makes none: it
     cannot change any output, so it is dropped with its own note (not refused)."""

@@ -1,7 +1,7 @@
-"""The metric-learning forks' L2 normalizations: xiaolonw's Norm and xialuxi's NormL2.
+"""The metric-learning forks' L2 normalizations: xiaolonw's Norm, xialuxi's NormL2 and vzhangmeng726's L2Norm.
 
 References are numpy loops written here from the forks' CPU code (caffe-video_triplet
-norm_layer.cpp, arcface-caffe AdaCos/normL2_layer.cpp); each layer runs in torch, onnxruntime and the
+norm_layer.cpp, arcface-caffe AdaCos/normL2_layer.cpp, caffe_video_face l2norm_layer.cpp); each layer runs in torch, onnxruntime and the
 generated model.py.
 """
 import numpy as np
@@ -38,7 +38,17 @@ def norm_l2_ref(x):
     return y
 
 
-@pytest.mark.parametrize("kind, ref", [("Norm", norm_ref), ("NormL2", norm_l2_ref)])
+def l2norm_ref(x, eps=1e-8):
+    """l2norm_layer.cpp: per item, the sum of squares (gemv), powx 0.5, then + eps; x divided by it."""
+    x4 = x.reshape(x.shape + (1,) * (4 - x.ndim))
+    y = np.zeros(x4.shape, np.float64)
+    for i in range(x4.shape[0]):
+        total = sum(float(v) * float(v) for v in x4[i].reshape(-1))
+        y[i] = x4[i] / (np.sqrt(total) + eps)
+    return y
+
+
+@pytest.mark.parametrize("kind, ref", [("Norm", norm_ref), ("NormL2", norm_l2_ref), ("L2Norm", l2norm_ref)])
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
 def test_l2_normalizations_match_the_forks(kind, ref, shape, tmp_path):
     x = rng(4).standard_normal(shape).astype(np.float32)
@@ -50,10 +60,22 @@ def test_l2_normalizations_match_the_forks(kind, ref, shape, tmp_path):
         assert_close(out["o"], want, 1e-6, 1e-5, f"{kind} {backend}")
     # per position (Norm) or per item (NormL2): the unit vectors the name promises
     got = model.run({"x": x})["o"].astype(np.float64)
-    axes = (1,) if kind == "Norm" else (1, 2, 3)
+    axes = (1,) if kind == "Norm" else (1, 2, 3)   # L2Norm, NormL2: per item
     np.testing.assert_allclose(np.sqrt((got ** 2).sum(axis=axes)), 1.0, rtol=1e-5)
 
 
 def test_l2_normalizations_take_one_bottom():
     with pytest.raises(LayerError, match="Norm takes one bottom and one top"):
         load_from_text(net('layer { name: "n" type: "Norm" bottom: "x" bottom: "x" top: "o" }', inputs={"x": (2, 3)}))
+
+
+def test_l2norm_reads_its_epsilon_and_refuses_in_place(tmp_path):
+    x = (rng(5).standard_normal((2, 3, 2, 2)) * 1e-3).astype(np.float32)   # eps 0.01 shows at this scale
+    model = load_from_text(net('layer { name: "n" type: "L2Norm" bottom: "x" top: "o" l2norm_param { eps: 0.01 } }',
+                               inputs={"x": x.shape}))
+    want = l2norm_ref(x, 0.01)
+    for backend, out in (("torch", model.run({"x": x})), ("onnx", onnx_outputs(model, {"x": x}, tmp_path)),
+                         ("model.py", model_py_outputs(model, {"x": x}, tmp_path))):
+        assert_close(out["o"], want, 1e-6, 1e-5, f"L2Norm {backend}")
+    with pytest.raises(LayerError, match="in-place"):
+        load_from_text(net('layer { name: "n" type: "L2Norm" bottom: "x" top: "x" }', inputs={"x": (2, 3)}))

@@ -23,7 +23,7 @@ from google.protobuf import text_format
 from ..errors import ParseError
 from .schema import caffe_pb2
 from .templates import fill_placeholders, resolve_placeholders
-from .upgrade import fork_v1_type
+from .upgrade import fork_v1_type, v1_type_string
 
 _UNKNOWN_FIELD = re.compile(r'has no field named "([^"]+)"|has no value named')
 _LINE_COL = re.compile(r"^(\d+):(\d+)\s*:\s*(.*)$", re.DOTALL)
@@ -362,8 +362,8 @@ def _training_only(unknown, message, phase, known_layer=None):
 
 
 def _as_v2_layer(message, where):
-    """The layer an unknown field sits in, as a LayerParameter: a V2 layer itself, a V1 layer of a
-    fork's type (fork_type) by its name, type and blobs; None otherwise."""
+    """The layer an unknown field sits in, as a LayerParameter: a V2 layer itself, a V1 layer by its
+    name, type (Caffe's or a fork's) and blobs; None otherwise."""
     if where is None or not isinstance(message, caffe_pb2.NetParameter):
         return None
     kind, index = where
@@ -373,9 +373,9 @@ def _as_v2_layer(message, where):
     if kind == "layer":
         return layers[index]
     v1 = layers[index]
-    if not v1.HasField("fork_type"):
-        return None
-    return caffe_pb2.LayerParameter(name=v1.name, type=fork_v1_type(v1.fork_type), bottom=v1.bottom, top=v1.top)
+    if not v1.HasField("fork_type") and not v1.HasField("type"):
+        return None   # V0: the type sits one level down
+    return caffe_pb2.LayerParameter(name=v1.name, type=v1_type_string(v1), bottom=v1.bottom, top=v1.top)
 
 
 def _layer_name(unknown, message):

@@ -421,6 +421,13 @@ def fork_v1_type(name):
     return "".join(word.capitalize() for word in name.split("_"))
 
 
+def v1_type_string(v1):
+    """The V2 type string of a V1 layer: Caffe's rename of its enum value, or a fork's."""
+    if v1.HasField("fork_type"):
+        return fork_v1_type(v1.fork_type)
+    return _V1_TYPES[caffe_pb2.V1LayerParameter.LayerType.Name(v1.type)]
+
+
 def _upgrade_v1_layer(v1):
     """One V1LayerParameter -> LayerParameter (UpgradeV1LayerParameter)."""
     lp = caffe_pb2.LayerParameter()
@@ -430,10 +437,8 @@ def _upgrade_v1_layer(v1):
         lp.name = v1.name
     lp.include.extend(v1.include)
     lp.exclude.extend(v1.exclude)
-    if v1.HasField("fork_type"):
-        lp.type = fork_v1_type(v1.fork_type)
-    elif v1.HasField("type"):
-        lp.type = _V1_TYPES[caffe_pb2.V1LayerParameter.LayerType.Name(v1.type)]
+    if v1.HasField("fork_type") or v1.HasField("type"):
+        lp.type = v1_type_string(v1)
     lp.blobs.extend(v1.blobs)
 
     def spec(i):

@@ -4,15 +4,17 @@
   y = x / (sqrt(sum_c x^2) + 1e-6); the epsilon is added after the root.
 - NormL2 (xialuxi/arcface-caffe 30ba26a, AdaCos/normL2_layer.cpp): each item as one vector,
   y = x * 1 / sqrt(sum of its squares + 1e-7).
+- L2Norm (vzhangmeng726/caffe_video_face b6cd746, l2norm_layer.cpp): each item as one vector,
+  y = x / (sqrt(sum of its squares) + l2norm_param.eps [1e-8]); the epsilon is added after the root.
 
-Neither has parameters or blobs.  Both read num/channels/height/width, so their top is 4-axis even
+None has blobs.  Both read num/channels/height/width, so their top is 4-axis even
 for an (N, C) bottom.  (happynear's Normalize is in happynear.py.)
 """
 import numpy as np
 import torch
 
 from .happynear import _reduce
-from .registry import Layer, count, legacy_nchw, register_layer
+from .registry import Layer, LayerError, count, legacy_nchw, register_layer
 
 NORM_EPS = 1e-6       # xiaolonw: added to the root
 NORM_L2_EPS = 1e-7    # xialuxi: added to the sum of squares
@@ -24,6 +26,13 @@ def channel_l2_normalize(x, legacy_shape: list[int], eps: float):
     """xiaolonw's Norm: x / (||x||_channels + eps) at each (n, h, w), 4-axis."""
     x = x.reshape(legacy_shape)
     return x / (torch.sqrt((x * x).sum(dim=1, keepdim=True)) + eps)
+
+
+def item_l2_normalize_eps_after_root(x, legacy_shape: list[int], eps: float):
+    """vzhangmeng726's L2Norm: each item divided by (its L2 norm + eps), 4-axis."""
+    x = x.reshape(legacy_shape)
+    norms = torch.sqrt((x * x).reshape(x.shape[0], -1).sum(dim=1))
+    return x / (norms + eps).reshape(-1, 1, 1, 1)
 
 
 def item_l2_normalize(x, legacy_shape: list[int], eps: float):
@@ -43,6 +52,9 @@ class _L2Norm(Layer):
 
     bottoms = tops = 1
 
+    def parse(self, lp):
+        return dict(super().parse(lp), eps=self.eps)
+
     def infer(self, attrs, in_shapes):
         legacy = legacy_nchw(in_shapes[0], self.types[0])
         attrs["_legacy"] = list(legacy)
@@ -52,10 +64,10 @@ class _L2Norm(Layer):
         return count(in_shapes[0])
 
     def forward(self, attrs, params, x):
-        return self.fn(x, attrs["_legacy"], self.eps)
+        return self.fn(x, attrs["_legacy"], attrs["eps"])
 
     def pytorch_source(self, node, emit):
-        return f"{emit.helper(self.fn)}({emit.inputs[0]}, {node.attrs['_legacy']}, {emit.lit(self.eps)})"
+        return f"{emit.helper(self.fn)}({emit.inputs[0]}, {node.attrs['_legacy']}, {emit.lit(node.attrs['eps'])})"
 
     def onnx(self, ctx, node):
         name = node.name
@@ -66,7 +78,7 @@ class _L2Norm(Layer):
         shape = ctx.const(np.array(node.attrs["_legacy"], np.int64))
         x = ctx.add_node("Reshape", [node.inputs[0], shape], [ctx.tmp(name + "_4d")], name=name)[0]
         squares = _reduce(ctx, "ReduceSumSquare", x, self.axes)
-        eps = ctx.const(np.array(self.eps, np.float32))
+        eps = ctx.const(np.array(node.attrs["eps"], np.float32))
         if self.eps_under_root:   # xialuxi: x * 1 / sqrt(sum + eps)
             inv = op("Reciprocal", [op("Sqrt", [op("Add", [squares, eps], "sse")], "root")], "inv")
             ctx.add_node("Mul", [x, inv], [node.outputs[0]])
@@ -87,3 +99,15 @@ class NormL2(_L2Norm):
     eps = NORM_L2_EPS
     axes = [1, 2, 3]
     eps_under_root = True
+
+
+@register_layer("L2Norm")
+class L2Norm(_L2Norm):
+    fn = staticmethod(item_l2_normalize_eps_after_root)
+    axes = [1, 2, 3]
+
+    def parse(self, lp):
+        if lp.bottom and lp.top and lp.bottom[0] == lp.top[0]:
+            raise LayerError("L2Norm does not support in-place operation (the fork's Reshape checks it)")
+        return dict(super().parse(lp), eps=float(lp.l2norm_param.eps))
+

@@ -293,9 +293,10 @@ def python_layer_key(lp):
 
 
 def _names_a_data_layer(lp):
-    """A fork's data layer by its look: a type ending in "Data", or naming Data and setting a data
-    parameter message (RegNet's DenseRegisterDataXY with dense_image_data_param)."""
-    if lp.type.endswith("Data"):
+    """A fork's data layer by its look: a type ending or starting with "Data" (tpfister/caffe-heatmap's
+    DataHeatmap), or naming Data and setting a data parameter message (RegNet's DenseRegisterDataXY
+    with dense_image_data_param)."""
+    if lp.type.endswith("Data") or lp.type.startswith("Data"):
         return True
     return "Data" in lp.type and any(f.name.endswith("data_param") for f, _ in lp.ListFields())
 
