@@ -261,6 +261,8 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
         if len(out_shapes) != len(lp.top):
             raise GraphError(f"{where}: produces {len(out_shapes)} tops but the prototxt names "
                              f"{len(lp.top)}")
+        # a reading only the bottoms' shapes decide (yolov5_caffe's Reorg) is noted by infer
+        notes.extend(f"{where}: {text}" for text in attrs.pop("reading_notes", ()))
 
         out_ids = []
         for t, s in zip(lp.top, out_shapes):

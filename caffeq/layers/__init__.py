@@ -6,6 +6,7 @@ from . import (  # noqa: F401,E402
     affordance,
     bilinear_forks,
     c3d,
+    caffe_plus,
     cambricon_yolo,
     cascade_rcnn,
     common,

@@ -6,7 +6,9 @@ Yolov3DetectionOutput.
   space-to-depth: the fork reads the input buffer as if it were (C/s^2, H*s, W*s) and writes a
   space-to-depth of that into the (C*s^2, H/s, W/s) top, exactly as darknet does.  With
   reverse it is a depth-to-space in DCR order.  C must divide by s^2 (and, without reverse, H and
-  W by s): otherwise the fork's loop reads and writes outside its blobs.
+  W by s): otherwise the fork's loop reads and writes outside its blobs, except that channels
+  that do not divide by s^2 (an image under YOLOv5's Focus) are read as Wulingtian/yolov5_caffe's
+  Reorg, a plain space-to-depth (caffe_plus.py), with a note.
 - Region (lwplw/caffe_yolov2 and the ports behind it; region_param classes, coords,
   boxes_of_each_grid, softmax): the top keeps the bottom's (N, C, H, W) shape but holds the
   channel-last data (N, H, W, boxes, coords + 1 + classes); entry 4 (objectness) goes through the
@@ -52,6 +54,7 @@ import math
 import numpy as np
 import torch
 
+from .caffe_plus import onnx_space_to_depth_crd, space_to_depth_crd
 from .registry import Layer, LayerError, four_axes, need_blobs, positive_field, register_layer, torch_sources
 from .ssd.common import emit_detection_top
 
@@ -98,15 +101,24 @@ class Reorg(Layer):
         four_axes(s, "Reorg")
         n, c, h, w = s
         st = attrs["stride"]
-        if c % (st * st):
+        attrs["crd"] = not attrs["reverse"] and c % (st * st) != 0
+        if c % (st * st) and attrs["reverse"]:
             raise LayerError(f"reorg_param.stride {st}: channels {c} must divide by stride^2 = {st * st}")
         if attrs["reverse"]:
             return [(n, c // (st * st), h * st, w * st)]
         if h % st or w % st:
             raise LayerError(f"reorg_param.stride {st}: height {h} and width {w} must divide by the stride")
+        if attrs["crd"]:
+            # darknet's reorg divides by c / stride^2 = 0 here; only yolov5_caffe's kernel runs it
+            attrs["reading_notes"] = [
+                f"channels {c} do not divide by stride^2 = {st * st}, where darknet's reorg cannot run: read "
+                f"as Wulingtian/yolov5_caffe's Reorg (YOLOv5's Focus as yolov5_onnx2caffe writes it), a plain "
+                f"space-to-depth, top channel c * {st * st} + dy * {st} + dx"]
         return [(n, c * st * st, h // st, w // st)]
 
     def forward(self, attrs, params, x):
+        if attrs["crd"]:
+            return space_to_depth_crd(x, attrs["stride"])
         return darknet_reorg(x, attrs["stride"], attrs["reverse"])
 
     def onnx(self, ctx, node):
@@ -117,6 +129,9 @@ class Reorg(Layer):
         if a["reverse"]:
             ctx.add_node("DepthToSpace", [x], [out], name=node.name, blocksize=s, mode="DCR")
             return
+        if a["crd"]:
+            onnx_space_to_depth_crd(ctx, node.name, x, out, s)
+            return
         read = ctx.add_node("Reshape", [x, _i64(ctx, [0, c // (s * s), h * s, w * s])],
                             [ctx.tmp(node.name + "_as_read")])[0]
         s2d = ctx.add_node("SpaceToDepth", [read], [ctx.tmp(node.name + "_s2d")], name=node.name, blocksize=s)[0]
@@ -124,6 +139,8 @@ class Reorg(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
+        if a["crd"]:
+            return f"{emit.helper(space_to_depth_crd)}({emit.inputs[0]}, {a['stride']})"
         fn = emit.helper(TORCH_REORG)
         return f"{fn}({emit.inputs[0]}, {a['stride']}, {emit.lit(a['reverse'])})"
 
