@@ -24,9 +24,11 @@ KNOWN_REFUSALS = {
         "'layer12-maxpool' (Pooling, 2x2, stride 1, no pad) makes its map one smaller",
     "ysh329__darknet2caffe__models__tiny-yolo-jd__JDminiYOLOv2.prototxt":
         "'layer12-maxpool' (Pooling, 2x2, stride 1, no pad) makes its map one smaller",
-    # a template: `num_output: ${NUM_LABELS}` is filled in by a script before Caffe reads it
-    "xmojiao__deeplab_v2__voc2012__config__deeplab_largeFOV__test.prototxt": "${NUM_LABELS} is a template placeholder",
-    "TheLegendAli__DeepLab-Context__voc12__config__vgg128_noup__test.prototxt": "${NUM_LABELS} is a template placeholder",
+    # a template: `num_output: ${NUM_LABELS}` is filled in by a script before Caffe reads it (read with
+    # --define, test_templates_read_with_define below)
+    "xmojiao__deeplab_v2__voc2012__config__deeplab_largeFOV__test.prototxt":
+        "${NUM_LABELS} (layer 'fc8_${EXP}_1', convolution_param.num_output) is a template placeholder",
+    "TheLegendAli__DeepLab-Context__voc12__config__vgg128_noup__test.prototxt": "pass --define NUM_LABELS=VALUE",
     # snippets: a bottom that no layer makes (a placeholder for the reader's own net)
     "happynear__AMSoftmax__prototxt__GNAP.prototxt": "bottom 'res4_3' is not produced by any earlier layer",
     "happynear__NormFace__prototxt__scaled_cosine_softmax.prototxt": "unknown field 'min_value'",
@@ -41,11 +43,11 @@ KNOWN_REFUSALS = {
     # its N-D pooling reads (tests/test_layers_ndpool.py)
     "VisionLearningGroup__R-C3D__experiments__thumos14__test__test.prototxt": "unknown field 'pooled_l'",
     # broken for every reader (corpus3 triage): more templates a script fills in, and a stray typo
-    "martinkersner__train-DeepLab__DeepLab-LargeFOV__train.prototxt": "${NUM_LABELS} is a template placeholder",
+    "martinkersner__train-DeepLab__DeepLab-LargeFOV__train.prototxt": "pass --define NUM_LABELS=VALUE",
     "martinkersner__train-DeepLab__DeepLab-LargeFOV-Semi-Bbox-Fixed__test.prototxt":
-        "${NUM_LABELS} is a template placeholder",
+        "pass --define NUM_LABELS=VALUE",
     "FreeApe__VGG-or-MobileNet-SSD__template__MobileNetSSD_deploy_bn_template.prototxt":
-        "'      dim: cls1x': Couldn't parse integer: cls1x",
+        "cls1x (layer 'mbox_conf_reshape', reshape_param.shape.dim[2]) is a template placeholder",
     # line 170 reads `}z`: the parser then wants the `{` of a message named z
     "Nortinwell__VGG-depthwise-SSD__VGG_reduce_300.prototxt": "171:1: 'layer {': Expected \"{\".",
     # broken for every reader (corpus4 triage): a py-faster-rcnn leftover, no layer makes 'rpn_rois'
@@ -78,6 +80,28 @@ def test_inspect_reads_each_file_or_refuses_it_in_one_line(name, capsys, tmp_pat
     else:
         assert rc == 0, err
         assert summary["layers"] and summary["totals"]["layers"] == len(summary["layers"])
+
+
+# The templates above read once their placeholders have values (--define), with the class count in the shapes.
+TEMPLATES = {
+    "xmojiao__deeplab_v2__voc2012__config__deeplab_largeFOV__test.prototxt": ({"NUM_LABELS": "21"}, "fc8_${EXP}_1", 21),
+    # half filled in: the convolutions already say 3 x 63 classes, the Reshape and DetectionOutput cls1x
+    "FreeApe__VGG-or-MobileNet-SSD__template__MobileNetSSD_deploy_bn_template.prototxt":
+        ({"cls1x": "63"}, "mbox_conf_reshape", 1917),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_templates_read_with_define(name, capsys, tmp_path):
+    defines, layer, channels = TEMPLATES[name]
+    out = tmp_path / "summary.json"
+    args = ["inspect", str(REALWORLD / name), "--json", str(out)]
+    for key, value in defines.items():
+        args += ["--define", f"{key}={value}"]
+    assert main(args) == 0, capsys.readouterr().err
+    summary = json.loads(out.read_text())
+    shapes = [shape for lay in summary["layers"] if lay["name"] == layer for shape in lay["output_shapes"].values()]
+    assert shapes and shapes[0][1] == channels
 
 
 # Nets small enough to run here, with the input shape to run them at (None: the file's own).

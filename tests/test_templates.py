@@ -106,3 +106,34 @@ def test_the_command_line_takes_define_on_every_model_command(tmp_path, capsys):
     capsys.readouterr()
     assert cli_main(["inspect", path, "--define", "NUM LABELS"]) == 2
     assert "expected NAME=VALUE" in capsys.readouterr().err
+
+
+# MobileNet-SSD's template/*.prototxt: gen_model.sh replaces the bare words clsNx by N x the class count
+BARE = """input: "data"
+input_shape { dim: 1 dim: 3 dim: 6 dim: 6 }
+layer { name: "conf" type: "Convolution" bottom: "data" top: "conf"
+  convolution_param { num_output: cls3x kernel_size: 1 } }
+layer { name: "scale" type: "Power" bottom: "conf" top: "out" power_param { scale: SCALE shift: 1 } }
+"""
+
+
+def test_bare_words_where_numbers_go_are_placeholders_too(tmp_path):
+    path = _write(tmp_path, "t.prototxt", BARE)
+    with pytest.raises(ParseError, match=r"t.prototxt:4: cls3x \(layer 'conf', convolution_param.num_output\) is a "
+                                         r"template placeholder .* pass --define cls3x=VALUE"):
+        load(path)
+    model = load(path, defines={"cls3x": 63, "SCALE": 2}, random_weights=True)
+    assert model.blob_shapes["out"] == (1, 63, 6, 6)
+    assert {lp.name: lp for lp in model.net.layer}["scale"].power_param.scale == 2
+    # from the weights' saved net, the float as well as the integer
+    filled = BARE.replace("cls3x", "12").replace("SCALE", "0.25")
+    write_caffemodel(parse_prototxt_text(filled), {"conf": [rng(5).standard_normal((12, 3, 1, 1)).astype(np.float32),
+                                                            np.zeros(12, np.float32)]}, tmp_path / "m.caffemodel")
+    model = load(path, tmp_path / "m.caffemodel")
+    expected = load(_write(tmp_path, "filled.prototxt", filled), tmp_path / "m.caffemodel")
+    x = rng(6).standard_normal((1, 3, 6, 6)).astype(np.float32)
+    np.testing.assert_array_equal(model.run({"data": x})["out"], expected.run({"data": x})["out"])
+    # a word where an enum value goes is still the parser's error
+    with pytest.raises(ParseError, match="has no value named"):
+        load(_write(tmp_path, "e.prototxt", BARE.replace("kernel_size: 1", "kernel_size: 1 engine: FAST")))
+

@@ -22,13 +22,15 @@ from google.protobuf import text_format
 
 from ..errors import ParseError
 from .schema import caffe_pb2
-from .templates import fill_placeholders, resolve_placeholders
+from .templates import BarePlaceholder, fill_bare_placeholder, fill_placeholders, resolve_placeholders
 from .upgrade import fork_v1_type, v1_type_string
 
 _UNKNOWN_FIELD = re.compile(r'has no field named "([^"]+)"|has no value named')
 _LINE_COL = re.compile(r"^(\d+):(\d+)\s*:\s*(.*)$", re.DOTALL)
 _PLACEHOLDER = re.compile(r"\$\{\w+\}|\$\w+")
+_BARE_NUMBER = re.compile(r"Couldn't parse (?:integer|float): ([A-Za-z_]\w*)$")
 _PHASES = {"TRAIN": caffe_pb2.TRAIN, "TEST": caffe_pb2.TEST}
+_MAX_BARE_PLACEHOLDERS = 1000   # each is one more parse of the file
 
 
 @dataclass(frozen=True)
@@ -435,7 +437,15 @@ def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False,
         raise ParseError(f"{path}: phase must be TRAIN or TEST, got {phase!r}")
     filled = []
     text, pending = fill_placeholders(text, defines, path, filled)
-    message = _parse(text, message, path, ignore_unknown, warnings, phase, known_layer)
+    for _ in range(_MAX_BARE_PLACEHOLDERS):
+        try:
+            message = _parse(text, message, path, ignore_unknown, warnings, phase, known_layer)
+            break
+        except BarePlaceholder as e:
+            message.Clear()
+            text = fill_bare_placeholder(text, e, defines, pending, filled, path)
+    else:
+        raise ParseError(f"{path}: more than {_MAX_BARE_PLACEHOLDERS} words where numbers go; not a net definition")
     if warnings is not None:
         warnings.extend(filled)
     if placeholders is None:
@@ -443,6 +453,17 @@ def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False,
     else:
         placeholders.extend(pending)
     return message
+
+
+def _parse_error(path, err, text):
+    """The ParseError for a text_format error; a bare word where a number goes (MobileNet-SSD's
+    templates: `num_output: cls3x`) is a BarePlaceholder, which the caller fills and parses again."""
+    bare = _BARE_NUMBER.search(str(err))
+    m = _LINE_COL.match(str(err))
+    where, msg = _describe(path, err, text)
+    if bare and m:
+        return BarePlaceholder(f"{where}: {msg}", int(m.group(1)), int(m.group(2)), bare.group(1))
+    return ParseError(f"{where}: {msg}")
 
 
 def _parse(text, message, path, ignore_unknown, warnings, phase, known_layer):
@@ -454,16 +475,14 @@ def _parse(text, message, path, ignore_unknown, warnings, phase, known_layer):
         return message
     except text_format.ParseError as e:
         if not _UNKNOWN_FIELD.search(str(e)):
-            where, msg = _describe(path, e, text)
-            raise ParseError(f"{where}: {msg}") from None
+            raise _parse_error(path, e, text) from None
     # Unknown fields present: parse leniently, recording each one, then decide.
     message.Clear()
     parser = _RecordingParser(text.split("\n"))
     try:
         parser.ParseLines(text.split("\n"), message)
     except text_format.ParseError as e:
-        where, msg = _describe(path, e, text)
-        raise ParseError(f"{where}: {msg}") from None
+        raise _parse_error(path, e, text) from None
     if isinstance(message, caffe_pb2.NetParameter) and _is_solver(parser.unknown):
         message.CopyFrom(_net_from_solver(text, path, ignore_unknown, warnings, phase, known_layer))
         return message

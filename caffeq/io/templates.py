@@ -1,7 +1,9 @@
 """Template placeholders in a prototxt (DeepLab's `num_output: ${NUM_LABELS}`, PWC-Net's
 `crop_width: $TARGET_WIDTH`): values that a run script substitutes before Caffe reads the file.
 
-A placeholder written as a field's value (outside quotes and comments) gets its value from, in order:
+A placeholder is written as a field's value (outside quotes and comments), either `$NAME` / `${NAME}`
+or a bare word where a number goes (MobileNet-SSD's templates: `num_output: cls3x`, which its
+gen_model.sh replaces by 3 x the class count).  It gets its value from, in order:
   1. `defines` ({NAME: text}, the command line's `--define NAME=VALUE`), put in its place as text;
   2. the net definition that a caffemodel saved with its weights: the same field of the layer of the
      same name (the script filled it in before training, and Caffe wrote the filled net);
@@ -20,6 +22,14 @@ _VALUE_PLACEHOLDER = re.compile(r"(?P<lead>:[ \t]*)(?P<ph>\$\{(?P<braced>\w+)\}|
 # unfilled placeholders parse as these numbers, exact in int32, int64 and float32 fields alike
 _SENTINEL_BASE = 1 << 30
 _SENTINEL_STEP = 1 << 10
+
+
+class BarePlaceholder(ParseError):
+    """A bare word where the parser wanted a number: the text's row and column (1-based) and the word."""
+
+    def __init__(self, message, line, column, word):
+        super().__init__(message)
+        self.line, self.column, self.word = line, column, word
 
 
 @dataclass
@@ -87,6 +97,28 @@ def fill_placeholders(text, defines, path, notes):
 
 _NUMBERS = {"CPPTYPE_INT32", "CPPTYPE_INT64", "CPPTYPE_UINT32", "CPPTYPE_UINT64", "CPPTYPE_FLOAT",
             "CPPTYPE_DOUBLE"}
+
+
+def fill_bare_placeholder(text, bare, defines, pending, notes, path):
+    """The text with the bare word at bare.line:bare.column replaced by its --define value, or by a
+    sentinel recorded in `pending` (see fill_placeholders)."""
+    lines = text.split("\n")
+    row, col = bare.line - 1, bare.column - 1
+    line = lines[row]
+    if line[col:col + len(bare.word)] != bare.word:   # not where the parser said: leave its error
+        raise ParseError(str(bare))
+    defines = defines or {}
+    if bare.word in defines:
+        value = str(defines[bare.word])
+        note = f"{path}: filled the template placeholder {bare.word} with {value} (--define)"
+        if note not in notes:
+            notes.append(note)
+    else:
+        sentinel = _SENTINEL_BASE + _SENTINEL_STEP * (len(pending) + 1)
+        pending.append(Placeholder(bare.word, bare.word, bare.line, sentinel))
+        value = str(sentinel)
+    lines[row] = line[:col] + value + line[col + len(bare.word):]
+    return "\n".join(lines)
 
 
 def _scan(message, path, found):
