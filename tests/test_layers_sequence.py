@@ -1,5 +1,5 @@
 """Sequence layers of the OCR / text-detection forks: Reverse, Transpose, ContinuationIndicator,
-CTPN's Lstm.
+Curve-Text-Detector's Convert, CTPN's Lstm.
 
 References are numpy re-derivations written here as loops from the forks' C++
 (tianzhi0549/CTPN's caffe, senlinuc/caffe_ocr, the CRNN ports' ContinuationIndicator); each layer
@@ -9,7 +9,7 @@ runs in torch, in onnxruntime (the exported ONNX) and in the generated model.py.
 import numpy as np
 import pytest
 import torch
-from conftest import assert_close, backend_outputs, model_py_outputs, net, onnx_outputs, rng
+from conftest import assert_close, backend_outputs, check_everywhere, model_py_outputs, net, onnx_outputs, rng
 
 from caffeq.errors import ExportError
 from caffeq.layers import LayerError
@@ -261,6 +261,37 @@ def lstm_model(t, n, in_tail, h, seed, extra_bottom=""):
     g = rng(seed)
     node.blobs = [g.normal(0, 0.6, b.shape).astype(np.float32) for b in node.blobs]
     return model, node
+
+
+def convert_ref(x):
+    """convert_layer.cu ConvertForward: out[wv*N*D + sv*D + dv] = in[index], index = (sv, dv, wv) of
+    the bottom read as N x D x W; ContForward: index < N is 0, the rest 1 (shape W x N)."""
+    n, d, w = x.shape[0], x.shape[1], x.shape[-1]
+    flat = x.reshape(-1)
+    out = np.zeros(w * n * d, np.float32)
+    for index in range(n * d * w):
+        sv, wv, dv = index // (d * w), index % w, (index % (d * w)) // w
+        out[wv * n * d + sv * d + dv] = flat[index]
+    cont = np.array([0.0 if i < n else 1.0 for i in range(w * n)], np.float32).reshape(w, n)
+    return out.reshape(w, n, d), cont
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 1, 5), (3, 4, 7)])
+def test_curve_text_detectors_convert(shape, tmp_path):
+    x = rng(7).standard_normal(shape).astype(np.float32)
+    model = load_from_text(net('layer { name: "c" type: "Convert" bottom: "x" top: "seq" top: "cont" }',
+                               inputs={"x": shape}))
+    seq, cont = convert_ref(x)
+    assert model.blob_shapes["seq"] == seq.shape and model.blob_shapes["cont"] == cont.shape
+    check_everywhere(model, {"x": x}, {"seq": seq, "cont": cont}, tmp_path)
+    one = load_from_text(net('layer { name: "c" type: "Convert" bottom: "x" top: "seq" }', inputs={"x": shape}))
+    check_everywhere(one, {"x": x}, {"seq": seq}, tmp_path)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 2, 5), (2, 3)])
+def test_convert_refuses_what_its_kernels_cannot_index(shape):
+    with pytest.raises(LayerError, match="every axis between D and W of size 1"):
+        load_from_text(net('layer { name: "c" type: "Convert" bottom: "x" top: "seq" }', inputs={"x": shape}))
 
 
 def test_ctpn_lstm_in_every_backend(tmp_path):

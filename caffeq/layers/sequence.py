@@ -12,6 +12,10 @@ ContinuationIndicator, and CTPN's "Lstm".
   is bottom[0]'s size along `axis` (default 0, negative counts from the end, as Blob::shape), read
   at every Reshape.  With batch_size 0 and a bottom, caffeq does the same (the batch follows the
   input in every backend); with batch_size set, the bottom is not read, as in the CRNN ports.
+- Convert (Yuliang-Liu/Curve-Text-Detector 2126a66, convert_layer.cu): a bottom (N, D, ..., W) whose
+  middle axes are 1 becomes the sequence (W, N, D), top[w, n, d] = bottom[n, d, w]; an optional
+  second top is the (W, N) continuation indicator, 0 at w = 0 and 1 after (the GPU kernel; the
+  CPU Forward writes it even without that top).
 - Lstm (tianzhi0549/CTPN's caffe, Junhyuk Oh's LSTM, also in senlinuc/caffe_ocr; lstm_param
   num_output, clipping_threshold, weight/bias fillers): x (T, N, ...) flattened from axis 2 to
   I values; blobs W_x (4H, I), W_h (4H, H), b (4H) (BVLC's LSTM orders them W_xc, b_c, W_hc);
@@ -187,6 +191,51 @@ class ContinuationIndicator(Layer):
 TORCH_CONTINUATION = torch_sources(continuation_indicator)
 TORCH_CONTINUATION_MODULE = torch_sources(ContinuationIndicatorModule)
 TORCH_CONTINUATION_LIKE = torch_sources(continuation_indicator_like)
+
+
+# ---- Curve-Text-Detector's Convert ---------------------------------------------------------
+
+def convert_to_sequence(x):
+    """Curve-Text-Detector's Convert: (N, D, ..., W) with the middle axes 1 -> (W, N, D)."""
+    return x.reshape(x.shape[0], x.shape[1], x.shape[-1]).permute(2, 0, 1)
+
+
+@register_layer("Convert")
+class Convert(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "Convert", 1, (1, 2), roles="data", in_place=False)
+        return {"cont": len(lp.top) == 2}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) < 3 or math.prod(s[2:-1]) != 1:
+            # the kernels index N x D x W values: any other axis must be 1
+            raise LayerError(f"Convert reads (N, D, ..., W) with every axis between D and W of size 1, got {list(s)}")
+        n, d, w = s[0], s[1], s[-1]
+        return [(w, n, d)] + ([(w, n)] if attrs["cont"] else [])
+
+    def forward(self, attrs, params, x):
+        seq = convert_to_sequence(x)
+        if not attrs["cont"]:
+            return seq
+        return seq, continuation_indicator(seq.shape[0], seq.shape[1]).to(x.device)
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        s = ctx.shape(x)
+        n, d, w = s[0], s[1], s[-1]
+        flat = ctx.add_node("Reshape", [x, _i64(ctx, [n, d, w])], [ctx.tmp(node.name + "_ndw")], name=node.name)[0]
+        ctx.add_node("Transpose", [flat], [node.outputs[0]], perm=[2, 0, 1])
+        if node.attrs["cont"]:
+            arr = continuation_indicator(w, n).numpy()
+            ctx.add_node("Identity", [ctx.const(arr, node.name + "_cont")], [node.outputs[1]])
+
+    def pytorch_source(self, node, emit):
+        seq = f"{emit.helper(convert_to_sequence)}({emit.inputs[0]})"
+        if not node.attrs["cont"]:
+            return seq
+        emit.helper(TORCH_CONTINUATION)
+        return f"{seq}, continuation_indicator({emit.inputs[0]}.shape[-1], {emit.inputs[0]}.shape[0]).to({emit.inputs[0]}.device)"
 
 
 # ---- CTPN's Lstm -----------------------------------------------------------------------------
