@@ -49,6 +49,7 @@ from . import (  # noqa: F401,E402
     segmentation,
     sequence,
     shape_ops,
+    spatial_transformer,
     sppnet,
     ssd,
     synopsys_binary,
