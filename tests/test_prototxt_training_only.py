@@ -291,6 +291,26 @@ layer { name: "acc" type: "Accuracy" bottom: "data" bottom: "label" top: "acc"
         assert len(line) == 1 and why in line[0], (field, warnings)
 
 
+def test_nvcaffes_data_reading_fields_are_warnings():
+    # NVIDIA/caffe's examples: threads and an in-memory cache change how records are read, not what
+    text = """
+layer { name: "data" type: "Data" top: "data" top: "label"
+  data_param { source: "val_lmdb" batch_size: 2 backend: LMDB threads: 4 parser_threads: 2 cache: true shuffle: true } }
+layer { name: "img" type: "ImageData" top: "img" top: "l2"
+  image_data_param { source: "list.txt" batch_size: 2 threads: 4 cache: true dataset_share_per_node: 0.5 } }
+"""
+    net, warnings = _parse(text)
+    assert net.layer[0].data_param.batch_size == 2 and net.layer[1].image_data_param.source == "list.txt"
+    for field in ("threads", "parser_threads", "cache", "shuffle", "dataset_share_per_node"):
+        assert any(f"'{field}'" in w and "NVCaffe's" in w for w in warnings), (field, warnings)
+    # shuffling changes what a training run reads: strict for the TRAIN net
+    with pytest.raises(ParseError, match="unknown field 'shuffle'"):
+        _parse(text, phase="TRAIN")
+    # NVCaffe's short_side resizes the images (their shape): not skipped
+    with pytest.raises(ParseError, match="unknown field 'short_side'"):
+        _parse(text.replace("threads: 4 cache: true dataset", "short_side: 256 dataset"))
+
+
 def test_comments_that_are_not_utf8_are_skipped_like_caffe_does(tmp_path):
     good = 'name: "n"  # \u7f51\u7edc comment in GBK\n' + CONV
     (tmp_path / "gbk.prototxt").write_bytes(good.encode("gbk"))

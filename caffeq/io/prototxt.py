@@ -250,6 +250,13 @@ _FORK_FIELD_GROUPS = [
     # NVCaffe runs the forward pass in this type; the function is the same, only the rounding
     ("NetParameter", _ANY_PHASE, "NVCaffe's forward precision; caffeq computes in float32",
      "default_forward_type", "default_forward_math"),
+    # NVIDIA/caffe 87a2554 caffe.proto DataParameter 11-16, ImageDataParameter 14-17: how records
+    # are read (threads, an in-memory cache, the share of a multi-node dataset), never what they hold
+    ("DataParameter", _ANY_PHASE, "NVCaffe's data-reading threads and record cache",
+     "threads", "parser_threads", "cache", "precache"),
+    ("DataParameter", _TEST_ONLY, "NVCaffe's shuffling of training records", "shuffle"),
+    ("ImageDataParameter", _ANY_PHASE, "NVCaffe's image-reading threads, cache and multi-node share",
+     "threads", "cache", "precache", "dataset_share_per_node"),
     # intel/caffe 44d5363 caffe.proto NetParameter 9-11, 101
     ("NetParameter", _TEST_ONLY, "Intel Caffe's BatchNorm statistics batch and multi-node training",
      "bn_stats_batch_size", "multinode"),
