@@ -199,3 +199,44 @@ def test_coord_map_crop_type_in_a_v2_file_is_refused_by_name():
             'layer { name: "crop" type: "CoordMapCrop" bottom: "x" bottom: "x" top: "o" }')
     with pytest.raises(CaffeqError, match="layer 'crop'.*coordinate maps"):
         load_from_text(text)
+
+
+# ---- DeconvNet's ReLU mask and its data layers -------------------------------------------------
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_deconvnet_relu_mask_top(in_place, tmp_path):
+    """relu_layer.cpp: top[1][i] = bottom_data[i] > 0 ? 1 : 0, read after top_data[i] is written (the
+    same buffer in place); DecoupledNet multiplies its backward branch by it."""
+    top = "x" if in_place else "r"
+    text = v1_net((2, 3, 4, 5), f'layers {{ name: "relu" type: RELU bottom: "x" top: "{top}" top: "mask" '
+                                f'relu_param {{ negative_slope: 0.1 }} }}',
+                  f'layers {{ name: "gate" type: ELTWISE bottom: "{top}" bottom: "mask" top: "o" '
+                  f'eltwise_param {{ operation: PROD }} }}')
+    model = load_from_text(text, outputs=["mask", "o"])
+    x = rng(3).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    x[0, 0, 0, :2] = 0.0
+    y = np.where(x > 0, x, np.float32(0.1) * x)
+    mask = ((y if in_place else x) > 0).astype(np.float32)
+    check_everywhere(model, {"x": x}, {"mask": mask, "o": y * mask}, tmp_path)
+
+
+def test_relu_takes_at_most_two_tops():
+    with pytest.raises(LayerError, match="ReLU takes"):
+        load_from_text(v1_net((1, 2, 3, 3), 'layers { name: "r" type: RELU bottom: "x" top: "a" top: "b" top: "c" }'))
+
+
+@pytest.mark.parametrize("kind, tops, shapes", [
+    ("WINDOW_CLS_DATA", 3, [(2, 3, 6, 6), (2, 20, 1, 1), (2, 1, 1, 2)]),
+    ("SELECT_SEG_BINARY", 3, [(2, 3, 6, 6), (2, 1, 6, 6), (2, 20, 1, 1)]),
+    ("WINDOW_SEG_BINARY", 2, [(2, 3, 6, 6), (2, 1, 6, 6)]),
+])
+def test_deconvnet_data_layers_are_shaped_as_their_reshape(kind, tops, shapes):
+    """select_seg_binary_layer.cpp, window_cls_data_layer.cpp, window_seg_binary_layer.cpp DataLayerSetUp."""
+    names = ["data", "a", "b"][:tops]
+    text = ('name: "d"\nlayers { name: "data" type: %s %s\n'
+            '  image_data_param { source: "list.txt" batch_size: 2 new_height: 9 new_width: 9 }\n'
+            '  transform_param { crop_size: 6 } window_cls_data_param { label_dim: 20 } }\n'
+            'layers { name: "c" type: CONVOLUTION bottom: "data" top: "c" convolution_param { num_output: 2 kernel_size: 3 } }\n'
+            % (kind, " ".join(f'top: "{n}"' for n in names)))
+    model = load_from_text(text, random_weights=True)
+    assert [model.blob_shapes[n] for n in names] == shapes

@@ -119,11 +119,26 @@ def relu_bounds(p):
 
 @register_layer("ReLU")
 class ReLU(Neuron):
-    """max(x, 0) + negative_slope * min(x, 0), then synopsys-caffe's optional bounds."""
+    """max(x, 0) + negative_slope * min(x, 0), then synopsys-caffe's optional bounds.
+
+    HyeonwooNoh/caffe (DeconvNet, DecoupledNet; d9e8494 relu_layer.cpp) allows a second top: the
+    mask, 1 where the value the loop reads is > 0, else 0.  In place that value is the ReLU's own
+    output (the loop writes top_data[i] before it reads bottom_data[i]); DecoupledNet's bp branch
+    multiplies by it."""
+
+    def parse(self, lp):
+        need_blobs(lp, lp.type, 1, (1, 2))
+        attrs = self.parse_param(lp)
+        attrs["mask"] = len(lp.top) == 2
+        attrs["mask_of_output"] = attrs["mask"] and lp.top[0] == lp.bottom[0]
+        return attrs
 
     def parse_param(self, lp):
         upper, lower = relu_bounds(lp.relu_param)
         return {"negative_slope": f32(lp.relu_param.negative_slope), "upper": upper, "lower": lower}
+
+    def infer(self, attrs, in_shapes):
+        return [tuple(in_shapes[0])] * (2 if attrs.get("mask") else 1)
 
     def forward(self, attrs, params, x):
         slope = attrs["negative_slope"]
@@ -132,6 +147,8 @@ class ReLU(Neuron):
             y = y.clamp(max=attrs["upper"])
         if attrs.get("lower") is not None:
             y = y.clamp(min=attrs["lower"])
+        if attrs.get("mask"):
+            return y, ((y if attrs["mask_of_output"] else x) > 0).to(x.dtype)
         return y
 
     def onnx(self, ctx, node):
@@ -149,6 +166,10 @@ class ReLU(Neuron):
             out = capped
         if a.get("lower") is not None:
             ctx.add_node("Max", [out, scalar(ctx, a["lower"])], [node.outputs[0]])
+        if a.get("mask"):   # after the ReLU, whose output it may read
+            src = node.outputs[0] if a["mask_of_output"] else node.inputs[0]
+            positive = ctx.add_node("Greater", [src, scalar(ctx, 0.0)], [ctx.tmp(node.name + "_pos")])[0]
+            ctx.add_node("Cast", [positive], [node.outputs[1]], to=1)   # FLOAT
 
     def pytorch_source(self, node, emit):
         a = node.attrs
@@ -160,6 +181,9 @@ class ReLU(Neuron):
             y = f"{y}.clamp(max={emit.lit(a['upper'])})"
         if a.get("lower") is not None:
             y = f"{y}.clamp(min={emit.lit(a['lower'])})"
+        if a.get("mask"):
+            src = y if a["mask_of_output"] else emit.inputs[0]
+            return f"{y}, ({src} > 0).to({emit.inputs[0]}.dtype)"
         return y
 
 

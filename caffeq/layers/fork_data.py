@@ -8,6 +8,11 @@
 - ImageSegData (DeepLab), ImageLabelmapData (HED), ImageLabelData, WindowSegData (DeconvNet's
   V1 WINDOW_SEG_DATA): an ImageData-style list of image and label-map pairs; shapes from
   crop_size or new_height/new_width.
+- WindowClsData, SelectSegBinary, WindowSegBinary (HyeonwooNoh/caffe d9e8494, DeconvNet and
+  DecoupledNet's training files; V1 WINDOW_CLS_DATA, SELECT_SEG_BINARY, WINDOW_SEG_BINARY): an
+  image list read by image_data_param; data (N, C, crop or new size), then, as each Reshape gives
+  them, a (N, 1, H, W) segmentation map, a (N, label_dim, 1, 1) class label
+  (window_cls_data_param.label_dim) or a (N, 1, 1, 2) image size.
 - Any other fork layer with no bottoms whose type ends in "Data" (BoxData, VideoData, ...)
   is a graph input whose shapes come from `--input-shape`, else from crop_size.
 
@@ -108,6 +113,32 @@ class ImageLabelMapData(ForkDataLayer):
         if attrs["type"] == "ImageSegData" and len(shapes) == 3 and 2 not in given:
             shapes[2] = (shapes[0][0], 1, 1, 2)   # DeepLab: each image's (height, width) before the crop
         return shapes
+
+
+# HyeonwooNoh/caffe: what each top after the data holds, as its Reshape sizes them
+_DECONVNET_TOPS = {"WindowClsData": ("class", "size"), "SelectSegBinary": ("map", "class"),
+                   "WindowSegBinary": ("map", "size")}
+
+
+@register_layer(*_DECONVNET_TOPS)
+class DeconvNetData(ForkDataLayer):
+    def parse(self, lp):
+        p = lp.image_data_param
+        t = transform_attrs(lp)
+        if len(lp.top) > 3:
+            raise needs_input_shape({"type": lp.type, "tops": list(lp.top)}, lp.top[3],
+                                    f"{lp.type} makes at most 3 tops")
+        return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t,
+                "source": p.source, "batch_size": max(1, int(p.batch_size)),
+                "channels": _channels(t, p.is_color), "hw": _crop_or(t, int(p.new_height), int(p.new_width)),
+                "label_dim": positive_field(lp.window_cls_data_param.label_dim, "window_cls_data_param.label_dim")}
+
+    def top_shapes(self, attrs, given):
+        data = tuple(given.get(0) or self.data_shape(attrs))
+        n = data[0]
+        made = {"map": (n, 1) + data[2:], "class": (n, attrs["label_dim"], 1, 1), "size": (n, 1, 1, 2)}
+        shapes = [data] + [made[kind] for kind in _DECONVNET_TOPS[attrs["type"]]]
+        return [tuple(given.get(i) or shapes[i]) for i in range(attrs["num_tops"])]
 
 
 class UnknownForkData(ForkDataLayer):
