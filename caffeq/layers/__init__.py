@@ -16,6 +16,7 @@ from . import (  # noqa: F401,E402
     ctpn,
     data,
     deeplab_forks,
+    deformable_conv,
     denseblock,
     densereg,
     edge_flow_crf_forks,
