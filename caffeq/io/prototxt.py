@@ -22,7 +22,7 @@ from google.protobuf import text_format
 
 from ..errors import ParseError
 from .schema import caffe_pb2
-from .templates import BarePlaceholder, fill_bare_placeholder, fill_placeholders, resolve_placeholders
+from .templates import BarePlaceholder, code_spans, fill_bare_placeholder, fill_placeholders, resolve_placeholders
 from .upgrade import fork_v1_type, v1_type_string
 
 _UNKNOWN_FIELD = re.compile(r'has no field named "([^"]+)"|has no value named')
@@ -544,25 +544,6 @@ def _net_from_solver(text, path, ignore_unknown, warnings, phase, known_layer=No
     return net
 
 
-def _comment_start(line):
-    """The index of the '#' that opens a comment on this line (outside quoted strings), or None."""
-    quote = None
-    escaped = False
-    for i, ch in enumerate(line):
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "#":
-            return i
-    return None
-
-
 def _decode(raw, path, warnings):
     """The file's text. Bytes that are not UTF-8 are accepted in comments, which Caffe's tokenizer
     skips unread (files with GBK or Latin-1 comments load in Caffe); anywhere else they are an error."""
@@ -574,7 +555,7 @@ def _decode(raw, path, warnings):
     for number, line in enumerate(text.splitlines(), 1):
         bad = line.find("\ufffd")
         if bad >= 0:
-            comment = _comment_start(line)
+            comment = code_spans(line)[1]
             if comment is None or bad < comment:
                 raise ParseError(f"{path}:{number}: not UTF-8 text (byte {first_bad}), outside a comment")
     if warnings is not None:

@@ -41,8 +41,9 @@ class Placeholder:
     where: tuple = ()   # (layer name, the message holding the field, field path) once located
 
 
-def _code_spans(line):
-    """(start, end) ranges of the line outside quoted strings and the comment."""
+def code_spans(line):
+    """([(start, end)] ranges of the line outside quoted strings and the comment, the index of the
+    '#' that opens the comment or None), as protobuf's tokenizer reads a prototxt line."""
     spans, start, quote, escaped = [], 0, None, False
     for i, ch in enumerate(line):
         if quote:
@@ -57,10 +58,10 @@ def _code_spans(line):
             quote = ch
         elif ch == "#":
             spans.append((start, i))
-            return spans
+            return spans, i
     if quote is None:
         spans.append((start, len(line)))
-    return spans
+    return spans, None
 
 
 def fill_placeholders(text, defines, path, notes):
@@ -75,7 +76,7 @@ def fill_placeholders(text, defines, path, notes):
         if "$" not in line:
             continue
         pieces, last = [], 0
-        for start, end in _code_spans(line):
+        for start, end in code_spans(line)[0]:
             for m in _VALUE_PLACEHOLDER.finditer(line, start, end):
                 name = m.group("braced") or m.group("bare")
                 if name in defines:
