@@ -717,6 +717,8 @@ ZOO = {
         'pooled_h: 2 pooled_w: 2 spatial_scale: 0.5 } }'
         'layer { name: "ps" type: "PSROIPooling" bottom: "data" bottom: "r" top: "ps" psroi_pooling_param { '
         'spatial_scale: 0.75 output_dim: 2 group_size: 2 } }'
+        'layer { name: "psc" type: "PSROIContextPooling" bottom: "data" bottom: "r" bottom: "r" top: "psc" '
+        'psroi_context_pooling_param { spatial_scale: 0.75 output_dim: 2 group_size: 2 } }'
         'layer { name: "keep" type: "AbsVal" bottom: "rois" top: "rois_abs" }', shape=(2, 8, 7, 9),
         extra_inputs=_inputs(rois=(6, 5))),
 }

@@ -1,4 +1,5 @@
-"""ROI pooling from the detection forks: ROIPooling (Fast/Faster R-CNN), PSROIPooling (R-FCN).
+"""ROI pooling from the detection forks: ROIPooling (Fast/Faster R-CNN), PSROIPooling (R-FCN),
+PSROIContextPooling (alenaliu/PPR-FCN).
 
 rois are (R, 5) = [batch, x1, y1, x2, y2] in input pixels.
 - ROIPooling: corners times spatial_scale, rounded with C's round(); integer bins by floor/ceil of
@@ -9,11 +10,19 @@ rois are (R, 5) = [batch, x1, y1, x2, y2] in input pixels.
 - PSROIPooling: corners C-rounded, then scaled in float32 (the end corner + 1); bin (i, j) of the
   group_size x group_size grid averages channel block (i, j) of each output channel over its cells;
   an empty bin gives 0.
+- PSROIContextPooling (alenaliu/PPR-FCN 1eba551, externals/ms_caffe psroi_context_pooling_layer.cu;
+  its CPU Forward is NOT_IMPLEMENTED, so this is the GPU kernel): bottoms (data, union rois, object
+  rois).  PSROIPooling's bins over each union roi, a bin kept only where its clipped [start, end)
+  overlaps the object box (strictly, on both axes), else 0.  The object box is the first row of the
+  third bottom for every union roi (the kernel never offsets that pointer; its batch index is not
+  read): x1, y1 C-rounded, times spatial_scale in float32, floored; x2 + 1, y2 + 1 likewise, ceiled;
+  both clipped to the map.  The PPR-FCN nets feed one relation (one row each) per forward.
 
 The bins are computed on the CPU in the forks' float32 arithmetic, the pooling on the input's device.
 The torch functions below serve `forward` and are copied into model.py (inspect.getsource).
 ONNX: ROIPooling -> MaxRoiPool (onnxruntime rounds and bins as Fast R-CNN does; checked in the
-tests); ONNX has no position-sensitive ROI pooling, so PSROIPooling is refused.
+tests); ONNX has no position-sensitive ROI pooling, so PSROIPooling and PSROIContextPooling are
+refused.
 """
 import math
 
@@ -134,59 +143,102 @@ def roi_avg_pool(x, rois, ph: int, pw: int, spatial_scale: float):
     return torch.stack(outs)
 
 
+def ps_roi_bins(roi, spatial_scale: float, group_size: int, h: int, w: int):
+    """R-FCN's position-sensitive bins of one roi [batch, x1, y1, x2, y2] (float32, CPU): hstart, hend,
+    wstart, wend of the group_size x group_size grid, clipped to the h x w map."""
+    f32 = torch.float32
+    scale = torch.tensor(spatial_scale, dtype=f32)
+    corners = c_round(roi[1:5].double())  # x1, y1, x2, y2
+    start = corners[:2].float() * scale  # (x, y), float32 as R-FCN
+    end = (corners[2:] + 1.0).float() * scale
+    size = torch.maximum(end - start, torch.tensor(0.1, dtype=f32))
+    bin_size = size / torch.tensor(float(group_size), dtype=f32)
+    k = torch.arange(group_size, dtype=f32)
+    hs = torch.floor(k * bin_size[1] + start[1]).long().clamp(0, h)
+    he = torch.ceil((k + 1) * bin_size[1] + start[1]).long().clamp(0, h)
+    ws = torch.floor(k * bin_size[0] + start[0]).long().clamp(0, w)
+    we = torch.ceil((k + 1) * bin_size[0] + start[0]).long().clamp(0, w)
+    return hs, he, ws, we
+
+
 def ps_roi_avg_pool(x, rois, output_dim: int, group_size: int, spatial_scale: float):
     """R-FCN's PSROIPooling -> (R, output_dim, group_size, group_size); x has
     output_dim * group_size^2 channels."""
-    f32 = torch.float32
     r = roi_rows(rois, "PSROIPooling")
     n, _, h, w = x.shape
     g, dim = group_size, output_dim
-    scale = torch.tensor(spatial_scale, dtype=f32)
     x5 = x.reshape(n, dim, g, g, h, w)
     outs = []
     for roi in r:
         b = roi_batch_index(roi, n, "PSROIPooling")
-        corners = c_round(roi[1:5].double())  # x1, y1, x2, y2
-        start = corners[:2].float() * scale  # (x, y), float32 as R-FCN
-        end = (corners[2:] + 1.0).float() * scale
-        size = torch.maximum(end - start, torch.tensor(0.1, dtype=f32))
-        bin_size = size / torch.tensor(float(g), dtype=f32)
-        k = torch.arange(g, dtype=f32)
-        hs = torch.floor(k * bin_size[1] + start[1]).long().clamp(0, h)
-        he = torch.ceil((k + 1) * bin_size[1] + start[1]).long().clamp(0, h)
-        ws = torch.floor(k * bin_size[0] + start[0]).long().clamp(0, w)
-        we = torch.ceil((k + 1) * bin_size[0] + start[0]).long().clamp(0, w)
+        hs, he, ws, we = ps_roi_bins(roi, spatial_scale, g, h, w)
         outs.append(bin_means(x5[b], "opqhw,ph,qw->opq", hs, he, ws, we))
     if not outs:
         return x.new_zeros((0, dim, g, g))
     return torch.stack(outs)
 
 
+def ps_roi_context_pool(x, rois, obj_rois, output_dim: int, group_size: int, spatial_scale: float):
+    """alenaliu/PPR-FCN's PSROIContextPooling -> (R, output_dim, group_size, group_size): PSROIPooling
+    over each union roi, a bin kept only where it overlaps the object box, the first row of obj_rois
+    (for every union roi, as the fork's kernel reads it); the other bins give 0."""
+    kind = "PSROIContextPooling"
+    r = roi_rows(rois, kind)
+    o = roi_rows(obj_rois, kind + " (object boxes)")
+    n, _, h, w = x.shape
+    g, dim = group_size, output_dim
+    if r.shape[0] == 0:
+        return x.new_zeros((0, dim, g, g))
+    if o.shape[0] == 0:
+        raise ValueError(f"{kind}: the object boxes (third bottom) are empty; the fork reads the first one")
+    scale = torch.tensor(spatial_scale, dtype=torch.float32)
+    corners = c_round(o[0, 1:5].double())  # x1, y1, x2, y2; its batch index is not read
+    lo = torch.floor(corners[:2].float() * scale).long()
+    hi = torch.ceil((corners[2:] + 1.0).float() * scale).long()
+    ox0, ox1 = int(lo[0].clamp(0, w)), int(hi[0].clamp(0, w))
+    oy0, oy1 = int(lo[1].clamp(0, h)), int(hi[1].clamp(0, h))
+    x5 = x.reshape(n, dim, g, g, h, w)
+    zero = torch.zeros((), device=x.device, dtype=x.dtype)
+    outs = []
+    for roi in r:
+        b = roi_batch_index(roi, n, kind)
+        hs, he, ws, we = ps_roi_bins(roi, spatial_scale, g, h, w)
+        keep = ((hs < oy1) & (he > oy0))[:, None] & ((ws < ox1) & (we > ox0))[None, :]
+        means = bin_means(x5[b], "opqhw,ph,qw->opq", hs, he, ws, we)
+        outs.append(torch.where(keep.to(x.device), means, zero))
+    return torch.stack(outs)
+
+
 class RoiLayer(nn.Module):
     """A ROI layer in model.py: its function (roi_max_pool, ps_roi_avg_pool, ...) applied to (x, rois)
-    with the layer's fixed arguments."""
+    (and any further bottoms: PSROIContextPooling's object boxes) with the layer's fixed arguments."""
 
     def __init__(self, fn, *args, **kwargs):
         super().__init__()
         self.fn, self.args, self.kwargs = fn, args, kwargs
 
-    def forward(self, x, rois):
-        return self.fn(x, rois, *self.args, **self.kwargs)
+    def forward(self, x, rois, *more):
+        return self.fn(x, rois, *more, *self.args, **self.kwargs)
 
 
 # model.py gets the same functions, so the export stays bit-identical to forward
 TORCH_ROI_COMMON = torch_sources(c_round, bin_mask, bin_means, roi_rows, roi_batch_index)
 TORCH_ROI_POOLING = torch_sources(pad_roi_corners, roi_bins, roi_max_pool)
 TORCH_ROI_AVG_POOLING = torch_sources(pad_roi_corners, roi_bins, roi_avg_pool)
+TORCH_PSROI_BINS = torch_sources(ps_roi_bins)
 TORCH_PSROI_POOLING = torch_sources(ps_roi_avg_pool)
+TORCH_PSROI_CONTEXT_POOLING = torch_sources(ps_roi_context_pool)
 
 
-def roi_layer_call(emit, function_source, *args, **kwargs):
-    """model.py: a RoiLayer of the function `function_source` defines last, applied to (x, rois)."""
+def roi_layer_call(emit, function_source, *args, helpers=(), **kwargs):
+    """model.py: a RoiLayer of the function `function_source` defines last, applied to the node's
+    bottoms (x, rois, ...); `helpers`: the other sources it calls, each written once in the file."""
     fn = emit.Code(emit.helper(function_source))
     emit.helper(TORCH_ROI_COMMON)
+    for source in helpers:
+        emit.helper(source)
     m = emit.instance(RoiLayer, fn, *args, **kwargs)
-    return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
+    return f"{m}({', '.join(emit.inputs)})"
 
 
 # ---- the specs ---------------------------------------------------------------------------
@@ -210,6 +262,7 @@ class RoiLayerSpec(Layer):
 
     roi_fn = None       # staticmethod(the function)
     roi_source = None
+    roi_helpers = ()    # sources the function calls that other layers' functions share (one block each)
 
     def roi_args(self, attrs):
         """(the positional arguments after x and rois, the keyword ones) for these attrs."""
@@ -220,17 +273,17 @@ class RoiLayerSpec(Layer):
         parameter picks another."""
         return self.roi_fn, self.roi_source
 
-    def forward(self, attrs, params, x, rois):
+    def forward(self, attrs, params, x, rois, *more):
         args, kwargs = self.roi_args(attrs)
         fn, _ = self.roi_function(attrs)
         try:
-            return fn(x, rois, *args, **kwargs)
+            return fn(x, rois, *more, *args, **kwargs)
         except ValueError as e:   # a roi that does not fit the batch: the user's data, one clear line
             raise LayerError(str(e)) from None
 
     def pytorch_source(self, node, emit):
         args, kwargs = self.roi_args(node.attrs)
-        return roi_layer_call(emit, self.roi_function(node.attrs)[1], *args, **kwargs)
+        return roi_layer_call(emit, self.roi_function(node.attrs)[1], *args, helpers=self.roi_helpers, **kwargs)
 
 
 def roi_pooling_attrs(lp, kind):
@@ -317,10 +370,10 @@ def onnx_pad_rois(ctx, name, rois, pad_ratio):
     return names["out"]
 
 
-def ps_roi_attrs(lp, kind, field):
-    """The position-sensitive layers' shared fields (R-FCN's PSROIPooling, PSROIAlign): spatial_scale,
-    output_dim and group_size, all required and the last two > 0."""
-    need_blobs(lp, kind, 2, roles="data, rois")
+def ps_roi_attrs(lp, kind, field, bottoms=2, tops=None, roles="data, rois"):
+    """The position-sensitive layers' shared fields (R-FCN's PSROIPooling, PSROIAlign,
+    PSROIContextPooling): spatial_scale, output_dim and group_size, all required and the last two > 0."""
+    need_blobs(lp, kind, bottoms, tops, roles=roles)
     p = getattr(lp, field)
     for f in ("spatial_scale", "output_dim", "group_size"):
         if not p.HasField(f):
@@ -346,12 +399,42 @@ def ps_roi_shape(kind, attrs, in_shapes):
 class PSROIPooling(RoiLayerSpec):
     onnx_refusal = "ONNX has no position-sensitive ROI pooling op"
     roi_fn, roi_source = staticmethod(ps_roi_avg_pool), TORCH_PSROI_POOLING
+    roi_helpers = (TORCH_PSROI_BINS,)
 
     def parse(self, lp):
         return ps_roi_attrs(lp, "PSROIPooling", "psroi_pooling_param")
 
     def infer(self, attrs, in_shapes):
         return [ps_roi_shape("PSROIPooling", attrs, in_shapes)]
+
+    def roi_args(self, attrs):
+        return (attrs["dim"], attrs["group"]), {"spatial_scale": attrs["scale"]}
+
+
+@register_layer("PSROIContextPooling")
+class PSROIContextPooling(RoiLayerSpec):
+    """alenaliu/PPR-FCN: (data, union rois, object rois) -> (R, output_dim, group_size, group_size)."""
+    onnx_refusal = "ONNX has no position-sensitive ROI pooling op"
+    roi_fn, roi_source = staticmethod(ps_roi_context_pool), TORCH_PSROI_CONTEXT_POOLING
+    roi_helpers = (TORCH_PSROI_BINS,)
+
+    def parse(self, lp):
+        if not lp.HasField("psroi_context_pooling_param") and lp.HasField("psroi_pooling_param"):
+            raise LayerError("psroi_context_pooling_param is missing: the layer sets psroi_pooling_param, which "
+                             "PPR-FCN's PSROIContextPooling does not read (the fork stops at 'output_dim must be > 0')")
+        return ps_roi_attrs(lp, "PSROIContextPooling", "psroi_context_pooling_param", bottoms=3, tops=1,
+                            roles="data, union rois, object rois")
+
+    def infer(self, attrs, in_shapes):
+        top = ps_roi_shape("PSROIContextPooling", attrs, in_shapes[:2])
+        obj = in_shapes[2]
+        if not obj or math.prod(obj[1:]) != 5:
+            raise LayerError(f"PSROIContextPooling: the object boxes (third bottom) must be (R, 5) = "
+                             f"[batch, x1, y1, x2, y2], got {list(obj)}")
+        if obj[0] == 0 and top[0] > 0:
+            raise LayerError("PSROIContextPooling: the object boxes (third bottom) are empty; "
+                             "the fork reads the first one for every union roi")
+        return [top]
 
     def roi_args(self, attrs):
         return (attrs["dim"], attrs["group"]), {"spatial_scale": attrs["scale"]}
