@@ -263,8 +263,8 @@ def _fold_batchnorm(graph):
         changed = False
         uses = graph.consumers()
         for node in list(graph.nodes):
-            if node.type not in _CONV_TYPES or node.attrs.get("orn"):
-                continue   # (RRD's rotating filters re-derive most channels from a few: not foldable)
+            if node.type not in _CONV_TYPES or node.attrs.get("orn") or node.attrs.get("fuse"):
+                continue   # (RRD's rotating filters re-derive most channels from a few; naibaf7's fused ReLU)
             channels = _conv_channels(node, graph)
             if channels is None:
                 continue

@@ -185,7 +185,7 @@ def _packable(mod, shape):
     a = mod.attrs
     # (synopsys-caffe per-side padding, edge_pads, is F.pad + conv: left to the layer's forward)
     return (mod.caffe_type == "Convolution" and a.get("_axis") == 1 and len(a.get("kernel", ())) == 2 and
-            a.get("edge_pads") is None and not a.get("orn") and a.get("first_conv") is None and
+            a.get("edge_pads") is None and not a.get("orn") and a.get("first_conv") is None and not a.get("fuse") and
             shape is not None and len(shape) == 4 and mod.blob_tensors()[0].dtype == torch.float32 and
             mod.blob_tensors()[0].device.type == "cpu")
 

@@ -25,6 +25,7 @@ from . import (  # noqa: F401,E402
     fork_data,
     fpn,
     frcnn,
+    greentea_fusion,
     happynear,
     im2col,
     landmark_crops,

@@ -16,7 +16,7 @@ The first maximum in row-major order wins (Caffe's strict `>`); a window with
 no cell above -FLT_MAX keeps -1 (and the value -FLT_MAX).
 
 synopsys-caffe's pad_type (SAME), pad_l/r/t/b and AVE_EXC_PAD (alias AVE_TF) follow that fork's
-own geometry: pooling_edges.py.
+own geometry: pooling_edges.py.  naibaf7/caffe's dilation and axis: pooling_dilated.py.
 
 The torch functions below (caffe_pool_out, caffe_pool2d, caffe_max_pool2d_mask)
 and the modules are also copied into the standalone model.py, so the export
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .edge_pads import SAME, read_edge_pads
+from .pooling_dilated import fork_forward, fork_infer, fork_macs, fork_onnx, fork_pytorch_source, read_fork_fields
 from .pooling_edges import (
     TORCH_SYNOPSYS_POOL_FUNCTIONS,
     TORCH_SYNOPSYS_POOL_MODULE,
@@ -90,9 +91,10 @@ def parse_pooling(p):
             raise LayerError("pooling_param: global_pooling with pad_type / pad_l/r/t/b is not supported")
         if attrs["pool"] == STOCHASTIC:
             raise LayerError("pooling_param.pool: STOCHASTIC has no pad_type / pad_l/r/t/b in synopsys-caffe")
+    read_fork_fields(p, attrs)   # naibaf7/caffe's dilation / axis: the geometry is read once the rank is known
     if attrs["pool"] == AVE_EXC_PAD and attrs["global"]:
         attrs["pool"] = AVE   # a global window has no padding: the two averages agree
-    if max(len(p.kernel_size), len(p.stride), len(p.pad)) <= 2:
+    if attrs["fork"] is None and max(len(p.kernel_size), len(p.stride), len(p.pad)) <= 2:
         pooling_geometry(attrs, 2)   # the usual 2-D case is checked at once; N-D once the rank is known
     return attrs
 
@@ -400,6 +402,8 @@ class Pooling(Layer):
 
     def infer(self, attrs, in_shapes):
         s = in_shapes[0]
+        if attrs.get("fork") is not None:
+            return fork_infer(attrs, s)
         attrs["nd"] = len(s) == 5
         if attrs["nd"]:
             if is_synopsys(attrs):
@@ -416,6 +420,8 @@ class Pooling(Layer):
         return [top, top] if attrs.get("mask") else [top]
 
     def forward(self, attrs, params, x):
+        if attrs.get("fork_path"):
+            return fork_forward(attrs, x)
         if attrs.get("nd"):
             k, s, p, out = window_nd(attrs, x.shape[2:])
             pool = max_pool3d_windows if attrs["pool"] == MAX else ave_pool3d_windows
@@ -424,10 +430,15 @@ class Pooling(Layer):
 
     def macs(self, attrs, in_shapes, out_shapes):
         s = in_shapes[0]
+        if attrs.get("fork_path"):
+            return fork_macs(attrs, s, out_shapes[0])
         k = window_nd(attrs, s[2:])[0] if attrs.get("nd") else window(attrs, s[2], s[3])[0]
         return math.prod(out_shapes[0]) * math.prod(k)
 
     def onnx(self, ctx, node):
+        if node.attrs.get("fork_path"):
+            fork_onnx(ctx, node)
+            return
         if node.attrs.get("nd"):
             sizes = ctx.shape(node.inputs[0])[2:]
             k, s, p, out = window_nd(node.attrs, sizes)
@@ -443,6 +454,8 @@ class Pooling(Layer):
     def pytorch_source(self, node, emit):
         a = node.attrs
         x = emit.inputs[0]
+        if a.get("fork_path"):
+            return fork_pytorch_source(node, emit)
         if a.get("nd"):
             k, s, p, out = window_nd(a, emit.in_shape(0)[2:])
             return pytorch_pool3d_call(emit, a["pool"] == MAX, x, k, s, p, out)
