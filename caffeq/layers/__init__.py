@@ -26,6 +26,7 @@ from . import (  # noqa: F401,E402
     fpn,
     frcnn,
     greentea_fusion,
+    group_norm,
     happynear,
     im2col,
     landmark_crops,
