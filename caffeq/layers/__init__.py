@@ -33,6 +33,7 @@ from . import (  # noqa: F401,E402
     learnable_dilation,
     losses,
     margin,
+    mergecrop,
     misc,
     norm,
     optical_flow,
