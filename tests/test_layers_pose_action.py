@@ -115,6 +115,8 @@ def ref_masks(coords, aux, joints, value):
 # ---- Resize ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("param, oh, ow", [("height_fac: 0.5 width_fac: 0.5", 3, 4),
+                                           # xiaolonw's (and MaskYolo_Caffe's) factors, the same resize
+                                           ("is_pyramid_test: true out_height_scale: 2.0 out_width_scale: 1.5", 14, 13),
                                            ("height: 11 width: 13", 11, 13),
                                            ("height: 4 width: 3", 4, 3)])
 def test_resize_by_param_matches_the_forks_bilinear(tmp_path, param, oh, ow):
@@ -132,6 +134,17 @@ def test_resize_to_a_second_bottoms_size(tmp_path):
     model = load_from_text(net({"x": x.shape, "like": like.shape},
                                'layer { name: "r" type: "Resize" bottom: "x" bottom: "like" top: "o" }'))
     check_everywhere(model, {"x": x, "like": like}, {"o": ref_resize(x, 12, 17)}, tmp_path, atol=2e-5, rtol=1e-5)
+
+
+def test_xiaolonws_v1_resize_layer(tmp_path):
+    """xiaolonw/caffe-3dnormal_joint_pose's V1 `type: RESIZE` with its resize_param (V1 field 25 there)."""
+    x = rng(3).standard_normal((1, 3, 8, 6)).astype(np.float32)
+    text = ('name: "v1"\ninput: "x"\ninput_dim: 1\ninput_dim: 3\ninput_dim: 8\ninput_dim: 6\n'
+            'layers { name: "resize-data" type: RESIZE bottom: "x" top: "o" resize_param { height: 5 width: 4 } }\n')
+    model = load_from_text(text)
+    check_everywhere(model, {"x": x}, {"o": ref_resize(x, 5, 4)}, tmp_path, atol=2e-5, rtol=1e-5)
+    with pytest.raises(CaffeqError, match="is_pyramid_test needs out_height_scale and out_width_scale"):
+        load_from_text(text.replace("height: 5 width: 4", "is_pyramid_test: true out_height_scale: 2"))
 
 
 def test_resize_needs_exactly_one_size_source():

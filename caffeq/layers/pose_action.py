@@ -7,7 +7,9 @@ aux_info is the fork's (N, 5, 1, 1) blob per person: (image index, width, height
   dst * (src / dst) in float32 (no half-pixel shift); the taps past the last row or column are
   left out (they add nothing, as if the map were followed by zeros).  The size is resize_param's
   height/width, int(H * height_fac)/int(W * width_fac), or a second bottom's H and W (its values
-  (width, height, ...) when it holds exactly 4 numbers).
+  (width, height, ...) when it holds exactly 4 numbers).  xiaolonw/caffe-3dnormal_joint_pose (11f5adc),
+  whose util_img.cpp this resize comes from, and MaskYolo_Caffe write `is_pyramid_test: true` with
+  out_height_scale/out_width_scale for the factors (V1 files: `type: RESIZE`).
 - SpatialDropout (spatial_dropout_layer.cpp): TEST copies; TRAIN drops whole (n, c) maps with
   probability dropout_ratio and scales the kept ones by 1 / (1 - ratio).
 - CoordsFromHeatMaps (coords_from_heat_map_layer.cpp): per map the first maximum's (x, y) = (i % W,
@@ -145,6 +147,11 @@ class PoseResize(Layer):
         if two:
             return {"mode": "bottom"}
         p = lp.resize_param
+        if p.is_pyramid_test:
+            # xiaolonw's form (resize_layer.cpp): the size is the input's times these scales
+            if not (p.HasField("out_height_scale") and p.HasField("out_width_scale")):
+                raise LayerError("resize_param.is_pyramid_test needs out_height_scale and out_width_scale")
+            return {"mode": "fac", "fac": (float(p.out_height_scale), float(p.out_width_scale))}
         wh = p.HasField("height") and p.HasField("width")
         fac = p.HasField("height_fac") and p.HasField("width_fac")
         if wh == fac:
