@@ -33,6 +33,8 @@
   [image, label, score, S state scores of the row's prior, xmin, ymin, xmax, ymax], as its GPU
   Forward does (its CPU Forward ignores the states and writes SSD's rows).  With no detection its
   -1 rows keep SSD's stride of 7 for the image ids, as the fork writes them.
+- synopsys-caffe's per-level bottoms (`nbottom`, `no_permute`, `ratio_permute`): gathered into
+  the three bottoms above by detection_levels.py, then read as here.
 ONNX: standard ops (TopK, NonMaxSuppression, NonZero...) give the same rows
 in the same order; only eta < 1 (adaptive NMS) is refused.
 """
@@ -44,6 +46,7 @@ from torch import nn
 
 from ..registry import ForkReading, Layer, LayerError, register_layer, torch_sources
 from .common import CENTER_SIZE, CODE_NAMES, FLT_MAX, proto_field
+from .detection_levels import emit_gather_onnx, gather_levels, level_pieces, level_reading
 from .nms import TORCH_SSD_NMS, ssd_nms
 from .priorbox import fork_priors, textboxes_priors
 
@@ -256,7 +259,8 @@ class DetectionOutputLayer(Layer):
     data_dependent_shape = True
 
     def parse(self, lp):
-        if len(lp.bottom) not in (3, 4, 5):
+        levels = level_reading(lp)   # synopsys-caffe's per-level bottoms, or None
+        if levels is None and len(lp.bottom) not in (3, 4, 5):
             raise LayerError(f"DetectionOutput takes 3 bottoms (loc, conf, priors), an optional 4th (SSD: the "
                              f"images, for visualize; RefineDet: arm conf) and RefineDet's 5th (arm loc), "
                              f"got {len(lp.bottom)}")
@@ -285,6 +289,9 @@ class DetectionOutputLayer(Layer):
             # tl_ssd: S state scores per prior from a 4th bottom, copied into each row
             "states": int(p.num_states) if p.do_state_prediction else 0,
         }
+        if levels is not None:
+            attrs["levels"] = levels
+            attrs["states"] = 0
         if attrs["states"] and len(lp.bottom) != 4:
             raise LayerError(f"do_state_prediction (tl_ssd) reads the states from a 4th bottom, got {len(lp.bottom)} "
                              f"bottoms")
@@ -302,6 +309,10 @@ class DetectionOutputLayer(Layer):
         return attrs
 
     def infer(self, attrs, in_shapes):
+        if attrs.get("levels"):
+            attrs["pieces"], n_priors = level_pieces(attrs, in_shapes)
+            attrs["layout"], attrs["arm"] = "", 0
+            return [(1, 1, max_detections(attrs, in_shapes[0][0], n_priors), 7)]
         loc, conf, prior = in_shapes[:3]   # a 4th bottom (the images) is only drawn on
         if len(prior) < 3 or prior[1] != 2 or prior[2] % 4:
             raise LayerError(f"priors must be shaped (1, 2, 4 * num_priors), got {list(prior)}")
@@ -325,6 +336,8 @@ class DetectionOutputLayer(Layer):
     def forward(self, attrs, params, loc, *rest):
         conf, prior, *extra = rest
         module = DetectionOutput(**module_kwargs(attrs, attrs.get("layout", "")))
+        if attrs.get("levels"):
+            return module(*gather_levels((loc, *rest), attrs["pieces"]))
         if attrs.get("states"):
             return module(loc, conf, prior, state=extra[0])
         arm = extra[:attrs.get("arm", 0)]   # RefineDet's arm conf (and arm loc); SSD's images are not read
@@ -332,6 +345,11 @@ class DetectionOutputLayer(Layer):
 
     def onnx(self, ctx, node):
         from .detection_output_onnx import emit_detection_output
+        if node.attrs.get("levels"):
+            loc, conf, prior = emit_gather_onnx(ctx, node, node.attrs["pieces"])
+            n_priors = sum(math.prod(pc[3]) for pc in node.attrs["pieces"][2]) // 4
+            emit_detection_output(ctx, node, inputs=(loc, conf, prior), n_priors=n_priors)
+            return
         emit_detection_output(ctx, node)
 
     def pytorch_source(self, node, emit):
@@ -348,6 +366,12 @@ class DetectionOutputLayer(Layer):
                   f"(ssd_nms), so this layer does not trace or export to a static graph.")
         emit.helper(TORCH_SSD_NMS)
         m = emit.module(f"{emit.helper(TORCH_DETECTION_OUTPUT)}({', '.join(args)})")
+        if node.attrs.get("levels"):   # synopsys-caffe: the per-level bottoms gathered first
+            pieces = tuple(tuple(tuple(tuple(x) if isinstance(x, list) else x for x in pc) for pc in group)
+                           for group in node.attrs["pieces"])
+            got = emit.tmp("levels")
+            emit.stmt(f"{got} = {emit.helper(gather_levels)}(({', '.join(emit.inputs)},), {emit.lit(pieces)})")
+            return f"{m}(*{got})"
         if node.attrs["states"]:
             return f"{m}({', '.join(emit.inputs[:3])}, state={emit.inputs[3]})"
         return f"{m}({', '.join(emit.inputs[:3 + node.attrs['arm']])})"

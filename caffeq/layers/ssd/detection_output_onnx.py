@@ -6,7 +6,7 @@ from .common import CENTER_SIZE, CORNER, CORNER_SIZE, FLT_MAX, emit_detection_to
 from .common import scalar_tensor as _scalar_tensor
 
 
-def emit_detection_output(ctx, node):
+def emit_detection_output(ctx, node, inputs=None, n_priors=None):
     """DetectionOutput from standard ops, giving SSD's rows in SSD's order.
 
     Per class, TopK keeps SSD's top_k best candidates (ties: lower prior first, as
@@ -23,9 +23,10 @@ def emit_detection_output(ctx, node):
     if a["eta"] < 1:
         raise ExportError(f"layer '{node.name}' (DetectionOutput): nms_param.eta {a['eta']} < 1 "
                           f"(adaptive NMS) has no ONNX form")
-    loc_in, conf_in, prior_in = node.inputs[:3]   # a 4th input (visualize's images) is not read
+    # inputs, n_priors: synopsys-caffe's per-level bottoms, already gathered (detection_levels.py)
+    loc_in, conf_in, prior_in = (inputs or node.inputs)[:3]   # a 4th input (the images) is not read
     arm = a.get("arm", 0)                          # RefineDet: arm conf, then arm loc
-    P = ctx.shape(prior_in)[-1] // 4
+    P = ctx.shape(prior_in)[-1] // 4 if n_priors is None else n_priors
     C = a["num_classes"]
     L = 1 if a["share_location"] else C
     cls = [c for c in range(C) if c != a["background"]]
