@@ -43,7 +43,8 @@
 import numpy as np
 import torch
 
-from .registry import AT_LEAST, Layer, LayerError, ReadOnlyLayer, four_axes, need_blobs, register_layer
+from .edge_flow_crf_forks import MultiStageMeanfield, meanfield_attrs
+from .registry import AT_LEAST, Layer, LayerError, four_axes, need_blobs, register_layer
 
 # ---- torch functions (model.py gets the same code) ---------------------------------------
 
@@ -329,32 +330,13 @@ class AUMaskBasedLand(Layer):
 # ---- MultiStageMeanfieldAU3 ------------------------------------------------------------------
 
 @register_layer("MultiStageMeanfieldAU3")
-class MultiStageMeanfieldAU3(ReadOnlyLayer):
-    blob_names = ("spatial_weight", "bilateral_weight", "compatibility")
+class MultiStageMeanfieldAU3(MultiStageMeanfield):
+    """CRF-RNN's shapes and blobs, over AU features instead of an image."""
+    guide = "features"
 
     def parse(self, lp):
         need_blobs(lp, "MultiStageMeanfieldAU3", 3, 1, "unary, Q0, features")
-        p = lp.multi_stage_meanfield_au3_param
-        if p.num_iterations <= 1:
-            raise LayerError(f"multi_stage_meanfield_au3_param.num_iterations must be > 1 (the fork's check), "
-                             f"got {p.num_iterations}")
-        return {"name": lp.name, "iterations": int(p.num_iterations), "theta_alpha": float(p.theta_alpha),
-                "theta_beta": float(p.theta_beta), "theta_gamma": float(p.theta_gamma)}
-
-    def infer(self, attrs, in_shapes):
-        unary = four_axes(in_shapes[0], "MultiStageMeanfieldAU3", "unary")
-        if tuple(in_shapes[1]) != unary:
-            raise LayerError(f"MultiStageMeanfieldAU3's Q0 must have the unary's shape {list(unary)}, "
-                             f"got {list(in_shapes[1])}")
-        feat = tuple(in_shapes[2])
-        if len(feat) != 4 or feat[0] != unary[0] or feat[2:] != unary[2:]:
-            raise LayerError(f"MultiStageMeanfieldAU3's features must share the unary's N, H and W "
-                             f"{list(unary)}, got {list(feat)}")
-        return [unary]
-
-    def param_shapes(self, attrs, in_shapes):
-        c = in_shapes[0][1]
-        return [(1, 1, c, c)] * 3
+        return meanfield_attrs(lp, lp.multi_stage_meanfield_au3_param, "multi_stage_meanfield_au3_param")
 
     def why_not_run(self, attrs):
         return ("ARL's CRF-RNN mean-field iterations filter with a permutohedral lattice, which caffeq does not "

@@ -178,42 +178,48 @@ class FlowWarp(Layer):
 
 # ---- MultiStageMeanfield -------------------------------------------------------------------
 
+def meanfield_attrs(lp, p, param_field):
+    """The settings every CRF-RNN mean-field variant reads from its parameter message `p`."""
+    if p.num_iterations <= 1:
+        raise LayerError(f"{param_field}.num_iterations must be > 1 (the fork's check), got {p.num_iterations}")
+    return {"name": lp.name, "iterations": int(p.num_iterations), "theta_alpha": float(p.theta_alpha),
+            "theta_beta": float(p.theta_beta), "theta_gamma": float(p.theta_gamma)}
+
+
 @register_layer("MultiStageMeanfield")
 class MultiStageMeanfield(ReadOnlyLayer):
     blob_names = ("spatial_weight", "bilateral_weight", "compatibility")
+    guide = "image"   # what the third bottom holds, for the messages
 
     def parse(self, lp):
         need_blobs(lp, "MultiStageMeanfield", 3, 1, "unary, Q0, image")
         p = lp.multi_stage_meanfield_param
-        if p.num_iterations <= 1:
-            raise LayerError(f"multi_stage_meanfield_param.num_iterations must be > 1 (the fork's check), "
-                             f"got {p.num_iterations}")
-        return {"name": lp.name, "iterations": int(p.num_iterations), "theta_alpha": float(p.theta_alpha),
-                "theta_beta": float(p.theta_beta), "theta_gamma": float(p.theta_gamma),
-                # ContinuousCRF-CNN's continuous CRF keeps two kernel weights and no compatibility matrix
-                "continuous": p.HasField("spatial_weight") or p.HasField("bilateral_weight"),
-                "diagonals": [p.spatial_filter_weights_str, p.bilateral_filter_weights_str]
-                if p.spatial_filter_weights_str or p.bilateral_filter_weights_str else None}
+        return dict(meanfield_attrs(lp, p, "multi_stage_meanfield_param"),
+                    # ContinuousCRF-CNN's continuous CRF keeps two kernel weights and no compatibility matrix
+                    continuous=p.HasField("spatial_weight") or p.HasField("bilateral_weight"),
+                    diagonals=[p.spatial_filter_weights_str, p.bilateral_filter_weights_str]
+                    if p.spatial_filter_weights_str or p.bilateral_filter_weights_str else None)
 
     def infer(self, attrs, in_shapes):
-        unary, q0, image = (tuple(s) for s in in_shapes)
+        unary, q0, guide = (tuple(s) for s in in_shapes)
+        what = self.types[0]
         if len(unary) != 4:
-            raise LayerError(f"MultiStageMeanfield needs a 4-axis unary (N, C, H, W), got {list(unary)}")
+            raise LayerError(f"{what} needs a 4-axis unary (N, C, H, W), got {list(unary)}")
         if q0 != unary:
-            raise LayerError(f"MultiStageMeanfield's Q0 must have the unary's shape {list(unary)}, got {list(q0)}")
-        if len(image) != 4 or image[0] != unary[0] or image[2:] != unary[2:]:
-            raise LayerError(f"MultiStageMeanfield's image must share the unary's N, H and W "
-                             f"{list(unary)}, got {list(image)}")
+            raise LayerError(f"{what}'s Q0 must have the unary's shape {list(unary)}, got {list(q0)}")
+        if len(guide) != 4 or guide[0] != unary[0] or guide[2:] != unary[2:]:
+            raise LayerError(f"{what}'s {self.guide} must share the unary's N, H and W "
+                             f"{list(unary)}, got {list(guide)}")
         return [unary]
 
     def param_shapes(self, attrs, in_shapes):
         c = in_shapes[0][1]
-        return [(1, 1, c, c)] * (2 if attrs["continuous"] else 3)
+        return [(1, 1, c, c)] * (2 if attrs.get("continuous") else 3)
 
     def init_params(self, attrs, shapes, rng):
         """caffe-segnet-crf's start without weights: the kernel weights' diagonals from the two strings,
         the compatibility -identity; other variants: the default fill."""
-        if not attrs.get("diagonals") or attrs["continuous"]:
+        if not attrs.get("diagonals") or attrs.get("continuous"):
             return super().init_params(attrs, shapes, rng)
         c = shapes[0][-1]
         blobs = []
