@@ -201,6 +201,40 @@ def test_coords_from_heat_maps_scale_from_a_bottom(tmp_path):
     check_everywhere(model, {"m": maps, "ab": ab}, {"xy": ref_coords(maps, 3, 1)[0]}, tmp_path)
 
 
+def ref_coords_top_k(maps, top_k, a, b):
+    """coords_from_heat_map_layer.cpp (d397a23) CreateCoordsFromHeatMapFromTopK_cpu."""
+    n, k, h, w = maps.shape
+    coords, scores = np.zeros((n, 2 * k, 1, 1), np.float32), np.zeros((n, k, 1, 1), np.float32)
+    kk = min(top_k, h * w)
+    for i in range(n):
+        for j in range(k):
+            pairs = sorted(((float(s), p) for p, s in enumerate(maps[i, j].reshape(-1))), reverse=True)[:kk]
+            sx = sum(p % w for _, p in pairs) // kk
+            sy = sum(p // w for _, p in pairs) // kk
+            coords[i, 2 * j], coords[i, 2 * j + 1] = sx * a + b, sy * a + b
+            scores[i, j] = np.float32(sum(s for s, _ in pairs)) / kk
+    return coords, scores
+
+
+@pytest.mark.parametrize("top_k", [3, 500])
+def test_coords_from_heat_maps_top_k(tmp_path, top_k):
+    maps = rng(6).standard_normal((2, 3, 5, 7)).astype(np.float32)
+    maps[0, 1, 4, 6] = maps[0, 1, 0, 0] = maps[0, 1, 2, 3] = maps[0, 1, 1, 5] = 8.0   # ties: later index first
+    model = load_from_text(net({"m": maps.shape},
+                               'layer { name: "c" type: "CoordsFromHeatMaps" bottom: "m" top: "xy" top: "s" '
+                               f'pose_coords_from_heat_maps_param {{ heat_map_a: 4 heat_map_b: 1 top_k: {top_k} }} }}'))
+    xy, s = ref_coords_top_k(maps, top_k, 4, 1)
+    if top_k == 3:
+        assert xy[0, 2, 0, 0] == (6 + 3 + 5) // 3 * 4 + 1   # (4, 6), (2, 3), (1, 5), not (0, 0)
+    check_everywhere(model, {"m": maps}, {"xy": xy, "s": s}, tmp_path, atol=1e-5)
+
+
+def test_coords_from_heat_maps_negative_top_k():
+    with pytest.raises(CaffeqError, match="top_k must be >= 0"):
+        load_from_text(net({"m": (1, 2, 3, 4)}, 'layer { name: "c" type: "CoordsFromHeatMaps" bottom: "m" top: "xy" '
+                                                'pose_coords_from_heat_maps_param { heat_map_a: 1 heat_map_b: 0 top_k: -2 } }'))
+
+
 # ---- RescaledPoseCoords ---------------------------------------------------------------------
 
 def test_rescaled_pose_coords(tmp_path):

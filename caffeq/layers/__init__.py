@@ -42,6 +42,7 @@ from . import (  # noqa: F401,E402
     plugin_standins,
     pooling,
     pose_action,
+    pose_action_rois,
     pred_to_proposal,
     psanet,
     psroi_align,

@@ -15,7 +15,9 @@ aux_info is the fork's (N, 5, 1, 1) blob per person: (image index, width, height
 - CoordsFromHeatMaps (coords_from_heat_map_layer.cpp): per map the first maximum's (x, y) = (i % W,
   i // W), each times heat_map_a plus heat_map_b (1 and 0 unless pose_coords_from_heat_maps_param
   or a second bottom's first two values give them) -> (N, 2K, 1, 1); an optional second top holds
-  the maxima (N, K, 1, 1).
+  the maxima (N, K, 1, 1).  d397a23's top_k > 0 (704d7de) averages the positions of the top_k
+  highest values instead (sum of x, of y, integer-divided by k; the score is their mean; ties go to
+  the later index, std::greater on (score, index) pairs).
 - RescaledPoseCoords (rescaled_pose_coords_layer.cpp): x / im_scale, mirrored to width - 1 - x when
   flippable, -1 when at or past the image's width (y likewise with the height, never mirrored).
 - CoordsToBboxesMasks (coords_to_bboxes_masks_layer.cpp): an (N, 1, H, W) map that is `value` on
@@ -82,6 +84,21 @@ def pose_coords_from_heat_maps(maps, a, b):
     best = flat.gather(2, idx.unsqueeze(2)).reshape(n, k, 1, 1)
     xy = torch.stack([idx % w, torch.div(idx, w, rounding_mode="floor")], dim=2) * a + b
     return xy.reshape(n, 2 * k, 1, 1).to(maps.dtype), best
+
+
+def pose_coords_top_k(maps, top_k, a, b):
+    """top_k > 0: the mean position (integer division) and mean score of each map's top_k highest
+    values; among equal values the fork's partial_sort over (score, index) pairs prefers the later."""
+    n, k, w = maps.shape[0], maps.shape[1], maps.shape[3]
+    flat = maps.reshape(n, k, -1)
+    hw = flat.shape[2]
+    kk = min(top_k, hw)
+    vals, rev = torch.sort(flat.flip(2), dim=2, descending=True, stable=True)
+    idx = hw - 1 - rev[:, :, :kk]
+    x = torch.div((idx % w).sum(2), kk, rounding_mode="floor")
+    y = torch.div(torch.div(idx, w, rounding_mode="floor").sum(2), kk, rounding_mode="floor")
+    xy = torch.stack([x, y], dim=2) * a + b
+    return xy.reshape(n, 2 * k, 1, 1).to(maps.dtype), (vals[:, :, :kk].sum(2) / kk).reshape(n, k, 1, 1)
 
 
 def pose_coords_scale_from_blob(maps, ab):
@@ -248,7 +265,10 @@ class CoordsFromHeatMaps(Layer):
             if not (p.HasField("heat_map_a") and p.HasField("heat_map_b")):
                 raise LayerError("pose_coords_from_heat_maps_param needs both heat_map_a and heat_map_b")
             a, b = int(p.heat_map_a), int(p.heat_map_b)
-        return {"a": a, "b": b, "from_blob": len(lp.bottom) == 2, "tops": len(lp.top)}
+            if p.top_k < 0:
+                raise LayerError(f"pose_coords_from_heat_maps_param.top_k must be >= 0, got {p.top_k}")
+        top_k = int(lp.pose_coords_from_heat_maps_param.top_k) if has_param else 0
+        return {"a": a, "b": b, "from_blob": len(lp.bottom) == 2, "tops": len(lp.top), "top_k": top_k}
 
     def infer(self, attrs, in_shapes):
         s = in_shapes[0]
@@ -260,13 +280,40 @@ class CoordsFromHeatMaps(Layer):
         return shapes + [(s[0], s[1], 1, 1)] * (attrs["tops"] - 1)
 
     def forward(self, attrs, params, maps, ab=None):
-        out = pose_coords_scale_from_blob(maps, ab) if attrs["from_blob"] else \
-            pose_coords_from_heat_maps(maps, attrs["a"], attrs["b"])
+        if attrs.get("top_k"):
+            out = pose_coords_top_k(maps, attrs["top_k"], attrs["a"], attrs["b"])
+        elif attrs["from_blob"]:
+            out = pose_coords_scale_from_blob(maps, ab)
+        else:
+            out = pose_coords_from_heat_maps(maps, attrs["a"], attrs["b"])
         return out if attrs["tops"] == 2 else out[0]
+
+    def _onnx_top_k(self, ctx, node, i64):
+        n, k, h, w = ctx.shape(node.inputs[0])
+        kk = min(node.attrs["top_k"], h * w)
+        flat = ctx.add_node("Reshape", [node.inputs[0], i64(n, k, h * w)], ctx.tmp("flat"))
+        rev = ctx.add_node("Slice", [flat, i64(-1), i64(-(h * w) - 1), i64(2), i64(-1)], ctx.tmp("rev"))
+        vals, at = ctx.add_node("TopK", [rev, i64(kk)], [ctx.tmp("vals"), ctx.tmp("at")], axis=2)
+        idx = ctx.add_node("Sub", [i64(h * w - 1), at], ctx.tmp("idx"))
+        parts = []
+        for op in ("Mod", "Div"):
+            q = ctx.add_node(op, [idx, i64(w)], ctx.tmp(op))
+            q = ctx.add_node("ReduceSum", [q, i64(2)], ctx.tmp("sum"), keepdims=1)
+            q = ctx.add_node("Div", [q, i64(kk)], ctx.tmp("mean"))
+            parts.append(ctx.add_node("Add", [ctx.add_node("Mul", [q, i64(node.attrs["a"])], ctx.tmp("ma")),
+                                              i64(node.attrs["b"])], ctx.tmp("mb")))
+        xy = ctx.add_node("Cast", [ctx.add_node("Concat", parts, ctx.tmp("xy"), axis=2)], ctx.tmp("xyf"), to=1)
+        ctx.add_node("Reshape", [xy, i64(n, 2 * k, 1, 1)], [node.outputs[0]], name=node.name)
+        if node.attrs["tops"] == 2:
+            mean = ctx.add_node("Div", [ctx.add_node("ReduceSum", [vals, i64(2)], ctx.tmp("s"), keepdims=1),
+                                        ctx.const(np.array(kk, np.float32))], ctx.tmp("best"))
+            ctx.add_node("Reshape", [mean, i64(n, k, 1, 1)], [node.outputs[1]])
 
     def onnx(self, ctx, node):
         n, k, h, w = ctx.shape(node.inputs[0])
         i64 = lambda *v: ctx.const(np.array(v, np.int64))   # noqa: E731
+        if node.attrs.get("top_k"):
+            return self._onnx_top_k(ctx, node, i64)
         flat = ctx.add_node("Reshape", [node.inputs[0], i64(n, k, h * w)], ctx.tmp("flat"))
         idx = ctx.add_node("ArgMax", [flat], ctx.tmp("idx"), axis=2, keepdims=0)
         if node.attrs["from_blob"]:
@@ -290,7 +337,10 @@ class CoordsFromHeatMaps(Layer):
 
     def pytorch_source(self, node, emit):
         fn = emit.helper(pose_coords_from_heat_maps)
-        if node.attrs["from_blob"]:
+        if node.attrs.get("top_k"):
+            call = (f"{emit.helper(pose_coords_top_k)}({emit.inputs[0]}, {node.attrs['top_k']}, "
+                    f"{node.attrs['a']}, {node.attrs['b']})")
+        elif node.attrs["from_blob"]:
             call = f"{emit.helper(pose_coords_scale_from_blob)}({emit.inputs[0]}, {emit.inputs[1]})"
         else:
             call = f"{fn}({emit.inputs[0]}, {node.attrs['a']}, {node.attrs['b']})"
