@@ -1,4 +1,5 @@
-"""The metric-learning forks' L2 normalizations: xiaolonw's Norm, xialuxi's NormL2 and vzhangmeng726's L2Norm.
+"""The metric-learning forks' L2 normalizations: xiaolonw's Norm, xialuxi's NormL2, vzhangmeng726's L2Norm,
+and the Normalization / NormalizationL2 layers of the face and re-id forks.
 
 References are numpy loops written here from the forks' CPU code (caffe-video_triplet
 norm_layer.cpp, arcface-caffe AdaCos/normL2_layer.cpp, caffe_video_face l2norm_layer.cpp); each layer runs in torch, onnxruntime and the
@@ -79,3 +80,25 @@ def test_l2norm_reads_its_epsilon_and_refuses_in_place(tmp_path):
         assert_close(out["o"], want, 1e-6, 1e-5, f"L2Norm {backend}")
     with pytest.raises(LayerError, match="in-place"):
         load_from_text(net('layer { name: "n" type: "L2Norm" bottom: "x" top: "x" }', inputs={"x": (2, 3)}))
+
+
+def normalization_ref(x, eps):
+    """normalization_layer.cu / normalization_l2_layer.cu: per item, asum of the squares (+ eps), then
+    each value times pow(that, -0.5); the top keeps the bottom's shape."""
+    y = np.zeros(x.shape, np.float64)
+    for i in range(x.shape[0]):
+        total = sum(float(v) * float(v) for v in x[i].reshape(-1)) + eps
+        y[i] = x[i] * total ** -0.5
+    return y
+
+
+@pytest.mark.parametrize("kind, eps", [("Normalization", 0.0), ("NormalizationL2", 1e-10)])
+@pytest.mark.parametrize("shape", [(3, 7), (2, 3, 4, 5), (2, 3, 5)])
+def test_normalization_forks_keep_the_bottoms_shape(kind, eps, shape, tmp_path):
+    x = rng(6).standard_normal(shape).astype(np.float32)
+    model = load_from_text(net(f'layer {{ name: "n" type: "{kind}" bottom: "x" top: "o" }}', inputs={"x": shape}))
+    assert model.blob_shapes["o"] == shape                  # ReshapeLike, not 4-axis
+    for backend, out in (("torch", model.run({"x": x})), ("onnx", onnx_outputs(model, {"x": x}, tmp_path)),
+                         ("model.py", model_py_outputs(model, {"x": x}, tmp_path))):
+        assert_close(out["o"], normalization_ref(x, eps), 1e-6, 1e-5, f"{kind} {backend}")
+

@@ -7,6 +7,12 @@
 - L2Norm (vzhangmeng726/caffe_video_face b6cd746, l2norm_layer.cpp): each item as one vector,
   y = x / (sqrt(sum of its squares) + l2norm_param.eps [1e-8]); the epsilon is added after the root.
 
+- Normalization (Binbin Xu's, as ZhouYzzz/project 4481109 carries it, normalization_layer.cpp/.cu) and
+  NormalizationL2 (Longhui Wei's, liu-xb/GGL 2ea1508, normalization_l2_layer.cu; its CPU forward calls
+  the GPU one): each item times pow(sum of its squares [+ 1e-10 for NormalizationL2], -0.5); the top
+  keeps the bottom's shape (ReshapeLike).  Without an epsilon an all-zero item divides by zero, as in
+  the fork.
+
 None has blobs.  Both read num/channels/height/width, so their top is 4-axis even
 for an (N, C) bottom.  (happynear's Normalize is in happynear.py.)
 """
@@ -36,10 +42,11 @@ def item_l2_normalize_eps_after_root(x, legacy_shape: list[int], eps: float):
 
 
 def item_l2_normalize(x, legacy_shape: list[int], eps: float):
-    """xialuxi's NormL2: each item times 1 / sqrt(sum of its squares + eps), 4-axis."""
+    """xialuxi's NormL2 (and Normalization, NormalizationL2): each item times
+    1 / sqrt(sum of its squares + eps), shaped as legacy_shape."""
     x = x.reshape(legacy_shape)
     squares = (x * x).reshape(x.shape[0], -1).sum(dim=1)
-    return x * (1.0 / torch.sqrt(squares + eps)).reshape(-1, 1, 1, 1)
+    return x * (1.0 / torch.sqrt(squares + eps)).reshape([-1] + [1] * (x.dim() - 1))
 
 
 class _L2Norm(Layer):
@@ -49,6 +56,7 @@ class _L2Norm(Layer):
     eps = None
     axes = None   # the axes summed over, of the 4-axis blob
     eps_under_root = False
+    keep_shape = False   # the top is shaped like the bottom (ReshapeLike), not made 4-axis
 
     bottoms = tops = 1
 
@@ -56,9 +64,11 @@ class _L2Norm(Layer):
         return dict(super().parse(lp), eps=self.eps)
 
     def infer(self, attrs, in_shapes):
-        legacy = legacy_nchw(in_shapes[0], self.types[0])
-        attrs["_legacy"] = list(legacy)
-        return [legacy]
+        shape = tuple(in_shapes[0]) if self.keep_shape else legacy_nchw(in_shapes[0], self.types[0])
+        if self.keep_shape and not shape:
+            raise LayerError(f"{self.types[0]} needs a bottom with an item axis, got a scalar")
+        attrs["_legacy"] = list(shape)
+        return [shape]
 
     def macs(self, attrs, in_shapes, out_shapes):
         return count(in_shapes[0])
@@ -77,7 +87,8 @@ class _L2Norm(Layer):
 
         shape = ctx.const(np.array(node.attrs["_legacy"], np.int64))
         x = ctx.add_node("Reshape", [node.inputs[0], shape], [ctx.tmp(name + "_4d")], name=name)[0]
-        squares = _reduce(ctx, "ReduceSumSquare", x, self.axes)
+        axes = list(range(1, len(node.attrs["_legacy"]))) if self.keep_shape else self.axes
+        squares = _reduce(ctx, "ReduceSumSquare", x, axes)
         eps = ctx.const(np.array(node.attrs["eps"], np.float32))
         if self.eps_under_root:   # xialuxi: x * 1 / sqrt(sum + eps)
             inv = op("Reciprocal", [op("Sqrt", [op("Add", [squares, eps], "sse")], "root")], "inv")
@@ -110,4 +121,17 @@ class L2Norm(_L2Norm):
         if lp.bottom and lp.top and lp.bottom[0] == lp.top[0]:
             raise LayerError("L2Norm does not support in-place operation (the fork's Reshape checks it)")
         return dict(super().parse(lp), eps=float(lp.l2norm_param.eps))
+
+
+@register_layer("Normalization")
+class Normalization(_L2Norm):
+    fn = staticmethod(item_l2_normalize)
+    eps = 0.0
+    eps_under_root = True
+    keep_shape = True
+
+
+@register_layer("NormalizationL2")
+class NormalizationL2(Normalization):
+    eps = 1e-10
 
