@@ -127,6 +127,18 @@ def net(*layers, inputs):
     return inputs_text(**inputs) + "\n".join(layers)
 
 
+def pool_net(shape, params, tops=1):
+    """A net of one Pooling layer "p" over the input "x" (a second top "mask" with tops=2)."""
+    top = ' top: "p"' + (' top: "mask"' if tops == 2 else "")
+    return net(f'layer {{ name: "p" type: "Pooling" bottom: "x"{top} pooling_param {{ {params} }} }}',
+               inputs={"x": shape})
+
+
+def repeated(name, values):
+    """A repeated prototxt field: "name: v1 name: v2 ..."."""
+    return " ".join(f"{name}: {v}" for v in values)
+
+
 def fast_rcnn_bins(x1, y1, x2, y2, ph, pw, h, w):
     """Fast R-CNN's integer ROI-pooling bins of a roi whose corners are already scaled and rounded:
     (i, j, hstart, hend, wstart, wend) clipped to the h x w map, from float32 bin sizes as its C++."""

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import check_everywhere, pool_net, repeated, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -48,16 +48,6 @@ def fork_pool_ref(x, method, kernel, stride, pad, dilation):
                         total = np.float32(total + plane[cell])
                 y[(n, c) + index] = total / np.float32(count)
     return y
-
-
-def pool_net(shape, params, tops=1):
-    top = ' top: "p"' + (' top: "mask"' if tops == 2 else "")
-    return net(f'layer {{ name: "p" type: "Pooling" bottom: "x"{top} pooling_param {{ {params} }} }}',
-               inputs={"x": shape})
-
-
-def repeated(name, values):
-    return " ".join(f"{name}: {v}" for v in values)
 
 
 def params_text(method, kernel, stride, pad, dilation):

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import check_everywhere, net, pool_net, repeated, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -51,16 +51,6 @@ def pool_nd_ref(x, method, kernel, stride, pad, any_axis_rule=False):
                 total += xd[(slice(None), slice(None)) + cell]
             y[(slice(None), slice(None)) + index] = total / divisor
     return y
-
-
-def pool_net(shape, params, tops=1):
-    top = ' top: "p"' + (' top: "mask"' if tops == 2 else "")
-    return net(f'layer {{ name: "p" type: "Pooling" bottom: "x"{top} pooling_param {{ {params} }} }}',
-               inputs={"x": shape})
-
-
-def repeated(name, values):
-    return " ".join(f"{name}: {v}" for v in values)
 
 
 def check_pooled(model, feeds, ref, tmp_path):
