@@ -122,10 +122,12 @@ def fill_bare_placeholder(text, bare, defines, pending, notes, path):
     return "\n".join(lines)
 
 
-def _scan(message, path, found):
+def _scan(message, path, found, skip=()):
     """Append (field path, value) for every number set in message, recursively; a path step is
-    `name` or `name[i]` for a repeated field."""
+    `name` or `name[i]` for a repeated field.  Top-level fields named in `skip` are not visited."""
     for field, value in message.ListFields():
+        if field.name in skip:
+            continue
         repeated = field.is_repeated
         items = list(enumerate(value)) if repeated else [(None, value)]
         is_number = any(field.cpp_type == getattr(field, kind) for kind in _NUMBERS)
@@ -150,9 +152,8 @@ def locate_placeholders(net, pending):
         _scan(layer, (), found)
         spots += [(layer.name, layer, field_path, value) for field_path, value in found]
     found = []
-    _scan(net, (), found)
-    spots += [("", net, field_path, value) for field_path, value in found
-              if not field_path[0].startswith(("layer[", "layers["))]
+    _scan(net, (), found, skip=("layer", "layers"))   # the layers were scanned above, each as its owner
+    spots += [("", net, field_path, value) for field_path, value in found]
     for layer_name, owner, field_path, value in spots:
         p = by_sentinel.get(int(value)) if float(value).is_integer() else None
         if p is not None:
