@@ -137,3 +137,9 @@ def test_bare_words_where_numbers_go_are_placeholders_too(tmp_path):
     with pytest.raises(ParseError, match="has no value named"):
         load(_write(tmp_path, "e.prototxt", BARE.replace("kernel_size: 1", "kernel_size: 1 engine: FAST")))
 
+
+def test_a_defined_value_that_is_not_a_number_names_the_define(tmp_path):
+    with pytest.raises(ParseError, match=r"t.prototxt:6: --define NUM_LABELS=abc: the field there takes a number, "
+                                         r"not 'abc'"):
+        load(_write(tmp_path, "t.prototxt", TEMPLATE), defines=dict(VALUES, NUM_LABELS="abc"))
+

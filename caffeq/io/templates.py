@@ -109,6 +109,10 @@ def fill_bare_placeholder(text, bare, defines, pending, notes, path):
     if line[col:col + len(bare.word)] != bare.word:   # not where the parser said: leave its error
         raise ParseError(str(bare))
     defines = defines or {}
+    given = [name for name, value in defines.items() if str(value) == bare.word and name != bare.word]
+    if given:   # the user's own value is the word: a typo in --define, not a placeholder of the file
+        raise ParseError(f"{path}:{bare.line}: --define {given[0]}={bare.word}: the field there takes a number, "
+                         f"not {bare.word!r}")
     if bare.word in defines:
         value = str(defines[bare.word])
         note = f"{path}: filled the template placeholder {bare.word} with {value} (--define)"
