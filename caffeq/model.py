@@ -11,7 +11,7 @@ from .errors import CaffeqError, ParseError, ShapeError
 from .io.caffemodel import read_caffemodel
 from .io.container import load_caffeq_parts
 from .io.prototxt import read_prototxt
-from .io.templates import resolve_placeholders
+from .io.templates import as_written, resolve_placeholders
 from .io.upgrade import upgrade_net
 from .ir import attach_weights, build_graph, init_params, share_params
 from .layers import spec_for
@@ -184,7 +184,7 @@ def read_net(prototxt, ignore_unknown=False, warnings=None, phase="TEST", define
     net = read_prototxt(path, ignore_unknown=ignore_unknown, warnings=warnings, phase=phase,
                         known_layer=reads_parameters, defines=defines, placeholders=pending)
     notes = upgrade_net(net, source=path)
-    warnings.extend(notes)
+    warnings.extend(as_written(note, pending) for note in notes)
     if placeholders is None:
         resolve_placeholders(net, pending, path, warnings)
     else:
@@ -233,7 +233,8 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
         cm = read_caffemodel(weights_path)
         upgrade_net(cm.net, source=weights_path, weights=cm.blobs)
         blobs = cm.blobs
-    resolve_placeholders(net, placeholders, path, warnings, None if blobs is None else cm.net, weights_path)
+    resolve_placeholders(net, placeholders, path, warnings, None if blobs is None else cm.net, weights_path,
+                         input_shapes)
     graph = build_graph(net, None, phase=phase, stages=stages, level=level, batch=batch, source=path,
                         input_shapes=input_shapes, outputs=outputs, notes=warnings,
                         unknown_shapes_ok=unknown_shapes_ok)

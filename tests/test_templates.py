@@ -143,3 +143,61 @@ def test_a_defined_value_that_is_not_a_number_names_the_define(tmp_path):
                                          r"not 'abc'"):
         load(_write(tmp_path, "t.prototxt", TEMPLATE), defines=dict(VALUES, NUM_LABELS="abc"))
 
+
+
+# LiteFlowNet's `folder: $OUTFOLDER`, a train_val's `mean_file: IMAGE_MEAN`: placeholders where text goes
+TEXT = """input: "data"
+input_shape { dim: 1 dim: 2 dim: 3 dim: 3 }
+layer { name: "data" type: "Data" top: "d" top: "label" include { phase: TRAIN }
+  transform_param { mean_file: IMAGE_MEAN } data_param { source: "x" batch_size: 2 } }
+layer { name: "scale" type: "Power" bottom: "data" top: "out" power_param { scale: $SCALE } }
+layer { name: "write" type: "FLOWriter" bottom: "out" writer_param { folder: $OUTFOLDER prefix: "p" } }
+"""
+
+
+def test_placeholders_where_text_goes_keep_their_text_or_take_the_define(tmp_path):
+    path = _write(tmp_path, "t.prototxt", TEXT)
+    model = load(path, defines={"SCALE": "2"}, phase="TRAIN", input_shapes={"d": (2, 2, 3, 3), "label": (2,)})
+    layers = {lp.name: lp for lp in model.net.layer}
+    assert layers["write"].writer_param.folder == "$OUTFOLDER" and layers["write"].writer_param.prefix == "p"
+    assert layers["data"].transform_param.mean_file == "IMAGE_MEAN"
+    notes = "\n".join(model.warnings)
+    assert "t.prototxt:6: kept the template placeholder $OUTFOLDER as text" in notes
+    assert "t.prototxt:4: kept the template placeholder IMAGE_MEAN as text" in notes
+    x = rng(7).standard_normal((1, 2, 3, 3)).astype(np.float32)
+    np.testing.assert_array_equal(load(path, defines={"SCALE": "2"}).run({"data": x})["out"], 2 * x)
+    # a --define value goes in as the text, slashes, quotes and all
+    model = load(path, defines={"SCALE": "2", "OUTFOLDER": '/tmp/a "b"', "IMAGE_MEAN": "m.binaryproto"},
+                 phase="TRAIN", input_shapes={"d": (2, 2, 3, 3), "label": (2,)})
+    layers = {lp.name: lp for lp in model.net.layer}
+    assert layers["write"].writer_param.folder == '/tmp/a "b"'
+    assert layers["data"].transform_param.mean_file == "m.binaryproto"
+    # a word that is not written like a placeholder stays the parser's error
+    with pytest.raises(ParseError, match=r"t.prototxt:6:\d+: .*Expected string but found: 'out'"):
+        load(_write(tmp_path, "t.prototxt", TEXT.replace("$OUTFOLDER", "out")), defines={"SCALE": "2"})
+
+
+# a file written for Python's str.format: `input_dim:{height}`, and its braces doubled
+FORMAT = """input: "data"
+input_dim: 1
+input_dim: 2
+input_dim:{height}
+input_dim:{width}
+layer {{ name: "scale" type: "Power" bottom: "data" top: "out" power_param {{ scale: {scale} }} }}  # {{ kept }}
+"""
+
+
+def test_python_format_templates_read_with_define_or_input_shape(tmp_path):
+    path = _write(tmp_path, "t.prototxt", FORMAT)
+    with pytest.raises(ParseError, match=r"t.prototxt:4: \{height\} \(layer 'input', input_param.shape\[0\].dim\[2\]\) "
+                                         r"is a template placeholder .* pass --define height=VALUE, .* or "
+                                         r"--input-shape data=N,C,H,W"):
+        load(path, defines={"scale": 3})
+    model = load(path, defines={"scale": 3}, input_shapes={"data": (1, 2, 4, 5)})
+    assert model.inputs == {"data": (1, 2, 4, 5)}
+    notes = "\n".join(model.warnings)
+    assert "read as a Python format template" in notes
+    assert "(data [1, 2, {height}, {width}])" in notes   # the header's note shows the placeholders as written
+    x = rng(8).standard_normal((1, 2, 4, 5)).astype(np.float32)
+    np.testing.assert_array_equal(model.run({"data": x})["out"], 3 * x)
+    assert load(path, defines={"scale": 3, "height": 6, "width": 2}).inputs == {"data": (1, 2, 6, 2)}

@@ -29,6 +29,7 @@ _UNKNOWN_FIELD = re.compile(r'has no field named "([^"]+)"|has no value named')
 _LINE_COL = re.compile(r"^(\d+):(\d+)\s*:\s*(.*)$", re.DOTALL)
 _PLACEHOLDER = re.compile(r"\$\{\w+\}|\$\w+")
 _BARE_NUMBER = re.compile(r"Couldn't parse (?:integer|float): ([A-Za-z_]\w*)$")
+_BARE_TEXT = re.compile(r"Expected string but found: '(.+)'$")
 _PHASES = {"TRAIN": caffe_pb2.TRAIN, "TEST": caffe_pb2.TEST}
 _MAX_BARE_PLACEHOLDERS = 1000   # each is one more parse of the file
 
@@ -452,7 +453,7 @@ def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False,
             message.Clear()
             text = fill_bare_placeholder(text, e, defines, pending, filled, path)
     else:
-        raise ParseError(f"{path}: more than {_MAX_BARE_PLACEHOLDERS} words where numbers go; not a net definition")
+        raise ParseError(f"{path}: more than {_MAX_BARE_PLACEHOLDERS} words where values go; not a net definition")
     if warnings is not None:
         warnings.extend(filled)
     if placeholders is None:
@@ -464,12 +465,15 @@ def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False,
 
 def _parse_error(path, err, text):
     """The ParseError for a text_format error; a bare word where a number goes (MobileNet-SSD's
-    templates: `num_output: cls3x`) is a BarePlaceholder, which the caller fills and parses again."""
+    templates: `num_output: cls3x`) or a quoted string goes is a BarePlaceholder, which the caller
+    fills and parses again."""
     bare = _BARE_NUMBER.search(str(err))
+    bare_text = _BARE_TEXT.search(str(err))
     m = _LINE_COL.match(str(err))
     where, msg = _describe(path, err, text)
-    if bare and m:
-        return BarePlaceholder(f"{where}: {msg}", int(m.group(1)), int(m.group(2)), bare.group(1))
+    if (bare or bare_text) and m:
+        return BarePlaceholder(f"{where}: {msg}", int(m.group(1)), int(m.group(2)), (bare or bare_text).group(1),
+                               wants_text=bare is None)
     return ParseError(f"{where}: {msg}")
 
 

@@ -1,13 +1,18 @@
 """Template placeholders in a prototxt (DeepLab's `num_output: ${NUM_LABELS}`, PWC-Net's
 `crop_width: $TARGET_WIDTH`): values that a run script substitutes before Caffe reads the file.
 
-A placeholder is written as a field's value (outside quotes and comments), either `$NAME` / `${NAME}`
-or a bare word where a number goes (MobileNet-SSD's templates: `num_output: cls3x`, which its
-gen_model.sh replaces by 3 x the class count).  It gets its value from, in order:
+A placeholder is written as a field's value (outside quotes and comments): `$NAME`, `${NAME}`, Python's
+format field `{NAME}` (`input_dim:{height}`), or a bare word where a number goes (MobileNet-SSD's
+templates: `num_output: cls3x`, which its gen_model.sh replaces by 3 x the class count).  A number's
+placeholder gets its value from, in order:
   1. `defines` ({NAME: text}, the command line's `--define NAME=VALUE`), put in its place as text;
   2. the net definition that a caffemodel saved with its weights: the same field of the layer of the
      same name (the script filled it in before training, and Caffe wrote the filled net);
 and otherwise the read stops with one line naming the placeholder, its layer and field, and the options.
+
+A placeholder where text goes (LiteFlowNet's `folder: $OUTFOLDER`, `mean_file: IMAGE_MEAN` in capitals)
+takes its --define value, else keeps its own text, with a warning: such fields name files, which only
+reading a dataset or writing results opens.  Input dimensions may also come from --input-shape.
 
 Placeholders inside quoted strings (`source: "${DATA_ROOT}/train.txt"`) are plain text to Caffe and stay.
 """
@@ -16,20 +21,25 @@ from dataclasses import dataclass
 
 from ..errors import ParseError
 
-# `field: $NAME` or `field: ${NAME}` where a value goes (after a colon, or after `{`/`<` of a
-# message value would be a syntax error anyway)
-_VALUE_PLACEHOLDER = re.compile(r"(?P<lead>:[ \t]*)(?P<ph>\$\{(?P<braced>\w+)\}|\$(?P<bare>[A-Za-z_]\w*))")
+# `field: $NAME`, `field: ${NAME}` or `field: {NAME}` where a value goes (after a colon; elsewhere it
+# would be a syntax error anyway, and a message value `{ name: ...}` never closes right after one word)
+_VALUE_PLACEHOLDER = re.compile(r"(?P<lead>:[ \t]*)(?P<ph>\$\{(?P<braced>\w+)\}|\$(?P<bare>[A-Za-z_]\w*)"
+                                r"|\{(?P<format>[A-Za-z_]\w*)\})")
+_FORMAT_FIELD = re.compile(r":[ \t]*\{[A-Za-z_]\w*\}")   # a quick look before the full scan
+# a bare word where text goes is a placeholder only when written like one: in capitals
+_TEXT_PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*$")
 # unfilled placeholders parse as these numbers, exact in int32, int64 and float32 fields alike
 _SENTINEL_BASE = 1 << 30
 _SENTINEL_STEP = 1 << 10
 
 
 class BarePlaceholder(ParseError):
-    """A bare word where the parser wanted a number: the text's row and column (1-based) and the word."""
+    """A bare word where the parser wanted a number or (wants_text) a quoted string: the text's row
+    and column (1-based) and the word."""
 
-    def __init__(self, message, line, column, word):
+    def __init__(self, message, line, column, word, wants_text=False):
         super().__init__(message)
-        self.line, self.column, self.word = line, column, word
+        self.line, self.column, self.word, self.wants_text = line, column, word, wants_text
 
 
 @dataclass
@@ -72,13 +82,15 @@ def fill_placeholders(text, defines, path, notes):
     defines = dict(defines or {})
     pending, used = [], {}
     lines = text.split("\n")
+    if "{{" in text and _FORMAT_FIELD.search(text):
+        lines = _unescape_format_braces(lines, path, notes)
     for number, line in enumerate(lines):
-        if "$" not in line:
+        if "$" not in line and not _FORMAT_FIELD.search(line):
             continue
         pieces, last = [], 0
         for start, end in code_spans(line)[0]:
             for m in _VALUE_PLACEHOLDER.finditer(line, start, end):
-                name = m.group("braced") or m.group("bare")
+                name = m.group("braced") or m.group("bare") or m.group("format")
                 if name in defines:
                     value = str(defines[name])
                     used[name] = used.get(name, 0) + 1
@@ -96,18 +108,46 @@ def fill_placeholders(text, defines, path, notes):
     return "\n".join(lines), pending
 
 
+def _unescape_format_braces(lines, path, notes):
+    """A whole file written for Python's str.format (`input_dim:{height}`, `layer {{`): its doubled
+    braces outside strings and comments are single ones once formatted."""
+    doubled = False
+    for number, line in enumerate(lines):
+        if "{{" not in line and "}}" not in line:
+            continue
+        spans, comment = code_spans(line)
+        pieces, last = [], 0
+        for start, end in spans:
+            pieces.append(line[last:start] + line[start:end].replace("{{", "{").replace("}}", "}"))
+            last = end
+        new = "".join(pieces) + line[last:]
+        doubled |= new != line
+        lines[number] = new
+    if doubled:
+        notes.append(f"{path}: read as a Python format template: its doubled braces are single ones")
+    return lines
+
+
 _NUMBERS = {"CPPTYPE_INT32", "CPPTYPE_INT64", "CPPTYPE_UINT32", "CPPTYPE_UINT64", "CPPTYPE_FLOAT",
             "CPPTYPE_DOUBLE"}
 
 
+def _quoted(value):
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def fill_bare_placeholder(text, bare, defines, pending, notes, path):
     """The text with the bare word at bare.line:bare.column replaced by its --define value, or by a
-    sentinel recorded in `pending` (see fill_placeholders)."""
+    sentinel recorded in `pending` (see fill_placeholders); where text goes, by the quoted value."""
     lines = text.split("\n")
     row, col = bare.line - 1, bare.column - 1
     line = lines[row]
     if line[col:col + len(bare.word)] != bare.word:   # not where the parser said: leave its error
         raise ParseError(str(bare))
+    if bare.wants_text:
+        word, value = _text_placeholder(line[col:], bare, defines, pending, notes, path)
+        lines[row] = line[:col] + _quoted(value) + line[col + len(word):]
+        return "\n".join(lines)
     defines = defines or {}
     given = [name for name, value in defines.items() if str(value) == bare.word and name != bare.word]
     if given:   # the user's own value is the word: a typo in --define, not a placeholder of the file
@@ -124,6 +164,29 @@ def fill_bare_placeholder(text, bare, defines, pending, notes, path):
         value = str(sentinel)
     lines[row] = line[:col] + value + line[col + len(bare.word):]
     return "\n".join(lines)
+
+
+def _text_placeholder(rest, bare, defines, pending, notes, path):
+    """(the unquoted text at the start of `rest` to replace, the text to put there) for a placeholder
+    where the parser wanted a quoted string; the parser's own error for anything else."""
+    defines = defines or {}
+    for p in pending:   # `folder: $OUTFOLDER` holds the sentinel fill_placeholders put there
+        if bare.word == str(p.sentinel):
+            pending.remove(p)
+            notes.append(f"{path}:{bare.line}: kept the template placeholder {p.text} as text (a script fills "
+                         f"it in before Caffe reads the file; --define {p.name}=VALUE sets it)")
+            return bare.word, p.text
+    # a --define value put where text goes (`--define OUTFOLDER=/tmp/out`): the longest one found there
+    for value in sorted((str(v) for v in defines.values()), key=len, reverse=True):
+        if value and rest.startswith(value):
+            return value, value
+    if bare.word in defines:
+        return bare.word, defines[bare.word]
+    if _TEXT_PLACEHOLDER.match(bare.word):
+        notes.append(f"{path}:{bare.line}: kept the template placeholder {bare.word} as text (a script fills it "
+                     f"in before Caffe reads the file; --define {bare.word}=VALUE sets it)")
+        return bare.word, bare.word
+    raise ParseError(str(bare))
 
 
 def _scan(message, path, found, skip=()):
@@ -196,8 +259,28 @@ def _set_at(message, field_path, value):
         getattr(message, name)[index] = value
 
 
-def resolve_placeholders(net, pending, path, notes, weights_net=None, weights_path=None):
-    """Put in each pending placeholder's value from the weights' own net; refuse the rest clearly."""
+def as_written(text, pending):
+    """text (a note about the net) with the sentinels of pending placeholders shown as written."""
+    for p in pending:
+        text = text.replace(str(p.sentinel), p.text)
+    return text
+
+
+def _input_dimension(owner, field_path, input_shapes):
+    """The --input-shape value for a placeholder in an Input layer's shape (where the input header
+    was upgraded to), else None."""
+    if not input_shapes or getattr(owner, "type", None) != "Input" or len(field_path) != 3:
+        return None
+    _, (_, shape), (_, dim) = _steps(field_path)
+    if shape is None or dim is None or shape >= len(owner.top):
+        return None
+    given = input_shapes.get(owner.top[shape])
+    return int(given[dim]) if given is not None and dim < len(given) else None
+
+
+def resolve_placeholders(net, pending, path, notes, weights_net=None, weights_path=None, input_shapes=None):
+    """Put in each pending placeholder's value from --input-shape (an input's dimensions) or the
+    weights' own net; refuse the rest clearly."""
     if not pending:
         return
     locate_placeholders(net, pending)
@@ -208,12 +291,19 @@ def resolve_placeholders(net, pending, path, notes, weights_net=None, weights_pa
     for p in pending:
         layer_name, owner, field_path = p.where or ("", None, ())
         source = (saved.get(layer_name) if layer_name else weights_net) if weights_net is not None else None
+        given = _input_dimension(owner, field_path, input_shapes)
+        if given is not None:   # the input's shape comes from --input-shape anyway
+            _set_at(owner, field_path, given)
+            continue
         value = _value_at(source, field_path) if source is not None and field_path else None
         if value is None or value >= _SENTINEL_BASE:
             field = ".".join(field_path) or "a field"
             where = f" (layer '{layer_name}', {field})" if layer_name else f" ({field})"
             hint = f" (the net saved in {weights_path} does not give it)" if weights_net is not None else \
                 ", or --weights whose saved net gives it"
+            if getattr(owner, "type", None) == "Input" and field_path[:1] == ("input_param",):
+                _, (_, shape), _ = _steps(field_path)
+                hint += f", or --input-shape {owner.top[shape]}=N,C,H,W"
             raise ParseError(f"{path}:{p.line}: {p.text}{where} is a template placeholder that a script fills "
                              f"in before Caffe reads the file: pass --define {p.name}=VALUE{hint}")
         if values.setdefault(p.name, value) != value:
