@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import CaffeqError, GraphError, PhaseRuleError, ShapeError, WeightsError
+from .input_fit import fitting_input_hint
 from .io.schema import caffe_pb2
 from .layers import require_specs, spec_for
 from .layers.common import Sink
@@ -151,11 +152,24 @@ def _check_shape(source, lp, blob, shape):
 def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None, source="",
                 base_dir=None, input_shapes=None, outputs=None, notes=None, unknown_shapes_ok=False):
     """NetParameter -> Graph (see _build_graph); a net whose shapes fit only a fork's reading of some
-    layers (ForkReading) is built again from a copy that says so, with a note."""
+    layers (ForkReading) is built again from a copy that says so, with a note.  A net whose shapes
+    do not fit the input size its file declares fails with the size that fits, if one does."""
     notes = [] if notes is None else notes
     options = dict(weights=weights, phase=phase, stages=stages, level=level, batch=batch, source=source,
-                   base_dir=base_dir, input_shapes=input_shapes, outputs=outputs,
-                   unknown_shapes_ok=unknown_shapes_ok)
+                   base_dir=base_dir, outputs=outputs, unknown_shapes_ok=unknown_shapes_ok)
+    try:
+        return _build_with_fork_readings(net, notes, input_shapes=input_shapes, **options)
+    except (LayerError, ShapeError) as e:
+        if type(e) not in (LayerError, ShapeError):
+            raise
+        hint = fitting_input_hint(net, lambda shapes: _build_with_fork_readings(net, [], input_shapes=shapes,
+                                                                                  **options), input_shapes)
+        if not hint:
+            raise
+        raise type(e)(f"{e}{hint}") from None
+
+
+def _build_with_fork_readings(net, notes, **options):
     first = len(notes)
     try:
         return _build_graph(net, notes=notes, **options)
@@ -165,6 +179,7 @@ def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None,
         twin.CopyFrom(net)
         note = e.rewrite(twin)
         graph = _build_graph(twin, notes=notes, **options)
+        source = options["source"]
         notes.append(f"{source}: {note}" if source else note)
         return graph
 

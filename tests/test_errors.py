@@ -131,6 +131,27 @@ def test_wrong_input_shape_is_one_line(tmp_path):
                               "--input", x, "-o", tmp_path / "o.npz"), "data")
 
 
+# PSPNet's pyramid in miniature: a fixed pooling grid joined with a fixed-size Interp fits one input size
+FIXED_SIZE = """name: "t"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: SIDE dim: SIDE } } }
+layer { name: "pool" type: "Pooling" bottom: "data" top: "pool" pooling_param { pool: AVE kernel_size: 4 stride: 4 } }
+layer { name: "interp" type: "Interp" bottom: "pool" top: "interp" interp_param { height: 56 width: 56 } }
+layer { name: "cat" type: "Concat" bottom: "pool" bottom: "interp" top: "cat" }
+"""
+
+
+def test_a_declared_placeholder_size_that_does_not_fit_names_the_size_that_does(tmp_path):
+    p = write(tmp_path, "t.prototxt", FIXED_SIZE.replace("SIDE", "100"))
+    one_line_error(cli_process("inspect", p), "layer 'cat' (Concat)", "the file declares data 1x3x100x100, and the "
+                   "net fits 224x224: pass --input-shape data=1,3,224,224")
+    model = caffeq.load(p, input_shapes={"data": (1, 3, 224, 224)})
+    assert model.blob_shapes["cat"] == (1, 6, 56, 56)
+    # a size nets are trained at is no placeholder: no guess (a converted net means other layers)
+    line = one_line_error(cli_process("inspect", write(tmp_path, "u.prototxt", FIXED_SIZE.replace("SIDE", "416"))),
+                          "layer 'cat' (Concat)")
+    assert "--input-shape" not in line
+
+
 def test_run_refuses_to_overwrite_its_input(tmp_path):
     x = tmp_path / "x.npz"
     np.savez(x, data=np.zeros((2, 3, 11, 13), np.float32))
