@@ -17,6 +17,7 @@ from .input_fit import fitting_input_hint
 from .io.schema import caffe_pb2
 from .layers import require_specs, spec_for
 from .layers.common import Sink
+from .layers.pooling import darknet_kept_size_pools, is_darknet_kept_size_pool
 from .layers.registry import ForkReading, LayerError, MissingInputShape
 from .training_layers import drop_training_only
 
@@ -269,10 +270,13 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
                 unsized.setdefault((lp.type, f"{why}; the shapes after it are unknown"), []).append(lp.name)
                 out_shapes, expected = [None] * len(lp.top), None
             else:
-                hint = _shrinking_pool_hint(lp, in_ids, nodes) if lp.type in ("Concat", "Eltwise") else ""
-                if not hint:
+                pool = _shrinking_pool(lp, in_ids, nodes) if lp.type in ("Concat", "Eltwise") else None
+                if pool is None:
                     raise
-                raise LayerError(f"{e}{hint}") from None
+                # the Caffe darknet2caffe's nets run in keeps that map's size: built again so, once
+                raise ForkReading(f"{e}; layer '{pool.name}' (Pooling, {pool.attrs['kernel'][0]}x"
+                                  f"{pool.attrs['kernel'][1]}, stride 1, no pad) makes its map one smaller, "
+                                  f"where darknet's maxpool of that size keeps it", darknet_kept_size_pools) from None
         if len(out_shapes) != len(lp.top):
             raise GraphError(f"{where}: produces {len(out_shapes)} tops but the prototxt names "
                              f"{len(lp.top)}")
@@ -422,10 +426,10 @@ def _excluded_producer_hint(net, blob, kept, phase):
             f"choose that with --phase/--stage"), (lp.include[0] if lp.include else None)
 
 
-def _shrinking_pool_hint(lp, in_ids, nodes):
+def _shrinking_pool(lp, in_ids, nodes):
     """Darknet converters write darknet's size-2 stride-1 maxpool, which keeps the map's size, as a
-    Caffe Pooling, which shrinks it by one; the Concat or Eltwise that joins the branches then fails
-    in Caffe as here.  Name the first such Pooling upstream of the layer's bottoms."""
+    Caffe Pooling, which shrinks it by one in BVLC Caffe; the Concat or Eltwise that joins the
+    branches then fails there as here.  The first such Pooling upstream of the layer's bottoms, or None."""
     by_output = {tid: n for n in nodes for tid in n.outputs}
     seen, todo = set(), list(in_ids)
     while todo:
@@ -434,14 +438,10 @@ def _shrinking_pool_hint(lp, in_ids, nodes):
         if node is None or node.name in seen:
             continue
         seen.add(node.name)
-        a = node.attrs
-        if node.type == "Pooling" and not a.get("global") and tuple(a.get("kernel", ())) == (2, 2) and \
-                tuple(a.get("stride", ())) == (1, 1) and not any(a.get("pad", ())):
-            return (f"; layer '{node.name}' (Pooling, 2x2, stride 1, no pad) makes its map one smaller, where "
-                    f"darknet's maxpool of that size keeps it: the converter's Pooling cannot express darknet's, "
-                    f"and Caffe refuses this net too")
+        if node.type == "Pooling" and is_darknet_kept_size_pool(node.attrs):
+            return node
         todo.extend(node.inputs)
-    return ""
+    return None
 
 
 def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_ok, unsized):

@@ -596,3 +596,43 @@ def test_yolo_layers_on_cuda_match_cpu():
     for k, v in cpu.items():
         assert gpu[k].shape == v.shape, k
         assert_close(gpu[k], v, 1e-5, 1e-5, f"cuda {k}")
+
+
+# ---- yolov3-tiny's size-2 stride-1 maxpool, as the darknet converters' Caffe pools it ------------
+# ChenYingpeng/darknet2caffe's pooling_layer.cpp: one more output per axis when kernel - stride is
+# odd, the window clipped at the bottom/right edge; read so only when BVLC's shapes do not fit
+
+TINY = """
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 dim: 6 dim: 10 } } }
+layer { name: "pool1" type: "Pooling" bottom: "data" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "pool2" type: "Pooling" bottom: "pool1" top: "pool2"
+        pooling_param { pool: MAX kernel_size: 2 stride: 1 pad: 0 } }
+layer { name: "up" type: "Upsample" bottom: "pool2" top: "up" upsample_param { scale: 2 } }
+layer { name: "route" type: "Concat" bottom: "up" bottom: "data" top: "o" }
+"""
+
+
+def darknet_kept_size_pool_ref(x, k):
+    """The fork's MAX loop for stride 1: out[ph, pw] = max of x[ph:ph + k, pw:pw + k] clipped at the
+    edge, one output more per axis than BVLC's H - k + 1."""
+    n, c, h, w = x.shape
+    out = np.full((n, c, h - k + 2, w - k + 2), -np.finfo(F32).max, F32)
+    for ph in range(h - k + 2):
+        for pw in range(w - k + 2):
+            out[:, :, ph, pw] = x[:, :, ph:min(ph + k, h), pw:min(pw + k, w)].max(axis=(2, 3))
+    return out
+
+
+def test_darknet_stride_one_maxpool_keeps_the_map_size_where_only_that_fits(tmp_path):
+    model = load_from_text(TINY)
+    assert model.blob_shapes["pool2"] == (1, 2, 3, 5)
+    assert any("'pool2' (stride 1, even kernel) keep their map's size" in w for w in model.warnings)
+    x = rng(40).standard_normal((1, 2, 6, 10)).astype(F32)
+    pool1 = x.reshape(1, 2, 3, 2, 5, 2).max(axis=(3, 5))
+    up = darknet_kept_size_pool_ref(pool1, 2).repeat(2, axis=2).repeat(2, axis=3)
+    ref = np.concatenate([up, x], axis=1)
+    for backend, got in backend_outputs(model, {"data": x}, tmp_path).items():
+        assert_close(got, ref, 0, 0, backend)
+    # where BVLC's shapes fit, BVLC's pooling stays (a lone stride-1 pool shrinks the map by one)
+    alone = load_from_text(TINY.split('layer { name: "up"')[0])
+    assert alone.blob_shapes["pool2"] == (1, 2, 2, 4) and not any("keep their map" in w for w in alone.warnings)

@@ -18,12 +18,6 @@ FILES = sorted(p.name for p in REALWORLD.glob("*.prototxt"))
 
 # Files caffeq refuses, each for a reason a user can act on, and the words the refusal must hold.
 KNOWN_REFUSALS = {
-    # the real Caffe refuses it too: a stride-1 2x2 max pool gives 12x12 where darknet kept 13x13
-    # (and the error names the Pooling that shrank the map)
-    "ChenYingpeng__caffe-yolov3__prototxt__yolov3-tiny.prototxt":
-        "'layer12-maxpool' (Pooling, 2x2, stride 1, no pad) makes its map one smaller",
-    "ysh329__darknet2caffe__models__tiny-yolo-jd__JDminiYOLOv2.prototxt":
-        "'layer12-maxpool' (Pooling, 2x2, stride 1, no pad) makes its map one smaller",
     # a template: `num_output: ${NUM_LABELS}` is filled in by a script before Caffe reads it (read with
     # --define, test_templates_read_with_define below)
     "xmojiao__deeplab_v2__voc2012__config__deeplab_largeFOV__test.prototxt":

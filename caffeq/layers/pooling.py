@@ -121,6 +121,41 @@ def pooling_geometry(attrs, nsp):
         raise LayerError(f"pad {list(attrs['pad'])} must be smaller than kernel {list(attrs['kernel'])}")
 
 
+def is_darknet_kept_size_pool(attrs):
+    """A 2-D MAX pooling of stride 1, an even kernel and no pad: what darknet converters write for
+    darknet's maxpool of that size, which keeps the map's size (see darknet_kept_size_pools)."""
+    kernel = attrs.get("kernel")
+    return (attrs.get("pool") == MAX and not attrs.get("global") and attrs.get("edge") is None
+            and attrs.get("fork") is None and kernel is not None and len(kernel) == 2
+            and kernel[0] == kernel[1] and kernel[0] % 2 == 0 and tuple(attrs["stride"]) == (1, 1)
+            and not any(attrs["pad"]))
+
+
+def darknet_kept_size_pools(net):
+    """ForkReading rewrite for darknet conversions (yolov3-tiny's size-2 stride-1 maxpool).  The Caffe
+    their nets run in (ChenYingpeng/darknet2caffe f6d9ea3, caffe_layers/pooling_layer/pooling_layer.cpp)
+    gives a pooling whose kernel exceeds its stride by an odd number one more output per axis, its
+    window clipped at the bottom and right edges.  For these stride-1 MAX pools that is exactly
+    synopsys-caffe's pad_b / pad_r of 1 (pooling_edges.py: the pad is never read), which the copy's
+    layers get here.  Returns the note."""
+    marked = []
+    for lp in net.layer:
+        if lp.type != "Pooling":
+            continue
+        try:
+            attrs = parse_pooling(lp.pooling_param)
+        except LayerError:
+            continue
+        if is_darknet_kept_size_pool(attrs):
+            for zero in ("pad", "pad_h", "pad_w"):   # 0 where written; the fork's fields stand alone
+                lp.pooling_param.ClearField(zero)
+            lp.pooling_param.pad_b = lp.pooling_param.pad_r = 1
+            marked.append(lp.name)
+    return (f"the MAX pools {', '.join(repr(n) for n in marked)} (stride 1, even kernel) keep their map's size, "
+            f"as in the Caffe that darknet2caffe's nets run in (its pooling_layer.cpp): read with pad_b/pad_r 1, "
+            f"the only reading the net's shapes fit")
+
+
 def window(attrs, h, w):
     """(kernel, stride, pad, out) per spatial axis for an input of h x w."""
     if attrs["global"]:
