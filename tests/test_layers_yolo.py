@@ -636,3 +636,32 @@ def test_darknet_stride_one_maxpool_keeps_the_map_size_where_only_that_fits(tmp_
     # where BVLC's shapes fit, BVLC's pooling stays (a lone stride-1 pool shrinks the map by one)
     alone = load_from_text(TINY.split('layer { name: "up"')[0])
     assert alone.blob_shapes["pool2"] == (1, 2, 2, 4) and not any("keep their map" in w for w in alone.warnings)
+
+
+# ---- Upsample as Huawei Ascend's ATC extension and darknet's [upsample] write it --------------------
+
+def _upsample_net(param):
+    return net(f'layer {{ name: "up" type: "Upsample" bottom: "data" top: "o" upsample_param {{ {param} }} }}',
+               inputs={"data": (1, 3, 4, 5)})
+
+
+@pytest.mark.parametrize("param, factors, value_scale", [
+    ("scale: 1 stride: 2", (2, 2), 1),           # xiaoyuetang/caffe-yolov3's files
+    ("stride: 3 scale: 2", (3, 3), 2),           # darknet multiplies the values by scale
+    ("stride_h: 2 stride_w: 3", (2, 3), 1),
+    ("stride_w: 1", (2, 1), 1)])                 # Ascend's defaults: 2 for the other
+def test_darknet_stride_upsample_repeats_by_stride_and_multiplies_by_scale(param, factors, value_scale, tmp_path):
+    model = load_from_text(_upsample_net(param))
+    x = rng(41).standard_normal((1, 3, 4, 5)).astype(F32)
+    ref = x.repeat(factors[0], axis=2).repeat(factors[1], axis=3) * F32(value_scale)
+    for backend, got in backend_outputs(model, {"data": x}, tmp_path).items():
+        assert_close(got, ref, 0, 0, backend)
+
+
+@pytest.mark.parametrize("param, message", [
+    ("stride: 2 stride_h: 2", "give stride, or stride_h and stride_w, not both forms"),
+    ("stride: 0", "stride must be >= 1"),
+    ("stride: 2 scale_h: 2 scale_w: 2", "stride (darknet's form) takes only scale")])
+def test_darknet_stride_upsample_refuses_mixed_forms(param, message):
+    with pytest.raises(LayerError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_from_text(_upsample_net(param))

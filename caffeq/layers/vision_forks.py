@@ -264,8 +264,10 @@ class Upsample(Layer):
     def parse(self, lp):
         need_blobs(lp, "Upsample", (1, 2), roles="data, max-pooling mask")
         p = lp.upsample_param
-        a = {"mask": len(lp.bottom) == 2, "out": None, "pad_out": (0, 0)}
+        a = {"mask": len(lp.bottom) == 2, "out": None, "pad_out": (0, 0), "value_scale": 1}
         has = p.HasField
+        if has("stride") or has("stride_h") or has("stride_w"):
+            return self._darknet_stride(lp, a)
         if not a["mask"] and p.nearestneighbor_mode and (has("upsample_h") or has("upsample_w")):
             # Cambricon's nearest-neighbour mode: a fixed output size, a whole multiple of the input's
             if not (has("upsample_h") and has("upsample_w")):
@@ -307,6 +309,27 @@ class Upsample(Layer):
         return a
 
     @staticmethod
+    def _darknet_stride(lp, a):
+        """Ascend ATC's / darknet's form: nearest upsampling by stride (or stride_h, stride_w), the
+        values times scale (darknet's upsample_cpu multiplies by l.scale)."""
+        p = lp.upsample_param
+        if a["mask"]:
+            raise LayerError("upsample_param.stride is the one-bottom (darknet) form; a mask bottom needs "
+                             "SegNet's scale")
+        if p.HasField("stride"):
+            if p.HasField("stride_h") or p.HasField("stride_w"):
+                raise LayerError("upsample_param: give stride, or stride_h and stride_w, not both forms")
+            a["scale"] = (int(p.stride), int(p.stride))
+        else:
+            a["scale"] = (int(p.stride_h), int(p.stride_w))
+        if min(a["scale"]) < 1:
+            raise LayerError(f"upsample_param stride must be >= 1, got {list(a['scale'])}")
+        if p.HasField("scale_h") or p.HasField("scale_w") or p.HasField("upsample_h") or p.HasField("upsample_w"):
+            raise LayerError("upsample_param: stride (darknet's form) takes only scale, the values' factor")
+        a["value_scale"] = int(p.scale) if p.HasField("scale") else 1
+        return a
+
+    @staticmethod
     def out_hw(a, h, w):
         if a["out"] is not None:
             return a["out"]
@@ -334,7 +357,8 @@ class Upsample(Layer):
         ho, wo = self.out_hw(attrs, x.shape[2], x.shape[3])
         if mask is None:
             sh, sw = self.nearest_scale(attrs, x.shape[2], x.shape[3])
-            return x.repeat_interleave(sh, dim=2).repeat_interleave(sw, dim=3)
+            y = x.repeat_interleave(sh, dim=2).repeat_interleave(sw, dim=3)
+            return y if attrs.get("value_scale", 1) == 1 else y * attrs["value_scale"]
         idx = mask.to(torch.int64)   # SegNet casts the float mask to int
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= ho * wo):
             raise LayerError(f"Upsample mask index out of range for a {ho}x{wo} output: check that the "
@@ -349,8 +373,12 @@ class Upsample(Layer):
         if not a["mask"]:
             scales = ctx.const(np.array([1, 1, *self.nearest_scale(a, h, w)], np.float32))
             empty = "" if ctx.opset >= 13 else ctx.const(np.zeros(0, np.float32))
-            ctx.add_node("Resize", [x, empty, scales], [node.outputs[0]], name=node.name, mode="nearest",
+            value_scale = a.get("value_scale", 1)
+            out = node.outputs[0] if value_scale == 1 else ctx.tmp(node.name + "_up")
+            ctx.add_node("Resize", [x, empty, scales], [out], name=node.name, mode="nearest",
                          coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+            if value_scale != 1:
+                ctx.add_node("Mul", [out, ctx.const(np.array([value_scale], np.float32))], [node.outputs[0]])
             return
         onnx_unpool(ctx, node.name, x, node.inputs[1], node.outputs[0], ho, wo)
 
@@ -359,7 +387,8 @@ class Upsample(Layer):
         x = emit.inputs[0]
         if not a["mask"]:
             sh, sw = self.nearest_scale(a, *emit.in_shape(0)[2:])
-            return f"{x}.repeat_interleave({sh}, dim=2).repeat_interleave({sw}, dim=3)"
+            up = f"{x}.repeat_interleave({sh}, dim=2).repeat_interleave({sw}, dim=3)"
+            return up if a.get("value_scale", 1) == 1 else f"{up} * {float(a['value_scale'])!r}"
         ho, wo = self.out_hw(a, *emit.in_shape(0)[2:])
         fn = emit.helper(TORCH_SEGNET_UNPOOL)
         return f"{fn}({x}, {emit.inputs[1]}, {ho}, {wo})"
@@ -375,7 +404,7 @@ class UpsampleDarknet(Upsample):
         stride = int(lp.upsample_darknet_param.stride)
         if stride < 1:
             raise LayerError(f"upsample_darknet_param.stride must be >= 1, got {stride}")
-        return {"mask": False, "out": None, "pad_out": (0, 0), "scale": (stride, stride)}
+        return {"mask": False, "out": None, "pad_out": (0, 0), "scale": (stride, stride), "value_scale": 1}
 
 
 def _onnx_scalar(v):
