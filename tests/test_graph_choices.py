@@ -513,6 +513,13 @@ def test_a_faster_rcnn_train_net_reads_without_its_training_layers():
                    "rpn_rois": np.zeros((30, 5), np.float32)})
     with pytest.raises(CaffeqError, match="'num_classes' must be a positive integer"):
         load_from_text(FASTER_RCNN_TRAIN.replace("'num_classes': 3", "'classes': 3"))
+    # forks feed the sampler more inputs (fighting-liu's im_info, tszssong's flags): the same five tops
+    extra = load_from_text(FASTER_RCNN_TRAIN.replace('bottom: "rpn_rois" bottom: "gt_boxes" top: "rois"',
+                                                     'bottom: "rpn_rois" bottom: "gt_boxes" bottom: "data" top: "rois"'))
+    assert extra.blob_shapes["rois"] == (1, 5) and extra.blob_shapes["bbox_targets"] == (1, 12)
+    with pytest.raises(CaffeqError, match=r"ProposalTargetLayer takes 2, 3 or 4 bottoms .* got 1 and 5"):
+        load_from_text(FASTER_RCNN_TRAIN.replace('bottom: "rpn_rois" bottom: "gt_boxes" top: "rois"',
+                                                 'bottom: "rpn_rois" top: "rois"'))
 
 
 

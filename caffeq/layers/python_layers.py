@@ -92,7 +92,8 @@ class ProposalTarget(ReadOnlyLayer):
         elif len(lp.top) == 7:
             need_blobs(lp, "ProposalTargetLayer", 5, 7, "rpn_rois, gt_boxes, im_info, seg_mask_inds, flipped")
         elif len(lp.top) != 6:
-            need_blobs(lp, "ProposalTargetLayer", 2, 5, "rpn_rois, gt_boxes")
+            # forks feed it more (fighting-liu's im_info, tszssong's flags); its five tops stay py-faster-rcnn's
+            need_blobs(lp, "ProposalTargetLayer", (2, 3, 4), 5, "rpn_rois, gt_boxes, then a fork's own inputs")
         elif len(lp.bottom) != 2:
             need_blobs(lp, "ProposalTargetLayer", 2, 6, "rpn_rois, gt_boxes")
         classes = parse_param_str(lp.python_param.param_str).get("num_classes")
