@@ -201,3 +201,29 @@ def test_python_format_templates_read_with_define_or_input_shape(tmp_path):
     x = rng(8).standard_normal((1, 2, 4, 5)).astype(np.float32)
     np.testing.assert_array_equal(model.run({"data": x})["out"], 3 * x)
     assert load(path, defines={"scale": 3, "height": 6, "width": 2}).inputs == {"data": (1, 2, 6, 2)}
+
+
+# a Jinja-rendered py-faster-rcnn template (atakigawa/py-faster-rcnn's *_template.prototxt): `{{ name }}`
+# as values and inside the proposal layer's quoted param_str, which the rendering fills as well
+JINJA = """input: "data"
+input_shape { dim: 1 dim: 2 dim: 3 dim: 3 }
+layer { name: "cls" type: "Convolution" bottom: "data" top: "cls"
+  convolution_param { num_output: {{num_output}} kernel_size: 1 } }   # {{ in a comment }}
+layer { name: "scale" type: "Power" bottom: "cls" top: "out" power_param { scale: {{ scale }} } }
+layer { name: "note" type: "Silence" bottom: "cls" }
+"""
+
+
+def test_jinja_placeholders_and_defined_names_inside_quotes(tmp_path):
+    path = _write(tmp_path, "t.prototxt", JINJA)
+    with pytest.raises(ParseError, match=r"t.prototxt:4: \{\{num_output\}\} \(layer 'cls', "
+                                         r"convolution_param.num_output\) is a template placeholder"):
+        load(path, defines={"scale": 2})
+    model = load(path, defines={"num_output": 4, "scale": 2}, random_weights=True)
+    assert model.blob_shapes["out"] == (1, 4, 3, 3)
+    assert {lp.name: lp for lp in model.net.layer}["scale"].power_param.scale == 2
+    # a quoted placeholder takes the value --define gives it (escaped for its quotes), else stays
+    text = TEMPLATE.replace('name: "${EXP}-net"', 'name: "${EXP}-net {{ TAG }} $SIZE"')
+    model = load(_write(tmp_path, "q.prototxt", text), defines=dict(VALUES, EXP='a"b'))
+    assert model.net.name == 'a"b-net {{ TAG }} 7'
+    assert "fc8_a\"b" in {lp.name for lp in model.net.layer}

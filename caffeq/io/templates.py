@@ -2,7 +2,7 @@
 `crop_width: $TARGET_WIDTH`): values that a run script substitutes before Caffe reads the file.
 
 A placeholder is written as a field's value (outside quotes and comments): `$NAME`, `${NAME}`, Python's
-format field `{NAME}` (`input_dim:{height}`), or a bare word where a number goes (MobileNet-SSD's
+format field `{NAME}` (`input_dim:{height}`), Jinja's `{{ NAME }}`, or a bare word where a number goes (MobileNet-SSD's
 templates: `num_output: cls3x`, which its gen_model.sh replaces by 3 x the class count).  A number's
 placeholder gets its value from, in order:
   1. `defines` ({NAME: text}, the command line's `--define NAME=VALUE`), put in its place as text;
@@ -14,7 +14,9 @@ A placeholder where text goes (LiteFlowNet's `folder: $OUTFOLDER`, `mean_file: I
 takes its --define value, else keeps its own text, with a warning: such fields name files, which only
 reading a dataset or writing results opens.  Input dimensions may also come from --input-shape.
 
-Placeholders inside quoted strings (`source: "${DATA_ROOT}/train.txt"`) are plain text to Caffe and stay.
+Placeholders inside quoted strings (`source: "${DATA_ROOT}/train.txt"`, a Python layer's param_str)
+take the value --define gives them, as the script would put it there; the others are plain text
+to Caffe and stay.
 """
 import re
 from dataclasses import dataclass
@@ -24,8 +26,9 @@ from ..errors import ParseError
 # `field: $NAME`, `field: ${NAME}` or `field: {NAME}` where a value goes (after a colon; elsewhere it
 # would be a syntax error anyway, and a message value `{ name: ...}` never closes right after one word)
 _VALUE_PLACEHOLDER = re.compile(r"(?P<lead>:[ \t]*)(?P<ph>\$\{(?P<braced>\w+)\}|\$(?P<bare>[A-Za-z_]\w*)"
-                                r"|\{(?P<format>[A-Za-z_]\w*)\})")
+                                r"|\{\{[ \t]*(?P<jinja>[A-Za-z_]\w*)[ \t]*\}\}|\{(?P<format>[A-Za-z_]\w*)\})")
 _FORMAT_FIELD = re.compile(r":[ \t]*\{[A-Za-z_]\w*\}")   # a quick look before the full scan
+_QUOTED_PLACEHOLDER = re.compile(r"\$\{(?P<braced>\w+)\}|\$(?P<bare>[A-Za-z_]\w*)|\{\{[ \t]*(?P<jinja>[A-Za-z_]\w*)[ \t]*\}\}")
 # a bare word where text goes is a placeholder only when written like one: in capitals
 _TEXT_PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*$")
 # unfilled placeholders parse as these numbers, exact in int32, int64 and float32 fields alike
@@ -85,12 +88,21 @@ def fill_placeholders(text, defines, path, notes):
     if "{{" in text and _FORMAT_FIELD.search(text):
         lines = _unescape_format_braces(lines, path, notes)
     for number, line in enumerate(lines):
-        if "$" not in line and not _FORMAT_FIELD.search(line):
+        if "$" not in line and "{{" not in line and not _FORMAT_FIELD.search(line):
             continue
+        spans, comment = code_spans(line)
         pieces, last = [], 0
-        for start, end in code_spans(line)[0]:
+        for start, end in _with_strings(spans, comment, len(line)):
+            if line[start] in "\"'":   # a quoted string: only what --define names (the script fills it)
+                for m in _QUOTED_PLACEHOLDER.finditer(line, start, end):
+                    name = m.group("braced") or m.group("bare") or m.group("jinja")
+                    if name in defines:
+                        used[name] = used.get(name, 0) + 1
+                        pieces.append(line[last:m.start()] + _escaped(defines[name], line[start]))
+                        last = m.end()
+                continue
             for m in _VALUE_PLACEHOLDER.finditer(line, start, end):
-                name = m.group("braced") or m.group("bare") or m.group("format")
+                name = m.group("braced") or m.group("bare") or m.group("jinja") or m.group("format")
                 if name in defines:
                     value = str(defines[name])
                     used[name] = used.get(name, 0) + 1
@@ -106,6 +118,24 @@ def fill_placeholders(text, defines, path, notes):
         notes.append(f"{path}: filled the template placeholder {name} with {defines[name]} "
                      f"(--define, {count} place{'s' if count > 1 else ''})")
     return "\n".join(lines), pending
+
+
+def _with_strings(spans, comment, length):
+    """The line's code spans and, between them, its quoted strings (quotes included), in order."""
+    out, previous_end = [], None
+    for start, end in spans:
+        if previous_end is not None and start > previous_end:
+            out.append((previous_end, start))   # the string between two code spans
+        if end > start:
+            out.append((start, end))
+        previous_end = end
+    if comment is None and previous_end is not None and previous_end < length:
+        out.append((previous_end, length))   # an unterminated string runs to the end
+    return out
+
+
+def _escaped(value, quote):
+    return str(value).replace("\\", "\\\\").replace(quote, "\\" + quote)
 
 
 def _unescape_format_braces(lines, path, notes):
