@@ -151,13 +151,14 @@ def _check_shape(source, lp, blob, shape):
 
 
 def build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None, source="",
-                base_dir=None, input_shapes=None, outputs=None, notes=None, unknown_shapes_ok=False):
+                base_dir=None, input_shapes=None, outputs=None, notes=None, unknown_shapes_ok=False,
+                unset_layers=None):
     """NetParameter -> Graph (see _build_graph); a net whose shapes fit only a fork's reading of some
     layers (ForkReading) is built again from a copy that says so, with a note.  A net whose shapes
     do not fit the input size its file declares fails with the size that fits, if one does."""
     notes = [] if notes is None else notes
     options = dict(weights=weights, phase=phase, stages=stages, level=level, batch=batch, source=source,
-                   base_dir=base_dir, outputs=outputs, unknown_shapes_ok=unknown_shapes_ok)
+                   base_dir=base_dir, outputs=outputs, unknown_shapes_ok=unknown_shapes_ok, unset_layers=unset_layers)
     try:
         return _build_with_fork_readings(net, notes, input_shapes=input_shapes, **options)
     except (LayerError, ShapeError) as e:
@@ -186,7 +187,8 @@ def _build_with_fork_readings(net, notes, **options):
 
 
 def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None, source="",
-                 base_dir=None, input_shapes=None, outputs=None, notes=None, unknown_shapes_ok=False):
+                 base_dir=None, input_shapes=None, outputs=None, notes=None, unknown_shapes_ok=False,
+                 unset_layers=None):
     """NetParameter (V2, upgraded) + optional caffemodel blobs -> Graph with Caffe's shapes.
 
     weights: dict layer name -> list of BlobData (from read_caffemodel) or arrays.
@@ -198,6 +200,8 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
         renamed duplicate layers).
     unknown_shapes_ok: a data top whose shape only its missing dataset could tell gets shape None,
         and so does everything computed from it (for listing a net, never for running it).
+    unset_layers: {layer name: why} of layers a listing leaves unsized (template placeholders without
+        values); their tops and everything computed from them get shape None.
     """
     notes = [] if notes is None else notes
     input_shapes = {k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()}
@@ -256,27 +260,32 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
         given = {i: input_shapes[t] for i, t in enumerate(lp.top) if t in input_shapes} \
             if spec.is_data or spec.shape_from_user else {}
         shapes_used.update(lp.top[i] for i in given)
-        try:
-            out_shapes, expected = _infer_node(spec, attrs, lp, in_shapes, given, batch, where,
-                                               unknown_shapes_ok, unsized)
-        except ForkReading:
-            raise
-        except (LayerError, ShapeError) as e:
-            label = next((i for i in in_ids if i in guessed_labels), None)
-            if label is not None:
+        if unknown_shapes_ok and lp.name in (unset_layers or {}):
+            out_shapes, expected = [None] * len(lp.top), None
+            unsized.setdefault((lp.type, f"{unset_layers[lp.name]}; the shapes after it are unknown"),
+                               []).append(lp.name)
+        else:
+            try:
+                out_shapes, expected = _infer_node(spec, attrs, lp, in_shapes, given, batch, where,
+                                                   unknown_shapes_ok, unsized)
+            except ForkReading:
+                raise
+            except (LayerError, ShapeError) as e:
+                label = next((i for i in in_ids if i in guessed_labels), None)
+                if label is None:
+                    pool = _shrinking_pool(lp, in_ids, nodes) if lp.type in ("Concat", "Eltwise") else None
+                    if pool is None:
+                        raise
+                    # the Caffe darknet2caffe's nets run in keeps that map's size: built again so, once
+                    raise ForkReading(f"{e}; layer '{pool.name}' (Pooling, {pool.attrs['kernel'][0]}x"
+                                      f"{pool.attrs['kernel'][1]}, stride 1, no pad) makes its map one smaller, "
+                                      f"where darknet's maxpool of that size keeps it",
+                                      darknet_kept_size_pools) from None
                 why = _guessed_label_reason(temp_blob[label], guessed_labels[label], shapes[label])
                 if not unknown_shapes_ok:
                     raise LayerError(f"{e}; {why}") from None
                 unsized.setdefault((lp.type, f"{why}; the shapes after it are unknown"), []).append(lp.name)
                 out_shapes, expected = [None] * len(lp.top), None
-            else:
-                pool = _shrinking_pool(lp, in_ids, nodes) if lp.type in ("Concat", "Eltwise") else None
-                if pool is None:
-                    raise
-                # the Caffe darknet2caffe's nets run in keeps that map's size: built again so, once
-                raise ForkReading(f"{e}; layer '{pool.name}' (Pooling, {pool.attrs['kernel'][0]}x"
-                                  f"{pool.attrs['kernel'][1]}, stride 1, no pad) makes its map one smaller, "
-                                  f"where darknet's maxpool of that size keeps it", darknet_kept_size_pools) from None
         if len(out_shapes) != len(lp.top):
             raise GraphError(f"{where}: produces {len(out_shapes)} tops but the prototxt names "
                              f"{len(lp.top)}")

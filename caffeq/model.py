@@ -48,6 +48,8 @@ class Model:
         self.batch = batch                               # the inputs' batch the user set, or None
         #: (options, weights fingerprint, module) of the last `run`, reused while both match; never copied
         self.run_cache = None
+        #: the refusals of template placeholders a listing left without values (load(unknown_shapes_ok=True))
+        self.unfilled_placeholders = []
 
     # -- what pycaffe users expect --------------------------------------------
     @property
@@ -132,6 +134,7 @@ class Model:
         m.quant_report = self.quant_report
         m.transforms = list(self.transforms)
         m.folded_layers = list(self.folded_layers)
+        m.unfilled_placeholders = list(self.unfilled_placeholders)
         return m
 
     def reshaped(self, batch):
@@ -146,7 +149,10 @@ class Model:
         return m
 
     def require_shapes(self):
-        """Refuse to run or export a net listed with unknown data shapes (load(unknown_shapes_ok=True))."""
+        """Refuse to run or export a net listed with unknown data shapes or template placeholders
+        without values (load(unknown_shapes_ok=True))."""
+        if self.unfilled_placeholders:
+            raise ParseError(self.unfilled_placeholders[0])
         unknown = [self.graph.tensors[t].blob for t in self.graph.inputs if self.graph.tensors[t].shape is None]
         if unknown:
             raise ShapeError(f"{self.prototxt}: the shape of {', '.join(map(repr, unknown))} is unknown "
@@ -233,11 +239,14 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
         cm = read_caffemodel(weights_path)
         upgrade_net(cm.net, source=weights_path, weights=cm.blobs)
         blobs = cm.blobs
+    # a listing (unknown_shapes_ok) shows a template without its values, sizes unknown from them on
+    unfilled = {} if unknown_shapes_ok else None
     resolve_placeholders(net, placeholders, path, warnings, None if blobs is None else cm.net, weights_path,
-                         input_shapes)
+                         input_shapes, unfilled)
     graph = build_graph(net, None, phase=phase, stages=stages, level=level, batch=batch, source=path,
                         input_shapes=input_shapes, outputs=outputs, notes=warnings,
-                        unknown_shapes_ok=unknown_shapes_ok)
+                        unknown_shapes_ok=unknown_shapes_ok,
+                        unset_layers={name: why for name, (_, why) in (unfilled or {}).items()})
     if blobs is not None:
         names = {n.name for n in graph.nodes}
         # layers of the file that --outputs or the phase left out are not "extra" weights
@@ -256,7 +265,9 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
     elif random_weights:
         init_params(graph, seed)
     share_params(graph)
-    return Model(graph, net, path, weights_path, warnings, phase, input_shapes, outputs, stages, level, batch)
+    model = Model(graph, net, path, weights_path, warnings, phase, input_shapes, outputs, stages, level, batch)
+    model.unfilled_placeholders = list(dict.fromkeys(refusal for refusal, _ in (unfilled or {}).values()))
+    return model
 
 
 def load_from_text(text, weights=None, **kwargs):

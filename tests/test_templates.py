@@ -85,9 +85,20 @@ def test_a_caffemodel_that_does_not_say_leaves_the_error(tmp_path):
 
 def test_the_command_line_takes_define_on_every_model_command(tmp_path, capsys):
     path = str(_write(tmp_path, "t.prototxt", TEMPLATE))
-    assert cli_main(["inspect", path]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "pass --define" in err[0] and "Traceback" not in err[0]
+    # inspect lists the template, its shapes unknown from the placeholders on, and says what to pass
+    assert cli_main(["inspect", path, "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    listing = json.JSONDecoder().raw_decode(captured.out)[0]
+    assert listing["inputs"] == {"data": None} and listing["unfilled_placeholders"]
+    assert "input_param.shape[0].dim[2] is the template placeholder $SIZE: pass --define SIZE=VALUE" in captured.err
+    assert "the shapes after it are unknown" in captured.err and "Traceback" not in captured.err
+    # a command that computes refuses it in one line
+    np.save(tmp_path / "x.npy", np.zeros((2, 3, 7, 9), np.float32))
+    write_caffemodel(parse_prototxt_text('name: "other"'), {}, tmp_path / "other.caffemodel")
+    assert cli_main(["run", path, "--weights", str(tmp_path / "other.caffemodel"), "-i", str(tmp_path / "x.npy"),
+                     "-o", str(tmp_path / "o.npz")]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("caffeq: warning")]
+    assert len(err) == 1 and "pass --define" in err[0] and not (tmp_path / "o.npz").exists()
     defines = [a for k, v in VALUES.items() for a in ("--define", f"{k}={v}")]
     assert cli_main(["inspect", path, "--json", "-"] + defines) == 0
     report = json.JSONDecoder().raw_decode(capsys.readouterr().out)[0]

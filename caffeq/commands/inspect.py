@@ -60,6 +60,8 @@ def summarize(model):
                    "param_bytes_fp32": 4 * total_params, "layers_with_unknown_params": unknown},
         "warnings": list(model.warnings),
         "quantization": dict(model.quantization),
+        # template placeholders without values: the listing's shapes are unknown from their layers on
+        "unfilled_placeholders": list(model.unfilled_placeholders),
     }
 
 
@@ -106,8 +108,13 @@ def print_table(summary, out=sys.stdout):
     unknown = t["layers_with_unknown_params"]
     if unknown:
         names = ", ".join(unknown[:4]) + (", ..." if len(unknown) > 4 else "")
-        print(f"total: {t['layers']} layers; parameters and multiply-accumulates unknown without the input "
-              f"shape (its dataset is not here): {names}; pass --input-shape NAME=N,C,H,W", file=out)
+        if summary["unfilled_placeholders"]:
+            print(f"total: {t['layers']} layers; parameters and multiply-accumulates unknown until the template "
+                  f"placeholders have values: {names}; {summary['unfilled_placeholders'][0].split(': ', 1)[1]}",
+                  file=out)
+        else:
+            print(f"total: {t['layers']} layers; parameters and multiply-accumulates unknown without the input "
+                  f"shape (its dataset is not here): {names}; pass --input-shape NAME=N,C,H,W", file=out)
         return
     print(f"total: {t['layers']} layers, {format_count(t['params'])} parameters "
           f"({format_bytes(t['param_bytes_fp32'])} as fp32), {format_count(t['macs'])} multiply-accumulates",

@@ -308,9 +308,12 @@ def _input_dimension(owner, field_path, input_shapes):
     return int(given[dim]) if given is not None and dim < len(given) else None
 
 
-def resolve_placeholders(net, pending, path, notes, weights_net=None, weights_path=None, input_shapes=None):
+def resolve_placeholders(net, pending, path, notes, weights_net=None, weights_path=None, input_shapes=None,
+                         unfilled=None):
     """Put in each pending placeholder's value from --input-shape (an input's dimensions) or the
-    weights' own net; refuse the rest clearly."""
+    weights' own net; refuse the rest clearly.  unfilled: a dict that receives {layer name: the
+    refusal} for the placeholders of layers that stay unfilled instead (a listing of the net, whose
+    shapes from those layers on are unknown): (the refusal, the reason without file and line)."""
     if not pending:
         return
     locate_placeholders(net, pending)
@@ -334,8 +337,14 @@ def resolve_placeholders(net, pending, path, notes, weights_net=None, weights_pa
             if getattr(owner, "type", None) == "Input" and field_path[:1] == ("input_param",):
                 _, (_, shape), _ = _steps(field_path)
                 hint += f", or --input-shape {owner.top[shape]}=N,C,H,W"
-            raise ParseError(f"{path}:{p.line}: {p.text}{where} is a template placeholder that a script fills "
-                             f"in before Caffe reads the file: pass --define {p.name}=VALUE{hint}")
+            refusal = (f"{path}:{p.line}: {p.text}{where} is a template placeholder that a script fills in "
+                       f"before Caffe reads the file: pass --define {p.name}=VALUE{hint}")
+            if unfilled is not None and layer_name:
+                # one reason for every layer of the placeholder, so that the listing's note groups them
+                unfilled.setdefault(layer_name, (refusal, f"{'.'.join(field_path)} is the template placeholder "
+                                                          f"{p.text}: pass --define {p.name}=VALUE{hint}"))
+                continue
+            raise ParseError(refusal)
         if values.setdefault(p.name, value) != value:
             raise ParseError(f"{path}:{p.line}: the template placeholder {p.text} has two values in the net "
                              f"saved in {weights_path}: {values[p.name]} and {value}; pass --define {p.name}=VALUE")
