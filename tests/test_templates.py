@@ -238,3 +238,14 @@ def test_jinja_placeholders_and_defined_names_inside_quotes(tmp_path):
     model = load(_write(tmp_path, "q.prototxt", text), defines=dict(VALUES, EXP='a"b'))
     assert model.net.name == 'a"b-net {{ TAG }} 7'
     assert "fc8_a\"b" in {lp.name for lp in model.net.layer}
+
+
+def test_a_placeholder_in_a_field_skipped_as_unknown_needs_no_value(tmp_path):
+    # LiteFlowNet2's `weight_filler { type: "diagonal" diag_val: $SCALE_WIDTH }`: a fork's filler field,
+    # which only training reads, is skipped at TEST, and its placeholder with it
+    text = TEMPLATE.replace("kernel_size: 3 pad: 1", 'kernel_size: 3 pad: 1 weight_filler { type: "diagonal" '
+                                                     "diag_val: $SCALE_WIDTH }")
+    model = load(_write(tmp_path, "t.prototxt", text), defines=VALUES, random_weights=True)
+    assert model.blob_shapes["fc8"] == (2, 5, 7, 9)
+    assert any("t.prototxt:6: the template placeholder $SCALE_WIDTH is in a field skipped as unknown" in w
+               for w in model.warnings)

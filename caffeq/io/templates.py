@@ -322,7 +322,11 @@ def resolve_placeholders(net, pending, path, notes, weights_net=None, weights_pa
         saved.setdefault(layer.name, layer)
     values = {}
     for p in pending:
-        layer_name, owner, field_path = p.where or ("", None, ())
+        if not p.where:   # in a field the reading skipped (a fork's filler field at TEST): nothing reads it
+            notes.append(f"{path}:{p.line}: the template placeholder {p.text} is in a field skipped as unknown; "
+                         f"it needs no value")
+            continue
+        layer_name, owner, field_path = p.where
         source = (saved.get(layer_name) if layer_name else weights_net) if weights_net is not None else None
         given = _input_dimension(owner, field_path, input_shapes)
         if given is not None:   # the input's shape comes from --input-shape anyway
