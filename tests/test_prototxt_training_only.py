@@ -221,6 +221,7 @@ layer {
 }
 layer {
   name: "conv" type: "Convolution" bottom: "data" top: "conv" deletetop: true deletebottom: false
+  engine: "MKL2017"
   forward_type: FLOAT16 backward_type: FLOAT16 forward_math: FLOAT
   param { lr_mult: 1 force_mult: 1 param_propagate_down: false breadth_decay_mult: 1 kernel_shape_decay_mult: 1 }
   convolution_param { num_output: 4 kernel_size: 3 }
@@ -248,7 +249,8 @@ def test_known_fork_training_fields_are_warnings_with_their_reason():
                        ("deletetop", "UberNet's memory saving"), ("deletebottom", "UberNet's memory saving"),
                        ("forward_type", "per-layer forward precision"), ("forward_math", "per-layer forward precision"),
                        ("backward_type", "per-layer backward pass precision"),
-                       ("random", "darknet-style random resizing")]:
+                       ("random", "darknet-style random resizing"),
+                       ("engine", "Intel Caffe's choice of implementation")]:
         line = [w for w in warnings if f"'{field}'" in w]
         assert len(line) == 1 and why in line[0], (field, joined)
 
@@ -263,6 +265,12 @@ def test_known_fork_training_hyperparameters_stay_strict_for_the_train_net():
     _, warnings = _parse(train, phase="TRAIN")
     assert any("'eltwise_mem_sharing'" in w for w in warnings)
     assert any("'global_grad_scale'" in w and "caffeq trains in float32" in w for w in warnings)
+
+
+def test_a_quoted_value_of_another_enum_stays_the_parsers_error():
+    # only LayerParameter's engine is a string in a fork (Intel Caffe); convolution_param's is not
+    with pytest.raises(ParseError, match="has no value named"):
+        _parse(CONV.replace("kernel_size: 3", 'kernel_size: 3 engine: "MKL2017"'))
 
 
 def test_a_known_name_in_another_message_is_still_an_error():

@@ -178,6 +178,10 @@ class _RecordingParser(_FieldPicker):
         # a fork's value of a known enum (SSD forks' `conf_loss_type: FocalLoss`): recorded like an
         # unknown field, so that where it cannot matter (a loss parameter) it is only a warning
         token = tokenizer.token
+        # a fork that declares the field a string writes its value quoted (Intel Caffe's engine: "MKL2017")
+        quoted = len(token) > 2 and token[0] == token[-1] and token[0] in "\"'" and token[1:-1].isidentifier()
+        if quoted and field.enum_type is not None and field.enum_type.full_name in _QUOTED_ENUM_FORKS:
+            token = token[1:-1]
         if field.enum_type is not None and field is not _V1_TYPE and token.isidentifier() \
                 and token not in field.enum_type.values_by_name and not self._skipping:
             inside_net = self._path[:len(self.net_path)] == self.net_path
@@ -301,6 +305,10 @@ _FORK_FIELD_GROUPS = [
      "which caffeq does not apply", "random"),
     # CMU-Perceptual-Computing-Lab/caffe_train 76dd956: the CPMData layer's augmentation
     ("LayerParameter", _TEST_ONLY, "CPMData's data augmentation only matters for training", "cpm_transform_param"),
+    # intel/caffe 44d5363 LayerParameter `optional string engine = 149` ("MKL2017", "MKLDNN", "CAFFE"):
+    # which implementation runs the layer (Cambricon's enum engine holds the name here), never its numbers
+    ("LayerParameter.Engine", _ANY_PHASE, "Intel Caffe's choice of implementation (MKL2017, MKLDNN); the same "
+     "numbers", "engine"),
     # jkokkin/UberNet b33344d caffe-fast-rcnn: LayerParameter 201-204 (201/202 are SSD's Permute numbers);
     # net.cpp frees a layer's bottoms after its forward when deletebottom is set, nothing reads the others
     ("LayerParameter", _ANY_PHASE, "UberNet's memory saving (blobs freed after use); the same numbers without it",
@@ -317,6 +325,8 @@ def _by_message(groups):
 
 
 _KNOWN_FORK_FIELDS = _by_message(_FORK_FIELD_GROUPS)
+# enums whose fork declares the field a string instead: a quoted value is read as that fork's
+_QUOTED_ENUM_FORKS = {"caffe.LayerParameter.Engine"}
 
 
 def _known_fork_field(unknown, phase):
