@@ -627,3 +627,24 @@ def test_inspect_reads_a_net_whole_only_under_another_phase(capsys, here):
     # commands that run or export the net do not guess: they name the rule
     with pytest.raises(caffeq.CaffeqError, match=r"only under include \{ phase: TRAIN \}.*--phase/--stage"):
         caffeq.load(here / "train.prototxt", input_shapes={"data": (2, 1, 12, 12)})
+
+
+LRCN_LIKE = """name: "lrcn"
+layer { name: "data" type: "Input" top: "data" top: "label" include { phase: TEST stage: "test-on-train" }
+  input_param { shape { dim: 2 dim: 6 } shape { dim: 2 } } }
+layer { name: "fc_a" type: "InnerProduct" bottom: "data" top: "h" include { stage: "unfactored" }
+  inner_product_param { num_output: 4 } }
+layer { name: "fc_b" type: "InnerProduct" bottom: "data" top: "h" include { stage: "factored" }
+  inner_product_param { num_output: 3 } }
+layer { name: "predict" type: "InnerProduct" bottom: "h" top: "predict" inner_product_param { num_output: 2 } }
+layer { name: "silence" type: "Silence" bottom: "label" }
+"""
+
+
+def test_inspect_follows_the_rules_one_after_another(capsys, here):
+    # BVLC's LRCN nets: whole only under a stage ("unfactored"), whose data comes only under another
+    (here / "lrcn.prototxt").write_text(LRCN_LIKE)
+    rc, out, err = cli(capsys, "inspect", "lrcn.prototxt")
+    assert rc == 0, err
+    assert err.count("caffeq: note:") == 2 and "--stage unfactored --stage test-on-train" in err
+    assert "fc_a" in out and "fc_b" not in out        # the first layer that makes h names its stage

@@ -115,14 +115,18 @@ def load_model(args, random_weights=False, weights_required=False, unknown_shape
                     input_shapes=input_shapes_arg(args), outputs=getattr(args, "outputs", None),
                     unknown_shapes_ok=unknown_shapes_ok, defines=defines_arg(args))
     try:
-        try:
-            model = load_with(weights)
-        except PhaseRuleError as e:
-            if not unknown_shapes_ok or e.rule is None or not _adopt_rule(args, e.rule):
-                raise
-            # a train.prototxt (data only at TRAIN) or a net whole only under a stage: list that one
-            print(f"caffeq: note: {e}; showing the net as --phase {args.phase}"
-                  + "".join(f" --stage {st}" for st in args.stage), file=sys.stderr)
+        for _ in range(_RULES_TO_ADOPT):
+            try:
+                model = load_with(weights)
+                break
+            except PhaseRuleError as e:
+                if not unknown_shapes_ok or e.rule is None or not _adopt_rule(args, e.rule):
+                    raise
+                # a train.prototxt (data only at TRAIN) or a net whole only under a stage (LRCN's
+                # "unfactored", then its data's "test-on-train"): list that one
+                print(f"caffeq: note: {e}; showing the net as --phase {args.phase}"
+                      + "".join(f" --stage {st}" for st in args.stage), file=sys.stderr)
+        else:
             model = load_with(weights)
     except WeightsError as e:
         if not note or weights_required:
@@ -136,6 +140,9 @@ def load_model(args, random_weights=False, weights_required=False, unknown_shape
     for w in model.warnings:
         print(f"caffeq: warning: {w}", file=sys.stderr)
     return model
+
+
+_RULES_TO_ADOPT = 4   # phase/stage rules a listing follows before it gives the error
 
 
 def _adopt_rule(args, rule):
