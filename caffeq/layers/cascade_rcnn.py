@@ -6,6 +6,8 @@
   So the top is (R, C, pooled_h + 1, pooled_w + 1).  A point outside [-0.5, size - 0.5] gives 0, as does
   every point of a roi whose scaled size is not positive; inside, the point and its neighbours are
   clipped to the map.  ONNX's RoiAlign averages bins and zeroes other borders, so the export is refused.
+  A ROIAlign that sets roi_align_param instead is the Mask R-CNN / R-FCN forks' layer
+  (caffeq/layers/roi_align_forks.py claims it).
 - DecodeBBox (decode_bbox_layer.cpp, bbox_util.cpp DecodeBBoxesWithPrior): bottoms (deltas (R, 8) = the
   background and foreground boxes of a class-agnostic regressor, rois (R, 5)); the foreground deltas,
   de-normalized by bbox_reg_param's std and mean, move each roi as Fast R-CNN does (width x2 - x1 + 1,
@@ -154,6 +156,9 @@ class ROIAlign(RoiLayerSpec):
                     "it cannot give the same numbers")
 
     def parse(self, lp):
+        if not lp.HasField("roi_pooling_param"):
+            raise LayerError("ROIAlign sets neither roi_pooling_param (zhaoweicai's cascade-rcnn layer) nor "
+                             "roi_align_param (the Mask R-CNN / R-FCN forks' layer): pooled_h and pooled_w are needed")
         return roi_pooling_attrs(lp, "ROIAlign")
 
     def infer(self, attrs, in_shapes):
