@@ -52,6 +52,7 @@ from . import (  # noqa: F401,E402
     recurrent,
     roi_pooling,
     rrpn,
+    rtpose,
     segmentation,
     sequence,
     shape_ops,
