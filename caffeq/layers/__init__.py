@@ -53,6 +53,7 @@ from . import (  # noqa: F401,E402
     roi_align_forks,
     roi_pooling,
     rrpn,
+    rtpose,
     segmentation,
     sequence,
     shape_ops,
