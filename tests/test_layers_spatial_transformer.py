@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import check_everywhere, net, rng
+from conftest import assert_close, check_everywhere, net, rng
 
 from caffeq.layers import LayerError
 from caffeq.layers.spatial_transformer import spatial_transformer
@@ -135,3 +135,32 @@ def test_needs_an_image_and_a_theta():
     with pytest.raises(LayerError, match=r"SpatialTransformer takes 2 bottoms \(image, theta\) and one top"):
         load_from_text(net('layer { name: "st" type: "SpatialTransformer" bottom: "u" top: "v" }',
                            inputs={"u": (2, 3, 5, 7)}))
+
+
+# ---- PowerFile: top = bottom + the shift `ifstream >> float` reads from shift_file (working directory) ---
+
+def _power_file_net(shift_file):
+    return net(f'layer {{ name: "pf" type: "PowerFile" bottom: "theta" top: "out" '
+               f'power_file_param {{ shift_file: "{shift_file}" }} }}', inputs={"theta": (3, 2, 3)})
+
+
+def test_power_file_adds_the_shift_files_numbers_per_item(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # the fork's init files hold the identity crop; `>>` stops at the first token that is not a number,
+    # after the number a token starts with, and missing values stay 0
+    (tmp_path / "init.txt").write_text("0.5 0 -1e-1\n0 .25 2.5x 7 8\n")
+    model = load_from_text(_power_file_net("init.txt"))
+    x = rng(50).standard_normal((3, 2, 3)).astype(np.float32)
+    shift = np.array([[0.5, 0, -1e-1], [0, 0.25, 2.5]], np.float32)
+    check_everywhere(model, {"theta": x}, {"out": x + shift}, tmp_path)
+    (tmp_path / "short.txt").write_text("1 2\nnan 4")
+    short = np.array([[1, 2, 0], [0, 0, 0]], np.float32)
+    assert_close(load_from_text(_power_file_net("short.txt")).run({"theta": x})["out"], x + short, 0, 0, "short")
+
+
+def test_power_file_without_its_file_adds_zeros_as_the_fork_with_a_note(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = load_from_text(_power_file_net("models/missing.txt"))
+    assert any("'models/missing.txt' cannot be opened" in w and "all zeros" in w for w in model.warnings)
+    x = rng(51).standard_normal((3, 2, 3)).astype(np.float32)
+    assert_close(model.run({"theta": x})["out"], x, 0, 0, "zeros")

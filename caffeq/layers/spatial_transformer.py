@@ -1,6 +1,7 @@
 """SpatialTransformer: Jaderberg et al.'s spatial transformer as daerduoCarey/SpatialTransformerLayer
 (cf2a461; src/caffe/layers/st_layer.cpp and st_layer.cu as of 4791d99, `st_param`) writes it for Caffe, a layer
-copied unchanged into many forks (rremani/py-faster-rcnn-st, the nets of alenaliu/PPR-FCN).
+copied unchanged into many forks (rremani/py-faster-rcnn-st, the nets of alenaliu/PPR-FCN), and the
+same fork's PowerFile (at the end of this module).
 
 Bottom 0 is the image U (N, C, H, W), bottom 1 the localisation net's theta: per item its values
 fill, in order, the entries of the 2 x 3 matrix [[t11, t12, t13], [t21, t22, t23]] that st_param
@@ -19,6 +20,8 @@ them; a tap outside the image adds nothing (zero padding).  These are the GPU ke
 fixed entries.  With to_compute_dU: false the fork's backward writes no gradient for the image, only
 for theta: caffeq detaches the image.  ONNX gathers the four taps (GatherElements), at any opset.
 """
+import re
+
 import numpy as np
 import torch
 
@@ -174,3 +177,84 @@ class SpatialTransformer(Layer):
         out_h, out_w = node.attrs["_out"]
         return (f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {out_h}, {out_w}, {node.attrs['fixed']!r}, "
                 f"{node.attrs['image_grad']})")
+
+
+# ---- PowerFile --------------------------------------------------------------------------------
+# The same fork's PowerFile (power_file_layer.cpp / .cu): top = bottom + shift, one shift value per
+# element of an item (count(1) of them), read at setup with `ifstream >> Dtype` from shift_file, a
+# path relative to the working directory; values the file lacks, or a file that cannot be opened,
+# leave zeros.  Only the GPU forward exists (its Forward_cpu stops on a CHECK).
+
+SHIFT_FILE_LIMIT = 1 << 24       # bytes of a shift file caffeq reads (the spatial transformers' are 6 numbers)
+_NUMBER_PREFIX = re.compile(rb"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def read_shift_file(path):
+    """The numbers `ifstream >> float` reads from the file's start (float32), or None when it cannot
+    be opened."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(SHIFT_FILE_LIMIT + 1)
+    except OSError:
+        return None
+    if len(data) > SHIFT_FILE_LIMIT:
+        raise LayerError(f"power_file_param.shift_file: {path} is larger than {SHIFT_FILE_LIMIT} bytes")
+    values = []
+    for token in data.split():
+        m = _NUMBER_PREFIX.match(token)
+        if m is None:
+            break
+        values.append(float(m.group()))
+        if m.end() < len(token):   # `>>` read the number's prefix; the rest stops the next read
+            break
+    return np.asarray(values, np.float32)
+
+
+@register_layer("PowerFile")
+class PowerFile(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "PowerFile", 1, 1)
+        p = lp.power_file_param
+        attrs = {"values": np.zeros(0, np.float32), "reading_notes": []}
+        if p.HasField("shift_file"):
+            values = read_shift_file(p.shift_file)
+            if values is None:
+                attrs["reading_notes"].append(
+                    f"power_file_param.shift_file {p.shift_file!r} cannot be opened (relative to the working "
+                    f"directory, as the fork opens it): the shift is all zeros, as the fork then leaves it")
+            else:
+                attrs["values"] = values
+        return attrs
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) < 1:
+            raise LayerError("PowerFile needs an input with a batch axis")
+        n = count(s[1:])
+        shift = np.zeros(n, np.float32)
+        given = attrs["values"][:n]
+        shift[:len(given)] = given
+        attrs["_shift"] = shift.reshape((1,) + s[1:])
+        return [s]
+
+    def forward(self, attrs, params, x):
+        return x + torch.from_numpy(attrs["_shift"]).to(device=x.device, dtype=x.dtype)
+
+    def onnx(self, ctx, node):
+        ctx.add_node("Add", [node.inputs[0], ctx.const(node.attrs["_shift"])], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        module = emit.module(f"{emit.helper(ShiftByBuffer)}({list(node.attrs['_shift'].shape)!r})")
+        emit.buffer("shift", node.attrs["_shift"])
+        return f"{module}({emit.inputs[0]})"
+
+
+class ShiftByBuffer(torch.nn.Module):
+    """x + shift, the shift a buffer of one item's shape (PowerFile's shift file)."""
+
+    def __init__(self, shape: list):
+        super().__init__()
+        self.register_buffer("shift", torch.zeros(shape))
+
+    def forward(self, x):
+        return x + self.shift
