@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import FIXTURES, Case, assert_close, fast_rcnn_bins, net, onnx_outputs, rng
 
+from caffeq.errors import CaffeqError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -617,6 +618,17 @@ def test_psroi_pooling_hand_computed():
     blocks = {(0, 0): [0, 1, 4, 5], (0, 1): [2, 3, 6, 7], (1, 0): [8, 9, 12, 13], (1, 1): [10, 11, 14, 15]}
     expect = np.array([[np.mean(blocks[(p, q)]) + 100 * (p * 2 + q) for q in range(2)] for p in range(2)])
     np.testing.assert_allclose(got["r"][0, 0], expect, rtol=1e-6)
+
+
+def test_psroi_pooling_sizes_by_the_rois_count_as_r_fcns_reshape():
+    # PPR-FCN's test nets declare (1, 4) rois and reshape them before each forward: R-FCN's Reshape
+    # reads only their count; running with rows that are not 5 wide is refused then
+    text = roi_net("spatial_scale: 1 output_dim: 1 group_size: 2", (3, 4), (1, 4, 4, 4),
+                   kind="PSROIPooling", field="psroi_pooling_param")
+    model = load_from_text(text)
+    assert model.blob_shapes["r"] == (3, 1, 2, 2)
+    with pytest.raises(CaffeqError, match=r"rois must be \(R, 5\)"):
+        model.run({"x": np.zeros((1, 4, 4, 4), np.float32), "rois": np.zeros((3, 4), np.float32)})
 
 
 def test_psroi_pooling_bad_channels():

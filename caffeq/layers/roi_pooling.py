@@ -384,9 +384,10 @@ def ps_roi_attrs(lp, kind, field, bottoms=2, tops=None, roles="data, rois"):
     return {"scale": float(p.spatial_scale), "dim": int(p.output_dim), "group": int(p.group_size)}
 
 
-def ps_roi_shape(kind, attrs, in_shapes):
-    """(R, output_dim, group_size, group_size), the input holding output_dim x group_size^2 channels."""
-    _check_roi_shapes(kind, in_shapes)
+def ps_roi_shape(kind, attrs, in_shapes, rows_only=False):
+    """(R, output_dim, group_size, group_size), the input holding output_dim x group_size^2 channels.
+    rows_only: see _check_roi_shapes."""
+    _check_roi_shapes(kind, in_shapes, rows_only)
     s, r = in_shapes
     g = attrs["group"]
     if s[1] != attrs["dim"] * g * g:
@@ -405,7 +406,8 @@ class PSROIPooling(RoiLayerSpec):
         return ps_roi_attrs(lp, "PSROIPooling", "psroi_pooling_param")
 
     def infer(self, attrs, in_shapes):
-        return [ps_roi_shape("PSROIPooling", attrs, in_shapes)]
+        # R-FCN's Reshape reads only the rois' count (PPR-FCN's test nets declare (1, 4) rois)
+        return [ps_roi_shape("PSROIPooling", attrs, in_shapes, rows_only=True)]
 
     def roi_args(self, attrs):
         return (attrs["dim"], attrs["group"]), {"spatial_scale": attrs["scale"]}
