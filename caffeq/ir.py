@@ -226,7 +226,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
     unsized = {}            # (type, why) -> names of layers whose tops only a dataset or plugin could size
     guessed_labels = {}     # temp id -> the data layer whose label top it is, shaped (N,) as in BVLC Caffe
 
-    for lp in layers:
+    for position, lp in enumerate(layers):
         spec = spec_for(lp)
         where = _where(source, lp)
         node_name = _unique_layer_name(lp.name, names_seen, source, notes)
@@ -308,6 +308,19 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
                 graph_input_ids.append(tid)
         if spec.is_data and all(s is not None for s in out_shapes):
             guessed_labels.update((out_ids[i], lp) for i in spec.guessed_label_tops(attrs, given))
+        # bottoms the layer's forward overwrites in place (Ristretto's trimmed inputs): a new version
+        # for the later layers that read them, as outputs after the tops
+        written = _written_back(spec, attrs, lp, layers[position + 1:], outputs)
+        for i in written:
+            tid = len(temp_blob)
+            temp_blob[tid] = lp.bottom[i]
+            temp_producer[tid] = node_name
+            shapes[tid] = in_shapes[i]
+            versions.setdefault(lp.bottom[i], []).append(tid)
+            current[lp.bottom[i]] = tid
+            out_ids.append(tid)
+        if written:
+            attrs["written_back"] = written
 
         node = Node(name=node_name, type=lp.type, spec=spec, param=lp, attrs=attrs,
                     bottoms=list(lp.bottom), tops=list(lp.top), inputs=in_ids, outputs=out_ids,
@@ -389,6 +402,29 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
         attach_weights(graph, weights, source)
         share_params(graph)
     return graph
+
+
+def _written_back(spec, attrs, lp, later, outputs):
+    """Indexes of the bottoms that lp's forward overwrites in place (spec.bottoms_written_back) and
+    whose new values someone sees: a later layer reads the blob before another writes it, or
+    --outputs names it.  A bottom that is also lp's top, or repeats an earlier bottom, needs none."""
+    found = []
+    for i in spec.bottoms_written_back(attrs):
+        blob = lp.bottom[i]
+        if blob in lp.top or blob in [lp.bottom[j] for j in found]:
+            continue
+        if blob in (outputs or ()) or _read_later(blob, later):
+            found.append(i)
+    return found
+
+
+def _read_later(blob, later):
+    for lp in later:
+        if blob in lp.bottom:
+            return True
+        if blob in lp.top:
+            return False
+    return False
 
 
 def _unique_layer_name(name, taken, source, notes):

@@ -370,7 +370,13 @@ def _writes_between(graph, blob, first, last, skip=()):
     pos = _index(graph)
     hi = pos[id(last)] if last is not None else len(graph.nodes)
     skip = {id(n) for n in skip}
-    return any(id(n) not in skip and blob in n.tops for n in graph.nodes[pos[id(first)] + 1:hi])
+    return any(id(n) not in skip and (blob in n.tops or blob in _written_blobs(n))
+               for n in graph.nodes[pos[id(first)] + 1:hi])
+
+
+def _written_blobs(node):
+    """The bottoms a node writes back in place (Ristretto's trimmed inputs; see Layer.bottoms_written_back)."""
+    return [node.bottoms[i] for i in node.attrs.get("written_back", ())]
 
 
 def _rename_uses(graph, old, new):
@@ -421,8 +427,9 @@ def _remove_identities(graph, keep_silence=False):
         # the source's producer may write one output's blob itself (plain Caffe names survive)
         inherit = None
         producer = next((n for n in graph.nodes if src in n.outputs), None)
-        if producer is not None and src not in inputs and src not in outputs \
-                and len(uses.get(src, [])) == 1:
+        # (not a bottom the producer wrote back: Ristretto's trimmed input keeps its blob's name)
+        if producer is not None and src in producer.outputs[:len(producer.tops)] and src not in inputs \
+                and src not in outputs and len(uses.get(src, [])) == 1:
             o = ([o for o in node.outputs if o in outputs] or [node.outputs[-1]])[0]
             if _blob_free_between(graph, graph.tensors[o].blob, producer, node):
                 inherit = o
@@ -442,7 +449,7 @@ def _remove_identities(graph, keep_silence=False):
             graph.tensors.pop(o, None)
         if inherit is not None:
             producer.outputs = [inherit if t == src else t for t in producer.outputs]
-            producer.tops = [graph.tensors[t].blob for t in producer.outputs]
+            producer.tops = [graph.tensors[t].blob for t in producer.outputs[:len(producer.tops)]]
             graph.tensors[inherit].producer = producer.name
             graph.tensors.pop(src, None)
             if kept_outs:

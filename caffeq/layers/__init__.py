@@ -50,6 +50,7 @@ from . import (  # noqa: F401,E402
     python_layers,
     rcnn,
     recurrent,
+    ristretto,
     roi_align_forks,
     roi_pooling,
     rrpn,

@@ -132,6 +132,14 @@ class Layer:
         """Multiply-accumulates per forward pass (0 for cheap layers)."""
         return 0
 
+    def bottoms_written_back(self, attrs):
+        """Indexes of the bottoms whose blobs the layer's Caffe forward overwrites in place (Ristretto's
+        layers trim their inputs to fixed point in the bottom blob itself).  Where a later layer reads
+        such a blob (or --outputs names it), the graph gives this node one more output per bottom,
+        after its tops: that blob's new version.  attrs["written_back"] then lists those indexes, and
+        forward, onnx and pytorch_source give the written bottoms after the tops.  Default: none."""
+        return ()
+
     def cannot_run(self, attrs, in_shapes):
         """Why a layer that Caffe loads (and caffeq reads) cannot run here, or None: a fork's own
         Python module, a map the layer cannot index.  forward, onnx and pytorch_source call
