@@ -39,6 +39,7 @@ from . import (  # noqa: F401,E402
     norm,
     optical_flow,
     orn,
+    pixelnet,
     plugin_standins,
     pooling,
     pose_action,

@@ -1,0 +1,224 @@
+"""aayushbansal/PixelNet (227c48e, tools/caffe): RandBI, the hypercolumn sampler of its nets.
+
+RandBI (src/caffe/layers/rand_bi_layer.cpp; the fork has no CUDA code, so a GPU run computes the
+same on the CPU) takes feature maps f_1..f_B (num/channels/height/width as Caffe's legacy accessors
+read them) and last a `pixels` blob of P rows (image, y, x): the row's first value indexes the image
+(truncated to an int), the second the map's height and the third its width (the deploy files'
+comment says "id, x, y", the names of the MATLAB demo, whose images are transposed).  The top is
+P x (C_1 + ... + C_B): for each pixel, the channels of f_1, then of f_2, and so on.
+
+For map b with rate r = `rand_comp_param.compression_rate[b]` and pad p = (r - 1) / 2 when
+`rand_comp_param.pad` (else 0), all in float32 as the fork: t = (x - p) / r; lo = floor(t) and
+hi = ceil(t), each raised to 0 when negative; likewise along y.  The value is f[id, c, lo_y, lo_x]
+when both axes have lo == hi, the linear mix along the one axis where they differ, else the
+bilinear mix, with weights 1 - (t - lo) and t - lo.  The fork mixes as C++ evaluates
+`v * (1. - r) + w * r`: the `1. - r` terms in double, the `w * r` products in float32, the sums in
+double, rounded to float32 once; caffeq computes the same.  A NaN or infinite t reads row or column 0
+(the fork's int conversion gives INT_MIN there on x86, then 0); a finite t past 2^31 (undefined in
+C++, INT_MIN on x86) counts as past the map here.
+
+Where the fork aborts (CHECK: an id outside [0, num) of a map, or hi >= the map's height or width),
+caffeq's forward raises a DataError naming the pixel; ONNX and model.py cannot stop a run and clamp
+the reads to the map instead.  Nothing is random: the pixels are an input (the MATLAB demo feeds every
+pixel of a 100-pixel padded crop), so train and test compute the same.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import DataError
+from .misc import eager_checks
+from .registry import AT_LEAST, Layer, LayerError, legacy_nchw, need_blobs, register_layer
+
+# ---- torch (model.py copies these) -----------------------------------------------------------
+
+
+def randbi_axis(pos, pad: float, rate: int):
+    """(lo, hi, frac) along one axis: t = (pos - pad) / rate (non-finite t read as 0), lo and hi its
+    floor and ceil raised to 0, frac = t - lo; all in pos's dtype."""
+    t = (pos - pad) / torch.full_like(pos, float(rate))   # a true division, as the fork's (not by 1 / rate)
+    t = torch.where(torch.isfinite(t), t, torch.zeros_like(t))
+    lo = torch.floor(t).clamp_min(0)
+    hi = torch.ceil(t).clamp_min(0)
+    return lo, hi, t - lo
+
+
+def randbi_blend(a, b, c, d, rx, ry, same_x, same_y):
+    """The fork's four cases: a = (lo_y, lo_x), b = (lo_y, hi_x), c = (hi_y, lo_x), d = (hi_y, hi_x);
+    `1. - r` in double, `value * r` in the maps' dtype, sums in double, one rounding at the end."""
+    ad, bd, rxd, ryd = a.double(), b.double(), rx.double(), ry.double()
+    col0 = ad * (1 - ryd) + (c * ry).double()
+    col1 = bd * (1 - ryd) + (d * ry).double()
+    only_x = ad * (1 - rxd) + (b * rx).double()
+    both = col0 * (1 - rxd) + col1 * rxd
+    out = torch.where(same_x, torch.where(same_y, ad, col0), torch.where(same_y, only_x, both))
+    return out.to(a.dtype)
+
+
+def randbi_sample(fmap, ids, y, x, chw: tuple, pad: float, rate: int):
+    """(P, C) values of one map (its legacy C, H, W in chw) at the pixels (ids, y, x), reads clamped
+    to the map."""
+    c, h, w = chw
+    num = fmap.shape[0] if fmap.dim() else 1
+    rows = fmap.reshape(num, c, h * w).transpose(1, 2).reshape(num * h * w, c)
+    y0, y1, ry = randbi_axis(y, pad, rate)
+    x0, x1, rx = randbi_axis(x, pad, rate)
+    base = ids.clamp(0, num - 1).long() * h
+
+    def at(yy, xx):
+        return rows.index_select(0, (base + yy.clamp_max(h - 1).long()) * w + xx.clamp_max(w - 1).long())
+
+    ry, rx = ry.to(fmap.dtype)[:, None], rx.to(fmap.dtype)[:, None]
+    return randbi_blend(at(y0, x0), at(y0, x1), at(y1, x0), at(y1, x1), rx, ry,
+                        (x0 == x1)[:, None], (y0 == y1)[:, None])
+
+
+def randbi(pixels, maps: list, sizes: list, pads: list, rates: list):
+    """RandBI's top (P, sum C): every map sampled at the pixels' (id, y, x) rows, concatenated."""
+    ids = pixels[:, 0]
+    ids = torch.where(torch.isnan(ids), torch.zeros_like(ids), ids)
+    cols = [randbi_sample(f, ids, pixels[:, 1], pixels[:, 2], chw, pad, rate)
+            for f, chw, pad, rate in zip(maps, sizes, pads, rates)]
+    return torch.cat(cols, 1)
+
+
+# ---- the spec -----------------------------------------------------------------------------------
+
+
+def _first_abort(pixels, maps, sizes, pads, rates):
+    """The fork's CHECK that the first bad pixel fails, as one line, or None."""
+    if not pixels.shape[0]:
+        return None
+    ids = pixels[:, 0]
+    for b, (f, (_, h, w), pad, rate) in enumerate(zip(maps, sizes, pads, rates)):
+        num = f.shape[0] if f.dim() else 1
+        bad_id = ~((ids > -1) & (ids < num))            # (int) truncates; NaN fails too
+        hi_y = randbi_axis(pixels[:, 1], pad, rate)[1]
+        hi_x = randbi_axis(pixels[:, 2], pad, rate)[1]
+        bad = bad_id | (hi_y >= h) | (hi_x >= w)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            iv, yv, xv = (float(v) for v in pixels[i])
+            where = f"pixel {i} (id {iv:g}, y {yv:g}, x {xv:g})"
+            if bool(bad_id[i]):
+                return f"{where}: image id {iv:g} is outside [0, {num}) of bottom[{b}]; the fork aborts (CHECK) there"
+            return (f"{where} maps to row {int(hi_y[i])}, column {int(hi_x[i])} of bottom[{b}] ({h} x {w}, "
+                    f"compression_rate {rate}): past the map, where the fork aborts (CHECK_LT)")
+    return None
+
+
+@register_layer("RandBI")
+class RandBI(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "RandBI", range(2, AT_LEAST), 1, roles="feature maps..., pixels")
+        p = lp.rand_comp_param
+        maps = len(lp.bottom) - 1
+        rates = [int(v) for v in p.compression_rate]
+        if len(rates) != maps:
+            raise LayerError(f"rand_comp_param.compression_rate is given {len(rates)} times; RandBI needs "
+                             f"one per feature-map bottom ({maps})")
+        for i, v in enumerate(rates):
+            if v < 1:
+                raise LayerError(f"rand_comp_param.compression_rate[{i}] must be >= 1, got {v}")
+        pads = [float(np.float32((r - 1.0) / 2)) if p.pad else 0.0 for r in rates]
+        return {"rates": rates, "pads": pads, "pad": bool(p.pad), "name": lp.name}
+
+    @staticmethod
+    def _sizes(in_shapes):
+        pixels = tuple(in_shapes[-1])
+        if len(pixels) != 2 or pixels[1] != 3:
+            raise LayerError(f"the last bottom (pixels) must be P x 3, rows of (image id, y, x), got {list(pixels)}")
+        if pixels[0] < 1:
+            raise LayerError("the last bottom (pixels) has no rows; the fork needs at least one")
+        return [legacy_nchw(s, "RandBI")[1:] for s in in_shapes[:-1]]
+
+    def infer(self, attrs, in_shapes):
+        sizes = self._sizes(in_shapes)
+        return [(int(in_shapes[-1][0]), int(sum(c for c, _, _ in sizes)))]
+
+    def forward(self, attrs, params, *bottoms):
+        maps, pixels = list(bottoms[:-1]), bottoms[-1]
+        sizes = self._sizes([tuple(t.shape) for t in bottoms])
+        if eager_checks():
+            why = _first_abort(pixels, maps, sizes, attrs["pads"], attrs["rates"])
+            if why:
+                raise DataError(f"layer '{attrs['name']}' (RandBI): {why}")
+        return randbi(pixels, maps, sizes, attrs["pads"], attrs["rates"])
+
+    def pytorch_source(self, node, emit):
+        sizes = self._sizes([emit.in_shape(i) for i in range(len(node.inputs))])
+        for helper in (randbi_axis, randbi_blend, randbi_sample):
+            emit.helper(helper)
+        fn = emit.helper(randbi)
+        maps = ", ".join(emit.inputs[:-1])
+        a = node.attrs
+        emit.note(f"{node.name} (RandBI): reads outside a map are clamped to it where the fork aborts")
+        return f"{fn}({emit.inputs[-1]}, [{maps}], {emit.lit(sizes)}, {emit.lit(a['pads'])}, {emit.lit(a['rates'])})"
+
+    def onnx(self, ctx, node):
+        sizes = self._sizes([ctx.shape(t) for t in node.inputs])
+        a, name = node.attrs, node.name
+        f32, f64, i64 = 1, 11, 7          # onnx.TensorProto.FLOAT, DOUBLE, INT64
+
+        def op(op_type, inputs, hint, **attrs):
+            return ctx.add_node(op_type, list(inputs), ctx.tmp(f"{name}_{hint}"), **attrs)
+
+        def const(value, dtype):
+            return ctx.const(np.array(value, dtype))
+
+        zero, column = const(0, np.float32), const([-1, 1], np.int64)
+        pixels = node.inputs[-1]
+        ids, y, x = (op("Gather", [pixels, const(i, np.int64)], hint, axis=1)
+                     for i, hint in enumerate(("ids", "y", "x")))
+        ids = op("Where", [op("IsNaN", [ids], "id_nan"), zero, ids], "ids_num")
+
+        def axis(pos, pad, rate, size, hint):   # randbi_axis, then the reads clamped to the map
+            t = op("Div", [op("Sub", [pos, const(pad, np.float32)], hint), const(float(rate), np.float32)], hint)
+            odd = op("Or", [op("IsNaN", [t], hint + "_nan"), op("IsInf", [t], hint + "_inf")], hint + "_odd")
+            t = op("Where", [odd, zero, t], hint + "_t")
+            lo = op("Max", [op("Floor", [t], hint), zero], hint + "_lo")
+            hi = op("Max", [op("Ceil", [t], hint), zero], hint + "_hi")
+            frac = op("Reshape", [op("Sub", [t, lo], hint + "_r"), column], hint + "_frac")
+            same = op("Reshape", [op("Equal", [lo, hi], hint), column], hint + "_same")
+            last = const(float(size - 1), np.float32)
+            lo, hi = (op("Cast", [op("Min", [v, last], hint)], hint + "_i", to=i64) for v in (lo, hi))
+            return lo, hi, frac, same
+
+        cols = []
+        for b, (fmap, (c, h, w), pad, rate) in enumerate(zip(node.inputs[:-1], sizes, a["pads"], a["rates"])):
+            per_image = op("Reshape", [fmap, const([-1, c, h * w], np.int64)], f"m{b}")
+            rows = op("Reshape", [op("Transpose", [per_image], f"m{b}", perm=[0, 2, 1]),
+                                  const([-1, c], np.int64)], f"rows{b}")
+            num = op("Gather", [op("Shape", [per_image], f"shape{b}"), const(0, np.int64)], f"num{b}", axis=0)
+            last = op("Sub", [op("Cast", [num], f"num{b}", to=f32), const(1, np.float32)], f"last{b}")
+            image = op("Cast", [op("Min", [op("Max", [ids, zero], f"id{b}"), last], f"id{b}")], f"id{b}", to=i64)
+            base = op("Mul", [image, const(h, np.int64)], f"base{b}")
+            y0, y1, ry, same_y = axis(y, pad, rate, h, f"y{b}")
+            x0, x1, rx, same_x = axis(x, pad, rate, w, f"x{b}")
+
+            def at(yy, xx, hint, b=b, base=base, rows=rows):
+                idx = op("Add", [op("Mul", [op("Add", [base, yy], hint), const(w, np.int64)], hint), xx], hint)
+                return op("Gather", [rows, idx], f"{hint}{b}", axis=0)
+
+            v = {k: at(yy, xx, k) for k, (yy, xx) in
+                 {"a": (y0, x0), "b": (y0, x1), "c": (y1, x0), "d": (y1, x1)}.items()}
+            wide = {k: op("Cast", [t], f"{k}{b}_f64", to=f64) for k, t in (("a", v["a"]), ("b", v["b"]),
+                                                                          ("rx", rx), ("ry", ry))}
+            one = const(1.0, np.float64)
+            keep_y = op("Sub", [one, wide["ry"]], f"keep_y{b}")
+            keep_x = op("Sub", [one, wide["rx"]], f"keep_x{b}")
+
+            def mix(p, keep, q, r, hint):    # p * (1. - r) in double + (q * r) in float32, summed in double
+                part = op("Cast", [op("Mul", [q, r], hint)], hint, to=f64)
+                return op("Add", [op("Mul", [p, keep], hint), part], hint)
+
+            col0 = mix(wide["a"], keep_y, v["c"], ry, f"col0_{b}")
+            col1 = mix(wide["b"], keep_y, v["d"], ry, f"col1_{b}")
+            only_x = mix(wide["a"], keep_x, v["b"], rx, f"only_x{b}")
+            both = op("Add", [op("Mul", [col0, keep_x], f"both{b}"), op("Mul", [col1, wide["rx"]], f"both{b}")],
+                      f"both{b}")
+            out = op("Where", [same_x, op("Where", [same_y, wide["a"], col0], f"sx{b}"),
+                               op("Where", [same_y, only_x, both], f"nx{b}")], f"mix{b}")
+            cols.append(op("Cast", [out], f"col{b}", to=f32))
+        ctx.add_node("Concat", cols, [node.outputs[0]], name=name, axis=1)
