@@ -25,10 +25,11 @@ from ..errors import ParseError
 
 # `field: $NAME`, `field: ${NAME}` or `field: {NAME}` where a value goes (after a colon; elsewhere it
 # would be a syntax error anyway, and a message value `{ name: ...}` never closes right after one word)
-_VALUE_PLACEHOLDER = re.compile(r"(?P<lead>:[ \t]*)(?P<ph>\$\{(?P<braced>\w+)\}|\$(?P<bare>[A-Za-z_]\w*)"
-                                r"|\{\{[ \t]*(?P<jinja>[A-Za-z_]\w*)[ \t]*\}\}|\{(?P<format>[A-Za-z_]\w*)\})")
+# ${NAME}, $NAME, Jinja's {{ NAME }}: placeholders wherever they stand, quoted strings included
+_NAMED = r"\$\{(?P<braced>\w+)\}|\$(?P<bare>[A-Za-z_]\w*)|\{\{[ \t]*(?P<jinja>[A-Za-z_]\w*)[ \t]*\}\}"
+_VALUE_PLACEHOLDER = re.compile(rf"(?P<lead>:[ \t]*)(?P<ph>{_NAMED}|\{{(?P<format>[A-Za-z_]\w*)\}})")
+_QUOTED_PLACEHOLDER = re.compile(_NAMED)
 _FORMAT_FIELD = re.compile(r":[ \t]*\{[A-Za-z_]\w*\}")   # a quick look before the full scan
-_QUOTED_PLACEHOLDER = re.compile(r"\$\{(?P<braced>\w+)\}|\$(?P<bare>[A-Za-z_]\w*)|\{\{[ \t]*(?P<jinja>[A-Za-z_]\w*)[ \t]*\}\}")
 # a bare word where text goes is a placeholder only when written like one: in capitals
 _TEXT_PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*$")
 # unfilled placeholders parse as these numbers, exact in int32, int64 and float32 fields alike
@@ -95,14 +96,14 @@ def fill_placeholders(text, defines, path, notes):
         for start, end in _with_strings(spans, comment, len(line)):
             if line[start] in "\"'":   # a quoted string: only what --define names (the script fills it)
                 for m in _QUOTED_PLACEHOLDER.finditer(line, start, end):
-                    name = m.group("braced") or m.group("bare") or m.group("jinja")
+                    name = _name(m)
                     if name in defines:
                         used[name] = used.get(name, 0) + 1
                         pieces.append(line[last:m.start()] + _escaped(defines[name], line[start]))
                         last = m.end()
                 continue
             for m in _VALUE_PLACEHOLDER.finditer(line, start, end):
-                name = m.group("braced") or m.group("bare") or m.group("jinja") or m.group("format")
+                name = _name(m)
                 if name in defines:
                     value = str(defines[name])
                     used[name] = used.get(name, 0) + 1
@@ -118,6 +119,12 @@ def fill_placeholders(text, defines, path, notes):
         notes.append(f"{path}: filled the template placeholder {name} with {defines[name]} "
                      f"(--define, {count} place{'s' if count > 1 else ''})")
     return "\n".join(lines), pending
+
+
+def _name(match):
+    """The placeholder's NAME, whichever way it is written."""
+    groups = match.groupdict()
+    return next(groups[k] for k in ("braced", "bare", "jinja", "format") if groups.get(k))
 
 
 def _with_strings(spans, comment, length):
@@ -163,7 +170,7 @@ _NUMBERS = {"CPPTYPE_INT32", "CPPTYPE_INT64", "CPPTYPE_UINT32", "CPPTYPE_UINT64"
 
 
 def _quoted(value):
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + _escaped(value, '"') + '"'
 
 
 def fill_bare_placeholder(text, bare, defines, pending, notes, path):
