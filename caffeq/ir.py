@@ -235,7 +235,9 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
         except ForkReading as e:   # the whole net tells how to read this layer
             raise ForkReading(f"{where}: {e}", e.rewrite) from None
         except LayerError as e:
-            raise LayerError(f"{where}: {e}") from None
+            if not (unknown_shapes_ok and lp.name in (unset_layers or {})):
+                raise LayerError(f"{where}: {e}") from None
+            attrs = {}   # a placeholder in what the layer reads (its param_str): listed, never run
         except CaffeqError:
             raise
         except Exception as e:  # a spec's own check on user input

@@ -425,3 +425,31 @@ def test_a_solver_with_only_train_or_test_net_param_is_refused_clearly():
     with pytest.raises(ParseError, match="solver with its nets in test_net_param; caffeq reads a solver's "
                                          "net from net_param only"):
         _parse(text)
+
+
+def test_a_field_given_twice_is_read_as_protobufs_merge_with_a_note():
+    # alexgkendall/caffe-segnet's examples/segnet/deploy.prototxt names the net twice; Caffe's text
+    # parser refuses that, the file's meaning is plain: the later value wins, as protobuf's merge reads it
+    text = """name: "segnet"
+name: "segnet"
+layer { name: "c" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 4 kernel_size: 3 }
+  convolution_param { num_output: 8 pad: 1 }
+  pooling_param { pool: AVE }
+  pooling_param { pool: MAX } }
+"""
+    net, warnings = _parse(text)
+    conv = net.layer[0].convolution_param
+    assert net.name == "segnet" and (conv.num_output, list(conv.kernel_size), list(conv.pad)) == (8, [3], [1])
+    assert net.layer[0].pooling_param.pool == net.layer[0].pooling_param.MAX
+    assert warnings == [
+        "t.prototxt:2: NetParameter sets 'name' a second time to the same value (Caffe's parser refuses a field "
+        "given twice)",
+        "t.prototxt:5: LayerParameter sets 'convolution_param' a second time; the two blocks are merged, later "
+        "fields winning (Caffe's parser refuses a field given twice)",
+        "t.prototxt:5: ConvolutionParameter sets 'num_output' a second time (4, then 8); the later value is kept "
+        "(Caffe's parser refuses a field given twice)",
+        "t.prototxt:7: LayerParameter sets 'pooling_param' a second time; the two blocks are merged, later fields "
+        "winning (Caffe's parser refuses a field given twice)",
+        "t.prototxt:7: PoolingParameter sets 'pool' a second time (AVE, then MAX); the later value is kept "
+        "(Caffe's parser refuses a field given twice)"]

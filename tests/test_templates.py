@@ -249,3 +249,34 @@ def test_a_placeholder_in_a_field_skipped_as_unknown_needs_no_value(tmp_path):
     assert model.blob_shapes["fc8"] == (2, 5, 7, 9)
     assert any("t.prototxt:6: the template placeholder $SCALE_WIDTH is in a field skipped as unknown" in w
                for w in model.warnings)
+
+
+# atakigawa/py-faster-rcnn's *_template.prototxt: a Jinja placeholder inside the proposal layer's param_str
+PARAM_STR = """input: "data"
+input_shape { dim: 1 dim: 18 dim: 4 dim: 5 }
+input: "deltas"
+input_shape { dim: 1 dim: 36 dim: 4 dim: 5 }
+input: "im_info"
+input_shape { dim: 1 dim: 3 }
+layer { name: "proposal" type: "Python" bottom: "data" bottom: "deltas" bottom: "im_info" top: "rois"
+  python_param { module: "rpn.proposal_layer" layer: "ProposalLayer"
+                 param_str: "'feat_stride': {{shrink_scale}}" } }
+layer { name: "scaled" type: "Power" bottom: "rois" top: "out" power_param { scale: 2 } }
+"""
+
+
+def test_a_placeholder_in_a_param_str_is_listed_refused_or_defined(tmp_path):
+    path = _write(tmp_path, "p.prototxt", PARAM_STR)
+    refusal = (r"p.prototxt: layer 'proposal': python_param.param_str holds the template placeholder "
+               r"\{\{shrink_scale\}\}, which a script fills in before Caffe reads the file: "
+               r"pass --define shrink_scale=VALUE")
+    with pytest.raises(ParseError, match=refusal):
+        load(path)
+    listed = load(path, unknown_shapes_ok=True)
+    assert listed.blob_shapes["rois"] is None and listed.blob_shapes["out"] is None
+    assert len(listed.unfilled_placeholders) == 1 and "--define shrink_scale=VALUE" in listed.unfilled_placeholders[0]
+    with pytest.raises(ParseError, match=refusal):
+        listed.run({"data": np.zeros((1, 18, 4, 5), np.float32)})
+    model = load(path, defines={"shrink_scale": 16})
+    assert model.blob_shapes["rois"] == (9 * 4 * 5, 5)   # at most one row per anchor of the 4x5 map
+    assert {lp.name: lp for lp in model.net.layer}["proposal"].python_param.param_str == "'feat_stride': 16"

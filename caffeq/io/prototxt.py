@@ -80,7 +80,12 @@ def _block_field_names(lines, line, column):
 
 class _FieldPicker(text_format._Parser):
     """Text parser that reads a name several forks share (_SHARED_NAMES) into the candidate field
-    whose message declares every field the block sets; notes record each choice that needed a guess."""
+    whose message declares every field the block sets; notes record each choice that needed a guess.
+
+    A singular field set twice in one message (caffe-segnet's deploy file names the net twice) is
+    read as protobuf's merge reads it, the later value kept, with a note: Caffe's text parser refuses
+    it, but what the file means is plain.  Callers parse with MergeLines for that reason.
+    """
 
     def __init__(self, lines=(), allow_unknown_field=False):
         super().__init__(allow_unknown_field=allow_unknown_field)
@@ -93,7 +98,25 @@ class _FieldPicker(text_format._Parser):
         options = _SHARED_NAMES.get((message.DESCRIPTOR.full_name, field.name))
         if options and self.lines and tokenizer._line < len(self.lines):
             field = message.DESCRIPTOR.fields_by_name[self._pick(options, tokenizer)]
+        if not field.is_repeated and message.HasField(field.name):
+            self.notes.append(f"{tokenizer._line + 1}: {message.DESCRIPTOR.name} sets '{field.name}' a second "
+                              f"time; the two blocks are merged, later fields winning (Caffe's parser "
+                              f"refuses a field given twice)")
         super()._MergeMessageField(tokenizer, message, field)
+
+    def _note_second_value(self, tokenizer, message, field):
+        """The note for a singular scalar set again (called before the new value is read)."""
+        if field.is_repeated or not message.HasField(field.name):
+            return
+        old = getattr(message, field.name)
+        if field.enum_type is not None:
+            old = field.enum_type.values_by_number[old].name if old in field.enum_type.values_by_number else old
+        new = tokenizer.token
+        same = str(old) == new.strip("\"'")
+        old = f'"{old}"' if isinstance(old, str) and field.enum_type is None else old   # as written
+        self.notes.append(f"{tokenizer._line + 1}: {message.DESCRIPTOR.name} sets '{field.name}' a second time"
+                          + (" to the same value" if same else f" ({old}, then {new}); the later value is kept")
+                          + " (Caffe's parser refuses a field given twice)")
 
     def _MergeScalarField(self, tokenizer, message, field):
         # a fork's V1 layer type (NUSWIDE_DATA) that the enum lacks: kept as written, for the upgrade
@@ -106,6 +129,7 @@ class _FieldPicker(text_format._Parser):
                                   f"Caffe's; read as the type \"{fork_v1_type(message.fork_type)}\"")
             tokenizer.NextToken()
             return
+        self._note_second_value(tokenizer, message, field)
         super()._MergeScalarField(tokenizer, message, field)
 
     def _pick(self, options, tokenizer):
@@ -491,7 +515,7 @@ def _parse(text, message, path, ignore_unknown, warnings, phase, known_layer):
     lines = text.split("\n")
     try:
         picker = _FieldPicker(lines)
-        picker.ParseLines(lines, message)
+        picker.MergeLines(lines, message)
         _add_notes(picker, path, warnings)
         return message
     except text_format.ParseError as e:
@@ -501,7 +525,7 @@ def _parse(text, message, path, ignore_unknown, warnings, phase, known_layer):
     message.Clear()
     parser = _RecordingParser(text.split("\n"))
     try:
-        parser.ParseLines(text.split("\n"), message)
+        parser.MergeLines(text.split("\n"), message)
     except text_format.ParseError as e:
         raise _parse_error(path, e, text) from None
     if isinstance(message, caffe_pb2.NetParameter) and _is_solver(parser.unknown):
@@ -533,7 +557,7 @@ def _net_from_solver(text, path, ignore_unknown, warnings, phase, known_layer=No
     solver = caffe_pb2.SolverParameter()
     parser = _RecordingParser(lines, net_path=("net_param",))
     try:
-        parser.ParseLines(lines, solver)
+        parser.MergeLines(lines, solver)
     except text_format.ParseError as e:
         where, msg = _describe(path, e, text)
         raise ParseError(f"{where}: {msg} (reading the file as a Caffe solver)") from None

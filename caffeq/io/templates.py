@@ -315,12 +315,31 @@ def _input_dimension(owner, field_path, input_shapes):
     return int(given[dim]) if given is not None and dim < len(given) else None
 
 
+def _refuse_param_str_placeholders(net, path, unfilled):
+    """A Python layer's param_str that still holds a placeholder (atakigawa's `'feat_stride':
+    {{shrink_scale}}`; the defined ones were filled with the text) is refused, naming --define,
+    before the layer tries to read it; a listing leaves the layer unsized instead."""
+    for layer in net.layer:   # V1 files have no Python layer
+        text = layer.python_param.param_str if layer.HasField("python_param") else ""
+        found = _QUOTED_PLACEHOLDER.search(text)
+        if found is None:
+            continue
+        fix = f"pass --define {_name(found)}=VALUE"
+        refusal = (f"{path}: layer '{layer.name}': python_param.param_str holds the template placeholder "
+                   f"{found.group(0)}, which a script fills in before Caffe reads the file: {fix}")
+        if unfilled is None:
+            raise ParseError(refusal)
+        unfilled.setdefault(layer.name, (refusal, f"python_param.param_str holds the template placeholder "
+                                                  f"{found.group(0)}: {fix}"))
+
+
 def resolve_placeholders(net, pending, path, notes, weights_net=None, weights_path=None, input_shapes=None,
                          unfilled=None):
     """Put in each pending placeholder's value from --input-shape (an input's dimensions) or the
     weights' own net; refuse the rest clearly.  unfilled: a dict that receives {layer name: the
     refusal} for the placeholders of layers that stay unfilled instead (a listing of the net, whose
     shapes from those layers on are unknown): (the refusal, the reason without file and line)."""
+    _refuse_param_str_placeholders(net, path, unfilled)
     if not pending:
         return
     locate_placeholders(net, pending)
