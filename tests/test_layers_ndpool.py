@@ -130,7 +130,7 @@ def test_nd_pooling_bad_params(shape, params, tops, msg):
 
 
 def test_r_c3d_thumos14_reads_up_to_its_proposals(tmp_path):
-    # R-C3D's test net up to its (temporal, unsupported) proposal layer: C3D's 3-D convolutions and
+    # R-C3D's test net up to its temporal proposal layer (tests/test_layers_rc3d.py): C3D's 3-D convolutions and
     # five N-D poolings, (1, 3, 512, 112, 112) down to 64 x 1 x 1 anchors' positions
     from pathlib import Path
     text = (Path(__file__).parent / "fixtures" / "realworld" /

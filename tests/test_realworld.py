@@ -29,9 +29,6 @@ KNOWN_REFUSALS = {
     "shenfalong__styletransfer__python__prototxt__16__predict.prototxt": "unknown field 'input_blob'",
     # xiaolonw's ImageData reads image pairs (pair_size): the data shape depends on it
     "xiaolonw__caffe-video_triplet__rank_scripts__rank_alexnet__imagenet_train.prototxt": "unknown field 'pair_size'",
-    # R-C3D's 3-D ROIPooling (pooled_l, temporal_scale) and temporal ProposalLayer have no spec yet;
-    # its N-D pooling reads (tests/test_layers_ndpool.py)
-    "VisionLearningGroup__R-C3D__experiments__thumos14__test__test.prototxt": "unknown field 'pooled_l'",
     # broken for every reader (corpus3 triage): a stray typo; line 170 reads `}z`: the parser then
     # wants the `{` of a message named z
     "Nortinwell__VGG-depthwise-SSD__VGG_reduce_300.prototxt": "171:1: 'layer {': Expected \"{\".",

@@ -49,6 +49,7 @@ from . import (  # noqa: F401,E402
     psroi_align,
     pva_proposal,
     python_layers,
+    rc3d,
     rcnn,
     recurrent,
     ristretto,

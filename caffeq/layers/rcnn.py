@@ -357,11 +357,7 @@ class _ProposalBase(Layer):
         return generate_anchors(base_size, ratios, scales)
 
     def parse(self, lp):
-        if len(lp.bottom) == 2 and lp.type == "Python":
-            # R-C3D's rpn.proposal_layer has the same module and class name but proposes temporal
-            # segments: two bottoms (5-axis scores and twin deltas), rois (R, 3)
-            raise LayerError("region proposals take 3 bottoms (rpn_cls_prob_reshape, rpn_bbox_pred, im_info), "
-                             "got 2; R-C3D's temporal (twin) proposals, with 2 bottoms, have no spec")
+        # R-C3D's rpn.proposal_layer (same module and class, 2 bottoms) is claimed by rc3d.TwinProposalLayer
         kind = "region proposals" if lp.type == "Python" else lp.type
         need_blobs(lp, kind, 3, (1, 2), "rpn_cls_prob_reshape, rpn_bbox_pred, im_info")
         s = self.settings(lp)

@@ -281,7 +281,8 @@ def register_layer(*type_names, override=False):
 
 def claim_layers(type_name, looks_like):
     """Class decorator: this spec reads the `type_name` layers for which looks_like(lp) is true,
-    before the type's own spec (a fork's or a tool's layer that reuses a Caffe type name)."""
+    before the type's own spec (a fork's or a tool's layer that reuses a Caffe type name, or a
+    Python layer's "Python:<module>.<layer>" key that another project's module reuses)."""
     def deco(cls):
         if "types" not in cls.__dict__:
             cls.types = (type_name,)
@@ -309,19 +310,25 @@ def _names_a_data_layer(lp):
     return "Data" in lp.type and any(f.name.endswith("data_param") for f, _ in lp.ListFields())
 
 
+def _claimed(key, lp):
+    """The spec that claims this layer of registry key `key` (claim_layers), or None."""
+    return next((s for t, looks_like, s in _CLAIMS if t == key and looks_like(lp)), None)
+
+
 def spec_for(lp):
     """The spec of a LayerParameter, or None.  Python layers resolve by module and class
-    (see the module docstring); every other layer by its type."""
+    (see the module docstring); every other layer by its type.  A claim (claim_layers) comes first,
+    for a Python layer under its "Python:<module>.<layer>" key (R-C3D's rpn.proposal_layer)."""
     if lp.type != "Python":
-        spec = next((s for t, looks_like, s in _CLAIMS if t == lp.type and looks_like(lp)), None)
-        spec = spec or _REGISTRY.get(lp.type)
+        spec = _claimed(lp.type, lp) or _REGISTRY.get(lp.type)
         if spec is None and not len(lp.bottom) and _names_a_data_layer(lp):
             from .fork_data import (
                 UNKNOWN_FORK_DATA,  # a fork's data layer: a graph input
             )
             spec = UNKNOWN_FORK_DATA
         return spec
-    spec = _REGISTRY.get(python_layer_key(lp))
+    key = python_layer_key(lp)
+    spec = _claimed(key, lp) or _REGISTRY.get(key)
     if spec is None and not len(lp.bottom):
         spec = _REGISTRY.get("PythonData")
     return spec
