@@ -180,6 +180,8 @@ def upgrade_net(net, source="", weights=None):
         resolve_auto_crops(net, where, notes)
     if any(lp.type == "Warp" for lp in net.layer) and any(lp.type == "Grid" for lp in net.layer):
         _mark_coordinate_warps(net, notes)
+    if any(lp.type == "ROIWarping" for lp in net.layer):
+        _mark_mnc_fork_warps(net, notes)
     if len(net.input):
         _upgrade_input(net, where, notes)
     if _needs_batchnorm_upgrade(net):
@@ -213,6 +215,27 @@ def _mark_coordinate_warps(net, notes):
     if marked:
         notes.append(f"read {len(marked)} Warp layer(s) ('{marked[0]}'{', ...' if len(marked) > 1 else ''}) "
                      f"as LiteFlowNet's: their coordinates come from a Grid")
+
+
+MNC_FORK_MODULES = "multitask_network_cascades."
+
+
+def _mark_mnc_fork_warps(net, notes):
+    """caffe-mnc's ROIWarping has two forwards that no field tells apart (caffeq/layers/mnc.py).
+    delftrobotics-forks/MNC, whose Python layers live under 'multitask_network_cascades.', pinned
+    caffe-mnc 7a28ed65 while its nets used the ROIWarping type: mark its ROIWarping layers with
+    caffeq's roi_warping_param.design MAX_OF_SAMPLES (unless the layer says either way)."""
+    if not any(lp.type == "Python" and lp.python_param.module.startswith(MNC_FORK_MODULES) for lp in net.layer):
+        return
+    marked = []
+    for lp in net.layer:
+        if lp.type == "ROIWarping" and not lp.roi_warping_param.HasField("design"):
+            lp.roi_warping_param.design = caffe_pb2.ROIWarpingParameter.MAX_OF_SAMPLES
+            marked.append(lp.name)
+    if marked:
+        notes.append(f"read {len(marked)} ROIWarping layer(s) ('{marked[0]}'{', ...' if len(marked) > 1 else ''}) "
+                     f"as caffe-mnc 7a28ed65's (the max over samples across each bin): the net's Python layers "
+                     f"are delftrobotics-forks/MNC's, which ran that caffe-mnc")
 
 
 # -- V0 -> V1 -----------------------------------------------------------------

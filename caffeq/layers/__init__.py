@@ -36,6 +36,8 @@ from . import (  # noqa: F401,E402
     margin,
     mergecrop,
     misc,
+    mnc,
+    mnc_python,
     norm,
     optical_flow,
     orn,

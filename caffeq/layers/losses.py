@@ -310,6 +310,12 @@ class _ScalarLoss(_TrainingOnly):
 
 @register_layer("SigmoidCrossEntropyLoss")
 class SigmoidCrossEntropyLoss(_ScalarLoss):
+    """daijifeng001/caffe-mnc (MNC) takes an optional third bottom: a weight per element, the loss then
+    sum(weight * loss) / sum(weight) (its 3-bottom branch reads neither ignore_label nor normalization;
+    a weight sum of 0 leaves its top as it was, 0 here)."""
+
+    bottoms = (2, 3)
+
     def parse_param(self, lp):
         # unlike SoftmaxWithLoss, the default here is BATCH_SIZE
         return {"ignore_label": _label_attrs(lp, "loss_param"), "normalization": _normalization(lp, BATCH_SIZE)}
@@ -318,12 +324,21 @@ class SigmoidCrossEntropyLoss(_ScalarLoss):
         if count(in_shapes[0]) != count(in_shapes[1]):
             raise LayerError(f"SigmoidCrossEntropyLoss inputs must have the same count, got "
                              f"{list(in_shapes[0])} and {list(in_shapes[1])}")
+        if len(in_shapes) == 3 and count(in_shapes[0]) != count(in_shapes[2]):
+            raise LayerError(f"SigmoidCrossEntropyLoss: the weights (third bottom) must have the inputs' count, got "
+                             f"{list(in_shapes[0])} and {list(in_shapes[2])}")
 
-    def loss(self, attrs, x, target):
+    def loss(self, attrs, x, target, weights=None):
         t = target.reshape(x.shape)
         pos = (x >= 0).to(x.dtype)
         # Caffe's stable form of -[t log s(x) + (1 - t) log(1 - s(x))]
         per = -(x * (t - pos) - torch.log1p(torch.exp(x - 2 * x * pos)))
+        if weights is not None:
+            w = weights.reshape(x.shape).to(x.dtype)
+            total = w.sum()
+            positive = total > 0
+            return torch.where(positive, (w * per).sum() / torch.where(positive, total, torch.ones_like(total)),
+                               torch.zeros_like(total))
         valid = _valid(t.long(), attrs["ignore_label"])
         total = torch.where(valid, per, torch.zeros_like(per)).sum()
         n = x.shape[0]

@@ -1,0 +1,359 @@
+"""MNC's C++ layers (daijifeng001/caffe-mnc, "Instance-aware Semantic Segmentation via Multi-task Network
+Cascades"): ROIWarping, MaskPooling and MaskResize.  The Python layers of MNC's nets are in mnc_python.py.
+
+The fork's CPU forwards are NOT_IMPLEMENTED; what follows is its CUDA code (src/caffe/layers/*.cu).  Its
+bilinear read of a map of H rows at a float32 position y (columns likewise): a position below -0.5 or
+above H - 0.5 reads nothing; otherwise y is raised to 0 if negative, its low row is int(y), and at or past
+the last row both rows are that row with y put on it; ly = y - low, hy = 1 - ly, and the value is
+w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4 (left to right) with w1..w4 = hy*hx, hy*lx, ly*hx, ly*lx and v1..v4 the
+(low, left), (low, right), (high, left), (high, right) cells.  Everything is float32, operation by
+operation as the source writes it (the GPU build may fuse a multiply and an add: a last-bit difference).
+
+- ROIWarping (roi_warping_param: pooled_h, pooled_w, spatial_scale; bottoms data, rois (R, 5) =
+  [batch, x1, y1, x2, y2] in input pixels; top (R, C, pooled_h, pooled_w)).  Each corner times spatial_scale
+  (float32) is rounded with C's round(); the roi is max(x2 - x1, 0) wide (no + 1), bin = width / pooled_w.
+  The batch index is the first column truncated toward zero.  caffe-mnc changed the forward on 2016-10-22
+  (37e896eb, kept by d8bf82b7 and its head b7bdfee3), with MNC's nets (e2d820f: pooled 28 then a 2 x 2 max
+  Pooling where 14 had been), and nothing in a file tells the two apart, so caffeq's own
+  `roi_warping_param.design` says which:
+  - ONE_SAMPLE (since 37e896eb; unset reads this, with a note): bin (i, j) is the one bilinear sample at
+    (y1 + i * bin_h, x1 + j * bin_w); a sample off the map gives 0.
+  - MAX_OF_SAMPLES (7a28ed65, 2016-06-22, the first release; delftrobotics-forks/MNC pinned it until it
+    dropped the submodule in 2017-03, so its nets, whose Python modules are 'multitask_network_cascades.*',
+    are read so, with a note: io/upgrade.py): per axis r = ceil(size / pooled) (float32 division), step =
+    float(1.0 / r) (inf when r = 0); samples at f = i, i + step, i + 2 step, ... (float32 sums) while
+    f <= i + 1, at y1 + f * bin_h; bin (i, j) is the max over every pair of samples on the map (the kernel's
+    `val > max` from -FLT_MAX), 0 when none is.
+  A value that is not above -FLT_MAX (NaN, -inf) counts as none, as in the kernel.
+- MaskPooling (no parameter; bottoms features, masks; top shaped like the features): features (N, C, H, W)
+  times mask element n * H * W + h * W + w of the flat mask blob, which is the (N, 1, H, W) mask; a mask
+  with more channels is read as the kernel reads it (its first N * H * W values).  Caffe's Reshape checks
+  that num, height and width agree.
+- MaskResize (mask_resize_param: output_height, output_width; one bottom): output (n, c, h, w) is the
+  bilinear value at (h * (H / out_h), w * (W / out_w)) (float32 ratio, then the product), 0 past the map
+  (when upsampling more than 2x); top (N, C, output_height, output_width).
+
+The axis functions and the ROIWarping sample points run on the CPU in float32, the gathers on the input's
+device; model.py copies these very functions.  ONNX: ROIWarping ONE_SAMPLE with elementwise ops and Gather
+in the same float32 order, C's round through double; MAX_OF_SAMPLES is refused (each roi's sample count
+depends on its size).  MaskPooling: Reshape, Slice and Mul; MaskResize: Gather with constant cells and
+weights.
+"""
+import math
+
+import numpy as np
+import torch
+
+from ..errors import ExportError
+from ..io.schema import caffe_pb2
+from .affordance import _OnnxGraph
+from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer, torch_sources
+from .roi_align_forks import TORCH_ROI_ALIGN_COMMON, roi_align_batch
+from .roi_pooling import ROIS_WANTED, RoiLayerSpec, _check_roi_shapes, roi_rows
+
+DESIGNS = caffe_pb2.ROIWarpingParameter.Design
+ONE_SAMPLE, MAX_OF_SAMPLES = DESIGNS.Value("ONE_SAMPLE"), DESIGNS.Value("MAX_OF_SAMPLES")
+FLT_MAX = float(np.finfo(np.float32).max)
+
+# ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
+
+
+def mnc_bilinear_axis(at, size: int):
+    """caffe-mnc's bilinear read along one axis of `size` cells at float32 positions `at` -> (on the
+    map, low cell, high cell, weight of the high cell), each shaped like `at`."""
+    f32 = torch.float32
+    zero = torch.zeros((), dtype=f32)
+    inside = (at >= -0.5) & (at <= size - 0.5)
+    at = torch.where(inside, at, zero)
+    at = torch.where(at <= 0, zero, at)
+    low = at.long()
+    edge = low >= size - 1
+    low = torch.where(edge, torch.full_like(low, size - 1), low)
+    high = torch.where(edge, low, low + 1)
+    at = torch.where(edge, low.to(f32), at)
+    return inside, low, high, at - low.to(f32)
+
+
+def mnc_warp_points(start, size, bin_size, pooled: int, max_of_samples: bool):
+    """ROIWarping's sample positions along one axis for (R,) float32 roi starts, sizes and bin sizes ->
+    [(positions (R, pooled), taken (R, pooled))], one entry per step of the kernel's loop."""
+    f32 = torch.float32
+    k = torch.arange(pooled, dtype=f32)[None, :]
+    if not max_of_samples:
+        at = start[:, None] + k * bin_size[:, None]
+        return [(at, torch.ones(at.shape, dtype=torch.bool))]
+    ratio = torch.ceil(size / float(pooled))   # int roi_pool_ratio = ceil(size / pooled)
+    if not bool(torch.isfinite(ratio).all()) or float(ratio.max()) > 4096:
+        raise ValueError(f"ROIWarping (MAX_OF_SAMPLES): a roi takes {float(ratio.max())} samples per bin side; "
+                         f"caffeq takes at most 4096 (a roi thousands of bins across, or not finite)")
+    step = (1.0 / ratio.to(torch.float64)).to(f32)[:, None]   # 1.0 / (Dtype) ratio: double, stored as float
+    at, stop, points = k.expand(start.shape[0], pooled), k + 1.0, []
+    while True:
+        taken = at <= stop
+        if not bool(taken.any()):
+            return points
+        points.append((start[:, None] + at * bin_size[:, None], taken))
+        at = at + step
+
+
+def mnc_warp_sample(x_t, b, ys, xs, h: int, w: int):
+    """The bilinear values at (ys[r, i], xs[r, j]) in image b[r] of x_t (N, H, W, C) -> (on the map
+    (R, P, Q, 1), value (R, P, Q, C))."""
+    dev, dt = x_t.device, x_t.dtype
+    in_y, y0, y1, ly = mnc_bilinear_axis(ys, h)
+    in_x, x0, x1, lx = mnc_bilinear_axis(xs, w)
+    ly, lx = ly[:, :, None], lx[:, None, :]
+    hy, hx = 1.0 - ly, 1.0 - lx
+    bb = b.to(dev)[:, None, None]
+    val = None
+    for wt, yi, xi in ((hy * hx, y0, x0), (hy * lx, y0, x1), (ly * hx, y1, x0), (ly * lx, y1, x1)):
+        term = wt[..., None].to(dev, dt) * x_t[bb, yi.to(dev)[:, :, None], xi.to(dev)[:, None, :]]
+        val = term if val is None else val + term
+    return (in_y[:, :, None] & in_x[:, None, :])[..., None].to(dev), val
+
+
+def mnc_roi_warp(x, rois, ph: int, pw: int, spatial_scale: float, max_of_samples: bool = False):
+    """caffe-mnc's ROIWarping -> (R, C, ph, pw): one bilinear sample at each bin's start, or (7a28ed65's
+    design) the max over the samples across each bin."""
+    f32 = torch.float32
+    r = roi_rows(rois, "ROIWarping")
+    n, c, h, w = x.shape
+    if r.shape[0] == 0:
+        return x.new_zeros((0, c, ph, pw))
+    b = roi_align_batch(r, n, "ROIWarping")
+    scaled = (r[:, 1:5] * torch.tensor(spatial_scale, dtype=f32)).double()
+    corners = (torch.sign(scaled) * torch.floor(torch.abs(scaled) + 0.5)).to(f32)   # C's round()
+    zero = torch.zeros((), dtype=f32)
+    size_x = torch.fmax(corners[:, 2] - corners[:, 0], zero)
+    size_y = torch.fmax(corners[:, 3] - corners[:, 1], zero)
+    ys = mnc_warp_points(corners[:, 1], size_y, size_y / float(ph), ph, max_of_samples)
+    xs = mnc_warp_points(corners[:, 0], size_x, size_x / float(pw), pw, max_of_samples)
+    x_t = x.permute(0, 2, 3, 1)
+    best = torch.full((r.shape[0], ph, pw, c), -3.4028234663852886e38, device=x.device, dtype=x.dtype)
+    found = torch.zeros(best.shape, device=x.device, dtype=torch.bool)
+    for at_y, taken_y in ys:
+        for at_x, taken_x in xs:
+            inside, val = mnc_warp_sample(x_t, b, at_y, at_x, h, w)
+            taken = (taken_y[:, :, None] & taken_x[:, None, :])[..., None].to(x.device)
+            better = inside & taken & (val > best)
+            best = torch.where(better, val, best)
+            found = found | better
+    out = torch.where(found, best, torch.zeros((), device=x.device, dtype=x.dtype))
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+def mnc_legacy_4d(x):
+    """A blob of fewer than 4 axes as Caffe's num/channels/height/width read it: 1 past its last axis."""
+    return x.reshape(tuple(x.shape) + (1,) * (4 - x.dim())) if x.dim() < 4 else x
+
+
+def mnc_mask_pooling(x, masks):
+    """caffe-mnc's MaskPooling: x (N, C, H, W) times element n * H * W + h * W + w of the flat masks."""
+    x = mnc_legacy_4d(x)
+    n, _c, h, w = x.shape
+    return x * masks.reshape(-1)[: n * h * w].reshape(n, 1, h, w)
+
+
+def mnc_resize_axis(n_in: int, n_out: int):
+    """MaskResize's reads along one axis: output k at k * (n_in / n_out), float32 (mnc_bilinear_axis)."""
+    f32 = torch.float32
+    ratio = torch.tensor(float(n_in), dtype=f32) / torch.tensor(float(n_out), dtype=f32)
+    return mnc_bilinear_axis(torch.arange(n_out, dtype=f32) * ratio, n_in)
+
+
+def mnc_resize_tables(h: int, w: int, out_h: int, out_w: int):
+    """MaskResize's constants: (on the map (out_h, out_w), rows low/high, columns low/high, and the four
+    weights hy*hx, hy*lx, ly*hx, ly*lx, each (out_h, out_w) float32)."""
+    in_y, y0, y1, ly = mnc_resize_axis(h, out_h)
+    in_x, x0, x1, lx = mnc_resize_axis(w, out_w)
+    ly, lx = ly[:, None], lx[None, :]
+    hy, hx = 1.0 - ly, 1.0 - lx
+    return (in_y[:, None] & in_x[None, :]), (y0, y1), (x0, x1), (hy * hx, hy * lx, ly * hx, ly * lx)
+
+
+def mnc_mask_resize(x, out_h: int, out_w: int):
+    """caffe-mnc's MaskResize -> (N, C, out_h, out_w)."""
+    x = mnc_legacy_4d(x)
+    dev, dt = x.device, x.dtype
+    inside, rows, cols, weights = mnc_resize_tables(x.shape[2], x.shape[3], out_h, out_w)
+    picked = [x.index_select(2, rows[0].to(dev)), x.index_select(2, rows[1].to(dev))]
+    val = None
+    for wt, (i, j) in zip(weights, ((0, 0), (0, 1), (1, 0), (1, 1))):
+        term = wt.to(dev, dt) * picked[i].index_select(3, cols[j].to(dev))
+        val = term if val is None else val + term
+    return torch.where(inside.to(dev), val, torch.zeros((), device=dev, dtype=dt))
+
+
+TORCH_MNC_BILINEAR = torch_sources(mnc_bilinear_axis)
+TORCH_ROI_WARPING = torch_sources(mnc_warp_points, mnc_warp_sample, mnc_roi_warp)
+TORCH_MNC_LEGACY = torch_sources(mnc_legacy_4d)
+TORCH_MASK_POOLING = torch_sources(mnc_mask_pooling)
+TORCH_MASK_RESIZE = torch_sources(mnc_resize_axis, mnc_resize_tables, mnc_mask_resize)
+
+
+# ---- the specs ------------------------------------------------------------------------------
+
+UNSET_DESIGN_NOTE = ("roi_warping_param names no design: read as caffe-mnc's ROIWarping since 2016-10-22 (one "
+                     "bilinear sample at each bin's start); its first release (7a28ed65, which MNC's nets before "
+                     "then and delftrobotics-forks/MNC ran) takes the max over samples across each bin: add "
+                     "`design: MAX_OF_SAMPLES` to roi_warping_param for that one")
+
+
+@register_layer("ROIWarping")
+class ROIWarping(RoiLayerSpec):
+    roi_fn, roi_source = staticmethod(mnc_roi_warp), TORCH_ROI_WARPING
+    roi_helpers = (TORCH_ROI_ALIGN_COMMON, TORCH_MNC_BILINEAR)
+
+    def parse(self, lp):
+        need_blobs(lp, "ROIWarping", 2, 1, roles="data, rois", in_place=False)
+        p = lp.roi_warping_param
+        if p.pooled_h <= 0 or p.pooled_w <= 0:
+            raise LayerError(f"roi_warping_param.pooled_h and pooled_w must be > 0, got {p.pooled_h} x {p.pooled_w}")
+        if not math.isfinite(p.spatial_scale):
+            raise LayerError(f"roi_warping_param.spatial_scale must be a finite number, got {p.spatial_scale}")
+        return {"ph": int(p.pooled_h), "pw": int(p.pooled_w), "scale": float(p.spatial_scale),
+                "max_of_samples": p.design == MAX_OF_SAMPLES,
+                "reading_notes": [] if p.HasField("design") else [UNSET_DESIGN_NOTE]}
+
+    def infer(self, attrs, in_shapes):
+        _check_roi_shapes("ROIWarping", in_shapes)
+        s, r = in_shapes
+        return [(r[0], s[1], attrs["ph"], attrs["pw"])]
+
+    def roi_args(self, attrs):
+        extra = {"max_of_samples": True} if attrs["max_of_samples"] else {}
+        return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"], **extra}
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        if a["max_of_samples"]:
+            raise ExportError(f"layer '{node.name}' (ROIWarping): roi_warping_param design MAX_OF_SAMPLES takes "
+                              f"ceil(size / pooled) + 1 samples a side, a count each roi's size decides; ONNX "
+                              f"has no such op (ONE_SAMPLE, caffe-mnc's later design, exports)")
+        x, rois = node.inputs
+        if math.prod(ctx.shape(rois)[1:]) != 5:
+            raise ExportError(f"layer '{node.name}' (ROIWarping): {ROIS_WANTED}, the net declares "
+                              f"{list(ctx.shape(rois))}; give their shape with --input-shape")
+        _n, c, h, w = ctx.shape(x)
+        g = _OnnxGraph(ctx, node.name)
+        flat = g.op("Reshape", rois, g.i64([-1, 5]))
+        batch = g.op("Cast", g.op("Slice", flat, g.i64([0]), g.i64([1]), g.i64([1])), to=7)   # (R, 1)
+        scaled = g.op("Cast", g.op("Mul", g.op("Slice", flat, g.i64([1]), g.i64([5]), g.i64([1])),
+                                   g.f32(a["scale"])), to=11)
+        half = g.ctx.const(np.array(0.5, np.float64))
+        corners = g.op("Cast", g.op("Mul", g.op("Sign", scaled), g.op("Floor", g.op("Add", g.op("Abs", scaled), half))),
+                       to=1)   # C's round(), through double
+        col = lambda k: g.op("Slice", corners, g.i64([k]), g.i64([k + 1]), g.i64([1]))   # (R, 1)
+        x1, y1, x2, y2 = (col(k) for k in range(4))
+        in_y, y0, y1i, ly = _onnx_axis(g, y1, y2, a["ph"], h)
+        in_x, x0, x1i, lx = _onnx_axis(g, x1, x2, a["pw"], w)
+        ly, lx = g.op("Unsqueeze", ly, g.i64([2])), g.op("Unsqueeze", lx, g.i64([1]))   # (R, ph, 1), (R, 1, pw)
+        hy, hx = g.op("Sub", g.f32(1.0), ly), g.op("Sub", g.f32(1.0), lx)
+        table = g.op("Reshape", g.op("Transpose", x, perm=[0, 2, 3, 1]), g.i64([-1, c]))   # (N * H * W, C)
+        base = g.op("Unsqueeze", g.op("Mul", batch, g.i64(h * w)), g.i64([2]))   # (R, 1, 1)
+        val = None
+        for wy, wx, rows, cols in ((hy, hx, y0, x0), (hy, lx, y0, x1i), (ly, hx, y1i, x0), (ly, lx, y1i, x1i)):
+            index = g.op("Add", g.op("Add", base, g.op("Unsqueeze", g.op("Mul", rows, g.i64(w)), g.i64([2]))),
+                         g.op("Unsqueeze", cols, g.i64([1])))   # (R, ph, pw)
+            wt = g.op("Unsqueeze", g.op("Mul", wy, wx), g.i64([3]))   # (R, ph, pw, 1)
+            term = g.op("Mul", wt, g.op("Gather", table, index, axis=0))
+            val = term if val is None else g.op("Add", val, term)
+        inside = g.op("Unsqueeze", g.op("And", g.op("Unsqueeze", in_y, g.i64([2])), g.op("Unsqueeze", in_x, g.i64([1]))),
+                      g.i64([3]))
+        keep = g.op("And", inside, g.op("Greater", val, g.f32(-FLT_MAX)))
+        out = g.op("Where", keep, val, g.f32(0.0))
+        ctx.add_node("Transpose", [out], [node.outputs[0]], name=node.name, perm=[0, 3, 1, 2])
+
+
+def _onnx_axis(g, start, end, pooled, size):
+    """ONNX form of ONE_SAMPLE's mnc_warp_points and mnc_bilinear_axis for (R, 1) rounded corners ->
+    (on the map (bool), low, high (int64), weight of the high cell), each (R, pooled)."""
+    bin_size = g.op("Div", g.op("Max", g.op("Sub", end, start), g.f32(0.0)), g.f32(float(pooled)))
+    at = g.op("Add", start, g.op("Mul", g.f32(np.arange(pooled, dtype=np.float32)[None, :]), bin_size))
+    inside = g.op("And", g.op("GreaterOrEqual", at, g.f32(-0.5)), g.op("LessOrEqual", at, g.f32(size - 0.5)))
+    zero = g.f32(0.0)
+    at = g.op("Where", inside, at, zero)
+    at = g.op("Where", g.op("LessOrEqual", at, zero), zero, at)
+    low = g.op("Cast", at, to=7)
+    last = g.i64(size - 1)
+    edge = g.op("GreaterOrEqual", low, last)
+    low = g.op("Where", edge, last, low)
+    high = g.op("Where", edge, low, g.op("Add", low, g.i64(1)))
+    low_f = g.op("Cast", low, to=1)
+    at = g.op("Where", edge, low_f, at)
+    return inside, low, high, g.op("Sub", at, low_f)
+
+
+def _onnx_legacy_4d(g, name, rank):
+    """An input of fewer than 4 axes with Caffe's trailing 1s."""
+    return g.op("Unsqueeze", name, g.i64(list(range(rank, 4)))) if rank < 4 else name
+
+
+@register_layer("MaskPooling")
+class MaskPooling(Layer):
+    bottoms, tops, bottom_roles = 2, 1, "features, masks"
+
+    def infer(self, attrs, in_shapes):
+        n, c, h, w = legacy_nchw(in_shapes[0], "MaskPooling")
+        mn, _mc, mh, mw = legacy_nchw(in_shapes[1], "MaskPooling")
+        # the fork's Reshape: CHECK_EQ of height, width and num, in that order
+        for ours, theirs, what in ((h, mh, "height"), (w, mw, "width"), (n, mn, "num")):
+            if ours != theirs:
+                raise LayerError(f"MaskPooling: feature map {what} and mask {what} must be the same, "
+                                 f"got {list(in_shapes[0])} and {list(in_shapes[1])}")
+        return [(n, c, h, w)]
+
+    def forward(self, attrs, params, x, masks):
+        return mnc_mask_pooling(x, masks)
+
+    def onnx(self, ctx, node):
+        x, masks = node.inputs
+        shape = ctx.shape(x)
+        _n, _c, h, w = legacy_nchw(shape, "MaskPooling")
+        g = _OnnxGraph(ctx, node.name)
+        x4 = _onnx_legacy_4d(g, x, len(shape))
+        rows = g.op("Reshape", masks, g.i64([-1, h * w]))   # the flat masks, H * W values a row
+        first = g.op("Slice", rows, g.i64([0]), g.op("Slice", g.op("Shape", x4), g.i64([0]), g.i64([1])), g.i64([0]))
+        ctx.add_node("Mul", [x4, g.op("Reshape", first, g.i64([-1, 1, h, w]))], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        emit.helper(TORCH_MNC_LEGACY)
+        return f"{emit.helper(TORCH_MASK_POOLING)}({', '.join(emit.inputs)})"
+
+
+@register_layer("MaskResize")
+class MaskResize(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "MaskResize", 1, 1, in_place=False)
+        p = lp.mask_resize_param
+        if p.output_height <= 0 or p.output_width <= 0:
+            raise LayerError(f"mask_resize_param.output_height and output_width must be > 0, "
+                             f"got {p.output_height} x {p.output_width}")
+        return {"out_h": int(p.output_height), "out_w": int(p.output_width)}
+
+    def infer(self, attrs, in_shapes):
+        n, c, _h, _w = legacy_nchw(in_shapes[0], "MaskResize")
+        return [(n, c, attrs["out_h"], attrs["out_w"])]
+
+    def forward(self, attrs, params, x):
+        return mnc_mask_resize(x, attrs["out_h"], attrs["out_w"])
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        shape = ctx.shape(node.inputs[0])
+        _n, _c, h, w = legacy_nchw(shape, "MaskResize")
+        inside, rows, cols, weights = mnc_resize_tables(h, w, a["out_h"], a["out_w"])
+        g = _OnnxGraph(ctx, node.name)
+        x4 = _onnx_legacy_4d(g, node.inputs[0], len(shape))
+        picked = [g.op("Gather", x4, g.i64(t.numpy()), axis=2) for t in rows]
+        val = None
+        for wt, (i, j) in zip(weights, ((0, 0), (0, 1), (1, 0), (1, 1))):
+            term = g.op("Mul", g.f32(wt.numpy()), g.op("Gather", picked[i], g.i64(cols[j].numpy()), axis=3))
+            val = term if val is None else g.op("Add", val, term)
+        ctx.add_node("Where", [g.ctx.const(inside.numpy()), val, g.f32(0.0)], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        emit.helper(TORCH_MNC_BILINEAR)
+        emit.helper(TORCH_MNC_LEGACY)
+        return f"{emit.helper(TORCH_MASK_RESIZE)}({emit.inputs[0]}, {a['out_h']}, {a['out_w']})"
