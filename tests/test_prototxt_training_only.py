@@ -453,3 +453,27 @@ layer { name: "c" type: "Convolution" bottom: "data" top: "c"
         "winning (Caffe's parser refuses a field given twice)",
         "t.prototxt:7: PoolingParameter sets 'pool' a second time (AVE, then MAX); the later value is kept "
         "(Caffe's parser refuses a field given twice)"]
+
+
+def test_typographic_quotes_and_v1_type_names_read_with_notes(tmp_path):
+    # abhisw/object_identification_caffe's train_test: “Face”, "norm1” and `type: DROPOUT` in layer blocks
+    path = tmp_path / "q.prototxt"
+    path.write_text('name: \u201cnet\u201d   # a \u201ccomment\u201d stays\n'
+                    'layer { name: "drop1\u201d type: DROPOUT bottom: "x" top: "x" }\n'
+                    'layer { name: "s" type: "Softmax" bottom: "x" top: "y" include { stage: "\u201cq\u201d" } }\n')
+    warnings = []
+    net = read_prototxt(path, warnings=warnings)
+    assert net.name == "net" and (net.layer[0].name, net.layer[0].type) == ("drop1", "Dropout")
+    assert list(net.layer[1].include[0].stage) == ["\u201cq\u201d"]   # inside a string: the string's own
+    assert warnings == [
+        f"{path}:1: typographic quotes (\u201c \u201d) read as plain ones (lines 1, 2); Caffe's parser "
+        f"refuses them",
+        f"{path}:2: the V1 layer type DROPOUT in a 'layer' block read as \"Dropout\" (Caffe's parser refuses it)"]
+
+
+def test_a_saved_web_page_is_named_as_one(tmp_path):
+    path = tmp_path / "deploy.prototxt"
+    path.write_text("\n\n<!DOCTYPE html>\n<html lang=\"en\">\n")
+    with pytest.raises(ParseError, match=r"deploy.prototxt: an HTML page, not a prototxt \(a web page saved in "
+                                         r"place of the raw file\?\)$"):
+        read_prototxt(path)

@@ -280,3 +280,35 @@ def test_a_placeholder_in_a_param_str_is_listed_refused_or_defined(tmp_path):
     model = load(path, defines={"shrink_scale": 16})
     assert model.blob_shapes["rois"] == (9 * 4 * 5, 5)   # at most one row per anchor of the 4x5 map
     assert {lp.name: lp for lp in model.net.layer}["proposal"].python_param.param_str == "'feat_stride': 16"
+
+
+def test_a_missing_value_is_not_taken_for_a_placeholder(tmp_path):
+    # gtlim/Ahra's train_val: `num_output:` with its value commented out, then `weight_filler {`
+    text = """input: "data"
+input_shape { dim: 1 dim: 3 dim: 4 dim: 4 }
+layer { name: "fc" type: "InnerProduct" bottom: "data" top: "fc"
+  inner_product_param {
+    num_output:   # was 4096
+    weight_filler { type: "gaussian" } } }
+"""
+    with pytest.raises(ParseError) as e:
+        load(_write(tmp_path, "t.prototxt", text))
+    assert str(e.value).endswith("t.prototxt:6:5: a value is missing before 'weight_filler' (the field before "
+                                 "it has none)")
+
+
+# developmentseed/skynet-train's SegNet templates: a word alone on its line that a script replaces by layers
+ALONE = """name: "segnet"
+INPUT
+layer { name: "scale" type: "Power" bottom: "data" top: "out" power_param { scale: 2 } }
+"""
+
+
+def test_a_word_alone_where_fields_go_is_a_placeholder_for_text(tmp_path):
+    path = _write(tmp_path, "t.prototxt", ALONE)
+    with pytest.raises(ParseError, match=r"t.prototxt:2: 'INPUT' stands alone where fields go: a template "
+                                         r"placeholder .* or pass --define INPUT=TEXT$"):
+        load(path)
+    model = load(path, defines={"INPUT": 'input: "data" input_shape { dim: 1 dim: 2 dim: 3 dim: 4 }'})
+    assert model.inputs == {"data": (1, 2, 3, 4)} and model.blob_shapes["out"] == (1, 2, 3, 4)
+    assert any("filled the template placeholder INPUT" in w for w in model.warnings)

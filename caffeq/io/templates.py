@@ -89,6 +89,12 @@ def fill_placeholders(text, defines, path, notes):
     if "{{" in text and _FORMAT_FIELD.search(text):
         lines = _unescape_format_braces(lines, path, notes)
     for number, line in enumerate(lines):
+        alone = line.split("#", 1)[0].strip()
+        if alone in defines and _TEXT_PLACEHOLDER.match(alone) and "\"" not in line:
+            # a word alone on its line that a script replaces with text (skynet-train's `INPUT`)
+            used[alone] = used.get(alone, 0) + 1
+            lines[number] = str(defines[alone])
+            continue
         if "$" not in line and "{{" not in line and not _FORMAT_FIELD.search(line):
             continue
         spans, comment = code_spans(line)
@@ -181,6 +187,10 @@ def fill_bare_placeholder(text, bare, defines, pending, notes, path):
     line = lines[row]
     if line[col:col + len(bare.word)] != bare.word:   # not where the parser said: leave its error
         raise ParseError(str(bare))
+    if _next_char(lines, row, col + len(bare.word)) in ("{", "<", ":"):
+        # the next field's name (gtlim/Ahra's `num_output:` then `weight_filler {`): a value is missing
+        raise ParseError(f"{path}:{bare.line}:{bare.column}: a value is missing before '{bare.word}' (the field "
+                         f"before it has none)")
     if bare.wants_text:
         word, value = _text_placeholder(line[col:], bare, defines, pending, notes, path)
         lines[row] = line[:col] + _quoted(value) + line[col + len(word):]
@@ -201,6 +211,16 @@ def fill_bare_placeholder(text, bare, defines, pending, notes, path):
         value = str(sentinel)
     lines[row] = line[:col] + value + line[col + len(bare.word):]
     return "\n".join(lines)
+
+
+def _next_char(lines, row, col):
+    """The first character after lines[row][col:] that is not blank or in a comment ('' at the end)."""
+    for text in [lines[row][col:]] + lines[row + 1:]:
+        _, comment = code_spans(text)
+        rest = (text if comment is None else text[:comment]).strip()
+        if rest:
+            return rest[0]
+    return ""
 
 
 def _text_placeholder(rest, bare, defines, pending, notes, path):

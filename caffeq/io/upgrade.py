@@ -90,7 +90,7 @@ _V2_DATA_TRANSFORM_PARAMS = {"Data": "data_param", "ImageData": "image_data_para
 _TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 
 # V1 enum name -> V2 type string (UpgradeV1LayerType)
-_V1_TYPES = {
+V1_TYPE_STRINGS = {
     "NONE": "", "ABSVAL": "AbsVal", "ACCURACY": "Accuracy", "ARGMAX": "ArgMax", "BNLL": "BNLL",
     "CONCAT": "Concat", "CONTRASTIVE_LOSS": "ContrastiveLoss", "CONVOLUTION": "Convolution",
     "DECONVOLUTION": "Deconvolution", "DATA": "Data", "DROPOUT": "Dropout",
@@ -135,7 +135,7 @@ _V1_FORK_TYPES = {
     # dsisds/caffe-SPPNet
     "SPATIAL_PYRAMID_POOLING": "SpatialPyramidPooling",
 }
-_V1_TYPES.update(_V1_FORK_TYPES)
+V1_TYPE_STRINGS.update(_V1_FORK_TYPES)
 
 # Every `*_param` of V1LayerParameter has a same-named LayerParameter field;
 # Caffe copies exactly these.
@@ -448,7 +448,7 @@ def v1_type_string(v1):
     """The V2 type string of a V1 layer: Caffe's rename of its enum value, or a fork's."""
     if v1.HasField("fork_type"):
         return fork_v1_type(v1.fork_type)
-    return _V1_TYPES[caffe_pb2.V1LayerParameter.LayerType.Name(v1.type)]
+    return V1_TYPE_STRINGS[caffe_pb2.V1LayerParameter.LayerType.Name(v1.type)]
 
 
 def _upgrade_v1_layer(v1):
