@@ -472,7 +472,46 @@ def test_deconvnet_unpooling(method, param, mask, tmp_path):
 
 
 @needs_unpool
-@pytest.mark.parametrize("param, msg", [("kernel_size: 2 stride: 2", "unpool_size, or unpool_h"),
+@pytest.mark.parametrize("method, param, out", [
+    ("MAX", "kernel_size: 2 stride: 2", (8, 10)),            # objectContourDetector's form
+    ("AVE", "kernel_h: 3 kernel_w: 2 stride: 2", (9, 10)),
+], ids=["max", "ave"])
+def test_caffe_cedn_unpooling_is_sized_like_a_deconvolution(method, param, out, tmp_path):
+    # jimeiyang/objectContourDetector's caffe-cedn: no unpool_size; (size - 1) * stride + kernel - 2 * pad
+    g = np.random.default_rng(11)
+    x = g.integers(-2, 3, (2, 3, 8, 10)).astype(np.float32)
+    d = g.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    mask = method == "MAX"
+    mask_bottom = 'bottom: "m"' if mask else ""
+    layers = [('layer { name: "p" type: "Pooling" bottom: "x" top: "p" top: "m" '
+               'pooling_param { pool: MAX kernel_size: 2 stride: 2 } }'),
+              f'layer {{ name: "u" type: "Unpooling" bottom: "d" {mask_bottom} top: "u" '
+              f'unpooling_param {{ unpool: {method} {param} }} }}']
+    model = load_from_text(net(*layers, inputs={"x": x.shape, "d": d.shape}))
+    assert model.blob_shapes["u"] == (2, 3) + out
+    kh, kw, sh, sw = _geometry(param)[:4]
+    m = max_pool_mask_ref(x, 2, 2, 2, 2, 0, 0)[1] if mask else None
+    ref = deconvnet_unpool_ref(d, m, method, kh, kw, sh, sw, *out)
+    check_everywhere(model, {"x": x, "d": d}, {"u": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+    if mask:   # a pad only narrows MAX's output (AVE with a pad is refused)
+        padded = load_from_text(net(layers[0], layers[1].replace(param, "kernel_size: 3 stride: 2 pad: 1"),
+                                    inputs={"x": x.shape, "d": d.shape}))
+        assert padded.blob_shapes["u"] == (2, 3, 7, 9)   # (4 - 1) * 2 + 3 - 2, (5 - 1) * 2 + 3 - 2
+
+
+@needs_unpool
+@pytest.mark.parametrize("param, msg", [
+    ("unpool: MAX kernel_size: 2 stride: 2", "needs the max-pooling mask"),
+    ("unpool: TILE kernel_size: 2 stride: 2", "STOCHASTIC"),
+    ("unpool: AVE kernel_size: 2 pad: 1", "with pad is not supported")])
+def test_caffe_cedn_unpooling_refusals(param, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(f'layer {{ name: "u" type: "Unpooling" bottom: "x" top: "u" unpooling_param {{ {param} }} }}',
+                           inputs={"x": (1, 2, 3, 4)}))
+
+
+@needs_unpool
+@pytest.mark.parametrize("param, msg", [("kernel_size: 2 stride: 2 unpool_h: 4", "unpool_size, or unpool_h"),
                                         ("kernel_size: 2 unpool_size: 4 unpool_h: 4", "not both"),
                                         ("kernel_size: 2 pad: 1 unpool_size: 4", "pad must be 0"),
                                         ("stride: 2 unpool_size: 4", "kernel_size")])

@@ -27,6 +27,10 @@
   clipped at the output's edge), TILE adds x there; overlapping windows sum.
   (The fork's AVE and TILE never clear their top, so Caffe adds onto the
   previous forward's output from the second pass on; this is the first pass.)
+  Without unpool_size / unpool_h / unpool_w the layer is caffe-cedn's
+  (jimeiyang/objectContourDetector, same field numbers): the output is
+  (size - 1) * stride + kernel - 2 * pad, MAX needs the mask bottom, AVE as
+  above (pad 0 only here), value 2 is its unimplemented STOCHASTIC.
 - CropCenter (jolibrain/caffe, crop_center_layer.cpp): crop_size gives one
   value per axis; each axis loses that many entries at both ends (Caffe wants
   2 * crop + 1 <= size).
@@ -319,22 +323,34 @@ def unpool_spread(x, kernel: list[int], stride: list[int], out_h: int, out_w: in
     return F.pad(y, [0, out_w - y.shape[3], 0, out_h - y.shape[2]])
 
 
-class DeconvNetUnpool(nn.Module):
-    """DeconvNet's Unpooling: MAX with or without a mask bottom, AVE, TILE (see the functions)."""
+def unpooled_size(size: int, kernel: int, stride: int, pad: int) -> int:
+    """caffe-cedn's Unpooling output, sized like a deconvolution: (size - 1) * stride + kernel - 2 * pad."""
+    return (size - 1) * stride + kernel - 2 * pad
 
-    def __init__(self, method: int, kernel: list[int], stride: list[int], out_h: int, out_w: int):
+
+class DeconvNetUnpool(nn.Module):
+    """DeconvNet's Unpooling: MAX with or without a mask bottom, AVE, TILE (see the functions).
+    out_h = out_w = 0: caffe-cedn's, sized by unpooled_size with `pad`."""
+
+    def __init__(self, method: int, kernel: list[int], stride: list[int], out_h: int, out_w: int,
+                 pad: tuple = (0, 0)):
         super().__init__()
         self.method, self.kernel, self.stride, self.out_h, self.out_w = method, kernel, stride, out_h, out_w
+        self.pad = pad
 
     def forward(self, x, mask: torch.Tensor | None = None):
+        out_h, out_w = self.out_h, self.out_w
+        if out_h == 0:
+            out_h = unpooled_size(x.shape[2], self.kernel[0], self.stride[0], self.pad[0])
+            out_w = unpooled_size(x.shape[3], self.kernel[1], self.stride[1], self.pad[1])
         if self.method != 0:
-            return unpool_spread(x, self.kernel, self.stride, self.out_h, self.out_w, self.method == 1)
+            return unpool_spread(x, self.kernel, self.stride, out_h, out_w, self.method == 1)
         if mask is None:
-            mask = unpool_grid(x, self.stride, self.out_h, self.out_w)
-        return segnet_unpool(x, mask, self.out_h, self.out_w)
+            mask = unpool_grid(x, self.stride, out_h, out_w)
+        return segnet_unpool(x, mask, out_h, out_w)
 
 
-TORCH_DECONVNET_UNPOOL = torch_sources(unpool_grid, unpool_window_area, unpool_spread, DeconvNetUnpool)
+TORCH_DECONVNET_UNPOOL = torch_sources(unpool_grid, unpool_window_area, unpool_spread, unpooled_size, DeconvNetUnpool)
 
 
 @register_layer("Unpooling")
@@ -349,9 +365,24 @@ class Unpooling(Layer):
             raise LayerError("unpooling_param.kernel_size (or kernel_h/kernel_w) is required")
         kernel = spatial_params(p, 2, "kernel_size", None, min_value=1)
         stride = spatial_params(p, 2, "stride", 1, min_value=1)
-        if any(spatial_params(p, 2, "pad", 0)):
-            raise LayerError("unpooling_param.pad must be 0 (the fork implements no padding)")
+        pad = spatial_params(p, 2, "pad", 0)
         has_hw = p.HasField("unpool_h") or p.HasField("unpool_w")
+        if not p.HasField("unpool_size") and not has_hw:
+            # caffe-cedn (jimeiyang/objectContourDetector): no output size field; sized like a deconvolution
+            if method == UNPOOL_TILE:
+                raise LayerError("unpooling_param.unpool 2 without an output size: caffe-cedn's STOCHASTIC, "
+                                 "which it does not implement")
+            if method == UNPOOL_MAX and len(lp.bottom) != 2:
+                raise LayerError("caffe-cedn's MAX unpooling (no unpool_size) needs the max-pooling mask as "
+                                 "its second bottom")
+            if any(pad) and method == UNPOOL_AVE:
+                raise LayerError("caffe-cedn's AVE unpooling with pad is not supported")
+            if any(pd >= k for pd, k in zip(pad, kernel)):
+                raise LayerError(f"unpooling_param.pad {list(pad)} must be below the kernel {list(kernel)}")
+            return {"method": method, "kernel": kernel, "stride": stride, "out": None, "pad": pad,
+                    "mask": len(lp.bottom) == 2}
+        if any(pad):
+            raise LayerError("unpooling_param.pad must be 0 (the fork implements no padding)")
         if p.HasField("unpool_size") and not has_hw:
             out = (int(p.unpool_size),) * 2
         elif p.HasField("unpool_h") and p.HasField("unpool_w") and not p.HasField("unpool_size"):
@@ -360,8 +391,15 @@ class Unpooling(Layer):
             raise LayerError("unpooling_param needs unpool_size, or unpool_h and unpool_w (not both forms)")
         if min(out) < 1:
             raise LayerError(f"unpooling_param output size must be >= 1, got {list(out)}")
-        return {"method": method, "kernel": kernel, "stride": stride, "out": out,
+        return {"method": method, "kernel": kernel, "stride": stride, "out": out, "pad": (0, 0),
                 "mask": len(lp.bottom) == 2}
+
+    @staticmethod
+    def _out(attrs, shape):
+        if attrs["out"] is not None:
+            return attrs["out"]
+        return tuple(unpooled_size(int(n), k, s, pd) for n, k, s, pd in
+                     zip(shape[2:], attrs["kernel"], attrs["stride"], attrs["pad"]))
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
@@ -369,10 +407,10 @@ class Unpooling(Layer):
             raise LayerError(f"Unpooling needs a 4-axis input, got {list(s)}")
         if attrs["mask"] and tuple(in_shapes[1]) != s:
             raise LayerError(f"the mask {list(in_shapes[1])} must be shaped like the data {list(s)}")
-        return [s[:2] + attrs["out"]]
+        return [s[:2] + self._out(attrs, s)]
 
     def forward(self, attrs, params, x, mask=None):
-        oh, ow = attrs["out"]
+        oh, ow = self._out(attrs, x.shape)
         if attrs["method"] != UNPOOL_MAX:
             return unpool_spread(x, list(attrs["kernel"]), list(attrs["stride"]), oh, ow,
                                  attrs["method"] == UNPOOL_AVE)
@@ -387,7 +425,7 @@ class Unpooling(Layer):
         a = node.attrs
         x, out = node.inputs[0], node.outputs[0]
         _, c, h, w = (int(d) for d in ctx.shape(x))
-        oh, ow = a["out"]
+        oh, ow = self._out(a, ctx.shape(x))
         k, s = a["kernel"], a["stride"]
         if a["method"] == UNPOOL_MAX:
             mask = node.inputs[1] if a["mask"] else None
@@ -418,8 +456,8 @@ class Unpooling(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.instance(TORCH_DECONVNET_UNPOOL, a["method"], list(a["kernel"]), list(a["stride"]), *a["out"],
-                          needs=[TORCH_SEGNET_UNPOOL])
+        m = emit.instance(TORCH_DECONVNET_UNPOOL, a["method"], list(a["kernel"]), list(a["stride"]),
+                          *(a["out"] or (0, 0)), tuple(a["pad"]), needs=[TORCH_SEGNET_UNPOOL])
         return f"{m}({', '.join(emit.inputs)})"
 
 
