@@ -642,3 +642,12 @@ def test_opencv_ports_bn_scale_and_shift_are_initial_values():
                               warnings=warnings)
     assert net.layer[0].bn_param.bn_mode == caffe_pb2.BNParameter.INFERENCE
     assert any("'scale'" in w and "filler" in w for w in warnings)
+
+
+def test_doobnet_label_files_read_from_h5():
+    # GuoxiaWang/DOOBNet's train_val (and yuzhegao/ofnet's): ImageLabelmapData with h5 label files
+    layers = _layers('''layer { name: "data" type: "ImageLabelmapData" top: "data" top: "label"
+  image_data_param { source: "train.lst" batch_size: 1 data_type: "h5" gt_edge_sampling_threshold: 0.3 } }''')
+    p = layers["data"].image_data_param
+    assert (p.data_type, p.gt_edge_sampling_threshold) == ("h5", pytest.approx(0.3))
+    assert caffe_pb2.ImageDataParameter().data_type == "img"
