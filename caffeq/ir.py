@@ -9,6 +9,7 @@ plain name instead, and its later versions take the `@layer` suffix.
 import math
 import os
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from .input_fit import fitting_input_hint
 from .io.schema import caffe_pb2
 from .layers import require_specs, spec_for
 from .layers.common import Sink
+from .layers.misc import replace_unit_axis_embeds
 from .layers.pooling import darknet_kept_size_pools, is_darknet_kept_size_pool
 from .layers.registry import ForkReading, LayerError, MissingInputShape
 from .training_layers import drop_training_only
@@ -275,7 +277,13 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
             except (LayerError, ShapeError) as e:
                 label = next((i for i in in_ids if i in guessed_labels), None)
                 if label is None:
-                    pool = _shrinking_pool(lp, in_ids, nodes) if lp.type in ("Concat", "Eltwise") else None
+                    joins = lp.type in ("Concat", "Eltwise")
+                    embeds = _unit_axis_embeds(in_ids, nodes, shapes) if joins else []
+                    if embeds:
+                        raise ForkReading(f"{e}; Embed {', '.join(repr(n) for n in embeds)} appends an axis to a "
+                                          f"last axis of size 1, where bottom-up-attention's Embed replaces it",
+                                          partial(replace_unit_axis_embeds, embeds)) from None
+                    pool = _shrinking_pool(lp, in_ids, nodes) if joins else None
                     if pool is None:
                         raise
                     # the Caffe darknet2caffe's nets run in keeps that map's size: built again so, once
@@ -489,6 +497,20 @@ def _shrinking_pool(lp, in_ids, nodes):
             return node
         todo.extend(node.inputs)
     return None
+
+
+def _unit_axis_embeds(in_ids, nodes, shapes):
+    """Names of the Embed layers that make the given tensors (directly) from indexes whose last axis
+    is 1 (an ArgMax's (R, 1)), read the BVLC way: bottom-up-attention's Embed gives (R, E) there."""
+    by_output = {tid: n for n in nodes for tid in n.outputs}
+    found = []
+    for tid in in_ids:
+        node = by_output.get(tid)
+        if node is not None and node.type == "Embed" and not node.attrs["replace_unit_axis"]:
+            shape = shapes.get(node.inputs[0])
+            if shape and shape[-1] == 1 and node.name not in found:
+                found.append(node.name)
+    return found
 
 
 def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_ok, unsized):

@@ -325,6 +325,26 @@ def test_embed_without_bias_and_truncated_indices():
     assert y.shape == (2, 3, 4)
 
 
+def test_embed_of_a_unit_last_axis_reads_as_bottom_up_attention_where_the_net_needs_it(tmp_path):
+    # peteanderson80/bottom-up-attention's test nets: ArgMax (axis 1) gives (R, 1), its Embed gives (R, E)
+    # (a last axis of 1 replaced), which the Concat with fc7 (R, F) needs; BVLC's (R, 1, E) does not fit
+    from conftest import check_everywhere
+    w, b = randn(6, 3), randn(3)
+    layers = ['layer { name: "am" type: "ArgMax" bottom: "score" top: "cls" argmax_param { axis: 1 } }',
+              'layer { name: "emb" type: "Embed" bottom: "cls" top: "e" embed_param { num_output: 3 input_dim: 6 } }',
+              'layer { name: "cat" type: "Concat" bottom: "fc7" bottom: "e" top: "y" }']
+    model = build([("score", (4, 6)), ("fc7", (4, 5))], layers, {"emb": [w, b]})
+    assert model.blob_shapes["e"] == (4, 3) and model.blob_shapes["y"] == (4, 8)
+    assert any("Embed 'emb' replaces its indexes' last axis of size 1 by num_output, as bottom-up-attention's "
+               "Caffe does" in note for note in model.warnings)
+    score, fc7 = randn(4, 6), randn(4, 5)
+    ref = np.concatenate([fc7, w[score.argmax(1)] + b], axis=1)
+    check_everywhere(model, {"score": score, "fc7": fc7}, {"y": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+    # the BVLC reading stays wherever the net fits it
+    bvlc = build([("score", (4, 6))], layers[:2])
+    assert bvlc.blob_shapes["e"] == (4, 1, 3) and not any("bottom-up" in note for note in bvlc.warnings)
+
+
 def test_embed_index_out_of_range_is_a_data_error():
     model = build([("ids", (1, 2))], ['layer { name: "emb" type: "Embed" bottom: "ids" top: "y" embed_param { '
                                       'num_output: 2 input_dim: 4 } }'])

@@ -230,6 +230,16 @@ class Reduction(Layer):
 
 # ---- Embed -----------------------------------------------------------------------------
 
+def replace_unit_axis_embeds(names, net):
+    """ForkReading rewrite: the Embed layers named read as peteanderson80/bottom-up-attention's
+    (embed_layer.cpp: a last axis of size 1 is replaced by num_output, not kept).  Returns the note."""
+    for lp in net.layer:
+        if lp.type == "Embed" and lp.name in names:
+            lp.embed_param.replace_unit_axis = True
+    return (f"Embed {', '.join(repr(n) for n in names)} replaces its indexes' last axis of size 1 by num_output, "
+            f"as bottom-up-attention's Caffe does (BVLC appends an axis): the only reading the net's shapes fit")
+
+
 @register_layer("Embed")
 class Embed(Layer):
     blob_names = ("weight", "bias")
@@ -242,11 +252,16 @@ class Embed(Layer):
         if p.input_dim < 1:
             raise LayerError("embed_param.input_dim must be positive")
         return {"num_output": int(p.num_output), "input_dim": int(p.input_dim),
-                "bias_term": bool(p.bias_term)}
+                "bias_term": bool(p.bias_term), "replace_unit_axis": bool(p.replace_unit_axis)}
 
     def infer(self, attrs, in_shapes):
         need_bottom_count(in_shapes, 1, "Embed")
-        return [tuple(in_shapes[0]) + (attrs["num_output"],)]
+        s = tuple(in_shapes[0])
+        if attrs["replace_unit_axis"] and s and s[-1] == 1:   # bottom-up-attention's Reshape
+            attrs["squeeze"] = True
+            return [s[:-1] + (attrs["num_output"],)]
+        attrs["squeeze"] = False
+        return [s + (attrs["num_output"],)]
 
     def param_shapes(self, attrs, in_shapes):
         shapes = [(attrs["input_dim"], attrs["num_output"])]
@@ -261,12 +276,16 @@ class Embed(Layer):
             if bool(((idx < 0) | (idx >= k)).any()):
                 bad = idx[(idx < 0) | (idx >= k)][0]
                 raise DataError(f"Embed: index {int(bad)} is outside [0, {k}) (input_dim)")
-        y = F.embedding(idx, params[0])
+        y = F.embedding(idx.squeeze(-1) if attrs.get("squeeze") else idx, params[0])
         return y + params[1] if attrs["bias_term"] else y
 
     def onnx(self, ctx, node):
         idx = ctx.tmp(node.name + "_idx")
         ctx.add_node("Cast", [node.inputs[0]], [idx], to=7)  # INT64, truncating like Caffe
+        if node.attrs.get("squeeze"):   # the unit last axis goes before the rows come
+            squeezed = ctx.tmp(node.name + "_idx_squeezed")
+            ctx.add_node("Squeeze", [idx, ctx.const(np.array([-1], np.int64))], [squeezed])
+            idx = squeezed
         if not node.attrs["bias_term"]:
             ctx.add_node("Gather", [ctx.weight(node, 0), idx], [node.outputs[0]], name=node.name, axis=0)
             return
@@ -278,7 +297,8 @@ class Embed(Layer):
         a = node.attrs
         m = emit.module(f"nn.Embedding({a['input_dim']}, {a['num_output']})")
         emit.param("weight", 0)
-        y = f"{m}({emit.inputs[0]}.long())"  # Caffe truncates the float indexes
+        squeeze = ".squeeze(-1)" if a.get("squeeze") else ""   # bottom-up-attention's Embed
+        y = f"{m}({emit.inputs[0]}.long(){squeeze})"  # Caffe truncates the float indexes
         if not a["bias_term"]:
             return y
         attr = emit.extra_attr("bias")
