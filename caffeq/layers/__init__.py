@@ -41,6 +41,7 @@ from . import (  # noqa: F401,E402
     norm,
     optical_flow,
     orn,
+    periodic_shuffle,
     pixelnet,
     plugin_standins,
     pooling,
