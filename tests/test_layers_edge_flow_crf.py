@@ -336,6 +336,27 @@ def test_dense_crf_infers_deeplabs_shapes_and_refuses_to_run(tmp_path):
         (2, 5, 6, 7)
 
 
+CCNN_CRF = ('layer { name: "crf" type: "DenseCRF" bottom: "scores" bottom: "img" top: "o" '
+            'densecrf_param { x_gauss: 19 y_gauss: 19 wt_gauss: 15 x_bilateral: 61 y_bilateral: 61 '
+            'r_bilateral: 10 g_bilateral: 10 b_bilateral: 10 wt_bilateral: 35 } }')
+
+
+def test_ccnn_dense_crf_gives_the_label_map_and_refuses_to_run(tmp_path):
+    # pathak22/ccnn's fcn_8s deploy: caffe-ccnn's DenseCRF labels each pixel, top (N, 1, H, W)
+    shapes = {"scores": (2, 21, 6, 7), "img": (2, 3, 6, 7)}
+    model = load_from_text(net(CCNN_CRF, inputs=shapes))
+    assert model.graph.tensors["o"].shape == (2, 1, 6, 7)
+    assert model.net.layer[-1].densecrf_param.wt_bilateral == 35
+    with pytest.raises(CaffeqError, match="'crf' .DenseCRF.*CCNN's fully connected CRF"):
+        model.run({k: np.zeros(s, np.float32) for k, s in shapes.items()})
+    with pytest.raises(ExportError, match="'crf' .DenseCRF"):
+        model.export_onnx(str(tmp_path / "m.onnx"))
+    # the fork's Reshape checks: the image's N, H, W, and no more channels than classes (bottoms in order)
+    for img in [(2, 3, 6, 8), (2, 22, 6, 7)]:
+        with pytest.raises(LayerError, match="takes the scores .N, C, H, W. then the image"):
+            load_from_text(net(CCNN_CRF, inputs={"scores": (2, 21, 6, 7), "img": img}))
+
+
 @pytest.mark.parametrize("image, bilateral, shapes, msg", [
     ('bottom: "img"', "", {"img": (1, 3, 4, 4)}, "needs the bilateral terms"),
     ('bottom: "img"', "bi_w: 4 bi_xy_std: 50", {"img": (1, 3, 4, 4)}, "come in threes"),

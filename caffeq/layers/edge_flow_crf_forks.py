@@ -33,6 +33,8 @@
   bi_xy_std / bi_rgb_std, output_probability): bottoms (scores, image size, image), the image
   optional without bilateral terms; top = the scores' shape.  Its fully connected CRF inference
   (permutohedral lattice) has no implementation here either: read, sized, refused to run.
+  CCNN's (pathak22/caffe-ccnn, `densecrf_param`): bottoms (scores, image), top the label map
+  (N, 1, H, W); read, sized, refused to run likewise.
 """
 import numpy as np
 import torch
@@ -247,6 +249,9 @@ class MultiStageMeanfield(ReadOnlyLayer):
 @register_layer("DenseCRF")
 class DenseCRF(ReadOnlyLayer):
     def parse(self, lp):
+        if lp.HasField("densecrf_param"):   # CCNN's: (scores, image) -> the label map
+            need_blobs(lp, lp.type, 2, roles="scores, image")
+            return {"name": lp.name, "ccnn": True}
         need_blobs(lp, lp.type, (2, 3))
         p = lp.dense_crf_param
         if len(p.pos_w) != len(p.pos_xy_std):
@@ -257,12 +262,18 @@ class DenseCRF(ReadOnlyLayer):
             raise LayerError("dense_crf_param: an image bottom needs the bilateral terms (bi_w, bi_xy_std, "
                              "bi_rgb_std), as the fork checks")
         return {"name": lp.name, "iterations": int(p.max_iter), "image": len(lp.bottom) == 3,
-                "probability": bool(p.output_probability)}
+                "probability": bool(p.output_probability), "ccnn": False}
 
     def infer(self, attrs, in_shapes):
         scores = tuple(in_shapes[0])
         if len(scores) != 4:
             raise LayerError(f"DenseCRF needs 4-axis scores (N, C, H, W), got {list(scores)}")
+        if attrs["ccnn"]:   # caffe-ccnn's Reshape: the image's N, H, W; at least as many classes as channels
+            image = tuple(in_shapes[1])
+            if len(image) != 4 or (image[0],) + image[2:] != (scores[0],) + scores[2:] or image[1] > scores[1]:
+                raise LayerError(f"CCNN's DenseCRF takes the scores (N, C, H, W) then the image (N, <= C, H, W), "
+                                 f"got {list(scores)} and {list(image)}")
+            return [(scores[0], 1) + scores[2:]]
         if any(s[0] != scores[0] for s in in_shapes[1:]):
             raise LayerError(f"DenseCRF's bottoms must share N: {[list(s) for s in in_shapes]}")
         if attrs["image"]:
@@ -273,6 +284,10 @@ class DenseCRF(ReadOnlyLayer):
         return [scores]
 
     def why_not_run(self, attrs):
+        if attrs["ccnn"]:
+            return ("CCNN's fully connected CRF (caffe-ccnn's densecrf, Kraehenbuehl's permutohedral lattice) "
+                    "labels each pixel; caffeq does not implement it: the net reads and its shapes are known, but "
+                    "it cannot run or be exported (take the scores before it)")
         return ("DeepLab's fully connected CRF infers with a permutohedral lattice, which caffeq does not "
                 "implement; the net reads and its shapes are known, but it cannot run or be exported (take the "
                 "scores before it)")
