@@ -410,13 +410,31 @@ def test_v2_data_layer_with_deprecated_fields_gets_a_note():
     assert any("ignored by Caffe" in n and "scale" in n for n in notes)
 
 
-def test_layer_and_layers_together_is_an_error(tmp_path):
-    text = ('layer { name: "a" type: "ReLU" bottom: "x" top: "x" } '
-            'layers { name: "b" type: RELU bottom: "x" top: "x" }')
+def test_layer_and_v1_layers_together_read_in_file_order(tmp_path):
+    # Caffe refuses the mix (UpgradeV1Net); files that mix them (KaijunGao's, abby621/tripletloss's)
+    # mean their blocks in order: the V1 ones are upgraded where they stand, with a note
+    text = ('layer { name: "a" type: "ReLU" bottom: "x" top: "x" }\n'
+            'layers { name: "b" type: POWER bottom: "x" top: "x" power_param { scale: 2 } }\n'
+            'layer { name: "c" type: "TanH" bottom: "x" top: "y" }\n'
+            'layers { name: "d" type: DATA top: "z" data_param { source: "s" scale: 0.5 } }')
+    warnings = []
+    net = parse_prototxt_text(text, path="mixed.prototxt", warnings=warnings)
+    assert [(lp.name, lp.type) for lp in net.layer] == [("a", "ReLU"), ("b", "Power"), ("c", "TanH"), ("d", "Data")]
+    assert net.layer[1].power_param.scale == 2 and not len(net.layers)
+    assert net.layer[3].transform_param.scale == 0.5   # V1's deprecated fields moved, as for a V1 net
+    assert warnings == ["mixed.prototxt: mixes 'layer' blocks with 2 legacy V1 'layers' block(s), which Caffe "
+                        "refuses to upgrade; read the V1 ones upgraded where they stand"]
+    # V0 entries among 'layer' ones, and a mix not read from text (a binary net), stay refused
+    v0 = 'layer { name: "a" type: "ReLU" bottom: "x" top: "x" } layers { layer { name: "b" type: "relu" } }'
     with pytest.raises(ParseError, match=r"mixed\.prototxt: defines both 'layer'"):
-        upgraded(text, "mixed.prototxt")
+        upgraded(v0, "mixed.prototxt")
+    binary = caffe_pb2.NetParameter()
+    binary.layer.add(name="a", type="ReLU")
+    binary.layers.add(name="b", type=caffe_pb2.V1LayerParameter.RELU)
+    with pytest.raises(ParseError, match="defines both 'layer'"):
+        upgrade_net(binary, source="net.caffemodel")
     p = tmp_path / "mixed.prototxt"
-    p.write_text(text)
+    p.write_text(v0)
     with pytest.raises(ParseError, match="mixed.prototxt"):
         caffeq.load(p)
 
@@ -522,7 +540,7 @@ def test_cli_truncated_caffemodel_writes_nothing(tmp_path):
 def test_cli_bad_inputs(tmp_path, capsys):
     mixed = tmp_path / "mixed.prototxt"
     mixed.write_text('layer { name: "a" type: "ReLU" bottom: "x" top: "x" } '
-                     'layers { name: "b" type: RELU bottom: "x" top: "x" }')
+                     'layers { layer { name: "b" type: "relu" } bottom: "x" top: "x" }')
     assert_one_error_line(cli(mixed, "-o", tmp_path / "n.prototxt"), str(mixed), "both 'layer'")
     assert_one_error_line(cli_here(capsys, V1_CASE.prototxt, "-w", V1_CASE.weights,
                                    "-o", tmp_path / "n.prototxt"), "--weights-out")

@@ -23,7 +23,7 @@ from google.protobuf import text_format
 from ..errors import ParseError
 from .schema import caffe_pb2
 from .templates import BarePlaceholder, code_spans, fill_bare_placeholder, fill_placeholders, resolve_placeholders
-from .upgrade import V1_TYPE_STRINGS, fork_v1_type, v1_type_string
+from .upgrade import V1_TYPE_STRINGS, fork_v1_type, upgrade_mixed_layers, v1_type_string
 
 _UNKNOWN_FIELD = re.compile(r'has no field named "([^"]+)"|has no value named')
 _LINE_COL = re.compile(r"^(\d+):(\d+)\s*:\s*(.*)$", re.DOTALL)
@@ -93,6 +93,8 @@ class _FieldPicker(text_format._Parser):
         self.notes = []
         self._has_3d_layers = any(_3D_LAYERS.search(x) for x in self.lines)
         self._fork_types = set()   # fork V1 enum names already noted
+        self.block_order = []      # "layer" / "layers", in the order the net's blocks come
+        self._depth = 0
 
     def _MergeMessageField(self, tokenizer, message, field):
         options = _SHARED_NAMES.get((message.DESCRIPTOR.full_name, field.name))
@@ -102,7 +104,13 @@ class _FieldPicker(text_format._Parser):
             self.notes.append(f"{tokenizer._line + 1}: {message.DESCRIPTOR.name} sets '{field.name}' a second "
                               f"time; the two blocks are merged, later fields winning (Caffe's parser "
                               f"refuses a field given twice)")
-        super()._MergeMessageField(tokenizer, message, field)
+        if not self._depth and field.name in ("layer", "layers") and isinstance(message, caffe_pb2.NetParameter):
+            self.block_order.append(field.name)
+        self._depth += 1
+        try:
+            super()._MergeMessageField(tokenizer, message, field)
+        finally:
+            self._depth -= 1
 
     def _note_second_value(self, tokenizer, message, field):
         """The note for a singular scalar set again (called before the new value is read)."""
@@ -555,6 +563,7 @@ def _parse(text, message, path, ignore_unknown, warnings, phase, known_layer):
         picker = _FieldPicker(lines)
         picker.MergeLines(lines, message)
         _add_notes(picker, path, warnings)
+        _interleave(message, picker, path, warnings)
         return message
     except text_format.ParseError as e:
         if not _UNKNOWN_FIELD.search(str(e)):
@@ -571,7 +580,21 @@ def _parse(text, message, path, ignore_unknown, warnings, phase, known_layer):
         return message
     _report(parser.unknown, message, path, _PHASES[phase], ignore_unknown, warnings, known_layer)
     _add_notes(parser, path, warnings)
+    _interleave(message, parser, path, warnings)
     return message
+
+
+def _interleave(message, parser, path, warnings):
+    """A net that mixes 'layer' and V1 'layers' blocks (which Caffe refuses to upgrade) gets its V1
+    entries upgraded in place, in the order the file gives the blocks, with a note."""
+    if not isinstance(message, caffe_pb2.NetParameter) or not (len(message.layer) and len(message.layers)):
+        return
+    if any(v1.HasField("layer") for v1 in message.layers):
+        return   # V0 entries: upgrade_net refuses the mix
+    count = upgrade_mixed_layers(message, parser.block_order)
+    if warnings is not None:
+        warnings.append(f"{path}: mixes 'layer' blocks with {count} legacy V1 'layers' block(s), which Caffe "
+                        f"refuses to upgrade; read the V1 ones upgraded where they stand")
 
 
 def _add_notes(parser, path, warnings):

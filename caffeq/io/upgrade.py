@@ -487,6 +487,26 @@ def _upgrade_v1_layer(v1):
     return lp
 
 
+def upgrade_mixed_layers(net, block_order):
+    """A net holding both 'layer' and V1 'layers' entries: each V1 entry upgraded (its deprecated
+    transform fields moved first, as for a V1 net) and put back among the 'layer' ones in
+    block_order, the sequence of "layer" / "layers" blocks as the file wrote them.  Returns how many."""
+    v1_net = caffe_pb2.NetParameter()
+    v1_net.layers.extend(net.layers)
+    if _needs_data_upgrade(v1_net):
+        _upgrade_data_transformation(v1_net)
+    upgraded = iter([_upgrade_v1_layer(v1) for v1 in v1_net.layers])
+    current = iter(list(net.layer))
+    if sorted(block_order) != sorted(["layer"] * len(net.layer) + ["layers"] * len(net.layers)):
+        block_order = ["layer"] * len(net.layer) + ["layers"] * len(net.layers)   # not from a text file
+    merged = [next(upgraded) if kind == "layers" else next(current) for kind in block_order]
+    count = len(net.layers)
+    net.ClearField("layers")
+    net.ClearField("layer")
+    net.layer.extend(merged)
+    return count
+
+
 def _upgrade_v1(net, where, notes):
     """V1 net -> V2 net (UpgradeV1Net). Returns the number of layers upgraded."""
     v1_layers = list(net.layers)
