@@ -652,11 +652,3 @@ def test_doobnet_label_files_read_from_h5():
     assert (p.data_type, p.gt_edge_sampling_threshold) == ("h5", pytest.approx(0.3))
     assert caffe_pb2.ImageDataParameter().data_type == "img"
 
-
-def test_intel_caffes_net_engine_reads():
-    # amirgholami/SqueezeNext's train_val: Intel Caffe's net-wide `engine: "MKL2017"`
-    net = parse_prototxt_text('name: "sqnxt"\nengine: "MKL2017"\nbn_stats_batch_size: 32\n'
-                              'layer { name: "r" type: "ReLU" bottom: "x" top: "x" }')
-    assert (net.engine, net.bn_stats_batch_size, len(net.layer)) == ("MKL2017", 32, 1)
-    fields = caffe_pb2.NetParameter.DESCRIPTOR.fields_by_name
-    assert (fields["engine"].number, fields["bn_stats_batch_size"].number) == (9, 11)

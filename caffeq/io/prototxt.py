@@ -297,6 +297,9 @@ _FORK_FIELD_GROUPS = [
     # intel/caffe 44d5363 caffe.proto NetParameter 9-11, 101
     ("NetParameter", _TEST_ONLY, "Intel Caffe's BatchNorm statistics batch and multi-node training",
      "bn_stats_batch_size", "multinode"),
+    # its 9 is Cysu/caffe's richness below; the engine picks implementations of the same layers
+    ("NetParameter", _ANY_PHASE, "Intel Caffe's engine for every layer (its choice of implementation)",
+     "engine"),
     # Cysu/caffe ab98582 (domain-guided-dropout) NetParameter.richness = 9
     ("NetParameter", _ANY_PHASE, "Cysu/caffe's cuDNN workspace limit (MB)", "richness"),
     # yjxiong/caffe and Cysu/caffe@faster-rcnn: NetParameter.mem_param = 200
