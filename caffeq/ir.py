@@ -287,9 +287,10 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
                     if pool is None:
                         raise
                     # the Caffe darknet2caffe's nets run in keeps that map's size: built again so, once
+                    change = "larger" if any(pool.attrs["pad"]) else "smaller"
                     raise ForkReading(f"{e}; layer '{pool.name}' (Pooling, {pool.attrs['kernel'][0]}x"
-                                      f"{pool.attrs['kernel'][1]}, stride 1, no pad) makes its map one smaller, "
-                                      f"where darknet's maxpool of that size keeps it",
+                                      f"{pool.attrs['kernel'][1]}, stride 1, pad {pool.attrs['pad'][0]}) makes its "
+                                      f"map one {change}, where darknet's maxpool of that size keeps it",
                                       darknet_kept_size_pools) from None
                 why = _guessed_label_reason(temp_blob[label], guessed_labels[label], shapes[label])
                 if not unknown_shapes_ok:

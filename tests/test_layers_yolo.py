@@ -636,6 +636,14 @@ def test_darknet_stride_one_maxpool_keeps_the_map_size_where_only_that_fits(tmp_
     # where BVLC's shapes fit, BVLC's pooling stays (a lone stride-1 pool shrinks the map by one)
     alone = load_from_text(TINY.split('layer { name: "up"')[0])
     assert alone.blob_shapes["pool2"] == (1, 2, 2, 4) and not any("keep their map" in w for w in alone.warnings)
+    # hdchenjian/MXNet2Caffe's yolov3-tiny writes darknet's padding 1 as pad 1, which BVLC pads on both
+    # sides (one larger): read the same way where only that fits
+    padded = load_from_text(TINY.replace("stride: 1 pad: 0", "stride: 1 pad_h: 1 pad_w: 1"))
+    assert padded.blob_shapes["pool2"] == (1, 2, 3, 5)
+    for backend, got in backend_outputs(padded, {"data": x}, tmp_path).items():
+        assert_close(got, ref, 0, 0, backend)
+    padded_alone = load_from_text(TINY.replace("stride: 1 pad: 0", "stride: 1 pad: 1").split('layer { name: "up"')[0])
+    assert padded_alone.blob_shapes["pool2"] == (1, 2, 4, 6)
 
 
 # ---- Upsample as Huawei Ascend's ATC extension and darknet's [upsample] write it --------------------

@@ -122,13 +122,15 @@ def pooling_geometry(attrs, nsp):
 
 
 def is_darknet_kept_size_pool(attrs):
-    """A 2-D MAX pooling of stride 1, an even kernel and no pad: what darknet converters write for
-    darknet's maxpool of that size, which keeps the map's size (see darknet_kept_size_pools)."""
+    """A 2-D MAX pooling of stride 1, an even kernel and no pad, or a pad of kernel - 1 (darknet's
+    own `padding`, the total over both sides, as hdchenjian/MXNet2Caffe's yolov3-tiny writes it):
+    what darknet converters write for darknet's maxpool of that size, which keeps the map's size
+    (see darknet_kept_size_pools)."""
     kernel = attrs.get("kernel")
     return (attrs.get("pool") == MAX and not attrs.get("global") and attrs.get("edge") is None
             and attrs.get("fork") is None and kernel is not None and len(kernel) == 2
             and kernel[0] == kernel[1] and kernel[0] % 2 == 0 and tuple(attrs["stride"]) == (1, 1)
-            and not any(attrs["pad"]))
+            and (not any(attrs["pad"]) or tuple(attrs["pad"]) == (kernel[0] - 1,) * 2))
 
 
 def darknet_kept_size_pools(net):
@@ -147,8 +149,8 @@ def darknet_kept_size_pools(net):
         except LayerError:
             continue
         if is_darknet_kept_size_pool(attrs):
-            for zero in ("pad", "pad_h", "pad_w"):   # 0 where written; the fork's fields stand alone
-                lp.pooling_param.ClearField(zero)
+            for pad in ("pad", "pad_h", "pad_w"):   # darknet's padding is the fork's pad_b / pad_r
+                lp.pooling_param.ClearField(pad)
             lp.pooling_param.pad_b = lp.pooling_param.pad_r = 1
             marked.append(lp.name)
     return (f"the MAX pools {', '.join(repr(n) for n in marked)} (stride 1, even kernel) keep their map's size, "
