@@ -59,6 +59,7 @@ from . import (  # noqa: F401,E402
     roi_align_forks,
     roi_pooling,
     rrpn,
+    rstar_cnn,
     rtpose,
     segmentation,
     sequence,
