@@ -300,9 +300,18 @@ def test_large_margin_single_matches_the_fork(tmp_path):
         np.testing.assert_allclose(got["lam"], [lam], rtol=1e-6, err_msg=backend)
 
 
-def test_large_margin_refuses_the_training_types():
-    with pytest.raises(CaffeqError, match="largemargin_inner_product_param.type QUADRUPLE"):
-        load_from_text(lm_net("num_output: 6 type: QUADRUPLE"))
+def test_large_margin_training_types_read_and_size_but_do_not_run(tmp_path):
+    # liyantett's micro-expression train nets: type DOUBLE sizes as SINGLE; running needs the label's margin
+    model = load_from_text(lm_net("num_output: 6 type: QUADRUPLE"), random_weights=True)
+    assert model.blob_shapes["o"] == (3, 6) and model.blob_shapes["lam"] == (1,)
+    refusal = r"layer 'ip' \(LargeMarginInnerProduct\): largemargin_inner_product_param.type QUADRUPLE mixes"
+    feeds = {"x": np.zeros((3, 4, 2, 5), np.float32), "label": np.zeros((3, 1, 1, 1), np.float32)}
+    with pytest.raises(CaffeqError, match=refusal):
+        model.run(feeds)
+    with pytest.raises(CaffeqError, match=refusal):
+        model.export_onnx(str(tmp_path / "m.onnx"))
+    with pytest.raises(CaffeqError, match=refusal):
+        model.export_pytorch(str(tmp_path / "py"))
 
 
 # ---- SSD_windows_caffe's NO_SQRT PriorBox -------------------------------------------------------

@@ -5,7 +5,7 @@ Bottoms: x and label (num must match, LayerSetUp); tops: the scores (x's axes be
 num_output) and lambda, shape (1,).  One blob, the weight (num_output, K), no bias.  Forward_cpu
 always writes x . W^T first; types DOUBLE, TRIPLE and QUADRUPLE then rewrite each row's label
 column with the angular margin mixed in by lambda, which needs the label: a training computation,
-refused here.  Type SINGLE (the default, and what the repository's TEST layers set) is x . W^T.
+read and sized (the same tops) but refused to run or export here.  Type SINGLE (the default, and what the repository's TEST layers set) is x . W^T.
 
 lambda = max(base * (1 + gamma * iter)^-power, lambda_min), where iter starts at `iteration` and
 is incremented before every forward: the value of a net's first forward (iter = iteration + 1) is
@@ -14,6 +14,7 @@ given, as a constant.
 import numpy as np
 import torch
 
+from ..errors import ExportError
 from .conv import InnerProduct
 from .registry import LayerError, count, need_blobs, register_layer
 
@@ -30,14 +31,19 @@ class LargeMarginInnerProduct(InnerProduct):
         p = lp.largemargin_inner_product_param
         if not p.HasField("num_output"):
             raise LayerError("largemargin_inner_product_param.num_output is required")
-        if p.type != SINGLE:
-            raise LayerError(f"largemargin_inner_product_param.type {TYPE_NAMES.get(p.type, p.type)} mixes the "
-                             f"label's angular margin into the scores (training); caffeq runs type SINGLE "
-                             f"(x . W^T), as the fork's TEST layers use it")
+        # the other types read and size as SINGLE (the same tops); running them is refused (_refusal)
+        margin = None if p.type == SINGLE else TYPE_NAMES.get(p.type, str(p.type))
         f32 = np.float32
         lam = f32(p.base) * np.power(f32(1) + f32(p.gamma) * f32(p.iteration + 1), -f32(p.power))
         return {"num_output": int(p.num_output), "bias_term": False, "axis": int(p.axis), "transpose": False,
-                "lambda": float(max(f32(lam), f32(p.lambda_min))), "with_lambda": len(lp.top) == 2}
+                "lambda": float(max(f32(lam), f32(p.lambda_min))), "with_lambda": len(lp.top) == 2,
+                "name": lp.name, "margin": margin}
+
+    @staticmethod
+    def _refusal(attrs):
+        return (f"layer '{attrs['name']}' (LargeMarginInnerProduct): largemargin_inner_product_param.type "
+                f"{attrs['margin']} mixes the label's angular margin into the scores (training); caffeq runs "
+                f"type SINGLE (x . W^T), as the fork's TEST layers use it")
 
     def infer(self, attrs, in_shapes):
         x, label = in_shapes
@@ -55,17 +61,23 @@ class LargeMarginInnerProduct(InnerProduct):
         return attrs["_axis"]
 
     def forward(self, attrs, params, x, label):
+        if attrs["margin"]:
+            raise LayerError(self._refusal(attrs))
         scores = super().forward(attrs, params, x)
         if not attrs["with_lambda"]:
             return scores
         return scores, torch.full((1,), attrs["lambda"], dtype=x.dtype, device=x.device)
 
     def onnx(self, ctx, node):
+        if node.attrs["margin"]:
+            raise ExportError(self._refusal(node.attrs))
         super().onnx(ctx, node)
         if node.attrs["with_lambda"]:
             ctx.add_node("Identity", [ctx.const(np.array([node.attrs["lambda"]], np.float32))], [node.outputs[1]])
 
     def pytorch_source(self, node, emit):
+        if node.attrs["margin"]:
+            raise ExportError(self._refusal(node.attrs))
         scores = super().pytorch_source(node, emit)
         if not node.attrs["with_lambda"]:
             return scores
