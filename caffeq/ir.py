@@ -546,7 +546,12 @@ def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_
 
 
 def _guessed_label_reason(top, data_layer, shape):
-    """Why a layer that fails on a data layer's label may only need the label's real shape."""
+    """Why a layer that fails on a data layer's label (or a fork data layer's data) may only need
+    that top's real shape."""
+    if data_layer.top and top == data_layer.top[0]:
+        return (f"bottom '{top}' is the data of '{data_layer.name}', a fork's data layer ({data_layer.type}) "
+                f"that caffeq sizes as Caffe's Data layer, {list(shape)}; its own reader may give another shape: "
+                f"give it with --input-shape {top}=N,C,H,W")
     return (f"bottom '{top}' is the label of data layer '{data_layer.name}' ({data_layer.type}), shaped "
             f"{list(shape)} as BVLC Caffe gives it; a fork's reader may give more (caffe-ocr's ImageData "
             f"reads every label of a line: N x labels x 1 x 1): give its shape with --input-shape {top}=...")

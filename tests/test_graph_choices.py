@@ -434,6 +434,23 @@ layer { name: "loss" type: "Python" bottom: "ip" bottom: "label" top: "loss" los
         load_from_text(named.replace("YoloLossLayer", "YoloHeadLayer"), random_weights=True)
 
 
+def test_a_fork_data_layers_guessed_data_shape_names_input_shape_where_it_does_not_fit():
+    # antran89/two-stream-fcan's FlowData stacks 16 two-channel flow maps; sized as Caffe's Data layer
+    # (3 channels) the Reshape after it fails: a listing leaves the rest unsized, naming --input-shape
+    text = """
+layer { name: "flow" type: "FlowData" top: "data" top: "label" transform_param { crop_size: 4 }
+        data_param { source: "x" batch_size: 2 } }
+layer { name: "vol" type: "Reshape" bottom: "data" top: "vol" reshape_param { shape { dim: 0 dim: 2 dim: 16 dim: 4 dim: 4 } } }
+"""
+    why = (r"bottom 'data' is the data of 'flow', a fork's data layer \(FlowData\) that caffeq sizes as Caffe's "
+           r"Data layer, \[2, 3, 4, 4\]; its own reader may give another shape: give it with --input-shape data=")
+    with pytest.raises(CaffeqError, match=why):
+        load_from_text(text)
+    listed = load_from_text(text, unknown_shapes_ok=True)
+    assert listed.blob_shapes["vol"] is None
+    assert load_from_text(text, input_shapes={"data": (2, 32, 4, 4)}).blob_shapes["vol"] == (2, 2, 16, 4, 4)
+
+
 def test_a_fork_data_layer_named_data_something_with_a_data_param_is_an_input():
     """RegNet's DenseRegisterDataXY: no bottoms, "Data" in the type and a *data_param message."""
     text = """

@@ -153,6 +153,11 @@ class UnknownForkData(ForkDataLayer):
                 "batch_size": max(1, int(lp.data_param.batch_size or lp.image_data_param.batch_size or 1)),
                 "channels": _channels(t), "hw": _crop_or(t, 0, 0)}
 
+    def guessed_label_tops(self, attrs, given):
+        # the data top too: its channels and size are Caffe's Data layer's, a guess for a fork's reader
+        # (antran89/two-stream-fcan's FlowData stacks 2 x new_length flow maps)
+        return tuple(i for i in (0, 1) if i < attrs["num_tops"] and i not in given)
+
     def top_shapes(self, attrs, given):
         # data and a label as Caffe's Data gives them; what a third top holds only the fork knows
         extra = [t for i, t in enumerate(attrs["tops"]) if i >= 2 and i not in given]
