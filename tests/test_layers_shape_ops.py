@@ -168,6 +168,23 @@ def test_crop_default_offset_zero_and_negative_axis():
     np.testing.assert_array_equal(out["c"], feeds["x"][:, :, :, :4])
 
 
+def test_glads_one_bottom_crop_to_a_fixed_height_and_weight(tmp_path):
+    # southatsouth/GLAD's crop_layer.cpp: axis 2 becomes `height`, the other cropped axes `weight`
+    from conftest import check_everywhere
+    model = load_from_text('name: "t"\n' + inputs_text(x=(2, 3, 11, 13)) +
+                           'layer { name: "c" type: "Crop" bottom: "x" top: "c" '
+                           'crop_param { axis: 2 height: 5 weight: 7 offset: 4 offset: 1 } }\n')
+    assert model.blob_shapes["c"] == (2, 3, 5, 7)
+    x = np.random.default_rng(5).standard_normal((2, 3, 11, 13)).astype(np.float32)
+    check_everywhere(model, {"x": x}, {"c": x[:, :, 4:9, 1:8]}, tmp_path)
+    with pytest.raises(LayerError, match="out of bounds"):
+        load_from_text('name: "t"\n' + inputs_text(x=(2, 3, 11, 13)) + 'layer { name: "c" type: "Crop" '
+                       'bottom: "x" top: "c" crop_param { height: 5 weight: 7 offset: 8 } }\n')
+    with pytest.raises(LayerError, match="needs height and weight >= 1"):
+        load_from_text('name: "t"\n' + inputs_text(x=(2, 3, 11, 13)) + 'layer { name: "c" type: "Crop" '
+                       'bottom: "x" top: "c" crop_param { height: 5 } }\n')
+
+
 # ---- Tile -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("axis,tiles", [(1, 3), (-1, 2), (0, 2), (2, 4)])

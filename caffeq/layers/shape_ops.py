@@ -462,31 +462,51 @@ def _crop_plan(attrs, shape, ref_shape):
     return start, offsets
 
 
+def _fixed_size(attrs, shape):
+    """GLAD's one-bottom Crop: the reference shape its height / weight give (CropLayer::Reshape:
+    axis 2 takes height, every other axis from crop_param.axis on takes weight)."""
+    start = canonical_axis(attrs["axis"], len(shape), "crop_param.axis")
+    height, weight = attrs["size"]
+    return tuple(shape[:start]) + tuple(height if i == 2 else weight for i in range(start, len(shape)))
+
+
 @register_layer("Crop")
 class Crop(Layer):
     def parse(self, lp):
-        need_blobs(lp, "Crop", 2, roles="data, reference")
         p = lp.crop_param
-        return {"axis": int(p.axis), "offsets": [int(v) for v in p.offset]}
+        fixed = len(lp.bottom) == 1 and (p.HasField("height") or p.HasField("weight"))
+        if not fixed:
+            need_blobs(lp, "Crop", 2, roles="data, reference")
+        elif min(p.height, p.weight) < 1:
+            raise LayerError(f"crop_param: a one-bottom Crop (GLAD's) needs height and weight >= 1, got "
+                             f"{p.height} and {p.weight}")
+        return {"axis": int(p.axis), "offsets": [int(v) for v in p.offset],
+                "size": (int(p.height), int(p.weight)) if fixed else None}
+
+    def _ref_shape(self, attrs, shape, ref_shape):
+        return _fixed_size(attrs, shape) if attrs.get("size") else ref_shape
 
     def infer(self, attrs, in_shapes):
-        s, ref = tuple(in_shapes[0]), tuple(in_shapes[1])
+        s = tuple(in_shapes[0])
+        ref = self._ref_shape(attrs, s, tuple(in_shapes[-1]))
         start, _ = _crop_plan(attrs, s, ref)
         return [s[:start] + ref[start:len(s)]]
 
-    def forward(self, attrs, params, x, ref):
-        start, offsets = _crop_plan(attrs, tuple(x.shape), tuple(ref.shape))
+    def forward(self, attrs, params, x, ref=None):
+        ref_shape = self._ref_shape(attrs, tuple(x.shape), None if ref is None else tuple(ref.shape))
+        start, offsets = _crop_plan(attrs, tuple(x.shape), ref_shape)
         for i, off in zip(range(start, x.dim()), offsets):
-            if off or x.shape[i] != ref.shape[i]:
-                x = x.narrow(i, off, ref.shape[i])
+            if off or x.shape[i] != ref_shape[i]:
+                x = x.narrow(i, off, ref_shape[i])
         return x
 
     def onnx(self, ctx, node):
-        x, ref = node.inputs
-        shape, ref_shape = tuple(ctx.shape(x)), tuple(ctx.shape(ref))
+        x, ref = node.inputs[0], node.inputs[-1]
+        shape = tuple(ctx.shape(x))
+        ref_shape = self._ref_shape(node.attrs, shape, tuple(ctx.shape(ref)))
         start, offsets = _crop_plan(node.attrs, shape, ref_shape)
         axes = list(range(start, len(shape)))
-        if start == 0:  # dim 0 is cropped to the reference's run-time batch
+        if start == 0 and not node.attrs.get("size"):  # dim 0 is cropped to the reference's run-time batch
             dims = onnx_dims(ctx, ref, 0, len(shape))
             ends = ctx.tmp(node.name + "_ends")
             ctx.add_node("Add", [dims, ctx.const(i64(offsets))], [ends])
@@ -495,7 +515,14 @@ class Crop(Layer):
         _onnx_slice(ctx, x, offsets, ends, axes, out=node.outputs[0], name=node.name)
 
     def pytorch_source(self, node, emit):
-        x, ref = emit.inputs
+        x = emit.inputs[0]
+        if node.attrs.get("size"):   # GLAD's fixed size: static bounds
+            ref_shape = _fixed_size(node.attrs, emit.in_shape(0))
+            start, offsets = _crop_plan(node.attrs, emit.in_shape(0), ref_shape)
+            index = [":"] * start + [f"{off}:{off + ref_shape[i]}"
+                                     for i, off in zip(range(start, len(ref_shape)), offsets)]
+            return f"{x}[{', '.join(index)}]"
+        ref = emit.inputs[1]
         start, offsets = _crop_plan(node.attrs, emit.in_shape(0), emit.in_shape(1))
         index = [":"] * start + [f"{off}:{off} + {ref}.shape[{i}]" if off else f":{ref}.shape[{i}]"
                                  for i, off in zip(range(start, len(emit.in_shape(0))), offsets)]
