@@ -480,3 +480,18 @@ def test_a_saved_web_page_is_named_as_one(tmp_path):
     with pytest.raises(ParseError, match=r"deploy.prototxt: an HTML page, not a prototxt \(a web page saved in "
                                          r"place of the raw file\?\)$"):
         read_prototxt(path)
+
+
+def test_current_format_layers_under_the_legacy_name_read_with_a_note():
+    # ginobilinie/infantSeg: `layers { type: "BatchNorm" param { lr_mult: 0 } }` among `layer` blocks
+    text = ('layer { name: "c" type: "ReLU" bottom: "x" top: "y" }\n'
+            'layers { bottom: "y" top: "z" name: "bn"\n  type: "BatchNorm" param { lr_mult: 0 } }\n'
+            'layers { name: "old" type: RELU bottom: "z" top: "z" }\n')
+    warnings = []
+    net = parse_prototxt_text(text, path="t.prototxt", warnings=warnings)
+    assert [(lp.name, lp.type) for lp in net.layer] == [("c", "ReLU"), ("bn", "BatchNorm"), ("old", "ReLU")]
+    assert net.layer[1].param[0].lr_mult == 0
+    assert warnings == ["t.prototxt: mixes 'layer' blocks with 1 legacy V1 'layers' block(s), which Caffe refuses "
+                        "to upgrade; read the V1 ones upgraded where they stand",
+                        "t.prototxt: 1 'layers' block(s) hold a current-format layer (a quoted type string); "
+                        "read as 'layer' blocks (Caffe's parser refuses them)"]

@@ -560,6 +560,41 @@ def _block_placeholder(text, row):
     return None
 
 
+_V1_QUOTED_TYPE = re.compile(r'Enum type "caffe\.V1LayerParameter\.LayerType" has no value named "')
+
+
+def _v2_blocks_named_layers(text):
+    """(text, count): each top-level `layers { ... }` block whose `type` is a quoted string
+    (ginobilinie/infantSeg's `layers { type: "BatchNorm" param { lr_mult: 0 } }`, a current-format
+    layer under the legacy name) renamed `layer`, keeping every other character in place."""
+    lines = text.split("\n")
+    tokenizer = text_format.Tokenizer(lines)
+    depth, block, renames = 0, None, []
+    previous = previous_name = None
+    while not tokenizer.AtEnd():
+        token, line, column = tokenizer.token, tokenizer._line, tokenizer._column
+        if token in ("{", "<"):
+            if depth == 0 and previous is not None and previous[0] == "layers":
+                block = previous[1:]
+            depth += 1
+        elif token in ("}", ">"):
+            depth -= 1
+            if depth == 0:
+                block = None
+        elif block is not None and depth == 1 and previous is not None and previous[0] == ":" \
+                and previous_name == "type" and token[:1] in "\"'":
+            renames.append(block)
+            block = None
+        if token != ":":
+            previous_name = token
+        previous = (token, line, column)
+        tokenizer.NextToken()
+    for line, column in renames:
+        row = lines[line]
+        lines[line] = row[:column] + "layer " + row[column + len("layers"):]
+    return "\n".join(lines), len(renames)
+
+
 def _parse(text, message, path, ignore_unknown, warnings, phase, known_layer):
     lines = text.split("\n")
     try:
@@ -569,6 +604,15 @@ def _parse(text, message, path, ignore_unknown, warnings, phase, known_layer):
         _interleave(message, picker, path, warnings)
         return message
     except text_format.ParseError as e:
+        if _V1_QUOTED_TYPE.search(str(e)):
+            renamed, count = _v2_blocks_named_layers(text)
+            if count:
+                message.Clear()
+                message = _parse(renamed, message, path, ignore_unknown, warnings, phase, known_layer)
+                if warnings is not None:
+                    warnings.append(f"{path}: {count} 'layers' block(s) hold a current-format layer (a quoted type "
+                                    f"string); read as 'layer' blocks (Caffe's parser refuses them)")
+                return message
         if not _UNKNOWN_FIELD.search(str(e)):
             raise _parse_error(path, e, text) from None
     # Unknown fields present: parse leniently, recording each one, then decide.
