@@ -629,9 +629,14 @@ def test_a_forks_v1_enum_types_read_as_their_v2_names():
     model = load_from_text(V1_FORK_TYPES)
     assert model.blob_shapes["data"] == (2, 3, 9, 9) and model.blob_shapes["ip2"] == (2, 3)
     assert {n.type for n in model.graph.nodes} == {"NuswideData", "InnerProduct"}
-    # a V2 type string in a V1 layer (a file mixing the formats) is still an error, as in Caffe
-    with pytest.raises(ParseError, match='has no value named "InnerProduct"'):
-        parse_prototxt_text(V1_FORK_TYPES.replace(" max_labels: 13", "").replace("INNER_PRODUCT", '"InnerProduct"', 1))
+    # a V2 type string in a V1 block (Caffe's parser refuses it) is a current-format layer under the
+    # legacy name: read as one, in its place among the V1 ones, with notes
+    warnings = []
+    mixed = parse_prototxt_text(V1_FORK_TYPES.replace(" max_labels: 13", "").replace("INNER_PRODUCT", '"InnerProduct"', 1),
+                                path="f.prototxt", warnings=warnings)
+    assert [lp.name for lp in mixed.layer] == ["data", "ip", "pr", "loss", "ip2"] and not len(mixed.layers)
+    assert mixed.layer[1].type == "InnerProduct" and mixed.layer[1].inner_product_param.num_output == 5
+    assert any("1 'layers' block(s) hold a current-format layer" in w for w in warnings)
 
 
 def test_a_v1_dense_crf_keeps_its_parameters():
