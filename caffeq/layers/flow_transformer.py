@@ -23,7 +23,7 @@ the four taps (GatherElements): GridSample's normalised coordinates would not ro
 """
 import torch
 
-from .optical_flow import pixels_at
+from .optical_flow import bilinear_taps, pixels_at
 from .registry import Layer, LayerError, count, four_axes, need_blobs, register_layer
 from .warp_onnx import OnnxImageSampler
 
@@ -35,20 +35,7 @@ def flow_transform(image, flow):
     cols = torch.arange(w, dtype=image.dtype, device=image.device).reshape(1, 1, 1, w)
     x = rows + flow[:, 1:2]    # (N, 1, H, W): rows
     y = cols + flow[:, 0:1]    # columns
-    m0, k0 = x.floor(), y.floor()
-    m1, k1 = m0 + 1, k0 + 1
-    total = torch.zeros_like(image)
-    for m, k, wm, wk in ((m0, k0, 1 - (x - m0), 1 - (y - k0)), (m1, k0, 1 - (m1 - x), 1 - (y - k0)),
-                         (m0, k1, 1 - (x - m0), 1 - (k1 - y)), (m1, k1, 1 - (m1 - x), 1 - (k1 - y))):
-        # CUDA's float-to-int conversion turns NaN into 0: such a tap reads pixel 0 with a NaN weight
-        m = torch.where(torch.isnan(m), torch.zeros_like(m), m)
-        k = torch.where(torch.isnan(k), torch.zeros_like(k), k)
-        inside = (m >= 0) & (m < h) & (k >= 0) & (k < w)
-        row = torch.where(inside, m, torch.zeros_like(m)).long()
-        col = torch.where(inside, k, torch.zeros_like(k)).long()
-        term = wm * wk * pixels_at(image, row, col)
-        total = total + torch.where(inside, term, torch.zeros_like(term))
-    return total
+    return bilinear_taps(image, x, y, True)
 
 
 @register_layer("FlowTransformer")
@@ -101,5 +88,6 @@ class FlowTransformer(Layer):
 
     def pytorch_source(self, node, emit):
         emit.helper(pixels_at)
+        emit.helper(bilinear_taps)
         return f"{emit.helper(flow_transform)}({emit.inputs[0]}, {emit.inputs[1]})"
 

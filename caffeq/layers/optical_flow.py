@@ -138,6 +138,29 @@ def pixels_at(image, row, col):
     return image.reshape(n, c, h * w).gather(2, index).reshape(n, c, row.shape[2], row.shape[3])
 
 
+def bilinear_taps(image, x, y, nan_at_zero: bool):
+    """daerduoCarey's SpatialTransformer sampler (its GPU kernel), which MotionNet's FlowTransformer
+    reuses: for rows x and columns y (N, 1, h, w), the taps (floor x, floor y), (+1, 0), (0, +1),
+    (+1, +1) added in that order to 0, each weighted as the kernel writes it; a tap outside the image
+    adds nothing.  nan_at_zero: a NaN coordinate reads tap index 0 (CUDA's float-to-int conversion)."""
+    h, w = image.shape[2], image.shape[3]
+    m0, k0 = x.floor(), y.floor()
+    m1, k1 = m0 + 1, k0 + 1
+    total = torch.zeros((image.shape[0], image.shape[1], x.shape[2], x.shape[3]), dtype=image.dtype,
+                        device=image.device)
+    for m, k, wm, wk in ((m0, k0, 1 - (x - m0), 1 - (y - k0)), (m1, k0, 1 - (m1 - x), 1 - (y - k0)),
+                         (m0, k1, 1 - (x - m0), 1 - (k1 - y)), (m1, k1, 1 - (m1 - x), 1 - (k1 - y))):
+        if nan_at_zero:
+            m = torch.where(torch.isnan(m), torch.zeros_like(m), m)
+            k = torch.where(torch.isnan(k), torch.zeros_like(k), k)
+        inside = (m >= 0) & (m < h) & (k >= 0) & (k < w)
+        row = torch.where(inside, m, torch.zeros_like(m)).long()
+        col = torch.where(inside, k, torch.zeros_like(k)).long()
+        term = wm * wk * pixels_at(image, row, col)
+        total = total + torch.where(inside, term, torch.zeros_like(term))
+    return total
+
+
 def flow_warp(image, flow, fill: float, pwc_net: bool):
     """Bilinear samples of image at (x + fx, y + fy), fill where the point is outside: FlowNet2's
     FlowWarp (pwc_net False) and PWC-Net's Warp (pwc_net True, fill 0).  The forks differ in two

@@ -25,7 +25,7 @@ import re
 import numpy as np
 import torch
 
-from .optical_flow import pixels_at
+from .optical_flow import bilinear_taps, pixels_at
 from .registry import Layer, LayerError, count, four_axes, need_blobs, positive_field, register_layer, torch_sources
 from .warp_onnx import OnnxImageSampler
 
@@ -63,17 +63,7 @@ def spatial_transformer(image, theta, out_h: int, out_w: int, fixed, image_grad:
     gt = target_grid(out_w, image.device).to(image.dtype).reshape(1, 1, 1, out_w)
     x = (a[:, 0] * gs + a[:, 1] * gt + a[:, 2] + 1) / 2 * h      # (N, 1, out_h, out_w): rows
     y = (a[:, 3] * gs + a[:, 4] * gt + a[:, 5] + 1) / 2 * w      # columns
-    m0, n0 = x.floor(), y.floor()
-    m1, n1 = m0 + 1, n0 + 1
-    total = torch.zeros((n, image.shape[1], out_h, out_w), dtype=image.dtype, device=image.device)
-    for m, k, wm, wk in ((m0, n0, 1 - (x - m0), 1 - (y - n0)), (m1, n0, 1 - (m1 - x), 1 - (y - n0)),
-                         (m0, n1, 1 - (x - m0), 1 - (n1 - y)), (m1, n1, 1 - (m1 - x), 1 - (n1 - y))):
-        inside = (m >= 0) & (m < h) & (k >= 0) & (k < w)
-        row = torch.where(inside, m, torch.zeros_like(m)).long()
-        col = torch.where(inside, k, torch.zeros_like(k)).long()
-        term = wm * wk * pixels_at(image, row, col)
-        total = total + torch.where(inside, term, torch.zeros_like(term))
-    return total
+    return bilinear_taps(image, x, y, False)
 
 
 TORCH_ST = torch_sources(target_grid, st_full_theta, spatial_transformer)
@@ -173,6 +163,7 @@ class SpatialTransformer(Layer):
 
     def pytorch_source(self, node, emit):
         emit.helper(pixels_at)
+        emit.helper(bilinear_taps)
         fn = emit.helper(TORCH_ST)
         out_h, out_w = node.attrs["_out"]
         return (f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {out_h}, {out_w}, {node.attrs['fixed']!r}, "
