@@ -1,0 +1,158 @@
+"""Repairs of prototxt text that Caffe's parser refuses but whose meaning is plain, each leaving a
+note, and the decoding of a file's bytes: typographic quotes, comments that are not UTF-8, a V1
+enum name as a `layer`'s type, `layers` blocks that hold current-format layers; and the reading of
+a capitals word alone where fields go as a template placeholder (for the refusal's wording)."""
+import re
+
+from google.protobuf import text_format
+
+from ..errors import ParseError
+from .templates import code_spans
+from .upgrade import V1_TYPE_STRINGS
+
+_ALONE_PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*")
+
+
+def v1_name_as_type(text, bare, path, notes):
+    """The text with a V1 enum name written as a layer's type (`type: DROPOUT` in a `layer {}`
+    block) replaced by the type string Caffe's upgrade gives it, with a note; None for other words."""
+    lines = text.split("\n")
+    row, col = bare.line - 1, bare.column - 1
+    line = lines[row]
+    v2 = V1_TYPE_STRINGS.get(bare.word)
+    if not bare.wants_text or v2 is None or not re.search(r"(^|[\s{])type\s*:\s*$", line[:col]) \
+            or line[col:col + len(bare.word)] != bare.word:
+        return None
+    lines[row] = f'{line[:col]}"{v2}"{line[col + len(bare.word):]}'
+    notes.append(f"{path}:{bare.line}: the V1 layer type {bare.word} in a 'layer' block read as \"{v2}\" "
+                 f"(Caffe's parser refuses it)")
+    return "\n".join(lines)
+
+
+def block_placeholder(text, row):
+    """(row, word) when the code line before the error's row is one word in capitals on its own
+    (developmentseed/skynet-train's templates: `INPUT` where a script writes the input layers)."""
+    lines = text.split("\n")
+    for before in range(min(row, len(lines)) - 1, -1, -1):
+        _, comment = code_spans(lines[before])
+        code = (lines[before] if comment is None else lines[before][:comment]).strip()
+        if code:
+            return (before, code) if _ALONE_PLACEHOLDER.fullmatch(code) else None
+    return None
+
+
+V1_QUOTED_TYPE = re.compile(r'Enum type "caffe\.V1LayerParameter\.LayerType" has no value named "')
+
+
+def v2_blocks_named_layers(text):
+    """(text, count): each top-level `layers { ... }` block whose `type` is a quoted string
+    (ginobilinie/infantSeg's `layers { type: "BatchNorm" param { lr_mult: 0 } }`, a current-format
+    layer under the legacy name) renamed `layer`, keeping every other character in place."""
+    lines = text.split("\n")
+    tokenizer = text_format.Tokenizer(lines)
+    depth, block, renames = 0, None, []
+    previous = previous_name = None
+    while not tokenizer.AtEnd():
+        token, line, column = tokenizer.token, tokenizer._line, tokenizer._column
+        if token in ("{", "<"):
+            if depth == 0 and previous is not None and previous[0] == "layers":
+                block = previous[1:]
+            depth += 1
+        elif token in ("}", ">"):
+            depth -= 1
+            if depth == 0:
+                block = None
+        elif block is not None and depth == 1 and previous is not None and previous[0] == ":" \
+                and previous_name == "type" and token[:1] in "\"'":
+            renames.append(block)
+            block = None
+        if token != ":":
+            previous_name = token
+        previous = (token, line, column)
+        tokenizer.NextToken()
+    for line, column in renames:
+        row = lines[line]
+        lines[line] = row[:column] + "layer " + row[column + len("layers"):]
+    return "\n".join(lines), len(renames)
+
+
+def decode(raw, path, warnings):
+    """The file's text. Bytes that are not UTF-8 are accepted in comments, which Caffe's tokenizer
+    skips unread (files with GBK or Latin-1 comments load in Caffe); anywhere else they are an error."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        first_bad = e.start
+    text = raw.decode("utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), 1):
+        bad = line.find("\ufffd")
+        if bad >= 0:
+            comment = code_spans(line)[1]
+            if comment is None or bad < comment:
+                raise ParseError(f"{path}:{number}: not UTF-8 text (byte {first_bad}), outside a comment")
+    if warnings is not None:
+        warnings.append(f"{path}: comments that are not UTF-8 text (from byte {first_bad}) were skipped, "
+                        f"as Caffe skips them")
+    return text
+
+
+_CURLY = "\u201c\u201d"
+_TYPOGRAPHIC_CLOSE = re.compile(r"\u201d(?=\s*($|#|}|\w+\s*[:{<]))")
+
+
+def plain_quotes(text, path, warnings):
+    """Typographic double quotes (“name”, or "name” from a word processor) read as plain ones where
+    they open or close a string, with a note: Caffe's tokenizer refuses them, but what they quote is
+    plain.  Inside a string or a comment they stay."""
+    if _CURLY[0] not in text and _CURLY[1] not in text:
+        return text
+    lines, changed = text.split("\n"), []
+    for number, line in enumerate(lines):
+        fixed = _plain_quotes_of_line(line)
+        if fixed != line:
+            lines[number] = fixed
+            changed.append(number + 1)
+    if changed and warnings is not None:
+        rows = ", ".join(map(str, changed[:5])) + (", ..." if len(changed) > 5 else "")
+        warnings.append(f"{path}:{changed[0]}: typographic quotes (\u201c \u201d) read as plain ones "
+                        f"(line{'s' if len(changed) > 1 else ''} {rows}); Caffe's parser refuses them")
+    return "\n".join(lines)
+
+
+def _closing(line, start, quotes):
+    """Index of the first of `quotes` after start not escaped by a backslash, or -1."""
+    i = start
+    while i < len(line):
+        if line[i] == "\\":
+            i += 2
+            continue
+        if line[i] in quotes:
+            return i
+        i += 1
+    return -1
+
+
+def _plain_quotes_of_line(line):
+    out, i = list(line), 0
+    while i < len(line) and line[i] != "#":
+        if line[i] in "\"'":
+            end = _closing(line, i + 1, line[i])
+            # "norm1”: a typographic quote that ends the string where the next field or the line follows
+            found = _TYPOGRAPHIC_CLOSE.search(line, i + 1)   # the whole line: its lookahead reads on
+            typographic = found.start() if found and (end < 0 or found.start() < end) else -1
+            if typographic >= 0:
+                end = typographic
+                out[end] = '"'
+            if end < 0:
+                break
+            i = end + 1
+        elif line[i] in _CURLY:
+            out[i] = '"'
+            end = _closing(line, i + 1, _CURLY + '"')
+            if end < 0:
+                break
+            out[end] = '"'
+            i = end + 1
+        else:
+            i += 1
+    return "".join(out)
