@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
-from .roi_pooling import ROIS_WANTED, RoiLayerSpec, _check_roi_shapes, roi_rows
+from .registry import Layer, need_blobs, register_layer, torch_sources
+from .roi_pooling import ROIS_WANTED, RoiLayerSpec, _check_roi_shapes, pooled_grid_attrs, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -91,13 +91,7 @@ class ROIAlignmentLayer(RoiLayerSpec):
 
     def parse(self, lp):
         need_blobs(lp, "ROIAlignment", 2, roles="data, rois")
-        p = lp.roi_alignment_param
-        if p.pooled_h <= 0 or p.pooled_w <= 0:
-            raise LayerError(f"roi_alignment_param.pooled_h and pooled_w must be > 0, "
-                             f"got {p.pooled_h} x {p.pooled_w}")
-        if not math.isfinite(p.spatial_scale):
-            raise LayerError(f"roi_alignment_param.spatial_scale must be a finite number, got {p.spatial_scale}")
-        return {"ph": int(p.pooled_h), "pw": int(p.pooled_w), "scale": float(p.spatial_scale)}
+        return pooled_grid_attrs(lp.roi_alignment_param, "roi_alignment_param")
 
     def infer(self, attrs, in_shapes):
         _check_roi_shapes("ROIAlignment", in_shapes)

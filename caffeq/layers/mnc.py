@@ -49,7 +49,7 @@ from ..io.schema import caffe_pb2
 from .affordance import _OnnxGraph
 from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer, torch_sources
 from .roi_align_forks import TORCH_ROI_ALIGN_COMMON, roi_align_batch
-from .roi_pooling import ROIS_WANTED, RoiLayerSpec, _check_roi_shapes, roi_rows
+from .roi_pooling import ROIS_WANTED, RoiLayerSpec, _check_roi_shapes, pooled_grid_attrs, roi_rows
 
 DESIGNS = caffe_pb2.ROIWarpingParameter.Design
 ONE_SAMPLE, MAX_OF_SAMPLES = DESIGNS.Value("ONE_SAMPLE"), DESIGNS.Value("MAX_OF_SAMPLES")
@@ -207,12 +207,7 @@ class ROIWarping(RoiLayerSpec):
     def parse(self, lp):
         need_blobs(lp, "ROIWarping", 2, 1, roles="data, rois", in_place=False)
         p = lp.roi_warping_param
-        if p.pooled_h <= 0 or p.pooled_w <= 0:
-            raise LayerError(f"roi_warping_param.pooled_h and pooled_w must be > 0, got {p.pooled_h} x {p.pooled_w}")
-        if not math.isfinite(p.spatial_scale):
-            raise LayerError(f"roi_warping_param.spatial_scale must be a finite number, got {p.spatial_scale}")
-        return {"ph": int(p.pooled_h), "pw": int(p.pooled_w), "scale": float(p.spatial_scale),
-                "max_of_samples": p.design == MAX_OF_SAMPLES,
+        return {**pooled_grid_attrs(p, "roi_warping_param"), "max_of_samples": p.design == MAX_OF_SAMPLES,
                 "reading_notes": [] if p.HasField("design") else [UNSET_DESIGN_NOTE]}
 
     def infer(self, attrs, in_shapes):

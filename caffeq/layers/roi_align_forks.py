@@ -50,7 +50,7 @@ import torch
 from ..errors import ExportError
 from ..io.schema import caffe_pb2
 from .registry import LayerError, claim_layers, need_blobs, torch_sources
-from .roi_pooling import ROIS_WANTED, RoiLayerSpec, _check_roi_shapes, roi_rows
+from .roi_pooling import ROIS_WANTED, RoiLayerSpec, _check_roi_shapes, pooled_grid_attrs, roi_rows
 
 FORKS = caffe_pb2.ROIAlignParameter.Fork
 MASK_RCNN, RFCN_PRIV, NNOP = FORKS.Value("PY_MASK_RCNN"), FORKS.Value("PY_RFCN_PRIV"), FORKS.Value("NNOP")
@@ -281,11 +281,7 @@ class ROIAlignForks(RoiLayerSpec):
             raise LayerError("ROIAlign sets both roi_align_param (the Mask R-CNN / R-FCN forks' layer) and "
                              "roi_pooling_param (zhaoweicai's cascade-rcnn layer); each fork reads only one of them")
         p = lp.roi_align_param
-        if p.pooled_h <= 0 or p.pooled_w <= 0:
-            raise LayerError(f"roi_align_param.pooled_h and pooled_w must be > 0, got {p.pooled_h} x {p.pooled_w}")
-        if not math.isfinite(p.spatial_scale):
-            raise LayerError(f"roi_align_param.spatial_scale must be a finite number, got {p.spatial_scale}")
-        return {"ph": int(p.pooled_h), "pw": int(p.pooled_w), "scale": float(p.spatial_scale), "fork": int(p.fork),
+        return {**pooled_grid_attrs(p, "roi_align_param"), "fork": int(p.fork),
                 "reading_notes": [] if p.HasField("fork") else [UNSET_FORK_NOTE]}
 
     def infer(self, attrs, in_shapes):

@@ -286,6 +286,16 @@ class RoiLayerSpec(Layer):
         return roi_layer_call(emit, self.roi_function(node.attrs)[1], *args, helpers=self.roi_helpers, **kwargs)
 
 
+def pooled_grid_attrs(p, field):
+    """{"ph", "pw", "scale"} of a fork's roi parameter message `p` (named `field` in messages):
+    pooled_h and pooled_w above 0, a finite spatial_scale."""
+    if p.pooled_h <= 0 or p.pooled_w <= 0:
+        raise LayerError(f"{field}.pooled_h and pooled_w must be > 0, got {p.pooled_h} x {p.pooled_w}")
+    if not math.isfinite(p.spatial_scale):
+        raise LayerError(f"{field}.spatial_scale must be a finite number, got {p.spatial_scale}")
+    return {"ph": int(p.pooled_h), "pw": int(p.pooled_w), "scale": float(p.spatial_scale)}
+
+
 def roi_pooling_attrs(lp, kind):
     """roi_pooling_param as ROIPooling and zhaoweicai's ROIAlign read it."""
     need_blobs(lp, kind, 2, roles="data, rois")
