@@ -14,7 +14,7 @@ from .io.prototxt import read_prototxt
 from .io.templates import as_written, resolve_placeholders
 from .io.upgrade import upgrade_net
 from .ir import attach_weights, build_graph, init_params, share_params
-from .layers import spec_for
+from .layers import recase_types, spec_for
 from .layers.fork_data import UNKNOWN_FORK_DATA
 
 
@@ -189,7 +189,7 @@ def read_net(prototxt, ignore_unknown=False, warnings=None, phase="TEST", define
     pending = []
     net = read_prototxt(path, ignore_unknown=ignore_unknown, warnings=warnings, phase=phase,
                         known_layer=reads_parameters, defines=defines, placeholders=pending)
-    notes = upgrade_net(net, source=path)
+    notes = upgrade_net(net, source=path) + recase_types(net, source=path)
     warnings.extend(as_written(note, pending) for note in notes)
     if placeholders is None:
         resolve_placeholders(net, pending, path, warnings)

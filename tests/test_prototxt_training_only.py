@@ -1,8 +1,11 @@
 """Unknown fields that only matter for training are warnings; any other unknown field is an error."""
+import numpy as np
 import pytest
 
-from caffeq.errors import ParseError
+import caffeq
+from caffeq.errors import ParseError, UnsupportedLayerError
 from caffeq.io.prototxt import parse_prototxt_text, read_prototxt
+from caffeq.model import load_from_text
 
 DATA_TRAIN = """name: "n"
 layer {
@@ -495,3 +498,45 @@ def test_current_format_layers_under_the_legacy_name_read_with_a_note():
                         "to upgrade; read the V1 ones upgraded where they stand",
                         "t.prototxt: 1 'layers' block(s) hold a current-format layer (a quoted type string); "
                         "read as 'layer' blocks (Caffe's parser refuses them)"]
+
+
+RECASED = """
+input: "x" input_shape { dim: 2 dim: 3 dim: 9 dim: 7 }
+layer { name: "c" type: "{conv}" bottom: "x" top: "c" convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "r1" type: "{relu}" bottom: "c" top: "c" relu_param {{ negative_slope: 0.1 }} }
+layer { name: "p" type: "Pooling" bottom: "c" top: "p" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "r2" type: "{relu}" bottom: "p" top: "q" }
+"""
+
+
+def _recased(conv, relu):
+    return RECASED.replace("{conv}", conv).replace("{relu}", relu).replace("{{", "{").replace("}}", "}")
+
+
+def test_a_known_type_in_other_capitals_reads_as_that_type_with_a_note(tmp_path):
+    # ydas/caffe-yolo's yolo.prototxt writes `type: "Relu"` 24 times; Caffe's registry is case-sensitive
+    path = tmp_path / "yolo.prototxt"
+    path.write_text(_recased("convolution", "Relu"))
+    model = caffeq.load(path, random_weights=True, seed=5)
+    same = load_from_text(_recased("Convolution", "ReLU"), random_weights=True, seed=5)
+    assert [n.type for n in model.layers] == [n.type for n in same.layers] == \
+        ["Input", "Convolution", "ReLU", "Pooling", "ReLU"]
+    assert [w for w in model.warnings if "case-sensitive" in w] == [
+        f"{path}: layer type 'convolution' read as Convolution (Caffe's layer registry is case-sensitive and "
+        f"refuses it): 1 layer(s), 'c'",
+        f"{path}: layer type 'Relu' read as ReLU (Caffe's layer registry is case-sensitive and refuses it): "
+        f"2 layer(s), 'r1', 'r2'"]
+    x = np.random.default_rng(1).standard_normal((2, 3, 9, 7)).astype(np.float32)
+    got, want = model.run({"x": x}), same.run({"x": x})
+    assert got["q"].shape == (2, 4, 4, 3)
+    np.testing.assert_array_equal(got["q"], want["q"])
+    assert model.layers[2].attrs == same.layers[2].attrs    # the leaky ReLU kept its slope
+
+
+def test_a_type_two_known_types_differ_from_by_case_alone_stays_refused(tmp_path):
+    # BVLC's LSTM and CTPN's Lstm: `lstm` could be either
+    path = tmp_path / "n.prototxt"
+    path.write_text('input: "x" input_shape { dim: 2 dim: 1 dim: 3 }\n'
+                    'layer { name: "l" type: "lstm" bottom: "x" top: "y" }\n')
+    with pytest.raises(UnsupportedLayerError, match=r"unsupported layer types: lstm \(layers 'l', did you mean"):
+        caffeq.load(path, random_weights=True)

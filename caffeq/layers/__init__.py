@@ -77,7 +77,16 @@ from . import (  # noqa: F401,E402
     yolo,
     yolo_v2_output,
 )
-from .registry import Layer, LayerError, get_spec, register_layer, require_specs, spec_for, supported_types
+from .registry import (
+    Layer,
+    LayerError,
+    get_spec,
+    recase_types,
+    register_layer,
+    require_specs,
+    spec_for,
+    supported_types,
+)
 
-__all__ = ["Layer", "LayerError", "get_spec", "register_layer", "require_specs", "spec_for",
+__all__ = ["Layer", "LayerError", "get_spec", "recase_types", "register_layer", "require_specs", "spec_for",
            "supported_types"]

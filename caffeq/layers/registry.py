@@ -338,6 +338,27 @@ def supported_types():
     return sorted(_REGISTRY)
 
 
+def recase_types(net, source=""):
+    """Give each layer whose type is a known type in other capitals (ydas/caffe-yolo's
+    `type: "Relu"`) the known spelling; one note per type.  Caffe's registry refuses these, but
+    the file's meaning is plain where no other known type differs by case alone (not `lstm`:
+    BVLC's LSTM and CTPN's Lstm)."""
+    by_case = {}
+    for known in _REGISTRY:
+        by_case.setdefault(known.lower(), []).append(known)
+    renamed = {}
+    for lp in list(net.layer):
+        if lp.type == "Python" or lp.type in _REGISTRY:
+            continue
+        match = by_case.get(lp.type.lower(), [])
+        if len(match) == 1 and not match[0].startswith("Python"):
+            renamed.setdefault((lp.type, match[0]), []).append(lp.name)
+            lp.type = match[0]
+    return [f"{source + ': ' if source else ''}layer type '{wrong}' read as {known} (Caffe's layer registry "
+            f"is case-sensitive and refuses it): {len(names)} layer(s), {', '.join(map(repr, names[:3]))}"
+            f"{', ...' if len(names) > 3 else ''}" for (wrong, known), names in renamed.items()]
+
+
 def require_specs(layer_params, source=""):
     """Check every layer type has a spec; list all unknown types at once."""
     missing = {}
