@@ -228,6 +228,44 @@ def test_upsampling_refuses_what_the_module_cannot_run(shape, param_str, msg):
         load_from_text(upsample_net(*shape, param_str=param_str))
 
 
+# ---- DORN's ordinal_decode_layer.OrdinalDecodeLayer ---------------------------------------------
+
+def ordinal_net(c, h, w, n=2):
+    layer = ('layer { type: "Python" name: "decode_ord" top: "decode_ord" bottom: "x" python_param { '
+             'module: "ordinal_decode_layer" layer: "OrdinalDecodeLayer" } }')
+    return net(layer, inputs={"x": (n, c, h, w)})
+
+
+def ref_ordinal_decode(x):
+    """The module's forward: the sum over pairs i < C // 2 of np.argmax over channels (2i, 2i + 1)."""
+    n, c, h, w = x.shape
+    out = np.zeros((n, 1, h, w), np.float32)
+    for i in range(c // 2):
+        out = out + np.argmax(x[:, 2 * i:2 * i + 2], axis=1)[:, None]
+    return out.astype(np.float32)
+
+
+@pytest.mark.parametrize("c, h, w", [(8, 3, 5), (7, 4, 3), (2, 1, 6), (1, 2, 2)])
+def test_ordinal_decode_counts_pairs_as_numpy_argmax(c, h, w, tmp_path):
+    model = load_from_text(ordinal_net(c, h, w))
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((2, c, h, w)).astype(f32)
+    if c >= 2:
+        x[0, 1] = x[0, 0]                          # a tie: argmax keeps the first
+    if c >= 4:
+        x[1, 2, 0, 0], x[1, 3, 0, 1] = np.nan, np.nan   # NaN is argmax's maximum
+        x[1, 2, 0, 2] = x[1, 3, 0, 2] = np.nan
+    ref = ref_ordinal_decode(x)
+    assert model.blob_shapes["decode_ord"] == (2, 1, h, w)
+    check_everywhere(model, {"x": x}, {"decode_ord": ref}, tmp_path)
+
+
+def test_ordinal_decode_needs_4_axes():
+    with pytest.raises(LayerError, match=r"OrdinalDecodeLayer reads \(N, C, H, W\) scores, got \[2, 6\]"):
+        load_from_text(net('layer { type: "Python" name: "d" top: "d" bottom: "x" python_param { '
+                           'module: "ordinal_decode_layer" layer: "OrdinalDecodeLayer" } }', inputs={"x": (2, 6)}))
+
+
 # ---- SSH's proposal layer ------------------------------------------------------------------------
 
 def ssh_anchors(base, ratios, scales):

@@ -27,6 +27,10 @@ what the known module computes (see registry.spec_for).
   forward writes (C, H', W'), so it runs only for a square output (H' == W'), and cv2 takes 2 to 512
   channels (one channel loses its axis and the transpose fails): others are refused as the module
   would fail.  ONNX: two Gathers with the index tables as constants.
+- `ordinal_decode_layer.OrdinalDecodeLayer` (hufu6371/DORN's depth nets, caffe/pylayer at
+  ce9ee7b): the ordinal regression's depth label, (N, 1, H, W) float32, counting the channel pairs
+  (2i, 2i + 1), i < C // 2, whose numpy argmax is 1: x[2i + 1] > x[2i], or x[2i + 1] is NaN and
+  x[2i] is not (argmax takes the first NaN as the maximum); an odd last channel is left out.
 """
 
 import numpy as np
@@ -224,3 +228,50 @@ class CVNearestUpsample(Layer):
     def pytorch_source(self, node, emit):
         ho, wo = self.out_hw(node.attrs, *emit.in_shape(0)[2:])
         return f"{emit.helper(TORCH_CV_NEAREST)}({emit.inputs[0]}, {ho}, {wo})"
+
+
+def ordinal_count(x):
+    """DORN's decode: per pixel, how many channel pairs (2i, 2i + 1) numpy's argmax sends to 1."""
+    pairs = x.shape[1] // 2
+    low, high = x[:, 0:2 * pairs:2], x[:, 1:2 * pairs:2]
+    up = (high > low) | (torch.isnan(high) & ~torch.isnan(low))
+    return up.to(x.dtype).sum(dim=1, keepdim=True)
+
+
+@register_layer("Python:ordinal_decode_layer.OrdinalDecodeLayer")
+class OrdinalDecode(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "OrdinalDecodeLayer", 1, 1, "ordinal scores")
+        return {}    # the module reads no param_str
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) != 4:
+            raise LayerError(f"OrdinalDecodeLayer reads (N, C, H, W) scores, got {list(s)}")
+        return [(s[0], 1, s[2], s[3])]
+
+    def forward(self, attrs, params, x):
+        return ordinal_count(x)
+
+    def onnx(self, ctx, node):
+        from .norm import onnx_reduce
+        x, name = node.inputs[0], node.name
+        pairs = ctx.shape(x)[1] // 2
+
+        def channels(start):
+            return ctx.add_node("Slice", [x, ctx.const(np.array([start], np.int64)),
+                                          ctx.const(np.array([2 * pairs], np.int64)),
+                                          ctx.const(np.array([1], np.int64)), ctx.const(np.array([2], np.int64))],
+                                ctx.tmp(f"{name}_from{start}"))
+        low, high = channels(0), channels(1)
+        greater = ctx.add_node("Greater", [high, low], ctx.tmp(name + "_greater"))
+        low_nan = ctx.add_node("IsNaN", [low], ctx.tmp(name + "_low_nan"))
+        high_nan = ctx.add_node("IsNaN", [high], ctx.tmp(name + "_high_nan"))
+        nan_first = ctx.add_node("And", [high_nan, ctx.add_node("Not", [low_nan], ctx.tmp(name + "_low_set"))],
+                                 ctx.tmp(name + "_nan_first"))
+        up = ctx.add_node("Or", [greater, nan_first], ctx.tmp(name + "_up"))
+        ones = ctx.add_node("Cast", [up], ctx.tmp(name + "_ones"), to=1)
+        onnx_reduce(ctx, "ReduceSum", ones, [1], True, node.outputs[0])
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(torch_sources(ordinal_count))}({emit.inputs[0]})"
