@@ -31,6 +31,7 @@ from . import (  # noqa: F401,E402
     group_norm,
     happynear,
     im2col,
+    iresnet,
     landmark_crops,
     learnable_dilation,
     losses,
