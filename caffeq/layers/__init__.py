@@ -69,6 +69,7 @@ from . import (  # noqa: F401,E402
     spatial_transformer,
     sppnet,
     ssd,
+    stereo_warping,
     synopsys_binary,
     synopsys_tf,
     v1_forks,
