@@ -77,6 +77,7 @@ from . import (  # noqa: F401,E402
     video_data,
     vision_forks,
     yolo,
+    yolo2_region_boxes,
     yolo_v2_output,
 )
 from .registry import (
