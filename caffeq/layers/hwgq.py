@@ -30,7 +30,15 @@ What a forward computes, TRAIN and TEST alike:
 Only the forward is modelled: gradients through torch here are those of the forward written above
 (zero through the binarization and the quantizer), not the fork's straight-through backward.
 ONNX and model.py hold the binarized weights, computed once at export (the fork computes the same
-values from the same blobs at every forward)."""
+values from the same blobs at every forward).
+
+A caution that no backend can remove: a binary convolution of quantized activations sums +-alpha
+times a few centers, so many of its outputs are 0 in exact arithmetic, and the float sum leaves
+them +-1 ulp or 0 depending on its order (gemm, cuDNN, torch and onnxruntime each have their own,
+and Model.run's default channels_last module another; run(exact=True) and model.py agree bit for bit).
+A following Quant maps x <= 0 and tiny x > 0 to different levels (0 and the first center), so on
+random weights a few tenths of a percent of such a Quant's outputs differ between backends (and
+between the fork's CPU and GPU runs); everything else agrees to float rounding."""
 import copy
 
 import numpy as np
