@@ -30,6 +30,7 @@ from . import (  # noqa: F401,E402
     greentea_fusion,
     group_norm,
     happynear,
+    hwgq,
     im2col,
     iresnet,
     landmark_crops,
