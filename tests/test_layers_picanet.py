@@ -105,3 +105,102 @@ def test_att_pooling_refuses_what_the_fork_refuses(x_shape, a_shape, params, nee
     with pytest.raises(LayerError, match=None) as err:
         load_from_text(att_net(x_shape, a_shape, params))
     assert needle in str(err.value)
+
+
+# ---- ReNetLSTM --------------------------------------------------------------------------------
+
+
+def sigmoid(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+def renet_ref(x, blobs, y_dir, ph, pw, peephole):
+    """renet_lstm_layer.cpp Forward_cpu: per sweep and step, Fill_X_H_Data_cpu then
+    ComputeCellData_cpu, written as loops over (RNN, n)."""
+    n, c, h, w = x.shape
+    ny, nx = h // ph, w // pw
+    hd = blobs[0].shape[0]
+    num_rnn, num_steps = (nx, ny) if y_dir else (ny, nx)
+    top = np.zeros((n, 2 * hd, ny, nx), np.float64)
+    for sweep in range(2):
+        w_i, w_c, w_o, w_f, w_ic, w_oc, w_fc, b_i, b_c, b_o, b_f = (b.astype(np.float64) for b in
+                                                                   blobs[11 * sweep:11 * sweep + 11])
+        start = 0 if sweep == 0 else num_steps - 1
+        step = 1 if sweep == 0 else -1
+        hidden = {}
+        cstate = {}
+        t = start
+        while 0 <= t < num_steps:
+            not_start = t != start
+            for rnn in range(num_rnn):
+                y, xx = (t, rnn) if y_dir else (rnn, t)
+                for i in range(n):
+                    xh = []
+                    for ch in range(c):
+                        for py in range(ph):
+                            for px in range(pw):
+                                xh.append(x[i, ch, y * ph + py, xx * pw + px])
+                    xh += list(hidden[rnn, i]) if not_start else [0.0] * hd
+                    xh = np.array(xh, np.float64)
+                    gi = w_i @ xh + b_i
+                    gc = w_c @ xh + b_c
+                    go = w_o @ xh + b_o
+                    gf = w_f @ xh + b_f
+                    if not_start and peephole:
+                        gi += w_ic @ cstate[rnn, i]
+                        gf += w_fc @ cstate[rnn, i]
+                    gi, gc, gf = sigmoid(gi), np.tanh(gc), sigmoid(gf)
+                    s = gc * gi + (gf * cstate[rnn, i] if not_start else 0.0)
+                    if peephole:
+                        go += w_oc @ s
+                    hnew = sigmoid(go) * np.tanh(s)
+                    cstate[rnn, i] = s
+                    hidden[rnn, i] = hnew
+                    top[i, sweep * hd:(sweep + 1) * hd, y, xx] = hnew
+            t += step
+    return top
+
+
+def renet_model(x_shape, params, seed):
+    layer = f'layer {{ name: "renet" type: "ReNetLSTM" bottom: "x" top: "o" renet_lstm_param {{ {params} }} }}'
+    model = load_from_text(net(layer, inputs={"x": x_shape}), random_weights=True)
+    node = next(nd for nd in model.layers if nd.name == "renet")
+    node.blobs = [rng(seed + i).standard_normal(b.shape).astype(np.float32) * 0.4
+                  for i, b in enumerate(node.blobs)]
+    return model, node
+
+
+RENET_CASES = [
+    # (x shape, params, y_dir, patch_h, patch_w, peephole)
+    ((2, 3, 6, 6), "direction: X_DIR num_output: 4 patch_height: 2 patch_width: 3", False, 2, 3, True),
+    ((2, 3, 6, 6), "direction: Y_DIR num_output: 4 patch_height: 2 patch_width: 3", True, 2, 3, True),
+    ((3, 2, 5, 4), "direction: Y_DIR num_output: 5 peephole: false", True, 1, 1, False),
+    ((3, 2, 5, 4), "num_output: 3 peephole: false", False, 1, 1, False),
+    ((2, 2, 1, 4), "direction: Y_DIR num_output: 3", True, 1, 1, True),   # one step per sweep
+]
+
+
+@pytest.mark.parametrize("case", RENET_CASES, ids=[c[1] for c in RENET_CASES])
+def test_renet_lstm_matches_the_fork(case, tmp_path):
+    x_shape, params, y_dir, ph, pw, peephole = case
+    model, node = renet_model(x_shape, params, 30)
+    hd = node.attrs["num_output"]
+    p = x_shape[1] * ph * pw
+    assert [tuple(b.shape) for b in node.blobs] == ([(hd, p + hd)] * 4 + [(hd, hd)] * 3 + [(hd,)] * 4) * 2
+    assert model.graph.tensors["o"].shape == (x_shape[0], 2 * hd, x_shape[2] // ph, x_shape[3] // pw)
+    x = rng(5).standard_normal(x_shape).astype(np.float32)
+    ref = renet_ref(x, node.blobs, y_dir, ph, pw, peephole)
+    check_everywhere(model, {"x": x}, {"o": ref}, tmp_path, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("x_shape, params, needle", [
+    ((1, 2, 5, 4), "num_output: 3 patch_height: 2", "whole number of 2 x 1 patches"),
+    ((1, 2, 4, 4), "patch_width: 2", "num_output must be >= 1"),
+    ((1, 2, 4, 4), "num_output: 2 patch_width: 0", "patch_width must be >= 1"),
+    ((2, 4, 4), "num_output: 2", "4-axis"),
+])
+def test_renet_lstm_refuses_what_the_fork_refuses(x_shape, params, needle):
+    layer = f'layer {{ name: "renet" type: "ReNetLSTM" bottom: "x" top: "o" renet_lstm_param {{ {params} }} }}'
+    with pytest.raises(LayerError) as err:
+        load_from_text(net(layer, inputs={"x": x_shape}))
+    assert needle in str(err.value)

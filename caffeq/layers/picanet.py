@@ -17,14 +17,29 @@ PwAttend: the fork's mnist examples (lenet_pwatt_train_test.prototxt, lenet_depl
 copied by Mhaiyang/TMM2018_DRFN) use this type with `pw_attend_param { att_mode kernel_size pad }`,
 AttPooling's fields; no layer or proto of the snapshot declares it (the earlier name of
 AttPooling), so it is read as AttPooling with a note.
+
+ReNetLSTM (renet_lstm_layer.cpp, ReNet of Visin et al. 2015).  Bottom x (N, C, H, W), cut into
+patch_height x patch_width patches (H, W divisible): ny = H / ph rows, nx = W / pw columns; a
+patch's vector (P = C ph pw) runs channel, then patch row, then patch column.  X_DIR: one LSTM per
+patch row, stepping along x; Y_DIR: one per patch column, stepping along y.  Two sweeps share the
+layout and have their own weights: dir 0 from step 0 up, dir 1 from the last step down.  Per step,
+with xh = [patch, h_{t-1}] (h = 0 and no s_{t-1} terms at a sweep's first step):
+    i = sigmoid(W_i xh + W_ic s_{t-1} + b_i)      c = tanh(W_c xh + b_c)
+    f = sigmoid(W_f xh + W_fc s_{t-1} + b_f)      s_t = c i + f s_{t-1}
+    o = sigmoid(W_o xh + W_oc s_t + b_o)          h_t = o tanh(s_t)
+The peephole terms are full D x D matrices, used only with `peephole` (default true).  Top
+(N, 2 D, ny, nx): channel dir * D + d holds sweep dir's h at that patch.  Blobs, 11 per sweep
+(dir 0's first), all present with or without peepholes: W_i, W_c, W_o, W_f (D, P + D), W_ic,
+W_oc, W_fc (D, D), b_i, b_c, b_o, b_f (D).
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from .registry import Layer, LayerError, four_axes, need_blobs, register_layer
+from .registry import Layer, LayerError, four_axes, need_blobs, positive_field, register_layer
 
 #: AttPooling's Reshape: CHECK_LE(K_, 1024) (the forward's CUDA block holds one thread per k)
 MAX_ATT_CHANNELS = 1024
@@ -173,3 +188,178 @@ class AttPooling(Layer):
             else:
                 total = op("Add", [total, term], f"sum{k}")
         ctx.add_node("Identity", [total], [node.outputs[0]], name=name)
+
+
+# ---- ReNetLSTM --------------------------------------------------------------------------------
+
+RENET_BLOBS = ("W_i", "W_c", "W_o", "W_f", "W_ic", "W_oc", "W_fc", "b_i", "b_c", "b_o", "b_f")
+
+
+def renet_lstm(x, blobs: list[torch.Tensor], y_dir: bool, patch_h: int, patch_w: int, peephole: bool):
+    """PiCANet's ReNetLSTM forward: x (N, C, H, W) and its 22 blobs -> (N, 2 D, H / ph, W / pw)."""
+    n, c, h, w = x.shape
+    ny, nx = h // patch_h, w // patch_w
+    dim = c * patch_h * patch_w
+    hd = blobs[0].shape[0]
+    patches = x.reshape(n, c, ny, patch_h, nx, patch_w).permute(2, 4, 0, 1, 3, 5).reshape(ny, nx, n, dim)
+    seq = patches if y_dir else patches.transpose(0, 1)       # (steps, RNNs, N, P)
+    steps, rnns = seq.shape[0], seq.shape[1]
+    seq = seq.reshape(steps, rnns * n, dim)
+    sweeps = []
+    for sweep in range(2):
+        w_i, w_c, w_o, w_f, w_ic, w_oc, w_fc, b_i, b_c, b_o, b_f = blobs[11 * sweep:11 * sweep + 11]
+        w_all = torch.cat([w_i, w_c, w_o, w_f], 0)             # gates in the fork's order i, c, o, f
+        gx = torch.matmul(seq, w_all[:, :dim].t()) + torch.cat([b_i, b_c, b_o, b_f])
+        w_h = w_all[:, dim:].t()
+        hs: list[torch.Tensor] = []
+        hid = torch.zeros(0)
+        state = torch.zeros(0)
+        order = list(range(steps)) if sweep == 0 else list(range(steps - 1, -1, -1))
+        for k, t in enumerate(order):
+            g = gx[t] if k == 0 else gx[t] + torch.matmul(hid, w_h)
+            gi, gc, go, gf = g[:, :hd], g[:, hd:2 * hd], g[:, 2 * hd:3 * hd], g[:, 3 * hd:]
+            if k > 0 and peephole:
+                gi = gi + torch.matmul(state, w_ic.t())
+                gf = gf + torch.matmul(state, w_fc.t())
+            cell = torch.tanh(gc) * torch.sigmoid(gi)
+            if k > 0:
+                cell = cell + torch.sigmoid(gf) * state
+            if peephole:
+                go = go + torch.matmul(cell, w_oc.t())
+            hid = torch.sigmoid(go) * torch.tanh(cell)
+            state = cell
+            hs.append(hid)
+        if sweep == 1:
+            hs = hs[::-1]
+        out = torch.stack(hs).reshape(steps, rnns, n, hd)
+        sweeps.append(out.permute(2, 3, 0, 1) if y_dir else out.permute(2, 3, 1, 0))
+    return torch.cat(sweeps, 1)
+
+
+class CaffeReNetLSTM(nn.Module):
+    """PiCANet's ReNetLSTM (see renet_lstm): its 22 blobs in the fork's order."""
+
+    def __init__(self, shapes, y_dir, patch_h, patch_w, peephole):
+        super().__init__()
+        self.blobs = nn.ParameterList([nn.Parameter(torch.zeros(s)) for s in shapes])
+        self.y_dir, self.patch_h, self.patch_w, self.peephole = y_dir, patch_h, patch_w, peephole
+
+    def forward(self, x):
+        return renet_lstm(x, list(self.blobs), self.y_dir, self.patch_h, self.patch_w, self.peephole)
+
+
+@register_layer("ReNetLSTM")
+class ReNetLSTM(Layer):
+    bottoms = tops = 1
+
+    def parse(self, lp):
+        need_blobs(lp, "ReNetLSTM", 1, 1, "x")
+        p = lp.renet_lstm_param
+        return {"y_dir": p.direction == 1,
+                "num_output": positive_field(p.num_output, "renet_lstm_param.num_output"),
+                "patch_h": positive_field(p.patch_height, "renet_lstm_param.patch_height"),
+                "patch_w": positive_field(p.patch_width, "renet_lstm_param.patch_width"),
+                "peephole": bool(p.peephole)}
+
+    def _grid(self, attrs, shape):
+        """(N, C, ny, nx) after Reshape's checks."""
+        n, c, h, w = four_axes(shape, "ReNetLSTM")
+        ph, pw = attrs["patch_h"], attrs["patch_w"]
+        if h % ph or w % pw:
+            raise LayerError(f"the bottom's {h} x {w} is not a whole number of {ph} x {pw} patches "
+                             f"(patch_height x patch_width)")
+        return n, c, h // ph, w // pw
+
+    def infer(self, attrs, in_shapes):
+        n, _, ny, nx = self._grid(attrs, in_shapes[0])
+        return [(n, 2 * attrs["num_output"], ny, nx)]
+
+    def blob_names_for(self, attrs):
+        return tuple(f"{name}_{sweep}" for sweep in ("fwd", "bwd") for name in RENET_BLOBS)
+
+    def weight_axes_for(self, attrs):
+        return {11 * sweep + i: 0 for sweep in range(2) for i in range(7)}
+
+    def param_shapes(self, attrs, in_shapes):
+        _, c, _, _ = self._grid(attrs, in_shapes[0])
+        hd = attrs["num_output"]
+        xh = c * attrs["patch_h"] * attrs["patch_w"] + hd
+        return ([(hd, xh)] * 4 + [(hd, hd)] * 3 + [(hd,)] * 4) * 2
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        n, c, ny, nx = self._grid(attrs, in_shapes[0])
+        hd = attrs["num_output"]
+        per = 4 * hd * (c * attrs["patch_h"] * attrs["patch_w"] + hd) + (3 * hd * hd if attrs["peephole"] else 0)
+        return 2 * n * ny * nx * per
+
+    def forward(self, attrs, params, x):
+        return renet_lstm(x, list(params), attrs["y_dir"], attrs["patch_h"], attrs["patch_w"], attrs["peephole"])
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        shapes = [tuple(s) for s in self.param_shapes(a, [emit.in_shape(0)])]
+        m = emit.instance(CaffeReNetLSTM, shapes, a["y_dir"], a["patch_h"], a["patch_w"], a["peephole"],
+                          needs=[renet_lstm])
+        for i in range(len(shapes)):
+            emit.param(f"blobs.{i}", i)
+        return f"{m}({emit.inputs[0]})"
+
+    def onnx(self, ctx, node):
+        """The two sweeps unrolled over the steps (fixed by the net's shape); N stays dynamic."""
+        a = node.attrs
+        x = node.inputs[0]
+        _, c, ny, nx = self._grid(a, ctx.shape(x))
+        ph, pw, hd, y_dir = a["patch_h"], a["patch_w"], a["num_output"], a["y_dir"]
+        dim = c * ph * pw
+        steps, rnns = (ny, nx) if y_dir else (nx, ny)
+        name = node.name
+        i64 = lambda v: ctx.const(np.array(v, np.int64))  # noqa: E731
+
+        def op(op_type, inputs, hint, **kw):
+            return ctx.add_node(op_type, inputs, ctx.tmp(f"{name}_{hint}"), **kw)
+
+        def cols(t, lo, hi, hint, axis=1):
+            return op("Slice", [t, i64([lo]), i64([hi]), i64([axis])], hint)
+
+        six = op("Reshape", [x, i64([-1, c, ny, ph, nx, pw])], "patch6")
+        grid = op("Transpose", [six], "grid", perm=[2, 4, 0, 1, 3, 5])
+        seq = op("Reshape", [grid, i64([ny, nx, -1, dim])], "grid4")
+        if not y_dir:
+            seq = op("Transpose", [seq], "rows", perm=[1, 0, 2, 3])
+        seq = op("Reshape", [seq, i64([steps, -1, dim])], "seq")
+        sweeps = []
+        for sweep in range(2):
+            base = 11 * sweep
+            wt = lambda i: ctx.weight(node, base + i)  # noqa: E731
+            w_all = op("Concat", [wt(0), wt(1), wt(2), wt(3)], f"w{sweep}", axis=0)
+            w_x = op("Transpose", [cols(w_all, 0, dim, f"wx{sweep}_raw")], f"wx{sweep}", perm=[1, 0])
+            w_h = op("Transpose", [cols(w_all, dim, dim + hd, f"wh{sweep}_raw")], f"wh{sweep}", perm=[1, 0])
+            bias = op("Concat", [wt(7), wt(8), wt(9), wt(10)], f"b{sweep}", axis=0)
+            gx = op("Add", [op("MatMul", [seq, w_x], f"gx{sweep}_raw"), bias], f"gx{sweep}")
+            peep = [op("Transpose", [wt(i)], f"peep{sweep}_{i}", perm=[1, 0]) for i in (4, 5, 6)] \
+                if a["peephole"] else None
+            order = range(steps) if sweep == 0 else range(steps - 1, -1, -1)
+            hs = {}
+            hid = state = None
+            for k, t in enumerate(order):
+                tag = f"{sweep}_{t}"
+                g = op("Gather", [gx, i64(t)], f"g{tag}_x", axis=0)
+                if k:
+                    g = op("Add", [g, op("MatMul", [hid, w_h], f"g{tag}_h")], f"g{tag}")
+                gi, gc, go, gf = (cols(g, j * hd, (j + 1) * hd, f"{'icof'[j]}{tag}_pre") for j in range(4))
+                if k and peep:
+                    gi = op("Add", [gi, op("MatMul", [state, peep[0]], f"i{tag}_peep")], f"i{tag}_sum")
+                    gf = op("Add", [gf, op("MatMul", [state, peep[2]], f"f{tag}_peep")], f"f{tag}_sum")
+                cell = op("Mul", [op("Tanh", [gc], f"c{tag}"), op("Sigmoid", [gi], f"i{tag}")], f"ci{tag}")
+                if k:
+                    fs = op("Mul", [op("Sigmoid", [gf], f"f{tag}"), state], f"fs{tag}")
+                    cell = op("Add", [cell, fs], f"s{tag}")
+                if peep:
+                    go = op("Add", [go, op("MatMul", [cell, peep[1]], f"o{tag}_peep")], f"o{tag}_sum")
+                hid = op("Mul", [op("Sigmoid", [go], f"o{tag}"), op("Tanh", [cell], f"tanh_s{tag}")], f"h{tag}")
+                state = cell
+                hs[t] = op("Reshape", [hid, i64([1, -1, hd])], f"h{tag}_3d")
+            stacked = hs[0] if steps == 1 else op("Concat", [hs[t] for t in range(steps)], f"hs{sweep}", axis=0)
+            four = op("Reshape", [stacked, i64([steps, rnns, -1, hd])], f"hs{sweep}_4d")
+            sweeps.append(op("Transpose", [four], f"out{sweep}", perm=[2, 3, 0, 1] if y_dir else [2, 3, 1, 0]))
+        ctx.add_node("Concat", sweeps, [node.outputs[0]], name=name, axis=1)
