@@ -45,6 +45,7 @@ from . import (  # noqa: F401,E402
     optical_flow,
     orn,
     periodic_shuffle,
+    picanet,
     pixelnet,
     plugin_standins,
     pooling,
