@@ -247,6 +247,10 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
         notes.extend(f"{where}: {text}" for text in attrs.pop("reading_notes", ()))
         if spec.is_data:
             attrs["base_dir"] = base_dir
+        if "phase" in attrs and attrs["phase"] is None:
+            # a spec that reads the layer's phase (Caffe's Net gives every layer the net's own unless
+            # the layer sets one): only the phase this graph is built for tells
+            attrs["phase"] = phase.upper() if isinstance(phase, str) else caffe_pb2.Phase.Name(phase)
 
         in_ids = []
         for b in lp.bottom:

@@ -71,6 +71,7 @@ class OnnxContext:
         self._node_names = set()
         self._const_cache = {}
         self._weight_cache = {}
+        self.live = None                # tensors the graph being written needs (emit_graph sets it)
 
     # -- shapes -------------------------------------------------------------------------
     def shape(self, name):
@@ -79,6 +80,11 @@ class OnnxContext:
         if t is not None:
             return tuple(t.shape)
         raise ExportError(f"{self._where()}: no static shape known for tensor '{name}'")
+
+    def needed(self, name):
+        """Whether the graph being written needs tensor `name` (a graph output, or read by a kept
+        layer): a layer may leave out a top nothing reads."""
+        return self.live is None or name in self.live
 
     # -- names --------------------------------------------------------------------------
     def _where(self):
@@ -226,6 +232,7 @@ def emit_graph(graph, opset):
     """Run every kept layer's emission -> (ctx, refusals, inputs, outputs, dropped)."""
     ctx = OnnxContext(graph, opset)
     kept, inputs, outputs, dropped = _live_io(graph)
+    ctx.live = set(outputs).union(*(n.inputs for n in kept))
     refusals = []
     for node in kept:
         ctx.layer = node

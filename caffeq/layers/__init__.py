@@ -20,6 +20,7 @@ from . import (  # noqa: F401,E402
     deformable_conv,
     denseblock,
     densereg,
+    detectnet,
     edge_flow_crf_forks,
     elementwise,
     face_norms,
