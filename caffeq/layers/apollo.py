@@ -37,12 +37,13 @@ the parameters are the messages of the Caffe those nets were trained with (gengq
 
 Batches: the plugins' outputs are for one image (batch size hard-coded to 1 there), so the two
 proposal layers take one image per batch.  Ties in the score sort keep the anchors' (rois') order;
-the plugins' atomicAdd gathers leave that order unspecified.  ONNX: refused (see onnx_refusal).
+the plugins' atomicAdd gathers leave that order unspecified.  ONNX: DFMBPSROIAlign in apollo_onnx.py; the proposals refused (see onnx_refusal).
 """
 import numpy as np
 import torch
 from torch import nn
 
+from .apollo_onnx import emit_dfmb_psroi_align
 from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 
 HEIGHT_AND_WIDTH, HEIGHT_OR_WIDTH = 0, 1
@@ -455,8 +456,9 @@ class RCNNProposal(_ApolloSpec):
 @register_layer("DFMBPSROIAlign")
 class DFMBPSROIAlign(_ApolloSpec):
     module_class, needs = ApolloDFMBPSROIAlign, (dfmb_psroi_align,)
-    onnx_refusal = ("ONNX has no position-sensitive ROI op, and its RoiAlign samples other points than Apollo's "
-                    "DFMBPSROIAlign (truncated bin starts, per-part offsets), so it cannot give the same numbers")
+
+    def onnx(self, ctx, node):
+        emit_dfmb_psroi_align(ctx, node)
 
     def parse(self, lp):
         need_blobs(lp, "DFMBPSROIAlign", (2, 3), 1, "features, rois[, trans]")
@@ -504,3 +506,4 @@ class DFMBPSROIAlign(_ApolloSpec):
         keys = ("heat_map_a", "heat_map_b", "pad_ratio", "output_dim", "group_height", "group_width",
                 "pooled_height", "pooled_width", "sample_per_part", "trans_std", "part_height", "part_width")
         return {k: attrs[k] for k in keys}
+
