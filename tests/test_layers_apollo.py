@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from conftest import check_everywhere, net, rng
 
-from caffeq.errors import ExportError
 from caffeq.io.schema import caffe_pb2
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -224,7 +223,7 @@ def test_rpn_proposal_ssd_matches_the_plugin(refine, mode, tmp_path):
     ref = ref_rpn(feeds["prob"], feeds["deltas"], feeds["im_info"], s)
     kept = int((ref[:, 0, 0, 0] == 0).sum())
     assert 2 < kept < 25          # NMS and the -1 rows both matter
-    check_everywhere(model, feeds, {"rois": ref}, tmp_path, atol=1e-4, rtol=1e-6, opsets=())
+    check_everywhere(model, feeds, {"rois": ref}, tmp_path, atol=1e-4, rtol=1e-6)
 
 
 def test_rpn_proposal_ssd_top_n_caps_the_rows(tmp_path):
@@ -232,8 +231,16 @@ def test_rpn_proposal_ssd_top_n_caps_the_rows(tmp_path):
     feeds = rpn_feeds(seed=3)
     ref = ref_rpn(feeds["prob"], feeds["deltas"], feeds["im_info"], s)
     assert (ref[:, 0] == 0).all()
-    got = load_from_text(rpn_net(s)).run(feeds)["rois"]
-    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-6)
+    check_everywhere(load_from_text(rpn_net(s)), feeds, {"rois": ref}, tmp_path, atol=1e-4, rtol=1e-6,
+                     opsets=(None,))
+
+
+def test_rcnn_proposal_with_nothing_left_writes_only_minus_ones(tmp_path):
+    s = {**RCNN_SETTINGS, "thresholds": [0.99, 0.99, 0.99]}
+    feeds = rcnn_feeds()
+    ref = ref_rcnn(feeds["cls"], feeds["bbox"], feeds["rois"], feeds["im_info"], s)
+    assert (ref == -1).all()
+    check_everywhere(load_from_text(rcnn_net(s)), feeds, {"bboxes": ref}, tmp_path, opsets=(None,))
 
 
 R, CLASSES = 14, 3
@@ -274,7 +281,7 @@ def test_rcnn_proposal_matches_the_plugin(score, mode, tmp_path):
     ref = ref_rcnn(feeds["cls"], feeds["bbox"], feeds["rois"], feeds["im_info"], s)
     kept = int((ref[:, 0, 0, 0] == 0).sum())
     assert 1 < kept < 8     # 9 rois pass the filters, 8 candidates, NMS drops one
-    check_everywhere(model, feeds, {"bboxes": ref}, tmp_path, atol=1e-4, rtol=1e-6, opsets=())
+    check_everywhere(model, feeds, {"bboxes": ref}, tmp_path, atol=1e-4, rtol=1e-6)
 
 
 DFMB = {"a": 2.0, "b": 0.5, "pad": 0.1, "dim": 2, "gh": 2, "gw": 3, "ph": 3, "pw": 2, "spp": 2, "tstd": 0.1,
@@ -323,12 +330,6 @@ def test_dfmb_psroi_align_two_classes_of_offsets(tmp_path):
              "trans": (g.standard_normal((5, 4, 2, 3)) * 3).astype(F)}
     ref = ref_dfmb(feeds["x"], feeds["rois"], feeds["trans"], s)
     check_everywhere(model, feeds, {"o": ref}, tmp_path, atol=1e-5, rtol=1e-5, opsets=(None,))
-
-
-@pytest.mark.parametrize("text", [rpn_net(), rcnn_net()])
-def test_apollo_layers_refuse_onnx(text, tmp_path):
-    with pytest.raises(ExportError, match="Apollo's"):
-        load_from_text(text).export_onnx(str(tmp_path / "m.onnx"), optimize=False)
 
 
 # ---- parameters and shapes -------------------------------------------------------------------------
@@ -420,7 +421,7 @@ layer { type: 'RCNNProposal' name: 'rcnn_proposal' bottom: 'cls_score_softmax' b
 """
 
 
-def test_apollo_traffic_light_head_reads_and_runs():
+def test_apollo_traffic_light_head_reads_and_runs(tmp_path):
     model = load_from_text(TL_HEAD, random_weights=True)
     shapes = model.blob_shapes
     assert shapes["rois"] == (30, 5, 1, 1)
@@ -433,6 +434,7 @@ def test_apollo_traffic_light_head_reads_and_runs():
              "rpn_bbox_pred": (g.standard_normal((1, 12, 8, 10)) * 0.3).astype(F),
              "im_info": np.array([64, 80, 1, 1, 0, 0], F).reshape(1, 6, 1, 1)}
     out = model.run(feeds, all_blobs=True)
+    check_everywhere(model, feeds, {"bboxes": out["bboxes"]}, tmp_path, atol=1e-4, rtol=1e-5, opsets=(None,))
     rois = out["rois"].reshape(30, 5)
     live = rois[:, 0] == 0
     assert live.any() and (rois[~live] == -1).all() and (rois[live, 3] <= 79).all()

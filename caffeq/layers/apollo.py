@@ -37,13 +37,14 @@ the parameters are the messages of the Caffe those nets were trained with (gengq
 
 Batches: the plugins' outputs are for one image (batch size hard-coded to 1 there), so the two
 proposal layers take one image per batch.  Ties in the score sort keep the anchors' (rois') order;
-the plugins' atomicAdd gathers leave that order unspecified.  ONNX: DFMBPSROIAlign in apollo_onnx.py; the proposals refused (see onnx_refusal).
+the plugins' atomicAdd gathers leave that order unspecified.  ONNX: apollo_onnx.py (the proposals through TopK and
+NonMaxSuppression, whose IoU gets the +1 pixel sizes from boxes given as [y1, x1, y2 + 1, x2 + 1]).
 """
 import numpy as np
 import torch
 from torch import nn
 
-from .apollo_onnx import emit_dfmb_psroi_align
+from .apollo_onnx import emit_dfmb_psroi_align, emit_rcnn_proposal, emit_rpn_proposal_ssd
 from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 
 HEIGHT_AND_WIDTH, HEIGHT_OR_WIDTH = 0, 1
@@ -370,8 +371,10 @@ class _ApolloSpec(Layer):
 @register_layer("RPNProposalSSD")
 class RPNProposalSSD(_ApolloSpec):
     module_class = ApolloRPNProposalSSD
-    onnx_refusal = ("Apollo's RPNProposalSSD: its greedy NMS with +1 pixel IoU and the -1 rows that fill its fixed "
-                    "output are not written as ONNX ops here")
+
+    def onnx(self, ctx, node):
+        height, width = ctx.shape(node.inputs[0])[2:4]
+        emit_rpn_proposal_ssd(ctx, node, self.module(node.attrs).anchors(height, width).numpy())
 
     def parse(self, lp):
         need_blobs(lp, "RPNProposalSSD", 3, 1, "rpn_cls_prob_reshape, rpn_bbox_pred, im_info")
@@ -414,8 +417,9 @@ class RPNProposalSSD(_ApolloSpec):
 @register_layer("RCNNProposal")
 class RCNNProposal(_ApolloSpec):
     module_class = ApolloRCNNProposal
-    onnx_refusal = ("Apollo's RCNNProposal: its greedy NMS with +1 pixel IoU and the -1 rows that fill its fixed "
-                    "output are not written as ONNX ops here")
+
+    def onnx(self, ctx, node):
+        emit_rcnn_proposal(ctx, node)
 
     def parse(self, lp):
         need_blobs(lp, "RCNNProposal", 4, 1, "cls_score_softmax, bbox_pred, rois, im_info")

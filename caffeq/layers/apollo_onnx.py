@@ -109,3 +109,170 @@ def emit_dfmb_psroi_align(ctx, node):
     mean = op("Div", [total, op("Max", [count, one], "count1")], "mean")
     mean = op("Where", [op("Equal", [count, zero], "none"), zero, mean], "pooled")
     ctx.add_node("Where", [live, mean, zero], [node.outputs[0]], name=name)
+
+
+# ---- the proposals: filters as elementwise ops, TopK, NonMaxSuppression, rows padded with -1 ----------
+
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+class _Ops:
+    """Node helpers named after the layer."""
+
+    def __init__(self, ctx, name):
+        self.ctx, self.name = ctx, name
+
+    def __call__(self, kind, inputs, hint, **kw):
+        return self.ctx.add_node(kind, inputs, [self.ctx.tmp(f"{self.name}_{hint}")], **kw)[0]
+
+    def f32(self, v):
+        return self.ctx.const(np.array(v, np.float32))
+
+    def i64(self, v):
+        return self.ctx.const(np.array(v, np.int64))
+
+    def col(self, x, k, hint):   # x[:, k]
+        return self("Gather", [x, self.i64(k)], hint, axis=1)
+
+    def trunc(self, v, hint):
+        return self("Where", [self("Less", [v, self.f32(0.0)], hint + "_neg"), self("Ceil", [v], hint + "_up"),
+                              self("Floor", [v], hint + "_down")], hint)
+
+
+def _decode(op, x1, y1, w, h, deltas):
+    """apollo_decode's corners from the box's x1, y1, sizes (broadcasting) and deltas (..., 4)."""
+    half = op.f32(0.5)
+    one = op.f32(1.0)
+    cx = op("Add", [x1, op("Mul", [half, op("Sub", [w, one], "w1")], "hw")], "cx")
+    cy = op("Add", [y1, op("Mul", [half, op("Sub", [h, one], "h1")], "hh")], "cy")
+    d = [op("Gather", [deltas, op.i64(k)], f"d{k}", axis=-1) for k in range(4)]
+    px = op("Add", [op("Mul", [d[0], w], "dxw"), cx], "px")
+    py = op("Add", [op("Mul", [d[1], h], "dyh"), cy], "py")
+    pw = op("Mul", [op("Exp", [d[2]], "ew"), w], "pw")
+    ph = op("Mul", [op("Exp", [d[3]], "eh"), h], "ph")
+    hw = op("Mul", [half, op("Sub", [pw, one], "pw1")], "phw")
+    hh = op("Mul", [half, op("Sub", [ph, one], "ph1")], "phh")
+    return [op("Sub", [px, hw], "bx1"), op("Sub", [py, hh], "by1"), op("Add", [px, hw], "bx2"),
+            op("Add", [py, hh], "by2")]
+
+
+def _clip(op, corners, height, width):
+    """apollo_clip: v < 0 -> 0, v > size - 1 -> size - 1."""
+    zero, one = op.f32(0.0), op.f32(1.0)
+    top_x, top_y = op("Sub", [width, one], "top_x"), op("Sub", [height, one], "top_y")
+    out = []
+    for k, v in enumerate(corners):
+        top = top_x if k % 2 == 0 else top_y
+        out.append(op("Where", [op("Less", [v, zero], f"lo{k}"), zero,
+                                op("Where", [op("Greater", [v, top], f"hi{k}"), top, v], f"cap{k}")], f"clip{k}"))
+    return out
+
+
+def _size_ok(op, corners, mode, min_h, min_w):
+    one = op.f32(1.0)
+    w = op("Add", [op("Sub", [corners[2], corners[0]], "sw0"), one], "sw")
+    h = op("Add", [op("Sub", [corners[3], corners[1]], "sh0"), one], "sh")
+    low, narrow = op("Less", [h, op.f32(min_h)], "low"), op("Less", [w, op.f32(min_w)], "narrow")
+    return op("Not", [op("Or" if mode == 0 else "And", [low, narrow], "small")], "big_enough")
+
+
+def _nms_rows(op, node, boxes, scores, extra, count, a):
+    """The best max_candidate_n of `count` scored boxes (dropped ones score -inf), NMS (IoU > overlap_ratio
+    with +1 pixel sizes: boxes given as [y1, x1, y2 + 1, x2 + 1]), the first top_n as rows
+    [0, x1, y1, x2, y2 (, extra)], then -1 rows up to top_n, shaped (top_n, columns, 1, 1)."""
+    ctx = op.ctx
+    k = min(a["max_candidate_n"], count)
+    vals, idx = ctx.add_node("TopK", [scores, op.i64([k])], [ctx.tmp(f"{op.name}_top"), ctx.tmp(f"{op.name}_idx")],
+                             axis=0, largest=1, sorted=1)
+    cand = op("Gather", [boxes, idx], "cand", axis=0)
+    plus = op.f32(np.array([0, 0, 1, 1], np.float32))
+    yx = op("Gather", [op("Add", [cand, plus], "cand1"), op.i64([1, 0, 3, 2])], "yx", axis=1)
+    sel = op("NonMaxSuppression", [op("Unsqueeze", [yx, op.i64([0])], "nms_b"),
+                                   op("Reshape", [vals, op.i64([1, 1, -1])], "nms_s"),
+                                   op.i64([a["top_n"]]), op.f32([a["overlap_ratio"]]), op.f32([-FLT_MAX])], "sel")
+    picked = op("Gather", [sel, op.i64(2)], "picked", axis=1)
+    parts = [op("Gather", [cand, picked], "chosen", axis=0)]
+    if extra is not None:
+        parts.append(op("Gather", [op("Gather", [extra, idx], "cand_x", axis=0), picked], "chosen_x", axis=0))
+    cols = 5 + (0 if extra is None else ctx.shape(node.inputs[0])[1])
+    from onnx import numpy_helper
+    zeros = op("ConstantOfShape", [op("Concat", [op("Shape", [picked], "n"), op.i64([1])], "z_shape", axis=0)],
+               "zeros", value=numpy_helper.from_array(np.zeros(1, np.float32)))
+    rows = op("Concat", [zeros, *parts, ], "rows", axis=1)
+    pad = op.ctx.const(np.full((a["top_n"], cols), -1, np.float32))
+    padded = op("Slice", [op("Concat", [rows, pad], "padded", axis=0), op.i64([0]), op.i64([a["top_n"]]),
+                          op.i64([0])], "first")
+    ctx.add_node("Reshape", [padded, op.i64([a["top_n"], cols, 1, 1])], [node.outputs[0]], name=node.name)
+
+
+def emit_rpn_proposal_ssd(ctx, node, anchors):
+    """ApolloRPNProposalSSD for one image; anchors: the (H W A, 4) float32 array the module makes."""
+    a = node.attrs
+    op = _Ops(ctx, node.name)
+    prob, deltas, info = node.inputs
+    n_anchor = len(a["anchor_widths"])
+    count = anchors.shape[0]
+    one = np.float32(1)
+    w = anchors[:, 2] - anchors[:, 0] + one
+    h = anchors[:, 3] - anchors[:, 1] + one
+    scores = op("Slice", [prob, op.i64([n_anchor]), op.i64([2 * n_anchor]), op.i64([1])], "fg")
+    scores = op("Reshape", [op("Transpose", [scores], "fg_t", perm=[0, 2, 3, 1]), op.i64([-1])], "scores")
+    d = op("Reshape", [op("Transpose", [deltas], "d_t", perm=[0, 2, 3, 1]), op.i64([-1, 4])], "deltas")
+    d = op("Add", [op("Mul", [d, op.f32(a["bbox_std"])], "d_std"), op.f32(a["bbox_mean"])], "d_norm")
+    corners = _decode(op, op.f32(anchors[:, 0]), op.f32(anchors[:, 1]), op.f32(w), op.f32(h), d)
+    if a["refine"]:
+        flat = op("Reshape", [info, op.i64([-1])], "info")
+        height = op.trunc(op("Gather", [flat, op.i64(0)], "im_h0", axis=0), "im_h")
+        width = op.trunc(op("Gather", [flat, op.i64(1)], "im_w0", axis=0), "im_w")
+        corners = _clip(op, corners, height, width)
+    keep = op("And", [op("Greater", [scores, op.f32(a["threshold_objectness"])], "objectness"),
+                      _size_ok(op, corners, a["min_size_mode"], a["min_size_h"], a["min_size_w"])], "keep")
+    live = op("Where", [keep, scores, op.f32(-np.inf)], "live")
+    boxes = op("Concat", [op("Unsqueeze", [c, op.i64([1])], f"corner{k}") for k, c in enumerate(corners)], "boxes",
+               axis=1)
+    _nms_rows(op, node, boxes, live, None, count, a)
+
+
+def emit_rcnn_proposal(ctx, node):
+    """ApolloRCNNProposal for one image."""
+    a = node.attrs
+    op = _Ops(ctx, node.name)
+    prob_in, bbox_in, rois_in, info = node.inputs
+    r = ctx.shape(rois_in)[0]
+    k = a["num_class"] + 1
+    probs = op("Reshape", [prob_in, op.i64([r, k])], "probs")
+    d = op("Reshape", [bbox_in, op.i64([r, k, 4])], "deltas")
+    d = op("Add", [op("Mul", [d, op.f32(a["bbox_std"])], "d_std"), op.f32(a["bbox_mean"])], "d_norm")
+    rois = op("Reshape", [rois_in, op.i64([r, 5])], "rois")
+    c = [op("Unsqueeze", [op.col(rois, j, f"r{j}"), op.i64([1])], f"roi{j}") for j in range(5)]   # (R, 1)
+    one = op.f32(1.0)
+    w = op("Add", [op("Sub", [c[3], c[1]], "rw0"), one], "rw")
+    h = op("Add", [op("Sub", [c[4], c[2]], "rh0"), one], "rh")
+    corners = _decode(op, c[1], c[2], w, h, d)                                                     # (R, K) each
+    if a["refine"]:
+        flat = op("Reshape", [info, op.i64([-1])], "info")
+        corners = _clip(op, corners, op("Gather", [flat, op.i64(0)], "im_h", axis=0),
+                        op("Gather", [flat, op.i64(1)], "im_w", axis=0))
+    # image 0's count of rois, read from the first rows
+    first = op("Equal", [op.trunc(op.col(rois, 0, "b0"), "b"), op.f32(0.0)], "image0")
+    n = op("ReduceSum", [op("Cast", [first, ], "image0_i", to=7), op.i64([0])], "n", keepdims=1)
+    rows_ok = op("Less", [op.i64(np.arange(r)), n], "rows_ok")
+    margin = op("Sub", [op("Slice", [probs, op.i64([1]), op.i64([k]), op.i64([1])], "fg"),
+                        op.f32(a["thresholds"])], "margin")
+    best = op("ReduceMax", [margin], "best", axes=[1], keepdims=0) if ctx.opset < 18 else \
+        op("ReduceMax", [margin, op.i64([1])], "best", keepdims=0)
+    cls = op("Add", [op("ArgMax", [margin], "cls0", axis=1, keepdims=1), op.i64(1)], "cls")       # (R, 1)
+    bg = op.col(probs, 0, "bg")
+    keep = op("And", [op("Not", [op("Less", [op("Sub", [one, bg], "fg_all"), op.f32(a["threshold_objectness"])],
+                                        "weak")], "objectness"),
+                      op("Not", [op("Less", [best, op.f32(0.0)], "below")], "passes")], "keep1")
+    keep = op("And", [keep, rows_ok], "keep2")
+    picked = [op("Squeeze", [op("GatherElements", [v, cls], f"pick{j}", axis=1), op.i64([1])], f"box{j}")
+              for j, v in enumerate(corners)]
+    score = op("Squeeze", [op("GatherElements", [probs, cls], "score1", axis=1), op.i64([1])], "score")
+    keep = op("And", [keep, op("And", [op("Greater", [score, op.f32(0.0)], "positive"),
+                                       _size_ok(op, picked, a["min_size_mode"], a["min_size_h"], a["min_size_w"])],
+                               "kept_boxes")], "keep")
+    live = op("Where", [keep, score, op.f32(-np.inf)], "live")
+    boxes = op("Concat", [op("Unsqueeze", [v, op.i64([1])], f"b{j}") for j, v in enumerate(picked)], "boxes", axis=1)
+    _nms_rows(op, node, boxes, live, probs if a["output_score"] else None, r, a)
