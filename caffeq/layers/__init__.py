@@ -4,6 +4,7 @@ from . import (  # noqa: F401,E402
     act_forks,
     activation,
     affordance,
+    apollo,
     au_forks,
     bilinear_forks,
     c3d,
