@@ -462,6 +462,10 @@ layer { name: "c" type: "Concat" bottom: "ref" bottom: "fl" top: "both" }
     # without a data parameter message the name alone does not make a data layer
     with pytest.raises(CaffeqError, match="unsupported layer type"):
         load_from_text(text.replace(' dense_image_data_param { source: "x" batch_size: 2 }', ""))
+    # a transform_param says it too (ginobilinie's MULTI_TASK_DATA_LABEL, its own parameters unknown)
+    text = text.replace('dense_image_data_param { source: "x" batch_size: 2 }', 'transform_param { mean_value: 134 }')
+    model = load_from_text(text, input_shapes={"ref": (2, 1, 8, 8), "fl": (2, 1, 8, 8)})
+    assert model.inputs == {"ref": (2, 1, 8, 8), "fl": (2, 1, 8, 8)} and model.blob_shapes["both"] == (2, 2, 8, 8)
 
 
 def test_a_fork_data_layer_whose_type_starts_with_data_is_an_input():
