@@ -61,6 +61,7 @@ def drop_training_only(layers, source="", notes=None):
     labels = _label_blobs(layers)
     readers = _readers(layers)
     label_readers = []
+    python_scorers = []
     changed = True
     while changed:
         changed = False
@@ -70,6 +71,13 @@ def drop_training_only(layers, source="", notes=None):
                 continue
             if lp.type == "Python":
                 drop = all(_trains_only_through(i, top, readers, only) for top in lp.top)
+                if not drop and any(b in labels for b in lp.bottom) and all(
+                        not readers.get((i, top)) or _trains_only_through(i, top, readers, only) for top in lp.top):
+                    # a module of the project's own that reads the label and gives what no layer
+                    # uses (puneet1189/SVHN's confusion-matrix accuracy): a scorer, which a net
+                    # without labels cannot run
+                    drop = True
+                    python_scorers.append(lp)
             elif any(b in labels for b in lp.bottom):
                 read = [top for top in lp.top if readers.get((i, top))]
                 drop = bool(read) and all(_trains_only_through(i, top, readers, only) for top in read)
@@ -84,6 +92,11 @@ def drop_training_only(layers, source="", notes=None):
         notes.append(f"{source + ': ' if source else ''}" + "; ".join(
             f"'{lp.name}' ({lp.type}) reads the label '{next(b for b in lp.bottom if b in labels)}' and its "
             f"results go only to losses and scorers: it only trains the net" for lp in label_readers))
+    if python_scorers and notes is not None:
+        notes.append(f"{source + ': ' if source else ''}" + "; ".join(
+            f"'{lp.name}' (Python {lp.python_param.module}.{lp.python_param.layer}) reads the label "
+            f"'{next(b for b in lp.bottom if b in labels)}' and no layer but a loss or scorer reads what it gives: "
+            f"it scores the net, dropped" for lp in python_scorers))
     # what reads only results of dropped layers cannot be computed either (R-FCN's OHEM sums the
     # per-roi losses in an Eltwise for its annotator)
     producers = {}

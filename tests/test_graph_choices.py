@@ -429,9 +429,12 @@ layer { name: "loss" type: "Python" bottom: "ip" bottom: "label" top: "loss" los
     # and so is a class named as a scorer (TextMaps' WebAccuracyLayer), as a type named "...Accuracy"
     scorer = named.replace("YoloLossLayer", "WebAccuracyLayer")
     assert load_from_text(scorer, random_weights=True).outputs == ["ip"]
-    # any other unknown Python layer is still refused
+    # as is any Python layer that reads the label and whose result nothing reads (a scorer by what it
+    # reads, see the test below); one that does not read the label is still refused
+    assert load_from_text(named.replace("YoloLossLayer", "YoloHeadLayer"), random_weights=True).outputs == ["ip"]
     with pytest.raises(CaffeqError, match="is a Python layer"):
-        load_from_text(named.replace("YoloLossLayer", "YoloHeadLayer"), random_weights=True)
+        load_from_text(named.replace("YoloLossLayer", "YoloHeadLayer").replace(' bottom: "label" top: "loss"',
+                                                                             ' top: "loss"'), random_weights=True)
 
 
 def test_a_fork_data_layers_guessed_data_shape_names_input_shape_where_it_does_not_fit():
@@ -496,6 +499,25 @@ layer { name: "debug" type: "Python" bottom: "x" bottom: "ip" python_param { mod
     model = load_from_text(text, random_weights=True)
     assert model.outputs == ["ip"] and [n.name for n in model.layers] == ["in", "ip"]
     assert any("without tops" in w and "debug (layers.debug_layer.Dbg)" in w for w in model.warnings)
+
+
+def test_a_python_layer_that_reads_the_label_and_feeds_nothing_is_a_scorer_and_dropped():
+    """puneet1189/SVHN's train_test: a confusion-matrix accuracy of its own module reads the scores
+    and the label, and no layer reads its top: a scorer, dropped with a note (not refused)."""
+    text = """
+layer { name: "data" type: "Data" top: "data" top: "label" data_param { source: "x" batch_size: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 3 } }
+layer { type: 'Python' name: 'py_accuracy' top: 'py_accuracy' bottom: 'ip' bottom: 'label'
+  python_param { module: 'confusion matrix' layer: 'PythonConfMat' } include { phase: TEST } }
+"""
+    model = load_from_text(text, input_shapes={"data": (2, 4)}, random_weights=True)
+    assert [n.name for n in model.layers] == ["data", "ip"] and "ip" in model.outputs
+    assert any("'py_accuracy' (Python confusion matrix.PythonConfMat) reads the label 'label' and no layer but "
+               "a loss or scorer reads what it gives: it scores the net, dropped" in w for w in model.warnings)
+    # one whose result a kept layer reads computes the net: refused as any other Python layer
+    feeding = text + 'layer { name: "s" type: "Scale" bottom: "py_accuracy" top: "s" }\n'
+    with pytest.raises(CaffeqError, match="is a Python layer"):
+        load_from_text(feeding, input_shapes={"data": (2, 4)}, random_weights=True)
 
 
 FASTER_RCNN_TRAIN = """
