@@ -13,6 +13,7 @@ def emit_dfmb_psroi_align(ctx, node):
     r = ctx.shape(node.inputs[1])[0]
     dim, ph_n, pw_n, spp = a["output_dim"], a["pooled_height"], a["pooled_width"], a["sample_per_part"]
     gh_n, gw_n = a["group_height"], a["group_width"]
+
     def trunc(v, hint):   # C's float-to-int conversion, kept as a float
         return ctx.op("Where", [ctx.op("Less", [v, ctx.f32(0.0)], hint + "_neg"), ctx.op("Ceil", [v], hint + "_up"),
                                 ctx.op("Floor", [v], hint + "_down")], hint)

@@ -308,6 +308,7 @@ class ReNetLSTM(Layer):
         dim = c * ph * pw
         steps, rnns = (ny, nx) if y_dir else (nx, ny)
         name = node.name
+
         def cols(t, lo, hi, hint, axis=1):
             return ctx.op("Slice", [t, ctx.i64([lo]), ctx.i64([hi]), ctx.i64([axis])], hint)
 

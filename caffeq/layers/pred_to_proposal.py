@@ -188,6 +188,7 @@ def emit_pred_to_proposals(ctx, node):
     rois_in, deltas_in, prob_in, info_in = node.inputs
     k = ctx.shape(prob_in)[1]
     name = node.name
+
     def cols(x, start, end, axis, hint):
         return ctx.op("Slice", [x, ctx.i64([start]), ctx.i64([end]), ctx.i64([axis])], hint)
 

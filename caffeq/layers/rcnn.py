@@ -586,6 +586,7 @@ def emit_proposals(ctx, node):
     n_anchors = len(a["anchors"])
     total = height * width * n_anchors
     name = node.name
+
     def column(x, k, hint):   # x[:, k]
         return ctx.op("Gather", [x, ctx.i64(k)], hint, axis=1)
 

@@ -35,6 +35,7 @@ def emit_detection_output(ctx, node, inputs=None, n_priors=None):
         raise ExportError(f"layer '{node.name}' (DetectionOutput): no class besides the background")
     T = P if a["top_k"] < 0 else min(a["top_k"], P)
     name = node.name
+
     def last(x, k, hint):   # x[..., k:k+1]
         return ctx.op("Slice", [x, ctx.i64([k]), ctx.i64([k + 1]), ctx.i64([-1])], hint)
 
