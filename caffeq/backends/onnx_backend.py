@@ -116,6 +116,21 @@ class OnnxContext:
         self.nodes.append(node)
         return outs[0] if single else outs
 
+    def op(self, kind, inputs, hint, name=None, **attrs):
+        """One `kind` node on `inputs` whose single output is a fresh tensor named
+        "<layer>_<hint>" (made unique), <layer> being the name of the layer being emitted;
+        returns that output's name.  `name` and `attrs` (including `domain`) go to add_node."""
+        prefix = self.layer.name if self.layer is not None else "t"
+        return self.add_node(kind, inputs, self.tmp(f"{prefix}_{hint}"), name=name, **attrs)
+
+    def i64(self, values):
+        """A shared int64 constant holding `values` (a scalar or a nested list)."""
+        return self.const(np.array(values, np.int64))
+
+    def f32(self, value):
+        """A shared float32 constant holding `value` (a scalar or a nested list)."""
+        return self.const(np.array(value, np.float32))
+
     # -- constants and weights ------------------------------------------------------------
     def const(self, array, hint=None):
         """An initializer holding `array` (its dtype kept); small equal constants are shared."""

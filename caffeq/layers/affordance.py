@@ -108,7 +108,7 @@ class ROIAlignmentLayer(RoiLayerSpec):
             raise ExportError(f"layer '{node.name}' (ROIAlignment): {ROIS_WANTED}, the net declares "
                               f"{list(ctx.shape(rois))}; give their shape with --input-shape")
         _n, _c, h, w = ctx.shape(x)
-        g = _OnnxGraph(ctx, node.name)
+        g = _OnnxGraph(ctx)
         flat = g.op("Reshape", rois, g.i64([-1, 5]))
         batch = g.op("Cast", g.op("Slice", flat, g.i64([0]), g.i64([1]), g.i64([1])), to=7)   # (R, 1) int64
         corners = g.op("Mul", g.op("Slice", flat, g.i64([1]), g.i64([5]), g.i64([1])), g.f32(a["scale"]))
@@ -141,21 +141,14 @@ class ROIAlignmentLayer(RoiLayerSpec):
 
 
 class _OnnxGraph:
-    """Small helper: each op gets a fresh output name under the layer's name."""
+    """The context's helpers (OnnxContext.op/i64/f32), op taking its inputs as arguments and naming its
+    output after the op type."""
 
-    def __init__(self, ctx, name):
-        self.ctx, self.name = ctx, name
+    def __init__(self, ctx):
+        self.ctx, self.i64, self.f32 = ctx, ctx.i64, ctx.f32
 
     def op(self, kind, *inputs, **attrs):
-        out = self.ctx.tmp(f"{self.name}_{kind.lower()}")
-        self.ctx.add_node(kind, list(inputs), [out], **attrs)
-        return out
-
-    def i64(self, v):
-        return self.ctx.const(np.array(v, np.int64))
-
-    def f32(self, v):
-        return self.ctx.const(np.array(v, np.float32))
+        return self.ctx.op(kind, list(inputs), kind.lower(), **attrs)
 
 
 def _onnx_points(g, start, end, pooled, size):

@@ -111,14 +111,6 @@ def au_masks(land, marks: list, signs: list, divisors: list, half: float, scale:
     return tuple(maps)
 
 
-def _i64(ctx, values):
-    return ctx.const(np.array(values, np.int64))
-
-
-def _f32(ctx, values):
-    return ctx.const(np.array(values, np.float32))
-
-
 # ---- Division, Combination -------------------------------------------------------------------
 
 def _coords(p, what, count):
@@ -153,9 +145,9 @@ class Division(Layer):
 
     def onnx(self, ctx, node):
         a = node.attrs
-        axes = _i64(ctx, [2, 3])
+        axes = ctx.i64([2, 3])
         for out, y, x in zip(node.outputs, a["ys"], a["xs"]):
-            ctx.add_node("Slice", [node.inputs[0], _i64(ctx, [y, x]), _i64(ctx, [y + a["height"], x + a["width"]]),
+            ctx.add_node("Slice", [node.inputs[0], ctx.i64([y, x]), ctx.i64([y + a["height"], x + a["width"]]),
                                    axes], [out], name=node.name)
 
     def pytorch_source(self, node, emit):
@@ -199,7 +191,7 @@ class Combination(Layer):
         top = ctx.const(np.zeros((), np.float32))
         for k, (part, s, y, x) in enumerate(zip(node.inputs, shapes, node.attrs["ys"], node.attrs["xs"])):
             h, w = int(s[2]), int(s[3])
-            pads = _i64(ctx, [0, 0, y, x, 0, 0, height - y - h, width - x - w])
+            pads = ctx.i64([0, 0, y, x, 0, 0, height - y - h, width - x - w])
             placed = ctx.add_node("Pad", [part, pads], [ctx.tmp(f"{node.name}_placed")], name=node.name)[0]
             mask = np.zeros((1, 1, height, width), bool)
             mask[..., y:y + h, x:x + w] = True
@@ -269,22 +261,22 @@ class AUMaskBasedLand(Layer):
 
         if not a["manhattan"]:
             blank = np.full((1, 1, size, size), a["fill"], np.float32)
-            shape = op("Concat", [op("Slice", [op("Shape", [node.inputs[0]], "shape"), _i64(ctx, [0]),
-                                               _i64(ctx, [1])], "n"), _i64(ctx, [1, size, size])], "shape", axis=0)
+            shape = op("Concat", [op("Slice", [op("Shape", [node.inputs[0]], "shape"), ctx.i64([0]),
+                                               ctx.i64([1])], "n"), ctx.i64([1, size, size])], "shape", axis=0)
             for out in outs:
                 ctx.add_node("Expand", [ctx.const(blank), shape], [out], name=name)
             return
-        pts = op("Reshape", [node.inputs[0], _i64(ctx, [0, -1])], "points")
-        ruler = op("Abs", [op("Sub", [op("Gather", [pts, _i64(ctx, [44])], "x22", axis=1),
-                                      op("Gather", [pts, _i64(ctx, [50])], "x25", axis=1)], "dx")], "ruler")
-        shift = op("Mul", [op("Div", [ruler, _f32(ctx, AU_DIVISORS)], "part"), _f32(ctx, AU_SIGNS)], "shift")
+        pts = op("Reshape", [node.inputs[0], ctx.i64([0, -1])], "points")
+        ruler = op("Abs", [op("Sub", [op("Gather", [pts, ctx.i64([44])], "x22", axis=1),
+                                      op("Gather", [pts, ctx.i64([50])], "x25", axis=1)], "dx")], "ruler")
+        shift = op("Mul", [op("Div", [ruler, ctx.f32(AU_DIVISORS)], "part"), ctx.f32(AU_SIGNS)], "shift")
         marks = np.array(AU_MARKS, np.int64)
-        col = _i64(ctx, [0, len(AU_MARKS), 1, 1])
+        col = ctx.i64([0, len(AU_MARKS), 1, 1])
         cx = op("Reshape", [op("Gather", [pts, ctx.const(2 * marks)], "xs", axis=1), col], "cx")
         cy = op("Reshape", [op("Add", [op("Gather", [pts, ctx.const(2 * marks + 1)], "ys", axis=1), shift], "ysh"),
                             col], "cy")
-        half, scale = _f32(ctx, a["half"]), _f32(ctx, a["scale"])
-        zero, last = _f32(ctx, 0.0), _f32(ctx, float(size - 1))
+        half, scale = ctx.f32(a["half"]), ctx.f32(a["scale"])
+        zero, last = ctx.f32(0.0), ctx.f32(float(size - 1))
 
         def bound(centre, sign):
             edge = op(sign, [centre, half], "edge")
@@ -299,14 +291,14 @@ class AUMaskBasedLand(Layer):
                     "inside")
         dist = op("Add", [op("Abs", [op("Sub", [hh, op("Mul", [cy, scale], "acy")], "dh")], "adh"),
                           op("Abs", [op("Sub", [ww, op("Mul", [cx, scale], "acx")], "dw")], "adw")], "dist")
-        spread = op("Cast", [op("Mul", [dist, _f32(ctx, a["coeff"])], "spread")], "spread64", to=11)
+        spread = op("Cast", [op("Mul", [dist, ctx.f32(a["coeff"])], "spread")], "spread64", to=11)
         value64 = op("Sub", [ctx.const(np.array(1.0)), op("Mul", [spread, ctx.const(np.array(a["factor"]))], "k")], "v")
         value = op("Cast", [op("Max", [value64, ctx.const(np.array(a["fill"]))], "vmax")], "value", to=1)
-        fill = _f32(ctx, a["fill"])
+        fill = ctx.f32(a["fill"])
         written = op("Where", [inside, value, fill], "written")
 
         def channel(tensor, j, hint):
-            return op("Slice", [tensor, _i64(ctx, [j]), _i64(ctx, [j + 1]), _i64(ctx, [1])], hint)
+            return op("Slice", [tensor, ctx.i64([j]), ctx.i64([j + 1]), ctx.i64([1])], hint)
 
         for k in range(12):
             ctx.add_node("Where", [channel(inside, 2 * k + 1, "in_odd"), channel(value, 2 * k + 1, "v_odd"),
@@ -314,17 +306,17 @@ class AUMaskBasedLand(Layer):
         if ctx.opset < 18:
             ctx.add_node("ReduceMax", [written], [outs[12]], name=name, axes=[1], keepdims=1)
         else:
-            ctx.add_node("ReduceMax", [written, _i64(ctx, [1])], [outs[12]], name=name, keepdims=1)
+            ctx.add_node("ReduceMax", [written, ctx.i64([1])], [outs[12]], name=name, keepdims=1)
 
     @staticmethod
     def _onnx_round(op, x, ctx):
-        half = _f32(ctx, 0.5)
+        half = ctx.f32(0.5)
         down, up = op("Floor", [x], "floor"), op("Ceil", [x], "ceil")
         pos = op("Add", [down, op("Cast", [op("GreaterOrEqual", [op("Sub", [x, down], "fr"), half], "ge")], "b", to=1)],
                  "pos")
         neg = op("Sub", [up, op("Cast", [op("GreaterOrEqual", [op("Sub", [up, x], "fr"), half], "ge")], "b", to=1)],
                  "neg")
-        return op("Where", [op("GreaterOrEqual", [x, _f32(ctx, 0.0)], "sign"), pos, neg], "round")
+        return op("Where", [op("GreaterOrEqual", [x, ctx.f32(0.0)], "sign"), pos, neg], "round")
 
 
 # ---- MultiStageMeanfieldAU3 ------------------------------------------------------------------

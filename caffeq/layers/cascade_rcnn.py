@@ -216,30 +216,24 @@ class DecodeBBox(Layer):
         a = node.attrs
         if a["train_screen"]:
             self._refuse_train(ExportError, node.name)
-        i64 = lambda v: ctx.const(np.array(v, np.int64))
-        f32 = lambda v: ctx.const(np.array(v, np.float32))
-        t = lambda hint: ctx.tmp(f"{node.name}_{hint}")
-
-        def op(kind, inputs, hint, **kw):
-            out = t(hint)
-            ctx.add_node(kind, inputs, [out], **kw)
-            return out
 
         def column(src, lo, hi, hint):
-            return op("Slice", [src, i64([lo]), i64([hi]), i64([1])], hint)
+            return ctx.op("Slice", [src, ctx.i64([lo]), ctx.i64([hi]), ctx.i64([1])], hint)
 
-        deltas = op("Reshape", [node.inputs[0], i64([-1, 8])], "deltas")
-        rois = op("Reshape", [node.inputs[1], i64([-1, 5])], "rois")
-        d = op("Add", [op("Mul", [column(deltas, 4, 8, "fg"), f32(a["stds"])], "scaled"), f32(a["means"])], "d")
+        deltas = ctx.op("Reshape", [node.inputs[0], ctx.i64([-1, 8])], "deltas")
+        rois = ctx.op("Reshape", [node.inputs[1], ctx.i64([-1, 5])], "rois")
+        d = ctx.op("Add", [ctx.op("Mul", [column(deltas, 4, 8, "fg"), ctx.f32(a["stds"])], "scaled"),
+                           ctx.f32(a["means"])], "d")
         start, end = column(rois, 1, 3, "start"), column(rois, 3, 5, "end")   # (x, y) pairs
-        size = op("Add", [op("Sub", [end, start], "diff"), f32(1.0)], "size")
-        centre = op("Mul", [f32(0.5), op("Add", [end, start], "sum")], "centre")
-        new_size = op("Mul", [size, op("Exp", [column(d, 2, 4, "dwh")], "exp")], "new_size")
-        moved = op("Add", [op("Mul", [column(d, 0, 2, "dxy"), size], "shift"), centre], "moved")
-        lo = op("Sub", [moved, op("Div", [op("Sub", [new_size, f32(1.0)], "nm1"), f32(2.0)], "half")], "lo")
-        hi = op("Sub", [op("Add", [lo, new_size], "lo_plus"), f32(1.0)], "hi")
-        boxes = op("Concat", [column(rois, 0, 1, "batch"), lo, hi], "boxes", axis=1)
-        ctx.add_node("Reshape", [boxes, op("Shape", [node.inputs[1]], "shape")], [node.outputs[0]], name=node.name)
+        size = ctx.op("Add", [ctx.op("Sub", [end, start], "diff"), ctx.f32(1.0)], "size")
+        centre = ctx.op("Mul", [ctx.f32(0.5), ctx.op("Add", [end, start], "sum")], "centre")
+        new_size = ctx.op("Mul", [size, ctx.op("Exp", [column(d, 2, 4, "dwh")], "exp")], "new_size")
+        moved = ctx.op("Add", [ctx.op("Mul", [column(d, 0, 2, "dxy"), size], "shift"), centre], "moved")
+        lo = ctx.op("Sub", [moved, ctx.op("Div", [ctx.op("Sub", [new_size, ctx.f32(1.0)], "nm1"), ctx.f32(2.0)],
+                                          "half")], "lo")
+        hi = ctx.op("Sub", [ctx.op("Add", [lo, new_size], "lo_plus"), ctx.f32(1.0)], "hi")
+        boxes = ctx.op("Concat", [column(rois, 0, 1, "batch"), lo, hi], "boxes", axis=1)
+        ctx.add_node("Reshape", [boxes, ctx.op("Shape", [node.inputs[1]], "shape")], [node.outputs[0]], name=node.name)
 
     def pytorch_source(self, node, emit):
         a = node.attrs

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -311,7 +310,6 @@ def _onnx_unrolled(ctx, node, spec):
     x, cont = node.inputs[0], node.inputs[1]
     t, n, c_in, hh, ww = ctx.shape(x)
     c = a["num_output"]
-    i64 = lambda v: ctx.const(np.array(v, np.int64))  # noqa: E731
 
     def tmp(hint):
         return ctx.tmp(f"{name}_{hint}")
@@ -324,9 +322,9 @@ def _onnx_unrolled(ctx, node, spec):
     idx = 0
     gx = None
     if not a["ignore_x"]:
-        x4 = ctx.add_node("Reshape", [x, i64([-1, c_in, hh, ww])], tmp("x4"))
+        x4 = ctx.add_node("Reshape", [x, ctx.i64([-1, c_in, hh, ww])], tmp("x4"))
         gx4 = ctx.add_node("Conv", [x4, ctx.weight(node, 0)], tmp("gx4"), name=name, **conv_attrs(a["conv_x"]))
-        gx = ctx.add_node("Reshape", [gx4, i64([t, -1, 4 * c, hh, ww])], tmp("gx"))
+        gx = ctx.add_node("Reshape", [gx4, ctx.i64([t, -1, 4 * c, hh, ww])], tmp("gx"))
         idx = 1
     w_h = [ctx.weight(node, idx)]
     idx += 1
@@ -336,30 +334,30 @@ def _onnx_unrolled(ctx, node, spec):
     peep = []
     if a["hadamard"]:
         view = spec._peep_shape(a, (1, n, c, hh, ww))[1][1:]
-        peep = [ctx.add_node("Reshape", [ctx.weight(node, idx + k), i64(list(view))], tmp(f"peep{k}"))
+        peep = [ctx.add_node("Reshape", [ctx.weight(node, idx + k), ctx.i64(list(view))], tmp(f"peep{k}"))
                 for k in range(3)]
     state = [-1, c, hh, ww]
     if a["expose_hidden"]:
-        h = ctx.add_node("Reshape", [node.inputs[2], i64(state)], tmp("h0"))
-        cc = ctx.add_node("Reshape", [node.inputs[3], i64(state)], tmp("c0"))
+        h = ctx.add_node("Reshape", [node.inputs[2], ctx.i64(state)], tmp("h0"))
+        cc = ctx.add_node("Reshape", [node.inputs[3], ctx.i64(state)], tmp("c0"))
     else:
         shape = ctx.add_node("Shape", [x], tmp("shape"))
-        nn_ = ctx.add_node("Gather", [shape, i64([1])], tmp("n"), axis=0)
-        dims = ctx.add_node("Concat", [nn_, i64([c, hh, ww])], tmp("dims"), axis=0)
+        nn_ = ctx.add_node("Gather", [shape, ctx.i64([1])], tmp("n"), axis=0)
+        dims = ctx.add_node("Concat", [nn_, ctx.i64([c, hh, ww])], tmp("dims"), axis=0)
         h = ctx.add_node("ConstantOfShape", [dims], tmp("zeros"))
         cc = h
     hs, cs, outs = [h], [cc], []
     for step in range(t):
-        s = i64(step)
+        s = ctx.i64(step)
         ct = ctx.add_node("Gather", [cont, s], tmp(f"cont{step}"), axis=0)
-        ct = ctx.add_node("Reshape", [ct, i64([-1, 1, 1, 1])], tmp(f"cont{step}_col"))
+        ct = ctx.add_node("Reshape", [ct, ctx.i64([-1, 1, 1, 1])], tmp(f"cont{step}_col"))
         hc = ctx.add_node("Mul", [ct, h], tmp(f"h_conted{step}"))
         pre = ctx.add_node("Conv", [hc] + w_h, tmp(f"hidden{step}"), **conv_attrs(a["conv_h"]))
         if gx is not None:
             gxt = ctx.add_node("Gather", [gx, s], tmp(f"gx{step}"), axis=0)
             pre = ctx.add_node("Add", [pre, gxt], tmp(f"pre{step}"))
-        g5 = ctx.add_node("Reshape", [pre, i64([-1, 4, c, hh, ww])], tmp(f"gates{step}"))
-        parts = [ctx.add_node("Gather", [g5, i64(k)], tmp(f"gate{step}_{k}"), axis=1) for k in range(4)]
+        g5 = ctx.add_node("Reshape", [pre, ctx.i64([-1, 4, c, hh, ww])], tmp(f"gates{step}"))
+        parts = [ctx.add_node("Gather", [g5, ctx.i64(k)], tmp(f"gate{step}_{k}"), axis=1) for k in range(4)]
         if peep:
             for k in range(3):
                 term = ctx.add_node("Mul", [cc, peep[k]], tmp(f"peep{step}_{k}"))
@@ -367,7 +365,7 @@ def _onnx_unrolled(ctx, node, spec):
         h, cc = onnx_lstm_unit(lambda op, ins, hint: ctx.add_node(op, ins, tmp(hint)), parts, ct, cc, str(step))
         hs.append(h)
         cs.append(cc)
-        outs.append(ctx.add_node("Reshape", [h, i64([1, -1, c, hh, ww])], tmp(f"h{step}_5d")))
+        outs.append(ctx.add_node("Reshape", [h, ctx.i64([1, -1, c, hh, ww])], tmp(f"h{step}_5d")))
     if len(outs) == 1:
         ctx.add_node("Identity", outs, [node.outputs[0]])
     else:
@@ -377,4 +375,4 @@ def _onnx_unrolled(ctx, node, spec):
         states += [h, cc]
     one = [1, -1, c, hh, ww]
     for out, st in zip(node.outputs[1:], states):
-        ctx.add_node("Reshape", [st, i64(one)], [out])
+        ctx.add_node("Reshape", [st, ctx.i64(one)], [out])

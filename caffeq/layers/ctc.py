@@ -211,52 +211,44 @@ def emit_ctc_onnx(ctx, node):
     steps, classes = shape[0], shape[2]
     name = node.name
 
-    def i64(values):
-        return ctx.const(np.array(values, np.int64))
-
-    def op(op_type, inputs, hint, **attrs):
-        out = ctx.tmp(f"{name}_{hint}")
-        ctx.add_node(op_type, inputs, [out], **attrs)
-        return out
-
     probs = x
     if len(shape) > 3:
-        probs = op("Reshape", [x, i64([steps, 0, -1])], "flat")
+        probs = ctx.op("Reshape", [x, ctx.i64([steps, 0, -1])], "flat")
         if int(np.prod(shape[2:])) != classes:
-            probs = op("Slice", [probs, i64([0]), i64([classes]), i64([2])], "probs")
+            probs = ctx.op("Slice", [probs, ctx.i64([0]), ctx.i64([classes]), ctx.i64([2])], "probs")
     # ONNX ArgMax with select_last_index=0 returns the first maximum, as the forks do
-    argmax = op("ArgMax", [probs], "argmax", axis=2, keepdims=1, select_last_index=0)
-    best_class = op("Transpose", [op("Squeeze", [argmax, i64([2])], "argmax2")], "classes", perm=[1, 0])
-    keep = op("Not", [op("Equal", [best_class, i64(a["_blank"])], "is_blank")], "not_blank")
+    argmax = ctx.op("ArgMax", [probs], "argmax", axis=2, keepdims=1, select_last_index=0)
+    best_class = ctx.op("Transpose", [ctx.op("Squeeze", [argmax, ctx.i64([2])], "argmax2")], "classes", perm=[1, 0])
+    keep = ctx.op("Not", [ctx.op("Equal", [best_class, ctx.i64(a["_blank"])], "is_blank")], "not_blank")
     valid = None
     if a["_form"] == INDICATORS:
-        ind = op("Reshape", [node.inputs[1], i64([0, 0, -1])], "ind3")
-        ind = op("Slice", [ind, i64([1, 0]), i64([steps, 1]), i64([0, 2])], "ind_next")
-        ind = op("Transpose", [op("Squeeze", [ind, i64([2])], "ind2")], "ind_nt", perm=[1, 0])
-        zero = op("Cast", [op("Equal", [ind, ctx.const(np.array(0, np.float32))], "ind_zero")],
-                  "ind_zero_i", to=7)  # INT64
-        stopped = op("Greater", [op("CumSum", [zero, i64(1)], "ind_cum"), i64(0)], "stopped")
+        ind = ctx.op("Reshape", [node.inputs[1], ctx.i64([0, 0, -1])], "ind3")
+        ind = ctx.op("Slice", [ind, ctx.i64([1, 0]), ctx.i64([steps, 1]), ctx.i64([0, 2])], "ind_next")
+        ind = ctx.op("Transpose", [ctx.op("Squeeze", [ind, ctx.i64([2])], "ind2")], "ind_nt", perm=[1, 0])
+        zero = ctx.op("Cast", [ctx.op("Equal", [ind, ctx.const(np.array(0, np.float32))], "ind_zero")],
+                      "ind_zero_i", to=7)  # INT64
+        stopped = ctx.op("Greater", [ctx.op("CumSum", [zero, ctx.i64(1)], "ind_cum"), ctx.i64(0)], "stopped")
         # step 0 always counts: pad a "not stopped" column in front
-        stopped = op("Pad", [op("Cast", [stopped], "stopped_i", to=7), i64([0, 1, 0, 0]), i64(0)],
-                     "stopped_pad", mode="constant")
-        valid = op("Equal", [stopped, i64(0)], "valid")
-        keep = op("And", [keep, valid], "keep_valid")
+        stopped = ctx.op("Pad", [ctx.op("Cast", [stopped], "stopped_i", to=7), ctx.i64([0, 1, 0, 0]), ctx.i64(0)],
+                         "stopped_pad", mode="constant")
+        valid = ctx.op("Equal", [stopped, ctx.i64(0)], "valid")
+        keep = ctx.op("And", [keep, valid], "keep_valid")
     if a["merge_repeated"]:
-        shifted = op("Pad", [best_class, i64([0, 1, 0, 0]), i64(-1)], "prev_pad", mode="constant")
-        previous = op("Slice", [shifted, i64([0]), i64([steps]), i64([1])], "prev")
-        keep = op("And", [keep, op("Not", [op("Equal", [best_class, previous], "repeat")], "no_repeat")],
-                  "keep")
-    time = i64(np.arange(steps).reshape(1, steps))
-    key = op("Where", [keep, time, i64(np.arange(steps, 2 * steps).reshape(1, steps))], "key")
+        shifted = ctx.op("Pad", [best_class, ctx.i64([0, 1, 0, 0]), ctx.i64(-1)], "prev_pad", mode="constant")
+        previous = ctx.op("Slice", [shifted, ctx.i64([0]), ctx.i64([steps]), ctx.i64([1])], "prev")
+        keep = ctx.op("And", [keep, ctx.op("Not", [ctx.op("Equal", [best_class, previous], "repeat")], "no_repeat")],
+                      "keep")
+    time = ctx.i64(np.arange(steps).reshape(1, steps))
+    key = ctx.op("Where", [keep, time, ctx.i64(np.arange(steps, 2 * steps).reshape(1, steps))], "key")
     sorted_key, order = ctx.tmp(f"{name}_sorted_key"), ctx.tmp(f"{name}_order")
-    ctx.add_node("TopK", [key, i64([steps])], [sorted_key, order], axis=1, largest=0, sorted=1)
-    gathered = op("GatherElements", [best_class, order], "gathered", axis=1)
-    labels = op("Where", [op("Less", [sorted_key, i64(steps)], "is_kept"), gathered, i64(-1)], "labels")
-    labels = op("Cast", [labels], "labels_f", to=1)  # FLOAT
-    ctx.add_node("Unsqueeze", [labels, i64([2, 3])], [node.outputs[0]], name=name)
+    ctx.add_node("TopK", [key, ctx.i64([steps])], [sorted_key, order], axis=1, largest=0, sorted=1)
+    gathered = ctx.op("GatherElements", [best_class, order], "gathered", axis=1)
+    labels = ctx.op("Where", [ctx.op("Less", [sorted_key, ctx.i64(steps)], "is_kept"), gathered, ctx.i64(-1)], "labels")
+    labels = ctx.op("Cast", [labels], "labels_f", to=1)  # FLOAT
+    ctx.add_node("Unsqueeze", [labels, ctx.i64([2, 3])], [node.outputs[0]], name=name)
     if a["tops"] == 2:
-        best = op("GatherElements", [probs, argmax], "max", axis=2)
-        best = op("Transpose", [op("Squeeze", [best, i64([2])], "max2")], "max_nt", perm=[1, 0])
-        best = op("Mul", [best, op("Cast", [valid], "valid_f", to=1)], "max_valid")
-        total = op("ReduceSum", [best, i64([1])], "max_sum", keepdims=0)
-        ctx.add_node("Reshape", [op("Neg", [total], "score"), i64([-1, 1, 1, 1])], [node.outputs[1]])
+        best = ctx.op("GatherElements", [probs, argmax], "max", axis=2)
+        best = ctx.op("Transpose", [ctx.op("Squeeze", [best, ctx.i64([2])], "max2")], "max_nt", perm=[1, 0])
+        best = ctx.op("Mul", [best, ctx.op("Cast", [valid], "valid_f", to=1)], "max_valid")
+        total = ctx.op("ReduceSum", [best, ctx.i64([1])], "max_sum", keepdims=0)
+        ctx.add_node("Reshape", [ctx.op("Neg", [total], "score"), ctx.i64([-1, 1, 1, 1])], [node.outputs[1]])

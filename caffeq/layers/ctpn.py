@@ -172,43 +172,39 @@ def emit_text_proposals(ctx, node):
     _, _, height, width = ctx.shape(prob_in)
     n_anchors = len(a["anchors"])
     name = node.name
-    i64 = lambda v: ctx.const(np.array(v, np.int64))
-    f32 = lambda v: ctx.const(np.array(v, np.float32))
     f64 = lambda v: ctx.const(np.array(v, np.float64))
 
-    def op(op_type, inputs, hint, **kw):
-        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
-
     def cast(x, to, hint):
-        return op("Cast", [x], hint, to=to)
+        return ctx.op("Cast", [x], hint, to=to)
 
     boxes = shifted_anchors(torch.tensor(a["anchors"], dtype=torch.float64), height, width,
                             a["feat_stride"]).numpy()
     centre_y = (boxes[:, 1] + boxes[:, 3]) / 2.0
     anchor_h = boxes[:, 3] - boxes[:, 1] + 1.0
 
-    scores = op("Slice", [prob_in, i64([n_anchors]), i64([2 * n_anchors]), i64([1])], "text")
-    scores = op("Transpose", [scores], "text_t", perm=[0, 2, 3, 1])
-    ctx.add_node("Reshape", [scores, i64([-1, 1])], [node.outputs[1]])
-    deltas = op("Reshape", [op("Transpose", [deltas_in], "d_t", perm=[0, 2, 3, 1]), i64([-1, 2])], "deltas")
-    dy = op("Gather", [deltas, i64(0)], "dy", axis=1)
-    dh = op("Gather", [deltas, i64(1)], "dh", axis=1)
-    box_h = cast(op("Mul", [cast(op("Exp", [dh], "exp_dh"), TensorProto.DOUBLE, "exp_dh64"), f64(anchor_h)],
-                    "box_h64"), TensorProto.FLOAT, "box_h")
-    top = op("Add", [op("Mul", [cast(dy, TensorProto.DOUBLE, "dy64"), f64(anchor_h)], "dy_h"), f64(centre_y)],
-             "centre64")
-    top = op("Sub", [top, op("Div", [cast(box_h, TensorProto.DOUBLE, "box_h_64"), f64(2.0)], "half_h")], "top64")
+    scores = ctx.op("Slice", [prob_in, ctx.i64([n_anchors]), ctx.i64([2 * n_anchors]), ctx.i64([1])], "text")
+    scores = ctx.op("Transpose", [scores], "text_t", perm=[0, 2, 3, 1])
+    ctx.add_node("Reshape", [scores, ctx.i64([-1, 1])], [node.outputs[1]])
+    deltas = ctx.op("Reshape", [ctx.op("Transpose", [deltas_in], "d_t", perm=[0, 2, 3, 1]), ctx.i64([-1, 2])], "deltas")
+    dy = ctx.op("Gather", [deltas, ctx.i64(0)], "dy", axis=1)
+    dh = ctx.op("Gather", [deltas, ctx.i64(1)], "dh", axis=1)
+    box_h = cast(ctx.op("Mul", [cast(ctx.op("Exp", [dh], "exp_dh"), TensorProto.DOUBLE, "exp_dh64"), f64(anchor_h)],
+                        "box_h64"), TensorProto.FLOAT, "box_h")
+    top = ctx.op("Add", [ctx.op("Mul", [cast(dy, TensorProto.DOUBLE, "dy64"), f64(anchor_h)], "dy_h"), f64(centre_y)],
+                 "centre64")
+    top = ctx.op("Sub", [top, ctx.op("Div", [cast(box_h, TensorProto.DOUBLE, "box_h_64"), f64(2.0)], "half_h")],
+                 "top64")
     top = cast(top, TensorProto.FLOAT, "top")
-    bottom = op("Add", [top, box_h], "bottom")
-    info = op("Gather", [op("Reshape", [info_in, i64([0, -1])], "info2"), i64(0)], "info", axis=0)
-    x_max = op("Sub", [op("Gather", [info, i64(1)], "im_w", axis=0), f32(1.0)], "x_max")
-    y_max = op("Sub", [op("Gather", [info, i64(0)], "im_h", axis=0), f32(1.0)], "y_max")
-    zero = f32(0.0)
+    bottom = ctx.op("Add", [top, box_h], "bottom")
+    info = ctx.op("Gather", [ctx.op("Reshape", [info_in, ctx.i64([0, -1])], "info2"), ctx.i64(0)], "info", axis=0)
+    x_max = ctx.op("Sub", [ctx.op("Gather", [info, ctx.i64(1)], "im_w", axis=0), ctx.f32(1.0)], "x_max")
+    y_max = ctx.op("Sub", [ctx.op("Gather", [info, ctx.i64(0)], "im_h", axis=0), ctx.f32(1.0)], "y_max")
+    zero = ctx.f32(0.0)
 
     def clip(v, limit, hint):
-        return op("Max", [op("Min", [v, limit], hint + "_min"), zero], hint)
+        return ctx.op("Max", [ctx.op("Min", [v, limit], hint + "_min"), zero], hint)
 
-    corners = [clip(f32(boxes[:, 0]), x_max, "x1"), clip(top, y_max, "y1"),
-               clip(f32(boxes[:, 2]), x_max, "x2"), clip(bottom, y_max, "y2")]
-    columns = [op("Reshape", [c, i64([-1, 1])], f"col{k}") for k, c in enumerate(corners)]
+    corners = [clip(ctx.f32(boxes[:, 0]), x_max, "x1"), clip(top, y_max, "y1"),
+               clip(ctx.f32(boxes[:, 2]), x_max, "x2"), clip(bottom, y_max, "y2")]
+    columns = [ctx.op("Reshape", [c, ctx.i64([-1, 1])], f"col{k}") for k, c in enumerate(corners)]
     ctx.add_node("Concat", columns, [node.outputs[0]], name=name, axis=1)

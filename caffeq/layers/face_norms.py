@@ -82,19 +82,16 @@ class _L2Norm(Layer):
     def onnx(self, ctx, node):
         name = node.name
 
-        def op(kind, inputs, hint):
-            return ctx.add_node(kind, inputs, [ctx.tmp(f"{name}_{hint}")])[0]
-
         shape = ctx.const(np.array(node.attrs["_legacy"], np.int64))
         x = ctx.add_node("Reshape", [node.inputs[0], shape], [ctx.tmp(name + "_4d")], name=name)[0]
         axes = list(range(1, len(node.attrs["_legacy"]))) if self.keep_shape else self.axes
         squares = _reduce(ctx, "ReduceSumSquare", x, axes)
         eps = ctx.const(np.array(node.attrs["eps"], np.float32))
         if self.eps_under_root:   # xialuxi: x * 1 / sqrt(sum + eps)
-            inv = op("Reciprocal", [op("Sqrt", [op("Add", [squares, eps], "sse")], "root")], "inv")
+            inv = ctx.op("Reciprocal", [ctx.op("Sqrt", [ctx.op("Add", [squares, eps], "sse")], "root")], "inv")
             ctx.add_node("Mul", [x, inv], [node.outputs[0]])
         else:                     # xiaolonw: x / (sqrt(sum) + eps)
-            ctx.add_node("Div", [x, op("Add", [op("Sqrt", [squares], "root"), eps], "norm")], [node.outputs[0]])
+            ctx.add_node("Div", [x, ctx.op("Add", [ctx.op("Sqrt", [squares], "root"), eps], "norm")], [node.outputs[0]])
 
 
 @register_layer("Norm")

@@ -186,32 +186,26 @@ def level_area_thresholds():
 def emit_assign_rois(ctx, node, merged):
     """As_rois / As_rois_MergeRcnn from standard ops: the levels by comparing the area with
     level_area_thresholds(), each level's rows by NonZero + Gather, zero rows by Pad."""
-    name = node.name
-    i64 = lambda v: ctx.const(np.array(v, np.int64))
-
-    def op(op_type, inputs, hint, **kw):
-        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
-
     rois = node.inputs[0]
-    col = lambda k: op("Gather", [rois, i64(k)], f"c{k}", axis=1)
-    area = op("Mul", [op("Sub", [col(3), col(1)], "w"), op("Sub", [col(4), col(2)], "h")], "area")
-    at_least = [op("GreaterOrEqual", [area, ctx.const(np.array(t, np.float32))], f"ge{k}")
+    col = lambda k: ctx.op("Gather", [rois, ctx.i64(k)], f"c{k}", axis=1)
+    area = ctx.op("Mul", [ctx.op("Sub", [col(3), col(1)], "w"), ctx.op("Sub", [col(4), col(2)], "h")], "area")
+    at_least = [ctx.op("GreaterOrEqual", [area, ctx.const(np.array(t, np.float32))], f"ge{k}")
                 for k, t in zip((3, 4, 5), level_area_thresholds())]
-    masks = [op("Not", [at_least[0]], "l2"),
-             op("And", [at_least[0], op("Not", [at_least[1]], "n4")], "l3"),
-             op("And", [at_least[1], op("Not", [at_least[2]], "n5")], "l4"),
+    masks = [ctx.op("Not", [at_least[0]], "l2"),
+             ctx.op("And", [at_least[0], ctx.op("Not", [at_least[1]], "n4")], "l3"),
+             ctx.op("And", [at_least[1], ctx.op("Not", [at_least[2]], "n5")], "l4"),
              at_least[2]]
     blocks = []
     for k, mask in zip(range(2, 6), masks):
-        idx = op("Reshape", [op("NonZero", [mask], f"nz{k}"), i64([-1])], f"idx{k}")
-        picked = op("Gather", [rois, idx], f"rows{k}", axis=0)
-        count = op("Shape", [idx], f"n{k}")
+        idx = ctx.op("Reshape", [ctx.op("NonZero", [mask], f"nz{k}"), ctx.i64([-1])], f"idx{k}")
+        picked = ctx.op("Gather", [rois, idx], f"rows{k}", axis=0)
+        count = ctx.op("Shape", [idx], f"n{k}")
         if merged:   # 4 zero rows when the level is empty
-            extra = op("Mul", [op("Cast", [op("Equal", [count, i64([0])], f"empty{k}")], f"e{k}",
-                                  to=7), i64([EMPTY_LEVEL_ROWS])], f"extra{k}")
+            extra = ctx.op("Mul", [ctx.op("Cast", [ctx.op("Equal", [count, ctx.i64([0])], f"empty{k}")], f"e{k}",
+                                          to=7), ctx.i64([EMPTY_LEVEL_ROWS])], f"extra{k}")
         else:        # zero rows up to level_rows
-            extra = op("Sub", [i64([node.attrs["level_rows"]]), count], f"extra{k}")
-        pads = op("Concat", [i64([0, 0]), extra, i64([0])], f"pads{k}", axis=0)
+            extra = ctx.op("Sub", [ctx.i64([node.attrs["level_rows"]]), count], f"extra{k}")
+        pads = ctx.op("Concat", [ctx.i64([0, 0]), extra, ctx.i64([0])], f"pads{k}", axis=0)
         blocks.append(ctx.add_node("Pad", [picked, pads, ctx.const(np.array(0, np.float32))],
                                    [node.outputs[k - 1]], mode="constant")[0])
     ctx.add_node("Concat", blocks, [node.outputs[0]], axis=0)
@@ -224,20 +218,15 @@ def emit_fpn_proposals(ctx, node):
     kept boxes' order.  The map-smaller-than-grid error of the torch form has no ONNX counterpart."""
     a = node.attrs
     name = node.name
-    i64 = lambda v: ctx.const(np.array(v, np.int64))
-    f32 = lambda v: ctx.const(np.array(v, np.float32))
-
-    def op(op_type, inputs, hint, **kw):
-        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
-
-    info = op("Reshape", [node.inputs[0], i64([-1])], "info")
-    im_h, im_w, im_scale = (op("Gather", [info, i64(k)], h, axis=0) for k, h in ((0, "im_h"), (1, "im_w"), (2, "sc")))
-    x_max, y_max = op("Sub", [im_w, f32(1.0)], "x_max"), op("Sub", [im_h, f32(1.0)], "y_max")
-    limit = op("Mul", [f32(float(a["min_size"])), im_scale], "limit")
+    info = ctx.op("Reshape", [node.inputs[0], ctx.i64([-1])], "info")
+    im_h, im_w, im_scale = (ctx.op("Gather", [info, ctx.i64(k)], h, axis=0)
+                            for k, h in ((0, "im_h"), (1, "im_w"), (2, "sc")))
+    x_max, y_max = ctx.op("Sub", [im_w, ctx.f32(1.0)], "x_max"), ctx.op("Sub", [im_h, ctx.f32(1.0)], "y_max")
+    limit = ctx.op("Mul", [ctx.f32(float(a["min_size"])), im_scale], "limit")
     level_boxes, level_scores, total = [], [], 0
 
     def clip(v, top, hint):
-        return op("Max", [op("Min", [v, top], hint + "_min"), f32(0.0)], hint)
+        return ctx.op("Max", [ctx.op("Min", [v, top], hint + "_min"), ctx.f32(0.0)], hint)
 
     for level, stride, anchors in zip(a["levels"], a["strides"], a["anchors"]):
         deltas_in, prob_in = node.inputs[1 + level], node.inputs[6 + level]
@@ -252,55 +241,62 @@ def emit_fpn_proposals(ctx, node):
         cell_y = np.repeat(np.arange(height), width * n_anchors).astype(np.float32)
         cell_x = np.tile(np.repeat(np.arange(width), n_anchors), height).astype(np.float32)
         t = f"s{stride}"
-        scores = op("Slice", [prob_in, i64([n_anchors]), i64([2 * n_anchors]), i64([1])], t + "fg")
-        scores = op("Reshape", [op("Transpose", [scores], t + "fg_t", perm=[0, 2, 3, 1]), i64([-1])], t + "sc")
-        deltas = op("Reshape", [op("Transpose", [deltas_in], t + "d_t", perm=[0, 2, 3, 1]), i64([-1, 4])], t + "d")
+        scores = ctx.op("Slice", [prob_in, ctx.i64([n_anchors]), ctx.i64([2 * n_anchors]), ctx.i64([1])], t + "fg")
+        scores = ctx.op("Reshape", [ctx.op("Transpose", [scores], t + "fg_t", perm=[0, 2, 3, 1]), ctx.i64([-1])],
+                        t + "sc")
+        deltas = ctx.op("Reshape", [ctx.op("Transpose", [deltas_in], t + "d_t", perm=[0, 2, 3, 1]), ctx.i64([-1, 4])],
+                        t + "d")
         def col(k, h, deltas=deltas, t=t):
-            return op("Gather", [deltas, i64(k)], t + h, axis=1)
+            return ctx.op("Gather", [deltas, ctx.i64(k)], t + h, axis=1)
 
-        px = op("Add", [op("Mul", [col(0, "dx"), f32(widths)], t + "mx"), f32(ctr_x)], t + "px")
-        py = op("Add", [op("Mul", [col(1, "dy"), f32(heights)], t + "my"), f32(ctr_y)], t + "py")
-        hw = op("Mul", [f32(0.5), op("Mul", [op("Exp", [col(2, "dw")], t + "ew"), f32(widths)], t + "pw")], t + "hw")
-        hh = op("Mul", [f32(0.5), op("Mul", [op("Exp", [col(3, "dh")], t + "eh"), f32(heights)], t + "ph")], t + "hh")
+        px = ctx.op("Add", [ctx.op("Mul", [col(0, "dx"), ctx.f32(widths)], t + "mx"), ctx.f32(ctr_x)], t + "px")
+        py = ctx.op("Add", [ctx.op("Mul", [col(1, "dy"), ctx.f32(heights)], t + "my"), ctx.f32(ctr_y)], t + "py")
+        hw = ctx.op("Mul", [ctx.f32(0.5), ctx.op("Mul", [ctx.op("Exp", [col(2, "dw")], t + "ew"), ctx.f32(widths)],
+                                                 t + "pw")], t + "hw")
+        hh = ctx.op("Mul", [ctx.f32(0.5), ctx.op("Mul", [ctx.op("Exp", [col(3, "dh")], t + "eh"), ctx.f32(heights)],
+                                                 t + "ph")], t + "hh")
 
-        x1 = clip(op("Sub", [px, hw], t + "x1r"), x_max, t + "x1")
-        y1 = clip(op("Sub", [py, hh], t + "y1r"), y_max, t + "y1")
-        x2 = clip(op("Add", [px, hw], t + "x2r"), x_max, t + "x2")
-        y2 = clip(op("Add", [py, hh], t + "y2r"), y_max, t + "y2")
-        ws = op("Add", [op("Sub", [x2, x1], t + "ws0"), f32(1.0)], t + "ws")
-        hs = op("Add", [op("Sub", [y2, y1], t + "hs0"), f32(1.0)], t + "hs")
-        grid_h = op("Floor", [op("Div", [im_h, f32(float(stride))], t + "gh0")], t + "gh")
-        grid_w = op("Floor", [op("Div", [im_w, f32(float(stride))], t + "gw0")], t + "gw")
-        inside = op("And", [op("Less", [f32(cell_y), grid_h], t + "in_y"),
-                            op("Less", [f32(cell_x), grid_w], t + "in_x")], t + "inside")
-        big = op("And", [op("GreaterOrEqual", [ws, limit], t + "wide"),
-                         op("GreaterOrEqual", [hs, limit], t + "high")], t + "big")
-        level_scores.append(op("Where", [op("And", [inside, big], t + "live"), scores, f32(-np.inf)], t + "score"))
-        level_boxes.append(op("Concat", [op("Unsqueeze", [v, i64([1])], t + h) for v, h in
-                                         ((x1, "c1"), (y1, "c2"), (x2, "c3"), (y2, "c4"))], t + "corners", axis=1))
-    scores = op("Concat", level_scores, "scores", axis=0)
-    corners = op("Concat", level_boxes, "corners", axis=0)
+        x1 = clip(ctx.op("Sub", [px, hw], t + "x1r"), x_max, t + "x1")
+        y1 = clip(ctx.op("Sub", [py, hh], t + "y1r"), y_max, t + "y1")
+        x2 = clip(ctx.op("Add", [px, hw], t + "x2r"), x_max, t + "x2")
+        y2 = clip(ctx.op("Add", [py, hh], t + "y2r"), y_max, t + "y2")
+        ws = ctx.op("Add", [ctx.op("Sub", [x2, x1], t + "ws0"), ctx.f32(1.0)], t + "ws")
+        hs = ctx.op("Add", [ctx.op("Sub", [y2, y1], t + "hs0"), ctx.f32(1.0)], t + "hs")
+        grid_h = ctx.op("Floor", [ctx.op("Div", [im_h, ctx.f32(float(stride))], t + "gh0")], t + "gh")
+        grid_w = ctx.op("Floor", [ctx.op("Div", [im_w, ctx.f32(float(stride))], t + "gw0")], t + "gw")
+        inside = ctx.op("And", [ctx.op("Less", [ctx.f32(cell_y), grid_h], t + "in_y"),
+                                ctx.op("Less", [ctx.f32(cell_x), grid_w], t + "in_x")], t + "inside")
+        big = ctx.op("And", [ctx.op("GreaterOrEqual", [ws, limit], t + "wide"),
+                             ctx.op("GreaterOrEqual", [hs, limit], t + "high")], t + "big")
+        level_scores.append(ctx.op("Where", [ctx.op("And", [inside, big], t + "live"), scores, ctx.f32(-np.inf)],
+                                   t + "score"))
+        level_boxes.append(ctx.op("Concat", [ctx.op("Unsqueeze", [v, ctx.i64([1])], t + h) for v, h in
+                                             ((x1, "c1"), (y1, "c2"), (x2, "c3"), (y2, "c4"))], t + "corners", axis=1))
+    scores = ctx.op("Concat", level_scores, "scores", axis=0)
+    corners = ctx.op("Concat", level_boxes, "corners", axis=0)
     k = total if a["pre_nms_top_n"] <= 0 else min(a["pre_nms_top_n"], total)
-    vals, idx = ctx.add_node("TopK", [scores, i64([k])], [ctx.tmp(f"{name}_top"), ctx.tmp(f"{name}_top_idx")],
+    vals, idx = ctx.add_node("TopK", [scores, ctx.i64([k])], [ctx.tmp(f"{name}_top"), ctx.tmp(f"{name}_top_idx")],
                              axis=0, largest=1, sorted=1)
-    cand = op("Gather", [corners, idx], "cand", axis=0)
+    cand = ctx.op("Gather", [corners, idx], "cand", axis=0)
     # ONNX's IoU has no +1: give it [y1, x1, y2 + 1, x2 + 1]
-    nms_boxes = op("Gather", [op("Add", [cand, f32([0, 0, 1, 1])], "cand1"), i64([1, 0, 3, 2])], "yx", axis=1)
+    nms_boxes = ctx.op("Gather", [ctx.op("Add", [cand, ctx.f32([0, 0, 1, 1])], "cand1"), ctx.i64([1, 0, 3, 2])], "yx",
+                       axis=1)
     post = a["post_nms_top_n"]
     max_out = k if post <= 0 else min(post, k)
     sel = ctx.add_node("NonMaxSuppression",
-                       [op("Unsqueeze", [nms_boxes, i64([0])], "nms_b"), op("Reshape", [vals, i64([1, 1, -1])], "nms_s"),
-                        i64([max_out]), f32([a["nms_thresh"]]), f32([-np.finfo(np.float32).max])],
+                       [ctx.op("Unsqueeze", [nms_boxes, ctx.i64([0])], "nms_b"),
+                        ctx.op("Reshape", [vals, ctx.i64([1, 1, -1])], "nms_s"),
+                        ctx.i64([max_out]), ctx.f32([a["nms_thresh"]]), ctx.f32([-np.finfo(np.float32).max])],
                        [ctx.tmp(f"{name}_sel")], name=name)[0]
-    picked = op("Gather", [sel, i64(2)], "picked", axis=1)
+    picked = ctx.op("Gather", [sel, ctx.i64(2)], "picked", axis=1)
     if post > 0:   # the kept rows repeated in order up to post (none kept: no rows)
-        kept = op("Shape", [picked], "kept")
-        rows = op("Min", [i64([post]), op("Mul", [kept, i64([post])], "kept_post")], "rows")
-        order = op("Range", [i64(0), op("Squeeze", [rows, i64([0])], "rows_s"), i64(1)], "order")
-        picked = op("Gather", [picked, op("Mod", [order, op("Max", [kept, i64([1])], "kept1")], "cycle")], "padded",
-                    axis=0)
-    chosen = op("Gather", [cand, picked], "chosen", axis=0)
-    zeros = op("Mul", [op("Gather", [chosen, i64([0])], "first", axis=1), f32(0.0)], "zeros")
+        kept = ctx.op("Shape", [picked], "kept")
+        rows = ctx.op("Min", [ctx.i64([post]), ctx.op("Mul", [kept, ctx.i64([post])], "kept_post")], "rows")
+        order = ctx.op("Range", [ctx.i64(0), ctx.op("Squeeze", [rows, ctx.i64([0])], "rows_s"), ctx.i64(1)], "order")
+        cycle = ctx.op("Mod", [order, ctx.op("Max", [kept, ctx.i64([1])], "kept1")], "cycle")
+        picked = ctx.op("Gather", [picked, cycle], "padded", axis=0)
+    chosen = ctx.op("Gather", [cand, picked], "chosen", axis=0)
+    zeros = ctx.op("Mul", [ctx.op("Gather", [chosen, ctx.i64([0])], "first", axis=1), ctx.f32(0.0)], "zeros")
     ctx.add_node("Concat", [zeros, chosen], [node.outputs[0]], axis=1)
 
 

@@ -236,26 +236,23 @@ class Quant(Layer):
         a = node.attrs
         x, out, name = node.inputs[0], node.outputs[0], node.name
 
-        def f32(v):
-            return ctx.const(np.array(v, np.float32))
-
         func = a["func"]
         if func == "hwgq":
             pairs = list(zip(a["thresholds"], a["centers"]))
-            y = f32(0.0)
+            y = ctx.f32(0.0)
             for j, (t, c) in reversed(list(enumerate(pairs))):
-                le = ctx.add_node("LessOrEqual", [x, f32(t)], ctx.tmp(f"{name}_le{j}"))
-                y = ctx.add_node("Where", [le, f32(c), y], ctx.tmp(f"{name}_level{j}"))
-            low = ctx.add_node("LessOrEqual", [x, f32(0.0)], ctx.tmp(f"{name}_nonpositive"))
-            ctx.add_node("Where", [low, f32(-a["negative_slope"]), y], out, name=name)
+                le = ctx.add_node("LessOrEqual", [x, ctx.f32(t)], ctx.tmp(f"{name}_le{j}"))
+                y = ctx.add_node("Where", [le, ctx.f32(c), y], ctx.tmp(f"{name}_level{j}"))
+            low = ctx.add_node("LessOrEqual", [x, ctx.f32(0.0)], ctx.tmp(f"{name}_nonpositive"))
+            ctx.add_node("Where", [low, ctx.f32(-a["negative_slope"]), y], out, name=name)
         elif func == "sign":
-            ge = ctx.add_node("GreaterOrEqual", [x, f32(0.0)], ctx.tmp(f"{name}_ge0"))
-            ctx.add_node("Where", [ge, f32(1.0), f32(-1.0)], out, name=name)
+            ge = ctx.add_node("GreaterOrEqual", [x, ctx.f32(0.0)], ctx.tmp(f"{name}_ge0"))
+            ctx.add_node("Where", [ge, ctx.f32(1.0), ctx.f32(-1.0)], out, name=name)
         elif func == "hard_tanh":
-            ctx.add_node("Clip", [x, f32(-1.0), f32(1.0)], out, name=name)
+            ctx.add_node("Clip", [x, ctx.f32(-1.0), ctx.f32(1.0)], out, name=name)
         else:
-            pos = ctx.add_node("Greater", [x, f32(0.0)], ctx.tmp(f"{name}_pos"))
-            neg = ctx.add_node("Mul", [x, f32(a["negative_slope"])], ctx.tmp(f"{name}_slope"))
+            pos = ctx.add_node("Greater", [x, ctx.f32(0.0)], ctx.tmp(f"{name}_pos"))
+            neg = ctx.add_node("Mul", [x, ctx.f32(a["negative_slope"])], ctx.tmp(f"{name}_slope"))
             ctx.add_node("Where", [pos, x, neg], out, name=name)
 
     def pytorch_source(self, node, emit):

@@ -78,11 +78,10 @@ class Duplicate(Layer):
     def onnx(self, ctx, node):
         n, c = _legacy_nc(ctx.shape(node.inputs[0]))
         name = node.name
-        i64 = lambda v: ctx.const(np.array(v, np.int64))   # noqa: E731
-        flat = ctx.add_node("Reshape", [node.inputs[0], i64([-1])], ctx.tmp(name + "_flat"), name=name)
-        head = ctx.add_node("Slice", [flat, i64([0]), i64([n * c]), i64([0])], ctx.tmp(name + "_head"))
-        nc = ctx.add_node("Reshape", [head, i64([n, c, 1, 1])], ctx.tmp(name + "_nc"))
-        ctx.add_node("Expand", [nc, i64([n, c, node.attrs["height"], node.attrs["width"]])], [node.outputs[0]])
+        flat = ctx.add_node("Reshape", [node.inputs[0], ctx.i64([-1])], ctx.tmp(name + "_flat"), name=name)
+        head = ctx.add_node("Slice", [flat, ctx.i64([0]), ctx.i64([n * c]), ctx.i64([0])], ctx.tmp(name + "_head"))
+        nc = ctx.add_node("Reshape", [head, ctx.i64([n, c, 1, 1])], ctx.tmp(name + "_nc"))
+        ctx.add_node("Expand", [nc, ctx.i64([n, c, node.attrs["height"], node.attrs["width"]])], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
         a = node.attrs

@@ -11,7 +11,6 @@ concatenation only when both bottoms have the same channels (or, for one item, w
 channels divide bottom 0's and are no more): other channel counts mix channels, which caffeq
 refuses to reproduce.
 """
-import numpy as np
 import torch
 
 from .registry import Layer, LayerError, count, register_layer
@@ -74,11 +73,8 @@ class MergeCrop(Layer):
         axes = list(range(2, len(sa)))
         starts = [(sb[i] - sa[i]) // 2 for i in axes]
 
-        def i64(values):
-            return ctx.const(np.array(values, np.int64))
-
-        crop = ctx.add_node("Slice", [b, i64(starts), i64([s + sa[i] for s, i in zip(starts, axes)]), i64(axes)],
-                            [ctx.tmp(name + "_crop")], name=name)[0]
+        crop = ctx.add_node("Slice", [b, ctx.i64(starts), ctx.i64([s + sa[i] for s, i in zip(starts, axes)]),
+                                      ctx.i64(axes)], [ctx.tmp(name + "_crop")], name=name)[0]
         parts = []
         for tensor, used in ((a, node.attrs["forward"][0]), (crop, node.attrs["forward"][1])):
             if not used:

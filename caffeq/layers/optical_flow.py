@@ -313,27 +313,24 @@ class Correlation(Layer):
             node.attrs, ctx.shape(node.outputs[0]))
         i64 = np.int64
 
-        def op(kind, inputs, hint, **kw):
-            return ctx.add_node(kind, inputs, ctx.tmp(f"{name}_{hint}"), **kw)
-
         if pad_h or pad_w:
             pads = ctx.const(np.array([0, 0, pad_h, pad_w, 0, 0, pad_h, pad_w], i64))
-            a = op("Pad", [a, pads], "pad_a", name=name)
-            b = op("Pad", [b, pads], "pad_b")
+            a = ctx.op("Pad", [a, pads], "pad_a", name=name)
+            b = ctx.op("Pad", [b, pads], "pad_b")
         span_h, span_w = (top_h - 1) * stride + k, (top_w - 1) * stride + k
         axes = ctx.const(np.array([2, 3], i64))
 
         def window(x, dy, dx, hint):
             starts = ctx.const(np.array([y0 + dy, x0 + dx], i64))
             ends = ctx.const(np.array([y0 + dy + span_h, x0 + dx + span_w], i64))
-            return op("Slice", [x, starts, ends, axes], hint)
+            return ctx.op("Slice", [x, starts, ends, axes], hint)
 
         first = window(a, 0, 0, "first")
         maps = []
         for i, (dy, dx) in enumerate(offsets):
             second = window(b, dy, dx, f"b{i}")
-            cost = (op("Abs", [op("Sub", [first, second], f"d{i}")], f"ad{i}") if subtract
-                    else op("Mul", [first, second], f"p{i}"))
+            cost = (ctx.op("Abs", [ctx.op("Sub", [first, second], f"d{i}")], f"ad{i}") if subtract
+                    else ctx.op("Mul", [first, second], f"p{i}"))
             maps.append(onnx_reduce(ctx, "ReduceMean", cost, [1], True, ctx.tmp(f"{name}_m{i}")))
         out = node.outputs[0]
         pooled = k > 1 or stride > 1
@@ -418,22 +415,19 @@ class Downsample(Layer):
         cols = downsample_matrix(w, tw, torch.device("cpu")).t().contiguous().numpy()
         rows_c, cols_c = ctx.const(rows, name + "_rows"), ctx.const(cols, name + "_cols")
 
-        def op(kind, inputs, hint, **kw):
-            return ctx.add_node(kind, inputs, ctx.tmp(f"{name}_{hint}"), **kw)
-
         def resize(t, hint):
-            return op("MatMul", [rows_c, op("MatMul", [t, cols_c], hint + "_w")], hint)
+            return ctx.op("MatMul", [rows_c, ctx.op("MatMul", [t, cols_c], hint + "_w")], hint)
 
-        bad = op("IsNaN", [x], "isnan", name=name)
+        bad = ctx.op("IsNaN", [x], "isnan", name=name)
         zero, one = ctx.const(np.array(0, np.float32)), ctx.const(np.array(1, np.float32))
-        good = op("Cast", [op("Not", [bad], "ok")], "good", to=1)
-        value = resize(op("Where", [bad, zero, x], "clean"), "value")
+        good = ctx.op("Cast", [ctx.op("Not", [bad], "ok")], "good", to=1)
+        value = resize(ctx.op("Where", [bad, zero, x], "clean"), "value")
         weight = resize(good, "weight")
-        nan_weight = resize(op("Sub", [one, good], "bad"), "nan_weight")
-        many = op("Greater", [op("Div", [nan_weight, weight], "nan_share"), ctx.const(np.array(0.5, np.float32))],
-                  "mostly_nan")
+        nan_weight = resize(ctx.op("Sub", [one, good], "bad"), "nan_weight")
+        many = ctx.op("Greater", [ctx.op("Div", [nan_weight, weight], "nan_share"),
+                                  ctx.const(np.array(0.5, np.float32))], "mostly_nan")
         ctx.add_node("Where", [many, ctx.const(np.array(np.nan, np.float32)),
-                               op("Div", [value, weight], "mean")], [out])
+                               ctx.op("Div", [value, weight], "mean")], [out])
 
     def pytorch_source(self, node, emit):
         th, tw = emit.out_shape()[2:]
@@ -544,22 +538,19 @@ class ExpMax(Layer):
         x, name = node.inputs[0], node.name
         i64 = np.int64
 
-        def op(kind, inputs, hint, **kw):
-            return ctx.add_node(kind, inputs, ctx.tmp(f"{name}_{hint}"), **kw)
-
         top = onnx_reduce(ctx, "ReduceMax", x, [1], True, ctx.tmp(name + "_max"))
-        first = op("Slice", [top, ctx.const(np.array([0], i64)), ctx.const(np.array([1], i64)),
-                             ctx.const(np.array([0], i64))], "max0", name=name)
-        rest = op("Slice", [top, ctx.const(np.array([1], i64)), ctx.const(np.array([np.iinfo(i64).max], i64)),
-                            ctx.const(np.array([0], i64))], "rest")
-        zeros = op("ConstantOfShape", [op("Shape", [rest], "rest_shape")], "zeros",
-                   value=np.array([0], np.float32))
-        m = op("Concat", [first, zeros], "m", axis=0)
-        y = op("Sub", [x, m], "centred")
+        first = ctx.op("Slice", [top, ctx.const(np.array([0], i64)), ctx.const(np.array([1], i64)),
+                                 ctx.const(np.array([0], i64))], "max0", name=name)
+        rest = ctx.op("Slice", [top, ctx.const(np.array([1], i64)), ctx.const(np.array([np.iinfo(i64).max], i64)),
+                                ctx.const(np.array([0], i64))], "rest")
+        zeros = ctx.op("ConstantOfShape", [ctx.op("Shape", [rest], "rest_shape")], "zeros",
+                       value=np.array([0], np.float32))
+        m = ctx.op("Concat", [first, zeros], "m", axis=0)
+        y = ctx.op("Sub", [x, m], "centred")
         if node.attrs["inner"] != 1.0:
-            y = op("Mul", [y, ctx.const(np.array(node.attrs["inner"], np.float32))], "scaled")
+            y = ctx.op("Mul", [y, ctx.const(np.array(node.attrs["inner"], np.float32))], "scaled")
         if node.attrs["outer"] != 1.0:
-            y = op("Exp", [y], "exp")
+            y = ctx.op("Exp", [y], "exp")
             ctx.add_node("Mul", [y, ctx.const(np.array(node.attrs["outer"], np.float32))], [node.outputs[0]])
         else:
             ctx.add_node("Exp", [y], [node.outputs[0]])

@@ -34,7 +34,6 @@ W_oc, W_fc (D, D), b_i, b_c, b_o, b_f (D).
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -153,40 +152,36 @@ class AttPooling(Layer):
         h1, w1 = att_shape[2], att_shape[3]
         kk = kernel * kernel
         name = node.name
-        i64 = lambda v: ctx.const(np.array(v, np.int64))  # noqa: E731
-
-        def op(op_type, inputs, hint, **kw):
-            return ctx.add_node(op_type, inputs, ctx.tmp(f"{name}_{hint}"), **kw)
-
         extent = dil * (kernel - 1) + 1
         out_h, out_w = (1, 1) if glob else (h1, w1)
         extra_h = max(0, (out_h - 1) * stride + extent - (h0 + 2 * pad))
         extra_w = max(0, (out_w - 1) * stride + extent - (w0 + 2 * pad))
         xp = x
         if pad or extra_h or extra_w:
-            xp = op("Pad", [x, i64([0, 0, pad, pad, 0, 0, pad + extra_h, pad + extra_w])], "pad")
+            xp = ctx.op("Pad", [x, ctx.i64([0, 0, pad, pad, 0, 0, pad + extra_h, pad + extra_w])], "pad")
         if glob:
-            win = op("Slice", [xp, i64([0, 0]), i64([extent, extent]), i64([2, 3]), i64([dil, dil])], "window")
-            col = op("Reshape", [win, i64([0, c, kk])], "col")
-            a = op("Reshape", [att, i64([0, kk, h1 * w1])], "att")
-            prod = op("MatMul", [col, a], "prod")
-            ctx.add_node("Reshape", [prod, i64([0, c, h1, w1])], [node.outputs[0]], name=name)
+            win = ctx.op("Slice", [xp, ctx.i64([0, 0]),
+                                   ctx.i64([extent, extent]), ctx.i64([2, 3]), ctx.i64([dil, dil])], "window")
+            col = ctx.op("Reshape", [win, ctx.i64([0, c, kk])], "col")
+            a = ctx.op("Reshape", [att, ctx.i64([0, kk, h1 * w1])], "att")
+            prod = ctx.op("MatMul", [col, a], "prod")
+            ctx.add_node("Reshape", [prod, ctx.i64([0, c, h1, w1])], [node.outputs[0]], name=name)
             return
         total = None
         for k in range(kk):
             top, left = (k // kernel) * dil, (k % kernel) * dil
             ends = [top + (h1 - 1) * stride + 1, left + (w1 - 1) * stride + 1]
-            shifted = op("Slice", [xp, i64([top, left]), i64(ends), i64([2, 3]), i64([stride, stride])],
-                         f"shift{k}")
-            a_k = op("Slice", [att, i64([k]), i64([k + 1]), i64([1])], f"att{k}")
-            term = op("Mul", [shifted, a_k], f"term{k}")
+            shifted = ctx.op("Slice", [xp, ctx.i64([top, left]),
+                                       ctx.i64(ends), ctx.i64([2, 3]), ctx.i64([stride, stride])], f"shift{k}")
+            a_k = ctx.op("Slice", [att, ctx.i64([k]), ctx.i64([k + 1]), ctx.i64([1])], f"att{k}")
+            term = ctx.op("Mul", [shifted, a_k], f"term{k}")
             if total is None:
                 total = term
             elif k == kk - 1:
                 ctx.add_node("Add", [total, term], [node.outputs[0]], name=name)
                 return
             else:
-                total = op("Add", [total, term], f"sum{k}")
+                total = ctx.op("Add", [total, term], f"sum{k}")
         ctx.add_node("Identity", [total], [node.outputs[0]], name=name)
 
 
@@ -313,53 +308,50 @@ class ReNetLSTM(Layer):
         dim = c * ph * pw
         steps, rnns = (ny, nx) if y_dir else (nx, ny)
         name = node.name
-        i64 = lambda v: ctx.const(np.array(v, np.int64))  # noqa: E731
-
-        def op(op_type, inputs, hint, **kw):
-            return ctx.add_node(op_type, inputs, ctx.tmp(f"{name}_{hint}"), **kw)
 
         def cols(t, lo, hi, hint, axis=1):
-            return op("Slice", [t, i64([lo]), i64([hi]), i64([axis])], hint)
+            return ctx.op("Slice", [t, ctx.i64([lo]), ctx.i64([hi]), ctx.i64([axis])], hint)
 
-        six = op("Reshape", [x, i64([-1, c, ny, ph, nx, pw])], "patch6")
-        grid = op("Transpose", [six], "grid", perm=[2, 4, 0, 1, 3, 5])
-        seq = op("Reshape", [grid, i64([ny, nx, -1, dim])], "grid4")
+        six = ctx.op("Reshape", [x, ctx.i64([-1, c, ny, ph, nx, pw])], "patch6")
+        grid = ctx.op("Transpose", [six], "grid", perm=[2, 4, 0, 1, 3, 5])
+        seq = ctx.op("Reshape", [grid, ctx.i64([ny, nx, -1, dim])], "grid4")
         if not y_dir:
-            seq = op("Transpose", [seq], "rows", perm=[1, 0, 2, 3])
-        seq = op("Reshape", [seq, i64([steps, -1, dim])], "seq")
+            seq = ctx.op("Transpose", [seq], "rows", perm=[1, 0, 2, 3])
+        seq = ctx.op("Reshape", [seq, ctx.i64([steps, -1, dim])], "seq")
         sweeps = []
         for sweep in range(2):
             base = 11 * sweep
             wt = lambda i: ctx.weight(node, base + i)  # noqa: E731
-            w_all = op("Concat", [wt(0), wt(1), wt(2), wt(3)], f"w{sweep}", axis=0)
-            w_x = op("Transpose", [cols(w_all, 0, dim, f"wx{sweep}_raw")], f"wx{sweep}", perm=[1, 0])
-            w_h = op("Transpose", [cols(w_all, dim, dim + hd, f"wh{sweep}_raw")], f"wh{sweep}", perm=[1, 0])
-            bias = op("Concat", [wt(7), wt(8), wt(9), wt(10)], f"b{sweep}", axis=0)
-            gx = op("Add", [op("MatMul", [seq, w_x], f"gx{sweep}_raw"), bias], f"gx{sweep}")
-            peep = [op("Transpose", [wt(i)], f"peep{sweep}_{i}", perm=[1, 0]) for i in (4, 5, 6)] \
+            w_all = ctx.op("Concat", [wt(0), wt(1), wt(2), wt(3)], f"w{sweep}", axis=0)
+            w_x = ctx.op("Transpose", [cols(w_all, 0, dim, f"wx{sweep}_raw")], f"wx{sweep}", perm=[1, 0])
+            w_h = ctx.op("Transpose", [cols(w_all, dim, dim + hd, f"wh{sweep}_raw")], f"wh{sweep}", perm=[1, 0])
+            bias = ctx.op("Concat", [wt(7), wt(8), wt(9), wt(10)], f"b{sweep}", axis=0)
+            gx = ctx.op("Add", [ctx.op("MatMul", [seq, w_x], f"gx{sweep}_raw"), bias], f"gx{sweep}")
+            peep = [ctx.op("Transpose", [wt(i)], f"peep{sweep}_{i}", perm=[1, 0]) for i in (4, 5, 6)] \
                 if a["peephole"] else None
             order = range(steps) if sweep == 0 else range(steps - 1, -1, -1)
             hs = {}
             hid = state = None
             for k, t in enumerate(order):
                 tag = f"{sweep}_{t}"
-                g = op("Gather", [gx, i64(t)], f"g{tag}_x", axis=0)
+                g = ctx.op("Gather", [gx, ctx.i64(t)], f"g{tag}_x", axis=0)
                 if k:
-                    g = op("Add", [g, op("MatMul", [hid, w_h], f"g{tag}_h")], f"g{tag}")
+                    g = ctx.op("Add", [g, ctx.op("MatMul", [hid, w_h], f"g{tag}_h")], f"g{tag}")
                 gi, gc, go, gf = (cols(g, j * hd, (j + 1) * hd, f"{'icof'[j]}{tag}_pre") for j in range(4))
                 if k and peep:
-                    gi = op("Add", [gi, op("MatMul", [state, peep[0]], f"i{tag}_peep")], f"i{tag}_sum")
-                    gf = op("Add", [gf, op("MatMul", [state, peep[2]], f"f{tag}_peep")], f"f{tag}_sum")
-                cell = op("Mul", [op("Tanh", [gc], f"c{tag}"), op("Sigmoid", [gi], f"i{tag}")], f"ci{tag}")
+                    gi = ctx.op("Add", [gi, ctx.op("MatMul", [state, peep[0]], f"i{tag}_peep")], f"i{tag}_sum")
+                    gf = ctx.op("Add", [gf, ctx.op("MatMul", [state, peep[2]], f"f{tag}_peep")], f"f{tag}_sum")
+                cell = ctx.op("Mul", [ctx.op("Tanh", [gc], f"c{tag}"), ctx.op("Sigmoid", [gi], f"i{tag}")], f"ci{tag}")
                 if k:
-                    fs = op("Mul", [op("Sigmoid", [gf], f"f{tag}"), state], f"fs{tag}")
-                    cell = op("Add", [cell, fs], f"s{tag}")
+                    fs = ctx.op("Mul", [ctx.op("Sigmoid", [gf], f"f{tag}"), state], f"fs{tag}")
+                    cell = ctx.op("Add", [cell, fs], f"s{tag}")
                 if peep:
-                    go = op("Add", [go, op("MatMul", [cell, peep[1]], f"o{tag}_peep")], f"o{tag}_sum")
-                hid = op("Mul", [op("Sigmoid", [go], f"o{tag}"), op("Tanh", [cell], f"tanh_s{tag}")], f"h{tag}")
+                    go = ctx.op("Add", [go, ctx.op("MatMul", [cell, peep[1]], f"o{tag}_peep")], f"o{tag}_sum")
+                hid = ctx.op("Mul",
+                             [ctx.op("Sigmoid", [go], f"o{tag}"), ctx.op("Tanh", [cell], f"tanh_s{tag}")], f"h{tag}")
                 state = cell
-                hs[t] = op("Reshape", [hid, i64([1, -1, hd])], f"h{tag}_3d")
-            stacked = hs[0] if steps == 1 else op("Concat", [hs[t] for t in range(steps)], f"hs{sweep}", axis=0)
-            four = op("Reshape", [stacked, i64([steps, rnns, -1, hd])], f"hs{sweep}_4d")
-            sweeps.append(op("Transpose", [four], f"out{sweep}", perm=[2, 3, 0, 1] if y_dir else [2, 3, 1, 0]))
+                hs[t] = ctx.op("Reshape", [hid, ctx.i64([1, -1, hd])], f"h{tag}_3d")
+            stacked = hs[0] if steps == 1 else ctx.op("Concat", [hs[t] for t in range(steps)], f"hs{sweep}", axis=0)
+            four = ctx.op("Reshape", [stacked, ctx.i64([steps, rnns, -1, hd])], f"hs{sweep}_4d")
+            sweeps.append(ctx.op("Transpose", [four], f"out{sweep}", perm=[2, 3, 0, 1] if y_dir else [2, 3, 1, 0]))
         ctx.add_node("Concat", sweeps, [node.outputs[0]], name=name, axis=1)

@@ -161,64 +161,65 @@ class RandBI(Layer):
         a, name = node.attrs, node.name
         f32, f64, i64 = 1, 11, 7          # onnx.TensorProto.FLOAT, DOUBLE, INT64
 
-        def op(op_type, inputs, hint, **attrs):
-            return ctx.add_node(op_type, list(inputs), ctx.tmp(f"{name}_{hint}"), **attrs)
-
         def const(value, dtype):
             return ctx.const(np.array(value, dtype))
 
         zero, column = const(0, np.float32), const([-1, 1], np.int64)
         pixels = node.inputs[-1]
-        ids, y, x = (op("Gather", [pixels, const(i, np.int64)], hint, axis=1)
+        ids, y, x = (ctx.op("Gather", [pixels, const(i, np.int64)], hint, axis=1)
                      for i, hint in enumerate(("ids", "y", "x")))
-        ids = op("Where", [op("IsNaN", [ids], "id_nan"), zero, ids], "ids_num")
+        ids = ctx.op("Where", [ctx.op("IsNaN", [ids], "id_nan"), zero, ids], "ids_num")
 
         def axis(pos, pad, rate, size, hint):   # randbi_axis, then the reads clamped to the map
-            t = op("Div", [op("Sub", [pos, const(pad, np.float32)], hint), const(float(rate), np.float32)], hint)
-            odd = op("Or", [op("IsNaN", [t], hint + "_nan"), op("IsInf", [t], hint + "_inf")], hint + "_odd")
-            t = op("Where", [odd, zero, t], hint + "_t")
-            lo = op("Max", [op("Floor", [t], hint), zero], hint + "_lo")
-            hi = op("Max", [op("Ceil", [t], hint), zero], hint + "_hi")
-            frac = op("Reshape", [op("Sub", [t, lo], hint + "_r"), column], hint + "_frac")
-            same = op("Reshape", [op("Equal", [lo, hi], hint), column], hint + "_same")
+            t = ctx.op("Div",
+                       [ctx.op("Sub", [pos, const(pad, np.float32)], hint), const(float(rate), np.float32)], hint)
+            odd = ctx.op("Or",
+                         [ctx.op("IsNaN", [t], hint + "_nan"), ctx.op("IsInf", [t], hint + "_inf")], hint + "_odd")
+            t = ctx.op("Where", [odd, zero, t], hint + "_t")
+            lo = ctx.op("Max", [ctx.op("Floor", [t], hint), zero], hint + "_lo")
+            hi = ctx.op("Max", [ctx.op("Ceil", [t], hint), zero], hint + "_hi")
+            frac = ctx.op("Reshape", [ctx.op("Sub", [t, lo], hint + "_r"), column], hint + "_frac")
+            same = ctx.op("Reshape", [ctx.op("Equal", [lo, hi], hint), column], hint + "_same")
             last = const(float(size - 1), np.float32)
-            lo, hi = (op("Cast", [op("Min", [v, last], hint)], hint + "_i", to=i64) for v in (lo, hi))
+            lo, hi = (ctx.op("Cast", [ctx.op("Min", [v, last], hint)], hint + "_i", to=i64) for v in (lo, hi))
             return lo, hi, frac, same
 
         cols = []
         for b, (fmap, (c, h, w), pad, rate) in enumerate(zip(node.inputs[:-1], sizes, a["pads"], a["rates"])):
-            per_image = op("Reshape", [fmap, const([-1, c, h * w], np.int64)], f"m{b}")
-            rows = op("Reshape", [op("Transpose", [per_image], f"m{b}", perm=[0, 2, 1]),
-                                  const([-1, c], np.int64)], f"rows{b}")
-            num = op("Gather", [op("Shape", [per_image], f"shape{b}"), const(0, np.int64)], f"num{b}", axis=0)
-            last = op("Sub", [op("Cast", [num], f"num{b}", to=f32), const(1, np.float32)], f"last{b}")
-            image = op("Cast", [op("Min", [op("Max", [ids, zero], f"id{b}"), last], f"id{b}")], f"id{b}", to=i64)
-            base = op("Mul", [image, const(h, np.int64)], f"base{b}")
+            per_image = ctx.op("Reshape", [fmap, const([-1, c, h * w], np.int64)], f"m{b}")
+            rows = ctx.op("Reshape", [ctx.op("Transpose", [per_image], f"m{b}", perm=[0, 2, 1]),
+                                      const([-1, c], np.int64)], f"rows{b}")
+            num = ctx.op("Gather", [ctx.op("Shape", [per_image], f"shape{b}"), const(0, np.int64)], f"num{b}", axis=0)
+            last = ctx.op("Sub", [ctx.op("Cast", [num], f"num{b}", to=f32), const(1, np.float32)], f"last{b}")
+            image = ctx.op("Cast",
+                           [ctx.op("Min", [ctx.op("Max", [ids, zero], f"id{b}"), last], f"id{b}")], f"id{b}", to=i64)
+            base = ctx.op("Mul", [image, const(h, np.int64)], f"base{b}")
             y0, y1, ry, same_y = axis(y, pad, rate, h, f"y{b}")
             x0, x1, rx, same_x = axis(x, pad, rate, w, f"x{b}")
 
             def at(yy, xx, hint, b=b, base=base, rows=rows):
-                idx = op("Add", [op("Mul", [op("Add", [base, yy], hint), const(w, np.int64)], hint), xx], hint)
-                return op("Gather", [rows, idx], f"{hint}{b}", axis=0)
+                idx = ctx.op("Add",
+                             [ctx.op("Mul", [ctx.op("Add", [base, yy], hint), const(w, np.int64)], hint), xx], hint)
+                return ctx.op("Gather", [rows, idx], f"{hint}{b}", axis=0)
 
             v = {k: at(yy, xx, k) for k, (yy, xx) in
                  {"a": (y0, x0), "b": (y0, x1), "c": (y1, x0), "d": (y1, x1)}.items()}
-            wide = {k: op("Cast", [t], f"{k}{b}_f64", to=f64) for k, t in (("a", v["a"]), ("b", v["b"]),
+            wide = {k: ctx.op("Cast", [t], f"{k}{b}_f64", to=f64) for k, t in (("a", v["a"]), ("b", v["b"]),
                                                                           ("rx", rx), ("ry", ry))}
             one = const(1.0, np.float64)
-            keep_y = op("Sub", [one, wide["ry"]], f"keep_y{b}")
-            keep_x = op("Sub", [one, wide["rx"]], f"keep_x{b}")
+            keep_y = ctx.op("Sub", [one, wide["ry"]], f"keep_y{b}")
+            keep_x = ctx.op("Sub", [one, wide["rx"]], f"keep_x{b}")
 
             def mix(p, keep, q, r, hint):    # p * (1. - r) in double + (q * r) in float32, summed in double
-                part = op("Cast", [op("Mul", [q, r], hint)], hint, to=f64)
-                return op("Add", [op("Mul", [p, keep], hint), part], hint)
+                part = ctx.op("Cast", [ctx.op("Mul", [q, r], hint)], hint, to=f64)
+                return ctx.op("Add", [ctx.op("Mul", [p, keep], hint), part], hint)
 
             col0 = mix(wide["a"], keep_y, v["c"], ry, f"col0_{b}")
             col1 = mix(wide["b"], keep_y, v["d"], ry, f"col1_{b}")
             only_x = mix(wide["a"], keep_x, v["b"], rx, f"only_x{b}")
-            both = op("Add", [op("Mul", [col0, keep_x], f"both{b}"), op("Mul", [col1, wide["rx"]], f"both{b}")],
-                      f"both{b}")
-            out = op("Where", [same_x, op("Where", [same_y, wide["a"], col0], f"sx{b}"),
-                               op("Where", [same_y, only_x, both], f"nx{b}")], f"mix{b}")
-            cols.append(op("Cast", [out], f"col{b}", to=f32))
+            both = ctx.op("Add", [ctx.op("Mul", [col0, keep_x], f"both{b}"),
+                                  ctx.op("Mul", [col1, wide["rx"]], f"both{b}")], f"both{b}")
+            out = ctx.op("Where", [same_x, ctx.op("Where", [same_y, wide["a"], col0], f"sx{b}"),
+                                   ctx.op("Where", [same_y, only_x, both], f"nx{b}")], f"mix{b}")
+            cols.append(ctx.op("Cast", [out], f"col{b}", to=f32))
         ctx.add_node("Concat", cols, [node.outputs[0]], name=name, axis=1)

@@ -369,7 +369,6 @@ class RescaledPoseCoords(Layer):
         shape = ctx.shape(coords)
         n = shape[0]
         i64 = lambda *v: ctx.const(np.array(v, np.int64))   # noqa: E731
-        f32 = lambda v: ctx.const(np.array(v, np.float32))  # noqa: E731
         a = ctx.add_node("Reshape", [aux, i64(n, 5)], ctx.tmp("aux"))
         col = {j: ctx.add_node("Slice", [a, i64(j), i64(j + 1), i64(1)], ctx.tmp("col")) for j in (1, 2, 3, 4)}
         p = ctx.add_node("Reshape", [coords, i64(n, -1, 2)], ctx.tmp("p"))
@@ -380,12 +379,13 @@ class RescaledPoseCoords(Layer):
         w = ctx.add_node("Unsqueeze", [col[1], i64(2)], ctx.tmp("w"))
         h = ctx.add_node("Unsqueeze", [col[2], i64(2)], ctx.tmp("h"))
         flip = ctx.add_node("Not", [ctx.add_node("Equal", [ctx.add_node("Unsqueeze", [col[4], i64(2)], ctx.tmp("f")),
-                                                           f32(0)], ctx.tmp("eq"))], ctx.tmp("flip"))
-        mirrored = ctx.add_node("Sub", [ctx.add_node("Sub", [w, f32(1)], ctx.tmp("w1")), x], ctx.tmp("mx"))
+                                                           ctx.f32(0)], ctx.tmp("eq"))], ctx.tmp("flip"))
+        mirrored = ctx.add_node("Sub", [ctx.add_node("Sub", [w, ctx.f32(1)], ctx.tmp("w1")), x], ctx.tmp("mx"))
         past = ctx.add_node("GreaterOrEqual", [x, w], ctx.tmp("gx"))   # tested before mirroring
-        x = ctx.add_node("Where", [past, f32(-1), ctx.add_node("Where", [flip, mirrored, x], ctx.tmp("xf"))],
+        x = ctx.add_node("Where", [past, ctx.f32(-1), ctx.add_node("Where", [flip, mirrored, x], ctx.tmp("xf"))],
                          ctx.tmp("xo"))
-        y = ctx.add_node("Where", [ctx.add_node("GreaterOrEqual", [y, h], ctx.tmp("gy")), f32(-1), y], ctx.tmp("yo"))
+        y = ctx.add_node("Where",
+                         [ctx.add_node("GreaterOrEqual", [y, h], ctx.tmp("gy")), ctx.f32(-1), y], ctx.tmp("yo"))
         xy = ctx.add_node("Concat", [x, y], ctx.tmp("xy"), axis=2)
         ctx.add_node("Reshape", [xy, i64(*shape)], [node.outputs[0]], name=node.name)
 

@@ -188,72 +188,69 @@ def emit_pred_to_proposals(ctx, node):
     rois_in, deltas_in, prob_in, info_in = node.inputs
     k = ctx.shape(prob_in)[1]
     name = node.name
-    i64 = lambda v: ctx.const(np.array(v, np.int64))
-    f32 = lambda v: ctx.const(np.array(v, np.float32))
-
-    def op(op_type, inputs, hint, **kw):
-        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
 
     def cols(x, start, end, axis, hint):
-        return op("Slice", [x, i64([start]), i64([end]), i64([axis])], hint)
+        return ctx.op("Slice", [x, ctx.i64([start]), ctx.i64([end]), ctx.i64([axis])], hint)
 
-    info = op("Gather", [op("Reshape", [info_in, i64([0, -1])], "info2"), i64(0)], "info", axis=0)
-    im_h, im_w, im_scale = (op("Gather", [info, i64(i)], hint, axis=0) for i, hint in
+    info = ctx.op("Gather", [ctx.op("Reshape", [info_in, ctx.i64([0, -1])], "info2"), ctx.i64(0)], "info", axis=0)
+    im_h, im_w, im_scale = (ctx.op("Gather", [info, ctx.i64(i)], hint, axis=0) for i, hint in
                             ((0, "im_h"), (1, "im_w"), (2, "im_scale")))
-    boxes = op("Div", [cols(rois_in, 1, 5, 1, "roi_boxes"), im_scale], "boxes")   # (R, 4)
+    boxes = ctx.op("Div", [cols(rois_in, 1, 5, 1, "roi_boxes"), im_scale], "boxes")   # (R, 4)
     bx1, by1, bx2, by2 = (cols(boxes, i, i + 1, 1, f"b{i}") for i in range(4))    # (R, 1) each
-    widths = op("Add", [op("Sub", [bx2, bx1], "w0"), f32(1.0)], "widths")
-    heights = op("Add", [op("Sub", [by2, by1], "h0"), f32(1.0)], "heights")
-    ctr_x = op("Add", [bx1, op("Mul", [f32(0.5), widths], "half_w")], "ctr_x")
-    ctr_y = op("Add", [by1, op("Mul", [f32(0.5), heights], "half_h")], "ctr_y")
-    deltas = op("Reshape", [deltas_in, i64([0, k, 4])], "deltas")                  # (R, K, 4)
-    dx, dy, dw, dh = (op("Gather", [deltas, i64(i)], f"d{i}", axis=2) for i in range(4))   # (R, K)
-    pred_x = op("Add", [op("Mul", [dx, widths], "mx"), ctr_x], "pred_x")
-    pred_y = op("Add", [op("Mul", [dy, heights], "my"), ctr_y], "pred_y")
-    half_pw = op("Mul", [f32(0.5), op("Mul", [op("Exp", [dw], "ew"), widths], "pred_w")], "half_pw")
-    half_ph = op("Mul", [f32(0.5), op("Mul", [op("Exp", [dh], "eh"), heights], "pred_h")], "half_ph")
-    x_max = op("Sub", [op("Div", [im_w, im_scale], "orig_w"), f32(1.0)], "x_max")
-    y_max = op("Sub", [op("Div", [im_h, im_scale], "orig_h"), f32(1.0)], "y_max")
-    x1, y1, x2, y2 = onnx_clipped_corners(op, f32(0.0), pred_x, pred_y, half_pw, half_ph, x_max, y_max)
+    widths = ctx.op("Add", [ctx.op("Sub", [bx2, bx1], "w0"), ctx.f32(1.0)], "widths")
+    heights = ctx.op("Add", [ctx.op("Sub", [by2, by1], "h0"), ctx.f32(1.0)], "heights")
+    ctr_x = ctx.op("Add", [bx1, ctx.op("Mul", [ctx.f32(0.5), widths], "half_w")], "ctr_x")
+    ctr_y = ctx.op("Add", [by1, ctx.op("Mul", [ctx.f32(0.5), heights], "half_h")], "ctr_y")
+    deltas = ctx.op("Reshape", [deltas_in, ctx.i64([0, k, 4])], "deltas")                  # (R, K, 4)
+    dx, dy, dw, dh = (ctx.op("Gather", [deltas, ctx.i64(i)], f"d{i}", axis=2) for i in range(4))   # (R, K)
+    pred_x = ctx.op("Add", [ctx.op("Mul", [dx, widths], "mx"), ctr_x], "pred_x")
+    pred_y = ctx.op("Add", [ctx.op("Mul", [dy, heights], "my"), ctr_y], "pred_y")
+    half_pw = ctx.op("Mul", [ctx.f32(0.5), ctx.op("Mul", [ctx.op("Exp", [dw], "ew"), widths], "pred_w")], "half_pw")
+    half_ph = ctx.op("Mul", [ctx.f32(0.5), ctx.op("Mul", [ctx.op("Exp", [dh], "eh"), heights], "pred_h")], "half_ph")
+    x_max = ctx.op("Sub", [ctx.op("Div", [im_w, im_scale], "orig_w"), ctx.f32(1.0)], "x_max")
+    y_max = ctx.op("Sub", [ctx.op("Div", [im_h, im_scale], "orig_h"), ctx.f32(1.0)], "y_max")
+    x1, y1, x2, y2 = onnx_clipped_corners(ctx.op, ctx.f32(0.0), pred_x, pred_y, half_pw, half_ph, x_max, y_max)
 
     def per_class(parts, hint):   # (R, K) parts -> (K - 1, R, len(parts)): each foreground class a batch
-        stacked = op("Concat", [op("Unsqueeze", [p, i64([2])], f"{hint}{i}") for i, p in enumerate(parts)],
-                     hint, axis=2)
-        return cols(op("Transpose", [stacked], hint + "_t", perm=[1, 0, 2]), 1, k, 0, hint + "_fg")
+        stacked = ctx.op("Concat", [ctx.op("Unsqueeze", [p, ctx.i64([2])], f"{hint}{i}") for i, p in enumerate(parts)],
+                         hint, axis=2)
+        return cols(ctx.op("Transpose", [stacked], hint + "_t", perm=[1, 0, 2]), 1, k, 0, hint + "_fg")
 
     corners = per_class([x1, y1, x2, y2], "corners")
     # ONNX's IoU has no +1: give it [y1, x1, y2 + 1, x2 + 1]
-    nms_boxes = per_class([y1, x1, op("Add", [y2, f32(1.0)], "y2p"), op("Add", [x2, f32(1.0)], "x2p")], "nms")
-    scores = cols(op("Transpose", [prob_in], "prob_t", perm=[1, 0]), 1, k, 0, "fg_scores")   # (K - 1, R)
+    nms_boxes = per_class([y1, x1, ctx.op("Add", [y2, ctx.f32(1.0)], "y2p"), ctx.op("Add", [x2, ctx.f32(1.0)], "x2p")],
+                          "nms")
+    scores = cols(ctx.op("Transpose", [prob_in], "prob_t", perm=[1, 0]), 1, k, 0, "fg_scores")   # (K - 1, R)
     sel = ctx.add_node("NonMaxSuppression",
-                       [nms_boxes, op("Unsqueeze", [scores, i64([1])], "nms_s"), i64([2 ** 31 - 1]),
-                        f32([a["nms_thresh"]]), f32([a["thresh"]])],
+                       [nms_boxes, ctx.op("Unsqueeze", [scores, ctx.i64([1])], "nms_s"), ctx.i64([2 ** 31 - 1]),
+                        ctx.f32([a["nms_thresh"]]), ctx.f32([a["thresh"]])],
                        [ctx.tmp(f"{name}_sel")], name=name)[0]                 # (S, 3): class - 1, 0, roi
-    pick = op("Gather", [sel, i64([0, 2])], "pick", axis=1)
-    dets = op("GatherND", [corners, pick], "dets")                             # (S, 4)
-    det_scores = op("GatherND", [scores, pick], "det_scores")                  # (S,)
-    det_classes = op("Add", [op("Cast", [op("Gather", [sel, i64(0)], "cls0", axis=1)], "cls0f", to=1),
-                             f32(1.0)], "det_classes")
+    pick = ctx.op("Gather", [sel, ctx.i64([0, 2])], "pick", axis=1)
+    dets = ctx.op("GatherND", [corners, pick], "dets")                             # (S, 4)
+    det_scores = ctx.op("GatherND", [scores, pick], "det_scores")                  # (S,)
+    det_classes = ctx.op("Add", [ctx.op("Cast", [ctx.op("Gather", [sel, ctx.i64(0)], "cls0", axis=1)], "cls0f", to=1),
+                                 ctx.f32(1.0)], "det_classes")
     m = a["max_per_image"]
     if m > 0:
         # the m-th best score (-inf when there are fewer than m): those below it go
-        padded = op("Concat", [det_scores, f32(np.full(m, -np.inf, np.float32))], "padded", axis=0)
-        best = ctx.add_node("TopK", [padded, i64([m])], [ctx.tmp(f"{name}_best"), ctx.tmp(f"{name}_best_i")],
+        padded = ctx.op("Concat", [det_scores, ctx.f32(np.full(m, -np.inf, np.float32))], "padded", axis=0)
+        best = ctx.add_node("TopK", [padded, ctx.i64([m])], [ctx.tmp(f"{name}_best"), ctx.tmp(f"{name}_best_i")],
                             axis=0, largest=1, sorted=1)[0]
-        stay = op("GreaterOrEqual", [det_scores, op("Gather", [best, i64(m - 1)], "image_thresh", axis=0)], "stay")
-        dets, det_scores, det_classes = (op("Compress", [t, stay], f"{h}_kept", axis=0) for t, h in
+        stay = ctx.op("GreaterOrEqual",
+                      [det_scores, ctx.op("Gather", [best, ctx.i64(m - 1)], "image_thresh", axis=0)], "stay")
+        dets, det_scores, det_classes = (ctx.op("Compress", [t, stay], f"{h}_kept", axis=0) for t, h in
                                          ((dets, "dets"), (det_scores, "scores"), (det_classes, "classes")))
-    count = op("Slice", [op("Shape", [det_scores], "count_shape"), i64([0]), i64([1])], "count")
-    rows = op("Max", [count, i64([1])], "rows")
-    zeros = op("ConstantOfShape", [op("Concat", [count, i64([1])], "z_shape", axis=0)], "zeros",
-               value=_scalar_tensor(0.0))
+    count = ctx.op("Slice", [ctx.op("Shape", [det_scores], "count_shape"), ctx.i64([0]), ctx.i64([1])], "count")
+    rows = ctx.op("Max", [count, ctx.i64([1])], "rows")
+    zeros = ctx.op("ConstantOfShape", [ctx.op("Concat", [count, ctx.i64([1])], "z_shape", axis=0)], "zeros",
+                   value=_scalar_tensor(0.0))
 
     def top(parts, default, index, hint):   # the rows, or the module's one default row when there are none
-        body = op("Concat", parts, hint + "_rows", axis=1) if len(parts) > 1 else parts[0]
-        full = op("Concat", [body, f32(np.array([default], np.float32))], hint + "_pad", axis=0)
-        ctx.add_node("Slice", [full, i64([0]), rows], [node.outputs[index]])
+        body = ctx.op("Concat", parts, hint + "_rows", axis=1) if len(parts) > 1 else parts[0]
+        full = ctx.op("Concat", [body, ctx.f32(np.array([default], np.float32))], hint + "_pad", axis=0)
+        ctx.add_node("Slice", [full, ctx.i64([0]), rows], [node.outputs[index]])
 
-    top([zeros, op("Mul", [dets, im_scale], "dets_scaled")], [0, 0, 0, 0, 0], 0, "for_mask")
-    top([op("Unsqueeze", [det_scores, i64([1])], "score_col")], [-1], 1, "score")
-    top([op("Unsqueeze", [det_classes, i64([1])], "class_col")], [-1], 2, "class")
+    top([zeros, ctx.op("Mul", [dets, im_scale], "dets_scaled")], [0, 0, 0, 0, 0], 0, "for_mask")
+    top([ctx.op("Unsqueeze", [det_scores, ctx.i64([1])], "score_col")], [-1], 1, "score")
+    top([ctx.op("Unsqueeze", [det_classes, ctx.i64([1])], "class_col")], [-1], 2, "class")
     top([zeros, dets], [0, 0, 0, 0, 0], 3, "final")

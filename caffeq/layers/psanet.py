@@ -115,40 +115,37 @@ class PointwiseSpatialAttention(Layer):
         mask_h, mask_w, scale = self._settings(node.attrs, (n, c, h, w))
         hw = h * w
         name = node.name
-        i64 = lambda v: ctx.const(np.array(v, np.int64))
-
-        def op(op_type, inputs, hint, **kw):
-            return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
-
         # the gather index from two (HW,) position constants, not an (HW, HW) constant
         pos = np.arange(hw, dtype=np.int64)
         ph, pw = pos // w, pos % w
-        rows_h, rows_w = i64(ph.reshape(-1, 1)), i64(pw.reshape(-1, 1))
-        cols_h, cols_w = i64(ph.reshape(1, -1)), i64(pw.reshape(1, -1))
+        rows_h, rows_w = ctx.i64(ph.reshape(-1, 1)), ctx.i64(pw.reshape(-1, 1))
+        cols_h, cols_w = ctx.i64(ph.reshape(1, -1)), ctx.i64(pw.reshape(1, -1))
         if node.attrs["distribute"]:
-            di, dj, at = (op("Sub", [rows_h, cols_h], "di"), op("Sub", [rows_w, cols_w], "dj"),
-                          i64(pos.reshape(1, -1)))
+            di, dj, at = (ctx.op("Sub", [rows_h, cols_h], "di"), ctx.op("Sub", [rows_w, cols_w], "dj"),
+                          ctx.i64(pos.reshape(1, -1)))
         else:
-            di, dj, at = (op("Sub", [cols_h, rows_h], "di"), op("Sub", [cols_w, rows_w], "dj"),
-                          i64(pos.reshape(-1, 1)))
-        i = op("Add", [di, i64((mask_h - 1) // 2)], "i")
-        j = op("Add", [dj, i64((mask_w - 1) // 2)], "j")
-        inside_i = op("And", [op("GreaterOrEqual", [i, i64(0)], "i_lo"), op("Less", [i, i64(mask_h)], "i_hi")], "in_i")
-        inside_j = op("And", [op("GreaterOrEqual", [j, i64(0)], "j_lo"), op("Less", [j, i64(mask_w)], "j_hi")], "in_j")
-        inside = op("And", [inside_i, inside_j], "inside")
-        clamp = lambda v, top, hint: op("Min", [op("Max", [v, i64(0)], hint + "_lo"), i64(top)], hint)
-        cell = op("Add", [op("Mul", [clamp(i, mask_h - 1, "ic"), i64(mask_w)], "row"), clamp(j, mask_w - 1, "jc")],
-                  "cell")
-        index = op("Add", [op("Mul", [cell, i64(hw)], "cell_hw"), at], "index")
-        flat = op("Reshape", [mask_in, i64([0, -1])], "flat")
-        s = op("Gather", [flat, index], "s", axis=1)                                   # (N, HW, HW)
-        s = op("Where", [inside, s, ctx.const(np.array(0, np.float32))], "s_win")
+            di, dj, at = (ctx.op("Sub", [cols_h, rows_h], "di"), ctx.op("Sub", [cols_w, rows_w], "dj"),
+                          ctx.i64(pos.reshape(-1, 1)))
+        i = ctx.op("Add", [di, ctx.i64((mask_h - 1) // 2)], "i")
+        j = ctx.op("Add", [dj, ctx.i64((mask_w - 1) // 2)], "j")
+        inside_i = ctx.op("And", [ctx.op("GreaterOrEqual", [i, ctx.i64(0)], "i_lo"),
+                                  ctx.op("Less", [i, ctx.i64(mask_h)], "i_hi")], "in_i")
+        inside_j = ctx.op("And", [ctx.op("GreaterOrEqual", [j, ctx.i64(0)], "j_lo"),
+                                  ctx.op("Less", [j, ctx.i64(mask_w)], "j_hi")], "in_j")
+        inside = ctx.op("And", [inside_i, inside_j], "inside")
+        clamp = lambda v, top, hint: ctx.op("Min", [ctx.op("Max", [v, ctx.i64(0)], hint + "_lo"), ctx.i64(top)], hint)
+        cell = ctx.op("Add", [ctx.op("Mul", [clamp(i, mask_h - 1, "ic"), ctx.i64(mask_w)], "row"),
+                              clamp(j, mask_w - 1, "jc")], "cell")
+        index = ctx.op("Add", [ctx.op("Mul", [cell, ctx.i64(hw)], "cell_hw"), at], "index")
+        flat = ctx.op("Reshape", [mask_in, ctx.i64([0, -1])], "flat")
+        s = ctx.op("Gather", [flat, index], "s", axis=1)                                   # (N, HW, HW)
+        s = ctx.op("Where", [inside, s, ctx.const(np.array(0, np.float32))], "s_win")
         if node.attrs["softmax"]:
-            s = op("Softmax", [s], "s_soft", axis=2)   # the last axis: the same in every opset
-        x_flat = op("Reshape", [x_in, i64([0, c, hw])], "x_flat")
-        prod = op("MatMul", [x_flat, op("Transpose", [s], "s_t", perm=[0, 2, 1])], "prod")
-        scaled = op("Mul", [prod, ctx.const(np.array(scale, np.float32))], "scaled")
-        ctx.add_node("Reshape", [scaled, i64([0, c, h, w])], [node.outputs[0]], name=name)
+            s = ctx.op("Softmax", [s], "s_soft", axis=2)   # the last axis: the same in every opset
+        x_flat = ctx.op("Reshape", [x_in, ctx.i64([0, c, hw])], "x_flat")
+        prod = ctx.op("MatMul", [x_flat, ctx.op("Transpose", [s], "s_t", perm=[0, 2, 1])], "prod")
+        scaled = ctx.op("Mul", [prod, ctx.const(np.array(scale, np.float32))], "scaled")
+        ctx.add_node("Reshape", [scaled, ctx.i64([0, c, h, w])], [node.outputs[0]], name=name)
 
     def pytorch_source(self, node, emit):
         mask_h, mask_w, scale = self._settings(node.attrs, emit.in_shape(0))

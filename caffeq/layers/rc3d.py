@@ -206,19 +206,14 @@ TORCH_TWIN_PROPOSAL = torch_sources(twin_nms, twin_proposals, TwinProposal)
 # ---- ONNX helpers ----------------------------------------------------------------------------
 
 class _Ops:
-    """Node-building shorthands for one layer: op(type, inputs, hint, **attrs) -> output name."""
+    """The context's node helpers as op(type, inputs, hint, **attrs) -> output name, op.i64 and op.f32
+    (OnnxContext.op/i64/f32), with shorthands built on them."""
 
-    def __init__(self, ctx, name):
-        self.ctx, self.name = ctx, name
+    def __init__(self, ctx):
+        self.ctx, self.i64, self.f32 = ctx, ctx.i64, ctx.f32
 
     def __call__(self, op_type, inputs, hint, **kw):
-        return self.ctx.add_node(op_type, inputs, [self.ctx.tmp(f"{self.name}_{hint}")], **kw)[0]
-
-    def i64(self, v):
-        return self.ctx.const(np.array(v, np.int64))
-
-    def f32(self, v):
-        return self.ctx.const(np.array(v, np.float32))
+        return self.ctx.op(op_type, inputs, hint, **kw)
 
     def col(self, x, k, hint):   # x[:, k]
         return self("Gather", [x, self.i64(k)], hint, axis=1)
@@ -287,7 +282,7 @@ class RC3DRoiPooling(Layer):
         return roi_layer_call(emit, TORCH_RC3D_ROI_POOL, a["pl"], a["ph"], a["pw"], a["temporal_scale"])
 
     def onnx(self, ctx, node):
-        a, op = node.attrs, _Ops(ctx, node.name)
+        a, op = node.attrs, _Ops(ctx)
         x, rois = node.inputs
         _, c, length, h, w = ctx.shape(x)
         if math.prod(ctx.shape(rois)[1:]) != 3:
@@ -401,7 +396,7 @@ class TwinProposalLayer(Layer):
         return [f"{t}[0]", f"{t}[1]"]
 
     def onnx(self, ctx, node):
-        a, op = node.attrs, _Ops(ctx, node.name)
+        a, op = node.attrs, _Ops(ctx)
         self.refuse_if_cannot_run(node.name, a, [ctx.shape(node.inputs[0])], ExportError, "R-C3D proposals")
         prob, deltas = node.inputs
         length, n_anchors = ctx.shape(prob)[2], len(a["anchors"])
@@ -476,7 +471,7 @@ class CaptionLayer(Layer):
         return [f"{t}[{i}]" for i in range(3 if node.attrs["with_scores"] else 2)]
 
     def onnx(self, ctx, node):
-        a, op = node.attrs, _Ops(ctx, node.name)
+        a, op = node.attrs, _Ops(ctx)
         self.refuse_if_cannot_run(node.name, a, [ctx.shape(i) for i in node.inputs], ExportError)
         prob, deltas, rois, feats = node.inputs
         w0, w1 = op.col(rois, 1, "w0"), op.col(rois, 2, "w1")
@@ -523,7 +518,7 @@ class SortByEnd(Layer):
         return [f"{t}[0]", f"{t}[1]"]
 
     def onnx(self, ctx, node):
-        op = _Ops(ctx, node.name)
+        op = _Ops(ctx)
         rois, feats = node.inputs
         end = op.col(rois, 2, "end")
         _, order = ctx.add_node("TopK", [end, op("Shape", [end], "n")], [ctx.tmp(f"{node.name}_v"),
@@ -553,7 +548,7 @@ class GTWindowsToRois(Layer):
         return f"{emit.helper(gt_windows_to_rois)}({emit.inputs[0]})"
 
     def onnx(self, ctx, node):
-        op = _Ops(ctx, node.name)
+        op = _Ops(ctx)
         gt = node.inputs[0]
         head = op("Slice", [gt, op.i64([0]), op.i64([-1]), op.i64([1])], "head")
         ctx.add_node("Concat", [op.zeros_like_rows(gt, "zeros"), head], [node.outputs[0]], axis=1)

@@ -586,14 +586,9 @@ def emit_proposals(ctx, node):
     n_anchors = len(a["anchors"])
     total = height * width * n_anchors
     name = node.name
-    i64 = lambda v: ctx.const(np.array(v, np.int64))
-    f32 = lambda v: ctx.const(np.array(v, np.float32))
-
-    def op(op_type, inputs, hint, **kw):
-        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
 
     def column(x, k, hint):   # x[:, k]
-        return op("Gather", [x, i64(k)], hint, axis=1)
+        return ctx.op("Gather", [x, ctx.i64(k)], hint, axis=1)
 
     boxes = shifted_anchors(torch.tensor(a["anchors"], dtype=torch.float64), height, width,
                             a["feat_stride"]).numpy().astype(np.float32)
@@ -603,89 +598,91 @@ def emit_proposals(ctx, node):
     ctr_y = boxes[:, 1] + np.float32(0.5) * heights
 
     if cpp and batch > 1:   # the C++ RPN layer reads image 0 only
-        prob_in, deltas_in = (op("Slice", [v, i64([0]), i64([1]), i64([0])], h) for v, h in
+        prob_in, deltas_in = (ctx.op("Slice", [v, ctx.i64([0]), ctx.i64([1]), ctx.i64([0])], h) for v, h in
                               ((prob_in, "prob0"), (deltas_in, "deltas0")))
-    scores = op("Slice", [prob_in, i64([n_anchors]), i64([2 * n_anchors]), i64([1])], "fg")
-    scores = op("Reshape", [op("Transpose", [scores], "fg_t", perm=[0, 2, 3, 1]), i64([-1])], "scores")
-    deltas = op("Reshape", [op("Transpose", [deltas_in], "d_t", perm=[0, 2, 3, 1]), i64([-1, 4])], "deltas")
-    pred_x = op("Add", [op("Mul", [column(deltas, 0, "dx"), f32(widths)], "mx"), f32(ctr_x)], "px")
-    pred_y = op("Add", [op("Mul", [column(deltas, 1, "dy"), f32(heights)], "my"), f32(ctr_y)], "py")
-    pred_w = op("Mul", [op("Exp", [column(deltas, 2, "dw")], "ew"), f32(widths)], "pw")
-    pred_h = op("Mul", [op("Exp", [column(deltas, 3, "dh")], "eh"), f32(heights)], "ph")
-    half_w, half_h = op("Mul", [f32(0.5), pred_w], "hw"), op("Mul", [f32(0.5), pred_h], "hh")
-    info = op("Reshape", [info_in, i64([-1])], "info")
-    im_h, im_w, im_scale = (op("Gather", [info, i64(k)], hint, axis=0) for k, hint in
+    scores = ctx.op("Slice", [prob_in, ctx.i64([n_anchors]), ctx.i64([2 * n_anchors]), ctx.i64([1])], "fg")
+    scores = ctx.op("Reshape", [ctx.op("Transpose", [scores], "fg_t", perm=[0, 2, 3, 1]), ctx.i64([-1])], "scores")
+    deltas = ctx.op("Reshape", [ctx.op("Transpose", [deltas_in], "d_t", perm=[0, 2, 3, 1]), ctx.i64([-1, 4])], "deltas")
+    pred_x = ctx.op("Add", [ctx.op("Mul", [column(deltas, 0, "dx"), ctx.f32(widths)], "mx"), ctx.f32(ctr_x)], "px")
+    pred_y = ctx.op("Add", [ctx.op("Mul", [column(deltas, 1, "dy"), ctx.f32(heights)], "my"), ctx.f32(ctr_y)], "py")
+    pred_w = ctx.op("Mul", [ctx.op("Exp", [column(deltas, 2, "dw")], "ew"), ctx.f32(widths)], "pw")
+    pred_h = ctx.op("Mul", [ctx.op("Exp", [column(deltas, 3, "dh")], "eh"), ctx.f32(heights)], "ph")
+    half_w, half_h = ctx.op("Mul", [ctx.f32(0.5), pred_w], "hw"), ctx.op("Mul", [ctx.f32(0.5), pred_h], "hh")
+    info = ctx.op("Reshape", [info_in, ctx.i64([-1])], "info")
+    im_h, im_w, im_scale = (ctx.op("Gather", [info, ctx.i64(k)], hint, axis=0) for k, hint in
                             ((0, "im_h"), (1, "im_w"), (2, "im_scale")))
     # PVANet's im_info holds the width's scale apart; the others scale both sides by im_info[2]
-    scale_w = op("Gather", [info, i64(3)], "scale_w", axis=0) if pva else im_scale
+    scale_w = ctx.op("Gather", [info, ctx.i64(3)], "scale_w", axis=0) if pva else im_scale
     if cpp:   # [0, int(width)] x [0, int(height)]
-        x_max, y_max = (op("Cast", [op("Cast", [v, ], f"{h}_i", to=7)], h, to=1) for v, h in
+        x_max, y_max = (ctx.op("Cast", [ctx.op("Cast", [v, ], f"{h}_i", to=7)], h, to=1) for v, h in
                         ((im_w, "x_max"), (im_h, "y_max")))
     else:
-        x_max = op("Sub", [im_w, f32(1.0)], "x_max")
-        y_max = op("Sub", [im_h, f32(1.0)], "y_max")
-    x1, y1, x2, y2 = onnx_clipped_corners(op, f32(0.0), pred_x, pred_y, half_w, half_h, x_max, y_max)
-    limit = op("Mul", [f32(float(a["min_size"])), im_scale], "limit")
+        x_max = ctx.op("Sub", [im_w, ctx.f32(1.0)], "x_max")
+        y_max = ctx.op("Sub", [im_h, ctx.f32(1.0)], "y_max")
+    x1, y1, x2, y2 = onnx_clipped_corners(ctx.op, ctx.f32(0.0), pred_x, pred_y, half_w, half_h, x_max, y_max)
+    limit = ctx.op("Mul", [ctx.f32(float(a["min_size"])), im_scale], "limit")
     if cpp:   # the unclipped sizes, as (w < limit || h < limit): a NaN side is kept
-        small = op("Or", [op("Less", [pred_w, limit], "narrow"), op("Less", [pred_h, limit], "low")], "small")
+        small = ctx.op("Or",
+                       [ctx.op("Less", [pred_w, limit], "narrow"), ctx.op("Less", [pred_h, limit], "low")], "small")
     else:
-        ws = op("Add", [op("Sub", [x2, x1], "ws0"), f32(1.0)], "ws")
-        hs = op("Add", [op("Sub", [y2, y1], "hs0"), f32(1.0)], "hs")
+        ws = ctx.op("Add", [ctx.op("Sub", [x2, x1], "ws0"), ctx.f32(1.0)], "ws")
+        hs = ctx.op("Add", [ctx.op("Sub", [y2, y1], "hs0"), ctx.f32(1.0)], "hs")
         # as the Python layer's (ws >= limit) & (hs >= limit): a NaN side is dropped too
-        limit_w = op("Mul", [f32(float(a["min_size"])), scale_w], "limit_w") if pva else limit
-        small = op("Not", [op("And", [op("GreaterOrEqual", [ws, limit_w], "wide"),
-                                      op("GreaterOrEqual", [hs, limit], "high")], "big_enough")], "small")
+        limit_w = ctx.op("Mul", [ctx.f32(float(a["min_size"])), scale_w], "limit_w") if pva else limit
+        small = ctx.op("Not", [ctx.op("And", [ctx.op("GreaterOrEqual", [ws, limit_w], "wide"),
+                                              ctx.op("GreaterOrEqual", [hs, limit], "high")], "big_enough")], "small")
     # filtered boxes score -inf: NonMaxSuppression's score threshold (-FLT_MAX) then leaves them out
     if pva:   # PVANet keeps them, scored score * 0 (TopK puts equal scores' lower index first)
-        live = op("Mul", [scores, op("Cast", [op("Not", [small], "big")], "valid", to=1)], "live")
+        live = ctx.op("Mul", [scores, ctx.op("Cast", [ctx.op("Not", [small], "big")], "valid", to=1)], "live")
     else:
-        live = op("Where", [small, f32(-np.inf), scores], "live")
+        live = ctx.op("Where", [small, ctx.f32(-np.inf), scores], "live")
     k = total if a["pre_nms_top_n"] <= 0 else min(a["pre_nms_top_n"], total)
-    vals, idx = ctx.add_node("TopK", [live, i64([k])], [ctx.tmp(f"{name}_top"), ctx.tmp(f"{name}_top_idx")],
+    vals, idx = ctx.add_node("TopK", [live, ctx.i64([k])], [ctx.tmp(f"{name}_top"), ctx.tmp(f"{name}_top_idx")],
                              axis=0, largest=1, sorted=1)
-    corners = op("Concat", [op("Unsqueeze", [v, i64([1])], f"{h}_c") for v, h in
-                            ((x1, "x1"), (y1, "y1"), (x2, "x2"), (y2, "y2"))], "corners", axis=1)
-    cand = op("Gather", [corners, idx], "cand", axis=0)                                   # (k, 4)
+    corners = ctx.op("Concat", [ctx.op("Unsqueeze", [v, ctx.i64([1])], f"{h}_c") for v, h in
+                                ((x1, "x1"), (y1, "y1"), (x2, "x2"), (y2, "y2"))], "corners", axis=1)
+    cand = ctx.op("Gather", [corners, idx], "cand", axis=0)                                   # (k, 4)
     if a.get("ssh"):
-        emit_ssh_rows(ctx, node, op, small, idx, cand, vals)
+        emit_ssh_rows(ctx, node, ctx.op, small, idx, cand, vals)
         return
     # ONNX's IoU has no +1: give it [y1, x1, y2 + 1, x2 + 1]
-    plus = f32(np.array([0, 0, 1, 1], np.float32))
-    nms_boxes = op("Gather", [op("Add", [cand, plus], "cand1"), i64([1, 0, 3, 2])], "yx", axis=1)
+    plus = ctx.f32(np.array([0, 0, 1, 1], np.float32))
+    nms_boxes = ctx.op("Gather", [ctx.op("Add", [cand, plus], "cand1"), ctx.i64([1, 0, 3, 2])], "yx", axis=1)
     max_out = k if a["post_nms_top_n"] <= 0 else min(a["post_nms_top_n"], k)
     # ONNX drops IoU > threshold; the C++ RPN layer drops IoU >= threshold: the next float32 below
     thresh = np.float32(a["nms_thresh"])
     thresh = np.nextafter(thresh, np.float32(-np.inf)) if cpp else thresh
     sel = ctx.add_node("NonMaxSuppression",
-                       [op("Unsqueeze", [nms_boxes, i64([0])], "nms_b"),
-                        op("Reshape", [vals, i64([1, 1, -1])], "nms_s"),
-                        i64([max_out]), f32([thresh]), f32([-FLT_MAX])],
+                       [ctx.op("Unsqueeze", [nms_boxes, ctx.i64([0])], "nms_b"),
+                        ctx.op("Reshape", [vals, ctx.i64([1, 1, -1])], "nms_s"),
+                        ctx.i64([max_out]), ctx.f32([thresh]), ctx.f32([-FLT_MAX])],
                        [ctx.tmp(f"{name}_sel")], name=name)[0]
-    picked = op("Gather", [sel, i64(2)], "picked", axis=1)                                 # (R,)
-    chosen = op("Gather", [cand, picked], "chosen", axis=0)
-    zeros = op("ConstantOfShape", [op("Concat", [op("Shape", [picked], "r"), i64([1])], "z_shape", axis=0)],
-               "zeros", value=_scalar_tensor(0.0))
+    picked = ctx.op("Gather", [sel, ctx.i64(2)], "picked", axis=1)                                 # (R,)
+    chosen = ctx.op("Gather", [cand, picked], "chosen", axis=0)
+    zeros = ctx.op("ConstantOfShape", [ctx.op("Concat", [ctx.op("Shape", [picked], "r"), ctx.i64([1])],
+                                              "z_shape", axis=0)], "zeros", value=_scalar_tensor(0.0))
     ctx.add_node("Concat", [zeros, chosen], [node.outputs[0]], axis=1)
     if a["with_scores"] and pva:
         ctx.add_node("Gather", [vals, picked], [node.outputs[1]], axis=0)
     elif a["with_scores"]:
-        ctx.add_node("Unsqueeze", [op("Gather", [vals, picked], "chosen_s", axis=0), i64([1])], [node.outputs[1]])
+        ctx.add_node("Unsqueeze",
+                     [ctx.op("Gather", [vals, picked], "chosen_s", axis=0), ctx.i64([1])], [node.outputs[1]])
 
 
 def emit_ssh_rows(ctx, node, op, small, idx, cand, vals):
     """SSH: the top-k rows without NMS, less those the size filter dropped (scored -inf, so last);
     the one roi [0, 0, 0, 16, 16] when none is left."""
-    i64 = lambda v: ctx.const(np.array(v, np.int64))
     live = op("Gather", [op("Not", [small], "big"), idx], "live_k", axis=0)
     chosen = op("Compress", [cand, live], "chosen", axis=0)
-    rows = op("Slice", [op("Shape", [chosen], "shape"), i64([0]), i64([1])], "rows")
-    zeros = op("ConstantOfShape", [op("Concat", [rows, i64([1])], "z_shape", axis=0)], "zeros",
+    rows = op("Slice", [op("Shape", [chosen], "shape"), ctx.i64([0]), ctx.i64([1])], "rows")
+    zeros = op("ConstantOfShape", [op("Concat", [rows, ctx.i64([1])], "z_shape", axis=0)], "zeros",
                value=_scalar_tensor(0.0))
     rois = op("Concat", [op("Concat", [zeros, chosen], "rois_all", axis=1),
                          ctx.const(np.array([[0, 0, 0, 16, 16]], np.float32))], "rois_pad", axis=0)
-    ctx.add_node("Slice", [rois, i64([0]), op("Max", [rows, i64([1])], "rows1")], [node.outputs[0]], name=node.name)
+    ctx.add_node("Slice",
+                 [rois, ctx.i64([0]), op("Max", [rows, ctx.i64([1])], "rows1")], [node.outputs[0]], name=node.name)
     if node.attrs["with_scores"]:
-        ctx.add_node("Unsqueeze", [op("Compress", [vals, live], "chosen_s", axis=0), i64([1])], [node.outputs[1]])
+        ctx.add_node("Unsqueeze", [op("Compress", [vals, live], "chosen_s", axis=0), ctx.i64([1])], [node.outputs[1]])
 
 
 def _scalar_tensor(v):

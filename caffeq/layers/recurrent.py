@@ -360,14 +360,13 @@ def _onnx_recurrent(ctx, node, lstm):
         xs, nxt = node.inputs[2], 3
     nstates = 2 if lstm else 1
     name = node.name
-    i64 = lambda v: ctx.const(np.array(v, np.int64))
 
     def tmp(hint):
         return ctx.tmp(f"{name}_{hint}")
 
     # gx = x W^T + b (+ x_static W_static^T): T x N x G
     x3 = tmp("x3")
-    ctx.add_node("Reshape", [x, i64([0, 0, -1])], [x3])
+    ctx.add_node("Reshape", [x, ctx.i64([0, 0, -1])], [x3])
     xw = tmp("xw")
     ctx.add_node("MatMul", [x3, ctx.weight(node, 0, transpose=True)], [xw], name=name)
     gx = tmp("gx")
@@ -375,7 +374,7 @@ def _onnx_recurrent(ctx, node, lstm):
     widx = 2
     if a["static"]:
         xs2 = tmp("xs2")
-        ctx.add_node("Reshape", [xs, i64([0, -1])], [xs2])
+        ctx.add_node("Reshape", [xs, ctx.i64([0, -1])], [xs2])
         sw = tmp("static")
         ctx.add_node("MatMul", [xs2, ctx.weight(node, 2, transpose=True)], [sw])
         gx_all = tmp("gx_static")
@@ -392,15 +391,15 @@ def _onnx_recurrent(ctx, node, lstm):
         init = []
         for j in range(nstates):
             s0 = tmp(f"s{j}_0")
-            ctx.add_node("Reshape", [node.inputs[nxt + j], i64([-1, hd])], [s0])
+            ctx.add_node("Reshape", [node.inputs[nxt + j], ctx.i64([-1, hd])], [s0])
             init.append(s0)
     else:
         shape = tmp("shape")
         ctx.add_node("Shape", [cont], [shape])
         n = tmp("n")
-        ctx.add_node("Gather", [shape, i64([1])], [n], axis=0)
+        ctx.add_node("Gather", [shape, ctx.i64([1])], [n], axis=0)
         nh = tmp("nh")
-        ctx.add_node("Concat", [n, i64([hd])], [nh], axis=0)
+        ctx.add_node("Concat", [n, ctx.i64([hd])], [nh], axis=0)
         zeros = tmp("zeros")
         ctx.add_node("ConstantOfShape", [nh], [zeros])
         init = [zeros] * nstates
@@ -455,4 +454,4 @@ def _onnx_recurrent(ctx, node, lstm):
                  body=body, num_scan_inputs=2)
     if a["expose_hidden"]:
         for j in range(nstates):
-            ctx.add_node("Reshape", [finals[j], i64([1, -1, hd])], [node.outputs[1 + j]])
+            ctx.add_node("Reshape", [finals[j], ctx.i64([1, -1, hd])], [node.outputs[1 + j]])

@@ -44,7 +44,6 @@ onnxruntime computes Detectron's samples and weights in the same order); the two
 """
 import math
 
-import numpy as np
 import torch
 
 from ..errors import ExportError
@@ -305,12 +304,11 @@ class ROIAlignForks(RoiLayerSpec):
         if math.prod(ctx.shape(rois)[1:]) != 5:
             raise ExportError(f"layer '{node.name}' (ROIAlign): {ROIS_WANTED}, the net declares "
                               f"{list(ctx.shape(rois))}; give their shape with --input-shape")
-        i64 = lambda v: ctx.const(np.array(v, np.int64))
         t = lambda hint: ctx.tmp(f"{node.name}_{hint}")
-        flat = ctx.add_node("Reshape", [rois, i64([-1, 5])], t("rois"))
-        boxes = ctx.add_node("Slice", [flat, i64([1]), i64([5]), i64([1])], t("boxes"))
-        column = ctx.add_node("Slice", [flat, i64([0]), i64([1]), i64([1])], t("batch_column"))
-        batch = ctx.add_node("Cast", [ctx.add_node("Reshape", [column, i64([-1])], t("batch_float"))],
+        flat = ctx.add_node("Reshape", [rois, ctx.i64([-1, 5])], t("rois"))
+        boxes = ctx.add_node("Slice", [flat, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], t("boxes"))
+        column = ctx.add_node("Slice", [flat, ctx.i64([0]), ctx.i64([1]), ctx.i64([1])], t("batch_column"))
+        batch = ctx.add_node("Cast", [ctx.add_node("Reshape", [column, ctx.i64([-1])], t("batch_float"))],
                              t("batch"), to=7)   # int64, truncated toward zero as C's (int)
         # opset 16 added coordinate_transformation_mode (default half_pixel); before it RoiAlign is
         # output_half_pixel, Detectron's (and this fork's) unshifted coordinates

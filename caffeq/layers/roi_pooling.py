@@ -364,16 +364,13 @@ def pad_kwarg(attrs):
 def onnx_pad_rois(ctx, name, rois, pad_ratio):
     """ONNX: (R, 5) rois with each side moved out by pad_ratio x the roi's size, in the fork's float32
     order ((x2 - x1 + 1) * ratio, then x1 - pad, x2 + pad)."""
-    import numpy as np
-    i64 = lambda v: ctx.const(np.array(v, np.int64))
-    f32 = lambda v: ctx.const(np.array(v, np.float32))
     names = {k: ctx.tmp(f"{name}_{k}") for k in ("batch", "start", "end", "size", "size1", "pad", "lo", "hi", "out")}
-    ctx.add_node("Slice", [rois, i64([0]), i64([1]), i64([1])], [names["batch"]])
-    ctx.add_node("Slice", [rois, i64([1]), i64([3]), i64([1])], [names["start"]])
-    ctx.add_node("Slice", [rois, i64([3]), i64([5]), i64([1])], [names["end"]])
+    ctx.add_node("Slice", [rois, ctx.i64([0]), ctx.i64([1]), ctx.i64([1])], [names["batch"]])
+    ctx.add_node("Slice", [rois, ctx.i64([1]), ctx.i64([3]), ctx.i64([1])], [names["start"]])
+    ctx.add_node("Slice", [rois, ctx.i64([3]), ctx.i64([5]), ctx.i64([1])], [names["end"]])
     ctx.add_node("Sub", [names["end"], names["start"]], [names["size"]])
-    ctx.add_node("Add", [names["size"], f32(1.0)], [names["size1"]])
-    ctx.add_node("Mul", [names["size1"], f32(pad_ratio)], [names["pad"]])
+    ctx.add_node("Add", [names["size"], ctx.f32(1.0)], [names["size1"]])
+    ctx.add_node("Mul", [names["size1"], ctx.f32(pad_ratio)], [names["pad"]])
     ctx.add_node("Sub", [names["start"], names["pad"]], [names["lo"]])
     ctx.add_node("Add", [names["end"], names["pad"]], [names["hi"]])
     ctx.add_node("Concat", [names["batch"], names["lo"], names["hi"]], [names["out"]], axis=1)

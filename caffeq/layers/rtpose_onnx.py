@@ -17,15 +17,10 @@ class _Emit:
 
     def __init__(self, ctx, node):
         self.ctx, self.name = ctx, node.name
-
-    def f(self, value):
-        return self.ctx.const(np.array(value, np.float32))
+        self.f, self.i = ctx.f32, ctx.i64       # float32 and int64 constants
 
     def d(self, value):
         return self.ctx.const(np.array(value, np.float64))
-
-    def i(self, value):
-        return self.ctx.const(np.array(value, np.int64))
 
     def op(self, op_type, inputs, hint="t", out=None, **attrs):
         return self.ctx.add_node(op_type, list(inputs), out or self.ctx.tmp(f"{self.name}_{hint}"), **attrs)

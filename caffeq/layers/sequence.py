@@ -40,11 +40,6 @@ from torch import nn
 from ..errors import ExportError
 from .registry import Layer, LayerError, need_blobs, positive_field, register_layer, torch_sources
 
-
-def _i64(ctx, v):
-    return ctx.const(np.array(v, np.int64))
-
-
 # ---- Reverse -------------------------------------------------------------------------------
 
 @register_layer("Reverse")
@@ -66,8 +61,8 @@ class Reverse(Layer):
         return x.flip(attrs["axis"])
 
     def onnx(self, ctx, node):
-        ctx.add_node("Slice", [node.inputs[0], _i64(ctx, [-1]), _i64(ctx, [-(2 ** 63)]),
-                               _i64(ctx, [node.attrs["axis"]]), _i64(ctx, [-1])], [node.outputs[0]], name=node.name)
+        ctx.add_node("Slice", [node.inputs[0], ctx.i64([-1]), ctx.i64([-(2 ** 63)]),
+                               ctx.i64([node.attrs["axis"]]), ctx.i64([-1])], [node.outputs[0]], name=node.name)
 
     def pytorch_source(self, node, emit):
         return f"{emit.inputs[0]}.flip({node.attrs['axis']})"
@@ -170,11 +165,11 @@ class ContinuationIndicator(Layer):
         # the batch follows the input's (dynamic) size: a row of zeros, then time_step - 1 rows of ones
         from .ssd.common import scalar_tensor
         batch = ctx.add_node("Gather", [ctx.add_node("Shape", [node.inputs[0]], ctx.tmp("shape")),
-                                        _i64(ctx, [node.attrs["axis"]])], ctx.tmp("batch"), axis=0)
+                                        ctx.i64([node.attrs["axis"]])], ctx.tmp("batch"), axis=0)
         rows = []
         for count, value in ((1, 0.0), (t - 1, 1.0)):
             if count:
-                size = ctx.add_node("Concat", [_i64(ctx, [count]), batch], ctx.tmp("size"), axis=0)
+                size = ctx.add_node("Concat", [ctx.i64([count]), batch], ctx.tmp("size"), axis=0)
                 rows.append(ctx.add_node("ConstantOfShape", [size], ctx.tmp("rows"), value=scalar_tensor(value)))
         ctx.add_node("Concat", rows, [node.outputs[0]], name=node.name, axis=0)
 
@@ -224,7 +219,7 @@ class Convert(Layer):
         x = node.inputs[0]
         s = ctx.shape(x)
         n, d, w = s[0], s[1], s[-1]
-        flat = ctx.add_node("Reshape", [x, _i64(ctx, [n, d, w])], [ctx.tmp(node.name + "_ndw")], name=node.name)[0]
+        flat = ctx.add_node("Reshape", [x, ctx.i64([n, d, w])], [ctx.tmp(node.name + "_ndw")], name=node.name)[0]
         ctx.add_node("Transpose", [flat], [node.outputs[0]], perm=[2, 0, 1])
         if node.attrs["cont"]:
             arr = continuation_indicator(w, n).numpy()
@@ -375,24 +370,21 @@ class Lstm(Layer):
         perm = np.concatenate([np.arange(0, h), np.arange(2 * h, 3 * h), np.arange(h, 2 * h),
                                np.arange(3 * h, 4 * h)]).astype(np.int64)
 
-        def op(op_type, inputs, hint, **kw):
-            return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
-
         def onnx_gates(index, hint):
-            rows = op("Gather", [ctx.weight(node, index), ctx.const(perm)], hint + "_iofc", axis=0)
-            return op("Unsqueeze", [rows, _i64(ctx, [0])], hint)
+            rows = ctx.op("Gather", [ctx.weight(node, index), ctx.const(perm)], hint + "_iofc", axis=0)
+            return ctx.op("Unsqueeze", [rows, ctx.i64([0])], hint)
 
-        x = op("Reshape", [node.inputs[0], _i64(ctx, [t, n, -1] if flat else [0, 0, -1])], "x")
-        bias = op("Gather", [ctx.weight(node, 2), ctx.const(perm)], "b_iofc", axis=0)
-        bias = op("Concat", [bias, ctx.const(np.zeros(4 * h, np.float32))], "b_wr", axis=0)
-        bias = op("Unsqueeze", [bias, _i64(ctx, [0])], "B")
+        x = ctx.op("Reshape", [node.inputs[0], ctx.i64([t, n, -1] if flat else [0, 0, -1])], "x")
+        bias = ctx.op("Gather", [ctx.weight(node, 2), ctx.const(perm)], "b_iofc", axis=0)
+        bias = ctx.op("Concat", [bias, ctx.const(np.zeros(4 * h, np.float32))], "b_wr", axis=0)
+        bias = ctx.op("Unsqueeze", [bias, ctx.i64([0])], "B")
         y = ctx.add_node("LSTM", [x, onnx_gates(0, "W"), onnx_gates(1, "R"), bias], [ctx.tmp(f"{name}_y")],
                          name=name, hidden_size=h)[0]                                 # (T, 1, N, H)
         if flat:
-            y = op("Squeeze", [y, _i64(ctx, [1])], "y3")
-            ctx.add_node("Reshape", [y, _i64(ctx, [t * n, h])], [node.outputs[0]])
+            y = ctx.op("Squeeze", [y, ctx.i64([1])], "y3")
+            ctx.add_node("Reshape", [y, ctx.i64([t * n, h])], [node.outputs[0]])
         else:
-            ctx.add_node("Squeeze", [y, _i64(ctx, [1])], [node.outputs[0]])
+            ctx.add_node("Squeeze", [y, ctx.i64([1])], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
         _, _, k, h = self._dims(node.attrs, [emit.in_shape(0)])

@@ -4,21 +4,14 @@ import numpy as np
 
 
 class OnnxImageSampler:
-    """Emits the pieces every warp needs, its node names prefixed by the layer's."""
+    """Emits the pieces every warp needs, its node names prefixed by the layer's (`name`, the layer
+    being emitted); op, f32 and i64 are the context's (OnnxContext.op/f32/i64)."""
 
     def __init__(self, ctx, name, image):
         self.ctx, self.name = ctx, name
+        self.op, self.f32, self.i64 = ctx.op, ctx.f32, ctx.i64
         _, self.c, self.h, self.w = ctx.shape(image)
         self.flat = self.op("Reshape", [image, self.i64([0, self.c, self.h * self.w])], "flat")
-
-    def op(self, kind, inputs, hint, **kw):
-        return self.ctx.add_node(kind, inputs, self.ctx.tmp(f"{self.name}_{hint}"), **kw)
-
-    def f32(self, value):
-        return self.ctx.const(np.array(value, np.float32))
-
-    def i64(self, values):
-        return self.ctx.const(np.array(values, np.int64))
 
     def channel(self, t, k, hint, **kw):
         """Channel k of an (N, 2, H, W) flow or coordinate map, as (N, 1, H, W)."""

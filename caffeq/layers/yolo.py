@@ -58,11 +58,6 @@ from .caffe_plus import onnx_space_to_depth_crd, space_to_depth_crd
 from .registry import Layer, LayerError, four_axes, need_blobs, positive_field, register_layer, torch_sources
 from .ssd.common import emit_detection_top
 
-
-def _i64(ctx, v):
-    return ctx.const(np.array(v, np.int64))
-
-
 # ---- Reorg ------------------------------------------------------------------------------
 
 def darknet_reorg(x, stride: int, reverse: bool):
@@ -132,10 +127,10 @@ class Reorg(Layer):
         if a["crd"]:
             onnx_space_to_depth_crd(ctx, node.name, x, out, s)
             return
-        read = ctx.add_node("Reshape", [x, _i64(ctx, [0, c // (s * s), h * s, w * s])],
+        read = ctx.add_node("Reshape", [x, ctx.i64([0, c // (s * s), h * s, w * s])],
                             [ctx.tmp(node.name + "_as_read")])[0]
         s2d = ctx.add_node("SpaceToDepth", [read], [ctx.tmp(node.name + "_s2d")], name=node.name, blocksize=s)[0]
-        ctx.add_node("Reshape", [s2d, _i64(ctx, [0, c * s * s, h // s, w // s])], [out])
+        ctx.add_node("Reshape", [s2d, ctx.i64([0, c * s * s, h // s, w // s])], [out])
 
     def pytorch_source(self, node, emit):
         a = node.attrs
@@ -262,21 +257,18 @@ class Region(Layer):
         size = c // a["boxes"]
         name = node.name
 
-        def op(op_type, inputs, hint, **kw):
-            return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
-
         def part(y, lo, hi, hint):
-            return op("Slice", [y, _i64(ctx, [lo]), _i64(ctx, [hi]), _i64(ctx, [-1])], hint)
+            return ctx.op("Slice", [y, ctx.i64([lo]), ctx.i64([hi]), ctx.i64([-1])], hint)
 
-        t = op("Transpose", [x], "nhwc", perm=[0, 2, 3, 1], name=name)
-        y = op("Reshape", [t, _i64(ctx, [0, h, w, a["boxes"], size])], "boxes")
-        pieces = [part(y, 0, 4, "xywh"), op("Sigmoid", [part(y, 4, 5, "obj_raw")], "obj")]
+        t = ctx.op("Transpose", [x], "nhwc", perm=[0, 2, 3, 1], name=name)
+        y = ctx.op("Reshape", [t, ctx.i64([0, h, w, a["boxes"], size])], "boxes")
+        pieces = [part(y, 0, 4, "xywh"), ctx.op("Sigmoid", [part(y, 4, 5, "obj_raw")], "obj")]
         cls = part(y, 5, 5 + a["classes"], "cls_raw")
-        pieces.append(op("Softmax", [cls], "cls", axis=-1) if a["softmax"] else cls)
+        pieces.append(ctx.op("Softmax", [cls], "cls", axis=-1) if a["softmax"] else cls)
         if size > 5 + a["classes"]:
             pieces.append(part(y, 5 + a["classes"], size, "rest"))
-        joined = op("Concat", pieces, "joined", axis=-1)
-        ctx.add_node("Reshape", [joined, _i64(ctx, [0, c, h, w])], [out])
+        joined = ctx.op("Concat", pieces, "joined", axis=-1)
+        ctx.add_node("Reshape", [joined, ctx.i64([0, c, h, w])], [out])
 
     @staticmethod
     def _onnx_darknet(ctx, node):
@@ -286,25 +278,22 @@ class Region(Layer):
         num, coords, size = a["boxes"], a["coords"], c // a["boxes"]
         name = node.name
 
-        def op(op_type, inputs, hint, **kw):
-            return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
-
         def part(lo, hi, hint):
-            return op("Slice", [y, _i64(ctx, [lo]), _i64(ctx, [hi]), _i64(ctx, [2])], hint)
+            return ctx.op("Slice", [y, ctx.i64([lo]), ctx.i64([hi]), ctx.i64([2])], hint)
 
-        y = op("Reshape", [x, _i64(ctx, [0, num, size, h, w])], "anchors", name=name)
-        pieces = [op("Sigmoid", [part(0, 2, "xy_raw")], "xy")]
+        y = ctx.op("Reshape", [x, ctx.i64([0, num, size, h, w])], "anchors", name=name)
+        pieces = [ctx.op("Sigmoid", [part(0, 2, "xy_raw")], "xy")]
         if coords > 2:
             pieces.append(part(2, coords, "wh"))
         if a["softmax"] and a["background"]:
-            pieces.append(op("Softmax", [part(coords, size, "cls_raw")], "cls", axis=2))
+            pieces.append(ctx.op("Softmax", [part(coords, size, "cls_raw")], "cls", axis=2))
         else:
             obj = part(coords, coords + 1, "obj_raw")
-            pieces.append(obj if a["background"] else op("Sigmoid", [obj], "obj"))
+            pieces.append(obj if a["background"] else ctx.op("Sigmoid", [obj], "obj"))
             cls = part(coords + 1, size, "cls_raw")
-            pieces.append(op("Softmax", [cls], "cls", axis=2) if a["softmax"] else op("Sigmoid", [cls], "cls"))
-        joined = op("Concat", pieces, "joined", axis=2)
-        ctx.add_node("Reshape", [joined, _i64(ctx, [0, c, h, w])], [out])
+            pieces.append(ctx.op("Softmax", [cls], "cls", axis=2) if a["softmax"] else ctx.op("Sigmoid", [cls], "cls"))
+        joined = ctx.op("Concat", pieces, "joined", axis=2)
+        ctx.add_node("Reshape", [joined, ctx.i64([0, c, h, w])], [out])
 
     def pytorch_source(self, node, emit):
         a = node.attrs
@@ -571,46 +560,33 @@ def _emit_yolo_detection(ctx, node, spec):
     name = node.name
     bx, by, bw, bh, lab, score = emit_yolo_candidates(ctx, node, a, isinstance(spec, Yolov3DetectionOutput))
 
-    def f32(v):
-        return ctx.const(np.array(v, np.float32))
-
-    def op(op_type, inputs, hint, **kw):
-        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
-
-    boxes = op("Unsqueeze", [op("Concat", [op("Unsqueeze", [v, _i64(ctx, [1])], f"c{i}") for i, v in
-                                            enumerate((bx, by, bw, bh))], "boxes2", axis=1), _i64(ctx, [0])],
-               "boxes")                                                                      # (1, K, 4)
-    scores = op("Reshape", [score, _i64(ctx, [1, 1, -1])], "scores")
+    boxes = ctx.op("Unsqueeze", [ctx.op("Concat", [ctx.op("Unsqueeze", [v, ctx.i64([1])], f"c{i}") for i, v in
+                                            enumerate((bx, by, bw, bh))], "boxes2", axis=1), ctx.i64([0])],
+                   "boxes")                                                                      # (1, K, 4)
+    scores = ctx.op("Reshape", [score, ctx.i64([1, 1, -1])], "scores")
     # ONNX drops IoU > t, the fork IoU >= t: the next float32 below t gives the same decisions
     thr = np.nextafter(np.float32(a["nms_threshold"]), np.float32(-np.inf))
-    sel = ctx.add_node("NonMaxSuppression", [boxes, scores, _i64(ctx, [2 ** 31 - 1]), f32([thr])],
+    sel = ctx.add_node("NonMaxSuppression", [boxes, scores, ctx.i64([2 ** 31 - 1]), ctx.f32([thr])],
                        [ctx.tmp(f"{name}_sel")], name=name, center_point_box=1)[0]
-    sel_box = op("Slice", [sel, _i64(ctx, [2]), _i64(ctx, [3]), _i64(ctx, [1])], "sel_box")
-    idx = op("Squeeze", [sel_box, _i64(ctx, [1])], "idx")
-    g = {i: op("Gather", [v, idx], f"g{i}", axis=0) for i, v in enumerate((bx, by, bw, bh, lab, score))}
-    half_w = op("Mul", [g[2], f32(0.5)], "half_w")
-    half_h = op("Mul", [g[3], f32(0.5)], "half_h")
-    columns = [op("Mul", [g[5], f32(0.0)], "zero"),
-               op("Add", [op("Cast", [g[4]], "lab_f", to=1), f32(1.0)], "label"), g[5],
-               op("Sub", [g[0], half_w], "left"), op("Sub", [g[1], half_h], "top"),
-               op("Add", [g[0], half_w], "right"), op("Add", [g[1], half_h], "bottom")]
-    emit_rows_or_fallback(ctx, node, op, columns)
+    sel_box = ctx.op("Slice", [sel, ctx.i64([2]), ctx.i64([3]), ctx.i64([1])], "sel_box")
+    idx = ctx.op("Squeeze", [sel_box, ctx.i64([1])], "idx")
+    g = {i: ctx.op("Gather", [v, idx], f"g{i}", axis=0) for i, v in enumerate((bx, by, bw, bh, lab, score))}
+    half_w = ctx.op("Mul", [g[2], ctx.f32(0.5)], "half_w")
+    half_h = ctx.op("Mul", [g[3], ctx.f32(0.5)], "half_h")
+    columns = [ctx.op("Mul", [g[5], ctx.f32(0.0)], "zero"),
+               ctx.op("Add", [ctx.op("Cast", [g[4]], "lab_f", to=1), ctx.f32(1.0)], "label"), g[5],
+               ctx.op("Sub", [g[0], half_w], "left"), ctx.op("Sub", [g[1], half_h], "top"),
+               ctx.op("Add", [g[0], half_w], "right"), ctx.op("Add", [g[1], half_h], "bottom")]
+    emit_rows_or_fallback(ctx, node, ctx.op, columns)
 
 
 def emit_yolo_candidates(ctx, node, a, v3, with_obj=False):
     """The kept candidates of every bottom, flat, in the fork's order: x, y, w, h, label, score
     and, with_obj (v2 only), the objectness (a: num_box, num_classes, biases,
     confidence_threshold, and for v3 anchor_ids, scales)."""
-    name = node.name
-
-    def f32(v):
-        return ctx.const(np.array(v, np.float32))
-
-    def op(op_type, inputs, hint, **kw):
-        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
 
     def entry(y, lo, hi, hint):
-        return op("Slice", [y, _i64(ctx, [lo]), _i64(ctx, [hi]), _i64(ctx, [-1])], hint)
+        return ctx.op("Slice", [y, ctx.i64([lo]), ctx.i64([hi]), ctx.i64([-1])], hint)
 
     cols = [[] for _ in range(8)]   # x, y, w, h, label, score, keep, objectness: flat per bottom
     nb, k = a["num_box"], a["num_classes"]
@@ -619,11 +595,11 @@ def emit_yolo_candidates(ctx, node, a, v3, with_obj=False):
         per = c // nb
         hint = f"b{t}"
         if v3:
-            x = op("Slice", [x, _i64(ctx, [0]), _i64(ctx, [nb * per]), _i64(ctx, [1])], f"{hint}_used")
-        y = op("Reshape", [x, _i64(ctx, [0, nb, per, h, w])], f"{hint}_split")
-        y = op("Transpose", [y], f"{hint}_t", perm=[0, 3, 4, 1, 2])           # (n, row, col, box, entry)
-        colv = f32(np.arange(w, dtype=np.float32).reshape(1, 1, w, 1, 1))
-        rowv = f32(np.arange(h, dtype=np.float32).reshape(1, h, 1, 1, 1))
+            x = ctx.op("Slice", [x, ctx.i64([0]), ctx.i64([nb * per]), ctx.i64([1])], f"{hint}_used")
+        y = ctx.op("Reshape", [x, ctx.i64([0, nb, per, h, w])], f"{hint}_split")
+        y = ctx.op("Transpose", [y], f"{hint}_t", perm=[0, 3, 4, 1, 2])           # (n, row, col, box, entry)
+        colv = ctx.f32(np.arange(w, dtype=np.float32).reshape(1, 1, w, 1, 1))
+        rowv = ctx.f32(np.arange(h, dtype=np.float32).reshape(1, h, 1, 1, 1))
         if v3:
             ids = a["anchor_ids"][t]
             anc = np.array(a["biases"], np.float32).reshape(-1, 2)[ids]
@@ -632,45 +608,47 @@ def emit_yolo_candidates(ctx, node, a, v3, with_obj=False):
         else:
             anc = np.array(a["biases"][:2 * nb], np.float32).reshape(nb, 2)
             div_w = div_h = adiv_w = adiv_h = np.float32(w)
-        bx = op("Div", [op("Add", [colv, op("Sigmoid", [entry(y, 0, 1, f"{hint}_tx")], f"{hint}_sx")],
-                           f"{hint}_cx"), f32(div_w)], f"{hint}_bx")
-        by = op("Div", [op("Add", [rowv, op("Sigmoid", [entry(y, 1, 2, f"{hint}_ty")], f"{hint}_sy")],
-                           f"{hint}_cy"), f32(div_h)], f"{hint}_by")
-        bw = op("Div", [op("Mul", [op("Exp", [entry(y, 2, 3, f"{hint}_tw")], f"{hint}_ew"),
-                                   f32(anc[:, 0].reshape(nb, 1))], f"{hint}_aw"), f32(adiv_w)], f"{hint}_bw")
-        bh = op("Div", [op("Mul", [op("Exp", [entry(y, 3, 4, f"{hint}_th")], f"{hint}_eh"),
-                                   f32(anc[:, 1].reshape(nb, 1))], f"{hint}_ah"), f32(adiv_h)], f"{hint}_bh")
-        obj = op("Sigmoid", [entry(y, 4, 5, f"{hint}_to")], f"{hint}_obj")
+        bx = ctx.op("Div", [ctx.op("Add", [colv, ctx.op("Sigmoid", [entry(y, 0, 1, f"{hint}_tx")], f"{hint}_sx")],
+                                   f"{hint}_cx"), ctx.f32(div_w)], f"{hint}_bx")
+        by = ctx.op("Div", [ctx.op("Add", [rowv, ctx.op("Sigmoid", [entry(y, 1, 2, f"{hint}_ty")], f"{hint}_sy")],
+                                   f"{hint}_cy"), ctx.f32(div_h)], f"{hint}_by")
+        bw = ctx.op("Div", [ctx.op("Mul", [ctx.op("Exp", [entry(y, 2, 3, f"{hint}_tw")], f"{hint}_ew"),
+                                           ctx.f32(anc[:, 0].reshape(nb, 1))], f"{hint}_aw"),
+                            ctx.f32(adiv_w)], f"{hint}_bw")
+        bh = ctx.op("Div", [ctx.op("Mul", [ctx.op("Exp", [entry(y, 3, 4, f"{hint}_th")], f"{hint}_eh"),
+                                           ctx.f32(anc[:, 1].reshape(nb, 1))], f"{hint}_ah"),
+                            ctx.f32(adiv_h)], f"{hint}_bh")
+        obj = ctx.op("Sigmoid", [entry(y, 4, 5, f"{hint}_to")], f"{hint}_obj")
         logits = entry(y, 5, 5 + k, f"{hint}_cls")
         if v3:
-            score = op("Mul", [op("Sigmoid", [logits], f"{hint}_p"), obj], f"{hint}_score")   # (.., box, k)
-            shape = op("Shape", [score], f"{hint}_shape")
-            parts = [op("Expand", [v, shape], f"{hint}_e{i}") for i, v in enumerate((bx, by, bw, bh))]
-            lab = op("Expand", [_i64(ctx, np.arange(k, dtype=np.int64)), shape], f"{hint}_lab")
-            keep = op("Greater", [score, f32(a["confidence_threshold"])], f"{hint}_keep")
+            score = ctx.op("Mul", [ctx.op("Sigmoid", [logits], f"{hint}_p"), obj], f"{hint}_score")   # (.., box, k)
+            shape = ctx.op("Shape", [score], f"{hint}_shape")
+            parts = [ctx.op("Expand", [v, shape], f"{hint}_e{i}") for i, v in enumerate((bx, by, bw, bh))]
+            lab = ctx.op("Expand", [ctx.i64(np.arange(k, dtype=np.int64)), shape], f"{hint}_lab")
+            keep = ctx.op("Greater", [score, ctx.f32(a["confidence_threshold"])], f"{hint}_keep")
         else:
-            prob = op("Softmax", [logits], f"{hint}_prob", axis=-1)
+            prob = ctx.op("Softmax", [logits], f"{hint}_prob", axis=-1)
             if ctx.opset < 18:   # axes: an attribute before opset 18, an input after
-                best = op("ReduceMax", [prob], f"{hint}_best", axes=[-1], keepdims=1)
+                best = ctx.op("ReduceMax", [prob], f"{hint}_best", axes=[-1], keepdims=1)
             else:
-                best = op("ReduceMax", [prob, _i64(ctx, [-1])], f"{hint}_best", keepdims=1)
-            lab = op("ArgMax", [prob], f"{hint}_lab", axis=-1, keepdims=1)
-            score = op("Mul", [obj, best], f"{hint}_score")
+                best = ctx.op("ReduceMax", [prob, ctx.i64([-1])], f"{hint}_best", keepdims=1)
+            lab = ctx.op("ArgMax", [prob], f"{hint}_lab", axis=-1, keepdims=1)
+            score = ctx.op("Mul", [obj, best], f"{hint}_score")
             parts = [bx, by, bw, bh]
-            keep = op("GreaterOrEqual", [score, f32(a["confidence_threshold"])], f"{hint}_keep")
+            keep = ctx.op("GreaterOrEqual", [score, ctx.f32(a["confidence_threshold"])], f"{hint}_keep")
         for i, v in enumerate(parts + [lab, score, keep] + ([obj] if with_obj else [])):
-            cols[i].append(op("Reshape", [v, _i64(ctx, [-1])], f"{hint}_flat{i}"))
-    keep = cols[6][0] if len(cols[6]) == 1 else op("Concat", cols[6], "keep", axis=0)
+            cols[i].append(ctx.op("Reshape", [v, ctx.i64([-1])], f"{hint}_flat{i}"))
+    keep = cols[6][0] if len(cols[6]) == 1 else ctx.op("Concat", cols[6], "keep", axis=0)
     flat = []
     for i in (0, 1, 2, 3, 4, 5, 7) if with_obj else range(6):
-        v = cols[i][0] if len(cols[i]) == 1 else op("Concat", cols[i], f"all{i}", axis=0)
-        flat.append(op("Compress", [v, keep], f"kept{i}", axis=0))
+        v = cols[i][0] if len(cols[i]) == 1 else ctx.op("Concat", cols[i], f"all{i}", axis=0)
+        flat.append(ctx.op("Compress", [v, keep], f"kept{i}", axis=0))
     return flat
 
 
 def emit_rows_or_fallback(ctx, node, op, columns):
     """Rows from the 7 (R,) columns, or with no row at all one [i, -1, -1, -1, -1, -1, -1] per image."""
-    rows = op("Concat", [op("Unsqueeze", [v, _i64(ctx, [1])], f"r{i}") for i, v in enumerate(columns)],
+    rows = op("Concat", [op("Unsqueeze", [v, ctx.i64([1])], f"r{i}") for i, v in enumerate(columns)],
               "rows", axis=1)                                                                # (R, 7)
     emit_detection_top(ctx, op, rows, node.inputs[0], node.outputs[0], 7)
 

@@ -95,42 +95,37 @@ class RegionBoxes(Layer):
         num, side, coords, classes = a["num"], a["side"], a["coords"], a["classes"]
         size = coords + 1 + classes
 
-        def op(kind, inputs, hint, **kw):
-            return ctx.add_node(kind, inputs, ctx.tmp(f"{name}_{hint}"), **kw)
-
-        def i64(values):
-            return ctx.const(np.array(values, np.int64))
-
-        def f32(value):
-            return ctx.const(np.array(value, np.float32))
-
         def entries(lo, hi, hint):
-            return op("Slice", [t, i64([lo]), i64([hi]), i64([1])], hint)
+            return ctx.op("Slice", [t, ctx.i64([lo]), ctx.i64([hi]), ctx.i64([1])], hint)
 
-        first = op("Slice", [node.inputs[0], i64([0]), i64([1]), i64([0])], "image0", name=name)
-        t = op("Reshape", [first, i64([num, size, side, side])], "anchors")
+        first = ctx.op("Slice", [node.inputs[0], ctx.i64([0]), ctx.i64([1]), ctx.i64([0])], "image0", name=name)
+        t = ctx.op("Reshape", [first, ctx.i64([num, size, side, side])], "anchors")
         cls = entries(coords + 1, size, "cls_raw")
         if a["softmax"]:
-            cls = op("Softmax", [cls], "cls", axis=1)
-        objectness = op("Sigmoid", [entries(coords, coords + 1, "obj_raw")], "obj")
+            cls = ctx.op("Softmax", [cls], "cls", axis=1)
+        objectness = ctx.op("Sigmoid", [entries(coords, coords + 1, "obj_raw")], "obj")
         step = np.arange(side, dtype=np.float32)
-        cols, rows = f32(step.reshape(1, 1, 1, side)), f32(step.reshape(1, 1, side, 1))
+        cols, rows = ctx.f32(step.reshape(1, 1, 1, side)), ctx.f32(step.reshape(1, 1, side, 1))
         anchors = np.array(a["biases"][:2 * num], np.float32).reshape(num, 1, 1, 2)
-        bw, bh = f32(anchors[..., 0].reshape(num, 1, 1, 1)), f32(anchors[..., 1].reshape(num, 1, 1, 1))
-        per_side = f32(side)
-        parts = [op("Div", [op("Add", [cols, op("Sigmoid", [entries(0, 1, "x_raw")], "x")], "cx"), per_side], "bx"),
-                 op("Div", [op("Add", [rows, op("Sigmoid", [entries(1, 2, "y_raw")], "y")], "cy"), per_side], "by"),
-                 op("Div", [op("Mul", [op("Exp", [entries(2, 3, "w_raw")], "ew"), bw], "aw"), per_side], "bw"),
-                 op("Div", [op("Mul", [op("Exp", [entries(3, 4, "h_raw")], "eh"), bh], "ah"), per_side], "bh")]
+        bw, bh = ctx.f32(anchors[..., 0].reshape(num, 1, 1, 1)), ctx.f32(anchors[..., 1].reshape(num, 1, 1, 1))
+        per_side = ctx.f32(side)
+        parts = [ctx.op("Div", [ctx.op("Add", [cols, ctx.op("Sigmoid", [entries(0, 1, "x_raw")], "x")], "cx"),
+                                per_side], "bx"),
+                 ctx.op("Div", [ctx.op("Add", [rows, ctx.op("Sigmoid", [entries(1, 2, "y_raw")], "y")], "cy"),
+                                per_side], "by"),
+                 ctx.op("Div", [ctx.op("Mul", [ctx.op("Exp", [entries(2, 3, "w_raw")], "ew"), bw], "aw"),
+                                per_side], "bw"),
+                 ctx.op("Div", [ctx.op("Mul", [ctx.op("Exp", [entries(3, 4, "h_raw")], "eh"), bh], "ah"),
+                                per_side], "bh")]
         if coords > 4:
-            parts.append(f32(np.zeros((num, coords - 4, side, side), np.float32)))
-        box = op("Concat", parts, "box_nchw", axis=1)
+            parts.append(ctx.f32(np.zeros((num, coords - 4, side, side), np.float32)))
+        box = ctx.op("Concat", parts, "box_nchw", axis=1)
         ctx.add_node("Transpose", [box], [node.outputs[0]], perm=[0, 2, 3, 1])
-        prob = op("Mul", [objectness, cls], "prob")
-        best = op("Max", [op("ReduceMax", [prob], "best_raw", axes=[1], keepdims=1) if ctx.opset < 18 else
-                          op("ReduceMax", [prob, i64([1])], "best_raw", keepdims=1), f32(0.0)], "best")
-        both = op("Concat", [prob, best], "both", axis=1)
-        kept = op("Where", [op("Greater", [both, f32(a["threshold"])], "over"), both, f32(0.0)], "kept")
+        prob = ctx.op("Mul", [objectness, cls], "prob")
+        best = ctx.op("Max", [ctx.op("ReduceMax", [prob], "best_raw", axes=[1], keepdims=1) if ctx.opset < 18 else
+                              ctx.op("ReduceMax", [prob, ctx.i64([1])], "best_raw", keepdims=1), ctx.f32(0.0)], "best")
+        both = ctx.op("Concat", [prob, best], "both", axis=1)
+        kept = ctx.op("Where", [ctx.op("Greater", [both, ctx.f32(a["threshold"])], "over"), both, ctx.f32(0.0)], "kept")
         ctx.add_node("Transpose", [kept], [node.outputs[1]], perm=[0, 2, 3, 1])
 
     def pytorch_source(self, node, emit):

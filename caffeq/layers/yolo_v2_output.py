@@ -96,81 +96,79 @@ def emit_onnx(ctx, node):
     a = node.attrs
     name = node.name
 
-    def f32(v):
-        return ctx.const(np.array(v, np.float32))
-
-    def i64(v):
-        return ctx.const(np.array(v, np.int64))
-
-    def op(op_type, inputs, hint, **kw):
-        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
-
     decode = {"num_box": a["num_box"], "num_classes": a["num_classes"], "biases": a["biases"],
               "confidence_threshold": a["conf_threshold"]}
     if _duel(a):
-        return _onnx_duel(ctx, node, op, f32, i64, emit_yolo_candidates(ctx, node, decode, False, with_obj=True))
+        return _onnx_duel(ctx, node, emit_yolo_candidates(ctx, node, decode, False, with_obj=True))
     bx, by, bw, bh, lab, score = emit_yolo_candidates(ctx, node, decode, False)
-    half_w, half_h = op("Mul", [bw, f32(0.5)], "half_w"), op("Mul", [bh, f32(0.5)], "half_h")
-    corners = [op("Max", [op("Sub", [by, half_h], "y0r"), f32(0.0)], "y0"),
-               op("Max", [op("Sub", [bx, half_w], "x0r"), f32(0.0)], "x0"),
-               op("Min", [op("Add", [by, half_h], "y1r"), f32(1.0)], "y1"),
-               op("Min", [op("Add", [bx, half_w], "x1r"), f32(1.0)], "x1")]
-    boxes = op("Unsqueeze", [op("Concat", [op("Unsqueeze", [v, i64([1])], f"c{k}") for k, v in enumerate(corners)],
-                                "corners", axis=1), i64([0])], "boxes")                       # (1, K, 4)
-    order = op("Neg", [op("Cast", [op("Range", [i64(0), op("Squeeze", [op("Shape", [score], "k_shape"), i64([0])],
-                                                                   "k"), i64(1)], "ids")], "ids_f", to=1)], "order")
-    scores = op("Reshape", [order, i64([1, 1, -1])], "scores")
+    half_w, half_h = ctx.op("Mul", [bw, ctx.f32(0.5)], "half_w"), ctx.op("Mul", [bh, ctx.f32(0.5)], "half_h")
+    corners = [ctx.op("Max", [ctx.op("Sub", [by, half_h], "y0r"), ctx.f32(0.0)], "y0"),
+               ctx.op("Max", [ctx.op("Sub", [bx, half_w], "x0r"), ctx.f32(0.0)], "x0"),
+               ctx.op("Min", [ctx.op("Add", [by, half_h], "y1r"), ctx.f32(1.0)], "y1"),
+               ctx.op("Min", [ctx.op("Add", [bx, half_w], "x1r"), ctx.f32(1.0)], "x1")]
+    boxes = ctx.op("Unsqueeze",
+                   [ctx.op("Concat", [ctx.op("Unsqueeze", [v, ctx.i64([1])], f"c{k}") for k, v in enumerate(corners)],
+                           "corners", axis=1), ctx.i64([0])], "boxes")                                    # (1, K, 4)
+    order = ctx.op("Neg",
+                   [ctx.op("Cast", [ctx.op("Range", [ctx.i64(0), ctx.op("Squeeze", [ctx.op("Shape", [score], "k_shape"),
+                                                                                    ctx.i64([0])], "k"), ctx.i64(1)],
+                                           "ids")], "ids_f", to=1)], "order")
+    scores = ctx.op("Reshape", [order, ctx.i64([1, 1, -1])], "scores")
     thr = np.nextafter(np.float32(a["nms_threshold"]), np.float32(-np.inf))
-    sel = ctx.add_node("NonMaxSuppression", [boxes, scores, i64([2 ** 31 - 1]), f32([thr])],
+    sel = ctx.add_node("NonMaxSuppression", [boxes, scores, ctx.i64([2 ** 31 - 1]), ctx.f32([thr])],
                        [ctx.tmp(f"{name}_sel")], name=name, center_point_box=0)[0]
-    idx = op("Squeeze", [op("Slice", [sel, i64([2]), i64([3]), i64([1])], "sel_box"), i64([1])], "idx")
-    g = [op("Gather", [v, idx], f"g{k}", axis=0) for k, v in enumerate((bx, by, bw, bh, lab, score))]
-    columns = [op("Mul", [g[5], f32(0.0)], "zero"), op("Cast", [g[4]], "label", to=1), g[5], g[0], g[1], g[2], g[3]]
-    emit_rows_or_fallback(ctx, node, op, columns)
+    idx = ctx.op("Squeeze",
+                 [ctx.op("Slice", [sel, ctx.i64([2]), ctx.i64([3]), ctx.i64([1])], "sel_box"), ctx.i64([1])], "idx")
+    g = [ctx.op("Gather", [v, idx], f"g{k}", axis=0) for k, v in enumerate((bx, by, bw, bh, lab, score))]
+    columns = [ctx.op("Mul", [g[5], ctx.f32(0.0)], "zero"),
+               ctx.op("Cast", [g[4]], "label", to=1), g[5], g[0], g[1], g[2], g[3]]
+    emit_rows_or_fallback(ctx, node, ctx.op, columns)
 
 
-def _onnx_duel(ctx, node, op, f32, i64, candidates):
+def _onnx_duel(ctx, node, candidates):
     """BirdeeChen's ApplyNms: pairwise IoU >= t (on clipped corners) and objectness comparisons, then a
     Scan over the candidates in cell order carrying which are alive."""
     from onnx import TensorProto, helper
     a = node.attrs
     bx, by, bw, bh, lab, score, obj = candidates
-    half_w, half_h = op("Mul", [bw, f32(0.5)], "half_w"), op("Mul", [bh, f32(0.5)], "half_h")
-    x0 = op("Max", [op("Sub", [bx, half_w], "x0r"), f32(0.0)], "x0")
-    y0 = op("Max", [op("Sub", [by, half_h], "y0r"), f32(0.0)], "y0")
-    x1 = op("Min", [op("Add", [bx, half_w], "x1r"), f32(1.0)], "x1")
-    y1 = op("Min", [op("Add", [by, half_h], "y1r"), f32(1.0)], "y1")
-    valid = op("And", [op("GreaterOrEqual", [x1, x0], "w_ok"), op("GreaterOrEqual", [y1, y0], "h_ok")], "valid")
-    size = op("Where", [valid, op("Mul", [op("Sub", [x1, x0], "cw"), op("Sub", [y1, y0], "ch")], "area"),
-                        f32(0.0)], "size")
+    half_w, half_h = ctx.op("Mul", [bw, ctx.f32(0.5)], "half_w"), ctx.op("Mul", [bh, ctx.f32(0.5)], "half_h")
+    x0 = ctx.op("Max", [ctx.op("Sub", [bx, half_w], "x0r"), ctx.f32(0.0)], "x0")
+    y0 = ctx.op("Max", [ctx.op("Sub", [by, half_h], "y0r"), ctx.f32(0.0)], "y0")
+    x1 = ctx.op("Min", [ctx.op("Add", [bx, half_w], "x1r"), ctx.f32(1.0)], "x1")
+    y1 = ctx.op("Min", [ctx.op("Add", [by, half_h], "y1r"), ctx.f32(1.0)], "y1")
+    valid = ctx.op("And",
+                   [ctx.op("GreaterOrEqual", [x1, x0], "w_ok"), ctx.op("GreaterOrEqual", [y1, y0], "h_ok")], "valid")
+    size = ctx.op("Where", [valid, ctx.op("Mul", [ctx.op("Sub", [x1, x0], "cw"), ctx.op("Sub", [y1, y0], "ch")],
+                                          "area"), ctx.f32(0.0)], "size")
 
     def pair(v, hint):   # box i along axis 0, box j along axis 1
-        return op("Unsqueeze", [v, i64([1])], f"{hint}_i"), op("Unsqueeze", [v, i64([0])], f"{hint}_j")
+        return ctx.op("Unsqueeze", [v, ctx.i64([1])], f"{hint}_i"), ctx.op("Unsqueeze", [v, ctx.i64([0])], f"{hint}_j")
 
     (x0i, x0j), (y0i, y0j), (x1i, x1j), (y1i, y1j) = (pair(v, h) for v, h in
                                                       ((x0, "x0"), (y0, "y0"), (x1, "x1"), (y1, "y1")))
-    apart = op("Or", [op("Or", [op("Greater", [x0j, x1i], "a0"), op("Less", [x1j, x0i], "a1")], "ax"),
-                      op("Or", [op("Greater", [y0j, y1i], "a2"), op("Less", [y1j, y0i], "a3")], "ay")], "apart")
-    iw = op("Sub", [op("Min", [x1i, x1j], "ix1"), op("Max", [x0i, x0j], "ix0")], "iw")
-    ih = op("Sub", [op("Min", [y1i, y1j], "iy1"), op("Max", [y0i, y0j], "iy0")], "ih")
-    meets = op("And", [op("Not", [apart], "near"), op("And", [op("Greater", [iw, f32(0.0)], "iw_pos"),
-                                                              op("Greater", [ih, f32(0.0)], "ih_pos")], "pos")],
-               "meets")
-    inter = op("Mul", [iw, ih], "inter")
+    apart = ctx.op("Or", [ctx.op("Or", [ctx.op("Greater", [x0j, x1i], "a0"), ctx.op("Less", [x1j, x0i], "a1")], "ax"),
+                          ctx.op("Or", [ctx.op("Greater", [y0j, y1i], "a2"), ctx.op("Less", [y1j, y0i], "a3")], "ay")],
+                   "apart")
+    iw = ctx.op("Sub", [ctx.op("Min", [x1i, x1j], "ix1"), ctx.op("Max", [x0i, x0j], "ix0")], "iw")
+    ih = ctx.op("Sub", [ctx.op("Min", [y1i, y1j], "iy1"), ctx.op("Max", [y0i, y0j], "iy0")], "ih")
+    meets = ctx.op("And", [ctx.op("Not", [apart], "near"),
+                           ctx.op("And", [ctx.op("Greater", [iw, ctx.f32(0.0)], "iw_pos"),
+                                          ctx.op("Greater", [ih, ctx.f32(0.0)], "ih_pos")], "pos")], "meets")
+    inter = ctx.op("Mul", [iw, ih], "inter")
     si, sj = pair(size, "size")
-    union = op("Sub", [op("Add", [si, sj], "sizes"), inter], "union")
-    iou = op("Where", [meets, op("Div", [inter, union], "iou_raw"), f32(0.0)], "iou")
-    k1 = op("Shape", [score], "k_shape")
-    ids = op("Range", [i64(0), op("Squeeze", [k1, i64([0])], "k"), i64(1)], "ids")
+    union = ctx.op("Sub", [ctx.op("Add", [si, sj], "sizes"), inter], "union")
+    iou = ctx.op("Where", [meets, ctx.op("Div", [inter, union], "iou_raw"), ctx.f32(0.0)], "iou")
+    k1 = ctx.op("Shape", [score], "k_shape")
+    ids = ctx.op("Range", [ctx.i64(0), ctx.op("Squeeze", [k1, ctx.i64([0])], "k"), ctx.i64(1)], "ids")
     idi, idj = pair(ids, "ids")
-    hit = op("And", [op("GreaterOrEqual", [iou, f32(np.float32(a["nms_threshold"]))], "overlap"),
-                     op("Less", [idi, idj], "later")], "hit")                              # (K, K)
+    hit = ctx.op("And", [ctx.op("GreaterOrEqual", [iou, ctx.f32(np.float32(a["nms_threshold"]))], "overlap"),
+                         ctx.op("Less", [idi, idj], "later")], "hit")                              # (K, K)
     oi, oj = pair(obj, "obj")
-    beats = op("Greater", [oi, oj], "beats")                                                  # (K, K)
+    beats = ctx.op("Greater", [oi, oj], "beats")                                                  # (K, K)
     # onnxruntime's Scan refuses 0 steps: one more box that meets none, dropped after the walk
-    hit, beats = (op("Pad", [v, i64([0, 0, 1, 1])], f"{v}_pad") for v in (hit, beats))     # (K+1, K+1)
-    k_pad = op("Add", [k1, i64([1])], "k_pad")
-    ids = op("Range", [i64(0), op("Squeeze", [k_pad, i64([0])], "k_pad_s"), i64(1)], "ids_pad")
+    hit, beats = (ctx.op("Pad", [v, ctx.i64([0, 0, 1, 1])], f"{v}_pad") for v in (hit, beats))     # (K+1, K+1)
+    k_pad = ctx.op("Add", [k1, ctx.i64([1])], "k_pad")
+    ids = ctx.op("Range", [ctx.i64(0), ctx.op("Squeeze", [k_pad, ctx.i64([0])], "k_pad_s"), ctx.i64(1)], "ids_pad")
 
     body = []
 
@@ -200,15 +198,16 @@ def _onnx_duel(ctx, node, op, f32, i64, candidates):
          helper.make_tensor_value_info(row_hit, TensorProto.BOOL, [None]),
          helper.make_tensor_value_info(row_beats, TensorProto.BOOL, [None])],
         [helper.make_tensor_value_info(alive_out, TensorProto.BOOL, [None])])
-    alive0 = op("ConstantOfShape", [k_pad], "alive0", value=np.array([True]))
+    alive0 = ctx.op("ConstantOfShape", [k_pad], "alive0", value=np.array([True]))
     # a Scan (not a Loop: ONNX infers no shape for a Loop's carried values) over box i and its rows
     alive = ctx.add_node("Scan", [alive0, ids, hit, beats], [ctx.tmp(f"{node.name}_alive")], name=node.name,
                          body=graph, num_scan_inputs=3)[0]
-    alive = op("Slice", [alive, i64([0]), k1, i64([0])], "alive_k")
-    keep = op("And", [alive, op("Greater", [obj, f32(0.0)], "obj_pos")], "kept")
-    g = [op("Compress", [v, keep], f"g{i}", axis=0) for i, v in enumerate((bx, by, bw, bh, lab, score))]
-    columns = [op("Mul", [g[5], f32(0.0)], "zero"), op("Cast", [g[4]], "label", to=1), g[5], g[0], g[1], g[2], g[3]]
-    emit_rows_or_fallback(ctx, node, op, columns)
+    alive = ctx.op("Slice", [alive, ctx.i64([0]), k1, ctx.i64([0])], "alive_k")
+    keep = ctx.op("And", [alive, ctx.op("Greater", [obj, ctx.f32(0.0)], "obj_pos")], "kept")
+    g = [ctx.op("Compress", [v, keep], f"g{i}", axis=0) for i, v in enumerate((bx, by, bw, bh, lab, score))]
+    columns = [ctx.op("Mul", [g[5], ctx.f32(0.0)], "zero"),
+               ctx.op("Cast", [g[4]], "label", to=1), g[5], g[0], g[1], g[2], g[3]]
+    emit_rows_or_fallback(ctx, node, ctx.op, columns)
 
 
 def emit_pytorch_source(node, emit):

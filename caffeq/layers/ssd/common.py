@@ -67,27 +67,25 @@ def emit_detection_top(ctx, op, rows, batch_input, out, width: int, id_stride: i
     """ONNX: DetectionOutput's top (1, 1, R, width) from the (R, width) rows, or with no row at all
     SSD's one [i, -1, -1, ...] row per image of batch_input (the YOLO forks write the same).
     id_stride (tl_ssd): image i's id at flat index id_stride * i instead, the rest -1."""
-    i64 = lambda v: ctx.const(np.array(v, np.int64))
-    f32 = lambda v: ctx.const(np.array(v, np.float32))
-    n1 = op("Slice", [op("Shape", [batch_input], "in_shape"), i64([0]), i64([1])], "n")
-    nf = op("Cast", [op("Squeeze", [n1, i64([0])], "n_s")], "nf", to=1)
-    ids = op("Unsqueeze", [op("Range", [f32(0.0), nf, f32(1.0)], "ids"), i64([1])], "ids_c")
+    n1 = op("Slice", [op("Shape", [batch_input], "in_shape"), ctx.i64([0]), ctx.i64([1])], "n")
+    nf = op("Cast", [op("Squeeze", [n1, ctx.i64([0])], "n_s")], "nf", to=1)
+    ids = op("Unsqueeze", [op("Range", [ctx.f32(0.0), nf, ctx.f32(1.0)], "ids"), ctx.i64([1])], "ids_c")
     if id_stride:
-        all_minus = op("Expand", [f32(np.full((1, width), -1.0, np.float32)),
-                                  op("Concat", [n1, i64([width])], "fb_shape", axis=0)], "all_minus")
-        flat = op("Reshape", [all_minus, i64([-1])], "flat")
-        id_vals = op("Squeeze", [ids, i64([1])], "ids_v")
-        id_at = op("Mul", [op("Cast", [id_vals], "ids_i", to=7), i64(id_stride)], "id_at")
+        all_minus = op("Expand", [ctx.f32(np.full((1, width), -1.0, np.float32)),
+                                  op("Concat", [n1, ctx.i64([width])], "fb_shape", axis=0)], "all_minus")
+        flat = op("Reshape", [all_minus, ctx.i64([-1])], "flat")
+        id_vals = op("Squeeze", [ids, ctx.i64([1])], "ids_v")
+        id_at = op("Mul", [op("Cast", [id_vals], "ids_i", to=7), ctx.i64(id_stride)], "id_at")
         flat = op("ScatterElements", [flat, id_at, id_vals], "flat_ids", axis=0)
-        fallback = op("Reshape", [flat, i64([-1, width])], "fallback")
+        fallback = op("Reshape", [flat, ctx.i64([-1, width])], "fallback")
     else:
-        minus = op("Expand", [f32(np.full((1, width - 1), -1.0, np.float32)),
-                              op("Concat", [n1, i64([width - 1])], "f_shape", axis=0)], "minus")
+        minus = op("Expand", [ctx.f32(np.full((1, width - 1), -1.0, np.float32)),
+                              op("Concat", [n1, ctx.i64([width - 1])], "f_shape", axis=0)], "minus")
         fallback = op("Concat", [ids, minus], "fallback", axis=1)
     # the rows, or (none) the fallback: a Slice of both whose end is R, or N when R is 0
-    r1 = op("Slice", [op("Shape", [rows], "rows_shape"), i64([0]), i64([1])], "r")
-    none = op("Cast", [op("Equal", [r1, i64([0])], "none_b")], "none", to=7)
+    r1 = op("Slice", [op("Shape", [rows], "rows_shape"), ctx.i64([0]), ctx.i64([1])], "r")
+    none = op("Cast", [op("Equal", [r1, ctx.i64([0])], "none_b")], "none", to=7)
     end = op("Add", [r1, op("Mul", [none, n1], "n_if_none")], "end")
     both = op("Concat", [rows, fallback], "both", axis=0)
-    picked = op("Slice", [both, i64([0]), end, i64([0])], "out2")
-    ctx.add_node("Reshape", [picked, i64([1, 1, -1, width])], [out])
+    picked = op("Slice", [both, ctx.i64([0]), end, ctx.i64([0])], "out2")
+    ctx.add_node("Reshape", [picked, ctx.i64([1, 1, -1, width])], [out])

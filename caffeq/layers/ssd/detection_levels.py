@@ -40,7 +40,6 @@ flag, and shapes the fork would read past or that its checks reject.
 """
 import math
 
-import numpy as np
 import torch
 
 from ..registry import LayerError
@@ -207,29 +206,23 @@ def gather_levels(bottoms, pieces):
 def emit_gather_onnx(ctx, node, pieces):
     """ONNX: gather_levels as Flatten / Slice / Reshape / Transpose / Concat / Expand; the names of
     loc, conf and the priors."""
-    i64 = lambda v: ctx.const(np.array(v, np.int64))
-    name = node.name
-
-    def op(op_type, inputs, hint, **kw):
-        return ctx.add_node(op_type, inputs, [ctx.tmp(f"{name}_{hint}")], **kw)[0]
-
     flat = {}
     out = []
     for g, group in enumerate(pieces):
         parts = []
         for b, start, stop, shape, perm in group:
             if b not in flat:
-                flat[b] = op("Flatten", [node.inputs[b]], f"flat{b}", axis=1)
-            x = op("Slice", [flat[b], i64([0, start]), i64([1, stop]), i64([0, 1])], f"g{g}_slice")
-            x = op("Reshape", [x, i64([1] + list(shape))], f"g{g}_shape")
+                flat[b] = ctx.op("Flatten", [node.inputs[b]], f"flat{b}", axis=1)
+            x = ctx.op("Slice", [flat[b], ctx.i64([0, start]), ctx.i64([1, stop]), ctx.i64([0, 1])], f"g{g}_slice")
+            x = ctx.op("Reshape", [x, ctx.i64([1] + list(shape))], f"g{g}_shape")
             if list(perm) != list(range(len(perm))):
-                x = op("Transpose", [x], f"g{g}_perm", perm=[0] + [a + 1 for a in perm])
-            parts.append(op("Reshape", [x, i64([1, -1])], f"g{g}_row"))
-        out.append(parts[0] if len(parts) == 1 else op("Concat", parts, f"g{g}", axis=1))
+                x = ctx.op("Transpose", [x], f"g{g}_perm", perm=[0] + [a + 1 for a in perm])
+            parts.append(ctx.op("Reshape", [x, ctx.i64([1, -1])], f"g{g}_row"))
+        out.append(parts[0] if len(parts) == 1 else ctx.op("Concat", parts, f"g{g}", axis=1))
     loc, conf, pbox, pvar = out
-    n1 = op("Slice", [op("Shape", [node.inputs[0]], "in_shape"), i64([0]), i64([1])], "num")
+    n1 = ctx.op("Slice", [ctx.op("Shape", [node.inputs[0]], "in_shape"), ctx.i64([0]), ctx.i64([1])], "num")
     width = lambda group: sum(math.prod(pc[3]) for pc in group)
-    loc = op("Expand", [loc, op("Concat", [n1, i64([width(pieces[0])])], "loc_shape", axis=0)], "loc")
-    conf = op("Expand", [conf, op("Concat", [n1, i64([width(pieces[1])])], "conf_shape", axis=0)], "conf")
-    prior = op("Reshape", [op("Concat", [pbox, pvar], "prior_cat", axis=1), i64([1, 2, -1])], "prior")
+    loc = ctx.op("Expand", [loc, ctx.op("Concat", [n1, ctx.i64([width(pieces[0])])], "loc_shape", axis=0)], "loc")
+    conf = ctx.op("Expand", [conf, ctx.op("Concat", [n1, ctx.i64([width(pieces[1])])], "conf_shape", axis=0)], "conf")
+    prior = ctx.op("Reshape", [ctx.op("Concat", [pbox, pvar], "prior_cat", axis=1), ctx.i64([1, 2, -1])], "prior")
     return loc, conf, prior
