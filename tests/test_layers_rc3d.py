@@ -392,6 +392,14 @@ def test_r_c3d_train_layers_read_with_their_setup_shapes():
     assert s["gt_boxes"] == (1, 3) and s["rpn_labels"] == (1, 1, 48, 1, 1) and s["rpn_twin_targets"] == (1, 6, 16, 1, 1)
     assert s["rois"] == (1, 3) and s["labels"] == (1, 1) and s["twin_targets"] == (1, 8) and s["pool5"] == (1, 8, 1, 4, 4)
     assert load_from_text(text, phase="TRAIN").blob_shapes["data"] == (1, 3, 512, 112, 112)   # config.py's
+    # futurecrew/fast-rcnn's RPN nets: an image RoIDataLayer of their own with (data, labels), sized by
+    # --input-shape as any Python data layer
+    image_net = ('layer { name: "data" type: "Python" top: "data" top: "labels" python_param { '
+                 'module: "roi_data_layer.layer" layer: "RoIDataLayer" param_str: "num_classes: 1" } }\n'
+                 'layer { name: "c" type: "Convolution" bottom: "data" top: "c" convolution_param { num_output: 2 '
+                 'kernel_size: 3 } }\n')
+    assert load_from_text(image_net, input_shapes={"data": (1, 3, 9, 8), "labels": (1,)}).blob_shapes["c"] == (1, 2, 7, 6)
+    assert load_from_text(image_net, unknown_shapes_ok=True).blob_shapes["c"] is None
 
 
 def test_caption_train_layers_read_with_their_setup_shapes():

@@ -580,7 +580,13 @@ class _RoIData(DataLayer):
                 "subtracted, random flips at TRAIN; gt_boxes rows [start, end, label] in frames"]
 
 
-@claim_layers("Python:roi_data_layer.layer.RoIDataLayer", lambda lp: not lp.bottom and len(lp.top) == 2)
+def _rc3d_roi_data(lp):
+    """R-C3D's (data, gt_boxes): two tops, the second the ground truth (futurecrew/fast-rcnn's RPN
+    nets also give two, (data, labels), from an image RoIDataLayer of their own)."""
+    return not lp.bottom and len(lp.top) == 2 and lp.top[1].startswith("gt")
+
+
+@claim_layers("Python:roi_data_layer.layer.RoIDataLayer", _rc3d_roi_data)
 class RC3DRoIData(_RoIData):
     # config.py: (VIDEO_BATCH, 3, max(TRAIN.LENGTH), CROP_SIZE, CROP_SIZE) and gt_windows (1, 3)
     shapes = ((1, 3, 512, 112, 112), (1, 3))
