@@ -61,7 +61,6 @@ def drop_training_only(layers, source="", notes=None):
     labels = _label_blobs(layers)
     readers = _readers(layers)
     label_readers = []
-    python_scorers = []
     changed = True
     while changed:
         changed = False
@@ -69,18 +68,14 @@ def drop_training_only(layers, source="", notes=None):
         for i, lp in enumerate(layers):
             if id(lp) in gone or spec_for(lp) is not None or not len(lp.top):
                 continue
-            if lp.type == "Python":
-                drop = all(_trains_only_through(i, top, readers, only) for top in lp.top)
-                if not drop and any(b in labels for b in lp.bottom) and all(
-                        not readers.get((i, top)) or _trains_only_through(i, top, readers, only) for top in lp.top):
-                    # a module of the project's own that reads the label and gives what no layer
-                    # uses (puneet1189/SVHN's confusion-matrix accuracy): a scorer, which a net
-                    # without labels cannot run
-                    drop = True
-                    python_scorers.append(lp)
+            if lp.type == "Python" and all(_trains_only_through(i, top, readers, only) for top in lp.top):
+                drop = True
             elif any(b in labels for b in lp.bottom):
-                read = [top for top in lp.top if readers.get((i, top))]
-                drop = bool(read) and all(_trains_only_through(i, top, readers, only) for top in read)
+                # it reads the label, and what it gives goes only to losses and scorers, or nowhere (a
+                # scorer of the project's own: puneet1189/SVHN's confusion-matrix Python layer,
+                # wzbazinga's misspelled Accutacy): a net without labels could not run it
+                drop = all(not readers.get((i, top)) or _trains_only_through(i, top, readers, only)
+                           for top in lp.top)
                 if drop:
                     label_readers.append(lp)
             else:
@@ -90,13 +85,9 @@ def drop_training_only(layers, source="", notes=None):
                 changed = True
     if label_readers and notes is not None:
         notes.append(f"{source + ': ' if source else ''}" + "; ".join(
-            f"'{lp.name}' ({lp.type}) reads the label '{next(b for b in lp.bottom if b in labels)}' and its "
-            f"results go only to losses and scorers: it only trains the net" for lp in label_readers))
-    if python_scorers and notes is not None:
-        notes.append(f"{source + ': ' if source else ''}" + "; ".join(
-            f"'{lp.name}' (Python {lp.python_param.module}.{lp.python_param.layer}) reads the label "
-            f"'{next(b for b in lp.bottom if b in labels)}' and no layer but a loss or scorer reads what it gives: "
-            f"it scores the net, dropped" for lp in python_scorers))
+            f"'{lp.name}' ({_described(lp)}) reads the label '{next(b for b in lp.bottom if b in labels)}' and "
+            f"only losses and scorers read what it gives, if anything: it only trains or scores the net"
+            for lp in label_readers))
     # what reads only results of dropped layers cannot be computed either (R-FCN's OHEM sums the
     # per-roi losses in an Eltwise for its annotator)
     producers = {}
@@ -126,6 +117,10 @@ def drop_training_only(layers, source="", notes=None):
         notes.append(f"{source + ': ' if source else ''}dropped {len(dropped)} training-only layer(s) "
                      f"that inference does not use: {', '.join(dropped[:6])}{', ...' if len(dropped) > 6 else ''}")
     return kept
+
+
+def _described(lp):
+    return f"Python {lp.python_param.module}.{lp.python_param.layer}" if lp.type == "Python" else lp.type
 
 
 def _label_blobs(layers):

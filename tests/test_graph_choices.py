@@ -512,8 +512,12 @@ layer { type: 'Python' name: 'py_accuracy' top: 'py_accuracy' bottom: 'ip' botto
 """
     model = load_from_text(text, input_shapes={"data": (2, 4)}, random_weights=True)
     assert [n.name for n in model.layers] == ["data", "ip"] and "ip" in model.outputs
-    assert any("'py_accuracy' (Python confusion matrix.PythonConfMat) reads the label 'label' and no layer but "
-               "a loss or scorer reads what it gives: it scores the net, dropped" in w for w in model.warnings)
+    assert any("'py_accuracy' (Python confusion matrix.PythonConfMat) reads the label 'label' and only losses and "
+               "scorers read what it gives, if anything: it only trains or scores the net" in w for w in model.warnings)
+    # so is a layer of an unknown type that does the same (wzbazinga's misspelled `type: "Accutacy"`)
+    typo = text.replace("type: 'Python'", 'type: "Accutacy"')
+    assert [n.name for n in load_from_text(typo, input_shapes={"data": (2, 4)}, random_weights=True).layers] == \
+        ["data", "ip"]
     # one whose result a kept layer reads computes the net: refused as any other Python layer
     feeding = text + 'layer { name: "s" type: "Scale" bottom: "py_accuracy" top: "s" }\n'
     with pytest.raises(CaffeqError, match="is a Python layer"):
@@ -700,13 +704,21 @@ SHAPES = {"data": (3, 2, 4, 5), "label": (3,)}
     ('layer { name: "accuracy"', 'layer { name: "keep" type: "ReLU" bottom: "ip2s" top: "kept" }\nlayer { name: "accuracy"'),
     # reads no label
     ('bottom: "ip" bottom: "label" top: "ip2"', 'bottom: "ip" bottom: "ip" top: "ip2"'),
-    # no top read at all
-    ('bottom: "ip2" top: "ip2s"', 'bottom: "ip" top: "ip2s"'),
 ])
 def test_an_unknown_label_reader_is_kept_unless_every_read_top_only_trains(change, why):
     text = DATA_LAYER + MARGIN_NET.split("} } }", 1)[1].replace(change, why)
     with pytest.raises(CaffeqError, match="unsupported layer types: CosinAddm"):
         load_from_text(text, random_weights=True, input_shapes=SHAPES)
+
+
+def test_an_unknown_label_reader_whose_top_nothing_reads_scores_the_net_and_is_dropped():
+    # what only a label makes, and no layer reads, is an evaluation: a net without labels cannot compute it
+    text = DATA_LAYER + MARGIN_NET.split("} } }", 1)[1].replace('bottom: "ip2" top: "ip2s"', 'bottom: "ip" top: "ip2s"')
+    model = load_from_text(text, random_weights=True, input_shapes=SHAPES)
+    assert "ip2" not in model.blob_shapes and "lambda" not in model.blob_shapes
+    assert [n.name for n in model.layers] == ["d", "ip", "scale", "accuracy", "loss"]
+    assert any("'ip2' (CosinAddm) reads the label 'label' and only losses and scorers read what it gives, if "
+               "anything" in w for w in model.warnings)
 
 
 def test_a_label_of_the_train_data_layer_counts_at_test():
