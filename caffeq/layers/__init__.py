@@ -64,6 +64,7 @@ from . import (  # noqa: F401,E402
     ristretto,
     roi_align_forks,
     roi_pooling,
+    rproi,
     rrpn,
     rstar_cnn,
     rtpose,
