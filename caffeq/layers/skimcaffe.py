@@ -379,10 +379,10 @@ class _SkimInnerProduct(InnerProduct):
         x = node.inputs[0]
         shape = [int(v) for v in ctx.shape(x)]
         if a["in_t"]:
-            m, k = self._mk(a, shape)
-            flat = ctx.add_node("Reshape", [x, ctx.const(np.array([k, m], np.int64))], [ctx.tmp(node.name + "_km")])[0]
+            _, k = self._mk(a, shape)
+            flat = ctx.add_node("Reshape", [x, ctx.const(np.array([k, -1], np.int64))], [ctx.tmp(node.name + "_km")])[0]
             t = ctx.add_node("Transpose", [flat], [ctx.tmp(node.name + "_mk")], perm=[1, 0])[0]
-            x = ctx.add_node("Reshape", [t, ctx.const(np.array(shape, np.int64))], [ctx.tmp(node.name + "_in")])[0]
+            x = ctx.add_node("Reshape", [t, ctx.const(np.array([-1] + shape[1:], np.int64))], [ctx.tmp(node.name + "_in")])[0]
         ctx = _KnownShapes(ctx, {x: shape})
         out = node.outputs[0]
         last = out if not self.relu else ctx.tmp(node.name + "_ip")
@@ -394,7 +394,7 @@ class _SkimInnerProduct(InnerProduct):
             mat = ctx.add_node("Reshape", [mm, ctx.const(np.array([-1, n], np.int64))], [ctx.tmp(node.name + "_mn")])[0]
             t = ctx.add_node("Transpose", [mat], [ctx.tmp(node.name + "_nm")], perm=[1, 0])[0]
             y = last if not a["bias_term"] else ctx.tmp(node.name + "_top")
-            ctx.add_node("Reshape", [t, ctx.const(np.array([int(v) for v in top], np.int64))], [y])
+            ctx.add_node("Reshape", [t, ctx.const(np.array([-1] + [int(v) for v in top[1:]], np.int64))], [y])
             if a["bias_term"]:
                 ctx.add_node("Add", [y, ctx.weight(node, 1)], [last])
         else:
@@ -410,12 +410,12 @@ class _SkimInnerProduct(InnerProduct):
         shape = emit.in_shape(0)
         x = emit.inputs[0]
         if a["in_t"]:
-            m, k = self._mk(a, shape)
-            x = _local(emit, f"{x}.reshape({k}, {m}).t().reshape({tuple(shape)})", node.name + "_in")
+            _, k = self._mk(a, shape)
+            x = _local(emit, f"{x}.reshape({k}, -1).t().reshape({(-1,) + tuple(shape[1:])})", node.name + "_in")
         if a["out_t"]:
             with _emitting_on(emit, [x], [shape]):
                 y = super().pytorch_source(_node_like(node, attrs=dict(a, bias_term=False)), emit)
-            y = f"{y}.reshape(-1, {a['num_output']}).t().reshape({tuple(shape[:a['_axis']]) + (a['num_output'],)})"
+            y = f"{y}.reshape(-1, {a['num_output']}).t().reshape({(-1,) + tuple(shape[1:a['_axis']]) + (a['num_output'],)})"
             if a["bias_term"]:
                 b = emit.module(f"nn.Parameter(torch.zeros({a['num_output']}))", attr=emit.extra_attr("bias"))
                 emit.param("", 1, attr=b[len("self."):])
