@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 from conftest import check_everywhere, net, node_of, rng
 
+import caffeq
 from caffeq.errors import CaffeqError
+from caffeq.io.caffemodel import BlobData
+from caffeq.io.prototxt import parse_prototxt_text
+from caffeq.io.writer import write_caffemodel
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -186,6 +190,42 @@ def test_spmdm_chain_without_a_bias_gives_the_plain_product(tmp_path):
     w7, b7 = node_of(model, "fc7").blobs
     ref = np.maximum(x @ w6.T, 0) @ w7.T + b7
     check_everywhere(model, {"x": x}, {"fc7": ref}, tmp_path, 1e-5, 1e-5)
+
+
+def test_spmdm_transposes_with_an_axis_after_the_batch(tmp_path):
+    x = rng(15).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    text = net('layer { name: "f" type: "InnerProductReLUDropout" bottom: "x" top: "y" inner_product_param { '
+               'num_output: 6 axis: 2 gemm_mode: SPMDM spmdm_transpose_in: false spmdm_transpose_out: false } '
+               'relu_param { negative_slope: 0.5 } }', inputs={"x": x.shape})
+    model = load_from_text(text, random_weights=True)
+    w, b = node_of(model, "f").blobs
+    b[:] = rng(16).standard_normal(6)
+    rows = x.reshape(20, 6).T   # the bottom's memory read as K x M (K = 20, M = 6), then M x K
+    mem = (rows @ w.T).T.reshape(6, 6) + b
+    ref = np.where(mem > 0, mem, mem * 0.5).reshape(2, 3, 6)
+    assert model.blob_shapes["y"] == (2, 3, 6)
+    check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, 1e-5, 1e-5)
+
+
+def test_weights_load_from_a_caffemodel_as_the_plain_layers_blobs(tmp_path):
+    text = net(f'layer {{ name: "c" type: "ConvolutionReLUPool" bottom: "x" top: "c" convolution_param {{ '
+               f'{CONV.format(n=4, extra="conv_mode: DIRECT_SCONV")} }} pooling_param {{ pool: MAX kernel_size: 2 '
+               'stride: 2 } }',
+               'layer { name: "f" type: "InnerProductReLUDropout" bottom: "c" top: "f" inner_product_param { '
+               'num_output: 3 } }', inputs={"x": (1, 2, 9, 6)})
+    wc, bc = rng(17).standard_normal((4, 2, 3, 2)).astype(np.float32), rng(18).standard_normal(4).astype(np.float32)
+    wf, bf = rng(19).standard_normal((3, 32)).astype(np.float32), rng(20).standard_normal(3).astype(np.float32)
+    (tmp_path / "n.prototxt").write_text(text)
+    write_caffemodel(parse_prototxt_text(text), {"c": [BlobData(wc), BlobData(bc)], "f": [BlobData(wf), BlobData(bf)]},
+                     tmp_path / "n.caffemodel")
+    model = caffeq.load(tmp_path / "n.prototxt", tmp_path / "n.caffemodel")
+    assert np.array_equal(node_of(model, "c").blobs[0], wc) and np.array_equal(node_of(model, "f").blobs[1], bf)
+    x = rng(21).standard_normal((1, 2, 9, 6)).astype(np.float32)
+    plain = load_from_text(net(conv("c", "Convolution", "x", "c", n=4), relu("c"), pool("c", "p", "kernel_size: 2 stride: 2"),
+                               'layer { name: "f" type: "InnerProduct" bottom: "p" top: "f" inner_product_param { '
+                               'num_output: 3 } }', relu("f"), inputs={"x": x.shape}))
+    node_of(plain, "c").blobs, node_of(plain, "f").blobs = [wc, bc], [wf, bf]
+    np.testing.assert_allclose(model.run({"x": x})["f"], plain.run({"x": x})["f"], rtol=1e-5, atol=1e-5)
 
 
 def test_the_forks_fields_read():

@@ -16,9 +16,9 @@ Knobs that choose an algorithm, not a result (read, and otherwise ignored):
   same product).  SPGEMM is refused (the fork stops: "not supported yet").  With SPMDM (and transpose
   false) spmdm_transpose_in: false reads the bottom's memory as K x M, and spmdm_transpose_out: false
   writes the product's memory as N x M, then adds the bias and the ReLU over that memory read as M x N:
-  caffeq reproduces both (a chain fc6 out: false -> fc7 in: false gives the plain result at fc7; the
-  blob between them holds the fork's transposed memory, and for more than one row its bias lands by
-  position in that memory, as the fork's).
+  caffeq reproduces both.  The fork's chain fc6 (out: false) -> fc7 (in: false) gives the plain result
+  at fc7 for one row (batch 1) or a zero fc6 bias; otherwise fc6's bias lands by position in the
+  transposed memory, in the fork as here, and the fc6 blob holds that memory.
 - convolution_param / inner_product_param dump_parameter, dump_activation,
   parameter_sparsity_pattern_histogram: write files or logs.  LayerParameter.connectivity_mode:
   zeroes weights at or under the solver's prune_threshold when weights are loaded (Blob::Disconnect);
