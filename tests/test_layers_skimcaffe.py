@@ -84,6 +84,46 @@ def test_convolution_relu_pool(params, tmp_path):
     check_everywhere(fused, {"x": x}, {"y": ref}, tmp_path, 1e-5, 1e-5)
 
 
+def fork_padded_pool(y, k, s, p):
+    """conv_relu_pool_layer.cpp's loop: hstart = max(ph * stride - pad, 0), hend = min(hstart + kernel, H),
+    the maximum started at 0; BVLC's pooled size."""
+    n, c, h, w = y.shape
+    outs = []
+    for size, kk, ss, pp in zip((h, w), k, s, p):
+        o = -(-(size + 2 * pp - kk) // ss) + 1
+        outs.append(o - 1 if (o - 1) * ss >= size + pp else o)
+    out = np.zeros((n, c, outs[0], outs[1]), np.float32)
+    for i in range(outs[0]):
+        h0 = max(i * s[0] - p[0], 0)
+        for j in range(outs[1]):
+            w0 = max(j * s[1] - p[1], 0)
+            out[:, :, i, j] = np.maximum(y[:, :, h0:min(h0 + k[0], h), w0:min(w0 + k[1], w)].max(axis=(2, 3)), 0)
+    return out
+
+
+@pytest.mark.parametrize("lrn_too", [False, True])
+def test_a_pool_pad_takes_the_forks_windows(lrn_too, tmp_path):
+    x = rng(22).standard_normal((2, 3, 12, 9)).astype(np.float32)
+    params = "kernel_h: 3 kernel_w: 4 stride_h: 2 stride_w: 3 pad_h: 1 pad_w: 2"
+    typ = "ConvolutionReLUPoolLRN" if lrn_too else "ConvolutionReLUPool"
+    extra = f"lrn_param {{ {LRN_PARAMS} }}" if lrn_too else ""
+    fused = load_from_text(net(f'layer {{ name: "c" type: "{typ}" bottom: "x" top: "y" convolution_param {{ '
+                               f'{CONV.format(n=8, extra="")} }} pooling_param {{ pool: MAX {params} }} {extra} }}',
+                               inputs={"x": x.shape}), random_weights=True)
+    plain = load_from_text(net(conv("c", "Convolution", "x", "c", n=8), inputs={"x": x.shape}))
+    same_weights(fused, plain, [("c", "c")])
+    ref = fork_padded_pool(plain.run({"x": x})["c"], (3, 4), (2, 3), (1, 2))
+    bvlc = load_from_text(net(conv("c", "Convolution", "x", "c", n=8), relu("c"), pool("c", "y", params),
+                              inputs={"x": x.shape}))
+    same_weights(fused, bvlc, [("c", "c")])
+    assert not np.allclose(ref, bvlc.run({"x": x})["y"])   # the windows differ from BVLC's
+    if lrn_too:
+        lrn_net = load_from_text(net(lrn("p", "y"), inputs={"p": ref.shape}))
+        ref = lrn_net.run({"p": ref})["y"]
+    assert fused.blob_shapes["y"] == ref.shape
+    check_everywhere(fused, {"x": x}, {"y": ref}, tmp_path, 1e-5, 1e-5)
+
+
 def conv_pool_lrn(shape, n=8, params="kernel_size: 3 stride: 2", mode=""):
     return net(f'layer {{ name: "c" type: "ConvolutionReLUPoolLRN" bottom: "x" top: "y" convolution_param {{ '
                f'{CONV.format(n=n, extra=mode)} }} pooling_param {{ pool: MAX {params} }} '
@@ -277,8 +317,6 @@ CONV_ONLY = CONV.format(n=4, extra="")
      'gemm_mode: SPGEMM } }', "SPGEMM"),
     (f'layer {{ name: "c" type: "ConvolutionReLUPool" bottom: "x" top: "y" convolution_param {{ {CONV_ONLY} }} '
      'pooling_param { pool: AVE kernel_size: 2 } }', "MAX only"),
-    (f'layer {{ name: "c" type: "ConvolutionReLUPool" bottom: "x" top: "y" convolution_param {{ {CONV_ONLY} }} '
-     'pooling_param { pool: MAX kernel_size: 3 pad: 1 } }', "not BVLC's windows"),
     (f'layer {{ name: "c" type: "ConvolutionReLUPoolLRN" bottom: "x" top: "y" convolution_param {{ {CONV_ONLY} }} '
      'pooling_param { pool: MAX kernel_size: 2 } lrn_param { norm_region: WITHIN_CHANNEL } }', "ACROSS_CHANNELS only"),
     ('layer { name: "p" type: "ReLUPooling" bottom: "x" top: "y" top: "m" pooling_param { pool: MAX kernel_size: 2 } }',

@@ -31,9 +31,9 @@ caffemodels load):
   Convolution.  relu_param.negative_slope must be 0 (the fork stops otherwise).
 - ConvolutionReLUPool: the convolution, then MAX pooling by pooling_param with each window's maximum
   started at 0 (which is the ReLU: max and the ReLU commute, and an empty window gives 0); BVLC's pooled
-  size (ceil).  AVE / STOCHASTIC are NOT_IMPLEMENTED in the fork; with a pool pad the fork starts a
-  window cut by the top / left pad at row 0 and keeps kernel rows (unlike BVLC's), which caffeq
-  refuses; a second top gets the argmax index written over top 0: refused.  One bottom (the fork writes
+  size (ceil).  AVE / STOCHASTIC are NOT_IMPLEMENTED in the fork.  With a pool pad the fork starts a
+  window cut by the top / left pad at row (column) 0 and keeps kernel rows (BVLC's keeps kernel - pad):
+  reproduced.  A second top gets the argmax index written over top 0: refused.  One bottom (the fork writes
   every bottom's result into top 0).
 - ConvolutionReLUPoolLRN: the same, then BVLC's ACROSS_CHANNELS LRN of lrn_param (k + alpha / n times
   the window's sum of squares, to -beta); WITHIN_CHANNEL is refused (the fork's forward asserts
@@ -50,12 +50,13 @@ import copy
 from contextlib import contextmanager
 
 import numpy as np
+import torch
 import torch.nn.functional as F
 
 from ..errors import ExportError
 from .conv import Convolution, InnerProduct, _onnx_conv, _torch_conv_source
 from .norm import ACROSS_CHANNELS, LRN, caffe_lrn
-from .pooling import MAX, Pooling, caffe_pool, is_synopsys
+from .pooling import MAX, Pooling, caffe_pool, is_synopsys, window
 from .registry import LayerError, claim_layers, count, need_blobs, register_layer
 
 LOWERED_GEMM, LOWERED_CCNMM, DIRECT_SCONV, DIRECT_DCONV = 0, 1, 2, 3
@@ -146,6 +147,31 @@ def _four_axes(shape, what):
         raise LayerError(f"{what} is 2-D in SkimCaffe: it needs a 4-axis (N, C, H, W) bottom, got {list(shape)}")
 
 
+# ---- the fused pools' own windows with a pad (torch: used by forward and copied into model.py) ------
+
+def skim_padded_windows_max(x, kernel: list[int], stride: list[int], pad: list[int], out: list[int]):
+    """SkimCaffe's fused MAX pooling from 0 (the ReLU) with a pad: output row i takes input rows
+    [max(i * stride - pad, 0), that + kernel) cut at the input's end (its windows keep kernel rows
+    where BVLC's lose the pad's), the same for columns; `out`: BVLC's pooled size."""
+    y = F.max_pool2d(F.pad(F.relu(x), [0, kernel[1] - 1, 0, kernel[0] - 1]), kernel, 1)
+    rows = (torch.arange(out[0], device=x.device) * stride[0] - pad[0]).clamp_min(0)
+    cols = (torch.arange(out[1], device=x.device) * stride[1] - pad[1]).clamp_min(0)
+    return y.index_select(2, rows).index_select(3, cols)
+
+
+def _onnx_padded_windows_max(ctx, node, pool, x, shape, out):
+    """skim_padded_windows_max in ONNX: Relu, Pad, a stride-1 MaxPool, a Gather per spatial axis."""
+    k, s, p, size = window(pool, shape[2], shape[3])
+    y = ctx.add_node("Relu", [x], [ctx.tmp(node.name + "_relu0")])[0]
+    pads = ctx.const(np.array([0, 0, 0, 0, 0, 0, k[0] - 1, k[1] - 1], np.int64))
+    y = ctx.add_node("Pad", [y, pads], [ctx.tmp(node.name + "_padded")])[0]
+    y = ctx.add_node("MaxPool", [y], [ctx.tmp(node.name + "_max")], kernel_shape=list(k), strides=[1, 1])[0]
+    rows = ctx.const(np.maximum(np.arange(size[0]) * s[0] - p[0], 0).astype(np.int64))
+    cols = ctx.const(np.maximum(np.arange(size[1]) * s[1] - p[1], 0).astype(np.int64))
+    y = ctx.add_node("Gather", [y, rows], [ctx.tmp(node.name + "_rows")], axis=2)[0]
+    ctx.add_node("Gather", [y, cols], [out], axis=3)
+
+
 # ---- fused convolutions --------------------------------------------------------------------------
 
 @register_layer("ConvolutionReLU")
@@ -196,10 +222,8 @@ class _ConvPool(Convolution):
         if attrs.get("first_conv") or attrs.get("orn"):
             raise LayerError(f"{lp.type} reads BVLC's convolution fields only")
         pool = _fused_pool(lp)
-        if not pool["global"] and any(pool["pad"]):
-            raise LayerError(f"pooling_param.pad: SkimCaffe's {lp.type} starts a window cut by the top / left "
-                             f"pad at 0 and keeps kernel rows (not BVLC's windows); not reproduced")
-        attrs.update(conv_mode=mode, pool=pool, name=lp.name)
+        # with a pad the fork's windows are its own (skim_padded_windows_max); without one BVLC's
+        attrs.update(conv_mode=mode, pool=pool, name=lp.name, fork_windows=not pool["global"] and any(pool["pad"]))
         if self.with_lrn:
             lrn = LRN().parse(lp)
             if lrn["region"] != ACROSS_CHANNELS:
@@ -241,7 +265,12 @@ class _ConvPool(Convolution):
 
     def forward(self, attrs, params, x):
         self.refuse_if_cannot_run(attrs["name"], attrs, [tuple(x.shape)])
-        y = F.relu(caffe_pool(super().forward(attrs, params, x), attrs["pool"]))
+        y = super().forward(attrs, params, x)
+        if attrs["fork_windows"]:
+            k, s, p, out = window(attrs["pool"], y.shape[2], y.shape[3])
+            y = skim_padded_windows_max(y, list(k), list(s), list(p), list(out))
+        else:
+            y = F.relu(caffe_pool(y, attrs["pool"]))
         if self.with_lrn:
             a = attrs["lrn"]
             y = caffe_lrn(y, a["size"], a["alpha"], a["beta"], a["k"], False)
@@ -252,12 +281,15 @@ class _ConvPool(Convolution):
         self.refuse_if_cannot_run(node.name, a, [ctx.shape(node.inputs[0])], ExportError, node.type)
         conv = ctx.tmp(node.name + "_conv")
         _onnx_conv(ctx, node, "Conv", outputs=[conv])
-        pooled = ctx.tmp(node.name + "_pool")
         conv_top = self._conv_top(a, [ctx.shape(node.inputs[0])])
-        Pooling().onnx(_KnownShapes(ctx, {conv: conv_top}),
-                       _node_like(node, name=node.name + "_pool", attrs=a["pool"], inputs=[conv], outputs=[pooled]))
         relu_out = ctx.tmp(node.name + "_relu") if self.with_lrn else node.outputs[0]
-        ctx.add_node("Relu", [pooled], [relu_out])
+        if a["fork_windows"]:
+            _onnx_padded_windows_max(ctx, node, a["pool"], conv, conv_top, relu_out)
+        else:
+            pooled = ctx.tmp(node.name + "_pool")
+            Pooling().onnx(_KnownShapes(ctx, {conv: conv_top}),
+                           _node_like(node, name=node.name + "_pool", attrs=a["pool"], inputs=[conv], outputs=[pooled]))
+            ctx.add_node("Relu", [pooled], [relu_out])
         if self.with_lrn:
             LRN().onnx(ctx, _node_like(node, name=node.name + "_lrn", attrs=a["lrn"], inputs=[relu_out],
                                        outputs=node.outputs[:1]))
@@ -267,10 +299,14 @@ class _ConvPool(Convolution):
         self.refuse_if_cannot_run(node.name, a, [emit.in_shape(0)], ExportError, node.type)
         conv_top = self._conv_top(a, [emit.in_shape(0)])
         conv = _local(emit, _torch_conv_source(node, emit, transposed=False), node.name + "_conv")
-        with _emitting_on(emit, [conv], [conv_top], "pool"):
-            pooled = Pooling().pytorch_source(_node_like(node, attrs=a["pool"], name=node.name + "_pool"), emit)
         emit.uses("F")
-        y = f"F.relu({pooled})"
+        if a["fork_windows"]:
+            k, s, p, out = window(a["pool"], *conv_top[2:])
+            y = f"{emit.helper(skim_padded_windows_max)}({conv}, {list(k)}, {list(s)}, {list(p)}, {list(out)})"
+        else:
+            with _emitting_on(emit, [conv], [conv_top], "pool"):
+                pooled = Pooling().pytorch_source(_node_like(node, attrs=a["pool"], name=node.name + "_pool"), emit)
+            y = f"F.relu({pooled})"
         if self.with_lrn:
             top = self.infer(a, [emit.in_shape(0)])[0]
             y = _local(emit, y, node.name + "_relu")
