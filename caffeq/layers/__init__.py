@@ -71,6 +71,7 @@ from . import (  # noqa: F401,E402
     segmentation,
     sequence,
     shape_ops,
+    skimcaffe,
     spatial_transformer,
     sppnet,
     ssd,
