@@ -228,3 +228,23 @@ def backend_outputs(model, feeds, tmp_path, top="o"):
     """{backend: the top} from torch, onnxruntime and model.py."""
     return {"torch": model.run(feeds)[top], "onnx": onnx_outputs(model, feeds, tmp_path)[top],
             "model.py": model_py_outputs(model, feeds, tmp_path)[top]}
+
+
+def conv_ref(x, w, b, stride, pad, group=1):
+    """Caffe's grouped im2col convolution in float64 (exact for the dyadic values some tests use):
+    x (N, C, H, W), w (O, C / group, kh, kw), b (O,) or None, stride and pad (h, w)."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    oh, ow = (h + 2 * pad[0] - kh) // stride[0] + 1, (wd + 2 * pad[1] - kw) // stride[1] + 1
+    out = np.zeros((n, o, oh, ow))
+    per_group = o // group
+    for oc in range(o):
+        g = oc // per_group
+        for y in range(oh):
+            for z in range(ow):
+                patch = xp[:, g * cg:(g + 1) * cg, y * stride[0]:y * stride[0] + kh, z * stride[1]:z * stride[1] + kw]
+                out[:, oc, y, z] = (patch * w[oc].astype(np.float64)).sum(axis=(1, 2, 3))
+        if b is not None:
+            out[:, oc] += b[oc]
+    return out

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, backend_outputs, check_everywhere, net, node_of, rng
+from conftest import REPO, backend_outputs, check_everywhere, conv_ref, net, node_of, rng
 
 from caffeq.layers import LayerError
 from caffeq.layers.hwgq import hwgq_binarize, hwgq_quant, hwgq_thresholds
@@ -49,26 +49,6 @@ def binarize_ref(w, use_alpha, use_binarization=True):
         for j in range(dim):
             out[i, j] = (f32(1) if rows[i, j] >= 0 else f32(-1)) * alpha
     return out.reshape(w.shape)
-
-
-def conv_ref(x, w, b, stride, pad, group):
-    """Caffe's convolution (im2col + gemm per group), float64."""
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
-    oh, ow = (h + 2 * pad[0] - kh) // stride[0] + 1, (wd + 2 * pad[1] - kw) // stride[1] + 1
-    out = np.zeros((n, o, oh, ow))
-    per = o // group
-    for oc in range(o):
-        g = oc // per
-        for y in range(oh):
-            for z in range(ow):
-                patch = xp[:, g * cg:(g + 1) * cg, y * stride[0]:y * stride[0] + kh,
-                           z * stride[1]:z * stride[1] + kw]
-                out[:, oc, y, z] = (patch * w[oc].astype(np.float64)).sum(axis=(1, 2, 3))
-        if b is not None:
-            out[:, oc] += b[oc]
-    return out
 
 
 def std_max(a, b):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import check_everywhere, model_py_outputs, net, rng
+from conftest import check_everywhere, conv_ref, model_py_outputs, net, rng
 
 import caffeq
 from caffeq.errors import CaffeqError, ExportError
@@ -83,23 +83,6 @@ def pow2_ref(w, exp_min, exp_max):
 
 
 # ---- the layers' arithmetic, as loops -----------------------------------------------------------
-
-def conv_ref(x, w, b, stride, pad, group=1):
-    """Caffe's im2col convolution, in float64 (exact for the dyadic values these tests use)."""
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
-    oh, ow = (h + 2 * pad[0] - kh) // stride[0] + 1, (wd + 2 * pad[1] - kw) // stride[1] + 1
-    out = np.zeros((n, o, oh, ow))
-    og = o // group
-    for oc in range(o):
-        g = oc // og
-        for y in range(oh):
-            for z in range(ow):
-                patch = xp[:, g * cg:(g + 1) * cg, y * stride[0]:y * stride[0] + kh, z * stride[1]:z * stride[1] + kw]
-                out[:, oc, y, z] = (patch * w[oc]).sum(axis=(1, 2, 3)) + (b[oc] if b is not None else 0)
-    return out
-
 
 def deconv_ref(x, w, b, stride, pad):
     """Caffe's col2im deconvolution (weights C_in x C_out x kh x kw), float64."""
