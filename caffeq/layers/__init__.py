@@ -29,6 +29,7 @@ from . import (  # noqa: F401,E402
     fork_data,
     fpn,
     frcnn,
+    frcnn3d,
     greentea_fusion,
     group_norm,
     happynear,

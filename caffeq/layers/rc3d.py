@@ -245,7 +245,9 @@ class _Ops:
 
 # ---- the specs -------------------------------------------------------------------------------
 
-@claim_layers("ROIPooling", lambda lp: any(lp.roi_pooling_param.HasField(f) for f in ("pooled_l", "temporal_scale")))
+# superxuang/caffe_3d_faster_rcnn also sets pooled_l, with spatial_scale_xy / _z: its own 3-D ROIPooling (frcnn3d.py)
+@claim_layers("ROIPooling", lambda lp: any(lp.roi_pooling_param.HasField(f) for f in ("pooled_l", "temporal_scale"))
+              and not any(lp.roi_pooling_param.HasField(f) for f in ("spatial_scale_xy", "spatial_scale_z")))
 class RC3DRoiPooling(Layer):
     """ROIPooling with R-C3D's pooled_l / temporal_scale: 3-D ROI pooling over (N, C, L, H, W)."""
 

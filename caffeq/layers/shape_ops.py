@@ -455,6 +455,8 @@ def _crop_plan(attrs, shape, ref_shape):
         raise LayerError(f"the reference bottom {list(ref_shape)} has fewer axes than the "
                          f"cropped one {list(shape)}")
     offsets = [offs[0] if len(offs) == 1 else (offs[i - start] if offs else 0) for i in range(start, ndim)]
+    if attrs.get("center_align"):   # superxuang/caffe_3d_faster_rcnn: C's (bottom - reference) / 2
+        offsets = [int((shape[i] - ref_shape[i]) / 2) for i in range(start, ndim)]
     for i, off in zip(range(start, ndim), offsets):
         if shape[i] - off < ref_shape[i]:
             raise LayerError(f"crop of axis {i} is out of bounds: size {ref_shape[i]} at offset {off} "
@@ -480,8 +482,14 @@ class Crop(Layer):
         elif min(p.height, p.weight) < 1:
             raise LayerError(f"crop_param: a one-bottom Crop (GLAD's) needs height and weight >= 1, got "
                              f"{p.height} and {p.weight}")
-        return {"axis": int(p.axis), "offsets": [int(v) for v in p.offset],
-                "size": (int(p.height), int(p.weight)) if fixed else None}
+        attrs = {"axis": int(p.axis), "offsets": [int(v) for v in p.offset],
+                 "size": (int(p.height), int(p.weight)) if fixed else None}
+        if p.center_align:
+            if fixed:
+                raise LayerError("crop_param: center_align (superxuang/caffe_3d_faster_rcnn) crops to a "
+                                 "reference bottom; GLAD's one-bottom height / weight have none")
+            attrs["center_align"] = True
+        return attrs
 
     def _ref_shape(self, attrs, shape, ref_shape):
         return _fixed_size(attrs, shape) if attrs.get("size") else ref_shape
@@ -524,6 +532,10 @@ class Crop(Layer):
             return f"{x}[{', '.join(index)}]"
         ref = emit.inputs[1]
         start, offsets = _crop_plan(node.attrs, emit.in_shape(0), emit.in_shape(1))
+        if node.attrs.get("center_align"):   # the offsets follow the run's shapes
+            index = [":"] * start + [f"({x}.shape[{i}] - {ref}.shape[{i}]) // 2:({x}.shape[{i}] - {ref}.shape[{i}]) "
+                                     f"// 2 + {ref}.shape[{i}]" for i in range(start, len(emit.in_shape(0)))]
+            return f"{x}[{', '.join(index)}]"
         index = [":"] * start + [f"{off}:{off} + {ref}.shape[{i}]" if off else f":{ref}.shape[{i}]"
                                  for i, off in zip(range(start, len(emit.in_shape(0))), offsets)]
         return f"{x}[{', '.join(index)}]"
