@@ -230,7 +230,7 @@ class ROIWarping(RoiLayerSpec):
             raise ExportError(f"layer '{node.name}' (ROIWarping): {ROIS_WANTED}, the net declares "
                               f"{list(ctx.shape(rois))}; give their shape with --input-shape")
         _n, c, h, w = ctx.shape(x)
-        g = _OnnxGraph(ctx, node.name)
+        g = _OnnxGraph(ctx)
         flat = g.op("Reshape", rois, g.i64([-1, 5]))
         batch = g.op("Cast", g.op("Slice", flat, g.i64([0]), g.i64([1]), g.i64([1])), to=7)   # (R, 1)
         scaled = g.op("Cast", g.op("Mul", g.op("Slice", flat, g.i64([1]), g.i64([5]), g.i64([1])),
@@ -305,7 +305,7 @@ class MaskPooling(Layer):
         x, masks = node.inputs
         shape = ctx.shape(x)
         _n, _c, h, w = legacy_nchw(shape, "MaskPooling")
-        g = _OnnxGraph(ctx, node.name)
+        g = _OnnxGraph(ctx)
         x4 = _onnx_legacy_4d(g, x, len(shape))
         rows = g.op("Reshape", masks, g.i64([-1, h * w]))   # the flat masks, H * W values a row
         first = g.op("Slice", rows, g.i64([0]), g.op("Slice", g.op("Shape", x4), g.i64([0]), g.i64([1])), g.i64([0]))
@@ -338,7 +338,7 @@ class MaskResize(Layer):
         shape = ctx.shape(node.inputs[0])
         _n, _c, h, w = legacy_nchw(shape, "MaskResize")
         inside, rows, cols, weights = mnc_resize_tables(h, w, a["out_h"], a["out_w"])
-        g = _OnnxGraph(ctx, node.name)
+        g = _OnnxGraph(ctx)
         x4 = _onnx_legacy_4d(g, node.inputs[0], len(shape))
         picked = [g.op("Gather", x4, g.i64(t.numpy()), axis=2) for t in rows]
         val = None

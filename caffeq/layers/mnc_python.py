@@ -237,7 +237,7 @@ class MNCStageBridge(Layer):
         self.refuse_if_cannot_run(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError,
                                   node.attrs["kind"])
         rois, deltas, scores, info = node.inputs
-        g = _OnnxGraph(ctx, node.name)
+        g = _OnnxGraph(ctx)
         f32 = g.f32
         best = g.op("Unsqueeze", g.op("ArgMax", scores, axis=1, keepdims=1), g.i64([2]))   # (R, 1, 1), the first max
         grouped = g.op("Reshape", deltas, g.i64([-1, ctx.shape(deltas)[1] // 4, 4]))
