@@ -241,6 +241,8 @@ layer {
 def test_known_fork_training_fields_are_warnings_with_their_reason():
     net, warnings = _parse(FORK_FIELDS_NET)
     assert net.layer[0].memory_data_param.height == 5 and net.layer[1].param[0].lr_mult == 1
+    # the structured weight decays (SkimCaffe's and LSTD's ParamSpec) are declared: read, no warning
+    assert (net.layer[1].param[0].breadth_decay_mult, net.layer[1].param[0].kernel_shape_decay_mult) == (1, 1)
     joined = "\n".join(warnings)
     for field, why in [("eltwise_mem_sharing", "NVCaffe's memory sharing"),
                        ("default_forward_type", "caffeq computes in float32"),
@@ -248,8 +250,6 @@ def test_known_fork_training_fields_are_warnings_with_their_reason():
                        ("bn_stats_batch_size", "Intel Caffe"), ("richness", "cuDNN workspace"),
                        ("source", "CaffeOnSpark"), ("share_in_parallel", "CaffeOnSpark"),
                        ("force_mult", "training regulariser"), ("param_propagate_down", "GAN training"),
-                       ("breadth_decay_mult", "structured weight decay"),
-                       ("kernel_shape_decay_mult", "structured weight decay"),
                        ("deletetop", "UberNet's memory saving"), ("deletebottom", "UberNet's memory saving"),
                        ("forward_type", "per-layer forward precision"), ("forward_math", "per-layer forward precision"),
                        ("backward_type", "per-layer backward pass precision"),

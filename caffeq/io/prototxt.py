@@ -326,9 +326,6 @@ _FORK_FIELD_GROUPS = [
     # longriyao/caffe_colorizer (README: ParamSpec.param_propagate_down = 6): no gradient into the blob
     ("ParamSpec", _TEST_ONLY, "caffe_colorizer's switch of gradients into a blob (GAN training)",
      "param_propagate_down"),
-    # haochen-rye/LSTD's caffe: per-blob multipliers of its structured weight decays
-    ("ParamSpec", _TEST_ONLY, "LSTD's multiplier of a structured weight decay",
-     "breadth_decay_mult", "kernel_shape_decay_mult"),
     # Yahoo CaffeOnSpark: the data Spark feeds; caffeq takes the shape from batch_size, channels,
     # height and width like MemoryData
     ("MemoryDataParameter", _ANY_PHASE, "CaffeOnSpark's data source and multi-GPU sharing; the shape comes "

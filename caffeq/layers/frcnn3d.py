@@ -19,8 +19,10 @@ Read from the fork at 9055464 (src/caffe/proto/caffe.proto and the layers, last 
 - Proposal with the fork's proposal_param (anchor_size, feat_stride_xy, ...; proposal_layer.cu):
   (batch x proposal_num, 7) rois, the NMS survivors filled up with background boxes picked by
   Caffe's random generator: read and sized, not run.
-- ProposalTarget (train nets' sampler, random as well), BBoxOutput and RPNOutput (write each
-  volume's boxes to text files and have no top): read and sized, not run.
+- BBoxOutput and RPNOutput (write each volume's boxes to text files and have no top): read and
+  sized, not run.  The train nets' ProposalTarget (a random sampler) is not declared: its type and
+  proposal_target_param are mscnn's and cascade-rcnn's too, with other fields; like theirs it is
+  dropped as a layer that only trains.
 """
 import math
 
@@ -313,28 +315,6 @@ class FRCNN3DProposal(ReadOnlyLayer):
     def why_not_run(self, attrs):
         return ("the fork fills the NMS survivors up to proposal_num with background boxes drawn by Caffe's "
                 "random generator, which caffeq does not reproduce")
-
-
-@register_layer("ProposalTarget")
-class FRCNN3DProposalTarget(ReadOnlyLayer):
-    """The fork's training sampler: rois (R, 7), labels (R, 1), 3 x (R, 6 x class_num)."""
-
-    is_training_only = True
-
-    def parse(self, lp):
-        need_blobs(lp, "ProposalTarget", (1, 2), 5, "rpn_rois, gt_boxes")
-        p = lp.proposal_target_param
-        if p.class_num < 1:
-            raise LayerError("proposal_target_param.class_num must be >= 1")
-        _normalization(p, "proposal_target_param")
-        return {"name": lp.name, "classes": int(p.class_num)}
-
-    def infer(self, attrs, in_shapes):
-        k = attrs["classes"] * 6
-        return [(1, 7), (1, 1), (1, k), (1, k), (1, k)]   # LayerSetUp; forward samples the rows
-
-    def why_not_run(self, attrs):
-        return "a training sampler (random foreground / background rois and their regression targets)"
 
 
 class _FileWriter(ReadOnlyLayer):
