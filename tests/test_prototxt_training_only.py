@@ -540,3 +540,17 @@ def test_a_type_two_known_types_differ_from_by_case_alone_stays_refused(tmp_path
                     'layer { name: "l" type: "lstm" bottom: "x" top: "y" }\n')
     with pytest.raises(UnsupportedLayerError, match=r"unsupported layer types: lstm \(layers 'l', did you mean"):
         caffeq.load(path, random_weights=True)
+
+
+@pytest.mark.parametrize("written, meant", [("num_ouput", "num_output"), ("Num_Output", "num_output")])
+def test_an_unknown_field_spelt_like_a_known_one_says_which(written, meant):
+    text = f'layer {{ name: "c" type: "Convolution" convolution_param {{ {written}: 2 kernel_size: 3 }} }}'
+    with pytest.raises(ParseError, match=rf"unknown field '{written}' in layer 'c' \(message caffe.ConvolutionParameter "
+                                         rf"has no field '{written}'; did you mean '{meant}'\?\); pass --ignore-unknown"):
+        parse_prototxt_text(text, path="t.prototxt")
+
+
+def test_an_unknown_field_far_from_every_known_one_names_none():
+    # a hobby Caffe's inner_param: as near to interp_param as to inner_product_param, so neither is offered
+    with pytest.raises(ParseError, match=r"has no field 'inner_param'\); pass --ignore-unknown"):
+        parse_prototxt_text('layer { name: "ip" type: "InnerProduct" inner_param { num_output: 2 } }', path="t.prototxt")

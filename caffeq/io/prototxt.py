@@ -14,6 +14,7 @@ A solver file (caffe.SolverParameter, BVLC fields 1-40) asked for as a net gives
 inline in `net_param` (field 25), with a note; one that names its net by path (`net`, `train_net`,
 `test_net`) is an error naming that file.
 """
+import difflib
 import os
 import re
 from dataclasses import dataclass
@@ -451,6 +452,18 @@ def _layer_name(unknown, message):
     return layer.name or None
 
 
+def _close_field(unknown):
+    """'; did you mean 'x'?' for a field of the message in other capitals (`Convolution_param`) or one
+    letter or two off (`num_ouput`), else '' (a field further off is as likely a fork's own)."""
+    try:
+        fields = list(caffe_pb2.DESCRIPTOR.pool.FindMessageTypeByName(unknown.message_type).fields_by_name)
+    except KeyError:
+        return ""
+    hit = [f for f in fields if f.lower() == unknown.name.lower()] or \
+        difflib.get_close_matches(unknown.name, fields, n=1, cutoff=0.9)
+    return f"; did you mean '{hit[0]}'?" if hit else ""
+
+
 def _report(unknowns, message, path, phase, ignore_unknown, warnings, known_layer=None):
     """Raise for the first unknown field that may matter; warn (once per field name) for the rest."""
     groups = {}
@@ -465,7 +478,7 @@ def _report(unknowns, message, path, phase, ignore_unknown, warnings, known_laye
                                  f"value named {u.enum_value}")
             raise ParseError(
                 f"{where}: unknown field '{u.name}'{ctx} (message {u.message_type} has no field "
-                f"'{u.name}'); pass --ignore-unknown to skip unknown fields with a warning")
+                f"'{u.name}'{_close_field(u)}); pass --ignore-unknown to skip unknown fields with a warning")
         groups.setdefault((u.name, u.enum_value, reason), []).append(u)
     if warnings is None:
         return
