@@ -88,6 +88,16 @@ def drop_training_only(layers, source="", notes=None):
             f"'{lp.name}' ({_described(lp)}) reads the label '{next(b for b in lp.bottom if b in labels)}' and "
             f"only losses and scorers read what it gives, if anything: it only trains or scores the net"
             for lp in label_readers))
+    # a known layer that computes from labels alone for dropped readers only (the Slice of a pose
+    # label for a scorer) goes with them: its results would be net outputs that need a label
+    for i in range(len(layers) - 1, -1, -1):
+        lp = layers[i]
+        spec = spec_for(lp)
+        if id(lp) in gone or spec is None or spec.is_data or not len(lp.bottom) or not len(lp.top) \
+                or not all(b in labels for b in lp.bottom):
+            continue
+        if all(readers.get((i, top)) and all(id(layers[r]) in gone for r in readers[(i, top)]) for top in lp.top):
+            gone.add(id(lp))
     # what reads only results of dropped layers cannot be computed either (R-FCN's OHEM sums the
     # per-roi losses in an Eltwise for its annotator)
     producers = {}
@@ -134,6 +144,12 @@ def _label_blobs(layers):
             labels.update(lp.top[1:])
         made.update(lp.top)
     labels.update(b for lp in layers if is_training_only_type(lp.type) for b in lp.bottom[1:] if b not in made)
+    # what a known layer computes from labels alone is label too (xinghaochen/caffe-pose slices its
+    # label into the pose and the hand centre its PoseDistance scorer reads)
+    for lp in layers:
+        spec = spec_for(lp)
+        if spec is not None and not spec.is_data and len(lp.bottom) and all(b in labels for b in lp.bottom):
+            labels.update(lp.top)
     return labels
 
 

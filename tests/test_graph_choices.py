@@ -524,6 +524,25 @@ layer { type: 'Python' name: 'py_accuracy' top: 'py_accuracy' bottom: 'ip' botto
         load_from_text(feeding, input_shapes={"data": (2, 4)}, random_weights=True)
 
 
+def test_what_a_layer_computes_from_the_label_alone_is_label_too():
+    """xinghaochen/caffe-pose's test net slices its label into the pose and the hand centre, which its
+    PoseDistance scorer reads with the predictions: the scorer goes, and so does the Slice that only
+    fed it, so the net's output is the prediction alone."""
+    text = """
+layer { name: "data" type: "Data" top: "data" top: "label" data_param { source: "x" batch_size: 2 } }
+layer { name: "pose" type: "Slice" bottom: "label" top: "pose" top: "center" slice_param { slice_dim: 1 slice_point: 6 } }
+layer { name: "fc" type: "InnerProduct" bottom: "data" top: "fc" inner_product_param { num_output: 6 } }
+layer { name: "distance" type: "PoseDistance" bottom: "fc" bottom: "pose" bottom: "center" top: "distance" }
+"""
+    model = load_from_text(text, input_shapes={"data": (2, 4), "label": (2, 9)}, random_weights=True)
+    assert [n.name for n in model.layers] == ["data", "fc"] and model.outputs == ["fc"]
+    assert any("'distance' (PoseDistance) reads the label 'pose'" in w for w in model.warnings)
+    # a Slice of the label that a kept layer reads stays (here a Concat with the prediction)
+    kept = text + 'layer { name: "both" type: "Concat" bottom: "fc" bottom: "center" top: "both" }\n'
+    model = load_from_text(kept, input_shapes={"data": (2, 4), "label": (2, 9)}, random_weights=True)
+    assert "pose" in [n.name for n in model.layers] and set(model.outputs) == {"pose", "both"}
+
+
 FASTER_RCNN_TRAIN = """
 layer { name: "in" type: "Input" top: "data" top: "gt_boxes" top: "rpn_rois"
   input_param { shape { dim: 1 dim: 3 dim: 12 dim: 16 } shape { dim: 4 dim: 5 } shape { dim: 30 dim: 5 } } }
