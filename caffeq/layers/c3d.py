@@ -28,10 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import DataLayer, needs_input_shape
-from .pooling_nd import ave_pool3d_windows, max_pool3d_windows, onnx_pool3d_windows, pool_extents, pytorch_pool3d_call
+from .pooling_nd import POOL_AVE, POOL_MAX, WindowPool3d, pool_extents
 from .registry import Layer, LayerError, count, need_blobs, register_layer, torch_sources
-
-POOL_MAX, POOL_AVE = 0, 1
 
 
 def _one(values, name):
@@ -191,7 +189,7 @@ class Deconvolution3D(Convolution3D):
 # ---- Pooling3D ----------------------------------------------------------------------------------
 
 @register_layer("Pooling3D")
-class Pooling3D(Layer):
+class Pooling3D(WindowPool3d):
     def parse(self, lp):
         need_blobs(lp, "Pooling3D", 1, 1)
         # C3D v1.1 (V2 files): pooling3d_param (same enum values); C3D v1.0 (V1 files): pooling_param
@@ -231,20 +229,8 @@ class Pooling3D(Layer):
                                      f"{st} > kernel {k}); C3D divides by zero there")
         attrs["_out"] = out
         return [s[:2] + tuple(out)]
-
-    def forward(self, attrs, params, x):
-        pool = max_pool3d_windows if attrs["method"] == POOL_MAX else ave_pool3d_windows
-        return pool(x, attrs["kernel"], attrs["stride"], _c3d_pads(attrs), attrs["_out"])
-
-    def onnx(self, ctx, node):
-        a = node.attrs
-        onnx_pool3d_windows(ctx, node, a["method"] == POOL_MAX, node.inputs[0], node.outputs[0],
-                            ctx.shape(node.inputs[0])[2:], a["kernel"], a["stride"], _c3d_pads(a), a["_out"])
-
-    def pytorch_source(self, node, emit):
-        a = node.attrs
-        return pytorch_pool3d_call(emit, a["method"] == POOL_MAX, emit.inputs[0], a["kernel"], a["stride"],
-                                   _c3d_pads(a), a["_out"])
+    def windows(self, attrs):
+        return attrs["kernel"], attrs["stride"], _c3d_pads(attrs), attrs["_out"]
 
 
 def _c3d_pads(attrs):

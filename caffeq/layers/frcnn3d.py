@@ -29,15 +29,8 @@ import math
 import torch
 
 from ..errors import ExportError
-from .c3d import POOL_AVE, POOL_MAX
 from .data import DataLayer
-from .pooling_nd import (
-    ave_pool3d_windows,
-    first_empty_axis,
-    max_pool3d_windows,
-    onnx_pool3d_windows,
-    pytorch_pool3d_call,
-)
+from .pooling_nd import POOL_AVE, POOL_MAX, WindowPool3d, first_empty_axis
 from .registry import Layer, LayerError, ReadOnlyLayer, claim_layers, need_blobs, register_layer, torch_sources
 from .roi_pooling import bin_mask, c_round, roi_batch_index, roi_layer_call
 
@@ -55,7 +48,7 @@ def _per_axis(p, base, one, default):
 
 
 @claim_layers("Pooling3D", lambda lp: lp.HasField("pooling_3d_param"))
-class FRCNN3DPooling(Layer):
+class FRCNN3DPooling(WindowPool3d):
     """Pooling3D with pooling_3d_param (see the module doc)."""
 
     def parse(self, lp):
@@ -110,27 +103,6 @@ class FRCNN3DPooling(Layer):
                              f"kernel {kernel[axis]}, no pad): the fork's result there is not reproduced")
         attrs["_kernel"], attrs["_out"] = kernel, out
         return [s[:2] + tuple(out)]
-
-    def forward(self, attrs, params, x):
-        pool = max_pool3d_windows if attrs["method"] == POOL_MAX else ave_pool3d_windows
-        return pool(x, attrs["_kernel"], list(attrs["stride"]), list(attrs["pad"]), attrs["_out"])
-
-    def macs(self, attrs, in_shapes, out_shapes):
-        return math.prod(out_shapes[0]) * math.prod(attrs["_kernel"])
-
-    def onnx(self, ctx, node):
-        a = node.attrs
-        onnx_pool3d_windows(ctx, node, a["method"] == POOL_MAX, node.inputs[0], node.outputs[0],
-                            ctx.shape(node.inputs[0])[2:], a["_kernel"], list(a["stride"]), list(a["pad"]), a["_out"])
-
-    def pytorch_source(self, node, emit):
-        a = node.attrs
-        return pytorch_pool3d_call(emit, a["method"] == POOL_MAX, emit.inputs[0], a["_kernel"], list(a["stride"]),
-                                   list(a["pad"]), a["_out"])
-
-
-# ---- ROIPooling (spatial_scale_xy / spatial_scale_z) ---------------------------------------------
-# torch: used by forward and copied into model.py (inspect.getsource)
 
 def roi3d_axis_bins(start, end, pooled: int, size: int):
     """One axis of one roi (C-rounded int corners): the [start, end) of each of `pooled` bins, float32

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .registry import Layer
+
 FLT_MAX = 3.4028234663852886e38
 
 
@@ -102,3 +104,29 @@ def pytorch_pool3d_call(emit, is_max, x, kernel, stride, pad, out):
         emit.helper(pool_extents)
         fn = emit.helper(ave_pool3d_windows)
     return f"{fn}({x}, {list(kernel)}, {list(stride)}, {list(pad)}, {list(out)})"
+
+
+POOL_MAX, POOL_AVE = 0, 1   # PoolingParameter.PoolMethod's MAX and AVE, as the 3-D forks' messages number them
+
+
+class WindowPool3d(Layer):
+    """forward, multiply-accumulates, ONNX and model.py of a 3-D MAX/AVE pooling over the windows of
+    this module, for a spec whose `windows(attrs)` gives (kernel, stride, pad, out) per axis and whose
+    attrs hold `method` (C3D's Pooling3D, video-caffe's NdPooling, caffe_3d_faster_rcnn's Pooling3D)."""
+
+    def windows(self, attrs):
+        return attrs["_kernel"], list(attrs["stride"]), list(attrs["pad"]), attrs["_out"]
+
+    def forward(self, attrs, params, x):
+        pool = max_pool3d_windows if attrs["method"] == POOL_MAX else ave_pool3d_windows
+        return pool(x, *self.windows(attrs))
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        return math.prod(out_shapes[0]) * math.prod(self.windows(attrs)[0])
+
+    def onnx(self, ctx, node):
+        onnx_pool3d_windows(ctx, node, node.attrs["method"] == POOL_MAX, node.inputs[0], node.outputs[0],
+                            ctx.shape(node.inputs[0])[2:], *self.windows(node.attrs))
+
+    def pytorch_source(self, node, emit):
+        return pytorch_pool3d_call(emit, node.attrs["method"] == POOL_MAX, emit.inputs[0], *self.windows(node.attrs))

@@ -21,22 +21,14 @@ their only engine is cuDNN (engine: CAFFE is NOT_IMPLEMENTED there).
   (BVLC's reading, pooling_nd.py) and AVE is refused: the divisor cuDNN uses there is not known.
   caffeq runs it on 3 spatial axes (5-axis input), the shape video-caffe's nets use.
 """
-import math
 
 import numpy as np
 
 from .conv import Convolution, _onnx_conv, _torch_conv_source, check_groups
 from .pooling import CEIL, pooled_size
-from .pooling_nd import (
-    ave_pool3d_windows,
-    first_empty_axis,
-    max_pool3d_windows,
-    onnx_pool3d_windows,
-    pytorch_pool3d_call,
-)
-from .registry import Layer, LayerError, need_blobs, positive_field, register_layer
+from .pooling_nd import POOL_AVE, POOL_MAX, WindowPool3d, first_empty_axis
+from .registry import LayerError, need_blobs, positive_field, register_layer
 
-POOL_MAX, POOL_AVE = 0, 1
 ENGINE_CAFFE = 1
 _BVLC_WINDOW_FIELDS = ("kernel_size", "kernel_h", "kernel_w", "stride", "stride_h", "stride_w",
                        "pad", "pad_h", "pad_w", "dilation")
@@ -149,7 +141,7 @@ class NdConvolution(Convolution):
 # ---- NdPooling ------------------------------------------------------------------------------------
 
 @register_layer("NdPooling")
-class NdPooling(Layer):
+class NdPooling(WindowPool3d):
     def parse(self, lp):
         need_blobs(lp, "NdPooling", 1, 1)
         p = lp.pooling_param
@@ -187,21 +179,3 @@ class NdPooling(Layer):
                                      f"(ceil rounding); cuDNN's divisor for it is not known, so it is not run")
         attrs["_kernel"], attrs["_out"] = kernel, out
         return [s[:2] + tuple(out)]
-
-    def forward(self, attrs, params, x):
-        pool = max_pool3d_windows if attrs["method"] == POOL_MAX else ave_pool3d_windows
-        return pool(x, attrs["_kernel"], list(attrs["stride"]), list(attrs["pad"]), attrs["_out"])
-
-    def macs(self, attrs, in_shapes, out_shapes):
-        return math.prod(out_shapes[0]) * math.prod(attrs["_kernel"])
-
-    def onnx(self, ctx, node):
-        a = node.attrs
-        onnx_pool3d_windows(ctx, node, a["method"] == POOL_MAX, node.inputs[0], node.outputs[0],
-                            ctx.shape(node.inputs[0])[2:], a["_kernel"], list(a["stride"]), list(a["pad"]),
-                            a["_out"])
-
-    def pytorch_source(self, node, emit):
-        a = node.attrs
-        return pytorch_pool3d_call(emit, a["method"] == POOL_MAX, emit.inputs[0], a["_kernel"], list(a["stride"]),
-                                   list(a["pad"]), a["_out"])
