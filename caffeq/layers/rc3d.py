@@ -38,7 +38,7 @@ from torch import nn
 
 from ..errors import CaffeqError, ExportError
 from .data import DataLayer
-from .rcnn import FLT_MAX, parse_param_str
+from .rcnn import FLT_MAX, greedy_nms, parse_param_str
 from .registry import Layer, LayerError, ReadOnlyLayer, claim_layers, need_blobs, register_layer, torch_sources
 from .roi_pooling import bin_mask, c_round, roi_batch_index, roi_layer_call
 
@@ -116,20 +116,12 @@ def twin_nms(x1, x2, thresh: float, max_keep: int):
     lengths) with a kept one is > thresh.  The kept indices, at most max_keep (<= 0: all)."""
     x1, x2 = x1.detach().float().cpu(), x2.detach().float().cpu()
     lengths = x2 - x1 + 1
-    thr = torch.tensor(thresh, dtype=torch.float32)
-    n = x1.shape[0]
-    struck, keep = [False] * n, []
-    for i in range(n):
-        if struck[i]:
-            continue
-        keep.append(i)
-        if (max_keep > 0 and len(keep) >= max_keep) or i + 1 == n:
-            break
+
+    def iou_after(i):
         inter = torch.clamp(torch.minimum(x2[i], x2[i + 1:]) - torch.maximum(x1[i], x1[i + 1:]) + 1, min=0)
-        overlap = inter / (lengths[i] + lengths[i + 1:] - inter)
-        for j in torch.nonzero(overlap > thr).flatten().tolist():
-            struck[i + 1 + j] = True
-    return keep
+        return inter / (lengths[i] + lengths[i + 1:] - inter)
+
+    return greedy_nms(x1.shape[0], iou_after, thresh, max_keep)
 
 
 def twin_proposals(cls_prob, twin_pred, anchors, feat_stride: int, pre_nms_top_n: int, post_nms_top_n: int,
@@ -200,7 +192,7 @@ def gt_windows_to_rois(gt):
 
 TORCH_RC3D_ROI_POOL = torch_sources(rc3d_bins, rc3d_roi_pool)
 TORCH_TWINS = torch_sources(twin_decode, twin_clip)
-TORCH_TWIN_PROPOSAL = torch_sources(twin_nms, twin_proposals, TwinProposal)
+TORCH_TWIN_PROPOSAL = torch_sources(greedy_nms, twin_nms, twin_proposals, TwinProposal)
 
 
 # ---- ONNX helpers ----------------------------------------------------------------------------

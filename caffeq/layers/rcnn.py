@@ -194,30 +194,36 @@ def shifted_anchors(anchors, height: int, width: int, feat_stride: int):
 
 # ---- the proposal computation (also copied into model.py) ---------------------------------------
 
-def rpn_nms(boxes, thresh: float, max_keep: int, inclusive: bool = False):
-    """Greedy NMS over boxes (P, 4) sorted best first: a box goes when its IoU with a kept box is
-    > thresh (inclusive: >= thresh); sizes count both end pixels (+1).  Returns the kept indices, at
-    most max_keep (<= 0: no limit), in order."""
-    f32 = torch.float32
-    n = boxes.shape[0]
-    x1, y1, x2, y2 = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
-    areas = (x2 - x1 + 1) * (y2 - y1 + 1)
-    thr = torch.tensor(thresh, dtype=f32)
-    struck = [False] * n
-    keep = []
+def greedy_nms(n: int, overlaps_after, thresh: float, max_keep: int, inclusive: bool = False):
+    """Greedy NMS over n candidates sorted best first, as the Caffe forks loop it: a candidate goes when
+    its overlap with a kept one is > thresh (inclusive: >= thresh).  overlaps_after(i) gives candidate
+    i's float32 overlaps with candidates i+1..n-1.  The kept indices, at most max_keep (<= 0: all)."""
+    thr = torch.tensor(thresh, dtype=torch.float32)
+    struck, keep = [False] * n, []
     for i in range(n):
         if struck[i]:
             continue
         keep.append(i)
         if (max_keep > 0 and len(keep) >= max_keep) or i + 1 == n:
             break
-        width = torch.clamp(torch.minimum(x2[i], x2[i + 1:]) - torch.maximum(x1[i], x1[i + 1:]) + 1, min=0)
-        height = torch.clamp(torch.minimum(y2[i], y2[i + 1:]) - torch.maximum(y1[i], y1[i + 1:]) + 1, min=0)
-        inter = width * height
-        overlap = inter / (areas[i] + areas[i + 1:] - inter)
+        overlap = overlaps_after(i)
         for j in torch.nonzero((overlap >= thr) if inclusive else (overlap > thr)).flatten().tolist():
             struck[i + 1 + j] = True
     return keep
+
+
+def rpn_nms(boxes, thresh: float, max_keep: int, inclusive: bool = False):
+    """Greedy NMS over boxes (P, 4) sorted best first by IoU, sizes counting both end pixels (+1)."""
+    x1, y1, x2, y2 = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
+    areas = (x2 - x1 + 1) * (y2 - y1 + 1)
+
+    def iou_after(i):
+        width = torch.clamp(torch.minimum(x2[i], x2[i + 1:]) - torch.maximum(x1[i], x1[i + 1:]) + 1, min=0)
+        height = torch.clamp(torch.minimum(y2[i], y2[i + 1:]) - torch.maximum(y1[i], y1[i + 1:]) + 1, min=0)
+        inter = width * height
+        return inter / (areas[i] + areas[i + 1:] - inter)
+
+    return greedy_nms(boxes.shape[0], iou_after, thresh, max_keep, inclusive)
 
 
 def rpn_decode_centres(anchor_boxes, deltas):
@@ -331,7 +337,7 @@ class RPNProposal(nn.Module):
 # model.py gets these very functions, so the export runs the same code as forward (the anchors
 # helper on its own: CTPN's text proposals use it too)
 TORCH_ANCHORS = torch_sources(shifted_anchors)
-TORCH_PROPOSAL = torch_sources(rpn_nms, rpn_decode_centres, rpn_decode_boxes, pva_sort_order, rpn_proposals,
+TORCH_PROPOSAL = torch_sources(greedy_nms, rpn_nms, rpn_decode_centres, rpn_decode_boxes, pva_sort_order, rpn_proposals,
                                ssh_empty_rois, RPNProposal)
 
 
