@@ -652,3 +652,16 @@ def test_doobnet_label_files_read_from_h5():
     assert (p.data_type, p.gt_edge_sampling_threshold) == ("h5", pytest.approx(0.3))
     assert caffe_pb2.ImageDataParameter().data_type == "img"
 
+
+
+def test_itlab_deeplab_prefetch_and_max_labels_read():
+    # itlab-vision/ITLab-Vision-deeplab's msc_largefov test/train files set prefetch on ImageSegData;
+    # both fields only tune the dataset reader, so the net's shapes come from transform_param as before
+    from caffeq.model import load_from_text
+    text = '''layer { name: "data" type: "ImageSegData" top: "data" top: "label"
+  image_data_param { source: "missing.txt" batch_size: 1 has_label: false prefetch: 3 max_labels: 2 }
+  transform_param { crop_size: 481 } include: { phase: TEST } }'''
+    p = _layers(text)["data"].image_data_param
+    assert (p.prefetch, p.max_labels) == (3, 2)
+    assert caffe_pb2.ImageDataParameter().prefetch == 1
+    assert load_from_text(text).blob_shapes["data"] == (1, 3, 481, 481)
