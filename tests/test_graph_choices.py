@@ -589,6 +589,24 @@ def test_a_faster_rcnn_train_net_reads_without_its_training_layers():
 
 
 
+def test_r_fcn_seg_mask_proposal_targets_add_segment_targets():
+    # insmod-he/py-R-FCN's seg_mask branch: ProposalTargetLayer also takes the image id and, by its
+    # setup, adds seg_targets and seg_weights of 2 seg_num + 2 per roi
+    text = FASTER_RCNN_TRAIN.replace('top: "bbox_outside_weights"',
+                                     'top: "bbox_outside_weights" top: "seg_targets" top: "seg_weights"')
+    text = text.replace('bottom: "rpn_rois" bottom: "gt_boxes" top: "rois"',
+                        'bottom: "rpn_rois" bottom: "gt_boxes" bottom: "data" top: "rois"')
+    seg = load_from_text(text.replace("'num_classes': 3", "'num_classes': 3\\n'seg_num': 14"))
+    shapes = seg.blob_shapes
+    assert shapes["rois"] == (1, 5) and shapes["bbox_targets"] == (1, 12)
+    assert shapes["seg_targets"] == shapes["seg_weights"] == (1, 30)
+    with pytest.raises(CaffeqError, match="'seg_num' must be a non-negative integer"):
+        load_from_text(text.replace("'num_classes': 3", "'num_classes': 3\\n'seg_num': 'x'"))
+    # without seg_num, seven tops are affordance-net's, which takes five bottoms
+    with pytest.raises(CaffeqError, match="takes 5 bottoms"):
+        load_from_text(text)
+
+
 def test_person_search_oim_layers_train_on_the_proposal_targets_aux_label():
     # ShuangLI59/person_search: ProposalTargetLayer's sixth top is a pid label per roi, and the OIM
     # loss's LabeledMatching / UnlabeledMatching (no spec) train on it through Power and Concat

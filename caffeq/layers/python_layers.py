@@ -91,8 +91,15 @@ class ProposalTarget(ReadOnlyLayer):
     def parse(self, lp):
         # person_search (ShuangLI59) adds a sixth top: an auxiliary (pid) label per roi, (1, 1);
         # nqanh/affordance-net takes im_info, seg_mask_inds and flipped too and adds mask_targets and rois_pos
+        params = parse_param_str(lp.python_param.param_str)
+        # insmod-he/py-R-FCN's seg_mask branch takes the image id and adds seg_targets and seg_weights,
+        # (1, 2 seg_num + 2) each
+        seg_num = params.get("seg_num") if len(lp.top) == 7 and len(lp.bottom) == 3 else None
         if len(lp.top) == 8:
             need_blobs(lp, "ProposalTargetLayer", 3, 8, "rpn_rois, gt_boxes, data")
+        elif seg_num is not None:
+            if not isinstance(seg_num, int) or isinstance(seg_num, bool) or seg_num < 0:
+                raise LayerError(f"python_param.param_str: 'seg_num' must be a non-negative integer, got {seg_num!r}")
         elif len(lp.top) == 7:
             need_blobs(lp, "ProposalTargetLayer", 5, 7, "rpn_rois, gt_boxes, im_info, seg_mask_inds, flipped")
         elif len(lp.top) != 6:
@@ -100,17 +107,20 @@ class ProposalTarget(ReadOnlyLayer):
             need_blobs(lp, "ProposalTargetLayer", (2, 3, 4), 5, "rpn_rois, gt_boxes, then a fork's own inputs")
         elif len(lp.bottom) != 2:
             need_blobs(lp, "ProposalTargetLayer", 2, 6, "rpn_rois, gt_boxes")
-        classes = parse_param_str(lp.python_param.param_str).get("num_classes")
+        classes = params.get("num_classes")
         if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
             raise LayerError(f"python_param.param_str: 'num_classes' must be a positive integer, got {classes!r}")
         return {"num_classes": classes, "name": lp.name, "aux_label": len(lp.top) == 6,
-                "masks": len(lp.top) == 7, "levels": 4 if len(lp.top) == 8 else 1}
+                "masks": len(lp.top) == 7 and seg_num is None, "seg_num": seg_num,
+                "levels": 4 if len(lp.top) == 8 else 1}
 
     def infer(self, attrs, in_shapes):
         targets = (1, 4 * attrs["num_classes"])
         extra = [(1, 1)] * attrs["aux_label"]
         if attrs.get("masks"):   # affordance-net's setup: (1, MASK_SIZE, MASK_SIZE) with its cfg's 244, (1, 5)
             extra = [(1, AFFORDANCE_MASK_SIZE, AFFORDANCE_MASK_SIZE), (1, 5)]
+        if attrs.get("seg_num") is not None:
+            extra = [(1, 2 * attrs["seg_num"] + 2)] * 2
         return [(1, 5)] * attrs.get("levels", 1) + [(1, 1), targets, targets, targets] + extra
 
     def why_not_run(self, attrs):
