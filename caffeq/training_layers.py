@@ -1,6 +1,7 @@
 """Which layers of a train_val net only train: losses, metrics and the layers that feed only them
 (target samplers, label reshapes).  The graph builder (ir.py) drops them from inference graphs,
 with a note, so that a train file reads without its datasets."""
+from .io.schema import caffe_pb2
 from .layers import spec_for
 
 # Layer types that only train or score a net beyond those whose names say "loss" or end in
@@ -29,9 +30,9 @@ def is_training_only_type(type_name):
 def drop_training_only(layers, source="", notes=None):
     """Drop layers of training-only types that have no spec (forks' losses), with a note; then
     layers caffeq does not know whose results only train or score the net, with those readers:
-      - a Python layer whose every top is read, and only by losses and scorers or by layers whose
-        every top goes only to them (the targets a loss trains on, as Faster R-CNN's
-        AnchorTargetLayer computes);
+      - a Python layer, or one its file includes only at TRAIN, whose every top is read, and only by
+        losses and scorers or by layers whose every top goes only to them (the targets a loss trains
+        on, as Faster R-CNN's AnchorTargetLayer computes; deeplab_v2_python's pairwise-loss branch);
       - a layer of any type that reads a data layer's label (which a deployed net does not have)
         and whose tops are either unread or go only to losses and scorers that way (margin
         layers: LargeMarginInnerProduct, xialuxi's CosinAddm feeding Scale -> SoftmaxWithLoss);
@@ -68,7 +69,8 @@ def drop_training_only(layers, source="", notes=None):
         for i, lp in enumerate(layers):
             if id(lp) in gone or spec_for(lp) is not None or not len(lp.top):
                 continue
-            if lp.type == "Python" and all(_trains_only_through(i, top, readers, only) for top in lp.top):
+            if (lp.type == "Python" or _only_at_train(lp)) \
+                    and all(_trains_only_through(i, top, readers, only) for top in lp.top):
                 drop = True
             elif any(b in labels for b in lp.bottom):
                 # it reads the label, and what it gives goes only to losses and scorers, or nowhere (a
@@ -97,6 +99,13 @@ def drop_training_only(layers, source="", notes=None):
                 or not all(b in labels for b in lp.bottom):
             continue
         if all(readers.get((i, top)) and all(id(layers[r]) in gone for r in readers[(i, top)]) for top in lp.top):
+            gone.add(id(lp))
+    # a known layer the file includes only at TRAIN that feeds only dropped layers (the Concat of
+    # features for deeplab_v2_python's pairwise-loss branch) goes with them: its top would be an output
+    for i in range(len(layers) - 1, -1, -1):
+        lp = layers[i]
+        if id(lp) not in gone and _only_at_train(lp) and len(lp.top) and all(
+                readers.get((i, top)) and all(id(layers[r]) in gone for r in readers[(i, top)]) for top in lp.top):
             gone.add(id(lp))
     # what reads only results of dropped layers cannot be computed either (R-FCN's OHEM sums the
     # per-roi losses in an Eltwise for its annotator)
@@ -127,6 +136,12 @@ def drop_training_only(layers, source="", notes=None):
         notes.append(f"{source + ': ' if source else ''}dropped {len(dropped)} training-only layer(s) "
                      f"that inference does not use: {', '.join(dropped[:6])}{', ...' if len(dropped) > 6 else ''}")
     return kept
+
+
+def _only_at_train(lp):
+    """The file includes the layer only in the TRAIN phase: its author marked it as training's."""
+    return bool(len(lp.include)) and not len(lp.exclude) and all(
+        rule.HasField("phase") and rule.phase == caffe_pb2.TRAIN for rule in lp.include)
 
 
 def _described(lp):

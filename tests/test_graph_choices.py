@@ -906,3 +906,37 @@ layer { name: "silence" type: "Silence" bottom: "unused_targets" }
     model = load_from_text(text, random_weights=True)
     assert [n.name for n in model.layers] == ["data", "conv"] and model.outputs == ["conv"]
     assert any("decode (DecodeRois)" in w for w in model.warnings)
+
+
+PAIRWISE_TRAIN = """
+layer { name: "data" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } shape { dim: 1 dim: 1 dim: 8 dim: 8 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 1 } }
+layer { name: "pairwise" type: "Concat" bottom: "data" bottom: "conv" top: "pairwise" include { phase: TRAIN } }
+layer { name: "sample" type: "RandomSample2D" bottom: "pairwise" top: "sample" top: "sample_index"
+  include { phase: TRAIN } }
+layer { name: "energy" type: "PairwiseEnergy" bottom: "sample" top: "energy" include { phase: TRAIN } }
+layer { name: "gt" type: "PairwiseGT" bottom: "label" bottom: "sample_index" top: "gt" include { phase: TRAIN } }
+layer { name: "pairwise_loss" type: "EuclideanLoss" bottom: "energy" bottom: "gt" top: "pairwise_loss"
+  include { phase: TRAIN } }
+layer { name: "score" type: "Convolution" bottom: "conv" top: "score" convolution_param { num_output: 2 kernel_size: 1 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "score" bottom: "label" top: "loss" }
+"""
+
+
+def test_unknown_layers_the_file_runs_only_at_train_and_that_feed_only_losses_are_dropped():
+    # zbxzc35/deeplab_v2_python's pairwise-loss train net: a TRAIN-only branch of fork layers that
+    # only its EuclideanLoss reads; the net itself ends in its SoftmaxWithLoss
+    model = load_from_text(PAIRWISE_TRAIN, phase="TRAIN", random_weights=True)
+    dropped = next(w for w in model.warnings if "training-only" in w)
+    for name in ("pairwise (Concat)", "sample (RandomSample2D)", "energy (PairwiseEnergy)", "gt (PairwiseGT)"):
+        assert name in dropped
+    assert model.outputs == ["loss"] and "pairwise" not in model.blob_shapes
+    # without the TRAIN rule nothing marks the fork layers as training's: refused as unknown
+    with pytest.raises(CaffeqError, match="RandomSample2D"):
+        load_from_text(PAIRWISE_TRAIN.replace('top: "sample_index"\n  include { phase: TRAIN }',
+                                              'top: "sample_index"'), phase="TRAIN")
+    # nor where an inference layer reads what the branch makes
+    with pytest.raises(CaffeqError, match="PairwiseEnergy"):
+        load_from_text(PAIRWISE_TRAIN + 'layer { name: "use" type: "ReLU" bottom: "energy" top: "used" '
+                                        'include { phase: TRAIN } }', phase="TRAIN")
