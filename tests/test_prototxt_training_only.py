@@ -500,6 +500,24 @@ def test_current_format_layers_under_the_legacy_name_read_with_a_note():
                         "read as 'layer' blocks (Caffe's parser refuses them)"]
 
 
+
+def test_v1_layers_blocks_with_quoted_types_read_as_v1_where_they_set_v1_fields():
+    # qxcv/joint-regressor's l1-vggnet train_val: `layers { type: "Convolution" ... blobs_lr: 0 }`
+    # beside `layer` blocks: blobs_lr is V1's own field, so the block is V1 with its type quoted
+    text = ('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 1 dim: 4 dim: 4 } } }\n'
+            'layers { bottom: "x" top: "c" name: "c" type: "Convolution"\n'
+            '  convolution_param { num_output: 2 kernel_size: 3 } blobs_lr: 0 blobs_lr: 2 weight_decay: 1 }\n'
+            'layers { bottom: "c" top: "c" name: "r" type: "ReLU" }\n')
+    warnings = []
+    net = parse_prototxt_text(text, path="t.prototxt", warnings=warnings)
+    assert [(lp.name, lp.type) for lp in net.layer] == [("in", "Input"), ("c", "Convolution"), ("r", "ReLU")]
+    assert [p.lr_mult for p in net.layer[1].param] == [0, 2] and net.layer[1].param[0].decay_mult == 1
+    assert any("1 V1 'layers' block(s) (blobs_lr, weight_decay) give their type as a quoted string" in w
+               for w in warnings)
+    assert any("1 'layers' block(s) hold a current-format layer" in w for w in warnings)
+    assert load_from_text(text).blob_shapes["c"] == (1, 2, 2, 2)
+
+
 RECASED = """
 input: "x" input_shape { dim: 2 dim: 3 dim: 9 dim: 7 }
 layer { name: "c" type: "{conv}" bottom: "x" top: "c" convolution_param { num_output: 4 kernel_size: 3 } }

@@ -557,13 +557,16 @@ def _parse(text, message, path, ignore_unknown, warnings, phase, known_layer):
         return message
     except text_format.ParseError as e:
         if V1_QUOTED_TYPE.search(str(e)):
-            renamed, count = v2_blocks_named_layers(text)
-            if count:
+            repaired, renamed, retyped = v2_blocks_named_layers(text)
+            if renamed or retyped:
                 message.Clear()
-                message = _parse(renamed, message, path, ignore_unknown, warnings, phase, known_layer)
-                if warnings is not None:
-                    warnings.append(f"{path}: {count} 'layers' block(s) hold a current-format layer (a quoted type "
+                message = _parse(repaired, message, path, ignore_unknown, warnings, phase, known_layer)
+                if warnings is not None and renamed:
+                    warnings.append(f"{path}: {renamed} 'layers' block(s) hold a current-format layer (a quoted type "
                                     f"string); read as 'layer' blocks (Caffe's parser refuses them)")
+                if warnings is not None and retyped:
+                    warnings.append(f"{path}: {retyped} V1 'layers' block(s) (blobs_lr, weight_decay) give their type "
+                                    f"as a quoted string, which Caffe's parser refuses; read as V1's enum value")
                 return message
         if not _UNKNOWN_FIELD.search(str(e)):
             raise _parse_error(path, e, text) from None

@@ -44,13 +44,20 @@ def block_placeholder(text, row):
 V1_QUOTED_TYPE = re.compile(r'Enum type "caffe\.V1LayerParameter\.LayerType" has no value named "')
 
 
+# fields only a V1 `layers` block has: a block that sets them is V1 whatever its type is written as
+_V1_ONLY_FIELDS = frozenset({"blobs_lr", "weight_decay", "blob_share_mode"})
+_V1_ENUM_OF_TYPE = {string: name for name, string in V1_TYPE_STRINGS.items() if string}
+
+
 def v2_blocks_named_layers(text):
-    """(text, count): each top-level `layers { ... }` block whose `type` is a quoted string
-    (ginobilinie/infantSeg's `layers { type: "BatchNorm" param { lr_mult: 0 } }`, a current-format
-    layer under the legacy name) renamed `layer`, keeping every other character in place."""
+    """(text, renamed, retyped): each top-level `layers { ... }` block whose `type` is a quoted string made
+    readable, keeping every other character in place: renamed `layer` (ginobilinie/infantSeg's
+    `layers { type: "BatchNorm" param { lr_mult: 0 } }`, a current-format layer under the legacy
+    name), or, where the block sets V1's own fields (qxcv/joint-regressor's `type: "Convolution"`
+    beside `blobs_lr: 0`), its type written as V1's enum value, so that the V1 upgrade reads it."""
     lines = text.split("\n")
     tokenizer = text_format.Tokenizer(lines)
-    depth, block, renames = 0, None, []
+    depth, block, quoted, v1_blocks = 0, None, {}, set()
     previous = previous_name = None
     while not tokenizer.AtEnd():
         token, line, column = tokenizer.token, tokenizer._line, tokenizer._column
@@ -62,18 +69,27 @@ def v2_blocks_named_layers(text):
             depth -= 1
             if depth == 0:
                 block = None
-        elif block is not None and depth == 1 and previous is not None and previous[0] == ":" \
-                and previous_name == "type" and token[:1] in "\"'":
-            renames.append(block)
-            block = None
+        elif block is not None and depth == 1:
+            if previous is not None and previous[0] == ":" and previous_name == "type" and token[:1] in "\"'":
+                quoted[block] = (line, column, token)
+            elif token in _V1_ONLY_FIELDS:
+                v1_blocks.add(block)
         if token != ":":
             previous_name = token
         previous = (token, line, column)
         tokenizer.NextToken()
-    for line, column in renames:
+    edits = []    # (line, column, length, replacement), made from the end so columns stay true
+    for (line, column), (type_line, type_column, token) in quoted.items():
+        enum = _V1_ENUM_OF_TYPE.get(token[1:-1])
+        if (line, column) in v1_blocks and enum is not None:
+            edits.append((type_line, type_column, len(token), enum))
+        else:
+            edits.append((line, column, len("layers"), "layer"))
+    for line, column, length, replacement in sorted(edits, reverse=True):
         row = lines[line]
-        lines[line] = row[:column] + "layer " + row[column + len("layers"):]
-    return "\n".join(lines), len(renames)
+        lines[line] = row[:column] + replacement + row[column + length:]
+    retyped = sum(1 for _, _, _, replacement in edits if replacement != "layer")
+    return "\n".join(lines), len(edits) - retyped, retyped
 
 
 def decode(raw, path, warnings):
