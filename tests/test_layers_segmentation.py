@@ -472,6 +472,31 @@ def test_deconvnet_unpooling(method, param, mask, tmp_path):
 
 
 @needs_unpool
+def test_deconvnet_unpooling_walks_a_mask_of_more_channels_plane_by_plane(tmp_path):
+    # zbzb00zbzb/vision_lane_detection's ENet: the mask of a 5-channel pooling unpools 3 channels.
+    # DeconvNet's loop checks no shapes and moves the mask on one plane per data plane, so data
+    # plane (n, c) takes the mask's plane n * 3 + c
+    g = np.random.default_rng(12)
+    x = g.integers(-2, 3, (2, 5, 8, 10)).astype(np.float32)
+    d = g.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    layers = ['layer { name: "p" type: "Pooling" bottom: "x" top: "p" top: "m" '
+              'pooling_param { pool: MAX kernel_size: 2 stride: 2 } }',
+              'layer { name: "u" type: "Unpooling" bottom: "d" bottom: "m" top: "u" '
+              'unpooling_param { unpool: MAX kernel_size: 2 stride: 2 unpool_h: 8 unpool_w: 10 } }']
+    model = load_from_text(net(*layers, inputs={"x": x.shape, "d": d.shape}))
+    assert any("the mask [2, 5, 4, 5] has more channels than the data [2, 3, 4, 5]" in w for w in model.warnings)
+    planes = max_pool_mask_ref(x, 2, 2, 2, 2, 0, 0)[1].reshape(-1, 4, 5)
+    walked = np.stack([planes[i * 3:(i + 1) * 3] for i in range(2)])
+    ref = deconvnet_unpool_ref(d, walked, "MAX", 2, 2, 2, 2, 8, 10)
+    check_everywhere(model, {"x": x, "d": d}, {"u": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+    # planes of another size, or too few values, are still refused
+    with pytest.raises(LayerError, match="must be shaped like the data"):
+        load_from_text(net(*layers, inputs={"x": x.shape, "d": (2, 3, 4, 4)}))
+    with pytest.raises(LayerError, match="must be shaped like the data"):
+        load_from_text(net(*layers, inputs={"x": x.shape, "d": (2, 6, 4, 5)}))
+
+
+@needs_unpool
 @pytest.mark.parametrize("method, param, out", [
     ("MAX", "kernel_size: 2 stride: 2", (8, 10)),            # objectContourDetector's form
     ("AVE", "kernel_h: 3 kernel_w: 2 stride: 2", (9, 10)),

@@ -39,6 +39,8 @@ The torch functions and modules below are also copied into the standalone
 model.py (inspect.getsource), so the export computes the same bits.
 """
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -328,6 +330,14 @@ def unpooled_size(size: int, kernel: int, stride: int, pad: int) -> int:
     return (size - 1) * stride + kernel - 2 * pad
 
 
+def deconvnet_mask(mask, x):
+    """The mask as DeconvNet's Unpooling reads it: its loop steps through the mask one plane per data
+    plane and checks no shapes, so a mask of more channels gives its first x.numel() values."""
+    if mask.shape == x.shape:
+        return mask
+    return mask.reshape(-1)[: x.numel()].reshape(x.shape)
+
+
 class DeconvNetUnpool(nn.Module):
     """DeconvNet's Unpooling: MAX with or without a mask bottom, AVE, TILE (see the functions).
     out_h = out_w = 0: caffe-cedn's, sized by unpooled_size with `pad`."""
@@ -347,10 +357,11 @@ class DeconvNetUnpool(nn.Module):
             return unpool_spread(x, self.kernel, self.stride, out_h, out_w, self.method == 1)
         if mask is None:
             mask = unpool_grid(x, self.stride, out_h, out_w)
-        return segnet_unpool(x, mask, out_h, out_w)
+        return segnet_unpool(x, deconvnet_mask(mask, x), out_h, out_w)
 
 
-TORCH_DECONVNET_UNPOOL = torch_sources(unpool_grid, unpool_window_area, unpool_spread, unpooled_size, DeconvNetUnpool)
+TORCH_DECONVNET_UNPOOL = torch_sources(unpool_grid, unpool_window_area, unpool_spread, unpooled_size, deconvnet_mask,
+                                       DeconvNetUnpool)
 
 
 @register_layer("Unpooling")
@@ -406,7 +417,13 @@ class Unpooling(Layer):
         if len(s) != 4:
             raise LayerError(f"Unpooling needs a 4-axis input, got {list(s)}")
         if attrs["mask"] and tuple(in_shapes[1]) != s:
-            raise LayerError(f"the mask {list(in_shapes[1])} must be shaped like the data {list(s)}")
+            m = tuple(in_shapes[1])
+            # DeconvNet's loop reads a mask of more channels plane by plane (caffe-cedn's checks the shape)
+            if attrs["out"] is None or len(m) != 4 or m[2:] != s[2:] or math.prod(m) < math.prod(s):
+                raise LayerError(f"the mask {list(m)} must be shaped like the data {list(s)}")
+            attrs.setdefault("reading_notes", []).append(
+                f"the mask {list(m)} has more channels than the data {list(s)}: read as DeconvNet's Unpooling "
+                f"does, its first {math.prod(s)} values, one {s[2]}x{s[3]} plane per data plane")
         return [s[:2] + self._out(attrs, s)]
 
     def forward(self, attrs, params, x, mask=None):
@@ -416,6 +433,7 @@ class Unpooling(Layer):
                                  attrs["method"] == UNPOOL_AVE)
         if mask is None:
             mask = unpool_grid(x, list(attrs["stride"]), oh, ow)
+        mask = deconvnet_mask(mask, x)
         idx = mask.to(torch.int64)
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= oh * ow):
             raise LayerError(f"Unpooling mask index out of range for a {oh}x{ow} output")
@@ -429,6 +447,10 @@ class Unpooling(Layer):
         k, s = a["kernel"], a["stride"]
         if a["method"] == UNPOOL_MAX:
             mask = node.inputs[1] if a["mask"] else None
+            if mask is not None and tuple(ctx.shape(mask)) != tuple(ctx.shape(x)):   # deconvnet_mask
+                flat = ctx.op("Reshape", [mask, ctx.i64([-1])], "mask_flat")
+                first = ctx.op("Slice", [flat, ctx.i64([0]), ctx.i64([math.prod(ctx.shape(x))])], "mask_first")
+                mask = ctx.op("Reshape", [first, ctx.i64(list(ctx.shape(x)))], "mask")
             if mask is None:   # the fixed grid of unpool_grid, broadcast to x's shape
                 grid = np.ascontiguousarray(unpool_grid(torch.zeros(1, 1, h, w), list(s), oh, ow).numpy())
                 shape = ctx.add_node("Shape", [x], [ctx.tmp(node.name + "_shape")])[0]
