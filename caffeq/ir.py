@@ -227,6 +227,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
     shapes_used = set()
     unsized = {}            # (type, why) -> names of layers whose tops only a dataset or plugin could size
     guessed_labels = {}     # temp id -> the data layer whose label top it is, shaped (N,) as in BVLC Caffe
+    reading_notes = {}      # (type, text) -> (its line in notes, names of the layers it is about)
 
     for position, lp in enumerate(layers):
         spec = spec_for(lp)
@@ -244,7 +245,8 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
             raise
         except Exception as e:  # a spec's own check on user input
             raise LayerError(f"{where}: bad parameters: {e}") from None
-        notes.extend(f"{where}: {text}" for text in attrs.pop("reading_notes", ()))
+        for text in attrs.pop("reading_notes", ()):
+            _add_reading_note(notes, reading_notes, source, lp, text)
         if spec.is_data:
             attrs["base_dir"] = base_dir
         if "phase" in attrs and attrs["phase"] is None:
@@ -305,7 +307,8 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
             raise GraphError(f"{where}: produces {len(out_shapes)} tops but the prototxt names "
                              f"{len(lp.top)}")
         # a reading only the bottoms' shapes decide (yolov5_caffe's Reorg) is noted by infer
-        notes.extend(f"{where}: {text}" for text in attrs.pop("reading_notes", ()))
+        for text in attrs.pop("reading_notes", ()):
+            _add_reading_note(notes, reading_notes, source, lp, text)
 
         out_ids = []
         for t, s in zip(lp.top, out_shapes):
@@ -559,6 +562,19 @@ def _guessed_label_reason(top, data_layer, shape):
     return (f"bottom '{top}' is the label of data layer '{data_layer.name}' ({data_layer.type}), shaped "
             f"{list(shape)} as BVLC Caffe gives it; a fork's reader may give more (caffe-ocr's ImageData "
             f"reads every label of a line: N x labels x 1 x 1): give its shape with --input-shape {top}=...")
+
+
+def _add_reading_note(notes, seen, source, lp, text):
+    """A spec's note on how it reads a layer; the same note on more layers of the type becomes one line
+    naming them (sixteen converted Broadcastmul layers give one line, not sixteen)."""
+    key = (lp.type, text)
+    if key not in seen:
+        notes.append(f"{_where(source, lp)}: {text}")
+        seen[key] = (len(notes) - 1, [lp.name])
+        return
+    line, names = seen[key]
+    names.append(lp.name)
+    notes[line] = next(_unsized_notes({key: names}, source))
 
 
 def _unsized_notes(unsized, source):

@@ -44,6 +44,7 @@ from . import (  # noqa: F401,E402
     misc,
     mnc,
     mnc_python,
+    mxnet_ops,
     norm,
     optical_flow,
     orn,
