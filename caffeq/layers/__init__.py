@@ -25,6 +25,7 @@ from . import (  # noqa: F401,E402
     edge_flow_crf_forks,
     elementwise,
     face_norms,
+    faceid,
     flow_transformer,
     fork_data,
     fpn,
