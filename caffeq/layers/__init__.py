@@ -39,6 +39,7 @@ from . import (  # noqa: F401,E402
     iresnet,
     landmark_crops,
     learnable_dilation,
+    local_conv,
     losses,
     margin,
     mergecrop,
