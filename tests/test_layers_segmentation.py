@@ -326,6 +326,46 @@ def test_pspnet_bn_train_mode_in_model_py_matches_caffeq(tmp_path):
 
 
 @needs_bn
+@pytest.mark.parametrize("params, eps", [("scale_filler { type: \"constant\" value: 1 } moving_average: true "
+                                          "decay: 0.05", 1e-10),
+                                         ("var_eps: 0.001 frozen: true", 1e-3)], ids=["segstereo", "var_eps"])
+def test_yjxiong_bn_divides_by_the_history_deviation(params, eps, tmp_path):
+    # yjxiong/caffe's BN (TSN; yangguorun/SegStereo's deploy files) at TEST with use_history_in_test:
+    # x minus the history mean, over sqrt(history variance + var_eps), times scale, plus shift
+    g = np.random.default_rng(9)
+    x = (g.standard_normal((2, 3, 5, 7)) * 2 + 0.5).astype(np.float32)
+    blobs = [g.uniform(0.5, 2, 3), g.standard_normal(3), g.standard_normal(3), g.uniform(0.1, 3, 3)]
+    model = _bn_model(bn_text(params), blobs)
+    node = next(n for n in model.layers if n.name == "b")
+    assert node.attrs["variant"] == "tsn" and node.expected_param_shapes == [(1, 3, 1, 1)] * 4
+    assert node.attrs["momentum"] == pytest.approx(0.95)   # history = 0.05 batch + 0.95 history
+    ref = pspnet_ref(x.astype(np.float64), *(np.float32(a).astype(np.float64) for a in blobs), eps=np.float32(eps))
+    check_everywhere(model, {"x": x}, {"b": ref}, tmp_path, atol=1e-5, rtol=1e-5)
+    with pytest.raises(LayerError, match="use_history_in_test false"):
+        load_from_text(bn_text(params + " use_history_in_test: false"))
+    with pytest.raises(LayerError, match="mixes yjxiong/caffe's BN fields with bn_mode"):
+        load_from_text(bn_text(params + " bn_mode: INFERENCE"))
+
+
+@needs_bn
+def test_hole_convolution_is_convolution_with_its_hole_as_dilation(tmp_path):
+    # yangguorun/SegStereo's HoleConvolution (hole_conv_layer.cpp): effective kernel k + (k - 1)(hole - 1)
+    from conftest import conv_ref
+    g = np.random.default_rng(10)
+    x = g.standard_normal((1, 2, 9, 8)).astype(np.float32)
+    model = load_from_text(net('layer { name: "h" type: "HoleConvolution" bottom: "x" top: "h" convolution_param { '
+                               'num_output: 3 kernel_size: 3 pad: 2 hole: 2 bias_term: false } }',
+                               inputs={"x": x.shape}), random_weights=True)
+    node = next(n for n in model.layers if n.name == "h")
+    w = np.asarray(node.blobs[0], np.float32)
+    dilated = np.zeros((3, 2, 5, 5), np.float32)
+    dilated[:, :, ::2, ::2] = w      # the hole spreads the taps two pixels apart
+    assert model.blob_shapes["h"] == (1, 3, 9, 8)
+    check_everywhere(model, {"x": x}, {"h": conv_ref(x, dilated, None, (1, 1), (2, 2))}, tmp_path,
+                     atol=1e-5, rtol=1e-5)
+
+
+@needs_bn
 @pytest.mark.parametrize("text, msg", [
     (bn_text(""), "say which"),
     (bn_text("bn_mode: INFERENCE frozen: true"), "mixes"),

@@ -331,8 +331,10 @@ def _torch_conv_source(node, emit, transposed, inputs=None):
 
 
 # yonghenglh6's / eric612's DepthwiseConvolution is a BaseConvolutionLayer with a faster kernel:
-# num_output and group are read and checked as for Convolution (depthwise_conv_layer.cpp)
-@register_layer("Convolution", "DepthwiseConvolution")
+# num_output and group are read and checked as for Convolution (depthwise_conv_layer.cpp).
+# HoleConvolution (hole_conv_layer.cpp of the forks that keep DeepLab's layer beside Convolution, e.g.
+# yangguorun/SegStereo 717f590): the convolution with convolution_param.hole as its dilation
+@register_layer("Convolution", "DepthwiseConvolution", "HoleConvolution")
 class Convolution(Layer):
     blob_names = ("weight", "bias")
     weight_axes = {0: 0}

@@ -49,11 +49,13 @@ from torch import nn
 from .registry import Layer, LayerError, need_blobs, register_layer, spatial_params, torch_sources
 from .vision_forks import TORCH_SEGNET_UNPOOL, onnx_unpool, segnet_unpool
 
-SEGNET, PSPNET = "segnet", "pspnet"
+SEGNET, PSPNET, TSN = "segnet", "pspnet", "tsn"
 LEARN, INFERENCE = 0, 1
 SEGNET_EPS = 1e-9   # bn_layer.cpp's var_eps_
 _SEGNET_FIELDS = ("scale_filler", "shift_filler", "bn_mode")
 _PSPNET_FIELDS = ("slope_filler", "bias_filler", "momentum", "eps", "frozen", "engine")
+# yjxiong/caffe's (TSN's) BN: its own fields; it shares scale_filler/shift_filler with SegNet and frozen with PSPNet
+_TSN_FIELDS = ("var_eps", "use_history_in_test", "decay", "moving_average", "axis", "multigpu_sync")
 
 
 # ---- torch: used by forward and copied into model.py ---------------------------------
@@ -71,8 +73,11 @@ def segnet_bn(x, scale, shift, learn: bool):
     return y * scale + shift, mean, var
 
 
-def pspnet_bn(x, slope, bias, mean, var, eps: float):
-    """PSPNet's BN with the given statistics: (x - mean) * (var + eps)^-1/2 * slope + bias."""
+def pspnet_bn(x, slope, bias, mean, var, eps: float, divide: bool = False):
+    """PSPNet's BN with the given statistics: (x - mean) * (var + eps)^-1/2 * slope + bias; divide:
+    yjxiong's (TSN's), (x - mean) / (var + eps)^1/2 * scale + shift."""
+    if divide:
+        return (x - mean) / torch.sqrt(var + eps) * slope + bias
     return (x - mean) * torch.pow(var + eps, -0.5) * slope + bias
 
 
@@ -101,8 +106,10 @@ class PSPNetBN(nn.Module):
     """PSPNet's BN layer: stored statistics in eval mode or when frozen, else the batch's, with the
     running averages updated as running = momentum * running + (1 - momentum) * batch."""
 
-    def __init__(self, channels: int, eps: float = 1e-5, momentum: float = 0.9, frozen: bool = False):
+    def __init__(self, channels: int, eps: float = 1e-5, momentum: float = 0.9, frozen: bool = False,
+                 divide: bool = False):
         super().__init__()
+        self.divide = divide
         self.slope = nn.Parameter(torch.ones(1, channels, 1, 1))
         self.bias = nn.Parameter(torch.zeros(1, channels, 1, 1))
         self.register_buffer("mean", torch.zeros(1, channels, 1, 1))
@@ -111,12 +118,12 @@ class PSPNetBN(nn.Module):
 
     def forward(self, x):
         if self.frozen or not self.training:
-            return pspnet_bn(x, self.slope, self.bias, self.mean, self.variance, self.eps)
+            return pspnet_bn(x, self.slope, self.bias, self.mean, self.variance, self.eps, self.divide)
         mean, var = pspnet_batch_stats(x)
         with torch.no_grad():
             self.mean.mul_(self.momentum).add_(mean.detach(), alpha=1 - self.momentum)
             self.variance.mul_(self.momentum).add_(var.detach(), alpha=1 - self.momentum)
-        return pspnet_bn(x, self.slope, self.bias, mean, var, self.eps)
+        return pspnet_bn(x, self.slope, self.bias, mean, var, self.eps, self.divide)
 
 
 TORCH_SEGNET_BN = torch_sources(segnet_bn, SegNetBN)
@@ -141,6 +148,10 @@ class BN(Layer):
         need_blobs(lp, "BN", 1)
         p = lp.bn_param
         segnet, pspnet = _set_fields(p, _SEGNET_FIELDS), _set_fields(p, _PSPNET_FIELDS)
+        tsn = _set_fields(p, _TSN_FIELDS)
+        if tsn:
+            return self._parse_tsn(lp, p, [f for f in segnet + pspnet if f not in ("scale_filler", "shift_filler",
+                                                                                 "frozen", "engine")])
         if _set_fields(p, ("icnet",)):
             # synopsys-caffe's bn_layer.cpp: icnet alone picks the variant, the other one's fields unread
             segnet, pspnet = ([], ["icnet"]) if p.icnet else (["icnet"], [])
@@ -172,6 +183,23 @@ class BN(Layer):
             raise LayerError(f"bn_param.eps must be > 0, got {eps}")
         return {"variant": PSPNET, "eps": eps, "momentum": float(p.momentum), "frozen": bool(p.frozen)}
 
+    @staticmethod
+    def _parse_tsn(lp, p, others):
+        """yjxiong/caffe's BN (TSN, SegStereo): PSPNet's blobs and computation, but it divides by the
+        deviation, adds var_eps (1e-10), and keeps history = decay * batch + (1 - decay) * history."""
+        if others:
+            raise LayerError(f"bn_param mixes yjxiong/caffe's BN fields with {', '.join(others)} of another BN")
+        if len(lp.top) != 1:
+            raise LayerError(f"yjxiong/caffe's BN takes one top, got {len(lp.top)}")
+        if p.axis != 1:
+            raise LayerError(f"bn_param.axis {p.axis}: only axis 1 (channels) is supported")
+        if not p.use_history_in_test:
+            raise LayerError("bn_param.use_history_in_test false (the batch's own statistics at TEST) is not "
+                             "supported")
+        if not p.var_eps >= 0 or not 0 <= p.decay <= 1:
+            raise LayerError(f"bn_param.var_eps {p.var_eps} must be >= 0 and decay {p.decay} in [0, 1]")
+        return {"variant": TSN, "eps": float(p.var_eps), "momentum": 1.0 - float(p.decay), "frozen": bool(p.frozen)}
+
     def blob_names_for(self, attrs):
         if attrs["variant"] == SEGNET:
             return ("scale", "shift")
@@ -201,14 +229,15 @@ class BN(Layer):
         if attrs["variant"] == SEGNET:
             y, mean, var = segnet_bn(x, params[0], params[1], attrs["learn"])
             return (y, mean, var)[:attrs["tops"]] if attrs["tops"] > 1 else y
+        divide = attrs["variant"] == TSN
         if attrs["frozen"] or not training:
-            return pspnet_bn(x, params[0], params[1], params[2], params[3], attrs["eps"])
+            return pspnet_bn(x, params[0], params[1], params[2], params[3], attrs["eps"], divide)
         mean, var = pspnet_batch_stats(x)
         m = attrs["momentum"]
         with torch.no_grad():
             params[2].mul_(m).add_(mean.detach(), alpha=1 - m)
             params[3].mul_(m).add_(var.detach(), alpha=1 - m)
-        return pspnet_bn(x, params[0], params[1], mean, var, attrs["eps"])
+        return pspnet_bn(x, params[0], params[1], mean, var, attrs["eps"], divide)
 
     def onnx(self, ctx, node):
         x, out = node.inputs[0], node.outputs[0]
@@ -226,13 +255,18 @@ class BN(Layer):
         from .norm import onnx_reduce
         a = node.attrs
         blob = [np.asarray(b, np.float32) for b in node.blobs]
-        if a["variant"] == PSPNET:
-            # Caffe's order with the inverse deviation folded: ((x - mean) * inv_std) * slope + bias
-            inv_std = np.power(blob[3] + np.float32(a["eps"]), np.float32(-0.5)).astype(np.float32)
+        if a["variant"] in (PSPNET, TSN):
+            # Caffe's order with the inverse deviation folded: ((x - mean) * inv_std) * slope + bias;
+            # yjxiong's divides by the deviation
             centred = ctx.add_node("Sub", [x, ctx.const(blob[2], node.name + "_mean")],
                                    [ctx.tmp(node.name + "_centred")], name=node.name)[0]
-            normed = ctx.add_node("Mul", [centred, ctx.const(inv_std, node.name + "_inv_std")],
-                                  [ctx.tmp(node.name + "_normed")])[0]
+            if a["variant"] == TSN:
+                std = np.sqrt(blob[3] + np.float32(a["eps"])).astype(np.float32)
+                normed = ctx.op("Div", [centred, ctx.const(std, node.name + "_std")], "normed")
+            else:
+                inv_std = np.power(blob[3] + np.float32(a["eps"]), np.float32(-0.5)).astype(np.float32)
+                normed = ctx.add_node("Mul", [centred, ctx.const(inv_std, node.name + "_inv_std")],
+                                      [ctx.tmp(node.name + "_normed")])[0]
             scaled = ctx.add_node("Mul", [normed, ctx.const(blob[0], node.name + "_slope")],
                                   [ctx.tmp(node.name + "_scaled")])[0]
             ctx.add_node("Add", [scaled, ctx.const(blob[1], node.name + "_bias")], [out])
@@ -270,7 +304,7 @@ class BN(Layer):
 
         def flat(expr):
             return f"{expr}.reshape({x}.shape[0], {c})" if two_axes else expr
-        if a["variant"] == PSPNET:
+        if a["variant"] in (PSPNET, TSN):
             cls = emit.helper(TORCH_PSPNET_BN)
             args = [str(c)]
             if np.float32(a["eps"]) != np.float32(1e-5):
@@ -278,6 +312,8 @@ class BN(Layer):
             args.append(f"momentum={emit.lit(a['momentum'])}")
             if a["frozen"]:
                 args.append("frozen=True")
+            if a["variant"] == TSN:
+                args.append("divide=True")
             m = emit.module(f"{cls}({', '.join(args)})")
             for i, name in enumerate(("slope", "bias", "mean", "variance")):
                 emit.param(name, i)
