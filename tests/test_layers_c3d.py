@@ -294,3 +294,77 @@ def test_corpus_video_nets_read(name, data_shape):
         pytest.skip("corpus2 not on this machine")
     model = load(path, stages=("test-on-train",)) if "train_simple" in name else load(path)
     assert model.blob_shapes["data"] == data_shape
+
+
+# ---- P3D (ZhaofanQiu/pseudo-3d-residual-networks e91f95d): Pooling3D's l/h/w fields and 5-D BN ----
+
+def p3d_pool_ref(x, method, kernel, stride, pad):
+    """pooling3d_layer.cpp: ceil((n + 2 pad - k) / s) + 1 windows, one fewer where a pad starts the last
+    in the padding; MAX over the window clipped to the input (-FLT_MAX start), AVE divided by the window
+    clipped to size + pad."""
+    n, c = x.shape[:2]
+    sizes = x.shape[2:]
+    out = []
+    for size, k, s, p in zip(sizes, kernel, stride, pad):
+        o = int(math.ceil((size + 2 * p - k) / s)) + 1
+        if p and (o - 1) * s >= size + p:
+            o -= 1
+        out.append(o)
+    y = np.empty((n, c, *out), np.float64)
+    for idx in np.ndindex(*out):
+        lo = [i * s - p for i, s, p in zip(idx, stride, pad)]
+        hi = [min(a + k, size + p) for a, k, size, p in zip(lo, kernel, sizes, pad)]
+        area = math.prod(h - a for a, h in zip(lo, hi))
+        lo = [max(a, 0) for a in lo]
+        hi = [min(h, size) for h, size in zip(hi, sizes)]
+        window = x[:, :, lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]].astype(np.float64)
+        if method == "MAX":
+            y[(slice(None), slice(None)) + idx] = np.maximum(window.max(axis=(2, 3, 4)), -FLT_MAX)
+        else:
+            y[(slice(None), slice(None)) + idx] = window.sum(axis=(2, 3, 4)) / area
+    return y
+
+
+@pytest.mark.parametrize("method, params, kernel, stride, pad", [
+    ("MAX", "kernel_size: 3 stride: 2 kernel_l: 2 stride_l: 2 pad_l: 0", (2, 3, 3), (2, 2, 2), (0, 0, 0)),
+    ("MAX", "kernel_h: 3 kernel_w: 2 kernel_l: 3 stride: 2 stride_l: 2 pad_l: 1 pad_h: 1 pad_w: 0",
+     (3, 3, 2), (2, 2, 2), (1, 1, 0)),
+    ("AVE", "kernel_size: 3 kernel_l: 2 stride_h: 2 stride_w: 3 stride_l: 1 pad: 1 pad_l: 1", (2, 3, 3), (1, 2, 3),
+     (1, 1, 1)),
+], ids=["p3d_pool1", "max_pads", "ave_pads"])
+def test_p3d_pooling3d(method, params, kernel, stride, pad, tmp_path):
+    x = rng(41).standard_normal((2, 3, 5, 8, 7)).astype(np.float32)
+    model = load_from_text(v2_net(x.shape, f'layer {{ name: "p" type: "Pooling3D" bottom: "x" top: "p" '
+                                           f'pooling3d_param {{ pool: {method} {params} }} }}'))
+    ref = p3d_pool_ref(x, method, kernel, stride, pad)
+    assert model.blob_shapes["p"] == ref.shape
+    check_everywhere(model, {"x": x}, {"p": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+def test_p3d_global_pooling3d_and_refusals(tmp_path):
+    x = rng(42).standard_normal((2, 3, 4, 5, 6)).astype(np.float32)
+    model = load_from_text(v2_net(x.shape, 'layer { name: "p" type: "Pooling3D" bottom: "x" top: "p" '
+                                           'pooling3d_param { pool: AVE global_pooling: true } }'))
+    check_everywhere(model, {"x": x}, {"p": x.astype(np.float64).mean(axis=(2, 3, 4), keepdims=True)}, tmp_path,
+                     atol=1e-6, rtol=1e-6)
+    for params, msg in (("kernel_size: 3 stride_l: 2", "needs kernel_l"),
+                        ("kernel_size: 2 kernel_l: 2 pad_l: 2", "must be below the kernel"),
+                        ("global_pooling: true stride_l: 2", "only pad 0 and stride 1")):
+        with pytest.raises(LayerError, match=msg):
+            load_from_text(v2_net(x.shape, f'layer {{ name: "p" type: "Pooling3D" bottom: "x" top: "p" '
+                                           f'pooling3d_param {{ pool: MAX {params} }} }}'))
+
+
+def test_p3d_bn_normalizes_a_video_blob_per_channel_with_flat_blobs(tmp_path):
+    # P3D's bn_layer.cpp: PSPNet's fields, an (N, C, L, H, W) bottom read as (N, C, 1, L * H * W), blobs (1, C)
+    x = (rng(43).standard_normal((2, 3, 4, 5, 6)) * 2 + 0.5).astype(np.float32)
+    model = load_from_text(v2_net(x.shape, 'layer { name: "b" type: "BN" bottom: "x" top: "b" '
+                                           'bn_param { frozen: true eps: 0.0001 } }'), random_weights=True)
+    node = next(n for n in model.layers if n.name == "b")
+    assert node.expected_param_shapes == [(1, 3)] * 4
+    g = rng(44)
+    node.blobs = [g.uniform(0.5, 2, (1, 3)).astype(np.float32), g.standard_normal((1, 3)).astype(np.float32),
+                  g.standard_normal((1, 3)).astype(np.float32), g.uniform(0.1, 3, (1, 3)).astype(np.float32)]
+    slope, bias, mean, var = (b.astype(np.float64).reshape(1, 3, 1, 1, 1) for b in node.blobs)
+    ref = (x.astype(np.float64) - mean) * (var + np.float32(1e-4)) ** -0.5 * slope + bias
+    check_everywhere(model, {"x": x}, {"b": ref}, tmp_path, atol=1e-5, rtol=1e-5)

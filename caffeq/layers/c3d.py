@@ -199,6 +199,8 @@ class Pooling3D(WindowPool3d):
         if method not in (POOL_MAX, POOL_AVE):
             raise LayerError(f"{field}.pool: C3D's Pooling3D has MAX and AVE only (STOCHASTIC is not "
                              "implemented there)")
+        if field == "pooling3d_param" and _P3D_FIELDS & {f.name for f, _ in p.ListFields()}:
+            return _parse_p3d_pooling(p, method)
         # pooling3d_param declares single values; pooling_param repeats them (N-D Pooling)
         has_kernel = p.HasField("kernel_size") if field == "pooling3d_param" else len(p.kernel_size) > 0
         kernel = int(_one(p.kernel_size, f"{field}.kernel_size")[0]) if has_kernel else 0
@@ -218,6 +220,8 @@ class Pooling3D(WindowPool3d):
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
         _need_5d(s, "Pooling3D")
+        if attrs.get("p3d"):
+            return _infer_p3d_pooling(attrs, s)
         pads = (0, attrs["pad"], attrs["pad"])
         out = [_ceil_div(n + 2 * p - k, st) + 1 for n, k, st, p in zip(s[2:], attrs["kernel"], attrs["stride"], pads)]
         if min(out) < 1:
@@ -230,12 +234,65 @@ class Pooling3D(WindowPool3d):
         attrs["_out"] = out
         return [s[:2] + tuple(out)]
     def windows(self, attrs):
-        return attrs["kernel"], attrs["stride"], _c3d_pads(attrs), attrs["_out"]
+        return attrs.get("_kernel") or attrs["kernel"], attrs["stride"], _c3d_pads(attrs), attrs["_out"]
 
 
 def _c3d_pads(attrs):
-    """C3D pads H and W only (and MAX pooling never: parse refuses it)."""
+    """C3D pads H and W only (and MAX pooling never: parse refuses it); P3D pads each axis."""
+    if attrs.get("p3d"):
+        return attrs["_pads"]
     return [0, attrs["pad"], attrs["pad"]]
+
+
+# P3D's Pooling3D (ZhaofanQiu/pseudo-3d-residual-networks e91f95d, pooling3d_layer.cpp): BVLC's pooling
+# over (length, height, width): ceil((n + 2 pad - kernel) / stride) + 1 windows, one fewer where a pad
+# would start the last inside the padding; MAX and AVE (divided by the window clipped to size + pad)
+_P3D_FIELDS = frozenset({"pad_l", "kernel_l", "stride_l", "pad_h", "pad_w", "kernel_h", "kernel_w", "stride_h",
+                         "stride_w", "global_pooling", "engine"})
+
+
+def _parse_p3d_pooling(p, method):
+    if p.global_pooling:
+        if p.HasField("kernel_size") or p.HasField("kernel_h") or p.HasField("kernel_w"):
+            raise LayerError("pooling3d_param: global_pooling takes no kernel size")
+        kernel = None
+    else:
+        if p.HasField("kernel_size") == (p.HasField("kernel_h") and p.HasField("kernel_w")) or \
+                not p.HasField("kernel_l"):
+            raise LayerError("pooling3d_param: P3D's Pooling3D needs kernel_l and kernel_size (or kernel_h "
+                             "and kernel_w, not both)")
+        side = [int(p.kernel_size)] * 2 if p.HasField("kernel_size") else [int(p.kernel_h), int(p.kernel_w)]
+        kernel = [int(p.kernel_l)] + side
+        if min(kernel) < 1:
+            raise LayerError(f"pooling3d_param: kernel {kernel} must be >= 1")
+    if p.HasField("pad_h") != p.HasField("pad_w") or (p.HasField("pad_h") and p.HasField("pad")):
+        raise LayerError("pooling3d_param: pad is pad OR pad_h and pad_w")
+    if p.HasField("stride_h") != p.HasField("stride_w") or (p.HasField("stride_h") and p.HasField("stride")):
+        raise LayerError("pooling3d_param: stride is stride OR stride_h and stride_w")
+    pad = [int(p.pad_l)] + ([int(p.pad_h), int(p.pad_w)] if p.HasField("pad_h") else [int(p.pad)] * 2)
+    stride = [int(p.stride_l)] + ([int(p.stride_h), int(p.stride_w)] if p.HasField("stride_h") else [int(p.stride)] * 2)
+    if min(stride) < 1:
+        raise LayerError(f"pooling3d_param: stride {stride} must be >= 1")
+    if kernel is None and (any(pad) or any(st != 1 for st in stride)):
+        raise LayerError("pooling3d_param: with global_pooling only pad 0 and stride 1")
+    if kernel is not None and any(pd >= k for pd, k in zip(pad, kernel)):
+        raise LayerError(f"pooling3d_param: pad {pad} must be below the kernel {kernel}")
+    return {"method": method, "p3d": True, "kernel": kernel, "stride": stride, "pad": pad}
+
+
+def _infer_p3d_pooling(attrs, s):
+    kernel = list(attrs["kernel"] or s[2:])
+    pads, stride = attrs["pad"], attrs["stride"]
+    out = []
+    for n, k, st, pd in zip(s[2:], kernel, stride, pads):
+        o = _ceil_div(n + 2 * pd - k, st) + 1
+        if pd and (o - 1) * st >= n + pd:
+            o -= 1
+        if o < 1:
+            raise LayerError(f"output would be empty: input {list(s)}, kernel {kernel}")
+        out.append(o)
+    attrs["_kernel"], attrs["_pads"], attrs["_out"] = kernel, list(pads), out
+    return [s[:2] + tuple(out)]
 
 
 # ---- C3D v1.0 VideoData -------------------------------------------------------------------------

@@ -104,26 +104,32 @@ class SegNetBN(nn.Module):
 
 class PSPNetBN(nn.Module):
     """PSPNet's BN layer: stored statistics in eval mode or when frozen, else the batch's, with the
-    running averages updated as running = momentum * running + (1 - momentum) * batch."""
+    running averages updated as running = momentum * running + (1 - momentum) * batch.  A bottom of
+    other than four axes runs as (N, C, 1, rest) and its blobs are (1, C), as P3D's BN keeps them."""
 
     def __init__(self, channels: int, eps: float = 1e-5, momentum: float = 0.9, frozen: bool = False,
-                 divide: bool = False):
+                 divide: bool = False, flat_blobs: bool = False):
         super().__init__()
         self.divide = divide
-        self.slope = nn.Parameter(torch.ones(1, channels, 1, 1))
-        self.bias = nn.Parameter(torch.zeros(1, channels, 1, 1))
-        self.register_buffer("mean", torch.zeros(1, channels, 1, 1))
-        self.register_buffer("variance", torch.ones(1, channels, 1, 1))
+        shape = (1, channels) if flat_blobs else (1, channels, 1, 1)
+        self.slope = nn.Parameter(torch.ones(shape))
+        self.bias = nn.Parameter(torch.zeros(shape))
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("variance", torch.ones(shape))
         self.eps, self.momentum, self.frozen = eps, momentum, frozen
 
     def forward(self, x):
+        shape = x.shape
+        x = x.reshape(shape[0], shape[1], 1, -1) if x.dim() != 4 else x
+        slope, bias, running_mean, running_var = (t.reshape(1, -1, 1, 1) for t in
+                                                  (self.slope, self.bias, self.mean, self.variance))
         if self.frozen or not self.training:
-            return pspnet_bn(x, self.slope, self.bias, self.mean, self.variance, self.eps, self.divide)
+            return pspnet_bn(x, slope, bias, running_mean, running_var, self.eps, self.divide).reshape(shape)
         mean, var = pspnet_batch_stats(x)
-        with torch.no_grad():
-            self.mean.mul_(self.momentum).add_(mean.detach(), alpha=1 - self.momentum)
-            self.variance.mul_(self.momentum).add_(var.detach(), alpha=1 - self.momentum)
-        return pspnet_bn(x, self.slope, self.bias, mean, var, self.eps, self.divide)
+        with torch.no_grad():   # views of the buffers: updated in place
+            running_mean.mul_(self.momentum).add_(mean.detach(), alpha=1 - self.momentum)
+            running_var.mul_(self.momentum).add_(var.detach(), alpha=1 - self.momentum)
+        return pspnet_bn(x, slope, bias, mean, var, self.eps, self.divide).reshape(shape)
 
 
 TORCH_SEGNET_BN = torch_sources(segnet_bn, SegNetBN)
@@ -207,7 +213,9 @@ class BN(Layer):
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
-        if len(s) not in (2, 4):
+        # P3D's BN (ZhaofanQiu/pseudo-3d-residual-networks, PSPNet's fields) normalizes (N, C, L, H, W)
+        # bottoms per channel, as (N, C, 1, L * H * W)
+        if len(s) not in (2, 4) and not (len(s) > 4 and attrs["variant"] != SEGNET):
             raise LayerError(f"BN needs an (N, C, H, W) or (N, C) input, got {list(s)}")
         if len(s) == 2 and attrs.get("tops", 1) > 1:
             raise LayerError("BN's batch statistics tops need an (N, C, H, W) input")
@@ -216,6 +224,8 @@ class BN(Layer):
 
     def param_shapes(self, attrs, in_shapes):
         c = int(in_shapes[0][1])
+        if len(in_shapes[0]) > 4:
+            return [(1, c)] * 4     # P3D's BN: blobs of shape (1, C)
         return [(1, c, 1, 1)] * (2 if attrs["variant"] == SEGNET else 4)
 
     def init_params(self, attrs, shapes, rng):
@@ -226,6 +236,9 @@ class BN(Layer):
         if x.dim() == 2:
             # the forks read num/channels/height/width: (N, C) is (N, C, 1, 1)
             return self.forward(attrs, params, x.reshape(x.shape[0], x.shape[1], 1, 1), training).reshape(x.shape)
+        if x.dim() > 4:   # P3D: (N, C, 1, rest) with its (1, C) blobs viewed as (1, C, 1, 1) (updated in place)
+            flat = [p.reshape(1, -1, 1, 1) for p in params]
+            return self.forward(attrs, flat, x.reshape(x.shape[0], x.shape[1], 1, -1), training).reshape(x.shape)
         if attrs["variant"] == SEGNET:
             y, mean, var = segnet_bn(x, params[0], params[1], attrs["learn"])
             return (y, mean, var)[:attrs["tops"]] if attrs["tops"] > 1 else y
@@ -241,20 +254,20 @@ class BN(Layer):
 
     def onnx(self, ctx, node):
         x, out = node.inputs[0], node.outputs[0]
-        if len(ctx.shape(x)) == 2:   # (N, C) as (N, C, 1, 1), and back
-            c = int(ctx.shape(x)[1])
-            x4 = ctx.add_node("Reshape", [x, ctx.const(np.array([0, c, 1, 1], np.int64))],
+        shape = [int(d) for d in ctx.shape(x)]
+        if len(shape) != 4:   # (N, C) as (N, C, 1, 1), P3D's (N, C, L, H, W) as (N, C, 1, L H W), and back
+            x4 = ctx.add_node("Reshape", [x, ctx.const(np.array([0, shape[1], 1, -1], np.int64))],
                               [ctx.tmp(node.name + "_4d")], name=node.name + "_4d")[0]
             y4 = ctx.tmp(node.name + "_y4d")
             self._onnx_4d(ctx, node, x4, y4)
-            ctx.add_node("Reshape", [y4, ctx.const(np.array([0, c], np.int64))], [out])
+            ctx.add_node("Reshape", [y4, ctx.const(np.array([0] + shape[1:], np.int64))], [out])
             return
         self._onnx_4d(ctx, node, x, out)
 
     def _onnx_4d(self, ctx, node, x, out):
         from .norm import onnx_reduce
         a = node.attrs
-        blob = [np.asarray(b, np.float32) for b in node.blobs]
+        blob = [np.asarray(b, np.float32).reshape(1, -1, 1, 1) for b in node.blobs]
         if a["variant"] in (PSPNET, TSN):
             # Caffe's order with the inverse deviation folded: ((x - mean) * inv_std) * slope + bias;
             # yjxiong's divides by the deviation
@@ -300,6 +313,7 @@ class BN(Layer):
         c = emit.in_shape(0)[1]
         x = emit.inputs[0]
         two_axes = len(emit.in_shape(0)) == 2      # (N, C) runs as (N, C, 1, 1)
+        flat_blobs = len(emit.in_shape(0)) > 4     # P3D: PSPNetBN reshapes the bottom itself
         x4 = f"{x}.reshape({x}.shape[0], {c}, 1, 1)" if two_axes else x
 
         def flat(expr):
@@ -314,6 +328,8 @@ class BN(Layer):
                 args.append("frozen=True")
             if a["variant"] == TSN:
                 args.append("divide=True")
+            if flat_blobs:
+                args.append("flat_blobs=True")
             m = emit.module(f"{cls}({', '.join(args)})")
             for i, name in enumerate(("slope", "bias", "mean", "variance")):
                 emit.param(name, i)
