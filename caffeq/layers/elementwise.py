@@ -49,6 +49,17 @@ def _torch_bottom_view(name, ndim, x_ndim, axis):
     return f"{name}[..., {', '.join(['None'] * trailing)}]" if ndim and trailing else name
 
 
+def eltwise_coeff_blob_sum(xs, coeffs, coeff):
+    """The LRCN branch's Eltwise SUM with coeff_blob: sum_i (coeff[i] * coeffs[i]) * xs[i], coeffs[i]
+    (the data's leading axes) broadcast over the rest, added in order from zero as its axpy loop."""
+    y = None
+    for i, x in enumerate(xs):
+        factor = coeffs[i] * coeff[i] if coeff[i] != 1 else coeffs[i]
+        factor = factor.reshape(tuple(factor.shape) + (1,) * (x.dim() - factor.dim()))
+        y = x * factor if y is None else y + x * factor
+    return y
+
+
 @register_layer("Eltwise")
 class Eltwise(Layer):
     """SUM (with one coefficient per bottom), PROD or MAX over any number (>= 2) of bottoms.  The
@@ -62,15 +73,26 @@ class Eltwise(Layer):
         if op not in _OP_NAMES:
             raise LayerError(f"eltwise_param.operation {op} is not PROD, SUM or MAX")
         coeff = [float(np.float32(c)) for c in p.coeff]
-        if coeff and len(coeff) != len(lp.bottom):
-            raise LayerError(f"eltwise_param.coeff has {len(coeff)} values for {len(lp.bottom)} "
+        # the LRCN branch's coeff_blob: the last bottom is not summed but scales the others
+        blob = "coeff_blob" in p.DESCRIPTOR.fields_by_name and p.coeff_blob
+        if blob and (op != SUM or len(lp.bottom) < 2):
+            raise LayerError("eltwise_param.coeff_blob needs operation SUM and a coefficient bottom after the data")
+        data = len(lp.bottom) - blob
+        if coeff and len(coeff) != data:
+            raise LayerError(f"eltwise_param.coeff has {len(coeff)} values for {data} "
                              f"bottoms (give one per bottom, or none)")
         if coeff and op == PROD:
             raise LayerError("eltwise_param.coeff is only allowed for operation SUM")
-        return {"operation": op, "coeff": coeff or [1.0] * len(lp.bottom)}
+        return {"operation": op, "coeff": coeff or [1.0] * data, "coeff_blob": bool(blob)}
 
     def infer(self, attrs, in_shapes):
         first = tuple(in_shapes[0])
+        if attrs.get("coeff_blob"):
+            coeffs, in_shapes = tuple(in_shapes[-1]), in_shapes[:-1]
+            if len(coeffs) < 1 or coeffs[0] != len(in_shapes) or len(coeffs) - 1 > len(first) \
+                    or coeffs[1:] != first[:len(coeffs) - 1]:
+                raise LayerError(f"the coefficient bottom {list(coeffs)} must be ({len(in_shapes)}, then the "
+                                 f"leading axes of the data {list(first)})")
         for i, s in enumerate(in_shapes[1:], 1):
             if tuple(s) != first:
                 raise LayerError(f"bottom {i} has shape {list(s)}, bottom 0 has {list(first)}; "
@@ -79,6 +101,8 @@ class Eltwise(Layer):
 
     def forward(self, attrs, params, *xs):
         op = attrs["operation"]
+        if attrs.get("coeff_blob"):
+            return eltwise_coeff_blob_sum(list(xs[:-1]), xs[-1], attrs["coeff"])
         if op == SUM:
             y = None
             for c, x in zip(attrs["coeff"], xs):
@@ -93,6 +117,19 @@ class Eltwise(Layer):
     def onnx(self, ctx, node):
         op = node.attrs["operation"]
         ins, out = list(node.inputs), node.outputs[0]
+        if node.attrs.get("coeff_blob"):
+            coeffs, ins = ins[-1], ins[:-1]
+            lead = list(ctx.shape(coeffs))[1:]
+            view = ctx.i64(lead + [1] * (len(ctx.shape(ins[0])) - len(lead)))
+            terms = []
+            for i, (c, x) in enumerate(zip(node.attrs["coeff"], ins)):
+                factor = ctx.op("Reshape", [ctx.op("Gather", [coeffs, ctx.i64(i)], f"coeff{i}", axis=0), view],
+                                f"coeff{i}_view")
+                if c != 1:
+                    factor = ctx.op("Mul", [factor, scalar(ctx, c)], f"coeff{i}_scaled")
+                terms.append(ctx.op("Mul", [x, factor], f"term{i}"))
+            ctx.add_node("Sum", terms, [out], name=node.name)
+            return
         if op == SUM:
             terms = []
             for i, (c, x) in enumerate(zip(node.attrs["coeff"], ins)):
@@ -114,6 +151,9 @@ class Eltwise(Layer):
 
     def pytorch_source(self, node, emit):
         op, xs = node.attrs["operation"], emit.inputs
+        if node.attrs.get("coeff_blob"):
+            fn = emit.helper(eltwise_coeff_blob_sum)
+            return f"{fn}([{', '.join(xs[:-1])}], {xs[-1]}, {node.attrs['coeff']!r})"
         if op == PROD:
             return " * ".join(xs)
         if op == MAX:
