@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .dsod_upsample import dsod_axis, dsod_upsample, onnx_dsod_upsample
 from .registry import Layer, LayerError, need_blobs, positive_field, register_layer, torch_sources
 
 
@@ -259,12 +260,16 @@ def onnx_unpool(ctx, name, x, mask, out, ho, wo):
     ctx.add_node("Reshape", [sc, ctx.const(np.array([0, 0, ho, wo], np.int64))], [out])
 
 
+TORCH_DSOD_UPSAMPLE = torch_sources(dsod_axis, dsod_upsample)
+
+
 @register_layer("Upsample")
 class Upsample(Layer):
     def parse(self, lp):
         need_blobs(lp, "Upsample", (1, 2), roles="data, max-pooling mask")
         p = lp.upsample_param
-        a = {"mask": len(lp.bottom) == 2, "out": None, "pad_out": (0, 0), "value_scale": 1}
+        a = {"mask": len(lp.bottom) == 2, "out": None, "pad_out": (0, 0), "value_scale": 1,
+             "bare": len(lp.bottom) == 2 and not lp.HasField("upsample_param")}   # Tiny-DSOD's, maybe
         has = p.HasField
         if has("stride") or has("stride_h") or has("stride_w"):
             return self._darknet_stride(lp, a)
@@ -340,7 +345,16 @@ class Upsample(Layer):
         if len(s) != 4:
             raise LayerError(f"Upsample needs a 4-axis input, got {list(s)}")
         if attrs["mask"] and tuple(in_shapes[1]) != tuple(s):
-            raise LayerError(f"the mask {list(in_shapes[1])} must be shaped like the data {list(s)}")
+            m = tuple(in_shapes[1])
+            if not (attrs.get("bare") and len(m) == 4 and m[0] == s[0] and m[1] >= s[1] and m[2] <= s[2]
+                    and m[3] <= s[3] and m[1] * m[2] * m[3] > 0):
+                raise LayerError(f"the mask {list(m)} must be shaped like the data {list(s)}")
+            # Tiny-DSOD's Upsample (dsod_upsample): bottom 1 resized to bottom 0's size
+            attrs["dsod"] = True
+            attrs.setdefault("reading_notes", []).append(
+                "two bottoms, no upsample_param and a smaller second bottom: read as Tiny-DSOD's Upsample, "
+                "the second bottom resized bilinearly to the first's height and width")
+            return [tuple(s)]
         ho, wo = self.out_hw(attrs, s[2], s[3])
         if not attrs["mask"] and (ho % s[2] or wo % s[3]):
             raise LayerError(f"nearest-neighbour Upsample to {ho}x{wo} from {s[2]}x{s[3]}: the output must be a "
@@ -354,6 +368,8 @@ class Upsample(Layer):
         return ho // h, wo // w
 
     def forward(self, attrs, params, x, mask=None):
+        if attrs.get("dsod"):
+            return dsod_upsample(mask[:, :x.shape[1]], x.shape[2], x.shape[3])
         ho, wo = self.out_hw(attrs, x.shape[2], x.shape[3])
         if mask is None:
             sh, sw = self.nearest_scale(attrs, x.shape[2], x.shape[3])
@@ -369,6 +385,13 @@ class Upsample(Layer):
         a = node.attrs
         x = node.inputs[0]
         _n, _c, h, w = ctx.shape(x)
+        if a.get("dsod"):
+            small = node.inputs[1]
+            small_hw = [int(d) for d in ctx.shape(small)[2:]]
+            if ctx.shape(small)[1] != _c:
+                small = ctx.op("Slice", [small, ctx.i64([0]), ctx.i64([int(_c)]), ctx.i64([1])], "channels")
+            onnx_dsod_upsample(ctx, node, small, node.outputs[0], small_hw, int(h), int(w))
+            return
         ho, wo = self.out_hw(a, h, w)
         if not a["mask"]:
             scales = ctx.const(np.array([1, 1, *self.nearest_scale(a, h, w)], np.float32))
@@ -385,6 +408,10 @@ class Upsample(Layer):
     def pytorch_source(self, node, emit):
         a = node.attrs
         x = emit.inputs[0]
+        if a.get("dsod"):
+            fn = emit.helper(TORCH_DSOD_UPSAMPLE)
+            c, h, w = emit.in_shape(0)[1:]
+            return f"{fn}({emit.inputs[1]}[:, :{c}], {h}, {w})"
         if not a["mask"]:
             sh, sw = self.nearest_scale(a, *emit.in_shape(0)[2:])
             up = f"{x}.repeat_interleave({sh}, dim=2).repeat_interleave({sw}, dim=3)"
