@@ -97,3 +97,27 @@ def test_the_yolo_stand_in_ends_a_net_whose_backbone_is_sized(tmp_path, capsys):
     layers = {row["name"]: row for row in json.loads(out.read_text())["layers"]}
     assert layers["yolo-det"]["type"] == "Yolo" and layers["yolo-det"]["output_shapes"] == {"yolo-det": None}
     assert all(None not in row["output_shapes"].values() for name, row in layers.items() if name != "yolo-det")
+
+
+KEEP_COUNT = """
+input: "loc" input_shape { dim: 2 dim: 16 }
+input: "conf" input_shape { dim: 2 dim: 12 }
+input: "prior" input_shape { dim: 1 dim: 2 dim: 16 }
+layer { name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "prior"
+        top: "detection_out" top: "keep_count"
+        detection_output_param { num_classes: 3 nms_param { nms_threshold: 0.45 top_k: 40 } keep_top_k: 25
+                                 confidence_threshold: 0.01 } }
+"""
+
+
+def test_detection_output_with_a_keep_count_top_is_tensorrts_nms_plugin():
+    # NVIDIA's TensorRT SSD sample (and hy17003/pelee-ssd-TX2): tops detection_out and keep_count
+    model = load_from_text(KEEP_COUNT, unknown_shapes_ok=True)
+    assert model.blob_shapes["detection_out"] == (2, 1, 25, 7) and model.blob_shapes["keep_count"] == (2, 1, 1, 1)
+    with pytest.raises(CaffeqError, match=r"layer 'det' \(DetectionOutput\): its second top, keep_count, makes it "
+                                          r"TensorRT's NMS plugin"):
+        load_from_text(KEEP_COUNT, random_weights=True).run(
+            {"loc": np.zeros((2, 16), np.float32), "conf": np.zeros((2, 12), np.float32),
+             "prior": np.zeros((1, 2, 16), np.float32)})
+    with pytest.raises(CaffeqError, match="needs detection_output_param.keep_top_k > 0"):
+        load_from_text(KEEP_COUNT.replace(" keep_top_k: 25", ""), unknown_shapes_ok=True)
