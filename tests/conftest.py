@@ -248,3 +248,37 @@ def conv_ref(x, w, b, stride, pad, group=1):
         if b is not None:
             out[:, oc] += b[oc]
     return out
+
+
+def bvlc_pool3d_ref(x, kernel, stride, pad, ave):
+    """BVLC's pooling over (N, C, L, H, W), as superxuang/caffe_3d_faster_rcnn's and P3D's
+    pooling3d_layer.cpp compute it: Reshape's ceil sizes (one fewer where padded and the last window starts at
+    or past n + p), Forward_cpu's MAX (from -FLT_MAX, cells inside the input) and AVE (the sum of the
+    cells inside over the window clipped to n + p)."""
+    n, c = x.shape[:2]
+    sizes = x.shape[2:]
+    out = []
+    for size, k, s, p in zip(sizes, kernel, stride, pad):
+        o = int(math.ceil((size + 2 * p - k) / s)) + 1
+        if p and (o - 1) * s >= size + p:
+            o -= 1
+        out.append(o)
+    y = np.zeros((n, c) + tuple(out), np.float64)
+    for idx in np.ndindex(*out):
+        lo, hi, div = [], [], 1
+        for i, size, k, s, p in zip(idx, sizes, kernel, stride, pad):
+            start = i * s - p
+            if ave:
+                end = min(start + k, size + p)
+                div *= end - start
+                lo.append(max(start, 0))
+                hi.append(min(end, size))
+            else:
+                lo.append(max(start, 0))
+                hi.append(min(start + k, size))
+        cells = x[:, :, lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]].astype(np.float64)
+        if ave:
+            y[(slice(None), slice(None)) + idx] = cells.sum(axis=(2, 3, 4)) / div
+        else:
+            y[(slice(None), slice(None)) + idx] = np.maximum(cells.max(axis=(2, 3, 4)), -float(np.finfo(np.float32).max))
+    return y

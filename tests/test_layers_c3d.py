@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import assert_close, rng
+from conftest import assert_close, bvlc_pool3d_ref, rng
 from conftest import check_everywhere as shared_check
 
 from caffeq.layers import LayerError
@@ -298,33 +298,6 @@ def test_corpus_video_nets_read(name, data_shape):
 
 # ---- P3D (ZhaofanQiu/pseudo-3d-residual-networks e91f95d): Pooling3D's l/h/w fields and 5-D BN ----
 
-def p3d_pool_ref(x, method, kernel, stride, pad):
-    """pooling3d_layer.cpp: ceil((n + 2 pad - k) / s) + 1 windows, one fewer where a pad starts the last
-    in the padding; MAX over the window clipped to the input (-FLT_MAX start), AVE divided by the window
-    clipped to size + pad."""
-    n, c = x.shape[:2]
-    sizes = x.shape[2:]
-    out = []
-    for size, k, s, p in zip(sizes, kernel, stride, pad):
-        o = int(math.ceil((size + 2 * p - k) / s)) + 1
-        if p and (o - 1) * s >= size + p:
-            o -= 1
-        out.append(o)
-    y = np.empty((n, c, *out), np.float64)
-    for idx in np.ndindex(*out):
-        lo = [i * s - p for i, s, p in zip(idx, stride, pad)]
-        hi = [min(a + k, size + p) for a, k, size, p in zip(lo, kernel, sizes, pad)]
-        area = math.prod(h - a for a, h in zip(lo, hi))
-        lo = [max(a, 0) for a in lo]
-        hi = [min(h, size) for h, size in zip(hi, sizes)]
-        window = x[:, :, lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]].astype(np.float64)
-        if method == "MAX":
-            y[(slice(None), slice(None)) + idx] = np.maximum(window.max(axis=(2, 3, 4)), -FLT_MAX)
-        else:
-            y[(slice(None), slice(None)) + idx] = window.sum(axis=(2, 3, 4)) / area
-    return y
-
-
 @pytest.mark.parametrize("method, params, kernel, stride, pad", [
     ("MAX", "kernel_size: 3 stride: 2 kernel_l: 2 stride_l: 2 pad_l: 0", (2, 3, 3), (2, 2, 2), (0, 0, 0)),
     ("MAX", "kernel_h: 3 kernel_w: 2 kernel_l: 3 stride: 2 stride_l: 2 pad_l: 1 pad_h: 1 pad_w: 0",
@@ -336,7 +309,7 @@ def test_p3d_pooling3d(method, params, kernel, stride, pad, tmp_path):
     x = rng(41).standard_normal((2, 3, 5, 8, 7)).astype(np.float32)
     model = load_from_text(v2_net(x.shape, f'layer {{ name: "p" type: "Pooling3D" bottom: "x" top: "p" '
                                            f'pooling3d_param {{ pool: {method} {params} }} }}'))
-    ref = p3d_pool_ref(x, method, kernel, stride, pad)
+    ref = bvlc_pool3d_ref(x, kernel, stride, pad, method == "AVE")   # P3D's pooling3d_layer.cpp
     assert model.blob_shapes["p"] == ref.shape
     check_everywhere(model, {"x": x}, {"p": ref}, tmp_path, atol=1e-6, rtol=1e-6)
 

@@ -3,11 +3,10 @@ the 3-D ROIPooling (spatial_scale_xy / spatial_scale_z), Crop's center_align, an
 sized but not run (MHDRoiData's shapes, Proposal, ProposalTarget, BBoxOutput, RPNOutput).  References are
 numpy loops written from the fork's pooling3d_layer.cpp and roi_pooling_layer.cpp / .cu, on
 (N, C, L, H, W) shapes whose axes all differ."""
-import math
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import bvlc_pool3d_ref, check_everywhere, net, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.layers import LayerError
@@ -17,39 +16,6 @@ FLT_MAX = float(np.finfo(np.float32).max)
 
 
 # ---- Pooling3D ------------------------------------------------------------------------------
-
-def fork_pool3d(x, kernel, stride, pad, ave):
-    """pooling3d_layer.cpp: Reshape's ceil sizes (one fewer where padded and the last window starts at
-    or past n + p), Forward_cpu's MAX (from -FLT_MAX, cells inside the input) and AVE (the sum of the
-    cells inside over the window clipped to n + p)."""
-    n, c = x.shape[:2]
-    sizes = x.shape[2:]
-    out = []
-    for size, k, s, p in zip(sizes, kernel, stride, pad):
-        o = int(math.ceil((size + 2 * p - k) / s)) + 1
-        if p and (o - 1) * s >= size + p:
-            o -= 1
-        out.append(o)
-    y = np.zeros((n, c) + tuple(out), np.float64)
-    for idx in np.ndindex(*out):
-        lo, hi, div = [], [], 1
-        for i, size, k, s, p in zip(idx, sizes, kernel, stride, pad):
-            start = i * s - p
-            if ave:
-                end = min(start + k, size + p)
-                div *= end - start
-                lo.append(max(start, 0))
-                hi.append(min(end, size))
-            else:
-                lo.append(max(start, 0))
-                hi.append(min(start + k, size))
-        cells = x[:, :, lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]].astype(np.float64)
-        if ave:
-            y[(slice(None), slice(None)) + idx] = cells.sum(axis=(2, 3, 4)) / div
-        else:
-            y[(slice(None), slice(None)) + idx] = np.maximum(cells.max(axis=(2, 3, 4)), -FLT_MAX)
-    return y
-
 
 def pool_net(shape, params, method=None):
     extra = f" pooling_param {{ pool: {method} }}" if method else ""
@@ -68,7 +34,7 @@ def pool_net(shape, params, method=None):
 def test_pooling3d_windows(params, method, kernel, stride, pad, tmp_path):
     x = rng(1).standard_normal((2, 3, 7, 6, 9)).astype(np.float32)
     model = load_from_text(pool_net(x.shape, params, method))
-    ref = fork_pool3d(x, kernel, stride, pad, method == "AVE")
+    ref = bvlc_pool3d_ref(x, kernel, stride, pad, method == "AVE")
     assert model.blob_shapes["p"] == ref.shape
     check_everywhere(model, {"x": x}, {"p": ref}, tmp_path, atol=1e-6, rtol=1e-6)
 
@@ -86,7 +52,7 @@ def test_pooling3d_pools_by_pooling_param_not_its_own_pool_field(tmp_path):
     x = rng(3).standard_normal((1, 2, 5, 6, 7)).astype(np.float32)
     model = load_from_text(pool_net(x.shape, "pool: AVE kernel_size: 2 stride: 2"))
     assert any("not read by the fork" in n for n in model.warnings)
-    check_everywhere(model, {"x": x}, {"p": fork_pool3d(x, [2] * 3, [2] * 3, [0] * 3, False)}, tmp_path)
+    check_everywhere(model, {"x": x}, {"p": bvlc_pool3d_ref(x, [2] * 3, [2] * 3, [0] * 3, False)}, tmp_path)
 
 
 @pytest.mark.parametrize("params, msg", [
