@@ -12,9 +12,6 @@ from caffeq.errors import CaffeqError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
-FLT_MAX = float(np.finfo(np.float32).max)
-
-
 # ---- Pooling3D ------------------------------------------------------------------------------
 
 def pool_net(shape, params, method=None):
