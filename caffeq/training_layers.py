@@ -149,14 +149,17 @@ def _described(lp):
 
 
 def _label_blobs(layers):
-    """The labels: every top after the first of a data layer, and what a loss or scorer reads after
-    its first bottom that no layer of this net makes (a label of the other phase's data layer,
-    as in a train_val file whose only data layer is TRAIN's)."""
+    """The labels: every top after the first of a data layer, the one top of a data layer named as a
+    label, and what a loss or scorer reads after its first bottom that no layer of this net makes (a
+    label of the other phase's data layer, as in a train_val file whose only data layer is TRAIN's)."""
     labels, made = set(), set()
     for lp in layers:
         spec = spec_for(lp)
         if spec is not None and (spec.is_data or spec.makes_training_targets):
             labels.update(lp.top[1:])
+            # FCN-style nets read their labels with a data layer of their own (ParseNet's, FCN's "label")
+            if spec.is_data and len(lp.top) == 1 and "label" in lp.top[0].lower():
+                labels.add(lp.top[0])
         made.update(lp.top)
     labels.update(b for lp in layers if is_training_only_type(lp.type) for b in lp.bottom[1:] if b not in made)
     # what a known layer computes from labels alone is label too (xinghaochen/caffe-pose slices its

@@ -50,6 +50,7 @@ from . import (  # noqa: F401,E402
     norm,
     optical_flow,
     orn,
+    parsenet,
     periodic_shuffle,
     picanet,
     pixelnet,

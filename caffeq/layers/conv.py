@@ -176,25 +176,32 @@ def _sp2823_geometry(attrs, in_shape):
 
 
 def _hole_dilation(p, nsp):
-    """DeepLab v1's `hole` / `hole_h` + `hole_w` (TheLegendAli/DeepLab-Context conv_layer.cpp): the
-    filter's dilation under its older name, the effective kernel being k + (k - 1)(hole - 1).
-    None when the layer names no hole."""
+    """The filter's dilation under an older name, the effective kernel being k + (k - 1)(d - 1):
+    DeepLab v1's `hole` / `hole_h` + `hole_w` (TheLegendAli/DeepLab-Context conv_layer.cpp) or
+    ParseNet's `filter_stride` / `filter_stride_h` + `filter_stride_w` (weiliu89/caffe fcn,
+    base_conv_layer.cpp).  None when the layer names neither."""
     declared = p.DESCRIPTOR.fields_by_name
-    if "hole" not in declared:
-        return None
-    has_hole, has_hw = p.HasField("hole"), p.HasField("hole_h") or p.HasField("hole_w")
-    if not (has_hole or has_hw):
-        return None
-    if len(p.dilation):
-        raise LayerError("give either convolution_param.dilation or DeepLab's hole, not both")
-    if has_hw and (has_hole or not (p.HasField("hole_h") and p.HasField("hole_w"))):
-        raise LayerError("give convolution_param.hole, or both hole_h and hole_w")
-    values = (int(p.hole),) * nsp if has_hole else (int(p.hole_h), int(p.hole_w))
-    if len(values) != nsp:
-        raise LayerError(f"hole_h/hole_w only work for 2-D data, this input has {nsp} spatial axes")
-    if min(values) < 1:
-        raise LayerError(f"convolution_param.hole must be >= 1, got {list(values)}")
-    return values
+    found = None
+    for name in ("hole", "filter_stride"):
+        if name not in declared:
+            continue
+        h, w = f"{name}_h", f"{name}_w"
+        has_one, has_hw = p.HasField(name), p.HasField(h) or p.HasField(w)
+        if not (has_one or has_hw):
+            continue
+        if found is not None:
+            raise LayerError(f"give convolution_param.{found[0]} or {name}, not both")
+        if len(p.dilation):
+            raise LayerError(f"give either convolution_param.dilation or {name}, not both")
+        if has_hw and (has_one or not (p.HasField(h) and p.HasField(w))):
+            raise LayerError(f"give convolution_param.{name}, or both {h} and {w}")
+        values = (int(getattr(p, name)),) * nsp if has_one else (int(getattr(p, h)), int(getattr(p, w)))
+        if len(values) != nsp:
+            raise LayerError(f"{h}/{w} only work for 2-D data, this input has {nsp} spatial axes")
+        if min(values) < 1:
+            raise LayerError(f"convolution_param.{name} must be >= 1, got {list(values)}")
+        found = (name, values)
+    return None if found is None else found[1]
 
 
 def check_groups(attrs, channels):

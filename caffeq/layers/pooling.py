@@ -94,9 +94,45 @@ def parse_pooling(p):
     read_fork_fields(p, attrs)   # naibaf7/caffe's dilation / axis: the geometry is read once the rank is known
     if attrs["pool"] == AVE_EXC_PAD and attrs["global"]:
         attrs["pool"] = AVE   # a global window has no padding: the two averages agree
+    attrs["bins"] = _parsenet_bins(p)
+    if attrs["bins"] is not None:
+        if attrs["edge"] is not None or attrs["fork"] is not None:
+            raise LayerError("pooling_param: ParseNet's bins with another fork's pooling fields are not supported")
+        attrs["global"], attrs["kernel"] = False, None   # the fork reads bins first; infer sizes the window
+        return attrs
     if attrs["fork"] is None and max(len(p.kernel_size), len(p.stride), len(p.pad)) <= 2:
         pooling_geometry(attrs, 2)   # the usual 2-D case is checked at once; N-D once the rank is known
     return attrs
+
+
+def _parsenet_bins(p):
+    """ParseNet's (weiliu89/caffe fcn) bin_size or bin_h + bin_w, else None."""
+    if "bin_size" not in p.DESCRIPTOR.fields_by_name:
+        return None
+    if not (p.HasField("bin_size") or p.HasField("bin_h") or p.HasField("bin_w")):
+        return None
+    if not p.HasField("bin_size") and not (p.HasField("bin_h") and p.HasField("bin_w")):
+        raise LayerError("pooling_param: for non-grid bins both bin_h and bin_w are required")
+    bins = (int(p.bin_size),) * 2 if p.HasField("bin_size") else (int(p.bin_h), int(p.bin_w))
+    if min(bins) < 1:
+        raise LayerError(f"pooling_param: the bin counts {list(bins)} must be > 0")
+    return bins
+
+
+def parsenet_bin_geometry(attrs, h, w):
+    """ParseNet's pooling_layer.cpp: from bins per axis and the input's size, kernel = ceil(size / bins),
+    stride = kernel (1 where the kernel covers the axis), pad = floor(((bins - 1) stride + kernel - size)
+    / 2); the fork checks bins <= size / 2 (integer division)."""
+    kernel, stride, pad = [], [], []
+    for size, bins, axis in zip((h, w), attrs["bins"], ("height", "width")):
+        if bins > size // 2:
+            raise LayerError(f"pooling_param: {bins} bins in {axis} exceed half of the input's {size}")
+        k = math.ceil(size / bins)
+        st = 1 if k == size else k
+        kernel.append(k)
+        stride.append(st)
+        pad.append(math.floor(((bins - 1) * st + k - size) / 2))
+    attrs["kernel"], attrs["stride"], attrs["pad"] = tuple(kernel), tuple(stride), tuple(pad)
 
 
 def pooling_geometry(attrs, nsp):
@@ -442,12 +478,16 @@ class Pooling(Layer):
         if attrs.get("fork") is not None:
             return fork_infer(attrs, s)
         attrs["nd"] = len(s) == 5
+        if attrs.get("bins") is not None and len(s) != 4:
+            raise LayerError(f"pooling_param: ParseNet's bins need a 4-axis input, got {list(s)}")
         if attrs["nd"]:
             if is_synopsys(attrs):
                 raise LayerError("pooling_param: pad_type / pad_l/r/t/b and AVE_EXC_PAD are 2-D only (4-axis input)")
             return [_infer_nd(attrs, s)]
         if len(s) != 4:
             raise LayerError(f"Pooling needs a 4-axis input (or a 5-axis one: R-C3D's N-D pooling), got {list(s)}")
+        if attrs.get("bins") is not None:
+            parsenet_bin_geometry(attrs, s[2], s[3])
         if attrs.get("kernel", ()) is not None and len(attrs.get("kernel", ())) != 2:
             pooling_geometry(attrs, 2)   # after a 5-axis input, or 3 values given for a 2-D one (the count error)
         _, _, _, out = window(attrs, s[2], s[3])
