@@ -665,3 +665,13 @@ def test_itlab_deeplab_prefetch_and_max_labels_read():
     assert (p.prefetch, p.max_labels) == (3, 2)
     assert caffe_pb2.ImageDataParameter().prefetch == 1
     assert load_from_text(text).blob_shapes["data"] == (1, 3, 481, 481)
+
+
+def test_video_triplet_pair_size_only_groups_the_shuffle():
+    # xiaolonw/caffe-video_triplet's ImageData: pair_size keeps pairs together when shuffling; the data
+    # keeps BVLC's shape (batch_size, C, new_height, new_width)
+    from caffeq.model import load_from_text
+    text = '''layer { name: "data" type: "ImageData" top: "data" top: "label"
+  image_data_param { source: "missing.txt" batch_size: 6 new_height: 9 new_width: 7 shuffle: true pair_size: 3 } }'''
+    assert _layers(text)["data"].image_data_param.pair_size == 3
+    assert load_from_text(text).blob_shapes["data"] == (6, 3, 9, 7)

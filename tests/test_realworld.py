@@ -27,8 +27,6 @@ KNOWN_REFUSALS = {
     # the styletransfer fork's own schema: string pooling methods, input_blob
     "shenfalong__styletransfer__matlab__prototxt__deploy_resnet_101_16x_v0.prototxt": "has no value named \"max\"",
     "shenfalong__styletransfer__python__prototxt__16__predict.prototxt": "unknown field 'input_blob'",
-    # xiaolonw's ImageData reads image pairs (pair_size): the data shape depends on it
-    "xiaolonw__caffe-video_triplet__rank_scripts__rank_alexnet__imagenet_train.prototxt": "unknown field 'pair_size'",
     # broken for every reader (corpus3 triage): a stray typo; line 170 reads `}z`: the parser then
     # wants the `{` of a message named z
     "Nortinwell__VGG-depthwise-SSD__VGG_reduce_300.prototxt": "171:1: 'layer {': Expected \"{\".",
