@@ -58,6 +58,7 @@ from . import (  # noqa: F401,E402
     pooling,
     pose_action,
     pose_action_rois,
+    pose_ren,
     pred_to_proposal,
     psanet,
     psroi_align,
