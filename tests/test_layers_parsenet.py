@@ -96,3 +96,71 @@ layer { name: "evaluation" type: "ParseEvaluate" bottom: "pred" bottom: "label" 
     model = load_from_text(text, unknown_shapes_ok=True)
     assert "evaluation" not in model.blob_shapes and model.blob_shapes["pred"] == (1, 1, 8, 8)
     assert any("'evaluation' (ParseEvaluate) reads the label 'label'" in w for w in model.warnings)
+
+
+def unpool_ref(x, method, kernel, stride, pad, out):
+    """unpooling_layer.cpp: FillMask, then Forward_cpu's FIXED / DIV / REP loops, one plane at a time."""
+    n, c, h, w = x.shape
+    oh, ow = out
+    top = np.zeros((n, c, oh, ow), np.float64)
+    count = np.zeros((oh, ow), np.int64)
+    if method != "FIXED":
+        for y in range(h):
+            for xx in range(w):
+                y0, x0 = y * stride[0] - pad[0], xx * stride[1] - pad[1]
+                y1, x1 = min(y0 + kernel[0], oh), min(x0 + kernel[1], ow)
+                count[max(y0, 0):y1, max(x0, 0):x1] += 1
+    for i in range(n):
+        for ch in range(c):
+            for y in range(h):
+                for xx in range(w):
+                    v = float(x[i, ch, y, xx])
+                    y0, x0 = y * stride[0] - pad[0], xx * stride[1] - pad[1]
+                    if method == "FIXED":
+                        my = min(max((2 * y0 + kernel[0] - 1) // 2, 0), oh - 1)
+                        mx = min(max((2 * x0 + kernel[1] - 1) // 2, 0), ow - 1)
+                        top[i, ch, my, mx] = v
+                        continue
+                    y1, x1 = min(y0 + kernel[0], oh + pad[0]), min(x0 + kernel[1], ow + pad[1])
+                    area = (y1 - y0) * (x1 - x0)
+                    for uy in range(max(y0, 0), min(y1, oh)):
+                        for ux in range(max(x0, 0), min(x1, ow)):
+                            top[i, ch, uy, ux] += (v / area if method == "DIV" else v) / count[uy, ux]
+    return top
+
+
+@pytest.mark.parametrize("method", ["FIXED", "DIV", "REP"])
+@pytest.mark.parametrize("param, kernel, stride, pad", [
+    ("out_kernel_size: 3 out_stride: 2", (3, 3), (2, 2), (0, 0)),           # overlapping windows
+    ("out_kernel_h: 2 out_kernel_w: 4 out_stride_h: 2 out_stride_w: 3 out_pad_h: 1 out_pad_w: 1",
+     (2, 4), (2, 3), (1, 1)),
+], ids=["overlap", "padded"])
+def test_parsenet_unpooling_with_its_own_window(method, param, kernel, stride, pad, tmp_path):
+    x = np.random.default_rng(19).standard_normal((2, 3, 4, 5)).astype(f32)
+    model = load_from_text(net(f'layer {{ name: "u" type: "UnPooling" bottom: "x" top: "u" unpooling_param {{ '
+                               f'unpool: {method} {param} }} }}', inputs={"x": x.shape}))
+    out = [(n - 1) * s - 2 * p + k for n, s, p, k in zip((4, 5), stride, pad, kernel)]
+    ref = unpool_ref(x, method, kernel, stride, pad, out)
+    assert model.blob_shapes["u"] == ref.shape
+    check_everywhere(model, {"x": x}, {"u": ref}, tmp_path, atol=1e-6, rtol=1e-5)
+
+
+def test_parsenet_unpooling_to_the_second_bottoms_size_spreads_the_global_feature(tmp_path):
+    # ParseNet's global context: a 1x1 pooled feature repeated over the map it is fused with
+    g = np.random.default_rng(20)
+    x, big = g.standard_normal((2, 3, 1, 1)).astype(f32), g.standard_normal((2, 3, 6, 7)).astype(f32)
+    model = load_from_text(net('layer { name: "u" type: "UnPooling" bottom: "x" bottom: "big" top: "u" '
+                               'unpooling_param { unpool: REP out_kernel_size: 0 out_stride: 0 } }',
+                               inputs={"x": x.shape, "big": big.shape}))
+    assert model.blob_shapes["u"] == (2, 3, 6, 7)
+    check_everywhere(model, {"x": x, "big": big}, {"u": np.broadcast_to(x, (2, 3, 6, 7)).astype(np.float64)},
+                     tmp_path, atol=0, rtol=0)
+    # a smaller map, 3x2 to 7x5: kernel 3 and stride 3 rows, pad 1; kernel 3 and stride 3 columns, pad 0
+    x2 = g.standard_normal((1, 2, 3, 2)).astype(f32)
+    model = load_from_text(net('layer { name: "u" type: "UnPooling" bottom: "x" bottom: "big" top: "u" '
+                               'unpooling_param { unpool: DIV out_kernel_size: 0 } }',
+                               inputs={"x": x2.shape, "big": (1, 2, 7, 5)}))
+    ref = unpool_ref(x2, "DIV", (3, 3), (3, 3), (1, 0), (7, 6))
+    assert model.blob_shapes["u"] == (1, 2, 7, 6)
+    check_everywhere(model, {"x": x2, "big": np.zeros((1, 2, 7, 5), f32)}, {"u": ref}, tmp_path, atol=1e-6,
+                     rtol=1e-5)
