@@ -49,6 +49,16 @@ def test_define_fills_placeholders_in_value_position_only(tmp_path):
     assert any("filled the template placeholder NUM_LABELS with 5 (--define, 1 place)" in w for w in model.warnings)
 
 
+def test_collective_knowledge_placeholders_fill_like_the_others(tmp_path):
+    # dividiti/ck-caffe's packages write $#batch_size#$, whose '#' would otherwise open a comment
+    text = TEMPLATE.replace("dim: 2 dim: 3", "dim: $#batch_size#$ dim: 3")
+    model = load(_write(tmp_path, "ck.prototxt", text), defines={**VALUES, "batch_size": "4"}, random_weights=True)
+    assert model.inputs == {"data": (4, 3, 7, 9)}
+    with pytest.raises(ParseError, match=r"ck.prototxt:3: \$#batch_size#\$ \(layer 'input', "
+                                         r"input_param.shape\[0\].dim\[0\]\) is a template placeholder"):
+        load(_write(tmp_path, "ck.prototxt", text), defines=VALUES)
+
+
 @pytest.mark.parametrize("missing, where", [
     ("NUM_LABELS", r"t.prototxt:6: \$\{NUM_LABELS\} \(layer 'fc8_\$\{EXP\}', convolution_param.num_output\)"),
     ("SIZE", r"t.prototxt:3: \$SIZE \(layer 'input', input_param.shape\[0\].dim\[2\]\)"),   # the header, upgraded

@@ -36,7 +36,7 @@ from .upgrade import fork_v1_type, upgrade_mixed_layers, v1_type_string
 
 _UNKNOWN_FIELD = re.compile(r'has no field named "([^"]+)"|has no value named')
 _LINE_COL = re.compile(r"^(\d+):(\d+)\s*:\s*(.*)$", re.DOTALL)
-_PLACEHOLDER = re.compile(r"\$\{\w+\}|\$\w+")
+_PLACEHOLDER = re.compile(r"\$#\w+#\$|\$\{\w+\}|\$\w+")
 _BARE_NUMBER = re.compile(r"Couldn't parse (?:integer|float): ([A-Za-z_]\w*)$")
 _BARE_TEXT = re.compile(r"Expected string but found: '(.+)'$")
 _PHASES = {"TRAIN": caffe_pb2.TRAIN, "TEST": caffe_pb2.TEST}

@@ -1,7 +1,8 @@
 """Template placeholders in a prototxt (DeepLab's `num_output: ${NUM_LABELS}`, PWC-Net's
 `crop_width: $TARGET_WIDTH`): values that a run script substitutes before Caffe reads the file.
 
-A placeholder is written as a field's value (outside quotes and comments): `$NAME`, `${NAME}`, Python's
+A placeholder is written as a field's value (outside quotes and comments): `$NAME`, `${NAME}`, Collective
+Knowledge's `$#NAME#$` (dividiti/ck-caffe's packages), Python's
 format field `{NAME}` (`input_dim:{height}`), Jinja's `{{ NAME }}`, or a bare word where a number goes (MobileNet-SSD's
 templates: `num_output: cls3x`, which its gen_model.sh replaces by 3 x the class count).  A number's
 placeholder gets its value from, in order:
@@ -27,6 +28,8 @@ from ..errors import ParseError
 # would be a syntax error anyway, and a message value `{ name: ...}` never closes right after one word)
 # ${NAME}, $NAME, Jinja's {{ NAME }}: placeholders wherever they stand, quoted strings included
 _NAMED = r"\$\{(?P<braced>\w+)\}|\$(?P<bare>[A-Za-z_]\w*)|\{\{[ \t]*(?P<jinja>[A-Za-z_]\w*)[ \t]*\}\}"
+# dividiti/ck-caffe's Collective Knowledge packages write $#NAME#$ (read as ${NAME})
+_CK_PLACEHOLDER = re.compile(r"\$#(\w+)#\$")
 _VALUE_PLACEHOLDER = re.compile(rf"(?P<lead>:[ \t]*)(?P<ph>{_NAMED}|\{{(?P<format>[A-Za-z_]\w*)\}})")
 _QUOTED_PLACEHOLDER = re.compile(_NAMED)
 _FORMAT_FIELD = re.compile(r":[ \t]*\{[A-Za-z_]\w*\}")   # a quick look before the full scan
@@ -88,7 +91,12 @@ def fill_placeholders(text, defines, path, notes):
     lines = text.split("\n")
     if "{{" in text and _FORMAT_FIELD.search(text):
         lines = _unescape_format_braces(lines, path, notes)
+    ck_written = {}    # ${NAME} -> $#NAME#$ as the file writes it
     for number, line in enumerate(lines):
+        if "$#" in line:   # Collective Knowledge's $#NAME#$: its '#' would open a comment
+            for m in _CK_PLACEHOLDER.finditer(line):
+                ck_written["${" + m.group(1) + "}"] = m.group(0)
+            line = lines[number] = _CK_PLACEHOLDER.sub(r"${\1}", line)
         alone = line.split("#", 1)[0].strip()
         if alone in defines and _TEXT_PLACEHOLDER.match(alone) and "\"" not in line:
             # a word alone on its line that a script replaces with text (skynet-train's `INPUT`)
@@ -115,7 +123,8 @@ def fill_placeholders(text, defines, path, notes):
                     used[name] = used.get(name, 0) + 1
                 else:
                     sentinel = _SENTINEL_BASE + _SENTINEL_STEP * (len(pending) + 1)
-                    pending.append(Placeholder(name, m.group("ph"), number + 1, sentinel))
+                    written = ck_written.get(m.group("ph"), m.group("ph"))
+                    pending.append(Placeholder(name, written, number + 1, sentinel))
                     value = str(sentinel)
                 pieces.append(line[last:m.start("ph")] + value)
                 last = m.end("ph")
