@@ -182,7 +182,7 @@ def _hole_dilation(p, nsp):
     base_conv_layer.cpp).  None when the layer names neither."""
     declared = p.DESCRIPTOR.fields_by_name
     found = None
-    for name in ("hole", "filter_stride"):
+    for name, owner in (("hole", "DeepLab's"), ("filter_stride", "ParseNet's")):
         if name not in declared:
             continue
         h, w = f"{name}_h", f"{name}_w"
@@ -190,9 +190,9 @@ def _hole_dilation(p, nsp):
         if not (has_one or has_hw):
             continue
         if found is not None:
-            raise LayerError(f"give convolution_param.{found[0]} or {name}, not both")
+            raise LayerError(f"give DeepLab's hole or ParseNet's {name}, not both")
         if len(p.dilation):
-            raise LayerError(f"give either convolution_param.dilation or {name}, not both")
+            raise LayerError(f"give either convolution_param.dilation or {owner} {name}, not both")
         if has_hw and (has_one or not (p.HasField(h) and p.HasField(w))):
             raise LayerError(f"give convolution_param.{name}, or both {h} and {w}")
         values = (int(getattr(p, name)),) * nsp if has_one else (int(getattr(p, h)), int(getattr(p, w)))
