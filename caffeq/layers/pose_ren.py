@@ -8,6 +8,8 @@ row holds 3 values per joint), a box roi_w * spatial_mul wide and roi_h * spatia
 the left or top edge, then past the right or bottom one): top row n = [n, x1, y1, x2, y2], (N, 5), in
 float32 as the C++ layer.
 """
+import math
+
 import torch
 
 from .rcnn import parse_param_str
@@ -55,7 +57,7 @@ class GenerateROI(Layer):
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
-        joints = (int(torch.tensor(s[1:]).prod()) if len(s) > 1 else 1) // 3
+        joints = math.prod(s[1:]) // 3
         if attrs["joint_idx"] >= joints:
             raise LayerError(f"joint_idx {attrs['joint_idx']} is past the {joints} joints of the pose {list(s)}")
         return [(s[0], 5)]
