@@ -193,9 +193,13 @@ def test_placeholders_where_text_goes_keep_their_text_or_take_the_define(tmp_pat
     layers = {lp.name: lp for lp in model.net.layer}
     assert layers["write"].writer_param.folder == '/tmp/a "b"'
     assert layers["data"].transform_param.mean_file == "m.binaryproto"
-    # a word that is not written like a placeholder stays the parser's error
+    # a name or path left unquoted reads as that string, with a note; a lost opening quote stays the
+    # parser's error
+    model = load(_write(tmp_path, "t.prototxt", TEXT.replace("$OUTFOLDER", "/data/out_1")), defines={"SCALE": "2"})
+    assert {lp.name: lp for lp in model.net.layer}["write"].writer_param.folder == "/data/out_1"
+    assert any("t.prototxt:6: read the unquoted /data/out_1 as a string" in w for w in model.warnings)
     with pytest.raises(ParseError, match=r"t.prototxt:6:\d+: .*Expected string but found: 'out'"):
-        load(_write(tmp_path, "t.prototxt", TEXT.replace("$OUTFOLDER", "out")), defines={"SCALE": "2"})
+        load(_write(tmp_path, "t.prototxt", TEXT.replace("$OUTFOLDER", 'out"')), defines={"SCALE": "2"})
 
 
 # a file written for Python's str.format: `input_dim:{height}`, and its braces doubled
@@ -322,3 +326,12 @@ def test_a_word_alone_where_fields_go_is_a_placeholder_for_text(tmp_path):
     model = load(path, defines={"INPUT": 'input: "data" input_shape { dim: 1 dim: 2 dim: 3 dim: 4 }'})
     assert model.inputs == {"data": (1, 2, 3, 4)} and model.blob_shapes["out"] == (1, 2, 3, 4)
     assert any("filled the template placeholder INPUT" in w for w in model.warnings)
+
+
+def test_unquoted_blob_names_read_as_strings(tmp_path):
+    # ocean1100/caffe_prototxt writes `top: pool1`: a repeated string field, read as written
+    text = ('input: "data"\ninput_shape { dim: 1 dim: 1 dim: 4 dim: 4 }\n'
+            'layer { name: "pool1" type: "Pooling" bottom: data top: pool1 pooling_param { pool: MAX kernel_size: 2 } }\n')
+    model = load(_write(tmp_path, "u.prototxt", text))
+    assert model.blob_shapes["pool1"] == (1, 1, 2, 2)
+    assert sum("read the unquoted" in w for w in model.warnings) == 2

@@ -35,6 +35,8 @@ _QUOTED_PLACEHOLDER = re.compile(_NAMED)
 _FORMAT_FIELD = re.compile(r":[ \t]*\{[A-Za-z_]\w*\}")   # a quick look before the full scan
 # a bare word where text goes is a placeholder only when written like one: in capitals
 _TEXT_PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*$")
+# an unquoted name or path where a string goes, up to the next blank, quote, brace or comment
+_UNQUOTED_TEXT = re.compile(r"[A-Za-z0-9_./\\-][^\s\"'{}<>#]*")
 # unfilled placeholders parse as these numbers, exact in int32, int64 and float32 fields alike
 _SENTINEL_BASE = 1 << 30
 _SENTINEL_STEP = 1 << 10
@@ -252,6 +254,12 @@ def _text_placeholder(rest, bare, defines, pending, notes, path):
         notes.append(f"{path}:{bare.line}: kept the template placeholder {bare.word} as text (a script fills it "
                      f"in before Caffe reads the file; --define {bare.word}=VALUE sets it)")
         return bare.word, bare.word
+    # a name or path left unquoted (`top: pool1`, `source: /PATH/TO/TRAIN_LMDB`): its meaning is plain
+    unquoted = _UNQUOTED_TEXT.match(rest)
+    if unquoted and rest[unquoted.end():unquoted.end() + 1] not in ("\"", "'"):   # not a lost opening quote
+        notes.append(f"{path}:{bare.line}: read the unquoted {unquoted.group(0)} as a string (Caffe's parser "
+                     f"wants it in quotes)")
+        return unquoted.group(0), unquoted.group(0)
     raise ParseError(str(bare))
 
 
