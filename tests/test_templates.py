@@ -333,5 +333,5 @@ def test_unquoted_blob_names_read_as_strings(tmp_path):
     text = ('input: "data"\ninput_shape { dim: 1 dim: 1 dim: 4 dim: 4 }\n'
             'layer { name: "pool1" type: "Pooling" bottom: data top: pool1 pooling_param { pool: MAX kernel_size: 2 } }\n')
     model = load(_write(tmp_path, "u.prototxt", text))
-    assert model.blob_shapes["pool1"] == (1, 1, 2, 2)
+    assert model.blob_shapes["pool1"] == (1, 1, 3, 3)
     assert sum("read the unquoted" in w for w in model.warnings) == 2
