@@ -55,6 +55,10 @@ NEURON_CASES = [
     ("ReLU6", "", lambda x: np.clip(x, 0, 6)),
     ("ReLU6", "relu6_param { negative_slope: 0.1 }",
      lambda x: np.minimum(np.maximum(x, 0), 6) + 0.1 * np.minimum(x, 0)),
+    # inisis/caffe (brocolli): the threshold clips the leaky sum (relu6_layer.cpp)
+    ("ReLU6", "relu6_param { threshold: 2.5 }", lambda x: np.clip(x, 0, 2.5)),
+    ("ReLU6", "relu6_param { negative_slope: -0.5 threshold: 0.75 }",
+     lambda x: np.minimum(np.maximum(x, 0) - 0.5 * np.minimum(x, 0), 0.75)),
     ("ELU", "", lambda x: np.where(x > 0, x, np.exp(np.minimum(x, 0)) - 1)),
     ("Power", "power_param { power: 0.5 scale: 1.5 shift: -1 }", lambda x: (1.5 * x - 1) ** 0.5),
     ("Power", "power_param { power: 3 scale: -2 }", lambda x: (-2 * x) ** 3),

@@ -192,7 +192,9 @@ class ReLU6(Neuron):
     """Fork layer: min(max(x, 0), 6) + negative_slope * min(x, 0).
 
     The slope comes from relu6_param (rog93's fork) or, when that is absent,
-    relu_param (NVCaffe's ReLU6 reads relu_param.negative_slope).
+    relu_param (NVCaffe's ReLU6 reads relu_param.negative_slope).  inisis/caffe (brocolli's
+    converter) adds relu6_param.threshold and clips the leaky sum instead:
+    min(max(x, 0) + negative_slope * min(x, 0), threshold); without a slope both are clamp(x, 0, t).
     """
 
     def parse_param(self, lp):
@@ -200,32 +202,47 @@ class ReLU6(Neuron):
             slope = lp.relu6_param.negative_slope
         else:
             slope = lp.relu_param.negative_slope
-        return {"negative_slope": f32(slope)}
+        clipped_sum = lp.HasField("relu6_param") and lp.relu6_param.HasField("threshold")
+        top = f32(lp.relu6_param.threshold) if clipped_sum else f32(6.0)
+        if top < 0:
+            raise LayerError(f"relu6_param.threshold must be >= 0, got {top}")
+        return {"negative_slope": f32(slope), "threshold": top, "clip_sum": clipped_sum}
 
     def forward(self, attrs, params, x):
-        y = x.clamp(min=0, max=6)
-        slope = attrs["negative_slope"]
-        if slope != 0:
-            y = y + slope * x.clamp(max=0)
-        return y
+        slope, top = attrs["negative_slope"], float(attrs.get("threshold", 6.0))
+        if slope == 0:
+            return x.clamp(min=0, max=top)
+        if attrs.get("clip_sum"):
+            return (x.clamp(min=0) + slope * x.clamp(max=0)).clamp(max=top)
+        return x.clamp(min=0, max=top) + slope * x.clamp(max=0)
 
     def onnx(self, ctx, node):
         x, out = node.inputs[0], node.outputs[0]
-        slope = node.attrs["negative_slope"]
+        slope, top = node.attrs["negative_slope"], float(node.attrs.get("threshold", 6.0))
         if slope == 0:
-            onnx_clip(ctx, x, 0.0, 6.0, out, name=node.name)
+            onnx_clip(ctx, x, 0.0, top, out, name=node.name)
             return
+        clip_sum = node.attrs.get("clip_sum")
         clipped = ctx.tmp(node.name + "_clip")
-        onnx_clip(ctx, x, 0.0, 6.0, clipped, name=node.name)
+        onnx_clip(ctx, x, 0.0, None if clip_sum else top, clipped, name=node.name)
         neg = ctx.tmp(node.name + "_neg")
         onnx_clip(ctx, x, None, 0.0, neg)
-        ctx.add_node("Add", [clipped, onnx_mul_scalar(ctx, neg, slope, node.name + "_leak")], [out])
+        leaky = onnx_mul_scalar(ctx, neg, slope, node.name + "_leak")
+        if not clip_sum:
+            ctx.add_node("Add", [clipped, leaky], [out])
+            return
+        summed = ctx.tmp(node.name + "_sum")
+        ctx.add_node("Add", [clipped, leaky], [summed])
+        onnx_clip(ctx, summed, None, top, out)
 
     def pytorch_source(self, node, emit):
         x, slope = emit.inputs[0], node.attrs["negative_slope"]
+        top = emit.lit(float(node.attrs.get("threshold", 6.0)))
         if slope == 0:
-            return f"{emit.module('nn.ReLU6()')}({x})"
-        return f"{x}.clamp(min=0, max=6) + {emit.lit(slope)} * {x}.clamp(max=0)"
+            return f"{x}.clamp(min=0, max={top})"
+        if node.attrs.get("clip_sum"):
+            return f"({x}.clamp(min=0) + {emit.lit(slope)} * {x}.clamp(max=0)).clamp(max={top})"
+        return f"{x}.clamp(min=0, max={top}) + {emit.lit(slope)} * {x}.clamp(max=0)"
 
 
 @register_layer("PReLU")
