@@ -90,21 +90,17 @@ def drop_training_only(layers, source="", notes=None):
             f"'{lp.name}' ({_described(lp)}) reads the label '{next(b for b in lp.bottom if b in labels)}' and "
             f"only losses and scorers read what it gives, if anything: it only trains or scores the net"
             for lp in label_readers))
-    # a known layer that computes from labels alone for dropped readers only (the Slice of a pose
-    # label for a scorer) goes with them: its results would be net outputs that need a label
+    # a known layer that feeds only dropped layers goes with them, its results would be net outputs
+    # that nothing can compute: one that computes from labels alone (the Slice of a pose label for a
+    # scorer), or one the file includes only at TRAIN (the Concat of features for
+    # deeplab_v2_python's pairwise-loss branch)
     for i in range(len(layers) - 1, -1, -1):
         lp = layers[i]
         spec = spec_for(lp)
-        if id(lp) in gone or spec is None or spec.is_data or not len(lp.bottom) or not len(lp.top) \
-                or not all(b in labels for b in lp.bottom):
+        if id(lp) in gone or spec is None or spec.is_data or not len(lp.top):
             continue
-        if all(readers.get((i, top)) and all(id(layers[r]) in gone for r in readers[(i, top)]) for top in lp.top):
-            gone.add(id(lp))
-    # a known layer the file includes only at TRAIN that feeds only dropped layers (the Concat of
-    # features for deeplab_v2_python's pairwise-loss branch) goes with them: its top would be an output
-    for i in range(len(layers) - 1, -1, -1):
-        lp = layers[i]
-        if id(lp) not in gone and _only_at_train(lp) and len(lp.top) and all(
+        from_labels = len(lp.bottom) and all(b in labels for b in lp.bottom)
+        if (from_labels or _only_at_train(lp)) and all(
                 readers.get((i, top)) and all(id(layers[r]) in gone for r in readers[(i, top)]) for top in lp.top):
             gone.add(id(lp))
     # what reads only results of dropped layers cannot be computed either (R-FCN's OHEM sums the

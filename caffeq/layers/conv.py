@@ -200,8 +200,8 @@ def _hole_dilation(p, nsp):
             raise LayerError(f"{h}/{w} only work for 2-D data, this input has {nsp} spatial axes")
         if min(values) < 1:
             raise LayerError(f"convolution_param.{name} must be >= 1, got {list(values)}")
-        found = (name, values)
-    return None if found is None else found[1]
+        found = values
+    return found
 
 
 def check_groups(attrs, channels):
