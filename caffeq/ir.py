@@ -548,6 +548,9 @@ def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_
     except CaffeqError:
         raise
     except Exception as e:
+        if not lp.bottom:
+            # a type that computes from its bottoms, given none: Caffe's bottom-count check refuses it
+            raise LayerError(f"{where}: has no bottom; {lp.type} computes its top from its bottoms") from None
         raise ShapeError(f"{where}: cannot infer shapes from bottoms "
                          f"{[list(s) for s in in_shapes]}: {type(e).__name__}: {e}") from None
 

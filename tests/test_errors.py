@@ -79,6 +79,12 @@ def test_undefined_bottom(tmp_path):
     one_line_error(cli_process("inspect", write(tmp_path, "x.prototxt", text)), "'r'", "nothing")
 
 
+def test_a_layer_without_its_bottom_is_named(tmp_path):
+    # ocean1100/caffe_prototxt's train_val1: a Pooling with a top and no bottom (Caffe refuses it too)
+    text = NET + 'layer { name: "p" type: "Pooling" top: "p" pooling_param { pool: AVE kernel_size: 2 } }\n'
+    one_line_error(cli_process("inspect", write(tmp_path, "x.prototxt", text)), "'p' (Pooling)", "has no bottom")
+
+
 def test_negative_and_absurd_dimensions_refused_before_allocating(tmp_path):
     neg = NET.replace("dim: 8 dim: 8", "dim: -8 dim: 8")
     one_line_error(cli_process("inspect", write(tmp_path, "n.prototxt", neg)), "data", "negative")
