@@ -26,6 +26,7 @@ from . import (  # noqa: F401,E402
     elementwise,
     face_norms,
     faceid,
+    flow_mean,
     flow_transformer,
     fork_data,
     fpn,
