@@ -675,3 +675,20 @@ def test_video_triplet_pair_size_only_groups_the_shuffle():
   image_data_param { source: "missing.txt" batch_size: 6 new_height: 9 new_width: 7 shuffle: true pair_size: 3 } }'''
     assert _layers(text)["data"].image_data_param.pair_size == 3
     assert load_from_text(text).blob_shapes["data"] == (6, 3, 9, 7)
+
+
+def test_sophon_umodel_metadata_reads_and_the_net_stays_float():
+    # sophon-ai-algo/examples nntc/bmnetu/models/mobilenet/mobilenet_deploy_int8_unique_top.prototxt (trimmed):
+    # the int8 compiler's model_type, int8_scale and ReLU's following_special are metadata only
+    from caffeq.model import load_from_text
+    text = '''name: "MOBILENET"
+model_type: BMNETC2UModel
+state { phase: TEST }
+int8_scale: 46.774544
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "relu1" type: "ReLU" bottom: "data" top: "relu1" phase: TEST relu_param { following_special: false } }'''
+    net = parse_prototxt_text(text)
+    assert net.model_type == caffe_pb2.BMNETC2UModel and net.int8_scale == pytest.approx(46.774544)
+    assert net.layer[1].relu_param.HasField("following_special")
+    model = load_from_text(text)
+    assert model.blob_shapes["relu1"] == (1, 3, 8, 8) and not model.warnings
