@@ -89,6 +89,7 @@ from . import (  # noqa: F401,E402
     video_caffe,
     video_data,
     vision_forks,
+    xilinx,
     yolo,
     yolo2_region_boxes,
     yolo_v2_output,
