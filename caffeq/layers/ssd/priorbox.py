@@ -39,19 +39,19 @@ from . import priorbox_opencv_pairs as opencv_pairs
 from .common import emit_prior_helpers, legacy_hw, prior_output, prior_run_sizes, prior_steps, proto_field
 
 
-def _prior_box_hw(p, both, h, w, cast):
-    """(height, width) from prior_box_param's `h`/`w` pair or its single `both` field; (0, 0) when unset."""
+def prior_hw_fields(p, both, h, w, cast, message="prior_box_param"):
+    """(height, width) from a prior message's `h`/`w` pair or its single `both` field; (0, 0) when unset."""
     if p.HasField(h) or p.HasField(w):
         if p.HasField(both):
-            raise LayerError(f"prior_box_param: give {both} or {h}/{w}, not both")
+            raise LayerError(f"{message}: give {both} or {h}/{w}, not both")
         vh, vw = cast(getattr(p, h)), cast(getattr(p, w))
         if vh <= 0 or vw <= 0:
-            raise LayerError(f"prior_box_param.{h}/{w} must be positive, got {vh}/{vw}")
+            raise LayerError(f"{message}.{h}/{w} must be positive, got {vh}/{vw}")
         return vh, vw
     if p.HasField(both):
         v = getattr(p, both)
         if v <= 0:
-            raise LayerError(f"prior_box_param.{both} must be positive, got {v}")
+            raise LayerError(f"{message}.{both} must be positive, got {v}")
         return cast(v), cast(v)
     return cast(0), cast(0)
 
@@ -313,8 +313,8 @@ class PriorBoxLayer(Layer):
             raise LayerError(f"prior_box_param.variance needs 1 or 4 values, got {len(var)}")
         if any(v <= 0 for v in var):
             raise LayerError(f"prior_box_param.variance must be positive, got {var}")
-        img_h, img_w = _prior_box_hw(p, "img_size", "img_h", "img_w", int)
-        step_h, step_w = _prior_box_hw(p, "step", "step_h", "step_w", float)
+        img_h, img_w = prior_hw_fields(p, "img_size", "img_h", "img_w", int)
+        step_h, step_w = prior_hw_fields(p, "step", "step_h", "step_w", float)
         # SSD's default clip (false); OpenCV's importer clips when the field is absent
         return {"clip": bool(p.clip) if p.HasField("clip") else False, "variance": var or [0.1],
                 "img_h": img_h, "img_w": img_w, "step_h": step_h, "step_w": step_w, "offset": float(p.offset)}
