@@ -15,7 +15,6 @@ def fork_prior_rbox(lh, lw, ih, iw, angles, widths, heights, regress_size, regre
     step_w, step_h = (f32(iw) / f32(lw), f32(ih) / f32(lh)) if step is None else (f32(step), f32(step))
     if not regress_angle:
         angles = [0.0]
-    params = 2 + 2 * regress_size + regress_angle
     out = []
     for h in range(lh):
         for w in range(lw):
