@@ -692,3 +692,28 @@ layer { name: "relu1" type: "ReLU" bottom: "data" top: "relu1" phase: TEST relu_
     assert net.layer[1].relu_param.HasField("following_special")
     model = load_from_text(text)
     assert model.blob_shapes["relu1"] == (1, 3, 8, 8) and not model.warnings
+
+
+def test_lisa_caffe_video_clip_data_layer_shapes_its_four_tops():
+    # olivernina/lisa-caffe-public (LRCN_model) examples/lstm_deploy/LCRN_activity_RGB_train_test.prototxt:
+    # the data layer gives frame-major clips with clip markers (and loss weights), each (batch_size, 1, 1, 1)
+    from caffeq.model import load_from_text
+    text = '''layers { top: "data" top: "label" top: "clip_markers" top: "weights" name: "data" type: DATA
+  data_param { source: "RGB_video_test_split1_leveldb" batch_size: 48 clip_length: 16 clip_mode: LSTM
+    LSTM_clip: true LSTM_clip_length: 16 weight_loss: true batch_videos: 3 }
+  transform_param { mirror: true flow: false crop_size: 227 mean_value: 103.939 mean_value: 116.779
+    mean_value: 128.68 } }'''
+    shapes = load_from_text(text).blob_shapes
+    assert shapes["data"] == (48, 3, 227, 227)
+    assert shapes["label"] == shapes["clip_markers"] == shapes["weights"] == (48, 1, 1, 1)
+    p = parse_prototxt_text(text).layers[0].data_param
+    assert (p.clip_length, p.clip_mode, p.batch_videos) == (16, caffe_pb2.DataParameter.LSTM, 3)
+
+
+def test_lisa_caffe_data_layer_checks_the_videos_divide_the_batch():
+    from caffeq.layers import LayerError
+    from caffeq.model import load_from_text
+    text = '''layer { name: "data" type: "Data" top: "data" top: "label" top: "clip_markers"
+  data_param { source: "x" batch_size: 50 batch_videos: 3 } transform_param { crop_size: 8 mean_value: 1 mean_value: 2 mean_value: 3 } }'''
+    with pytest.raises(LayerError, match="batch_size 50 must be divisible by batch_videos 3"):
+        load_from_text(text)

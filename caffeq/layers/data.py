@@ -93,6 +93,12 @@ def _channels_from_transform(t):
     return None
 
 
+#: LRCN's lisa-caffe-public DataParameter fields: a Data layer that sets one reads video clips
+_LISA_CLIP_FIELDS = ("clip_length", "clip_mode", "weight_loss", "clip_order", "LSTM_clip", "LSTM_clip_length",
+                     "sLSTM", "batch_videos", "clip_collapse_labels", "clip_sub_sample", "max_train_item",
+                     "max_test_item")
+
+
 class DataLayer(Layer):
     is_data = True
 
@@ -128,6 +134,9 @@ class Data(DataLayer):
             return ["none: an Input layer's blob, fed as it is (the layer is typed Data but gives input_param)"]
         lines = [(f"Datum records of {attrs['backend']} {attrs['source']!r} (convert_imageset "
                   f"stores OpenCV's BGR, 0-255 values)")]
+        if attrs.get("lisa_clips"):
+            lines.append("video clips, frame-major (LRCN's lisa-caffe-public: frames of batch_videos videos "
+                         "interleaved; clip markers 0 at a clip's first frame, else 1)")
         return lines + describe_transform(attrs.get("transform"))
 
     def parse(self, lp):
@@ -139,8 +148,21 @@ class Data(DataLayer):
         if p.batch_size < 1:
             raise LayerError("data_param.batch_size must be >= 1")
         backend = "LMDB" if p.backend == 1 else "LEVELDB"
-        return {"source": p.source, "batch_size": int(p.batch_size), "backend": backend,
+        lisa = len(lp.top) > 2 or any(p.HasField(f) for f in _LISA_CLIP_FIELDS)
+        if lisa:
+            need_blobs(lp, "Data (LRCN's lisa-caffe: data[, label[, clip_markers[, weight_loss]]])", 0, (1, 2, 3, 4))
+            if p.batch_videos < 1 or p.batch_size % p.batch_videos:
+                raise LayerError(f"data_param.batch_size {p.batch_size} must be divisible by batch_videos "
+                                 f"{p.batch_videos}")
+        return {"source": p.source, "batch_size": int(p.batch_size), "backend": backend, "lisa_clips": lisa,
                 "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
+
+    def _clip_top_shapes(self, attrs, given):
+        """LRCN's lisa-caffe-public Data: the label, clip markers and loss weights are (batch_size, 1, 1, 1)."""
+        if not attrs.get("lisa_clips"):
+            return super().top_shapes(attrs, given)
+        data = tuple(given.get(0) or self.data_shape(attrs))
+        return [data] + [tuple(given.get(i) or (data[0], 1, 1, 1)) for i in range(1, attrs["num_tops"])]
 
     @staticmethod
     def _as_input(lp):
@@ -154,7 +176,7 @@ class Data(DataLayer):
     def top_shapes(self, attrs, given):
         if attrs.get("input_shapes"):
             return [tuple(given.get(i) or s) for i, s in enumerate(attrs["input_shapes"])]
-        return super().top_shapes(attrs, given)
+        return self._clip_top_shapes(attrs, given)
 
     def guessed_label_tops(self, attrs, given):
         return () if attrs.get("input_shapes") else super().guessed_label_tops(attrs, given)
