@@ -102,3 +102,35 @@ def test_normalization_forks_keep_the_bottoms_shape(kind, eps, shape, tmp_path):
                          ("model.py", model_py_outputs(model, {"x": x}, tmp_path))):
         assert_close(out["o"], normalization_ref(x, eps), 1e-6, 1e-5, f"{kind} {backend}")
 
+
+
+def sklearn_normalize_ref(x):
+    """norm2layer.py: sklearn's preprocessing.normalize(row, norm='l2') of each item, float32; a zero norm is 1."""
+    out = np.zeros((x.shape[0], x.shape[1]), np.float32)
+    for i in range(x.shape[0]):
+        row = x[i].reshape(-1)
+        norm = np.sqrt(np.float32(np.dot(row.astype(np.float64), row.astype(np.float64))))
+        out[i] = row / (norm if norm != 0 else np.float32(1))
+    return out
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 4, 1, 1)])
+def test_triplet_norm2_python_layer_normalizes_each_item_as_sklearn(shape, tmp_path):
+    # JoeFannie/tripletloss deploy.prototxt: fc9 -> Python norm2layer.Norm2Layer -> (N, C)
+    layer = ('layer { name: "norm2" type: "Python" bottom: "x" top: "y" '
+             'python_param { module: "norm2layer" layer: "Norm2Layer" } }')
+    model = load_from_text(net(layer, inputs={"x": shape}))
+    x = rng(11).standard_normal(shape).astype(np.float32)
+    x[1] = 0.0                                   # an all-zero item stays zeros
+    ref = sklearn_normalize_ref(x)
+    assert model.blob_shapes["y"] == shape[:2]
+    assert_close(model.run({"x": x})["y"], ref, 0, 1e-6, "torch")
+    assert_close(onnx_outputs(model, {"x": x}, tmp_path)["y"], ref, 0, 1e-6, "onnx")
+    assert_close(model_py_outputs(model, {"x": x}, tmp_path)["y"], ref, 0, 1e-6, "model.py")
+
+
+def test_triplet_norm2_refuses_a_map_it_cannot_assign():
+    layer = ('layer { name: "norm2" type: "Python" bottom: "x" top: "y" '
+             'python_param { module: "norm2layer" layer: "Norm2Layer" } }')
+    with pytest.raises(LayerError, match="into an \\(N, C\\) top"):
+        load_from_text(net(layer, inputs={"x": (2, 3, 2, 2)}))

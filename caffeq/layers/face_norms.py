@@ -13,6 +13,12 @@
   keeps the bottom's shape (ReshapeLike).  Without an epsilon an all-zero item divides by zero, as in
   the fork.
 
+- Python:norm2layer.Norm2Layer (the Pinguo triplet-loss code, as JoeFannie/tripletloss 195a6b8
+  tripletloss/norm2layer.py carries it; ElaineBao/triplet-loss's nets name it too): top (N, C); each item
+  through sklearn's preprocessing.normalize(norm='l2'), x / ||x|| in the blob's float32, an all-zero item
+  left as zeros (sklearn divides it by 1).  The module writes each item's C H W values into a row of C:
+  caffeq refuses a bottom whose H W is not 1, as numpy does.
+
 None has blobs.  Both read num/channels/height/width, so their top is 4-axis even
 for an (N, C) bottom.  (happynear's Normalize is in happynear.py.)
 """
@@ -47,6 +53,13 @@ def item_l2_normalize(x, legacy_shape: list[int], eps: float):
     x = x.reshape(legacy_shape)
     squares = (x * x).reshape(x.shape[0], -1).sum(dim=1)
     return x * (1.0 / torch.sqrt(squares + eps)).reshape([-1] + [1] * (x.dim() - 1))
+
+
+def sklearn_l2_rows(x):
+    """sklearn's normalize(x.reshape(N, -1), norm='l2'): each row over its L2 norm, a zero norm read as 1."""
+    rows = x.reshape(x.shape[0], -1)
+    norms = torch.sqrt((rows * rows).sum(dim=1, keepdim=True))
+    return rows / torch.where(norms == 0, torch.ones_like(norms), norms)
 
 
 class _L2Norm(Layer):
@@ -132,3 +145,32 @@ class Normalization(_L2Norm):
 class NormalizationL2(Normalization):
     eps = 1e-10
 
+
+
+@register_layer("Python:norm2layer.Norm2Layer")
+class TripletNorm2(Layer):
+    bottoms = tops = 1
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) < 2 or count(s, 1) != s[1]:
+            raise LayerError(f"norm2layer.Norm2Layer writes each item of bottom {list(s)} into an (N, C) top: "
+                             f"its values past the channels must number 1, as numpy's assignment needs")
+        return [(s[0], s[1])]
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        return count(in_shapes[0])
+
+    def forward(self, attrs, params, x):
+        return sklearn_l2_rows(x)
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(sklearn_l2_rows)}({emit.inputs[0]})"
+
+    def onnx(self, ctx, node):
+        rows = ctx.add_node("Reshape", [node.inputs[0], ctx.const(np.array([0, -1], np.int64))],
+                            [ctx.tmp(node.name + "_rows")], name=node.name)[0]
+        norm = ctx.op("Sqrt", [_reduce(ctx, "ReduceSumSquare", rows, [1])], "norm")
+        one = ctx.const(np.array(1.0, np.float32))
+        zero = ctx.op("Equal", [norm, ctx.const(np.array(0.0, np.float32))], "zero")
+        ctx.add_node("Div", [rows, ctx.op("Where", [zero, one, norm], "divisor")], [node.outputs[0]])
