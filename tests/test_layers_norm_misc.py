@@ -478,6 +478,34 @@ def test_rfcn_softmax_loss_third_top_is_each_positions_loss():
     close(out["loss"], softmax_loss_ref(scores, labels, "VALID", ignore=7), rtol=1e-5)
 
 
+@pytest.mark.parametrize("normalize, zero_weights", [("true", False), ("false", False), ("true", True)])
+def test_weighted_softmax_loss_of_faster_rcnn_matlab_caffe(normalize, zero_weights):
+    # ShaoqingRen/caffe faster-R-CNN: bottom 2 weighs each position (SDS-RCNN's labels_weights); normalize
+    # divides by the weights' sum (0 when it is 0), else by the outer count
+    scores = randn(3, 4, 2, 5) * 2
+    labels = RNG.integers(0, 4, size=(3, 1, 2, 5)).astype(np.float32)
+    labels[2, 0, 1, :2] = 7
+    weights = np.zeros(labels.shape, np.float32) if zero_weights else RNG.random(labels.shape).astype(np.float32)
+    model = build([("s", scores.shape), ("l", labels.shape), ("w", labels.shape)],
+                  ['layer { name: "loss" type: "SoftmaxWithLoss" bottom: "s" bottom: "l" bottom: "w" top: "loss" '
+                   f'loss_param {{ ignore_label: 7 normalize: {normalize} }} }}'])
+    prob = softmax_np(scores, 1)
+    total, wsum = 0.0, 0.0
+    for i, _, h, w in np.ndindex(*labels.shape):
+        if labels[i, 0, h, w] == 7:
+            continue
+        total -= weights[i, 0, h, w] * np.log(max(prob[i, int(labels[i, 0, h, w]), h, w], FLT_MIN))
+        wsum += weights[i, 0, h, w]
+    want = (0.0 if wsum == 0 else total / wsum) if normalize == "true" else total / 3
+    close(model.run({"s": scores, "l": labels, "w": weights})["loss"], want, rtol=1e-5, atol=1e-7)
+
+
+def test_weighted_softmax_loss_needs_weights_shaped_as_the_labels():
+    with pytest.raises(LayerError, match="weights .bottom 2. must be shaped as the labels"):
+        build([("s", (3, 4)), ("l", (3,)), ("w", (4,))],
+              ['layer { name: "loss" type: "SoftmaxWithLoss" bottom: "s" bottom: "l" bottom: "w" top: "loss" }'])
+
+
 def test_softmax_loss_clamps_like_caffe_and_backpropagates_prob_minus_one():
     scores = np.array([[0.0, 100.0, 0.0], [1.0, 2.0, 3.0]], np.float32)
     labels = np.array([0, 2], np.float32)

@@ -14,7 +14,7 @@ from ..errors import CaffeqError, DataError
 from ..io.caffemodel import read_blobproto
 from .misc import eager_checks, need_bottom_count
 from .norm import legacy_shape
-from .registry import Layer, LayerError, canonical_axis, count, positive_field, register_layer
+from .registry import Layer, LayerError, canonical_axis, count, legacy_nchw, positive_field, register_layer
 
 FLT_MIN = 1.1754943508222875e-38
 LOG_FLT_MIN = math.log(FLT_MIN)
@@ -212,25 +212,45 @@ def _outputs(attrs, loss, scores):
 @register_layer("SoftmaxWithLoss")
 class SoftmaxWithLoss(_TrainingOnly):
     """R-FCN's fork (daijifeng001/caffe-rfcn softmax_loss_layer) adds a third top: each position's
-    loss -log(max(prob, FLT_MIN)) (0 where the label is ignored), shaped like the labels."""
+    loss -log(max(prob, FLT_MIN)) (0 where the label is ignored), shaped like the labels.
+    Faster R-CNN's MATLAB Caffe (ShaoqingRen/caffe faster-R-CNN 062f243, softmax_loss_layer.cpp) takes
+    a third bottom, per-position weights shaped like the labels: the loss is the weighted sum, divided
+    by the weights' sum over the labels not ignored with loss_param.normalize (0 when that sum is 0),
+    else by the outer count."""
 
     def parse(self, lp):
         n = _tops(lp, 0, 3, "SoftmaxWithLoss")
+        weighted = len(lp.bottom) == 3
+        if weighted and lp.loss_param.HasField("normalization"):
+            raise LayerError("a weighted SoftmaxWithLoss (3 bottoms, Faster R-CNN's MATLAB Caffe) reads "
+                             "loss_param.normalize, not normalization")
+        if weighted and n == 3:
+            raise LayerError("a weighted SoftmaxWithLoss (3 bottoms) gives at most 2 tops")
         return {"axis": int(lp.softmax_param.axis), "ignore_label": _label_attrs(lp, "loss_param"),
-                "normalization": _normalization(lp, VALID), "tops": n,
+                "normalization": _normalization(lp, VALID), "tops": n, "weighted": weighted,
                 "loss_weight": _loss_weights(lp, n, 1.0)}
 
     def infer(self, attrs, in_shapes):
-        _loss_common_infer(in_shapes, 2, "SoftmaxWithLoss")
+        _loss_common_infer(in_shapes, 3 if attrs["weighted"] else 2, "SoftmaxWithLoss")
+        if attrs["weighted"] and legacy_nchw(in_shapes[2], "weights") != legacy_nchw(in_shapes[1], "labels"):
+            raise LayerError(f"SoftmaxWithLoss: the weights (bottom 2) must be shaped as the labels, got "
+                             f"{list(in_shapes[2])} and {list(in_shapes[1])}")
         shapes = _softmax_loss_infer(attrs, in_shapes, "softmax_param.axis", "SoftmaxWithLoss")
         return shapes + [tuple(in_shapes[1])] if attrs["tops"] == 3 else shapes
 
-    def forward(self, attrs, params, scores, labels):
+    def forward(self, attrs, params, scores, labels, weights=None):
         logp, lab, valid = _label_log_probs(attrs, scores, labels, "SoftmaxWithLoss")
         safe = torch.where(valid, lab, torch.zeros_like(lab))
         picked = logp.gather(1, safe.unsqueeze(1)).squeeze(1)
         picked = _ste(picked, picked.clamp_min(LOG_FLT_MIN))  # Caffe: log(max(prob, FLT_MIN))
         each = -torch.where(valid, picked, torch.zeros_like(picked))
+        if weights is not None:
+            w = torch.where(valid, weights.reshape(lab.shape).to(each.dtype), torch.zeros_like(each))
+            total = (w * each).sum()
+            if attrs["normalization"] == VALID:
+                wsum = w.sum()
+                return _outputs(attrs, torch.where(wsum == 0, torch.zeros_like(total), total / wsum), scores)
+            return _outputs(attrs, total / lab.shape[0], scores)
         norm = _normalizer(attrs["normalization"], lab.shape[0], lab.shape[1], valid.sum(), scores.dtype)
         if attrs["tops"] == 3:
             return each.sum() / norm, torch.softmax(scores, dim=attrs["_axis"]), each.reshape(labels.shape)
