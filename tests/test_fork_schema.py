@@ -717,3 +717,18 @@ def test_lisa_caffe_data_layer_checks_the_videos_divide_the_batch():
   data_param { source: "x" batch_size: 50 batch_videos: 3 } transform_param { crop_size: 8 mean_value: 1 mean_value: 2 mean_value: 3 } }'''
     with pytest.raises(LayerError, match="batch_size 50 must be divisible by batch_videos 3"):
         load_from_text(text)
+
+
+def test_xilinx_ml_suite_thresholds_read_on_float_layers():
+    # Xilinx/ml-suite models/caffe/vgg16/int8/vgg16_quantized_train_val.prototxt (trimmed): the xfDNN
+    # quantizer's calibration thresholds ride on plain layers, which Caffe runs in float
+    from caffeq.model import load_from_text
+    text = '''layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } }
+  quantization_param { bw_layer_out: 8 th_layer_out: 150.845214844 } }
+layer { name: "conv1_1" type: "Convolution" bottom: "data" top: "conv1_1" convolution_param { num_output: 2 kernel_size: 3 }
+  quantization_param { bw_layer_in: 8 bw_layer_out: 8 bw_params: 8 th_layer_in: 150.845214844
+    th_layer_out: 430.794403076 th_params: 0.55037945509 th_params: 0.20229844749 } }'''
+    p = parse_prototxt_text(text).layer[1].quantization_param
+    assert p.th_layer_in == pytest.approx(150.845214844) and list(p.th_params) == pytest.approx([0.5503795, 0.2022984])
+    model = load_from_text(text)
+    assert model.blob_shapes["conv1_1"] == (1, 2, 6, 6) and model.graph.node("conv1_1").type == "Convolution"

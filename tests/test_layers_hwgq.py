@@ -233,6 +233,31 @@ def test_binary_convolution(binary, bias, tmp_path):
     check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=2e-5)
 
 
+@pytest.mark.parametrize("params, use_alpha, note", [
+    # zzqiuzz/caffe-zz's BWN nets: its debug_param marks its layers, which always scale by mean |w|
+    ("debug_param { xnorno_grad: false }", True, "read as caffe-zz's binary-weight layer"),
+    ("", False, "no binary_convolution_param: read as zhaoweicai/hwgq's default"),
+])
+def test_binary_convolution_without_its_param_says_which_fork_it_is_read_as(params, use_alpha, note, tmp_path):
+    shape = (1, 3, 6, 5)
+    model = one_layer("BinaryConvolution", shape,
+                      f"convolution_param {{ num_output: 4 kernel_size: 3 bias_term: false }} {params}")
+    assert node_of(model, "q").attrs["use_alpha"] is use_alpha
+    assert any(note in w for w in model.warnings)
+    r = rng(6)
+    w = dyadic(r, (4, 3, 3, 3))
+    set_blobs(model, w)
+    x = r.standard_normal(shape).astype(np.float32)
+    ref = conv_ref(x, binarize_ref(w, use_alpha), None, (1, 1), (0, 0), 1)
+    check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=2e-5)
+
+
+def test_caffe_zz_weight_recentring_is_refused():
+    with pytest.raises(LayerError, match="xnorno_grad"):
+        one_layer("BinaryConvolution", (1, 3, 6, 5),
+                  "convolution_param { num_output: 4 kernel_size: 3 } debug_param { xnorno_grad: true }")
+
+
 def test_binary_convolution_keeps_convolution_blobs(tmp_path):
     model = one_layer("BinaryConvolution", (1, 3, 5, 5),
                       "convolution_param { num_output: 4 kernel_size: 3 dilation: 2 pad: 1 } "

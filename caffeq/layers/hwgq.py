@@ -112,7 +112,22 @@ def _binarized_node(node):
 
 
 def _read_binary_param(lp, field, attrs):
+    notes = attrs.setdefault("reading_notes", [])
+    if not lp.HasField(field) and lp.HasField("debug_param"):
+        # zzqiuzz/caffe-zz's binary-weight layers (debug_param is that fork's): always sign(w) times the
+        # output channel's mean |w|, as HWGQ's use_alpha computes it
+        if lp.debug_param.xnorno_grad:
+            raise LayerError("debug_param.xnorno_grad: caffe-zz then re-centres and clips the stored weights "
+                             "at every forward, which caffeq does not reproduce")
+        attrs["binarize"] = attrs["use_alpha"] = True
+        notes.append("read as caffe-zz's binary-weight layer (its debug_param marks it): weights sign(w) times "
+                     "their output channel's mean |w|")
+        return attrs
     p = getattr(lp, field)
+    if not lp.HasField(field):
+        notes.append(f"no {field}: read as zhaoweicai/hwgq's default, weights +-1 (use_alpha false); forks "
+                     f"that scale by the channel's mean |w| (XNOR-Net's binary-weight networks) need "
+                     f"{field} {{ use_alpha: true }}")
     attrs["binarize"] = bool(p.use_binarization)
     attrs["use_alpha"] = bool(p.use_alpha)
     return attrs
@@ -173,6 +188,8 @@ class BinaryInnerProduct(_Binary, InnerProduct):
         if attrs.get("normalize"):
             raise LayerError("BinaryInnerProduct reads no inner_product_param.normalize")
         if attrs["transpose"]:
+            if lp.HasField("debug_param") and not lp.HasField("binary_inner_product_param"):
+                raise LayerError("caffe-zz's BinaryInnerProduct with inner_product_param.transpose is not supported")
             attrs["reading_notes"] = ["BinaryInnerProduct never reads inner_product_param.transpose: its "
                                       "weights are N x K (the fork sets transpose_ = false)"]
             attrs["transpose"] = False
