@@ -228,11 +228,12 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
     unsized = {}            # (type, why) -> names of layers whose tops only a dataset or plugin could size
     guessed_labels = {}     # temp id -> the data layer whose label top it is, shaped (N,) as in BVLC Caffe
     reading_notes = {}      # (type, text) -> (its line in notes, names of the layers it is about)
+    renamed = []            # [its line in notes, the repeated names] once a name repeats
 
     for position, lp in enumerate(layers):
         spec = spec_for(lp)
         where = _where(source, lp)
-        node_name = _unique_layer_name(lp.name, names_seen, source, notes)
+        node_name = _unique_layer_name(lp.name, names_seen, source, notes, renamed)
         try:
             attrs = spec.parse(lp)
         except ForkReading as e:   # the whole net tells how to read this layer
@@ -445,16 +446,32 @@ def _read_later(blob, later):
     return False
 
 
-def _unique_layer_name(name, taken, source, notes):
-    """Caffe allows two layers of one name (weights go to the first); later ones get a suffix."""
+def _unique_layer_name(name, taken, source, notes, renamed):
+    """Caffe allows two layers of one name (weights go to the first); later ones get a suffix.  The
+    first repeat is one note; more make that note one line naming them (ECO's nets repeat fifty)."""
     unique, k = name, 1
     while unique in taken:
         k += 1
         unique = f"{name}#{k}"
-    if unique != name:
-        notes.append(f"{source + ': ' if source else ''}two layers are named '{name}'; the later one is "
-                     f"'{unique}' here, and weights of that name go to the first, as in Caffe")
     taken.add(unique)
+    if unique == name:
+        return unique
+    prefix = f"{source}: " if source else ""
+    if not renamed:
+        notes.append(f"{prefix}two layers are named '{name}'; the later one is '{unique}' here, and weights of "
+                     f"that name go to the first, as in Caffe")
+        renamed.extend([len(notes) - 1, [name]])
+        return unique
+    line, names = renamed
+    if name not in names:
+        names.append(name)
+    shown = ", ".join(f"'{n}'" for n in names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
+    if len(names) == 1:
+        notes[line] = (f"{prefix}the layer name '{name}' repeats; the later layers of that name are '{name}#2', "
+                       f"'{name}#3'... here, and weights of that name go to the first, as in Caffe")
+    else:
+        notes[line] = (f"{prefix}{len(names)} layer names repeat ({shown}); the later layers of a name are "
+                       f"NAME#2, NAME#3... here, and weights of a name go to its first layer, as in Caffe")
     return unique
 
 
@@ -576,6 +593,8 @@ def _add_reading_note(notes, seen, source, lp, text):
         seen[key] = (len(notes) - 1, [lp.name])
         return
     line, names = seen[key]
+    if lp.name in names:   # a repeated layer name (Caffe allows them) is named once
+        return
     names.append(lp.name)
     notes[line] = next(_unsized_notes({key: names}, source))
 

@@ -732,3 +732,27 @@ layer { name: "conv1_1" type: "Convolution" bottom: "data" top: "conv1_1" convol
     assert p.th_layer_in == pytest.approx(150.845214844) and list(p.th_params) == pytest.approx([0.5503795, 0.2022984])
     model = load_from_text(text)
     assert model.blob_shapes["conv1_1"] == (1, 2, 6, 6) and model.graph.node("conv1_1").type == "Convolution"
+
+
+def test_eco_video_data_length_first_and_scnn_overlap_top():
+    # mzolfaghari/ECO-efficient-video-understanding models/C3D_finetune_sport1m/train.prototxt (trimmed): TSN's
+    # VideoData with ECO's length_first; zhengshou/scnn's localization net: a third top, the overlap
+    from caffeq.model import load_from_text
+    eco = '''layer { name: "data" type: "VideoData" top: "data" top: "label"
+  video_data_param { source: "list.lst" batch_size: 7 new_width: 171 new_height: 128 new_length: 16
+    num_segments: 3 modality: RGB length_first: true }
+  transform_param { crop_size: 112 } }'''
+    p = parse_prototxt_text(eco).layer[0].tsn_video_data_param
+    assert p.length_first and p.new_length == 16
+    shapes = load_from_text(eco).blob_shapes
+    assert shapes["data"] == (7, 144, 112, 112) and shapes["label"] == (7, 1, 1, 1)
+    scnn_v10 = '''layers { name: "data" type: VIDEO_DATA top: "data" top: "label" top: "overlap"
+  image_data_param { source: "list.lst" batch_size: 3 crop_size: 112 new_height: 128 new_width: 171 new_length: 16 } }'''
+    shapes = load_from_text(scnn_v10).blob_shapes
+    assert shapes["data"] == (3, 3, 16, 112, 112) and shapes["overlap"] == shapes["label"] == (3, 1, 1, 1, 1)
+    scnn_v11 = '''layer { name: "data" type: "VideoData" top: "data" top: "label" top: "overlap"
+  video_data_param { source: "list.lst" batch_size: 4 new_length: 8 sampling_rate: 1 new_height: 128 new_width: 171
+    use_image: true }
+  transform_param { crop_size: 112 } }'''
+    shapes = load_from_text(scnn_v11).blob_shapes
+    assert shapes["data"] == (4, 3, 8, 112, 112) and shapes["label"] == shapes["overlap"] == (4,)

@@ -65,6 +65,18 @@ def test_duplicate_layer_names_load_run_and_export(tmp_path):
     np.testing.assert_allclose(out.numpy(), want)
 
 
+def test_many_repeated_layer_names_are_one_note():
+    # ECO's bn_inception_rgb_res3D repeats 47 names; one line names a few, the graph keeps every layer
+    layers = [f'layer {{ name: "{n}" type: "ReLU" bottom: "{a}" top: "{b}" }}'
+              for n, a, b in [("r", "x", "a"), ("r", "a", "b"), ("r", "b", "c"), ("s", "c", "d"), ("s", "d", "e"),
+                              ("t", "e", "f"), ("u", "f", "g"), ("u", "g", "h"), ("t", "h", "i")]]
+    model = load_from_text('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 } } }\n'
+                           + "\n".join(layers))
+    notes = [w for w in model.warnings if "repeat" in w]
+    assert len(notes) == 1 and "4 layer names repeat ('r', 's', 'u' (+1 more))" in notes[0]
+    assert [n.name for n in model.layers if n.type == "ReLU"] == ["r", "r#2", "r#3", "s", "s#2", "t", "u", "u#2", "t#2"]
+
+
 def test_weights_of_a_duplicate_name_go_to_the_first_layer():
     text = """
 layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }

@@ -58,6 +58,24 @@ def test_reshape_axis_num_axes_copy_and_infer(bottom, param, expected):
     np.testing.assert_array_equal(out["r"], feeds["x"].reshape(expected))
 
 
+def test_reshape_in_place_as_older_caffe_forks(tmp_path):
+    # ECO's caffe_3d (before BVLC's in-place check): the blob takes the new shape and the net reads on
+    layers = ('layer { name: "r" type: "Reshape" bottom: "x" top: "x" reshape_param { shape { dim: 0 dim: -1 } } }\n'
+              'layer { name: "s" type: "Scale" bottom: "x" top: "y" scale_param { axis: 1 bias_term: false } }\n')
+    model = load_from_text(net({"x": (2, 3, 4)}, layers), random_weights=True)
+    assert model.blob_shapes["x"] == (2, 12) and model.blob_shapes["y"] == (2, 12)
+    assert any("reshapes in place" in w for w in model.warnings)
+    x = rand(2, 3, 4)
+    w = model.params["s"][0]
+    np.testing.assert_allclose(model.run({"x": x})["y"], x.reshape(2, 12) * w, rtol=1e-6)
+    ours = model.run({"x": x})["y"]
+    onnx_path = tmp_path / "m.onnx"
+    model.export_onnx(onnx_path)
+    import onnxruntime as ort
+    got = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, ours, rtol=1e-6)
+
+
 def test_reshape_follows_the_runtime_batch():
     # dim 0 copied with 0, and -1 absorbing the batch: both must follow a new batch size
     layers = ('layer { name: "a" type: "Reshape" bottom: "x" top: "a" reshape_param { shape { dim: 0 dim: -1 dim: 5 } } }\n'

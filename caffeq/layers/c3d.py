@@ -297,12 +297,17 @@ def _infer_p3d_pooling(attrs, s):
 
 # ---- C3D v1.0 VideoData -------------------------------------------------------------------------
 
+#: zhengshou/scnn's C3D (C3D-v1.0 and v1.1 C3D_overlap_loss, video_data_layer.cpp): a third top
+SCNN_OVERLAP = ("a third top, each clip's overlap with its ground-truth segment (SCNN's C3D, the fifth column "
+                "of its list), shaped like the label")
+
+
 @register_layer("C3DVideoData")
 class C3DVideoData(DataLayer):
     def parse(self, lp):
         p = lp.image_data_param
-        if not 1 <= len(lp.top) <= 2:
-            raise LayerError(f"C3D's VideoData takes one or two tops, got {len(lp.top)}")
+        if not 1 <= len(lp.top) <= 3:
+            raise LayerError(f"C3D's VideoData takes one or two tops (three in SCNN's C3D), got {len(lp.top)}")
         if p.new_length < 1:
             raise LayerError(f"image_data_param.new_length (frames per clip) must be > 0, got {p.new_length}")
         if bool(p.new_height) != bool(p.new_width):
@@ -321,12 +326,14 @@ class C3DVideoData(DataLayer):
                                         "new_height/new_width takes the frames' own size")
             data = (attrs["batch_size"], 3, attrs["length"]) + tuple(attrs["hw"])
         shapes = [tuple(data)]
-        if attrs["num_tops"] > 1:
-            shapes.append(tuple(given.get(1) or (data[0], 1, 1, 1, 1)))
+        for i in range(1, attrs["num_tops"]):   # the label, and SCNN's overlap
+            shapes.append(tuple(given.get(i) or (data[0], 1, 1, 1, 1)))
         return shapes
 
     def preprocessing(self, attrs):
         lines = [f"clips of {attrs['length']} frames, channels x frames x height x width"]
+        if attrs["num_tops"] > 2:
+            lines.append(SCNN_OVERLAP)
         if attrs["crop_size"]:
             n = attrs["crop_size"]
             lines.append(f"crop {n}x{n}: the centre crop at TEST (a random one at TRAIN)")

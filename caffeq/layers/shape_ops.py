@@ -366,7 +366,12 @@ class Tiling(Layer):
 @register_layer("Reshape")
 class Reshape(Layer):
     def parse(self, lp):
-        need_blobs(lp, lp.type, in_place=False)
+        need_blobs(lp, lp.type)
+        notes = []
+        if lp.top and lp.bottom and lp.top[0] == lp.bottom[0]:
+            # BVLC's LayerSetUp check came in 2015; forks from before it (ECO's caffe_3d) reshape in place
+            notes.append("reshapes in place, which BVLC Caffe 1.0 refuses and older Caffe forks (ECO's "
+                         "caffe_3d) accept: the blob takes the new shape")
         p = lp.reshape_param
         dims = [int(d) for d in p.shape.dim]
         inferred = [i for i, d in enumerate(dims) if d == -1]
@@ -379,7 +384,7 @@ class Reshape(Layer):
         shuffle = int(getattr(p, "pixelshuffler", 1))
         if shuffle < 1:
             raise LayerError(f"reshape_param.pixelshuffler must be >= 1, got {shuffle}")
-        return {"pixelshuffler": shuffle,
+        return {"pixelshuffler": shuffle, "reading_notes": notes,
                 "dims": dims, "axis": int(p.axis), "num_axes": int(p.num_axes),
                 "copy_axes": [i for i, d in enumerate(dims) if d == 0],
                 "inferred_axis": inferred[0] if inferred else -1}

@@ -14,10 +14,14 @@ block into the one whose fields it sets.  Each is a graph input shaped from its 
   RGB frame (1 with grayscale), 2 per FLOW frame (x and y); top0 (batch_size, C, crop, crop)
   with transform_param.crop_size, else new_height x new_width, else the frames' own size.
   The label is (batch_size, 1, 1, 1).  video_data_param.crop_size / mirror / mean_file are
-  declared there but unused: the transformer's are what apply.
+  declared there but unused: the transformer's are what apply.  ECO's copy (mzolfaghari/
+  ECO-efficient-video-understanding 1e77cbd caffe_3d) adds length_first (the channels hold each colour's
+  frames in turn), step and rand_step (the frame stride): they change which values land where, not
+  the shapes.  zhengshou/scnn's C3D v1.1 adds a third top, the overlap, (batch_size,).
 - SSD (weiliu89/caffe), video_data_param: webcam or video-file frames; shaped like any other
   fork data layer (caffeq/layers/fork_data.py: --input-shape or crop_size).
 """
+from .c3d import SCNN_OVERLAP
 from .data import DataLayer, describe_transform, needs_input_shape, transform_attrs
 from .fork_data import UNKNOWN_FORK_DATA
 from .registry import LayerError, register_layer
@@ -67,7 +71,8 @@ def _parse_tsn(lp):
             "modality": "FLOW" if p.modality == TSN_FLOW else "RGB",
             "channels": per_frame * int(p.new_length) * int(p.num_segments),
             # no default there (a 0 batch); 1 as for the other fork data layers
-            "batch_size": max(1, int(p.batch_size)), "resize": _resize(p, "video_data_param")}
+            "batch_size": max(1, int(p.batch_size)), "resize": _resize(p, "video_data_param"),
+            "length_first": bool(p.length_first)}
 
 
 @register_layer("VideoData")
@@ -79,8 +84,10 @@ class VideoData(DataLayer):
             attrs = _parse_tsn(lp)
         else:
             return dict(UNKNOWN_FORK_DATA.parse(lp), fork="SSD")
-        if not 1 <= len(lp.top) <= 2:
-            raise LayerError(f"{attrs['fork']}'s VideoData takes one or two tops, got {len(lp.top)}")
+        most = 3 if attrs["fork"] == "C3D v1.1" else 2   # SCNN's C3D v1.1 adds the overlap top
+        if not 1 <= len(lp.top) <= most:
+            raise LayerError(f"{attrs['fork']}'s VideoData takes one or two tops"
+                             f"{' (three in SCNN' + chr(39) + 's C3D)' if most == 3 else ''}, got {len(lp.top)}")
         attrs.update(type=lp.type, tops=list(lp.top), num_tops=len(lp.top), transform=transform_attrs(lp),
                      source=getattr(lp, attrs["field"]).source)
         attrs["hw"] = _frame_size(attrs, "video_data_param")
@@ -103,6 +110,8 @@ class VideoData(DataLayer):
             else:
                 label = (data[0],) if attrs["labels"] is None else (data[0], attrs["labels"])
             shapes.append(tuple(given.get(1) or label))
+        if attrs["num_tops"] > 2:   # SCNN's overlap: (batch_size,)
+            shapes.append(tuple(given.get(2) or (data[0],)))
         return shapes
 
     def preprocessing(self, attrs):
@@ -115,6 +124,11 @@ class VideoData(DataLayer):
             per = "x and y flow images" if attrs["modality"] == "FLOW" else "frames"
             lines = [(f"{attrs['segments']} segments x {attrs['length']} {per} ({attrs['modality']}), "
                       f"stacked on the channel axis")]
+            if attrs.get("length_first"):
+                lines.append("ECO's length_first: the channels hold each colour's (or flow axis's) frames "
+                             "in turn, not each frame's colours")
+        if attrs["num_tops"] > 2:
+            lines.append(SCNN_OVERLAP)
         if attrs["resize"]:
             lines.append(f"frames resized to {attrs['resize'][0]}x{attrs['resize'][1]}")
         return lines + describe_transform(attrs["transform"])
