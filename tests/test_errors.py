@@ -85,6 +85,18 @@ def test_a_layer_without_its_bottom_is_named(tmp_path):
     one_line_error(cli_process("inspect", write(tmp_path, "x.prototxt", text)), "'p' (Pooling)", "has no bottom")
 
 
+def test_a_net_left_empty_says_why(tmp_path):
+    # HoiM/triplet-caffe's net.prototxt: a fragment of training layers reading a blob another file makes
+    fragment = ('layer { name: "norm" type: "Python" bottom: "fc7_2" top: "n" python_param { module: "l2norm_layer" '
+                'layer: "L2NormLayer" } }\n'
+                'layer { name: "loss" type: "EuclideanLoss" bottom: "n" bottom: "n" top: "loss" }\n')
+    one_line_error(cli_process("inspect", write(tmp_path, "f.prototxt", fragment)), "nothing is left to run at TEST",
+                   "'norm', 'loss'", "layer 'norm' reads 'fc7_2', which no layer makes")
+    train_only = 'layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 } } include { phase: TRAIN } }\n'
+    one_line_error(cli_process("inspect", write(tmp_path, "t.prototxt", train_only)),
+                   "no layer of the net is in its TEST phase")
+
+
 def test_negative_and_absurd_dimensions_refused_before_allocating(tmp_path):
     neg = NET.replace("dim: 8 dim: 8", "dim: -8 dim: 8")
     one_line_error(cli_process("inspect", write(tmp_path, "n.prototxt", neg)), "data", "negative")

@@ -157,8 +157,27 @@ def _adopt_rule(args, rule):
 
 
 def check_not_empty(model, path):
-    if not model.graph.nodes:
+    if model.graph.nodes:
+        return
+    layers = list(model.net.layer) if model.net is not None else []
+    if not layers:
         raise ParseError(f"{path}: the net has no layers (an empty or commented-out prototxt?)")
+    from ..ir import filter_layers
+    layers = filter_layers(model.net, model.phase, model.stages, model.level)
+    if not layers:
+        raise ParseError(f"{path}: no layer of the net is in its {model.phase} phase (their include/exclude "
+                         f"rules); choose another with --phase/--stage")
+    # every layer was dropped as training-only (losses and what feeds only them): say which, and the first
+    # bottom no layer makes, the usual sign of a fragment meant to be appended to another net
+    made, missing = set(model.net.input), None
+    for lp in layers:
+        missing = missing or next(((lp.name, b) for b in lp.bottom if b not in made), None)
+        made.update(lp.top)
+    names = ", ".join(f"'{lp.name}'" for lp in layers[:4]) + (f" (+{len(layers) - 4} more)" if len(layers) > 4 else "")
+    hint = (f"; layer '{missing[0]}' reads '{missing[1]}', which no layer makes (a fragment of a larger net?)"
+            if missing else "")
+    raise ParseError(f"{path}: nothing is left to run at {model.phase}: every layer ({names}) only trains "
+                     f"(losses and the layers that feed only them){hint}")
 
 
 # ---- output paths -------------------------------------------------------------------------------
