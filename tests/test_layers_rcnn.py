@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import load_model_py, onnx_run_by_blob, onnx_session
+from conftest import check_everywhere, load_model_py, onnx_run_by_blob, onnx_session
 
 from caffeq.errors import CaffeqError, ExportError, UnsupportedLayerError
 from caffeq.layers import LayerError
@@ -352,3 +352,17 @@ def test_python_data_layer_takes_the_given_shapes():
     x = np.random.default_rng(0).standard_normal((2, 3, 5, 7)).astype(np.float32)
     got = model.run({"data": x, "label": np.zeros((2, 1, 5, 7), np.float32)})["out"]
     np.testing.assert_array_equal(got, np.maximum(x, 0))
+
+
+def test_no_rois_flow_through_roi_pooling_and_inner_product(tmp_path):
+    # a proposal layer can leave no roi (py-faster-rcnn filters every box below min_size): Caffe's
+    # InnerProduct then makes an empty (0, N) top, and so must every backend
+    text = '''layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 dim: 6 dim: 6 } } }
+layer { name: "rois" type: "Input" top: "rois" input_param { shape { dim: 3 dim: 5 } } }
+layer { name: "pool" type: "ROIPooling" bottom: "data" bottom: "rois" top: "pool"
+  roi_pooling_param { pooled_h: 2 pooled_w: 2 spatial_scale: 1 } }
+layer { name: "fc" type: "InnerProduct" bottom: "pool" top: "fc" inner_product_param { num_output: 4 } }'''
+    model = load_from_text(text, random_weights=True)
+    feeds = {"data": np.ones((1, 2, 6, 6), np.float32), "rois": np.zeros((0, 5), np.float32)}
+    assert model.run(feeds)["fc"].shape == (0, 4)
+    check_everywhere(model, feeds, {"fc": np.zeros((0, 4), np.float32)}, tmp_path, exact=True)

@@ -478,7 +478,7 @@ class InnerProduct(Layer):
 
     def forward(self, attrs, params, x):
         axis = attrs["_axis"]
-        flat = x.reshape(tuple(x.shape[:axis]) + (-1,))
+        flat = x.flatten(axis)   # (not a reshape to -1: that fails on the zero rois a proposal layer may give)
         w = params[0]
         if attrs.get("normalize"):   # happynear's fork: unit rows of the stored (N, K) memory
             w = unit_rows(w, attrs["num_output"], FORK_EPS)
