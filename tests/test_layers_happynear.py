@@ -212,3 +212,25 @@ def test_inner_distance_weight_from_a_bottom_on_axis_2(tmp_path):
     with pytest.raises(LayerError, match="7 rows of 20"):
         load_from_text(net('layer { name: "d" type: "InnerDistance" bottom: "x" bottom: "w" top: "o" '
                            'inner_distance_param { axis: 2 } }', inputs={"x": x.shape, "w": (7, 21)}))
+
+
+def gram_ref(x):
+    """gram_layer.cpp: per item, gemm(X, X^T) with alpha = (1 / (float) H W) / (float) C, X = (C, H W)."""
+    n, c = x.shape[0], x.shape[1]
+    x4 = x.reshape(n, c, -1).astype(np.float64)
+    alpha = np.float32(np.float32(1.0) / np.float32(x4.shape[2])) / np.float32(c)
+    out = np.zeros((n, c, c, 1), np.float64)
+    for i in range(n):
+        for a in range(c):
+            for b in range(c):
+                out[i, a, b, 0] = alpha * sum(x4[i, a, k] * x4[i, b, k] for k in range(x4.shape[2]))
+    return out.astype(np.float32)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (1, 4, 3)])
+def test_happynear_gram_matrix_of_each_item(shape, tmp_path):
+    # DeepVisualization NeuralArt's style nets: Gram of conv features, (N, C, C, 1)
+    model = load_from_text(net('layer { name: "g" type: "Gram" bottom: "x" top: "y" }', inputs={"x": shape}))
+    x = rng(5).standard_normal(shape).astype(np.float32)
+    assert model.blob_shapes["y"] == (shape[0], shape[1], shape[1], 1)
+    check_backends(model, {"x": x}, tmp_path, {"y": gram_ref(x)})

@@ -12,6 +12,9 @@
 - InnerDistance: top[m, n] = sum_k (x[m, k] - w[n, k])^2 ("L2", not square-rooted) or
   sum_k |x - w| ("L1"); weight from a blob or from bottom[1]; no bias.
 
+- Gram (happynear/caffe-windows 9302198 gram_layer.cpp; DeepVisualization's NeuralArt style nets): each
+  item's channels as rows of X (C x H W), top (N, C, C, 1) = X X^T times (1 / (float) H W) / (float) C.
+
 The eps values are the fork's CPU code's (1e-6); its GPU kernels use 1e-12 for L2.
 """
 
@@ -403,3 +406,40 @@ class InnerDistanceLayer(Layer):
 
 __all__ = ["HAPPYNEAR_NORMALIZE", "ChannelScale", "Flip", "InnerDistanceLayer", "channel_normalize",
            "channel_scale", "flip_hw", "inner_distance", "normalize_fork", "onnx_unit_rows", "unit_rows"]
+
+
+def gram_matrix(x, scale: float):
+    """happynear's Gram: per item, X X^T times `scale` for X its (C, H W) channels -> (N, C, C, 1)."""
+    rows = x.reshape(x.shape[0], x.shape[1], -1)
+    return (torch.matmul(rows, rows.transpose(1, 2)) * scale).unsqueeze(-1)
+
+
+@register_layer("Gram")
+class Gram(Layer):
+    bottoms = tops = 1
+
+    def infer(self, attrs, in_shapes):
+        n, c, h, w = legacy_nchw(in_shapes[0], "Gram")
+        # the fork's alpha: 1 / (Dtype) spatial_dim / (Dtype) channel in float
+        attrs["scale"] = float(np.float32(np.float32(1.0) / np.float32(h * w)) / np.float32(c))
+        return [(n, c, c, 1)]
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        n, c, h, w = legacy_nchw(in_shapes[0], "Gram")
+        return n * c * c * h * w
+
+    def forward(self, attrs, params, x):
+        return gram_matrix(x.reshape(legacy_nchw(x.shape, "Gram")), attrs["scale"])
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(gram_matrix)}({emit.inputs[0]}, {emit.lit(node.attrs['scale'])})"
+
+    def onnx(self, ctx, node):
+        x, name = node.inputs[0], node.name
+        _, c, h, w = legacy_nchw(ctx.shape(x), "Gram")
+        rows = ctx.add_node("Reshape", [x, ctx.const(np.array([0, c, h * w], np.int64))], [ctx.tmp(name + "_rows")],
+                            name=name)[0]
+        cols = ctx.op("Transpose", [rows], "cols", perm=[0, 2, 1])
+        gram = ctx.op("MatMul", [rows, cols], "gram")
+        scaled = ctx.op("Mul", [gram, ctx.const(np.array(node.attrs["scale"], np.float32))], "scaled")
+        ctx.add_node("Reshape", [scaled, ctx.const(np.array([0, c, c, 1], np.int64))], [node.outputs[0]])
