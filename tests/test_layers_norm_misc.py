@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import inputs_text
+from conftest import check_everywhere, inputs_text
 
 from caffeq.errors import DataError
 from caffeq.layers import LayerError
@@ -235,6 +235,22 @@ def test_mvn_top_has_caffes_legacy_four_axes():
     xd = x.astype(np.float64)
     ref = (xd - xd.mean(1, keepdims=True)) / (xd.std(1, keepdims=True) + 1e-9)
     close(model.run(x)["y"], ref.reshape(3, 6, 1, 1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape, axis, variance", [((2, 3, 4, 5, 2), 2, True), ((2, 3, 4, 5, 2), 1, False),
+                                                   ((3, 4, 5), 3, True)])
+def test_mvn_nd_normalizes_from_its_axis_and_keeps_the_shape(shape, axis, variance, tmp_path):
+    # antran89/my-very-deep-caffe's MVN_ND (two-stream-fcan's attention maps over 5-axis C3D blobs)
+    x = randn(*shape) * 3 + 2
+    model = build([("x", shape)], [f'layer {{ name: "mvn" type: "MVN_ND" bottom: "x" top: "y" mvn_param {{ '
+                                   f'axis: {axis} normalize_variance: {str(variance).lower()} eps: 0.05 }} }}'])
+    assert model.blob_shapes["y"] == shape
+    xd = x.astype(np.float64)
+    axes = tuple(range(axis, len(shape)))
+    ref = xd - xd.mean(axis=axes, keepdims=True) if axes else np.zeros_like(xd)
+    if variance and axes:
+        ref = ref / (np.sqrt((ref ** 2).mean(axis=axes, keepdims=True)) + 0.05)
+    check_everywhere(model, {"x": x}, {"y": ref.astype(np.float32)}, tmp_path, atol=1e-5, rtol=1e-5)
 
 
 # ---- Softmax --------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .registry import Layer, LayerError, canonical_axis, count, register_layer
+from .registry import Layer, LayerError, canonical_axis, count, need_blobs, register_layer
 
 # ---- ONNX helpers shared with misc.py ---------------------------------------------
 
@@ -547,6 +547,63 @@ class MVN(Layer):
         emit.helper(caffe_mvn)
         m = emit.module(f"{emit.helper(CaffeMVN)}({', '.join(args)})")
         return f"{m}({emit.inputs[0]})"
+
+
+def mvn_from_axis(x, axis: int, normalize_variance: bool, eps: float):
+    """antran89/my-very-deep-caffe's MVN_ND: Caffe's MVN over every axis from `axis` on, per index of
+    the axes before it; the top keeps the bottom's shape."""
+    dims = list(range(axis, x.dim()))
+    if not dims:   # nothing to reduce: each value is its own mean
+        return x - x
+    y = x - x.mean(dim=dims, keepdim=True)
+    if normalize_variance:
+        y = y / (torch.sqrt((y * y).mean(dim=dims, keepdim=True)) + eps)
+    return y
+
+
+@register_layer("MVN_ND")
+class MVNFromAxis(MVN):
+    """antran89/my-very-deep-caffe 6993636 mvn_nd_layer.cpp (two-stream-fcan's attention nets): MVN from
+    mvn_param.axis [2] to the last axis (across_channels is not read), top shaped as the bottom."""
+
+    bottoms = tops = 1
+
+    def parse(self, lp):
+        need_blobs(lp, "MVN_ND", 1, 1)
+        attrs = super().parse(lp)
+        attrs["axis"] = int(lp.mvn_param.axis)
+        return attrs
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if not 0 <= attrs["axis"] <= len(s):
+            raise LayerError(f"mvn_param.axis {attrs['axis']} is outside a {len(s)}-axis bottom (the fork counts "
+                             f"axes from 0 and takes no negative axis)")
+        return [s]
+
+    def forward(self, attrs, params, x):
+        return mvn_from_axis(x, attrs["axis"], attrs["normalize_variance"], attrs["eps"])
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x, out = node.inputs[0], node.outputs[0]
+        axes = list(range(a["axis"], len(ctx.shape(x))))
+        if not axes:
+            ctx.add_node("Sub", [x, x], [out], name=node.name)
+            return
+        mean = onnx_reduce(ctx, "ReduceMean", x, axes, 1)
+        target = out if not a["normalize_variance"] else ctx.tmp(node.name + "_centred")
+        ctx.add_node("Sub", [x, mean], [target], name=node.name)
+        if not a["normalize_variance"]:
+            return
+        var = onnx_reduce(ctx, "ReduceMean", ctx.op("Mul", [target, target], "sq"), axes, 1)
+        den = ctx.op("Add", [ctx.op("Sqrt", [var], "std"), ctx.const(np.array(a["eps"], np.float32))], "den")
+        ctx.add_node("Div", [target, den], [out])
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        return (f"{emit.helper(mvn_from_axis)}({emit.inputs[0]}, {a['axis']}, {a['normalize_variance']}, "
+                f"{emit.lit(a['eps'])})")
 
 
 # ---- Softmax -----------------------------------------------------------------------------
