@@ -391,3 +391,33 @@ def test_real_files_read(name, layer, shapes):
     node = next(n for n in model.layers if n.name == layer)
     if shapes is not None:
         assert [model.graph.tensors[t].shape for t in node.outputs] == shapes
+
+
+def maxout_ref(x, scales):
+    """R2CNN's maxout_layer/layer.py: np.maximum over the scales' row blocks, starting from zeros."""
+    x4 = x.reshape(x.shape[0], x.shape[1], 1, 1) if x.ndim == 2 else x
+    per = x4.shape[0] // scales
+    out = np.zeros((per,) + x4.shape[1:], x4.dtype)
+    for i in range(scales):
+        out = np.maximum(out, x4[per * i: per * (i + 1)])
+    return out
+
+
+@pytest.mark.parametrize("rois, info", [((6, 3, 2, 2), (1, 4)), ((4, 5), (1, 3)), ((9, 2, 3, 1), (1, 5))])
+def test_r2cnn_maxout_takes_each_rois_best_scale(rois, info, tmp_path):
+    layer = ('layer { name: "mo" type: "Python" bottom: "x" bottom: "im_info" top: "y" '
+             'python_param { module: "maxout_layer.layer" layer: "MaxoutLayer" } }')
+    model = load_from_text(net(layer, inputs={"x": rois, "im_info": info}))
+    scales = info[1] - 2
+    x = np.random.default_rng(3).standard_normal(rois).astype(np.float32)
+    feeds = {"x": x, "im_info": np.ones(info, np.float32)}
+    ref = maxout_ref(x, scales)
+    assert model.blob_shapes["y"] == ref.shape
+    check_everywhere(model, feeds, {"y": ref}, tmp_path)
+
+
+def test_r2cnn_maxout_needs_whole_blocks_of_rois():
+    layer = ('layer { name: "mo" type: "Python" bottom: "x" bottom: "im_info" top: "y" '
+             'python_param { module: "maxout_layer.layer" layer: "MaxoutLayer" } }')
+    with pytest.raises(LayerError, match="5 rois do not split into 2 scales"):
+        load_from_text(net(layer, inputs={"x": (5, 3, 2, 2), "im_info": (1, 4)}))

@@ -31,6 +31,11 @@ what the known module computes (see registry.spec_for).
   ce9ee7b): the ordinal regression's depth label, (N, 1, H, W) float32, counting the channel pairs
   (2i, 2i + 1), i < C // 2, whose numpy argmax is 1: x[2i + 1] > x[2i], or x[2i + 1] is NaN and
   x[2i] is not (argmax takes the first NaN as the maximum); an odd last channel is left out.
+- `maxout_layer.layer.MaxoutLayer` (beacandler/R2CNN 19d2382 src/lib/maxout_layer/layer.py, its
+  multi-scale tests): bottoms (pooled rois (R, C, H, W) or (R, C), im_info (1, 2 + S)); the rois come
+  as S blocks of R / S, one per test scale (the im_info columns after the second), and the top
+  (R / S, C, H, W) is their elementwise maximum, started from zeros (so never below 0).  R must be a
+  multiple of S, as the module asserts.
 """
 
 import numpy as np
@@ -285,3 +290,58 @@ class OrdinalDecode(Layer):
 
     def pytorch_source(self, node, emit):
         return f"{emit.helper(torch_sources(ordinal_count))}({emit.inputs[0]})"
+
+
+def scale_maxout(x, scales: int):
+    """R2CNN's MaxoutLayer: the elementwise max of the `scales` row blocks of x and of 0, 4-axis."""
+    x = x.reshape(x.shape[0], x.shape[1], -1, 1) if x.dim() == 2 else x
+    per = x.shape[0] // scales
+    out = torch.zeros_like(x[:per])
+    for i in range(scales):
+        out = torch.maximum(out, x[i * per:(i + 1) * per])
+    return out
+
+
+@register_layer("Python:maxout_layer.layer.MaxoutLayer")
+class ScaleMaxout(Layer):
+    data_dependent_shape = True   # as many rows as the rois it pools over, divided by the scales
+
+    def parse(self, lp):
+        need_blobs(lp, "maxout_layer.layer.MaxoutLayer", 2, 1, "pooled rois, im_info")
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        x, info = tuple(in_shapes[0]), tuple(in_shapes[1])
+        if len(x) not in (2, 4) or len(info) != 2 or info[1] < 3:
+            raise LayerError(f"MaxoutLayer reads pooled rois (R, C[, H, W]) and im_info (1, 2 + scales), got "
+                             f"{list(x)} and {list(info)}")
+        attrs["scales"] = info[1] - 2
+        if x[0] % attrs["scales"]:
+            raise LayerError(f"MaxoutLayer: {x[0]} rois do not split into {attrs['scales']} scales (im_info's "
+                             f"columns after the second)")
+        return [(x[0] // attrs["scales"], x[1]) + (tuple(x[2:]) if len(x) == 4 else (1, 1))]
+
+    def forward(self, attrs, params, x, info):
+        if x.shape[0] % attrs["scales"]:
+            raise LayerError(f"MaxoutLayer: {x.shape[0]} rois do not split into {attrs['scales']} scales")
+        return scale_maxout(x, attrs["scales"])
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(scale_maxout)}({emit.inputs[0]}, {node.attrs['scales']})"
+
+    def onnx(self, ctx, node):
+        from .norm import onnx_reduce
+        x, name, s = node.inputs[0], node.name, node.attrs["scales"]
+        shape = ctx.shape(x)
+        # rows (S, R / S, C H W), R / S left to the run (a proposal layer's count, possibly 0; the known C H W
+        # keeps -1 unambiguous): the max over the first axis, then 0, back to (R / S, C, H, W)
+        c, h, w = _rest(shape)
+        split = ctx.add_node("Reshape", [x, ctx.i64([s, -1, c * h * w])], [ctx.tmp(name + "_blocks")], name=name)[0]
+        best = ctx.op("Max", [onnx_reduce(ctx, "ReduceMax", split, [0], 0), ctx.const(np.array(0.0, np.float32))],
+                      "best")
+        ctx.add_node("Reshape", [best, ctx.i64([-1, c, h, w])], [node.outputs[0]])
+
+
+def _rest(shape):
+    """The (C, H, W) of pooled rois (R, C, H, W), or (C, 1, 1) of (R, C)."""
+    return tuple(shape[1:]) if len(shape) == 4 else (shape[1], 1, 1)
