@@ -60,6 +60,7 @@ from . import (  # noqa: F401,E402
     pose_action,
     pose_action_rois,
     pose_ren,
+    pruning,
     pred_to_proposal,
     psanet,
     psroi_align,
