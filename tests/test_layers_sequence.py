@@ -448,3 +448,55 @@ def test_continuation_indicator_feeds_an_lstm_on_cuda():
     model = load_from_text(text, random_weights=True)
     feeds = {"x": rng(11).standard_normal((t, n, 2)).astype(np.float32)}
     assert_close(model.run(feeds, device="cuda")["o"], model.run(feeds)["o"], 1e-5, 1e-5, "cuda LSTM")
+
+
+def lisa_lstm_ref(x, flush, w_xc, b_c, w_hc, streams):
+    """lisa-caffe-public's LSTM, from lstm_layer.cpp's unrolled net and lstm_unit_layer.cpp, in float64: x and
+    flush frame-major (row t * streams + s), h and c start at 0; h' = flush h, gates = W_xc x + b + W_hc h',
+    i, f, o = sigmoid, g = tanh (its 2 sigmoid(2 v) - 1), f = 0 where flush is 0."""
+    def sig(v):
+        return 1.0 / (1.0 + np.exp(-v))
+    rows, hd = x.shape[0], w_hc.shape[1]
+    xs, fl = x.reshape(rows, -1).astype(np.float64), flush.reshape(rows).astype(np.float64)
+    h, c = np.zeros((streams, hd)), np.zeros((streams, hd))
+    out = np.zeros((rows, hd))
+    for t in range(rows // streams):
+        for s in range(streams):
+            r = t * streams + s
+            hp = fl[r] * h[s]
+            gates = w_xc.astype(np.float64) @ xs[r] + b_c + w_hc.astype(np.float64) @ hp
+            i, f, o = sig(gates[:hd]), fl[r] * sig(gates[hd:2 * hd]), sig(gates[2 * hd:3 * hd])
+            g = 2 * sig(2 * gates[3 * hd:]) - 1
+            c[s] = f * c[s] + i * g
+            h[s] = o * (2 * sig(2 * c[s]) - 1)
+            out[r] = h[s]
+    return out.reshape(rows, hd, 1, 1).astype(np.float32)
+
+
+def test_lisa_caffe_lstm_runs_frame_major_clips(tmp_path):
+    # olivernina/lisa-caffe-public's LRCN (V1 `type: LSTM`, lstm_param { hidden_dim buffer_size }): 3 time steps
+    # of 2 streams, a new clip starting at step 1 in stream 0
+    text = ('layers { name: "x" type: DUMMY_DATA top: "x" top: "flush" dummy_data_param { '
+            'shape { dim: 6 dim: 3 dim: 2 dim: 1 } shape { dim: 6 dim: 1 dim: 1 dim: 1 } } }\n'
+            'layers { name: "lstm1" type: LSTM bottom: "x" bottom: "flush" top: "h" '
+            'lstm_param { hidden_dim: 4 buffer_size: 2 } }')
+    model = load_from_text(text, input_shapes={"x": (6, 3, 2, 1), "flush": (6, 1, 1, 1)}, random_weights=True)
+    assert model.blob_shapes["h"] == (6, 4, 1, 1)
+    assert [b.shape for b in model.graph.node("lstm1").blobs] == [(16, 6), (16,), (16, 4)]
+    r = rng(8)
+    w_xc, b_c, w_hc = (r.standard_normal(s).astype(np.float32) * 0.5 for s in [(16, 6), (16,), (16, 4)])
+    model.graph.node("lstm1").blobs = [w_xc, b_c, w_hc]
+    model.clear_cache()
+    x = r.standard_normal((6, 3, 2, 1)).astype(np.float32)
+    flush = np.array([0, 0, 0, 1, 1, 1], np.float32).reshape(6, 1, 1, 1)
+    ref = lisa_lstm_ref(x, flush, w_xc, b_c, w_hc, 2)
+    check_everywhere(model, {"x": x, "flush": flush}, {"h": ref}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def test_lisa_caffe_lstm_checks_the_streams_and_markers():
+    text = ('layer { name: "x" type: "Input" top: "x" top: "flush" input_param { shape { dim: 5 dim: 3 } '
+            'shape { dim: 5 dim: 1 } } }\n'
+            'layer { name: "lstm1" type: "LSTM" bottom: "x" bottom: "flush" top: "h" '
+            'lstm_param { hidden_dim: 4 buffer_size: 2 } }')
+    with pytest.raises(LayerError, match="not a whole number of time steps of lstm_param.buffer_size 2"):
+        load_from_text(text)

@@ -134,6 +134,8 @@ _V1_FORK_TYPES = {
     "MULTI_STAGE_MEANFIELD": "MultiStageMeanfield",
     # dsisds/caffe-SPPNet
     "SPATIAL_PYRAMID_POOLING": "SpatialPyramidPooling",
+    # LRCN's lisa-caffe-public (its LSTM reads lstm_param; caffeq/layers/recurrent.py)
+    "LSTM": "LSTM", "LSTM_UNIT": "LSTMUnit",
 }
 V1_TYPE_STRINGS.update(_V1_FORK_TYPES)
 

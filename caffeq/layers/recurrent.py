@@ -17,12 +17,18 @@ x is flattened from axis 2, x_static from axis 1.  Without expose_hidden the
 initial states are zero (a fresh Caffe net; Caffe would carry h_T into the
 next Forward call, which a stateless model cannot).
 
+LRCN's lisa-caffe-public LSTM (LRCN_model 8d19f1d lstm_layer.cpp, lstm_unit_layer.cpp; a layer with
+lstm_param { hidden_dim buffer_size } and no recurrent_param, V1 type LSTM) is the same recurrence on
+frame-major batches: x (T * N, ...) with N = buffer_size streams, the flush markers (T * N, 1, 1, 1) as
+cont, the top (T * N, hidden_dim, 1, 1); blobs W_xc, b_c, W_hc as above.
+
 Blobs, in the order Caffe's unrolled net owns them:
   RNN:  W_xh (H, K), b_h (H), [W_xh_static (H, Ks)], W_hh (H, H), W_ho (H, H), b_o (H)
   LSTM: W_xc (4H, K), b_c (4H), [W_xc_static (4H, Ks)], W_hc (4H, H)
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -30,7 +36,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, need_blobs, register_layer
+from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer
 
 FLOAT = 1  # onnx.TensorProto.FLOAT
 
@@ -249,6 +255,16 @@ class RNN(Recurrent):
         return _recurrent_source(node, emit, CaffeRNN, rnn_steps)
 
 
+def frame_major_lstm(x, flush, w_xc, b_c, w_hc, streams: int):
+    """lisa-caffe-public's LSTM: x (T * streams, ...) and flush (T * streams, ...) frame-major, zero
+    initial states -> (T * streams, H, 1, 1)."""
+    t = x.shape[0] // streams
+    gx = recurrent_input(x.reshape(t, streams, -1), w_xc, b_c, None, None)
+    zeros = gx.new_zeros(streams, w_hc.shape[1])
+    hs, _, _ = lstm_steps(gx, flush.reshape(t, streams), zeros, zeros, w_hc)
+    return hs.reshape(t * streams, -1, 1, 1)
+
+
 @register_layer("LSTM")
 class LSTM(Recurrent):
     blob_names = ("W_xc", "b_c", "W_hc")
@@ -262,6 +278,34 @@ class LSTM(Recurrent):
     gates = 4
     num_states = 2
 
+    def parse(self, lp):
+        if not lp.HasField("lstm_param") or lp.HasField("recurrent_param"):
+            return super().parse(lp)
+        p = lp.lstm_param   # lisa-caffe-public's frame-major LSTM
+        need_blobs(lp, "LSTM (lisa-caffe's)", 2, 1, "data, flush markers")
+        if p.hidden_dim <= 0 or p.buffer_size <= 0:
+            raise LayerError(f"lstm_param.hidden_dim and buffer_size must be positive, got {p.hidden_dim} and "
+                             f"{p.buffer_size}")
+        return {"num_output": int(p.hidden_dim), "streams": int(p.buffer_size), "expose_hidden": False,
+                "static": False}
+
+    def _check(self, attrs, in_shapes):
+        if "streams" not in attrs:
+            return super()._check(attrs, in_shapes)
+        x, flush, streams = tuple(in_shapes[0]), tuple(in_shapes[1]), attrs["streams"]
+        if not x or x[0] % streams or x[0] < streams:
+            raise LayerError(f"the bottom's {x[0] if x else 0} items are not a whole number of time steps of "
+                             f"lstm_param.buffer_size {streams} streams")
+        if legacy_nchw(flush, "the flush markers") != (x[0], 1, 1, 1):
+            raise LayerError(f"the flush markers must be ({x[0]}, 1, 1, 1), one per item, got {list(flush)}")
+        return x[0] // streams, streams, math.prod(x[1:]), None, attrs["num_output"]
+
+    def infer(self, attrs, in_shapes):
+        if "streams" not in attrs:
+            return super().infer(attrs, in_shapes)
+        t, n, _, _, h = self._check(attrs, in_shapes)
+        return [(t * n, h, 1, 1)]
+
     def param_shapes(self, attrs, in_shapes):
         _, _, k, ks, h = self._check(attrs, in_shapes)
         shapes = [(4 * h, k), (4 * h,)]
@@ -270,6 +314,8 @@ class LSTM(Recurrent):
         return shapes + [(4 * h, h)]
 
     def forward(self, attrs, params, *inputs):
+        if "streams" in attrs:
+            return frame_major_lstm(inputs[0], inputs[1], *params, attrs["streams"])
         x, cont, xs, states = self._unpack(attrs, inputs)
         if attrs["static"]:
             w_xc, b_c, w_static, w_hc = params
@@ -287,10 +333,31 @@ class LSTM(Recurrent):
         return hs
 
     def onnx(self, ctx, node):
-        _onnx_recurrent(ctx, node, lstm=True)
+        if "streams" not in node.attrs:
+            _onnx_recurrent(ctx, node, lstm=True)
+            return
+        # lisa-caffe's frame-major batch: (T, N, ...) in, the usual Scan, (T * N, H, 1, 1) out
+        n, name = node.attrs["streams"], node.name
+        x = ctx.add_node("Reshape", [node.inputs[0], ctx.i64([-1, n, math.prod(ctx.shape(node.inputs[0])[1:])])],
+                         [ctx.tmp(name + "_steps")], name=name)[0]
+        cont = ctx.add_node("Reshape", [node.inputs[1], ctx.i64([-1, n])], [ctx.tmp(name + "_flush")])[0]
+        inner = copy.copy(node)
+        inner.inputs, inner.outputs = [x, cont], [ctx.tmp(name + "_h")]
+        _onnx_recurrent(ctx, inner, lstm=True)
+        ctx.add_node("Reshape", [inner.outputs[0], ctx.i64([-1, node.attrs["num_output"], 1, 1])], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
-        return _recurrent_source(node, emit, CaffeLSTM, lstm_steps)
+        if "streams" not in node.attrs:
+            return _recurrent_source(node, emit, CaffeLSTM, lstm_steps)
+        emit.helper(recurrent_input)
+        emit.helper(lstm_steps)
+        fn = emit.helper(frame_major_lstm)
+        weights = []
+        for i, (name, shape) in enumerate(zip(self.blob_names, node.expected_param_shapes)):
+            attr = emit.extra_attr(name)
+            weights.append(emit.module(f"nn.Parameter(torch.zeros({', '.join(map(str, shape))}))", attr=attr))
+            emit.param("", i, attr=attr)
+        return f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {', '.join(weights)}, {node.attrs['streams']})"
 
 
 # ---- standalone PyTorch source -----------------------------------------------------------
