@@ -250,7 +250,8 @@ def test_the_fields_keep_the_forks_numbers():
                                                        "design": 20001}
     assert warp["spatial_scale"].default_value == 1.0
     resize = caffe_pb2.MaskResizeParameter.DESCRIPTOR.fields_by_name
-    assert {k: f.number for k, f in resize.items()} == {"output_height": 1, "output_width": 2}
+    assert {k: f.number for k, f in resize.items()} == {"output_height": 1, "output_width": 2,
+                                                         "factor_height": 3, "factor_width": 4}   # + SSTD's
     layer = caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name
     assert layer["roi_warping_param"].number == 11870 and layer["mask_resize_param"].number == 11890
 
@@ -268,6 +269,17 @@ def test_mask_resize_matches_the_kernel_everywhere(in_hw, out_hw, tmp_path):
     check_everywhere(model, {"x": x}, {"o": ref}, tmp_path)
     if in_hw == (5, 4):   # upsampled more than 2x: the last rows and columns lie past the map and read 0
         assert not ref[:, :, -1, :].any() and not ref[:, :, :, -1].any() and ref[:, :, 0, 0].all()
+
+
+def test_sstd_mask_resize_sizes_by_its_factors(tmp_path):
+    # BestSonny/SSTD deploy: output_height/width 1 and factor_height/width 0.125: int(size * factor) wins
+    shape = (2, 1, 40, 27)
+    model = load_from_text(net('layer { name: "o" type: "MaskResize" bottom: "x" top: "o" mask_resize_param { '
+                               'output_height: 1 output_width: 1 factor_height: 0.125 factor_width: 0.25 } }',
+                               inputs={"x": shape}))
+    assert model.blob_shapes["o"] == (2, 1, 5, 6)          # int(40 * 0.125), int(27 * 0.25)
+    x = rng(4).standard_normal(shape).astype(np.float32)
+    check_everywhere(model, {"x": x}, {"o": ref_mask_resize(x, 5, 6)}, tmp_path)
 
 
 @pytest.mark.parametrize("mask_shape", [(4, 1, 5, 6), (4, 3, 5, 6)])

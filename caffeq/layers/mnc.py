@@ -324,14 +324,29 @@ class MaskResize(Layer):
         if p.output_height <= 0 or p.output_width <= 0:
             raise LayerError(f"mask_resize_param.output_height and output_width must be > 0, "
                              f"got {p.output_height} x {p.output_width}")
-        return {"out_h": int(p.output_height), "out_w": int(p.output_width)}
+        # BestSonny/SSTD's copy: a positive factor sizes that axis as int(bottom's size * factor) instead
+        return {"out_h": int(p.output_height), "out_w": int(p.output_width),
+                "factors": (float(p.factor_height), float(p.factor_width))}
+
+    @staticmethod
+    def out_hw(attrs, h, w):
+        fh, fw = attrs.get("factors", (0.0, 0.0))
+        # the fork's int(height * factor), the product in float
+        out_h = int(np.float32(h) * np.float32(fh)) if fh > 0 else attrs["out_h"]
+        out_w = int(np.float32(w) * np.float32(fw)) if fw > 0 else attrs["out_w"]
+        return out_h, out_w
 
     def infer(self, attrs, in_shapes):
-        n, c, _h, _w = legacy_nchw(in_shapes[0], "MaskResize")
-        return [(n, c, attrs["out_h"], attrs["out_w"])]
+        n, c, h, w = legacy_nchw(in_shapes[0], "MaskResize")
+        out_h, out_w = self.out_hw(attrs, h, w)
+        if out_h < 1 or out_w < 1:
+            raise LayerError(f"mask_resize_param's factors give a {out_h}x{out_w} top for a {h}x{w} bottom")
+        attrs["out_h"], attrs["out_w"] = out_h, out_w   # the sizes the bottom's size gives, for the exporters
+        return [(n, c, out_h, out_w)]
 
     def forward(self, attrs, params, x):
-        return mnc_mask_resize(x, attrs["out_h"], attrs["out_w"])
+        _n, _c, h, w = legacy_nchw(x.shape, "MaskResize")
+        return mnc_mask_resize(x, *self.out_hw(attrs, h, w))
 
     def onnx(self, ctx, node):
         a = node.attrs
