@@ -189,6 +189,14 @@ def cv_nearest_resize(x, h_out: int, w_out: int):
 # model.py gets these very functions
 TORCH_CV_NEAREST = torch_sources(cv_nearest_index, cv_nearest_resize)
 
+
+def onnx_cv_nearest(ctx, node, x, h, w, ho, wo):
+    """cv_nearest_resize of x (N, C, h, w) to node's top (ho x wo) as two Gathers of constant indexes."""
+    rows = ctx.add_node("Gather", [x, ctx.const(np.array(cv_nearest_index(h, ho), np.int64))],
+                        [ctx.tmp(f"{node.name}_rows")], axis=2)[0]
+    ctx.add_node("Gather", [rows, ctx.const(np.array(cv_nearest_index(w, wo), np.int64))],
+                 [node.outputs[0]], name=node.name, axis=3)
+
 CV_CN_MAX = 512   # OpenCV's most channels in one Mat element
 
 
@@ -234,11 +242,7 @@ class CVNearestUpsample(Layer):
     def onnx(self, ctx, node):
         x = node.inputs[0]
         _n, _c, h, w = ctx.shape(x)
-        ho, wo = self.out_hw(node.attrs, h, w)
-        rows = ctx.add_node("Gather", [x, ctx.const(np.array(cv_nearest_index(h, ho), np.int64))],
-                            [ctx.tmp(f"{node.name}_rows")], axis=2)[0]
-        ctx.add_node("Gather", [rows, ctx.const(np.array(cv_nearest_index(w, wo), np.int64))],
-                     [node.outputs[0]], name=node.name, axis=3)
+        onnx_cv_nearest(ctx, node, x, h, w, *self.out_hw(node.attrs, h, w))
 
     def pytorch_source(self, node, emit):
         ho, wo = self.out_hw(node.attrs, *emit.in_shape(0)[2:])

@@ -12,7 +12,7 @@ takes and writes (YOLOv3 conversions for the DPU, e.g. rulai-hu/DNNDK-YOLOv3).
 import numpy as np
 import torch
 
-from .python_layers import TORCH_CV_NEAREST, cv_nearest_index, cv_nearest_resize
+from .python_layers import TORCH_CV_NEAREST, cv_nearest_resize, onnx_cv_nearest
 from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 
 _NEAREST = 1   # DeephiResizeParameter.NEAREST
@@ -96,10 +96,7 @@ class DeephiResize(Layer):
         _n, _c, h, w = ctx.shape(x)
         ho, wo = self.out_hw(node.attrs, h, w)
         if node.attrs["nearest"]:
-            rows = ctx.add_node("Gather", [x, ctx.const(np.array(cv_nearest_index(h, ho), np.int64))],
-                                [ctx.tmp(f"{name}_rows")], name=name, axis=2)[0]
-            ctx.add_node("Gather", [rows, ctx.const(np.array(cv_nearest_index(w, wo), np.int64))],
-                         [node.outputs[0]], axis=3)
+            onnx_cv_nearest(ctx, node, x, h, w, ho, wo)
             return
         along_h = _onnx_linear_axis(ctx, x, 2, h, ho, ctx.tmp(f"{name}_rows"), name)
         _onnx_linear_axis(ctx, along_h, 3, w, wo, node.outputs[0], name)

@@ -2,6 +2,8 @@
 import numpy as np
 import torch
 
+from ..registry import Layer
+
 FLT_MAX = float(np.finfo(np.float32).max)
 CORNER, CENTER_SIZE, CORNER_SIZE = 1, 2, 3
 CODE_NAMES = {CORNER: "CORNER", CENTER_SIZE: "CENTER_SIZE", CORNER_SIZE: "CORNER_SIZE"}
@@ -89,3 +91,30 @@ def emit_detection_top(ctx, op, rows, batch_input, out, width: int, id_stride: i
     both = op("Concat", [rows, fallback], "both", axis=0)
     picked = op("Slice", [both, ctx.i64([0]), end, ctx.i64([0])], "out2")
     ctx.add_node("Reshape", [picked, ctx.i64([1, 1, -1, width])], [out])
+
+
+class SizeOnlyPriors(Layer):
+    """A prior layer whose top depends on its bottoms' sizes only (PriorBoxClustered, PriorRBox): forward and
+    ONNX (a constant) come from `boxes`; model.py builds `torch_module` (a torch_sources bundle whose last
+    class takes the attrs named by `module_args`) and calls it on the two bottoms."""
+
+    torch_module = None
+    module_args = ()
+
+    @staticmethod
+    def boxes(attrs, feat_shape, img_shape):
+        raise NotImplementedError
+
+    def forward(self, attrs, params, feat, img):
+        return self.boxes(attrs, feat.shape, img.shape).to(device=feat.device, dtype=feat.dtype)
+
+    def onnx(self, ctx, node):
+        # the output depends only on the (static) spatial sizes, never on the batch or the values
+        arr = self.boxes(node.attrs, ctx.shape(node.inputs[0]), ctx.shape(node.inputs[1])).numpy()
+        ctx.add_node("Identity", [ctx.const(arr, node.name + "_priors")], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        args = ", ".join(f"{k}={emit.lit(node.attrs[k])}" for k in self.module_args)
+        emit.helper(prior_output)
+        m = emit.module(f"{emit.helper(self.torch_module)}({args})")
+        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

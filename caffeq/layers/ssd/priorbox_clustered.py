@@ -25,8 +25,8 @@ img_size gets a reading note.  OpenCV's dnn does not implement this layer.
 import torch
 from torch import nn
 
-from ..registry import Layer, LayerError, need_blobs, register_layer, torch_sources
-from .common import prior_output
+from ..registry import LayerError, need_blobs, register_layer, torch_sources
+from .common import SizeOnlyPriors, prior_output
 
 
 def prior_box_clustered_tensor(widths: list[float], heights: list[float], variance: list[float], lh: int, lw: int,
@@ -77,7 +77,10 @@ _ARGS = ("widths", "heights", "variance", "img_h", "img_w", "step_h", "step_w", 
 
 
 @register_layer("PriorBoxClustered")
-class PriorBoxClusteredLayer(Layer):
+class PriorBoxClusteredLayer(SizeOnlyPriors):
+    torch_module = TORCH_PRIOR_BOX_CLUSTERED
+    module_args = _ARGS
+
     def parse(self, lp):
         need_blobs(lp, "PriorBoxClustered", 2, roles="feature map, image")
         p = lp.prior_box_param
@@ -115,17 +118,3 @@ class PriorBoxClusteredLayer(Layer):
         ih, iw = a["img_h"] or img_shape[2], a["img_w"] or img_shape[3]
         return prior_box_clustered_tensor(a["widths"], a["heights"], a["variance"], feat_shape[2], feat_shape[3],
                                           ih, iw, a["step_h"], a["step_w"], a["offset"], a["clip"])
-
-    def forward(self, attrs, params, feat, img):
-        return self.boxes(attrs, feat.shape, img.shape).to(device=feat.device, dtype=feat.dtype)
-
-    def onnx(self, ctx, node):
-        # the output depends only on the (static) spatial sizes, never on the batch or the values
-        arr = self.boxes(node.attrs, ctx.shape(node.inputs[0]), ctx.shape(node.inputs[1])).numpy()
-        ctx.add_node("Identity", [ctx.const(arr, node.name + "_priors")], [node.outputs[0]], name=node.name)
-
-    def pytorch_source(self, node, emit):
-        args = ", ".join(f"{k}={emit.lit(node.attrs[k])}" for k in _ARGS)
-        emit.helper(prior_output)
-        m = emit.module(f"{emit.helper(TORCH_PRIOR_BOX_CLUSTERED)}({args})")
-        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

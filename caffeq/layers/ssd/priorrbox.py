@@ -16,8 +16,8 @@ max_size, aspect_ratio and flip are declared but never read).
 import torch
 from torch import nn
 
-from ..registry import Layer, LayerError, need_blobs, register_layer, torch_sources
-from .common import legacy_hw, prior_output
+from ..registry import LayerError, need_blobs, register_layer, torch_sources
+from .common import SizeOnlyPriors, legacy_hw, prior_output
 from .priorbox import prior_hw_fields
 
 
@@ -69,7 +69,10 @@ _ARGS = ("widths", "heights", "angles", "regress_size", "regress_angle", "varian
 
 
 @register_layer("PriorRBox")
-class PriorRBoxLayer(Layer):
+class PriorRBoxLayer(SizeOnlyPriors):
+    torch_module = TORCH_PRIOR_RBOX
+    module_args = _ARGS
+
     def parse(self, lp):
         need_blobs(lp, "PriorRBox", 2, 1, roles="feature map, image")
         p = lp.prior_rbox_param
@@ -119,17 +122,3 @@ class PriorRBoxLayer(Layer):
             ih, iw = a["img_h"], a["img_w"]
         return prior_rbox_tensor(a["widths"], a["heights"], a["angles"], a["regress_size"], a["regress_angle"],
                                  a["variance"], lh, lw, ih, iw, a["step_h"], a["step_w"], a["offset"], a["clip"])
-
-    def forward(self, attrs, params, feat, img):
-        return self.boxes(attrs, feat.shape, img.shape).to(device=feat.device, dtype=feat.dtype)
-
-    def onnx(self, ctx, node):
-        # the output depends only on the (static) spatial sizes, never on the batch or the values
-        arr = self.boxes(node.attrs, ctx.shape(node.inputs[0]), ctx.shape(node.inputs[1])).numpy()
-        ctx.add_node("Identity", [ctx.const(arr, node.name + "_priors")], [node.outputs[0]], name=node.name)
-
-    def pytorch_source(self, node, emit):
-        args = ", ".join(f"{k}={emit.lit(node.attrs[k])}" for k in _ARGS)
-        emit.helper(prior_output)
-        m = emit.module(f"{emit.helper(TORCH_PRIOR_RBOX)}({args})")
-        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
