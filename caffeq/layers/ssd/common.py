@@ -100,6 +100,7 @@ class SizeOnlyPriors(Layer):
 
     torch_module = None
     module_args = ()
+    helpers = ()   # the shared functions torch_module calls, written into model.py before it
 
     @staticmethod
     def boxes(attrs, feat_shape, img_shape):
@@ -115,6 +116,7 @@ class SizeOnlyPriors(Layer):
 
     def pytorch_source(self, node, emit):
         args = ", ".join(f"{k}={emit.lit(node.attrs[k])}" for k in self.module_args)
-        emit.helper(prior_output)
+        for helper in self.helpers:
+            emit.helper(helper)
         m = emit.module(f"{emit.helper(self.torch_module)}({args})")
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"

@@ -79,6 +79,7 @@ _ARGS = ("widths", "heights", "variance", "img_h", "img_w", "step_h", "step_w", 
 @register_layer("PriorBoxClustered")
 class PriorBoxClusteredLayer(SizeOnlyPriors):
     torch_module = TORCH_PRIOR_BOX_CLUSTERED
+    helpers = (prior_output,)
     module_args = _ARGS
 
     def parse(self, lp):

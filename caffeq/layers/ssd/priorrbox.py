@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..registry import LayerError, need_blobs, register_layer, torch_sources
-from .common import SizeOnlyPriors, legacy_hw, prior_output
+from .common import SizeOnlyPriors, legacy_hw, prior_output, prior_steps
 from .priorbox import prior_hw_fields
 
 
@@ -26,11 +26,7 @@ def prior_rbox_tensor(widths: list[float], heights: list[float], angles: list[fl
                       step_h: float = 0.0, step_w: float = 0.0, offset: float = 0.5, clip: bool = False):
     """DRBox's PriorRBox top (1, 2, lh lw A P n) in float32 for a lh x lw layer over an ih x iw image."""
     f32 = torch.float32
-    if step_h == 0.0 or step_w == 0.0:
-        sh = torch.tensor(float(ih), dtype=f32) / torch.tensor(float(lh), dtype=f32)
-        sw = torch.tensor(float(iw), dtype=f32) / torch.tensor(float(lw), dtype=f32)
-    else:
-        sh, sw = torch.tensor(step_h, dtype=f32), torch.tensor(step_w, dtype=f32)
+    sh, sw = prior_steps(step_h, step_w, lh, lw, ih, iw)   # both given, else image size / map size
     off = torch.tensor(offset, dtype=f32)
     shape = (lh, lw, len(angles), len(widths))
     x = ((torch.arange(lw, dtype=f32) + off) * sw / torch.tensor(float(iw), dtype=f32)).view(1, lw, 1, 1)
@@ -71,6 +67,7 @@ _ARGS = ("widths", "heights", "angles", "regress_size", "regress_angle", "varian
 @register_layer("PriorRBox")
 class PriorRBoxLayer(SizeOnlyPriors):
     torch_module = TORCH_PRIOR_RBOX
+    helpers = (prior_steps, prior_output)
     module_args = _ARGS
 
     def parse(self, lp):
