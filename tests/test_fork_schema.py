@@ -756,3 +756,16 @@ def test_eco_video_data_length_first_and_scnn_overlap_top():
   transform_param { crop_size: 112 } }'''
     shapes = load_from_text(scnn_v11).blob_shapes
     assert shapes["data"] == (4, 3, 8, 112, 112) and shapes["label"] == shapes["overlap"] == (4,)
+
+
+def test_casenet_multi_label_edge_maps_shape_the_label():
+    # merlresearch/CASENet CASENet/sbd/config/train_Basic.prototxt (trimmed; num_label_chn raised to show it)
+    from caffeq.model import load_from_text
+    text = '''layer { name: "data" type: "ImageSegData" top: "data" top: "label" include { phase: TRAIN }
+  transform_param { mirror: true crop_size: 352 mean_value: 104.008 mean_value: 116.669 mean_value: 122.675 }
+  image_data_param { root_folder: "/data/SBD_Aug" source: "/data/SBD_Aug/train_aug.txt" batch_size: 1
+    shuffle: true label_type: PIXELML num_label_chn: 2 } }'''
+    p = parse_prototxt_text(text).layer[0].image_data_param
+    assert p.label_type == caffe_pb2.ImageDataParameter.PIXELML and p.num_label_chn == 2
+    shapes = load_from_text(text, phase="TRAIN").blob_shapes
+    assert shapes["data"] == (1, 3, 352, 352) and shapes["label"] == (1, 2, 352, 352)

@@ -7,7 +7,9 @@
   crop_height/crop_width; the label top is a (N, 1, H, W) map.
 - ImageSegData (DeepLab), ImageLabelmapData (HED), ImageLabelData, WindowSegData (DeconvNet's
   V1 WINDOW_SEG_DATA): an ImageData-style list of image and label-map pairs; shapes from
-  crop_size or new_height/new_width.
+  crop_size or new_height/new_width.  CASENet's ImageSegData (merlresearch/CASENet c5312de caffe,
+  label_type PIXELML) reads binary multi-label maps of image_data_param.num_label_chn channels (32
+  classes' bits each): the label is (N, num_label_chn, H, W).
 - WindowClsData, SelectSegBinary, WindowSegBinary (HyeonwooNoh/caffe d9e8494, DeconvNet and
   DecoupledNet's training files; V1 WINDOW_CLS_DATA, SELECT_SEG_BINARY, WINDOW_SEG_BINARY): an
   image list read by image_data_param; data (N, C, crop or new size), then, as each Reshape gives
@@ -103,10 +105,12 @@ class ImageLabelMapData(ForkDataLayer):
         t = transform_attrs(lp)
         return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t,
                 "source": p.source, "batch_size": max(1, int(p.batch_size)),
-                "channels": _channels(t, p.is_color), "hw": _crop_or(t, int(p.new_height), int(p.new_width))}
+                "channels": _channels(t, p.is_color), "hw": _crop_or(t, int(p.new_height), int(p.new_width)),
+                # CASENet's multi-label edge maps: ceil(classes / 32) channels of bit masks
+                "label_channels": positive_field(p.num_label_chn, "image_data_param.num_label_chn")}
 
     def label_shape(self, attrs, data):
-        return (data[0], 1) + tuple(data[2:])
+        return (data[0], attrs.get("label_channels", 1)) + tuple(data[2:])
 
     def top_shapes(self, attrs, given):
         shapes = super().top_shapes(attrs, given)
