@@ -104,6 +104,21 @@ def test_one_dilation_value_applies_to_every_axis(tmp_path):
                      tmp_path, 0, 0)
 
 
+@pytest.mark.parametrize("kstride, dilation", [("kstride: 2", (2, 2, 2)), ("kstride: 1 kstride: 2 kstride: 3", (1, 2, 3))])
+def test_naibaf7s_2015_kstride_is_the_dilation(kstride, dilation, tmp_path):
+    # TuragaLab/PyGreentea's nets (naibaf7/caffe 677e8440): kstride, the dilation's first name
+    x = rng(6).standard_normal((1, 2, 7, 8, 9)).astype(np.float32)
+    model = load_from_text(pool_net(x.shape, f"pool: MAX kernel_size: 2 stride: 2 pad: 0 {kstride}"))
+    ref = fork_pool_ref(x, "MAX", (2, 2, 2), (2, 2, 2), (0, 0, 0), dilation)
+    assert model.blob_shapes["p"] == ref.shape
+    check_everywhere(model, {"x": x}, {"p": ref}, tmp_path, 0, 0)
+
+
+def test_kstride_and_dilation_together_are_refused():
+    with pytest.raises(LayerError, match="dilation or its old name kstride"):
+        load_from_text(pool_net((1, 2, 7, 8), "pool: MAX kernel_size: 2 dilation: 2 kstride: 2"))
+
+
 def test_a_window_with_no_tap_inside_keeps_minus_flt_max(tmp_path):
     """Stride 3 over extent 6 with a span of 3: ceil keeps a third window whose taps lie past the end."""
     x = rng(5).standard_normal((1, 2, 6, 5)).astype(np.float32)

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, node_of, rng
+from conftest import check_everywhere, conv_ref, net, node_of, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -128,3 +128,19 @@ def test_a_batchnorm_after_a_fused_relu_is_not_folded_into_the_convolution():
     folded = fold_batchnorm(model)
     assert len([n for n in folded.layers if n.type != "Input"]) == 2   # a plain convolution takes the BatchNorm
     np.testing.assert_allclose(folded.run({"x": x})["b"], model.run({"x": x})["b"], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kstride, dilation", [("kstride: 2", (2, 2)), ("kstride_h: 1 kstride_w: 3", (1, 3))])
+def test_naibaf7s_2015_kstride_convolution_is_dilated(kstride, dilation, tmp_path):
+    # TuragaLab/PyGreentea's nets (naibaf7/caffe 677e8440): the strided kernel, BVLC's later dilation
+    x = np.random.default_rng(16).standard_normal((1, 2, 11, 12)).astype(np.float32)
+    model = load_from_text(net('layer { name: "c" type: "Convolution" bottom: "x" top: "c" convolution_param { '
+                               f'num_output: 3 kernel_size: 3 pad: 1 {kstride} }} }}', inputs={"x": x.shape}),
+                           random_weights=True)
+    w, b = (np.asarray(v, np.float32) for v in model.graph.node("c").blobs)
+    dh, dw = dilation
+    spread = np.zeros((3, 2, 2 * dh + 1, 2 * dw + 1), np.float32)
+    spread[:, :, ::dh, ::dw] = w
+    ref = conv_ref(x, spread, b, (1, 1), (1, 1))
+    assert model.blob_shapes["c"] == ref.shape
+    check_everywhere(model, {"x": x}, {"c": ref.astype(np.float32)}, tmp_path, atol=1e-5, rtol=1e-5)

@@ -789,3 +789,16 @@ def test_a_loss_without_tops_takes_one_loss_weight_as_caffes_anonymous_top_does(
     assert model.graph.node("loss").attrs["tops"] == 0
     with pytest.raises(LayerError, match="2 loss_weight values for 0 top"):
         build([("s", (2, 3)), ("l", (2,))], [layer.format("loss_weight: 0.5 loss_weight: 1")])
+
+
+def test_naibaf7s_weighted_euclidean_loss():
+    # naibaf7/caffe (PyGreentea's anisonet_euclid): a third bottom scales each difference; / count / 2
+    a, b = randn(2, 3, 4), randn(2, 3, 4)
+    w = RNG.random((2, 3, 4)).astype(np.float32)
+    model = build([("a", a.shape), ("b", b.shape), ("w", w.shape)],
+                  ['layer { name: "loss" type: "EuclideanLoss" bottom: "a" bottom: "b" bottom: "w" top: "loss" }'])
+    d = (a.astype(np.float64) - b) * w
+    close(model.run({"a": a, "b": b, "w": w})["loss"], (d * d).sum() / d.size / 2, rtol=1e-5)
+    with pytest.raises(LayerError, match="one value per element"):
+        build([("a", a.shape), ("b", b.shape), ("w", (2, 3))],
+              ['layer { name: "loss" type: "EuclideanLoss" bottom: "a" bottom: "b" bottom: "w" top: "loss" }'])

@@ -25,7 +25,7 @@ def test_filter_stride_is_the_dilation(tmp_path):
     assert model.blob_shapes["c"] == (1, 3, 11, 9)
     check_everywhere(model, {"x": x}, {"c": conv_ref(x, dilated, b.reshape(-1), (1, 1), (2, 2))}, tmp_path,
                      atol=1e-5, rtol=1e-5)
-    with pytest.raises(LayerError, match="DeepLab's hole or ParseNet's filter_stride, not both"):
+    with pytest.raises(LayerError, match="one of DeepLab's hole, ParseNet's filter_stride and naibaf7/caffe's kstride"):
         load_from_text(net('layer { name: "c" type: "Convolution" bottom: "x" top: "c" convolution_param { '
                            'num_output: 3 kernel_size: 3 hole: 2 filter_stride: 2 } }', inputs={"x": x.shape}))
 

@@ -177,25 +177,32 @@ def _sp2823_geometry(attrs, in_shape):
 
 def _hole_dilation(p, nsp):
     """The filter's dilation under an older name, the effective kernel being k + (k - 1)(d - 1):
-    DeepLab v1's `hole` / `hole_h` + `hole_w` (TheLegendAli/DeepLab-Context conv_layer.cpp) or
+    DeepLab v1's `hole` / `hole_h` + `hole_w` (TheLegendAli/DeepLab-Context conv_layer.cpp),
     ParseNet's `filter_stride` / `filter_stride_h` + `filter_stride_w` (weiliu89/caffe fcn,
-    base_conv_layer.cpp).  None when the layer names neither."""
+    base_conv_layer.cpp) or naibaf7/caffe's `kstride` (one or one per axis) / `kstride_h` + `kstride_w`
+    (its 2015 strided-kernel convolution, 677e8440).  None when the layer names none."""
     declared = p.DESCRIPTOR.fields_by_name
     found = None
-    for name, owner in (("hole", "DeepLab's"), ("filter_stride", "ParseNet's")):
+    for name, owner in (("hole", "DeepLab's"), ("filter_stride", "ParseNet's"), ("kstride", "naibaf7/caffe's")):
         if name not in declared:
             continue
         h, w = f"{name}_h", f"{name}_w"
-        has_one, has_hw = p.HasField(name), p.HasField(h) or p.HasField(w)
+        repeated = declared[name].is_repeated   # naibaf7's kstride: one per axis
+        has_one = len(getattr(p, name)) > 0 if repeated else p.HasField(name)
+        has_hw = p.HasField(h) or p.HasField(w)
         if not (has_one or has_hw):
             continue
         if found is not None:
-            raise LayerError(f"give DeepLab's hole or ParseNet's {name}, not both")
+            raise LayerError(f"give one of DeepLab's hole, ParseNet's filter_stride and naibaf7/caffe's kstride")
         if len(p.dilation):
             raise LayerError(f"give either convolution_param.dilation or {owner} {name}, not both")
         if has_hw and (has_one or not (p.HasField(h) and p.HasField(w))):
             raise LayerError(f"give convolution_param.{name}, or both {h} and {w}")
-        values = (int(getattr(p, name)),) * nsp if has_one else (int(getattr(p, h)), int(getattr(p, w)))
+        if has_one:
+            given = [int(v) for v in getattr(p, name)] if repeated else [int(getattr(p, name))]
+            values = tuple(given) * nsp if len(given) == 1 else tuple(given)
+        else:
+            values = (int(getattr(p, h)), int(getattr(p, w)))
         if len(values) != nsp:
             raise LayerError(f"{h}/{w} only work for 2-D data, this input has {nsp} spatial axes")
         if min(values) < 1:

@@ -367,13 +367,24 @@ class SigmoidCrossEntropyLoss(_ScalarLoss):
 
 @register_layer("EuclideanLoss")
 class EuclideanLoss(_ScalarLoss):
+    """naibaf7/caffe (677e8440, PyGreentea's nets) takes a third bottom, element weights: the loss is then
+    sum((w (a - b))^2) / 2 over its count(0), every element of the blob (not the batch)."""
+
+    bottoms = (2, 3)
+
     def check_shapes(self, in_shapes):
         if count(in_shapes[0], 1) != count(in_shapes[1], 1):
             raise LayerError(f"EuclideanLoss inputs must have the same dimension, got "
                              f"{list(in_shapes[0])} and {list(in_shapes[1])}")
+        if len(in_shapes) == 3 and count(in_shapes[2]) != count(in_shapes[0]):
+            raise LayerError(f"EuclideanLoss's weights (bottom 2) need one value per element of "
+                             f"{list(in_shapes[0])}, got {list(in_shapes[2])}")
 
-    def loss(self, attrs, a, b):
+    def loss(self, attrs, a, b, weights=None):
         d = a - b.reshape(a.shape)
+        if weights is not None:
+            d = d * weights.reshape(a.shape)
+            return (d * d).sum() / d.numel() / 2
         return (d * d).sum() / a.shape[0] / 2
 
 

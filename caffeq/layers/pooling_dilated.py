@@ -42,6 +42,15 @@ def read_fork_fields(p, attrs):
     or axis, else None.  Checks what needs no input rank."""
     fields = p.DESCRIPTOR.fields_by_name
     given = list(p.dilation) if "dilation" in fields else []
+    # its 2015 name (677e8440): kstride, or kstride_h and kstride_w
+    kstride = list(p.kstride) if "kstride" in fields else []
+    if "kstride_h" in fields and (p.HasField("kstride_h") or p.HasField("kstride_w")):
+        if kstride or not (p.HasField("kstride_h") and p.HasField("kstride_w")):
+            raise LayerError("give pooling_param.kstride, or both kstride_h and kstride_w")
+        kstride = [p.kstride_h, p.kstride_w]
+    if kstride and given:
+        raise LayerError("give pooling_param.dilation or its old name kstride, not both")
+    given = given or kstride
     has_axis = "axis" in fields and p.HasField("axis")
     if not given and not has_axis:
         attrs["fork"] = None
