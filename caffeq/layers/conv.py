@@ -193,7 +193,7 @@ def _hole_dilation(p, nsp):
         if not (has_one or has_hw):
             continue
         if found is not None:
-            raise LayerError(f"give one of DeepLab's hole, ParseNet's filter_stride and naibaf7/caffe's kstride")
+            raise LayerError("give one of DeepLab's hole, ParseNet's filter_stride and naibaf7/caffe's kstride")
         if len(p.dilation):
             raise LayerError(f"give either convolution_param.dilation or {owner} {name}, not both")
         if has_hw and (has_one or not (p.HasField(h) and p.HasField(w))):
