@@ -223,3 +223,77 @@ def test_output_larger_than_the_offsets_is_read_but_not_run(tmp_path):
 def test_a_smaller_output_is_noted():
     model, _ = deform_model("num_output: 2 kernel_size: 3 stride: 2 deformable_group: 1", (1, 3, 7, 9), (1, 18, 7, 9))
     assert any("reads the first 18 x 3 x 4 values of its offsets, as 18 planes of 3 x 4" in n for n in model.warnings)
+
+
+# ---- ModulatedDeformableConvolution (DCNv2, zhanglonghao1992/Deformable-ConvNets-v1-v2-caffe) ----------------
+
+def dcnv2_bilinear(img, hy, wx, height, width):
+    """modulated_deformable_im2col.cu's dmcn_im2col_bilinear: each neighbour read only inside the image."""
+    h_low, w_low = math.floor(hy), math.floor(wx)
+    h_high, w_high = h_low + 1, w_low + 1
+    lh, lw = hy - h_low, wx - w_low
+    hh, hw = 1 - lh, 1 - lw
+    v1 = img[h_low, w_low] if h_low >= 0 and w_low >= 0 else 0.0
+    v2 = img[h_low, w_high] if h_low >= 0 and w_high <= width - 1 else 0.0
+    v3 = img[h_high, w_low] if h_high <= height - 1 and w_low >= 0 else 0.0
+    v4 = img[h_high, w_high] if h_high <= height - 1 and w_high <= width - 1 else 0.0
+    return hh * hw * v1 + hh * lw * v2 + lh * hw * v3 + lh * lw * v4
+
+
+def dcnv2_forward(x, off, mask, weight, bias, stride, pad, dil, group, dg):
+    """The fork's kernel: offsets and mask read as planes of Ho x Wo from each image's start; a tap reads 0 unless
+    -1 < y < H and -1 < x < W; the sample times the mask; then the grouped GEMM."""
+    n, c, h, w = x.shape
+    cout, cin_g, kh, kw = weight.shape
+    ho = (h + 2 * pad[0] - (dil[0] * (kh - 1) + 1)) // stride[0] + 1
+    wo = (w + 2 * pad[1] - (dil[1] * (kw - 1) + 1)) // stride[1] + 1
+    taps = kh * kw
+    o = off.reshape(n, -1)[:, :dg * 2 * taps * ho * wo].reshape(n, dg, 2 * taps, ho, wo).astype(np.float64)
+    m = mask.reshape(n, -1)[:, :dg * taps * ho * wo].reshape(n, dg, taps, ho, wo).astype(np.float64)
+    cols = np.zeros((n, c * taps, ho, wo))
+    for b in range(n):
+        for ch in range(c):
+            g = ch // (c // dg)
+            for i in range(kh):
+                for j in range(kw):
+                    t = i * kw + j
+                    for y in range(ho):
+                        for z in range(wo):
+                            hy = y * stride[0] - pad[0] + i * dil[0] + o[b, g, 2 * t, y, z]
+                            wx = z * stride[1] - pad[1] + j * dil[1] + o[b, g, 2 * t + 1, y, z]
+                            val = 0.0
+                            if -1 < hy < h and -1 < wx < w:
+                                val = dcnv2_bilinear(x[b, ch].astype(np.float64), hy, wx, h, w)
+                            cols[b, ch * taps + t, y, z] = val * m[b, g, t, y, z]
+    cols = cols.reshape(n, group, cin_g * taps, ho * wo)
+    wmat = weight.astype(np.float64).reshape(group, cout // group, cin_g * taps)
+    out = np.einsum("gok,ngkl->ngol", wmat, cols).reshape(n, cout, ho, wo)
+    return out if bias is None else out + bias.reshape(1, cout, 1, 1)
+
+
+@pytest.mark.parametrize("param, x_shape, kernel, dg", [
+    ("kernel_size: 3 pad: 1 num_output: 4 group: 2 deformable_group: 2", (2, 4, 5, 7), (3, 3), 2),
+    # stride: the output is smaller than the offsets and mask, both read from their start; deformable_group 1
+    ("kernel_h: 3 kernel_w: 2 stride: 2 pad_h: 1 pad_w: 0 num_output: 3 bias_term: false", (1, 2, 7, 5), (3, 2), 1),
+])
+def test_modulated_deformable_matches_the_forks_kernel(param, x_shape, kernel, dg, tmp_path):
+    taps = kernel[0] * kernel[1]
+    off_shape, mask_shape = (x_shape[0], 2 * taps * dg) + x_shape[2:], (x_shape[0], taps * dg) + x_shape[2:]
+    text = net(layer(param, bottoms=("x", "o", "m")).replace('"DeformableConvolution"', '"ModulatedDeformableConvolution"')
+               .replace("deformable_convolution_param", "modulated_deformable_convolution_param"),
+               inputs={"x": x_shape, "o": off_shape, "m": mask_shape})
+    model = load_from_text(text, random_weights=True)
+    node = node_of(model, "d")
+    if len(node.blobs) == 2:
+        node.blobs = [node.blobs[0], rng(3).standard_normal(node.blobs[1].shape).astype(F32)]
+    x = rng(1).standard_normal(x_shape).astype(F32)
+    off = (rng(2).standard_normal(off_shape) * 2.0).astype(F32)
+    off.reshape(-1)[::5] = np.round(off.reshape(-1)[::5])     # whole pixels: taps on the edges and at -1
+    mask = rng(4).random(mask_shape).astype(F32)
+    a = node.attrs
+    bias = node.blobs[1] if a["bias_term"] else None
+    ref = dcnv2_forward(x, off, mask, node.blobs[0], bias, a["stride"], a["pad"], a["dilation"], a["group"], dg)
+    check_everywhere(model, {"x": x, "o": off, "m": mask}, {"y": ref.astype(F32)}, tmp_path, atol=2e-5, rtol=1e-5,
+                     opsets=(None,))
+    with pytest.raises(ExportError, match="DeformConv from opset 19"):
+        model.export_onnx(str(tmp_path / "old.onnx"), opset=13)

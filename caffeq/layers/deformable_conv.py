@@ -24,6 +24,14 @@ axis 1 runs (the kernel reads shape(1..3)); engine and force_nd_im2col change no
 factory refuses engine CUDNN, SAR_plane's registration ignores it).  The offsets must have the data's
 batch; the fork does not check it.  Both forks have an empty Forward_cpu: this is the GPU forward.
 
+ModulatedDeformableConvolution (zhanglonghao1992/Deformable-ConvNets-v1-v2-caffe d90842e,
+modulated_deformable_im2col.cu; modulated_deformable_convolution_param, deformable_group default 1):
+Deformable ConvNets v2, a third bottom the modulation mask (N, kh kw deformable_group, H, W), read like
+the offsets (planes of Ho x Wo from each image's start).  Its sampling is DCNv2's: a tap reads 0 unless
+-1 < y < H and -1 < x < W, and each of the four bilinear neighbours counts only where it lies inside
+the image (zero padding); the value is multiplied by the mask.  ONNX: DeformConv with the mask, from
+opset 19 (refused below).
+
 ONNX: from opset 19 one DeformConv (its offset layout is the fork's), with its mask input zeroing the
 taps the fork leaves at 0 and the offsets moved so that taps in (H - 1, H) sample row H - 1; below 19
 the same sampling written out with GatherElements (deformable_conv_onnx.py).
@@ -80,6 +88,36 @@ def deformable_columns(x, offset, kernel: list[int], stride: list[int], pad: lis
     return val.reshape(n, c * taps, size), ho, wo
 
 
+def modulated_columns(x, offset, mask, kernel: list[int], stride: list[int], pad: list[int], dilation: list[int],
+                      deformable_group: int):
+    """DCNv2's modulated_deformable_im2col for a batch: (N, C * kh * kw, Ho * Wo), rows ordered (c, i, j)."""
+    n, c, h, w = x.shape
+    kh, kw = kernel
+    ho = (h + 2 * pad[0] - (dilation[0] * (kh - 1) + 1)) // stride[0] + 1
+    wo = (w + 2 * pad[1] - (dilation[1] * (kw - 1) + 1)) // stride[1] + 1
+    dg, taps, size = deformable_group, kh * kw, ho * wo
+    off = offset.reshape(n, -1)[:, :dg * taps * 2 * size].reshape(n, dg, taps, 2, size)
+    gain = mask.reshape(n, -1)[:, :dg * taps * size].reshape(n, dg, taps, size)
+    rows, cols = deformable_taps(kernel, stride, pad, dilation, ho, wo, x.device, x.dtype)
+    y = rows + off[:, :, :, 0]
+    x_ = cols + off[:, :, :, 1]
+    inside = (y > -1) & (y < h) & (x_ > -1) & (x_ < w)
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    y = torch.where(inside, y, zero)
+    x_ = torch.where(inside, x_, zero)
+    y0, x0 = y.floor(), x_.floor()
+    ly, lx = y - y0, x_ - x0
+    hy, hx = 1 - ly, 1 - lx
+    y1, x1 = y0 + 1, x0 + 1
+    keep = inside.to(x.dtype) * gain
+    image = x.reshape(n, dg, c // dg, h * w)
+    val = zero
+    for row, col, wt in ((y0, x0, hy * hx), (y0, x1, hy * lx), (y1, x0, ly * hx), (y1, x1, ly * lx)):
+        there = ((row >= 0) & (row <= h - 1) & (col >= 0) & (col <= w - 1)).to(x.dtype)
+        val = val + deformable_corner(image, row.clamp(0, h - 1), col.clamp(0, w - 1), wt * there * keep, w)
+    return val.reshape(n, c * taps, size), ho, wo
+
+
 def deformable_corner(image, row, col, weight, width: int):
     """weight x image at (row, col): image (N, G, C / G, H * W), the rest (N, G, taps, Ho * Wo)."""
     n, g, cg, _ = image.shape
@@ -88,11 +126,15 @@ def deformable_corner(image, row, col, weight, width: int):
 
 
 def deformable_conv2d(x, offset, weight, bias: torch.Tensor | None, stride: list[int], pad: list[int],
-                      dilation: list[int], group: int, deformable_group: int):
-    """The fork's forward: deformable columns, Caffe's grouped GEMM with the weights, then the bias."""
+                      dilation: list[int], group: int, deformable_group: int, mask: torch.Tensor | None = None):
+    """The fork's forward: deformable columns (modulated by `mask`: DCNv2's), Caffe's grouped GEMM with the
+    weights, then the bias."""
     n = x.shape[0]
     cout, cin, kh, kw = weight.shape
-    columns, ho, wo = deformable_columns(x, offset, [kh, kw], stride, pad, dilation, deformable_group)
+    if mask is None:
+        columns, ho, wo = deformable_columns(x, offset, [kh, kw], stride, pad, dilation, deformable_group)
+    else:
+        columns, ho, wo = modulated_columns(x, offset, mask, [kh, kw], stride, pad, dilation, deformable_group)
     columns = columns.reshape(n, group, cin * kh * kw, ho * wo)
     y = torch.matmul(weight.reshape(group, cout // group, cin * kh * kw), columns).reshape(n, cout, ho, wo)
     return y if bias is None else y + bias.reshape(1, cout, 1, 1)
@@ -109,12 +151,12 @@ class DeformableConv2d(nn.Module):
         self.stride, self.pad, self.dilation = list(stride), list(pad), list(dilation)
         self.group, self.deformable_group = group, deformable_group
 
-    def forward(self, x, offset):
+    def forward(self, x, offset, mask: torch.Tensor | None = None):
         return deformable_conv2d(x, offset, self.weight, self.bias, self.stride, self.pad, self.dilation,
-                                 self.group, self.deformable_group)
+                                 self.group, self.deformable_group, mask)
 
 
-_NEEDS = [deformable_taps, deformable_corner, deformable_columns, deformable_conv2d]
+_NEEDS = [deformable_taps, deformable_corner, deformable_columns, modulated_columns, deformable_conv2d]
 
 
 @register_layer("DeformableConvolution")
@@ -122,19 +164,22 @@ class DeformableConvolution(Layer):
     blob_names = ("weight", "bias")
     weight_axes = {0: 0}
 
+    field = "deformable_convolution_param"
+    roles = "data, offsets"
+
     def parse(self, lp):
-        need_blobs(lp, "DeformableConvolution", 2, 1, "data, offsets", in_place=False)
-        p = lp.deformable_convolution_param
+        need_blobs(lp, self.types[0], len(self.roles.split(", ")), 1, self.roles, in_place=False)
+        p, f = getattr(lp, self.field), self.field
         if not p.HasField("num_output"):
-            raise LayerError("deformable_convolution_param.num_output is required")
+            raise LayerError(f"{f}.num_output is required")
         if not (len(p.kernel_size) or p.HasField("kernel_h") or p.HasField("kernel_w")):
-            raise LayerError("deformable_convolution_param.kernel_size is required")
+            raise LayerError(f"{f}.kernel_size is required")
         return {
             "name": lp.name,
-            "num_output": positive_field(p.num_output, "deformable_convolution_param.num_output"),
+            "num_output": positive_field(p.num_output, f"{f}.num_output"),
             "bias_term": bool(p.bias_term),
-            "group": positive_field(p.group, "deformable_convolution_param.group"),
-            "deformable_group": positive_field(p.deformable_group, "deformable_convolution_param.deformable_group"),
+            "group": positive_field(p.group, f"{f}.group"),
+            "deformable_group": positive_field(p.deformable_group, f"{f}.deformable_group"),
             "axis": int(p.axis),
             # the forks read these as BaseConvolutionLayer does, for two spatial axes
             "kernel": spatial_params(p, 2, "kernel_size", None, min_value=1, pair_required=False),
@@ -146,26 +191,27 @@ class DeformableConvolution(Layer):
     def _check(self, attrs, in_shapes):
         """The forks' LayerSetUp checks (and caffeq's where the kernel would read outside the blobs) ->
         (N, C, H, W), (Ho, Wo)."""
-        what = "DeformableConvolution"
+        what = self.types[0]
         n, c, h, w = four_axes(in_shapes[0], what, "data bottom")
         if attrs["axis"] not in (1, -3):
-            raise LayerError(f"deformable_convolution_param.axis must be 1: the forks' kernel reads (N, C, H, W), "
-                             f"got {attrs['axis']}")
+            raise LayerError(f"{self.field}.axis must be 1: the forks' kernel reads (N, C, H, W), got {attrs['axis']}")
         check_groups(attrs, c)
         dg = attrs["deformable_group"]
         if c % dg:
-            raise LayerError(f"input channels {c} not divisible by deformable_group {dg} (default 4): the forks' "
-                             f"kernel gives each deformable group C / deformable_group channels")
-        on, oc, oh, ow = four_axes(in_shapes[1], what, "offset bottom")
+            raise LayerError(f"input channels {c} not divisible by deformable_group {dg}: the forks' kernel gives "
+                             f"each deformable group C / deformable_group channels")
         kh, kw = attrs["kernel"]
-        if oc != 2 * kh * kw * dg:
-            raise LayerError(f"offsets (bottom 1) need 2 x kernel_h x kernel_w x deformable_group = "
-                             f"2 x {kh} x {kw} x {dg} = {2 * kh * kw * dg} channels, got {oc}")
-        if (oh, ow) != (h, w):
-            raise LayerError(f"offsets (bottom 1) must have the data's height and width {h} x {w}, as the forks "
-                             f"check, got {oh} x {ow}")
-        if on != n:
-            raise LayerError(f"offsets (bottom 1) must have the data's batch {n}, got {on}")
+        for i, (role, per_tap) in enumerate((("offsets", 2), ("mask", 1))[:len(in_shapes) - 1], start=1):
+            bn, bc, bh, bw = four_axes(in_shapes[i], what, f"{role} bottom")
+            if bc != per_tap * kh * kw * dg:
+                factors = ("2 x " if per_tap == 2 else "", f"{'2 x ' if per_tap == 2 else ''}{kh} x {kw} x {dg}")
+                raise LayerError(f"{role} (bottom {i}) need {factors[0]}kernel_h x kernel_w x deformable_group = "
+                                 f"{factors[1]} = {per_tap * kh * kw * dg} channels, got {bc}")
+            if (bh, bw) != (h, w):
+                raise LayerError(f"{role} (bottom {i}) must have the data's height and width {h} x {w}, as the "
+                                 f"forks check, got {bh} x {bw}")
+            if bn != n:
+                raise LayerError(f"{role} (bottom {i}) must have the data's batch {n}, got {bn}")
         out = tuple(conv_out_size(s, k, st, p, d) for s, k, st, p, d in
                     zip((h, w), attrs["kernel"], attrs["stride"], attrs["pad"], attrs["dilation"]))
         if min(out) <= 0:
@@ -201,14 +247,14 @@ class DeformableConvolution(Layer):
         pixels = count(out_shapes[0], 2)
         return count(out_shapes[0]) * taps * c // attrs["group"] + 4 * n * c * taps * pixels
 
-    def forward(self, attrs, params, x, offset):
-        self.refuse_if_cannot_run(attrs["name"], attrs, [tuple(x.shape), tuple(offset.shape)], LayerError)
+    def forward(self, attrs, params, x, offset, mask=None):
+        self.refuse_if_cannot_run(attrs["name"], attrs, [tuple(t.shape) for t in (x, offset)], LayerError)
         bias = params[1] if attrs["bias_term"] else None
         return deformable_conv2d(x, offset, params[0], bias, list(attrs["stride"]), list(attrs["pad"]),
-                                 list(attrs["dilation"]), attrs["group"], attrs["deformable_group"])
+                                 list(attrs["dilation"]), attrs["group"], attrs["deformable_group"], mask)
 
     def onnx(self, ctx, node):
-        self.refuse_if_cannot_run(node.name, node.attrs, [ctx.shape(t) for t in node.inputs], ExportError)
+        self.refuse_if_cannot_run(node.name, node.attrs, [ctx.shape(t) for t in node.inputs[:2]], ExportError)
         onnx_deformable_conv(ctx, node)
 
     def pytorch_source(self, node, emit):
@@ -220,4 +266,10 @@ class DeformableConvolution(Layer):
         emit.param("weight", 0)
         if a["bias_term"]:
             emit.param("bias", 1)
-        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
+        return f"{m}({', '.join(emit.inputs)})"
+
+
+@register_layer("ModulatedDeformableConvolution")
+class ModulatedDeformableConvolution(DeformableConvolution):
+    field = "modulated_deformable_convolution_param"
+    roles = "data, offsets, mask"

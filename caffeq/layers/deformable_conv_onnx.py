@@ -25,6 +25,9 @@ def _base_taps(kernel, stride, pad, dilation, ho, wo):
 
 
 def onnx_deformable_conv(ctx, node):
+    if len(node.inputs) == 3:
+        onnx_modulated_deformable_conv(ctx, node)
+        return
     a, name = node.attrs, node.name
     x, offset = node.inputs
     _, c, h, w = ctx.shape(x)
@@ -82,3 +85,29 @@ def onnx_deformable_conv(ctx, node):
     ctx.add_node("Reshape", [ctx.op("MatMul", [weights, columns], "gemm"), ctx.i64([0, cout, ho, wo])], [out])
     if bias:
         ctx.add_node("Add", [out, ctx.op("Reshape", [bias[0], ctx.i64([cout, 1, 1])], "bias")], [node.outputs[0]])
+
+
+def onnx_modulated_deformable_conv(ctx, node):
+    """ModulatedDeformableConvolution: DCNv2's sampling is DeformConv's own (zero padding, the mask a
+    factor), so one DeformConv on the offsets and mask read as the fork reads them."""
+    from ..errors import ExportError
+    a, name = node.attrs, node.name
+    if ctx.opset < 19:
+        raise ExportError(f"layer '{name}' (ModulatedDeformableConvolution): ONNX has DeformConv from opset 19; "
+                          f"export with opset 19 or later")
+    x, offset, mask = node.inputs
+    _, _, h, w = ctx.shape(x)
+    ho, wo = ctx.shape(node.outputs[0])[2:]
+    kh, kw = a["kernel"]
+    dg, taps = a["deformable_group"], kh * kw
+    planes = []
+    for blob, per_tap, hint in ((offset, 2, "offsets"), (mask, 1, "mask")):
+        flat = ctx.op("Reshape", [blob, ctx.i64([0, -1])], f"{hint}_flat", name=name)
+        if ho * wo != h * w:   # each image's first planes of Ho x Wo, as the kernel reads them
+            flat = ctx.op("Slice", [flat, ctx.i64([0]), ctx.i64([dg * taps * per_tap * ho * wo]), ctx.i64([1])],
+                          f"{hint}_read")
+        planes.append(ctx.op("Reshape", [flat, ctx.i64([0, dg * taps * per_tap, ho, wo])], f"{hint}_planes"))
+    bias = ctx.weight(node, 1) if a["bias_term"] else ""
+    ctx.add_node("DeformConv", [x, ctx.weight(node, 0), planes[0], bias, planes[1]], [node.outputs[0]],
+                 kernel_shape=[kh, kw], strides=list(a["stride"]), pads=list(a["pad"]) * 2,
+                 dilations=list(a["dilation"]), group=a["group"], offset_group=dg)
