@@ -90,7 +90,6 @@ def test_sum_in_place_over_bottom_0():
 
 
 @pytest.mark.parametrize("text, msg", [
-    (mil_net((12, 5), ""), r"MIL needs mil_param.context_per_roi >= 1 .*got 0"),
     (mil_net((12, 5), "context_per_roi: 0"), r"MIL needs mil_param.context_per_roi >= 1"),
     (mil_net((4, 5), "context_per_roi: 10"), r"MIL: the bottom's 4 rows are fewer than mil_param.context_per_roi 10"),
     (mil_net((12, 5), "context_per_roi: 3", bottoms=("x", "x")), r"MIL takes one bottom and one top, got 2 and 1"),
@@ -129,3 +128,34 @@ def test_rstar_cnn_mil_sum_chain_and_field_number(tmp_path):
     check_everywhere(model, feeds, {"sum_cls_score": ref}, tmp_path, atol=1e-6, rtol=1e-6)
     assert caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name["mil_param"].number == 20140
     assert caffe_pb2.MILParameter.DESCRIPTOR.fields_by_name["context_per_roi"].number == 1
+
+
+
+def visual_concepts_mil_ref(x, noisy_or):
+    """s-gupta/caffe's mil_layer.cpp: per (n, c) over the map in row-major order, from -FLT_MAX / 1 in float32."""
+    n, c = x.shape[:2]
+    out = np.zeros((n, c, 1, 1), np.float32)
+    for i in range(n):
+        for j in range(c):
+            best, miss = np.float32(-3.4028235e38), np.float32(1.0)
+            for v in x[i, j].reshape(-1):
+                best = max(best, v)
+                miss = np.float32(miss * (np.float32(1.0) - v))
+            out[i, j] = max(np.float32(1.0) - miss, best) if noisy_or else best
+    return out
+
+
+@pytest.mark.parametrize("params, noisy_or", [("type: NOR", True), ("type: MAX", False), ("", False)])
+def test_visual_concepts_mil_over_each_map(params, noisy_or, tmp_path):
+    # s-gupta/visual-concepts mil_finetune.prototxt.deploy: Sigmoid, then MIL NOR (and MAX on the raw scores);
+    # an empty mil_param is its default MAX (R*CNN's reading needs context_per_roi)
+    x = np.random.default_rng(5).random((2, 3, 4, 5)).astype(np.float32)
+    model = load_from_text(mil_net(x.shape, params))
+    assert model.blob_shapes["o"] == (2, 3, 1, 1)
+    check_everywhere(model, {"x": x}, {"o": visual_concepts_mil_ref(x, noisy_or)}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+def test_visual_concepts_mil_nor_refuses_values_that_are_not_probabilities():
+    model = load_from_text(mil_net((1, 2, 3, 3), "type: NOR"))
+    with pytest.raises(LayerError, match="takes probabilities in \\[0, 1\\]"):
+        model.run({"x": np.full((1, 2, 3, 3), 1.5, np.float32)})

@@ -15,14 +15,22 @@ eb2564a; mil_param in proto/README.md).
   adds the others, so a top that is another bottom than the first would be overwritten before it is
   read: refused.
 
-Other forks reuse both names: the visual-concepts MIL (mil_param { type: MAX | NOR }, a max or
-noisy-OR over each map's H x W), a two-bottom, two-top MIL with mil_param.pool, a five-bottom WSL
+- MIL of the visual-concepts nets (s-gupta/visual-concepts 0e22363; its Caffe is s-gupta/caffe, branch
+  mil, d65cdb9, mil_layer.cpp): a layer whose mil_param gives `type` or no context_per_roi.  One bottom
+  (N, C, H, W) to a (N, C, 1, 1) top, over each map's H x W in row-major order: MAX the largest value
+  (from -FLT_MAX); NOR the noisy-OR, max(1 - prod(1 - x), max x) in float32, the fork aborting on
+  values outside [0, 1] (so does caffeq's forward).
+
+Other forks reuse both names: a two-bottom, two-top MIL with mil_param.pool, a five-bottom WSL
 MIL; textspotter's and synopsys-caffe's Sum reduce one bottom over an axis (sum_param).  Those
-parameters are not in this schema, the MIL ones fail to parse, and a one-bottom Sum (R*CNN's copy,
-the others' reduction) is refused as ambiguous.
+parameters are not in this schema, and a one-bottom Sum (R*CNN's copy, the others' reduction) is
+refused as ambiguous.
 """
 import numpy as np
+import torch
 
+from ..io.schema import caffe_pb2
+from .misc import eager_checks
 from .norm import onnx_reduce
 from .registry import AT_LEAST, Layer, LayerError, legacy_nchw, need_blobs, register_layer
 
@@ -44,6 +52,15 @@ def rstar_sum(*xs):
     return y
 
 
+def map_mil(x, noisy_or: bool):
+    """The visual-concepts MIL: per (n, c) the max, or the noisy-OR max(1 - prod(1 - x), max x), of the map."""
+    flat = x.reshape(x.shape[0], x.shape[1], -1)
+    best = flat.amax(dim=2)
+    if noisy_or:
+        best = torch.maximum(1.0 - torch.prod(1.0 - flat, dim=2), best)
+    return best.reshape(x.shape[0], x.shape[1], 1, 1)
+
+
 def _mil_sizes(shape, k):
     """(rois, channels) of a MIL bottom, or a LayerError."""
     num, channels = legacy_nchw(shape, "MIL")[:2]
@@ -57,6 +74,9 @@ def _mil_sizes(shape, k):
 class RstarMIL(Layer):
     def parse(self, lp):
         need_blobs(lp, "MIL", 1, 1)
+        p = lp.mil_param
+        if p.HasField("type") or not p.HasField("context_per_roi"):   # the visual-concepts MIL
+            return {"map_mil": True, "noisy_or": p.type == caffe_pb2.MILParameter.NOR}
         k = int(lp.mil_param.context_per_roi)
         if k < 1:
             raise LayerError("MIL needs mil_param.context_per_roi >= 1 (R*CNN's MIL, gkioxari/caffe-fast-rcnn: "
@@ -64,13 +84,32 @@ class RstarMIL(Layer):
         return {"context_per_roi": k}
 
     def infer(self, attrs, in_shapes):
+        if attrs.get("map_mil"):
+            n, c = legacy_nchw(in_shapes[0], "MIL")[:2]
+            return [(n, c, 1, 1)]
         rois, channels = _mil_sizes(in_shapes[0], attrs["context_per_roi"])
         return [(rois, channels, 1, 1)]
 
     def forward(self, attrs, params, x):
+        if attrs.get("map_mil"):
+            x = x.reshape(legacy_nchw(x.shape, "MIL"))
+            if attrs["noisy_or"] and eager_checks() and bool(((x < 0) | (x > 1)).any()):
+                raise LayerError("MIL NOR: the visual-concepts fork takes probabilities in [0, 1] (it aborts on "
+                                 "others); put a Sigmoid before it")
+            return map_mil(x, attrs["noisy_or"])
         return rstar_mil(x, attrs["context_per_roi"])
 
     def onnx(self, ctx, node):
+        if node.attrs.get("map_mil"):
+            x, name = node.inputs[0], node.name
+            n, c, _h, _w = legacy_nchw(ctx.shape(x), "MIL")
+            flat = ctx.add_node("Reshape", [x, ctx.i64([0, c, -1])], [ctx.tmp(name + "_maps")], name=name)[0]
+            best = onnx_reduce(ctx, "ReduceMax", flat, [2], keepdims=True)
+            if node.attrs["noisy_or"]:
+                miss = onnx_reduce(ctx, "ReduceProd", ctx.op("Sub", [ctx.f32(1.0), flat], "miss_each"), [2], True)
+                best = ctx.op("Max", [ctx.op("Sub", [ctx.f32(1.0), miss], "any"), best], "noisy_or")
+            ctx.add_node("Reshape", [best, ctx.i64([0, c, 1, 1])], [node.outputs[0]])
+            return
         x, name, k = node.inputs[0], node.name, node.attrs["context_per_roi"]
         shape = ctx.shape(x)
         rois, channels = _mil_sizes(shape, k)
@@ -86,6 +125,9 @@ class RstarMIL(Layer):
                      [node.outputs[0]], name=name)
 
     def pytorch_source(self, node, emit):
+        if node.attrs.get("map_mil"):
+            x4 = f"{emit.inputs[0]}.reshape({list(legacy_nchw(emit.in_shape(0), 'MIL'))})"
+            return f"{emit.helper(map_mil)}({x4}, {node.attrs['noisy_or']})"
         return f"{emit.helper(rstar_mil)}({emit.inputs[0]}, {node.attrs['context_per_roi']})"
 
 
