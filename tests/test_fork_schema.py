@@ -769,3 +769,13 @@ def test_casenet_multi_label_edge_maps_shape_the_label():
     assert p.label_type == caffe_pb2.ImageDataParameter.PIXELML and p.num_label_chn == 2
     shapes = load_from_text(text, phase="TRAIN").blob_shapes
     assert shapes["data"] == (1, 3, 352, 352) and shapes["label"] == (1, 2, 352, 352)
+
+
+def test_kitti_ssd_video_source_names():
+    # manutdzou/KITTI_SSD models/VGGNet/KITTI/SSD_600x150_webcam/test.prototxt (trimmed): SSD's VideoData with
+    # the fork's LOCAL_SOURCE (SSD's VIDEO) and `source` for the video file
+    text = '''layer { name: "data" type: "VideoData" top: "data"
+  transform_param { resize_param { height: 150 width: 600 } }
+  video_data_param { video_type: LOCAL_SOURCE device_id: 0 source: "/home/bsl/04050833_2639.MP4" } }'''
+    p = _layers(text)["data"].video_data_param
+    assert p.video_type == caffe_pb2.VideoDataParameter.VIDEO and p.source.endswith(".MP4")
