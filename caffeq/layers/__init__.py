@@ -48,6 +48,7 @@ from . import (  # noqa: F401,E402
     mnc,
     mnc_python,
     mxnet_ops,
+    netvlad,
     norm,
     optical_flow,
     orn,

@@ -210,7 +210,10 @@ class ImageData(DataLayer):
         if attrs.get("new_dim"):
             lines.append(f"shorter side resized to {attrs['new_dim']}, aspect kept "
                          f"({'bicubic' if attrs['bicubic'] else 'bilinear'}, yihui-he/caffe-pro new_dim)")
-        if attrs["num_tops"] > 2:
+        if attrs.get("gps"):
+            lines.append("use_gps (hyojinie/crn): each list line gives a latitude and a longitude, tops 2 and 3 "
+                         "(batch_size,), in place of a label")
+        elif attrs["num_tops"] > 2:
             lines.append("a third top, clip markers (apsvvfb/caffe_qi, LRCN): the batch holds batch_size / 16 "
                          "clips of 16 consecutive frames, interleaved frame by frame; 0 at a clip's first frame, "
                          "else 1")
@@ -225,7 +228,7 @@ class ImageData(DataLayer):
                 "new_width": int(p.new_width), "is_color": bool(p.is_color),
                 "new_dim": int(p.new_dim), "bicubic": bool(p.bicubic),
                 "root_folder": p.root_folder, "shuffle": bool(p.shuffle),
-                "label_dim": int(p.label_dim) if p.HasField("label_dim") else 0,
+                "label_dim": int(p.label_dim) if p.HasField("label_dim") else 0, "gps": bool(p.use_gps),
                 "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
 
     def top_shapes(self, attrs, given):
