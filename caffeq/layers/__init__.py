@@ -83,6 +83,7 @@ from . import (  # noqa: F401,E402
     skimcaffe,
     spatial_transformer,
     sppnet,
+    ssai,
     ssd,
     stereo_warping,
     synopsys_binary,

@@ -314,6 +314,25 @@ def _reshape_shape(attrs, shape):
     return tuple(top)
 
 
+def _legacy_reshape_shape(dims, shape):
+    """The 2014 Reshape's top: (num, channels, height, width), 0 the bottom's (legacy) value, one -1 from the
+    count."""
+    bottom = tuple(int(d) for d in shape) + (1,) * (4 - len(shape)) if len(shape) <= 4 else None
+    if bottom is None:
+        raise LayerError(f"the 2014 Reshape reads num/channels/height/width, which need at most 4 axes, got {list(shape)}")
+    top = [b if d == 0 else d for d, b in zip(dims, bottom)]
+    if top.count(-1) > 1 or any(d < -1 for d in top):
+        raise LayerError(f"reshape_param num/channels/height/width {dims}: at most one -1 and no other negatives")
+    total, known = math.prod(bottom), math.prod(d for d in top if d != -1)
+    if -1 in top:
+        if known == 0 or total % known:
+            raise LayerError(f"reshape_param {dims}: the bottom's {total} values do not fill the other dimensions")
+        top[top.index(-1)] = total // known
+    if math.prod(top) != total:
+        raise LayerError(f"reshape_param {dims} gives {top} ({math.prod(top)} values) for a bottom of {total}")
+    return tuple(top)
+
+
 def _pixel_shuffle_shape(r, shape, field="reshape_param.pixelshuffler"):
     """synopsys-caffe's pixelshuffler (and the driving fork's Tiling) top: N x C/r^2 x rH x rW of a
     4-axis bottom."""
@@ -373,6 +392,12 @@ class Reshape(Layer):
             notes.append("reshapes in place, which BVLC Caffe 1.0 refuses and older Caffe forks (ECO's "
                          "caffe_3d) accept: the blob takes the new shape")
         p = lp.reshape_param
+        legacy = [p.HasField(f) for f in ("num", "channels", "height", "width")]
+        if any(legacy):
+            if p.HasField("shape"):
+                raise LayerError("reshape_param: give shape, or the 2014 num/channels/height/width, not both")
+            return {"legacy_dims": [int(p.num), int(p.channels), int(p.height), int(p.width)],
+                    "reading_notes": notes}
         dims = [int(d) for d in p.shape.dim]
         inferred = [i for i, d in enumerate(dims) if d == -1]
         if len(inferred) > 1:
@@ -390,11 +415,15 @@ class Reshape(Layer):
                 "inferred_axis": inferred[0] if inferred else -1}
 
     def infer(self, attrs, in_shapes):
+        if attrs.get("legacy_dims"):
+            return [_legacy_reshape_shape(attrs["legacy_dims"], in_shapes[0])]
         if attrs.get("pixelshuffler", 1) > 1:
             return [_pixel_shuffle_shape(attrs["pixelshuffler"], in_shapes[0])]
         return [_reshape_shape(attrs, in_shapes[0])]
 
     def forward(self, attrs, params, x):
+        if attrs.get("legacy_dims"):
+            return x.reshape(_legacy_reshape_shape(attrs["legacy_dims"], tuple(x.shape)))
         if attrs.get("pixelshuffler", 1) > 1:
             # the fork's loop sends channel c*r^2 + i*r + j of (h, w) to channel c at (h*r + i, w*r + j)
             return F.pixel_shuffle(x, attrs["pixelshuffler"])
@@ -403,6 +432,12 @@ class Reshape(Layer):
     def onnx(self, ctx, node):
         a = node.attrs
         x = node.inputs[0]
+        if a.get("legacy_dims"):
+            top = _legacy_reshape_shape(a["legacy_dims"], ctx.shape(x))
+            # a copied num follows the run's batch; the rest are the sizes the net was read with
+            spec = [0 if a["legacy_dims"][0] == 0 and len(ctx.shape(x)) > 0 else top[0]] + list(top[1:])
+            onnx_reshape(ctx, x, spec, node.outputs[0], name=node.name)
+            return
         if a.get("pixelshuffler", 1) > 1:
             _onnx_pixel_shuffle(ctx, node, a["pixelshuffler"])
             return
@@ -435,6 +470,10 @@ class Reshape(Layer):
     def pytorch_source(self, node, emit):
         a = node.attrs
         x = emit.inputs[0]
+        if a.get("legacy_dims"):
+            top = _legacy_reshape_shape(a["legacy_dims"], emit.in_shape(0))
+            first = f"{x}.shape[0]" if a["legacy_dims"][0] == 0 else str(top[0])
+            return f"{x}.reshape([{', '.join([first] + [str(d) for d in top[1:]])}])"
         if a.get("pixelshuffler", 1) > 1:
             return _source_pixel_shuffle(emit, a["pixelshuffler"])
         ndim = len(emit.in_shape(0))
