@@ -212,6 +212,7 @@ def test_bad_phase_is_refused():
 # -- fork fields known to be training-only, by message and name -------------------------------------
 
 FORK_FIELDS_NET = """name: "forks"
+quantize: true
 engine: "MKL2017"
 eltwise_mem_sharing: true
 default_forward_type: FLOAT16
@@ -219,7 +220,7 @@ global_grad_scale: 1000.
 bn_stats_batch_size: 32
 richness: 1000
 layer {
-  name: "data" type: "MemoryData" top: "data" top: "label"
+  name: "data" type: "MemoryData" top: "data" top: "label" source_class: "com.yahoo.ml.caffe.ImageDataFrame"
   memory_data_param { source: "spark_rdd" batch_size: 2 channels: 3 height: 5 width: 7
                       share_in_parallel: false }
 }
@@ -229,6 +230,7 @@ layer {
   forward_type: FLOAT16 backward_type: FLOAT16 forward_math: FLOAT
   param { lr_mult: 1 force_mult: 1 param_propagate_down: false breadth_decay_mult: 1 kernel_shape_decay_mult: 1 }
   convolution_param { num_output: 4 kernel_size: 3 }
+  quantization_param { bw_layer_in: 8 scale_in: 1.5 scale_out: 2.5 scale_params: 3.0 scale_params: 4.0 }
 }
 layer {
   name: "frames" type: "Data" top: "frames" include { phase: TEST }
@@ -254,7 +256,11 @@ def test_known_fork_training_fields_are_warnings_with_their_reason():
                        ("forward_type", "per-layer forward precision"), ("forward_math", "per-layer forward precision"),
                        ("backward_type", "per-layer backward pass precision"),
                        ("random", "darknet-style random resizing"),
-                       ("engine", "Intel Caffe's choice of implementation")]:
+                       ("engine", "Intel Caffe's choice of implementation"),
+                       ("quantize", "caffe-jacinto's switch to its quantized inference"),
+                       ("source_class", "CaffeOnSpark's data source class"),
+                       ("scale_in", "Intel Caffe's int8 calibration scales"),
+                       ("scale_params", "Intel Caffe's int8 calibration scales")]:
         line = [w for w in warnings if f"'{field}'" in w]
         assert len(line) == 1 + (field == "engine") and why in line[-1], (field, joined)
     # the net-wide engine (amirgholami/SqueezeNext's train_val files) as the layer's

@@ -327,6 +327,15 @@ _FORK_FIELD_GROUPS = [
     # longriyao/caffe_colorizer (README: ParamSpec.param_propagate_down = 6): no gradient into the blob
     ("ParamSpec", _TEST_ONLY, "caffe_colorizer's switch of gradients into a blob (GAN training)",
      "param_propagate_down"),
+    # intel/caffe models/intel_optimized_models/int8 (its QuantizationParameter): the calibrated scales
+    # of its int8 inference mode; its FP32 mode, the reference, runs the same layers without them
+    ("QuantizationParameter", _ANY_PHASE, "Intel Caffe's int8 calibration scales (its int8 mode); caffeq "
+     "computes the float32 net", "scale_in", "scale_out", "scale_params"),
+    # tidsp/caffe-jacinto's NetParameter.quantize: its own quantized inference, of the same float net
+    ("NetParameter", _ANY_PHASE, "TI caffe-jacinto's switch to its quantized inference; caffeq computes the "
+     "float32 net", "quantize"),
+    # Yahoo CaffeOnSpark's LayerParameter.source_class: the Java class Spark reads the data with
+    ("LayerParameter", _ANY_PHASE, "CaffeOnSpark's data source class (Spark feeds the data)", "source_class"),
     # Yahoo CaffeOnSpark: the data Spark feeds; caffeq takes the shape from batch_size, channels,
     # height and width like MemoryData
     ("MemoryDataParameter", _ANY_PHASE, "CaffeOnSpark's data source and multi-GPU sharing; the shape comes "
