@@ -70,6 +70,7 @@ from . import (  # noqa: F401,E402
     rc3d,
     rcnn,
     recurrent,
+    reshape,
     ristretto,
     roi_align_forks,
     roi_pooling,

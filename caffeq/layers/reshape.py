@@ -1,0 +1,223 @@
+"""Reshape (BVLC reshape_layer.cpp; synopsys-caffe's pixelshuffler; the 2014 num/channels/height/width fields of
+Simon Safar's Reshape, which mitmul/caffe's ssai nets use) and Tiling (the highway-driving fork).
+
+Top shapes come from the runtime bottom shape in forward, with the functions `infer` uses, so a model runs
+at any batch size; ONNX emission copies dim 0 (Reshape's 0) rather than writing it (shape_ops.py's helpers).
+"""
+import math
+
+import torch.nn.functional as F
+
+from .registry import Layer, LayerError, need_blobs, register_layer
+from .shape_ops import onnx_reshape
+
+# ---- Reshape ------------------------------------------------------------------
+
+def _reshape_plan(attrs, ndim):
+    """(start_axis, end_axis) of the replaced range, as ReshapeLayer::Reshape."""
+    axis, num_axes = attrs["axis"], attrs["num_axes"]
+    start = axis if axis >= 0 else ndim + axis + 1
+    if not 0 <= start <= ndim:
+        raise LayerError(f"reshape_param.axis {axis} out of range for a {ndim}-axis blob")
+    end = ndim if num_axes == -1 else start + num_axes
+    if end > ndim:
+        raise LayerError(f"reshape_param.axis + num_axes = {end} is beyond the {ndim} axes of the bottom")
+    for i in attrs["copy_axes"]:
+        if start + i >= ndim:
+            raise LayerError(f"reshape_param.shape has 0 at position {i}, but the bottom has no "
+                             f"axis {start + i} to copy")
+    return start, end
+
+
+def _reshape_shape(attrs, shape):
+    shape = tuple(int(d) for d in shape)
+    start, end = _reshape_plan(attrs, len(shape))
+    dims = list(attrs["dims"])
+    for i in attrs["copy_axes"]:
+        dims[i] = shape[start + i]
+    top = list(shape[:start]) + dims + list(shape[end:])
+    total = math.prod(shape)
+    inferred = attrs["inferred_axis"]
+    if inferred >= 0:
+        explicit = math.prod(d for j, d in enumerate(dims) if j != inferred)
+        explicit *= math.prod(shape[:start]) * math.prod(shape[end:])
+        if explicit == 0 or total % explicit:
+            raise LayerError(f"bottom count {total} ({list(shape)}) is not divisible by the product "
+                             f"{explicit} of the other dimensions of reshape_param.shape "
+                             f"{attrs['dims']}")
+        top[start + inferred] = total // explicit
+    if math.prod(top) != total:
+        raise LayerError(f"reshape_param.shape {attrs['dims']} gives {top} ({math.prod(top)} "
+                         f"elements) but the bottom {list(shape)} has {total}")
+    return tuple(top)
+
+
+def _legacy_reshape_shape(dims, shape):
+    """The 2014 Reshape's top: (num, channels, height, width), 0 the bottom's (legacy) value, one -1 from the
+    count."""
+    bottom = tuple(int(d) for d in shape) + (1,) * (4 - len(shape)) if len(shape) <= 4 else None
+    if bottom is None:
+        raise LayerError(f"the 2014 Reshape reads num/channels/height/width, which need at most 4 axes, got {list(shape)}")
+    top = [b if d == 0 else d for d, b in zip(dims, bottom)]
+    if top.count(-1) > 1 or any(d < -1 for d in top):
+        raise LayerError(f"reshape_param num/channels/height/width {dims}: at most one -1 and no other negatives")
+    total, known = math.prod(bottom), math.prod(d for d in top if d != -1)
+    if -1 in top:
+        if known == 0 or total % known:
+            raise LayerError(f"reshape_param {dims}: the bottom's {total} values do not fill the other dimensions")
+        top[top.index(-1)] = total // known
+    if math.prod(top) != total:
+        raise LayerError(f"reshape_param {dims} gives {top} ({math.prod(top)} values) for a bottom of {total}")
+    return tuple(top)
+
+
+def _pixel_shuffle_shape(r, shape, field="reshape_param.pixelshuffler"):
+    """synopsys-caffe's pixelshuffler (and the driving fork's Tiling) top: N x C/r^2 x rH x rW of a
+    4-axis bottom."""
+    if len(shape) != 4:
+        raise LayerError(f"{field} needs a 4-axis bottom, got {list(shape)}")
+    n, c, h, w = (int(d) for d in shape)
+    if c % (r * r):
+        raise LayerError(f"{field} {r}: the bottom's {c} channels are not a multiple of {r * r}")
+    return (n, c // (r * r), h * r, w * r)
+
+
+def _onnx_pixel_shuffle(ctx, node, r):
+    # ONNX's channel-major (CRD) DepthToSpace is torch's pixel_shuffle and the forks' reorder
+    ctx.add_node("DepthToSpace", [node.inputs[0]], [node.outputs[0]], name=node.name, blocksize=r, mode="CRD")
+
+
+def _source_pixel_shuffle(emit, r):
+    emit.uses("F")
+    return f"F.pixel_shuffle({emit.inputs[0]}, {r})"
+
+
+@register_layer("Tiling")
+class Tiling(Layer):
+    """The highway-driving fork's Tiling (asyncbridge/tsinghua-tencent-100k code/caffe tiling_layer.cpp):
+    input channel c*t^2 + i*t + j of pixel (h, w) goes to channel c at (h*t + i, w*t + j), torch's
+    pixel_shuffle."""
+
+    bottoms = tops = 1
+
+    def parse(self, lp):
+        need_blobs(lp, "Tiling", 1, 1, in_place=False)
+        t = int(lp.tiling_param.tile_dim)
+        if t <= 0:
+            raise LayerError(f"tiling_param.tile_dim must be positive, got {t}")
+        return {"tile": t}
+
+    def infer(self, attrs, in_shapes):
+        return [_pixel_shuffle_shape(attrs["tile"], in_shapes[0], "tiling_param.tile_dim")]
+
+    def forward(self, attrs, params, x):
+        return F.pixel_shuffle(x, attrs["tile"])
+
+    def onnx(self, ctx, node):
+        _onnx_pixel_shuffle(ctx, node, node.attrs["tile"])
+
+    def pytorch_source(self, node, emit):
+        return _source_pixel_shuffle(emit, node.attrs["tile"])
+
+
+@register_layer("Reshape")
+class Reshape(Layer):
+    def parse(self, lp):
+        need_blobs(lp, lp.type)
+        notes = []
+        if lp.top and lp.bottom and lp.top[0] == lp.bottom[0]:
+            # BVLC's LayerSetUp check came in 2015; forks from before it (ECO's caffe_3d) reshape in place
+            notes.append("reshapes in place, which BVLC Caffe 1.0 refuses and older Caffe forks (ECO's "
+                         "caffe_3d) accept: the blob takes the new shape")
+        p = lp.reshape_param
+        legacy = [p.HasField(f) for f in ("num", "channels", "height", "width")]
+        if any(legacy):
+            if p.HasField("shape"):
+                raise LayerError("reshape_param: give shape, or the 2014 num/channels/height/width, not both")
+            return {"legacy_dims": [int(p.num), int(p.channels), int(p.height), int(p.width)],
+                    "reading_notes": notes}
+        dims = [int(d) for d in p.shape.dim]
+        inferred = [i for i, d in enumerate(dims) if d == -1]
+        if len(inferred) > 1:
+            raise LayerError(f"reshape_param.shape {dims} has several -1 dims; at most one may be inferred")
+        if any(d < -1 for d in dims):
+            raise LayerError(f"reshape_param.shape {dims} has a dimension below -1")
+        if p.num_axes < -1:
+            raise LayerError(f"reshape_param.num_axes must be >= 0, or -1 for all; got {p.num_axes}")
+        shuffle = int(getattr(p, "pixelshuffler", 1))
+        if shuffle < 1:
+            raise LayerError(f"reshape_param.pixelshuffler must be >= 1, got {shuffle}")
+        return {"pixelshuffler": shuffle, "reading_notes": notes,
+                "dims": dims, "axis": int(p.axis), "num_axes": int(p.num_axes),
+                "copy_axes": [i for i, d in enumerate(dims) if d == 0],
+                "inferred_axis": inferred[0] if inferred else -1}
+
+    def infer(self, attrs, in_shapes):
+        if attrs.get("legacy_dims"):
+            return [_legacy_reshape_shape(attrs["legacy_dims"], in_shapes[0])]
+        if attrs.get("pixelshuffler", 1) > 1:
+            return [_pixel_shuffle_shape(attrs["pixelshuffler"], in_shapes[0])]
+        return [_reshape_shape(attrs, in_shapes[0])]
+
+    def forward(self, attrs, params, x):
+        if attrs.get("legacy_dims"):
+            return x.reshape(_legacy_reshape_shape(attrs["legacy_dims"], tuple(x.shape)))
+        if attrs.get("pixelshuffler", 1) > 1:
+            # the fork's loop sends channel c*r^2 + i*r + j of (h, w) to channel c at (h*r + i, w*r + j)
+            return F.pixel_shuffle(x, attrs["pixelshuffler"])
+        return x.reshape(_reshape_shape(attrs, tuple(x.shape)))
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x = node.inputs[0]
+        if a.get("legacy_dims"):
+            top = _legacy_reshape_shape(a["legacy_dims"], ctx.shape(x))
+            # a copied num follows the run's batch; the rest are the sizes the net was read with
+            spec = [0 if a["legacy_dims"][0] == 0 and len(ctx.shape(x)) > 0 else top[0]] + list(top[1:])
+            onnx_reshape(ctx, x, spec, node.outputs[0], name=node.name)
+            return
+        if a.get("pixelshuffler", 1) > 1:
+            _onnx_pixel_shuffle(ctx, node, a["pixelshuffler"])
+            return
+        shape = tuple(ctx.shape(x))
+        ndim = len(shape)
+        start, end = _reshape_plan(a, ndim)
+        _reshape_shape(a, shape)  # same checks as infer
+        # where each output axis comes from: ("in", input axis) for copied axes, else its spec value
+        src = [("in", i) for i in range(start)]
+        src += [("in", start + j) if d == 0 else ("val", d) for j, d in enumerate(a["dims"])]
+        src += [("in", i) for i in range(end, ndim)]
+        spec = []
+        needs_batch = False
+        for o, (kind, v) in enumerate(src):
+            if kind == "val":
+                spec.append(v)             # a constant, or -1 (ONNX infers it the same way)
+            elif v == o:
+                spec.append(0)             # same index in input and output: ONNX's copy
+            elif v != 0:
+                spec.append(int(shape[v]))  # a non-batch axis moved to another index: static
+            else:
+                spec.append(("dim", 0))    # the batch axis moved: take it at run time
+                needs_batch = True
+        if needs_batch and -1 not in spec:
+            # the only run-time dim can be inferred from the count instead
+            spec = [-1 if isinstance(v, tuple) else v for v in spec]
+        # (in a computed shape, 0 still means "copy the input axis of the same index")
+        onnx_reshape(ctx, x, spec, node.outputs[0], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        x = emit.inputs[0]
+        if a.get("legacy_dims"):
+            top = _legacy_reshape_shape(a["legacy_dims"], emit.in_shape(0))
+            first = f"{x}.shape[0]" if a["legacy_dims"][0] == 0 else str(top[0])
+            return f"{x}.reshape([{', '.join([first] + [str(d) for d in top[1:]])}])"
+        if a.get("pixelshuffler", 1) > 1:
+            return _source_pixel_shuffle(emit, a["pixelshuffler"])
+        ndim = len(emit.in_shape(0))
+        start, end = _reshape_plan(a, ndim)
+        # axes Caffe copies (outside [start, end), and 0 in the spec) come from x at run time
+        dims = [f"{x}.shape[{i}]" for i in range(start)]
+        dims += [f"{x}.shape[{start + j}]" if d == 0 else str(d) for j, d in enumerate(a["dims"])]
+        dims += [f"{x}.shape[{i}]" for i in range(end, ndim)]
+        return f"{x}.reshape([{', '.join(dims)}])"
