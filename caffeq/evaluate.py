@@ -18,6 +18,7 @@ import time
 import numpy as np
 import torch
 
+from .backends.torch_backend import caffe_fp32
 from .data import Collate, Normalizer, StridedSampler, worker_init
 from .data.plan import as_input_layer, build_dataset, data_layer, phase_data_layer, plan_data, probe_items
 from .errors import DataError
@@ -466,7 +467,7 @@ def _evaluate(base, plan, dataset, names, dev, dist_env, workers, strict, output
     bar = progress_bar(len(sampler), "eval", unit="img", enabled=progress and dist_env.rank == 0)
     loop_start = time.perf_counter()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), caffe_fp32(dev):
             for batch in loader:
                 if batch["bad"]:
                     if strict:

@@ -155,3 +155,21 @@ def test_residual_sum_and_relu_run_in_the_convolution():
     want = s + conv(s, "proj", 0)
     np.testing.assert_allclose(fast, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(fast, exact, rtol=1e-5, atol=1e-6)
+
+
+def test_cuda_runs_turn_tf32_off_and_give_the_users_flags_back():
+    """PyTorch lets cuDNN round float32 convolutions to TF32 by default (errors near 1e-3 against
+    Caffe on Ampere and later GPUs): caffeq's runs on CUDA switch it off, then restore the flags."""
+    import torch
+
+    from caffeq.backends.torch_backend import caffe_fp32
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        with caffe_fp32("cpu"):
+            assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+        with caffe_fp32(torch.device("cuda", 0)):
+            assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved

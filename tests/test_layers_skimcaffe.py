@@ -291,7 +291,7 @@ def test_the_forks_fields_read():
 
 
 def test_the_fork_numbers_decode_from_a_binary_layer():
-    from caffeq._proto import caffe_pb2
+    from caffeq.io.schema import caffe_pb2
     lp = caffe_pb2.LayerParameter()
     # conv_mode 21 = DIRECT_SCONV (2), spmdm_transpose_out 9 = false, connectivity_mode 12 = 1
     lp.MergeFromString(bytes([0x60, 0x01]) + bytes([0xd2, 0x06, 0x03, 0xa8, 0x01, 0x02])

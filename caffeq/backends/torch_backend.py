@@ -5,6 +5,7 @@ blobs as parameters (statistics as buffers) and calling its spec's forward.
 The fx graph wires them in Caffe's order, so `print(module.code)` reads like
 the prototxt.
 """
+import contextlib
 import operator
 import re
 
@@ -41,14 +42,23 @@ class CaffeLayer(nn.Module):
             else:
                 self.register_parameter(name, nn.Parameter(tensor))
         self.blob_attrs = names
+        if not node.inputs:
+            # a layer without bottoms (ContinuationIndicator) makes its tops from nothing: this buffer
+            # follows the module's .to() and tells the layer where they belong
+            self.register_buffer("device_anchor", torch.empty(0), persistent=False)
 
     def blob_tensors(self):
         return [getattr(self, n) for n in self.blob_attrs]
 
     def forward(self, *inputs):
         if self.spec.uses_training_flag:
-            return self.spec.forward(self.attrs, self.blob_tensors(), *inputs, training=self.training)
-        return self.spec.forward(self.attrs, self.blob_tensors(), *inputs)
+            out = self.spec.forward(self.attrs, self.blob_tensors(), *inputs, training=self.training)
+        else:
+            out = self.spec.forward(self.attrs, self.blob_tensors(), *inputs)
+        if inputs or not hasattr(self, "device_anchor"):
+            return out
+        dev = self.device_anchor.device
+        return tuple(t.to(dev) for t in out) if isinstance(out, (tuple, list)) else out.to(dev)
 
     def extra_repr(self):
         return f"type={self.caffe_type}"
@@ -267,6 +277,23 @@ def resolve_device(device):
     return dev
 
 
+@contextlib.contextmanager
+def caffe_fp32(device):
+    """IEEE float32 convolutions and matrix products on CUDA while caffeq runs a net, as Caffe's
+    cuDNN and cuBLAS calls compute them: PyTorch lets cuDNN use TF32 by default, which on Ampere and
+    later GPUs rounds inputs to 10-bit mantissas (errors near 1e-3 of the output's scale). The flags
+    touch float32 arithmetic only (fp16 runs are unchanged); the user's settings come back afterwards."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    cudnn, matmul = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cudnn, matmul
+
+
 def _channels_last(gm):
     """The 4-D weights in channels_last (Module.to(memory_format=...) would also take the 5-D ones of
     an N-D convolution, for which channels_last does not exist)."""
@@ -359,7 +386,7 @@ def run_numpy(model, inputs, device="cpu", all_blobs=False, batch_size=None, dty
     if any(node.spec.data_dependent_shape for node in model.graph.nodes):
         step = n or 1  # rows of e.g. DetectionOutput carry batch indexes: chunks cannot be concatenated
     chunks = []
-    with torch.inference_mode():
+    with torch.inference_mode(), caffe_fp32(dev):
         for start in range(0, max(n, 1), step):
             # without batch_size, feed whole arrays: inputs need not share dim 0 (BatchReindex indices)
             # (np.require, not ascontiguousarray: a 0-axis input stays a scalar)

@@ -184,8 +184,8 @@ def generate_anchors(base_size=16, ratios=(0.5, 1, 2), scales=(8, 16, 32), c_rou
 def shifted_anchors(anchors, height: int, width: int, feat_stride: int):
     """Anchors (A, 4) placed on every cell of an H x W map: (H * W * A, 4), rows ordered (h, w, a).
     Integer shifts added in float64, as the Python layer does."""
-    sx = torch.arange(width, dtype=torch.float64) * feat_stride
-    sy = torch.arange(height, dtype=torch.float64) * feat_stride
+    sx = torch.arange(width, dtype=torch.float64, device=anchors.device) * feat_stride
+    sy = torch.arange(height, dtype=torch.float64, device=anchors.device) * feat_stride
     gx = sx[None, :].expand(height, width)
     gy = sy[:, None].expand(height, width)
     shifts = torch.stack([gx, gy, gx, gy], dim=-1).reshape(-1, 1, 4)
@@ -321,7 +321,7 @@ class RPNProposal(nn.Module):
         self.cpp_rpn, self.pva = cpp_rpn, pva
 
     def forward(self, cls_prob, bbox_pred, im_info):
-        anchors = torch.tensor(self.anchors, dtype=torch.float64)
+        anchors = torch.tensor(self.anchors, dtype=torch.float64, device=cls_prob.device)
         if self.cpp_rpn:
             cls_prob, bbox_pred, im_info = cls_prob[:1], bbox_pred[:1], im_info[:1]
         rois, scores = rpn_proposals(cls_prob, bbox_pred, im_info, anchors, self.feat_stride,
