@@ -1,0 +1,55 @@
+"""Layers keep their tensors on the blobs' device: a CUDA run emulated on the CPU (cuda_emulation.py)
+finds any tensor a layer makes on the CPU and mixes with the GPU's, which PyTorch refuses on a real
+GPU, so these run in every CI job, with or without one (test_cuda.py runs the real thing)."""
+import numpy as np
+import pytest
+import torch
+from cuda_emulation import DeviceTensor, EmulatedCuda, run_on_emulated_cuda
+from test_realworld import REALWORLD, RUNNABLE
+
+import caffeq
+
+
+def test_the_emulation_finds_a_cpu_tensor_next_to_device_blobs():
+    x = torch.zeros(2, 3).as_subclass(DeviceTensor)
+    mode = EmulatedCuda()
+    with mode:
+        assert x.device.type == "cuda" and x.is_cuda
+        fine = [x + torch.ones(3, device=x.device), x * torch.tensor(2.0), x + torch.ones(3).to(x.device),
+                x + x.new_ones(3), x + torch.zeros_like(x), x[torch.tensor([1, 0])], x.cpu().numpy()]
+        assert not mode.mixes and all(isinstance(t, DeviceTensor) for t in fine[:6])
+        x + torch.ones(3)
+        assert len(mode.mixes) == 1 and "add" in mode.mixes[0]
+        x.numpy()
+        torch.arange(3)[torch.tensor([0, 1]).to(x.device)]
+        assert len(mode.mixes) == 3
+
+
+# real nets whose layers make tensors of their own: anchors, proposals, NMS keeps, sequence markers,
+# detection lists (the nets of test_realworld.RUNNABLE are checked too)
+FORK_NETS = {
+    "D-X-Y__caffe-faster-rcnn__models__FRCNN__zf_rpn__test.prototxt": {"data": (1, 3, 96, 128)},
+    "MartinPlantinga__TomatoNet__models__tomato_db__VGG16__mask_rcnn_end2end__test.prototxt": None,
+    "Orpine__py-R-FCN__models__coco__ResNet-101__rfcn_alt_opt_5step_ohem__rpn_test.pt.prototxt": None,
+    "Turoad__py-RFCN-priv__models__viva__ResNet-101_8_roialign__test.prototxt": None,
+    "afantideng__R-FCN-PSROIAlign__models__pascal_voc__1018b__test_agnostic.prototxt": None,
+}
+NETS = {**RUNNABLE, **FORK_NETS}
+
+
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_real_net_keeps_every_tensor_on_the_blobs_device(name):
+    model = caffeq.load(REALWORLD / name, random_weights=True, input_shapes=NETS[name])
+    rng = np.random.default_rng(0)
+    feeds = {k: rng.uniform(0, 1, size=s).astype(np.float32) for k, s in model.inputs.items()}
+    if "im_info" in feeds:   # Faster R-CNN's [height, width, scale] of the image: proposals inside it
+        height, width = model.inputs["data"][2:]
+        feeds["im_info"] = np.array([[height, width, 1.0]], np.float32).reshape(model.inputs["im_info"])
+    ref = model.run(feeds, exact=True)
+    out, mixes = run_on_emulated_cuda(model, feeds)
+    assert not mixes, "\n".join(sorted(set(mixes)))
+    out = out if isinstance(out, dict) else {model.outputs[0]: out}
+    for blob, want in ref.items():   # the same CPU arithmetic (last bits aside: kernels may differ)
+        got = out[blob].as_subclass(torch.Tensor).numpy()
+        scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * scale, err_msg=blob)
