@@ -53,3 +53,21 @@ def test_real_net_keeps_every_tensor_on_the_blobs_device(name):
         got = out[blob].as_subclass(torch.Tensor).numpy()
         scale = max(1.0, float(np.abs(want).max(initial=0.0)))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * scale, err_msg=blob)
+
+
+def test_statistics_shared_by_param_name_follow_the_module_to_the_device():
+    """Two BatchNorm layers naming the same param blobs (as the CVPR18 saliency nets do): the second
+    reads the first's statistics, registered as its own buffers too so that .to(device) moves them."""
+    from conftest import net
+
+    from caffeq.model import load_from_text
+    shared = ' '.join(f'param {{ name: "bn_{i}" lr_mult: 0 }}' for i in range(3))
+    model = load_from_text(net(
+        f'layer {{ name: "a" type: "BatchNorm" bottom: "x" top: "a" {shared} }}',
+        f'layer {{ name: "b" type: "BatchNorm" bottom: "a" top: "b" {shared} }}',
+        inputs={"x": (2, 3, 4, 5)}), random_weights=True)
+    x = np.random.default_rng(1).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    ref = model.run({"x": x}, exact=True)
+    out, mixes = run_on_emulated_cuda(model, {"x": x})
+    assert not mixes, mixes
+    np.testing.assert_allclose(out.as_subclass(torch.Tensor).numpy(), ref["b"], rtol=1e-6, atol=1e-6)

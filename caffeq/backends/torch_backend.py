@@ -34,7 +34,10 @@ class CaffeLayer(nn.Module):
             name = declared[i] if i < len(declared) else f"blob{i}"
             names.append(name)
             if shared and i in shared:
-                setattr(self, name, shared[i])
+                if isinstance(shared[i], nn.Parameter):
+                    setattr(self, name, shared[i])
+                else:   # a shared statistics buffer: registered here too, so that .to() moves it
+                    self.register_buffer(name, shared[i])
                 continue
             tensor = torch.from_numpy(np.array(arr, dtype=np.float32, copy=True))
             if i in buffers:
