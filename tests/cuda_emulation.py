@@ -7,6 +7,7 @@ accepts), indexes a CPU tensor with device indices, or takes .numpy() of a devic
 PyTorch refuses on a GPU: each is recorded with the caffeq source line that did it.
 """
 import traceback
+from unittest import mock
 
 import numpy as np
 import torch
@@ -125,17 +126,19 @@ class EmulatedCuda(TorchFunctionMode):
         return _place(out, wants)
 
 
-def run_on_emulated_cuda(model, inputs):
-    """Run `model`'s exact (layer by layer) module with every weight and input on the emulated GPU;
-    returns (outputs, [device mixes found])."""
-    from caffeq.backends.torch_backend import CaffeLayer, cached_module
-    module = cached_module(model, exact=True)
-    model.run_cache = None    # the module's tensors are re-tagged below: never reuse it
+def run_on_emulated_cuda(model, inputs, exact=True):
+    """Run `model`'s module (the exact layer-by-layer one, or Model.run's default optimized one) with
+    every weight, buffer and input on the emulated GPU; returns (outputs, [device mixes found])."""
+    from caffeq.backends import torch_backend
+    # built as for a GPU: the CPU's oneDNN prepacked convolutions never run there
+    with mock.patch.object(torch_backend, "prepack_convolutions", lambda module: None):
+        module = torch_backend.to_torch(model, optimize=not exact)
     for layer in module.modules():
-        if isinstance(layer, CaffeLayer):
-            for name in list(layer._parameters):
+        for name in list(layer._parameters):
+            if layer._parameters[name] is not None:
                 setattr(layer, name, layer._parameters.pop(name).detach().as_subclass(DeviceTensor))
-            for name in list(layer._buffers):
+        for name in list(layer._buffers):
+            if layer._buffers[name] is not None:
                 layer._buffers[name] = layer._buffers[name].as_subclass(DeviceTensor)
     feed = [torch.from_numpy(np.ascontiguousarray(inputs[k], np.float32)).as_subclass(DeviceTensor) for k in inputs]
     mode = EmulatedCuda()

@@ -29,16 +29,17 @@ def test_the_emulation_finds_a_cpu_tensor_next_to_device_blobs():
 # detection lists (the nets of test_realworld.RUNNABLE are checked too)
 FORK_NETS = {
     "D-X-Y__caffe-faster-rcnn__models__FRCNN__zf_rpn__test.prototxt": {"data": (1, 3, 96, 128)},
-    "MartinPlantinga__TomatoNet__models__tomato_db__VGG16__mask_rcnn_end2end__test.prototxt": None,
+    "MartinPlantinga__TomatoNet__models__tomato_db__VGG16__mask_rcnn_end2end__test.prototxt": {"data": (1, 3, 96, 128)},
     "Orpine__py-R-FCN__models__coco__ResNet-101__rfcn_alt_opt_5step_ohem__rpn_test.pt.prototxt": None,
-    "Turoad__py-RFCN-priv__models__viva__ResNet-101_8_roialign__test.prototxt": None,
+    "Turoad__py-RFCN-priv__models__viva__ResNet-101_8_roialign__test.prototxt": {"data": (1, 3, 96, 128)},
     "afantideng__R-FCN-PSROIAlign__models__pascal_voc__1018b__test_agnostic.prototxt": None,
 }
 NETS = {**RUNNABLE, **FORK_NETS}
 
 
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "optimized"])
 @pytest.mark.parametrize("name", sorted(NETS))
-def test_real_net_keeps_every_tensor_on_the_blobs_device(name):
+def test_real_net_keeps_every_tensor_on_the_blobs_device(name, exact):
     model = caffeq.load(REALWORLD / name, random_weights=True, input_shapes=NETS[name])
     rng = np.random.default_rng(0)
     feeds = {k: rng.uniform(0, 1, size=s).astype(np.float32) for k, s in model.inputs.items()}
@@ -46,13 +47,17 @@ def test_real_net_keeps_every_tensor_on_the_blobs_device(name):
         height, width = model.inputs["data"][2:]
         feeds["im_info"] = np.array([[height, width, 1.0]], np.float32).reshape(model.inputs["im_info"])
     ref = model.run(feeds, exact=True)
-    out, mixes = run_on_emulated_cuda(model, feeds)
+    out, mixes = run_on_emulated_cuda(model, feeds, exact=exact)
     assert not mixes, "\n".join(sorted(set(mixes)))
     out = out if isinstance(out, dict) else {model.outputs[0]: out}
+    assert set(out) == set(ref)
+    if not exact and any(n.spec.data_dependent_shape for n in model.graph.nodes):
+        return   # folded weights change the last bits, which can reorder proposals and detections
     for blob, want in ref.items():   # the same CPU arithmetic (last bits aside: kernels may differ)
         got = out[blob].as_subclass(torch.Tensor).numpy()
         scale = max(1.0, float(np.abs(want).max(initial=0.0)))
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * scale, err_msg=blob)
+        rtol = 1e-5 if exact else 1e-4
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale / 10, err_msg=blob)
 
 
 def test_statistics_shared_by_param_name_follow_the_module_to_the_device():
