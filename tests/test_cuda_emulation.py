@@ -33,12 +33,18 @@ FORK_NETS = {
     "Orpine__py-R-FCN__models__coco__ResNet-101__rfcn_alt_opt_5step_ohem__rpn_test.pt.prototxt": None,
     "Turoad__py-RFCN-priv__models__viva__ResNet-101_8_roialign__test.prototxt": {"data": (1, 3, 96, 128)},
     "afantideng__R-FCN-PSROIAlign__models__pascal_voc__1018b__test_agnostic.prototxt": None,
+    "unsky__FPN__models__pascal_voc__FPN__FP_Net_end2end__test_mergercnn.prototxt": {"data": (1, 3, 128, 160)},
 }
 NETS = {**RUNNABLE, **FORK_NETS}
 
 
-@pytest.mark.parametrize("exact", [True, False], ids=["exact", "optimized"])
-@pytest.mark.parametrize("name", sorted(NETS))
+# the exact module of every net; Model.run's optimized one of the small nets and one proposal net
+# (the emulation checks each op in Python: the large proposal nets take long)
+CASES = [(name, True) for name in sorted(NETS)] + [
+    (name, False) for name in sorted(RUNNABLE) + ["D-X-Y__caffe-faster-rcnn__models__FRCNN__zf_rpn__test.prototxt"]]
+
+
+@pytest.mark.parametrize("name, exact", CASES)
 def test_real_net_keeps_every_tensor_on_the_blobs_device(name, exact):
     model = caffeq.load(REALWORLD / name, random_weights=True, input_shapes=NETS[name])
     rng = np.random.default_rng(0)

@@ -76,7 +76,7 @@ def fpn_level_boxes(cls_prob, bbox_pred, info, anchors, stride: int, min_size: f
     dt = bbox_pred.dtype
     scores = cls_prob[0, n_anchors:, :height, :width].permute(1, 2, 0).reshape(-1)
     deltas = bbox_pred[0, :, :height, :width].permute(1, 2, 0).reshape(-1, 4)
-    boxes = shifted_anchors(anchors, height, width, stride).to(dt)
+    boxes = shifted_anchors(anchors.to(bbox_pred.device), height, width, stride).to(dt)
     boxes, keep = rpn_decode_boxes(boxes, deltas, info, min_size)
     return boxes[keep], scores[keep]
 
