@@ -40,8 +40,12 @@ NETS = {**RUNNABLE, **FORK_NETS}
 
 # the exact module of every net; Model.run's optimized one of the small nets and one proposal net
 # (the emulation checks each op in Python: the large proposal nets take long)
-CASES = [(name, True) for name in sorted(NETS)] + [
-    (name, False) for name in sorted(RUNNABLE) + ["D-X-Y__caffe-faster-rcnn__models__FRCNN__zf_rpn__test.prototxt"]]
+def _case(name, exact):
+    return pytest.param(name, exact, marks=[pytest.mark.slow] if name in FORK_NETS else [])
+
+
+CASES = [_case(name, True) for name in sorted(NETS)] + [
+    _case(name, False) for name in sorted(RUNNABLE) + ["D-X-Y__caffe-faster-rcnn__models__FRCNN__zf_rpn__test.prototxt"]]
 
 
 @pytest.mark.parametrize("name, exact", CASES)
