@@ -240,3 +240,24 @@ def test_min_relu_in_place_and_cudnn_note(tmp_path):
                                'minrelu_param { engine: CUDNN } }', inputs={"x": x.shape}))
     assert any("plain ReLU" in n for n in model.warnings)
     assert_close(model.run({"x": x})["x"], np.minimum(x, 0), 0, 0, "in place")
+
+
+def brelu_ref(x, lo, hi):
+    """brelu_layer.cpp's Forward_cpu, element by element: std::min(std::max(x, minval), maxval)."""
+    y = np.empty(x.shape, np.float32)
+    for i, v in np.ndenumerate(x):
+        y[i] = min(max(v, np.float32(lo)), np.float32(hi))
+    return y
+
+
+@pytest.mark.parametrize("params, lo, hi", [("", 0.0, 1.0), ("brelu_param { minval: 0 maxval: 1 }", 0.0, 1.0),
+                                            ("brelu_param { minval: -0.5 maxval: 2.5 }", -0.5, 2.5)])
+def test_brelu_clamps_to_its_bounds(params, lo, hi, tmp_path):
+    """FPCNet's bilateral ReLU (brelu_param minval 0, maxval 1)."""
+    x = rng(23).standard_normal((2, 3, 5, 4)).astype(np.float32) * 2
+    model = load_from_text(net(f'layer {{ name: "b" type: "BReLU" bottom: "x" top: "o" {params} }}',
+                               inputs={"x": x.shape}))
+    assert any("GPU kernel" in n for n in model.warnings) == ((lo, hi) != (0.0, 1.0))
+    ref = brelu_ref(x, lo, hi)
+    assert (ref == lo).any() and (ref == hi).any() and ((ref > lo) & (ref < hi)).any()
+    check_everywhere(model, {"x": x}, {"o": ref}, tmp_path)

@@ -311,6 +311,21 @@ layer { name: "acc" type: "Accuracy" bottom: "data" bottom: "label" top: "acc"
         assert len(line) == 1 and why in line[0], (field, warnings)
 
 
+def test_reading_order_and_label_switches_of_forks_are_warnings():
+    # Tongcheng/DN_CaffeScript's random_order and Tyler-D/DeBlurNet's ImageData `label: false`
+    text = """
+layer { name: "d" type: "Data" top: "data" top: "label"
+  data_param { source: "train_lmdb" batch_size: 64 backend: LMDB random_order: true } }
+layer { name: "blurred" type: "ImageData" top: "blurred"
+  image_data_param { source: "train.txt" batch_size: 48 new_height: 128 new_width: 128 label: false } }
+"""
+    net, warnings = _parse(text)
+    assert net.layer[0].data_param.batch_size == 64 and net.layer[1].image_data_param.new_width == 128
+    for field, why in [("random_order", "Tongcheng/caffe"), ("label", "DeBlurNet")]:
+        line = [w for w in warnings if f"'{field}'" in w]
+        assert len(line) == 1 and why in line[0], (field, warnings)
+
+
 def test_nvcaffes_data_reading_fields_are_warnings():
     # NVIDIA/caffe's examples: threads and an in-memory cache change how records are read, not what
     text = """

@@ -316,6 +316,13 @@ _FORK_FIELD_GROUPS = [
     ("NetParameter", _ANY_PHASE, "yjxiong/caffe's blob memory sharing; the same numbers without it", "mem_param"),
     # Tongcheng/caffe (DenseNet): AccuracyParameter.use_log = 4
     ("AccuracyParameter", _ANY_PHASE, "Tongcheng/caffe's Accuracy logging switch", "use_log"),
+    # Tongcheng/DN_CaffeScript's train_test files: DataParameter.random_order (true at TRAIN, false at
+    # TEST): the order records are read in, never what they hold
+    ("DataParameter", _ANY_PHASE, "Tongcheng/caffe's order of reading the records", "random_order"),
+    # Tyler-D/DeBlurNet's train net: ImageData `label: false` on both of its image lists (blurred
+    # images, sharp targets), each layer with one top: the tops already say there is no label
+    ("ImageDataParameter", _ANY_PHASE, "DeBlurNet's fork's switch for lists without labels (the layer's "
+     "tops say it)", "label"),
     # Andrew-Qibin/caffe_dss (ImageLabelmapData): ImageDataParameter.normalize = 17
     ("ImageDataParameter", _ANY_PHASE, "caffe_dss's scaling of the label map, a training target", "normalize"),
     # wanggao1990/opencv_dnn_application's ENet for its own OpenCV BN layer: the values of the

@@ -22,6 +22,10 @@
   y = min(x, 0) + positive_slope * max(x, 0) (the CAFFE engine; its GPU kernel's x < 0 ? x : x * slope
   is the same).  The fork's cuDNN engine (engine CUDNN, or DEFAULT in a cuDNN build) runs cuDNN's
   plain ReLU when positive_slope is 0, max(x, 0), the opposite; that slip is not reproduced.
+- BReLU (the bilateral ReLU of a DehazeNet-style fork, brelu_layer.cpp/.cu; chaimi2013/FPCNet's deploy
+  file): y = min(max(x, minval), maxval), the fork's CPU forward, Truncation's formula.  Its GPU kernel
+  computes x < 1 ? (x > 0 ? x : x * minval) : maxval, the same for the bounds 0 and 1 that nets use
+  (but a NaN: the CPU keeps it, the kernel gives maxval); other bounds read with a note.
 """
 import math
 
@@ -29,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .learnable_dilation import Truncation
 from .registry import Layer, LayerError, canonical_axis, count, need_blobs, positive_field, register_layer
 
 
@@ -390,3 +395,19 @@ def is_selector_filter(attrs):
 
 __all__ = ["APL", "SELECTOR_FILTER", "AdaptivePiecewiseLinear", "ChannelSelector", "GuidedDropout", "RReLU",
            "adaptive_piecewise_linear", "guided_dropout", "is_selector_filter", "rrelu_test", "select_channels"]
+
+
+@register_layer("BReLU")
+class BReLU(Truncation):
+    """Truncation's clamp with brelu_param's bounds (see the module docstring)."""
+
+    def parse(self, lp):
+        need_blobs(lp, "BReLU", 1, 1)
+        p = lp.brelu_param
+        lo, hi = float(np.float32(p.minval)), float(np.float32(p.maxval))
+        attrs = {"min": lo, "max": hi}
+        if (lo, hi) != (0.0, 1.0):
+            attrs["reading_notes"] = [f"BReLU bounds {lo:g}, {hi:g}: computed as the fork's CPU forward, "
+                                      f"min(max(x, minval), maxval); its GPU kernel, x < 1 ? (x > 0 ? x : "
+                                      f"x * minval) : maxval, differs for bounds other than 0 and 1"]
+        return attrs
