@@ -248,3 +248,31 @@ def test_tl_ssd_state_scores_follow_each_rows_prior(tmp_path):
     check_everywhere(none, feeds, {"det": want.reshape(1, 1, n, 7 + S)}, tmp_path)
     with pytest.raises(LayerError, match="do not hold 2 x 31 priors x num_states 3"):
         load_from_text(text.replace(f"dim: {P * S}", f"dim: {P * S + 1}"))
+
+
+def test_caffe_refinedets_combined_bottoms_follow_the_fork(tmp_path):
+    """chris-512/caffe-refinedet: 3 bottoms, loc = Concat(odm loc, arm loc), conf = Concat(odm conf,
+    arm conf); its Forward reads the arm parts at the fixed offsets 25500 and 133875, which are 4P and
+    21P of its 320x320 VOC net (6375 priors, 21 classes)."""
+    n, P, C = 1, 6375, 21
+    feeds = refinedet_inputs(8, n, P, C)
+    params = ("nms_param { nms_threshold: 0.45 top_k: 20 } code_type: CENTER_SIZE keep_top_k: 30 "
+              "confidence_threshold: 0.3 objectness_score: 0.3")
+    combined = {"loc": np.concatenate([feeds["loc"], feeds["arm_loc"]], 1),
+                "conf": np.concatenate([feeds["conf"], feeds["arm_conf"]], 1), "prior": feeds["prior"]}
+    model = load_from_text(refinedet_text(params, n, P, C, arm=0, loc=(1, 8 * P), conf=(1, (C + 2) * P)))
+    assert node_of(model, "det").attrs["combined"]
+    ref = refinedet_ref(feeds["loc"], feeds["conf"], feeds["prior"], feeds["arm_conf"], feeds["arm_loc"], C,
+                        nms=0.45, top_k=20, keep_top_k=30, conf_threshold=0.3, objectness=0.3)
+    assert ref.shape[2] > 5
+    check_everywhere(model, combined, {"det": ref}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def test_combined_bottoms_of_another_size_are_not_taken_for_caffe_refinedets():
+    # 8P loc and (C + 2)P conf, but not the fork's offsets: the usual reading and its error
+    with pytest.raises(LayerError, match="TextBoxes"):
+        load_from_text(refinedet_text("nms_param { nms_threshold: 0.45 }", 1, 31, 5, arm=0, loc=(1, 8 * 31),
+                                      conf=(1, 7 * 31)))
+    with pytest.raises(LayerError, match="one image"):
+        load_from_text(refinedet_text("nms_param { nms_threshold: 0.45 }", 2, 6375, 21, arm=0, loc=(2, 8 * 6375),
+                                      conf=(2, 23 * 6375)))

@@ -35,6 +35,12 @@
   -1 rows keep SSD's stride of 7 for the image ids, as the fork writes them.
 - synopsys-caffe's per-level bottoms (`nbottom`, `no_permute`, `ratio_permute`): gathered into
   the three bottoms above by detection_levels.py, then read as here.
+- chris-512/caffe-refinedet (191e71b, detection_output_layer.cpp): RefineDet with 3 bottoms, loc =
+  Concat(odm loc, arm loc) (N, 8P) and conf = Concat(odm conf, arm conf) (N, (C + 2)P) (its
+  refinedet_vgg16_320x320 files).  Its Reshape checks those sizes; Forward reads the odm parts from
+  the start of each blob and the arm parts at the fixed offsets 25500 and 133875 (4P and 21P of that
+  320x320 VOC net): read as RefineDet's five bottoms where the offsets are 4P and CP, batch 1 (the
+  fork reads a second image from the first's arm parts); anything else is refused.
 ONNX: standard ops (TopK, NonMaxSuppression, NonZero...) give the same rows
 in the same order; only eta < 1 (adaptive NMS) is refused.
 """
@@ -253,6 +259,35 @@ def arm_bottoms(attrs, in_shapes, n_priors):
     return 2
 
 
+# chris-512/caffe-refinedet's Forward reads the ARM parts of its combined bottoms at these offsets
+COMBINED_ARM_OFFSETS = (25500, 133875)
+
+
+def _combined_refinedet(attrs, loc, conf, n_priors):
+    """Whether 3 bottoms are chris-512/caffe-refinedet's combined RefineDet ones (see the docstring):
+    their sizes and the fork's fixed offsets must agree, so TextBoxes' doubled priors (8P loc, 2PC
+    conf, the same sizes for 2 classes) are never taken for them."""
+    C = attrs["num_classes"]
+    if (4 * n_priors, C * n_priors) != COMBINED_ARM_OFFSETS:
+        return False
+    if not (len(loc) >= 2 and len(conf) >= 2 and math.prod(loc[1:]) == 8 * n_priors
+            and math.prod(conf[1:]) == (C + 2) * n_priors):
+        return False
+    if loc[0] != 1 or not attrs["share_location"]:
+        raise LayerError(f"loc {list(loc)} and conf {list(conf)} are caffe-refinedet's combined RefineDet bottoms "
+                         f"(odm and arm predictions concatenated), which its DetectionOutput reads for one image "
+                         f"with shared loc only (it reads a second image from the first's arm parts)")
+    return True
+
+
+def split_combined_refinedet(loc, conf, prior, num_classes: int):
+    """caffe-refinedet's combined bottoms -> (odm loc, odm conf, priors, arm conf, arm loc)."""
+    p = prior.shape[-1] // 4
+    loc, conf = loc.reshape(loc.shape[0], -1), conf.reshape(conf.shape[0], -1)
+    return (loc[:, :4 * p], conf[:, :num_classes * p], prior, conf[:, num_classes * p:(num_classes + 2) * p],
+            loc[:, 4 * p:8 * p])
+
+
 @register_layer("DetectionOutput")
 class DetectionOutputLayer(Layer):
     #: the row count is known only after a run; infer gives the most rows (keep_top_k * N)
@@ -317,6 +352,10 @@ class DetectionOutputLayer(Layer):
         if len(prior) < 3 or prior[1] != 2 or prior[2] % 4:
             raise LayerError(f"priors must be shaped (1, 2, 4 * num_priors), got {list(prior)}")
         n_priors = prior[2] // 4
+        attrs["combined"] = len(in_shapes) == 3 and _combined_refinedet(attrs, loc, conf, n_priors)
+        if attrs["combined"]:
+            attrs["layout"], attrs["arm"] = "", 2
+            return [(1, 1, max_detections(attrs, loc[0], n_priors), 7)]
         layout = loc_layout(attrs, loc, n_priors)
         if len(conf) < 2 or math.prod(conf[1:]) != n_priors * attrs["num_classes"]:
             raise LayerError(f"conf {list(conf)} does not hold {n_priors} priors x "
@@ -340,6 +379,8 @@ class DetectionOutputLayer(Layer):
             return module(*gather_levels((loc, *rest), attrs["pieces"]))
         if attrs.get("states"):
             return module(loc, conf, prior, state=extra[0])
+        if attrs.get("combined"):
+            return module(*split_combined_refinedet(loc, conf, prior, attrs["num_classes"]))
         arm = extra[:attrs.get("arm", 0)]   # RefineDet's arm conf (and arm loc); SSD's images are not read
         return module(loc, conf, prior, *arm)
 
@@ -349,6 +390,17 @@ class DetectionOutputLayer(Layer):
             loc, conf, prior = emit_gather_onnx(ctx, node, node.attrs["pieces"])
             n_priors = sum(math.prod(pc[3]) for pc in node.attrs["pieces"][2]) // 4
             emit_detection_output(ctx, node, inputs=(loc, conf, prior), n_priors=n_priors)
+            return
+        if node.attrs.get("combined"):
+            P, C = ctx.shape(node.inputs[2])[-1] // 4, node.attrs["num_classes"]
+            loc, conf = node.inputs[:2]
+
+            def part(x, start, end, hint):
+                ends = [ctx.i64([v]) for v in (start, end, 1)]
+                return ctx.op("Slice", [x] + ends, f"{node.name}_{hint}")
+            inputs = (part(loc, 0, 4 * P, "odm_loc"), part(conf, 0, C * P, "odm_conf"), node.inputs[2],
+                      part(conf, C * P, (C + 2) * P, "arm_conf"), part(loc, 4 * P, 8 * P, "arm_loc"))
+            emit_detection_output(ctx, node, inputs=inputs)
             return
         emit_detection_output(ctx, node)
 
@@ -374,4 +426,7 @@ class DetectionOutputLayer(Layer):
             return f"{m}(*{got})"
         if node.attrs["states"]:
             return f"{m}({', '.join(emit.inputs[:3])}, state={emit.inputs[3]})"
+        if node.attrs.get("combined"):
+            split = emit.helper(split_combined_refinedet)
+            return f"{m}(*{split}({', '.join(emit.inputs[:3])}, {node.attrs['num_classes']}))"
         return f"{m}({', '.join(emit.inputs[:3 + node.attrs['arm']])})"

@@ -23,8 +23,10 @@ def emit_detection_output(ctx, node, inputs=None, n_priors=None):
     if a["eta"] < 1:
         raise ExportError(f"layer '{node.name}' (DetectionOutput): nms_param.eta {a['eta']} < 1 "
                           f"(adaptive NMS) has no ONNX form")
-    # inputs, n_priors: synopsys-caffe's per-level bottoms, already gathered (detection_levels.py)
-    loc_in, conf_in, prior_in = (inputs or node.inputs)[:3]   # a 4th input (the images) is not read
+    # inputs, n_priors: synopsys-caffe's per-level bottoms, already gathered (detection_levels.py), or
+    # chris-512/caffe-refinedet's combined bottoms, already split (loc, conf, priors, arm conf, arm loc)
+    ins = list(inputs or node.inputs)
+    loc_in, conf_in, prior_in = ins[:3]   # a 4th input (the images) is not read
     arm = a.get("arm", 0)                          # RefineDet: arm conf, then arm loc
     P = ctx.shape(prior_in)[-1] // 4 if n_priors is None else n_priors
     C = a["num_classes"]
@@ -80,7 +82,7 @@ def emit_detection_output(ctx, node, inputs=None, n_priors=None):
         return dec, (px0, py0, px1, py1, pw, ph, pcx, pcy)
 
     if arm == 2:   # RefineDet: each image's priors refined by its arm loc, (N, 1, P, 4)
-        arm_loc = ctx.op("Reshape", [node.inputs[4], ctx.i64([0, 1, P, 4])], "arm_loc")
+        arm_loc = ctx.op("Reshape", [ins[4], ctx.i64([0, 1, P, 4])], "arm_loc")
         pbox, _ = decode(arm_loc, pbox, "arm_")
     dec, parts = decode(loc, pbox)
     if a["clip"]:
@@ -113,7 +115,7 @@ def emit_detection_output(ctx, node, inputs=None, n_priors=None):
     # per class boxes (N, K, P, 4) and scores (N, K, P)
     conf = ctx.op("Reshape", [conf_in, ctx.i64([0, P, C])], "conf")
     if arm:   # RefineDet: anchors with arm conf[1] < objectness_score score (1, 0, 0, ...)
-        arm_conf = ctx.op("Reshape", [node.inputs[3], ctx.i64([0, P, 2])], "arm_conf")
+        arm_conf = ctx.op("Reshape", [ins[3], ctx.i64([0, P, 2])], "arm_conf")
         empty = ctx.op("Less", [last(arm_conf, 1, "objectness"), ctx.f32(np.float32(a["objectness"]))], "empty")
         first = ctx.f32((np.arange(C) == 0).astype(np.float32))
         conf = ctx.op("Where", [empty, first, conf], "conf_os")
