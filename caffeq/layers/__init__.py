@@ -11,6 +11,7 @@ from . import (  # noqa: F401,E402
     caffe_plus,
     cambricon_yolo,
     cascade_rcnn,
+    ccpd,
     common,
     conv,
     conv_lstm,
