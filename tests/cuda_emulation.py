@@ -16,8 +16,6 @@ from torch.overrides import TorchFunctionMode
 EMULATED = torch.device("cuda", 0)
 # ops that move or copy between devices, or only read a tensor's data
 _MOVES = ("to", "copy_", "cpu", "cuda", "tolist", "item")
-# indexing a device tensor with CPU index tensors is allowed on CUDA
-_INDEXING = ("__getitem__", "__setitem__")
 
 
 class DeviceTensor(torch.Tensor):

@@ -395,9 +395,12 @@ class DetectionOutputLayer(Layer):
             P, C = ctx.shape(node.inputs[2])[-1] // 4, node.attrs["num_classes"]
             loc, conf = node.inputs[:2]
 
+            # (N, everything) first, as split_combined_refinedet reads the blobs
+            loc, conf = (ctx.op("Flatten", [x], f"{hint}_flat", axis=1) for x, hint in ((loc, "loc"), (conf, "conf")))
+
             def part(x, start, end, hint):
-                ends = [ctx.i64([v]) for v in (start, end, 1)]
-                return ctx.op("Slice", [x] + ends, f"{node.name}_{hint}")
+                bounds = [ctx.i64([v]) for v in (start, end, 1)]   # starts, ends, axes
+                return ctx.op("Slice", [x] + bounds, hint)
             inputs = (part(loc, 0, 4 * P, "odm_loc"), part(conf, 0, C * P, "odm_conf"), node.inputs[2],
                       part(conf, C * P, (C + 2) * P, "arm_conf"), part(loc, 4 * P, 8 * P, "arm_loc"))
             emit_detection_output(ctx, node, inputs=inputs)
