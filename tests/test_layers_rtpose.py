@@ -106,7 +106,8 @@ def onnx_cubic_resize(x, size):
     graph = h.make_graph([node], "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
                          [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
                          [onnx.numpy_helper.from_array(np.array(size, np.int64), "sizes")])
-    m = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    opsets = [h.make_opsetid("", 13)]
+    m = h.make_model(graph, opset_imports=opsets, ir_version=h.find_min_ir_version_for(opsets))   # older runtimes load it
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, {"x": x})[0]
 

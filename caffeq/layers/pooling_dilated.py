@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .pooling_nd import onnx_window_sums, pads_reach_kernel
 from .registry import LayerError, canonical_axis, spatial_params
 
 MAX, AVE, STOCHASTIC = 0, 1, 2
@@ -252,7 +253,7 @@ def fork_pytorch_source(node, emit):
 def fork_onnx(ctx, node):
     """Pad (the leading pads and the cells the last taps reach; -FLT_MAX for MAX, 0 for AVE), then a
     dilated MaxPool, or the tap sums (AveragePool with dilations from opset 19, a depthwise Conv of ones
-    below it), a Slice to the fork's size, and for AVE the fork's divisor."""
+    below it or where a pad reaches the kernel), a Slice to the fork's size, and for AVE the fork's divisor."""
     a, x, y = node.attrs, node.inputs[0], node.outputs[0]
     shape = ctx.shape(x)
     sizes = [int(v) for v in shape[2:]]
@@ -265,14 +266,13 @@ def fork_onnx(ctx, node):
     padded = ctx.add_node("Pad", [x, ctx.const(pads, node.name + "_pads"), ctx.const(fill)],
                           [ctx.tmp(node.name + "_padded")], name=node.name)[0]
     geometry = {"kernel_shape": list(k), "strides": list(s), "dilations": list(d)}
+    averaged = not is_max and ctx.opset >= 19 and not pads_reach_kernel(k, p, back)
     if is_max:
         pooled = ctx.add_node("MaxPool", [padded], [ctx.tmp(node.name + "_pooled")], **geometry)[0]
-    elif ctx.opset >= 19:
+    elif averaged:
         pooled = ctx.add_node("AveragePool", [padded], [ctx.tmp(node.name + "_pooled")], **geometry)[0]
     else:
-        ones = ctx.const(np.ones((shape[1], 1) + tuple(k), np.float32), node.name + "_ones")
-        pooled = ctx.add_node("Conv", [padded, ones], [ctx.tmp(node.name + "_sums")], group=int(shape[1]),
-                              **geometry)[0]
+        pooled = onnx_window_sums(ctx, node, padded, int(shape[1]), geometry)
     full = [(sz + pp + b - ((kk - 1) * dd + 1)) // ss + 1 for sz, kk, ss, pp, dd, b in zip(sizes, k, s, p, d, back)]
     if full != list(out):
         consts = [ctx.const(np.array(v, np.int64)) for v in ([0] * n, list(out), list(range(2, 2 + n)))]
@@ -286,7 +286,7 @@ def fork_onnx(ctx, node):
         room = sizes[i] + 2 * p[i] - np.arange(out[i]) * s[i]
         taps = np.clip(-(-room // d[i]), 0, k[i]).astype(np.float64)
         divisor = divisor * taps.reshape([out[i] if j == i else 1 for j in range(n)])
-    if ctx.opset >= 19:   # AveragePool divided every window by the kernel volume
+    if averaged:   # AveragePool divided every window by the kernel volume
         factor = (math.prod(k) / divisor).astype(np.float32)[None, None]
         ctx.add_node("Mul", [pooled, ctx.const(factor, node.name + "_factor")], [y])
     else:

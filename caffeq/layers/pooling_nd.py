@@ -39,6 +39,19 @@ def _end_pads(sizes, kernel, stride, pad, out):
     return [max(0, (o - 1) * s + k - p - n) for n, k, s, p, o in zip(sizes, kernel, stride, pad, out)]
 
 
+def pads_reach_kernel(kernel, front, back):
+    """Whether a pad on some axis is not below its kernel.  onnxruntime (1.30 at least) folds a zero Pad
+    into the AveragePool after it and then rejects such pads, so the AVE paths sum the windows with
+    onnx_window_sums there instead."""
+    return any(f >= k or b >= k for k, f, b in zip(kernel, front, back))
+
+
+def onnx_window_sums(ctx, node, padded, channels, geometry):
+    """The sum over each window: a depthwise Conv of ones (kernel_shape, strides, dilations in geometry)."""
+    ones = ctx.const(np.ones((channels, 1) + tuple(geometry["kernel_shape"]), np.float32), node.name + "_ones")
+    return ctx.add_node("Conv", [padded, ones], [ctx.tmp(node.name + "_sums")], group=channels, **geometry)[0]
+
+
 def max_pool3d_windows(x, kernel: list[int], stride: list[int], pad: list[int], out: list[int]):
     """MAX over each window's cells inside the input; -FLT_MAX where none exceeds it."""
     back = [max(0, (o - 1) * s + k - p - n) for n, k, s, p, o in zip(x.shape[2:], kernel, stride, pad, out)]
@@ -73,14 +86,20 @@ def first_empty_axis(sizes, stride, pad, out):
 def onnx_pool3d_windows(ctx, node, is_max, x, y, sizes, kernel, stride, pad, out):
     """Pad (the leading pads and the end cells the last windows need), then MaxPool / AveragePool
     without pads, a Slice where floor rounding gives more windows than `out`, and for AVE one
-    constant per output position: window volume / the fork's divisor."""
+    constant per output position: window volume / the fork's divisor (or the window sums divided by
+    the divisor, where a pad reaches the kernel)."""
     back = _end_pads(sizes, kernel, stride, pad, out)
     pads = np.array([0, 0] + list(pad) + [0, 0] + back, np.int64)
     fill = np.array(-FLT_MAX if is_max else 0.0, np.float32)
     padded = ctx.add_node("Pad", [x, ctx.const(pads, node.name + "_pads"), ctx.const(fill)],
                           [ctx.tmp(node.name + "_padded")], name=node.name)[0]
-    pooled = ctx.add_node("MaxPool" if is_max else "AveragePool", [padded], [ctx.tmp(node.name + "_pooled")],
-                          kernel_shape=list(kernel), strides=list(stride))[0]
+    geometry = {"kernel_shape": list(kernel), "strides": list(stride)}
+    sums = not is_max and pads_reach_kernel(kernel, pad, back)
+    if sums:
+        pooled = onnx_window_sums(ctx, node, padded, int(ctx.shape(x)[1]), geometry)
+    else:
+        pooled = ctx.add_node("MaxPool" if is_max else "AveragePool", [padded], [ctx.tmp(node.name + "_pooled")],
+                              **geometry)[0]
     full = [(n + p + b - k) // s + 1 for n, k, s, p, b in zip(sizes, kernel, stride, pad, back)]
     if full != list(out):
         consts = [ctx.const(np.array(v, np.int64)) for v in ([0, 0, 0], list(out), [2, 3, 4])]
@@ -92,7 +111,10 @@ def onnx_pool3d_windows(ctx, node, is_max, x, y, sizes, kernel, stride, pad, out
     extents = [np.array(pool_extents(n, k, s, p, o), np.float64)
                for n, k, s, p, o in zip(sizes, kernel, stride, pad, out)]
     divisor = extents[0][:, None, None] * extents[1][None, :, None] * extents[2][None, None, :]
-    factor = (math.prod(kernel) / divisor).astype(np.float32)[None, None]
+    if sums:
+        ctx.add_node("Div", [pooled, ctx.const(divisor.astype(np.float32)[None, None], node.name + "_divisor")], [y])
+        return
+    factor = (math.prod(kernel) / divisor).astype(np.float32)[None, None]   # AveragePool divided by the volume
     ctx.add_node("Mul", [pooled, ctx.const(factor, node.name + "_factor")], [y])
 
 
