@@ -478,3 +478,16 @@ def test_a_data_layer_with_input_param_and_no_data_param_reads_as_an_input():
     np.testing.assert_array_equal(model.run({"data": x})["y"], np.maximum(x, 0))
     with pytest.raises(CaffeqError, match="batch_size must be >= 1"):
         load_from_text(text.replace("input_param", "data_param { source: 'x' } input_param"))
+
+
+def test_a_data_layer_without_a_batch_size_takes_the_input_shape():
+    # KaiJin1995/MTCNN-VGG-face's det4 (LNet) net: a TRAIN Data layer with no data_param; Caffe needs a
+    # batch size to train, reading needs only the shape the user gives
+    from caffeq.errors import CaffeqError
+    from caffeq.model import load_from_text
+    text = ('layer { name: "data" type: "Data" top: "data" top: "label" }\n'
+            'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 2 } }')
+    model = load_from_text(text, input_shapes={"data": (3, 15, 4, 4)}, random_weights=True)
+    assert model.inputs["data"] == (3, 15, 4, 4) and model.blob_shapes["ip"] == (3, 2)
+    with pytest.raises(CaffeqError, match=r"batch_size must be >= 1, got 0\); give it with --input-shape data="):
+        load_from_text(text)

@@ -113,7 +113,8 @@ def test_to_compute_du_false_stops_the_backward_at_theta():
 
 
 @pytest.mark.parametrize("layer, shapes, msg", [
-    ('st_param { transform_type: "projective" }', None, 'transform_type "affine" only, as the fork, got "projective"'),
+    ('st_param { transform_type: "perspective" }', None,
+     r'transform_type "perspective" is neither daerduoCarey\'s "affine" nor one of the e2e_face fork\'s'),
     ('st_param { sampler_type: "nearest" }', None, 'sampler_type "bilinear" only, as the fork, got "nearest"'),
     ("st_param { output_H: 0 }", None, r"st_param.output_H must be >= 1, got 0"),
     ("st_param { theta_1_2: 0 theta_2_1: 0 }", None,

@@ -144,9 +144,8 @@ class Data(DataLayer):
         if not lp.HasField("data_param") and len(lp.input_param.shape):
             return self._as_input(lp)
         # no source is fine for reading (DIGITS writes its train_val nets without one and fills it in
-        # when it trains): only the shapes that the dataset alone could tell need it
-        if p.batch_size < 1:
-            raise LayerError("data_param.batch_size must be >= 1")
+        # when it trains): only the shapes that the dataset alone could tell need it; the same goes for
+        # the batch size (Caffe needs one to train, an --input-shape replaces it)
         backend = "LMDB" if p.backend == 1 else "LEVELDB"
         lisa = len(lp.top) > 2 or any(p.HasField(f) for f in _LISA_CLIP_FIELDS)
         if lisa:
@@ -184,6 +183,8 @@ class Data(DataLayer):
     def data_shape(self, attrs):
         t = attrs["transform"]
         n = attrs["batch_size"]
+        if n < 1:
+            raise needs_input_shape(attrs, attrs["top"], f"data_param.batch_size must be >= 1, got {n}")
         c = _channels_from_transform(t)
         mean = _mean_file_shape(attrs)
         if mean is not None:

@@ -19,6 +19,26 @@ them; a tap outside the image adds nothing (zero padding).  These are the GPU ke
 (SpatialTransformerForwardGPU): the fork's Forward_cpu stops on a CHECK, and would ignore the
 fixed entries.  With to_compute_dU: false the fork's backward writes no gradient for the image, only
 for theta: caffeq detaches the image.  ONNX gathers the four taps (GatherElements), at any opset.
+
+The other transform types come from a second fork of the layer, the one mikuhatsune/e2e_face
+(11d506e, caffe_modification/: spatial_transformer_layer.cu and caffe.proto, where st_param holds
+output_H, output_W, transform_type and float theta_1_1 / theta_2_2 defaulting to 1) ships for its
+end-to-end face alignment nets.  Its "affine" has other conventions (x a column, grid / (size - 1),
+coordinates clamped) but the same name, so an "affine" layer stays daerduoCarey's; the types only
+it has run as its GPU kernels compute them.  Output pixel (h, w) has the target coordinates
+xt = w / (output_W - 1) * 2 - 1 and yt = h / (output_H - 1) * 2 - 1 (float32), theta (N, k) gives
+per item:
+    translation (k 2):          x = theta_1_1 xt + t0,  y = theta_2_2 yt + t1
+    translation_scaling (k 4):  x = xt t0 + t1,  y = yt t2 + t3
+    projective (k 8):           z = 1 / (xt t6 + yt t7 + 1), x = (xt t0 + yt t1 + t2) z,  y = (xt t3 + yt t4 + t5) z
+    similarity (k 4):           x = t1 (xt cos t0 - yt sin t0) + t2,  y = t1 (xt sin t0 + yt cos t0) + t3
+    similarity+ (k 5):          x = t1 xt cos t0 - t2 yt sin t0 + t3,  y = t1 xt sin t0 + t2 yt cos t0 + t4
+and the image is read at column (x + 1) / 2 * (W - 1), row (y + 1) / 2 * (H - 1) (projective:
+(x + 1) * (W - 1) / 2).  "grid" reads bottom 1 (N, output_H * output_W * 2 values, x then y per
+pixel) as the column and row themselves.  The first three clamp the column and row into the image
+(border values); similarity, similarity+ and grid do not, so taps outside add nothing.  The taps are
+floor and ceil of each coordinate (one where they coincide), summed row by row as pixel * (1 - |x - col|)
+* (1 - |y - row|).
 """
 import re
 
@@ -68,6 +88,76 @@ def spatial_transformer(image, theta, out_h: int, out_w: int, fixed, image_grad:
 
 TORCH_ST = torch_sources(target_grid, st_full_theta, spatial_transformer)
 
+#: the e2e_face fork's transform types: theta values per item (None: the grid, two per output pixel)
+E2E_TYPES = {"translation": 2, "translation_scaling": 4, "projective": 8, "similarity": 4, "similarity+": 5,
+             "grid": None}
+#: the types whose kernels clamp the read position into the image
+E2E_CLAMPED = ("translation", "translation_scaling", "projective")
+
+
+def e2e_st_source(theta, kind: str, out_h: int, out_w: int, h: int, w: int, scale_x: float, scale_y: float):
+    """The e2e_face fork's read positions (column x, row y), each (N, 1, out_h, out_w), in pixels."""
+    n = theta.shape[0]
+    t = theta.reshape(n, -1, 1, 1)
+    if kind == "grid":
+        g = theta.reshape(n, 1, out_h, out_w, 2)
+        return g[..., 0], g[..., 1]
+    xt = (torch.arange(out_w, dtype=theta.dtype, device=theta.device) / (out_w - 1) * 2 - 1).reshape(1, 1, 1, -1)
+    yt = (torch.arange(out_h, dtype=theta.dtype, device=theta.device) / (out_h - 1) * 2 - 1).reshape(1, 1, -1, 1)
+    t = [t[:, i:i + 1] for i in range(t.shape[1])]
+    if kind == "projective":
+        z = 1 / (xt * t[6] + yt * t[7] + 1)
+        x = xt * t[0] + yt * t[1] + t[2]
+        y = xt * t[3] + yt * t[4] + t[5]
+        return (x * z + 1) * (w - 1) / 2, (y * z + 1) * (h - 1) / 2
+    if kind == "translation":
+        x, y = scale_x * xt + t[0], scale_y * yt + t[1]
+    elif kind == "translation_scaling":
+        x, y = xt * t[0] + t[1], yt * t[2] + t[3]
+    elif kind == "similarity":
+        ct, st = torch.cos(t[0]), torch.sin(t[0])
+        x = t[1] * (xt * ct - yt * st) + t[2]
+        y = t[1] * (xt * st + yt * ct) + t[3]
+    else:   # similarity+
+        ct, st = torch.cos(t[0]), torch.sin(t[0])
+        x = t[1] * xt * ct - t[2] * yt * st + t[3]
+        y = t[1] * xt * st + t[2] * yt * ct + t[4]
+    return (x + 1) / 2 * (w - 1), (y + 1) / 2 * (h - 1)
+
+
+def e2e_st_sample(image, x, y, clamp: bool):
+    """The e2e_face fork's bilinear read at column x, row y ((N, 1, h, w) each): clamped into the image
+    when `clamp`; the taps floor and ceil inside the image (one where they coincide), row by row."""
+    h, w = image.shape[2], image.shape[3]
+    if clamp:
+        x = torch.where(x > 0, x, torch.zeros_like(x))
+        x = torch.where(x < w - 1, x, torch.full_like(x, w - 1))
+        y = torch.where(y > 0, y, torch.zeros_like(y))
+        y = torch.where(y < h - 1, y, torch.full_like(y, h - 1))
+    x0, x1, y0, y1 = x.floor(), x.ceil(), y.floor(), y.ceil()
+    total = torch.zeros((image.shape[0], image.shape[1], x.shape[2], x.shape[3]), dtype=image.dtype,
+                        device=image.device)
+    for row, new_row in ((y0, None), (y1, y1 != y0)):
+        for col, new_col in ((x0, None), (x1, x1 != x0)):
+            valid = (row >= 0) & (row <= h - 1) & (col >= 0) & (col <= w - 1)
+            for new in (new_row, new_col):
+                if new is not None:
+                    valid = valid & new
+            r = torch.where(valid, row, torch.zeros_like(row)).long()
+            c = torch.where(valid, col, torch.zeros_like(col)).long()
+            term = pixels_at(image, r, c) * (1 - (x - col).abs()) * (1 - (y - row).abs())
+            total = total + torch.where(valid, term, torch.zeros_like(term))
+    return total
+
+
+def e2e_spatial_transformer(image, theta, kind: str, out_h: int, out_w: int, scale_x: float, scale_y: float):
+    """The e2e_face fork's SpatialTransformer forward (its GPU kernels) for the types daerduoCarey's lacks."""
+    x, y = e2e_st_source(theta.to(image.dtype), kind, out_h, out_w, image.shape[2], image.shape[3], scale_x, scale_y)
+    return e2e_st_sample(image, x, y, kind in ("translation", "translation_scaling", "projective"))
+
+
+TORCH_E2E_ST = torch_sources(e2e_st_source, e2e_st_sample, e2e_spatial_transformer)
+
 
 def _fixed_count(attrs):
     return sum(v is not None for v in attrs["fixed"])
@@ -78,10 +168,13 @@ class SpatialTransformer(Layer):
     def parse(self, lp):
         need_blobs(lp, "SpatialTransformer", 2, 1, "image, theta", in_place=False)
         p = lp.st_param
+        if p.transform_type in E2E_TYPES:
+            return self._parse_e2e(p)
         # LayerSetUp: "Transformation type only supports affine now!", "Sampler type only supports bilinear now!"
         if p.transform_type != "affine":
-            raise LayerError(f'SpatialTransformer supports st_param.transform_type "affine" only, as the fork, '
-                             f'got "{p.transform_type}"')
+            raise LayerError(f'SpatialTransformer: st_param.transform_type "{p.transform_type}" is neither '
+                             f'daerduoCarey\'s "affine" nor one of the e2e_face fork\'s '
+                             f'{", ".join(repr(k) for k in E2E_TYPES)}')
         if p.sampler_type != "bilinear":
             raise LayerError(f'SpatialTransformer supports st_param.sampler_type "bilinear" only, as the fork, '
                              f'got "{p.sampler_type}"')
@@ -91,7 +184,34 @@ class SpatialTransformer(Layer):
         fixed = tuple(float(np.float32(getattr(p, f))) if p.HasField(f) else None for f in THETA_FIELDS)
         return {"output_h": size[0], "output_w": size[1], "fixed": fixed, "image_grad": bool(p.to_compute_dU)}
 
+    @staticmethod
+    def _parse_e2e(p):
+        kind = p.transform_type
+        size = [positive_field(getattr(p, f), f"st_param.{f}") if p.HasField(f) else None
+                for f in ("output_H", "output_W")]
+        # the fork's theta_1_1 / theta_2_2 are floats defaulting to 1 (translation's fixed scales)
+        scales = tuple(float(np.float32(getattr(p, f))) if p.HasField(f) else 1.0 for f in ("theta_1_1", "theta_2_2"))
+        return {"e2e": kind, "output_h": size[0], "output_w": size[1], "scales": scales,
+                "reading_notes": [f'transform_type "{kind}": the e2e_face fork\'s SpatialTransformer (its GPU '
+                                  f'kernels)']}
+
+    def _infer_e2e(self, attrs, in_shapes):
+        n, c, h, w = four_axes(in_shapes[0], "SpatialTransformer", "image (bottom 0)")
+        theta, kind = tuple(in_shapes[1]), attrs["e2e"]
+        out = (attrs["output_h"] or h, attrs["output_w"] or w)
+        want = E2E_TYPES[kind] or out[0] * out[1] * 2
+        if len(theta) < 2 or theta[0] != n or count(theta, 1) != want:
+            raise LayerError(f'SpatialTransformer "{kind}": theta (bottom 1, {list(theta)}) must be ({n}, {want}): '
+                             f"the image's items, {want} values each")
+        if kind != "grid" and min(out) < 2:
+            raise LayerError(f'SpatialTransformer "{kind}": output {out[0]}x{out[1]}; the fork divides by '
+                             f"output_H - 1 and output_W - 1, so both must be at least 2")
+        attrs["_out"] = out
+        return [(n, c) + out]
+
     def infer(self, attrs, in_shapes):
+        if attrs.get("e2e"):
+            return self._infer_e2e(attrs, in_shapes)
         n, c, h, w = four_axes(in_shapes[0], "SpatialTransformer", "image (bottom 0)")
         theta = tuple(in_shapes[1])
         given, fixed = count(theta, 1), _fixed_count(attrs)
@@ -108,9 +228,14 @@ class SpatialTransformer(Layer):
         return count(out_shapes[0]) * 4
 
     def forward(self, attrs, params, image, theta):
+        if attrs.get("e2e"):
+            return e2e_spatial_transformer(image, theta, attrs["e2e"], *attrs["_out"], *attrs["scales"])
         return spatial_transformer(image, theta, *attrs["_out"], attrs["fixed"], attrs["image_grad"])
 
     def onnx(self, ctx, node):
+        if node.attrs.get("e2e"):
+            onnx_e2e_st(ctx, node)
+            return
         image, theta = node.inputs
         out_h, out_w = node.attrs["_out"]
         fixed, given = node.attrs["fixed"], 6 - _fixed_count(node.attrs)
@@ -163,11 +288,95 @@ class SpatialTransformer(Layer):
 
     def pytorch_source(self, node, emit):
         emit.helper(pixels_at)
+        if node.attrs.get("e2e"):
+            fn = emit.helper(TORCH_E2E_ST)
+            a = node.attrs
+            return (f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {a['e2e']!r}, {a['_out'][0]}, {a['_out'][1]}, "
+                    f"{a['scales'][0]!r}, {a['scales'][1]!r})")
         emit.helper(bilinear_taps)
         fn = emit.helper(TORCH_ST)
         out_h, out_w = node.attrs["_out"]
         return (f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {out_h}, {out_w}, {node.attrs['fixed']!r}, "
                 f"{node.attrs['image_grad']})")
+
+
+def onnx_e2e_st(ctx, node):
+    """e2e_spatial_transformer in ONNX: the read positions from theta, then each of the four taps
+    gathered (GatherElements over the flattened image) where it is inside and new, added row by row."""
+    image, theta = node.inputs
+    a = node.attrs
+    kind, (out_h, out_w) = a["e2e"], a["_out"]
+    s = OnnxImageSampler(ctx, node.name, image)
+    op, f32, i64 = s.op, s.f32, s.i64
+    h, w, size = s.h, s.w, out_h * out_w
+    if kind == "grid":
+        g = op("Reshape", [theta, i64([0, size, 2])], "grid")
+        x, y = (op("Reshape", [op("Slice", [g, i64([k]), i64([k + 1]), i64([2])], f"g{k}"), i64([0, 1, size])],
+                   "xy"[k]) for k in (0, 1))
+    else:
+        t = op("Reshape", [theta, i64([0, -1])], "theta")
+        t = [op("Slice", [t, i64([k]), i64([k + 1]), i64([1])], f"t{k}") for k in range(E2E_TYPES[kind])]
+        xt = ctx.const((np.arange(out_w, dtype=np.float32) / np.float32(out_w - 1) * 2 - 1)[None].repeat(out_h, 0)
+                       .reshape(1, size), node.name + "_xt")
+        yt = ctx.const((np.arange(out_h, dtype=np.float32) / np.float32(out_h - 1) * 2 - 1).repeat(out_w)
+                       .reshape(1, size), node.name + "_yt")
+
+        def mul(p, q, hint):
+            return op("Mul", [p, q], hint)
+
+        def add(p, q, hint):
+            return op("Add", [p, q], hint)
+
+        if kind == "projective":
+            z = op("Div", [f32(1), add(add(mul(xt, t[6], "xt6"), mul(yt, t[7], "yt7"), "z0"), f32(1), "z1")], "z")
+            x = add(add(mul(xt, t[0], "xt0"), mul(yt, t[1], "yt1"), "x0"), t[2], "x1")
+            y = add(add(mul(xt, t[3], "xt3"), mul(yt, t[4], "yt4"), "y0"), t[5], "y1")
+            x = op("Div", [mul(add(mul(x, z, "xz"), f32(1), "xz1"), f32(w - 1), "xw"), f32(2)], "xs")
+            y = op("Div", [mul(add(mul(y, z, "yz"), f32(1), "yz1"), f32(h - 1), "yh"), f32(2)], "ys")
+        else:
+            if kind == "translation":
+                x = add(mul(f32(a["scales"][0]), xt, "sx"), t[0], "x")
+                y = add(mul(f32(a["scales"][1]), yt, "sy"), t[1], "y")
+            elif kind == "translation_scaling":
+                x, y = add(mul(xt, t[0], "sx"), t[1], "x"), add(mul(yt, t[2], "sy"), t[3], "y")
+            else:
+                ct, st = op("Cos", [t[0]], "cos"), op("Sin", [t[0]], "sin")
+                if kind == "similarity":
+                    x = add(mul(t[1], op("Sub", [mul(xt, ct, "xc"), mul(yt, st, "ys")], "rx"), "srx"), t[2], "x")
+                    y = add(mul(t[1], add(mul(xt, st, "xs"), mul(yt, ct, "yc"), "ry"), "sry"), t[3], "y")
+                else:
+                    x = add(op("Sub", [mul(mul(t[1], xt, "sxx"), ct, "sxxc"), mul(mul(t[2], yt, "syy"), st, "syys")],
+                               "rx"), t[3], "x")
+                    y = add(add(mul(mul(t[1], xt, "sxx2"), st, "sxxs"), mul(mul(t[2], yt, "syy2"), ct, "syyc"), "ry"),
+                            t[4], "y")
+            x = mul(op("Div", [add(x, f32(1), "x1"), f32(2)], "xh"), f32(w - 1), "xs")
+            y = mul(op("Div", [add(y, f32(1), "y1"), f32(2)], "yh"), f32(h - 1), "ys")
+        x, y = op("Reshape", [x, i64([0, 1, size])], "x_col"), op("Reshape", [y, i64([0, 1, size])], "y_col")
+    if kind in E2E_CLAMPED:
+        x = op("Where", [op("Less", [x, f32(w - 1)], "x_lt"), op("Where", [op("Greater", [x, f32(0)], "x_gt"), x,
+                                                                            f32(0)], "x_lo"), f32(w - 1)], "x_in")
+        y = op("Where", [op("Less", [y, f32(h - 1)], "y_lt"), op("Where", [op("Greater", [y, f32(0)], "y_gt"), y,
+                                                                            f32(0)], "y_lo"), f32(h - 1)], "y_in")
+    x0, x1, y0, y1 = op("Floor", [x], "x0"), op("Ceil", [x], "x1"), op("Floor", [y], "y0"), op("Ceil", [y], "y1")
+    new_x = op("Not", [op("Equal", [x1, x0], "x_same")], "x_new")
+    new_y = op("Not", [op("Equal", [y1, y0], "y_same")], "y_new")
+    batch_c = op("Slice", [op("Shape", [s.flat], "shape"), i64([0]), i64([2])], "nc")
+    spread = op("Concat", [batch_c, i64([size])], "spread", axis=0)
+    total = None
+    for k, (row, col, news) in enumerate(((y0, x0, ()), (y0, x1, (new_x,)), (y1, x0, (new_y,)),
+                                          (y1, x1, (new_y, new_x)))):
+        valid = s.within(col, row, f"in{k}", False)      # 0 <= column <= W - 1, 0 <= row <= H - 1
+        for j, new in enumerate(news):
+            valid = op("And", [valid, new], f"in{k}_{j}")
+        r = op("Where", [valid, row, f32(0)], f"row{k}")
+        c = op("Where", [valid, col, f32(0)], f"col{k}")
+        index = op("Cast", [op("Add", [op("Mul", [r, f32(w)], f"rw{k}"), c], f"i{k}")], f"i64_{k}", to=7)
+        got = op("GatherElements", [s.flat, op("Expand", [index, spread], f"all{k}")], f"v{k}", axis=2)
+        wx = op("Sub", [f32(1), op("Abs", [op("Sub", [x, col], f"dx{k}")], f"adx{k}")], f"wx{k}")
+        wy = op("Sub", [f32(1), op("Abs", [op("Sub", [y, row], f"dy{k}")], f"ady{k}")], f"wy{k}")
+        term = op("Where", [valid, op("Mul", [op("Mul", [got, wx], f"gx{k}"), wy], f"t{k}"), f32(0)], f"k{k}")
+        total = term if total is None else op("Add", [total, term], f"s{k}")
+    ctx.add_node("Reshape", [total, i64([0, s.c, out_h, out_w])], [node.outputs[0]], name=node.name)
 
 
 # ---- PowerFile --------------------------------------------------------------------------------
