@@ -189,7 +189,7 @@ def read_net(prototxt, ignore_unknown=False, warnings=None, phase="TEST", define
     pending = []
     net = read_prototxt(path, ignore_unknown=ignore_unknown, warnings=warnings, phase=phase,
                         known_layer=reads_parameters, defines=defines, placeholders=pending)
-    notes = upgrade_net(net, source=path) + recase_types(net, source=path)
+    notes = upgrade_net(net, source=path, keep_shapeless_inputs=True) + recase_types(net, source=path)
     warnings.extend(as_written(note, pending) for note in notes)
     if placeholders is None:
         resolve_placeholders(net, pending, path, warnings)

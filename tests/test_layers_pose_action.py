@@ -179,6 +179,24 @@ def test_spatial_dropout_drops_whole_maps_in_training():
     assert set(per_map[:, :, 0].unique().tolist()) <= {0.0, 2.0}  # kept maps scaled by 1 / (1 - 0.5)
 
 
+def test_channel_dropout_copies_at_test_and_drops_whole_maps_in_training(tmp_path):
+    # artiit/caffe-pose's ChannelDropout (lsp_2limb.prototxt's drop5): dropout_param, SpatialDropout's maps
+    import torch
+    x = rng(4).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    model = load_from_text(net({"x": x.shape}, 'layer { name: "d" type: "ChannelDropout" bottom: "x" top: "o" '
+                                               'dropout_param { dropout_ratio: 0.25 } }'))
+    check_everywhere(model, {"x": x}, {"o": x}, tmp_path)
+    module = model.to_torch().train()
+    torch.manual_seed(0)
+    y = module(torch.ones(6, 40, 3, 5)).detach().reshape(6, 40, -1)
+    assert torch.all(y.amin(2) == y.amax(2))
+    assert set(y[:, :, 0].unique().tolist()) == {0.0, float(np.float32(1 / 0.75))}
+    assert abs((y[:, :, 0] == 0).float().mean().item() - 0.25) < 0.08
+    with pytest.raises(CaffeqError, match=r"dropout_param.dropout_ratio must be in \(0, 1\), got 1.0"):
+        load_from_text(net({"x": x.shape}, 'layer { name: "d" type: "ChannelDropout" bottom: "x" top: "o" '
+                                           'dropout_param { dropout_ratio: 1 } }'))
+
+
 # ---- CoordsFromHeatMaps ---------------------------------------------------------------------
 
 def test_coords_from_heat_maps_two_tops_with_param(tmp_path):

@@ -381,6 +381,43 @@ def test_shapeless_input_of_old_caffemodels_is_dropped():
     assert any("shapeless" in n for n in notes)
 
 
+def test_shapeless_inputs_that_layers_read_take_the_input_shape():
+    # OpenCV's GOTURN file (opencv_extra testdata/tracking/goturn.prototxt, as rohandubey/Object-Tracking-
+    # OpenCV keeps it) names data1 and data2 with their input_dim lines commented out: Caffe drops the
+    # header and then misses the blobs; caffeq reads them as inputs whose shapes the user gives
+    from caffeq.errors import CaffeqError
+    from caffeq.model import load_from_text
+    text = ('input: "a"\ninput: "b"\ninput: "unused"\n'
+            'layer { name: "s" type: "Eltwise" bottom: "a" bottom: "b" top: "s" }')
+    model = load_from_text(text, input_shapes={"a": (2, 3, 4, 5), "b": (2, 3, 4, 5)})
+    assert model.inputs == {"a": (2, 3, 4, 5), "b": (2, 3, 4, 5)}
+    assert any("input(s) ['a', 'b'] have no shape in the file" in w for w in model.warnings)
+    a, b = (np.random.default_rng(i).standard_normal((2, 3, 4, 5)).astype(np.float32) for i in (1, 2))
+    np.testing.assert_array_equal(model.run({"a": a, "b": b})["s"], a + b)
+    with pytest.raises(CaffeqError, match=r"cannot tell the shape of top 'b' from the net alone \(the file gives "
+                                          r"the input no shape\); give it with --input-shape b=N,C,H,W"):
+        load_from_text(text, input_shapes={"a": (2, 3, 4, 5)})
+
+
+def test_an_input_layer_without_a_shape_takes_the_input_shape():
+    # Caffe's InputLayer accepts no shape at all (pycaffe users reshape the blob): the user gives it
+    from caffeq.model import load_from_text
+    model = load_from_text('layer { name: "in" type: "Input" top: "x" }\n'
+                           'layer { name: "r" type: "ReLU" bottom: "x" top: "y" }', input_shapes={"x": (1, 2, 3)})
+    assert model.inputs == {"x": (1, 2, 3)} and model.blob_shapes["y"] == (1, 2, 3)
+
+
+def test_c3d_v1_reads_five_input_dims_per_input():
+    # facebook/C3D v1.0's Net::Init (chuckcho/C3D's conv3d_ucf101_deploy.prototxt): num, channels, length,
+    # height, width
+    net, notes = upgraded('input: "data" input_dim: 2 input_dim: 3 input_dim: 16 input_dim: 12 input_dim: 11 '
+                          'layer { name: "r" type: "ReLU" bottom: "data" top: "r" }')
+    assert list(net.layer[0].input_param.shape[0].dim) == [2, 3, 16, 12, 11]
+    assert any("C3D v1.0's 5-axis inputs" in n for n in notes)
+    with pytest.raises(ParseError, match=r"need 4 input_dim values \(4 per input\), got 6"):
+        upgraded('input: "data" input_dim: 2 input_dim: 3 input_dim: 16 input_dim: 12 input_dim: 11 input_dim: 1')
+
+
 def test_batchnorm_three_param_specs_pinned_to_zero():
     net, notes = upgraded("""
       layer { name: "bn" type: "BatchNorm" bottom: "x" top: "x"

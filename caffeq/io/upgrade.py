@@ -155,11 +155,13 @@ def net_needs_upgrade(net):
             or _needs_batchnorm_upgrade(net))
 
 
-def upgrade_net(net, source="", weights=None):
+def upgrade_net(net, source="", weights=None, keep_shapeless_inputs=False):
     """Upgrade a NetParameter in place as Caffe's UpgradeNetAsNeeded does.
 
     source names the file in errors and notes; weights ({layer name: [blobs]})
     is kept consistent with any layer renames/removals. Returns notes ([str]).
+    keep_shapeless_inputs: `input:` names without dims that layers read become an Input layer
+    without a shape (given by --input-shape) instead of being dropped as Caffe drops them.
     """
     where = _where(source)
     if len(net.layer) and len(net.layers):
@@ -185,7 +187,7 @@ def upgrade_net(net, source="", weights=None):
     if any(lp.type == "ROIWarping" for lp in net.layer):
         _mark_mnc_fork_warps(net, notes)
     if len(net.input):
-        _upgrade_input(net, where, notes)
+        _upgrade_input(net, where, notes, keep_shapeless_inputs)
     if _needs_batchnorm_upgrade(net):
         count = _upgrade_batchnorm(net)
         notes.append(f"set lr_mult and decay_mult to 0 in the 3 param specs of {count} "
@@ -530,9 +532,10 @@ def _upgrade_v1(net, where, notes):
 
 # -- input headers -> Input layer ---------------------------------------------------
 
-def _upgrade_input(net, where, notes):
+def _upgrade_input(net, where, notes, keep_shapeless):
     """`input:` + `input_shape:`/`input_dim:` -> one Input layer named "input" placed first
-    (UpgradeNetInput). Inputs without any shape (old caffemodels) are simply dropped."""
+    (UpgradeNetInput). Inputs without any shape (old caffemodels) are simply dropped, unless
+    keep_shapeless and a layer reads them."""
     names = list(net.input)
     has_shape, has_dim = len(net.input_shape) > 0, len(net.input_dim) > 0
     if has_shape or has_dim:
@@ -549,18 +552,38 @@ def _upgrade_input(net, where, notes):
                 lp.input_param.shape.add().CopyFrom(shape)
         else:
             dims = list(net.input_dim)
-            if len(dims) != 4 * len(names):
+            per_input = 4
+            if len(dims) == 5 * len(names) != 4 * len(names):
+                # C3D v1.0's Net::Init (facebook/C3D, as chuckcho/C3D keeps it) reads five per input, each
+                # from input_dim(4 i): num, channels, length, height, width
+                per_input = 5
+                notes.append(f"{where}: {len(dims)} input_dim values for {len(names)} input(s): read as C3D "
+                             f"v1.0's 5-axis inputs (num, channels, length, height, width)")
+            elif len(dims) != 4 * len(names):
                 raise ParseError(f"{where}: {len(names)} input(s) {names} need "
                                  f"{4 * len(names)} input_dim values (4 per input), got {len(dims)}")
             for i in range(len(names)):
-                lp.input_param.shape.add().dim.extend(dims[4 * i:4 * i + 4])
+                lp.input_param.shape.add().dim.extend(dims[4 * i:4 * i + per_input])
         layers = [lp] + list(net.layer)
         net.ClearField("layer")
         net.layer.extend(layers)
         shapes = "; ".join(f"{n} {list(s.dim)}" for n, s in zip(names, lp.input_param.shape))
         notes.append(f"turned the input header into an Input layer 'input' ({shapes})")
     else:
-        notes.append(f"dropped the shapeless input field(s) {names} (legacy caffemodel header)")
+        # Caffe drops shapeless inputs (a legacy caffemodel's header); a net whose layers read them
+        # (OpenCV's GOTURN file) keeps them as inputs whose shapes the user gives
+        made = {t for lp in net.layer for t in lp.top}
+        read = {b for lp in net.layer for b in lp.bottom}
+        kept = [n for n in names if n in read and n not in made] if keep_shapeless else []
+        if kept:
+            lp = caffe_pb2.LayerParameter(name="input", type="Input")
+            lp.top.extend(kept)
+            net.layer.insert(0, lp)
+            notes.append(f"{where}: input(s) {kept} have no shape in the file (Caffe drops such a header): "
+                         f"read as inputs whose shape --input-shape gives")
+        dropped = [n for n in names if n not in kept]
+        if dropped:
+            notes.append(f"dropped the shapeless input field(s) {dropped} (legacy caffemodel header)")
     net.ClearField("input")
     net.ClearField("input_shape")
     net.ClearField("input_dim")

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .data import DataLayer, needs_input_shape
+from .data import DataLayer
 from .pooling_nd import POOL_AVE, POOL_MAX, WindowPool3d, pool_extents
-from .registry import Layer, LayerError, count, need_blobs, register_layer, torch_sources
+from .registry import Layer, LayerError, count, need_blobs, needs_input_shape, register_layer, torch_sources
 
 
 def _one(values, name):

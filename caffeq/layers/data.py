@@ -16,7 +16,7 @@ from ..data.transform import load_mean_file
 from ..errors import DataError
 from ..fs import resolve_source
 from .common import input_param_shapes
-from .registry import Layer, LayerError, MissingInputShape, need_blobs, register_layer
+from .registry import Layer, LayerError, need_blobs, needs_input_shape, register_layer
 
 
 def transform_attrs(lp):
@@ -64,12 +64,6 @@ def describe_transform(t):
     if t.get("scale", 1.0) != 1.0:
         lines.append(f"multiply by scale {t['scale']:.9g} (after the mean subtraction)")
     return lines
-
-
-def needs_input_shape(attrs, top, why):
-    """The error for a data top whose shape nothing but the user can tell."""
-    return MissingInputShape(f"cannot tell the shape of top '{top}' without its dataset ({why}); "
-                     f"give it with --input-shape {top}=N,C,H,W (Python: input_shapes={{'{top}': (N, C, H, W)}})")
 
 
 def _mean_file_shape(attrs):

@@ -21,8 +21,8 @@
 None of them reads its source while shapes are inferred: a top whose shape only the
 dataset could tell raises MissingInputShape, which names `--input-shape`.
 """
-from .data import DataLayer, needs_input_shape, transform_attrs
-from .registry import positive_field, register_layer
+from .data import DataLayer, transform_attrs
+from .registry import needs_input_shape, positive_field, register_layer
 
 
 def _channels(t, is_color=True):

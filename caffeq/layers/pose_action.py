@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import Sink
-from .data import needs_input_shape, transform_attrs
+from .data import transform_attrs
 from .fork_data import ForkDataLayer
 from .registry import (
     AT_LEAST,
@@ -45,6 +45,7 @@ from .registry import (
     count,
     legacy_nchw,
     need_blobs,
+    needs_input_shape,
     register_layer,
 )
 
@@ -247,6 +248,20 @@ class SpatialDropout(Layer):
     def pytorch_source(self, node, emit):
         dropout = emit.module(f"nn.Dropout2d(p={emit.lit(node.attrs['ratio'])})")
         return f"{dropout}({emit.inputs[0]})"
+
+
+@register_layer("ChannelDropout")
+class ChannelDropout(SpatialDropout):
+    """artiit/caffe-pose's ChannelDropout (0adabbc, channel_dropout_layer.cpp): the same whole-map dropout
+    (a mask per item and channel, kept maps scaled by 1 / (1 - ratio), TEST copies), read from
+    dropout_param.dropout_ratio (its DCHECKs want it in (0, 1))."""
+
+    def parse(self, lp):
+        need_blobs(lp, "ChannelDropout", 1, 1)
+        ratio = float(lp.dropout_param.dropout_ratio)
+        if not 0 < ratio < 1:
+            raise LayerError(f"dropout_param.dropout_ratio must be in (0, 1), got {ratio}")
+        return {"ratio": ratio}
 
 
 # ---- CoordsFromHeatMaps ---------------------------------------------------------------------

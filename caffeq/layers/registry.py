@@ -57,6 +57,12 @@ class MissingInputShape(LayerError):
     """A data top whose shape only its (missing) dataset or the user (`--input-shape`) can tell."""
 
 
+def needs_input_shape(attrs, top, why, lacking="without its dataset"):
+    """The error for a data top whose shape nothing but the user can tell."""
+    return MissingInputShape(f"cannot tell the shape of top '{top}' {lacking} ({why}); "
+                             f"give it with --input-shape {top}=N,C,H,W (Python: input_shapes={{'{top}': (N, C, H, W)}})")
+
+
 class Layer:
     """Base class of layer specs.  Override what the layer needs."""
 

@@ -22,9 +22,9 @@ block into the one whose fields it sets.  Each is a graph input shaped from its 
   fork data layer (caffeq/layers/fork_data.py: --input-shape or crop_size).
 """
 from .c3d import SCNN_OVERLAP
-from .data import DataLayer, describe_transform, needs_input_shape, transform_attrs
+from .data import DataLayer, describe_transform, transform_attrs
 from .fork_data import UNKNOWN_FORK_DATA
-from .registry import LayerError, register_layer
+from .registry import LayerError, needs_input_shape, register_layer
 
 TSN_RGB, TSN_FLOW = 0, 1
 
