@@ -758,6 +758,25 @@ def test_eco_video_data_length_first_and_scnn_overlap_top():
     assert shapes["data"] == (4, 3, 8, 112, 112) and shapes["label"] == shapes["overlap"] == (4,)
 
 
+def test_lrcn_video_hash_clips_stack_their_frames_on_axis_0():
+    # apir8181/caffe_lrcn examples/video_hash/train_val.prototxt (trimmed): clip_size frames per clip, every
+    # clip's frames one after another; data, label and the clip marker
+    from caffeq.errors import CaffeqError
+    from caffeq.model import load_from_text
+    text = '''layer { name: "data" type: "VideoData" top: "data" top: "label" top: "marker"
+  transform_param { crop_size: 227 mean_value: 104 mean_value: 117 mean_value: 123 }
+  video_data_param { source: "list.txt" root_folder: "/CCV/" clip_size: 16 batch_size: 3 shuffle: true
+    new_height: 256 new_width: 256 } }'''
+    p = parse_prototxt_text(text).layer[0].lrcn_video_data_param
+    assert p.clip_size == 16 and p.root_folder == "/CCV/"
+    shapes = load_from_text(text).blob_shapes
+    assert shapes["data"] == (48, 3, 227, 227) and shapes["label"] == shapes["marker"] == (48,)
+    shapes = load_from_text(text.replace("crop_size: 227", "")).blob_shapes
+    assert shapes["data"] == (48, 3, 256, 256)
+    with pytest.raises(CaffeqError, match=r"caffe_lrcn's VideoData has three tops \(data, label, marker\), got 2"):
+        load_from_text(text.replace(' top: "marker"', ""))
+
+
 def test_casenet_multi_label_edge_maps_shape_the_label():
     # merlresearch/CASENet CASENet/sbd/config/train_Basic.prototxt (trimmed; num_label_chn raised to show it)
     from caffeq.model import load_from_text

@@ -58,13 +58,14 @@ class _Unknown:
 
 # Fields that several forks write under one name with different messages: {(message, name):
 # candidate fields of caffe.proto, the first being the one that name parses to by default}.
-# SSD's webcam VideoData (207), C3D-v1.1's clips (6660) and TSN's segments (yjxiong/caffe 140).
+# SSD's webcam VideoData (207), C3D-v1.1's clips (6660), TSN's segments (yjxiong/caffe 140) and the
+# LRCN video-hashing fork's frame clips (apir8181/caffe_lrcn 150).
 _SHARED_NAMES = {
     ("caffe.LayerParameter", "video_data_param"): ("video_data_param", "c3d_video_data_param",
-                                                   "tsn_video_data_param"),
+                                                   "tsn_video_data_param", "lrcn_video_data_param"),
 }
 _FORK_OF_FIELD = {"video_data_param": "SSD", "c3d_video_data_param": "C3D v1.1",
-                  "tsn_video_data_param": "TSN (yjxiong/caffe)"}
+                  "tsn_video_data_param": "TSN (yjxiong/caffe)", "lrcn_video_data_param": "apir8181/caffe_lrcn"}
 _V1_TYPE = caffe_pb2.V1LayerParameter.DESCRIPTOR.fields_by_name["type"]
 _3D_LAYERS = re.compile(r"\b(convolution3d_param|pooling3d_param|Convolution3D|Pooling3D|NdConvolution|NdPooling)\b")
 

@@ -20,6 +20,11 @@ block into the one whose fields it sets.  Each is a graph input shaped from its 
   the shapes.  zhengshou/scnn's C3D v1.1 adds a third top, the overlap, (batch_size,).
 - SSD (weiliu89/caffe), video_data_param: webcam or video-file frames; shaped like any other
   fork data layer (caffeq/layers/fork_data.py: --input-shape or crop_size).
+- apir8181/caffe_lrcn (0b29d69, video_data_layer.cpp DataLayerSetUp), lrcn_video_data_param: clips of
+  clip_size colour frames (cv::imread) from each listed folder, the clips' frames one after another
+  on axis 0; exactly three tops: data (clip_size * batch_size, 3, H, W) with H = W =
+  transform_param.crop_size, else new_height x new_width, else the frames' own size; label and the
+  clip marker (clip_size * batch_size,).
 """
 from .c3d import SCNN_OVERLAP
 from .data import DataLayer, describe_transform, transform_attrs
@@ -75,6 +80,18 @@ def _parse_tsn(lp):
             "length_first": bool(p.length_first)}
 
 
+def _parse_lrcn(lp):
+    field = "lrcn_video_data_param"
+    p = lp.lrcn_video_data_param
+    if p.batch_size < 1 or p.clip_size < 1:   # DataLayerSetUp's CHECK_GTs
+        raise LayerError(f"video_data_param.batch_size and clip_size must be > 0, got {p.batch_size} and "
+                         f"{p.clip_size}")
+    if len(lp.top) != 3:
+        raise LayerError(f"apir8181/caffe_lrcn's VideoData has three tops (data, label, marker), got {len(lp.top)}")
+    return {"fork": "apir8181/caffe_lrcn", "field": field, "length": int(p.clip_size), "channels": 3,
+            "batch_size": int(p.batch_size) * int(p.clip_size), "resize": _resize(p, "video_data_param")}
+
+
 @register_layer("VideoData")
 class VideoData(DataLayer):
     def parse(self, lp):
@@ -82,9 +99,11 @@ class VideoData(DataLayer):
             attrs = _parse_c3d(lp)
         elif lp.HasField("tsn_video_data_param"):
             attrs = _parse_tsn(lp)
+        elif lp.HasField("lrcn_video_data_param"):
+            attrs = _parse_lrcn(lp)
         else:
             return dict(UNKNOWN_FORK_DATA.parse(lp), fork="SSD")
-        most = 3 if attrs["fork"] == "C3D v1.1" else 2   # SCNN's C3D v1.1 adds the overlap top
+        most = 2 if attrs["fork"] == "TSN" else 3   # SCNN's C3D v1.1 adds the overlap top, LRCN the marker
         if not 1 <= len(lp.top) <= most:
             raise LayerError(f"{attrs['fork']}'s VideoData takes one or two tops"
                              f"{' (three in SCNN' + chr(39) + 's C3D)' if most == 3 else ''}, got {len(lp.top)}")
@@ -107,10 +126,12 @@ class VideoData(DataLayer):
         if attrs["num_tops"] > 1:
             if attrs["fork"] == "TSN":
                 label = (data[0], 1, 1, 1)
+            elif attrs["fork"] == "apir8181/caffe_lrcn":
+                label = (data[0],)
             else:
                 label = (data[0],) if attrs["labels"] is None else (data[0], attrs["labels"])
             shapes.append(tuple(given.get(1) or label))
-        if attrs["num_tops"] > 2:   # SCNN's overlap: (batch_size,)
+        if attrs["num_tops"] > 2:   # SCNN's overlap, LRCN's clip marker: one per row of the data
             shapes.append(tuple(given.get(2) or (data[0],)))
         return shapes
 
@@ -120,6 +141,9 @@ class VideoData(DataLayer):
         if attrs["fork"] == "C3D v1.1":
             lines = [(f"clips of {attrs['length']} colour frames (every {attrs['sampling_rate']}th), "
                       f"channels x frames x height x width")]
+        elif attrs["fork"] == "apir8181/caffe_lrcn":
+            lines = [f"clips of {attrs['length']} colour frames (cv::imread of NNNNN.jpg from a listed offset), "
+                     f"each clip's frames consecutive on axis 0; the third top marks the clips (LRCN)"]
         else:
             per = "x and y flow images" if attrs["modality"] == "FLOW" else "frames"
             lines = [(f"{attrs['segments']} segments x {attrs['length']} {per} ({attrs['modality']}), "
@@ -127,7 +151,7 @@ class VideoData(DataLayer):
             if attrs.get("length_first"):
                 lines.append("ECO's length_first: the channels hold each colour's (or flow axis's) frames "
                              "in turn, not each frame's colours")
-        if attrs["num_tops"] > 2:
+        if attrs["num_tops"] > 2 and attrs["fork"] == "C3D v1.1":
             lines.append(SCNN_OVERLAP)
         if attrs["resize"]:
             lines.append(f"frames resized to {attrs['resize'][0]}x{attrs['resize'][1]}")
