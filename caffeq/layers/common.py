@@ -5,7 +5,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .registry import Layer, LayerError, register_layer
+from .registry import Layer, LayerError, needs_input_shape, register_layer
 
 
 def input_param_shapes(lp):
@@ -28,10 +28,20 @@ class Input(Layer):
     is_data = True
 
     def parse(self, lp):
+        if not len(lp.input_param.shape) and lp.top:
+            # a shapeless input (an `input:` header without dims, as OpenCV's GOTURN file has, or an Input
+            # layer without input_param, which Caffe's InputLayer accepts): the user gives its shape
+            return {"shapes": None, "tops": list(lp.top)}
         return {"shapes": input_param_shapes(lp)}
 
+    def top_shapes(self, attrs, given):
+        if attrs["shapes"] is not None:
+            return [tuple(given.get(i) or s) for i, s in enumerate(attrs["shapes"])]
+        missing = next(t for i, t in enumerate(attrs["tops"]) if i not in given)
+        raise needs_input_shape(attrs, missing, "the file gives the input no shape", "from the net alone")
+
     def infer(self, attrs, in_shapes):
-        return list(attrs["shapes"])
+        return self.top_shapes(attrs, {})
 
 
 @register_layer("Split")
