@@ -209,6 +209,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
     input_shapes = {k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()}
     all_layers = filter_layers(net, phase, stages, level, source)
     layers = drop_training_only(all_layers, source, notes)
+    layers = _user_inputs(layers, input_shapes, source, notes) + layers
     # inputs read only by dropped layers (labels) are not outputs; the scores a loss read are
     read_by_dropped = {b for lp in all_layers if lp not in layers for b in lp.bottom}
     require_specs(layers, source)
@@ -491,6 +492,25 @@ def _did_you_mean(name, choices):
     return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
 
 
+def _user_inputs(layers, input_shapes, source, notes):
+    """Input layers for the blobs --input-shape names that a layer reads before any layer makes them (a
+    template whose data layers were left out, a fragment, a data layer of another phase): the user
+    says what they are."""
+    made, added = set(), []
+    for lp in layers:
+        for b in lp.bottom:
+            if b in input_shapes and b not in made:
+                made.add(b)
+                added.append(caffe_pb2.LayerParameter(name=b, type="Input", top=[b]))
+                added[-1].input_param.shape.add().dim.extend(input_shapes[b])
+        made.update(lp.top)
+    if added:
+        names = ", ".join(repr(lp.name) for lp in added)
+        notes.append(f"{source + ': ' if source else ''}no layer makes {names} before a layer reads it: read as "
+                     f"{'an input' if len(added) == 1 else 'inputs'} of the shape --input-shape gives")
+    return added
+
+
 def _excluded_producer_hint(net, blob, kept, phase):
     """(why a bottom is undefined, the include rule that would define it or None)."""
     phase_name = phase if isinstance(phase, str) else caffe_pb2.Phase.Name(phase)
@@ -499,7 +519,8 @@ def _excluded_producer_hint(net, blob, kept, phase):
     excluded.sort(key=lambda lp: not any(r.HasField("phase") and caffe_pb2.Phase.Name(r.phase) == phase_name.upper()
                                          for r in lp.include))
     if not excluded:
-        return "(undefined blob, wrong order or a cycle)", None
+        return (f"(undefined blob, wrong order or a cycle; to feed it as an input, give its shape with "
+                f"--input-shape {blob}=N,C,H,W)"), None
     lp = excluded[0]
     rules = "; ".join(str(r).replace("\n", " ").strip() for r in lp.include) or "its exclude rules"
     return (f"at {phase_name}: layer '{lp.name}' makes it, but only under include {{ {rules} }}; "

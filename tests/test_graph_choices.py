@@ -227,6 +227,25 @@ layer { name: "img" type: "ImageData" top: "img" top: "l2" include { phase: TEST
     assert model.inputs == {"data": (50, 3, 227, 227), "label": (50,), "img": (5, 3, 33, 44), "l2": (5,)}
 
 
+def test_input_shape_feeds_a_blob_no_layer_makes():
+    # Coderx7/SimpleNet's SimpNet train_val files leave "#Put Your DataLayers Here#" where the data layers
+    # go, and a fragment (ECO's residue net) starts from another net's blob: the user names the input
+    text = ('layer { name: "conv" type: "Convolution" bottom: "data" top: "c" convolution_param { num_output: 2 '
+            'kernel_size: 1 } }\n'
+            'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "c" bottom: "label" top: "loss" }')
+    with pytest.raises(CaffeqError, match=r"bottom 'data' is not produced by any earlier layer \(undefined blob, "
+                                          r"wrong order or a cycle; to feed it as an input, give its shape with "
+                                          r"--input-shape data=N,C,H,W\)"):
+        load_from_text(text)
+    model = load_from_text(text, input_shapes={"data": (2, 3, 4, 5)}, random_weights=True)
+    assert model.inputs == {"data": (2, 3, 4, 5)} and model.blob_shapes["c"] == (2, 2, 4, 5)
+    assert any("no layer makes 'data' before a layer reads it: read as an input" in w for w in model.warnings)
+    x = np.random.default_rng(3).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    w, b = model.graph.node("conv").blobs
+    want = np.einsum("oc,nchw->nohw", w.reshape(2, 3), x) + b.reshape(1, 2, 1, 1)
+    np.testing.assert_allclose(model.run({"data": x})["c"], want, rtol=1e-5, atol=1e-5)
+
+
 def test_input_shape_overrides_inputs_and_unknown_names_are_refused():
     model = load_from_text(SILENCED, input_shapes={"x": (1, 3, 8, 7)})
     assert model.inputs == {"x": (1, 3, 8, 7)} and model.blob_shapes["scaled"] == (1, 6, 8, 7)
