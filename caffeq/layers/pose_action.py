@@ -227,12 +227,13 @@ class SpatialDropout(Layer):
     (ENet's Python SpatialDropoutLayer in python_layers.py has its own TEST-phase scaling)."""
 
     uses_training_flag = True
+    ratio_field = "spatial_dropout_param"   # the message holding dropout_ratio
 
     def parse(self, lp):
-        need_blobs(lp, "SpatialDropout", 1, 1)
-        ratio = float(lp.spatial_dropout_param.dropout_ratio)
+        need_blobs(lp, lp.type, 1, 1)
+        ratio = float(getattr(lp, self.ratio_field).dropout_ratio)
         if not 0 < ratio < 1:
-            raise LayerError(f"spatial_dropout_param.dropout_ratio must be in (0, 1), got {ratio}")
+            raise LayerError(f"{self.ratio_field}.dropout_ratio must be in (0, 1), got {ratio}")
         return {"ratio": ratio}
 
     def infer(self, attrs, in_shapes):
@@ -256,12 +257,7 @@ class ChannelDropout(SpatialDropout):
     (a mask per item and channel, kept maps scaled by 1 / (1 - ratio), TEST copies), read from
     dropout_param.dropout_ratio (its DCHECKs want it in (0, 1))."""
 
-    def parse(self, lp):
-        need_blobs(lp, "ChannelDropout", 1, 1)
-        ratio = float(lp.dropout_param.dropout_ratio)
-        if not 0 < ratio < 1:
-            raise LayerError(f"dropout_param.dropout_ratio must be in (0, 1), got {ratio}")
-        return {"ratio": ratio}
+    ratio_field = "dropout_param"
 
 
 # ---- CoordsFromHeatMaps ---------------------------------------------------------------------
