@@ -114,7 +114,8 @@ def print_table(summary, out=sys.stdout):
                   file=out)
         else:
             print(f"total: {t['layers']} layers; parameters and multiply-accumulates unknown without the input "
-                  f"shape (its dataset is not here): {names}; pass --input-shape NAME=N,C,H,W", file=out)
+                  f"shape, which neither the file nor a dataset here gives: {names}; pass --input-shape "
+                  f"NAME=N,C,H,W", file=out)
         return
     print(f"total: {t['layers']} layers, {format_count(t['params'])} parameters "
           f"({format_bytes(t['param_bytes_fp32'])} as fp32), {format_count(t['macs'])} multiply-accumulates",
