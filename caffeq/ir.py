@@ -209,7 +209,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
     input_shapes = {k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()}
     all_layers = filter_layers(net, phase, stages, level, source)
     layers = drop_training_only(all_layers, source, notes)
-    layers = _user_inputs(layers, input_shapes, source, notes) + layers
+    layers = _user_inputs(net, layers, input_shapes, source, notes) + layers
     # inputs read only by dropped layers (labels) are not outputs; the scores a loss read are
     read_by_dropped = {b for lp in all_layers if lp not in layers for b in lp.bottom}
     require_specs(layers, source)
@@ -492,14 +492,15 @@ def _did_you_mean(name, choices):
     return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
 
 
-def _user_inputs(layers, input_shapes, source, notes):
+def _user_inputs(net, layers, input_shapes, source, notes):
     """Input layers for the blobs --input-shape names that a layer reads before any layer makes them (a
-    template whose data layers were left out, a fragment, a data layer of another phase): the user
-    says what they are."""
+    template whose data layers were left out, a fragment): the user says what they are.  A blob that a
+    layer of another phase or stage makes is left to the include rules (the error names them)."""
+    elsewhere = {t for lp in net.layer for t in lp.top}
     made, added = set(), []
     for lp in layers:
         for b in lp.bottom:
-            if b in input_shapes and b not in made:
+            if b in input_shapes and b not in made and b not in elsewhere:
                 made.add(b)
                 added.append(caffe_pb2.LayerParameter(name=b, type="Input", top=[b]))
                 added[-1].input_param.shape.add().dim.extend(input_shapes[b])

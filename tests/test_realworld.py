@@ -139,8 +139,6 @@ RUNNABLE = {
     "Gaukhar1998__python-tasks__textbox.prototxt": {"data": (1, 3, 192, 160)},
     # OpenCV's GOTURN file: both inputs' input_dim lines are commented out, --input-shape gives them
     "rohandubey__Object-Tracking-OpenCV__goturn.prototxt": {"data1": (1, 3, 131, 131), "data2": (1, 3, 131, 131)},
-    # MTCNN's landmark net whose only data layer is TRAIN's: the TEST net reads 'data' as an input
-    "KaiJin1995__MTCNN-VGG-face__pycaffe-mtcnn-master__model__det4.prototxt": {"data": (2, 15, 24, 24)},
     # e2e_face's projective SpatialTransformer from its localisation net's 8 values
     "mikuhatsune__e2e_face__shallow__net.prototxt": None,
 }
