@@ -1,5 +1,6 @@
 """yuqj1991/caffe_train's Yolov3Detection (src/caffe/layers/Yolov3DetectionLayer.cpp, its CPU Forward),
-told from Cambricon's type of the same name by yolov3_detection_output_param.
+told from Cambricon's type of the same name by yolov3_detection_output_param (read as eric612's
+Yolov3DetectionOutput, yolo.py).
 
 The reference is a numpy loop written here from the fork's Forward_cpu and ApplyNms, on two bottoms of
 different sizes, two boxes each, three classes and a batch of two."""
@@ -7,9 +8,8 @@ import math
 
 import numpy as np
 import pytest
-from conftest import model_py_outputs, net, rng
+from conftest import check_everywhere, net, rng
 
-from caffeq.errors import ExportError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -76,13 +76,12 @@ def test_decodes_pools_and_suppresses_as_the_fork(tmp_path):
     model = load_from_text(yolo_net())
     ref = fork_ref(xs, BIASES, [3, 4, 5, 0, 1, 2], [8, 16], 2, 3, F(0.3), F(0.45))
     assert ref.shape[2] > 5 and ref.shape[2] < 2 * (16 + 4) * 2 * 3     # some kept, some dropped
-    feeds = {"x0": xs[0], "x1": xs[1]}
-    got = model.run(feeds)["det"]
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(model_py_outputs(model, feeds, tmp_path)["det"], ref, rtol=1e-5, atol=1e-6)
-    with pytest.raises(ExportError, match="yuqj1991's drops at IoU >= the threshold"):
-        model.export_onnx(str(tmp_path / "m.onnx"))
-    assert not (tmp_path / "m.onnx").exists()
+    check_everywhere(model, {"x0": xs[0], "x1": xs[1]}, {"det": ref}, tmp_path, atol=1e-6, rtol=1e-5)
+
+
+def test_nms_threshold_defaults_to_the_forks_04():
+    model = load_from_text(yolo_net(PARAM.replace("nms_threshold: 0.45 ", "")))
+    assert model.graph.node("det").attrs["nms_threshold"] == pytest.approx(0.4)
 
 
 def test_no_candidate_gives_one_row_per_image():
@@ -93,11 +92,11 @@ def test_no_candidate_gives_one_row_per_image():
 
 @pytest.mark.parametrize("param, shapes, msg", [
     (PARAM.replace("mask_group_num: 2", "mask_group_num: 3"), None, r"mask_group_num 3 must equal the number of bottoms, 2"),
-    (PARAM, ((2, 16, 4, 4), (2, 16, 2, 3)), r"needs square \(N, num_box x \(5 \+ num_classes\) = 16, S, S\)"),
-    (PARAM.replace("num_box: 2", "num_box: 4"), None, r"num_box 4 must be 1 to len\(mask\) / mask_group_num = 3"),
-    (PARAM.replace("num_classes: 3 ", ""), None, r"num_classes must be given"),
+    (PARAM, ((2, 16, 4, 4), (2, 16, 2, 3)), r"needs square maps \(it takes the side from the width\), got 2x3"),
+    (PARAM.replace("num_box: 2", "num_box: 4"), None, r"mask has 6 entries; 2 bottoms x num_box 4 read up to entry 6"),
+    (PARAM.replace("num_classes: 3 ", ""), None, r"num_classes is required"),
     (PARAM.replace("mask: 5", "mask: 9"), None, None),   # the third anchor of a group is not read at num_box 2
-    (PARAM.replace("mask: 4", "mask: 9"), None, r"mask names an anchor past the 6 pairs of biases"),
+    (PARAM.replace("mask: 4", "mask: 9"), None, r"biases has 12 values; the anchors used need 20"),
 ])
 def test_refuses_what_the_fork_cannot_run(param, shapes, msg):
     text = yolo_net(param, shapes) if shapes else yolo_net(param)

@@ -28,14 +28,11 @@ them.  The fork also rewrites its bottoms in place (decoded values); caffeq leav
 
 ONNX: refused (per-class sequential sorts and a per-class greedy NMS on inclusive-pixel IoU have no
 ONNX form; NonMaxSuppression computes another IoU).
-
-A Yolov3Detection that reads `yolov3_detection_output_param` is yuqj1991/caffe_train's (yuqj_yolo.py).
 """
 
 import torch
 
-from .registry import AT_LEAST, Layer, LayerError, need_blobs, positive_field, register_layer, torch_sources
-from .yuqj_yolo import forward_yuqj, infer_yuqj, parse_yuqj, source_yuqj
+from .registry import Layer, LayerError, need_blobs, positive_field, register_layer, torch_sources
 
 
 def cambricon_yolov3_decode(xs: list, biases: list[float], num_classes: int, anchor_num: int, im_w: int):
@@ -112,16 +109,10 @@ TORCH_ROWS = torch_sources(cambricon_yolov3_rows)
 
 @register_layer("Yolov3Detection")
 class Yolov3Detection(Layer):
-    onnx_refusal = ("Yolov3Detection sorts (Cambricon's per class, in sequence) and runs a greedy NMS that "
-                    "ONNX NonMaxSuppression does not reproduce (Cambricon's inclusive-pixel IoU; yuqj1991's "
-                    "drops at IoU >= the threshold, ONNX at >)")
-    #: yuqj1991's keeps as many rows as its NMS leaves (Cambricon's top has a fixed size)
-    data_dependent_shape = True
+    onnx_refusal = ("Cambricon's Yolov3Detection sorts per class in sequence and runs a greedy per-class NMS "
+                    "on inclusive-pixel IoU; ONNX NonMaxSuppression computes another IoU")
 
     def parse(self, lp):
-        if lp.HasField("yolov3_detection_output_param"):
-            need_blobs(lp, "yuqj1991's Yolov3Detection", range(1, AT_LEAST), 1, in_place=False)
-            return parse_yuqj(lp)
         need_blobs(lp, "Yolov3Detection", 3, 1, in_place=False)
         f = "yolov3_param"
         p = lp.yolov3_param
@@ -140,8 +131,6 @@ class Yolov3Detection(Layer):
         return a
 
     def infer(self, attrs, in_shapes):
-        if attrs.get("fork") == "yuqj1991":
-            return infer_yuqj(attrs, in_shapes)
         ln = 5 + attrs["num_classes"]
         n = in_shapes[0][0] if in_shapes[0] else 0
         for s in in_shapes:
@@ -158,16 +147,12 @@ class Yolov3Detection(Layer):
         return [(1, n * (7 * attrs["num_box"] + 64), 1, 1)]
 
     def forward(self, attrs, params, *xs):
-        if attrs.get("fork") == "yuqj1991":
-            return forward_yuqj(attrs, xs)
         a = attrs
         d = cambricon_yolov3_decode(list(xs), a["biases"], a["num_classes"], 3, a["im_w"])
         return cambricon_yolov3_rows(d, a["num_classes"], a["num_box"], a["im_w"], a["im_h"],
                                      a["confidence_threshold"], a["nms_threshold"])
 
     def pytorch_source(self, node, emit):
-        if node.attrs.get("fork") == "yuqj1991":
-            return source_yuqj(node.attrs, emit)
         a = node.attrs
         dec, rows = emit.helper(TORCH_DECODE), emit.helper(TORCH_ROWS)
         d = (f"{dec}([{', '.join(emit.inputs)}], {emit.lit(a['biases'])}, {a['num_classes']}, 3, "

@@ -35,6 +35,10 @@ Yolov3DetectionOutput.
   fork's correct_yolo_boxes is the identity here: its net size is the map size times the
   scale.  Its GPU Forward steps through images with bottom 0's size, which differs for N > 1;
   the CPU Forward, followed here, does not.)
+- yuqj1991/caffe_train's Yolov3Detection (src/caffe/layers/Yolov3DetectionLayer.cpp, CPU only) is that
+  layer under another type name, told from Cambricon's Yolov3Detection by its
+  yolov3_detection_output_param: it takes each map's side from its width (square maps only) and its
+  nms_threshold defaults to 0.4.
 
 Both detection layers then pool every image's candidates (image ids are not kept: the fork
 writes 0 in column 0 of every row), sort them by score, best first (std::sort; ties here keep
@@ -55,7 +59,16 @@ import numpy as np
 import torch
 
 from .caffe_plus import onnx_space_to_depth_crd, space_to_depth_crd
-from .registry import Layer, LayerError, four_axes, need_blobs, positive_field, register_layer, torch_sources
+from .registry import (
+    Layer,
+    LayerError,
+    claim_layers,
+    four_axes,
+    need_blobs,
+    positive_field,
+    register_layer,
+    torch_sources,
+)
 from .ssd.common import emit_detection_top
 
 # ---- Reorg ------------------------------------------------------------------------------
@@ -549,6 +562,24 @@ class Yolov3DetectionOutput(_YoloDetection):
     def candidate_args(self, a, t, emit):
         return (f"{emit.lit(a['biases'])}, {emit.lit(a['anchor_ids'][t])}, {a['scales'][t]}, {a['num_box']}, "
                 f"{a['num_classes']}")
+
+
+@claim_layers("Yolov3Detection", lambda lp: lp.HasField("yolov3_detection_output_param"))
+class Yuqj1991Yolov3Detection(Yolov3DetectionOutput):
+    """yuqj1991/caffe_train's Yolov3Detection: Yolov3DetectionOutput on square maps, nms_threshold 0.4 by
+    default (its caffe.proto's)."""
+
+    def parse(self, lp):
+        a = super().parse(lp)
+        if not lp.yolov3_detection_output_param.HasField("nms_threshold"):
+            a["nms_threshold"] = float(np.float32(0.4))
+        return a
+
+    def check_bottom(self, attrs, shape):
+        super().check_bottom(attrs, shape)
+        if shape[2] != shape[3]:
+            raise LayerError(f"yuqj1991's Yolov3Detection needs square maps (it takes the side from the width), "
+                             f"got {shape[2]}x{shape[3]}")
 
 
 # ---- detection as ONNX ops -----------------------------------------------------------------
