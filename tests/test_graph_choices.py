@@ -519,6 +519,19 @@ layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_
         load_from_text(text.replace('top: "data" top: "label"', 'bottom: "x" top: "data" top: "label"'))
 
 
+def test_a_bottomless_fork_layer_making_data_and_label_is_an_input():
+    """aaalgo/kaggle-driver's PicPac: an image-database reader whose picpac_param caffe.proto does not
+    declare; a layer without bottoms making "data" and "label" is a data layer, whatever its type."""
+    text = """
+layer { name: "data" type: "PicPac" top: "data" top: "label" picpac_param { path: "/db" batch: 32 channels: 3 } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 2 kernel_size: 3 } }
+"""
+    model = load_from_text(text, input_shapes={"data": (2, 3, 8, 8)}, random_weights=True)
+    assert model.inputs == {"data": (2, 3, 8, 8), "label": (2,)} and model.blob_shapes["conv"] == (2, 2, 6, 6)
+    with pytest.raises(CaffeqError, match="unsupported layer type"):
+        load_from_text(text.replace('top: "data" top: "label"', 'top: "data" top: "mask"'))
+
+
 def test_a_python_layer_without_tops_only_observes_and_is_dropped():
     """PPR-FCN's test net ends in a debug Python layer that reads eight blobs and makes none: it
     cannot change any output, so it is dropped with its own note (not refused)."""

@@ -7,7 +7,7 @@ import pytest
 from conftest import rng
 
 from caffeq.__main__ import main as cli_main
-from caffeq.errors import ParseError
+from caffeq.errors import CaffeqError, ParseError
 from caffeq.io.prototxt import parse_prototxt_text
 from caffeq.io.writer import write_caffemodel, write_model_caffemodel
 from caffeq.model import load
@@ -335,3 +335,39 @@ def test_unquoted_blob_names_read_as_strings(tmp_path):
     model = load(_write(tmp_path, "u.prototxt", text))
     assert model.blob_shapes["pool1"] == (1, 1, 3, 3)
     assert sum("read the unquoted" in w for w in model.warnings) == 2
+
+
+# DIGITS's standard networks leave the output InnerProduct's num_output out; DIGITS sets it to the
+# number of labels before Caffe reads the file (digits/model/tasks/caffe_train.py)
+DIGITS_ORIGINAL = """input: "data"
+input_shape { dim: 2 dim: 3 dim: 4 dim: 4 }
+layer { name: "fc7" type: "InnerProduct" bottom: "data" top: "fc7" inner_product_param { num_output: 6 } }
+layer { name: "fc8" type: "InnerProduct" bottom: "fc7" top: "fc8"
+  inner_product_param { weight_filler { type: "gaussian" std: 0.01 } } }
+"""
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_digits_output_layer_takes_its_num_output_from_the_weights(tmp_path, transpose):
+    text = DIGITS_ORIGINAL.replace('std: 0.01 }', 'std: 0.01 } transpose: true' if transpose else 'std: 0.01 }')
+    w7, b7 = rng(1).standard_normal((6, 48)).astype(np.float32), rng(2).standard_normal(6).astype(np.float32)
+    w8, b8 = rng(3).standard_normal((5, 6)).astype(np.float32), rng(4).standard_normal(5).astype(np.float32)
+    weights = {"fc7": [w7, b7], "fc8": [w8.T.copy() if transpose else w8, b8]}
+    write_caffemodel(parse_prototxt_text(text.replace("weight_filler", "num_output: 5 weight_filler")), weights,
+                     tmp_path / "m.caffemodel")
+    model = load(_write(tmp_path, "original.prototxt", text), tmp_path / "m.caffemodel")
+    assert any("fc8': inner_product_param.num_output is not set: DIGITS" in w and "5, from the weights" in w
+               for w in model.warnings)
+    x = rng(5).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    h = x.reshape(2, -1).astype(np.float64) @ w7.T + b7
+    np.testing.assert_allclose(model.run({"data": x})["fc8"], h @ w8.T + b8, rtol=1e-5, atol=1e-5)
+
+
+def test_digits_output_layer_without_weights_is_listed_unsized_and_refused_by_commands(tmp_path, capsys):
+    path = _write(tmp_path, "original.prototxt", DIGITS_ORIGINAL)
+    assert cli_main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "unknown until the values a script or tool fills in are given: fc8" in out and "pass --weights" in out
+    with pytest.raises(CaffeqError, match=r"layer 'fc8' \(InnerProduct\): inner_product_param.num_output is "
+                                          r"required \(DIGITS writes its output layer without it"):
+        load(path, random_weights=True)

@@ -109,8 +109,8 @@ def print_table(summary, out=sys.stdout):
     if unknown:
         names = ", ".join(unknown[:4]) + (", ..." if len(unknown) > 4 else "")
         if summary["unfilled_placeholders"]:
-            print(f"total: {t['layers']} layers; parameters and multiply-accumulates unknown until the template "
-                  f"placeholders have values: {names}; {summary['unfilled_placeholders'][0].split(': ', 1)[1]}",
+            print(f"total: {t['layers']} layers; parameters and multiply-accumulates unknown until the values a "
+                  f"script or tool fills in are given: {names}; {summary['unfilled_placeholders'][0].split(': ', 1)[1]}",
                   file=out)
         else:
             print(f"total: {t['layers']} layers; parameters and multiply-accumulates unknown without the input "

@@ -419,3 +419,26 @@ def resolve_placeholders(net, pending, path, notes, weights_net=None, weights_pa
     for name, value in values.items():
         notes.append(f"{path}: filled the template placeholder {name} with {value}, from the net saved "
                      f"in {weights_path}")
+
+
+DIGITS_UNSET = ("inner_product_param.num_output is not set: DIGITS writes its networks' output InnerProduct "
+                "without it and fills in the number of classes when it trains")
+
+
+def fill_digits_num_outputs(net, blobs, path, notes, weights_path=None, unfilled=None):
+    """DIGITS (digits/model/tasks/caffe_train.py) sets the num_output of the InnerProduct layers that make
+    the network's outputs to the number of labels before Caffe reads the file, so the original.prototxt
+    it keeps has none: take it from that layer's weights (blobs: {layer: [BlobData]}), else leave the layer
+    to a listing (unfilled) or to its own refusal."""
+    for lp in net.layer:
+        if lp.type != "InnerProduct" or lp.inner_product_param.HasField("num_output"):
+            continue
+        weights = (blobs or {}).get(lp.name)
+        if weights and weights[0].array.ndim >= 2:
+            shape = weights[0].array.shape
+            value = int(shape[-1] if lp.inner_product_param.transpose else shape[-2])
+            lp.inner_product_param.num_output = value
+            notes.append(f"{path}: layer '{lp.name}': {DIGITS_UNSET}; {value}, from the weights in {weights_path}")
+        elif unfilled is not None:
+            why = f"{DIGITS_UNSET}: pass --weights, whose blobs give it"
+            unfilled.setdefault(lp.name, (f"{path}: layer '{lp.name}': {why}", why))

@@ -461,7 +461,9 @@ class InnerProduct(Layer):
     def parse(self, lp):
         p = lp.inner_product_param
         if not p.HasField("num_output"):
-            raise LayerError("inner_product_param.num_output is required")
+            raise LayerError("inner_product_param.num_output is required (DIGITS writes its output layer without it "
+                             "and fills in the number of classes: load the net with its caffemodel, whose weights "
+                             "give it)")
         return {"num_output": int(p.num_output), "bias_term": bool(p.bias_term),
                 "axis": int(p.axis), "transpose": bool(p.transpose), "normalize": bool(p.normalize)}
 

@@ -311,8 +311,9 @@ def _names_a_data_layer(lp):
     """A fork's data layer by its look: a type ending or starting with "Data" (tpfister/caffe-heatmap's
     DataHeatmap), or naming Data and setting a data parameter message (RegNet's DenseRegisterDataXY
     with dense_image_data_param) or a transform_param (ginobilinie's V1 MULTI_TASK_DATA_LABEL, whose
-    multi_task_data_label_param caffeq does not declare)."""
-    if lp.type.endswith("Data") or lp.type.startswith("Data"):
+    multi_task_data_label_param caffeq does not declare), or making the tops "data" and "label" (aaalgo's
+    PicPac)."""
+    if lp.type.endswith("Data") or lp.type.startswith("Data") or list(lp.top)[:2] == ["data", "label"]:
         return True
     return "Data" in lp.type and any(f.name.endswith("data_param") or f.name == "transform_param"
                                      for f, _ in lp.ListFields())
