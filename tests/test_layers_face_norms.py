@@ -104,6 +104,16 @@ def test_normalization_forks_keep_the_bottoms_shape(kind, eps, shape, tmp_path):
 
 
 
+def test_normalization_reads_caffe_triplets_norm_field_and_computes_l2_whatever_it_says(tmp_path):
+    # Gomdoree/caffe-triplet's facenet nets: normalization_param { norm: L2 }; the layer never reads it
+    x = rng(7).standard_normal((3, 6)).astype(np.float32)
+    for norm in ("L2", "L1"):
+        model = load_from_text(net(f'layer {{ name: "n" type: "Normalization" bottom: "x" top: "o" '
+                                   f'normalization_param {{ norm: {norm} }} }}', inputs={"x": x.shape}))
+        assert_close(model.run({"x": x})["o"], normalization_ref(x, 0.0), 1e-6, 1e-5, norm)
+        assert any("norm: L1 is not read" in w for w in model.warnings) == (norm == "L1")
+
+
 def sklearn_normalize_ref(x):
     """norm2layer.py: sklearn's preprocessing.normalize(row, norm='l2') of each item, float32; a zero norm is 1."""
     out = np.zeros((x.shape[0], x.shape[1]), np.float32)

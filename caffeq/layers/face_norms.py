@@ -7,7 +7,8 @@
 - L2Norm (vzhangmeng726/caffe_video_face b6cd746, l2norm_layer.cpp): each item as one vector,
   y = x / (sqrt(sum of its squares) + l2norm_param.eps [1e-8]); the epsilon is added after the root.
 
-- Normalization (Binbin Xu's, as ZhouYzzz/project 4481109 carries it, normalization_layer.cpp/.cu) and
+- Normalization (Binbin Xu's, as ZhouYzzz/project 4481109 and Gomdoree/caffe-triplet 0affd64 carry it,
+  normalization_layer.cpp/.cu; the latter's normalization_param.norm is never read) and
   NormalizationL2 (Longhui Wei's, liu-xb/GGL 2ea1508, normalization_l2_layer.cu; its CPU forward calls
   the GPU one): each item times pow(sum of its squares [+ 1e-10 for NormalizationL2], -0.5); the top
   keeps the bottom's shape (ReshapeLike).  Without an epsilon an all-zero item divides by zero, as in
@@ -139,6 +140,14 @@ class Normalization(_L2Norm):
     eps = 0.0
     eps_under_root = True
     keep_shape = True
+
+    def parse(self, lp):
+        attrs = super().parse(lp)
+        # Gomdoree/caffe-triplet declares normalization_param { norm: L1 | L2 } for it; the layer never reads it
+        if lp.normalization_param.norm == lp.normalization_param.L1:
+            attrs["reading_notes"] = ["normalization_param.norm: L1 is not read: the layer divides by the L2 norm "
+                                      "(normalization_layer.cpp)"]
+        return attrs
 
 
 @register_layer("NormalizationL2")
