@@ -496,7 +496,7 @@ def _user_inputs(net, layers, input_shapes, source, notes):
     """Input layers for the blobs --input-shape names that a layer reads before any layer makes them (a
     template whose data layers were left out, a fragment): the user says what they are.  A blob that a
     layer of another phase or stage makes is left to the include rules (the error names them)."""
-    elsewhere = {t for lp in net.layer for t in lp.top}
+    elsewhere = {t for lp in net.layer for t in lp.top if t not in lp.bottom}   # in place: read, not made
     made, added = set(), []
     for lp in layers:
         for b in lp.bottom:

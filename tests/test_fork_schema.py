@@ -775,6 +775,10 @@ def test_lrcn_video_hash_clips_stack_their_frames_on_axis_0():
     assert shapes["data"] == (48, 3, 256, 256)
     with pytest.raises(CaffeqError, match=r"caffe_lrcn's VideoData has three tops \(data, label, marker\), got 2"):
         load_from_text(text.replace(' top: "marker"', ""))
+    # clip_size has a default (8): without it, the three tops and the missing new_length tell the fork
+    model = load_from_text(text.replace("clip_size: 16 ", ""))
+    assert model.blob_shapes["data"] == (24, 3, 227, 227)
+    assert any("read as apir8181/caffe_lrcn's (three tops, no 3-D layers" in w for w in model.warnings)
 
 
 def test_casenet_multi_label_edge_maps_shape_the_label():

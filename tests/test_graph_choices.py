@@ -244,6 +244,10 @@ def test_input_shape_feeds_a_blob_no_layer_makes():
     w, b = model.graph.node("conv").blobs
     want = np.einsum("oc,nchw->nohw", w.reshape(2, 3), x) + b.reshape(1, 2, 1, 1)
     np.testing.assert_allclose(model.run({"data": x})["c"], want, rtol=1e-5, atol=1e-5)
+    # a layer that works in place on it reads it first: still an input
+    relu_first = 'layer { name: "r" type: "ReLU" bottom: "data" top: "data" }\n' + text
+    model = load_from_text(relu_first, input_shapes={"data": (2, 3, 4, 5)}, random_weights=True)
+    assert model.inputs == {"data": (2, 3, 4, 5)}
 
 
 def test_input_shape_overrides_inputs_and_unknown_names_are_refused():

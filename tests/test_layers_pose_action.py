@@ -192,7 +192,10 @@ def test_channel_dropout_copies_at_test_and_drops_whole_maps_in_training(tmp_pat
     assert torch.all(y.amin(2) == y.amax(2))
     assert set(y[:, :, 0].unique().tolist()) == {0.0, float(np.float32(1 / 0.75))}
     assert abs((y[:, :, 0] == 0).float().mean().item() - 0.25) < 0.08
-    with pytest.raises(CaffeqError, match=r"dropout_param.dropout_ratio must be in \(0, 1\), got 1.0"):
+    zero = load_from_text(net({"x": x.shape}, 'layer { name: "d" type: "ChannelDropout" bottom: "x" top: "o" '
+                                              'dropout_param { dropout_ratio: 0 } }'))
+    np.testing.assert_array_equal(zero.to_torch().train()(torch.from_numpy(x)).detach().numpy(), x)
+    with pytest.raises(CaffeqError, match=r"dropout_param.dropout_ratio must be in \[0, 1\), got 1.0"):
         load_from_text(net({"x": x.shape}, 'layer { name: "d" type: "ChannelDropout" bottom: "x" top: "o" '
                                            'dropout_param { dropout_ratio: 1 } }'))
 

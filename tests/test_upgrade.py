@@ -397,6 +397,10 @@ def test_shapeless_inputs_that_layers_read_take_the_input_shape():
     with pytest.raises(CaffeqError, match=r"cannot tell the shape of top 'b' from the net alone \(the file gives "
                                           r"the input no shape\); give it with --input-shape b=N,C,H,W"):
         load_from_text(text, input_shapes={"a": (2, 3, 4, 5)})
+    # an in-place layer reads the input before anything makes it
+    in_place = text.replace('layer {', 'layer { name: "r" type: "ReLU" bottom: "a" top: "a" }\nlayer {', 1)
+    model = load_from_text(in_place, input_shapes={"a": (2, 3, 4, 5), "b": (2, 3, 4, 5)})
+    np.testing.assert_array_equal(model.run({"a": a, "b": b})["s"], np.maximum(a, 0) + b)
 
 
 def test_an_input_layer_without_a_shape_takes_the_input_shape():

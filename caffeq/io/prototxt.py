@@ -109,7 +109,7 @@ class _FieldPicker(text_format._Parser):
     def _MergeMessageField(self, tokenizer, message, field):
         options = _SHARED_NAMES.get((message.DESCRIPTOR.full_name, field.name))
         if options and self.lines and tokenizer._line < len(self.lines):
-            field = message.DESCRIPTOR.fields_by_name[self._pick(options, tokenizer)]
+            field = message.DESCRIPTOR.fields_by_name[self._pick(options, tokenizer, message)]
         if not field.is_repeated and message.HasField(field.name):
             self.notes.append(f"{tokenizer._line + 1}: {message.DESCRIPTOR.name} sets '{field.name}' a second "
                               f"time; the two blocks are merged, later fields winning (Caffe's parser "
@@ -150,7 +150,7 @@ class _FieldPicker(text_format._Parser):
         self._note_second_value(tokenizer, message, field)
         super()._MergeScalarField(tokenizer, message, field)
 
-    def _pick(self, options, tokenizer):
+    def _pick(self, options, tokenizer, layer):
         names = _block_field_names(self.lines, tokenizer._line, tokenizer._column)
         known = {option: names & set(_message_of(option).fields_by_name) for option in options}
         fits = [option for option in options if known[option] == names]
@@ -158,6 +158,13 @@ class _FieldPicker(text_format._Parser):
             return options[0] if not names else fits[0]
         if not fits:   # an unknown field either way: the message that knows most of them reports it
             return max(options, key=lambda option: len(known[option]))
+        lrcn = "lrcn_video_data_param"
+        if lrcn in fits and "new_length" not in names and len(layer.top) == 3 and not self._has_3d_layers:
+            # caffe_lrcn's clip_size has a default: its three tops (data, label, marker) and no 3-D layer say it
+            self.notes.append(f"{tokenizer._line + 1}: video_data_param sets only fields that several forks share "
+                              f"({', '.join(sorted(names))}); read as {_FORK_OF_FIELD[lrcn]}'s (three tops, no "
+                              f"3-D layers, no new_length)")
+            return lrcn
         # only fields C3D v1.1 and TSN share (source, batch_size, new_length, ...): C3D's clips feed
         # its 3-D layers, TSN's segments feed 2-D ones
         choice = "c3d_video_data_param" if self._has_3d_layers else "tsn_video_data_param"

@@ -572,7 +572,7 @@ def _upgrade_input(net, where, notes, keep_shapeless):
     else:
         # Caffe drops shapeless inputs (a legacy caffemodel's header); a net whose layers read them
         # (OpenCV's GOTURN file) keeps them as inputs whose shapes the user gives
-        made = {t for lp in net.layer for t in lp.top}
+        made = {t for lp in net.layer for t in lp.top if t not in lp.bottom}   # in place: read, not made
         read = {b for lp in net.layer for b in lp.bottom}
         kept = [n for n in names if n in read and n not in made] if keep_shapeless else []
         if kept:

@@ -178,7 +178,8 @@ class Data(DataLayer):
         t = attrs["transform"]
         n = attrs["batch_size"]
         if n < 1:
-            raise needs_input_shape(attrs, attrs["top"], f"data_param.batch_size must be >= 1, got {n}")
+            raise needs_input_shape(attrs, attrs["top"], f"data_param.batch_size must be >= 1, got {n}",
+                                    "without a batch size")
         c = _channels_from_transform(t)
         mean = _mean_file_shape(attrs)
         if mean is not None:

@@ -228,16 +228,18 @@ class SpatialDropout(Layer):
 
     uses_training_flag = True
     ratio_field = "spatial_dropout_param"   # the message holding dropout_ratio
+    zero_ratio_ok = False                   # whether a ratio of 0 (a copy) loads
 
     def parse(self, lp):
         need_blobs(lp, lp.type, 1, 1)
         ratio = float(getattr(lp, self.ratio_field).dropout_ratio)
-        if not 0 < ratio < 1:
-            raise LayerError(f"{self.ratio_field}.dropout_ratio must be in (0, 1), got {ratio}")
+        if not (0 <= ratio < 1 if self.zero_ratio_ok else 0 < ratio < 1):
+            low = "[0" if self.zero_ratio_ok else "(0"
+            raise LayerError(f"{self.ratio_field}.dropout_ratio must be in {low}, 1), got {ratio}")
         return {"ratio": ratio}
 
     def infer(self, attrs, in_shapes):
-        legacy_nchw(in_shapes[0], "SpatialDropout")
+        legacy_nchw(in_shapes[0], self.types[0])
         return [tuple(in_shapes[0])]
 
     def forward(self, attrs, params, x, training=False):
@@ -255,9 +257,11 @@ class SpatialDropout(Layer):
 class ChannelDropout(SpatialDropout):
     """artiit/caffe-pose's ChannelDropout (0adabbc, channel_dropout_layer.cpp): the same whole-map dropout
     (a mask per item and channel, kept maps scaled by 1 / (1 - ratio), TEST copies), read from
-    dropout_param.dropout_ratio (its DCHECKs want it in (0, 1))."""
+    dropout_param.dropout_ratio (its DCHECKs, which release builds skip, want it in (0, 1): 0 copies; 1 would
+    scale by infinity, refused)."""
 
     ratio_field = "dropout_param"
+    zero_ratio_ok = True
 
 
 # ---- CoordsFromHeatMaps ---------------------------------------------------------------------

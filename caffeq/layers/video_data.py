@@ -21,8 +21,8 @@ block into the one whose fields it sets.  Each is a graph input shaped from its 
 - SSD (weiliu89/caffe), video_data_param: webcam or video-file frames; shaped like any other
   fork data layer (caffeq/layers/fork_data.py: --input-shape or crop_size).
 - apir8181/caffe_lrcn (0b29d69, video_data_layer.cpp DataLayerSetUp), lrcn_video_data_param: clips of
-  clip_size colour frames (cv::imread) from each listed folder, the clips' frames one after another
-  on axis 0; exactly three tops: data (clip_size * batch_size, 3, H, W) with H = W =
+  clip_size colour frames (cv::imread) from each listed folder, frame-major on axis 0 (row
+  frame * batch_size + clip, as load_batch writes them, the clip markers 0 on frame 0); exactly three tops: data (clip_size * batch_size, 3, H, W) with H = W =
   transform_param.crop_size, else new_height x new_width, else the frames' own size; label and the
   clip marker (clip_size * batch_size,).
 """
@@ -143,7 +143,8 @@ class VideoData(DataLayer):
                       f"channels x frames x height x width")]
         elif attrs["fork"] == "apir8181/caffe_lrcn":
             lines = [f"clips of {attrs['length']} colour frames (cv::imread of NNNNN.jpg from a listed offset), "
-                     f"each clip's frames consecutive on axis 0; the third top marks the clips (LRCN)"]
+                     f"frame-major on axis 0 (row frame x batch_size + clip); the third top marks each clip's first frame "
+                     f"with 0 (LRCN)"]
         else:
             per = "x and y flow images" if attrs["modality"] == "FLOW" else "frames"
             lines = [(f"{attrs['segments']} segments x {attrs['length']} {per} ({attrs['modality']}), "

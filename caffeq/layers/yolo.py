@@ -38,7 +38,7 @@ Yolov3DetectionOutput.
 - yuqj1991/caffe_train's Yolov3Detection (src/caffe/layers/Yolov3DetectionLayer.cpp, CPU only) is that
   layer under another type name, told from Cambricon's Yolov3Detection by its
   yolov3_detection_output_param: it takes each map's side from its width (square maps only) and its
-  nms_threshold defaults to 0.4.
+  nms_threshold defaults to 0.4 (its caffe.proto since 1ce87ce; 0.45, eric612's, when the layer came in).
 
 Both detection layers then pool every image's candidates (image ids are not kept: the fork
 writes 0 in column 0 of every row), sort them by score, best first (std::sort; ties here keep
@@ -549,7 +549,7 @@ class Yolov3DetectionOutput(_YoloDetection):
         nb, k = attrs["num_box"], attrs["num_classes"]
         c = shape[1]
         if c != nb * (5 + k):
-            raise LayerError(f"Yolov3DetectionOutput: channels {c} must be num_box x (5 + num_classes) = "
+            raise LayerError(f"{self.types[0]}: channels {c} must be num_box x (5 + num_classes) = "
                              f"{nb} x {5 + k}")
 
     def rows_per_cell(self, attrs):
