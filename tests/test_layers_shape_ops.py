@@ -543,3 +543,27 @@ def test_tiling_bad_input(params, shape, msg):
     with pytest.raises(LayerError, match=msg):
         load_from_text(net({"x": shape}, f'layer {{ name: "tile" type: "Tiling" bottom: "x" top: "o" '
                                          f'tiling_param {{ {params} }} }}'))
+
+
+def ref_pixel_shuffle(x, r):
+    """ChaoFan's PixelShuffleForward: each bottom (n, c, h, w) goes to top channel c // r^2 at
+    (h*r + (c - c // r^2 * r^2) // r, w*r + c % r)."""
+    n, c, h, w = x.shape
+    out = np.zeros((n, c // (r * r), h * r, w * r), x.dtype)
+    for b, ch, y, z in np.ndindex(x.shape):
+        tc = ch // (r * r)
+        out[b, tc, y * r + (ch - tc * r * r) // r, z * r + ch % r] = x[b, ch, y, z]
+    return out
+
+
+@pytest.mark.parametrize("r, shape", [(2, (2, 12, 3, 5)), (3, (1, 18, 4, 2))])
+def test_gait_extractors_pixel_shuffle_matches_the_forks_loop(r, shape, tmp_path):
+    # wj1tr0y/gait_extractor's segmentation net (a PyTorch conversion): PixelShuffle with pixel_shuffle_param
+    from conftest import check_everywhere
+    x = rand(*shape)
+    model = load_from_text(net({"x": shape}, f'layer {{ name: "ps" type: "PixelShuffle" bottom: "x" top: "o" '
+                                             f'pixel_shuffle_param {{ upscale_factor: {r} }} }}'))
+    check_everywhere(model, {"x": x}, {"o": ref_pixel_shuffle(x, r)}, tmp_path)
+    with pytest.raises(LayerError, match="pixel_shuffle_param.upscale_factor must be > 1, got 1"):
+        load_from_text(net({"x": shape}, 'layer { name: "ps" type: "PixelShuffle" bottom: "x" top: "o" '
+                                         'pixel_shuffle_param { upscale_factor: 1 } }'))

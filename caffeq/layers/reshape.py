@@ -120,6 +120,23 @@ class Tiling(Layer):
         return _source_pixel_shuffle(emit, node.attrs["tile"])
 
 
+@register_layer("PixelShuffle")
+class PixelShuffle(Tiling):
+    """ChaoFan's sub-pixel PixelShuffle (wj1tr0y/gait_extractor c30b9ad, pixel_shuffle_layer.cpp/.cu, as its
+    pytorch-to-caffe conversions write it): bottom channel c*r^2 + dy*r + dx of pixel (h, w) goes to channel
+    c at (h*r + dy, w*r + dx), torch's pixel_shuffle, r = pixel_shuffle_param.upscale_factor (> 1)."""
+
+    def parse(self, lp):
+        need_blobs(lp, "PixelShuffle", 1, 1, in_place=False)
+        r = int(lp.pixel_shuffle_param.upscale_factor)
+        if r <= 1:   # LayerSetUp's CHECK_GT
+            raise LayerError(f"pixel_shuffle_param.upscale_factor must be > 1, got {r}")
+        return {"tile": r}
+
+    def infer(self, attrs, in_shapes):
+        return [_pixel_shuffle_shape(attrs["tile"], in_shapes[0], "pixel_shuffle_param.upscale_factor")]
+
+
 @register_layer("Reshape")
 class Reshape(Layer):
     def parse(self, lp):
