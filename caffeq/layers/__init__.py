@@ -75,6 +75,7 @@ from . import (  # noqa: F401,E402
     ristretto,
     roi_align_forks,
     roi_pooling,
+    ron,
     rproi,
     rrpn,
     rstar_cnn,
