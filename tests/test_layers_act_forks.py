@@ -261,3 +261,16 @@ def test_brelu_clamps_to_its_bounds(params, lo, hi, tmp_path):
     ref = brelu_ref(x, lo, hi)
     assert (ref == lo).any() and (ref == hi).any() and ((ref > lo) & (ref < hi)).any()
     check_everywhere(model, {"x": x}, {"o": ref}, tmp_path)
+
+
+def test_hashnet_scale_tanh_is_tanh_of_the_initial_scale(tmp_path):
+    # thuml/HashNet's train_val nets: the "continuation" layer, scale_tanh_param as they write it
+    x = rng(11).standard_normal((3, 5)).astype(np.float32) * 3
+    text = net('layer { name: "c" type: "ScaleTanH" bottom: "x" top: "y" scale_tanh_param { init_scale: 0.75 '
+               'step_size: 200 gamma: 0.005 power: 0.5 } }', inputs={"x": x.shape})
+    model = load_from_text(text)
+    ref = np.tanh(x.astype(np.float64) * np.float32(0.75))
+    check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+    assert any("the fork raises its scale every 200 forwards" in w for w in model.warnings)
+    plain = load_from_text(text.replace(" gamma: 0.005 power: 0.5", ""))
+    assert not any("raises its scale" in w for w in plain.warnings)

@@ -26,6 +26,11 @@
   file): y = min(max(x, minval), maxval), the fork's CPU forward, Truncation's formula.  Its GPU kernel
   computes x < 1 ? (x > 0 ? x : x * minval) : maxval, the same for the bounds 0 and 1 that nets use
   (but a NaN: the CPU keeps it, the kernel gives maxval); other bounds read with a note.
+- ScaleTanH (thuml/HashNet 85387b8, scale_tanh_layer.cpp/.cu): y = tanh(scale * x).  The fork's scale
+  starts at init_scale and becomes init_scale * (1 + gamma * t)^power at every step_size-th reshape t
+  (each forward reshapes), HashNet's continuation while training; a net loaded for inference
+  computes with init_scale until its step_size-th forward, which is what caffeq computes (and, the
+  scale being positive, the signs that make the hash codes are the same either way).
 """
 import math
 
@@ -411,3 +416,37 @@ class BReLU(Truncation):
                                       f"min(max(x, minval), maxval); its GPU kernel, x < 1 ? (x > 0 ? x : "
                                       f"x * minval) : maxval, differs for bounds other than 0 and 1"]
         return attrs
+
+
+def scaled_tanh(x, scale: float):
+    """HashNet's ScaleTanH forward: tanh(scale * x), the product in float32."""
+    return torch.tanh(x * scale)
+
+
+@register_layer("ScaleTanH")
+class ScaleTanH(Layer):
+    """tanh(init_scale * x) (see the module docstring)."""
+
+    bottoms = tops = 1
+
+    def parse(self, lp):
+        need_blobs(lp, "ScaleTanH", 1, 1)
+        p = lp.scale_tanh_param
+        attrs = {"scale": float(np.float32(p.init_scale))}
+        if p.power != 0 and p.step_size:
+            attrs["reading_notes"] = [f"ScaleTanH computes with init_scale {attrs['scale']:g}: the fork raises its "
+                                      f"scale every {p.step_size} forwards (HashNet's continuation), from the "
+                                      f"{p.step_size}th forward of a loaded net on"]
+        return attrs
+
+    def forward(self, attrs, params, x):
+        return scaled_tanh(x, attrs["scale"])
+
+    def onnx(self, ctx, node):
+        scaled = ctx.add_node("Mul", [node.inputs[0], ctx.const(np.array(node.attrs["scale"], np.float32))],
+                              [ctx.tmp(node.name + "_scaled")], name=node.name)[0]
+        ctx.add_node("Tanh", [scaled], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(scaled_tanh)}({emit.inputs[0]}, {emit.lit(node.attrs['scale'])})"
+
