@@ -8,12 +8,13 @@ from .backends.onnx_backend import export_onnx
 from .backends.pytorch_source import export_pytorch
 from .backends.torch_backend import run_numpy, to_torch
 from .errors import CaffeqError, ParseError, ShapeError
+from .graph_weights import attach_weights, init_params, share_params
 from .io.caffemodel import read_caffemodel
 from .io.container import load_caffeq_parts
 from .io.prototxt import read_prototxt
 from .io.templates import as_written, fill_digits_num_outputs, resolve_placeholders
 from .io.upgrade import upgrade_net
-from .ir import attach_weights, build_graph, init_params, share_params
+from .ir import build_graph
 from .layers import recase_types, spec_for
 from .layers.fork_data import UNKNOWN_FORK_DATA
 

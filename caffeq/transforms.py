@@ -21,8 +21,9 @@ import copy
 
 import numpy as np
 
+from .graph_weights import share_params
 from .io.schema import caffe_pb2
-from .ir import Graph, build_graph, share_params
+from .ir import Graph, build_graph
 from .layers import get_spec
 
 _CONV_TYPES = ("Convolution", "ConvolutionDepthwise", "DepthwiseConvolution", "Deconvolution",

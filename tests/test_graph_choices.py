@@ -85,7 +85,7 @@ layer { name: "ip" type: "ReLU" bottom: "a" top: "b" }
 """
     w = rng(1).standard_normal((4, 3)).astype(np.float32)
     b = rng(2).standard_normal(4).astype(np.float32)
-    from caffeq.ir import attach_weights
+    from caffeq.graph_weights import attach_weights
     model = load_from_text(text)
     attach_weights(model.graph, {"ip": [w, b]})
     x = rng(3).standard_normal((2, 3)).astype(np.float32)
@@ -104,7 +104,7 @@ layer { name: "secondary_fc6" type: "InnerProduct" bottom: "x" top: "s" copy_pos
 layer { name: "other_fc6" type: "InnerProduct" bottom: "x" top: "o" inner_product_param { num_output: 4 } }
 """
     from caffeq.errors import WeightsError
-    from caffeq.ir import attach_weights
+    from caffeq.graph_weights import attach_weights
     w, b = rng(1).standard_normal((4, 3)).astype(np.float32), rng(2).standard_normal(4).astype(np.float32)
     w2, b2 = rng(3).standard_normal((4, 3)).astype(np.float32), rng(4).standard_normal(4).astype(np.float32)
     model = load_from_text(text)

@@ -734,7 +734,7 @@ def _randomize(model, seed=0):
             blobs[1] = np.abs(blobs[1]) + 0.5
             blobs[2] = np.full(blobs[2].shape, 0.5 if len(blobs) == 3 else 1.0, np.float32)
         n.blobs = blobs
-    from caffeq.ir import share_params
+    from caffeq.graph_weights import share_params
     share_params(model.graph)
     return model
 

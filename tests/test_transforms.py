@@ -197,7 +197,7 @@ layer { name: "bn" type: "BatchNorm" bottom: "c1" top: "c1" }
 layer { name: "c2" type: "Convolution" bottom: "c1" top: "c2" param { name: "w" } param { name: "b" }
   convolution_param { num_output: 3 kernel_size: 1 } }
 """))
-    caffeq.ir.share_params(model.graph)
+    caffeq.graph_weights.share_params(model.graph)
     folded = fold_batchnorm(model)
     assert "BatchNorm" in types(folded)
     assert_same_outputs(model, folded, inputs_for(model))

@@ -62,7 +62,8 @@ import numpy as np
 
 from ..errors import ParseError, WeightsError
 from ..fs import atomic_path
-from ..ir import attach_weights, build_graph, share_params
+from ..graph_weights import attach_weights, share_params
+from ..ir import build_graph
 from ..quant.base import QuantizedBlob, num_channels
 from ..quant.binary import pack_signs, unpack_signs
 from ..quant.report import QuantReport
