@@ -90,3 +90,25 @@ def test_statistics_shared_by_param_name_follow_the_module_to_the_device():
     out, mixes = run_on_emulated_cuda(model, {"x": x})
     assert not mixes, mixes
     np.testing.assert_allclose(out.as_subclass(torch.Tensor).numpy(), ref["b"], rtol=1e-6, atol=1e-6)
+
+
+def test_this_sessions_fork_layers_make_their_constants_on_the_blobs_device():
+    """RON's DetLayer (anchors), e2e_face's SpatialTransformer types (target grids) and yuqj1991's
+    Yolov3Detection (cell offsets, anchors) build tensors of their own: on the emulated GPU they must
+    follow the blobs."""
+    from test_layers_ron import SHAPES, ron_net
+    from test_layers_spatial_transformer_e2e import THETAS, e2e_net
+    from test_layers_yuqj_yolo import yolo_net
+
+    from caffeq.model import load_from_text
+    rng = np.random.default_rng(2)
+    models = [load_from_text(ron_net(SHAPES)), load_from_text(yolo_net())]
+    models += [load_from_text(e2e_net(kind, (2, len(THETAS[kind][0])))) for kind in ("projective", "similarity+")]
+    for model in models:
+        feeds = {k: rng.standard_normal(model.inputs[k]).astype(np.float32) * 0.3 for k in model.inputs}
+        ref = model.run(feeds, exact=True)
+        out, mixes = run_on_emulated_cuda(model, feeds)
+        assert not mixes, "\n".join(sorted(set(mixes)))
+        out = out if isinstance(out, dict) else {model.outputs[0]: out}
+        for blob, want in ref.items():
+            np.testing.assert_allclose(out[blob].as_subclass(torch.Tensor).numpy(), want, rtol=1e-5, atol=1e-5)
