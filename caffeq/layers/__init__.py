@@ -71,6 +71,7 @@ from . import (  # noqa: F401,E402
     rc3d,
     rcnn,
     recurrent,
+    remap,
     reshape,
     ristretto,
     roi_align_forks,

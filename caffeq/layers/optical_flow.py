@@ -463,20 +463,7 @@ class Warp(Layer):
         s = OnnxImageSampler(ctx, node.name, image)
         x, y = s.channel(second, 0, "x", name=node.name), s.channel(second, 1, "y")
         if node.attrs["coords"]:
-            x0, y0 = s.op("Floor", [x], "x0"), s.op("Floor", [y], "y0")
-            ax, ay = s.op("Sub", [x, x0], "ax"), s.op("Sub", [y, y0], "ay")
-            nx, ny = s.op("Sub", [s.f32(1), ax], "nax"), s.op("Sub", [s.f32(1), ay], "nay")
-            x1, y1 = s.op("Add", [x0, s.f32(1)], "x1"), s.op("Add", [y0, s.f32(1)], "y1")
-            total = None
-            for k, (px, py, wx, wy) in enumerate(((x0, y0, nx, ny), (x1, y0, ax, ny), (x0, y1, nx, ay),
-                                                  (x1, y1, ax, ay))):
-                inside = s.within(px, py, f"in{k}", True)
-                col = s.op("Where", [inside, px, s.f32(0)], f"col{k}")
-                row = s.op("Where", [inside, py, s.f32(0)], f"row{k}")
-                term = s.op("Mul", [s.op("Mul", [wx, wy], f"w{k}"), s.pixels(row, col, f"v{k}")], f"t{k}")
-                term = s.op("Where", [inside, term, s.f32(0)], f"k{k}")
-                total = term if total is None else s.op("Add", [total, term], f"s{k}")
-            ctx.add_node("Identity", [total], [node.outputs[0]])
+            s.coords_warp(x, y, node.outputs[0])
             return
         s.flow_warp(x, y, 0.0, True, node.outputs[0])
 

@@ -24,14 +24,34 @@ class OnnxImageSampler:
         return (self.op("Add", [self.ctx.const(gx.reshape(1, 1, h, w), self.name + "_gx"), x], "px"),
                 self.op("Add", [self.ctx.const(gy.reshape(1, 1, h, w), self.name + "_gy"), y], "py"))
 
-    def pixels(self, row, col, hint):
-        """The image at integer-valued float (row, col) maps of (N, 1, H, W), inside the image."""
+    def pixels(self, row, col, hint, size=None):
+        """The image at integer-valued float (row, col) maps of (N, 1, h, w), inside the image; size: the
+        maps' (h, w), the image's own by default."""
+        h, w = size or (self.h, self.w)
         index = self.op("Add", [self.op("Mul", [row, self.f32(self.w)], hint + "_rw"), col], hint + "_i")
         index = self.op("Cast", [index], hint + "_i64", to=7)   # INT64; exact below 2^24 pixels
-        index = self.op("Reshape", [index, self.i64([0, 1, self.h * self.w])], hint + "_flat")
+        index = self.op("Reshape", [index, self.i64([0, 1, h * w])], hint + "_flat")
         index = self.op("Expand", [index, self.i64([1, self.c, 1])], hint + "_all")
         got = self.op("GatherElements", [self.flat, index], hint, axis=2)
-        return self.op("Reshape", [got, self.i64([0, self.c, self.h, self.w])], hint + "_img")
+        return self.op("Reshape", [got, self.i64([0, self.c, h, w])], hint + "_img")
+
+    def coords_warp(self, x, y, out, size=None):
+        """optical_flow.coords_warp into `out`: bilinear samples at absolute (x, y) maps of (N, 1, h, w)
+        (size; the image's by default), each neighbour outside the image counting 0."""
+        op, f32 = self.op, self.f32
+        x0, y0 = op("Floor", [x], "x0"), op("Floor", [y], "y0")
+        ax, ay = op("Sub", [x, x0], "ax"), op("Sub", [y, y0], "ay")
+        nx, ny = op("Sub", [f32(1), ax], "nax"), op("Sub", [f32(1), ay], "nay")
+        x1, y1 = op("Add", [x0, f32(1)], "x1"), op("Add", [y0, f32(1)], "y1")
+        total = None
+        for k, (px, py, wx, wy) in enumerate(((x0, y0, nx, ny), (x1, y0, ax, ny), (x0, y1, nx, ay), (x1, y1, ax, ay))):
+            inside = self.within(px, py, f"in{k}", True)
+            col = op("Where", [inside, px, f32(0)], f"col{k}")
+            row = op("Where", [inside, py, f32(0)], f"row{k}")
+            term = op("Mul", [op("Mul", [wx, wy], f"w{k}"), self.pixels(row, col, f"v{k}", size)], f"t{k}")
+            term = op("Where", [inside, term, f32(0)], f"k{k}")
+            total = term if total is None else op("Add", [total, term], f"s{k}")
+        self.ctx.add_node("Identity", [total], [out])
 
     def within(self, px, py, hint, right_open):
         """0 <= px < W and 0 <= py < H (right_open), or 0 <= px <= W - 1 and 0 <= py <= H - 1."""
