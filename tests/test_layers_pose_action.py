@@ -118,6 +118,10 @@ def ref_masks(coords, aux, joints, value):
                                            # xiaolonw's (and MaskYolo_Caffe's) factors, the same resize
                                            ("is_pyramid_test: true out_height_scale: 2.0 out_width_scale: 1.5", 14, 13),
                                            ("height: 11 width: 13", 11, 13),
+                                           # zhjwustc/cvpr18_rnn_deblur_matcaffe's copy: type BILINEAR, resize_ratio
+                                           ("is_pyramid_test: true out_height_scale: 2.0 out_width_scale: 2.0 "
+                                            "type: BILINEAR", 14, 18),
+                                           ("resize_ratio: 1.5", 10, 13),
                                            ("height: 4 width: 3", 4, 3)])
 def test_resize_by_param_matches_the_forks_bilinear(tmp_path, param, oh, ow):
     x = rng(1).standard_normal((2, 3, 7, 9)).astype(np.float32)
@@ -145,6 +149,12 @@ def test_xiaolonws_v1_resize_layer(tmp_path):
     check_everywhere(model, {"x": x}, {"o": ref_resize(x, 5, 4)}, tmp_path, atol=2e-5, rtol=1e-5)
     with pytest.raises(CaffeqError, match="is_pyramid_test needs out_height_scale and out_width_scale"):
         load_from_text(text.replace("height: 5 width: 4", "is_pyramid_test: true out_height_scale: 2"))
+
+
+def test_the_deblur_forks_nearest_resize_is_refused():
+    with pytest.raises(CaffeqError, match="resize_param.type NEAREST .* is not supported"):
+        load_from_text(net({"x": (1, 3, 8, 6)}, 'layer { name: "r" type: "Resize" bottom: "x" top: "o" '
+                                                'resize_param { resize_ratio: 2 type: NEAREST } }'))
 
 
 def test_resize_needs_exactly_one_size_source():

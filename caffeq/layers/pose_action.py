@@ -165,6 +165,10 @@ class PoseResize(Layer):
         if two:
             return {"mode": "bottom"}
         p = lp.resize_param
+        if p.HasField("type") and p.type == p.NEAREST:
+            raise LayerError("resize_param.type NEAREST (zhjwustc/cvpr18_rnn_deblur_matcaffe's Resize) is not "
+                             "supported: the fork's nearest loop steps by resize_ratio, not by the output size, and "
+                             "reads past the last row; BILINEAR is this resize")
         if p.is_pyramid_test:
             # xiaolonw's form (resize_layer.cpp): the size is the input's times these scales
             if not (p.HasField("out_height_scale") and p.HasField("out_width_scale")):
@@ -172,6 +176,8 @@ class PoseResize(Layer):
             return {"mode": "fac", "fac": (float(p.out_height_scale), float(p.out_width_scale))}
         wh = p.HasField("height") and p.HasField("width")
         fac = p.HasField("height_fac") and p.HasField("width_fac")
+        if not wh and not fac and p.HasField("resize_ratio"):   # the deblur fork's one ratio for both sides
+            return {"mode": "fac", "fac": (float(p.resize_ratio), float(p.resize_ratio))}
         if wh == fac:
             raise LayerError("resize_param needs height and width, or height_fac and width_fac, "
                              "exactly one of the two pairs")
