@@ -172,6 +172,18 @@ def test_priorbox_against_the_formulas(params, kw):
     np.testing.assert_array_equal(single, got["pb"])
 
 
+@pytest.mark.parametrize("max_size", [30, 20])
+def test_priorbox_max_size_not_above_min_size_reads_as_ssds_2016_code(max_size):
+    # lzx1413/CAFFE_SSD's early VOC0712 test net (weiliu89's 2016 history): min_size 600 max_size 600; that
+    # code checked only max_size > 0, the sqrt(min x max) prior as written
+    fh, fw, ih, iw = 5, 7, 30, 45
+    text = net(f'layer {{ name: "pb" type: "PriorBox" bottom: "f" bottom: "img" top: "pb" prior_box_param {{ '
+               f'min_size: 30 max_size: {max_size} aspect_ratio: 2 }} }}', inputs={"f": (1, 3, fh, fw), "img": (1, 3, ih, iw)})
+    model, got = run(text, {"f": np.zeros((1, 3, fh, fw), np.float32), "img": np.zeros((1, 3, ih, iw), np.float32)})
+    assert_close(got["pb"], priorbox_ref(fh, fw, ih, iw, [30], [max_size], [2.0]), 1e-6, 1e-6, "priorbox")
+    assert any("which SSD's 2016 code accepted" in w for w in model.warnings)
+
+
 def _priorbox_ref_hw(fh, fw, img, step_h, step_w, min_sizes, max_sizes, ratios, offset):
     ih, iw = img
     ars = [1.0] + [r for a in ratios for r in (a, 1.0 / a)]
@@ -188,7 +200,7 @@ def _priorbox_ref_hw(fh, fw, img, step_h, step_w, min_sizes, max_sizes, ratios, 
 
 @pytest.mark.parametrize("params, msg", [
     ("aspect_ratio: 2", "min_size is required"),
-    ("min_size: 10 max_size: 5", "greater than min_size"),
+    ("min_size: 10 max_size: -5", "max_size must be positive"),
     ("min_size: 10 min_size: 20 max_size: 30", "one per min_size"),
     ("min_size: 10 variance: 0.1 variance: 0.2", "1 or 4"),
     ("min_size: 10 variance: -0.1", "positive"),

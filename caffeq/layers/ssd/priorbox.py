@@ -274,14 +274,18 @@ class PriorBoxLayer(Layer):
             raise LayerError(f"prior_box_param.min_size must be positive, got {list(p.min_size)}")
         # SSD keeps the sizes as float but reads them back as int
         min_sizes = [int(m) for m in p.min_size]
-        max_sizes = []
+        max_sizes, early = [], []
         if len(p.max_size):
             if len(p.max_size) != len(p.min_size):
                 raise LayerError(f"prior_box_param has {len(p.max_size)} max_size for "
                                  f"{len(p.min_size)} min_size; give one per min_size")
             for lo, hi in zip(p.min_size, p.max_size):
+                if not hi > 0:
+                    raise LayerError(f"prior_box_param.max_size must be positive, got {hi}")
                 if not hi > lo:
-                    raise LayerError(f"prior_box_param.max_size {hi} must be greater than min_size {lo}")
+                    # SSD's 2016 development history (copied into lzx1413/CAFFE_SSD and other forks) only
+                    # checked max_size > 0; the later CHECK_GT(max_size, min_size) refuses it
+                    early.append(f"max_size {hi:g} with min_size {lo:g}")
             max_sizes = [int(m) for m in p.max_size]
             if proto_field(p, "no_sqrt_prior", False):   # fork_priors' NO_SQRT reading: checked, unused
                 max_sizes = []
@@ -303,6 +307,9 @@ class PriorBoxLayer(Layer):
                  "denser": bool(proto_field(p, "denser_prior_boxes", False)),
                  "faceboxes": self._faceboxes(p, min_sizes, max_sizes, ratios),
                  "tf": bool(proto_field(p, "tf", False)), "yx": bool(proto_field(p, "yx_order", False))}
+        if early:
+            attrs["reading_notes"] = [f"prior_box_param {', '.join(early)}: not greater, which SSD's 2016 code "
+                                      f"accepted (the sqrt(min_size x max_size) prior as written); later SSD refuses it"]
         return offset_grid.parse(p, attrs) if grid else attrs
 
     @staticmethod
