@@ -191,6 +191,22 @@ def test_an_ssd_fourth_bottom_stays_the_images():
     assert node_of(load_from_text(shown.replace(" visualize: true", "")), "det").attrs["arm"] == 1
 
 
+def test_xilinx_detection_output_refine_is_refinedets(tmp_path):
+    """Xilinx's Caffe (Vitis AI tutorials' refinedet_baseline.prototxt) names RefineDet's 5-bottom
+    DetectionOutput DetectionOutputRefine; its 4th bottom is always the arm confidences."""
+    n, P, C = 2, 31, 5
+    feeds = refinedet_inputs(7, n, P, C)
+    params, kw = VARIANTS[0]
+    model = load_from_text(refinedet_text(params, n, P, C).replace('"DetectionOutput"', '"DetectionOutputRefine"'))
+    ref = refinedet_ref(feeds["loc"], feeds["conf"], feeds["prior"], feeds["arm_conf"], feeds["arm_loc"], C, **kw)
+    check_everywhere(model, feeds, {"det": ref}, tmp_path, atol=1e-5, rtol=1e-5)
+    with pytest.raises(LayerError, match=r"DetectionOutputRefine takes 4 or 5 bottoms"):
+        load_from_text(refinedet_text(params, n, P, C, arm=0).replace('"DetectionOutput"', '"DetectionOutputRefine"'))
+    with pytest.raises(LayerError, match=r"bottom 3 \[2, 3, 4, 5\] must be the arm confidences"):
+        load_from_text(refinedet_text(params, n, P, C, arm=1, arm_conf=(n, 3, 4, 5))
+                       .replace('"DetectionOutput"', '"DetectionOutputRefine"'))
+
+
 def test_refinedet_bad_bottoms():
     n, P, C = 2, 31, 5
     text = refinedet_text("code_type: CENTER_SIZE", n, P, C, loc=(n, P * C * 4))

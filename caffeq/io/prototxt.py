@@ -327,6 +327,8 @@ _FORK_FIELD_GROUPS = [
     # Tongcheng/DN_CaffeScript's train_test files: DataParameter.random_order (true at TRAIN, false at
     # TEST): the order records are read in, never what they hold
     ("DataParameter", _ANY_PHASE, "Tongcheng/caffe's order of reading the records", "random_order"),
+    # Xilinx's Caffe (Vitis AI; 695kede/xilinx-edge-ai 230d89f caffe-master: DataParameter.multi_gpu_testing = 12)
+    ("DataParameter", _ANY_PHASE, "Xilinx Caffe's split of the test records over GPUs", "multi_gpu_testing"),
     # Tyler-D/DeBlurNet's train net: ImageData `label: false` on both of its image lists (blurred
     # images, sharp targets), each layer with one top: the tops already say there is no label
     ("ImageDataParameter", _ANY_PHASE, "DeBlurNet's fork's switch for lists without labels (the layer's "

@@ -433,3 +433,23 @@ class DetectionOutputLayer(Layer):
             split = emit.helper(split_combined_refinedet)
             return f"{m}(*{split}({', '.join(emit.inputs[:3])}, {node.attrs['num_classes']}))"
         return f"{m}({', '.join(emit.inputs[:3 + node.attrs['arm']])})"
+
+
+@register_layer("DetectionOutputRefine")
+class DetectionOutputRefine(DetectionOutputLayer):
+    """Xilinx's Caffe (Vitis AI; the copy in 695kede/xilinx-edge-ai's Caffe-Segmentation caffe-master,
+    detection_output_refine_layer.cpp): RefineDet's DetectionOutput forward under a type of its own, its
+    4th bottom the arm confidences and its 5th the arm locations."""
+
+    def parse(self, lp):
+        if len(lp.bottom) not in (4, 5):
+            raise LayerError(f"DetectionOutputRefine takes 4 or 5 bottoms (odm loc, odm conf, priors, arm conf"
+                             f"[, arm loc]), got {len(lp.bottom)}")
+        return super().parse(lp)
+
+    def infer(self, attrs, in_shapes):
+        shapes = super().infer(attrs, in_shapes)
+        if attrs.get("arm", 0) != len(in_shapes) - 3:
+            raise LayerError(f"DetectionOutputRefine: bottom 3 {list(in_shapes[3])} must be the arm confidences, "
+                             f"(N, 2 x the priors)")
+        return shapes
