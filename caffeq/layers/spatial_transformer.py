@@ -301,8 +301,8 @@ class SpatialTransformer(Layer):
 
 
 def onnx_e2e_st(ctx, node):
-    """e2e_spatial_transformer in ONNX: the read positions from theta, then each of the four taps
-    gathered (GatherElements over the flattened image) where it is inside and new, added row by row."""
+    """e2e_spatial_transformer in ONNX: the read positions from theta as (N, 1, out_h, out_w) maps, then
+    each of the four taps gathered (OnnxImageSampler.pixels) where it is inside and new, added row by row."""
     image, theta = node.inputs
     a = node.attrs
     kind, (out_h, out_w) = a["e2e"], a["_out"]
@@ -311,8 +311,8 @@ def onnx_e2e_st(ctx, node):
     h, w, size = s.h, s.w, out_h * out_w
     if kind == "grid":
         g = op("Reshape", [theta, i64([0, size, 2])], "grid")
-        x, y = (op("Reshape", [op("Slice", [g, i64([k]), i64([k + 1]), i64([2])], f"g{k}"), i64([0, 1, size])],
-                   "xy"[k]) for k in (0, 1))
+        x, y = (op("Reshape", [op("Slice", [g, i64([k]), i64([k + 1]), i64([2])], f"g{k}"),
+                               i64([0, 1, out_h, out_w])], "xy"[k]) for k in (0, 1))
     else:
         t = op("Reshape", [theta, i64([0, -1])], "theta")
         t = [op("Slice", [t, i64([k]), i64([k + 1]), i64([1])], f"t{k}") for k in range(E2E_TYPES[kind])]
@@ -351,7 +351,7 @@ def onnx_e2e_st(ctx, node):
                             t[4], "y")
             x = mul(op("Div", [add(x, f32(1), "x1"), f32(2)], "xh"), f32(w - 1), "xs")
             y = mul(op("Div", [add(y, f32(1), "y1"), f32(2)], "yh"), f32(h - 1), "ys")
-        x, y = op("Reshape", [x, i64([0, 1, size])], "x_col"), op("Reshape", [y, i64([0, 1, size])], "y_col")
+        x, y = (op("Reshape", [v, i64([0, 1, out_h, out_w])], hint) for v, hint in ((x, "x_map"), (y, "y_map")))
     if kind in E2E_CLAMPED:
         x = op("Where", [op("Less", [x, f32(w - 1)], "x_lt"), op("Where", [op("Greater", [x, f32(0)], "x_gt"), x,
                                                                             f32(0)], "x_lo"), f32(w - 1)], "x_in")
@@ -360,8 +360,6 @@ def onnx_e2e_st(ctx, node):
     x0, x1, y0, y1 = op("Floor", [x], "x0"), op("Ceil", [x], "x1"), op("Floor", [y], "y0"), op("Ceil", [y], "y1")
     new_x = op("Not", [op("Equal", [x1, x0], "x_same")], "x_new")
     new_y = op("Not", [op("Equal", [y1, y0], "y_same")], "y_new")
-    batch_c = op("Slice", [op("Shape", [s.flat], "shape"), i64([0]), i64([2])], "nc")
-    spread = op("Concat", [batch_c, i64([size])], "spread", axis=0)
     total = None
     for k, (row, col, news) in enumerate(((y0, x0, ()), (y0, x1, (new_x,)), (y1, x0, (new_y,)),
                                           (y1, x1, (new_y, new_x)))):
@@ -370,13 +368,12 @@ def onnx_e2e_st(ctx, node):
             valid = op("And", [valid, new], f"in{k}_{j}")
         r = op("Where", [valid, row, f32(0)], f"row{k}")
         c = op("Where", [valid, col, f32(0)], f"col{k}")
-        index = op("Cast", [op("Add", [op("Mul", [r, f32(w)], f"rw{k}"), c], f"i{k}")], f"i64_{k}", to=7)
-        got = op("GatherElements", [s.flat, op("Expand", [index, spread], f"all{k}")], f"v{k}", axis=2)
+        got = s.pixels(r, c, f"v{k}", (out_h, out_w))
         wx = op("Sub", [f32(1), op("Abs", [op("Sub", [x, col], f"dx{k}")], f"adx{k}")], f"wx{k}")
         wy = op("Sub", [f32(1), op("Abs", [op("Sub", [y, row], f"dy{k}")], f"ady{k}")], f"wy{k}")
         term = op("Where", [valid, op("Mul", [op("Mul", [got, wx], f"gx{k}"), wy], f"t{k}"), f32(0)], f"k{k}")
         total = term if total is None else op("Add", [total, term], f"s{k}")
-    ctx.add_node("Reshape", [total, i64([0, s.c, out_h, out_w])], [node.outputs[0]], name=node.name)
+    ctx.add_node("Identity", [total], [node.outputs[0]], name=node.name)
 
 
 # ---- PowerFile --------------------------------------------------------------------------------

@@ -22,9 +22,9 @@ block into the one whose fields it sets.  Each is a graph input shaped from its 
   fork data layer (caffeq/layers/fork_data.py: --input-shape or crop_size).
 - apir8181/caffe_lrcn (0b29d69, video_data_layer.cpp DataLayerSetUp), lrcn_video_data_param: clips of
   clip_size colour frames (cv::imread) from each listed folder, frame-major on axis 0 (row
-  frame * batch_size + clip, as load_batch writes them, the clip markers 0 on frame 0); exactly three tops: data (clip_size * batch_size, 3, H, W) with H = W =
-  transform_param.crop_size, else new_height x new_width, else the frames' own size; label and the
-  clip marker (clip_size * batch_size,).
+  frame * batch_size + clip, as load_batch writes them, the clip markers 0 on frame 0); exactly three
+  tops: data (clip_size * batch_size, 3, H, W) with H = W = transform_param.crop_size, else
+  new_height x new_width, else the frames' own size; label and the clip marker (clip_size * batch_size,).
 """
 from .c3d import SCNN_OVERLAP
 from .data import DataLayer, describe_transform, transform_attrs
