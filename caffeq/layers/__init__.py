@@ -23,6 +23,7 @@ from . import (  # noqa: F401,E402
     denseblock,
     densereg,
     detectnet,
+    dsc,
     edge_flow_crf_forks,
     elementwise,
     face_norms,
