@@ -802,3 +802,18 @@ def test_kitti_ssd_video_source_names():
   video_data_param { video_type: LOCAL_SOURCE device_id: 0 source: "/home/bsl/04050833_2639.MP4" } }'''
     p = _layers(text)["data"].video_data_param
     assert p.video_type == caffe_pb2.VideoDataParameter.VIDEO and p.source.endswith(".MP4")
+
+
+def test_increg_prune_param_only_steers_the_solver():
+    # MingSun-Tse/Caffe_IncReg compression_experiments/vgg16/train_val.prototxt: the pruning target of a
+    # layer; the fork's forward uses the weights as loaded (pruned ones are zeros), so the blobs stay BVLC's
+    from caffeq.model import load_from_text
+    text = '''input: "data" input_shape { dim: 1 dim: 3 dim: 8 dim: 8 }
+layer { name: "conv1_2" type: "Convolution" bottom: "data" top: "conv1_2"
+  param { lr_mult: 1 decay_mult: 1 } param { lr_mult: 2 decay_mult: 0 }
+  prune_param { prune_ratio: 0.9 prune_ratio_step: 0.5372 }
+  convolution_param { num_output: 4 pad: 1 kernel_size: 3 } }'''
+    p = _layers(text)["conv1_2"].prune_param
+    assert (round(p.prune_ratio, 4), round(p.prune_ratio_step, 4), p.IF_update_row_col) == (0.9, 0.5372, True)
+    model = load_from_text(text, random_weights=True)
+    assert [n.expected_param_shapes for n in model.layers if n.type == "Convolution"] == [[(4, 3, 3, 3), (4,)]]

@@ -93,6 +93,7 @@ from . import (  # noqa: F401,E402
     stereo_warping,
     synopsys_binary,
     synopsys_tf,
+    transfernet,
     v1_forks,
     video_caffe,
     video_data,

@@ -14,7 +14,9 @@
   DecoupledNet's training files; V1 WINDOW_CLS_DATA, SELECT_SEG_BINARY, WINDOW_SEG_BINARY): an
   image list read by image_data_param; data (N, C, crop or new size), then, as each Reshape gives
   them, a (N, 1, H, W) segmentation map, a (N, label_dim, 1, 1) class label
-  (window_cls_data_param.label_dim) or a (N, 1, 1, 2) image size.
+  (window_cls_data_param.label_dim) or a (N, 1, 1, 2) image size.  maga33/TransferNet's
+  SelectSrcTgkSegBinary (aaa32d7) shapes its tops as SelectSegBinary; it draws from a source and a
+  target list (image_data_param.target).
 - Any other fork layer with no bottoms whose type ends in "Data" (BoxData, VideoData, ...)
   is a graph input whose shapes come from `--input-shape`, else from crop_size.
 
@@ -121,7 +123,7 @@ class ImageLabelMapData(ForkDataLayer):
 
 # HyeonwooNoh/caffe: what each top after the data holds, as its Reshape sizes them
 _DECONVNET_TOPS = {"WindowClsData": ("class", "size"), "SelectSegBinary": ("map", "class"),
-                   "WindowSegBinary": ("map", "size")}
+                   "WindowSegBinary": ("map", "size"), "SelectSrcTgkSegBinary": ("map", "class")}
 
 
 @register_layer(*_DECONVNET_TOPS)
