@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 from cuda_emulation import DeviceTensor, EmulatedCuda, run_on_emulated_cuda
-from test_realworld import REALWORLD, RUNNABLE
+from test_realworld import REALWORLD, RUNNABLE, RUNNABLE_OUTPUTS
 
 import caffeq
 
@@ -54,7 +54,8 @@ CASES = [_case(name, True) for name in sorted(NETS)] + [
 
 @pytest.mark.parametrize("name, exact", CASES)
 def test_real_net_keeps_every_tensor_on_the_blobs_device(name, exact):
-    model = caffeq.load(REALWORLD / name, random_weights=True, input_shapes=NETS[name])
+    model = caffeq.load(REALWORLD / name, random_weights=True, input_shapes=NETS[name],
+                        outputs=RUNNABLE_OUTPUTS.get(name))
     rng = np.random.default_rng(0)
     feeds = {k: rng.uniform(0, 1, size=s).astype(np.float32) for k, s in model.inputs.items()}
     if "im_info" in feeds:   # Faster R-CNN's [height, width, scale] of the image: proposals inside it
@@ -112,3 +113,26 @@ def test_this_sessions_fork_layers_make_their_constants_on_the_blobs_device():
         out = out if isinstance(out, dict) else {model.outputs[0]: out}
         for blob, want in ref.items():
             np.testing.assert_allclose(out[blob].as_subclass(torch.Tensor).numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_spatial_rnn_and_attention_sums_stay_on_the_blobs_device():
+    """DSC's IRNN starts its sweeps from zeros of its own, and Bi-Real-net's Threshold makes its -1: on the
+    emulated GPU they must follow the blobs (TransferNet's LinearSum and FilterSum ride along)."""
+    from conftest import net
+
+    from caffeq.model import load_from_text
+    text = net('layer { name: "r" type: "IRNN" bottom: "x" top: "l" top: "u" top: "r" top: "d" }',
+               'layer { name: "c" type: "Concat" bottom: "l" bottom: "r" bottom: "u" bottom: "d" top: "cat" }',
+               'layer { name: "e" type: "EltwiseAdv" bottom: "cat" bottom: "att" top: "ctx" '
+               'eltwise_param { operation: PROD } }',
+               'layer { name: "ls" type: "LinearSum" bottom: "ctx" bottom: "att1" top: "soft" }',
+               'layer { name: "fs" type: "FilterSum" bottom: "ctx" bottom: "soft" top: "map" }',
+               'layer { name: "t" type: "Threshold" bottom: "map" top: "sign" threshold_param { below_value: -1 } }',
+               inputs={"x": (1, 2, 5, 3), "att": (1, 4, 5, 3), "att1": (1, 1, 5, 3)})
+    model = load_from_text(text, random_weights=True)
+    rng = np.random.default_rng(3)
+    feeds = {k: rng.standard_normal(s).astype(np.float32) for k, s in model.inputs.items()}
+    ref = model.run(feeds, exact=True)
+    out, mixes = run_on_emulated_cuda(model, feeds)
+    assert not mixes, "\n".join(sorted(set(mixes)))
+    np.testing.assert_allclose(out.as_subclass(torch.Tensor).numpy(), ref["sign"], rtol=1e-6, atol=1e-6)

@@ -141,7 +141,11 @@ RUNNABLE = {
     "rohandubey__Object-Tracking-OpenCV__goturn.prototxt": {"data1": (1, 3, 131, 131), "data2": (1, 3, 131, 131)},
     # e2e_face's projective SpatialTransformer from its localisation net's 8 values
     "mikuhatsune__e2e_face__shallow__net.prototxt": None,
+    # Bi-Real-net's train file at TEST: its Thresholds give -1 (read so, with a note), BinaryConvolutionTrain
+    "liuzechun__Bi-Real-net__caffe_implementation__18-layer__Bi-Real-net-18-train.prototxt": {"data": (1, 3, 64, 48)},
 }
+# train files: the blob their loss reads, as a user converting one names it with --outputs
+RUNNABLE_OUTPUTS = {"liuzechun__Bi-Real-net__caffe_implementation__18-layer__Bi-Real-net-18-train.prototxt": ["fc1000"]}
 
 
 def _feeds(model, seed=0):
@@ -158,7 +162,8 @@ def _rel_err(got, ref):
 def test_real_net_runs_the_same_in_torch_onnxruntime_and_model_py(name, tmp_path):
     import onnxruntime as ort
     import torch
-    model = caffeq.load(REALWORLD / name, random_weights=True, input_shapes=RUNNABLE[name])
+    model = caffeq.load(REALWORLD / name, random_weights=True, input_shapes=RUNNABLE[name],
+                        outputs=RUNNABLE_OUTPUTS.get(name))
     assert model.outputs
     feeds = _feeds(model)
     ref = model.run(feeds, exact=True)

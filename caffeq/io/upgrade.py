@@ -186,6 +186,8 @@ def upgrade_net(net, source="", weights=None, keep_shapeless_inputs=False):
         _mark_coordinate_warps(net, notes)
     if any(lp.type == "ROIWarping" for lp in net.layer):
         _mark_mnc_fork_warps(net, notes)
+    if any(lp.type == "Threshold" for lp in net.layer):
+        _mark_bireal_thresholds(net, notes)
     if len(net.input):
         _upgrade_input(net, where, notes, keep_shapeless_inputs)
     if _needs_batchnorm_upgrade(net):
@@ -240,6 +242,41 @@ def _mark_mnc_fork_warps(net, notes):
         notes.append(f"read {len(marked)} ROIWarping layer(s) ('{marked[0]}'{', ...' if len(marked) > 1 else ''}) "
                      f"as caffe-mnc 7a28ed65's (the max over samples across each bin): the net's Python layers "
                      f"are delftrobotics-forks/MNC's, which ran that caffe-mnc")
+
+
+BIREAL_TYPES = ("BinaryConvolutionTrain", "lClip")
+
+
+def _mark_bireal_thresholds(net, notes):
+    """Bi-Real-net's Caffes (caffeq/layers/bireal.py) change Threshold to give -1 where BVLC's gives 0,
+    with the same text.  A net with their BinaryConvolutionTrain or lClip layers is theirs; so is one
+    whose Threshold feeds a BinaryConvolution that sets neither HWGQ's binary_convolution_param nor
+    caffe-zz's debug_param (their test Caffe's layer, which scales by the channel's mean |w|): mark
+    those Thresholds with caffeq's threshold_param.below_value -1 (unless the layer sets it), and those
+    BinaryConvolutions with use_alpha."""
+    thresholds = {lp.name: lp for lp in net.layer if lp.type == "Threshold"}
+    if any(lp.type in BIREAL_TYPES for lp in net.layer):
+        marked = list(thresholds.values())
+    else:
+        writer, marked, convs = {}, [], []
+        for lp in net.layer:
+            if lp.type == "BinaryConvolution" and not lp.HasField("binary_convolution_param") \
+                    and not lp.HasField("debug_param"):
+                fed = [writer[b] for b in lp.bottom if b in writer and writer[b].type == "Threshold"]
+                if fed:
+                    convs.append(lp)
+                    marked += [t for t in fed if t not in marked]
+            for top in lp.top:
+                writer[top] = lp
+        for lp in convs:
+            lp.binary_convolution_param.use_alpha = True
+    marked = [lp for lp in marked if not lp.threshold_param.HasField("below_value")]
+    for lp in marked:
+        lp.threshold_param.below_value = -1
+    if marked:
+        notes.append(f"read {len(marked)} Threshold layer(s) ('{marked[0].name}'{', ...' if len(marked) > 1 else ''}) "
+                     f"as Bi-Real-net's Caffes compute them: -1 at or below the threshold (BVLC's gives 0), as "
+                     f"the net's binary layers show")
 
 
 # -- V0 -> V1 -----------------------------------------------------------------

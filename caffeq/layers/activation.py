@@ -526,22 +526,34 @@ class BNLL(Neuron):
 
 @register_layer("Threshold")
 class Threshold(Neuron):
-    """1 where x > threshold, else 0 (Caffe has no gradient for it)."""
+    """1 where x > threshold, else 0 (Caffe has no gradient for it), or else threshold_param.below_value:
+    Bi-Real-net's Caffes give -1 there, which caffeq/io/upgrade.py marks."""
 
-    scalar_param = ("threshold_param", "threshold")
+    def parse_param(self, lp):
+        p = lp.threshold_param
+        return {"threshold": f32(p.threshold), "below": f32(p.below_value)}
 
     def forward(self, attrs, params, x):
-        return (x > attrs["threshold"]).to(x.dtype)
+        above = x > attrs["threshold"]
+        if not attrs["below"]:
+            return above.to(x.dtype)
+        return torch.where(above, x.new_ones(()), x.new_tensor(attrs["below"]))
 
     def onnx(self, ctx, node):
         gt = ctx.tmp(node.name + "_gt")
         ctx.add_node("Greater", [node.inputs[0], scalar(ctx, node.attrs["threshold"])], [gt],
                      name=node.name)
-        ctx.add_node("Cast", [gt], [node.outputs[0]], to=FLOAT)
+        if not node.attrs["below"]:
+            ctx.add_node("Cast", [gt], [node.outputs[0]], to=FLOAT)
+            return
+        ctx.add_node("Where", [gt, scalar(ctx, 1.0), scalar(ctx, node.attrs["below"])], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
-        x = emit.inputs[0]
-        return f"({x} > {emit.lit(node.attrs['threshold'])}).to({x}.dtype)"
+        x, below = emit.inputs[0], node.attrs["below"]
+        above = f"({x} > {emit.lit(node.attrs['threshold'])})"
+        if not below:
+            return f"{above}.to({x}.dtype)"
+        return f"torch.where({above}, {x}.new_ones(()), {x}.new_tensor({emit.lit(below)}))"
 
 
 @register_layer("Clip")
