@@ -266,12 +266,22 @@ def test_empty_rois_and_bad_batch_index(fork):
 @pytest.mark.parametrize("params, kw, msg", [
     ("pooled_w: 2", {}, "roi_align_param.pooled_h and pooled_w must be > 0, got 0 x 2"),
     ("pooled_h: 2 pooled_w: 2 spatial_scale: inf", {}, "spatial_scale must be a finite number"),
-    ("pooled_h: 2 pooled_w: 2", {"rois_shape": (6, 4)}, "rois must be"),
     ("pooled_h: 2 pooled_w: 2", {"bottoms": ("x", "rois", "x")}, "ROIAlign takes 2 bottoms (data, rois)"),
 ])
 def test_refuses_bad_params_and_shapes(params, kw, msg):
     with pytest.raises(LayerError, match=msg.replace("(", r"\(").replace(")", r"\)")):
         load_from_text(align_net(params, **kw))
+
+
+def test_reads_rois_declared_with_another_width_as_the_forks_do(tmp_path):
+    # the forks' Reshape reads only the rois' count: VitoChien/py-mask-rcnn's alt-opt mask test net
+    # declares (1, 4) rois that its script reshapes; running or exporting them as declared is refused
+    model = load_from_text(align_net("pooled_h: 2 pooled_w: 2", rois_shape=(6, 4)))
+    assert model.blob_shapes["o"] == (6, 3, 2, 2)
+    with pytest.raises(LayerError, match=r"rois must be \(R, 5\)"):
+        model.run({"x": np.zeros(X_SHAPE, np.float32), "rois": np.zeros((6, 4), np.float32)})
+    with pytest.raises(ExportError, match=r"rois must be \(R, 5\).*--input-shape"):
+        onnx_outputs(model, {}, tmp_path)
 
 
 def test_refuses_both_parameter_messages():
