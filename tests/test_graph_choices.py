@@ -650,9 +650,23 @@ def test_r_fcn_seg_mask_proposal_targets_add_segment_targets():
     assert shapes["seg_targets"] == shapes["seg_weights"] == (1, 30)
     with pytest.raises(CaffeqError, match="'seg_num' must be a non-negative integer"):
         load_from_text(text.replace("'num_classes': 3", "'num_classes': 3\\n'seg_num': 'x'"))
-    # without seg_num, seven tops are affordance-net's, which takes five bottoms
+    # without seg_num or out_size, seven tops are affordance-net's, which takes five bottoms
     with pytest.raises(CaffeqError, match="takes 5 bottoms"):
         load_from_text(text)
+
+
+def test_py_mask_rcnn_proposal_targets_add_mask_rois_and_targets():
+    # VitoChien/py-mask-rcnn's end2end train net: the sampler takes the instance masks and, by its setup,
+    # adds the mask rois and (1, out_size, out_size) mask targets
+    text = FASTER_RCNN_TRAIN.replace('top: "bbox_outside_weights"',
+                                     'top: "bbox_outside_weights" top: "mask_rois" top: "masks"')
+    text = text.replace('bottom: "rpn_rois" bottom: "gt_boxes" top: "rois"',
+                        'bottom: "rpn_rois" bottom: "gt_boxes" bottom: "data" top: "rois"')
+    shapes = load_from_text(text.replace("'num_classes': 3", "'num_classes': 3\\n'out_size': 28")).blob_shapes
+    assert shapes["rois"] == shapes["mask_rois"] == (1, 5) and shapes["bbox_targets"] == (1, 12)
+    assert shapes["masks"] == (1, 1, 28, 28)
+    with pytest.raises(CaffeqError, match="'out_size' must be a positive integer"):
+        load_from_text(text.replace("'num_classes': 3", "'num_classes': 3\\n'out_size': 0"))
 
 
 def test_person_search_oim_layers_train_on_the_proposal_targets_aux_label():

@@ -100,11 +100,17 @@ class ProposalTarget(ReadOnlyLayer):
         # insmod-he/py-R-FCN's seg_mask branch takes the image id and adds seg_targets and seg_weights,
         # (1, 2 seg_num + 2) each
         seg_num = params.get("seg_num") if len(lp.top) == 7 and len(lp.bottom) == 3 else None
+        # VitoChien/py-mask-rcnn (0aaf997 lib/rpn/proposal_target_layer.py) takes the instance masks and adds
+        # mask rois and (1, out_size, out_size) mask targets
+        mask_size = params.get("out_size") if len(lp.top) == 7 and len(lp.bottom) == 3 and seg_num is None else None
         if len(lp.top) == 8:
             need_blobs(lp, "ProposalTargetLayer", 3, 8, "rpn_rois, gt_boxes, data")
         elif seg_num is not None:
             if not isinstance(seg_num, int) or isinstance(seg_num, bool) or seg_num < 0:
                 raise LayerError(f"python_param.param_str: 'seg_num' must be a non-negative integer, got {seg_num!r}")
+        elif mask_size is not None:
+            if not isinstance(mask_size, int) or isinstance(mask_size, bool) or mask_size < 1:
+                raise LayerError(f"python_param.param_str: 'out_size' must be a positive integer, got {mask_size!r}")
         elif len(lp.top) == 7:
             need_blobs(lp, "ProposalTargetLayer", 5, 7, "rpn_rois, gt_boxes, im_info, seg_mask_inds, flipped")
         elif len(lp.top) != 6:
@@ -116,7 +122,8 @@ class ProposalTarget(ReadOnlyLayer):
         if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
             raise LayerError(f"python_param.param_str: 'num_classes' must be a positive integer, got {classes!r}")
         return {"num_classes": classes, "name": lp.name, "aux_label": len(lp.top) == 6,
-                "masks": len(lp.top) == 7 and seg_num is None, "seg_num": seg_num,
+                "masks": len(lp.top) == 7 and seg_num is None and mask_size is None, "seg_num": seg_num,
+                "mask_size": mask_size,
                 "levels": 4 if len(lp.top) == 8 else 1}
 
     def infer(self, attrs, in_shapes):
@@ -126,6 +133,8 @@ class ProposalTarget(ReadOnlyLayer):
             extra = [(1, AFFORDANCE_MASK_SIZE, AFFORDANCE_MASK_SIZE), (1, 5)]
         if attrs.get("seg_num") is not None:
             extra = [(1, 2 * attrs["seg_num"] + 2)] * 2
+        if attrs.get("mask_size") is not None:   # mask rois, then the mask targets as its setup shapes them
+            extra = [(1, 5), (1, 1, attrs["mask_size"], attrs["mask_size"])]
         return [(1, 5)] * attrs.get("levels", 1) + [(1, 1), targets, targets, targets] + extra
 
     def why_not_run(self, attrs):
