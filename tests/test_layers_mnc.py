@@ -582,8 +582,12 @@ def test_train_forms_that_a_setup_refuses():
     text = TRAIN_NET.replace("MOD", "pylayer")
     with pytest.raises(LayerError, match="'num_classes' must be a positive integer"):
         load_from_text(text.replace("{ 'num_classes': 4 }", "{ 'classes': 4 }"))
-    with pytest.raises(LayerError, match="'use_clip' is required"):
-        load_from_text(text.replace("'use_clip': 1, 'clip_base': 512, 'num_classes'", "'num_classes'"))
+    with pytest.raises(LayerError, match="'feat_stride' is required"):
+        load_from_text(text.replace("'feat_stride': 16, 'use_clip': 1, 'clip_base': 512, 'num_classes'",
+                                    "'num_classes'"))
+    # wk910930/py-faster-rcnn's copy of the layer reads no use_clip (its mnc_5stage train net sets none)
+    unclipped = load_from_text(text.replace("'use_clip': 1, 'clip_base': 512, 'num_classes'", "'num_classes'"))
+    assert unclipped.blob_shapes["bbox_targets_ext"] == (1, 16)
     # the fork's early stage_bridge_layer.py read no num_classes: 21
     fork = load_from_text(TRAIN_NET.replace("MOD", "multitask_network_cascades.pylayer")
                           .replace("'clip_base': 512, 'num_classes': 4}", "'clip_base': 512}"))

@@ -194,10 +194,11 @@ class MNCStageBridge(Layer):
                              f"one top at TEST, or 7 bottoms (rois, bbox_pred, seg_cls_prob, gt_boxes, gt_masks, "
                              f"im_info, mask_info) and 8 tops at TRAIN; got {counts[0]} and {counts[1]}")
         p = parse_param_str(lp.python_param.param_str)
-        for key in ("use_clip", "feat_stride"):
-            if key not in p:
-                raise LayerError(f"python_param.param_str: '{key}' is required (MNC's StageBridgeLayer reads it "
-                                 f"in setup at TRAIN)")
+        # MNC's setup also reads 'use_clip' (gradient clipping); wk910930/py-faster-rcnn's copy (seg-wk 6e71312)
+        # reads only feat_stride and num_classes
+        if "feat_stride" not in p:
+            raise LayerError("python_param.param_str: 'feat_stride' is required (MNC's StageBridgeLayer reads it "
+                             "in setup at TRAIN)")
         notes = []
         if "num_classes" not in p and _is_fork(lp):
             # delftrobotics-forks/MNC before 2951744 (2017-04-07) sized the targets for 21 classes
