@@ -70,6 +70,7 @@ from . import (  # noqa: F401,E402
     psroi_align,
     pva_proposal,
     python_layers,
+    qnn,
     rc3d,
     rcnn,
     recurrent,

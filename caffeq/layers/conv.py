@@ -1,4 +1,5 @@
 """Convolution, Deconvolution, InnerProduct and the depthwise-convolution forks."""
+import copy
 import math
 
 import numpy as np
@@ -451,6 +452,51 @@ class Deconvolution(Layer):
     def pytorch_source(self, node, emit):
         # torch's ConvTranspose weight is C_in x C_out/group x k..., Caffe's layout
         return _torch_conv_source(node, emit, transposed=True)
+
+
+class TransformedWeights:
+    """A mixin for Convolution / InnerProduct forks whose forward first rewrites the weight blob (blob 0) from
+    the stored floats into a copy (binarized, quantized to fixed point): forward applies weight_transform, and
+    ONNX and model.py hold the transformed weights, computed once at export (the forks compute the same
+    values from the same blobs at every forward).  Subclasses give source_layer(node, emit), their base's
+    model.py emission, and may give weight_transform_note(attrs), a line for model.py's docstring."""
+
+    def weight_transform(self, attrs, weight):
+        """The weights as the forward uses them (a torch tensor), or None where they stay as stored."""
+        return None
+
+    def weight_transform_note(self, attrs):
+        return None
+
+    def forward(self, attrs, params, *xs):
+        weight = self.weight_transform(attrs, params[0])
+        if weight is not None:
+            params = [weight] + list(params[1:])
+        return super().forward(attrs, params, *xs)
+
+    def transformed_node(self, node):
+        """A copy of node whose blobs are the weights as the forward uses them (no compact or shared form,
+        so that the writers store exactly those values)."""
+        q = copy.copy(node)
+        if node.blobs is not None:
+            q.blobs = [None if b is None else np.array(b, dtype=np.float32, copy=True) for b in node.blobs]
+            if q.blobs and q.blobs[0] is not None:
+                weight = self.weight_transform(node.attrs, torch.from_numpy(q.blobs[0]))
+                if weight is not None:
+                    q.blobs[0] = weight.numpy()
+        q.quant, q.shared_from = {}, {}
+        return q
+
+    def pytorch_source(self, node, emit):
+        note = self.weight_transform_note(node.attrs)
+        if note:
+            emit.note(note)
+        real = emit.node
+        emit.node = self.transformed_node(node)   # the state dict holds the transformed weights
+        try:
+            return self.source_layer(node, emit)
+        finally:
+            emit.node = real
 
 
 @register_layer("InnerProduct")

@@ -39,12 +39,11 @@ and Model.run's default channels_last module another; run(exact=True) and model.
 A following Quant maps x <= 0 and tiny x > 0 to different levels (0 and the first center), so on
 random weights a few tenths of a percent of such a Quant's outputs differ between backends (and
 between the fork's CPU and GPU runs); everything else agrees to float rounding."""
-import copy
 
 import numpy as np
 import torch
 
-from .conv import Convolution, InnerProduct, _onnx_conv, _torch_conv_source
+from .conv import Convolution, InnerProduct, TransformedWeights, _onnx_conv, _torch_conv_source
 from .registry import Layer, LayerError, count, need_blobs, register_layer
 
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -92,25 +91,6 @@ def hwgq_relu(x, negative_slope: float):
 
 # ---- the binary weighted layers -----------------------------------------------------------------
 
-def _binarized_blobs(blobs, attrs):
-    """The blobs as the forward uses them (numpy float32): the weight binarized, the bias as is."""
-    if blobs is None:
-        return None
-    out = [None if b is None else np.array(b, dtype=np.float32, copy=True) for b in blobs]
-    if attrs["binarize"] and out and out[0] is not None:
-        out[0] = hwgq_binarize(torch.from_numpy(out[0]), attrs["use_alpha"]).numpy()
-    return out
-
-
-def _binarized_node(node):
-    """A copy of node whose blobs are the binarized weights (no compact or shared form, so that the
-    writers store exactly those values)."""
-    q = copy.copy(node)
-    q.blobs = _binarized_blobs(node.blobs, node.attrs)
-    q.quant, q.shared_from = {}, {}
-    return q
-
-
 def _read_binary_param(lp, field, attrs):
     notes = attrs.setdefault("reading_notes", [])
     if not lp.HasField(field) and lp.HasField("debug_param"):
@@ -133,24 +113,17 @@ def _read_binary_param(lp, field, attrs):
     return attrs
 
 
-class _Binary:
+class _Binary(TransformedWeights):
     """What BinaryConvolution and BinaryInnerProduct share over their base layer's spec."""
 
-    def forward(self, attrs, params, *xs):
-        if attrs["binarize"]:
-            params = [hwgq_binarize(params[0], attrs["use_alpha"])] + list(params[1:])
-        return super().forward(attrs, params, *xs)
+    def weight_transform(self, attrs, weight):
+        return hwgq_binarize(weight, attrs["use_alpha"]) if attrs["binarize"] else None
 
-    def pytorch_source(self, node, emit):
-        if node.attrs["binarize"]:
-            emit.note("BinaryConvolution / BinaryInnerProduct keep their weights already binarized (the "
-                      "fork binarizes copies of the float blobs at every forward, to the same values)")
-        real = emit.node
-        emit.node = _binarized_node(node)   # the state dict holds the binarized weights
-        try:
-            return self.source_layer(node, emit)
-        finally:
-            emit.node = real
+    def weight_transform_note(self, attrs):
+        if attrs["binarize"]:
+            return ("BinaryConvolution / BinaryInnerProduct keep their weights already binarized (the fork "
+                    "binarizes copies of the float blobs at every forward, to the same values)")
+        return None
 
 
 @register_layer("BinaryConvolution")
@@ -171,7 +144,7 @@ class BinaryConvolution(_Binary, Convolution):
         return shapes
 
     def onnx(self, ctx, node):
-        _onnx_conv(ctx, _binarized_node(node), "Conv")
+        _onnx_conv(ctx, self.transformed_node(node), "Conv")
 
     def source_layer(self, node, emit):
         return _torch_conv_source(node, emit, transposed=False)
@@ -196,7 +169,7 @@ class BinaryInnerProduct(_Binary, InnerProduct):
         return _read_binary_param(lp, "binary_inner_product_param", attrs)
 
     def onnx(self, ctx, node):
-        InnerProduct.onnx(self, ctx, _binarized_node(node))
+        InnerProduct.onnx(self, ctx, self.transformed_node(node))
 
     def source_layer(self, node, emit):
         return InnerProduct.pytorch_source(self, node, emit)

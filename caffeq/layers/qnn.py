@@ -1,0 +1,195 @@
+"""whitenightwu/caffe-quant-QNN's fixed-point layers (b4fc9ad, src/caffe/layers/quantization_layer.cpp,
+quan_conv_layer.cpp / .cu, quan_inner_product_layer.cpp / .cu).
+
+One fixed point serves all three: from a range [low, high], a bit width b and a strategy, the codes run
+over [0, 2^b - 1] when low >= 0, [-(2^b - 1), 0] when high <= 0, else [-2^(b-1), 2^(b-1) - 1]; the scale is
+2^k with k = log2(code bound / range bound) for each bound of the range on that side of 0, the smaller
+one, taken down (CONSERVATIVE), to the nearest (NEUTRAL, C's round) or up (AGGRESSIVE).  A value becomes
+clamp(round_method(x * scale), codes) / scale, round_method being C's round (half away from zero),
+floor, ceil or trunc.  The scale is a power of two, so each step is exact in float32.
+
+- Quantization (quantization_param's round_method, round_strategy, bit_width and its two `range`
+  values): the fixed point of each activation.  Its CPU forward is read: the GPU one computes the codes
+  and never writes the top.
+- QuanConvolution / QuanInnerProduct (quan_convolution_param / quan_inner_product_param: BVLC's
+  convolution / inner product fields, then round_method [FLOOR], round_strategy [AGGRESSIVE], bit_width
+  [4], range_low and range_high [1, 1]): Convolution / InnerProduct on the fixed point of the weights,
+  the bias as stored.  The weights' scale is computed in float there (log2 of the float ratio), which
+  can differ from this double computation only where the ratio is a power of two within float rounding.
+  `is_runtime` (which the fork also sets where range_low = range_high, the unset defaults included) is
+  refused: the CPU forward then sorts the weights in place and convolves with the sorted ones, and the
+  GPU forward ignores it.
+"""
+import copy
+import math
+
+import torch
+
+from ..io.schema import caffe_pb2
+from .activation import Neuron, scalar
+from .conv import Convolution, InnerProduct, TransformedWeights, _onnx_conv, _torch_conv_source
+from .registry import LayerError, register_layer
+
+ROUND, FLOOR, CEIL, TRUNC = range(4)
+CONSERVATIVE, NEUTRAL, AGGRESSIVE = range(3)
+
+
+def qnn_codes_and_scale(bit_width, low, high, strategy):
+    """(lowest code, highest code, scale) of the fork's analyze_scaling_factor, in doubles."""
+    if low >= 0:
+        lo, hi = 0.0, 2.0 ** bit_width - 1
+    elif high <= 0:
+        lo, hi = -(2.0 ** bit_width) + 1, 0.0
+    else:
+        lo, hi = -(2.0 ** (bit_width - 1)), 2.0 ** (bit_width - 1) - 1
+    exponent = min(math.log2(lo / low) if low < 0 else math.inf, math.log2(hi / high) if high > 0 else math.inf)
+    if not math.isfinite(exponent):
+        raise LayerError(f"the range [{low}, {high}] gives the fork no finite scaling factor (a bound of 0 on "
+                         f"each side)")
+    # C's round() for NEUTRAL: half away from zero
+    k = {CONSERVATIVE: math.floor, AGGRESSIVE: math.ceil,
+         NEUTRAL: lambda e: math.floor(abs(e) + 0.5) * (1 if e >= 0 else -1)}[strategy](exponent)
+    return lo, hi, 2.0 ** k
+
+
+def qnn_fixed_point(x, lo: float, hi: float, scale: float, method: int):
+    """clamp(method(x * scale), lo, hi) / scale; method 0 is C's round (half away from zero), then floor,
+    ceil, trunc.  `scale` is a power of two, so each step is exact in float32."""
+    y = x * scale
+    if method == 0:
+        a = y.abs()
+        whole = a.floor()
+        y = torch.copysign(whole + (a - whole >= 0.5).to(y.dtype), y)
+    else:
+        y = (torch.floor, torch.ceil, torch.trunc)[method - 1](y)
+    return y.clamp(lo, hi) / scale
+
+
+def onnx_qnn_fixed_point(ctx, x, out, lo, hi, scale, method, name):
+    """qnn_fixed_point as ONNX ops (ONNX has no trunc and rounds half to even: both built from Floor)."""
+    y = ctx.add_node("Mul", [x, scalar(ctx, scale)], ctx.tmp(name + "_scaled"), name=name)
+    if method == FLOOR:
+        y = ctx.op("Floor", [y], "floor")
+    elif method == CEIL:
+        y = ctx.op("Ceil", [y], "ceil")
+    else:
+        a = ctx.op("Abs", [y], "abs")
+        whole = ctx.op("Floor", [a], "whole")
+        if method == ROUND:
+            up = ctx.op("Cast", [ctx.op("GreaterOrEqual", [ctx.op("Sub", [a, whole], "fraction"),
+                                                          scalar(ctx, 0.5)], "half_up")], "up", to=1)
+            whole = ctx.op("Add", [whole, up], "rounded")
+        # back to y's sign: -0.0 where y is a negative fraction, as C's round and trunc give
+        y = ctx.op("Where", [ctx.op("Less", [y, scalar(ctx, 0.0)], "negative"), ctx.op("Neg", [whole], "minus"),
+                             whole], "signed")
+    clipped = ctx.op("Clip", [y, scalar(ctx, lo), scalar(ctx, hi)], "clipped")
+    ctx.add_node("Div", [clipped, scalar(ctx, scale)], [out])
+
+
+def _fixed_point_attrs(p, what, low, high):
+    bit_width = int(p.bit_width)
+    if bit_width < 1:
+        raise LayerError(f"{what}.bit_width must be > 0, got {bit_width}")
+    if bit_width > 62:
+        raise LayerError(f"{what}.bit_width {bit_width} is more than a double's codes hold")
+    lo, hi, scale = qnn_codes_and_scale(bit_width, float(low), float(high), int(p.round_strategy))
+    if not math.isfinite(scale) or scale == 0:
+        raise LayerError(f"{what}: the range [{low}, {high}] gives a scaling factor of {scale}")
+    return {"lo": lo, "hi": hi, "scale": scale, "method": int(p.round_method)}
+
+
+@register_layer("Quantization")
+class Quantization(Neuron):
+    def parse_param(self, lp):
+        p = lp.quantization_param
+        if len(p.range) != 2:
+            raise LayerError(f"quantization_param.range takes 2 values (the fork's CHECK), got {len(p.range)}")
+        # LayerSetUp orders the two values (the weighted layers take range_low and range_high as given)
+        return _fixed_point_attrs(p, "quantization_param", min(p.range), max(p.range))
+
+    def forward(self, attrs, params, x):
+        return qnn_fixed_point(x, attrs["lo"], attrs["hi"], attrs["scale"], attrs["method"])
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        onnx_qnn_fixed_point(ctx, node.inputs[0], node.outputs[0], a["lo"], a["hi"], a["scale"], a["method"],
+                             node.name)
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        args = ", ".join(emit.lit(v) for v in (a["lo"], a["hi"], a["scale"]))
+        return f"{emit.helper(qnn_fixed_point)}({emit.inputs[0]}, {args}, {a['method']})"
+
+
+class _QuantizedWeights(TransformedWeights):
+    """QuanConvolution and QuanInnerProduct: their base layer on the fixed point of the weights."""
+
+    def weight_attrs(self, p, what):
+        if p.is_runtime or p.range_low == p.range_high:
+            why = "is_runtime" if p.is_runtime else (f"range_low = range_high = {p.range_low} (unset, both 1) sets "
+                                                      f"is_runtime in the fork")
+            raise LayerError(f"{what}: {why}; the fork's CPU forward then sorts the weights in place and computes "
+                             f"with the sorted ones, and its GPU forward uses the range as given")
+        return {"weight_fixed_point": _fixed_point_attrs(p, what, p.range_low, p.range_high)}
+
+    def weight_transform(self, attrs, weight):
+        q = attrs["weight_fixed_point"]
+        return qnn_fixed_point(weight, q["lo"], q["hi"], q["scale"], q["method"])
+
+    def weight_transform_note(self, attrs):
+        return ("QuanConvolution / QuanInnerProduct keep their weights already in the fork's fixed point (it "
+                "rounds copies of the float blobs at every forward, to the same values)")
+
+
+def _as_base(lp, field, base_field, base_message, quant_fields):
+    """A copy of lp whose base parameter (convolution_param / inner_product_param) holds the fork message's
+    BVLC fields (the same numbers), for the base spec's own reading."""
+    own = copy.deepcopy(getattr(lp, field))
+    for name in quant_fields:
+        own.ClearField(name)
+    base = copy.deepcopy(lp)
+    getattr(base, base_field).CopyFrom(base_message.FromString(own.SerializeToString()))
+    return base
+
+
+_QUANT_FIELDS = ("round_method", "round_strategy", "bit_width", "range_low", "range_high", "is_runtime")
+
+
+@register_layer("QuanConvolution")
+class QuanConvolution(_QuantizedWeights, Convolution):
+    def parse(self, lp):
+        if lp.HasField("convolution_param"):
+            raise LayerError("QuanConvolution reads quan_convolution_param, not convolution_param")
+        base = _as_base(lp, "quan_convolution_param", "convolution_param", caffe_pb2.ConvolutionParameter,
+                        _QUANT_FIELDS)
+        try:
+            attrs = super().parse(base)
+        except LayerError as e:
+            raise LayerError(str(e).replace("convolution_param", "quan_convolution_param")) from None
+        return {**attrs, **self.weight_attrs(lp.quan_convolution_param, "quan_convolution_param")}
+
+    def onnx(self, ctx, node):
+        _onnx_conv(ctx, self.transformed_node(node), "Conv")
+
+    def source_layer(self, node, emit):
+        return _torch_conv_source(node, emit, transposed=False)
+
+
+@register_layer("QuanInnerProduct")
+class QuanInnerProduct(_QuantizedWeights, InnerProduct):
+    def parse(self, lp):
+        if lp.HasField("inner_product_param"):
+            raise LayerError("QuanInnerProduct reads quan_inner_product_param, not inner_product_param")
+        base = _as_base(lp, "quan_inner_product_param", "inner_product_param", caffe_pb2.InnerProductParameter,
+                        _QUANT_FIELDS)
+        try:
+            attrs = super().parse(base)
+        except LayerError as e:
+            raise LayerError(str(e).replace("inner_product_param", "quan_inner_product_param")) from None
+        return {**attrs, **self.weight_attrs(lp.quan_inner_product_param, "quan_inner_product_param")}
+
+    def onnx(self, ctx, node):
+        InnerProduct.onnx(self, ctx, self.transformed_node(node))
+
+    def source_layer(self, node, emit):
+        return InnerProduct.pytorch_source(self, node, emit)
