@@ -136,3 +136,15 @@ def test_spatial_rnn_and_attention_sums_stay_on_the_blobs_device():
     out, mixes = run_on_emulated_cuda(model, feeds)
     assert not mixes, "\n".join(sorted(set(mixes)))
     np.testing.assert_allclose(out.as_subclass(torch.Tensor).numpy(), ref["sign"], rtol=1e-6, atol=1e-6)
+
+
+def test_wk910930_roi_align_pooling_samples_on_the_blobs_device():
+    from test_layers_roi_align_pooling import ROIS, X_SHAPE, align_net
+
+    from caffeq.model import load_from_text
+    model = load_from_text(align_net("pooled_h: 3 pooled_w: 2 spatial_scale: 0.25 sample_num: 2"))
+    feeds = {"x": np.random.default_rng(4).standard_normal(X_SHAPE).astype(np.float32), "rois": ROIS}
+    ref = model.run(feeds, exact=True)
+    out, mixes = run_on_emulated_cuda(model, feeds)
+    assert not mixes, "\n".join(sorted(set(mixes)))
+    np.testing.assert_array_equal(out.as_subclass(torch.Tensor).numpy(), ref["o"])

@@ -78,6 +78,7 @@ from . import (  # noqa: F401,E402
     reshape,
     ristretto,
     roi_align_forks,
+    roi_align_pooling,
     roi_pooling,
     ron,
     rproi,
