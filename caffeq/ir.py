@@ -215,6 +215,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
     temp_producer = {}      # temp id -> node name
     graph_input_ids = []
     shapes = {}             # temp id -> shape
+    values = {}             # temp id -> its value where the shapes alone give it (Layer.top_values)
     names_seen = set()
     shapes_used = set()
     unsized = {}            # (type, why) -> names of layers whose tops only a dataset or plugin could size
@@ -260,6 +261,8 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
                 raise PhaseRuleError(f"{where}: bottom '{b}' is not produced by any earlier layer {hint}", rule)
             in_ids.append(current[b])
         in_shapes = [shapes[i] for i in in_ids]
+        if spec.reads_bottom_values:
+            attrs["bottom_values"] = [values.get(i) for i in in_ids]
         given = {i: input_shapes[t] for i, t in enumerate(lp.top) if t in input_shapes} \
             if spec.is_data or spec.shape_from_user else {}
         shapes_used.update(lp.top[i] for i in given)
@@ -317,6 +320,8 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
             out_ids.append(tid)
             if spec.is_data:
                 graph_input_ids.append(tid)
+        if all(s is not None for s in in_shapes):
+            values.update((out_ids[i], v) for i, v in spec.top_values(attrs, in_shapes).items())
         if spec.is_data and all(s is not None for s in out_shapes):
             guessed_labels.update((out_ids[i], lp) for i in spec.guessed_label_tops(attrs, given))
         # bottoms the layer's forward overwrites in place (Ristretto's trimmed inputs): a new version

@@ -143,6 +143,8 @@ RUNNABLE = {
     "mikuhatsune__e2e_face__shallow__net.prototxt": None,
     # Bi-Real-net's train file at TEST: its Thresholds give -1 (read so, with a note), BinaryConvolutionTrain
     "liuzechun__Bi-Real-net__caffe_implementation__18-layer__Bi-Real-net-18-train.prototxt": {"data": (1, 3, 64, 48)},
+    # DSCLRCN's spatial LSTMs: mirror/rotate SpatialTransformer, SRNNFormat, LSTM over a map's rows and columns
+    "nian-liu__DSCLRCN__caffe-master__examples__mnist__lenet_srnn_deploy.prototxt": None,
 }
 # train files: the blob their loss reads, as a user converting one names it with --outputs
 RUNNABLE_OUTPUTS = {"liuzechun__Bi-Real-net__caffe_implementation__18-layer__Bi-Real-net-18-train.prototxt": ["fc1000"]}

@@ -25,6 +25,7 @@ from . import (  # noqa: F401,E402
     densereg,
     detectnet,
     dsc,
+    dsclrcn,
     edge_flow_crf_forks,
     elementwise,
     face_norms,

@@ -43,12 +43,15 @@ FLOAT = 1  # onnx.TensorProto.FLOAT
 
 # ---- the torch computation, shared by forward and the model.py modules ------------------------
 
-def recurrent_input(x, w, b, x_static: torch.Tensor | None, w_static: torch.Tensor | None):
-    """W x_t + b for every step t at once, plus W_static x_static when there is one: (T, N, G)."""
+def recurrent_input(x, w, b, x_static: torch.Tensor | None, w_static: torch.Tensor | None,
+                    static_first_only: bool = False):
+    """W x_t + b for every step t at once, plus W_static x_static when there is one: (T, N, G).
+    static_first_only (DSCLRCN's static_input_only_start): the static term at the first step only."""
     t, n = x.shape[0], x.shape[1]
     gx = torch.matmul(x.reshape(t, n, -1), w.t()) + b
     if x_static is not None and w_static is not None:
-        gx = gx + torch.matmul(x_static.reshape(x_static.shape[0], -1), w_static.t())
+        static = torch.matmul(x_static.reshape(x_static.shape[0], -1), w_static.t())
+        gx = torch.cat([gx[:1] + static, gx[1:]]) if static_first_only else gx + static
     return gx
 
 
@@ -71,16 +74,17 @@ def rnn_steps(gx, cont, h, w_hh, w_ho, b_o):
     return o, h
 
 
-def lstm_steps(gx, cont, h, c, w_hc):
+def lstm_steps(gx, cont, h, c, w_hc, forget_bias: float = 0.0):
     """Caffe's LSTM steps from the input terms gx (T, N, 4H), h_0 and c_0 (N, H) -> (h (T, N, H),
-    h_T, c_T)."""
+    h_T, c_T).  forget_bias: DSCLRCN's lstm_additional_forget_bias, added to f before its sigmoid."""
     hd = h.shape[1]
     outs = []
     for step in range(gx.shape[0]):
         ct = cont[step].unsqueeze(1)
         gates = torch.matmul(ct * h, w_hc.t()) + gx[step]
         i = torch.sigmoid(gates[:, :hd])
-        f = ct * torch.sigmoid(gates[:, hd:2 * hd])  # lstm_unit_layer.cpp: f = 0 where cont == 0
+        f_pre = gates[:, hd:2 * hd] + forget_bias if forget_bias else gates[:, hd:2 * hd]
+        f = ct * torch.sigmoid(f_pre)  # lstm_unit_layer.cpp: f = 0 where cont == 0
         o = torch.sigmoid(gates[:, 2 * hd:3 * hd])
         g = torch.tanh(gates[:, 3 * hd:])
         c = f * c + i * g
@@ -122,9 +126,11 @@ class CaffeLSTM(nn.Module):
     c_t = cont_t * sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g), h_t = sigmoid(o) * tanh(c_t).
     Returns (h (T, N, H), h_T (1, N, H), c_T (1, N, H))."""
 
-    def __init__(self, num_input, num_output, num_static=0):
+    def __init__(self, num_input, num_output, num_static=0, forget_bias=0.0, static_first_only=False):
         super().__init__()
         self.num_output = num_output
+        self.forget_bias = forget_bias
+        self.static_first_only = static_first_only
         add_input_weights(self, "c", 4 * num_output, num_input, num_static)
         self.W_hc = nn.Parameter(torch.zeros(4 * num_output, num_output))
 
@@ -132,14 +138,14 @@ class CaffeLSTM(nn.Module):
                 c0: torch.Tensor | None = None):
         if self.W_xc_static is not None and x_static is None:
             raise ValueError("this layer has a static input: pass x_static")
-        gx = recurrent_input(x, self.W_xc, self.b_c, x_static, self.W_xc_static)
+        gx = recurrent_input(x, self.W_xc, self.b_c, x_static, self.W_xc_static, self.static_first_only)
         n, hd = x.shape[1], self.num_output
         if h0 is not None and c0 is not None:
             h, c = h0.reshape(n, hd), c0.reshape(n, hd)
         else:
             h = gx.new_zeros(n, hd)
             c = h
-        hs, h, c = lstm_steps(gx, cont, h, c, self.W_hc)
+        hs, h, c = lstm_steps(gx, cont, h, c, self.W_hc, self.forget_bias)
         return hs, h.unsqueeze(0), c.unsqueeze(0)
 
 
@@ -280,7 +286,12 @@ class LSTM(Recurrent):
 
     def parse(self, lp):
         if not lp.HasField("lstm_param") or lp.HasField("recurrent_param"):
-            return super().parse(lp)
+            attrs = super().parse(lp)
+            # DSCLRCN's fork: a constant added to every step's forget-gate pre-activation, and the static
+            # input at the first step only
+            attrs["forget_bias"] = float(np.float32(lp.recurrent_param.lstm_additional_forget_bias))
+            attrs["static_first_only"] = bool(lp.recurrent_param.static_input_only_start) and attrs["static"]
+            return attrs
         p = lp.lstm_param   # lisa-caffe-public's frame-major LSTM
         need_blobs(lp, "LSTM (lisa-caffe's)", 2, 1, "data, flush markers")
         if p.hidden_dim <= 0 or p.buffer_size <= 0:
@@ -321,13 +332,13 @@ class LSTM(Recurrent):
             w_xc, b_c, w_static, w_hc = params
         else:
             (w_xc, b_c, w_hc), w_static = params, None
-        gx = recurrent_input(x, w_xc, b_c, xs, w_static)
+        gx = recurrent_input(x, w_xc, b_c, xs, w_static, attrs.get("static_first_only", False))
         n, hd = x.shape[1], attrs["num_output"]
         if states is not None:
             h, c = states[0].reshape(n, hd), states[1].reshape(n, hd)
         else:
             h = c = gx.new_zeros(n, hd)
-        hs, h, c = lstm_steps(gx, cont, h, c, w_hc)
+        hs, h, c = lstm_steps(gx, cont, h, c, w_hc, attrs.get("forget_bias", 0.0))
         if attrs["expose_hidden"]:
             return hs, h.unsqueeze(0), c.unsqueeze(0)
         return hs
@@ -373,6 +384,10 @@ def _recurrent_source(node, emit, module, steps):
         args.append(f"num_static={math.prod(emit.in_shape(2)[1:])}")
         call.append(emit.inputs[2])
         nxt = 3
+    if a.get("forget_bias"):
+        args.append(f"forget_bias={emit.lit(a['forget_bias'])}")
+    if a.get("static_first_only"):
+        args.append("static_first_only=True")
     if a["expose_hidden"]:
         names = ("h0", "c0")[:len(emit.inputs) - nxt]
         call += [f"{name}={v}" for name, v in zip(names, emit.inputs[nxt:])]
@@ -445,7 +460,12 @@ def _onnx_recurrent(ctx, node, lstm):
         sw = tmp("static")
         ctx.add_node("MatMul", [xs2, ctx.weight(node, 2, transpose=True)], [sw])
         gx_all = tmp("gx_static")
-        ctx.add_node("Add", [gx, sw], [gx_all])
+        if a.get("static_first_only"):   # the static term at the first step only
+            first = ctx.add_node("Slice", [gx, ctx.i64([0]), ctx.i64([1]), ctx.i64([0])], tmp("gx_first"))
+            rest = ctx.add_node("Slice", [gx, ctx.i64([1]), ctx.i64([2 ** 62]), ctx.i64([0])], tmp("gx_rest"))
+            ctx.add_node("Concat", [ctx.add_node("Add", [first, sw], tmp("gx_first_static")), rest], [gx_all], axis=0)
+        else:
+            ctx.add_node("Add", [gx, sw], [gx_all])
         gx = gx_all
         widx = 3
     w_h = ctx.weight(node, widx, transpose=True)          # H x G
@@ -481,13 +501,13 @@ def _onnx_recurrent(ctx, node, lstm):
     def vi(nm, shape):
         return helper.make_tensor_value_info(nm, FLOAT, shape)
 
-    def bconst(v, hint):
-        # constants of the body live in the body (no reliance on outer-scope initializers)
+    def bconst(v, hint, dtype=7):
+        # constants of the body live in the body (no reliance on outer-scope initializers); int64 unless told
         out = tmp(hint)
         body_nodes.append(helper.make_node("Constant", [], [out],
-                                           value=helper.make_tensor(out + "_value", 7, [len(v)], v)
+                                           value=helper.make_tensor(out + "_value", dtype, [len(v)], v)
                                            if isinstance(v, list) else
-                                           helper.make_tensor(out + "_value", 7, [], [v])))
+                                           helper.make_tensor(out + "_value", dtype, [], [v])))
         return out
 
     h_in = tmp("h_prev")
@@ -501,6 +521,8 @@ def _onnx_recurrent(ctx, node, lstm):
     if lstm:
         g4 = bn("Reshape", [pre, bconst([0, 4, hd], "shape_gates")], [tmp("gates")])
         parts = [bn("Gather", [g4, bconst(k, f"index{k}")], [tmp(f"gate{k}")], axis=1) for k in range(4)]
+        if a.get("forget_bias"):
+            parts[1] = bn("Add", [parts[1], bconst(a["forget_bias"], "forget_bias", FLOAT)], [tmp("gate1_biased")])
         h_out, c_out = onnx_lstm_unit(lambda op, ins, hint: bn(op, ins, [tmp(hint)]), parts, cont_col, c_in, "_t")
         y_out = tmp("y_t")
         bn("Identity", [h_out], [y_out])

@@ -90,6 +90,9 @@ class Layer:
     #: True when a top's size comes from the bottoms' values only (pose_action_caffe's masks sized
     #: by aux_info): `--input-shape TOP=...` (input_shapes) may give it, as for a data layer's top
     shape_from_user = False
+    #: True when infer needs values that other layers' top_values give: attrs["bottom_values"] then holds
+    #: one per bottom (None where unknown) before infer runs
+    reads_bottom_values = False
     #: for a layer ONNX cannot express: why, in one line (the export refuses with it)
     onnx_refusal = None
     #: Caffe's bottom and top counts for the default parse (a count, allowed counts or a range; None:
@@ -115,6 +118,11 @@ class Layer:
     def param_shapes(self, attrs, in_shapes):
         """Shapes of the learnable blobs in Caffe's order, or None for a layer without any."""
         return
+
+    def top_values(self, attrs, in_shapes):
+        """{top index: value} of tops whose values the bottoms' shapes alone decide, for the layers that
+        read them at setup (DSCLRCN's SRNNFormat passes a map's height in a scalar top).  Default: none."""
+        return {}
 
     def forward(self, attrs, params, *inputs):
         raise NotImplementedError(f"{self.types[0]} has no torch implementation")
