@@ -145,6 +145,8 @@ RUNNABLE = {
     "liuzechun__Bi-Real-net__caffe_implementation__18-layer__Bi-Real-net-18-train.prototxt": {"data": (1, 3, 64, 48)},
     # DSCLRCN's spatial LSTMs: mirror/rotate SpatialTransformer, SRNNFormat, LSTM over a map's rows and columns
     "nian-liu__DSCLRCN__caffe-master__examples__mnist__lenet_srnn_deploy.prototxt": None,
+    # Sifei Liu's LRNN: GateRecurrent in four directions, gated by a CNN's maps
+    "Liusifei__caffe-lowlevel__matlab__caffe__models__LRNN_v1_test.prototxt": {"data": (1, 5, 64, 48)},
 }
 # train files: the blob their loss reads, as a user converting one names it with --outputs
 RUNNABLE_OUTPUTS = {"liuzechun__Bi-Real-net__caffe_implementation__18-layer__Bi-Real-net-18-train.prototxt": ["fc1000"]}

@@ -36,6 +36,7 @@ from . import (  # noqa: F401,E402
     fpn,
     frcnn,
     frcnn3d,
+    gate_recurrent,
     greentea_fusion,
     group_norm,
     happynear,
