@@ -121,26 +121,6 @@ class Quantization(Neuron):
         return f"{emit.helper(qnn_fixed_point)}({emit.inputs[0]}, {args}, {a['method']})"
 
 
-class _QuantizedWeights(TransformedWeights):
-    """QuanConvolution and QuanInnerProduct: their base layer on the fixed point of the weights."""
-
-    def weight_attrs(self, p, what):
-        if p.is_runtime or p.range_low == p.range_high:
-            why = "is_runtime" if p.is_runtime else (f"range_low = range_high = {p.range_low} (unset, both 1) sets "
-                                                      f"is_runtime in the fork")
-            raise LayerError(f"{what}: {why}; the fork's CPU forward then sorts the weights in place and computes "
-                             f"with the sorted ones, and its GPU forward uses the range as given")
-        return {"weight_fixed_point": _fixed_point_attrs(p, what, p.range_low, p.range_high)}
-
-    def weight_transform(self, attrs, weight):
-        q = attrs["weight_fixed_point"]
-        return qnn_fixed_point(weight, q["lo"], q["hi"], q["scale"], q["method"])
-
-    def weight_transform_note(self, attrs):
-        return ("QuanConvolution / QuanInnerProduct keep their weights already in the fork's fixed point (it "
-                "rounds copies of the float blobs at every forward, to the same values)")
-
-
 def _as_base(lp, field, base_field, base_message, quant_fields):
     """A copy of lp whose base parameter (convolution_param / inner_product_param) holds the fork message's
     BVLC fields (the same numbers), for the base spec's own reading."""
@@ -155,18 +135,39 @@ def _as_base(lp, field, base_field, base_message, quant_fields):
 _QUANT_FIELDS = ("round_method", "round_strategy", "bit_width", "range_low", "range_high", "is_runtime")
 
 
-@register_layer("QuanConvolution")
-class QuanConvolution(_QuantizedWeights, Convolution):
+class _QuantizedWeights(TransformedWeights):
+    """QuanConvolution and QuanInnerProduct: their base layer on the fixed point of the weights.  Their
+    parameter message (own_field) is the base's (base_field) plus the fixed point's fields."""
+    own_field = base_field = base_message = None
+
     def parse(self, lp):
-        if lp.HasField("convolution_param"):
-            raise LayerError("QuanConvolution reads quan_convolution_param, not convolution_param")
-        base = _as_base(lp, "quan_convolution_param", "convolution_param", caffe_pb2.ConvolutionParameter,
-                        _QUANT_FIELDS)
+        if lp.HasField(self.base_field):
+            raise LayerError(f"{lp.type} reads {self.own_field}, not {self.base_field}")
+        base = _as_base(lp, self.own_field, self.base_field, getattr(caffe_pb2, self.base_message), _QUANT_FIELDS)
         try:
             attrs = super().parse(base)
         except LayerError as e:
-            raise LayerError(str(e).replace("convolution_param", "quan_convolution_param")) from None
-        return {**attrs, **self.weight_attrs(lp.quan_convolution_param, "quan_convolution_param")}
+            raise LayerError(str(e).replace(self.base_field, self.own_field)) from None
+        own = getattr(lp, self.own_field)
+        if own.is_runtime or own.range_low == own.range_high:
+            why = "is_runtime" if own.is_runtime else (f"range_low = range_high = {own.range_low} (unset, both 1) "
+                                                        f"sets is_runtime in the fork")
+            raise LayerError(f"{self.own_field}: {why}; the fork's CPU forward then sorts the weights in place and "
+                             f"computes with the sorted ones, and its GPU forward uses the range as given")
+        return {**attrs, "weight_fixed_point": _fixed_point_attrs(own, self.own_field, own.range_low, own.range_high)}
+
+    def weight_transform(self, attrs, weight):
+        q = attrs["weight_fixed_point"]
+        return qnn_fixed_point(weight, q["lo"], q["hi"], q["scale"], q["method"])
+
+    def weight_transform_note(self, attrs):
+        return ("QuanConvolution / QuanInnerProduct keep their weights already in the fork's fixed point (it "
+                "rounds copies of the float blobs at every forward, to the same values)")
+
+
+@register_layer("QuanConvolution")
+class QuanConvolution(_QuantizedWeights, Convolution):
+    own_field, base_field, base_message = "quan_convolution_param", "convolution_param", "ConvolutionParameter"
 
     def onnx(self, ctx, node):
         _onnx_conv(ctx, self.transformed_node(node), "Conv")
@@ -177,16 +178,7 @@ class QuanConvolution(_QuantizedWeights, Convolution):
 
 @register_layer("QuanInnerProduct")
 class QuanInnerProduct(_QuantizedWeights, InnerProduct):
-    def parse(self, lp):
-        if lp.HasField("inner_product_param"):
-            raise LayerError("QuanInnerProduct reads quan_inner_product_param, not inner_product_param")
-        base = _as_base(lp, "quan_inner_product_param", "inner_product_param", caffe_pb2.InnerProductParameter,
-                        _QUANT_FIELDS)
-        try:
-            attrs = super().parse(base)
-        except LayerError as e:
-            raise LayerError(str(e).replace("inner_product_param", "quan_inner_product_param")) from None
-        return {**attrs, **self.weight_attrs(lp.quan_inner_product_param, "quan_inner_product_param")}
+    own_field, base_field, base_message = "quan_inner_product_param", "inner_product_param", "InnerProductParameter"
 
     def onnx(self, ctx, node):
         InnerProduct.onnx(self, ctx, self.transformed_node(node))
