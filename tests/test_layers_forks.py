@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import FIXTURES, Case, assert_close, fast_rcnn_bins, net, onnx_outputs, rng
+from conftest import FIXTURES, Case, assert_close, check_everywhere, fast_rcnn_bins, net, onnx_outputs, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.layers import LayerError
@@ -427,6 +427,19 @@ def test_interp_variants(params, extra, crop, out):
     xc = x[:, :, b:x.shape[2] - e, b:x.shape[3] - e]
     ref = interp_ref(xc, *out, nearest="nearest" in params)
     assert_close(got["i"], ref, 1e-5, 1e-5, "interp")
+
+
+@pytest.mark.parametrize("ref_shape", [(2, 1, 9, 4), (2, 5, 3, 13)])
+def test_cf_caffe_interp_advance_takes_the_second_bottoms_size(ref_shape, tmp_path):
+    # xw-hu/CF-Caffe's InterpAdvance: DeepLab's interp2 to bottom 1's height and width, no interp_param read
+    x = rng(5).standard_normal((2, 3, 5, 7)).astype(np.float32)
+    text = net('layer { name: "i" type: "InterpAdvance" bottom: "x" bottom: "ref" top: "i" '
+               'interp_param { zoom_factor: 3 } }', inputs={"x": x.shape, "ref": ref_shape})
+    model = load_from_text(text)
+    assert model.blob_shapes["i"] == (2, 3) + ref_shape[2:]
+    feeds = {"x": x, "ref": np.zeros(ref_shape, np.float32)}
+    check_everywhere(model, feeds, {"i": interp_ref(x, *ref_shape[2:]).astype(np.float32)}, tmp_path,
+                     atol=1e-5, rtol=1e-5)
 
 
 def test_interp_zoom_keeps_the_input_on_its_grid():

@@ -229,6 +229,17 @@ class InterpLayer(Layer):
         return f"{m}({emit.inputs[0]})"
 
 
+@register_layer("InterpAdvance")
+class InterpAdvance(InterpLayer):
+    """xw-hu/CF-Caffe's InterpAdvance (477b79f interp_advance_layer.cpp): Interp to the second bottom's height
+    and width, without pads; it reads no interp_param."""
+
+    def parse(self, lp):
+        need_blobs(lp, "InterpAdvance", 2, 1, roles="data, size reference")
+        return {"pad_beg": 0, "pad_end": 0, "type": "bilinear", "zoom": None, "shrink": None, "height": None,
+                "width": None, "two_bottoms": True}
+
+
 # ---- Upsample ----------------------------------------------------------------------
 
 def segnet_unpool(x, mask, out_h: int, out_w: int):
