@@ -92,6 +92,7 @@ from . import (  # noqa: F401,E402
     shape_ops,
     skimcaffe,
     spatial_transformer,
+    spn,
     sppnet,
     ssai,
     ssd,

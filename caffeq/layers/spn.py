@@ -1,0 +1,187 @@
+"""Sifei Liu's spatial propagation networks (Liusifei/caffe-spn a25d2af, caffe-dev/src/caffe/layers, last
+changed in 2660415): GateRecurrent2dnoind and Divide.  Both run on the GPU (GateRecurrent2dnoind's
+Forward_cpu calls its Forward_gpu), so these follow the CUDA kernels.
+
+- GateRecurrent2dnoind (gaterecurrent2dnoind_param horizontal, reverse): bottoms x and three gates
+  g1, g2, g3, all (N, C, H, W); top (N, C, H, W).  A three-way propagation: left to right, column w is
+      h[r, w] = (1 - g1 - g2 - g3) x[r, w] + g1 h[r-1, w-1] + g2 h[r, w-1] + g3 h[r+1, w-1]
+  with the gates read at (r, w) and counting 0 where their neighbour lies outside the map (so the first
+  column is x).  Right to left reads column w + 1; top to bottom row r - 1 (g1, g2, g3 at columns w - 1,
+  w, w + 1); bottom to top row r + 1.  Summed as the kernel writes it, ((g1 h1 + g2 h2) + g3 h3) +
+  (((1 - g1) - g2) - g3) x; nvcc may fuse some of those products into multiply-adds (the last bit).
+  Only `active: LINEAR`, the kernel's only form, is read.
+- Divide: 1 / x, where |x| < 1e-6 is first set to 1e-6 in the bottom blob itself (a later reader of
+  that bottom sees it so).  Its CPU forward replaces only exact zeros, by 1e-4: the GPU's is read.
+"""
+import torch
+
+from .registry import Layer, LayerError, four_axes, need_blobs, register_layer
+
+DIVIDE_FLOOR = 1e-6   # the kernel's threshold and replacement
+
+
+def spn_left_right(x, g1, g2, g3):
+    """The left-to-right propagation of (N, C, H, W) maps (spn_propagate orients the others)."""
+    height, width = x.shape[2], x.shape[3]
+    rows = torch.arange(height, device=x.device)[:, None]
+    keep1 = (rows > 0).to(x.dtype)                 # row r - 1 exists
+    keep3 = (rows < height - 1).to(x.dtype)        # row r + 1 exists
+    zero_row = x.new_zeros(x.shape[0], x.shape[1], 1)
+    cols = [x[:, :, :, 0] * 1.0 + 0.0]
+    for w in range(1, width):
+        prev = cols[-1]
+        up = torch.cat([zero_row, prev[:, :, :-1]], 2)          # h[r - 1, w - 1]
+        down = torch.cat([prev[:, :, 1:], zero_row], 2)        # h[r + 1, w - 1]
+        a, b, c = g1[:, :, :, w] * keep1[:, 0], g2[:, :, :, w], g3[:, :, :, w] * keep3[:, 0]
+        cols.append((1 - a - b - c) * x[:, :, :, w] + (a * up + b * prev + c * down))
+    return torch.stack(cols, 3)
+
+
+def spn_propagate(x, g1, g2, g3, horizontal: bool, reverse: bool):
+    """GateRecurrent2dnoind: any direction as left to right on transposed or flipped maps."""
+    def orient(t):
+        t = t if horizontal else t.transpose(2, 3)
+        return t.flip(3) if reverse else t
+    out = spn_left_right(*(orient(t) for t in (x, g1, g2, g3)))
+    out = out.flip(3) if reverse else out
+    return out if horizontal else out.transpose(2, 3)
+
+
+@register_layer("GateRecurrent2dnoind")
+class GateRecurrent2dnoind(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "GateRecurrent2dnoind", 4, 1, "x, g1, g2, g3")
+        p = lp.gaterecurrent2dnoind_param
+        if p.active != p.LINEAR:
+            raise LayerError(f"gaterecurrent2dnoind_param.active {p.Active.Name(p.active)}: the fork's kernels "
+                             f"apply no activation, so only LINEAR is what it computes")
+        return {"horizontal": bool(p.horizontal), "reverse": bool(p.reverse)}
+
+    def infer(self, attrs, in_shapes):
+        shape = four_axes(in_shapes[0], "GateRecurrent2dnoind", "x (bottom 0)")
+        for i, s in enumerate(in_shapes[1:], 1):
+            if tuple(s) != shape:    # Reshape's CHECKs
+                raise LayerError(f"GateRecurrent2dnoind's gate {i} must be shaped as x {list(shape)}, got {list(s)}")
+        return [shape]
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        n, c, h, w = in_shapes[0]
+        return 4 * n * c * h * w
+
+    def forward(self, attrs, params, x, g1, g2, g3):
+        return spn_propagate(x, g1, g2, g3, attrs["horizontal"], attrs["reverse"])
+
+    def onnx(self, ctx, node):
+        a, name = node.attrs, node.name
+        n, c, h, w = ctx.shape(node.inputs[0])
+        if not a["horizontal"]:
+            h, w = w, h
+        rows = torch.arange(h)[:, None]
+        first_col = (torch.arange(w) > 0)[None, :]
+        # the gates' zeros: at the first column and where row r -+ 1 lies outside the map
+        masks = [((rows > 0) & first_col), first_col.expand(h, w), ((rows < h - 1) & first_col)]
+
+        def orient(t, hint):
+            if not a["horizontal"]:
+                t = ctx.op("Transpose", [t], f"{hint}_t", perm=[0, 1, 3, 2])
+            if a["reverse"]:
+                t = ctx.op("Slice", [t, ctx.i64([-1]), ctx.i64([-(2 ** 62)]), ctx.i64([3]), ctx.i64([-1])],
+                           f"{hint}_flipped")
+            return t
+
+        x = orient(node.inputs[0], "x")
+        gates = [ctx.op("Mul", [orient(g, f"g{i + 1}"), ctx.const(m.to(torch.float32).numpy())], f"g{i + 1}_kept")
+                 for i, (g, m) in enumerate(zip(node.inputs[1:], masks))]
+        zeros = ctx.op("ConstantOfShape", [ctx.op("Shape", [ctx.op("Gather", [x, ctx.i64(0)], "col0", axis=3)],
+                                                  "col_shape")], "start", value=torch.zeros(1).numpy())
+        cols = ctx.tmp(name + "_cols")
+        ctx.add_node("Scan", [zeros, x] + gates, [ctx.tmp(name + "_last"), cols], name=name + "_scan",
+                     body=_column_body(ctx, name, h), num_scan_inputs=4, scan_input_axes=[3] * 4,
+                     scan_output_axes=[3])
+        out = cols
+        if a["reverse"]:
+            out = ctx.op("Slice", [out, ctx.i64([-1]), ctx.i64([-(2 ** 62)]), ctx.i64([3]), ctx.i64([-1])], "unflipped")
+        if a["horizontal"]:
+            ctx.add_node("Identity", [out], [node.outputs[0]])
+        else:
+            ctx.add_node("Transpose", [out], [node.outputs[0]], perm=[0, 1, 3, 2])
+
+    def pytorch_source(self, node, emit):
+        emit.helper(spn_left_right)
+        a = node.attrs
+        return f"{emit.helper(spn_propagate)}({', '.join(emit.inputs)}, {a['horizontal']}, {a['reverse']})"
+
+
+def _column_body(ctx, name, height):
+    """Scan's step over columns: state the previous column (N, C, H), scan inputs the column of x and of
+    the three masked gates -> ((g1 up + g2 prev) + g3 down) + (((1 - g1) - g2) - g3) x."""
+    from onnx import TensorProto, helper
+
+    def t(part):
+        return ctx.tmp(f"{name}_{part}")
+    prev, x, g1, g2, g3 = (t(p) for p in ("prev", "x_col", "g1_col", "g2_col", "g3_col"))
+    nodes = []
+
+    def op(kind, inputs, part, **attrs):
+        out = t(part)
+        nodes.append(helper.make_node(kind, inputs, [out], **attrs))
+        return out
+
+    def const(values, part, dtype):
+        out = t(part)
+        nodes.append(helper.make_node("Constant", [], [out], value=helper.make_tensor(out + "_v", dtype, [len(values)],
+                                                                                      values)))
+        return out
+    pads_up, pads_down = const([0, 0, 1, 0, 0, 0], "pads_up", TensorProto.INT64), \
+        const([0, 0, 0, 0, 0, 1], "pads_down", TensorProto.INT64)
+    zero, last, axis = const([0], "zero", TensorProto.INT64), const([height - 1], "last", TensorProto.INT64), \
+        const([2], "axis", TensorProto.INT64)
+    one_i, end = const([1], "one_i", TensorProto.INT64), const([height], "end", TensorProto.INT64)
+    up = op("Pad", [op("Slice", [prev, zero, last, axis], "above"), pads_up], "up")
+    down = op("Pad", [op("Slice", [prev, one_i, end, axis], "below"), pads_down], "down")
+    one = const([1.0], "one", TensorProto.FLOAT)
+    h_sum = op("Add", [op("Add", [op("Mul", [g1, up], "p1"), op("Mul", [g2, prev], "p2")], "p12"),
+                       op("Mul", [g3, down], "p3")], "h_hype")
+    keep = op("Sub", [op("Sub", [op("Sub", [one, g1], "k1"), g2], "k2"), g3], "keep")
+    col = op("Add", [op("Mul", [keep, x], "x_hype"), h_sum], "col")
+    out = op("Identity", [col], "col_out")
+
+    def value(n):
+        return helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+    return helper.make_graph(nodes, f"{name}_column", [value(v) for v in (prev, x, g1, g2, g3)],
+                             [value(col), value(out)])
+
+
+def spn_divide(x, floor: float = 1e-6):
+    """Divide: (1 / x with |x| < floor set to floor, that clamped x); the kernel's floor is 1e-6."""
+    small = (x < floor) & (x > -floor)
+    clamped = torch.where(small, torch.full_like(x, floor), x)
+    return 1.0 / clamped, clamped
+
+
+@register_layer("Divide")
+class Divide(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "Divide", 1, 1)
+        return {}
+
+    def bottoms_written_back(self, attrs):
+        return (0,)
+
+    def forward(self, attrs, params, x):
+        inverse, clamped = spn_divide(x, DIVIDE_FLOOR)
+        return (inverse, clamped) if attrs.get("written_back") else inverse
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        floor = ctx.f32(DIVIDE_FLOOR)
+        small = ctx.add_node("And", [ctx.op("Less", [x, floor], "below", name=node.name),
+                                     ctx.op("Greater", [x, ctx.f32(-DIVIDE_FLOOR)], "above")], ctx.tmp(node.name + "_small"))
+        clamped = node.outputs[1] if node.attrs.get("written_back") else ctx.tmp(node.name + "_clamped")
+        ctx.add_node("Where", [small, floor, x], [clamped])
+        ctx.add_node("Div", [ctx.f32(1.0), clamped], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        out = emit.tmp("divided")
+        emit.stmt(f"{out} = {emit.helper(spn_divide)}({emit.inputs[0]}, {emit.lit(DIVIDE_FLOOR)})")
+        return [f"{out}[0]", f"{out}[1]"] if node.attrs.get("written_back") else f"{out}[0]"
