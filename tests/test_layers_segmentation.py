@@ -248,6 +248,26 @@ def test_segnet_bn_learn_uses_the_batch_statistics_at_test(tmp_path):
                                        "var": vars_.reshape(1, 3, 1, 1)}, tmp_path, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["LEARN", "INFERENCE"])
+def test_bnplus_is_segnets_bn(mode, tmp_path):
+    # ArcherFMY/caffe-sal-ensemble's BNplus: bnplus_layer.cpp is SegNet's BN, its mode in bnplus_param
+    g = np.random.default_rng(7)
+    x = (g.standard_normal((2, 3, 5, 7)) * 2 + 0.5).astype(np.float32)
+    scale, shift = g.uniform(0.5, 2, 3), g.standard_normal(3)
+    text = net(f'layer {{ name: "b" type: "BNplus" bottom: "x" top: "b" bnplus_param {{ bnplus_mode: {mode} }} }}',
+               inputs={"x": x.shape})
+    model = _bn_model(text, [scale, shift])
+    xd = x.astype(np.float64)
+    ref = np.empty_like(xd)
+    for c in range(3):
+        if mode == "LEARN":
+            m = xd[:, c].mean()
+            ref[:, c] = (xd[:, c] - m) / np.sqrt((xd[:, c] ** 2).mean() - m * m + 1e-9) * scale[c] + shift[c]
+        else:
+            ref[:, c] = xd[:, c] * np.float32(scale[c]) + np.float32(shift[c])
+    check_everywhere(model, {"x": x}, {"b": ref}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
 def pspnet_ref(x, slope, bias, mean, var, eps=1e-5):
     out = np.empty(x.shape, np.float64)
     for c in range(x.shape[1]):

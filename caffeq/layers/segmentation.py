@@ -174,20 +174,24 @@ class BN(Layer):
             raise LayerError("BN is SegNet's (blobs scale, shift) or PSPNet's (slope, bias, mean, variance); "
                              "say which in bn_param: bn_mode (SegNet) or eps / frozen (PSPNet)")
         if variant == SEGNET:
-            mode = int(p.bn_mode) if "bn_mode" in p.DESCRIPTOR.fields_by_name else LEARN
-            if mode not in (LEARN, INFERENCE):
-                raise LayerError(f"unknown bn_param.bn_mode {mode}")
-            most = 3 if mode == LEARN else 1   # LEARN may also output the batch mean and variance
-            if len(lp.top) > most:
-                raise LayerError(f"SegNet's BN in {'LEARN' if mode == LEARN else 'INFERENCE'} mode takes at "
-                                 f"most {most} top(s), got {len(lp.top)}")
-            return {"variant": SEGNET, "learn": mode == LEARN, "tops": len(lp.top)}
+            return self.segnet_attrs(int(p.bn_mode) if "bn_mode" in p.DESCRIPTOR.fields_by_name else LEARN,
+                                     len(lp.top), "bn_param.bn_mode", "SegNet's BN")
         if len(lp.top) != 1:
             raise LayerError(f"PSPNet's BN takes one top, got {len(lp.top)}")
         eps = float(p.eps)
         if not eps > 0:
             raise LayerError(f"bn_param.eps must be > 0, got {eps}")
         return {"variant": PSPNET, "eps": eps, "momentum": float(p.momentum), "frozen": bool(p.frozen)}
+
+    @staticmethod
+    def segnet_attrs(mode, tops, field, what):
+        if mode not in (LEARN, INFERENCE):
+            raise LayerError(f"unknown {field} {mode}")
+        most = 3 if mode == LEARN else 1   # LEARN may also output the batch mean and variance
+        if tops > most:
+            raise LayerError(f"{what} in {'LEARN' if mode == LEARN else 'INFERENCE'} mode takes at most {most} "
+                             f"top(s), got {tops}")
+        return {"variant": SEGNET, "learn": mode == LEARN, "tops": tops}
 
     @staticmethod
     def _parse_tsn(lp, p, others):
@@ -415,6 +419,17 @@ class DeconvNetUnpool(nn.Module):
 TORCH_DECONVNET_UNPOOL = torch_sources(unpool_grid, unpool_window_area, unpool_spread, unpooled_size, deconvnet_mask,
                                        DeconvNetUnpool)
 
+
+
+@register_layer("BNplus")
+class BNplus(BN):
+    """ArcherFMY/caffe-sal-ensemble's BNplus (ff8e040 caffe/src/caffe/layers/bnplus_layer.cpp and .cu, last
+    changed in 32c339e): SegNet's BN under another name, its mode in bnplus_param.bnplus_mode."""
+
+    def parse(self, lp):
+        need_blobs(lp, "BNplus", 1)
+        return self.segnet_attrs(int(lp.bnplus_param.bnplus_mode), len(lp.top), "bnplus_param.bnplus_mode",
+                                 "BNplus")
 
 @register_layer("Unpooling")
 class Unpooling(Layer):
