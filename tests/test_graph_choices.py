@@ -149,6 +149,25 @@ def test_silenced_blobs_become_the_outputs(tmp_path):
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_hdf5_output_writes_nothing_and_its_bottoms_become_the_outputs(tmp_path):
+    # BVLC's HDF5Output (ybenigot/lrcn ends its net in one): no file is written, the blobs it would dump are
+    # the outputs; the V1 type HDF5_OUTPUT reads as it
+    text = ('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }\n'
+            'layer { name: "y" type: "Input" top: "y" input_param { shape { dim: 2 dim: 1 } } }\n'
+            'layer { name: "p" type: "Power" bottom: "x" top: "p" power_param { scale: 2 } }\n'
+            f'layer {{ name: "h" type: "HDF5Output" bottom: "p" bottom: "y" hdf5_output_param {{ '
+            f'file_name: "{tmp_path}/out.h5" }} }}')
+    model = load_from_text(text)
+    assert model.outputs == ["p", "y"]
+    x, y = rng(2).standard_normal((2, 3)).astype(np.float32), rng(3).standard_normal((2, 1)).astype(np.float32)
+    got = model.run({"x": x, "y": y})
+    np.testing.assert_array_equal(got["p"], 2 * x)
+    assert not (tmp_path / "out.h5").exists()
+    v1 = ('input: "x" input_dim: 2 input_dim: 3 input_dim: 1 input_dim: 1\n'
+          'layers { name: "h" type: HDF5_OUTPUT bottom: "x" bottom: "x" }')
+    assert [n.type for n in load_from_text(v1).layers if n.name == "h"] == ["HDF5Output"]
+
+
 def test_chosen_outputs_prune_the_rest(tmp_path):
     model = load_from_text(SILENCED, random_weights=True, outputs=["conv"])
     assert model.outputs == ["conv"]

@@ -84,6 +84,15 @@ class Silence(Sink):
     pass
 
 
+@register_layer("HDF5Output")
+class HDF5Output(Sink):
+    """BVLC's HDF5Output (hdf5_output_layer.cpp): each forward writes its two bottoms (data, label) to
+    hdf5_output_param.file_name; no tops.  caffeq writes no file a model names: its bottoms are what a user
+    exports instead (they become the outputs where nothing else is, or --outputs names them)."""
+    bottoms, tops = 2, 0
+    bottom_roles = "data, label"
+
+
 @register_layer("Dropout")
 class Dropout(Layer):
     """Identity at TEST (Caffe scales at train time, so inference is a plain copy).
