@@ -295,6 +295,32 @@ def test_image_data_new_dim_gives_the_top_shape(tmp_path):
         load_from_text(text.replace("new_dim: 4", "new_dim: 4 new_height: 5 new_width: 5"))
 
 
+def test_lrcn_min_size_grows_small_images_only(tmp_path):
+    """lisa-caffe-public's min_height / min_width (io.cpp ReadImageToCVMat): an image smaller than either
+    grows, aspect kept, along the side that falls further short; the other is min * (side / other) + 0.5
+    truncated, in float; larger images stay as they are."""
+    rng = np.random.default_rng(4)
+    small = rng.integers(0, 256, (20, 30, 3), dtype=np.uint8)   # 40 - 20 > 40 - 30: height 40, width 60
+    narrow = rng.integers(0, 256, (45, 7, 3), dtype=np.uint8)   # 40 - 7 > 40 - 45: width 40, height 257
+    big = rng.integers(0, 256, (41, 50, 3), dtype=np.uint8)
+    for name, img in (("s.png", small), ("n.png", narrow), ("b.png", big)):
+        cv2.imwrite(str(tmp_path / name), img)
+    (tmp_path / "list.txt").write_text("s.png 0\nn.png 1\nb.png 2\n")
+    ds = ImageListDataset(str(tmp_path / "list.txt"), None, min_size=(40, 40), base_dir=str(tmp_path))
+    for k, (img, size) in enumerate([(small, (60, 40)), (narrow, (40, 257)), (big, (50, 41))]):  # cv2: (w, h)
+        _, got, _, err = ds[k]
+        assert err is None and got.shape[1:] == size[::-1]
+        want = img if img is big else cv2.resize(img, size, interpolation=cv2.INTER_LINEAR)
+        np.testing.assert_array_equal(got, want.transpose(2, 0, 1))
+    from caffeq.model import load_from_text
+    text = f"""layer {{ name: "data" type: "ImageData" top: "data" top: "label"
+      image_data_param {{ source: "{tmp_path / 'list.txt'}" batch_size: 2 min_height: 40 min_width: 40 }} }}"""
+    assert load_from_text(text).inputs["data"] == (2, 3, 40, 60)     # the first image's grown size
+    from caffeq.errors import CaffeqError
+    with pytest.raises(CaffeqError, match="min_height and min_width must be set together"):
+        load_from_text(text.replace(" min_width: 40", ""))
+
+
 def test_image_list_root_folder_and_errors(tmp_path):
     os.makedirs(tmp_path / "imgs")
     cv2.imwrite(str(tmp_path / "imgs" / "a.png"), np.full((4, 4), 9, np.uint8))

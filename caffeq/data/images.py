@@ -53,12 +53,13 @@ def decode_image_bytes(data, where="image", is_color=True):
     return np.ascontiguousarray(chw(decode_image_hwc(data, where, is_color))).astype(np.float32)
 
 
-def read_image(path, is_color=True, resize=None, where=None, shorter_side=0, bicubic=False):
+def read_image(path, is_color=True, resize=None, where=None, shorter_side=0, bicubic=False, min_size=None):
     """Caffe's ReadImageToCVMat: imread(is_color), then cv::resize (bilinear) when both sizes
     are given -> C x H x W uint8.
 
     shorter_side: yihui-he/caffe-pro's `new_dim` (io.cpp ReadImageToCVMat with min_dim): the
-    shorter side becomes shorter_side and the other round(scale * side), bicubic or bilinear."""
+    shorter side becomes shorter_side and the other round(scale * side), bicubic or bilinear.
+    min_size: LRCN lisa-caffe-public's (min_height, min_width): a smaller image grows (min_grown_size)."""
     where = where or path
     try:
         with open(path, "rb") as f:
@@ -68,6 +69,8 @@ def read_image(path, is_color=True, resize=None, where=None, shorter_side=0, bic
     img = decode_image_hwc(data, where, is_color)
     if shorter_side:
         resize = shorter_side_size(img.shape[:2], shorter_side)
+    elif min_size and not resize:
+        resize = min_grown_size(img.shape[:2], *min_size)
     if resize:
         h, w = resize
         if img.shape[:2] != (h, w):
@@ -89,6 +92,19 @@ def shorter_side_size(hw, shorter_side):
     if h >= w:
         return scaled(h), int(shorter_side)
     return int(shorter_side), scaled(w)
+
+
+def min_grown_size(hw, min_height, min_width):
+    """(height, width) of lisa-caffe-public's ReadImageToCVMat with min_height / min_width: an image
+    smaller than either grows, aspect kept, to min_width wide when the width falls further short, else
+    min_height high, the other side float(min) * (float(side) / float(other)) + 0.5 truncated."""
+    h, w = int(hw[0]), int(hw[1])
+    if not (h < min_height or w < min_width):
+        return h, w
+    f = np.float32
+    if min_width - w > min_height - h:
+        return int(f(f(min_width) * f(f(h) / f(w))) + f(0.5)), int(min_width)
+    return int(min_height), int(f(f(min_height) * f(f(w) / f(h))) + f(0.5))
 
 
 def read_list_file(path):
@@ -161,6 +177,7 @@ class _ImageFilesDataset(CaffeDataset):
     resize, and say where a stored path lies on disk (file_path)."""
 
     shorter_side, bicubic = 0, False   # caffe-pro's new_dim resize (ImageListDataset)
+    min_size = None                    # lisa-caffe-public's min_height / min_width (ImageListDataset)
 
     def __len__(self):
         return len(self.paths)
@@ -174,7 +191,8 @@ class _ImageFilesDataset(CaffeDataset):
     def load(self, i):
         rel = self.paths[i]
         return (read_image(self.file_path(rel), self.is_color, self.resize, where=rel,
-                           shorter_side=self.shorter_side, bicubic=self.bicubic), int(self.labels[i]))
+                           shorter_side=self.shorter_side, bicubic=self.bicubic, min_size=self.min_size),
+                int(self.labels[i]))
 
 
 class ImageListDataset(_ImageFilesDataset):
@@ -184,7 +202,7 @@ class ImageListDataset(_ImageFilesDataset):
     kind = "image_list"
 
     def __init__(self, list_path, preprocess=None, root_folder="", new_height=0, new_width=0,
-                 is_color=True, base_dir=None, limit=None, roots=None, new_dim=0, bicubic=False):
+                 is_color=True, base_dir=None, limit=None, roots=None, new_dim=0, bicubic=False, min_size=None):
         super().__init__(preprocess, limit)
         if (new_height > 0) != (new_width > 0):
             raise DataError(f"{list_path}: new_height and new_width must be set together "
@@ -204,6 +222,7 @@ class ImageListDataset(_ImageFilesDataset):
             raise DataError(f"{list_path}: new_dim and new_height/new_width cannot be set together")
         self.resize = (int(new_height), int(new_width)) if new_height > 0 else None
         self.shorter_side, self.bicubic = int(new_dim), bool(bicubic)
+        self.min_size = tuple(min_size) if min_size and all(min_size) else None
         self.is_color = is_color
         # relative image paths: the given roots (default: the prototxt's folder, then the working
         # directory), then the list file's own folder

@@ -11,7 +11,7 @@ exist (as Caffe's setup reads it), else an error that names `--input-shape`.
 import os
 
 from ..data import datum_shape
-from ..data.images import first_image_shape, shorter_side_size
+from ..data.images import first_image_shape, min_grown_size, shorter_side_size
 from ..data.transform import load_mean_file
 from ..errors import DataError
 from ..fs import resolve_source
@@ -206,6 +206,9 @@ class ImageData(DataLayer):
         if attrs.get("new_dim"):
             lines.append(f"shorter side resized to {attrs['new_dim']}, aspect kept "
                          f"({'bicubic' if attrs['bicubic'] else 'bilinear'}, yihui-he/caffe-pro new_dim)")
+        if attrs.get("min_size"):
+            lines.append("an image smaller than {} x {} grown to it, aspect kept (bilinear, LRCN's min_height / "
+                         "min_width)".format(*attrs["min_size"]))
         if attrs.get("gps"):
             lines.append("use_gps (hyojinie/crn): each list line gives a latitude and a longitude, tops 2 and 3 "
                          "(batch_size,), in place of a label")
@@ -220,9 +223,12 @@ class ImageData(DataLayer):
         need_blobs(lp, "ImageData (tops data[, label[, clip_markers]])", 0, (1, 2, 3))
         if p.new_dim and (p.new_height or p.new_width):   # caffe-pro image_data_layer.cpp:38
             raise LayerError("image_data_param.new_dim and new_height/new_width cannot be set together")
+        if (p.min_height > 0) != (p.min_width > 0):   # lisa-caffe-public image_data_layer.cpp's CHECK
+            raise LayerError("image_data_param.min_height and min_width must be set together")
         return {"source": p.source, "batch_size": int(p.batch_size), "new_height": int(p.new_height),
                 "new_width": int(p.new_width), "is_color": bool(p.is_color),
                 "new_dim": int(p.new_dim), "bicubic": bool(p.bicubic),
+                "min_size": (int(p.min_height), int(p.min_width)) if p.min_height else None,
                 "root_folder": p.root_folder, "shuffle": bool(p.shuffle),
                 "label_dim": int(p.label_dim) if p.HasField("label_dim") else 0, "gps": bool(p.use_gps),
                 "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
@@ -256,6 +262,8 @@ class ImageData(DataLayer):
             h, w = first_image_shape(source, attrs["root_folder"], attrs.get("base_dir"))
             if attrs.get("new_dim"):
                 h, w = shorter_side_size((h, w), attrs["new_dim"])
+            elif attrs.get("min_size"):
+                h, w = min_grown_size((h, w), *attrs["min_size"])
         c, h, w = _with_crop(attrs, c, h, w)
         return (n, c, h, w)
 
