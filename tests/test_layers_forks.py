@@ -298,6 +298,38 @@ def random_detection_inputs(seed, n, P, C, L, grid=True):
     return {"loc": loc, "conf": conf, "prior": prior}
 
 
+@pytest.mark.parametrize("params", ["keep_top_k: 7 nms_param { nms_threshold: 0.45 top_k: 12 } "
+                                    "background_label_id: -1 code_type: CENTER_SIZE confidence_threshold: 0.2",
+                                    "nms_param { nms_threshold: 0.3 } confidence_threshold: 0.9999"])
+def test_openvino_detection_output_extended_adds_each_rows_cell(params, tmp_path):
+    # training_toolbox_caffe's DetectionOutputExtended: SSD's rows (class 1 only, whatever
+    # background_label_id says) and then the prior's anchor, x and y on its (H, W, anchors) map
+    n, h, w, a = 2, 3, 4, 2
+    P = h * w * a
+    text = net('layer { name: "det" type: "DetectionOutputExtended" bottom: "loc" bottom: "conf" bottom: "prior" '
+               f'top: "det" detection_output_param {{ num_classes: 2 {params} }} }}',
+               inputs={"loc": (n, h, w, 4 * a), "conf": (n, P * 2), "prior": (1, 2, P * 4)})
+    model = load_from_text(text)
+    feeds = random_detection_inputs(6, n, P, 2, 1)
+    feeds["loc"] = feeds["loc"].reshape(n, h, w, 4 * a)
+    kw = dict(keep_top_k=7, top_k=12, nms=0.45, code="CENTER_SIZE", conf_threshold=0.2) if "keep" in params \
+        else dict(nms=0.3, conf_threshold=0.9999)
+    base = detection_ref(feeds["loc"], feeds["conf"], feeds["prior"], 2, background=0, **kw)[0, 0]
+    rows = []
+    for row in base:
+        if row[1] < 0:     # no detection: the image's id, then -1
+            rows.append(list(row) + [-1, -1, -1])
+            continue
+        # the prior of the row: the one whose decoded box and score it carries
+        conf = feeds["conf"].reshape(n, P, 2)[int(row[0]), :, 1]
+        p = int(np.flatnonzero(np.isclose(conf, row[2], rtol=0, atol=1e-7))[0])
+        rows.append(list(row) + [p % a, (p // a) % w, p // (a * w)])
+    want = np.array(rows, np.float32).reshape(1, 1, -1, 10)
+    assert any("background_label_id -1 is not read" in wn for wn in model.warnings) == ("background_label_id" in params)
+    assert (want[0, 0, :, 1] >= 0).any() == ("keep_top_k" in params)    # detections, or none at all
+    check_everywhere(model, feeds, {"det": want}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
 def test_detection_output_on_caffes_own_inputs_of_the_ssd_case():
     """DetectionOutput alone, fed the blobs fork_ssd_mini's net computed before it."""
     case = Case(FIXTURES / "fork_ssd_mini")

@@ -108,12 +108,16 @@ class DetectionOutput(nn.Module):
     one [i, -1, ...] row per image.  R depends on the data.  layout "quad" / "rbox": TextBoxes++'s
     8 / 5 more numbers per prior (decode_textboxes), appended to each row.  RefineDet: arm_conf
     (N, 2P) replaces the scores of anchors whose objectness is below `objectness` by (1, 0, ...);
-    arm_loc (N, 4P) refines each image's priors before loc is decoded against them."""
+    arm_loc (N, 4P) refines each image's priors before loc is decoded against them.  cells (width,
+    anchors): OpenVINO's DetectionOutputExtended, whose priors are one map's (y, x, anchor): each row
+    ends in its prior's anchor, x and y."""
 
     def __init__(self, num_classes, share_location=True, background=0, nms_threshold=0.3, eta=1.0,
                  top_k=-1, code_type="CORNER", variance_in_target=False, keep_top_k=-1,
-                 conf_threshold=-3.4028234663852886e38, clip=False, layout="", objectness=0.01, states=0):
+                 conf_threshold=-3.4028234663852886e38, clip=False, layout="", objectness=0.01, states=0,
+                 cells=None):
         super().__init__()
+        self.cells = cells
         self.states = states   # tl_ssd: state scores per prior, after the score in each row
         self.num_classes, self.share_location, self.background = num_classes, share_location, background
         self.nms_threshold, self.eta, self.top_k = nms_threshold, eta, top_k
@@ -166,7 +170,7 @@ class DetectionOutput(nn.Module):
             for c in sorted(per_label):
                 picks.extend((i, c, idx) for idx in per_label[c])
         dev, dt = loc.device, loc.dtype
-        cols = 3 + self.states + decoded.shape[-1]
+        cols = 3 + self.states + decoded.shape[-1] + (3 if self.cells else 0)
         if not picks:
             out = torch.full((num * cols,), -1.0, device=dev, dtype=dt)
             stride = 7 if self.states else cols   # tl_ssd steps 7 numbers per image id whatever the width
@@ -181,6 +185,9 @@ class DetectionOutput(nn.Module):
         parts = [img.to(dt)[:, None], lab.to(dt)[:, None], score[:, None].to(dt), box.to(dt)]
         if self.states:
             parts.insert(3, state.reshape(num, n_priors, self.states)[img, idx].to(dt))
+        if self.cells:
+            width, anchors = self.cells
+            parts.append(torch.stack([idx % anchors, (idx // anchors) % width, idx // (anchors * width)], 1).to(dt))
         out = torch.cat(parts, dim=1)
         return out.reshape(1, 1, -1, cols)
 
@@ -206,7 +213,7 @@ def module_kwargs(attrs, layout):
             "top_k": attrs["top_k"], "code_type": CODE_NAMES[attrs["code_type"]],
             "variance_in_target": attrs["variance_in_target"], "keep_top_k": attrs["keep_top_k"],
             "conf_threshold": attrs["conf_threshold"], "clip": attrs["clip"], "layout": layout,
-            "objectness": attrs["objectness"], "states": attrs.get("states", 0)}
+            "objectness": attrs["objectness"], "states": attrs.get("states", 0), "cells": attrs.get("cells")}
 
 
 def loc_layout(attrs, loc_shape, n_priors):
@@ -453,3 +460,37 @@ class DetectionOutputRefine(DetectionOutputLayer):
             raise LayerError(f"DetectionOutputRefine: bottom 3 {list(in_shapes[3])} must be the arm confidences, "
                              f"(N, 2 x the priors)")
         return shapes
+
+
+@register_layer("DetectionOutputExtended")
+class DetectionOutputExtended(DetectionOutputLayer):
+    """openvinotoolkit/training_toolbox_caffe's DetectionOutputExtended (5e543a4,
+    caffe/src/caffe/layers/detection_output_extended_layer.cpp, the person-detection-action-recognition
+    nets): SSD's DetectionOutput for two classes over one map's priors, loc (N, H, W, 4 A); rows of 10,
+    SSD's 7 then the prior's anchor, x and y cell.  It scores class 1 only (whatever background_label_id
+    says) and never clips the boxes."""
+
+    def parse(self, lp):
+        if len(lp.bottom) != 3:
+            raise LayerError(f"DetectionOutputExtended takes 3 bottoms (loc, conf, priors), got {len(lp.bottom)}")
+        attrs = super().parse(lp)
+        if attrs["num_classes"] != 2:   # LayerSetUp's CHECK
+            raise LayerError(f"DetectionOutputExtended takes num_classes 2, got {attrs['num_classes']}")
+        if attrs["background"] != 0:
+            attrs["reading_notes"] = [f"DetectionOutputExtended scores class 1 only (its loop starts there): "
+                                      f"background_label_id {attrs['background']} is not read"]
+        attrs.update(background=0, clip=False)
+        return attrs
+
+    def infer(self, attrs, in_shapes):
+        loc, prior = in_shapes[0], in_shapes[2]
+        if len(loc) != 4 or loc[3] % 4:
+            raise LayerError(f"DetectionOutputExtended reads loc as (N, H, W, 4 x anchors), got {list(loc)}")
+        shapes = super().infer(attrs, in_shapes)
+        h, w, a = loc[1], loc[2], loc[3] // 4
+        if h * w * a != prior[2] // 4:
+            raise LayerError(f"DetectionOutputExtended: loc {list(loc)} holds {h * w * a} anchors, the priors "
+                             f"{prior[2] // 4}")
+        attrs["cells"] = (w, a)
+        return [shapes[0][:3] + (shapes[0][3] + 3,)]
+

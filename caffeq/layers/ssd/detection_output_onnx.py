@@ -177,6 +177,16 @@ def emit_detection_output(ctx, node, inputs=None, n_priors=None):
                             ctx.op("Unsqueeze", [prior_of_row, ctx.i64([1])], "row_prior_c")], "img_prior", axis=1)
         states = ctx.op("Reshape", [node.inputs[3], ctx.i64([0, P, S])], "states")
         parts.insert(3, ctx.op("GatherND", [states, img_prior], "row_states"))                       # (R, S)
+    cells = a.get("cells")   # OpenVINO's DetectionOutputExtended: the row's prior's anchor, x and y
+    if cells:
+        prior = ctx.op("GatherND", [idx, rows_idx], "row_prior_cell")                                  # (R,)
+        width, anchors = cells
+        per_cell = ctx.op("Div", [prior, ctx.i64(anchors)], "row_cell")
+        coords = [ctx.op("Mod", [prior, ctx.i64(anchors)], "row_anchor"), ctx.op("Mod", [per_cell, ctx.i64(width)], "row_x"),
+                  ctx.op("Div", [per_cell, ctx.i64(width)], "row_y")]
+        parts += [ctx.op("Cast", [ctx.op("Unsqueeze", [c, ctx.i64([1])], f"cell{k}_c")], f"cell{k}", to=1)
+                  for k, c in enumerate(coords)]
     rows = ctx.op("Concat", parts, "rows", axis=1)                                                 # (R, 3 + S + W)
     # tl_ssd writes image i's id at 7 * i, whatever the row width
-    emit_detection_top(ctx, ctx.op, rows, loc_in, node.outputs[0], W + 3 + S, id_stride=7 if S else 0)
+    emit_detection_top(ctx, ctx.op, rows, loc_in, node.outputs[0], W + 3 + S + (3 if cells else 0),
+                       id_stride=7 if S else 0)
