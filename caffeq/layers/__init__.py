@@ -54,6 +54,7 @@ from . import (  # noqa: F401,E402
     mnc_python,
     mxnet_ops,
     netvlad,
+    nonlocal_ops,
     norm,
     optical_flow,
     orn,
