@@ -43,9 +43,12 @@ def test_binary_block_signs_the_input_and_binarizes_the_weights(tmp_path):
 
 
 def test_bireal_test_nets_binary_convolution_reads_the_channel_scale(tmp_path):
-    # caffe-retrainBN-test registers the same layer as BinaryConvolution, without HWGQ's parameter
-    model = load_from_text(net(block("BinaryConvolution"), inputs={"x": (1, 2, 4, 4)}), random_weights=True)
-    assert node_of(model, "thre").attrs["below"] == -1
+    # caffe-retrainBN-test registers the same layer as BinaryConvolution, without HWGQ's parameter; once a
+    # Threshold feeds one, the net is theirs: every Threshold of it gives -1 (their Caffe's only Threshold)
+    text = net(block("BinaryConvolution"), 'layer { name: "head" type: "Threshold" bottom: "o" top: "h" }',
+               inputs={"x": (1, 2, 4, 4)})
+    model = load_from_text(text, random_weights=True)
+    assert node_of(model, "thre").attrs["below"] == -1 and node_of(model, "head").attrs["below"] == -1
     assert node_of(model, "bconv").attrs["use_alpha"] is True
 
 

@@ -93,6 +93,7 @@ def test_eltwise_adv_weighs_blocks_of_channels(x_shape, w_shape, tmp_path):
     ((1, 4, 3, 3), (1, 3, 3, 3), "eltwise_param { operation: PROD }", r"must be \(N, C / r, H, W\)"),
     ((1, 4, 3, 3), (1, 2, 3, 2), "eltwise_param { operation: PROD }", r"must be \(N, C / r, H, W\)"),
     ((2, 4, 3, 3), (2, 2, 3, 3), "eltwise_param { operation: PROD }", "reads past them for a batch over 1"),
+    ((1, 4, 3, 3), (1, 0, 3, 3), "eltwise_param { operation: PROD }", r"must be \(N, C / r, H, W\)"),
 ])
 def test_eltwise_adv_refuses_what_its_kernel_cannot_compute(x_shape, w_shape, param, msg):
     with pytest.raises(LayerError, match=msg):

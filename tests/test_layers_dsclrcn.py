@@ -167,3 +167,26 @@ def test_lstm_forget_bias_and_static_input_at_the_start(static_first_only, tmp_p
     xs = rng(8).standard_normal((n, ks)).astype(F)
     want = lstm_ref(x, cont, xs, *blobs, 1.0, static_first_only)
     check_everywhere(model, {"x": x, "cont": cont, "xs": xs}, {"h": want}, tmp_path, atol=2e-6, rtol=1e-5)
+
+
+def test_rnn_static_input_at_the_start_only(tmp_path):
+    # rnn_layer.cpp has the same (t == 1 || !static_input_only_start) condition as the LSTM
+    t_len, n, k, ks, hd = 4, 2, 3, 2, 5
+    text = net(f'layer {{ name: "rnn" type: "RNN" bottom: "x" bottom: "cont" bottom: "xs" top: "o" '
+               f'recurrent_param {{ num_output: {hd} static_input_only_start: true }} }}',
+               inputs={"x": (t_len, n, k), "cont": (t_len, n), "xs": (n, ks)})
+    model = load_from_text(text, random_weights=True)
+    node = node_of(model, "rnn")
+    blobs = [rng(i + 10).uniform(-0.6, 0.6, s).astype(F) for i, s in enumerate(node.expected_param_shapes)]
+    node.blobs[:] = blobs
+    w_xh, b_h, w_s, w_hh, w_ho, b_o = (b.astype(np.float64) for b in blobs)
+    x = rng(20).standard_normal((t_len, n, k)).astype(F)
+    cont = np.ones((t_len, n), F)
+    cont[0] = 0
+    xs = rng(21).standard_normal((n, ks)).astype(F)
+    h, want = np.zeros((n, hd)), np.zeros((t_len, n, hd))
+    for t in range(t_len):
+        pre = (cont[t][:, None] * h) @ w_hh.T + x[t] @ w_xh.T + b_h + (xs @ w_s.T if t == 0 else 0)
+        h = np.tanh(pre)
+        want[t] = np.tanh(h @ w_ho.T + b_o)
+    check_everywhere(model, {"x": x, "cont": cont, "xs": xs}, {"o": want.astype(F)}, tmp_path, atol=2e-6, rtol=1e-5)

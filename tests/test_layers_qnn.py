@@ -60,6 +60,7 @@ def test_quantization_layer(method, strategy, bits, rng_values, tmp_path):
     ("bit_width: 4 range: 1", r"range takes 2 values"),
     ("range: 0 range: 2", r"bit_width must be > 0"),
     ("bit_width: 4 range: 0 range: 0", r"no finite scaling factor"),
+    ("bit_width: 1 range: -1 range: 2", r"with 1 bit\(s\) gives the fork no finite scaling factor"),
 ])
 def test_quantization_refuses_what_the_fork_checks_or_cannot_scale(param, msg):
     with pytest.raises(LayerError, match=msg):
@@ -80,7 +81,9 @@ def test_quan_convolution_and_inner_product_run_on_fixed_point_weights(tmp_path)
     wf, bf = rng(4).uniform(-0.8, 0.8, (3, 4 * 4 * 3)).astype(F), rng(5).standard_normal(3).astype(F)
     conv.blobs[0], conv.blobs[1], fc.blobs[0], fc.blobs[1] = wc, bc, wf, bf
     x = rng(6).standard_normal((2, 3, 7, 6)).astype(F)
-    qc = fixed_point_ref(wc, 8, -0.872089, 0.927025, "NEUTRAL", "ROUND")
+    # Weight_Quantization (CPU) overwrites the rounded weight with its floor whatever round_method says
+    assert any("round_method ROUND: the fork's CPU forward floors" in w for w in model.warnings)
+    qc = fixed_point_ref(wc, 8, -0.872089, 0.927025, "NEUTRAL", "FLOOR")
     qf = fixed_point_ref(wf, 4, -0.5, 0.7, "AGGRESSIVE", "FLOOR")       # the weighted layers' defaults
     c = conv_ref(x, qc, bc, (2, 2), (1, 1))
     ref = (c.reshape(2, -1) @ qf.astype(np.float64).T + bf).astype(F)
@@ -96,3 +99,9 @@ def test_quan_convolution_refusals(param, msg):
     with pytest.raises(LayerError, match=msg):
         load_from_text(net(f'layer {{ name: "c" type: "QuanConvolution" bottom: "x" top: "o" '
                            f'quan_convolution_param {{ {param} }} }}', inputs={"x": (1, 2, 3, 3)}))
+
+
+def test_quan_inner_product_errors_name_its_own_parameter():
+    with pytest.raises(LayerError, match=r"quan_inner_product_param\.axis"):
+        load_from_text(net('layer { name: "f" type: "QuanInnerProduct" bottom: "x" top: "o" quan_inner_product_param { '
+                           'num_output: 2 axis: 5 range_low: -1 range_high: 1 } }', inputs={"x": (2, 3)}))

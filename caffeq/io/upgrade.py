@@ -250,27 +250,25 @@ BIREAL_TYPES = ("BinaryConvolutionTrain", "lClip")
 def _mark_bireal_thresholds(net, notes):
     """Bi-Real-net's Caffes (caffeq/layers/bireal.py) change Threshold to give -1 where BVLC's gives 0,
     with the same text.  A net with their BinaryConvolutionTrain or lClip layers is theirs; so is one
-    whose Threshold feeds a BinaryConvolution that sets neither HWGQ's binary_convolution_param nor
-    caffe-zz's debug_param (their test Caffe's layer, which scales by the channel's mean |w|): mark
-    those Thresholds with caffeq's threshold_param.below_value -1 (unless the layer sets it), and those
-    BinaryConvolutions with use_alpha."""
-    thresholds = {lp.name: lp for lp in net.layer if lp.type == "Threshold"}
-    if any(lp.type in BIREAL_TYPES for lp in net.layer):
-        marked = list(thresholds.values())
-    else:
-        writer, marked, convs = {}, [], []
-        for lp in net.layer:
-            if lp.type == "BinaryConvolution" and not lp.HasField("binary_convolution_param") \
-                    and not lp.HasField("debug_param"):
-                fed = [writer[b] for b in lp.bottom if b in writer and writer[b].type == "Threshold"]
-                if fed:
-                    convs.append(lp)
-                    marked += [t for t in fed if t not in marked]
-            for top in lp.top:
-                writer[top] = lp
-        for lp in convs:
+    where a Threshold feeds a BinaryConvolution that sets neither HWGQ's binary_convolution_param nor
+    caffe-zz's debug_param (their test Caffe's layer, which scales by the channel's mean |w|).  In such a
+    net every Threshold gets caffeq's threshold_param.below_value -1 (unless the layer sets it) and every
+    such BinaryConvolution use_alpha."""
+    def plain_binary(lp):
+        return lp.type == "BinaryConvolution" and not lp.HasField("binary_convolution_param") \
+            and not lp.HasField("debug_param")
+    writer, theirs = {}, any(lp.type in BIREAL_TYPES for lp in net.layer)
+    for lp in net.layer:
+        if plain_binary(lp) and any(b in writer and writer[b].type == "Threshold" for b in lp.bottom):
+            theirs = True
+        for top in lp.top:
+            writer[top] = lp
+    if not theirs:
+        return
+    for lp in net.layer:
+        if plain_binary(lp):
             lp.binary_convolution_param.use_alpha = True
-    marked = [lp for lp in marked if not lp.threshold_param.HasField("below_value")]
+    marked = [lp for lp in net.layer if lp.type == "Threshold" and not lp.threshold_param.HasField("below_value")]
     for lp in marked:
         lp.threshold_param.below_value = -1
     if marked:

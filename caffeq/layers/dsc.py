@@ -155,7 +155,7 @@ class EltwiseAdv(Layer):
         n, c, h, w = four_axes(in_shapes[0], "EltwiseAdv", "x (bottom 0)")
         _, c1, h1, w1 = weights = four_axes(in_shapes[1], "EltwiseAdv", "weights (bottom 1)")
         # the kernel indexes bottom 1 with bottom 0's height and width, and as (N, C / r, H, W)
-        if weights[0] != n or (h1, w1) != (h, w) or c % c1:
+        if weights[0] != n or (h1, w1) != (h, w) or c1 < 1 or c % c1:
             raise LayerError(f"EltwiseAdv's weights {list(weights)} must be (N, C / r, H, W) for x "
                              f"{[n, c, h, w]}: the fork's kernel indexes them so")
         if n > 1 and c1 != c:

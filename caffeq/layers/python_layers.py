@@ -133,7 +133,7 @@ class ProposalTarget(ReadOnlyLayer):
             extra = [(1, AFFORDANCE_MASK_SIZE, AFFORDANCE_MASK_SIZE), (1, 5)]
         if attrs.get("seg_num") is not None:
             extra = [(1, 2 * attrs["seg_num"] + 2)] * 2
-        if attrs.get("mask_size") is not None:   # mask rois, then the mask targets as its setup shapes them
+        if attrs.get("mask_size") is not None:   # mask rois, then the (out_size x out_size) mask targets
             extra = [(1, 5), (1, 1, attrs["mask_size"], attrs["mask_size"])]
         return [(1, 5)] * attrs.get("levels", 1) + [(1, 1), targets, targets, targets] + extra
 

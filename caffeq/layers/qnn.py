@@ -14,7 +14,10 @@ floor, ceil or trunc.  The scale is a power of two, so each step is exact in flo
 - QuanConvolution / QuanInnerProduct (quan_convolution_param / quan_inner_product_param: BVLC's
   convolution / inner product fields, then round_method [FLOOR], round_strategy [AGGRESSIVE], bit_width
   [4], range_low and range_high [1, 1]): Convolution / InnerProduct on the fixed point of the weights,
-  the bias as stored.  The weights' scale is computed in float there (log2 of the float ratio), which
+  the bias as stored.  The CPU forward floors the weights whatever round_method says (its Weight_Quantization
+  overwrites the rounded value with the floor); the GPU forward follows round_method, but the Quantization
+  layer's GPU forward never writes its top, so only the CPU runs such a net: the floor is read, with a
+  note where round_method says otherwise.  The weights' scale is computed in float there (log2 of the float ratio), which
   can differ from this double computation only where the ratio is a power of two within float rounding.
   `is_runtime` (which the fork also sets where range_low = range_high, the unset defaults included) is
   refused: the CPU forward then sorts the weights in place and convolves with the sorted ones, and the
@@ -31,6 +34,7 @@ from .conv import Convolution, InnerProduct, TransformedWeights, _onnx_conv, _to
 from .registry import LayerError, register_layer
 
 ROUND, FLOOR, CEIL, TRUNC = range(4)
+_METHOD_NAMES = ("ROUND", "FLOOR", "CEIL", "TRUNC")
 CONSERVATIVE, NEUTRAL, AGGRESSIVE = range(3)
 
 
@@ -42,10 +46,12 @@ def qnn_codes_and_scale(bit_width, low, high, strategy):
         lo, hi = -(2.0 ** bit_width) + 1, 0.0
     else:
         lo, hi = -(2.0 ** (bit_width - 1)), 2.0 ** (bit_width - 1) - 1
-    exponent = min(math.log2(lo / low) if low < 0 else math.inf, math.log2(hi / high) if high > 0 else math.inf)
+    def exponent_of(code, bound):   # log2(code / bound); -inf where no code lies on that side (1 bit)
+        return math.log2(code / bound) if code / bound > 0 else -math.inf
+    exponent = min(exponent_of(lo, low) if low < 0 else math.inf, exponent_of(hi, high) if high > 0 else math.inf)
     if not math.isfinite(exponent):
-        raise LayerError(f"the range [{low}, {high}] gives the fork no finite scaling factor (a bound of 0 on "
-                         f"each side)")
+        raise LayerError(f"the range [{low}, {high}] with {bit_width} bit(s) gives the fork no finite scaling "
+                         f"factor (a bound of 0 on each side, or no code on one side)")
     # C's round() for NEUTRAL: half away from zero
     k = {CONSERVATIVE: math.floor, AGGRESSIVE: math.ceil,
          NEUTRAL: lambda e: math.floor(abs(e) + 0.5) * (1 if e >= 0 else -1)}[strategy](exponent)
@@ -154,7 +160,20 @@ class _QuantizedWeights(TransformedWeights):
                                                         f"sets is_runtime in the fork")
             raise LayerError(f"{self.own_field}: {why}; the fork's CPU forward then sorts the weights in place and "
                              f"computes with the sorted ones, and its GPU forward uses the range as given")
-        return {**attrs, "weight_fixed_point": _fixed_point_attrs(own, self.own_field, own.range_low, own.range_high)}
+        q = _fixed_point_attrs(own, self.own_field, own.range_low, own.range_high)
+        if q["method"] != FLOOR:
+            attrs["reading_notes"] = attrs.get("reading_notes", []) + [
+                f"{self.own_field}.round_method {_METHOD_NAMES[q['method']]}: the fork's CPU forward floors the "
+                f"weights whatever round_method says (its GPU forward follows it, but the nets' Quantization layers "
+                f"only run on the CPU): read as FLOOR"]
+            q["method"] = FLOOR
+        return {**attrs, "weight_fixed_point": q}
+
+    def infer(self, attrs, in_shapes):
+        try:
+            return super().infer(attrs, in_shapes)
+        except LayerError as e:
+            raise LayerError(str(e).replace(self.base_field, self.own_field)) from None
 
     def weight_transform(self, attrs, weight):
         q = attrs["weight_fixed_point"]

@@ -100,10 +100,11 @@ class CaffeRNN(nn.Module):
     h_t = tanh(W_hh (cont_t * h_{t-1}) + W_xh x_t + b_h [+ W_xh_static x_static]),
     o_t = tanh(W_ho h_t + b_o).  Returns (o (T, N, H), h_T (1, N, H))."""
 
-    def __init__(self, num_input, num_output, num_static=0):
+    def __init__(self, num_input, num_output, num_static=0, static_first_only=False):
         super().__init__()
         h = num_output
         self.num_output = num_output
+        self.static_first_only = static_first_only
         add_input_weights(self, "h", h, num_input, num_static)
         self.W_hh = nn.Parameter(torch.zeros(h, h))
         self.W_ho = nn.Parameter(torch.zeros(h, h))
@@ -112,7 +113,7 @@ class CaffeRNN(nn.Module):
     def forward(self, x, cont, x_static: torch.Tensor | None = None, h0: torch.Tensor | None = None):
         if self.W_xh_static is not None and x_static is None:
             raise ValueError("this layer has a static input: pass x_static")
-        gx = recurrent_input(x, self.W_xh, self.b_h, x_static, self.W_xh_static)
+        gx = recurrent_input(x, self.W_xh, self.b_h, x_static, self.W_xh_static, self.static_first_only)
         n, hd = x.shape[1], self.num_output
         h = h0.reshape(n, hd) if h0 is not None else gx.new_zeros(n, hd)
         o, h = rnn_steps(gx, cont, h, self.W_hh, self.W_ho, self.b_o)
@@ -160,8 +161,10 @@ class Recurrent(Layer):
         expose = bool(p.expose_hidden)
         low = 2 + (self.num_states if expose else 0)
         need_blobs(lp, lp.type, (low, low + 1))
-        return {"num_output": int(p.num_output), "expose_hidden": expose,
-                "static": len(lp.bottom) == low + 1}
+        static = len(lp.bottom) == low + 1
+        # DSCLRCN's fork (RNN and LSTM): the static input at the first step only
+        return {"num_output": int(p.num_output), "expose_hidden": expose, "static": static,
+                "static_first_only": bool(p.static_input_only_start) and static}
 
     def _check(self, attrs, in_shapes):
         x, cont = tuple(in_shapes[0]), tuple(in_shapes[1])
@@ -246,7 +249,7 @@ class RNN(Recurrent):
             w_xh, b_h, w_static, w_hh, w_ho, b_o = params
         else:
             (w_xh, b_h, w_hh, w_ho, b_o), w_static = params, None
-        gx = recurrent_input(x, w_xh, b_h, xs, w_static)
+        gx = recurrent_input(x, w_xh, b_h, xs, w_static, attrs.get("static_first_only", False))
         n, hdim = x.shape[1], attrs["num_output"]
         h = states[0].reshape(n, hdim) if states is not None else gx.new_zeros(n, hdim)
         o, h = rnn_steps(gx, cont, h, w_hh, w_ho, b_o)
@@ -287,10 +290,8 @@ class LSTM(Recurrent):
     def parse(self, lp):
         if not lp.HasField("lstm_param") or lp.HasField("recurrent_param"):
             attrs = super().parse(lp)
-            # DSCLRCN's fork: a constant added to every step's forget-gate pre-activation, and the static
-            # input at the first step only
+            # DSCLRCN's fork: a constant added to every step's forget-gate pre-activation
             attrs["forget_bias"] = float(np.float32(lp.recurrent_param.lstm_additional_forget_bias))
-            attrs["static_first_only"] = bool(lp.recurrent_param.static_input_only_start) and attrs["static"]
             return attrs
         p = lp.lstm_param   # lisa-caffe-public's frame-major LSTM
         need_blobs(lp, "LSTM (lisa-caffe's)", 2, 1, "data, flush markers")

@@ -9,7 +9,7 @@ Forward_cpu calls its Forward_gpu), so these follow the CUDA kernels.
   column is x).  Right to left reads column w + 1; top to bottom row r - 1 (g1, g2, g3 at columns w - 1,
   w, w + 1); bottom to top row r + 1.  Summed as the kernel writes it, ((g1 h1 + g2 h2) + g3 h3) +
   (((1 - g1) - g2) - g3) x; nvcc may fuse some of those products into multiply-adds (the last bit).
-  Only `active: LINEAR`, the kernel's only form, is read.
+  The kernels read no activation: another `active` gets a note.
 - Divide: 1 / x, where |x| < 1e-6 is first set to 1e-6 in the bottom blob itself (a later reader of
   that bottom sees it so).  Its CPU forward replaces only exact zeros, by 1e-4: the GPU's is read.
 """
@@ -17,7 +17,7 @@ import torch
 
 from .registry import Layer, LayerError, four_axes, need_blobs, register_layer
 
-DIVIDE_FLOOR = 1e-6   # the kernel's threshold and replacement
+DIVIDE_FLOOR = 1e-6   # the kernel's threshold (a double) and replacement
 
 
 def spn_left_right(x, g1, g2, g3):
@@ -52,10 +52,10 @@ class GateRecurrent2dnoind(Layer):
     def parse(self, lp):
         need_blobs(lp, "GateRecurrent2dnoind", 4, 1, "x, g1, g2, g3")
         p = lp.gaterecurrent2dnoind_param
-        if p.active != p.LINEAR:
-            raise LayerError(f"gaterecurrent2dnoind_param.active {p.Active.Name(p.active)}: the fork's kernels "
-                             f"apply no activation, so only LINEAR is what it computes")
-        return {"horizontal": bool(p.horizontal), "reverse": bool(p.reverse)}
+        notes = [] if p.active == p.LINEAR else [
+            f"gaterecurrent2dnoind_param.active {p.Active.Name(p.active)} is not read: the fork's kernels apply "
+            f"no activation"]
+        return {"horizontal": bool(p.horizontal), "reverse": bool(p.reverse), "reading_notes": notes}
 
     def infer(self, attrs, in_shapes):
         shape = four_axes(in_shapes[0], "GateRecurrent2dnoind", "x (bottom 0)")
@@ -153,8 +153,9 @@ def _column_body(ctx, name, height):
 
 
 def spn_divide(x, floor: float = 1e-6):
-    """Divide: (1 / x with |x| < floor set to floor, that clamped x); the kernel's floor is 1e-6."""
-    small = (x < floor) & (x > -floor)
+    """Divide: (1 / x with |x| < floor set to floor, that clamped x); the kernel's floor is 1e-6, compared
+    in double: float32 x < 1e-6 is x <= float32(1e-6), so -float32(1e-6) becomes +1e-6 too."""
+    small = (x <= floor) & (x >= -floor)
     clamped = torch.where(small, torch.full_like(x, floor), x)
     return 1.0 / clamped, clamped
 
@@ -175,8 +176,9 @@ class Divide(Layer):
     def onnx(self, ctx, node):
         x = node.inputs[0]
         floor = ctx.f32(DIVIDE_FLOOR)
-        small = ctx.add_node("And", [ctx.op("Less", [x, floor], "below", name=node.name),
-                                     ctx.op("Greater", [x, ctx.f32(-DIVIDE_FLOOR)], "above")], ctx.tmp(node.name + "_small"))
+        small = ctx.add_node("And", [ctx.op("LessOrEqual", [x, floor], "below", name=node.name),
+                                     ctx.op("GreaterOrEqual", [x, ctx.f32(-DIVIDE_FLOOR)], "above")],
+                             ctx.tmp(node.name + "_small"))
         clamped = node.outputs[1] if node.attrs.get("written_back") else ctx.tmp(node.name + "_clamped")
         ctx.add_node("Where", [small, floor, x], [clamped])
         ctx.add_node("Div", [ctx.f32(1.0), clamped], [node.outputs[0]])
