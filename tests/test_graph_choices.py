@@ -168,6 +168,20 @@ def test_hdf5_output_writes_nothing_and_its_bottoms_become_the_outputs(tmp_path)
     assert [n.type for n in load_from_text(v1).layers if n.name == "h"] == ["HDF5Output"]
 
 
+def test_every_blob_of_a_train_net_whose_label_nothing_reads():
+    # a Data layer's label read only by the loss: with --outputs naming the scores, the label feeds nothing
+    # the module computes, and all_blobs lists the blobs it does compute
+    text = ('layer { name: "data" type: "Data" top: "data" top: "label" data_param { source: "missing" '
+            'batch_size: 2 } transform_param { crop_size: 4 } }\n'
+            'layer { name: "fc" type: "InnerProduct" bottom: "data" top: "fc" inner_product_param { num_output: 3 } }\n'
+            'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }')
+    model = load_from_text(text, random_weights=True, input_shapes={"data": (2, 3, 4, 4)}, outputs=["fc"])
+    x = rng(5).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    blobs = model.run({"data": x}, all_blobs=True)
+    assert set(blobs) == {"data", "fc"}
+    np.testing.assert_array_equal(blobs["fc"], model.run({"data": x})["fc"])
+
+
 def test_chosen_outputs_prune_the_rest(tmp_path):
     model = load_from_text(SILENCED, random_weights=True, outputs=["conv"])
     assert model.outputs == ["conv"]

@@ -104,7 +104,8 @@ def build_module(model, all_blobs=False):
             for k, ssa in enumerate(node.outputs):
                 values[ssa] = g.call_function(operator.getitem, (call, k))
     if all_blobs:
-        wanted = [(b, ssa) for b, ssa in graph.final_versions().items()]
+        # a data layer's top that nothing computed reads (an unused label) is not an input of the module
+        wanted = [(b, ssa) for b, ssa in graph.final_versions().items() if ssa in values]
     else:
         wanted = [(graph.tensors[ssa].blob, ssa) for ssa in graph.outputs]
     if len(wanted) == 1 and not all_blobs:
