@@ -1,10 +1,12 @@
 """ONNX export: every reference case through onnxruntime, Caffe's pooling rules, refusals, files."""
+import math
 import os
+import re
 import shutil
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, Case, assert_close, caffe_blob_source, case_ids
+from conftest import FIXTURES, Case, assert_close, caffe_blob_source, case_ids, model_py_outputs
 
 import caffeq
 from caffeq.errors import ExportError
@@ -289,6 +291,59 @@ def test_spp(height, pool, tmp_path):
     ref = parts[0] if height == 1 else np.concatenate(parts, axis=1)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(run_onnx(model, out, {"data": x[:1]})["spp"], ref[:1], rtol=1e-5, atol=1e-6)
+
+
+def kyu_sz_spp_geometry(size, level, base, fineness, overlap):
+    """kyu-sz/caffe spp_layer.cpp GetPoolingParam along one axis: (kernel, stride, pad)."""
+    bins = int(fineness ** level) * base
+    kernel = math.ceil(size / bins)
+    stride = max(1, kernel - int(np.float32(size) * np.float32(overlap)))
+    while stride > 0:
+        kernel = max(stride, size - (bins - 1) * stride)
+        pad = (kernel + stride * (bins - 1) - size + 1) // 2
+        if pad < kernel:
+            return kernel, stride, pad
+        stride -= 1
+    raise AssertionError("no stride")
+
+
+@pytest.mark.parametrize("params, height", [
+    ("fineness_h: 3 overlap_ratio_h: 0.3 fineness_w: 3 overlap_ratio_w: 0.3", 2),      # WPAL-network's spp3
+    ("fineness_h: 3 overlap_ratio_h: 0.1 fineness_w: 1 overlap_ratio_w: 0.1", 2),      # its spp5
+    ("base_bin_h: 2 base_bin_w: 2 fineness_h: 2 fineness_w: 2", 3),
+    ("base_bin_h: 2 base_bin_w: 3", 1),                                                 # one level keeps its map
+])
+def test_kyu_sz_spp_pyramid(params, height, tmp_path):
+    x = np.random.default_rng(4).standard_normal((2, 3, 13, 10)).astype(np.float32)
+    text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 13 '
+            'dim: 10 } } }\n'
+            f'layer {{ name: "spp" type: "SPP" bottom: "data" top: "spp" spp_param {{ pyramid_height: {height} '
+            f'pool: MAX {params} }} }}\n')
+    model = caffeq.model.load_from_text(text)
+    fields = dict(kv.split(": ") for kv in re.findall(r"\w+: [\d.]+", params))
+    get = lambda k, d: float(fields.get(k, d))   # noqa: E731
+    parts = []
+    for level in range(height):
+        kh, sh, ph = kyu_sz_spp_geometry(13, level, int(get("base_bin_h", 1)), int(get("fineness_h", 2)),
+                                         get("overlap_ratio_h", 0))
+        kw, sw, pw = kyu_sz_spp_geometry(10, level, int(get("base_bin_w", 1)), int(get("fineness_w", 2)),
+                                         get("overlap_ratio_w", 0))
+        parts.append(caffe_pool_reference(x, (kh, kw), (sh, sw), (ph, pw), "MAX"))
+    ref = parts[0] if height == 1 else np.concatenate([p.reshape(2, -1) for p in parts], axis=1)
+    assert model.blob_shapes["spp"] == ref.shape
+    np.testing.assert_allclose(model.run({"data": x})["spp"], ref, rtol=1e-6, atol=1e-6)
+    out = tmp_path / "spp.onnx"
+    export_onnx(model, out, opset=13)
+    np.testing.assert_allclose(run_onnx(model, out, {"data": x})["spp"], ref, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(model_py_outputs(model, {"data": x}, tmp_path)["spp"], ref, rtol=1e-6, atol=1e-6)
+
+
+def test_kyu_sz_spp_refuses_a_level_its_check_refuses():
+    # 3 x 2^2 = 12 bins across 10 columns: no stride keeps the padding below the kernel (CHECK_GT(stride_w, 0))
+    text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 1 dim: 13 dim: 10 } } }\n'
+            'layer { name: "spp" type: "SPP" bottom: "data" top: "spp" spp_param { pyramid_height: 3 base_bin_w: 3 } }')
+    with pytest.raises(caffeq.CaffeqError, match="SPP level 2: no stride keeps the padding below the kernel"):
+        caffeq.model.load_from_text(text)
 
 
 # ---- batch, optimization, names, stats --------------------------------------------------------

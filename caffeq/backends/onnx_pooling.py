@@ -191,10 +191,12 @@ def emit_spp(ctx, node, spec):
     a = node.attrs
     x, y = node.inputs[0], node.outputs[0]
     h, w = ctx.shape(x)[2:]
-    if a["height"] == 1:
+    if a["height"] == 1 and a.get("pyramid") is None:
         gattrs = {"pool": a["pool"], "global": True, "round_mode": 0, "kernel": None,
                   "stride": (1, 1), "pad": (0, 0)}
         return emit_pooling(ctx, node, gattrs, x, y)
+    if a["height"] == 1:   # kyu-sz's single level keeps its pooled map
+        return emit_pooling(ctx, node, spec.level_attrs(a, 0, h, w), x, y)
     parts = []
     for level in range(a["height"]):
         la = spec.level_attrs(a, level, h, w)

@@ -44,7 +44,7 @@ from .pooling_nd import (
     onnx_pool3d_windows,
     pytorch_pool3d_call,
 )
-from .registry import Layer, LayerError, register_layer, spatial_params, torch_sources
+from .registry import Layer, LayerError, positive_field, register_layer, spatial_params, torch_sources
 
 MAX, AVE, STOCHASTIC = 0, 1, 2
 AVE_EXC_PAD = 3  # synopsys-caffe: average over the in-image part of the window
@@ -323,27 +323,58 @@ class CaffeMaxPool2dMask(nn.Module):
         return f"kernel={self.kernel}, stride={self.stride}, pad={self.pad}, ceil={self.ceil}"
 
 
-class SpatialPyramidPool(nn.Module):
-    """Caffe's SPP: level l pools into 2^l x 2^l bins (kernel = stride = ceil(H / bins), padding
-    centres the grid), each level flattened, all concatenated; one level is global pooling."""
+def spp_axis_geometry(size: int, bins: int, overlap: float) -> list[int]:
+    """kyu-sz/caffe's [kernel, stride, pad] along one axis: the stride shortened by int(size * overlap) (a
+    float32 product), then by one more while the padding would reach the kernel (0 when none is left)."""
+    kernel = -(-size // bins)
+    cut = int(torch.tensor(float(size), dtype=torch.float32) * overlap)
+    stride = max(1, kernel - cut)
+    pad = 0
+    while stride > 0:
+        kernel = max(stride, size - (bins - 1) * stride)
+        pad = (kernel + stride * (bins - 1) - size + 1) // 2
+        if pad < kernel:
+            break
+        stride -= 1
+    return [kernel, stride, pad]
 
-    def __init__(self, levels: int, mode: str):
+
+def spp_level_geometry(h: int, w: int, level: int, pyramid: tuple[int, int, int, int, float, float] | None = None):
+    """(kernel, stride, pad) of SPP level `level` on an h x w map.  BVLC: 2^level bins a side, kernel =
+    stride = ceil(size / bins), the padding centring the grid.  pyramid = (base_bin_h, base_bin_w,
+    fineness_h, fineness_w, overlap_ratio_h, overlap_ratio_w): kyu-sz/caffe's (WPAL-network) bins,
+    base_bin * fineness^level a side, on spp_axis_geometry's grid."""
+    if pyramid is None:
+        bins = 1 << level
+        kh, kw = -(-h // bins), -(-w // bins)
+        return [kh, kw], [kh, kw], [(kh * bins - h + 1) // 2, (kw * bins - w + 1) // 2]
+    base_h, base_w, fine_h, fine_w, over_h, over_w = pyramid
+    gh = spp_axis_geometry(h, int(fine_h ** level) * base_h, over_h)
+    gw = spp_axis_geometry(w, int(fine_w ** level) * base_w, over_w)
+    return [gh[0], gw[0]], [gh[1], gw[1]], [gh[2], gw[2]]
+
+
+class SpatialPyramidPool(nn.Module):
+    """Caffe's SPP: each level pooled on spp_level_geometry's grid, flattened, all concatenated; one BVLC
+    level is global pooling (one kyu-sz level keeps its pooled map)."""
+
+    def __init__(self, levels: int, mode: str, pyramid: tuple[int, int, int, int, float, float] | None = None):
         super().__init__()
-        self.levels, self.mode = levels, mode
+        self.levels, self.mode, self.pyramid = levels, mode, pyramid
 
     def forward(self, x):
         h, w = x.shape[2], x.shape[3]
-        if self.levels == 1:
+        if self.levels == 1 and self.pyramid is None:
             if self.mode == "max":
                 return x.amax(dim=(-2, -1), keepdim=True)
             return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
         parts: list[torch.Tensor] = []
         for level in range(self.levels):
-            bins = 1 << level  # 2^level (an int, also for TorchScript)
-            kh, kw = -(-h // bins), -(-w // bins)
-            pad = [(kh * bins - h + 1) // 2, (kw * bins - w + 1) // 2]
-            parts.append(caffe_pool2d(x, self.mode, [kh, kw], [kh, kw], pad, True).flatten(1))
-        return torch.cat(parts, dim=1)
+            kernel, stride, pad = spp_level_geometry(h, w, level, self.pyramid)
+            parts.append(caffe_pool2d(x, self.mode, kernel, stride, pad, True))
+        if self.levels == 1:
+            return parts[0]
+        return torch.cat([p.flatten(1) for p in parts], dim=1)
 
 
 # model.py gets the same functions and modules, so the export stays bit-identical to forward
@@ -351,7 +382,7 @@ TORCH_POOL_FUNCTIONS = torch_sources(caffe_pool_out, caffe_pool2d,
                                                                       caffe_max_pool2d_mask)
 TORCH_POOL_MODULE = torch_sources(CaffePool2d)
 TORCH_MASK_MODULE = torch_sources(CaffeMaxPool2dMask)
-TORCH_SPP_MODULE = torch_sources(SpatialPyramidPool)
+TORCH_SPP_MODULE = torch_sources(spp_axis_geometry, spp_level_geometry, SpatialPyramidPool)
 
 _TORCH_MODES = {MAX: "max", AVE: "ave", STOCHASTIC: "stochastic", AVE_EXC_PAD: "ave_exc_pad"}
 
@@ -589,7 +620,11 @@ class PoolingND(Pooling):
 
 @register_layer("SPP")
 class SPP(Layer):
-    """Spatial pyramid pooling: level i pools into 2^i x 2^i bins, flattened and concatenated."""
+    """Spatial pyramid pooling: level i pools into 2^i x 2^i bins, flattened and concatenated.
+    kyu-sz/caffe (570b4e1, src/caffe/layers/spp_layer.cpp; the Caffe of kyu-sz/WPAL-network) adds
+    base_bin_h/_w, fineness_h/_w and overlap_ratio_h/_w: set, they give spp_level_geometry's grid."""
+
+    _PYRAMID_FIELDS = ("base_bin_h", "base_bin_w", "fineness_h", "fineness_w", "overlap_ratio_h", "overlap_ratio_w")
 
     def parse(self, lp):
         p = lp.spp_param
@@ -597,34 +632,45 @@ class SPP(Layer):
             raise LayerError("spp_param.pyramid_height must be >= 1")
         if int(p.pool) not in (MAX, AVE):
             raise LayerError("SPP supports MAX and AVE pooling")
-        return {"height": int(p.pyramid_height), "pool": int(p.pool)}
+        pyramid = None
+        if any(p.HasField(f) for f in self._PYRAMID_FIELDS):
+            for f in self._PYRAMID_FIELDS[:4]:
+                positive_field(getattr(p, f), f"spp_param.{f}")
+            pyramid = (int(p.base_bin_h), int(p.base_bin_w), int(p.fineness_h), int(p.fineness_w),
+                       float(np.float32(p.overlap_ratio_h)), float(np.float32(p.overlap_ratio_w)))
+        return {"height": int(p.pyramid_height), "pool": int(p.pool), "pyramid": pyramid}
 
     @staticmethod
     def level_attrs(attrs, level, h, w):
-        bins = 2 ** level
-        kh, kw = int(math.ceil(h / bins)), int(math.ceil(w / bins))
-        ph, pw = (kh * bins - h + 1) // 2, (kw * bins - w + 1) // 2
+        kernel, stride, pad = spp_level_geometry(h, w, level, attrs.get("pyramid"))
         return {"pool": attrs["pool"], "global": False, "round_mode": CEIL,
-                "kernel": (kh, kw), "stride": (kh, kw), "pad": (ph, pw)}
+                "kernel": tuple(kernel), "stride": tuple(stride), "pad": tuple(pad)}
+
+    def _levels(self, attrs, h, w):
+        levels = [self.level_attrs(attrs, lv, h, w) for lv in range(attrs["height"])]
+        for lv, la in enumerate(levels):
+            if la["stride"][0] < 1 or la["stride"][1] < 1:   # kyu-sz's CHECK_GT(stride, 0)
+                raise LayerError(f"SPP level {lv}: no stride keeps the padding below the kernel on a {h}x{w} map")
+        return levels
 
     def infer(self, attrs, in_shapes):
         n, c, h, w = in_shapes[0]
-        if attrs["height"] == 1:
+        if attrs["height"] == 1 and attrs.get("pyramid") is None:
             return [(n, c, 1, 1)]
-        total = 0
-        for level in range(attrs["height"]):
-            la = self.level_attrs(attrs, level, h, w)
-            _, _, _, out = window(la, h, w)
-            total += out[0] * out[1]
-        return [(n, c * total)]
+        outs = [window(la, h, w)[3] for la in self._levels(attrs, h, w)]
+        if attrs["height"] == 1:   # kyu-sz's single level keeps its pooled map
+            return [(n, c) + tuple(outs[0])]
+        return [(n, c * sum(o[0] * o[1] for o in outs))]
 
     def forward(self, attrs, params, x):
         h, w = x.shape[-2], x.shape[-1]
-        if attrs["height"] == 1:
+        if attrs["height"] == 1 and attrs.get("pyramid") is None:
             return caffe_pool(x, {"pool": attrs["pool"], "global": True, "round_mode": CEIL,
                                   "kernel": None, "stride": (1, 1), "pad": (0, 0)})
-        parts = [caffe_pool(x, self.level_attrs(attrs, lv, h, w)).flatten(1) for lv in range(attrs["height"])]
-        return torch.cat(parts, dim=1)
+        parts = [caffe_pool(x, la) for la in self._levels(attrs, h, w)]
+        if attrs["height"] == 1:
+            return parts[0]
+        return torch.cat([p.flatten(1) for p in parts], dim=1)
 
     def onnx(self, ctx, node):
         from ..backends.onnx_pooling import emit_spp
@@ -632,5 +678,6 @@ class SPP(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.instance(TORCH_SPP_MODULE, a["height"], _TORCH_MODES[a["pool"]], needs=[TORCH_POOL_FUNCTIONS])
+        m = emit.instance(TORCH_SPP_MODULE, a["height"], _TORCH_MODES[a["pool"]], a.get("pyramid"),
+                          needs=[TORCH_POOL_FUNCTIONS])
         return f"{m}({emit.inputs[0]})"
