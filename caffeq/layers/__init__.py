@@ -40,6 +40,7 @@ from . import (  # noqa: F401,E402
     greentea_fusion,
     group_norm,
     happynear,
+    human_parsing,
     hwgq,
     im2col,
     iresnet,
