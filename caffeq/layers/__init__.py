@@ -55,6 +55,7 @@ from . import (  # noqa: F401,E402
     mnc_python,
     mxnet_ops,
     netvlad,
+    nn_interp,
     nonlocal_ops,
     norm,
     optical_flow,

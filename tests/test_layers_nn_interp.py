@@ -1,0 +1,37 @@
+"""xh-liu/HydraPlus-Net's NNInterp (2b056d3 nninterp_layer.cpp Forward_cpu): output (r, c) reads row
+min(int(r * scale_h), H - 1), scale_h the float32 H_in / H_out, element by element."""
+import numpy as np
+import pytest
+from conftest import check_everywhere, net, rng
+
+from caffeq.layers import LayerError
+from caffeq.model import load_from_text
+
+F = np.float32
+
+
+def nn_interp_ref(x, ho, wo):
+    n, c, h, w = x.shape
+    sh, sw = F(F(h) / F(ho)), F(F(w) / F(wo))
+    out = np.zeros((n, c, ho, wo), F)
+    for r in range(ho):
+        for q in range(wo):
+            out[:, :, r, q] = x[:, :, min(int(F(r) * sh), h - 1), min(int(F(q) * sw), w - 1)]
+    return out
+
+
+@pytest.mark.parametrize("param, size", [("height: 7 width: 11", (7, 11)), ("height: 2 width: 3", (2, 3)),
+                                          ("zoom_factor: 3", (19, 16)), ("shrink_factor: 2", (4, 3))])
+def test_nearest_resize(param, size, tmp_path):
+    x = rng(1).standard_normal((2, 3, 7, 6)).astype(F)
+    model = load_from_text(net(f'layer {{ name: "i" type: "NNInterp" bottom: "x" top: "o" nninterp_param {{ {param} }} }}',
+                               inputs={"x": x.shape}))
+    assert model.blob_shapes["o"][2:] == size
+    check_everywhere(model, {"x": x}, {"o": nn_interp_ref(x, *size)}, tmp_path)
+
+
+@pytest.mark.parametrize("param", ["height: 3", "zoom_factor: 2 height: 3 width: 3", "shrink_factor: 0"])
+def test_refusals(param):
+    with pytest.raises(LayerError, match="nninterp_param"):
+        load_from_text(net(f'layer {{ name: "i" type: "NNInterp" bottom: "x" top: "o" nninterp_param {{ {param} }} }}',
+                           inputs={"x": (1, 1, 4, 4)}))
