@@ -53,3 +53,26 @@ def test_samples_the_image_at_absolute_coordinates(tmp_path):
 def test_refuses_what_the_fork_checks(coords, msg):
     with pytest.raises(LayerError, match=msg):
         load_from_text(remap_net((2, 3, 4, 6), coords))
+
+
+def test_transformation_subtracts_the_mean_and_scales(tmp_path):
+    # appearance-flow's Transformation without mirror or crop: its affine map is the identity, each read
+    # lands on its pixel, so top = scale * (bottom - mean[c]) for each bottom (one mean value: every channel)
+    text = net('layer { name: "t" type: "Transformation" bottom: "a" bottom: "b" top: "ta" top: "tb" '
+               'transform_param { mean_value: 116.06 mean_value: 113.74 mean_value: 105.49 scale: 0.5 } }',
+               'layer { name: "u" type: "Transformation" bottom: "c" top: "tc" transform_param { mean_value: 7.5 } }',
+               inputs={"a": (2, 3, 4, 5), "b": (2, 3, 4, 5), "c": (1, 4, 2, 3)})
+    a, b = ((255 * rng(k).uniform(size=(2, 3, 4, 5))).astype(F) for k in (1, 2))
+    c = (255 * rng(3).uniform(size=(1, 4, 2, 3))).astype(F)
+    mean = np.array([116.06, 113.74, 105.49], F).reshape(3, 1, 1)
+    want = {"ta": ((a - mean) * F(0.5)).astype(F), "tb": ((b - mean) * F(0.5)).astype(F), "tc": (c - F(7.5)).astype(F)}
+    check_everywhere(load_from_text(text), {"a": a, "b": b, "c": c}, want, tmp_path)
+
+
+@pytest.mark.parametrize("param, msg", [("mirror: true", "flips at random"), ("crop_size: 3", "random position"),
+                                        ("mean_file: 'm.binaryproto'", "does not support transform_param.mean_file"),
+                                        ("mean_value: 1 mean_value: 2", "2 mean values for 3 channels")])
+def test_transformation_refuses_its_random_and_unsupported_settings(param, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(f'layer {{ name: "t" type: "Transformation" bottom: "a" top: "t" transform_param {{ {param} }} }}',
+                           inputs={"a": (1, 3, 4, 5)}))
