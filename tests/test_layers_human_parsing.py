@@ -33,3 +33,9 @@ def test_best_class_with_ties_to_the_highest(tmp_path):
 def test_refuses_another_class_count():
     with pytest.raises(LayerError, match="has 4 channels, mask_create_param.num_cls 20"):
         load_from_text(net('layer { name: "m" type: "MaskCreate" bottom: "x" top: "o" }', inputs={"x": (1, 4, 2, 2)}))
+
+
+def test_refuses_no_classes():
+    with pytest.raises(LayerError, match="num_cls must be >= 1, got 0"):
+        load_from_text(net('layer { name: "m" type: "MaskCreate" bottom: "x" top: "o" mask_create_param { num_cls: 0 } }',
+                           inputs={"x": (1, 4, 2, 2)}))

@@ -35,3 +35,14 @@ def test_refusals(param):
     with pytest.raises(LayerError, match="nninterp_param"):
         load_from_text(net(f'layer {{ name: "i" type: "NNInterp" bottom: "x" top: "o" nninterp_param {{ {param} }} }}',
                            inputs={"x": (1, 1, 4, 4)}))
+
+
+def test_rows_follow_the_float32_scale(tmp_path):
+    # 26 -> 22: row 11 reads int(11 * float32(26 / 22)) = int(12.999999) = 12, where float64 gives 13
+    x = rng(2).standard_normal((2, 3, 26, 30)).astype(F)
+    sh64 = [min(int(r * 26 / 22), 25) for r in range(22)]
+    want = nn_interp_ref(x, 22, 22)
+    assert not np.array_equal(want, x[:, :, sh64][:, :, :, [min(int(q * 30 / 22), 29) for q in range(22)]])
+    model = load_from_text(net('layer { name: "i" type: "NNInterp" bottom: "x" top: "o" nninterp_param { height: 22 width: 22 } }',
+                               inputs={"x": x.shape}))
+    check_everywhere(model, {"x": x}, {"o": want}, tmp_path)

@@ -69,7 +69,9 @@ def test_transformation_subtracts_the_mean_and_scales(tmp_path):
     check_everywhere(load_from_text(text), {"a": a, "b": b, "c": c}, want, tmp_path)
 
 
-@pytest.mark.parametrize("param, msg", [("mirror: true", "flips at random"), ("crop_size: 3", "random position"),
+@pytest.mark.parametrize("param, msg", [("mirror: true", "mirror makes it flip"), ("crop_size: 3", "random position"),
+                                        ("rotate: true", "rotate makes it"), ("min_scale: 0.8", "min_scale makes it"),
+                                        ("max_scale: 1.2", "max_scale makes it"),
                                         ("mean_file: 'm.binaryproto'", "does not support transform_param.mean_file"),
                                         ("mean_value: 1 mean_value: 2", "2 mean values for 3 channels")])
 def test_transformation_refuses_its_random_and_unsupported_settings(param, msg):

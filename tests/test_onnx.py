@@ -307,28 +307,33 @@ def kyu_sz_spp_geometry(size, level, base, fineness, overlap):
     raise AssertionError("no stride")
 
 
-@pytest.mark.parametrize("params, height", [
-    ("fineness_h: 3 overlap_ratio_h: 0.3 fineness_w: 3 overlap_ratio_w: 0.3", 2),      # WPAL-network's spp3
-    ("fineness_h: 3 overlap_ratio_h: 0.1 fineness_w: 1 overlap_ratio_w: 0.1", 2),      # its spp5
-    ("base_bin_h: 2 base_bin_w: 2 fineness_h: 2 fineness_w: 2", 3),
-    ("base_bin_h: 2 base_bin_w: 3", 1),                                                 # one level keeps its map
+@pytest.mark.parametrize("params, height, size, pool", [
+    ("fineness_h: 3 overlap_ratio_h: 0.3 fineness_w: 3 overlap_ratio_w: 0.3", 2, (13, 10), "MAX"),  # WPAL's spp3
+    ("fineness_h: 3 overlap_ratio_h: 0.1 fineness_w: 1 overlap_ratio_w: 0.1", 2, (13, 10), "MAX"),  # its spp5
+    ("base_bin_h: 2 base_bin_w: 2 fineness_h: 2 fineness_w: 2", 3, (13, 10), "MAX"),
+    ("base_bin_h: 2 base_bin_w: 3", 1, (13, 10), "MAX"),                            # one level keeps its map
+    # float32(20) * float32(0.35) is 7.0 where float64 gives 6.99999988: the cut is 7
+    ("fineness_h: 3 overlap_ratio_h: 0.35 fineness_w: 3 overlap_ratio_w: 0.35", 2, (20, 20), "MAX"),
+    ("fineness_h: 3 overlap_ratio_h: 0.3 base_bin_w: 2", 2, (13, 10), "AVE"),
+    # a negative overlap widens the first stride past the map: the search steps down from there
+    ("fineness_h: 3 overlap_ratio_h: -2 fineness_w: 3 overlap_ratio_w: -0.5", 2, (13, 10), "MAX"),
 ])
-def test_kyu_sz_spp_pyramid(params, height, tmp_path):
-    x = np.random.default_rng(4).standard_normal((2, 3, 13, 10)).astype(np.float32)
-    text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 13 '
-            'dim: 10 } } }\n'
+def test_kyu_sz_spp_pyramid(params, height, size, pool, tmp_path):
+    x = np.random.default_rng(4).standard_normal((2, 3) + size).astype(np.float32)
+    text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 '
+            f'dim: {size[0]} dim: {size[1]} }} }} }}\n'
             f'layer {{ name: "spp" type: "SPP" bottom: "data" top: "spp" spp_param {{ pyramid_height: {height} '
-            f'pool: MAX {params} }} }}\n')
+            f'pool: {pool} {params} }} }}\n')
     model = caffeq.model.load_from_text(text)
-    fields = dict(kv.split(": ") for kv in re.findall(r"\w+: [\d.]+", params))
+    fields = dict(kv.split(": ") for kv in re.findall(r"\w+: -?[\d.]+", params))
     get = lambda k, d: float(fields.get(k, d))   # noqa: E731
     parts = []
     for level in range(height):
-        kh, sh, ph = kyu_sz_spp_geometry(13, level, int(get("base_bin_h", 1)), int(get("fineness_h", 2)),
+        kh, sh, ph = kyu_sz_spp_geometry(size[0], level, int(get("base_bin_h", 1)), int(get("fineness_h", 2)),
                                          get("overlap_ratio_h", 0))
-        kw, sw, pw = kyu_sz_spp_geometry(10, level, int(get("base_bin_w", 1)), int(get("fineness_w", 2)),
+        kw, sw, pw = kyu_sz_spp_geometry(size[1], level, int(get("base_bin_w", 1)), int(get("fineness_w", 2)),
                                          get("overlap_ratio_w", 0))
-        parts.append(caffe_pool_reference(x, (kh, kw), (sh, sw), (ph, pw), "MAX"))
+        parts.append(caffe_pool_reference(x, (kh, kw), (sh, sw), (ph, pw), pool))
     ref = parts[0] if height == 1 else np.concatenate([p.reshape(2, -1) for p in parts], axis=1)
     assert model.blob_shapes["spp"] == ref.shape
     np.testing.assert_allclose(model.run({"data": x})["spp"], ref, rtol=1e-6, atol=1e-6)
@@ -343,6 +348,15 @@ def test_kyu_sz_spp_refuses_a_level_its_check_refuses():
     text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 1 dim: 13 dim: 10 } } }\n'
             'layer { name: "spp" type: "SPP" bottom: "data" top: "spp" spp_param { pyramid_height: 3 base_bin_w: 3 } }')
     with pytest.raises(caffeq.CaffeqError, match="SPP level 2: no stride keeps the padding below the kernel"):
+        caffeq.model.load_from_text(text)
+
+
+def test_bvlc_spp_refuses_a_level_whose_padding_reaches_its_kernel():
+    # level 2 of a 5x5 map: 4 bins, kernel ceil(5 / 4) = 2, pad (2 * 4 - 5 + 1) // 2 = 2; BVLC's Pooling
+    # CHECKs pad < kernel
+    text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 1 dim: 5 dim: 5 } } }\n'
+            'layer { name: "spp" type: "SPP" bottom: "data" top: "spp" spp_param { pyramid_height: 4 } }')
+    with pytest.raises(caffeq.CaffeqError, match=r"SPP level 2 on a 5x5 map pads \[2, 2\] with a \[2, 2\] kernel"):
         caffeq.model.load_from_text(text)
 
 

@@ -1,7 +1,8 @@
 """Engineering-Course/caffe_ssl's MaskCreate (b62e3de, src/caffe/layers/mask_create_layer.cpp, last changed in
 af29973; the Caffe of Engineering-Course/LIP_SSL's human parsing nets; CPU only, so its GPU forward runs this
 one): x (N, num_cls, H, W) -> (N, 1, H, W), each pixel's best class as a float, ties going to the highest
-index (a partial_sort of (value, class) pairs with std::greater).
+index (a partial_sort of (value, class) pairs with std::greater).  With NaN in a pixel the fork's
+order is undefined, and torch and onnxruntime pick differently.
 """
 
 from .registry import Layer, LayerError, four_axes, need_blobs, register_layer
@@ -17,7 +18,10 @@ def best_class_last_tie(x):
 class MaskCreate(Layer):
     def parse(self, lp):
         need_blobs(lp, "MaskCreate", 1, 1)
-        return {"classes": int(lp.mask_create_param.num_cls)}
+        classes = int(lp.mask_create_param.num_cls)
+        if classes < 1:
+            raise LayerError(f"mask_create_param.num_cls must be >= 1, got {classes}")
+        return {"classes": classes}
 
     def infer(self, attrs, in_shapes):
         n, c, h, w = four_axes(in_shapes[0], "MaskCreate")

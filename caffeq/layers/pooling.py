@@ -329,6 +329,8 @@ def spp_axis_geometry(size: int, bins: int, overlap: float) -> list[int]:
     kernel = -(-size // bins)
     cut = int(torch.tensor(float(size), dtype=torch.float32) * overlap)
     stride = max(1, kernel - cut)
+    if bins >= 3:   # any stride >= size leaves a pad >= kernel: the search would step down to size anyway
+        stride = min(stride, size)
     pad = 0
     while stride > 0:
         kernel = max(stride, size - (bins - 1) * stride)
@@ -636,6 +638,9 @@ class SPP(Layer):
         if any(p.HasField(f) for f in self._PYRAMID_FIELDS):
             for f in self._PYRAMID_FIELDS[:4]:
                 positive_field(getattr(p, f), f"spp_param.{f}")
+            for f in self._PYRAMID_FIELDS[4:]:
+                if not math.isfinite(getattr(p, f)):
+                    raise LayerError(f"spp_param.{f} must be a finite number, got {getattr(p, f)}")
             pyramid = (int(p.base_bin_h), int(p.base_bin_w), int(p.fineness_h), int(p.fineness_w),
                        float(np.float32(p.overlap_ratio_h)), float(np.float32(p.overlap_ratio_w)))
         return {"height": int(p.pyramid_height), "pool": int(p.pool), "pyramid": pyramid}
@@ -651,6 +656,9 @@ class SPP(Layer):
         for lv, la in enumerate(levels):
             if la["stride"][0] < 1 or la["stride"][1] < 1:   # kyu-sz's CHECK_GT(stride, 0)
                 raise LayerError(f"SPP level {lv}: no stride keeps the padding below the kernel on a {h}x{w} map")
+            if any(p >= k for p, k in zip(la["pad"], la["kernel"])):   # the level's Pooling: CHECK_LT(pad, kernel)
+                raise LayerError(f"SPP level {lv} on a {h}x{w} map pads {list(la['pad'])} with a {list(la['kernel'])} "
+                                 f"kernel; Caffe's Pooling needs the padding below the kernel")
         return levels
 
     def infer(self, attrs, in_shapes):

@@ -9,9 +9,11 @@ Transformation (the same fork, transformation_layer.cpp / .cu, last changed in 8
 layer inside the net, one top per bottom.  Without mirror or a crop smaller than the image, its random
 affine map is the identity (a uniform draw over an empty range) and each bilinear read lands on its pixel,
 so top = transform_param.scale * (bottom - mean_value[c]), the values cycled over the channels.  Its
-mirror and its crop position are random at every forward, also at test: refused.
+mirror, rotation (rotate), zoom (min_scale / max_scale other than 1) and crop position are random at every
+forward, also at test: refused.
 """
 import numpy as np
+import torch
 
 from .optical_flow import coords_warp, pixels_at
 from .registry import AT_LEAST, Layer, LayerError, four_axes, need_blobs, register_layer
@@ -50,9 +52,11 @@ class Remap(Layer):
         return f"{emit.helper(coords_warp)}({emit.inputs[0]}, {emit.inputs[1]})"
 
 
-def mean_scaled(x, mean: list[float], scale: float):
-    """scale * (x - mean[c]) over axis -3 (a single value applies to every channel)."""
-    m = x.new_tensor(mean).reshape(-1, 1, 1) if mean else x.new_zeros(())
+def mean_scaled(x: torch.Tensor, mean: list[float], scale: float):
+    """scale * (x - mean[c]) over axis -3, one mean value per channel (none: no subtraction)."""
+    if len(mean) == 0:
+        return x * scale
+    m = torch.tensor(mean, dtype=x.dtype, device=x.device).reshape(-1, 1, 1)
     return (x - m) * scale
 
 
@@ -66,9 +70,11 @@ class Transformation(Layer):
         for field in ("mean_file", "force_color", "force_gray"):   # LayerSetUp's CHECKs
             if t.HasField(field):
                 raise LayerError(f"Transformation does not support transform_param.{field} (its fork's check)")
-        if t.mirror:
-            raise LayerError("Transformation's mirror flips at random at every forward, test included: "
-                             "caffeq does not run random layers")
+        random = [f for f, on in (("mirror", t.mirror), ("rotate", t.rotate),
+                                  ("min_scale", t.min_scale != 1), ("max_scale", t.max_scale != 1)) if on]
+        if random:
+            raise LayerError(f"Transformation's transform_param.{random[0]} makes it flip, rotate or zoom at random at "
+                             f"every forward, test included: caffeq does not run random layers")
         return {"scale": float(np.float32(t.scale)), "mean": [float(np.float32(v)) for v in t.mean_value],
                 "crop": int(t.crop_size)}
 
