@@ -315,8 +315,7 @@ def kyu_sz_spp_geometry(size, level, base, fineness, overlap):
     # float32(20) * float32(0.35) is 7.0 where float64 gives 6.99999988: the cut is 7
     ("fineness_h: 3 overlap_ratio_h: 0.35 fineness_w: 3 overlap_ratio_w: 0.35", 2, (20, 20), "MAX"),
     ("fineness_h: 3 overlap_ratio_h: 0.3 base_bin_w: 2", 2, (13, 10), "AVE"),
-    # a negative overlap widens the first stride past the map: the search steps down from there
-    ("fineness_h: 3 overlap_ratio_h: -2 fineness_w: 3 overlap_ratio_w: -0.5", 2, (13, 10), "MAX"),
+    ("fineness_h: 3 overlap_ratio_h: 1.5 fineness_w: 3 overlap_ratio_w: 0.9", 2, (13, 10), "MAX"),   # stride 1
 ])
 def test_kyu_sz_spp_pyramid(params, height, size, pool, tmp_path):
     x = np.random.default_rng(4).standard_normal((2, 3) + size).astype(np.float32)
@@ -348,6 +347,16 @@ def test_kyu_sz_spp_refuses_a_level_its_check_refuses():
     text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 1 dim: 13 dim: 10 } } }\n'
             'layer { name: "spp" type: "SPP" bottom: "data" top: "spp" spp_param { pyramid_height: 3 base_bin_w: 3 } }')
     with pytest.raises(caffeq.CaffeqError, match="SPP level 2: no stride keeps the padding below the kernel"):
+        caffeq.model.load_from_text(text)
+
+
+@pytest.mark.parametrize("ratio", ["-0.5", "inf", "nan"])
+def test_kyu_sz_spp_refuses_overlap_ratios_off_its_range(ratio):
+    # below 0 the fork's windows grow past the map (a -1e8 ratio asks for a 100 GB padded copy)
+    text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 1 dim: 13 dim: 10 } } }\n'
+            'layer { name: "spp" type: "SPP" bottom: "data" top: "spp" spp_param { pyramid_height: 2 '
+            f'overlap_ratio_h: {ratio} }} }}')
+    with pytest.raises(caffeq.CaffeqError, match="spp_param.overlap_ratio_h must be a finite ratio >= 0"):
         caffeq.model.load_from_text(text)
 
 

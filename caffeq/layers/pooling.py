@@ -329,8 +329,6 @@ def spp_axis_geometry(size: int, bins: int, overlap: float) -> list[int]:
     kernel = -(-size // bins)
     cut = int(torch.tensor(float(size), dtype=torch.float32) * overlap)
     stride = max(1, kernel - cut)
-    if bins >= 3:   # any stride >= size leaves a pad >= kernel: the search would step down to size anyway
-        stride = min(stride, size)
     pad = 0
     while stride > 0:
         kernel = max(stride, size - (bins - 1) * stride)
@@ -639,8 +637,8 @@ class SPP(Layer):
             for f in self._PYRAMID_FIELDS[:4]:
                 positive_field(getattr(p, f), f"spp_param.{f}")
             for f in self._PYRAMID_FIELDS[4:]:
-                if not math.isfinite(getattr(p, f)):
-                    raise LayerError(f"spp_param.{f} must be a finite number, got {getattr(p, f)}")
+                if not 0 <= getattr(p, f) < math.inf:   # below 0 the fork's windows grow past the map
+                    raise LayerError(f"spp_param.{f} must be a finite ratio >= 0, got {getattr(p, f)}")
             pyramid = (int(p.base_bin_h), int(p.base_bin_w), int(p.fineness_h), int(p.fineness_w),
                        float(np.float32(p.overlap_ratio_h)), float(np.float32(p.overlap_ratio_w)))
         return {"height": int(p.pyramid_height), "pool": int(p.pool), "pyramid": pyramid}
