@@ -485,6 +485,39 @@ def test_torch_export_and_jit_script(tmp_path, name, exact):
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
+FORK_SCRIPT_NETS = {   # fork layers whose model.py loops or branches in Python
+    "IRNN": ('layer { name: "r" type: "IRNN" bottom: "x" top: "l" top: "u" top: "r" top: "d" }', (1, 2, 4, 3)),
+    "GateRecurrent2dnoind": ('layer { name: "p" type: "GateRecurrent2dnoind" bottom: "x" bottom: "x" bottom: "x" '
+                             'bottom: "x" top: "o" gaterecurrent2dnoind_param { horizontal: false reverse: true } }',
+                             (1, 2, 4, 3)),
+    "Threshold below_value": ('layer { name: "t" type: "Threshold" bottom: "x" top: "o" threshold_param '
+                              '{ threshold: 0.5 below_value: -1 } }', (1, 3, 4, 5)),
+    **{f"Quantization {m}": (f'layer {{ name: "q" type: "Quantization" bottom: "x" top: "o" quantization_param '
+                             f'{{ bit_width: 4 range: 0 range: 3 round_method: {m} }} }}', (1, 3, 4, 5))
+       for m in ("ROUND", "FLOOR", "CEIL", "TRUNC")},
+}
+
+
+@pytest.mark.parametrize("name", FORK_SCRIPT_NETS)
+def test_fork_layers_script(name, tmp_path):
+    """torch.jit.script takes these layers' model.py and computes what the eager module does."""
+    layer, shape = FORK_SCRIPT_NETS[name]
+    model = load_from_text(f'input: "x" input_shape {{ {" ".join(f"dim: {d}" for d in shape)} }}\n{layer}',
+                           random_weights=True)
+    info = export_pytorch(model, tmp_path / "o")
+    net = _import(tmp_path / "o" / "model.py").load()
+    x = torch.from_numpy(np.random.default_rng(5).uniform(-3, 3, shape).astype(np.float32))
+    with torch.no_grad():
+        want = _outputs(net(x), info)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # torch.jit.script is deprecated in recent torch
+            scripted = torch.jit.script(net)
+        got = _outputs(scripted(x), info)
+    assert want.keys() == got.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    ref = model.run({"x": x.numpy()})
+    assert all(np.array_equal(want[k].numpy(), ref[k]) for k in want)
+
+
 def test_recurrent_modules_script_and_export(tmp_path):
     """LSTM/RNN loop over T in Python: torch.jit.script keeps the loop; torch.export unrolls it for
     the example's T (static shapes)."""

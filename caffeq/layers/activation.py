@@ -537,7 +537,7 @@ class Threshold(Neuron):
         above = x > attrs["threshold"]
         if not attrs["below"]:
             return above.to(x.dtype)
-        return torch.where(above, x.new_ones(()), x.new_tensor(attrs["below"]))
+        return torch.where(above, 1.0, attrs["below"]).to(x.dtype)
 
     def onnx(self, ctx, node):
         gt = ctx.tmp(node.name + "_gt")
@@ -553,7 +553,7 @@ class Threshold(Neuron):
         above = f"({x} > {emit.lit(node.attrs['threshold'])})"
         if not below:
             return f"{above}.to({x}.dtype)"
-        return f"torch.where({above}, {x}.new_ones(()), {x}.new_tensor({emit.lit(below)}))"
+        return f"torch.where({above}, 1.0, {emit.lit(below)}).to({x}.dtype)"
 
 
 @register_layer("Clip")

@@ -30,22 +30,28 @@ DIRECTIONS = ("left", "up", "right", "down")
 SWEEPS = ((3, True), (2, True), (3, False), (2, False))
 
 
-def relu_sweep(x, weight, axis, backwards):
+def relu_sweep(x: torch.Tensor, weight: torch.Tensor, axis: int, backwards: bool):
     """s_i = relu(s_prev * weight + x_i) along `axis` of x, from s = 0 at the first (backwards: the
     last) position; weight (1, C, 1) broadcasts over the rows or columns that one step holds."""
     steps = x.unbind(axis)
-    out = [None] * len(steps)
+    count = len(steps)
     state = torch.zeros_like(steps[0])
-    for i in (reversed(range(len(steps))) if backwards else range(len(steps))):
-        state = torch.relu(state * weight + steps[i])
-        out[i] = state
+    out: list[torch.Tensor] = []
+    for k in range(count):
+        state = torch.relu(state * weight + steps[count - 1 - k if backwards else k])
+        out.append(state)
+    if backwards:
+        out.reverse()
     return torch.stack(out, axis)
 
 
-def direction_rnns(x, weights, sweeps):
+def direction_rnns(x: torch.Tensor, weights: torch.Tensor, sweeps: list[tuple[int, bool]]):
     """DSC's IRNN: x (N, C, H, W) and weights (4 C,) -> one map per (axis, backwards) of `sweeps`."""
     per_direction = weights.reshape(len(sweeps), 1, x.shape[1], 1)
-    return tuple(relu_sweep(x, per_direction[i], axis, backwards) for i, (axis, backwards) in enumerate(sweeps))
+    maps: list[torch.Tensor] = []
+    for i, (axis, backwards) in enumerate(sweeps):
+        maps.append(relu_sweep(x, per_direction[i], axis, backwards))
+    return maps
 
 
 class DirectionRNNs(nn.Module):
@@ -53,7 +59,7 @@ class DirectionRNNs(nn.Module):
 
     def __init__(self, channels, sweeps):
         super().__init__()
-        self.sweeps = sweeps
+        self.sweeps = [tuple(s) for s in sweeps]   # a list: what direction_rnns takes, also scripted
         self.weight = nn.Parameter(torch.ones(len(sweeps) * channels))
 
     def forward(self, x):

@@ -66,8 +66,12 @@ def qnn_fixed_point(x, lo: float, hi: float, scale: float, method: int):
         a = y.abs()
         whole = a.floor()
         y = torch.copysign(whole + (a - whole >= 0.5).to(y.dtype), y)
+    elif method == 1:
+        y = torch.floor(y)
+    elif method == 2:
+        y = torch.ceil(y)
     else:
-        y = (torch.floor, torch.ceil, torch.trunc)[method - 1](y)
+        y = torch.trunc(y)
     return y.clamp(lo, hi) / scale
 
 

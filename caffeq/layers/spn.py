@@ -26,7 +26,7 @@ def spn_left_right(x, g1, g2, g3):
     rows = torch.arange(height, device=x.device)[:, None]
     keep1 = (rows > 0).to(x.dtype)                 # row r - 1 exists
     keep3 = (rows < height - 1).to(x.dtype)        # row r + 1 exists
-    zero_row = x.new_zeros(x.shape[0], x.shape[1], 1)
+    zero_row = x.new_zeros([x.shape[0], x.shape[1], 1])
     cols = [x[:, :, :, 0] * 1.0 + 0.0]
     for w in range(1, width):
         prev = cols[-1]
@@ -37,12 +37,16 @@ def spn_left_right(x, g1, g2, g3):
     return torch.stack(cols, 3)
 
 
+def spn_orient(t: torch.Tensor, horizontal: bool, reverse: bool):
+    """A map turned so that the propagation runs left to right (its own inverse)."""
+    t = t if horizontal else t.transpose(2, 3)
+    return t.flip(3) if reverse else t
+
+
 def spn_propagate(x, g1, g2, g3, horizontal: bool, reverse: bool):
     """GateRecurrent2dnoind: any direction as left to right on transposed or flipped maps."""
-    def orient(t):
-        t = t if horizontal else t.transpose(2, 3)
-        return t.flip(3) if reverse else t
-    out = spn_left_right(*(orient(t) for t in (x, g1, g2, g3)))
+    out = spn_left_right(spn_orient(x, horizontal, reverse), spn_orient(g1, horizontal, reverse),
+                         spn_orient(g2, horizontal, reverse), spn_orient(g3, horizontal, reverse))
     out = out.flip(3) if reverse else out
     return out if horizontal else out.transpose(2, 3)
 
@@ -108,6 +112,7 @@ class GateRecurrent2dnoind(Layer):
 
     def pytorch_source(self, node, emit):
         emit.helper(spn_left_right)
+        emit.helper(spn_orient)
         a = node.attrs
         return f"{emit.helper(spn_propagate)}({', '.join(emit.inputs)}, {a['horizontal']}, {a['reverse']})"
 
