@@ -424,6 +424,26 @@ def test_memory_data_reads_naibaf7_caffes_n_d_dims():
     assert plain["data"] == (2, 3, 4, 5) and plain["label"] == (2,)
 
 
+@pytest.mark.parametrize("field, channels", [("images_in_color: false", 1), ("images_in_color: true", 3),
+                                             ("is_color: false", 1), ("", 3)])
+def test_image_data_images_in_color_is_is_color(field, channels):
+    # Evolving-AI-Lab/fooling's Caffe named is_color images_in_color (the same field 11)
+    from caffeq.model import load_from_text
+    model = load_from_text('layer { name: "data" type: "ImageData" top: "data" top: "label" image_data_param { '
+                           f'source: "missing.txt" batch_size: 2 new_height: 28 new_width: 24 {field} }} }}')
+    assert model.blob_shapes["data"] == (2, channels, 28, 24)
+
+
+def test_memory_data_transpose_keeps_the_blob_shape():
+    # happynear/caffe-windows (its MTCNN v2 nets): transpose only changes how its reader lays out the
+    # images it is handed; the declared blob shape holds, and the user is told
+    from caffeq.model import load_from_text
+    model = load_from_text('layer { name: "data" type: "MemoryData" top: "data" top: "label" '
+                           'memory_data_param { batch_size: 1 channels: 3 height: 24 width: 20 transpose: true } }')
+    assert model.blob_shapes["data"] == (1, 3, 24, 20)
+    assert any("memory_data_param.transpose" in n for n in model.warnings)
+
+
 def test_deeplab_data_dim_tops_are_each_images_height_and_width():
     # DeepLab v2's ImageSegData and the memory reader built on it (yilei0620/DeepLab-V2-Read-Memory-Data)
     # give a third top, data_dim: (N, 1, 1, 2), each image's size before the crop

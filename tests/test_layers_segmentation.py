@@ -606,6 +606,37 @@ def test_unpooling_bad_params(param, msg):
                            inputs={"x": (1, 2, 3, 4)}))
 
 
+@needs_unpool
+@pytest.mark.parametrize("param, out", [("output_h: 9 output_w: 11", (9, 11)),     # FuseNet's NYU nets
+                                        ("scale: 2", (8, 10)),                     # its SUN RGB-D net
+                                        ("output_h: 8 output_w: 10 scale: 3", (8, 10))])   # both: output_h/w
+def test_fusenet_unpooling_scatters_by_the_mask(param, out, tmp_path):
+    # tum-vision/fusenet unpooling_layer.cpp: a zeroed top, top[mask[i]] = data[i] plane by plane
+    g = np.random.default_rng(13)
+    x = g.integers(-2, 3, (2, 3, 8, 10)).astype(np.float32)
+    d = g.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    layers = ['layer { name: "p" type: "Pooling" bottom: "x" top: "p" top: "m" '
+              'pooling_param { pool: MAX kernel_size: 2 stride: 2 } }',
+              f'layer {{ name: "u" type: "Unpooling" bottom: "d" bottom: "m" top: "u" unpooling_param {{ {param} }} }}']
+    model = load_from_text(net(*layers, inputs={"x": x.shape, "d": d.shape}))
+    assert model.blob_shapes["u"] == (2, 3) + out
+    ref = deconvnet_unpool_ref(d, max_pool_mask_ref(x, 2, 2, 2, 2, 0, 0)[1], "MAX", 1, 1, 1, 1, *out)
+    check_everywhere(model, {"x": x, "d": d}, {"u": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+@needs_unpool
+@pytest.mark.parametrize("param, bottoms, msg", [
+    ("output_h: 9", 2, "needs unpooling_param output_h and output_w, or scale"),
+    ("scale: 0", 2, "scale must be > 0"),
+    ("scale: 2", 1, "takes 2 bottoms"),
+    ("scale: 2 kernel_size: 2", 2, "kernel_size is another fork's")])
+def test_fusenet_unpooling_refusals(param, bottoms, msg):
+    b = 'bottom: "x" bottom: "m"' if bottoms == 2 else 'bottom: "x"'
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(f'layer {{ name: "u" type: "Unpooling" {b} top: "u" unpooling_param {{ {param} }} }}',
+                           inputs={"x": (1, 2, 3, 4), "m": (1, 2, 3, 4)}))
+
+
 # ---- CUDA ------------------------------------------------------------------------------------
 
 @pytest.mark.cuda

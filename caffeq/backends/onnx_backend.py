@@ -243,6 +243,16 @@ def _live_io(graph):
     return kept, inputs, outputs, dropped
 
 
+def values_shaped(graph):
+    """The tensors whose shape may depend on values (made by, or computed from, a layer with a
+    data-dependent top): an output dim that ONNX inference leaves unknown stays unnamed there."""
+    varying = set()
+    for n in graph.nodes:
+        if n.spec.data_dependent_shape or any(t in varying for t in n.inputs):
+            varying.update(n.outputs)
+    return varying
+
+
 def emit_graph(graph, opset):
     """Run every kept layer's emission -> (ctx, refusals, inputs, outputs, dropped)."""
     ctx = OnnxContext(graph, opset)
@@ -417,8 +427,9 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
     inferred, inf_notes = infer_shapes(twin(m, g, layout), strict=check)
     notes.extend(inf_notes)
     out_vi = {vi.name: vi for vi in inferred.graph.output} if inferred is not None else {}
+    varying = values_shaped(graph)
     out_dims = {t: output_dims(t, graph.tensors[t].shape, dyn.get(t, {}), fixed is not None,
-                                inferred_dims(out_vi.get(t)), source, notes, set(syms.values()))
+                                inferred_dims(out_vi.get(t)), source, notes, set(syms.values()), t in varying)
                 for t in out_names}
     del g.output[:]
     for t in out_names:

@@ -176,8 +176,9 @@ def declared_dims(shape, dyn, fixed):
     return [int(d) if (fixed or i not in dyn) else dyn[i] for i, d in enumerate(shape)]
 
 
-def output_dims(name, caffe, dyn, fixed, inferred, where, notes, symbols=()):
-    """Reconcile Caffe's shape, the batch analysis and ONNX's inferred shape of one output."""
+def output_dims(name, caffe, dyn, fixed, inferred, where, notes, symbols=(), values_shaped=False):
+    """Reconcile Caffe's shape, the batch analysis and ONNX's inferred shape of one output
+    (values_shaped: its shape may depend on values, so a dim inference leaves open stays open)."""
     caffe = [int(d) for d in caffe]
     if inferred is None:
         return declared_dims(caffe, dyn, fixed)
@@ -203,6 +204,8 @@ def output_dims(name, caffe, dyn, fixed, inferred, where, notes, symbols=()):
                 dims.append(inf)            # the batch of an input, as inference tracked it
             else:
                 dims.append(None)           # data-dependent (or beyond inference): unnamed
+        elif values_shaped:
+            dims.append(None)               # e.g. a count of kept boxes: Caffe's dim is its setup value
         else:
             dims.append(c)
     return dims

@@ -53,6 +53,7 @@ from . import (  # noqa: F401,E402
     misc,
     mnc,
     mnc_python,
+    mtcnn_predict_box,
     mxnet_ops,
     netvlad,
     nn_interp,

@@ -226,7 +226,8 @@ class ImageData(DataLayer):
         if (p.min_height > 0) != (p.min_width > 0):   # lisa-caffe-public image_data_layer.cpp's CHECK
             raise LayerError("image_data_param.min_height and min_width must be set together")
         return {"source": p.source, "batch_size": int(p.batch_size), "new_height": int(p.new_height),
-                "new_width": int(p.new_width), "is_color": bool(p.is_color),
+                "new_width": int(p.new_width),
+                "is_color": bool(p.images_in_color if p.HasField("images_in_color") else p.is_color),
                 "new_dim": int(p.new_dim), "bicubic": bool(p.bicubic),
                 "min_size": (int(p.min_height), int(p.min_width)) if p.min_height else None,
                 "root_folder": p.root_folder, "shuffle": bool(p.shuffle),
@@ -272,8 +273,12 @@ class ImageData(DataLayer):
 class MemoryData(DataLayer):
     def parse(self, lp):
         p = lp.memory_data_param
+        notes = [("memory_data_param.transpose: the fork's reader transposes each image it is given (rows "
+                  "become columns); the blob stays (batch, channels, height, width): feed images transposed "
+                  "as the fork's reader lays them out")] if p.transpose else []
         return {"batch_size": int(p.batch_size), "chw": (int(p.channels), int(p.height), int(p.width)),
-                "dims": tuple(int(d) for d in p.dim), "transform": transform_attrs(lp), "num_tops": len(lp.top)}
+                "dims": tuple(int(d) for d in p.dim), "transform": transform_attrs(lp), "num_tops": len(lp.top),
+                "reading_notes": notes}
 
     def data_shape(self, attrs):
         if attrs["dims"]:   # naibaf7/caffe's N-D form: the shape as given

@@ -436,6 +436,8 @@ class Unpooling(Layer):
     def parse(self, lp):
         need_blobs(lp, "Unpooling", (1, 2), roles="data, max-pooling mask")
         p = lp.unpooling_param
+        if any(p.HasField(f) for f in ("output_h", "output_w", "scale")):
+            return self._fusenet_attrs(lp, p)
         method = int(p.unpool)
         if method not in (UNPOOL_MAX, UNPOOL_AVE, UNPOOL_TILE):
             raise LayerError(f"unknown unpooling_param.unpool {method}")
@@ -471,6 +473,32 @@ class Unpooling(Layer):
             raise LayerError(f"unpooling_param output size must be >= 1, got {list(out)}")
         return {"method": method, "kernel": kernel, "stride": stride, "out": out, "pad": (0, 0),
                 "mask": len(lp.bottom) == 2}
+
+    @staticmethod
+    def _fusenet_attrs(lp, p):
+        """tum-vision/fusenet's Unpooling (1e5cf50 unpooling_layer.cpp / .cu): SegNet's mask unpooling,
+        two bottoms, to (output_h, output_w) when both are given, else to the input's size times scale."""
+        if len(lp.bottom) != 2:
+            raise LayerError("FuseNet's Unpooling (unpooling_param output_h / output_w / scale) takes 2 bottoms "
+                             "(data, max-pooling mask)")
+        other = [f for f in ("unpool", "kernel_size", "kernel_h", "unpool_size", "unpool_h") if p.HasField(f)]
+        if other:
+            raise LayerError(f"unpooling_param.{other[0]} is another fork's; FuseNet's Unpooling reads only "
+                             f"output_h, output_w and scale")
+        if p.HasField("output_h") and p.HasField("output_w"):
+            out = (int(p.output_h), int(p.output_w))
+            if min(out) < 1:
+                raise LayerError(f"unpooling_param.output_h and output_w must be > 0, got {list(out)}")
+            return {"method": UNPOOL_MAX, "kernel": (1, 1), "stride": (1, 1), "out": out, "pad": (0, 0),
+                    "mask": True}
+        if not p.HasField("scale"):
+            raise LayerError("FuseNet's Unpooling needs unpooling_param output_h and output_w, or scale")
+        scale = int(p.scale)
+        if scale < 1:
+            raise LayerError(f"unpooling_param.scale must be > 0, got {scale}")
+        # (H - 1) * scale + scale = H * scale: the deconvolution-like size with kernel = stride = scale
+        return {"method": UNPOOL_MAX, "kernel": (scale, scale), "stride": (scale, scale), "out": None,
+                "pad": (0, 0), "mask": True}
 
     @staticmethod
     def _out(attrs, shape):
