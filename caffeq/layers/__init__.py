@@ -7,6 +7,7 @@ from . import (  # noqa: F401,E402
     apollo,
     au_forks,
     bilinear_forks,
+    bilinear_pooling,
     bireal,
     c3d,
     caffe_plus,

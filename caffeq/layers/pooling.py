@@ -245,7 +245,8 @@ def caffe_pool_out(size: list[int], kernel: list[int], stride: list[int], pad: l
 
 def caffe_pool2d(x, mode: str, kernel: list[int], stride: list[int], pad: list[int], ceil: bool):
     """Caffe's Pooling (see caffe_pool_out for the size). MAX ignores padding, AVE divides by the
-    window clipped to the padded input, STOCHASTIC (test) is sum(x^2) / sum(x)."""
+    window clipped to the padded input, STOCHASTIC (test) is sum(x^2) / sum(x); "sum" is the window's
+    sum (SumPooling's SUM)."""
     size = [x.shape[2], x.shape[3]]
     out = caffe_pool_out(size, kernel, stride, pad, ceil)
     if mode == "stochastic":  # windows start at 0 (Caffe ignores pad here) and clip at the edge
@@ -268,6 +269,8 @@ def caffe_pool2d(x, mode: str, kernel: list[int], stride: list[int], pad: list[i
         return y[:, :, :out[0], :out[1]]
     xp = F.pad(x, pads) if padded else x
     y = F.avg_pool2d(xp, kernel, stride, divisor_override=1)[:, :, :out[0], :out[1]]
+    if mode == "sum":
+        return y
     divisors = []
     for i in range(2):
         starts = torch.arange(out[i], device=x.device) * stride[i] - pad[i]
@@ -491,8 +494,12 @@ def _infer_nd(attrs, shape):
 class Pooling(Layer):
     param_field = "pooling_param"
 
+    def pooling_params(self, lp):
+        """The PoolingParameter-like message this layer reads (SumPooling converts its own)."""
+        return getattr(lp, self.param_field)
+
     def parse(self, lp):
-        attrs = parse_pooling(getattr(lp, self.param_field))
+        attrs = parse_pooling(self.pooling_params(lp))
         # Caffe: MAX pooling may have a second top, the argmax mask; other methods exactly one
         most = 2 if attrs["pool"] == MAX else 1
         if not 1 <= len(lp.top) <= most:
