@@ -8,7 +8,7 @@ module: permute_normalize, priorbox, detection_output (+ its ONNX form in
 detection_output_onnx), and nms (SSD's ApplyNMSFast).  Torch code that model.py
 needs is ordinary module-level code there, copied with inspect.getsource.
 """
-from . import detection_output, permute_normalize, priorbox, priorbox_clustered, priorrbox  # noqa: F401  (registers the specs)
+from . import act_detection_output, detection_output, permute_normalize, priorbox, priorbox_clustered, priorrbox  # noqa: F401,E501  (registers the specs)
 from .detection_output import decode_boxes, decode_textboxes, max_detections  # noqa: F401
 from .nms import ssd_nms  # noqa: F401
 from .permute_normalize import full_order  # noqa: F401
