@@ -295,6 +295,36 @@ def test_image_data_new_dim_gives_the_top_shape(tmp_path):
         load_from_text(text.replace("new_dim: 4", "new_dim: 4 new_height: 5 new_width: 5"))
 
 
+def test_image_list_smaller_side_size_scales_after_the_read(tmp_path):
+    """cvjena/caffe_pp2's smaller_side_size: cv::resize by float(S / shorter side) both ways; OpenCV
+    itself sizes the result, which the shape inference must predict."""
+    from caffeq.data.images import scaled_shorter_size
+    from caffeq.model import load_from_text
+    rng = np.random.default_rng(5)
+    images = {"t.png": rng.integers(0, 256, (15, 6, 3), dtype=np.uint8),
+              "w.png": rng.integers(0, 256, (7, 11, 3), dtype=np.uint8)}
+    for name, img in images.items():
+        cv2.imwrite(str(tmp_path / name), img)
+    (tmp_path / "list.txt").write_text("t.png 0\nw.png 1\n")
+    ds = ImageListDataset(str(tmp_path / "list.txt"), None, smaller_side=(8,), base_dir=str(tmp_path))
+    for k, img in enumerate(images.values()):
+        ratio = float(np.float32(8 / min(img.shape[:2])))
+        want = cv2.resize(img, None, fx=ratio, fy=ratio, interpolation=cv2.INTER_LINEAR).transpose(2, 0, 1)
+        _, got, _, err = ds[k]
+        assert err is None and want.shape[1:] == scaled_shorter_size(img.shape[:2], 8)
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(DataError, match="at random"):
+        ImageListDataset(str(tmp_path / "list.txt"), None, smaller_side=(5, 9))
+    text = f"""layer {{ name: "data" type: "ImageData" top: "data" top: "label"
+      image_data_param {{ source: "{tmp_path / 'list.txt'}" batch_size: 2 smaller_side_size: 8 }} }}"""
+    assert load_from_text(text).inputs["data"] == (2, 3) + scaled_shorter_size((15, 6), 8)
+    cropped = text.replace("smaller_side_size: 8 }", "smaller_side_size: 8 } transform_param { crop_size: 5 }")
+    assert load_from_text(cropped).inputs["data"] == (2, 3, 5, 5)
+    from caffeq.errors import CaffeqError
+    with pytest.raises(CaffeqError, match="shorter side at random"):
+        load_from_text(text.replace("smaller_side_size: 8", "smaller_side_size: 8 smaller_side_size: 9"))
+
+
 def test_lrcn_min_size_grows_small_images_only(tmp_path):
     """lisa-caffe-public's min_height / min_width (io.cpp ReadImageToCVMat): an image smaller than either
     grows, aspect kept, along the side that falls further short; the other is min * (side / other) + 0.5

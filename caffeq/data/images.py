@@ -53,13 +53,16 @@ def decode_image_bytes(data, where="image", is_color=True):
     return np.ascontiguousarray(chw(decode_image_hwc(data, where, is_color))).astype(np.float32)
 
 
-def read_image(path, is_color=True, resize=None, where=None, shorter_side=0, bicubic=False, min_size=None):
+def read_image(path, is_color=True, resize=None, where=None, shorter_side=0, bicubic=False, min_size=None,
+               scaled_shorter_side=0):
     """Caffe's ReadImageToCVMat: imread(is_color), then cv::resize (bilinear) when both sizes
     are given -> C x H x W uint8.
 
     shorter_side: yihui-he/caffe-pro's `new_dim` (io.cpp ReadImageToCVMat with min_dim): the
     shorter side becomes shorter_side and the other round(scale * side), bicubic or bilinear.
-    min_size: LRCN lisa-caffe-public's (min_height, min_width): a smaller image grows (min_grown_size)."""
+    min_size: LRCN lisa-caffe-public's (min_height, min_width): a smaller image grows (min_grown_size).
+    scaled_shorter_side: cvjena/caffe_pp2's smaller_side_size, after the rest: cv::resize by the factor
+    float32(S / shorter side) both ways (bilinear), OpenCV rounding the sizes (scaled_shorter_size)."""
     where = where or path
     try:
         with open(path, "rb") as f:
@@ -78,7 +81,24 @@ def read_image(path, is_color=True, resize=None, where=None, shorter_side=0, bic
             out = cv2.resize(img, (int(w), int(h)),
                              interpolation=cv2.INTER_CUBIC if bicubic else cv2.INTER_LINEAR)
             img = out[:, :, None] if out.ndim == 2 else out
+    if scaled_shorter_side:
+        cv2 = _cv2()
+        ratio = float(shorter_side_ratio(img.shape[:2], scaled_shorter_side))
+        out = cv2.resize(img, None, fx=ratio, fy=ratio, interpolation=cv2.INTER_LINEAR)
+        img = out[:, :, None] if out.ndim == 2 else out
     return chw(img)
+
+
+def shorter_side_ratio(hw, side):
+    """cvjena/caffe_pp2's factor: float(side * 1.0 / min(height, width)), a double quotient stored in a float."""
+    return np.float32(int(side) / min(int(hw[0]), int(hw[1])))
+
+
+def scaled_shorter_size(hw, side):
+    """(height, width) after cv::resize(fx = fy = shorter_side_ratio): each side times the factor, rounded
+    half to even (OpenCV's saturate_cast<int>)."""
+    ratio = float(shorter_side_ratio(hw, side))
+    return round(int(hw[0]) * ratio), round(int(hw[1]) * ratio)
 
 
 def shorter_side_size(hw, shorter_side):
@@ -177,6 +197,7 @@ class _ImageFilesDataset(CaffeDataset):
     resize, and say where a stored path lies on disk (file_path)."""
 
     shorter_side, bicubic = 0, False   # caffe-pro's new_dim resize (ImageListDataset)
+    scaled_shorter_side = 0            # cvjena/caffe_pp2's smaller_side_size (ImageListDataset)
     min_size = None                    # lisa-caffe-public's min_height / min_width (ImageListDataset)
 
     def __len__(self):
@@ -191,7 +212,8 @@ class _ImageFilesDataset(CaffeDataset):
     def load(self, i):
         rel = self.paths[i]
         return (read_image(self.file_path(rel), self.is_color, self.resize, where=rel,
-                           shorter_side=self.shorter_side, bicubic=self.bicubic, min_size=self.min_size),
+                           shorter_side=self.shorter_side, bicubic=self.bicubic, min_size=self.min_size,
+                           scaled_shorter_side=self.scaled_shorter_side),
                 int(self.labels[i]))
 
 
@@ -202,7 +224,8 @@ class ImageListDataset(_ImageFilesDataset):
     kind = "image_list"
 
     def __init__(self, list_path, preprocess=None, root_folder="", new_height=0, new_width=0,
-                 is_color=True, base_dir=None, limit=None, roots=None, new_dim=0, bicubic=False, min_size=None):
+                 is_color=True, base_dir=None, limit=None, roots=None, new_dim=0, bicubic=False, min_size=None,
+                 smaller_side=()):
         super().__init__(preprocess, limit)
         if (new_height > 0) != (new_width > 0):
             raise DataError(f"{list_path}: new_height and new_width must be set together "
@@ -223,6 +246,10 @@ class ImageListDataset(_ImageFilesDataset):
         self.resize = (int(new_height), int(new_width)) if new_height > 0 else None
         self.shorter_side, self.bicubic = int(new_dim), bool(bicubic)
         self.min_size = tuple(min_size) if min_size and all(min_size) else None
+        if len(smaller_side) == 2:
+            raise DataError(f"{list_path}: smaller_side_size with two values draws each image's shorter side at "
+                            f"random (cvjena/caffe_pp2); give one value to evaluate")
+        self.scaled_shorter_side = int(smaller_side[0]) if len(smaller_side) == 1 else 0   # more: the fork ignores
         self.is_color = is_color
         # relative image paths: the given roots (default: the prototxt's folder, then the working
         # directory), then the list file's own folder

@@ -112,7 +112,7 @@ def plan_data(layer, inputs, base_dir, data=None, batch_size=None, transform=Non
             image = {"root_folder": attrs.get("root_folder", ""), "new_height": attrs.get("new_height", 0),
                      "new_width": attrs.get("new_width", 0), "is_color": attrs.get("is_color", True),
                      "new_dim": attrs.get("new_dim", 0), "bicubic": attrs.get("bicubic", False),
-                     "min_size": attrs.get("min_size")}
+                     "min_size": attrs.get("min_size"), "smaller_side": attrs.get("smaller_side", ())}
             if attrs.get("shuffle"):
                 notes.append(f"layer '{layer.name}': shuffle ignored (the evaluation reads in list order)")
         layer_name = layer.name
@@ -175,7 +175,7 @@ def build_dataset(plan, limit=None, defer_normalize=True, seed=0):
         return ImageListDataset(plan.source, pre, root_folder=img.get("root_folder", ""), new_height=nh,
                                 new_width=nw, is_color=img.get("is_color", True), roots=plan.roots,
                                 limit=limit, new_dim=img.get("new_dim", 0), bicubic=img.get("bicubic", False),
-                                min_size=img.get("min_size"))
+                                min_size=img.get("min_size"), smaller_side=img.get("smaller_side", ()))
     if plan.kind == "hdf5":
         from . import Hdf5Dataset
         # Caffe's HDF5Data applies no transform (items may be any rank); flags still apply

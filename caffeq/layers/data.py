@@ -11,7 +11,7 @@ exist (as Caffe's setup reads it), else an error that names `--input-shape`.
 import os
 
 from ..data import datum_shape
-from ..data.images import first_image_shape, min_grown_size, shorter_side_size
+from ..data.images import first_image_shape, min_grown_size, scaled_shorter_size, shorter_side_size
 from ..data.transform import load_mean_file
 from ..errors import DataError
 from ..fs import resolve_source
@@ -206,6 +206,9 @@ class ImageData(DataLayer):
         if attrs.get("new_dim"):
             lines.append(f"shorter side resized to {attrs['new_dim']}, aspect kept "
                          f"({'bicubic' if attrs['bicubic'] else 'bilinear'}, yihui-he/caffe-pro new_dim)")
+        if len(attrs.get("smaller_side", ())) in (1, 2):
+            lines.append("then scaled by {} / its shorter side both ways (bilinear, cvjena/caffe_pp2's "
+                         "smaller_side_size)".format(" to ".join(map(str, attrs["smaller_side"]))))
         if attrs.get("min_size"):
             lines.append("an image smaller than {} x {} grown to it, aspect kept (bilinear, LRCN's min_height / "
                          "min_width)".format(*attrs["min_size"]))
@@ -231,6 +234,7 @@ class ImageData(DataLayer):
                 "new_dim": int(p.new_dim), "bicubic": bool(p.bicubic),
                 "min_size": (int(p.min_height), int(p.min_width)) if p.min_height else None,
                 "root_folder": p.root_folder, "shuffle": bool(p.shuffle),
+                "smaller_side": tuple(int(v) for v in p.smaller_side_size),
                 "label_dim": int(p.label_dim) if p.HasField("label_dim") else 0, "gps": bool(p.use_gps),
                 "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
 
@@ -252,6 +256,20 @@ class ImageData(DataLayer):
         c = 3 if attrs["is_color"] else 1
         n = max(1, attrs["batch_size"])
         crop = attrs["transform"]["crop_size"]
+        sides = attrs.get("smaller_side", ())
+        if len(sides) in (1, 2) and not crop:   # scaled after the read: each image's own size
+            if len(sides) == 2:
+                raise needs_input_shape(attrs, attrs["top"], "smaller_side_size draws each image's shorter side "
+                                        "at random")
+            if attrs["new_height"] and attrs["new_width"]:
+                h, w = attrs["new_height"], attrs["new_width"]
+            else:
+                source = resolve_source(attrs["source"], attrs.get("base_dir"))
+                if not os.path.exists(source):
+                    raise needs_input_shape(attrs, attrs["top"], f"image list '{attrs['source']}' not found")
+                h, w = first_image_shape(source, attrs["root_folder"], attrs.get("base_dir"))
+            c, h, w = _with_crop(attrs, c, *scaled_shorter_size((h, w), sides[0]))
+            return (n, c, h, w)
         if attrs["new_height"] and attrs["new_width"]:
             h, w = attrs["new_height"], attrs["new_width"]
         elif crop:
