@@ -102,6 +102,7 @@ from . import (  # noqa: F401,E402
     ssai,
     ssd,
     stereo_warping,
+    subcnn,
     synopsys_binary,
     synopsys_tf,
     transfernet,
