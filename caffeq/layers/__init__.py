@@ -11,6 +11,7 @@ from . import (  # noqa: F401,E402
     bireal,
     c3d,
     caffe_plus,
+    caffemex,
     cambricon_yolo,
     cascade_rcnn,
     ccpd,

@@ -16,6 +16,11 @@
   item's channels as rows of X (C x H W), top (N, C, C, 1) = X X^T times (1 / (float) H W) / (float) C.
 
 The eps values are the fork's CPU code's (1e-6); its GPU kernels use 1e-12 for L2.
+
+- Normalize with normalize_param.coeff is sciencefans/CaffeMex_v2's (9bab8d2 normalize_layer.cu, the GPU
+  forward its MATLAB nets run; COCO loss): each item (axis 0) over all its values, y = x / (sqrt(sum of
+  squares) + 1e-6) * coeff, the + 1e-6 in double (the kernel's float sum order is not reproduced: the
+  last bits may differ); one top, (num, channels, height, width) as for happynear's.
 """
 
 import numpy as np
@@ -46,6 +51,13 @@ def channel_normalize(x, legacy_shape: list[int], l1: bool, eps: float):
     else:
         norm = torch.sqrt((x * x).sum(dim=1, keepdim=True) + eps)
     return x / norm, norm
+
+
+def item_normalize(x, legacy_shape: list[int], coeff: float):
+    """CaffeMex's Normalize: each item over all its values, x / float32(sqrt(sum of squares) + 1e-6) * coeff."""
+    flat = x.reshape(x.shape[0], -1)
+    norm = (torch.sqrt((flat * flat).sum(1).double()) + 1e-6).to(x.dtype)
+    return (flat / norm[:, None] * coeff).reshape(legacy_shape)
 
 
 def unit_rows(weight, rows: int, eps: float):
@@ -161,6 +173,9 @@ class HappynearNormalize(Layer):
 
     def parse(self, lp):
         need_blobs(lp, "Normalize (happynear)", 1, (1, 2))
+        if lp.normalize_param.HasField("coeff"):   # CaffeMex_v2's
+            need_blobs(lp, "Normalize (CaffeMex_v2, normalize_param.coeff)", 1, 1)
+            return {"fork": "happynear", "coeff": float(np.float32(lp.normalize_param.coeff)), "tops": 1}
         kind = lp.normalize_param.normalize_type
         if kind not in ("L2", "L1"):
             raise LayerError(f"normalize_param.normalize_type must be \"L2\" or \"L1\", got {kind!r}")
@@ -172,6 +187,8 @@ class HappynearNormalize(Layer):
         return [(n, c, h, w), (n, 1, h, w)][:attrs["tops"]]
 
     def forward(self, attrs, params, x):
+        if "coeff" in attrs:
+            return item_normalize(x, attrs["_legacy"], attrs["coeff"])
         y, norm = channel_normalize(x, attrs["_legacy"], attrs["l1"], FORK_EPS)
         return (y, norm) if attrs["tops"] == 2 else y
 
@@ -181,6 +198,14 @@ class HappynearNormalize(Layer):
     def onnx(self, ctx, node):
         a = node.attrs
         name = node.name
+        if "coeff" in a:
+            flat = ctx.op("Flatten", [node.inputs[0]], "items", name=name, axis=1)
+            ss = ctx.op("Cast", [_reduce(ctx, "ReduceSumSquare", flat, [1])], "squares_double", to=11)
+            norm = ctx.op("Cast", [ctx.op("Add", [ctx.op("Sqrt", [ss], "root"), ctx.const(np.array(1e-6))],
+                                          "plus_eps")], "norm", to=1)
+            scaled = ctx.op("Mul", [ctx.op("Div", [flat, norm], "unit"), ctx.f32(a["coeff"])], "scaled")
+            ctx.add_node("Reshape", [scaled, ctx.i64(list(a["_legacy"]))], [node.outputs[0]])
+            return
         x = ctx.add_node("Reshape", [node.inputs[0], ctx.const(np.array(a["_legacy"], np.int64))],
                          ctx.tmp(name + "_4d"), name=name)
         eps = ctx.const(np.array(FORK_EPS, np.float32))
@@ -196,6 +221,8 @@ class HappynearNormalize(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
+        if "coeff" in a:
+            return f"{emit.helper(item_normalize)}({emit.inputs[0]}, {list(a['_legacy'])}, {emit.lit(a['coeff'])})"
         fn = emit.helper(channel_normalize)
         call = f"{fn}({emit.inputs[0]}, {list(a['_legacy'])}, {a['l1']}, {emit.lit(FORK_EPS)})"
         return [f"{call}[0]", f"{call}[1]"] if a["tops"] == 2 else f"{call}[0]"

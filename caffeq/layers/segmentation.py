@@ -55,7 +55,8 @@ SEGNET_EPS = 1e-9   # bn_layer.cpp's var_eps_
 _SEGNET_FIELDS = ("scale_filler", "shift_filler", "bn_mode")
 _PSPNET_FIELDS = ("slope_filler", "bias_filler", "momentum", "eps", "frozen", "engine")
 # yjxiong/caffe's (TSN's) BN: its own fields; it shares scale_filler/shift_filler with SegNet and frozen with PSPNet
-_TSN_FIELDS = ("var_eps", "use_history_in_test", "decay", "moving_average", "axis", "multigpu_sync")
+_TSN_FIELDS = ("var_eps", "use_history_in_test", "decay", "moving_average", "axis", "multigpu_sync",
+               "sync_forward")   # the last: sciencefans/CaffeMex_v2's copy of that BN
 
 
 # ---- torch: used by forward and copied into model.py ---------------------------------

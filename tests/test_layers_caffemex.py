@@ -1,0 +1,49 @@
+"""sciencefans/CaffeMex_v2 (9bab8d2; the COCO loss nets): its Normalize (normalize_param.coeff, the GPU
+kernel's formula; its float sum's order is not reproduced, hence 1e-6), its BN's sync_forward (read as
+TSN's BN) and CenterProjection (read, never run: its forward depends on how often it ran)."""
+import numpy as np
+import pytest
+from conftest import check_everywhere, net, onnx_outputs, rng
+
+from caffeq.errors import ExportError
+from caffeq.layers import LayerError
+from caffeq.model import load_from_text
+
+F = np.float32
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
+def test_normalize_with_coeff_scales_each_item(shape, tmp_path):
+    x = rng(1).standard_normal(shape).astype(F)
+    flat = x.reshape(shape[0], -1)
+    norm = (np.sqrt(F(np.sum(flat.astype(np.float64) ** 2, axis=1)).astype(np.float64)) + 1e-6).astype(F)
+    want = (flat / norm[:, None] * F(2.5)).reshape((shape + (1, 1))[:4])
+    model = load_from_text(net('layer { name: "n" type: "Normalize" bottom: "x" top: "o" '
+                               'normalize_param { coeff: 2.5 } }', inputs={"x": shape}))
+    assert model.blob_shapes["o"] == want.shape
+    check_everywhere(model, {"x": x}, {"o": want}, tmp_path, rtol=1e-6)
+
+
+def test_bn_sync_forward_reads_as_tsn_bn():
+    layer = ('layer {{ name: "bn" type: "BN" bottom: "x" top: "o" bn_param {{ moving_average: true decay: 0.99 '
+             'var_eps: 1e-5 {} }} }}')
+    x = rng(2).standard_normal((2, 3, 4, 5)).astype(F)
+    plain = load_from_text(net(layer.format(""), inputs={"x": x.shape}), random_weights=True)
+    synced = load_from_text(net(layer.format("sync_forward: false"), inputs={"x": x.shape}), random_weights=True)
+    for a, b in zip(plain.layers[-1].blobs, synced.layers[-1].blobs):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(plain.run({"x": x})["o"], synced.run({"x": x})["o"])
+
+
+@pytest.mark.parametrize("param, weight", [("num_output: 10 bias_term: false scale: 1", [(10, 12)]),
+                                           ("num_output: 4 transpose: true", [(12, 4), (4,)])])
+def test_center_projection_is_read_not_run(param, weight, tmp_path):
+    model = load_from_text(net(f'layer {{ name: "c" type: "CenterProjection" bottom: "x" top: "o" '
+                               f'center_projection_param {{ {param} }} }}', inputs={"x": (2, 3, 4)}),
+                           random_weights=True)
+    assert model.blob_shapes["o"] == (2, weight[0][0] if len(weight) == 1 else weight[0][1])
+    assert [b.shape for b in model.layers[-1].blobs] == weight
+    with pytest.raises(LayerError, match="depends on how often it ran"):
+        model.run({"x": np.zeros((2, 3, 4), F)})
+    with pytest.raises(ExportError, match="depends on how often it ran"):
+        onnx_outputs(model, {"x": np.zeros((2, 3, 4), F)}, tmp_path)
