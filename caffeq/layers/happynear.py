@@ -432,7 +432,8 @@ class InnerDistanceLayer(Layer):
 
 
 __all__ = ["HAPPYNEAR_NORMALIZE", "ChannelScale", "Flip", "InnerDistanceLayer", "channel_normalize",
-           "channel_scale", "flip_hw", "inner_distance", "normalize_fork", "onnx_unit_rows", "unit_rows"]
+           "channel_scale", "flip_hw", "inner_distance", "item_normalize", "normalize_fork", "onnx_unit_rows",
+           "unit_rows"]
 
 
 def gram_matrix(x, scale: float):
