@@ -20,6 +20,7 @@ from . import (  # noqa: F401,E402
     conv_lstm,
     ctc,
     ctpn,
+    cudnn_bn,
     data,
     deeplab_forks,
     deformable_conv,

@@ -142,6 +142,10 @@ class BatchNorm(Layer):
 
     def parse(self, lp):
         p = lp.batch_norm_param
+        sknet = [f for f in ("frozen", "momentum") if p.HasField(f)]
+        if sknet:   # declared for SKNet's CuDNNBatchNorm (cudnn_bn.py), which reads this message its own way
+            raise LayerError(f"batch_norm_param.{sknet[0]} is SKNet's CuDNNBatchNorm field; BatchNorm reads "
+                             f"use_global_stats and moving_average_fraction")
         eps = float(p.eps)
         if not eps >= 0:
             raise LayerError(f"batch_norm_param.eps must be >= 0, got {eps}")
