@@ -104,6 +104,7 @@ from . import (  # noqa: F401,E402
     ssai,
     ssd,
     stereo_warping,
+    stochastic_quantization,
     subcnn,
     synopsys_binary,
     synopsys_tf,

@@ -45,6 +45,7 @@ import torch
 
 from .conv import Convolution, InnerProduct, TransformedWeights, _onnx_conv, _torch_conv_source
 from .registry import Layer, LayerError, count, need_blobs, register_layer
+from .stochastic_quantization import bwn_weights, is_sq_fork, read_sq, refuse_random_sq
 
 FLT_MAX = float(np.finfo(np.float32).max)
 FORWARD_FUNCS = ("hwgq", "sign", "hard_tanh", "relu")
@@ -93,6 +94,11 @@ def hwgq_relu(x, negative_slope: float):
 
 def _read_binary_param(lp, field, attrs):
     notes = attrs.setdefault("reading_notes", [])
+    base_field = "convolution_param" if field == "binary_convolution_param" else "inner_product_param"
+    if not lp.HasField(field) and is_sq_fork(lp, base_field):
+        # dongyp13/Stochastic-Quantization's BWN layers (their sq / ratio fields mark them)
+        attrs["binarize"] = attrs["use_alpha"] = True
+        return read_sq(lp, base_field, attrs)
     if not lp.HasField(field) and lp.HasField("debug_param"):
         # zzqiuzz/caffe-zz's binary-weight layers (debug_param is that fork's): always sign(w) times the
         # output channel's mean |w|, as HWGQ's use_alpha computes it
@@ -117,6 +123,9 @@ class _Binary(TransformedWeights):
     """What BinaryConvolution and BinaryInnerProduct share over their base layer's spec."""
 
     def weight_transform(self, attrs, weight):
+        if attrs.get("sq_fork"):
+            refuse_random_sq(attrs)
+            return bwn_weights(weight)
         return hwgq_binarize(weight, attrs["use_alpha"]) if attrs["binarize"] else None
 
     def weight_transform_note(self, attrs):
