@@ -817,3 +817,18 @@ layer { name: "conv1_2" type: "Convolution" bottom: "data" top: "conv1_2"
     assert (round(p.prune_ratio, 4), round(p.prune_ratio_step, 4), p.IF_update_row_col) == (0.9, 0.5372, True)
     model = load_from_text(text, random_weights=True)
     assert [n.expected_param_shapes for n in model.layers if n.type == "Convolution"] == [[(4, 3, 3, 3), (4,)]]
+
+
+def test_jolibrain_soft_nms_switch():
+    # jolibrain/deepdetect's templates (mobilenet_v2_ssd): nms_param { soft_nms: false theta: 0.5 } is SSD's NMS;
+    # soft NMS itself is refused by name
+    from caffeq.layers import LayerError
+    from caffeq.model import load_from_text
+    text = '''input: "loc" input_shape { dim: 1 dim: 8 } input: "conf" input_shape { dim: 1 dim: 6 }
+input: "prior" input_shape { dim: 1 dim: 2 dim: 8 }
+layer { name: "d" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "prior" top: "o"
+  detection_output_param { num_classes: 3 nms_param { nms_threshold: 0.45 soft_nms: false theta: 0.5 } } }'''
+    assert parse_prototxt_text(text).layer[0].detection_output_param.nms_param.theta == pytest.approx(0.5)
+    assert load_from_text(text).blob_shapes["o"][3] == 7
+    with pytest.raises(LayerError, match="soft_nms"):
+        load_from_text(text.replace("soft_nms: false", "soft_nms: true"))

@@ -84,6 +84,7 @@ from . import (  # noqa: F401,E402
     rcnn,
     recurrent,
     remap,
+    repeat,
     reshape,
     ristretto,
     roi_align_forks,

@@ -310,6 +310,9 @@ class DetectionOutputLayer(Layer):
         if not p.HasField("num_classes"):
             raise LayerError("detection_output_param.num_classes is required")
         nms = p.nms_param
+        if nms.soft_nms:
+            raise LayerError("nms_param.soft_nms (jolibrain/caffe's soft NMS) is not supported; caffeq runs SSD's NMS, "
+                             "which soft_nms: false selects")
         use_polygon = proto_field(p, "use_polygon")
         attrs = {
             "num_classes": int(p.num_classes),
