@@ -21,7 +21,7 @@ import torch
 from ..registry import Layer, LayerError, need_blobs, register_layer
 from .common import CENTER_SIZE, FLT_MAX
 from .detection_output import decode_boxes
-from .nms import box_sizes, jaccard_overlaps
+from .nms import box_sizes, jaccard_overlaps, nms_candidates
 
 
 def tube_overlaps(tubes):
@@ -40,12 +40,9 @@ def tube_nms(tubes, scores, score_threshold: float, nms_threshold: float, eta: f
     """ACTApplyNMSTubeFast for one class: tubes (P, L, 4), scores (P,) -> the kept indices, best first
     (SSD's ApplyNMSFast with tube_overlaps)."""
     f32 = torch.float32
-    cand = torch.nonzero(scores > torch.tensor(score_threshold, dtype=f32)).flatten()
-    if cand.numel() == 0:
+    order = nms_candidates(scores, score_threshold, top_k)
+    if order.numel() == 0:
         return []
-    order = cand[torch.sort(-scores[cand], stable=True)[1]]
-    if top_k > -1:
-        order = order[:top_k]
     overlaps = tube_overlaps(tubes[order])
     thr = torch.tensor(nms_threshold, dtype=f32)
     picked = order.tolist()
@@ -202,6 +199,7 @@ class ACTDetectionOutput(Layer):
             return f"{fn}({', '.join(emit.inputs)}, {a['num_classes']}, {a['length']})"
         emit.helper(box_sizes)
         emit.helper(jaccard_overlaps)
+        emit.helper(nms_candidates)
         emit.helper(tube_overlaps)
         emit.helper(tube_nms)
         emit.note(f"{node.name} (ACTDetectionOutput): the number of rows depends on the data; its tube NMS "

@@ -30,6 +30,14 @@ def overlaps_with_later(b, sizes, full, j: int):
     return jaccard_overlaps(b[j:j + 1], b[j + 1:], sizes[j:j + 1], sizes[j + 1:])[0]
 
 
+def nms_candidates(scores, score_threshold: float, top_k: int):
+    """SSD's GetMaxScoreIndex: the indices scoring above score_threshold (float32), best first, ties by
+    index, at most top_k of them (-1: all)."""
+    cand = torch.nonzero(scores > torch.tensor(score_threshold, dtype=torch.float32)).flatten()
+    order = cand[torch.sort(-scores[cand], stable=True)[1]]
+    return order[:top_k] if top_k > -1 else order
+
+
 def ssd_nms(boxes, scores, score_threshold: float, nms_threshold: float, eta: float = 1.0,
             top_k: int = -1):
     """SSD's ApplyNMSFast for one class: boxes (P, 4), scores (P,) -> the indices kept, best first.
@@ -39,12 +47,9 @@ def ssd_nms(boxes, scores, score_threshold: float, nms_threshold: float, eta: fl
     <= the threshold in force; with eta < 1 the threshold shrinks by eta after each kept box
     while it is above 0.5.  Up to 2048 candidates the whole IoU matrix is computed at once."""
     f32 = torch.float32
-    cand = torch.nonzero(scores > torch.tensor(score_threshold, dtype=f32)).flatten()
-    if cand.numel() == 0:
+    order = nms_candidates(scores, score_threshold, top_k)
+    if order.numel() == 0:
         return []
-    order = cand[torch.sort(-scores[cand], stable=True)[1]]
-    if top_k > -1:
-        order = order[:top_k]
     b = boxes[order]
     sizes = box_sizes(b)
     k = order.numel()
@@ -78,4 +83,4 @@ def ssd_nms(boxes, scores, score_threshold: float, nms_threshold: float, eta: fl
     return kept
 
 
-TORCH_SSD_NMS = torch_sources(box_sizes, jaccard_overlaps, overlaps_with_later, ssd_nms)
+TORCH_SSD_NMS = torch_sources(box_sizes, jaccard_overlaps, overlaps_with_later, nms_candidates, ssd_nms)
