@@ -499,6 +499,26 @@ class TransformedWeights:
             emit.node = real
 
 
+class TransformedConvolution(TransformedWeights):
+    """TransformedWeights over Convolution: ONNX's Conv and model.py's convolution on the transformed blobs."""
+
+    def onnx(self, ctx, node):
+        _onnx_conv(ctx, self.transformed_node(node), "Conv")
+
+    def source_layer(self, node, emit):
+        return _torch_conv_source(node, emit, transposed=False)
+
+
+class TransformedInnerProduct(TransformedWeights):
+    """TransformedWeights over InnerProduct: InnerProduct's ONNX and model.py on the transformed blobs."""
+
+    def onnx(self, ctx, node):
+        InnerProduct.onnx(self, ctx, self.transformed_node(node))
+
+    def source_layer(self, node, emit):
+        return InnerProduct.pytorch_source(self, node, emit)
+
+
 @register_layer("InnerProduct")
 class InnerProduct(Layer):
     blob_names = ("weight", "bias")

@@ -43,7 +43,7 @@ between the fork's CPU and GPU runs); everything else agrees to float rounding."
 import numpy as np
 import torch
 
-from .conv import Convolution, InnerProduct, TransformedWeights, _onnx_conv, _torch_conv_source
+from .conv import Convolution, InnerProduct, TransformedConvolution, TransformedInnerProduct, TransformedWeights
 from .registry import Layer, LayerError, count, need_blobs, register_layer
 from .stochastic_quantization import bwn_weights, is_sq_fork, read_sq, refuse_random_sq
 
@@ -136,7 +136,7 @@ class _Binary(TransformedWeights):
 
 
 @register_layer("BinaryConvolution")
-class BinaryConvolution(_Binary, Convolution):
+class BinaryConvolution(_Binary, TransformedConvolution, Convolution):
     """Convolution on weights binarized per output channel (binary_conv_layer.cpp)."""
 
     def parse(self, lp):
@@ -152,15 +152,9 @@ class BinaryConvolution(_Binary, Convolution):
                              "pad_type or pad_l/r/t/b")
         return shapes
 
-    def onnx(self, ctx, node):
-        _onnx_conv(ctx, self.transformed_node(node), "Conv")
-
-    def source_layer(self, node, emit):
-        return _torch_conv_source(node, emit, transposed=False)
-
 
 @register_layer("BinaryInnerProduct")
-class BinaryInnerProduct(_Binary, InnerProduct):
+class BinaryInnerProduct(_Binary, TransformedInnerProduct, InnerProduct):
     """InnerProduct on weights binarized per output row (binary_inner_product_layer.cpp): one bottom,
     one top, weights N x K whatever `transpose` says."""
 
@@ -176,12 +170,6 @@ class BinaryInnerProduct(_Binary, InnerProduct):
                                       "weights are N x K (the fork sets transpose_ = false)"]
             attrs["transpose"] = False
         return _read_binary_param(lp, "binary_inner_product_param", attrs)
-
-    def onnx(self, ctx, node):
-        InnerProduct.onnx(self, ctx, self.transformed_node(node))
-
-    def source_layer(self, node, emit):
-        return InnerProduct.pytorch_source(self, node, emit)
 
 
 # ---- Quant ----------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import torch
 
 from ..io.schema import caffe_pb2
 from .activation import Neuron, scalar
-from .conv import Convolution, InnerProduct, TransformedWeights, _onnx_conv, _torch_conv_source
+from .conv import Convolution, InnerProduct, TransformedConvolution, TransformedInnerProduct, TransformedWeights
 from .registry import LayerError, register_layer
 
 ROUND, FLOOR, CEIL, TRUNC = range(4)
@@ -189,22 +189,10 @@ class _QuantizedWeights(TransformedWeights):
 
 
 @register_layer("QuanConvolution")
-class QuanConvolution(_QuantizedWeights, Convolution):
+class QuanConvolution(_QuantizedWeights, TransformedConvolution, Convolution):
     own_field, base_field, base_message = "quan_convolution_param", "convolution_param", "ConvolutionParameter"
-
-    def onnx(self, ctx, node):
-        _onnx_conv(ctx, self.transformed_node(node), "Conv")
-
-    def source_layer(self, node, emit):
-        return _torch_conv_source(node, emit, transposed=False)
 
 
 @register_layer("QuanInnerProduct")
-class QuanInnerProduct(_QuantizedWeights, InnerProduct):
+class QuanInnerProduct(_QuantizedWeights, TransformedInnerProduct, InnerProduct):
     own_field, base_field, base_message = "quan_inner_product_param", "inner_product_param", "InnerProductParameter"
-
-    def onnx(self, ctx, node):
-        InnerProduct.onnx(self, ctx, self.transformed_node(node))
-
-    def source_layer(self, node, emit):
-        return InnerProduct.pytorch_source(self, node, emit)

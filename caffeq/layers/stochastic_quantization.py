@@ -14,7 +14,7 @@ GPU): binary (BWN) and ternary (TWN) weights computed from the float blob at eve
 """
 import torch
 
-from .conv import Convolution, InnerProduct, TransformedWeights, _onnx_conv, _torch_conv_source
+from .conv import Convolution, InnerProduct, TransformedConvolution, TransformedInnerProduct, TransformedWeights
 from .registry import LayerError, register_layer
 
 
@@ -74,7 +74,7 @@ class _LowBit(TransformedWeights):
 
 
 @register_layer("TernaryConvolution")
-class TernaryConvolution(_LowBit, Convolution):
+class TernaryConvolution(_LowBit, TransformedConvolution, Convolution):
     transform = staticmethod(twn_weights)
 
     def parse(self, lp):
@@ -83,15 +83,9 @@ class TernaryConvolution(_LowBit, Convolution):
             raise LayerError("TernaryConvolution reads no other fork's convolution fields")
         return read_sq(lp, "convolution_param", attrs)
 
-    def onnx(self, ctx, node):
-        _onnx_conv(ctx, self.transformed_node(node), "Conv")
-
-    def source_layer(self, node, emit):
-        return _torch_conv_source(node, emit, transposed=False)
-
 
 @register_layer("TernaryInnerProduct")
-class TernaryInnerProduct(_LowBit, InnerProduct):
+class TernaryInnerProduct(_LowBit, TransformedInnerProduct, InnerProduct):
     transform = staticmethod(twn_weights)
 
     def parse(self, lp):
@@ -99,9 +93,3 @@ class TernaryInnerProduct(_LowBit, InnerProduct):
         if attrs.get("normalize") or attrs["transpose"]:
             raise LayerError("TernaryInnerProduct reads no inner_product_param.normalize or transpose")
         return read_sq(lp, "inner_product_param", attrs)
-
-    def onnx(self, ctx, node):
-        InnerProduct.onnx(self, ctx, self.transformed_node(node))
-
-    def source_layer(self, node, emit):
-        return InnerProduct.pytorch_source(self, node, emit)
