@@ -115,6 +115,7 @@ from . import (  # noqa: F401,E402
     video_data,
     vision_forks,
     xilinx,
+    xnor_net,
     yolo,
     yolo2_region_boxes,
     yolo_v2_output,
