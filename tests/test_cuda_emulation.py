@@ -148,3 +148,49 @@ def test_wk910930_roi_align_pooling_samples_on_the_blobs_device():
     out, mixes = run_on_emulated_cuda(model, feeds)
     assert not mixes, "\n".join(sorted(set(mixes)))
     np.testing.assert_array_equal(out.as_subclass(torch.Tensor).numpy(), ref["o"])
+
+
+@pytest.mark.parametrize("layers, inputs, tops", [
+    # MTCNN v2's PredictBox (coordinates, thresholds and its list), SubCNN's pyramid and heatmap
+    (['layer { name: "b" type: "PredictBox" bottom: "s" bottom: "r" top: "bb" top: "list" '
+      'predict_box_param { positive_thresh: 0.3 bbreg_exp: false } }'],
+     {"s": (1, 2, 4, 5), "r": (1, 4, 4, 5)}, ["bb", "list"]),
+    (['layer { name: "f" type: "FeatureExtrapolating" bottom: "x" top: "o" feature_extrapolating_param { '
+      'scale_string: "0.5 1 2" num_scale_base: 3 num_per_octave: 2 } }',
+      'layer { name: "h" type: "HeatmapGenerating" bottom: "o" top: "heat" }'],
+     {"x": (3, 3, 4, 5)}, ["heat"]),
+    # XNOR-Net's K window and the bilinear pooling layers
+    (['layer { name: "a" type: "BinActiv" bottom: "x" top: "s" top: "k" convolution_param { num_output: 1 '
+      'kernel_size: 3 pad: 1 weight_filler { type: "constant" value: 1 } bias_term: false } }',
+      'layer { name: "q" type: "SignedSqrt" bottom: "k" top: "q" }',
+      'layer { name: "n" type: "L2Normalize" bottom: "q" top: "n" }'],
+     {"x": (2, 3, 4, 5)}, ["s", "n"]),
+])
+def test_round_40_layers_stay_on_the_blobs_device(layers, inputs, tops):
+    from conftest import net
+
+    from caffeq.model import load_from_text
+    model = load_from_text(net(*layers, inputs=inputs), random_weights=True)
+    rng = np.random.default_rng(5)
+    feeds = {k: rng.uniform(0, 1, s).astype(np.float32) for k, s in model.inputs.items()}
+    if "s" in feeds and "r" in feeds:   # PredictBox scores as a softmax gives them
+        feeds["s"][:, 0] = 1 - feeds["s"][:, 1]
+    ref = model.run(feeds, exact=True)
+    out, mixes = run_on_emulated_cuda(model, feeds)
+    assert not mixes, "\n".join(sorted(set(mixes)))
+    got = out if isinstance(out, (tuple, list)) else [out]
+    got = dict(zip(model.outputs, got)) if not isinstance(out, dict) else out
+    for top in tops:
+        np.testing.assert_allclose(got[top].as_subclass(torch.Tensor).numpy(), ref[top], rtol=1e-6, atol=1e-6)
+
+
+def test_act_tubes_stay_on_the_blobs_device():
+    from test_layers_act_detection_output import act_net, inputs
+    loc, conf, prior = inputs(2, 6, 3, 1, 2, seed=4)
+    model = act_net(loc, conf, prior, "num_classes: 3 code_type: CENTER_SIZE nms_param { nms_threshold: 0.4 } "
+                    "confidence_threshold: 0.1", "sequence_length: 2")
+    feeds = {"loc": loc, "conf": conf, "prior": prior}
+    ref = model.run(feeds, exact=True)
+    out, mixes = run_on_emulated_cuda(model, feeds)
+    assert not mixes, "\n".join(sorted(set(mixes)))
+    np.testing.assert_array_equal(out.as_subclass(torch.Tensor).numpy(), ref["o"])
