@@ -11,7 +11,7 @@ in those nets, runs: happynear.py.)
 """
 import numpy as np
 
-from .registry import Layer, LayerError, canonical_axis, need_blobs, register_layer
+from .registry import LayerError, ReadOnlyLayer, canonical_axis, need_blobs, register_layer
 
 WHY = ("CenterProjection's forward depends on how often it ran (the fork normalizes its weight blob in place "
        "at every GPU call with more than one row, and skips the normalization and the scale with one row; its "
@@ -19,7 +19,7 @@ WHY = ("CenterProjection's forward depends on how often it ran (the fork normali
 
 
 @register_layer("CenterProjection")
-class CenterProjection(Layer):
+class CenterProjection(ReadOnlyLayer):
     blob_names = ("weight", "bias")
 
     def parse(self, lp):
@@ -47,16 +47,5 @@ class CenterProjection(Layer):
     def macs(self, attrs, in_shapes, out_shapes):
         return int(np.prod(out_shapes[0], dtype=np.int64)) * self._k(attrs, in_shapes[0])[1]
 
-    def cannot_run(self, attrs, in_shapes):
+    def why_not_run(self, attrs):
         return WHY
-
-    def forward(self, attrs, params, x):
-        self.refuse_if_cannot_run(attrs["name"], attrs, [x.shape], LayerError)
-
-    def onnx(self, ctx, node):
-        from ..errors import ExportError
-        self.refuse_if_cannot_run(node.name, node.attrs, [], ExportError)
-
-    def pytorch_source(self, node, emit):
-        from ..errors import ExportError
-        self.refuse_if_cannot_run(node.name, node.attrs, [], ExportError)

@@ -257,19 +257,9 @@ class ImageData(DataLayer):
         n = max(1, attrs["batch_size"])
         crop = attrs["transform"]["crop_size"]
         sides = attrs.get("smaller_side", ())
-        if len(sides) in (1, 2) and not crop:   # scaled after the read: each image's own size
-            if len(sides) == 2:
-                raise needs_input_shape(attrs, attrs["top"], "smaller_side_size draws each image's shorter side "
-                                        "at random")
-            if attrs["new_height"] and attrs["new_width"]:
-                h, w = attrs["new_height"], attrs["new_width"]
-            else:
-                source = resolve_source(attrs["source"], attrs.get("base_dir"))
-                if not os.path.exists(source):
-                    raise needs_input_shape(attrs, attrs["top"], f"image list '{attrs['source']}' not found")
-                h, w = first_image_shape(source, attrs["root_folder"], attrs.get("base_dir"))
-            c, h, w = _with_crop(attrs, c, *scaled_shorter_size((h, w), sides[0]))
-            return (n, c, h, w)
+        scaled = len(sides) in (1, 2) and not crop   # cvjena's: scaled after the read, each image's own size
+        if scaled and len(sides) == 2:
+            raise needs_input_shape(attrs, attrs["top"], "smaller_side_size draws each image's shorter side at random")
         if attrs["new_height"] and attrs["new_width"]:
             h, w = attrs["new_height"], attrs["new_width"]
         elif crop:
@@ -279,10 +269,12 @@ class ImageData(DataLayer):
             if not os.path.exists(source):
                 raise needs_input_shape(attrs, attrs["top"], f"image list '{attrs['source']}' not found")
             h, w = first_image_shape(source, attrs["root_folder"], attrs.get("base_dir"))
-            if attrs.get("new_dim"):
+            if attrs.get("new_dim") and not scaled:
                 h, w = shorter_side_size((h, w), attrs["new_dim"])
-            elif attrs.get("min_size"):
+            elif attrs.get("min_size") and not scaled:
                 h, w = min_grown_size((h, w), *attrs["min_size"])
+        if scaled:
+            h, w = scaled_shorter_size((h, w), sides[0])
         c, h, w = _with_crop(attrs, c, h, w)
         return (n, c, h, w)
 

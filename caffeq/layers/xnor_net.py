@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .norm import onnx_reduce
-from .registry import Layer, LayerError, canonical_axis, need_blobs, register_layer
+from .registry import Layer, LayerError, ReadOnlyLayer, canonical_axis, need_blobs, register_layer
 
 
 def xnor_activation(x, kernel: int, stride: int, pad: int, weight: float, bias: float):
@@ -124,7 +124,7 @@ class SplitConcat(Layer):
 
 
 @register_layer("Statistic")
-class Statistic(Layer):
+class Statistic(ReadOnlyLayer):
     def parse(self, lp):
         need_blobs(lp, "Statistic", 1, 1)
         return {"name": lp.name}
@@ -132,17 +132,6 @@ class Statistic(Layer):
     def infer(self, attrs, in_shapes):
         return [(1, 1, 1, 1)]
 
-    def cannot_run(self, attrs, in_shapes):
+    def why_not_run(self, attrs):
         return ("Statistic writes its top only at iterations where its counter modulo slice_param.axis is 1 (a "
                 "monitoring layer whose value depends on how often the net ran): read, not run")
-
-    def forward(self, attrs, params, x):
-        self.refuse_if_cannot_run(attrs["name"], attrs, [x.shape], LayerError)
-
-    def onnx(self, ctx, node):
-        from ..errors import ExportError
-        self.refuse_if_cannot_run(node.name, node.attrs, [], ExportError)
-
-    def pytorch_source(self, node, emit):
-        from ..errors import ExportError
-        self.refuse_if_cannot_run(node.name, node.attrs, [], ExportError)
