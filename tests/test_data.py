@@ -20,7 +20,7 @@ from caffeq.data import (
     open_dataset,
 )
 from caffeq.data.lmdb_source import decode_datum, first_datum_shape, parse_datum
-from caffeq.errors import DataError
+from caffeq.errors import CaffeqError, DataError
 from caffeq.io.schema import caffe_pb2
 
 cv2 = pytest.importorskip("cv2")
@@ -290,7 +290,6 @@ def test_image_data_new_dim_gives_the_top_shape(tmp_path):
     assert model.inputs["data"] == (2, 3, 10, 4)
     cropped = load_from_text(text.replace("bicubic: true }", "bicubic: true } transform_param { crop_size: 3 }"))
     assert cropped.inputs["data"] == (2, 3, 3, 3)
-    from caffeq.errors import CaffeqError
     with pytest.raises(CaffeqError, match="new_dim and new_height"):
         load_from_text(text.replace("new_dim: 4", "new_dim: 4 new_height: 5 new_width: 5"))
 
@@ -320,7 +319,6 @@ def test_image_list_smaller_side_size_scales_after_the_read(tmp_path):
     assert load_from_text(text).inputs["data"] == (2, 3) + scaled_shorter_size((15, 6), 8)
     cropped = text.replace("smaller_side_size: 8 }", "smaller_side_size: 8 } transform_param { crop_size: 5 }")
     assert load_from_text(cropped).inputs["data"] == (2, 3, 5, 5)
-    from caffeq.errors import CaffeqError
     with pytest.raises(CaffeqError, match="shorter side at random"):
         load_from_text(text.replace("smaller_side_size: 8", "smaller_side_size: 8 smaller_side_size: 9"))
 
@@ -346,7 +344,6 @@ def test_lrcn_min_size_grows_small_images_only(tmp_path):
     text = f"""layer {{ name: "data" type: "ImageData" top: "data" top: "label"
       image_data_param {{ source: "{tmp_path / 'list.txt'}" batch_size: 2 min_height: 40 min_width: 40 }} }}"""
     assert load_from_text(text).inputs["data"] == (2, 3, 40, 60)     # the first image's grown size
-    from caffeq.errors import CaffeqError
     with pytest.raises(CaffeqError, match="min_height and min_width must be set together"):
         load_from_text(text.replace(" min_width: 40", ""))
 
@@ -491,7 +488,6 @@ def test_a_digits_train_val_without_sources_reads():
     # DIGITS writes its train_val nets with data layers that name no source (it fills them in when it
     # trains): they read; the channels only the dataset could tell come from --input-shape, or stay
     # unknown when the net is only listed
-    from caffeq.errors import CaffeqError
     from caffeq.model import load_from_text
     text = ('layer { name: "train-data" type: "Data" top: "data" top: "label" include { stage: "train" } '
             'transform_param { mirror: true crop_size: 9 } data_param { batch_size: 4 } }\n'
@@ -507,7 +503,6 @@ def test_a_fork_label_that_a_layer_reads_as_multi_axis_is_sized_by_input_shape()
     # caffe-ocr's ImageData reads every label of a list line: its label top is (N, labels, 1, 1), where
     # BVLC Caffe's is (N,). Without the list nothing tells the count: listing the net leaves the label
     # branch unsized with one note, --input-shape sizes it, and commands that need shapes say so
-    from caffeq.errors import CaffeqError
     from caffeq.model import load
     path = os.path.join(os.path.dirname(__file__), "fixtures", "realworld",
                "wudigepimao__caffe-ocr-linux__examples__ocr-duan__inception-bn__pla1-pla2-blue-withType__train_val.prototxt")
@@ -540,10 +535,27 @@ def test_the_multi_label_recipes_label_dim_shapes_the_label():
     assert bvlc["label"] == (4,)
 
 
+def test_caffe_multilabel_txt_label_size_shapes_a_4_axis_label(tmp_path):
+    # imistyrain/caffe-multilabel-txt's image_data_layer.cpp: top[1]->Reshape(batch_size, label_size, 1, 1)
+    from caffeq.data.plan import data_layer, plan_data
+    from caffeq.model import load_from_text
+    text = ('layer { name: "data" type: "ImageData" top: "data" top: "label" '
+            'image_data_param { source: "missing.txt" batch_size: 4 new_height: 7 new_width: 5 label_size: 2 } }\n'
+            'layer { name: "slice" type: "Slice" bottom: "label" top: "brand" top: "body" '
+            'slice_param { axis: 1 slice_point: 1 } }')
+    model = load_from_text(text)
+    shapes = model.blob_shapes
+    assert shapes["label"] == (4, 2, 1, 1) and shapes["brand"] == shapes["body"] == (4, 1, 1, 1)
+    # eval reads one label per list line: a multi-label list is refused, not misread
+    with pytest.raises(DataError, match=r"layer 'data' \(ImageData\): its list lines hold 2 labels each"):
+        plan_data(data_layer(model), model.inputs, str(tmp_path), data=str(tmp_path))
+    with pytest.raises(CaffeqError, match="image_data_param.label_size must be >= 1"):
+        load_from_text(text.replace("label_size: 2", "label_size: 0"))
+
+
 def test_a_data_layer_with_input_param_and_no_data_param_reads_as_an_input():
     # dgschwend/zynqnet's nets type their input layer "Data" but give input_param (OpenCV's importer
     # reads a Data layer as an input too): its shape, with a note; a real Data layer keeps its checks
-    from caffeq.errors import CaffeqError
     from caffeq.model import load_from_text
     text = ('layer { name: "data" type: "Data" top: "data" input_param { shape { dim: 2 dim: 3 dim: 7 dim: 5 } } }\n'
             'layer { name: "relu" type: "ReLU" bottom: "data" top: "y" }')
@@ -559,7 +571,6 @@ def test_a_data_layer_with_input_param_and_no_data_param_reads_as_an_input():
 def test_a_data_layer_without_a_batch_size_takes_the_input_shape():
     # KaiJin1995/MTCNN-VGG-face's det4 (LNet) net: a TRAIN Data layer with no data_param; Caffe needs a
     # batch size to train, reading needs only the shape the user gives
-    from caffeq.errors import CaffeqError
     from caffeq.model import load_from_text
     text = ('layer { name: "data" type: "Data" top: "data" top: "label" }\n'
             'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 2 } }')

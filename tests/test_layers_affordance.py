@@ -133,6 +133,11 @@ GRADIENT_NET = ('layer {{ name: "g" type: "{kind}" bottom: "x" {extra} top: "y" 
 @pytest.mark.parametrize("kind, param, flag, want_scale", [
     ("GradientScaler", "gradient_scaler_param { scale_factor: -0.1 }", None, -0.1),
     ("GradientScaler", "", None, 0.0),                    # the fork's default scale_factor
+    # ddtm/caffe's RevGrad schedule at max_iter: 2 h / (1 + e^-alpha) - h + lower_bound, reversed
+    ("GradientScaler", "gradient_scaler_param { lower_bound: 0.0 upper_bound: 1.0 alpha: 10.0 max_iter: 10000 }",
+     None, -(2 / (1 + np.exp(-10.0)) - 1)),
+    ("GradientScaler", "gradient_scaler_param { lower_bound: 0.2 upper_bound: 0.5 alpha: 2 }",
+     None, -(0.6 / (1 + np.exp(-2.0)) - 0.3 + 0.2)),
     ("GradientSilent", "", None, 0.0),
     ("GradientSilent", "", 1.0, 1.0),                     # need_backprop set: the gradient passes
     ("GradientSilent", "", 0.0, 0.0)])
@@ -156,7 +161,18 @@ def test_gradient_layers_pass_data_and_scale_gradients(kind, param, flag, want_s
     out = module(*args)
     z = out["z"] if isinstance(out, dict) else out
     z.sum().backward()
-    torch.testing.assert_close(xt.grad, torch.from_numpy(want_scale * w).expand_as(xt.grad), rtol=1e-6, atol=0)
+    torch.testing.assert_close(xt.grad, torch.from_numpy(np.float32(want_scale) * w).expand_as(xt.grad), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("param, msg", [
+    ("scale_factor: -1 upper_bound: 1", "mixes affordanceNet_DA's scale_factor"),
+    ("lower_bound: 2 upper_bound: 1", "lower_bound <= upper_bound"),
+    ("max_iter: 0.5", "max_iter >= 1"),
+])
+def test_gradient_scaler_schedule_refusals(param, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net(GRADIENT_NET.format(kind="GradientScaler", extra="",
+                                               param=f"gradient_scaler_param {{ {param} }}"), inputs={"x": (1, 2, 3, 3)}))
 
 
 def test_gradient_scaler_takes_one_bottom():

@@ -108,6 +108,10 @@ def plan_data(layer, inputs, base_dir, data=None, batch_size=None, transform=Non
             source = os.fspath(data)
             roots = [os.getcwd(), base_dir]
         layer_bs = attrs.get("batch_size") or None
+        labels_per_line = attrs.get("label_dim") or attrs.get("label_size")
+        if layer.type == "ImageData" and labels_per_line:
+            raise DataError(f"layer '{layer.name}' (ImageData): its list lines hold {labels_per_line} labels each "
+                            f"(a multi-label fork's image_data_param); eval reads one label per line")
         if layer.type == "ImageData":
             image = {"root_folder": attrs.get("root_folder", ""), "new_height": attrs.get("new_height", 0),
                      "new_width": attrs.get("new_width", 0), "is_color": attrs.get("is_color", True),

@@ -1,7 +1,9 @@
 """nqanh/affordance-net's ROIAlignment (caffe-affordance-net roi_alignment_layer.cpp / .cu, 8db1b3f),
 and the gradient layers of its domain-adaptation fork (ivalab/affordanceNet_DA).
 
-GradientScaler (gradient_scaler_layer.cpp; gradient_scaler_param scale_factor [0]) and GradientSilent
+GradientScaler (gradient_scaler_layer.cpp; gradient_scaler_param scale_factor [0]; ddtm/caffe's RevGrad
+copy, read by its schedule fields, multiplies by -coeff(iteration): training here uses the value it
+reaches at max_iter, see revgrad_final_coeff) and GradientSilent
 (gradient_silent_layer.cpp / .cu): the top shares bottom 0's data; backward multiplies the gradient
 by scale_factor (a negative one reverses it, as domain-adversarial training does), or, for
 GradientSilent, passes it where the optional second bottom's first value (need_backprop) is non-zero
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 
 from ..errors import ExportError
-from .registry import Layer, need_blobs, register_layer, torch_sources
+from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 from .roi_pooling import ROIS_WANTED, RoiLayerSpec, _check_roi_shapes, pooled_grid_attrs, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
@@ -182,12 +184,36 @@ class ScaledGradient(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
+_REVGRAD_FIELDS = ("lower_bound", "upper_bound", "alpha", "max_iter", "threshold_iter")
+
+
+def revgrad_final_coeff(lower_bound, upper_bound, alpha, max_iter):
+    """ddtm/caffe's (RevGrad) gradient reversal coefficient once iter reaches max_iter (progress 1):
+    2 h / (1 + exp(-alpha)) - h + lower_bound, h = upper_bound - lower_bound, in float32 as its C++."""
+    if not lower_bound <= upper_bound or alpha < 0 or max_iter < 1:
+        raise LayerError(f"gradient_scaler_param needs lower_bound <= upper_bound, alpha >= 0 and max_iter >= 1 "
+                         f"(the fork's checks), got {lower_bound:g}, {upper_bound:g}, {alpha:g}, {max_iter:g}")
+    f = np.float32
+    height = f(upper_bound) - f(lower_bound)
+    return float(f(2) * height / (f(1) + np.exp(-f(alpha), dtype=f)) - height + f(lower_bound))
+
+
 @register_layer("GradientScaler", "GradientSilent")
 class GradientScaler(Layer):
     def parse(self, lp):
         need_blobs(lp, lp.type, 1 if lp.type == "GradientScaler" else (1, 2))
-        scale = float(lp.gradient_scaler_param.scale_factor) if lp.type == "GradientScaler" else 0.0
-        return {"scale": scale}
+        if lp.type == "GradientSilent":
+            return {"scale": 0.0}
+        p = lp.gradient_scaler_param
+        if not any(p.HasField(f) for f in _REVGRAD_FIELDS):
+            return {"scale": float(p.scale_factor)}
+        if p.HasField("scale_factor"):
+            raise LayerError("gradient_scaler_param mixes affordanceNet_DA's scale_factor with ddtm/caffe's "
+                             "schedule (lower_bound, upper_bound, alpha, max_iter): set one or the other")
+        coeff = revgrad_final_coeff(p.lower_bound, p.upper_bound, p.alpha, p.max_iter)
+        return {"scale": -coeff, "reading_notes": [
+            f"GradientScaler reverses the gradient by ddtm/caffe's schedule; caffeq trains with its value "
+            f"from max_iter on, -{coeff:.6g} (the fork starts at -1 and follows the solver's iteration)"]}
 
     def forward(self, attrs, params, x, need_backprop=None):
         if not (torch.is_grad_enabled() and x.requires_grad):

@@ -16,7 +16,7 @@ from ..data.transform import load_mean_file
 from ..errors import DataError
 from ..fs import resolve_source
 from .common import input_param_shapes
-from .registry import Layer, LayerError, need_blobs, needs_input_shape, register_layer
+from .registry import Layer, LayerError, need_blobs, needs_input_shape, positive_field, register_layer
 
 
 def transform_attrs(lp):
@@ -236,21 +236,26 @@ class ImageData(DataLayer):
                 "root_folder": p.root_folder, "shuffle": bool(p.shuffle),
                 "smaller_side": tuple(int(v) for v in p.smaller_side_size),
                 "label_dim": int(p.label_dim) if p.HasField("label_dim") else 0, "gps": bool(p.use_gps),
+                "label_size": positive_field(p.label_size, "image_data_param.label_size")
+                if p.HasField("label_size") else 0,
                 "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
 
     def top_shapes(self, attrs, given):
-        """The multi-label recipe's label_dim labels a line make the label (N, label_dim).
+        """The multi-label recipe's label_dim labels a line make the label (N, label_dim);
+        imistyrain/caffe-multilabel-txt's label_size labels make it (N, label_size, 1, 1).
         apsvvfb/caffe_qi's (and LRCN's lisa-caffe-public's) ImageData gives a third top, the clip
         markers of its 16-frame clips, (batch_size,) as its DataLayerSetUp shapes it."""
         shapes = super().top_shapes(attrs, given)
         if attrs["label_dim"] and len(shapes) > 1 and 1 not in given:
             shapes[1] = (shapes[0][0], attrs["label_dim"])
+        if attrs.get("label_size") and len(shapes) > 1 and 1 not in given:
+            shapes[1] = (shapes[0][0], attrs["label_size"], 1, 1)
         if attrs["num_tops"] > 2:
             shapes.append(tuple(given.get(2) or (shapes[0][0],)))
         return shapes
 
     def guessed_label_tops(self, attrs, given):
-        return () if attrs["label_dim"] else super().guessed_label_tops(attrs, given)
+        return () if attrs["label_dim"] or attrs.get("label_size") else super().guessed_label_tops(attrs, given)
 
     def data_shape(self, attrs):
         c = 3 if attrs["is_color"] else 1

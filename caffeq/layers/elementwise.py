@@ -14,6 +14,7 @@ from torch import nn
 
 from .activation import scalar
 from .registry import AT_LEAST, Layer, LayerError, canonical_axis, need_blobs, register_layer
+from .shape_ops import as_4d, legacy_4d_note, legacy_4d_shapes, onnx_as_4d
 
 PROD, SUM, MAX = 0, 1, 2
 _OP_NAMES = {PROD: "PROD", SUM: "SUM", MAX: "MAX"}
@@ -93,6 +94,11 @@ class Eltwise(Layer):
                     or coeffs[1:] != first[:len(coeffs) - 1]:
                 raise LayerError(f"the coefficient bottom {list(coeffs)} must be ({len(in_shapes)}, then the "
                                  f"leading axes of the data {list(first)})")
+        padded = None if attrs.get("coeff_blob") else legacy_4d_shapes(in_shapes)
+        attrs["_as_4d"] = bool(padded) and len(set(padded)) == 1
+        if attrs["_as_4d"]:
+            attrs["reading_notes"] = [legacy_4d_note("Eltwise", in_shapes)]
+            return [padded[0]]
         for i, s in enumerate(in_shapes[1:], 1):
             if tuple(s) != first:
                 raise LayerError(f"bottom {i} has shape {list(s)}, bottom 0 has {list(first)}; "
@@ -101,6 +107,8 @@ class Eltwise(Layer):
 
     def forward(self, attrs, params, *xs):
         op = attrs["operation"]
+        if attrs.get("_as_4d"):
+            xs = [as_4d(x) for x in xs]
         if attrs.get("coeff_blob"):
             return eltwise_coeff_blob_sum(list(xs[:-1]), xs[-1], attrs["coeff"])
         if op == SUM:
@@ -117,6 +125,8 @@ class Eltwise(Layer):
     def onnx(self, ctx, node):
         op = node.attrs["operation"]
         ins, out = list(node.inputs), node.outputs[0]
+        if node.attrs.get("_as_4d"):
+            ins = [onnx_as_4d(ctx, x) for x in ins]
         if node.attrs.get("coeff_blob"):
             coeffs, ins = ins[-1], ins[:-1]
             lead = list(ctx.shape(coeffs))[1:]
@@ -151,6 +161,8 @@ class Eltwise(Layer):
 
     def pytorch_source(self, node, emit):
         op, xs = node.attrs["operation"], emit.inputs
+        if node.attrs.get("_as_4d"):
+            xs = [f"{emit.helper(as_4d)}({x})" for x in xs]
         if node.attrs.get("coeff_blob"):
             fn = emit.helper(eltwise_coeff_blob_sum)
             return f"{fn}([{', '.join(xs[:-1])}], {xs[-1]}, {node.attrs['coeff']!r})"

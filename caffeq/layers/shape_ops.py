@@ -68,6 +68,35 @@ def onnx_reshape(ctx, x, spec, out, name=None):
     return out
 
 
+# ---- blobs joined as Caffe held them before N-D blobs ----------------------------
+
+def legacy_4d_shapes(shapes):
+    """The shapes padded to 4 axes, as Caffe held every blob before N-D blobs (early 2015: an
+    InnerProduct gave (N, C, 1, 1)), when the bottoms of a join differ in axes only; else None.  The
+    nets of that era (DQN's, V1 files) join an InnerProduct's output with a 4-axis data blob."""
+    shapes = [tuple(s) for s in shapes]
+    if len({len(s) for s in shapes}) < 2 or any(len(s) > 4 for s in shapes):
+        return None
+    return [s + (1,) * (4 - len(s)) for s in shapes]
+
+
+def legacy_4d_note(kind, shapes):
+    return (f"{kind} joins bottoms of {', '.join(str(list(s)) for s in shapes)} as the 4-axis blobs that "
+            f"Caffe before N-D blobs (2015) made of them; its top has 4 axes")
+
+
+def as_4d(x):
+    """x with trailing axes of 1 up to 4 axes (legacy_4d_shapes)."""
+    return x.reshape(tuple(x.shape) + (1,) * (4 - x.dim())) if x.dim() < 4 else x
+
+
+def onnx_as_4d(ctx, x):
+    rank = len(ctx.shape(x))
+    if rank >= 4:
+        return x
+    return ctx.op("Reshape", [x, ctx.i64([0] * rank + [1] * (4 - rank))], "as_4d")
+
+
 # ---- Concat -------------------------------------------------------------------
 
 def _concat_slice_axis(attrs, ndim, kind):
@@ -98,6 +127,11 @@ class Concat(Layer):
         return attrs
 
     def infer(self, attrs, in_shapes):
+        padded = legacy_4d_shapes(in_shapes)
+        attrs["_as_4d"] = padded is not None
+        if padded:
+            attrs["reading_notes"] = [legacy_4d_note("Concat", in_shapes)]
+            in_shapes = padded
         first = tuple(in_shapes[0])
         axis = attrs["_axis"] = _concat_slice_axis(attrs, len(first), "concat")
         top = list(first)
@@ -113,19 +147,24 @@ class Concat(Layer):
     def forward(self, attrs, params, *xs):
         if len(xs) == 1:
             return xs[0]
+        if attrs.get("_as_4d"):
+            xs = [as_4d(x) for x in xs]
         return torch.cat(xs, dim=attrs["_axis"])
 
     def onnx(self, ctx, node):
         if len(node.inputs) == 1:
             ctx.add_node("Identity", node.inputs, node.outputs, name=node.name)
         else:
-            ctx.add_node("Concat", list(node.inputs), node.outputs, name=node.name,
-                         axis=node.attrs["_axis"])
+            ins = [onnx_as_4d(ctx, x) for x in node.inputs] if node.attrs.get("_as_4d") else list(node.inputs)
+            ctx.add_node("Concat", ins, node.outputs, name=node.name, axis=node.attrs["_axis"])
 
     def pytorch_source(self, node, emit):
         if len(emit.inputs) == 1:
             return [emit.inputs[0]]
-        return f"torch.cat([{', '.join(emit.inputs)}], dim={node.attrs['_axis']})"
+        xs = emit.inputs
+        if node.attrs.get("_as_4d"):
+            xs = [f"{emit.helper(as_4d)}({x})" for x in xs]
+        return f"torch.cat([{', '.join(xs)}], dim={node.attrs['_axis']})"
 
 
 # ---- Slice --------------------------------------------------------------------
