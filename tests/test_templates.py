@@ -254,6 +254,26 @@ def test_jinja_placeholders_and_defined_names_inside_quotes(tmp_path):
     assert "fc8_a\"b" in {lp.name for lp in model.net.layer}
 
 
+# zhengshou/AutoLoc's train.tpl.prototxt: `num_output: <num_bbox_pred_regout>`, and <NAME> in a param_str;
+# text format's angle-bracket messages (`convolution_param < ... >`) stay what they are
+ANGLE = """input: "data"
+input_shape { dim: 1 dim: 2 dim: 3 dim: 3 }
+layer { name: "pred" type: "Convolution" bottom: "data" top: "pred"
+  convolution_param < num_output: <num_regout> kernel_size: 1 > }
+layer { name: "scale" type: "Power" bottom: "pred" top: "out" power_param: < scale: <margin> > }
+"""
+
+
+def test_angle_bracket_placeholders(tmp_path):
+    path = _write(tmp_path, "a.tpl.prototxt", ANGLE)
+    with pytest.raises(ParseError, match=r"a.tpl.prototxt:4: <num_regout> \(layer 'pred', "
+                                         r"convolution_param.num_output\) is a template placeholder"):
+        load(path, defines={"margin": 2})
+    model = load(path, defines={"num_regout": 4, "margin": 0.5}, random_weights=True)
+    assert model.blob_shapes["out"] == (1, 4, 3, 3)
+    assert {lp.name: lp for lp in model.net.layer}["scale"].power_param.scale == 0.5
+
+
 def test_a_placeholder_in_a_field_skipped_as_unknown_needs_no_value(tmp_path):
     # LiteFlowNet2's `weight_filler { type: "diagonal" diag_val: $SCALE_WIDTH }`: a fork's filler field,
     # which only training reads, is skipped at TEST, and its placeholder with it

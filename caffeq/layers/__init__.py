@@ -6,6 +6,7 @@ from . import (  # noqa: F401,E402
     affordance,
     apollo,
     au_forks,
+    autodial,
     bilinear_forks,
     bilinear_pooling,
     bireal,
