@@ -184,6 +184,19 @@ def test_round_40_layers_stay_on_the_blobs_device(layers, inputs, tops):
         np.testing.assert_allclose(got[top].as_subclass(torch.Tensor).numpy(), ref[top], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("layers, inputs, tops", [
+    # AutoDIAL's Dial (stored statistics, then the batch's), and a 4-axis-era join
+    (['layer { name: "d" type: "Dial" bottom: "x" top: "y" }',
+      'layer { name: "e" type: "Dial" bottom: "y" top: "z" dial_param { use_global_stats: false slice_point: 1 } }'],
+     {"x": (3, 4, 2, 5)}, ["z"]),
+    (['layer { name: "c" type: "Concat" bottom: "a" bottom: "b" top: "c" }',
+      'layer { name: "e" type: "Eltwise" bottom: "a" bottom: "m" top: "p" eltwise_param { operation: PROD } }'],
+     {"a": (2, 3), "b": (2, 4, 1, 1), "m": (2, 3, 1, 1)}, ["c", "p"]),
+])
+def test_round_41_layers_stay_on_the_blobs_device(layers, inputs, tops):
+    test_round_40_layers_stay_on_the_blobs_device(layers, inputs, tops)
+
+
 def test_act_tubes_stay_on_the_blobs_device():
     from test_layers_act_detection_output import act_net, inputs
     loc, conf, prior = inputs(2, 6, 3, 1, 2, seed=4)
