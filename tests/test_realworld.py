@@ -147,9 +147,12 @@ RUNNABLE = {
     "nian-liu__DSCLRCN__caffe-master__examples__mnist__lenet_srnn_deploy.prototxt": None,
     # Sifei Liu's LRNN: GateRecurrent in four directions, gated by a CNN's maps
     "Liusifei__caffe-lowlevel__matlab__caffe__models__LRNN_v1_test.prototxt": {"data": (1, 5, 64, 48)},
+    # the original DQN (2014, V1 file): Q values of (N, 18) times a (N, 18, 1, 1) filter, as 4-axis blobs
+    "muupan__dqn-in-the-caffe__dqn.prototxt": None,
 }
 # train files: the blob their loss reads, as a user converting one names it with --outputs
-RUNNABLE_OUTPUTS = {"liuzechun__Bi-Real-net__caffe_implementation__18-layer__Bi-Real-net-18-train.prototxt": ["fc1000"]}
+RUNNABLE_OUTPUTS = {"liuzechun__Bi-Real-net__caffe_implementation__18-layer__Bi-Real-net-18-train.prototxt": ["fc1000"],
+                    "muupan__dqn-in-the-caffe__dqn.prototxt": ["q_values", "filtered_q_values"]}
 
 
 def _feeds(model, seed=0):
