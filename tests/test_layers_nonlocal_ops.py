@@ -72,3 +72,39 @@ def test_reshape_advance_refuses_a_missing_reference_axis():
         load_from_text(net('layer { name: "r" type: "ReshapeAdvance" bottom: "x" bottom: "ref" top: "r" '
                            'reshape_param { shape { dim: 0 dim: 0 dim: -1 dim: -2 } } }',
                            inputs={"x": (2, 3, 12), "ref": (4, 6)}))
+
+
+# ---- mozpp/mscnn-master's MatMul (matmul_layer.cpp: caffe_cpu_gemm_batch over (B, rows, flattened cols)) ----
+
+def flat_matmul_ref(a, b, a_t, b_t):
+    a = a.reshape(a.shape[0], a.shape[1], -1).astype(np.float64)
+    b = b.reshape(b.shape[0], b.shape[1], -1).astype(np.float64)
+    return np.stack([(x.T if a_t else x) @ (y.T if b_t else y) for x, y in zip(a, b)])
+
+
+@pytest.mark.parametrize("a_shape, b_shape, param, top", [
+    # the non-local block: theta (B, C', H, W) as C' x HW, transposed, times phi's C' x HW
+    ((2, 3, 4, 5), (2, 3, 4, 5), "transpose_a: true transpose_b: false", (2, 20, 20)),
+    ((2, 3, 4, 5), (2, 6, 20), "transpose_b: true", (2, 3, 6)),      # transpose_b's default is true
+    ((2, 3, 4, 5), (2, 6, 20), "", (2, 3, 6)),
+    ((1, 4, 7), (1, 7, 2), "transpose_b: false", (1, 4, 2)),
+])
+def test_matmul_flattens_each_item_and_multiplies(a_shape, b_shape, param, top, tmp_path):
+    g = rng(17)
+    a, b = g.standard_normal(a_shape).astype(F), g.standard_normal(b_shape).astype(F)
+    model = load_from_text(net(f'layer {{ name: "m" type: "MatMul" bottom: "a" bottom: "b" top: "o" '
+                               f'matmul_param {{ {param} }} }}', inputs={"a": a_shape, "b": b_shape}))
+    assert model.blob_shapes["o"] == top
+    a_t, b_t = "transpose_a: true" in param, "transpose_b: false" not in param
+    check_everywhere(model, {"a": a, "b": b}, {"o": flat_matmul_ref(a, b, a_t, b_t)}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("a_shape, b_shape, msg", [
+    ((2, 3), (2, 3, 4), "at least 3 axes"),
+    ((2, 3, 4), (3, 5, 4), "batches differ, 2 and 3"),
+    ((2, 3, 4), (2, 5, 3), r"as 3x4 and B \[2, 5, 3\] as 3x5 .* do not multiply"),
+])
+def test_matmul_refusals(a_shape, b_shape, msg):
+    with pytest.raises(LayerError, match=msg):
+        load_from_text(net('layer { name: "m" type: "MatMul" bottom: "a" bottom: "b" top: "o" }',
+                           inputs={"a": a_shape, "b": b_shape}))

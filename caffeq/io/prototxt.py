@@ -229,10 +229,14 @@ class _RecordingParser(_FieldPicker):
         token = tokenizer.token
         # a fork that declares the field a string writes its value quoted (Intel Caffe's engine: "MKL2017")
         quoted = len(token) > 2 and token[0] == token[-1] and token[0] in "\"'" and token[1:-1].isidentifier()
-        if quoted and field.enum_type is not None and field.enum_type.full_name in _QUOTED_ENUM_FORKS:
+        forked = quoted and field.enum_type is not None and field.enum_type.full_name in _QUOTED_ENUM_FORKS
+        if forked:   # its string field, whatever the value: Intel's "CAFFE" is no more this enum's CAFFE
             token = token[1:-1]
+            if self._skipping:
+                tokenizer.NextToken()
+                return
         if field.enum_type is not None and field is not _V1_TYPE and token.isidentifier() \
-                and token not in field.enum_type.values_by_name and not self._skipping:
+                and (forked or token not in field.enum_type.values_by_name) and not self._skipping:
             inside_net = self._path[:len(self.net_path)] == self.net_path
             self.unknown.append(_Unknown(
                 field.name, field.enum_type.full_name, tokenizer._line + 1, tokenizer._column + 1,

@@ -8,10 +8,14 @@ matrix_transposition_layer.cu, reshape_advance_layer.cpp), as its Non-local-FPN 
 - MatrixTransposition: (B, M, N) -> (B, N, M) (its forward exists only on the GPU).
 - ReshapeAdvance: Reshape whose shape may say -2: that dimension is bottom 1's dimension of the same
   index in the shape list.
+
+MatMul (mozpp/mscnn-master 0b4ac3f, src/caffe/layers/matmul_layer.cpp, its kitti_car non-local nets; the
+LRP forks carry it too): each bottom is (B, rows, the rest of its axes flattened as columns); A' = A^T with
+matmul_param.transpose_a [false], B' = B^T with transpose_b [true]; top (B, M, N) = A' B' per item.
 """
 import torch
 
-from .registry import Layer, LayerError, need_blobs, register_layer
+from .registry import Layer, LayerError, count, need_blobs, register_layer
 from .reshape import Reshape
 
 #: per type: (X transposed, Y transposed)
@@ -119,3 +123,56 @@ class ReshapeAdvance(Reshape):
 
     def forward(self, attrs, params, x, ref):
         return super().forward(attrs, params, x)
+
+
+def flat_matmul(a, b, a_t: bool, b_t: bool):
+    """MatMul: a and b as (batch, rows, columns), the columns every axis after the second."""
+    a = a.reshape(a.shape[0], a.shape[1], -1)
+    b = b.reshape(b.shape[0], b.shape[1], -1)
+    return batched_matmul(a, b, a_t, b_t)
+
+
+@register_layer("MatMul")
+class MatMul(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "MatMul", 2, 1, "A, B")
+        p = lp.matmul_param
+        return {"a_t": bool(p.transpose_a), "b_t": bool(p.transpose_b)}
+
+    def _matrices(self, attrs, in_shapes):
+        a, b = (tuple(s) for s in in_shapes)
+        if len(a) < 3 or len(b) < 3:   # its Reshape's CHECKs
+            raise LayerError(f"MatMul takes bottoms of at least 3 axes (batch, rows, columns...), got {list(a)} "
+                             f"and {list(b)}")
+        if a[0] != b[0]:
+            raise LayerError(f"MatMul: the bottoms' batches differ, {a[0]} and {b[0]}")
+        (ar, ac), (br, bc) = (a[1], count(a, 2)), (b[1], count(b, 2))
+        m, k = (ac, ar) if attrs["a_t"] else (ar, ac)
+        k2, n = (bc, br) if attrs["b_t"] else (br, bc)
+        if k != k2:
+            raise LayerError(f"MatMul: A {list(a)} as {m}x{k} and B {list(b)} as {k2}x{n} (transpose_a "
+                             f"{attrs['a_t']}, transpose_b {attrs['b_t']}) do not multiply")
+        return a[0], m, k, n
+
+    def infer(self, attrs, in_shapes):
+        batch, m, _, n = self._matrices(attrs, in_shapes)
+        return [(batch, m, n)]
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        batch, m, k, n = self._matrices(attrs, in_shapes)
+        return batch * m * k * n
+
+    def forward(self, attrs, params, a, b):
+        return flat_matmul(a, b, attrs["a_t"], attrs["b_t"])
+
+    def onnx(self, ctx, node):
+        mats = []
+        for name, t in zip(node.inputs, ("a_t", "b_t")):
+            m = ctx.op("Reshape", [name, ctx.i64([0, 0, -1])], "matrix", name=node.name if not mats else None)
+            mats.append(ctx.op("Transpose", [m], "transposed", perm=[0, 2, 1]) if node.attrs[t] else m)
+        ctx.add_node("MatMul", mats, [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        emit.helper(batched_matmul)
+        return f"{emit.helper(flat_matmul)}({emit.inputs[0]}, {emit.inputs[1]}, {a['a_t']}, {a['b_t']})"
