@@ -567,3 +567,30 @@ def test_gait_extractors_pixel_shuffle_matches_the_forks_loop(r, shape, tmp_path
     with pytest.raises(LayerError, match="pixel_shuffle_param.upscale_factor must be > 1, got 1"):
         load_from_text(net({"x": shape}, 'layer { name: "ps" type: "PixelShuffle" bottom: "x" top: "o" '
                                          'pixel_shuffle_param { upscale_factor: 1 } }'))
+
+
+def ref_rearrange(x, depth):
+    """caffe-videoSR's RearrangeLayer::Forward_cpu: top (n, d, h*s + i, w*s + j) = bottom (n, (d*s + i)*s + j, h, w)."""
+    n, c, h, w = x.shape
+    s = int(round((c // depth) ** 0.5))
+    out = np.zeros((n, depth, h * s, w * s), x.dtype)
+    for b, d, y, z, i, j in np.ndindex(n, depth, h, w, s, s):
+        out[b, d, y * s + i, z * s + j] = x[b, (d * s + i) * s + j, y, z]
+    return out
+
+
+@pytest.mark.parametrize("depth, shape", [(1, (2, 9, 3, 5)), (2, (1, 8, 4, 3)), (3, (1, 3, 2, 5))])
+def test_video_sr_rearrange_matches_the_forks_loop(depth, shape, tmp_path):
+    # Ding-Liu/caffe-videoSR's ESPCN nets: Rearrange with rearrange_param.depth output channels
+    from conftest import check_everywhere
+    x = rand(*shape)
+    model = load_from_text(net({"x": shape}, f'layer {{ name: "r" type: "Rearrange" bottom: "x" top: "o" '
+                                             f'rearrange_param {{ depth: {depth} }} }}'))
+    check_everywhere(model, {"x": x}, {"o": ref_rearrange(x, depth)}, tmp_path)
+
+
+@pytest.mark.parametrize("depth, channels", [(2, 9), (1, 8), (0, 4)])
+def test_rearrange_refusals(depth, channels):
+    with pytest.raises(LayerError, match="perfect square|depth must be >= 1"):
+        load_from_text(net({"x": (1, channels, 2, 2)}, f'layer {{ name: "r" type: "Rearrange" bottom: "x" top: "o" '
+                                                       f'rearrange_param {{ depth: {depth} }} }}'))

@@ -137,6 +137,31 @@ class PixelShuffle(Tiling):
         return [_pixel_shuffle_shape(attrs["tile"], in_shapes[0], "pixel_shuffle_param.upscale_factor")]
 
 
+@register_layer("Rearrange")
+class Rearrange(Tiling):
+    """Ding-Liu/caffe-videoSR's Rearrange (fbc3241, rearrange_layer.cpp/.cu), its ESPCN nets' sub-pixel layer:
+    rearrange_param.depth [1] output channels, s = sqrt(C / depth) (its LayerSetUp checks that C is a multiple
+    of depth and the ratio a perfect square); channel (d*s + i)*s + j of pixel (h, w) goes to channel d at
+    (h*s + i, w*s + j), torch's pixel_shuffle."""
+
+    def parse(self, lp):
+        need_blobs(lp, "Rearrange", 1, 1, in_place=False)
+        depth = int(lp.rearrange_param.depth)
+        if depth < 1:
+            raise LayerError(f"rearrange_param.depth must be >= 1, got {depth}")
+        return {"depth": depth}
+
+    def infer(self, attrs, in_shapes):
+        c, depth = int(in_shapes[0][1]) if len(in_shapes[0]) > 1 else 1, attrs["depth"]
+        ratio = c // depth
+        s = math.isqrt(ratio)
+        if c % depth or s * s != ratio:
+            raise LayerError(f"Rearrange: the bottom's {c} channels must be rearrange_param.depth {depth} times a "
+                             f"perfect square (the upscaling factor squared)")
+        attrs["tile"] = s
+        return [_pixel_shuffle_shape(s, in_shapes[0], "rearrange_param.depth")]
+
+
 @register_layer("Reshape")
 class Reshape(Layer):
     def parse(self, lp):
