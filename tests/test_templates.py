@@ -264,7 +264,7 @@ layer { name: "scale" type: "Power" bottom: "pred" top: "out" power_param: < sca
 """
 
 
-def test_angle_bracket_placeholders(tmp_path):
+def test_angle_bracket_and_cmake_placeholders(tmp_path):
     path = _write(tmp_path, "a.tpl.prototxt", ANGLE)
     with pytest.raises(ParseError, match=r"a.tpl.prototxt:4: <num_regout> \(layer 'pred', "
                                          r"convolution_param.num_output\) is a template placeholder"):
@@ -272,6 +272,13 @@ def test_angle_bracket_placeholders(tmp_path):
     model = load(path, defines={"num_regout": 4, "margin": 0.5}, random_weights=True)
     assert model.blob_shapes["out"] == (1, 4, 3, 3)
     assert {lp.name: lp for lp in model.net.layer}["scale"].power_param.scale == 0.5
+
+    # CMake's configure_file placeholders (aleneum/temporal-segment-networks' tsn_*_train.prototxt.in)
+    path = _write(tmp_path, "c.prototxt.in", ANGLE.replace("<num_regout>", "@NUM_REGOUT@"))
+    with pytest.raises(ParseError, match=r"c.prototxt.in:4: @NUM_REGOUT@ \(layer 'pred', "
+                                         r"convolution_param.num_output\) is a template placeholder"):
+        load(path, defines={"margin": 2})
+    assert load(path, defines={"NUM_REGOUT": 2, "margin": 1}, random_weights=True).blob_shapes["out"] == (1, 2, 3, 3)
 
 
 def test_a_placeholder_in_a_field_skipped_as_unknown_needs_no_value(tmp_path):

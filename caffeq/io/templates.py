@@ -3,7 +3,7 @@
 
 A placeholder is written as a field's value (outside quotes and comments): `$NAME`, `${NAME}`, Collective
 Knowledge's `$#NAME#$` (dividiti/ck-caffe's packages), Python's
-format field `{NAME}` (`input_dim:{height}`), Jinja's `{{ NAME }}`, `<NAME>` (`num_output: <num_classes>`), or a bare word where a number goes (MobileNet-SSD's
+format field `{NAME}` (`input_dim:{height}`), Jinja's `{{ NAME }}`, `<NAME>` (`num_output: <num_classes>`), CMake's `@NAME@`, or a bare word where a number goes (MobileNet-SSD's
 templates: `num_output: cls3x`, which its gen_model.sh replaces by 3 x the class count).  A number's
 placeholder gets its value from, in order:
   1. `defines` ({NAME: text}, the command line's `--define NAME=VALUE`), put in its place as text;
@@ -27,10 +27,10 @@ from ..errors import ParseError
 # `field: $NAME`, `field: ${NAME}` or `field: {NAME}` where a value goes (after a colon; elsewhere it
 # would be a syntax error anyway, and a message value `{ name: ...}` never closes right after one word)
 # ${NAME}, $NAME, Jinja's {{ NAME }}: placeholders wherever they stand, quoted strings included
-# and <NAME> (zhengshou/AutoLoc's .tpl files; in text format `field: <` opens a message, which one bare
-# word never completes)
+# <NAME> (zhengshou/AutoLoc's .tpl files; in text format `field: <` opens a message, which one bare
+# word never completes) and CMake's configure_file @NAME@ (aleneum/temporal-segment-networks' .in files)
 _NAMED = (r"\$\{(?P<braced>\w+)\}|\$(?P<bare>[A-Za-z_]\w*)|\{\{[ \t]*(?P<jinja>[A-Za-z_]\w*)[ \t]*\}\}"
-          r"|<(?P<angle>[A-Za-z_]\w*)>")
+          r"|<(?P<angle>[A-Za-z_]\w*)>|@(?P<at>[A-Za-z_]\w*)@")
 # dividiti/ck-caffe's Collective Knowledge packages write $#NAME#$ (read as ${NAME})
 _CK_PLACEHOLDER = re.compile(r"\$#(\w+)#\$")
 _VALUE_PLACEHOLDER = re.compile(rf"(?P<lead>:[ \t]*)(?P<ph>{_NAMED}|\{{(?P<format>[A-Za-z_]\w*)\}})")
@@ -108,7 +108,8 @@ def fill_placeholders(text, defines, path, notes):
             used[alone] = used.get(alone, 0) + 1
             lines[number] = str(defines[alone])
             continue
-        if "$" not in line and "{{" not in line and "<" not in line and not _FORMAT_FIELD.search(line):
+        if "$" not in line and "{{" not in line and "<" not in line and "@" not in line \
+                and not _FORMAT_FIELD.search(line):
             continue
         spans, comment = code_spans(line)
         pieces, last = [], 0
@@ -144,7 +145,7 @@ def fill_placeholders(text, defines, path, notes):
 def _name(match):
     """The placeholder's NAME, whichever way it is written."""
     groups = match.groupdict()
-    return next(groups[k] for k in ("braced", "bare", "jinja", "angle", "format") if groups.get(k))
+    return next(groups[k] for k in ("braced", "bare", "jinja", "angle", "at", "format") if groups.get(k))
 
 
 def _with_strings(spans, comment, length):
