@@ -277,6 +277,12 @@ def test_video_data_param_is_read_by_its_fields():
     warnings = []
     assert parse_prototxt_text(with_3d, warnings=warnings).layer[0].HasField("c3d_video_data_param")
     assert any("read as C3D v1.1" in w for w in warnings)
+    # chuckcho/video-caffe's C3D nets: BVLC's N-D Convolution with three kernel sizes, on (N, 3, L, H, W) clips
+    nd_conv = shared + ('\nlayer { name: "c" type: "Convolution" bottom: "data" top: "c"\n'
+                        '  convolution_param { num_output: 2 kernel_size: 3\n    kernel_size: 3 kernel_size: 3 } }')
+    warnings = []
+    assert parse_prototxt_text(nd_conv, warnings=warnings).layer[0].HasField("c3d_video_data_param")
+    assert any("read as C3D v1.1" in w for w in warnings)
 
 
 @pytest.mark.parametrize("name, data_shape", [

@@ -67,7 +67,9 @@ _SHARED_NAMES = {
 _FORK_OF_FIELD = {"video_data_param": "SSD", "c3d_video_data_param": "C3D v1.1",
                   "tsn_video_data_param": "TSN (yjxiong/caffe)", "lrcn_video_data_param": "apir8181/caffe_lrcn"}
 _V1_TYPE = caffe_pb2.V1LayerParameter.DESCRIPTOR.fields_by_name["type"]
-_3D_LAYERS = re.compile(r"\b(convolution3d_param|pooling3d_param|Convolution3D|Pooling3D|NdConvolution|NdPooling)\b")
+# and N-D Convolution / Pooling with three kernel sizes (chuckcho/video-caffe's C3D nets)
+_3D_LAYERS = re.compile(r"\b(convolution3d_param|pooling3d_param|Convolution3D|Pooling3D|NdConvolution|NdPooling)\b"
+                        r"|\bkernel_size\s*:\s*\d+\s+kernel_size\s*:\s*\d+\s+kernel_size\s*:\s*\d+")
 
 
 def _block_field_names(lines, line, column):
@@ -101,7 +103,7 @@ class _FieldPicker(text_format._Parser):
         super().__init__(allow_unknown_field=allow_unknown_field)
         self.lines = list(lines)
         self.notes = []
-        self._has_3d_layers = any(_3D_LAYERS.search(x) for x in self.lines)
+        self._has_3d_layers = bool(_3D_LAYERS.search("\n".join(self.lines)))
         self._fork_types = set()   # fork V1 enum names already noted
         self.block_order = []      # "layer" / "layers", in the order the net's blocks come
         self._depth = 0
