@@ -654,6 +654,21 @@ def test_doobnet_label_files_read_from_h5():
 
 
 
+def test_caffe_jacinto_image_label_data_shapes_from_its_crop():
+    # tidsp/caffe-jacinto's segmentation nets (mathmanu/caffe-jacinto-models): images and label maps
+    # from two LMDBs; data (N, 3, crop, crop), label (N, 1, crop, crop), without opening either
+    from caffeq.errors import CaffeqError
+    from caffeq.model import load_from_text
+    text = '''layer { name: "data" type: "ImageLabelData" top: "data" top: "label"
+  transform_param { mirror: false crop_size: 72 mean_value: 0 }
+  image_label_data_param { image_list_path: "data/val-image-lmdb" label_list_path: "data/val-label-lmdb"
+                           batch_size: 4 threads: 4 backend: LMDB } }'''
+    shapes = load_from_text(text).blob_shapes
+    assert shapes["data"] == (4, 3, 72, 72) and shapes["label"] == (4, 1, 72, 72)
+    with pytest.raises(CaffeqError, match="--input-shape data="):
+        load_from_text(text.replace("crop_size: 72 ", ""))
+
+
 def test_itlab_deeplab_prefetch_and_max_labels_read():
     # itlab-vision/ITLab-Vision-deeplab's msc_largefov test/train files set prefetch on ImageSegData;
     # both fields only tune the dataset reader, so the net's shapes come from transform_param as before

@@ -7,7 +7,9 @@
   crop_height/crop_width; the label top is a (N, 1, H, W) map.
 - ImageSegData (DeepLab), ImageLabelmapData (HED), ImageLabelData, WindowSegData (DeconvNet's
   V1 WINDOW_SEG_DATA): an ImageData-style list of image and label-map pairs; shapes from
-  crop_size or new_height/new_width.  CASENet's ImageSegData (merlresearch/CASENet c5312de caffe,
+  crop_size or new_height/new_width.  tidsp/caffe-jacinto's ImageLabelData (caffe-0.17 2678b2b,
+  image_label_data_layer.cpp) reads image_label_data_param instead: two databases, images and
+  (N, 1, H, W) label maps, H = W = crop_size, else the records' size.  CASENet's ImageSegData (merlresearch/CASENet c5312de caffe,
   label_type PIXELML) reads binary multi-label maps of image_data_param.num_label_chn channels (32
   classes' bits each): the label is (N, num_label_chn, H, W).
 - WindowClsData, SelectSegBinary, WindowSegBinary (HyeonwooNoh/caffe d9e8494, DeconvNet and
@@ -105,6 +107,12 @@ class ImageLabelMapData(ForkDataLayer):
     def parse(self, lp):
         p = lp.image_data_param
         t = transform_attrs(lp)
+        if lp.HasField("image_label_data_param"):
+            # tidsp/caffe-jacinto: images and label maps from two databases; crop_size, else the records' size
+            q = lp.image_label_data_param
+            return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t,
+                    "source": q.image_list_path, "batch_size": max(1, int(q.batch_size)),
+                    "channels": _channels(t), "hw": _crop_or(t, 0, 0), "label_channels": 1}
         return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t,
                 "source": p.source, "batch_size": max(1, int(p.batch_size)),
                 "channels": _channels(t, p.is_color), "hw": _crop_or(t, int(p.new_height), int(p.new_width)),
