@@ -274,3 +274,28 @@ def test_hashnet_scale_tanh_is_tanh_of_the_initial_scale(tmp_path):
     assert any("the fork raises its scale every 200 forwards" in w for w in model.warnings)
     plain = load_from_text(text.replace(" gamma: 0.005 power: 0.5", ""))
     assert not any("raises its scale" in w for w in plain.warnings)
+
+
+# ---- GELU (kaveena/caffe-pruning gelu_layer.cpp) -----------------------------------------------
+
+def gelu_ref(x, coeff):
+    """Forward_cpu: tanh of a double argument stored as float, then coeff * 0.5 * x * (1 + t) in double."""
+    out = np.empty_like(x)
+    for i, v in enumerate(x.reshape(-1)):
+        v = float(v)
+        t = np.float32(math.tanh(0.7978845608 * v + 0.7978845608 * 0.044715 * v * v * v))
+        out.reshape(-1)[i] = np.float32(float(np.float32(coeff)) * 0.5 * v * float(np.float32(1) + t))
+    return out
+
+
+@pytest.mark.parametrize("param, coeff", [("", 1.0), ("gelu_param { coeff: 1.7015043497085571 }", 1.7015043497085571)])
+def test_gelu_is_the_forks_tanh_approximation(param, coeff, tmp_path):
+    import torch
+    x = (rng(31).standard_normal((2, 3, 4, 5)) * 3).astype(np.float32)
+    model = load_from_text(net(f'layer {{ name: "g" type: "GELU" bottom: "x" top: "y" {param} }}',
+                               inputs={"x": x.shape}))
+    ref = gelu_ref(x, coeff)
+    check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=1e-6, rtol=2e-7)
+    # the same curve as PyTorch's tanh-approximate GELU, up to the fork's 10-digit sqrt(2 / pi)
+    tanh_gelu = torch.nn.functional.gelu(torch.from_numpy(x).double(), approximate="tanh").numpy() * np.float32(coeff)
+    np.testing.assert_allclose(ref, tanh_gelu, rtol=1e-6, atol=1e-6)

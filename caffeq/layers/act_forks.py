@@ -31,6 +31,10 @@
   (each forward reshapes), HashNet's continuation while training; a net loaded for inference
   computes with init_scale until its step_size-th forward, which is what caffeq computes (and, the
   scale being positive, the signs that make the hash codes are the same either way).
+- GELU (kaveena/caffe-pruning b5cc626, gelu_layer.cpp/.cu; kaveena/nfnet-caffe's NFNet-F0 with NFNet's
+  gamma as gelu_param.coeff): the tanh approximation, y = coeff * 0.5 * x * (1 + t) with
+  t = tanh(0.7978845608 x + 0.7978845608 * 0.044715 x^3).  The fork's double literals make the argument
+  and the product double; t and 1 + t are float, as here (ONNX casts the same way).
 """
 import math
 
@@ -50,6 +54,13 @@ def _legacy_num_channels(shape, what):
 
 
 # ---- torch functions (model.py gets the same code) ---------------------------------------
+
+def caffe_pruning_gelu(x, coeff: float):
+    """kaveena/caffe-pruning's GELU: the tanh approximation in its double / float steps."""
+    x64 = x.double()
+    t = torch.tanh(0.7978845608 * x64 + 0.7978845608 * 0.044715 * x64 * x64 * x64).to(x.dtype)
+    return (coeff * 0.5 * x64 * (1 + t).double()).to(x.dtype)
+
 
 def rrelu_test(x, mean_slope: float):
     """ducha-aiki's RReLU at TEST: negative inputs divided by the fork's mean slope."""
@@ -450,3 +461,34 @@ class ScaleTanH(Layer):
     def pytorch_source(self, node, emit):
         return f"{emit.helper(scaled_tanh)}({emit.inputs[0]}, {emit.lit(node.attrs['scale'])})"
 
+
+
+@register_layer("GELU")
+class GELU(Layer):
+    """kaveena/caffe-pruning's GELU (see the module docstring)."""
+
+    bottoms = tops = 1
+
+    def parse(self, lp):
+        need_blobs(lp, "GELU", 1, 1)
+        return {"coeff": float(np.float32(lp.gelu_param.coeff))}
+
+    def forward(self, attrs, params, x):
+        return caffe_pruning_gelu(x, attrs["coeff"])
+
+    def onnx(self, ctx, node):
+        from onnx import TensorProto
+        x64 = ctx.op("Cast", [node.inputs[0]], "x64", name=node.name, to=TensorProto.DOUBLE)
+
+        def f64(v):
+            return ctx.const(np.array(v, np.float64))
+        cube = ctx.op("Mul", [ctx.op("Mul", [ctx.op("Mul", [f64(0.7978845608 * 0.044715), x64], "c1"), x64], "c2"),
+                              x64], "c3")
+        arg = ctx.op("Add", [ctx.op("Mul", [f64(0.7978845608), x64], "lin"), cube], "arg")
+        t = ctx.op("Cast", [ctx.op("Tanh", [arg], "tanh64")], "tanh", to=TensorProto.FLOAT)
+        one_plus = ctx.op("Cast", [ctx.op("Add", [ctx.f32(1.0), t], "one_plus")], "one_plus64", to=TensorProto.DOUBLE)
+        y = ctx.op("Mul", [ctx.op("Mul", [f64(node.attrs["coeff"] * 0.5), x64], "half_x"), one_plus], "y64")
+        ctx.add_node("Cast", [y], [node.outputs[0]], to=TensorProto.FLOAT)
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(caffe_pruning_gelu)}({emit.inputs[0]}, {emit.lit(node.attrs['coeff'])})"
