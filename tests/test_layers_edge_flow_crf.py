@@ -236,6 +236,16 @@ def test_meanfield_infers_caffes_shapes_and_refuses_to_run(tmp_path):
         model.export_onnx(str(tmp_path / "m.onnx"))
 
 
+def test_crfasrnn_is_reshape_reads_as_the_same_layer():
+    # zimenglan-sysu-512/crfasrnn's is_reshape (its field 11, danxuhk's spatial_weight here) only sets the
+    # layer up again for a new input size: CRF-RNN's three (1, 1, C, C) blobs, not the continuous fork's two
+    shapes = {"unary": (2, 5, 6, 7), "q0": (2, 5, 6, 7), "img": (2, 3, 6, 7)}
+    text = MEANFIELD.format(it=5).replace("theta_gamma: 3", "theta_gamma: 3 is_reshape: true")
+    model = load_from_text(net(text, inputs=shapes), random_weights=True)
+    assert not node_of(model, "crf").attrs["continuous"]
+    assert [tuple(b.shape) for b in node_of(model, "crf").blobs] == [(1, 1, 5, 5)] * 3
+
+
 def test_continuous_crf_fork_reads_with_its_two_kernel_weights():
     """danxuhk/ContinuousCRF-CNN's MultiStageMeanfield: spatial_weight/bilateral_weight (fields 11, 12)
     seed its two (1, 1, C, C) blobs; there is no compatibility matrix."""
