@@ -547,6 +547,21 @@ def test_yolo_v3_checks_channels():
         load_from_text(v3_text(1, ((3, 4), (6, 8)), 0.5).replace("dim: 21 dim: 3", "dim: 20 dim: 3"))
 
 
+def test_yolo_v3_reads_the_first_channels_of_a_wider_bottom(tmp_path):
+    # eric612/Yolo-Model-Zoo's Pelee test net feeds a 125-channel map where 3 x 25 are read: the fork's
+    # forward indexes box n at channel n * (5 + k) of each item and checks no channel count
+    maps, threshold, nms = ((3, 4), (6, 8)), 0.5, 0.45
+    feeds = v3_inputs(6, 2, maps)
+    wide = dict(feeds, x1=np.concatenate([feeds["x1"], rng(9).standard_normal((2, 9, 6, 8)).astype(np.float32)], 1))
+    want = rows_ref(yolo_v3_preds([feeds["x0"], feeds["x1"]], V3_BIASES, V3_MASK, V3_SCALES, 3, 2, threshold), 3, nms)
+    text = v3_text(2, maps, threshold, nms).replace("dim: 21 dim: 6", "dim: 30 dim: 6")
+    model, got = all_backends(text, wide, tmp_path)
+    assert any("reads the first 3 x 7 of a bottom's 30 channels" in w for w in model.warnings)
+    for backend, v in got.items():
+        assert v.shape == want.shape, backend
+        assert_close(v, want, 1e-6, 1e-6, f"yolo v3 wide {backend}")
+
+
 # ---- all four together: ONNX's oldest opset, gradients, CUDA ---------------------------------------
 
 def yolo_net():

@@ -548,9 +548,15 @@ class Yolov3DetectionOutput(_YoloDetection):
     def check_bottom(self, attrs, shape):
         nb, k = attrs["num_box"], attrs["num_classes"]
         c = shape[1]
-        if c != nb * (5 + k):
+        if c < nb * (5 + k):
             raise LayerError(f"{self.types[0]}: channels {c} must be num_box x (5 + num_classes) = "
                              f"{nb} x {5 + k}")
+        if c > nb * (5 + k):
+            # eric612's Forward_cpu checks no channel count: box n reads channels n * len... of each item
+            # (an item being count(1) values), so the channels past num_box x len are never read
+            attrs.setdefault("reading_notes", []).append(
+                f"{self.types[0]} reads the first {nb} x {5 + k} of a bottom's {c} channels, as the fork's "
+                f"forward indexes them (it checks no channel count); the rest are unused")
 
     def rows_per_cell(self, attrs):
         return attrs["num_box"] * attrs["num_classes"]
@@ -623,7 +629,7 @@ def emit_yolo_candidates(ctx, node, a, v3, with_obj=False):
     nb, k = a["num_box"], a["num_classes"]
     for t, x in enumerate(node.inputs):
         _, c, h, w = ctx.shape(x)
-        per = c // nb
+        per = 5 + k if v3 else c // nb     # v3: the first num_box x (5 + k) channels (check_bottom)
         hint = f"b{t}"
         if v3:
             x = ctx.op("Slice", [x, ctx.i64([0]), ctx.i64([nb * per]), ctx.i64([1])], f"{hint}_used")
