@@ -100,6 +100,7 @@ from . import (  # noqa: F401,E402
     sequence,
     shape_ops,
     skimcaffe,
+    sophgo_detection,
     spatial_transformer,
     spn,
     sppnet,
