@@ -192,6 +192,12 @@ def test_round_40_layers_stay_on_the_blobs_device(layers, inputs, tops):
     (['layer { name: "c" type: "Concat" bottom: "a" bottom: "b" top: "c" }',
       'layer { name: "e" type: "Eltwise" bottom: "a" bottom: "m" top: "p" eltwise_param { operation: PROD } }'],
      {"a": (2, 3), "b": (2, 4, 1, 1), "m": (2, 3, 1, 1)}, ["c", "p"]),
+    # segaware's window layers (their masks)
+    (['layer { name: "d" type: "Im2dist" bottom: "x" top: "d" convolution_param { kernel_size: 3 pad: 2 } '
+      'im2dist_param { remove_center: true remove_bounds: true } }',
+      'layer { name: "q" type: "Im2parity" bottom: "x" top: "q" convolution_param { kernel_size: 3 pad: 2 } '
+      'im2parity_param { ignore_label: 255 } }'],
+     {"x": (2, 3, 4, 5)}, ["d", "q"]),
 ])
 def test_round_41_layers_stay_on_the_blobs_device(layers, inputs, tops):
     test_round_40_layers_stay_on_the_blobs_device(layers, inputs, tops)

@@ -96,6 +96,7 @@ from . import (  # noqa: F401,E402
     rrpn,
     rstar_cnn,
     rtpose,
+    segaware,
     segmentation,
     sequence,
     shape_ops,

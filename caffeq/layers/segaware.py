@@ -1,0 +1,236 @@
+"""aharley/segaware's window layers (dc45b8a, caffe/src/caffe/layers/im2dist_layer.cpp, im2parity_layer.cpp,
+util/im2dist.cpp / .cu, util/im2parity.cpp / .cu).
+
+Im2dist: the distance between each window's centre embedding and every embedding of the window.
+
+convolution_param gives the window (kernel, pad, stride, dilation; 2-D, channels on axis 1); the top is
+(N, kernel_h x kernel_w, H_out, W_out) with Convolution's output size.  For window offset (i, j) at
+output (y, x), with the centre at offset (kernel_h / 2, kernel_w / 2):
+  sum over channels c of 0.5 (e_c(centre) - e_c(i, j))^2 (im2dist_param.norm L2, the default) or
+  |e_c(centre) - e_c(i, j)| (L1), added channel by channel in float32 as the fork's loops;
+  0 where the centre lies outside the map, or where the neighbour does (its pad);
+  FLT_MAX / 100 at the centre itself with remove_center, and at outside neighbours with remove_bounds.
+CPU and GPU forwards agree on this.  ONNX sums the channels with ReduceSum (the same values up to the
+order of the float32 additions).
+
+Im2parity: the same windows over a label map, 1 where a neighbour's label equals the centre's, else 0,
+labels read as int (truncated); a neighbour outside the map reads label 0.  With im2parity_param
+ignore_label, a pair holding it, and a centre outside the map, give ignore_label.  Every channel writes
+the same top, so the last channel's labels decide.  Without ignore_label, an outside centre would write
+an uninitialized member: such windows (pad reaching past half the kernel) are refused.
+"""
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .registry import Layer, LayerError, need_blobs, register_layer, spatial_params
+
+#: the fork's "infinite" distance, FLT_MAX / 100 in float32
+FAR = float(np.float32(np.finfo(np.float32).max) / np.float32(100))
+
+
+def _out_size(size, k, p, s, d):
+    return (size + 2 * p - (d * (k - 1) + 1)) // s + 1
+
+
+def im2dist_masks(h: int, w: int, kernel: list[int], pad: list[int], stride: list[int], dilation: list[int],
+                  remove_center: bool, remove_bounds: bool, device: torch.device):
+    """(zero, far) masks of shape (K, H_out, W_out): where the fork writes 0 and where FLT_MAX / 100."""
+    (kh, kw), (ph, pw), (sh, sw), (dh, dw) = kernel, pad, stride, dilation
+    oh, ow = _out_size(h, kh, ph, sh, dh), _out_size(w, kw, pw, sw, dw)
+    ys = torch.arange(oh, device=device).reshape(1, oh, 1) * sh - ph
+    xs = torch.arange(ow, device=device).reshape(1, 1, ow) * sw - pw
+    iy = torch.arange(kh, device=device).repeat_interleave(kw).reshape(-1, 1, 1) * dh
+    ix = torch.arange(kw, device=device).repeat(kh).reshape(-1, 1, 1) * dw
+    cy, cx = ys + (kh // 2) * dh, xs + (kw // 2) * dw
+    centre_in = (cy >= 0) & (cy < h) & (cx >= 0) & (cx < w)
+    ny, nx = ys + iy, xs + ix
+    neighbour_in = (ny >= 0) & (ny < h) & (nx >= 0) & (nx < w)
+    is_centre = (iy == (kh // 2) * dh) & (ix == (kw // 2) * dw)
+    far = centre_in & ((is_centre & remove_center) | (~neighbour_in & remove_bounds))
+    zero = ~centre_in | (~neighbour_in & ~far)
+    return zero, far
+
+
+def window_views(x, kernel: list[int], pad: list[int], stride: list[int], dilation: list[int]):
+    """(centre, [neighbour at each window offset, row by row]) of the zero-padded x, each (N, C, H_out, W_out)."""
+    (kh, kw), (ph, pw), (sh, sw), (dh, dw) = kernel, pad, stride, dilation
+    h, w = x.shape[2], x.shape[3]
+    oh, ow = _out_size(h, kh, ph, sh, dh), _out_size(w, kw, pw, sw, dw)
+    xp = F.pad(x, (pw, pw, ph, ph))
+    views = [xp[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
+             for i in range(kh) for j in range(kw)]
+    return views[(kh // 2) * kw + kw // 2], views
+
+
+def im2dist(x, kernel: list[int], pad: list[int], stride: list[int], dilation: list[int], l2: bool,
+            remove_center: bool, remove_bounds: bool, far_value: float):
+    """segaware's Im2dist of an (N, C, H, W) embedding map: (N, K, H_out, W_out)."""
+    n, c, h, w = x.shape
+    centre, views = window_views(x, kernel, pad, stride, dilation)
+    rows = []
+    for view in views:
+        d = centre - view
+        t = d * d * 0.5 if l2 else d.abs()
+        acc = t[:, 0]
+        for ci in range(1, c):          # channel by channel, as the fork adds them
+            acc = acc + t[:, ci]
+        rows.append(acc)
+    y = torch.stack(rows, 1)
+    zero, far = im2dist_masks(h, w, kernel, pad, stride, dilation, remove_center, remove_bounds, x.device)
+    y = torch.where(zero, torch.zeros_like(y), y)
+    return torch.where(far, torch.full_like(y, far_value), y)
+
+
+def im2parity(x, kernel: list[int], pad: list[int], stride: list[int], dilation: list[int], ignore: float | None):
+    """segaware's Im2parity of an (N, C, H, W) label map (the last channel decides): (N, K, H_out, W_out)."""
+    labels = torch.trunc(x[:, -1:])                 # read as int; outside the map, label 0 (the zero pad)
+    centre, views = window_views(labels, kernel, pad, stride, dilation)
+    rows = []
+    for view in views:
+        same = (view == centre).to(x.dtype)
+        if ignore is not None:
+            same = torch.where((view == ignore) | (centre == ignore), torch.full_like(same, ignore), same)
+        rows.append(same[:, 0])
+    y = torch.stack(rows, 1)
+    if ignore is not None:   # a centre outside the map
+        zero, _ = im2dist_masks(x.shape[2], x.shape[3], kernel, pad, stride, dilation, False, False, x.device)
+        outside = zero & zero.all(0, keepdim=True)
+        y = torch.where(outside, torch.full_like(y, ignore), y)
+    return y
+
+
+class _WindowLayer(Layer):
+    """Convolution's window over a 2-D map, one top channel per window offset."""
+
+    def window_attrs(self, lp):
+        need_blobs(lp, lp.type, 1, 1, in_place=False)
+        p = lp.convolution_param
+        if p.axis != 1:
+            raise LayerError(f"{lp.type} runs with channels on axis 1, got convolution_param.axis {p.axis}")
+        return {"kernel": list(spatial_params(p, 2, "kernel_size", None, min_value=1, pair_required=False)),
+                "stride": list(spatial_params(p, 2, "stride", 1, min_value=1, pair_required=False)),
+                "pad": list(spatial_params(p, 2, "pad", 0, min_value=0, pair_required=False)),
+                "dilation": list(spatial_params(p, 2, "dilation", 1, allow_hw=False, min_value=1)),
+                "type": lp.type}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) != 4:
+            raise LayerError(f"{attrs['type']} runs on 2-D maps (N, C, H, W), got {list(s)}")
+        out = [_out_size(s[2 + a], attrs["kernel"][a], attrs["pad"][a], attrs["stride"][a], attrs["dilation"][a])
+               for a in range(2)]
+        if min(out) < 1:
+            raise LayerError(f"{attrs['type']}'s window does not fit the {s[2]}x{s[3]} map")
+        return [(s[0], attrs["kernel"][0] * attrs["kernel"][1], out[0], out[1])]
+
+    @staticmethod
+    def geometry(a):
+        return a["kernel"], a["pad"], a["stride"], a["dilation"]
+
+    def onnx_windows(self, ctx, node, x):
+        """(centre, [neighbours]) as Slice nodes of the zero-padded x (sized as the layer's bottom), like
+        window_views."""
+        _, _, h, w = ctx.shape(node.inputs[0])
+        (kh, kw), (ph, pw), (sh, sw), (dh, dw) = self.geometry(node.attrs)
+        oh, ow = _out_size(h, kh, ph, sh, dh), _out_size(w, kw, pw, sw, dw)
+        xp = ctx.op("Pad", [x, ctx.i64([0, 0, ph, pw, 0, 0, ph, pw])], "padded", name=node.name)
+        views = [ctx.op("Slice", [xp, ctx.i64([i * dh, j * dw]),
+                                  ctx.i64([i * dh + sh * (oh - 1) + 1, j * dw + sw * (ow - 1) + 1]),
+                                  ctx.i64([2, 3]), ctx.i64([sh, sw])], f"win{i}_{j}")
+                 for i in range(kh) for j in range(kw)]
+        return views[(kh // 2) * kw + kw // 2], views
+
+    def masks(self, ctx, node, remove_center=False, remove_bounds=False):
+        _, _, h, w = ctx.shape(node.inputs[0])
+        zero, far = im2dist_masks(h, w, *self.geometry(node.attrs), remove_center, remove_bounds, torch.device("cpu"))
+        return zero.numpy(), far.numpy()
+
+
+@register_layer("Im2dist")
+class Im2dist(_WindowLayer):
+    def parse(self, lp):
+        q = lp.im2dist_param
+        return {**self.window_attrs(lp), "l2": int(q.norm) == 2, "remove_center": bool(q.remove_center),
+                "remove_bounds": bool(q.remove_bounds)}
+
+    def _args(self, a):
+        return (*self.geometry(a), a["l2"], a["remove_center"], a["remove_bounds"])
+
+    def forward(self, attrs, params, x):
+        return im2dist(x, *self._args(attrs), FAR)
+
+    def onnx(self, ctx, node):
+        from .norm import onnx_reduce
+        a = node.attrs
+        centre, views = self.onnx_windows(ctx, node, node.inputs[0])
+        rows = []
+        for k, view in enumerate(views):
+            d = ctx.op("Sub", [centre, view], f"d{k}")
+            t = ctx.op("Mul", [ctx.op("Mul", [d, d], f"sq{k}"), ctx.f32(0.5)], f"half{k}") if a["l2"] \
+                else ctx.op("Abs", [d], f"abs{k}")
+            rows.append(onnx_reduce(ctx, "ReduceSum", t, [1], True))
+        y = ctx.op("Concat", rows, "dists", axis=1)
+        zero, far = self.masks(ctx, node, a["remove_center"], a["remove_bounds"])
+        y = ctx.op("Where", [ctx.const(zero[None]), ctx.f32(0.0), y], "zeroed")
+        ctx.add_node("Where", [ctx.const(far[None]), ctx.f32(FAR), y], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        emit.uses("F")
+        for helper in (_out_size, im2dist_masks, window_views):
+            emit.helper(helper)
+        args = ", ".join(repr(v) for v in self._args(node.attrs))
+        return f"{emit.helper(im2dist)}({emit.inputs[0]}, {args}, {FAR!r})"
+
+
+@register_layer("Im2parity")
+class Im2parity(_WindowLayer):
+    def parse(self, lp):
+        q = lp.im2parity_param
+        return {**self.window_attrs(lp),
+                "ignore": float(q.ignore_label) if q.HasField("ignore_label") else None}
+
+    def infer(self, attrs, in_shapes):
+        tops = super().infer(attrs, in_shapes)
+        s = in_shapes[0]
+        zero, _ = im2dist_masks(s[2], s[3], *self.geometry(attrs), False, False, torch.device("cpu"))
+        if attrs["ignore"] is None and bool(zero.all(0).any()):
+            raise LayerError("Im2parity without im2parity_param.ignore_label: windows whose centre lies outside "
+                             "the map (the pad) would get the fork's uninitialized ignore label; set ignore_label")
+        return tops
+
+    def forward(self, attrs, params, x):
+        return im2parity(x, *self.geometry(attrs), attrs["ignore"])
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x = node.inputs[0]
+        c = ctx.shape(x)[1]
+        last = ctx.op("Slice", [x, ctx.i64([c - 1]), ctx.i64([c]), ctx.i64([1])], "last", name=node.name)
+        # Floor of |v| with v's sign is C's truncation (labels are whole numbers in practice)
+        labels = ctx.op("Mul", [ctx.op("Sign", [last], "sign"), ctx.op("Floor", [ctx.op("Abs", [last], "abs")],
+                                                                          "floor")], "labels")
+        centre, views = self.onnx_windows(ctx, node, labels)
+        rows = []
+        for k, view in enumerate(views):
+            same = ctx.op("Cast", [ctx.op("Equal", [view, centre], f"eq{k}")], f"same{k}", to=1)
+            if a["ignore"] is not None:
+                ign = ctx.f32(a["ignore"])
+                hit = ctx.op("Or", [ctx.op("Equal", [view, ign], f"vi{k}"), ctx.op("Equal", [centre, ign], f"ci{k}")],
+                             f"ign{k}")
+                same = ctx.op("Where", [hit, ign, same], f"kept{k}")
+            rows.append(same)
+        y = ctx.op("Concat", rows, "parity", axis=1)
+        if a["ignore"] is None:
+            ctx.add_node("Identity", [y], [node.outputs[0]])
+            return
+        zero, _ = self.masks(ctx, node)
+        outside = zero & zero.all(0, keepdims=True)
+        ctx.add_node("Where", [ctx.const(outside[None]), ctx.f32(a["ignore"]), y], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        emit.uses("F")
+        for helper in (_out_size, im2dist_masks, window_views):
+            emit.helper(helper)
+        args = ", ".join(repr(v) for v in (*self.geometry(node.attrs), node.attrs["ignore"]))
+        return f"{emit.helper(im2parity)}({emit.inputs[0]}, {args})"

@@ -1,0 +1,108 @@
+"""aharley/segaware's Im2dist and Im2parity against loops written from its util/im2dist.cpp and
+util/im2parity.cpp (CPU forwards, the same as its CUDA kernels), in torch, onnxruntime and model.py."""
+import numpy as np
+import pytest
+from conftest import check_everywhere, net, rng
+
+from caffeq.layers import LayerError
+from caffeq.model import load_from_text
+
+f32 = np.float32
+FAR = f32(np.finfo(f32).max) / f32(100)
+
+
+def out_size(size, k, p, s, d):
+    return (size + 2 * p - (d * (k - 1) + 1)) // s + 1
+
+
+def im2dist_ref(x, k, p, s, d, l2=True, remove_center=False, remove_bounds=False):
+    n, c, h, w = x.shape
+    oh, ow = out_size(h, k, p, s, d), out_size(w, k, p, s, d)
+    top = np.zeros((n, k * k, oh, ow), f32)
+    for b in range(n):
+        for ci in range(c):                                   # c_col's outer channel loop
+            for i in range(k):
+                for j in range(k):
+                    for y in range(oh):
+                        for z in range(ow):
+                            hi, wi = y * s - p + i * d, z * s - p + j * d
+                            cy, cx = y * s - p + (k // 2) * d, z * s - p + (k // 2) * d
+                            if not (0 <= cy < h and 0 <= cx < w):
+                                continue
+                            o = (b, i * k + j, y, z)
+                            if remove_center and (hi, wi) == (cy, cx):
+                                top[o] = FAR
+                            elif 0 <= hi < h and 0 <= wi < w:
+                                diff = f32(x[b, ci, cy, cx] - x[b, ci, hi, wi])
+                                term = f32(diff * diff) * f32(0.5) if l2 else abs(diff)
+                                top[o] = f32(top[o] + term)
+                            elif remove_bounds:
+                                top[o] = FAR
+    return top
+
+
+def im2parity_ref(x, k, p, s, d, ignore=None):
+    n, c, h, w = x.shape
+    oh, ow = out_size(h, k, p, s, d), out_size(w, k, p, s, d)
+    top = np.zeros((n, k * k, oh, ow), f32)
+    for b in range(n):
+        for ci in range(c):                                   # every channel writes; the last one stays
+            for i in range(k):
+                for j in range(k):
+                    for y in range(oh):
+                        for z in range(ow):
+                            hi, wi = y * s - p + i * d, z * s - p + j * d
+                            cy, cx = y * s - p + (k // 2) * d, z * s - p + (k // 2) * d
+                            o = (b, i * k + j, y, z)
+                            if not (0 <= cy < h and 0 <= cx < w):
+                                top[o] = ignore
+                                continue
+                            centre = int(x[b, ci, cy, cx])
+                            here = int(x[b, ci, hi, wi]) if 0 <= hi < h and 0 <= wi < w else 0
+                            if ignore is not None and ignore in (here, centre):
+                                top[o] = ignore
+                            else:
+                                top[o] = here == centre
+    return top
+
+
+def window_net(kind, shape, conv, extra=""):
+    return net(f'layer {{ name: "l" type: "{kind}" bottom: "x" top: "y" convolution_param {{ {conv} }} {extra} }}',
+               inputs={"x": shape})
+
+
+@pytest.mark.parametrize("conv, k, p, s, d, extra, opts", [
+    ("kernel_size: 3 pad: 1", 3, 1, 1, 1, "", {}),
+    ("kernel_size: 3 pad: 2 dilation: 2", 3, 2, 1, 2, "im2dist_param { norm: L1 }", {"l2": False}),
+    ("kernel_size: 3 pad: 3 stride: 2", 3, 3, 2, 1, "im2dist_param { remove_center: true remove_bounds: true }",
+     {"remove_center": True, "remove_bounds": True}),
+    ("kernel_size: 4", 4, 0, 1, 1, "", {}),
+])
+def test_im2dist_matches_the_forks_loops(conv, k, p, s, d, extra, opts, tmp_path):
+    x = rng(51).standard_normal((2, 5, 6, 7)).astype(f32)
+    model = load_from_text(window_net("Im2dist", x.shape, conv, extra))
+    ref = im2dist_ref(x, k, p, s, d, **opts)
+    assert model.blob_shapes["y"] == ref.shape
+    assert model.run({"x": x}, exact=True)["y"].tobytes() == ref.tobytes()    # bit for bit in torch
+    check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("conv, k, p, s, d, ignore", [
+    ("kernel_size: 3 pad: 1", 3, 1, 1, 1, 255),
+    ("kernel_size: 3 dilation: 2 pad: 2", 3, 2, 1, 2, None),
+    ("kernel_size: 5 pad: 3 stride: 2", 5, 3, 2, 1, 255),
+])
+def test_im2parity_matches_the_forks_loops(conv, k, p, s, d, ignore, tmp_path):
+    g = rng(52)
+    x = g.integers(0, 3, (2, 2, 6, 7)).astype(f32) + f32(0.25)     # labels read as int (truncated)
+    if ignore is not None:
+        x[0, 1, 2, 3] = ignore
+    extra = f"im2parity_param {{ ignore_label: {ignore} }}" if ignore is not None else ""
+    model = load_from_text(window_net("Im2parity", x.shape, conv, extra))
+    ref = im2parity_ref(x, k, p, s, d, ignore)
+    check_everywhere(model, {"x": x}, {"y": ref}, tmp_path)
+
+
+def test_im2parity_refuses_an_uninitialized_ignore_label():
+    with pytest.raises(LayerError, match="uninitialized ignore label; set ignore_label"):
+        load_from_text(window_net("Im2parity", (1, 1, 5, 5), "kernel_size: 3 pad: 2"))
