@@ -106,3 +106,37 @@ def test_im2parity_matches_the_forks_loops(conv, k, p, s, d, ignore, tmp_path):
 def test_im2parity_refuses_an_uninitialized_ignore_label():
     with pytest.raises(LayerError, match="uninitialized ignore label; set ignore_label"):
         load_from_text(window_net("Im2parity", (1, 1, 5, 5), "kernel_size: 3 pad: 2"))
+
+
+# ---- Convolution with bottom_is_im2col (base_conv_layer.cpp: the bottom is the column buffer) ----
+
+def test_convolution_on_an_im2col_bottom_is_the_plain_convolution(tmp_path):
+    # Im2col then the bottom_is_im2col Convolution gives what the Convolution gives on the image
+    g = rng(53)
+    x = g.standard_normal((2, 4, 7, 6)).astype(f32)
+    conv = "num_output: 6 kernel_size: 3 pad: 1 group: 2"
+    text = net('layer { name: "cols" type: "Im2col" bottom: "x" top: "cols" convolution_param { kernel_size: 3 pad: 1 } }',
+               f'layer {{ name: "c" type: "Convolution" bottom: "cols" top: "y" convolution_param {{ {conv} '
+               f'bottom_is_im2col: true }} }}',
+               f'layer {{ name: "plain" type: "Convolution" bottom: "x" top: "z" convolution_param {{ {conv} }} }}',
+               inputs={"x": x.shape})
+    model = load_from_text(text, random_weights=True)
+    assert model.blob_shapes["cols"] == (2, 36, 7, 6) and model.blob_shapes["y"] == (2, 6, 7, 6)
+    weight, bias = (np.asarray(b) for b in model.params["c"])
+    assert weight.shape == (6, 2, 3, 3)
+    plain = next(n for n in model.layers if n.name == "plain")
+    plain.blobs = [weight.copy(), bias.copy()]
+    model.clear_cache()
+    z = model.run({"x": x}, exact=True)["z"]
+    # each group's gemm over its columns, as the fork's forward_cpu_gemm
+    cols = model.run({"x": x}, all_blobs=True)["cols"].astype(np.float64).reshape(2, 2, 18, 42)
+    w = weight.astype(np.float64).reshape(2, 3, 18)
+    ref = (np.einsum("gok,ngkp->ngop", w, cols).reshape(2, 6, 7, 6) + bias.reshape(1, 6, 1, 1))
+    np.testing.assert_allclose(z, ref, rtol=1e-5, atol=1e-5)
+    check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def test_im2col_bottom_convolution_checks_its_columns():
+    with pytest.raises(LayerError, match=r"im2col columns \(N, C x 9, H, W\)"):
+        load_from_text(net('layer { name: "c" type: "Convolution" bottom: "x" top: "y" convolution_param { '
+                           'num_output: 2 kernel_size: 3 bottom_is_im2col: true } }', inputs={"x": (1, 10, 4, 4)}))

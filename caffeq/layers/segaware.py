@@ -18,12 +18,17 @@ labels read as int (truncated); a neighbour outside the map reads label 0.  With
 ignore_label, a pair holding it, and a centre outside the map, give ignore_label.  Every channel writes
 the same top, so the last channel's labels decide.  Without ignore_label, an outside centre would write
 an uninitialized member: such windows (pad reaching past half the kernel) are refused.
+
+Convolution with convolution_param.bottom_is_im2col (base_conv_layer.cpp, conv_layer.cpp): the bottom is
+already Im2col's columns (N, C kh kw, H, W), as segaware's nets feed it after weighting them by the
+embedding distances; the weights keep their (O, C / group, kh, kw) shape, the top keeps H x W, and each
+group's gemm makes it a grouped 1x1 convolution with the weights flattened to (O, C kh kw / group).
 """
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .registry import Layer, LayerError, need_blobs, register_layer, spatial_params
+from .registry import Layer, LayerError, claim_layers, need_blobs, register_layer, spatial_params
 
 #: the fork's "infinite" distance, FLT_MAX / 100 in float32
 FAR = float(np.float32(np.finfo(np.float32).max) / np.float32(100))
@@ -234,3 +239,62 @@ class Im2parity(_WindowLayer):
             emit.helper(helper)
         args = ", ".join(repr(v) for v in (*self.geometry(node.attrs), node.attrs["ignore"]))
         return f"{emit.helper(im2parity)}({emit.inputs[0]}, {args})"
+
+
+def im2col_bottom_conv(x, weight, bias, groups: int):
+    """segaware's Convolution on an im2col bottom: a grouped 1x1 convolution with the flattened weights."""
+    return F.conv2d(x, weight.reshape(weight.shape[0], -1, 1, 1), bias, groups=groups)
+
+
+@claim_layers("Convolution", lambda lp: lp.convolution_param.bottom_is_im2col)
+class Im2colBottomConvolution(Layer):
+    blob_names = ("weight", "bias")
+    weight_axes = {0: 0}
+
+    def parse(self, lp):
+        need_blobs(lp, "Convolution", 1, 1)
+        p = lp.convolution_param
+        if p.axis != 1 or p.num_output < 1 or p.group < 1:
+            raise LayerError("Convolution with bottom_is_im2col needs channels on axis 1, num_output and group >= 1")
+        kernel = spatial_params(p, 2, "kernel_size", None, min_value=1, pair_required=False)
+        return {"num_output": int(p.num_output), "group": int(p.group), "bias_term": bool(p.bias_term),
+                "kernel": list(kernel)}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        k = attrs["kernel"][0] * attrs["kernel"][1]
+        if len(s) != 4 or s[1] % (k * attrs["group"]) or attrs["num_output"] % attrs["group"]:
+            raise LayerError(f"Convolution with bottom_is_im2col takes im2col columns (N, C x {k}, H, W) whose "
+                             f"channels group {attrs['group']} divides (and num_output too), got {list(s)}")
+        return [(s[0], attrs["num_output"], s[2], s[3])]
+
+    def param_shapes(self, attrs, in_shapes):
+        c = in_shapes[0][1] // (attrs["kernel"][0] * attrs["kernel"][1] * attrs["group"])
+        weight = (attrs["num_output"], c) + tuple(attrs["kernel"])
+        return [weight, (attrs["num_output"],)] if attrs["bias_term"] else [weight]
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        s = in_shapes[0]
+        return s[0] * s[2] * s[3] * attrs["num_output"] * (s[1] // attrs["group"])
+
+    def forward(self, attrs, params, x):
+        return im2col_bottom_conv(x, params[0], params[1] if attrs["bias_term"] else None, attrs["group"])
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        w = ctx.op("Reshape", [ctx.weight(node, 0), ctx.i64([a["num_output"], -1, 1, 1])], "w1x1", name=node.name)
+        ins = [node.inputs[0], w] + ([ctx.weight(node, 1)] if a["bias_term"] else [])
+        ctx.add_node("Conv", ins, [node.outputs[0]], group=a["group"], kernel_shape=[1, 1])
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        emit.uses("F")
+        m = emit.module("torch.nn.ParameterDict()")
+        emit.init(f"{m}['weight'] = torch.nn.Parameter(torch.zeros{tuple(node.blobs[0].shape)!r})")
+        emit.param("weight", 0)
+        bias = "None"
+        if a["bias_term"]:
+            emit.init(f"{m}['bias'] = torch.nn.Parameter(torch.zeros({a['num_output']}))")
+            emit.param("bias", 1)
+            bias = f"{m}['bias']"
+        return f"{emit.helper(im2col_bottom_conv)}({emit.inputs[0]}, {m}['weight'], {bias}, {a['group']})"
