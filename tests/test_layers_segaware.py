@@ -15,54 +15,56 @@ def out_size(size, k, p, s, d):
     return (size + 2 * p - (d * (k - 1) + 1)) // s + 1
 
 
-def im2dist_ref(x, k, p, s, d, l2=True, remove_center=False, remove_bounds=False):
+def fork_windows(x, k, p, s, d):
+    """The forks' loop order (item, channel, window offset, output row, column): (item, channel, top index,
+    neighbour (row, col), centre (row, col), whether the centre and the neighbour lie in the map)."""
     n, c, h, w = x.shape
     oh, ow = out_size(h, k, p, s, d), out_size(w, k, p, s, d)
-    top = np.zeros((n, k * k, oh, ow), f32)
     for b in range(n):
-        for ci in range(c):                                   # c_col's outer channel loop
+        for ci in range(c):
             for i in range(k):
                 for j in range(k):
                     for y in range(oh):
                         for z in range(ow):
                             hi, wi = y * s - p + i * d, z * s - p + j * d
                             cy, cx = y * s - p + (k // 2) * d, z * s - p + (k // 2) * d
-                            if not (0 <= cy < h and 0 <= cx < w):
-                                continue
-                            o = (b, i * k + j, y, z)
-                            if remove_center and (hi, wi) == (cy, cx):
-                                top[o] = FAR
-                            elif 0 <= hi < h and 0 <= wi < w:
-                                diff = f32(x[b, ci, cy, cx] - x[b, ci, hi, wi])
-                                term = f32(diff * diff) * f32(0.5) if l2 else abs(diff)
-                                top[o] = f32(top[o] + term)
-                            elif remove_bounds:
-                                top[o] = FAR
+                            yield (b, ci, (b, i * k + j, y, z), (hi, wi), (cy, cx), 0 <= cy < h and 0 <= cx < w,
+                                   0 <= hi < h and 0 <= wi < w)
+
+
+def top_like(x, k, p, s, d):
+    n, _, h, w = x.shape
+    return np.zeros((n, k * k, out_size(h, k, p, s, d), out_size(w, k, p, s, d)), f32)
+
+
+def im2dist_ref(x, k, p, s, d, l2=True, remove_center=False, remove_bounds=False):
+    top = top_like(x, k, p, s, d)
+    for b, ci, o, here, centre, centre_in, here_in in fork_windows(x, k, p, s, d):
+        if not centre_in:
+            continue
+        if remove_center and here == centre:
+            top[o] = FAR
+        elif here_in:
+            diff = f32(x[(b, ci) + centre] - x[(b, ci) + here])
+            term = f32(diff * diff) * f32(0.5) if l2 else abs(diff)
+            top[o] = f32(top[o] + term)                       # channel by channel, in float
+        elif remove_bounds:
+            top[o] = FAR
     return top
 
 
 def im2parity_ref(x, k, p, s, d, ignore=None):
-    n, c, h, w = x.shape
-    oh, ow = out_size(h, k, p, s, d), out_size(w, k, p, s, d)
-    top = np.zeros((n, k * k, oh, ow), f32)
-    for b in range(n):
-        for ci in range(c):                                   # every channel writes; the last one stays
-            for i in range(k):
-                for j in range(k):
-                    for y in range(oh):
-                        for z in range(ow):
-                            hi, wi = y * s - p + i * d, z * s - p + j * d
-                            cy, cx = y * s - p + (k // 2) * d, z * s - p + (k // 2) * d
-                            o = (b, i * k + j, y, z)
-                            if not (0 <= cy < h and 0 <= cx < w):
-                                top[o] = ignore
-                                continue
-                            centre = int(x[b, ci, cy, cx])
-                            here = int(x[b, ci, hi, wi]) if 0 <= hi < h and 0 <= wi < w else 0
-                            if ignore is not None and ignore in (here, centre):
-                                top[o] = ignore
-                            else:
-                                top[o] = here == centre
+    top = top_like(x, k, p, s, d)
+    for b, ci, o, here, centre, centre_in, here_in in fork_windows(x, k, p, s, d):   # the last channel stays
+        if not centre_in:
+            top[o] = ignore
+            continue
+        label_c = int(x[(b, ci) + centre])
+        label_h = int(x[(b, ci) + here]) if here_in else 0
+        if ignore is not None and ignore in (label_h, label_c):
+            top[o] = ignore
+        else:
+            top[o] = label_h == label_c
     return top
 
 
