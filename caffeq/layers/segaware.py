@@ -28,30 +28,33 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .conv import conv_out_size
 from .registry import Layer, LayerError, claim_layers, need_blobs, register_layer, spatial_params
 
 #: the fork's "infinite" distance, FLT_MAX / 100 in float32
 FAR = float(np.float32(np.finfo(np.float32).max) / np.float32(100))
 
 
-def _out_size(size, k, p, s, d):
-    return (size + 2 * p - (d * (k - 1) + 1)) // s + 1
-
-
-def im2dist_masks(h: int, w: int, kernel: list[int], pad: list[int], stride: list[int], dilation: list[int],
-                  remove_center: bool, remove_bounds: bool, device: torch.device):
-    """(zero, far) masks of shape (K, H_out, W_out): where the fork writes 0 and where FLT_MAX / 100."""
+def window_masks(h: int, w: int, kernel: list[int], pad: list[int], stride: list[int], dilation: list[int],
+                 device: torch.device):
+    """Where each output's window centre lies in the map (1, H_out, W_out), where each window offset's
+    neighbour does (K, H_out, W_out), and which offset is the centre (K, 1, 1)."""
     (kh, kw), (ph, pw), (sh, sw), (dh, dw) = kernel, pad, stride, dilation
-    oh, ow = _out_size(h, kh, ph, sh, dh), _out_size(w, kw, pw, sw, dw)
+    oh, ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
     ys = torch.arange(oh, device=device).reshape(1, oh, 1) * sh - ph
     xs = torch.arange(ow, device=device).reshape(1, 1, ow) * sw - pw
     iy = torch.arange(kh, device=device).repeat_interleave(kw).reshape(-1, 1, 1) * dh
     ix = torch.arange(kw, device=device).repeat(kh).reshape(-1, 1, 1) * dw
     cy, cx = ys + (kh // 2) * dh, xs + (kw // 2) * dw
-    centre_in = (cy >= 0) & (cy < h) & (cx >= 0) & (cx < w)
     ny, nx = ys + iy, xs + ix
-    neighbour_in = (ny >= 0) & (ny < h) & (nx >= 0) & (nx < w)
-    is_centre = (iy == (kh // 2) * dh) & (ix == (kw // 2) * dw)
+    return ((cy >= 0) & (cy < h) & (cx >= 0) & (cx < w), (ny >= 0) & (ny < h) & (nx >= 0) & (nx < w),
+            (iy == (kh // 2) * dh) & (ix == (kw // 2) * dw))
+
+
+def im2dist_masks(h: int, w: int, kernel: list[int], pad: list[int], stride: list[int], dilation: list[int],
+                  remove_center: bool, remove_bounds: bool, device: torch.device):
+    """(zero, far) masks of shape (K, H_out, W_out): where the fork writes 0 and where FLT_MAX / 100."""
+    centre_in, neighbour_in, is_centre = window_masks(h, w, kernel, pad, stride, dilation, device)
     far = centre_in & ((is_centre & remove_center) | (~neighbour_in & remove_bounds))
     zero = ~centre_in | (~neighbour_in & ~far)
     return zero, far
@@ -61,7 +64,7 @@ def window_views(x, kernel: list[int], pad: list[int], stride: list[int], dilati
     """(centre, [neighbour at each window offset, row by row]) of the zero-padded x, each (N, C, H_out, W_out)."""
     (kh, kw), (ph, pw), (sh, sw), (dh, dw) = kernel, pad, stride, dilation
     h, w = x.shape[2], x.shape[3]
-    oh, ow = _out_size(h, kh, ph, sh, dh), _out_size(w, kw, pw, sw, dw)
+    oh, ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
     xp = F.pad(x, (pw, pw, ph, ph))
     views = [xp[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
              for i in range(kh) for j in range(kw)]
@@ -71,7 +74,7 @@ def window_views(x, kernel: list[int], pad: list[int], stride: list[int], dilati
 def im2dist(x, kernel: list[int], pad: list[int], stride: list[int], dilation: list[int], l2: bool,
             remove_center: bool, remove_bounds: bool, far_value: float):
     """segaware's Im2dist of an (N, C, H, W) embedding map: (N, K, H_out, W_out)."""
-    n, c, h, w = x.shape
+    c, h, w = x.shape[1:]
     centre, views = window_views(x, kernel, pad, stride, dilation)
     rows = []
     for view in views:
@@ -99,9 +102,8 @@ def im2parity(x, kernel: list[int], pad: list[int], stride: list[int], dilation:
         rows.append(same[:, 0])
     y = torch.stack(rows, 1)
     if ignore is not None:   # a centre outside the map
-        zero, _ = im2dist_masks(x.shape[2], x.shape[3], kernel, pad, stride, dilation, False, False, x.device)
-        outside = zero & zero.all(0, keepdim=True)
-        y = torch.where(outside, torch.full_like(y, ignore), y)
+        centre_in, _, _ = window_masks(x.shape[2], x.shape[3], kernel, pad, stride, dilation, x.device)
+        y = torch.where(centre_in, y, torch.full_like(y, ignore))
     return y
 
 
@@ -123,7 +125,7 @@ class _WindowLayer(Layer):
         s = tuple(in_shapes[0])
         if len(s) != 4:
             raise LayerError(f"{attrs['type']} runs on 2-D maps (N, C, H, W), got {list(s)}")
-        out = [_out_size(s[2 + a], attrs["kernel"][a], attrs["pad"][a], attrs["stride"][a], attrs["dilation"][a])
+        out = [conv_out_size(s[2 + a], attrs["kernel"][a], attrs["stride"][a], attrs["pad"][a], attrs["dilation"][a])
                for a in range(2)]
         if min(out) < 1:
             raise LayerError(f"{attrs['type']}'s window does not fit the {s[2]}x{s[3]} map")
@@ -138,7 +140,7 @@ class _WindowLayer(Layer):
         window_views."""
         _, _, h, w = ctx.shape(node.inputs[0])
         (kh, kw), (ph, pw), (sh, sw), (dh, dw) = self.geometry(node.attrs)
-        oh, ow = _out_size(h, kh, ph, sh, dh), _out_size(w, kw, pw, sw, dw)
+        oh, ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
         xp = ctx.op("Pad", [x, ctx.i64([0, 0, ph, pw, 0, 0, ph, pw])], "padded", name=node.name)
         views = [ctx.op("Slice", [xp, ctx.i64([i * dh, j * dw]),
                                   ctx.i64([i * dh + sh * (oh - 1) + 1, j * dw + sw * (ow - 1) + 1]),
@@ -146,7 +148,8 @@ class _WindowLayer(Layer):
                  for i in range(kh) for j in range(kw)]
         return views[(kh // 2) * kw + kw // 2], views
 
-    def masks(self, ctx, node, remove_center=False, remove_bounds=False):
+    def masks(self, ctx, node, remove_center, remove_bounds):
+        """im2dist_masks of the layer's bottom, as numpy arrays."""
         _, _, h, w = ctx.shape(node.inputs[0])
         zero, far = im2dist_masks(h, w, *self.geometry(node.attrs), remove_center, remove_bounds, torch.device("cpu"))
         return zero.numpy(), far.numpy()
@@ -182,7 +185,7 @@ class Im2dist(_WindowLayer):
 
     def pytorch_source(self, node, emit):
         emit.uses("F")
-        for helper in (_out_size, im2dist_masks, window_views):
+        for helper in (conv_out_size, window_masks, im2dist_masks, window_views):
             emit.helper(helper)
         args = ", ".join(repr(v) for v in self._args(node.attrs))
         return f"{emit.helper(im2dist)}({emit.inputs[0]}, {args}, {FAR!r})"
@@ -198,8 +201,8 @@ class Im2parity(_WindowLayer):
     def infer(self, attrs, in_shapes):
         tops = super().infer(attrs, in_shapes)
         s = in_shapes[0]
-        zero, _ = im2dist_masks(s[2], s[3], *self.geometry(attrs), False, False, torch.device("cpu"))
-        if attrs["ignore"] is None and bool(zero.all(0).any()):
+        centre_in, _, _ = window_masks(s[2], s[3], *self.geometry(attrs), torch.device("cpu"))
+        if attrs["ignore"] is None and not bool(centre_in.all()):
             raise LayerError("Im2parity without im2parity_param.ignore_label: windows whose centre lies outside "
                              "the map (the pad) would get the fork's uninitialized ignore label; set ignore_label")
         return tops
@@ -229,13 +232,13 @@ class Im2parity(_WindowLayer):
         if a["ignore"] is None:
             ctx.add_node("Identity", [y], [node.outputs[0]])
             return
-        zero, _ = self.masks(ctx, node)
-        outside = zero & zero.all(0, keepdims=True)
-        ctx.add_node("Where", [ctx.const(outside[None]), ctx.f32(a["ignore"]), y], [node.outputs[0]])
+        _, _, h, w = ctx.shape(x)
+        centre_in, _, _ = window_masks(h, w, *self.geometry(a), torch.device("cpu"))
+        ctx.add_node("Where", [ctx.const(centre_in.numpy()[None]), y, ctx.f32(a["ignore"])], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
         emit.uses("F")
-        for helper in (_out_size, im2dist_masks, window_views):
+        for helper in (conv_out_size, window_masks, window_views):
             emit.helper(helper)
         args = ", ".join(repr(v) for v in (*self.geometry(node.attrs), node.attrs["ignore"]))
         return f"{emit.helper(im2parity)}({emit.inputs[0]}, {args})"
