@@ -203,6 +203,18 @@ def test_round_41_layers_stay_on_the_blobs_device(layers, inputs, tops):
     test_round_40_layers_stay_on_the_blobs_device(layers, inputs, tops)
 
 
+@pytest.mark.parametrize("layers, inputs, tops", [
+    # CRF-RNN's mean-field and ARL's: the lattices' index tensors, constants and lookups
+    (['layer { name: "c" type: "MultiStageMeanfield" bottom: "u" bottom: "q" bottom: "i" top: "o" '
+      'multi_stage_meanfield_param { num_iterations: 3 theta_alpha: 2 theta_beta: 0.3 theta_gamma: 1 } }',
+      'layer { name: "a" type: "MultiStageMeanfieldAU3" bottom: "u" bottom: "q" bottom: "i" top: "a" '
+      'multi_stage_meanfield_au3_param { num_iterations: 2 theta_alpha: 2 theta_beta: 0.3 theta_gamma: 1 } }'],
+     {"u": (2, 3, 4, 5), "q": (2, 3, 4, 5), "i": (2, 4, 4, 5)}, ["o", "a"]),
+])
+def test_crf_rnn_layers_stay_on_the_blobs_device(layers, inputs, tops):
+    test_round_40_layers_stay_on_the_blobs_device(layers, inputs, tops)
+
+
 def test_act_tubes_stay_on_the_blobs_device():
     from test_layers_act_detection_output import act_net, inputs
     loc, conf, prior = inputs(2, 6, 3, 1, 2, seed=4)

@@ -1,13 +1,12 @@
 """ZhiwenShao's JAANet (0b8e87e) and ARL (512c226) layers against numpy loops written from the forks'
 C++ (division_layer.cpp, combination_layer.cpp, au_mask_based_land_layer.cpp), in torch, onnxruntime
-and model.py; MultiStageMeanfieldAU3 reads and refuses to run."""
+and model.py.  MultiStageMeanfieldAU3 runs CRF-RNN's inference: test_layers_crf_rnn.py."""
 import math
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, node_of, rng
+from conftest import check_everywhere, net, rng
 
-from caffeq.errors import CaffeqError, ExportError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -172,18 +171,6 @@ def test_c_round_halves_away_from_zero():
 MEANFIELD = ('layer {{ name: "crf" type: "MultiStageMeanfieldAU3" bottom: "u" bottom: "q" bottom: "f" top: "o" '
              "multi_stage_meanfield_au3_param {{ num_iterations: {it} theta_alpha: 160 theta_beta: 3 "
              "theta_gamma: 3 }} }}")
-
-
-def test_meanfield_au3_reads_sizes_and_refuses_to_run(tmp_path):
-    shapes = {"u": (2, 2, 5, 7), "q": (2, 2, 5, 7), "f": (2, 3, 5, 7)}
-    model = load_from_text(net(MEANFIELD.format(it=5), inputs=shapes), random_weights=True)
-    assert model.graph.tensors["o"].shape == (2, 2, 5, 7)
-    assert [tuple(b.shape) for b in node_of(model, "crf").blobs] == [(1, 1, 2, 2)] * 3
-    feeds = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
-    with pytest.raises(CaffeqError, match="'crf' .MultiStageMeanfieldAU3.*permutohedral lattice"):
-        model.run(feeds)
-    with pytest.raises(ExportError, match="'crf' .MultiStageMeanfieldAU3"):
-        model.export_onnx(str(tmp_path / "m.onnx"))
 
 
 @pytest.mark.parametrize("text, inputs, msg", [

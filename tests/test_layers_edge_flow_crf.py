@@ -1,7 +1,7 @@
 """Layers of edge_flow_crf_forks.py and RCF's AutoCrop (caffeq/io/coord_maps.py), each as its fork
 computes it: RCF auto_crop_layer.cpp, happynear insanity_layer.cpp (TEST), DeepSkeleton
-quantize_layer.cpp / rescale_layer.cpp, flownet2 flow_warp_layer.cpp, CRF-RNN multi_stage_meanfield.cpp
-(shapes only).
+quantize_layer.cpp / rescale_layer.cpp, flownet2 flow_warp_layer.cpp, DeepLab's DenseCRF (shapes only).
+CRF-RNN's MultiStageMeanfield is tested in test_layers_crf_rnn.py.
 
 References are float64 numpy loops written here from the forks' code; each running layer is checked
 in torch, onnxruntime and the generated model.py.
@@ -216,110 +216,6 @@ def test_flow_warp_checks_the_flow_shape(flow_shape, msg):
     with pytest.raises(LayerError, match=msg):
         load_from_text(net('layer { name: "w" type: "FlowWarp" bottom: "img" bottom: "flow" top: "o" }',
                            inputs={"img": (2, 3, 5, 7), "flow": flow_shape}))
-
-
-# ---- MultiStageMeanfield -------------------------------------------------------------------
-
-MEANFIELD = ('layer {{ name: "crf" type: "MultiStageMeanfield" bottom: "unary" bottom: "q0" bottom: "img" top: "o" '
-             'multi_stage_meanfield_param {{ num_iterations: {it} theta_alpha: 160 theta_beta: 3 theta_gamma: 3 }} }}')
-
-
-def test_meanfield_infers_caffes_shapes_and_refuses_to_run(tmp_path):
-    shapes = {"unary": (2, 5, 6, 7), "q0": (2, 5, 6, 7), "img": (2, 3, 6, 7)}
-    model = load_from_text(net(MEANFIELD.format(it=5), inputs=shapes), random_weights=True)
-    assert model.graph.tensors["o"].shape == (2, 5, 6, 7)
-    assert [tuple(b.shape) for b in node_of(model, "crf").blobs] == [(1, 1, 5, 5)] * 3
-    feeds = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
-    with pytest.raises(CaffeqError, match="'crf' .MultiStageMeanfield.*permutohedral"):
-        model.run(feeds)
-    with pytest.raises(ExportError, match="'crf' .MultiStageMeanfield"):
-        model.export_onnx(str(tmp_path / "m.onnx"))
-
-
-def test_crfasrnn_is_reshape_reads_as_the_same_layer():
-    # zimenglan-sysu-512/crfasrnn's is_reshape (its field 11, danxuhk's spatial_weight here) only sets the
-    # layer up again for a new input size: CRF-RNN's three (1, 1, C, C) blobs, not the continuous fork's two
-    shapes = {"unary": (2, 5, 6, 7), "q0": (2, 5, 6, 7), "img": (2, 3, 6, 7)}
-    text = MEANFIELD.format(it=5).replace("theta_gamma: 3", "theta_gamma: 3 is_reshape: true")
-    model = load_from_text(net(text, inputs=shapes), random_weights=True)
-    assert not node_of(model, "crf").attrs["continuous"]
-    assert [tuple(b.shape) for b in node_of(model, "crf").blobs] == [(1, 1, 5, 5)] * 3
-
-
-def test_continuous_crf_fork_reads_with_its_two_kernel_weights():
-    """danxuhk/ContinuousCRF-CNN's MultiStageMeanfield: spatial_weight/bilateral_weight (fields 11, 12)
-    seed its two (1, 1, C, C) blobs; there is no compatibility matrix."""
-    shapes = {"unary": (1, 1, 6, 7), "q0": (1, 1, 6, 7), "img": (1, 3, 6, 7)}
-    text = MEANFIELD.format(it=15).replace("theta_gamma: 3", "theta_gamma: 3 spatial_weight: 4 bilateral_weight: 4.2")
-    model = load_from_text(net(text, inputs=shapes), random_weights=True)
-    assert node_of(model, "crf").attrs["continuous"]
-    assert [tuple(b.shape) for b in node_of(model, "crf").blobs] == [(1, 1, 1, 1)] * 2
-    with pytest.raises(CaffeqError, match="ContinuousCRF-CNN's continuous mean-field"):
-        model.run({k: np.zeros(s, np.float32) for k, s in shapes.items()})
-
-
-SEGNET_CRF = """layer {
-  name: "crfrnn" #if you set name "inference1", code will load parameters from caffemodel.
-  type: "MultiStageMeanfield"
-  bottom: "unary"
-  bottom: "q0"
-  bottom: "img"
-  top: "crfrnn"
-  param { lr_mult: 10000 }
-  param { lr_mult: 10000 }
-  param { lr_mult: 1000 }
-  multi_stage_meanfield_param {
-   num_iterations: 3
-   compatibility_mode: POTTS#Initialize the compatilibity transform matrix with a matrix whose diagonal is -1.
-   threshold: 2
-   theta_alpha: 160
-   theta_beta: 3
-   theta_gamma: 3
-   spatial_filter_weights_str: "3 1 3 1"
-   bilateral_filter_weights_str: "3 1 3 1" %s
-  }
-}"""
-
-
-def test_segnet_crf_fork_weight_strings_seed_the_diagonals():
-    """nathanin/caffe-segnet-crf 41e60779's MultiStageMeanfield block (its deploy-SegNet-CRFRNN.prototxt,
-    4 classes; the file itself is CC BY-NC and not copied): spatial_filter_weights_str /
-    bilateral_filter_weights_str (fields 19, 20) and force_cpu (29) read; without weights the two
-    strings seed the kernel weights' diagonals and the compatibility starts at -identity."""
-    shapes = {"unary": (1, 4, 6, 7), "q0": (1, 4, 6, 7), "img": (1, 3, 6, 7)}
-    model = load_from_text(net(SEGNET_CRF % "force_cpu: true", inputs=shapes), random_weights=True)
-    crf = node_of(model, "crfrnn")
-    assert not crf.attrs["continuous"] and model.graph.tensors["crfrnn"].shape == (1, 4, 6, 7)
-    blobs = [np.asarray(b) for b in crf.blobs]
-    diag = np.diag(np.array([3, 1, 3, 1], np.float32)).reshape(1, 1, 4, 4)
-    np.testing.assert_array_equal(blobs[0], diag)
-    np.testing.assert_array_equal(blobs[1], diag)
-    np.testing.assert_array_equal(blobs[2], -np.eye(4, dtype=np.float32).reshape(1, 1, 4, 4))
-    with pytest.raises(CaffeqError, match="'crfrnn' .MultiStageMeanfield.*permutohedral"):
-        model.run({k: np.zeros(s, np.float32) for k, s in shapes.items()})
-    # shapes read without weights; five classes need five values once the fork seeds its blobs
-    five = {"unary": (1, 5, 6, 7), "q0": (1, 5, 6, 7), "img": (1, 3, 6, 7)}
-    assert load_from_text(net(SEGNET_CRF % "", inputs=five)).graph.tensors["crfrnn"].shape == (1, 5, 6, 7)
-    with pytest.raises(LayerError, match="spatial_filter_weights_str '3 1 3 1': the fork reads 5"):
-        load_from_text(net(SEGNET_CRF % "", inputs=five), random_weights=True)
-
-
-def test_meanfield_needs_more_than_one_iteration():
-    shapes = {"unary": (1, 2, 3, 3), "q0": (1, 2, 3, 3), "img": (1, 3, 3, 3)}
-    with pytest.raises(LayerError, match="num_iterations must be > 1"):
-        load_from_text(net(MEANFIELD.format(it=1), inputs=shapes))
-
-
-def test_meanfield_v1_enum_upgrades():
-    text = ('input: "unary" input_dim: 1 input_dim: 4 input_dim: 3 input_dim: 5\n'
-            'input: "img" input_dim: 1 input_dim: 3 input_dim: 3 input_dim: 5\n'
-            'layers { name: "split" type: SPLIT bottom: "unary" top: "u" top: "q0" }\n'
-            'layers { name: "crf" type: MULTI_STAGE_MEANFIELD bottom: "u" bottom: "q0" bottom: "img" top: "o"\n'
-            '  multi_stage_meanfield_param { num_iterations: 10 theta_alpha: 160 } }')
-    model = load_from_text(text)
-    crf = node_of(model, "crf")
-    assert crf.type == "MultiStageMeanfield" and crf.attrs["theta_alpha"] == 160
-    assert model.graph.tensors["o"].shape == (1, 4, 3, 5)
 
 
 # ---- DenseCRF ---------------------------------------------------------------------------------

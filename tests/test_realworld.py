@@ -147,6 +147,8 @@ RUNNABLE = {
     "nian-liu__DSCLRCN__caffe-master__examples__mnist__lenet_srnn_deploy.prototxt": None,
     # Sifei Liu's LRNN: GateRecurrent in four directions, gated by a CNN's maps
     "Liusifei__caffe-lowlevel__matlab__caffe__models__LRNN_v1_test.prototxt": {"data": (1, 5, 64, 48)},
+    # CRF-RNN: FCN-8s and the MultiStageMeanfield layer (permutohedral lattices over the image)
+    "torrvision__crfasrnn__python-scripts__TVG_CRFRNN_new_deploy.prototxt": {"data": (1, 3, 64, 48)},
     # the original DQN (2014, V1 file): Q values of (N, 18) times a (N, 18, 1, 1) filter, as 4-axis blobs
     "muupan__dqn-in-the-caffe__dqn.prototxt": None,
 }

@@ -258,9 +258,11 @@ class _Generator:
         body.append("")
         body.extend(self._loader(cls).splitlines())
         text = "\n".join(body)
+        code = re.sub(r'"""[\s\S]*?"""', "", text)
+        if re.search(r"\bmath\.", code):   # helpers copied from caffeq may use the math module
+            out.append("import math")
         out.append("import os")
         out.append("")
-        code = re.sub(r'"""[\s\S]*?"""', "", text)
         if re.search(r"\btorch\.", code) or self.weights_format == "pt":
             out.append("import torch")
         if "F" in self.imports or re.search(r"\bF\.", text):

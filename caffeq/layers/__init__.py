@@ -19,6 +19,7 @@ from . import (  # noqa: F401,E402
     common,
     conv,
     conv_lstm,
+    crf_rnn,
     ctc,
     ctpn,
     cudnn_bn,

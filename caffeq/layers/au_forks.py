@@ -30,20 +30,20 @@
   forward, sets it); a fill_type other than "manhattan" writes nothing else.  The fork calls an
   unqualified `abs` on floats: this reads it as the float absolute value (a build whose headers
   left only C's int abs in scope would truncate the ruler and the distances).
-- MultiStageMeanfieldAU3 (ARL multi_stage_meanfield_au3.cpp, meanfield_iteration.cpp; CPU only):
-  CRF-RNN's mean-field inference on an AU attention map, bottoms (unary, Q0, features: any channel
-  count, the unary's N, H and W), top = the unary's shape, blobs spatial weights, bilateral weights,
-  compatibility, each (1, 1, C, C); num_iterations must be > 1.  Its permutohedral-lattice
-  filtering is not implemented here: the layer reads, is sized and takes its weights, and refuses to
-  run or export (as CRF-RNN's MultiStageMeanfield).  Without weights the fork reads the diagonals of
-  blobs 0 and 1 from spatial.par and bilateral.par in its working directory; caffeq's start is the
-  default fill.
+- MultiStageMeanfieldAU3 (ARL multi_stage_meanfield_au3.cpp, meanfield_iteration.cpp,
+  modified_permutohedral.cpp; CPU only): CRF-RNN's mean-field inference on an AU attention map,
+  bottoms (unary, Q0, features: any channel count, the unary's N, H and W), top = the unary's shape,
+  blobs spatial weights, bilateral weights, compatibility, each (1, 1, C, C); num_iterations must be
+  > 1.  The bilateral kernel compares every feature channel over theta_beta (CRF-RNN's compares
+  three colour channels); the rest is CRF-RNN's inference, crf_rnn.py's.  Without weights the fork
+  reads the diagonals of blobs 0 and 1 from spatial.par and bilateral.par in its working directory;
+  caffeq's start is the default fill.
 """
 
 import numpy as np
 import torch
 
-from .edge_flow_crf_forks import MultiStageMeanfield, meanfield_attrs
+from .crf_rnn import MultiStageMeanfield, meanfield_attrs
 from .registry import AT_LEAST, Layer, LayerError, four_axes, need_blobs, register_layer
 
 # ---- torch functions (model.py gets the same code) ---------------------------------------
@@ -323,13 +323,10 @@ class AUMaskBasedLand(Layer):
 
 @register_layer("MultiStageMeanfieldAU3")
 class MultiStageMeanfieldAU3(MultiStageMeanfield):
-    """CRF-RNN's shapes and blobs, over AU features instead of an image."""
+    """CRF-RNN's inference over AU features instead of an image."""
     guide = "features"
+    guide_channels = None   # every channel
 
     def parse(self, lp):
         need_blobs(lp, "MultiStageMeanfieldAU3", 3, 1, "unary, Q0, features")
         return meanfield_attrs(lp, lp.multi_stage_meanfield_au3_param, "multi_stage_meanfield_au3_param")
-
-    def why_not_run(self, attrs):
-        return ("ARL's CRF-RNN mean-field iterations filter with a permutohedral lattice, which caffeq does not "
-                "implement; the net reads and its shapes and weights load, but it cannot run or be exported")

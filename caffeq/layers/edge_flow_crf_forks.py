@@ -20,15 +20,7 @@
   clamped to the last row / column; where x2 or y2 leaves [0, W) x [0, H) the top is the fill
   value (0 or NaN).  optical_flow.flow_warp computes it, PWC-Net's Warp being the same sampling
   with other bounds and neighbours.
-- MultiStageMeanfield (torrvision/caffe multi_stage_meanfield.cpp, CRF-RNN): bottoms (unary, Q0,
-  image); top = unary's shape; blobs spatial weights, bilateral weights, compatibility, each
-  (1, 1, C, C).  Its permutohedral-lattice filtering has no implementation here: the layer reads,
-  infers and loads its weights, and refuses to run or export with an error naming it.
-  nathanin/caffe-segnet-crf (41e60779, CRF-RNN's caffe-crfrnn variant) adds spatial_filter_weights_str
-  and bilateral_filter_weights_str: space-separated values whose first C seed the diagonals of blobs 0
-  and 1 when no weights are loaded (CommonUtils::read_into_the_diagonal; fewer than C values is the
-  fork's "malformed string" error), the compatibility blob starting at -identity (Potts); force_cpu
-  only picks the CPU lattice.  The blobs stay three (1, 1, C, C).
+- MultiStageMeanfield (CRF-RNN) lives in crf_rnn.py.
 - DenseCRF (DeepLab v2 dense_crf_layer.cpp; dense_crf_param max_iter, pos_w / pos_xy_std, bi_w /
   bi_xy_std / bi_rgb_std, output_probability): bottoms (scores, image size, image), the image
   optional without bilateral terms; top = the scores' shape.  Its fully connected CRF inference
@@ -176,72 +168,6 @@ class FlowWarp(Layer):
         emit.helper(pixels_at)
         fn = emit.helper(flow_warp)
         return f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {emit.lit(node.attrs['fill'])}, False)"
-
-
-# ---- MultiStageMeanfield -------------------------------------------------------------------
-
-def meanfield_attrs(lp, p, param_field):
-    """The settings every CRF-RNN mean-field variant reads from its parameter message `p`."""
-    if p.num_iterations <= 1:
-        raise LayerError(f"{param_field}.num_iterations must be > 1 (the fork's check), got {p.num_iterations}")
-    return {"name": lp.name, "iterations": int(p.num_iterations), "theta_alpha": float(p.theta_alpha),
-            "theta_beta": float(p.theta_beta), "theta_gamma": float(p.theta_gamma)}
-
-
-@register_layer("MultiStageMeanfield")
-class MultiStageMeanfield(ReadOnlyLayer):
-    blob_names = ("spatial_weight", "bilateral_weight", "compatibility")
-    guide = "image"   # what the third bottom holds, for the messages
-
-    def parse(self, lp):
-        need_blobs(lp, "MultiStageMeanfield", 3, 1, "unary, Q0, image")
-        p = lp.multi_stage_meanfield_param
-        return dict(meanfield_attrs(lp, p, "multi_stage_meanfield_param"),
-                    # ContinuousCRF-CNN's continuous CRF keeps two kernel weights and no compatibility matrix
-                    continuous=p.HasField("spatial_weight") or p.HasField("bilateral_weight"),
-                    diagonals=[p.spatial_filter_weights_str, p.bilateral_filter_weights_str]
-                    if p.spatial_filter_weights_str or p.bilateral_filter_weights_str else None)
-
-    def infer(self, attrs, in_shapes):
-        unary, q0, guide = (tuple(s) for s in in_shapes)
-        what = self.types[0]
-        if len(unary) != 4:
-            raise LayerError(f"{what} needs a 4-axis unary (N, C, H, W), got {list(unary)}")
-        if q0 != unary:
-            raise LayerError(f"{what}'s Q0 must have the unary's shape {list(unary)}, got {list(q0)}")
-        if len(guide) != 4 or guide[0] != unary[0] or guide[2:] != unary[2:]:
-            raise LayerError(f"{what}'s {self.guide} must share the unary's N, H and W "
-                             f"{list(unary)}, got {list(guide)}")
-        return [unary]
-
-    def param_shapes(self, attrs, in_shapes):
-        c = in_shapes[0][1]
-        return [(1, 1, c, c)] * (2 if attrs.get("continuous") else 3)
-
-    def init_params(self, attrs, shapes, rng):
-        """caffe-segnet-crf's start without weights: the kernel weights' diagonals from the two strings,
-        the compatibility -identity; other variants: the default fill."""
-        if not attrs.get("diagonals") or attrs.get("continuous"):
-            return super().init_params(attrs, shapes, rng)
-        c = shapes[0][-1]
-        blobs = []
-        for field, text in zip(("spatial_filter_weights_str", "bilateral_filter_weights_str"), attrs["diagonals"]):
-            tokens = text.split(" ")[:c]
-            try:
-                values = [float(t) for t in tokens]
-            except ValueError:
-                values = []
-            if len(values) < c:
-                raise LayerError(f"multi_stage_meanfield_param.{field} {text!r}: the fork reads {c} "
-                                 f"space-separated numbers into the diagonal (one per class)")
-            blobs.append(np.diag(np.array(values, np.float32)).reshape(1, 1, c, c))
-        blobs.append(-np.eye(c, dtype=np.float32).reshape(1, 1, c, c))
-        return blobs
-
-    def why_not_run(self, attrs):
-        which = "ContinuousCRF-CNN's continuous" if attrs["continuous"] else "CRF-RNN's"
-        return (f"{which} mean-field iterations filter with a permutohedral lattice, which caffeq does not "
-                f"implement; the net reads and its shapes and weights load, but it cannot run or be exported")
 
 
 # ---- DenseCRF ---------------------------------------------------------------------------------

@@ -1,0 +1,150 @@
+"""The permutohedral lattice (Adams, Baek and Davis, Eurographics 2010) as CRF-RNN builds and applies it:
+torrvision/crfasrnn caffe-crfrnn src/caffe/util/modified_permutohedral.cpp (ModifiedPermutohedral, the
+SSE path every x86-64 build compiles).  A Gaussian filter over d-dimensional per-pixel features, in
+time linear in the pixels.
+
+Building the lattice from features f (P points, d values each; float32 throughout, as the fork):
+- elevate: with s_i = sqrt(2/3) (d + 1) / sqrt((i + 1)(i + 2)), walking j = d..1 with a running sum
+  sm of c = f[j-1] s[j-1]: e[j] = sm - j c, then sm += c; e[0] = sm;
+- round each e[i] / (d + 1) to the nearest integer (ties to even) giving rem0 = that x (d + 1);
+- rank each coordinate by e - rem0: for i < j, rank[i] += 1 where (e - rem0)[i] < (e - rem0)[j], else
+  rank[j] += 1 (so ties go to the later coordinate); add the rounded values' sum, and where a rank
+  leaves [0, d] bring it back by d + 1, moving rem0 with it;
+- barycentric weights: v_i = (e - rem0)[i] / (d + 1) added at d - rank[i] and subtracted at
+  d - rank[i] + 1; weight 0 takes 1 + the wrapped weight d + 1;
+- the point's d + 1 vertices: key[i] = rem0[i] + canonical[r][rank[i]] for i < d, r = 0..d, with
+  canonical[r][j] = r for j <= d - r, else r - (d + 1).  Keys are the fork's 16-bit shorts, so a
+  coordinate beyond +-32767 wraps as the fork's conversion does on x86;
+- each vertex's neighbours along axis j: the key minus 1 everywhere but + d at j, and the key plus 1
+  everywhere but - d at j (axis d: all minus 1, all plus 1).
+The fork numbers vertices in a hash table's insertion order; here they are numbered by sorting their
+keys.  Numbering changes no value: each vertex sums the same points in the same order.
+
+Filtering C values per point: splat (each vertex sums weight x value over its points, in point order),
+blur along axes 0..d (new = old + 0.5 (left + right), a missing neighbour reading 0), slice (each point
+sums its vertices' values x weight x alpha, alpha = 1 / (1 + 2^-d)).  The fork's slice multiplies in
+two orders: (weight x value) x alpha for at most 2 values per point (its sequential path), (weight x
+alpha) x value for more (its SSE path); both are kept.
+
+Plain torch functions, copied into model.py as they are.
+"""
+import math
+
+import torch
+
+
+def lattice_vertex_ids(keys):
+    """Ids in [0, number of distinct rows) of the rows of an int64 (R, K) tensor: equal rows, equal ids.
+    One column at a time, so the packed codes stay below R x 65536."""
+    ids = torch.zeros(keys.shape[0], dtype=torch.int64, device=keys.device)
+    for column in keys.unbind(1):
+        column = column - column.min()
+        ids = torch.unique(ids * (column.max() + 1) + column, return_inverse=True)[1]
+    return ids
+
+
+def lattice_lookup(table, batches):
+    """For each int64 (Q, K) tensor of `batches`: the row of `table` (distinct rows (M, K)) equal to each of
+    its rows, or -1.  Column by column: a query keeps the id of the table prefix it matches, found by
+    binary search among the table's sorted prefix codes."""
+    ids = torch.zeros(table.shape[0], dtype=torch.int64, device=table.device)
+    columns = []
+    for column in table.unbind(1):
+        low, high = column.min(), column.max()
+        span = high - low + 1
+        codes, ids = torch.unique(ids * span + (column - low), return_inverse=True)
+        columns.append((codes, low, high, span))
+    row_of = torch.empty_like(ids)
+    row_of[ids] = torch.arange(table.shape[0], device=table.device)
+    rows = []
+    for queries in batches:
+        found_id = torch.zeros(queries.shape[0], dtype=torch.int64, device=table.device)
+        found = torch.ones(queries.shape[0], dtype=torch.bool, device=table.device)
+        for (codes, low, high, span), asked in zip(columns, queries.unbind(1)):
+            wanted = found_id * span + (asked - low).clamp(0, span - 1)
+            found_id = torch.searchsorted(codes, wanted).clamp(max=codes.shape[0] - 1)
+            found &= (codes[found_id] == wanted) & (asked >= low) & (asked <= high)
+        rows.append(torch.where(found, row_of[found_id], -1))
+    return rows
+
+
+def as_short(keys):
+    """The fork's short keys: integers wrapped into [-32768, 32767]."""
+    if keys.numel() and (keys.min() < -32768 or keys.max() > 32767):
+        return torch.remainder(keys + 32768, 65536) - 32768
+    return keys
+
+
+def permutohedral_lattice(features):
+    """The lattice of (P, d) float32 features: (slots (P, d + 1) int64, the vertex rows 1..M of the
+    point's vertices; weights (P, d + 1) float32, their barycentric weights; neighbours (d + 1, 2, M)
+    int64, each vertex's two neighbours along each axis as rows, 0 (a row of zeros) where there is none)."""
+    p, d = features.shape
+    f32, dev = torch.float32, features.device
+    # the SSE build reads points four at a time, the last block padded with points at the origin: their
+    # vertices join the lattice (and carry values in the blur) though nothing is splatted there
+    f = torch.cat([features.to(f32), torch.zeros((-p) % 4, d, dtype=f32, device=dev)])
+    inv_std_dev = float(torch.tensor(math.sqrt(2.0 / 3.0) * (d + 1), dtype=f32))
+    elevated = [f[:, 0]] * (d + 1)
+    running = torch.zeros(f.shape[0], dtype=f32, device=dev)
+    for j in range(d, 0, -1):
+        scale = torch.tensor(1.0 / math.sqrt((j + 1) * j) * inv_std_dev, dtype=f32, device=dev)
+        c = f[:, j - 1] * scale
+        elevated[j] = running - torch.tensor(float(j), dtype=f32, device=dev) * c
+        running = running + c
+    elevated[0] = running
+    e = torch.stack(elevated, 1)
+    d_plus_1 = torch.tensor(float(d + 1), dtype=f32, device=dev)
+    down = torch.tensor(1.0, dtype=f32, device=dev) / d_plus_1
+    rounded = torch.round(e * down)
+    rem0 = rounded * d_plus_1
+    rest = e - rem0
+    later = torch.ones(d + 1, d + 1, dtype=torch.bool, device=dev).triu(1)   # [i, j]: j > i
+    less = rest[:, :, None] < rest[:, None, :]
+    rank = (less & later).sum(2) + (~less.transpose(1, 2) & later.t()).sum(2)
+    rank = rank + rounded.sum(1, keepdim=True).to(torch.int64)
+    shift = (rank < 0).to(torch.int64) * (d + 1) - (rank > d).to(torch.int64) * (d + 1)
+    rank = (rank + shift).clamp(0, d)   # NaN features give ranks out of range: clamped, not indexed
+    rem0 = rem0 + shift.to(f32)
+    v = (e - rem0) * down
+    bary = torch.zeros(f.shape[0], d + 2, dtype=f32, device=dev)
+    bary.scatter_add_(1, d - rank, v)
+    bary.scatter_add_(1, d - rank + 1, -v)
+    weights = torch.cat([bary[:, :1] + (1 + bary[:, d + 1:]), bary[:, 1:d + 1]], 1)
+
+    r = torch.arange(d + 1, device=dev)
+    canonical = torch.where(r[None, :] <= d - r[:, None], r[:, None], r[:, None] - (d + 1))   # [r, rank]
+    keys = as_short(rem0[:, None, :d].to(torch.int64) + canonical[:, rank[:, :d]].permute(1, 0, 2))
+    ids = lattice_vertex_ids(keys.reshape(-1, d))
+    m = int(ids.max()) + 1
+    vertex_keys = torch.zeros(m, d, dtype=torch.int64, device=dev)
+    vertex_keys[ids] = keys.reshape(-1, d)
+    def along_each_axis():   # axis j: the key minus 1 but plus d at j, the key plus 1 but minus d at j
+        for j in range(d + 1):
+            axis = torch.zeros(d, dtype=torch.int64, device=dev)
+            if j < d:
+                axis[j] = d + 1
+            yield torch.cat([as_short(vertex_keys - 1 + axis), as_short(vertex_keys + 1 - axis)])
+
+    neighbours = torch.stack([(rows + 1).reshape(2, m) for rows in lattice_lookup(vertex_keys, along_each_axis())])
+    return (ids + 1).reshape(-1, d + 1)[:p], weights[:p], neighbours
+
+
+def permutohedral_filter(values, slots, weights, neighbours):
+    """Filter values (C, P) through the lattice (permutohedral_lattice's three tensors): (C, P)."""
+    c, p = values.shape
+    d = slots.shape[1] - 1
+    grid = values.new_zeros(neighbours.shape[2] + 1, c)
+    grid.index_add_(0, slots.reshape(-1), (weights[:, :, None] * values.t()[:, None, :]).reshape(-1, c))
+    for j in range(d + 1):
+        blurred = torch.add(grid[1:], grid.index_select(0, neighbours[j, 0]) + grid.index_select(0, neighbours[j, 1]),
+                            alpha=0.5)
+        grid = torch.cat([grid[:1], blurred])
+    one = torch.tensor(1.0, dtype=values.dtype, device=values.device)
+    alpha = one / (1 + one * 2.0 ** -d)
+    out = values.new_zeros(p, c)
+    for j in range(d + 1):
+        w = weights[:, j:j + 1]
+        picked = grid.index_select(0, slots[:, j])
+        out = out + ((w * picked) * alpha if c <= 2 else (w * alpha) * picked)
+    return out.t()

@@ -1,0 +1,180 @@
+"""permutohedral.py's lattice in ONNX (opset 16 and later): built in the graph from per-pixel features, with
+Unique for the vertex keys and ScatterElements(reduction add) for the barycentric weights and the
+splat.  (Not ScatterND: onnxruntime 1.32 adds ScatterND's duplicate rows in parallel threads and loses
+some of the sums once the update is large; its ScatterElements adds them one by one.)  The float32 steps are the torch functions' (the same operations in the same order), so
+both build the same lattice.  Neighbours are found by numbering the vertex keys and the neighbour keys
+together (Unique), where torch binary-searches the vertex keys: the same rows either way.
+"""
+import math
+
+import numpy as np
+
+from ..errors import ExportError
+
+#: the first opset with ScatterElements reduction="add"
+LATTICE_OPSET = 16
+
+
+class OnnxLattice:
+    """Emits one lattice (build) and filters through it (filter), node names prefixed with `hint`."""
+
+    def __init__(self, ctx, hint):
+        self.ctx = ctx
+        self.hint = hint
+        if ctx.opset < LATTICE_OPSET:
+            raise ExportError(f"{ctx._where()}: the permutohedral lattice needs ScatterElements with "
+                              f"reduction='add' (ONNX opset {LATTICE_OPSET}); export with --opset "
+                              f"{LATTICE_OPSET} or later (the default is)")
+
+    def op(self, kind, inputs, hint, **attrs):
+        return self.ctx.op(kind, inputs, f"{self.hint}_{hint}", **attrs)
+
+    def ops(self, kind, inputs, count, hint, **attrs):
+        outs = [self.ctx.tmp(f"{self.ctx.layer.name}_{self.hint}_{hint}{i}") for i in range(count)]
+        return self.ctx.add_node(kind, inputs, outs, **attrs)
+
+    def cols(self, x, start, end, axis=1):
+        c = self.ctx
+        return self.op("Slice", [x, c.i64([start]), c.i64([end]), c.i64([axis])], "cols")
+
+    def column(self, x, i):
+        return self.op("Gather", [x, self.ctx.i64(i)], "col", axis=1)
+
+    def short(self, keys):
+        c = self.ctx
+        return self.op("Sub", [self.op("Mod", [self.op("Add", [keys, c.i64(32768)], "k"), c.i64(65536)], "mod"),
+                               c.i64(32768)], "short")
+
+    def dense_ids(self, rows, width):
+        """Equal rows of an int64 (R, width) tensor get equal ids: (ids, first row of each id, id count)."""
+        c = self.ctx
+        ids = None
+        for i in range(width):
+            column = self.column(rows, i)
+            column = self.op("Sub", [column, self.op("ReduceMin", [column], "min", keepdims=0)], "c")
+            if ids is not None:
+                span = self.op("Add", [self.op("ReduceMax", [column], "max", keepdims=0), c.i64(1)], "span")
+                column = self.op("Add", [self.op("Mul", [ids, span], "code"), column], "code")
+            codes, first, ids, _ = self.ops("Unique", [column], 4, "unique", sorted=1)
+        return ids, first, self.op("Shape", [codes], "count")
+
+    def build(self, features, p, d):
+        """The lattice of `features` ((P + pad, d) float32, the pad rows at the origin): slots (P, d + 1)
+        int64, weights (P, d + 1) float32 and the neighbour lists (2 (d + 1), M), as permutohedral_lattice."""
+        c, f32 = self.ctx, np.float32
+        inv_std_dev = float(f32(math.sqrt(2.0 / 3.0) * (d + 1)))
+        split = self.ops("Split", [features, c.i64([1] * d)], d, "f", axis=1)
+        elevated = [None] * (d + 1)
+        running = c.f32(0.0)
+        for j in range(d, 0, -1):
+            cj = self.op("Mul", [split[j - 1], c.f32(f32(1.0 / math.sqrt((j + 1) * j) * inv_std_dev))], "cf")
+            elevated[j] = self.op("Sub", [running, self.op("Mul", [c.f32(float(j)), cj], "jc")], "el")
+            running = self.op("Add", [running, cj], "sum")
+        elevated[0] = running
+        e = self.op("Concat", elevated, "elevated", axis=1)
+        down, d_plus_1 = c.f32(f32(1.0) / f32(d + 1)), c.f32(float(d + 1))
+        rounded = self.op("Round", [self.op("Mul", [e, down], "v")], "round")
+        rem0 = self.op("Mul", [rounded, d_plus_1], "rem0")
+        rest = self.op("Sub", [e, rem0], "rest")
+        less = self.op("Less", [self.op("Unsqueeze", [rest, c.i64([2])], "ri"), self.op("Unsqueeze", [rest, c.i64([1])],
+                                                                                        "rj")], "less")
+        later = np.triu(np.ones((d + 1, d + 1), bool), 1)
+        above = self.op("Cast", [self.op("And", [less, c.const(later)], "above")], "a", to=7)
+        not_below = self.op("Not", [self.op("Transpose", [less], "lt", perm=[0, 2, 1])], "nb")
+        below = self.op("Cast", [self.op("And", [not_below, c.const(later.T.copy())], "below")], "b", to=7)
+        rank = self.op("ReduceSum", [self.op("Add", [above, below], "ab"), c.i64([2])], "rank", keepdims=0)
+        total = self.op("Cast", [self.op("ReduceSum", [rounded, c.i64([1])], "total", keepdims=1)], "t", to=7)
+        rank = self.op("Add", [rank, total], "rank")
+        step = c.i64(d + 1)
+        shift = self.op("Sub", [
+            self.op("Mul", [self.op("Cast", [self.op("Less", [rank, c.i64(0)], "neg")], "n", to=7), step], "add"),
+            self.op("Mul", [self.op("Cast", [self.op("Greater", [rank, c.i64(d)], "big")], "g", to=7), step], "sub")],
+            "shift")
+        rank = self.op("Min", [self.op("Max", [self.op("Add", [rank, shift], "r"), c.i64(0)], "lo"), c.i64(d)], "rank")
+        rem0 = self.op("Add", [rem0, self.op("Cast", [shift], "sf", to=1)], "rem0")
+        v = self.op("Mul", [self.op("Sub", [e, rem0], "rest"), down], "bv")
+        slot = self.op("Sub", [c.i64(d), rank], "slot")
+        zeros = c.const(np.zeros((p + (-p) % 4, d + 2), f32))   # the points and the SSE build's padding
+        bary = self.op("ScatterElements", [zeros, slot, v], "bary", axis=1, reduction="add")
+        bary = self.op("ScatterElements", [bary, self.op("Add", [slot, c.i64(1)], "next"),
+                                           self.op("Neg", [v], "nv")], "bary", axis=1, reduction="add")
+        first = self.op("Add", [self.cols(bary, 0, 1), self.op("Add", [c.f32(1.0), self.cols(bary, d + 1, d + 2)],
+                                                              "wrap")], "w0")
+        weights = self.cols(self.op("Concat", [first, self.cols(bary, 1, d + 1)], "w", axis=1), 0, p, axis=0)
+
+        r = np.arange(d + 1)
+        canonical = np.where(r[None, :] <= d - r[:, None], r[:, None], r[:, None] - (d + 1)).astype(np.int64)
+        canon = self.op("Transpose", [self.op("Gather", [c.const(canonical), self.cols(rank, 0, d)], "canon",
+                                              axis=1)], "canon", perm=[1, 0, 2])
+        base = self.op("Unsqueeze", [self.op("Cast", [self.cols(rem0, 0, d)], "ri", to=7), c.i64([1])], "base")
+        keys = self.op("Reshape", [self.short(self.op("Add", [base, canon], "keys")), c.i64([-1, d])], "keys")
+        ids, first_rows, _ = self.dense_ids(keys, d)
+        vertex_keys = self.op("Gather", [keys, first_rows], "vk", axis=0)
+        slots = self.op("Add", [self.cols(self.op("Reshape", [ids, c.i64([-1, d + 1])], "slots"), 0, p, axis=0),
+                                c.i64(1)], "slots")
+
+        lower, upper = [], []
+        for j in range(d + 1):
+            axis = np.zeros(d, np.int64)
+            if j < d:
+                axis[j] = d + 1
+            lower.append(self.short(self.op("Add", [vertex_keys, c.const(axis - 1)], "lower")))
+            upper.append(self.short(self.op("Add", [vertex_keys, c.const(1 - axis)], "upper")))
+        every, _, count = self.dense_ids(self.op("Concat", [vertex_keys] + lower + upper, "all", axis=0), d)
+        m = self.op("Shape", [vertex_keys], "m", start=0, end=1)
+        row_of = self.op("ScatterElements", [
+            self.op("ConstantOfShape", [count], "table", value=_int64_zero()),
+            self.op("Slice", [every, c.i64([0]), m, c.i64([0])], "vid"),
+            self.op("Range", [c.i64(1), self.op("Add", [self.op("Squeeze", [m, c.i64([0])], "ms"), c.i64(1)], "m1"),
+                              c.i64(1)], "rows")], "row_of", axis=0)
+        found = self.op("Gather", [row_of, self.op("Slice", [every, m, c.i64([2 ** 62]), c.i64([0])], "nid")], "nb")
+        neighbours = self.op("Reshape", [found, c.i64([2 * (d + 1), -1])], "nb")
+        return slots, weights, neighbours
+
+    def constant(self, slots, weights, neighbours):
+        """A lattice known at export (the spatial one): permutohedral_lattice's tensors as initializers."""
+        c = self.ctx
+        n = neighbours.numpy()
+        return (c.const(slots.numpy()), c.const(weights.numpy()),
+                c.const(np.concatenate([n[:, 0], n[:, 1]]).astype(np.int64)))
+
+    def filter(self, lattice, values, channels, d):
+        """values (P, C) float32 through the lattice -> (P, C), as permutohedral_filter (transposed)."""
+        c = self.ctx
+        slots, weights, neighbours = lattice
+        splat = self.op("Reshape", [self.op("Mul", [self.op("Unsqueeze", [weights, c.i64([2])], "w3"),
+                                                    self.op("Unsqueeze", [values, c.i64([1])], "v3")], "splat"),
+                                    c.i64([-1, channels])], "splat")
+        m1 = self.op("Add", [self.op("Shape", [neighbours], "m", start=1, end=2), c.i64([1])], "m1")
+        grid = self.op("ConstantOfShape", [self.op("Concat", [m1, c.i64([channels])], "gs", axis=0)], "grid",
+                       value=_float_zero())
+        at = self.op("Expand", [self.op("Reshape", [slots, c.i64([-1, 1])], "at"), c.i64([1, channels])], "at")
+        grid = self.op("ScatterElements", [grid, at, splat], "grid", axis=0, reduction="add")
+        for j in range(d + 1):
+            left = self.op("Gather", [grid, self.op("Gather", [neighbours, c.i64(j)], "n1", axis=0)], "l", axis=0)
+            right = self.op("Gather", [grid, self.op("Gather", [neighbours, c.i64(d + 1 + j)], "n2", axis=0)], "r",
+                            axis=0)
+            blurred = self.op("Add", [self.op("Slice", [grid, c.i64([1]), c.i64([2 ** 62]), c.i64([0])], "old"),
+                                      self.op("Mul", [self.op("Add", [left, right], "lr"), c.f32(0.5)], "half")],
+                              "blur")
+            grid = self.op("Concat", [self.cols(grid, 0, 1, axis=0), blurred], "grid", axis=0)
+        one = np.float32(1.0)
+        alpha = c.f32(one / (one + np.float32(2.0 ** -d)))
+        out = None
+        for j in range(d + 1):
+            w = self.cols(weights, j, j + 1)
+            picked = self.op("Gather", [grid, self.column(slots, j)], "pick", axis=0)
+            term = (self.op("Mul", [self.op("Mul", [w, picked], "wv"), alpha], "term") if channels <= 2 else
+                    self.op("Mul", [self.op("Mul", [w, alpha], "wa"), picked], "term"))
+            out = term if out is None else self.op("Add", [out, term], "slice")
+        return out
+
+
+def _float_zero():
+    import onnx
+    return onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [1], [0.0])
+
+
+def _int64_zero():
+    import onnx
+    return onnx.helper.make_tensor("zero", onnx.TensorProto.INT64, [1], [0])
