@@ -1,7 +1,7 @@
 """Layers of edge_flow_crf_forks.py and RCF's AutoCrop (caffeq/io/coord_maps.py), each as its fork
 computes it: RCF auto_crop_layer.cpp, happynear insanity_layer.cpp (TEST), DeepSkeleton
-quantize_layer.cpp / rescale_layer.cpp, flownet2 flow_warp_layer.cpp, DeepLab's DenseCRF (shapes only).
-CRF-RNN's MultiStageMeanfield is tested in test_layers_crf_rnn.py.
+quantize_layer.cpp / rescale_layer.cpp, flownet2 flow_warp_layer.cpp.  CRF-RNN's MultiStageMeanfield is
+tested in test_layers_crf_rnn.py, DeepLab's DenseCRF in test_layers_dense_crf.py.
 
 References are float64 numpy loops written here from the forks' code; each running layer is checked
 in torch, onnxruntime and the generated model.py.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import assert_close, check_everywhere, model_py_outputs, net, node_of, onnx_outputs, rng
 
-from caffeq.errors import CaffeqError, ExportError
+from caffeq.errors import CaffeqError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -216,60 +216,3 @@ def test_flow_warp_checks_the_flow_shape(flow_shape, msg):
     with pytest.raises(LayerError, match=msg):
         load_from_text(net('layer { name: "w" type: "FlowWarp" bottom: "img" bottom: "flow" top: "o" }',
                            inputs={"img": (2, 3, 5, 7), "flow": flow_shape}))
-
-
-# ---- DenseCRF ---------------------------------------------------------------------------------
-
-DENSE_CRF = ('layer {{ name: "crf" type: "DenseCRF" bottom: "scores" bottom: "dims" {image} top: "o" '
-             'dense_crf_param {{ max_iter: 4 pos_w: 3 pos_xy_std: 3 {bilateral} }} }}')
-BILATERAL = "bi_w: 4 bi_xy_std: 50 bi_rgb_std: 5"
-
-
-def test_dense_crf_infers_deeplabs_shapes_and_refuses_to_run(tmp_path):
-    """DeepLab v2's DenseCRF (dense_crf_layer.cpp): top = the scores' (N, C, H, W)."""
-    shapes = {"scores": (2, 5, 6, 7), "dims": (2, 1, 1, 2), "img": (2, 3, 6, 7)}
-    text = net(DENSE_CRF.format(image='bottom: "img"', bilateral=BILATERAL), inputs=shapes)
-    model = load_from_text(text)
-    assert model.graph.tensors["o"].shape == (2, 5, 6, 7)
-    assert node_of(model, "crf").attrs["iterations"] == 4
-    with pytest.raises(CaffeqError, match="'crf' .DenseCRF.*permutohedral"):
-        model.run({k: np.zeros(s, np.float32) for k, s in shapes.items()})
-    with pytest.raises(ExportError, match="'crf' .DenseCRF"):
-        model.export_onnx(str(tmp_path / "m.onnx"))
-    # without the image there are no bilateral terms
-    two = {k: v for k, v in shapes.items() if k != "img"}
-    assert load_from_text(net(DENSE_CRF.format(image="", bilateral=""), inputs=two)).graph.tensors["o"].shape == \
-        (2, 5, 6, 7)
-
-
-CCNN_CRF = ('layer { name: "crf" type: "DenseCRF" bottom: "scores" bottom: "img" top: "o" '
-            'densecrf_param { x_gauss: 19 y_gauss: 19 wt_gauss: 15 x_bilateral: 61 y_bilateral: 61 '
-            'r_bilateral: 10 g_bilateral: 10 b_bilateral: 10 wt_bilateral: 35 } }')
-
-
-def test_ccnn_dense_crf_gives_the_label_map_and_refuses_to_run(tmp_path):
-    # pathak22/ccnn's fcn_8s deploy: caffe-ccnn's DenseCRF labels each pixel, top (N, 1, H, W)
-    shapes = {"scores": (2, 21, 6, 7), "img": (2, 3, 6, 7)}
-    model = load_from_text(net(CCNN_CRF, inputs=shapes))
-    assert model.graph.tensors["o"].shape == (2, 1, 6, 7)
-    assert model.net.layer[-1].densecrf_param.wt_bilateral == 35
-    with pytest.raises(CaffeqError, match="'crf' .DenseCRF.*CCNN's fully connected CRF"):
-        model.run({k: np.zeros(s, np.float32) for k, s in shapes.items()})
-    with pytest.raises(ExportError, match="'crf' .DenseCRF"):
-        model.export_onnx(str(tmp_path / "m.onnx"))
-    # the fork's Reshape checks: the image's N, H, W, and no more channels than classes (bottoms in order)
-    for img in [(2, 3, 6, 8), (2, 22, 6, 7)]:
-        with pytest.raises(LayerError, match="takes the scores .N, C, H, W. then the image"):
-            load_from_text(net(CCNN_CRF, inputs={"scores": (2, 21, 6, 7), "img": img}))
-
-
-@pytest.mark.parametrize("image, bilateral, shapes, msg", [
-    ('bottom: "img"', "", {"img": (1, 3, 4, 4)}, "needs the bilateral terms"),
-    ('bottom: "img"', "bi_w: 4 bi_xy_std: 50", {"img": (1, 3, 4, 4)}, "come in threes"),
-    ('bottom: "img"', BILATERAL, {"img": (1, 3, 4, 5)}, "image must be"),
-    ('bottom: "img"', BILATERAL, {"img": (1, 1, 4, 4)}, "image must be"),
-])
-def test_dense_crf_checks_as_the_fork_does(image, bilateral, shapes, msg):
-    inputs = {"scores": (1, 2, 4, 4), "dims": (1, 1, 1, 2), **shapes}
-    with pytest.raises(LayerError, match=msg):
-        load_from_text(net(DENSE_CRF.format(image=image, bilateral=bilateral), inputs=inputs))

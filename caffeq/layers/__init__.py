@@ -26,6 +26,7 @@ from . import (  # noqa: F401,E402
     data,
     deeplab_forks,
     deformable_conv,
+    dense_crf,
     denseblock,
     densereg,
     detectnet,

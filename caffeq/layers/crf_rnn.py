@@ -159,7 +159,7 @@ class MultiStageMeanfield(Layer):
         shapes = [ctx.shape(t) for t in node.inputs]
         self.refuse_if_cannot_run(node.name, a, shapes, ExportError)
         (n, c, h, w), k = shapes[0], self.guide_channels or shapes[2][1]
-        p, pad, f32 = h * w, (-(h * w)) % 4, np.float32
+        p, f32 = h * w, np.float32
         pixel = np.arange(p)
         xy = np.stack([pixel % w, pixel // w], 1).astype(f32)
         with torch.no_grad():
@@ -180,8 +180,7 @@ class MultiStageMeanfield(Layer):
             features = ctx.op("Concat", [ctx.const(xy / f32(a["theta_alpha"])),
                                          ctx.op("Div", [image(node.inputs[2], b, k), ctx.f32(a["theta_beta"])], "rgb")],
                               "features", axis=1)
-            features = ctx.op("Concat", [features, ctx.const(np.zeros((pad, 2 + k), f32))], "features", axis=0)
-            bilateral = lattice.build(features, p, 2 + k)
+            bilateral = lattice.build(lattice.padded(features, ctx.i64([p]), 2 + k), p, 2 + k)
             ones = ctx.const(np.ones((p, 1), f32))
             norm = ctx.op("Reciprocal", [ctx.op("Add", [lattice.filter(bilateral, ones, 1, 2 + k), ctx.f32(1e-20)],
                                                 "norm")], "norm")

@@ -21,19 +21,14 @@
   value (0 or NaN).  optical_flow.flow_warp computes it, PWC-Net's Warp being the same sampling
   with other bounds and neighbours.
 - MultiStageMeanfield (CRF-RNN) lives in crf_rnn.py.
-- DenseCRF (DeepLab v2 dense_crf_layer.cpp; dense_crf_param max_iter, pos_w / pos_xy_std, bi_w /
-  bi_xy_std / bi_rgb_std, output_probability): bottoms (scores, image size, image), the image
-  optional without bilateral terms; top = the scores' shape.  Its fully connected CRF inference
-  (permutohedral lattice) has no implementation here either: read, sized, refused to run.
-  CCNN's (pathak22/caffe-ccnn, `densecrf_param`): bottoms (scores, image), top the label map
-  (N, 1, H, W); read, sized, refused to run likewise.
+- DenseCRF (DeepLab v2's fully connected CRF, and CCNN's) lives in dense_crf.py.
 """
 import numpy as np
 import torch
 
 from .act_forks import RReLU
 from .optical_flow import flow_warp, pixels_at
-from .registry import FunctionLayer, Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer
+from .registry import FunctionLayer, Layer, LayerError, need_blobs, positive_field, register_layer
 from .warp_onnx import OnnxImageSampler
 
 # ---- torch functions (model.py gets the same code) ---------------------------------------
@@ -168,52 +163,3 @@ class FlowWarp(Layer):
         emit.helper(pixels_at)
         fn = emit.helper(flow_warp)
         return f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {emit.lit(node.attrs['fill'])}, False)"
-
-
-# ---- DenseCRF ---------------------------------------------------------------------------------
-
-@register_layer("DenseCRF")
-class DenseCRF(ReadOnlyLayer):
-    def parse(self, lp):
-        if lp.HasField("densecrf_param"):   # CCNN's: (scores, image) -> the label map
-            need_blobs(lp, lp.type, 2, roles="scores, image")
-            return {"name": lp.name, "ccnn": True}
-        need_blobs(lp, lp.type, (2, 3))
-        p = lp.dense_crf_param
-        if len(p.pos_w) != len(p.pos_xy_std):
-            raise LayerError("dense_crf_param: pos_w and pos_xy_std must come in pairs (the fork's check)")
-        if not len(p.bi_w) == len(p.bi_xy_std) == len(p.bi_rgb_std):
-            raise LayerError("dense_crf_param: bi_w, bi_xy_std and bi_rgb_std must come in threes (the fork's check)")
-        if len(lp.bottom) == 3 and not len(p.bi_w):
-            raise LayerError("dense_crf_param: an image bottom needs the bilateral terms (bi_w, bi_xy_std, "
-                             "bi_rgb_std), as the fork checks")
-        return {"name": lp.name, "iterations": int(p.max_iter), "image": len(lp.bottom) == 3,
-                "probability": bool(p.output_probability), "ccnn": False}
-
-    def infer(self, attrs, in_shapes):
-        scores = tuple(in_shapes[0])
-        if len(scores) != 4:
-            raise LayerError(f"DenseCRF needs 4-axis scores (N, C, H, W), got {list(scores)}")
-        if attrs["ccnn"]:   # caffe-ccnn's Reshape: the image's N, H, W; at least as many classes as channels
-            image = tuple(in_shapes[1])
-            if len(image) != 4 or (image[0],) + image[2:] != (scores[0],) + scores[2:] or image[1] > scores[1]:
-                raise LayerError(f"CCNN's DenseCRF takes the scores (N, C, H, W) then the image (N, <= C, H, W), "
-                                 f"got {list(scores)} and {list(image)}")
-            return [(scores[0], 1) + scores[2:]]
-        if any(s[0] != scores[0] for s in in_shapes[1:]):
-            raise LayerError(f"DenseCRF's bottoms must share N: {[list(s) for s in in_shapes]}")
-        if attrs["image"]:
-            image = tuple(in_shapes[2])
-            if len(image) != 4 or image[1] != 3 or image[2:] != scores[2:]:
-                raise LayerError(f"DenseCRF's image must be (N, 3, H, W) with the scores' H and W {list(scores[2:])}, "
-                                 f"got {list(image)}")
-        return [scores]
-
-    def why_not_run(self, attrs):
-        if attrs["ccnn"]:
-            return ("CCNN's fully connected CRF (caffe-ccnn's densecrf, Kraehenbuehl's permutohedral lattice) "
-                    "labels each pixel; caffeq does not implement it: the net reads and its shapes are known, but "
-                    "it cannot run or be exported (take the scores before it)")
-        return ("DeepLab's fully connected CRF infers with a permutohedral lattice, which caffeq does not "
-                "implement; the net reads and its shapes are known, but it cannot run or be exported (take the "
-                "scores before it)")

@@ -24,7 +24,9 @@ Filtering C values per point: splat (each vertex sums weight x value over its po
 blur along axes 0..d (new = old + 0.5 (left + right), a missing neighbour reading 0), slice (each point
 sums its vertices' values x weight x alpha, alpha = 1 / (1 + 2^-d)).  The fork's slice multiplies in
 two orders: (weight x value) x alpha for at most 2 values per point (its sequential path), (weight x
-alpha) x value for more (its SSE path); both are kept.
+alpha) x value for more (its SSE path); both are kept.  DeepLab v2's Permutohedral
+(src/caffe/util/permutohedral.cpp, from Kraehenbuehl's densecrf) builds the same lattice and always
+slices as the SSE path.
 
 Plain torch functions, copied into model.py as they are.
 """
@@ -130,8 +132,9 @@ def permutohedral_lattice(features):
     return (ids + 1).reshape(-1, d + 1)[:p], weights[:p], neighbours
 
 
-def permutohedral_filter(values, slots, weights, neighbours):
-    """Filter values (C, P) through the lattice (permutohedral_lattice's three tensors): (C, P)."""
+def permutohedral_filter(values, slots, weights, neighbours, sse_only: bool = False):
+    """Filter values (C, P) through the lattice (permutohedral_lattice's three tensors): (C, P).
+    sse_only: slice as the SSE path whatever C (DeepLab's Permutohedral has no sequential path)."""
     c, p = values.shape
     d = slots.shape[1] - 1
     grid = values.new_zeros(neighbours.shape[2] + 1, c)
@@ -146,5 +149,5 @@ def permutohedral_filter(values, slots, weights, neighbours):
     for j in range(d + 1):
         w = weights[:, j:j + 1]
         picked = grid.index_select(0, slots[:, j])
-        out = out + ((w * picked) * alpha if c <= 2 else (w * alpha) * picked)
+        out = out + ((w * picked) * alpha if c <= 2 and not sse_only else (w * alpha) * picked)
     return out.t()

@@ -37,6 +37,9 @@ class OnnxLattice:
         c = self.ctx
         return self.op("Slice", [x, c.i64([start]), c.i64([end]), c.i64([axis])], "cols")
 
+    def first_rows(self, x, count):
+        return self.op("Slice", [x, self.ctx.i64([0]), count, self.ctx.i64([0])], "rows")
+
     def column(self, x, i):
         return self.op("Gather", [x, self.ctx.i64(i)], "col", axis=1)
 
@@ -58,10 +61,23 @@ class OnnxLattice:
             codes, first, ids, _ = self.ops("Unique", [column], 4, "unique", sorted=1)
         return ids, first, self.op("Shape", [codes], "count")
 
-    def build(self, features, p, d):
-        """The lattice of `features` ((P + pad, d) float32, the pad rows at the origin): slots (P, d + 1)
-        int64, weights (P, d + 1) float32 and the neighbour lists (2 (d + 1), M), as permutohedral_lattice."""
+    def padded(self, features, points, d):
+        """features (P, d) with the SSE build's origin rows up to a multiple of 4; points: P as a (1,) int64
+        tensor (known only at run time where a size bottom decides it)."""
+        c = self.ctx
+        pad = self.op("Mod", [self.op("Sub", [c.i64([4]), self.op("Mod", [points, c.i64([4])], "m4")], "p4"),
+                              c.i64([4])], "pad")
+        zeros = self.op("ConstantOfShape", [self.op("Concat", [pad, c.i64([d])], "zs", axis=0)], "zeros",
+                        value=_float_zero())
+        return self.op("Concat", [features, zeros], "padded", axis=0)
+
+    def build(self, features, points, d):
+        """The lattice of `features` ((P + pad, d) float32, the pad rows at the origin; points: P, an int or a
+        (1,) int64 tensor): slots (P, d + 1) int64, weights (P, d + 1) float32 and the neighbour lists
+        (2 (d + 1), M), as permutohedral_lattice."""
         c, f32 = self.ctx, np.float32
+        if isinstance(points, int):
+            points = c.i64([points])
         inv_std_dev = float(f32(math.sqrt(2.0 / 3.0) * (d + 1)))
         split = self.ops("Split", [features, c.i64([1] * d)], d, "f", axis=1)
         elevated = [None] * (d + 1)
@@ -94,13 +110,15 @@ class OnnxLattice:
         rem0 = self.op("Add", [rem0, self.op("Cast", [shift], "sf", to=1)], "rem0")
         v = self.op("Mul", [self.op("Sub", [e, rem0], "rest"), down], "bv")
         slot = self.op("Sub", [c.i64(d), rank], "slot")
-        zeros = c.const(np.zeros((p + (-p) % 4, d + 2), f32))   # the points and the SSE build's padding
+        rows = self.op("Shape", [features], "rows", start=0, end=1)   # the points and the SSE build's padding
+        zeros = self.op("ConstantOfShape", [self.op("Concat", [rows, c.i64([d + 2])], "zs", axis=0)], "zeros",
+                        value=_float_zero())
         bary = self.op("ScatterElements", [zeros, slot, v], "bary", axis=1, reduction="add")
         bary = self.op("ScatterElements", [bary, self.op("Add", [slot, c.i64(1)], "next"),
                                            self.op("Neg", [v], "nv")], "bary", axis=1, reduction="add")
         first = self.op("Add", [self.cols(bary, 0, 1), self.op("Add", [c.f32(1.0), self.cols(bary, d + 1, d + 2)],
                                                               "wrap")], "w0")
-        weights = self.cols(self.op("Concat", [first, self.cols(bary, 1, d + 1)], "w", axis=1), 0, p, axis=0)
+        weights = self.first_rows(self.op("Concat", [first, self.cols(bary, 1, d + 1)], "w", axis=1), points)
 
         r = np.arange(d + 1)
         canonical = np.where(r[None, :] <= d - r[:, None], r[:, None], r[:, None] - (d + 1)).astype(np.int64)
@@ -110,7 +128,7 @@ class OnnxLattice:
         keys = self.op("Reshape", [self.short(self.op("Add", [base, canon], "keys")), c.i64([-1, d])], "keys")
         ids, first_rows, _ = self.dense_ids(keys, d)
         vertex_keys = self.op("Gather", [keys, first_rows], "vk", axis=0)
-        slots = self.op("Add", [self.cols(self.op("Reshape", [ids, c.i64([-1, d + 1])], "slots"), 0, p, axis=0),
+        slots = self.op("Add", [self.first_rows(self.op("Reshape", [ids, c.i64([-1, d + 1])], "slots"), points),
                                 c.i64(1)], "slots")
 
         lower, upper = [], []
@@ -138,7 +156,7 @@ class OnnxLattice:
         return (c.const(slots.numpy()), c.const(weights.numpy()),
                 c.const(np.concatenate([n[:, 0], n[:, 1]]).astype(np.int64)))
 
-    def filter(self, lattice, values, channels, d):
+    def filter(self, lattice, values, channels, d, sse_only=False):
         """values (P, C) float32 through the lattice -> (P, C), as permutohedral_filter (transposed)."""
         c = self.ctx
         slots, weights, neighbours = lattice
@@ -164,7 +182,7 @@ class OnnxLattice:
         for j in range(d + 1):
             w = self.cols(weights, j, j + 1)
             picked = self.op("Gather", [grid, self.column(slots, j)], "pick", axis=0)
-            term = (self.op("Mul", [self.op("Mul", [w, picked], "wv"), alpha], "term") if channels <= 2 else
+            term = (self.op("Mul", [self.op("Mul", [w, picked], "wv"), alpha], "term") if channels <= 2 and not sse_only else
                     self.op("Mul", [self.op("Mul", [w, alpha], "wa"), picked], "term"))
             out = term if out is None else self.op("Add", [out, term], "slice")
         return out
