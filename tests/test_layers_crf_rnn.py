@@ -16,28 +16,38 @@ from caffeq.layers.permutohedral import permutohedral_filter, permutohedral_latt
 from caffeq.model import load_from_text
 
 
-def fork_meanfield(unary, q0, guide, blobs, iterations, theta_alpha, theta_beta, theta_gamma):
-    """MultiStageMeanfieldLayer::Forward_cpu with MeanfieldIteration::Forward_cpu, image by image."""
-    n, c, h, w = unary.shape
+def fork_meanfield(first, second, guide, blobs, iterations, theta_alpha, theta_beta, theta_gamma, continuous=False):
+    """MultiStageMeanfieldLayer::Forward_cpu with MeanfieldIteration::Forward_cpu, image by image; with
+    continuous, ContinuousCRF-CNN's MultiContinuousMeanfieldLayer with ContinuousMeanfieldIteration
+    (first: the hidden variables, second: the observations)."""
+    n, c, h, w = first.shape
     p = np.arange(h * w)
     xy = np.stack([p % w, p // w], 1).astype(F32)
     ones = np.ones((1, h * w), F32)
     spatial = fork_lattice(xy / F32(theta_gamma))
     spatial_norm = F32(1) / (fork_filter(spatial, ones)[0] + F32(1e-20))
-    ws, wb, mu = (b.reshape(c, c) for b in blobs)
+    ws, wb = (b.reshape(c, c) for b in blobs[:2])
     tops = []
     for b in range(n):
         feats = np.concatenate([xy / F32(theta_alpha), guide[b].reshape(guide.shape[1], -1).T / F32(theta_beta)], 1)
         bilateral = fork_lattice(feats.astype(F32))
         bilateral_norm = F32(1) / (fork_filter(bilateral, ones)[0] + F32(1e-20))
-        u, q = unary[b].reshape(c, -1), q0[b].reshape(c, -1)
-        for _ in range(iterations):
-            e = np.exp(q - q.max(0))
-            prob = e / e.sum(0)
-            message = (ws @ (spatial_norm * fork_filter(spatial, prob))
-                       + wb @ (bilateral_norm * fork_filter(bilateral, prob)))
-            q = u - mu @ message
-        tops.append(q.reshape(c, h, w))
+
+        def message(x):
+            return ws @ (spatial_norm * fork_filter(spatial, x)) + wb @ (bilateral_norm * fork_filter(bilateral, x))
+
+        start, given = first[b].reshape(c, -1), second[b].reshape(c, -1)
+        if continuous:
+            norm_out = F32(1) / (message(np.ones((c, h * w), F32)) + F32(1))   # PowerLayer(power -1) of 1 + M(1)
+            z = start
+            for _ in range(iterations):
+                z = (given + message(z)) * norm_out      # Eltwise SUM, then PROD
+        else:
+            z = given
+            for _ in range(iterations):
+                e = np.exp(z - z.max(0))
+                z = start - blobs[2].reshape(c, c) @ message(e / e.sum(0))
+        tops.append(z.reshape(c, h, w))
     return np.stack(tops)
 
 
@@ -163,16 +173,24 @@ def test_crfasrnn_is_reshape_reads_as_the_same_layer():
     assert [tuple(b.shape) for b in node_of(model, "crf").blobs] == [(1, 1, 5, 5)] * 3
 
 
-def test_continuous_crf_fork_reads_with_its_two_kernel_weights():
-    """danxuhk/ContinuousCRF-CNN's MultiStageMeanfield: spatial_weight/bilateral_weight (fields 11, 12)
-    seed its two (1, 1, C, C) blobs; there is no compatibility matrix."""
-    shapes = {"unary": (1, 1, 6, 7), "q0": (1, 1, 6, 7), "img": (1, 3, 6, 7)}
-    text = MEANFIELD.format(it=15).replace("theta_gamma: 3", "theta_gamma: 3 spatial_weight: 4 bilateral_weight: 4.2")
+@pytest.mark.parametrize("classes", [1, 3])
+def test_continuous_crf_matches_the_forks_iterations(classes, tmp_path):
+    """danxuhk/ContinuousCRF-CNN's MultiStageMeanfield (its deploy files' name; MultiContinuousMeanfield in
+    its code): spatial_weight / bilateral_weight (fields 11, 12) seed the diagonals of its two (1, 1, C, C)
+    blobs, there is no compatibility matrix, and Z = (U + message(Z)) / (1 + message(1))."""
+    shapes = {"unary": (2, classes, 6, 7), "q0": (2, classes, 6, 7), "img": (2, 3, 6, 7)}
+    text = MEANFIELD.format(it=4).replace("theta_gamma: 3", "theta_gamma: 3 spatial_weight: 4 bilateral_weight: 4.2")
     model = load_from_text(net(text, inputs=shapes), random_weights=True)
-    assert node_of(model, "crf").attrs["continuous"]
-    assert [tuple(b.shape) for b in node_of(model, "crf").blobs] == [(1, 1, 1, 1)] * 2
-    with pytest.raises(CaffeqError, match="ContinuousCRF-CNN's continuous mean-field"):
-        model.run({k: np.zeros(s, np.float32) for k, s in shapes.items()})
+    crf = node_of(model, "crf")
+    assert crf.attrs["continuous"]
+    np.testing.assert_array_equal(np.asarray(crf.blobs[0]), 4 * np.eye(classes, dtype=F32).reshape(1, 1, classes, classes))
+    np.testing.assert_array_equal(np.asarray(crf.blobs[1]), F32(4.2) * np.eye(classes, dtype=F32).reshape(1, 1, classes, classes))
+    r = rng(classes + 10)
+    crf.blobs = [r.uniform(0, 1, (1, 1, classes, classes)).astype(F32) for _ in range(2)]
+    feeds = {"unary": r.uniform(0, 5, shapes["unary"]).astype(F32), "q0": r.uniform(0, 5, shapes["unary"]).astype(F32),
+             "img": image(r, shapes["img"])}
+    ref = fork_meanfield(feeds["unary"], feeds["q0"], feeds["img"], crf.blobs, 4, 160, 3, 3, continuous=True)
+    check_everywhere(model, feeds, {"o": ref}, tmp_path, atol=1e-5, rtol=1e-5, opsets=(None,))
 
 
 SEGNET_CRF = """layer {

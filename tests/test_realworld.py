@@ -149,6 +149,8 @@ RUNNABLE = {
     "Liusifei__caffe-lowlevel__matlab__caffe__models__LRNN_v1_test.prototxt": {"data": (1, 5, 64, 48)},
     # CRF-RNN: FCN-8s and the MultiStageMeanfield layer (permutohedral lattices over the image)
     "torrvision__crfasrnn__python-scripts__TVG_CRFRNN_new_deploy.prototxt": {"data": (1, 3, 64, 48)},
+    # ContinuousCRF-CNN: ResNet-50 depth maps refined by its continuous CRF (under the MultiStageMeanfield name)
+    "danxuhk__ContinuousCRF-CNN__examples__CCRF-CNN__nyu2_deploy_ResNet50_CCRF.prototxt": {"data": (1, 3, 64, 48)},
     # the original DQN (2014, V1 file): Q values of (N, 18) times a (N, 18, 1, 1) filter, as 4-axis blobs
     "muupan__dqn-in-the-caffe__dqn.prototxt": None,
 }

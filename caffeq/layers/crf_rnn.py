@@ -18,8 +18,13 @@ order.
 ZhiwenShao/ARL's MultiStageMeanfieldAU3 (au_forks.py) is the same inference with its third bottom's
 every channel as the bilateral features (over theta_beta): crf_rnn_meanfield serves both.
 
-danxuhk/ContinuousCRF-CNN's continuous variant (spatial_weight / bilateral_weight set, two blobs) reads and
-is sized, and refuses to run: its inference is another one.
+danxuhk/ContinuousCRF-CNN's continuous CRF (CVPR 2017; its deploy files say MultiStageMeanfield with
+spatial_weight / bilateral_weight; the repository's code, b73cdef, renamed the layer
+MultiContinuousMeanfield: src/caffe/layers/multi_continuous_meanfield.cpp,
+continuous_meanfield_iteration.cpp, the same ModifiedPermutohedral): bottoms (hidden variables Z0,
+observations U, image), two blobs Ws, Wb (1, 1, C, C) whose diagonals start at spatial_weight and
+bilateral_weight; num_iterations times Z = (U + message(Z)) x 1 / (message(1) + 1), message as above
+with the C x P ones as the values (no softmax, no compatibility); the top is the last Z.
 
 nathanin/caffe-segnet-crf (41e60779, CRF-RNN's caffe-crfrnn variant) adds spatial_filter_weights_str and
 bilateral_filter_weights_str: space-separated values whose first C seed the diagonals of blobs 0 and 1
@@ -39,12 +44,14 @@ from .permutohedral_onnx import OnnxLattice
 from .registry import Layer, LayerError, need_blobs, register_layer
 
 
-def crf_rnn_meanfield(unary, q0, guide, spatial_weight, bilateral_weight, compatibility, iterations: int,
-                      theta_alpha: float, theta_beta: float, theta_gamma: float):
-    """CRF-RNN's mean-field iterations on (N, C, H, W) unaries; guide (N, K, H, W) holds the channels that
-    the bilateral kernel compares.  Computed in float32 as the fork; the top takes the unary's dtype."""
-    n, c, h, w = unary.shape
-    f32, dev = torch.float32, unary.device
+def crf_rnn_meanfield(first, second, guide, spatial_weight, bilateral_weight, compatibility, iterations: int,
+                      theta_alpha: float, theta_beta: float, theta_gamma: float, continuous: bool = False):
+    """CRF-RNN's mean-field iterations on (N, C, H, W) unaries `first` from Q0 `second`, or ContinuousCRF-CNN's
+    from hidden variables `first` and observations `second` (continuous; compatibility unused); guide
+    (N, K, H, W) holds the channels that the bilateral kernel compares.  Computed in float32 as the forks;
+    the top takes the first bottom's dtype."""
+    n, c, h, w = first.shape
+    f32, dev = torch.float32, first.device
     pixel = torch.arange(h * w, device=dev)
     xy = torch.stack([pixel % w, torch.div(pixel, w, rounding_mode="floor")], 1).to(f32)
     ones = torch.ones(1, h * w, dtype=f32, device=dev)
@@ -54,22 +61,31 @@ def crf_rnn_meanfield(unary, q0, guide, spatial_weight, bilateral_weight, compat
 
     spatial = permutohedral_lattice(xy / theta(theta_gamma))
     spatial_norm = 1 / (permutohedral_filter(ones, *spatial) + 1e-20)
-    ws, wb, mu = (m.reshape(c, c).to(f32) for m in (spatial_weight, bilateral_weight, compatibility))
+    ws, wb = (m.reshape(c, c).to(f32) for m in (spatial_weight, bilateral_weight))
     tops = []
     for b in range(n):
         features = torch.cat([xy / theta(theta_alpha), guide[b].reshape(guide.shape[1], -1).t().to(f32)
                               / theta(theta_beta)], 1)
         bilateral = permutohedral_lattice(features)
         bilateral_norm = 1 / (permutohedral_filter(ones, *bilateral) + 1e-20)
-        u = unary[b].reshape(c, -1).to(f32)
-        q = q0[b].reshape(c, -1).to(f32)
-        for _ in range(iterations):
-            prob = torch.softmax(q, 0)
-            message = (ws @ (spatial_norm * permutohedral_filter(prob, *spatial))
-                       + wb @ (bilateral_norm * permutohedral_filter(prob, *bilateral)))
-            q = u - mu @ message
-        tops.append(q.reshape(c, h, w))
-    return torch.stack(tops).to(unary.dtype)
+
+        def message(x):   # the two kernels' normalized filters, weighted
+            return (ws @ (spatial_norm * permutohedral_filter(x, *spatial))
+                    + wb @ (bilateral_norm * permutohedral_filter(x, *bilateral)))
+
+        start, given = first[b].reshape(c, -1).to(f32), second[b].reshape(c, -1).to(f32)
+        if continuous:   # Z = (observations + message(Z)) / (1 + message(1))
+            scale = 1 / (message(torch.ones(c, h * w, dtype=f32, device=dev)) + 1)
+            z = start
+            for _ in range(iterations):
+                z = (given + message(z)) * scale
+        else:   # Q = U - mu message(softmax(Q))
+            mu = compatibility.reshape(c, c).to(f32)
+            z = given
+            for _ in range(iterations):
+                z = start - mu @ message(torch.softmax(z, 0))
+        tops.append(z.reshape(c, h, w))
+    return torch.stack(tops).to(first.dtype)
 
 
 def meanfield_attrs(lp, p, param_field):
@@ -90,9 +106,11 @@ class MultiStageMeanfield(Layer):
     def parse(self, lp):
         need_blobs(lp, "MultiStageMeanfield", 3, 1, "unary, Q0, image")
         p = lp.multi_stage_meanfield_param
+        continuous = p.HasField("spatial_weight") or p.HasField("bilateral_weight")
         return dict(meanfield_attrs(lp, p, "multi_stage_meanfield_param"),
                     # ContinuousCRF-CNN's continuous CRF keeps two kernel weights and no compatibility matrix
-                    continuous=p.HasField("spatial_weight") or p.HasField("bilateral_weight"),
+                    continuous=continuous,
+                    start_diagonals=[float(p.spatial_weight), float(p.bilateral_weight)] if continuous else None,
                     diagonals=[p.spatial_filter_weights_str, p.bilateral_filter_weights_str]
                     if p.spatial_filter_weights_str or p.bilateral_filter_weights_str else None)
 
@@ -112,12 +130,19 @@ class MultiStageMeanfield(Layer):
         c = in_shapes[0][1]
         return [(1, 1, c, c)] * (2 if attrs.get("continuous") else 3)
 
+    def blob_names_for(self, attrs):
+        return self.blob_names[:2] if attrs.get("continuous") else self.blob_names
+
     def init_params(self, attrs, shapes, rng):
-        """caffe-segnet-crf's start without weights: the kernel weights' diagonals from the two strings,
-        the compatibility -identity; other variants: the default fill."""
-        if not attrs.get("diagonals") or attrs.get("continuous"):
-            return super().init_params(attrs, shapes, rng)
+        """The forks' start without weights: ContinuousCRF-CNN's diagonals spatial_weight and
+        bilateral_weight; caffe-segnet-crf's kernel weights' diagonals from the two strings, the
+        compatibility -identity; other variants: the default fill."""
         c = shapes[0][-1]
+        if attrs.get("continuous"):
+            return [(np.eye(c, dtype=np.float32) * np.float32(v)).reshape(1, 1, c, c)
+                    for v in attrs["start_diagonals"]]
+        if not attrs.get("diagonals"):
+            return super().init_params(attrs, shapes, rng)
         blobs = []
         for field, text in zip(("spatial_filter_weights_str", "bilateral_filter_weights_str"), attrs["diagonals"]):
             tokens = text.split(" ")[:c]
@@ -133,22 +158,21 @@ class MultiStageMeanfield(Layer):
         return blobs
 
     def cannot_run(self, attrs, in_shapes):
-        if attrs.get("continuous"):
-            return ("ContinuousCRF-CNN's continuous mean-field inference is not implemented; the net reads "
-                    "and its shapes and weights load, but it cannot run or be exported")
         if self.guide_channels and in_shapes[2][1] < self.guide_channels:
             return (f"the bilateral kernel reads the {self.guide}'s first {self.guide_channels} channels, "
                     f"and it has {in_shapes[2][1]} (the fork would read past the blob)")
         return None
 
     def _call_args(self, attrs):
-        return (attrs["iterations"], attrs["theta_alpha"], attrs["theta_beta"], attrs["theta_gamma"])
+        return (attrs["iterations"], attrs["theta_alpha"], attrs["theta_beta"], attrs["theta_gamma"],
+                bool(attrs.get("continuous")))
 
-    def forward(self, attrs, params, unary, q0, guide):
-        self.refuse_if_cannot_run(attrs["name"], attrs, [unary.shape, q0.shape, guide.shape], LayerError)
+    def forward(self, attrs, params, first, second, guide):
+        self.refuse_if_cannot_run(attrs["name"], attrs, [first.shape, second.shape, guide.shape], LayerError)
         if self.guide_channels:
             guide = guide[:, :self.guide_channels]
-        return crf_rnn_meanfield(unary, q0, guide, *params, *self._call_args(attrs))
+        weights = list(params) + [None] * (3 - len(params))   # the continuous CRF has no compatibility
+        return crf_rnn_meanfield(first, second, guide, *weights, *self._call_args(attrs))
 
     def macs(self, attrs, in_shapes, out_shapes):
         n, c, h, w = in_shapes[0]
@@ -168,7 +192,7 @@ class MultiStageMeanfield(Layer):
         spatial = OnnxLattice(ctx, "spatial").constant(*spatial)
         spatial_norm = ctx.const(spatial_norm.numpy().reshape(p, 1))
         ws, wb, mu = (ctx.op("Transpose", [ctx.op("Reshape", [ctx.weight(node, i), ctx.i64([c, c])], "w")], "wt")
-                      for i in range(3))   # (P, C) rows: x W^T
+                      if i < len(node.blobs) else None for i in range(3))   # (P, C) rows: x W^T
 
         def image(x, b, channels):   # image b of x as (P, channels)
             one = ctx.op("Slice", [x, ctx.i64([b, 0]), ctx.i64([b + 1, channels]), ctx.i64([0, 1])], "img")
@@ -184,15 +208,26 @@ class MultiStageMeanfield(Layer):
             ones = ctx.const(np.ones((p, 1), f32))
             norm = ctx.op("Reciprocal", [ctx.op("Add", [lattice.filter(bilateral, ones, 1, 2 + k), ctx.f32(1e-20)],
                                                 "norm")], "norm")
-            u, q = image(node.inputs[0], b, c), image(node.inputs[1], b, c)
-            for _ in range(a["iterations"]):
-                prob = ctx.op("Softmax", [q], "prob", axis=1)
-                near = ctx.op("Mul", [spatial_norm, lattice.filter(spatial, prob, c, 2)], "spatial")
-                alike = ctx.op("Mul", [norm, lattice.filter(bilateral, prob, c, 2 + k)], "bilateral")
-                message = ctx.op("Add", [ctx.op("MatMul", [near, ws], "ms"), ctx.op("MatMul", [alike, wb], "mb")],
-                                 "message")
-                q = ctx.op("Sub", [u, ctx.op("MatMul", [message, mu], "pairwise")], "q")
-            tops.append(ctx.op("Reshape", [ctx.op("Transpose", [q], "cp"), ctx.i64([1, c, h, w])], "top"))
+
+            def message(x):
+                near = ctx.op("Mul", [spatial_norm, lattice.filter(spatial, x, c, 2)], "spatial")
+                alike = ctx.op("Mul", [norm, lattice.filter(bilateral, x, c, 2 + k)], "bilateral")
+                return ctx.op("Add", [ctx.op("MatMul", [near, ws], "ms"), ctx.op("MatMul", [alike, wb], "mb")],
+                              "message")
+
+            start, given = image(node.inputs[0], b, c), image(node.inputs[1], b, c)
+            if a.get("continuous"):
+                scale = ctx.op("Reciprocal", [ctx.op("Add", [message(ctx.const(np.ones((p, c), f32))), ctx.f32(1.0)],
+                                                     "den")], "scale")
+                z = start
+                for _ in range(a["iterations"]):
+                    z = ctx.op("Mul", [ctx.op("Add", [given, message(z)], "sum"), scale], "z")
+            else:
+                z = given
+                for _ in range(a["iterations"]):
+                    pairwise = ctx.op("MatMul", [message(ctx.op("Softmax", [z], "prob", axis=1)), mu], "pairwise")
+                    z = ctx.op("Sub", [start, pairwise], "q")
+            tops.append(ctx.op("Reshape", [ctx.op("Transpose", [z], "cp"), ctx.i64([1, c, h, w])], "top"))
         ctx.add_node("Concat", tops, [node.outputs[0]], axis=0)
 
     def pytorch_source(self, node, emit):
@@ -200,13 +235,14 @@ class MultiStageMeanfield(Layer):
         self.refuse_if_cannot_run(node.name, node.attrs, shapes, ExportError)
         m = emit.module("torch.nn.ParameterDict()")
         c = shapes[0][1]
-        for i, name in enumerate(self.blob_names):
+        names = self.blob_names_for(node.attrs)
+        for i, name in enumerate(names):
             emit.init(f"{m}['{name}'] = torch.nn.Parameter(torch.zeros(1, 1, {c}, {c}))")
             emit.param(name, i)
         for helper in (as_short, lattice_vertex_ids, lattice_lookup, permutohedral_lattice, permutohedral_filter):
             emit.helper(helper)
         fn = emit.helper(crf_rnn_meanfield)
         guide = emit.inputs[2] + (f"[:, :{self.guide_channels}]" if self.guide_channels else "")
-        weights = ", ".join(f"{m}['{name}']" for name in self.blob_names)
+        weights = ", ".join([f"{m}['{name}']" for name in names] + ["None"] * (3 - len(names)))
         args = ", ".join(emit.lit(v) for v in self._call_args(node.attrs))
         return f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {guide}, {weights}, {args})"
