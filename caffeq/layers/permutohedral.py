@@ -36,37 +36,31 @@ import torch
 
 
 def lattice_vertex_ids(keys):
-    """Ids in [0, number of distinct rows) of the rows of an int64 (R, K) tensor: equal rows, equal ids.
-    One column at a time, so the packed codes stay below R x 65536."""
+    """Ids in [0, number of distinct rows) of the rows of an int64 (R, K) tensor (equal rows, equal ids),
+    numbered in the rows' sorted order; and, for lattice_lookup, each column's sorted prefix codes.
+    One column at a time, so a code stays below R x 65536."""
     ids = torch.zeros(keys.shape[0], dtype=torch.int64, device=keys.device)
-    for column in keys.unbind(1):
-        column = column - column.min()
-        ids = torch.unique(ids * (column.max() + 1) + column, return_inverse=True)[1]
-    return ids
-
-
-def lattice_lookup(table, batches):
-    """For each int64 (Q, K) tensor of `batches`: the row of `table` (distinct rows (M, K)) equal to each of
-    its rows, or -1.  Column by column: a query keeps the id of the table prefix it matches, found by
-    binary search among the table's sorted prefix codes."""
-    ids = torch.zeros(table.shape[0], dtype=torch.int64, device=table.device)
     columns = []
-    for column in table.unbind(1):
+    for column in keys.unbind(1):
         low, high = column.min(), column.max()
         span = high - low + 1
         codes, ids = torch.unique(ids * span + (column - low), return_inverse=True)
         columns.append((codes, low, high, span))
-    row_of = torch.empty_like(ids)
-    row_of[ids] = torch.arange(table.shape[0], device=table.device)
+    return ids, columns
+
+
+def lattice_lookup(columns, batches):
+    """For each int64 (Q, K) tensor of `batches`: the id lattice_vertex_ids gave the row equal to each of its
+    rows, or -1.  A query keeps the id of the prefix it matches, column by column, by binary search."""
     rows = []
     for queries in batches:
-        found_id = torch.zeros(queries.shape[0], dtype=torch.int64, device=table.device)
-        found = torch.ones(queries.shape[0], dtype=torch.bool, device=table.device)
+        found_id = torch.zeros(queries.shape[0], dtype=torch.int64, device=queries.device)
+        found = torch.ones(queries.shape[0], dtype=torch.bool, device=queries.device)
         for (codes, low, high, span), asked in zip(columns, queries.unbind(1)):
             wanted = found_id * span + (asked - low).clamp(0, span - 1)
             found_id = torch.searchsorted(codes, wanted).clamp(max=codes.shape[0] - 1)
             found &= (codes[found_id] == wanted) & (asked >= low) & (asked <= high)
-        rows.append(torch.where(found, row_of[found_id], -1))
+        rows.append(torch.where(found, found_id, -1))
     return rows
 
 
@@ -117,10 +111,11 @@ def permutohedral_lattice(features):
     r = torch.arange(d + 1, device=dev)
     canonical = torch.where(r[None, :] <= d - r[:, None], r[:, None], r[:, None] - (d + 1))   # [r, rank]
     keys = as_short(rem0[:, None, :d].to(torch.int64) + canonical[:, rank[:, :d]].permute(1, 0, 2))
-    ids = lattice_vertex_ids(keys.reshape(-1, d))
-    m = int(ids.max()) + 1
+    ids, columns = lattice_vertex_ids(keys.reshape(-1, d))
+    m = columns[-1][0].shape[0]
     vertex_keys = torch.zeros(m, d, dtype=torch.int64, device=dev)
     vertex_keys[ids] = keys.reshape(-1, d)
+
     def along_each_axis():   # axis j: the key minus 1 but plus d at j, the key plus 1 but minus d at j
         for j in range(d + 1):
             axis = torch.zeros(d, dtype=torch.int64, device=dev)
@@ -128,7 +123,7 @@ def permutohedral_lattice(features):
                 axis[j] = d + 1
             yield torch.cat([as_short(vertex_keys - 1 + axis), as_short(vertex_keys + 1 - axis)])
 
-    neighbours = torch.stack([(rows + 1).reshape(2, m) for rows in lattice_lookup(vertex_keys, along_each_axis())])
+    neighbours = torch.stack([(rows + 1).reshape(2, m) for rows in lattice_lookup(columns, along_each_axis())])
     return (ids + 1).reshape(-1, d + 1)[:p], weights[:p], neighbours
 
 
