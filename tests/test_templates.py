@@ -59,6 +59,18 @@ def test_collective_knowledge_placeholders_fill_like_the_others(tmp_path):
         load(_write(tmp_path, "ck.prototxt", text), defines=VALUES)
 
 
+def test_hash_placeholders_fill_as_values_and_stay_comments_elsewhere(tmp_path):
+    # cvjena/part_constellation_models' templates: `num_output: ##NUM_CLASSES##`; a line of hashes or a
+    # ##WORD## after the comment's own '#' stays a comment
+    text = TEMPLATE.replace("num_output: ${NUM_LABELS}", "num_output: ##NUM_CLASSES##") + "##NOTE## ### end\n"
+    text = text.replace("# was ${NOT_USED}", "# was ##NOT_USED##")
+    model = load(_write(tmp_path, "h.prototxt", text), defines={**VALUES, "NUM_CLASSES": "6"}, random_weights=True)
+    assert model.blob_shapes["fc8"] == (2, 6, 7, 9)
+    with pytest.raises(ParseError, match=r"h.prototxt:6: ##NUM_CLASSES## \(layer 'fc8_\$\{EXP\}', "
+                                         r"convolution_param.num_output\) is a template placeholder"):
+        load(_write(tmp_path, "h.prototxt", text), defines=VALUES)
+
+
 @pytest.mark.parametrize("missing, where", [
     ("NUM_LABELS", r"t.prototxt:6: \$\{NUM_LABELS\} \(layer 'fc8_\$\{EXP\}', convolution_param.num_output\)"),
     ("SIZE", r"t.prototxt:3: \$SIZE \(layer 'input', input_param.shape\[0\].dim\[2\]\)"),   # the header, upgraded

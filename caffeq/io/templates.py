@@ -2,7 +2,7 @@
 `crop_width: $TARGET_WIDTH`): values that a run script substitutes before Caffe reads the file.
 
 A placeholder is written as a field's value (outside quotes and comments): `$NAME`, `${NAME}`, Collective
-Knowledge's `$#NAME#$` (dividiti/ck-caffe's packages), Python's
+Knowledge's `$#NAME#$` (dividiti/ck-caffe's packages), `##NAME##` (cvjena/part_constellation_models), Python's
 format field `{NAME}` (`input_dim:{height}`), Jinja's `{{ NAME }}`, `<NAME>` (`num_output: <num_classes>`), CMake's `@NAME@`, or a bare word where a number goes (MobileNet-SSD's
 templates: `num_output: cls3x`, which its gen_model.sh replaces by 3 x the class count).  A number's
 placeholder gets its value from, in order:
@@ -31,8 +31,10 @@ from ..errors import ParseError
 # word never completes) and CMake's configure_file @NAME@ (aleneum/temporal-segment-networks' .in files)
 _NAMED = (r"\$\{(?P<braced>\w+)\}|\$(?P<bare>[A-Za-z_]\w*)|\{\{[ \t]*(?P<jinja>[A-Za-z_]\w*)[ \t]*\}\}"
           r"|<(?P<angle>[A-Za-z_]\w*)>|@(?P<at>[A-Za-z_]\w*)@")
-# dividiti/ck-caffe's Collective Knowledge packages write $#NAME#$ (read as ${NAME})
+# dividiti/ck-caffe's Collective Knowledge packages write $#NAME#$, cvjena/part_constellation_models'
+# templates `num_output: ##NUM_CLASSES##` (a value only: elsewhere '#' opens a comment); read as ${NAME}
 _CK_PLACEHOLDER = re.compile(r"\$#(\w+)#\$")
+_HASH_PLACEHOLDER = re.compile(r"(?<=:)([ \t]*)##(\w+)##")
 _VALUE_PLACEHOLDER = re.compile(rf"(?P<lead>:[ \t]*)(?P<ph>{_NAMED}|\{{(?P<format>[A-Za-z_]\w*)\}})")
 _QUOTED_PLACEHOLDER = re.compile(_NAMED)
 _FORMAT_FIELD = re.compile(r":[ \t]*\{[A-Za-z_]\w*\}")   # a quick look before the full scan
@@ -96,12 +98,16 @@ def fill_placeholders(text, defines, path, notes):
     lines = text.split("\n")
     if "{{" in text and _FORMAT_FIELD.search(text):
         lines = _unescape_format_braces(lines, path, notes)
-    ck_written = {}    # ${NAME} -> $#NAME#$ as the file writes it
+    written_as = {}    # ${NAME} -> $#NAME#$ or ##NAME## as the file writes it
     for number, line in enumerate(lines):
         if "$#" in line:   # Collective Knowledge's $#NAME#$: its '#' would open a comment
             for m in _CK_PLACEHOLDER.finditer(line):
-                ck_written["${" + m.group(1) + "}"] = m.group(0)
+                written_as["${" + m.group(1) + "}"] = m.group(0)
             line = lines[number] = _CK_PLACEHOLDER.sub(r"${\1}", line)
+        if "##" in line and _HASH_PLACEHOLDER.search(line.split('"', 1)[0]):   # ##NAME## as a value
+            for m in _HASH_PLACEHOLDER.finditer(line):
+                written_as["${" + m.group(2) + "}"] = "##" + m.group(2) + "##"
+            line = lines[number] = _HASH_PLACEHOLDER.sub(r"\1${\2}", line)
         alone = line.split("#", 1)[0].strip()
         if alone in defines and _TEXT_PLACEHOLDER.match(alone) and "\"" not in line:
             # a word alone on its line that a script replaces with text (skynet-train's `INPUT`)
@@ -129,7 +135,7 @@ def fill_placeholders(text, defines, path, notes):
                     used[name] = used.get(name, 0) + 1
                 else:
                     sentinel = _SENTINEL_BASE + _SENTINEL_STEP * (len(pending) + 1)
-                    written = ck_written.get(m.group("ph"), m.group("ph"))
+                    written = written_as.get(m.group("ph"), m.group("ph"))
                     pending.append(Placeholder(name, written, number + 1, sentinel))
                     value = str(sentinel)
                 pieces.append(line[last:m.start("ph")] + value)
