@@ -29,6 +29,7 @@ from .norm import onnx_reduce
 from .permutohedral import as_short, lattice_lookup, lattice_vertex_ids, permutohedral_filter, permutohedral_lattice
 from .permutohedral_onnx import OnnxLattice
 from .registry import Layer, LayerError, need_blobs, register_layer
+from .ssd.common import scalar_tensor
 
 
 def densecrf_fast_exp(x):
@@ -238,7 +239,7 @@ class DenseCRF(Layer):
 
             colours = crop(image, 0, 3)   # the fork's first image, for every n
             ones = op("ConstantOfShape", [op("Concat", [points, i64([1])], "os", axis=0)], "ones",
-                      value=_onnx_float(1.0))
+                      value=scalar_tensor(1.0))
             terms = [(weight, op("Div", [xy, f32(std)], "pos"), 2) for weight, std in a["spatial"]]
             terms += [(weight, op("Concat", [op("Div", [xy, f32(std)], "pos"), op("Div", [colours, f32(rgb)], "rgb")],
                                   "bi", axis=1), 5) for weight, std, rgb in a["bilateral"]]
@@ -277,7 +278,3 @@ class DenseCRF(Layer):
         args = ", ".join(emit.lit(v) for v in self._call_args(node.attrs))
         return f"{fn}({', '.join(emit.inputs)}, {args})"
 
-
-def _onnx_float(value):
-    import onnx
-    return onnx.helper.make_tensor("value", onnx.TensorProto.FLOAT, [1], [value])

@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from ..errors import ExportError
+from .ssd.common import scalar_tensor
 
 #: the first opset with ScatterElements reduction="add"
 LATTICE_OPSET = 16
@@ -68,7 +69,7 @@ class OnnxLattice:
         pad = self.op("Mod", [self.op("Sub", [c.i64([4]), self.op("Mod", [points, c.i64([4])], "m4")], "p4"),
                               c.i64([4])], "pad")
         zeros = self.op("ConstantOfShape", [self.op("Concat", [pad, c.i64([d])], "zs", axis=0)], "zeros",
-                        value=_float_zero())
+                        value=scalar_tensor(0.0))
         return self.op("Concat", [features, zeros], "padded", axis=0)
 
     def build(self, features, points, d):
@@ -112,7 +113,7 @@ class OnnxLattice:
         slot = self.op("Sub", [c.i64(d), rank], "slot")
         rows = self.op("Shape", [features], "rows", start=0, end=1)   # the points and the SSE build's padding
         zeros = self.op("ConstantOfShape", [self.op("Concat", [rows, c.i64([d + 2])], "zs", axis=0)], "zeros",
-                        value=_float_zero())
+                        value=scalar_tensor(0.0))
         bary = self.op("ScatterElements", [zeros, slot, v], "bary", axis=1, reduction="add")
         bary = self.op("ScatterElements", [bary, self.op("Add", [slot, c.i64(1)], "next"),
                                            self.op("Neg", [v], "nv")], "bary", axis=1, reduction="add")
@@ -165,7 +166,7 @@ class OnnxLattice:
                                     c.i64([-1, channels])], "splat")
         m1 = self.op("Add", [self.op("Shape", [neighbours], "m", start=1, end=2), c.i64([1])], "m1")
         grid = self.op("ConstantOfShape", [self.op("Concat", [m1, c.i64([channels])], "gs", axis=0)], "grid",
-                       value=_float_zero())
+                       value=scalar_tensor(0.0))
         at = self.op("Expand", [self.op("Reshape", [slots, c.i64([-1, 1])], "at"), c.i64([1, channels])], "at")
         grid = self.op("ScatterElements", [grid, at, splat], "grid", axis=0, reduction="add")
         for j in range(d + 1):
@@ -188,11 +189,7 @@ class OnnxLattice:
         return out
 
 
-def _float_zero():
-    import onnx
-    return onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [1], [0.0])
-
-
 def _int64_zero():
-    import onnx
-    return onnx.helper.make_tensor("zero", onnx.TensorProto.INT64, [1], [0])
+    """ConstantOfShape's int64 0 (scalar_tensor's are float32)."""
+    from onnx import numpy_helper
+    return numpy_helper.from_array(np.zeros(1, np.int64))
