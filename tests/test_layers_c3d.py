@@ -1,5 +1,5 @@
-"""C3D v1.0's 3-D layers (facebookarchive/C3D, C3D-v1.0) in V1 files: Convolution3D, Pooling3D and
-VideoData.  References are numpy loops written from convolution3d_layer.cpp (vol2col + GEMM) and
+"""C3D v1.0's 3-D layers (facebookarchive/C3D, C3D-v1.0) in V1 files: Convolution3D, Pooling3D,
+VoxelSoftmax and VideoData.  References are numpy loops written from convolution3d_layer.cpp (vol2col + GEMM) and
 pool3d_layer.cpp's Forward_cpu, on (N, C, L, H, W) shapes where every axis differs."""
 import math
 
@@ -153,6 +153,18 @@ def test_convolution3d_bad_params():
     with pytest.raises(LayerError, match="5-axis"):
         load_from_text(v1_net((2, 3, 7, 6), "layers { name: 'c' type: CONVOLUTION3D bottom: 'x' top: 'c'\n"
                                             "  convolution_param { num_output: 4 kernel_size: 3 kernel_depth: 1 } }"))
+
+
+def test_voxel_softmax_normalizes_each_voxels_channels(tmp_path):
+    """C3D v1.0's VOXEL_SOFTMAX (voxel_wise_softmax_layer.cpp): exp(x - max over C) / sum over C, per voxel."""
+    x = (rng(4).standard_normal((1, 4, 3, 5, 2)) * 3).astype(np.float32)
+    model = load_from_text(v1_net(x.shape, "layers { name: 'p' type: VOXEL_SOFTMAX bottom: 'x' top: 'p' }"))
+    assert model.net.layer[-1].type == "VoxelSoftmax"
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=1, keepdims=True))
+    check_everywhere(model, {"x": x}, {"p": e / e.sum(axis=1, keepdims=True)}, tmp_path, atol=1e-6, rtol=1e-6)
+    with pytest.raises(LayerError, match=r"VoxelSoftmax takes C3D's 5-D blobs .N, C, L, H, W., got \[2, 3, 7, 6\]"):
+        load_from_text(v1_net((2, 3, 7, 6), "layers { name: 'p' type: VOXEL_SOFTMAX bottom: 'x' top: 'p' }"))
 
 
 def test_c3d_video_data_shapes_its_clip():

@@ -17,6 +17,9 @@ image_data_param under C3D's own field names (proto/README.md).
   the last window is never dropped.  pad is spatial only and only for AVE.  MAX windows are
   clipped to the input (an empty one gives -FLT_MAX); AVE sums the window clipped to the input
   and divides by its extent clipped to H + pad (W + pad) and to L, so padded cells count.
+- VoxelSoftmax (voxel_wise_softmax_layer.cpp, V1 VOXEL_SOFTMAX): a softmax over the channels of each
+  voxel of a 5-D blob.  The fork's max over the channels reads its buffer at the bottom's offset, so
+  for N > 1 it subtracts another value than the maximum: the same softmax unless exp overflows.
 - C3DVideoData (video_data_layer.cpp): a graph input (batch_size, 3, new_length, crop_size,
   crop_size), or new_height x new_width without a crop; its label top is (batch_size, 1, 1, 1, 1).
 """
@@ -28,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import DataLayer
+from .norm import Softmax
 from .pooling_nd import POOL_AVE, POOL_MAX, WindowPool3d, pool_extents
 from .registry import Layer, LayerError, count, need_blobs, needs_input_shape, register_layer, torch_sources
 
@@ -300,6 +304,20 @@ def _infer_p3d_pooling(attrs, s):
 #: zhengshou/scnn's C3D (C3D-v1.0 and v1.1 C3D_overlap_loss, video_data_layer.cpp): a third top
 SCNN_OVERLAP = ("a third top, each clip's overlap with its ground-truth segment (SCNN's C3D, the fifth column "
                 "of its list), shaped like the label")
+
+
+@register_layer("VoxelSoftmax")
+class VoxelSoftmax(Softmax):
+    bottoms = tops = 1
+
+    def parse(self, lp):
+        need_blobs(lp, "VoxelSoftmax", 1, 1)
+        return {"axis": 1}
+
+    def infer(self, attrs, in_shapes):
+        if len(in_shapes[0]) != 5:
+            raise LayerError(f"VoxelSoftmax takes C3D's 5-D blobs (N, C, L, H, W), got {list(in_shapes[0])}")
+        return super().infer(attrs, in_shapes)
 
 
 @register_layer("C3DVideoData")
