@@ -595,6 +595,26 @@ def test_infogain_loss_with_h_bottom():
     close(model.run({"x": x, "y": lab, "h": h.reshape(1, 1, 4, 4)})["l"], loss / 6, rtol=1e-5)
 
 
+def test_infogain_loss_reads_h_from_its_source_and_reads_the_net_without_it(tmp_path, monkeypatch):
+    """infogain_loss_param.source: a BlobProto opened from the working directory, as Caffe does; a train
+    net whose H file is not here still reads (the loss is training only), and the loss then says why it
+    cannot be computed."""
+    from caffeq.io.writer import write_blobproto
+    x, lab = randn(3, 4), RNG.integers(0, 4, size=(3,)).astype(np.float32)
+    h = RNG.uniform(0, 1, size=(4, 4)).astype(np.float32)
+    monkeypatch.chdir(tmp_path)
+    layer = ('layer { name: "l" type: "InfogainLoss" bottom: "x" bottom: "y" top: "l" '
+             'infogain_loss_param { source: "h.binaryproto" } }')
+    missing = build([("x", x.shape), ("y", lab.shape)], [layer])
+    assert any("its H matrix infogain_loss_param.source 'h.binaryproto' is not here" in w for w in missing.warnings)
+    with pytest.raises(LayerError, match="InfogainLoss: its H matrix .*'h.binaryproto' is not here"):
+        missing.run({"x": x, "y": lab})
+    write_blobproto(h.reshape(1, 1, 4, 4), str(tmp_path / "h.binaryproto"))
+    prob = softmax_np(x, 1).astype(np.float64)
+    ref = -sum((h[int(lab[i])] * np.log(prob[i])).sum() for i in range(3)) / 3
+    close(build([("x", x.shape), ("y", lab.shape)], [layer]).run({"x": x, "y": lab})["l"], ref, rtol=1e-5)
+
+
 @pytest.mark.parametrize("legacy", [False, True])
 def test_contrastive_loss(legacy):
     a, b = randn(6, 3), randn(6, 3)

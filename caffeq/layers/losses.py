@@ -6,6 +6,7 @@ top, Caffe's defaults: 1 for a loss layer's first top) tells a trainer how to we
 arrive as floats and are truncated to int, as Caffe's static_cast does.
 """
 import math
+import os
 
 import numpy as np
 import torch
@@ -272,8 +273,14 @@ class InfogainLoss(_TrainingOnly):
             if not p.HasField("source"):
                 raise LayerError("infogain_loss_param.source (the H matrix) is required "
                                  "without a third bottom")
+            if not os.path.exists(p.source):   # as a dataset: reading the net does not need it
+                attrs["H_missing"] = p.source
+                attrs["reading_notes"] = [f"layer '{lp.name}' (InfogainLoss): its H matrix "
+                                          f"infogain_loss_param.source {p.source!r} is not here; the loss "
+                                          f"(training only) needs it, nothing else does"]
+                return attrs
             try:  # Caffe opens the path relative to the working directory
-                attrs["H"] = np.asarray(read_blobproto(p.source), np.float32).reshape(-1)
+                attrs["H"] = np.array(read_blobproto(p.source), np.float32).reshape(-1)   # a writable copy
             except CaffeqError as e:
                 raise LayerError(f"infogain_loss_param.source: {e}") from None
         return attrs
@@ -282,6 +289,8 @@ class InfogainLoss(_TrainingOnly):
         _loss_common_infer(in_shapes, (2, 3), "InfogainLoss")
         shapes = _softmax_loss_infer(attrs, in_shapes, "infogain_loss_param.axis", "InfogainLoss")
         c = in_shapes[0][attrs["_axis"]]
+        if len(in_shapes) < 3 and attrs["H"] is None:   # the file is not here: checked when it is
+            return shapes
         h_count = count(in_shapes[2]) if len(in_shapes) > 2 else attrs["H"].size
         if h_count != c * c:
             raise LayerError(f"InfogainLoss: H must be {c}x{c}, it has {h_count} values")
@@ -291,6 +300,9 @@ class InfogainLoss(_TrainingOnly):
         logp, lab, valid = _label_log_probs(attrs, scores, labels, "InfogainLoss")
         c = logp.shape[1]
         if h is None:
+            if attrs["H"] is None:
+                raise LayerError(f"InfogainLoss: its H matrix infogain_loss_param.source "
+                                 f"{attrs['H_missing']!r} is not here (Caffe opens it from the working directory)")
             h = torch.from_numpy(attrs["H"]).to(device=scores.device, dtype=scores.dtype)
         h = h.reshape(c, c)
         logp = _ste(logp, logp.clamp_min(LOG_THRESHOLD))
