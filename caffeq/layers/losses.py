@@ -275,9 +275,8 @@ class InfogainLoss(_TrainingOnly):
                                  "without a third bottom")
             if not os.path.exists(p.source):   # as a dataset: reading the net does not need it
                 attrs["H_missing"] = p.source
-                attrs["reading_notes"] = [f"layer '{lp.name}' (InfogainLoss): its H matrix "
-                                          f"infogain_loss_param.source {p.source!r} is not here; the loss "
-                                          f"(training only) needs it, nothing else does"]
+                attrs["reading_notes"] = [f"its H matrix infogain_loss_param.source {p.source!r} is not here; "
+                                          f"the loss (training only) needs it, nothing else does"]
                 return attrs
             try:  # Caffe opens the path relative to the working directory
                 attrs["H"] = np.array(read_blobproto(p.source), np.float32).reshape(-1)   # a writable copy
