@@ -109,6 +109,7 @@ from . import (  # noqa: F401,E402
     sppnet,
     ssai,
     ssd,
+    steganalysis,
     stereo_warping,
     stochastic_quantization,
     subcnn,
