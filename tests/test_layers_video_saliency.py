@@ -86,7 +86,8 @@ def with_random(model, seed):
     node = node_of(model, "lstm")
     node.blobs = [rng(seed + i).standard_normal(b.shape).astype(np.float32) * 0.5
                   for i, b in enumerate(node.blobs)]
-    return node.blobs
+    # the DummyForward layers' (1,) blobs take no part in the numbers
+    return [b for name, b in zip(node.spec.blob_names_for(node.attrs), node.blobs) if not name.startswith("dummy")]
 
 
 def test_conv_lstm_davsod_configuration(tmp_path):
@@ -100,7 +101,9 @@ def test_conv_lstm_davsod_configuration(tmp_path):
     assert model.blob_shapes["o"] == (t, n, c, h, w)
     assert model.blob_shapes["hT"] == model.blob_shapes["cT"] == (1, n, c, h, w)
     node = node_of(model, "lstm")
-    assert [tuple(b.shape) for b in node.blobs] == [(16, 3, 3, 3), (16, 4, 3, 3), (16,), (5, 6), (5, 6), (5, 6)]
+    # agethen's unrolled net: W_x, the two initial DummyForward blobs, W_h, b_h, the peepholes, the two last
+    assert [tuple(b.shape) for b in node.blobs] == [(16, 3, 3, 3), (1,), (1,), (16, 4, 3, 3), (16,), (5, 6),
+                                                    (5, 6), (5, 6), (1,), (1,)]
     w_x, w_h, b_h, *peep = with_random(model, 10)
     r = rng(1)
     feeds = {k: r.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
@@ -123,8 +126,10 @@ def test_conv_lstm_two_blocks_groups_and_per_channel_peepholes(tmp_path):
     model = load_from_text(net(lstm_layer(body, ("x", "cont"), ("o", "c1", "hT")), inputs=shapes),
                            random_weights=True)
     node = node_of(model, "lstm")
-    assert node.spec.blob_names_for(node.attrs) == ("W_x", "W_h", "w_i", "w_f", "w_o")
-    assert [tuple(b.shape) for b in node.blobs] == [(24, 1, 1, 3), (24, 3, 3, 3)] + [(c, h, w)] * 3
+    assert node.spec.blob_names_for(node.attrs) == ("W_x", "dummy_c0", "dummy_h0", "W_h", "w_i", "w_f", "w_o",
+                                                     "dummy_h", "dummy_c")
+    assert [tuple(b.shape) for b in node.blobs] == [(24, 1, 1, 3), (1,), (1,), (24, 3, 3, 3)] + [(c, h, w)] * 3 + \
+        [(1,), (1,)]
     w_x, w_h, *peep = with_random(model, 20)
     r = rng(2)
     feeds = {"x": r.standard_normal(shapes["x"]).astype(np.float32),
@@ -143,7 +148,7 @@ def test_conv_lstm_ignore_x_and_no_hadamard(tmp_path):
     shapes = {"x": (t, n, 5, h, w), "cont": (t, n), "h0": (1, n, c, h, w), "c0": (1, n, c, h, w)}
     model = load_from_text(net(lstm_layer(body), inputs=shapes), random_weights=True)
     node = node_of(model, "lstm")
-    assert node.spec.blob_names_for(node.attrs) == ("W_h", "b_h")
+    assert node.spec.blob_names_for(node.attrs) == ("dummy_c0", "dummy_h0", "W_h", "b_h", "dummy_h", "dummy_c")
     w_h, b_h = with_random(model, 30)
     r = rng(3)
     feeds = {k: r.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
@@ -178,10 +183,11 @@ def test_conv_lstm_initial_state_shape_is_checked():
         load_from_text(net(lstm_layer(body), inputs=shapes))
 
 
+# the ConvLSTM's parameters, its four (1,) DummyForward blobs included (the fork's caffemodel holds them)
 @pytest.mark.parametrize("name, shapes, lstm_params", [
-    ("DengPingFan__DAVSOD__test.prototxt", {"reshape-cm": (3, 1)}, 84656),
-    ("shenjianbing__PDB-ConvLSTM__test.prototxt", {"reshape-cm": (5, 1)}, 84656),
-    ("wenguanwang__AGS__model__deploy.prototxt", None, 76556),
+    ("DengPingFan__DAVSOD__test.prototxt", {"reshape-cm": (3, 1)}, 84660),
+    ("shenjianbing__PDB-ConvLSTM__test.prototxt", {"reshape-cm": (5, 1)}, 84660),
+    ("wenguanwang__AGS__model__deploy.prototxt", None, 76560),
 ])
 def test_video_saliency_files_read(name, shapes, lstm_params):
     """The real files: every ConvLSTM is sized (the clip markers come from an HDF5 list that is not

@@ -120,6 +120,7 @@ from . import (  # noqa: F401,E402
     video_caffe,
     video_data,
     vision_forks,
+    wta,
     xilinx,
     xnor_net,
     yolo,

@@ -7,8 +7,9 @@ The fork's conv_lstm_layer.cpp unrolls a Caffe net over time, as BVLC's Recurren
 Bottoms: x (T x N x C_in x H x W), cont (T x N), and with `recurrent_param.expose_hidden` the initial
 h_0 and c_0 (1 x N x C x H x W each, in that order).  Tops: h for every step (T x N x C x H x W),
 one 1 x N x C x H x W top per `lstm_debug_param.expose` name ("h_t=k" / "c_t=k"), and with
-expose_hidden h_T and c_T.  Without expose_hidden the initial states are zero (a fresh Caffe net;
-Caffe would carry h_T into the next Forward call, which a stateless model cannot).
+expose_hidden h_T and c_T.  Without expose_hidden the initial states are zero at every Forward (the
+fork's LayerSetUp drops the last two layers from the forward range, so the DummyForward copies that
+would carry h_T and c_T over never run).
 
 Per step t = 1..T (conv_lstm_layer.cpp FillUnrolledNet, conv_lstm_unit_layer.cu):
     pre   = W_h * (cont_t h_{t-1}) + b_h  +  W_x * x_t  +  [w_i c_{t-1}, w_f c_{t-1}, w_o c_{t-1}, 0]
@@ -22,13 +23,20 @@ c.shape[axis_hadamard : axis_hadamard + num_axes_hadamard] of the 1 x N x C x H 
 disable_hadamard the peephole terms.  Both convolutions must keep H x W (the fork's sums need it).
 
 Blobs, in the order the unrolled net owns them: W_x (4C, C_in/group, kh, kw) [not with ignore_x],
-W_h (4C, C/group, kh, kw), b_h (4C) [bias_term], w_i, w_f, w_o [not with disable_hadamard].
-W_x has no bias (the fork sets bias_term false on it).
+two (1,) blobs of the DummyForward layers on the initial states, W_h (4C, C/group, kh, kw), b_h (4C)
+[bias_term], w_i, w_f, w_o [not with disable_hadamard], and two (1,) blobs of the DummyForward
+layers on h_T and c_T (dummy_forward.cpp gives each such layer an unused blob; the fork's caffemodels
+hold all four).  W_x has no bias (the fork sets bias_term false on it).  The peepholes start at 1
+without weights (Scale's default).
+
+ConvLSTMReLU (t2mhanh/caffe_convLSTM_WTA 3b257ec, conv_lstm_relu_unit_layer.cpp) is the same layer with
+g = max(pre_g, 0) and h_t = o max(c_t, 0).
 """
 from __future__ import annotations
 
 import re
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,13 +50,14 @@ _EXPOSE = re.compile(r"^([hc])_t=(\d+|T)$")
 
 # ---- the torch computation, shared by forward and model.py ------------------------------------
 
-def conv_lstm_steps(x, cont, h, c, w_x, w_h, b_h, peep, conv_x, conv_h, peep_view, expose):
+def conv_lstm_steps(x, cont, h, c, w_x, w_h, b_h, peep, conv_x, conv_h, peep_view, expose, relu: bool = False):
     """The fork's ConvLSTM over x (T, N, C_in, H, W) from h, c (N, C, H, W).
 
     conv_x / conv_h: (stride, pad, dilation, group) of the input / hidden convolutions; w_x None
     with ignore_x, peep [] with disable_hadamard, else (w_i, w_f, w_o) reshaped by peep_view.
-    expose: (0 for h / 1 for c, step) pairs.  Returns (h for every step, the exposed states,
-    h_T, c_T), the states as (1, N, C, H, W)."""
+    expose: (0 for h / 1 for c, step) pairs.  relu: ConvLSTMReLU's unit (relu where ConvLSTM has
+    tanh).  Returns (h for every step, the exposed states, h_T, c_T), the states as (1, N, C, H, W)."""
+    act = torch.relu if relu else torch.tanh
     steps, n = x.shape[0], x.shape[1]
     hd = h.shape[1]
     gx = None
@@ -66,8 +75,8 @@ def conv_lstm_steps(x, cont, h, c, w_x, w_h, b_h, peep, conv_x, conv_h, peep_vie
         pi, pf, po, pg = pre[:, :hd], pre[:, hd:2 * hd], pre[:, 2 * hd:3 * hd], pre[:, 3 * hd:]
         if weights:
             pi, pf, po = pi + c * weights[0], pf + c * weights[1], po + c * weights[2]
-        c = ct * torch.sigmoid(pf) * c + torch.sigmoid(pi) * torch.tanh(pg)
-        h = torch.sigmoid(po) * torch.tanh(c)
+        c = ct * torch.sigmoid(pf) * c + torch.sigmoid(pi) * act(pg)
+        h = torch.sigmoid(po) * act(c)
         hs.append(h)
         cs.append(c)
         outs.append(h)
@@ -79,11 +88,11 @@ class CaffeConvLSTM(nn.Module):
     """The fork's ConvLSTM (see conv_lstm_steps): forward(x, cont, h0=None, c0=None) returns
     (h for every step, the exposed states, h_T, c_T)."""
 
-    def __init__(self, c_in, c_out, k_x, k_h, conv_x, conv_h, bias, peep_shape, peep_view, expose):
+    def __init__(self, c_in, c_out, k_x, k_h, conv_x, conv_h, bias, peep_shape, peep_view, expose, relu=False):
         super().__init__()
         g = 4 * c_out
         self.c_out, self.conv_x, self.conv_h = c_out, conv_x, conv_h
-        self.peep_view, self.expose = peep_view, expose
+        self.peep_view, self.expose, self.relu = peep_view, expose, relu
         if k_x is not None:
             self.W_x = nn.Parameter(torch.zeros(g, c_in // conv_x[3], k_x[0], k_x[1]))
         else:
@@ -104,7 +113,7 @@ class CaffeConvLSTM(nn.Module):
             h = x.new_zeros(n, self.c_out, hh, ww)
             c = h
         return conv_lstm_steps(x, cont, h, c, self.W_x, self.W_h, self.b_h, list(self.peep),
-                               self.conv_x, self.conv_h, self.peep_view, self.expose)
+                               self.conv_x, self.conv_h, self.peep_view, self.expose, self.relu)
 
 
 # ---- the spec --------------------------------------------------------------------------------
@@ -128,6 +137,9 @@ def _read_conv(p, which):
 
 @register_layer("ConvLSTM")
 class ConvLSTM(Layer):
+    #: ConvLSTMReLU's unit (relu for tanh)
+    relu = False
+
     def parse(self, lp):
         expose_hidden = bool(lp.recurrent_param.expose_hidden)
         dbg = lp.lstm_debug_param
@@ -139,13 +151,13 @@ class ConvLSTM(Layer):
                                  f"'h_t=k' and 'c_t=k' only")
             expose.append((0 if m.group(1) == "h" else 1, -1 if m.group(2) == "T" else int(m.group(2))))
         low = 2 + (2 if expose_hidden else 0)
-        need_blobs(lp, "ConvLSTM", (low, low + 1), 1 + len(expose) + (2 if expose_hidden else 0),
+        need_blobs(lp, self.types[0], (low, low + 1), 1 + len(expose) + (2 if expose_hidden else 0),
                    roles="x, cont" + (", h_0, c_0" if expose_hidden else ""))
         if len(lp.bottom) == low + 1:
-            raise LayerError("ConvLSTM with a static input (x_static) is not read")
+            raise LayerError(f"{self.types[0]} with a static input (x_static) is not read")
         convs = list(lp.lstm_conv_param)
         if not 1 <= len(convs) <= 2:
-            raise LayerError(f"ConvLSTM takes 1 or 2 lstm_conv_param blocks, got {len(convs)}")
+            raise LayerError(f"{self.types[0]} takes 1 or 2 lstm_conv_param blocks, got {len(convs)}")
         if len(convs) == 2 and convs[0].num_output != convs[1].num_output:
             raise LayerError("the two lstm_conv_param blocks must have the same num_output, got "
                              f"{convs[0].num_output} and {convs[1].num_output}")
@@ -215,16 +227,25 @@ class ConvLSTM(Layer):
         return [(t, n, c, hh, ww)] + [state] * (len(attrs["expose"]) + 2 * attrs["expose_hidden"])
 
     def blob_names_for(self, attrs):
-        names = [] if attrs["ignore_x"] else ["W_x"]
-        names.append("W_h")
+        # the unrolled net's DummyForward layers own one unused (1,) blob each: after the initial
+        # states' Input layer, and after the last step
+        names = ([] if attrs["ignore_x"] else ["W_x"]) + ["dummy_c0", "dummy_h0", "W_h"]
         if attrs["conv_h"]["bias"]:
             names.append("b_h")
         if attrs["hadamard"]:
             names += ["w_i", "w_f", "w_o"]
-        return tuple(names)
+        return tuple(names + ["dummy_h", "dummy_c"])
 
     def weight_axes_for(self, attrs):
-        return {0: 0} if attrs["ignore_x"] else {0: 0, 1: 0}
+        names = self.blob_names_for(attrs)
+        return {names.index(w): 0 for w in ("W_x", "W_h") if w in names}
+
+    def init_params(self, attrs, shapes, rng):
+        blobs = super().init_params(attrs, shapes, rng)
+        for i, name in enumerate(self.blob_names_for(attrs)):
+            if name.startswith("w_"):   # the peepholes' Scale layers start at 1
+                blobs[i] = np.ones(shapes[i], np.float32)
+        return blobs
 
     def param_shapes(self, attrs, in_shapes):
         _, n, c_in, c, hh, ww = self._check(attrs, in_shapes)
@@ -233,12 +254,12 @@ class ConvLSTM(Layer):
             cx = attrs["conv_x"]
             shapes.append((4 * c, c_in // cx["group"]) + cx["kernel"])
         ch = attrs["conv_h"]
-        shapes.append((4 * c, c // ch["group"]) + ch["kernel"])
+        shapes += [(1,), (1,), (4 * c, c // ch["group"]) + ch["kernel"]]
         if ch["bias"]:
             shapes.append((4 * c,))
         if attrs["hadamard"]:
             shapes += [self._peep_shape(attrs, (1, n, c, hh, ww))[0]] * 3
-        return shapes
+        return shapes + [(1,), (1,)]
 
     def macs(self, attrs, in_shapes, out_shapes):
         t, n, c_in, c, hh, ww = self._check(attrs, in_shapes)
@@ -254,11 +275,9 @@ class ConvLSTM(Layer):
         return None if conv is None else (conv["stride"], conv["pad"], conv["dilation"], conv["group"])
 
     def _split(self, attrs, params):
-        params = list(params)
-        w_x = None if attrs["ignore_x"] else params.pop(0)
-        w_h = params.pop(0)
-        b_h = params.pop(0) if attrs["conv_h"]["bias"] else None
-        return w_x, w_h, b_h, params
+        named = dict(zip(self.blob_names_for(attrs), params))
+        return (named.get("W_x"), named["W_h"], named.get("b_h"),
+                [named[w] for w in ("w_i", "w_f", "w_o") if w in named])
 
     def _view(self, attrs, n, c, hh, ww):
         return self._peep_shape(attrs, (1, n, c, hh, ww))[1] if attrs["hadamard"] else None
@@ -274,7 +293,7 @@ class ConvLSTM(Layer):
         view = self._view(attrs, n, c, hh, ww)
         tops = conv_lstm_steps(x, cont.to(x.dtype), h, c0, w_x, w_h, b_h, peep,
                                self._conv_args(attrs["conv_x"]), self._conv_args(attrs["conv_h"]),
-                               view, attrs["expose"])
+                               view, attrs["expose"], self.relu)
         if not attrs["expose_hidden"]:
             tops = tops[:-2]
         return tops[0] if len(tops) == 1 else tuple(tops)
@@ -286,10 +305,11 @@ class ConvLSTM(Layer):
         peep_shape, view = (self._peep_shape(a, (1, n, c, hh, ww)) if a["hadamard"] else (None, None))
         m = emit.instance(CaffeConvLSTM, c_in, c, None if a["ignore_x"] else a["conv_x"]["kernel"],
                           a["conv_h"]["kernel"], self._conv_args(a["conv_x"]), self._conv_args(a["conv_h"]),
-                          a["conv_h"]["bias"], peep_shape, view, [tuple(e) for e in a["expose"]],
+                          a["conv_h"]["bias"], peep_shape, view, [tuple(e) for e in a["expose"]], self.relu,
                           needs=[conv_lstm_steps])
         for i, name in enumerate(self.blob_names_for(a)):
-            emit.param(name if not name.startswith("w_") else f"peep.{'ifo'.index(name[2])}", i)
+            if not name.startswith("dummy"):   # the DummyForward blobs take no part
+                emit.param(name if not name.startswith("w_") else f"peep.{'ifo'.index(name[2])}", i)
         call = [emit.inputs[0], f"{emit.inputs[1]}.to({emit.inputs[0]}.dtype)"]
         if a["expose_hidden"]:
             call += [f"h0={emit.inputs[2]}", f"c0={emit.inputs[3]}"]
@@ -319,23 +339,19 @@ def _onnx_unrolled(ctx, node, spec):
         return dict(kernel_shape=list(conv["kernel"]), strides=list(conv["stride"]), pads=pads,
                     dilations=list(conv["dilation"]), group=conv["group"])
 
-    idx = 0
+    index = {name: i for i, name in enumerate(spec.blob_names_for(a))}
     gx = None
     if not a["ignore_x"]:
         x4 = ctx.add_node("Reshape", [x, ctx.i64([-1, c_in, hh, ww])], tmp("x4"))
-        gx4 = ctx.add_node("Conv", [x4, ctx.weight(node, 0)], tmp("gx4"), name=name, **conv_attrs(a["conv_x"]))
+        gx4 = ctx.add_node("Conv", [x4, ctx.weight(node, index["W_x"])], tmp("gx4"), name=name,
+                           **conv_attrs(a["conv_x"]))
         gx = ctx.add_node("Reshape", [gx4, ctx.i64([t, -1, 4 * c, hh, ww])], tmp("gx"))
-        idx = 1
-    w_h = [ctx.weight(node, idx)]
-    idx += 1
-    if a["conv_h"]["bias"]:
-        w_h.append(ctx.weight(node, idx))
-        idx += 1
+    w_h = [ctx.weight(node, index["W_h"])] + ([ctx.weight(node, index["b_h"])] if "b_h" in index else [])
     peep = []
     if a["hadamard"]:
         view = spec._peep_shape(a, (1, n, c, hh, ww))[1][1:]
-        peep = [ctx.add_node("Reshape", [ctx.weight(node, idx + k), ctx.i64(list(view))], tmp(f"peep{k}"))
-                for k in range(3)]
+        peep = [ctx.add_node("Reshape", [ctx.weight(node, index[w]), ctx.i64(list(view))], tmp(f"peep{k}"))
+                for k, w in enumerate(("w_i", "w_f", "w_o"))]
     state = [-1, c, hh, ww]
     if a["expose_hidden"]:
         h = ctx.add_node("Reshape", [node.inputs[2], ctx.i64(state)], tmp("h0"))
@@ -362,7 +378,8 @@ def _onnx_unrolled(ctx, node, spec):
             for k in range(3):
                 term = ctx.add_node("Mul", [cc, peep[k]], tmp(f"peep{step}_{k}"))
                 parts[k] = ctx.add_node("Add", [parts[k], term], tmp(f"gate{step}_{k}_peep"))
-        h, cc = onnx_lstm_unit(lambda op, ins, hint: ctx.add_node(op, ins, tmp(hint)), parts, ct, cc, str(step))
+        h, cc = onnx_lstm_unit(lambda op, ins, hint: ctx.add_node(op, ins, tmp(hint)), parts, ct, cc, str(step),
+                               "Relu" if spec.relu else "Tanh")
         hs.append(h)
         cs.append(cc)
         outs.append(ctx.add_node("Reshape", [h, ctx.i64([1, -1, c, hh, ww])], tmp(f"h{step}_5d")))
@@ -376,3 +393,10 @@ def _onnx_unrolled(ctx, node, spec):
     one = [1, -1, c, hh, ww]
     for out, st in zip(node.outputs[1:], states):
         ctx.add_node("Reshape", [st, ctx.i64(one)], [out])
+
+
+@register_layer("ConvLSTMReLU")
+class ConvLSTMReLU(ConvLSTM):
+    """t2mhanh/caffe_convLSTM_WTA's ConvLSTMReLU (3b257ec, conv_lstm_relu_unit_layer.cpp): the same
+    unrolled net, blobs and fields, with g = max(pre_g, 0) and h = o max(c, 0)."""
+    relu = True

@@ -406,18 +406,19 @@ def _recurrent_source(node, emit, module, steps):
 
 # ---- ONNX: a Scan over the time axis --------------------------------------------------
 
-def onnx_lstm_unit(add, gates, cont, c_prev, suffix):
+def onnx_lstm_unit(add, gates, cont, c_prev, suffix, activation="Tanh"):
     """Caffe's LSTMUnit (lstm_unit_layer.cpp) as ONNX nodes, one step: from the pre-activations
     gates = (i, f, o, g), cont_t and c_{t-1}, c_t = cont_t sigmoid(f) c_{t-1} + sigmoid(i) tanh(g)
-    and h_t = sigmoid(o) tanh(c_t).  Shared by LSTM's Scan body and ConvLSTM's unrolled steps, which
-    place their nodes differently: add(op, inputs, hint) makes one node and returns its output name;
-    suffix ends every hint.  Returns (h_t, c_t)."""
+    and h_t = sigmoid(o) tanh(c_t) (with activation "Relu", ConvLSTMReLU's relu for both tanh).
+    Shared by LSTM's Scan body and ConvLSTM's unrolled steps, which place their nodes differently:
+    add(op, inputs, hint) makes one node and returns its output name; suffix ends every hint.
+    Returns (h_t, c_t)."""
     i = add("Sigmoid", [gates[0]], f"i{suffix}")
     f = add("Mul", [cont, add("Sigmoid", [gates[1]], f"f_raw{suffix}")], f"f{suffix}")   # f = 0 where cont == 0
     o = add("Sigmoid", [gates[2]], f"o{suffix}")
-    g = add("Tanh", [gates[3]], f"g{suffix}")
+    g = add(activation, [gates[3]], f"g{suffix}")
     c = add("Add", [add("Mul", [f, c_prev], f"fc{suffix}"), add("Mul", [i, g], f"ig{suffix}")], f"c{suffix}")
-    h = add("Mul", [o, add("Tanh", [c], f"tanh_c{suffix}")], f"h{suffix}")
+    h = add("Mul", [o, add(activation, [c], f"act_c{suffix}")], f"h{suffix}")
     return h, c
 
 
