@@ -299,3 +299,15 @@ def test_gelu_is_the_forks_tanh_approximation(param, coeff, tmp_path):
     # the same curve as PyTorch's tanh-approximate GELU, up to the fork's 10-digit sqrt(2 / pi)
     tanh_gelu = torch.nn.functional.gelu(torch.from_numpy(x).double(), approximate="tanh").numpy() * np.float32(coeff)
     np.testing.assert_allclose(ref, tanh_gelu, rtol=1e-6, atol=1e-6)
+
+
+def test_reluplus_is_relu_in_a_forward(tmp_path):
+    """liuxianming/caffe_feedback's V1 RELUPLUS: max(x, 0) times a gate every ordinary forward resets to 1."""
+    text = ('input: "x" input_dim: 2 input_dim: 3 input_dim: 4 input_dim: 5\n'
+            'layers { name: "copy" type: POWER bottom: "x" top: "p" }\n'
+            'layers { name: "relu" type: RELUPLUS bottom: "p" top: "r" }\n'
+            'layers { name: "relu2" type: RELUPLUS bottom: "r" top: "r" }')
+    model = load_from_text(text)
+    assert [n.type for n in model.graph.nodes][-2:] == ["ReLUPlus", "ReLUPlus"]
+    x = rng(3).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    check_everywhere(model, {"x": x}, {"r": np.maximum(x, 0)}, tmp_path)

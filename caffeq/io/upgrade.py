@@ -134,6 +134,8 @@ _V1_FORK_TYPES = {
     "MULTI_STAGE_MEANFIELD": "MultiStageMeanfield",
     # dsisds/caffe-SPPNet
     "SPATIAL_PYRAMID_POOLING": "SpatialPyramidPooling",
+    # liuxianming/caffe_feedback: ReLU with a feedback gate that every ordinary forward resets to 1
+    "RELUPLUS": "ReLUPlus",
     # LRCN's lisa-caffe-public (its LSTM reads lstm_param; caffeq/layers/recurrent.py)
     "LSTM": "LSTM", "LSTM_UNIT": "LSTMUnit",
 }

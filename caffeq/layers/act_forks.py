@@ -1,5 +1,9 @@
 """Activation, dropout and selector layers of single forks, each as its fork computes it at TEST.
 
+- ReLUPlus (liuxianming/caffe_feedback 5bd19d1, reluplus_layer.cpp; V1 RELUPLUS): max(x, 0) times a
+  gate blob that every ordinary forward resets to 1 (Net::ForwardPrefilled calls Reset first), so
+  ReLU.  The fork's feedback mode, which gates it from the top classes down, is a whole-net procedure
+  of its own tools (feedback_net.cpp), not part of a forward.
 - RReLU (ducha-aiki/caffe `elu` c9b0c54, rrelu_layer.cpp; from happynear/caffe-windows): at TRAIN
   the negative part is divided by a ~ U(lb, ub); at TEST by the fork's `mean_slope` =
   (ub - lb) / (ln|ub| - ln|lb|), the logarithmic mean of lb and ub (1 / E[1/a]), *not* (lb + ub) / 2.
@@ -42,6 +46,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .activation import ReLU
 from .learnable_dilation import Truncation
 from .registry import Layer, LayerError, canonical_axis, count, need_blobs, positive_field, register_layer
 
@@ -492,3 +497,8 @@ class GELU(Layer):
 
     def pytorch_source(self, node, emit):
         return f"{emit.helper(caffe_pruning_gelu)}({emit.inputs[0]}, {emit.lit(node.attrs['coeff'])})"
+
+
+@register_layer("ReLUPlus")
+class ReLUPlus(ReLU):
+    """caffe_feedback's RELUPLUS: ReLU in every ordinary forward (see the module docstring)."""
