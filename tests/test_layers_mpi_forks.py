@@ -6,8 +6,9 @@ import math
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, conv_ref, net, node_of, rng
+from conftest import check_everywhere, conv_ref, model_py_outputs, net, node_of, rng
 
+from caffeq.errors import ExportError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -100,3 +101,81 @@ def test_lxx_warping_samples_bilinearly_with_clamped_corners(tmp_path):
     with pytest.raises(LayerError, match="flow .N, 2, H, W."):
         load_from_text(net('layer { name: "w" type: "Warping" bottom: "img" bottom: "flow" top: "o" }',
                            inputs={"img": (1, 3, 5, 7), "flow": (1, 3, 5, 7)}))
+
+
+def sigmoid32(v):
+    return F32(1) / (F32(1) + np.exp(-v, dtype=F32))
+
+
+def fork_sllstm(x, cont, u_h, b, w_x):
+    """sllstm_layer.cu: zero state at t = 0, kept where the marker is > 0, tanh~(v) = 2 sigma(2v) - 1."""
+    steps, batch, _ = x.shape
+    hidden = u_h.shape[1]
+    h, c = np.zeros((batch, hidden), F32), np.zeros((batch, hidden), F32)
+    outs = []
+    for t in range(steps):
+        if t > 0 and cont is not None:
+            keep = (cont[t] > 0).astype(F32)[:, None]
+            h, c = h * keep, c * keep
+        g = x[t] @ w_x.T + b + h @ u_h.T
+        i, f, o = (sigmoid32(g[:, k * hidden:(k + 1) * hidden]) for k in range(3))
+        cand = F32(2) * sigmoid32(F32(2) * g[:, 3 * hidden:]) - F32(1)
+        c = i * cand + f * c
+        h = o * (F32(2) * sigmoid32(F32(2) * c) - F32(1))
+        outs.append(h)
+    return np.stack(outs)
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_sllstm_steps(marked, tmp_path):
+    steps, batch, inputs, hidden = 5, 3, 4, 6
+    shapes = {"x": (steps, batch, inputs)}
+    bottoms = 'bottom: "x"'
+    if marked:
+        shapes["m"] = (steps, batch, 1)
+        bottoms += ' bottom: "m"'
+    model = load_from_text(net(f'layer {{ name: "l" type: "SLLSTM" {bottoms} top: "h" recurrent_param {{ '
+                               f'num_output: {hidden} }} }}', inputs=shapes), random_weights=True)
+    assert [tuple(np.shape(b)) for b in node_of(model, "l").blobs] == [(24, 6), (24,), (24, 4)]
+    r = rng(9)
+    node_of(model, "l").blobs = [(r.standard_normal(s) * 0.5).astype(F32) for s in ((24, 6), (24,), (24, 4))]
+    feeds = {"x": r.standard_normal(shapes["x"]).astype(F32)}
+    marks = None
+    if marked:   # VideoDataRNN's markers: -length at a clip's start, 1 after; a stream restarting at t = 3
+        marks = np.array([[-5, -3, -5], [1, 1, 1], [1, 1, 1], [1, -2, 1], [1, 1, 1]], F32)
+        feeds["m"] = marks[..., None]
+    ref = fork_sllstm(feeds["x"], marks, *node_of(model, "l").blobs)
+    check_everywhere(model, feeds, {"h": ref}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def fork_marked_reverse(marks, data):
+    """reverse_layer.cu: per stream, each run (-length, then 1s) copied in reverse; from a 0 on, unwritten."""
+    out = np.zeros_like(data)
+    for j in range(marks.shape[1]):
+        t = 0
+        while t < marks.shape[0] and marks[t, j] != 0:
+            length = int(-marks[t, j])
+            run = 1
+            while t + run < marks.shape[0] and marks[t + run, j] == 1:
+                run += 1
+            assert length == run
+            out[t:t + run, j] = data[t:t + run, j][::-1]
+            t += run
+    return out
+
+
+def test_marked_reverse_flips_each_run(tmp_path):
+    marks = np.array([[-4, -2, -3], [1, 1, 1], [1, -2, 1], [1, 1, 0], [-1, 0, 0]], F32)
+    data = rng(10).standard_normal((5, 3, 4)).astype(F32)
+    model = load_from_text(net('layer { name: "r" type: "Reverse" bottom: "m" bottom: "d" top: "o" }',
+                               inputs={"m": marks.shape, "d": data.shape}))
+    ours = model.run({"m": marks, "d": data}, exact=True)["o"]
+    np.testing.assert_array_equal(ours, fork_marked_reverse(marks, data))
+    np.testing.assert_array_equal(model.run({"m": marks, "d": data})["o"], ours)
+    np.testing.assert_array_equal(model_py_outputs(model, {"m": marks, "d": data}, tmp_path)["o"], ours)
+    with pytest.raises(ExportError, match="runs in the markers' values"):
+        model.export_onnx(str(tmp_path / "r.onnx"))
+    bad = marks.copy()
+    bad[0, 0] = -3   # a run of 4 marked as 3: the fork's CHECK_EQ fails
+    with pytest.raises(LayerError, match="layer 'r' .Reverse.: a run's first marker is not minus its length"):
+        model.run({"m": bad, "d": data})

@@ -14,6 +14,16 @@ process, their gathers are copies.
   its TEST forward aborts in the fork (the base layer's buffers are never set up), so this is the form
   its working training path computes with moving_average and frozen rates.  Both are yjxiong's BN (the
   TSN form in segmentation.py) as far as inference goes.
+- SLLSTM (Lyp100208, sllstm_layer.cu; recurrent_param num_output H and fillers): bottoms x (T, B, I) and
+  an optional marker (T x B values); top (T, B, H); blobs U_h (4H, H), b (4H), W_x (4H, I), the gates in
+  the order input, forget, output, candidate.  From a zero state at t = 0: g = x W_x^T + b + h_prev U_h^T,
+  where h_prev and c_prev are the previous step's only where its marker is > 0 (no marker: always);
+  c = i g~ + f c_prev and h = o tanh~(c), with sigma(x) = 1 / (1 + exp(-x)) and the fork's
+  tanh~(x) = 2 sigma(2x) - 1 (caffe::tanh, not the library's).  A static third bottom is not read.
+- Reverse with 2 bottoms (Lyp100208, reverse_layer.cu; caffeq's 1-bottom Reverse is sequence.py's):
+  bottoms the markers (T, N) and the data (T, N, ...); each stream is cut into runs, a run starting at a
+  marker other than 1 (of value -length, which the fork checks) and going on over markers equal to 1;
+  each run's frames are written in reverse order.  From a 0 marker on the stream stays unwritten (0).
 - Warping, lxx1991's (warping_layer.cu; 2 bottoms, told apart from Garg's 3-bottom Warping): image
   (N, C, H, W) and flow (N, 2, H, W), x then y in pixels; each top pixel samples the image bilinearly at
   (x + fx, y + fy), each of the four corners' indices clamped into the image (so a point outside reads
@@ -27,6 +37,7 @@ from .conv import Convolution, InnerProduct
 from .optical_flow import pixels_at
 from .registry import AT_LEAST, Layer, LayerError, claim_layers, need_blobs, register_layer
 from .segmentation import BN, TSN
+from .ssd.common import scalar_tensor
 from .warp_onnx import OnnxImageSampler
 
 
@@ -157,3 +168,184 @@ class ClampedWarping(Layer):
     def pytorch_source(self, node, emit):
         emit.helper(pixels_at)
         return f"{emit.helper(clamped_flow_warp)}({emit.inputs[0]}, {emit.inputs[1]})"
+
+
+# ---- SLLSTM ----------------------------------------------------------------------------------
+
+def fork_sigmoid(x):
+    return 1 / (1 + torch.exp(-x))
+
+
+def sllstm(x, cont, u_h, b, w_x):
+    """Lyp100208's SLLSTM over x (T, B, I) with the markers cont (T, B) or None: h (T, B, H)."""
+    steps, batch = x.shape[0], x.shape[1]
+    hidden = u_h.shape[1]
+    gates = x.reshape(steps * batch, -1) @ w_x.t() + b
+    gates = gates.reshape(steps, batch, 4 * hidden)
+    h = c = x.new_zeros(batch, hidden)
+    outs = []
+    for t in range(steps):
+        if t > 0 and cont is not None:
+            keep = (cont[t] > 0).to(x.dtype).reshape(batch, 1)
+            h, c = h * keep, c * keep
+        g = gates[t] + h @ u_h.t()
+        i, f, o = (fork_sigmoid(g[:, k * hidden:(k + 1) * hidden]) for k in range(3))
+        cand = 2 * fork_sigmoid(2 * g[:, 3 * hidden:]) - 1
+        c = i * cand + f * c
+        h = o * (2 * fork_sigmoid(2 * c) - 1)
+        outs.append(h)
+    return torch.stack(outs)
+
+
+@register_layer("SLLSTM")
+class SLLSTM(Layer):
+    blob_names = ("U_h", "b", "W_x")
+    weight_axes = {0: 0, 2: 0}
+
+    def parse(self, lp):
+        need_blobs(lp, "SLLSTM", (1, 2, 3), 1, "x, markers")
+        if len(lp.bottom) == 3:
+            raise LayerError("SLLSTM with a static input (its third bottom) is not read")
+        hidden = int(lp.recurrent_param.num_output)
+        if hidden < 1:
+            raise LayerError(f"recurrent_param.num_output must be >= 1, got {hidden}")
+        return {"hidden": hidden, "marked": len(lp.bottom) == 2}
+
+    def infer(self, attrs, in_shapes):
+        x = tuple(in_shapes[0])
+        if len(x) < 3 or any(d != 1 for d in x[3:]):
+            raise LayerError(f"SLLSTM takes x (T, B, I) (the fork's gemms read axis 2 only), got {list(x)}")
+        if attrs["marked"] and int(np.prod(in_shapes[1])) != x[0] * x[1]:
+            raise LayerError(f"SLLSTM's markers must hold T x B = {x[0] * x[1]} values, got {list(in_shapes[1])}")
+        return [(x[0], x[1], attrs["hidden"]) + x[3:]]
+
+    def param_shapes(self, attrs, in_shapes):
+        hidden, inputs = attrs["hidden"], in_shapes[0][2]
+        return [(4 * hidden, hidden), (4 * hidden,), (4 * hidden, inputs)]
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        t, b, i = in_shapes[0][:3]
+        return t * b * 4 * attrs["hidden"] * (i + attrs["hidden"])
+
+    def forward(self, attrs, params, x, cont=None):
+        shape = x.shape
+        steps, batch = shape[0], shape[1]
+        marks = None if cont is None else cont.reshape(steps, batch)
+        h = sllstm(x.reshape(steps, batch, shape[2]), marks, *params)
+        return h.reshape((steps, batch, attrs["hidden"]) + tuple(shape[3:]))
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        shape = ctx.shape(x)
+        steps, batch, inputs = shape[0], shape[1], shape[2]
+        hidden = node.attrs["hidden"]
+        op, f32 = ctx.op, ctx.f32
+        u_t = op("Transpose", [ctx.weight(node, 0)], "uht")
+        w_t = op("Transpose", [ctx.weight(node, 2)], "wxt")
+        gates = op("Add", [op("MatMul", [op("Reshape", [x, ctx.i64([steps, batch, inputs])], "x3"), w_t], "xw"),
+                           ctx.weight(node, 1)], "gates")
+        marks = op("Reshape", [node.inputs[1], ctx.i64([steps, batch, 1])], "marks") if node.attrs["marked"] else None
+
+        def sigmoid(t, hint):   # 1 / (1 + exp(-t)), as the fork writes it
+            return op("Div", [f32(1.0), op("Add", [f32(1.0), op("Exp", [op("Neg", [t], hint + "_n")], hint + "_e")],
+                                           hint + "_d")], hint)
+
+        def tanh_(t, hint):
+            return op("Sub", [op("Mul", [f32(2.0), sigmoid(op("Mul", [f32(2.0), t], hint + "_2"), hint + "_s")],
+                                 hint + "_m"), f32(1.0)], hint)
+        h = c = op("ConstantOfShape", [ctx.i64([batch, hidden])], "zero", value=scalar_tensor(0.0))
+        outs = []
+        for t in range(steps):
+            if t > 0 and marks is not None:
+                keep = op("Cast", [op("Greater", [op("Gather", [marks, ctx.i64(t)], f"m{t}", axis=0), f32(0.0)],
+                                      f"k{t}")], f"keep{t}", to=1)
+                h, c = op("Mul", [h, keep], f"hk{t}"), op("Mul", [c, keep], f"ck{t}")
+            g = op("Add", [op("Gather", [gates, ctx.i64(t)], f"g{t}", axis=0), op("MatMul", [h, u_t], f"hu{t}")],
+                   f"pre{t}")
+            i, f, o, cand = (op("Slice", [g, ctx.i64([k * hidden]), ctx.i64([(k + 1) * hidden]), ctx.i64([1])],
+                                f"gate{t}_{k}") for k in range(4))
+            c = op("Add", [op("Mul", [sigmoid(i, f"i{t}"), tanh_(cand, f"cand{t}")], f"ig{t}"),
+                           op("Mul", [sigmoid(f, f"f{t}"), c], f"fc{t}")], f"c{t}")
+            h = op("Mul", [sigmoid(o, f"o{t}"), tanh_(c, f"tc{t}")], f"h{t}")
+            outs.append(op("Unsqueeze", [h, ctx.i64([0])], f"h{t}_"))
+        out = outs[0] if len(outs) == 1 else op("Concat", outs, "hs", axis=0)
+        ctx.add_node("Reshape", [out, ctx.i64(list(ctx.shape(node.outputs[0])))], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        m = emit.module("torch.nn.ParameterDict()")
+        for i, name in enumerate(self.blob_names):
+            emit.init(f"{m}['{name}'] = torch.nn.Parameter(torch.zeros{tuple(node.blobs[i].shape)!r})")
+            emit.param(name, i)
+        emit.helper(fork_sigmoid)
+        fn = emit.helper(sllstm)
+        x = emit.inputs[0]
+        steps, batch, inputs = emit.in_shape(0)[:3]
+        marks = f"{emit.inputs[1]}.reshape({steps}, {batch})" if node.attrs["marked"] else "None"
+        weights = ", ".join(f"{m}['{n}']" for n in self.blob_names)
+        return (f"{fn}({x}.reshape({steps}, {batch}, {inputs}), {marks}, {weights})"
+                f".reshape({tuple(emit.out_shape(0))!r})")
+
+
+# ---- Reverse with markers ---------------------------------------------------------------------------
+
+def marked_runs(cont):
+    """For markers (T, N): each position's run start and end (exclusive), and whether it is written (before
+    the stream's first 0 marker); runs start at t = 0 and wherever a marker is not 1."""
+    steps = cont.shape[0]
+    starts, ends = [], [None] * steps
+    start = torch.zeros(cont.shape[1], dtype=torch.int64, device=cont.device)
+    for t in range(steps):
+        start = torch.where(cont[t] != 1, torch.full_like(start, t), start) if t else start
+        starts.append(start)
+    end = torch.full_like(start, steps)
+    for t in range(steps - 1, -1, -1):
+        ends[t] = end
+        if t:
+            end = torch.where(cont[t] != 1, torch.full_like(end, t), end)
+        else:
+            end = torch.zeros_like(end)
+    written = torch.cumsum((cont == 0).to(torch.int64), 0) == 0
+    return torch.stack(starts), torch.stack(ends), written
+
+
+def marked_reverse(cont, data):
+    """Lyp100208's 2-bottom Reverse: each marked run of data (T, N, ...) in reverse time order."""
+    steps, streams = data.shape[0], data.shape[1]
+    marks = cont.reshape(steps, streams)
+    start, end, written = marked_runs(marks)
+    at_start = written & (start == torch.arange(steps, device=data.device).reshape(steps, 1))
+    lengths = torch.trunc(-marks)   # the fork's int of -marker
+    if bool(((lengths != (end - start).to(marks.dtype)) & at_start).any()):
+        raise ValueError("a run's first marker is not minus its length (the fork's CHECK_EQ in reverse_layer)")
+    source = start + end - 1 - torch.arange(steps, device=data.device).reshape(steps, 1)
+    index = source.reshape((steps, streams) + (1,) * (data.dim() - 2)).expand(data.shape)
+    picked = torch.gather(data, 0, index)
+    keep = written.reshape((steps, streams) + (1,) * (data.dim() - 2))
+    return torch.where(keep, picked, torch.zeros_like(picked))
+
+
+@claim_layers("Reverse", lambda lp: len(lp.bottom) == 2)
+class MarkedReverse(Layer):
+    onnx_refusal = ("the 2-bottom Reverse finds its runs in the markers' values, which the export does "
+                    "not follow")
+
+    def parse(self, lp):
+        need_blobs(lp, "Reverse", 2, 1, "markers, data", in_place=False)
+        return {"name": lp.name}
+
+    def infer(self, attrs, in_shapes):
+        marks, data = tuple(in_shapes[0]), tuple(in_shapes[1])
+        if len(marks) < 2 or len(data) < 2 or data[:2] != marks[:2] or int(np.prod(marks[2:])) != 1:
+            raise LayerError(f"Reverse (Lyp100208's) takes the markers (T, N) then the data (T, N, ...), got "
+                             f"{list(marks)} and {list(data)}")
+        return [data]
+
+    def forward(self, attrs, params, cont, data):
+        try:
+            return marked_reverse(cont, data)
+        except ValueError as e:
+            raise LayerError(f"layer '{attrs['name']}' (Reverse): {e}") from None
+
+    def pytorch_source(self, node, emit):
+        emit.helper(marked_runs)
+        return f"{emit.helper(marked_reverse)}({emit.inputs[0]}, {emit.inputs[1]})"
