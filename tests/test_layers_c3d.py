@@ -237,6 +237,10 @@ def test_c3d_v11_video_data_shapes():
         load_from_text((C3D11_DATA % "").replace("crop_size: 11", "crop_size: 17"))
     with pytest.raises(LayerError, match="num_of_labels"):
         load_from_text(C3D11_DATA % "use_multiple_label: true")
+    # 3DMM-ICME2024/tc3d: num_segments snippets stacked on the channels (with its crop fields beside C3D's)
+    tc3d = load_from_text(C3D11_DATA % "sampling_rate: 2 use_image: true num_segments: 3 fix_crop: true "
+                                       "scale_ratios: [1, 0.875] max_distort: 1")
+    assert tc3d.blob_shapes["data"] == (3, 9, 4, 11, 11)
 
 
 def tsn_data(params, transform="crop_size: 13"):

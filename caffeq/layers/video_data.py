@@ -9,6 +9,8 @@ block into the one whose fields it sets.  Each is a graph input shaped from its 
   colour frames (image_io.cpp always reads 3 channels), top0 (batch_size, 3, new_length, H, W)
   with H = W = transform_param.crop_size, else new_height x new_width, else the frames' own
   size.  The label is (batch_size,), or (batch_size, num_of_labels) with use_multiple_label.
+  3DMM-ICME2024/tc3d (976340e) adds num_segments: that many snippets (image_io.cpp
+  ReadImageSequenceToVolumeDatum_Seg), 3 x num_segments channels.
 - TSN (yjxiong/caffe 9831a2b, video_data_layer.cpp and io.cpp ReadSegment*ToDatum),
   tsn_video_data_param: num_segments snippets of new_length frames stacked on channels, 3 per
   RGB frame (1 with grayscale), 2 per FLOW frame (x and y); top0 (batch_size, C, crop, crop)
@@ -59,7 +61,9 @@ def _parse_c3d(lp):
         raise LayerError(f"video_data_param.batch_size must be > 0, got {p.batch_size}")
     if p.use_multiple_label and not p.HasField("num_of_labels"):
         raise LayerError("video_data_param.num_of_labels must be set with use_multiple_label")
-    return {"fork": "C3D v1.1", "field": field, "length": int(p.new_length), "channels": 3,
+    if p.num_segments < 1:
+        raise LayerError(f"video_data_param.num_segments must be > 0, got {p.num_segments}")
+    return {"fork": "C3D v1.1", "field": field, "length": int(p.new_length), "channels": 3 * int(p.num_segments),
             "batch_size": int(p.batch_size), "resize": _resize(p, "video_data_param"),
             "labels": int(p.num_of_labels) if p.use_multiple_label else None,
             "sampling_rate": int(p.sampling_rate)}
