@@ -323,6 +323,18 @@ def test_image_list_smaller_side_size_scales_after_the_read(tmp_path):
         load_from_text(text.replace("smaller_side_size: 8", "smaller_side_size: 8 smaller_side_size: 9"))
 
 
+def test_face_alignment_image_data_resizes_only_when_shuffling():
+    """CamlinZ/face_alignment's ImageData (rate_height / rate_width, its random crop margin): new_height x
+    new_width when it shuffles, each image's own size otherwise (so the shape comes from --input-shape)."""
+    from caffeq.model import load_from_text
+    text = ('layer { name: "data" type: "ImageData" top: "data" top: "label" image_data_param { source: "no.txt" '
+            'batch_size: 10 new_height: 24 new_width: 20 rate_height: 0.1 rate_width: 0.1 %s } }')
+    assert load_from_text(text % "shuffle: true").inputs["data"] == (10, 3, 24, 20)
+    with pytest.raises(CaffeqError, match="keeps each image's own size unless it shuffles"):
+        load_from_text(text % "shuffle: false").inputs
+    assert load_from_text(text % "", input_shapes={"data": (2, 3, 30, 31)}).inputs["data"] == (2, 3, 30, 31)
+
+
 def test_lrcn_min_size_grows_small_images_only(tmp_path):
     """lisa-caffe-public's min_height / min_width (io.cpp ReadImageToCVMat): an image smaller than either
     grows, aspect kept, along the side that falls further short; the other is min * (side / other) + 0.5

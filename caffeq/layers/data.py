@@ -148,7 +148,9 @@ class Data(DataLayer):
                 raise LayerError(f"data_param.batch_size {p.batch_size} must be divisible by batch_videos "
                                  f"{p.batch_videos}")
         return {"source": p.source, "batch_size": int(p.batch_size), "backend": backend, "lisa_clips": lisa,
-                "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
+                "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else "",
+                # CamlinZ/face_alignment's ImageData resizes to new_height x new_width only when shuffling
+                "own_size_unshuffled": p.HasField("rate_height") or p.HasField("rate_width")}
 
     def _clip_top_shapes(self, attrs, given):
         """LRCN's lisa-caffe-public Data: the label, clip markers and loss weights are (batch_size, 1, 1, 1)."""
@@ -238,7 +240,9 @@ class ImageData(DataLayer):
                 "label_dim": int(p.label_dim) if p.HasField("label_dim") else 0, "gps": bool(p.use_gps),
                 "label_size": positive_field(p.label_size, "image_data_param.label_size")
                 if p.HasField("label_size") else 0,
-                "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
+                "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else "",
+                # CamlinZ/face_alignment's ImageData resizes to new_height x new_width only when shuffling
+                "own_size_unshuffled": p.HasField("rate_height") or p.HasField("rate_width")}
 
     def top_shapes(self, attrs, given):
         """The multi-label recipe's label_dim labels a line make the label (N, label_dim);
@@ -265,7 +269,10 @@ class ImageData(DataLayer):
         scaled = len(sides) in (1, 2) and not crop   # cvjena's: scaled after the read, each image's own size
         if scaled and len(sides) == 2:
             raise needs_input_shape(attrs, attrs["top"], "smaller_side_size draws each image's shorter side at random")
-        if attrs["new_height"] and attrs["new_width"]:
+        if attrs.get("own_size_unshuffled") and not attrs["shuffle"] and not crop:
+            raise needs_input_shape(attrs, attrs["top"], "CamlinZ/face_alignment's ImageData (rate_height / "
+                                    "rate_width) keeps each image's own size unless it shuffles")
+        if attrs["new_height"] and attrs["new_width"] and not (attrs.get("own_size_unshuffled") and not attrs["shuffle"]):
             h, w = attrs["new_height"], attrs["new_width"]
         elif crop:
             return (n, c, crop, crop)
