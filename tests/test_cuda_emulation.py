@@ -215,6 +215,24 @@ def test_crf_rnn_layers_stay_on_the_blobs_device(layers, inputs, tops):
     test_round_40_layers_stay_on_the_blobs_device(layers, inputs, tops)
 
 
+@pytest.mark.parametrize("layers, inputs, tops", [
+    # DeepLab's DenseCRF (its region from the size bottom), the steganalysis forks' DCT and rounding
+    (['layer { name: "c" type: "DenseCRF" bottom: "s" bottom: "d" bottom: "i" top: "o" dense_crf_param { '
+      'max_iter: 2 pos_w: 3 pos_xy_std: 3 bi_w: 4 bi_xy_std: 5 bi_rgb_std: 0.2 } }'],
+     {"s": (2, 3, 4, 5), "d": (2, 2), "i": (2, 3, 4, 5)}, ["o"]),
+    (['layer { name: "b" type: "BdctToSpatial" bottom: "x" top: "s" }',
+      'layer { name: "q" type: "QuantTruncAbs" bottom: "s" top: "s" quant_trunc_abs_param { threshold: 2 } }',
+      'layer { name: "w" type: "SpatialWta" bottom: "s" top: "w" top: "m" spatial_wta_param { kernel_size: 3 stride: 2 } }'],
+     {"x": (2, 64, 2, 3)}, ["w", "m"]),
+    # the MPI forks' warping and LSTM (uniform markers: every state kept)
+    (['layer { name: "w" type: "Warping" bottom: "i" bottom: "f" top: "w" }',
+      'layer { name: "l" type: "SLLSTM" bottom: "x" bottom: "c" top: "h" recurrent_param { num_output: 3 } }'],
+     {"i": (2, 3, 4, 5), "f": (2, 2, 4, 5), "x": (3, 2, 4), "c": (3, 2)}, ["w", "h"]),
+])
+def test_round_44_layers_stay_on_the_blobs_device(layers, inputs, tops):
+    test_round_40_layers_stay_on_the_blobs_device(layers, inputs, tops)
+
+
 def test_act_tubes_stay_on_the_blobs_device():
     from test_layers_act_detection_output import act_net, inputs
     loc, conf, prior = inputs(2, 6, 3, 1, 2, seed=4)
