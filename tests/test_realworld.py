@@ -151,6 +151,9 @@ RUNNABLE = {
     "torrvision__crfasrnn__python-scripts__TVG_CRFRNN_new_deploy.prototxt": {"data": (1, 3, 64, 48)},
     # ContinuousCRF-CNN: ResNet-50 depth maps refined by its continuous CRF (under the MultiStageMeanfield name)
     "danxuhk__ContinuousCRF-CNN__examples__CCRF-CNN__nyu2_deploy_ResNet50_CCRF.prototxt": {"data": (1, 3, 64, 48)},
+    # J-XuNet (JPEG steganalysis): the DCT coefficients to pixels, |x| truncated, BNConv / ReLURecover blocks
+    "GuanshuoXu__caffe_deep_learning_for_steganalysis__examples__jpeg_steganalysis__QF75_04__CNN_test.prototxt":
+        {"data": (1, 64, 64, 64)},
     # the original DQN (2014, V1 file): Q values of (N, 18) times a (N, 18, 1, 1) filter, as 4-axis blobs
     "muupan__dqn-in-the-caffe__dqn.prototxt": None,
 }
