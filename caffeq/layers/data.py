@@ -148,9 +148,7 @@ class Data(DataLayer):
                 raise LayerError(f"data_param.batch_size {p.batch_size} must be divisible by batch_videos "
                                  f"{p.batch_videos}")
         return {"source": p.source, "batch_size": int(p.batch_size), "backend": backend, "lisa_clips": lisa,
-                "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else "",
-                # CamlinZ/face_alignment's ImageData resizes to new_height x new_width only when shuffling
-                "own_size_unshuffled": p.HasField("rate_height") or p.HasField("rate_width")}
+                "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
 
     def _clip_top_shapes(self, attrs, given):
         """LRCN's lisa-caffe-public Data: the label, clip markers and loss weights are (batch_size, 1, 1, 1)."""
