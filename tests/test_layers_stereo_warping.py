@@ -86,5 +86,8 @@ def test_warping_checks_its_bottoms():
         load_from_text(net('layer { name: "b" type: "Warping" bottom: "im" bottom: "u" bottom: "v" top: "o" }',
                            inputs={"im": (1, 3, 4, 5), "u": (1, 1, 4, 5), "v": (1, 1, 4, 6)}))
     with pytest.raises(LayerError, match=r"Warping takes 3 bottoms"):
+        load_from_text(net('layer { name: "b" type: "Warping" bottom: "im" top: "o" }', inputs={"im": (1, 3, 4, 5)}))
+    # two bottoms are lxx1991/caffe_mpi's Warping (image, 2-channel flow; mpi_forks.py)
+    with pytest.raises(LayerError, match=r"Warping \(lxx1991's\) takes an image .* and a flow \(N, 2, H, W\)"):
         load_from_text(net('layer { name: "b" type: "Warping" bottom: "im" bottom: "u" top: "o" }',
                            inputs={"im": (1, 3, 4, 5), "u": (1, 1, 4, 5)}))
