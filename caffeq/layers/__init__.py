@@ -30,6 +30,7 @@ from . import (  # noqa: F401,E402
     denseblock,
     densereg,
     detectnet,
+    devise,
     dsc,
     dsclrcn,
     edge_flow_crf_forks,
