@@ -70,6 +70,7 @@ from . import (  # noqa: F401,E402
     optical_flow,
     orn,
     parsenet,
+    pdc,
     periodic_shuffle,
     picanet,
     pixelnet,
