@@ -17,6 +17,9 @@ TRAINING_ONLY_TYPES = frozenset({
     # wy1iu/sphereface-plus's inter-class separability loss (InterClassLayer, a LossLayer over the
     # classifier weight it shares, and the labels)
     "InterClass",
+    # JiajianZeng/ContextWithStructure: a landmark error metric, and the partial derivatives of feature maps
+    # around the landmarks that only its PerceptualLoss reads
+    "FacialLandmarkPerformance", "PatchSemantic",
 })
 
 

@@ -52,6 +52,7 @@ from . import (  # noqa: F401,E402
     im2col,
     iresnet,
     landmark_crops,
+    landmark_structure,
     learnable_dilation,
     local_conv,
     losses,
