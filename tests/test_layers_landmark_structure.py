@@ -43,4 +43,4 @@ def test_the_training_only_layers_are_dropped_at_inference():
     assert [n.type for n in model.graph.nodes if n.type != "Input"] == ["InnerProduct", "Eltwise"]
     assert any("FacialLandmarkPerformance" in w and "PatchSemantic" in w for w in model.warnings)
     out = model.run({k: rng(1).standard_normal(s).astype(F32) for k, s in shapes.items()})
-    assert set(out) == {"residuals"}
+    assert "residuals" in out and not {"average_error", "false_rate", "partial_derivatives", "loss"} & set(out)
