@@ -32,8 +32,8 @@ when no weights are loaded (CommonUtils::read_into_the_diagonal; fewer than C va
 "malformed string" error), the compatibility blob starting at -identity (Potts); force_cpu only picks
 the CPU lattice.  The blobs stay three (1, 1, C, C).
 
-ONNX (opset 16 and later): the lattice is built in the graph from the image with Unique and
-ScatterElements(add); see onnx_lattice below.
+ONNX (opset 16 and later): the bilateral lattice is built in the graph from the image with Unique and
+ScatterElements(add) (permutohedral_onnx.py); the spatial one, which the shapes alone decide, is a constant.
 """
 import numpy as np
 import torch
