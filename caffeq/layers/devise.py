@@ -10,7 +10,7 @@ similarity_layer.cpp; the CPU and GPU forwards are the same gemms).
 """
 import math
 
-from .registry import Layer, LayerError, canonical_axis, need_blobs, register_layer
+from .registry import Layer, LayerError, canonical_axis, need_blobs, positive_field, register_layer
 
 
 @register_layer("LinearTransform")
@@ -21,9 +21,7 @@ class LinearTransform(Layer):
     def parse(self, lp):
         need_blobs(lp, "LinearTransform", 1, 1)
         p = lp.linear_transform_param
-        if p.num_output < 1:
-            raise LayerError(f"linear_transform_param.num_output must be >= 1, got {p.num_output}")
-        return {"num_output": int(p.num_output), "axis": int(p.axis)}
+        return {"num_output": positive_field(p.num_output, "linear_transform_param.num_output"), "axis": int(p.axis)}
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])

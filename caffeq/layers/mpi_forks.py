@@ -35,7 +35,7 @@ import torch
 
 from .conv import Convolution, InnerProduct
 from .optical_flow import pixels_at
-from .registry import AT_LEAST, Layer, LayerError, claim_layers, need_blobs, register_layer
+from .registry import AT_LEAST, Layer, LayerError, claim_layers, need_blobs, positive_field, register_layer
 from .segmentation import BN, TSN
 from .ssd.common import scalar_tensor
 from .warp_onnx import OnnxImageSampler
@@ -206,10 +206,8 @@ class SLLSTM(Layer):
         need_blobs(lp, "SLLSTM", (1, 2, 3), 1, "x, markers")
         if len(lp.bottom) == 3:
             raise LayerError("SLLSTM with a static input (its third bottom) is not read")
-        hidden = int(lp.recurrent_param.num_output)
-        if hidden < 1:
-            raise LayerError(f"recurrent_param.num_output must be >= 1, got {hidden}")
-        return {"hidden": hidden, "marked": len(lp.bottom) == 2}
+        return {"hidden": positive_field(lp.recurrent_param.num_output, "recurrent_param.num_output"),
+                "marked": len(lp.bottom) == 2}
 
     def infer(self, attrs, in_shapes):
         x = tuple(in_shapes[0])

@@ -20,7 +20,7 @@ import math
 import numpy as np
 import torch
 
-from .registry import Layer, LayerError, need_blobs, register_layer
+from .registry import Layer, LayerError, need_blobs, positive_field, register_layer
 
 CROP, AFFINE = 0, 1
 
@@ -133,9 +133,8 @@ class LocalFullyConnected(Layer):
     def parse(self, lp):
         need_blobs(lp, "LocalFullyConnected", 1, 1)
         p = lp.inner_product_param
-        if p.num_output < 1:
-            raise LayerError(f"inner_product_param.num_output must be >= 1, got {p.num_output}")
-        return {"num_output": int(p.num_output), "bias_term": bool(p.bias_term)}
+        return {"num_output": positive_field(p.num_output, "inner_product_param.num_output"),
+                "bias_term": bool(p.bias_term)}
 
     def blob_names_for(self, attrs):
         return ("weight", "bias") if attrs["bias_term"] else ("weight",)
