@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..errors import ExportError
-from .permutohedral import as_short, lattice_lookup, lattice_vertex_ids, permutohedral_filter, permutohedral_lattice
+from .permutohedral import LATTICE_HELPERS, permutohedral_filter, permutohedral_lattice, pixel_xy
 from .permutohedral_onnx import OnnxLattice
 from .registry import Layer, LayerError, need_blobs, register_layer
 
@@ -52,8 +52,7 @@ def crf_rnn_meanfield(first, second, guide, spatial_weight, bilateral_weight, co
     the top takes the first bottom's dtype."""
     n, c, h, w = first.shape
     f32, dev = torch.float32, first.device
-    pixel = torch.arange(h * w, device=dev)
-    xy = torch.stack([pixel % w, torch.div(pixel, w, rounding_mode="floor")], 1).to(f32)
+    xy = pixel_xy(h, w, dev)
     ones = torch.ones(1, h * w, dtype=f32, device=dev)
 
     def theta(value):
@@ -184,8 +183,7 @@ class MultiStageMeanfield(Layer):
         self.refuse_if_cannot_run(node.name, a, shapes, ExportError)
         (n, c, h, w), k = shapes[0], self.guide_channels or shapes[2][1]
         p, f32 = h * w, np.float32
-        pixel = np.arange(p)
-        xy = np.stack([pixel % w, pixel // w], 1).astype(f32)
+        xy = pixel_xy(h, w, "cpu").numpy()
         with torch.no_grad():
             spatial = permutohedral_lattice(torch.from_numpy(xy / f32(a["theta_gamma"])))
             spatial_norm = 1 / (permutohedral_filter(torch.ones(1, p), *spatial) + 1e-20)
@@ -239,7 +237,7 @@ class MultiStageMeanfield(Layer):
         for i, name in enumerate(names):
             emit.init(f"{m}['{name}'] = torch.nn.Parameter(torch.zeros(1, 1, {c}, {c}))")
             emit.param(name, i)
-        for helper in (as_short, lattice_vertex_ids, lattice_lookup, permutohedral_lattice, permutohedral_filter):
+        for helper in LATTICE_HELPERS:
             emit.helper(helper)
         fn = emit.helper(crf_rnn_meanfield)
         guide = emit.inputs[2] + (f"[:, :{self.guide_channels}]" if self.guide_channels else "")

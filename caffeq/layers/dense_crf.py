@@ -26,7 +26,7 @@ import torch
 
 from ..errors import ExportError
 from .norm import onnx_reduce
-from .permutohedral import as_short, lattice_lookup, lattice_vertex_ids, permutohedral_filter, permutohedral_lattice
+from .permutohedral import LATTICE_HELPERS, permutohedral_filter, permutohedral_lattice, pixel_xy
 from .permutohedral_onnx import OnnxLattice
 from .registry import Layer, LayerError, need_blobs, register_layer
 from .ssd.common import scalar_tensor
@@ -112,8 +112,7 @@ def deeplab_dense_crf(scores, sizes, image, iterations: int, spatial: list[tuple
                 continue
         else:
             h, w = hp, wp
-        pixel = torch.arange(h * w, device=dev)
-        xy = torch.stack([pixel % w, torch.div(pixel, w, rounding_mode="floor")], 1).to(f32)
+        xy = pixel_xy(h, w, dev)
         colours = image[0, :3, :h, :w].reshape(3, -1).t().to(f32)
         ones = torch.ones(1, h * w, dtype=f32, device=dev)
         terms = []
@@ -271,8 +270,7 @@ class DenseCRF(Layer):
     def pytorch_source(self, node, emit):
         self.refuse_if_cannot_run(node.name, node.attrs, [emit.in_shape(i) for i in range(len(node.inputs))],
                                   ExportError)
-        for helper in (as_short, lattice_vertex_ids, lattice_lookup, permutohedral_lattice, permutohedral_filter,
-                       densecrf_fast_exp, densecrf_softmax):
+        for helper in LATTICE_HELPERS + (densecrf_fast_exp, densecrf_softmax):
             emit.helper(helper)
         fn = emit.helper(deeplab_dense_crf)
         args = ", ".join(emit.lit(v) for v in self._call_args(node.attrs))

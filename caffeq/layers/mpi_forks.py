@@ -140,8 +140,7 @@ class ClampedWarping(Layer):
         s = OnnxImageSampler(ctx, node.name, image)
         op, f32 = s.op, s.f32
         h, w = s.h, s.w
-        gy, gx = np.meshgrid(np.arange(h, dtype=np.float32), np.arange(w, dtype=np.float32), indexing="ij")
-        gx, gy = ctx.const(gx.reshape(1, 1, h, w)), ctx.const(gy.reshape(1, 1, h, w))
+        gx, gy = s.pixel_grid()
         dx, dy = s.channel(flow, 0, "dx"), s.channel(flow, 1, "dy")
 
         def floor_of(g, d, hint):

@@ -71,6 +71,12 @@ def as_short(keys):
     return keys
 
 
+def pixel_xy(h: int, w: int, device):
+    """(H W, 2) float32: each pixel's (x, y) = (p mod W, p div W), row by row, as the CRF layers feed them."""
+    pixel = torch.arange(h * w, device=device)
+    return torch.stack([pixel % w, torch.div(pixel, w, rounding_mode="floor")], 1).to(torch.float32)
+
+
 def permutohedral_lattice(features):
     """The lattice of (P, d) float32 features: (slots (P, d + 1) int64, the vertex rows 1..M of the
     point's vertices; weights (P, d + 1) float32, their barycentric weights; neighbours (d + 1, 2, M)
@@ -146,3 +152,7 @@ def permutohedral_filter(values, slots, weights, neighbours, sse_only: bool = Fa
         picked = grid.index_select(0, slots[:, j])
         out = out + ((w * picked) * alpha if c <= 2 and not sse_only else (w * alpha) * picked)
     return out.t()
+
+
+#: the functions model.py copies for a layer that filters through lattices (emit.helper each, in order)
+LATTICE_HELPERS = (as_short, lattice_vertex_ids, lattice_lookup, pixel_xy, permutohedral_lattice, permutohedral_filter)

@@ -17,12 +17,17 @@ class OnnxImageSampler:
         """Channel k of an (N, 2, H, W) flow or coordinate map, as (N, 1, H, W)."""
         return self.op("Slice", [t, self.i64([k]), self.i64([k + 1]), self.i64([1])], hint, **kw)
 
-    def plus_pixel_grid(self, x, y):
-        """(x + column, y + row): a flow's displacement turned into coordinates."""
+    def pixel_grid(self):
+        """(column, row) maps of (1, 1, H, W) as float32 constants."""
         h, w = self.h, self.w
         gy, gx = np.meshgrid(np.arange(h, dtype=np.float32), np.arange(w, dtype=np.float32), indexing="ij")
-        return (self.op("Add", [self.ctx.const(gx.reshape(1, 1, h, w), self.name + "_gx"), x], "px"),
-                self.op("Add", [self.ctx.const(gy.reshape(1, 1, h, w), self.name + "_gy"), y], "py"))
+        return (self.ctx.const(gx.reshape(1, 1, h, w), self.name + "_gx"),
+                self.ctx.const(gy.reshape(1, 1, h, w), self.name + "_gy"))
+
+    def plus_pixel_grid(self, x, y):
+        """(x + column, y + row): a flow's displacement turned into coordinates."""
+        gx, gy = self.pixel_grid()
+        return self.op("Add", [gx, x], "px"), self.op("Add", [gy, y], "py")
 
     def pixels(self, row, col, hint, size=None):
         """The image at integer-valued float (row, col) maps of (N, 1, h, w), inside the image; size: the
