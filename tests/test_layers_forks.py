@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import FIXTURES, Case, assert_close, check_everywhere, fast_rcnn_bins, net, onnx_outputs, rng
+from conftest import FIXTURES, Case, assert_close, check_everywhere, fast_rcnn_bins, net, node_of, onnx_outputs, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.layers import LayerError
@@ -820,3 +820,15 @@ def test_onnx_psroi_pooling_is_refused(tmp_path):
                                    kind="PSROIPooling", field="psroi_pooling_param"))
     with pytest.raises(ExportError, match="PSROIPooling"):
         model.export_onnx(str(tmp_path / "m.onnx"), optimize=False)
+
+
+def test_jolibrains_sparse_inner_product_is_the_dense_inner_product(tmp_path):
+    """sparse_inner_product_layer.cpp: x (M x K) times the (num_output, K) weights, plus the bias; its dense
+    fallback is InnerProduct's forward, and the CSR path computes the same product."""
+    x = rng(21).standard_normal((3, 7)).astype(np.float32)
+    x[x < 0.5] = 0      # as sparse as a SparseData batch
+    model = load_from_text(net('layer { name: "fc" type: "SparseInnerProduct" bottom: "x" top: "y" '
+                               'inner_product_param { num_output: 4 } }', inputs={"x": x.shape}), random_weights=True)
+    w, b = (np.asarray(v, np.float64) for v in node_of(model, "fc").blobs)
+    assert w.shape == (4, 7)
+    check_everywhere(model, {"x": x}, {"y": x @ w.T + b}, tmp_path, atol=1e-5, rtol=1e-5)

@@ -7,7 +7,7 @@ in float64; each layer runs in torch, onnxruntime and the generated model.py.
 """
 import numpy as np
 import pytest
-from conftest import assert_close, model_py_outputs, net, onnx_outputs, rng
+from conftest import assert_close, model_py_outputs, net, node_of, onnx_outputs, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -234,3 +234,32 @@ def test_happynear_gram_matrix_of_each_item(shape, tmp_path):
     x = rng(5).standard_normal(shape).astype(np.float32)
     assert model.blob_shapes["y"] == (shape[0], shape[1], shape[1], 1)
     check_backends(model, {"x": x}, tmp_path, {"y": gram_ref(x)})
+
+
+@pytest.mark.parametrize("bounds, bias", [("min_value: 0.5", False), ("max_value: 0.25", True),
+                                          ("min_value: -0.5 max_value: 0.75", False)])
+def test_scale_clamps_its_blob_to_min_and_max_value(bounds, bias, tmp_path):
+    """scale_layer.cpp: each forward first clamps scale_data to [min_value, max_value] (NormFace's
+    learned cosine scale keeps min_value 0.01); the bias is not clamped."""
+    x = rng(11).standard_normal((2, 4, 3, 5)).astype(np.float32)
+    text = (f'layer {{ name: "s" type: "Scale" bottom: "x" top: "y" scale_param {{ {bounds} '
+            f'bias_term: {str(bias).lower()} }} }}')
+    model = load_from_text(net(text, inputs={"x": x.shape}), random_weights=True)
+    node = node_of(model, "s")
+    r = rng(12)
+    blobs = [r.uniform(-1, 1, (4,)).astype(np.float32)] + ([r.standard_normal(4).astype(np.float32)] if bias else [])
+    node.blobs = blobs
+    lo = float(bounds.split("min_value: ")[1].split()[0]) if "min_value" in bounds else -np.inf
+    hi = float(bounds.split("max_value: ")[1].split()[0]) if "max_value" in bounds else np.inf
+    s = np.minimum(np.maximum(blobs[0], np.float32(lo)), np.float32(hi))
+    ref = x * s[None, :, None, None] + (blobs[1][None, :, None, None] if bias else 0)
+    assert not np.allclose(s, blobs[0])     # the bounds bite
+    check_backends(model, {"x": x}, tmp_path, {"y": ref})
+
+
+def test_scale_clamps_a_second_bottom(tmp_path):
+    r = rng(13)
+    x, f = r.standard_normal((2, 3, 4)).astype(np.float32), r.uniform(-1, 1, (2, 3)).astype(np.float32)
+    model = load_from_text(net('layer { name: "s" type: "Scale" bottom: "x" bottom: "f" top: "y" '
+                               'scale_param { axis: 0 max_value: 0.1 } }', inputs={"x": x.shape, "f": f.shape}))
+    check_backends(model, {"x": x, "f": f}, tmp_path, {"y": x * np.minimum(f, np.float32(0.1))[..., None]})

@@ -22,9 +22,7 @@ FILES = sorted(p.name for p in REALWORLD.glob("*.prototxt"))
 KNOWN_REFUSALS = {
     # snippets: a bottom that no layer makes (a placeholder for the reader's own net)
     "happynear__AMSoftmax__prototxt__GNAP.prototxt": "bottom 'res4_3' is not produced by any earlier layer",
-    "happynear__NormFace__prototxt__scaled_cosine_softmax.prototxt": "unknown field 'min_value'",
-    # jolibrain's sparse-input InnerProduct has no spec
-    "jolibrain__caffe__examples__sparse_classification__train_val.prototxt": "unsupported layer types: SparseInnerProduct",
+    "happynear__NormFace__prototxt__scaled_cosine_softmax.prototxt": "bottom 'last_ip_layer' is not produced by any earlier layer",
     # the styletransfer fork's own schema: string pooling methods, input_blob
     "shenfalong__styletransfer__matlab__prototxt__deploy_resnet_101_16x_v0.prototxt": "has no value named \"max\"",
     "shenfalong__styletransfer__python__prototxt__16__predict.prototxt": "unknown field 'input_blob'",

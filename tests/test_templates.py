@@ -71,6 +71,17 @@ def test_hash_placeholders_fill_as_values_and_stay_comments_elsewhere(tmp_path):
         load(_write(tmp_path, "h.prototxt", text), defines=VALUES)
 
 
+def test_flownet2_dollar_enclosed_placeholders(tmp_path):
+    # FlowNet 2.0's deploy templates (and flownet-tools' copies): `dim: $TARGET_HEIGHT$`; its run script
+    # substitutes the whole $NAME$, both dollars
+    text = TEMPLATE.replace("dim: $SIZE", "dim: $SIZE$").replace("${NUM_LABELS}", "$NUM_LABELS$")
+    model = load(_write(tmp_path, "f.prototxt", text), defines=VALUES, random_weights=True)
+    assert model.inputs == {"data": (2, 3, 7, 9)} and model.blob_shapes["fc8"] == (2, 5, 7, 9)
+    with pytest.raises(ParseError, match=r"f.prototxt:3: \$SIZE\$ \(layer 'input', "
+                                         r"input_param.shape\[0\].dim\[2\]\) is a template placeholder"):
+        load(_write(tmp_path, "f.prototxt", text), defines={"NUM_LABELS": 5, "SCALE": 1})
+
+
 @pytest.mark.parametrize("missing, where", [
     ("NUM_LABELS", r"t.prototxt:6: \$\{NUM_LABELS\} \(layer 'fc8_\$\{EXP\}', convolution_param.num_output\)"),
     ("SIZE", r"t.prototxt:3: \$SIZE \(layer 'input', input_param.shape\[0\].dim\[2\]\)"),   # the header, upgraded

@@ -1,7 +1,8 @@
 """Template placeholders in a prototxt (DeepLab's `num_output: ${NUM_LABELS}`, PWC-Net's
 `crop_width: $TARGET_WIDTH`): values that a run script substitutes before Caffe reads the file.
 
-A placeholder is written as a field's value (outside quotes and comments): `$NAME`, `${NAME}`, Collective
+A placeholder is written as a field's value (outside quotes and comments): `$NAME`, `${NAME}`, FlowNet 2.0's
+`$NAME$` (`dim: $TARGET_HEIGHT$`), Collective
 Knowledge's `$#NAME#$` (dividiti/ck-caffe's packages), `##NAME##` (cvjena/part_constellation_models), Python's
 format field `{NAME}` (`input_dim:{height}`), Jinja's `{{ NAME }}`, `<NAME>` (`num_output: <num_classes>`), CMake's `@NAME@`, or a bare word where a number goes (MobileNet-SSD's
 templates: `num_output: cls3x`, which its gen_model.sh replaces by 3 x the class count).  A number's
@@ -26,10 +27,11 @@ from ..errors import ParseError
 
 # `field: $NAME`, `field: ${NAME}` or `field: {NAME}` where a value goes (after a colon; elsewhere it
 # would be a syntax error anyway, and a message value `{ name: ...}` never closes right after one word)
-# ${NAME}, $NAME, Jinja's {{ NAME }}: placeholders wherever they stand, quoted strings included
+# ${NAME}, $NAME, FlowNet 2.0's $NAME$ (its deploy templates), Jinja's {{ NAME }}: placeholders wherever
+# they stand, quoted strings included
 # <NAME> (zhengshou/AutoLoc's .tpl files; in text format `field: <` opens a message, which one bare
 # word never completes) and CMake's configure_file @NAME@ (aleneum/temporal-segment-networks' .in files)
-_NAMED = (r"\$\{(?P<braced>\w+)\}|\$(?P<bare>[A-Za-z_]\w*)|\{\{[ \t]*(?P<jinja>[A-Za-z_]\w*)[ \t]*\}\}"
+_NAMED = (r"\$\{(?P<braced>\w+)\}|\$(?P<dollars>[A-Za-z_]\w*)\$|\$(?P<bare>[A-Za-z_]\w*)|\{\{[ \t]*(?P<jinja>[A-Za-z_]\w*)[ \t]*\}\}"
           r"|<(?P<angle>[A-Za-z_]\w*)>|@(?P<at>[A-Za-z_]\w*)@")
 # dividiti/ck-caffe's Collective Knowledge packages write $#NAME#$, cvjena/part_constellation_models'
 # templates `num_output: ##NUM_CLASSES##` (a value only: elsewhere '#' opens a comment); read as ${NAME}
@@ -151,7 +153,7 @@ def fill_placeholders(text, defines, path, notes):
 def _name(match):
     """The placeholder's NAME, whichever way it is written."""
     groups = match.groupdict()
-    return next(groups[k] for k in ("braced", "bare", "jinja", "angle", "at", "format") if groups.get(k))
+    return next(groups[k] for k in ("braced", "dollars", "bare", "jinja", "angle", "at", "format") if groups.get(k))
 
 
 def _with_strings(spans, comment, length):

@@ -519,7 +519,10 @@ class TransformedInnerProduct(TransformedWeights):
         return InnerProduct.pytorch_source(self, node, emit)
 
 
-@register_layer("InnerProduct")
+# jolibrain/caffe's SparseInnerProduct (23928c0, sparse_inner_product_layer.cpp) multiplies a CSR batch from
+# SparseData by the same (num_output, K) weights and falls back to this dense forward for a dense bottom;
+# caffeq's SparseData input is dense
+@register_layer("InnerProduct", "SparseInnerProduct")
 class InnerProduct(Layer):
     blob_names = ("weight", "bias")
     weight_axes = {0: lambda attrs: 1 if attrs["transpose"] else 0}

@@ -6,6 +6,10 @@ the axes before and after.  It is either a learned blob (shape from axis and
 num_axes, num_axes -1 meaning "to the end") or a second bottom (its own shape
 gives k).  A 0-axis factor is a scalar.  Scale with bias_term holds its bias
 as the last blob: [scale, bias] with one bottom, [bias] with two.
+
+happynear/caffe-windows (967eedf, scale_layer.cpp/.cu; NormFace's scaled cosine softmax) adds
+scale_param min_value / max_value: each forward first clamps the factor (blob or bottom[1]) to them,
+in place.  caffeq clamps the factor it multiplies by; a later reader of that bottom[1] sees it unclamped.
 """
 
 import numpy as np
@@ -24,14 +28,18 @@ class CaffeScale(nn.Module):
     """Caffe's Scale layer, x * weight (+ bias), and its Bias layer, x + bias (scale=False); the
     blobs are viewed as `view` so that they line up with x from Caffe's `axis` (trailing axes of 1)."""
 
-    def __init__(self, shape, view, bias=True, scale=True):
+    def __init__(self, shape, view, bias=True, scale=True, clamp=(None, None)):
         super().__init__()
         self.view = view
+        self.clamp = clamp
         self.weight = nn.Parameter(torch.ones(shape)) if scale else None
         self.bias = nn.Parameter(torch.zeros(shape)) if bias else None
 
     def forward(self, x):
-        y = x * self.weight.reshape(self.view) if self.weight is not None else x
+        weight = self.weight
+        if weight is not None and self.clamp != (None, None):
+            weight = weight.clamp(*self.clamp)
+        y = x * weight.reshape(self.view) if weight is not None else x
         if self.bias is not None:
             y = y + self.bias.reshape(self.view)
         return y
@@ -246,6 +254,8 @@ class Scale(Layer):
         p = lp.scale_param
         return {"axis": int(p.axis), "num_axes": int(p.num_axes), "bias_term": bool(p.bias_term),
                 "two_bottoms": len(lp.bottom) == 2,
+                "clamp": (float(p.min_value) if p.HasField("min_value") else None,
+                          float(p.max_value) if p.HasField("max_value") else None),
                 "filler": _constant_filler(p.filler, 1.0) if p.HasField("filler") else 1.0,
                 "bias_filler": _constant_filler(p.bias_filler, 0.0)}
 
@@ -284,6 +294,8 @@ class Scale(Layer):
             s, bias = rest[0], (params[0] if attrs["bias_term"] else None)
         else:
             s, bias = params[0], (params[1] if attrs["bias_term"] else None)
+        if attrs["clamp"] != (None, None):
+            s = s.clamp(*attrs["clamp"])
         y = x * _expand(s, x.dim(), attrs["_axis"])
         if bias is not None:
             y = y + _expand(bias, x.dim(), attrs["_bias_axis"])
@@ -301,6 +313,11 @@ class Scale(Layer):
             s = ctx.weight(node, 0)
             s_ndim = len(node.expected_param_shapes[0])
             bias_index = 1
+        if a["clamp"] != (None, None):
+            clamped = ctx.tmp(node.name + "_clamped")
+            bounds = ["" if v is None else ctx.const(np.array(v, np.float32)) for v in a["clamp"]]
+            ctx.add_node("Clip", [s] + bounds, [clamped])
+            s = clamped
         s = _onnx_expand(ctx, node, s, s_ndim, x_ndim, a["_axis"], "scale")
         if not a["bias_term"]:
             ctx.add_node("Mul", [x, s], [node.outputs[0]], name=node.name)
@@ -317,6 +334,8 @@ class Scale(Layer):
         ndim = len(emit.in_shape(0))
         if a["two_bottoms"]:
             s = emit.inputs[1]
+            if a["clamp"] != (None, None):
+                s = f"{s}.clamp({emit.lit(a['clamp'][0])}, {emit.lit(a['clamp'][1])})"
             y = f"{x} * {_torch_bottom_view(s, len(emit.in_shape(1)), ndim, a['_axis'])}"
             if not a["bias_term"]:
                 return y
@@ -327,6 +346,8 @@ class Scale(Layer):
             return f"{m}({y})"
         shape = node.expected_param_shapes[0]
         bias = "" if a["bias_term"] else ", bias=False"
+        if a["clamp"] != (None, None):
+            bias += f", clamp=({emit.lit(a['clamp'][0])}, {emit.lit(a['clamp'][1])})"
         m = emit.module(f"{emit.helper(CaffeScale)}({list(shape)}, {_torch_view(shape, ndim, a['_axis'])}{bias})")
         emit.param("weight", 0)
         if a["bias_term"]:
