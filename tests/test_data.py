@@ -565,6 +565,23 @@ def test_caffe_multilabel_txt_label_size_shapes_a_4_axis_label(tmp_path):
         load_from_text(text.replace("label_size: 2", "label_size: 0"))
 
 
+def test_yuqj1991s_identity_batches_shape_three_tops(tmp_path):
+    # yuqj1991/caffe_train image_data_layer.cpp: CHECK_EQ(label_num * sample_num, batch_size); top[1] is
+    # (label_num,), top[2] (batch_size,); its source lists identity folders, which eval does not read
+    from caffeq.data.plan import data_layer, plan_data
+    from caffeq.model import load_from_text
+    text = ('layer { name: "data" type: "ImageData" top: "data" top: "label" top: "labelIndex" '
+            'image_data_param { source: "labelmap.txt" batch_size: 6 new_height: 7 new_width: 5 sample_num: 3 '
+            'label_num: 2 probability: 0.5 min_aspect_ratio: 0.3 max_aspect_ratio: 0.7 lower: 0.2 higher: 0.9 } }')
+    shapes = load_from_text(text).blob_shapes
+    assert (shapes["data"], shapes["label"], shapes["labelIndex"]) == ((6, 3, 7, 5), (2,), (6,))
+    (tmp_path / "labelmap.txt").write_text("person0001 0\n")
+    with pytest.raises(DataError, match=r"label_num / sample_num make its source a list of identity folders"):
+        plan_data(data_layer(load_from_text(text)), {}, str(tmp_path), data=str(tmp_path / "labelmap.txt"))
+    with pytest.raises(CaffeqError, match=r"label_num x sample_num \(2 x 4\) must equal batch_size \(6\)"):
+        load_from_text(text.replace("sample_num: 3", "sample_num: 4"))
+
+
 def test_a_data_layer_with_input_param_and_no_data_param_reads_as_an_input():
     # dgschwend/zynqnet's nets type their input layer "Data" but give input_param (OpenCV's importer
     # reads a Data layer as an input too): its shape, with a note; a real Data layer keeps its checks

@@ -276,6 +276,61 @@ def test_faceboxes_deploy_reads():
     assert model.blob_shapes["mbox_priorbox"] == (1, 2, 25600)
 
 
+def ref_sstd_priors(min_sizes, max_sizes, ratios, flip, lh, lw, ih, iw, step, offset, variance):
+    """BestSonny/SSTD prior_box_layer.cpp Forward_cpu: float min_size, int max_size, ratios deduplicated
+    against the listed ones, each box s * ar wide, then (flip) s * ar high; float centres, double corners."""
+    f = np.float32
+    listed = [f(1)]
+    for ar in ratios:
+        if all(abs(f(ar) - r) >= 1e-6 for r in listed):
+            listed.append(f(ar))
+    coords = []
+    for h in range(lh):
+        for w in range(lw):
+            cx, cy = f((w + f(offset)) * f(step)), f((h + f(offset)) * f(step))
+            for k, mn in enumerate(min_sizes):
+                mn = f(mn)
+                boxes = [(mn, mn)]
+                if max_sizes:
+                    side = f(np.sqrt(f(mn * f(int(max_sizes[k])))))
+                    boxes.append((side, side))
+                boxes += [(f(mn * ar), mn) for ar in listed if abs(ar - 1) >= 1e-6]
+                if flip:
+                    boxes += [(mn, f(mn * ar)) for ar in listed if abs(ar - 1) >= 1e-6]
+                x, y = float(cx), float(cy)      # the corners in double
+                for bw, bh in boxes:
+                    bw, bh = float(bw), float(bh)
+                    coords += [(x - bw / 2.0) / iw, (y - bh / 2.0) / ih, (x + bw / 2.0) / iw, (y + bh / 2.0) / ih]
+    coords = np.array(coords, np.float64).astype(np.float32)
+    var = np.tile(np.array(variance, np.float32), len(coords) // len(variance))
+    return np.stack([coords, var]).reshape(1, 2, -1)
+
+
+@pytest.mark.parametrize("max_size", ["", " max_size: 30 max_size: 44.5"])
+def test_sstd_priors_match_the_fork(max_size, tmp_path):
+    # SSTD's text nets list 0.5 and 2 (and 3, 4, ...) with flip: 1 + 2 x 3 boxes per min_size where SSD's
+    # deduplication gives 1 + 4; only SSTD's count fits the predictions
+    img, (lh, lw) = (64, 48), (5, 4)
+    sizes = "min_size: 7.68 min_size: 17.92" + max_size
+    per_cell = 2 * 7 + (2 if max_size else 0)
+    text = net(f'layer {{ name: "p" type: "PriorBox" bottom: "f" bottom: "img" top: "p" prior_box_param {{ {sizes} '
+               'aspect_ratio: 0.5 aspect_ratio: 2.0 aspect_ratio: 3.0 flip: true clip: false variance: 0.1 '
+               'variance: 0.1 variance: 0.2 variance: 0.2 step: 12 offset: 0.5 } }',
+               'layer { name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "p" top: "det" '
+               'detection_output_param { num_classes: 2 nms_param { nms_threshold: 0.3 top_k: 20 } keep_top_k: 10 '
+               'confidence_threshold: 0.5 } }',
+               inputs={"img": (1, 3, *img), "f": (1, 4, lh, lw), "loc": (1, lh * lw * per_cell * 4),
+                       "conf": (1, lh * lw * per_cell * 2)})
+    model = load_from_text(text, outputs=["p", "det"])
+    assert any("PriorBox read as SSTD's" in w for w in model.warnings)
+    r = np.random.default_rng(6)
+    x = {k: r.standard_normal(s).astype(np.float32) for k, s in model.inputs.items()}
+    want = ref_sstd_priors([7.68, 17.92], [30, 44.5] if max_size else [], [0.5, 2.0, 3.0], True, lh, lw, *img, 12,
+                           0.5, [0.1, 0.1, 0.2, 0.2])
+    for backend, got in backends(model, x, tmp_path, ("p",)).items():
+        np.testing.assert_array_equal(got["p"], want, err_msg=backend)
+
+
 # ---- LargeMarginInnerProduct ------------------------------------------------------------------------
 
 def lm_net(param, tops=("o", "lam")):

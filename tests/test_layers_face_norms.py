@@ -144,3 +144,17 @@ def test_triplet_norm2_refuses_a_map_it_cannot_assign():
              'python_param { module: "norm2layer" layer: "Norm2Layer" } }')
     with pytest.raises(LayerError, match="into an \\(N, C\\) top"):
         load_from_text(net(layer, inputs={"x": (2, 3, 2, 2)}))
+
+
+@pytest.mark.parametrize("shape", [(3, 7), (2, 3, 4, 5)])
+def test_simple_normalize_scales_each_item_and_gives_a_4_axis_top(shape, tmp_path):
+    """yuqj1991/caffe_train simplenormalize_layer.cpp: x * pow(asum(x^2), -0.5) per item, no epsilon;
+    Reshape(num, channels, height, width)."""
+    x = rng(8).standard_normal(shape).astype(np.float32)
+    model = load_from_text(net('layer { name: "n" type: "SimpleNormalize" bottom: "x" top: "o" }', inputs={"x": shape}))
+    four = tuple(shape) + (1,) * (4 - len(shape))
+    assert model.blob_shapes["o"] == four
+    ref = normalization_ref(x, 0.0).reshape(four)
+    for backend, out in (("torch", model.run({"x": x})), ("onnx", onnx_outputs(model, {"x": x}, tmp_path)),
+                         ("model.py", model_py_outputs(model, {"x": x}, tmp_path))):
+        assert_close(out["o"], ref, 1e-6, 1e-5, f"SimpleNormalize {backend}")

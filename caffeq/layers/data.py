@@ -215,6 +215,9 @@ class ImageData(DataLayer):
         if attrs.get("gps"):
             lines.append("use_gps (hyojinie/crn): each list line gives a latitude and a longitude, tops 2 and 3 "
                          "(batch_size,), in place of a label")
+        elif attrs.get("identities"):
+            lines.append("batches of {} identities x {} images each (yuqj1991/caffe_train): tops data, the "
+                         "identities, each image's identity".format(*attrs["identities"]))
         elif attrs["num_tops"] > 2:
             lines.append("a third top, clip markers (apsvvfb/caffe_qi, LRCN): the batch holds batch_size / 16 "
                          "clips of 16 consecutive frames, interleaved frame by frame; 0 at a clip's first frame, "
@@ -228,6 +231,13 @@ class ImageData(DataLayer):
             raise LayerError("image_data_param.new_dim and new_height/new_width cannot be set together")
         if (p.min_height > 0) != (p.min_width > 0):   # lisa-caffe-public image_data_layer.cpp's CHECK
             raise LayerError("image_data_param.min_height and min_width must be set together")
+        identities = None
+        if p.HasField("label_num") or p.HasField("sample_num"):   # yuqj1991/caffe_train's DataLayerSetUp CHECKs
+            identities = (int(p.label_num), int(p.sample_num))
+            if identities[0] * identities[1] != p.batch_size:
+                raise LayerError(f"image_data_param.label_num x sample_num ({identities[0]} x {identities[1]}) "
+                                 f"must equal batch_size ({p.batch_size})")
+            need_blobs(lp, "ImageData with label_num / sample_num (tops data, label, sample labels)", 0, 3)
         return {"source": p.source, "batch_size": int(p.batch_size), "new_height": int(p.new_height),
                 "new_width": int(p.new_width),
                 "is_color": bool(p.images_in_color if p.HasField("images_in_color") else p.is_color),
@@ -236,6 +246,7 @@ class ImageData(DataLayer):
                 "root_folder": p.root_folder, "shuffle": bool(p.shuffle),
                 "smaller_side": tuple(int(v) for v in p.smaller_side_size),
                 "label_dim": int(p.label_dim) if p.HasField("label_dim") else 0, "gps": bool(p.use_gps),
+                "identities": identities,
                 "label_size": positive_field(p.label_size, "image_data_param.label_size")
                 if p.HasField("label_size") else 0,
                 "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else "",
@@ -246,8 +257,11 @@ class ImageData(DataLayer):
         """The multi-label recipe's label_dim labels a line make the label (N, label_dim);
         imistyrain/caffe-multilabel-txt's label_size labels make it (N, label_size, 1, 1).
         apsvvfb/caffe_qi's (and LRCN's lisa-caffe-public's) ImageData gives a third top, the clip
-        markers of its 16-frame clips, (batch_size,) as its DataLayerSetUp shapes it."""
+        markers of its 16-frame clips, (batch_size,) as its DataLayerSetUp shapes it.  yuqj1991/caffe_train's
+        gives the batch's identities (label_num,), then each image's identity (batch_size,)."""
         shapes = super().top_shapes(attrs, given)
+        if attrs.get("identities") and 1 not in given:
+            shapes[1] = (attrs["identities"][0],)
         if attrs["label_dim"] and len(shapes) > 1 and 1 not in given:
             shapes[1] = (shapes[0][0], attrs["label_dim"])
         if attrs.get("label_size") and len(shapes) > 1 and 1 not in given:

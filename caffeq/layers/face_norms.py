@@ -13,6 +13,9 @@
   the GPU one): each item times pow(sum of its squares [+ 1e-10 for NormalizationL2], -0.5); the top
   keeps the bottom's shape (ReshapeLike).  Without an epsilon an all-zero item divides by zero, as in
   the fork.
+- SimpleNormalize (yuqj1991/caffe_train c724780, simplenormalize_layer.cpp/.cu; its face-recognition and
+  re-ID nets): each item times pow(sum of its squares, -0.5), no epsilon; the top is 4-axis
+  (num, channels, height, width).
 
 - Python:norm2layer.Norm2Layer (the Pinguo triplet-loss code, as JoeFannie/tripletloss 195a6b8
   tripletloss/norm2layer.py carries it; ElaineBao/triplet-loss's nets name it too): top (N, C); each item
@@ -153,6 +156,14 @@ class Normalization(_L2Norm):
 @register_layer("NormalizationL2")
 class NormalizationL2(Normalization):
     eps = 1e-10
+
+
+@register_layer("SimpleNormalize")
+class SimpleNormalize(_L2Norm):
+    fn = staticmethod(item_l2_normalize)
+    eps = 0.0
+    axes = [1, 2, 3]
+    eps_under_root = True
 
 
 

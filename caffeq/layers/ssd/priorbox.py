@@ -25,6 +25,11 @@
   predictions fit only that reading (see fork_priors).
 - lippman1125/faceboxes_lqy's fixed_size / density / fixed_ratio: FaceBoxes anchors on a density grid
   per cell (priorbox_fixed_size.py).
+- BestSonny/SSTD (174d452 prior_box_layer.cpp; text detection) draws aspect ratios linearly: per
+  min_size s (a float, not truncated), the s x s square, sqrt(s x int(max_size)), then each listed
+  ratio a (deduplicated against the listed ones only) as s * a wide by s high, then, with flip, each
+  as s wide by s * a high.  Listing 0.5 and 2 thus gives four boxes where SSD's inverse pairs give
+  two: such a net's predictions fit only this reading, which fork_priors marks (sstd_priors).
 """
 import math
 
@@ -71,6 +76,8 @@ def prior_sizes(attrs):
     ratios; with denser_prior_boxes each followed by its copy shifted down by half a cell.  FaceBoxes'
     min_size boxes are given as size - 1 wide (they span (size - 1) / 2 either side), one per offset."""
     f32 = np.float32
+    if attrs.get("sstd"):
+        return [(w, h, False) for w, h in sstd_sizes(attrs)]
     sizes = []
     for k, mn in enumerate(attrs["min_sizes"]):
         if attrs.get("faceboxes"):
@@ -93,6 +100,23 @@ def prior_sizes(attrs):
     if attrs.get("denser"):
         return [(w, h, shifted) for w, h in sizes for shifted in (False, True)]
     return [(w, h, False) for w, h in sizes]
+
+
+def sstd_sizes(attrs):
+    """SSTD's (width, height) per prior, float32: square, sqrt(min * int max), ratios wide, then flipped tall."""
+    f32 = np.float32
+    sizes = []
+    for k, mn in enumerate(attrs["min_sizes"]):
+        mn = f32(mn)
+        sizes.append((mn, mn))
+        if attrs["max_sizes"]:
+            s = f32(np.sqrt(f32(mn * f32(attrs["max_sizes"][k]))))
+            sizes.append((s, s))
+        others = [f32(ar) for ar in attrs["ratios"] if abs(ar - 1.0) >= 1e-6]
+        sizes += [(f32(mn * ar), mn) for ar in others]
+        if attrs["flip"]:
+            sizes += [(mn, f32(mn * ar)) for ar in others]
+    return sizes
 
 
 def prior_insets(attrs):
@@ -221,11 +245,19 @@ def textboxes_priors(net):
             f"predictions require: {', '.join(changed)}")
 
 
+def _lists_an_inverse_pair(p):
+    """SSTD's sign: flip with an aspect ratio and its inverse both listed (SSD would drop the second)."""
+    ratios = list(p.aspect_ratio)
+    return p.flip and any(abs(a * b - 1.0) < 1e-6 and abs(a - 1.0) >= 1e-6
+                          for i, a in enumerate(ratios) for b in ratios[i + 1:])
+
+
 def fork_priors(net):
     """Read the net's unmarked PriorBox layers as the fork whose precondition each meets: OpenCV's
-    offset pairs where offset_w and offset_h come in equal numbers (priorbox_opencv_pairs.py), and
-    FaceBoxes' (see the module doc) for the rest when one of them has exactly 3 min_size (the fork's
-    21-prior rule).  Marks them on `net` (a copy); returns the note."""
+    offset pairs where offset_w and offset_h come in equal numbers (priorbox_opencv_pairs.py), SSTD's
+    where one of the rest lists an aspect ratio and its inverse with flip, and FaceBoxes' (see the module
+    doc) when one of them has exactly 3 min_size (the fork's 21-prior rule).  Marks them on `net` (a copy);
+    returns the note."""
     boxes = [lp for lp in net.layer if lp.type == "PriorBox" and not lp.prior_box_param.denser_prior_boxes
              and not opencv_pairs.marked(lp.prior_box_param)]
     pairs = [lp for lp in boxes if opencv_pairs.claims(lp.prior_box_param)
@@ -237,7 +269,12 @@ def fork_priors(net):
     if pairs:
         notes.append(f"PriorBox read as OpenCV's (offset_w/offset_h as pairs of centre offsets, not tl_ssd's "
                      f"grid), as the loc predictions require: {', '.join(lp.name for lp in pairs)}")
-    if any(len(lp.prior_box_param.min_size) == 3 for lp in rest):
+    if any(_lists_an_inverse_pair(lp.prior_box_param) for lp in rest):
+        for lp in rest:
+            lp.prior_box_param.sstd_priors = True
+        notes.append(f"PriorBox read as SSTD's (aspect ratios drawn linearly, a ratio and its inverse both "
+                     f"kept), as the loc predictions require: {', '.join(lp.name for lp in rest)}")
+    elif any(len(lp.prior_box_param.min_size) == 3 for lp in rest):
         for lp in rest:
             lp.prior_box_param.faceboxes_priors = True
         notes.append(f"PriorBox read as FaceBoxes' (21 priors per cell for 3 min_size, dense anchors for min_size "
@@ -290,6 +327,7 @@ class PriorBoxLayer(Layer):
             if proto_field(p, "no_sqrt_prior", False):   # fork_priors' NO_SQRT reading: checked, unused
                 max_sizes = []
         flip = bool(p.flip)
+        sstd = proto_field(p, "sstd_priors", False)
         ratios = [1.0]
         for ar in p.aspect_ratio:
             if ar <= 0:
@@ -297,8 +335,14 @@ class PriorBoxLayer(Layer):
             if any(abs(ar - r) < 1e-6 for r in ratios):
                 continue
             ratios.append(float(ar))
-            if flip:
+            if flip and not sstd:   # SSTD flips each box itself (sstd_sizes)
                 ratios.append(1.0 / float(np.float32(ar)))
+        if sstd:
+            for other in ("denser_prior_boxes", "faceboxes_priors", "tf", "yx_order"):
+                if proto_field(p, other, False):
+                    raise LayerError(f"prior_box_param: SSTD's PriorBox does not combine with {other}")
+            return {**self._shared(p), "min_sizes": [float(np.float32(m)) for m in p.min_size],
+                    "max_sizes": [int(m) for m in p.max_size], "ratios": ratios, "flip": flip, "sstd": True}
         if proto_field(p, "tf", False) and (proto_field(p, "denser_prior_boxes", False)
                                             or proto_field(p, "faceboxes_priors", False)):
             raise LayerError("prior_box_param.tf (synopsys-caffe) does not combine with denser_prior_boxes "
@@ -349,7 +393,7 @@ class PriorBoxLayer(Layer):
             return opencv_pairs.num_priors(attrs)
         if attrs.get("fixed_size"):
             return fixed_size.num_priors(attrs)
-        if attrs.get("faceboxes"):
+        if attrs.get("faceboxes") or attrs.get("sstd"):
             return len(prior_sizes(attrs))
         n = len(attrs["ratios"]) * len(attrs["min_sizes"]) + len(attrs["max_sizes"])
         return 2 * n if attrs.get("denser") else n
