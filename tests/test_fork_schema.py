@@ -847,3 +847,19 @@ layer { name: "d" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "
     assert load_from_text(text).blob_shapes["o"][3] == 7
     with pytest.raises(LayerError, match="soft_nms"):
         load_from_text(text.replace("soft_nms: false", "soft_nms: true"))
+
+
+def test_caffe_multilabel_mem_group_size_only_sizes_a_buffer(tmp_path):
+    # bogger/caffe-multilabel's overfeat nets: conv_layer.cpp batches mem_group_size images per im2col
+    # buffer; the convolution computes the same values
+    import numpy as np
+    from conftest import check_everywhere, conv_ref, net, node_of, rng
+
+    from caffeq.model import load_from_text
+    x = rng(3).standard_normal((3, 2, 6, 5)).astype(np.float32)
+    model = load_from_text(net('layer { name: "c" type: "Convolution" bottom: "x" top: "y" convolution_param { '
+                               'num_output: 4 kernel_size: 3 stride: 2 mem_group_size: 8 } }', inputs={"x": x.shape}),
+                           random_weights=True)
+    assert {lp.name: lp for lp in model.net.layer}["c"].convolution_param.mem_group_size == 8
+    w, b = (np.asarray(v) for v in node_of(model, "c").blobs)
+    check_everywhere(model, {"x": x}, {"y": conv_ref(x, w, b, (2, 2), (0, 0))}, tmp_path, atol=1e-5, rtol=1e-5)

@@ -240,3 +240,25 @@ def test_deconvnet_data_layers_are_shaped_as_their_reshape(kind, tops, shapes):
             % (kind, " ".join(f'top: "{n}"' for n in names)))
     model = load_from_text(text, random_weights=True)
     assert [model.blob_shapes[n] for n in names] == shapes
+
+
+# ---- xiaolonw's MultiSoftmax ------------------------------------------------------------------
+
+def multi_softmax_ref(x):
+    """multi_softmax_layer.cpp: per (n, h, w), exp(x - max over channels) / their sum, in float64."""
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def test_multi_softmax_over_the_channels_of_a_4_axis_blob(tmp_path):
+    x = rng(13).standard_normal((2, 5, 3, 4)).astype(np.float32) * 4
+    text = v1_net(x.shape, "layers { bottom: 'x' top: 'p' name: 'sm' type: MULTI_SOFTMAX }",
+                  "layers { bottom: 'x' top: 'ip' name: 'ip' type: INNER_PRODUCT inner_product_param { num_output: 6 } }",
+                  "layers { bottom: 'ip' top: 'q' name: 'sm2' type: MULTI_SOFTMAX }")
+    model = load_from_text(text, random_weights=True)
+    assert model.blob_shapes["p"] == (2, 5, 3, 4) and model.blob_shapes["q"] == (2, 6, 1, 1)   # 4-axis, as in 2014
+    w, b = (np.asarray(v, np.float64) for v in next(n for n in model.layers if n.name == "ip").blobs)
+    ip = x.reshape(2, -1).astype(np.float64) @ w.T + b
+    check_everywhere(model, {"x": x}, {"p": multi_softmax_ref(x), "q": multi_softmax_ref(ip.reshape(2, 6, 1, 1))},
+                     tmp_path, atol=1e-6, rtol=1e-5)

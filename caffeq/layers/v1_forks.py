@@ -9,12 +9,16 @@
   top; for inference it is a sink, like Silence.
 - CoordMapCrop (HyeonwooNoh/caffe crop_layer.cpp, longjon's FCN CROP): its offsets come from
   the coordinate maps of the whole net, not from parameters; refused with a clear error.
+- MultiSoftmax (xiaolonw/caffe-3dnormal_joint_pose 11f5adc multi_softmax_layer.cpp, V1 MULTI_SOFTMAX):
+  softmax over the channels at each (n, h, w) of the 4-axis blob (max subtracted, exp, divided by the
+  sum), the top (num, channels, height, width); its 2014 Caffe held every blob in 4 axes.
 """
 import numpy as np
 import torch.nn.functional as F
 
 from .common import Silence
-from .registry import Layer, LayerError, need_blobs, register_layer
+from .norm import Softmax
+from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer
 
 # ---- Padding -----------------------------------------------------------------------------
 
@@ -84,3 +88,30 @@ class CoordMapCrop(Layer):
             "from the coordinate maps of the layers between its two bottoms, which caffeq does not "
             "compute; replace it with a BVLC Crop layer (layer { type: \"Crop\" crop_param { axis: 2 "
             "offset: K } }) whose offset K is the one the fork computes")
+
+
+# ---- MultiSoftmax ------------------------------------------------------------------------
+
+@register_layer("MultiSoftmax")
+class MultiSoftmax(Softmax):
+    """Softmax over axis 1 of the bottom viewed as (num, channels, height, width)."""
+
+    def parse(self, lp):
+        need_blobs(lp, "MultiSoftmax", 1, 1)
+        return {"axis": 1}
+
+    def infer(self, attrs, in_shapes):
+        shape = legacy_nchw(in_shapes[0], "MultiSoftmax")
+        attrs["_axis"], attrs["_legacy"] = 1, list(shape)
+        return [shape]
+
+    def forward(self, attrs, params, x):
+        return super().forward(attrs, params, x.reshape(attrs["_legacy"]))
+
+    def onnx(self, ctx, node):
+        shape = ctx.const(np.array(node.attrs["_legacy"], np.int64))
+        x = ctx.add_node("Reshape", [node.inputs[0], shape], [ctx.tmp(node.name + "_4d")], name=node.name)[0]
+        ctx.add_node("Softmax", [x], [node.outputs[0]], axis=1)
+
+    def pytorch_source(self, node, emit):
+        return f"torch.softmax({emit.inputs[0]}.reshape({node.attrs['_legacy']}), 1)"
