@@ -262,3 +262,45 @@ def test_multi_softmax_over_the_channels_of_a_4_axis_blob(tmp_path):
     ip = x.reshape(2, -1).astype(np.float64) @ w.T + b
     check_everywhere(model, {"x": x}, {"p": multi_softmax_ref(x), "q": multi_softmax_ref(ip.reshape(2, 6, 1, 1))},
                      tmp_path, atol=1e-6, rtol=1e-5)
+
+
+# ---- s9xie/DSN's V0 dialect: cccp and its dropout ------------------------------------------------
+
+DSN = """name: "dsn"
+input: "x"
+input_dim: 2 input_dim: 4 input_dim: 3 input_dim: 5
+input: "label"
+input_dim: 2 input_dim: 1 input_dim: 1 input_dim: 1
+layers { layer { name: "cccp1" type: "cccp" num_output: 3 group: 2 blobs_lr: 1 blobs_lr: 2
+                 blobs_lr_policy: "nothing" blobs_lr_policy: "nothing"
+                 weight_filler { type: "gaussian" std: 0.05 } } bottom: "x" top: "c" }
+layers { layer { name: "drop" type: "dropout" dropout_ratio: 0.25 mean_on_test: true mean_on_train: false }
+         bottom: "c" top: "c" }
+layers { layer { name: "loss" type: "squaredhingeloss" } bottom: "c" bottom: "label" }
+"""
+
+
+def test_dsn_cccp_is_a_grouped_1x1_convolution_and_its_dropout_scales_at_test(tmp_path):
+    """cccp_layer.cpp: per group g, top[g N + o] = sum_c W[(g N + o), c] x[g C/G + c] + b; dropout_layer.cpp
+    with mean_on_test: top = bottom * (1 - dropout_ratio) (its training never scales the kept units)."""
+    x = rng(14).standard_normal((2, 4, 3, 5)).astype(np.float32)
+    model = load_from_text(DSN, random_weights=True)
+    assert model.blob_shapes["c"] == (2, 6, 3, 5)
+    assert any("SquaredHingeLoss" in w for w in model.warnings)
+    w, b = (np.asarray(v, np.float64) for v in next(n for n in model.layers if n.name == "cccp1").blobs)
+    assert w.shape == (6, 2) and b.shape == (6,)
+    ref = np.zeros((2, 6, 3, 5))
+    for g in range(2):
+        for o in range(3):
+            k = g * 3 + o
+            ref[:, k] = np.einsum("c,nchw->nhw", w[k], x[:, 2 * g:2 * g + 2].astype(np.float64)) + b[k]
+    feeds = {"x": x, "label": np.zeros((2, 1, 1, 1), np.float32)}
+    check_everywhere(model, {k: v for k, v in feeds.items() if k in model.inputs}, {"c": ref * 0.75}, tmp_path,
+                     atol=1e-6, rtol=1e-6)
+    # BVLC's V0 dropout (no mean_on_test) is the identity at TEST
+    plain = load_from_text(DSN.replace(" mean_on_test: true", ""), random_weights=True)
+    for node in plain.layers:
+        if node.name == "cccp1":
+            node.blobs = [w.astype(np.float32), b.astype(np.float32)]
+    assert_close(plain.run({k: v for k, v in feeds.items() if k in plain.inputs})["c"], ref, 1e-6, 1e-6,
+                 "BVLC dropout")

@@ -39,12 +39,15 @@ _V0_TYPES = {
 # and whole V1 parameter messages inside the V0 layer; V0 field -> V1 field, applied after the flat
 # fields (the message is the more specific).
 _V0_TYPE_SPELLINGS = {"inner_product": "innerproduct"}
+# V0 types of Min Lin's NIN Caffe and s9xie/DSN (065e498 layer_factory.cpp) that no V1 enum names: the
+# V1 fork type they are read as (cccp: a grouped 1 x 1 convolution; the hinge losses only train)
+_V0_FORK_TYPES = {"cccp": "CCCP", "squaredhingeloss": "SQUARED_HINGE_LOSS", "hingeloss": "HINGE_LOSS"}
 _V0_MESSAGES = (("conv_param", "convolution_param"), ("lrn_param", "lrn_param"), ("pool_param", "pooling_param"),
                 ("inner_product_param", "inner_product_param"), ("dropout_param", "dropout_param"),
                 ("concat_param", "concat_param"))
 
 # V0 type -> the V1 message that its own fields move into
-_V0_PARAMS = {"conv": "convolution_param", "innerproduct": "inner_product_param", "pool": "pooling_param",
+_V0_PARAMS = {"conv": "convolution_param", "cccp": "convolution_param", "innerproduct": "inner_product_param", "pool": "pooling_param",
               "dropout": "dropout_param", "lrn": "lrn_param", "concat": "concat_param", "data": "data_param",
               "hdf5_data": "hdf5_data_param", "images": "image_data_param", "window_data": "window_data_param",
               "infogain_loss": "infogain_loss_param", "hdf5_output": "hdf5_output_param"}
@@ -52,13 +55,14 @@ _V0_PARAMS = {"conv": "convolution_param", "innerproduct": "inner_product_param"
 _V0_RENAMED = {"biasterm": "bias_term", "kernelsize": "kernel_size", "meanfile": "mean_file",
                "batchsize": "batch_size", "cropsize": "crop_size", "shuffle_images": "shuffle",
                "hdf5_output_param": None}
-_CONV_IP, _CONV_POOL, _LRN, _IMAGES, _WINDOW = ("conv", "innerproduct"), ("conv", "pool"), ("lrn",), ("images",), ("window_data",)
+_CONV_IP, _CONV_POOL, _LRN, _IMAGES, _WINDOW = ("conv", "innerproduct", "cccp"), ("conv", "pool"), ("lrn",), ("images",), \
+    ("window_data",)
 _DATA_LAYERS = ("data", "hdf5_data", "images", "window_data")
 # V0 field -> the V0 types that carry it (_ALL: any type, into transform_param), in Caffe's order.
 # A V0 field set on a type not listed is dropped with a note (Caffe logs an error).
 _V0_ROUTES = {
     "num_output": _CONV_IP, "biasterm": _CONV_IP, "weight_filler": _CONV_IP, "bias_filler": _CONV_IP,
-    "pad": _CONV_POOL, "kernelsize": _CONV_POOL, "group": ("conv",), "stride": _CONV_POOL,
+    "pad": _CONV_POOL, "kernelsize": _CONV_POOL, "group": ("conv", "cccp"), "stride": _CONV_POOL,
     "pool": ("pool",), "dropout_ratio": ("dropout",),
     "local_size": _LRN, "alpha": _LRN, "beta": _LRN, "k": _LRN,
     "source": _DATA_LAYERS + ("infogain_loss",), "scale": _ALL, "meanfile": _ALL, "batchsize": _DATA_LAYERS,
@@ -364,10 +368,13 @@ def _upgrade_v0_layer(entry, where, notes):
         out.name = v0.name
     vtype = _V0_TYPE_SPELLINGS.get(v0.type, v0.type)
     if v0.HasField("type"):
-        if vtype not in _V0_TYPES:
+        if vtype in _V0_FORK_TYPES:
+            out.fork_type = _V0_FORK_TYPES[vtype]
+        elif vtype not in _V0_TYPES:
             raise ParseError(f"{where}: layer '{v0.name}': unknown V0 layer type '{vtype}' "
-                             f"(known: {', '.join(sorted(_V0_TYPES))})")
-        out.type = caffe_pb2.V1LayerParameter.LayerType.Value(_V0_TYPES[vtype])
+                             f"(known: {', '.join(sorted(set(_V0_TYPES) | set(_V0_FORK_TYPES)))})")
+        else:
+            out.type = caffe_pb2.V1LayerParameter.LayerType.Value(_V0_TYPES[vtype])
     out.blobs.extend(v0.blobs)
     out.blobs_lr.extend(v0.blobs_lr)
     out.weight_decay.extend(v0.weight_decay)
@@ -392,10 +399,23 @@ def _upgrade_v0_layer(entry, where, notes):
     for field, target in _V0_MESSAGES:
         if v0.HasField(field):
             getattr(out, target).MergeFrom(getattr(v0, field))
+    _upgrade_dsn_dropout(v0, vtype, out, where, notes)
     if dropped:
         notes.append(f"{where}: layer '{v0.name}' (V0 type '{vtype}'): dropped field(s) "
                      f"{', '.join(dropped)} that mean nothing for this type (as Caffe does)")
     return out
+
+
+def _upgrade_dsn_dropout(v0, vtype, out, where, notes):
+    """s9xie/DSN's dropout (dropout_layer.cpp): kept units are never scaled up in training, and with
+    mean_on_test (its default) TEST multiplies by 1 - dropout_ratio: Faster R-CNN's `scale_train: false`.
+    A file that sets the field is DSN's; without it nothing tells DSN's nets from BVLC's."""
+    if vtype != "dropout" or not v0.HasField("mean_on_test"):
+        return
+    out.dropout_param.scale_train = False
+    if not v0.mean_on_test:
+        notes.append(f"{where}: layer '{v0.name}': DSN's dropout with mean_on_test false drops units at random "
+                     f"at TEST too; read as its expectation, x * (1 - dropout_ratio)")
 
 
 def _upgrade_v0(net, where, weights, notes):

@@ -92,6 +92,7 @@ from . import (  # noqa: F401,E402
     rc3d,
     rcnn,
     recurrent,
+    region_pooling,
     remap,
     repeat,
     reshape,

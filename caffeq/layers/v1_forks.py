@@ -12,6 +12,10 @@
 - MultiSoftmax (xiaolonw/caffe-3dnormal_joint_pose 11f5adc multi_softmax_layer.cpp, V1 MULTI_SOFTMAX):
   softmax over the channels at each (n, h, w) of the 4-axis blob (max subtracted, exp, divided by the
   sum), the top (num, channels, height, width); its 2014 Caffe held every blob in 4 axes.
+- Cccp (Min Lin's NIN Caffe as s9xie/DSN 065e498 carries it, cccp_layer.cpp; V0 type "cccp", V1 CCCP):
+  a grouped 1 x 1 convolution whose num_output counts per group: top (N, group x num_output, H, W);
+  weights (group x num_output, C / group) (stored (1, 1, G N, C / G)), bias (G N,) (stored
+  (1, 1, 1, G N)); kernel, pad and stride are not read.
 """
 import numpy as np
 import torch.nn.functional as F
@@ -115,3 +119,65 @@ class MultiSoftmax(Softmax):
 
     def pytorch_source(self, node, emit):
         return f"torch.softmax({emit.inputs[0]}.reshape({node.attrs['_legacy']}), 1)"
+
+
+# ---- NIN's cccp ----------------------------------------------------------------------------
+
+def cccp(x, weight, bias, groups: int):
+    """NIN's CCCPPooling: a grouped 1 x 1 convolution with (G N, C / G) weights."""
+    return F.conv2d(x, weight.reshape(weight.shape[0], -1, 1, 1), bias, groups=groups)
+
+
+@register_layer("Cccp")
+class Cccp(Layer):
+    blob_names = ("weight", "bias")
+    weight_axes = {0: 0}
+
+    def parse(self, lp):
+        need_blobs(lp, "cccp", 1, 1)
+        p = lp.convolution_param
+        group = int(p.group)
+        if group <= 0 or not p.num_output:
+            raise LayerError(f"cccp needs convolution_param.num_output > 0 and group > 0, got {p.num_output} "
+                             f"and {group}")
+        return {"num_output": int(p.num_output), "group": group, "bias_term": bool(p.bias_term)}
+
+    def blob_names_for(self, attrs):
+        return self.blob_names if attrs["bias_term"] else ("weight",)
+
+    def infer(self, attrs, in_shapes):
+        s = legacy_nchw(in_shapes[0], "cccp")
+        if s[1] % attrs["group"]:
+            raise LayerError(f"cccp: {s[1]} input channels do not split into {attrs['group']} groups "
+                             f"(the fork's check)")
+        attrs["_legacy"] = list(s)
+        return [(s[0], attrs["group"] * attrs["num_output"], s[2], s[3])]
+
+    def param_shapes(self, attrs, in_shapes):
+        out = attrs["group"] * attrs["num_output"]
+        per_group = legacy_nchw(in_shapes[0], "cccp")[1] // attrs["group"]
+        return [(out, per_group)] + ([(out,)] if attrs["bias_term"] else [])
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        n, c, h, w = out_shapes[0]
+        return n * c * h * w * (legacy_nchw(in_shapes[0], "cccp")[1] // attrs["group"])
+
+    def forward(self, attrs, params, x):
+        return cccp(x.reshape(attrs["_legacy"]), params[0], params[1] if attrs["bias_term"] else None, attrs["group"])
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        x = ctx.op("Reshape", [node.inputs[0], ctx.const(np.array(a["_legacy"], np.int64))], "x4")
+        w = ctx.op("Reshape", [ctx.weight(node, 0),
+                               ctx.const(np.array([a["group"] * a["num_output"], -1, 1, 1], np.int64))], "w4")
+        ins = [x, w] + ([ctx.weight(node, 1)] if a["bias_term"] else [])
+        ctx.add_node("Conv", ins, [node.outputs[0]], name=node.name, group=a["group"], kernel_shape=[1, 1])
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        m = emit.module("torch.nn.ParameterDict()")
+        for i, name in enumerate(self.blob_names_for(a)):
+            emit.init(f"{m}['{name}'] = torch.nn.Parameter(torch.zeros{tuple(node.blobs[i].shape)!r})")
+            emit.param(name, i)
+        bias = f"{m}['bias']" if a["bias_term"] else "None"
+        return f"{emit.helper(cccp)}({emit.inputs[0]}.reshape({a['_legacy']}), {m}['weight'], {bias}, {a['group']})"
