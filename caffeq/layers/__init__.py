@@ -106,6 +106,7 @@ from . import (  # noqa: F401,E402
     rstar_cnn,
     rtpose,
     segaware,
+    segaware_meanfield,
     segmentation,
     sequence,
     shape_ops,

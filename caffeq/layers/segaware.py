@@ -107,6 +107,34 @@ def im2parity(x, kernel: list[int], pad: list[int], stride: list[int], dilation:
     return y
 
 
+def onnx_window_views(ctx, x, h, w, kernel, pad, stride, dilation, name=None):
+    """(centre, [neighbours]) as Slice nodes of the zero-padded x (an H x W map), like window_views."""
+    (kh, kw), (ph, pw), (sh, sw), (dh, dw) = kernel, pad, stride, dilation
+    oh, ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
+    xp = ctx.op("Pad", [x, ctx.i64([0, 0, ph, pw, 0, 0, ph, pw])], "padded", name=name)
+    views = [ctx.op("Slice", [xp, ctx.i64([i * dh, j * dw]),
+                              ctx.i64([i * dh + sh * (oh - 1) + 1, j * dw + sw * (ow - 1) + 1]),
+                              ctx.i64([2, 3]), ctx.i64([sh, sw])], f"win{i}_{j}")
+             for i in range(kh) for j in range(kw)]
+    return views[(kh // 2) * kw + kw // 2], views
+
+
+def onnx_im2dist(ctx, x, h, w, kernel, pad, stride, dilation, l2, remove_center, remove_bounds, name=None):
+    """Im2dist of x (an H x W map) in ONNX: the distances summed with ReduceSum, then the fork's 0 and far."""
+    from .norm import onnx_reduce
+    centre, views = onnx_window_views(ctx, x, h, w, kernel, pad, stride, dilation, name=name)
+    rows = []
+    for k, view in enumerate(views):
+        d = ctx.op("Sub", [centre, view], f"d{k}")
+        t = ctx.op("Mul", [ctx.op("Mul", [d, d], f"sq{k}"), ctx.f32(0.5)], f"half{k}") if l2 \
+            else ctx.op("Abs", [d], f"abs{k}")
+        rows.append(onnx_reduce(ctx, "ReduceSum", t, [1], True))
+    y = ctx.op("Concat", rows, "dists", axis=1)
+    zero, far = im2dist_masks(h, w, kernel, pad, stride, dilation, remove_center, remove_bounds, torch.device("cpu"))
+    y = ctx.op("Where", [ctx.const(zero.numpy()[None]), ctx.f32(0.0), y], "zeroed")
+    return ctx.op("Where", [ctx.const(far.numpy()[None]), ctx.f32(FAR), y], "dist")
+
+
 class _WindowLayer(Layer):
     """Convolution's window over a 2-D map, one top channel per window offset."""
 
@@ -136,23 +164,9 @@ class _WindowLayer(Layer):
         return a["kernel"], a["pad"], a["stride"], a["dilation"]
 
     def onnx_windows(self, ctx, node, x):
-        """(centre, [neighbours]) as Slice nodes of the zero-padded x (sized as the layer's bottom), like
-        window_views."""
+        """(centre, [neighbours]) of x (sized as the layer's bottom), as onnx_window_views gives them."""
         _, _, h, w = ctx.shape(node.inputs[0])
-        (kh, kw), (ph, pw), (sh, sw), (dh, dw) = self.geometry(node.attrs)
-        oh, ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
-        xp = ctx.op("Pad", [x, ctx.i64([0, 0, ph, pw, 0, 0, ph, pw])], "padded", name=node.name)
-        views = [ctx.op("Slice", [xp, ctx.i64([i * dh, j * dw]),
-                                  ctx.i64([i * dh + sh * (oh - 1) + 1, j * dw + sw * (ow - 1) + 1]),
-                                  ctx.i64([2, 3]), ctx.i64([sh, sw])], f"win{i}_{j}")
-                 for i in range(kh) for j in range(kw)]
-        return views[(kh // 2) * kw + kw // 2], views
-
-    def masks(self, ctx, node, remove_center, remove_bounds):
-        """im2dist_masks of the layer's bottom, as numpy arrays."""
-        _, _, h, w = ctx.shape(node.inputs[0])
-        zero, far = im2dist_masks(h, w, *self.geometry(node.attrs), remove_center, remove_bounds, torch.device("cpu"))
-        return zero.numpy(), far.numpy()
+        return onnx_window_views(ctx, x, h, w, *self.geometry(node.attrs), name=node.name)
 
 
 @register_layer("Im2dist")
@@ -169,19 +183,11 @@ class Im2dist(_WindowLayer):
         return im2dist(x, *self._args(attrs), FAR)
 
     def onnx(self, ctx, node):
-        from .norm import onnx_reduce
         a = node.attrs
-        centre, views = self.onnx_windows(ctx, node, node.inputs[0])
-        rows = []
-        for k, view in enumerate(views):
-            d = ctx.op("Sub", [centre, view], f"d{k}")
-            t = ctx.op("Mul", [ctx.op("Mul", [d, d], f"sq{k}"), ctx.f32(0.5)], f"half{k}") if a["l2"] \
-                else ctx.op("Abs", [d], f"abs{k}")
-            rows.append(onnx_reduce(ctx, "ReduceSum", t, [1], True))
-        y = ctx.op("Concat", rows, "dists", axis=1)
-        zero, far = self.masks(ctx, node, a["remove_center"], a["remove_bounds"])
-        y = ctx.op("Where", [ctx.const(zero[None]), ctx.f32(0.0), y], "zeroed")
-        ctx.add_node("Where", [ctx.const(far[None]), ctx.f32(FAR), y], [node.outputs[0]])
+        _, _, h, w = ctx.shape(node.inputs[0])
+        y = onnx_im2dist(ctx, node.inputs[0], h, w, *self.geometry(a), a["l2"], a["remove_center"],
+                         a["remove_bounds"], name=node.name)
+        ctx.add_node("Identity", [y], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
         emit.uses("F")

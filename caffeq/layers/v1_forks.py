@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from .common import Silence
 from .norm import Softmax
 from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer
+from .segaware import im2col_bottom_conv as grouped_1x1_conv  # NIN's cccp computes the same
 
 # ---- Padding -----------------------------------------------------------------------------
 
@@ -123,11 +124,6 @@ class MultiSoftmax(Softmax):
 
 # ---- NIN's cccp ----------------------------------------------------------------------------
 
-def cccp(x, weight, bias, groups: int):
-    """NIN's CCCPPooling: a grouped 1 x 1 convolution with (G N, C / G) weights."""
-    return F.conv2d(x, weight.reshape(weight.shape[0], -1, 1, 1), bias, groups=groups)
-
-
 @register_layer("Cccp")
 class Cccp(Layer):
     blob_names = ("weight", "bias")
@@ -163,7 +159,8 @@ class Cccp(Layer):
         return n * c * h * w * (legacy_nchw(in_shapes[0], "cccp")[1] // attrs["group"])
 
     def forward(self, attrs, params, x):
-        return cccp(x.reshape(attrs["_legacy"]), params[0], params[1] if attrs["bias_term"] else None, attrs["group"])
+        return grouped_1x1_conv(x.reshape(attrs["_legacy"]), params[0], params[1] if attrs["bias_term"] else None,
+                                attrs["group"])
 
     def onnx(self, ctx, node):
         a = node.attrs
@@ -180,4 +177,6 @@ class Cccp(Layer):
             emit.init(f"{m}['{name}'] = torch.nn.Parameter(torch.zeros{tuple(node.blobs[i].shape)!r})")
             emit.param(name, i)
         bias = f"{m}['bias']" if a["bias_term"] else "None"
-        return f"{emit.helper(cccp)}({emit.inputs[0]}.reshape({a['_legacy']}), {m}['weight'], {bias}, {a['group']})"
+        emit.uses("F")
+        call = emit.helper(grouped_1x1_conv)
+        return f"{call}({emit.inputs[0]}.reshape({a['_legacy']}), {m}['weight'], {bias}, {a['group']})"
