@@ -140,10 +140,12 @@ def test_reverse_bad_params(params, top, msg):
 
 # ---- Transpose ----------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("kind, field", [("Transpose", "transpose_param"),
+                                         ("DTransform", "dtransform_param")])   # LPAIS/DenseNet-CTC's copy
 @pytest.mark.parametrize("dims", [(3, 2, 0, 1), (2, 3, 1, 0), (0, 1, 2, 3), (1, 0, 3, 2)])
-def test_transpose_in_every_backend(dims, tmp_path):
+def test_transpose_in_every_backend(kind, field, dims, tmp_path):
     x = rng(3).standard_normal((3, 2, 4, 5)).astype(np.float32)
-    text = net(f'layer {{ name: "o" type: "Transpose" bottom: "x" top: "o" transpose_param {{ '
+    text = net(f'layer {{ name: "o" type: "{kind}" bottom: "x" top: "o" {field} {{ '
                f'{" ".join(f"dim: {d}" for d in dims)} }} }}', inputs={"x": (2, 2, 4, 5)})
     model = load_from_text(text)
     want = transpose_ref(x, dims)

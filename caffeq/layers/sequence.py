@@ -72,17 +72,19 @@ class Reverse(Layer):
 
 @register_layer("Transpose")
 class Transpose(Layer):
+    param_field = "transpose_param"
+
     def parse(self, lp):
-        need_blobs(lp, "Transpose", 1, in_place=False)
-        dims = [int(d) for d in lp.transpose_param.dim]
+        need_blobs(lp, lp.type, 1, in_place=False)
+        dims = [int(d) for d in getattr(lp, self.param_field).dim]
         if sorted(dims) != list(range(len(dims))):
-            raise LayerError(f"transpose_param.dim {dims} must list each axis 0 .. {len(dims) - 1} once")
+            raise LayerError(f"{self.param_field}.dim {dims} must list each axis 0 .. {len(dims) - 1} once")
         return {"dims": tuple(dims)}
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
         if len(attrs["dims"]) != len(s):
-            raise LayerError(f"transpose_param gives {len(attrs['dims'])} dims for a {len(s)}-axis bottom; "
+            raise LayerError(f"{self.param_field} gives {len(attrs['dims'])} dims for a {len(s)}-axis bottom; "
                              f"give one per axis")
         return [tuple(s[d] for d in attrs["dims"])]
 
@@ -94,6 +96,13 @@ class Transpose(Layer):
 
     def pytorch_source(self, node, emit):
         return f"{emit.inputs[0]}.permute({list(node.attrs['dims'])})"
+
+
+@register_layer("DTransform")
+class DTransform(Transpose):
+    """LPAIS/DenseNet-CTC's DTransform (dtransform_layer.cu, 50612d5): the fork's copy of the CRNN ports'
+    Transpose (its header keeps CAFFE_TRANSPOSE_LAYER_HPP_), top axis i = bottom axis dim[i]."""
+    param_field = "dtransform_param"
 
 
 # ---- ContinuationIndicator -------------------------------------------------------------------
