@@ -197,3 +197,47 @@ def test_bad_parameters_are_one_clear_line(text, inputs, msg):
     with pytest.raises(LayerError, match=msg) as err:
         load_from_text(net(text, inputs=inputs))
     assert "\n" not in str(err.value)
+
+
+# ---- AlignDataTransform ---------------------------------------------------------------------------
+
+def align_ref(land, para, pairs):
+    """align_data_transform_layer.cpp Forward_cpu, item by item."""
+    n, dim = land.shape[0], land[0].size
+    out = land.reshape(n, dim).astype(np.float32).copy()
+    for i in range(n):
+        rec = para.reshape(n, -1)[i]
+        for j in range(0, dim, 2):
+            out[i, j] = land.reshape(n, dim)[i, j] - rec[3]
+            out[i, j + 1] = land.reshape(n, dim)[i, j + 1] - rec[2]
+            if rec[0]:
+                out[i, j] = rec[1] - 1 - out[i, j]
+        if rec[0]:
+            swap = out[i].copy()
+            for j in range(0, dim, 2):
+                k = int(pairs.reshape(-1)[j // 2])
+                swap[j], swap[j + 1] = out[i, 2 * k - 2], out[i, 2 * k - 1]
+            out[i] = swap
+    return out
+
+
+def test_align_data_transform_moves_landmarks_into_the_mirrored_crop(tmp_path):
+    r = rng(31)
+    land = r.uniform(0, 200, (3, 10, 1, 1)).astype(np.float32)       # 5 (x, y) landmarks, as a Data blob
+    para = np.array([[1, 176, 7, 11], [0, 176, 3, 2], [1, 150, 0, 5]], np.float32).reshape(3, 4, 1, 1)
+    pairs = np.array([[2, 1, 3, 5, 4]], np.float32).reshape(1, 5, 1, 1)      # 1-based mirror partners
+    model = load_from_text(net('layer { name: "a" type: "AlignDataTransform" bottom: "land" bottom: "para" '
+                               'bottom: "pairs" top: "aligned" }',
+                               inputs={"land": land.shape, "para": para.shape, "pairs": pairs.shape}))
+    assert model.blob_shapes["aligned"] == (3, 10, 1, 1)
+    check_everywhere(model, {"land": land, "para": para, "pairs": pairs},
+                     {"aligned": align_ref(land, para, pairs).reshape(3, 10, 1, 1)}, tmp_path)
+
+
+def test_jaanet_data_layer_gives_the_mirror_crop_record():
+    # JAANet data_layer.cpp: with get_mirror_crop, top[1] is (batch_size, 4, 1, 1)
+    model = load_from_text('layer { name: "data" type: "Data" top: "data" top: "mirror_crop_para" '
+                           'transform_param { crop_size: 176 mean_value: 128 } '
+                           'data_param { source: "missing_ldb" batch_size: 8 get_mirror_crop: true } }',
+                           input_shapes={"data": (8, 3, 176, 176)})
+    assert model.blob_shapes["mirror_crop_para"] == (8, 4, 1, 1)

@@ -112,6 +112,9 @@ def plan_data(layer, inputs, base_dir, data=None, batch_size=None, transform=Non
         if layer.type == "ImageData" and labels_per_line:
             raise DataError(f"layer '{layer.name}' (ImageData): its list lines hold {labels_per_line} labels each "
                             f"(a multi-label fork's image_data_param); eval reads one label per line")
+        if layer.type == "Data" and attrs.get("mirror_crop"):
+            raise DataError(f"layer '{layer.name}' (Data): get_mirror_crop makes its second top each image's mirror "
+                            f"and crop record (JAANet), not a label; eval reads labels")
         if layer.type == "ImageData" and attrs.get("identities"):
             raise DataError(f"layer '{layer.name}' (ImageData): label_num / sample_num make its source a list of "
                             f"identity folders (yuqj1991/caffe_train); eval reads a list of images, one label each")

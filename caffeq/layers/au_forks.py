@@ -38,15 +38,36 @@
   three colour channels); the rest is CRF-RNN's inference, crf_rnn.py's.  Without weights the fork
   reads the diagonals of blobs 0 and 1 from spatial.par and bilateral.par in its working directory;
   caffeq's start is the default fill.
+- AlignDataTransform (JAANet align_data_transform_layer.cpp; the .cu calls the CPU code; no parameters):
+  bottoms landmarks (N, 2 L: x0, y0, x1, ...), the data layer's mirror and crop record (N, 4 values:
+  mirrored, width, crop y, crop x) and the mirror pairing (1-based landmark numbers, the first L values
+  of bottom 2, the same for every item).  Each x becomes x - crop x and each y, y - crop y; where
+  mirrored, x becomes width - 1 - x and landmark j takes the values of landmark index[j].  The top is
+  the landmarks' 4-axis (num, channels, height, width); its training nets feed it to the losses.
 """
 
 import numpy as np
 import torch
 
 from .crf_rnn import MultiStageMeanfield, meanfield_attrs
-from .registry import AT_LEAST, Layer, LayerError, four_axes, need_blobs, register_layer
+from .registry import AT_LEAST, Layer, LayerError, four_axes, legacy_nchw, need_blobs, register_layer
 
 # ---- torch functions (model.py gets the same code) ---------------------------------------
+
+def align_landmarks(land, para, pairs, legacy_shape: list[int]):
+    """JAANet's AlignDataTransform: landmarks moved into the crop, mirrored where the record says so."""
+    n = land.shape[0]
+    pts = land.reshape(n, -1, 2)
+    record = para.reshape(n, -1)
+    x = pts[:, :, 0] - record[:, 3:4]
+    y = pts[:, :, 1] - record[:, 2:3]
+    mirrored = record[:, 0:1] != 0
+    x = torch.where(mirrored, record[:, 1:2] - 1 - x, x)
+    moved = torch.stack([x, y], dim=2)
+    order = pairs.reshape(-1)[:pts.shape[1]].long() - 1     # int(index) - 1, read from the first values
+    swapped = moved[:, order]
+    return torch.where(mirrored[:, :, None], swapped, moved).reshape(legacy_shape)
+
 
 
 def au_division(x, ys: list, xs: list, height: int, width: int):
@@ -330,3 +351,57 @@ class MultiStageMeanfieldAU3(MultiStageMeanfield):
     def parse(self, lp):
         need_blobs(lp, "MultiStageMeanfieldAU3", 3, 1, "unary, Q0, features")
         return meanfield_attrs(lp, lp.multi_stage_meanfield_au3_param, "multi_stage_meanfield_au3_param")
+
+
+@register_layer("AlignDataTransform")
+class AlignDataTransform(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "AlignDataTransform", 3, 1, roles="landmarks, mirror and crop record, mirror pairing")
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        land, para, pairs = (tuple(s) for s in in_shapes)
+        per_item = int(np.prod(land[1:])) if land else 0
+        if not land or per_item % 2 or per_item == 0:
+            raise LayerError(f"AlignDataTransform needs (x, y) landmarks per item, got {list(land)}")
+        if not para or para[0] != land[0] or int(np.prod(para[1:])) < 4:
+            raise LayerError(f"AlignDataTransform's second bottom holds 4 values per item (mirrored, width, crop y, "
+                             f"crop x), got {list(para)} for {land[0]} items")
+        if int(np.prod(pairs)) < per_item // 2:
+            raise LayerError(f"AlignDataTransform's third bottom gives the mirror pairing of {per_item // 2} landmarks, "
+                             f"got {list(pairs)}")
+        shape = legacy_nchw(land, "AlignDataTransform")
+        attrs["_legacy"] = list(shape)
+        return [shape]
+
+    def forward(self, attrs, params, land, para, pairs):
+        return align_landmarks(land, para, pairs, attrs["_legacy"])
+
+    def onnx(self, ctx, node):
+        land, para, pairs = node.inputs
+        n, count = ctx.shape(land)[0], int(np.prod(ctx.shape(land)[1:])) // 2
+        pts = ctx.op("Reshape", [land, ctx.i64([n, count, 2])], "pts", name=node.name)
+        record = ctx.op("Reshape", [para, ctx.i64([n, -1])], "record")
+
+        def column(t, k, hint):
+            return ctx.op("Slice", [t, ctx.i64([k]), ctx.i64([k + 1]), ctx.i64([1])], hint)
+
+        def coord(k, hint):
+            part = ctx.op("Slice", [pts, ctx.i64([k]), ctx.i64([k + 1]), ctx.i64([2])], hint + "3")
+            return ctx.op("Squeeze", [part, ctx.i64([2])], hint)
+        x = ctx.op("Sub", [coord(0, "x"), column(record, 3, "crop_x")], "x_in")
+        y = ctx.op("Sub", [coord(1, "y"), column(record, 2, "crop_y")], "y_in")
+        mirrored = ctx.op("Not", [ctx.op("Equal", [column(record, 0, "flag"), ctx.f32(0.0)], "unflipped")], "mirrored")
+        flipped = ctx.op("Sub", [ctx.op("Sub", [column(record, 1, "width"), ctx.f32(1.0)], "last"), x], "x_flip")
+        x = ctx.op("Where", [mirrored, flipped, x], "x_out")
+        moved = ctx.op("Concat", [ctx.op("Unsqueeze", [x, ctx.i64([2])], "x3"),
+                                  ctx.op("Unsqueeze", [y, ctx.i64([2])], "y3")], "moved", axis=2)
+        order = ctx.op("Slice", [ctx.op("Reshape", [pairs, ctx.i64([-1])], "pairs"), ctx.i64([0]), ctx.i64([count]),
+                                 ctx.i64([0])], "order_f")
+        order = ctx.op("Sub", [ctx.op("Cast", [order], "order_i", to=7), ctx.i64(1)], "order")
+        swapped = ctx.op("Gather", [moved, order], "swapped", axis=1)
+        out = ctx.op("Where", [ctx.op("Unsqueeze", [mirrored, ctx.i64([2])], "mirrored3"), swapped, moved], "aligned")
+        ctx.add_node("Reshape", [out, ctx.i64(node.attrs["_legacy"])], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(align_landmarks)}({', '.join(emit.inputs)}, {node.attrs['_legacy']})"

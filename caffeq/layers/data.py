@@ -148,7 +148,8 @@ class Data(DataLayer):
                 raise LayerError(f"data_param.batch_size {p.batch_size} must be divisible by batch_videos "
                                  f"{p.batch_videos}")
         return {"source": p.source, "batch_size": int(p.batch_size), "backend": backend, "lisa_clips": lisa,
-                "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else ""}
+                "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else "",
+                "mirror_crop": bool(p.get_mirror_crop)}
 
     def _clip_top_shapes(self, attrs, given):
         """LRCN's lisa-caffe-public Data: the label, clip markers and loss weights are (batch_size, 1, 1, 1)."""
@@ -169,10 +170,15 @@ class Data(DataLayer):
     def top_shapes(self, attrs, given):
         if attrs.get("input_shapes"):
             return [tuple(given.get(i) or s) for i, s in enumerate(attrs["input_shapes"])]
-        return self._clip_top_shapes(attrs, given)
+        shapes = self._clip_top_shapes(attrs, given)
+        if attrs.get("mirror_crop") and len(shapes) > 1 and 1 not in given:   # JAANet's data_layer.cpp
+            shapes[1] = (shapes[0][0], 4, 1, 1)
+        return shapes
 
     def guessed_label_tops(self, attrs, given):
-        return () if attrs.get("input_shapes") else super().guessed_label_tops(attrs, given)
+        if attrs.get("input_shapes"):
+            return ()
+        return tuple(i for i in super().guessed_label_tops(attrs, given) if not (i == 1 and attrs.get("mirror_crop")))
 
     def data_shape(self, attrs):
         t = attrs["transform"]
