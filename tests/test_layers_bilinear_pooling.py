@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from conftest import check_everywhere, net, rng
 
+from caffeq.errors import CaffeqError
 from caffeq.layers import LayerError
+from caffeq.layers.bilinear_pooling import compact_bilinear_tables, glibc_rand
 from caffeq.model import load_from_text
 
 F = np.float32
@@ -95,3 +97,59 @@ def test_sum_pooling_with_padding_is_refused():
     with pytest.raises(LayerError, match="SUM with padding"):
         load_from_text(net('layer { name: "p" type: "SumPooling" bottom: "x" top: "o" sum_pooling_param '
                            '{ pool: SUM kernel_size: 2 pad: 1 } }', inputs={"x": (1, 1, 4, 4)}))
+
+
+# ---- CompactBilinear ---------------------------------------------------------------------------------
+
+def compact_bilinear_ref(a, b, tables, d, sum_pool):
+    """The closed form of compact_bilinear_layer.cpp: top[n, k] = D sum over channel pairs with
+    (h1[c1] + h2[c2]) mod D == k of s1 s2 x1 x2 (summed over positions with sum_pool), in float64."""
+    (h1, s1), (h2, s2) = tables
+    n, _, h, w = a.shape
+    out = np.zeros((n, d, h * w))
+    fa, fb = a.reshape(n, a.shape[1], -1).astype(np.float64), b.reshape(n, b.shape[1], -1).astype(np.float64)
+    for c1 in range(a.shape[1]):
+        for c2 in range(b.shape[1]):
+            out[:, (h1[c1] + h2[c2]) % d] += s1[c1] * s2[c2] * fa[:, c1] * fb[:, c2]
+    out *= d
+    return out.sum(2).reshape(n, d, 1, 1) if sum_pool else out.reshape(n, d, h, w)
+
+
+def test_compact_bilinear_worked_example_of_the_fork():
+    # spec: D 4, two channels, two positions; glibc's rand() after srand(1) gives h1 [3, 2], s1 [1, 1],
+    # h2 [1, 3], s2 [-1, -1]
+    a = np.array([[1, 2], [3, 4]], np.float32).reshape(1, 2, 1, 2)
+    b = np.array([[5, 6], [7, 8]], np.float32).reshape(1, 2, 1, 2)
+    text = 'layer { name: "cb" type: "CompactBilinear" bottom: "a" bottom: "b" top: "y" ' \
+           'compact_bilinear_param { num_output: 4 SUM } }'
+    for pool, want in (("true", [[-68, -212, -92, -156]]), ("false", [[-20, -84, -28, -60], [-48, -128, -64, -96]])):
+        model = load_from_text(net(text.replace("SUM", f"sum_pool: {pool}"), inputs={"a": a.shape, "b": b.shape}))
+        got = model.run({"a": a, "b": b})["y"]
+        np.testing.assert_allclose(got.reshape(4, -1).T, np.array(want, np.float32), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("d, sum_pool, same", [(64, True, True), (50, False, False), (9, True, False)])
+def test_compact_bilinear_matches_its_closed_form(d, sum_pool, same, tmp_path):
+    r = rng(17)
+    a = r.standard_normal((2, 12, 3, 4)).astype(np.float32)
+    b = a if same else r.standard_normal((2, 7, 3, 4)).astype(np.float32)
+    bottoms = 'bottom: "a" bottom: "a"' if same else 'bottom: "a" bottom: "b"'
+    inputs = {"a": a.shape} if same else {"a": a.shape, "b": b.shape}
+    model = load_from_text(net(f'layer {{ name: "cb" type: "CompactBilinear" {bottoms} top: "y" '
+                               f'compact_bilinear_param {{ num_output: {d} sum_pool: {str(sum_pool).lower()} }} }}',
+                               inputs=inputs))
+    tables = compact_bilinear_tables([a.shape[1], b.shape[1]], d)
+    assert tables[0] != tables[1]          # the stream goes on: the same blob gets two different tables
+    ref = compact_bilinear_ref(a, b, tables, d, sum_pool)
+    feeds = {"a": a} if same else {"a": a, "b": b}
+    check_everywhere(model, feeds, {"y": ref}, tmp_path, atol=2e-3, rtol=1e-4, opsets=(17, None))
+    with pytest.raises(CaffeqError, match="opset 17"):
+        model.export_onnx(str(tmp_path / "old.onnx"), opset=16)
+
+
+def test_glibc_rand_is_the_c_librarys():
+    # glibc's documented first outputs after srand(1), and the tables of the fork's 512-channel VGG nets
+    assert glibc_rand(1, 5) == [1804289383, 846930886, 1681692777, 1714636915, 1957747793]
+    (h1, s1), (h2, s2) = compact_bilinear_tables([512, 512], 8192)
+    assert h1[:4] == [1383, 966, 6249, 2163] and h2[-4:] == [3939, 2048, 7485, 2438]
+    assert (sum(h1), sum(h2), s1.count(1), s2.count(1)) == (2076138, 2147677, 259, 242)

@@ -10,6 +10,14 @@ and SumPooling (Hierarchical-Bilinear-Pooling, src/caffe/layers/sum_pooling_laye
 - SumPooling: Caffe's Pooling (the same geometry, MAX, AVE and STOCHASTIC) with a fourth method SUM, the
   sum over each window (the fork allows no padding with it); `sum_pooling_param` holds the
   PoolingParameter fields under their numbers.
+- CompactBilinear (gy20073/compact_bilinear_pooling, compact_bilinear_layer.cpp / .cu; Tensor Sketch):
+  two 4-axis bottoms of one N, H and W (the same blob in the nets).  Each is count-sketched at every
+  position into D = num_output bins, bin h[c] getting s[c] x channel c, then the two sketches are
+  multiplied through unnormalized real FFTs both ways: D times their circular convolution.  With
+  sum_pool (the default) the positions are summed: top (N, D, 1, 1), else (N, D, H, W).  The hashes h
+  (rand() % D) and signs s (2 (rand() % 2) - 1) are not stored: each Reshape seeds glibc's rand() with 1
+  and draws h for bottom 0's channels, then its signs, then bottom 1's hashes and signs (glibc_rand
+  below is that generator, so the tables are the fork's on Linux).  ONNX: opset 17's DFT.
 """
 import numpy as np
 import torch
@@ -140,3 +148,120 @@ class SumPooling(Pooling):
         k, s, p, ceil = self._sum_window(node.attrs, *emit.in_shape(0)[2:])
         m = emit.instance(TORCH_POOL_MODULE, "sum", k, s, p, ceil, needs=[TORCH_POOL_FUNCTIONS])
         return f"{m}({emit.inputs[0]})"
+
+
+# ---- CompactBilinear ---------------------------------------------------------------------------------
+
+def glibc_rand(seed, count):
+    """The first `count` outputs of glibc's rand() after srand(seed) (its TYPE_3 additive feedback generator)."""
+    r = [seed]
+    for i in range(1, 31):
+        hi, lo = divmod(r[i - 1], 127773)
+        word = 16807 * lo - 2836 * hi
+        r.append(word + 2147483647 if word < 0 else word)
+    r += [r[i - 31] for i in range(31, 34)]
+    for i in range(34, 344 + count):
+        r.append((r[i - 31] + r[i - 3]) & 0xFFFFFFFF)
+    return [v >> 1 for v in r[344:344 + count]]
+
+
+def compact_bilinear_tables(channels, num_output):
+    """The fork's [(hashes, signs) of bottom 0, of bottom 1] for these channel counts."""
+    stream = iter(glibc_rand(1, 2 * sum(channels)))
+    tables = []
+    for c in channels:
+        hashes = [next(stream) % num_output for _ in range(c)]
+        signs = [2 * (next(stream) % 2) - 1 for _ in range(c)]
+        tables.append((hashes, signs))
+    return tables
+
+
+def count_sketch(x, hashes: list[int], signs: list[int], num_output: int):
+    """(N, C, H, W) -> (N, D, H W): bin h[c] sums s[c] x[:, c], channel by channel."""
+    n, c = x.shape[0], x.shape[1]
+    sign = torch.tensor(signs, dtype=x.dtype, device=x.device)
+    flat = x.reshape(n, c, -1) * sign[None, :, None]
+    out = torch.zeros((n, num_output, flat.shape[2]), dtype=x.dtype, device=x.device)
+    return out.index_add_(1, torch.tensor(hashes, dtype=torch.long, device=x.device), flat)
+
+
+def compact_bilinear(a, b, tables: list, num_output: int, sum_pool: bool):
+    """CompactBilinear: D x the circular convolution of the two count sketches, positions summed or kept."""
+    sa = count_sketch(a, tables[0][0], tables[0][1], num_output)
+    sb = count_sketch(b, tables[1][0], tables[1][1], num_output)
+    spectrum = torch.fft.rfft(sa, dim=1) * torch.fft.rfft(sb, dim=1)
+    z = torch.fft.irfft(spectrum, n=num_output, dim=1) * num_output     # the fork's unnormalized inverse
+    if sum_pool:
+        return z.sum(dim=2).reshape(a.shape[0], num_output, 1, 1)
+    return z.reshape(a.shape[0], num_output, a.shape[2], a.shape[3])
+
+
+@register_layer("CompactBilinear")
+class CompactBilinear(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "CompactBilinear", 2, 1, in_place=False)
+        p = lp.compact_bilinear_param
+        if not p.HasField("num_output") or p.num_output < 1:
+            raise LayerError("compact_bilinear_param.num_output is required and must be >= 1 (the fork's check)")
+        return {"num_output": int(p.num_output), "sum_pool": bool(p.sum_pool)}
+
+    def infer(self, attrs, in_shapes):
+        a, b = (tuple(s) for s in in_shapes)
+        if len(a) != 4 or len(b) != 4 or a[0] != b[0] or a[2:] != b[2:]:
+            raise LayerError(f"CompactBilinear needs two 4-axis bottoms of one N, H and W, got {list(a)} and {list(b)}")
+        attrs["_tables"] = compact_bilinear_tables([a[1], b[1]], attrs["num_output"])
+        d = attrs["num_output"]
+        return [(a[0], d, 1, 1) if attrs["sum_pool"] else (a[0], d, a[2], a[3])]
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        n, c, h, w = in_shapes[0]
+        d = attrs["num_output"]
+        return n * h * w * (c + in_shapes[1][1] + 3 * d * max(1, int(np.log2(d))))
+
+    def forward(self, attrs, params, a, b):
+        return compact_bilinear(a, b, attrs["_tables"], attrs["num_output"], attrs["sum_pool"])
+
+    def onnx(self, ctx, node):
+        from ..errors import ExportError
+        if ctx.opset < 17:
+            raise ExportError(f"layer '{node.name}' (CompactBilinear): its FFTs need ONNX's DFT, opset 17 and later; "
+                              f"export with --opset 17 or later")
+        def dft(x, hint, **kw):
+            """DFT along axis 2: an attribute until opset 20, an input from then on."""
+            if ctx.opset >= 20:
+                return ctx.op("DFT", [x, "", ctx.i64(2)], hint, **kw)
+            return ctx.op("DFT", [x], hint, axis=2, **kw)
+        a_name, b_name = node.inputs
+        n, _, h, w = ctx.shape(a_name)
+        d = node.attrs["num_output"]
+        spectra = []
+        for k, x in enumerate((a_name, b_name)):
+            hashes, signs = node.attrs["_tables"][k]
+            c = len(hashes)
+            sketch = np.zeros((d, c), np.float32)
+            sketch[hashes, np.arange(c)] = signs      # one signed 1 per channel: the count sketch as a matrix
+            flat = ctx.op("Reshape", [x, ctx.i64([n, c, h * w])], f"flat{k}", name=node.name)
+            sk = ctx.op("MatMul", [ctx.const(sketch), flat], f"sketch{k}")                 # (N, D, P)
+            real = ctx.op("Unsqueeze", [ctx.op("Transpose", [sk], f"pd{k}", perm=[0, 2, 1]), ctx.i64([3])], f"re{k}")
+            spectra.append(dft(real, f"spec{k}"))                                            # (N, P, D, 2)
+        ar, ai = (ctx.op("Slice", [spectra[0], ctx.i64([i]), ctx.i64([i + 1]), ctx.i64([3])], f"a{i}") for i in (0, 1))
+        br, bi = (ctx.op("Slice", [spectra[1], ctx.i64([i]), ctx.i64([i + 1]), ctx.i64([3])], f"b{i}") for i in (0, 1))
+        pr = ctx.op("Sub", [ctx.op("Mul", [ar, br], "rr"), ctx.op("Mul", [ai, bi], "ii")], "pr")
+        pi = ctx.op("Add", [ctx.op("Mul", [ar, bi], "ri"), ctx.op("Mul", [ai, br], "ir")], "pi")
+        inverse = dft(ctx.op("Concat", [pr, pi], "prod", axis=3), "inv", inverse=1)
+        real = ctx.op("Slice", [inverse, ctx.i64([0]), ctx.i64([1]), ctx.i64([3])], "real")
+        # ONNX's inverse divides by D; the fork's does not
+        z = ctx.op("Mul", [ctx.op("Squeeze", [real, ctx.i64([3])], "z_pd"), ctx.f32(float(d))], "z")   # (N, P, D)
+        if node.attrs["sum_pool"]:
+            from .norm import onnx_reduce
+            summed = onnx_reduce(ctx, "ReduceSum", z, [1], False)
+            ctx.add_node("Reshape", [summed, ctx.i64([n, d, 1, 1])], [node.outputs[0]])
+        else:
+            ctx.add_node("Reshape", [ctx.op("Transpose", [z], "dp", perm=[0, 2, 1]), ctx.i64([n, d, h, w])],
+                         [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        emit.helper(count_sketch)
+        a = node.attrs
+        return (f"{emit.helper(compact_bilinear)}({', '.join(emit.inputs)}, {a['_tables']!r}, {a['num_output']}, "
+                f"{a['sum_pool']})")
