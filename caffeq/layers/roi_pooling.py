@@ -86,9 +86,15 @@ def pad_roi_corners(roi, pad_ratio: float):
 def roi_bins(roi, scale: float, ph: int, pw: int, h: int, w: int, pad_ratio: float = 0.0):
     """Fast R-CNN's integer bins of one roi [batch, x1, y1, x2, y2] (float32, CPU): hstart, hend,
     wstart, wend, clipped to the map."""
-    f32 = torch.float32
     corners = pad_roi_corners(roi, pad_ratio)
-    x1, y1, x2, y2 = c_round((corners * torch.tensor(scale, dtype=f32)).double()).tolist()
+    x1, y1, x2, y2 = c_round((corners * torch.tensor(scale, dtype=torch.float32)).double()).tolist()
+    return cell_bins(x1, y1, x2, y2, ph, pw, h, w)
+
+
+def cell_bins(x1: float, y1: float, x2: float, y2: float, ph: int, pw: int, h: int, w: int):
+    """The bins of a roi whose corners are whole map cells (inclusive): float32 bin sizes, floor and ceil,
+    clipped to the map."""
+    f32 = torch.float32
     rh = max(int(y2 - y1) + 1, 1)
     rw = max(int(x2 - x1) + 1, 1)
     bh = torch.tensor(float(rh), dtype=f32) / torch.tensor(float(ph), dtype=f32)
@@ -105,27 +111,32 @@ def roi_max_pool(x, rois, ph: int, pw: int, spatial_scale: float, pad_ratio: flo
     r = roi_rows(rois, "ROIPooling")
     n, c, h, w = x.shape
     outs = []
-    neg = torch.tensor(float("-inf"), device=x.device, dtype=x.dtype)
-    zero = torch.zeros((), device=x.device, dtype=x.dtype)
     for roi in r:
         b = roi_batch_index(roi, n, "ROIPooling")
-        hs, he, ws, we = roi_bins(roi, spatial_scale, ph, pw, h, w, pad_ratio)
-        empty = ((he <= hs)[:, None] | (we <= ws)[None, :]).to(x.device)
-        h0, h1 = int(hs.min()), max(int(he.max()), int(hs.min()) + 1)
-        w0, w1 = int(ws.min()), max(int(we.max()), int(ws.min()) + 1)
-        h1, w1 = min(h1, h), min(w1, w)
-        if h0 >= h1 or w0 >= w1:  # the whole roi is outside the map
-            outs.append(torch.zeros((c, ph, pw), device=x.device, dtype=x.dtype))
-            continue
-        region = x[b, :, h0:h1, w0:w1]  # (C, rh, rw)
-        mw = bin_mask(ws - w0, we - w0, w1 - w0).to(x.device)  # (pw, rw)
-        mh = bin_mask(hs - h0, he - h0, h1 - h0).to(x.device)  # (ph, rh)
-        cols = torch.where(mw[None, None], region[:, :, None, :], neg).amax(-1)  # (C, rh, pw)
-        bins = torch.where(mh[None, :, :, None], cols[:, None, :, :], neg).amax(2)  # (C, ph, pw)
-        outs.append(torch.where(empty[None], zero, bins))
+        outs.append(max_over_bins(x[b], *roi_bins(roi, spatial_scale, ph, pw, h, w, pad_ratio)))
     if not outs:
         return x.new_zeros((0, c, ph, pw))
     return torch.stack(outs)
+
+
+def max_over_bins(plane, hs, he, ws, we):
+    """Each bin's maximum over the (C, H, W) plane, 0 for an empty bin: (C, ph, pw)."""
+    c, h, w = plane.shape
+    ph, pw = len(hs), len(ws)
+    neg = torch.tensor(float("-inf"), device=plane.device, dtype=plane.dtype)
+    zero = torch.zeros((), device=plane.device, dtype=plane.dtype)
+    empty = ((he <= hs)[:, None] | (we <= ws)[None, :]).to(plane.device)
+    h0, h1 = int(hs.min()), max(int(he.max()), int(hs.min()) + 1)
+    w0, w1 = int(ws.min()), max(int(we.max()), int(ws.min()) + 1)
+    h1, w1 = min(h1, h), min(w1, w)
+    if h0 >= h1 or w0 >= w1:  # the whole roi is outside the map
+        return torch.zeros((c, ph, pw), device=plane.device, dtype=plane.dtype)
+    region = plane[:, h0:h1, w0:w1]  # (C, rh, rw)
+    mw = bin_mask(ws - w0, we - w0, w1 - w0).to(plane.device)  # (pw, rw)
+    mh = bin_mask(hs - h0, he - h0, h1 - h0).to(plane.device)  # (ph, rh)
+    cols = torch.where(mw[None, None], region[:, :, None, :], neg).amax(-1)  # (C, rh, pw)
+    bins = torch.where(mh[None, :, :, None], cols[:, None, :, :], neg).amax(2)  # (C, ph, pw)
+    return torch.where(empty[None], zero, bins)
 
 
 def roi_avg_pool(x, rois, ph: int, pw: int, spatial_scale: float):
@@ -223,8 +234,8 @@ class RoiLayer(nn.Module):
 
 # model.py gets the same functions, so the export stays bit-identical to forward
 TORCH_ROI_COMMON = torch_sources(c_round, bin_mask, bin_means, roi_rows, roi_batch_index)
-TORCH_ROI_POOLING = torch_sources(pad_roi_corners, roi_bins, roi_max_pool)
-TORCH_ROI_AVG_POOLING = torch_sources(pad_roi_corners, roi_bins, roi_avg_pool)
+TORCH_ROI_POOLING = torch_sources(pad_roi_corners, cell_bins, roi_bins, max_over_bins, roi_max_pool)
+TORCH_ROI_AVG_POOLING = torch_sources(pad_roi_corners, cell_bins, roi_bins, roi_avg_pool)
 TORCH_PSROI_BINS = torch_sources(ps_roi_bins)
 TORCH_PSROI_POOLING = torch_sources(ps_roi_avg_pool)
 TORCH_PSROI_CONTEXT_POOLING = torch_sources(ps_roi_context_pool)
