@@ -465,6 +465,10 @@ class TransformedWeights:
         """The weights as the forward uses them (a torch tensor), or None where they stay as stored."""
         return None
 
+    def bias_transform(self, attrs, bias):
+        """The bias (blob 1) as the forward uses it, or None where it stays as stored."""
+        return None
+
     def weight_transform_note(self, attrs):
         return None
 
@@ -472,6 +476,9 @@ class TransformedWeights:
         weight = self.weight_transform(attrs, params[0])
         if weight is not None:
             params = [weight] + list(params[1:])
+        bias = self.bias_transform(attrs, params[1]) if len(params) > 1 else None
+        if bias is not None:
+            params = [params[0], bias] + list(params[2:])
         return super().forward(attrs, params, *xs)
 
     def transformed_node(self, node):
@@ -484,6 +491,10 @@ class TransformedWeights:
                 weight = self.weight_transform(node.attrs, torch.from_numpy(q.blobs[0]))
                 if weight is not None:
                     q.blobs[0] = weight.numpy()
+            if len(q.blobs) > 1 and q.blobs[1] is not None:
+                bias = self.bias_transform(node.attrs, torch.from_numpy(q.blobs[1]))
+                if bias is not None:
+                    q.blobs[1] = bias.numpy()
         q.quant, q.shared_from = {}, {}
         return q
 
