@@ -11,6 +11,7 @@ from . import (  # noqa: F401,E402
     bilinear_pooling,
     bireal,
     c3d,
+    caffe_gan,
     caffe_plus,
     caffemex,
     cambricon_yolo,
