@@ -863,3 +863,23 @@ def test_caffe_multilabel_mem_group_size_only_sizes_a_buffer(tmp_path):
     assert {lp.name: lp for lp in model.net.layer}["c"].convolution_param.mem_group_size == 8
     w, b = (np.asarray(v) for v in node_of(model, "c").blobs)
     check_everywhere(model, {"x": x}, {"y": conv_ref(x, w, b, (2, 2), (0, 0))}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def test_srgan_gan_phase_switches_leave_the_forward_alone(tmp_path):
+    # ShenghaiRong/caffe_srgan: gen_mode / dis_mode / weight_fixed only gate the backward's weight updates
+    import numpy as np
+    from conftest import check_everywhere, conv_ref, net, node_of, rng
+
+    from caffeq.model import load_from_text
+    x = rng(5).standard_normal((1, 2, 5, 5)).astype(np.float32)
+    model = load_from_text(net('layer { name: "c" type: "Convolution" bottom: "x" top: "c" convolution_param { '
+                               'num_output: 3 kernel_size: 3 gen_mode: true weight_fixed: false } }',
+                               'layer { name: "ip" type: "InnerProduct" bottom: "c" top: "y" inner_product_param { '
+                               'num_output: 2 dis_mode: true } }',
+                               'layer { name: "s" type: "Scale" bottom: "y" top: "z" scale_param { gen_mode: true } }',
+                               inputs={"x": x.shape}), random_weights=True)
+    w, b = (np.asarray(v) for v in node_of(model, "c").blobs)
+    wi, bi = (np.asarray(v, np.float64) for v in node_of(model, "ip").blobs)
+    s = np.asarray(node_of(model, "s").blobs[0], np.float64)
+    ref = (conv_ref(x, w, b, (1, 1), (0, 0)).reshape(1, -1) @ wi.T + bi) * s
+    check_everywhere(model, {"x": x}, {"z": ref}, tmp_path, atol=1e-5, rtol=1e-5)
