@@ -273,3 +273,24 @@ def test_model_py_matches_on_a_tiny_first_conv_net(tmp_path):
     got = model_py_outputs(model, feeds, tmp_path)
     for k in ("c", "d"):
         np.testing.assert_array_equal(got[k], ours[k])
+
+
+# ---- the MLU-only layers of CNStream's nets (read and sized; they refuse to run) ---------------------
+
+def test_mlu_only_layers_are_read_sized_and_refused():
+    from caffeq.errors import CaffeqError
+    from caffeq.model import load_from_text
+    text = ('input: "yuv" input_shape { dim: 1 dim: 1 dim: 18 dim: 8 }\n'
+            'layer { name: "rgb" type: "MLUYUVtoRGB" bottom: "yuv" top: "rgb" }\n'
+            'input: "loc" input_shape { dim: 1 dim: 16 dim: 3 dim: 2 }\n'
+            'input: "conf" input_shape { dim: 1 dim: 12 dim: 3 dim: 2 }\n'
+            'input: "feat" input_shape { dim: 1 dim: 5 dim: 3 dim: 2 }\n'
+            'layer { name: "det" type: "SsdDetection" bottom: "loc" bottom: "conf" bottom: "feat" bottom: "rgb" '
+            'top: "det" detection_output_param { num_classes: 3 keep_top_k: 7 nms_param { nms_threshold: 0.45 } } '
+            'priorbox_params { min_size: 4 aspect_ratio: 2 } }\n')
+    model = load_from_text(text)
+    assert model.blob_shapes["rgb"] == (1, 4, 12, 8) and model.blob_shapes["det"] == (1, 7, 1, 6)
+    with pytest.raises(CaffeqError, match="computes it only on the MLU"):
+        model.run({k: np.zeros(s, np.float32) for k, s in model.inputs.items()})
+    with pytest.raises(CaffeqError, match="one priorbox_params per level"):
+        load_from_text(text.replace("priorbox_params { min_size: 4 aspect_ratio: 2 } ", ""))

@@ -14,6 +14,7 @@ from . import (  # noqa: F401,E402
     caffe_gan,
     caffe_plus,
     caffemex,
+    cambricon_mlu,
     cambricon_yolo,
     cascade_rcnn,
     ccpd,
