@@ -31,6 +31,7 @@ from . import (  # noqa: F401,E402
     dense_crf,
     denseblock,
     densereg,
+    detect_track,
     detectnet,
     devise,
     dsc,
