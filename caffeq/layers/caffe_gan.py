@@ -18,7 +18,7 @@ bf0b27b that its nets use).
 import numpy as np
 import torch.nn.functional as F
 
-from .registry import Layer, LayerError, claim_layers, legacy_nchw, need_blobs, register_layer
+from .registry import AT_LEAST, Layer, LayerError, claim_layers, legacy_nchw, need_blobs, register_layer
 
 MDTOW, MWTOD = 0, 1
 
@@ -26,7 +26,7 @@ MDTOW, MWTOD = 0, 1
 @claim_layers("Switch", lambda lp: lp.HasField("net_id"))
 class GanSwitch(Layer):
     def parse(self, lp):
-        need_blobs(lp, "Switch", range(2, 1 << 20), 1)
+        need_blobs(lp, "Switch", range(2, AT_LEAST), 1)
         return {}
 
     def infer(self, attrs, in_shapes):
@@ -71,16 +71,15 @@ class Dtow(Layer):
 
     def onnx(self, ctx, node):
         x = ctx.op("Reshape", [node.inputs[0], ctx.i64(node.attrs["_legacy"])], "x4", name=node.name)
-        op = "DepthToSpace" if node.attrs["to_space"] else "SpaceToDepth"
-        extra = {"mode": "CRD"} if node.attrs["to_space"] else {}
-        if not node.attrs["to_space"]:      # SpaceToDepth is DCR-ordered: pixel_unshuffle's CRD through reshapes
-            n, c, h, w = node.attrs["_legacy"]
-            p = node.attrs["p"]
-            six = ctx.op("Reshape", [x, ctx.i64([n, c, h // p, p, w // p, p])], "six")
-            moved = ctx.op("Transpose", [six], "moved", perm=[0, 1, 3, 5, 2, 4])
-            ctx.add_node("Reshape", [moved, ctx.i64([n, c * p * p, h // p, w // p])], [node.outputs[0]])
+        p = node.attrs["p"]
+        if node.attrs["to_space"]:
+            ctx.add_node("DepthToSpace", [x], [node.outputs[0]], blocksize=p, mode="CRD")
             return
-        ctx.add_node(op, [x], [node.outputs[0]], blocksize=node.attrs["p"], **extra)
+        # ONNX's SpaceToDepth orders the channels (dy, dx, c); pixel_unshuffle's (c, dy, dx) through reshapes
+        n, c, h, w = node.attrs["_legacy"]
+        six = ctx.op("Reshape", [x, ctx.i64([n, c, h // p, p, w // p, p])], "six")
+        moved = ctx.op("Transpose", [six], "moved", perm=[0, 1, 3, 5, 2, 4])
+        ctx.add_node("Reshape", [moved, ctx.i64([n, c * p * p, h // p, w // p])], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
         emit.uses("F")
