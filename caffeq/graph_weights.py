@@ -27,8 +27,9 @@ def _weights_layer_name(node, weights):
     return None
 
 
-def attach_weights(graph, weights, source="", weights_source=""):
-    """Copy weights into nodes by layer name, as Caffe's Net::CopyTrainedLayersFrom."""
+def attach_weights(graph, weights, source="", weights_source="", notes=None):
+    """Copy weights into nodes by layer name, as Caffe's Net::CopyTrainedLayersFrom; notes receives a
+    line for each layer whose blobs came in a fork's other layout (Layer.stored_blobs)."""
     wsrc = weights_source or source
     for node in graph.nodes:
         expected = node.expected_param_shapes
@@ -40,6 +41,14 @@ def attach_weights(graph, weights, source="", weights_source=""):
                                    f"but the weights file has no layer of that name")
             continue
         blobs = weights[source_name]
+        if node.spec is not None and node.attrs is not None:
+            arrays = [b.array if hasattr(b, "array") else np.asarray(b) for b in blobs]
+            said = []
+            converted = node.spec.stored_blobs(node.attrs, arrays, said)
+            if converted is not arrays:
+                blobs = converted
+            if notes is not None:
+                notes.extend(f"{wsrc}: layer '{node.name}': {line}" for line in said)
         if expected is None and any(graph.tensors[t].shape is None for t in node.inputs):
             node.blobs = [b.array if hasattr(b, "array") else np.asarray(b) for b in blobs]
             continue   # shapes unknown (listed without its dataset): nothing to check against

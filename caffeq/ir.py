@@ -415,7 +415,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
     graph = Graph(name=net.name, nodes=nodes, tensors=tensors, inputs=inputs, outputs=net_outputs,
                   source=source)
     if weights is not None:
-        attach_weights(graph, weights, source)
+        attach_weights(graph, weights, source, notes=notes)
         share_params(graph)
     return graph
 

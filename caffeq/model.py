@@ -263,7 +263,7 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
             for n in graph.nodes:
                 if n.name not in blobs:
                     blobs[n.name] = [np.asarray(b) for b in (n.blobs or [])]
-        attach_weights(graph, blobs, path, weights_path)
+        attach_weights(graph, blobs, path, weights_path, notes=warnings)
     elif random_weights:
         init_params(graph, seed)
     share_params(graph)

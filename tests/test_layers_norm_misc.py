@@ -822,3 +822,26 @@ def test_naibaf7s_weighted_euclidean_loss():
     with pytest.raises(LayerError, match="one value per element"):
         build([("a", a.shape), ("b", b.shape), ("w", (2, 3))],
               ['layer { name: "loss" type: "EuclideanLoss" bottom: "a" bottom: "b" bottom: "w" top: "loss" }'])
+
+
+@pytest.mark.parametrize("with_unused", [True, False])
+def test_batchnorm_reads_xilinx_caffe_blobs_in_their_order(with_unused, tmp_path):
+    """caffe-xilinx batch_norm_layer.cpp stores [scale, bias, mean, variance, 1 value] (the last may be left out
+    of a caffemodel); at TEST y = (x - mean) (variance + eps)^-0.5 scale + bias, NVCaffe's scale_bias form."""
+    from caffeq.io.prototxt import parse_prototxt_text
+    from caffeq.io.writer import write_caffemodel
+    from caffeq.model import load
+    text = (inputs_text(x=(2, 3, 4, 5)) + 'layer { name: "bn" type: "BatchNorm" bottom: "x" top: "y" '
+            'batch_norm_param { scale_filler { type: "constant" value: 1 } bias_filler { type: "constant" value: 0 } } }')
+    r = np.random.default_rng(3)
+    gamma, beta, mean = (r.standard_normal(3).astype(np.float32) for _ in range(3))
+    var = r.uniform(0.5, 2, 3).astype(np.float32)
+    blobs = [gamma, beta, mean, var] + ([np.array([1.0], np.float32)] if with_unused else [])
+    (tmp_path / "n.prototxt").write_text(text)
+    write_caffemodel(parse_prototxt_text(text), {"bn": blobs}, tmp_path / "n.caffemodel")
+    model = load(str(tmp_path / "n.prototxt"), weights=str(tmp_path / "n.caffemodel"))
+    assert any("Xilinx's caffe-xilinx" in w for w in model.warnings)
+    x = r.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    c = (slice(None), None, None)
+    ref = (x - mean[c]) / np.sqrt(var[c].astype(np.float64) + 1e-5) * gamma[c] + beta[c]
+    check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=1e-5, rtol=1e-5)

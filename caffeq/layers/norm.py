@@ -3,7 +3,10 @@
 - BatchNorm has no affine part (a Scale layer follows it).  Its blobs are the
   running mean, variance and a moving-average factor s; the statistics used
   are blob / s, with s == 0 meaning 0.  NVCaffe's `scale_bias` adds scale and
-  bias blobs (5 in all) and uses the mean/variance blobs as they are.
+  bias blobs (5 in all) and uses the mean/variance blobs as they are.  Xilinx's
+  caffe-xilinx (Vitis-AI d02dcb6; its nets carry the same scale_filler /
+  bias_filler) computes the same but stores [scale, bias, mean, variance] and
+  an unused 1-element blob (or only the first four): read into NVCaffe's order.
 - LRN ACROSS_CHANNELS: x * (k + alpha/n * sum of x^2 over n channels)^-beta.
   WITHIN_CHANNEL is Caffe's split/square/AVE-pool/power/product chain:
   x * (1 + alpha * mean of x^2 over an n x n window)^-beta (k is unused there,
@@ -161,6 +164,20 @@ class BatchNorm(Layer):
             # synopsys-caffe: add_eps_before_sqrt: false divides by sqrt(var) + eps
             "eps_after_sqrt": not p.add_eps_before_sqrt,
         }
+
+    def stored_blobs(self, attrs, arrays, notes):
+        """Xilinx's [scale, bias, mean, variance(, 1 value)] into NVCaffe's [mean, variance, factor, scale, bias]:
+        NVCaffe keeps its 1-value blob third, Xilinx fifth or not at all."""
+        if not attrs["scale_bias"] or len(arrays) not in (4, 5) or arrays[0].size == 1:
+            return arrays
+        if len(arrays) == 5 and (arrays[2].size == 1 or arrays[4].size != 1):
+            return arrays
+        if len(arrays) == 4 and any(a.size != arrays[0].size for a in arrays):
+            return arrays
+        notes.append(f"BatchNorm blobs stored as Xilinx's caffe-xilinx does ([scale, bias, mean, variance"
+                     f"{', 1 value' if len(arrays) == 5 else ''}]): read in NVCaffe's order")
+        gamma, beta, mean, var = (a.reshape(-1) for a in arrays[:4])
+        return [mean, var, np.ones(1, np.float32), gamma, beta]
 
     def _channels(self, attrs, shape):
         if len(shape) == 0:

@@ -205,6 +205,11 @@ class Layer:
         """Blob names for this configuration (override when optional blobs shift the order)."""
         return self.blob_names
 
+    def stored_blobs(self, attrs, arrays, notes):
+        """A weights file's blobs (numpy arrays) in the order this spec keeps them: a fork that stores the
+        same values in another layout is converted here (append a note when doing so).  Default: as stored."""
+        return arrays
+
     def buffer_blobs_for(self, attrs):
         """Indexes of the statistics blobs for this configuration (override when they move)."""
         return self.buffer_blobs
