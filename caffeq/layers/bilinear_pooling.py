@@ -22,7 +22,9 @@ and SumPooling (Hierarchical-Bilinear-Pooling, src/caffe/layers/sum_pooling_laye
 import numpy as np
 import torch
 
+from ..errors import ExportError
 from ..io.schema import caffe_pb2
+from .norm import onnx_reduce
 from .pooling import AVE, CEIL, TORCH_POOL_FUNCTIONS, TORCH_POOL_MODULE, Pooling, caffe_pool2d, window
 from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer
 
@@ -222,7 +224,6 @@ class CompactBilinear(Layer):
         return compact_bilinear(a, b, attrs["_tables"], attrs["num_output"], attrs["sum_pool"])
 
     def onnx(self, ctx, node):
-        from ..errors import ExportError
         if ctx.opset < 17:
             raise ExportError(f"layer '{node.name}' (CompactBilinear): its FFTs need ONNX's DFT, opset 17 and later; "
                               f"export with --opset 17 or later")
@@ -253,7 +254,6 @@ class CompactBilinear(Layer):
         # ONNX's inverse divides by D; the fork's does not
         z = ctx.op("Mul", [ctx.op("Squeeze", [real, ctx.i64([3])], "z_pd"), ctx.f32(float(d))], "z")   # (N, P, D)
         if node.attrs["sum_pool"]:
-            from .norm import onnx_reduce
             summed = onnx_reduce(ctx, "ReduceSum", z, [1], False)
             ctx.add_node("Reshape", [summed, ctx.i64([n, d, 1, 1])], [node.outputs[0]])
         else:

@@ -9,12 +9,15 @@ takes and writes (YOLOv3 conversions for the DPU, e.g. rulai-hu/DNNDK-YOLOv3).
   runs along H: OpenCV's taps along each axis, the source coordinate (d + 0.5) / (out / in) - 0.5 in
   doubles rounded to float, clamped to the edges, H combined before W.
 """
+import copy
+
 import numpy as np
 import torch
 
 from .conv import Convolution, InnerProduct, TransformedConvolution, TransformedInnerProduct, TransformedWeights
 from .python_layers import TORCH_CV_NEAREST, cv_nearest_resize, onnx_cv_nearest
 from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer, torch_sources
+from .roi_pooling import c_round
 
 _NEAREST = 1   # DeephiResizeParameter.NEAREST
 
@@ -128,17 +131,11 @@ def _onnx_linear_axis(ctx, x, axis, n_in, n_out, out, name):
 OVER_FLOW, DIFF_S, DIFF_A = 0, 1, 2
 
 
-def _c_round(t):
-    """C's round() of float32 values: half away from zero (exact through float64)."""
-    wide = t.double()
-    return (torch.sign(wide) * torch.floor(wide.abs() + 0.5)).to(t.dtype)
-
-
 def fix_values(x, bit_width: int, position: int):
     """quantize.cpp caffe_cpu_fix: round(x / 2^-p) 2^-p, half away from zero, clamped to bit_width's range."""
     step = 2.0 ** -position
     low, high = -(2.0 ** (bit_width - 1)) * step, (2.0 ** (bit_width - 1)) * step - step
-    return torch.clamp(_c_round(x / step) * step, low, high)
+    return torch.clamp(c_round((x / step).double()).to(x.dtype) * step, low, high)   # exact through float64
 
 
 def fix_position(x, bit_width: int, method: int):
@@ -284,7 +281,6 @@ class ConvolutionBNFixed(TransformedConvolution, Convolution):
                                    [weight.to(ref.device, ref.dtype), bias.to(ref.device, ref.dtype)], *xs)
 
     def transformed_node(self, node):
-        import copy
         q = copy.copy(node)
         weight, bias = self.folded(node.attrs, node.blobs)
         q.blobs = [weight.numpy(), bias.numpy()]
