@@ -49,6 +49,7 @@ from . import (  # noqa: F401,E402
     frcnn3d,
     gate_recurrent,
     greentea_fusion,
+    grid_pooling,
     group_norm,
     happynear,
     highway,
