@@ -116,6 +116,11 @@ def test_templates_read_with_define(name, capsys, tmp_path):
 
 # Nets small enough to run here, with the input shape to run them at (None: the file's own).
 RUNNABLE = {
+    # si-convnet's MNIST-scale nets (HDF5 data, 28 x 28): TICONV, and UP + TIEDCONV (scored at ip2)
+    "akanazawa__si-convnet__models__sicnn__protos__sicnn_train10k_train_test_mnist-sc_split1.prototxt":
+        {"data": (2, 1, 28, 28), "label": (2,)},
+    "akanazawa__si-convnet__models__sicnn__protos__farabet_train10k_train_test_mnist-sc_split1.prototxt":
+        {"data": (2, 1, 28, 28), "label": (2,)},
     "warrentdrew__Caffe_SSD_LSTM_LPR__models__ResNet_LSTM_CTC__deploy.prototxt": None,
     "yalecyu__crnn.caffe__examples__crnn__deploy.prototxt": None,
     "kpzhang93__MTCNN_face_detection_alignment__code__codes__MTCNNv1__model__det1.prototxt": {"data": (2, 3, 31, 23)},
@@ -156,7 +161,9 @@ RUNNABLE = {
     "muupan__dqn-in-the-caffe__dqn.prototxt": None,
 }
 # train files: the blob their loss reads, as a user converting one names it with --outputs
-RUNNABLE_OUTPUTS = {"liuzechun__Bi-Real-net__caffe_implementation__18-layer__Bi-Real-net-18-train.prototxt": ["fc1000"],
+RUNNABLE_OUTPUTS = {"akanazawa__si-convnet__models__sicnn__protos__sicnn_train10k_train_test_mnist-sc_split1.prototxt": ["ip2"],
+                    "akanazawa__si-convnet__models__sicnn__protos__farabet_train10k_train_test_mnist-sc_split1.prototxt": ["ip2"],
+                    "liuzechun__Bi-Real-net__caffe_implementation__18-layer__Bi-Real-net-18-train.prototxt": ["fc1000"],
                     "muupan__dqn-in-the-caffe__dqn.prototxt": ["q_values", "filtered_q_values"]}
 
 

@@ -142,6 +142,9 @@ _V1_FORK_TYPES = {
     "RELUPLUS": "ReLUPlus",
     # LRCN's lisa-caffe-public (its LSTM reads lstm_param; caffeq/layers/recurrent.py)
     "LSTM": "LSTM", "LSTM_UNIT": "LSTMUnit",
+    # akanazawa/si-convnet (caffeq/layers/si_convnet.py; CCCP is NIN's, as V0's "cccp" reads)
+    "UP": "Up", "DOWNPOOL": "Downpool", "TIEDCONV": "Tiedconv", "TICONV": "Ticonv", "CCCP": "Cccp",
+    "PIXEL_ACCURACY": "PixelAccuracy",
 }
 V1_TYPE_STRINGS.update(_V1_FORK_TYPES)
 
@@ -542,6 +545,7 @@ def _upgrade_v1_layer(v1):
     lp.loss_weight.extend(v1.loss_weight)
     if v1.HasField("strict_dim"):   # DeepLab-Context's V1 field (weights loaded by count)
         lp.strict_dim = v1.strict_dim
+    lp.transformations.extend(v1.transformations)   # si-convnet's, not a *_param
     for sub in _V1_SUBPARAMS:
         if v1.HasField(sub):
             getattr(lp, sub).CopyFrom(getattr(v1, sub))

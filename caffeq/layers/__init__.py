@@ -115,6 +115,7 @@ from . import (  # noqa: F401,E402
     segmentation,
     sequence,
     shape_ops,
+    si_convnet,
     skimcaffe,
     sophgo_detection,
     spatial_transformer,
