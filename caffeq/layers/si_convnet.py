@@ -25,6 +25,7 @@ import torch
 from .conv import Convolution, _conv_top_shapes, _onnx_conv, _torch_conv_source, conv_out_size, parse_conv
 from .registry import Layer, LayerError, four_axes, need_blobs, register_layer, torch_sources
 
+
 def si_matrix(scale: float, rotation: float, invert: bool):
     """TMatFromProto: the identity, times R(angle) for a rotation, times S(scale) for a scale; invert
     negates the angle and takes float(1 / scale)."""
