@@ -883,3 +883,23 @@ def test_srgan_gan_phase_switches_leave_the_forward_alone(tmp_path):
     s = np.asarray(node_of(model, "s").blobs[0], np.float64)
     ref = (conv_ref(x, w, b, (1, 1), (0, 0)).reshape(1, -1) @ wi.T + bi) * s
     check_everywhere(model, {"x": x}, {"z": ref}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def test_caffe_heatmap_data_fields_read_and_the_net_infers_without_its_labels():
+    # George-Tech/Caffe-Heatmap: annotated_data_param's heatmap_* shape the TRAIN label maps (its numbers 4-8
+    # are other forks' fields here); the deploy part is BVLC's
+    from conftest import net
+
+    from caffeq.model import load_from_text
+    text = net('layer { name: "data" type: "AnnotatedData" top: "data" top: "label" include { phase: TRAIN } '
+               'annotated_data_param { heatmap_c: 1 heatmap_h: 72 heatmap_w: 60 heatmap_visual: 0 heatmap_sigma: 1 } '
+               'data_param { source: "train_lmdb" batch_size: 4 } }',
+               'layer { name: "c" type: "Convolution" bottom: "x" top: "conv_out_f" convolution_param { num_output: 1 '
+               'kernel_size: 1 } }',
+               'layer { name: "loss" type: "EuclideanLoss" bottom: "conv_out_f" bottom: "label" top: "loss_E" }',
+               inputs={"x": (1, 3, 8, 6)})
+    model = load_from_text(text)
+    p = {lp.name: lp for lp in model.net.layer}["data"].annotated_data_param
+    assert (p.heatmap_c, p.heatmap_h, p.heatmap_w, p.heatmap_sigma) == (1, 72, 60, 1.0)
+    assert p.yolo_data_type == 0 and p.seg_scales == 8   # the other forks' fields at 4-8 keep their defaults
+    assert model.blob_shapes["conv_out_f"] == (1, 1, 8, 6)
