@@ -467,3 +467,57 @@ def test_real_mobilenet_ssd_reads_with_its_shared_bottoms_written_back(tmp_path)
     shapes = [model.graph.shape(t) for t in node.inputs + node.outputs]
     assert node.spec.macs(node.attrs, shapes[:1], shapes[1:]) == 32 * 150 * 150 * 27   # the top's only
 
+
+
+# ---- Egoist67/quanti_ristretto's ScaleRistretto: round() halves away from zero ---------------------
+
+def fixed_point_away_ref(x, bw, fl):
+    """Egoist67's Trim2FixedPoint: as fixed_point_ref, with C's round() (halves away from zero)."""
+    out = np.empty(x.size, np.float32)
+    for i, v in enumerate(np.asarray(x, np.float32).ravel()):
+        max_data = (f32(2.0 ** (bw - 1)) - f32(1)) * f32(2.0 ** -fl)
+        min_data = -f32(2.0 ** (bw - 1)) * f32(2.0 ** -fl)
+        v = f32(c_fmax(c_fmin(float(v), float(max_data)), float(min_data)))
+        v = f32(v / f32(2.0 ** -fl))
+        v = f32(math.copysign(math.floor(abs(float(v)) + 0.5) if abs(float(v)) < 2 ** 23 else abs(float(v)), v))
+        out[i] = f32(v * f32(2.0 ** -fl))
+    return out.reshape(np.shape(x))
+
+
+def test_the_forks_worked_example_rounds_ties_away_from_zero():
+    # spec: bias -0.03125 at fl 4 is -0.5 steps: round() gives -1 (-0.0625), rint would give -0
+    assert fixed_point_away_ref(np.array([-0.03125, 0.15625, 9.3, -9.3], np.float32), 8, 4).tolist() == \
+        [-0.0625, 0.1875, 7.9375, -8.0]
+    model = one_layer("ScaleRistretto", (1, 1, 1, 2), "scale_param { bias_term: true }",
+                      qparam(bw_layer_out=8, bw_params=8, fl_layer_out=4, fl_params=4))
+    set_blobs(model, "q", [1.53], [-0.03125])
+    # x = 0.30001 -> 0.300003051758 (2^-16 grid); 1.5 x - 0.0625 = 0.3875 -> 0.375; 0.125 -> 0.1875 - 0.0625
+    y = model.run({"x": np.array([[[[0.30001, 0.125]]]], np.float32)})["y"]
+    np.testing.assert_array_equal(y.ravel(), [0.375, 0.125])
+
+
+@pytest.mark.parametrize("q", [
+    dict(bw_layer_out=8, bw_params=8, fl_layer_out=4, fl_params=4),      # the corpus net's form
+    dict(bw_layer_in=8, fl_layer_in=3, bw_params=6, fl_params=4, bw_layer_out=8, fl_layer_out=2),
+])
+def test_scale_ristretto_matches_the_forks_loop(q, tmp_path):
+    shape = (2, 5, 3, 4)
+    model = one_layer("ScaleRistretto", shape, "scale_param { bias_term: true }", qparam(**q))
+    r = rng(12)
+    x = with_edges((r.standard_normal(shape) * 6).astype(np.float32), EDGES)
+    # scales and biases on the 2^-5 grid land on exact halves of the params' 2^-4 step: ties
+    s = (r.integers(-40, 40, 5) / 32).astype(np.float32)
+    b = (r.integers(-40, 40, 5) / 32).astype(np.float32)
+    set_blobs(model, "q", s, b)
+    fixed = {k: (q.get(f"bw_{k}", 32), q.get(f"fl_{k}", 16)) for k in ("layer_in", "params", "layer_out")}
+    xq = fixed_point_away_ref(x, *fixed["layer_in"])
+    sq, bq = fixed_point_away_ref(s, *fixed["params"]), fixed_point_away_ref(b, *fixed["params"])
+    assert not np.array_equal(bq, fixed_point_ref(b, *fixed["params"]))   # the ties are there
+    y = (xq * sq[None, :, None, None]).astype(np.float32) + bq[None, :, None, None]
+    check_everywhere(model, {"x": x}, {"y": fixed_point_away_ref(y.astype(np.float32), *fixed["layer_out"])},
+                     tmp_path)
+
+
+def test_scale_ristretto_without_a_bias_is_refused():
+    with pytest.raises(LayerError, match="bias_term: false"):
+        one_layer("ScaleRistretto", (1, 2, 2, 2), "scale_param { bias_term: false }", qparam(bw_params=8))

@@ -301,13 +301,15 @@ class Scale(Layer):
             y = y + _expand(bias, x.dim(), attrs["_bias_axis"])
         return y
 
-    def onnx(self, ctx, node):
+    def onnx(self, ctx, node, inputs=None, outputs=None):
+        """inputs / outputs replace the node's own (ScaleRistretto's trimmed bottoms, untrimmed top)."""
         a = node.attrs
-        x = node.inputs[0]
-        x_ndim = len(ctx.shape(x))
+        x = (inputs or node.inputs)[0]
+        x_ndim = len(ctx.shape(node.inputs[0]))
+        out = (outputs or node.outputs)[0]
         if a["two_bottoms"]:
-            s = node.inputs[1]
-            s_ndim = len(ctx.shape(s))
+            s = (inputs or node.inputs)[1]
+            s_ndim = len(ctx.shape(node.inputs[1]))
             bias_index = 0
         else:
             s = ctx.weight(node, 0)
@@ -320,13 +322,13 @@ class Scale(Layer):
             s = clamped
         s = _onnx_expand(ctx, node, s, s_ndim, x_ndim, a["_axis"], "scale")
         if not a["bias_term"]:
-            ctx.add_node("Mul", [x, s], [node.outputs[0]], name=node.name)
+            ctx.add_node("Mul", [x, s], [out], name=node.name)
             return
         scaled = ctx.tmp(node.name + "_scaled")
         ctx.add_node("Mul", [x, s], [scaled], name=node.name)
         b = _onnx_expand(ctx, node, ctx.weight(node, bias_index),
                          len(node.expected_param_shapes[bias_index]), x_ndim, a["_bias_axis"], "bias")
-        ctx.add_node("Add", [scaled, b], [node.outputs[0]])
+        ctx.add_node("Add", [scaled, b], [out])
 
     def pytorch_source(self, node, emit):
         a = node.attrs

@@ -44,6 +44,7 @@ import torch
 
 from ..errors import ExportError
 from .conv import Convolution, Deconvolution, InnerProduct, _onnx_conv, _torch_conv_source
+from .elementwise import Scale
 from .norm import ACROSS_CHANNELS, LRN
 from .registry import Layer, LayerError, count, register_layer
 
@@ -59,6 +60,20 @@ def ristretto_fixed_point(x, low: float, high: float, step: float):
     and step a power of two, so each operation is the kernel's float32 one."""
     x = torch.fmax(torch.fmin(x, x.new_tensor(high)), x.new_tensor(low))
     return torch.round(x / step) * step
+
+
+def round_half_away(v):
+    """C's round(): halves away from zero, exact in float32 (|v| - floor(|v|) is exact)."""
+    a = torch.abs(v)
+    whole = torch.floor(a)
+    return torch.copysign(whole + (a - whole >= 0.5).to(v.dtype), v)
+
+
+def ristretto_fixed_point_away(x, low: float, high: float, step: float):
+    """Egoist67/quanti_ristretto's Trim2FixedPoint: ristretto_fixed_point with round() (halves away from
+    zero) in place of rint."""
+    x = torch.fmax(torch.fmin(x, x.new_tensor(high)), x.new_tensor(low))
+    return round_half_away(x / step) * step
 
 
 def ristretto_minifloat(x, mant_bits: int, exp_bits: int):
@@ -93,7 +108,16 @@ def ristretto_minifloat(x, mant_bits: int, exp_bits: int):
 def ristretto_pow2(w, exp_min: int, exp_max: int):
     """Ristretto's Trim2IntegerPowerOf2 (GPU kernel, NEAREST): sign(w) * 2^fmax(fmin(rint(log2|w|),
     exp_max), exp_min), w >= 0 taken as positive (a zero becomes +2^exp_min)."""
-    e = torch.round(torch.log2(torch.abs(w)))
+    return pow2_of(torch.round(torch.log2(torch.abs(w))), w, exp_min, exp_max)
+
+
+def ristretto_pow2_away(w, exp_min: int, exp_max: int):
+    """Egoist67/quanti_ristretto's Trim2IntegerPowerOf2: the exponent rounded half away from zero."""
+    return pow2_of(round_half_away(torch.log2(torch.abs(w))), w, exp_min, exp_max)
+
+
+def pow2_of(e, w, exp_min: int, exp_max: int):
+    """sign(w) * 2^e with e clamped to [exp_min, exp_max] (fmin/fmax), w >= 0 taken as positive."""
     e = torch.fmax(torch.fmin(e, e.new_tensor(float(exp_max))), e.new_tensor(float(exp_min)))
     return torch.where(w >= 0, torch.exp2(e), -torch.exp2(e))
 
@@ -130,7 +154,10 @@ def ristretto_trim(x, how):
     return TORCH_TRIMS[how[0]](x, *how[1:])
 
 
-TORCH_TRIMS = {"fixed": ristretto_fixed_point, "minifloat": ristretto_minifloat, "pow2": ristretto_pow2}
+TORCH_TRIMS = {"fixed": ristretto_fixed_point, "minifloat": ristretto_minifloat, "pow2": ristretto_pow2,
+               "fixed_away": ristretto_fixed_point_away, "pow2_away": ristretto_pow2_away}
+# the helpers each trim calls, written into model.py before it
+TRIM_NEEDS = {"fixed_away": (round_half_away,), "pow2": (pow2_of,), "pow2_away": (round_half_away, pow2_of)}
 
 
 def trimmed_blobs(blobs, q):
@@ -203,7 +230,7 @@ def _stochastic(attrs):
 
 def onnx_trim(ctx, x, how, out, name):
     """Fixed point as ONNX: Where(IsNaN) for fmin's NaN, Clip, Div, Round (half to even), Mul."""
-    if how[0] != "fixed":
+    if how[0] not in ("fixed", "fixed_away"):
         raise ExportError(f"layer '{name}': Ristretto's {how[0]} trim reads the float's exponent bits, "
                           f"which ONNX cannot read exactly")
     _, low, high, step = how
@@ -213,8 +240,22 @@ def onnx_trim(ctx, x, how, out, name):
     x = ctx.add_node("Clip", [x, ctx.const(np.array(low, np.float32)), hi], ctx.tmp(f"{name}_sat"))
     s = ctx.const(np.array(step, np.float32))
     x = ctx.add_node("Div", [x, s], ctx.tmp(f"{name}_scaled"))
-    x = ctx.add_node("Round", [x], ctx.tmp(f"{name}_rounded"))
+    x = onnx_round_half_away(ctx, x, name) if how[0] == "fixed_away" else \
+        ctx.add_node("Round", [x], ctx.tmp(f"{name}_rounded"))
     return ctx.add_node("Mul", [x, s], out)
+
+
+def onnx_round_half_away(ctx, x, name):
+    """C's round() as ONNX (Round is half to even): floor(|x|) + (|x| - floor(|x|) >= 0.5), x's sign."""
+    a = ctx.add_node("Abs", [x], ctx.tmp(f"{name}_abs"))
+    whole = ctx.add_node("Floor", [a], ctx.tmp(f"{name}_whole"))
+    frac = ctx.add_node("Sub", [a, whole], ctx.tmp(f"{name}_frac"))
+    up = ctx.add_node("GreaterOrEqual", [frac, ctx.const(np.array(0.5, np.float32))], ctx.tmp(f"{name}_up"))
+    r = ctx.add_node("Add", [whole, ctx.add_node("Cast", [up], ctx.tmp(f"{name}_carry"), to=1)],
+                     ctx.tmp(f"{name}_away"))
+    neg = ctx.add_node("Less", [x, ctx.const(np.array(0.0, np.float32))], ctx.tmp(f"{name}_neg"))
+    return ctx.add_node("Where", [neg, ctx.add_node("Neg", [r], ctx.tmp(f"{name}_minus")), r],
+                        ctx.tmp(f"{name}_rounded"))
 
 
 def _trimmed_node(node):
@@ -239,6 +280,8 @@ def trim_source(emit, x, how):
     """The model.py expression trimming expression `x`."""
     if how is None:
         return x
+    for helper in TRIM_NEEDS.get(how[0], ()):
+        emit.helper(helper)
     fn = emit.helper(TORCH_TRIMS[how[0]])
     return f"{fn}({x}, {', '.join(emit.lit(v) for v in how[1:])})"
 
@@ -373,6 +416,45 @@ class FcRistretto(_Ristretto, InnerProduct):
         emit.inputs = inputs
         try:
             return InnerProduct.pytorch_source(self, node, emit)
+        finally:
+            emit.inputs = real
+
+
+AWAY = {"fixed": "fixed_away", "pow2": "pow2_away"}   # Egoist67's round() in place of rint
+
+
+@register_layer("ScaleRistretto")
+class ScaleRistretto(_Ristretto, Scale):
+    """Scale (and its bias) with Ristretto's trims, as Egoist67/quanti_ristretto d3aa2c5 computes it
+    (scale_ristretto_layer.cpp/.cu): bottoms trimmed with *_layer_in, the scale and the bias with *_params,
+    the top with *_layer_out; fixed point and the power-of-2 exponents round halves away from zero
+    (round(), on its CPU and GPU alike); minifloat as Ristretto's GPU.  With the scale from a second bottom
+    nothing is trimmed but the bottoms and the top.  The fork's ConvolutionRistretto and FcRistretto round
+    the same way, but their names are pmgysel's, whose GPU rounds halves to even, as caffeq reads them."""
+
+    def parse(self, lp):
+        attrs = super().parse(lp)
+        if not attrs["bias_term"]:
+            raise LayerError("ScaleRistretto without its bias (bias_term: false): the fork dereferences a "
+                             "missing bias copy and crashes")
+        q = attrs["ristretto"]
+        for key in ("inputs", "outputs", "weights", "bias"):
+            if q[key] is not None:
+                q[key] = (AWAY.get(q[key][0], q[key][0]),) + tuple(q[key][1:])
+        if attrs["two_bottoms"]:   # the weights are trimmed only for a learned scale; the blob is the bias
+            q["weights"] = q["bias"] = None
+        elif q["precision"] == "INTEGER_POWER_OF_2_WEIGHTS":
+            q["bias"] = None
+        return attrs
+
+    def onnx_layer(self, ctx, node, inputs, outputs):
+        Scale.onnx(self, ctx, node, inputs, outputs)
+
+    def source_layer(self, node, emit, inputs):
+        real = emit.inputs
+        emit.inputs = inputs
+        try:
+            return Scale.pytorch_source(self, node, emit)
         finally:
             emit.inputs = real
 
