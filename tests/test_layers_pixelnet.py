@@ -242,3 +242,72 @@ def test_the_surface_normal_nets_normalize_reads_fix_scale(tmp_path):
     x = rng(2).standard_normal((7, 3)).astype(f32)
     norm = np.sqrt((x.astype(np.float64) ** 2).sum(1, keepdims=True) + 1e-10)
     check_everywhere(model, {"x": x}, {"o": x / norm * scale}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+# ---- RandCatConv (aayushbansal/caffe, MarrRevisited's surface normals) ----------------------------
+
+def rand_cat_conv_text(rates, pad_factor, maps, random=False):
+    factors = " ".join(f"pooling_factor: {r}" for r in rates)
+    bottoms = " ".join(f'bottom: "{b}"' for b in maps)
+    return (f'layer {{ name: "rc" type: "RandCatConv" {bottoms} bottom: "mask" bottom: "sn" top: "fc5" top: "pixel_sn" '
+            f'rand_cat_conv_param {{ rand_selection: {str(random).lower()} num_output: 7 {factors} '
+            f'pad_factor: {pad_factor} }} }}')
+
+
+def marked_pixels(mask, num, rows):
+    """The fork's list: image 0's mask cells whose value truncates to 1, raster order, once per image."""
+    h, w = mask.shape[-2:]
+    cells = [(y, x) for y in range(h) for x in range(w) if c_int(mask.reshape(-1)[y * w + x]) == 1]
+    return np.array([(i, y, x) for i in range(num) for y, x in cells], f32)[:rows * num]
+
+
+def test_rand_cat_conv_worked_example():
+    # spec: A 4x4 at factor 1, B 2x2 = [[0, 1], [2, 3]] at factor 2, pad_factor 1, the mask's centre 2x2
+    a = np.arange(16, dtype=f32).reshape(1, 1, 4, 4)
+    b = np.array([[0, 1], [2, 3]], f32).reshape(1, 1, 2, 2)
+    mask = np.zeros((1, 1, 4, 4), f32)
+    mask[0, 0, 1:3, 1:3] = 1
+    model = load_from_text(net(rand_cat_conv_text([1, 2], 1, ["a", "b"]),
+                               inputs={"a": a.shape, "b": b.shape, "mask": mask.shape, "sn": (1, 3, 4, 4)}))
+    sn = np.arange(48, dtype=f32).reshape(1, 3, 4, 4)
+    out = model.run({"a": a, "b": b, "mask": mask, "sn": sn})
+    np.testing.assert_array_equal(out["fc5"], [[5, 0.75], [6, 1.25], [9, 1.75], [10, 2.25]])
+    np.testing.assert_array_equal(out["pixel_sn"], [[5, 21, 37], [6, 22, 38], [9, 25, 41], [10, 26, 42]])
+
+
+def test_rand_cat_conv_matches_the_forks_loop(tmp_path):
+    # two images read image 0's mask; values from 1 to < 2 mark a pixel; bottom 0 is 12 x 12, pad_factor 3
+    shapes = [(2, 3, 12, 12), (2, 4, 6, 6), (2, 2, 3, 3)]
+    rates = [1, 2, 4]
+    g = rng(21)
+    feeds = {f"f{i}": g.standard_normal(s).astype(f32) for i, s in enumerate(shapes)}
+    mask = np.zeros((2, 1, 12, 12), f32)
+    mask[0, 0, 3:9, 3:9] = 1.5
+    mask[0, 0, 4, 4] = 2.0           # truncates to 2: not marked, so the list runs on past the square
+    mask[0, 0, 8, 2] = 1.0
+    mask[1] = 0                      # image 1's own mask is never read
+    feeds |= {"mask": mask, "sn": g.standard_normal((2, 3, 12, 12)).astype(f32)}
+    names = [f"f{i}" for i in range(3)]
+    model = load_from_text(net(rand_cat_conv_text(rates, 3, names),
+                               inputs={n: s for n, s in zip(names, shapes)} | {"mask": mask.shape, "sn": (2, 3, 12, 12)}))
+    rows = 36
+    assert model.blob_shapes["fc5"] == (72, 9) and model.blob_shapes["pixel_sn"] == (72, 3)
+    pixels = marked_pixels(mask[0], 2, rows)
+    ref = randbi_ref([feeds[n] for n in names], pixels, rates, True)
+    sn = feeds["sn"].reshape(-1)
+    targets = np.array([[sn[int(i) * 3 * 144 + c * 144 + int(y) * 12 + int(x)] for c in range(3)]
+                        for i, y, x in pixels], f32)
+    check_everywhere(model, feeds, {"fc5": ref, "pixel_sn": targets}, tmp_path)
+
+
+def test_rand_cat_conv_refuses_a_mask_of_too_few_pixels_and_random_selection():
+    shapes = {"a": (1, 1, 6, 6), "mask": (1, 1, 6, 6), "sn": (1, 3, 6, 6)}
+    model = load_from_text(net(rand_cat_conv_text([1], 1, ["a"]), inputs=shapes))
+    mask = np.zeros((1, 1, 6, 6), f32)
+    mask[0, 0, 1:5, 1:4] = 1
+    with pytest.raises(CaffeqError, match="the mask marks 12 pixels .* takes 16 per image"):
+        model.run({"a": np.zeros((1, 1, 6, 6), f32), "mask": mask, "sn": np.zeros((1, 3, 6, 6), f32)})
+    random = load_from_text(net(rand_cat_conv_text([1], 1, ["a"], random=True), inputs=shapes))
+    assert random.blob_shapes["fc5"] == (7, 1)
+    with pytest.raises(CaffeqError, match="rand_selection: true"):
+        random.run({"a": np.zeros((1, 1, 6, 6), f32), "mask": mask, "sn": np.zeros((1, 3, 6, 6), f32)})

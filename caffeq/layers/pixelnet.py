@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import DataError
+from ..errors import DataError, ExportError
 from .misc import eager_checks
 from .registry import AT_LEAST, Layer, LayerError, legacy_nchw, need_blobs, register_layer
 
@@ -158,68 +158,229 @@ class RandBI(Layer):
 
     def onnx(self, ctx, node):
         sizes = self._sizes([ctx.shape(t) for t in node.inputs])
-        a, name = node.attrs, node.name
-        f32, f64, i64 = 1, 11, 7          # onnx.TensorProto.FLOAT, DOUBLE, INT64
+        a = node.attrs
+        onnx_randbi(ctx, node.name, node.inputs[:-1], sizes, a["pads"], a["rates"], node.inputs[-1], node.outputs[0])
 
-        def const(value, dtype):
-            return ctx.const(np.array(value, dtype))
 
-        zero, column = const(0, np.float32), const([-1, 1], np.int64)
-        pixels = node.inputs[-1]
-        ids, y, x = (ctx.op("Gather", [pixels, const(i, np.int64)], hint, axis=1)
-                     for i, hint in enumerate(("ids", "y", "x")))
-        ids = ctx.op("Where", [ctx.op("IsNaN", [ids], "id_nan"), zero, ids], "ids_num")
+def onnx_randbi(ctx, name, maps, sizes, pads, rates, pixels, out):
+    """RandBI's sampling as ONNX: the maps (their legacy C, H, W in sizes) at the (P, 3) pixels, into `out`."""
+    f32, f64, i64 = 1, 11, 7          # onnx.TensorProto.FLOAT, DOUBLE, INT64
 
-        def axis(pos, pad, rate, size, hint):   # randbi_axis, then the reads clamped to the map
-            t = ctx.op("Div",
-                       [ctx.op("Sub", [pos, const(pad, np.float32)], hint), const(float(rate), np.float32)], hint)
-            odd = ctx.op("Or",
-                         [ctx.op("IsNaN", [t], hint + "_nan"), ctx.op("IsInf", [t], hint + "_inf")], hint + "_odd")
-            t = ctx.op("Where", [odd, zero, t], hint + "_t")
-            lo = ctx.op("Max", [ctx.op("Floor", [t], hint), zero], hint + "_lo")
-            hi = ctx.op("Max", [ctx.op("Ceil", [t], hint), zero], hint + "_hi")
-            frac = ctx.op("Reshape", [ctx.op("Sub", [t, lo], hint + "_r"), column], hint + "_frac")
-            same = ctx.op("Reshape", [ctx.op("Equal", [lo, hi], hint), column], hint + "_same")
-            last = const(float(size - 1), np.float32)
-            lo, hi = (ctx.op("Cast", [ctx.op("Min", [v, last], hint)], hint + "_i", to=i64) for v in (lo, hi))
-            return lo, hi, frac, same
+    def const(value, dtype):
+        return ctx.const(np.array(value, dtype))
 
+    zero, column = const(0, np.float32), const([-1, 1], np.int64)
+    ids, y, x = (ctx.op("Gather", [pixels, const(i, np.int64)], hint, axis=1)
+                 for i, hint in enumerate(("ids", "y", "x")))
+    ids = ctx.op("Where", [ctx.op("IsNaN", [ids], "id_nan"), zero, ids], "ids_num")
+
+    def axis(pos, pad, rate, size, hint):   # randbi_axis, then the reads clamped to the map
+        t = ctx.op("Div",
+                   [ctx.op("Sub", [pos, const(pad, np.float32)], hint), const(float(rate), np.float32)], hint)
+        odd = ctx.op("Or",
+                     [ctx.op("IsNaN", [t], hint + "_nan"), ctx.op("IsInf", [t], hint + "_inf")], hint + "_odd")
+        t = ctx.op("Where", [odd, zero, t], hint + "_t")
+        lo = ctx.op("Max", [ctx.op("Floor", [t], hint), zero], hint + "_lo")
+        hi = ctx.op("Max", [ctx.op("Ceil", [t], hint), zero], hint + "_hi")
+        frac = ctx.op("Reshape", [ctx.op("Sub", [t, lo], hint + "_r"), column], hint + "_frac")
+        same = ctx.op("Reshape", [ctx.op("Equal", [lo, hi], hint), column], hint + "_same")
+        last = const(float(size - 1), np.float32)
+        lo, hi = (ctx.op("Cast", [ctx.op("Min", [v, last], hint)], hint + "_i", to=i64) for v in (lo, hi))
+        return lo, hi, frac, same
+
+    cols = []
+    for b, (fmap, (c, h, w), pad, rate) in enumerate(zip(maps, sizes, pads, rates)):
+        per_image = ctx.op("Reshape", [fmap, const([-1, c, h * w], np.int64)], f"m{b}")
+        rows = ctx.op("Reshape", [ctx.op("Transpose", [per_image], f"m{b}", perm=[0, 2, 1]),
+                                  const([-1, c], np.int64)], f"rows{b}")
+        num = ctx.op("Gather", [ctx.op("Shape", [per_image], f"shape{b}"), const(0, np.int64)], f"num{b}", axis=0)
+        last = ctx.op("Sub", [ctx.op("Cast", [num], f"num{b}", to=f32), const(1, np.float32)], f"last{b}")
+        image = ctx.op("Cast",
+                       [ctx.op("Min", [ctx.op("Max", [ids, zero], f"id{b}"), last], f"id{b}")], f"id{b}", to=i64)
+        base = ctx.op("Mul", [image, const(h, np.int64)], f"base{b}")
+        y0, y1, ry, same_y = axis(y, pad, rate, h, f"y{b}")
+        x0, x1, rx, same_x = axis(x, pad, rate, w, f"x{b}")
+
+        def at(yy, xx, hint, b=b, base=base, rows=rows):
+            idx = ctx.op("Add",
+                         [ctx.op("Mul", [ctx.op("Add", [base, yy], hint), const(w, np.int64)], hint), xx], hint)
+            return ctx.op("Gather", [rows, idx], f"{hint}{b}", axis=0)
+
+        v = {k: at(yy, xx, k) for k, (yy, xx) in
+             {"a": (y0, x0), "b": (y0, x1), "c": (y1, x0), "d": (y1, x1)}.items()}
+        wide = {k: ctx.op("Cast", [t], f"{k}{b}_f64", to=f64) for k, t in (("a", v["a"]), ("b", v["b"]),
+                                                                      ("rx", rx), ("ry", ry))}
+        one = const(1.0, np.float64)
+        keep_y = ctx.op("Sub", [one, wide["ry"]], f"keep_y{b}")
+        keep_x = ctx.op("Sub", [one, wide["rx"]], f"keep_x{b}")
+
+        def mix(p, keep, q, r, hint):    # p * (1. - r) in double + (q * r) in float32, summed in double
+            part = ctx.op("Cast", [ctx.op("Mul", [q, r], hint)], hint, to=f64)
+            return ctx.op("Add", [ctx.op("Mul", [p, keep], hint), part], hint)
+
+        col0 = mix(wide["a"], keep_y, v["c"], ry, f"col0_{b}")
+        col1 = mix(wide["b"], keep_y, v["d"], ry, f"col1_{b}")
+        only_x = mix(wide["a"], keep_x, v["b"], rx, f"only_x{b}")
+        both = ctx.op("Add", [ctx.op("Mul", [col0, keep_x], f"both{b}"),
+                              ctx.op("Mul", [col1, wide["rx"]], f"both{b}")], f"both{b}")
+        mixed = ctx.op("Where", [same_x, ctx.op("Where", [same_y, wide["a"], col0], f"sx{b}"),
+                               ctx.op("Where", [same_y, only_x, both], f"nx{b}")], f"mix{b}")
+        cols.append(ctx.op("Cast", [mixed], f"col{b}", to=f32))
+    ctx.add_node("Concat", cols, [out], name=name, axis=1)
+
+
+# ---- RandCatConv (aayushbansal/caffe, MarrRevisited) ------------------------------------------------
+
+def mask_pixels(mask, num: int, rows: int, height: int, width: int):
+    """RandCatConv's pixel rows (id, y, x): the cells of bottom 0's height x width grid whose value in image
+    0's mask truncates to 1, in raster order, listed once per image (every image reads image 0's mask),
+    and the first rows x num of that list."""
+    flat = mask.reshape(-1)[:height * width]
+    marked = torch.nonzero((flat >= 1) & (flat < 2)).reshape(-1)
+    ys = torch.div(marked, width, rounding_mode="floor").to(mask.dtype)
+    xs = (marked % width).to(mask.dtype)
+    ids = torch.arange(num, device=mask.device).repeat_interleave(len(marked)).to(mask.dtype)
+    return torch.stack([ids, ys.repeat(num), xs.repeat(num)], 1)[:rows * num]
+
+
+def mask_targets(targets, pixels, height: int, width: int):
+    """The second top (P, 3): the 3-channel targets at each pixel, read as the fork indexes them
+    (n * 3 W H + channel * W W + y W + x, bottom 0's W and H: W W where W H was meant), clamped to the blob."""
+    flat = targets.reshape(-1)
+    ids, ys, xs = (pixels[:, k].long() for k in range(3))
+    cols = [flat[(ids * 3 * width * height + c * width * width + ys * width + xs).clamp(0, flat.numel() - 1)]
+            for c in range(3)]
+    return torch.stack(cols, 1)
+
+
+def rand_cat_conv(maps: list, mask, targets, sizes: list, pads: list, rates: list, rows: int):
+    """RandCatConv's two tops at TEST (rand_selection false): the hypercolumns (RandBI's sampling) and the targets."""
+    _, h, w = sizes[0]
+    num = maps[0].shape[0]
+    pixels = mask_pixels(mask, num, rows, h, w)
+    return randbi(pixels, maps, sizes, pads, rates), mask_targets(targets, pixels, h, w)
+
+
+@register_layer("RandCatConv")
+class RandCatConv(Layer):
+    """MarrRevisited's sparse hypercolumns (aayushbansal/caffe 3222608, rand_cat_conv_layer.cpp; no CUDA code,
+    so a GPU build runs the CPU forward).  Bottoms: feature maps, then a mask, then a 3-channel target.  With
+    rand_selection false the rows are the pixels the mask marks (see mask_pixels); their count is fixed when
+    the net is set up, (H - 2 pad_factor) x (W - 2 pad_factor) per image of bottom 0.  Each map is sampled
+    as RandBI samples it, with pad (pooling_factor - 1) / 2 and rate pooling_factor.  Tops: (rows, sum of
+    channels) and (rows, 3), the targets at the same pixels.  rand_selection true draws the pixels with
+    rand() seeded from the clock at every forward: read and sized, not run."""
+
+    def parse(self, lp):
+        need_blobs(lp, "RandCatConv", range(3, AT_LEAST), 2, roles="feature maps..., mask, targets")
+        p = lp.rand_cat_conv_param
+        maps = len(lp.bottom) - 2
+        rates = [int(v) for v in p.pooling_factor]
+        if len(rates) != maps:
+            raise LayerError(f"rand_cat_conv_param.pooling_factor is given {len(rates)} times; RandCatConv needs one "
+                             f"per feature-map bottom ({maps}: all but the last two)")
+        for i, v in enumerate(rates):
+            if v < 1:
+                raise LayerError(f"rand_cat_conv_param.pooling_factor[{i}] must be >= 1, got {v}")
+        return {"rates": rates, "pads": [float(np.float32((r - 1.0) / 2)) for r in rates],
+                "random": bool(p.rand_selection), "num_output": int(p.num_output), "pad_factor": int(p.pad_factor),
+                "name": lp.name}
+
+    def _rows(self, attrs, sizes):
+        if attrs["random"]:
+            return attrs["num_output"]
+        _, h, w = sizes[0]
+        rows = (h - 2 * attrs["pad_factor"]) * (w - 2 * attrs["pad_factor"])
+        if h - 2 * attrs["pad_factor"] <= 0 or w - 2 * attrs["pad_factor"] <= 0:
+            raise LayerError(f"rand_cat_conv_param.pad_factor {attrs['pad_factor']} leaves no pixels of bottom 0's "
+                             f"{h} x {w} grid")
+        return rows
+
+    def infer(self, attrs, in_shapes):
+        sizes = [legacy_nchw(s, "RandCatConv")[1:] for s in in_shapes[:-2]]
+        rows = self._rows(attrs, sizes) * legacy_nchw(in_shapes[0], "RandCatConv")[0]
+        return [(rows, int(sum(c for c, _, _ in sizes))), (rows, 3)]
+
+    def cannot_run(self, attrs, in_shapes):
+        if attrs["random"]:
+            return ("rand_selection: true picks the pixels with rand() seeded from the clock at every forward; "
+                    "caffeq does not draw them (set rand_selection: false and a mask of the pixels to sample)")
+        return None
+
+    def _args(self, attrs, in_shapes):
+        sizes = [legacy_nchw(s, "RandCatConv")[1:] for s in in_shapes[:-2]]
+        return sizes, attrs["pads"], attrs["rates"], self._rows(attrs, sizes)
+
+    def forward(self, attrs, params, *bottoms):
+        shapes = [tuple(t.shape) for t in bottoms]
+        self.refuse_if_cannot_run(attrs["name"], attrs, shapes)
+        sizes, pads, rates, rows = self._args(attrs, shapes)
+        maps, mask, targets = list(bottoms[:-2]), bottoms[-2], bottoms[-1]
+        if eager_checks():
+            _, h, w = sizes[0]
+            num = maps[0].shape[0]
+            pixels = mask_pixels(mask, num, rows, h, w)
+            if pixels.shape[0] < rows * num:
+                marked = pixels.shape[0] // max(num, 1)
+                raise DataError(f"layer '{attrs['name']}' (RandCatConv): the mask marks {marked} pixels (values "
+                                f"from 1 to < 2) of bottom 0's {h} x {w} grid, and the layer takes {rows} per image "
+                                f"(pad_factor {attrs['pad_factor']}); the fork reads past its list there")
+            why = _first_abort(pixels, maps, sizes, pads, rates)
+            if why:   # RandCatConv checks the column only; a row past the map reads the next channel
+                why = why.replace("where the fork aborts (CHECK_LT)", "where the fork aborts (a column) or reads "
+                                  "outside the map (a row)")
+                raise DataError(f"layer '{attrs['name']}' (RandCatConv): {why}")
+        return rand_cat_conv(maps, mask, targets, sizes, pads, rates, rows)
+
+    def pytorch_source(self, node, emit):
+        shapes = [emit.in_shape(i) for i in range(len(node.inputs))]
+        self.refuse_if_cannot_run(node.name, node.attrs, shapes, ExportError)
+        sizes, pads, rates, rows = self._args(node.attrs, shapes)
+        for helper in (randbi_axis, randbi_blend, randbi_sample, randbi, mask_pixels, mask_targets):
+            emit.helper(helper)
+        fn = emit.helper(rand_cat_conv)
+        emit.note(f"{node.name} (RandCatConv): reads outside a map are clamped to it where the fork aborts")
+        t = emit.tmp("hypercolumns")
+        emit.stmt(f"{t} = {fn}([{', '.join(emit.inputs[:-2])}], {emit.inputs[-2]}, {emit.inputs[-1]}, "
+                  f"{emit.lit(sizes)}, {emit.lit(pads)}, {emit.lit(rates)}, {rows})")
+        return [f"{t}[0]", f"{t}[1]"]
+
+    def onnx(self, ctx, node):
+        shapes = [ctx.shape(t) for t in node.inputs]
+        self.refuse_if_cannot_run(node.name, node.attrs, shapes, ExportError)
+        sizes, pads, rates, rows = self._args(node.attrs, shapes)
+        i64, f32 = 7, 1
+        _, h, w = sizes[0]
+        # the marked cells of image 0's mask, in raster order (NonZero's order)
+        flat = ctx.op("Slice", [ctx.op("Reshape", [node.inputs[-2], ctx.i64([-1])], "mask"), ctx.i64([0]),
+                                ctx.i64([h * w])], "mask_grid")
+        marked = ctx.op("And", [ctx.op("GreaterOrEqual", [flat, ctx.f32(1.0)], "ge1"),
+                                ctx.op("Less", [flat, ctx.f32(2.0)], "lt2")], "marked")
+        cells = ctx.op("Reshape", [ctx.op("NonZero", [marked], "cells"), ctx.i64([-1])], "cell")
+        count = ctx.op("Shape", [cells], "count")
+        num = ctx.op("Slice", [ctx.op("Shape", [node.inputs[0]], "shape0"), ctx.i64([0]), ctx.i64([1])], "num")
+        every = ctx.op("Tile", [cells, num], "every")                 # the list once per image
+        total = ctx.op("Mul", [count, num], "total")
+        ids = ctx.op("Div", [ctx.op("Range", [ctx.i64(0), ctx.op("Squeeze", [total, ctx.i64([0])], "n"),
+                                              ctx.i64(1)], "index"),
+                             ctx.op("Squeeze", [count, ctx.i64([0])], "k")], "ids")
+        ys = ctx.op("Div", [every, ctx.i64(w)], "ys")
+        xs = ctx.op("Mod", [every, ctx.i64(w)], "xs")
+        columns = [ctx.op("Unsqueeze", [ctx.op("Cast", [v], hint, to=f32), ctx.i64([1])], hint + "_col")
+                   for v, hint in ((ids, "id"), (ys, "y"), (xs, "x"))]
+        listed = ctx.op("Concat", columns, "listed", axis=1)
+        pixels = ctx.op("Slice", [listed, ctx.i64([0]), ctx.op("Mul", [ctx.i64([rows]), num], "rows")], "pixels")
+        onnx_randbi(ctx, node.name, node.inputs[:-2], sizes, pads, rates, pixels, node.outputs[0])
+        # the targets: n * 3 W H + channel * W W + y W + x, clamped to the blob
+        whole = ctx.op("Reshape", [node.inputs[-1], ctx.i64([-1])], "targets")
+        last = ctx.op("Sub", [ctx.op("Shape", [whole], "size"), ctx.i64([1])], "last")
+        at = [ctx.op("Cast", [ctx.op("Gather", [pixels, ctx.i64(k)], f"p{k}", axis=1)], f"p{k}", to=i64)
+              for k in range(3)]
+        base = ctx.op("Add", [ctx.op("Mul", [at[0], ctx.i64(3 * w * h)], "image"),
+                              ctx.op("Add", [ctx.op("Mul", [at[1], ctx.i64(w)], "row"), at[2]], "cell")], "base")
         cols = []
-        for b, (fmap, (c, h, w), pad, rate) in enumerate(zip(node.inputs[:-1], sizes, a["pads"], a["rates"])):
-            per_image = ctx.op("Reshape", [fmap, const([-1, c, h * w], np.int64)], f"m{b}")
-            rows = ctx.op("Reshape", [ctx.op("Transpose", [per_image], f"m{b}", perm=[0, 2, 1]),
-                                      const([-1, c], np.int64)], f"rows{b}")
-            num = ctx.op("Gather", [ctx.op("Shape", [per_image], f"shape{b}"), const(0, np.int64)], f"num{b}", axis=0)
-            last = ctx.op("Sub", [ctx.op("Cast", [num], f"num{b}", to=f32), const(1, np.float32)], f"last{b}")
-            image = ctx.op("Cast",
-                           [ctx.op("Min", [ctx.op("Max", [ids, zero], f"id{b}"), last], f"id{b}")], f"id{b}", to=i64)
-            base = ctx.op("Mul", [image, const(h, np.int64)], f"base{b}")
-            y0, y1, ry, same_y = axis(y, pad, rate, h, f"y{b}")
-            x0, x1, rx, same_x = axis(x, pad, rate, w, f"x{b}")
-
-            def at(yy, xx, hint, b=b, base=base, rows=rows):
-                idx = ctx.op("Add",
-                             [ctx.op("Mul", [ctx.op("Add", [base, yy], hint), const(w, np.int64)], hint), xx], hint)
-                return ctx.op("Gather", [rows, idx], f"{hint}{b}", axis=0)
-
-            v = {k: at(yy, xx, k) for k, (yy, xx) in
-                 {"a": (y0, x0), "b": (y0, x1), "c": (y1, x0), "d": (y1, x1)}.items()}
-            wide = {k: ctx.op("Cast", [t], f"{k}{b}_f64", to=f64) for k, t in (("a", v["a"]), ("b", v["b"]),
-                                                                          ("rx", rx), ("ry", ry))}
-            one = const(1.0, np.float64)
-            keep_y = ctx.op("Sub", [one, wide["ry"]], f"keep_y{b}")
-            keep_x = ctx.op("Sub", [one, wide["rx"]], f"keep_x{b}")
-
-            def mix(p, keep, q, r, hint):    # p * (1. - r) in double + (q * r) in float32, summed in double
-                part = ctx.op("Cast", [ctx.op("Mul", [q, r], hint)], hint, to=f64)
-                return ctx.op("Add", [ctx.op("Mul", [p, keep], hint), part], hint)
-
-            col0 = mix(wide["a"], keep_y, v["c"], ry, f"col0_{b}")
-            col1 = mix(wide["b"], keep_y, v["d"], ry, f"col1_{b}")
-            only_x = mix(wide["a"], keep_x, v["b"], rx, f"only_x{b}")
-            both = ctx.op("Add", [ctx.op("Mul", [col0, keep_x], f"both{b}"),
-                                  ctx.op("Mul", [col1, wide["rx"]], f"both{b}")], f"both{b}")
-            out = ctx.op("Where", [same_x, ctx.op("Where", [same_y, wide["a"], col0], f"sx{b}"),
-                                   ctx.op("Where", [same_y, only_x, both], f"nx{b}")], f"mix{b}")
-            cols.append(ctx.op("Cast", [out], f"col{b}", to=f32))
-        ctx.add_node("Concat", cols, [node.outputs[0]], name=name, axis=1)
+        for c in range(3):
+            index = ctx.op("Min", [ctx.op("Max", [ctx.op("Add", [base, ctx.i64(c * w * w)], f"t{c}"), ctx.i64(0)],
+                                          f"t{c}"), last], f"t{c}")
+            cols.append(ctx.op("Unsqueeze", [ctx.op("Gather", [whole, index], f"t{c}"), ctx.i64([1])], f"t{c}"))
+        ctx.add_node("Concat", cols, [node.outputs[1]], name=node.name + "_targets", axis=1)
