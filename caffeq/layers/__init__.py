@@ -40,6 +40,7 @@ from . import (  # noqa: F401,E402
     elementwise,
     face_norms,
     faceid,
+    fastmask,
     flow_mean,
     flow_transformer,
     fork_data,
