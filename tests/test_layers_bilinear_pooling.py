@@ -153,3 +153,55 @@ def test_glibc_rand_is_the_c_librarys():
     (h1, s1), (h2, s2) = compact_bilinear_tables([512, 512], 8192)
     assert h1[:4] == [1383, 966, 6249, 2163] and h2[-4:] == [3939, 2048, 7485, 2438]
     assert (sum(h1), sum(h2), s1.count(1), s2.count(1)) == (2076138, 2147677, 259, 242)
+
+
+# ---- Bilinear ------------------------------------------------------------------------------------
+
+def bilinear_ref(a, b, kernel=None, stride=None, pad=(0, 0)):
+    """bilinear_layer: top[n, i * Cb + j] = sum of a[n, i] * b[n, j] over the map (kernel None) or each window."""
+    n, ca, h, w = a.shape
+    cb = b.shape[1]
+    if kernel is None:
+        return np.einsum("nip,njp->nij", a.reshape(n, ca, -1).astype(np.float64),
+                         b.reshape(n, cb, -1).astype(np.float64)).reshape(n, ca * cb, 1, 1)
+    ap = np.pad(a.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    bp = np.pad(b.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    oh, ow = (h + 2 * pad[0] - kernel[0]) // stride[0] + 1, (w + 2 * pad[1] - kernel[1]) // stride[1] + 1
+    out = np.zeros((n, ca * cb, oh, ow))
+    for y in range(oh):
+        for x in range(ow):
+            wa = ap[:, :, y * stride[0]:y * stride[0] + kernel[0], x * stride[1]:x * stride[1] + kernel[1]]
+            wb = bp[:, :, y * stride[0]:y * stride[0] + kernel[0], x * stride[1]:x * stride[1] + kernel[1]]
+            out[:, :, y, x] = np.einsum("nikl,njkl->nij", wa, wb).reshape(n, ca * cb)
+    return out
+
+
+def test_bilinear_worked_example_of_the_fork():
+    # spec: x = [[1, 2], [3, 4]] (2 channels, 2 positions) with itself: [5, 11, 11, 25]
+    x = np.array([[1, 2], [3, 4]], np.float32).reshape(1, 2, 1, 2)
+    model = load_from_text(net('layer { name: "b" type: "Bilinear" bottom: "x" bottom: "x" top: "y" }',
+                               inputs={"x": x.shape}))
+    np.testing.assert_array_equal(model.run({"x": x})["y"].ravel(), [5, 11, 11, 25])
+
+
+@pytest.mark.parametrize("conv", [None, "kernel_size: 5 stride: 5", "kernel_h: 3 kernel_w: 2 stride: 2 pad: 1"])
+def test_bilinear_sums_outer_products_over_the_map_or_each_window(conv, tmp_path):
+    a = rng(40).standard_normal((2, 3, 15, 10)).astype(np.float32)
+    b = rng(41).standard_normal((2, 4, 15, 10)).astype(np.float32)
+    param = f" convolution_param {{ {conv} }}" if conv else ""
+    model = load_from_text(net(f'layer {{ name: "b" type: "Bilinear" bottom: "a" bottom: "b" top: "y"{param} }}',
+                               inputs={"a": a.shape, "b": b.shape}))
+    if conv is None:
+        ref = bilinear_ref(a, b)
+    elif conv.startswith("kernel_size"):
+        ref = bilinear_ref(a, b, (5, 5), (5, 5))
+    else:
+        ref = bilinear_ref(a, b, (3, 2), (2, 2), (1, 1))
+    assert model.blob_shapes["y"] == ref.shape
+    check_everywhere(model, {"a": a, "b": b}, {"y": ref}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def test_bilinear_of_other_sizes_is_refused():
+    with pytest.raises(CaffeqError, match="one num, height and width"):
+        load_from_text(net('layer { name: "b" type: "Bilinear" bottom: "a" bottom: "b" top: "y" }',
+                           inputs={"a": (1, 2, 4, 4), "b": (1, 2, 4, 5)}))

@@ -18,6 +18,11 @@ and SumPooling (Hierarchical-Bilinear-Pooling, src/caffe/layers/sum_pooling_laye
   (rand() % D) and signs s (2 (rand() % 2) - 1) are not stored: each Reshape seeds glibc's rand() with 1
   and draws h for bottom 0's channels, then its signs, then bottom 1's hashes and signs (glibc_rand
   below is that generator, so the tables are the fork's on Linux).  ONNX: opset 17's DFT.
+- Bilinear: two 4-axis bottoms; top channel ca * Cb + cb is the sum of a[ca] * b[cb] over positions,
+  unnormalized.  gy20073's caffe-20160312 (as aimerykong/Low-Rank-Bilinear-Pooling ships it) sums over the
+  whole map: (N, Ca Cb, 1, 1).  Ganin's layer in madkn/MultiregionBilinearCNN-ReId's caffe-bilinear
+  (bilinear_layer.cu, GPU only) reads `convolution_param` and sums over each of its im2col windows (zeros
+  in the padding): (N, Ca Cb, out_h, out_w); a Bilinear with convolution_param is read as that one.
 """
 import numpy as np
 import torch
@@ -26,7 +31,9 @@ from ..errors import ExportError
 from ..io.schema import caffe_pb2
 from .norm import onnx_reduce
 from .pooling import AVE, CEIL, TORCH_POOL_FUNCTIONS, TORCH_POOL_MODULE, Pooling, caffe_pool2d, window
-from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer
+from .conv import conv_out_size
+from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer, spatial_params
+from .segaware import onnx_window_views, window_views
 
 DOUBLE, FLOAT = 11, 1   # onnx.TensorProto
 NORM_EPS = float(np.float32(1e-7))   # the fork's Dtype epsilon = 0.0000001
@@ -265,3 +272,84 @@ class CompactBilinear(Layer):
         a = node.attrs
         return (f"{emit.helper(compact_bilinear)}({', '.join(emit.inputs)}, {a['_tables']!r}, {a['num_output']}, "
                 f"{a['sum_pool']})")
+
+
+# ---- Bilinear ------------------------------------------------------------------------------------
+
+def bilinear_sum(a, b, geometry):
+    """(N, Ca Cb, ...): the outer products of a's and b's channels summed over the whole map (geometry
+    None) or over each window of geometry = (kernel, pad, stride, dilation)."""
+    n, ca = a.shape[:2]
+    cb = b.shape[1]
+    if geometry is None:
+        outer = torch.matmul(a.reshape(n, ca, -1), b.reshape(n, cb, -1).transpose(1, 2))
+        return outer.reshape(n, ca * cb, 1, 1)
+    va = torch.stack(window_views(a, *geometry)[1], 2)      # (N, Ca, K, out_h, out_w)
+    vb = torch.stack(window_views(b, *geometry)[1], 2)
+    oh, ow = va.shape[3:]
+    outer = torch.matmul(va.permute(0, 3, 4, 1, 2), vb.permute(0, 3, 4, 2, 1))   # (N, out_h, out_w, Ca, Cb)
+    return outer.permute(0, 3, 4, 1, 2).reshape(n, ca * cb, oh, ow)
+
+
+@register_layer("Bilinear")
+class Bilinear(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "Bilinear", 2, 1, roles="a, b")
+        if not lp.HasField("convolution_param"):
+            return {"geometry": None}
+        p = lp.convolution_param
+        return {"geometry": ([int(v) for v in spatial_params(p, 2, "kernel_size", None, min_value=1, pair_required=False)],
+                             [int(v) for v in spatial_params(p, 2, "pad", 0, min_value=0, pair_required=False)],
+                             [int(v) for v in spatial_params(p, 2, "stride", 1, min_value=1, pair_required=False)],
+                             [int(v) for v in spatial_params(p, 2, "dilation", 1, allow_hw=False, min_value=1)])}
+
+    def infer(self, attrs, in_shapes):
+        a, b = (tuple(s) for s in in_shapes)
+        if len(a) != 4 or len(b) != 4:
+            raise LayerError(f"Bilinear takes 4-axis bottoms, got {list(a)} and {list(b)}")
+        if (a[0], a[2], a[3]) != (b[0], b[2], b[3]):
+            raise LayerError(f"Bilinear's bottoms need one num, height and width, got {list(a)} and {list(b)}")
+        if attrs["geometry"] is None:
+            return [(a[0], a[1] * b[1], 1, 1)]
+        kernel, pad, stride, dilation = attrs["geometry"]
+        out = [conv_out_size(a[2 + i], kernel[i], stride[i], pad[i], dilation[i]) for i in range(2)]
+        if min(out) < 1:
+            raise LayerError(f"Bilinear's window (convolution_param) does not fit the {a[2]}x{a[3]} map")
+        return [(a[0], a[1] * b[1], out[0], out[1])]
+
+    def forward(self, attrs, params, a, b):
+        return bilinear_sum(a, b, attrs["geometry"])
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        a = in_shapes[0]
+        per = a[2] * a[3] if attrs["geometry"] is None else attrs["geometry"][0][0] * attrs["geometry"][0][1]
+        return int(np.prod(out_shapes[0])) * per
+
+    def pytorch_source(self, node, emit):
+        emit.uses("F")
+        for helper in (conv_out_size, window_views):
+            emit.helper(helper)
+        fn = emit.helper(bilinear_sum)
+        return f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {emit.lit(node.attrs['geometry'])})"
+
+    def onnx(self, ctx, node):
+        a, b = node.inputs
+        n, ca, h, w = ctx.shape(a)
+        cb = ctx.shape(b)[1]
+        g = node.attrs["geometry"]
+        if g is None:
+            rows_a = ctx.op("Reshape", [a, ctx.i64([0, ca, -1])], "a")
+            rows_b = ctx.op("Transpose", [ctx.op("Reshape", [b, ctx.i64([0, cb, -1])], "b")], "bt", perm=[0, 2, 1])
+            outer = ctx.op("MatMul", [rows_a, rows_b], "outer")
+            ctx.add_node("Reshape", [outer, ctx.i64([-1, ca * cb, 1, 1])], [node.outputs[0]], name=node.name)
+            return
+        oh, ow = self.infer(node.attrs, [ctx.shape(a), ctx.shape(b)])[0][2:]
+        stacks = []
+        for x, hint in ((a, "a"), (b, "b")):
+            _, views = onnx_window_views(ctx, x, h, w, *g, name=f"{node.name}_{hint}")
+            cells = [ctx.op("Unsqueeze", [v, ctx.i64([2])], f"{hint}_cell{k}") for k, v in enumerate(views)]
+            stacks.append(ctx.op("Concat", cells, f"{hint}_windows", axis=2))      # (N, C, K, out_h, out_w)
+        left = ctx.op("Transpose", [stacks[0]], "a_rows", perm=[0, 3, 4, 1, 2])    # (N, out_h, out_w, Ca, K)
+        right = ctx.op("Transpose", [stacks[1]], "b_cols", perm=[0, 3, 4, 2, 1])   # (N, out_h, out_w, K, Cb)
+        outer = ctx.op("Transpose", [ctx.op("MatMul", [left, right], "outer")], "outer_t", perm=[0, 3, 4, 1, 2])
+        ctx.add_node("Reshape", [outer, ctx.i64([-1, ca * cb, oh, ow])], [node.outputs[0]], name=node.name)
