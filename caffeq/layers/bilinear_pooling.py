@@ -29,9 +29,9 @@ import torch
 
 from ..errors import ExportError
 from ..io.schema import caffe_pb2
+from .conv import conv_out_size
 from .norm import onnx_reduce
 from .pooling import AVE, CEIL, TORCH_POOL_FUNCTIONS, TORCH_POOL_MODULE, Pooling, caffe_pool2d, window
-from .conv import conv_out_size
 from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer, spatial_params
 from .segaware import onnx_window_views, window_views
 
