@@ -74,6 +74,20 @@ def test_first_conv_preprocessing(extra, mean, mul, tmp_path):
     check_everywhere(model, {"x": x}, {"c": ref}, tmp_path, atol=2e-4, rtol=1e-5)
 
 
+def test_first_conv_of_an_rgb0_image_rearranges_the_bgr_filters(tmp_path):
+    # MLUYUVtoRGB's (N, 4, H, W) RGB0 image into a caffemodel's 3-channel BGR filters: ArrangeWeightRGB makes
+    # them [W2, W1, W0, 0]; mean_value(i) meets RGB0 channel i as given (the fourth, read past the field,
+    # only meets zero weights)
+    x = (rng(3).standard_normal((2, 4, 7, 9)) * 60 + 100).astype(F32)
+    x[:, 3] = 0
+    model, node = conv_model("mean_value: 123 mean_value: 117 mean_value: 104 std: 0.5", x.shape)
+    w, b = node.blobs
+    assert w.shape == (4, 3, 3, 2)
+    w4 = np.concatenate([w[:, 2:3], w[:, 1:2], w[:, 0:1], np.zeros_like(w[:, :1])], axis=1)
+    ref = first_conv_ref(x, w4, b, [123, 117, 104, 0], 0.5, (2, 1), (1, 0))
+    check_everywhere(model, {"x": x}, {"c": ref}, tmp_path, atol=2e-4, rtol=1e-5)
+
+
 def test_first_conv_std_wins_over_scale_and_int8_fields_are_read(tmp_path):
     x = rng(2).standard_normal((1, 3, 5, 4)).astype(F32)
     mlu = ('bottom_mlu_dtype { type: DT_INT8 position: -6 scale: 1.98 } '

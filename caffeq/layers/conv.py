@@ -78,13 +78,18 @@ def parse_first_conv(p):
     return {"mean": [float(v) for v in p.mean_value], "mul": mul}, notes
 
 
-def first_conv_input(x, mean: list[float], mul: float | None):
+def first_conv_input(x, mean: list[float], mul: float | None, rgb0: bool = False):
     """Cambricon's first-conv preprocessing of an (N, C, H, W) bottom: (x - mean[c]) * mul, the
-    mean's first C values (all 0 when it is empty)."""
+    mean's first C values (all 0 when it is empty).  rgb0: a 4-channel RGB0 bottom (MLUYUVtoRGB's) whose
+    3-channel BGR filters ArrangeWeightRGB turns into [W2, W1, W0, 0]: the same as the first three channels,
+    preprocessed, in reverse order through the stored filters."""
+    if rgb0:
+        x = x[:, :3]
     c = x.shape[1]
     if mean:
         x = x - torch.tensor(mean[:c], dtype=x.dtype, device=x.device).reshape(1, c, 1, 1)
-    return x if mul is None else x * mul
+    x = x if mul is None else x * mul
+    return x.flip(1) if rgb0 else x
 
 
 def _check_first_conv(attrs, in_shape):
@@ -94,7 +99,12 @@ def _check_first_conv(attrs, in_shape):
     if len(in_shape) != 4 or attrs["_axis"] != 1:
         raise LayerError(f"Cambricon's first-conv preprocessing (mean_value / std / scale) needs a 4-D "
                          f"(N, C, H, W) bottom with axis 1, got {list(in_shape)}")
-    if pre["mean"] and len(pre["mean"]) < in_shape[1]:
+    # MLUYUVtoRGB's RGB0 image into 3-channel filters (Cambricon's ArrangeWeightRGB); mean_value(3) then
+    # reads past the field, a value that only meets the zero weights of the 0 channel
+    pre.pop("rgb0", None)
+    if in_shape[1] == 4 and len(pre["mean"]) == 3 and attrs["group"] == 1:
+        pre["rgb0"] = True
+    if pre["mean"] and len(pre["mean"]) < in_shape[1] and not pre.get("rgb0"):
         raise LayerError(f"convolution_param.mean_value has {len(pre['mean'])} values for {in_shape[1]} input "
                          f"channels (Cambricon reads one per channel)")
 
@@ -317,7 +327,8 @@ def _torch_conv_source(node, emit, transposed, inputs=None):
         raise LayerError(f"convolution over axis {a['_axis']} has no torch.nn module (only axis 1)")
     if nsp not in _CONV:
         raise LayerError(f"{nsp}-D convolution has no torch.nn module")
-    args = [emit.lit(emit.in_shape(0)[1]), emit.lit(a["num_output"]),
+    channels = 3 if a.get("first_conv", {}).get("rgb0") else emit.in_shape(0)[1]   # Cambricon's RGB0 input
+    args = [emit.lit(channels), emit.lit(a["num_output"]),
             f"kernel_size={emit.size_arg(a['kernel'])}"]
     for name, values, default in (("stride", a["stride"], 1), ("padding", a["pad"], 0),
                                   ("dilation", a["dilation"], 1)):
@@ -363,7 +374,7 @@ class Convolution(Layer):
 
     def param_shapes(self, attrs, in_shapes):
         _resolve_spatial(attrs, in_shapes[0])
-        c = in_shapes[0][attrs["_axis"]]
+        c = 3 if attrs.get("first_conv", {}).get("rgb0") else in_shapes[0][attrs["_axis"]]
         shapes = [(attrs["num_output"], c // attrs["group"]) + attrs["kernel"]]
         if attrs["bias_term"]:
             shapes.append((attrs["num_output"],))
@@ -373,13 +384,14 @@ class Convolution(Layer):
         bias = params[1] if attrs["bias_term"] else None
         pre = attrs.get("first_conv")
         if pre is not None:
-            xs = [first_conv_input(x, pre["mean"], pre["mul"]) for x in xs]
+            xs = [first_conv_input(x, pre["mean"], pre["mul"], pre.get("rgb0", False)) for x in xs]
         weight = torch_arf_weight(params[0], attrs["orn"]) if attrs.get("orn") else params[0]
         ys = [_conv_nd(x, attrs, weight, bias, False) for x in xs]
         return ys[0] if len(ys) == 1 else tuple(ys)
 
     def macs(self, attrs, in_shapes, out_shapes):
-        k = math.prod(attrs["kernel"]) * in_shapes[0][attrs["_axis"]] // attrs["group"]
+        channels = 3 if attrs.get("first_conv", {}).get("rgb0") else in_shapes[0][attrs["_axis"]]
+        k = math.prod(attrs["kernel"]) * channels // attrs["group"]
         return sum(count(o) * k for o in out_shapes)
 
     def onnx(self, ctx, node):
@@ -389,12 +401,18 @@ class Convolution(Layer):
             inputs = []
             for i, x in enumerate(node.inputs):
                 c = ctx.shape(x)[1]
+                if pre.get("rgb0"):
+                    x = ctx.add_node("Slice", [x, ctx.i64([0]), ctx.i64([3]), ctx.i64([1])],
+                                     [ctx.tmp(f"{node.name}_rgb{i}")])[0]
+                    c = 3
                 if pre["mean"]:
                     mean = ctx.const(np.array(pre["mean"][:c], np.float32).reshape(1, c, 1, 1))
                     x = ctx.add_node("Sub", [x, mean], [ctx.tmp(f"{node.name}_centred{i}")])[0]
                 if pre["mul"] is not None:
                     x = ctx.add_node("Mul", [x, ctx.const(np.array(pre["mul"], np.float32))],
                                      [ctx.tmp(f"{node.name}_scaled{i}")])[0]
+                if pre.get("rgb0"):   # RGB into the BGR filters
+                    x = ctx.add_node("Gather", [x, ctx.i64([2, 1, 0])], [ctx.tmp(f"{node.name}_bgr{i}")], axis=1)[0]
                 inputs.append(x)
         _onnx_conv(ctx, node, "Conv", inputs)
 
@@ -403,7 +421,8 @@ class Convolution(Layer):
         inputs = None
         if pre is not None:
             fn = emit.helper(TORCH_FIRST_CONV)
-            inputs = [f"{fn}({x}, {emit.lit(pre['mean'])}, {emit.lit(pre['mul'])})" for x in emit.inputs]
+            rgb0 = ", rgb0=True" if pre.get("rgb0") else ""
+            inputs = [f"{fn}({x}, {emit.lit(pre['mean'])}, {emit.lit(pre['mul'])}{rgb0})" for x in emit.inputs]
         return _torch_conv_source(node, emit, transposed=False, inputs=inputs)
 
 
