@@ -35,15 +35,16 @@ def c_fmax(a, b):
     return b if math.isnan(a) else a if math.isnan(b) else max(a, b)
 
 
-def fixed_point_ref(x, bw, fl):
-    """Trim2FixedPoint_kernel, NEAREST: every step in float32 (Dtype), rint rounding half to even."""
+def fixed_point_ref(x, bw, fl, rounding=np.rint):
+    """Trim2FixedPoint_kernel, NEAREST: every step in float32 (Dtype), rint rounding half to even (pmgysel's
+    GPU) or another rounding."""
     out = np.empty(x.size, np.float32)
     for i, v in enumerate(np.asarray(x, np.float32).ravel()):
         max_data = (f32(2.0 ** (bw - 1)) - f32(1)) * f32(2.0 ** -fl)
         min_data = -f32(2.0 ** (bw - 1)) * f32(2.0 ** -fl)
         v = f32(c_fmax(c_fmin(float(v), float(max_data)), float(min_data)))
         v = f32(v / f32(2.0 ** -fl))
-        v = f32(np.rint(v))
+        v = f32(rounding(v))
         out[i] = f32(v * f32(2.0 ** -fl))
     return out.reshape(np.shape(x))
 
@@ -471,17 +472,15 @@ def test_real_mobilenet_ssd_reads_with_its_shared_bottoms_written_back(tmp_path)
 
 # ---- Egoist67/quanti_ristretto's ScaleRistretto: round() halves away from zero ---------------------
 
+def c_round(v):
+    """C's round(): halves away from zero (floats from 2^23 up are whole already)."""
+    a = abs(float(v))
+    return math.copysign(math.floor(a + 0.5) if a < 2 ** 23 else a, v)
+
+
 def fixed_point_away_ref(x, bw, fl):
     """Egoist67's Trim2FixedPoint: as fixed_point_ref, with C's round() (halves away from zero)."""
-    out = np.empty(x.size, np.float32)
-    for i, v in enumerate(np.asarray(x, np.float32).ravel()):
-        max_data = (f32(2.0 ** (bw - 1)) - f32(1)) * f32(2.0 ** -fl)
-        min_data = -f32(2.0 ** (bw - 1)) * f32(2.0 ** -fl)
-        v = f32(c_fmax(c_fmin(float(v), float(max_data)), float(min_data)))
-        v = f32(v / f32(2.0 ** -fl))
-        v = f32(math.copysign(math.floor(abs(float(v)) + 0.5) if abs(float(v)) < 2 ** 23 else abs(float(v)), v))
-        out[i] = f32(v * f32(2.0 ** -fl))
-    return out.reshape(np.shape(x))
+    return fixed_point_ref(x, bw, fl, rounding=c_round)
 
 
 def test_the_forks_worked_example_rounds_ties_away_from_zero():

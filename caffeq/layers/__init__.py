@@ -26,6 +26,7 @@ from . import (  # noqa: F401,E402
     ctpn,
     cudnn_bn,
     data,
+    deep_hand_model,
     deeplab_forks,
     deformable_conv,
     dense_crf,

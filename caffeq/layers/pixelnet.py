@@ -108,19 +108,25 @@ def _first_abort(pixels, maps, sizes, pads, rates):
     return None
 
 
+def map_rates(values, field, layer, maps, which):
+    """One stride (>= 1) per feature-map bottom, as ints."""
+    rates = [int(v) for v in values]
+    if len(rates) != maps:
+        raise LayerError(f"{field} is given {len(rates)} times; {layer} needs one per feature-map bottom "
+                         f"({maps}{which})")
+    for i, v in enumerate(rates):
+        if v < 1:
+            raise LayerError(f"{field}[{i}] must be >= 1, got {v}")
+    return rates
+
+
 @register_layer("RandBI")
 class RandBI(Layer):
     def parse(self, lp):
         need_blobs(lp, "RandBI", range(2, AT_LEAST), 1, roles="feature maps..., pixels")
         p = lp.rand_comp_param
         maps = len(lp.bottom) - 1
-        rates = [int(v) for v in p.compression_rate]
-        if len(rates) != maps:
-            raise LayerError(f"rand_comp_param.compression_rate is given {len(rates)} times; RandBI needs "
-                             f"one per feature-map bottom ({maps})")
-        for i, v in enumerate(rates):
-            if v < 1:
-                raise LayerError(f"rand_comp_param.compression_rate[{i}] must be >= 1, got {v}")
+        rates = map_rates(p.compression_rate, "rand_comp_param.compression_rate", "RandBI", maps, "")
         pads = [float(np.float32((r - 1.0) / 2)) if p.pad else 0.0 for r in rates]
         return {"rates": rates, "pads": pads, "pad": bool(p.pad), "name": lp.name}
 
@@ -275,13 +281,8 @@ class RandCatConv(Layer):
         need_blobs(lp, "RandCatConv", range(3, AT_LEAST), 2, roles="feature maps..., mask, targets")
         p = lp.rand_cat_conv_param
         maps = len(lp.bottom) - 2
-        rates = [int(v) for v in p.pooling_factor]
-        if len(rates) != maps:
-            raise LayerError(f"rand_cat_conv_param.pooling_factor is given {len(rates)} times; RandCatConv needs one "
-                             f"per feature-map bottom ({maps}: all but the last two)")
-        for i, v in enumerate(rates):
-            if v < 1:
-                raise LayerError(f"rand_cat_conv_param.pooling_factor[{i}] must be >= 1, got {v}")
+        rates = map_rates(p.pooling_factor, "rand_cat_conv_param.pooling_factor", "RandCatConv", maps,
+                          ": all but the last two")
         return {"rates": rates, "pads": [float(np.float32((r - 1.0) / 2)) for r in rates],
                 "random": bool(p.rand_selection), "num_output": int(p.num_output), "pad_factor": int(p.pad_factor),
                 "name": lp.name}
