@@ -82,6 +82,7 @@ from . import (  # noqa: F401,E402
     pdc,
     periodic_shuffle,
     picanet,
+    pixel_weights,
     pixelnet,
     plugin_standins,
     pooling,
