@@ -63,6 +63,16 @@ def test_batchnorm_global_stats_divide_by_the_factor(factor, eps):
     close(got, bn_ref(x.astype(np.float64), mean * s, var * s, eps), rtol=2e-5, atol=2e-5)
 
 
+def test_ctensmeyers_batchnorm2_is_bvlcs_batchnorm():
+    # ctensmeyer/caffe's BatchNorm2: BVLC's three blobs and global-statistics forward under another name
+    n, c = 2, 3
+    mean, var = randn(c) * 10, (RNG.uniform(0.5, 2.0, c) * 10).astype(np.float32)
+    model = build([("x", (n, c, 4, 5))], ['layer { name: "bn" type: "BatchNorm2" bottom: "x" top: "x" }'],
+                  {"bn": [mean, var, [10.0]]})
+    x = randn(n, c, 4, 5)
+    close(model.run(x)["x"], bn_ref(x.astype(np.float64), mean / 10.0, var / 10.0, 1e-5), rtol=2e-5, atol=2e-5)
+
+
 def test_batchnorm_two_axis_input():
     mean, var = randn(5), RNG.uniform(0.5, 2, 5).astype(np.float32)
     model = build([("x", (4, 5))], ['layer { name: "bn" type: "BatchNorm" bottom: "x" top: "x" }'],

@@ -137,7 +137,9 @@ def _torch_scale_after(node, emit, channels):
     return sc
 
 
-@register_layer("BatchNorm")
+# ctensmeyer/caffe 19fcdb2 (font and document nets) keeps BVLC's layer under the name BatchNorm2 (its own
+# BatchNorm is another, five-blob layer); the forward differs only by powx(0.5) in place of sqrt
+@register_layer("BatchNorm", "BatchNorm2")
 class BatchNorm(Layer):
     blob_names = ("mean", "variance", "factor", "scale", "bias")
     buffer_blobs = (0, 1, 2)
