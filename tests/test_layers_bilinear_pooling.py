@@ -205,3 +205,26 @@ def test_bilinear_of_other_sizes_is_refused():
     with pytest.raises(CaffeqError, match="one num, height and width"):
         load_from_text(net('layer { name: "b" type: "Bilinear" bottom: "a" bottom: "b" top: "y" }',
                            inputs={"a": (1, 2, 4, 4), "b": (1, 2, 4, 5)}))
+
+
+# ---- SoftAttention -------------------------------------------------------------------------------
+
+def test_soft_attention_weights_the_positions_by_the_map_and_beta(tmp_path):
+    # soft_attention_layer.cu: z[n, c] = sum over s of beta[n] * a[n, c, s] * alpha[n, s]
+    a = rng(50).standard_normal((3, 5, 4, 6)).astype(np.float32)
+    logits = rng(51).standard_normal((3, 24))
+    alpha = (np.exp(logits) / np.exp(logits).sum(1, keepdims=True)).astype(np.float32).reshape(3, 1, 4, 6)
+    beta = np.array([[1.0], [0.5], [2.0]], np.float32)
+    model = load_from_text(net('layer { name: "att_feature" type: "SoftAttention" bottom: "a" bottom: "alpha" '
+                               'bottom: "beta" top: "z" }', inputs={"a": a.shape, "alpha": alpha.shape, "beta": beta.shape}))
+    ref = np.einsum("ncs,ns->nc", a.reshape(3, 5, -1).astype(np.float64),
+                    alpha.reshape(3, -1).astype(np.float64)) * beta.astype(np.float64)
+    assert model.blob_shapes["z"] == (3, 5, 1, 1)
+    check_everywhere(model, {"a": a, "alpha": alpha, "beta": beta}, {"z": ref.reshape(3, 5, 1, 1)}, tmp_path,
+                     atol=1e-6, rtol=1e-5)
+
+
+def test_soft_attention_needs_one_beta_per_item():
+    with pytest.raises(CaffeqError, match="one beta per item: 3 values"):
+        load_from_text(net('layer { name: "s" type: "SoftAttention" bottom: "a" bottom: "alpha" bottom: "beta" '
+                           'top: "z" }', inputs={"a": (3, 2, 2, 2), "alpha": (3, 1, 2, 2), "beta": (104, 1)}))

@@ -23,6 +23,9 @@ and SumPooling (Hierarchical-Bilinear-Pooling, src/caffe/layers/sum_pooling_laye
   whole map: (N, Ca Cb, 1, 1).  Ganin's layer in madkn/MultiregionBilinearCNN-ReId's caffe-bilinear
   (bilinear_layer.cu, GPU only) reads `convolution_param` and sums over each of its im2col windows (zeros
   in the padding): (N, Ca Cb, out_h, out_w); a Bilinear with convolution_param is read as that one.
+- SoftAttention (akirafukui/caffe fa7bab7, branch feature/20160617_cb_softattention; the MCB VQA nets and
+  Seth-Park/MultimodalExplanations): features a (N, C, H, W), an attention map (N, 1, H, W) and a weight
+  beta of N values: top[n, c] = sum over positions of beta[n] a[n, c] alpha[n], (N, C, 1, 1).
 """
 import numpy as np
 import torch
@@ -353,3 +356,43 @@ class Bilinear(Layer):
         right = ctx.op("Transpose", [stacks[1]], "b_cols", perm=[0, 3, 4, 2, 1])   # (N, out_h, out_w, K, Cb)
         outer = ctx.op("Transpose", [ctx.op("MatMul", [left, right], "outer")], "outer_t", perm=[0, 3, 4, 1, 2])
         ctx.add_node("Reshape", [outer, ctx.i64([-1, ca * cb, oh, ow])], [node.outputs[0]], name=node.name)
+
+
+# ---- SoftAttention ------------------------------------------------------------------------------------
+
+@register_layer("SoftAttention")
+class SoftAttention(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "SoftAttention", 3, 1, roles="features, attention, beta")
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        a, alpha, beta = (tuple(s) for s in in_shapes)
+        if len(a) != 4 or len(alpha) != 4:
+            raise LayerError(f"SoftAttention's features and attention map need 4 axes, got {list(a)} and {list(alpha)}")
+        if alpha != (a[0], 1, a[2], a[3]):
+            raise LayerError(f"SoftAttention's attention map must be (N, 1, H, W) = ({a[0]}, 1, {a[2]}, {a[3]}), "
+                             f"got {list(alpha)}")
+        if int(np.prod(beta)) != a[0]:
+            raise LayerError(f"SoftAttention's third bottom holds one beta per item: {a[0]} values, got {list(beta)}")
+        return [(a[0], a[1], 1, 1)]
+
+    def forward(self, attrs, params, a, alpha, beta):
+        n, c = a.shape[:2]
+        weighted = torch.matmul(a.reshape(n, c, -1), alpha.reshape(n, -1, 1))     # (N, C, 1)
+        return (weighted * beta.reshape(n, 1, 1)).reshape(n, c, 1, 1)
+
+    def pytorch_source(self, node, emit):
+        a, alpha, beta = emit.inputs
+        _, c, h, w = emit.in_shape(0)
+        return (f"(torch.matmul({a}.reshape(-1, {c}, {h * w}), {alpha}.reshape(-1, {h * w}, 1)) * "
+                f"{beta}.reshape(-1, 1, 1)).reshape(-1, {c}, 1, 1)")
+
+    def onnx(self, ctx, node):
+        a, alpha, beta = node.inputs
+        _, c, h, w = ctx.shape(a)
+        rows = ctx.op("Reshape", [a, ctx.i64([-1, c, h * w])], "rows")
+        weights = ctx.op("Reshape", [alpha, ctx.i64([-1, h * w, 1])], "weights")
+        summed = ctx.op("MatMul", [rows, weights], "summed")
+        scaled = ctx.op("Mul", [summed, ctx.op("Reshape", [beta, ctx.i64([-1, 1, 1])], "beta")], "scaled")
+        ctx.add_node("Reshape", [scaled, ctx.i64([-1, c, 1, 1])], [node.outputs[0]], name=node.name)
