@@ -292,6 +292,30 @@ def test_pspnet_bn_uses_the_stored_statistics(params, nparams, eps, tmp_path):
 
 
 @needs_bn
+def test_robert0812s_bn_reads_its_1_by_c_blobs_with_eps_1e_7(tmp_path):
+    # Robert0812/caffe mybn (BestiVictory/ILGnet): slope_filler, bias_filler and moving_average together;
+    # blobs gamma, beta, mean, variance stored (1, C); y = (x - mean) / sqrt(var + 1e-7) * gamma + beta
+    from caffeq.io.prototxt import parse_prototxt_text
+    from caffeq.io.writer import write_caffemodel
+    from caffeq.model import load
+    text = bn_text('slope_filler { type: "constant" value: 1 } bias_filler { type: "constant" value: 0.001 } '
+                   'moving_average: true', nparams=4)
+    g = np.random.default_rng(8)
+    slope, bias, mean = (g.standard_normal(3).astype(np.float32) for _ in range(3))
+    var = g.uniform(1e-6, 1e-5, 3).astype(np.float32)        # small: eps 1e-7 matters
+    (tmp_path / "n.prototxt").write_text(text)
+    write_caffemodel(parse_prototxt_text(text), {"b": [v.reshape(1, 3) for v in (slope, bias, mean, var)]},
+                     tmp_path / "n.caffemodel")
+    model = load(str(tmp_path / "n.prototxt"), weights=str(tmp_path / "n.caffemodel"))
+    x = g.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    ref = pspnet_ref(x.astype(np.float64), *(a.astype(np.float64) for a in (slope, bias, mean, var)),
+                     eps=float(np.float32(1e-7)))
+    check_everywhere(model, {"x": x}, {"b": ref}, tmp_path, atol=1e-4, rtol=1e-5)
+    with pytest.raises(LayerError, match="moving_average false"):
+        load_from_text(text.replace("moving_average: true", "moving_average: false"))
+
+
+@needs_bn
 @pytest.mark.parametrize("params, nparams", [("bn_mode: INFERENCE", 0), ("frozen: true", 0)], ids=["segnet", "pspnet"])
 def test_bn_of_an_n_by_c_input_is_per_channel(params, nparams, tmp_path):
     # the forks read num/channels/height/width: an (N, C) bottom (after an InnerProduct, as in

@@ -55,6 +55,7 @@ SEGNET_EPS = 1e-9   # bn_layer.cpp's var_eps_
 _SEGNET_FIELDS = ("scale_filler", "shift_filler", "bn_mode")
 _PSPNET_FIELDS = ("slope_filler", "bias_filler", "momentum", "eps", "frozen", "engine")
 # yjxiong/caffe's (TSN's) BN: its own fields; it shares scale_filler/shift_filler with SegNet and frozen with PSPNet
+MYBN_EPS = float(np.float32(1e-7))   # Robert0812/caffe's BNParameter.eps default
 _TSN_FIELDS = ("var_eps", "use_history_in_test", "decay", "moving_average", "axis", "multigpu_sync",
                "sync_forward")   # the last: sciencefans/CaffeMex_v2's copy of that BN
 
@@ -156,6 +157,8 @@ class BN(Layer):
         p = lp.bn_param
         segnet, pspnet = _set_fields(p, _SEGNET_FIELDS), _set_fields(p, _PSPNET_FIELDS)
         tsn = _set_fields(p, _TSN_FIELDS)
+        if tsn == ["moving_average"] and not segnet and {"slope_filler", "bias_filler"} & set(pspnet):
+            return self._parse_mybn(lp, p)
         if tsn:
             return self._parse_tsn(lp, p, [f for f in segnet + pspnet if f not in ("scale_filler", "shift_filler",
                                                                                  "frozen", "engine")])
@@ -193,6 +196,27 @@ class BN(Layer):
             raise LayerError(f"{what} in {'LEARN' if mode == LEARN else 'INFERENCE'} mode takes at most {most} "
                              f"top(s), got {tops}")
         return {"variant": SEGNET, "learn": mode == LEARN, "tops": tops}
+
+    @staticmethod
+    def _parse_mybn(lp, p):
+        """Robert0812/caffe's mybn BN (bn_layer.cpp, 3ae1322; BestiVictory/ILGnet): PSPNet's computation with
+        slope_filler, bias_filler, moving_average, momentum and eps (1e-7 unless given); its four blobs
+        (slope, bias, mean, variance) are stored (1, C)."""
+        if len(lp.top) != 1:
+            raise LayerError(f"Robert0812's BN takes one top, got {len(lp.top)}")
+        if not p.moving_average:
+            raise LayerError("bn_param.moving_average false: Robert0812's BN then normalizes at TEST with whatever "
+                             "its buffers last held; not supported")
+        eps = float(p.eps) if p.HasField("eps") else MYBN_EPS
+        if not eps > 0:
+            raise LayerError(f"bn_param.eps must be > 0, got {eps}")
+        return {"variant": PSPNET, "eps": eps, "momentum": float(p.momentum), "frozen": False, "flat_blobs": True}
+
+    def stored_blobs(self, attrs, arrays, notes):
+        """Robert0812's (1, C) blobs as the (1, C, 1, 1) ones PSPNet's BN keeps."""
+        if attrs.get("flat_blobs") and all(a.ndim == 2 and a.shape[0] == 1 for a in arrays):
+            return [a.reshape(1, -1, 1, 1) for a in arrays]
+        return arrays
 
     @staticmethod
     def _parse_tsn(lp, p, others):
