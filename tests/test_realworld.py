@@ -116,6 +116,7 @@ def test_templates_read_with_define(name, capsys, tmp_path):
 
 # Nets small enough to run here, with the input shape to run them at (None: the file's own).
 RUNNABLE = {
+    "richzhang__splitbrainauto__models__deploy.prototxt": {"data": (1, 3, 64, 64)},   # ColorConv to Lab
     "Egoist67__quanti_ristretto__examples__warpctc_captcha__auto_deploy.prototxt": None,   # ScaleRistretto
     # si-convnet's MNIST-scale nets (HDF5 data, 28 x 28): TICONV, and UP + TIEDCONV (scored at ip2)
     "akanazawa__si-convnet__models__sicnn__protos__sicnn_train10k_train_test_mnist-sc_split1.prototxt":

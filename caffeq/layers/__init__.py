@@ -18,6 +18,7 @@ from . import (  # noqa: F401,E402
     cambricon_yolo,
     cascade_rcnn,
     ccpd,
+    color_conv,
     common,
     conv,
     conv_lstm,
