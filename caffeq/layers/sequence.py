@@ -307,12 +307,15 @@ class Lstm(Layer):
     def parse(self, lp):
         need_blobs(lp, lp.type, (1, 2), roles="x, clip")
         p = lp.lstm_param
-        if p.num_output <= 0:
-            raise LayerError("lstm_param.num_output must be positive")
+        # fanchenyou/deepdiary names num_output hidden_size and fixes T = sequence_len + 1
+        hidden = p.num_output if p.HasField("num_output") or not p.HasField("hidden_size") else p.hidden_size
+        if hidden <= 0:
+            raise LayerError("lstm_param.num_output must be positive (hidden_size, as deepdiary names it)")
         if p.clipping_threshold < 0:
             raise LayerError(f"lstm_param.clipping_threshold must be >= 0, got {p.clipping_threshold}")
         # clipping_threshold bounds the gradients only (kept for the Caffe writer via the prototxt)
-        attrs = {"num_output": int(p.num_output), "clipping_threshold": float(p.clipping_threshold),
+        attrs = {"num_output": int(hidden), "clipping_threshold": float(p.clipping_threshold),
+                 "steps": int(p.sequence_len) + 1 if p.HasField("sequence_len") else None,
                  "clip": len(lp.bottom) == 2, "reading_notes": [],
                  # junhyukoh/caffe-lstm's (T*N, ...) layout, N = batch_size; CTPN's fork takes N from axis 1
                  "batch_size": int(p.batch_size) if p.HasField("batch_size") else None}
@@ -327,7 +330,10 @@ class Lstm(Layer):
 
     @staticmethod
     def flat_batch(attrs, in_shape):
-        """N of junhyukoh/caffe-lstm's (T*N, ...) layout (batch_size set, or a bottom of < 3 axes), else 0."""
+        """N of junhyukoh/caffe-lstm's (T*N, ...) layout (batch_size set, T = sequence_len + 1 as deepdiary's,
+        or a bottom of < 3 axes), else 0."""
+        if attrs.get("steps"):
+            return max(in_shape[0] // attrs["steps"], 1) if len(in_shape) else 1
         if attrs["batch_size"] is not None:
             return attrs["batch_size"]
         return 1 if len(in_shape) < 3 else 0
@@ -335,6 +341,11 @@ class Lstm(Layer):
     def _dims(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
         flat = self.flat_batch(attrs, s)
+        if attrs.get("steps"):
+            if len(s) < 1 or s[0] % attrs["steps"] or math.prod(s[1:]) != attrs["num_output"]:
+                raise LayerError(f"deepdiary's Lstm takes (T * N, H) rows, T = sequence_len + 1 = {attrs['steps']} "
+                                 f"and H = hidden_size {attrs['num_output']}, got {list(s)}")
+            return attrs["steps"], s[0] // attrs["steps"], attrs["num_output"], attrs["num_output"]
         if flat:
             if len(s) < 1 or s[0] % flat:
                 raise LayerError(f"Lstm's bottom {list(s)}: its first axis must be a multiple of "
