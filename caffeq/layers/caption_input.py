@@ -9,7 +9,6 @@ TRAIN and TEST compute the same.  torch, ONNX, model.py.
 """
 import math
 
-import numpy as np
 import torch
 from torch import nn
 
