@@ -49,6 +49,7 @@ from . import (  # noqa: F401,E402
     fork_data,
     fpn,
     fractal,
+    frank_wolfe,
     frcnn,
     frcnn3d,
     gate_recurrent,

@@ -158,6 +158,15 @@ class AdditiveNoise(Layer):
             if not math.isfinite(getattr(p, f)) or getattr(p, f) < 0:
                 raise LayerError(f"noise_param.{f} must be a finite number >= 0, got {getattr(p, f)}")
         kind = "gaussian" if p.HasField("gaussian_std") else "uniform" if p.HasField("uniform_range") else None
+        if p.HasField("filler_param") or p.HasField("std"):
+            # sunke123/FW-Net's Noise (its source unpublished): gaussian noise of the filler's mean and `std`,
+            # read as the others' training-time noise; its nets are evaluated on noisy images fed as `data`
+            if p.filler_param.type not in ("gaussian", "constant") or not math.isfinite(p.std) or p.std < 0:
+                raise LayerError(f"noise_param: FW-Net's filler_param must be gaussian and std a finite number >= 0, "
+                                 f"got {p.filler_param.type!r} and {p.std}")
+            return {"kind": "gaussian", "std": float(p.std), "range": 0.0, "bias": float(p.filler_param.mean),
+                    "reading_notes": ["FW-Net's Noise layer (its source is not published) copies its input at "
+                                      "inference here, as the other forks' Noise layers do: feed the noisy image"]}
         return {"kind": kind, "std": float(p.gaussian_std), "range": float(p.uniform_range), "bias": float(p.bias)}
 
     def forward(self, attrs, params, x, training=False):
