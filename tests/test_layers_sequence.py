@@ -502,3 +502,18 @@ def test_lisa_caffe_lstm_checks_the_streams_and_markers():
             'lstm_param { hidden_dim: 4 buffer_size: 2 } }')
     with pytest.raises(LayerError, match="not a whole number of time steps of lstm_param.buffer_size 2"):
         load_from_text(text)
+
+
+def test_textspotters_lstmnew_is_bvlcs_lstm():
+    t, n, k, h = 4, 2, 3, 5
+    text = ('layer {{ name: "pred_lstm" type: "{kind}" bottom: "x" bottom: "cont" top: "o" '
+            'recurrent_param {{ num_output: 5 weight_filler {{ type: "xavier" }} }} }}')
+    shapes = {"x": (t, n, k), "cont": (t, n)}
+    new = load_from_text(net(text.format(kind="LSTMNew"), inputs=shapes), random_weights=True)
+    old = load_from_text(net(text.format(kind="LSTM"), inputs=shapes), random_weights=True)
+    blobs = next(node for node in new.layers if node.name == "pred_lstm").blobs
+    assert [tuple(b.shape) for b in blobs] == [(4 * h, k), (4 * h,), (4 * h, h)]
+    next(node for node in old.layers if node.name == "pred_lstm").blobs = blobs
+    feeds = {"x": rng(30).standard_normal((t, n, k)).astype(np.float32),
+             "cont": np.array([[0, 0], [1, 1], [1, 0], [1, 1]], np.float32)}
+    np.testing.assert_array_equal(new.run(feeds)["o"], old.run(feeds)["o"])

@@ -274,7 +274,9 @@ def frame_major_lstm(x, flush, w_xc, b_c, w_hc, streams: int):
     return hs.reshape(t * streams, -1, 1, 1)
 
 
-@register_layer("LSTM")
+# tonghe90/textspotter aa36bbc names BVLC's LSTM "LSTMNew" (its recurrent_param at 176, clipping_threshold at
+# 4 and the flags one later: a binary-file difference only)
+@register_layer("LSTM", "LSTMNew")
 class LSTM(Recurrent):
     blob_names = ("W_xc", "b_c", "W_hc")
     weight_axes = {0: 0, 2: 0}
