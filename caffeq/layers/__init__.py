@@ -62,6 +62,7 @@ from . import (  # noqa: F401,E402
     hwgq,
     im2col,
     iresnet,
+    jigsaw,
     landmark_crops,
     landmark_structure,
     learnable_dilation,

@@ -29,6 +29,8 @@ def transform_attrs(lp):
         "mean_value": [float(v) for v in t.mean_value],
         "force_color": bool(t.force_color),
         "force_gray": bool(t.force_gray),
+        # JigsawPuzzleSolver's puzzle: siamese_size tiles of patch_size a side on the channels
+        "siamese": (int(t.siamese_size), int(t.patch_size)) if t.siamese_size > 1 else None,
     }
 
 
@@ -190,6 +192,16 @@ class Data(DataLayer):
         mean = _mean_file_shape(attrs)
         if mean is not None:
             c = c or mean[0]
+        if t.get("siamese"):   # DataTransformer::InferBlobShape of caffe-master-jps++: the datum's channels per tile
+            tiles, patch = t["siamese"]
+            if patch < 1:
+                raise LayerError(f"transform_param.siamese_size {tiles} needs a patch_size, got {patch}")
+            if not c:
+                source = resolve_source(attrs["source"], attrs.get("base_dir"))
+                if not os.path.exists(source):
+                    raise needs_input_shape(attrs, attrs["top"], f"{attrs['backend']} '{attrs['source']}' not found")
+                c = datum_shape(source, attrs["backend"])[0]
+            return (n, c * tiles, patch, patch)
         if c and t["crop_size"]:
             return (n, c, t["crop_size"], t["crop_size"])
         if c and mean is not None and not t["crop_size"]:
