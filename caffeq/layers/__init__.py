@@ -16,6 +16,7 @@ from . import (  # noqa: F401,E402
     caffemex,
     cambricon_mlu,
     cambricon_yolo,
+    capsnet,
     caption_input,
     cascade_rcnn,
     ccpd,
