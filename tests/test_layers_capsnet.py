@@ -1,6 +1,5 @@
 """chenzhenhua986/CAFFE-CapsNet's capsule layers (caffeq/layers/capsnet.py) against loops written here from its GPU
 kernels (and Squash's and CapsuleMask's CPU code, the only ones), in torch, onnxruntime and model.py."""
-import math
 
 import numpy as np
 import pytest
