@@ -116,6 +116,7 @@ def test_templates_read_with_define(name, capsys, tmp_path):
 
 # Nets small enough to run here, with the input shape to run them at (None: the file's own).
 RUNNABLE = {
+    "chenzhenhua986__CAFFE-CapsNet__examples__mnist__deploy.prototxt": {"data": (2, 1, 28, 28), "label": (2,)},
     "richzhang__splitbrainauto__models__deploy.prototxt": {"data": (1, 3, 64, 64)},   # ColorConv to Lab
     "Egoist67__quanti_ristretto__examples__warpctc_captcha__auto_deploy.prototxt": None,   # ScaleRistretto
     # si-convnet's MNIST-scale nets (HDF5 data, 28 x 28): TICONV, and UP + TIEDCONV (scored at ip2)
@@ -163,7 +164,8 @@ RUNNABLE = {
     "muupan__dqn-in-the-caffe__dqn.prototxt": None,
 }
 # train files: the blob their loss reads, as a user converting one names it with --outputs
-RUNNABLE_OUTPUTS = {"akanazawa__si-convnet__models__sicnn__protos__sicnn_train10k_train_test_mnist-sc_split1.prototxt": ["ip2"],
+RUNNABLE_OUTPUTS = {"chenzhenhua986__CAFFE-CapsNet__examples__mnist__deploy.prototxt": ["cap_len", "sigmoid"],
+                    "akanazawa__si-convnet__models__sicnn__protos__sicnn_train10k_train_test_mnist-sc_split1.prototxt": ["ip2"],
                     "akanazawa__si-convnet__models__sicnn__protos__farabet_train10k_train_test_mnist-sc_split1.prototxt": ["ip2"],
                     "liuzechun__Bi-Real-net__caffe_implementation__18-layer__Bi-Real-net-18-train.prototxt": ["fc1000"],
                     "muupan__dqn-in-the-caffe__dqn.prototxt": ["q_values", "filtered_q_values"]}
