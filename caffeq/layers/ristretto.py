@@ -286,6 +286,16 @@ def trim_source(emit, x, how):
     return f"{fn}({x}, {', '.join(emit.lit(v) for v in how[1:])})"
 
 
+def source_on_inputs(emit, inputs, emit_source):
+    """A base layer's model.py source emitted over other input expressions (the trimmed bottoms)."""
+    real = emit.inputs
+    emit.inputs = inputs
+    try:
+        return emit_source()
+    finally:
+        emit.inputs = real
+
+
 def _emit_trimmed_inputs(emit, q):
     names = []
     for x in emit.inputs:
@@ -412,12 +422,7 @@ class FcRistretto(_Ristretto, InnerProduct):
             ctx.add_node("Add", [mm, bias[0]], [outputs[0]])
 
     def source_layer(self, node, emit, inputs):
-        real = emit.inputs
-        emit.inputs = inputs
-        try:
-            return InnerProduct.pytorch_source(self, node, emit)
-        finally:
-            emit.inputs = real
+        return source_on_inputs(emit, inputs, lambda: InnerProduct.pytorch_source(self, node, emit))
 
 
 AWAY = {"fixed": "fixed_away", "pow2": "pow2_away"}   # Egoist67's round() in place of rint
@@ -451,12 +456,7 @@ class ScaleRistretto(_Ristretto, Scale):
         Scale.onnx(self, ctx, node, inputs, outputs)
 
     def source_layer(self, node, emit, inputs):
-        real = emit.inputs
-        emit.inputs = inputs
-        try:
-            return Scale.pytorch_source(self, node, emit)
-        finally:
-            emit.inputs = real
+        return source_on_inputs(emit, inputs, lambda: Scale.pytorch_source(self, node, emit))
 
 
 @register_layer("LRNRistretto")
