@@ -275,7 +275,8 @@ class RandCatConv(Layer):
     the net is set up, (H - 2 pad_factor) x (W - 2 pad_factor) per image of bottom 0.  Each map is sampled
     as RandBI samples it, with pad (pooling_factor - 1) / 2 and rate pooling_factor.  Tops: (rows, sum of
     channels) and (rows, 3), the targets at the same pixels.  rand_selection true draws the pixels with
-    rand() seeded from the clock at every forward: read and sized, not run."""
+    rand() seeded from the clock at every forward: read and sized, not run.  caffeq's forward refuses a mask
+    of too few pixels (the fork reads past its list); ONNX and model.py cannot stop a run and give fewer rows."""
 
     def parse(self, lp):
         need_blobs(lp, "RandCatConv", range(3, AT_LEAST), 2, roles="feature maps..., mask, targets")
