@@ -65,3 +65,44 @@ def test_capsule_sizes_are_checked():
         load_from_text(net(NET[0].replace("capsule_dim: 4", "capsule_dim: 3"), inputs={"x": (1, 8, 2, 2)}))
     with pytest.raises(CaffeqError, match="input_capsule_num 24"):
         load_from_text(net(NET[3].replace('"u"', '"x"', 1), inputs={"x": (1, 20, 15)}))
+
+
+def routing_ref(x, w, bias, n_out, d_out):
+    """cap_layer.cu's first call: three rounds of softmax over the output capsules (logits from 0), the weighted
+    sum s, Sabour's squash v = s q / (1 + q) / sqrt(q + 1e-7), logits += v . u; the last s plus the bias."""
+    m, n_in = x.shape[0], w.shape[0]
+    u = np.einsum("bjk,jko->bjo", x.reshape(m, n_in, -1).astype(np.float64), w).reshape(m, n_in, n_out, d_out)
+    logits = np.zeros((m, n_out, n_in))
+    for _ in range(3):
+        c = np.exp(logits - logits.max(1, keepdims=True))
+        c /= c.sum(1, keepdims=True)
+        s = np.einsum("bij,bjie->bie", c, u)
+        q = (s * s).sum(-1, keepdims=True)
+        v = s * q / (1 + q) / np.sqrt(q + 1e-7)
+        logits += np.einsum("bie,bjie->bij", v, u)
+    return s + bias.reshape(n_out, d_out)
+
+
+def test_cap_routes_by_agreement_from_zero_logits(tmp_path):
+    x = rng(91).standard_normal((2, 6, 4)).astype(F32)
+    model = load_from_text(net('layer { name: "capsule" type: "Cap" bottom: "x" top: "v" cap_param { '
+                               'input_capsule_dim: 4 output_capsule_dim: 3 output_capsule_num: 5 routing_num: 3 '
+                               'bias_filler { type: "gaussian" std: 0.5 } } }', inputs={"x": x.shape}),
+                           random_weights=True)
+    w, b = (np.asarray(v) for v in node_of(model, "capsule").blobs)
+    assert w.shape == (6, 4, 15) and b.shape == (15,)
+    check_everywhere(model, {"x": x}, {"v": routing_ref(x, w, b, 5, 3)}, tmp_path, atol=2e-5, rtol=1e-4)
+
+
+def test_capsule_relu_zeroes_long_capsules_in_place(tmp_path):
+    x = (rng(92).standard_normal((2, 4, 3)) * 0.6).astype(F32)
+    model = load_from_text(net('layer { name: "squash2" type: "Power" bottom: "x" top: "squash2" }',
+                               'layer { name: "cap_relu1" type: "CapsuleRelu" bottom: "squash2" top: "squash2" '
+                               'capsule_relu_param { dim: 3 thre: 0.99 } }', inputs={"x": x.shape}))
+    length = np.sqrt((x.astype(np.float64) ** 2).sum(-1, keepdims=True) + 1e-7)
+    ref = np.where(length > F32(0.99), 0, x)
+    assert 0 < (length > 0.99).sum() < 8
+    check_everywhere(model, {"x": x}, {"squash2": ref}, tmp_path)
+    with pytest.raises(CaffeqError, match="in place only"):
+        load_from_text(net('layer { name: "r" type: "CapsuleRelu" bottom: "x" top: "y" capsule_relu_param { dim: 3 '
+                           'thre: 0.9 } }', inputs={"x": x.shape}))

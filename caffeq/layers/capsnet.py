@@ -12,6 +12,11 @@ computes them (several CPU forwards of the fork are empty or read out of bounds)
 - CapsuleLen (num_class K): each of K capsules' sum of squares (the GPU's, no square root), (M, K).
 - CapsuleMask (class_num K): the bottom with every capsule but the last zeroed: the fork's argmax never updates
   its running maximum, so the last capsule always wins; no label is read.
+- Cap: Sabour's routing by agreement, three rounds whatever routing_num says, from zero logits; the top is the
+  last round's unsquashed sum plus a bias (Nout Dout).  The fork never resets its logits, so its later calls
+  start from the earlier ones': caffeq computes every call as the fork's first.
+- CapsuleRelu (dim, thre): runs of dim values longer than thre set to 0; the fork never copies its bottom to its
+  top, so only the in-place form (the nets') is read.
 TRAIN and TEST compute the same.  torch, ONNX, model.py.
 """
 import math
@@ -65,8 +70,33 @@ def last_capsule(x, k: int):
     return (v * keep).reshape(x.shape)
 
 
+def dynamic_routing(x, weight, bias, n_out: int, d_out: int):
+    """Cap's forward on its first call: u = each input capsule through its matrix; three rounds of c = softmax over
+    the output capsules of logits b (from 0), s = sum_j c u, v = Sabour's squash of s, b += v . u; then the last
+    round's s (unsquashed) plus the bias, (M, Nout, Dout)."""
+    n_in, d_in, width = weight.shape
+    m = x.shape[0]
+    u = torch.matmul(x.reshape(m, n_in, 1, d_in), weight).reshape(m, n_in, n_out, d_out)
+    logits = x.new_zeros(m, n_out, n_in)
+    s = x.new_zeros(m, n_out, d_out)
+    for _ in range(3):
+        c = torch.softmax(logits, dim=1)
+        s = torch.einsum("bij,bjie->bie", c, u)
+        q = (s * s).sum(-1, keepdim=True).double()
+        v = s * (q / (1 + q) / torch.sqrt(q + 1e-7)).to(s.dtype)
+        logits = logits + torch.einsum("bie,bjie->bij", v, u)
+    return s if bias is None else s + bias.reshape(n_out, d_out)
+
+
+def capsule_relu(x, dim: int, thre: float):
+    """Every run of dim values whose length sqrt(sum x^2 + 1e-7) exceeds thre set to 0 (in place in the fork)."""
+    runs = x.reshape(-1, dim)
+    length = torch.sqrt((runs * runs).sum(-1, keepdim=True).double() + 1e-7).to(x.dtype)
+    return torch.where(length > thre, torch.zeros_like(runs), runs).reshape(x.shape)
+
+
 TORCH_CAPSNET = torch_sources(capsule_reshape, exp_squash, capsule_transform, capsule_routing, capsule_lengths,
-                              last_capsule)
+                              last_capsule, dynamic_routing, capsule_relu)
 
 
 def _positive(p, field, where):
@@ -288,3 +318,94 @@ class CapsuleMask(_PerClass):
         keep[-1] = 1
         ctx.add_node("Reshape", [ctx.op("Mul", [caps, ctx.const(keep)], "kept"), ctx.i64([-1] + list(s[1:]))],
                      [node.outputs[0]], name=node.name)
+
+
+@register_layer("Cap")
+class Cap(_Capsules):
+    fn = staticmethod(dynamic_routing)
+    blob_names = ("weight", "bias")
+
+    def blob_names_for(self, attrs):
+        return self.blob_names if attrs["bias_term"] else ("weight",)
+
+    def parse(self, lp):
+        need_blobs(lp, "Cap", 1, 1)
+        p = lp.cap_param
+        attrs = {"d_in": _positive(p, "input_capsule_dim", "cap_param"), "d_out": _positive(p, "output_capsule_dim",
+                 "cap_param"), "n_out": _positive(p, "output_capsule_num", "cap_param"), "bias_term": bool(p.bias_term)}
+        if p.routing_num != 3:
+            attrs["reading_notes"] = [f"cap_param.routing_num {p.routing_num} is not read: the fork routes three times"]
+        return attrs
+
+    def args(self, attrs):
+        return ([] if attrs["bias_term"] else [None]) + [attrs["n_out"], attrs["d_out"]]
+
+    def _n_in(self, attrs, s):
+        _divides(math.prod(s[1:]), attrs["d_in"], "cap_param.input_capsule_dim", s)
+        return math.prod(s[1:]) // attrs["d_in"]
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        self._n_in(attrs, s)
+        return [(s[0], attrs["n_out"], attrs["d_out"])]
+
+    def param_shapes(self, attrs, in_shapes):
+        width = attrs["n_out"] * attrs["d_out"]
+        shapes = [(self._n_in(attrs, tuple(in_shapes[0])), attrs["d_in"], width)]
+        return shapes + ([(width,)] if attrs["bias_term"] else [])
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        n_in, d_in, width = node.expected_param_shapes[0]
+        caps = ctx.op("Reshape", [node.inputs[0], ctx.i64([-1, n_in, 1, d_in])], "caps")
+        u = ctx.op("Reshape", [ctx.op("MatMul", [caps, ctx.weight(node, 0)], "u"),
+                               ctx.i64([-1, n_in, a["n_out"], a["d_out"]])], "u4")
+        per_class = ctx.op("Transpose", [u], "per_class", perm=[0, 2, 1, 3])              # (M, Nout, Nin, Dout)
+        logits = ctx.op("Mul", [onnx_reduce(ctx, "ReduceSum", per_class, [3], False), ctx.f32(0.0)], "logits0")
+        s = None
+        for k in range(3):
+            c = ctx.op("Softmax", [logits], f"c{k}", axis=1)
+            s = ctx.op("Squeeze", [ctx.op("MatMul", [ctx.op("Unsqueeze", [c, ctx.i64([2])], f"c{k}_4"), per_class],
+                                          f"s{k}"), ctx.i64([2])], f"s{k}_3")
+            q = ctx.op("Cast", [onnx_reduce(ctx, "ReduceSum", ctx.op("Mul", [s, s], f"sq{k}"), [2], True)], f"q{k}", to=11)
+            one, eps = ctx.const(np.array(1.0)), ctx.const(np.array(1e-7))
+            scale = ctx.op("Div", [ctx.op("Div", [q, ctx.op("Add", [one, q], f"q1_{k}")], f"ratio{k}"),
+                                   ctx.op("Sqrt", [ctx.op("Add", [q, eps], f"qe{k}")], f"root{k}")], f"scale{k}")
+            v = ctx.op("Mul", [s, ctx.op("Cast", [scale], f"scale{k}_32", to=1)], f"v{k}")
+            agree = ctx.op("MatMul", [per_class, ctx.op("Unsqueeze", [v, ctx.i64([3])], f"v{k}_4")], f"agree{k}")
+            logits = ctx.op("Add", [logits, ctx.op("Squeeze", [agree, ctx.i64([3])], f"agree{k}_3")], f"logits{k + 1}")
+        if not a["bias_term"]:
+            ctx.add_node("Identity", [s], [node.outputs[0]], name=node.name)
+            return
+        bias = ctx.op("Reshape", [ctx.weight(node, 1), ctx.i64([a["n_out"], a["d_out"]])], "bias")
+        ctx.add_node("Add", [s, bias], [node.outputs[0]], name=node.name)
+
+
+@register_layer("CapsuleRelu")
+class CapsuleRelu(_Capsules):
+    fn = staticmethod(capsule_relu)
+
+    def parse(self, lp):
+        need_blobs(lp, "CapsuleRelu", 1, 1)
+        if lp.top[0] != lp.bottom[0]:
+            raise LayerError("CapsuleRelu works in place only: the fork never copies its bottom into another top")
+        p = lp.capsule_relu_param
+        return {"dim": _positive(p, "dim", "capsule_relu_param"), "thre": float(np.float32(p.thre))}
+
+    def args(self, attrs):
+        return [attrs["dim"], attrs["thre"]]
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        _divides(math.prod(s), attrs["dim"], "capsule_relu_param.dim", s)
+        return [s]
+
+    def onnx(self, ctx, node):
+        a = node.attrs
+        s = ctx.shape(node.inputs[0])
+        runs = ctx.op("Reshape", [node.inputs[0], ctx.i64([-1, a["dim"]])], "runs")
+        q = ctx.op("Cast", [onnx_reduce(ctx, "ReduceSum", ctx.op("Mul", [runs, runs], "sq"), [1], True)], "q64", to=11)
+        length = ctx.op("Cast", [ctx.op("Sqrt", [ctx.op("Add", [q, ctx.const(np.array(1e-7))], "q")], "len")],
+                        "len32", to=1)
+        kept = ctx.op("Where", [ctx.op("Greater", [length, ctx.f32(a["thre"])], "long"), ctx.f32(0.0), runs], "kept")
+        ctx.add_node("Reshape", [kept, ctx.i64([-1] + list(s[1:]))], [node.outputs[0]], name=node.name)
