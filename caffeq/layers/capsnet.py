@@ -197,23 +197,27 @@ class Squash(_Capsules):
 class CapsuleTransform(_Capsules):
     fn = staticmethod(capsule_transform)
     blob_names = ("weight", "bias")
+    field = "capsule_transform_param"
 
     def blob_names_for(self, attrs):
         return self.blob_names if attrs["bias_term"] else ("weight",)
 
     def parse(self, lp):
-        need_blobs(lp, "CapsuleTransform", 1, 1)
-        p = lp.capsule_transform_param
-        return {"d_in": _positive(p, "input_capsule_dim", "capsule_transform_param"),
-                "d_out": _positive(p, "output_capsule_dim", "capsule_transform_param"),
-                "n_out": _positive(p, "output_capsule_num", "capsule_transform_param"), "bias_term": bool(p.bias_term)}
+        need_blobs(lp, lp.type, 1, 1)
+        p = getattr(lp, self.field)
+        return {"d_in": _positive(p, "input_capsule_dim", self.field),
+                "d_out": _positive(p, "output_capsule_dim", self.field),
+                "n_out": _positive(p, "output_capsule_num", self.field), "bias_term": bool(p.bias_term)}
 
     def args(self, attrs):
         return [] if attrs["bias_term"] else [None]   # no bias blob
 
     def _n_in(self, attrs, s):
-        _divides(math.prod(s[1:]), attrs["d_in"], "capsule_transform_param.input_capsule_dim", s)
+        _divides(math.prod(s[1:]), attrs["d_in"], f"{self.field}.input_capsule_dim", s)
         return math.prod(s[1:]) // attrs["d_in"]
+
+    def bias_shape(self, n_in, width):
+        return (n_in * width,)   # one bias per input capsule and output value
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
@@ -221,7 +225,7 @@ class CapsuleTransform(_Capsules):
 
     def param_shapes(self, attrs, in_shapes):
         n_in, width = self._n_in(attrs, tuple(in_shapes[0])), attrs["n_out"] * attrs["d_out"]
-        return [(n_in, attrs["d_in"], width)] + ([(n_in * width,)] if attrs["bias_term"] else [])
+        return [(n_in, attrs["d_in"], width)] + ([self.bias_shape(n_in, width)] if attrs["bias_term"] else [])
 
     def macs(self, attrs, in_shapes, out_shapes):
         return math.prod(out_shapes[0]) * attrs["d_in"]
@@ -321,38 +325,33 @@ class CapsuleMask(_PerClass):
 
 
 @register_layer("Cap")
-class Cap(_Capsules):
+class Cap(CapsuleTransform):
+    """CapsuleTransform's blobs (its bias one per output value), then routing by agreement."""
     fn = staticmethod(dynamic_routing)
-    blob_names = ("weight", "bias")
-
-    def blob_names_for(self, attrs):
-        return self.blob_names if attrs["bias_term"] else ("weight",)
+    field = "cap_param"
 
     def parse(self, lp):
-        need_blobs(lp, "Cap", 1, 1)
-        p = lp.cap_param
-        attrs = {"d_in": _positive(p, "input_capsule_dim", "cap_param"), "d_out": _positive(p, "output_capsule_dim",
-                 "cap_param"), "n_out": _positive(p, "output_capsule_num", "cap_param"), "bias_term": bool(p.bias_term)}
-        if p.routing_num != 3:
-            attrs["reading_notes"] = [f"cap_param.routing_num {p.routing_num} is not read: the fork routes three times"]
+        attrs = super().parse(lp)
+        if lp.cap_param.routing_num != 3:
+            attrs["reading_notes"] = [f"cap_param.routing_num {lp.cap_param.routing_num} is not read: the fork "
+                                      f"routes three times"]
         return attrs
 
     def args(self, attrs):
-        return ([] if attrs["bias_term"] else [None]) + [attrs["n_out"], attrs["d_out"]]
+        return super().args(attrs) + [attrs["n_out"], attrs["d_out"]]
 
-    def _n_in(self, attrs, s):
-        _divides(math.prod(s[1:]), attrs["d_in"], "cap_param.input_capsule_dim", s)
-        return math.prod(s[1:]) // attrs["d_in"]
+    def bias_shape(self, n_in, width):
+        return (width,)
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
         self._n_in(attrs, s)
         return [(s[0], attrs["n_out"], attrs["d_out"])]
 
-    def param_shapes(self, attrs, in_shapes):
-        width = attrs["n_out"] * attrs["d_out"]
-        shapes = [(self._n_in(attrs, tuple(in_shapes[0])), attrs["d_in"], width)]
-        return shapes + ([(width,)] if attrs["bias_term"] else [])
+    def macs(self, attrs, in_shapes, out_shapes):
+        # the transform, then three rounds of a weighted sum and an agreement over every (j, i, e)
+        capsules = math.prod(in_shapes[0]) // attrs["d_in"]
+        return capsules * attrs["n_out"] * attrs["d_out"] * (attrs["d_in"] + 6)
 
     def onnx(self, ctx, node):
         a = node.attrs
