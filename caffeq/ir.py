@@ -19,7 +19,7 @@ from .layers import require_specs, spec_for
 from .layers.common import Sink
 from .layers.misc import replace_unit_axis_embeds
 from .layers.pooling import darknet_kept_size_pools, is_darknet_kept_size_pool
-from .layers.registry import ForkReading, LayerError, MissingInputShape
+from .layers.registry import UNRUN_PYTHON, ForkReading, LayerError, MissingInputShape, unrun_python_reason
 from .training_layers import drop_training_only
 
 MAX_BLOB_ELEMENTS = 1 << 33  # about 32 GB of float32: refuse before allocating
@@ -203,7 +203,13 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
     layers = _user_inputs(net, layers, input_shapes, source, notes) + layers
     # inputs read only by dropped layers (labels) are not outputs; the scores a loss read are
     read_by_dropped = {b for lp in all_layers if lp not in layers for b in lp.bottom}
-    require_specs(layers, source)
+    if unknown_shapes_ok:
+        # a listing reads past a Python layer it has no spec for: sizes unknown from it on (running refuses)
+        unrun = {lp.name: unrun_python_reason(lp) for lp in layers if lp.type == "Python" and spec_for(lp) is None}
+        if unrun:
+            unset_layers = dict(unset_layers or {}, **unrun)
+    require_specs([lp for lp in layers if not (unknown_shapes_ok and lp.name in (unset_layers or {})
+                                               and lp.type == "Python")], source)
     if base_dir is None:
         base_dir = os.path.dirname(os.path.abspath(source)) if source else os.getcwd()
 
@@ -224,7 +230,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
     renamed = []            # [its line in notes, the repeated names] once a name repeats
 
     for position, lp in enumerate(layers):
-        spec = spec_for(lp)
+        spec = spec_for(lp) or UNRUN_PYTHON
         where = _where(source, lp)
         node_name = _unique_layer_name(lp.name, names_seen, source, notes, renamed)
         try:

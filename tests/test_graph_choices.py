@@ -1035,3 +1035,26 @@ def test_unknown_layers_the_file_runs_only_at_train_and_that_feed_only_losses_ar
     with pytest.raises(CaffeqError, match="PairwiseEnergy"):
         load_from_text(PAIRWISE_TRAIN + 'layer { name: "use" type: "ReLU" bottom: "energy" top: "used" '
                                         'include { phase: TRAIN } }', phase="TRAIN")
+
+
+def test_a_listing_reads_past_a_python_layer_and_running_refuses_it(tmp_path, capsys):
+    """py-faster-rcnn-style nets: a Python layer caffeq has no spec for, in the middle of the net.  inspect lists
+    the whole net, sizes unknown from that layer on, with a warning naming it; loading to run refuses it."""
+    from caffeq.__main__ import main
+    text = """
+input: "data" input_shape { dim: 1 dim: 3 dim: 8 dim: 8 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "proposal" type: "Python" bottom: "conv" top: "rois" python_param { module: "rpn.my_layer" layer: "Mine" } }
+layer { name: "fc" type: "InnerProduct" bottom: "rois" top: "fc" inner_product_param { num_output: 2 } }
+"""
+    listed = load_from_text(text, unknown_shapes_ok=True)
+    assert listed.blob_shapes["conv"] == (1, 4, 6, 6) and listed.blob_shapes["rois"] is None
+    assert listed.blob_shapes["fc"] is None
+    with pytest.raises(CaffeqError, match=r"layer 'proposal' is a Python layer \(module 'rpn.my_layer', class 'Mine'\)"):
+        load_from_text(text)
+    (tmp_path / "net.prototxt").write_text(text)
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "net.prototxt")]) == 0
+    err = capsys.readouterr().err
+    assert "layer 'proposal' (Python): a Python layer (module 'rpn.my_layer', class 'Mine') whose code caffeq never " \
+           "imports or runs; the shapes after it are unknown" in err

@@ -381,6 +381,26 @@ def recase_types(net, source=""):
             f"{', ...' if len(names) > 3 else ''}" for (wrong, known), names in renamed.items()]
 
 
+def unrun_python_reason(lp):
+    """Why a listing leaves a Python layer without a spec unsized: the line require_specs would raise, shorter."""
+    return (f"a Python layer (module '{lp.python_param.module or '?'}', class '{lp.python_param.layer or '?'}') "
+            f"whose code caffeq never imports or runs")
+
+
+class UnrunPythonLayer(ReadOnlyLayer):
+    """A listing's stand-in for a Python layer caffeq has no spec for: read, never sized or run."""
+
+    def parse(self, lp):
+        return {"name": lp.name, "kind": "Python", "module": lp.python_param.module, "layer": lp.python_param.layer}
+
+    def why_not_run(self, attrs):
+        return (f"a Python layer (module '{attrs.get('module') or '?'}', class '{attrs.get('layer') or '?'}'); caffeq "
+                f"never imports or runs code named by a model file")
+
+
+UNRUN_PYTHON = UnrunPythonLayer()
+
+
 def require_specs(layer_params, source=""):
     """Check every layer type has a spec; list all unknown types at once."""
     missing = {}
