@@ -19,7 +19,14 @@ from .layers import require_specs, spec_for
 from .layers.common import Sink
 from .layers.misc import replace_unit_axis_embeds
 from .layers.pooling import darknet_kept_size_pools, is_darknet_kept_size_pool
-from .layers.registry import UNRUN_PYTHON, ForkReading, LayerError, MissingInputShape, unrun_python_reason
+from .layers.registry import (
+    UNRUN_PYTHON,
+    ForkReading,
+    LayerError,
+    MissingInputShape,
+    python_variant_reason,
+    unrun_python_reason,
+)
 from .training_layers import drop_training_only
 
 MAX_BLOB_ELEMENTS = 1 << 33  # about 32 GB of float32: refuse before allocating
@@ -238,9 +245,15 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
         except ForkReading as e:   # the whole net tells how to read this layer
             raise ForkReading(f"{where}: {e}", e.rewrite) from None
         except LayerError as e:
-            if not (unknown_shapes_ok and lp.name in (unset_layers or {})):
+            if unknown_shapes_ok and lp.type == "Python" and lp.name not in (unset_layers or {}):
+                # a fork's variant of a Python layer caffeq knows (another param_str): listed, never run
+                unset_layers = dict(unset_layers or {}, **{lp.name: python_variant_reason(lp, e)})
+                spec = UNRUN_PYTHON
+                attrs = spec.parse(lp)
+            elif not (unknown_shapes_ok and lp.name in (unset_layers or {})):
                 raise LayerError(f"{where}: {e}") from None
-            attrs = {}   # a placeholder in what the layer reads (its param_str): listed, never run
+            else:
+                attrs = {}   # a placeholder in what the layer reads (its param_str): listed, never run
         except CaffeqError:
             raise
         except Exception as e:  # a spec's own check on user input
@@ -284,7 +297,10 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
                 raise
             except (LayerError, ShapeError) as e:
                 label = next((i for i in in_ids if i in guessed_labels), None)
-                if label is None:
+                if unknown_shapes_ok and lp.type == "Python":
+                    # a fork's variant of a Python layer caffeq knows (other bottoms or tops): listed, never run
+                    why = python_variant_reason(lp, str(e).removeprefix(f"{where}: "))
+                elif label is None:
                     joins = lp.type in ("Concat", "Eltwise")
                     embeds = _unit_axis_embeds(in_ids, nodes, shapes) if joins else []
                     if embeds:
@@ -300,7 +316,8 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
                                       f"{pool.attrs['kernel'][1]}, stride 1, pad {pool.attrs['pad'][0]}) makes its "
                                       f"map one {change}, where darknet's maxpool of that size keeps it",
                                       darknet_kept_size_pools) from None
-                why = _guessed_label_reason(temp_blob[label], guessed_labels[label], shapes[label])
+                else:
+                    why = _guessed_label_reason(temp_blob[label], guessed_labels[label], shapes[label])
                 if not unknown_shapes_ok:
                     raise LayerError(f"{e}; {why}") from None
                 unsized.setdefault((lp.type, f"{why}; the shapes after it are unknown"), []).append(lp.name)

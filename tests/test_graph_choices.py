@@ -1058,3 +1058,28 @@ layer { name: "fc" type: "InnerProduct" bottom: "rois" top: "fc" inner_product_p
     err = capsys.readouterr().err
     assert "layer 'proposal' (Python): a Python layer (module 'rpn.my_layer', class 'Mine') whose code caffeq never " \
            "imports or runs; the shapes after it are unknown" in err
+
+
+def test_a_listing_reads_past_a_forks_variant_of_a_known_python_layer():
+    """lilinhao/ShipDetection's rotated-box ProposalLayer: rpn.proposal_layer.ProposalLayer with 4 bottoms and 3
+    tops, not the 3 and 1-2 of py-faster-rcnn's that caffeq runs.  The listing reads past it, naming why; loading
+    it to run refuses it with the spec's own error."""
+    text = """
+input: "data" input_shape { dim: 1 dim: 3 dim: 8 dim: 8 }
+input: "im_info" input_shape { dim: 1 dim: 3 }
+layer { name: "score" type: "Convolution" bottom: "data" top: "score" convolution_param { num_output: 18 kernel_size: 1 } }
+layer { name: "bbox" type: "Convolution" bottom: "data" top: "bbox" convolution_param { num_output: 36 kernel_size: 1 } }
+layer { name: "heads" type: "Convolution" bottom: "data" top: "heads" convolution_param { num_output: 9 kernel_size: 1 } }
+layer { name: "proposal" type: "Python" bottom: "score" bottom: "bbox" bottom: "im_info" bottom: "heads"
+        top: "rois" top: "rois_r" top: "rois_h" python_param { module: "rpn.proposal_layer" layer: "ProposalLayer"
+        param_str: "'feat_stride': 16" } }
+layer { name: "fc" type: "InnerProduct" bottom: "rois" top: "fc" inner_product_param { num_output: 2 } }
+"""
+    listed = load_from_text(text, unknown_shapes_ok=True)
+    notes = listed.warnings
+    assert listed.blob_shapes["heads"] == (1, 9, 8, 8)
+    assert listed.blob_shapes["rois"] is None and listed.blob_shapes["fc"] is None
+    assert any("layer 'proposal' (Python): a Python layer (module 'rpn.proposal_layer', class 'ProposalLayer') in a "
+               "form caffeq's spec of it does not read (region proposals takes 3 bottoms" in n for n in notes), notes
+    with pytest.raises(CaffeqError, match=r"layer 'proposal' \(Python\).*takes 3 bottoms"):
+        load_from_text(text, random_weights=True)

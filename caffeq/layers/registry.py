@@ -387,6 +387,12 @@ def unrun_python_reason(lp):
             f"whose code caffeq never imports or runs")
 
 
+def python_variant_reason(lp, error):
+    """Why a listing leaves unsized a Python layer whose module and class caffeq knows, in a form its spec refuses."""
+    return (f"a Python layer (module '{lp.python_param.module}', class '{lp.python_param.layer}') in a form caffeq's "
+            f"spec of it does not read ({error}); caffeq never imports or runs its code")
+
+
 class UnrunPythonLayer(ReadOnlyLayer):
     """A listing's stand-in for a Python layer caffeq has no spec for: read, never sized or run."""
 
