@@ -32,7 +32,8 @@ def v1_net(shape, *layers):
                                       ("WINDOW_SEG_DATA", "WindowSegData"), ("IMAGE_SEG_DATA", "ImageSegData"),
                                       ("INTERP", "Interp"), ("PADDING", "Padding"), ("MAT_WRITE", "MatWrite"),
                                       ("CONVOLUTION3D", "Convolution3D"), ("POOLING3D", "Pooling3D"),
-                                      ("VIDEO_DATA", "C3DVideoData"), ("ELTWISE_ACCURACY", "EltwiseAccuracy")])
+                                      ("VIDEO_DATA", "C3DVideoData"), ("ELTWISE_ACCURACY", "EltwiseAccuracy"),
+                                      ("MCWINDOW_DATA", "MCWindowData"), ("NAMCWINDOW_DATA", "NAMCWindowData")])
 def test_fork_enum_names_upgrade_to_type_strings(name, v2):
     net = parse_prototxt_text(f'layers {{ name: "l" type: {name} bottom: "a" top: "b" }}')
     upgrade_net(net)
@@ -304,3 +305,38 @@ def test_dsn_cccp_is_a_grouped_1x1_convolution_and_its_dropout_scales_at_test(tm
             node.blobs = [w.astype(np.float32), b.astype(np.float32)]
     assert_close(plain.run({k: v for k, v in feeds.items() if k in plain.inputs})["c"], ref, 1e-6, 1e-6,
                  "BVLC dropout")
+
+
+# ---- Robert0812/deepsaldet's caffe-sal window data layers --------------------------------------
+
+DEEPSALDET_WINDOWS = """name: "sal"
+layers { name: "data" type: %s top: "data" top: "%s" top: "label"
+  %s { source: "windows.txt" batch_size: 4 crop_size: 7 %s shuffle: false mirror: false } }
+layers { name: "flat" type: FLATTEN bottom: "%s" top: "flat" }
+layers { name: "fc" type: INNER_PRODUCT bottom: "flat" top: "fc" inner_product_param { num_output: 2 } }
+"""
+
+
+def test_deepsaldet_mcwindow_data_masks_come_from_the_user():
+    # mcwindow_data_layer.cpp SetUp: data (N, C, crop, crop), masks (N, M, mask_crop, mask_crop), label (N, 1, 1, 1)
+    text = DEEPSALDET_WINDOWS % ("MCWINDOW_DATA", "mask", "mcwindow_data_param", "mask_crop_size: 5", "mask")
+    model = load_from_text(text, input_shapes={"mask": (4, 2, 5, 5)}, random_weights=True)
+    assert model.blob_shapes["data"] == (4, 3, 7, 7)
+    assert model.blob_shapes["mask"] == (4, 2, 5, 5) and model.blob_shapes["label"] == (4, 1, 1, 1)
+    assert model.blob_shapes["fc"] == (4, 2)
+    with pytest.raises(CaffeqError, match=r"top 'mask'.*window file 'windows.txt'.*--input-shape mask=N,C,H,W"):
+        load_from_text(text, random_weights=True)
+    with pytest.raises(CaffeqError, match=r"mcwindow_data_param.mask_crop_size is required"):
+        load_from_text(DEEPSALDET_WINDOWS % ("MCWINDOW_DATA", "mask", "mcwindow_data_param", "", "mask"))
+
+
+def test_deepsaldet_namcwindow_data_and_window_data_shuffle():
+    # namcwindow_data_layer.cpp SetUp: two (N, C, crop, crop) windows and the label (N, 1, 1, 1)
+    text = DEEPSALDET_WINDOWS % ("NAMCWINDOW_DATA", "context", "namcwindow_data_param", "", "context")
+    model = load_from_text(text, random_weights=True)
+    assert model.blob_shapes["context"] == (4, 3, 7, 7) and model.blob_shapes["label"] == (4, 1, 1, 1)
+    assert model.blob_shapes["fc"] == (4, 2)
+    # the fork's WindowDataParameter.shuffle
+    window = load_from_text('layer { name: "d" type: "WindowData" top: "d" top: "l" window_data_param { '
+                            'source: "w.txt" batch_size: 2 crop_size: 5 shuffle: true } }')
+    assert window.blob_shapes["d"] == (2, 3, 5, 5)

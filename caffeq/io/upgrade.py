@@ -145,6 +145,8 @@ _V1_FORK_TYPES = {
     # akanazawa/si-convnet (caffeq/layers/si_convnet.py; CCCP is NIN's, as V0's "cccp" reads)
     "UP": "Up", "DOWNPOOL": "Downpool", "TIEDCONV": "Tiedconv", "TICONV": "Ticonv", "CCCP": "Cccp",
     "PIXEL_ACCURACY": "PixelAccuracy",
+    # Robert0812/deepsaldet caffe-sal (caffeq/layers/deepsaldet.py)
+    "MCWINDOW_DATA": "MCWindowData", "NAMCWINDOW_DATA": "NAMCWindowData",
 }
 V1_TYPE_STRINGS.update(_V1_FORK_TYPES)
 

@@ -31,6 +31,7 @@ from . import (  # noqa: F401,E402
     data,
     deep_hand_model,
     deeplab_forks,
+    deepsaldet,
     deformable_conv,
     dense_crf,
     denseblock,
