@@ -311,3 +311,67 @@ def test_rand_cat_conv_refuses_a_mask_of_too_few_pixels_and_random_selection():
     assert random.blob_shapes["fc5"] == (7, 1)
     with pytest.raises(CaffeqError, match="rand_selection: true"):
         random.run({"a": np.zeros((1, 1, 6, 6), f32), "mask": mask, "sn": np.zeros((1, 3, 6, 6), f32)})
+
+
+# ---- RandCat (aayushbansal/caffe 3222608, rand_cat_layer.cpp) ----------------------------------------
+
+def rand_cat_text(maps, random=False, extra=""):
+    bottoms = " ".join(f'bottom: "{b}"' for b in maps)
+    return (f'layer {{ name: "rc" type: "RandCat" {bottoms} bottom: "valid" bottom: "sn" top: "fc5" top: "pixel_sn" '
+            f'rand_cat_param {{ rand_selection: {str(random).lower()} num_output: 5 {extra} }} }}')
+
+
+def rand_cat_ref(maps, sn, num, h, w):
+    """RandCatLayer::Forward_cpu with rand_selection false: the rows (n, j) for j < H W of bottom 0, map b's
+    values at n C_b W H + c W H + j, the targets at n 3 W H + c W W + j (the fork's W W)."""
+    rows, targets = [], []
+    flat_sn = sn.reshape(-1)
+    for n in range(num):
+        for j in range(h * w):
+            row = []
+            for m in maps:
+                flat, c = m.reshape(-1), m.shape[1]
+                row += [flat[n * c * w * h + k * w * h + j] for k in range(c)]
+            rows.append(row)
+            targets.append([flat_sn[n * 3 * w * h + k * w * w + j] for k in range(3)])
+    return np.array(rows, f32), np.array(targets, f32)
+
+
+def test_rand_cat_every_pixel_matches_the_forks_loop(tmp_path):
+    # bottom 0 is 4 x 3 (the targets' W W reads differ from W H); map 1 is larger and read in bottom 0's layout
+    shapes = {"f0": (2, 3, 4, 3), "f1": (2, 2, 5, 3), "valid": (2, 1, 4, 3), "sn": (2, 3, 4, 3)}
+    g = rng(31)
+    feeds = {k: g.standard_normal(s).astype(f32) for k, s in shapes.items()}
+    model = load_from_text(net(rand_cat_text(["f0", "f1"], extra="num_blobs: 2 start_id: 0 end_id: 1"),
+                               inputs=shapes))
+    assert model.blob_shapes["fc5"] == (24, 5) and model.blob_shapes["pixel_sn"] == (24, 3)
+    assert any("rand_cat_param.num_blobs, start_id, end_id read as the fork's layer reads them" in n
+               for n in model.warnings), model.warnings
+    rows, targets = rand_cat_ref([feeds["f0"], feeds["f1"]], feeds["sn"], 2, 4, 3)
+    check_everywhere(model, feeds, {"fc5": rows, "pixel_sn": targets}, tmp_path)
+
+
+def test_rand_cat_worked_example():
+    a = np.arange(4, dtype=f32).reshape(1, 1, 2, 2)
+    sn = np.arange(12, dtype=f32).reshape(1, 3, 2, 2) + 100
+    model = load_from_text(net(rand_cat_text(["a"]), inputs={"a": a.shape, "valid": (1, 1, 2, 2), "sn": sn.shape}))
+    out = model.run({"a": a, "valid": np.zeros((1, 1, 2, 2), f32), "sn": sn})
+    np.testing.assert_array_equal(out["fc5"], [[0], [1], [2], [3]])
+    np.testing.assert_array_equal(out["pixel_sn"], [[100, 104, 108], [101, 105, 109], [102, 106, 110],
+                                                    [103, 107, 111]])
+
+
+def test_rand_cat_refuses_random_selection_and_reads_past_a_blob():
+    shapes = {"a": (1, 2, 3, 4), "valid": (1, 1, 3, 4), "sn": (1, 3, 3, 4)}
+    random = load_from_text(net(rand_cat_text(["a"], random=True), inputs=shapes))
+    assert random.blob_shapes["fc5"] == (5, 2) and random.blob_shapes["pixel_sn"] == (5, 3)
+    with pytest.raises(CaffeqError, match="rand_selection: true draws the pixels"):
+        random.run({k: np.zeros(s, f32) for k, s in shapes.items()})
+    # W > H: the last image's targets reach 2 W W + H W = 44 values, past the 36 the blob holds
+    wide = load_from_text(net(rand_cat_text(["a"]), inputs=shapes))
+    with pytest.raises(CaffeqError, match="the targets .* hold fewer than the 44 values"):
+        wide.run({k: np.zeros(s, f32) for k, s in shapes.items()})
+    small = load_from_text(net(rand_cat_text(["a", "b"]), inputs=dict(shapes, b=(1, 2, 2, 2), sn=(1, 3, 4, 4))))
+    with pytest.raises(CaffeqError, match=r"bottom 1 \[1, 2, 2, 2\] is smaller than bottom 0's 1 x 3 x 4 grid"):
+        small.run({"a": np.zeros((1, 2, 3, 4), f32), "b": np.zeros((1, 2, 2, 2), f32),
+                   "valid": np.zeros((1, 1, 3, 4), f32), "sn": np.zeros((1, 3, 4, 4), f32)})

@@ -1,4 +1,5 @@
-"""aayushbansal/PixelNet (227c48e, tools/caffe): RandBI, the hypercolumn sampler of its nets.
+"""aayushbansal/PixelNet (227c48e, tools/caffe): RandBI, the hypercolumn sampler of its nets (and, below,
+MarrRevisited's RandCat and RandCatConv from aayushbansal/caffe).
 
 RandBI (src/caffe/layers/rand_bi_layer.cpp; the fork has no CUDA code, so a GPU run computes the
 same on the CPU) takes feature maps f_1..f_B (num/channels/height/width as Caffe's legacy accessors
@@ -235,7 +236,104 @@ def onnx_randbi(ctx, name, maps, sizes, pads, rates, pixels, out):
     ctx.add_node("Concat", cols, [out], name=name, axis=1)
 
 
-# ---- RandCatConv (aayushbansal/caffe, MarrRevisited) ------------------------------------------------
+# ---- RandCat and RandCatConv (aayushbansal/caffe, MarrRevisited) -----------------------------------------
+
+def rand_cat(maps: list, targets, height: int, width: int):
+    """RandCat's two tops at TEST (rand_selection false): every cell j of bottom 0's height x width grid of
+    every image n, rows n-major.  Map b's row holds flat_b[(n C_b + c) H W + j] for each channel c (bottom 0's
+    H and W: a map of another size is read in that layout); the target row flat_t[n 3 H W + c W W + j]
+    (W W where H W was meant, as the fork indexes it)."""
+    hw = height * width
+    num = maps[0].shape[0]
+    cols = [m.reshape(-1)[:num * m.shape[1] * hw].reshape(num, m.shape[1], hw).transpose(1, 2)
+            .reshape(num * hw, m.shape[1]) for m in maps]
+    cell = torch.arange(num * hw, device=targets.device)
+    base = torch.div(cell, hw, rounding_mode="floor") * 3 * hw + cell % hw
+    flat = targets.reshape(-1)
+    return torch.cat(cols, 1), torch.stack([flat[base + c * width * width] for c in range(3)], 1)
+
+
+@register_layer("RandCat")
+class RandCat(Layer):
+    """MarrRevisited's dense hypercolumns (aayushbansal/caffe 3222608, rand_cat_layer.cpp; CPU only, so a GPU
+    build runs the CPU forward).  Bottoms: feature maps, then a mask of valid pixels, then a 3-channel target.
+    With rand_selection false every pixel of bottom 0's grid is a row, H x W per image, fixed at set-up (the
+    mask is not read); see rand_cat for what each row holds.  Tops: (rows, sum of the maps' channels) and
+    (rows, 3).  rand_selection true (the default) draws num_output valid pixels per image with
+    std::random_shuffle seeded from the clock at every forward: read and sized, not run."""
+
+    def parse(self, lp):
+        need_blobs(lp, "RandCat", range(3, AT_LEAST), 2, roles="feature maps..., mask, targets")
+        p = lp.rand_cat_param
+        notes = []
+        hard_coded = {"num_blobs": len(lp.bottom) - 2, "start_id": 0, "end_id": len(lp.bottom) - 3}
+        given = {f: getattr(p, f) for f in hard_coded if p.HasField(f)}
+        if given:
+            notes.append(f"rand_cat_param.{', '.join(given)} read as the fork's layer reads them: not at all (it "
+                         f"takes every bottom but the last two, {hard_coded['num_blobs']} here)")
+        return {"random": bool(p.rand_selection), "num_output": int(p.num_output), "name": lp.name,
+                "reading_notes": notes}
+
+    @staticmethod
+    def _grid(in_shapes):
+        return legacy_nchw(in_shapes[0], "RandCat")[2:]
+
+    def infer(self, attrs, in_shapes):
+        maps = [legacy_nchw(s, "RandCat") for s in in_shapes[:-2]]
+        num, h, w = maps[0][0], maps[0][2], maps[0][3]
+        rows = num * (attrs["num_output"] if attrs["random"] else h * w)
+        return [(rows, int(sum(m[1] for m in maps))), (rows, 3)]
+
+    def cannot_run(self, attrs, in_shapes):
+        if attrs["random"]:
+            return ("rand_selection: true draws the pixels with std::random_shuffle seeded from the clock at every "
+                    "forward; caffeq does not draw them (set rand_selection: false to take every pixel)")
+        maps = [legacy_nchw(s, "RandCat") for s in in_shapes[:-2]]
+        num, _, h, w = maps[0]
+        for b, m in enumerate(maps):
+            if m[0] < num or m[2] * m[3] < h * w:
+                return (f"bottom {b} {list(in_shapes[b])} is smaller than bottom 0's {num} x {h} x {w} grid, which "
+                        f"the fork reads it as (past its end)")
+        last = (num - 1) * 3 * h * w + 2 * w * w + h * w
+        if last > int(np.prod(in_shapes[-1])):
+            return (f"the targets {list(in_shapes[-1])} hold fewer than the {last} values the fork's reads reach "
+                    f"(n 3 H W + c W W + j on bottom 0's {h} x {w} grid: past the end)")
+        return None
+
+    def forward(self, attrs, params, *bottoms):
+        self.refuse_if_cannot_run(attrs["name"], attrs, [tuple(t.shape) for t in bottoms])
+        h, w = self._grid([tuple(bottoms[0].shape)])
+        return rand_cat(list(bottoms[:-2]), bottoms[-1], h, w)
+
+    def pytorch_source(self, node, emit):
+        shapes = [emit.in_shape(i) for i in range(len(node.inputs))]
+        self.refuse_if_cannot_run(node.name, node.attrs, shapes, ExportError)
+        h, w = self._grid(shapes)
+        fn = emit.helper(rand_cat)
+        t = emit.tmp("hypercolumns")
+        emit.stmt(f"{t} = {fn}([{', '.join(emit.inputs[:-2])}], {emit.inputs[-1]}, {h}, {w})")
+        return [f"{t}[0]", f"{t}[1]"]
+
+    def onnx(self, ctx, node):
+        shapes = [ctx.shape(t) for t in node.inputs]
+        self.refuse_if_cannot_run(node.name, node.attrs, shapes, ExportError)
+        h, w = self._grid(shapes)
+        hw = h * w
+        num = legacy_nchw(shapes[0], "RandCat")[0]
+        cols = []
+        for b, x in enumerate(node.inputs[:-2]):
+            c = legacy_nchw(shapes[b], "RandCat")[1]
+            flat = ctx.op("Reshape", [x, ctx.i64([-1])], f"map{b}")
+            grid = ctx.op("Reshape", [ctx.op("Slice", [flat, ctx.i64([0]), ctx.i64([num * c * hw])], f"map{b}"),
+                                      ctx.i64([num, c, hw])], f"map{b}")
+            cols.append(ctx.op("Reshape", [ctx.op("Transpose", [grid], f"map{b}", perm=[0, 2, 1]),
+                                           ctx.i64([num * hw, c])], f"map{b}_rows"))
+        ctx.add_node("Concat", cols, [node.outputs[0]], name=node.name, axis=1)
+        cell = np.arange(num * hw, dtype=np.int64)
+        index = (cell // hw * 3 * hw + cell % hw)[:, None] + np.arange(3, dtype=np.int64)[None, :] * (w * w)
+        flat = ctx.op("Reshape", [node.inputs[-1], ctx.i64([-1])], "targets")
+        ctx.add_node("Gather", [flat, ctx.const(index)], [node.outputs[1]], name=node.name + "_targets", axis=0)
+
 
 def mask_pixels(mask, num: int, rows: int, height: int, width: int):
     """RandCatConv's pixel rows (id, y, x): the cells of bottom 0's height x width grid whose value in image
