@@ -27,6 +27,7 @@ from .layers.registry import (
     python_variant_reason,
     unrun_python_reason,
 )
+from .layers.vision_forks import interp_zooms_multiply, is_zoom_only
 from .training_layers import drop_training_only
 
 MAX_BLOB_ELEMENTS = 1 << 33  # about 32 GB of float32: refuse before allocating
@@ -309,6 +310,11 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
                                           partial(replace_unit_axis_embeds, embeds)) from None
                     pool = _shrinking_pool(lp, in_ids, nodes) if joins else None
                     if pool is None:
+                        zooms = _multiplying_zoom_interps(in_ids, nodes, shapes) if joins else []
+                        if zooms:
+                            raise ForkReading(f"{e}; Interp {', '.join(repr(n) for n in zooms)} gives h + (h - 1)"
+                                              f"(z - 1) for zoom_factor z, where the join needs h x z",
+                                              interp_zooms_multiply) from None
                         raise
                     # the Caffe darknet2caffe's nets run in keeps that map's size: built again so, once
                     change = "larger" if any(pool.attrs["pad"]) else "smaller"
@@ -563,6 +569,29 @@ def _shrinking_pool(lp, in_ids, nodes):
             return node
         todo.extend(node.inputs)
     return None
+
+
+def _multiplying_zoom_interps(in_ids, nodes, shapes):
+    """The Interps, sized by zoom_factor alone, that make bottoms of a failed Concat or Eltwise whose
+    spatial sizes all agree once each such Interp gives h x zoom instead of DeepLab's h + (h - 1)(zoom - 1)
+    (YOLOv3 conversions' Interp, see interp_zooms_multiply); else []."""
+    by_output = {tid: n for n in nodes for tid in n.outputs}
+    sizes, found = [], []
+    for tid in in_ids:
+        node, shape = by_output.get(tid), shapes.get(tid)
+        if shape is None or len(shape) != 4:
+            return []
+        if node is not None and node.type == "Interp" and is_zoom_only(node.attrs) and node.attrs["zoom"] > 1 \
+                and not node.attrs.get("zoom_multiplies"):
+            x = shapes.get(node.inputs[0])
+            if x is None:
+                return []
+            (he, we), _ = node.spec.out_size(node.attrs, x[2], x[3])
+            sizes.append((he * node.attrs["zoom"], we * node.attrs["zoom"]))
+            found.append(node.name)
+        else:
+            sizes.append(tuple(shape[2:]))
+    return found if found and len(set(sizes)) == 1 else []
 
 
 def _unit_axis_embeds(in_ids, nodes, shapes):

@@ -10,7 +10,18 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import FIXTURES, Case, assert_close, check_everywhere, fast_rcnn_bins, net, node_of, onnx_outputs, rng
+from conftest import (
+    FIXTURES,
+    Case,
+    assert_close,
+    backend_outputs,
+    check_everywhere,
+    fast_rcnn_bins,
+    net,
+    node_of,
+    onnx_outputs,
+    rng,
+)
 
 from caffeq.errors import CaffeqError
 from caffeq.layers import LayerError
@@ -459,6 +470,32 @@ def test_interp_variants(params, extra, crop, out):
     xc = x[:, :, b:x.shape[2] - e, b:x.shape[3] - e]
     ref = interp_ref(xc, *out, nearest="nearest" in params)
     assert_close(got["i"], ref, 1e-5, 1e-5, "interp")
+
+
+YOLO_INTERP = """
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 dim: 6 dim: 10 } } }
+layer { name: "pool" type: "Pooling" bottom: "data" top: "pool" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "up" type: "Interp" bottom: "pool" top: "up" interp_param { zoom_factor: 2 } }
+layer { name: "route" type: "Concat" bottom: "up" bottom: "data" top: "o" }
+"""
+
+
+def test_yolov3_conversions_interp_zoom_multiplies_where_only_that_fits(tmp_path):
+    # Liudadadabao/YOLOv3_Visualizer's yolov3.prototxt: Interp zoom_factor 2 on 13 x 13 joined with 26 x 26
+    model = load_from_text(YOLO_INTERP)
+    assert model.blob_shapes["up"] == (1, 2, 6, 10)
+    assert any("the Interp layers 'up' read as the Interp YOLOv3 conversions run with" in w for w in model.warnings)
+    x = rng(43).standard_normal((1, 2, 6, 10)).astype(np.float32)
+    pool = x.reshape(1, 2, 3, 2, 5, 2).max(axis=(3, 5))
+    ref = np.concatenate([interp_ref(pool, 6, 10), x], axis=1)
+    for backend, got in backend_outputs(model, {"data": x}, tmp_path).items():
+        assert_close(got, ref, 1e-5, 1e-5, backend)
+    # alone, DeepLab's size stays: 3 x 5 zoomed by 2 is 5 x 9
+    alone = load_from_text(YOLO_INTERP.split('layer { name: "route"')[0])
+    assert alone.blob_shapes["up"] == (1, 2, 5, 9) and not any("YOLOv3" in w for w in alone.warnings)
+    # a join that the other reading does not fix either keeps DeepLab's error
+    with pytest.raises(CaffeqError, match="bottoms must match except along axis 1"):
+        load_from_text(YOLO_INTERP.replace("dim: 6 dim: 10", "dim: 7 dim: 10"))
 
 
 @pytest.mark.parametrize("ref_shape", [(2, 1, 9, 4), (2, 5, 3, 13)])

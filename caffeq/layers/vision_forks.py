@@ -126,6 +126,27 @@ TORCH_INTERP = torch_sources(interp_coords, interp_output_size, interp_resize,
                                                                Interp)
 
 
+def is_zoom_only(attrs):
+    """An Interp whose size zoom_factor alone sets (DeepLab's first match: no shrink_factor)."""
+    return attrs.get("zoom") is not None and attrs.get("shrink") is None
+
+
+def interp_zooms_multiply(net):
+    """ForkReading rewrite for YOLOv3 conversions that upsample with Interp's zoom_factor: the Interp they run
+    with (DeepLab's, its output size changed to h x zoom_factor; jasonlovescoding/YOLOv3-caffe's README tells
+    how) keeps DeepLab's bilinear interpolation.  Every Interp whose size zoom_factor alone sets gets
+    caffeq's interp_param.zoom_multiplies.  Returns the note."""
+    marked = []
+    for lp in net.layer:
+        p = lp.interp_param
+        if lp.type == "Interp" and p.HasField("zoom_factor") and not p.HasField("shrink_factor"):
+            p.zoom_multiplies = True
+            marked.append(lp.name)
+    return (f"the Interp layers {', '.join(repr(n) for n in marked)} read as the Interp YOLOv3 conversions run "
+            f"with: zoom_factor z gives h x z (DeepLab's h + (h - 1)(z - 1) does not fit the net's joins), the "
+            f"same bilinear interpolation")
+
+
 @register_layer("Interp")
 class InterpLayer(Layer):
     def parse(self, lp):
@@ -136,7 +157,7 @@ class InterpLayer(Layer):
              "shrink": int(p.shrink_factor) if p.HasField("shrink_factor") else None,
              "height": int(p.height) if p.HasField("height") and p.HasField("width") else None,
              "width": int(p.width) if p.HasField("height") and p.HasField("width") else None,
-             "two_bottoms": len(lp.bottom) == 2}
+             "two_bottoms": len(lp.bottom) == 2, "zoom_multiplies": bool(p.zoom_multiplies)}
         if a["pad_beg"] > 0 or a["pad_end"] > 0:
             raise LayerError("interp_param.pad_beg/pad_end must be <= 0 (only cropping is supported)")
         if a["type"] not in ("bilinear", "nearest_neighbor"):
@@ -155,8 +176,11 @@ class InterpLayer(Layer):
         he, we = h + a["pad_beg"] + a["pad_end"], w + a["pad_beg"] + a["pad_end"]
         if he <= 0 or we <= 0:
             raise LayerError(f"cropping {a['pad_beg']}/{a['pad_end']} leaves nothing of a {h}x{w} input")
-        ho, wo = interp_output_size(he, we, a["shrink"] or 0, a["zoom"] or 0, a["height"] or 0, a["width"] or 0,
-                                    *(ref_hw or (0, 0)))
+        if a.get("zoom_multiplies") and is_zoom_only(a):
+            ho, wo = he * a["zoom"], we * a["zoom"]
+        else:
+            ho, wo = interp_output_size(he, we, a["shrink"] or 0, a["zoom"] or 0, a["height"] or 0, a["width"] or 0,
+                                        *(ref_hw or (0, 0)))
         if ho <= 0 or wo <= 0:
             raise LayerError(f"output size {ho}x{wo} must be positive")
         return (he, we), (int(ho), int(wo))
@@ -213,6 +237,10 @@ class InterpLayer(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
+        if a.get("zoom_multiplies") and is_zoom_only(a):   # the size this reading gives, written out
+            s = emit.in_shape(0)
+            _, (ho, wo) = self.out_size(a, s[2], s[3])
+            a = dict(a, zoom=None, height=ho, width=wo)
         args = []
         for key, name in (("shrink", "shrink"), ("zoom", "zoom"), ("height", "height"), ("width", "width")):
             if a[key] is not None:
