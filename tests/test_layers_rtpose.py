@@ -9,7 +9,7 @@ below are written here with the layers and parameters of its model/coco and mode
 """
 import numpy as np
 import pytest
-from conftest import assert_close, model_py_outputs, net, onnx_outputs, rng
+from conftest import assert_close, check_everywhere, model_py_outputs, net, onnx_outputs, rng
 
 from caffeq.errors import CaffeqError, ExportError
 from caffeq.layers import LayerError
@@ -383,3 +383,32 @@ def test_the_mpi_resize_head_resize_then_maxima(tmp_path):
     resized = model.run({"x": x}, all_blobs=True)["resized_heatmap"]
     assert_close(resized, imresize_ref(x, 48, 40), 1e-5, 1e-5, "resize")
     check(model, {"x": x}, {"joints": maximum_ref(resized)}, tmp_path, atol=1e-5, rtol=1e-6)
+
+
+# ---- Switch (caffe_rtpose 182633d, switch_layer.cpp): the last bottom's values in bottom 0's shape -------
+
+def switch_text(bottoms):
+    names = " ".join(f'bottom: "{b}"' for b in bottoms)
+    return f'layer {{ name: "sw" type: "Switch" {names} top: "o" }}'
+
+
+def test_switch_copies_the_last_bottom_into_bottom_0s_shape(tmp_path):
+    # a stage selector: the demo's default is the last stage; a larger last bottom gives its first values
+    shapes = {"s1": (1, 3, 4, 5), "s2": (1, 3, 4, 5), "s3": (1, 2, 6, 7)}
+    feeds = {k: rng(50 + i).standard_normal(s).astype(np.float32) for i, (k, s) in enumerate(shapes.items())}
+    model = load_from_text(net(switch_text(list(shapes)), inputs=shapes))
+    assert model.blob_shapes["o"] == (1, 3, 4, 5)
+    ref = feeds["s3"].reshape(-1)[:60].reshape(1, 3, 4, 5)
+    check_everywhere(model, feeds, {"o": ref}, tmp_path)
+    same = {"s1": (1, 3, 4, 5), "s2": (1, 3, 4, 5)}
+    model = load_from_text(net(switch_text(list(same)), inputs=same))
+    check_everywhere(model, {k: feeds[k] for k in same}, {"o": feeds["s2"]}, tmp_path)
+
+
+def test_switch_refuses_a_smaller_last_bottom_and_other_axes():
+    shapes = {"s1": (1, 3, 4, 5), "s2": (1, 3, 4, 4)}
+    model = load_from_text(net(switch_text(list(shapes)), inputs=shapes))
+    with pytest.raises(CaffeqError, match=r"the selected \(last\) bottom \[1, 3, 4, 4\] holds fewer values"):
+        model.run({k: np.zeros(s, np.float32) for k, s in shapes.items()})
+    with pytest.raises(CaffeqError, match="all bottoms must have the same number of axes"):
+        load_from_text(net(switch_text(["a", "b"]), inputs={"a": (1, 3, 4, 5), "b": (60,)}))

@@ -1,4 +1,5 @@
-"""CMU-Perceptual-Computing-Lab/caffe_rtpose (a4778bb1): the realtime multi-person pose demo's layers.
+"""CMU-Perceptual-Computing-Lab/caffe_rtpose (a4778bb1; Switch from 182633d): the realtime multi-person pose
+demo's layers.
 
 Each follows the fork's CUDA code (the path the demo runs; the CPU code differs as noted).
 
@@ -317,3 +318,43 @@ class Maximum(Layer):
 
     def onnx(self, ctx, node):
         emit_maximum(ctx, node)
+
+
+@register_layer("Switch")
+class Switch(Layer):
+    """caffe_rtpose 182633d (switch_layer.cpp and .cu; pose_deploy_linevec_switch.prototxt): the top is shaped
+    like bottom 0 and holds the first count(bottom 0) values of the selected bottom, the last one (the demo's
+    C++ may select another at run time; nothing in the prototxt does).  One bottom: the top is that bottom.
+    Every bottom must have bottom 0's number of axes."""
+
+    def parse(self, lp):
+        need_blobs(lp, "Switch", range(1, 1 << 20), 1, roles="inputs...")
+        return {"name": lp.name}
+
+    def infer(self, attrs, in_shapes):
+        if any(len(s) != len(in_shapes[0]) for s in in_shapes):
+            raise LayerError(f"all bottoms must have the same number of axes (the fork's check), got "
+                             f"{[list(s) for s in in_shapes]}")
+        return [tuple(in_shapes[0])]
+
+    def cannot_run(self, attrs, in_shapes):
+        if math.prod(in_shapes[-1]) < math.prod(in_shapes[0]):
+            return (f"the selected (last) bottom {list(in_shapes[-1])} holds fewer values than bottom 0 "
+                    f"{list(in_shapes[0])}, whose count the fork copies from it (past its end)")
+        return None
+
+    def forward(self, attrs, params, *bottoms):
+        self.refuse_if_cannot_run(attrs["name"], attrs, [tuple(b.shape) for b in bottoms])
+        return bottoms[-1].reshape(-1)[:bottoms[0].numel()].reshape(bottoms[0].shape)
+
+    def pytorch_source(self, node, emit):
+        shapes = [emit.in_shape(i) for i in range(len(node.inputs))]
+        self.refuse_if_cannot_run(node.name, node.attrs, shapes, ExportError)
+        return f"{emit.inputs[-1]}.reshape(-1)[:{math.prod(shapes[0])}].reshape({emit.lit(list(shapes[0]))})"
+
+    def onnx(self, ctx, node):
+        shapes = [ctx.shape(t) for t in node.inputs]
+        self.refuse_if_cannot_run(node.name, node.attrs, shapes, ExportError)
+        flat = ctx.op("Reshape", [node.inputs[-1], ctx.i64([-1])], "flat")
+        first = ctx.op("Slice", [flat, ctx.i64([0]), ctx.i64([math.prod(shapes[0])])], "first")
+        ctx.add_node("Reshape", [first, ctx.i64(list(shapes[0]))], [node.outputs[0]], name=node.name)
