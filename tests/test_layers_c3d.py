@@ -274,6 +274,25 @@ def test_tsn_training_transform_fields_and_resize():
     assert list(transform.scale_ratios) == pytest.approx([1, .875, .75]) and transform.more_fix_crop
 
 
+@pytest.mark.parametrize("params, transform, shape", [
+    # kevin-ssy/Optical-Flow-Guided-Feature's caffe-action: crop_height x crop_width first, one copy per is_roi
+    ("batch_size: 1 num_segments: 25 modality: RGB roi_pool_flag: false video_id_path: 'ids.txt'",
+     "crop_size: 13 crop_width: 224 crop_height: 200 num_ch_per_seg: 3 is_flow: false is_pose: false "
+     "is_rgb_flow: false is_roi: false visualize: false use_zero: true oversample_type_path: 'o.txt'",
+     (1, 75, 200, 224)),
+    ("batch_size: 2 new_length: 2 num_segments: 3 modality: RGB_FLOW", "crop_size: 13 is_roi: false is_roi: true",
+     (2, 2 * 8 * 2 * 3, 13, 13)),                   # two images and x, y flow a frame, two branches
+    ("batch_size: 2 num_segments: 2 modality: RGB_POSE img_list_path: 'j.txt' select_joints: [1, 2] roi_w: 40",
+     "crop_size: 13", (2, 3 * 2, 13, 13)),
+])
+def test_caffe_action_video_data_modalities_and_branches(params, transform, shape):
+    """caffe-action video_data_layer.cpp DataLayerSetUp: (batch, is_roi_size() x datum channels, crop_height x
+    crop_width, else crop_size); io.cpp's ReadSegment*ToDatum give 3, 2, 8 and 3 channels a frame."""
+    model = load_from_text(tsn_data(params, transform))
+    assert model.blob_shapes["data"] == shape
+    assert model.blob_shapes["label"] == (shape[0], 1, 1, 1)
+
+
 def test_video_data_param_is_read_by_its_fields():
     """One name, three forks: fields only C3D v1.1 / TSN / SSD declare pick the message; shared-only fields
     go by whether the net has 3-D layers, with a warning."""

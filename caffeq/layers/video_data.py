@@ -20,6 +20,10 @@ block into the one whose fields it sets.  Each is a graph input shaped from its 
   ECO-efficient-video-understanding 1e77cbd caffe_3d) adds length_first (the channels hold each colour's
   frames in turn), step and rand_step (the frame stride): they change which values land where, not
   the shapes.  zhengshou/scnn's C3D v1.1 adds a third top, the overlap, (batch_size,).
+  kevin-ssy/Optical-Flow-Guided-Feature's caffe-action (07d4501, video_data_layer.cpp, io.cpp) adds
+  RGB_FLOW (8 channels a frame: two RGB images and x, y flow) and RGB_POSE (3), takes
+  transform_param crop_height x crop_width before crop_size, and stacks one copy of the data per
+  transform_param.is_roi entry (num_branches = is_roi_size(); caffeq reads none as one).
 - SSD (weiliu89/caffe), video_data_param: webcam or video-file frames; shaped like any other
   fork data layer (caffeq/layers/fork_data.py: --input-shape or crop_size).
 - apir8181/caffe_lrcn (0b29d69, video_data_layer.cpp DataLayerSetUp), lrcn_video_data_param: clips of
@@ -33,7 +37,7 @@ from .data import DataLayer, describe_transform, transform_attrs
 from .fork_data import UNKNOWN_FORK_DATA
 from .registry import LayerError, needs_input_shape, register_layer
 
-TSN_RGB, TSN_FLOW = 0, 1
+TSN_RGB, TSN_FLOW, TSN_RGB_FLOW, TSN_RGB_POSE = 0, 1, 2, 3
 
 
 def _frame_size(attrs, field):
@@ -75,13 +79,18 @@ def _parse_tsn(lp):
     if p.new_length < 1 or p.num_segments < 1:
         raise LayerError(f"video_data_param.new_length and num_segments must be > 0, got {p.new_length} "
                          f"and {p.num_segments}")
-    per_frame = 2 if p.modality == TSN_FLOW else (1 if p.grayscale else 3)
+    per_frame = {TSN_FLOW: 2, TSN_RGB_FLOW: 8, TSN_RGB_POSE: 3}.get(p.modality, 1 if p.grayscale else 3)
+    t = lp.transform_param
+    # caffe-action (Optical-Flow-Guided-Feature): one copy of the frames per is_roi entry
+    branches = len(t.is_roi) or 1
     return {"fork": "TSN", "field": field, "length": int(p.new_length), "segments": int(p.num_segments),
-            "modality": "FLOW" if p.modality == TSN_FLOW else "RGB",
-            "channels": per_frame * int(p.new_length) * int(p.num_segments),
+            "modality": p.Modality.Name(p.modality),
+            "channels": branches * per_frame * int(p.new_length) * int(p.num_segments),
             # no default there (a 0 batch); 1 as for the other fork data layers
             "batch_size": max(1, int(p.batch_size)), "resize": _resize(p, "video_data_param"),
-            "length_first": bool(p.length_first)}
+            "length_first": bool(p.length_first),
+            # caffe-action: transform_param crop_height x crop_width before crop_size
+            "crop_hw": (int(t.crop_height), int(t.crop_width)) if t.crop_height > 0 and t.crop_width > 0 else None}
 
 
 def _parse_lrcn(lp):
@@ -113,7 +122,7 @@ class VideoData(DataLayer):
                              f"{' (three in SCNN' + chr(39) + 's C3D)' if most == 3 else ''}, got {len(lp.top)}")
         attrs.update(type=lp.type, tops=list(lp.top), num_tops=len(lp.top), transform=transform_attrs(lp),
                      source=getattr(lp, attrs["field"]).source)
-        attrs["hw"] = _frame_size(attrs, "video_data_param")
+        attrs["hw"] = attrs.get("crop_hw") or _frame_size(attrs, "video_data_param")
         return attrs
 
     def top_shapes(self, attrs, given):
