@@ -90,9 +90,39 @@ def _write_to(ctx, x, y):
     return y
 
 
-def emit_pooling(ctx, node, attrs, x, y):
-    """Caffe's Pooling of x (N x C x H x W, static H and W) into the tensor named y."""
-    shape = ctx.shape(x)
+def emit_max_pool_mask(ctx, node, x, outs):
+    """MAX pooling of x (shaped as the node's bottom) with its mask top into outs (values, mask): one MaxPool
+    with the Indices output. ONNX indices count over the whole N x C x H x W tensor (padding excluded), so
+    Mod(H * W) gives Caffe's h * W + w; empty windows, and windows with nothing above -FLT_MAX, get -1
+    (value -FLT_MAX) as in Caffe."""
+    h, w = (int(d) for d in ctx.shape(node.inputs[0])[2:])
+    k, s, p, out = window(node.attrs, h, w)
+    plans = [_plan(n, kk, ss, pp, o, n) for n, kk, ss, pp, o in zip((h, w), k, s, p, out)]
+    valid = [pl[0] for pl in plans]
+    full = [pl[2] for pl in plans]
+    values, cells = ctx.tmp(node.name + "_max"), ctx.tmp(node.name + "_cells")
+    ctx.add_node("MaxPool", [x], [values, cells], name=node.name, kernel_shape=list(k), strides=list(s),
+                 pads=list(p) + [pl[1] for pl in plans])
+    if full != valid:
+        start, end, axes = (ctx.const(np.array(v, np.int64)) for v in ([0, 0], valid, [2, 3]))
+        values = ctx.add_node("Slice", [values, start, end, axes], [ctx.tmp(node.name + "_max_cut")])[0]
+        cells = ctx.add_node("Slice", [cells, start, end, axes], [ctx.tmp(node.name + "_cells_cut")])[0]
+    plane = ctx.add_node("Mod", [cells, ctx.const(np.array(h * w, np.int64))], [ctx.tmp(node.name + "_plane")])[0]
+    index = ctx.add_node("Cast", [plane], [ctx.tmp(node.name + "_index")], to=1)[0]  # FLOAT
+    found = ctx.add_node("Greater", [values, ctx.const(np.array(-FLT_MAX, np.float32))],
+                         [ctx.tmp(node.name + "_found")])[0]
+    mask = ctx.add_node("Where", [found, index, ctx.const(np.array(-1, np.float32))],
+                        [ctx.tmp(node.name + "_mask")])[0]
+    values = ctx.add_node("Max", [values, ctx.const(np.array(-FLT_MAX, np.float32))],
+                          [ctx.tmp(node.name + "_clamped")])[0]
+    _write_to(ctx, _fill(ctx, node, values, valid, out, -FLT_MAX), outs[0])
+    _write_to(ctx, _fill(ctx, node, mask, valid, out, -1.0), outs[1])
+
+
+def emit_pooling(ctx, node, attrs, x, y, shape=None):
+    """Caffe's Pooling of x (N x C x H x W, static H and W; `shape` where x is not an IR tensor) into the
+    tensor named y."""
+    shape = shape or ctx.shape(x)
     if len(shape) != 4:
         raise ExportError(f"layer '{node.name}': pooling of a {len(shape)}-axis blob")
     h, w = int(shape[2]), int(shape[3])

@@ -98,7 +98,8 @@ class Dropout(Layer):
     """Identity at TEST (Caffe scales at train time, so inference is a plain copy).
 
     Faster R-CNN's caffe (`scale_train: false`) keeps the kept units unscaled in training
-    and multiplies by (1 - ratio) at TEST instead, rounded as its float32 1 / scale_.
+    and multiplies by (1 - ratio) at TEST instead, rounded as its float32 1 / scale_; NR-IQA-CNN's
+    fork says the same with `scale_test: true`.
     """
 
     def parse(self, lp):
@@ -111,7 +112,10 @@ class Dropout(Layer):
         notes = ["dropout_ratio 1 drops every unit in training (release Caffe loads it; TEST copies the "
                  "input)"] if ratio == 1 else []
         test_scale = 1.0
-        if not p.scale_train:
+        if p.scale_test and p.HasField("scale_train") and p.scale_train:
+            raise LayerError("dropout_param: scale_test: true (NR-IQA-CNN's fork) is scale_train: false, and "
+                             "scale_train: true is given too")
+        if not p.scale_train or p.scale_test:
             if ratio == 1:
                 test_scale = 0.0   # the fork multiplies by 1 / scale_ = 1 / inf
             else:

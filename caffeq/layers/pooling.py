@@ -48,6 +48,7 @@ from .registry import Layer, LayerError, positive_field, register_layer, spatial
 
 MAX, AVE, STOCHASTIC = 0, 1, 2
 AVE_EXC_PAD = 3  # synopsys-caffe: average over the in-image part of the window
+MIN = 10003      # Adnan1011/NR-IQA-CNN's fork (3 there): -(MAX of -x), read as MAX with attrs["negate"]
 CEIL, FLOOR = 0, 1
 FLT_MIN = 1.1754943508222875e-38
 FLT_MAX = 3.4028234663852886e38
@@ -82,6 +83,9 @@ def _round_mode(p):
 
 def parse_pooling(p):
     attrs = {"pool": int(p.pool), "global": bool(p.global_pooling), "round_mode": _round_mode(p), "param": p}
+    if attrs["pool"] == MIN:
+        # the fork's MIN loops are its MAX loops with < from FLT_MAX: the first minimum, the same windows and mask
+        attrs["pool"], attrs["negate"] = MAX, True
     if attrs["pool"] not in (MAX, AVE, STOCHASTIC, AVE_EXC_PAD):
         raise LayerError(f"unknown pool method {attrs['pool']}")
     # synopsys-caffe's pad_type / pad_l/r/t/b (pooling_edges.py); None keeps Caffe's symmetric pad
@@ -92,6 +96,8 @@ def parse_pooling(p):
         if attrs["pool"] == STOCHASTIC:
             raise LayerError("pooling_param.pool: STOCHASTIC has no pad_type / pad_l/r/t/b in synopsys-caffe")
     read_fork_fields(p, attrs)   # naibaf7/caffe's dilation / axis: the geometry is read once the rank is known
+    if attrs.get("negate") and (attrs["edge"] is not None or attrs["fork"] is not None):
+        raise LayerError("pooling_param.pool: MIN (NR-IQA's fork) with another fork's pooling fields is not supported")
     if attrs["pool"] == AVE_EXC_PAD and attrs["global"]:
         attrs["pool"] = AVE   # a global window has no padding: the two averages agree
     attrs["bins"] = _parsenet_bins(p)
@@ -163,7 +169,7 @@ def is_darknet_kept_size_pool(attrs):
     what darknet converters write for darknet's maxpool of that size, which keeps the map's size
     (see darknet_kept_size_pools)."""
     kernel = attrs.get("kernel")
-    return (attrs.get("pool") == MAX and not attrs.get("global") and attrs.get("edge") is None
+    return (attrs.get("pool") == MAX and not attrs.get("negate") and not attrs.get("global") and attrs.get("edge") is None
             and attrs.get("fork") is None and kernel is not None and len(kernel) == 2
             and kernel[0] == kernel[1] and kernel[0] % 2 == 0 and tuple(attrs["stride"]) == (1, 1)
             and (not any(attrs["pad"]) or tuple(attrs["pad"]) == (kernel[0] - 1,) * 2))
@@ -428,36 +434,6 @@ def _torch_standard_pool(attrs):
     return True
 
 
-def _onnx_max_pool_mask(ctx, node):
-    """MAX pooling with its mask top: one MaxPool with the Indices output. ONNX indices count over
-    the whole N x C x H x W tensor (padding excluded), so Mod(H * W) gives Caffe's h * W + w; empty
-    windows, and windows with nothing above -FLT_MAX, get -1 (value -FLT_MAX) as in Caffe."""
-    from ..backends.onnx_pooling import _fill, _plan, _write_to
-    x = node.inputs[0]
-    h, w = (int(d) for d in ctx.shape(x)[2:])
-    k, s, p, out = window(node.attrs, h, w)
-    plans = [_plan(n, kk, ss, pp, o, n) for n, kk, ss, pp, o in zip((h, w), k, s, p, out)]
-    valid = [pl[0] for pl in plans]
-    full = [pl[2] for pl in plans]
-    values, cells = ctx.tmp(node.name + "_max"), ctx.tmp(node.name + "_cells")
-    ctx.add_node("MaxPool", [x], [values, cells], name=node.name, kernel_shape=list(k), strides=list(s),
-                 pads=list(p) + [pl[1] for pl in plans])
-    if full != valid:
-        start, end, axes = (ctx.const(np.array(v, np.int64)) for v in ([0, 0], valid, [2, 3]))
-        values = ctx.add_node("Slice", [values, start, end, axes], [ctx.tmp(node.name + "_max_cut")])[0]
-        cells = ctx.add_node("Slice", [cells, start, end, axes], [ctx.tmp(node.name + "_cells_cut")])[0]
-    plane = ctx.add_node("Mod", [cells, ctx.const(np.array(h * w, np.int64))], [ctx.tmp(node.name + "_plane")])[0]
-    index = ctx.add_node("Cast", [plane], [ctx.tmp(node.name + "_index")], to=1)[0]  # FLOAT
-    found = ctx.add_node("Greater", [values, ctx.const(np.array(-FLT_MAX, np.float32))],
-                         [ctx.tmp(node.name + "_found")])[0]
-    mask = ctx.add_node("Where", [found, index, ctx.const(np.array(-1, np.float32))],
-                        [ctx.tmp(node.name + "_mask")])[0]
-    values = ctx.add_node("Max", [values, ctx.const(np.array(-FLT_MAX, np.float32))],
-                          [ctx.tmp(node.name + "_clamped")])[0]
-    _write_to(ctx, _fill(ctx, node, values, valid, out, -FLT_MAX), node.outputs[0])
-    _write_to(ctx, _fill(ctx, node, mask, valid, out, -1.0), node.outputs[1])
-
-
 def window_nd(attrs, sizes):
     """(kernel, stride, pad, out) per spatial axis of N-D pooling.  R-C3D's Reshape rounds each axis as
     BVLC does, but drops a last window starting in the padding only on the axes that have a pad;
@@ -519,6 +495,8 @@ class Pooling(Layer):
         if attrs.get("bins") is not None and len(s) != 4:
             raise LayerError(f"pooling_param: ParseNet's bins need a 4-axis input, got {list(s)}")
         if attrs["nd"]:
+            if attrs.get("negate"):
+                raise LayerError("pooling_param.pool: MIN (NR-IQA's fork) is 2-D only (4-axis input)")
             if is_synopsys(attrs):
                 raise LayerError("pooling_param: pad_type / pad_l/r/t/b and AVE_EXC_PAD are 2-D only (4-axis input)")
             return [_infer_nd(attrs, s)]
@@ -541,6 +519,9 @@ class Pooling(Layer):
             k, s, p, out = window_nd(attrs, x.shape[2:])
             pool = max_pool3d_windows if attrs["pool"] == MAX else ave_pool3d_windows
             return pool(x, list(k), list(s), list(p), list(out))
+        if attrs.get("negate"):   # MIN
+            out = caffe_pool(-x, attrs, mask=attrs.get("mask", False))
+            return (-out[0], out[1]) if isinstance(out, tuple) else -out
         return caffe_pool(x, attrs, mask=attrs.get("mask", False))
 
     def macs(self, attrs, in_shapes, out_shapes):
@@ -560,15 +541,25 @@ class Pooling(Layer):
             onnx_pool3d_windows(ctx, node, node.attrs["pool"] == MAX, node.inputs[0], node.outputs[0],
                                 sizes, k, s, p, out)
             return
+        from ..backends.onnx_pooling import emit_max_pool_mask, emit_pooling
+        x, outs = node.inputs[0], list(node.outputs)
+        if node.attrs.get("negate"):   # MIN: -(MAX of -x)
+            x, outs[0] = ctx.op("Neg", [x], "negated"), ctx.tmp(f"{node.name}_of_negated")
         if node.attrs.get("mask"):
-            _onnx_max_pool_mask(ctx, node)
-            return
-        from ..backends.onnx_pooling import emit_pooling
-        emit_pooling(ctx, node, node.attrs, node.inputs[0], node.outputs[0])
+            emit_max_pool_mask(ctx, node, x, outs)
+        else:
+            emit_pooling(ctx, node, node.attrs, x, outs[0], shape=ctx.shape(node.inputs[0]))
+        if node.attrs.get("negate"):
+            ctx.add_node("Neg", [outs[0]], [node.outputs[0]], name=f"{node.name}_min")
 
     def pytorch_source(self, node, emit):
+        if not node.attrs.get("negate"):
+            return self._pool_source(node, emit, emit.inputs[0])
+        out = self._pool_source(node, emit, f"(-{emit.inputs[0]})")   # MIN: -(MAX of -x)
+        return [f"(-{out[0]})", out[1]] if isinstance(out, list) else f"(-{out})"
+
+    def _pool_source(self, node, emit, x):
         a = node.attrs
-        x = emit.inputs[0]
         if a.get("fork_path"):
             return fork_pytorch_source(node, emit)
         if a.get("nd"):
