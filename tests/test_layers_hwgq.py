@@ -252,6 +252,19 @@ def test_binary_convolution_without_its_param_says_which_fork_it_is_read_as(para
     check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=2e-5)
 
 
+def test_caffe_zz_net_and_relax_fields_change_nothing_at_test(tmp_path):
+    # caffe-zz faa98ea: is_quantization is only logged, binary_relax mixes in the float weights at TRAIN only
+    layer = ('layer { name: "q" type: "BinaryInnerProduct" bottom: "x" top: "y" inner_product_param { '
+             'num_output: 3 bias_term: false } debug_param { binary_relax: true } }')
+    model = load_from_text("is_quantization: true\n" + net(layer, inputs={"x": (2, 5)}), random_weights=True)
+    r = rng(7)
+    w = dyadic(r, (3, 5))
+    set_blobs(model, w)
+    x = r.standard_normal((2, 5)).astype(np.float32)
+    wb = binarize_ref(w, True)
+    check_everywhere(model, {"x": x}, {"y": x.astype(np.float64) @ wb.T.astype(np.float64)}, tmp_path, atol=2e-6)
+
+
 def test_caffe_zz_weight_recentring_is_refused():
     with pytest.raises(LayerError, match="xnorno_grad"):
         one_layer("BinaryConvolution", (1, 3, 6, 5),
