@@ -17,6 +17,7 @@ from .io.upgrade import upgrade_net
 from .ir import build_graph
 from .layers import recase_types, spec_for
 from .layers.fork_data import UNKNOWN_FORK_DATA
+from .layers.registry import apply_net_rewrites
 
 
 class Model:
@@ -190,7 +191,8 @@ def read_net(prototxt, ignore_unknown=False, warnings=None, phase="TEST", define
     pending = []
     net = read_prototxt(path, ignore_unknown=ignore_unknown, warnings=warnings, phase=phase,
                         known_layer=reads_parameters, defines=defines, placeholders=pending)
-    notes = upgrade_net(net, source=path, keep_shapeless_inputs=True) + recase_types(net, source=path)
+    notes = upgrade_net(net, source=path, keep_shapeless_inputs=True) + recase_types(net, source=path) + \
+        apply_net_rewrites(net, source=path)
     warnings.extend(as_written(note, pending) for note in notes)
     if placeholders is None:
         resolve_placeholders(net, pending, path, warnings)

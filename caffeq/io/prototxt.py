@@ -60,12 +60,17 @@ class _Unknown:
 # candidate fields of caffe.proto, the first being the one that name parses to by default}.
 # SSD's webcam VideoData (207), C3D-v1.1's clips (6660), TSN's segments (yjxiong/caffe 140) and the
 # LRCN video-hashing fork's frame clips (apir8181/caffe_lrcn 150).
+# pmgysel's Ristretto (148) and XmBrain/Quantizer (147) name different QuantizationParameters alike.
 _SHARED_NAMES = {
     ("caffe.LayerParameter", "video_data_param"): ("video_data_param", "c3d_video_data_param",
                                                    "tsn_video_data_param", "lrcn_video_data_param"),
+    ("caffe.LayerParameter", "quantization_param"): ("quantization_param", "xmbrain_quantization_param"),
 }
 _FORK_OF_FIELD = {"video_data_param": "SSD", "c3d_video_data_param": "C3D v1.1",
-                  "tsn_video_data_param": "TSN (yjxiong/caffe)", "lrcn_video_data_param": "apir8181/caffe_lrcn"}
+                  "tsn_video_data_param": "TSN (yjxiong/caffe)", "lrcn_video_data_param": "apir8181/caffe_lrcn",
+                  "quantization_param": "pmgysel's Ristretto", "xmbrain_quantization_param": "XmBrain/Quantizer"}
+# layer types only XmBrain/Quantizer has: their quantization_param is its message whatever fields it sets
+_XMBRAIN_TYPES = {"InnerProductRistretto", "PoolingRistretto", "ReLURistretto", "DataRistretto"}
 _V1_TYPE = caffe_pb2.V1LayerParameter.DESCRIPTOR.fields_by_name["type"]
 # and N-D Convolution / Pooling with three kernel sizes (chuckcho/video-caffe's C3D nets)
 _3D_LAYERS = re.compile(r"\b(convolution3d_param|pooling3d_param|Convolution3D|Pooling3D|NdConvolution|NdPooling)\b"
@@ -160,6 +165,8 @@ class _FieldPicker(text_format._Parser):
             return options[0] if not names else fits[0]
         if not fits:   # an unknown field either way: the message that knows most of them reports it
             return max(options, key=lambda option: len(known[option]))
+        if "xmbrain_quantization_param" in options:   # only bw_params / fl_params, which both declare
+            return "xmbrain_quantization_param" if layer.type in _XMBRAIN_TYPES else options[0]
         lrcn = "lrcn_video_data_param"
         if lrcn in fits and "new_length" not in names and len(layer.top) == 3 and not self._has_3d_layers:
             # caffe_lrcn's clip_size has a default: its three tops (data, label, marker) and no 3-D layer say it

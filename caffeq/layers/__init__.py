@@ -145,6 +145,7 @@ from . import (  # noqa: F401,E402
     vision_forks,
     wta,
     xilinx,
+    xmbrain,
     xnor_net,
     yolo,
     yolo2_region_boxes,

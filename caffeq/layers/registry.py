@@ -381,6 +381,21 @@ def recase_types(net, source=""):
             f"{', ...' if len(names) > 3 else ''}" for (wrong, known), names in renamed.items()]
 
 
+#: fork readings of a whole net (net_rewrite), applied in order after the upgrade
+_NET_REWRITES = []
+
+
+def net_rewrite(fn):
+    """Register fn(net, source) -> [notes]: a fork's layers rewritten into others before the graph is built
+    (XmBrain's DataRistretto split into Data and its rounding); read_net applies each after the upgrade."""
+    _NET_REWRITES.append(fn)
+    return fn
+
+
+def apply_net_rewrites(net, source=""):
+    return [note for fn in _NET_REWRITES for note in fn(net, source)]
+
+
 def unrun_python_reason(lp):
     """Why a listing leaves a Python layer without a spec unsized: the line require_specs would raise, shorter."""
     return (f"a Python layer (module '{lp.python_param.module or '?'}', class '{lp.python_param.layer or '?'}') "

@@ -1,6 +1,8 @@
 """Ristretto's quantized layers (pmgysel/caffe 614963c, src/caffe/ristretto/layers/*.cpp/.cu,
 include/ristretto/base_ristretto_layer.{hpp,cuh}): ConvolutionRistretto, DeconvolutionRistretto,
-FcRistretto and LRNRistretto, read with `quantization_param` (QuantizationParameter).
+FcRistretto and LRNRistretto, read with `quantization_param` (QuantizationParameter).  XmBrain/Quantizer
+(75dd74d), a Ristretto-based fork, reuses the names with a quantization_param of its own
+(xmbrain_quantization_param here): see parse_xmbrain and caffeq/layers/xmbrain.py.
 
 What a TEST-phase forward computes, as the fork's GPU code does it (Ristretto's tool runs nets on the
 GPU, LRNRistretto has no CPU forward at all, and the CPU helpers differ in the ways listed below):
@@ -38,6 +40,7 @@ InnerProduct's `transpose` at every batch size.  Only the TEST phase's forward i
 rounds the weights stochastically and leaves activations in float).
 """
 import copy
+import dataclasses
 
 import numpy as np
 import torch
@@ -192,6 +195,31 @@ def fixed_point_trim(bw, fl, what):
     return ("fixed", float(low), float(high), float(step))
 
 
+def xmbrain_trim(bw, fl, signed, what):
+    """XmBrain/Quantizer's Trim2FixedPoint_cpu (75dd74d base_ristretto_layer.cpp) as a ("fixed_away", low,
+    high, step) trim: signed [-2^(bw-1), 2^(bw-1) - 1] or unsigned [0, 2^bw - 1] steps of 2^-fl, bounds in
+    float32 from its table of powers of two (my_pow: 2^-31 to 2^30), then round() (halves away from zero).
+    The fork's std::min/max keep a NaN, which this trim takes to the upper bound."""
+    top_exp = bw - 1 if signed else bw
+    if not (-31 <= top_exp <= 30 and -31 <= -fl <= 30):
+        raise LayerError(f"quantization_param.bw_{what} {bw} and fl_{what} {fl} ({'signed' if signed else 'unsigned'}) "
+                         f"reach past the fork's table of powers of two (2^-31 to 2^30), where it asserts")
+    top, step = np.float32(2.0 ** top_exp), np.float32(2.0 ** -fl)
+    low = -top * step if signed else np.float32(0)
+    return ("fixed_away", float(low), float((top - np.float32(1)) * step), float(step))
+
+
+def parse_xmbrain(lp, weights=True):
+    """The trims of XmBrain/Quantizer's layers (its quantization_param, xmbrain_quantization_param here):
+    no input trim, top 0 only with bw/fl_layer_data (signed unless is_sign_data is 0), and the weights and
+    bias, signed, with bw/fl_params where the layer rounds them."""
+    p = lp.xmbrain_quantization_param
+    w = xmbrain_trim(int(p.bw_params), int(p.fl_params), True, "params") if weights else None
+    return {"precision": "XmBrain", "rounding": "NEAREST", "inputs": None, "first_top_only": True, "weights": w,
+            "bias": w, "outputs": xmbrain_trim(int(p.bw_layer_data), int(p.fl_layer_data), p.is_sign_data != 0,
+                                               "layer_data")}
+
+
 def parse_quantization(lp, lrn=False):
     """The layer's trims from quantization_param, read as the fork's constructors read them: each
     precision only its own fields."""
@@ -216,6 +244,11 @@ def parse_quantization(lp, lrn=False):
     else:
         q["weights"], q["bias"] = ("pow2", int(p.exp_min), int(p.exp_max)), None
     return q
+
+
+def _top_trim(q, i):
+    """Top i's trim: every top's in pmgysel's Ristretto, top 0's alone in XmBrain/Quantizer's."""
+    return None if i and q.get("first_top_only") else q["outputs"]
 
 
 def _stochastic(attrs):
@@ -314,13 +347,17 @@ class _Ristretto:
         attrs = super().parse(lp)
         if attrs.get("orn") or attrs.get("first_conv") or attrs.get("normalize"):
             raise LayerError(f"{lp.type} reads no other fork's convolution or inner-product fields")
-        attrs["ristretto"] = parse_quantization(lp)
+        if lp.HasField("xmbrain_quantization_param") or lp.type == "InnerProductRistretto":
+            # XmBrain/Quantizer 75dd74d: its DeconvolutionRistretto leaves the weights as they are
+            attrs["ristretto"] = parse_xmbrain(lp, weights=lp.type != "DeconvolutionRistretto")
+        else:
+            attrs["ristretto"] = parse_quantization(lp)
         attrs["name"] = lp.name
         attrs["bottom_count"] = len(lp.bottom)
         return attrs
 
     def bottoms_written_back(self, attrs):
-        return range(attrs["bottom_count"])
+        return range(attrs["bottom_count"]) if attrs["ristretto"]["inputs"] is not None else range(0)
 
     def cannot_run(self, attrs, in_shapes):
         return _stochastic(attrs)
@@ -335,7 +372,7 @@ class _Ristretto:
         xs = [ristretto_trim(x, q["inputs"]) for x in xs]
         params = [ristretto_trim(p, q["weights"] if i == 0 else q["bias"]) for i, p in enumerate(params)]
         ys = super().forward(attrs, params, *xs)
-        ys = [ristretto_trim(y, q["outputs"]) for y in (ys if isinstance(ys, tuple) else (ys,))]
+        ys = [ristretto_trim(y, _top_trim(q, i)) for i, y in enumerate(ys if isinstance(ys, tuple) else (ys,))]
         ys += [xs[i] for i in attrs.get("written_back", ())]
         return ys[0] if len(ys) == 1 else tuple(ys)
 
@@ -344,12 +381,16 @@ class _Ristretto:
                                   node.type)
         q = node.attrs["ristretto"]
         tops, back = _split_outputs(node)
-        xs = [onnx_trim(ctx, x, q["inputs"], back.get(i) or ctx.tmp(f"{node.name}_in{i}"), node.name)
+        xs = [x if q["inputs"] is None else
+              onnx_trim(ctx, x, q["inputs"], back.get(i) or ctx.tmp(f"{node.name}_in{i}"), node.name)
               for i, x in enumerate(node.inputs)]
         raw = [ctx.tmp(f"{node.name}_raw{i}") for i in range(len(tops))]
         self.onnx_layer(ctx, _trimmed_node(node), xs, raw)
-        for r, y in zip(raw, tops):
-            onnx_trim(ctx, r, q["outputs"], y, node.name)
+        for i, (r, y) in enumerate(zip(raw, tops)):
+            if _top_trim(q, i) is None:
+                ctx.add_node("Identity", [r], [y])
+            else:
+                onnx_trim(ctx, r, q["outputs"], y, node.name)
 
     def pytorch_source(self, node, emit):
         self.refuse_if_cannot_run(node.name, node.attrs, [emit.in_shape(i) for i in range(len(node.inputs))],
@@ -365,7 +406,7 @@ class _Ristretto:
         finally:
             emit.node = real
         calls = calls if isinstance(calls, list) else [calls]
-        exprs = [trim_source(emit, c, q["outputs"]) for c in calls]
+        exprs = [trim_source(emit, c, _top_trim(q, i)) for i, c in enumerate(calls)]
         exprs += [xs[i] for i in node.attrs.get("written_back", ())]
         return exprs[0] if len(exprs) == 1 else exprs
 
@@ -392,13 +433,14 @@ class DeconvolutionRistretto(_Ristretto, Deconvolution):
         return _torch_conv_source(node, emit, transposed=True, inputs=inputs)
 
 
-@register_layer("FcRistretto")
+@register_layer("FcRistretto", "InnerProductRistretto")
 class FcRistretto(_Ristretto, InnerProduct):
-    """InnerProduct with Ristretto's trims (fc_ristretto_layer.cu): one bottom, one top."""
+    """InnerProduct with Ristretto's trims (fc_ristretto_layer.cu): one bottom, one top.  InnerProductRistretto
+    is XmBrain/Quantizer's name for it (75dd74d; its trims whatever quantization_param the file writes)."""
 
     def parse(self, lp):
         if len(lp.bottom) != 1 or len(lp.top) != 1:
-            raise LayerError(f"FcRistretto takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
+            raise LayerError(f"{lp.type} takes one bottom and one top, got {len(lp.bottom)} and {len(lp.top)}")
         return super().parse(lp)
 
     def onnx_layer(self, ctx, node, inputs, outputs):
@@ -459,14 +501,51 @@ class ScaleRistretto(_Ristretto, Scale):
         return source_on_inputs(emit, inputs, lambda: Scale.pytorch_source(self, node, emit))
 
 
+class TrimsTopZero:
+    """XmBrain/Quantizer's stock layers made *Ristretto (75dd74d): the base layer's forward, then top 0
+    rounded with its quantization_param's layer_data trim (see parse_xmbrain); nothing else."""
+
+    def parse(self, lp):
+        attrs = super().parse(lp)
+        attrs["xmbrain"] = parse_xmbrain(lp, weights=False)["outputs"]
+        return attrs
+
+    def forward(self, attrs, params, *xs):
+        ys = super().forward(attrs, params, *xs)
+        if isinstance(ys, tuple):
+            return (ristretto_trim(ys[0], attrs["xmbrain"]),) + tuple(ys[1:])
+        return ristretto_trim(ys, attrs["xmbrain"])
+
+    def onnx(self, ctx, node):
+        raw = ctx.tmp(f"{node.name}_untrimmed")
+        super().onnx(ctx, dataclasses.replace(node, outputs=[raw] + list(node.outputs[1:])))
+        onnx_trim(ctx, raw, node.attrs["xmbrain"], node.outputs[0], node.name)
+
+    def pytorch_source(self, node, emit):
+        out = super().pytorch_source(node, emit)
+        if isinstance(out, list):
+            return [trim_source(emit, out[0], node.attrs["xmbrain"])] + out[1:]
+        return trim_source(emit, out, node.attrs["xmbrain"])
+
+
+class _XmBrainLRN(TrimsTopZero, LRN):
+    """LRNRistretto as XmBrain/Quantizer computes it: LRN, then top 0 in fixed point."""
+
+
+_XMBRAIN_LRN = _XmBrainLRN()
+
+
 @register_layer("LRNRistretto")
 class LRNRistretto(LRN):
-    """LRN with every intermediate trimmed to minifloat (lrn_ristretto_layer.cu; GPU only)."""
+    """LRN with every intermediate trimmed to minifloat (lrn_ristretto_layer.cu; GPU only); with
+    XmBrain/Quantizer's quantization_param, LRN and then top 0 in fixed point (_XmBrainLRN)."""
 
     onnx_refusal = ("LRNRistretto trims its running channel sum to minifloat after every add and "
                     "subtract; ONNX cannot read a float's exponent bits exactly")
 
     def parse(self, lp):
+        if lp.HasField("xmbrain_quantization_param"):
+            return dict(_XMBRAIN_LRN.parse(lp), xmbrain_lrn=True)
         attrs = super().parse(lp)
         if attrs["region"] != ACROSS_CHANNELS:
             raise LayerError("LRNRistretto supports norm_region ACROSS_CHANNELS only (the fork aborts on "
@@ -480,6 +559,8 @@ class LRNRistretto(LRN):
 
     def infer(self, attrs, in_shapes):
         shapes = super().infer(attrs, in_shapes)
+        if attrs.get("xmbrain_lrn"):
+            return shapes
         post = attrs["size"] - (attrs["size"] - 1) // 2 - 1
         if in_shapes[0][1] < post:
             raise LayerError(f"LRNRistretto with {in_shapes[0][1]} channels and local_size {attrs['size']}: "
@@ -492,14 +573,21 @@ class LRNRistretto(LRN):
                 a["mant_bits"], a["exp_bits"])
 
     def forward(self, attrs, params, x):
+        if attrs.get("xmbrain_lrn"):
+            return _XMBRAIN_LRN.forward(attrs, params, x)
         return ristretto_lrn(x, *self._args(attrs))
 
     def macs(self, attrs, in_shapes, out_shapes):
         return count(in_shapes[0]) * 3
 
-    onnx = Layer.onnx   # refuses with onnx_refusal
+    def onnx(self, ctx, node):
+        if node.attrs.get("xmbrain_lrn"):
+            return _XMBRAIN_LRN.onnx(ctx, node)
+        return Layer.onnx(self, ctx, node)   # refuses with onnx_refusal
 
     def pytorch_source(self, node, emit):
+        if node.attrs.get("xmbrain_lrn"):
+            return _XMBRAIN_LRN.pytorch_source(node, emit)
         emit.helper(ristretto_minifloat)
         fn = emit.helper(ristretto_lrn)
         args = ", ".join(emit.lit(v) for v in self._args(node.attrs))
