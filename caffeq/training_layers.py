@@ -20,6 +20,8 @@ TRAINING_ONLY_TYPES = frozenset({
     # JiajianZeng/ContextWithStructure: a landmark error metric, and the partial derivatives of feature maps
     # around the landmarks that only its PerceptualLoss reads
     "FacialLandmarkPerformance", "PatchSemantic",
+    # XmBrain/Quantizer's (75dd74d) IoU of selected regions against the label map, a metric
+    "AccuracyIOU",
 })
 
 
@@ -33,7 +35,8 @@ def is_training_only_type(type_name):
 def drop_training_only(layers, source="", notes=None):
     """Drop layers of training-only types that have no spec (forks' losses), with a note; then
     layers caffeq does not know whose results only train or score the net, with those readers:
-      - a Python layer, or one its file includes only at TRAIN, whose every top is read, and only by
+      - a Python layer, or one its file includes only at TRAIN (or only at TEST: XmBrain's RegionSelect,
+        read only by its AccuracyIOU), whose every top is read, and only by
         losses and scorers or by layers whose every top goes only to them (the targets a loss trains
         on, as Faster R-CNN's AnchorTargetLayer computes; deeplab_v2_python's pairwise-loss branch);
       - a layer of any type that reads a data layer's label (which a deployed net does not have)
@@ -72,7 +75,7 @@ def drop_training_only(layers, source="", notes=None):
         for i, lp in enumerate(layers):
             if id(lp) in gone or spec_for(lp) is not None or not len(lp.top):
                 continue
-            if (lp.type == "Python" or _only_at_train(lp)) \
+            if (lp.type == "Python" or _only_in_phase(lp, caffe_pb2.TRAIN) or _only_in_phase(lp, caffe_pb2.TEST)) \
                     and all(_trains_only_through(i, top, readers, only) for top in lp.top):
                 drop = True
             elif any(b in labels for b in lp.bottom):
@@ -103,7 +106,7 @@ def drop_training_only(layers, source="", notes=None):
         if id(lp) in gone or spec is None or spec.is_data or not len(lp.top):
             continue
         from_labels = len(lp.bottom) and all(b in labels for b in lp.bottom)
-        if (from_labels or _only_at_train(lp)) and all(
+        if (from_labels or _only_in_phase(lp, caffe_pb2.TRAIN)) and all(
                 readers.get((i, top)) and all(id(layers[r]) in gone for r in readers[(i, top)]) for top in lp.top):
             gone.add(id(lp))
     # what reads only results of dropped layers cannot be computed either (R-FCN's OHEM sums the
@@ -137,10 +140,11 @@ def drop_training_only(layers, source="", notes=None):
     return kept
 
 
-def _only_at_train(lp):
-    """The file includes the layer only in the TRAIN phase: its author marked it as training's."""
+def _only_in_phase(lp, phase):
+    """The file includes the layer only in `phase`: its author marked it as training's (TRAIN), or as the
+    evaluation's (TEST) where what it gives goes only to scorers."""
     return bool(len(lp.include)) and not len(lp.exclude) and all(
-        rule.HasField("phase") and rule.phase == caffe_pb2.TRAIN for rule in lp.include)
+        rule.HasField("phase") and rule.phase == phase for rule in lp.include)
 
 
 def _described(lp):

@@ -596,3 +596,25 @@ def test_an_unknown_field_far_from_every_known_one_names_none():
     # a hobby Caffe's inner_param: as near to interp_param as to inner_product_param, so neither is offered
     with pytest.raises(ParseError, match=r"has no field 'inner_param'\); pass --ignore-unknown"):
         parse_prototxt_text('layer { name: "ip" type: "InnerProduct" inner_param { num_output: 2 } }', path="t.prototxt")
+
+
+REGION_SELECT = """
+input: "data" input_shape { dim: 1 dim: 2 dim: 4 dim: 4 }
+input: "label" input_shape { dim: 1 dim: 1 dim: 4 dim: 4 }
+layer { name: "score" type: "Softmax" bottom: "data" top: "score" }
+layer { name: "region_pos" type: "RegionSelect" bottom: "score" top: "regions" include { phase: TEST }
+        regionselect_param { area_min: 3300 area_max: 30000 max_count: 32 } }
+layer { name: "accuracy_iou" type: "AccuracyIOU" bottom: "regions" bottom: "label" top: "iou" include { phase: TEST }
+        accuracy_iou_param { iou_threshold: 50 } }
+"""
+
+
+def test_a_test_only_layer_read_only_by_a_scorer_is_dropped_with_it():
+    # XmBrain/Quantizer's ive_exp1: RegionSelect post-processes the scores for AccuracyIOU alone
+    model = load_from_text(REGION_SELECT)
+    assert [n.name for n in model.layers] == ["input", "score"]
+    assert any("dropped 2 training-only layer(s) that inference does not use: region_pos (RegionSelect), "
+               "accuracy_iou (AccuracyIOU)" in w for w in model.warnings)
+    # one that the net's output comes from is not: it is refused as an unknown type
+    with pytest.raises(UnsupportedLayerError, match="RegionSelect"):
+        load_from_text(REGION_SELECT.split('layer { name: "accuracy_iou"')[0])
