@@ -850,13 +850,55 @@ def test_onnx_ssd_case(opset, tmp_path):
     assert_close(got["detection_out"], case.outputs["detection_out"], atol, rtol, "onnx fork_ssd_mini")
 
 
-def test_onnx_psroi_pooling_is_refused(tmp_path):
-    pytest.importorskip("caffeq.backends.onnx_backend")
-    from caffeq.errors import ExportError
-    model = load_from_text(roi_net("spatial_scale: 1 output_dim: 1 group_size: 2", (1, 5), (1, 4, 4, 4),
+def ref_psroi_pool(x, rois, dim, g, scale):
+    """R-FCN's PSROIPoolingForward (psroi_pooling_layer.cu): corners C-rounded, times spatial_scale in
+    float32 (the end + 1), sizes at least 0.1, floor / ceil bins clipped to the map, bin (i, j) of output
+    channel o the mean of channel (o g + i) g + j over it, 0 for an empty bin."""
+    f = np.float32
+    _n, _c, h, w = x.shape
+    out = np.zeros((len(rois), dim, g, g), np.float32)
+    for r, roi in enumerate(rois):
+        b = int(roi[0])
+        x1, y1, x2, y2 = (float(np.sign(v) * np.floor(abs(float(v)) + 0.5)) for v in roi[1:5])
+        sw, sh = f(x1) * f(scale), f(y1) * f(scale)
+        ew, eh = f(x2 + 1.0) * f(scale), f(y2 + 1.0) * f(scale)
+        bw, bh = max(ew - sw, f(0.1)) / f(g), max(eh - sh, f(0.1)) / f(g)
+        for i in range(g):
+            hs = min(max(int(np.floor(f(i) * bh + sh)), 0), h)
+            he = min(max(int(np.ceil(f(i + 1) * bh + sh)), 0), h)
+            for j in range(g):
+                ws = min(max(int(np.floor(f(j) * bw + sw)), 0), w)
+                we = min(max(int(np.ceil(f(j + 1) * bw + sw)), 0), w)
+                if he <= hs or we <= ws:
+                    continue
+                for o in range(dim):
+                    block = x[b, (o * g + i) * g + j, hs:he, ws:we].astype(np.float64)
+                    out[r, o, i, j] = block.sum() / ((he - hs) * (we - ws))
+    return out
+
+
+def test_psroi_pooling_matches_r_fcns_kernel_in_torch_onnx_and_model_py(tmp_path):
+    dim, g = 2, 3
+    x = rng(44).standard_normal((2, dim * g * g, 7, 10)).astype(np.float32)
+    rois = np.array([[0, 2, 3, 17, 11],        # inside, bins of unequal cells
+                     [1, 0.5, 1.5, 9.49, 6.5],  # C round of halves
+                     [1, -6, -4, 5, 3],          # partly outside the map
+                     [0, 40, 30, 50, 44],        # outside: every bin empty
+                     [1, 7, 5, 7, 5]], np.float32)   # one pixel: sizes below the 0.1 floor
+    model = load_from_text(roi_net(f"spatial_scale: 0.625 output_dim: {dim} group_size: {g}", rois.shape, x.shape,
                                    kind="PSROIPooling", field="psroi_pooling_param"))
-    with pytest.raises(ExportError, match="PSROIPooling"):
-        model.export_onnx(str(tmp_path / "m.onnx"), optimize=False)
+    ref = ref_psroi_pool(x, rois, dim, g, 0.625)
+    assert (ref == 0).all(axis=(1, 2, 3))[3] and (ref != 0).any()
+    check_everywhere(model, {"x": x, "rois": rois}, {"r": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+def test_onnx_psroi_context_pooling_is_refused(tmp_path):
+    from caffeq.errors import ExportError
+    text = net('layer { name: "r" type: "PSROIContextPooling" bottom: "x" bottom: "rois" bottom: "obj" top: "r" '
+               'psroi_context_pooling_param { spatial_scale: 1 output_dim: 1 group_size: 2 } }',
+               inputs={"x": (1, 4, 4, 4), "rois": (1, 5), "obj": (1, 5)})
+    with pytest.raises(ExportError, match="PSROIContextPooling"):
+        load_from_text(text).export_onnx(str(tmp_path / "m.onnx"), optimize=False)
 
 
 def test_jolibrains_sparse_inner_product_is_the_dense_inner_product(tmp_path):

@@ -21,8 +21,8 @@ rois are (R, 5) = [batch, x1, y1, x2, y2] in input pixels.
 The bins are computed on the CPU in the forks' float32 arithmetic, the pooling on the input's device.
 The torch functions below serve `forward` and are copied into model.py (inspect.getsource).
 ONNX: ROIPooling -> MaxRoiPool (onnxruntime rounds and bins as Fast R-CNN does; checked in the
-tests); ONNX has no position-sensitive ROI pooling, so PSROIPooling and PSROIContextPooling are
-refused.
+tests); PSROIPooling -> plain ops (onnx_ps_roi_pool: masks of the bins and two Einsums), as ONNX has no
+position-sensitive ROI pooling; PSROIContextPooling is refused.
 """
 import math
 
@@ -414,9 +414,66 @@ def ps_roi_shape(kind, attrs, in_shapes, rows_only=False):
     return (r[0], attrs["dim"], g, g)
 
 
+def onnx_ps_roi_pool(ctx, node, dim, g, scale):
+    """PSROIPooling in plain ONNX ops: ps_roi_bins for every roi at once (the corners rounded in double as
+    C's round(), the rest float32), 0/1 row and column masks of the bins, and the sums as two Einsums
+    over the (N, dim, g, g, H, W) view of the data, a one-hot of each roi's batch index picking its image
+    (an index outside the batch gives 0 where caffeq's forward raises)."""
+    import numpy as np
+    x, rois = node.inputs
+    _, _, h, w = ctx.shape(x)
+    f32, f64, i64 = 1, 11, 7
+    rows = ctx.op("Reshape", [rois, ctx.i64([-1, 5])], "rows")
+    batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "batch", axis=1)], "batch", to=i64)
+    corners = ctx.op("Cast", [ctx.op("Slice", [rows, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "corners")],
+                     "corners", to=f64)
+    half = ctx.const(np.array(0.5, np.float64))
+    rounded = ctx.op("Mul", [ctx.op("Sign", [corners], "sign"),
+                             ctx.op("Floor", [ctx.op("Add", [ctx.op("Abs", [corners], "abs"), half], "half")],
+                                    "floor")], "rounded")
+    first = ctx.op("Slice", [rounded, ctx.i64([0]), ctx.i64([2]), ctx.i64([1])], "first")
+    last = ctx.op("Add", [ctx.op("Slice", [rounded, ctx.i64([2]), ctx.i64([4]), ctx.i64([1])], "last"),
+                          ctx.const(np.array(1.0, np.float64))], "last")
+    scale_c = ctx.f32(float(np.float32(scale)))
+    start = ctx.op("Mul", [ctx.op("Cast", [first], "start", to=f32), scale_c], "start")      # (R, 2): x, y
+    end = ctx.op("Mul", [ctx.op("Cast", [last], "end", to=f32), scale_c], "end")
+    size = ctx.op("Max", [ctx.op("Sub", [end, start], "size"), ctx.f32(float(np.float32(0.1)))], "size")
+    bin_size = ctx.op("Div", [size, ctx.f32(float(g))], "bin")
+    k0 = ctx.const(np.arange(g, dtype=np.float32).reshape(1, g))
+    k1 = ctx.const(np.arange(1, g + 1, dtype=np.float32).reshape(1, g))
+    masks, spans = [], []
+    for axis, extent in ((1, h), (0, w)):   # y then x
+        s_ = ctx.op("Slice", [start, ctx.i64([axis]), ctx.i64([axis + 1]), ctx.i64([1])], "s")   # (R, 1)
+        b_ = ctx.op("Slice", [bin_size, ctx.i64([axis]), ctx.i64([axis + 1]), ctx.i64([1])], "b")
+        lo = ctx.op("Floor", [ctx.op("Add", [ctx.op("Mul", [k0, b_], "k"), s_], "lo")], "lo")
+        hi = ctx.op("Ceil", [ctx.op("Add", [ctx.op("Mul", [k1, b_], "k"), s_], "hi")], "hi")
+        bounds = (ctx.f32(0.0), ctx.f32(float(extent)))
+        lo, hi = (ctx.op("Clip", [v, *bounds], "clip") for v in (lo, hi))                       # (R, g)
+        cells = ctx.const(np.arange(extent, dtype=np.float32).reshape(1, 1, extent))
+        inside = ctx.op("And", [ctx.op("GreaterOrEqual", [cells, ctx.op("Unsqueeze", [lo, ctx.i64([2])], "lo")],
+                                       "ge"),
+                                ctx.op("Less", [cells, ctx.op("Unsqueeze", [hi, ctx.i64([2])], "hi")], "lt")], "in")
+        masks.append(ctx.op("Cast", [inside], "mask", to=f32))                                   # (R, g, extent)
+        spans.append(ctx.op("Max", [ctx.op("Sub", [hi, lo], "span"), ctx.f32(0.0)], "span"))
+    rows_mask, cols_mask = masks
+    area = ctx.op("Mul", [ctx.op("Unsqueeze", [spans[0], ctx.i64([2])], "ah"),
+                          ctx.op("Unsqueeze", [spans[1], ctx.i64([1])], "aw")], "area")          # (R, g, g)
+    planes = ctx.op("Reshape", [x, ctx.i64([0, dim, g, g, h, w])], "planes")
+    n = ctx.op("Squeeze", [ctx.op("Slice", [ctx.op("Shape", [x], "shape"), ctx.i64([0]), ctx.i64([1])], "n"),
+                           ctx.i64([0])], "n")
+    images = ctx.op("Range", [ctx.i64(0), n, ctx.i64(1)], "images")
+    onehot = ctx.op("Cast", [ctx.op("Equal", [ctx.op("Unsqueeze", [batch, ctx.i64([1])], "b"), images], "pick")],
+                    "onehot", to=f32)                                                            # (R, N)
+    by_cols = ctx.op("Einsum", [planes, cols_mask], "cols", equation="nopqhw,rqw->nropqh")
+    sums = ctx.op("Einsum", [by_cols, onehot, rows_mask], "sums", equation="nropqh,rn,rph->ropq")
+    area4 = ctx.op("Unsqueeze", [area, ctx.i64([1])], "area")
+    mean = ctx.op("Div", [sums, ctx.op("Max", [area4, ctx.f32(1.0)], "divisor")], "mean")
+    ctx.add_node("Where", [ctx.op("Greater", [area4, ctx.f32(0.0)], "filled"), mean, ctx.f32(0.0)],
+                 [node.outputs[0]], name=node.name)
+
+
 @register_layer("PSROIPooling")
 class PSROIPooling(RoiLayerSpec):
-    onnx_refusal = "ONNX has no position-sensitive ROI pooling op"
     roi_fn, roi_source = staticmethod(ps_roi_avg_pool), TORCH_PSROI_POOLING
     roi_helpers = (TORCH_PSROI_BINS,)
 
@@ -429,6 +486,12 @@ class PSROIPooling(RoiLayerSpec):
 
     def roi_args(self, attrs):
         return (attrs["dim"], attrs["group"]), {"spatial_scale": attrs["scale"]}
+
+    def onnx(self, ctx, node):
+        if math.prod(ctx.shape(node.inputs[1])[1:]) != 5:
+            raise ExportError(f"layer '{node.name}' (PSROIPooling): {ROIS_WANTED}, the net declares "
+                              f"{list(ctx.shape(node.inputs[1]))}; give their shape with --input-shape")
+        onnx_ps_roi_pool(ctx, node, node.attrs["dim"], node.attrs["group"], node.attrs["scale"])
 
 
 @register_layer("PSROIContextPooling")
