@@ -155,38 +155,54 @@ def roi_avg_pool(x, rois, ph: int, pw: int, spatial_scale: float):
 
 
 def ps_roi_bins(roi, spatial_scale: float, group_size: int, h: int, w: int):
-    """R-FCN's position-sensitive bins of one roi [batch, x1, y1, x2, y2] (float32, CPU): hstart, hend,
-    wstart, wend of the group_size x group_size grid, clipped to the h x w map."""
+    """R-FCN's position-sensitive bins of a roi [batch, x1, y1, x2, y2] (5,) or of rows of them (R, 5)
+    (float32, CPU): hstart, hend, wstart, wend of the group_size x group_size grid, clipped to the h x w
+    map, each (group_size,) or (R, group_size)."""
     f32 = torch.float32
     scale = torch.tensor(spatial_scale, dtype=f32)
-    corners = c_round(roi[1:5].double())  # x1, y1, x2, y2
-    start = corners[:2].float() * scale  # (x, y), float32 as R-FCN
-    end = (corners[2:] + 1.0).float() * scale
+    corners = c_round(roi[..., 1:5].double())  # x1, y1, x2, y2
+    start = corners[..., :2].float() * scale  # (x, y), float32 as R-FCN
+    end = (corners[..., 2:] + 1.0).float() * scale
     size = torch.maximum(end - start, torch.tensor(0.1, dtype=f32))
     bin_size = size / torch.tensor(float(group_size), dtype=f32)
     k = torch.arange(group_size, dtype=f32)
-    hs = torch.floor(k * bin_size[1] + start[1]).long().clamp(0, h)
-    he = torch.ceil((k + 1) * bin_size[1] + start[1]).long().clamp(0, h)
-    ws = torch.floor(k * bin_size[0] + start[0]).long().clamp(0, w)
-    we = torch.ceil((k + 1) * bin_size[0] + start[0]).long().clamp(0, w)
+    hs = torch.floor(k * bin_size[..., 1:2] + start[..., 1:2]).long().clamp(0, h)
+    he = torch.ceil((k + 1) * bin_size[..., 1:2] + start[..., 1:2]).long().clamp(0, h)
+    ws = torch.floor(k * bin_size[..., 0:1] + start[..., 0:1]).long().clamp(0, w)
+    we = torch.ceil((k + 1) * bin_size[..., 0:1] + start[..., 0:1]).long().clamp(0, w)
     return hs, he, ws, we
+
+
+def ps_roi_means(x, r, dim: int, g: int, spatial_scale: float, kind: str):
+    """R-FCN's bin means of the (R, 5) rows r over x (N, dim * g * g, H, W) -> ((R, dim, g, g), the (R, g)
+    bins).  Every roi at once: 0/1 masks of its bins' rows and columns, and the sums as two einsums over
+    the (N, dim, g, g, H, W) view, a one-hot of the rois' images picking each roi's (onnx_ps_roi_pool
+    writes the same); an empty bin gives 0."""
+    n, _, h, w = x.shape
+    batch = torch.trunc(r[:, 0]).long()
+    outside = (batch < 0) | (batch >= n)
+    if bool(outside.any()):
+        roi_batch_index(r[outside][0], n, kind)   # raises, naming the index
+    hs, he, ws, we = ps_roi_bins(r, spatial_scale, g, h, w)   # (R, g) each
+    rows = torch.arange(h)
+    cols = torch.arange(w)
+    mh = ((rows >= hs[..., None]) & (rows < he[..., None])).to(x.device, x.dtype)   # (R, g, H)
+    mw = ((cols >= ws[..., None]) & (cols < we[..., None])).to(x.device, x.dtype)   # (R, g, W)
+    area = ((he - hs).clamp(min=0)[:, None, :, None] * (we - ws).clamp(min=0)[:, None, None, :])
+    area = area.to(x.device, x.dtype)   # (R, 1, g, g)
+    onehot = (batch[:, None] == torch.arange(n)[None, :]).to(x.device, x.dtype)   # (R, N)
+    by_cols = torch.einsum("nopqhw,rqw->nropqh", x.reshape(n, dim, g, g, h, w), mw)
+    sums = torch.einsum("nropqh,rn,rph->ropq", by_cols, onehot, mh)
+    return torch.where(area > 0, sums / area.clamp(min=1), torch.zeros_like(sums)), (hs, he, ws, we)
 
 
 def ps_roi_avg_pool(x, rois, output_dim: int, group_size: int, spatial_scale: float):
     """R-FCN's PSROIPooling -> (R, output_dim, group_size, group_size); x has
     output_dim * group_size^2 channels."""
     r = roi_rows(rois, "PSROIPooling")
-    n, _, h, w = x.shape
-    g, dim = group_size, output_dim
-    x5 = x.reshape(n, dim, g, g, h, w)
-    outs = []
-    for roi in r:
-        b = roi_batch_index(roi, n, "PSROIPooling")
-        hs, he, ws, we = ps_roi_bins(roi, spatial_scale, g, h, w)
-        outs.append(bin_means(x5[b], "opqhw,ph,qw->opq", hs, he, ws, we))
-    if not outs:
-        return x.new_zeros((0, dim, g, g))
-    return torch.stack(outs)
+    if r.shape[0] == 0:
+        return x.new_zeros((0, output_dim, group_size, group_size))
+    return ps_roi_means(x, r, output_dim, group_size, spatial_scale, "PSROIPooling")[0]
 
 
 def ps_roi_context_pool(x, rois, obj_rois, output_dim: int, group_size: int, spatial_scale: float):
@@ -196,7 +212,7 @@ def ps_roi_context_pool(x, rois, obj_rois, output_dim: int, group_size: int, spa
     kind = "PSROIContextPooling"
     r = roi_rows(rois, kind)
     o = roi_rows(obj_rois, kind + " (object boxes)")
-    n, _, h, w = x.shape
+    _, _, h, w = x.shape
     g, dim = group_size, output_dim
     if r.shape[0] == 0:
         return x.new_zeros((0, dim, g, g))
@@ -208,16 +224,9 @@ def ps_roi_context_pool(x, rois, obj_rois, output_dim: int, group_size: int, spa
     hi = torch.ceil((corners[2:] + 1.0).float() * scale).long()
     ox0, ox1 = int(lo[0].clamp(0, w)), int(hi[0].clamp(0, w))
     oy0, oy1 = int(lo[1].clamp(0, h)), int(hi[1].clamp(0, h))
-    x5 = x.reshape(n, dim, g, g, h, w)
-    zero = torch.zeros((), device=x.device, dtype=x.dtype)
-    outs = []
-    for roi in r:
-        b = roi_batch_index(roi, n, kind)
-        hs, he, ws, we = ps_roi_bins(roi, spatial_scale, g, h, w)
-        keep = ((hs < oy1) & (he > oy0))[:, None] & ((ws < ox1) & (we > ox0))[None, :]
-        means = bin_means(x5[b], "opqhw,ph,qw->opq", hs, he, ws, we)
-        outs.append(torch.where(keep.to(x.device), means, zero))
-    return torch.stack(outs)
+    means, (hs, he, ws, we) = ps_roi_means(x, r, dim, g, spatial_scale, kind)
+    keep = ((hs < oy1) & (he > oy0))[:, :, None] & ((ws < ox1) & (we > ox0))[:, None, :]   # (R, g, g)
+    return torch.where(keep[:, None].to(x.device), means, torch.zeros((), device=x.device, dtype=x.dtype))
 
 
 class RoiLayer(nn.Module):
@@ -236,7 +245,7 @@ class RoiLayer(nn.Module):
 TORCH_ROI_COMMON = torch_sources(c_round, bin_mask, bin_means, roi_rows, roi_batch_index)
 TORCH_ROI_POOLING = torch_sources(pad_roi_corners, cell_bins, roi_bins, max_over_bins, roi_max_pool)
 TORCH_ROI_AVG_POOLING = torch_sources(pad_roi_corners, cell_bins, roi_bins, roi_avg_pool)
-TORCH_PSROI_BINS = torch_sources(ps_roi_bins)
+TORCH_PSROI_BINS = torch_sources(ps_roi_bins, ps_roi_means)
 TORCH_PSROI_POOLING = torch_sources(ps_roi_avg_pool)
 TORCH_PSROI_CONTEXT_POOLING = torch_sources(ps_roi_context_pool)
 
