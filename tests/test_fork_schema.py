@@ -903,3 +903,17 @@ def test_caffe_heatmap_data_fields_read_and_the_net_infers_without_its_labels():
     assert (p.heatmap_c, p.heatmap_h, p.heatmap_w, p.heatmap_sigma) == (1, 72, 60, 1.0)
     assert p.yolo_data_type == 0 and p.seg_scales == 8   # the other forks' fields at 4-8 keep their defaults
     assert model.blob_shapes["conv_out_f"] == (1, 1, 8, 6)
+
+
+def test_the_opencl_branchs_intel_spatial_engine_is_the_same_convolution():
+    # fangpin/yolo-caffe's tiny YOLO: engine INTEL_SPATIAL (conv_layer_spatial.cpp computes Caffe's convolution)
+    import numpy as np
+    from conftest import net, rng
+
+    from caffeq.model import load_from_text
+    conv = 'layer {{ name: "c" type: "Convolution" bottom: "x" top: "y" convolution_param {{ num_output: 3 ' \
+           'kernel_size: 3 pad: 1 {} }} }}'
+    x = rng(9).standard_normal((1, 2, 5, 4)).astype(np.float32)
+    spatial = load_from_text(net(conv.format("engine: INTEL_SPATIAL"), inputs={"x": x.shape}), random_weights=True)
+    plain = load_from_text(net(conv.format(""), inputs={"x": x.shape}), random_weights=True)
+    np.testing.assert_array_equal(spatial.run({"x": x})["y"], plain.run({"x": x})["y"])
