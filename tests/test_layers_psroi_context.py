@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import assert_close, model_py_outputs, net, node_of, rng
+from conftest import assert_close, model_py_outputs, net, node_of, onnx_outputs, rng
 
 import caffeq
-from caffeq.errors import ExportError
 from caffeq.io.schema import caffe_pb2
 from caffeq.layers import LayerError
 from caffeq.layers.roi_pooling import ps_roi_context_pool
@@ -107,6 +106,8 @@ def test_psroi_context_pooling_matches_the_forks_kernel(obj, scale, tmp_path):
     ref = ref_psroi_context(x, ROIS, objects, DIM, G, scale)
     assert_close(model.run(feeds)["o"], ref, 1e-6, 1e-6, "torch")
     assert_close(model_py_outputs(model, feeds, tmp_path)["o"], ref, 1e-6, 1e-6, "model.py")
+    for opset in (13, None):
+        assert_close(onnx_outputs(model, feeds, tmp_path, opset)["o"], ref, 1e-6, 1e-6, f"onnx opset {opset}")
     if obj in ("part", "left_edge", "fractional"):   # some bins that read the map are cut off, others kept
         full = ref_psroi_context(x, ROIS, OBJECTS["whole"], DIM, G, scale)
         assert np.any((ref == 0) & (full != 0)) and np.any(ref != 0)
@@ -157,13 +158,6 @@ def test_psroi_context_pooling_reads_only_the_first_object_box():
     got = model.run({"x": x, "rois": ROIS, "obj": more})["o"]
     alone = load_from_text(context_net(param(), (1, 5))).run({"x": x, "rois": ROIS, "obj": first})["o"]
     np.testing.assert_array_equal(got, alone)
-
-
-def test_psroi_context_pooling_onnx_is_refused(tmp_path):
-    model = load_from_text(context_net(param(), (1, 5)))
-    with pytest.raises(ExportError, match="PSROIContextPooling.*position-sensitive"):
-        model.export_onnx(str(tmp_path / "m.onnx"), optimize=False)
-    assert not (tmp_path / "m.onnx").exists()
 
 
 @pytest.mark.parametrize("params, kw, msg", [

@@ -22,7 +22,7 @@ The bins are computed on the CPU in the forks' float32 arithmetic, the pooling o
 The torch functions below serve `forward` and are copied into model.py (inspect.getsource).
 ONNX: ROIPooling -> MaxRoiPool (onnxruntime rounds and bins as Fast R-CNN does; checked in the
 tests); PSROIPooling -> plain ops (onnx_ps_roi_pool: masks of the bins and two Einsums), as ONNX has no
-position-sensitive ROI pooling; PSROIContextPooling is refused.
+position-sensitive ROI pooling; PSROIContextPooling likewise, with the object box's overlap mask.
 """
 import math
 
@@ -423,13 +423,14 @@ def ps_roi_shape(kind, attrs, in_shapes, rows_only=False):
     return (r[0], attrs["dim"], g, g)
 
 
-def onnx_ps_roi_pool(ctx, node, dim, g, scale):
-    """PSROIPooling in plain ONNX ops: ps_roi_bins for every roi at once (the corners rounded in double as
-    C's round(), the rest float32), 0/1 row and column masks of the bins, and the sums as two Einsums
-    over the (N, dim, g, g, H, W) view of the data, a one-hot of each roi's batch index picking its image
-    (an index outside the batch gives 0 where caffeq's forward raises)."""
+def onnx_ps_roi_pool(ctx, node, dim, g, scale, keep_object=False):
+    """PSROIPooling in plain ONNX ops (ps_roi_means): ps_roi_bins for every roi at once (the corners rounded
+    in double as C's round(), the rest float32), 0/1 row and column masks of the bins, and the sums as two
+    Einsums over the (N, dim, g, g, H, W) view of the data, a one-hot of each roi's batch index picking its
+    image (an index outside the batch gives 0 where caffeq's forward raises).  keep_object: PSROIContextPooling,
+    the bins that do not overlap the first object box (the third input) give 0."""
     import numpy as np
-    x, rois = node.inputs
+    x, rois = node.inputs[:2]
     _, _, h, w = ctx.shape(x)
     f32, f64, i64 = 1, 11, 7
     rows = ctx.op("Reshape", [rois, ctx.i64([-1, 5])], "rows")
@@ -450,7 +451,7 @@ def onnx_ps_roi_pool(ctx, node, dim, g, scale):
     bin_size = ctx.op("Div", [size, ctx.f32(float(g))], "bin")
     k0 = ctx.const(np.arange(g, dtype=np.float32).reshape(1, g))
     k1 = ctx.const(np.arange(1, g + 1, dtype=np.float32).reshape(1, g))
-    masks, spans = [], []
+    masks, spans, bins = [], [], []
     for axis, extent in ((1, h), (0, w)):   # y then x
         s_ = ctx.op("Slice", [start, ctx.i64([axis]), ctx.i64([axis + 1]), ctx.i64([1])], "s")   # (R, 1)
         b_ = ctx.op("Slice", [bin_size, ctx.i64([axis]), ctx.i64([axis + 1]), ctx.i64([1])], "b")
@@ -464,6 +465,7 @@ def onnx_ps_roi_pool(ctx, node, dim, g, scale):
                                 ctx.op("Less", [cells, ctx.op("Unsqueeze", [hi, ctx.i64([2])], "hi")], "lt")], "in")
         masks.append(ctx.op("Cast", [inside], "mask", to=f32))                                   # (R, g, extent)
         spans.append(ctx.op("Max", [ctx.op("Sub", [hi, lo], "span"), ctx.f32(0.0)], "span"))
+        bins.append((lo, hi))
     rows_mask, cols_mask = masks
     area = ctx.op("Mul", [ctx.op("Unsqueeze", [spans[0], ctx.i64([2])], "ah"),
                           ctx.op("Unsqueeze", [spans[1], ctx.i64([1])], "aw")], "area")          # (R, g, g)
@@ -477,8 +479,42 @@ def onnx_ps_roi_pool(ctx, node, dim, g, scale):
     sums = ctx.op("Einsum", [by_cols, onehot, rows_mask], "sums", equation="nropqh,rn,rph->ropq")
     area4 = ctx.op("Unsqueeze", [area, ctx.i64([1])], "area")
     mean = ctx.op("Div", [sums, ctx.op("Max", [area4, ctx.f32(1.0)], "divisor")], "mean")
-    ctx.add_node("Where", [ctx.op("Greater", [area4, ctx.f32(0.0)], "filled"), mean, ctx.f32(0.0)],
-                 [node.outputs[0]], name=node.name)
+    kept = ctx.op("Greater", [area4, ctx.f32(0.0)], "filled")
+    if keep_object:
+        kept = ctx.op("And", [kept, onnx_object_overlap(ctx, node.inputs[2], scale, h, w, bins)], "kept")
+    ctx.add_node("Where", [kept, mean, ctx.f32(0.0)], [node.outputs[0]], name=node.name)
+
+
+def onnx_object_overlap(ctx, objects, scale, h, w, bins):
+    """PSROIContextPooling's (R, 1, g, g) mask: bin (i, j) overlaps the first object box, whose corners are
+    C-rounded (double), times spatial_scale in float32, floored (x1, y1) and ceiled (x2 + 1, y2 + 1), clipped
+    to the map.  bins: the (lo, hi) float (R, g) bounds of the rows, then of the columns."""
+    import numpy as np
+    f32, f64 = 1, 11
+    first = ctx.op("Slice", [ctx.op("Reshape", [objects, ctx.i64([-1, 5])], "objects"), ctx.i64([0, 1]),
+                             ctx.i64([1, 5]), ctx.i64([0, 1])], "object")                      # (1, 4)
+    corners = ctx.op("Cast", [first], "object", to=f64)
+    rounded = ctx.op("Mul", [ctx.op("Sign", [corners], "sign"),
+                             ctx.op("Floor", [ctx.op("Add", [ctx.op("Abs", [corners], "abs"),
+                                                             ctx.const(np.array(0.5, np.float64))], "half")],
+                                    "floor")], "rounded")
+    plus = ctx.const(np.array([[0.0, 0.0, 1.0, 1.0]], np.float64))
+    scaled = ctx.op("Mul", [ctx.op("Cast", [ctx.op("Add", [rounded, plus], "ends")], "object", to=f32),
+                            ctx.f32(float(np.float32(scale)))], "scaled")
+    low = ctx.op("Floor", [ctx.op("Slice", [scaled, ctx.i64([0]), ctx.i64([2]), ctx.i64([1])], "lo")], "lo")
+    high = ctx.op("Ceil", [ctx.op("Slice", [scaled, ctx.i64([2]), ctx.i64([4]), ctx.i64([1])], "hi")], "hi")
+    overlaps = []
+    for axis, extent, (lo, hi) in ((1, h, bins[0]), (0, w, bins[1])):   # y then x
+        bounds = (ctx.f32(0.0), ctx.f32(float(extent)))
+        o0 = ctx.op("Clip", [ctx.op("Slice", [low, ctx.i64([axis]), ctx.i64([axis + 1]), ctx.i64([1])], "o0"),
+                             *bounds], "o0")
+        o1 = ctx.op("Clip", [ctx.op("Slice", [high, ctx.i64([axis]), ctx.i64([axis + 1]), ctx.i64([1])], "o1"),
+                             *bounds], "o1")
+        overlaps.append(ctx.op("And", [ctx.op("Less", [lo, o1], "before"), ctx.op("Greater", [hi, o0], "after")],
+                               "overlap"))                                                   # (R, g)
+    return ctx.op("Unsqueeze", [ctx.op("And", [ctx.op("Unsqueeze", [overlaps[0], ctx.i64([2])], "rows"),
+                                               ctx.op("Unsqueeze", [overlaps[1], ctx.i64([1])], "cols")], "keep"),
+                                ctx.i64([1])], "keep")
 
 
 @register_layer("PSROIPooling")
@@ -506,7 +542,6 @@ class PSROIPooling(RoiLayerSpec):
 @register_layer("PSROIContextPooling")
 class PSROIContextPooling(RoiLayerSpec):
     """alenaliu/PPR-FCN: (data, union rois, object rois) -> (R, output_dim, group_size, group_size)."""
-    onnx_refusal = "ONNX has no position-sensitive ROI pooling op"
     roi_fn, roi_source = staticmethod(ps_roi_context_pool), TORCH_PSROI_CONTEXT_POOLING
     roi_helpers = (TORCH_PSROI_BINS,)
 
@@ -530,3 +565,6 @@ class PSROIContextPooling(RoiLayerSpec):
 
     def roi_args(self, attrs):
         return (attrs["dim"], attrs["group"]), {"spatial_scale": attrs["scale"]}
+
+    def onnx(self, ctx, node):
+        onnx_ps_roi_pool(ctx, node, node.attrs["dim"], node.attrs["group"], node.attrs["scale"], keep_object=True)
