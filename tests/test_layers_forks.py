@@ -892,15 +892,6 @@ def test_psroi_pooling_matches_r_fcns_kernel_in_torch_onnx_and_model_py(tmp_path
     check_everywhere(model, {"x": x, "rois": rois}, {"r": ref}, tmp_path, atol=1e-6, rtol=1e-6)
 
 
-def test_onnx_psroi_context_pooling_is_refused(tmp_path):
-    from caffeq.errors import ExportError
-    text = net('layer { name: "r" type: "PSROIContextPooling" bottom: "x" bottom: "rois" bottom: "obj" top: "r" '
-               'psroi_context_pooling_param { spatial_scale: 1 output_dim: 1 group_size: 2 } }',
-               inputs={"x": (1, 4, 4, 4), "rois": (1, 5), "obj": (1, 5)})
-    with pytest.raises(ExportError, match="PSROIContextPooling"):
-        load_from_text(text).export_onnx(str(tmp_path / "m.onnx"), optimize=False)
-
-
 def test_jolibrains_sparse_inner_product_is_the_dense_inner_product(tmp_path):
     """sparse_inner_product_layer.cpp: x (M x K) times the (num_output, K) weights, plus the bias; its dense
     fallback is InnerProduct's forward, and the CSR path computes the same product."""
