@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_close, model_py_outputs, net, rng
+from conftest import assert_close, model_py_outputs, net, onnx_outputs, rng
 
 import caffeq
-from caffeq.errors import ExportError
 from caffeq.io.schema import caffe_pb2
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -102,6 +101,9 @@ def test_psroi_align_matches_the_fork(samples, scale, tmp_path):
     # the same float32 operations in the same order: equal to the bit
     assert_close(model.run(f)["o"], ref, 0.0, 0.0, "torch")
     assert_close(model_py_outputs(model, f, tmp_path)["o"], ref, 0.0, 0.0, "model.py")
+    # ONNX: the same samples as row and column weights, summed in another order
+    for opset in (13, None):
+        assert_close(onnx_outputs(model, f, tmp_path, opset)["o"], ref, 1e-6, 1e-6, f"onnx opset {opset}")
     if scale == 0.5:
         assert np.count_nonzero(ref[1]) and np.count_nonzero(ref[2])   # the border-crossing rois read the map
         assert np.count_nonzero(ref[4]) == 0   # the roi outside the map: every bin is empty
@@ -121,12 +123,6 @@ def test_psroi_align_position_sensitive_channels():
     got = model.run({"x": x, "rois": rois})["o"]
     np.testing.assert_allclose(got, ref_psroi_align(x, rois, 1, 2, 1.0, 2), rtol=1e-6)
     np.testing.assert_allclose(got[0, 0], [[1, 2], [1.5, 2]], rtol=1e-6)
-
-
-def test_psroi_align_onnx_is_refused(tmp_path):
-    model = load_from_text(psroi_net(f"spatial_scale: 0.5 output_dim: {DIM} group_size: {G}"))
-    with pytest.raises(ExportError, match="PSROIAlign"):
-        model.export_onnx(str(tmp_path / "m.onnx"), optimize=False)
 
 
 @pytest.mark.parametrize("params, kw, msg", [

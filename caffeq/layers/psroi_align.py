@@ -16,13 +16,27 @@ sample_num^2 whatever the count of samples taken.  Taken samples lie in [0, H - 
 out-of-map branch (which would reuse the previous sample's value) never runs.
 
 The sample grid is computed on the CPU in float32, the gathers on the input's device.  The torch
-functions below serve `forward` and are copied into model.py (inspect.getsource).  ONNX has no
-position-sensitive op and RoiAlign samples other points, so the export is refused.
+functions below serve `forward` and are copied into model.py (inspect.getsource); both add the samples
+in the fork's order.  ONNX has no position-sensitive op and its RoiAlign samples other points, so the
+export writes the layer in plain ops (onnx_psroi_align): a sample's bilinear weights split into a row
+and a column factor, and so does whether it is taken, so the mean over the sample grid is a sum over
+cells weighted by (R, g, H) row and (R, g, W) column weights, two Einsums (to float rounding, not to
+the bit: the sums run in another order).
 """
+import numpy as np
 import torch
 
+from ..errors import ExportError
 from .registry import LayerError, register_layer, torch_sources
-from .roi_pooling import RoiLayerSpec, ps_roi_attrs, ps_roi_shape, roi_batch_index, roi_rows
+from .roi_pooling import (
+    ROIS_WANTED,
+    RoiLayerSpec,
+    onnx_ps_weighted_sums,
+    ps_roi_attrs,
+    ps_roi_shape,
+    roi_batch_index,
+    roi_rows,
+)
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -97,13 +111,72 @@ def ps_roi_align(x, rois, output_dim: int, group_size: int, spatial_scale: float
 TORCH_PSROI_ALIGN = torch_sources(psroi_align_axis, ps_roi_align)
 
 
+# ---- ONNX ----------------------------------------------------------------------------------
+
+def onnx_psroi_align_axis(ctx, start, bin_size, group, samples, size):
+    """psroi_align_axis in ONNX ops for R rois (start, bin_size: (R, 1) float32): the (R, g, size) weights of
+    the cells, summed over the taken samples, and the (R, g) empty bins."""
+    f32 = 1
+    last = float(size - 1)
+    bounds = (ctx.f32(0.0), ctx.f32(last))
+    k = ctx.const(np.arange(group, dtype=np.float32).reshape(1, group))
+    k1 = ctx.const(np.arange(1, group + 1, dtype=np.float32).reshape(1, group))
+    lo = ctx.op("Clip", [ctx.op("Add", [ctx.op("Mul", [k, bin_size], "k"), start], "lo"), *bounds], "lo")
+    hi = ctx.op("Clip", [ctx.op("Add", [ctx.op("Mul", [k1, bin_size], "k"), start], "hi"), *bounds], "hi")
+    step = ctx.op("Div", [bin_size, ctx.f32(float(samples + 1))], "step")                     # (R, 1)
+    i = ctx.const(np.arange(1, samples + 1, dtype=np.float32).reshape(1, 1, samples))
+    at = ctx.op("Add", [ctx.op("Unsqueeze", [lo, ctx.i64([2])], "lo"),
+                        ctx.op("Mul", [i, ctx.op("Unsqueeze", [step, ctx.i64([2])], "step")], "i")], "at")
+    taken = ctx.op("Cast", [ctx.op("Less", [at, ctx.op("Unsqueeze", [hi, ctx.i64([2])], "hi")], "taken")],
+                   "taken", to=f32)                                                            # (R, g, s)
+    at = ctx.op("Clip", [at, *bounds], "at")
+    low = ctx.op("Min", [ctx.op("Floor", [at], "low"), ctx.f32(last)], "low")
+    high = ctx.op("Min", [ctx.op("Add", [low, ctx.f32(1.0)], "high"), ctx.f32(last)], "high")
+    frac = ctx.op("Sub", [at, low], "frac")
+    cells = ctx.const(np.arange(size, dtype=np.float32).reshape(1, 1, 1, size))
+    weights = []
+    for cell, weight in ((low, ctx.op("Sub", [ctx.f32(1.0), frac], "w_low")), (high, frac)):
+        hit = ctx.op("Cast", [ctx.op("Equal", [cells, ctx.op("Unsqueeze", [cell, ctx.i64([3])], "cell")], "hit")],
+                     "hit", to=f32)
+        weights.append(ctx.op("Mul", [hit, ctx.op("Unsqueeze", [ctx.op("Mul", [weight, taken], "w"), ctx.i64([3])],
+                                                                "w")], "weighted"))
+    per_cell = ctx.op("ReduceSum", [ctx.op("Add", weights, "both"), ctx.i64([2])], "per_cell", keepdims=0)
+    return per_cell, ctx.op("GreaterOrEqual", [lo, hi], "empty")
+
+
+def onnx_psroi_align(ctx, node, dim, g, scale, samples):
+    """PSROIAlign as plain ONNX ops (see the module docstring)."""
+    i64 = 7
+    x, rois = node.inputs
+    _, _, h, w = ctx.shape(x)
+    rows = ctx.op("Reshape", [rois, ctx.i64([-1, 5])], "rows")
+    batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "batch", axis=1)], "batch", to=i64)
+    scale_c = ctx.f32(float(np.float32(scale)))
+    start = ctx.op("Mul", [ctx.op("Slice", [rows, ctx.i64([1]), ctx.i64([3]), ctx.i64([1])], "first"), scale_c],
+                   "start")                                                                   # (R, 2): x, y
+    end = ctx.op("Mul", [ctx.op("Add", [ctx.op("Slice", [rows, ctx.i64([3]), ctx.i64([5]), ctx.i64([1])], "last"),
+                                        ctx.f32(1.0)], "last"), scale_c], "end")
+    size = ctx.op("Max", [ctx.op("Sub", [end, start], "size"), ctx.f32(float(np.float32(0.1)))], "size")
+    bin_size = ctx.op("Div", [size, ctx.f32(float(g))], "bin")
+    axes = []
+    for axis, extent in ((1, h), (0, w)):   # y then x
+        pick = (ctx.i64([axis]), ctx.i64([axis + 1]), ctx.i64([1]))
+        axes.append(onnx_psroi_align_axis(ctx, ctx.op("Slice", [start, *pick], "s"),
+                                          ctx.op("Slice", [bin_size, *pick], "b"), g, samples, extent))
+    (rows_w, empty_y), (cols_w, empty_x) = axes
+    sums = onnx_ps_weighted_sums(ctx, x, batch, rows_w, cols_w, dim, g, h, w)
+    mean = ctx.op("Div", [sums, ctx.f32(float(samples * samples))], "mean")
+    empty = ctx.op("Unsqueeze", [ctx.op("Or", [ctx.op("Unsqueeze", [empty_y, ctx.i64([2])], "ey"),
+                                               ctx.op("Unsqueeze", [empty_x, ctx.i64([1])], "ex")], "empty"),
+                                 ctx.i64([1])], "empty")
+    ctx.add_node("Where", [empty, ctx.f32(0.0), mean], [node.outputs[0]], name=node.name)
+
+
 # ---- the spec ------------------------------------------------------------------------------
 
 @register_layer("PSROIAlign")
 class PSROIAlign(RoiLayerSpec):
     roi_fn, roi_source = staticmethod(ps_roi_align), TORCH_PSROI_ALIGN
-    onnx_refusal = ("ONNX has no position-sensitive ROI op, and its RoiAlign samples other points than "
-                    "R-FCN-PSROIAlign's, so it cannot give the same numbers")
 
     def parse(self, lp):
         attrs = ps_roi_attrs(lp, "PSROIAlign", "psroi_align_param")
@@ -118,3 +191,11 @@ class PSROIAlign(RoiLayerSpec):
 
     def roi_args(self, attrs):
         return (attrs["dim"], attrs["group"]), {"spatial_scale": attrs["scale"], "sample_num": attrs["samples"]}
+
+    def onnx(self, ctx, node):
+        import math
+        if math.prod(ctx.shape(node.inputs[1])[1:]) != 5:
+            raise ExportError(f"layer '{node.name}' (PSROIAlign): {ROIS_WANTED}, the net declares "
+                              f"{list(ctx.shape(node.inputs[1]))}; give their shape with --input-shape")
+        a = node.attrs
+        onnx_psroi_align(ctx, node, a["dim"], a["group"], a["scale"], a["samples"])

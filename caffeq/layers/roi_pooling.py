@@ -469,20 +469,28 @@ def onnx_ps_roi_pool(ctx, node, dim, g, scale, keep_object=False):
     rows_mask, cols_mask = masks
     area = ctx.op("Mul", [ctx.op("Unsqueeze", [spans[0], ctx.i64([2])], "ah"),
                           ctx.op("Unsqueeze", [spans[1], ctx.i64([1])], "aw")], "area")          # (R, g, g)
-    planes = ctx.op("Reshape", [x, ctx.i64([0, dim, g, g, h, w])], "planes")
-    n = ctx.op("Squeeze", [ctx.op("Slice", [ctx.op("Shape", [x], "shape"), ctx.i64([0]), ctx.i64([1])], "n"),
-                           ctx.i64([0])], "n")
-    images = ctx.op("Range", [ctx.i64(0), n, ctx.i64(1)], "images")
-    onehot = ctx.op("Cast", [ctx.op("Equal", [ctx.op("Unsqueeze", [batch, ctx.i64([1])], "b"), images], "pick")],
-                    "onehot", to=f32)                                                            # (R, N)
-    by_cols = ctx.op("Einsum", [planes, cols_mask], "cols", equation="nopqhw,rqw->nropqh")
-    sums = ctx.op("Einsum", [by_cols, onehot, rows_mask], "sums", equation="nropqh,rn,rph->ropq")
+    sums = onnx_ps_weighted_sums(ctx, x, batch, rows_mask, cols_mask, dim, g, h, w)
     area4 = ctx.op("Unsqueeze", [area, ctx.i64([1])], "area")
     mean = ctx.op("Div", [sums, ctx.op("Max", [area4, ctx.f32(1.0)], "divisor")], "mean")
     kept = ctx.op("Greater", [area4, ctx.f32(0.0)], "filled")
     if keep_object:
         kept = ctx.op("And", [kept, onnx_object_overlap(ctx, node.inputs[2], scale, h, w, bins)], "kept")
     ctx.add_node("Where", [kept, mean, ctx.f32(0.0)], [node.outputs[0]], name=node.name)
+
+
+def onnx_ps_weighted_sums(ctx, x, batch, row_weights, col_weights, dim, g, h, w):
+    """(R, dim, g, g): bin (p, q) of roi r summed over x's (dim, g, g, H, W) view of the roi's image, each
+    cell weighted by row_weights[r, p, h] * col_weights[r, q, w] (float (R, g, H) and (R, g, W)): two
+    Einsums, a one-hot of `batch` (the rois' int64 image indexes) picking the image."""
+    f32 = 1
+    planes = ctx.op("Reshape", [x, ctx.i64([0, dim, g, g, h, w])], "planes")
+    n = ctx.op("Squeeze", [ctx.op("Slice", [ctx.op("Shape", [x], "shape"), ctx.i64([0]), ctx.i64([1])], "n"),
+                           ctx.i64([0])], "n")
+    images = ctx.op("Range", [ctx.i64(0), n, ctx.i64(1)], "images")
+    onehot = ctx.op("Cast", [ctx.op("Equal", [ctx.op("Unsqueeze", [batch, ctx.i64([1])], "b"), images], "pick")],
+                    "onehot", to=f32)                                                            # (R, N)
+    by_cols = ctx.op("Einsum", [planes, col_weights], "cols", equation="nopqhw,rqw->nropqh")
+    return ctx.op("Einsum", [by_cols, onehot, row_weights], "sums", equation="nropqh,rn,rph->ropq")
 
 
 def onnx_object_overlap(ctx, objects, scale, h, w, bins):
