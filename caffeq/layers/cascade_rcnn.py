@@ -5,7 +5,8 @@
   grid of points start + k * (size / pooled) is sampled bilinearly, one point per output, no averaging.
   So the top is (R, C, pooled_h + 1, pooled_w + 1).  A point outside [-0.5, size - 0.5] gives 0, as does
   every point of a roi whose scaled size is not positive; inside, the point and its neighbours are
-  clipped to the map.  ONNX's RoiAlign averages bins and zeroes other borders, so the export is refused.
+  clipped to the map.  ONNX's RoiAlign averages bins and zeroes other borders, so the export writes the
+  grid in plain ops (onnx_roi_align_grid: GatherND of the four corners, the same float32 arithmetic).
   A ROIAlign that sets roi_align_param instead is the Mask R-CNN / R-FCN forks' layer
   (caffeq/layers/roi_align_forks.py claims it).
 - DecodeBBox (decode_bbox_layer.cpp, bbox_util.cpp DecodeBBoxesWithPrior): bottoms (deltas (R, 8) = the
@@ -148,12 +149,71 @@ TORCH_DECODE_BBOX = torch_sources(decode_roi_boxes, DecodeRoiBoxes)
 
 # ---- the specs ---------------------------------------------------------------------------
 
+def onnx_roi_align_grid(ctx, node, ph, pw, scale, pad_ratio):
+    """roi_align_grid in ONNX ops: the same float32 grid for every roi, the four corners of each point read
+    with GatherND from the (N, H, W, C) view of the data, weighted and summed in the same order."""
+    i64 = 7
+    x, rois = node.inputs
+    _, _, h, w = ctx.shape(x)
+    rows = ctx.op("Reshape", [rois, ctx.i64([-1, 5])], "rows")
+    batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "batch", axis=1)], "batch", to=i64)   # (R,)
+    start = ctx.op("Slice", [rows, ctx.i64([1]), ctx.i64([3]), ctx.i64([1])], "start")                # (R, 2)
+    end = ctx.op("Slice", [rows, ctx.i64([3]), ctx.i64([5]), ctx.i64([1])], "end")
+    if pad_ratio != 0:
+        pad = ctx.op("Mul", [ctx.op("Add", [ctx.op("Sub", [end, start], "span"), ctx.f32(1.0)], "span"),
+                             ctx.f32(float(np.float32(pad_ratio)))], "pad")
+        start, end = ctx.op("Sub", [start, pad], "start"), ctx.op("Add", [end, pad], "end")
+    scale_c = ctx.f32(float(np.float32(scale)))
+    start = ctx.op("Sub", [ctx.op("Mul", [start, scale_c], "start"), ctx.f32(0.5)], "start")
+    end = ctx.op("Sub", [ctx.op("Mul", [end, scale_c], "end"), ctx.f32(0.5)], "end")
+    size = ctx.op("Sub", [end, start], "size")
+    # a roi whose scaled width or height is not positive gives 0 everywhere
+    positive = ctx.op("Greater", [size, ctx.f32(0.0)], "positive")                                           # (R, 2)
+    good = ctx.op("And", [ctx.op("Slice", [positive, ctx.i64([0]), ctx.i64([1]), ctx.i64([1])], "wide"),
+                          ctx.op("Slice", [positive, ctx.i64([1]), ctx.i64([2]), ctx.i64([1])], "high")], "good")  # (R, 1)
+    axes = []
+    for col, pooled, extent in ((1, ph, h), (0, pw, w)):   # y then x
+        s_ = ctx.op("Slice", [start, ctx.i64([col]), ctx.i64([col + 1]), ctx.i64([1])], "s")              # (R, 1)
+        b_ = ctx.op("Div", [ctx.op("Slice", [size, ctx.i64([col]), ctx.i64([col + 1]), ctx.i64([1])], "b"),
+                            ctx.f32(float(pooled))], "bin")
+        k = ctx.const(np.arange(pooled + 1, dtype=np.float32).reshape(1, pooled + 1))
+        at = ctx.op("Add", [s_, ctx.op("Mul", [k, b_], "k")], "at")                                        # (R, K)
+        inside = ctx.op("And", [ctx.op("GreaterOrEqual", [at, ctx.f32(-0.5)], "ge"),
+                                ctx.op("LessOrEqual", [at, ctx.f32(extent - 0.5)], "le")], "inside")
+        low = ctx.op("Floor", [at], "low")
+        bounds = (ctx.f32(0.0), ctx.f32(float(extent - 1)))
+        high = ctx.op("Clip", [ctx.op("Add", [low, ctx.f32(1.0)], "high"), *bounds], "high")
+        low = ctx.op("Clip", [low, *bounds], "low")
+        frac = ctx.op("Sub", [ctx.op("Clip", [at, *bounds], "at"), low], "frac")
+        axes.append((inside, low, high, ctx.op("Sub", [ctx.f32(1.0), frac], "keep"), frac))
+    (in_y, y0, y1, hy, ly), (in_x, x0, x1, hx, lx) = axes
+    rows3 = lambda t: ctx.op("Unsqueeze", [t, ctx.i64([2])], "rows")       # (R, P) -> (R, P, 1)
+    cols3 = lambda t: ctx.op("Unsqueeze", [t, ctx.i64([1])], "cols")       # (R, Q) -> (R, 1, Q)
+    inside = ctx.op("And", [ctx.op("And", [rows3(in_y), cols3(in_x)], "inside"),
+                            ctx.op("Unsqueeze", [good, ctx.i64([2])], "good")], "inside")
+    weights = [ctx.op("Mul", [cols3(wx), rows3(wy)], "w") for wx, wy in ((hx, hy), (lx, hy), (hx, ly), (lx, ly))]
+    grid = ctx.op("Shape", [weights[0]], "grid")                                                        # R, P, Q
+    data = ctx.op("Transpose", [x], "nhwc", perm=[0, 2, 3, 1])
+    b3 = ctx.op("Expand", [ctx.op("Unsqueeze", [batch, ctx.i64([1, 2, 3])], "b"), ctx.op(
+        "Concat", [grid, ctx.i64([1])], "grid1", axis=0)], "b")
+
+    def corner(yi, xi):
+        parts = [b3] + [ctx.op("Expand", [ctx.op("Unsqueeze", [ctx.op("Cast", [t], "i", to=i64), ctx.i64([3])], "i"),
+                                          ctx.op("Concat", [grid, ctx.i64([1])], "grid1", axis=0)], "i")
+                        for t in (rows3(yi), cols3(xi))]
+        return ctx.op("GatherND", [data, ctx.op("Concat", parts, "index", axis=3)], "corner")            # (R, P, Q, C)
+
+    out = None
+    for wt, (yi, xi) in zip(weights, ((y0, x0), (y0, x1), (y1, x0), (y1, x1))):
+        term = ctx.op("Mul", [ctx.op("Unsqueeze", [wt, ctx.i64([3])], "w"), corner(yi, xi)], "term")
+        out = term if out is None else ctx.op("Add", [out, term], "sum")
+    kept = ctx.op("Where", [ctx.op("Unsqueeze", [inside, ctx.i64([3])], "inside"), out, ctx.f32(0.0)], "kept")
+    ctx.add_node("Transpose", [kept], [node.outputs[0]], name=node.name, perm=[0, 3, 1, 2])
+
+
 @register_layer("ROIAlign")
 class ROIAlign(RoiLayerSpec):
     roi_fn, roi_source = staticmethod(roi_align_grid), TORCH_ROI_ALIGN
-    onnx_refusal = ("the zhaoweicai fork samples one point per grid corner and zeroes points beyond half a "
-                    "pixel outside the map; ONNX RoiAlign averages bins and treats the border differently, so "
-                    "it cannot give the same numbers")
 
     def parse(self, lp):
         if not lp.HasField("roi_pooling_param"):
@@ -168,6 +228,10 @@ class ROIAlign(RoiLayerSpec):
 
     def roi_args(self, attrs):
         return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"], "pad_ratio": attrs["pad_ratio"]}
+
+    def onnx(self, ctx, node):
+        a = node.attrs   # infer has checked the rois are 5 wide
+        onnx_roi_align_grid(ctx, node, a["ph"], a["pw"], a["scale"], a["pad_ratio"])
 
 
 def _bbox_normalization(lp, where):
