@@ -423,6 +423,14 @@ def ps_roi_shape(kind, attrs, in_shapes, rows_only=False):
     return (r[0], attrs["dim"], g, g)
 
 
+def onnx_c_round(ctx, values):
+    """C's round() of float32 values as c_round computes it: in double, halves away from zero (double out)."""
+    import numpy as np
+    v = ctx.op("Cast", [values], "corners", to=11)   # DOUBLE
+    half = ctx.op("Add", [ctx.op("Abs", [v], "abs"), ctx.const(np.array(0.5, np.float64))], "half")
+    return ctx.op("Mul", [ctx.op("Sign", [v], "sign"), ctx.op("Floor", [half], "floor")], "rounded")
+
+
 def onnx_ps_roi_pool(ctx, node, dim, g, scale, keep_object=False):
     """PSROIPooling in plain ONNX ops (ps_roi_means): ps_roi_bins for every roi at once (the corners rounded
     in double as C's round(), the rest float32), 0/1 row and column masks of the bins, and the sums as two
@@ -432,15 +440,10 @@ def onnx_ps_roi_pool(ctx, node, dim, g, scale, keep_object=False):
     import numpy as np
     x, rois = node.inputs[:2]
     _, _, h, w = ctx.shape(x)
-    f32, f64, i64 = 1, 11, 7
+    f32, i64 = 1, 7
     rows = ctx.op("Reshape", [rois, ctx.i64([-1, 5])], "rows")
     batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "batch", axis=1)], "batch", to=i64)
-    corners = ctx.op("Cast", [ctx.op("Slice", [rows, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "corners")],
-                     "corners", to=f64)
-    half = ctx.const(np.array(0.5, np.float64))
-    rounded = ctx.op("Mul", [ctx.op("Sign", [corners], "sign"),
-                             ctx.op("Floor", [ctx.op("Add", [ctx.op("Abs", [corners], "abs"), half], "half")],
-                                    "floor")], "rounded")
+    rounded = onnx_c_round(ctx, ctx.op("Slice", [rows, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "corners"))
     first = ctx.op("Slice", [rounded, ctx.i64([0]), ctx.i64([2]), ctx.i64([1])], "first")
     last = ctx.op("Add", [ctx.op("Slice", [rounded, ctx.i64([2]), ctx.i64([4]), ctx.i64([1])], "last"),
                           ctx.const(np.array(1.0, np.float64))], "last")
@@ -498,14 +501,10 @@ def onnx_object_overlap(ctx, objects, scale, h, w, bins):
     C-rounded (double), times spatial_scale in float32, floored (x1, y1) and ceiled (x2 + 1, y2 + 1), clipped
     to the map.  bins: the (lo, hi) float (R, g) bounds of the rows, then of the columns."""
     import numpy as np
-    f32, f64 = 1, 11
+    f32 = 1
     first = ctx.op("Slice", [ctx.op("Reshape", [objects, ctx.i64([-1, 5])], "objects"), ctx.i64([0, 1]),
                              ctx.i64([1, 5]), ctx.i64([0, 1])], "object")                      # (1, 4)
-    corners = ctx.op("Cast", [first], "object", to=f64)
-    rounded = ctx.op("Mul", [ctx.op("Sign", [corners], "sign"),
-                             ctx.op("Floor", [ctx.op("Add", [ctx.op("Abs", [corners], "abs"),
-                                                             ctx.const(np.array(0.5, np.float64))], "half")],
-                                    "floor")], "rounded")
+    rounded = onnx_c_round(ctx, first)
     plus = ctx.const(np.array([[0.0, 0.0, 1.0, 1.0]], np.float64))
     scaled = ctx.op("Mul", [ctx.op("Cast", [ctx.op("Add", [rounded, plus], "ends")], "object", to=f32),
                             ctx.f32(float(np.float32(scale)))], "scaled")
