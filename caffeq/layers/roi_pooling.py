@@ -21,8 +21,9 @@ rois are (R, 5) = [batch, x1, y1, x2, y2] in input pixels.
 The bins are computed on the CPU in the forks' float32 arithmetic, the pooling on the input's device.
 The torch functions below serve `forward` and are copied into model.py (inspect.getsource).
 ONNX: ROIPooling -> MaxRoiPool (onnxruntime rounds and bins as Fast R-CNN does; checked in the
-tests); PSROIPooling -> plain ops (onnx_ps_roi_pool: masks of the bins and two Einsums), as ONNX has no
-position-sensitive ROI pooling; PSROIContextPooling likewise, with the object box's overlap mask.
+tests); its AVE form, PSROIPooling and PSROIContextPooling (ONNX has no such ops) -> plain ops: 0/1
+masks of every roi's bins and two Einsums (onnx_roi_avg_pool, onnx_ps_roi_pool; the context form with
+the object box's overlap mask).
 """
 import math
 
@@ -356,13 +357,13 @@ class ROIPooling(RoiLayerSpec):
     def onnx(self, ctx, node):
         import numpy as np
         a = node.attrs
-        if a.get("average"):
-            raise ExportError(f"layer '{node.name}' (ROIPooling): ONNX has no average over Fast R-CNN's "
-                              f"integer bins (pool: AVE); RoiAlign samples points instead")
         rois = node.inputs[1]
         if math.prod(ctx.shape(rois)[1:]) != 5:
             raise ExportError(f"layer '{node.name}' (ROIPooling): {ROIS_WANTED}, the net declares "
                               f"{list(ctx.shape(rois))}; give their shape with --input-shape")
+        if a.get("average"):   # ONNX's RoiAlign samples points; the mean over Fast R-CNN's bins in plain ops
+            onnx_roi_avg_pool(ctx, node, a["ph"], a["pw"], a["scale"])
+            return
         if len(ctx.shape(rois)) != 2:
             flat = ctx.tmp(node.name + "_rois")
             ctx.add_node("Reshape", [rois, ctx.const(np.array([-1, 5], np.int64))], [flat])
@@ -431,6 +432,65 @@ def onnx_c_round(ctx, values):
     return ctx.op("Mul", [ctx.op("Sign", [v], "sign"), ctx.op("Floor", [half], "floor")], "rounded")
 
 
+def onnx_bin_mask(ctx, lo, hi, extent):
+    """Integer-valued float (R, bins) bin bounds clipped to [0, extent], the (R, bins, extent) 0/1 mask of the
+    cells each holds (lo <= cell < hi) and each bin's (R, bins) cell count."""
+    import numpy as np
+    bounds = (ctx.f32(0.0), ctx.f32(float(extent)))
+    lo, hi = (ctx.op("Clip", [v, *bounds], "clip") for v in (lo, hi))
+    cells = ctx.const(np.arange(extent, dtype=np.float32).reshape(1, 1, extent))
+    inside = ctx.op("And", [ctx.op("GreaterOrEqual", [cells, ctx.op("Unsqueeze", [lo, ctx.i64([2])], "lo")], "ge"),
+                            ctx.op("Less", [cells, ctx.op("Unsqueeze", [hi, ctx.i64([2])], "hi")], "lt")], "in")
+    span = ctx.op("Max", [ctx.op("Sub", [hi, lo], "span"), ctx.f32(0.0)], "span")
+    return lo, hi, ctx.op("Cast", [inside], "mask", to=1), span
+
+
+def onnx_bin_areas(ctx, rows_span, cols_span):
+    """(R, ph, pw) cell counts of the bins from the (R, ph) and (R, pw) spans."""
+    return ctx.op("Mul", [ctx.op("Unsqueeze", [rows_span, ctx.i64([2])], "ah"),
+                          ctx.op("Unsqueeze", [cols_span, ctx.i64([1])], "aw")], "area")
+
+
+def onnx_roi_avg_pool(ctx, node, ph, pw, scale):
+    """wk910930/ccnn's ROIPooling AVE in plain ONNX ops: Fast R-CNN's bins (cell_bins) for every roi at once,
+    their 0/1 masks, the sums as two Einsums over the data with a one-hot of the rois' images, the mean,
+    0 for an empty bin (roi_avg_pool's numbers to float rounding)."""
+    import numpy as np
+    f32, i64 = 1, 7
+    x, rois = node.inputs
+    _, _, h, w = ctx.shape(x)
+    rows = ctx.op("Reshape", [rois, ctx.i64([-1, 5])], "rows")
+    batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "batch", axis=1)], "batch", to=i64)
+    scaled = ctx.op("Mul", [ctx.op("Slice", [rows, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "corners"),
+                            ctx.f32(float(np.float32(scale)))], "scaled")
+    corners = ctx.op("Cast", [onnx_c_round(ctx, scaled)], "cells", to=f32)                       # (R, 4), whole
+    masks, spans = [], []
+    for col, pooled, extent in ((1, ph, h), (0, pw, w)):   # y then x
+        first = ctx.op("Slice", [corners, ctx.i64([col]), ctx.i64([col + 1]), ctx.i64([1])], "first")     # (R, 1)
+        last = ctx.op("Slice", [corners, ctx.i64([col + 2]), ctx.i64([col + 3]), ctx.i64([1])], "last")
+        cells = ctx.op("Max", [ctx.op("Add", [ctx.op("Sub", [last, first], "cells"), ctx.f32(1.0)], "cells"),
+                               ctx.f32(1.0)], "cells")
+        bin_size = ctx.op("Div", [cells, ctx.f32(float(pooled))], "bin")
+        k0 = ctx.const(np.arange(pooled, dtype=np.float32).reshape(1, pooled))
+        k1 = ctx.const(np.arange(1, pooled + 1, dtype=np.float32).reshape(1, pooled))
+        lo = ctx.op("Add", [ctx.op("Floor", [ctx.op("Mul", [k0, bin_size], "k")], "lo"), first], "lo")
+        hi = ctx.op("Add", [ctx.op("Ceil", [ctx.op("Mul", [k1, bin_size], "k")], "hi"), first], "hi")
+        _, _, mask, span = onnx_bin_mask(ctx, lo, hi, extent)
+        masks.append(mask)
+        spans.append(span)
+    area = ctx.op("Unsqueeze", [onnx_bin_areas(ctx, *spans), ctx.i64([1])], "area")                # (R, 1, ph, pw)
+    n = ctx.op("Squeeze", [ctx.op("Slice", [ctx.op("Shape", [x], "shape"), ctx.i64([0]), ctx.i64([1])], "n"),
+                           ctx.i64([0])], "n")
+    images = ctx.op("Range", [ctx.i64(0), n, ctx.i64(1)], "images")
+    onehot = ctx.op("Cast", [ctx.op("Equal", [ctx.op("Unsqueeze", [batch, ctx.i64([1])], "b"), images], "pick")],
+                    "onehot", to=f32)
+    by_cols = ctx.op("Einsum", [x, masks[1]], "cols", equation="nchw,rqw->nrchq")
+    sums = ctx.op("Einsum", [by_cols, onehot, masks[0]], "sums", equation="nrchq,rn,rph->rcpq")
+    mean = ctx.op("Div", [sums, ctx.op("Max", [area, ctx.f32(1.0)], "divisor")], "mean")
+    ctx.add_node("Where", [ctx.op("Greater", [area, ctx.f32(0.0)], "filled"), mean, ctx.f32(0.0)],
+                 [node.outputs[0]], name=node.name)
+
+
 def onnx_ps_roi_pool(ctx, node, dim, g, scale, keep_object=False):
     """PSROIPooling in plain ONNX ops (ps_roi_means): ps_roi_bins for every roi at once (the corners rounded
     in double as C's round(), the rest float32), 0/1 row and column masks of the bins, and the sums as two
@@ -460,18 +520,12 @@ def onnx_ps_roi_pool(ctx, node, dim, g, scale, keep_object=False):
         b_ = ctx.op("Slice", [bin_size, ctx.i64([axis]), ctx.i64([axis + 1]), ctx.i64([1])], "b")
         lo = ctx.op("Floor", [ctx.op("Add", [ctx.op("Mul", [k0, b_], "k"), s_], "lo")], "lo")
         hi = ctx.op("Ceil", [ctx.op("Add", [ctx.op("Mul", [k1, b_], "k"), s_], "hi")], "hi")
-        bounds = (ctx.f32(0.0), ctx.f32(float(extent)))
-        lo, hi = (ctx.op("Clip", [v, *bounds], "clip") for v in (lo, hi))                       # (R, g)
-        cells = ctx.const(np.arange(extent, dtype=np.float32).reshape(1, 1, extent))
-        inside = ctx.op("And", [ctx.op("GreaterOrEqual", [cells, ctx.op("Unsqueeze", [lo, ctx.i64([2])], "lo")],
-                                       "ge"),
-                                ctx.op("Less", [cells, ctx.op("Unsqueeze", [hi, ctx.i64([2])], "hi")], "lt")], "in")
-        masks.append(ctx.op("Cast", [inside], "mask", to=f32))                                   # (R, g, extent)
-        spans.append(ctx.op("Max", [ctx.op("Sub", [hi, lo], "span"), ctx.f32(0.0)], "span"))
+        lo, hi, mask, span = onnx_bin_mask(ctx, lo, hi, extent)
+        masks.append(mask)
+        spans.append(span)
         bins.append((lo, hi))
     rows_mask, cols_mask = masks
-    area = ctx.op("Mul", [ctx.op("Unsqueeze", [spans[0], ctx.i64([2])], "ah"),
-                          ctx.op("Unsqueeze", [spans[1], ctx.i64([1])], "aw")], "area")          # (R, g, g)
+    area = onnx_bin_areas(ctx, *spans)                                                           # (R, g, g)
     sums = onnx_ps_weighted_sums(ctx, x, batch, rows_mask, cols_mask, dim, g, h, w)
     area4 = ctx.op("Unsqueeze", [area, ctx.i64([1])], "area")
     mean = ctx.op("Div", [sums, ctx.op("Max", [area4, ctx.f32(1.0)], "divisor")], "mean")
