@@ -661,6 +661,41 @@ def test_roi_pooling_bad_params():
         m.run({"x": np.zeros((2, 1, 4, 6), np.float32), "rois": np.array([[5, 0, 0, 1, 1]], np.float32)})
 
 
+def ref_roi_max_pool(x, rois, ph, pw, scale):
+    """Fast R-CNN's ROIPoolForward: C-rounded scaled corners, its float32 bins, the max over each from
+    -FLT_MAX (a bin of -inf values keeps it), 0 if empty."""
+    f = np.float32
+    _n, c, h, w = x.shape
+    out = np.zeros((len(rois), c, ph, pw), np.float32)
+    for r, roi in enumerate(rois):
+        b = int(roi[0])
+        corners = (int(np.sign(v * f(scale)) * np.floor(abs(float(v * f(scale))) + 0.5)) for v in roi[1:5])
+        for i, j, hs, he, ws, we in fast_rcnn_bins(*corners, ph, pw, h, w):
+            if he > hs and we > ws:
+                out[r, :, i, j] = np.maximum(x[b, :, hs:he, ws:we].max(axis=(1, 2)), -np.finfo(f).max)
+    return out
+
+
+def test_roi_pooling_max_over_many_rois_matches_fast_rcnn(tmp_path):
+    # every roi of an image pooled at once (a table of maxima over 2^a x 2^b windows): rois from one cell
+    # to past the whole map, inside and outside it, on both images, with ties planted
+    from conftest import model_py_outputs
+    x_shape = (2, 3, 13, 17)
+    g = rng(12)
+    x = np.round(g.standard_normal(x_shape) * 4).astype(np.float32)   # many ties
+    x[1, 2] = -np.inf
+    corners = g.uniform(-20, 45, (80, 4)).astype(np.float32)
+    rois = np.concatenate([g.integers(0, 2, (80, 1)).astype(np.float32),
+                           np.minimum(corners[:, :2], corners[:, 2:]), np.maximum(corners[:, :2], corners[:, 2:])], 1)
+    rois[:5] = [[0, 0, 0, 40, 30], [1, 3, 3, 3, 3], [0, 50, 50, 60, 60], [1, -30, -30, -2, -2], [0, 2.5, 1.5, 9.5, 7.5]]
+    model = load_from_text(roi_net("pooled_h: 4 pooled_w: 3 spatial_scale: 0.5", rois.shape, x_shape))
+    ref = ref_roi_max_pool(x, rois, 4, 3, 0.5)
+    feeds = {"x": x, "rois": rois}
+    np.testing.assert_array_equal(model.run(feeds)["r"], ref)
+    np.testing.assert_array_equal(model_py_outputs(model, feeds, tmp_path)["r"], ref)
+    np.testing.assert_array_equal(onnx_outputs(model, feeds, tmp_path)["r"], ref)
+
+
 def ref_roi_avg_pool(x, rois, ph, pw, scale):
     """wk910930/ccnn's ROIPoolForwardAve (GPU): Fast R-CNN's float32 bins, the mean over each; 0 if empty."""
     f = np.float32

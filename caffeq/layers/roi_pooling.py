@@ -107,17 +107,95 @@ def cell_bins(x1: float, y1: float, x2: float, y2: float, ph: int, pw: int, h: i
     return hs.clamp(0, h), he.clamp(0, h), ws.clamp(0, w), we.clamp(0, w)
 
 
+def fast_rcnn_bins(r, scale: float, ph: int, pw: int, h: int, w: int, pad_ratio: float = 0.0):
+    """roi_bins of every row of r (R, 5) at once, in the same float32 / double steps: hstart, hend (R, ph)
+    and wstart, wend (R, pw), clipped to the map."""
+    f32 = torch.float32
+    corners = r[:, 1:5]
+    if pad_ratio != 0:
+        pad = (corners[:, 2:] - corners[:, :2] + 1.0) * torch.tensor(pad_ratio, dtype=f32)
+        corners = torch.cat([corners[:, :2] - pad, corners[:, 2:] + pad], 1)
+    x1, y1, x2, y2 = c_round((corners * torch.tensor(scale, dtype=f32)).double()).unbind(1)
+    rh = torch.clamp(y2 - y1 + 1, min=1).float()
+    rw = torch.clamp(x2 - x1 + 1, min=1).float()
+    bh = (rh / torch.tensor(float(ph), dtype=f32))[:, None]
+    bw = (rw / torch.tensor(float(pw), dtype=f32))[:, None]
+    top, left = y1.long()[:, None], x1.long()[:, None]
+    hs = torch.floor(torch.arange(ph, dtype=f32)[None, :] * bh).long() + top
+    he = torch.ceil(torch.arange(1, ph + 1, dtype=f32)[None, :] * bh).long() + top
+    ws = torch.floor(torch.arange(pw, dtype=f32)[None, :] * bw).long() + left
+    we = torch.ceil(torch.arange(1, pw + 1, dtype=f32)[None, :] * bw).long() + left
+    return hs.clamp(0, h), he.clamp(0, h), ws.clamp(0, w), we.clamp(0, w)
+
+
+def floor_log2(n):
+    """floor(log2(n)) of an int tensor of values >= 1."""
+    k = torch.zeros_like(n)
+    j = 1
+    while bool((n >= (1 << j)).any()):
+        k = k + (n >= (1 << j)).long()
+        j += 1
+    return k
+
+
+def range_max_bins(plane, hs, he, ws, we):
+    """Each bin's maximum over the (C, H, W) plane, 0 for an empty bin: (R, C, ph, pw) for R rois' bins (hs, he:
+    (R, ph); ws, we: (R, pw)).  A table of the maxima over every 2^a x 2^b window answers a bin with four
+    overlapping windows (maxima are exact, so the overlap changes nothing); None where the table would hold
+    more than 2^26 values (max_over_bins then pools roi by roi)."""
+    c, h, w = plane.shape
+    kh, kw = floor_log2((he - hs).clamp(min=1)), floor_log2((we - ws).clamp(min=1))
+    levels_h, levels_w = int(kh.max()) + 1, int(kw.max()) + 1
+    if levels_h * levels_w * plane.numel() > (1 << 26):
+        return None
+    neg = torch.tensor(float("-inf"), device=plane.device, dtype=plane.dtype)
+    rows = [plane]
+    for a in range(1, levels_h):
+        s = 1 << (a - 1)
+        prev = rows[-1]
+        rows.append(torch.maximum(prev, torch.cat([prev[:, s:], neg.expand(c, min(s, h), w)], 1)[:, :h]))
+    table = []
+    for t in rows:
+        cols = [t]
+        for b in range(1, levels_w):
+            s = 1 << (b - 1)
+            prev = cols[-1]
+            cols.append(torch.maximum(prev, torch.cat([prev[:, :, s:], neg.expand(c, h, min(s, w))], 2)[:, :, :w]))
+        table.append(torch.stack(cols))
+    table = torch.stack(table)   # (levels_h, levels_w, C, H, W)
+    dev = plane.device
+    a, b = kh[:, :, None].to(dev), kw[:, None, :].to(dev)
+    h0, h1 = hs.clamp(0, h - 1), (he - (1 << kh)).clamp(0, h - 1)
+    w0, w1 = ws.clamp(0, w - 1), (we - (1 << kw)).clamp(0, w - 1)
+
+    def window(hh, ww):   # (R, ph, pw, C)
+        return table[a, b, :, hh[:, :, None].to(dev), ww[:, None, :].to(dev)]
+
+    best = torch.maximum(torch.maximum(window(h0, w0), window(h0, w1)),
+                         torch.maximum(window(h1, w0), window(h1, w1))).clamp(min=-3.4028234663852886e38)
+    empty = ((he <= hs)[:, :, None] | (we <= ws)[:, None, :]).to(dev)
+    return torch.where(empty[..., None], torch.zeros((), device=dev, dtype=plane.dtype), best).permute(0, 3, 1, 2)
+
+
 def roi_max_pool(x, rois, ph: int, pw: int, spatial_scale: float, pad_ratio: float = 0.0):
-    """Fast R-CNN's ROIPooling -> (R, C, ph, pw)."""
+    """Fast R-CNN's ROIPooling -> (R, C, ph, pw): the rois of each image at once (range_max_bins)."""
     r = roi_rows(rois, "ROIPooling")
     n, c, h, w = x.shape
-    outs = []
-    for roi in r:
-        b = roi_batch_index(roi, n, "ROIPooling")
-        outs.append(max_over_bins(x[b], *roi_bins(roi, spatial_scale, ph, pw, h, w, pad_ratio)))
-    if not outs:
+    if r.shape[0] == 0:
         return x.new_zeros((0, c, ph, pw))
-    return torch.stack(outs)
+    batch = torch.trunc(r[:, 0]).long()
+    outside = (batch < 0) | (batch >= n)
+    if bool(outside.any()):
+        roi_batch_index(r[outside][0], n, "ROIPooling")   # raises, naming the index
+    hs, he, ws, we = fast_rcnn_bins(r, spatial_scale, ph, pw, h, w, pad_ratio)
+    out = x.new_zeros((r.shape[0], c, ph, pw))
+    for b in torch.unique(batch).tolist():
+        picked = (batch == b).nonzero().reshape(-1)
+        pooled = range_max_bins(x[b], hs[picked], he[picked], ws[picked], we[picked])
+        if pooled is None:   # a table too large for the map: roi by roi
+            pooled = torch.stack([max_over_bins(x[b], hs[i], he[i], ws[i], we[i]) for i in picked.tolist()])
+        out[picked.to(x.device)] = pooled
+    return out
 
 
 def max_over_bins(plane, hs, he, ws, we):
@@ -137,7 +215,8 @@ def max_over_bins(plane, hs, he, ws, we):
     mh = bin_mask(hs - h0, he - h0, h1 - h0).to(plane.device)  # (ph, rh)
     cols = torch.where(mw[None, None], region[:, :, None, :], neg).amax(-1)  # (C, rh, pw)
     bins = torch.where(mh[None, :, :, None], cols[:, None, :, :], neg).amax(2)  # (C, ph, pw)
-    return torch.where(empty[None], zero, bins)
+    # Fast R-CNN's running max starts at -FLT_MAX: a bin of -inf values gives -FLT_MAX
+    return torch.where(empty[None], zero, bins.clamp(min=-3.4028234663852886e38))
 
 
 def roi_avg_pool(x, rois, ph: int, pw: int, spatial_scale: float):
@@ -244,7 +323,8 @@ class RoiLayer(nn.Module):
 
 # model.py gets the same functions, so the export stays bit-identical to forward
 TORCH_ROI_COMMON = torch_sources(c_round, bin_mask, bin_means, roi_rows, roi_batch_index)
-TORCH_ROI_POOLING = torch_sources(pad_roi_corners, cell_bins, roi_bins, max_over_bins, roi_max_pool)
+TORCH_ROI_POOLING = torch_sources(pad_roi_corners, cell_bins, roi_bins, max_over_bins, fast_rcnn_bins, floor_log2,
+                                  range_max_bins, roi_max_pool)
 TORCH_ROI_AVG_POOLING = torch_sources(pad_roi_corners, cell_bins, roi_bins, roi_avg_pool)
 TORCH_PSROI_BINS = torch_sources(ps_roi_bins, ps_roi_means)
 TORCH_PSROI_POOLING = torch_sources(ps_roi_avg_pool)
