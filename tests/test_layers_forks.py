@@ -661,9 +661,9 @@ def test_roi_pooling_bad_params():
         m.run({"x": np.zeros((2, 1, 4, 6), np.float32), "rois": np.array([[5, 0, 0, 1, 1]], np.float32)})
 
 
-def ref_roi_max_pool(x, rois, ph, pw, scale):
-    """Fast R-CNN's ROIPoolForward: C-rounded scaled corners, its float32 bins, the max over each from
-    -FLT_MAX (a bin of -inf values keeps it), 0 if empty."""
+def ref_roi_pool(x, rois, ph, pw, scale, reduce):
+    """Fast R-CNN's bins (C-rounded scaled corners, float32 bin sizes) of each roi, each bin reduced by
+    `reduce` over its (C, h, w) cells; 0 for an empty bin."""
     f = np.float32
     _n, c, h, w = x.shape
     out = np.zeros((len(rois), c, ph, pw), np.float32)
@@ -672,8 +672,14 @@ def ref_roi_max_pool(x, rois, ph, pw, scale):
         corners = (int(np.sign(v * f(scale)) * np.floor(abs(float(v * f(scale))) + 0.5)) for v in roi[1:5])
         for i, j, hs, he, ws, we in fast_rcnn_bins(*corners, ph, pw, h, w):
             if he > hs and we > ws:
-                out[r, :, i, j] = np.maximum(x[b, :, hs:he, ws:we].max(axis=(1, 2)), -np.finfo(f).max)
+                out[r, :, i, j] = reduce(x[b, :, hs:he, ws:we])
     return out
+
+
+def ref_roi_max_pool(x, rois, ph, pw, scale):
+    """Fast R-CNN's ROIPoolForward: the max over each bin from -FLT_MAX (a bin of -inf values keeps it)."""
+    return ref_roi_pool(x, rois, ph, pw, scale,
+                        lambda cells: np.maximum(cells.max(axis=(1, 2)), -np.finfo(np.float32).max))
 
 
 def test_roi_pooling_max_over_many_rois_matches_fast_rcnn(tmp_path):
@@ -697,17 +703,9 @@ def test_roi_pooling_max_over_many_rois_matches_fast_rcnn(tmp_path):
 
 
 def ref_roi_avg_pool(x, rois, ph, pw, scale):
-    """wk910930/ccnn's ROIPoolForwardAve (GPU): Fast R-CNN's float32 bins, the mean over each; 0 if empty."""
-    f = np.float32
-    _n, c, h, w = x.shape
-    out = np.zeros((len(rois), c, ph, pw), np.float32)
-    for r, roi in enumerate(rois):
-        b = int(roi[0])
-        corners = (int(np.sign(v * f(scale)) * np.floor(abs(float(v * f(scale))) + 0.5)) for v in roi[1:5])
-        for i, j, hs, he, ws, we in fast_rcnn_bins(*corners, ph, pw, h, w):
-            if he > hs and we > ws:
-                out[r, :, i, j] = x[b, :, hs:he, ws:we].sum(axis=(1, 2), dtype=np.float64) / ((he - hs) * (we - ws))
-    return out
+    """wk910930/ccnn's ROIPoolForwardAve (GPU): the mean over each of Fast R-CNN's bins."""
+    return ref_roi_pool(x, rois, ph, pw, scale,
+                        lambda cells: cells.sum(axis=(1, 2), dtype=np.float64) / (cells.shape[1] * cells.shape[2]))
 
 
 def test_roi_pooling_ave_of_ccnn_matches_its_kernel(tmp_path):

@@ -73,25 +73,6 @@ def roi_batch_index(roi, n: int, kind: str):
     return b
 
 
-def pad_roi_corners(roi, pad_ratio: float):
-    """x1, y1, x2, y2 of one float32 roi row, each side moved out by pad_ratio x the roi's size
-    (float32, as the zhaoweicai fork); pad_ratio 0 returns the corners untouched."""
-    corners = roi[1:5]
-    if pad_ratio == 0:
-        return corners
-    ratio = torch.tensor(pad_ratio, dtype=torch.float32)
-    pad = (corners[2:] - corners[:2] + 1.0) * ratio   # (pad_w, pad_h)
-    return torch.cat([corners[:2] - pad, corners[2:] + pad])
-
-
-def roi_bins(roi, scale: float, ph: int, pw: int, h: int, w: int, pad_ratio: float = 0.0):
-    """Fast R-CNN's integer bins of one roi [batch, x1, y1, x2, y2] (float32, CPU): hstart, hend,
-    wstart, wend, clipped to the map."""
-    corners = pad_roi_corners(roi, pad_ratio)
-    x1, y1, x2, y2 = c_round((corners * torch.tensor(scale, dtype=torch.float32)).double()).tolist()
-    return cell_bins(x1, y1, x2, y2, ph, pw, h, w)
-
-
 def cell_bins(x1: float, y1: float, x2: float, y2: float, ph: int, pw: int, h: int, w: int):
     """The bins of a roi whose corners are whole map cells (inclusive): float32 bin sizes, floor and ceil,
     clipped to the map."""
@@ -108,8 +89,10 @@ def cell_bins(x1: float, y1: float, x2: float, y2: float, ph: int, pw: int, h: i
 
 
 def fast_rcnn_bins(r, scale: float, ph: int, pw: int, h: int, w: int, pad_ratio: float = 0.0):
-    """roi_bins of every row of r (R, 5) at once, in the same float32 / double steps: hstart, hend (R, ph)
-    and wstart, wend (R, pw), clipped to the map."""
+    """Fast R-CNN's integer bins of every roi row [batch, x1, y1, x2, y2] of r (R, 5) (float32, CPU): the
+    zhaoweicai fork's pad_ratio first moves each side out by pad_ratio x the roi's size (float32), then the
+    corners times scale are C-rounded and cell_bins' float32 steps give hstart, hend (R, ph) and wstart,
+    wend (R, pw), clipped to the map."""
     f32 = torch.float32
     corners = r[:, 1:5]
     if pad_ratio != 0:
@@ -224,11 +207,9 @@ def roi_avg_pool(x, rois, ph: int, pw: int, spatial_scale: float):
     an empty bin gives 0 (the fork's GPU kernel; its CPU loop divides 0 by 0 there)."""
     r = roi_rows(rois, "ROIPooling")
     n, c, h, w = x.shape
-    outs = []
-    for roi in r:
-        b = roi_batch_index(roi, n, "ROIPooling")
-        hs, he, ws, we = roi_bins(roi, spatial_scale, ph, pw, h, w)
-        outs.append(bin_means(x[b], "chw,ph,qw->cpq", hs, he, ws, we))
+    hs, he, ws, we = fast_rcnn_bins(r, spatial_scale, ph, pw, h, w)
+    outs = [bin_means(x[roi_batch_index(roi, n, "ROIPooling")], "chw,ph,qw->cpq", hs[i], he[i], ws[i], we[i])
+            for i, roi in enumerate(r)]
     if not outs:
         return x.new_zeros((0, c, ph, pw))
     return torch.stack(outs)
@@ -323,9 +304,9 @@ class RoiLayer(nn.Module):
 
 # model.py gets the same functions, so the export stays bit-identical to forward
 TORCH_ROI_COMMON = torch_sources(c_round, bin_mask, bin_means, roi_rows, roi_batch_index)
-TORCH_ROI_POOLING = torch_sources(pad_roi_corners, cell_bins, roi_bins, max_over_bins, fast_rcnn_bins, floor_log2,
-                                  range_max_bins, roi_max_pool)
-TORCH_ROI_AVG_POOLING = torch_sources(pad_roi_corners, cell_bins, roi_bins, roi_avg_pool)
+# cell_bins for GRIDPooling's model.py, which takes its helpers from here
+TORCH_ROI_POOLING = torch_sources(cell_bins, max_over_bins, fast_rcnn_bins, floor_log2, range_max_bins, roi_max_pool)
+TORCH_ROI_AVG_POOLING = torch_sources(fast_rcnn_bins, roi_avg_pool)
 TORCH_PSROI_BINS = torch_sources(ps_roi_bins, ps_roi_means)
 TORCH_PSROI_POOLING = torch_sources(ps_roi_avg_pool)
 TORCH_PSROI_CONTEXT_POOLING = torch_sources(ps_roi_context_pool)
