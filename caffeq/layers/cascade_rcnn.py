@@ -192,16 +192,20 @@ def onnx_roi_align_grid(ctx, node, ph, pw, scale, pad_ratio):
     inside = ctx.op("And", [ctx.op("And", [rows3(in_y), cols3(in_x)], "inside"),
                             ctx.op("Unsqueeze", [good, ctx.i64([2])], "good")], "inside")
     weights = [ctx.op("Mul", [cols3(wx), rows3(wy)], "w") for wx, wy in ((hx, hy), (lx, hy), (hx, ly), (lx, ly))]
-    grid = ctx.op("Shape", [weights[0]], "grid")                                                        # R, P, Q
+    grid1 = ctx.op("Concat", [ctx.op("Shape", [weights[0]], "grid"), ctx.i64([1])], "grid1", axis=0)   # R, P, Q, 1
     data = ctx.op("Transpose", [x], "nhwc", perm=[0, 2, 3, 1])
-    b3 = ctx.op("Expand", [ctx.op("Unsqueeze", [batch, ctx.i64([1, 2, 3])], "b"), ctx.op(
-        "Concat", [grid, ctx.i64([1])], "grid1", axis=0)], "b")
 
-    def corner(yi, xi):
-        parts = [b3] + [ctx.op("Expand", [ctx.op("Unsqueeze", [ctx.op("Cast", [t], "i", to=i64), ctx.i64([3])], "i"),
-                                          ctx.op("Concat", [grid, ctx.i64([1])], "grid1", axis=0)], "i")
-                        for t in (rows3(yi), cols3(xi))]
-        return ctx.op("GatherND", [data, ctx.op("Concat", parts, "index", axis=3)], "corner")            # (R, P, Q, C)
+    def index_part(t):   # an int64 (R, P, Q, 1) column of the GatherND index
+        return ctx.op("Expand", [ctx.op("Unsqueeze", [ctx.op("Cast", [t], "i", to=i64), ctx.i64([3])], "i"), grid1],
+                      "i")
+
+    image = index_part(ctx.op("Unsqueeze", [batch, ctx.i64([1, 2])], "b"))
+    rows_at = {t: index_part(rows3(t)) for t in (y0, y1)}
+    cols_at = {t: index_part(cols3(t)) for t in (x0, x1)}
+
+    def corner(yi, xi):   # (R, P, Q, C)
+        return ctx.op("GatherND", [data, ctx.op("Concat", [image, rows_at[yi], cols_at[xi]], "index", axis=3)],
+                      "corner")
 
     out = None
     for wt, (yi, xi) in zip(weights, ((y0, x0), (y0, x1), (y1, x0), (y1, x1))):
