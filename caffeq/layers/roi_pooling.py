@@ -27,6 +27,7 @@ the object box's overlap mask).
 """
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -416,7 +417,6 @@ class ROIPooling(RoiLayerSpec):
         return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"], **pad_kwarg(attrs)}
 
     def onnx(self, ctx, node):
-        import numpy as np
         a = node.attrs
         rois = node.inputs[1]
         if math.prod(ctx.shape(rois)[1:]) != 5:
@@ -487,7 +487,6 @@ def ps_roi_shape(kind, attrs, in_shapes, rows_only=False):
 
 def onnx_c_round(ctx, values):
     """C's round() of float32 values as c_round computes it: in double, halves away from zero (double out)."""
-    import numpy as np
     v = ctx.op("Cast", [values], "corners", to=11)   # DOUBLE
     half = ctx.op("Add", [ctx.op("Abs", [v], "abs"), ctx.const(np.array(0.5, np.float64))], "half")
     return ctx.op("Mul", [ctx.op("Sign", [v], "sign"), ctx.op("Floor", [half], "floor")], "rounded")
@@ -496,7 +495,6 @@ def onnx_c_round(ctx, values):
 def onnx_bin_mask(ctx, lo, hi, extent):
     """Integer-valued float (R, bins) bin bounds clipped to [0, extent], the (R, bins, extent) 0/1 mask of the
     cells each holds (lo <= cell < hi) and each bin's (R, bins) cell count."""
-    import numpy as np
     bounds = (ctx.f32(0.0), ctx.f32(float(extent)))
     lo, hi = (ctx.op("Clip", [v, *bounds], "clip") for v in (lo, hi))
     cells = ctx.const(np.arange(extent, dtype=np.float32).reshape(1, 1, extent))
@@ -516,7 +514,6 @@ def onnx_roi_avg_pool(ctx, node, ph, pw, scale):
     """wk910930/ccnn's ROIPooling AVE in plain ONNX ops: Fast R-CNN's bins (cell_bins) for every roi at once,
     their 0/1 masks, the sums as two Einsums over the data with a one-hot of the rois' images, the mean,
     0 for an empty bin (roi_avg_pool's numbers to float rounding)."""
-    import numpy as np
     f32, i64 = 1, 7
     x, rois = node.inputs
     _, _, h, w = ctx.shape(x)
@@ -540,13 +537,9 @@ def onnx_roi_avg_pool(ctx, node, ph, pw, scale):
         masks.append(mask)
         spans.append(span)
     area = ctx.op("Unsqueeze", [onnx_bin_areas(ctx, *spans), ctx.i64([1])], "area")                # (R, 1, ph, pw)
-    n = ctx.op("Squeeze", [ctx.op("Slice", [ctx.op("Shape", [x], "shape"), ctx.i64([0]), ctx.i64([1])], "n"),
-                           ctx.i64([0])], "n")
-    images = ctx.op("Range", [ctx.i64(0), n, ctx.i64(1)], "images")
-    onehot = ctx.op("Cast", [ctx.op("Equal", [ctx.op("Unsqueeze", [batch, ctx.i64([1])], "b"), images], "pick")],
-                    "onehot", to=f32)
     by_cols = ctx.op("Einsum", [x, masks[1]], "cols", equation="nchw,rqw->nrchq")
-    sums = ctx.op("Einsum", [by_cols, onehot, masks[0]], "sums", equation="nrchq,rn,rph->rcpq")
+    sums = ctx.op("Einsum", [by_cols, onnx_image_onehot(ctx, x, batch), masks[0]], "sums",
+                  equation="nrchq,rn,rph->rcpq")
     mean = ctx.op("Div", [sums, ctx.op("Max", [area, ctx.f32(1.0)], "divisor")], "mean")
     ctx.add_node("Where", [ctx.op("Greater", [area, ctx.f32(0.0)], "filled"), mean, ctx.f32(0.0)],
                  [node.outputs[0]], name=node.name)
@@ -558,7 +551,6 @@ def onnx_ps_roi_pool(ctx, node, dim, g, scale, keep_object=False):
     Einsums over the (N, dim, g, g, H, W) view of the data, a one-hot of each roi's batch index picking its
     image (an index outside the batch gives 0 where caffeq's forward raises).  keep_object: PSROIContextPooling,
     the bins that do not overlap the first object box (the third input) give 0."""
-    import numpy as np
     x, rois = node.inputs[:2]
     _, _, h, w = ctx.shape(x)
     f32, i64 = 1, 7
@@ -600,22 +592,25 @@ def onnx_ps_weighted_sums(ctx, x, batch, row_weights, col_weights, dim, g, h, w)
     """(R, dim, g, g): bin (p, q) of roi r summed over x's (dim, g, g, H, W) view of the roi's image, each
     cell weighted by row_weights[r, p, h] * col_weights[r, q, w] (float (R, g, H) and (R, g, W)): two
     Einsums, a one-hot of `batch` (the rois' int64 image indexes) picking the image."""
-    f32 = 1
     planes = ctx.op("Reshape", [x, ctx.i64([0, dim, g, g, h, w])], "planes")
+    by_cols = ctx.op("Einsum", [planes, col_weights], "cols", equation="nopqhw,rqw->nropqh")
+    return ctx.op("Einsum", [by_cols, onnx_image_onehot(ctx, x, batch), row_weights], "sums",
+                  equation="nropqh,rn,rph->ropq")
+
+
+def onnx_image_onehot(ctx, x, batch):
+    """(R, N) float: 1 where roi r's int64 batch index is image n of x (an index outside the batch: a row of 0)."""
     n = ctx.op("Squeeze", [ctx.op("Slice", [ctx.op("Shape", [x], "shape"), ctx.i64([0]), ctx.i64([1])], "n"),
                            ctx.i64([0])], "n")
     images = ctx.op("Range", [ctx.i64(0), n, ctx.i64(1)], "images")
-    onehot = ctx.op("Cast", [ctx.op("Equal", [ctx.op("Unsqueeze", [batch, ctx.i64([1])], "b"), images], "pick")],
-                    "onehot", to=f32)                                                            # (R, N)
-    by_cols = ctx.op("Einsum", [planes, col_weights], "cols", equation="nopqhw,rqw->nropqh")
-    return ctx.op("Einsum", [by_cols, onehot, row_weights], "sums", equation="nropqh,rn,rph->ropq")
+    return ctx.op("Cast", [ctx.op("Equal", [ctx.op("Unsqueeze", [batch, ctx.i64([1])], "b"), images], "pick")],
+                  "onehot", to=1)
 
 
 def onnx_object_overlap(ctx, objects, scale, h, w, bins):
     """PSROIContextPooling's (R, 1, g, g) mask: bin (i, j) overlaps the first object box, whose corners are
     C-rounded (double), times spatial_scale in float32, floored (x1, y1) and ceiled (x2 + 1, y2 + 1), clipped
     to the map.  bins: the (lo, hi) float (R, g) bounds of the rows, then of the columns."""
-    import numpy as np
     f32 = 1
     first = ctx.op("Slice", [ctx.op("Reshape", [objects, ctx.i64([-1, 5])], "objects"), ctx.i64([0, 1]),
                              ctx.i64([1, 5]), ctx.i64([0, 1])], "object")                      # (1, 4)
