@@ -148,6 +148,26 @@ def test_roi_align_matches_the_fork(params, ph, pw, scale, pad, tmp_path):
     assert np.count_nonzero(ref[4]) == 0   # the roi outside the map gives 0
 
 
+def test_roi_align_keeps_its_gradient_and_numbers_when_one_is_wanted():
+    # without a gradient the corners are summed into one reused buffer (out=, in place); with one, fresh
+    # tensors: the same float32 sums in the same order, so the same bits
+    import torch
+
+    from caffeq.layers.cascade_rcnn import roi_align_grid
+
+    f = feeds(2)
+    x = torch.from_numpy(f["x"]).requires_grad_()
+    rois = torch.from_numpy(ROIS)
+    with torch.no_grad():
+        fast = roi_align_grid(x, rois, 3, 2, 0.5)
+    graded = roi_align_grid(x, rois, 3, 2, 0.5)
+    assert torch.equal(fast, graded.detach())
+    graded.sum().backward()
+    # each grid point inside the map spreads a weight of 1 over its four corners
+    inside = (ref_roi_align(f["x"], ROIS, 3, 2, 0.5, 0.0) != 0).any(1).sum() * 3
+    assert x.grad.sum().item() == pytest.approx(float(inside), rel=1e-5)
+
+
 def test_roi_align_shape_and_refusals(tmp_path):
     model = load_from_text(layer_net("ROIAlign", "pooled_h: 6 pooled_w: 5", rois_shape=(4, 5, 1, 1)))
     assert model.blob_shapes["o"] == (4, 3, 7, 6)

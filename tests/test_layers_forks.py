@@ -700,6 +700,31 @@ def test_roi_pooling_max_over_many_rois_matches_fast_rcnn(tmp_path):
     np.testing.assert_array_equal(model.run(feeds)["r"], ref)
     np.testing.assert_array_equal(model_py_outputs(model, feeds, tmp_path)["r"], ref)
     np.testing.assert_array_equal(onnx_outputs(model, feeds, tmp_path)["r"], ref)
+    # the rois of one image only: its pooled bins are the top as they are
+    one = rois.copy()
+    one[:, 0] = 1
+    np.testing.assert_array_equal(model.run({"x": x, "rois": one})["r"], ref_roi_max_pool(x, one, 4, 3, 0.5))
+
+
+def test_roi_pooling_with_a_gradient_wanted_pools_roi_by_roi_to_the_same_numbers():
+    # the table of maxima is filled in place, which autograd cannot follow: a caller that wants the
+    # gradient (finetune) gets the roi-by-roi path, with the same numbers and a gradient of one per bin
+    import torch
+
+    from caffeq.layers.roi_pooling import roi_max_pool
+
+    g = rng(5)
+    x = (np.round(g.standard_normal((1, 2, 9, 11)) * 3) + 0.5).astype(np.float32)   # ties, never 0
+    x[0, 1, :4] = -np.inf
+    rois = np.array([[0, 0, 0, 20, 16], [0, 4, 2, 9, 7], [0, 30, 30, 40, 40], [0, 1, 1, 5, 4]], np.float32)
+    ref = ref_roi_max_pool(x, rois, 3, 2, 0.5)
+    xt = torch.from_numpy(x).requires_grad_()
+    pooled = roi_max_pool(xt, torch.from_numpy(rois), 3, 2, 0.5)
+    np.testing.assert_array_equal(pooled.detach().numpy(), ref)
+    pooled.sum().backward()
+    # ties share a bin's gradient; an empty bin and a bin held at -FLT_MAX pass none
+    counted = np.count_nonzero((ref != 0) & (ref > -np.finfo(np.float32).max))
+    assert xt.grad.sum().item() == pytest.approx(counted)
 
 
 def ref_roi_avg_pool(x, rois, ph, pw, scale):

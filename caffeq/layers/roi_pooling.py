@@ -126,39 +126,43 @@ def range_max_bins(plane, hs, he, ws, we):
     """Each bin's maximum over the (C, H, W) plane, 0 for an empty bin: (R, C, ph, pw) for R rois' bins (hs, he:
     (R, ph); ws, we: (R, pw)).  A table of the maxima over every 2^a x 2^b window answers a bin with four
     overlapping windows (maxima are exact, so the overlap changes nothing); None where the table would hold
-    more than 2^26 values (max_over_bins then pools roi by roi)."""
+    more than 2^26 values or where a gradient is wanted (max_over_bins then pools roi by roi)."""
     c, h, w = plane.shape
     kh, kw = floor_log2((he - hs).clamp(min=1)), floor_log2((we - ws).clamp(min=1))
     levels_h, levels_w = int(kh.max()) + 1, int(kw.max()) + 1
-    if levels_h * levels_w * plane.numel() > (1 << 26):
+    if levels_h * levels_w * plane.numel() > (1 << 26) or (torch.is_grad_enabled() and plane.requires_grad):
         return None
-    neg = torch.tensor(float("-inf"), device=plane.device, dtype=plane.dtype)
-    rows = [plane]
-    for a in range(1, levels_h):
-        s = 1 << (a - 1)
-        prev = rows[-1]
-        rows.append(torch.maximum(prev, torch.cat([prev[:, s:], neg.expand(c, min(s, h), w)], 1)[:, :h]))
-    table = []
-    for t in rows:
-        cols = [t]
+    # channels last: a window's C maxima are one contiguous row of the flat table, gathered with
+    # index_select; the maxima are taken in place (fresh buffers of this size cost more than the
+    # comparisons), so a caller that wants a gradient pools roi by roi instead
+    table = plane.new_empty((levels_h, levels_w, h, w, c))   # [a, b, y, x]: max over [y, y + 2^a) x [x, x + 2^b)
+    table[0, 0] = plane.permute(1, 2, 0)
+    for a in range(levels_h):
+        if a:
+            s = min(1 << (a - 1), h)
+            torch.maximum(table[a - 1, 0, :h - s], table[a - 1, 0, s:], out=table[a, 0, :h - s])
+            table[a, 0, h - s:] = table[a - 1, 0, h - s:]
         for b in range(1, levels_w):
-            s = 1 << (b - 1)
-            prev = cols[-1]
-            cols.append(torch.maximum(prev, torch.cat([prev[:, :, s:], neg.expand(c, h, min(s, w))], 2)[:, :, :w]))
-        table.append(torch.stack(cols))
-    table = torch.stack(table)   # (levels_h, levels_w, C, H, W)
+            s = min(1 << (b - 1), w)
+            torch.maximum(table[a, b - 1, :, :w - s], table[a, b - 1, :, s:], out=table[a, b, :, :w - s])
+            table[a, b, :, w - s:] = table[a, b - 1, :, w - s:]
+    table = table.reshape(-1, c)
     dev = plane.device
-    a, b = kh[:, :, None].to(dev), kw[:, None, :].to(dev)
+    level = (kh[:, :, None] * levels_w + kw[:, None, :]) * (h * w)   # (R, ph, pw)
     h0, h1 = hs.clamp(0, h - 1), (he - (1 << kh)).clamp(0, h - 1)
     w0, w1 = ws.clamp(0, w - 1), (we - (1 << kw)).clamp(0, w - 1)
-
-    def window(hh, ww):   # (R, ph, pw, C)
-        return table[a, b, :, hh[:, :, None].to(dev), ww[:, None, :].to(dev)]
-
-    best = torch.maximum(torch.maximum(window(h0, w0), window(h0, w1)),
-                         torch.maximum(window(h1, w0), window(h1, w1))).clamp(min=-3.4028234663852886e38)
-    empty = ((he <= hs)[:, :, None] | (we <= ws)[:, None, :]).to(dev)
-    return torch.where(empty[..., None], torch.zeros((), device=dev, dtype=plane.dtype), best).permute(0, 3, 1, 2)
+    best = window = None
+    for hh, ww in ((h0, w0), (h0, w1), (h1, w0), (h1, w1)):
+        rows = (level + hh[:, :, None] * w + ww[:, None, :]).reshape(-1).to(dev)
+        if best is None:
+            best = table.index_select(0, rows)
+        else:
+            window = torch.index_select(table, 0, rows, out=window)
+            torch.maximum(best, window, out=best)
+    # Fast R-CNN's running max starts at -FLT_MAX: a bin of -inf values gives -FLT_MAX
+    best.clamp_(min=-3.4028234663852886e38)
+    best.masked_fill_(((he <= hs)[:, :, None] | (we <= ws)[:, None, :]).reshape(-1, 1).to(dev), 0)
+    return best.reshape(hs.shape[0], hs.shape[1], ws.shape[1], c).permute(0, 3, 1, 2)
 
 
 def roi_max_pool(x, rois, ph: int, pw: int, spatial_scale: float, pad_ratio: float = 0.0):
@@ -172,12 +176,16 @@ def roi_max_pool(x, rois, ph: int, pw: int, spatial_scale: float, pad_ratio: flo
     if bool(outside.any()):
         roi_batch_index(r[outside][0], n, "ROIPooling")   # raises, naming the index
     hs, he, ws, we = fast_rcnn_bins(r, spatial_scale, ph, pw, h, w, pad_ratio)
-    out = x.new_zeros((r.shape[0], c, ph, pw))
+    out = None
     for b in torch.unique(batch).tolist():
         picked = (batch == b).nonzero().reshape(-1)
         pooled = range_max_bins(x[b], hs[picked], he[picked], ws[picked], we[picked])
-        if pooled is None:   # a table too large for the map: roi by roi
+        if pooled is None:   # a table too large for the map, or a gradient wanted: roi by roi
             pooled = torch.stack([max_over_bins(x[b], hs[i], he[i], ws[i], we[i]) for i in picked.tolist()])
+        if picked.shape[0] == r.shape[0]:   # every roi in this image: no scatter
+            return pooled.contiguous()
+        if out is None:
+            out = x.new_zeros((r.shape[0], c, ph, pw))
         out[picked.to(x.device)] = pooled
     return out
 
