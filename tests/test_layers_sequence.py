@@ -11,9 +11,9 @@ import pytest
 import torch
 from conftest import assert_close, backend_outputs, check_everywhere, model_py_outputs, net, onnx_outputs, rng
 
-from caffeq.errors import ExportError
+from caffeq.errors import CaffeqError, ExportError
 from caffeq.layers import LayerError
-from caffeq.model import load_from_text
+from caffeq.model import load, load_from_text
 
 # ---- references -------------------------------------------------------------------------------
 
@@ -493,6 +493,65 @@ def test_lisa_caffe_lstm_runs_frame_major_clips(tmp_path):
     flush = np.array([0, 0, 0, 1, 1, 1], np.float32).reshape(6, 1, 1, 1)
     ref = lisa_lstm_ref(x, flush, w_xc, b_c, w_hc, 2)
     check_everywhere(model, {"x": x, "flush": flush}, {"h": ref}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+INDEXED_IP = ('layers {{ name: "x" type: DUMMY_DATA top: "idx" dummy_data_param {{ shape {{ dim: 5 dim: 1 dim: 1 dim: 1 }} }} }}\n'
+              'layers {{ name: "embed" type: INNER_PRODUCT bottom: "idx" top: "e" '
+              'inner_product_param {{ index_input_dim: 7 num_output: 3 {extra}}} }}')
+
+
+def test_lisa_caffe_indexed_inner_product_is_an_embedding(tmp_path):
+    # lisa-caffe-public's InnerProduct with index_input_dim: one index per row, top row = weight row + bias
+    model = load_from_text(INDEXED_IP.format(extra=""), input_shapes={"idx": (5, 1, 1, 1)}, random_weights=True)
+    assert model.blob_shapes["e"] == (5, 3)
+    assert [b.shape for b in model.graph.node("embed").blobs] == [(7, 3), (3,)]
+    r = rng(3)
+    w, b = r.standard_normal((7, 3)).astype(np.float32), r.standard_normal(3).astype(np.float32)
+    model.graph.node("embed").blobs = [w, b]
+    model.clear_cache()
+    idx = np.array([0, 6, 2.7, 3, 1], np.float32).reshape(5, 1, 1, 1)   # 2.7 truncates to 2
+    check_everywhere(model, {"idx": idx}, {"e": w[[0, 6, 2, 3, 1]] + b}, tmp_path)
+    with pytest.raises(CaffeqError, match=r"index 7 is outside \[0, 7\) \(index_input_dim\)"):
+        model.run({"idx": np.array([0, 7, 1, 1, 1], np.float32).reshape(5, 1, 1, 1)})
+    no_bias = load_from_text(INDEXED_IP.format(extra="bias_term: false "), input_shapes={"idx": (5, 1, 1, 1)},
+                             random_weights=True)
+    no_bias.graph.node("embed").blobs = [w]
+    no_bias.clear_cache()
+    check_everywhere(no_bias, {"idx": idx}, {"e": w[[0, 6, 2, 3, 1]]}, tmp_path)
+    with pytest.raises(LayerError, match="one index per row"):
+        load_from_text(INDEXED_IP.format(extra=""), input_shapes={"idx": (5, 2, 1, 1)})
+
+
+def test_lisa_caffe_indexed_weights_of_either_commit(tmp_path):
+    # LRCN_model (8d19f1d) stores (index_input_dim, num_output), LRCN_video_deploy (c04d2a0) the transpose
+    from caffeq.io.schema import caffe_pb2
+
+    r = rng(4)
+    w, b = r.standard_normal((7, 3)).astype(np.float32), r.standard_normal(3).astype(np.float32)
+    idx = np.array([5, 0, 2, 2, 6], np.float32).reshape(5, 1, 1, 1)
+    prototxt = tmp_path / "ip.prototxt"
+    prototxt.write_text(INDEXED_IP.format(extra=""))
+    for stored in (w, w.T):
+        net = caffe_pb2.NetParameter()
+        layer = net.layers.add(name="embed", type=caffe_pb2.V1LayerParameter.INNER_PRODUCT)
+        for blob in (stored, b):
+            proto = layer.blobs.add()
+            proto.num, proto.channels = 1, 1
+            proto.height, proto.width = (1, blob.shape[0]) if blob.ndim == 1 else blob.shape
+            proto.data.extend(blob.ravel().tolist())
+        weights = tmp_path / "ip.caffemodel"
+        weights.write_bytes(net.SerializeToString())
+        model = load(str(prototxt), weights=str(weights), input_shapes={"idx": (5, 1, 1, 1)})
+        np.testing.assert_array_equal(model.run({"idx": idx})["e"], w[[5, 0, 2, 2, 6]] + b)
+        assert any("LRCN_video_deploy" in n for n in model.warnings) == (stored is not w)
+
+
+def test_lisa_caffe_v1_reduction_sums_the_whole_blob():
+    text = ('layers { name: "x" type: DUMMY_DATA top: "x" dummy_data_param { shape { dim: 2 dim: 3 } } }\n'
+            'layers { name: "r" type: REDUCTION bottom: "x" top: "r" reduction_param { operation: ASUM coeff: 2 } }')
+    model = load_from_text(text, input_shapes={"x": (2, 3)})
+    x = np.array([[1, -2, 3], [-4, 5, 0.5]], np.float32)
+    np.testing.assert_allclose(model.run({"x": x})["r"], 2 * 15.5)
 
 
 def test_lisa_caffe_lstm_checks_the_streams_and_markers():

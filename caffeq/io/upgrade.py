@@ -141,7 +141,7 @@ _V1_FORK_TYPES = {
     # liuxianming/caffe_feedback: ReLU with a feedback gate that every ordinary forward resets to 1
     "RELUPLUS": "ReLUPlus",
     # LRCN's lisa-caffe-public (its LSTM reads lstm_param; caffeq/layers/recurrent.py)
-    "LSTM": "LSTM", "LSTM_UNIT": "LSTMUnit",
+    "LSTM": "LSTM", "LSTM_UNIT": "LSTMUnit", "REDUCTION": "Reduction",
     # akanazawa/si-convnet (caffeq/layers/si_convnet.py; CCCP is NIN's, as V0's "cccp" reads)
     "UP": "Up", "DOWNPOOL": "Downpool", "TIEDCONV": "Tiedconv", "TICONV": "Ticonv", "CCCP": "Cccp",
     "PIXEL_ACCURACY": "PixelAccuracy",

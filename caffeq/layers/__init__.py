@@ -63,6 +63,7 @@ from . import (  # noqa: F401,E402
     human_parsing,
     hwgq,
     im2col,
+    indexed_inner_product,
     iresnet,
     jigsaw,
     landmark_crops,

@@ -269,23 +269,42 @@ class Embed(Layer):
             shapes.append((attrs["num_output"],))
         return shapes
 
+    #: how errors name the layer and its row count (IndexedInnerProduct reuses this spec)
+    what, rows_field = "Embed", "input_dim"
+
+    @staticmethod
+    def index_rows(attrs, idx):
+        """The indexes as looked up (bottom-up-attention's Embed drops a unit last axis first)."""
+        return idx.squeeze(-1) if attrs.get("squeeze") else idx
+
     def forward(self, attrs, params, x):
-        idx = x.long()  # Caffe's static_cast<int>: truncation
+        idx = self.index_rows(attrs, x.long())  # Caffe's static_cast<int>: truncation
         if eager_checks() and idx.numel():
             k = attrs["input_dim"]
             if bool(((idx < 0) | (idx >= k)).any()):
                 bad = idx[(idx < 0) | (idx >= k)][0]
-                raise DataError(f"Embed: index {int(bad)} is outside [0, {k}) (input_dim)")
-        y = F.embedding(idx.squeeze(-1) if attrs.get("squeeze") else idx, params[0])
+                raise DataError(f"{self.what}: index {int(bad)} is outside [0, {k}) ({self.rows_field})")
+        y = F.embedding(idx, params[0])
         return y + params[1] if attrs["bias_term"] else y
+
+    @staticmethod
+    def onnx_index_rows(ctx, node, idx):
+        """ONNX of index_rows."""
+        if not node.attrs.get("squeeze"):
+            return idx
+        squeezed = ctx.tmp(node.name + "_idx_squeezed")   # the unit last axis goes before the rows come
+        ctx.add_node("Squeeze", [idx, ctx.const(np.array([-1], np.int64))], [squeezed])
+        return squeezed
+
+    @staticmethod
+    def source_index_rows(node, x):
+        """model.py's index_rows of the index tensor x (already .long())."""
+        return f"{x}.squeeze(-1)" if node.attrs.get("squeeze") else x
 
     def onnx(self, ctx, node):
         idx = ctx.tmp(node.name + "_idx")
         ctx.add_node("Cast", [node.inputs[0]], [idx], to=7)  # INT64, truncating like Caffe
-        if node.attrs.get("squeeze"):   # the unit last axis goes before the rows come
-            squeezed = ctx.tmp(node.name + "_idx_squeezed")
-            ctx.add_node("Squeeze", [idx, ctx.const(np.array([-1], np.int64))], [squeezed])
-            idx = squeezed
+        idx = self.onnx_index_rows(ctx, node, idx)
         if not node.attrs["bias_term"]:
             ctx.add_node("Gather", [ctx.weight(node, 0), idx], [node.outputs[0]], name=node.name, axis=0)
             return
@@ -297,8 +316,7 @@ class Embed(Layer):
         a = node.attrs
         m = emit.module(f"nn.Embedding({a['input_dim']}, {a['num_output']})")
         emit.param("weight", 0)
-        squeeze = ".squeeze(-1)" if a.get("squeeze") else ""   # bottom-up-attention's Embed
-        y = f"{m}({emit.inputs[0]}.long(){squeeze})"  # Caffe truncates the float indexes
+        y = f"{m}({self.source_index_rows(node, emit.inputs[0] + '.long()')})"  # Caffe truncates the float indexes
         if not a["bias_term"]:
             return y
         attr = emit.extra_attr("bias")
