@@ -669,6 +669,25 @@ def test_caffe_jacinto_image_label_data_shapes_from_its_crop():
         load_from_text(text.replace("crop_size: 72 ", ""))
 
 
+def test_thuml_multi_label_data_shapes_its_labels():
+    # thuml/TAH's train nets: two MultiLabelData image lists (batch 64, 12 labels a line) beside DummyData of
+    # batch 64, concatenated; without the lists the shapes come from the batch, the crop and label_num
+    from caffeq.errors import CaffeqError
+    from caffeq.model import load_from_text
+    text = '''layer { name: "data1" type: "MultiLabelData" top: "data" top: "label"
+  transform_param { mirror: true crop_size: 227 mean_file: "missing.binaryproto" }
+  multi_label_data_param { source: "missing.txt" batch_size: 64 shuffle: true label_num: 12 new_height: 256
+                           new_width: 256 } }
+layer { name: "dummy" type: "DummyData" top: "d" dummy_data_param { shape { dim: 64 dim: 1 } } }
+layer { name: "both" type: "Concat" bottom: "label" bottom: "d" top: "both" }'''
+    assert _layers(text)["data1"].multi_label_data_param.label_num == 12
+    shapes = load_from_text(text).blob_shapes
+    assert shapes["data"] == (64, 3, 227, 227) and shapes["label"] == (64, 12) and shapes["both"] == (64, 13)
+    assert load_from_text(text.replace("crop_size: 227 ", "")).blob_shapes["data"] == (64, 3, 256, 256)
+    with pytest.raises(CaffeqError, match="new_height and new_width must be set together"):
+        load_from_text(text.replace("new_width: 256", ""))
+
+
 def test_itlab_deeplab_prefetch_and_max_labels_read():
     # itlab-vision/ITLab-Vision-deeplab's msc_largefov test/train files set prefetch on ImageSegData;
     # both fields only tune the dataset reader, so the net's shapes come from transform_param as before

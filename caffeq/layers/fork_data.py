@@ -19,6 +19,7 @@
   (window_cls_data_param.label_dim) or a (N, 1, 1, 2) image size.  maga33/TransferNet's
   SelectSrcTgkSegBinary (aaa32d7) shapes its tops as SelectSegBinary; it draws from a source and a
   target list (image_data_param.target).
+- MultiLabelData (thuml/TAH): an image list with label_num labels a line; labels (N, label_num).
 - Any other fork layer with no bottoms whose type ends in "Data" (BoxData, VideoData, ...)
   is a graph input whose shapes come from `--input-shape`, else from crop_size.
 
@@ -26,7 +27,7 @@ None of them reads its source while shapes are inferred: a top whose shape only 
 dataset could tell raises MissingInputShape, which names `--input-shape`.
 """
 from .data import DataLayer, transform_attrs
-from .registry import needs_input_shape, positive_field, register_layer
+from .registry import LayerError, needs_input_shape, positive_field, register_layer
 
 
 def _channels(t, is_color=True):
@@ -153,6 +154,32 @@ class DeconvNetData(ForkDataLayer):
         made = {"map": (n, 1) + data[2:], "class": (n, attrs["label_dim"], 1, 1), "size": (n, 1, 1, 2)}
         shapes = [data] + [made[kind] for kind in _DECONVNET_TOPS[attrs["type"]]]
         return [tuple(given.get(i) or shapes[i]) for i in range(attrs["num_tops"])]
+
+
+@register_layer("MultiLabelData")
+class MultiLabelData(ForkDataLayer):
+    """thuml/TAH's MultiLabelData (multi_label_data_layer.cpp, 1ff33d9): an image list whose lines
+    are a file and label_num integers; data (batch_size, C, crop or new size), labels (batch_size,
+    label_num).  A MultiLabelData of another fork (no multi_label_data_param) is a fork data layer
+    whose shapes come from --input-shape, else crop_size."""
+
+    def parse(self, lp):
+        if not lp.HasField("multi_label_data_param"):
+            return {**UNKNOWN_FORK_DATA.parse(lp), "label_num": None}
+        p = lp.multi_label_data_param
+        t = transform_attrs(lp)
+        if bool(p.new_height) != bool(p.new_width):
+            raise LayerError("multi_label_data_param: new_height and new_width must be set together (the fork's CHECK)")
+        return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t,
+                "source": p.source, "batch_size": positive_field(p.batch_size, "multi_label_data_param.batch_size"),
+                "channels": _channels(t, p.is_color), "hw": _crop_or(t, int(p.new_height), int(p.new_width)),
+                "label_num": int(p.label_num)}
+
+    def guessed_label_tops(self, attrs, given):
+        return () if attrs["label_num"] is not None else UNKNOWN_FORK_DATA.guessed_label_tops(attrs, given)
+
+    def label_shape(self, attrs, data):
+        return (data[0], attrs["label_num"]) if attrs["label_num"] is not None else (data[0],)
 
 
 class UnknownForkData(ForkDataLayer):
