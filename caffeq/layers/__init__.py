@@ -25,6 +25,7 @@ from . import (  # noqa: F401,E402
     conv,
     conv_lstm,
     crf_rnn,
+    crfgd,
     ctc,
     ctpn,
     cudnn_bn,

@@ -9,7 +9,8 @@
   V1 WINDOW_SEG_DATA): an ImageData-style list of image and label-map pairs; shapes from
   crop_size or new_height/new_width.  tidsp/caffe-jacinto's ImageLabelData (caffe-0.17 2678b2b,
   image_label_data_layer.cpp) reads image_label_data_param instead: two databases, images and
-  (N, 1, H, W) label maps, H = W = crop_size, else the records' size.  CASENet's ImageSegData (merlresearch/CASENet c5312de caffe,
+  (N, 1, H, W) label maps, H = W = crop_size, else the records' size; maunzzz/caffe-crfgd's (c0cbacb)
+  reads it too, two image lists, its label map (N, 1, label_slice dims).  CASENet's ImageSegData (merlresearch/CASENet c5312de caffe,
   label_type PIXELML) reads binary multi-label maps of image_data_param.num_label_chn channels (32
   classes' bits each): the label is (N, num_label_chn, H, W).
 - WindowClsData, SelectSegBinary, WindowSegBinary (HyeonwooNoh/caffe d9e8494, DeconvNet and
@@ -113,7 +114,9 @@ class ImageLabelMapData(ForkDataLayer):
             q = lp.image_label_data_param
             return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t,
                     "source": q.image_list_path, "batch_size": max(1, int(q.batch_size)),
-                    "channels": _channels(t), "hw": _crop_or(t, 0, 0), "label_channels": 1}
+                    "channels": _channels(t), "hw": _crop_or(t, 0, 0), "label_channels": 1,
+                    # maunzzz/caffe-crfgd's label_slice: the label map's rows and columns (its GetLabelSlice)
+                    "label_hw": tuple(int(d) for d in q.label_slice.dim) if len(q.label_slice.dim) == 2 else None}
         return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t,
                 "source": p.source, "batch_size": max(1, int(p.batch_size)),
                 "channels": _channels(t, p.is_color), "hw": _crop_or(t, int(p.new_height), int(p.new_width)),
@@ -121,7 +124,7 @@ class ImageLabelMapData(ForkDataLayer):
                 "label_channels": positive_field(p.num_label_chn, "image_data_param.num_label_chn")}
 
     def label_shape(self, attrs, data):
-        return (data[0], attrs.get("label_channels", 1)) + tuple(data[2:])
+        return (data[0], attrs.get("label_channels", 1)) + (attrs.get("label_hw") or tuple(data[2:]))
 
     def top_shapes(self, attrs, given):
         shapes = super().top_shapes(attrs, given)
