@@ -554,6 +554,42 @@ def test_lisa_caffe_v1_reduction_sums_the_whole_blob():
     np.testing.assert_allclose(model.run({"x": x})["r"], 2 * 15.5)
 
 
+def test_lisa_caffe_lstm_reads_the_older_commits_gate_blobs(tmp_path):
+    # LRCN_video_deploy (c04d2a0) stores 12 blobs, W_x and b per gate in the order i, f, c, o, then W_h per gate;
+    # they are the fused LSTM's rows (i, f, o, g) cut apart
+    from caffeq.io.schema import caffe_pb2
+
+    text = ('layers { name: "x" type: DUMMY_DATA top: "x" top: "flush" dummy_data_param { '
+            'shape { dim: 6 dim: 3 dim: 2 dim: 1 } shape { dim: 6 dim: 1 dim: 1 dim: 1 } } }\n'
+            'layers { name: "lstm1" type: LSTM bottom: "x" bottom: "flush" top: "h" '
+            'lstm_param { hidden_dim: 4 buffer_size: 2 } }')
+    r = rng(9)
+    w_xc, b_c, w_hc = (r.standard_normal(s).astype(np.float32) * 0.5 for s in [(16, 6), (16,), (16, 4)])
+    gates = {name: slice(4 * i, 4 * i + 4) for i, name in enumerate("ifog")}
+    blobs = []
+    for g in "ifgo":   # the stored order: i, f, c (= g), o
+        blobs += [w_xc[gates[g]], b_c[gates[g]]]
+    blobs += [w_hc[gates[g]] for g in "ifgo"]
+    netp = caffe_pb2.NetParameter()
+    layer = netp.layers.add(name="lstm1", type=caffe_pb2.V1LayerParameter.LSTM)
+    for b in blobs:
+        proto = layer.blobs.add()
+        proto.num, proto.channels, proto.height = 1, 1, 1 if b.ndim == 1 else b.shape[0]
+        proto.width = b.shape[-1]
+        proto.data.extend(b.ravel().tolist())
+    (tmp_path / "lstm.prototxt").write_text(text)
+    (tmp_path / "lstm.caffemodel").write_bytes(netp.SerializeToString())
+    shapes = {"x": (6, 3, 2, 1), "flush": (6, 1, 1, 1)}
+    model = load(str(tmp_path / "lstm.prototxt"), weights=str(tmp_path / "lstm.caffemodel"), input_shapes=shapes)
+    assert any("LRCN_video_deploy" in w for w in model.warnings)
+    x = r.standard_normal((6, 3, 2, 1)).astype(np.float32)
+    flush = np.array([0, 0, 1, 1, 1, 0], np.float32).reshape(6, 1, 1, 1)
+    np.testing.assert_allclose(model.run({"x": x, "flush": flush})["h"], lisa_lstm_ref(x, flush, w_xc, b_c, w_hc, 2),
+                               atol=1e-5, rtol=1e-5)
+    with pytest.raises(LayerError, match="diagonal_cell_gates"):
+        load_from_text(text.replace("buffer_size: 2", "buffer_size: 2 diagonal_cell_gates: true"), input_shapes=shapes)
+
+
 def test_lisa_caffe_lstm_checks_the_streams_and_markers():
     text = ('layer { name: "x" type: "Input" top: "x" top: "flush" input_param { shape { dim: 5 dim: 3 } '
             'shape { dim: 5 dim: 1 } } }\n'

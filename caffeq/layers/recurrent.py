@@ -300,8 +300,26 @@ class LSTM(Recurrent):
         if p.hidden_dim <= 0 or p.buffer_size <= 0:
             raise LayerError(f"lstm_param.hidden_dim and buffer_size must be positive, got {p.hidden_dim} and "
                              f"{p.buffer_size}")
+        if p.diagonal_cell_gates:
+            raise LayerError("lstm_param.diagonal_cell_gates (lisa-caffe's LRCN_video_deploy peephole terms) is not "
+                             "supported; caffeq runs its LSTM without them")
         return {"num_output": int(p.hidden_dim), "streams": int(p.buffer_size), "expose_hidden": False,
                 "static": False}
+
+    def stored_blobs(self, attrs, arrays, notes):
+        """lisa-caffe's LRCN_video_deploy (c04d2a0) LSTM keeps 12 blobs, one a gate: W_x i, b_i, W_x f, b_f,
+        W_x c, b_c, W_x o, b_o, then W_h i, W_h f, W_h c, W_h o; fused here into LRCN_model's (8d19f1d)
+        three in the gate order i, f, o, g."""
+        if "streams" not in attrs or len(arrays) != 12:
+            return arrays
+        h = attrs["num_output"]
+        x_w, bias, h_w = arrays[0:8:2], arrays[1:8:2], arrays[8:12]
+        order = (0, 1, 3, 2)   # stored i, f, c, o -> i, f, o, g (= c)
+        notes.append("LSTM weights stored as lisa-caffe's LRCN_video_deploy (c04d2a0) keeps them, a blob a gate "
+                     "in the order i, f, c, o: fused into W_xc, b, W_hc in the order i, f, o, g")
+        return [np.concatenate([x_w[i].reshape(h, -1) for i in order]),
+                np.concatenate([bias[i].reshape(h) for i in order]),
+                np.concatenate([h_w[i].reshape(h, h) for i in order])]
 
     def _check(self, attrs, in_shapes):
         if "streams" not in attrs:
