@@ -331,6 +331,26 @@ def test_sstd_priors_match_the_fork(max_size, tmp_path):
         np.testing.assert_array_equal(got["p"], want, err_msg=backend)
 
 
+def test_bdig_use_default_false_leaves_out_the_square_boxes(tmp_path):
+    # 03100076/BDIG's PriorBox: use_default: false skips each min_size's aspect-ratio-1 box and declares
+    # (ratios incl. flips) x min_sizes priors; otherwise its code is SSD's, whose priors are checked against Caffe
+    def prior_net(extra):
+        return net('layer { name: "p" type: "PriorBox" bottom: "f" bottom: "img" top: "p" prior_box_param { '
+                   f'min_size: 16 min_size: 24 aspect_ratio: 2 aspect_ratio: 0.5 flip: false step: 8 {extra}}} }}',
+                   inputs={"img": (1, 3, 40, 24), "f": (1, 4, 5, 3)})
+    ssd = load_from_text(prior_net(""))
+    bdig = load_from_text(prior_net("use_default: false "))
+    assert bdig.blob_shapes["p"] == (1, 2, 5 * 3 * 2 * 2 * 4) and ssd.blob_shapes["p"] == (1, 2, 5 * 3 * 2 * 3 * 4)
+    x = {"img": np.zeros((1, 3, 40, 24), np.float32), "f": np.zeros((1, 4, 5, 3), np.float32)}
+    full = ssd.run(x)["p"].reshape(2, 15, 2, 3, 4)   # cells, min sizes, (square, 2, 0.5), corners
+    want = full[:, :, :, 1:].reshape(1, 2, -1)
+    for backend, got in backends(bdig, x, tmp_path, ("p",)).items():
+        np.testing.assert_array_equal(got["p"], want, err_msg=backend)
+    for bad in ("max_size: 20 max_size: 30 use_default: false ", "aspect_ratio: 1 use_default: false "):
+        with pytest.raises(CaffeqError, match="use_default: false"):
+            load_from_text(prior_net(bad))
+
+
 # ---- LargeMarginInnerProduct ------------------------------------------------------------------------
 
 def lm_net(param, tops=("o", "lam")):

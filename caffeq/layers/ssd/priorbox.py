@@ -25,6 +25,8 @@
   predictions fit only that reading (see fork_priors).
 - lippman1125/faceboxes_lqy's fixed_size / density / fixed_ratio: FaceBoxes anchors on a density grid
   per cell (priorbox_fixed_size.py).
+- 03100076/BDIG (66afadc prior_box_layer.cpp) `use_default: false` drops each min_size's square box,
+  keeping the aspect-ratio boxes (its max_size path writes more priors than it declares: refused).
 - BestSonny/SSTD (174d452 prior_box_layer.cpp; text detection) draws aspect ratios linearly: per
   min_size s (a float, not truncated), the s x s square, sqrt(s x int(max_size)), then each listed
   ratio a (deduplicated against the listed ones only) as s * a wide by s high, then, with flip, each
@@ -82,7 +84,7 @@ def prior_sizes(attrs):
     for k, mn in enumerate(attrs["min_sizes"]):
         if attrs.get("faceboxes"):
             sizes += [(f32(mn - 1), f32(mn - 1))] * len(faceboxes_offsets(mn))
-        else:
+        elif not attrs.get("no_square"):   # BDIG's use_default: false leaves it out
             sizes.append((f32(mn), f32(mn)))
         geometric = []
         if attrs["max_sizes"]:
@@ -347,7 +349,17 @@ class PriorBoxLayer(Layer):
                                             or proto_field(p, "faceboxes_priors", False)):
             raise LayerError("prior_box_param.tf (synopsys-caffe) does not combine with denser_prior_boxes "
                              "or FaceBoxes' priors")
+        if not proto_field(p, "use_default", True):
+            # 03100076/BDIG's PriorBox: no square box; it declares len(ratios) x len(min_size) priors, which a
+            # listed ratio of 1 (kept, then skipped) or a max_size (a box per ratio) would not fill exactly
+            if max_sizes or any(abs(r - 1.0) < 1e-6 for r in p.aspect_ratio) or len(ratios) == 1:
+                raise LayerError("prior_box_param.use_default: false (BDIG) takes aspect ratios other than 1 and no "
+                                 "max_size (its PriorBox would not fill the priors it declares)")
+            for other in ("denser_prior_boxes", "faceboxes_priors", "tf", "yx_order", "sstd_priors"):
+                if proto_field(p, other, False):
+                    raise LayerError(f"prior_box_param.use_default: false (BDIG) does not combine with {other}")
         attrs = {**self._shared(p), "min_sizes": min_sizes, "max_sizes": max_sizes, "ratios": ratios,
+                 "no_square": not proto_field(p, "use_default", True),
                  "denser": bool(proto_field(p, "denser_prior_boxes", False)),
                  "faceboxes": self._faceboxes(p, min_sizes, max_sizes, ratios),
                  "tf": bool(proto_field(p, "tf", False)), "yx": bool(proto_field(p, "yx_order", False))}
@@ -395,6 +407,8 @@ class PriorBoxLayer(Layer):
             return fixed_size.num_priors(attrs)
         if attrs.get("faceboxes") or attrs.get("sstd"):
             return len(prior_sizes(attrs))
+        if attrs.get("no_square"):
+            return (len(attrs["ratios"]) - 1) * len(attrs["min_sizes"])
         n = len(attrs["ratios"]) * len(attrs["min_sizes"]) + len(attrs["max_sizes"])
         return 2 * n if attrs.get("denser") else n
 
