@@ -86,6 +86,7 @@ from . import (  # noqa: F401,E402
     norm,
     optical_flow,
     orn,
+    oslsm,
     parsenet,
     pdc,
     periodic_shuffle,

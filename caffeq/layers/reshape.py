@@ -29,14 +29,16 @@ def _reshape_plan(attrs, ndim):
     return start, end
 
 
-def _reshape_shape(attrs, shape):
+def _reshape_shape(attrs, shape, total=None):
+    """Caffe's Reshape of a blob of this shape; total: the count to fit when the data comes from another
+    blob than the one whose axes are kept and copied (OSLSM's ReshapeLike)."""
     shape = tuple(int(d) for d in shape)
     start, end = _reshape_plan(attrs, len(shape))
     dims = list(attrs["dims"])
     for i in attrs["copy_axes"]:
         dims[i] = shape[start + i]
     top = list(shape[:start]) + dims + list(shape[end:])
-    total = math.prod(shape)
+    total = math.prod(shape) if total is None else total
     inferred = attrs["inferred_axis"]
     if inferred >= 0:
         explicit = math.prod(d for j, d in enumerate(dims) if j != inferred)
