@@ -229,6 +229,11 @@ def test_detout_votes_and_drops_small_boxes():
     assert got.shape == (1, 1, 1, 7)   # the third box (area 0.0004) is below size_threshold
     np.testing.assert_allclose(got[0, 0, 0, 3], mean_x0, atol=1e-7)
     np.testing.assert_array_equal(got[0, 0, 0, :3], [0, 0, F(0.9)])
+    # a prior of no width under CENTER_SIZE: the fork's CHECK_GT, one clear error
+    flat = prior.copy()
+    flat[0, 0, 2] = flat[0, 0, 0]
+    with pytest.raises(LayerError, match="positive size"):
+        model.run({"loc": loc, "conf": conf, "prior": flat})
     # nothing above conf_threshold: one row of -1
     none = load_from_text(det_net("DetOut", params.replace("0.5 nms", "0.95 nms"), loc, conf, prior))
     np.testing.assert_array_equal(none.run({"loc": loc, "conf": conf, "prior": prior})["d"], -np.ones((1, 1, 1, 7)))

@@ -296,7 +296,10 @@ class _RemodetDetections(Layer):
         return n_priors
 
     def forward(self, attrs, params, loc, conf, prior, *images):
-        return self.module(attrs)(loc, conf, prior)
+        try:
+            return self.module(attrs)(loc, conf, prior)
+        except ValueError as e:   # a prior of no size under CENTER_SIZE: the data's, one clear line
+            raise LayerError(f"{self.types[0]}: {e}") from None
 
     def module(self, attrs):
         return RemodetDetOut(**self.kwargs(attrs))
