@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import check_everywhere, net, rng
 
-from caffeq.errors import CaffeqError, ExportError
+from caffeq.errors import ExportError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -112,25 +112,206 @@ def test_crf_filterbank_ed_checks(params, shapes, msg):
         load_from_text(filterbank_net(*shapes, params))
 
 
-# ---- CrfEd / CrfGrad and the data layer ----------------------------------------------------------
+# ---- CrfEd / CrfGrad: bilateralNN's lattice filter, step by step as its C++ --------------------------
 
 
-@pytest.mark.parametrize("kind, field", [("CrfEd", "crfed_param"), ("CrfGrad", "crfgrad_param")])
-def test_lattice_crfs_are_sized_and_refused_when_run(kind, field, tmp_path):
+def ref_lattice(feat, gauss_only=False):
+    """Permutohedral::init (float32 scalars, its hash table's insertion order, the in and out copies of the
+    points) -> (offsets (P, d + 1) of the in points, barycentric (P, d + 1), blur neighbours (T - 1, M))."""
+    F32 = np.float32
+    d, p = feat.shape
+    pts = np.concatenate([feat, feat], 1)   # in points, then the out points (the same features)
+    inv_std = F32(math.sqrt(2.0 / 3.0) * (d + 1))
+    scale = [F32(1.0 / math.sqrt((i + 2) * (i + 1)) * float(inv_std)) for i in range(d)]
+    canonical = [[i if j <= d - i else i - (d + 1) for j in range(d + 1)] for i in range(d + 1)]
+    table, keys = {}, []
+    offsets, bary_all = [], []
+    down, up = F32(1.0) / F32(d + 1), F32(d + 1)
+    for k in range(2 * p):
+        elevated = [F32(0)] * (d + 1)
+        sm = F32(0)
+        for j in range(d, 0, -1):
+            cf = F32(pts[j - 1, k] * scale[j - 1])
+            elevated[j] = F32(sm - F32(j * cf))
+            sm = F32(sm + cf)
+        elevated[0] = sm
+        rem0, total = [], 0
+        for i in range(d + 1):
+            x = float(F32(down * elevated[i]))
+            rd = int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)   # C's round(), halves away from zero
+            rem0.append(F32(rd * up))
+            total += rd
+        rank = [0] * (d + 1)
+        for i in range(d):
+            di = F32(elevated[i] - rem0[i])
+            for j in range(i + 1, d + 1):
+                if di < F32(elevated[j] - rem0[j]):
+                    rank[i] += 1
+                else:
+                    rank[j] += 1
+        for i in range(d + 1):
+            rank[i] += total
+            if rank[i] < 0:
+                rank[i] += d + 1
+                rem0[i] = F32(rem0[i] + (d + 1))
+            elif rank[i] > d:
+                rank[i] -= d + 1
+                rem0[i] = F32(rem0[i] - (d + 1))
+        bary = [F32(0)] * (d + 2)
+        for i in range(d + 1):
+            v = F32(F32(elevated[i] - rem0[i]) * down)
+            bary[d - rank[i]] = F32(bary[d - rank[i]] + v)
+            bary[d - rank[i] + 1] = F32(bary[d - rank[i] + 1] - v)
+        bary[0] = F32(float(bary[0]) + (1.0 + float(bary[d + 1])))
+        for r in range(d + 1):
+            key = tuple(int(rem0[i]) + canonical[r][rank[i]] for i in range(d))
+            if key not in table:
+                table[key] = len(keys)
+                keys.append(key)
+            offsets.append(table[key])
+            bary_all.append(bary[r])
+    m = len(keys)
+    step = [[table.get(tuple(c - 1 + (d + 1 if i == dim else 0) for i, c in enumerate(key)), -1) for key in keys]
+            for dim in range(d + 1)]
+    neighbours = []
+
+    def walk(start, dim, has_zero, out):   # LatticeApproximateTraversal::walk_approximate
+        if dim > d:
+            out.append(start)
+            return
+        walking = start
+        for i in range(2 if (dim < d or has_zero) else 1):
+            walk(walking, dim + 1, has_zero or i == 0, out)
+            if walking >= 0:
+                walking = step[dim][walking]
+    for v in range(m):
+        out = []
+        walk(v, 0, False, out)
+        neighbours.append(out[1:])   # the first is the vertex itself
+    return (np.array(offsets).reshape(2 * p, d + 1)[:p], np.array(bary_all, F32).reshape(2 * p, d + 1)[:p],
+            np.array(neighbours).T, m)
+
+
+def ref_compute(values, lattice, filters):
+    """PermutohedralReverseCpu::compute: splat (float32, point by point), the taps times the filters (a GEMM,
+    float64 here), slice (float32, vertex by vertex)."""
+    offsets, bary, neighbours, m = lattice
+    c, p = values.shape
+    splatted = np.zeros((c, m + 1), np.float32)
+    for i in range(p):
+        for j in range(offsets.shape[1]):
+            splatted[:, offsets[i, j] + 1] += bary[i, j] * values[:, i]
+    taps = np.concatenate([np.arange(m)[None], neighbours]) + 1    # (T, M); -1 + 1 = the zero slot
+    col = splatted[:, taps]                                         # (C, T, M)
+    blurred = np.einsum("oct,ctm->om", filters.astype(np.float64), col.astype(np.float64)).astype(np.float32)
+    out = np.zeros((filters.shape[0], p), np.float32)
+    for j in range(offsets.shape[1]):
+        out += bary[:, j] * blurred[:, offsets[:, j]]
+    return out
+
+
+GAUSS5 = np.array([1.0] + [0.0] * 62)   # filled below from the tap sizes: 1, 17/33, 10/33, 8/33
+for _t in range(1, 63):
+    GAUSS5[_t] = {1: 17 / 33, 5: 17 / 33, 2: 10 / 33, 4: 10 / 33, 3: 8 / 33}[bin(_t).count("1")]
+
+
+def ref_lattice_filter(x, feats, filters):
+    n, c, h, w = x.shape
+    out = []
+    for i in range(n):
+        lattice = ref_lattice(feats[i].reshape(feats.shape[1], -1))
+        norm = 1.0 / np.sqrt(ref_compute(np.ones((1, h * w), np.float32), lattice,
+                                         GAUSS5.astype(np.float32)[None, None]).astype(np.float64) + 1e-20)
+        y = ref_compute((x[i].reshape(c, -1) * norm).astype(np.float32), lattice, filters.reshape(c, c, -1))
+        out.append((y * norm).reshape(c, h, w))
+    return np.stack(out)
+
+
+def ref_conv(x, wt):
+    n, c, h, w = x.shape
+    k = wt.shape[-1]
+    pad = (k - 1) // 2
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    out = np.zeros((n, wt.shape[0], h, w))
+    for o in range(wt.shape[0]):
+        for i in range(c):
+            for a in range(k):
+                for b in range(k):
+                    out[:, o] += wt[o, i, a, b] * padded[:, i, a:a + h, b:b + w]
+    return out
+
+
+def ref_crf(q, feats, w_u, spatial, lattice, iterations, grad=False, step_size=0.1, leak=0.5, log_eps=0.1):
+    c = q.shape[1]
+    unary = -w_u * np.log(q.astype(np.float64) + np.float32(log_eps))
+    x = q.astype(np.float64)
+    energies = []
+    for it in range(iterations):
+        conv = ref_conv(x, spatial)
+        pl = ref_lattice_filter(x.astype(np.float32), feats, lattice).astype(np.float64)
+        energies.append((x * (conv + unary + pl)).sum())
+        g = conv + pl + unary
+        if grad:
+            y = x - step_size * g
+            ranked = -np.sort(-y, 1)
+            t = (ranked.sum(1) - 1) / c
+            for ii in range(c - 1, 0, -1):   # the first ii (smallest) where the mean reaches the next value wins
+                cand = (ranked[:, :ii].sum(1) - 1) / ii
+                t = np.where(cand >= ranked[:, ii], cand, t)
+            x = np.where(y - t[:, None] > 0, y - t[:, None], leak * (y - t[:, None]))
+        else:
+            step = math.sqrt(2 * math.log(c) / (it + 1))
+            e = np.exp(-step * g) * x
+            x = e / e.sum(1, keepdims=True)
+    return x, np.array(energies)
+
+
+@pytest.mark.parametrize("kind, field, grad", [("CrfEd", "crfed_param", False), ("CrfGrad", "crfgrad_param", True)])
+def test_lattice_crfs_match_the_fork(kind, field, grad, tmp_path):
+    g = rng(7)
+    n, c, h, w = 2, 3, 5, 6
+    q = g.uniform(0.05, 1, (n, c, h, w)).astype(np.float32)
+    q /= q.sum(1, keepdims=True)
+    feats = (g.standard_normal((n, 5, h, w)) * 0.6).astype(np.float32)   # close points: shared vertices
+    extra = "leak_factor: 0.5 step_size: 0.1 " if grad else ""
     text = net(f'layer {{ name: "crf" type: "{kind}" bottom: "q" bottom: "feat" top: "out" top: "energy" '
-               f'{field} {{ num_iterations: 4 kernel_size: 5 num_classes: 3 calculate_energy: true }} }}',
-               inputs={"q": (2, 3, 6, 7), "feat": (2, 5, 6, 7)})
+               f'{field} {{ num_iterations: 3 kernel_size: 3 num_classes: 3 calculate_energy: true {extra}}} }}',
+               inputs={"q": q.shape, "feat": feats.shape})
     model = load_from_text(text, random_weights=True)
-    assert model.blob_shapes["out"] == (2, 3, 6, 7) and model.blob_shapes["energy"] == (2, 1, 1, 4)
-    # the permutohedral filter: 2^(d + 1) - 1 taps for d = 5 features
-    assert [b.shape for b in model.graph.node("crf").blobs] == [(1, 1, 1, 1), (3, 3, 5, 5), (3, 3, 1, 63)]
-    feeds = {"q": np.full((2, 3, 6, 7), 1 / 3, np.float32), "feat": np.zeros((2, 5, 6, 7), np.float32)}
-    with pytest.raises(CaffeqError, match="permutohedral lattice .* not implemented"):
-        model.run(feeds)
+    w_u = np.full((1, 1, 1, 1), 0.6, np.float32)
+    spatial = (g.standard_normal((c, c, 3, 3)) * 0.2).astype(np.float32)
+    lattice = (g.standard_normal((c, c, 1, 63)) * 0.3).astype(np.float32)
+    model.graph.node("crf").blobs = [w_u, spatial, lattice]
+    model.clear_cache()
+    lat = ref_lattice(feats[0].reshape(5, -1))
+    assert lat[3] < h * w * 6 and (lat[2] >= 0).any() and (lat[2] < 0).any()   # shared vertices, some taps missing
+    ref, energies = ref_crf(q, feats, 0.6, spatial, lattice, 3, grad=grad)
+    if grad:
+        assert (ref < 0).any()   # the leaky projection's negative values
+    energy_top = np.zeros((n, 1, 1, 3))
+    energy_top.reshape(-1)[:3] = energies
+    feeds = {"q": q, "feat": feats}
+    got = model.run(feeds)
+    np.testing.assert_allclose(got["out"], ref, atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(got["energy"], energy_top, atol=1e-3, rtol=1e-5)
+    from conftest import model_py_outputs
+    np.testing.assert_allclose(model_py_outputs(model, feeds, tmp_path)["out"], got["out"], atol=0, rtol=0)
     with pytest.raises(ExportError, match="permutohedral lattice"):
         model.export_onnx(str(tmp_path / "crf.onnx"))
+
+
+def test_lattice_crfs_check_their_shapes():
+    text = net('layer { name: "crf" type: "CrfEd" bottom: "q" bottom: "feat" top: "out" '
+               'crfed_param { num_iterations: 2 kernel_size: 3 num_classes: 3 } }',
+               inputs={"q": (1, 3, 4, 4), "feat": (1, 5, 4, 4)})
+    model = load_from_text(text, random_weights=True)
+    assert [b.shape for b in model.graph.node("crf").blobs] == [(1, 1, 1, 1), (3, 3, 3, 3), (3, 3, 1, 63)]
     with pytest.raises(LayerError, match="num_classes 4 but the probabilities have 3"):
         load_from_text(text.replace("num_classes: 3", "num_classes: 4"))
+    with pytest.raises(LayerError, match="same N, H, W"):
+        load_from_text(text.replace('"feat": (1, 5, 4, 4)', "").replace("dim: 5 dim: 4 dim: 4", "dim: 5 dim: 4 dim: 3"))
+    with pytest.raises(LayerError, match="calculate_energy: true"):
+        load_from_text(text.replace('top: "out"', 'top: "out" top: "e"'))
 
 
 def test_crfgd_image_label_data_shapes_its_label_slice():

@@ -13,10 +13,22 @@ probabilities, and the per-pixel features they read.
   G = D + U (U alone with skip_pw_term), t = sqrt(2 ln C / (it + 1)) / step_size_factor (double, then
   float), X = X exp(-t G) / sum_c X exp(-t G) (the exponent less its per-pixel maximum first, which
   changes nothing).  The top: X, (N, C, H, W) probabilities.
-- CrfEd (crf_ed_layer.cpp) and CrfGrad (crf_grad_layer.cpp) add a learned filter over a permutohedral
-  lattice of the features (bilateralNN's 63-tap lattice convolution, blob (C, C, 1, 2^(d+1) - 1)),
-  which caffeq does not implement: they are read, checked and sized (top = Q0's shape; the energy top
-  (N, 1, 1, T) with calculate_energy), and refused when run or exported.
+- CrfEd (crf_ed_layer.cpp) and CrfGrad (crf_grad_layer.cpp): bottoms Q0 (N, C, H, W) and lattice features
+  (N, d, H, W) (PixelFeature's); blobs the unary weight (1, 1, 1, 1), a k x k spatial filter (C, C, k, k)
+  and a lattice filter (C, C, 1, 2^(d+1) - 1).  Each step's gradient is conv(X) + PL(X) + U, PL the fork's
+  internal Permutohedral layer (Max Planck bilateralNN's, permutohedral.cpp): per image, a lattice of the
+  H W feature points (elevated, rounded with C's round(), ranked, barycentric weights as Adams et al.),
+  each vertex's 2^(d+1) - 1 taps reached by one step along each direction whose bit is set, in increasing
+  direction, through vertices that exist (a missing one: the tap reads 0); splat, the taps times the filter
+  (C_out x C_in x taps), slice; normalized symmetrically by 1 / sqrt(the same filtering of ones with
+  bilateralNN's Gaussian taps + 1e-20) before and after.  CrfEd then takes CrfFilterbankEd's entropic step
+  (the step from num_classes); with skip_pl_term its gradient is the unary term summed over the steps so
+  far and the spatial term is never added (its derivative blob is only ever added to), with
+  skip_conv_term PL + U.  CrfGrad steps X - step_size G, then projects each pixel's C values onto the
+  simplex with leak_factor below it (sorted, the first running mean (sum - 1) / ii that reaches the next
+  value).  With calculate_energy the second top (N, 1, 1, T) holds, in its first T values, each step's
+  sum over the blob of X (U + conv(X) + PL(X)) (the fork writes nothing else there).  ONNX: refused
+  (the lattice is built from the features at run time).
 The torch functions below serve `forward` and are copied into model.py.
 """
 import math
@@ -26,8 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ExportError
 from .norm import onnx_reduce
-from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer, torch_sources
+from .permutohedral import as_short, lattice_lookup, lattice_vertex_ids
+from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -92,7 +106,206 @@ class CrfFilterbankEd(nn.Module):
                                  self.log_eps, self.skip_pw)
 
 
+def bnn_gauss_filter(d: int):
+    """bilateralNN's GaussianFilter (neighbourhood 1): a [0.5, 1, 0.5] blur along each of the d + 1 lattice
+    directions over the 2^(d+1) - 1 taps, float32, divided by its centre.  Tap t is the sum of the steps e_k
+    for the k whose bit d - k is set in t (the lattice traversal's order)."""
+    taps = 2 ** (d + 1) - 1
+    points = {}
+    for t in range(taps):
+        c = [(t >> (d - k)) & 1 for k in range(d + 1)]
+        points[tuple(c)] = t
+
+    def find(c):   # a point is its step counts up to adding one step in every direction
+        low = min(c)
+        return points.get(tuple(v - low for v in c), taps)   # taps: the zero slot
+
+    lattice = torch.zeros(taps + 1, dtype=torch.float32)
+    lattice[0] = 1.0
+    for k in range(d + 1):
+        up, down = [], []
+        for c in points:
+            up.append(find([v + (j == k) for j, v in enumerate(c)]))
+            down.append(find([v - (j == k) for j, v in enumerate(c)]))
+        blurred = lattice[:taps] + (lattice[up] + lattice[down]) * 0.5
+        lattice = torch.cat([blurred, lattice.new_zeros(1)])
+    return lattice[:taps] / lattice[0]
+
+
+def round_half_away(x):
+    """C's round(): halves away from zero (torch.round rounds them to even)."""
+    whole = torch.trunc(x)
+    return whole + torch.sign(x) * (torch.abs(x - whole) >= 0.5).to(x.dtype)
+
+
+def bnn_lattice(features):
+    """bilateralNN's permutohedral lattice (Permutohedral::init) of (P, d) float32 features: slots (P, d + 1)
+    int64, each point's vertices as rows 1..M; weights (P, d + 1) float32, their barycentric weights; taps
+    (2^(d+1) - 1, M) int64, each vertex's filter taps as rows (0: none), tap 0 the vertex itself, tap t
+    reached by a step along each direction k whose bit d - k is set in t, in increasing k, through
+    vertices of the lattice (a missing one ends the walk: the tap reads 0)."""
+    p, d = features.shape
+    f32, dev = torch.float32, features.device
+    f = features.to(f32)
+    inv_std_dev = float(torch.tensor(math.sqrt(2.0 / 3.0) * (d + 1), dtype=f32))
+    elevated = [f[:, 0]] * (d + 1)
+    running = torch.zeros(p, dtype=f32, device=dev)
+    for j in range(d, 0, -1):
+        scale = torch.tensor(1.0 / math.sqrt((j + 1) * j) * inv_std_dev, dtype=f32, device=dev)
+        c = f[:, j - 1] * scale
+        elevated[j] = running - torch.tensor(float(j), dtype=f32, device=dev) * c
+        running = running + c
+    elevated[0] = running
+    e = torch.stack(elevated, 1)
+    d_plus_1 = torch.tensor(float(d + 1), dtype=f32, device=dev)
+    down = torch.tensor(1.0, dtype=f32, device=dev) / d_plus_1
+    rounded = round_half_away(down * e)
+    rem0 = rounded * d_plus_1
+    rest = e - rem0
+    later = torch.ones(d + 1, d + 1, dtype=torch.bool, device=dev).triu(1)   # [i, j]: j > i
+    less = rest[:, :, None] < rest[:, None, :]
+    rank = (less & later).sum(2) + (~less.transpose(1, 2) & later.t()).sum(2)
+    rank = rank + rounded.sum(1, keepdim=True).to(torch.int64)
+    shift = (rank < 0).to(torch.int64) * (d + 1) - (rank > d).to(torch.int64) * (d + 1)
+    rank = (rank + shift).clamp(0, d)
+    rem0 = rem0 + shift.to(f32)
+    v = (e - rem0) * down
+    bary = torch.zeros(p, d + 2, dtype=f32, device=dev)
+    bary.scatter_add_(1, d - rank, v)
+    bary.scatter_add_(1, d - rank + 1, -v)
+    first = (bary[:, :1].double() + (1.0 + bary[:, d + 1:].double())).to(f32)   # 1.0 + b[d + 1] in double
+    weights = torch.cat([first, bary[:, 1:d + 1]], 1)
+    r = torch.arange(d + 1, device=dev)
+    canonical = torch.where(r[None, :] <= d - r[:, None], r[:, None], r[:, None] - (d + 1))   # [r, rank]
+    keys = as_short(rem0[:, None, :d].to(torch.int64) + canonical[:, rank[:, :d]].permute(1, 0, 2))
+    ids, columns = lattice_vertex_ids(keys.reshape(-1, d))
+    m = columns[-1][0].shape[0]
+    vertex_keys = torch.zeros(m, d, dtype=torch.int64, device=dev)
+    vertex_keys[ids] = keys.reshape(-1, d)
+    steps = []   # along direction k: every key coordinate less 1, coordinate k (k < d) plus d + 1
+    for k in range(d + 1):
+        axis = torch.zeros(d, dtype=torch.int64, device=dev)
+        if k < d:
+            axis[k] = d + 1
+        steps.append(lattice_lookup(columns, [as_short(vertex_keys - 1 + axis)])[0])
+    taps = []
+    for t in range(2 ** (d + 1) - 1):
+        walking = torch.arange(m, device=dev)
+        for k in range(d + 1):
+            if (t >> (d - k)) & 1:
+                walking = torch.where(walking >= 0, steps[k][walking.clamp(min=0)], walking)
+        taps.append(walking + 1)
+    return (ids + 1).reshape(p, d + 1), weights, torch.stack(taps)
+
+
+def bnn_filter(values, slots, weights, taps, filters):
+    """bilateralNN's PermutohedralReverseCpu::compute: values (C, P) splatted onto the lattice, each vertex's
+    taps times filters (O, C, T) summed, sliced back: (O, P)."""
+    c, p = values.shape
+    grid = values.new_zeros(taps.shape[1] + 1, c)
+    grid.index_add_(0, slots.reshape(-1), (weights[:, :, None] * values.t()[:, None, :]).reshape(-1, c))
+    blurred = torch.einsum("oct,tmc->mo", filters, grid[taps])
+    blurred = torch.cat([blurred.new_zeros(1, blurred.shape[1]), blurred])
+    out = None
+    for j in range(slots.shape[1]):
+        term = weights[:, j:j + 1] * blurred[slots[:, j]]
+        out = term if out is None else out + term
+    return out.t()
+
+
+def bnn_lattice_filter(x, feats, filters):
+    """crfgd's internal Permutohedral layer (neighbourhood 1, symmetric normalization, the filters as they
+    are): each image's values x (C, H, W) filtered over the lattice of its features (d, H, W)."""
+    n, c, h, w = x.shape
+    d = feats.shape[1]
+    gauss = bnn_gauss_filter(d).to(x.device)[None, None, :]
+    outs = []
+    for i in range(n):
+        slots, weights, taps = bnn_lattice(feats[i].reshape(d, h * w).t().float().cpu())
+        slots, weights, taps = slots.to(x.device), weights.to(x.device), taps.to(x.device)
+        ones = x.new_ones(1, h * w)
+        norm = (1.0 / torch.sqrt(bnn_filter(ones, slots, weights, taps, gauss).double() + 1e-20)).to(x.dtype)
+        y = bnn_filter(x[i].reshape(c, h * w) * norm, slots, weights, taps, filters.reshape(filters.shape[0], c, -1))
+        outs.append((y * norm).reshape(-1, h, w))
+    return torch.stack(outs)
+
+
+def simplex_leaky_projection(x, leak: float):
+    """crfgd's ProjectBlobSimplex_ over the channels of (N, C, H, W): t from the largest values' running sums
+    ((sum - 1) / ii at the first ii where it reaches the next value, else over all C), then v - t where
+    positive, leak (v - t) elsewhere."""
+    c = x.shape[1]
+    ranked = torch.sort(x, 1, descending=True).values
+    sums = torch.cumsum(ranked, 1)
+    count = torch.arange(1, c + 1, dtype=x.dtype, device=x.device).reshape(1, c, 1, 1)
+    t_all = (sums - 1) / count
+    hit = t_all[:, :c - 1] >= ranked[:, 1:]
+    first = torch.where(hit.any(1, keepdim=True), hit.to(torch.int64).argmax(1, keepdim=True), c - 1)
+    t = torch.gather(t_all, 1, first)
+    shifted = x - t
+    return torch.where(shifted > 0, shifted, shifted * leak)
+
+
+def crf_descent(q, feats, unary_weight, spatial, lattice, iterations: int, log_eps: float, num_classes: int,
+                step_size_factor: float = 1.0, step_size: float = 0.0, leak: float = 0.0, skip_conv: bool = False,
+                skip_pl: bool = False):
+    """CrfEd (step_size 0: entropic descent, the step sqrt(2 ln num_classes / (it + 1)) / step_size_factor) or
+    CrfGrad (a gradient step of step_size, then the leaky simplex projection) from q (N, C, H, W), the lattice
+    features feats (N, d, H, W) -> (the state, the energies (iterations,) summed over the blob before each step)."""
+    k = spatial.shape[-1]
+    unary = (q + log_eps).log() * (-unary_weight.reshape(()))
+    x = q
+    energies = []
+    accumulated = torch.zeros_like(q)
+    for it in range(iterations):
+        conv = None if skip_conv else F.conv2d(x, spatial, padding=(k - 1) // 2)
+        pl = None if skip_pl else bnn_lattice_filter(x, feats, lattice)
+        if conv is not None and pl is not None:
+            energies.append(((x * conv + x * unary) + x * pl).double().sum())
+        if skip_pl:   # CrfEd: its derivative blob keeps the unary sums and never takes the conv term
+            accumulated = accumulated + unary
+            g = accumulated
+        else:
+            g = (pl if conv is None else conv + pl) + unary
+        if step_size:
+            x = simplex_leaky_projection(x + g * (-step_size), leak)
+        else:
+            step = float(torch.tensor(math.sqrt(2.0 * math.log(num_classes) / (it + 1)) / step_size_factor,
+                                      dtype=torch.float32))
+            x = entropic_step(x, g, step)
+    return x, energies
+
+
 TORCH_CRF_FILTERBANK_ED = torch_sources(entropic_step, crf_filterbank_ed, CrfFilterbankEd)
+class CrfDescent(nn.Module):
+    """crf_descent with its three blobs as parameters; with energy, also the (N, 1, 1, T) energy top
+    (the fork writes the T sums into its first row)."""
+
+    def __init__(self, iterations, log_eps, classes, step_size_factor=1.0, step_size=0.0, leak=0.0, skip_conv=False,
+                 skip_pl=False, spatial_shape=(1, 1, 1, 1), lattice_shape=(1, 1, 1, 1), energy=False):
+        super().__init__()
+        self.unary_weight = nn.Parameter(torch.zeros(1, 1, 1, 1))
+        self.spatial_filter = nn.Parameter(torch.zeros(spatial_shape))
+        self.lattice_filter = nn.Parameter(torch.zeros(lattice_shape))
+        self.settings = dict(iterations=iterations, log_eps=log_eps, num_classes=classes,
+                             step_size_factor=step_size_factor, step_size=step_size, leak=leak, skip_conv=skip_conv,
+                             skip_pl=skip_pl)
+        self.energy = energy
+
+    def run(self, q, feats, unary_weight, spatial, lattice):
+        x, energies = crf_descent(q, feats, unary_weight, spatial, lattice, **self.settings)
+        if not self.energy:
+            return x
+        top = x.new_zeros(q.shape[0], 1, 1, self.settings["iterations"])
+        top.view(-1)[:len(energies)] = torch.stack(energies).to(x.dtype)
+        return x, top
+
+    def forward(self, q, feats):
+        return self.run(q, feats, self.unary_weight, self.spatial_filter, self.lattice_filter)
+
+
+TORCH_CRF_DESCENT = torch_sources(bnn_gauss_filter, round_half_away, bnn_lattice, bnn_filter, bnn_lattice_filter,
+                                  simplex_leaky_projection, crf_descent, CrfDescent)
 
 
 # ---- specs ---------------------------------------------------------------------------------------
@@ -240,8 +453,8 @@ class CrfFilterbankEdLayer(Layer):
         return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
 
 
-class _LatticeCrf(ReadOnlyLayer):
-    """CrfEd and CrfGrad: read, checked and sized; their lattice filter is not implemented."""
+class _LatticeCrf(Layer):
+    """CrfEd and CrfGrad: crf_descent with their three blobs (unary weight, spatial filters, lattice filters)."""
     blob_names = ("unary_weight", "spatial_filter", "lattice_filter")
     field = ""
 
@@ -253,8 +466,9 @@ class _LatticeCrf(ReadOnlyLayer):
             raise LayerError(f"{self.field}.kernel_size must be odd, got {p.kernel_size}")
         if len(lp.top) == 2 and not p.calculate_energy:
             raise LayerError(f"{kind}: a second top (the energies) needs {self.field}.calculate_energy: true")
-        return {"name": lp.name, "classes": int(p.num_classes), "kernel_size": int(p.kernel_size),
-                "iterations": _iterations(p.num_iterations, f"{self.field}.num_iterations"), "tops": len(lp.top)}
+        return {"classes": int(p.num_classes), "kernel_size": int(p.kernel_size), "tops": len(lp.top),
+                "iterations": _iterations(p.num_iterations, f"{self.field}.num_iterations"),
+                "log_eps": float(p.log_eps)}
 
     def infer(self, attrs, in_shapes):
         q, feats = _crf_shapes(self.types[0], in_shapes, attrs["classes"])
@@ -268,16 +482,64 @@ class _LatticeCrf(ReadOnlyLayer):
         c, k = attrs["classes"], attrs["kernel_size"]
         return [(1, 1, 1, 1), (c, c, k, k), (c, c, 1, 2 ** (attrs["feature_dims"] + 1) - 1)]
 
-    def why_not_run(self, attrs):
-        return ("its learned filter over a permutohedral lattice of the features (Max Planck bilateralNN's "
-                "lattice convolution, neighbourhood 1) is not implemented in caffeq")
+    @staticmethod
+    def settings(attrs):
+        keys = ("iterations", "log_eps", "classes", "step_size_factor", "step_size", "leak", "skip_conv", "skip_pl")
+        return {key: attrs[key] for key in keys}
+
+    def forward(self, attrs, params, q, feats):
+        module = CrfDescent(**self.settings(attrs), energy=attrs["tops"] == 2)
+        return module.run(q, feats, *params)
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        n, c, h, w = in_shapes[0]
+        per_step = c * c * (attrs["kernel_size"] ** 2 + 2 ** (attrs["feature_dims"] + 1) - 1)
+        return attrs["iterations"] * n * h * w * per_step
+
+    def onnx(self, ctx, node):
+        raise ExportError(f"layer '{node.name}' ({node.type}): its permutohedral lattice is built from the features "
+                          f"at run time (bilateralNN's learned lattice filter), which caffeq does not export to ONNX")
+
+    def pytorch_source(self, node, emit):
+        a = node.attrs
+        c, k = a["classes"], a["kernel_size"]
+        shapes = {"spatial_shape": (c, c, k, k), "lattice_shape": (c, c, 1, 2 ** (a["feature_dims"] + 1) - 1)}
+        args = ", ".join(f"{key}={emit.lit(v)}" for key, v in {**self.settings(a), **shapes}.items())
+        energy = ", energy=True" if a["tops"] == 2 else ""
+        emit.note(f"{node.name} ({node.type}): its lattice is built from the features on every call.")
+        for helper in (as_short, lattice_vertex_ids, lattice_lookup, entropic_step):
+            emit.helper(helper)
+        m = emit.module(f"{emit.helper(TORCH_CRF_DESCENT)}({args}{energy})")
+        emit.param("unary_weight", 0)
+        emit.param("spatial_filter", 1)
+        emit.param("lattice_filter", 2)
+        return f"{m}({emit.inputs[0]}, {emit.inputs[1]})"
 
 
 @register_layer("CrfEd")
 class CrfEd(_LatticeCrf):
     field = "crfed_param"
 
+    def parse(self, lp):
+        attrs = super().parse(lp)
+        p = lp.crfed_param
+        if p.step_size_factor == 0:
+            raise LayerError("crfed_param.step_size_factor must not be 0")
+        if len(lp.top) == 2 and (p.skip_pl_term or p.skip_conv_term):
+            raise LayerError("crfed_param.calculate_energy with skip_pl_term or skip_conv_term is not supported (the "
+                             "fork sums a stale blob there)")
+        return {**attrs, "step_size_factor": float(p.step_size_factor), "step_size": 0.0, "leak": 0.0,
+                "skip_conv": bool(p.skip_conv_term), "skip_pl": bool(p.skip_pl_term)}
+
 
 @register_layer("CrfGrad")
 class CrfGrad(_LatticeCrf):
     field = "crfgrad_param"
+
+    def parse(self, lp):
+        attrs = super().parse(lp)
+        p = lp.crfgrad_param
+        if p.step_size == 0:
+            raise LayerError("crfgrad_param.step_size must not be 0")
+        return {**attrs, "step_size_factor": 1.0, "step_size": float(p.step_size), "leak": float(p.leak_factor),
+                "skip_conv": False, "skip_pl": False}
