@@ -204,8 +204,9 @@ def bnn_filter(values, slots, weights, taps, filters):
     c, p = values.shape
     grid = values.new_zeros(taps.shape[1] + 1, c)
     grid.index_add_(0, slots.reshape(-1), (weights[:, :, None] * values.t()[:, None, :]).reshape(-1, c))
-    blurred = torch.einsum("oct,tmc->mo", filters, grid[taps])
-    blurred = torch.cat([blurred.new_zeros(1, blurred.shape[1]), blurred])
+    blurred = grid.new_zeros(taps.shape[1] + 1, filters.shape[0])   # row 0: the slot of no vertex
+    for t in range(taps.shape[0]):   # tap by tap: an (M, C) gather at a time, not (taps, M, C)
+        blurred[1:] += grid[taps[t]] @ filters[:, :, t].t()
     out = None
     for j in range(slots.shape[1]):
         term = weights[:, j:j + 1] * blurred[slots[:, j]]
@@ -213,18 +214,27 @@ def bnn_filter(values, slots, weights, taps, filters):
     return out.t()
 
 
-def bnn_lattice_filter(x, feats, filters):
-    """crfgd's internal Permutohedral layer (neighbourhood 1, symmetric normalization, the filters as they
-    are): each image's values x (C, H, W) filtered over the lattice of its features (d, H, W)."""
-    n, c, h, w = x.shape
-    d = feats.shape[1]
-    gauss = bnn_gauss_filter(d).to(x.device)[None, None, :]
-    outs = []
+def bnn_lattices(feats):
+    """Each image's lattice of its features (N, d, H, W) (bnn_lattice, built on the CPU) with its symmetric
+    normalization, 1 / sqrt(the Gaussian taps' filtering of ones + 1e-20): [(slots, weights, taps, norm)]."""
+    n, d, h, w = feats.shape
+    gauss = bnn_gauss_filter(d).to(feats.device)[None, None, :]
+    lattices = []
     for i in range(n):
-        slots, weights, taps = bnn_lattice(feats[i].reshape(d, h * w).t().float().cpu())
-        slots, weights, taps = slots.to(x.device), weights.to(x.device), taps.to(x.device)
-        ones = x.new_ones(1, h * w)
-        norm = (1.0 / torch.sqrt(bnn_filter(ones, slots, weights, taps, gauss).double() + 1e-20)).to(x.dtype)
+        slots, weights, taps = (t.to(feats.device) for t in bnn_lattice(feats[i].reshape(d, h * w).t().float().cpu()))
+        ones = feats.new_ones(1, h * w, dtype=torch.float32)
+        norm = (1.0 / torch.sqrt(bnn_filter(ones, slots, weights, taps, gauss).double() + 1e-20)).float()
+        lattices.append((slots, weights, taps, norm))
+    return lattices
+
+
+def bnn_lattice_filter(x, lattices, filters):
+    """crfgd's internal Permutohedral layer (neighbourhood 1, symmetric normalization, the filters as they
+    are): each image's values x (C, H, W) filtered over its lattice (bnn_lattices)."""
+    n, c, h, w = x.shape
+    outs = []
+    for i, (slots, weights, taps, norm) in enumerate(lattices):
+        norm = norm.to(x.dtype)
         y = bnn_filter(x[i].reshape(c, h * w) * norm, slots, weights, taps, filters.reshape(filters.shape[0], c, -1))
         outs.append((y * norm).reshape(-1, h, w))
     return torch.stack(outs)
@@ -257,9 +267,10 @@ def crf_descent(q, feats, unary_weight, spatial, lattice, iterations: int, log_e
     x = q
     energies = []
     accumulated = torch.zeros_like(q)
+    lattices = None if skip_pl else bnn_lattices(feats)   # the fork builds them once a call, on its first step
     for it in range(iterations):
         conv = None if skip_conv else F.conv2d(x, spatial, padding=(k - 1) // 2)
-        pl = None if skip_pl else bnn_lattice_filter(x, feats, lattice)
+        pl = None if skip_pl else bnn_lattice_filter(x, lattices, lattice)
         if conv is not None and pl is not None:
             energies.append(((x * conv + x * unary) + x * pl).double().sum())
         if skip_pl:   # CrfEd: its derivative blob keeps the unary sums and never takes the conv term
@@ -304,8 +315,8 @@ class CrfDescent(nn.Module):
         return self.run(q, feats, self.unary_weight, self.spatial_filter, self.lattice_filter)
 
 
-TORCH_CRF_DESCENT = torch_sources(bnn_gauss_filter, round_half_away, bnn_lattice, bnn_filter, bnn_lattice_filter,
-                                  simplex_leaky_projection, crf_descent, CrfDescent)
+TORCH_CRF_DESCENT = torch_sources(bnn_gauss_filter, round_half_away, bnn_lattice, bnn_filter, bnn_lattices,
+                                  bnn_lattice_filter, simplex_leaky_projection, crf_descent, CrfDescent)
 
 
 # ---- specs ---------------------------------------------------------------------------------------
