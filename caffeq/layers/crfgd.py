@@ -40,7 +40,7 @@ from torch import nn
 
 from ..errors import ExportError
 from .norm import onnx_reduce
-from .permutohedral import as_short, lattice_lookup, lattice_vertex_ids
+from .permutohedral import as_short, lattice_lookup, lattice_simplex, lattice_vertex_ids, round_half_away
 from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
@@ -132,12 +132,6 @@ def bnn_gauss_filter(d: int):
     return lattice[:taps] / lattice[0]
 
 
-def round_half_away(x):
-    """C's round(): halves away from zero (torch.round rounds them to even)."""
-    whole = torch.trunc(x)
-    return whole + torch.sign(x) * (torch.abs(x - whole) >= 0.5).to(x.dtype)
-
-
 def bnn_lattice(features):
     """bilateralNN's permutohedral lattice (Permutohedral::init) of (P, d) float32 features: slots (P, d + 1)
     int64, each point's vertices as rows 1..M; weights (P, d + 1) float32, their barycentric weights; taps
@@ -145,39 +139,8 @@ def bnn_lattice(features):
     reached by a step along each direction k whose bit d - k is set in t, in increasing k, through
     vertices of the lattice (a missing one ends the walk: the tap reads 0)."""
     p, d = features.shape
-    f32, dev = torch.float32, features.device
-    f = features.to(f32)
-    inv_std_dev = float(torch.tensor(math.sqrt(2.0 / 3.0) * (d + 1), dtype=f32))
-    elevated = [f[:, 0]] * (d + 1)
-    running = torch.zeros(p, dtype=f32, device=dev)
-    for j in range(d, 0, -1):
-        scale = torch.tensor(1.0 / math.sqrt((j + 1) * j) * inv_std_dev, dtype=f32, device=dev)
-        c = f[:, j - 1] * scale
-        elevated[j] = running - torch.tensor(float(j), dtype=f32, device=dev) * c
-        running = running + c
-    elevated[0] = running
-    e = torch.stack(elevated, 1)
-    d_plus_1 = torch.tensor(float(d + 1), dtype=f32, device=dev)
-    down = torch.tensor(1.0, dtype=f32, device=dev) / d_plus_1
-    rounded = round_half_away(down * e)
-    rem0 = rounded * d_plus_1
-    rest = e - rem0
-    later = torch.ones(d + 1, d + 1, dtype=torch.bool, device=dev).triu(1)   # [i, j]: j > i
-    less = rest[:, :, None] < rest[:, None, :]
-    rank = (less & later).sum(2) + (~less.transpose(1, 2) & later.t()).sum(2)
-    rank = rank + rounded.sum(1, keepdim=True).to(torch.int64)
-    shift = (rank < 0).to(torch.int64) * (d + 1) - (rank > d).to(torch.int64) * (d + 1)
-    rank = (rank + shift).clamp(0, d)
-    rem0 = rem0 + shift.to(f32)
-    v = (e - rem0) * down
-    bary = torch.zeros(p, d + 2, dtype=f32, device=dev)
-    bary.scatter_add_(1, d - rank, v)
-    bary.scatter_add_(1, d - rank + 1, -v)
-    first = (bary[:, :1].double() + (1.0 + bary[:, d + 1:].double())).to(f32)   # 1.0 + b[d + 1] in double
-    weights = torch.cat([first, bary[:, 1:d + 1]], 1)
-    r = torch.arange(d + 1, device=dev)
-    canonical = torch.where(r[None, :] <= d - r[:, None], r[:, None], r[:, None] - (d + 1))   # [r, rank]
-    keys = as_short(rem0[:, None, :d].to(torch.int64) + canonical[:, rank[:, :d]].permute(1, 0, 2))
+    dev = features.device
+    keys, weights = lattice_simplex(features.to(torch.float32), half_away=True, double_first=True)
     ids, columns = lattice_vertex_ids(keys.reshape(-1, d))
     m = columns[-1][0].shape[0]
     vertex_keys = torch.zeros(m, d, dtype=torch.int64, device=dev)
@@ -315,7 +278,7 @@ class CrfDescent(nn.Module):
         return self.run(q, feats, self.unary_weight, self.spatial_filter, self.lattice_filter)
 
 
-TORCH_CRF_DESCENT = torch_sources(bnn_gauss_filter, round_half_away, bnn_lattice, bnn_filter, bnn_lattices,
+TORCH_CRF_DESCENT = torch_sources(bnn_gauss_filter, bnn_lattice, bnn_filter, bnn_lattices,
                                   bnn_lattice_filter, simplex_leaky_projection, crf_descent, CrfDescent)
 
 
@@ -518,7 +481,7 @@ class _LatticeCrf(Layer):
         args = ", ".join(f"{key}={emit.lit(v)}" for key, v in {**self.settings(a), **shapes}.items())
         energy = ", energy=True" if a["tops"] == 2 else ""
         emit.note(f"{node.name} ({node.type}): its lattice is built from the features on every call.")
-        for helper in (as_short, lattice_vertex_ids, lattice_lookup, entropic_step):
+        for helper in (as_short, lattice_vertex_ids, lattice_lookup, round_half_away, lattice_simplex, entropic_step):
             emit.helper(helper)
         m = emit.module(f"{emit.helper(TORCH_CRF_DESCENT)}({args}{energy})")
         emit.param("unary_weight", 0)

@@ -77,18 +77,23 @@ def pixel_xy(h: int, w: int, device):
     return torch.stack([pixel % w, torch.div(pixel, w, rounding_mode="floor")], 1).to(torch.float32)
 
 
-def permutohedral_lattice(features):
-    """The lattice of (P, d) float32 features: (slots (P, d + 1) int64, the vertex rows 1..M of the
-    point's vertices; weights (P, d + 1) float32, their barycentric weights; neighbours (d + 1, 2, M)
-    int64, each vertex's two neighbours along each axis as rows, 0 (a row of zeros) where there is none)."""
-    p, d = features.shape
-    f32, dev = torch.float32, features.device
-    # the SSE build reads points four at a time, the last block padded with points at the origin: their
-    # vertices join the lattice (and carry values in the blur) though nothing is splatted there
-    f = torch.cat([features.to(f32), torch.zeros((-p) % 4, d, dtype=f32, device=dev)])
+def round_half_away(x):
+    """C's round(): halves away from zero (torch.round, like rint, rounds them to even)."""
+    whole = torch.trunc(x)
+    return whole + torch.sign(x) * (torch.abs(x - whole) >= 0.5).to(x.dtype)
+
+
+def lattice_simplex(f, half_away: bool = False, double_first: bool = False):
+    """The enclosing simplex of each of (P, d) float32 features (Adams et al., float32 as the forks): (keys
+    (P, d + 1, d) int64, each point's d + 1 vertices as the forks' shorts; weights (P, d + 1) float32, their
+    barycentric weights).  The nearest 0-coloured point rounds halves to even (CRF-RNN's SSE path) or, with
+    half_away, away from zero (bilateralNN's round()); weight 0 takes 1 + the wrapped weight in float32, or
+    in double with double_first (bilateralNN's `1.0 + b[d + 1]`)."""
+    p, d = f.shape
+    f32, dev = torch.float32, f.device
     inv_std_dev = float(torch.tensor(math.sqrt(2.0 / 3.0) * (d + 1), dtype=f32))
     elevated = [f[:, 0]] * (d + 1)
-    running = torch.zeros(f.shape[0], dtype=f32, device=dev)
+    running = torch.zeros(p, dtype=f32, device=dev)
     for j in range(d, 0, -1):
         scale = torch.tensor(1.0 / math.sqrt((j + 1) * j) * inv_std_dev, dtype=f32, device=dev)
         c = f[:, j - 1] * scale
@@ -98,7 +103,7 @@ def permutohedral_lattice(features):
     e = torch.stack(elevated, 1)
     d_plus_1 = torch.tensor(float(d + 1), dtype=f32, device=dev)
     down = torch.tensor(1.0, dtype=f32, device=dev) / d_plus_1
-    rounded = torch.round(e * down)
+    rounded = round_half_away(e * down) if half_away else torch.round(e * down)
     rem0 = rounded * d_plus_1
     rest = e - rem0
     later = torch.ones(d + 1, d + 1, dtype=torch.bool, device=dev).triu(1)   # [i, j]: j > i
@@ -109,14 +114,30 @@ def permutohedral_lattice(features):
     rank = (rank + shift).clamp(0, d)   # NaN features give ranks out of range: clamped, not indexed
     rem0 = rem0 + shift.to(f32)
     v = (e - rem0) * down
-    bary = torch.zeros(f.shape[0], d + 2, dtype=f32, device=dev)
+    bary = torch.zeros(p, d + 2, dtype=f32, device=dev)
     bary.scatter_add_(1, d - rank, v)
     bary.scatter_add_(1, d - rank + 1, -v)
-    weights = torch.cat([bary[:, :1] + (1 + bary[:, d + 1:]), bary[:, 1:d + 1]], 1)
-
+    if double_first:
+        first = (bary[:, :1].double() + (1.0 + bary[:, d + 1:].double())).to(f32)
+    else:
+        first = bary[:, :1] + (1 + bary[:, d + 1:])
+    weights = torch.cat([first, bary[:, 1:d + 1]], 1)
     r = torch.arange(d + 1, device=dev)
     canonical = torch.where(r[None, :] <= d - r[:, None], r[:, None], r[:, None] - (d + 1))   # [r, rank]
     keys = as_short(rem0[:, None, :d].to(torch.int64) + canonical[:, rank[:, :d]].permute(1, 0, 2))
+    return keys, weights
+
+
+def permutohedral_lattice(features):
+    """The lattice of (P, d) float32 features: (slots (P, d + 1) int64, the vertex rows 1..M of the
+    point's vertices; weights (P, d + 1) float32, their barycentric weights; neighbours (d + 1, 2, M)
+    int64, each vertex's two neighbours along each axis as rows, 0 (a row of zeros) where there is none)."""
+    p, d = features.shape
+    f32, dev = torch.float32, features.device
+    # the SSE build reads points four at a time, the last block padded with points at the origin: their
+    # vertices join the lattice (and carry values in the blur) though nothing is splatted there
+    f = torch.cat([features.to(f32), torch.zeros((-p) % 4, d, dtype=f32, device=dev)])
+    keys, weights = lattice_simplex(f)
     ids, columns = lattice_vertex_ids(keys.reshape(-1, d))
     m = columns[-1][0].shape[0]
     vertex_keys = torch.zeros(m, d, dtype=torch.int64, device=dev)
@@ -155,4 +176,5 @@ def permutohedral_filter(values, slots, weights, neighbours, sse_only: bool = Fa
 
 
 #: the functions model.py copies for a layer that filters through lattices (emit.helper each, in order)
-LATTICE_HELPERS = (as_short, lattice_vertex_ids, lattice_lookup, pixel_xy, permutohedral_lattice, permutohedral_filter)
+LATTICE_HELPERS = (as_short, lattice_vertex_ids, lattice_lookup, pixel_xy, round_half_away, lattice_simplex,
+                   permutohedral_lattice, permutohedral_filter)
