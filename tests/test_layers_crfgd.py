@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 from conftest import check_everywhere, net, rng
+from permutohedral_reference import point_simplex
 
 from caffeq.errors import ExportError
 from caffeq.layers import LayerError
@@ -118,51 +119,13 @@ def test_crf_filterbank_ed_checks(params, shapes, msg):
 def ref_lattice(feat, gauss_only=False):
     """Permutohedral::init (float32 scalars, its hash table's insertion order, the in and out copies of the
     points) -> (offsets (P, d + 1) of the in points, barycentric (P, d + 1), blur neighbours (T - 1, M))."""
-    F32 = np.float32
     d, p = feat.shape
     pts = np.concatenate([feat, feat], 1)   # in points, then the out points (the same features)
-    inv_std = F32(math.sqrt(2.0 / 3.0) * (d + 1))
-    scale = [F32(1.0 / math.sqrt((i + 2) * (i + 1)) * float(inv_std)) for i in range(d)]
     canonical = [[i if j <= d - i else i - (d + 1) for j in range(d + 1)] for i in range(d + 1)]
     table, keys = {}, []
     offsets, bary_all = [], []
-    down, up = F32(1.0) / F32(d + 1), F32(d + 1)
     for k in range(2 * p):
-        elevated = [F32(0)] * (d + 1)
-        sm = F32(0)
-        for j in range(d, 0, -1):
-            cf = F32(pts[j - 1, k] * scale[j - 1])
-            elevated[j] = F32(sm - F32(j * cf))
-            sm = F32(sm + cf)
-        elevated[0] = sm
-        rem0, total = [], 0
-        for i in range(d + 1):
-            x = float(F32(down * elevated[i]))
-            rd = int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)   # C's round(), halves away from zero
-            rem0.append(F32(rd * up))
-            total += rd
-        rank = [0] * (d + 1)
-        for i in range(d):
-            di = F32(elevated[i] - rem0[i])
-            for j in range(i + 1, d + 1):
-                if di < F32(elevated[j] - rem0[j]):
-                    rank[i] += 1
-                else:
-                    rank[j] += 1
-        for i in range(d + 1):
-            rank[i] += total
-            if rank[i] < 0:
-                rank[i] += d + 1
-                rem0[i] = F32(rem0[i] + (d + 1))
-            elif rank[i] > d:
-                rank[i] -= d + 1
-                rem0[i] = F32(rem0[i] - (d + 1))
-        bary = [F32(0)] * (d + 2)
-        for i in range(d + 1):
-            v = F32(F32(elevated[i] - rem0[i]) * down)
-            bary[d - rank[i]] = F32(bary[d - rank[i]] + v)
-            bary[d - rank[i] + 1] = F32(bary[d - rank[i] + 1] - v)
-        bary[0] = F32(float(bary[0]) + (1.0 + float(bary[d + 1])))
+        rem0, rank, bary = point_simplex(pts[:, k], half_away=True, double_first=True)
         for r in range(d + 1):
             key = tuple(int(rem0[i]) + canonical[r][rank[i]] for i in range(d))
             if key not in table:
@@ -188,7 +151,7 @@ def ref_lattice(feat, gauss_only=False):
         out = []
         walk(v, 0, False, out)
         neighbours.append(out[1:])   # the first is the vertex itself
-    return (np.array(offsets).reshape(2 * p, d + 1)[:p], np.array(bary_all, F32).reshape(2 * p, d + 1)[:p],
+    return (np.array(offsets).reshape(2 * p, d + 1)[:p], np.array(bary_all, np.float32).reshape(2 * p, d + 1)[:p],
             np.array(neighbours).T, m)
 
 
