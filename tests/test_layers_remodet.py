@@ -68,8 +68,9 @@ def ref_iou(a, b, jaccard):
     return F(inter / F(F(size(a) + size(b)) - inter))
 
 
-def ref_vote_nms(boxes, scores, conf, nms, top_k, jaccard):
-    """NmsFastWithVoting / ApplyNMSFastUnit: boxes is a list of [4 float32], changed in place."""
+def ref_vote_nms(boxes, scores, conf, nms, top_k, jaccard, mode="FastVote"):
+    """NmsFastWithVoting / ApplyNMSFastUnit (boxes, a list of [4 float32], changed in place), or NmsOri /
+    NmsFast without votes."""
     cand = [(s, i) for i, s in enumerate(scores) if s > F(conf)]
     cand.sort(key=lambda t: -t[0])   # stable, as std::stable_sort
     cand = cand[:top_k]
@@ -78,9 +79,9 @@ def ref_vote_nms(boxes, scores, conf, nms, top_k, jaccard):
         keep = True
         for k in kept:
             o = ref_iou(boxes[idx], boxes[k], jaccard)
-            if o >= F(0.75):
+            if mode == "FastVote" and o >= F(0.75):
                 votes[k].append((list(boxes[idx]), scores[idx]))
-            if o >= F(nms):
+            if (o > F(nms)) if mode == "Fast" else (o >= F(nms)):
                 keep = False
         if keep:
             kept.append(idx)
@@ -100,7 +101,7 @@ def ref_vote_nms(boxes, scores, conf, nms, top_k, jaccard):
 
 
 def ref_detections(loc, conf, prior, num_classes, conf_t, nms_t, top_k, size_t=0.0, center=True, alias=0,
-                   labels=(), width=7, detection_output=False):
+                   labels=(), width=7, detection_output=False, mode="FastVote"):
     n, num_priors = conf.shape[0], prior.shape[2] // 4
     pbox, pvar = prior[0, 0].reshape(-1, 4), prior[0, 1].reshape(-1, 4)
     flat = loc.reshape(-1)
@@ -111,7 +112,7 @@ def ref_detections(loc, conf, prior, num_classes, conf_t, nms_t, top_k, size_t=0
         sc = conf[i].reshape(num_priors, num_classes)
         for j in ([1] if detection_output else range(1, num_classes)):
             scores = [sc[p, j] for p in range(num_priors)]
-            for pid in ref_vote_nms(boxes, scores, conf_t, nms_t, top_k, detection_output):
+            for pid in ref_vote_nms(boxes, scores, conf_t, nms_t, top_k, detection_output, mode):
                 b = [min(max(v, F(0)), F(1)) for v in boxes[pid]]
                 if not detection_output and F(F(b[2] - b[0]) * F(b[3] - b[1])) < F(size_t):
                     continue
@@ -195,6 +196,8 @@ def check_rows(got, ref):
     (2, 2, "alias_id: 3", dict(alias=3)),
     (1, 3, "target_labels: 7 target_labels: 4 ndim_detout: 8", dict(labels=(7, 4), width=8)),
     (1, 2, "code_type: CORNER", dict(center=False)),
+    (2, 3, "vote_or_not: Ori", dict(mode="Ori")),
+    (1, 2, "vote_or_not: Fast alias_id: 1", dict(mode="Fast", alias=1)),
 ])
 def test_detout_matches_the_fork(n, classes, extra, kwargs, tmp_path):
     loc, conf, prior = detection_inputs(n, 35, classes, 4 * (classes - 1), seed=classes + n)
@@ -259,7 +262,7 @@ def test_remodets_detection_output_matches_the_fork(tmp_path):
 @pytest.mark.parametrize("kind, params, msg", [
     ("DetOut", "num_classes: 2 nms_threshold: 0.3 size_threshold: 0 top_k: 5", "conf_threshold is required"),
     ("DetOut", "num_classes: 2 conf_threshold: 0.5 nms_threshold: 0.3 size_threshold: 0 top_k: 5 "
-               "vote_or_not: Ori", "FastVote"),
+               "vote_or_not: OriSoft", "soft NMS"),
     ("DetOut", "num_classes: 3 conf_threshold: 0.5 nms_threshold: 0.3 size_threshold: 0 top_k: 5 "
                "target_labels: 1", "target_labels"),
     ("DetOut", "num_classes: 2 background_label_id: 1 conf_threshold: 0.5 nms_threshold: 0.3 size_threshold: 0 "

@@ -20,9 +20,9 @@ sizes, its DetOut, and its own DetectionOutput (not SSD's).
   becomes the score-weighted mean of its list (float32, in list order), in the image's decoded boxes
   (later classes see it).  Rows [image, label, score, xmin, ymin, xmax, ymax] (+ the prior's index with
   ndim_detout 8), boxes clipped to [0, 1], those whose clipped area is below size_threshold dropped;
-  label = target_labels[j - 1] if given, else j - 1 + alias_id.  None at all: one row of -1.  Only
-  vote_or_not FastVote (its default) and 3 bottoms are read; its other NMS types and ARM bottoms are
-  refused.
+  label = target_labels[j - 1] if given, else j - 1 + alias_id.  None at all: one row of -1.  vote_or_not
+  Ori and Fast run plain greedy NMS on the same candidates (suppressed at IoU >= / > nms_threshold);
+  its soft NMS types and the ARM mode (5 bottoms) are refused.
 - DetectionOutput with remodet's fields (detection_output_layer.cpp, bbox_util.cpp): visual_param is
   required (the fork's CHECK; it only says whether to draw on a 4th bottom, which caffeq never does).
   Loc is shared (N, P * 4); only class 1's score is read; SSD's decoding (cx = v0 * l0 * pw + pcx) and
@@ -126,10 +126,13 @@ def remodet_overlaps(box, others, jaccard: bool):
     return torch.where(disjoint | ~((iw > 0) & (ih > 0)), zero, iou)
 
 
-def vote_nms(boxes, scores, conf_threshold: float, nms_threshold: float, top_k: int, jaccard: bool):
+def vote_nms(boxes, scores, conf_threshold: float, nms_threshold: float, top_k: int, jaccard: bool,
+             vote: bool = True, strict: bool = False):
     """remodet's NMS with box voting (NmsFastWithVoting / ApplyNMSFastUnit) on one image's boxes (P, 4) and
     one class's scores (P,), float32 on the CPU -> (kept prior indices in order, the boxes with each
-    kept box that drew more than one vote replaced by the score-weighted mean of its voters)."""
+    kept box that drew more than one vote replaced by the score-weighted mean of its voters).  Without
+    vote, DetOut's plain greedy NMS: NmsOri (suppressed at IoU >= nms_threshold) or, strict, NmsFast
+    (suppressed above it)."""
     picked = torch.nonzero(scores > conf_threshold).flatten()
     order = torch.sort(scores[picked], descending=True, stable=True).indices
     candidates = picked[order][:top_k].tolist() if top_k > -1 else picked[order].tolist()
@@ -138,9 +141,9 @@ def vote_nms(boxes, scores, conf_threshold: float, nms_threshold: float, top_k: 
         keep = True
         if kept:
             for k, overlap in zip(kept, remodet_overlaps(boxes[idx], boxes[kept], jaccard).tolist()):
-                if overlap >= 0.75:
+                if vote and overlap >= 0.75:
                     votes[k].append(idx)
-                if overlap >= nms_threshold:
+                if overlap > nms_threshold if strict else overlap >= nms_threshold:
                     keep = False
         if keep:
             kept.append(idx)
@@ -164,8 +167,9 @@ class RemodetDetOut(nn.Module):
     (jaccard True: class 1 only, SSD's decoding and overlap, label 1): (1, 1, rows, width)."""
 
     def __init__(self, num_classes, conf_threshold, nms_threshold, top_k, size_threshold=0.0, center=True,
-                 alias_id=0, target_labels=(), width=7, detection_output=False):
+                 alias_id=0, target_labels=(), width=7, detection_output=False, nms="FastVote"):
         super().__init__()
+        self.nms = nms   # FastVote, Ori or Fast (DetOut's vote_or_not)
         self.num_classes, self.conf_threshold, self.nms_threshold = num_classes, conf_threshold, nms_threshold
         self.top_k, self.size_threshold, self.center = top_k, size_threshold, center
         self.alias_id, self.target_labels, self.width = alias_id, list(target_labels), width
@@ -187,7 +191,8 @@ class RemodetDetOut(nn.Module):
                                    self.center, self.detection_output)
             for j in classes:
                 kept, boxes = vote_nms(boxes, scores[i, :, j].contiguous(), self.conf_threshold,
-                                       self.nms_threshold, self.top_k, self.detection_output)
+                                       self.nms_threshold, self.top_k, self.detection_output,
+                                       vote=self.nms == "FastVote", strict=self.nms == "Fast")
                 for prior_id in kept:
                     box = boxes[prior_id].clamp(0.0, 1.0)
                     if not self.detection_output and (box[2] - box[0]) * (box[3] - box[1]) < self.size_threshold:
@@ -307,7 +312,7 @@ class _RemodetDetections(Layer):
     @staticmethod
     def kwargs(attrs):
         keys = ("num_classes", "conf_threshold", "nms_threshold", "top_k", "size_threshold", "center", "alias_id",
-                "target_labels", "width", "detection_output")
+                "target_labels", "width", "detection_output", "nms")
         return {k: attrs[k] for k in keys}
 
     def onnx(self, ctx, node):
@@ -335,13 +340,14 @@ class DetOut(_RemodetDetections):
         if labels and len(labels) != c - 1:
             raise LayerError(f"DetOut: detection_output_param has {len(labels)} target_labels for num_classes {c}; "
                              f"remodet takes one per class but the background ({c - 1})")
-        if p.vote_or_not != p.FastVote:
-            raise LayerError(f"DetOut: vote_or_not {p.NmsType.Name(p.vote_or_not)} is not supported; caffeq runs "
-                             f"FastVote, its default")
+        nms = p.NmsType.Name(p.vote_or_not)
+        if nms not in ("FastVote", "Ori", "Fast"):
+            raise LayerError(f"DetOut: vote_or_not {nms} (soft NMS) is not supported; caffeq runs FastVote (its "
+                             f"default), Ori and Fast")
         if p.ndim_detout not in (7, 8):
             raise LayerError(f"DetOut: ndim_detout must be 7 or 8, got {p.ndim_detout}")
         return {**attrs, "alias_id": int(p.alias_id), "target_labels": labels, "width": int(p.ndim_detout),
-                "detection_output": False}
+                "detection_output": False, "nms": nms}
 
     def infer(self, attrs, in_shapes):
         c = attrs["num_classes"]
@@ -371,7 +377,7 @@ class RemodetDetectionOutput(_RemodetDetections):
         if attrs["num_classes"] < 2:
             raise LayerError(f"DetectionOutput (remodet) reads class 1's scores, so num_classes must be >= 2, got "
                              f"{attrs['num_classes']}")
-        return {**attrs, "alias_id": 0, "target_labels": [], "width": 7, "detection_output": True,
+        return {**attrs, "alias_id": 0, "target_labels": [], "width": 7, "detection_output": True, "nms": "FastVote",
                 "reading_notes": ["DetectionOutput read as remodet's (UrwLee/Experience): class 1's scores, "
                                   "NMS with box voting, every row labelled 1; its visual_param is not drawn"]}
 
