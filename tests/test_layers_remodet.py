@@ -101,9 +101,11 @@ def ref_vote_nms(boxes, scores, conf, nms, top_k, jaccard, mode="FastVote"):
 
 
 def ref_detections(loc, conf, prior, num_classes, conf_t, nms_t, top_k, size_t=0.0, center=True, alias=0,
-                   labels=(), width=7, detection_output=False, mode="FastVote"):
+                   labels=(), width=7, detection_output=False, mode="FastVote", var_in_target=False):
     n, num_priors = conf.shape[0], prior.shape[2] // 4
     pbox, pvar = prior[0, 0].reshape(-1, 4), prior[0, 1].reshape(-1, 4)
+    if var_in_target:   # DecodeBBox without the variances
+        pvar = np.ones_like(pvar)
     flat = loc.reshape(-1)
     rows = []
     for i in range(n):
@@ -257,6 +259,14 @@ def test_remodets_detection_output_matches_the_fork(tmp_path):
     feeds = {"loc": loc, "conf": conf, "prior": prior}
     check_rows(model.run(feeds)["d"], ref)
     check_rows(model_py_outputs(model, feeds, tmp_path)["d"], ref)
+    # variance_encoded_in_target (which DetOut's CHECK refuses): the loc holds the scaled offsets
+    scaled = load_from_text(det_net("DetectionOutput", params.replace("variance_encoded_in_target: false",
+                                                                      "variance_encoded_in_target: true"),
+                                    loc * 0.1, conf, prior))
+    want = ref_detections(loc * 0.1, conf, prior, 3, 0.5, 0.45, 9, detection_output=True, var_in_target=True)
+    check_rows(scaled.run({"loc": loc * 0.1, "conf": conf, "prior": prior})["d"], want)
+    with pytest.raises(LayerError, match="CORNER_SIZE"):
+        load_from_text(det_net("DetectionOutput", params.replace("CENTER_SIZE", "CORNER_SIZE"), loc, conf, prior))
 
 
 @pytest.mark.parametrize("kind, params, msg", [

@@ -24,7 +24,8 @@ sizes, its DetOut, and its own DetectionOutput (not SSD's).
   Ori and Fast run plain greedy NMS on the same candidates (suppressed at IoU >= / > nms_threshold);
   its soft NMS types and the ARM mode (5 bottoms) are refused.
 - DetectionOutput with remodet's fields (detection_output_layer.cpp, bbox_util.cpp): visual_param is
-  required (the fork's CHECK; it only says whether to draw on a 4th bottom, which caffeq never does).
+  required (the fork's CHECK; it only says whether to draw on a 4th bottom, which caffeq never does);
+  variance_encoded_in_target reads the loc as the scaled offsets (DetOut's CHECK refuses it).
   Loc is shared (N, P * 4); only class 1's score is read; SSD's decoding (cx = v0 * l0 * pw + pcx) and
   SSD's JaccardOverlap (0 for disjoint boxes, sizes 0 for inverted ones); the same voting NMS (its
   ApplyNMSFastUnit); each kept box clipped, labelled 1; size_threshold is read but never applied.
@@ -41,7 +42,8 @@ from torch import nn
 
 from ...errors import ExportError
 from ..registry import Layer, LayerError, claim_layers, need_blobs, register_layer, torch_sources
-from .common import SizeOnlyPriors, legacy_hw, prior_output
+from .common import CENTER_SIZE, CORNER_SIZE, SizeOnlyPriors, legacy_hw, prior_output
+from .nms import TORCH_SSD_NMS, box_sizes, jaccard_overlaps, nms_candidates
 
 F32 = np.float32
 
@@ -104,38 +106,27 @@ def remodet_decode(loc, prior, var, center: bool, ssd_order: bool):
 
 
 def remodet_overlaps(box, others, jaccard: bool):
-    """IoU of one box (4,) with each of others (K, 4), float32: DetOut's BoundingBox::compute_iou, or
-    (jaccard) SSD's JaccardOverlap (0 for disjoint boxes; an inverted box's size is 0)."""
+    """IoU of one box (4,) with each of others (K, 4), float32: DetOut's BoundingBox::compute_iou (areas
+    without clamping; a negative IoU is 0), or (jaccard) SSD's JaccardOverlap."""
+    if jaccard:
+        return jaccard_overlaps(box[None], others, box_sizes(box[None]), box_sizes(others))[0]
     iw = torch.minimum(box[2], others[:, 2]) - torch.maximum(box[0], others[:, 0])
     ih = torch.minimum(box[3], others[:, 3]) - torch.maximum(box[1], others[:, 1])
-    zero = torch.zeros((), dtype=box.dtype)
-    if not jaccard:
-        inter = iw.clamp(min=0) * ih.clamp(min=0)
-        a = (box[2] - box[0]) * (box[3] - box[1])
-        b = (others[:, 2] - others[:, 0]) * (others[:, 3] - others[:, 1])
-        iou = inter / (a + b - inter)
-        return torch.where(iou < 0, zero, iou)
-
-    def size(x):
-        wide, high = x[..., 2] - x[..., 0], x[..., 3] - x[..., 1]
-        return torch.where((wide < 0) | (high < 0), zero, wide * high)
-    disjoint = ((others[:, 0] > box[2]) | (others[:, 2] < box[0]) | (others[:, 1] > box[3])
-                | (others[:, 3] < box[1]))
-    inter = iw * ih
-    iou = inter / (size(box) + size(others) - inter)
-    return torch.where(disjoint | ~((iw > 0) & (ih > 0)), zero, iou)
+    inter = iw.clamp(min=0) * ih.clamp(min=0)
+    a = (box[2] - box[0]) * (box[3] - box[1])
+    b = (others[:, 2] - others[:, 0]) * (others[:, 3] - others[:, 1])
+    iou = inter / (a + b - inter)
+    return torch.where(iou < 0, torch.zeros((), dtype=box.dtype), iou)
 
 
-def vote_nms(boxes, scores, conf_threshold: float, nms_threshold: float, top_k: int, jaccard: bool,
+def remodet_nms(boxes, scores, conf_threshold: float, nms_threshold: float, top_k: int, jaccard: bool,
              vote: bool = True, strict: bool = False):
     """remodet's NMS with box voting (NmsFastWithVoting / ApplyNMSFastUnit) on one image's boxes (P, 4) and
     one class's scores (P,), float32 on the CPU -> (kept prior indices in order, the boxes with each
     kept box that drew more than one vote replaced by the score-weighted mean of its voters).  Without
     vote, DetOut's plain greedy NMS: NmsOri (suppressed at IoU >= nms_threshold) or, strict, NmsFast
     (suppressed above it)."""
-    picked = torch.nonzero(scores > conf_threshold).flatten()
-    order = torch.sort(scores[picked], descending=True, stable=True).indices
-    candidates = picked[order][:top_k].tolist() if top_k > -1 else picked[order].tolist()
+    candidates = nms_candidates(scores, conf_threshold, top_k).tolist()
     kept, votes = [], {}
     for idx in candidates:
         keep = True
@@ -167,8 +158,10 @@ class RemodetDetOut(nn.Module):
     (jaccard True: class 1 only, SSD's decoding and overlap, label 1): (1, 1, rows, width)."""
 
     def __init__(self, num_classes, conf_threshold, nms_threshold, top_k, size_threshold=0.0, center=True,
-                 alias_id=0, target_labels=(), width=7, detection_output=False, nms="FastVote"):
+                 alias_id=0, target_labels=(), width=7, detection_output=False, nms="FastVote",
+                 variance_in_target=False):
         super().__init__()
+        self.variance_in_target = variance_in_target   # remodet's DetectionOutput: the loc holds v x the offset
         self.nms = nms   # FastVote, Ori or Fast (DetOut's vote_or_not)
         self.num_classes, self.conf_threshold, self.nms_threshold = num_classes, conf_threshold, nms_threshold
         self.top_k, self.size_threshold, self.center = top_k, size_threshold, center
@@ -187,10 +180,11 @@ class RemodetDetOut(nn.Module):
         rows = []
         for i in range(n):
             # the fork reads image i's loc at i * P * 4, 4 numbers a prior
-            boxes = remodet_decode(flat_loc[i * num_priors * 4:(i + 1) * num_priors * 4].reshape(-1, 4), p[0], p[1],
+            variances = torch.ones_like(p[1]) if self.variance_in_target else p[1]   # v = 1 is exact
+            boxes = remodet_decode(flat_loc[i * num_priors * 4:(i + 1) * num_priors * 4].reshape(-1, 4), p[0], variances,
                                    self.center, self.detection_output)
             for j in classes:
-                kept, boxes = vote_nms(boxes, scores[i, :, j].contiguous(), self.conf_threshold,
+                kept, boxes = remodet_nms(boxes, scores[i, :, j].contiguous(), self.conf_threshold,
                                        self.nms_threshold, self.top_k, self.detection_output,
                                        vote=self.nms == "FastVote", strict=self.nms == "Fast")
                 for prior_id in kept:
@@ -209,7 +203,7 @@ class RemodetDetOut(nn.Module):
 
 
 TORCH_REMODET_PRIORS = torch_sources(remodet_priors, RemodetPriorBox)
-TORCH_REMODET_DETOUT = torch_sources(remodet_decode, remodet_overlaps, vote_nms, RemodetDetOut)
+TORCH_REMODET_DETOUT = torch_sources(remodet_decode, remodet_overlaps, remodet_nms, RemodetDetOut)
 
 
 # ---- specs ---------------------------------------------------------------------------------------
@@ -283,9 +277,7 @@ class _RemodetDetections(Layer):
             raise LayerError(f"{kind}: detection_output_param.num_classes is required")
         if p.background_label_id != 0:
             raise LayerError(f"{kind}: background_label_id must be 0 (remodet's CHECK), got {p.background_label_id}")
-        if p.variance_encoded_in_target:
-            raise LayerError(f"{kind}: variance_encoded_in_target must be false (remodet's CHECK)")
-        return {"num_classes": int(p.num_classes), "center": p.code_type == 2, **_thresholds(p, kind)}
+        return {"num_classes": int(p.num_classes), "center": p.code_type == CENTER_SIZE, **_thresholds(p, kind)}
 
     def check_shapes(self, attrs, in_shapes, loc_per_prior):
         loc, conf, prior = in_shapes[:3]
@@ -312,7 +304,7 @@ class _RemodetDetections(Layer):
     @staticmethod
     def kwargs(attrs):
         keys = ("num_classes", "conf_threshold", "nms_threshold", "top_k", "size_threshold", "center", "alias_id",
-                "target_labels", "width", "detection_output", "nms")
+                "target_labels", "width", "detection_output", "nms", "variance_in_target")
         return {k: attrs[k] for k in keys}
 
     def onnx(self, ctx, node):
@@ -324,6 +316,7 @@ class _RemodetDetections(Layer):
         emit.note(f"{node.name} ({node.type}): the number of rows depends on the data (at most "
                   f"{emit.out_shape(0)[2]}); its voting NMS runs eagerly on the CPU, so this layer does not trace "
                   f"or export to a static graph.")
+        emit.helper(TORCH_SSD_NMS)   # box_sizes, jaccard_overlaps, nms_candidates
         m = emit.module(f"{emit.helper(TORCH_REMODET_DETOUT)}({args})")
         return f"{m}({', '.join(emit.inputs[:3])})"
 
@@ -346,12 +339,18 @@ class DetOut(_RemodetDetections):
                              f"default), Ori and Fast")
         if p.ndim_detout not in (7, 8):
             raise LayerError(f"DetOut: ndim_detout must be 7 or 8, got {p.ndim_detout}")
+        if p.variance_encoded_in_target:
+            raise LayerError("DetOut: variance_encoded_in_target must be false (remodet's CHECK)")
         return {**attrs, "alias_id": int(p.alias_id), "target_labels": labels, "width": int(p.ndim_detout),
-                "detection_output": False, "nms": nms}
+                "detection_output": False, "nms": nms, "variance_in_target": False}
 
     def infer(self, attrs, in_shapes):
         c = attrs["num_classes"]
         n_priors = self.check_shapes(attrs, in_shapes, 4 * (c - 1))
+        if c > 2 and in_shapes[0][0] > 1:
+            attrs["reading_notes"] = [f"DetOut with {c} classes reads each image's loc at a stride of 4 numbers a "
+                                      f"prior (the fork's GetLocPreds), inside the first image's {4 * (c - 1)}: "
+                                      f"images after the first get another image's boxes, as in the fork"]
         return [(1, 1, in_shapes[0][0] * (c - 1) * min(attrs["top_k"], n_priors), attrs["width"])]
 
 
@@ -377,7 +376,11 @@ class RemodetDetectionOutput(_RemodetDetections):
         if attrs["num_classes"] < 2:
             raise LayerError(f"DetectionOutput (remodet) reads class 1's scores, so num_classes must be >= 2, got "
                              f"{attrs['num_classes']}")
+        if p.code_type == CORNER_SIZE:
+            raise LayerError("DetectionOutput (remodet): code_type CORNER_SIZE is the fork's LOG(FATAL) (it decodes "
+                             "CORNER and CENTER_SIZE)")
         return {**attrs, "alias_id": 0, "target_labels": [], "width": 7, "detection_output": True, "nms": "FastVote",
+                "variance_in_target": bool(p.variance_encoded_in_target),
                 "reading_notes": ["DetectionOutput read as remodet's (UrwLee/Experience): class 1's scores, "
                                   "NMS with box voting, every row labelled 1; its visual_param is not drawn"]}
 
