@@ -1,6 +1,6 @@
 """maunzzz/caffe-crfgd (c0cbacb): PixelFeature and CrfFilterbankEd against references written from its C++
 (pixel_feature_layer.cpp, crf_filterbank_ed.cpp, entropy_descent_layer.cpp), in float64; CrfEd and CrfGrad
-read and sized, refused when run."""
+with bilateralNN's lattice filter (permutohedral.cpp, permutohedral_layer.cpp) step by step as its C++."""
 import math
 
 import numpy as np
@@ -261,6 +261,36 @@ def test_lattice_crfs_match_the_fork(kind, field, grad, tmp_path):
     np.testing.assert_allclose(model_py_outputs(model, feeds, tmp_path)["out"], got["out"], atol=0, rtol=0)
     with pytest.raises(ExportError, match="permutohedral lattice"):
         model.export_onnx(str(tmp_path / "crf.onnx"))
+
+
+@pytest.mark.parametrize("flags", ["skip_pl_term: true", "skip_pl_term: true skip_conv_term: true",
+                                   "skip_conv_term: true"])
+def test_crf_ed_skips_its_terms_as_the_fork(flags):
+    # crf_ed_layer.cpp: the derivative is conv + PL, with skip_pl_term the conv term alone (copied), with both
+    # skips 0 (set), with skip_conv_term PL alone; the unary term is added in every case
+    g = rng(8)
+    q = g.uniform(0.05, 1, (1, 3, 4, 5)).astype(np.float32)
+    q /= q.sum(1, keepdims=True)
+    feats = (g.standard_normal((1, 5, 4, 5)) * 0.6).astype(np.float32)
+    text = net('layer { name: "crf" type: "CrfEd" bottom: "q" bottom: "feat" top: "out" '
+               f'crfed_param {{ num_iterations: 2 kernel_size: 3 num_classes: 3 {flags} }} }}',
+               inputs={"q": q.shape, "feat": feats.shape})
+    model = load_from_text(text, random_weights=True)
+    spatial = (g.standard_normal((3, 3, 3, 3)) * 0.3).astype(np.float32)
+    lattice = (g.standard_normal((3, 3, 1, 63)) * 0.3).astype(np.float32)
+    model.graph.node("crf").blobs = [np.full((1, 1, 1, 1), 0.6, np.float32), spatial, lattice]
+    model.clear_cache()
+    unary = -0.6 * np.log(q.astype(np.float64) + np.float32(0.1))
+    x = q.astype(np.float64)
+    for it in range(2):
+        g_it = unary.copy()
+        if "skip_conv_term" not in flags:
+            g_it += ref_conv(x, spatial)
+        if "skip_pl_term" not in flags:
+            g_it += ref_lattice_filter(x.astype(np.float32), feats, lattice)
+        e = np.exp(-math.sqrt(2 * math.log(3) / (it + 1)) * g_it) * x
+        x = e / e.sum(1, keepdims=True)
+    np.testing.assert_allclose(model.run({"q": q, "feat": feats})["out"], x, atol=2e-5, rtol=1e-4)
 
 
 def test_lattice_crfs_check_their_shapes():

@@ -22,9 +22,7 @@ probabilities, and the per-pixel features they read.
   direction, through vertices that exist (a missing one: the tap reads 0); splat, the taps times the filter
   (C_out x C_in x taps), slice; normalized symmetrically by 1 / sqrt(the same filtering of ones with
   bilateralNN's Gaussian taps + 1e-20) before and after.  CrfEd then takes CrfFilterbankEd's entropic step
-  (the step from num_classes); with skip_pl_term its gradient is the unary term summed over the steps so
-  far and the spatial term is never added (its derivative blob is only ever added to), with
-  skip_conv_term PL + U.  CrfGrad steps X - step_size G, then projects each pixel's C values onto the
+  (the step from num_classes); skip_pl_term leaves out PL, skip_conv_term the spatial term.  CrfGrad steps X - step_size G, then projects each pixel's C values onto the
   simplex with leak_factor below it (sorted, the first running mean (sum - 1) / ii that reaches the next
   value).  With calculate_energy the second top (N, 1, 1, T) holds, in its first T values, each step's
   sum over the blob of X (U + conv(X) + PL(X)) (the fork writes nothing else there).  ONNX: refused
@@ -33,14 +31,13 @@ The torch functions below serve `forward` and are copied into model.py.
 """
 import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ExportError
 from .norm import onnx_reduce
-from .permutohedral import as_short, lattice_lookup, lattice_simplex, lattice_vertex_ids, round_half_away
+from .permutohedral import LATTICE_BASICS, as_short, lattice_lookup, lattice_simplex, lattice_vertices
 from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
@@ -61,6 +58,11 @@ def pixel_features(x, kind: str, pos_scale: float, color_scale: float, offset_h:
         return colour
     parts = [position, colour] if kind == "POSITION_AND_RGB" else [colour, position]
     return torch.cat(parts, 1)
+
+
+def entropic_step_size(classes: int, it: int, step_size_factor: float):
+    """crfgd's step at iteration it: sqrt(2 ln classes / (it + 1)) / step_size_factor in double, kept as float."""
+    return float(torch.tensor(math.sqrt(2.0 * math.log(classes) / (it + 1)) / step_size_factor, dtype=torch.float32))
 
 
 def entropic_step(x, g, step: float):
@@ -85,8 +87,7 @@ def crf_filterbank_ed(q, feats, unary_weight, filters, iterations: int, step_siz
         if not skip_pw:
             response = F.conv2d(x, bank, padding=(k - 1) // 2).reshape(n, c, f, h, w)
             g = (response * feats[:, None]).sum(2) + unary
-        x = entropic_step(x, g, float(torch.tensor(math.sqrt(2.0 * math.log(c) / (it + 1)) / step_size_factor,
-                                                   dtype=torch.float32)))
+        x = entropic_step(x, g, entropic_step_size(c, it, step_size_factor))
     return x
 
 
@@ -141,10 +142,8 @@ def bnn_lattice(features):
     p, d = features.shape
     dev = features.device
     keys, weights = lattice_simplex(features.to(torch.float32), half_away=True, double_first=True)
-    ids, columns = lattice_vertex_ids(keys.reshape(-1, d))
-    m = columns[-1][0].shape[0]
-    vertex_keys = torch.zeros(m, d, dtype=torch.int64, device=dev)
-    vertex_keys[ids] = keys.reshape(-1, d)
+    ids, columns, vertex_keys = lattice_vertices(keys)
+    m = vertex_keys.shape[0]
     steps = []   # along direction k: every key coordinate less 1, coordinate k (k < d) plus d + 1
     for k in range(d + 1):
         axis = torch.zeros(d, dtype=torch.int64, device=dev)
@@ -220,50 +219,46 @@ def simplex_leaky_projection(x, leak: float):
 
 
 def crf_descent(q, feats, unary_weight, spatial, lattice, iterations: int, log_eps: float, num_classes: int,
-                step_size_factor: float = 1.0, step_size: float = 0.0, leak: float = 0.0, skip_conv: bool = False,
-                skip_pl: bool = False):
-    """CrfEd (step_size 0: entropic descent, the step sqrt(2 ln num_classes / (it + 1)) / step_size_factor) or
-    CrfGrad (a gradient step of step_size, then the leaky simplex projection) from q (N, C, H, W), the lattice
-    features feats (N, d, H, W) -> (the state, the energies (iterations,) summed over the blob before each step)."""
+                step_size_factor: float = 1.0, projected: bool = False, step_size: float = 0.0, leak: float = 0.0,
+                skip_conv: bool = False, skip_pl: bool = False, energy: bool = False):
+    """CrfEd (entropic steps of entropic_step_size) or, projected, CrfGrad (a gradient step of step_size, then
+    the leaky simplex projection) from q (N, C, H, W) and the lattice features feats (N, d, H, W) -> (the
+    state, with energy the energies (iterations,) summed over the blob before each step, else [])."""
     k = spatial.shape[-1]
     unary = (q + log_eps).log() * (-unary_weight.reshape(()))
     x = q
     energies = []
-    accumulated = torch.zeros_like(q)
     lattices = None if skip_pl else bnn_lattices(feats)   # the fork builds them once a call, on its first step
     for it in range(iterations):
         conv = None if skip_conv else F.conv2d(x, spatial, padding=(k - 1) // 2)
         pl = None if skip_pl else bnn_lattice_filter(x, lattices, lattice)
-        if conv is not None and pl is not None:
+        if energy:
             energies.append(((x * conv + x * unary) + x * pl).double().sum())
-        if skip_pl:   # CrfEd: its derivative blob keeps the unary sums and never takes the conv term
-            accumulated = accumulated + unary
-            g = accumulated
-        else:
-            g = (pl if conv is None else conv + pl) + unary
-        if step_size:
+        pairwise = conv if pl is None else pl if conv is None else conv + pl
+        g = unary if pairwise is None else pairwise + unary
+        if projected:
             x = simplex_leaky_projection(x + g * (-step_size), leak)
         else:
-            step = float(torch.tensor(math.sqrt(2.0 * math.log(num_classes) / (it + 1)) / step_size_factor,
-                                      dtype=torch.float32))
-            x = entropic_step(x, g, step)
+            x = entropic_step(x, g, entropic_step_size(num_classes, it, step_size_factor))
     return x, energies
 
 
-TORCH_CRF_FILTERBANK_ED = torch_sources(entropic_step, crf_filterbank_ed, CrfFilterbankEd)
+TORCH_CRF_FILTERBANK_ED = torch_sources(entropic_step_size, entropic_step, crf_filterbank_ed, CrfFilterbankEd)
+
+
 class CrfDescent(nn.Module):
     """crf_descent with its three blobs as parameters; with energy, also the (N, 1, 1, T) energy top
     (the fork writes the T sums into its first row)."""
 
-    def __init__(self, iterations, log_eps, classes, step_size_factor=1.0, step_size=0.0, leak=0.0, skip_conv=False,
-                 skip_pl=False, spatial_shape=(1, 1, 1, 1), lattice_shape=(1, 1, 1, 1), energy=False):
+    def __init__(self, iterations, log_eps, num_classes, step_size_factor=1.0, projected=False, step_size=0.0, leak=0.0,
+                 skip_conv=False, skip_pl=False, spatial_shape=(1, 1, 1, 1), lattice_shape=(1, 1, 1, 1), energy=False):
         super().__init__()
         self.unary_weight = nn.Parameter(torch.zeros(1, 1, 1, 1))
         self.spatial_filter = nn.Parameter(torch.zeros(spatial_shape))
         self.lattice_filter = nn.Parameter(torch.zeros(lattice_shape))
-        self.settings = dict(iterations=iterations, log_eps=log_eps, num_classes=classes,
-                             step_size_factor=step_size_factor, step_size=step_size, leak=leak, skip_conv=skip_conv,
-                             skip_pl=skip_pl)
+        self.settings = dict(iterations=iterations, log_eps=log_eps, num_classes=num_classes,
+                             step_size_factor=step_size_factor, projected=projected, step_size=step_size, leak=leak,
+                             skip_conv=skip_conv, skip_pl=skip_pl, energy=energy)
         self.energy = energy
 
     def run(self, q, feats, unary_weight, spatial, lattice):
@@ -278,8 +273,8 @@ class CrfDescent(nn.Module):
         return self.run(q, feats, self.unary_weight, self.spatial_filter, self.lattice_filter)
 
 
-TORCH_CRF_DESCENT = torch_sources(bnn_gauss_filter, bnn_lattice, bnn_filter, bnn_lattices,
-                                  bnn_lattice_filter, simplex_leaky_projection, crf_descent, CrfDescent)
+TORCH_CRF_DESCENT = torch_sources(bnn_gauss_filter, bnn_lattice, bnn_filter, bnn_lattices, bnn_lattice_filter,
+                                  simplex_leaky_projection, entropic_step_size, entropic_step, crf_descent, CrfDescent)
 
 
 # ---- specs ---------------------------------------------------------------------------------------
@@ -404,7 +399,7 @@ class CrfFilterbankEdLayer(Layer):
                 response = ctx.op("Reshape", [response, ctx.i64([n, c, f, h, w])], f"response{it}")
                 pairwise = onnx_reduce(ctx, "ReduceSum", ctx.op("Mul", [response, feats5], f"weighted{it}"), [2], False)
                 g = ctx.op("Add", [pairwise, unary], f"g{it}")
-            step = float(np.float32(math.sqrt(2.0 * math.log(c) / (it + 1)) / a["step_size_factor"]))
+            step = entropic_step_size(c, it, a["step_size_factor"])
             e = ctx.op("Mul", [g, ctx.f32(-step)], f"e{it}")
             e = ctx.op("Sub", [e, onnx_reduce(ctx, "ReduceMax", e, [1], True)], f"eshift{it}")
             e = ctx.op("Mul", [ctx.op("Exp", [e], f"exp{it}"), x], f"ex{it}")
@@ -458,8 +453,8 @@ class _LatticeCrf(Layer):
 
     @staticmethod
     def settings(attrs):
-        keys = ("iterations", "log_eps", "classes", "step_size_factor", "step_size", "leak", "skip_conv", "skip_pl")
-        return {key: attrs[key] for key in keys}
+        keys = ("iterations", "log_eps", "step_size_factor", "projected", "step_size", "leak", "skip_conv", "skip_pl")
+        return {"num_classes": attrs["classes"], **{key: attrs[key] for key in keys}}
 
     def forward(self, attrs, params, q, feats):
         module = CrfDescent(**self.settings(attrs), energy=attrs["tops"] == 2)
@@ -481,7 +476,7 @@ class _LatticeCrf(Layer):
         args = ", ".join(f"{key}={emit.lit(v)}" for key, v in {**self.settings(a), **shapes}.items())
         energy = ", energy=True" if a["tops"] == 2 else ""
         emit.note(f"{node.name} ({node.type}): its lattice is built from the features on every call.")
-        for helper in (as_short, lattice_vertex_ids, lattice_lookup, round_half_away, lattice_simplex, entropic_step):
+        for helper in LATTICE_BASICS:
             emit.helper(helper)
         m = emit.module(f"{emit.helper(TORCH_CRF_DESCENT)}({args}{energy})")
         emit.param("unary_weight", 0)
@@ -502,8 +497,8 @@ class CrfEd(_LatticeCrf):
         if len(lp.top) == 2 and (p.skip_pl_term or p.skip_conv_term):
             raise LayerError("crfed_param.calculate_energy with skip_pl_term or skip_conv_term is not supported (the "
                              "fork sums a stale blob there)")
-        return {**attrs, "step_size_factor": float(p.step_size_factor), "step_size": 0.0, "leak": 0.0,
-                "skip_conv": bool(p.skip_conv_term), "skip_pl": bool(p.skip_pl_term)}
+        return {**attrs, "step_size_factor": float(p.step_size_factor), "projected": False, "step_size": 0.0,
+                "leak": 0.0, "skip_conv": bool(p.skip_conv_term), "skip_pl": bool(p.skip_pl_term)}
 
 
 @register_layer("CrfGrad")
@@ -515,5 +510,5 @@ class CrfGrad(_LatticeCrf):
         p = lp.crfgrad_param
         if p.step_size == 0:
             raise LayerError("crfgrad_param.step_size must not be 0")
-        return {**attrs, "step_size_factor": 1.0, "step_size": float(p.step_size), "leak": float(p.leak_factor),
-                "skip_conv": False, "skip_pl": False}
+        return {**attrs, "step_size_factor": 1.0, "projected": True, "step_size": float(p.step_size),
+                "leak": float(p.leak_factor), "skip_conv": False, "skip_pl": False}

@@ -128,6 +128,16 @@ def lattice_simplex(f, half_away: bool = False, double_first: bool = False):
     return keys, weights
 
 
+def lattice_vertices(keys):
+    """The distinct vertices of keys (P, d + 1, d): (ids (P (d + 1),) in [0, M), the columns lattice_lookup
+    searches, the vertices' keys (M, d))."""
+    d = keys.shape[-1]
+    ids, columns = lattice_vertex_ids(keys.reshape(-1, d))
+    vertex_keys = torch.zeros(columns[-1][0].shape[0], d, dtype=torch.int64, device=keys.device)
+    vertex_keys[ids] = keys.reshape(-1, d)
+    return ids, columns, vertex_keys
+
+
 def permutohedral_lattice(features):
     """The lattice of (P, d) float32 features: (slots (P, d + 1) int64, the vertex rows 1..M of the
     point's vertices; weights (P, d + 1) float32, their barycentric weights; neighbours (d + 1, 2, M)
@@ -138,10 +148,8 @@ def permutohedral_lattice(features):
     # vertices join the lattice (and carry values in the blur) though nothing is splatted there
     f = torch.cat([features.to(f32), torch.zeros((-p) % 4, d, dtype=f32, device=dev)])
     keys, weights = lattice_simplex(f)
-    ids, columns = lattice_vertex_ids(keys.reshape(-1, d))
-    m = columns[-1][0].shape[0]
-    vertex_keys = torch.zeros(m, d, dtype=torch.int64, device=dev)
-    vertex_keys[ids] = keys.reshape(-1, d)
+    ids, columns, vertex_keys = lattice_vertices(keys)
+    m = vertex_keys.shape[0]
 
     def along_each_axis():   # axis j: the key minus 1 but plus d at j, the key plus 1 but minus d at j
         for j in range(d + 1):
@@ -176,5 +184,6 @@ def permutohedral_filter(values, slots, weights, neighbours, sse_only: bool = Fa
 
 
 #: the functions model.py copies for a layer that filters through lattices (emit.helper each, in order)
-LATTICE_HELPERS = (as_short, lattice_vertex_ids, lattice_lookup, pixel_xy, round_half_away, lattice_simplex,
-                   permutohedral_lattice, permutohedral_filter)
+#: the lattice building blocks every lattice layer's model.py needs (emit.helper each)
+LATTICE_BASICS = (as_short, lattice_vertex_ids, lattice_lookup, round_half_away, lattice_simplex, lattice_vertices)
+LATTICE_HELPERS = LATTICE_BASICS + (pixel_xy, permutohedral_lattice, permutohedral_filter)
