@@ -54,6 +54,9 @@ def test_reshape_like_takes_its_axes_from_the_second_bottom(tmp_path):
                               'reshape_param { shape { dim: 3 dim: -1 } axis: 1 num_axes: 1 } }',
                               inputs={"x": (2, 12, 5), "ref": (2, 7, 5)}))
     assert part.blob_shapes["y"] == (2, 3, 4, 5)
+    with pytest.raises(LayerError, match="num_axes must be >= 0"):
+        load_from_text(net('layer { name: "r" type: "ReshapeLike" bottom: "x" bottom: "ref" top: "y" '
+                           'reshape_param { shape { dim: -1 } num_axes: -2 } }', inputs={"x": (2, 7), "ref": (2, 7)}))
     with pytest.raises(LayerError, match="not divisible"):
         load_from_text(net('layer { name: "r" type: "ReshapeLike" bottom: "x" bottom: "ref" top: "y" '
                            'reshape_param { shape { dim: -1 dim: 0 } } }', inputs={"x": (2, 7), "ref": (3, 3)}))

@@ -588,6 +588,12 @@ def test_lisa_caffe_lstm_reads_the_older_commits_gate_blobs(tmp_path):
                                atol=1e-5, rtol=1e-5)
     with pytest.raises(LayerError, match="diagonal_cell_gates"):
         load_from_text(text.replace("buffer_size: 2", "buffer_size: 2 diagonal_cell_gates: true"), input_shapes=shapes)
+    # 12 blobs that are not the gates' sizes: one clear line, not a reshape traceback
+    del layer.blobs[1].data[-1]
+    layer.blobs[1].width -= 1
+    (tmp_path / "lstm.caffemodel").write_bytes(netp.SerializeToString())
+    with pytest.raises(CaffeqError, match="the weights file has 12 blob"):
+        load(str(tmp_path / "lstm.prototxt"), weights=str(tmp_path / "lstm.caffemodel"), input_shapes=shapes)
 
 
 def test_lisa_caffe_lstm_checks_the_streams_and_markers():

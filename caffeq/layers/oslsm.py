@@ -16,7 +16,7 @@ import math
 import torch
 
 from .registry import Layer, LayerError, need_blobs, register_layer
-from .reshape import _reshape_plan, _reshape_shape
+from .reshape import _reshape_plan, _reshape_shape, reshape_attrs
 from .shape_ops import onnx_reshape
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
@@ -78,7 +78,9 @@ class MatMult(Layer):
 
     def macs(self, attrs, in_shapes, out_shapes):
         lead, d1, d2, d3 = self._sizes(attrs, in_shapes)
-        return math.prod(lead) * d1 * (d3 if attrs["a_diag"] else d2 * d3)
+        if attrs["a_diag"]:   # a row scaling, or an elementwise product of two diagonals
+            return math.prod(lead) * d1 * (1 if attrs["b_diag"] else d3)
+        return math.prod(lead) * d1 * d2 * d3
 
     def _args(self, attrs):
         return attrs["a_diag"], attrs["b_diag"], attrs["a_t"], attrs["b_t"], attrs["out_shape"]
@@ -113,13 +115,7 @@ class ReshapeLike(Layer):
         need_blobs(lp, "ReshapeLike", 2, 1, "data, shape reference")
         if lp.top[0] == lp.bottom[0]:
             raise LayerError("ReshapeLike does not allow in-place computation (the fork's CHECK)")
-        p = lp.reshape_param
-        dims = [int(d) for d in p.shape.dim]
-        inferred = [i for i, d in enumerate(dims) if d == -1]
-        if len(inferred) > 1 or any(d < -1 for d in dims):
-            raise LayerError(f"reshape_param.shape {dims}: at most one -1 dim, none below -1")
-        return {"dims": dims, "axis": int(p.axis), "num_axes": int(p.num_axes),
-                "copy_axes": [i for i, d in enumerate(dims) if d == 0], "inferred_axis": inferred[0] if inferred else -1}
+        return reshape_attrs(lp.reshape_param)
 
     def infer(self, attrs, in_shapes):
         x, ref = in_shapes

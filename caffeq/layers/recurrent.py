@@ -314,6 +314,9 @@ class LSTM(Recurrent):
             return arrays
         h = attrs["num_output"]
         x_w, bias, h_w = arrays[0:8:2], arrays[1:8:2], arrays[8:12]
+        k = x_w[0].size // h
+        if any(w.size != h * k for w in x_w) or any(b.size != h for b in bias) or any(w.size != h * h for w in h_w):
+            return arrays   # not the fork's gate blobs: the blob count then refuses them in one line
         order = (0, 1, 3, 2)   # stored i, f, c, o -> i, f, o, g (= c)
         notes.append("LSTM weights stored as lisa-caffe's LRCN_video_deploy (c04d2a0) keeps them, a blob a gate "
                      "in the order i, f, c, o: fused into W_xc, b, W_hc in the order i, f, o, g")

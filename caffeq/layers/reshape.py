@@ -44,7 +44,8 @@ def _reshape_shape(attrs, shape, total=None):
         explicit = math.prod(d for j, d in enumerate(dims) if j != inferred)
         explicit *= math.prod(shape[:start]) * math.prod(shape[end:])
         if explicit == 0 or total % explicit:
-            raise LayerError(f"bottom count {total} ({list(shape)}) is not divisible by the product "
+            what = f"({list(shape)})" if total == math.prod(shape) else f"(the kept axes from {list(shape)})"
+            raise LayerError(f"bottom count {total} {what} is not divisible by the product "
                              f"{explicit} of the other dimensions of reshape_param.shape "
                              f"{attrs['dims']}")
         top[start + inferred] = total // explicit
@@ -164,6 +165,20 @@ class Rearrange(Tiling):
         return [_pixel_shuffle_shape(s, in_shapes[0], "rearrange_param.depth")]
 
 
+def reshape_attrs(p):
+    """reshape_param's shape, axis and num_axes, checked as ReshapeLayer::LayerSetUp."""
+    dims = [int(d) for d in p.shape.dim]
+    inferred = [i for i, d in enumerate(dims) if d == -1]
+    if len(inferred) > 1:
+        raise LayerError(f"reshape_param.shape {dims} has several -1 dims; at most one may be inferred")
+    if any(d < -1 for d in dims):
+        raise LayerError(f"reshape_param.shape {dims} has a dimension below -1")
+    if p.num_axes < -1:
+        raise LayerError(f"reshape_param.num_axes must be >= 0, or -1 for all; got {p.num_axes}")
+    return {"dims": dims, "axis": int(p.axis), "num_axes": int(p.num_axes),
+            "copy_axes": [i for i, d in enumerate(dims) if d == 0], "inferred_axis": inferred[0] if inferred else -1}
+
+
 @register_layer("Reshape")
 class Reshape(Layer):
     def parse(self, lp):
@@ -180,21 +195,10 @@ class Reshape(Layer):
                 raise LayerError("reshape_param: give shape, or the 2014 num/channels/height/width, not both")
             return {"legacy_dims": [int(p.num), int(p.channels), int(p.height), int(p.width)],
                     "reading_notes": notes}
-        dims = [int(d) for d in p.shape.dim]
-        inferred = [i for i, d in enumerate(dims) if d == -1]
-        if len(inferred) > 1:
-            raise LayerError(f"reshape_param.shape {dims} has several -1 dims; at most one may be inferred")
-        if any(d < -1 for d in dims):
-            raise LayerError(f"reshape_param.shape {dims} has a dimension below -1")
-        if p.num_axes < -1:
-            raise LayerError(f"reshape_param.num_axes must be >= 0, or -1 for all; got {p.num_axes}")
         shuffle = int(getattr(p, "pixelshuffler", 1))
         if shuffle < 1:
             raise LayerError(f"reshape_param.pixelshuffler must be >= 1, got {shuffle}")
-        return {"pixelshuffler": shuffle, "reading_notes": notes,
-                "dims": dims, "axis": int(p.axis), "num_axes": int(p.num_axes),
-                "copy_axes": [i for i, d in enumerate(dims) if d == 0],
-                "inferred_axis": inferred[0] if inferred else -1}
+        return {"pixelshuffler": shuffle, "reading_notes": notes, **reshape_attrs(p)}
 
     def infer(self, attrs, in_shapes):
         if attrs.get("legacy_dims"):
