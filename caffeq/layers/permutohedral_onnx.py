@@ -72,13 +72,17 @@ class OnnxLattice:
                         value=scalar_tensor(0.0))
         return self.op("Concat", [features, zeros], "padded", axis=0)
 
-    def build(self, features, points, d):
-        """The lattice of `features` ((P + pad, d) float32, the pad rows at the origin; points: P, an int or a
-        (1,) int64 tensor): slots (P, d + 1) int64, weights (P, d + 1) float32 and the neighbour lists
-        (2 (d + 1), M), as permutohedral_lattice."""
+    def round_half_away(self, x):
+        """C's round() (halves away from zero; ONNX Round, like rint, rounds them to even), exactly."""
+        whole = self.op("Floor", [self.op("Abs", [x], "abs")], "whole")
+        frac = self.op("Sub", [self.op("Abs", [x], "abs"), whole], "frac")
+        up = self.op("Cast", [self.op("GreaterOrEqual", [frac, self.ctx.f32(0.5)], "half")], "up", to=1)
+        return self.op("Mul", [self.op("Sign", [x], "sign"), self.op("Add", [whole, up], "mag")], "round")
+
+    def simplex(self, features, points, d, half_away=False, double_first=False):
+        """lattice_simplex in ONNX: the weights (P, d + 1) float32 of the first `points` rows and the keys
+        (rows x (d + 1), d) int64 of every row's vertices."""
         c, f32 = self.ctx, np.float32
-        if isinstance(points, int):
-            points = c.i64([points])
         inv_std_dev = float(f32(math.sqrt(2.0 / 3.0) * (d + 1)))
         split = self.ops("Split", [features, c.i64([1] * d)], d, "f", axis=1)
         elevated = [None] * (d + 1)
@@ -90,7 +94,8 @@ class OnnxLattice:
         elevated[0] = running
         e = self.op("Concat", elevated, "elevated", axis=1)
         down, d_plus_1 = c.f32(f32(1.0) / f32(d + 1)), c.f32(float(d + 1))
-        rounded = self.op("Round", [self.op("Mul", [e, down], "v")], "round")
+        scaled = self.op("Mul", [e, down], "v")
+        rounded = self.round_half_away(scaled) if half_away else self.op("Round", [scaled], "round")
         rem0 = self.op("Mul", [rounded, d_plus_1], "rem0")
         rest = self.op("Sub", [e, rem0], "rest")
         less = self.op("Less", [self.op("Unsqueeze", [rest, c.i64([2])], "ri"), self.op("Unsqueeze", [rest, c.i64([1])],
@@ -117,29 +122,37 @@ class OnnxLattice:
         bary = self.op("ScatterElements", [zeros, slot, v], "bary", axis=1, reduction="add")
         bary = self.op("ScatterElements", [bary, self.op("Add", [slot, c.i64(1)], "next"),
                                            self.op("Neg", [v], "nv")], "bary", axis=1, reduction="add")
-        first = self.op("Add", [self.cols(bary, 0, 1), self.op("Add", [c.f32(1.0), self.cols(bary, d + 1, d + 2)],
-                                                              "wrap")], "w0")
+        if double_first:   # bilateralNN adds 1.0 + the wrapped weight in double
+            wrap = self.op("Add", [self.op("Cast", [self.cols(bary, 0, 1)], "b0", to=11),
+                                   self.op("Add", [c.const(np.array(1.0)), self.op("Cast", [self.cols(bary, d + 1, d + 2)],
+                                                                                   "bd", to=11)], "wrap")], "w0")
+            first = self.op("Cast", [wrap], "w0", to=1)
+        else:
+            first = self.op("Add", [self.cols(bary, 0, 1), self.op("Add", [c.f32(1.0), self.cols(bary, d + 1, d + 2)],
+                                                                  "wrap")], "w0")
         weights = self.first_rows(self.op("Concat", [first, self.cols(bary, 1, d + 1)], "w", axis=1), points)
-
         r = np.arange(d + 1)
         canonical = np.where(r[None, :] <= d - r[:, None], r[:, None], r[:, None] - (d + 1)).astype(np.int64)
         canon = self.op("Transpose", [self.op("Gather", [c.const(canonical), self.cols(rank, 0, d)], "canon",
                                               axis=1)], "canon", perm=[1, 0, 2])
         base = self.op("Unsqueeze", [self.op("Cast", [self.cols(rem0, 0, d)], "ri", to=7), c.i64([1])], "base")
         keys = self.op("Reshape", [self.short(self.op("Add", [base, canon], "keys")), c.i64([-1, d])], "keys")
+        return weights, keys
+
+    def vertices(self, keys, points, d):
+        """The vertex ids: (slots (P, d + 1) in 1..M of the first `points` rows, the vertices' keys (M, d))."""
+        c = self.ctx
         ids, first_rows, _ = self.dense_ids(keys, d)
         vertex_keys = self.op("Gather", [keys, first_rows], "vk", axis=0)
         slots = self.op("Add", [self.first_rows(self.op("Reshape", [ids, c.i64([-1, d + 1])], "slots"), points),
                                 c.i64(1)], "slots")
+        return slots, vertex_keys
 
-        lower, upper = [], []
-        for j in range(d + 1):
-            axis = np.zeros(d, np.int64)
-            if j < d:
-                axis[j] = d + 1
-            lower.append(self.short(self.op("Add", [vertex_keys, c.const(axis - 1)], "lower")))
-            upper.append(self.short(self.op("Add", [vertex_keys, c.const(1 - axis)], "upper")))
-        every, _, count = self.dense_ids(self.op("Concat", [vertex_keys] + lower + upper, "all", axis=0), d)
+    def find_rows(self, vertex_keys, queries, d):
+        """The rows (1..M, 0: none) of the vertices equal to each of the query key tensors (Q, d), stacked (n, Q),
+        by numbering the vertex keys and the queries together (Unique)."""
+        c = self.ctx
+        every, _, count = self.dense_ids(self.op("Concat", [vertex_keys] + queries, "all", axis=0), d)
         m = self.op("Shape", [vertex_keys], "m", start=0, end=1)
         row_of = self.op("ScatterElements", [
             self.op("ConstantOfShape", [count], "table", value=_int64_zero()),
@@ -147,8 +160,25 @@ class OnnxLattice:
             self.op("Range", [c.i64(1), self.op("Add", [self.op("Squeeze", [m, c.i64([0])], "ms"), c.i64(1)], "m1"),
                               c.i64(1)], "rows")], "row_of", axis=0)
         found = self.op("Gather", [row_of, self.op("Slice", [every, m, c.i64([2 ** 62]), c.i64([0])], "nid")], "nb")
-        neighbours = self.op("Reshape", [found, c.i64([2 * (d + 1), -1])], "nb")
-        return slots, weights, neighbours
+        return self.op("Reshape", [found, c.i64([len(queries), -1])], "nb")
+
+    def build(self, features, points, d):
+        """The lattice of `features` ((P + pad, d) float32, the pad rows at the origin; points: P, an int or a
+        (1,) int64 tensor): slots (P, d + 1) int64, weights (P, d + 1) float32 and the neighbour lists
+        (2 (d + 1), M), as permutohedral_lattice."""
+        c = self.ctx
+        if isinstance(points, int):
+            points = c.i64([points])
+        weights, keys = self.simplex(features, points, d)
+        slots, vertex_keys = self.vertices(keys, points, d)
+        lower, upper = [], []
+        for j in range(d + 1):
+            axis = np.zeros(d, np.int64)
+            if j < d:
+                axis[j] = d + 1
+            lower.append(self.short(self.op("Add", [vertex_keys, c.const(axis - 1)], "lower")))
+            upper.append(self.short(self.op("Add", [vertex_keys, c.const(1 - axis)], "upper")))
+        return slots, weights, self.find_rows(vertex_keys, lower + upper, d)
 
     def constant(self, slots, weights, neighbours):
         """A lattice known at export (the spatial one): permutohedral_lattice's tensors as initializers."""
