@@ -5,10 +5,9 @@ import math
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import check_everywhere, net, onnx_outputs, rng
 from permutohedral_reference import point_simplex
 
-from caffeq.errors import ExportError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -259,13 +258,15 @@ def test_lattice_crfs_match_the_fork(kind, field, grad, tmp_path):
     np.testing.assert_allclose(got["energy"], energy_top, atol=1e-3, rtol=1e-5)
     from conftest import model_py_outputs
     np.testing.assert_allclose(model_py_outputs(model, feeds, tmp_path)["out"], got["out"], atol=0, rtol=0)
-    with pytest.raises(ExportError, match="permutohedral lattice"):
-        model.export_onnx(str(tmp_path / "crf.onnx"))
+    # ONNX builds the same lattice in the graph (Unique for the vertices, the taps walked through them)
+    exported = onnx_outputs(model, feeds, tmp_path)
+    np.testing.assert_allclose(exported["out"], got["out"], atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(exported["energy"], got["energy"], atol=1e-4, rtol=1e-6)
 
 
 @pytest.mark.parametrize("flags", ["skip_pl_term: true", "skip_pl_term: true skip_conv_term: true",
                                    "skip_conv_term: true"])
-def test_crf_ed_skips_its_terms_as_the_fork(flags):
+def test_crf_ed_skips_its_terms_as_the_fork(flags, tmp_path):
     # crf_ed_layer.cpp: the derivative is conv + PL, with skip_pl_term the conv term alone (copied), with both
     # skips 0 (set), with skip_conv_term PL alone; the unary term is added in every case
     g = rng(8)
@@ -291,6 +292,7 @@ def test_crf_ed_skips_its_terms_as_the_fork(flags):
         e = np.exp(-math.sqrt(2 * math.log(3) / (it + 1)) * g_it) * x
         x = e / e.sum(1, keepdims=True)
     np.testing.assert_allclose(model.run({"q": q, "feat": feats})["out"], x, atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(onnx_outputs(model, {"q": q, "feat": feats}, tmp_path)["out"], x, atol=2e-5, rtol=1e-4)
 
 
 def test_lattice_crfs_check_their_shapes():

@@ -25,8 +25,8 @@ probabilities, and the per-pixel features they read.
   (the step from num_classes); skip_pl_term leaves out PL, skip_conv_term the spatial term.  CrfGrad steps X - step_size G, then projects each pixel's C values onto the
   simplex with leak_factor below it (sorted, the first running mean (sum - 1) / ii that reaches the next
   value).  With calculate_energy the second top (N, 1, 1, T) holds, in its first T values, each step's
-  sum over the blob of X (U + conv(X) + PL(X)) (the fork writes nothing else there).  ONNX: refused
-  (the lattice is built from the features at run time).
+  sum over the blob of X (U + conv(X) + PL(X)) (the fork writes nothing else there).  ONNX
+  (crfgd_onnx.py): the lattice built in the graph, the steps unrolled.
 The torch functions below serve `forward` and are copied into model.py.
 """
 import math
@@ -35,7 +35,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ExportError
 from .norm import onnx_reduce
 from .permutohedral import LATTICE_BASICS, as_short, lattice_lookup, lattice_simplex, lattice_vertices
 from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
@@ -381,6 +380,7 @@ class CrfFilterbankEdLayer(Layer):
 
     def onnx(self, ctx, node):
         # the iterations unrolled: Conv, the per-pixel weighted sum, the entropic step, as forward
+        from .crfgd_onnx import onnx_entropic_step
         a = node.attrs
         q, feats = node.inputs
         n, c, h, w = ctx.shape(q)
@@ -399,16 +399,8 @@ class CrfFilterbankEdLayer(Layer):
                 response = ctx.op("Reshape", [response, ctx.i64([n, c, f, h, w])], f"response{it}")
                 pairwise = onnx_reduce(ctx, "ReduceSum", ctx.op("Mul", [response, feats5], f"weighted{it}"), [2], False)
                 g = ctx.op("Add", [pairwise, unary], f"g{it}")
-            step = entropic_step_size(c, it, a["step_size_factor"])
-            e = ctx.op("Mul", [g, ctx.f32(-step)], f"e{it}")
-            e = ctx.op("Sub", [e, onnx_reduce(ctx, "ReduceMax", e, [1], True)], f"eshift{it}")
-            e = ctx.op("Mul", [ctx.op("Exp", [e], f"exp{it}"), x], f"ex{it}")
-            total = onnx_reduce(ctx, "ReduceSum", e, [1], True)
-            last = it == a["iterations"] - 1
-            if last:
-                ctx.add_node("Div", [e, total], [node.outputs[0]], name=node.name)
-            else:
-                x = ctx.op("Div", [e, total], f"x{it + 1}")
+            out = node.outputs[0] if it == a["iterations"] - 1 else None
+            x = onnx_entropic_step(ctx, x, g, entropic_step_size(c, it, a["step_size_factor"]), f"ed{it}", out)
 
     def pytorch_source(self, node, emit):
         a = node.attrs
@@ -466,8 +458,8 @@ class _LatticeCrf(Layer):
         return attrs["iterations"] * n * h * w * per_step
 
     def onnx(self, ctx, node):
-        raise ExportError(f"layer '{node.name}' ({node.type}): its permutohedral lattice is built from the features "
-                          f"at run time (bilateralNN's learned lattice filter), which caffeq does not export to ONNX")
+        from .crfgd_onnx import emit_crf_descent
+        emit_crf_descent(ctx, node)
 
     def pytorch_source(self, node, emit):
         a = node.attrs
