@@ -79,14 +79,7 @@ class BnnOnnxLattice(OnnxLattice):
         """values (P, C) through the lattice with filters (O, C, T) -> (P, O), as bnn_filter (transposed)."""
         c = self.ctx
         slots, weights, taps = lattice
-        splat = self.op("Reshape", [self.op("Mul", [self.op("Unsqueeze", [weights, c.i64([2])], "w3"),
-                                                    self.op("Unsqueeze", [values, c.i64([1])], "v3")], "splat"),
-                                    c.i64([-1, channels])], "splat")
-        m1 = self.op("Add", [self.op("Shape", [taps], "m", start=1, end=2), c.i64([1])], "m1")
-        grid = self.op("ConstantOfShape", [self.op("Concat", [m1, c.i64([channels])], "gs", axis=0)], "grid",
-                       value=scalar_tensor(0.0))
-        at = self.op("Expand", [self.op("Reshape", [slots, c.i64([-1, 1])], "at"), c.i64([1, channels])], "at")
-        grid = self.op("ScatterElements", [grid, at, splat], "grid", axis=0, reduction="add")
+        grid = self.splat(slots, weights, values, channels, taps)
         blurred = None
         for t in range(taps_count):
             picked = self.op("Gather", [grid, self.op("Gather", [taps, c.i64(t)], "tap", axis=0)], "picked", axis=0)

@@ -187,18 +187,24 @@ class OnnxLattice:
         return (c.const(slots.numpy()), c.const(weights.numpy()),
                 c.const(np.concatenate([n[:, 0], n[:, 1]]).astype(np.int64)))
 
+    def splat(self, slots, weights, values, channels, by_vertex):
+        """values (P, C) weighted onto the vertices: (M + 1, C), row 0 (no vertex) zero; by_vertex: a tensor
+        whose axis 1 has the M vertices."""
+        c = self.ctx
+        splat = self.op("Reshape", [self.op("Mul", [self.op("Unsqueeze", [weights, c.i64([2])], "w3"),
+                                                    self.op("Unsqueeze", [values, c.i64([1])], "v3")], "splat"),
+                                    c.i64([-1, channels])], "splat")
+        m1 = self.op("Add", [self.op("Shape", [by_vertex], "m", start=1, end=2), c.i64([1])], "m1")
+        grid = self.op("ConstantOfShape", [self.op("Concat", [m1, c.i64([channels])], "gs", axis=0)], "grid",
+                       value=scalar_tensor(0.0))
+        at = self.op("Expand", [self.op("Reshape", [slots, c.i64([-1, 1])], "at"), c.i64([1, channels])], "at")
+        return self.op("ScatterElements", [grid, at, splat], "grid", axis=0, reduction="add")
+
     def filter(self, lattice, values, channels, d, sse_only=False):
         """values (P, C) float32 through the lattice -> (P, C), as permutohedral_filter (transposed)."""
         c = self.ctx
         slots, weights, neighbours = lattice
-        splat = self.op("Reshape", [self.op("Mul", [self.op("Unsqueeze", [weights, c.i64([2])], "w3"),
-                                                    self.op("Unsqueeze", [values, c.i64([1])], "v3")], "splat"),
-                                    c.i64([-1, channels])], "splat")
-        m1 = self.op("Add", [self.op("Shape", [neighbours], "m", start=1, end=2), c.i64([1])], "m1")
-        grid = self.op("ConstantOfShape", [self.op("Concat", [m1, c.i64([channels])], "gs", axis=0)], "grid",
-                       value=scalar_tensor(0.0))
-        at = self.op("Expand", [self.op("Reshape", [slots, c.i64([-1, 1])], "at"), c.i64([1, channels])], "at")
-        grid = self.op("ScatterElements", [grid, at, splat], "grid", axis=0, reduction="add")
+        grid = self.splat(slots, weights, values, channels, neighbours)
         for j in range(d + 1):
             left = self.op("Gather", [grid, self.op("Gather", [neighbours, c.i64(j)], "n1", axis=0)], "l", axis=0)
             right = self.op("Gather", [grid, self.op("Gather", [neighbours, c.i64(d + 1 + j)], "n2", axis=0)], "r",
