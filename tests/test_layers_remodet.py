@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from conftest import model_py_outputs, net, onnx_outputs, rng
 
-from caffeq.errors import ExportError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -215,11 +214,10 @@ def test_detout_matches_the_fork(n, classes, extra, kwargs, tmp_path):
     feeds = {"loc": loc, "conf": conf, "prior": prior}
     check_rows(model.run(feeds)["d"], ref)
     check_rows(model_py_outputs(model, feeds, tmp_path)["d"], ref)
-    with pytest.raises(ExportError, match="score-weighted mean"):
-        onnx_outputs(model, feeds, tmp_path)
+    check_rows(onnx_outputs(model, feeds, tmp_path)["d"], ref)
 
 
-def test_detout_votes_and_drops_small_boxes():
+def test_detout_votes_and_drops_small_boxes(tmp_path):
     # two near-equal priors and a third overlapping both: the kept box moves to the weighted mean
     prior = np.array([[[0.1, 0.1, 0.5, 0.5, 0.11, 0.1, 0.51, 0.5, 0.4, 0.4, 0.42, 0.42],
                        [0.1, 0.1, 0.2, 0.2] * 3]], F)
@@ -229,6 +227,8 @@ def test_detout_votes_and_drops_small_boxes():
               "code_type: CENTER_SIZE")
     model = load_from_text(det_net("DetOut", params, loc, conf, prior))
     got = model.run({"loc": loc, "conf": conf, "prior": prior})["d"]
+    np.testing.assert_allclose(onnx_outputs(model, {"loc": loc, "conf": conf, "prior": prior}, tmp_path)["d"], got,
+                               atol=1e-7)
     s = F(0.9) + F(0.8)
     mean_x0 = F(F(0.1) * F(F(0.9) / s)) + F(F(0.11) * F(F(0.8) / s))
     assert got.shape == (1, 1, 1, 7)   # the third box (area 0.0004) is below size_threshold
@@ -242,6 +242,8 @@ def test_detout_votes_and_drops_small_boxes():
     # nothing above conf_threshold: one row of -1
     none = load_from_text(det_net("DetOut", params.replace("0.5 nms", "0.95 nms"), loc, conf, prior))
     np.testing.assert_array_equal(none.run({"loc": loc, "conf": conf, "prior": prior})["d"], -np.ones((1, 1, 1, 7)))
+    np.testing.assert_array_equal(onnx_outputs(none, {"loc": loc, "conf": conf, "prior": prior}, tmp_path)["d"],
+                                  -np.ones((1, 1, 1, 7)))
 
 
 def test_remodets_detection_output_matches_the_fork(tmp_path):
@@ -259,6 +261,7 @@ def test_remodets_detection_output_matches_the_fork(tmp_path):
     feeds = {"loc": loc, "conf": conf, "prior": prior}
     check_rows(model.run(feeds)["d"], ref)
     check_rows(model_py_outputs(model, feeds, tmp_path)["d"], ref)
+    check_rows(onnx_outputs(model, feeds, tmp_path)["d"], ref)
     # variance_encoded_in_target (which DetOut's CHECK refuses): the loc holds the scaled offsets
     scaled = load_from_text(det_net("DetectionOutput", params.replace("variance_encoded_in_target: false",
                                                                       "variance_encoded_in_target: true"),

@@ -31,8 +31,8 @@ sizes, its DetOut, and its own DetectionOutput (not SSD's).
   ApplyNMSFastUnit); each kept box clipped, labelled 1; size_threshold is read but never applied.
 
 Shapes: the row count is known only after a run; infer gives the most rows (N x (C - 1) x min(top_k, P)
-for DetOut, N x min(top_k, P) for DetectionOutput).  ONNX: refused (the voting's weighted means depend
-on each NMS step).  The torch functions below serve `forward` and are copied into model.py.
+for DetOut, N x min(top_k, P) for DetectionOutput).  ONNX: remodet_onnx.py (a Scan for the keep
+decisions, the votes' weighted means as a MatMul).  The torch functions below serve `forward` and are copied into model.py.
 """
 import math
 
@@ -40,7 +40,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...errors import ExportError
 from ..registry import Layer, LayerError, claim_layers, need_blobs, register_layer, torch_sources
 from .common import CENTER_SIZE, CORNER_SIZE, SizeOnlyPriors, legacy_hw, prior_output
 from .nms import TORCH_SSD_NMS, box_sizes, jaccard_overlaps, nms_candidates
@@ -308,8 +307,8 @@ class _RemodetDetections(Layer):
         return {k: attrs[k] for k in keys}
 
     def onnx(self, ctx, node):
-        raise ExportError(f"layer '{node.name}' ({node.type}): remodet's NMS moves each kept box to the "
-                          f"score-weighted mean of the boxes it suppressed, one step at a time; ONNX has no such op")
+        from .remodet_onnx import emit_remodet_detections  # onnx is imported only to export
+        emit_remodet_detections(ctx, node)
 
     def pytorch_source(self, node, emit):
         args = ", ".join(f"{k}={emit.lit(v)}" for k, v in self.kwargs(node.attrs).items())
