@@ -123,6 +123,14 @@ class OnnxContext:
         prefix = self.layer.name if self.layer is not None else "t"
         return self.add_node(kind, inputs, self.tmp(f"{prefix}_{hint}"), name=name, **attrs)
 
+    def body_op(self, body, kind, inputs, hint, **attrs):
+        """One `kind` node appended to `body`, the node list of a Scan or Loop subgraph, its single output a
+        fresh tensor named "<layer>_<hint>"; returns that output's name."""
+        import onnx
+        out = self.tmp(f"{self.layer.name}_{hint}")
+        body.append(onnx.helper.make_node(kind, inputs, [out], **attrs))
+        return out
+
     def i64(self, values):
         """A shared int64 constant holding `values` (a scalar or a nested list)."""
         return self.const(np.array(values, np.int64))

@@ -173,9 +173,7 @@ def _onnx_duel(ctx, node, candidates):
     body = []
 
     def b(op_type, inputs, hint, **kw):
-        out = ctx.tmp(f"{node.name}_{hint}")
-        body.append(helper.make_node(op_type, inputs, [out], **kw))
-        return out
+        return ctx.body_op(body, op_type, inputs, hint, **kw)
 
     def bconst(value, dtype, hint):
         return b("Constant", [], hint, value=helper.make_tensor(f"{hint}_value", dtype, [], [value]))

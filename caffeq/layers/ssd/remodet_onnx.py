@@ -71,9 +71,7 @@ def _greedy_keep(ctx, node, suppresses, count):
     body = []
 
     def b(op_type, inputs, hint, **kw):
-        out = ctx.tmp(f"{node.name}_{hint}")
-        body.append(helper.make_node(op_type, inputs, [out], **kw))
-        return out
+        return ctx.body_op(body, op_type, inputs, hint, **kw)
     kept_in, it, row = (ctx.tmp(f"{node.name}_{h}") for h in ("kept_in", "it", "row"))
     suppressed = b("ReduceMax", [b("Cast", [b("And", [kept_in, row], "hits")], "hitsf", to=TensorProto.FLOAT)],
                    "suppressed", keepdims=0)
