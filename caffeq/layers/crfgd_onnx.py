@@ -113,12 +113,12 @@ def emit_crf_descent(ctx, node):
     gauss = ctx.const(bnn_gauss_filter(d).numpy().reshape(1, 1, taps_count), node.name + "_gauss")
     lattices = []
     if not a["skip_pl"]:
+        ones = ctx.const(np.ones((h * w, 1), np.float32))   # filtered by the Gaussian taps: the normalization
         for i in range(n):
             lat = BnnOnnxLattice(ctx, f"lattice{i}")
             image = ctx.op("Gather", [feats, ctx.i64(i)], f"feats{i}", axis=0)
             points = ctx.op("Transpose", [ctx.op("Reshape", [image, ctx.i64([d, h * w])], f"f{i}")], f"pts{i}", perm=[1, 0])
             built = lat.build_bnn(points, h * w, d)
-            ones = ctx.const(np.ones((h * w, 1), np.float32))
             smooth = ctx.op("Cast", [lat.filter_bnn(built, ones, 1, gauss, taps_count, d)], f"norm_in{i}", to=11)
             norm = ctx.op("Cast", [ctx.op("Reciprocal", [ctx.op("Sqrt", [ctx.op("Add", [smooth, ctx.const(np.array(1e-20))],
                                                                                  f"eps{i}")], f"sqrt{i}")], f"inv{i}")],

@@ -128,6 +128,7 @@ def emit_remodet_detections(ctx, node):
             tri_k = ctx.op("Slice", [ctx.op("Slice", [tri, ctx.i64([0]), count, ctx.i64([0])], "tri_r"), ctx.i64([0]),
                                      count, ctx.i64([1])], "tri_k")
             kept = _greedy_keep(ctx, node, ctx.op("And", [over, tri_k], "sup"), count)
+            kept_idx = ctx.op("Compress", [order, kept], "kept_idx", axis=0)   # the kept priors, in NMS order
             if a["nms"] == "FastVote":   # votes [k, i]: kept k, i = k or an earlier-kept k overlapping i >= 0.75
                 close = ctx.op("And", [ctx.op("GreaterOrEqual", [iou, ctx.f32(0.75)], "close"),
                                        ctx.op("Transpose", [tri_k], "before", perm=[1, 0])], "close_b")
@@ -139,10 +140,8 @@ def emit_remodet_detections(ctx, node):
                 total = ctx.op("ReduceSum", [weights, ctx.i64([1])], "total", keepdims=1)
                 safe = ctx.op("Where", [ctx.op("Greater", [total, ctx.f32(0.0)], "some"), total, ctx.f32(1.0)], "safe")
                 voted = ctx.op("MatMul", [ctx.op("Div", [weights, safe], "scale"), cand_b], "voted")
-                kept_idx = ctx.op("Compress", [order, kept], "kept_idx", axis=0)
                 boxes = ctx.op("ScatterND", [boxes, ctx.op("Unsqueeze", [kept_idx, ctx.i64([1])], "ki"),
                                              ctx.op("Compress", [voted, kept], "kept_v", axis=0)], "boxes_voted")
-            kept_idx = ctx.op("Compress", [order, kept], "kept_idx", axis=0)
             box = ctx.op("Clip", [ctx.op("Gather", [boxes, kept_idx], "kb", axis=0), ctx.f32(0.0), ctx.f32(1.0)], "clip")
             score = ctx.op("Compress", [cand_s, kept], "ks", axis=0)
             if not a["detection_output"]:   # DetOut drops the boxes whose clipped area is below size_threshold
