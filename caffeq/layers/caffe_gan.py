@@ -18,7 +18,16 @@ bf0b27b that its nets use).
 import numpy as np
 import torch.nn.functional as F
 
-from .registry import AT_LEAST, Layer, LayerError, claim_layers, legacy_nchw, need_blobs, register_layer
+from .registry import (
+    AT_LEAST,
+    Layer,
+    LayerError,
+    claim_layers,
+    legacy_depth_space_shape,
+    legacy_nchw,
+    need_blobs,
+    register_layer,
+)
 
 MDTOW, MWTOD = 0, 1
 
@@ -54,16 +63,8 @@ class Dtow(Layer):
         return {"p": int(p.psize), "to_space": p.method == MDTOW}
 
     def infer(self, attrs, in_shapes):
-        n, c, h, w = legacy_nchw(in_shapes[0], "Dtow")
-        p = attrs["p"]
-        attrs["_legacy"] = [n, c, h, w]
-        if attrs["to_space"]:
-            if c % (p * p):
-                raise LayerError(f"Dtow needs channels divisible by psize^2 = {p * p}, got {c}")
-            return [(n, c // (p * p), h * p, w * p)]
-        if h % p or w % p:
-            raise LayerError(f"Dtow (MWTOD) needs height and width divisible by psize {p}, got {h} x {w}")
-        return [(n, c * p * p, h // p, w // p)]
+        attrs["_legacy"] = list(legacy_nchw(in_shapes[0], "Dtow"))
+        return [legacy_depth_space_shape(in_shapes[0], attrs["p"], attrs["to_space"], "dtow_param.psize")]
 
     def forward(self, attrs, params, x):
         x = x.reshape(attrs["_legacy"])

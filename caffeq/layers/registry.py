@@ -505,6 +505,20 @@ def legacy_nchw(shape, what):
     return tuple(shape) + (1,) * (4 - len(shape))
 
 
+def legacy_depth_space_shape(shape, r, to_space, what):
+    """The top of a fork's depth <-> space rearrangement of block r read through the legacy accessors:
+    N x C/r^2 x rH x rW (to_space) or N x Cr^2 x H/r x W/r; a LayerError naming `what` when the sizes
+    do not divide (caffe-gan's Dtow, Xilinx's GSTiling; `what` names the block field)."""
+    n, c, h, w = legacy_nchw(shape, what)
+    if to_space:
+        if c % (r * r):
+            raise LayerError(f"{what} {r} needs channels divisible by {r * r}, got {c}")
+        return (n, c // (r * r), h * r, w * r)
+    if h % r or w % r:
+        raise LayerError(f"{what} {r} needs height and width divisible by {r}, got {h} x {w}")
+    return (n, c * r * r, h // r, w // r)
+
+
 #: need_blobs(lp, what, range(2, AT_LEAST)): two bottoms or more
 AT_LEAST = 1 << 20
 

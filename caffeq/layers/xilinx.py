@@ -16,7 +16,15 @@ import torch
 
 from .conv import Convolution, InnerProduct, TransformedConvolution, TransformedInnerProduct, TransformedWeights
 from .python_layers import TORCH_CV_NEAREST, cv_nearest_resize, onnx_cv_nearest
-from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer, torch_sources
+from .registry import (
+    Layer,
+    LayerError,
+    legacy_depth_space_shape,
+    legacy_nchw,
+    need_blobs,
+    register_layer,
+    torch_sources,
+)
 from .roi_pooling import c_round
 
 _NEAREST = 1   # DeephiResizeParameter.NEAREST
@@ -365,16 +373,8 @@ class GSTiling(Layer):
         return {"stride": int(p.stride), "reverse": bool(p.reverse)}
 
     def infer(self, attrs, in_shapes):
-        n, c, h, w = legacy_nchw(in_shapes[0], "GSTiling")
-        s = attrs["stride"]
-        attrs["_legacy"] = [n, c, h, w]
-        if attrs["reverse"]:
-            if c % (s * s):
-                raise LayerError(f"GSTiling reverse needs channels divisible by stride^2 = {s * s}, got {c}")
-            return [(n, c // (s * s), h * s, w * s)]
-        if h % s or w % s:
-            raise LayerError(f"GSTiling needs height and width divisible by its stride {s}, got {h} x {w}")
-        return [(n, c * s * s, h // s, w // s)]
+        attrs["_legacy"] = list(legacy_nchw(in_shapes[0], "GSTiling"))
+        return [legacy_depth_space_shape(in_shapes[0], attrs["stride"], attrs["reverse"], "gs_tiling_param.stride")]
 
     def forward(self, attrs, params, x):
         return gs_tiling(x.reshape(attrs["_legacy"]), attrs["stride"], attrs["reverse"])
