@@ -142,6 +142,7 @@ from . import (  # noqa: F401,E402
     synopsys_binary,
     synopsys_tf,
     transfernet,
+    ubernet,
     v1_forks,
     video_caffe,
     video_data,

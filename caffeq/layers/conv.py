@@ -128,13 +128,24 @@ def resolve_geometry(attrs, in_shape):
         if (p.kernel_size or p.HasField("kernel_h") or p.HasField("kernel_w")) else _missing("kernel_size")
     attrs["stride"] = spatial_params(p, nsp, "stride", 1, min_value=1, pair_required=False)
     attrs["pad"] = spatial_params(p, nsp, "pad", 0, min_value=0, pair_required=False)
-    attrs["dilation"] = spatial_params(p, nsp, "dilation", 1, allow_hw=False, min_value=1)
+    attrs["dilation"] = _conv_dilation(p, nsp, attrs["kernel"])
     holes = _hole_dilation(p, nsp)
     if holes is not None:
         attrs["dilation"] = holes
     # synopsys-caffe pad_type / pad_l/r/t/b (edge_pads.py); None keeps Caffe's symmetric pad
     attrs["edge_pads"] = read_edge_pads(p, nsp, "convolution_param")
     return True
+
+
+def _conv_dilation(p, nsp, kernel):
+    """BVLC's base_conv_layer.cpp takes any dilation, 0 included.  On an axis of kernel 1 dilation 0
+    reads the same pixel as dilation 1 (UberNet's ASPP template writes its no-hole branch so); on a wider
+    kernel every tap would read one pixel, which caffeq refuses."""
+    dilation = spatial_params(p, nsp, "dilation", 1, allow_hw=False, min_value=0)
+    if any(d == 0 and k != 1 for d, k in zip(dilation, kernel)):
+        raise LayerError(f"convolution_param.dilation 0 with kernel_size {list(kernel)}: Caffe's im2col would read "
+                         f"every tap of the window at one pixel; caffeq takes dilation 0 only where the kernel is 1")
+    return tuple(1 if d == 0 else d for d in dilation)
 
 
 def conv_edge_pads(attrs, hw):

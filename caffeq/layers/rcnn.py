@@ -463,6 +463,10 @@ class _ProposalBase(Layer):
 
 
 _PARAM_STR_KEYS = {"feat_stride", "scales"}
+# keys a fork's copy of the layer sets without changing the proposals: jkokkin/UberNet b33344d
+# lib/rpn/proposal_layer.py stores 'phase' and never reads it again (the config key is the layer's
+# phase) and leaves 'base_size' to generate_anchors' default, 16
+_UNREAD_KEYS = {"phase": None, "base_size": 16}
 
 
 @register_layer("Python:rpn.proposal_layer.ProposalLayer")
@@ -505,7 +509,8 @@ class PythonProposalLayer(_ProposalBase):
         p = parse_param_str(lp.python_param.param_str)
         # keys py-faster-rcnn's layer does not read (FaceBoxes' 'densification_times'): the net comes
         # with a fork's proposal_layer.py; it reads, and cannot_run says why it does not run
-        foreign = sorted(set(p) - _PARAM_STR_KEYS)
+        foreign = sorted(k for k in set(p) - _PARAM_STR_KEYS
+                         if k not in _UNREAD_KEYS or _UNREAD_KEYS[k] not in (None, p[k]))
         if "feat_stride" not in p:
             raise LayerError("python_param.param_str: 'feat_stride' is required (e.g. \"'feat_stride': 16\")")
         stride = p["feat_stride"]

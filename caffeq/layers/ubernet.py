@@ -1,0 +1,298 @@
+"""jkokkin/UberNet's Caffe (b33344d, caffe-fast-rcnn: py-faster-rcnn's caffe-fast-rcnn with Iasonas
+Kokkinos' changes): ROIPooling with roi_pooling_param `is_rich` and `bb_type`, as its GPU kernel computes it
+(src/caffe/layers/roi_pooling_layer.cu, ROIPoolForward; the fork's CPU forward ignores both fields, and its
+README says the net does not run on the CPU).
+
+- is_rich (any non-zero value): each bin's maximum visits every second row and column, from the bin's own
+  clipped start: the cells of an atrous conv5 that runs at stride 8 where the boxes were drawn for 16.
+- bb_type (a float field the layer keeps in an int: truncated): Gidaris and Komodakis' region types.
+  0 the box; 1 / 2 its left / right half and 3 / 4 its upper / lower half (the centre (x1 + x2) / 2 replaces
+  one corner); 5 the box scaled by 0.5 about its centre; 6 / 7 / 8 / 9 the box scaled by 0.8 / 1.0 / 1.5 /
+  1.8 with a hole scaled by 0.3 / 0.5 / 0.8 / 1.0, whose cells strictly inside the hole's rounded corners are
+  skipped (a bin of only such cells gives -FLT_MAX, as the kernel's running maximum starts there).  Any other
+  value pools the box.  Scaled corners are centre -/+ scale x half-size in float32, each product rounded
+  (a CUDA build may fuse them into one fma; the fork's nets use 0).
+The rest is Fast R-CNN's ROIPooling (roi_pooling.py): C-rounded corners times spatial_scale, float32 bin
+sizes, bins clipped to the map, 0 for an empty bin.
+
+ONNX: a Scan over the rois, each step the masked maxima of its image's map (two Where + ReduceMax, rows
+then columns; the hole as the union of two such row x column pieces).
+"""
+import numpy as np
+import torch
+from onnx import TensorProto, helper
+
+from .registry import LayerError, claim_layers, torch_sources
+from .roi_pooling import (
+    TORCH_ROI_POOLING,
+    ROIPooling,
+    c_round,
+    fast_rcnn_bins,
+    onnx_c_round,
+    roi_batch_index,
+    roi_pooling_attrs,
+    roi_rows,
+)
+
+FLT_MAX = 3.4028234663852886e38
+
+
+# ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
+
+def scaled_corners(r, scale: float):
+    """(R, 4) float32 [x1, y1, x2, y2]: each roi row's box scaled by `scale` about its centre, as the
+    kernel's float arithmetic (centre and half-size exact, then centre -/+ scale x half-size)."""
+    f32 = torch.float32
+    x1, y1, x2, y2 = r[:, 1], r[:, 2], r[:, 3], r[:, 4]
+    s = torch.tensor(scale, dtype=f32)
+    cw, ch = (x1 + x2) / 2, (y1 + y2) / 2
+    hw, hh = (x2 - x1) / 2, (y2 - y1) / 2
+    return torch.stack([cw - s * hw, ch - s * hh, cw + s * hw, ch + s * hh], 1)
+
+
+def ubernet_region(bb_type: int):
+    """Region type bb_type as (the roi row's column that the centre replaces and the centre's axis (0 x,
+    1 y), or None; the pooled box's scale about its centre; the hole's scale, or None)."""
+    halves = {1: (3, 0), 2: (1, 0), 3: (4, 1), 4: (2, 1)}         # left, right, upper, lower half
+    scaled = {5: (0.5, None), 6: (0.8, 0.3), 7: (1.0, 0.5), 8: (1.5, 0.8), 9: (1.8, 1.0)}
+    outer, inner = scaled.get(bb_type, (1.0, None))
+    return halves.get(bb_type), outer, inner
+
+
+def ubernet_regions(r, bb_type: int):
+    """The rows (R, 5) whose boxes are pooled for region type bb_type, and the (R, 4) float32 hole corners
+    or None."""
+    half, outer, inner = ubernet_region(bb_type)
+    pooled = r.clone()
+    if half is not None:
+        column, axis = half
+        pooled[:, column] = (r[:, 1 + axis] + r[:, 3 + axis]) / 2
+    if outer != 1.0:
+        pooled[:, 1:5] = scaled_corners(r, outer)
+    return pooled, None if inner is None else scaled_corners(r, inner)
+
+
+def masked_bin_max(plane, rows, cols):
+    """(C, ph, pw): the maximum of the (C, H, W) plane over the cells of rows[p] x cols[q] (rows (ph, H),
+    cols (pw, W) bool), -inf where a bin has none; the maxima run over the rows and columns in use only."""
+    c = plane.shape[0]
+    neg = torch.tensor(float("-inf"), device=plane.device, dtype=plane.dtype)
+    used_rows, used_cols = rows.any(0).nonzero().reshape(-1), cols.any(0).nonzero().reshape(-1)
+    if used_rows.numel() == 0 or used_cols.numel() == 0:
+        return neg.expand(c, rows.shape[0], cols.shape[0]).clone()
+    r0, r1 = int(used_rows[0]), int(used_rows[-1]) + 1
+    c0, c1 = int(used_cols[0]), int(used_cols[-1]) + 1
+    region = plane[:, r0:r1, c0:c1]
+    mh, mw = rows[:, r0:r1].to(plane.device), cols[:, c0:c1].to(plane.device)
+    by_cols = torch.where(mw[None, None], region[:, :, None, :], neg).amax(-1)     # (C, rh, pw)
+    return torch.where(mh[None, :, :, None], by_cols[:, None], neg).amax(2)       # (C, ph, pw)
+
+
+def rich_bin_max(plane, hs, he, ws, we, step: int, hole):
+    """One roi's (C, ph, pw) bins as ROIPoolForward visits them: rows hs, hs + step, ... < he and columns
+    likewise, minus the cells strictly inside hole [x1, y1, x2, y2] (ints) when given; -FLT_MAX for a bin
+    with no cell left, 0 for an empty bin."""
+    h, w = plane.shape[1:]
+    rows, cols = torch.arange(h), torch.arange(w)
+    mh = (rows >= hs[:, None]) & (rows < he[:, None]) & ((rows - hs[:, None]) % step == 0)
+    mw = (cols >= ws[:, None]) & (cols < we[:, None]) & ((cols - ws[:, None]) % step == 0)
+    if hole is None:
+        best = masked_bin_max(plane, mh, mw)
+    else:   # the bin less the hole: rows outside it x every column, rows inside it x the columns outside
+        x1, y1, x2, y2 = (int(v) for v in hole)
+        in_rows, in_cols = (rows > y1) & (rows < y2), (cols > x1) & (cols < x2)
+        best = torch.maximum(masked_bin_max(plane, mh & ~in_rows, mw),
+                             masked_bin_max(plane, mh & in_rows, mw & ~in_cols))
+    empty = ((he <= hs)[:, None] | (we <= ws)[None, :]).to(plane.device)
+    return torch.where(empty[None], torch.zeros((), device=plane.device, dtype=plane.dtype),
+                       best.clamp(min=-3.4028234663852886e38))
+
+
+def ubernet_roi_pool(x, rois, ph: int, pw: int, spatial_scale: float, bb_type: int = 0, rich: bool = False):
+    """UberNet's ROIPooling -> (R, C, ph, pw): Fast R-CNN's bins of each roi's region (ubernet_regions),
+    pooled by rich_bin_max (every second cell when rich)."""
+    r = roi_rows(rois, "ROIPooling")
+    n, c, h, w = x.shape
+    pooled, hole = ubernet_regions(r, bb_type)
+    hs, he, ws, we = fast_rcnn_bins(pooled, spatial_scale, ph, pw, h, w)
+    holes = None
+    if hole is not None:
+        holes = c_round((hole * torch.tensor(spatial_scale, dtype=torch.float32)).double()).long()
+    step = 2 if rich else 1
+    outs = [rich_bin_max(x[roi_batch_index(roi, n, "ROIPooling")], hs[i], he[i], ws[i], we[i], step,
+                         None if holes is None else holes[i]) for i, roi in enumerate(r)]
+    if not outs:
+        return x.new_zeros((0, c, ph, pw))
+    return torch.stack(outs)
+
+
+TORCH_UBERNET_ROI = torch_sources(scaled_corners, ubernet_region, ubernet_regions, masked_bin_max, rich_bin_max, ubernet_roi_pool)
+
+
+# ---- ONNX -------------------------------------------------------------------------------
+
+def _onnx_corners(ctx, rows, bb_type):
+    """(R, 4) float32 corners of the pooled boxes and the hole's (or None), as ubernet_regions."""
+    def col(k):
+        return ctx.op("Slice", [rows, ctx.i64([k]), ctx.i64([k + 1]), ctx.i64([1])], "col")
+    x1, y1, x2, y2 = (col(k) for k in range(1, 5))
+
+    def scaled(scale):
+        two = ctx.f32(2.0)
+        cw = ctx.op("Div", [ctx.op("Add", [x1, x2], "sw"), two], "cw")
+        ch = ctx.op("Div", [ctx.op("Add", [y1, y2], "sh"), two], "ch")
+        hw = ctx.op("Mul", [ctx.op("Div", [ctx.op("Sub", [x2, x1], "dw"), two], "hw"), ctx.f32(scale)], "shw")
+        hh = ctx.op("Mul", [ctx.op("Div", [ctx.op("Sub", [y2, y1], "dh"), two], "hh"), ctx.f32(scale)], "shh")
+        return [ctx.op("Sub", [cw, hw], "l"), ctx.op("Sub", [ch, hh], "t"),
+                ctx.op("Add", [cw, hw], "r"), ctx.op("Add", [ch, hh], "b")]
+    half, outer, inner = ubernet_region(bb_type)
+    corners, hole = [x1, y1, x2, y2], None
+    if half is not None:
+        column, axis = half
+        pair = (x1, x2) if axis == 0 else (y1, y2)
+        corners[column - 1] = ctx.op("Div", [ctx.op("Add", list(pair), "s"), ctx.f32(2.0)], "centre")
+    if outer != 1.0:
+        corners = scaled(outer)
+    if inner is not None:
+        hole = ctx.op("Concat", scaled(inner), "hole", axis=1)
+    return ctx.op("Concat", corners, "box", axis=1), hole
+
+
+def _onnx_axis_masks(ctx, box, scale, pooled, extent, first, step):
+    """(R, pooled, extent) bool: the cells each bin visits along one axis (first = the column of the box's
+    start corner: 0 for x, 1 for y), Fast R-CNN's bins as fast_rcnn_bins computes them."""
+    f32 = 1
+    cells = ctx.op("Cast", [onnx_c_round(ctx, ctx.op("Mul", [box, ctx.f32(float(np.float32(scale)))], "scaled"))],
+                   "cells", to=f32)
+    lo = ctx.op("Slice", [cells, ctx.i64([first]), ctx.i64([first + 1]), ctx.i64([1])], "start")    # (R, 1)
+    hi = ctx.op("Slice", [cells, ctx.i64([first + 2]), ctx.i64([first + 3]), ctx.i64([1])], "end")
+    size = ctx.op("Max", [ctx.op("Add", [ctx.op("Sub", [hi, lo], "d"), ctx.f32(1.0)], "n"), ctx.f32(1.0)], "size")
+    bin_size = ctx.op("Div", [size, ctx.f32(float(pooled))], "bin")
+    k0 = ctx.const(np.arange(pooled, dtype=np.float32).reshape(1, pooled))
+    k1 = ctx.const(np.arange(1, pooled + 1, dtype=np.float32).reshape(1, pooled))
+    bounds = (ctx.f32(0.0), ctx.f32(float(extent)))
+    start = ctx.op("Clip", [ctx.op("Add", [ctx.op("Floor", [ctx.op("Mul", [k0, bin_size], "k")], "f"), lo], "s"),
+                            *bounds], "bs")
+    end = ctx.op("Clip", [ctx.op("Add", [ctx.op("Ceil", [ctx.op("Mul", [k1, bin_size], "k")], "c"), lo], "e"),
+                          *bounds], "be")
+    start3, end3 = (ctx.op("Unsqueeze", [v, ctx.i64([2])], "b3") for v in (start, end))
+    pos = ctx.const(np.arange(extent, dtype=np.float32).reshape(1, 1, extent))
+    inside = ctx.op("And", [ctx.op("GreaterOrEqual", [pos, start3], "ge"), ctx.op("Less", [pos, end3], "lt")], "in")
+    if step == 1:
+        return inside, start, end
+    offset = ctx.op("Sub", [pos, start3], "off")
+    on_step = ctx.op("Equal", [ctx.op("Mul", [ctx.op("Floor", [ctx.op("Div", [offset, ctx.f32(2.0)], "h")], "fh"),
+                                              ctx.f32(2.0)], "even"), offset], "on_step")
+    return ctx.op("And", [inside, on_step], "visit"), start, end
+
+
+def _onnx_hole_masks(ctx, hole, scale, h, w):
+    """(R, 1, H) and (R, 1, W) bool: the rows and columns strictly inside each roi's rounded hole."""
+    cells = ctx.op("Cast", [onnx_c_round(ctx, ctx.op("Mul", [hole, ctx.f32(float(np.float32(scale)))], "hs"))],
+                   "hole_cells", to=1)
+    masks = []
+    for first, extent in ((1, h), (0, w)):
+        lo = ctx.op("Unsqueeze", [ctx.op("Slice", [cells, ctx.i64([first]), ctx.i64([first + 1]), ctx.i64([1])],
+                                         "hlo"), ctx.i64([2])], "hlo3")
+        hi = ctx.op("Unsqueeze", [ctx.op("Slice", [cells, ctx.i64([first + 2]), ctx.i64([first + 3]),
+                                                   ctx.i64([1])], "hhi"), ctx.i64([2])], "hhi3")
+        pos = ctx.const(np.arange(extent, dtype=np.float32).reshape(1, 1, extent))
+        masks.append(ctx.op("And", [ctx.op("Greater", [pos, lo], "gt"), ctx.op("Less", [pos, hi], "lt")], "inhole"))
+    return masks
+
+
+def emit_ubernet_roi_pool(ctx, node):
+    a = node.attrs
+    x, rois = node.inputs
+    _, c, h, w = ctx.shape(x)
+    ph, pw = a["ph"], a["pw"]
+    step = 2 if a["rich"] else 1
+    rows = ctx.op("Reshape", [rois, ctx.i64([-1, 5])], "rows")
+    batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "b", axis=1)], "batch", to=TensorProto.INT64)
+    box, hole = _onnx_corners(ctx, rows, a["bb_type"])
+    mh, hs, he = _onnx_axis_masks(ctx, box, a["scale"], ph, h, 1, step)
+    mw, ws, we = _onnx_axis_masks(ctx, box, a["scale"], pw, w, 0, step)
+    empty = ctx.op("Or", [ctx.op("LessOrEqual", [ctx.op("Unsqueeze", [he, ctx.i64([2])], "he"),
+                                                 ctx.op("Unsqueeze", [hs, ctx.i64([2])], "hs")], "eh"),
+                          ctx.op("LessOrEqual", [ctx.op("Unsqueeze", [we, ctx.i64([1])], "we"),
+                                                 ctx.op("Unsqueeze", [ws, ctx.i64([1])], "ws")], "ew")], "empty")
+    pieces = [(mh, mw)]
+    if hole is not None:
+        in_rows, in_cols = _onnx_hole_masks(ctx, hole, a["scale"], h, w)
+        pieces = [(ctx.op("And", [mh, ctx.op("Not", [in_rows], "out_rows")], "rows_out"), mw),
+                  (ctx.op("And", [mh, in_rows], "rows_in"),
+                   ctx.op("And", [mw, ctx.op("Not", [in_cols], "out_cols")], "cols_out"))]
+    # the Scan: one roi a step, its image's (C, H, W) map from the outer graph
+    body, scan_inputs, body_inputs = [], [batch], []
+
+    def b(op_type, inputs, hint, **kw):
+        return ctx.body_op(body, op_type, inputs, hint, **kw)
+
+    def const(hint, array):
+        return b("Constant", [], hint, value=helper.make_tensor(hint, TensorProto.INT64 if array.dtype == np.int64
+                                                                 else TensorProto.FLOAT, array.shape,
+                                                                 array.reshape(-1).tolist()))
+
+    def reduce_max(v, axis, hint):
+        if ctx.opset >= 18:
+            return b("ReduceMax", [v, const(hint + "_axes", np.array([axis], np.int64))], hint, keepdims=0)
+        return b("ReduceMax", [v], hint, axes=[axis], keepdims=0)
+    index = ctx.tmp(f"{node.name}_index")
+    body_inputs.append(helper.make_tensor_value_info(index, TensorProto.INT64, []))
+    plane = b("Gather", [x, index], "plane", axis=0)                                    # (C, H, W)
+    neg = const("neg", np.array(-np.inf, np.float32))
+    plane4 = b("Unsqueeze", [plane, const("ax2", np.array([2], np.int64))], "plane4")   # (C, H, 1, W)
+    best = None
+    for k, (rows_mask, cols_mask) in enumerate(pieces):
+        mr, mc = ctx.tmp(f"{node.name}_mr{k}"), ctx.tmp(f"{node.name}_mc{k}")
+        scan_inputs += [rows_mask, cols_mask]
+        body_inputs += [helper.make_tensor_value_info(mr, TensorProto.BOOL, [ph, h]),
+                        helper.make_tensor_value_info(mc, TensorProto.BOOL, [pw, w])]
+        by_cols = reduce_max(b("Where", [mc, plane4, neg], f"wc{k}"), 3, f"cols{k}")       # (C, H, pw)
+        rows4 = b("Unsqueeze", [mr, const(f"ax{k}", np.array([0, 3], np.int64))], f"mr4_{k}")   # (1, ph, H, 1)
+        cols4 = b("Unsqueeze", [by_cols, const(f"ay{k}", np.array([1], np.int64))], f"bc4_{k}")  # (C, 1, H, pw)
+        by_rows = reduce_max(b("Where", [rows4, cols4, neg], f"wr{k}"), 2, f"bins{k}")     # (C, ph, pw)
+        best = by_rows if best is None else b("Max", [best, by_rows], f"best{k}")
+    out = b("Max", [best, const("floor", np.array(-FLT_MAX, np.float32))], "pooled")
+    graph = helper.make_graph(body, f"{node.name}_roi_step", body_inputs,
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, [c, ph, pw])])
+    pooled = ctx.add_node("Scan", scan_inputs, [ctx.tmp(f"{node.name}_pooled")], body=graph,
+                          num_scan_inputs=len(scan_inputs))[0]
+    ctx.add_node("Where", [ctx.op("Unsqueeze", [empty, ctx.i64([1])], "empty4"), ctx.f32(0.0), pooled],
+                 [node.outputs[0]], name=node.name)
+
+
+# ---- the spec ---------------------------------------------------------------------------
+
+def _is_ubernet(lp):
+    p = lp.roi_pooling_param
+    return p.is_rich != 0 or p.bb_type != 0
+
+
+@claim_layers("ROIPooling", _is_ubernet)
+class UberNetROIPooling(ROIPooling):
+    """ROIPooling with UberNet's is_rich / bb_type (see the module docstring)."""
+    roi_fn, roi_source = staticmethod(ubernet_roi_pool), TORCH_UBERNET_ROI
+    roi_helpers = (TORCH_ROI_POOLING,)
+
+    def parse(self, lp):
+        attrs = roi_pooling_attrs(lp, "ROIPooling")
+        p = lp.roi_pooling_param
+        if attrs["pad_ratio"] or p.pool != p.MAX:
+            raise LayerError("roi_pooling_param: UberNet's bb_type / is_rich and pad_ratio or pool AVE come from "
+                             "different forks and cannot be set together")
+        if not -2.0 ** 31 <= p.bb_type < 2.0 ** 31:
+            raise LayerError(f"roi_pooling_param.bb_type {p.bb_type} does not fit the fork's int")
+        attrs["bb_type"] = int(p.bb_type)   # the layer's int member: truncated
+        attrs["rich"] = p.is_rich != 0
+        return attrs
+
+    def roi_function(self, attrs):
+        return self.roi_fn, self.roi_source
+
+    def roi_args(self, attrs):
+        return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"], "bb_type": attrs["bb_type"],
+                                            "rich": attrs["rich"]}
+
+    def onnx(self, ctx, node):
+        emit_ubernet_roi_pool(ctx, node)
