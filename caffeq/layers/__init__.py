@@ -31,6 +31,7 @@ from . import (  # noqa: F401,E402
     cudnn_bn,
     data,
     deep_hand_model,
+    deep_text_spotter,
     deeplab_forks,
     deepsaldet,
     deformable_conv,
