@@ -190,25 +190,29 @@ def roi_max_pool(x, rois, ph: int, pw: int, spatial_scale: float, pad_ratio: flo
     return out
 
 
+def masked_bin_max(plane, rows, cols):
+    """(C, ph, pw): the maximum of the (C, H, W) plane over the cells of rows[p] x cols[q] (rows (ph, H),
+    cols (pw, W) bool), -inf where a bin has none; the maxima run over the rows and columns in use only."""
+    neg = torch.tensor(float("-inf"), device=plane.device, dtype=plane.dtype)
+    used_rows, used_cols = rows.any(0).nonzero().reshape(-1), cols.any(0).nonzero().reshape(-1)
+    if used_rows.numel() == 0 or used_cols.numel() == 0:
+        return neg.expand(plane.shape[0], rows.shape[0], cols.shape[0]).clone()
+    r0, r1 = int(used_rows[0]), int(used_rows[-1]) + 1
+    c0, c1 = int(used_cols[0]), int(used_cols[-1]) + 1
+    region = plane[:, r0:r1, c0:c1]
+    mh, mw = rows[:, r0:r1].to(plane.device), cols[:, c0:c1].to(plane.device)
+    by_cols = torch.where(mw[None, None], region[:, :, None, :], neg).amax(-1)     # (C, rh, pw)
+    return torch.where(mh[None, :, :, None], by_cols[:, None], neg).amax(2)       # (C, ph, pw)
+
+
 def max_over_bins(plane, hs, he, ws, we):
     """Each bin's maximum over the (C, H, W) plane, 0 for an empty bin: (C, ph, pw)."""
-    c, h, w = plane.shape
-    ph, pw = len(hs), len(ws)
-    neg = torch.tensor(float("-inf"), device=plane.device, dtype=plane.dtype)
-    zero = torch.zeros((), device=plane.device, dtype=plane.dtype)
+    h, w = plane.shape[1:]
+    best = masked_bin_max(plane, bin_mask(hs, he, h), bin_mask(ws, we, w))
     empty = ((he <= hs)[:, None] | (we <= ws)[None, :]).to(plane.device)
-    h0, h1 = int(hs.min()), max(int(he.max()), int(hs.min()) + 1)
-    w0, w1 = int(ws.min()), max(int(we.max()), int(ws.min()) + 1)
-    h1, w1 = min(h1, h), min(w1, w)
-    if h0 >= h1 or w0 >= w1:  # the whole roi is outside the map
-        return torch.zeros((c, ph, pw), device=plane.device, dtype=plane.dtype)
-    region = plane[:, h0:h1, w0:w1]  # (C, rh, rw)
-    mw = bin_mask(ws - w0, we - w0, w1 - w0).to(plane.device)  # (pw, rw)
-    mh = bin_mask(hs - h0, he - h0, h1 - h0).to(plane.device)  # (ph, rh)
-    cols = torch.where(mw[None, None], region[:, :, None, :], neg).amax(-1)  # (C, rh, pw)
-    bins = torch.where(mh[None, :, :, None], cols[:, None, :, :], neg).amax(2)  # (C, ph, pw)
     # Fast R-CNN's running max starts at -FLT_MAX: a bin of -inf values gives -FLT_MAX
-    return torch.where(empty[None], zero, bins.clamp(min=-3.4028234663852886e38))
+    return torch.where(empty[None], torch.zeros((), device=plane.device, dtype=plane.dtype),
+                       best.clamp(min=-3.4028234663852886e38))
 
 
 def roi_avg_pool(x, rois, ph: int, pw: int, spatial_scale: float):
@@ -314,7 +318,7 @@ class RoiLayer(nn.Module):
 # model.py gets the same functions, so the export stays bit-identical to forward
 TORCH_ROI_COMMON = torch_sources(c_round, bin_mask, bin_means, roi_rows, roi_batch_index)
 # cell_bins for GRIDPooling's model.py, which takes its helpers from here
-TORCH_ROI_POOLING = torch_sources(cell_bins, max_over_bins, fast_rcnn_bins, floor_log2, range_max_bins, roi_max_pool)
+TORCH_ROI_POOLING = torch_sources(cell_bins, masked_bin_max, max_over_bins, fast_rcnn_bins, floor_log2, range_max_bins, roi_max_pool)
 TORCH_ROI_AVG_POOLING = torch_sources(fast_rcnn_bins, roi_avg_pool)
 TORCH_PSROI_BINS = torch_sources(ps_roi_bins, ps_roi_means)
 TORCH_PSROI_POOLING = torch_sources(ps_roi_avg_pool)

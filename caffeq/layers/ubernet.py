@@ -28,6 +28,7 @@ from .roi_pooling import (
     ROIPooling,
     c_round,
     fast_rcnn_bins,
+    masked_bin_max,
     onnx_c_round,
     roi_batch_index,
     roi_pooling_attrs,
@@ -72,22 +73,6 @@ def ubernet_regions(r, bb_type: int):
     return pooled, None if inner is None else scaled_corners(r, inner)
 
 
-def masked_bin_max(plane, rows, cols):
-    """(C, ph, pw): the maximum of the (C, H, W) plane over the cells of rows[p] x cols[q] (rows (ph, H),
-    cols (pw, W) bool), -inf where a bin has none; the maxima run over the rows and columns in use only."""
-    c = plane.shape[0]
-    neg = torch.tensor(float("-inf"), device=plane.device, dtype=plane.dtype)
-    used_rows, used_cols = rows.any(0).nonzero().reshape(-1), cols.any(0).nonzero().reshape(-1)
-    if used_rows.numel() == 0 or used_cols.numel() == 0:
-        return neg.expand(c, rows.shape[0], cols.shape[0]).clone()
-    r0, r1 = int(used_rows[0]), int(used_rows[-1]) + 1
-    c0, c1 = int(used_cols[0]), int(used_cols[-1]) + 1
-    region = plane[:, r0:r1, c0:c1]
-    mh, mw = rows[:, r0:r1].to(plane.device), cols[:, c0:c1].to(plane.device)
-    by_cols = torch.where(mw[None, None], region[:, :, None, :], neg).amax(-1)     # (C, rh, pw)
-    return torch.where(mh[None, :, :, None], by_cols[:, None], neg).amax(2)       # (C, ph, pw)
-
-
 def rich_bin_max(plane, hs, he, ws, we, step: int, hole):
     """One roi's (C, ph, pw) bins as ROIPoolForward visits them: rows hs, hs + step, ... < he and columns
     likewise, minus the cells strictly inside hole [x1, y1, x2, y2] (ints) when given; -FLT_MAX for a bin
@@ -126,7 +111,7 @@ def ubernet_roi_pool(x, rois, ph: int, pw: int, spatial_scale: float, bb_type: i
     return torch.stack(outs)
 
 
-TORCH_UBERNET_ROI = torch_sources(scaled_corners, ubernet_region, ubernet_regions, masked_bin_max, rich_bin_max, ubernet_roi_pool)
+TORCH_UBERNET_ROI = torch_sources(scaled_corners, ubernet_region, ubernet_regions, rich_bin_max, ubernet_roi_pool)
 
 
 # ---- ONNX -------------------------------------------------------------------------------
