@@ -9,15 +9,17 @@ C's division truncating toward zero.  The outer rectangle is cut into pooled_h x
 R-CNN's ROIPooling does (float32 bin sizes, floor / ceil, clipped to the map); each bin gives the maximum
 of 0 and of its cells that are not strictly inside the inner rectangle (w > its start and < its end, h
 likewise), so an empty bin, or one whose cells are all negative, gives 0.  The top is
-(R, C, pooled_h, pooled_w); TRAIN and TEST compute the same; no blobs.  torch and model.py; ONNX has
-no such pooling and is refused.
+(R, C, pooled_h, pooled_w); TRAIN and TEST compute the same; no blobs.  torch, model.py and ONNX (the bins
+as masks, the hole's cells left out, and a Scan over the rois: roi_bins_onnx.py).
 """
 import math
 
+import numpy as np
 import torch
+from onnx import TensorProto
 
-from ..errors import ExportError
 from .registry import LayerError, need_blobs, register_layer, torch_sources
+from .roi_bins_onnx import onnx_axis_bins, onnx_hole_pieces, onnx_scan_bin_max, onnx_strictly_inside
 from .roi_pooling import TORCH_ROI_COMMON, RoiLayerSpec, bin_mask, pooled_grid_attrs
 
 
@@ -104,5 +106,43 @@ class RegionPooling(RoiLayerSpec):
         return (attrs["ph"], attrs["pw"], attrs["scale"], attrs["offset"]), {}
 
     def onnx(self, ctx, node):
-        raise ExportError(f"layer '{node.name}' (RegionPooling): ONNX has no ROI pooling with an inner rectangle "
-                          f"left out and a floor of 0; run it in torch or the exported model.py")
+        emit_region_pooling(ctx, node)
+
+
+def _onnx_region_cells(ctx, rows, lo_column, scale, offset):
+    """region_cells of every roi: the (R, 1) float32 start and end cells of rois' columns lo_column and
+    lo_column + 2 (float32 products, the +-0.5 in double, an inverted range collapsed to its truncated mean)."""
+    op, f64 = ctx.op, TensorProto.DOUBLE
+
+    def column(k):
+        return op("Slice", [rows, ctx.i64([k]), ctx.i64([k + 1]), ctx.i64([1])], "col")
+    step = ctx.f32(float(np.float32(scale)))
+    lo = op("Mul", [op("Add", [op("Add", [column(lo_column), ctx.f32(1.0)], "a1"), ctx.f32(offset)], "ao"), step], "lo")
+    hi = op("Mul", [op("Sub", [op("Add", [column(lo_column + 2), ctx.f32(1.0)], "b1"), ctx.f32(offset)], "bo"),
+                    step], "hi")
+    half = ctx.const(np.array(0.5, np.float64))
+    start = op("Floor", [op("Add", [op("Cast", [lo], "lod", to=f64), half], "lo5")], "start")
+    end = op("Ceil", [op("Sub", [op("Cast", [hi], "hid", to=f64), half], "hi5")], "end")
+    mean = op("Div", [op("Add", [start, end], "se"), ctx.const(np.array(2.0, np.float64))], "mean")
+    mean = op("Mul", [op("Sign", [mean], "sign"), op("Floor", [op("Abs", [mean], "abs")], "trunc")], "mean_t")
+    inverted = op("Greater", [start, end], "inverted")
+    return [op("Cast", [op("Where", [inverted, mean, v], "cell")], "cellf", to=TensorProto.FLOAT) for v in (start, end)]
+
+
+def emit_region_pooling(ctx, node):
+    """RegionPooling in ONNX: the outer rectangle's Fast R-CNN bins less the inner rectangle's cells
+    (roi_bins_onnx.py), maxima from 0."""
+    a = node.attrs
+    x, rois = node.inputs
+    _, _, h, w = ctx.shape(x)
+    rows = ctx.op("Reshape", [rois, ctx.i64([-1, 9])], "rows")
+    batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "b", axis=1)], "batch", to=TensorProto.INT64)
+
+    def cells(column):
+        return _onnx_region_cells(ctx, rows, column, a["scale"], a["offset"])
+    mh, _, _ = onnx_axis_bins(ctx, *cells(2), a["ph"], h)
+    mw, _, _ = onnx_axis_bins(ctx, *cells(1), a["pw"], w)
+    pieces = onnx_hole_pieces(ctx, mh, mw, onnx_strictly_inside(ctx, *cells(6), h),
+                              onnx_strictly_inside(ctx, *cells(5), w))
+    ctx.add_node("Identity", [onnx_scan_bin_max(ctx, node, x, batch, pieces, a["ph"], a["pw"], 0.0)],
+                 [node.outputs[0]], name=node.name)

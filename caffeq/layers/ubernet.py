@@ -15,14 +15,14 @@ README says the net does not run on the CPU).
 The rest is Fast R-CNN's ROIPooling (roi_pooling.py): C-rounded corners times spatial_scale, float32 bin
 sizes, bins clipped to the map, 0 for an empty bin.
 
-ONNX: a Scan over the rois, each step the masked maxima of its image's map (two Where + ReduceMax, rows
-then columns; the hole as the union of two such row x column pieces).
+ONNX: the bins as masks and a Scan over the rois (roi_bins_onnx.py).
 """
 import numpy as np
 import torch
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from .registry import LayerError, claim_layers, torch_sources
+from .roi_bins_onnx import onnx_axis_bins, onnx_empty_bins, onnx_hole_pieces, onnx_scan_bin_max, onnx_strictly_inside
 from .roi_pooling import (
     TORCH_ROI_POOLING,
     ROIPooling,
@@ -143,108 +143,30 @@ def _onnx_corners(ctx, rows, bb_type):
     return ctx.op("Concat", corners, "box", axis=1), hole
 
 
-def _onnx_axis_masks(ctx, box, scale, pooled, extent, first, step):
-    """(R, pooled, extent) bool: the cells each bin visits along one axis (first = the column of the box's
-    start corner: 0 for x, 1 for y), Fast R-CNN's bins as fast_rcnn_bins computes them."""
-    f32 = 1
-    cells = ctx.op("Cast", [onnx_c_round(ctx, ctx.op("Mul", [box, ctx.f32(float(np.float32(scale)))], "scaled"))],
-                   "cells", to=f32)
-    lo = ctx.op("Slice", [cells, ctx.i64([first]), ctx.i64([first + 1]), ctx.i64([1])], "start")    # (R, 1)
-    hi = ctx.op("Slice", [cells, ctx.i64([first + 2]), ctx.i64([first + 3]), ctx.i64([1])], "end")
-    size = ctx.op("Max", [ctx.op("Add", [ctx.op("Sub", [hi, lo], "d"), ctx.f32(1.0)], "n"), ctx.f32(1.0)], "size")
-    bin_size = ctx.op("Div", [size, ctx.f32(float(pooled))], "bin")
-    k0 = ctx.const(np.arange(pooled, dtype=np.float32).reshape(1, pooled))
-    k1 = ctx.const(np.arange(1, pooled + 1, dtype=np.float32).reshape(1, pooled))
-    bounds = (ctx.f32(0.0), ctx.f32(float(extent)))
-    start = ctx.op("Clip", [ctx.op("Add", [ctx.op("Floor", [ctx.op("Mul", [k0, bin_size], "k")], "f"), lo], "s"),
-                            *bounds], "bs")
-    end = ctx.op("Clip", [ctx.op("Add", [ctx.op("Ceil", [ctx.op("Mul", [k1, bin_size], "k")], "c"), lo], "e"),
-                          *bounds], "be")
-    start3, end3 = (ctx.op("Unsqueeze", [v, ctx.i64([2])], "b3") for v in (start, end))
-    pos = ctx.const(np.arange(extent, dtype=np.float32).reshape(1, 1, extent))
-    inside = ctx.op("And", [ctx.op("GreaterOrEqual", [pos, start3], "ge"), ctx.op("Less", [pos, end3], "lt")], "in")
-    if step == 1:
-        return inside, start, end
-    offset = ctx.op("Sub", [pos, start3], "off")
-    on_step = ctx.op("Equal", [ctx.op("Mul", [ctx.op("Floor", [ctx.op("Div", [offset, ctx.f32(2.0)], "h")], "fh"),
-                                              ctx.f32(2.0)], "even"), offset], "on_step")
-    return ctx.op("And", [inside, on_step], "visit"), start, end
-
-
-def _onnx_hole_masks(ctx, hole, scale, h, w):
-    """(R, 1, H) and (R, 1, W) bool: the rows and columns strictly inside each roi's rounded hole."""
-    cells = ctx.op("Cast", [onnx_c_round(ctx, ctx.op("Mul", [hole, ctx.f32(float(np.float32(scale)))], "hs"))],
-                   "hole_cells", to=1)
-    masks = []
-    for first, extent in ((1, h), (0, w)):
-        lo = ctx.op("Unsqueeze", [ctx.op("Slice", [cells, ctx.i64([first]), ctx.i64([first + 1]), ctx.i64([1])],
-                                         "hlo"), ctx.i64([2])], "hlo3")
-        hi = ctx.op("Unsqueeze", [ctx.op("Slice", [cells, ctx.i64([first + 2]), ctx.i64([first + 3]),
-                                                   ctx.i64([1])], "hhi"), ctx.i64([2])], "hhi3")
-        pos = ctx.const(np.arange(extent, dtype=np.float32).reshape(1, 1, extent))
-        masks.append(ctx.op("And", [ctx.op("Greater", [pos, lo], "gt"), ctx.op("Less", [pos, hi], "lt")], "inhole"))
-    return masks
-
-
 def emit_ubernet_roi_pool(ctx, node):
     a = node.attrs
     x, rois = node.inputs
-    _, c, h, w = ctx.shape(x)
+    _, _, h, w = ctx.shape(x)
     ph, pw = a["ph"], a["pw"]
     step = 2 if a["rich"] else 1
     rows = ctx.op("Reshape", [rois, ctx.i64([-1, 5])], "rows")
     batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "b", axis=1)], "batch", to=TensorProto.INT64)
     box, hole = _onnx_corners(ctx, rows, a["bb_type"])
-    mh, hs, he = _onnx_axis_masks(ctx, box, a["scale"], ph, h, 1, step)
-    mw, ws, we = _onnx_axis_masks(ctx, box, a["scale"], pw, w, 0, step)
-    empty = ctx.op("Or", [ctx.op("LessOrEqual", [ctx.op("Unsqueeze", [he, ctx.i64([2])], "he"),
-                                                 ctx.op("Unsqueeze", [hs, ctx.i64([2])], "hs")], "eh"),
-                          ctx.op("LessOrEqual", [ctx.op("Unsqueeze", [we, ctx.i64([1])], "we"),
-                                                 ctx.op("Unsqueeze", [ws, ctx.i64([1])], "ws")], "ew")], "empty")
+
+    def cells(corners, first):   # the C-rounded map cells of corner columns first and first + 2, (R, 1) each
+        rounded = ctx.op("Cast", [onnx_c_round(ctx, ctx.op("Mul", [corners, ctx.f32(float(np.float32(a["scale"])))],
+                                                              "scaled"))], "cells", to=TensorProto.FLOAT)
+        return [ctx.op("Slice", [rounded, ctx.i64([k]), ctx.i64([k + 1]), ctx.i64([1])], "corner")
+                for k in (first, first + 2)]
+    mh, hs, he = onnx_axis_bins(ctx, *cells(box, 1), ph, h, step)
+    mw, ws, we = onnx_axis_bins(ctx, *cells(box, 0), pw, w, step)
     pieces = [(mh, mw)]
     if hole is not None:
-        in_rows, in_cols = _onnx_hole_masks(ctx, hole, a["scale"], h, w)
-        pieces = [(ctx.op("And", [mh, ctx.op("Not", [in_rows], "out_rows")], "rows_out"), mw),
-                  (ctx.op("And", [mh, in_rows], "rows_in"),
-                   ctx.op("And", [mw, ctx.op("Not", [in_cols], "out_cols")], "cols_out"))]
-    # the Scan: one roi a step, its image's (C, H, W) map from the outer graph
-    body, scan_inputs, body_inputs = [], [batch], []
-
-    def b(op_type, inputs, hint, **kw):
-        return ctx.body_op(body, op_type, inputs, hint, **kw)
-
-    def const(hint, array):
-        return b("Constant", [], hint, value=helper.make_tensor(hint, TensorProto.INT64 if array.dtype == np.int64
-                                                                 else TensorProto.FLOAT, array.shape,
-                                                                 array.reshape(-1).tolist()))
-
-    def reduce_max(v, axis, hint):
-        if ctx.opset >= 18:
-            return b("ReduceMax", [v, const(hint + "_axes", np.array([axis], np.int64))], hint, keepdims=0)
-        return b("ReduceMax", [v], hint, axes=[axis], keepdims=0)
-    index = ctx.tmp(f"{node.name}_index")
-    body_inputs.append(helper.make_tensor_value_info(index, TensorProto.INT64, []))
-    plane = b("Gather", [x, index], "plane", axis=0)                                    # (C, H, W)
-    neg = const("neg", np.array(-np.inf, np.float32))
-    plane4 = b("Unsqueeze", [plane, const("ax2", np.array([2], np.int64))], "plane4")   # (C, H, 1, W)
-    best = None
-    for k, (rows_mask, cols_mask) in enumerate(pieces):
-        mr, mc = ctx.tmp(f"{node.name}_mr{k}"), ctx.tmp(f"{node.name}_mc{k}")
-        scan_inputs += [rows_mask, cols_mask]
-        body_inputs += [helper.make_tensor_value_info(mr, TensorProto.BOOL, [ph, h]),
-                        helper.make_tensor_value_info(mc, TensorProto.BOOL, [pw, w])]
-        by_cols = reduce_max(b("Where", [mc, plane4, neg], f"wc{k}"), 3, f"cols{k}")       # (C, H, pw)
-        rows4 = b("Unsqueeze", [mr, const(f"ax{k}", np.array([0, 3], np.int64))], f"mr4_{k}")   # (1, ph, H, 1)
-        cols4 = b("Unsqueeze", [by_cols, const(f"ay{k}", np.array([1], np.int64))], f"bc4_{k}")  # (C, 1, H, pw)
-        by_rows = reduce_max(b("Where", [rows4, cols4, neg], f"wr{k}"), 2, f"bins{k}")     # (C, ph, pw)
-        best = by_rows if best is None else b("Max", [best, by_rows], f"best{k}")
-    out = b("Max", [best, const("floor", np.array(-FLT_MAX, np.float32))], "pooled")
-    graph = helper.make_graph(body, f"{node.name}_roi_step", body_inputs,
-                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, [c, ph, pw])])
-    pooled = ctx.add_node("Scan", scan_inputs, [ctx.tmp(f"{node.name}_pooled")], body=graph,
-                          num_scan_inputs=len(scan_inputs))[0]
-    ctx.add_node("Where", [ctx.op("Unsqueeze", [empty, ctx.i64([1])], "empty4"), ctx.f32(0.0), pooled],
-                 [node.outputs[0]], name=node.name)
+        pieces = onnx_hole_pieces(ctx, mh, mw, onnx_strictly_inside(ctx, *cells(hole, 1), h),
+                                  onnx_strictly_inside(ctx, *cells(hole, 0), w))
+    pooled = onnx_scan_bin_max(ctx, node, x, batch, pieces, ph, pw, -FLT_MAX)
+    ctx.add_node("Where", [onnx_empty_bins(ctx, hs, he, ws, we), ctx.f32(0.0), pooled], [node.outputs[0]],
+                 name=node.name)
 
 
 # ---- the spec ---------------------------------------------------------------------------
