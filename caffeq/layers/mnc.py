@@ -35,14 +35,16 @@ operation as the source writes it (the GPU build may fuse a multiply and an add:
 
 The axis functions and the ROIWarping sample points run on the CPU in float32, the gathers on the input's
 device; model.py copies these very functions.  ONNX: ROIWarping ONE_SAMPLE with elementwise ops and Gather
-in the same float32 order, C's round through double; MAX_OF_SAMPLES is refused (each roi's sample count
-depends on its size).  MaskPooling: Reshape, Slice and Mul; MaskResize: Gather with constant cells and
+in the same float32 order, C's round through double; MAX_OF_SAMPLES with every axis's sample positions as
+a CumSum of the kernel's float32 steps (as many as the largest roi needs) and a Scan over the sample
+pairs keeping the running max.  MaskPooling: Reshape, Slice and Mul; MaskResize: Gather with constant cells and
 weights.
 """
 import math
 
 import numpy as np
 import torch
+from onnx import TensorProto, helper
 
 from ..errors import ExportError
 from ..io.schema import caffe_pb2
@@ -221,10 +223,6 @@ class ROIWarping(RoiLayerSpec):
 
     def onnx(self, ctx, node):
         a = node.attrs
-        if a["max_of_samples"]:
-            raise ExportError(f"layer '{node.name}' (ROIWarping): roi_warping_param design MAX_OF_SAMPLES takes "
-                              f"ceil(size / pooled) + 1 samples a side, a count each roi's size decides; ONNX "
-                              f"has no such op (ONE_SAMPLE, caffe-mnc's later design, exports)")
         x, rois = node.inputs
         if math.prod(ctx.shape(rois)[1:]) != 5:
             raise ExportError(f"layer '{node.name}' (ROIWarping): {ROIS_WANTED}, the net declares "
@@ -240,31 +238,28 @@ class ROIWarping(RoiLayerSpec):
                        to=1)   # C's round(), through double
         col = lambda k: g.op("Slice", corners, g.i64([k]), g.i64([k + 1]), g.i64([1]))   # (R, 1)
         x1, y1, x2, y2 = (col(k) for k in range(4))
-        in_y, y0, y1i, ly = _onnx_axis(g, y1, y2, a["ph"], h)
-        in_x, x0, x1i, lx = _onnx_axis(g, x1, x2, a["pw"], w)
-        ly, lx = g.op("Unsqueeze", ly, g.i64([2])), g.op("Unsqueeze", lx, g.i64([1]))   # (R, ph, 1), (R, 1, pw)
-        hy, hx = g.op("Sub", g.f32(1.0), ly), g.op("Sub", g.f32(1.0), lx)
         table = g.op("Reshape", g.op("Transpose", x, perm=[0, 2, 3, 1]), g.i64([-1, c]))   # (N * H * W, C)
         base = g.op("Unsqueeze", g.op("Mul", batch, g.i64(h * w)), g.i64([2]))   # (R, 1, 1)
-        val = None
-        for wy, wx, rows, cols in ((hy, hx, y0, x0), (hy, lx, y0, x1i), (ly, hx, y1i, x0), (ly, lx, y1i, x1i)):
-            index = g.op("Add", g.op("Add", base, g.op("Unsqueeze", g.op("Mul", rows, g.i64(w)), g.i64([2]))),
-                         g.op("Unsqueeze", cols, g.i64([1])))   # (R, ph, pw)
-            wt = g.op("Unsqueeze", g.op("Mul", wy, wx), g.i64([3]))   # (R, ph, pw, 1)
-            term = g.op("Mul", wt, g.op("Gather", table, index, axis=0))
-            val = term if val is None else g.op("Add", val, term)
-        inside = g.op("Unsqueeze", g.op("And", g.op("Unsqueeze", in_y, g.i64([2])), g.op("Unsqueeze", in_x, g.i64([1]))),
-                      g.i64([3]))
-        keep = g.op("And", inside, g.op("Greater", val, g.f32(-FLT_MAX)))
-        out = g.op("Where", keep, val, g.f32(0.0))
+        if a["max_of_samples"]:
+            out = _onnx_max_of_samples(ctx, g, node, table, base, (x1, y1, x2, y2), (a["ph"], a["pw"], c, h, w))
+        else:
+            ys = _onnx_bilinear(g, _onnx_starts(g, y1, y2, a["ph"]), h)
+            xs = _onnx_bilinear(g, _onnx_starts(g, x1, x2, a["pw"]), w)
+            inside, val = _onnx_warp_sample(g, table, base, ys, xs, w)
+            keep = g.op("And", inside, g.op("Greater", val, g.f32(-FLT_MAX)))
+            out = g.op("Where", keep, val, g.f32(0.0))
         ctx.add_node("Transpose", [out], [node.outputs[0]], name=node.name, perm=[0, 3, 1, 2])
 
 
-def _onnx_axis(g, start, end, pooled, size):
-    """ONNX form of ONE_SAMPLE's mnc_warp_points and mnc_bilinear_axis for (R, 1) rounded corners ->
-    (on the map (bool), low, high (int64), weight of the high cell), each (R, pooled)."""
+def _onnx_starts(g, start, end, pooled):
+    """ONE_SAMPLE's mnc_warp_points for (R, 1) rounded corners: the (R, pooled) bin starts."""
     bin_size = g.op("Div", g.op("Max", g.op("Sub", end, start), g.f32(0.0)), g.f32(float(pooled)))
-    at = g.op("Add", start, g.op("Mul", g.f32(np.arange(pooled, dtype=np.float32)[None, :]), bin_size))
+    return g.op("Add", start, g.op("Mul", g.f32(np.arange(pooled, dtype=np.float32)[None, :]), bin_size))
+
+
+def _onnx_bilinear(g, at, size):
+    """ONNX form of mnc_bilinear_axis at float32 positions `at` -> (on the map (bool), low, high (int64),
+    weight of the high cell), each shaped like `at`."""
     inside = g.op("And", g.op("GreaterOrEqual", at, g.f32(-0.5)), g.op("LessOrEqual", at, g.f32(size - 0.5)))
     zero = g.f32(0.0)
     at = g.op("Where", inside, at, zero)
@@ -277,6 +272,92 @@ def _onnx_axis(g, start, end, pooled, size):
     low_f = g.op("Cast", low, to=1)
     at = g.op("Where", edge, low_f, at)
     return inside, low, high, g.op("Sub", at, low_f)
+
+
+def _onnx_warp_sample(g, table, base, ys, xs, w):
+    """mnc_warp_sample on (R, ph) rows and (R, pw) columns read by _onnx_bilinear: (on the map (R, ph, pw, 1),
+    value (R, ph, pw, C)); g's op may append to a Scan body."""
+    (in_y, y0, y1, ly), (in_x, x0, x1, lx) = ys, xs
+    ly, lx = g.op("Unsqueeze", ly, g.i64([2])), g.op("Unsqueeze", lx, g.i64([1]))   # (R, ph, 1), (R, 1, pw)
+    hy, hx = g.op("Sub", g.f32(1.0), ly), g.op("Sub", g.f32(1.0), lx)
+    val = None
+    for wy, wx, rows, cols in ((hy, hx, y0, x0), (hy, lx, y0, x1), (ly, hx, y1, x0), (ly, lx, y1, x1)):
+        index = g.op("Add", g.op("Add", base, g.op("Unsqueeze", g.op("Mul", rows, g.i64(w)), g.i64([2]))),
+                     g.op("Unsqueeze", cols, g.i64([1])))   # (R, ph, pw)
+        term = g.op("Mul", g.op("Unsqueeze", g.op("Mul", wy, wx), g.i64([3])), g.op("Gather", table, index, axis=0))
+        val = term if val is None else g.op("Add", val, term)
+    inside = g.op("And", g.op("Unsqueeze", in_y, g.i64([2])), g.op("Unsqueeze", in_x, g.i64([1])))
+    return g.op("Unsqueeze", inside, g.i64([3])), val
+
+
+class _ScanBody(_OnnxGraph):
+    """_OnnxGraph's op and constants appended to a Scan body's node list (constants as Constant nodes)."""
+
+    def __init__(self, ctx, body):
+        super().__init__(ctx)
+        self.body = body
+        self.i64 = lambda v: self._const(np.array(v, np.int64))
+        self.f32 = lambda v: self._const(np.array(v, np.float32))
+
+    def _const(self, array):
+        kind = TensorProto.INT64 if array.dtype == np.int64 else TensorProto.FLOAT
+        return self.op("Constant", value=helper.make_tensor("c", kind, array.shape, array.reshape(-1).tolist()))
+
+    def op(self, kind, *inputs, **attrs):
+        return self.ctx.body_op(self.body, kind, list(inputs), kind.lower(), **attrs)
+
+
+def _onnx_max_of_samples(ctx, g, node, table, base, corners, dims):
+    """MAX_OF_SAMPLES (mnc_warp_points' loop, mnc_warp_sample at every pair of samples, the kernel's running
+    max): each axis's S = max ratio + 2 sample positions as a CumSum of k, step, step, ... (the kernel's float32
+    sums), then a Scan over the S x S pairs carrying the best values and whether any sample was taken."""
+    ph, pw, c, h, w = dims
+    x1, y1, x2, y2 = corners
+    axes = []
+    for start, end, pooled in ((y1, y2, ph), (x1, x2, pw)):
+        size = g.op("Max", g.op("Sub", end, start), g.f32(0.0))                                   # (R, 1)
+        ratio = g.op("Ceil", g.op("Div", size, g.f32(float(pooled))))
+        step = g.op("Cast", g.op("Div", g.ctx.const(np.array(1.0, np.float64)), g.op("Cast", ratio, to=11)), to=1)
+        axes.append((start, g.op("Div", size, g.f32(float(pooled))), pooled, ratio, step))
+    most = g.op("Max", g.op("ReduceMax", axes[0][3], keepdims=0), g.op("ReduceMax", axes[1][3], keepdims=0))
+    count = g.op("Cast", g.op("Add", most, g.f32(2.0)), to=7)                                      # S
+    s_index = g.op("Range", g.i64(0), count, g.i64(1))                                              # (S,)
+    first = g.op("Equal", s_index, g.i64(0))
+    per_axis = []
+    for (start, bin_size, pooled, _ratio, step), extent in zip(axes, (h, w)):
+        k = g.f32(np.arange(pooled, dtype=np.float32).reshape(1, pooled, 1))
+        steps = g.op("Where", first, k, g.op("Unsqueeze", step, g.i64([2])))                        # (R, pooled, S)
+        at = g.op("CumSum", steps, g.i64(2))                                                         # k, k + step, ...
+        taken = g.op("LessOrEqual", at, g.op("Add", k, g.f32(1.0)))
+        where = g.op("Add", g.op("Unsqueeze", start, g.i64([2])),
+                     g.op("Mul", at, g.op("Unsqueeze", bin_size, g.i64([2]))))
+        per_axis.append(list(_onnx_bilinear(g, where, extent)) + [taken])
+    body = []
+    sb = _ScanBody(ctx, body)
+    best_in, found_in, pair = (ctx.tmp(f"{node.name}_{k}") for k in ("best_in", "found_in", "pair"))
+    sy, sx = sb.op("Div", pair, count), sb.op("Mod", pair, count)
+    ys, xs = ([sb.op("Gather", v, at, axis=2) for v in arrays] for arrays, at in ((per_axis[0], sy), (per_axis[1], sx)))
+    inside, val = _onnx_warp_sample(sb, table, base, ys[:4], xs[:4], w)
+    taken = sb.op("Unsqueeze", sb.op("And", sb.op("Unsqueeze", ys[4], sb.i64([2])), sb.op("Unsqueeze", xs[4], sb.i64([1]))),
+                  sb.i64([3]))
+    better = sb.op("And", sb.op("And", inside, taken), sb.op("Greater", val, best_in))
+    best_out, found_out = sb.op("Where", better, val, best_in), sb.op("Or", found_in, better)
+    shape4 = [None, ph, pw, c]
+    graph = helper.make_graph(body, f"{node.name}_sample_pair",
+                              [helper.make_tensor_value_info(best_in, TensorProto.FLOAT, shape4),
+                               helper.make_tensor_value_info(found_in, TensorProto.BOOL, shape4),
+                               helper.make_tensor_value_info(pair, TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info(best_out, TensorProto.FLOAT, shape4),
+                               helper.make_tensor_value_info(found_out, TensorProto.BOOL, shape4)])
+    rois = g.op("Slice", g.op("Shape", base), g.i64([0]), g.i64([1]))
+    shape = g.op("Concat", rois, g.i64([ph, pw, c]), axis=0)
+    best0 = g.op("Expand", g.f32(-FLT_MAX), shape)
+    found0 = g.op("Expand", g.ctx.const(np.array(False)), shape)
+    pairs = g.op("Range", g.i64(0), g.op("Mul", count, count), g.i64(1))
+    best, found = ctx.add_node("Scan", [best0, found0, pairs], [ctx.tmp(f"{node.name}_best"),
+                                                               ctx.tmp(f"{node.name}_found")],
+                               body=graph, num_scan_inputs=1)
+    return g.op("Where", found, best, g.f32(0.0))
 
 
 def _onnx_legacy_4d(g, name, rank):
