@@ -131,6 +131,15 @@ class OnnxContext:
         body.append(onnx.helper.make_node(kind, inputs, [out], **attrs))
         return out
 
+    def body_const(self, body, value, hint="const"):
+        """A Constant node appended to `body` (a Scan or Loop subgraph's node list) holding `value`, a numpy
+        array or scalar whose dtype is kept; returns its output's name."""
+        import onnx.numpy_helper
+        out = self.tmp(f"{self.layer.name}_{hint}")
+        body.append(onnx.helper.make_node("Constant", [], [out],
+                                          value=onnx.numpy_helper.from_array(np.asarray(value), f"{out}_value")))
+        return out
+
     def i64(self, values):
         """A shared int64 constant holding `values` (a scalar or a nested list)."""
         return self.const(np.array(values, np.int64))

@@ -215,12 +215,10 @@ def _onnx_flags(ctx, node, table, valid, count, m):
     def b(op_type, inputs, hint, **kw):
         return ctx.body_op(body, op_type, inputs, hint, **kw)
 
-    def const(hint, value, kind=TensorProto.FLOAT):
-        return b("Constant", [], hint, value=helper.make_tensor(hint, kind, [], [value]))
     flags_in, it = ctx.tmp(f"{node.name}_flags_in"), ctx.tmp(f"{node.name}_it")
     col = {k: op("Gather", [padded, ctx.i64(k)], f"col{k}", axis=1) for k in (0, 1, 2, 3, 6)}   # outer scope
     mine = {k: b("Gather", [v, it], f"mine{k}", axis=0) for k, v in col.items()}
-    two = const("two", 2.0)
+    two = ctx.body_const(body, np.float32(2.0), "two")
 
     def side(c, s):
         half, my_half = b("Div", [col[s], two], "half"), b("Div", [mine[s], two], "my_half")
@@ -228,12 +226,12 @@ def _onnx_flags(ctx, node, table, valid, count, m):
         right = b("Min", [b("Add", [mine[c], my_half], "r1"), b("Add", [col[c], half], "r2")], "right")
         return b("Sub", [right, left], "side")
     ow, oh = side(0, 2), side(1, 3)
-    zero = const("zero", 0.0)
+    zero = ctx.body_const(body, np.float32(0.0), "zero")
     apart = b("Or", [b("Less", [ow, zero], "wneg"), b("Less", [oh, zero], "hneg")], "apart")
     inter = b("Where", [apart, zero, b("Mul", [ow, oh], "area")], "inter")
     union = b("Sub", [b("Add", [b("Mul", [mine[2], mine[3]], "mya"), b("Mul", [col[2], col[3]], "a")], "sum"),
                       inter], "union")
-    overlaps = b("GreaterOrEqual", [b("Div", [inter, union], "iou"), const("thr", float(node.attrs["nms_threshold"]))],
+    overlaps = b("GreaterOrEqual", [b("Div", [inter, union], "iou"), ctx.body_const(body, np.float32(node.attrs["nms_threshold"]), "thr")],
                  "overlaps")
     hit = b("And", [b("And", [overlaps, b("Equal", [col[6], mine[6]], "same")], "same_hit"),
                     b("And", [b("Greater", [positions, it], "later"), valid_p], "later_valid")], "hit")

@@ -296,12 +296,8 @@ class _ScanBody(_OnnxGraph):
     def __init__(self, ctx, body):
         super().__init__(ctx)
         self.body = body
-        self.i64 = lambda v: self._const(np.array(v, np.int64))
-        self.f32 = lambda v: self._const(np.array(v, np.float32))
-
-    def _const(self, array):
-        kind = TensorProto.INT64 if array.dtype == np.int64 else TensorProto.FLOAT
-        return self.op("Constant", value=helper.make_tensor("c", kind, array.shape, array.reshape(-1).tolist()))
+        self.i64 = lambda v: ctx.body_const(body, np.array(v, np.int64))
+        self.f32 = lambda v: ctx.body_const(body, np.array(v, np.float32))
 
     def op(self, kind, *inputs, **attrs):
         return self.ctx.body_op(self.body, kind, list(inputs), kind.lower(), **attrs)

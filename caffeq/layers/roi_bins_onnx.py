@@ -64,8 +64,7 @@ def onnx_scan_bin_max(ctx, node, x, batch, pieces, ph, pw, floor):
         return ctx.body_op(body, op_type, inputs, hint, **kw)
 
     def const(hint, array):
-        kind = TensorProto.INT64 if array.dtype == np.int64 else TensorProto.FLOAT
-        return b("Constant", [], hint, value=helper.make_tensor(hint, kind, array.shape, array.reshape(-1).tolist()))
+        return ctx.body_const(body, array, hint)
 
     def reduce_max(v, axis, hint):
         if ctx.opset >= 18:

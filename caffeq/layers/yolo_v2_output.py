@@ -175,16 +175,14 @@ def _onnx_duel(ctx, node, candidates):
     def b(op_type, inputs, hint, **kw):
         return ctx.body_op(body, op_type, inputs, hint, **kw)
 
-    def bconst(value, dtype, hint):
-        return b("Constant", [], hint, value=helper.make_tensor(f"{hint}_value", dtype, [], [value]))
 
     alive_in, it, row_hit, row_beats = (ctx.tmp(f"{node.name}_{h}") for h in ("alive_in", "it", "row_hit",
                                                                                  "row_beats"))
-    zero = bconst(0.0, TensorProto.FLOAT, "zero")
+    zero = ctx.body_const(body, np.float32(0.0), "zero")
     met = b("And", [b("And", [row_hit, alive_in], "met_alive"), b("Gather", [alive_in, it], "i_alive", axis=0)],
             "met")
     loses = b("Cast", [b("And", [met, b("Not", [row_beats], "not_beats")], "loses_b")], "loses", to=TensorProto.FLOAT)
-    before = b("Equal", [b("CumSum", [loses, bconst(0, TensorProto.INT64, "axis0")], "lost_so_far"), zero], "before")
+    before = b("Equal", [b("CumSum", [loses, ctx.body_const(body, np.int64(0), "axis0")], "lost_so_far"), zero], "before")
     drops = b("And", [b("And", [met, row_beats], "beaten"), before], "drops")
     i_drops = b("And", [b("Equal", [ids, it], "is_i"),
                         b("Greater", [b("ReduceSum", [loses], "lost", keepdims=0), zero], "i_lost")], "i_drops")

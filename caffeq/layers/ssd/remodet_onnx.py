@@ -75,8 +75,7 @@ def _greedy_keep(ctx, node, suppresses, count):
     kept_in, it, row = (ctx.tmp(f"{node.name}_{h}") for h in ("kept_in", "it", "row"))
     suppressed = b("ReduceMax", [b("Cast", [b("And", [kept_in, row], "hits")], "hitsf", to=TensorProto.FLOAT)],
                    "suppressed", keepdims=0)
-    stays = b("Equal", [suppressed, b("Constant", [], "zero", value=helper.make_tensor("z", TensorProto.FLOAT, [], [0.0]))],
-              "stays")
+    stays = b("Equal", [suppressed, ctx.body_const(body, np.float32(0.0), "zero")], "stays")
     kept_out = b("Or", [kept_in, b("And", [b("Equal", [ids, it], "is_i"), stays], "keep_i")], "kept_out")
     graph = helper.make_graph(body, f"{node.name}_keep_step",
                               [helper.make_tensor_value_info(kept_in, TensorProto.BOOL, [None]),
