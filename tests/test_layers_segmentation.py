@@ -497,6 +497,20 @@ def test_ceil_mode_contradicting_round_mode():
                            'kernel_size: 3 stride: 2 ceil_mode: false round_mode: CEIL } }', inputs={"x": (1, 2, 8, 8)}))
 
 
+
+@pytest.mark.parametrize("floor", [False, True])
+def test_apollos_cmp_out_shape_floor_as_conv(floor, tmp_path):
+    # Baidu Apollo's traffic-light nets: true sizes the output with floor, as a convolution; false is BVLC's ceil
+    x = np.random.default_rng(10).standard_normal((1, 2, 8, 11)).astype(np.float32)
+    model = load_from_text(net(f'layer {{ name: "p" type: "Pooling" bottom: "x" top: "p" pooling_param {{ pool: MAX '
+                               f'kernel_size: 3 stride: 2 pad: 1 cmp_out_shape_floor_as_conv: {str(floor).lower()} }} }}',
+                               inputs={"x": x.shape}))
+    assert model.blob_shapes["p"] == (1, 2, 4 if floor else 5, 6)
+    check_everywhere(model, {"x": x}, {"p": max_pool_mask_ref(x, 3, 3, 2, 2, 1, 1, not floor)[0]}, tmp_path)
+    with pytest.raises(LayerError, match="cmp_out_shape_floor_as_conv: true contradicts round_mode: CEIL"):
+        load_from_text(net('layer { name: "p" type: "Pooling" bottom: "x" top: "p" pooling_param { kernel_size: 3 '
+                           'stride: 2 round_mode: CEIL cmp_out_shape_floor_as_conv: true } }', inputs={"x": (1, 2, 8, 8)}))
+
 # ---- Unpooling (DeconvNet) -------------------------------------------------------------------
 
 needs_unpool = pytest.mark.skipif(not _has_field("unpooling_param"), reason="caffe.proto without unpooling_param")

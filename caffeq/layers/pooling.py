@@ -67,18 +67,20 @@ def pooled_size(size, k, s, p, round_mode=CEIL, padded=None):
 
 
 def _round_mode(p):
-    """CEIL or FLOOR from round_mode (BVLC) or ceil_mode (forks); both given must agree."""
+    """CEIL or FLOOR from round_mode (BVLC), ceil_mode (forks) or cmp_out_shape_floor_as_conv (Apollo); the
+    fields given must agree."""
     fields = p.DESCRIPTOR.fields_by_name
-    has_round = "round_mode" in fields and p.HasField("round_mode")
-    has_ceil = "ceil_mode" in fields and p.HasField("ceil_mode")
-    mode = int(p.round_mode) if has_round else CEIL
-    if has_ceil:
-        from_ceil = CEIL if p.ceil_mode else FLOOR
-        if has_round and from_ceil != mode:
-            raise LayerError(f"pooling_param.ceil_mode: {str(bool(p.ceil_mode)).lower()} contradicts "
-                             f"round_mode: {'CEIL' if mode == CEIL else 'FLOOR'}")
-        mode = from_ceil
-    return mode
+    given = []
+    if "round_mode" in fields and p.HasField("round_mode"):
+        given.append((int(p.round_mode), f"round_mode: {'CEIL' if p.round_mode == CEIL else 'FLOOR'}"))
+    if "ceil_mode" in fields and p.HasField("ceil_mode"):
+        given.append((CEIL if p.ceil_mode else FLOOR, f"ceil_mode: {str(bool(p.ceil_mode)).lower()}"))
+    if "cmp_out_shape_floor_as_conv" in fields and p.HasField("cmp_out_shape_floor_as_conv"):
+        floor = p.cmp_out_shape_floor_as_conv
+        given.append((FLOOR if floor else CEIL, f"cmp_out_shape_floor_as_conv: {str(bool(floor)).lower()}"))
+    if any(mode != given[0][0] for mode, _ in given):
+        raise LayerError(f"pooling_param.{given[-1][1]} contradicts {given[0][1]}")
+    return given[0][0] if given else CEIL
 
 
 def parse_pooling(p):
