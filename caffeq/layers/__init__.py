@@ -30,6 +30,7 @@ from . import (  # noqa: F401,E402
     ctpn,
     cudnn_bn,
     data,
+    deep_driving,
     deep_hand_model,
     deep_text_spotter,
     deeplab_forks,

@@ -32,7 +32,6 @@ def _channel_blob(w, ndim):
     return w.reshape(w.shape + (1,) * (ndim - 2)) if w.dim() else w
 
 
-@register_layer("NonParaReLUSigmoid", "NonParaReLUSinCos")
 class NonParaReLU(Layer):
     """max(x, 0) plus learned per-channel multiples of sigmoid(x) or of sin(x) and cos(x) (module docstring)."""
 
@@ -47,9 +46,6 @@ class NonParaReLU(Layer):
         return {"sin_cos": lp.type == "NonParaReLUSinCos", "channel_shared": bool(p.channel_shared),
                 "initial": float(np.float32(filler.value)) if p.HasField("filler") else 0.0}
 
-    @property
-    def blob_names(self):
-        return ("beta_sin", "beta_cos")
 
     def infer(self, attrs, in_shapes):
         if len(in_shapes[0]) < 2:
@@ -91,11 +87,22 @@ class NonParaReLU(Layer):
         terms = (("torch.sin", 0), ("torch.cos", 1)) if node.attrs["sin_cos"] else (("torch.sigmoid", 0),)
         expr = f"{x}.clamp(min=0)"
         for fn, blob in terms:
-            m = emit.module(f"nn.Parameter(torch.zeros({tuple(node.blobs[blob].shape)}))")
-            emit.param("", blob, attr=m[len("self."):])
+            attr = emit.extra_attr(self.blob_names[blob]) if blob else None
+            m = emit.module(f"nn.Parameter(torch.zeros({tuple(node.blobs[blob].shape)}))", attr=attr)
+            emit.param("", blob, attr=attr)
             w = f"{m}.reshape(-1{', 1' * (ndim - 2)})" if not node.attrs["channel_shared"] and ndim > 2 else m
             expr += f" + {w} * {fn}({x})"
         return expr
+
+
+@register_layer("NonParaReLUSigmoid")
+class NonParaReLUSigmoid(NonParaReLU):
+    blob_names = ("beta",)
+
+
+@register_layer("NonParaReLUSinCos")
+class NonParaReLUSinCos(NonParaReLU):
+    blob_names = ("beta_sin", "beta_cos")
 
 
 @register_layer("SigmoidHist")
