@@ -936,3 +936,19 @@ def test_the_opencl_branchs_intel_spatial_engine_is_the_same_convolution():
     spatial = load_from_text(net(conv.format("engine: INTEL_SPATIAL"), inputs={"x": x.shape}), random_weights=True)
     plain = load_from_text(net(conv.format(""), inputs={"x": x.shape}), random_weights=True)
     np.testing.assert_array_equal(spatial.run({"x": x})["y"], plain.run({"x": x})["y"])
+
+
+def test_happynears_softmax_normalize_type_reads_and_the_normalize_ignores_it():
+    # GuohongWu/caffe-windows src/caffe/test/normalize_layer.prototxt: happynear's SoftmaxParameter.normalize_type
+    # (read by its SoftmaxWithLoss only) on a Normalize, which reads SSD's norm_param defaults
+    import numpy as np
+    from conftest import net, rng
+
+    from caffeq.model import load_from_text
+    x = rng(3).standard_normal((1, 4, 3, 2)).astype(np.float32)
+    text = 'layer {{ name: "n" type: "Normalize" bottom: "x" top: "y" {} }}'
+    model = load_from_text(net(text.format('softmax_param { normalize_type: "L2" }'), inputs={"x": x.shape}),
+                           random_weights=True)
+    assert model.net.layer[-1].softmax_param.normalize_type == "L2"
+    plain = load_from_text(net(text.format(""), inputs={"x": x.shape}), random_weights=True)
+    np.testing.assert_array_equal(model.run({"x": x})["y"], plain.run({"x": x})["y"])

@@ -13,6 +13,7 @@ from . import (  # noqa: F401,E402
     c3d,
     caffe_gan,
     caffe_plus,
+    caffe_sl,
     caffemex,
     cambricon_mlu,
     cambricon_yolo,
