@@ -84,6 +84,7 @@ from . import (  # noqa: F401,E402
     mtcnn_predict_box,
     mxnet_ops,
     netvlad,
+    nlpcaffe,
     nn_interp,
     nonlocal_ops,
     norm,

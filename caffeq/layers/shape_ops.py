@@ -204,12 +204,17 @@ class Slice(Layer):
                     raise LayerError(f"slice_point values must be strictly increasing and > 0, "
                                      f"got {points}")
                 prev = v
-        return {**attrs, "points": points, "tops": tops}
+        # nlpcaffe's fast_wordvec_slice: the same slices along axis 2 by a faster loop, which CHECKs them
+        return {**attrs, "points": points, "tops": tops, "wordvec": bool(p.fast_wordvec_slice)}
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
         axis = attrs["_axis"] = _concat_slice_axis(attrs, len(s), "slice")
-        return [s[:axis] + (n,) + s[axis + 1:] for n in _slice_sizes(attrs, s[axis])]
+        tops = [s[:axis] + (n,) + s[axis + 1:] for n in _slice_sizes(attrs, s[axis])]
+        if attrs.get("wordvec") and axis == 2 and (len(s) != 4 or s[3] != 1 or any(t[2] != 1 for t in tops)):
+            raise LayerError(f"slice_param.fast_wordvec_slice (nlpcaffe) slices a (N, C, H, 1) bottom into rows of "
+                             f"height 1 (the fork's CHECKs), got {list(s)} into {[list(t) for t in tops]}")
+        return tops
 
     def forward(self, attrs, params, x):
         if attrs["tops"] == 1:
