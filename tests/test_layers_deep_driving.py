@@ -43,9 +43,11 @@ def test_non_para_relu_sin_cos_and_a_fresh_layer(tmp_path):
     node.blobs = [s, c]
     want = np.maximum(x, 0) + s[:, None] * np.sin(x) + c[:, None] * np.cos(x)
     check_everywhere(model, {"x": x}, {"y": want}, tmp_path, atol=1e-6, rtol=1e-6)
-    with pytest.raises(LayerError, match="draws random initial values"):
-        load_from_text(net('layer { name: "a" type: "NonParaReLUSigmoid" bottom: "x" top: "y" nprelu_sigmoid_param '
-                           '{ filler { type: "gaussian" } } }', inputs={"x": shape}))
+    # a training file's random filler reads (trained weights replace it); without them the layer starts at 0
+    drawn = load_from_text(net('layer { name: "a" type: "NonParaReLUSigmoid" bottom: "x" top: "y" '
+                               'nprelu_sigmoid_param { filler { type: "gaussian" } } }', inputs={"x": shape}),
+                           random_weights=True)
+    np.testing.assert_array_equal(drawn.run({"x": x})["y"], np.maximum(x, 0) + np.float32(0) * sigmoid(x))
 
 
 def test_run_net_frame_one_data_hist_feeds_back_zeros(tmp_path):
@@ -57,7 +59,8 @@ def test_run_net_frame_one_data_hist_feeds_back_zeros(tmp_path):
             'global_pooling: true } }\n'
             'layer { name: "rf" type: "Reshape" bottom: "pool" top: "rf" reshape_param { shape { dim: 2 dim: 1 '
             'dim: 3 } } }\n'
-            'layer { name: "rm" type: "Reshape" bottom: "marker" top: "rm" reshape_param { shape { dim: 2 dim: 1 } } }\n'
+            'layer { name: "rm" type: "Reshape" bottom: "marker" top: "rm" reshape_param { shape { dim: 2 '
+            'dim: 1 } } }\n'
             'layer { name: "hist" type: "DataHist" bottom: "rm" top: "hist" }\n'
             'layer { name: "cat" type: "Concat" bottom: "rf" bottom: "hist" top: "cat" concat_param { axis: 2 } }\n'
             'layer { name: "fc" type: "InnerProduct" bottom: "cat" top: "fc" inner_product_param { num_output: 14 '

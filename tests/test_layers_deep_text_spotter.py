@@ -5,13 +5,37 @@ import math
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import model_py_outputs, net, onnx_outputs, rng
 
 from caffeq.layers import LayerError
-from caffeq.layers.deep_text_spotter import DTS_ANCHORS, dts_anchor_table
+from caffeq.layers.deep_text_spotter import dts_anchor_table
 from caffeq.model import load_from_text
 
 F = np.float32
+
+# region_layer.cpp LayerSetUp's 14 anchors (w, h in grid cells)
+ANCHORS = [0.317539695732, 0.493652380857, 0.66545245494, 0.357112901109, 1.01046388351, 0.512909981333,
+           1.3496335045, 0.322306706382, 1.58891134384, 0.581019084508, 1.20785566117, 1.02485042068,
+           2.28320153664, 0.813839044484, 2.5279678299, 0.442826767368, 3.01451020961, 1.34187668082,
+           3.79487918772, 0.78852430371, 4.7935325462, 3.01837445215, 6.1298771774, 1.41297354615,
+           10.4140073713, 2.29083421664, 12.1392691662, 5.06897667207]
+
+
+def ref_anchor_table(expand_bias):
+    """LayerSetUp's loop: `for (i = 0; i < biases.size() / 2; i += 2)` visits pairs 0..6; with expand_bias a pair
+    with a side under 0.5 gives 5 anchors at the listed sub-cell offsets, another one at (0, 0); without it, 14
+    anchors and zero offsets (the fork pushes only 7 and reads past them: 0 intended)."""
+    if not expand_bias:
+        return ANCHORS, [0.0] * 28
+    anchors, offsets = [], []
+    for i in range(0, 14, 2):
+        w, h = ANCHORS[i], ANCHORS[i + 1]
+        subs = [(0.75, 0.25), (0.25, 0.25), (0.5, 0.5), (0.75, 0.75), (0.75, 0.25)] if F(w) < 0.5 or F(h) < 0.5 \
+            else [(0.0, 0.0)]
+        for ox, oy in subs:
+            anchors += [w, h]
+            offsets += [ox, oy]
+    return anchors, offsets
 
 
 def logistic(v):
@@ -43,7 +67,7 @@ def ref_iou(a, b):
 def ref_region(x, classes, coords, boxes, softmax, nms, expand_bias=False):
     n, h, w, c = x.shape
     size = coords + 1 + classes
-    anchors, offsets = dts_anchor_table(expand_bias)
+    anchors, offsets = ref_anchor_table(expand_bias)
     trans = x.copy().reshape(n, h * w * boxes, size)
     for b in range(n):
         for i in range(h * w * boxes):
@@ -127,18 +151,22 @@ def test_region_matches_the_forks_loops_everywhere(params, classes, coords, boxe
     else:
         assert rows[..., 8].any()                               # the NMS flags some boxes
     f = {"x": x, **({"gt": np.zeros((1, 1, 32, 32), F)} if "gt" in bottoms else {})}
-    # exp and the softmax's sum may differ in the last bit (the fork's float exp, torch's and onnxruntime's)
-    check_everywhere(model, f, {"trans": trans, "boxes": rows, "loss": np.zeros((1, 1, 1, 1), F)}, tmp_path,
-                     atol=2e-6, rtol=2e-6)
+    for backend, got in (("torch", model.run(f)), ("onnx", onnx_outputs(model, f, tmp_path)),
+                         ("model.py", model_py_outputs(model, f, tmp_path))):
+        np.testing.assert_array_equal(got["loss"], np.zeros((1, 1, 1, 1), F), err_msg=backend)
+        # exp and the softmax's sum may differ in the last bit (the fork's float exp, torch's, onnxruntime's):
+        # every value within 2e-6 of its own size; the box index, class and flag columns exact
+        np.testing.assert_allclose(got["trans"], trans, rtol=2e-6, atol=2e-6, err_msg=backend)
+        np.testing.assert_array_equal(got["boxes"][..., 6:9], rows[..., 6:9], err_msg=backend)
+        np.testing.assert_allclose(got["boxes"], rows, rtol=2e-6, atol=2e-6, err_msg=backend)
 
 
 def test_expand_bias_builds_the_forks_19_anchors():
+    assert dts_anchor_table(True) == ref_anchor_table(True)
     anchors, offsets = dts_anchor_table(True)
-    assert len(anchors) == 38
-    # the first pair (0.32 x 0.49) has a side under 0.5: five copies with the fork's sub-cell offsets
-    assert anchors[:10] == [DTS_ANCHORS[0], DTS_ANCHORS[1]] * 5
-    assert offsets[:10] == [0.75, 0.25, 0.25, 0.25, 0.5, 0.5, 0.75, 0.75, 0.75, 0.25]
-    assert dts_anchor_table(False) == (DTS_ANCHORS, [0.0] * 28)
+    # pairs 0, 1, 3 (a side under 0.5) give five anchors each, pairs 2, 4, 5, 6 one: 19
+    assert len(anchors) == 38 and anchors[:10] == ANCHORS[:2] * 5 and anchors[32:] == ANCHORS[8:14]
+    assert dts_anchor_table(False) == (ANCHORS, [0.0] * 28)
 
 
 @pytest.mark.parametrize("params, shape, message", [
@@ -159,7 +187,8 @@ def test_tiny_like_net_reads_from_on_disk_data(tmp_path):
             'input_param { shape: { dim: 1 dim: 1 dim: 32 dim: 48 } } data_param { source: "train.txt" } }\n'
             'layer { name: "c" type: "Convolution" bottom: "data" top: "c" convolution_param { num_output: 24 '
             'kernel_size: 3 stride: 16 pad: 1 } }\n'
-            'layer { name: "t" type: "Transpose" bottom: "c" top: "t" transpose_param { dim: 0 dim: 2 dim: 3 dim: 1 } }\n'
+            'layer { name: "t" type: "Transpose" bottom: "c" top: "t" transpose_param { dim: 0 dim: 2 dim: 3 '
+            'dim: 1 } }\n'
             'layer { name: "r" type: "Region" bottom: "t" bottom: "gt_boxes" top: "loss" top: "boxes" top: "trans" '
             'region_param { classes: 6 coords: 5 boxes_of_each_grid: 2 softmax: true nms_threshold: 0.5 } }')
     model = load_from_text(text, random_weights=True, outputs=["boxes"])

@@ -225,6 +225,13 @@ def test_roi_warping_unset_design_reads_one_sample_with_a_note():
     assert not any("names no design" in n for n in marked.warnings)
 
 
+@pytest.mark.parametrize("design", ["ONE_SAMPLE", "MAX_OF_SAMPLES"])
+def test_roi_warping_no_rois_everywhere(design, tmp_path):
+    model = load_from_text(warp_net(f"pooled_h: 2 pooled_w: 2 design: {design}", rois_shape=(0, 5)))
+    f = {"x": np.zeros(X_SHAPE, np.float32), "rois": np.zeros((0, 5), np.float32)}
+    assert onnx_outputs(model, f, tmp_path)["o"].shape == model_py_outputs(model, f, tmp_path)["o"].shape == (0, 3, 2, 2)
+
+
 def test_roi_warping_empty_rois_and_bad_batch_index():
     model = load_from_text(warp_net("pooled_h: 2 pooled_w: 2 design: MAX_OF_SAMPLES", rois_shape=(1, 5)))
     x = np.zeros(X_SHAPE, np.float32)

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import backend_outputs, check_everywhere, net, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load_from_text
@@ -81,6 +81,14 @@ def test_region_pooling_matches_the_forks_loop(ph, pw, offset, tmp_path):
     ref = region_pool_ref(x, rois.reshape(7, 9), ph, pw, 0.0625, offset)
     # maxima of the inputs: exact in torch, onnxruntime and model.py
     check_everywhere(model, {"x": x, "rois": rois}, {"y": ref}, tmp_path)
+
+
+def test_region_pooling_with_no_rois(tmp_path):
+    model = load_from_text(net(LAYER.format(ph=2, pw=3, scale=0.0625, offset=0), inputs={"x": (1, 2, 5, 5),
+                                                                                        "rois": (0, 9)}))
+    f = {"x": rng(2).standard_normal((1, 2, 5, 5)).astype(F32), "rois": np.zeros((0, 9), F32)}
+    for backend, got in backend_outputs(model, f, tmp_path, top="y").items():
+        assert got.shape == (0, 2, 2, 3), backend
 
 
 def test_region_pooling_refuses_fast_rcnn_rois():

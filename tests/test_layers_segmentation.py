@@ -507,9 +507,14 @@ def test_apollos_cmp_out_shape_floor_as_conv(floor, tmp_path):
                                inputs={"x": x.shape}))
     assert model.blob_shapes["p"] == (1, 2, 4 if floor else 5, 6)
     check_everywhere(model, {"x": x}, {"p": max_pool_mask_ref(x, 3, 3, 2, 2, 1, 1, not floor)[0]}, tmp_path)
+    # the message names the field that differs, not the last one given
     with pytest.raises(LayerError, match="cmp_out_shape_floor_as_conv: true contradicts round_mode: CEIL"):
         load_from_text(net('layer { name: "p" type: "Pooling" bottom: "x" top: "p" pooling_param { kernel_size: 3 '
                            'stride: 2 round_mode: CEIL cmp_out_shape_floor_as_conv: true } }', inputs={"x": (1, 2, 8, 8)}))
+    with pytest.raises(LayerError, match="ceil_mode: false contradicts round_mode: CEIL"):
+        load_from_text(net('layer { name: "p" type: "Pooling" bottom: "x" top: "p" pooling_param { kernel_size: 3 '
+                           'stride: 2 round_mode: CEIL ceil_mode: false cmp_out_shape_floor_as_conv: false } }',
+                           inputs={"x": (1, 2, 8, 8)}))
 
 # ---- Unpooling (DeconvNet) -------------------------------------------------------------------
 

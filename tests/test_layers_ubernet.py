@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, conv_ref, net, rng
+from conftest import backend_outputs, check_everywhere, conv_ref, net, onnx_outputs, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -130,6 +130,31 @@ def test_is_rich_differs_from_fast_rcnn_and_type_0_without_it_is_fast_rcnn(tmp_p
     np.testing.assert_array_equal(plain, ref_ubernet_pool(x, ROIS, 3, 3, 1.0))
 
 
+@pytest.mark.parametrize("bb_type, as_type", [(1.9, 1), (-0.7, 0), (9.99, 9)])
+def test_bb_type_is_truncated_to_the_layers_int(bb_type, as_type, tmp_path):
+    x = rng(11).standard_normal(X_SHAPE).astype(F)
+    model = roi_net(f"pooled_h: 3 pooled_w: 3 spatial_scale: 0.5 bb_type: {bb_type}")
+    check_everywhere(model, {"x": x, "rois": ROIS}, {"o": ref_ubernet_pool(x, ROIS, 3, 3, 0.5, as_type)}, tmp_path)
+
+
+def test_no_rois_and_rois_outside_the_batch(tmp_path):
+    # an image without proposals: (0, C, ph, pw) everywhere (onnxruntime takes no 0-step Scan: a padding roi)
+    model = load_from_text(net('layer { name: "o" type: "ROIPooling" bottom: "x" bottom: "rois" top: "o" '
+                               'roi_pooling_param { pooled_h: 2 pooled_w: 3 is_rich: 1 bb_type: 7 } }',
+                               inputs={"x": X_SHAPE, "rois": (0, 5)}))
+    x = rng(12).standard_normal(X_SHAPE).astype(F)
+    for backend, got in backend_outputs(model, {"x": x, "rois": np.zeros((0, 5), F)}, tmp_path).items():
+        assert got.shape == (0, 3, 2, 3), backend
+    # a batch index past the batch: torch refuses it; ONNX, which cannot refuse, gives 0 for that roi
+    rois = np.array([[0, 1, 1, 9, 9], [2, 1, 1, 9, 9]], F)
+    model = roi_net("pooled_h: 2 pooled_w: 2 is_rich: 1", rois)
+    with pytest.raises(LayerError, match="batch index 2 is outside the batch of 2"):
+        model.run({"x": x, "rois": rois})
+    got = onnx_outputs(model, {"x": x, "rois": rois}, tmp_path)["o"]
+    np.testing.assert_array_equal(got[0], ref_ubernet_pool(x, rois[:1], 2, 2, 1.0, 0, 1)[0])
+    assert not got[1].any()
+
+
 @pytest.mark.parametrize("params, message", [
     ("pooled_h: 2 pooled_w: 2 is_rich: 1 pad_ratio: 0.5", "come from different forks"),
     ("pooled_h: 2 pooled_w: 2 bb_type: 1 pool: AVE", "come from different forks"),
@@ -140,7 +165,7 @@ def test_ubernet_roi_pooling_refuses_mixed_forks(params, message):
         roi_net(params)
 
 
-def test_ubernet_like_head_reads_with_the_forks_fields():
+def test_ubernet_like_head_reads_with_the_forks_fields(tmp_path):
     # the detection head of UberNet's test.prototxt: deletetop / deletebottom (its memory saving), a 1x1
     # convolution with dilation 0, ROIPooling with bb_type 0 and is_rich 1 on a stride-8 map
     text = net('layer { name: "c" type: "Convolution" bottom: "x" top: "c" deletetop: true '
@@ -150,6 +175,13 @@ def test_ubernet_like_head_reads_with_the_forks_fields():
                inputs={"x": (1, 3, 25, 25), "rois": (4, 5)})
     model = load_from_text(text, random_weights=True)
     assert model.blob_shapes["p"] == (4, 4, 7, 7)
+    rois = np.array([[0, 8, 8, 150, 100], [0, 0, 0, 199, 199], [0, 40, 60, 41, 61], [0, -20, 30, 90, 250]], F)
+    x = rng(13).standard_normal((1, 3, 25, 25)).astype(F)
+    got = backend_outputs(model, {"x": x, "rois": rois}, tmp_path, top="p")
+    conv = model.run({"x": x, "rois": rois}, all_blobs=True)["c"]
+    for backend, out in got.items():   # the convolution's own rounding aside, the kernel's pooling of it
+        np.testing.assert_allclose(out, ref_ubernet_pool(conv, rois, 7, 7, 0.125, 0, 1), rtol=1e-5, atol=1e-5,
+                                   err_msg=backend)
 
 
 def test_dilation_0_on_a_1x1_convolution_is_dilation_1_and_refused_on_wider_kernels(tmp_path):

@@ -39,12 +39,11 @@ class NonParaReLU(Layer):
         need_blobs(lp, lp.type, 1, 1)
         field = "nprelu_sigmoid_param" if lp.type == "NonParaReLUSigmoid" else "nprelu_sin_cos_param"
         p = getattr(lp, field)
-        filler = p.filler
-        if p.HasField("filler") and filler.type != "constant":
-            raise LayerError(f"{field}.filler {filler.type!r} draws random initial values; only the constant "
-                             f"filler (the fork's default, 0) starts the layer without trained weights")
+        # the filler only starts training; without trained weights a constant filler's value (the fork's
+        # default, 0: a ReLU) is what the layer holds, and another filler's draw is taken as 0 too
+        constant = p.HasField("filler") and p.filler.type == "constant"
         return {"sin_cos": lp.type == "NonParaReLUSinCos", "channel_shared": bool(p.channel_shared),
-                "initial": float(np.float32(filler.value)) if p.HasField("filler") else 0.0}
+                "initial": float(np.float32(p.filler.value)) if constant else 0.0}
 
 
     def infer(self, attrs, in_shapes):
@@ -62,7 +61,8 @@ class NonParaReLU(Layer):
     def forward(self, attrs, params, x):
         y = x.clamp(min=0)
         if attrs["sin_cos"]:
-            return y + _channel_blob(params[0], x.dim()) * torch.sin(x) + _channel_blob(params[1], x.dim()) * torch.cos(x)
+            y = y + _channel_blob(params[0], x.dim()) * torch.sin(x)
+            return y + _channel_blob(params[1], x.dim()) * torch.cos(x)
         return y + _channel_blob(params[0], x.dim()) * torch.sigmoid(x)
 
     def onnx(self, ctx, node):

@@ -93,7 +93,7 @@ def dts_image_rows(t, obj, probs, coords: int, nms_threshold: float, anchors: li
     p = obj[..., None] * probs
     best, label = p.max(-1)
     label = torch.where(best > 0, label, torch.zeros_like(label))
-    p = torch.cat([p, p.new_zeros(p.shape[:-1] + (max(6 - p.shape[-1], 0),))], -1)[..., :6]
+    p = torch.cat([p, p.new_zeros(p.shape[:-1] + (6 - p.shape[-1],))], -1)     # classes <= 6 (parse)
     index = torch.arange(h * w * nb, dtype=f32, device=dev) * size
     columns = [v.reshape(-1) for v in (x, y, bw, bh, angle, score, label.to(f32))] + [index]
     table = torch.cat([torch.stack(columns, 1), p.reshape(-1, 6)], 1)              # (M, 14) without the flag
@@ -133,6 +133,14 @@ TORCH_DTS_REGION = torch_sources(dts_logistic, dts_overlaps, dts_image_rows, dts
 
 # ---- ONNX -------------------------------------------------------------------------------
 
+def _onnx_logistic(ctx, v):
+    """dts_logistic in ONNX: 1 / (1 + exp(-x)) in double, cast to float."""
+    op = ctx.op
+    one = ctx.const(np.array(1.0, np.float64))
+    e = op("Exp", [op("Neg", [op("Cast", [v], "d", to=TensorProto.DOUBLE)], "neg")], "e")
+    return op("Cast", [op("Div", [one, op("Add", [one, e], "den")], "sig")], "sigf", to=TensorProto.FLOAT)
+
+
 def _onnx_image_rows(ctx, node, t, obj, probs, hw):
     """One image's (1, 500, 15) rows from its (H, W, B, size) entries, (H, W, B) objectness and
     (H, W, B, classes) class values, as dts_image_rows."""
@@ -145,28 +153,24 @@ def _onnx_image_rows(ctx, node, t, obj, probs, hw):
     def entry(k):
         return op("Gather", [t, i64(k)], "entry", axis=3)
 
-    def logistic(v):
-        d = op("Cast", [v], "d", to=TensorProto.DOUBLE)
-        e = op("Exp", [op("Neg", [d], "neg")], "e")
-        one = ctx.const(np.array(1.0, np.float64))
-        return op("Cast", [op("Div", [one, op("Add", [one, e], "den")], "sig")], "sigf", to=TensorProto.FLOAT)
     anchors = np.array(a["anchors"][:2 * nb], np.float32).reshape(nb, 2)
     offsets = np.array(a["offsets"][:2 * nb], np.float32).reshape(nb, 2)
     norm = float(np.sqrt(np.float32(w * w + h * h), dtype=np.float32))
     cols = ctx.const(np.arange(w, dtype=np.float32).reshape(1, w, 1))
     rows = ctx.const(np.arange(h, dtype=np.float32).reshape(h, 1, 1))
-    x = op("Div", [op("Add", [op("Add", [cols, logistic(entry(0))], "cx"), ctx.const(offsets[:, 0])], "cxo"),
+    x = op("Div", [op("Add", [op("Add", [cols, _onnx_logistic(ctx, entry(0))], "cx"), ctx.const(offsets[:, 0])], "cxo"),
                    f32(float(w))], "x")
-    y = op("Div", [op("Add", [op("Add", [rows, logistic(entry(1))], "cy"), ctx.const(offsets[:, 1])], "cyo"),
+    y = op("Div", [op("Add", [op("Add", [rows, _onnx_logistic(ctx, entry(1))], "cy"), ctx.const(offsets[:, 1])], "cyo"),
                    f32(float(h))], "y")
     bw = op("Div", [op("Mul", [op("Exp", [entry(2)], "ew"), ctx.const(anchors[:, 0])], "aw"), f32(norm)], "w")
     bh = op("Div", [op("Mul", [op("Exp", [entry(3)], "eh"), ctx.const(anchors[:, 1])], "ah"), f32(norm)], "h")
-    angle = entry(4) if coords > 4 else op("Mul", [x, f32(0.0)], "angle0")
+    angle = entry(4) if coords > 4 else ctx.const(np.zeros((h, w, nb), np.float32))
     score = op("Mul", [obj, obj], "score")
     p = op("Mul", [op("Unsqueeze", [obj, i64([3])], "obj4"), probs], "p")
     best = op("ReduceMax", [p, i64([3])], "best", keepdims=0) if ctx.opset >= 18 else \
         op("ReduceMax", [p], "best", axes=[3], keepdims=0)
-    label = op("Cast", [op("ArgMax", [p], "arg", axis=3, keepdims=0, select_last_index=0)], "argf", to=TensorProto.FLOAT)
+    first_best = op("ArgMax", [p], "arg", axis=3, keepdims=0, select_last_index=0)
+    label = op("Cast", [first_best], "argf", to=TensorProto.FLOAT)
     label = op("Where", [op("Greater", [best, f32(0.0)], "pos"), label, f32(0.0)], "label")
     if classes < CLASS_SLOTS:
         p = op("Pad", [p, i64([0, 0, 0, 0, 0, 0, 0, CLASS_SLOTS - classes])], "p6")
@@ -231,7 +235,8 @@ def _onnx_flags(ctx, node, table, valid, count, m):
     inter = b("Where", [apart, zero, b("Mul", [ow, oh], "area")], "inter")
     union = b("Sub", [b("Add", [b("Mul", [mine[2], mine[3]], "mya"), b("Mul", [col[2], col[3]], "a")], "sum"),
                       inter], "union")
-    overlaps = b("GreaterOrEqual", [b("Div", [inter, union], "iou"), ctx.body_const(body, np.float32(node.attrs["nms_threshold"]), "thr")],
+    threshold = ctx.body_const(body, np.float32(node.attrs["nms_threshold"]), "thr")
+    overlaps = b("GreaterOrEqual", [b("Div", [inter, union], "iou"), threshold],
                  "overlaps")
     hit = b("And", [b("And", [overlaps, b("Equal", [col[6], mine[6]], "same")], "same_hit"),
                     b("And", [b("Greater", [positions, it], "later"), valid_p], "later_valid")], "hit")
@@ -253,11 +258,7 @@ def emit_dts_region(ctx, node):
     size = a["coords"] + 1 + a["classes"]
     op, i64 = ctx.op, ctx.i64
     t = op("Reshape", [x, i64([n, h, w, a["boxes"], size])], "t")
-    obj_raw = op("Gather", [t, i64(a["coords"])], "obj_raw", axis=4)
-    d = op("Cast", [obj_raw], "d", to=TensorProto.DOUBLE)
-    one = ctx.const(np.array(1.0, np.float64))
-    obj = op("Cast", [op("Div", [one, op("Add", [one, op("Exp", [op("Neg", [d], "nd")], "e")], "den")], "sig")],
-             "obj", to=TensorProto.FLOAT)
+    obj = _onnx_logistic(ctx, op("Gather", [t, i64(a["coords"])], "obj_raw", axis=4))
     cls = op("Slice", [t, i64([a["coords"] + 1]), i64([size]), i64([4])], "cls")
     if a["softmax"]:
         if ctx.opset >= 18:

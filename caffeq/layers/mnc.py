@@ -37,8 +37,8 @@ The axis functions and the ROIWarping sample points run on the CPU in float32, t
 device; model.py copies these very functions.  ONNX: ROIWarping ONE_SAMPLE with elementwise ops and Gather
 in the same float32 order, C's round through double; MAX_OF_SAMPLES with every axis's sample positions as
 a CumSum of the kernel's float32 steps (as many as the largest roi needs) and a Scan over the sample
-pairs keeping the running max.  MaskPooling: Reshape, Slice and Mul; MaskResize: Gather with constant cells and
-weights.
+pairs keeping the running max.  A roi of an image outside the batch gives 0 in ONNX (torch refuses it).
+MaskPooling: Reshape, Slice and Mul; MaskResize: Gather with constant cells and weights.
 """
 import math
 
@@ -51,6 +51,7 @@ from ..io.schema import caffe_pb2
 from .affordance import _OnnxGraph
 from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer, torch_sources
 from .roi_align_forks import TORCH_ROI_ALIGN_COMMON, roi_align_batch
+from .roi_bins_onnx import onnx_batch_column, onnx_padded_rows
 from .roi_pooling import ROIS_WANTED, RoiLayerSpec, _check_roi_shapes, pooled_grid_attrs, roi_rows
 
 DESIGNS = caffe_pb2.ROIWarpingParameter.Design
@@ -227,10 +228,11 @@ class ROIWarping(RoiLayerSpec):
         if math.prod(ctx.shape(rois)[1:]) != 5:
             raise ExportError(f"layer '{node.name}' (ROIWarping): {ROIS_WANTED}, the net declares "
                               f"{list(ctx.shape(rois))}; give their shape with --input-shape")
-        _n, c, h, w = ctx.shape(x)
+        n, c, h, w = ctx.shape(x)
         g = _OnnxGraph(ctx)
-        flat = g.op("Reshape", rois, g.i64([-1, 5]))
-        batch = g.op("Cast", g.op("Slice", flat, g.i64([0]), g.i64([1]), g.i64([1])), to=7)   # (R, 1)
+        flat, count = onnx_padded_rows(ctx, rois, 5)     # a padding row: the Scan below takes no 0 rois
+        batch, in_batch = onnx_batch_column(ctx, flat, n)
+        batch = g.op("Unsqueeze", batch, g.i64([1]))   # (R, 1)
         scaled = g.op("Cast", g.op("Mul", g.op("Slice", flat, g.i64([1]), g.i64([5]), g.i64([1])),
                                    g.f32(a["scale"])), to=11)
         half = g.ctx.const(np.array(0.5, np.float64))
@@ -248,6 +250,8 @@ class ROIWarping(RoiLayerSpec):
             inside, val = _onnx_warp_sample(g, table, base, ys, xs, w)
             keep = g.op("And", inside, g.op("Greater", val, g.f32(-FLT_MAX)))
             out = g.op("Where", keep, val, g.f32(0.0))
+        out = g.op("Where", g.op("Reshape", in_batch, g.i64([-1, 1, 1, 1])), out, g.f32(0.0))
+        out = g.op("Slice", out, g.i64([0]), count, g.i64([0]))
         ctx.add_node("Transpose", [out], [node.outputs[0]], name=node.name, perm=[0, 3, 1, 2])
 
 
@@ -316,7 +320,9 @@ def _onnx_max_of_samples(ctx, g, node, table, base, corners, dims):
         step = g.op("Cast", g.op("Div", g.ctx.const(np.array(1.0, np.float64)), g.op("Cast", ratio, to=11)), to=1)
         axes.append((start, g.op("Div", size, g.f32(float(pooled))), pooled, ratio, step))
     most = g.op("Max", g.op("ReduceMax", axes[0][3], keepdims=0), g.op("ReduceMax", axes[1][3], keepdims=0))
-    count = g.op("Cast", g.op("Add", most, g.f32(2.0)), to=7)                                      # S
+    # S: ratio + 1 steps reach k + 1, one more for float32 drift, and a margin for the drift of large ratios
+    count = g.op("Cast", g.op("Add", g.op("Add", most, g.op("Floor", g.op("Div", most, g.f32(64.0)))), g.f32(2.0)),
+                 to=7)
     s_index = g.op("Range", g.i64(0), count, g.i64(1))                                              # (S,)
     first = g.op("Equal", s_index, g.i64(0))
     per_axis = []
@@ -334,8 +340,8 @@ def _onnx_max_of_samples(ctx, g, node, table, base, corners, dims):
     sy, sx = sb.op("Div", pair, count), sb.op("Mod", pair, count)
     ys, xs = ([sb.op("Gather", v, at, axis=2) for v in arrays] for arrays, at in ((per_axis[0], sy), (per_axis[1], sx)))
     inside, val = _onnx_warp_sample(sb, table, base, ys[:4], xs[:4], w)
-    taken = sb.op("Unsqueeze", sb.op("And", sb.op("Unsqueeze", ys[4], sb.i64([2])), sb.op("Unsqueeze", xs[4], sb.i64([1]))),
-                  sb.i64([3]))
+    both = sb.op("And", sb.op("Unsqueeze", ys[4], sb.i64([2])), sb.op("Unsqueeze", xs[4], sb.i64([1])))
+    taken = sb.op("Unsqueeze", both, sb.i64([3]))
     better = sb.op("And", sb.op("And", inside, taken), sb.op("Greater", val, best_in))
     best_out, found_out = sb.op("Where", better, val, best_in), sb.op("Or", found_in, better)
     shape4 = [None, ph, pw, c]

@@ -121,8 +121,8 @@ class NlpLstm(Layer):
         x, c = (tuple(s) for s in in_shapes)
         cells = attrs["cells"]
         if not x or int(np.prod(c)) != x[0] * cells:
-            raise LayerError(f"nlpcaffe's Lstm reads the previous cell state as (N, num_cells) = ({x[0] if x else '?'}, "
-                             f"{cells}) values, got {list(c)}")
+            raise LayerError(f"nlpcaffe's Lstm reads the previous cell state as (N, num_cells) = "
+                             f"({x[0] if x else '?'}, {cells}) values, got {list(c)}")
         return [(x[0], cells, 1, 1)] * 2
 
     def param_shapes(self, attrs, in_shapes):

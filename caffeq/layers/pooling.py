@@ -78,8 +78,9 @@ def _round_mode(p):
     if "cmp_out_shape_floor_as_conv" in fields and p.HasField("cmp_out_shape_floor_as_conv"):
         floor = p.cmp_out_shape_floor_as_conv
         given.append((FLOOR if floor else CEIL, f"cmp_out_shape_floor_as_conv: {str(bool(floor)).lower()}"))
-    if any(mode != given[0][0] for mode, _ in given):
-        raise LayerError(f"pooling_param.{given[-1][1]} contradicts {given[0][1]}")
+    differing = [field for mode, field in given if mode != given[0][0]]
+    if differing:
+        raise LayerError(f"pooling_param.{differing[0]} contradicts {given[0][1]}")
     return given[0][0] if given else CEIL
 
 

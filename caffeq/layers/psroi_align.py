@@ -28,10 +28,10 @@ import torch
 
 from ..errors import ExportError
 from .registry import LayerError, register_layer, torch_sources
+from .roi_bins_onnx import onnx_ps_weighted_sums
 from .roi_pooling import (
     ROIS_WANTED,
     RoiLayerSpec,
-    onnx_ps_weighted_sums,
     ps_roi_attrs,
     ps_roi_shape,
     roi_batch_index,

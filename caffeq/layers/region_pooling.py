@@ -19,7 +19,15 @@ import torch
 from onnx import TensorProto
 
 from .registry import LayerError, need_blobs, register_layer, torch_sources
-from .roi_bins_onnx import onnx_axis_bins, onnx_hole_pieces, onnx_scan_bin_max, onnx_strictly_inside
+from .roi_bins_onnx import (
+    onnx_axis_bins,
+    onnx_batch_column,
+    onnx_finish_rois,
+    onnx_hole_pieces,
+    onnx_padded_rows,
+    onnx_scan_bin_max,
+    onnx_strictly_inside,
+)
 from .roi_pooling import TORCH_ROI_COMMON, RoiLayerSpec, bin_mask, pooled_grid_attrs
 
 
@@ -135,8 +143,8 @@ def emit_region_pooling(ctx, node):
     a = node.attrs
     x, rois = node.inputs
     _, _, h, w = ctx.shape(x)
-    rows = ctx.op("Reshape", [rois, ctx.i64([-1, 9])], "rows")
-    batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "b", axis=1)], "batch", to=TensorProto.INT64)
+    rows, count = onnx_padded_rows(ctx, rois, 9)
+    batch, inside = onnx_batch_column(ctx, rows, ctx.shape(x)[0])
 
     def cells(column):
         return _onnx_region_cells(ctx, rows, column, a["scale"], a["offset"])
@@ -144,5 +152,5 @@ def emit_region_pooling(ctx, node):
     mw, _, _ = onnx_axis_bins(ctx, *cells(1), a["pw"], w)
     pieces = onnx_hole_pieces(ctx, mh, mw, onnx_strictly_inside(ctx, *cells(6), h),
                               onnx_strictly_inside(ctx, *cells(5), w))
-    ctx.add_node("Identity", [onnx_scan_bin_max(ctx, node, x, batch, pieces, a["ph"], a["pw"], 0.0)],
-                 [node.outputs[0]], name=node.name)
+    outside = ctx.op("Reshape", [ctx.op("Not", [inside], "b_out"), ctx.i64([-1, 1, 1, 1])], "b_out4")
+    onnx_finish_rois(ctx, node, onnx_scan_bin_max(ctx, node, x, batch, pieces, a["ph"], a["pw"], 0.0), count, outside)

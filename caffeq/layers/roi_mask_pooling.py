@@ -23,6 +23,7 @@ from .roi_pooling import (
     _check_roi_shapes,
     c_round,
     cell_bins,
+    fast_rcnn_bin_values,
     masked_bin_max,
     max_over_bins,
     roi_batch_index,
@@ -60,7 +61,7 @@ def roi_mask_max_pool(x, rois, ph: int, pw: int, spatial_scale: float, spatial_s
     return torch.stack(outs)
 
 
-TORCH_ROI_MASK_POOLING = torch_sources(cell_bins, masked_bin_max, max_over_bins, rescaled_roi, roi_mask_max_pool)
+TORCH_ROI_MASK_POOLING = torch_sources(cell_bins, masked_bin_max, fast_rcnn_bin_values, max_over_bins, rescaled_roi, roi_mask_max_pool)
 
 
 @register_layer("ROIMaskPooling")

@@ -22,14 +22,24 @@ import torch
 from onnx import TensorProto
 
 from .registry import LayerError, claim_layers, torch_sources
-from .roi_bins_onnx import onnx_axis_bins, onnx_empty_bins, onnx_hole_pieces, onnx_scan_bin_max, onnx_strictly_inside
+from .roi_bins_onnx import (
+    onnx_axis_bins,
+    onnx_batch_column,
+    onnx_c_round,
+    onnx_empty_bins,
+    onnx_finish_rois,
+    onnx_hole_pieces,
+    onnx_padded_rows,
+    onnx_scan_bin_max,
+    onnx_strictly_inside,
+)
 from .roi_pooling import (
     TORCH_ROI_POOLING,
     ROIPooling,
     c_round,
+    fast_rcnn_bin_values,
     fast_rcnn_bins,
     masked_bin_max,
-    onnx_c_round,
     roi_batch_index,
     roi_pooling_attrs,
     roi_rows,
@@ -88,9 +98,7 @@ def rich_bin_max(plane, hs, he, ws, we, step: int, hole):
         in_rows, in_cols = (rows > y1) & (rows < y2), (cols > x1) & (cols < x2)
         best = torch.maximum(masked_bin_max(plane, mh & ~in_rows, mw),
                              masked_bin_max(plane, mh & in_rows, mw & ~in_cols))
-    empty = ((he <= hs)[:, None] | (we <= ws)[None, :]).to(plane.device)
-    return torch.where(empty[None], torch.zeros((), device=plane.device, dtype=plane.dtype),
-                       best.clamp(min=-3.4028234663852886e38))
+    return fast_rcnn_bin_values(best, hs, he, ws, we)
 
 
 def ubernet_roi_pool(x, rois, ph: int, pw: int, spatial_scale: float, bb_type: int = 0, rich: bool = False):
@@ -149,8 +157,8 @@ def emit_ubernet_roi_pool(ctx, node):
     _, _, h, w = ctx.shape(x)
     ph, pw = a["ph"], a["pw"]
     step = 2 if a["rich"] else 1
-    rows = ctx.op("Reshape", [rois, ctx.i64([-1, 5])], "rows")
-    batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "b", axis=1)], "batch", to=TensorProto.INT64)
+    rows, count = onnx_padded_rows(ctx, rois, 5)
+    batch, inside = onnx_batch_column(ctx, rows, ctx.shape(x)[0])
     box, hole = _onnx_corners(ctx, rows, a["bb_type"])
 
     def cells(corners, first):   # the C-rounded map cells of corner columns first and first + 2, (R, 1) each
@@ -165,8 +173,8 @@ def emit_ubernet_roi_pool(ctx, node):
         pieces = onnx_hole_pieces(ctx, mh, mw, onnx_strictly_inside(ctx, *cells(hole, 1), h),
                                   onnx_strictly_inside(ctx, *cells(hole, 0), w))
     pooled = onnx_scan_bin_max(ctx, node, x, batch, pieces, ph, pw, -FLT_MAX)
-    ctx.add_node("Where", [onnx_empty_bins(ctx, hs, he, ws, we), ctx.f32(0.0), pooled], [node.outputs[0]],
-                 name=node.name)
+    outside = ctx.op("Reshape", [ctx.op("Not", [inside], "b_out"), ctx.i64([-1, 1, 1, 1])], "b_out4")
+    onnx_finish_rois(ctx, node, pooled, count, onnx_empty_bins(ctx, hs, he, ws, we), outside)
 
 
 # ---- the spec ---------------------------------------------------------------------------
