@@ -653,7 +653,6 @@ def test_doobnet_label_files_read_from_h5():
     assert caffe_pb2.ImageDataParameter().data_type == "img"
 
 
-
 def test_caffe_jacinto_image_label_data_shapes_from_its_crop():
     # tidsp/caffe-jacinto's segmentation nets (mathmanu/caffe-jacinto-models): images and label maps
     # from two LMDBs; data (N, 3, crop, crop), label (N, 1, crop, crop), without opening either

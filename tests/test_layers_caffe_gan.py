@@ -34,7 +34,6 @@ def test_dtow_is_pixel_shuffle_and_its_inverse(method, p, shape, tmp_path):
     check_everywhere(model, {"x": x}, {"y": dtow_ref(x, p, method == "MDTOW")}, tmp_path)
 
 
-
 @pytest.mark.parametrize("method, shape, message", [
     ("MDTOW", (1, 6, 3, 3), "psize 2 needs channels divisible by 4, got 6"),
     ("MWTOD", (1, 3, 4, 5), "psize 2 needs height and width divisible by 2, got 4 x 5")])
@@ -42,6 +41,7 @@ def test_dtow_refuses_sizes_its_block_does_not_divide(method, shape, message):
     with pytest.raises(LayerError, match=message):
         load_from_text(net(f'layer {{ name: "d" type: "Dtow" bottom: "x" top: "y" dtow_param {{ psize: 2 '
                            f'method: {method} }} }}', inputs={"x": shape}))
+
 
 def test_const_scale_switch_and_importance_mask(tmp_path):
     r = rng(42)

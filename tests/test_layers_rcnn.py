@@ -304,7 +304,6 @@ def test_a_forks_own_param_str_keys_read_but_do_not_run(tmp_path):
         model.export_onnx(str(tmp_path / "m.onnx"))
 
 
-
 def test_ubernets_unread_phase_and_default_base_size_keep_py_faster_rcnns_proposals():
     """jkokkin/UberNet's proposal_layer.py stores 'phase' without reading it again and leaves 'base_size'
     to generate_anchors' 16: its proposals are py-faster-rcnn's; another base_size stays a fork's."""
@@ -316,6 +315,7 @@ def test_ubernets_unread_phase_and_default_base_size_keep_py_faster_rcnns_propos
     model = load_from_text(proposal_net(9, 3, 4, python_proposal("'feat_stride': 16, 'base_size': 8")))
     with pytest.raises(CaffeqError, match=r"param_str sets \['base_size'\]"):
         model.run(feeds(9, 3, 4, [48, 64, 1.0]))
+
 
 def test_other_anchor_counts_and_short_im_info_read_but_do_not_run(tmp_path):
     """Caffe's Python ProposalLayer shapes its tops without looking at the bottoms, so a net whose

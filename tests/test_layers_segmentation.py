@@ -497,7 +497,6 @@ def test_ceil_mode_contradicting_round_mode():
                            'kernel_size: 3 stride: 2 ceil_mode: false round_mode: CEIL } }', inputs={"x": (1, 2, 8, 8)}))
 
 
-
 @pytest.mark.parametrize("floor", [False, True])
 def test_apollos_cmp_out_shape_floor_as_conv(floor, tmp_path):
     # Baidu Apollo's traffic-light nets: true sizes the output with floor, as a convolution; false is BVLC's ceil
@@ -517,6 +516,7 @@ def test_apollos_cmp_out_shape_floor_as_conv(floor, tmp_path):
                            inputs={"x": (1, 2, 8, 8)}))
 
 # ---- Unpooling (DeconvNet) -------------------------------------------------------------------
+
 
 needs_unpool = pytest.mark.skipif(not _has_field("unpooling_param"), reason="caffe.proto without unpooling_param")
 

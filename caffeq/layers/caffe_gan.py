@@ -112,8 +112,6 @@ class ConstScale(Layer):
         return f"{emit.helper(const_scale)}({emit.inputs[0]}, {emit.lit(a['scale'])}, {emit.lit(a['bias'])})"
 
 
-
-
 @claim_layers("Mask", lambda lp: lp.HasField("imp_map_param"))
 class ImportanceMask(Layer):
     blob_names = ("ones_share",)

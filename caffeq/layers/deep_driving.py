@@ -45,7 +45,6 @@ class NonParaReLU(Layer):
         return {"sin_cos": lp.type == "NonParaReLUSinCos", "channel_shared": bool(p.channel_shared),
                 "initial": float(np.float32(p.filler.value)) if constant else 0.0}
 
-
     def infer(self, attrs, in_shapes):
         if len(in_shapes[0]) < 2:
             raise LayerError(f"bottom must have at least 2 axes, got shape {list(in_shapes[0])}")

@@ -453,7 +453,6 @@ class ROIPooling(RoiLayerSpec):
                      pooled_shape=[a["ph"], a["pw"]], spatial_scale=a["scale"])
 
 
-
 def pad_kwarg(attrs):
     """The model.py constructor argument for a non-zero pad_ratio (none keeps older exports as they were)."""
     ratio = attrs.get("pad_ratio", 0.0)

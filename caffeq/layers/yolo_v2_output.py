@@ -175,7 +175,6 @@ def _onnx_duel(ctx, node, candidates):
     def b(op_type, inputs, hint, **kw):
         return ctx.body_op(body, op_type, inputs, hint, **kw)
 
-
     alive_in, it, row_hit, row_beats = (ctx.tmp(f"{node.name}_{h}") for h in ("alive_in", "it", "row_hit",
                                                                                  "row_beats"))
     zero = ctx.body_const(body, np.float32(0.0), "zero")
