@@ -144,6 +144,7 @@ def test_region_matches_the_forks_loops_everywhere(params, classes, coords, boxe
     bottoms = ("x", "gt") if classes == 6 else ("x",)
     model = region_net(params, shape, bottoms)
     assert model.blob_shapes["boxes"] == (shape[0], 1, 500, 15) and model.blob_shapes["trans"] == shape
+    assert any("reads past them for anchors 7 to" in w for w in model.warnings) == (boxes > 7 and not expand)
     x = feeds(shape, coords, coords + 1 + classes, shape[1] + classes, grow)
     trans, rows = ref_region(x, classes, coords, boxes, softmax, nms, expand)
     if shape[1] * shape[2] * boxes > 500:

@@ -301,6 +301,10 @@ class DeepTextSpotterRegion(Layer):
         if not p.expand_bias and not 1 <= boxes <= len(DTS_ANCHORS) // 2:
             raise LayerError(f"region_param.boxes_of_each_grid must be 1 to {len(DTS_ANCHORS) // 2} (the fork's "
                              f"hard-coded anchors), got {boxes}")
+        if not p.expand_bias and boxes > len(DTS_ANCHORS) // 4:
+            a["reading_notes"] = [f"region_param.boxes_of_each_grid {boxes}: the fork fills 7 zero centre offsets and "
+                                  f"reads past them for anchors 7 to {boxes - 1} (undefined memory); caffeq takes 0 "
+                                  f"there, the offset the fork intends"]
         return a
 
     def infer(self, attrs, in_shapes):
