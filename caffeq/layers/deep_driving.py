@@ -20,6 +20,7 @@ its activations, its recurrent feedback layers and its data layers.
 import numpy as np
 import torch
 
+from .activation import Sigmoid
 from .data import DataLayer
 from .registry import Layer, LayerError, need_blobs, positive_field, register_layer
 
@@ -105,24 +106,8 @@ class NonParaReLUSinCos(NonParaReLU):
 
 
 @register_layer("SigmoidHist")
-class SigmoidHist(Layer):
+class SigmoidHist(Sigmoid):
     """The sigmoid (the fork also keeps its output for DataHist's next forward)."""
-
-    def parse(self, lp):
-        need_blobs(lp, "SigmoidHist", 1, 1)
-        return {}
-
-    def infer(self, attrs, in_shapes):
-        return [tuple(in_shapes[0])]
-
-    def forward(self, attrs, params, x):
-        return torch.sigmoid(x)
-
-    def onnx(self, ctx, node):
-        ctx.add_node("Sigmoid", [node.inputs[0]], [node.outputs[0]], name=node.name)
-
-    def pytorch_source(self, node, emit):
-        return f"torch.sigmoid({emit.inputs[0]})"
 
 
 @register_layer("DataHist")
