@@ -379,3 +379,20 @@ layer { name: "fc" type: "InnerProduct" bottom: "pool" top: "fc" inner_product_p
     feeds = {"data": np.ones((1, 2, 6, 6), np.float32), "rois": np.zeros((0, 5), np.float32)}
     assert model.run(feeds)["fc"].shape == (0, 4)
     check_everywhere(model, feeds, {"fc": np.zeros((0, 4), np.float32)}, tmp_path, exact=True)
+
+
+@pytest.mark.parametrize("layer", [
+    'type: "PSROIPooling" psroi_pooling_param { spatial_scale: 0.5 output_dim: 2 group_size: 3 }',
+    'type: "ROIPooling" roi_pooling_param { pooled_h: 3 pooled_w: 3 spatial_scale: 0.5 pool: AVE }',
+    'type: "PSROIAlign" psroi_align_param { spatial_scale: 0.5 output_dim: 2 group_size: 3 }',
+])
+def test_no_rois_through_the_roi_poolings_written_as_einsums(layer, tmp_path):
+    # R-FCN's test nets left with no proposal: onnxruntime's Einsum over 0 rois stops the process (SIGFPE), so
+    # their ONNX pools a padding roi and cuts it off again
+    text = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 18 dim: 6 dim: 6 } } }\n'
+            'layer { name: "rois" type: "Input" top: "rois" input_param { shape { dim: 3 dim: 5 } } }\n'
+            f'layer {{ name: "pool" bottom: "data" bottom: "rois" top: "pool" {layer} }}')
+    model = load_from_text(text)
+    feeds = {"data": np.ones((1, 18, 6, 6), np.float32), "rois": np.zeros((0, 5), np.float32)}
+    want = np.zeros((0,) + model.blob_shapes["pool"][1:], np.float32)
+    check_everywhere(model, feeds, {"pool": want}, tmp_path, exact=True)

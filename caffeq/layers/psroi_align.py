@@ -28,7 +28,7 @@ import torch
 
 from ..errors import ExportError
 from .registry import LayerError, register_layer, torch_sources
-from .roi_bins_onnx import onnx_ps_weighted_sums
+from .roi_bins_onnx import onnx_finish_rois, onnx_padded_rows, onnx_ps_weighted_sums
 from .roi_pooling import (
     ROIS_WANTED,
     RoiLayerSpec,
@@ -149,7 +149,7 @@ def onnx_psroi_align(ctx, node, dim, g, scale, samples):
     i64 = 7
     x, rois = node.inputs
     _, _, h, w = ctx.shape(x)
-    rows = ctx.op("Reshape", [rois, ctx.i64([-1, 5])], "rows")
+    rows, count = onnx_padded_rows(ctx, rois, 5)     # a padding row: onnxruntime's Einsum takes no 0 rois
     batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "batch", axis=1)], "batch", to=i64)
     scale_c = ctx.f32(float(np.float32(scale)))
     start = ctx.op("Mul", [ctx.op("Slice", [rows, ctx.i64([1]), ctx.i64([3]), ctx.i64([1])], "first"), scale_c],
@@ -169,7 +169,7 @@ def onnx_psroi_align(ctx, node, dim, g, scale, samples):
     empty = ctx.op("Unsqueeze", [ctx.op("Or", [ctx.op("Unsqueeze", [empty_y, ctx.i64([2])], "ey"),
                                                ctx.op("Unsqueeze", [empty_x, ctx.i64([1])], "ex")], "empty"),
                                  ctx.i64([1])], "empty")
-    ctx.add_node("Where", [empty, ctx.f32(0.0), mean], [node.outputs[0]], name=node.name)
+    onnx_finish_rois(ctx, node, mean, count, empty)
 
 
 # ---- the spec ------------------------------------------------------------------------------

@@ -154,7 +154,7 @@ def onnx_roi_avg_pool(ctx, node, ph, pw, scale):
     f32, i64 = 1, 7
     x, rois = node.inputs
     _, _, h, w = ctx.shape(x)
-    rows = ctx.op("Reshape", [rois, ctx.i64([-1, 5])], "rows")
+    rows, count = onnx_padded_rows(ctx, rois, 5)     # a padding row: onnxruntime's Einsum takes no 0 rois
     batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "batch", axis=1)], "batch", to=i64)
     scaled = ctx.op("Mul", [ctx.op("Slice", [rows, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "corners"),
                             ctx.f32(float(np.float32(scale)))], "scaled")
@@ -178,8 +178,7 @@ def onnx_roi_avg_pool(ctx, node, ph, pw, scale):
     sums = ctx.op("Einsum", [by_cols, onnx_image_onehot(ctx, x, batch), masks[0]], "sums",
                   equation="nrchq,rn,rph->rcpq")
     mean = ctx.op("Div", [sums, ctx.op("Max", [area, ctx.f32(1.0)], "divisor")], "mean")
-    ctx.add_node("Where", [ctx.op("Greater", [area, ctx.f32(0.0)], "filled"), mean, ctx.f32(0.0)],
-                 [node.outputs[0]], name=node.name)
+    onnx_finish_rois(ctx, node, mean, count, ctx.op("LessOrEqual", [area, ctx.f32(0.0)], "unfilled"))
 
 
 def onnx_ps_roi_pool(ctx, node, dim, g, scale, keep_object=False):
@@ -191,7 +190,7 @@ def onnx_ps_roi_pool(ctx, node, dim, g, scale, keep_object=False):
     x, rois = node.inputs[:2]
     _, _, h, w = ctx.shape(x)
     f32, i64 = 1, 7
-    rows = ctx.op("Reshape", [rois, ctx.i64([-1, 5])], "rows")
+    rows, count = onnx_padded_rows(ctx, rois, 5)     # a padding row: onnxruntime's Einsum takes no 0 rois
     batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "batch", axis=1)], "batch", to=i64)
     rounded = onnx_c_round(ctx, ctx.op("Slice", [rows, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "corners"))
     first = ctx.op("Slice", [rounded, ctx.i64([0]), ctx.i64([2]), ctx.i64([1])], "first")
@@ -222,7 +221,7 @@ def onnx_ps_roi_pool(ctx, node, dim, g, scale, keep_object=False):
     kept = ctx.op("Greater", [area4, ctx.f32(0.0)], "filled")
     if keep_object:
         kept = ctx.op("And", [kept, onnx_object_overlap(ctx, node.inputs[2], scale, h, w, bins)], "kept")
-    ctx.add_node("Where", [kept, mean, ctx.f32(0.0)], [node.outputs[0]], name=node.name)
+    onnx_finish_rois(ctx, node, ctx.op("Where", [kept, mean, ctx.f32(0.0)], "kept_mean"), count)
 
 
 def onnx_ps_weighted_sums(ctx, x, batch, row_weights, col_weights, dim, g, h, w):
