@@ -951,3 +951,27 @@ def test_happynears_softmax_normalize_type_reads_and_the_normalize_ignores_it():
     assert model.net.layer[-1].softmax_param.normalize_type == "L2"
     plain = load_from_text(net(text.format(""), inputs={"x": x.shape}), random_weights=True)
     np.testing.assert_array_equal(model.run({"x": x})["y"], plain.run({"x": x})["y"])
+
+
+def test_hli2020s_bias_channel_shared(tmp_path):
+    # hli2020/caffe (MBA) train_val.prototxt: four Bias layers of one input, concatenated; its Bias adds a (C,)
+    # blob per channel, or with channel_shared one value
+    import numpy as np
+    from conftest import check_everywhere, net, rng
+
+    from caffeq.layers import LayerError
+    from caffeq.model import load_from_text
+    x = rng(4).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    text = net('layer { name: "b1" type: "Bias" bottom: "x" top: "b1" bias_param { filler { type: "constant" '
+               'value: 1 } channel_shared: false } }',
+               'layer { name: "b2" type: "Bias" bottom: "x" top: "b2" bias_param { channel_shared: true } }',
+               inputs={"x": x.shape})
+    model = load_from_text(text, random_weights=True, outputs=["b1", "b2"])
+    blobs = {n.name: n for n in model.layers if n.name in ("b1", "b2")}
+    assert blobs["b1"].blobs[0].shape == (3,) and blobs["b2"].blobs[0].shape == ()
+    per_channel, shared = np.array([0.5, -1.0, 2.0], np.float32), np.array(0.25, np.float32)
+    blobs["b1"].blobs[0], blobs["b2"].blobs[0] = per_channel, shared
+    check_everywhere(model, {"x": x}, {"b1": x + per_channel[:, None, None], "b2": x + shared}, tmp_path)
+    with pytest.raises(LayerError, match="come from different forks"):
+        load_from_text(net('layer { name: "b" type: "Bias" bottom: "x" top: "b" bias_param { num_axes: 0 '
+                           'channel_shared: true } }', inputs={"x": x.shape}))

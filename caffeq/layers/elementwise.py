@@ -372,7 +372,13 @@ class Bias(Layer):
     def parse(self, lp):
         need_blobs(lp, lp.type, (1, 2))
         p = lp.bias_param
-        return {"axis": int(p.axis), "num_axes": int(p.num_axes), "two_bottoms": len(lp.bottom) == 2,
+        num_axes = int(p.num_axes)
+        if p.HasField("channel_shared"):   # hli2020/caffe's Bias: its (C,) blob, or one shared value
+            if p.HasField("axis") or p.HasField("num_axes") or len(lp.bottom) == 2:
+                raise LayerError("bias_param.channel_shared (hli2020/caffe's one-bottom Bias) and axis, num_axes or a "
+                                 "second bottom (BVLC's Bias) come from different forks")
+            num_axes = 0 if p.channel_shared else 1
+        return {"axis": int(p.axis), "num_axes": num_axes, "two_bottoms": len(lp.bottom) == 2,
                 "filler": _constant_filler(p.filler, 0.0)}
 
     def _shape(self, attrs, in_shapes):
