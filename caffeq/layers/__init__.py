@@ -64,6 +64,7 @@ from . import (  # noqa: F401,E402
     group_norm,
     happynear,
     highway,
+    hsroi_pooling,
     human_parsing,
     hwgq,
     im2col,
