@@ -412,3 +412,11 @@ def test_switch_refuses_a_smaller_last_bottom_and_other_axes():
         model.run({k: np.zeros(s, np.float32) for k, s in shapes.items()})
     with pytest.raises(CaffeqError, match="all bottoms must have the same number of axes"):
         load_from_text(net(switch_text(["a", "b"]), inputs={"a": (1, 3, 4, 5), "b": (60,)}))
+
+
+def test_maximum_on_the_mpi_nets_heatmaps_exports(tmp_path):
+    # the MPI deploy file's 15 heatmaps resized to 368 x 368: the row kernel's index tables outgrow the .onnx
+    # file's inline size; ONNX shape inference still reads them (data propagation into Gather)
+    shape = (1, 15, 368, 368)
+    x = rng(12).standard_normal(shape).astype(np.float32)
+    check(maximum_net(shape), {"x": x}, {"o": maximum_ref(x)}, tmp_path, atol=0, rtol=0)

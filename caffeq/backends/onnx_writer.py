@@ -14,6 +14,8 @@ from ..errors import ExportError
 from ..io.wire import len_field
 
 EXTERNAL_MIN_BYTES = 1024      # smaller tensors (shape constants) stay in the .onnx file
+INLINE_INDEX_MAX_BYTES = 1 << 24   # integer tables up to this size stay inline in the shape-inference twin
+INTEGER_TYPES = (2, 3, 4, 5, 6, 7, 9, 12, 13)   # TensorProto UINT8, INT8, UINT16, INT16, INT32, INT64, BOOL, UINT32, UINT64
 ALIGN = 4096                   # external data offsets, page aligned so runtimes can mmap them
 
 
@@ -270,7 +272,10 @@ def twin(model_rest_proto, graph_proto, layout, where=None):
     loc = {w[0]: w for w in where} if where is not None else {}
     for name, init, tp, ext, off in layout.items:
         t = onnx_copy(tp)
-        if init.nbytes() >= EXTERNAL_MIN_BYTES or ext:
+        # integer constants (index tables that a Gather reads) stay inline: shape inference's data propagation
+        # reads them and cannot read an external tensor
+        index_table = tp.data_type in INTEGER_TYPES and init.nbytes() <= INLINE_INDEX_MAX_BYTES
+        if (init.nbytes() >= EXTERNAL_MIN_BYTES or ext) and not index_table:
             if where is not None:
                 _, fpath, offset, length = loc[name]
                 _set_external(t, os.path.basename(fpath), offset, length)
