@@ -975,3 +975,17 @@ def test_hli2020s_bias_channel_shared(tmp_path):
     with pytest.raises(LayerError, match="come from different forks"):
         load_from_text(net('layer { name: "b" type: "Bias" bottom: "x" top: "b" bias_param { num_axes: 0 '
                            'channel_shared: true } }', inputs={"x": x.shape}))
+
+
+def test_convolution_scaling_is_the_forks_gpu_convolution(tmp_path):
+    # Jaekyumkim/ssd-caffe-test's RGB-D SSD: ConvolutionScaling on the depth image, Caffe's convolution on the GPU
+    import numpy as np
+    from conftest import check_everywhere, conv_ref, net, rng
+
+    from caffeq.model import load_from_text
+    x = rng(8).standard_normal((1, 1, 6, 7)).astype(np.float32)
+    model = load_from_text(net('layer { name: "c" type: "ConvolutionScaling" bottom: "x" top: "y" convolution_param '
+                               '{ num_output: 4 pad: 1 kernel_size: 3 } }', inputs={"x": x.shape}), random_weights=True)
+    assert any("its CPU forward first rescales" in w for w in model.warnings)
+    w, b = (np.asarray(v, np.float32) for v in model.layers[-1].blobs)
+    check_everywhere(model, {"x": x}, {"y": conv_ref(x, w, b, (1, 1), (1, 1))}, tmp_path, atol=1e-5, rtol=1e-5)

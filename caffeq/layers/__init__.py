@@ -25,6 +25,7 @@ from . import (  # noqa: F401,E402
     common,
     conv,
     conv_lstm,
+    conv_scaling,
     crf_rnn,
     crfgd,
     ctc,
