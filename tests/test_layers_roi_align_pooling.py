@@ -2,9 +2,8 @@
 reference is the kernel's loop, one output element at a time in numpy float32 (separate roundings)."""
 import numpy as np
 import pytest
-from conftest import assert_close, model_py_outputs, net, rng
+from conftest import backend_outputs, check_everywhere, net, onnx_outputs, rng
 
-from caffeq.errors import ExportError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -83,15 +82,20 @@ def test_matches_the_kernel(ph, pw, scale, samples, tmp_path):
     x = rng(ph).standard_normal(X_SHAPE).astype(F)
     want = ref(x, ROIS, ph, pw, scale, samples)
     assert np.count_nonzero(want) > want.size // 2
-    feeds = {"x": x, "rois": ROIS}
-    assert_close(model.run(feeds)["o"], want, 0.0, 0.0, "torch")
-    assert_close(model_py_outputs(model, feeds, tmp_path)["o"], want, 0.0, 0.0, "model.py")
+    # the kernel's float32 operations in its order: torch, onnxruntime and model.py equal to the bit
+    check_everywhere(model, {"x": x, "rois": ROIS}, {"o": want}, tmp_path)
 
 
-def test_onnx_is_refused_with_the_reason(tmp_path):
-    model = load_from_text(align_net("pooled_h: 2 pooled_w: 2 spatial_scale: 0.5"))
-    with pytest.raises(ExportError, match="max over its own bilinear samples"):
-        model.export_onnx(str(tmp_path / "m.onnx"))
+def test_no_rois_and_an_image_outside_the_batch(tmp_path):
+    model = load_from_text(align_net("pooled_h: 2 pooled_w: 2 spatial_scale: 0.5 sample_num: 2", rois_shape=(0, 5)))
+    x = rng(3).standard_normal(X_SHAPE).astype(F)
+    for backend, got in backend_outputs(model, {"x": x, "rois": np.zeros((0, 5), F)}, tmp_path).items():
+        assert got.shape == (0, 3, 2, 2), backend
+    rois = np.array([[0, 2, 1, 13, 9], [5, 2, 1, 13, 9]], F)
+    model = load_from_text(align_net("pooled_h: 2 pooled_w: 2 spatial_scale: 0.5 sample_num: 2", rois_shape=(2, 5)))
+    got = onnx_outputs(model, {"x": x, "rois": rois}, tmp_path)["o"]     # torch refuses the second roi
+    np.testing.assert_array_equal(got[0], ref(x, rois[:1], 2, 2, 0.5, 2)[0])
+    assert not got[1].any()
 
 
 @pytest.mark.parametrize("params, rois_shape, msg", [

@@ -51,7 +51,7 @@ from ..io.schema import caffe_pb2
 from .affordance import _OnnxGraph
 from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer, torch_sources
 from .roi_align_forks import TORCH_ROI_ALIGN_COMMON, roi_align_batch
-from .roi_bins_onnx import onnx_batch_column, onnx_padded_rows
+from .roi_bins_onnx import onnx_batch_column, onnx_bilinear_reads, onnx_padded_rows
 from .roi_pooling import ROIS_WANTED, RoiLayerSpec, _check_roi_shapes, pooled_grid_attrs, roi_rows
 
 DESIGNS = caffe_pb2.ROIWarpingParameter.Design
@@ -247,7 +247,7 @@ class ROIWarping(RoiLayerSpec):
         else:
             ys = _onnx_bilinear(g, _onnx_starts(g, y1, y2, a["ph"]), h)
             xs = _onnx_bilinear(g, _onnx_starts(g, x1, x2, a["pw"]), w)
-            inside, val = _onnx_warp_sample(g, table, base, ys, xs, w)
+            inside, val = onnx_bilinear_reads(g, table, base, ys, xs, w)
             keep = g.op("And", inside, g.op("Greater", val, g.f32(-FLT_MAX)))
             out = g.op("Where", keep, val, g.f32(0.0))
         out = g.op("Where", g.op("Reshape", in_batch, g.i64([-1, 1, 1, 1])), out, g.f32(0.0))
@@ -276,22 +276,6 @@ def _onnx_bilinear(g, at, size):
     low_f = g.op("Cast", low, to=1)
     at = g.op("Where", edge, low_f, at)
     return inside, low, high, g.op("Sub", at, low_f)
-
-
-def _onnx_warp_sample(g, table, base, ys, xs, w):
-    """mnc_warp_sample on (R, ph) rows and (R, pw) columns read by _onnx_bilinear: (on the map (R, ph, pw, 1),
-    value (R, ph, pw, C)); g's op may append to a Scan body."""
-    (in_y, y0, y1, ly), (in_x, x0, x1, lx) = ys, xs
-    ly, lx = g.op("Unsqueeze", ly, g.i64([2])), g.op("Unsqueeze", lx, g.i64([1]))   # (R, ph, 1), (R, 1, pw)
-    hy, hx = g.op("Sub", g.f32(1.0), ly), g.op("Sub", g.f32(1.0), lx)
-    val = None
-    for wy, wx, rows, cols in ((hy, hx, y0, x0), (hy, lx, y0, x1), (ly, hx, y1, x0), (ly, lx, y1, x1)):
-        index = g.op("Add", g.op("Add", base, g.op("Unsqueeze", g.op("Mul", rows, g.i64(w)), g.i64([2]))),
-                     g.op("Unsqueeze", cols, g.i64([1])))   # (R, ph, pw)
-        term = g.op("Mul", g.op("Unsqueeze", g.op("Mul", wy, wx), g.i64([3])), g.op("Gather", table, index, axis=0))
-        val = term if val is None else g.op("Add", val, term)
-    inside = g.op("And", g.op("Unsqueeze", in_y, g.i64([2])), g.op("Unsqueeze", in_x, g.i64([1])))
-    return g.op("Unsqueeze", inside, g.i64([3])), val
 
 
 class _ScanBody(_OnnxGraph):
@@ -339,7 +323,7 @@ def _onnx_max_of_samples(ctx, g, node, table, base, corners, dims):
     best_in, found_in, pair = (ctx.tmp(f"{node.name}_{k}") for k in ("best_in", "found_in", "pair"))
     sy, sx = sb.op("Div", pair, count), sb.op("Mod", pair, count)
     ys, xs = ([sb.op("Gather", v, at, axis=2) for v in arrays] for arrays, at in ((per_axis[0], sy), (per_axis[1], sx)))
-    inside, val = _onnx_warp_sample(sb, table, base, ys[:4], xs[:4], w)
+    inside, val = onnx_bilinear_reads(sb, table, base, ys[:4], xs[:4], w)
     both = sb.op("And", sb.op("Unsqueeze", ys[4], sb.i64([2])), sb.op("Unsqueeze", xs[4], sb.i64([1])))
     taken = sb.op("Unsqueeze", both, sb.i64([3]))
     better = sb.op("And", sb.op("And", inside, taken), sb.op("Greater", val, best_in))

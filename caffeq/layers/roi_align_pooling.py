@@ -13,14 +13,20 @@ past the last row (column) both cells that row with the sample put on it; value 
 kernel's `val > max` from -FLT_MAX), 0 where none is taken.  nvcc may fuse the sample positions'
 multiply-adds, which can move a position by its last bit; this computes them with two roundings.
 
-ONNX is refused, as for the other max-over-samples ROIAligns (caffeq/layers/roi_align_forks.py):
-ONNX RoiAlign's max mode samples other points.
+ONNX: the sample_num x sample_num sample positions of every bin in the kernel's float32 order, their bilinear
+reads gathered from the channels-last map and the kernel's running max (ONNX RoiAlign's max mode samples other
+points); a roi of an image outside the batch gives 0 there, where torch refuses it.
 """
+import numpy as np
 import torch
 
+from .affordance import _OnnxGraph
 from .registry import LayerError, need_blobs, register_layer, torch_sources
 from .roi_align_forks import TORCH_ROI_ALIGN_COMMON, roi_align_batch
+from .roi_bins_onnx import onnx_batch_column, onnx_bilinear_reads, onnx_finish_rois, onnx_padded_rows
 from .roi_pooling import RoiLayerSpec, pooled_grid_attrs, roi_rows
+
+FLT_MAX = 3.4028234663852886e38
 
 
 def wk_align_axis(start, bin_size, pooled: int, size: int, samples: int):
@@ -85,8 +91,6 @@ TORCH_WK_ROI_ALIGN_POOL = torch_sources(wk_align_axis, wk_align_cells, wk_roi_al
 class ROIAlignPooling(RoiLayerSpec):
     roi_fn, roi_source = staticmethod(wk_roi_align_pool), TORCH_WK_ROI_ALIGN_POOL
     roi_helpers = (TORCH_ROI_ALIGN_COMMON,)
-    onnx_refusal = ("wk910930's ROIAlignPooling takes the max over its own bilinear samples; ONNX RoiAlign's max "
-                    "mode samples other points, so it cannot give the same numbers")
 
     def parse(self, lp):
         need_blobs(lp, "ROIAlignPooling", 2, 1, roles="data, rois")
@@ -103,3 +107,70 @@ class ROIAlignPooling(RoiLayerSpec):
 
     def roi_args(self, attrs):
         return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"], "samples": attrs["samples"]}
+
+    def onnx(self, ctx, node):
+        emit_wk_roi_align_pool(ctx, node)
+
+
+def _onnx_axis_samples(g, start, bin_size, pooled, size, samples):
+    """wk_align_axis and wk_align_cells in ONNX for (R, 1) starts and bin sizes: per sample i, (taken, low, high,
+    weight of high), each (R, pooled)."""
+    k = g.f32(np.arange(pooled, dtype=np.float32)[None, :])
+    k1 = g.f32(np.arange(1, pooled + 1, dtype=np.float32)[None, :])
+    zero, limit = g.f32(0.0), g.f32(float(size))
+    lo = g.op("Min", g.op("Max", g.op("Add", g.op("Mul", k, bin_size), start), zero), limit)
+    hi = g.op("Min", g.op("Max", g.op("Add", g.op("Mul", k1, bin_size), start), zero), limit)
+    step = g.op("Div", bin_size, g.f32(float(samples + 1)))
+    out = []
+    for i in range(1, samples + 1):
+        at = g.op("Add", lo, g.op("Mul", g.f32(float(i)), step))
+        taken = g.op("And", g.op("GreaterOrEqual", at, g.f32(-0.5)), g.op("Less", at, hi))
+        at = g.op("Where", g.op("Less", at, g.f32(0.5)), zero, at)
+        low = g.op("Cast", at, to=7)
+        last = g.op("GreaterOrEqual", low, g.i64(size - 1))
+        low = g.op("Where", last, g.i64(size - 1), low)
+        high = g.op("Where", last, low, g.op("Add", low, g.i64(1)))
+        low_f = g.op("Cast", low, to=1)
+        out.append((taken, low, high, g.op("Sub", g.op("Where", last, low_f, at), low_f)))
+    return out
+
+
+def emit_wk_roi_align_pool(ctx, node):
+    """wk_roi_align_pool in ONNX: every sample pair's bilinear reads (onnx_bilinear_reads), the running max from
+    -FLT_MAX where taken, 0 for a bin with none; a roi of an image outside the batch gives 0 (torch refuses)."""
+    a = node.attrs
+    x, rois = node.inputs
+    n, c, h, w = ctx.shape(x)
+    g = _OnnxGraph(ctx)
+    rows, count = onnx_padded_rows(ctx, rois, 5)
+    batch, in_batch = onnx_batch_column(ctx, rows, n)
+    base = g.op("Unsqueeze", g.op("Mul", batch, g.i64(h * w)), g.i64([1, 2]))                      # (R, 1, 1)
+    scale = g.f32(float(np.float32(a["scale"])))
+    start = g.op("Mul", g.op("Slice", rows, g.i64([1]), g.i64([3]), g.i64([1])), scale)            # (R, 2): x, y
+    end = g.op("Mul", g.op("Slice", rows, g.i64([3]), g.i64([5]), g.i64([1])), scale)
+    size = g.op("Max", g.op("Add", g.op("Sub", end, start), g.f32(1.0)), g.f32(1.0))
+
+    def column(v, k):
+        return g.op("Slice", v, g.i64([k]), g.i64([k + 1]), g.i64([1]))
+    ys = _onnx_axis_samples(g, column(start, 1), g.op("Div", column(size, 1), g.f32(float(a["ph"]))), a["ph"], h,
+                            a["samples"])
+    xs = _onnx_axis_samples(g, column(start, 0), g.op("Div", column(size, 0), g.f32(float(a["pw"]))), a["pw"], w,
+                            a["samples"])
+    table = g.op("Reshape", g.op("Transpose", x, perm=[0, 2, 3, 1]), g.i64([-1, c]))             # (N H W, C)
+    best = updated = None
+    for y in ys:
+        for xx in xs:
+            taken, val = onnx_bilinear_reads(g, table, base, y, xx, w)
+            if best is None:
+                floor = g.f32(-FLT_MAX)
+                best = g.op("Where", g.op("And", taken, g.op("Greater", val, floor)), val, floor)
+                updated = taken
+                continue
+            best = g.op("Where", g.op("And", taken, g.op("Greater", val, best)), val, best)
+            updated = g.op("Or", updated, taken)
+    if best is None:   # sample_num 0: no sample, every bin 0
+        out = g.op("Expand", g.f32(0.0), g.op("Concat", g.op("Shape", batch), g.i64([a["ph"], a["pw"], c]), axis=0))
+    else:
+        out = g.op("Where", updated, best, g.f32(0.0))
+    out = g.op("Transpose", out, perm=[0, 3, 1, 2])                                                 # (R, C, ph, pw)
+    onnx_finish_rois(ctx, node, out, count, g.op("Reshape", g.op("Not", in_batch), g.i64([-1, 1, 1, 1])))

@@ -38,6 +38,25 @@ def onnx_finish_rois(ctx, node, pooled, count, *zero_where):
     ctx.add_node("Slice", [pooled, ctx.i64([0]), count, ctx.i64([0])], [node.outputs[0]], name=node.name)
 
 
+def onnx_bilinear_reads(g, table, base, ys, xs, w):
+    """Bilinear reads of every roi's (R, ph) rows and (R, pw) columns, each axis (taken, low, high, weight of high),
+    from the (N H W, C) channels-last table at image offsets base (R, 1, 1): (taken (R, ph, pw, 1), value
+    (R, ph, pw, C)), the four terms (1-ly)(1-lx) v00 + (1-ly) lx v01 + ly (1-lx) v10 + ly lx v11 in that order.
+    g: an _OnnxGraph (affordance.py), whose op may append to a Scan body (MNC's ROIWarping, wk910930's
+    ROIAlignPooling)."""
+    (in_y, y0, y1, ly), (in_x, x0, x1, lx) = ys, xs
+    ly, lx = g.op("Unsqueeze", ly, g.i64([2])), g.op("Unsqueeze", lx, g.i64([1]))   # (R, ph, 1), (R, 1, pw)
+    hy, hx = g.op("Sub", g.f32(1.0), ly), g.op("Sub", g.f32(1.0), lx)
+    val = None
+    for wy, wx, rows, cols in ((hy, hx, y0, x0), (hy, lx, y0, x1), (ly, hx, y1, x0), (ly, lx, y1, x1)):
+        index = g.op("Add", g.op("Add", base, g.op("Unsqueeze", g.op("Mul", rows, g.i64(w)), g.i64([2]))),
+                     g.op("Unsqueeze", cols, g.i64([1])))   # (R, ph, pw)
+        term = g.op("Mul", g.op("Unsqueeze", g.op("Mul", wy, wx), g.i64([3])), g.op("Gather", table, index, axis=0))
+        val = term if val is None else g.op("Add", val, term)
+    inside = g.op("And", g.op("Unsqueeze", in_y, g.i64([2])), g.op("Unsqueeze", in_x, g.i64([1])))
+    return g.op("Unsqueeze", inside, g.i64([3])), val
+
+
 def onnx_axis_bins(ctx, lo, hi, pooled, extent, step=1):
     """Fast R-CNN's bins of the inclusive cell ranges [lo, hi] ((R, 1) whole-valued float32) along an axis of
     `extent` cells, as fast_rcnn_bins computes them: the (R, pooled, extent) bool of the cells each bin
