@@ -123,6 +123,11 @@ class OnnxContext:
         prefix = self.layer.name if self.layer is not None else "t"
         return self.add_node(kind, inputs, self.tmp(f"{prefix}_{hint}"), name=name, **attrs)
 
+    def trunc(self, x, hint="trunc", name=None):
+        """x rounded toward zero, C's float-to-int conversion (ONNX has no Trunc): |x| floored with x's sign."""
+        return self.op("Mul", [self.op("Sign", [x], "sign", name=name),
+                               self.op("Floor", [self.op("Abs", [x], "abs")], "floor")], hint)
+
     def body_op(self, body, kind, inputs, hint, **attrs):
         """One `kind` node appended to `body`, the node list of a Scan or Loop subgraph, its single output a
         fresh tensor named "<layer>_<hint>"; returns that output's name."""

@@ -14,8 +14,28 @@ from .data import transform_attrs
 from .fork_data import ForkDataLayer, _channels, _crop_or
 from .registry import Layer, LayerError, need_blobs, positive_field, register_layer
 
+# ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
+
+
+def similarity_rows(a, b):
+    """The two bottoms as (N, dim) rows, dim = count / num of the first (the fork's reading of both)."""
+    n = a.shape[0]
+    return a.reshape(n, -1), b.reshape(-1)[: a.numel()].reshape(n, -1)
+
+
+def dot_product_similarity(a, b):
+    fa, fb = similarity_rows(a, b)
+    return (fa * fb).sum(1).reshape(-1, 1, 1, 1)
+
+
+def euclidean_similarity(a, b):
+    fa, fb = similarity_rows(a, b)
+    return (-0.5 * ((fa - fb) ** 2).sum(1)).reshape(-1, 1, 1, 1)
+
 
 class _Similarity(Layer):
+    fn = None    # staticmethod(the torch function), copied into model.py with similarity_rows
+
     def parse(self, lp):
         need_blobs(lp, lp.type, 2, 1)
         return {}
@@ -33,10 +53,6 @@ class _Similarity(Layer):
             raise LayerError(f"the second bottom {list(b)} holds fewer values than the first {list(a)} (the fork "
                              f"would read past it)")
 
-    def _flat(self, a, b):
-        n = a.shape[0]
-        return a.reshape(n, -1), b.reshape(-1)[: a.numel()].reshape(n, -1)
-
     def onnx_flat(self, ctx, node):
         """The two bottoms as (N, dim) rows, dim = count / num of the first (the fork's reading of both)."""
         a, b = node.inputs
@@ -52,42 +68,35 @@ class _Similarity(Layer):
             total = ctx.op("Mul", [total, ctx.f32(factor)], "scaled")
         ctx.add_node("Reshape", [total, ctx.i64([-1, 1, 1, 1])], [node.outputs[0]], name=node.name)
 
+    def forward(self, attrs, params, a, b):
+        return self.fn(a, b)
+
+    def pytorch_source(self, node, emit):
+        emit.helper(similarity_rows)
+        return f"{emit.helper(self.fn)}({', '.join(emit.inputs)})"
+
 
 @register_layer("DotProductSimilarity")
 class DotProductSimilarity(_Similarity):
-    def forward(self, attrs, params, a, b):
-        fa, fb = self._flat(a, b)
-        return (fa * fb).sum(1).reshape(-1, 1, 1, 1)
+    fn = staticmethod(dot_product_similarity)
 
     def onnx(self, ctx, node):
         fa, fb = self.onnx_flat(ctx, node)
         self.onnx_per_sample(ctx, node, ctx.op("Mul", [fa, fb], "prod"), 1.0)
 
-    def pytorch_source(self, node, emit):
-        a, b = emit.inputs
-        n = emit.in_shape(0)[0]
-        return f"({a}.reshape({n}, -1) * {b}.reshape(-1)[:{a}.numel()].reshape({n}, -1)).sum(1).reshape(-1, 1, 1, 1)"
-
 
 @register_layer("EuclideanSimilarity")
 class EuclideanSimilarity(_Similarity):
+    fn = staticmethod(euclidean_similarity)
+
     def check_sizes(self, a, b):
         if math.prod(a[1:]) != math.prod(b[1:]):
             raise LayerError(f"EuclideanSimilarity needs samples of the same size, got {list(a)} and {list(b)}")
-
-    def forward(self, attrs, params, a, b):
-        fa, fb = self._flat(a, b)
-        return (-0.5 * ((fa - fb) ** 2).sum(1)).reshape(-1, 1, 1, 1)
 
     def onnx(self, ctx, node):
         fa, fb = self.onnx_flat(ctx, node)
         diff = ctx.op("Sub", [fa, fb], "diff")
         self.onnx_per_sample(ctx, node, ctx.op("Mul", [diff, diff], "sq"), -0.5)
-
-    def pytorch_source(self, node, emit):
-        a, b = emit.inputs
-        n = emit.in_shape(0)[0]
-        return f"(-0.5 * (({a}.reshape({n}, -1) - {b}.reshape({n}, -1)) ** 2).sum(1)).reshape(-1, 1, 1, 1)"
 
 
 @register_layer("TripletImageData")

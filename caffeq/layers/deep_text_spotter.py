@@ -29,6 +29,7 @@ import torch
 from onnx import TensorProto, helper
 
 from .common import Input
+from .norm import onnx_reduce
 from .registry import Layer, LayerError, claim_layers, need_blobs, register_layer, torch_sources
 
 # MichalBusta/caffe region_layer.cpp LayerSetUp: anchor (w, h) pairs in grid cells
@@ -167,8 +168,7 @@ def _onnx_image_rows(ctx, node, t, obj, probs, hw):
     angle = entry(4) if coords > 4 else ctx.const(np.zeros((h, w, nb), np.float32))
     score = op("Mul", [obj, obj], "score")
     p = op("Mul", [op("Unsqueeze", [obj, i64([3])], "obj4"), probs], "p")
-    best = op("ReduceMax", [p, i64([3])], "best", keepdims=0) if ctx.opset >= 18 else \
-        op("ReduceMax", [p], "best", axes=[3], keepdims=0)
+    best = onnx_reduce(ctx, "ReduceMax", p, [3], False)
     first_best = op("ArgMax", [p], "arg", axis=3, keepdims=0, select_last_index=0)
     label = op("Cast", [first_best], "argf", to=TensorProto.FLOAT)
     label = op("Where", [op("Greater", [best, f32(0.0)], "pos"), label, f32(0.0)], "label")
@@ -261,10 +261,7 @@ def emit_dts_region(ctx, node):
     obj = _onnx_logistic(ctx, op("Gather", [t, i64(a["coords"])], "obj_raw", axis=4))
     cls = op("Slice", [t, i64([a["coords"] + 1]), i64([size]), i64([4])], "cls")
     if a["softmax"]:
-        if ctx.opset >= 18:
-            top = op("ReduceMax", [cls, i64([4])], "cmax", keepdims=1)
-        else:
-            top = op("ReduceMax", [cls], "cmax", axes=[4], keepdims=1)
+        top = onnx_reduce(ctx, "ReduceMax", cls, [4], True)
         e = op("Exp", [op("Sub", [cls, top], "shift")], "ce")
         cls = op("Div", [e, op("ReduceSum", [e, i64([4])], "csum", keepdims=1)], "soft")
     head = op("Slice", [t, i64([0]), i64([a["coords"]]), i64([4])], "head")

@@ -88,7 +88,7 @@ def emit_hs_roi_pool(ctx, node):
 
     def bounds(values, extent):   # (R, 4): truncated toward zero (the kernel's int), clipped to the map
         v = op("Concat", values, "b", axis=1)
-        v = op("Mul", [op("Sign", [v], "sg"), op("Floor", [op("Abs", [v], "ab")], "fl")], "trunc")
+        v = ctx.trunc(v)
         return op("Clip", [v, f32(0.0), f32(float(extent))], "clip")
     hs = bounds([y0, y0, lower, lower], h)
     he = bounds([y1, op("Sub", [y1, half_h], "top_end"), y1, y1], h)

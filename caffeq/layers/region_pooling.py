@@ -132,7 +132,7 @@ def _onnx_region_cells(ctx, rows, lo_column, scale, offset):
     start = op("Floor", [op("Add", [op("Cast", [lo], "lod", to=f64), half], "lo5")], "start")
     end = op("Ceil", [op("Sub", [op("Cast", [hi], "hid", to=f64), half], "hi5")], "end")
     mean = op("Div", [op("Add", [start, end], "se"), ctx.const(np.array(2.0, np.float64))], "mean")
-    mean = op("Mul", [op("Sign", [mean], "sign"), op("Floor", [op("Abs", [mean], "abs")], "trunc")], "mean_t")
+    mean = ctx.trunc(mean, "mean_t")
     inverted = op("Greater", [start, end], "inverted")
     return [op("Cast", [op("Where", [inverted, mean, v], "cell")], "cellf", to=TensorProto.FLOAT) for v in (start, end)]
 

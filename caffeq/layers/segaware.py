@@ -222,8 +222,7 @@ class Im2parity(_WindowLayer):
         c = ctx.shape(x)[1]
         last = ctx.op("Slice", [x, ctx.i64([c - 1]), ctx.i64([c]), ctx.i64([1])], "last", name=node.name)
         # Floor of |v| with v's sign is C's truncation (labels are whole numbers in practice)
-        labels = ctx.op("Mul", [ctx.op("Sign", [last], "sign"), ctx.op("Floor", [ctx.op("Abs", [last], "abs")],
-                                                                          "floor")], "labels")
+        labels = ctx.trunc(last, "labels")
         centre, views = self.onnx_windows(ctx, node, labels)
         rows = []
         for k, view in enumerate(views):

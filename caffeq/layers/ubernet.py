@@ -202,9 +202,6 @@ class UberNetROIPooling(ROIPooling):
         attrs["rich"] = p.is_rich != 0
         return attrs
 
-    def roi_function(self, attrs):
-        return self.roi_fn, self.roi_source
-
     def roi_args(self, attrs):
         return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"], "bb_type": attrs["bb_type"],
                                             "rich": attrs["rich"]}

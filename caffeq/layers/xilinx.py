@@ -341,8 +341,7 @@ class FixedNeuron(Layer):
         step = 2.0 ** -p
         t = ctx.op("Cast", [ctx.op("Mul", [x, ctx.f32(1.0 / step)], "scaled", name=node.name)], "wide", to=11)
         if a["follow_data_layer"]:
-            whole = ctx.op("Mul", [ctx.op("Sign", [t], "sign"), ctx.op("Floor", [ctx.op("Abs", [t], "abs")], "mag")],
-                           "trunc")
+            whole = ctx.trunc(t)
             ctx.add_node("Mul", [ctx.op("Cast", [whole], "whole", to=1), ctx.f32(step)], [node.outputs[0]])
             return
         whole = ctx.op("Cast", [ctx.op("Floor", [ctx.op("Add", [t, ctx.const(np.array(0.5))], "half")], "floor")],
