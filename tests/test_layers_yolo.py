@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import assert_close, backend_outputs, net, onnx_outputs, rng
 
+from caffeq.errors import ExportError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -515,6 +516,38 @@ def test_yolo_v3_detections_in_every_backend(tmp_path):
     for backend, v in got.items():
         assert v.shape == want.shape, backend
         assert_close(v, want, 1e-6, 1e-6, f"yolo v3 {backend}")
+
+
+@pytest.mark.parametrize("nms", [0.45, 1.5])
+def test_yolo_v3_box_passing_for_many_classes(nms, tmp_path):
+    # with many classes and a low threshold each box passes for several classes: the NMS loop then
+    # runs over each box's best candidate only (its copies share its fate), unless a box's IoU with
+    # itself stays below the threshold (1.5: nothing is ever dropped, every copy is a row)
+    maps, threshold, k = ((2, 3), (4, 6)), 0.05, 4
+    feeds = v3_inputs(15, 2, maps, k=k)
+    preds = yolo_v3_preds([feeds["x0"], feeds["x1"]], V3_BIASES, V3_MASK, V3_SCALES, 3, k, threshold)
+    iou_gap, score_gap = nms_margins(preds, nms)
+    assert iou_gap > 1e-4 and score_gap > 1e-6, "inputs too close to a tie for a well-posed test"
+    want = rows_ref(preds, 2, nms)
+    boxes = {(float(p.x), float(p.y)) for p in preds}
+    assert len(preds) > 3 * len(boxes)   # most boxes pass for several classes
+    assert want.shape[2] == (len(preds) if nms > 1 else len(set(map(tuple, want[0, 0, :, 3:]))))
+    _, got = all_backends(v3_text(2, maps, threshold, nms, k=k), feeds, tmp_path)
+    for backend, v in got.items():
+        assert v.shape == want.shape, backend
+        assert_close(v, want, 1e-6, 1e-6, f"yolo v3 many classes {backend}")
+
+
+def test_yolo_v3_threshold_that_drops_disjoint_boxes_is_refused_in_onnx(tmp_path):
+    # IoU >= 0 holds for boxes that do not even overlap: only the best box is kept, which ONNX's
+    # NonMaxSuppression (thresholds in [0, 1], drops IoU > t) cannot say
+    maps = ((3, 4), (6, 8))
+    feeds = v3_inputs(6, 1, maps)
+    model = load_from_text(v3_text(1, maps, 0.5, 0.0))
+    assert model.run(feeds)["o"].shape[2] == 1
+    with pytest.raises(ExportError, match="layer 'o' .*NMS threshold 0.0 drops every box after the best"):
+        model.export_onnx(str(tmp_path / "m.onnx"))
+    assert not (tmp_path / "m.onnx").exists()
 
 
 def test_yolo_v3_without_detections_gives_one_row_per_image(tmp_path):

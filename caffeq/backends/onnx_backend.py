@@ -128,6 +128,18 @@ class OnnxContext:
         return self.op("Mul", [self.op("Sign", [x], "sign", name=name),
                                self.op("Floor", [self.op("Abs", [x], "abs")], "floor")], hint)
 
+    def nms_threshold(self, t, drops_equal=False):
+        """The float32 IoU threshold for NonMaxSuppression (which drops IoU > t and takes t in [0, 1]) that
+        makes the layer's decisions: it drops IoU > t, or IoU >= t with drops_equal.  Above 1 nothing is
+        dropped either way (1); a threshold that drops boxes that do not even overlap is refused."""
+        t = np.float32(t)
+        if np.isnan(t) or t > 1:       # no IoU compares above it (NaN: no comparison holds)
+            return np.float32(1.0)
+        if t < 0 or (drops_equal and t <= 0):
+            raise ExportError(f"{self._where()}: NMS threshold {float(t)} drops every box after the best, "
+                              f"overlapping or not; ONNX's NonMaxSuppression takes IoU thresholds in [0, 1]")
+        return np.nextafter(t, np.float32(-np.inf)) if drops_equal else t
+
     def body_op(self, body, kind, inputs, hint, **attrs):
         """One `kind` node appended to `body`, the node list of a Scan or Loop subgraph, its single output a
         fresh tensor named "<layer>_<hint>"; returns that output's name."""

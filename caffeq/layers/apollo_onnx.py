@@ -189,7 +189,7 @@ def _nms_rows(op, node, boxes, scores, extra, count, a):
     yx = op("Gather", [op("Add", [cand, plus], "cand1"), op.i64([1, 0, 3, 2])], "yx", axis=1)
     sel = op("NonMaxSuppression", [op("Unsqueeze", [yx, op.i64([0])], "nms_b"),
                                    op("Reshape", [vals, op.i64([1, 1, -1])], "nms_s"),
-                                   op.i64([a["top_n"]]), op.f32([a["overlap_ratio"]]), op.f32([-FLT_MAX])], "sel")
+                                   op.i64([a["top_n"]]), op.f32([ctx.nms_threshold(a["overlap_ratio"])]), op.f32([-FLT_MAX])], "sel")
     picked = op("Gather", [sel, op.i64(2)], "picked", axis=1)
     parts = [op("Gather", [cand, picked], "chosen", axis=0)]
     if extra is not None:

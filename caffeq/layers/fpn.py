@@ -286,7 +286,7 @@ def emit_fpn_proposals(ctx, node):
     sel = ctx.add_node("NonMaxSuppression",
                        [ctx.op("Unsqueeze", [nms_boxes, ctx.i64([0])], "nms_b"),
                         ctx.op("Reshape", [vals, ctx.i64([1, 1, -1])], "nms_s"),
-                        ctx.i64([max_out]), ctx.f32([a["nms_thresh"]]), ctx.f32([-np.finfo(np.float32).max])],
+                        ctx.i64([max_out]), ctx.f32([ctx.nms_threshold(a["nms_thresh"])]), ctx.f32([-np.finfo(np.float32).max])],
                        [ctx.tmp(f"{name}_sel")], name=name)[0]
     picked = ctx.op("Gather", [sel, ctx.i64(2)], "picked", axis=1)
     if post > 0:   # the kept rows repeated in order up to post (none kept: no rows)

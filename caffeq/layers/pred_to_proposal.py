@@ -223,7 +223,7 @@ def emit_pred_to_proposals(ctx, node):
     scores = cols(ctx.op("Transpose", [prob_in], "prob_t", perm=[1, 0]), 1, k, 0, "fg_scores")   # (K - 1, R)
     sel = ctx.add_node("NonMaxSuppression",
                        [nms_boxes, ctx.op("Unsqueeze", [scores, ctx.i64([1])], "nms_s"), ctx.i64([2 ** 31 - 1]),
-                        ctx.f32([a["nms_thresh"]]), ctx.f32([a["thresh"]])],
+                        ctx.f32([ctx.nms_threshold(a["nms_thresh"])]), ctx.f32([a["thresh"]])],
                        [ctx.tmp(f"{name}_sel")], name=name)[0]                 # (S, 3): class - 1, 0, roi
     pick = ctx.op("Gather", [sel, ctx.i64([0, 2])], "pick", axis=1)
     dets = ctx.op("GatherND", [corners, pick], "dets")                             # (S, 4)

@@ -417,7 +417,7 @@ class TwinProposalLayer(Layer):
         max_out = k if a["post_nms_top_n"] <= 0 else min(a["post_nms_top_n"], k)
         sel = op("NonMaxSuppression", [op("Unsqueeze", [boxes, op.i64([0])], "nms_b"),
                                        op("Reshape", [vals, op.i64([1, 1, -1])], "nms_s"), op.i64([max_out]),
-                                       op.f32([a["nms_thresh"]]), op.f32([-FLT_MAX])], "sel")
+                                       op.f32([op.ctx.nms_threshold(a["nms_thresh"])]), op.f32([-FLT_MAX])], "sel")
         picked = op("Gather", [sel, op.i64(2)], "picked", axis=1)
         op.twin_rows(op("Gather", [c1, picked], "s1", axis=0), op("Gather", [c2, picked], "s2", axis=0),
                      node.outputs[0])

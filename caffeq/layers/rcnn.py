@@ -660,9 +660,7 @@ def emit_proposals(ctx, node):
     plus = ctx.f32(np.array([0, 0, 1, 1], np.float32))
     nms_boxes = ctx.op("Gather", [ctx.op("Add", [cand, plus], "cand1"), ctx.i64([1, 0, 3, 2])], "yx", axis=1)
     max_out = k if a["post_nms_top_n"] <= 0 else min(a["post_nms_top_n"], k)
-    # ONNX drops IoU > threshold; the C++ RPN layer drops IoU >= threshold: the next float32 below
-    thresh = np.float32(a["nms_thresh"])
-    thresh = np.nextafter(thresh, np.float32(-np.inf)) if cpp else thresh
+    thresh = ctx.nms_threshold(a["nms_thresh"], drops_equal=cpp)   # the C++ RPN layer drops IoU >= t
     sel = ctx.add_node("NonMaxSuppression",
                        [ctx.op("Unsqueeze", [nms_boxes, ctx.i64([0])], "nms_b"),
                         ctx.op("Reshape", [vals, ctx.i64([1, 1, -1])], "nms_s"),

@@ -300,7 +300,7 @@ def emit_rproi(ctx, node):
     batch = op("Slice", [op("Shape", [idx], "idx_shape"), i64([0]), i64([1])], "batch")           # [N]
     rank = np.arange(k, 0, -1, dtype=np.float32).reshape(1, 1, k)
     nms_scores = op("Expand", [f32(rank), op("Concat", [batch, i64([1, 1])], "rank_shape", axis=0)], "rank")
-    sel = ctx.add_node("NonMaxSuppression", [nms_boxes, nms_scores, i64([m]), f32([a["iou_threshold"]])],
+    sel = ctx.add_node("NonMaxSuppression", [nms_boxes, nms_scores, i64([m]), f32([ctx.nms_threshold(a["iou_threshold"])])],
                        [ctx.tmp(f"{name}_sel")], name=name)[0]                                 # (S, 3)
     image = op("Gather", [sel, i64([0])], "image", axis=1)                                      # (S, 1)
     box = op("Gather", [sel, i64([2])], "box", axis=1)

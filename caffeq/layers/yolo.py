@@ -375,25 +375,44 @@ def yolo_detection_rows(parts: list[list[torch.Tensor]], num_images: int, nms_th
         out = torch.full((num_images, 7), -1.0, device=dev, dtype=dt)
         out[:, 0] = torch.arange(num_images, device=dev, dtype=dt)
         return out.reshape(1, 1, num_images, 7)
+    # A box that passes for several classes (v3: one candidate per class, side by side) is the same
+    # box each time: its first, best candidate strikes out the later copies, or the kept box that
+    # strikes it out strikes them out too.  So when every box's IoU with itself reaches the threshold,
+    # the greedy loop needs only each box's first candidate: the same kept rows, from far fewer.
+    boxes = torch.stack([bx, by, bw, bh], dim=1)
+    same_box = torch.cumsum(torch.cat([torch.ones(1, dtype=torch.long, device=dev),
+                                       (boxes[1:] != boxes[:-1]).any(dim=1).long()]), 0) - 1
     order = torch.sort(score, descending=True, stable=True)[1]
-    bx, by, bw, bh, label, score = (t[order] for t in (bx, by, bw, bh, label, score))
+    bx, by, bw, bh, label, score, same_box = (t[order] for t in (bx, by, bw, bh, label, score, same_box))
     left, right = bx - bw / 2, bx + bw / 2
     top, bottom = by - bh / 2, by + bh / 2
     area = bw * bh
+
+    def iou_after(i, lo, ro, to, bo, ao):
+        iw = torch.minimum(ro[i], ro[i + 1:]) - torch.maximum(lo[i], lo[i + 1:])
+        ih = torch.minimum(bo[i], bo[i + 1:]) - torch.maximum(to[i], to[i + 1:])
+        inter = torch.where((iw < 0) | (ih < 0), torch.zeros_like(iw), iw * ih)
+        return inter / (ao[i] + ao[i + 1:] - inter)
+
     k = score.numel()
-    alive = torch.ones(k, dtype=torch.bool, device=dev)
+    candidates = torch.arange(k, device=dev)
+    self_iou = torch.where((right < left) | (bottom < top), torch.zeros_like(area),
+                           (right - left) * (bottom - top)) / (area + area - (right - left) * (bottom - top))
+    if bool((self_iou >= nms_threshold).all()):
+        first = torch.full((int(same_box.max()) + 1,), k, device=dev)
+        first = first.scatter_reduce(0, same_box, candidates, "amin")
+        candidates = candidates[first[same_box] == candidates]
+    sides = [t[candidates] for t in (left, right, top, bottom, area)]
+    n = candidates.numel()
+    alive = torch.ones(n, dtype=torch.bool, device=dev)
     kept = []
-    for i in range(k):
+    for i in range(n):
         if not bool(alive[i]):
             continue
         kept.append(i)
-        if i + 1 < k:
-            iw = torch.minimum(right[i], right[i + 1:]) - torch.maximum(left[i], left[i + 1:])
-            ih = torch.minimum(bottom[i], bottom[i + 1:]) - torch.maximum(top[i], top[i + 1:])
-            inter = torch.where((iw < 0) | (ih < 0), torch.zeros_like(iw), iw * ih)
-            iou = inter / (area[i] + area[i + 1:] - inter)
-            alive[i + 1:] &= ~(iou >= nms_threshold)
-    idx = torch.tensor(kept, device=dev)
+        if i + 1 < n:
+            alive[i + 1:] &= ~(iou_after(i, *sides) >= nms_threshold)
+    idx = candidates[torch.tensor(kept, device=dev)]
     rows = torch.stack([torch.zeros_like(score[idx]), label[idx].to(dt) + 1, score[idx],
                         left[idx], top[idx], right[idx], bottom[idx]], dim=1)
     return rows.reshape(1, 1, -1, 7)
@@ -601,8 +620,7 @@ def _emit_yolo_detection(ctx, node, spec):
                                             enumerate((bx, by, bw, bh))], "boxes2", axis=1), ctx.i64([0])],
                    "boxes")                                                                      # (1, K, 4)
     scores = ctx.op("Reshape", [score, ctx.i64([1, 1, -1])], "scores")
-    # ONNX drops IoU > t, the fork IoU >= t: the next float32 below t gives the same decisions
-    thr = np.nextafter(np.float32(a["nms_threshold"]), np.float32(-np.inf))
+    thr = ctx.nms_threshold(a["nms_threshold"], drops_equal=True)   # the fork drops IoU >= t
     sel = ctx.add_node("NonMaxSuppression", [boxes, scores, ctx.i64([2 ** 31 - 1]), ctx.f32([thr])],
                        [ctx.tmp(f"{name}_sel")], name=name, center_point_box=1)[0]
     sel_box = ctx.op("Slice", [sel, ctx.i64([2]), ctx.i64([3]), ctx.i64([1])], "sel_box")

@@ -114,7 +114,7 @@ def emit_onnx(ctx, node):
                                                                                     ctx.i64([0])], "k"), ctx.i64(1)],
                                            "ids")], "ids_f", to=1)], "order")
     scores = ctx.op("Reshape", [order, ctx.i64([1, 1, -1])], "scores")
-    thr = np.nextafter(np.float32(a["nms_threshold"]), np.float32(-np.inf))
+    thr = ctx.nms_threshold(a["nms_threshold"], drops_equal=True)
     sel = ctx.add_node("NonMaxSuppression", [boxes, scores, ctx.i64([2 ** 31 - 1]), ctx.f32([thr])],
                        [ctx.tmp(f"{name}_sel")], name=name, center_point_box=0)[0]
     idx = ctx.op("Squeeze",

@@ -139,7 +139,7 @@ def emit_detection_output(ctx, node, inputs=None, n_priors=None):
                                       ctx.op("Where", [flipped, by0, by1], "cy1")], "nms_boxes", axis=-1)
     nb = ctx.op("Reshape", [nms_boxes, ctx.i64([-1, T, 4])], "nb")
     ns = ctx.op("Reshape", [vals, ctx.i64([-1, 1, T])], "ns")
-    nms_in = [nb, ns, ctx.i64([T]), ctx.f32([a["nms_threshold"]])]
+    nms_in = [nb, ns, ctx.i64([T]), ctx.f32([ctx.nms_threshold(a["nms_threshold"])])]
     if a["conf_threshold"] > -FLT_MAX:
         nms_in.append(ctx.f32([a["conf_threshold"]]))
     sel = ctx.add_node("NonMaxSuppression", nms_in, [ctx.tmp(f"{name}_sel")], name=name)[0]   # (S, 3)
