@@ -112,6 +112,8 @@ def _state_meets_rule(phase, level, stages, rule):
         return False
     if any(s in stages for s in rule.not_stage):
         return False
+    if rule.mpi_rank and 0 not in rule.mpi_rank:   # steflee/mpi-caffe's ranks: caffeq is one process, rank 0
+        return False
     return True
 
 

@@ -517,7 +517,7 @@ def v1_type_string(v1):
     return V1_TYPE_STRINGS[caffe_pb2.V1LayerParameter.LayerType.Name(v1.type)]
 
 
-def _upgrade_v1_layer(v1):
+def _upgrade_v1_layer(v1, where=""):
     """One V1LayerParameter -> LayerParameter (UpgradeV1LayerParameter)."""
     lp = caffe_pb2.LayerParameter()
     lp.bottom.extend(v1.bottom)
@@ -551,6 +551,11 @@ def _upgrade_v1_layer(v1):
     for sub in _V1_SUBPARAMS:
         if v1.HasField(sub):
             getattr(lp, sub).CopyFrom(getattr(v1, sub))
+    if v1.HasField("label_size"):   # bogger/caffe-multigpu: label_size labels a line, as imistyrain's ImageData
+        if v1.type != caffe_pb2.V1LayerParameter.IMAGE_DATA:
+            raise ParseError(f"{_where(where)}: layer '{v1.name}': label_size (bogger/caffe-multigpu's) is read for IMAGE_DATA "
+                             f"layers only")
+        lp.image_data_param.label_size = v1.label_size
     return lp
 
 
@@ -586,7 +591,7 @@ def _upgrade_v1(net, where, notes):
             # binary files: an enum value caffe.proto lacks parses as "no type"
             notes.append(f"{where}: 'layers' entry #{i} ('{v1.name}') has no layer type (or one "
                          f"this caffe.proto does not know); it upgrades to type \"\"")
-        new.append(_upgrade_v1_layer(v1))
+        new.append(_upgrade_v1_layer(v1, where))
     net.ClearField("layers")
     net.ClearField("layer")
     net.layer.extend(new)

@@ -84,6 +84,7 @@ from . import (  # noqa: F401,E402
     misc,
     mnc,
     mnc_python,
+    mpi_caffe,
     mpi_forks,
     mtcnn_predict_box,
     mxnet_ops,

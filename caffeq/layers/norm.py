@@ -151,6 +151,9 @@ class BatchNorm(Layer):
         if sknet:   # declared for SKNet's CuDNNBatchNorm (cudnn_bn.py), which reads this message its own way
             raise LayerError(f"batch_norm_param.{sknet[0]} is SKNet's CuDNNBatchNorm field; BatchNorm reads "
                              f"use_global_stats and moving_average_fraction")
+        if p.relu:   # intel/caffe: its MKL-DNN BatchNorm fuses a ReLU, its CAFFE engine does not
+            raise LayerError("batch_norm_param.relu (Intel Caffe's ReLU fused into its MKL-DNN BatchNorm, ignored by "
+                             "its CAFFE engine) is not supported: write a ReLU layer after the BatchNorm")
         eps = float(p.eps)
         if not eps >= 0:
             raise LayerError(f"batch_norm_param.eps must be >= 0, got {eps}")

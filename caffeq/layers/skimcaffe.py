@@ -54,9 +54,10 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ExportError
+from .activation import ReLU
 from .conv import Convolution, InnerProduct, _onnx_conv, _torch_conv_source
 from .norm import ACROSS_CHANNELS, LRN, caffe_lrn
-from .pooling import MAX, Pooling, caffe_pool, is_synopsys, window
+from .pooling import AVE, MAX, STOCHASTIC, Pooling, caffe_pool, is_synopsys, window
 from .registry import LayerError, claim_layers, count, need_blobs, register_layer
 
 LOWERED_GEMM, LOWERED_CCNMM, DIRECT_SCONV, DIRECT_DCONV = 0, 1, 2, 3
@@ -363,6 +364,51 @@ class ReLUPooling(Pooling):
     def pytorch_source(self, node, emit):
         emit.uses("F")
         return f"F.relu({super().pytorch_source(node, emit)})"
+
+
+# ---- the MKL layers: BVLC's under another name, where MKL computes the same ------------------------
+
+@register_layer("MKLReLU")
+class MKLReLU(ReLU):
+    """mkl_relu_layer.cpp: MKL's ReLU with relu_param.negative_slope, BVLC's."""
+
+
+@register_layer("MKLPooling")
+class MKLPooling(Pooling):
+    """mkl_pooling_layer.cpp: BVLC's pooled size and MAX; MKL's average excludes the padding (its
+    dnnAlgorithmPoolingAvg), so AVE is BVLC's only without padding; STOCHASTIC is NOT_IMPLEMENTED."""
+
+    def infer(self, attrs, in_shapes):
+        shapes = super().infer(attrs, in_shapes)
+        if attrs["pool"] == STOCHASTIC or is_synopsys(attrs):
+            raise LayerError("MKLPooling pools MAX or AVE (the fork: STOCHASTIC is NOT_IMPLEMENTED)")
+        if attrs["pool"] == AVE and any(attrs.get("pad", ())):
+            raise LayerError("MKLPooling's average excludes the padding (MKL's dnnAlgorithmPoolingAvg), which "
+                             "BVLC's AVE counts: padded AVE is not supported")
+        return shapes
+
+
+@register_layer("MKLLRN")
+class MKLLRN(LRN):
+    """mkl_lrn_layer.cpp: MKL's ACROSS_CHANNELS LRN (size, alpha, beta, k), BVLC's; WITHIN_CHANNEL is
+    NOT_IMPLEMENTED in the fork."""
+
+    def parse(self, lp):
+        if lp.lrn_param.norm_region != ACROSS_CHANNELS:
+            raise LayerError("MKLLRN normalizes ACROSS_CHANNELS only (the fork: WITHIN_CHANNEL is NOT_IMPLEMENTED)")
+        return super().parse(lp)
+
+
+@register_layer("MKLConvolution")
+class MKLConvolution(Convolution):
+    """mkl_conv_layer.cpp: MKL's grouped convolution with bias, BVLC's; its output size ignores dilation."""
+
+    def infer(self, attrs, in_shapes):
+        shapes = super().infer(attrs, in_shapes)   # the spatial fields are read with the input's axes
+        if any(d != 1 for d in attrs.get("dilation", ())):
+            raise LayerError("MKLConvolution sizes its output without the dilation (the fork ignores it): "
+                             "dilation must be 1")
+        return shapes
 
 
 # ---- inner products ------------------------------------------------------------------------------
