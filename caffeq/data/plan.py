@@ -108,6 +108,10 @@ def plan_data(layer, inputs, base_dir, data=None, batch_size=None, transform=Non
             source = os.fspath(data)
             roots = [os.getcwd(), base_dir]
         layer_bs = attrs.get("batch_size") or None
+        if t.get("crop_hw"):
+            raise DataError(f"layer '{layer.name}': transform_param crop_size_h / crop_size_w (Person-Re-ID's "
+                            f"rectangular crop) are not applied by eval; evaluate its deploy net on images cropped to "
+                            f"{t['crop_hw'][0]}x{t['crop_hw'][1]}")
         labels_per_line = attrs.get("label_dim") or attrs.get("label_size")
         if layer.type == "ImageData" and labels_per_line:
             raise DataError(f"layer '{layer.name}' (ImageData): its list lines hold {labels_per_line} labels each "

@@ -99,6 +99,7 @@ from . import (  # noqa: F401,E402
     parsenet,
     pdc,
     periodic_shuffle,
+    person_reid,
     picanet,
     pixel_weights,
     pixelnet,

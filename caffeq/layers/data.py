@@ -31,15 +31,19 @@ def transform_attrs(lp):
         "force_gray": bool(t.force_gray),
         # JigsawPuzzleSolver's puzzle: siamese_size tiles of patch_size a side on the channels
         "siamese": (int(t.siamese_size), int(t.patch_size)) if t.siamese_size > 1 else None,
+        # sanpingzhou/Person-Re-ID: a crop_size_h x crop_size_w window when crop_size is 0
+        "crop_hw": (int(t.crop_size_h), int(t.crop_size_w)) if not t.crop_size and t.crop_size_h and t.crop_size_w
+        else None,
     }
 
 
 def _with_crop(attrs, c, h, w):
     crop = attrs["transform"]["crop_size"]
-    if crop:
-        if crop > h or crop > w:
-            raise LayerError(f"crop_size {crop} exceeds the {h}x{w} data")
-        return c, crop, crop
+    ch, cw = attrs["transform"].get("crop_hw") or (crop, crop)
+    if ch:
+        if ch > h or cw > w:
+            raise LayerError(f"a {ch}x{cw} crop exceeds the {h}x{w} data")
+        return c, ch, cw
     return c, h, w
 
 
@@ -304,8 +308,8 @@ class ImageData(DataLayer):
                                     "rate_width) keeps each image's own size unless it shuffles")
         if attrs["new_height"] and attrs["new_width"] and not (attrs.get("own_size_unshuffled") and not attrs["shuffle"]):
             h, w = attrs["new_height"], attrs["new_width"]
-        elif crop:
-            return (n, c, crop, crop)
+        elif crop or attrs["transform"].get("crop_hw"):
+            return (n, c) + (attrs["transform"].get("crop_hw") or (crop, crop))
         else:
             source = resolve_source(attrs["source"], attrs.get("base_dir"))
             if not os.path.exists(source):
