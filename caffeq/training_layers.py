@@ -56,9 +56,13 @@ def drop_training_only(layers, source="", notes=None):
     # a deploy file that kept its Accuracy or loss layer but not the label it reads: Caffe refuses
     # it ("Unknown bottom blob"); the net is whole without the scorer
     made = {top for lp in layers for top in lp.top}
+    # (a blob that other layers read too is the net's input, not a label: an autoencoder's data, made at
+    # another phase or stage, which the missing-bottom error then names)
+    read_elsewhere = {b for lp in layers if spec_for(lp) is None or not spec_for(lp).is_training_only for b in lp.bottom}
     unlabelled = [lp for lp in layers if id(lp) not in gone and spec_for(lp) is not None
                   and spec_for(lp).is_training_only and lp.bottom[:1] and lp.bottom[0] in made
-                  and any(b not in made for b in lp.bottom[1:])]
+                  and any(b not in made for b in lp.bottom[1:])
+                  and not any(b not in made and b in read_elsewhere for b in lp.bottom[1:])]
     if unlabelled and notes is not None:
         notes.append(f"{source + ': ' if source else ''}" + "; ".join(
             f"'{lp.name}' ({lp.type}) reads '{next(b for b in lp.bottom[1:] if b not in made)}', which no layer "

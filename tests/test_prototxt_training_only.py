@@ -618,3 +618,24 @@ def test_a_test_only_layer_read_only_by_a_scorer_is_dropped_with_it():
     # one that the net's output comes from is not: it is refused as an unknown type
     with pytest.raises(UnsupportedLayerError, match="RegionSelect"):
         load_from_text(REGION_SELECT.split('layer { name: "accuracy_iou"')[0])
+
+
+AUTOENCODER = """name: "ae"
+layer { name: "data" type: "HDF5Data" top: "data" include { phase: TEST stage: "test-on-train" }
+        hdf5_data_param { source: "list.txt" batch_size: 2 } }
+layer { name: "enc" type: "InnerProduct" bottom: "data" top: "code" inner_product_param { num_output: 3 } }
+layer { name: "dec" type: "InnerProduct" bottom: "code" top: "out" inner_product_param { num_output: 6 } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "out" bottom: "data" top: "l2" }
+"""
+
+
+def test_a_loss_reading_the_nets_own_input_is_not_a_kept_scorer():
+    # yeungalan0/Minecraft_AI's autoencoders: the loss compares the decoding with the data, which exists only
+    # under a stage; 'data' is the net's input (the encoder reads it), not a label a deploy file lacks: the
+    # error names the rule (inspect then shows the net under it) instead of dropping every layer
+    from caffeq.errors import PhaseRuleError
+    with pytest.raises(PhaseRuleError, match="bottom 'data' is not produced .* stage: \"test-on-train\""):
+        load_from_text(AUTOENCODER)
+    model = load_from_text(AUTOENCODER, stages=("test-on-train",), input_shapes={"data": (2, 6)})
+    assert model.blob_shapes["out"] == (2, 6)
+    assert [n.name for n in model.graph.nodes][-1] == "loss"
