@@ -140,3 +140,14 @@ def test_deep3dpose_grl_switches_only_train(tmp_path):
                'layer { name: "i" type: "InnerProduct" bottom: "c" top: "o" inner_product_param { num_output: 3 '
                'is_grl_layer: 1 } }', inputs={"x": (1, 2, 3, 3)})
     assert load_from_text(text).blob_shapes["o"] == (1, 3)
+
+
+def test_three_top_accuracy_is_read_and_sized_not_run():
+    # knub/sentence-boundary-detection-nn's TEST scorer: accuracy, recall_per_class, precision_per_class
+    text = net('layer { name: "fc" type: "InnerProduct" bottom: "x" top: "fc" inner_product_param { num_output: 2 } }',
+               'layer { name: "accuracy" type: "Accuracy" bottom: "fc" bottom: "label" top: "accuracy" '
+               'top: "recall_per_class" top: "precision_per_class" }', inputs={"x": (4, 3), "label": (4,)})
+    model = load_from_text(text, random_weights=True)
+    assert [model.blob_shapes[t] for t in ("accuracy", "recall_per_class", "precision_per_class")] == [(), (2,), (2,)]
+    with pytest.raises(CaffeqError, match="Accuracy with 3 tops.*not public"):
+        model.run({"x": np.zeros((4, 3), F), "label": np.zeros(4, F)})

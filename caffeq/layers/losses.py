@@ -15,7 +15,17 @@ from ..errors import CaffeqError, DataError
 from ..io.caffemodel import read_blobproto
 from .misc import eager_checks, need_bottom_count
 from .norm import legacy_shape
-from .registry import Layer, LayerError, canonical_axis, count, legacy_nchw, positive_field, register_layer
+from .registry import (
+    Layer,
+    LayerError,
+    ReadOnlyLayer,
+    canonical_axis,
+    claim_layers,
+    count,
+    legacy_nchw,
+    positive_field,
+    register_layer,
+)
 
 FLT_MIN = 1.1754943508222875e-38
 LOG_FLT_MIN = math.log(FLT_MIN)
@@ -157,6 +167,35 @@ class Accuracy(_TrainingOnly):
         hits.index_add_(0, safe[correct], torch.ones_like(safe[correct], dtype=scores.dtype))
         per_class = torch.where(per_label > 0, hits / per_label.clamp_min(1), torch.zeros_like(hits))
         return acc, per_class
+
+
+@claim_layers("Accuracy", lambda lp: len(lp.top) == 3)
+class RecallPrecisionAccuracy(ReadOnlyLayer):
+    """knub/sentence-boundary-detection-nn's scorer: accuracy, then per-class recall and precision, from a Caffe
+    whose source is not public (BVLC's Accuracy gives at most 2 tops).  Sized as BVLC's accuracy and per-class
+    tops; a test-phase scorer, dropped from inference graphs, not run."""
+
+    is_training_only = True
+
+    def parse(self, lp):
+        attrs = Accuracy().parse(_first_tops(lp, 2))
+        return dict(attrs, name=lp.name, kind="Accuracy with 3 tops", tops=3)
+
+    def infer(self, attrs, in_shapes):
+        scalar, per_class = Accuracy().infer(dict(attrs, tops=2), in_shapes)
+        return [scalar, per_class, per_class]
+
+    def why_not_run(self, attrs):
+        return ("the fork that gives Accuracy a third top (per-class recall and precision) is not public, so "
+                "what it computes is not known")
+
+
+def _first_tops(lp, n):
+    """A copy of layer `lp` keeping its first n tops (a fork's longer top list read as BVLC's)."""
+    short = type(lp)()
+    short.CopyFrom(lp)
+    del short.top[n:]
+    return short
 
 
 # ---- Loss layers -------------------------------------------------------------------------
