@@ -2,6 +2,7 @@
 Net::CopyTrainedLayersFrom), blobs shared by ParamSpec name, and random weights for a net loaded
 without any."""
 import math
+from collections import ChainMap
 
 import numpy as np
 
@@ -27,10 +28,43 @@ def _weights_layer_name(node, weights):
     return None
 
 
+def _split_merged_scales(graph, weights, wsrc, notes):
+    """intel/caffe's MKL engines merge the Scale after a BatchNorm into it when the net loads, and the
+    caffemodel it saves holds that: BatchNorm blobs [mean, variance, factor, gamma(, beta)] and a Scale
+    layer without blobs (or none).  Read against the prototxt (BatchNorm, then Scale), gamma and beta go back to the Scale, which
+    then computes what the merged layer did.  Returns the weights to attach (the dict itself if untouched)."""
+    readers = {}
+    for node in graph.nodes:
+        for t in node.inputs[:1]:
+            readers.setdefault(t, []).append(node)
+    moved = {}
+    for node in graph.nodes:
+        name = _weights_layer_name(node, weights)
+        if node.type != "BatchNorm" or name is None or (node.attrs or {}).get("scale_bias"):
+            continue
+        blobs = weights[name]
+        nexts = readers.get(node.outputs[0], [])
+        if len(blobs) not in (4, 5) or len(nexts) != 1 or nexts[0].type != "Scale":
+            continue
+        scale = nexts[0]
+        scale_name = _weights_layer_name(scale, weights)
+        if (scale_name is not None and len(weights[scale_name])) or len(scale.inputs) != 1:
+            continue
+        if bool(scale.attrs.get("bias_term")) != (len(blobs) == 5):
+            continue
+        moved[name], moved[scale.name] = blobs[:3], blobs[3:]
+        if notes is not None:
+            notes.append(f"{wsrc}: layer '{node.name}' (BatchNorm) holds the scale{' and shift' if len(blobs) == 5 else ''} "
+                         f"of Scale '{scale.name}', which the weights file lacks (Intel Caffe merges them when a net "
+                         f"loads): given back to the Scale")
+    return ChainMap(moved, weights) if moved else weights   # no copy of a large weights mapping
+
+
 def attach_weights(graph, weights, source="", weights_source="", notes=None):
     """Copy weights into nodes by layer name, as Caffe's Net::CopyTrainedLayersFrom; notes receives a
     line for each layer whose blobs came in a fork's other layout (Layer.stored_blobs)."""
     wsrc = weights_source or source
+    weights = _split_merged_scales(graph, weights, wsrc, notes)
     for node in graph.nodes:
         expected = node.expected_param_shapes
         source_name = _weights_layer_name(node, weights)

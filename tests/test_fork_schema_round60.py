@@ -151,3 +151,43 @@ def test_three_top_accuracy_is_read_and_sized_not_run():
     assert [model.blob_shapes[t] for t in ("accuracy", "recall_per_class", "precision_per_class")] == [(), (2,), (2,)]
     with pytest.raises(CaffeqError, match="Accuracy with 3 tops.*not public"):
         model.run({"x": np.zeros((4, 3), F), "label": np.zeros(4, F)})
+
+
+BN_SCALE = ('layer {{ name: "c" type: "Convolution" bottom: "x" top: "c" convolution_param {{ num_output: 3 '
+            'kernel_size: 1 }} }}\n'
+            'layer {{ name: "bn" type: "BatchNorm" bottom: "c" top: "c" batch_norm_param {{ engine: MKLDNN }} }}\n'
+            'layer {{ name: "sc" type: "Scale" bottom: "c" top: "c" scale_param {{ bias_term: {bias} }} }}')
+
+
+@pytest.mark.parametrize("bias", ["true", "false"])
+def test_intel_caffemodels_batch_norm_holding_its_scale(bias, tmp_path):
+    # intel/caffe's MKL BatchNorm takes the next Scale's gamma (and beta) when the net loads, and the caffemodel
+    # it saves holds [mean, variance, factor, gamma(, beta)] and no Scale layer: read back into the Scale
+    from caffeq.io.caffemodel import BlobData
+    from caffeq.io.prototxt import parse_prototxt_text
+    from caffeq.io.writer import write_caffemodel
+    from caffeq.model import load
+    text = net(BN_SCALE.format(bias=bias), inputs={"x": (2, 2, 3, 3)})
+    g = rng(6)
+    conv = [g.standard_normal((3, 2, 1, 1)).astype(F), g.standard_normal(3).astype(F)]
+    mean, var = g.standard_normal(3).astype(F), g.uniform(0.5, 2, 3).astype(F)
+    factor = np.array([2.0], F)
+    gamma, beta = g.standard_normal(3).astype(F), g.standard_normal(3).astype(F)
+    scale = [gamma] + ([beta] if bias == "true" else [])
+    (tmp_path / "net.prototxt").write_text(text)
+    write_caffemodel(parse_prototxt_text(text), {"c": [BlobData(a) for a in conv],
+                                                 "bn": [BlobData(a) for a in [mean, var, factor] + scale]},
+                     str(tmp_path / "intel.caffemodel"))
+    model = load(str(tmp_path / "net.prototxt"), str(tmp_path / "intel.caffemodel"))
+    assert any("holds the scale" in w and "Scale 'sc'" in w for w in model.warnings)
+    x = g.standard_normal((2, 2, 3, 3)).astype(F)
+    y = np.einsum("oc,nchw->nohw", conv[0].reshape(3, 2), x) + conv[1].reshape(1, 3, 1, 1)
+    y = (y - (mean / 2).reshape(1, 3, 1, 1)) / np.sqrt((var / 2).reshape(1, 3, 1, 1) + 1e-5)
+    y = y * gamma.reshape(1, 3, 1, 1) + (beta.reshape(1, 3, 1, 1) if bias == "true" else 0)
+    check_everywhere(model, {"x": x}, {"c": y.astype(F)}, tmp_path, atol=1e-5, rtol=1e-5)
+    # a BatchNorm with 5 blobs whose Scale has weights of its own is no merged one: the usual error
+    write_caffemodel(parse_prototxt_text(text), {"c": [BlobData(a) for a in conv],
+                                                 "bn": [BlobData(a) for a in [mean, var, factor] + scale],
+                                                 "sc": [BlobData(a) for a in scale]}, str(tmp_path / "both.caffemodel"))
+    with pytest.raises(CaffeqError, match="layer 'bn' .*the weights file has [45] blob"):
+        load(str(tmp_path / "net.prototxt"), str(tmp_path / "both.caffemodel"))
