@@ -191,3 +191,15 @@ def test_intel_caffemodels_batch_norm_holding_its_scale(bias, tmp_path):
                                                  "sc": [BlobData(a) for a in scale]}, str(tmp_path / "both.caffemodel"))
     with pytest.raises(CaffeqError, match="layer 'bn' .*the weights file has [45] blob"):
         load(str(tmp_path / "net.prototxt"), str(tmp_path / "both.caffemodel"))
+
+
+def test_a_dynamic_input_dimension_is_left_to_input_shape():
+    # CenterFace converted from ONNX: Input shape [1, 3, -1, -1] (Caffe refuses -1; OpenCV reads the file)
+    text = ('layer { name: "input.1" type: "Input" top: "input.1" input_param { shape { dim: 1 dim: 3 dim: -1 dim: -1 } } }\n'
+            'layer { name: "c" type: "Convolution" bottom: "input.1" top: "o" convolution_param { num_output: 2 '
+            'kernel_size: 3 stride: 2 } }')
+    with pytest.raises(CaffeqError, match=r"dynamic shape \[1, 3, -1, -1\].*--input-shape input.1="):
+        load_from_text(text)
+    assert load_from_text(text, input_shapes={"input.1": (1, 3, 9, 7)}).blob_shapes["o"] == (1, 2, 4, 3)
+    with pytest.raises(LayerError, match="negative dimension"):
+        load_from_text(text.replace("dim: -1 dim: -1", "dim: -2 dim: 5"))

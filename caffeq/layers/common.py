@@ -18,9 +18,24 @@ def input_param_shapes(lp):
     if len(shapes) == 1:
         shapes = shapes * len(lp.top)
     for s in shapes:
-        if any(d < 0 for d in s):
+        if any(d < -1 for d in s):
             raise LayerError(f"input_param.shape has a negative dimension {list(s)}")
     return shapes
+
+
+def given_or_fixed(attrs, shapes, given):
+    """Each top's shape: --input-shape's, else the file's; a -1 (any size, as ONNX-to-Caffe converters write
+    a dynamic axis; Caffe itself refuses it) leaves the shape to --input-shape."""
+    out = []
+    for i, s in enumerate(shapes):
+        if given.get(i) is not None:
+            out.append(tuple(given[i]))
+        elif -1 in s:
+            raise needs_input_shape(attrs, attrs["tops"][i], f"the file gives it a dynamic shape {list(s)} (-1: any "
+                                    f"size)", "from the net alone")
+        else:
+            out.append(s)
+    return out
 
 
 @register_layer("Input")
@@ -32,11 +47,11 @@ class Input(Layer):
             # a shapeless input (an `input:` header without dims, as OpenCV's GOTURN file has, or an Input
             # layer without input_param, which Caffe's InputLayer accepts): the user gives its shape
             return {"shapes": None, "tops": list(lp.top)}
-        return {"shapes": input_param_shapes(lp)}
+        return {"shapes": input_param_shapes(lp), "tops": list(lp.top)}
 
     def top_shapes(self, attrs, given):
         if attrs["shapes"] is not None:
-            return [tuple(given.get(i) or s) for i, s in enumerate(attrs["shapes"])]
+            return given_or_fixed(attrs, attrs["shapes"], given)
         missing = next(t for i, t in enumerate(attrs["tops"]) if i not in given)
         raise needs_input_shape(attrs, missing, "the file gives the input no shape", "from the net alone")
 

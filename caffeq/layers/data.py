@@ -15,7 +15,7 @@ from ..data.images import first_image_shape, min_grown_size, scaled_shorter_size
 from ..data.transform import load_mean_file
 from ..errors import DataError
 from ..fs import resolve_source
-from .common import input_param_shapes
+from .common import given_or_fixed, input_param_shapes
 from .registry import Layer, LayerError, need_blobs, needs_input_shape, positive_field, register_layer
 
 
@@ -169,13 +169,13 @@ class Data(DataLayer):
         """A "Data" layer that gives an input_param and no data_param (dgschwend/zynqnet's nets, written
         for its own tools): the shapes of an Input layer, as OpenCV's importer reads a Data layer."""
         shapes = input_param_shapes(lp)
-        return {"input_shapes": shapes, "num_tops": len(lp.top), "transform": transform_attrs(lp),
+        return {"input_shapes": shapes, "num_tops": len(lp.top), "tops": list(lp.top), "transform": transform_attrs(lp),
                 "reading_notes": [f"typed Data but with input_param and no data_param: read as an Input layer of "
                                   f"shape {' and '.join(str(list(x)) for x in shapes)}"]}
 
     def top_shapes(self, attrs, given):
         if attrs.get("input_shapes"):
-            return [tuple(given.get(i) or s) for i, s in enumerate(attrs["input_shapes"])]
+            return given_or_fixed(attrs, attrs["input_shapes"], given)
         shapes = self._clip_top_shapes(attrs, given)
         if attrs.get("mirror_crop") and len(shapes) > 1 and 1 not in given:   # JAANet's data_layer.cpp
             shapes[1] = (shapes[0][0], 4, 1, 1)
