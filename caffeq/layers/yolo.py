@@ -396,8 +396,9 @@ def yolo_detection_rows(parts: list[list[torch.Tensor]], num_images: int, nms_th
 
     k = score.numel()
     candidates = torch.arange(k, device=dev)
-    self_iou = torch.where((right < left) | (bottom < top), torch.zeros_like(area),
-                           (right - left) * (bottom - top)) / (area + area - (right - left) * (bottom - top))
+    iw, ih = right - left, bottom - top   # each box with itself, as iou_after computes a pair
+    inter = torch.where((iw < 0) | (ih < 0), torch.zeros_like(iw), iw * ih)
+    self_iou = inter / (area + area - inter)
     if bool((self_iou >= nms_threshold).all()):
         first = torch.full((int(same_box.max()) + 1,), k, device=dev)
         first = first.scatter_reduce(0, same_box, candidates, "amin")
