@@ -31,8 +31,9 @@ def _weights_layer_name(node, weights):
 def _split_merged_scales(graph, weights, wsrc, notes):
     """intel/caffe's MKL engines merge the Scale after a BatchNorm into it when the net loads, and the
     caffemodel it saves holds that: BatchNorm blobs [mean, variance, factor, gamma(, beta)] and a Scale
-    layer without blobs (or none).  Read against the prototxt (BatchNorm, then Scale), gamma and beta go back to the Scale, which
-    then computes what the merged layer did.  Returns the weights to attach (the dict itself if untouched)."""
+    layer without blobs (or none).  Read against the prototxt (BatchNorm, then Scale), gamma and beta go
+    back to the Scale, which then computes what the merged layer did.  Returns the weights to attach
+    (the mapping itself if untouched)."""
     readers = {}
     for node in graph.nodes:
         for t in node.inputs[:1]:
