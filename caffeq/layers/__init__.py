@@ -35,6 +35,7 @@ from . import (  # noqa: F401,E402
     data,
     deep_driving,
     deep_hand_model,
+    deep_retrieval,
     deep_text_spotter,
     deeplab_forks,
     deepsaldet,

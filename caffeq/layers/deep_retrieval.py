@@ -1,0 +1,89 @@
+"""Gordo et al.'s Deep Image Retrieval (DIR, R-MAC) Python layers, module custom_layers (deep-retrieval's
+deploy_resnet101*.prototxt and the projects that copy its custom_layers.py):
+
+- NormalizeLayer: x / (1e-8 + sqrt(sum over axis 1 of x^2)), each sample's L2 normalization with its eps
+  added after the root (numpy float32).
+- AggregateLayer: the sum of the region descriptors over axis 0, one (1, ...) row; the copies that give
+  param_str num_rois (and batch_size) sum each image's num_rois consecutive rows instead.
+"""
+from .norm import onnx_reduce
+from .rcnn import parse_param_str
+from .registry import Layer, LayerError, count, need_blobs, register_layer
+
+DIR_EPS = 1e-8
+
+# ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
+
+
+def dir_normalize(x, eps: float):
+    """x over eps + the L2 norm of each sample's axis 1."""
+    return x / ((x * x).sum(1, keepdim=True).sqrt() + eps)
+
+
+def dir_aggregate(x, images: int):
+    """The sum of each image's rows (x holds `images` equal runs of rows along axis 0)."""
+    return x.reshape((images, -1) + tuple(x.shape[1:])).sum(1)
+
+
+@register_layer("Python:custom_layers.NormalizeLayer")
+class DIRNormalize(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "custom_layers.NormalizeLayer", 1, 1)
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        if len(in_shapes[0]) < 2:
+            raise LayerError(f"NormalizeLayer normalizes axis 1 of an (N, C, ...) bottom, got {list(in_shapes[0])}")
+        return [tuple(in_shapes[0])]
+
+    def forward(self, attrs, params, x):
+        return dir_normalize(x, DIR_EPS)
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        norm = ctx.op("Sqrt", [onnx_reduce(ctx, "ReduceSumSquare", x, [1], True)], "norm")
+        ctx.add_node("Div", [x, ctx.op("Add", [norm, ctx.f32(DIR_EPS)], "norm_eps")], [node.outputs[0]],
+                     name=node.name)
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(dir_normalize)}({emit.inputs[0]}, {DIR_EPS!r})"
+
+
+@register_layer("Python:custom_layers.AggregateLayer")
+class DIRAggregate(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "custom_layers.AggregateLayer", 1, 1)
+        params = parse_param_str(lp.python_param.param_str)
+        rois = params.get("num_rois")
+        batch = params.get("batch_size")
+        for key, value in (("num_rois", rois), ("batch_size", batch)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise LayerError(f"python_param.param_str: {key} must be a positive integer, got {value!r}")
+        return {"num_rois": rois, "batch_size": batch}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        rois = attrs["num_rois"]
+        if not s or (rois is not None and s[0] % rois):
+            raise LayerError(f"AggregateLayer sums num_rois {rois} rows per image; the bottom {list(s)} does not "
+                             "hold a whole number of images")
+        images = 1 if rois is None else s[0] // rois
+        if attrs["batch_size"] is not None and rois is not None and attrs["batch_size"] != images:
+            raise LayerError(f"AggregateLayer: batch_size {attrs['batch_size']} x num_rois {rois} != the "
+                             f"{s[0]} regions of the bottom (the module's assert)")
+        if count(s) == 0:
+            raise LayerError(f"AggregateLayer's bottom {list(s)} is empty")
+        attrs["images"] = images
+        return [(images,) + s[1:]]
+
+    def forward(self, attrs, params, x):
+        return dir_aggregate(x, attrs["images"])
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        shape = list(ctx.shape(x))
+        runs = ctx.op("Reshape", [x, ctx.i64([node.attrs["images"], -1] + shape[1:])], "runs")
+        onnx_reduce(ctx, "ReduceSum", runs, [1], False, out=node.outputs[0])
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(dir_aggregate)}({emit.inputs[0]}, {node.attrs['images']})"
