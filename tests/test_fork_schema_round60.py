@@ -203,3 +203,17 @@ def test_a_dynamic_input_dimension_is_left_to_input_shape():
     assert load_from_text(text, input_shapes={"input.1": (1, 3, 9, 7)}).blob_shapes["o"] == (1, 2, 4, 3)
     with pytest.raises(LayerError, match="negative dimension"):
         load_from_text(text.replace("dim: -1 dim: -1", "dim: -2 dim: 5"))
+
+
+def test_intel_int8_calibration_fields_are_read_and_the_float_model_runs():
+    # intel/caffe's int8 nets (calibrator.py's output): scales its MKL-DNN engine applies; its CAFFE engine ignores them
+    text = net('layer { name: "c" type: "Convolution" bottom: "x" top: "o" convolution_param { num_output: 2 '
+               'kernel_size: 1 } quantization_param { precision: DYNAMIC_FIXED_POINT bw_layer_in: 8 bw_layer_out: 8 '
+               'bw_params: 8 scale_in: 64.5 scale_out: 30.1 scale_params: 120.0 scale_params: 99.5 '
+               'is_negative_input: true } }', inputs={"x": (1, 3, 2, 2)})
+    model = load_from_text(text)
+    assert any("int8 calibration" in w and "float model" in w for w in model.warnings)
+    assert model.blob_shapes["o"] == (1, 2, 2, 2)
+    with pytest.raises(LayerError, match="per_fla_fuse .* not supported"):
+        load_from_text(net('layer { name: "c" type: "Concat" bottom: "x" bottom: "x" top: "o" '
+                           'concat_param { axis: 1 per_fla_fuse: true } }', inputs={"x": (1, 3, 2, 2)}))

@@ -389,6 +389,11 @@ _FORK_FIELD_GROUPS = [
     # which implementation runs the layer (Cambricon's enum engine holds the name here), never its numbers
     ("LayerParameter.Engine", _ANY_PHASE, "Intel Caffe's choice of implementation (MKL2017, MKLDNN); the same "
      "numbers", "engine"),
+    # intel/caffe 44d5363 QuantizationParameter 20-24 (scripts/calibrator.py writes them): the int8 scales its
+    # MKL-DNN convolutions and inner products apply at TEST; its CAFFE engine, like caffeq, computes the float model
+    ("QuantizationParameter", _ANY_PHASE, "Intel Caffe's int8 calibration (applied by its MKL-DNN engine only); "
+     "caffeq computes the float model, as Intel Caffe's CAFFE engine does", "scale_in", "scale_out", "scale_params",
+     "is_negative_input", "force_u8_input"),
     # jkokkin/UberNet b33344d caffe-fast-rcnn: LayerParameter 201-204 (201/202 are SSD's Permute numbers);
     # net.cpp frees a layer's bottoms after its forward when deletebottom is set, nothing reads the others
     ("LayerParameter", _ANY_PHASE, "UberNet's memory saving (blobs freed after use); the same numbers without it",

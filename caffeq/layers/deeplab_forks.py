@@ -3,8 +3,9 @@ Kinpzz/deeplab-v2 d90d609 carries it) and that fork's VisualSaliency writer.
 
 SpatialProduct multiplies every channel of an N x C x H x W blob by an N x 1 x H x W map
 (spatial_product_layer.cpp: caffe_mul per channel), the attention weight of one scale's scores.
-VisualSaliency saves a saliency map as images every few TEST iterations and has no tops: nothing
-to compute at inference.
+VisualSaliency saves a saliency map as images every few TEST iterations and BinaryPngWrite its bottoms as
+binary PNG masks (binary_png_write_layer.cpp, one file per list name); neither has tops: nothing to compute
+at inference.
 """
 from .common import Sink
 from .registry import Layer, LayerError, four_axes, register_layer
@@ -40,6 +41,6 @@ class SpatialProduct(Layer):
         return f"{emit.helper(spatial_product)}({emit.inputs[0]}, {emit.inputs[1]})"
 
 
-@register_layer("VisualSaliency")
+@register_layer("VisualSaliency", "BinaryPngWrite")
 class VisualSaliency(Sink):
     bottoms, tops = 1, 0

@@ -124,6 +124,10 @@ class Concat(Layer):
         attrs = _axis_attrs(lp.concat_param, "concat_dim", "concat")
         if not lp.bottom:
             raise LayerError("Concat needs at least one bottom")
+        if lp.concat_param.per_fla_fuse:
+            raise LayerError("concat_param.per_fla_fuse (Intel Caffe's MKL-DNN concat of each bottom flattened in its "
+                             "private memory layout, in place of SSD's Permute and Flatten) is not supported: write the "
+                             "Permute / Flatten layers")
         return attrs
 
     def infer(self, attrs, in_shapes):
