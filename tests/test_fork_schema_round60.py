@@ -217,3 +217,15 @@ def test_intel_int8_calibration_fields_are_read_and_the_float_model_runs():
     with pytest.raises(LayerError, match="per_fla_fuse .* not supported"):
         load_from_text(net('layer { name: "c" type: "Concat" bottom: "x" bottom: "x" top: "o" '
                            'concat_param { axis: 1 per_fla_fuse: true } }', inputs={"x": (1, 3, 2, 2)}))
+
+
+def test_yuqj1991_annotation_sampling_fields_are_read_for_training():
+    text = ('layer { name: "data" type: "AnnotatedData" top: "data" top: "label" include { phase: TRAIN } '
+            'transform_param { resize_param { height: 32 width: 32 resize_mode: WARP } } '
+            'annotated_data_param { yoloformat: false crop_type: CROP_JITTER has_landmarks: false '
+            'data_anchor_sampler { scale: 16 scale: 32 sample_constraint { min_object_coverage: 0.75 } max_sample: 1 } '
+            'bbox_sampler { max_sample: 1 } } data_param { source: "lmdb" batch_size: 2 } }\n'
+            'layer { name: "c" type: "Convolution" bottom: "data" top: "o" convolution_param { num_output: 2 kernel_size: 1 } }')
+    model = load_from_text(text, phase="TRAIN")
+    assert model.blob_shapes["o"] == (2, 2, 32, 32)
+    assert any("yuqj1991/caffe_train's annotation reading and sampling" in w for w in model.warnings)

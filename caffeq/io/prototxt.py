@@ -389,6 +389,10 @@ _FORK_FIELD_GROUPS = [
     # which implementation runs the layer (Cambricon's enum engine holds the name here), never its numbers
     ("LayerParameter.Engine", _ANY_PHASE, "Intel Caffe's choice of implementation (MKL2017, MKLDNN); the same "
      "numbers", "engine"),
+    # yuqj1991/caffe_train (its AnnotatedDataParameter): how its data layer reads and samples annotations for
+    # training (YOLO-format boxes, crop policy, landmarks, anchor-based sampling); the tops' shapes are SSD's
+    ("AnnotatedDataParameter", _ANY_PHASE, "yuqj1991/caffe_train's annotation reading and sampling for training",
+     "yoloformat", "crop_type", "has_landmarks", "data_anchor_sampler", "bbox_sampler", "up_prob", "low_prob"),
     # intel/caffe 44d5363 QuantizationParameter 20-24 (scripts/calibrator.py writes them): the int8 scales its
     # MKL-DNN convolutions and inner products apply at TEST; its CAFFE engine, like caffeq, computes the float model
     ("QuantizationParameter", _ANY_PHASE, "Intel Caffe's int8 calibration (applied by its MKL-DNN engine only); "
