@@ -360,7 +360,7 @@ _FORK_FIELD_GROUPS = [
     # intel/caffe models/intel_optimized_models/int8 (its QuantizationParameter): the calibrated scales
     # of its int8 inference mode; its FP32 mode, the reference, runs the same layers without them
     ("QuantizationParameter", _ANY_PHASE, "Intel Caffe's int8 calibration scales (its int8 mode); caffeq "
-     "computes the float32 net", "scale_in", "scale_out", "scale_params"),
+     "computes the float32 net", "scale_in", "scale_out", "scale_params", "is_negative_input", "force_u8_input"),
     # tidsp/caffe-jacinto's NetParameter.quantize: its own quantized inference, of the same float net
     ("NetParameter", _ANY_PHASE, "TI caffe-jacinto's switch to its quantized inference; caffeq computes the "
      "float32 net", "quantize"),
@@ -393,11 +393,6 @@ _FORK_FIELD_GROUPS = [
     # training (YOLO-format boxes, crop policy, landmarks, anchor-based sampling); the tops' shapes are SSD's
     ("AnnotatedDataParameter", _ANY_PHASE, "yuqj1991/caffe_train's annotation reading and sampling for training",
      "yoloformat", "crop_type", "has_landmarks", "data_anchor_sampler", "bbox_sampler", "up_prob", "low_prob"),
-    # intel/caffe 44d5363 QuantizationParameter 20-24 (scripts/calibrator.py writes them): the int8 scales its
-    # MKL-DNN convolutions and inner products apply at TEST; its CAFFE engine, like caffeq, computes the float model
-    ("QuantizationParameter", _ANY_PHASE, "Intel Caffe's int8 calibration (applied by its MKL-DNN engine only); "
-     "caffeq computes the float model, as Intel Caffe's CAFFE engine does", "scale_in", "scale_out", "scale_params",
-     "is_negative_input", "force_u8_input"),
     # jkokkin/UberNet b33344d caffe-fast-rcnn: LayerParameter 201-204 (201/202 are SSD's Permute numbers);
     # net.cpp frees a layer's bottoms after its forward when deletebottom is set, nothing reads the others
     ("LayerParameter", _ANY_PHASE, "UberNet's memory saving (blobs freed after use); the same numbers without it",
