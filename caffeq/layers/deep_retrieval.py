@@ -2,22 +2,16 @@
 deploy_resnet101*.prototxt and the projects that copy its custom_layers.py):
 
 - NormalizeLayer: x / (1e-8 + sqrt(sum over axis 1 of x^2)), each sample's L2 normalization with its eps
-  added after the root (numpy float32).
+  added after the root (numpy float32), for bottoms of at most 4 axes.
 - AggregateLayer: the sum of the region descriptors over axis 0, one (1, ...) row; the copies that give
   param_str num_rois (and batch_size) sum each image's num_rois consecutive rows instead.
 """
+from .face_norms import _L2Norm, channel_l2_normalize
 from .norm import onnx_reduce
 from .rcnn import parse_param_str
 from .registry import Layer, LayerError, count, need_blobs, register_layer
 
-DIR_EPS = 1e-8
-
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
-
-
-def dir_normalize(x, eps: float):
-    """x over eps + the L2 norm of each sample's axis 1."""
-    return x / ((x * x).sum(1, keepdim=True).sqrt() + eps)
 
 
 def dir_aggregate(x, images: int):
@@ -26,27 +20,13 @@ def dir_aggregate(x, images: int):
 
 
 @register_layer("Python:custom_layers.NormalizeLayer")
-class DIRNormalize(Layer):
-    def parse(self, lp):
-        need_blobs(lp, "custom_layers.NormalizeLayer", 1, 1)
-        return {}
+class DIRNormalize(_L2Norm):
+    """xiaolonw's Norm (face_norms.py) with the module's eps 1e-8, the top shaped as the bottom."""
 
-    def infer(self, attrs, in_shapes):
-        if len(in_shapes[0]) < 2:
-            raise LayerError(f"NormalizeLayer normalizes axis 1 of an (N, C, ...) bottom, got {list(in_shapes[0])}")
-        return [tuple(in_shapes[0])]
-
-    def forward(self, attrs, params, x):
-        return dir_normalize(x, DIR_EPS)
-
-    def onnx(self, ctx, node):
-        x = node.inputs[0]
-        norm = ctx.op("Sqrt", [onnx_reduce(ctx, "ReduceSumSquare", x, [1], True)], "norm")
-        ctx.add_node("Div", [x, ctx.op("Add", [norm, ctx.f32(DIR_EPS)], "norm_eps")], [node.outputs[0]],
-                     name=node.name)
-
-    def pytorch_source(self, node, emit):
-        return f"{emit.helper(dir_normalize)}({emit.inputs[0]}, {DIR_EPS!r})"
+    fn = staticmethod(channel_l2_normalize)
+    eps = 1e-8
+    axes = [1]
+    top_as_bottom = True
 
 
 @register_layer("Python:custom_layers.AggregateLayer")

@@ -74,6 +74,7 @@ class _L2Norm(Layer):
     axes = None   # the axes summed over, of the 4-axis blob
     eps_under_root = False
     keep_shape = False   # the top is shaped like the bottom (ReshapeLike), not made 4-axis
+    top_as_bottom = False   # computed on the 4-axis blob, the top given back the bottom's shape (a 2-D feature)
 
     bottoms = tops = 1
 
@@ -85,16 +86,19 @@ class _L2Norm(Layer):
         if self.keep_shape and not shape:
             raise LayerError(f"{self.types[0]} needs a bottom with an item axis, got a scalar")
         attrs["_legacy"] = list(shape)
-        return [shape]
+        return [tuple(in_shapes[0])] if self.top_as_bottom else [shape]
 
     def macs(self, attrs, in_shapes, out_shapes):
         return count(in_shapes[0])
 
     def forward(self, attrs, params, x):
-        return self.fn(x, attrs["_legacy"], attrs["eps"])
+        y = self.fn(x, attrs["_legacy"], attrs["eps"])
+        return y.reshape(x.shape) if self.top_as_bottom else y
 
     def pytorch_source(self, node, emit):
-        return f"{emit.helper(self.fn)}({emit.inputs[0]}, {node.attrs['_legacy']}, {emit.lit(node.attrs['eps'])})"
+        x = emit.inputs[0]
+        call = f"{emit.helper(self.fn)}({x}, {node.attrs['_legacy']}, {emit.lit(node.attrs['eps'])})"
+        return f"{call}.reshape({x}.shape)" if self.top_as_bottom else call
 
     def onnx(self, ctx, node):
         name = node.name
@@ -108,7 +112,10 @@ class _L2Norm(Layer):
             inv = ctx.op("Reciprocal", [ctx.op("Sqrt", [ctx.op("Add", [squares, eps], "sse")], "root")], "inv")
             ctx.add_node("Mul", [x, inv], [node.outputs[0]])
         else:                     # xiaolonw: x / (sqrt(sum) + eps)
-            ctx.add_node("Div", [x, ctx.op("Add", [ctx.op("Sqrt", [squares], "root"), eps], "norm")], [node.outputs[0]])
+            out = ctx.tmp(name + "_4d_out") if self.top_as_bottom else node.outputs[0]
+            ctx.add_node("Div", [x, ctx.op("Add", [ctx.op("Sqrt", [squares], "root"), eps], "norm")], [out])
+            if self.top_as_bottom:
+                ctx.add_node("Reshape", [out, ctx.i64(list(ctx.shape(node.inputs[0])))], [node.outputs[0]])
 
 
 @register_layer("Norm")
