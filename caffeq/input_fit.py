@@ -23,7 +23,7 @@ def declared_image_input(net):
         shapes = list(lp.input_param.shape)
         for i, top in enumerate(lp.top):
             shape = shapes[i] if i < len(shapes) else (shapes[0] if len(shapes) == 1 else None)
-            if shape is not None and len(shape.dim) == 4:
+            if shape is not None and len(shape.dim) == 4 and min(shape.dim) >= 0:   # -1: left to --input-shape
                 found.append((top, tuple(int(d) for d in shape.dim)))
     return found[0] if len(found) == 1 else None
 

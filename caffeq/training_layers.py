@@ -58,7 +58,8 @@ def drop_training_only(layers, source="", notes=None):
     made = {top for lp in layers for top in lp.top}
     # (a blob that other layers read too is the net's input, not a label: an autoencoder's data, made at
     # another phase or stage, which the missing-bottom error then names)
-    read_elsewhere = {b for lp in layers if spec_for(lp) is None or not spec_for(lp).is_training_only for b in lp.bottom}
+    read_elsewhere = {b for lp in layers if id(lp) not in gone
+                      and (spec_for(lp) is None or not spec_for(lp).is_training_only) for b in lp.bottom}
     unlabelled = [lp for lp in layers if id(lp) not in gone and spec_for(lp) is not None
                   and spec_for(lp).is_training_only and lp.bottom[:1] and lp.bottom[0] in made
                   and any(b not in made for b in lp.bottom[1:])

@@ -201,6 +201,12 @@ def test_a_dynamic_input_dimension_is_left_to_input_shape():
     with pytest.raises(CaffeqError, match=r"dynamic shape \[1, 3, -1, -1\].*--input-shape input.1="):
         load_from_text(text)
     assert load_from_text(text, input_shapes={"input.1": (1, 3, 9, 7)}).blob_shapes["o"] == (1, 2, 4, 3)
+    # a dynamic batch alone reads as one item, or --batch's
+    batch_only = text.replace("dim: 1 dim: 3 dim: -1 dim: -1", "dim: -1 dim: 3 dim: 9 dim: 7")
+    model = load_from_text(batch_only)
+    assert model.blob_shapes["o"] == (1, 2, 4, 3)
+    assert any("dynamic batch (-1): read as 1" in w for w in model.warnings)
+    assert load_from_text(batch_only, batch=4).blob_shapes["o"] == (4, 2, 4, 3)
     with pytest.raises(LayerError, match="negative dimension"):
         load_from_text(text.replace("dim: -1 dim: -1", "dim: -2 dim: 5"))
 

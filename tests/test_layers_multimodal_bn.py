@@ -41,8 +41,12 @@ def test_domain_normalizations_weighted_per_sample(tmp_path):
     check_everywhere(model, {"x": x, "w1": w1, "w2": w2}, {"o": want.astype(F)}, tmp_path, atol=1e-5, rtol=1e-5)
 
 
-def test_training_statistics_are_refused():
+def test_training_statistics_are_refused(tmp_path):
     model = load_from_text(net(TEXT.format(extra="multimodal_batch_norm_param { use_global_stats: false }"),
                                inputs={"x": (2, 3), "w1": (2, 1), "w2": (2, 1)}), random_weights=True)
     with pytest.raises(CaffeqError, match="training statistics .* not implemented"):
         model.run({"x": np.ones((2, 3), F), "w1": np.ones((2, 1), F), "w2": np.ones((2, 1), F)})
+    # the exports refuse it too: they would compute with the stored statistics, which Caffe does not use
+    with pytest.raises(CaffeqError, match="training statistics .* not implemented"):
+        model.export_onnx(str(tmp_path / "m.onnx"))
+    assert not (tmp_path / "m.onnx").exists()

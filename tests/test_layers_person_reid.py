@@ -3,7 +3,7 @@ written here as the fork writes it (the fourth stripe with the other stripes' pl
 onnxruntime and model.py; and its rectangular crop_size_h / crop_size_w."""
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import check_everywhere, net, onnx_outputs, rng
 
 from caffeq.errors import DataError
 from caffeq.layers import LayerError
@@ -64,3 +64,16 @@ def test_rectangular_crop_sizes_the_data_and_eval_refuses_it(tmp_path):
     from caffeq.evaluate import evaluate
     with pytest.raises(DataError, match="crop_size_h / crop_size_w .* not applied by eval"):
         evaluate(str(path))
+
+
+def test_person_stripes_unwritten_tail_stays_zero_beside_an_infinite_input(tmp_path):
+    # the ONNX export picks the tail's values from the input's first element and keeps 0 where the fork writes
+    # nothing: an inf there must not turn those zeros into NaN (inf * 0)
+    shape = (2, 2, 7, 3)
+    model = load_from_text(net('layer { name: "p" type: "PS" bottom: "x" top: "a" top: "b" top: "c" top: "d" }',
+                               inputs={"x": shape}))
+    x = rng(6).standard_normal(shape).astype(F)
+    x[0, 0, 0, 0] = np.inf
+    want = stripes_ref(x)[3]
+    np.testing.assert_array_equal(model.run({"x": x})["d"], want)
+    np.testing.assert_array_equal(onnx_outputs(model, {"x": x}, tmp_path)["d"], want)

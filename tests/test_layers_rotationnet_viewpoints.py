@@ -3,7 +3,7 @@ rotationnet.py, viewpoints.py) against loops written here from the forks' forwar
 model.py, read from V1 files as the forks' nets are written."""
 import numpy as np
 import pytest
-from conftest import check_everywhere, rng
+from conftest import check_everywhere, onnx_outputs, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.layers import LayerError
@@ -50,5 +50,9 @@ def test_mask_outputs_keeps_each_samples_class_block(tmp_path):
     want = np.stack([s[i, int(label[i, 0, 0, 0]) * k:(int(label[i, 0, 0, 0]) + 1) * k] for i in range(n)])
     assert model.blob_shapes["o"] == (n, k, 1, 1)
     check_everywhere(model, {"s": s, "label": label}, {"o": want}, tmp_path)
-    with pytest.raises(CaffeqError, match="a label outside the 5 blocks of 3 channels"):
-        model.run({"s": s, "label": np.array([0, 5, 1, 1], F).reshape(n, 1, 1, 1)})
+    for bad in (5, -1):
+        labels = np.array([0, bad, 1, 1], F).reshape(n, 1, 1, 1)
+        with pytest.raises(CaffeqError, match="a label outside the 5 blocks of 3 channels"):
+            model.run({"s": s, "label": labels})
+        with pytest.raises(Exception, match="GatherElements|out of bounds|index"):   # not ONNX's count from the end
+            onnx_outputs(model, {"s": s, "label": labels}, tmp_path / f"bad{bad}")

@@ -639,3 +639,13 @@ def test_a_loss_reading_the_nets_own_input_is_not_a_kept_scorer():
     model = load_from_text(AUTOENCODER, stages=("test-on-train",), input_shapes={"data": (2, 6)})
     assert model.blob_shapes["out"] == (2, 6)
     assert [n.name for n in model.graph.nodes][-1] == "loss"
+
+
+def test_a_deploy_file_that_kept_its_fork_loss_and_accuracy_without_the_label():
+    # both scorers read 'label', which the deploy file does not make: dropped, the net whole without them
+    text = ('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }\n'
+            'layer { name: "fc" type: "InnerProduct" bottom: "x" top: "fc" inner_product_param { num_output: 4 } }\n'
+            'layer { name: "loss" type: "ForkMarginLoss" bottom: "fc" bottom: "label" top: "loss" }\n'
+            'layer { name: "acc" type: "Accuracy" bottom: "fc" bottom: "label" top: "acc" }')
+    model = load_from_text(text)
+    assert model.outputs == ["fc"]

@@ -47,7 +47,13 @@ class Input(Layer):
             # a shapeless input (an `input:` header without dims, as OpenCV's GOTURN file has, or an Input
             # layer without input_param, which Caffe's InputLayer accepts): the user gives its shape
             return {"shapes": None, "tops": list(lp.top)}
-        return {"shapes": input_param_shapes(lp), "tops": list(lp.top)}
+        shapes = input_param_shapes(lp)
+        attrs = {"shapes": [(1,) + s[1:] if s and s[0] == -1 else s for s in shapes], "tops": list(lp.top)}
+        dynamic = [t for t, s in zip(lp.top, shapes) if s and s[0] == -1]
+        if dynamic:   # an ONNX converter's dynamic batch: one item, unless --batch says otherwise
+            attrs["reading_notes"] = [f"input {', '.join(repr(t) for t in dynamic)} declares a dynamic batch (-1): "
+                                      f"read as 1 (--batch or --input-shape sets it)"]
+        return attrs
 
     def top_shapes(self, attrs, given):
         if attrs["shapes"] is not None:

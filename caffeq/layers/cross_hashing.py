@@ -43,7 +43,7 @@ class BinaryMask(Layer):
 
     def infer(self, attrs, in_shapes):
         s = legacy_nchw(in_shapes[0], "Binary")
-        if math.prod(s[1:]) == 0:
+        if math.prod(s) == 0:
             raise LayerError(f"Binary's samples are empty ({list(in_shapes[0])})")
         return [tuple(in_shapes[0])]
 

@@ -298,7 +298,7 @@ class ImageData(DataLayer):
     def data_shape(self, attrs):
         c = 3 if attrs["is_color"] else 1
         n = max(1, attrs["batch_size"])
-        crop = attrs["transform"]["crop_size"]
+        crop = attrs["transform"]["crop_size"] or bool(attrs["transform"].get("crop_hw"))
         sides = attrs.get("smaller_side", ())
         scaled = len(sides) in (1, 2) and not crop   # cvjena's: scaled after the read, each image's own size
         if scaled and len(sides) == 2:
@@ -308,7 +308,7 @@ class ImageData(DataLayer):
                                     "rate_width) keeps each image's own size unless it shuffles")
         if attrs["new_height"] and attrs["new_width"] and not (attrs.get("own_size_unshuffled") and not attrs["shuffle"]):
             h, w = attrs["new_height"], attrs["new_width"]
-        elif crop or attrs["transform"].get("crop_hw"):
+        elif crop:
             return (n, c) + (attrs["transform"].get("crop_hw") or (crop, crop))
         else:
             source = resolve_source(attrs["source"], attrs.get("base_dir"))

@@ -28,6 +28,11 @@ class DIRNormalize(_L2Norm):
     axes = [1]
     top_as_bottom = True
 
+    def infer(self, attrs, in_shapes):
+        if len(in_shapes[0]) < 2:   # the module sums axis 1
+            raise LayerError(f"NormalizeLayer normalizes axis 1 of an (N, C, ...) bottom, got {list(in_shapes[0])}")
+        return super().infer(attrs, in_shapes)
+
 
 @register_layer("Python:custom_layers.AggregateLayer")
 class DIRAggregate(Layer):

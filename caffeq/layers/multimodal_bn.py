@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..errors import ExportError
 from .registry import Layer, LayerError, count, need_blobs, register_layer
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
@@ -24,14 +25,16 @@ def weighted_domain_norm(x, w, mean, variance, eps: float):
 
 
 class WeightedDomainNorm(nn.Module):
-    def __init__(self, channels: int, eps: float):
+    def __init__(self, channels: int, eps: float, use_global_stats=None):
         super().__init__()
-        self.eps = eps
+        self.eps, self.use_global_stats = eps, use_global_stats
         self.register_buffer("mean", torch.zeros(channels))
         self.register_buffer("variance", torch.ones(channels))
         self.register_buffer("unused", torch.zeros(1))
 
     def forward(self, x, w):
+        if self.training and self.use_global_stats is not True:
+            raise RuntimeError("MultiModalBatchNorm's training statistics are not implemented; call .eval()")
         return weighted_domain_norm(x, w, self.mean, self.variance, self.eps)
 
 
@@ -66,14 +69,19 @@ class MultiModalBatchNorm(Layer):
         c = shapes[0][0]
         return [np.zeros(c, np.float32), np.ones(c, np.float32), np.zeros(1, np.float32)]
 
-    def forward(self, attrs, params, x, w, training=False):
+    @staticmethod
+    def refuse_batch_statistics(attrs, training, error=LayerError):
         stored = (not training) if attrs["use_global_stats"] is None else attrs["use_global_stats"]
         if not stored:
-            raise LayerError("MultiModalBatchNorm's training statistics (w-weighted batch means and variances, "
-                             "clipped after 200 iterations) are not implemented; it runs with its stored ones")
+            raise error("MultiModalBatchNorm's training statistics (w-weighted batch means and variances, "
+                        "clipped after 200 iterations) are not implemented; it runs with its stored ones")
+
+    def forward(self, attrs, params, x, w, training=False):
+        self.refuse_batch_statistics(attrs, training)
         return weighted_domain_norm(x, w, params[0], params[1], attrs["eps"])
 
     def onnx(self, ctx, node):
+        self.refuse_batch_statistics(node.attrs, False, ExportError)
         x, w = node.inputs
         shape = ctx.shape(x)
         view = [1, node.attrs["channels"]] + [1] * (len(shape) - 2)
@@ -87,7 +95,8 @@ class MultiModalBatchNorm(Layer):
         ctx.add_node("Mul", [weight, normed], [node.outputs[0]], name=node.name)
 
     def pytorch_source(self, node, emit):
-        m = emit.instance(WeightedDomainNorm, node.attrs["channels"], node.attrs["eps"],
+        self.refuse_batch_statistics(node.attrs, False, ExportError)
+        m = emit.instance(WeightedDomainNorm, node.attrs["channels"], node.attrs["eps"], node.attrs["use_global_stats"],
                           needs=(weighted_domain_norm,))
         for i, name in enumerate(self.blob_names):
             emit.param(name, i)

@@ -61,7 +61,8 @@ class PersonStripes(Layer):
                          name=f"{node.name}/stripe{i}")
         flat = ctx.op("Reshape", [x, ctx.i64([-1])], "flat")
         picked = ctx.op("Gather", [flat, ctx.i64(index.clip(min=0))], "picked", axis=0)
-        kept = ctx.op("Mul", [picked, ctx.f32((index >= 0).astype("float32"))], "kept")
+        written = ctx.const(index >= 0, node.name + "_written")   # a Where, as torch: 0 stays 0 beside inf / NaN
+        kept = ctx.op("Where", [written, picked, ctx.f32(0.0)], "kept")
         ctx.add_node("Reshape", [kept, ctx.i64([n, c, h - 3 * rows, w])], [node.outputs[3]], name=node.name)
 
     def pytorch_source(self, node, emit):

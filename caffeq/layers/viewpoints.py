@@ -55,7 +55,10 @@ class MaskOutputs(Layer):
         flat = ctx.op("Reshape", [labels, ctx.i64([-1])], "labels_flat")
         picked = ctx.op("Cast", [ctx.op("Slice", [flat, ctx.i64([0]), ctx.i64([n]), ctx.i64([0])], "labels_n")],
                         "picked", to=7)
-        index = ctx.op("Reshape", [picked, ctx.i64([n, 1] + [1] * (len(shape) - 1))], "index")
+        # ONNX counts a negative index from the end; the fork's reads fall outside: make them out of range
+        blocks = shape[1] // width
+        inside = ctx.op("Where", [ctx.op("Less", [picked, ctx.i64(0)], "negative"), ctx.i64(blocks), picked], "inside")
+        index = ctx.op("Reshape", [inside, ctx.i64([n, 1] + [1] * (len(shape) - 1))], "index")
         chosen = ctx.op("GatherElements", [grouped, ctx.op("Expand", [index, ctx.i64([n, 1, width] + shape[2:])],
                                                                   "index_full")], "chosen", axis=1)
         ctx.add_node("Reshape", [chosen, ctx.i64([n, width] + shape[2:])], [node.outputs[0]], name=node.name)
