@@ -216,9 +216,11 @@ def test_intel_int8_calibration_fields_are_read_and_the_float_model_runs():
     text = net('layer { name: "c" type: "Convolution" bottom: "x" top: "o" convolution_param { num_output: 2 '
                'kernel_size: 1 } quantization_param { precision: DYNAMIC_FIXED_POINT bw_layer_in: 8 bw_layer_out: 8 '
                'bw_params: 8 scale_in: 64.5 scale_out: 30.1 scale_params: 120.0 scale_params: 99.5 '
-               'is_negative_input: true } }', inputs={"x": (1, 3, 2, 2)})
+               'is_negative_input: true } }', inputs={"x": (1, 3, 2, 2)}).replace(
+        'kernel_size: 1 }', 'kernel_size: 1 conv_algorithm: "winograd" }')
     model = load_from_text(text)
     assert any("is_negative_input" in w and "int8 calibration scales" in w for w in model.warnings)
+    assert any("conv_algorithm" in w and "the same convolution" in w for w in model.warnings)
     assert model.blob_shapes["o"] == (1, 2, 2, 2)
     with pytest.raises(LayerError, match="per_fla_fuse .* not supported"):
         load_from_text(net('layer { name: "c" type: "Concat" bottom: "x" bottom: "x" top: "o" '

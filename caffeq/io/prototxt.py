@@ -393,6 +393,10 @@ _FORK_FIELD_GROUPS = [
     # training (YOLO-format boxes, crop policy, landmarks, anchor-based sampling); the tops' shapes are SSD's
     ("AnnotatedDataParameter", _ANY_PHASE, "yuqj1991/caffe_train's annotation reading and sampling for training",
      "yoloformat", "crop_type", "has_landmarks", "data_anchor_sampler", "bbox_sampler", "up_prob", "low_prob"),
+    # intel/caffe 44d5363 ConvolutionParameter.conv_algorithm = 21 (string, "direct"; 21 is SkimCaffe's conv_mode here):
+    # "winograd" picks MKL-DNN's Winograd kernels, the same convolution
+    ("ConvolutionParameter", _ANY_PHASE, "Intel Caffe's MKL-DNN convolution algorithm (direct or Winograd), the "
+     "same convolution", "conv_algorithm"),
     # jkokkin/UberNet b33344d caffe-fast-rcnn: LayerParameter 201-204 (201/202 are SSD's Permute numbers);
     # net.cpp frees a layer's bottoms after its forward when deletebottom is set, nothing reads the others
     ("LayerParameter", _ANY_PHASE, "UberNet's memory saving (blobs freed after use); the same numbers without it",
