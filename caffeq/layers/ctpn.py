@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ..errors import CaffeqError
-from .rcnn import TORCH_ANCHORS, parse_param_str, shifted_anchors
+from .rcnn import TORCH_ANCHORS, param_str_positive_int, parse_param_str, shifted_anchors
 from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 
 # src/anchor.py, AnchorText.basic_anchors
@@ -120,10 +120,7 @@ class CTPNProposalLayer(Layer):
             raise LayerError(f"python_param.param_str: CTPN's ProposalLayer reads only 'feat_stride', got {unknown}")
         if "feat_stride" not in p:
             raise LayerError("python_param.param_str: 'feat_stride' is required (e.g. \"'feat_stride': 16\")")
-        stride = p["feat_stride"]
-        if not isinstance(stride, int) or isinstance(stride, bool) or stride <= 0:
-            raise LayerError(f"python_param.param_str: 'feat_stride' must be a positive integer, got {stride!r}")
-        return {"feat_stride": stride, "anchors": text_anchors()}
+        return {"feat_stride": param_str_positive_int(p, "feat_stride"), "anchors": text_anchors()}
 
     def infer(self, attrs, in_shapes):
         prob, deltas, info = (tuple(s) for s in in_shapes)

@@ -8,7 +8,7 @@ deploy_resnet101*.prototxt and the projects that copy its custom_layers.py):
 """
 from .face_norms import _L2Norm, channel_l2_normalize
 from .norm import onnx_reduce
-from .rcnn import parse_param_str
+from .rcnn import param_str_positive_int, parse_param_str
 from .registry import Layer, LayerError, count, need_blobs, register_layer
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
@@ -39,11 +39,7 @@ class DIRAggregate(Layer):
     def parse(self, lp):
         need_blobs(lp, "custom_layers.AggregateLayer", 1, 1)
         params = parse_param_str(lp.python_param.param_str)
-        rois = params.get("num_rois")
-        batch = params.get("batch_size")
-        for key, value in (("num_rois", rois), ("batch_size", batch)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise LayerError(f"python_param.param_str: {key} must be a positive integer, got {value!r}")
+        rois, batch = (param_str_positive_int(params, k) if k in params else None for k in ("num_rois", "batch_size"))
         return {"num_rois": rois, "batch_size": batch}
 
     def infer(self, attrs, in_shapes):

@@ -42,7 +42,7 @@ import torch
 from ..errors import ExportError
 from .affordance import _OnnxGraph
 from .data import DataLayer
-from .rcnn import TEST_CONFIG, _numbers, _ProposalBase, _scalar_tensor, parse_param_str
+from .rcnn import TEST_CONFIG, _numbers, _ProposalBase, _scalar_tensor, param_str_positive_int, parse_param_str
 from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer, torch_sources
 
 MODULES = ("pylayer", "multitask_network_cascades.pylayer")
@@ -62,14 +62,6 @@ def _is_fork(lp):
 
 def _kind(lp):
     return f"{lp.python_param.module}.{lp.python_param.layer}"
-
-
-def _positive_int(p, key, what):
-    value = p.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise LayerError(f"python_param.param_str: '{key}' must be a positive integer ({what} reads it in "
-                         f"setup), got {value!r}")
-    return value
 
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
@@ -205,7 +197,7 @@ class MNCStageBridge(Layer):
             p["num_classes"] = 21
             notes.append("python_param.param_str sets no 'num_classes': sized for 21 classes, as the "
                          "delftrobotics-forks/MNC stage_bridge_layer.py that reads none")
-        classes = _positive_int(p, "num_classes", "MNC's StageBridgeLayer")
+        classes = param_str_positive_int(p, "num_classes", "MNC's StageBridgeLayer")
         return {"name": lp.name, "kind": _kind(lp), "train": True, "num_classes": classes, "reading_notes": notes}
 
     def infer(self, attrs, in_shapes):
@@ -327,7 +319,7 @@ class MNCData(DataLayer):
 
     def parse(self, lp):
         need_blobs(lp, "MNCDataLayer (tops data, im_info, gt_boxes[, gt_masks, mask_info])", 0, (3, 5))
-        classes = _positive_int(parse_param_str(lp.python_param.param_str), "num_classes", "MNCDataLayer")
+        classes = param_str_positive_int(parse_param_str(lp.python_param.param_str), "num_classes", "MNCDataLayer")
         return {"num_tops": len(lp.top), "tops": list(lp.top), "num_classes": classes}
 
     def top_shapes(self, attrs, given):
@@ -352,7 +344,7 @@ class MNCProposalTarget(ReadOnlyLayer):
     def parse(self, lp):
         need_blobs(lp, "MNC's ProposalTargetLayer", range(2, 7), (5, 8, 10),
                    "rpn_rois, gt_boxes, im_info[, gt_masks, mask_info[, rpn_rois_index]]")
-        classes = _positive_int(parse_param_str(lp.python_param.param_str), "num_classes", "ProposalTargetLayer")
+        classes = param_str_positive_int(parse_param_str(lp.python_param.param_str), "num_classes", "ProposalTargetLayer")
         return {"name": lp.name, "kind": _kind(lp), "num_classes": classes, "tops": len(lp.top)}
 
     def infer(self, attrs, in_shapes):

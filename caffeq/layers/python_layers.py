@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .rcnn import parse_param_str
+from .rcnn import param_str_positive_int, parse_param_str
 from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer, torch_sources
 
 
@@ -109,8 +109,7 @@ class ProposalTarget(ReadOnlyLayer):
             if not isinstance(seg_num, int) or isinstance(seg_num, bool) or seg_num < 0:
                 raise LayerError(f"python_param.param_str: 'seg_num' must be a non-negative integer, got {seg_num!r}")
         elif mask_size is not None:
-            if not isinstance(mask_size, int) or isinstance(mask_size, bool) or mask_size < 1:
-                raise LayerError(f"python_param.param_str: 'out_size' must be a positive integer, got {mask_size!r}")
+            param_str_positive_int(params, "out_size")
         elif len(lp.top) == 7:
             need_blobs(lp, "ProposalTargetLayer", 5, 7, "rpn_rois, gt_boxes, im_info, seg_mask_inds, flipped")
         elif len(lp.top) != 6:
@@ -118,9 +117,7 @@ class ProposalTarget(ReadOnlyLayer):
             need_blobs(lp, "ProposalTargetLayer", (2, 3, 4), 5, "rpn_rois, gt_boxes, then a fork's own inputs")
         elif len(lp.bottom) != 2:
             need_blobs(lp, "ProposalTargetLayer", 2, 6, "rpn_rois, gt_boxes")
-        classes = params.get("num_classes")
-        if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
-            raise LayerError(f"python_param.param_str: 'num_classes' must be a positive integer, got {classes!r}")
+        classes = param_str_positive_int(params, "num_classes")
         return {"num_classes": classes, "name": lp.name, "aux_label": len(lp.top) == 6,
                 "masks": len(lp.top) == 7 and seg_num is None and mask_size is None, "seg_num": seg_num,
                 "mask_size": mask_size,

@@ -38,7 +38,7 @@ from torch import nn
 
 from ..errors import CaffeqError, ExportError
 from .data import DataLayer
-from .rcnn import FLT_MAX, greedy_nms, parse_param_str
+from .rcnn import FLT_MAX, greedy_nms, param_str_positive_int, parse_param_str
 from .registry import Layer, LayerError, ReadOnlyLayer, claim_layers, need_blobs, register_layer, torch_sources
 from .roi_pooling import bin_mask, c_round, roi_batch_index, roi_layer_call
 
@@ -309,13 +309,6 @@ def _number_list(p, key, default):
     return value
 
 
-def _positive_int(p, key):
-    value = p.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise LayerError(f"python_param.param_str: '{key}' must be a positive integer, got {value!r}")
-    return value
-
-
 def rc3d_anchors(scales, base_size=8):
     """generate_anchors.py: [0, base_size - 1] scaled by each scale around its centre, float64 (A, 2)."""
     length, ctr = base_size, 0.5 * (base_size - 1)
@@ -331,7 +324,7 @@ class TwinProposalLayer(Layer):
         need_blobs(lp, "R-C3D's ProposalLayer", 2, (1, 2), "rpn_cls_prob_reshape, rpn_twin_pred")
         p = parse_param_str(lp.python_param.param_str)
         scales = _number_list(p, "scales", DEFAULT_SCALES)
-        return {"name": lp.name, "feat_stride": _positive_int(p, "feat_stride"), "scales": [float(s) for s in scales],
+        return {"name": lp.name, "feat_stride": param_str_positive_int(p, "feat_stride"), "scales": [float(s) for s in scales],
                 "anchors": rc3d_anchors(scales), "with_scores": len(lp.top) == 2,
                 "foreign_keys": sorted(set(p) - {"feat_stride", "scales"}), **RC3D_TEST}
 
@@ -613,7 +606,7 @@ class TwinAnchorTarget(_TrainTargets):
     def parse(self, lp):
         need_blobs(lp, "R-C3D's AnchorTargetLayer", 3, 4, "rpn_cls_score, gt_boxes, data")
         p = parse_param_str(lp.python_param.param_str)
-        _positive_int(p, "feat_stride")
+        param_str_positive_int(p, "feat_stride")
         return {"name": lp.name, "anchors": len(_number_list(p, "scales", ANCHOR_TARGET_SCALES))}
 
     def infer(self, attrs, in_shapes):
@@ -635,7 +628,7 @@ class TwinProposalTarget(_TrainTargets):
         tops = 6 if self.gt_rois else 5
         need_blobs(lp, f"{lp.python_param.module}.ProposalTargetLayer", (2, 3), tops,
                    "rpn_rois, gt_boxes (and the loss for 'sample': 'Hard')")
-        return {"name": lp.name, "num_classes": _positive_int(parse_param_str(lp.python_param.param_str), "num_classes")}
+        return {"name": lp.name, "num_classes": param_str_positive_int(parse_param_str(lp.python_param.param_str), "num_classes")}
 
     def infer(self, attrs, in_shapes):
         targets = (1, 2 * attrs["num_classes"])
@@ -654,7 +647,7 @@ class CaptionTarget(_TrainTargets):
 
     def parse(self, lp):
         need_blobs(lp, "gt_caption_target_layer_hierarchical", 1, 4, "gt_captions")
-        return {"name": lp.name, "num_cont": _positive_int(parse_param_str(lp.python_param.param_str), "num_cont")}
+        return {"name": lp.name, "num_cont": param_str_positive_int(parse_param_str(lp.python_param.param_str), "num_cont")}
 
     def infer(self, attrs, in_shapes):
         return [(30, 1)] * 3 + [(attrs["num_cont"], 1)]

@@ -156,6 +156,16 @@ def parse_param_str(text, what="python_param.param_str"):
     return result
 
 
+def param_str_positive_int(params, key, reader=""):
+    """params[key] (a parse_param_str mapping) as a positive int, else a LayerError naming the key and,
+    when given, the Python layer that reads it in setup."""
+    value = params.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        setup = f" ({reader} reads it in setup)" if reader else ""
+        raise LayerError(f"python_param.param_str: '{key}' must be a positive integer{setup}, got {value!r}")
+    return value
+
+
 # ---- anchors ------------------------------------------------------------------------------
 
 def generate_anchors(base_size=16, ratios=(0.5, 1, 2), scales=(8, 16, 32), c_round=False, f32=False):
