@@ -1,9 +1,12 @@
 """Engineering-Course/caffe_ssl's MaskCreate (b62e3de mask_create_layer.cpp Forward_cpu): the reference is its
 per-pixel partial_sort of (value, class) pairs with std::greater, ties included."""
+import math
+
 import numpy as np
 import pytest
 from conftest import check_everywhere, net, rng
 
+from caffeq.errors import CaffeqError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -39,3 +42,78 @@ def test_refuses_no_classes():
     with pytest.raises(LayerError, match="num_cls must be >= 1, got 0"):
         load_from_text(net('layer { name: "m" type: "MaskCreate" bottom: "x" top: "o" mask_create_param { num_cls: 0 } }',
                            inputs={"x": (1, 4, 2, 2)}))
+
+
+# ---- PoseEvaluate, PoseCreate, HeatmapError: forwards written from pose_evaluate_layer.cpp, ------------
+# pose_create_layer.cpp and heatmap_error_layer.cpp (caffe_ssl b62e3de)
+
+TABLES = {9: {1: 0, 2: 0, 4: 0, 13: 0, 5: 1, 7: 1, 11: 1, 9: 2, 12: 2, 14: 3, 15: 4, 16: 5, 17: 6, 18: 7, 19: 8},
+          3: {4: 0, 3: 1, 2: 2}, 2: {1: 0, 2: 1}}
+
+
+def pose_evaluate_ref(x, joints):
+    n, _, h, w = x.shape
+    xs, ys = [[] for _ in range(joints)], [[] for _ in range(joints)]    # never cleared, as the fork's
+    out = np.zeros((n, 1, 1, 2 * joints), np.float32)
+    for i in range(n):
+        for r in range(h):
+            for c in range(w):
+                j = TABLES[joints].get(int(x[i, 0, r, c]), -1)
+                if j >= 0:
+                    xs[j].append(c)
+                    ys[j].append(r)
+        for j in range(joints):
+            if xs[j]:
+                out[i, 0, 0, 2 * j] = int(sum(xs[j]) / len(xs[j]))
+                out[i, 0, 0, 2 * j + 1] = int(sum(ys[j]) / len(ys[j]))
+    return out
+
+
+def pose_create_ref(centres, h, w):
+    n, j = centres.shape[0], centres.shape[3] // 2
+    out = np.zeros((n, j, h, w), np.float32)
+    for i in range(n):
+        for k in range(j):
+            cx, cy = int(centres[i, 0, 0, 2 * k]), int(centres[i, 0, 0, 2 * k + 1])
+            if cx == 0 and cy == 0:
+                continue
+            for yy in range(h):
+                for xx in range(w):
+                    g = np.float32((1 / (1.0 * math.sqrt(2 * math.pi))) *
+                                   math.exp(-0.5 * ((yy - cy) ** 2 + (xx - cx) ** 2)))
+                    out[i, k, yy, xx] = np.float32(4) * g
+    return out
+
+
+POSE = ('layer {{ name: "pose" type: "PoseEvaluate" bottom: "mask" top: "pose" pose_evaluate_param {{ num_joint: {j} }} }}\n'
+        'layer {{ name: "heat" type: "PoseCreate" bottom: "pose" bottom: "mask" top: "heat" '
+        'pose_create_param {{ num_joint: {j} }} }}\n'
+        'layer {{ name: "err" type: "HeatmapError" bottom: "heat" bottom: "other" top: "err" '
+        'heatmap_error_param {{ scale: 0.05 }} }}')
+
+
+@pytest.mark.parametrize("joints", [9, 3, 2])
+def test_pose_layers(tmp_path, joints):
+    """A class map's joint centres (averaging the earlier images' pixels too, as the fork's lists do), their
+    Gaussian heatmaps (a missing joint all zero) and the scaled squared distance to other heatmaps."""
+    g = rng(41)
+    shape = (3, 1, 7, 9)
+    mask = g.integers(0, 21, shape).astype(np.float32)
+    mask[0][mask[0] == 14] = 0            # image 0 without a left arm: (0, 0), an empty heatmap for 9 joints
+    mask[1, 0, 2, 3] = 13.7               # class ids are truncated
+    other = g.standard_normal((3, joints, 7, 9)).astype(np.float32)
+    model = load_from_text(net(POSE.format(j=joints), inputs={"mask": shape, "other": other.shape}),
+                           random_weights=True, outputs=["pose", "heat", "err"])
+    pose = pose_evaluate_ref(mask, joints)
+    heat = pose_create_ref(pose, 7, 9)
+    d = (heat - other).reshape(3, -1).astype(np.float64)
+    err = ((d * d).sum(axis=1) / 2 * np.float32(0.05)).reshape(3, 1, 1, 1).astype(np.float32)
+    if joints == 9:
+        assert (pose[0, 0, 0, 6:8] == 0).all() and (heat[0, 3] == 0).all()
+    check_everywhere(model, {"mask": mask, "other": other}, {"pose": pose, "heat": heat, "err": err}, tmp_path,
+                     atol=1e-5, rtol=1e-6)
+
+
+def test_pose_evaluate_refuses_other_joint_counts():
+    with pytest.raises(CaffeqError, match="num_joint must be 9, 3 or 2"):
+        load_from_text(net(POSE.format(j=16), inputs={"mask": (1, 1, 4, 4), "other": (1, 16, 4, 4)}))

@@ -21,6 +21,7 @@ from . import (  # noqa: F401,E402
     caption_input,
     cascade_rcnn,
     ccpd,
+    centerface,
     color_conv,
     common,
     conv,
