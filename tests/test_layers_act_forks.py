@@ -311,3 +311,36 @@ def test_reluplus_is_relu_in_a_forward(tmp_path):
     assert [n.type for n in model.graph.nodes][-2:] == ["ReLUPlus", "ReLUPlus"]
     x = rng(3).standard_normal((2, 3, 4, 5)).astype(np.float32)
     check_everywhere(model, {"x": x}, {"r": np.maximum(x, 0)}, tmp_path)
+
+
+# ---- PENLU (xncaffe/caffe_penlu penlu_layer.cpp Forward_cpu) ----------------------------------------------
+
+def penlu_ref(x, alpha, beta, eta, shared=False):
+    out = np.empty_like(x)
+    for idx in np.ndindex(x.shape):
+        k = 0 if shared else idx[1]
+        v = x[idx]
+        a, b, e = (np.float32(p.reshape(-1)[k]) for p in (alpha, beta, eta))
+        pos = np.float32(np.power(max(v, np.float32(0)), e)) * np.float32(v > 0)
+        neg = a * (np.float32(np.exp(b * min(v, np.float32(0)))) - np.float32(1)) * np.float32(v <= 0)
+        out[idx] = pos + neg
+    return out
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_penlu(tmp_path, shared):
+    g = rng(61)
+    shape = (2, 3, 4, 5)
+    text = ('layer { name: "p" type: "PENLU" bottom: "x" top: "o" penlu_param { alpha_filler { type: "constant" '
+            f'value: 0.25 }} channel_shared: {str(shared).lower()} }} }}')
+    model = load_from_text(net(text, inputs={"x": shape}), random_weights=True)
+    blob_shape = () if shared else (3,)
+    assert [np.shape(b) for b in node_of(model, "p").blobs] == [blob_shape] * 3
+    assert np.all(node_of(model, "p").blobs[0] == 0.25) and np.all(node_of(model, "p").blobs[2] == 1)
+    alpha = g.uniform(0.2, 3, blob_shape).astype(np.float32)
+    beta = g.uniform(0.5, 1.5, blob_shape).astype(np.float32)
+    eta = g.uniform(0.8, 1.1, blob_shape).astype(np.float32)
+    node_of(model, "p").blobs = [alpha, beta, eta]
+    x = g.standard_normal(shape).astype(np.float32)
+    x[0, 0, 0, :2] = 0.0
+    check_everywhere(model, {"x": x}, {"o": penlu_ref(x, alpha, beta, eta, shared)}, tmp_path, atol=1e-6, rtol=1e-6)

@@ -50,6 +50,18 @@ def test_augment_crops_and_normalizes_the_first_bottom_per_patch(tmp_path):
     check_everywhere(model, {"img": img, "lab": lab}, refs, tmp_path, atol=1e-5, rtol=1e-5)
 
 
+def test_patch_transformer_is_augment_under_its_ssai_branch_name(tmp_path):
+    # deepbasu007/ssai-fcn predict.prototxt: crop 64 of a 64 x 64 input, each patch standardized per channel
+    layer = ('layer { name: "pt" type: "PatchTransformer" bottom: "x" top: "y" patch_transformer_param { '
+             'rotate: false crop_size: 6 binarize: false mean_normalize: true stddev_normalize: true } }')
+    model = load_from_text(net(layer, inputs={"x": (2, 3, 7, 8)}))
+    x = (np.random.default_rng(13).standard_normal((2, 3, 7, 8)) * 30 + 100).astype(f32)
+    check_everywhere(model, {"x": x}, {"y": augment_ref(x, 6, False, True, True)}, tmp_path, atol=1e-5, rtol=1e-5)
+    with pytest.raises(LayerError, match="patch_transformer_param needs one crop_size per bottom"):
+        load_from_text(net('layer { name: "pt" type: "PatchTransformer" bottom: "x" top: "y" }',
+                           inputs={"x": (1, 3, 6, 6)}))
+
+
 def test_augment_with_flip_or_rotate_is_sized_and_refused():
     model = load_from_text(net('layer { name: "aug" type: "Augment" bottom: "x" top: "y" augment_param { '
                                'crop_size: 4 flip: true } }', inputs={"x": (1, 3, 6, 6)}))

@@ -105,3 +105,60 @@ def test_bn_conv_normalizes_with_its_stored_statistics(tmp_path):
     bn.blobs = [scale, shift, mean, var]
     ref = (x.astype(np.float64) - mean) / np.sqrt(var.astype(np.float64) + 1e-10) * scale + shift
     check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+# ---- DctrQT, Trunc, SplitByPhase (tansq's dctrqt_caffe.patch, yedmed's trunc_layer.cpp, librauee's
+# split_by_phase_layer.cpp) ---------------------------------------------------------------------------
+
+def dctrqt_ref(x, step, threshold):
+    """The patch's Forward_cpu: caffe_div by q, std::round (halves away from zero), fabs, cap at T."""
+    out = np.empty_like(x)
+    for i, v in enumerate(x.reshape(-1)):
+        y = abs(math.copysign(math.floor(abs(float(F32(v / F32(step)))) + 0.5), 1.0))
+        out.reshape(-1)[i] = min(y, threshold)
+    return out
+
+
+@pytest.mark.parametrize("step", [1.0, 2.0, 4.0])
+def test_dctrqt(tmp_path, step):
+    """hybrid_deep_learning_framework's three DctrQT layers on one DCT conv: T 4, q 1, 2 and 4."""
+    x = (rng(51).standard_normal((2, 25, 5, 6)) * 8).astype(F32)
+    x.reshape(-1)[:6] = [0.5 * step, -0.5 * step, 1.5 * step, -2.5 * step, 3.49 * step, -99]   # halves, the cap
+    layer = f'layer {{ name: "q" type: "DctrQT" bottom: "x" top: "o" dctrqt_param {{ threshold: 4 quantization_step: {step} }} }}'
+    model = load_from_text(net(layer, inputs={"x": x.shape}))
+    want = dctrqt_ref(x, step, 4)
+    assert want.reshape(-1)[:6].tolist() == [1, 1, 2, 3, 3, 4]
+    check_everywhere(model, {"x": x}, {"o": want}, tmp_path)
+    with pytest.raises(LayerError, match="in-place"):
+        load_from_text(net('layer { name: "q" type: "DctrQT" bottom: "x" top: "x" }', inputs={"x": (1, 2)}))
+
+
+def test_trunc(tmp_path):
+    """Yedroudj-Net's truncations: clamp to [-T, T]; the first one sets no T, and the fork's default is unknown."""
+    x = (rng(52).standard_normal((2, 30, 4, 5)) * 3).astype(F32)
+    layers = ('layer { name: "t1" type: "Trunc" bottom: "x" top: "o" trunc_param { scale: 2.0 } }\n'
+              'layer { name: "t2" type: "Trunc" bottom: "x" top: "unset" }')
+    model = load_from_text(net(layers, inputs={"x": x.shape}), outputs=["o"])
+    want = np.where(x > 2, F32(2), np.where(x < -2, F32(-2), x))
+    check_everywhere(model, {"x": x}, {"o": want}, tmp_path)
+    nan = x.copy()
+    nan[0, 0, 0, 0] = np.nan          # both comparisons false: NaN passes
+    assert np.isnan(model.run({"x": nan})["o"][0, 0, 0, 0])
+    unset = load_from_text(net(layers, inputs={"x": x.shape}))
+    assert unset.blob_shapes["unset"] == x.shape
+    with pytest.raises(LayerError, match="trunc_param.scale is not set"):
+        unset.run({"x": x})
+
+
+def test_split_by_phase(tmp_path):
+    """PhaseAwareNet: the 64 phases of the 8 x 8 grid as channels, channel-major, written from the fork's index
+    arithmetic."""
+    x = rng(53).standard_normal((1, 2, 512, 512)).astype(F32)
+    model = load_from_text(net('layer { name: "s" type: "SplitByPhase" bottom: "x" top: "o" }', inputs={"x": x.shape}))
+    want = np.empty((1, 128, 64, 64), F32)
+    for c in range(2):
+        for p in range(64):
+            want[0, c * 64 + p] = x[0, c, p // 8::8, p % 8::8]
+    check_everywhere(model, {"x": x}, {"o": want}, tmp_path)
+    with pytest.raises(LayerError, match="512 x 512"):
+        load_from_text(net('layer { name: "s" type: "SplitByPhase" bottom: "x" top: "o" }', inputs={"x": (1, 1, 64, 64)}))

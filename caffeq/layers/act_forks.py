@@ -39,6 +39,9 @@
   gamma as gelu_param.coeff): the tanh approximation, y = coeff * 0.5 * x * (1 + t) with
   t = tanh(0.7978845608 x + 0.7978845608 * 0.044715 x^3).  The fork's double literals make the argument
   and the product double; t and 1 + t are float, as here (ONNX casts the same way).
+- PENLU (xncaffe/caffe_penlu 21023cd, penlu_layer.cpp): blobs alpha, beta, eta, one value per channel
+  (one in all with channel_shared); y = pow(max(x, 0), eta) * (x > 0) + alpha * (exp(beta * min(x, 0)) - 1)
+  * (x <= 0), the fork's CPU forward, in float32 (so eta < 0 gives NaN at x <= 0, as there).
 """
 import math
 
@@ -225,7 +228,7 @@ def _fill(filler, shape, rng, field):
         return (filler["mean"] + filler["std"] * rng.standard_normal(shape)).astype(np.float32)
     if kind == "constant":
         return np.full(shape, filler["value"], np.float32)
-    raise LayerError(f"apl_param.{field} type '{kind}': only {', '.join(_FILLERS)} can fill a missing blob")
+    raise LayerError(f"{field} type '{kind}': only {', '.join(_FILLERS)} can fill a missing blob")
 
 
 @register_layer("APL")
@@ -253,8 +256,8 @@ class APL(Layer):
         return [(1, 1, attrs["sums"], count(in_shapes[0], 1))] * 2
 
     def init_params(self, attrs, shapes, rng):
-        return [_fill(attrs["slope_filler"], shapes[0], rng, "slope_filler"),
-                _fill(attrs["offset_filler"], shapes[1], rng, "offset_filler")]
+        return [_fill(attrs["slope_filler"], shapes[0], rng, "apl_param.slope_filler"),
+                _fill(attrs["offset_filler"], shapes[1], rng, "apl_param.offset_filler")]
 
     def forward(self, attrs, params, x):
         return adaptive_piecewise_linear(x, params[0], params[1], attrs["sums"])
@@ -502,3 +505,76 @@ class GELU(Layer):
 @register_layer("ReLUPlus")
 class ReLUPlus(ReLU):
     """caffe_feedback's RELUPLUS: ReLU in every ordinary forward (see the module docstring)."""
+
+
+# ---- PENLU ------------------------------------------------------------------------------------
+
+
+def penlu(x, alpha, beta, eta):
+    """PENLU's CPU forward (see the module docstring); the blobs per channel (axis 1) or single values."""
+    view = (1, -1) + (1,) * (x.dim() - 2)
+    alpha, beta, eta = (v.reshape(view) for v in (alpha, beta, eta))
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    positive = torch.pow(torch.maximum(x, zero), eta) * (x > 0)
+    negative = alpha * (torch.exp(beta * torch.minimum(x, zero)) - 1) * (x <= 0)
+    return positive + negative
+
+
+class PENLUModule(nn.Module):
+    def __init__(self, shape: tuple):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(shape))
+        self.beta = nn.Parameter(torch.ones(shape))
+        self.eta = nn.Parameter(torch.ones(shape))
+
+    def forward(self, x):
+        return penlu(x, self.alpha, self.beta, self.eta)
+
+
+@register_layer("PENLU")
+class PENLU(Layer):
+    blob_names = ("alpha", "beta", "eta")
+
+    def parse(self, lp):
+        need_blobs(lp, "PENLU", 1, 1)
+        p = lp.penlu_param
+        one = {"type": "constant", "value": 1.0}
+        return {"shared": bool(p.channel_shared),
+                "fillers": [_filler(p, f"{k}_filler", one) for k in ("alpha", "beta", "eta")]}
+
+    def infer(self, attrs, in_shapes):
+        if len(in_shapes[0]) < 2:
+            raise LayerError(f"PENLU needs at least 2 axes (the fork checks it), got {list(in_shapes[0])}")
+        return [tuple(in_shapes[0])]
+
+    def param_shapes(self, attrs, in_shapes):
+        return [() if attrs["shared"] else (int(in_shapes[0][1]),)] * 3
+
+    def init_params(self, attrs, shapes, rng):
+        return [_fill(f, s, rng, f"penlu_param.{k}_filler")
+                for f, s, k in zip(attrs["fillers"], shapes, self.blob_names)]
+
+    def forward(self, attrs, params, x):
+        return penlu(x, *params)
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        rank = len(ctx.shape(x))
+        view = [1, -1] + [1] * (rank - 2)
+        alpha, beta, eta = (ctx.op("Reshape", [ctx.weight(node, k), ctx.i64(view)], name)
+                            for k, name in enumerate(self.blob_names))
+        zero = ctx.f32(0.0)
+        above = ctx.op("Cast", [ctx.op("Greater", [x, zero], "above_b", name=node.name)], "above", to=1)
+        below = ctx.op("Cast", [ctx.op("LessOrEqual", [x, zero], "below_b")], "below", to=1)
+        positive = ctx.op("Mul", [ctx.op("Pow", [ctx.op("Max", [x, zero], "pos"), eta], "power"), above], "positive")
+        grown = ctx.op("Sub", [ctx.op("Exp", [ctx.op("Mul", [beta, ctx.op("Min", [x, zero], "neg")], "bx")], "e"),
+                               ctx.f32(1.0)], "em1")
+        negative = ctx.op("Mul", [ctx.op("Mul", [alpha, grown], "scaled"), below], "negative")
+        ctx.add_node("Add", [positive, negative], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        shape = tuple(np.shape(node.blobs[0]))
+        m = emit.instance(PENLUModule, shape, needs=[penlu])
+        for k, name in enumerate(self.blob_names):
+            emit.param(name, k)
+        return f"{m}({emit.inputs[0]})"

@@ -12,6 +12,10 @@ s_i) for crop_size s_i.  Per item, in every phase:
   then `subtract` and `divide` (one constant per channel).
 flip and rotate draw a random flip / angle at every forward, at TEST too: caffeq sizes such a layer and
 refuses to run it.  The fork reads binarize per bottom and fails without it; caffeq reads it as false.
+
+PatchTransformer (mitmul/caffe ssai branch 95db65c, src/caffe/layers/patch_transformer.cpp; deepbasu007/caffe-fcn
+eb073b1 adds a vertical flip) is the same layer under its earlier name, its patch_transformer_param the same
+fields: the ssai and ssai-fcn predict.prototxt files.
 """
 import torch
 
@@ -45,15 +49,19 @@ def augment_normalize(x, mean_normalize: bool, stddev_normalize: bool, subtract:
 
 @register_layer("Augment")
 class Augment(Layer):
+    #: the LayerParameter field holding the layer's AugmentParameter
+    param_field = "augment_param"
+
     def parse(self, lp):
-        need_blobs(lp, "Augment", range(1, AT_LEAST), len(lp.bottom) or 1)
-        p = lp.augment_param
+        need_blobs(lp, self.types[0], range(1, AT_LEAST), len(lp.bottom) or 1)
+        f = self.param_field
+        p = getattr(lp, f)
         sizes = [int(s) for s in p.crop_size]
         if len(sizes) != len(lp.bottom):
-            raise LayerError(f"augment_param needs one crop_size per bottom ({len(lp.bottom)}), got {len(sizes)}")
+            raise LayerError(f"{f} needs one crop_size per bottom ({len(lp.bottom)}), got {len(sizes)}")
         binarize = [bool(b) for b in p.binarize] or [False] * len(sizes)
         if len(binarize) != len(sizes):
-            raise LayerError(f"augment_param needs one binarize per bottom ({len(sizes)}), got {len(binarize)}")
+            raise LayerError(f"{f} needs one binarize per bottom ({len(sizes)}), got {len(binarize)}")
         return {"name": lp.name, "sizes": sizes, "binarize": binarize, "random": bool(p.flip or p.rotate),
                 "mean_normalize": bool(p.mean_normalize), "stddev_normalize": bool(p.stddev_normalize),
                 "subtract": [float(v) for v in p.subtract], "divide": [float(v) for v in p.divide]}
@@ -62,21 +70,21 @@ class Augment(Layer):
         tops = []
         for i, (shape, size) in enumerate(zip(in_shapes, attrs["sizes"])):
             if len(shape) != 4:
-                raise LayerError(f"Augment reads (N, C, H, W) bottoms, bottom {i} is {list(shape)}")
+                raise LayerError(f"{self.types[0]} reads (N, C, H, W) bottoms, bottom {i} is {list(shape)}")
             n, c, h, w = shape
             if not 0 < size <= min(h, w):
-                raise LayerError(f"augment_param.crop_size {size} does not fit bottom {i}'s {h} x {w}")
+                raise LayerError(f"{self.param_field}.crop_size {size} does not fit bottom {i}'s {h} x {w}")
             tops.append((n, c, size, size))
         c0 = in_shapes[0][1]
         for field in ("subtract", "divide"):
             if attrs[field] and len(attrs[field]) != c0:
-                raise LayerError(f"augment_param.{field} needs one value per channel of bottom 0 ({c0}), "
+                raise LayerError(f"{self.param_field}.{field} needs one value per channel of bottom 0 ({c0}), "
                                  f"got {len(attrs[field])}")
         return tops
 
     def _check_runs(self, attrs):
         if attrs["random"]:
-            raise LayerError(f"layer '{attrs['name']}' (Augment): flip / rotate draw a random flip or angle at every "
+            raise LayerError(f"layer '{attrs['name']}' ({self.types[0]}): flip / rotate draw a random flip or angle at every "
                              f"forward, in every phase; caffeq does not run it")
 
     def forward(self, attrs, params, *bottoms):
@@ -128,6 +136,12 @@ class Augment(Layer):
             if a["divide"]:
                 y = ctx.op("Mul", [y, ctx.f32([[[1.0 / v]] for v in a["divide"]])], "over")
             ctx.add_node("Identity", [y], [top])
+
+
+@register_layer("PatchTransformer")
+class PatchTransformer(Augment):
+    """Augment under its ssai-branch name (see the module docstring)."""
+    param_field = "patch_transformer_param"
 
 
 def _normalizes(attrs):

@@ -23,6 +23,19 @@ relu_recover_layer.cu).  Their CPU forwards are NOT_IMPLEMENTED: the GPU kernels
   only (its Reshape never sizes a separate top).
 - ImageDataSteganalysisJpegDct, their data layer (the cover and stego coefficient planes and the label),
   is a graph input like any fork's data layer: --input-shape data=N,64,Hb,Wb.
+
+Three more steganalysis nets' forks:
+- DctrQT (tansq/hybrid_deep_learning_framework_for_jpeg_steganalysis a88b4f2, dctrqt_caffe.patch):
+  y = min(|round(x / quantization_step)|, threshold), std::round's halves away from zero on the float32
+  quotient: QUANTTRUNCABS of x / quantization_step.  Not in place (the fork checks it).
+- Trunc (yedmed/steganalysis_with_CNN_Yedroudj-Net 43ef244, caffe_version/trunc_layer.cpp and .cu): the
+  truncated linear unit, y = x > T ? T : (x < -T ? -T : x) with T = trunc_param.scale (NaN passes).  The
+  repository ships no caffe.proto; its caffemodel gives the field numbers, not the default of an unset
+  scale (its paper's first truncation uses T = 3): such a layer is read and sized, and running it asks
+  for the value.
+- SplitByPhase (librauee/Steganalysis f784469, PhaseAwareNet_SRC/Caffe/split_by_phase_layer.cpp): the 8 x 8
+  JPEG grid's phases of a 512 x 512 map as channels, out[n, c * 64 + p, h, w] = in[n, c, 8h + p // 8,
+  8w + p % 8] (channel-major; the fork checks the 512 x 512 input).
 """
 import math
 
@@ -30,7 +43,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .registry import FunctionLayer, LayerError, need_blobs, register_layer
+from ..errors import ExportError
+from .learnable_dilation import Truncation
+from .registry import FunctionLayer, Layer, LayerError, four_axes, need_blobs, register_layer
 from .segmentation import BN, TSN
 
 # the forks' fixed luminance quantization tables, index u x 8 + v (IJG's table scaled for QF 75 and 95)
@@ -155,34 +170,38 @@ class QuantTruncAbs(FunctionLayer):
         return quant_trunc_abs(x, attrs["process"], attrs["threshold"])
 
     def onnx(self, ctx, node):
-        process, th = node.attrs["process"], ctx.f32(node.attrs["threshold"])
-        x, out = node.inputs[0], node.outputs[0]
-        if process == "TRUNC":
-            ctx.add_node("Clip", [x, ctx.f32(-node.attrs["threshold"]), th], [out])
-            return
-        positive = ctx.op("GreaterOrEqual", [x, ctx.f32(0.0)], "positive")
-        t = ctx.op("Where", [positive, x, ctx.op("Neg", [x], "neg")], "abs")
-        if process == "ABS":
-            ctx.add_node("Identity", [t], [out])
-            return
-        if process == "TRUNCABS":
-            ctx.add_node("Where", [ctx.op("Greater", [t, th], "over"), th, t], [out])
-            return
-        whole = ctx.op("Floor", [t], "whole")   # t >= 0: floor is the truncation
-        up = ctx.op("Cast", [ctx.op("GreaterOrEqual", [ctx.op("Sub", [t, whole], "frac"), ctx.f32(0.5)], "half")],
-                    "up", to=1)
-        rounded = ctx.op("Add", [whole, up], "rounded")
-        if process in ("QUANTTRUNCABS", "QUANTTRUNC"):
-            rounded = ctx.op("Min", [rounded, th], "capped")
-        if process in ("QUANT", "QUANTTRUNC"):
-            sign = ctx.op("Where", [positive, ctx.f32(1.0), ctx.f32(-1.0)], "sign")
-            ctx.add_node("Mul", [sign, rounded], [out])
-        else:
-            ctx.add_node("Identity", [rounded], [out])
+        onnx_quant_trunc_abs(ctx, node.inputs[0], node.outputs[0], node.attrs["process"], node.attrs["threshold"])
 
     def pytorch_source(self, node, emit):
         fn = emit.helper(quant_trunc_abs)
         return f"{fn}({emit.inputs[0]}, {node.attrs['process']!r}, {emit.lit(node.attrs['threshold'])})"
+
+
+def onnx_quant_trunc_abs(ctx, x, out, process, threshold):
+    """quant_trunc_abs in ONNX, from tensor x into tensor out."""
+    th = ctx.f32(threshold)
+    if process == "TRUNC":
+        ctx.add_node("Clip", [x, ctx.f32(-threshold), th], [out])
+        return
+    positive = ctx.op("GreaterOrEqual", [x, ctx.f32(0.0)], "positive")
+    t = ctx.op("Where", [positive, x, ctx.op("Neg", [x], "neg")], "abs")
+    if process == "ABS":
+        ctx.add_node("Identity", [t], [out])
+        return
+    if process == "TRUNCABS":
+        ctx.add_node("Where", [ctx.op("Greater", [t, th], "over"), th, t], [out])
+        return
+    whole = ctx.op("Floor", [t], "whole")   # t >= 0: floor is the truncation
+    up = ctx.op("Cast", [ctx.op("GreaterOrEqual", [ctx.op("Sub", [t, whole], "frac"), ctx.f32(0.5)], "half")],
+                "up", to=1)
+    rounded = ctx.op("Add", [whole, up], "rounded")
+    if process in ("QUANTTRUNCABS", "QUANTTRUNC"):
+        rounded = ctx.op("Min", [rounded, th], "capped")
+    if process in ("QUANT", "QUANTTRUNC"):
+        sign = ctx.op("Where", [positive, ctx.f32(1.0), ctx.f32(-1.0)], "sign")
+        ctx.add_node("Mul", [sign, rounded], [out])
+    else:
+        ctx.add_node("Identity", [rounded], [out])
 
 
 @register_layer("ReLURecover")
@@ -205,3 +224,94 @@ class ReLURecover(FunctionLayer):
         slope = node.attrs["slope"]
         emit.uses("F")
         return f"F.leaky_relu({emit.inputs[0]}, {emit.lit(slope)})" if slope else f"torch.relu({emit.inputs[0]})"
+
+
+# ---- DctrQT, Trunc, SplitByPhase -------------------------------------------------------------------
+
+
+def split_by_phase(x):
+    """(N, C, 8H, 8W) -> (N, C * 64, H, W): channel c * 64 + 8 i + j holds the pixels at rows 8h + i,
+    columns 8w + j."""
+    n, c, h, w = x.shape
+    return x.reshape(n, c, h // 8, 8, w // 8, 8).permute(0, 1, 3, 5, 2, 4).reshape(n, c * 64, h // 8, w // 8)
+
+
+@register_layer("DctrQT")
+class DctrQT(FunctionLayer):
+    def parse(self, lp):
+        need_blobs(lp, "DctrQT", 1, 1, in_place=False)
+        p = lp.dctrqt_param
+        step = float(np.float32(p.quantization_step))
+        if step == 0 or math.isnan(step):
+            raise LayerError(f"dctrqt_param.quantization_step must be a nonzero number, got {step}")
+        return {"step": step, "threshold": float(np.float32(p.threshold))}
+
+    def forward(self, attrs, params, x):
+        return quant_trunc_abs(x / attrs["step"], "QUANTTRUNCABS", attrs["threshold"])
+
+    def onnx(self, ctx, node):
+        quotient = ctx.op("Div", [node.inputs[0], ctx.f32(node.attrs["step"])], "quotient", name=node.name)
+        onnx_quant_trunc_abs(ctx, quotient, node.outputs[0], "QUANTTRUNCABS", node.attrs["threshold"])
+
+    def pytorch_source(self, node, emit):
+        fn = emit.helper(quant_trunc_abs)
+        a = node.attrs
+        return f"{fn}({emit.inputs[0]} / {emit.lit(a['step'])}, 'QUANTTRUNCABS', {emit.lit(a['threshold'])})"
+
+
+@register_layer("Trunc")
+class Trunc(Truncation):
+    """Truncation's clamp to [-scale, scale] (see the module docstring)."""
+
+    def parse(self, lp):
+        need_blobs(lp, "Trunc", 1, 1)
+        p = lp.trunc_param
+        if not p.HasField("scale"):
+            return {"name": lp.name, "min": None, "max": None}
+        t = float(np.float32(p.scale))
+        if not t >= 0:
+            raise LayerError(f"trunc_param.scale must be >= 0, got {t}")
+        return {"name": lp.name, "min": -t, "max": t}
+
+    def cannot_run(self, attrs, in_shapes):
+        if attrs["max"] is None:
+            return ("trunc_param.scale is not set, and the fork's default is not public (the repository ships "
+                    "no caffe.proto; its paper's first truncation uses 3): set it in the prototxt")
+        return None
+
+    def forward(self, attrs, params, x):
+        self.refuse_if_cannot_run(attrs["name"], attrs, [tuple(x.shape)], LayerError)
+        return super().forward(attrs, params, x)
+
+    def onnx(self, ctx, node):
+        self.refuse_if_cannot_run(node.name, node.attrs, [ctx.shape(node.inputs[0])], ExportError)
+        return super().onnx(ctx, node)
+
+    def pytorch_source(self, node, emit):
+        self.refuse_if_cannot_run(node.name, node.attrs, [emit.in_shape(0)], ExportError)
+        return super().pytorch_source(node, emit)
+
+
+@register_layer("SplitByPhase")
+class SplitByPhase(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "SplitByPhase", 1, 1)
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        n, c, h, w = four_axes(in_shapes[0], "SplitByPhase")
+        if (h, w) != (512, 512):
+            raise LayerError(f"SplitByPhase takes 512 x 512 maps (the fork checks it), got {list(in_shapes[0])}")
+        return [(n, c * 64, h // 8, w // 8)]
+
+    def forward(self, attrs, params, x):
+        return split_by_phase(x)
+
+    def onnx(self, ctx, node):
+        n, c, h, w = ctx.shape(node.inputs[0])
+        grid = ctx.op("Reshape", [node.inputs[0], ctx.i64([n, c, h // 8, 8, w // 8, 8])], "grid", name=node.name)
+        phases = ctx.op("Transpose", [grid], "phases", perm=[0, 1, 3, 5, 2, 4])
+        ctx.add_node("Reshape", [phases, ctx.i64([n, c * 64, h // 8, w // 8])], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(split_by_phase)}({emit.inputs[0]})"
