@@ -47,3 +47,43 @@ def test_center_projection_is_read_not_run(param, weight, tmp_path):
         model.run({"x": np.zeros((2, 3, 4), F)})
     with pytest.raises(ExportError, match="depends on how often it ran"):
         onnx_outputs(model, {"x": np.zeros((2, 3, 4), F)}, tmp_path)
+
+
+# ---- BatchPool (batch_pool_layer.cpp Forward_cpu, b934325) ------------------------------------------------
+
+def batch_pool_ref(x, w, pool):
+    n = x.shape[0]
+    flat = x.reshape(n, -1)
+    out = np.zeros(flat.shape[1], F)
+    for k in range(flat.shape[1]):
+        if w is not None:
+            acc = F(0)
+            for i in range(n):
+                acc = F(acc + F(w.reshape(-1)[i] * flat[i, k]))
+            out[k] = acc
+        elif pool == "MAX":
+            out[k] = flat[:, k].max()
+        else:
+            out[k] = F(flat[:, k].sum(dtype=F) / F(n))
+    return out.reshape((1,) + x.shape[1:])
+
+
+@pytest.mark.parametrize("pool, weighted", [("AVE", True), ("MAX", True), ("AVE", False), ("MAX", False)])
+def test_batch_pool(tmp_path, pool, weighted):
+    """QAN's set pooling: the weights' sum over the batch (pool ignored), else the batch mean or maximum."""
+    g = rng(71)
+    x = g.standard_normal((5, 4, 1, 3)).astype(F)
+    w = g.uniform(0, 1, (5, 1, 1, 1)).astype(F)
+    w /= w.sum()
+    bottoms = 'bottom: "x" bottom: "w"' if weighted else 'bottom: "x"'
+    layer = f'layer {{ name: "bp" type: "BatchPool" {bottoms} top: "o" batch_pool_param {{ pool: {pool} }} }}'
+    inputs = {"x": x.shape, "w": w.shape} if weighted else {"x": x.shape}
+    model = load_from_text(net(layer, inputs=inputs))
+    assert model.blob_shapes["o"] == (1, 4, 1, 3)
+    feeds = {"x": x, "w": w} if weighted else {"x": x}
+    check_everywhere(model, feeds, {"o": batch_pool_ref(x, w if weighted else None, pool)}, tmp_path,
+                     atol=1e-6, rtol=1e-6)
+    with pytest.raises(LayerError, match="one value per item"):
+        load_from_text(net(layer, inputs={"x": x.shape, "w": (4, 1)}) if weighted else
+                       net('layer { name: "bp" type: "BatchPool" bottom: "x" bottom: "w" top: "o" }',
+                           inputs={"x": x.shape, "w": (4, 1)}))

@@ -8,10 +8,17 @@ the weight rows in the blob itself (w / (|w| + 1e-6), again at every call, so th
 multiplies by scale; with one row it multiplies by the weights as they stand, without scale.  The CPU
 forward writes its result into its bottom and leaves the top unset.  (Its Normalize, the layer before it
 in those nets, runs: happynear.py.)
+
+BatchPool (b934325, src/caffe/layers/batch_pool_layer.cpp, CPU only; Quality Aware Network's set pooling):
+features (N, C, H, W) (at most 4 axes) -> (1, C, H, W).  With a second bottom of N weights (any shape, read
+flat) the top is sum_n w[n] x[n] whatever batch_pool_param.pool says (the nets normalize the weights first,
+with an L1 Normalization); alone, AVE is the batch mean and MAX the batch maximum.  STOCHASTIC is not
+implemented in the fork: refused.
 """
 import numpy as np
 
-from .registry import LayerError, ReadOnlyLayer, canonical_axis, need_blobs, register_layer
+from .norm import onnx_reduce
+from .registry import Layer, LayerError, ReadOnlyLayer, canonical_axis, count, need_blobs, register_layer
 
 WHY = ("CenterProjection's forward depends on how often it ran (the fork normalizes its weight blob in place "
        "at every GPU call with more than one row, and skips the normalization and the scale with one row; its "
@@ -49,3 +56,51 @@ class CenterProjection(ReadOnlyLayer):
 
     def why_not_run(self, attrs):
         return WHY
+
+
+def batch_pool(x, weights, pool: str):
+    """BatchPool (see the module docstring): x (N, ...) -> (1, ...); weights None or N values."""
+    if weights is not None:
+        w = weights.reshape(-1)[: x.shape[0]].reshape((-1,) + (1,) * (x.dim() - 1))
+        return (w * x).sum(dim=0, keepdim=True)
+    if pool == "MAX":
+        return x.max(dim=0, keepdim=True).values
+    return x.sum(dim=0, keepdim=True) / x.shape[0]
+
+
+@register_layer("BatchPool")
+class BatchPool(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "BatchPool", (1, 2), 1, "features (, weights)")
+        p = lp.batch_pool_param
+        pool = p.PoolMethod.Name(p.pool)
+        if pool == "STOCHASTIC" and len(lp.bottom) == 1:
+            raise LayerError("batch_pool_param.pool STOCHASTIC is not implemented in the fork")
+        return {"pool": pool}
+
+    def infer(self, attrs, in_shapes):
+        x = tuple(in_shapes[0])
+        if not 1 <= len(x) <= 4:
+            raise LayerError(f"BatchPool reads num/channels/height/width: 1 to 4 axes, got {list(x)}")
+        if len(in_shapes) == 2 and count(in_shapes[1]) != x[0]:
+            raise LayerError(f"BatchPool's weights {list(in_shapes[1])} must hold one value per item ({x[0]})")
+        return [(1,) + x[1:]]
+
+    def forward(self, attrs, params, x, weights=None):
+        return batch_pool(x, weights, attrs["pool"])
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        shape = ctx.shape(x)
+        if len(node.inputs) == 2:
+            w = ctx.op("Reshape", [node.inputs[1], ctx.i64([shape[0]] + [1] * (len(shape) - 1))], "w", name=node.name)
+            onnx_reduce(ctx, "ReduceSum", ctx.op("Mul", [w, x], "weighted"), [0], True, out=node.outputs[0])
+        elif node.attrs["pool"] == "MAX":
+            onnx_reduce(ctx, "ReduceMax", x, [0], True, out=node.outputs[0])
+        else:
+            total = onnx_reduce(ctx, "ReduceSum", x, [0], True)
+            ctx.add_node("Div", [total, ctx.f32(float(shape[0]))], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        weights = emit.inputs[1] if len(emit.inputs) == 2 else "None"
+        return f"{emit.helper(batch_pool)}({emit.inputs[0]}, {weights}, {node.attrs['pool']!r})"
