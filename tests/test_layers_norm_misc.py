@@ -361,11 +361,16 @@ def test_embed_of_a_unit_last_axis_reads_as_bottom_up_attention_where_the_net_ne
               'layer { name: "cat" type: "Concat" bottom: "fc7" bottom: "e" top: "y" }']
     model = build([("score", (4, 6)), ("fc7", (4, 5))], layers, {"emb": [w, b]})
     assert model.blob_shapes["e"] == (4, 3) and model.blob_shapes["y"] == (4, 8)
-    assert any("Embed 'emb' replaces its indexes' last axis of size 1 by num_output, as bottom-up-attention's "
-               "Caffe does" in note for note in model.warnings)
+    assert any("Embed layers replace their indexes' last axis of size 1 by num_output, as bottom-up-attention's "
+               "Caffe does" in note and "'emb' showed it" in note for note in model.warnings)
     score, fc7 = randn(4, 6), randn(4, 5)
     ref = np.concatenate([fc7, w[score.argmax(1)] + b], axis=1)
     check_everywhere(model, {"score": score, "fc7": fc7}, {"y": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+    # an unrolled decoder (Up-Down-Captioner's, one Embed per step): every Embed of the net reads the fork's way
+    steps = layers + ['layer { name: "emb2" type: "Embed" bottom: "cls" top: "e2" embed_param { num_output: 3 '
+                      'input_dim: 6 } }', 'layer { name: "cat2" type: "Concat" bottom: "y" bottom: "e2" top: "y2" }']
+    unrolled = build([("score", (4, 6)), ("fc7", (4, 5))], steps, {"emb": [w, b], "emb2": [w, b]})
+    assert unrolled.blob_shapes["y2"] == (4, 11)
     # the BVLC reading stays wherever the net fits it
     bvlc = build([("score", (4, 6))], layers[:2])
     assert bvlc.blob_shapes["e"] == (4, 1, 3) and not any("bottom-up" in note for note in bvlc.warnings)

@@ -160,6 +160,7 @@ from . import (  # noqa: F401,E402
     synopsys_tf,
     transfernet,
     ubernet,
+    updown_captioner,
     v1_forks,
     video_caffe,
     video_data,

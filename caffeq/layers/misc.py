@@ -231,13 +231,16 @@ class Reduction(Layer):
 # ---- Embed -----------------------------------------------------------------------------
 
 def replace_unit_axis_embeds(names, net):
-    """ForkReading rewrite: the Embed layers named read as peteanderson80/bottom-up-attention's
-    (embed_layer.cpp: a last axis of size 1 is replaced by num_output, not kept).  Returns the note."""
+    """ForkReading rewrite: the net's Embed layers read as peteanderson80/bottom-up-attention's Caffe computes
+    them (embed_layer.cpp: a last axis of size 1 is replaced by num_output, not kept), all of them, since the
+    net was written for that Caffe (its unrolled decoders have one Embed per step); `names` are the ones
+    whose shapes showed it.  Returns the note."""
     for lp in net.layer:
-        if lp.type == "Embed" and lp.name in names:
+        if lp.type == "Embed":
             lp.embed_param.replace_unit_axis = True
-    return (f"Embed {', '.join(repr(n) for n in names)} replaces its indexes' last axis of size 1 by num_output, "
-            f"as bottom-up-attention's Caffe does (BVLC appends an axis): the only reading the net's shapes fit")
+    return (f"Embed layers replace their indexes' last axis of size 1 by num_output, as bottom-up-attention's "
+            f"Caffe does (BVLC appends an axis): the only reading the net's shapes fit "
+            f"({', '.join(repr(n) for n in names)} showed it)")
 
 
 @register_layer("Embed")

@@ -68,6 +68,51 @@ class Reverse(Layer):
         return f"{emit.inputs[0]}.flip({node.attrs['axis']})"
 
 
+def inverted_order(x, in_place: bool):
+    """chanyn/3Dpose_ssl's InvertedOrder on (M, C) rows: top row M-1-n = bottom row n.  In place the fork's
+    loop reads rows it already overwrote: the first half stays and the second half mirrors it."""
+    if not in_place:
+        return x.flip(0)
+    m = x.shape[0]
+    return torch.cat([x[:(m + 1) // 2], x[:m // 2].flip(0)])
+
+
+@register_layer("InvertedOrder")
+class InvertedOrder(Layer):
+    """chanyn/3Dpose_ssl 5856966 (caffe-3dssl/src/caffe/layers/inverted_order_layer.cpp, CPU only): the rows of a
+    2-axis blob in reverse order (its LSTM pose nets' backward direction); with more axes the fork copies one
+    value per (n, c) and leaves the rest: refused."""
+
+    def parse(self, lp):
+        need_blobs(lp, "InvertedOrder", 1, 1)
+        return {"in_place": lp.top[0] == lp.bottom[0]}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if not 1 <= len(s) <= 2:
+            raise LayerError(f"InvertedOrder reverses the rows of a (M, C) blob; with {list(s)} the fork copies only "
+                             f"the first value of each (n, c) and leaves the rest")
+        return [s]
+
+    def forward(self, attrs, params, x):
+        return inverted_order(x, attrs["in_place"])
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        m = ctx.shape(x)[0]
+        flip = [ctx.i64([-1]), ctx.i64([-(2 ** 63)]), ctx.i64([0]), ctx.i64([-1])]
+        if not node.attrs["in_place"]:
+            ctx.add_node("Slice", [x] + flip, [node.outputs[0]], name=node.name)
+            return
+        head = ctx.op("Slice", [x, ctx.i64([0]), ctx.i64([(m + 1) // 2]), ctx.i64([0])], "head", name=node.name)
+        first = ctx.op("Slice", [x, ctx.i64([0]), ctx.i64([m // 2]), ctx.i64([0])], "first")
+        mirror = ctx.op("Slice", [first] + flip, "mirror")
+        ctx.add_node("Concat", [head, mirror], [node.outputs[0]], axis=0)
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(inverted_order)}({emit.inputs[0]}, {node.attrs['in_place']})"
+
+
 # ---- Transpose -----------------------------------------------------------------------------
 
 @register_layer("Transpose")
