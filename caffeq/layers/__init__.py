@@ -57,6 +57,7 @@ from . import (  # noqa: F401,E402
     flow_mean,
     flow_transformer,
     fork_data,
+    fpga_caffe,
     fpn,
     fractal,
     frank_wolfe,
