@@ -83,10 +83,12 @@ def drop_training_only(layers, source="", notes=None):
             if (lp.type == "Python" or _only_in_phase(lp, caffe_pb2.TRAIN) or _only_in_phase(lp, caffe_pb2.TEST)) \
                     and all(_trains_only_through(i, top, readers, only) for top in lp.top):
                 drop = True
-            elif any(b in labels for b in lp.bottom):
-                # it reads the label, and what it gives goes only to losses and scorers, or nowhere (a
-                # scorer of the project's own: puneet1189/SVHN's confusion-matrix Python layer,
-                # wzbazinga's misspelled Accutacy): a net without labels could not run it
+            elif any(b in labels or b not in made for b in lp.bottom):
+                # it reads the label (or a blob no layer makes here: the label of a data layer the file
+                # includes only at the other phase, which IrisParseNet's SliceLabel splits), and what it
+                # gives goes only to losses and scorers, or nowhere (a scorer of the project's own:
+                # puneet1189/SVHN's confusion-matrix Python layer, wzbazinga's misspelled Accutacy): a net
+                # without labels could not run it
                 drop = all(not readers.get((i, top)) or _trains_only_through(i, top, readers, only)
                            for top in lp.top)
                 if drop:
@@ -98,7 +100,8 @@ def drop_training_only(layers, source="", notes=None):
                 changed = True
     if label_readers and notes is not None:
         notes.append(f"{source + ': ' if source else ''}" + "; ".join(
-            f"'{lp.name}' ({_described(lp)}) reads the label '{next(b for b in lp.bottom if b in labels)}' and "
+            f"'{lp.name}' ({_described(lp)}) reads the label "
+            f"'{next(b for b in lp.bottom if b in labels or b not in made)}' and "
             f"only losses and scorers read what it gives, if anything: it only trains or scores the net"
             for lp in label_readers))
     # a known layer that feeds only dropped layers goes with them, its results would be net outputs

@@ -624,6 +624,27 @@ layer { name: "distance" type: "PoseDistance" bottom: "fc" bottom: "pose" bottom
     assert "pose" in [n.name for n in model.layers] and set(model.outputs) == {"pose", "both"}
 
 
+
+def test_an_unknown_layer_on_the_other_phases_label_only_trains():
+    """IrisParseNet's train net: its data layer (image, mask, edge) is TRAIN-only, and its SliceLabel (a fork
+    layer whose source is not public) splits the edge label into targets that only its losses read.  At TEST
+    the label is made by no layer: the splitter trains only, and goes with its losses."""
+    text = """
+layer { name: "in" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "lab" type: "Input" top: "edge" include { phase: TRAIN } input_param { shape { dim: 2 dim: 1 dim: 8 dim: 8 } } }
+layer { name: "slice_label" type: "SliceLabel" bottom: "edge" top: "pupil_gt" top: "edge_gt" }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "mask" convolution_param { num_output: 1 kernel_size: 1 } }
+layer { name: "loss1" type: "SigmoidCrossEntropyLoss" bottom: "mask" bottom: "pupil_gt" top: "l1" }
+layer { name: "loss2" type: "SigmoidCrossEntropyLoss" bottom: "mask" bottom: "edge_gt" top: "l2" }
+"""
+    model = load_from_text(text, random_weights=True)
+    assert [n.name for n in model.layers] == ["in", "conv"] and model.outputs == ["mask"]
+    assert any("'slice_label' (SliceLabel) reads the label 'edge'" in w for w in model.warnings)
+    # one whose result the net computes with stays unknown: refused
+    feeding = text + 'layer { name: "use" type: "Eltwise" bottom: "mask" bottom: "pupil_gt" top: "both" }\n'
+    with pytest.raises(CaffeqError, match="SliceLabel"):
+        load_from_text(feeding, random_weights=True)
+
 FASTER_RCNN_TRAIN = """
 layer { name: "in" type: "Input" top: "data" top: "gt_boxes" top: "rpn_rois"
   input_param { shape { dim: 1 dim: 3 dim: 12 dim: 16 } shape { dim: 4 dim: 5 } shape { dim: 30 dim: 5 } } }
