@@ -62,7 +62,11 @@ def batch_pool_ref(x, w, pool):
                 acc = F(acc + F(w.reshape(-1)[i] * flat[i, k]))
             out[k] = acc
         elif pool == "MAX":
-            out[k] = flat[:, k].max()
+            best = F(-3.4028234663852886e38)          # the loop starts from -FLT_MAX and keeps a greater value
+            for i in range(n):
+                if best < flat[i, k]:
+                    best = flat[i, k]
+            out[k] = best
         else:
             out[k] = F(flat[:, k].sum(dtype=F) / F(n))
     return out.reshape((1,) + x.shape[1:])
@@ -87,3 +91,12 @@ def test_batch_pool(tmp_path, pool, weighted):
         load_from_text(net(layer, inputs={"x": x.shape, "w": (4, 1)}) if weighted else
                        net('layer { name: "bp" type: "BatchPool" bottom: "x" bottom: "w" top: "o" }',
                            inputs={"x": x.shape, "w": (4, 1)}))
+
+
+def test_batch_pool_max_skips_nan_and_stops_at_lowest_float(tmp_path):
+    x = np.array([[np.nan, -np.inf, 1, np.nan], [0, -np.inf, np.nan, np.nan], [1, -np.inf, 0, np.nan]], F)
+    model = load_from_text(net('layer { name: "bp" type: "BatchPool" bottom: "x" top: "o" batch_pool_param { pool: MAX } }',
+                               inputs={"x": x.shape}))
+    want = batch_pool_ref(x, None, "MAX")
+    assert want.tolist() == [[1, F(-3.4028234663852886e38), 1, F(-3.4028234663852886e38)]]
+    check_everywhere(model, {"x": x}, {"o": want}, tmp_path)

@@ -225,10 +225,37 @@ def test_batch_norm_scale(tmp_path, in_place):
     factor, gamma, beta = F(4.0), g.standard_normal(3).astype(F), g.standard_normal(3).astype(F)
     node_of(model, "bns").blobs = [mean, var, np.array([factor], F), gamma, beta]
     x = g.standard_normal(shape).astype(F)
-    v = (1, 3, 1, 1)
-    s = F(1) / factor
-    if in_place:
-        want = (x - (mean * s).reshape(v)) / np.sqrt((var * s).reshape(v) + F(0.001)) * gamma.reshape(v) + beta.reshape(v)
-    else:
-        want = x * gamma.reshape(v) + beta.reshape(v)
-    check_everywhere(model, {"x": x}, {"o": want.astype(F)}, tmp_path, atol=1e-5, rtol=1e-5)
+    want = bns_ref(x, mean, var, factor, gamma, beta, 0.001, in_place)
+    check_everywhere(model, {"x": x}, {"o": want}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def bns_ref(x, mean, var, factor, gamma, beta, eps, in_place):
+    """batch_norm_scale_layer.cpp at TEST, element by element in float32: s = 1 / factor (0 for 0), the
+    centred value scaled by 1 / sqrt(s var + eps) (caffe_cpu_scale), then gamma * (that, or the untouched
+    bottom out of place) + beta."""
+    out = np.empty_like(x)
+    s = F(0) if factor == 0 else F(F(1) / F(factor))
+    for i in np.ndindex(x.shape):
+        c = i[1] if x.ndim > 1 else 0
+        if in_place:
+            inv = F(F(1) / F(np.sqrt(F(F(var[c] * s) + F(eps)))))
+            v = F(F(x[i] - F(mean[c] * s)) * inv)
+        else:
+            v = x[i]
+        out[i] = F(F(gamma[c] * v) + beta[c])
+    return out
+
+
+@pytest.mark.parametrize("factor", [0.0, 3.0])
+def test_batch_norm_scale_one_axis_and_factors(tmp_path, factor):
+    """A 1-axis bottom is one channel; factor 0 zeroes the statistics; a factor like 3 makes 1 / factor inexact."""
+    g = rng(35)
+    model = load_from_text(net(BNS.format(top="x"), inputs={"x": (5,)}) +
+                           '\nlayer { name: "out" type: "Power" bottom: "x" top: "o" }', random_weights=True)
+    blobs = [g.standard_normal(1).astype(F), g.uniform(0.5, 2, 1).astype(F), np.array([factor], F),
+             g.standard_normal(1).astype(F), g.standard_normal(1).astype(F)]
+    node_of(model, "bns").blobs = blobs
+    x = g.standard_normal(5).astype(F)
+    want = bns_ref(x, blobs[0], blobs[1], factor, blobs[3], blobs[4], 0.001, True)
+    assert model.run({"x": x})["o"].shape == (5,)
+    check_everywhere(model, {"x": x}, {"o": want}, tmp_path, atol=1e-6, rtol=1e-6)

@@ -117,3 +117,27 @@ def test_pose_layers(tmp_path, joints):
 def test_pose_evaluate_refuses_other_joint_counts():
     with pytest.raises(CaffeqError, match="num_joint must be 9, 3 or 2"):
         load_from_text(net(POSE.format(j=16), inputs={"mask": (1, 1, 4, 4), "other": (1, 16, 4, 4)}))
+
+
+def test_heatmap_error_of_differently_shaped_bottoms(tmp_path):
+    """caffe_sub over C x H x W values per image, whatever the shapes: (2, 1, 1, 4) against (2, 4, 1, 1)."""
+    g = rng(42)
+    a, b = g.standard_normal((2, 1, 1, 4)).astype(np.float32), g.standard_normal((2, 4, 1, 1)).astype(np.float32)
+    layer = 'layer { name: "err" type: "HeatmapError" bottom: "a" bottom: "b" top: "e" heatmap_error_param { scale: 0.5 } }'
+    model = load_from_text(net(layer, inputs={"a": a.shape, "b": b.shape}))
+    d = (a.reshape(2, -1) - b.reshape(2, -1)).astype(np.float64)
+    want = ((d * d).sum(axis=1) / 2 * 0.5).reshape(2, 1, 1, 1).astype(np.float32)
+    check_everywhere(model, {"a": a, "b": b}, {"e": want}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+def test_pose_create_of_a_nan_centre_is_empty(tmp_path):
+    """int(NaN) is INT_MIN where the fork runs: a centre that far gives an all-zero map, not NaN."""
+    centres = np.array([[[[np.nan, 1, 1.7, 2.2]]]], np.float32)
+    layer = ('layer { name: "heat" type: "PoseCreate" bottom: "c" bottom: "like" top: "h" '
+             'pose_create_param { num_joint: 2 } }')
+    model = load_from_text(net(layer, inputs={"c": centres.shape, "like": (1, 1, 4, 5)}))
+    want = pose_create_ref(np.array([[[[0, 0, 1.7, 2.2]]]], np.float32), 4, 5)
+    got = model.run({"c": centres, "like": np.zeros((1, 1, 4, 5), np.float32)})["h"]
+    assert (got[0, 0] == 0).all() and np.array_equal(got, want)
+    check_everywhere(model, {"c": centres, "like": np.zeros((1, 1, 4, 5), np.float32)}, {"h": want}, tmp_path,
+                     atol=1e-6, rtol=1e-6)

@@ -41,6 +41,21 @@ def test_label_maps(tmp_path):
                            'oldlabel: 1 oldlabel: 2 newlabel: 3 } }', inputs={"data": (1, 1, 2, 2)}))
 
 
+@pytest.mark.parametrize("in_place", [False, True])
+def test_label_maps_in_place_and_unmatched_non_finite_values(tmp_path, in_place):
+    """Unmatched inf and NaN give 0; in place the fork compares the zero it just wrote: the map of 0."""
+    x = np.array([[3, np.inf, np.nan, -np.inf, 0, 4]], F32)
+    top = "x" if in_place else "y"
+    text = net(f'layer {{ name: "r" type: "RemapLabels" bottom: "x" top: "{top}" remap_labels_param {{ oldlabel: 3 '
+               f'newlabel: 2 oldlabel: 0 newlabel: 7 }} }}', inputs={"x": x.shape})
+    if in_place:
+        text += '\nlayer { name: "copy" type: "Power" bottom: "x" top: "y" }'
+    model = load_from_text(text)
+    want = np.full_like(x, 7) if in_place else remap_ref(x, [3, 0], [2, 7])
+    assert want.tolist() == ([[7] * 6] if in_place else [[2, 0, 0, 0, 7, 0]])
+    check_everywhere(model, {"x": x}, {"y": want}, tmp_path)
+
+
 @pytest.mark.parametrize("kind, decay", [("L1", 0.5), ("L2", 0.25)])
 def test_output_decay(tmp_path, kind, decay):
     layers = (f'layer {{ name: "d" type: "OutputDecay" bottom: "x" top: "x" output_decay_param {{ '

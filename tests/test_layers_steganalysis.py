@@ -119,15 +119,21 @@ def dctrqt_ref(x, step, threshold):
     return out
 
 
-@pytest.mark.parametrize("step", [1.0, 2.0, 4.0])
+@pytest.mark.parametrize("step", [1.0, 2.0, 4.0, 3.0, 0.7])
 def test_dctrqt(tmp_path, step):
-    """hybrid_deep_learning_framework's three DctrQT layers on one DCT conv: T 4, q 1, 2 and 4."""
+    """hybrid_deep_learning_framework's three DctrQT layers on one DCT conv: T 4, q 1, 2 and 4, and steps whose
+    quotients are inexact, on values around the halves."""
     x = (rng(51).standard_normal((2, 25, 5, 6)) * 8).astype(F32)
     x.reshape(-1)[:6] = [0.5 * step, -0.5 * step, 1.5 * step, -2.5 * step, 3.49 * step, -99]   # halves, the cap
+    around = np.array([k + 0.5 for k in range(-4, 4)], np.float64) * step
+    x.reshape(-1)[6:6 + 3 * len(around)] = np.concatenate([np.nextafter(around.astype(F32), F32(-np.inf)),
+                                                             around.astype(F32),
+                                                             np.nextafter(around.astype(F32), F32(np.inf))])
     layer = f'layer {{ name: "q" type: "DctrQT" bottom: "x" top: "o" dctrqt_param {{ threshold: 4 quantization_step: {step} }} }}'
     model = load_from_text(net(layer, inputs={"x": x.shape}))
     want = dctrqt_ref(x, step, 4)
-    assert want.reshape(-1)[:6].tolist() == [1, 1, 2, 3, 3, 4]
+    if step in (1.0, 2.0, 4.0):
+        assert want.reshape(-1)[:6].tolist() == [1, 1, 2, 3, 3, 4]
     check_everywhere(model, {"x": x}, {"o": want}, tmp_path)
     with pytest.raises(LayerError, match="in-place"):
         load_from_text(net('layer { name: "q" type: "DctrQT" bottom: "x" top: "x" }', inputs={"x": (1, 2)}))

@@ -12,10 +12,12 @@ in those nets, runs: happynear.py.)
 BatchPool (b934325, src/caffe/layers/batch_pool_layer.cpp, CPU only; Quality Aware Network's set pooling):
 features (N, C, H, W) (at most 4 axes) -> (1, C, H, W).  With a second bottom of N weights (any shape, read
 flat) the top is sum_n w[n] x[n] whatever batch_pool_param.pool says (the nets normalize the weights first,
-with an L1 Normalization); alone, AVE is the batch mean and MAX the batch maximum.  STOCHASTIC is not
-implemented in the fork: refused.
+with an L1 Normalization); alone, AVE is the batch mean and MAX the batch maximum as the fork's loop takes
+it: from -FLT_MAX, a value replacing it only when greater (NaN never does, all -inf gives -FLT_MAX).
+STOCHASTIC is not implemented in the fork: refused.
 """
 import numpy as np
+import torch
 
 from .norm import onnx_reduce
 from .registry import Layer, LayerError, ReadOnlyLayer, canonical_axis, count, need_blobs, register_layer
@@ -64,8 +66,9 @@ def batch_pool(x, weights, pool: str):
         w = weights.reshape(-1)[: x.shape[0]].reshape((-1,) + (1,) * (x.dim() - 1))
         return (w * x).sum(dim=0, keepdim=True)
     if pool == "MAX":
-        return x.max(dim=0, keepdim=True).values
-    return x.sum(dim=0, keepdim=True) / x.shape[0]
+        lowest = torch.tensor(-3.4028234663852886e38, dtype=x.dtype, device=x.device)   # -FLT_MAX
+        return torch.maximum(torch.where(torch.isnan(x), lowest, x).amax(dim=0, keepdim=True), lowest)
+    return x.sum(dim=0, keepdim=True) / torch.tensor(float(x.shape[0]), dtype=x.dtype, device=x.device)
 
 
 @register_layer("BatchPool")
@@ -96,7 +99,9 @@ class BatchPool(Layer):
             w = ctx.op("Reshape", [node.inputs[1], ctx.i64([shape[0]] + [1] * (len(shape) - 1))], "w", name=node.name)
             onnx_reduce(ctx, "ReduceSum", ctx.op("Mul", [w, x], "weighted"), [0], True, out=node.outputs[0])
         elif node.attrs["pool"] == "MAX":
-            onnx_reduce(ctx, "ReduceMax", x, [0], True, out=node.outputs[0])
+            lowest = ctx.f32(-3.4028234663852886e38)
+            finite = ctx.op("Where", [ctx.op("IsNaN", [x], "nan", name=node.name), lowest, x], "no_nan")
+            ctx.add_node("Max", [onnx_reduce(ctx, "ReduceMax", finite, [0], True), lowest], [node.outputs[0]])
         else:
             total = onnx_reduce(ctx, "ReduceSum", x, [0], True)
             ctx.add_node("Div", [total, ctx.f32(float(shape[0]))], [node.outputs[0]], name=node.name)

@@ -109,8 +109,9 @@ def centernet_detections(loc, heat, threshold: float, nms_threshold: float, keep
         keep = pixel_iou_nms(x1, y1, x2, y2, bw * bh, score, nms_threshold)
         if keep_top_k > 0:
             keep = keep[:keep_top_k]
+        span_w, span_h = (torch.tensor(4.0 * d, dtype=dt, device=dev) for d in (w, h))   # divided, not scaled
         cols = [torch.full_like(score[keep], float(i)), cls[keep].to(dt) + 1, score[keep],
-                x1[keep] / (4 * w), y1[keep] / (4 * h), x2[keep] / (4 * w), y2[keep] / (4 * h)]
+                x1[keep] / span_w, y1[keep] / span_h, x2[keep] / span_w, y2[keep] / span_h]
         if has_lm:
             bw_c, bh_c = (x2 - x1)[keep], (y2 - y1)[keep]
             for k in range(10):    # the five landmarks' x, y
@@ -184,7 +185,7 @@ def center_grid_detections(maps: list, anchors: list[int], softmax: bool, has_lm
 
 def batch_norm_scale(x, mean, variance, factor, gamma, beta, eps: float, batch_statistics: bool, in_place: bool):
     """BatchNormScale's forward (see the module docstring); statistics along axis 1."""
-    view = (1, -1) + (1,) * (x.dim() - 2)
+    view = (1, -1) + (1,) * (x.dim() - 2) if x.dim() > 1 else (-1,)
     if not in_place:
         return x * gamma.reshape(view) + beta.reshape(view)
     if batch_statistics:
@@ -195,7 +196,8 @@ def batch_norm_scale(x, mean, variance, factor, gamma, beta, eps: float, batch_s
         f = factor.reshape(())
         s = torch.where(f == 0, torch.zeros_like(f), 1.0 / f)
         mu, var = (mean * s).reshape(view), (variance * s).reshape(view)
-    return (x - mu) / (var + eps).sqrt() * gamma.reshape(view) + beta.reshape(view)
+    inverse = 1.0 / (var + eps).sqrt()    # the fork scales by 1 / std (caffe_cpu_scale), not a division
+    return (x - mu) * inverse * gamma.reshape(view) + beta.reshape(view)
 
 
 class BatchNormScaleModule(nn.Module):
@@ -275,7 +277,10 @@ def _onnx_rows(ctx, cols):
 
 
 def _onnx_image_column(ctx, like, value):
-    return ctx.op("Add", [ctx.op("Mul", [like, ctx.f32(0.0)], "zeros"), ctx.f32(float(value))], "const_col")
+    """A column as long as `like` holding `value`."""
+    from onnx import numpy_helper
+    return ctx.op("ConstantOfShape", [ctx.op("Shape", [like], "rows")], "const_col",
+                  value=numpy_helper.from_array(np.array([value], np.float32)))
 
 
 def emit_centernet(ctx, node):
@@ -593,7 +598,8 @@ class BatchNormScale(Layer):
         mean = (np.asarray(node.blobs[0], np.float32) * s).reshape(view)
         std = np.sqrt((np.asarray(node.blobs[1], np.float32) * s).reshape(view) + np.float32(a["eps"]))
         centred = ctx.op("Sub", [x, ctx.const(mean, node.name + "_mean")], "centred", name=node.name)
-        normed = ctx.op("Div", [centred, ctx.const(std.astype(np.float32), node.name + "_std")], "normed")
+        inverse = (np.float32(1) / std.astype(np.float32)).astype(np.float32)
+        normed = ctx.op("Mul", [centred, ctx.const(inverse, node.name + "_inv_std")], "normed")
         scaled = ctx.op("Mul", [normed, ctx.const(gamma, node.name + "_gamma")], "scaled")
         ctx.add_node("Add", [scaled, ctx.const(beta, node.name + "_beta")], [node.outputs[0]])
 

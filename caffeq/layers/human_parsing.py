@@ -83,6 +83,7 @@ def joint_heatmaps(centres, height: int, width: int):
     """PoseCreate (see the module docstring): (N, 1, 1, 2J) centres -> (N, J, height, width)."""
     n = centres.shape[0]
     c = torch.trunc(centres.reshape(n, -1, 2).double())
+    c = torch.nan_to_num(c, nan=-2.0 ** 31)     # int(NaN) is INT_MIN on the fork's x86: a far centre, all 0
     cx, cy = c[..., 0, None, None], c[..., 1, None, None]
     yy = torch.arange(height, dtype=torch.float64, device=centres.device).reshape(height, 1)
     xx = torch.arange(width, dtype=torch.float64, device=centres.device).reshape(1, width)
@@ -94,7 +95,7 @@ def joint_heatmaps(centres, height: int, width: int):
 
 def heatmap_error(a, b, scale: float):
     """HeatmapError: scale * sum((a - b)^2) / 2 per image, (N, 1, 1, 1)."""
-    d = (a - b).reshape(a.shape[0], -1)
+    d = a.reshape(a.shape[0], -1) - b.reshape(b.shape[0], -1)   # flat, as caffe_sub: shapes may differ
     return ((d * d).sum(dim=1) / 2 * scale).reshape(-1, 1, 1, 1)
 
 

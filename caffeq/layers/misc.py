@@ -235,12 +235,14 @@ def replace_unit_axis_embeds(names, net):
     them (embed_layer.cpp: a last axis of size 1 is replaced by num_output, not kept), all of them, since the
     net was written for that Caffe (its unrolled decoders have one Embed per step); `names` are the ones
     whose shapes showed it.  Returns the note."""
+    changed = []
     for lp in net.layer:
         if lp.type == "Embed":
             lp.embed_param.replace_unit_axis = True
+            changed.append(lp.name)
     return (f"Embed layers replace their indexes' last axis of size 1 by num_output, as bottom-up-attention's "
             f"Caffe does (BVLC appends an axis): the only reading the net's shapes fit "
-            f"({', '.join(repr(n) for n in names)} showed it)")
+            f"({', '.join(repr(n) for n in names)} showed it; all {len(changed)} Embed layer(s) of the net read so)")
 
 
 @register_layer("Embed")

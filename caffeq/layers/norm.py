@@ -636,7 +636,9 @@ class MVNFromAxis(MVN):
 
 def counted_softmax(x, counts, axis: int):
     """peteanderson80/caffe's Softmax with a second bottom: at each (outer, inner) position the softmax of
-    the first int(count) entries along `axis` (count read as (outer, 1, inner)), 0 beyond them."""
+    the first int(count) entries along `axis` (count read as (outer, 1, inner)), 0 beyond them, as the
+    fork's test checks for counts 1 to C.  Its softmax_layer.cpp is not public: here a count above C takes
+    every entry and one below 1 gives NaN (0 / 0)."""
     view = [1] * x.dim()
     view[axis] = x.shape[axis]
     index = torch.arange(x.shape[axis], device=x.device).reshape(view)
@@ -659,7 +661,7 @@ class Softmax(Layer):
     def infer(self, attrs, in_shapes):
         s = in_shapes[0]
         attrs["_axis"] = canonical_axis(attrs["axis"], len(s), "softmax_param.axis")
-        if attrs["counted"]:
+        if attrs.get("counted"):
             positions = count(s) // s[attrs["_axis"]] if s[attrs["_axis"]] else 0
             if count(in_shapes[1]) != positions:
                 raise LayerError(f"Softmax's counts {list(in_shapes[1])} must hold one value per position outside "
@@ -672,14 +674,14 @@ class Softmax(Layer):
         return torch.softmax(x, dim=attrs["_axis"])
 
     def onnx(self, ctx, node):
-        if node.attrs["counted"]:
+        if node.attrs.get("counted"):
             _emit_counted_softmax(ctx, node)
             return
         emit_softmax(ctx, node.inputs[0], node.outputs[0], node.attrs["_axis"],
                      len(ctx.shape(node.inputs[0])), name=node.name)
 
     def pytorch_source(self, node, emit):
-        if node.attrs["counted"]:
+        if node.attrs.get("counted"):
             return f"{emit.helper(counted_softmax)}({emit.inputs[0]}, {emit.inputs[1]}, {node.attrs['_axis']})"
         m = emit.module(f"nn.Softmax(dim={node.attrs['_axis']})")  # torch.softmax, as forward
         return f"{m}({emit.inputs[0]})"

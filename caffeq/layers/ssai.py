@@ -140,8 +140,12 @@ class Augment(Layer):
 
 @register_layer("PatchTransformer")
 class PatchTransformer(Augment):
-    """Augment under its ssai-branch name (see the module docstring)."""
+    """Augment under its ssai-branch name (see the module docstring); one or two bottoms (image, label)."""
     param_field = "patch_transformer_param"
+
+    def parse(self, lp):
+        need_blobs(lp, "PatchTransformer", (1, 2), len(lp.bottom) or 1, "image (, label)")
+        return super().parse(lp)
 
 
 def _normalizes(attrs):

@@ -229,6 +229,11 @@ class ReLURecover(FunctionLayer):
 # ---- DctrQT, Trunc, SplitByPhase -------------------------------------------------------------------
 
 
+def dctr_qt(x, step: float, threshold: float):
+    """DctrQT: QUANTTRUNCABS of x / step (a tensor divisor: CUDA would multiply by a scalar's reciprocal)."""
+    return quant_trunc_abs(x / torch.tensor(step, dtype=x.dtype, device=x.device), "QUANTTRUNCABS", threshold)
+
+
 def split_by_phase(x):
     """(N, C, 8H, 8W) -> (N, C * 64, H, W): channel c * 64 + 8 i + j holds the pixels at rows 8h + i,
     columns 8w + j."""
@@ -247,16 +252,16 @@ class DctrQT(FunctionLayer):
         return {"step": step, "threshold": float(np.float32(p.threshold))}
 
     def forward(self, attrs, params, x):
-        return quant_trunc_abs(x / attrs["step"], "QUANTTRUNCABS", attrs["threshold"])
+        return dctr_qt(x, attrs["step"], attrs["threshold"])
 
     def onnx(self, ctx, node):
         quotient = ctx.op("Div", [node.inputs[0], ctx.f32(node.attrs["step"])], "quotient", name=node.name)
         onnx_quant_trunc_abs(ctx, quotient, node.outputs[0], "QUANTTRUNCABS", node.attrs["threshold"])
 
     def pytorch_source(self, node, emit):
-        fn = emit.helper(quant_trunc_abs)
+        emit.helper(quant_trunc_abs)
         a = node.attrs
-        return f"{fn}({emit.inputs[0]} / {emit.lit(a['step'])}, 'QUANTTRUNCABS', {emit.lit(a['threshold'])})"
+        return f"{emit.helper(dctr_qt)}({emit.inputs[0]}, {emit.lit(a['step'])}, {emit.lit(a['threshold'])})"
 
 
 @register_layer("Trunc")

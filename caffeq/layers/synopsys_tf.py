@@ -185,8 +185,10 @@ class Pad(Layer):
     def infer(self, attrs, in_shapes):
         s, pads = tuple(in_shapes[0]), attrs["paddings"]
         if len(pads) != 2 * len(s):
+            fpga = (" (fpga_caffe's Pad, which pads one axis, is read when its pad_param sets pad, pad_val, pad_to "
+                    "or axis)") if not pads and self.field == "pad_param" else ""
             raise LayerError(f"{self.field}.paddings holds {len(pads)} values; a {len(s)}-axis bottom "
-                             f"needs {2 * len(s)} (before, after per axis)")
+                             f"needs {2 * len(s)} (before, after per axis){fpga}")
         mode = attrs["mode"]
         for i, d in enumerate(s):
             b, a = pads[2 * i], pads[2 * i + 1]
