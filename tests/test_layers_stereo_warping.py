@@ -3,7 +3,7 @@
 onnxruntime and model.py."""
 import numpy as np
 import pytest
-from conftest import backend_outputs, net
+from conftest import backend_outputs, check_everywhere, net
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -91,3 +91,19 @@ def test_warping_checks_its_bottoms():
     with pytest.raises(LayerError, match=r"Warping \(lxx1991's\) takes an image .* and a flow \(N, 2, H, W\)"):
         load_from_text(net('layer { name: "b" type: "Warping" bottom: "im" bottom: "u" top: "o" }',
                            inputs={"im": (1, 3, 4, 5), "u": (1, 1, 4, 5)}))
+
+
+# ---- Mirror (leonzfa/iResNet mirror_layer.cu MirrorForward) ------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
+def test_mirror_reverses_each_row(tmp_path, shape):
+    """The kernel's index map, top (n c H + c H + h) W + (W - 1 - w) = bottom index of w, over the legacy
+    num / channels / height / width (a 2-axis blob is (N, C, 1, 1): unchanged)."""
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    n, c, h, w = shape + (1,) * (4 - len(shape))
+    flat, want = x.reshape(-1), np.empty(x.size, np.float32)
+    for i in range(x.size):
+        ww, hh, cc, nn = i % w, (i // w) % h, (i // w // h) % c, i // w // h // c
+        want[(nn * c * h + cc * h + hh) * w + (w - 1 - ww)] = flat[i]
+    model = load_from_text(net('layer { name: "m" type: "Mirror" bottom: "x" top: "y" }', inputs={"x": shape}))
+    check_everywhere(model, {"x": x}, {"y": want.reshape(shape)}, tmp_path)

@@ -10,6 +10,11 @@ rounding yy + 1 can reach the next integer while floor(yy) has not).  When x1, x
 y1, y2 in [0, H - 1] every channel gets
     (y2 - yy) ((x2 - xx) I[y1, x1] + (xx - x1) I[y1, x2]) + (yy - y1) ((x2 - xx) I[y2, x1] + (xx - x1) I[y2, x2]),
 else 0.  A NaN coordinate converts to index 0 (CUDA's float-to-int), its weights staying NaN.
+
+Mirror (leonzfa/iResNet 4e5b0b7, src/caffe/layers/mirror_layer.cu; GPU only, its CPU forward NOT_IMPLEMENTED):
+each row reversed, top[n, c, h, W - 1 - w] = bottom[n, c, h, w] over num / channels / height / width (a blob of
+fewer axes padded with 1s, as Blob's legacy accessors read it).  iResNet's "mirror" stereo nets flip both
+images, swap them, and flip the disparity back.
 """
 import torch
 
@@ -109,3 +114,31 @@ class GargWarping(Layer):
         emit.helper(pixels_at)
         emit.helper(flow_channel_by_pixel)
         return f"{emit.helper(garg_warp)}({', '.join(emit.inputs)})"
+
+
+@register_layer("Mirror")
+class Mirror(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "Mirror", 1, 1, in_place=False)
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        legacy_nchw(in_shapes[0], "Mirror")
+        return [tuple(in_shapes[0])]
+
+    def forward(self, attrs, params, x):
+        return x.flip(-1) if x.dim() == 4 else x.reshape(legacy_nchw(x.shape, "Mirror")).flip(-1).reshape(x.shape)
+
+    def onnx(self, ctx, node):
+        x = node.inputs[0]
+        shape = ctx.shape(x)
+        nchw = ctx.op("Reshape", [x, ctx.i64(list(legacy_nchw(shape, "Mirror")))], "nchw", name=node.name)
+        flipped = ctx.op("Slice", [nchw, ctx.i64([-1]), ctx.i64([-(2 ** 63)]), ctx.i64([3]), ctx.i64([-1])], "flip")
+        ctx.add_node("Reshape", [flipped, ctx.i64(list(shape))], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        shape = emit.in_shape(0)
+        x = emit.inputs[0]
+        if len(shape) == 4:
+            return f"{x}.flip(-1)"
+        return f"{x}.reshape({tuple(legacy_nchw(shape, 'Mirror'))}).flip(-1).reshape({x}.shape)"
