@@ -259,3 +259,13 @@ def test_batch_norm_scale_one_axis_and_factors(tmp_path, factor):
     want = bns_ref(x, blobs[0], blobs[1], factor, blobs[3], blobs[4], 0.001, True)
     assert model.run({"x": x})["o"].shape == (5,)
     check_everywhere(model, {"x": x}, {"o": want}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind, want", [("CenterGridOutput", "at least 3 bottoms"), ("HeatmapError", "at least 2 bottoms"),
+                                        ("BeamSearch", "at least one bottom"), ("HWCN", "at least one bottom"),
+                                        ("CPFPConversion", "at least one bottom")])
+def test_open_ended_bottom_counts_are_one_short_line(kind, want):
+    """A layer taking "N or more" bottoms words the count once (a range of every allowed count would list them)."""
+    with pytest.raises(CaffeqError) as e:
+        load_from_text(f'layer {{ name: "x" type: "{kind}" top: "o" }}')
+    assert want in str(e.value) and len(str(e.value)) < 300

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, four_axes, need_blobs, register_layer, torch_sources
+from .registry import AT_LEAST, Layer, LayerError, four_axes, need_blobs, register_layer, torch_sources
 from .ssd.common import emit_detection_top
 
 LANDMARK_VALUES = 10
@@ -470,7 +470,7 @@ class CenterGridOutput(Layer):
     data_dependent_shape = True
 
     def parse(self, lp):
-        need_blobs(lp, "CenterGridOutput", range(3, 1 << 16), 1, "one map per scale")
+        need_blobs(lp, "CenterGridOutput", range(3, AT_LEAST), 1, "one map per scale")
         p = lp.detection_output_param
         a = _thresholds(p)
         a["softmax"] = p.class_type == p.SOFTMAX

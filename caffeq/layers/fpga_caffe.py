@@ -21,6 +21,7 @@ import math
 import torch
 
 from .registry import (
+    AT_LEAST,
     Layer,
     LayerError,
     ReadOnlyLayer,
@@ -58,7 +59,7 @@ def resize_axis(x, axis: int, size: int):
 @register_layer("HWCN")
 class HWCN(Layer):
     def parse(self, lp):
-        need_blobs(lp, "HWCN", range(1, 1 << 16), len(lp.bottom) or 1)
+        need_blobs(lp, "HWCN", range(1, AT_LEAST), len(lp.bottom) or 1)
         return {"convert_to": bool(lp.hwcn_param.convert_to)}
 
     def infer(self, attrs, in_shapes):
@@ -99,7 +100,7 @@ _FPGA_PAD_FIELDS = ("pad", "pad_val", "pad_to", "axis")
 @claim_layers("Pad", lambda lp: any(lp.pad_param.HasField(f) for f in _FPGA_PAD_FIELDS))
 class FpgaPad(Layer):
     def parse(self, lp):
-        need_blobs(lp, "Pad (fpga_caffe)", range(1, 1 << 16), len(lp.bottom) or 1)
+        need_blobs(lp, "Pad (fpga_caffe)", range(1, AT_LEAST), len(lp.bottom) or 1)
         p = lp.pad_param
         if p.paddings:
             raise LayerError("pad_param mixes synopsys-caffe's paddings with fpga_caffe's pad / pad_val / pad_to / "
@@ -152,7 +153,7 @@ class FpgaPad(Layer):
 @register_layer("CPFPConversion")
 class CPFPConversion(ReadOnlyLayer):
     def parse(self, lp):
-        need_blobs(lp, "CPFPConversion", range(1, 1 << 16), len(lp.bottom) or 1)
+        need_blobs(lp, "CPFPConversion", range(1, AT_LEAST), len(lp.bottom) or 1)
         return {"name": lp.name}
 
     def infer(self, attrs, in_shapes):

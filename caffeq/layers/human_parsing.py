@@ -20,7 +20,7 @@ import math
 import numpy as np
 import torch
 
-from .registry import Layer, LayerError, four_axes, need_blobs, register_layer
+from .registry import AT_LEAST, Layer, LayerError, four_axes, need_blobs, register_layer
 
 
 def best_class_last_tie(x):
@@ -200,7 +200,7 @@ class PoseCreate(Layer):
 @register_layer("HeatmapError")
 class HeatmapError(Layer):
     def parse(self, lp):
-        need_blobs(lp, "HeatmapError", range(2, 1 << 16), 1, "prediction, label")
+        need_blobs(lp, "HeatmapError", range(2, AT_LEAST), 1, "prediction, label")
         scale = float(lp.heatmap_error_param.scale)
         if not scale > 0:
             raise LayerError(f"heatmap_error_param.scale must be > 0, got {scale}")

@@ -16,7 +16,7 @@ and 1d3e827, whose forwards agree): LSTMNode, and the beam-search layers BeamSea
 import torch
 from torch import nn
 
-from .registry import Layer, LayerError, ReadOnlyLayer, count, need_blobs, positive_field, register_layer
+from .registry import AT_LEAST, Layer, LayerError, ReadOnlyLayer, count, need_blobs, positive_field, register_layer
 
 
 def lstm_node(x, c_prev, weight, bias, cont=None):
@@ -150,7 +150,7 @@ class BeamSearchNode(ReadOnlyLayer):
 @register_layer("BeamSearch")
 class BeamSearch(ReadOnlyLayer):
     def parse(self, lp):
-        need_blobs(lp, "BeamSearch", range(1, 1 << 16), 3, "the inner net's inputs")
+        need_blobs(lp, "BeamSearch", range(1, AT_LEAST), 3, "the inner net's inputs")
         a = _beam_param(lp)
         p = lp.beam_search_param
         if not (p.HasField("net_param") or p.net):
