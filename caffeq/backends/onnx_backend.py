@@ -128,6 +128,14 @@ class OnnxContext:
         return self.op("Mul", [self.op("Sign", [x], "sign", name=name),
                                self.op("Floor", [self.op("Abs", [x], "abs")], "floor")], hint)
 
+    def filled(self, like, value, hint="filled", name=None):
+        """A float32 tensor shaped like `like` holding `value` everywhere (ConstantOfShape: no arithmetic on
+        `like`, so its inf and NaN do not leak in)."""
+        import onnx.numpy_helper
+        shape = self.op("Shape", [like], f"{hint}_shape", name=name)
+        return self.op("ConstantOfShape", [shape], hint,
+                       value=onnx.numpy_helper.from_array(np.array([value], np.float32)))
+
     def nms_threshold(self, t, drops_equal=False):
         """The float32 IoU threshold for NonMaxSuppression (which drops IoU > t and takes t in [0, 1]) that
         makes the layer's decisions: it drops IoU > t, or IoU >= t with drops_equal.  Above 1 nothing is

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import AT_LEAST, Layer, LayerError, four_axes, need_blobs, register_layer, torch_sources
+from .registry import AT_LEAST, Layer, LayerError, four_axes, need_blobs, register_layer
 from .ssd.common import emit_detection_top
 
 LANDMARK_VALUES = 10
@@ -216,9 +216,6 @@ class BatchNormScaleModule(nn.Module):
                                 self.in_place)
 
 
-TORCH_CENTERNET = torch_sources(clamp_like_fork, pixel_iou_nms, center_rows, centernet_detections)
-TORCH_CENTER_GRID = torch_sources(clamp_like_fork, pixel_iou_nms, center_rows, center_grid_activate,
-                                  center_grid_detections)
 
 # ---- ONNX ------------------------------------------------------------------------------------------
 
@@ -276,13 +273,6 @@ def _onnx_rows(ctx, cols):
     return ctx.op("Concat", [ctx.op("Unsqueeze", [c, ctx.i64([1])], "col") for c in cols], "rows", axis=1)
 
 
-def _onnx_image_column(ctx, like, value):
-    """A column as long as `like` holding `value`."""
-    from onnx import numpy_helper
-    return ctx.op("ConstantOfShape", [ctx.op("Shape", [like], "rows")], "const_col",
-                  value=numpy_helper.from_array(np.array([value], np.float32)))
-
-
 def emit_centernet(ctx, node):
     a = node.attrs
     loc, heat = node.inputs[:2]
@@ -321,7 +311,7 @@ def emit_centernet(ctx, node):
         score_k, x1k, y1k, x2k, y2k = kept[:5]
         label_k, marks = kept[-1], kept[5:-1]
         boxes = [ctx.op("Div", [c, ctx.f32(4.0 * d)], "norm") for c, d in ((x1k, w), (y1k, h), (x2k, w), (y2k, h))]
-        blocks.append(_onnx_rows(ctx, [_onnx_image_column(ctx, score_k, i), label_k, score_k, *boxes, *marks]))
+        blocks.append(_onnx_rows(ctx, [ctx.filled(score_k, i, "image"), label_k, score_k, *boxes, *marks]))
     rows = blocks[0] if len(blocks) == 1 else ctx.op("Concat", blocks, "all_rows", axis=0)
     emit_detection_top(ctx, ctx.op, rows, loc, node.outputs[0], 17 if a["has_lm"] else 7)
 
@@ -395,8 +385,8 @@ def emit_center_grid(ctx, node):
         kept = _onnx_kept(ctx, node, cand, a["nms_threshold"], a["keep_top_k"])
         scale = [a["net_width"], a["net_height"]]
         values = [ctx.op("Div", [c_, ctx.f32(float(scale[j % 2]))], "norm") for j, c_ in enumerate(kept[1:])]
-        blocks.append(_onnx_rows(ctx, [_onnx_image_column(ctx, kept[0], i),
-                                                _onnx_image_column(ctx, kept[0], 1), kept[0], *values]))
+        blocks.append(_onnx_rows(ctx, [ctx.filled(kept[0], i, "image"),
+                                                ctx.filled(kept[0], 1, "label"), kept[0], *values]))
     rows = blocks[0] if len(blocks) == 1 else ctx.op("Concat", blocks, "all_rows", axis=0)
     emit_detection_top(ctx, ctx.op, rows, node.inputs[0], node.outputs[0], 17 if a["has_lm"] else 7)
 
@@ -459,7 +449,8 @@ class CenternetDetectionOutput(Layer):
         emit_centernet(ctx, node)
 
     def pytorch_source(self, node, emit):
-        emit.helper(TORCH_CENTERNET)
+        for fn in (clamp_like_fork, pixel_iou_nms, center_rows, centernet_detections):
+            emit.helper(fn)     # one helper each: a net with both detection outputs writes the shared ones once
         emit.note(f"{node.name} (CenternetDetectionOutput): the number of rows depends on the data")
         args = ", ".join(emit.lit(v, exact=True) if isinstance(v, float) else repr(v) for v in self._args(node.attrs))
         return f"centernet_detections({emit.inputs[0]}, {emit.inputs[1]}, {args})"
@@ -525,7 +516,8 @@ class CenterGridOutput(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        emit.helper(TORCH_CENTER_GRID)
+        for fn in (clamp_like_fork, pixel_iou_nms, center_rows, center_grid_activate, center_grid_detections):
+            emit.helper(fn)
         emit.note(f"{node.name} (CenterGridOutput): the number of rows depends on the data")
         maps = emit.tmp("activated")
         emit.stmt(f"{maps} = [center_grid_activate(x, {a['softmax']!r}, {a['has_lm']!r}) for x in "

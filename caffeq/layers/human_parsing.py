@@ -147,7 +147,7 @@ class PoseEvaluate(Layer):
 
         def centre(v, hint):
             mean = ctx.op("Div", [total(ctx.op("Mul", [member, v], hint + "_w"), hint + "_total"), safe], hint + "_mean")
-            whole = ctx.op("Cast", [ctx.op("Cast", [mean], hint + "_int", to=7)], hint + "_trunc", to=1)
+            whole = ctx.op("Cast", [ctx.trunc(mean, hint + "_trunc")], hint + "_f", to=1)
             return ctx.op("Unsqueeze", [ctx.op("Where", [some, whole, ctx.f32(0.0)], hint), ctx.i64([2])], hint + "_c")
         xy = ctx.op("Concat", [centre(cols, "cx"), centre(rows, "cy")], "xy", axis=2)
         ctx.add_node("Reshape", [xy, ctx.i64([n, 1, 1, -1])], [node.outputs[0]], name=node.name)

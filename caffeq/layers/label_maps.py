@@ -37,8 +37,7 @@ class _LabelMap(Layer):
     def onnx(self, ctx, node):
         a = node.attrs
         x = node.inputs[0]
-        zeros = ctx.op("ConstantOfShape", [ctx.op("Shape", [x], "shape", name=node.name)], "zeros",
-                       value=onnx_float_tensor(0.0))
+        zeros = ctx.filled(x, 0.0, "zeros", name=node.name)
         compared = zeros if a["in_place"] else x
         out = zeros
         for o, n in zip(a["old"], a["new"]):
@@ -52,11 +51,6 @@ class _LabelMap(Layer):
             fn = emit.helper(remap_in_place)
         return f"{fn}({emit.inputs[0]}, {a['old']!r}, {a['new']!r})"
 
-
-def onnx_float_tensor(value):
-    """A one-value float32 TensorProto (ConstantOfShape's `value`)."""
-    from onnx import numpy_helper
-    return numpy_helper.from_array(np.array([value], np.float32))
 
 
 def _f32(values):

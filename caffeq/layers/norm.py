@@ -694,7 +694,7 @@ def _emit_counted_softmax(ctx, node):
     view[axis] = shape[axis]
     index = ctx.const(np.arange(shape[axis], dtype=np.float32).reshape(view))
     shape[axis] = 1
-    whole = ctx.op("Cast", [ctx.op("Cast", [counts], "count_int", to=7, name=node.name)], "count_trunc", to=1)
+    whole = ctx.trunc(counts, "count_trunc", name=node.name)
     keep = ctx.op("Less", [index, ctx.op("Reshape", [whole, ctx.i64(shape)], "counts")], "keep")
     masked = ctx.op("Where", [keep, x, ctx.f32(float("-inf"))], "masked")
     top = onnx_reduce(ctx, "ReduceMax", masked, [axis], True)
