@@ -147,6 +147,7 @@ from . import (  # noqa: F401,E402
     shape_ops,
     si_convnet,
     skimcaffe,
+    softmax,
     sophgo_detection,
     spatial_transformer,
     spn,
@@ -173,6 +174,7 @@ from . import (  # noqa: F401,E402
     xnor_net,
     yolo,
     yolo2_region_boxes,
+    yolo_detection,
     yolo_v2_output,
 )
 from .registry import (

@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import DataLayer
-from .norm import Softmax
 from .pooling_nd import POOL_AVE, POOL_MAX, WindowPool3d, pool_extents
 from .registry import Layer, LayerError, count, need_blobs, needs_input_shape, register_layer, torch_sources
+from .softmax import Softmax
 
 
 def _one(values, name):

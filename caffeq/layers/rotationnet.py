@@ -4,8 +4,8 @@ spatial position; the top is the bottom's shape.  The channels must be a multipl
 reads past its buffer otherwise).  ImageDataParameter.num_rotation only groups an object's views when the
 list is shuffled.
 """
-from .norm import emit_softmax
 from .registry import Layer, LayerError, need_blobs, register_layer
+from .softmax import emit_softmax
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 

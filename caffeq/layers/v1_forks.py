@@ -21,9 +21,9 @@ import numpy as np
 import torch.nn.functional as F
 
 from .common import Silence
-from .norm import Softmax
 from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer
 from .segaware import im2col_bottom_conv as grouped_1x1_conv  # NIN's cccp computes the same
+from .softmax import Softmax
 
 # ---- Padding -----------------------------------------------------------------------------
 

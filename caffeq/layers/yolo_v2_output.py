@@ -32,7 +32,7 @@ import torch
 
 from ..errors import ExportError
 from .registry import Layer, LayerError, claim_layers, torch_sources
-from .yolo import emit_rows_or_fallback, emit_yolo_candidates, yolo_v2_candidates
+from .yolo_detection import emit_rows_or_fallback, emit_yolo_candidates, yolo_v2_candidates
 
 
 def yolo_v2_cell_order_rows(x, biases: list[float], num_box: int, num_classes: int, threshold: float,
