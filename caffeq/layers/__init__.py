@@ -78,6 +78,7 @@ from . import (  # noqa: F401,E402
     iresnet,
     jialinwu_rfcn,
     jigsaw,
+    kohuthonza_xnor,
     label_maps,
     landmark_crops,
     landmark_structure,

@@ -495,18 +495,20 @@ class TransformedWeights:
         """The weights as the forward uses them (a torch tensor), or None where they stay as stored."""
         return None
 
-    def bias_transform(self, attrs, bias):
-        """The bias (blob 1) as the forward uses it, or None where it stays as stored."""
+    def bias_transform(self, attrs, bias, weight):
+        """The bias (blob 1) as the forward uses it, or None where it stays as stored; weight is the stored
+        blob 0."""
         return None
 
     def weight_transform_note(self, attrs):
         return None
 
     def forward(self, attrs, params, *xs):
-        weight = self.weight_transform(attrs, params[0])
+        stored = params[0]
+        weight = self.weight_transform(attrs, stored)
         if weight is not None:
             params = [weight] + list(params[1:])
-        bias = self.bias_transform(attrs, params[1]) if len(params) > 1 else None
+        bias = self.bias_transform(attrs, params[1], stored) if len(params) > 1 else None
         if bias is not None:
             params = [params[0], bias] + list(params[2:])
         return super().forward(attrs, params, *xs)
@@ -517,12 +519,13 @@ class TransformedWeights:
         q = copy.copy(node)
         if node.blobs is not None:
             q.blobs = [None if b is None else np.array(b, dtype=np.float32, copy=True) for b in node.blobs]
-            if q.blobs and q.blobs[0] is not None:
+            stored = torch.from_numpy(q.blobs[0].copy()) if q.blobs and q.blobs[0] is not None else None
+            if stored is not None:
                 weight = self.weight_transform(node.attrs, torch.from_numpy(q.blobs[0]))
                 if weight is not None:
                     q.blobs[0] = weight.numpy()
             if len(q.blobs) > 1 and q.blobs[1] is not None:
-                bias = self.bias_transform(node.attrs, torch.from_numpy(q.blobs[1]))
+                bias = self.bias_transform(node.attrs, torch.from_numpy(q.blobs[1]), stored)
                 if bias is not None:
                     q.blobs[1] = bias.numpy()
         q.quant, q.shared_from = {}, {}

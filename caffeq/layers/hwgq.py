@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from .conv import Convolution, InnerProduct, TransformedConvolution, TransformedInnerProduct, TransformedWeights
+from .kohuthonza_xnor import is_kohuthonza, kohuthonza_alpha, kohuthonza_binarize, read_kohuthonza
 from .registry import Layer, LayerError, count, need_blobs, register_layer
 from .stochastic_quantization import bwn_weights, is_sq_fork, read_sq, refuse_random_sq
 
@@ -95,6 +96,8 @@ def hwgq_relu(x, negative_slope: float):
 def _read_binary_param(lp, field, attrs):
     notes = attrs.setdefault("reading_notes", [])
     base_field = "convolution_param" if field == "binary_convolution_param" else "inner_product_param"
+    if is_kohuthonza(lp, field):
+        return read_kohuthonza(lp, attrs)
     if not lp.HasField(field) and is_sq_fork(lp, base_field):
         # dongyp13/Stochastic-Quantization's BWN layers (their sq / ratio fields mark them)
         attrs["binarize"] = attrs["use_alpha"] = True
@@ -126,7 +129,15 @@ class _Binary(TransformedWeights):
         if attrs.get("sq_fork"):
             refuse_random_sq(attrs)
             return bwn_weights(weight)
+        if attrs.get("kohuthonza"):
+            return kohuthonza_binarize(weight, copysign=attrs["kohuthonza"] == "99ce5b63")
         return hwgq_binarize(weight, attrs["use_alpha"]) if attrs["binarize"] else None
+
+    def bias_transform(self, attrs, bias, weight):
+        # kohuthonza/caffe's head scales conv + bias by alpha: the bias by alpha here
+        if attrs.get("kohuthonza") == "4f68844b":
+            return bias * kohuthonza_alpha(weight).reshape(bias.shape)
+        return None
 
     def weight_transform_note(self, attrs):
         if attrs["binarize"]:

@@ -212,7 +212,7 @@ class _FixedWeights(TransformedWeights):
             return None
         return fix_values(weight, attrs["bit_width"], fix_position(weight, attrs["bit_width"], attrs["fix_method"]))
 
-    def bias_transform(self, attrs, bias):
+    def bias_transform(self, attrs, bias, weight):
         return self.weight_transform(attrs, bias)
 
     def weight_transform_note(self, attrs):
