@@ -989,3 +989,29 @@ def test_convolution_scaling_is_the_forks_gpu_convolution(tmp_path):
     assert any("its CPU forward first rescales" in w for w in model.warnings)
     w, b = (np.asarray(v, np.float32) for v in model.layers[-1].blobs)
     check_everywhere(model, {"x": x}, {"y": conv_ref(x, w, b, (1, 1), (1, 1))}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def test_v1_gradient_scaler_param_upgrades_and_the_layer_is_the_identity(tmp_path):
+    # madiken/skaffe_private_old examples/mnist_adaptation/lenet_train_test.prototxt (trimmed): a V1 layer the
+    # fork's own V1 message cannot hold; its schedule shapes the backward only
+    import numpy as np
+
+    from caffeq.model import load_from_text
+    text = '''input: "pool2" input_dim: 2 input_dim: 3 input_dim: 4 input_dim: 5
+layers { name: "grl" type: GRADIENT_SCALER bottom: "pool2" top: "grl"
+  gradient_scaler_param { lower_bound: 0.3 upper_bound: 1.0 alpha: 10.0 max_iter: 10000 } }'''
+    model = load_from_text(text)
+    node = next(n for n in model.layers if n.name == "grl")
+    assert node.type == "GradientScaler"
+    p = parse_prototxt_text(text).layers[0].gradient_scaler_param
+    assert (round(p.lower_bound, 4), p.upper_bound, p.alpha, p.max_iter) == (0.3, 1.0, 10.0, 10000)
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    np.testing.assert_array_equal(model.run({"pool2": x})["grl"], x)
+
+
+def test_pmls_shared_file_system_is_read():
+    # XinYao1994/pmls-caffe models/bvlc_alexnet/train_val.prototxt (trimmed): Poseidon's sharding switch
+    text = '''layer { name: "data" type: "Data" top: "data" top: "label"
+  data_param { source: "examples/imagenet/ilsvrc12_train_lmdb" batch_size: 256 backend: LMDB
+    shared_file_system: true } }'''
+    assert _layers(text)["data"].data_param.shared_file_system is True
