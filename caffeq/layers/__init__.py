@@ -68,6 +68,7 @@ from . import (  # noqa: F401,E402
     grid_pooling,
     grn,
     group_norm,
+    gti_quant,
     happynear,
     highway,
     hsroi_pooling,

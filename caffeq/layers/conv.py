@@ -503,12 +503,15 @@ class TransformedWeights:
     def weight_transform_note(self, attrs):
         return None
 
+    def transform_blobs(self, attrs, weight, bias):
+        """(weight, bias) as the forward uses them, None for one that stays as stored (bias None: no bias
+        blob).  Forks whose weights and bias are quantized together override this."""
+        new_bias = self.bias_transform(attrs, bias, weight) if bias is not None else None
+        return self.weight_transform(attrs, weight), new_bias
+
     def forward(self, attrs, params, *xs):
-        stored = params[0]
-        weight = self.weight_transform(attrs, stored)
-        if weight is not None:
-            params = [weight] + list(params[1:])
-        bias = self.bias_transform(attrs, params[1], stored) if len(params) > 1 else None
+        weight, bias = self.transform_blobs(attrs, params[0], params[1] if len(params) > 1 else None)
+        params = [params[0] if weight is None else weight] + list(params[1:])
         if bias is not None:
             params = [params[0], bias] + list(params[2:])
         return super().forward(attrs, params, *xs)
@@ -519,13 +522,12 @@ class TransformedWeights:
         q = copy.copy(node)
         if node.blobs is not None:
             q.blobs = [None if b is None else np.array(b, dtype=np.float32, copy=True) for b in node.blobs]
-            stored = torch.from_numpy(q.blobs[0].copy()) if q.blobs and q.blobs[0] is not None else None
-            if stored is not None:
-                weight = self.weight_transform(node.attrs, torch.from_numpy(q.blobs[0]))
+            if q.blobs and q.blobs[0] is not None:
+                has_bias = len(q.blobs) > 1 and q.blobs[1] is not None
+                weight, bias = self.transform_blobs(node.attrs, torch.from_numpy(q.blobs[0]),
+                                                    torch.from_numpy(q.blobs[1]) if has_bias else None)
                 if weight is not None:
                     q.blobs[0] = weight.numpy()
-            if len(q.blobs) > 1 and q.blobs[1] is not None:
-                bias = self.bias_transform(node.attrs, torch.from_numpy(q.blobs[1]), stored)
                 if bias is not None:
                     q.blobs[1] = bias.numpy()
         q.quant, q.shared_from = {}, {}
