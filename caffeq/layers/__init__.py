@@ -86,6 +86,7 @@ from . import (  # noqa: F401,E402
     learnable_dilation,
     local_conv,
     losses,
+    maf,
     margin,
     mergecrop,
     misc,

@@ -49,8 +49,9 @@ def space_to_depth_crd(x, stride: int):
     return y.reshape(n, c * s * s, h // s, w // s)
 
 
-def onnx_space_to_depth_crd(ctx, name, x, out, stride):
-    n, c, h, w = ctx.shape(x)
+def onnx_space_to_depth_crd(ctx, name, x, out, stride, shape=None):
+    """space_to_depth_crd as ONNX ops; `shape` is x's (N, C, H, W) where x is not an IR tensor."""
+    n, c, h, w = shape or ctx.shape(x)
     s = stride
     blocks = ctx.add_node("Reshape", [x, ctx.const(np.array([0, c, h // s, s, w // s, s], np.int64))],
                           [ctx.tmp(name + "_blocks")], name=name)[0]
