@@ -163,6 +163,7 @@ from . import (  # noqa: F401,E402
     subcnn,
     synopsys_binary,
     synopsys_tf,
+    topography,
     transfernet,
     ubernet,
     updown_captioner,
