@@ -67,8 +67,13 @@ def assert_close(ours, ref, atol, rtol, what=""):
     ours = np.asarray(ours, np.float64)
     ref = np.asarray(ref, np.float64)
     assert ours.shape == ref.shape, f"{what}: shape {ours.shape} != Caffe's {ref.shape}"
-    bound = atol + rtol * (np.abs(ref).max() if ref.size else 0.0)
-    err = np.abs(ours - ref).max() if ref.size else 0.0
+    nan = np.isnan(ref)
+    assert np.array_equal(np.isnan(ours), nan), f"{what}: NaN at other places than Caffe's"
+    # equal values (infinities included) and NaN against NaN agree; the rest within the bound
+    differ = ~((ours == ref) | nan)
+    finite = np.abs(ref[np.isfinite(ref)])
+    bound = atol + rtol * (finite.max() if finite.size else 0.0)
+    err = np.abs(ours - ref)[differ].max() if differ.any() else 0.0
     assert err <= bound, f"{what}: max |ours - caffe| = {err:.3g} > {bound:.3g}"
 
 

@@ -20,6 +20,7 @@ from . import (  # noqa: F401,E402
     capsnet,
     caption_input,
     cascade_rcnn,
+    cc5_cpp,
     ccpd,
     centerface,
     color_conv,
