@@ -263,7 +263,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
             raise LayerError(f"{where}: bad parameters: {e}") from None
         for text in attrs.pop("reading_notes", ()):
             _add_reading_note(notes, reading_notes, source, lp, text)
-        if spec.is_data:
+        if spec.is_data or spec.reads_files:
             attrs["base_dir"] = base_dir
         if "phase" in attrs and attrs["phase"] is None:
             # a spec that reads the layer's phase (Caffe's Net gives every layer the net's own unless

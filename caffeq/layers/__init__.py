@@ -152,6 +152,7 @@ from . import (  # noqa: F401,E402
     si_convnet,
     skimcaffe,
     softmax,
+    softplus_conv,
     sophgo_detection,
     spatial_transformer,
     spn,

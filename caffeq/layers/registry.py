@@ -76,6 +76,8 @@ class Layer:
     weight_axes = {}
     #: True for data layers that turn into graph inputs
     is_data = False
+    #: True for specs that read a file the layer names (attrs["base_dir"] then holds the prototxt's folder)
+    reads_files = False
     #: True for layers that exist only for training (losses, accuracy): dropped on export
     is_training_only = False
     #: True when the tops after the first are training targets, as a data layer's labels are
