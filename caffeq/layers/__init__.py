@@ -48,6 +48,7 @@ from . import (  # noqa: F401,E402
     detect_track,
     detectnet,
     devise,
+    dropout_fused,
     dsc,
     dsclrcn,
     edge_flow_crf_forks,

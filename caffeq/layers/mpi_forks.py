@@ -6,6 +6,7 @@ process, their gathers are copies.
   top is its bottom.  Several bottoms give as many tops.
 - ConvolutionData (conv_data_layer.cu) and InnerProductAll (inner_product_all_layer.cu): BVLC's
   Convolution and InnerProduct (the latter after a gather), differing in their backward only.
+- misaka-10032/caffe's model-parallel MpiFc (an InnerProduct split across workers) and MpiSync (empty).
 - BNData: two forks under one name, told apart by their bn_param fields.
   Lyp100208's (bn_data_layer.cu; var_eps [1e-10], moving_average, decay [0.05]): with moving_average,
   y = ((x - mean) / pow(var + var_eps, 0.5)) x scale + shift with blobs scale, shift, mean, variance
@@ -72,6 +73,34 @@ class ConvolutionData(Convolution):
 @register_layer("InnerProductAll")
 class InnerProductAll(InnerProduct):
     """Lyp100208's InnerProductAll: BVLC's InnerProduct after a gather (one process: the bottom)."""
+
+
+@register_layer("MpiFc")
+class MpiFc(InnerProduct):
+    """misaka-10032/caffe's (branch mpi, d1f2ab2) model-parallel MpiFc: each worker computes a slice of the
+    outputs and the master joins them, x W^T + b with the layer's whole (num_output, K) weights (its type()
+    even answers "InnerProduct"; the fork aborts without MPI workers)."""
+
+
+@register_layer("MpiSync")
+class MpiSync(Layer):
+    """misaka-10032/caffe's MpiSync: every method empty, used in place: the top is the bottom."""
+
+    def parse(self, lp):
+        need_blobs(lp, "MpiSync", 1, 1)
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        return [tuple(in_shapes[0])]
+
+    def forward(self, attrs, params, x):
+        return x
+
+    def onnx(self, ctx, node):
+        ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        return emit.inputs[0]
 
 
 _LXX_FIELDS = ("slope_filler", "bias_filler", "momentum", "eps")
