@@ -1015,3 +1015,23 @@ def test_pmls_shared_file_system_is_read():
   data_param { source: "examples/imagenet/ilsvrc12_train_lmdb" batch_size: 256 backend: LMDB
     shared_file_system: true } }'''
     assert _layers(text)["data"].data_param.shared_file_system is True
+
+
+def test_deepem3d_predict_phase_layers_compute_test_and_label_select_reads(tmp_path):
+    # divelab/deepem3d inception_residual_train_prediction_1fm deploy (trimmed): a layer's phase: PREDICT is
+    # TEST's forward in Xiaomi2008/caffe_nd_sense_segmentation; label_select_param only steers training
+    import numpy as np
+
+    from caffeq.model import load_from_text
+    text = '''input: "data" input_shape { dim: 1 dim: 1 dim: 6 dim: 5 }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" phase: PREDICT
+  convolution_param { num_output: 2 kernel_size: 3 pad: 1 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "conv1" bottom: "conv1" top: "loss" include { phase: TRAIN }
+  label_select_param { balance: true num_labels: 2 num_top_label_balance: 2 reorder_label: false
+    class_prob_mapping_file: "label_class_selection.prototxt" } }'''
+    assert _layers(text)["conv1"].phase == caffe_pb2.PREDICT
+    assert _layers(text)["loss"].label_select_param.num_labels == 2
+    model = load_from_text(text, random_weights=True)
+    plain = load_from_text(text.replace(" phase: PREDICT", ""), random_weights=True)
+    x = np.random.default_rng(1).standard_normal((1, 1, 6, 5)).astype(np.float32)
+    np.testing.assert_array_equal(model.run({"data": x})["conv1"], plain.run({"data": x})["conv1"])
