@@ -30,6 +30,7 @@ from . import (  # noqa: F401,E402
     conv_scaling,
     crf_rnn,
     crfgd,
+    crop_simple,
     cross_hashing,
     ctc,
     ctpn,
