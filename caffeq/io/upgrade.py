@@ -20,6 +20,7 @@ the net's layer names.
 from ..errors import ParseError
 from .coord_maps import resolve_auto_crops, resolve_coord_map_crops
 from .schema import caffe_pb2
+from .v0_forks import bsdh_fork_type, fill_bsdh_param, is_bsdh_net, upgrade_dsn_dropout
 
 _ALL = "*"  # route a V0 field whatever the layer type
 
@@ -47,7 +48,8 @@ _V0_MESSAGES = (("conv_param", "convolution_param"), ("lrn_param", "lrn_param"),
                 ("concat_param", "concat_param"))
 
 # V0 type -> the V1 message that its own fields move into
-_V0_PARAMS = {"conv": "convolution_param", "cccp": "convolution_param", "innerproduct": "inner_product_param", "pool": "pooling_param",
+_V0_PARAMS = {"conv": "convolution_param", "cccp": "convolution_param", "innerproduct": "inner_product_param",
+              "elewise_product": "inner_product_param", "pool": "pooling_param",
               "dropout": "dropout_param", "lrn": "lrn_param", "concat": "concat_param", "data": "data_param",
               "hdf5_data": "hdf5_data_param", "images": "image_data_param", "window_data": "window_data_param",
               "infogain_loss": "infogain_loss_param", "hdf5_output": "hdf5_output_param"}
@@ -58,10 +60,12 @@ _V0_RENAMED = {"biasterm": "bias_term", "kernelsize": "kernel_size", "meanfile":
 _CONV_IP, _CONV_POOL, _LRN, _IMAGES, _WINDOW = ("conv", "innerproduct", "cccp"), ("conv", "pool"), ("lrn",), ("images",), \
     ("window_data",)
 _DATA_LAYERS = ("data", "hdf5_data", "images", "window_data")
+_CONV_IP_PRODUCT = _CONV_IP + ("elewise_product",)   # BitScalableDeepHash's elewise_product: an inner product's fields
 # V0 field -> the V0 types that carry it (_ALL: any type, into transform_param), in Caffe's order.
 # A V0 field set on a type not listed is dropped with a note (Caffe logs an error).
 _V0_ROUTES = {
-    "num_output": _CONV_IP, "biasterm": _CONV_IP, "weight_filler": _CONV_IP, "bias_filler": _CONV_IP,
+    "num_output": _CONV_IP_PRODUCT, "biasterm": _CONV_IP_PRODUCT, "weight_filler": _CONV_IP_PRODUCT,
+    "bias_filler": _CONV_IP_PRODUCT,
     "pad": _CONV_POOL, "kernelsize": _CONV_POOL, "group": ("conv", "cccp"), "stride": _CONV_POOL,
     "pool": ("pool",), "dropout_ratio": ("dropout",),
     "local_size": _LRN, "alpha": _LRN, "beta": _LRN, "k": _LRN,
@@ -358,8 +362,9 @@ def _set_field(msg, field, value):
         setattr(msg, field, value)
 
 
-def _upgrade_v0_layer(entry, where, notes):
-    """One V0 entry (V1 wrapper holding a V0 `layer`) -> V1LayerParameter (UpgradeV0LayerParameter)."""
+def _upgrade_v0_layer(entry, where, notes, bsdh=False):
+    """One V0 entry (V1 wrapper holding a V0 `layer`) -> V1LayerParameter (UpgradeV0LayerParameter);
+    bsdh: the net is BitScalableDeepHash's (v0_forks.py)."""
     out = caffe_pb2.V1LayerParameter()
     out.bottom.extend(entry.bottom)
     out.top.extend(entry.top)
@@ -372,8 +377,11 @@ def _upgrade_v0_layer(entry, where, notes):
     if v0.HasField("name"):
         out.name = v0.name
     vtype = _V0_TYPE_SPELLINGS.get(v0.type, v0.type)
+    fork = bsdh_fork_type(v0, vtype) if bsdh else None
     if v0.HasField("type"):
-        if vtype in _V0_FORK_TYPES:
+        if fork:
+            out.fork_type = fork
+        elif vtype in _V0_FORK_TYPES:
             out.fork_type = _V0_FORK_TYPES[vtype]
         elif vtype not in _V0_TYPES:
             raise ParseError(f"{where}: layer '{v0.name}': unknown V0 layer type '{vtype}' "
@@ -404,30 +412,21 @@ def _upgrade_v0_layer(entry, where, notes):
     for field, target in _V0_MESSAGES:
         if v0.HasField(field):
             getattr(out, target).MergeFrom(getattr(v0, field))
-    _upgrade_dsn_dropout(v0, vtype, out, where, notes)
+    upgrade_dsn_dropout(v0, vtype, out, where, notes)
+    if fork:
+        fill_bsdh_param(v0, vtype, out)
     if dropped:
         notes.append(f"{where}: layer '{v0.name}' (V0 type '{vtype}'): dropped field(s) "
                      f"{', '.join(dropped)} that mean nothing for this type (as Caffe does)")
     return out
 
 
-def _upgrade_dsn_dropout(v0, vtype, out, where, notes):
-    """s9xie/DSN's dropout (dropout_layer.cpp): kept units are never scaled up in training, and with
-    mean_on_test (its default) TEST multiplies by 1 - dropout_ratio: Faster R-CNN's `scale_train: false`.
-    A file that sets the field is DSN's; without it nothing tells DSN's nets from BVLC's."""
-    if vtype != "dropout" or not v0.HasField("mean_on_test"):
-        return
-    out.dropout_param.scale_train = False
-    if not v0.mean_on_test:
-        notes.append(f"{where}: layer '{v0.name}': DSN's dropout with mean_on_test false drops units at random "
-                     f"at TEST too; read as its expectation, x * (1 - dropout_ratio)")
-
-
 def _upgrade_v0(net, where, weights, notes):
     """V0 net -> V1 net (UpgradeV0Net): padding layers folded, then each layer upgraded."""
     old_keys = [_v0_key(e) for e in net.layers if e.layer.type != "padding"]
     kept = _fold_padding_layers(net, where, weights, notes)
-    upgraded = [_upgrade_v0_layer(e, where, notes) for e in kept]
+    bsdh = is_bsdh_net(kept)
+    upgraded = [_upgrade_v0_layer(e, where, notes, bsdh) for e in kept]
     # Caffe keeps only these header fields of a V0 net
     header_kept = ("name", "input", "input_dim", "force_backward", "layers")
     lost = [f.name for f, _ in net.ListFields() if f.name not in header_kept]

@@ -10,6 +10,7 @@ from . import (  # noqa: F401,E402
     bilinear_forks,
     bilinear_pooling,
     bireal,
+    bsdh,
     c3d,
     caffe_gan,
     caffe_plus,
