@@ -1035,3 +1035,20 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "conv1" bottom: "conv1" top
     plain = load_from_text(text.replace(" phase: PREDICT", ""), random_weights=True)
     x = np.random.default_rng(1).standard_normal((1, 1, 6, 5)).astype(np.float32)
     np.testing.assert_array_equal(model.run({"data": x})["conv1"], plain.run({"data": x})["conv1"])
+
+
+def test_network_slimming_l1_lambda_only_trains(tmp_path):
+    # eezywu/Pruned-MobileNet_v2 models/1_mobilenet_v2_train.prototxt (trimmed): the L1 penalty network slimming
+    # adds to the scale's gradient; the forward is BVLC's Scale
+    import numpy as np
+
+    from caffeq.model import load_from_text
+    text = '''input: "x" input_shape { dim: 1 dim: 3 dim: 2 dim: 2 }
+layer { name: "conv1/scale" type: "Scale" bottom: "x" top: "y"
+  scale_param { filler { value: 1 } bias_term: true bias_filler { value: 0 } l1_lambda: 0.001 } }'''
+    assert _layers(text)["conv1/scale"].scale_param.l1_lambda == pytest.approx(0.001)
+    model = load_from_text(text, random_weights=True)
+    x = np.random.default_rng(2).standard_normal((1, 3, 2, 2)).astype(np.float32)
+    gamma, beta = next(n for n in model.layers if n.name == "conv1/scale").blobs
+    np.testing.assert_allclose(model.run({"x": x})["y"], x * gamma.reshape(1, 3, 1, 1) + beta.reshape(1, 3, 1, 1),
+                               rtol=1e-6)
