@@ -73,3 +73,19 @@ def test_elewise_product_needs_num_output_to_match():
     with pytest.raises(LayerError, match="must equal the bottom's values per item, 8"):
         load_from_text(NET.replace("SIGM", "").replace('type: "elewise_product" num_output: 8',
                                                          'type: "elewise_product" num_output: 6'))
+
+
+def test_cropsize_zero_takes_the_first_images_size():
+    # data_layer.cpp: cropsize is a flag; without it the top is the first image's size, cropsize_h/w unread
+    model = load_from_text(NET.replace("SIGM", "").replace("cropsize: 1", "cropsize: 0"), unknown_shapes_ok=True)
+    assert model.inputs["data"] is None
+    assert any("first image's size" in w for w in model.warnings)
+
+
+def test_the_forks_conv_has_no_pad():
+    text = NET.replace("SIGM", "").replace('layers { layer { name: "fc" type: "innerproduct" num_output: 8 }',
+                                           'layers { layer { name: "fc" type: "conv" num_output: 4 kernelsize: 5 '
+                                           'pad: 2 }')
+    model = load_from_text(text, random_weights=True)
+    assert model.blob_shapes["fc"] == (4, 4, 2, 1)                     # (6 - 5) / 1 + 1: the pad is not read
+    assert any("dropped field(s) pad" in w for w in model.warnings)

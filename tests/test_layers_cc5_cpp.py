@@ -80,6 +80,10 @@ def test_upsample_reads_only_the_scale(tmp_path):
 def test_param_str_reads_as_the_class():
     assert parse_param_str("scale:2; upsample_h: 8; upsample_w: 8") == {"scale": 2, "upsample_h": 8, "upsample_w": 8}
     assert parse_param_str("scale:'1.5' other: x") == {"scale": 1, "other": 0}
+    # a key runs to a space or a colon, so these read as the class reads them
+    assert parse_param_str("scale 2") == {"scale": 2}
+    assert parse_param_str("up-sample:4 scale:3") == {"up-sample": 4, "scale": 3}
+    assert parse_param_str("scale") == {} and parse_param_str(":;") == {}
 
 
 @pytest.mark.parametrize("kind, param_str, message", [

@@ -123,11 +123,17 @@ def test_floating_point_is_the_plain_convolution(tmp_path):
     check_everywhere(model, {"x": x}, {"y": conv_ref(x, w, b, (1, 1), (0, 0))}, tmp_path, atol=2e-5)
 
 
-def test_all_zero_weights_with_a_shift_are_refused():
-    model = one_layer("QuantConvolution", (1, 1, 4, 4), "convolution_param { num_output: 1 kernel_size: 3 "
-                      "bias_term: false } quant_convolution_param { coef_precision: ONE_BIT shift_enable: true }")
-    node_of(model, "q").blobs = [np.zeros((1, 1, 3, 3), np.float32)]
+@pytest.mark.parametrize("mode", ["ONE_BIT", "DYNAMIC_FIXED_POINT"])
+@pytest.mark.parametrize("weight, bias", [(0.0, 1.0), (np.inf, 1.0), (0.5, np.nan), (0.5, np.inf)])
+def test_shifts_of_zero_or_infinite_blobs_are_refused(mode, weight, bias):
+    # the fork converts floor(log(steps / max)) of an infinite or NaN logarithm to int: undefined behaviour
+    model = one_layer("QuantConvolution", (1, 1, 4, 4), "convolution_param { num_output: 1 kernel_size: 3 } "
+                      f"quant_convolution_param {{ coef_precision: {mode} shift_enable: true }}")
+    node_of(model, "q").blobs = [np.full((1, 1, 3, 3), weight, np.float32), np.full(1, bias, np.float32)]
     model.clear_cache()
+    if mode == "DYNAMIC_FIXED_POINT" and np.isfinite(weight) and weight:
+        model.run({"x": np.ones((1, 1, 4, 4), np.float32)})          # its shift reads the weights only
+        return
     with pytest.raises(LayerError, match="undefined behaviour"):
         model.run({"x": np.ones((1, 1, 4, 4), np.float32)})
 

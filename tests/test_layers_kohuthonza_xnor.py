@@ -2,16 +2,19 @@
 (99ce5b63's gradient_* and the head 4f68844b's update_weight_diff / scale_weight_diff) and Signum.  The
 references are loops written from the fork's Forward_cpu (binary_conv_layer.cpp: alpha = asum / n per
 filter, copysign(1, w) at 99ce5b63 and w > 0 ? 1 : -1 at the head, whose top is alpha * (conv + bias);
-signum_layer.cpp: x > 0 ? 1 : -1 at the head), then Caffe's convolution in float64, compared in torch,
+signum_layer.cpp: copysign(1, x) where its nets were written), then Caffe's convolution in float64, compared in torch,
 onnxruntime and the generated model.py."""
+import math
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import check_everywhere, conv_ref, net, node_of, rng
 
 from caffeq.layers import LayerError
+from caffeq.layers.kohuthonza_xnor import kohuthonza_binarize
 from caffeq.model import load, load_from_text
 
 f32 = np.float32
@@ -75,11 +78,10 @@ def test_binary_convolution_by_commit(fields, commit, bias, tmp_path):
     check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=2e-5, rtol=2e-6)
 
 
-def test_the_two_commits_differ_on_zero_weights_and_the_bias():
-    w = np.array([[[[0.0]], [[-0.0]], [[0.5]]]], np.float32)
-    old, _ = binarize_ref(w, "99ce5b63")
-    new, _ = binarize_ref(w, "4f68844b")
-    assert old.ravel().tolist() == [1, -1, 1] and new.ravel().tolist() == [-1, -1, 1]
+def test_the_two_commits_sign_zero_weights_differently():
+    w = torch.tensor([[[[0.0]], [[-0.0]], [[0.5]]]])
+    assert (kohuthonza_binarize(w, copysign=True).sign().ravel().tolist(),
+            kohuthonza_binarize(w, copysign=False).sign().ravel().tolist()) == ([1, -1, 1], [-1, -1, 1])
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -97,7 +99,7 @@ def test_signum(tmp_path):
     model = one_layer("Signum", shape)
     x = rng(12).standard_normal(shape).astype(np.float32)
     x.ravel()[:4] = [0.0, -0.0, np.float32(1e-45), -np.float32(1e-45)]
-    ref = np.where(x > 0, 1.0, -1.0).astype(np.float32)
+    ref = np.array([math.copysign(1.0, v) for v in x.ravel()], np.float32).reshape(shape)   # signum_layer.cpp
     check_everywhere(model, {"x": x}, {"y": ref}, tmp_path)
 
 

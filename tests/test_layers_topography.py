@@ -75,6 +75,9 @@ def test_the_kernel_starts_as_the_forks_gaussian():
                                [0.05089992, 0.12381028, 0.05089992, 0.12381028, 0.30115926, 0.12381028,
                                 0.05089992, 0.12381028, 0.05089992], rtol=1e-6)
     np.testing.assert_allclose(gaussian_kernel(3, 0.75).sum(), 1.0, rtol=1e-6)
+    # the fork divides by 2 sd^2: a negative sd is the same kernel
+    negative = one_layer((1, 9, 1, 1), "kernel_size: 3 gaussian_sd: -0.75")
+    np.testing.assert_array_equal(node_of(negative, "t").blobs[0], node_of(model, "t").blobs[0])
 
 
 def test_smooth_output_false_copies(tmp_path):
@@ -86,7 +89,7 @@ def test_smooth_output_false_copies(tmp_path):
 @pytest.mark.parametrize("shape, params, message", [
     ((1, 8, 2, 2), "kernel_size: 3 gaussian_sd: 0.75", "perfect square"),
     ((1, 9, 2, 2), "kernel_size: 2 gaussian_sd: 0.75", "odd"),
-    ((1, 9, 2, 2), "kernel_size: 3", "gaussian_sd must be > 0"),
+    ((1, 9, 2, 2), "kernel_size: 3", "gaussian_sd must be set"),
 ])
 def test_bad_settings(shape, params, message):
     with pytest.raises(LayerError, match=message):

@@ -20,7 +20,7 @@ the net's layer names.
 from ..errors import ParseError
 from .coord_maps import resolve_auto_crops, resolve_coord_map_crops
 from .schema import caffe_pb2
-from .v0_forks import bsdh_fork_type, fill_bsdh_param, is_bsdh_net, upgrade_dsn_dropout
+from .v0_forks import bsdh_fork_type, bsdh_ignored_fields, fill_bsdh_param, is_bsdh_net, upgrade_dsn_dropout
 
 _ALL = "*"  # route a V0 field whatever the layer type
 
@@ -395,7 +395,7 @@ def _upgrade_v0_layer(entry, where, notes, bsdh=False):
     for field in _V0_ROUTES:
         if not v0.HasField(field):
             continue
-        route = _v0_route(field, vtype)
+        route = None if bsdh and field in bsdh_ignored_fields(vtype) else _v0_route(field, vtype)
         if route is None:
             dropped.append(field)
             continue

@@ -22,6 +22,11 @@ def is_bsdh_net(entries):
     return False
 
 
+def bsdh_ignored_fields(vtype):
+    """V0 fields this fork's layers never read: its 2013 conv has no pad (a separate padding layer pads)."""
+    return ("pad",) if vtype == "conv" else ()
+
+
 def bsdh_fork_type(v0, vtype):
     """The V1 fork type of a BitScalableDeepHash layer, or None where it is Caffe's own."""
     if vtype in BSDH_TYPES:
@@ -39,8 +44,9 @@ def fill_bsdh_param(v0, vtype, out):
     if out.fork_type == "BSDH_TRIPLET_DATA":
         p.img_files, p.source = v0.img_files, v0.source
         p.batch_size, p.crop_size, p.scale = v0.batchsize, v0.cropsize, v0.scale
-        p.crop_h = v0.cropsize_h if v0.HasField("cropsize_h") else v0.cropsize
-        p.crop_w = v0.cropsize_w if v0.HasField("cropsize_w") else v0.cropsize
+        if v0.cropsize:   # a flag there: without it the top takes the first image's size
+            p.crop_h = v0.cropsize_h if v0.HasField("cropsize_h") else v0.cropsize
+            p.crop_w = v0.cropsize_w if v0.HasField("cropsize_w") else v0.cropsize
         if v0.HasField("meanfile"):
             p.mean_file = v0.meanfile
         p.class_per_iter, p.triplet_per_class = v0.class_per_iter, v0.triplet_per_class
@@ -61,4 +67,4 @@ def upgrade_dsn_dropout(v0, vtype, out, where, notes):
                      f"at TEST too; read as its expectation, x * (1 - dropout_ratio)")
 
 
-__all__ = ["BSDH_TYPES", "bsdh_fork_type", "fill_bsdh_param", "is_bsdh_net", "upgrade_dsn_dropout"]
+__all__ = ["BSDH_TYPES", "bsdh_fork_type", "bsdh_ignored_fields", "fill_bsdh_param", "is_bsdh_net", "upgrade_dsn_dropout"]

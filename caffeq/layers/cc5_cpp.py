@@ -26,12 +26,43 @@ CLASSES = ("ReLU", "Upsample") + tuple(CORNER_POOLS)
 
 
 def parse_param_str(text):
-    """CornerNet-Caffe's parseParamStr: {key: atoi(value)}; values may be quoted."""
-    values = {}
-    for key, value in re.findall(r"(\w+)\s*:\s*('[^']*'|[^;\s]*)", text):
-        digits = re.match(r"\s*[+-]?\d+", value.strip("'"))
-        values[key] = int(digits.group()) if digits else 0
-    return values
+    """CornerNet-Caffe's parseParamStr, step by step: {key: atoi(value)}.  A key runs to ' ' or ':'; spaces
+    and colons after it are skipped; a value runs to ' ' or ';', or between quotes; a key whose value is
+    empty is not kept (and a key at the very end of the text is dropped)."""
+    text += "\0"
+    pairs, name, p = {}, "", 0
+
+    def skip(pos, chars):
+        while text[pos] != "\0" and text[pos] in chars:
+            pos += 1
+        return pos
+
+    while text[p] != "\0":
+        start = p
+        p = skip(p, " ")
+        key_start = p
+        while text[p] != "\0" and text[p] not in " :":
+            p += 1
+        if text[p] != "\0":
+            name = text[key_start:p]
+        p = skip(p, " :")
+        quoted = text[p] == "'"
+        p += quoted
+        value_start = p
+        while text[p] != "\0" and not (text[p] == "'" if quoted else text[p] in " ;"):
+            p += 1
+        if p != value_start:
+            pairs[name] = text[value_start:p]
+            p = skip(min(p + 1, len(text) - 1), " ;'")
+        if p == start:      # cannot happen with the class's rules; never loop on a malformed string
+            break
+    return {key: _atoi(value) for key, value in pairs.items()}
+
+
+def _atoi(value):
+    """C's atoi: leading spaces, an optional sign, then digits; 0 without any."""
+    digits = re.match(r"\s*[+-]?\d+", value)
+    return int(digits.group()) if digits else 0
 
 
 # ---- torch (copied into model.py) ------------------------------------------------------------------

@@ -18,8 +18,8 @@ in its caffe.proto, 300 and 301 there).
   - DYNAMIC_FIXED_POINT: shift_enable rounds weights and bias to multiples of 2^-shift (shift from max |W|
     only, clamped as above); without it the weights are rounded to multiples of max |W| / (2^(bw_params-1)
     - 1) and the bias stays as stored.  Nothing is clipped.
-  The fork's log of an all-zero layer is undefined behaviour; caffeq refuses such a layer where the shift is
-  used.  (Its GPU forward runs a depthwise kernel whenever num_output == group, 1 == 1 included; the CPU
+  The fork's log of an all-zero (or infinite, or NaN) blob is undefined behaviour; caffeq refuses such a
+  layer where the shift is used.  (Its GPU forward runs a depthwise kernel whenever num_output == group, 1 == 1 included; the CPU
   forward, followed here, does not.)
 - QuantReLU: blob 0 is alpha, 0 axes (channel_shared, the default) or (C,).  quant_enable: x clipped to
   [0, alpha] and rounded to one of 2^act_bits - 1 steps, floor(x * q / alpha + 0.5) * alpha / q (the float
@@ -47,11 +47,13 @@ def _round_away(v):
     return torch.where(v >= 0, torch.floor(v + 0.5), torch.ceil(v - 0.5))
 
 
-def _shift(steps, largest, shift_max, layer):
-    if not largest > 0:
-        raise LayerError(f"layer '{layer}': QuantConvolution's shift of an all-zero (or NaN) blob is the fork's "
-                         f"log of infinity, undefined behaviour")
-    return int(math.floor(math.log(steps / largest) / math.log(2.0)))
+def _shift(steps, largest, layer, blob="weights"):
+    """floor(log2(steps / largest)); the fork's int of an infinite or NaN logarithm is undefined behaviour."""
+    ratio = steps / largest if largest > 0 else math.inf
+    if not (math.isfinite(largest) and 0 < ratio < math.inf):
+        raise LayerError(f"layer '{layer}': QuantConvolution's shift of {blob} whose largest magnitude is {largest} "
+                         f"is the log of {ratio} in the fork, undefined behaviour")
+    return int(math.floor(math.log(ratio) / math.log(2.0)))
 
 
 def gti_quantize(weight, bias, attrs):
@@ -64,7 +66,7 @@ def gti_quantize(weight, bias, attrs):
     if mode == "DYNAMIC_FIXED_POINT":
         largest = float(w.abs().max())
         if shift_on:
-            scale = float(1 << min(max(_shift(steps, largest, shift_max, attrs["name"]), 0), shift_max))
+            scale = float(1 << min(max(_shift(steps, largest, attrs["name"]), 0), shift_max))
             q_w = _round_away(w * scale) / scale
             q_b = None if b is None else _round_away(b * scale) / scale
         else:
@@ -74,11 +76,10 @@ def gti_quantize(weight, bias, attrs):
     kernels = w.reshape(w.shape[0] * w.shape[1], -1)
     scale = None
     if shift_on:
-        shift = _shift(steps, float(w.abs().max()), shift_max, attrs["name"])
+        shift = _shift(steps, float(w.abs().max()), attrs["name"])
         if b is not None:
             bias_steps = (1 << (BIAS_BITS_AT_12.get(mode, 20) if bits == 12 else 20) - 1) - 1
-            shift = min(shift, int(math.floor(math.log(bias_steps / (float(b.abs().max()) + EPSILON))
-                                              / math.log(2.0))))
+            shift = min(shift, _shift(bias_steps, float(b.abs().max()) + EPSILON, attrs["name"], "a bias"))
         scale = float(1 << min(max(shift, 0), shift_max))
     if mode == "FIVE_BITS":
         grid = (kernels.abs().amax(1, keepdim=True) + EPSILON) / 15.0
@@ -117,7 +118,7 @@ class QuantConvolution(TransformedConvolution, Convolution):
 
     def infer(self, attrs, in_shapes):
         shapes = super().infer(attrs, in_shapes)
-        if attrs["precision"] != "FLOATING_POINT" and len(in_shapes[0]) != 4:
+        if attrs["precision"] != "FLOATING_POINT" and len(self.param_shapes(attrs, in_shapes)[0]) != 4:
             raise LayerError("QuantConvolution quantizes 4-axis (2-D) weights only, as the fork reads them")
         return shapes
 

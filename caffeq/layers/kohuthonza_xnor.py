@@ -9,8 +9,10 @@
     unscaled.  (That commit binarizes on the CPU only: its GPU forward still uses the float weights.)
   - 4f68844b, the fork's head (update_weight_diff / scale_weight_diff): sign is w > 0 ? 1 : -1 (0 and NaN
     give -1) and the top is alpha * (conv(x, sign w) + bias): the bias is scaled by alpha too.
-- Signum (a NeuronLayer, no parameters): the head's x > 0 ? 1 : -1 (0 and NaN give -1).  Its commits
-  before 1dfc036c computed copysign(1, x), +0 giving +1; no field tells them apart, so the head is read.
+- Signum (a NeuronLayer, no parameters): copysign(1, x), +0 giving +1 and -0 giving -1, as every commit that
+  has a Signum net computes it (99ce5b63 to bc8fa895; the fork's test nets were deleted before its head
+  changed the forward to x > 0 ? 1 : -1).  caffeq reads the sign bit as x < 0, or x == 0 with 1 / x < 0, in
+  every backend: a NaN gives +1.
 """
 import torch
 
@@ -58,9 +60,10 @@ def kohuthonza_binarize(w, copysign: bool):
 
 
 def kohuthonza_signum(x):
-    """Signum at the fork's head: +1 where x > 0, else -1 (0 and NaN included)."""
+    """copysign(1, x): -1 where x < 0 or x is -0, else +1 (NaN included)."""
     one = x.new_ones(())
-    return torch.where(x > 0, one, -one)
+    negative = (x < 0) | ((x == 0) & (one / x < 0))
+    return torch.where(negative, -one, one)
 
 
 @register_layer("Signum")
@@ -75,9 +78,13 @@ class Signum(Layer):
         return kohuthonza_signum(x)
 
     def onnx(self, ctx, node):
-        x, name = node.inputs[0], node.name
-        positive = ctx.add_node("Greater", [x, ctx.f32(0.0)], ctx.tmp(f"{name}_positive"))
-        ctx.add_node("Where", [positive, ctx.f32(1.0), ctx.f32(-1.0)], node.outputs[0], name=name)
+        x, zero = node.inputs[0], ctx.f32(0.0)
+        below = ctx.op("Less", [x, zero], "below")
+        minus_zero = ctx.op("And", [ctx.op("Equal", [x, zero], "zero"),
+                                    ctx.op("Less", [ctx.op("Div", [ctx.f32(1.0), x], "inverse"), zero], "inverse_below")],
+                            "minus_zero")
+        negative = ctx.op("Or", [below, minus_zero], "negative")
+        ctx.add_node("Where", [negative, ctx.f32(-1.0), ctx.f32(1.0)], node.outputs[0], name=node.name)
 
     def pytorch_source(self, node, emit):
         return f"{emit.helper(kohuthonza_signum)}({emit.inputs[0]})"

@@ -61,7 +61,8 @@ class SpecifiedSoftPlusConvolution(TransformedConvolution, Convolution):
             raise LayerError("specified_soft_plus_convolution_param.rule_file_path is required")
         attrs.update(rule_file=str(p.rule_file_path), beta=float(np.float32(p.beta)))
         if not attrs["beta"] > 0:
-            raise LayerError(f"specified_soft_plus_convolution_param.beta must be > 0, got {attrs['beta']}")
+            raise LayerError(f"specified_soft_plus_convolution_param.beta must be > 0 here, got {attrs['beta']} (caffeq's "
+                             f"choice: the fork divides by it unchecked, and a negative beta negates the softplus)")
         return attrs
 
     def infer(self, attrs, in_shapes):

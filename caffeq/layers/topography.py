@@ -67,9 +67,9 @@ class Topography(Layer):
             raise LayerError(f"topography_param.kernel_size must be odd and > 0, got {k}")
         if group <= 0:
             raise LayerError(f"topography_param.group must be > 0, got {group}")
-        if p.is_gaussian_topo and not p.gaussian_sd > 0:
-            raise LayerError("topography_param.gaussian_sd must be > 0 with is_gaussian_topo (the fork's kernel "
-                             "sum is then 0 and it aborts)")
+        if p.is_gaussian_topo and (p.gaussian_sd == 0 or math.isnan(p.gaussian_sd)):
+            raise LayerError("topography_param.gaussian_sd must be set (not 0) with is_gaussian_topo (the fork's "
+                             "kernel sum is then not > 0 and it aborts)")
         return {"kernel_size": k, "group": group, "smooth": bool(p.smooth_output),
                 "gaussian_sd": float(p.gaussian_sd) if p.is_gaussian_topo else None}
 
