@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from .conv import Convolution, InnerProduct
+from .mpi_caffe import MPIBroadcast
 from .optical_flow import pixels_at
 from .registry import AT_LEAST, Layer, LayerError, claim_layers, need_blobs, positive_field, register_layer
 from .segmentation import BN, TSN
@@ -83,24 +84,9 @@ class MpiFc(InnerProduct):
 
 
 @register_layer("MpiSync")
-class MpiSync(Layer):
-    """misaka-10032/caffe's MpiSync: every method empty, used in place: the top is the bottom."""
-
-    def parse(self, lp):
-        need_blobs(lp, "MpiSync", 1, 1)
-        return {}
-
-    def infer(self, attrs, in_shapes):
-        return [tuple(in_shapes[0])]
-
-    def forward(self, attrs, params, x):
-        return x
-
-    def onnx(self, ctx, node):
-        ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]], name=node.name)
-
-    def pytorch_source(self, node, emit):
-        return emit.inputs[0]
+class MpiSync(MPIBroadcast):
+    """misaka-10032/caffe's MpiSync: every method empty, used in place: the top is the bottom, as one process's
+    MPIBroadcast (it sets no mpi_param, so its root is rank 0)."""
 
 
 _LXX_FIELDS = ("slope_filler", "bias_filler", "momentum", "eps")
