@@ -17,38 +17,37 @@ caffeq/io/v0_forks.py, whose bsdh_param carries the fork's fields).
 import numpy as np
 import torch
 
-from .data import DataLayer
+from .fork_data import ForkDataLayer
 from .registry import Layer, LayerError, count, need_blobs, needs_input_shape, register_layer
 
 
 @register_layer("BsdhTripletData")
-class BsdhTripletData(DataLayer):
+class BsdhTripletData(ForkDataLayer):
     def parse(self, lp):
-        need_blobs(lp, "BsdhTripletData", 0, 2, roles="; data, l_matrix")
+        need_blobs(lp, "BsdhTripletData", 0, 2)
         p = lp.bsdh_param
-        return {"type": lp.type, "tops": list(lp.top), "num_tops": 2, "phase": None,
-                "batch_size": int(p.batch_size), "hw": (int(p.crop_h), int(p.crop_w)), "scale": float(p.scale),
-                "source": p.source, "img_files": p.img_files, "mean_file": p.mean_file}
+        return {"type": lp.type, "tops": list(lp.top), "num_tops": 2, "phase": None, "channels": 3,
+                "batch_size": int(p.batch_size), "hw": (int(p.crop_h), int(p.crop_w)) if p.crop_h and p.crop_w else None,
+                "scale": float(p.scale), "source": p.source, "img_files": p.img_files, "mean_file": p.mean_file}
 
     def data_shape(self, attrs):
         if attrs["phase"] == "TRAIN" or attrs["batch_size"] < 1:
             raise needs_input_shape(attrs, attrs["tops"][0], "BitScalableDeepHash's TRAIN batch (and a net without "
                                     "batchsize) is the triplets it draws from the image list")
-        if not all(attrs["hw"]):
+        if not attrs["hw"]:
             raise needs_input_shape(attrs, attrs["tops"][0], "without cropsize the fork takes the first image's "
                                     "size")
-        return (attrs["batch_size"], 3) + attrs["hw"]
+        return super().data_shape(attrs)
 
-    def top_shapes(self, attrs, given):
-        data = tuple(given.get(0) or self.data_shape(attrs))
-        return [data, tuple(given.get(1) or (1, 1, data[0], data[0]))]
+    def label_shape(self, attrs, data):
+        return (1, 1, data[0], data[0])     # l_matrix
 
     def guessed_label_tops(self, attrs, given):
         return ()
 
     def preprocessing(self, attrs):
-        return [f"images source/<name> for the names in {attrs['img_files']!r}, read as BGR, centre crop "
-                f"{attrs['hw'][0]} x {attrs['hw'][1]} at TEST",
+        crop = "centre crop {} x {} at TEST".format(*attrs["hw"]) if attrs["hw"] else "uncropped"
+        return [f"images source/<name> for the names in {attrs['img_files']!r}, read as BGR, {crop}",
                 f"stored as {attrs['scale']:g} * (128 - pixel + mean) (the sign inverted; mean "
                 f"{attrs['mean_file'] or '0'})",
                 "l_matrix: zeros at TEST (only the triplet loss reads it)"]

@@ -82,6 +82,7 @@ class Topography(Layer):
         side = math.isqrt(c // attrs["group"])
         if side * side != c // attrs["group"] or side == 0:
             raise LayerError(f"Topography needs a perfect square of channels per group, got {c // attrs['group']}")
+        attrs["_index"] = topography_gather_index(c, attrs["group"], attrs["kernel_size"])
         return [tuple(s) for s in in_shapes]
 
     def param_shapes(self, attrs, in_shapes):
@@ -93,13 +94,10 @@ class Topography(Layer):
             return [gaussian_kernel(attrs["kernel_size"], attrs["gaussian_sd"])]
         return [rng.standard_normal(shapes[0]).astype(np.float32) * np.float32(0.01)]
 
-    def _index(self, attrs, channels):
-        return topography_gather_index(channels, attrs["group"], attrs["kernel_size"])
-
     def forward(self, attrs, params, *xs):
         if not attrs["smooth"]:
             return tuple(x.clone() for x in xs) if len(xs) > 1 else xs[0].clone()
-        index = torch.tensor(self._index(attrs, xs[0].shape[1]), device=xs[0].device)
+        index = torch.tensor(attrs["_index"], device=xs[0].device)
         tops = tuple(topography(x, params[0], index) for x in xs)
         return tops if len(tops) > 1 else tops[0]
 
@@ -111,7 +109,7 @@ class Topography(Layer):
                 continue
             n, c, h, w = ctx.shape(x)
             taps = a["kernel_size"] ** 2
-            index = ctx.i64(self._index(a, c))
+            index = ctx.i64(a["_index"])
             shifted = ctx.op("Gather", [x, index], f"shifted{i}", axis=1)
             columns = ctx.op("Reshape", [shifted, ctx.i64([n, taps, c * h * w])], f"columns{i}")
             row = ctx.op("Reshape", [ctx.weight(node, 0), ctx.i64([1, taps])], f"kernel_row{i}")
@@ -125,7 +123,7 @@ class Topography(Layer):
             return tops if len(tops) > 1 else tops[0]
         kernel = emit.module(f"nn.Parameter(torch.zeros({(1, 1, a['kernel_size'], a['kernel_size'])}))")
         emit.param("", 0)
-        index = emit.module(f"torch.tensor({self._index(a, emit.in_shape(0)[1])})", attr=f"{emit.attr}_index")
+        index = emit.module(f"torch.tensor({a['_index']})", attr=f"{emit.attr}_index")
         fn = emit.helper(topography)
         tops = [f"{fn}({x}, {kernel}, {index}.to({x}.device))" for x in emit.inputs]
         return tops if len(tops) > 1 else tops[0]
