@@ -63,24 +63,23 @@ def gti_quantize(weight, bias, attrs):
     b = None if bias is None else bias.double()
     steps = (1 << (bits - 1)) - 1
     shift_max = 15 if bits == 8 else 13
-    if mode == "DYNAMIC_FIXED_POINT":
-        largest = float(w.abs().max())
-        if shift_on:
-            scale = float(1 << min(max(_shift(steps, largest, attrs["name"]), 0), shift_max))
-            q_w = _round_away(w * scale) / scale
-            q_b = None if b is None else _round_away(b * scale) / scale
-        else:
-            grid = largest / steps
-            q_w, q_b = _round_away(w / grid) * grid, b
-        return q_w.float(), None if q_b is None else q_b.float()
-    kernels = w.reshape(w.shape[0] * w.shape[1], -1)
-    scale = None
+    largest = float(w.abs().max())
+    scale = None       # 2^shift, the power-of-two step of shift_enable
     if shift_on:
-        shift = _shift(steps, float(w.abs().max()), attrs["name"])
-        if b is not None:
+        shift = _shift(steps, largest, attrs["name"])
+        if b is not None and mode != "DYNAMIC_FIXED_POINT":   # the 1/2/3/5-bit modes fit the bias's bits too
             bias_steps = (1 << (BIAS_BITS_AT_12.get(mode, 20) if bits == 12 else 20) - 1) - 1
             shift = min(shift, _shift(bias_steps, float(b.abs().max()) + EPSILON, attrs["name"], "a bias"))
         scale = float(1 << min(max(shift, 0), shift_max))
+    q_b = b if scale is None or b is None else _round_away(b * scale) / scale
+    if mode == "DYNAMIC_FIXED_POINT":
+        if scale is not None:
+            q_w = _round_away(w * scale) / scale
+        else:
+            grid = largest / steps
+            q_w = _round_away(w / grid) * grid
+        return q_w.float(), None if q_b is None else q_b.float()
+    kernels = w.reshape(w.shape[0] * w.shape[1], -1)
     if mode == "FIVE_BITS":
         grid = (kernels.abs().amax(1, keepdim=True) + EPSILON) / 15.0
     else:
@@ -97,7 +96,6 @@ def gti_quantize(weight, bias, attrs):
         q = sign * torch.where(k < 3, k, torch.full_like(k, 4.0)) * level
     else:
         q = _round_away(kernels / grid) * level
-    q_b = b if scale is None or b is None else _round_away(b * scale) / scale
     return q.reshape(w.shape).float(), None if q_b is None else q_b.float()
 
 
