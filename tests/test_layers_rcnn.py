@@ -15,7 +15,8 @@ from conftest import check_everywhere, load_model_py, onnx_run_by_blob, onnx_ses
 
 from caffeq.errors import CaffeqError, ExportError, UnsupportedLayerError
 from caffeq.layers import LayerError
-from caffeq.layers.rcnn import generate_anchors, parse_param_str
+from caffeq.layers.param_str import parse_param_str
+from caffeq.layers.rcnn import generate_anchors
 from caffeq.model import load_from_text
 
 # ---- the reference ----------------------------------------------------------------------------

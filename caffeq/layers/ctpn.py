@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 from ..errors import CaffeqError
-from .rcnn import TORCH_ANCHORS, param_str_positive_int, parse_param_str, shifted_anchors
+from .param_str import param_str_positive_int, parse_param_str
+from .rcnn import TORCH_ANCHORS, shifted_anchors
 from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 
 # src/anchor.py, AnchorText.basic_anchors

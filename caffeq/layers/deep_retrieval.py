@@ -8,7 +8,7 @@ deploy_resnet101*.prototxt and the projects that copy its custom_layers.py):
 """
 from .face_norms import _L2Norm, channel_l2_normalize
 from .norm import onnx_reduce
-from .rcnn import param_str_positive_int, parse_param_str
+from .param_str import param_str_positive_int, parse_param_str
 from .registry import Layer, LayerError, count, need_blobs, register_layer
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------

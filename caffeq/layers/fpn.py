@@ -308,7 +308,7 @@ TORCH_FPN_ASSIGN = torch_sources(fpn_roi_levels, fpn_assign_rois,
 def read_fpn_param_str(text):
     """FPN's param_str, "'feat_stride': 4,8,16,32,64": in YAML's block style a plain scalar keeps its
     commas, so the value is the string "4,8,16,32,64" (the flow-style reader would split it).  Other
-    forms go to rcnn.parse_param_str."""
+    forms go to param_str.parse_param_str."""
     m = re.fullmatch(r"""\s*(['"]?)feat_stride\1\s*:\s*([^\s'"{}\[\]][^\n'"{}\[\]:]*)""", text)
     if m and "," in m.group(2):
         return {"feat_stride": m.group(2).strip()}

@@ -42,7 +42,8 @@ import torch
 from ..errors import ExportError
 from .affordance import _OnnxGraph
 from .data import DataLayer
-from .rcnn import TEST_CONFIG, _numbers, _ProposalBase, _scalar_tensor, param_str_positive_int, parse_param_str
+from .param_str import param_str_positive_int, parse_param_str
+from .rcnn import TEST_CONFIG, _numbers, _ProposalBase, _scalar_tensor
 from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer, torch_sources
 
 MODULES = ("pylayer", "multitask_network_cascades.pylayer")

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .rcnn import parse_param_str
+from .param_str import parse_param_str
 from .registry import Layer, LayerError, need_blobs, register_layer
 
 _FIELDS = ("joint_idx", "roi_h", "roi_w", "img_h", "img_w", "spatial_mul")

@@ -35,7 +35,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .rcnn import TORCH_PROPOSAL, _scalar_tensor, onnx_clipped_corners, parse_param_str, rpn_nms
+from .param_str import parse_param_str
+from .rcnn import TORCH_PROPOSAL, _scalar_tensor, onnx_clipped_corners, rpn_nms
 from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 
 TEST_NMS = 0.3   # affordance-net's (and TomatoNet's) lib/fast_rcnn/config.py: __C.TEST.NMS

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .rcnn import param_str_positive_int, parse_param_str
+from .param_str import param_str_positive_int, parse_param_str
 from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer, torch_sources
 
 

@@ -38,7 +38,8 @@ from torch import nn
 
 from ..errors import CaffeqError, ExportError
 from .data import DataLayer
-from .rcnn import FLT_MAX, greedy_nms, param_str_positive_int, parse_param_str
+from .param_str import param_str_positive_int, parse_param_str
+from .rcnn import FLT_MAX, greedy_nms
 from .registry import Layer, LayerError, ReadOnlyLayer, claim_layers, need_blobs, register_layer, torch_sources
 from .roi_pooling import bin_mask, c_round, roi_batch_index, roi_layer_call
 

@@ -12,7 +12,7 @@ Text Detection via Rotation Proposals"): read and sized, not run.
   top (R, C, pooled_h, pooled_w) as their Reshape gives.  They pool over each rotated roi's
   quadrilateral cells; caffeq does not run them (their rois come only from the rotated proposals).
 """
-from .rcnn import parse_param_str
+from .param_str import parse_param_str
 from .registry import LayerError, ReadOnlyLayer, need_blobs, register_layer
 
 
