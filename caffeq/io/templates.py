@@ -4,7 +4,8 @@
 A placeholder is written as a field's value (outside quotes and comments): `$NAME`, `${NAME}`, FlowNet 2.0's
 `$NAME$` (`dim: $TARGET_HEIGHT$`), Collective
 Knowledge's `$#NAME#$` (dividiti/ck-caffe's packages), `##NAME##` (cvjena/part_constellation_models), Python's
-format field `{NAME}` (`input_dim:{height}`), Jinja's `{{ NAME }}`, `<NAME>` (`num_output: <num_classes>`), CMake's `@NAME@`, or a bare word where a number goes (MobileNet-SSD's
+format field `{NAME}` (`input_dim:{height}`), Python's `%` operator's `%(NAME)d` and bare `%d` (named ARG1,
+ARG2, ... in the order the operator fills them), Jinja's `{{ NAME }}`, `<NAME>` (`num_output: <num_classes>`), CMake's `@NAME@`, or a bare word where a number goes (MobileNet-SSD's
 templates: `num_output: cls3x`, which its gen_model.sh replaces by 3 x the class count).  A number's
 placeholder gets its value from, in order:
   1. `defines` ({NAME: text}, the command line's `--define NAME=VALUE`), put in its place as text;
@@ -37,7 +38,12 @@ _NAMED = (r"\$\{(?P<braced>\w+)\}|\$(?P<dollars>[A-Za-z_]\w*)\$|\$(?P<bare>[A-Za
 # templates `num_output: ##NUM_CLASSES##` (a value only: elsewhere '#' opens a comment); read as ${NAME}
 _CK_PLACEHOLDER = re.compile(r"\$#(\w+)#\$")
 _HASH_PLACEHOLDER = re.compile(r"(?<=:)([ \t]*)##(\w+)##")
-_VALUE_PLACEHOLDER = re.compile(rf"(?P<lead>:[ \t]*)(?P<ph>{_NAMED}|\{{(?P<format>[A-Za-z_]\w*)\}})")
+# Python's printf-style `%` operator (siavashBigdeli/DMSP's `dim: %d`): `%(NAME)d` is named, a bare `%d`
+# takes the next value of the script's tuple, so it is named by its place in the file: ARG1, ARG2, ...
+_PRINTF_SPEC = r"[-+ #0]*\d*(?:\.\d+)?[diouxXeEfFgGs]"
+_PRINTF = rf"%\((?P<printf>[A-Za-z_]\w*)\){_PRINTF_SPEC}|(?P<positional>%{_PRINTF_SPEC})"
+_ANY_PRINTF = re.compile(rf"%%|%\([A-Za-z_]\w*\){_PRINTF_SPEC}|%{_PRINTF_SPEC}")
+_VALUE_PLACEHOLDER = re.compile(rf"(?P<lead>:[ \t]*)(?P<ph>{_NAMED}|\{{(?P<format>[A-Za-z_]\w*)\}}|{_PRINTF})")
 _QUOTED_PLACEHOLDER = re.compile(_NAMED)
 _FORMAT_FIELD = re.compile(r":[ \t]*\{[A-Za-z_]\w*\}")   # a quick look before the full scan
 # a bare word where text goes is a placeholder only when written like one: in capitals
@@ -101,6 +107,7 @@ def fill_placeholders(text, defines, path, notes):
     if "{{" in text and _FORMAT_FIELD.search(text):
         lines = _unescape_format_braces(lines, path, notes)
     written_as = {}    # ${NAME} -> $#NAME#$ or ##NAME## as the file writes it
+    positional = _positional_printf(lines) if "%" in text else {}
     for number, line in enumerate(lines):
         if "$#" in line:   # Collective Knowledge's $#NAME#$: its '#' would open a comment
             for m in _CK_PLACEHOLDER.finditer(line):
@@ -116,7 +123,7 @@ def fill_placeholders(text, defines, path, notes):
             used[alone] = used.get(alone, 0) + 1
             lines[number] = str(defines[alone])
             continue
-        if "$" not in line and "{{" not in line and "<" not in line and "@" not in line \
+        if "$" not in line and "{{" not in line and "<" not in line and "@" not in line and "%" not in line \
                 and not _FORMAT_FIELD.search(line):
             continue
         spans, comment = code_spans(line)
@@ -131,13 +138,15 @@ def fill_placeholders(text, defines, path, notes):
                         last = m.end()
                 continue
             for m in _VALUE_PLACEHOLDER.finditer(line, start, end):
-                name = _name(m)
+                name = positional[number, m.start("ph")] if m.group("positional") else _name(m)
                 if name in defines:
                     value = str(defines[name])
                     used[name] = used.get(name, 0) + 1
                 else:
                     sentinel = _SENTINEL_BASE + _SENTINEL_STEP * (len(pending) + 1)
                     written = written_as.get(m.group("ph"), m.group("ph"))
+                    if m.group("positional"):
+                        written = f"{written} ({name})"
                     pending.append(Placeholder(name, written, number + 1, sentinel))
                     value = str(sentinel)
                 pieces.append(line[last:m.start("ph")] + value)
@@ -153,7 +162,20 @@ def fill_placeholders(text, defines, path, notes):
 def _name(match):
     """The placeholder's NAME, whichever way it is written."""
     groups = match.groupdict()
-    return next(groups[k] for k in ("braced", "dollars", "bare", "jinja", "angle", "at", "format") if groups.get(k))
+    return next(groups[k] for k in ("braced", "dollars", "bare", "jinja", "angle", "at", "format", "printf")
+                if groups.get(k))
+
+
+def _positional_printf(lines):
+    """{(row, column): ARGk} for the bare `%d`-style fields of a printf template, numbered in the order
+    Python's `%` operator fills them: through the whole text, comments and strings included."""
+    names, count = {}, 0
+    for row, line in enumerate(lines):
+        for m in _ANY_PRINTF.finditer(line):
+            if m.group(0) != "%%" and not m.group(0).startswith("%("):
+                count += 1
+                names[row, m.start()] = f"ARG{count}"
+    return names
 
 
 def _with_strings(spans, comment, length):
