@@ -122,6 +122,12 @@ def test_no_detection_gives_one_minus_one_row(tmp_path):
 def test_refusals(tmp_path):
     with pytest.raises(LayerError, match="biases has 4 values; 3 boxes need 6"):
         load_from_text(net(layer().replace("num_box: 2", "num_box: 3"), inputs={"x": (1, 27, 3, 3)}))
+    # a cut-down MobileNet-SSD file (antsalan/trial): SSD's DetectionOutput left with one bottom
+    ssd = ('layer { name: "det" type: "DetectionOutput" bottom: "x" top: "det" detection_output_param { '
+           'num_classes: 3 share_location: true nms_param { nms_threshold: 0.45 } keep_top_k: 20 } }')
+    with pytest.raises(LayerError, match="SSD's DetectionOutput \\(it sets nms_param, share_location, keep_top_k\\) "
+                                         "takes 3 bottoms \\(loc, conf, priors\\), got 1"):
+        load_from_text(net(ssd, inputs={"x": (1, 18, 3, 3)}))
     with pytest.raises(LayerError, match="channels 14 must be num_box 2 x at least 5 \\+ num_classes 3"):
         load_from_text(net(layer(), inputs={"x": (1, 14, 3, 3)}))
     # Caffe reads a map that is not side x side; its forward indexes cells by side: refused on running

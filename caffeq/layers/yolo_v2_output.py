@@ -239,6 +239,11 @@ class YoloV2DetectionOutput(Layer):
         if num_box < 1 or side < 1:
             raise LayerError(f"detection_output_param.num_box and side must be >= 1, got {num_box} and {side}")
         biases = [float(v) for v in p.biases]
+        ssd_fields = [f for f in ("nms_param", "code_type", "share_location", "keep_top_k") if p.HasField(f)]
+        if not biases and ssd_fields:
+            raise LayerError(f"SSD's DetectionOutput (it sets {', '.join(ssd_fields)}) takes 3 bottoms (loc, conf, "
+                             f"priors), got {len(lp.bottom)}; with one bottom it would be caffe-yolov2's, which needs "
+                             "detection_output_param.biases")
         if len(biases) < 2 * num_box:
             raise LayerError(f"detection_output_param.biases has {len(biases)} values; {num_box} boxes need "
                              f"{2 * num_box} (a width and a height each)")
