@@ -649,3 +649,17 @@ def test_a_deploy_file_that_kept_its_fork_loss_and_accuracy_without_the_label():
             'layer { name: "acc" type: "Accuracy" bottom: "fc" bottom: "label" top: "acc" }')
     model = load_from_text(text)
     assert model.outputs == ["fc"]
+
+
+def test_cadstn_recurrent_freeze_is_a_training_setting():
+    # weleen/CADSTN.caffe's hand_mix: `fix_parameters: true` on its LSTM (its Caffe is not public)
+    lstm = """input: "x" input_shape { dim: 3 dim: 2 dim: 4 }
+input: "cont" input_shape { dim: 3 dim: 2 }
+layer { name: "lstm" type: "LSTM" bottom: "x" bottom: "cont" top: "h"
+  recurrent_param { num_output: 5 fix_parameters: true } }
+"""
+    net, warnings = _parse(lstm)
+    assert net.layer[0].recurrent_param.num_output == 5
+    assert any("'fix_parameters'" in w and "CADSTN's freeze of the recurrent weights" in w for w in warnings)
+    with pytest.raises(ParseError, match="fix_parameters"):
+        _parse(lstm, phase="TRAIN")

@@ -133,6 +133,9 @@ _FORK_FIELD_GROUPS = [
     # net.cpp frees a layer's bottoms after its forward when deletebottom is set, nothing reads the others
     ("LayerParameter", _ANY_PHASE, "UberNet's memory saving (blobs freed after use); the same numbers without it",
      "deletetop", "deletebottom", "pullsfrom", "eliminate"),
+    # weleen/CADSTN.caffe's hand_mix LSTM (its Caffe, the weleen/caffe submodule d6b6882, is not public):
+    # `fix_parameters: true`, the author's freeze of the recurrent weights in training (BVLC/caffe#5174)
+    ("RecurrentParameter", _TEST_ONLY, "CADSTN's freeze of the recurrent weights while training", "fix_parameters"),
 ]
 
 
