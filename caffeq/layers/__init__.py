@@ -90,6 +90,7 @@ from . import (  # noqa: F401,E402
     learnable_dilation,
     local_conv,
     losses,
+    lse_pooling,
     maf,
     margin,
     mergecrop,

@@ -1,0 +1,121 @@
+"""wang821002/Caffe-Multi-Label's LsePooling (823baf1 lse_pooling_layer.cpp/.cu; its chest X-ray CAM nets):
+log-sum-exp pooling, between average (r -> 0) and max (r -> inf) pooling.
+
+lse_pooling_param is BVLC's pooling geometry (kernel, stride, pad; ceil rounding and the padded-last-window
+rule) with `global_pooling` true by default, `pool` LSE by default and `r_t`, the sharpness r (no default: the
+fork's 0 gives NaN, so caffeq asks for it).  LSE computes, per window,
+
+    y = m + log(sum over the window's in-image cells of exp(r (x - m)) / pool_size) / r
+
+with pool_size the window clipped to the padded extent (padding counts, adds nothing), as both forwards do.
+The fork's shift m is a running value (0, then any cell whose |x| exceeds it, signed); caffeq shifts by the
+window's maximum: the same m on windows of non-negative values (its nets pool a ReLU), and the same value
+wherever the fork's exp does not overflow (a window with negative values where it does gives +inf there).
+MAX and AVE are BVLC's Pooling (the fork copies its loops); STOCHASTIC, broken in the fork, is refused.
+ONNX: global windows (the nets') as reductions; windowed LSE is refused (ONNX has no im2col to take the
+per-window shift).
+"""
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import ExportError
+from ..io.schema import caffe_pb2
+from .norm import onnx_reduce
+from .pooling import AVE, CEIL, MAX, Pooling, caffe_pool_out, window
+from .registry import LayerError, register_layer, torch_sources
+
+_LSE = caffe_pb2.LsePoolingParameter.LSE
+
+
+def lse_pool2d(x, r: float, kernel: list[int], stride: list[int], pad: list[int], ceil: bool):
+    """LsePooling's LSE (see the module docstring): m + log(sum exp(r (x - m)) / pool_size) / r per window."""
+    size = [x.shape[2], x.shape[3]]
+    out = caffe_pool_out(size, kernel, stride, pad, ceil)
+    extra = [max(0, (out[i] - 1) * stride[i] + kernel[i] - (size[i] + pad[i])) for i in range(2)]
+    xp = F.pad(x, [pad[1], extra[1], pad[0], extra[0]], value=float("-inf"))
+    n, c = x.shape[0], x.shape[1]
+    full = [(xp.shape[2 + i] - kernel[i]) // stride[i] + 1 for i in range(2)]
+    cols = F.unfold(xp.reshape(n * c, 1, xp.shape[2], xp.shape[3]), kernel, stride=stride)
+    cols = cols.reshape(n, c, kernel[0] * kernel[1], full[0], full[1])[:, :, :, :out[0], :out[1]]
+    m = cols.amax(dim=2)
+    m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)   # a window all padding: sum 0, -inf
+    total = torch.exp(r * (cols - m.unsqueeze(2))).sum(dim=2)
+    sizes = []
+    for i in range(2):
+        starts = torch.arange(out[i], device=x.device) * stride[i] - pad[i]
+        ends = torch.clamp(starts + kernel[i], max=size[i] + pad[i])
+        sizes.append((ends - starts).to(x.dtype))
+    pool_size = sizes[0][:, None] * sizes[1][None, :]
+    return m + torch.log(total / pool_size) / r
+
+
+TORCH_LSE_POOL = torch_sources(caffe_pool_out, lse_pool2d)
+
+
+@register_layer("LsePooling")
+class LsePooling(Pooling):
+    def pooling_params(self, lp):
+        p = lp.lse_pooling_param
+        if p.pool == caffe_pb2.LsePoolingParameter.STOCHASTIC:
+            raise LayerError("lse_pooling_param.pool: STOCHASTIC is not implemented in the fork (its CPU forward "
+                             "aborts, its GPU one reads an unsized index blob)")
+        q = caffe_pb2.PoolingParameter()
+        for field in ("pad", "kernel_size", "stride"):
+            if p.HasField(field):
+                getattr(q, field).append(getattr(p, field))
+        for field in ("pad_h", "pad_w", "kernel_h", "kernel_w", "stride_h", "stride_w"):
+            if p.HasField(field):
+                setattr(q, field, getattr(p, field))
+        q.global_pooling = p.global_pooling   # true unless set: the fork's default
+        q.pool = MAX if p.pool == caffe_pb2.LsePoolingParameter.MAX else AVE   # LSE: AVE's windows and sizes
+        return q
+
+    def parse(self, lp):
+        attrs = super().parse(lp)
+        p = lp.lse_pooling_param
+        attrs["lse"] = p.pool == _LSE
+        if attrs["lse"]:
+            if len(lp.top) != 1:
+                raise LayerError(f"LsePooling's LSE takes 1 top, got {len(lp.top)}")
+            r = float(p.r_t)
+            if not np.isfinite(r) or r == 0:
+                raise LayerError(f"lse_pooling_param.r_t (the sharpness r) must be set and nonzero, got {r} "
+                                 "(the fork's unset 0 gives NaN)")
+            attrs["r"] = r
+        return attrs
+
+    def _lse_args(self, attrs, h, w):
+        k, s, p, _ = window(attrs, h, w)
+        return attrs["r"], list(k), list(s), list(p), attrs["round_mode"] == CEIL
+
+    def forward(self, attrs, params, x):
+        if not attrs["lse"]:
+            return super().forward(attrs, params, x)
+        return lse_pool2d(x, *self._lse_args(attrs, x.shape[2], x.shape[3]))
+
+    def onnx(self, ctx, node):
+        if not node.attrs["lse"]:
+            return super().onnx(ctx, node)
+        x = node.inputs[0]
+        _, _, h, w = ctx.shape(x)
+        r, k, s, p, _ = self._lse_args(node.attrs, h, w)
+        if k != [h, w] or any(p):
+            raise ExportError(f"layer '{node.name}' (LsePooling): a {k[0]}x{k[1]} LSE window on a {h}x{w} input "
+                              "has no ONNX form here (only a window over the whole input)")
+        m = onnx_reduce(ctx, "ReduceMax", x, [2, 3], keepdims=True)
+        shifted = ctx.op("Mul", [ctx.op("Sub", [x, m], "centred"), ctx.const(np.array(r, np.float32))], "scaled")
+        total = onnx_reduce(ctx, "ReduceSum", ctx.op("Exp", [shifted], "exp"), [2, 3], keepdims=True)
+        mean = ctx.op("Div", [total, ctx.const(np.array(h * w, np.float32))], "mean")
+        lse = ctx.op("Div", [ctx.op("Log", [mean], "log"), ctx.const(np.array(r, np.float32))], "lse")
+        ctx.add_node("Add", [m, lse], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        if not node.attrs["lse"]:
+            return super().pytorch_source(node, emit)
+        fn = emit.helper(TORCH_LSE_POOL)
+        r, k, s, p, ceil = self._lse_args(node.attrs, *emit.in_shape(0)[2:])
+        return f"{fn}({emit.inputs[0]}, {r!r}, {k}, {s}, {p}, {ceil})"
+
+
+__all__ = ["LsePooling"]
