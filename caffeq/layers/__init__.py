@@ -91,6 +91,7 @@ from . import (  # noqa: F401,E402
     local_conv,
     losses,
     lse_pooling,
+    lstd,
     maf,
     margin,
     mergecrop,
