@@ -138,6 +138,7 @@ from . import (  # noqa: F401,E402
     remap,
     repeat,
     reshape,
+    rgbd_saliency,
     ristretto,
     roi_align_forks,
     roi_align_pooling,
