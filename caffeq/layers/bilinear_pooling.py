@@ -34,7 +34,7 @@ from ..errors import ExportError
 from ..io.schema import caffe_pb2
 from .conv import conv_out_size
 from .norm import onnx_reduce
-from .pooling import AVE, CEIL, TORCH_POOL_FUNCTIONS, TORCH_POOL_MODULE, Pooling, caffe_pool2d, window
+from .pooling import AVE, CEIL, TORCH_POOL_FUNCTIONS, TORCH_POOL_MODULE, Pooling, as_pooling_param, caffe_pool2d, window
 from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer, spatial_params
 from .segaware import onnx_window_views, window_views
 
@@ -116,15 +116,7 @@ class SumPooling(Pooling):
         if p.pool == SUM and (p.pad or p.pad_h or p.pad_w):
             raise LayerError("sum_pooling_param: SUM with padding (the fork's check: padding is implemented only "
                              "for average and max pooling)")
-        q = caffe_pb2.PoolingParameter()
-        for field in ("pad", "kernel_size", "stride"):
-            if p.HasField(field):
-                getattr(q, field).append(getattr(p, field))
-        for field in ("pad_h", "pad_w", "kernel_h", "kernel_w", "stride_h", "stride_w", "global_pooling"):
-            if p.HasField(field):
-                setattr(q, field, getattr(p, field))
-        q.pool = AVE if p.pool == SUM else int(p.pool)   # SUM: AVE's windows, not divided
-        return q
+        return as_pooling_param(p, AVE if p.pool == SUM else int(p.pool))   # SUM: AVE's windows, not divided
 
     def parse(self, lp):
         attrs = super().parse(lp)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from ..errors import ExportError
 from ..io.schema import caffe_pb2
 from .norm import onnx_reduce
-from .pooling import AVE, CEIL, MAX, Pooling, caffe_pool_out, window
+from .pooling import AVE, CEIL, MAX, Pooling, as_pooling_param, caffe_pool_out, window
 from .registry import LayerError, register_layer, torch_sources
 
 _LSE = caffe_pb2.LsePoolingParameter.LSE
@@ -60,15 +60,8 @@ class LsePooling(Pooling):
         if p.pool == caffe_pb2.LsePoolingParameter.STOCHASTIC:
             raise LayerError("lse_pooling_param.pool: STOCHASTIC is not implemented in the fork (its CPU forward "
                              "aborts, its GPU one reads an unsized index blob)")
-        q = caffe_pb2.PoolingParameter()
-        for field in ("pad", "kernel_size", "stride"):
-            if p.HasField(field):
-                getattr(q, field).append(getattr(p, field))
-        for field in ("pad_h", "pad_w", "kernel_h", "kernel_w", "stride_h", "stride_w"):
-            if p.HasField(field):
-                setattr(q, field, getattr(p, field))
+        q = as_pooling_param(p, MAX if p.pool == caffe_pb2.LsePoolingParameter.MAX else AVE)   # LSE: AVE's windows
         q.global_pooling = p.global_pooling   # true unless set: the fork's default
-        q.pool = MAX if p.pool == caffe_pb2.LsePoolingParameter.MAX else AVE   # LSE: AVE's windows and sizes
         return q
 
     def parse(self, lp):

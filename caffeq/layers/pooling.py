@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..io.schema import caffe_pb2
 from .edge_pads import SAME, read_edge_pads
 from .pooling_dilated import fork_forward, fork_infer, fork_macs, fork_onnx, fork_pytorch_source, read_fork_fields
 from .pooling_edges import (
@@ -64,6 +65,19 @@ def pooled_size(size, k, s, p, round_mode=CEIL, padded=None):
     if (p if padded is None else padded) and (out - 1) * s >= size + p:
         out -= 1
     return out
+
+
+def as_pooling_param(p, pool):
+    """A fork's pooling message with BVLC's scalar geometry fields (SumPooling's, LsePooling's) as a
+    caffe.PoolingParameter of method `pool`, so Pooling's own reading checks and sizes its windows."""
+    q = caffe_pb2.PoolingParameter(pool=pool)
+    for field in ("pad", "kernel_size", "stride"):
+        if p.HasField(field):
+            getattr(q, field).append(getattr(p, field))
+    for field in ("pad_h", "pad_w", "kernel_h", "kernel_w", "stride_h", "stride_w", "global_pooling"):
+        if p.HasField(field):
+            setattr(q, field, getattr(p, field))
+    return q
 
 
 def _round_mode(p):
