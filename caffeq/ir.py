@@ -261,7 +261,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
             raise
         except Exception as e:  # a spec's own check on user input
             raise LayerError(f"{where}: bad parameters: {e}") from None
-        for text in attrs.pop("reading_notes", ()):
+        for text in [*attrs.pop("reading_notes", ()), *([spec.reading_note] if spec.reading_note else [])]:
             _add_reading_note(notes, reading_notes, source, lp, text)
         if spec.is_data or spec.reads_files:
             attrs["base_dir"] = base_dir

@@ -12,7 +12,4 @@ CPU_NOTE = ("read as the fork's GPU forward, a plain convolution; its CPU forwar
 
 @register_layer("ConvolutionScaling")
 class ConvolutionScaling(Convolution):
-    def parse(self, lp):
-        attrs = super().parse(lp)
-        attrs["reading_notes"] = list(attrs.get("reading_notes", [])) + [CPU_NOTE]
-        return attrs
+    reading_note = CPU_NOTE

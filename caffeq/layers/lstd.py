@@ -12,10 +12,7 @@ NOTE = ("read as BVLC's Convolution: the fork's source has no SSLConvolution, an
 
 @register_layer("SSLConvolution")
 class SSLConvolution(Convolution):
-    def parse(self, lp):
-        attrs = super().parse(lp)
-        attrs["reading_notes"] = list(attrs.get("reading_notes", [])) + [NOTE]
-        return attrs
+    reading_note = NOTE
 
 
 __all__ = ["SSLConvolution"]

@@ -102,6 +102,9 @@ class Layer:
     bottoms = None
     tops = None
     bottom_roles = ""
+    #: a line reported whenever a layer of this type is read: how caffeq reads a fork's layer that its
+    #: source leaves open (a forward it has only on one device, a layer read as another)
+    reading_note = None
 
     def parse(self, lp):
         """The layer's parameters from its caffe_pb2.LayerParameter -> a plain dict (attrs).
