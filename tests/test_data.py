@@ -582,6 +582,18 @@ def test_yuqj1991s_identity_batches_shape_three_tops(tmp_path):
         load_from_text(text.replace("sample_num: 3", "sample_num: 4"))
 
 
+def test_label_num_without_sample_num_is_the_multi_label_reader():
+    # liquidmetal/caffe-tests' box-regression nets: the 2016 multi-label ImageData (lhmRyan/DSH's label_num),
+    # label_num labels a line, the label (N, label_num, 1, 1); yuqj1991's identity batches need sample_num
+    from caffeq.model import load_from_text
+    text = ('layer { name: "data" type: "ImageData" top: "data" top: "label" '
+            'image_data_param { source: "train.txt" batch_size: 5 new_height: 7 new_width: 6 label_num: 4 } }')
+    shapes = load_from_text(text).blob_shapes
+    assert (shapes["data"], shapes["label"]) == ((5, 3, 7, 6), (5, 4, 1, 1))
+    with pytest.raises(CaffeqError, match="image_data_param.label_num must be >= 1"):
+        load_from_text(text.replace("label_num: 4", "label_num: 0"))
+
+
 def test_a_data_layer_with_input_param_and_no_data_param_reads_as_an_input():
     # dgschwend/zynqnet's nets type their input layer "Data" but give input_param (OpenCV's importer
     # reads a Data layer as an input too): its shape, with a note; a real Data layer keeps its checks

@@ -253,8 +253,14 @@ class ImageData(DataLayer):
             raise LayerError("image_data_param.new_dim and new_height/new_width cannot be set together")
         if (p.min_height > 0) != (p.min_width > 0):   # lisa-caffe-public image_data_layer.cpp's CHECK
             raise LayerError("image_data_param.min_height and min_width must be set together")
-        identities = None
-        if p.HasField("label_num") or p.HasField("sample_num"):   # yuqj1991/caffe_train's DataLayerSetUp CHECKs
+        identities, label_size = None, 0
+        if p.HasField("label_size"):
+            label_size = positive_field(p.label_size, "image_data_param.label_size")
+        if p.HasField("label_num") and not p.HasField("sample_num"):
+            # the 2016 multi-label ImageData (lhmRyan/DSH 9ce1188, label_num = 13 there): label_num labels a line,
+            # the label top (N, label_num, 1, 1), as label_size
+            label_size = positive_field(p.label_num, "image_data_param.label_num")
+        elif p.HasField("label_num") or p.HasField("sample_num"):   # yuqj1991/caffe_train's DataLayerSetUp CHECKs
             identities = (int(p.label_num), int(p.sample_num))
             if identities[0] * identities[1] != p.batch_size:
                 raise LayerError(f"image_data_param.label_num x sample_num ({identities[0]} x {identities[1]}) "
@@ -269,15 +275,15 @@ class ImageData(DataLayer):
                 "smaller_side": tuple(int(v) for v in p.smaller_side_size),
                 "label_dim": int(p.label_dim) if p.HasField("label_dim") else 0, "gps": bool(p.use_gps),
                 "identities": identities,
-                "label_size": positive_field(p.label_size, "image_data_param.label_size")
-                if p.HasField("label_size") else 0,
+                "label_size": label_size,
                 "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else "",
                 # CamlinZ/face_alignment's ImageData resizes to new_height x new_width only when shuffling
                 "own_size_unshuffled": p.HasField("rate_height") or p.HasField("rate_width")}
 
     def top_shapes(self, attrs, given):
         """The multi-label recipe's label_dim labels a line make the label (N, label_dim);
-        imistyrain/caffe-multilabel-txt's label_size labels make it (N, label_size, 1, 1).
+        imistyrain/caffe-multilabel-txt's label_size labels make it (N, label_size, 1, 1), as the 2016
+        multi-label reader's label_num without sample_num (lhmRyan/DSH).
         apsvvfb/caffe_qi's (and LRCN's lisa-caffe-public's) ImageData gives a third top, the clip
         markers of its 16-frame clips, (batch_size,) as its DataLayerSetUp shapes it.  yuqj1991/caffe_train's
         gives the batch's identities (label_num,), then each image's identity (batch_size,)."""
