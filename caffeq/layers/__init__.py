@@ -142,6 +142,7 @@ from . import (  # noqa: F401,E402
     ristretto,
     roi_align_forks,
     roi_align_pooling,
+    roi_conv,
     roi_mask_pooling,
     roi_pooling,
     ron,
