@@ -10,6 +10,7 @@ from . import (  # noqa: F401,E402
     bilinear_forks,
     bilinear_pooling,
     bireal,
+    bitmain,
     bsdh,
     c3d,
     caffe_gan,

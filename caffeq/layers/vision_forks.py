@@ -312,6 +312,8 @@ class Upsample(Layer):
         has = p.HasField
         if has("stride") or has("stride_h") or has("stride_w"):
             return self._darknet_stride(lp, a)
+        if has("size"):
+            return self._bitmain_size(lp, a)
         if not a["mask"] and p.nearestneighbor_mode and (has("upsample_h") or has("upsample_w")):
             # Cambricon's nearest-neighbour mode: a fixed output size, a whole multiple of the input's
             if not (has("upsample_h") and has("upsample_w")):
@@ -371,6 +373,22 @@ class Upsample(Layer):
         if p.HasField("scale_h") or p.HasField("scale_w") or p.HasField("upsample_h") or p.HasField("upsample_w"):
             raise LayerError("upsample_param: stride (darknet's form) takes only scale, the values' factor")
         a["value_scale"] = int(p.scale) if p.HasField("scale") else 1
+        return a
+
+    @staticmethod
+    def _bitmain_size(lp, a):
+        """Bitmain's BM1880 toolchain (its yolov3 conversion): upsample_param.size, read as darknet's nearest
+        upsampling by that factor, which the YOLOv3 route after it needs (the fork's source is not public)."""
+        p = lp.upsample_param
+        others = [f.name for f, _ in p.ListFields() if f.name != "size"]
+        if a["mask"] or others:
+            raise LayerError("upsample_param.size (Bitmain's one-bottom nearest upsampling) takes no mask bottom "
+                             f"and no other field{': ' + ', '.join(others) if others else ''}")
+        if p.size < 1:
+            raise LayerError(f"upsample_param.size must be >= 1, got {p.size}")
+        a["scale"] = (int(p.size), int(p.size))
+        a["reading_notes"] = [f"upsample_param.size {p.size}: read as nearest upsampling by that factor (darknet's, "
+                              "as Bitmain's yolov3 conversion needs; its Caffe's source is not public)"]
         return a
 
     @staticmethod
