@@ -89,3 +89,20 @@ def test_roi_pooling_param_resize_refuses_a_side_of_one():
     with pytest.raises(LayerError, match="read outside it"):
         load_from_text(net('layer { name: "r" type: "Resize" bottom: "x" top: "o" '
                            'roi_pooling_param { pooled_h: 3 pooled_w: 3 } }', inputs={"x": (1, 1, 1, 4)}))
+
+
+SEED_POOL = ('layer { name: "wbc" type: "RegionPooling" bottom: "features" bottom: "seeds" bottom: "offsets" '
+             'bottom: "weights" top: "wbc" region_pooling_param { num_features: 4 num_samples: 3 '
+             'num_rfcn_regions: 5 num_regions: 2 } }')
+
+
+def test_box_cls_regs_four_bottom_region_pooling_is_sized_not_run():
+    # jialinwu17/box_cls_reg's train_aware.prototxt: top (M, num_regions, num_samples, num_features)
+    from caffeq.errors import CaffeqError
+    shapes = {"features": (1, 20, 6, 7), "seeds": (6, 2), "offsets": (6, 12), "weights": (6, 2, 3, 5)}
+    model = load_from_text(net(SEED_POOL, inputs=shapes))
+    assert model.blob_shapes["wbc"] == (6, 2, 3, 4)
+    with pytest.raises(CaffeqError, match="box_cls_reg's seed-point pooling, a GPU-only training layer"):
+        model.run({k: np.zeros(s, np.float32) for k, s in shapes.items()})
+    with pytest.raises(LayerError, match="the features have 21 channels; num_features x num_rfcn_regions is 4 x 5"):
+        load_from_text(net(SEED_POOL, inputs={**shapes, "features": (1, 21, 6, 7)}))

@@ -9,11 +9,18 @@
   clamped to [1, H - 1] (hend = ceil(y - 0.5), hstart = hend - 1; u = y - hstart - 0.5), so the
   borders extrapolate linearly; spatial_scale is ignored (the fork sets it to 1).  A side of 1 would
   read outside the map: refused.
+
+jialinwu17/box_cls_reg (be48824, its bundled caffe/ region_pooling_layer.cu), read and sized, not run:
+- RegionPooling with four bottoms (features (N, NR F, H, W), seed points (M, 2), offsets (M, R S 2), weights
+  (M, R, S, NR); region_pooling_param num_features F, num_regions R, num_samples S, num_rfcn_regions NR):
+  top (M, R, S, F), each the weighted sum over the NR groups of one feature pixel at seed + offset, over NR.
+  Its only forward is on the GPU and reads unchecked positions; its inputs come from a training Python layer
+  that needs ground-truth boxes.  LocNet's two-bottom RegionPooling is region_pooling.py's.
 """
 import numpy as np
 import torch
 
-from .registry import Layer, LayerError, claim_layers, four_axes, need_blobs, register_layer
+from .registry import Layer, LayerError, ReadOnlyLayer, claim_layers, four_axes, need_blobs, register_layer
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -122,3 +129,25 @@ class ClampedBilinearResize(Layer):
         oh, ow = node.attrs["out"]
         return f"{emit.helper(clamped_bilinear_resize)}({emit.inputs[0]}, {oh}, {ow})"
 
+
+@claim_layers("RegionPooling", lambda lp: len(lp.bottom) == 4)
+class SeedRegionPooling(ReadOnlyLayer):
+    def parse(self, lp):
+        need_blobs(lp, "RegionPooling (box_cls_reg's: features, seed points, offsets, weights)", 4, 1)
+        p = lp.region_pooling_param
+        sizes = {k: int(getattr(p, k)) for k in ("num_features", "num_regions", "num_samples", "num_rfcn_regions")}
+        for k, v in sizes.items():
+            if v < 1:
+                raise LayerError(f"region_pooling_param.{k} must be >= 1, got {v}")
+        return {"name": lp.name, "kind": "RegionPooling", **sizes}
+
+    def infer(self, attrs, in_shapes):
+        _, c, _, _ = four_axes(in_shapes[0], "RegionPooling's features")
+        f, r, s, nr = (attrs[k] for k in ("num_features", "num_regions", "num_samples", "num_rfcn_regions"))
+        if c != f * nr:
+            raise LayerError(f"the features have {c} channels; num_features x num_rfcn_regions is {f} x {nr}")
+        return [(in_shapes[1][0], r, s, f)]
+
+    def why_not_run(self, attrs):
+        return ("jialinwu17/box_cls_reg's seed-point pooling, a GPU-only training layer whose positions come from a "
+                "ground-truth Python layer and are read unchecked: caffeq reads and sizes it but does not run it")
