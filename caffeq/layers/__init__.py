@@ -164,6 +164,7 @@ from . import (  # noqa: F401,E402
     sophgo_detection,
     spatial_transformer,
     spn,
+    spp,
     sppnet,
     ssai,
     ssd,
