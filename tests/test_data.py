@@ -592,6 +592,11 @@ def test_label_num_without_sample_num_is_the_multi_label_reader():
     assert (shapes["data"], shapes["label"]) == ((5, 3, 7, 6), (5, 4, 1, 1))
     with pytest.raises(CaffeqError, match="image_data_param.label_num must be >= 1"):
         load_from_text(text.replace("label_num: 4", "label_num: 0"))
+    with pytest.raises(CaffeqError, match="label_num \\(labels a line\\) with label_size or label_dim: give one"):
+        load_from_text(text.replace("label_num: 4", "label_num: 4 label_size: 4"))
+    # three tops are yuqj1991's identity batches, whose check stands
+    with pytest.raises(CaffeqError, match="label_num x sample_num \\(4 x 0\\) must equal batch_size \\(5\\)"):
+        load_from_text(text.replace('top: "label"', 'top: "label" top: "index"'))
 
 
 def test_a_data_layer_with_input_param_and_no_data_param_reads_as_an_input():

@@ -23,6 +23,9 @@ def test_upsample_size_is_nearest_upsampling_by_that_factor(tmp_path):
     with pytest.raises(LayerError, match="upsample_param.size .* no other field: scale"):
         load_from_text(INPUT + 'layer { name: "up" type: "Upsample" bottom: "data" top: "up" '
                                'upsample_param { size: 2 scale: 2 } }')
+    with pytest.raises(LayerError, match="upsample_param.size .* no other field: stride"):
+        load_from_text(INPUT + 'layer { name: "up" type: "Upsample" bottom: "data" top: "up" '
+                               'upsample_param { size: 3 stride: 2 } }')
 
 
 BMNET = INPUT.replace(" enable_quantize: 1", "") + '''layer { name: "bmnet" type: "BMNet" bottom: "data" top: "cls" top: "box"

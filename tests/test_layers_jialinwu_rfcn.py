@@ -106,3 +106,5 @@ def test_box_cls_regs_four_bottom_region_pooling_is_sized_not_run():
         model.run({k: np.zeros(s, np.float32) for k, s in shapes.items()})
     with pytest.raises(LayerError, match="the features have 21 channels; num_features x num_rfcn_regions is 4 x 5"):
         load_from_text(net(SEED_POOL, inputs={**shapes, "features": (1, 21, 6, 7)}))
+    with pytest.raises(LayerError, match="seed points \\(bottom 1\\) must be \\(M, 2\\), got \\[6\\]"):
+        load_from_text(net(SEED_POOL, inputs={**shapes, "seeds": (6,)}))

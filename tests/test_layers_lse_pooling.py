@@ -81,6 +81,18 @@ def test_windowed_lse_in_torch_and_model_py(params, k, s, p, tmp_path):
         model.export_onnx(tmp_path / "m.onnx")
 
 
+def test_a_negative_r_is_a_soft_minimum_with_padding_counted(tmp_path):
+    x = (rng(94).standard_normal((1, 2, 5, 6)) * 0.7).astype(np.float32)
+    model = load_from_text(net(lse_layer("global_pooling: false kernel_size: 3 stride: 2 pad: 1 r_t: -2"),
+                               inputs={"x": x.shape}))
+    want = fork_forward(x, "LSE", -2.0, (3, 3), (2, 2), (1, 1))
+    assert np.isfinite(want).all()
+    check_everywhere(model, {"x": x}, {"y": want}, tmp_path, atol=1e-5, rtol=1e-5, opsets=())
+    glob = load_from_text(net(lse_layer("r_t: -3"), inputs={"x": x.shape}))
+    check_everywhere(glob, {"x": x}, {"y": fork_forward(x, "LSE", -3.0, (5, 6), (1, 1), (0, 0))}, tmp_path,
+                     atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("pool", ["MAX", "AVE"])
 def test_max_and_ave_are_bvlc_pooling(pool, tmp_path):
     x = rng(93).standard_normal((1, 3, 6, 5)).astype(np.float32)

@@ -55,6 +55,20 @@ def test_the_convolution_where_a_roi_holds_the_window_else_the_bias(conv_params,
                      atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("count", [5, 0])
+def test_the_roi_count_is_the_run_times(count, tmp_path):
+    # loaded with 3 rois, run with as many as a proposal layer gives (none included: every window the bias)
+    x = rng(99).standard_normal((1, 2, 6, 7)).astype(np.float32)
+    model = load_from_text(net(layer("num_output: 3 kernel_size: 3 pad: 1", 0.25), inputs={"x": x.shape, "rois": (3, 5)}),
+                           random_weights=True)
+    w, b = (np.asarray(v, np.float32) for v in model.layers[-1].blobs)
+    rois = (rng(100).uniform(0, 24, (count, 5)) * [0, 1, 1, 1, 1]).astype(np.float32)
+    rois[:, 3:] += rois[:, 1:3]
+    want, rounded = reference(x, rois, w, b, (1, 1), (1, 1), 0.25)
+    check_everywhere(model, {"x": x, "rois": rois}, {"fc6": want, "rois_fc6": rounded.reshape(count, 5)}, tmp_path,
+                     atol=1e-5, rtol=1e-5)
+
+
 def test_a_1x1_kernel_is_the_forks_plain_convolution(tmp_path):
     x = rng(97).standard_normal((2, 3, 5, 4)).astype(np.float32)
     model = load_from_text(net(layer("num_output: 2 kernel_size: 1", 0.5), inputs={"x": x.shape, "rois": (1, 5)}),
@@ -69,6 +83,8 @@ def test_a_1x1_kernel_is_the_forks_plain_convolution(tmp_path):
 def test_refusals():
     with pytest.raises(LayerError, match="rois must be \\(R, 5\\)"):
         load_from_text(net(layer("num_output: 2 kernel_size: 3", 1), inputs={"x": (1, 2, 5, 5), "rois": (3, 4)}))
+    with pytest.raises(LayerError, match="spatial_scale must be finite"):
+        load_from_text(net(layer("num_output: 2 kernel_size: 3", "inf"), inputs={"x": (1, 2, 5, 5), "rois": (3, 5)}))
     with pytest.raises(LayerError, match="takes 2 bottoms"):
         load_from_text(net(layer("num_output: 2 kernel_size: 3", 1).replace(' top: "rois_fc6"', ""),
                            inputs={"x": (1, 2, 5, 5), "rois": (3, 5)}))

@@ -251,35 +251,47 @@ def test_python_format_templates_read_with_define_or_input_shape(tmp_path):
     assert load(path, defines={"scale": 3, "height": 6, "width": 2}).inputs == {"data": (1, 2, 6, 2)}
 
 
-# siavashBigdeli/DMSP's deploy_DAE_base.prototxt, filled by Python's `%` operator: bare `%d` fields take
-# the tuple's values in the order of the text (the comment's `% d` one of them, as the operator reads it),
-# `%(name)s` its mapping's
+# siavashBigdeli/DMSP's deploy_DAE_base.prototxt, filled by its MATLAB fprintf (Python's `%` alike): bare
+# fields take the arguments in the order of the text, the comment's `% d` one of them, as the format reads it
 PRINTF = """input: "data"
 input_shape { dim: 1 dim: %d dim: %d dim: %d }   # channels, height, width
 layer { name: "cls" type: "Convolution" bottom: "data" top: "cls"
-  convolution_param { num_output: %(classes)d kernel_size: 1 } }   # 50% done
+  convolution_param { num_output: %d kernel_size: 1 } }   # 50% done
 layer { name: "scale" type: "Power" bottom: "cls" top: "out" power_param { scale: %.2f } }
 """
 
 
 def test_printf_templates_name_bare_fields_by_their_place(tmp_path):
     path = _write(tmp_path, "p.prototxt", PRINTF)
-    # the header's fields are ARG1..ARG3; the comment's '% d' is ARG4, so the scale is ARG5
-    with pytest.raises(ParseError, match=r"p.prototxt:4: %\(classes\)d \(layer 'cls', convolution_param.num_output\) "
-                                         r"is a template placeholder .* pass --define classes=VALUE"):
-        load(path, input_shapes={"data": (1, 2, 3, 4)}, defines={"ARG5": 2})
-    model = load(path, defines={"ARG1": 2, "ARG2": 3, "ARG3": 4, "classes": 5, "ARG5": 0.5}, random_weights=True)
+    # the header's fields are ARG1..ARG3, num_output ARG4; the comment's '% d' is ARG5, so the scale is ARG6
+    with pytest.raises(ParseError, match=r"p.prototxt:4: %d \(ARG4\) \(layer 'cls', convolution_param.num_output\) "
+                                         r"is a template placeholder .* pass --define ARG4=VALUE"):
+        load(path, input_shapes={"data": (1, 2, 3, 4)}, defines={"ARG6": 2})
+    model = load(path, defines={"ARG1": 2, "ARG2": 3, "ARG3": 4, "ARG4": 5, "ARG6": 0.5}, random_weights=True)
     assert model.blob_shapes["out"] == (1, 5, 3, 4)
     assert {lp.name: lp for lp in model.net.layer}["scale"].power_param.scale == 0.5
     # unfilled input dimensions leave the shapes unknown (inspect lists the net), or --input-shape gives them
-    model = load(path, defines={"classes": 5, "ARG5": 2}, unknown_shapes_ok=True)
+    model = load(path, defines={"ARG4": 5, "ARG6": 2}, unknown_shapes_ok=True)
     assert model.inputs == {"data": None}
     assert any("dim[1] is the template placeholder %d (ARG1): pass --define ARG1=VALUE" in w for w in model.warnings)
     x = rng(9).standard_normal((1, 2, 3, 4)).astype(np.float32)
-    model = load(path, defines={"classes": 2, "ARG5": 2}, input_shapes={"data": (1, 2, 3, 4)}, random_weights=True)
+    model = load(path, defines={"ARG4": 2, "ARG6": 2}, input_shapes={"data": (1, 2, 3, 4)}, random_weights=True)
     weight, bias = model.graph.node("cls").blobs
     want = 2 * (np.einsum("oc,nchw->nohw", weight.reshape(2, 2), x) + bias.reshape(1, 2, 1, 1))
-    np.testing.assert_allclose(model.run({"data": x})["out"], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.run({"data": x})["out"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_printf_names_and_argument_counts_follow_the_format(tmp_path):
+    # `%*d` takes a width argument first; `%%`, `%r` in a comment and `%ld` count as Python's `%` counts them;
+    # Python's `%(NAME)d` is named; a Collective Knowledge placeholder on the same line keeps its own name
+    text = """input: "data"
+input_shape { dim: 1 dim: %*d dim: %(height)d dim: $#WIDTH#$ }   # 100%% of %r
+layer { name: "scale" type: "Power" bottom: "data" top: "out" power_param { scale: %ld } }
+"""
+    path = _write(tmp_path, "q.prototxt", text)
+    model = load(path, defines={"ARG2": 3, "height": 4, "WIDTH": 5, "ARG4": 2})
+    assert model.inputs == {"data": (1, 3, 4, 5)}
+    assert {lp.name: lp for lp in model.net.layer}["scale"].power_param.scale == 2
 
 
 # a Jinja-rendered py-faster-rcnn template (atakigawa/py-faster-rcnn's *_template.prototxt): `{{ name }}`

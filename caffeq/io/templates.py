@@ -4,8 +4,8 @@
 A placeholder is written as a field's value (outside quotes and comments): `$NAME`, `${NAME}`, FlowNet 2.0's
 `$NAME$` (`dim: $TARGET_HEIGHT$`), Collective
 Knowledge's `$#NAME#$` (dividiti/ck-caffe's packages), `##NAME##` (cvjena/part_constellation_models), Python's
-format field `{NAME}` (`input_dim:{height}`), Python's `%` operator's `%(NAME)d` and bare `%d` (named ARG1,
-ARG2, ... in the order the operator fills them), Jinja's `{{ NAME }}`, `<NAME>` (`num_output: <num_classes>`), CMake's `@NAME@`, or a bare word where a number goes (MobileNet-SSD's
+format field `{NAME}` (`input_dim:{height}`), printf fields (bare `%d`, named ARG1, ARG2, ... in the order
+fprintf or Python's `%` fills them; Python's `%(NAME)d`), Jinja's `{{ NAME }}`, `<NAME>` (`num_output: <num_classes>`), CMake's `@NAME@`, or a bare word where a number goes (MobileNet-SSD's
 templates: `num_output: cls3x`, which its gen_model.sh replaces by 3 x the class count).  A number's
 placeholder gets its value from, in order:
   1. `defines` ({NAME: text}, the command line's `--define NAME=VALUE`), put in its place as text;
@@ -38,9 +38,10 @@ _NAMED = (r"\$\{(?P<braced>\w+)\}|\$(?P<dollars>[A-Za-z_]\w*)\$|\$(?P<bare>[A-Za
 # templates `num_output: ##NUM_CLASSES##` (a value only: elsewhere '#' opens a comment); read as ${NAME}
 _CK_PLACEHOLDER = re.compile(r"\$#(\w+)#\$")
 _HASH_PLACEHOLDER = re.compile(r"(?<=:)([ \t]*)##(\w+)##")
-# Python's printf-style `%` operator (siavashBigdeli/DMSP's `dim: %d`): `%(NAME)d` is named, a bare `%d`
-# takes the next value of the script's tuple, so it is named by its place in the file: ARG1, ARG2, ...
-_PRINTF_SPEC = r"[-+ #0]*\d*(?:\.\d+)?[diouxXeEfFgGs]"
+# printf templates (siavashBigdeli/DMSP's `dim: %d`, which its MATLAB fprintf fills; Python's `%` operator alike):
+# a bare `%d` takes the next value of the call's arguments, so it is named by its place in the file, ARG1,
+# ARG2, ... (a `*` width or precision takes one more before it); Python's `%(NAME)d` is named
+_PRINTF_SPEC = r"[-+ #0]*(?:\*|\d+)?(?:\.(?:\*|\d+))?[hlL]?[diouxXeEfFgGcrsa]"
 _PRINTF = rf"%\((?P<printf>[A-Za-z_]\w*)\){_PRINTF_SPEC}|(?P<positional>%{_PRINTF_SPEC})"
 _ANY_PRINTF = re.compile(rf"%%|%\([A-Za-z_]\w*\){_PRINTF_SPEC}|%{_PRINTF_SPEC}")
 _VALUE_PLACEHOLDER = re.compile(rf"(?P<lead>:[ \t]*)(?P<ph>{_NAMED}|\{{(?P<format>[A-Za-z_]\w*)\}}|{_PRINTF})")
@@ -107,7 +108,7 @@ def fill_placeholders(text, defines, path, notes):
     if "{{" in text and _FORMAT_FIELD.search(text):
         lines = _unescape_format_braces(lines, path, notes)
     written_as = {}    # ${NAME} -> $#NAME#$ or ##NAME## as the file writes it
-    positional = _positional_printf(lines) if "%" in text else {}
+    positional, printf_args = {}, [0]    # {(row, column): ARGk} of bare printf fields, the arguments taken so far
     for number, line in enumerate(lines):
         if "$#" in line:   # Collective Knowledge's $#NAME#$: its '#' would open a comment
             for m in _CK_PLACEHOLDER.finditer(line):
@@ -117,6 +118,8 @@ def fill_placeholders(text, defines, path, notes):
             for m in _HASH_PLACEHOLDER.finditer(line):
                 written_as["${" + m.group(2) + "}"] = "##" + m.group(2) + "##"
             line = lines[number] = _HASH_PLACEHOLDER.sub(r"\1${\2}", line)
+        if "%" in line:
+            _number_printf_fields(line, number, positional, printf_args)
         alone = line.split("#", 1)[0].strip()
         if alone in defines and _TEXT_PLACEHOLDER.match(alone) and "\"" not in line:
             # a word alone on its line that a script replaces with text (skynet-train's `INPUT`)
@@ -166,16 +169,15 @@ def _name(match):
                 if groups.get(k))
 
 
-def _positional_printf(lines):
-    """{(row, column): ARGk} for the bare `%d`-style fields of a printf template, numbered in the order
-    Python's `%` operator fills them: through the whole text, comments and strings included."""
-    names, count = {}, 0
-    for row, line in enumerate(lines):
-        for m in _ANY_PRINTF.finditer(line):
-            if m.group(0) != "%%" and not m.group(0).startswith("%("):
-                count += 1
-                names[row, m.start()] = f"ARG{count}"
-    return names
+def _number_printf_fields(line, row, names, taken):
+    """Name the line's bare printf fields ARGk in the order the format fills them: through the whole text,
+    comments and strings included, a `*` width or precision taking an argument of its own before the value."""
+    for m in _ANY_PRINTF.finditer(line):
+        spec = m.group(0)
+        if spec == "%%" or spec.startswith("%("):
+            continue
+        taken[0] += 1 + spec.count("*")
+        names[row, m.start()] = f"ARG{taken[0]}"
 
 
 def _with_strings(spans, comment, length):

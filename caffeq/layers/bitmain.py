@@ -21,6 +21,8 @@ class BMNet(ReadOnlyLayer):
             if not shape or min(shape) < 1:
                 raise LayerError(f"bmnet_param.output_shape of top '{top}' must have dimensions >= 1, got {list(shape)}")
         inputs = [tuple(int(d) for d in s.dim) for s in p.input_shape]
+        if inputs and len(inputs) != len(lp.bottom):
+            raise LayerError(f"bmnet_param gives {len(inputs)} input_shape(s) for {len(lp.bottom)} bottoms")
         return {"name": lp.name, "outputs": shapes, "inputs": inputs, "bmodel": p.bmodel}
 
     def infer(self, attrs, in_shapes):

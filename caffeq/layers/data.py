@@ -256,9 +256,11 @@ class ImageData(DataLayer):
         identities, label_size = None, 0
         if p.HasField("label_size"):
             label_size = positive_field(p.label_size, "image_data_param.label_size")
-        if p.HasField("label_num") and not p.HasField("sample_num"):
+        if p.HasField("label_num") and not p.HasField("sample_num") and len(lp.top) <= 2:
             # the 2016 multi-label ImageData (lhmRyan/DSH 9ce1188, label_num = 13 there): label_num labels a line,
-            # the label top (N, label_num, 1, 1), as label_size
+            # the label top (N, label_num, 1, 1), as label_size; yuqj1991's identity batches have three tops
+            if p.HasField("label_size") or p.HasField("label_dim"):
+                raise LayerError("image_data_param: label_num (labels a line) with label_size or label_dim: give one")
             label_size = positive_field(p.label_num, "image_data_param.label_num")
         elif p.HasField("label_num") or p.HasField("sample_num"):   # yuqj1991/caffe_train's DataLayerSetUp CHECKs
             identities = (int(p.label_num), int(p.sample_num))

@@ -146,7 +146,10 @@ class SeedRegionPooling(ReadOnlyLayer):
         f, r, s, nr = (attrs[k] for k in ("num_features", "num_regions", "num_samples", "num_rfcn_regions"))
         if c != f * nr:
             raise LayerError(f"the features have {c} channels; num_features x num_rfcn_regions is {f} x {nr}")
-        return [(in_shapes[1][0], r, s, f)]
+        seeds = in_shapes[1]
+        if len(seeds) != 2 or seeds[1] != 2:
+            raise LayerError(f"RegionPooling's seed points (bottom 1) must be (M, 2), got {list(seeds)}")
+        return [(seeds[0], r, s, f)]
 
     def why_not_run(self, attrs):
         return ("jialinwu17/box_cls_reg's seed-point pooling, a GPU-only training layer whose positions come from a "

@@ -9,8 +9,9 @@ fork's 0 gives NaN, so caffeq asks for it).  LSE computes, per window,
 
 with pool_size the window clipped to the padded extent (padding counts, adds nothing), as both forwards do.
 The fork's shift m is a running value (0, then any cell whose |x| exceeds it, signed); caffeq shifts by the
-window's maximum: the same m on windows of non-negative values (its nets pool a ReLU), and the same value
-wherever the fork's exp does not overflow (a window with negative values where it does gives +inf there).
+window's maximum (its minimum for a negative r, a soft minimum): the same m on windows of non-negative values
+with r > 0 (its nets pool a ReLU), and the same value wherever the fork's exp does not overflow (a window
+where it does gives +inf there).
 MAX and AVE are BVLC's Pooling (the fork copies its loops); STOCHASTIC, broken in the fork, is refused.
 ONNX: global windows (the nets') as reductions; windowed LSE is refused (ONNX has no im2col to take the
 per-window shift).
@@ -29,18 +30,26 @@ _LSE = caffe_pb2.LsePoolingParameter.LSE
 
 
 def lse_pool2d(x, r: float, kernel: list[int], stride: list[int], pad: list[int], ceil: bool):
-    """LsePooling's LSE (see the module docstring): m + log(sum exp(r (x - m)) / pool_size) / r per window."""
+    """LsePooling's LSE (see the module docstring): m + log(sum exp(r (x - m)) / pool_size) / r per window, the
+    sum over the window's in-image cells, m their maximum (their minimum for a negative r)."""
     size = [x.shape[2], x.shape[3]]
     out = caffe_pool_out(size, kernel, stride, pad, ceil)
     extra = [max(0, (out[i] - 1) * stride[i] + kernel[i] - (size[i] + pad[i])) for i in range(2)]
-    xp = F.pad(x, [pad[1], extra[1], pad[0], extra[0]], value=float("-inf"))
+    pads = [pad[1], extra[1], pad[0], extra[0]]
     n, c = x.shape[0], x.shape[1]
+    xp = F.pad(x, pads)
+    inside = F.pad(torch.ones((1, 1, size[0], size[1]), dtype=x.dtype, device=x.device), pads)
     full = [(xp.shape[2 + i] - kernel[i]) // stride[i] + 1 for i in range(2)]
     cols = F.unfold(xp.reshape(n * c, 1, xp.shape[2], xp.shape[3]), kernel, stride=stride)
     cols = cols.reshape(n, c, kernel[0] * kernel[1], full[0], full[1])[:, :, :, :out[0], :out[1]]
-    m = cols.amax(dim=2)
-    m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)   # a window all padding: sum 0, -inf
-    total = torch.exp(r * (cols - m.unsqueeze(2))).sum(dim=2)
+    valid = F.unfold(inside, kernel, stride=stride).reshape(1, 1, kernel[0] * kernel[1], full[0], full[1])
+    valid = valid[:, :, :, :out[0], :out[1]] > 0
+    if r > 0:
+        m = torch.where(valid, cols, torch.full_like(cols, float("-inf"))).amax(dim=2)
+    else:
+        m = torch.where(valid, cols, torch.full_like(cols, float("inf"))).amin(dim=2)
+    terms = torch.exp(r * (cols - m.unsqueeze(2)))
+    total = torch.where(valid, terms, torch.zeros_like(terms)).sum(dim=2)
     sizes = []
     for i in range(2):
         starts = torch.arange(out[i], device=x.device) * stride[i] - pad[i]
@@ -96,7 +105,7 @@ class LsePooling(Pooling):
         if k != [h, w] or any(p):
             raise ExportError(f"layer '{node.name}' (LsePooling): a {k[0]}x{k[1]} LSE window on a {h}x{w} input "
                               "has no ONNX form here (only a window over the whole input)")
-        m = onnx_reduce(ctx, "ReduceMax", x, [2, 3], keepdims=True)
+        m = onnx_reduce(ctx, "ReduceMax" if r > 0 else "ReduceMin", x, [2, 3], keepdims=True)
         shifted = ctx.op("Mul", [ctx.op("Sub", [x, m], "centred"), ctx.const(np.array(r, np.float32))], "scaled")
         total = onnx_reduce(ctx, "ReduceSum", ctx.op("Exp", [shifted], "exp"), [2, 3], keepdims=True)
         mean = ctx.op("Div", [total, ctx.const(np.array(h * w, np.float32))], "mean")

@@ -77,6 +77,8 @@ class ROIConvolution(Convolution):
         if attrs.get("first_conv") or attrs.get("orn"):
             raise LayerError("ROIConvolution is a plain convolution in the fork (no other fork's convolution options)")
         attrs["roi_scale"] = float(np.float32(lp.roi_convolution_param.spatial_scale))
+        if not np.isfinite(attrs["roi_scale"]):
+            raise LayerError(f"roi_convolution_param.spatial_scale must be finite, got {attrs['roi_scale']}")
         return attrs
 
     def infer(self, attrs, in_shapes):
@@ -125,8 +127,12 @@ class ROIConvolution(Convolution):
         half = ctx.op("Cast", [ctx.op("GreaterOrEqual", [frac, ctx.const(np.array(0.5, np.float32))], "half")],
                       "half_f", to=1)
         rounded = ctx.op("Add", [whole, ctx.op("Mul", [half, ctx.op("Sign", [scaled], "sign")], "up")], "rounded")
-        rows = ctx.op("Concat", [ctx.trunc(batch, "batch_int"), rounded], "rows", axis=1)
-        ctx.add_node("Reshape", [rows, ctx.i64(list(ctx.shape(rois)))], [node.outputs[1]])
+        # (R, 5) rows with the rois' trailing unit axes back: R stays the run's (a proposal layer decides it)
+        extra = list(range(2, len(ctx.shape(rois))))
+        rows = ctx.add_node("Concat", [ctx.trunc(batch, "batch_int"), rounded],
+                            [ctx.tmp(f"{node.name}_rows") if extra else node.outputs[1]], axis=1)[0]
+        if extra:
+            ctx.add_node("Unsqueeze", [rows, ctx.i64(extra)], [node.outputs[1]])
         if not a["masked"]:
             return
         _, _, oh, ow = ctx.shape(node.outputs[0])
@@ -160,7 +166,7 @@ class ROIConvolution(Convolution):
             emit.param("bias", 1)
         both = emit.tmp(node.name + "_roi_conv")
         emit.stmt(f"{both} = {m}({emit.inputs[0]}, {emit.inputs[1]})")
-        return [f"{both}[0]", f"{both}[1].reshape({list(emit.in_shape(1))})"]
+        return [f"{both}[0]", f"{both}[1].reshape({emit.inputs[1]}.shape)"]
 
 
 __all__ = ["ROIConvolution"]

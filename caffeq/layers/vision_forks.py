@@ -310,10 +310,10 @@ class Upsample(Layer):
         a = {"mask": len(lp.bottom) == 2, "out": None, "pad_out": (0, 0), "value_scale": 1,
              "bare": len(lp.bottom) == 2 and not lp.HasField("upsample_param")}   # Tiny-DSOD's, maybe
         has = p.HasField
+        if has("size"):   # before darknet's stride: a size beside a stride is refused, not dropped
+            return self._bitmain_size(lp, a)
         if has("stride") or has("stride_h") or has("stride_w"):
             return self._darknet_stride(lp, a)
-        if has("size"):
-            return self._bitmain_size(lp, a)
         if not a["mask"] and p.nearestneighbor_mode and (has("upsample_h") or has("upsample_w")):
             # Cambricon's nearest-neighbour mode: a fixed output size, a whole multiple of the input's
             if not (has("upsample_h") and has("upsample_w")):
