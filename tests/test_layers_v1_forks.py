@@ -307,6 +307,26 @@ def test_dsn_cccp_is_a_grouped_1x1_convolution_and_its_dropout_scales_at_test(tm
                  "BVLC dropout")
 
 
+def test_v1_cccp_param_is_the_same_grouped_1x1_convolution(tmp_path):
+    # amsword/caffe-parallel's V1 CCCP (roxanneluo/rcnn's NIN nets): cccp_param's num_output per group, group,
+    # bias_term; its blobs (1, 1, G N, C / G) and (1, 1, 1, G N)
+    text = """input: "x" input_dim: 1 input_dim: 4 input_dim: 3 input_dim: 2
+layers { name: "cccp1" type: CCCP bottom: "x" top: "c" blobs_lr: 1 blobs_lr: 2 weight_decay: 1 weight_decay: 0
+  cccp_param { num_output: 3 group: 2 weight_filler { type: "gaussian" std: 0.05 } bias_filler { type: "constant" } } }
+"""
+    x = rng(15).standard_normal((1, 4, 3, 2)).astype(np.float32)
+    model = load_from_text(text, random_weights=True)
+    w, b = (np.asarray(v, np.float64) for v in next(n for n in model.layers if n.name == "cccp1").blobs)
+    assert model.blob_shapes["c"] == (1, 6, 3, 2) and w.shape == (6, 2)
+    ref = np.stack([np.einsum("c,nchw->nhw", w[k], x[:, 2 * (k // 3):2 * (k // 3) + 2].astype(np.float64)) + b[k]
+                    for k in range(6)], axis=1)
+    check_everywhere(model, {"x": x}, {"c": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+    no_bias = load_from_text(text.replace("group: 2", "group: 2 bias_term: false"), random_weights=True)
+    assert len(next(n for n in no_bias.layers if n.name == "cccp1").blobs) == 1
+    with pytest.raises(CaffeqError, match="cccp_param and convolution_param both set"):
+        load_from_text(text.replace("cccp_param {", "convolution_param { num_output: 3 } cccp_param {"))
+
+
 # ---- Robert0812/deepsaldet's caffe-sal window data layers --------------------------------------
 
 DEEPSALDET_WINDOWS = """name: "sal"

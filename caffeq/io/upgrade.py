@@ -156,8 +156,8 @@ V1_TYPE_STRINGS.update(_V1_FORK_TYPES)
 
 # Every `*_param` of V1LayerParameter has a same-named LayerParameter field;
 # Caffe copies exactly these.
-_V1_SUBPARAMS = tuple(f.name for f in caffe_pb2.V1LayerParameter.DESCRIPTOR.fields
-                      if f.name.endswith("_param"))
+_V1_SUBPARAMS = tuple(f.name for f in caffe_pb2.V1LayerParameter.DESCRIPTOR.fields   # the ones V2 layers carry too
+                      if f.name.endswith("_param") and f.name in caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name)
 
 
 def _where(source):
@@ -550,6 +550,15 @@ def _upgrade_v1_layer(v1, where=""):
     for sub in _V1_SUBPARAMS:
         if v1.HasField(sub):
             getattr(lp, sub).CopyFrom(getattr(v1, sub))
+    if v1.HasField("cccp_param"):   # amsword/caffe-parallel's V1 CCCP: the fields the Cccp layer reads
+        if v1.HasField("convolution_param"):
+            raise ParseError(f"{_where(where)}: layer '{v1.name}': cccp_param and convolution_param both set; "
+                             "NIN's cccp reads one")
+        c, conv = v1.cccp_param, lp.convolution_param
+        conv.num_output, conv.bias_term, conv.group = c.num_output, c.bias_term, c.group
+        for filler in ("weight_filler", "bias_filler"):
+            if c.HasField(filler):
+                getattr(conv, filler).CopyFrom(getattr(c, filler))
     if v1.HasField("label_size"):   # bogger/caffe-multigpu: label_size labels a line, as imistyrain's ImageData
         if v1.type != caffe_pb2.V1LayerParameter.IMAGE_DATA:
             raise ParseError(f"{_where(where)}: layer '{v1.name}': label_size (bogger/caffe-multigpu's) is read for IMAGE_DATA "
