@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..errors import ExportError
 from ..io.schema import caffe_pb2
 from .norm import onnx_reduce
-from .pooling import AVE, CEIL, MAX, Pooling, as_pooling_param, caffe_pool_out, window
+from .pooling import AVE, CEIL, MAX, Pooling, as_pooling_param, caffe_pool_out, caffe_window_sizes, window
 from .registry import LayerError, register_layer, torch_sources
 
 _LSE = caffe_pb2.LsePoolingParameter.LSE
@@ -50,16 +50,10 @@ def lse_pool2d(x, r: float, kernel: list[int], stride: list[int], pad: list[int]
         m = torch.where(valid, cols, torch.full_like(cols, float("inf"))).amin(dim=2)
     terms = torch.exp(r * (cols - m.unsqueeze(2)))
     total = torch.where(valid, terms, torch.zeros_like(terms)).sum(dim=2)
-    sizes = []
-    for i in range(2):
-        starts = torch.arange(out[i], device=x.device) * stride[i] - pad[i]
-        ends = torch.clamp(starts + kernel[i], max=size[i] + pad[i])
-        sizes.append((ends - starts).to(x.dtype))
-    pool_size = sizes[0][:, None] * sizes[1][None, :]
-    return m + torch.log(total / pool_size) / r
+    return m + torch.log(total / caffe_window_sizes(size, kernel, stride, pad, out, x)) / r
 
 
-TORCH_LSE_POOL = torch_sources(caffe_pool_out, lse_pool2d)
+TORCH_LSE_POOL = torch_sources(caffe_pool_out, caffe_window_sizes, lse_pool2d)
 
 
 @register_layer("LsePooling")

@@ -293,12 +293,18 @@ def caffe_pool2d(x, mode: str, kernel: list[int], stride: list[int], pad: list[i
     y = F.avg_pool2d(xp, kernel, stride, divisor_override=1)[:, :, :out[0], :out[1]]
     if mode == "sum":
         return y
-    divisors = []
+    return y / caffe_window_sizes(size, kernel, stride, pad, out, x)
+
+
+def caffe_window_sizes(size: list[int], kernel: list[int], stride: list[int], pad: list[int], out: list[int], x):
+    """(out_h, out_w): each window's cell count clipped to the padded extent (padding counts, the ceil
+    overhang does not), Caffe's AVE divisor, in x's dtype and device."""
+    sizes = []
     for i in range(2):
         starts = torch.arange(out[i], device=x.device) * stride[i] - pad[i]
         ends = torch.clamp(starts + kernel[i], max=size[i] + pad[i])
-        divisors.append((ends - starts).to(x.dtype))
-    return y / (divisors[0][:, None] * divisors[1][None, :])
+        sizes.append((ends - starts).to(x.dtype))
+    return sizes[0][:, None] * sizes[1][None, :]
 
 
 def caffe_max_pool2d_mask(x, kernel: list[int], stride: list[int], pad: list[int], ceil: bool):
@@ -349,7 +355,7 @@ class CaffeMaxPool2dMask(nn.Module):
 
 
 # model.py gets the same functions and modules, so the export stays bit-identical to forward
-TORCH_POOL_FUNCTIONS = torch_sources(caffe_pool_out, caffe_pool2d,
+TORCH_POOL_FUNCTIONS = torch_sources(caffe_pool_out, caffe_window_sizes, caffe_pool2d,
                                                                       caffe_max_pool2d_mask)
 TORCH_POOL_MODULE = torch_sources(CaffePool2d)
 TORCH_MASK_MODULE = torch_sources(CaffeMaxPool2dMask)

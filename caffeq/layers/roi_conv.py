@@ -16,18 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ExportError
-from .conv import Convolution, conv_edge_pads
+from .conv import Convolution, _onnx_conv, conv_edge_pads
 from .registry import LayerError, register_layer, torch_sources
+from .ristretto import onnx_round_half_away, round_half_away
 
 
 def roi_conv_rois(rois, spatial_scale: float):
     """The second top: each roi's batch index truncated, its corners times spatial_scale rounded half away from 0."""
     r = rois.reshape(-1, 5)
-    scaled = r[:, 1:] * spatial_scale
-    whole = torch.trunc(scaled)
-    half_up = (torch.abs(scaled - whole) >= 0.5).to(scaled.dtype) * torch.sign(scaled)
-    return torch.cat([torch.trunc(r[:, :1]), whole + half_up], dim=1)
+    return torch.cat([torch.trunc(r[:, :1]), round_half_away(r[:, 1:] * spatial_scale)], dim=1)
 
 
 def roi_conv_keep(rounded, out_h: int, out_w: int, stride: list[int], pad: list[int]):
@@ -64,7 +61,7 @@ class ROIConv2d(nn.Module):
         return roi_conv2d(x, rois, self.weight, self.bias, *self.args)
 
 
-TORCH_ROI_CONV = torch_sources(roi_conv_rois, roi_conv_keep, roi_conv2d, ROIConv2d)
+TORCH_ROI_CONV = torch_sources(round_half_away, roi_conv_rois, roi_conv_keep, roi_conv2d, ROIConv2d)
 
 
 @register_layer("ROIConvolution")
@@ -110,23 +107,14 @@ class ROIConvolution(Convolution):
 
     def onnx(self, ctx, node):
         a = node.attrs
-        if a["_axis"] != 1:
-            raise ExportError(f"layer '{node.name}': convolution over axis {a['_axis']} has no ONNX form here")
         x, rois = node.inputs
         conv = ctx.tmp(f"{node.name}_conv") if a["masked"] else node.outputs[0]
-        b = [ctx.weight(node, 1)] if a["bias_term"] else []
-        ctx.add_node("Conv", [x, ctx.weight(node, 0)] + b, [conv], name=node.name, kernel_shape=list(a["kernel"]),
-                     strides=list(a["stride"]), pads=list(a["pad"]) * 2, dilations=list(a["dilation"]),
-                     group=a["group"])
+        _onnx_conv(ctx, node, "Conv", inputs=[x], outputs=[conv])
         flat = ctx.op("Reshape", [rois, ctx.i64([-1, 5])], "rois")
         batch = ctx.op("Slice", [flat, ctx.i64([0]), ctx.i64([1]), ctx.i64([1])], "batch")
         corners = ctx.op("Slice", [flat, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "corners")
         scaled = ctx.op("Mul", [corners, ctx.const(np.array(a["roi_scale"], np.float32))], "scaled")
-        whole = ctx.trunc(scaled, "whole")
-        frac = ctx.op("Abs", [ctx.op("Sub", [scaled, whole], "frac")], "abs_frac")
-        half = ctx.op("Cast", [ctx.op("GreaterOrEqual", [frac, ctx.const(np.array(0.5, np.float32))], "half")],
-                      "half_f", to=1)
-        rounded = ctx.op("Add", [whole, ctx.op("Mul", [half, ctx.op("Sign", [scaled], "sign")], "up")], "rounded")
+        rounded = onnx_round_half_away(ctx, scaled, node.name)
         # (R, 5) rows with the rois' trailing unit axes back: R stays the run's (a proposal layer decides it)
         extra = list(range(2, len(ctx.shape(rois))))
         rows = ctx.add_node("Concat", [ctx.trunc(batch, "batch_int"), rounded],
