@@ -624,3 +624,14 @@ def test_a_data_layer_without_a_batch_size_takes_the_input_shape():
     assert model.inputs["data"] == (3, 15, 4, 4) and model.blob_shapes["ip"] == (3, 2)
     with pytest.raises(CaffeqError, match=r"batch_size must be >= 1, got 0\); give it with --input-shape data="):
         load_from_text(text)
+
+
+def test_memory_data_label_size_shapes_the_label():
+    # xbpeng/DeepTerrainRL's memory_data_layer.cpp: top[1] is (batch_size, label_size, 1, 1)
+    from caffeq.model import load_from_text
+    text = ('layer { name: "data" type: "MemoryData" top: "data" top: "label" '
+            'memory_data_param { batch_size: 32 channels: 1 height: 1 width: 283 label_size: 90 } }\n'
+            'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 90 } }\n'
+            'layer { name: "loss" type: "EuclideanLoss" bottom: "ip" bottom: "label" top: "loss" }')
+    shapes = load_from_text(text, phase="TRAIN").blob_shapes
+    assert shapes["data"] == (32, 1, 1, 283) and shapes["label"] == (32, 90, 1, 1) and shapes["loss"] == ()

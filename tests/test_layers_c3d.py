@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import assert_close, bvlc_pool3d_ref, rng
+from conftest import assert_close, bvlc_pool3d_ref, node_of, rng
 from conftest import check_everywhere as shared_check
 
 from caffeq.layers import LayerError
@@ -382,3 +382,17 @@ def test_p3d_bn_normalizes_a_video_blob_per_channel_with_flat_blobs(tmp_path):
     slope, bias, mean, var = (b.astype(np.float64).reshape(1, 3, 1, 1, 1) for b in node.blobs)
     ref = (x.astype(np.float64) - mean) * (var + np.float32(1e-4)) ** -0.5 * slope + bias
     check_everywhere(model, {"x": x}, {"b": ref}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
+def test_c3d_video_data_mean_value_is_one_value_for_every_voxel():
+    # ZhaofanQiu/caffe-windows-3dConvNet video_data_layer.cpp: without a mean_file, data_mean_ is filled with
+    # image_data_param.mean_value
+    text = ("name: 'v'\nlayers { name: 'data' type: VIDEO_DATA top: 'data'\n"
+            "  image_data_param { source: 'list.txt' use_image: true mean_value: 110 batch_size: 1 new_height: 24\n"
+            "    new_width: 32 new_length: 16 use_temporal_jitter: false } }")
+    model = load_from_text(text)
+    assert model.blob_shapes["data"] == (1, 3, 16, 24, 32)
+    data = node_of(model, "data")
+    assert "subtract 110 from every value (image_data_param.mean_value)" in data.spec.preprocessing(data.attrs)
+    with_file = node_of(load_from_text(text.replace("mean_value: 110", "mean_value: 110 mean_file: 'm.bin'")), "data")
+    assert not any("110" in line for line in with_file.spec.preprocessing(with_file.attrs))

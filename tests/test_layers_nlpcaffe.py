@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import check_everywhere, net, node_of, rng
 
 from caffeq.errors import DataError
 from caffeq.layers import LayerError
@@ -102,3 +102,119 @@ def test_wordvec_refuses_ids_outside_the_table_and_fast_slices_of_height_two():
     assert math.prod(load_from_text(net('layer { name: "s" type: "Slice" bottom: "x" top: "a" top: "b" slice_param '
                                         '{ axis: 1 slice_point: 2 fast_wordvec_slice: true } }',
                                         inputs={"x": (1, 3, 4, 1)})).blob_shapes["a"]) == 8
+
+
+# ---- nlpcaffe's first Lstm (Russell91/nlpcaffe fd5fb6c, V1 files) and its nlp Data ---------------------------
+
+def exp_tanh(v):
+    """lstm_layer.cpp's tanh template, in float: (e^2v - 1) / (e^2v + 1), NaN where e^2v overflows."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(F(2) * v.astype(F), dtype=F)
+        return ((e - F(1)) / (e + F(1))).astype(F)
+
+
+def ref_first_lstm(x, c_prev, blobs):
+    """LstmLayer::Forward_cpu of fd5fb6c, its loops: blob 2j the gate's (1, C, 1, K + 1) weights, the last
+    column (cid) the peephole weight on the previous cell; blob 2j + 1 its bias."""
+    n, k = x.shape[0], int(np.prod(x.shape[1:]))
+    cells = blobs[0].shape[1]
+    rows, prev = x.reshape(n, k).astype(F), c_prev.reshape(n, cells).astype(F)
+    w = [b.reshape(-1).astype(F) for b in blobs]
+    h, c = np.zeros((n, cells), F), np.zeros((n, cells), F)
+    for s in range(n):
+        for i in range(cells):
+            cid = (i + 1) * (k + 1) - 1
+            pre = [F(w[1][i]), F(w[3][i] + w[2][cid] * prev[s, i]), F(w[5][i] + w[4][cid] * prev[s, i]),
+                   F(w[7][i] + w[6][cid] * prev[s, i])]
+            for j in range(k):
+                wid = j + i * (k + 1)
+                for gate in range(4):
+                    pre[gate] = F(pre[gate] + w[2 * gate][wid] * rows[s, j])
+            g = exp_tanh(np.array(pre[0]))
+            ig, fg, og = (F(1) / (F(1) + np.exp(-np.float32(v), dtype=F)) for v in pre[1:])
+            c[s, i] = prev[s, i] * fg + g * ig
+            h[s, i] = exp_tanh(np.array(c[s, i])) * og
+    return h.reshape(n, cells, 1, 1), c.reshape(n, cells, 1, 1)
+
+
+FIRST_LSTM_V1 = '''name: "rnn"
+input: "x" input_dim: 3 input_dim: 4 input_dim: 1 input_dim: 2
+input: "c0" input_dim: 3 input_dim: 5 input_dim: 1 input_dim: 1
+layers { bottom: "x" bottom: "c0" top: "h" top: "c" name: "lstm" type: LSTM
+  lstm_param { num_cells: 5 input_weight_filler { type: "uniform" min: -0.6 max: 0.6 }
+    input_bias_filler { type: "constant" value: 0.1 } input_gate_weight_filler { type: "uniform" }
+    input_gate_bias_filler { type: "constant" } forget_gate_weight_filler { type: "uniform" }
+    forget_gate_bias_filler { type: "constant" } output_gate_weight_filler { type: "uniform" }
+    output_gate_bias_filler { type: "constant" } input_gate_cell_weight_filler: 0.5
+    forget_gate_cell_weight_filler: 0.25 output_gate_cell_weight_filler: -0.5 } }
+'''
+
+
+def test_the_first_nlpcaffe_lstm_matches_its_forward_cpu_loops(tmp_path):
+    model = load_from_text(FIRST_LSTM_V1, random_weights=True)
+    node = next(n for n in model.layers if n.name == "lstm")
+    assert [tuple(np.shape(b)) for b in node.blobs] == [(1, 5, 1, 9), (1, 5, 1, 1)] * 4
+    r = rng(7)
+    for b in range(8):    # asymmetric values everywhere, the peephole column included
+        node.blobs[b] = r.uniform(-0.8, 0.8, np.shape(node.blobs[b])).astype(F)
+    x = r.standard_normal((3, 4, 1, 2)).astype(F)
+    c0 = (r.standard_normal((3, 5, 1, 1)) * 2).astype(F)
+    h, c = ref_first_lstm(x, c0, [np.asarray(b) for b in node.blobs])
+    check_everywhere(model, {"x": x, "c0": c0}, {"h": h, "c": c}, tmp_path, atol=2e-6, rtol=2e-6)
+    # the peephole column of the candidate's weights is never read (the fork zeroes it and skips it)
+    node.blobs[0][..., -1] = 9.0
+    np.testing.assert_array_equal(model.run({"x": x, "c0": c0})["h"], model.run({"x": x, "c0": c0})["h"])
+    np.testing.assert_allclose(model.run({"x": x, "c0": c0})["h"], h, atol=2e-6, rtol=2e-6)
+
+
+def test_the_first_lstms_tanh_overflows_to_nan_as_in_the_fork():
+    # a candidate pre-activation past 44.4 makes e^2v inf and (inf - 1) / (inf + 1) NaN, in the fork's
+    # float tanh and here alike; a large negative one gives -1
+    model = load_from_text(FIRST_LSTM_V1, random_weights=True)
+    node = next(n for n in model.layers if n.name == "lstm")
+    for b in range(8):
+        node.blobs[b] = np.zeros(np.shape(node.blobs[b]), F)
+    node.blobs[1] = np.array([50, -50, 0, 0, 0], F).reshape(1, 5, 1, 1)   # the candidate's bias
+    node.blobs[3] = np.full((1, 5, 1, 1), 30, F)                            # the input gate open
+    out = model.run({"x": np.zeros((3, 4, 1, 2), F), "c0": np.zeros((3, 5, 1, 1), F)})
+    ref_h, ref_c = ref_first_lstm(np.zeros((3, 4, 1, 2), F), np.zeros((3, 5, 1, 1), F),
+                                  [np.asarray(b) for b in node.blobs])
+    assert np.isnan(ref_c[:, 0]).all() and np.isnan(out["c"][:, 0]).all()
+    np.testing.assert_allclose(out["c"][:, 1:], ref_c[:, 1:], atol=1e-6)
+    assert (out["c"][:, 1] == -1).all()
+
+
+def test_a_v1_lstm_without_biases_is_the_later_nlpcaffes():
+    text = FIRST_LSTM_V1.split("    input_bias_filler")[0] + " } }\n"
+    model = load_from_text(text, random_weights=True)
+    node = next(n for n in model.layers if n.name == "lstm")
+    assert [tuple(np.shape(b)) for b in node.blobs] == [(1, 5, 1, 8)] * 4
+
+
+def test_nlp_data_takes_its_shape_from_input_shape():
+    # nlpcaffe's Data with nlp: true one-hot encodes word pairs into (batch_size, pairs x (vocab_size + 1), 1, 1);
+    # the pair count lives in the database records, so the shape comes from --input-shape
+    from caffeq.errors import CaffeqError
+    text = ('layers { name: "data" type: DATA top: "data" data_param { source: "missing_db" batch_size: 4 '
+            'backend: LMDB nlp: true vocab_size: 10 } }\n'
+            'layers { name: "ip" type: INNER_PRODUCT bottom: "data" top: "ip" inner_product_param { num_output: 2 } }')
+    with pytest.raises(CaffeqError, match=r"nlpcaffe's word pairs .* \(batch_size, pairs x 11, 1, 1\).*"
+                                          r"--input-shape data="):
+        load_from_text(text, random_weights=True)
+    model = load_from_text(text, random_weights=True, input_shapes={"data": (4, 33, 1, 1)})
+    assert model.blob_shapes["ip"] == (4, 2)
+    lines = node_of(model, "data").spec.preprocessing(node_of(model, "data").attrs)
+    assert any("one-hot" in line and "11 values" in line for line in lines)
+    with pytest.raises(LayerError, match="data_param.nlp needs a vocab_size"):
+        load_from_text(text.replace(" vocab_size: 10", ""))
+
+
+def test_eval_refuses_nlp_records(tmp_path):
+    # eval reads image Datums and their labels; nlpcaffe's one-hot word pairs are refused, not misread
+    from caffeq.data.plan import data_layer, plan_data
+    from caffeq.errors import DataError
+    text = ('layers { name: "data" type: DATA top: "data" data_param { source: "pairs_db" batch_size: 4 '
+            'backend: LMDB nlp: true vocab_size: 10 } include { phase: TEST } }')
+    model = load_from_text(text, input_shapes={"data": (4, 33, 1, 1)})
+    with pytest.raises(DataError, match=r"layer 'data' \(Data\): data_param.nlp makes each record nlpcaffe's one-hot"):
+        plan_data(data_layer(model), {}, str(tmp_path), data=str(tmp_path))

@@ -116,6 +116,9 @@ def plan_data(layer, inputs, base_dir, data=None, batch_size=None, transform=Non
         if layer.type == "ImageData" and labels_per_line:
             raise DataError(f"layer '{layer.name}' (ImageData): its list lines hold {labels_per_line} labels each "
                             f"(a multi-label fork's image_data_param); eval reads one label per line")
+        if layer.type == "Data" and attrs.get("nlp_vocab"):
+            raise DataError(f"layer '{layer.name}' (Data): data_param.nlp makes each record nlpcaffe's one-hot word "
+                            f"pairs, not an image and a label; eval reads images")
         if layer.type == "Data" and attrs.get("mirror_crop"):
             raise DataError(f"layer '{layer.name}' (Data): get_mirror_crop makes its second top each image's mirror "
                             f"and crop record (JAANet), not a label; eval reads labels")

@@ -22,6 +22,7 @@ image_data_param under C3D's own field names (proto/README.md).
   for N > 1 it subtracts another value than the maximum: the same softmax unless exp overflows.
 - C3DVideoData (video_data_layer.cpp): a graph input (batch_size, 3, new_length, crop_size,
   crop_size), or new_height x new_width without a crop; its label top is (batch_size, 1, 1, 1, 1).
+  ZhaofanQiu/caffe-windows-3dConvNet's mean_value, without a mean_file, is subtracted from every value.
 """
 import math
 
@@ -334,7 +335,8 @@ class C3DVideoData(DataLayer):
         hw = (crop, crop) if crop else ((int(p.new_height), int(p.new_width)) if p.new_height else None)
         return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "source": p.source,
                 "batch_size": max(1, int(p.batch_size)), "length": int(p.new_length), "hw": hw,
-                "crop_size": crop, "mean_file": p.mean_file or None, "mirror": bool(p.mirror)}
+                "crop_size": crop, "mean_file": p.mean_file or None, "mirror": bool(p.mirror),
+                "mean_value": p.mean_value if p.HasField("mean_value") and not p.mean_file else None}
 
     def top_shapes(self, attrs, given):
         data = given.get(0)
@@ -357,6 +359,8 @@ class C3DVideoData(DataLayer):
             lines.append(f"crop {n}x{n}: the centre crop at TEST (a random one at TRAIN)")
         if attrs["mean_file"]:
             lines.append(f"subtract the per-voxel mean volume {attrs['mean_file']!r} (cropped like the data)")
+        elif attrs.get("mean_value") is not None:   # ZhaofanQiu/caffe-windows-3dConvNet's field
+            lines.append(f"subtract {attrs['mean_value']:g} from every value (image_data_param.mean_value)")
         if attrs["mirror"]:
             lines.append("random horizontal flips at TRAIN (mirror: true)")
         return lines

@@ -137,6 +137,10 @@ class Data(DataLayer):
         if attrs.get("lisa_clips"):
             lines.append("video clips, frame-major (LRCN's lisa-caffe-public: frames of batch_videos videos "
                          "interleaved; clip markers 0 at a clip's first frame, else 1)")
+        if attrs.get("nlp_vocab"):
+            return lines + [f"nlpcaffe's word pairs: each Datum's int_data holds (word, next word) ids; a row per "
+                            f"pair of {attrs['nlp_vocab'] + 1} values, the first id one-hot and the next id last "
+                            f"(data_param.nlp, vocab_size {attrs['nlp_vocab']})"]
         return lines + describe_transform(attrs.get("transform"))
 
     def parse(self, lp):
@@ -153,9 +157,11 @@ class Data(DataLayer):
             if p.batch_videos < 1 or p.batch_size % p.batch_videos:
                 raise LayerError(f"data_param.batch_size {p.batch_size} must be divisible by batch_videos "
                                  f"{p.batch_videos}")
+        if p.nlp and p.vocab_size < 1:
+            raise LayerError("data_param.nlp needs a vocab_size >= 1 (nlpcaffe's word ids are checked against it)")
         return {"source": p.source, "batch_size": int(p.batch_size), "backend": backend, "lisa_clips": lisa,
                 "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else "",
-                "mirror_crop": bool(p.get_mirror_crop)}
+                "mirror_crop": bool(p.get_mirror_crop), "nlp_vocab": int(p.vocab_size) if p.nlp else 0}
 
     def _clip_top_shapes(self, attrs, given):
         """LRCN's lisa-caffe-public Data: the label, clip markers and loss weights are (batch_size, 1, 1, 1)."""
@@ -192,6 +198,12 @@ class Data(DataLayer):
         if n < 1:
             raise needs_input_shape(attrs, attrs["top"], f"data_param.batch_size must be >= 1, got {n}",
                                     "without a batch size")
+        if attrs.get("nlp_vocab"):
+            # nlpcaffe: (batch_size, pairs x (vocab_size + 1), 1, 1); its Datum's int_data (field 7) is BVLC's
+            # `encoded` here, so the pair count is not read from the database
+            raise needs_input_shape(attrs, attrs["top"], f"nlpcaffe's word pairs (data_param.nlp) are "
+                                    f"(batch_size, pairs x {attrs['nlp_vocab'] + 1}, 1, 1), the pairs per record "
+                                    f"stored in its database")
         c = _channels_from_transform(t)
         mean = _mean_file_shape(attrs)
         if mean is not None:
@@ -342,7 +354,7 @@ class MemoryData(DataLayer):
                   "as the fork's reader lays them out")] if p.transpose else []
         return {"batch_size": int(p.batch_size), "chw": (int(p.channels), int(p.height), int(p.width)),
                 "dims": tuple(int(d) for d in p.dim), "transform": transform_attrs(lp), "num_tops": len(lp.top),
-                "reading_notes": notes}
+                "label_size": int(p.label_size), "reading_notes": notes}
 
     def data_shape(self, attrs):
         if attrs["dims"]:   # naibaf7/caffe's N-D form: the shape as given
@@ -355,10 +367,16 @@ class MemoryData(DataLayer):
         if attrs["dims"] and len(shapes) > 1 and 1 not in given:
             # naibaf7/caffe labels an N-D batch (N, 1, ..., 1), one axis per data axis
             shapes[1] = (shapes[0][0],) + (1,) * (len(shapes[0]) - 1)
+        elif attrs.get("label_size") and len(shapes) > 1 and 1 not in given:
+            # xbpeng/DeepTerrainRL's MemoryData: label_size values per item, (batch_size, label_size, 1, 1)
+            shapes[1] = (shapes[0][0], attrs["label_size"], 1, 1)
         if attrs["num_tops"] == 3:
             # DeepLab v2 memory readers (yilei0620's): a third top, each image's (height, width)
             shapes.append(tuple(given.get(2) or (shapes[0][0], 1, 1, 2)))
         return shapes
+
+    def guessed_label_tops(self, attrs, given):
+        return () if attrs.get("label_size") else super().guessed_label_tops(attrs, given)
 
 
 @register_layer("WindowData")

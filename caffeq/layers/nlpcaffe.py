@@ -11,6 +11,12 @@ example): Wordvec and its Lstm, the word-by-word recurrence unrolled in the prot
   c = c_prev f + i g, h = c o (no tanh on c); tanh5 is (e^2v - 1) / (e^2v + 1), clipped to +-1 where
   |v| >= 5.  That is the fork's GPU forward, which its solver trains with (the forget gate tied to the
   output gate, blob 2 never read or trained); its CPU forward would read blob 2 instead.
+- Lstm as nlpcaffe first wrote it (Russell91/nlpcaffe fd5fb6c, January 2015, V1 files: `type: LSTM`; claimed
+  by num_cells with input_bias_filler, which that version CHECKs): eight blobs, each gate's weights
+  (1, num_cells, 1, K + 1) and bias (1, num_cells, 1, 1) in the order candidate, input, forget, output gate; a
+  weight blob's last column is the gate's peephole weight on the previous cell (never read for the candidate):
+  g = tanhE(x W0 + b0), i, f, o = sigmoid(x Wj + bj + pj c_prev), c = c_prev f + i g, h = tanhE(c) o, where
+  tanhE is (e^2v - 1) / (e^2v + 1) unclipped (NaN where e^2v overflows a float, v > 44.36, as in the fork).
 The flags slice_param.fast_wordvec_slice and concat_param.fast_lstm_concat are faster loops of the same
 slice and concat (shape_ops.py checks the first one's CHECKs).
 """
@@ -60,7 +66,33 @@ def nlp_wordvec(x, table, steps: int):
     return table.reshape(vocab, -1)[ids].permute(0, 2, 1).unsqueeze(-1)
 
 
+def nlp_tanh_unclipped(v):
+    """nlpcaffe's first tanh: (e^2v - 1) / (e^2v + 1), NaN where e^2v overflows."""
+    e = torch.exp(2 * v)
+    return (e - 1) / (e + 1)
+
+
+def nlp_lstm_peephole(x, c_prev, w_in, b_in, w_i, b_i, w_f, b_f, w_o, b_o):
+    """nlpcaffe's first Lstm step: -> (h, c), each (N, num_cells, 1, 1); weights (1, C, 1, K + 1), the last
+    column the gate's peephole weight on c_prev; biases (1, C, 1, 1)."""
+    n, cells = x.shape[0], w_in.shape[1]
+    rows = x.reshape(n, -1)
+    c0 = c_prev.reshape(n, cells)
+
+    def pre(w, b, peephole: bool):
+        w = w.reshape(cells, -1)
+        v = rows @ w[:, :-1].t() + b.reshape(1, cells)
+        return v + w[:, -1] * c0 if peephole else v
+    g = nlp_tanh_unclipped(pre(w_in, b_in, False))
+    i = torch.sigmoid(pre(w_i, b_i, True))
+    f = torch.sigmoid(pre(w_f, b_f, True))
+    o = torch.sigmoid(pre(w_o, b_o, True))
+    c = c0 * f + i * g
+    return (nlp_tanh_unclipped(c) * o).reshape(n, cells, 1, 1), c.reshape(n, cells, 1, 1)
+
+
 TORCH_NLP_LSTM = torch_sources(nlp_tanh, nlp_lstm)
+TORCH_NLP_LSTM_PEEPHOLE = torch_sources(nlp_tanh_unclipped, nlp_lstm_peephole)
 TORCH_NLP_WORDVEC = torch_sources(nlp_wordvec)
 
 
@@ -109,8 +141,18 @@ class Wordvec(Layer):
         return f"{emit.helper(TORCH_NLP_WORDVEC)}({emit.inputs[0]}, {m}, {node.attrs['steps']})"
 
 
-@claim_layers("Lstm", lambda lp: lp.lstm_param.HasField("num_cells"))
+def _nlpcaffe_lstm(lp):
+    return lp.lstm_param.HasField("num_cells") and not lp.lstm_param.HasField("input_bias_filler")
+
+
+def _first_nlpcaffe_lstm(lp):
+    return lp.lstm_param.HasField("num_cells") and lp.lstm_param.HasField("input_bias_filler")
+
+
+@claim_layers("LSTM", _nlpcaffe_lstm)   # a V1 file's LSTM (lisa-caffe's has no num_cells)
+@claim_layers("Lstm", _nlpcaffe_lstm)
 class NlpLstm(Layer):
+    types = ("Lstm", "LSTM")
     blob_names = ("input_weight", "input_gate_weight", "forget_gate_weight", "output_gate_weight")
 
     def parse(self, lp):
@@ -155,12 +197,71 @@ class NlpLstm(Layer):
         ctx.add_node("Reshape", [ctx.op("Mul", [c, o], "h"), shape], [node.outputs[0]], name=node.name)
         ctx.add_node("Reshape", [c, shape], [node.outputs[1]])
 
-    def pytorch_source(self, node, emit):
+    def parameter_modules(self, node, emit):
+        """One nn.Parameter per blob, named after blob_names; their expressions in order."""
         names = []
         for blob, name in enumerate(self.blob_names):
             attr = emit.extra_attr(name)
-            m = emit.module(f"nn.Parameter(torch.zeros{tuple(node.blobs[blob].shape)})", attr=attr)
+            names.append(emit.module(f"nn.Parameter(torch.zeros{tuple(node.blobs[blob].shape)})", attr=attr))
             emit.param("", blob, attr=attr)
-            names.append(m)
+        return names
+
+    def pytorch_source(self, node, emit):
+        names = self.parameter_modules(node, emit)
         x, c_prev = emit.inputs
         return f"{emit.helper(TORCH_NLP_LSTM)}({x}, {c_prev}, {', '.join(names)})"
+
+
+@claim_layers("LSTM", _first_nlpcaffe_lstm)
+@claim_layers("Lstm", _first_nlpcaffe_lstm)
+class NlpLstmPeephole(NlpLstm):
+    types = ("LSTM", "Lstm")
+    blob_names = ("input_weight", "input_bias", "input_gate_weight", "input_gate_bias", "forget_gate_weight",
+                  "forget_gate_bias", "output_gate_weight", "output_gate_bias")
+
+    def parse(self, lp):
+        need_blobs(lp, "Lstm (nlpcaffe's first)", 2, 2, roles="x, c_prev")
+        return {"cells": positive_field(lp.lstm_param.num_cells, "lstm_param.num_cells")}
+
+    def param_shapes(self, attrs, in_shapes):
+        k, cells = int(np.prod(in_shapes[0][1:])), attrs["cells"]
+        return [(1, cells, 1, k + 1), (1, cells, 1, 1)] * 4
+
+    def forward(self, attrs, params, x, c_prev):
+        return nlp_lstm_peephole(x, c_prev, *params)
+
+    def onnx(self, ctx, node):
+        x, c_prev = node.inputs
+        n, cells = ctx.shape(x)[0], node.attrs["cells"]
+        rows = ctx.op("Reshape", [x, ctx.i64([n, -1])], "rows")
+        c0 = ctx.op("Reshape", [c_prev, ctx.i64([n, cells])], "c0")
+
+        def tanh_unclipped(v, name):
+            e = ctx.op("Exp", [ctx.op("Mul", [v, ctx.f32(2.0)], "v2")], "e2v")
+            return ctx.op("Div", [ctx.op("Sub", [e, ctx.f32(1.0)], "num"), ctx.op("Add", [e, ctx.f32(1.0)], "den")],
+                          name)
+
+        def pre(gate, peephole):
+            w = ctx.op("Reshape", [ctx.weight(node, 2 * gate), ctx.i64([cells, -1])], "w")
+            k = ctx.shape(x)
+            inputs = int(np.prod(k[1:]))
+            weights = ctx.op("Slice", [w, ctx.i64([0]), ctx.i64([inputs]), ctx.i64([1])], "wx")
+            v = ctx.op("Add", [ctx.op("MatMul", [rows, ctx.op("Transpose", [weights], "wt", perm=[1, 0])], "xw"),
+                               ctx.op("Reshape", [ctx.weight(node, 2 * gate + 1), ctx.i64([1, cells])], "b")], "pre")
+            if not peephole:
+                return v
+            p = ctx.op("Reshape", [ctx.op("Slice", [w, ctx.i64([inputs]), ctx.i64([inputs + 1]), ctx.i64([1])],
+                                          "p"), ctx.i64([1, cells])], "peep")
+            return ctx.op("Add", [v, ctx.op("Mul", [c0, p], "pc")], "pre_p")
+        g = tanh_unclipped(pre(0, False), "g")
+        i, f, o = (ctx.op("Sigmoid", [pre(k, True)], name) for k, name in ((1, "i"), (2, "f"), (3, "o")))
+        c = ctx.op("Add", [ctx.op("Mul", [c0, f], "keep"), ctx.op("Mul", [i, g], "write")], "c")
+        shape = ctx.i64([n, cells, 1, 1])
+        ctx.add_node("Reshape", [ctx.op("Mul", [tanh_unclipped(c, "tc"), o], "h"), shape], [node.outputs[0]],
+                     name=node.name)
+        ctx.add_node("Reshape", [c, shape], [node.outputs[1]])
+
+    def pytorch_source(self, node, emit):
+        names = self.parameter_modules(node, emit)
+        x, c_prev = emit.inputs
+        return f"{emit.helper(TORCH_NLP_LSTM_PEEPHOLE)}({x}, {c_prev}, {', '.join(names)})"
