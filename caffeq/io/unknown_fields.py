@@ -136,6 +136,10 @@ _FORK_FIELD_GROUPS = [
     # weleen/CADSTN.caffe's hand_mix LSTM (its Caffe, the weleen/caffe submodule d6b6882, is not public):
     # `fix_parameters: true`, the author's freeze of the recurrent weights in training (BVLC/caffe#5174)
     ("RecurrentParameter", _TEST_ONLY, "CADSTN's freeze of the recurrent weights while training", "fix_parameters"),
+    # BestDAHU/Atlas200DK: Ascend's SSDDetectionOutput settings written in SSD's message; Ascend/parser reads
+    # prototxts allowing unknown fields and its DetectionOutputParameter lacks these two, so they are dropped
+    ("DetectionOutputParameter", _ANY_PHASE, "Huawei Ascend's SSDDetectionOutput settings in SSD's message, "
+     "which Ascend's converter drops (it reads ssddetectionoutput_param)", "iou_threshold", "eta"),
 ]
 
 

@@ -1,7 +1,8 @@
 """SSD's layers (weiliu89/caffe, `ssd` branch): Permute, Normalize, PriorBox, DetectionOutput,
 with TextBoxes++'s additions (denser priors, quadrilateral and rotated-box outputs), OpenVINO's
 PriorBoxClustered (priorbox_clustered), DRBox's rotatable PriorRBox (priorrbox) and the remodet fork's
-normalized PriorBox, DetOut and DetectionOutput (remodet).
+normalized PriorBox, DetOut and DetectionOutput (remodet), and Huawei Ascend's SSDDetectionOutput (ascend,
+read and sized).
 
 Semantics follow SSD's own code; where OpenCV's importer (the oracle of the
 fork_* reference cases) differs, SSD wins and the difference is noted in each
@@ -11,6 +12,7 @@ needs is ordinary module-level code there, copied with inspect.getsource.
 """
 from . import (  # noqa: F401,E501  (registers the specs)
     act_detection_output,
+    ascend,
     detection_output,
     permute_normalize,
     priorbox,
