@@ -95,6 +95,7 @@ from . import (  # noqa: F401,E402
     lstd,
     maf,
     margin,
+    merge_batch,
     mergecrop,
     misc,
     mnc,
