@@ -116,6 +116,9 @@ def plan_data(layer, inputs, base_dir, data=None, batch_size=None, transform=Non
         if layer.type == "ImageData" and labels_per_line:
             raise DataError(f"layer '{layer.name}' (ImageData): its list lines hold {labels_per_line} labels each "
                             f"(a multi-label fork's image_data_param); eval reads one label per line")
+        if layer.type == "Data" and attrs.get("label_size"):
+            raise DataError(f"layer '{layer.name}' (Data): data_param.multi_label gives each record's class ids, "
+                            f"{attrs['label_size']} per item; eval reads one label per record")
         if layer.type == "Data" and attrs.get("nlp_vocab"):
             raise DataError(f"layer '{layer.name}' (Data): data_param.nlp makes each record nlpcaffe's one-hot word "
                             f"pairs, not an image and a label; eval reads images")

@@ -160,6 +160,7 @@ from . import (  # noqa: F401,E402
     shape_ops,
     si_convnet,
     skimcaffe,
+    smooth_pooling,
     softmax,
     softplus_conv,
     sophgo_detection,

@@ -107,12 +107,15 @@ class _Unary(Neuron):
 
 def relu_bounds(p):
     """synopsys-caffe's bounds after the slope, in its order: (upper or None, lower or None).
-    relu6 caps at 6, a positive maximum caps at maximum, a non-zero minimum floors at minimum."""
+    relu6 caps at 6, a positive maximum caps at maximum, a non-zero minimum floors at minimum;
+    caffe-cvpr17's upper_bound, when set, caps at it."""
     upper = None
     if p.relu6:
         upper = 6.0
     if p.maximum > 0:
         upper = f32(p.maximum) if upper is None else min(upper, f32(p.maximum))
+    if p.HasField("upper_bound"):
+        upper = f32(p.upper_bound) if upper is None else min(upper, f32(p.upper_bound))
     lower = f32(p.minimum) if p.minimum != 0 else None
     return upper, lower
 

@@ -137,6 +137,9 @@ class Data(DataLayer):
         if attrs.get("lisa_clips"):
             lines.append("video clips, frame-major (LRCN's lisa-caffe-public: frames of batch_videos videos "
                          "interleaved; clip markers 0 at a clip's first frame, else 1)")
+        if attrs.get("label_size"):
+            lines.append(f"labels: each record's class ids (1-based) padded with 0 to {attrs['label_size']} "
+                         f"(data_param.multi_label)")
         if attrs.get("nlp_vocab"):
             return lines + [f"nlpcaffe's word pairs: each Datum's int_data holds (word, next word) ids; a row per "
                             f"pair of {attrs['nlp_vocab'] + 1} values, the first id one-hot and the next id last "
@@ -161,7 +164,8 @@ class Data(DataLayer):
             raise LayerError("data_param.nlp needs a vocab_size >= 1 (nlpcaffe's word ids are checked against it)")
         return {"source": p.source, "batch_size": int(p.batch_size), "backend": backend, "lisa_clips": lisa,
                 "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else "",
-                "mirror_crop": bool(p.get_mirror_crop), "nlp_vocab": int(p.vocab_size) if p.nlp else 0}
+                "mirror_crop": bool(p.get_mirror_crop), "nlp_vocab": int(p.vocab_size) if p.nlp else 0,
+                "label_size": int(p.label_size) if p.multi_label else 0}
 
     def _clip_top_shapes(self, attrs, given):
         """LRCN's lisa-caffe-public Data: the label, clip markers and loss weights are (batch_size, 1, 1, 1)."""
@@ -185,12 +189,15 @@ class Data(DataLayer):
         shapes = self._clip_top_shapes(attrs, given)
         if attrs.get("mirror_crop") and len(shapes) > 1 and 1 not in given:   # JAANet's data_layer.cpp
             shapes[1] = (shapes[0][0], 4, 1, 1)
+        if attrs.get("label_size") and len(shapes) > 1 and 1 not in given:   # caffe-cvpr17's multi_label
+            shapes[1] = (shapes[0][0], attrs["label_size"], 1, 1)
         return shapes
 
     def guessed_label_tops(self, attrs, given):
         if attrs.get("input_shapes"):
             return ()
-        return tuple(i for i in super().guessed_label_tops(attrs, given) if not (i == 1 and attrs.get("mirror_crop")))
+        return tuple(i for i in super().guessed_label_tops(attrs, given)
+                     if not (i == 1 and (attrs.get("mirror_crop") or attrs.get("label_size"))))
 
     def data_shape(self, attrs):
         t = attrs["transform"]

@@ -73,7 +73,9 @@ def eltwise_coeff_blob_sum(xs, coeffs, coeff):
 class Eltwise(Layer):
     """SUM (with one coefficient per bottom), PROD or MAX over any number (>= 2) of bottoms.  The
     optical-flow forks (lmb-freiburg/flownet2, twhui/LiteFlowNet: MinBottomBlobs 1) also sum a single
-    bottom, y = coeff x, which their nets use to scale flows; PROD and MAX there read a second bottom."""
+    bottom, y = coeff x, which their nets use to scale flows; PROD and MAX there read a second bottom.
+    wanglijun1989/caffe-cvpr17's cross_channel PROD multiplies bottom 0 by (N, 1, H, W) bottoms, broadcast
+    over the channels (its GPU ProdForward; the fork's CPU forward is not implemented)."""
 
     def parse(self, lp):
         p = lp.eltwise_param
@@ -92,7 +94,10 @@ class Eltwise(Layer):
                              f"bottoms (give one per bottom, or none)")
         if coeff and op == PROD:
             raise LayerError("eltwise_param.coeff is only allowed for operation SUM")
-        return {"operation": op, "coeff": coeff or [1.0] * data, "coeff_blob": bool(blob)}
+        cross = "cross_channel" in p.DESCRIPTOR.fields_by_name and p.cross_channel
+        if cross and op != PROD:
+            raise LayerError("eltwise_param.cross_channel needs operation PROD (the fork's CHECK)")
+        return {"operation": op, "coeff": coeff or [1.0] * data, "coeff_blob": bool(blob), "cross_channel": cross}
 
     def infer(self, attrs, in_shapes):
         first = tuple(in_shapes[0])
@@ -102,6 +107,13 @@ class Eltwise(Layer):
                     or coeffs[1:] != first[:len(coeffs) - 1]:
                 raise LayerError(f"the coefficient bottom {list(coeffs)} must be ({len(in_shapes)}, then the "
                                  f"leading axes of the data {list(first)})")
+        if attrs.get("cross_channel"):
+            # caffe-cvpr17: bottoms after the first are (N, 1, H, W), broadcast over its channels
+            for i, s in enumerate(in_shapes[1:], 1):
+                if len(first) != 4 or tuple(s) != (first[0], 1) + first[2:]:
+                    raise LayerError(f"bottom {i} has shape {list(s)}; cross_channel multiplies bottom 0 "
+                                     f"{list(first)} by (N, 1, H, W) bottoms")
+            return [first]
         padded = None if attrs.get("coeff_blob") else legacy_4d_shapes(in_shapes)
         attrs["_as_4d"] = bool(padded) and len(set(padded)) == 1
         if attrs["_as_4d"]:
