@@ -21,6 +21,14 @@ def dyadic(r, shape, scale=16):
     return (r.integers(-24, 25, size=shape) / scale).astype(f32)
 
 
+def load_with_caffemodel(tmp_path, text, blobs):
+    """The net `text` loaded with a caffemodel holding `blobs` ({layer: [arrays]})."""
+    proto, weights = tmp_path / "m.prototxt", tmp_path / "m.caffemodel"
+    proto.write_text(text)
+    write_caffemodel(parse_prototxt_text(text), {k: [BlobData(b) for b in v] for k, v in blobs.items()}, weights)
+    return load(str(proto), str(weights))
+
+
 def masked_net(type_name, params, shape):
     text = net(f'layer {{ name: "q" type: "{type_name}" bottom: "x" top: "y" {params} }}', inputs={"x": shape})
     return text, load_from_text(text, random_weights=True)
@@ -53,12 +61,7 @@ def test_cinner_product_and_depthwise_read_their_mask_from_the_caffemodel(tmp_pa
                'cinner_product_param { upper_bound: 0.9 } }', inputs={"x": (2, 3, 5, 5)})
     w_dw, m_dw = dyadic(r, (3, 1, 3, 3)), (r.random((3, 1, 3, 3)) < 0.5).astype(f32)
     w_ip, b_ip, m_ip = dyadic(r, (4, 27)), dyadic(r, (4,)), (r.random((4, 27)) < 0.5).astype(f32)
-    proto = tmp_path / "m.prototxt"
-    proto.write_text(text)
-    weights = tmp_path / "m.caffemodel"
-    write_caffemodel(parse_prototxt_text(text), {"dw": [BlobData(w_dw), BlobData(m_dw)],
-                                                 "ip": [BlobData(b) for b in (w_ip, b_ip, m_ip)]}, weights)
-    model = load(str(proto), str(weights))
+    model = load_with_caffemodel(tmp_path, text, {"dw": [w_dw, m_dw], "ip": [w_ip, b_ip, m_ip]})
     x = r.standard_normal((2, 3, 5, 5)).astype(f32)
     d = conv_ref(x, w_dw * m_dw, None, (1, 1), (0, 0), 3)
     ref = (d.reshape(2, -1) @ (w_ip * m_ip).astype(np.float64).T + b_ip).astype(f32)
@@ -76,16 +79,11 @@ def test_dns_masks_weights_and_bias_and_inq_tests_plainly(kind, tmp_path):
                   "portion: 0.2 portion: 0.4 num_quantum_values: 7")
                + f' }} }}\nlayer {{ name: "ip" type: "{kind}InnerProduct" bottom: "c" top: "y" '
                'inner_product_param { num_output: 3 } }', inputs={"x": (2, 3, 7, 6)})
-    proto = tmp_path / "m.prototxt"
-    proto.write_text(text)
     wc, bc = dyadic(r, (4, 3, 3, 3)), dyadic(r, (4,))
     mwc, mbc = (r.random((4, 3, 3, 3)) < 0.6).astype(f32), (r.random(4) < 0.5).astype(f32)
     wi, bi = dyadic(r, (3, 24)), dyadic(r, (3,))
     mwi, mbi = (r.random((3, 24)) < 0.6).astype(f32), np.array([1, 0, 1], f32)
-    weights = tmp_path / "m.caffemodel"
-    write_caffemodel(parse_prototxt_text(text), {"c": [BlobData(b) for b in (wc, bc, mwc, mbc)],
-                                                 "ip": [BlobData(b) for b in (wi, bi, mwi, mbi)]}, weights)
-    model = load(str(proto), str(weights))
+    model = load_with_caffemodel(tmp_path, text, {"c": [wc, bc, mwc, mbc], "ip": [wi, bi, mwi, mbi]})
     assert model.graph.node("c").spec.blob_names_for(model.graph.node("c").attrs) == \
         ("weight", "bias", "weight_mask", "bias_mask")
     x = r.standard_normal((2, 3, 7, 6)).astype(f32)
@@ -114,16 +112,11 @@ def test_dynamic_network_surgerys_cconvolution_masks_the_bias_too(tmp_path):
                'weight_mask_filler { type: "constant" value: 1 } bias_mask_filler { type: "constant" value: 1 } } }\n'
                'layer { name: "ip" type: "CInnerProduct" bottom: "c" top: "y" inner_product_param { num_output: 3 } '
                'cinner_product_param { gamma: 0.0001 power: 1 c_rate: 0.3 } }', inputs={"x": (2, 3, 7, 6)})
-    proto = tmp_path / "m.prototxt"
-    proto.write_text(text)
     wc, bc = dyadic(r, (4, 3, 3, 3)), dyadic(r, (4,))
     mwc, mbc = (r.random((4, 3, 3, 3)) < 0.6).astype(f32), np.array([1, 0, 0, 1], f32)
     wi, bi = dyadic(r, (3, 24)), dyadic(r, (3,))
     mwi, mbi = (r.random((3, 24)) < 0.6).astype(f32), np.array([0, 1, 1], f32)
-    weights = tmp_path / "m.caffemodel"
-    write_caffemodel(parse_prototxt_text(text), {"c": [BlobData(b) for b in (wc, bc, mwc, mbc)],
-                                                 "ip": [BlobData(b) for b in (wi, bi, mwi, mbi)]}, weights)
-    model = load(str(proto), str(weights))
+    model = load_with_caffemodel(tmp_path, text, {"c": [wc, bc, mwc, mbc], "ip": [wi, bi, mwi, mbi]})
     x = r.standard_normal((2, 3, 7, 6)).astype(f32)
     c = conv_ref(x, wc * mwc, bc * mbc, (2, 2), (0, 0), 1)
     ref = (c.reshape(2, -1) @ (wi * mwi).astype(np.float64).T + bi * mbi).astype(f32)
@@ -203,8 +196,6 @@ def test_pq_layers_replace_quantized_values_by_their_class_centre(quantized, tmp
                'classnum: 16 zeroth: 0.1 qstage: 1 } }\n'
                'layer { name: "ip" type: "PQInnerProduct" bottom: "c" top: "y" inner_product_param { num_output: 3 } '
                'pqinner_product_param { gamma: 0.0001 } }', inputs={"x": (2, 3, 5, 4)})
-    proto = tmp_path / "m.prototxt"
-    proto.write_text(text)
     wc, bc = dyadic(r, (4, 3, 3, 3)), dyadic(r, (4,))
     wi, bi = dyadic(r, (3, 80)), dyadic(r, (3,))
     cls_wc = r.choice([0, 3, 5.7, 15, 16], size=wc.shape).astype(f32)     # 16: not quantized
@@ -215,11 +206,8 @@ def test_pq_layers_replace_quantized_values_by_their_class_centre(quantized, tmp
     if quantized:
         config_c[0], config_c[1:17] = 1, dyadic(r, (16,))
         config_i[0], config_i[1:9] = 1, dyadic(r, (8,))
-    weights = tmp_path / "m.caffemodel"
-    write_caffemodel(parse_prototxt_text(text),
-                     {"c": [BlobData(b) for b in (wc, bc, cls_wc, cls_bc, config_c)],
-                      "ip": [BlobData(b) for b in (wi, bi, cls_wi, cls_bi, config_i)]}, weights)
-    model = load(str(proto), str(weights))
+    model = load_with_caffemodel(tmp_path, text, {"c": [wc, bc, cls_wc, cls_bc, config_c],
+                                                  "ip": [wi, bi, cls_wi, cls_bi, config_i]})
     if quantized:
         wc, bc = pq_ref(wc, cls_wc, config_c, 16), pq_ref(bc, cls_bc, config_c, 16)
         wi, bi = pq_ref(wi, cls_wi, config_i, 8), pq_ref(bi, cls_bi, config_i, 8)

@@ -110,3 +110,7 @@ def test_caffe_cvpr17s_relu_bound_cross_channel_product_and_multi_label_data(tmp
                           'mirror: true } data_param { source: "gone" batch_size: 32 multi_label: true label_size: 12 } '
                           'include { phase: TEST } }', input_shapes={"data": (32, 3, 224, 224)})
     assert data.blob_shapes["label"] == (32, 12, 1, 1)
+    from caffeq.data.plan import data_layer, plan_data
+    with pytest.raises(CaffeqError, match=r"layer 'data' \(Data\): data_param.multi_label gives each record's class "
+                                          r"ids, 12 per item"):
+        plan_data(data_layer(data), {}, str(tmp_path), data=str(tmp_path))

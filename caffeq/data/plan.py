@@ -80,6 +80,24 @@ def parse_resize(value):
     return tuple(parts)
 
 
+# fork data layers whose records or tops are not an image and its label, which eval reads:
+# (layer type, the attribute that says so, why eval refuses; {value} is the attribute's value)
+_MULTI_LABEL_LIST = ("its list lines hold {value} labels each (a multi-label fork's image_data_param); eval reads one "
+                     "label per line")
+_NOT_IMAGE_AND_LABEL = (
+    ("ImageData", "label_dim", _MULTI_LABEL_LIST),
+    ("ImageData", "label_size", _MULTI_LABEL_LIST),
+    ("ImageData", "identities", "label_num / sample_num make its source a list of identity folders "
+                                "(yuqj1991/caffe_train); eval reads a list of images, one label each"),
+    ("Data", "label_size", "data_param.multi_label gives each record's class ids, {value} per item; eval reads one "
+                           "label per record"),
+    ("Data", "nlp_vocab", "data_param.nlp makes each record nlpcaffe's one-hot word pairs, not an image and a label; "
+                          "eval reads images"),
+    ("Data", "mirror_crop", "get_mirror_crop makes its second top each image's mirror and crop record (JAANet), not a "
+                            "label; eval reads labels"),
+)
+
+
 def plan_data(layer, inputs, base_dir, data=None, batch_size=None, transform=None, resize=None,
               channel_order=None, kind=None, prototxt=None):
     """Source, batch size, transform and blobs from the net's data layer (a LayerInfo, or None
@@ -112,22 +130,9 @@ def plan_data(layer, inputs, base_dir, data=None, batch_size=None, transform=Non
             raise DataError(f"layer '{layer.name}': transform_param crop_size_h / crop_size_w (Person-Re-ID's "
                             f"rectangular crop) are not applied by eval; evaluate its deploy net on images cropped to "
                             f"{t['crop_hw'][0]}x{t['crop_hw'][1]}")
-        labels_per_line = attrs.get("label_dim") or attrs.get("label_size")
-        if layer.type == "ImageData" and labels_per_line:
-            raise DataError(f"layer '{layer.name}' (ImageData): its list lines hold {labels_per_line} labels each "
-                            f"(a multi-label fork's image_data_param); eval reads one label per line")
-        if layer.type == "Data" and attrs.get("label_size"):
-            raise DataError(f"layer '{layer.name}' (Data): data_param.multi_label gives each record's class ids, "
-                            f"{attrs['label_size']} per item; eval reads one label per record")
-        if layer.type == "Data" and attrs.get("nlp_vocab"):
-            raise DataError(f"layer '{layer.name}' (Data): data_param.nlp makes each record nlpcaffe's one-hot word "
-                            f"pairs, not an image and a label; eval reads images")
-        if layer.type == "Data" and attrs.get("mirror_crop"):
-            raise DataError(f"layer '{layer.name}' (Data): get_mirror_crop makes its second top each image's mirror "
-                            f"and crop record (JAANet), not a label; eval reads labels")
-        if layer.type == "ImageData" and attrs.get("identities"):
-            raise DataError(f"layer '{layer.name}' (ImageData): label_num / sample_num make its source a list of "
-                            f"identity folders (yuqj1991/caffe_train); eval reads a list of images, one label each")
+        for kind, key, why in _NOT_IMAGE_AND_LABEL:
+            if layer.type == kind and attrs.get(key):
+                raise DataError(f"layer '{layer.name}' ({kind}): " + why.format(value=attrs[key]))
         if layer.type == "ImageData":
             image = {"root_folder": attrs.get("root_folder", ""), "new_height": attrs.get("new_height", 0),
                      "new_width": attrs.get("new_width", 0), "is_color": attrs.get("is_color", True),
