@@ -45,6 +45,12 @@ def test_settings_in_ssds_message_are_noted_as_unread():
     text = "\n".join(model.warnings)
     assert "ignored unknown field 'iou_threshold'" in text and "ignored unknown field 'eta'" in text
     assert "Ascend's converter does not read for SSDDetectionOutput" in text
+    # in SSD's own DetectionOutput, which caffeq runs, the same unknown field stays an error
+    ssd = net('layer { name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "prior" top: "out" '
+              'detection_output_param { num_classes: 2 iou_threshold: 0.45 } }',
+              inputs={"loc": (2, 384), "conf": (2, 192), "prior": (1, 2, 384)})
+    with pytest.raises(CaffeqError, match="unknown field 'iou_threshold'"):
+        load_from_text(ssd)
 
 
 @pytest.mark.parametrize("params, message", [
@@ -53,6 +59,9 @@ def test_settings_in_ssds_message_are_noted_as_unread():
     ("keep_top_k: 2000", r"keep_top_k must be in \[1, 1024\] or -1"),
     ("top_k: 0", "top_k must be > 0"),
     ("num_classes: 4", r"conf \[2, 288\] does not hold 96 priors x 4 class scores"),
+    ("num_classes: 3 code_type: 4", "code_type must be 1 .CORNER., 2 .CENTER_SIZE. or 3"),
+    ("num_classes: 3 background_label_id: 3", r"background_label_id must be \[-1, num_classes - 1 = 2\]"),
+    ("num_classes: 3 iou_threshold: 0", r"iou_threshold must be \(0, 1\]"),
 ])
 def test_the_operators_limits_and_shape_checks(params, message):
     with pytest.raises(CaffeqError, match=message):

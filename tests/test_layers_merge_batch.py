@@ -66,3 +66,13 @@ def test_merge_batch_refusals(layer, message):
     with pytest.raises(CaffeqError, match=message):
         load_from_text(net(f'layer {{ name: "m" type: "MergeBatch" {layer} }}',
                            inputs={"a": (2, 3), "b": (2, 3), "c": (3, 3), "k": (1, 1, 2, 3)}))
+
+
+def test_merge_batch_reads_the_first_values_of_a_larger_coefficient_blob(tmp_path):
+    # the fork CHECKs only axes 2 and 3 of the coefficients and reads their first D x B values
+    xs = [rng(22 + i).standard_normal((2, 3)).astype(F) for i in range(2)]
+    coeff = np.arange(8, dtype=F).reshape(2, 1, 2, 2) - 2
+    text = net('layer { name: "m" type: "MergeBatch" bottom: "c" bottom: "a" bottom: "b" top: "y" merge_batch_param { '
+               'ignore_blob: true } }', inputs={"c": coeff.shape, "a": (2, 3), "b": (2, 3)})
+    ref = ref_merge("SUM", coeff.reshape(-1)[:4], xs)
+    check_everywhere(load_from_text(text), {"c": coeff, "a": xs[0], "b": xs[1]}, {"y": ref}, tmp_path, atol=1e-6)

@@ -161,10 +161,16 @@ def test_the_first_nlpcaffe_lstm_matches_its_forward_cpu_loops(tmp_path):
     c0 = (r.standard_normal((3, 5, 1, 1)) * 2).astype(F)
     h, c = ref_first_lstm(x, c0, [np.asarray(b) for b in node.blobs])
     check_everywhere(model, {"x": x, "c0": c0}, {"h": h, "c": c}, tmp_path, atol=2e-6, rtol=2e-6)
-    # the peephole column of the candidate's weights is never read (the fork zeroes it and skips it)
+    # the peephole column of the candidate's weights is never read (the fork zeroes it and skips it); the
+    # input gate's is
+    node.blobs[0] = np.array(node.blobs[0]).copy()
     node.blobs[0][..., -1] = 9.0
-    np.testing.assert_array_equal(model.run({"x": x, "c0": c0})["h"], model.run({"x": x, "c0": c0})["h"])
+    model.clear_cache()
     np.testing.assert_allclose(model.run({"x": x, "c0": c0})["h"], h, atol=2e-6, rtol=2e-6)
+    node.blobs[2] = np.array(node.blobs[2]).copy()
+    node.blobs[2][..., -1] += 1.0
+    model.clear_cache()
+    assert np.abs(model.run({"x": x, "c0": c0})["h"] - h).max() > 1e-3
 
 
 def test_the_first_lstms_tanh_overflows_to_nan_as_in_the_fork():
@@ -184,11 +190,23 @@ def test_the_first_lstms_tanh_overflows_to_nan_as_in_the_fork():
     assert (out["c"][:, 1] == -1).all()
 
 
-def test_a_v1_lstm_without_biases_is_the_later_nlpcaffes():
+def test_a_v1_lstm_without_biases_reads_its_forget_gate_blob(tmp_path):
+    # the four-blob Lstm of a V1 file comes from before nlpcaffe's March 2015 merge: its GPU forward (7267e1c
+    # lstm_layer.cu ForwardCombineGates) reads the forget gate from blob 2, with tanh5 and h = c o
     text = FIRST_LSTM_V1.split("    input_bias_filler")[0] + " } }\n"
     model = load_from_text(text, random_weights=True)
     node = next(n for n in model.layers if n.name == "lstm")
     assert [tuple(np.shape(b)) for b in node.blobs] == [(1, 5, 1, 8)] * 4
+    blobs = [np.asarray(b, F) for b in node.blobs]
+    r = rng(9)
+    x = (r.standard_normal((3, 4, 1, 2)) * 4).astype(F)
+    c0 = r.standard_normal((3, 5, 1, 1)).astype(F)
+    rows = x.reshape(3, -1).astype(np.float64)
+    pre = [rows @ w.reshape(5, -1).T.astype(np.float64) for w in blobs]
+    g, i, f, o = ref_tanh(pre[0].astype(F)), sigmoid(pre[1]), sigmoid(pre[2]), sigmoid(pre[3])
+    c = c0.reshape(3, -1) * f + i * g
+    check_everywhere(model, {"x": x, "c0": c0}, {"h": (c * o).reshape(3, 5, 1, 1), "c": c.reshape(3, 5, 1, 1)},
+                     tmp_path, atol=2e-6, rtol=2e-6)
 
 
 def test_nlp_data_takes_its_shape_from_input_shape():

@@ -136,11 +136,18 @@ _FORK_FIELD_GROUPS = [
     # weleen/CADSTN.caffe's hand_mix LSTM (its Caffe, the weleen/caffe submodule d6b6882, is not public):
     # `fix_parameters: true`, the author's freeze of the recurrent weights in training (BVLC/caffe#5174)
     ("RecurrentParameter", _TEST_ONLY, "CADSTN's freeze of the recurrent weights while training", "fix_parameters"),
-    # BestDAHU/Atlas200DK: Ascend's SSDDetectionOutput settings written in SSD's message; Ascend/parser reads
-    # prototxts allowing unknown fields and its DetectionOutputParameter lacks these two, so they are dropped
-    ("DetectionOutputParameter", _ANY_PHASE, "Huawei Ascend's SSDDetectionOutput settings in SSD's message, "
-     "which Ascend's converter drops (it reads ssddetectionoutput_param)", "iou_threshold", "eta"),
 ]
+
+# Fork fields that only one layer type's own tool drops, by (layer type, message): {field names}, why.
+# BestDAHU/Atlas200DK writes Ascend's SSDDetectionOutput settings in SSD's message; Ascend/parser reads
+# prototxts allowing unknown fields and its DetectionOutputParameter lacks these two.  In another
+# layer (SSD's DetectionOutput, which caffeq runs) they stay errors.
+_DROPPED_FOR_TYPE = {
+    ("SSDDetectionOutput", "caffe.DetectionOutputParameter"): (
+        {"iou_threshold", "eta"},
+        "Huawei Ascend's SSDDetectionOutput settings in SSD's message, which Ascend's converter drops (it reads "
+        "ssddetectionoutput_param)"),
+}
 
 
 def _by_message(groups):
@@ -186,6 +193,9 @@ def _training_only(unknown, message, phase, known_layer=None):
     if known:
         return known
     lp = _as_v2_layer(message, unknown.layer)
+    names, why = _DROPPED_FOR_TYPE.get((lp.type if lp is not None else None, unknown.message_type), ((), None))
+    if unknown.name in names:
+        return why
     if known_layer is not None and lp is not None:
         if lp.type and not known_layer(lp):
             return f"caffeq reads no parameters of type '{lp.type}' (dropped if it only trains, else refused)"

@@ -114,7 +114,7 @@ def relu_bounds(p):
         upper = 6.0
     if p.maximum > 0:
         upper = f32(p.maximum) if upper is None else min(upper, f32(p.maximum))
-    if p.HasField("upper_bound"):
+    if p.HasField("upper_bound") and p.engine != p.CUDNN:   # the fork's cuDNN ReLU ignores it
         upper = f32(p.upper_bound) if upper is None else min(upper, f32(p.upper_bound))
     lower = f32(p.minimum) if p.minimum != 0 else None
     return upper, lower

@@ -94,7 +94,7 @@ class Eltwise(Layer):
                              f"bottoms (give one per bottom, or none)")
         if coeff and op == PROD:
             raise LayerError("eltwise_param.coeff is only allowed for operation SUM")
-        cross = "cross_channel" in p.DESCRIPTOR.fields_by_name and p.cross_channel
+        cross = p.cross_channel
         if cross and op != PROD:
             raise LayerError("eltwise_param.cross_channel needs operation PROD (the fork's CHECK)")
         return {"operation": op, "coeff": coeff or [1.0] * data, "coeff_blob": bool(blob), "cross_channel": cross}

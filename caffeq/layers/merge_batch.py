@@ -4,7 +4,8 @@ fusion): despite its name an elementwise merge of its data bottoms, all of one s
 - SUM: the data bottoms added.  MAX: starting from -FLT_MAX, a bottom's value replaces the running one where it
   is greater (strict <, so a NaN never enters).  MEAN: the fork's forward aborts ("Unknown merge operation"),
   refused at load.
-- ignore_blob: bottom 0 is a (1, 1, D, B) coefficient blob for the D data bottoms and their batch of B items;
+- ignore_blob: bottom 0 is a (1, 1, D, B) coefficient blob for the D data bottoms and their batch of B items
+  (the fork CHECKs axes 2 and 3 only and reads the first D x B values);
   SUM weighs item j of data bottom i by coefficient (i, j), MAX skips item j of bottom i where that coefficient
   is 0 (an item every bottom skips stays -FLT_MAX).  The fork CHECKs two data bottoms or more there.
 """
@@ -19,7 +20,7 @@ FLT_MAX = 3.4028234663852886e38
 def merge_batch(op: int, coeff, xs: list[torch.Tensor]):
     """MergeBatch's forward over the data bottoms xs, coeff the (1, 1, D, B) coefficients or None."""
     items = xs[0].shape[0]
-    weights = None if coeff is None else coeff.reshape(len(xs), items)
+    weights = None if coeff is None else coeff.reshape(-1)[: len(xs) * items].reshape(len(xs), items)
     if op == 1:   # SUM
         out = torch.zeros_like(xs[0])
         for i, x in enumerate(xs):
@@ -73,7 +74,9 @@ class MergeBatch(Layer):
         per_item = ctx.i64([shape[0]] + [1] * (len(shape) - 1))
         weights = None
         if coeff is not None:
-            weights = ctx.op("Reshape", [coeff, ctx.i64([len(xs), shape[0]])], "weights")
+            flat = ctx.op("Reshape", [coeff, ctx.i64([-1])], "flat")
+            first = ctx.op("Slice", [flat, ctx.i64([0]), ctx.i64([len(xs) * shape[0]])], "first")
+            weights = ctx.op("Reshape", [first, ctx.i64([len(xs), shape[0]])], "weights")
         out = None if a["op"] == SUM else ctx.filled(xs[0], -FLT_MAX, "lowest")
         for i, x in enumerate(xs):
             w = None

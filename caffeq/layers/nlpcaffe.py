@@ -10,13 +10,18 @@ example): Wordvec and its Lstm, the word-by-word recurrence unrolled in the prot
   g = tanh5(x W0^T), i = sigmoid(x W1^T), o = sigmoid(x W3^T), f = sigmoid(-(x W3^T)) = 1 - o,
   c = c_prev f + i g, h = c o (no tanh on c); tanh5 is (e^2v - 1) / (e^2v + 1), clipped to +-1 where
   |v| >= 5.  That is the fork's GPU forward, which its solver trains with (the forget gate tied to the
-  output gate, blob 2 never read or trained); its CPU forward would read blob 2 instead.
+  output gate, blob 2 never read or trained, from its March 2015 merge 82bbdd3 on: its V2 "Lstm"); its CPU
+  forward would read blob 2 instead.  A V1 file's `type: LSTM` with these four blobs comes from before that
+  merge (January to March 2015, 7267e1c), whose GPU forward reads the forget gate from blob 2:
+  f = sigmoid(x W2^T).
 - Lstm as nlpcaffe first wrote it (Russell91/nlpcaffe fd5fb6c, January 2015, V1 files: `type: LSTM`; claimed
   by num_cells with input_bias_filler, which that version CHECKs): eight blobs, each gate's weights
   (1, num_cells, 1, K + 1) and bias (1, num_cells, 1, 1) in the order candidate, input, forget, output gate; a
   weight blob's last column is the gate's peephole weight on the previous cell (never read for the candidate):
   g = tanhE(x W0 + b0), i, f, o = sigmoid(x Wj + bj + pj c_prev), c = c_prev f + i g, h = tanhE(c) o, where
   tanhE is (e^2v - 1) / (e^2v + 1) unclipped (NaN where e^2v overflows a float, v > 44.36, as in the fork).
+  That is fd5fb6c's forward (models/rnn's files of that commit); the same eight blobs computed h = c o from
+  a2c2124 and clipped tanh from 53ae062 until the biases went in a0b17a5 (a week later).
 The flags slice_param.fast_wordvec_slice and concat_param.fast_lstm_concat are faster loops of the same
 slice and concat (shape_ops.py checks the first one's CHECKs).
 """
@@ -44,14 +49,16 @@ def nlp_tanh(v):
     return torch.where(v.abs() < 5, (e - 1) / (e + 1), torch.where(v > 0, torch.ones_like(v), -torch.ones_like(v)))
 
 
-def nlp_lstm(x, c_prev, w_in, w_input_gate, w_forget_unused, w_output_gate):
-    """nlpcaffe's Lstm step (its GPU forward): -> (h, c), each (N, num_cells, 1, 1)."""
+def nlp_lstm(x, c_prev, w_in, w_input_gate, w_forget_gate, w_output_gate, forget_tied: bool):
+    """nlpcaffe's Lstm step (its GPU forward): -> (h, c), each (N, num_cells, 1, 1); forget_tied: the forget gate
+    is sigmoid(0 - the output gate's pre-activation), blob 2 unread (the fork from March 2015 on)."""
     n, cells = x.shape[0], w_in.shape[1]
     rows = x.reshape(n, -1)
     g = nlp_tanh(rows @ w_in.reshape(cells, -1).t())
     i = torch.sigmoid(rows @ w_input_gate.reshape(cells, -1).t())
     out = rows @ w_output_gate.reshape(cells, -1).t()
-    o, f = torch.sigmoid(out), torch.sigmoid(0 - out)
+    o = torch.sigmoid(out)
+    f = torch.sigmoid(0 - out) if forget_tied else torch.sigmoid(rows @ w_forget_gate.reshape(cells, -1).t())
     c = c_prev.reshape(n, cells) * f + i * g
     return (c * o).reshape(n, cells, 1, 1), c.reshape(n, cells, 1, 1)
 
@@ -89,6 +96,12 @@ def nlp_lstm_peephole(x, c_prev, w_in, b_in, w_i, b_i, w_f, b_f, w_o, b_o):
     o = torch.sigmoid(pre(w_o, b_o, True))
     c = c0 * f + i * g
     return (nlp_tanh_unclipped(c) * o).reshape(n, cells, 1, 1), c.reshape(n, cells, 1, 1)
+
+
+def onnx_exp_tanh(ctx, v, hint):
+    """(e^2v - 1) / (e^2v + 1), the forks' tanh formula, unclipped."""
+    e = ctx.op("Exp", [ctx.op("Mul", [v, ctx.f32(2.0)], "v2")], "e2v")
+    return ctx.op("Div", [ctx.op("Sub", [e, ctx.f32(1.0)], "num"), ctx.op("Add", [e, ctx.f32(1.0)], "den")], hint)
 
 
 TORCH_NLP_LSTM = torch_sources(nlp_tanh, nlp_lstm)
@@ -157,7 +170,8 @@ class NlpLstm(Layer):
 
     def parse(self, lp):
         need_blobs(lp, "Lstm (nlpcaffe)", 2, 2, roles="x, c_prev")
-        return {"cells": positive_field(lp.lstm_param.num_cells, "lstm_param.num_cells")}
+        return {"cells": positive_field(lp.lstm_param.num_cells, "lstm_param.num_cells"),
+                "forget_tied": lp.type == "Lstm"}   # V2 files: after the March 2015 merge
 
     def infer(self, attrs, in_shapes):
         x, c = (tuple(s) for s in in_shapes)
@@ -172,7 +186,7 @@ class NlpLstm(Layer):
         return [(1, attrs["cells"], 1, k)] * 4
 
     def forward(self, attrs, params, x, c_prev):
-        return nlp_lstm(x, c_prev, *params)
+        return nlp_lstm(x, c_prev, *params, attrs.get("forget_tied", True))
 
     def onnx(self, ctx, node):
         x, c_prev = node.inputs
@@ -183,14 +197,16 @@ class NlpLstm(Layer):
             w = ctx.op("Reshape", [ctx.weight(node, blob), ctx.i64([cells, -1])], "w")
             return ctx.op("MatMul", [rows, ctx.op("Transpose", [w], "wt", perm=[1, 0])], "pre")
         v = pre(0)
-        e = ctx.op("Exp", [ctx.op("Mul", [v, ctx.f32(2.0)], "v2")], "e2v")
-        smooth = ctx.op("Div", [ctx.op("Sub", [e, ctx.f32(1.0)], "num"), ctx.op("Add", [e, ctx.f32(1.0)], "den")], "th")
         sign = ctx.op("Where", [ctx.op("Greater", [v, ctx.f32(0.0)], "pos"), ctx.f32(1.0), ctx.f32(-1.0)], "sign")
-        g = ctx.op("Where", [ctx.op("Less", [ctx.op("Abs", [v], "abs"), ctx.f32(5.0)], "small"), smooth, sign], "g")
+        g = ctx.op("Where", [ctx.op("Less", [ctx.op("Abs", [v], "abs"), ctx.f32(5.0)], "small"),
+                             onnx_exp_tanh(ctx, v, "th"), sign], "g")
         i = ctx.op("Sigmoid", [pre(1)], "i")
         out = pre(3)
         o = ctx.op("Sigmoid", [out], "o")
-        f = ctx.op("Sigmoid", [ctx.op("Sub", [ctx.f32(0.0), out], "neg")], "f")
+        if node.attrs.get("forget_tied", True):
+            f = ctx.op("Sigmoid", [ctx.op("Sub", [ctx.f32(0.0), out], "neg")], "f")
+        else:
+            f = ctx.op("Sigmoid", [pre(2)], "f")
         c = ctx.op("Add", [ctx.op("Mul", [ctx.op("Reshape", [c_prev, ctx.i64([n, cells])], "cp"), f], "keep"),
                            ctx.op("Mul", [i, g], "write")], "c")
         shape = ctx.i64([n, cells, 1, 1])
@@ -209,7 +225,7 @@ class NlpLstm(Layer):
     def pytorch_source(self, node, emit):
         names = self.parameter_modules(node, emit)
         x, c_prev = emit.inputs
-        return f"{emit.helper(TORCH_NLP_LSTM)}({x}, {c_prev}, {', '.join(names)})"
+        return f"{emit.helper(TORCH_NLP_LSTM)}({x}, {c_prev}, {', '.join(names)}, {node.attrs.get('forget_tied', True)})"
 
 
 @claim_layers("LSTM", _first_nlpcaffe_lstm)
@@ -236,15 +252,10 @@ class NlpLstmPeephole(NlpLstm):
         rows = ctx.op("Reshape", [x, ctx.i64([n, -1])], "rows")
         c0 = ctx.op("Reshape", [c_prev, ctx.i64([n, cells])], "c0")
 
-        def tanh_unclipped(v, name):
-            e = ctx.op("Exp", [ctx.op("Mul", [v, ctx.f32(2.0)], "v2")], "e2v")
-            return ctx.op("Div", [ctx.op("Sub", [e, ctx.f32(1.0)], "num"), ctx.op("Add", [e, ctx.f32(1.0)], "den")],
-                          name)
+        inputs = int(np.prod(ctx.shape(x)[1:]))
 
         def pre(gate, peephole):
             w = ctx.op("Reshape", [ctx.weight(node, 2 * gate), ctx.i64([cells, -1])], "w")
-            k = ctx.shape(x)
-            inputs = int(np.prod(k[1:]))
             weights = ctx.op("Slice", [w, ctx.i64([0]), ctx.i64([inputs]), ctx.i64([1])], "wx")
             v = ctx.op("Add", [ctx.op("MatMul", [rows, ctx.op("Transpose", [weights], "wt", perm=[1, 0])], "xw"),
                                ctx.op("Reshape", [ctx.weight(node, 2 * gate + 1), ctx.i64([1, cells])], "b")], "pre")
@@ -253,11 +264,11 @@ class NlpLstmPeephole(NlpLstm):
             p = ctx.op("Reshape", [ctx.op("Slice", [w, ctx.i64([inputs]), ctx.i64([inputs + 1]), ctx.i64([1])],
                                           "p"), ctx.i64([1, cells])], "peep")
             return ctx.op("Add", [v, ctx.op("Mul", [c0, p], "pc")], "pre_p")
-        g = tanh_unclipped(pre(0, False), "g")
+        g = onnx_exp_tanh(ctx, pre(0, False), "g")
         i, f, o = (ctx.op("Sigmoid", [pre(k, True)], name) for k, name in ((1, "i"), (2, "f"), (3, "o")))
         c = ctx.op("Add", [ctx.op("Mul", [c0, f], "keep"), ctx.op("Mul", [i, g], "write")], "c")
         shape = ctx.i64([n, cells, 1, 1])
-        ctx.add_node("Reshape", [ctx.op("Mul", [tanh_unclipped(c, "tc"), o], "h"), shape], [node.outputs[0]],
+        ctx.add_node("Reshape", [ctx.op("Mul", [onnx_exp_tanh(ctx, c, "tc"), o], "h"), shape], [node.outputs[0]],
                      name=node.name)
         ctx.add_node("Reshape", [c, shape], [node.outputs[1]])
 

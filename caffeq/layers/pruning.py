@@ -20,12 +20,15 @@
 - CConvolution and CInnerProduct in yiwenguo/Dynamic-Network-Surgery's layout (alex-tolstov/sparseconv 00211a5,
   liuwenran/modified-caffe 9ae921a; claimed by cconvolution_param / cinner_product_param gamma, power or
   c_rate, the DNS schedule): DNSConvolution's four blobs and forward (weight x mask, bias x mask).  The
-  masks hold 0 and 1 (liuwenran's changing-threshold GPU forward rounds them to that first).
+  masks hold 0 and 1 (liuwenran's changing-threshold GPU forward first sets every mask value above 0 to 1,
+  yiwenguo's multiplies the stored values; caffeq multiplies them too).
 - InnerProduct with inner_product_param.prune_type (Tyler-D/caffe-rc5_ex eebc417, Dense-Sparse-Dense): the
   first forward, in any phase, zeroes in place the floor(prune_ratio x count) smallest |w| (ties to the
-  lower index: caffe_cpu_prune_ratio's partial_sort of (|w|, index) pairs), and as many of the bias; with
-  THRESHOLD (and a prune_ratio above 0, which its LayerSetUp requires to prune at all) the |w| and |b| below
-  weight_threshold.  The pruned blobs are what every later forward reads, so caffeq runs the layer on them.
+  lower index: caffe_cpu_prune_ratio's partial_sort of (|w|, index) pairs), and floor(prune_ratio x its own
+  count) of the bias; with THRESHOLD (and a prune_ratio above 0, which its LayerSetUp requires to prune at
+  all) the |w| and |b| below weight_threshold.  The pruned blobs are what every later forward reads, so caffeq
+  runs the layer on them.  |w| is the float magnitude, as GCC 6 and later compile the fork's unqualified
+  abs(); older C++ libraries would truncate it to an int.
 - PQConvolution and PQInnerProduct (liuwenran/modified-caffe dynamic-prune-quantization, GPU only): blobs
   weight, bias, weight classes, bias classes (their shapes) and a config of 2048 values.  config[0] = 0: the
   plain layer.  Else a weight (bias) whose class c is below pq*_param.classnum is replaced by the class
@@ -41,6 +44,7 @@ import math
 import numpy as np
 import torch
 
+from ..io.schema import caffe_pb2
 from .conv import Convolution, ConvolutionDepthwise, InnerProduct
 from .registry import LayerError, ReadOnlyLayer, canonical_axis, claim_layers, count, register_layer
 
@@ -57,7 +61,21 @@ class _DerivedBlobs:
         raise NotImplementedError
 
     def forward(self, attrs, params, *xs):
-        return super().forward(attrs, self.used_blobs(attrs, list(params)), *xs)
+        return super().forward(attrs, self._derived(attrs, list(params)), *xs)
+
+    def _derived(self, attrs, blobs):
+        """used_blobs, computed once per set of stored blobs while inference runs (a Dense-Sparse-Dense fc6
+        takes a second to prune); while training, every forward derives them anew."""
+        if not torch.is_inference_mode_enabled():
+            return self.used_blobs(attrs, blobs)
+        # kept on the weight tensor itself (it lives as long as the module), keyed by the layer and the blobs'
+        # storage and versions, so that a changed or moved blob derives anew
+        key = (id(attrs),) + tuple((b.data_ptr(), b._version, tuple(b.shape), str(b.device)) for b in blobs)
+        hit = getattr(blobs[0], "_caffeq_derived", None)
+        if hit is None or hit[0] != key:
+            hit = (key, self.used_blobs(attrs, blobs))
+            blobs[0]._caffeq_derived = hit
+        return hit[1]
 
     def derived_node(self, node):
         """A copy of node whose blobs are what the fork computes with."""
@@ -185,7 +203,7 @@ class DNSLayoutInnerProduct(_DynamicSurgery, InnerProduct):
 
 # ---- Dense-Sparse-Dense (Tyler-D/caffe-rc5_ex) -------------------------------------------------------------
 
-PRUNE_THRESHOLD = 1
+PRUNE_THRESHOLD = caffe_pb2.InnerProductParameter.THRESHOLD
 
 
 def zero_smallest_magnitudes(x, ratio: float):
@@ -252,8 +270,8 @@ class _ClassQuantized(_DerivedBlobs):
         if not attrs["bias_term"]:
             raise LayerError(f"{self.types[0]} without a bias term: the fork's setup makes two blobs and then "
                              "fills a fifth (it cannot be set up)")
-        if not 1 <= classnum < PQ_CONFIG_SIZE:
-            raise LayerError(f"{self.param_field}.classnum must be in [1, {PQ_CONFIG_SIZE - 1}] (its centres are "
+        if not 1 <= classnum <= PQ_CONFIG_SIZE - 2:   # the fork reads config[1 .. classnum + 1]
+            raise LayerError(f"{self.param_field}.classnum must be in [1, {PQ_CONFIG_SIZE - 2}] (its centres are "
                              f"read from a config blob of {PQ_CONFIG_SIZE} values), got {classnum}")
         return dict(attrs, classnum=classnum)
 

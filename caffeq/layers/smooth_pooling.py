@@ -21,9 +21,9 @@ def simplex_theta(v, z: float, dummy):
     pivot search finds it (the kept values summed in double); dummy (rows,) joins a row where it is finite."""
     rows = torch.cat([dummy.unsqueeze(1), v], dim=1).double()
     u, _ = torch.sort(rows, dim=1, descending=True)
-    sums = torch.cumsum(torch.nan_to_num(u, neginf=0.0), dim=1)
+    sums = torch.cumsum(torch.where(torch.isneginf(u), torch.zeros_like(u), u), dim=1)   # an absent dummy adds 0
     counts = torch.arange(1, u.shape[1] + 1, dtype=torch.float64)
-    kept = (u - (sums - z) / counts) > 0               # true for the kept values, then false (-inf: false)
+    kept = (sums - counts * u) < z                     # the fork's test; true for the kept values, then false
     rho = kept.sum(dim=1).clamp(min=1)
     return (sums.gather(1, (rho - 1).unsqueeze(1)).squeeze(1) - z) / rho.double()
 
@@ -115,8 +115,7 @@ class SmoothPooling(Layer):
         sums = ctx.op("CumSum", [finite, ctx.i64(1)], "sums")
         z = ctx.const(np.float64(a["z"]))
         counts = ctx.const(np.arange(1, h * w + 2, dtype=np.float64))
-        kept = ctx.op("Greater", [ctx.op("Sub", [u, ctx.op("Div", [ctx.op("Sub", [sums, z], "excess"), counts],
-                                                             "level")], "margin"), ctx.const(np.float64(0))], "kept")
+        kept = ctx.op("Less", [ctx.op("Sub", [sums, ctx.op("Mul", [counts, u], "level")], "excess"), z], "kept")
         rho = ctx.op("Max", [onnx_reduce(ctx, "ReduceSum", ctx.op("Cast", [kept], "kept64", to=11), [1], True),
                              ctx.const(np.float64(1))], "rho")
         index = ctx.op("Cast", [ctx.op("Sub", [rho, ctx.const(np.float64(1))], "last")], "index", to=7)

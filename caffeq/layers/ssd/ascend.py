@@ -4,7 +4,8 @@ defaults of Ascend/parser's caffe.proto), read and sized, not run.
 
 - bottoms: box offsets (N, priors x 4, ...), class scores (N, priors x num_classes, ...) and the priors
   (1 or N, 2 or 1, priors x 4), as SSD's DetectionOutput reads them.  The operator requires share_location,
-  eta 1, top_k > 0 and keep_top_k in [1, 1024] or -1.
+  eta 1, top_k > 0, keep_top_k in [1, 1024] or -1, num_classes in [1, 1024], a background label below it (or
+  -1), iou_threshold in (0, 1], code_type 1 to 3 and confidence_threshold in [0, 1].
 - tops: each image's box count, int32 (N, 8) with the count in column 0; its boxes, (N, R, 8) rows of image
   id, label, score, xmin, ymin, xmax, ymax and one unset value, R = keep_top_k rounded up to a multiple of
   128 (1024 for -1); the rows past the count are unset.
@@ -35,6 +36,16 @@ class SSDDetectionOutput(ReadOnlyLayer):
             raise LayerError(f"ssddetectionoutput_param.top_k must be > 0, got {p.top_k}")
         if not (1 <= p.keep_top_k <= MAX_ROWS or p.keep_top_k == -1):
             raise LayerError(f"ssddetectionoutput_param.keep_top_k must be in [1, {MAX_ROWS}] or -1, got {p.keep_top_k}")
+        limits = (("num_classes", p.num_classes, 1 <= p.num_classes <= 1024, "[1, 1024]"),
+                  ("background_label_id", p.background_label_id, -1 <= p.background_label_id < p.num_classes,
+                   f"[-1, num_classes - 1 = {p.num_classes - 1}]"),
+                  ("iou_threshold", p.iou_threshold, 0 < p.iou_threshold <= 1, "(0, 1]"),
+                  ("code_type", p.code_type, 1 <= p.code_type <= 3, "1 (CORNER), 2 (CENTER_SIZE) or 3 (CORNER_SIZE)"),
+                  ("confidence_threshold", p.confidence_threshold, 0 <= p.confidence_threshold <= 1, "[0, 1]"))
+        for field, value, ok, allowed in limits:
+            if not ok:
+                raise LayerError(f"ssddetectionoutput_param.{field} must be {allowed} (the operator's limit), "
+                                 f"got {value:g}")
         notes = []
         if lp.HasField("detection_output_param") and not lp.HasField("ssddetectionoutput_param"):
             notes.append("its settings are in detection_output_param, which Ascend's converter does not read for "
