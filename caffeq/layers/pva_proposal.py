@@ -21,8 +21,11 @@ nms_cpu returns IoU 0 at once for boxes apart by any gap while nms_gpu (and caff
 +1 pixel overlap: they differ only for boxes less than a pixel apart, whose IoU stays below 0.5.
 ONNX's TopK puts equal scores' lower index first, so the exported graph differs from the fork only
 where equal scores (the zeroed small boxes) reach the pre-NMS cut.  A net whose maps score another
-anchor count than len(ratio) x len(scale), or whose im_info has fewer than 4 values, loads in Caffe
+anchor count than len(ratio) x len(scale), or whose im_info has fewer than 3 values, loads in Caffe
 and fails (or reads past im_info) in forward: caffeq reads it and refuses to run or export it.
+luoyetx/mini-caffe's Proposal (58a5007, src/layers/proposal_layer.cpp / .cu: the same anchors, decoding,
+sort and NMS) reads im_info = [img_H, img_W, scale], min_size * scale for both sides: an im_info of 3
+values is read that way.
 """
 import math
 
@@ -58,7 +61,7 @@ class PVAProposalLayer(_ProposalBase):
             return (f"the net scores {prob[1] // 2} anchors per position and regresses {deltas[1] // 4}, but "
                     f"proposal_param makes {a} ({len(attrs['ratios'])} ratio(s) x {len(attrs['scales'])} "
                     f"scale(s)): PVANet's layer would read past its bottoms")
-        if math.prod(info) < 4:
-            return (f"im_info must hold [height, width, scale_h, scale_w] (PVANet's layer reads 4 values), "
-                    f"got shape {list(info)}")
+        if math.prod(info) < 3:
+            return (f"im_info must hold [height, width, scale_h, scale_w] (PVANet's layer reads 4 values; "
+                    f"mini-caffe's [height, width, scale]), got shape {list(info)}")
         return None

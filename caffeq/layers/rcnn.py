@@ -146,7 +146,8 @@ def rpn_decode_boxes(anchor_boxes, deltas, info, min_size: float, cpp_rpn: bool 
     indices of those at least min_size (at the original image's scale) on both sides.
     cpp_rpn (faster-rcnn-cplusplus2's RPN layer): a box goes when its unclipped width or height is
     below min_size * scale, and the rest clip to [0, int(width)] x [0, int(height)].  pva (PVANet):
-    info = [height, width, scale_h, scale_w], the clipped width against min_size * scale_w."""
+    info = [height, width, scale_h, scale_w], the clipped width against min_size * scale_w (luoyetx/mini-caffe's
+    port gives [height, width, scale], one scale for both)."""
     dt = anchor_boxes.dtype
     pred_x, pred_y, pred_w, pred_h = rpn_decode_centres(anchor_boxes, deltas)
     zero = torch.zeros((), dtype=dt)
@@ -158,7 +159,7 @@ def rpn_decode_boxes(anchor_boxes, deltas, info, min_size: float, cpp_rpn: bool 
     x2 = torch.maximum(torch.minimum(pred_x + 0.5 * pred_w, x_max), zero)
     y2 = torch.maximum(torch.minimum(pred_y + 0.5 * pred_h, y_max), zero)
     limit = torch.tensor(min_size, dtype=dt) * info[2]
-    limit_w = torch.tensor(min_size, dtype=dt) * info[3] if pva else limit
+    limit_w = torch.tensor(min_size, dtype=dt) * info[3] if pva and info.shape[0] > 3 else limit
     if cpp_rpn:
         keep = torch.nonzero(~((pred_w < limit) | (pred_h < limit))).flatten()
     else:
@@ -526,7 +527,8 @@ def emit_proposals(ctx, node):
     im_h, im_w, im_scale = (ctx.op("Gather", [info, ctx.i64(k)], hint, axis=0) for k, hint in
                             ((0, "im_h"), (1, "im_w"), (2, "im_scale")))
     # PVANet's im_info holds the width's scale apart; the others scale both sides by im_info[2]
-    scale_w = ctx.op("Gather", [info, ctx.i64(3)], "scale_w", axis=0) if pva else im_scale
+    four = pva and math.prod(ctx.shape(info_in)) > 3   # mini-caffe's port: [height, width, scale]
+    scale_w = ctx.op("Gather", [info, ctx.i64(3)], "scale_w", axis=0) if four else im_scale
     if cpp:   # [0, int(width)] x [0, int(height)]
         x_max, y_max = (ctx.op("Cast", [ctx.op("Cast", [v, ], f"{h}_i", to=7)], h, to=1) for v, h in
                         ((im_w, "x_max"), (im_h, "y_max")))
