@@ -119,7 +119,7 @@ def _bn_affine(node):
     a = node.attrs
     if node.blobs is None or len(node.inputs) != 1 or len(node.outputs) != 1:
         return None
-    if a.get("use_global_stats") is False and not a.get("scale_bias"):
+    if node.spec.stored_statistics(a) is False:
         return None  # batch statistics even at test time
     mean = np.asarray(node.blobs[0], np.float64).reshape(-1)
     var = np.asarray(node.blobs[1], np.float64).reshape(-1)

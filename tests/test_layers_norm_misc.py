@@ -96,6 +96,31 @@ def test_batchnorm_explicit_batch_statistics_at_test():
     assert np.array_equal(model.graph.node("bn").blobs[0], blobs[0])
 
 
+@pytest.mark.parametrize("layer_phase", ["TRAIN", "PREDICT"])
+def test_batchnorm_with_its_own_phase_uses_batch_statistics_in_a_test_net(layer_phase, tmp_path):
+    # Caffe's Net::Init keeps a layer's own `phase` and BatchNorm's default (use_global_stats_ = phase == TEST)
+    # follows it: Vitis AI's deploy files (phase: TRAIN) and caffe_nd's (phase: PREDICT) normalize each batch by
+    # its own statistics; use_global_stats, when given, still decides
+    n, c, h, w = 2, 3, 4, 5
+    blobs = [randn(c) * 5, np.full(c, 4.0, np.float32), np.ones(1, np.float32)]
+    model = build([("x", (n, c, h, w))],
+                  [f'layer {{ name: "bn" type: "BatchNorm" bottom: "x" top: "y" phase: {layer_phase} }}'],
+                  {"bn": blobs})
+    x = randn(n, c, h, w) * 3 + 1
+    xd = x.astype(np.float64)
+    ref = bn_ref(xd, xd.mean(axis=(0, 2, 3)), xd.var(axis=(0, 2, 3)), 1e-5)
+    check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=2e-5, rtol=2e-5)
+    assert any(f"phase: {layer_phase} on the layer" in note for note in model.warnings)
+    stored = build([("x", (n, c, h, w))],
+                   [f'layer {{ name: "bn" type: "BatchNorm" bottom: "x" top: "y" phase: {layer_phase} '
+                    'batch_norm_param { use_global_stats: true } }'], {"bn": blobs})
+    close(stored.run(x)["y"], bn_ref(xd, blobs[0], blobs[1], 1e-5), rtol=2e-5, atol=2e-5)
+    assert not stored.warnings
+    test_phase = build([("x", (n, c, h, w))], ['layer { name: "bn" type: "BatchNorm" bottom: "x" top: "y" phase: TEST }'],
+                       {"bn": blobs})
+    close(test_phase.run(x)["y"], bn_ref(xd, blobs[0], blobs[1], 1e-5), rtol=2e-5, atol=2e-5)
+
+
 def test_batchnorm_training_updates_running_blobs_as_caffe():
     n, c, h, w = 3, 4, 5, 2
     maf = 0.9

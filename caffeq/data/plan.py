@@ -130,9 +130,9 @@ def plan_data(layer, inputs, base_dir, data=None, batch_size=None, transform=Non
             raise DataError(f"layer '{layer.name}': transform_param crop_size_h / crop_size_w (Person-Re-ID's "
                             f"rectangular crop) are not applied by eval; evaluate its deploy net on images cropped to "
                             f"{t['crop_hw'][0]}x{t['crop_hw'][1]}")
-        for kind, key, why in _NOT_IMAGE_AND_LABEL:
-            if layer.type == kind and attrs.get(key):
-                raise DataError(f"layer '{layer.name}' ({kind}): " + why.format(value=attrs[key]))
+        for layer_type, key, why in _NOT_IMAGE_AND_LABEL:
+            if layer.type == layer_type and attrs.get(key):
+                raise DataError(f"layer '{layer.name}' ({layer_type}): " + why.format(value=attrs[key]))
         if layer.type == "ImageData":
             image = {"root_folder": attrs.get("root_folder", ""), "new_height": attrs.get("new_height", 0),
                      "new_width": attrs.get("new_width", 0), "is_color": attrs.get("is_color", True),

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..io.schema import caffe_pb2
 from .registry import Layer, LayerError, count, need_blobs, register_layer
 
 # ---- ONNX helpers shared with misc.py ---------------------------------------------
@@ -160,6 +161,14 @@ class BatchNorm(Layer):
         scale_bias = bool(p.scale_bias) or p.HasField("scale_filler") or p.HasField("bias_filler")
         if scale_bias:
             eps = max(eps, 1e-5)  # NVCaffe clamps eps from below
+        # a layer's own `phase` overrides the net's (Caffe's Net::Init), and BatchNorm's default statistics
+        # follow it: stored ones only at TEST (caffe_nd's PREDICT is not TEST either)
+        layer_phase = caffe_pb2.Phase.Name(lp.phase) if lp.HasField("phase") else None
+        notes = []
+        if layer_phase not in (None, "TEST") and not (p.HasField("use_global_stats") and not scale_bias):
+            notes.append(f"phase: {layer_phase} on the layer: Caffe normalizes by each batch's own statistics here "
+                         f"even in a TEST net (BatchNorm's default follows the layer's phase); "
+                         f"batch_norm_param {{ use_global_stats: true }} would use the stored ones")
         return {
             # None: Caffe's phase default (global stats at TEST); here torch's eval mode decides
             "use_global_stats": bool(p.use_global_stats) if p.HasField("use_global_stats") else None,
@@ -168,6 +177,8 @@ class BatchNorm(Layer):
             "scale_bias": scale_bias,
             # synopsys-caffe: add_eps_before_sqrt: false divides by sqrt(var) + eps
             "eps_after_sqrt": not p.add_eps_before_sqrt,
+            "layer_phase": layer_phase,
+            "reading_notes": notes,
         }
 
     def stored_blobs(self, attrs, arrays, notes):
@@ -210,11 +221,20 @@ class BatchNorm(Layer):
             blobs += [np.ones(c, np.float32), np.zeros(c, np.float32)]
         return blobs
 
+    @staticmethod
+    def stored_statistics(attrs):
+        """True or False where the layer always normalizes by the stored (or the batch's) statistics, None
+        where the phase it runs in decides (TEST: stored)."""
+        phase = attrs.get("layer_phase")
+        by_phase = None if phase is None else phase == "TEST"
+        if attrs.get("scale_bias"):
+            return by_phase  # NVCaffe: the phase alone decides
+        g = attrs.get("use_global_stats")
+        return by_phase if g is None else g
+
     def _uses_global(self, attrs, training):
-        if attrs["scale_bias"]:
-            return not training  # NVCaffe: the phase alone decides
-        g = attrs["use_global_stats"]
-        return (not training) if g is None else g
+        fixed = self.stored_statistics(attrs)
+        return (not training) if fixed is None else fixed
 
     @staticmethod
     def global_stats(attrs, params):
@@ -332,7 +352,7 @@ class BatchNorm(Layer):
             if scale is not None:
                 weight = emit.blob(0, scale)
                 bias = emit.blob(1, scale) if scale.attrs["bias_term"] else np.zeros(c, np.float32)
-        use_global = None if a["scale_bias"] else a["use_global_stats"]
+        use_global = self.stored_statistics(a)
         # plain nn.BatchNorm unless asked for Caffe's exact op order, or the layer normalizes with
         # batch statistics even in eval mode (use_global_stats: false)
         # and sqrt(var) + eps (synopsys-caffe), which nn.BatchNorm cannot express
