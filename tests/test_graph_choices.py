@@ -462,6 +462,19 @@ layer { name: "keep" type: "Dropout" bottom: "y" top: "z" dropout_param { dropou
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-7)
 
 
+def test_a_dropout_layer_with_its_own_train_phase_is_noted():
+    # Caffe keeps a layer's own phase: such a Dropout drops at random even in a TEST net; caffeq copies, and says so
+    text = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "d" type: "Dropout" bottom: "x" top: "y" phase: TRAIN dropout_param { dropout_ratio: 0.5 } }
+"""
+    model = load_from_text(text)
+    assert any("phase: TRAIN on the layer: Caffe drops units at random" in w for w in model.warnings)
+    x = rng().standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(model.run({"x": x})["y"], x)
+    assert not load_from_text(text.replace(" phase: TRAIN", "")).warnings
+
+
 def test_dropout_ratio_one_loads_as_release_caffe_does(tmp_path):
     # dropout_layer.cpp checks the ratio with DCHECK only: a release build loads 1.0 (epi-depth's deploy
     # net does); TEST copies the input, and with scale_train false multiplies by 1 / scale_ = 0

@@ -5,6 +5,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..io.schema import caffe_pb2
 from .registry import Layer, LayerError, needs_input_shape, register_layer
 
 
@@ -142,6 +143,10 @@ class Dropout(Layer):
             else:
                 scale = np.float32(1.0 / (1.0 - float(np.float32(ratio))))
                 test_scale = float(np.float32(1.0 / float(scale)))
+        if lp.HasField("phase") and lp.phase == caffe_pb2.TRAIN and ratio > 0:
+            # Caffe's Net::Init keeps a layer's own phase: this one drops units at random in any net
+            notes.append("phase: TRAIN on the layer: Caffe drops units at random here even in a TEST net; caffeq "
+                         "runs it as at TEST (no random drops)")
         return {"ratio": ratio, "test_scale": test_scale, "reading_notes": notes}
 
     uses_training_flag = True
