@@ -11,10 +11,11 @@ fusion): despite its name an elementwise merge of its data bottoms, all of one s
 """
 import torch
 
+from ..io.schema import caffe_pb2
+from .pooling import FLT_MAX
 from .registry import AT_LEAST, Layer, LayerError, need_blobs, register_layer, torch_sources
 
-SUM, MAX, MEAN = 1, 2, 3
-FLT_MAX = 3.4028234663852886e38
+SUM, MEAN = caffe_pb2.MergeBatchParameter.SUM, caffe_pb2.MergeBatchParameter.MEAN
 
 
 def merge_batch(op: int, coeff, xs: list[torch.Tensor]):

@@ -43,10 +43,16 @@ from .registry import (
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
 
-def nlp_tanh(v):
-    """nlpcaffe's tanh: (e^2v - 1) / (e^2v + 1), +-1 where |v| >= 5."""
+def nlp_tanh_unclipped(v):
+    """nlpcaffe's first tanh: (e^2v - 1) / (e^2v + 1), NaN where e^2v overflows."""
     e = torch.exp(2 * v)
-    return torch.where(v.abs() < 5, (e - 1) / (e + 1), torch.where(v > 0, torch.ones_like(v), -torch.ones_like(v)))
+    return (e - 1) / (e + 1)
+
+
+def nlp_tanh(v):
+    """nlpcaffe's tanh from 53ae062 on: the formula, +-1 where |v| >= 5."""
+    return torch.where(v.abs() < 5, nlp_tanh_unclipped(v),
+                       torch.where(v > 0, torch.ones_like(v), -torch.ones_like(v)))
 
 
 def nlp_lstm(x, c_prev, w_in, w_input_gate, w_forget_gate, w_output_gate, forget_tied: bool):
@@ -71,12 +77,6 @@ def nlp_wordvec(x, table, steps: int):
     if bool(((ids < 0) | (ids >= vocab)).any()):
         raise ValueError(f"Wordvec: word id {int(ids[(ids < 0) | (ids >= vocab)][0])} is outside [0, {vocab})")
     return table.reshape(vocab, -1)[ids].permute(0, 2, 1).unsqueeze(-1)
-
-
-def nlp_tanh_unclipped(v):
-    """nlpcaffe's first tanh: (e^2v - 1) / (e^2v + 1), NaN where e^2v overflows."""
-    e = torch.exp(2 * v)
-    return (e - 1) / (e + 1)
 
 
 def nlp_lstm_peephole(x, c_prev, w_in, b_in, w_i, b_i, w_f, b_f, w_o, b_o):
@@ -104,7 +104,7 @@ def onnx_exp_tanh(ctx, v, hint):
     return ctx.op("Div", [ctx.op("Sub", [e, ctx.f32(1.0)], "num"), ctx.op("Add", [e, ctx.f32(1.0)], "den")], hint)
 
 
-TORCH_NLP_LSTM = torch_sources(nlp_tanh, nlp_lstm)
+TORCH_NLP_LSTM = torch_sources(nlp_tanh_unclipped, nlp_tanh, nlp_lstm)
 TORCH_NLP_LSTM_PEEPHOLE = torch_sources(nlp_tanh_unclipped, nlp_lstm_peephole)
 TORCH_NLP_WORDVEC = torch_sources(nlp_wordvec)
 
@@ -155,10 +155,11 @@ class Wordvec(Layer):
 
 
 def _nlpcaffe_lstm(lp):
-    return lp.lstm_param.HasField("num_cells") and not lp.lstm_param.HasField("input_bias_filler")
+    return lp.lstm_param.HasField("num_cells") and not _first_nlpcaffe_lstm(lp)
 
 
 def _first_nlpcaffe_lstm(lp):
+    """nlpcaffe's first Lstm CHECKs its bias fillers; the later one has none."""
     return lp.lstm_param.HasField("num_cells") and lp.lstm_param.HasField("input_bias_filler")
 
 
@@ -251,7 +252,6 @@ class NlpLstmPeephole(NlpLstm):
         n, cells = ctx.shape(x)[0], node.attrs["cells"]
         rows = ctx.op("Reshape", [x, ctx.i64([n, -1])], "rows")
         c0 = ctx.op("Reshape", [c_prev, ctx.i64([n, cells])], "c0")
-
         inputs = int(np.prod(ctx.shape(x)[1:]))
 
         def pre(gate, peephole):

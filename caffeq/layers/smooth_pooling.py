@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .norm import onnx_reduce
+from .pooling import FLT_MIN
 from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer, torch_sources
 
 
@@ -100,7 +101,7 @@ class SmoothPooling(Layer):
         mu = ctx.op("Reshape", [mu, ctx.i64([1 if a["blob"] else n, -1, 1])], "mu_nc")
         mu = ctx.op("Reshape", [ctx.op("Expand", [mu, ctx.i64([n, c, 1])], "mu_all"), ctx.i64([n * c, 1])], "mu_rows")
         mu = ctx.op("Max", [mu, ctx.f32(0.01)], "mu")
-        den = ctx.op("Add", [mu, ctx.f32(np.finfo(np.float32).tiny)], "den")
+        den = ctx.op("Add", [mu, ctx.f32(FLT_MIN)], "den")
         v = ctx.op("Div", [rows, den], "v")
         dummy_value = ctx.op("Div", [ctx.f32(a["max_value"]), den], "dummy_value")
         active = ctx.op("And", [ctx.op("Greater", [dummy_value, ctx.f32(0.0)], "positive"),
