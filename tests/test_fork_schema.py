@@ -1052,3 +1052,30 @@ layer { name: "conv1/scale" type: "Scale" bottom: "x" top: "y"
     gamma, beta = next(n for n in model.layers if n.name == "conv1/scale").blobs
     np.testing.assert_allclose(model.run({"x": x})["y"], x * gamma.reshape(1, 3, 1, 1) + beta.reshape(1, 3, 1, 1),
                                rtol=1e-6)
+
+
+def test_nnpack_engines_read_and_compute_caffes_layers():
+    # fengggli/caffe models/resnet_simple/resnet_cifar_nnpack.prototxt (trimmed): engine NNPACK on the convolutions;
+    # NNPACK's convolution, product and ReLU are Caffe's, its CPU max pooling sizes windows its own way (a note)
+    import numpy as np
+
+    from caffeq.model import load_from_text
+    text = '''input: "x" input_shape { dim: 2 dim: 3 dim: 7 dim: 6 }
+layer { name: "conv1" type: "Convolution" bottom: "x" top: "conv1"
+  convolution_param { num_output: 4 bias_term: false pad: 1 kernel_size: 3 stride: 1 engine: NNPACK } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" relu_param { engine: NNPACK } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+  pooling_param { pool: MAX kernel_size: 2 stride: 2 engine: NNPACK } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool1" top: "ip" inner_product_param { num_output: 5 engine: NNPACK }
+  nnpack_convolution_param { algorithm: WINOGRAD kernel_transform_strategy: REUSE } }'''
+    layers = _layers(text)
+    assert layers["conv1"].convolution_param.engine == caffe_pb2.ConvolutionParameter.NNPACK
+    assert layers["ip"].nnpack_convolution_param.algorithm == caffe_pb2.NNPACKConvolutionParameter.WINOGRAD
+    model = load_from_text(text, random_weights=True)
+    plain = load_from_text(text.replace(" engine: NNPACK", "").replace("relu_param { }", ""), random_weights=True)
+    notes = [w for w in model.warnings if "NNPACK" in w]
+    assert len(notes) == 1 and "'pool1'" in notes[0] and "without Caffe's last-window rule" in notes[0]
+    assert not [w for w in plain.warnings if "NNPACK" in w]
+    assert model.blob_shapes["pool1"] == plain.blob_shapes["pool1"] == (2, 4, 4, 3)   # Caffe's ceil and clip
+    x = np.random.default_rng(3).standard_normal((2, 3, 7, 6)).astype(np.float32)
+    np.testing.assert_array_equal(model.run({"x": x})["ip"], plain.run({"x": x})["ip"])

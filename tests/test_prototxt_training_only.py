@@ -140,6 +140,26 @@ def test_a_fork_value_of_an_enum_that_matters_is_an_error_naming_it():
         _parse(text, phase="TRAIN")
 
 
+def test_a_fork_enum_value_given_as_its_number_is_unknown_like_a_fork_name():
+    # vzhangmeng726/caffe-roc's TRAIN-only `eltwise_param { operation: 3 }` (a fork's op on two labels)
+    label_op = """layer {
+  name: "label2sim" type: "Eltwise" bottom: "label1" bottom: "label2" top: "sim"
+  include { phase: TRAIN }
+  eltwise_param { operation: 3 }
+}
+"""
+    net, warnings = _parse(CONV + label_op)
+    assert not net.layer[1].eltwise_param.HasField("operation")
+    assert len(warnings) == 1 and "t.prototxt:11: ignored unknown value 3 of field 'operation'" in warnings[0]
+    assert "not in the TEST net" in warnings[0]
+    # in a layer that runs, the number is named in the error, as a fork's name would be
+    with pytest.raises(ParseError, match=r"t.prototxt:6:\d+: 'pool: 7' in layer 'conv': enum "
+                                         r"caffe.PoolingParameter.PoolMethod has no value with number 7"):
+        _parse(CONV.replace("convolution_param { num_output: 4 kernel_size: 3 }", "pooling_param { pool: 7 }"))
+    net, _ = _parse(CONV.replace("kernel_size: 3", "kernel_size: 3 engine: 1"))   # a number the enum has
+    assert net.layer[0].convolution_param.engine == 1
+
+
 def test_reading_the_train_net_warns_of_augmentation_and_keeps_other_fields_strict():
     text = """
 layer {

@@ -92,6 +92,23 @@ def test_an_undefined_placeholder_is_one_clear_error(tmp_path, missing, where):
                        rf"Caffe reads the file: pass --define {missing}=VALUE, or --weights"):
         load(_write(tmp_path, "t.prototxt", TEMPLATE), defines=values)
 
+BARE_IP = """input: "x"
+input_shape { dim: 1 dim: 4 }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y"
+  inner_product_param {
+    num_output: 3
+  }
+}
+"""
+
+
+def test_a_placeholder_of_an_unknown_template_language_is_named_in_the_error(tmp_path):
+    # Yewwoei/Datathon-lab6's test.prototxt: a lab tool's postfix `${ $ SIZE . }`, which no --define can name
+    text = BARE_IP.replace("num_output: 3", "num_output: ${ $ SIZE . }")
+    with pytest.raises(ParseError, match=r"u.prototxt:\d+:\d+: .*Couldn't parse integer: \$ \(\$\{ \$ SIZE \. \} is a "
+                                         r"template placeholder that a script fills in before Caffe reads the file"):
+        load(_write(tmp_path, "u.prototxt", text))
+
 
 def test_the_caffemodels_saved_net_fills_what_is_not_defined(tmp_path):
     # Caffe saves the filled net with the weights: a template plus its caffemodel reads as the filled net

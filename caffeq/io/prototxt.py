@@ -28,9 +28,9 @@ from .text_repairs import (
 from .unknown_fields import QUOTED_ENUM_FORKS, report_unknown_fields
 from .upgrade import fork_v1_type, upgrade_mixed_layers
 
-_UNKNOWN_FIELD = re.compile(r'has no field named "([^"]+)"|has no value named')
+_UNKNOWN_FIELD = re.compile(r'has no field named "([^"]+)"|has no value named|has no value with number')
 _LINE_COL = re.compile(r"^(\d+):(\d+)\s*:\s*(.*)$", re.DOTALL)
-_PLACEHOLDER = re.compile(r"\$#\w+#\$|\$\{\w+\}|\$\w+")
+_PLACEHOLDER = re.compile(r"\$#\w+#\$|\$\{[^}\n]*\}|\$\w+")   # ${ $ SIZE . }: an unknown template language
 _BARE_NUMBER = re.compile(r"Couldn't parse (?:integer|float): ([A-Za-z_]\w*)$")
 _BARE_TEXT = re.compile(r"Expected string but found: '(.+)'$")
 _PHASES = {"TRAIN": caffe_pb2.TRAIN, "TEST": caffe_pb2.TEST}
@@ -238,8 +238,12 @@ class _RecordingParser(_FieldPicker):
             if self._skipping:
                 tokenizer.NextToken()
                 return
-        if field.enum_type is not None and field is not _V1_TYPE and token.isidentifier() \
-                and (forked or token not in field.enum_type.values_by_name) and not self._skipping:
+        # a fork's enum value written as its number (caffe-roc's Eltwise `operation: 3`) is as unknown as a name
+        numbered = field.enum_type is not None and re.fullmatch(r"-?\d+", token) is not None \
+            and int(token) not in field.enum_type.values_by_number
+        if field.enum_type is not None and field is not _V1_TYPE \
+                and (numbered or token.isidentifier() and (forked or token not in field.enum_type.values_by_name)) \
+                and not self._skipping:
             inside_net = self._path[:len(self.net_path)] == self.net_path
             self.unknown.append(_Unknown(
                 field.name, field.enum_type.full_name, tokenizer._line + 1, tokenizer._column + 1,

@@ -270,8 +270,9 @@ def report_unknown_fields(unknowns, message, path, phase, ignore_unknown, warnin
             where = f"{path}:{u.line}:{u.column}" if u.line else path
             ctx = f" in layer '{layer}'" if layer else ""
             if u.enum_value is not None:
+                kind = "with number" if u.enum_value.lstrip("-").isdigit() else "named"
                 raise ParseError(f"{where}: '{u.name}: {u.enum_value}'{ctx}: enum {u.message_type} has no "
-                                 f"value named {u.enum_value}")
+                                 f"value {kind} {u.enum_value}")
             raise ParseError(
                 f"{where}: unknown field '{u.name}'{ctx} (message {u.message_type} has no field "
                 f"'{u.name}'{_close_field(u)}); pass --ignore-unknown to skip unknown fields with a warning")

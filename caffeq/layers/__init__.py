@@ -93,6 +93,7 @@ from . import (  # noqa: F401,E402
     losses,
     lse_pooling,
     lstd,
+    lstm_cf,
     maf,
     margin,
     merge_batch,

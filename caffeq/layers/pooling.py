@@ -450,6 +450,14 @@ class Pooling(Layer):
                              f"{'1 or 2 tops (values, argmax mask)' if most == 2 else '1 top'}, "
                              f"got {len(lp.top)}")
         attrs["mask"] = len(lp.top) == 2
+        p = self.pooling_params(lp)
+        if "engine" in p.DESCRIPTOR.fields_by_name and p.engine == getattr(p, "NNPACK", None) \
+                and attrs["pool"] == MAX:
+            # fengggli/caffe nnpack_pooling_layer.cpp: on a CPU, where NNPACK takes the window, its size
+            # rounds up without Caffe's last-window clip; Caffe's GPU mode (and caffeq) is Caffe's pooling
+            attrs["reading_notes"] = ["pooling_param.engine NNPACK: fengggli/caffe's CPU mode pools some MAX windows "
+                                      "with NNPACK, without Caffe's last-window rule; caffeq pools as Caffe's "
+                                      "own Pooling (its GPU mode) does"]
         if attrs["mask"] and attrs["edge"] is not None:
             raise LayerError("pooling_param: the argmax mask top with pad_type / pad_l/r/t/b is not supported")
         return attrs
