@@ -11,7 +11,8 @@ from .errors import CaffeqError, ParseError, ShapeError
 from .graph_weights import attach_weights, init_params, share_params
 from .io.caffemodel import read_caffemodel
 from .io.container import load_caffeq_parts
-from .io.prototxt import read_prototxt
+from .io.imports import expand_imports
+from .io.prototxt import parse_prototxt_text, read_prototxt
 from .io.templates import as_written, fill_digits_num_outputs, resolve_placeholders
 from .io.upgrade import upgrade_net
 from .ir import build_graph
@@ -191,6 +192,9 @@ def read_net(prototxt, ignore_unknown=False, warnings=None, phase="TEST", define
     pending = []
     net = read_prototxt(path, ignore_unknown=ignore_unknown, warnings=warnings, phase=phase,
                         known_layer=reads_parameters, defines=defines, placeholders=pending)
+    expand_imports(net, path, lambda text, where: parse_prototxt_text(
+        text, path=where, ignore_unknown=ignore_unknown, warnings=warnings, phase=phase,
+        known_layer=reads_parameters, defines=defines), warnings)
     notes = upgrade_net(net, source=path, keep_shapeless_inputs=True) + recase_types(net, source=path) + \
         apply_net_rewrites(net, source=path)
     warnings.extend(as_written(note, pending) for note in notes)

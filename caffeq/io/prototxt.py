@@ -142,7 +142,8 @@ class _FieldPicker(text_format._Parser):
         if field is _V1_TYPE and tokenizer.token.isidentifier() and \
                 tokenizer.token not in field.enum_type.values_by_name:
             message.fork_type = tokenizer.token
-            if message.fork_type not in self._fork_types:
+            # jackculpepper/caffe's IMPORT layers are inlined (io/imports.py), never read as a type
+            if message.fork_type not in self._fork_types and message.fork_type != "IMPORT":
                 self._fork_types.add(message.fork_type)
                 self.notes.append(f"{tokenizer._line + 1}: V1 layer type {message.fork_type} is not one of "
                                   f"Caffe's; read as the type \"{fork_v1_type(message.fork_type)}\"")
