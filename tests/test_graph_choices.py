@@ -443,6 +443,19 @@ layer {{ name: "relu" type: "ReLU" bottom: "x" top: "y" }}
         load_from_text(text.replace("bias:", "gaussian_std: -1 bias:").replace("gaussian_std: 0.5 ", ""))
 
 
+def test_fault_injection_is_sized_not_run(tmp_path):
+    # cypox/reliable-net caffe_experiments/models/inject-net.prototxt: random faults at TEST, by an unpublished rule
+    model = load_from_text('input: "input" input_shape { dim: 1 dim: 1 dim: 100 dim: 1 }\n'
+                           'layer { name: "output" type: "Injection" bottom: "input" top: "output" }')
+    assert model.blob_shapes["output"] == (1, 1, 100, 1)
+    with pytest.raises(CaffeqError, match=r"layer 'output' \(Injection\): cypox/reliable-net's fault injection "
+                                          r"flips random bits of its input"):
+        model.run({"input": np.ones((1, 1, 100, 1), np.float32)})
+    with pytest.raises(CaffeqError, match="does not run it"):
+        model.export_onnx(str(tmp_path / "m.onnx"))
+    assert not (tmp_path / "m.onnx").exists()
+
+
 # ---- Faster R-CNN's Dropout scale_train ------------------------------------------------------
 
 def test_dropout_scale_train_false_scales_at_test(tmp_path):

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ..io.schema import caffe_pb2
-from .registry import Layer, LayerError, needs_input_shape, register_layer
+from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, needs_input_shape, register_layer
 
 
 def input_param_shapes(lp):
@@ -171,6 +171,21 @@ class Dropout(Layer):
         m = emit.module(f"nn.Dropout(p={emit.lit(node.attrs['ratio'])})")
         scale = node.attrs["test_scale"]
         return f"{m}({emit.inputs[0]})" + (f" * {emit.lit(scale)}" if scale != 1.0 else "")
+
+
+@register_layer("Injection")
+class FaultInjection(ReadOnlyLayer):
+    """cypox/reliable-net's Injection (fault-injection experiments; its Caffe is not published): its top is
+    its input with random faults, in the TEST net too (the README: a bit of the input flipped with
+    probability 10%; the repository's test outputs show some values changed in several bits)."""
+
+    def parse(self, lp):
+        need_blobs(lp, "Injection", 1, 1)
+        return {"name": lp.name}
+
+    def why_not_run(self, attrs):
+        return ("cypox/reliable-net's fault injection flips random bits of its input, at inference too, by a rule "
+                "its unpublished Caffe keeps; caffeq sizes it (its top is shaped as its input) but does not run it")
 
 
 @register_layer("Noise")
