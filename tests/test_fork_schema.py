@@ -1079,3 +1079,7 @@ layer { name: "ip" type: "InnerProduct" bottom: "pool1" top: "ip" inner_product_
     assert model.blob_shapes["pool1"] == plain.blob_shapes["pool1"] == (2, 4, 4, 3)   # Caffe's ceil and clip
     x = np.random.default_rng(3).standard_normal((2, 3, 7, 6)).astype(np.float32)
     np.testing.assert_array_equal(model.run({"x": x})["ip"], plain.run({"x": x})["ip"])
+    # a biased stride-1 grouped convolution would take NNPACK's path, which ignores the group: noted
+    grouped = load_from_text(text.replace("bias_term: false", "group: 2 bias_term: true"
+                                          ).replace("num_output: 4 ", "num_output: 6 ").replace("dim: 3", "dim: 4"))
+    assert any("'conv1'" in w and "ignores group and dilation" in w for w in grouped.warnings)

@@ -454,6 +454,11 @@ def test_fault_injection_is_sized_not_run(tmp_path):
     with pytest.raises(CaffeqError, match="does not run it"):
         model.export_onnx(str(tmp_path / "m.onnx"))
     assert not (tmp_path / "m.onnx").exists()
+    # Guanghan/GNet-caffe's Injection is a data layer without bottoms: still a graph input
+    data = load_from_text('layer { name: "data" type: "Injection" top: "data" top: "label" }\n'
+                          'layer { name: "relu" type: "ReLU" bottom: "data" top: "y" }',
+                          input_shapes={"data": (1, 3, 8, 8), "label": (1,)})
+    assert data.blob_shapes["y"] == (1, 3, 8, 8)
 
 
 # ---- Faster R-CNN's Dropout scale_train ------------------------------------------------------

@@ -109,3 +109,46 @@ layers { name: "b" type: IMPORT import_param { net: "tower.prototxt" var { name:
     a, b = (next(n for n in model.layers if n.name == k) for k in ("a/ip", "b/ip"))
     np.testing.assert_allclose(out["a/ip"], x @ a.blobs[0].T + a.blobs[1], rtol=1e-6)
     assert b.shared_from   # b's blobs are a's
+
+
+def test_imports_of_untrusted_files_are_bounded(tmp_path, monkeypatch):
+    import caffeq.io.imports as imports
+    # an absolute path that is not there, and a file that is not a net file
+    for net, message in ((str(tmp_path / "nowhere.prototxt"), r"nowhere.prototxt' not found"),
+                         ("/etc/passwd", r"'/etc/passwd' is not a net file \(.prototxt or .pt\)")):
+        with pytest.raises(CaffeqError, match=message):
+            load(_write(tmp_path, "m.prototxt", IMPORTER % net))
+    # vars whose values grow the text at each replacement
+    _write(tmp_path, "part.prototxt", 'layers { name: "r" type: RELU bottom: "${a}" top: "r" }')
+    grow = "".join(f'var {{ name: "{v}" value: "${{{w}}}${{{w}}}${{{w}}}${{{w}}}" }} '
+                   for v, w in zip("abcdefghijklmnop", "bcdefghijklmnopq"))
+    text = IMPORTER.replace('var { name: "bottom" value: "/x" }', grow) % "part.prototxt"
+    monkeypatch.setattr(imports, "_MAX_BYTES", 1 << 16)
+    with pytest.raises(CaffeqError, match=r"import_param.var '\w' makes the text of .*part.prototxt' longer than"):
+        load(_write(tmp_path, "grow.prototxt", text))
+    # a chain of distinct files, and a file importing the next one twice
+    for i in range(6):
+        _write(tmp_path, f"n{i}.prototxt", "".join(f'layers {{ name: "{k}" type: IMPORT import_param {{ '
+                                                    f'net: "n{i + 1}.prototxt" }} }}\n' for k in "ab"))
+    _write(tmp_path, "n6.prototxt", 'layers { name: "r" type: RELU bottom: "/x" top: "r" }')
+    main = _write(tmp_path, "deep.prototxt", IMPORTER % "n0.prototxt")
+    monkeypatch.setattr(imports, "_MAX_DEPTH", 4)
+    with pytest.raises(CaffeqError, match=r"imports nest more than 4 files deep"):
+        load(main)
+    monkeypatch.setattr(imports, "_MAX_DEPTH", 32)
+    monkeypatch.setattr(imports, "_MAX_LAYERS", 40)
+    with pytest.raises(CaffeqError, match=r"deep.prototxt: its imports expand to more than 40 layers"):
+        load(main)
+    monkeypatch.setattr(imports, "_MAX_LAYERS", 100_000)
+    assert len(load(main).layers) == 1 + 2 ** 6   # the Input and 64 ReLUs named a/a/a/a/a/a/r ... b/b/b/b/b/b/r
+
+
+def test_upgrade_writes_the_imports_inlined(tmp_path, monkeypatch):
+    from caffeq.__main__ import main as cli
+    monkeypatch.chdir(FIXTURES)
+    out = tmp_path / "up.prototxt"
+    assert cli(["upgrade", str(LENET.relative_to(FIXTURES)), "-o", str(out)]) in (0, None)
+    text = out.read_text()
+    assert "Import" not in text and 'name: "cp2/conv"' in text and 'bottom: "cp1/pool"' in text
+    model = load(out, input_shapes={"data": (2, 1, 28, 28), "label": (2,)}, outputs=["ip2"])
+    assert model.blob_shapes["cp2/pool"] == (2, 50, 4, 4)

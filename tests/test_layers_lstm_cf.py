@@ -155,6 +155,8 @@ def test_column_lstm_runs_down_each_column_from_the_mask(tmp_path):
     ('type: "Mask" top: "m" mask_param { height: 2 }', r"mask_param.width is required"),
     ('type: "Mask" top: "m" mask_param { width: 0 height: 2 }', r"mask_param.width must be >= 1, got 0"),
     ('type: "Mask" top: "m" mask_param { width: 2 height: 2 scale: 2 }', r"scale is faceID's Mask"),
+    ('type: "Mask" top: "m" mask_param { width: 3 height: 1 direction: BOTTOM2TOP }',
+     r"height 1 with BOTTOM2TOP makes the fork zero the row after the blob's end"),
     ('type: "Transpose" bottom: "x" top: "m" transpose_param { shape { dim: 6 } }', r"transposetype is required"),
     ('type: "Transpose" bottom: "x" top: "m" transpose_param { transposetype: CONVTOLSTM }', r"shape is required"),
     ('type: "Transpose" bottom: "x" top: "m" transpose_param { transposetype: CONVTOLSTM shape { dim: 5 } }',

@@ -156,6 +156,8 @@ def test_a_fork_enum_value_given_as_its_number_is_unknown_like_a_fork_name():
     with pytest.raises(ParseError, match=r"t.prototxt:6:\d+: 'pool: 7' in layer 'conv': enum "
                                          r"caffe.PoolingParameter.PoolMethod has no value with number 7"):
         _parse(CONV.replace("convolution_param { num_output: 4 kernel_size: 3 }", "pooling_param { pool: 7 }"))
+    with pytest.raises(ParseError, match=r"has no value with number 0x7"):
+        _parse(CONV.replace("convolution_param { num_output: 4 kernel_size: 3 }", "pooling_param { pool: 0x7 }"))
     net, _ = _parse(CONV.replace("kernel_size: 3", "kernel_size: 3 engine: 1"))   # a number the enum has
     assert net.layer[0].convolution_param.engine == 1
 

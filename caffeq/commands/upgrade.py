@@ -33,7 +33,8 @@ def add_parser(sub):
 
 def run(args):
     from ..io.caffemodel import read_caffemodel
-    from ..io.prototxt import read_prototxt
+    from ..io.imports import expand_imports
+    from ..io.prototxt import parse_prototxt_text, read_prototxt
     from ..io.upgrade import net_needs_upgrade, upgrade_net
     from ..io.writer import write_caffemodel, write_prototxt
 
@@ -68,6 +69,9 @@ def run(args):
     warnings = []
     net = read_prototxt(args.prototxt, ignore_unknown=args.ignore_unknown, warnings=warnings,
                         defines=defines_arg(args))
+    # a fork's IMPORT layers are inlined: the upgraded file stands alone
+    expand_imports(net, args.prototxt, lambda text, where: parse_prototxt_text(
+        text, path=where, ignore_unknown=args.ignore_unknown, warnings=warnings, defines=defines_arg(args)), warnings)
     if not net.layer and not net.layers and not net.input:
         raise ParseError(f"{args.prototxt}: the net has no layers (an empty or commented-out prototxt?)")
     for w in warnings:

@@ -15,15 +15,19 @@ rules are ignored):
     name their params share those weights, and a caffemodel's layers are the resolved names;
   - at the top level names are kept, but a leading "/" is dropped.
 The fork opens `net` relative to the directory caffe runs in (its examples run from the Caffe root);
-caffeq looks there, then beside the importing file and in each folder above it.
+caffeq looks there, then beside the importing file and in each folder above it.  A model file is
+untrusted: only net files (.prototxt, .pt) are opened, and the expansion is bounded (nesting depth, text
+size after the replacements, number of layers).
 """
 import os
 
 from ..errors import ParseError
-from .text_repairs import decode, plain_quotes
+from .prototxt import read_prototxt_text
 
 _MAX_DEPTH = 32
 _MAX_BYTES = 64 << 20
+_MAX_LAYERS = 100_000
+_NET_FILE_EXTS = (".prototxt", ".pt")
 
 
 def _is_import(layer, v1):
@@ -52,19 +56,16 @@ def _find(net_path, importer):
     """The file an import names: as given (from the working directory, as the fork opens it), then
     beside the importing file and in each folder above it (a Caffe root the examples are run from)."""
     if os.path.isabs(net_path):
-        return net_path if os.path.isfile(net_path) else None, [net_path]
-    tried = [os.path.abspath(net_path)]
+        return os.path.abspath(net_path) if os.path.isfile(net_path) else None
     folder = os.path.dirname(os.path.abspath(importer))
+    candidates = [os.path.abspath(net_path)]
     while True:
-        tried.append(os.path.join(folder, net_path))
+        candidates.append(os.path.join(folder, net_path))
         parent = os.path.dirname(folder)
         if parent == folder:
             break
         folder = parent
-    for candidate in tried:
-        if os.path.isfile(candidate):
-            return os.path.abspath(candidate), tried
-    return None, tried
+    return next((os.path.abspath(c) for c in candidates if os.path.isfile(c)), None)
 
 
 def _read_import(layer, importer, parse, warnings):
@@ -75,23 +76,28 @@ def _read_import(layer, importer, parse, warnings):
         raise ParseError(f"{importer}: an Import layer must have a name (its layers' names start with it)")
     if not p.net:
         raise ParseError(f"{where}: import_param.net is required (the net file to import)")
-    found, tried = _find(p.net, importer)
+    if not p.net.lower().endswith(_NET_FILE_EXTS):
+        raise ParseError(f"{where}: import_param.net '{p.net}' is not a net file ({' or '.join(_NET_FILE_EXTS)}); "
+                         f"caffeq imports only those")
+    found = _find(p.net, importer)
     if found is None:
         raise ParseError(f"{where}: import_param.net '{p.net}' not found (looked in the working directory, "
-                         f"beside {os.path.basename(importer)} and in the folders above it: {tried[1]} ...)")
+                         f"beside {os.path.basename(importer)} and in the folders above it)")
     size = os.path.getsize(found)
     if size > _MAX_BYTES:
         raise ParseError(f"{where}: import_param.net '{found}' is {size} bytes, more than a net file holds")
-    with open(found, "rb") as f:
-        text = plain_quotes(decode(f.read(), found, warnings), found, warnings)
+    text = read_prototxt_text(found, warnings)
     for i, var in enumerate(p.var):
         if not var.HasField("name") or not var.HasField("value"):
             raise ParseError(f"{where}: import_param.var[{i}] needs both name and value")
         text = text.replace("${" + var.name + "}", var.value)
+        if len(text) > _MAX_BYTES:
+            raise ParseError(f"{where}: import_param.var '{var.name}' makes the text of '{found}' longer than "
+                             f"{_MAX_BYTES >> 20} MiB")
     return found, parse(text, found)
 
 
-def _inline(net, pwd, importer, parse, chain, warnings):
+def _inline(net, pwd, importer, parse, chain, warnings, budget):
     """net's layers with every Import replaced by its file's layers (recursively), names resolved in pwd."""
     for field, v1 in (("layers", True), ("layer", False)):
         layers = getattr(net, field)
@@ -106,14 +112,20 @@ def _inline(net, pwd, importer, parse, chain, warnings):
                 expanded.append(lp)
                 continue
             found, sub = _read_import(lp, importer, parse, warnings)
-            if found in chain or len(chain) >= _MAX_DEPTH:
+            if found in chain:
                 raise ParseError(f"{importer}: layer '{lp.name}' (Import): import_param.net '{lp.import_param.net}' "
                                  f"imports itself (through {' -> '.join(os.path.basename(c) for c in chain)})")
+            if len(chain) >= _MAX_DEPTH:
+                raise ParseError(f"{importer}: layer '{lp.name}' (Import): imports nest more than {_MAX_DEPTH} "
+                                 f"files deep")
             other = "layer" if v1 else "layers"
             if len(getattr(sub, other)):
                 raise ParseError(f"{found}: imported by layer '{lp.name}' of {importer}: its layers must be in the "
                                  f"importing file's format ('{field}' blocks), got '{other}' blocks")
-            _inline(sub, resolve_import_name(lp.name, pwd), found, parse, chain + [found], warnings)
+            _inline(sub, resolve_import_name(lp.name, pwd), found, parse, chain + [found], warnings, budget)
+            budget[0] -= len(getattr(sub, field))
+            if budget[0] < 0:
+                raise ParseError(f"{chain[0]}: its imports expand to more than {_MAX_LAYERS} layers")
             expanded.extend(getattr(sub, field))
         if any(_is_import(lp, v1) for lp in layers):
             kept = [type(lp)() for lp in expanded]
@@ -134,7 +146,7 @@ def expand_imports(net, path, parse, warnings=None):
         count[0] += 1
         return parse(text, where)
 
-    _inline(net, "", os.fspath(path), counting, [os.path.abspath(path)], warnings)
+    _inline(net, "", os.fspath(path), counting, [os.path.abspath(path)], warnings, [_MAX_LAYERS])
     if warnings is not None:
         warnings.append(f"{path}: inlined {count[0]} imported net file(s) (jackculpepper/caffe's IMPORT layers), "
                         f"their layers named after each import")

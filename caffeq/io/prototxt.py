@@ -240,8 +240,8 @@ class _RecordingParser(_FieldPicker):
                 tokenizer.NextToken()
                 return
         # a fork's enum value written as its number (caffe-roc's Eltwise `operation: 3`) is as unknown as a name
-        numbered = field.enum_type is not None and re.fullmatch(r"-?\d+", token) is not None \
-            and int(token) not in field.enum_type.values_by_number
+        numbered = field.enum_type is not None and re.fullmatch(r"-?(0[xX][0-9a-fA-F]+|\d+)", token) is not None \
+            and int(token, 0 if "x" in token.lower() else 10) not in field.enum_type.values_by_number
         if field.enum_type is not None and field is not _V1_TYPE \
                 and (numbered or token.isidentifier() and (forked or token not in field.enum_type.values_by_name)) \
                 and not self._skipping:
@@ -439,6 +439,13 @@ def _net_from_solver(text, path, ignore_unknown, warnings, phase, known_layer=No
 def read_prototxt(path, ignore_unknown=False, warnings=None, message=None, phase="TEST", known_layer=None,
                   defines=None, placeholders=None):
     path = os.fspath(path)
+    return parse_prototxt_text(read_prototxt_text(path, warnings), message, path, ignore_unknown, warnings, phase,
+                               known_layer, defines, placeholders)
+
+
+def read_prototxt_text(path, warnings=None):
+    """A prototxt file's text as Caffe's tokenizer would see it: refused if binary or an HTML page, a
+    byte-order mark skipped, non-UTF-8 comments and typographic quotes read with a note."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -455,6 +462,4 @@ def read_prototxt(path, ignore_unknown=False, warnings=None, message=None, phase
     text = decode(raw, path, warnings)
     if b"<!DOCTYPE html" in raw[:2048] or b"<html" in raw[:2048]:
         raise ParseError(f"{path}: an HTML page, not a prototxt (a web page saved in place of the raw file?)")
-    text = plain_quotes(text, path, warnings)
-    return parse_prototxt_text(text, message, path, ignore_unknown, warnings, phase, known_layer, defines,
-                               placeholders)
+    return plain_quotes(text, path, warnings)

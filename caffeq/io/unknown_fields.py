@@ -270,7 +270,7 @@ def report_unknown_fields(unknowns, message, path, phase, ignore_unknown, warnin
             where = f"{path}:{u.line}:{u.column}" if u.line else path
             ctx = f" in layer '{layer}'" if layer else ""
             if u.enum_value is not None:
-                kind = "with number" if u.enum_value.lstrip("-").isdigit() else "named"
+                kind = "named" if u.enum_value.isidentifier() else "with number"
                 raise ParseError(f"{where}: '{u.name}: {u.enum_value}'{ctx}: enum {u.message_type} has no "
                                  f"value {kind} {u.enum_value}")
             raise ParseError(

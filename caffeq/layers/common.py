@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ..io.schema import caffe_pb2
-from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, needs_input_shape, register_layer
+from .registry import Layer, LayerError, ReadOnlyLayer, claim_layers, need_blobs, needs_input_shape, register_layer
 
 
 def input_param_shapes(lp):
@@ -173,11 +173,13 @@ class Dropout(Layer):
         return f"{m}({emit.inputs[0]})" + (f" * {emit.lit(scale)}" if scale != 1.0 else "")
 
 
-@register_layer("Injection")
+# Guanghan/GNet-caffe's Injection is a data layer without bottoms (read as a fork's data layer)
+@claim_layers("Injection", lambda lp: len(lp.bottom) == 1)
 class FaultInjection(ReadOnlyLayer):
     """cypox/reliable-net's Injection (fault-injection experiments; its Caffe is not published): its top is
     its input with random faults, in the TEST net too (the README: a bit of the input flipped with
     probability 10%; the repository's test outputs show some values changed in several bits)."""
+    types = ("Injection",)
 
     def parse(self, lp):
         need_blobs(lp, "Injection", 1, 1)

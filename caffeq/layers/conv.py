@@ -46,9 +46,20 @@ def parse_conv(lp, depthwise=False):
     pre, notes = parse_first_conv(p) if lp.type != "Deconvolution" else (None, [])
     if pre is not None:
         attrs["first_conv"] = pre
+    if "NNPACK" in p.Engine.keys() and p.engine == p.NNPACK and _nnpack_differs(p):
+        notes = [*notes, "convolution_param.engine NNPACK: fengggli/caffe's CPU mode runs a stride-1 convolution "
+                         "with a bias through NNPACK, which ignores group and dilation; caffeq computes Caffe's "
+                         "convolution (the fork's GPU mode)"]
     if notes:
         attrs["reading_notes"] = notes
     return attrs
+
+
+def _nnpack_differs(p):
+    """fengggli/caffe nnpack_convolution_layer.cpp takes the NNPACK path (group and dilation unread) for a
+    biased convolution of stride 1; elsewhere it falls back to Caffe's."""
+    strides = list(p.stride) + ([p.stride_h, p.stride_w] if p.HasField("stride_h") else [])
+    return p.bias_term and all(s == 1 for s in strides) and (p.group > 1 or any(d > 1 for d in p.dilation))
 
 
 def parse_first_conv(p):

@@ -18,8 +18,8 @@ columns of a feature map, fed by these.
   S = height() x width(), Caffe's legacy accessors)
       CONVTOLSTM  top[n][s * C + c] = bottom[n][c * S + s]   ((C, H, W) maps to (H x W, C) rows);
       LSTMTOCONV  top[n][c * S + s] = bottom[n][s * C + c]   (the inverse, C and S from the bottom).
-  The fork's GPU kernel offsets the top by n x S instead of n x C x S: for num() > 1 it differs from
-  the CPU code, which this follows.  caffe_ocr's Transpose (sequence.py, transpose_param.dim) keeps
+  For num() > 1 the fork's GPU kernel (cublas geam from top->offset(n * S)) writes past the top's end;
+  caffeq follows the CPU code.  caffe_ocr's Transpose (sequence.py, transpose_param.dim) keeps
   the other Transposes.
 - ConvolutionDeeplab (conv_deeplab_layer.cpp, convolution_deeplab_param): DeepLab v1's convolution with
   holes, i.e. Convolution with dilation = hole (hole_h, hole_w), its bias stored as [1, 1, 1, num_output].
@@ -78,6 +78,9 @@ class LstmCfMask(Layer):
                 raise LayerError(f"mask_param.{field} is required (LSTM-CF's Mask)")
             if getattr(p, field) < 1:
                 raise LayerError(f"mask_param.{field} must be >= 1, got {getattr(p, field)}")
+        if p.masktype == _MASK.VERTICAL and p.direction == _MASK.BOTTOM2TOP and p.height == 1:
+            raise LayerError("mask_param: height 1 with BOTTOM2TOP makes the fork zero the row after the blob's end "
+                             "(out of bounds); give height >= 2")
         if p.HasField("scale"):
             raise LayerError("mask_param.scale is faceID's Mask (two bottoms); LSTM-CF's Mask has no bottom")
         return {"height": int(p.height), "width": int(p.width), "masktype": int(p.masktype),
@@ -148,7 +151,7 @@ class LstmCfTranspose(Layer):
                              f"{list(bottom)} {int(np.prod(bottom))} (the fork's CHECK_EQ of the counts)")
         if bottom and bottom[0] > 1:
             attrs["reading_notes"] = [f"LSTM-CF's Transpose of {bottom[0]} images: the fork's CPU code, which "
-                                      "caffeq follows (its GPU kernel offsets later images' tops wrongly)"]
+                                      "caffeq follows (its GPU kernel writes later images past the top's end)"]
         return [top]
 
     def forward(self, attrs, params, x):
