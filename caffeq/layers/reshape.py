@@ -1,5 +1,6 @@
 """Reshape (BVLC reshape_layer.cpp; synopsys-caffe's pixelshuffler; the 2014 num/channels/height/width fields of
-Simon Safar's Reshape, which mitmul/caffe's ssai nets use) and Tiling (the highway-driving fork).
+Simon Safar's Reshape, which mitmul/caffe's ssai nets use; Arroosh/optical_flow_prediction's patch Reshape) and
+Tiling (the highway-driving fork).
 
 Top shapes come from the runtime bottom shape in forward, with the functions `infer` uses, so a model runs
 at any batch size; ONNX emission copies dim 0 (Reshape's 0) rather than writing it (shape_ops.py's helpers).
@@ -8,7 +9,7 @@ import math
 
 import torch.nn.functional as F
 
-from .registry import Layer, LayerError, need_blobs, register_layer
+from .registry import Layer, LayerError, claim_layers, legacy_nchw, need_blobs, register_layer, torch_sources
 from .shape_ops import onnx_reshape
 
 # ---- Reshape ------------------------------------------------------------------
@@ -269,3 +270,66 @@ class Reshape(Layer):
         dims += [f"{x}.shape[{start + j}]" if d == 0 else str(d) for j, d in enumerate(a["dims"])]
         dims += [f"{x}.shape[{i}]" for i in range(end, ndim)]
         return f"{x}.reshape([{', '.join(dims)}])"
+
+
+# ---- Arroosh/optical_flow_prediction's patch Reshape ----------------------------------------
+
+_PATCH_FIELDS = ("new_channel", "new_height", "new_width", "new_patch_width", "new_patch_height")
+
+
+def spread_patches(x, channels: int, patch_h: int, patch_w: int):
+    """The fork's Reshape (reshape_layer.cpp 00ba80e): input channel (nw * ph + nh) * C' + nc at (h, w) goes to
+    channel nc at (h * ph + nh, w * pw + nw) -- the patch's width index outermost, "because matlab"."""
+    n, _, h, w = x.shape
+    grid = x.reshape(n, patch_w, patch_h, channels, h, w)
+    return grid.permute(0, 3, 4, 2, 5, 1).reshape(n, channels, h * patch_h, w * patch_w)
+
+
+@claim_layers("Reshape", lambda lp: any(lp.reshape_param.HasField(f) for f in _PATCH_FIELDS))
+class PatchReshape(Layer):
+    types = ("Reshape",)
+
+    def parse(self, lp):
+        need_blobs(lp, "Reshape (reshape_param new_channel / new_patch_*)", 1, 1, in_place=False)
+        p = lp.reshape_param
+        if p.HasField("shape") or p.HasField("num"):
+            raise LayerError("reshape_param: Arroosh's new_channel / new_patch_* do not combine with shape or num")
+        values = {f: int(getattr(p, f)) for f in _PATCH_FIELDS}
+        if min(values.values()) < 1:
+            raise LayerError(f"reshape_param: new_channel, new_height, new_width, new_patch_width and "
+                             f"new_patch_height must all be >= 1, got {list(values.values())}")
+        return values
+
+    def infer(self, attrs, in_shapes):
+        n, c, h, w = legacy_nchw(in_shapes[0], "Arroosh's Reshape")
+        a = attrs
+        if a["new_patch_width"] * a["new_patch_height"] * a["new_channel"] != c:
+            raise LayerError(f"reshape_param: new_patch_width x new_patch_height x new_channel = "
+                             f"{a['new_patch_width'] * a['new_patch_height'] * a['new_channel']} must be the "
+                             f"bottom's {c} channels (the fork's CHECK)")
+        if (a["new_height"], a["new_width"]) != (h * a["new_patch_height"], w * a["new_patch_width"]):
+            raise LayerError(f"reshape_param: new_height x new_width {a['new_height']} x {a['new_width']} must be "
+                             f"the bottom's {h} x {w} times the patch (the fork writes overlapping or stray "
+                             f"patches otherwise)")
+        return [(n, a["new_channel"], a["new_height"], a["new_width"])]
+
+    def _args(self, attrs):
+        return attrs["new_channel"], attrs["new_patch_height"], attrs["new_patch_width"]
+
+    def forward(self, attrs, params, x):
+        return spread_patches(x.reshape(legacy_nchw(tuple(x.shape), "Arroosh's Reshape")), *self._args(attrs))
+
+    def onnx(self, ctx, node):
+        n, _, h, w = legacy_nchw(ctx.shape(node.inputs[0]), "Arroosh's Reshape")
+        c, ph, pw = self._args(node.attrs)
+        grid = ctx.op("Reshape", [node.inputs[0], ctx.i64([n, pw, ph, c, h, w])], "grid", name=node.name)
+        moved = ctx.op("Transpose", [grid], "moved", perm=[0, 3, 4, 2, 5, 1])
+        ctx.add_node("Reshape", [moved, ctx.i64([n, c, h * ph, w * pw])], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        n, c, h, w = legacy_nchw(emit.in_shape(0), "Arroosh's Reshape")
+        args = ", ".join(str(v) for v in self._args(node.attrs))
+        return f"{emit.helper(TORCH_SPREAD)}({emit.inputs[0]}.reshape({n}, {c}, {h}, {w}), {args})"
+
+
+TORCH_SPREAD = torch_sources(spread_patches)
