@@ -582,6 +582,21 @@ def test_yuqj1991s_identity_batches_shape_three_tops(tmp_path):
         load_from_text(text.replace("sample_num: 3", "sample_num: 4"))
 
 
+def test_r3cnns_label_lists_give_the_label_in_both_tops(tmp_path):
+    # RojunLin/R-3CNN image_data_layer.cpp, reference: false: no image opened, each line's float label in both
+    # (batch_size,) tops (its R2Net feeds them to EuclideanLoss as regression targets); eval reads images
+    from caffeq.data.plan import data_layer, plan_data
+    from caffeq.model import load_from_text
+    text = ('layer { name: "label3" type: "ImageData" top: "label3_none" top: "label3" '
+            'image_data_param { source: "single.txt" batch_size: 4 reference: false shuffle: false } }')
+    model = load_from_text(text)
+    assert model.blob_shapes["label3_none"] == model.blob_shapes["label3"] == (4,)
+    assert any("reference: false" in w for w in model.warnings)
+    (tmp_path / "single.txt").write_text("a.jpg 0.25\n")
+    with pytest.raises(DataError, match=r"reference: false \(RojunLin/R-3CNN\) makes it a list of float labels"):
+        plan_data(data_layer(model), {}, str(tmp_path), data=str(tmp_path / "single.txt"))
+
+
 def test_label_num_without_sample_num_is_the_multi_label_reader():
     # liquidmetal/caffe-tests' box-regression nets: the 2016 multi-label ImageData (lhmRyan/DSH's label_num),
     # label_num labels a line, the label (N, label_num, 1, 1); yuqj1991's identity batches need sample_num

@@ -678,3 +678,17 @@ def test_scale_bias_prelu_parameters_are_not_quantized():
         for a, b in zip(q.graph.node(name).blobs, model.graph.node(name).blobs):
             np.testing.assert_array_equal(a, b)
     assert q.graph.node("c").quant
+
+
+def test_r3cnns_subtract_is_the_first_bottom_minus_the_second(tmp_path):
+    # RojunLin/R-3CNN's R2Net: subtract = resx16_elewise - p_resx16_elewise; eltwise_layer.cpp copies bottom 0
+    # and axpys -1 x bottom 1, its coeff never read
+    from conftest import check_everywhere, net, rng
+    a, b = (rng(s).standard_normal((2, 3, 4, 5)).astype(np.float32) for s in (1, 2))
+    model = load_from_text(net('layer { name: "s" type: "Eltwise" bottom: "a" bottom: "b" top: "s" '
+                               'eltwise_param { operation: SUBTRACT coeff: 2 coeff: 3 } }',
+                               inputs={"a": a.shape, "b": b.shape}))
+    check_everywhere(model, {"a": a, "b": b}, {"s": a - b}, tmp_path)
+    with pytest.raises(LayerError, match=r"Eltwise takes 2 bottoms"):
+        load_from_text(net('layer { name: "s" type: "Eltwise" bottom: "a" bottom: "b" bottom: "a" top: "s" '
+                           'eltwise_param { operation: SUBTRACT } }', inputs={"a": a.shape, "b": b.shape}))

@@ -87,6 +87,8 @@ _MULTI_LABEL_LIST = ("its list lines hold {value} labels each (a multi-label for
 _NOT_IMAGE_AND_LABEL = (
     ("ImageData", "label_dim", _MULTI_LABEL_LIST),
     ("ImageData", "label_size", _MULTI_LABEL_LIST),
+    ("ImageData", "labels_only", "image_data_param.reference: false (RojunLin/R-3CNN) makes it a list of float "
+                                 "labels, no images; eval reads images"),
     ("ImageData", "identities", "label_num / sample_num make its source a list of identity folders "
                                 "(yuqj1991/caffe_train); eval reads a list of images, one label each"),
     ("Data", "label_size", "data_param.multi_label gives each record's class ids, {value} per item; eval reads one "

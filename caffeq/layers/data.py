@@ -267,6 +267,12 @@ class ImageData(DataLayer):
 
     def parse(self, lp):
         p = lp.image_data_param
+        if not p.reference:   # RojunLin/R-3CNN: no image read, each line's float label in every top
+            need_blobs(lp, "ImageData with reference: false (tops label, label)", 0, (1, 2))
+            return {"labels_only": True, "source": p.source, "batch_size": int(p.batch_size),
+                    "num_tops": len(lp.top), "top": lp.top[0] if lp.top else "", "label_dim": 0,
+                    "reading_notes": ["image_data_param.reference: false (RojunLin/R-3CNN): no image is read; both "
+                                      "tops are each list line's float label, (batch_size,)"]}
         need_blobs(lp, "ImageData (tops data[, label[, clip_markers]])", 0, (1, 2, 3))
         if p.new_dim and (p.new_height or p.new_width):   # caffe-pro image_data_layer.cpp:38
             raise LayerError("image_data_param.new_dim and new_height/new_width cannot be set together")
@@ -308,6 +314,8 @@ class ImageData(DataLayer):
         apsvvfb/caffe_qi's (and LRCN's lisa-caffe-public's) ImageData gives a third top, the clip
         markers of its 16-frame clips, (batch_size,) as its DataLayerSetUp shapes it.  yuqj1991/caffe_train's
         gives the batch's identities (label_num,), then each image's identity (batch_size,)."""
+        if attrs.get("labels_only"):
+            return [tuple(given.get(i) or (max(1, attrs["batch_size"]),)) for i in range(attrs["num_tops"])]
         shapes = super().top_shapes(attrs, given)
         if attrs.get("identities") and 1 not in given:
             shapes[1] = (attrs["identities"][0],)
@@ -320,6 +328,8 @@ class ImageData(DataLayer):
         return shapes
 
     def guessed_label_tops(self, attrs, given):
+        if attrs.get("labels_only"):
+            return ()   # the fork's code shapes them (batch_size,)
         return () if attrs["label_dim"] or attrs.get("label_size") else super().guessed_label_tops(attrs, given)
 
     def data_shape(self, attrs):

@@ -21,7 +21,8 @@ from .registry import AT_LEAST, Layer, LayerError, canonical_axis, need_blobs, r
 from .shape_ops import as_4d, legacy_4d_note, legacy_4d_shapes, onnx_as_4d
 
 PROD, SUM, MAX = 0, 1, 2
-_OP_NAMES = {PROD: "PROD", SUM: "SUM", MAX: "MAX"}
+SUBTRACT = 10003   # RojunLin/R-3CNN's (its 3): two bottoms, the first minus the second, coeff unread
+_OP_NAMES = {PROD: "PROD", SUM: "SUM", MAX: "MAX", SUBTRACT: "SUBTRACT"}
 
 
 class CaffeScale(nn.Module):
@@ -75,14 +76,15 @@ class Eltwise(Layer):
     optical-flow forks (lmb-freiburg/flownet2, twhui/LiteFlowNet: MinBottomBlobs 1) also sum a single
     bottom, y = coeff x, which their nets use to scale flows; PROD and MAX there read a second bottom.
     wanglijun1989/caffe-cvpr17's cross_channel PROD multiplies bottom 0 by (N, 1, H, W) bottoms, broadcast
-    over the channels (its GPU ProdForward; the fork's CPU forward is not implemented)."""
+    over the channels (its GPU ProdForward; the fork's CPU forward is not implemented).  RojunLin/R-3CNN's
+    SUBTRACT takes two bottoms: the first minus the second."""
 
     def parse(self, lp):
         p = lp.eltwise_param
         op = int(p.operation)
-        need_blobs(lp, lp.type, range(1 if op == SUM else 2, AT_LEAST))
+        need_blobs(lp, lp.type, 2 if op == SUBTRACT else range(1 if op == SUM else 2, AT_LEAST))
         if op not in _OP_NAMES:
-            raise LayerError(f"eltwise_param.operation {op} is not PROD, SUM or MAX")
+            raise LayerError(f"eltwise_param.operation {op} is not PROD, SUM, MAX or SUBTRACT")
         coeff = [float(np.float32(c)) for c in p.coeff]
         # the LRCN branch's coeff_blob: the last bottom is not summed but scales the others
         blob = "coeff_blob" in p.DESCRIPTOR.fields_by_name and p.coeff_blob
@@ -94,6 +96,8 @@ class Eltwise(Layer):
                              f"bottoms (give one per bottom, or none)")
         if coeff and op == PROD:
             raise LayerError("eltwise_param.coeff is only allowed for operation SUM")
+        if op == SUBTRACT:   # R-3CNN's forward never reads coeff
+            coeff = []
         cross = p.cross_channel
         if cross and op != PROD:
             raise LayerError("eltwise_param.cross_channel needs operation PROD (the fork's CHECK)")
@@ -137,6 +141,8 @@ class Eltwise(Layer):
                 term = x if c == 1 else x * c
                 y = term if y is None else y + term
             return y
+        if op == SUBTRACT:
+            return xs[0] - xs[1]
         y = xs[0]
         for x in xs[1:]:
             y = y * x if op == PROD else torch.maximum(y, x)
@@ -170,6 +176,8 @@ class Eltwise(Layer):
                     ctx.add_node("Mul", [x, scalar(ctx, c)], [t])
                     terms.append(t)
             ctx.add_node("Sum", terms, [out], name=node.name)
+        elif op == SUBTRACT:
+            ctx.add_node("Sub", ins, [out], name=node.name)
         elif op == PROD:
             y = ins[0]
             for i, x in enumerate(ins[1:], 1):
@@ -188,6 +196,8 @@ class Eltwise(Layer):
             return f"{fn}([{', '.join(xs[:-1])}], {xs[-1]}, {node.attrs['coeff']!r})"
         if op == PROD:
             return " * ".join(xs)
+        if op == SUBTRACT:
+            return f"{xs[0]} - {xs[1]}"
         if op == MAX:
             y = xs[0]
             for x in xs[1:]:
