@@ -118,6 +118,7 @@ from . import (  # noqa: F401,E402
     pdc,
     periodic_shuffle,
     person_reid,
+    photon_mapping,
     picanet,
     pixel_weights,
     pixelnet,
