@@ -597,6 +597,22 @@ def test_r3cnns_label_lists_give_the_label_in_both_tops(tmp_path):
         plan_data(data_layer(model), {}, str(tmp_path), data=str(tmp_path / "single.txt"))
 
 
+def test_randvec_noise_is_an_input_of_its_declared_shape():
+    # AtlantixJJ/caffe's GAN generators (models/gan/generator.prototxt): RandVec draws N(0, 4) at every forward;
+    # caffeq makes it an input, fed the noise
+    from caffeq.model import load_from_text
+    text = ('layer { name: "noise" type: "RandVec" top: "noise" randvec_param { batch_size: 3 dim: 5 lower: -1 } }\n'
+            'layer { name: "fc" type: "InnerProduct" bottom: "noise" top: "fc" inner_product_param { num_output: 2 } }')
+    model = load_from_text(text, random_weights=True)
+    assert model.inputs == {"noise": (3, 5, 1, 1)}
+    assert any("draws N(0, 2^2) noise at every forward" in w for w in model.warnings)
+    z = np.random.default_rng(2).standard_normal((3, 5, 1, 1)).astype(np.float32)
+    w, b = next(n for n in model.layers if n.name == "fc").blobs
+    np.testing.assert_allclose(model.run({"noise": z})["fc"], z.reshape(3, 5) @ w.T + b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(CaffeqError, match=r"randvec_param: batch_size, dim, height and width must be >= 1"):
+        load_from_text(text.replace("dim: 5", "dim: 0"))
+
+
 def test_label_num_without_sample_num_is_the_multi_label_reader():
     # liquidmetal/caffe-tests' box-regression nets: the 2016 multi-label ImageData (lhmRyan/DSH's label_num),
     # label_num labels a line, the label (N, label_num, 1, 1); yuqj1991's identity batches need sample_num

@@ -437,6 +437,35 @@ class DummyData(DataLayer):
         return ()   # every shape is written out
 
 
+@register_layer("RandVec")
+class RandVec(DataLayer):
+    """AtlantixJJ/caffe's RandVec (randvec_layer.cpp 75094d8; its GAN generators' noise): no bottom, a
+    (batch_size, dim, height, width) blob drawn from N(0, 2^2) at every forward, TEST included.  Random, so
+    a graph input here: feed the noise."""
+
+    def parse(self, lp):
+        need_blobs(lp, "RandVec", 0, 1)
+        p = lp.randvec_param
+        shape = (int(p.batch_size), int(p.dim), int(p.height), int(p.width))
+        if min(shape) < 1:
+            raise LayerError(f"randvec_param: batch_size, dim, height and width must be >= 1, got {list(shape)}")
+        return {"shapes": [shape], "num_tops": 1,
+                "reading_notes": ["RandVec (AtlantixJJ/caffe) draws N(0, 2^2) noise at every forward: a graph "
+                                  "input here, fed the noise you choose"]}
+
+    def top_shapes(self, attrs, given):
+        return [tuple(given.get(0) or attrs["shapes"][0])]
+
+    def infer(self, attrs, in_shapes):
+        return self.top_shapes(attrs, {})
+
+    def guessed_label_tops(self, attrs, given):
+        return ()
+
+    def preprocessing(self, attrs):
+        return ["none: RandVec's noise, N(0, 2^2) in the fork (fed as given here)"]
+
+
 @register_layer("HDF5Data")
 class HDF5Data(DataLayer):
     def parse(self, lp):
