@@ -703,3 +703,49 @@ def test_segmentation_layers_on_cuda_match_cpu():
         np.testing.assert_array_equal(gpu[k], cpu[k], err_msg=k)
     for k in ("mish", "selu"):
         assert_close(gpu[k], cpu[k], 1e-6, 1e-6, f"cuda {k}")
+
+
+def ref_pooling_param_unpool(x, mask, out_h, out_w):
+    """mariolew/caffe-unpooling UnpoolingLayer::Forward_cpu: a zeroed top; per (n, c) plane, in row-major order,
+    top_plane[int(mask_plane[i])] = data_plane[i] (later writes win)."""
+    n, c, h, w = x.shape
+    top = np.zeros((n, c, out_h * out_w), np.float32)
+    for i in range(n):
+        for j in range(c):
+            for k in range(h * w):
+                top[i, j, int(mask[i, j].reshape(-1)[k])] = x[i, j].reshape(-1)[k]
+    return top.reshape(n, c, out_h, out_w)
+
+
+@pytest.mark.parametrize("size, pool, out", [
+    ((6, 8), "kernel_size: 2 stride: 2", (6, 8)),              # the DeconvNet VGG16's 2 x 2 / 2 unpooling
+    ((7, 5), "kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 1", (7, 5)),
+    ((6, 9), "kernel_size: 3 stride: 2 pad: 1", (6, 9)),      # with a pad, (4 - 1) * 2 + 3 - 2 = 7 less 1 (even)
+])
+def test_unpooling_with_pooling_param_is_mariolews(size, pool, out, tmp_path):
+    from conftest import check_everywhere
+
+    from caffeq.layers.segmentation import pooling_unpooled_size
+    x = torch.randn((2, 3) + size, generator=torch.Generator().manual_seed(4)).numpy()
+    text = net(f'layer {{ name: "pool" type: "Pooling" bottom: "x" top: "p" top: "m" pooling_param {{ pool: MAX {pool} }} }}',
+               f'layer {{ name: "unpool" type: "Unpooling" bottom: "p" bottom: "m" top: "u" '
+               f'pooling_param {{ pool: MAX {pool} }} }}', inputs={"x": (2, 3) + size})
+    model = load_from_text(text)
+    pooled = model.run({"x": x}, all_blobs=True)
+    p, m = pooled["p"], pooled["m"]
+    oh, ow = model.blob_shapes["u"][2:]
+    assert (oh, ow) == out
+    assert pooling_unpooled_size(4, 3, 2, 1) == 6 and pooling_unpooled_size(5, 3, 2, 1) == 9   # the fork: 7 - 1, 9
+    if m.max() < oh * ow:
+        check_everywhere(model, {"x": x}, {"u": ref_pooling_param_unpool(p, m, oh, ow)}, tmp_path)
+    else:   # a mask index past the smaller unpooled plane: the fork writes outside it, caffeq refuses
+        with pytest.raises(LayerError, match="mask index out of range"):
+            model.run({"x": x})
+
+
+def test_unpooling_with_pooling_param_refuses_what_the_fork_does_not_implement():
+    for pool, message in (("pool: AVE kernel_size: 2", r"pooling_param.pool AVE: .* MAX unpooling only"),
+                          ("pool: MAX stride: 2", r"pooling_param.kernel_size \(or kernel_h/kernel_w\) is required")):
+        with pytest.raises(LayerError, match=message):
+            load_from_text(net(f'layer {{ name: "u" type: "Unpooling" bottom: "x" bottom: "m" top: "u" '
+                               f'pooling_param {{ {pool} }} }}', inputs={"x": (1, 2, 4, 4), "m": (1, 2, 4, 4)}))

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .registry import Layer, LayerError, need_blobs, register_layer, spatial_params, torch_sources
+from .registry import Layer, LayerError, claim_layers, need_blobs, register_layer, spatial_params, torch_sources
 from .vision_forks import TORCH_SEGNET_UNPOOL, onnx_unpool, segnet_unpool
 
 SEGNET, PSPNET, TSN = "segnet", "pspnet", "tsn"
@@ -601,6 +601,53 @@ class Unpooling(Layer):
         m = emit.instance(TORCH_DECONVNET_UNPOOL, a["method"], list(a["kernel"]), list(a["stride"]),
                           *(a["out"] or (0, 0)), tuple(a["pad"]), needs=[TORCH_SEGNET_UNPOOL])
         return f"{m}({', '.join(emit.inputs)})"
+
+
+def pooling_unpooled_size(size: int, kernel: int, stride: int, pad: int) -> int:
+    """mariolew/caffe-unpooling's output size (unpooling_layer.cpp Reshape): the deconvolution size, then with a
+    pad, one less for an even input and one more while the last window would start past it."""
+    out = (size - 1) * stride + kernel - 2 * pad
+    if pad > 0:
+        out -= 1 if size % 2 == 0 else 0
+        if (size - 1) * stride >= out + pad:
+            out += 1
+    return out
+
+
+def _reads_pooling_param(lp):
+    return not lp.HasField("unpooling_param") and lp.HasField("pooling_param")
+
+
+@claim_layers("Unpooling", _reads_pooling_param)
+class PoolingParamUnpooling(Unpooling):
+    """mariolew/caffe-unpooling's Unpooling (e24b331 unpooling_layer.cpp; its DeconvNet VGG16): the max-pooling
+    geometry in pooling_param, the mask as its second bottom; each value written at its mask index within the
+    (top) plane, later ones winning, as the other mask unpoolings."""
+    types = ("Unpooling",)
+
+    def parse(self, lp):
+        need_blobs(lp, "Unpooling (pooling_param: mariolew/caffe-unpooling)", 2, 1, roles="data, max-pooling mask")
+        p = lp.pooling_param
+        if p.pool != p.MAX:
+            raise LayerError(f"pooling_param.pool {p.PoolMethod.Name(p.pool)}: mariolew/caffe-unpooling implements "
+                             f"MAX unpooling only")
+        if p.global_pooling:
+            raise LayerError("pooling_param.global_pooling in an Unpooling (mariolew/caffe-unpooling) is not supported")
+        if not (len(p.kernel_size) or p.HasField("kernel_h")):
+            raise LayerError("pooling_param.kernel_size (or kernel_h/kernel_w) is required")
+        return {"method": UNPOOL_MAX, "kernel": spatial_params(p, 2, "kernel_size", None, min_value=1),
+                "stride": spatial_params(p, 2, "stride", 1, min_value=1), "pad": spatial_params(p, 2, "pad", 0),
+                "out": None, "mask": True}
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        if len(s) != 4:
+            raise LayerError(f"Unpooling needs a 4-axis input, got {list(s)}")
+        attrs["out"] = tuple(pooling_unpooled_size(int(n), k, st, pd) for n, k, st, pd in
+                             zip(s[2:], attrs["kernel"], attrs["stride"], attrs["pad"]))
+        if min(attrs["out"]) < 1:
+            raise LayerError(f"Unpooling output would be {list(attrs['out'])} for the input {list(s)}")
+        return super().infer(attrs, in_shapes)
 
 
 # ---- CropCenter --------------------------------------------------------------------
