@@ -454,6 +454,15 @@ def test_fault_injection_is_sized_not_run(tmp_path):
     with pytest.raises(CaffeqError, match="does not run it"):
         model.export_onnx(str(tmp_path / "m.onnx"))
     assert not (tmp_path / "m.onnx").exists()
+    # BraveApple/my_caffe's Box: per-box convolutions whose weights the fork never saves
+    box = load_from_text('input: "x" input_shape { dim: 2 dim: 1 dim: 28 dim: 28 }\n'
+                         'layer { name: "box1" type: "Box" bottom: "x" top: "b" box_param { box_height: 12 box_width: 12 '
+                         'convolution_param { num_output: 20 kernel_size: 5 } pooling_param { pool: MAX kernel_size: 2 '
+                         'stride: 2 } } }')
+    assert box.blob_shapes["b"] == (2, 20, 28, 28)
+    with pytest.raises(CaffeqError, match=r"layer 'box1' \(Box\): BraveApple/my_caffe's per-box convolutions keep "
+                                          r"weights the fork never saves"):
+        box.run({"x": np.zeros((2, 1, 28, 28), np.float32)})
     # Guanghan/GNet-caffe's Injection is a data layer without bottoms: still a graph input
     data = load_from_text('layer { name: "data" type: "Injection" top: "data" top: "label" }\n'
                           'layer { name: "relu" type: "ReLU" bottom: "data" top: "y" }',

@@ -11,6 +11,7 @@ from . import (  # noqa: F401,E402
     bilinear_pooling,
     bireal,
     bitmain,
+    box_conv,
     bsdh,
     c3d,
     caffe_gan,
