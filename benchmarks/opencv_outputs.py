@@ -1,0 +1,184 @@
+"""Second opinion on the outputs: caffeq against OpenCV's forward on real-world net definitions.
+
+For every .prototxt in a folder that caffeq loads with known input shapes, this fills the weights at
+random (`load(..., random_weights=True, batch=1)`), writes them as a caffemodel with caffeq's own
+writer, feeds the same uniform [0, 1) inputs to caffeq's exact layer-by-layer module and to OpenCV 4's
+`cv2.dnn.readNetFromCaffe(prototxt, caffemodel)` (its own CPU backend, layer fusion off), and compares
+every output both produce, relative to the largest OpenCV value.  Detection rows ([image, label, score,
+box]) are compared as sets: OpenCV pads with zero rows where Caffe writes one row of -1, and rows of equal
+scores come in either order ("ties" when over 90% of the rows agree; random weights give near-equal
+scores).  Identical files are run once.
+
+Each file runs in a child forked from a parent that imported torch, OpenCV and caffeq once (OpenCV may
+abort on a file); two at a time.
+
+    python benchmarks/opencv_outputs.py [FOLDER ...] [--json OUT.json] [--timeout 120] [--tolerance 1e-3]
+
+Prints one line per file (match, ties, DIFF with the worst relative difference, or why it was not
+compared: caffeq-load, caffeq-run, cv-read, cv-run, crash, timeout), then the totals.  A DIFF is a
+lead, not a verdict: OpenCV departs from Caffe in places (README, "Second opinion").
+"""
+import argparse
+import glob
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+DEFAULT_FOLDER = os.path.join(HERE, "..", "tests", "fixtures", "realworld")
+
+
+def _detections(q, c):
+    """(caffeq rows, OpenCV rows) of a [image, label, score, box] output, padding and "none" rows dropped."""
+    import numpy as np
+    q, c = q.reshape(-1, 7), c.reshape(-1, 7)
+    return q[q[:, 1] >= 0], c[np.any(c != 0, axis=1)]
+
+
+def compare(blob, layer_type, ours, theirs, tolerance):
+    """{blob, type, rel or the two shapes, tie flag} for one output."""
+    import numpy as np
+    q, c = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    if "Detection" in layer_type and q.ndim and q.shape[-1] == 7 and c.size % 7 == 0:
+        q, c = _detections(q, c)
+        if len(q) == len(c) and 0 < len(q) <= 3000:
+            scale = max(float(np.abs(c).max()), 1e-6)
+            nearest = np.abs(q[:, None, :] - c[None, :, :]).max(-1).min(1) / scale
+            rel = float(nearest.max())
+            tie = rel >= tolerance and float((nearest < tolerance).mean()) > 0.9
+            return {"blob": blob, "type": layer_type, "rel": rel, "rows": len(q), "ties": tie}
+    if q.size != c.size:
+        return {"blob": blob, "type": layer_type, "shape": list(q.shape), "opencv_shape": list(c.shape)}
+    q, c = q.reshape(-1), c.reshape(-1)
+    if not q.size:
+        return {"blob": blob, "type": layer_type, "rel": 0.0}
+    rel = float(np.nanmax(np.abs(q - c)) / max(float(np.nanmax(np.abs(c))), 1e-6))
+    if np.isnan(q).sum() != np.isnan(c).sum():
+        rel = float("inf")
+    return {"blob": blob, "type": layer_type, "rel": rel}
+
+
+def one_file(path, tolerance):
+    """Compare one prototxt; never raises."""
+    import cv2
+    import numpy as np
+
+    from caffeq.io.writer import write_model_caffemodel
+    from caffeq.model import load
+
+    def why(e):
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [""]
+        return f"{type(e).__name__}: {next((x for x in lines if 'error' in x), lines[0])[:200]}"
+    try:
+        model = load(path, random_weights=True, batch=1)
+    except Exception as e:
+        return {"status": "caffeq-load", "why": why(e)}
+    if any(s is None for s in model.inputs.values()):
+        return {"status": "caffeq-load", "why": "input shapes unknown without the dataset"}
+    rng = np.random.default_rng(1)
+    feeds = {k: rng.uniform(0, 1, s).astype(np.float32) for k, s in model.inputs.items()}
+    try:
+        ours = model.run(feeds, exact=True)
+    except Exception as e:
+        return {"status": "caffeq-run", "why": why(e)}
+    producer = {}
+    for node in model.graph.nodes:
+        for i, t in enumerate(node.outputs):
+            producer[model.graph.tensors[t].blob] = (node.name, i, node.type)
+    # OpenCV names a layer's first output by the layer's name
+    wanted = [(b,) + producer[b] for b in model.outputs if b in producer and producer[b][1] == 0]
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = os.path.join(tmp, "random.caffemodel")
+        try:
+            write_model_caffemodel(model, weights)
+            net = cv2.dnn.readNetFromCaffe(path, weights)
+        except Exception as e:
+            return {"status": "cv-read", "why": why(e)}
+        net.setPreferableBackend(cv2.dnn.DNN_BACKEND_OPENCV)
+        net.enableFusion(False)
+        try:
+            for name, value in feeds.items():
+                net.setInput(value, name)
+            theirs = net.forward([layer for _, layer, _, _ in wanted]) if wanted else []
+        except Exception as e:
+            return {"status": "cv-run", "why": why(e)}
+    outputs = [compare(b, t, ours[b], c, tolerance) for (b, _, _, t), c in zip(wanted, theirs)]
+    differ = [o for o in outputs if "rel" not in o or (o["rel"] >= tolerance and not o.get("ties"))]
+    status = "DIFF" if differ else "ties" if any(o.get("ties") for o in outputs) else "match"
+    return {"status": status, "outputs": outputs}
+
+
+def _child(path, tolerance, conn):
+    try:
+        conn.send(one_file(path, tolerance))
+    except BaseException as e:   # a bug here must cost one file, not the run
+        conn.send({"status": "crash", "why": repr(e)[:300]})
+
+
+def net_files(folders):
+    """The distinct .prototxt files (by content) of the folders, in name order."""
+    seen, files = set(), []
+    for folder in folders:
+        for path in sorted(glob.glob(os.path.join(folder, "*.prototxt"))):
+            with open(path, "rb") as f:
+                digest = hashlib.sha1(f.read()).hexdigest()
+            if digest not in seen:
+                seen.add(digest)
+                files.append(path)
+    return files
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folders", nargs="*", default=[DEFAULT_FOLDER], help="folders of .prototxt files")
+    ap.add_argument("--timeout", type=float, default=120, help="seconds allowed per file")
+    ap.add_argument("--tolerance", type=float, default=1e-3, help="largest relative difference that matches")
+    ap.add_argument("--json", metavar="OUT", help="write per-file results and totals as JSON")
+    args = ap.parse_args(argv)
+    import cv2  # noqa: F401  imported once, forked per file
+    import torch
+
+    import caffeq.model  # noqa: F401
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    ctx = mp.get_context("fork")
+
+    def run(path):
+        recv, send = ctx.Pipe(False)
+        proc = ctx.Process(target=_child, args=(path, args.tolerance, send))
+        proc.start()
+        send.close()
+        result = recv.recv() if recv.poll(args.timeout) else None
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        if result is None:
+            result = {"status": "timeout" if proc.exitcode in (None, -9) else "crash", "why": f"exit {proc.exitcode}"}
+        worst = max((o.get("rel", float("inf")) for o in result.get("outputs", [])), default=0.0)
+        detail = f"{worst:.3g}" if result["status"] in ("DIFF", "ties") else result.get("why", "")
+        print(f"{result['status']:<11} {os.path.basename(path)[:90]}  {detail}", flush=True)
+        return {"file": path, **result}
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(run, net_files(args.folders)))
+    totals = {}
+    for r in results:
+        totals[r["status"]] = totals.get(r["status"], 0) + 1
+    compared = sum(totals.get(k, 0) for k in ("match", "ties", "DIFF"))
+    print(f"compared {compared} of {len(results)} files: {totals.get('match', 0)} match OpenCV, "
+          f"{totals.get('ties', 0)} match up to tied detection scores, {totals.get('DIFF', 0)} differ; "
+          + ", ".join(f"{k} {v}" for k, v in sorted(totals.items()) if k not in ("match", "ties", "DIFF")))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"folders": args.folders, "totals": totals, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
