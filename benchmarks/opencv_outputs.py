@@ -15,7 +15,8 @@ abort on a file); two at a time.
     python benchmarks/opencv_outputs.py [FOLDER ...] [--json OUT.json] [--timeout 120] [--tolerance 1e-3]
 
 Prints one line per file (match, ties, DIFF with the worst relative difference, or why it was not
-compared: caffeq-load, caffeq-run, cv-read, cv-run, crash, timeout), then the totals.  A DIFF is a
+compared: caffeq-load, caffeq-run, cv-read, cv-run, not-compared (no output is a layer's first top, the only
+ones OpenCV names), crash, timeout), then the totals.  A DIFF is a
 lead, not a verdict: OpenCV departs from Caffe in places (README, "Second opinion").
 """
 import argparse
@@ -47,8 +48,8 @@ def compare(blob, layer_type, ours, theirs, tolerance):
     if "Detection" in layer_type and q.ndim and q.shape[-1] == 7 and c.size % 7 == 0:
         q, c = _detections(q, c)
         if len(q) == len(c) and 0 < len(q) <= 3000:
-            scale = max(float(np.abs(c).max()), 1e-6)
-            nearest = np.abs(q[:, None, :] - c[None, :, :]).max(-1).min(1) / scale
+            scale = np.maximum(np.abs(c).max(0), 1e-6)   # per column: labels, scores and boxes apart
+            nearest = (np.abs(q[:, None, :] - c[None, :, :]) / scale).max(-1).min(1)
             rel = float(nearest.max())
             tie = rel >= tolerance and float((nearest < tolerance).mean()) > 0.9
             return {"blob": blob, "type": layer_type, "rel": rel, "rows": len(q), "ties": tie}
@@ -57,9 +58,12 @@ def compare(blob, layer_type, ours, theirs, tolerance):
     q, c = q.reshape(-1), c.reshape(-1)
     if not q.size:
         return {"blob": blob, "type": layer_type, "rel": 0.0}
-    rel = float(np.nanmax(np.abs(q - c)) / max(float(np.nanmax(np.abs(c))), 1e-6))
-    if np.isnan(q).sum() != np.isnan(c).sum():
-        rel = float("inf")
+    if not np.array_equal(np.isnan(q), np.isnan(c)) or not np.array_equal(q[np.isinf(q)], c[np.isinf(q)]):
+        return {"blob": blob, "type": layer_type, "rel": float("inf")}
+    finite = np.isfinite(q) & np.isfinite(c)
+    if not finite.any():
+        return {"blob": blob, "type": layer_type, "rel": 0.0}
+    rel = float(np.abs(q[finite] - c[finite]).max() / max(float(np.abs(c[finite]).max()), 1e-6))
     return {"blob": blob, "type": layer_type, "rel": rel}
 
 
@@ -108,6 +112,8 @@ def one_file(path, tolerance):
         except Exception as e:
             return {"status": "cv-run", "why": why(e)}
     outputs = [compare(b, t, ours[b], c, tolerance) for (b, _, _, t), c in zip(wanted, theirs)]
+    if not outputs:   # OpenCV names only a layer's first top
+        return {"status": "not-compared", "why": f"no output is a layer's first top: {model.outputs[:3]}"}
     differ = [o for o in outputs if "rel" not in o or (o["rel"] >= tolerance and not o.get("ties"))]
     status = "DIFF" if differ else "ties" if any(o.get("ties") for o in outputs) else "match"
     return {"status": status, "outputs": outputs}
@@ -153,7 +159,12 @@ def main(argv=None):
         proc = ctx.Process(target=_child, args=(path, args.tolerance, send))
         proc.start()
         send.close()
-        result = recv.recv() if recv.poll(args.timeout) else None
+        result = None
+        try:
+            if recv.poll(args.timeout):
+                result = recv.recv()
+        except (EOFError, OSError):   # the child died before sending (OpenCV aborted)
+            pass
         proc.join(5)
         if proc.is_alive():
             proc.kill()

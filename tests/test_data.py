@@ -595,6 +595,10 @@ def test_r3cnns_label_lists_give_the_label_in_both_tops(tmp_path):
     (tmp_path / "single.txt").write_text("a.jpg 0.25\n")
     with pytest.raises(DataError, match=r"reference: false \(RojunLin/R-3CNN\) makes it a list of float labels"):
         plan_data(data_layer(model), {}, str(tmp_path), data=str(tmp_path / "single.txt"))
+    with pytest.raises(CaffeqError, match=r"writes top\[1\] whatever the tops"):
+        load_from_text(text.replace('top: "label3_none" ', ""))
+    with pytest.raises(CaffeqError, match=r"image_data_param.batch_size must be >= 1, got 0"):
+        load_from_text(text.replace("batch_size: 4", "batch_size: 0"))
 
 
 def test_randvec_noise_is_an_input_of_its_declared_shape():
@@ -609,8 +613,10 @@ def test_randvec_noise_is_an_input_of_its_declared_shape():
     z = np.random.default_rng(2).standard_normal((3, 5, 1, 1)).astype(np.float32)
     w, b = next(n for n in model.layers if n.name == "fc").blobs
     np.testing.assert_allclose(model.run({"noise": z})["fc"], z.reshape(3, 5) @ w.T + b, rtol=1e-5, atol=1e-6)
-    with pytest.raises(CaffeqError, match=r"randvec_param: batch_size, dim, height and width must be >= 1"):
+    with pytest.raises(CaffeqError, match=r"randvec_param: batch_size and dim must be >= 1, got 3 and 0"):
         load_from_text(text.replace("dim: 5", "dim: 0"))
+    # height or width 0: the fork's (batch_size, dim) blob
+    assert load_from_text(text.replace("lower: -1", "height: 0")).inputs == {"noise": (3, 5)}
 
 
 def test_label_num_without_sample_num_is_the_multi_label_reader():

@@ -455,11 +455,16 @@ def test_fault_injection_is_sized_not_run(tmp_path):
         model.export_onnx(str(tmp_path / "m.onnx"))
     assert not (tmp_path / "m.onnx").exists()
     # BraveApple/my_caffe's Box: per-box convolutions whose weights the fork never saves
-    box = load_from_text('input: "x" input_shape { dim: 2 dim: 1 dim: 28 dim: 28 }\n'
-                         'layer { name: "box1" type: "Box" bottom: "x" top: "b" box_param { box_height: 12 box_width: 12 '
-                         'convolution_param { num_output: 20 kernel_size: 5 } pooling_param { pool: MAX kernel_size: 2 '
-                         'stride: 2 } } }')
+    box_net = ('input: "x" input_shape { dim: 2 dim: 1 dim: 28 dim: 28 }\n'
+               'layer { name: "box1" type: "Box" bottom: "x" top: "b" box_param { box_height: 12 box_width: 12 '
+               'param { lr_mult: 1 } param { lr_mult: 2 } convolution_param { num_output: 20 kernel_size: 5 pad: 2 } '
+               'pooling_param { pool: MAX kernel_size: 3 stride: 1 pad: 1 } } }')   # the fork's LeNet
+    box = load_from_text(box_net)
     assert box.blob_shapes["b"] == (2, 20, 28, 28)
+    with pytest.raises(CaffeqError, match=r"a 12 x 12 box comes out of its convolution and pooling 4 x 4"):
+        load_from_text(box_net.replace(" pad: 2", "").replace("kernel_size: 3 stride: 1 pad: 1", "kernel_size: 2 stride: 2"))
+    with pytest.raises(CaffeqError, match=r"the 12 x 12 box is larger than the 10 x 28 input"):
+        load_from_text(box_net.replace("dim: 28 dim: 28", "dim: 10 dim: 28"))
     with pytest.raises(CaffeqError, match=r"layer 'box1' \(Box\): BraveApple/my_caffe's per-box convolutions keep "
                                           r"weights the fork never saves"):
         box.run({"x": np.zeros((2, 1, 28, 28), np.float32)})

@@ -736,6 +736,7 @@ def test_unpooling_with_pooling_param_is_mariolews(size, pool, out, tmp_path):
     oh, ow = model.blob_shapes["u"][2:]
     assert (oh, ow) == out
     assert pooling_unpooled_size(4, 3, 2, 1) == 6 and pooling_unpooled_size(5, 3, 2, 1) == 9   # the fork: 7 - 1, 9
+    assert pooling_unpooled_size(4, 2, 2, 1) == 6   # 6, 5 for an even input, then 6 as (4 - 1) * 2 >= 5 + 1
     if m.max() < oh * ow:
         check_everywhere(model, {"x": x}, {"u": ref_pooling_param_unpool(p, m, oh, ow)}, tmp_path)
     else:   # a mask index past the smaller unpooled plane: the fork writes outside it, caffeq refuses
@@ -745,7 +746,8 @@ def test_unpooling_with_pooling_param_is_mariolews(size, pool, out, tmp_path):
 
 def test_unpooling_with_pooling_param_refuses_what_the_fork_does_not_implement():
     for pool, message in (("pool: AVE kernel_size: 2", r"pooling_param.pool AVE: .* MAX unpooling only"),
-                          ("pool: MAX stride: 2", r"pooling_param.kernel_size \(or kernel_h/kernel_w\) is required")):
+                          ("pool: MAX stride: 2", r"pooling_param.kernel_size \(or kernel_h/kernel_w\) is required"),
+                          ("pool: MAX kernel_size: 2 pad: 2", r"pooling_param.pad \[2, 2\] must be below the kernel")):
         with pytest.raises(LayerError, match=message):
             load_from_text(net(f'layer {{ name: "u" type: "Unpooling" bottom: "x" bottom: "m" top: "u" '
                                f'pooling_param {{ {pool} }} }}', inputs={"x": (1, 2, 4, 4), "m": (1, 2, 4, 4)}))

@@ -7,7 +7,15 @@ Read and sized, not run: the fork never registers the boxes' convolution weights
 caffemodel holds them (its Net draws them from the fillers anew at every build), and its edge boxes read
 and write past the image's rows into the next row, channel or image.
 """
-from .registry import LayerError, ReadOnlyLayer, legacy_nchw, need_blobs, register_layer
+from .conv import conv_out_size
+from .pooling import pooled_size
+from .registry import LayerError, ReadOnlyLayer, legacy_nchw, need_blobs, register_layer, spatial_params
+
+
+def _pair(values):
+    """A repeated geometry field without _h/_w forms (dilation) as (h, w): one value for both, default 1."""
+    values = [int(v) for v in values] or [1]
+    return values * 2 if len(values) == 1 else values[:2]
 
 
 @register_layer("Box")
@@ -17,13 +25,29 @@ class Box(ReadOnlyLayer):
         p = lp.box_param
         if p.box_height < 1 or p.box_width < 1:
             raise LayerError(f"box_param.box_height and box_width must be >= 1, got {p.box_height} x {p.box_width}")
-        if not p.convolution_param.HasField("num_output"):
+        c, pool = p.convolution_param, p.pooling_param
+        if not c.HasField("num_output"):
             raise LayerError("box_param.convolution_param.num_output is required")
-        return {"name": lp.name, "num_output": int(p.convolution_param.num_output),
-                "box": (int(p.box_height), int(p.box_width))}
+        if not p.HasField("pooling_param") or len(p.param) != 2:
+            raise LayerError("box_param needs a pooling_param and two param specs (the fork's CHECKs)")
+        box = (int(p.box_height), int(p.box_width))
+        # each box's convolution and pooling must give back the box's size (the fork's CHECK_EQ in Reshape)
+        conv = [conv_out_size(b, k, st, pd, d) for b, k, st, pd, d in zip(
+            box, spatial_params(c, 2, "kernel_size", None, min_value=1), spatial_params(c, 2, "stride", 1),
+            spatial_params(c, 2, "pad", 0), _pair(c.dilation))]
+        pooled = [pooled_size(b, k, st, pd) for b, k, st, pd in zip(
+            conv, spatial_params(pool, 2, "kernel_size", None, min_value=1), spatial_params(pool, 2, "stride", 1),
+            spatial_params(pool, 2, "pad", 0))]
+        if tuple(pooled) != box:
+            raise LayerError(f"box_param: a {box[0]} x {box[1]} box comes out of its convolution and pooling "
+                             f"{pooled[0]} x {pooled[1]}; the fork CHECKs it keeps the box's size")
+        return {"name": lp.name, "num_output": int(c.num_output), "box": box}
 
     def infer(self, attrs, in_shapes):
         n, _, h, w = legacy_nchw(in_shapes[0], "Box")
+        if h < attrs["box"][0] or w < attrs["box"][1]:
+            raise LayerError(f"box_param: the {attrs['box'][0]} x {attrs['box'][1]} box is larger than the "
+                             f"{h} x {w} input (the fork's CHECK_GE)")
         return [(n, attrs["num_output"], h, w)]
 
     def why_not_run(self, attrs):

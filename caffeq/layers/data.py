@@ -267,8 +267,11 @@ class ImageData(DataLayer):
 
     def parse(self, lp):
         p = lp.image_data_param
-        if not p.reference:   # RojunLin/R-3CNN: no image read, each line's float label in every top
-            need_blobs(lp, "ImageData with reference: false (tops label, label)", 0, (1, 2))
+        if not p.reference:   # RojunLin/R-3CNN: no image read, each line's float label in both tops
+            need_blobs(lp, "ImageData with reference: false (R-3CNN's writes top[1] whatever the tops: label, label)",
+                       0, 2)
+            if p.batch_size < 1:
+                raise LayerError(f"image_data_param.batch_size must be >= 1, got {p.batch_size}")
             return {"labels_only": True, "source": p.source, "batch_size": int(p.batch_size),
                     "num_tops": len(lp.top), "top": lp.top[0] if lp.top else "", "label_dim": 0,
                     "reading_notes": ["image_data_param.reference: false (RojunLin/R-3CNN): no image is read; both "
@@ -315,7 +318,7 @@ class ImageData(DataLayer):
         markers of its 16-frame clips, (batch_size,) as its DataLayerSetUp shapes it.  yuqj1991/caffe_train's
         gives the batch's identities (label_num,), then each image's identity (batch_size,)."""
         if attrs.get("labels_only"):
-            return [tuple(given.get(i) or (max(1, attrs["batch_size"]),)) for i in range(attrs["num_tops"])]
+            return [tuple(given.get(i) or (attrs["batch_size"],)) for i in range(attrs["num_tops"])]
         shapes = super().top_shapes(attrs, given)
         if attrs.get("identities") and 1 not in given:
             shapes[1] = (attrs["identities"][0],)
@@ -440,15 +443,17 @@ class DummyData(DataLayer):
 @register_layer("RandVec")
 class RandVec(DataLayer):
     """AtlantixJJ/caffe's RandVec (randvec_layer.cpp 75094d8; its GAN generators' noise): no bottom, a
-    (batch_size, dim, height, width) blob drawn from N(0, 2^2) at every forward, TEST included.  Random, so
+    (batch_size, dim, height, width) blob ((batch_size, dim) when height or width is 0) drawn from N(0, 2^2) at every forward, TEST included.  Random, so
     a graph input here: feed the noise."""
 
     def parse(self, lp):
         need_blobs(lp, "RandVec", 0, 1)
         p = lp.randvec_param
-        shape = (int(p.batch_size), int(p.dim), int(p.height), int(p.width))
-        if min(shape) < 1:
-            raise LayerError(f"randvec_param: batch_size, dim, height and width must be >= 1, got {list(shape)}")
+        if p.batch_size < 1 or p.dim < 1:
+            raise LayerError(f"randvec_param: batch_size and dim must be >= 1, got {p.batch_size} and {p.dim}")
+        # the fork's top is (batch_size, dim), with height x width after it only when both are > 0
+        shape = (int(p.batch_size), int(p.dim)) + ((int(p.height), int(p.width)) if p.height > 0 and p.width > 0
+                                                     else ())
         return {"shapes": [shape], "num_tops": 1,
                 "reading_notes": ["RandVec (AtlantixJJ/caffe) draws N(0, 2^2) noise at every forward: a graph "
                                   "input here, fed the noise you choose"]}

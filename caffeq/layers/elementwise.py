@@ -118,7 +118,8 @@ class Eltwise(Layer):
                     raise LayerError(f"bottom {i} has shape {list(s)}; cross_channel multiplies bottom 0 "
                                      f"{list(first)} by (N, 1, H, W) bottoms")
             return [first]
-        padded = None if attrs.get("coeff_blob") else legacy_4d_shapes(in_shapes)
+        # R-3CNN's SUBTRACT CHECKs equal shapes (no 4-axis-era leniency)
+        padded = None if attrs.get("coeff_blob") or attrs["operation"] == SUBTRACT else legacy_4d_shapes(in_shapes)
         attrs["_as_4d"] = bool(padded) and len(set(padded)) == 1
         if attrs["_as_4d"]:
             attrs["reading_notes"] = [legacy_4d_note("Eltwise", in_shapes)]

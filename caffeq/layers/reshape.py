@@ -292,8 +292,9 @@ class PatchReshape(Layer):
     def parse(self, lp):
         need_blobs(lp, "Reshape (reshape_param new_channel / new_patch_*)", 1, 1, in_place=False)
         p = lp.reshape_param
-        if p.HasField("shape") or p.HasField("num"):
-            raise LayerError("reshape_param: Arroosh's new_channel / new_patch_* do not combine with shape or num")
+        other = [f for f in ("shape", "num", "channels", "height", "width", "pixelshuffler") if p.HasField(f)]
+        if other:
+            raise LayerError(f"reshape_param: Arroosh's new_channel / new_patch_* do not combine with {other[0]}")
         values = {f: int(getattr(p, f)) for f in _PATCH_FIELDS}
         if min(values.values()) < 1:
             raise LayerError(f"reshape_param: new_channel, new_height, new_width, new_patch_width and "
@@ -320,16 +321,18 @@ class PatchReshape(Layer):
         return spread_patches(x.reshape(legacy_nchw(tuple(x.shape), "Arroosh's Reshape")), *self._args(attrs))
 
     def onnx(self, ctx, node):
-        n, _, h, w = legacy_nchw(ctx.shape(node.inputs[0]), "Arroosh's Reshape")
+        _, _, h, w = legacy_nchw(ctx.shape(node.inputs[0]), "Arroosh's Reshape")
         c, ph, pw = self._args(node.attrs)
-        grid = ctx.op("Reshape", [node.inputs[0], ctx.i64([n, pw, ph, c, h, w])], "grid", name=node.name)
+        # 0 copies the run's batch (axis 0 keeps its place in both reshapes)
+        grid = ctx.op("Reshape", [node.inputs[0], ctx.i64([0, pw, ph, c, h, w])], "grid", name=node.name)
         moved = ctx.op("Transpose", [grid], "moved", perm=[0, 3, 4, 2, 5, 1])
-        ctx.add_node("Reshape", [moved, ctx.i64([n, c, h * ph, w * pw])], [node.outputs[0]])
+        ctx.add_node("Reshape", [moved, ctx.i64([0, c, h * ph, w * pw])], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
-        n, c, h, w = legacy_nchw(emit.in_shape(0), "Arroosh's Reshape")
+        _, c, h, w = legacy_nchw(emit.in_shape(0), "Arroosh's Reshape")
+        x = emit.inputs[0]
         args = ", ".join(str(v) for v in self._args(node.attrs))
-        return f"{emit.helper(TORCH_SPREAD)}({emit.inputs[0]}.reshape({n}, {c}, {h}, {w}), {args})"
+        return f"{emit.helper(TORCH_SPREAD)}({x}.reshape({x}.shape[0], {c}, {h}, {w}), {args})"
 
 
 TORCH_SPREAD = torch_sources(spread_patches)

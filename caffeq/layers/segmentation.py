@@ -605,7 +605,7 @@ class Unpooling(Layer):
 
 def pooling_unpooled_size(size: int, kernel: int, stride: int, pad: int) -> int:
     """mariolew/caffe-unpooling's output size (unpooling_layer.cpp Reshape): the deconvolution size, then with a
-    pad, one less for an even input and one more while the last window would start past it."""
+    pad, one less for an even input, then one more if (size - 1) * stride >= out + pad."""
     out = (size - 1) * stride + kernel - 2 * pad
     if pad > 0:
         out -= 1 if size % 2 == 0 else 0
@@ -635,9 +635,12 @@ class PoolingParamUnpooling(Unpooling):
             raise LayerError("pooling_param.global_pooling in an Unpooling (mariolew/caffe-unpooling) is not supported")
         if not (len(p.kernel_size) or p.HasField("kernel_h")):
             raise LayerError("pooling_param.kernel_size (or kernel_h/kernel_w) is required")
-        return {"method": UNPOOL_MAX, "kernel": spatial_params(p, 2, "kernel_size", None, min_value=1),
-                "stride": spatial_params(p, 2, "stride", 1, min_value=1), "pad": spatial_params(p, 2, "pad", 0),
-                "out": None, "mask": True}
+        kernel, pad = spatial_params(p, 2, "kernel_size", None, min_value=1), spatial_params(p, 2, "pad", 0)
+        if any(pd >= k for pd, k in zip(pad, kernel)):
+            raise LayerError(f"pooling_param.pad {list(pad)} must be below the kernel {list(kernel)} (the fork's "
+                             f"CHECK_LT)")
+        return {"method": UNPOOL_MAX, "kernel": kernel, "stride": spatial_params(p, 2, "stride", 1, min_value=1),
+                "pad": pad, "out": None, "mask": True}
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
