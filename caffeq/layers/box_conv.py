@@ -12,12 +12,6 @@ from .pooling import pooled_size
 from .registry import LayerError, ReadOnlyLayer, legacy_nchw, need_blobs, register_layer, spatial_params
 
 
-def _pair(values):
-    """A repeated geometry field without _h/_w forms (dilation) as (h, w): one value for both, default 1."""
-    values = [int(v) for v in values] or [1]
-    return values * 2 if len(values) == 1 else values[:2]
-
-
 @register_layer("Box")
 class Box(ReadOnlyLayer):
     def parse(self, lp):
@@ -34,7 +28,7 @@ class Box(ReadOnlyLayer):
         # each box's convolution and pooling must give back the box's size (the fork's CHECK_EQ in Reshape)
         conv = [conv_out_size(b, k, st, pd, d) for b, k, st, pd, d in zip(
             box, spatial_params(c, 2, "kernel_size", None, min_value=1), spatial_params(c, 2, "stride", 1),
-            spatial_params(c, 2, "pad", 0), _pair(c.dilation))]
+            spatial_params(c, 2, "pad", 0), spatial_params(c, 2, "dilation", 1, allow_hw=False))]
         pooled = [pooled_size(b, k, st, pd) for b, k, st, pd in zip(
             conv, spatial_params(pool, 2, "kernel_size", None, min_value=1), spatial_params(pool, 2, "stride", 1),
             spatial_params(pool, 2, "pad", 0))]

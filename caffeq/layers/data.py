@@ -461,9 +461,6 @@ class RandVec(DataLayer):
     def top_shapes(self, attrs, given):
         return [tuple(given.get(0) or attrs["shapes"][0])]
 
-    def infer(self, attrs, in_shapes):
-        return self.top_shapes(attrs, {})
-
     def guessed_label_tops(self, attrs, given):
         return ()
 
