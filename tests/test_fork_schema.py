@@ -1083,3 +1083,19 @@ layer { name: "ip" type: "InnerProduct" bottom: "pool1" top: "ip" inner_product_
     grouped = load_from_text(text.replace("bias_term: false", "group: 2 bias_term: true"
                                           ).replace("num_output: 4 ", "num_output: 6 ").replace("dim: 3", "dim: 4"))
     assert any("'conv1'" in w and "ignores group and dilation" in w for w in grouped.warnings)
+
+
+def test_caffe_server_print_net_info_is_logging_only():
+    # nbadalls/caffe-server distill_deploy_lib/FaceDistill-MobileFaceNet-...-add128_deploy.prototxt (trimmed):
+    # a NetParameter flag for Net::Init's log; the net reads with no word about it
+    from caffeq.model import load_from_text
+    text = '''name: "student/facenet_nn1_001||"
+input: "data" input_dim: 1 input_dim: 3 input_dim: 112 input_dim: 96
+print_net_info: false
+layer { name: "student/conv1_1" type: "Convolution" bottom: "data" top: "student/conv1_1"
+  convolution_param { num_output: 4 kernel_size: 3 stride: 2 } }'''
+    net = parse_prototxt_text(text)
+    assert net.HasField("print_net_info") and not net.print_net_info
+    model = load_from_text(text, random_weights=True)
+    assert model.blob_shapes["student/conv1_1"] == (1, 4, 55, 47)
+    assert not [w for w in model.warnings if "print_net_info" in w]

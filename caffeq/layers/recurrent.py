@@ -569,3 +569,48 @@ def _onnx_recurrent(ctx, node, lstm):
     if a["expose_hidden"]:
         for j in range(nstates):
             ctx.add_node("Reshape", [finals[j], ctx.i64([1, -1, hd])], [node.outputs[1 + j]])
+
+
+# ---- LSTMUnit: one step on its own ------------------------------------------------------
+
+def lstm_unit(c_prev, gates, cont):
+    """BVLC's LSTMUnit (lstm_unit_layer.cpp), one step of N streams: c_{t-1} (1, N, D), the gates'
+    pre-activations (1, N, 4D) in the order i, f, o, g, and cont (1, N) -> (c_t, h_t), each (1, N, D)."""
+    i, f, o, g = gates.split(c_prev.shape[2], dim=2)
+    c = cont.unsqueeze(2) * torch.sigmoid(f) * c_prev + torch.sigmoid(i) * torch.tanh(g)
+    return c, torch.sigmoid(o) * torch.tanh(c)
+
+
+@register_layer("LSTMUnit")
+class LSTMUnit(Layer):
+    """The step BVLC's LSTM unrolls into, as a layer of its own (nets written, or dumped from Caffe's
+    log, as an unrolled LSTM): bottoms c_{t-1}, the gate pre-activations and cont; tops c_t, h_t."""
+
+    def parse(self, lp):
+        need_blobs(lp, "LSTMUnit", 3, 2, "c_prev, gates, cont")
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        c, gates, cont = (tuple(s) for s in in_shapes)
+        # lstm_unit_layer.cpp Reshape's CHECKs
+        if len(c) != 3 or len(gates) != 3 or len(cont) != 2 or {c[0], gates[0], cont[0]} != {1} \
+                or gates[1] != c[1] or cont[1] != c[1] or gates[2] != 4 * c[2]:
+            raise LayerError(f"LSTMUnit takes c_prev (1, N, D), gates (1, N, 4D) and cont (1, N), "
+                             f"got {list(c)}, {list(gates)} and {list(cont)}")
+        return [c, c]
+
+    def forward(self, attrs, params, c_prev, gates, cont):
+        return lstm_unit(c_prev, gates, cont)
+
+    def onnx(self, ctx, node):
+        c_prev, gates, cont = node.inputs
+        d = ctx.shape(c_prev)[2]
+        parts = ctx.add_node("Split", [gates, ctx.i64([d] * 4)], [ctx.tmp(f"{node.name}_gate{k}") for k in range(4)],
+                             axis=2)
+        cont3 = ctx.op("Unsqueeze", [cont, ctx.i64([2])], "cont")
+        h, c = onnx_lstm_unit(lambda op, ins, hint: ctx.op(op, ins, hint), parts, cont3, c_prev, "")
+        ctx.add_node("Identity", [c], [node.outputs[0]])
+        ctx.add_node("Identity", [h], [node.outputs[1]])
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(lstm_unit)}({', '.join(emit.inputs)})"
