@@ -14,6 +14,7 @@ import torch
 from torch import fx, nn
 
 from ..errors import DataError
+from ..layers.conv import Convolution
 from ..transforms import fold_batchnorm, remove_identities
 from .names import identifier
 
@@ -197,8 +198,9 @@ class PackedConv2d(nn.Module):
 
 def _packable(mod, shape):
     a = mod.attrs
-    # (synopsys-caffe per-side padding, edge_pads, is F.pad + conv: left to the layer's forward)
-    return (mod.caffe_type == "Convolution" and a.get("_axis") == 1 and len(a.get("kernel", ())) == 2 and
+    # (synopsys-caffe per-side padding, edge_pads, is F.pad + conv: left to the layer's forward; a fork's spec
+    # that claims Convolution layers, e.g. one that binarizes the weights first, keeps its own forward)
+    return (mod.caffe_type == "Convolution" and type(mod.spec) is Convolution and a.get("_axis") == 1 and len(a.get("kernel", ())) == 2 and
             a.get("edge_pads") is None and not a.get("orn") and a.get("first_conv") is None and not a.get("fuse") and
             shape is not None and len(shape) == 4 and mod.blob_tensors()[0].dtype == torch.float32 and
             mod.blob_tensors()[0].device.type == "cpu")

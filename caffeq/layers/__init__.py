@@ -13,6 +13,7 @@ from . import (  # noqa: F401,E402
     bitmain,
     box_conv,
     bsdh,
+    bwn_convolution,
     c3d,
     caffe_gan,
     caffe_plus,
