@@ -46,3 +46,33 @@ def test_rows_follow_the_float32_scale(tmp_path):
     model = load_from_text(net('layer { name: "i" type: "NNInterp" bottom: "x" top: "o" nninterp_param { height: 22 width: 22 } }',
                                inputs={"x": x.shape}))
     check_everywhere(model, {"x": x}, {"o": want}, tmp_path)
+
+
+def nart_scale_ref(x, s):
+    """ModelTC/NART's scale_factor, as its Caffe-to-ONNX export runs it (Upsample, nearest): the output
+    floor(h * s), row r from row min(floor(r / s), h - 1), in float32."""
+    n, c, h, w = x.shape
+    s = F(s)
+    ho, wo = int(np.floor(h * float(s))), int(np.floor(w * float(s)))
+    rows = [min(int(np.floor(F(r) / s)), h - 1) for r in range(ho)]
+    cols = [min(int(np.floor(F(q) / s)), w - 1) for q in range(wo)]
+    return x[:, :, rows][:, :, :, cols]
+
+
+@pytest.mark.parametrize("factor", [2, 1.5, 0.5])
+def test_nart_scale_factor(factor, tmp_path):
+    # ModelTC/NART python/tests/model/test.prototxt: nninterp_param { scale_factor: 2 }
+    x = rng(3).standard_normal((2, 3, 7, 6)).astype(F)
+    model = load_from_text(net(f'layer {{ name: "i" type: "NNInterp" bottom: "x" top: "o" '
+                               f'nninterp_param {{ scale_factor: {factor} }} }}', inputs={"x": x.shape}))
+    want = nart_scale_ref(x, factor)
+    assert model.blob_shapes["o"] == want.shape
+    check_everywhere(model, {"x": x}, {"o": want}, tmp_path)
+
+
+@pytest.mark.parametrize("param", ["scale_factor: 0", "scale_factor: -2", "scale_factor: 2 height: 3 width: 3",
+                                   "scale_factor: 2 pad_beg: 1"])
+def test_nart_refusals(param):
+    with pytest.raises(LayerError, match="nninterp_param"):
+        load_from_text(net(f'layer {{ name: "i" type: "NNInterp" bottom: "x" top: "o" nninterp_param {{ {param} }} }}',
+                           inputs={"x": (1, 1, 4, 4)}))
