@@ -13,7 +13,7 @@ from .io.caffemodel import read_caffemodel
 from .io.container import load_caffeq_parts
 from .io.imports import expand_imports
 from .io.prototxt import parse_prototxt_text, read_prototxt
-from .io.templates import as_written, fill_digits_num_outputs, resolve_placeholders
+from .io.templates import as_written, fill_unset_num_outputs, resolve_placeholders
 from .io.upgrade import upgrade_net
 from .ir import build_graph
 from .layers import recase_types, spec_for
@@ -250,7 +250,7 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
     unfilled = {} if unknown_shapes_ok else None
     resolve_placeholders(net, placeholders, path, warnings, None if blobs is None else cm.net, weights_path,
                          input_shapes, unfilled)
-    fill_digits_num_outputs(net, blobs, path, warnings, weights_path, unfilled)
+    fill_unset_num_outputs(net, blobs, path, warnings, weights_path, unfilled)
     graph = build_graph(net, None, phase=phase, stages=stages, level=level, batch=batch, source=path,
                         input_shapes=input_shapes, outputs=outputs, notes=warnings,
                         unknown_shapes_ok=unknown_shapes_ok,

@@ -594,3 +594,25 @@ def test_rearrange_refusals(depth, channels):
     with pytest.raises(LayerError, match="perfect square|depth must be >= 1"):
         load_from_text(net({"x": (1, channels, 2, 2)}, f'layer {{ name: "r" type: "Rearrange" bottom: "x" top: "o" '
                                                        f'rearrange_param {{ depth: {depth} }} }}'))
+
+
+def test_zero_rows_flatten_and_inner_product_in_onnx(tmp_path):
+    """A proposal layer may give zero rois: a Reshape whose -1 sits beside a copied 0 fails in onnxruntime, so
+    Flatten from axis 1 and InnerProduct from axis 2 merge their axes to the static size (AnnikaLindh's
+    bottom-up attention test net: Embed of the predicted classes, then Flatten)."""
+    ort = pytest.importorskip("onnxruntime")
+    text = net({"x": (3, 1, 4), "y": (3, 2, 3, 2)},
+               'layer { name: "f" type: "Flatten" bottom: "x" top: "f" }\n'
+               'layer { name: "ip" type: "InnerProduct" bottom: "y" top: "ip" '
+               'inner_product_param { num_output: 5 axis: 2 } }\n')
+    model = load_from_text(text, random_weights=True)
+    path = tmp_path / "m.onnx"
+    model.export_onnx(str(path))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for rows in (0, 2):
+        feeds = {"x": rand(rows, 1, 4), "y": rand(rows, 2, 3, 2)}
+        got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+        want = model.run(feeds)
+        assert got["f"].shape == (rows, 4) and got["ip"].shape == (rows, 2, 5)
+        np.testing.assert_allclose(got["f"], want["f"], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got["ip"], want["ip"], rtol=1e-5, atol=1e-5)

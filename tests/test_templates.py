@@ -481,3 +481,37 @@ def test_digits_output_layer_without_weights_is_listed_unsized_and_refused_by_co
     with pytest.raises(CaffeqError, match=r"layer 'fc8' \(InnerProduct\): inner_product_param.num_output is "
                                           r"required \(DIGITS writes its output layer without it"):
         load(path, random_weights=True)
+
+
+# DeepDetect's templates (templates/caffe/enet/enet.prototxt) write the class layer's num_output as 0; its
+# update_protofile_classes (src/backends/caffe/caffelib.cc) sets it to the number of classes
+DEEPDETECT_TEMPLATE = """input: "data"
+input_shape { dim: 2 dim: 4 dim: 3 dim: 5 }
+layer { name: "score" type: "Convolution" bottom: "data" top: "score" convolution_param { num_output: 0 kernel_size: 1 } }
+layer { name: "up" type: "Deconvolution" bottom: "score" top: "up"
+  convolution_param { num_output: 0 group: 3 kernel_size: 2 stride: 2 bias_term: false } }
+"""
+
+
+def test_deepdetect_zero_num_output_takes_the_weights_count(tmp_path):
+    w1, b1 = rng(1).standard_normal((3, 4, 1, 1)).astype(np.float32), rng(2).standard_normal(3).astype(np.float32)
+    w2 = rng(3).standard_normal((3, 2, 2, 2)).astype(np.float32)      # (C, num_output / group, kh, kw): 6 outputs
+    filled = DEEPDETECT_TEMPLATE.replace("num_output: 0 kernel_size: 1", "num_output: 3 kernel_size: 1"
+                                         ).replace("num_output: 0 group: 3", "num_output: 6 group: 3")
+    write_caffemodel(parse_prototxt_text(filled), {"score": [w1, b1], "up": [w2]}, tmp_path / "m.caffemodel")
+    model = load(_write(tmp_path, "enet.prototxt", DEEPDETECT_TEMPLATE), tmp_path / "m.caffemodel")
+    assert model.blob_shapes["up"] == (2, 6, 6, 10)
+    assert sum("num_output is 0: DeepDetect's templates" in w and "from the weights" in w for w in model.warnings) == 2
+    x = rng(4).standard_normal((2, 4, 3, 5)).astype(np.float32)
+    want = load(_write(tmp_path, "filled.prototxt", filled), tmp_path / "m.caffemodel").run({"data": x})["up"]
+    np.testing.assert_array_equal(model.run({"data": x})["up"], want)
+
+
+def test_deepdetect_zero_num_output_without_weights_is_listed_unsized_and_refused(tmp_path, capsys):
+    path = _write(tmp_path, "enet.prototxt", DEEPDETECT_TEMPLATE)
+    assert cli_main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "unknown until the values a script or tool fills in are given: score" in out and "pass --weights" in out
+    with pytest.raises(CaffeqError, match=r"layer 'score' \(Convolution\): convolution_param.num_output must be "
+                                          r"positive, got 0 \(DeepDetect's templates"):
+        load(path, random_weights=True)

@@ -459,22 +459,43 @@ def resolve_placeholders(net, pending, path, notes, weights_net=None, weights_pa
 
 DIGITS_UNSET = ("inner_product_param.num_output is not set: DIGITS writes its networks' output InnerProduct "
                 "without it and fills in the number of classes when it trains")
+DEEPDETECT_UNSET = ("convolution_param.num_output is 0: DeepDetect's templates leave it for the service to set to "
+                    "the number of classes (Caffe itself refuses 0)")
 
 
-def fill_digits_num_outputs(net, blobs, path, notes, weights_path=None, unfilled=None):
-    """DIGITS (digits/model/tasks/caffe_train.py) sets the num_output of the InnerProduct layers that make
-    the network's outputs to the number of labels before Caffe reads the file, so the original.prototxt
-    it keeps has none: take it from that layer's weights (blobs: {layer: [BlobData]}), else leave the layer
-    to a listing (unfilled) or to its own refusal."""
+def _unset_num_output(lp, weights):
+    """(why, the num_output the weights give or None) for a layer whose output count a tool fills in before
+    Caffe reads the file, else None."""
+    if lp.type == "InnerProduct" and not lp.inner_product_param.HasField("num_output"):
+        shape = weights[0].array.shape if weights and weights[0].array.ndim >= 2 else None
+        value = None if shape is None else shape[-1] if lp.inner_product_param.transpose else shape[-2]
+        return DIGITS_UNSET, value
+    # DeepDetect's update_protofile_classes (src/backends/caffe/caffelib.cc) sets a Convolution's or
+    # Deconvolution's num_output of 0 to the class count
+    if lp.type in ("Convolution", "Deconvolution") and lp.convolution_param.HasField("num_output") \
+            and lp.convolution_param.num_output == 0:
+        shape = weights[0].array.shape if weights and weights[0].array.ndim >= 2 else None
+        if shape is None:
+            return DEEPDETECT_UNSET, None
+        # weights (num_output, C / group, ...) for a Convolution, (C, num_output / group, ...) for a Deconvolution
+        return DEEPDETECT_UNSET, shape[0] if lp.type == "Convolution" else shape[1] * max(lp.convolution_param.group, 1)
+    return None
+
+
+def fill_unset_num_outputs(net, blobs, path, notes, weights_path=None, unfilled=None):
+    """Output counts that a tool sets before Caffe reads the file, so that the file it keeps has none: DIGITS
+    (digits/model/tasks/caffe_train.py) the num_output of the InnerProduct layers that make the network's
+    outputs, DeepDetect a Convolution's or Deconvolution's num_output of 0.  Take each from that layer's
+    weights (blobs: {layer: [BlobData]}), else leave the layer to a listing (unfilled) or to its own refusal."""
     for lp in net.layer:
-        if lp.type != "InnerProduct" or lp.inner_product_param.HasField("num_output"):
+        found = _unset_num_output(lp, (blobs or {}).get(lp.name))
+        if found is None:
             continue
-        weights = (blobs or {}).get(lp.name)
-        if weights and weights[0].array.ndim >= 2:
-            shape = weights[0].array.shape
-            value = int(shape[-1] if lp.inner_product_param.transpose else shape[-2])
-            lp.inner_product_param.num_output = value
-            notes.append(f"{path}: layer '{lp.name}': {DIGITS_UNSET}; {value}, from the weights in {weights_path}")
+        why, value = found
+        if value is not None:
+            param = lp.inner_product_param if lp.type == "InnerProduct" else lp.convolution_param
+            param.num_output = int(value)
+            notes.append(f"{path}: layer '{lp.name}': {why}; {int(value)}, from the weights in {weights_path}")
         elif unfilled is not None:
-            why = f"{DIGITS_UNSET}: pass --weights, whose blobs give it"
+            why = f"{why}: pass --weights, whose blobs give it"
             unfilled.setdefault(lp.name, (f"{path}: layer '{lp.name}': {why}", why))

@@ -32,6 +32,9 @@ def parse_conv(lp, depthwise=False):
         return _parse_sp2823(lp)
     if not p.HasField("num_output"):
         raise LayerError("convolution_param.num_output is required")
+    if p.num_output < 1:   # base_conv_layer.cpp's CHECK_GT(num_output_, 0)
+        raise LayerError(f"convolution_param.num_output must be positive, got {p.num_output} (DeepDetect's templates "
+                         f"write 0 for the service to set to the number of classes: pass --weights, whose blobs give it)")
     attrs = {
         "num_output": int(p.num_output),
         "bias_term": bool(p.bias_term),
@@ -576,6 +579,14 @@ class TransformedInnerProduct(TransformedWeights):
         return InnerProduct.pytorch_source(self, node, emit)
 
 
+def _onnx_rows(ctx, node, x, axis):
+    """x with the axes from `axis` on merged into one, of their static size (axis >= 1: a -1 beside the copied
+    dim 0 cannot be inferred when it is 0, the zero rois a proposal layer may give)."""
+    flat = ctx.tmp(node.name + "_flat")
+    ctx.add_node("Reshape", [x, ctx.const(np.array([0] * axis + [count(ctx.shape(x), axis)], np.int64))], [flat])
+    return flat
+
+
 # jolibrain/caffe's SparseInnerProduct (23928c0, sparse_inner_product_layer.cpp) multiplies a CSR batch from
 # SparseData by the same (num_output, K) weights and falls back to this dense forward for a dense bottom;
 # caffeq's SparseData input is dense
@@ -663,9 +674,7 @@ class InnerProduct(Layer):
             if not a["transpose"]:
                 w = ctx.add_node("Transpose", [w], ctx.tmp(node.name + "_wT"), perm=[1, 0])
             if rank != axis + 1:
-                flat = ctx.tmp(node.name + "_flat")
-                ctx.add_node("Reshape", [x, ctx.const(np.array([0] * axis + [-1], np.int64))], [flat])
-                x = flat
+                x = _onnx_rows(ctx, node, x, axis)
             mm = node.outputs[0] if not bias else ctx.tmp(node.name + "_mm")
             ctx.add_node("MatMul", [x, w], [mm], name=node.name)
             if bias:
@@ -681,9 +690,7 @@ class InnerProduct(Layer):
                          transB=0 if a["transpose"] else 1)
             return
         if rank != axis + 1:
-            flat = ctx.tmp(node.name + "_flat")
-            ctx.add_node("Reshape", [x, ctx.const(np.array([0] * axis + [-1], np.int64))], [flat])
-            x = flat
+            x = _onnx_rows(ctx, node, x, axis)
         w = ctx.weight(node, 0, transpose=not a["transpose"])  # MatMul wants K x N
         if bias:
             mm = ctx.tmp(node.name + "_mm")
