@@ -123,6 +123,14 @@ class OnnxContext:
         prefix = self.layer.name if self.layer is not None else "t"
         return self.add_node(kind, inputs, self.tmp(f"{prefix}_{hint}"), name=name, **attrs)
 
+    def merge_axes(self, x, axis, hint="flat", name=None):
+        """IR tensor x with its axes from `axis` (>= 1) on merged into one of their static size; returns the new
+        tensor.  Not a Reshape to [0, ..., -1]: the -1 cannot be inferred beside a copied dim 0 of 0, the zero
+        rois a proposal layer may give."""
+        shape = self.shape(x)
+        size = int(np.prod([int(d) for d in shape[axis:]], dtype=np.int64))
+        return self.op("Reshape", [x, self.i64([0] * axis + [size])], hint, name=name)
+
     def trunc(self, x, hint="trunc", name=None):
         """x rounded toward zero, C's float-to-int conversion (ONNX has no Trunc): |x| floored with x's sign."""
         return self.op("Mul", [self.op("Sign", [x], "sign", name=name),

@@ -268,8 +268,7 @@ class APL(Layer):
     def onnx(self, ctx, node):
         x, name, sums = node.inputs[0], node.name, node.attrs["sums"]
         grid = ctx.const(np.array([-1, sums], np.int64))
-        flat = ctx.add_node("Reshape", [x, ctx.const(np.array([0, -1], np.int64))], ctx.tmp(name + "_flat"),
-                            name=name)
+        flat = ctx.merge_axes(x, 1, name=name)
         slopes = ctx.add_node("Reshape", [ctx.weight(node, 0), grid], ctx.tmp(name + "_slopes"))
         offsets = ctx.add_node("Reshape", [ctx.weight(node, 1), grid], ctx.tmp(name + "_offsets"))
         y = ctx.add_node("Relu", [flat], ctx.tmp(name + "_relu"))

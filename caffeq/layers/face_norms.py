@@ -195,8 +195,7 @@ class TripletNorm2(Layer):
         return f"{emit.helper(sklearn_l2_rows)}({emit.inputs[0]})"
 
     def onnx(self, ctx, node):
-        rows = ctx.add_node("Reshape", [node.inputs[0], ctx.const(np.array([0, -1], np.int64))],
-                            [ctx.tmp(node.name + "_rows")], name=node.name)[0]
+        rows = ctx.merge_axes(node.inputs[0], 1, "rows", name=node.name)
         norm = ctx.op("Sqrt", [_reduce(ctx, "ReduceSumSquare", rows, [1])], "norm")
         one = ctx.const(np.array(1.0, np.float32))
         zero = ctx.op("Equal", [norm, ctx.const(np.array(0.0, np.float32))], "zero")

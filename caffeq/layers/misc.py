@@ -113,9 +113,7 @@ class ArgMax(Layer):
             axis = a["_axis"]
             n = ctx.shape(x)[axis]
         else:
-            flat = ctx.tmp(node.name + "_flat")
-            ctx.add_node("Reshape", [x, ctx.const(np.array([0, -1], np.int64))], [flat])
-            x, axis = flat, 1
+            x, axis = ctx.merge_axes(x, 1), 1
             n = count(ctx.shape(node.inputs[0]), 1)
         # flip, then TopK (equal values keep the lower index first), then map indices back,
         # giving Caffe's highest-index-first order for ties

@@ -60,7 +60,7 @@ class Repeat(Layer):
     def onnx(self, ctx, node):
         x = node.inputs[0]
         shape = ctx.shape(x)
-        flat = ctx.op("Reshape", [x, ctx.i64([0, -1])], "items", name=node.name)
+        flat = ctx.merge_axes(x, 1, "items", name=node.name)
         y = ctx.op("MatMul", [flat, ctx.weight(node, 0, transpose=True)], "product")
         ctx.add_node("Reshape", [y, ctx.i64([0, node.attrs["repeats"]] + list(shape[1:]))], [node.outputs[0]])
 
