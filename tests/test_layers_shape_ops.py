@@ -598,13 +598,14 @@ def test_rearrange_refusals(depth, channels):
 
 def test_zero_rows_flatten_and_inner_product_in_onnx(tmp_path):
     """A proposal layer may give zero rois: a Reshape whose -1 sits beside a copied 0 fails in onnxruntime, so
-    Flatten from axis 1 and InnerProduct from axis 2 merge their axes to the static size (AnnikaLindh's
-    bottom-up attention test net: Embed of the predicted classes, then Flatten)."""
+    Flatten from axis 1, InnerProduct from axis 2 and ArgMax over each item merge their axes to the static size
+    (AnnikaLindh's bottom-up attention test net: Embed of the predicted classes, then Flatten)."""
     ort = pytest.importorskip("onnxruntime")
     text = net({"x": (3, 1, 4), "y": (3, 2, 3, 2)},
                'layer { name: "f" type: "Flatten" bottom: "x" top: "f" }\n'
                'layer { name: "ip" type: "InnerProduct" bottom: "y" top: "ip" '
-               'inner_product_param { num_output: 5 axis: 2 } }\n')
+               'inner_product_param { num_output: 5 axis: 2 } }\n'
+               'layer { name: "am" type: "ArgMax" bottom: "y" top: "am" }\n')
     model = load_from_text(text, random_weights=True)
     path = tmp_path / "m.onnx"
     model.export_onnx(str(path))
@@ -616,3 +617,5 @@ def test_zero_rows_flatten_and_inner_product_in_onnx(tmp_path):
         assert got["f"].shape == (rows, 4) and got["ip"].shape == (rows, 2, 5)
         np.testing.assert_allclose(got["f"], want["f"], rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(got["ip"], want["ip"], rtol=1e-5, atol=1e-5)
+        assert got["am"].shape == want["am"].shape == (rows, 1, 1, 1)   # BVLC keeps the 4 axes
+        np.testing.assert_array_equal(got["am"], want["am"])

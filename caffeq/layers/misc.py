@@ -50,7 +50,7 @@ def caffe_argmax(x, top_k: int, axis: int | None, out_max_val: bool, tail: list[
     if axis is not None:
         values, idx = caffe_topk(x, top_k, axis)
         return values if out_max_val else idx.to(x.dtype)
-    flat = x.reshape(x.shape[0], -1)
+    flat = x.flatten(1)
     values, idx = caffe_topk(flat, top_k, 1)
     out = idx.to(x.dtype)
     if out_max_val:
