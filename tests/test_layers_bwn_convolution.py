@@ -2,8 +2,10 @@
 decorator in custom_nn/cnnc_util.py) convolves with torch.sign(W) times each output channel's mean |W|.
 The reference binarizes in numpy and convolves with conftest's float64 im2col convolution."""
 import numpy as np
+import pytest
 from conftest import check_everywhere, conv_ref, net, node_of, rng
 
+from caffeq.errors import CaffeqError
 from caffeq.model import load_from_text
 
 
@@ -43,3 +45,10 @@ def test_binary_false_is_a_plain_convolution():
     x = rng(6).standard_normal((1, 2, 5, 5)).astype(np.float32)
     want = conv_ref(x, np.asarray(conv.blobs[0]), np.asarray(conv.blobs[1]), (1, 1), (0, 0))
     np.testing.assert_allclose(model.run({"x": x})["o"], want, atol=1e-5, rtol=1e-5)
+
+
+def test_binary_deconvolution_is_refused_in_one_line():
+    text = net('layer { name: "up" type: "Deconvolution" bottom: "x" top: "o" convolution_param { num_output: 2 '
+               'kernel_size: 2 stride: 2 binary: true } }', inputs={"x": (1, 2, 3, 3)})
+    with pytest.raises(CaffeqError, match=r"layer 'up' \(Deconvolution\): convolution_param.binary on a Deconvolution"):
+        load_from_text(text, random_weights=True)

@@ -596,26 +596,54 @@ def test_rearrange_refusals(depth, channels):
                                                        f'rearrange_param {{ depth: {depth} }} }}'))
 
 
-def test_zero_rows_flatten_and_inner_product_in_onnx(tmp_path):
-    """A proposal layer may give zero rois: a Reshape whose -1 sits beside a copied 0 fails in onnxruntime, so
-    Flatten from axis 1, InnerProduct from axis 2 and ArgMax over each item merge their axes to the static size
-    (AnnikaLindh's bottom-up attention test net: Embed of the predicted classes, then Flatten)."""
+def test_zero_rows_in_torch_and_onnx(tmp_path):
+    """A proposal layer may give zero rois: a Reshape whose -1 sits beside a copied 0 fails in onnxruntime and
+    in torch, so the layers that merge an item's axes take their size from the shape (AnnikaLindh's
+    bottom-up attention test net: Embed of the predicted classes, then Flatten)."""
     ort = pytest.importorskip("onnxruntime")
     text = net({"x": (3, 1, 4), "y": (3, 2, 3, 2)},
                'layer { name: "f" type: "Flatten" bottom: "x" top: "f" }\n'
+               'layer { name: "f2" type: "Flatten" bottom: "y" top: "f2" flatten_param { axis: 2 } }\n'
                'layer { name: "ip" type: "InnerProduct" bottom: "y" top: "ip" '
                'inner_product_param { num_output: 5 axis: 2 } }\n'
-               'layer { name: "am" type: "ArgMax" bottom: "y" top: "am" }\n')
+               'layer { name: "am" type: "ArgMax" bottom: "y" top: "am" }\n'
+               'layer { name: "rd" type: "Reduction" bottom: "y" top: "rd" reduction_param { axis: 2 operation: SUMSQ } }\n'
+               'layer { name: "rp" type: "Repeat" bottom: "x" top: "rp" repeat_param { num_repeats: 2 } }\n'
+               'layer { name: "apl" type: "APL" bottom: "y" top: "apl" apl_param { sums: 2 } }\n')
     model = load_from_text(text, random_weights=True)
     path = tmp_path / "m.onnx"
     model.export_onnx(str(path))
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    shapes = {"f": (4,), "f2": (2, 6), "ip": (2, 5), "am": (1, 1, 1), "rd": (2,), "rp": (2, 1, 4), "apl": (2, 3, 2)}
     for rows in (0, 2):
         feeds = {"x": rand(rows, 1, 4), "y": rand(rows, 2, 3, 2)}
         got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
         want = model.run(feeds)
-        assert got["f"].shape == (rows, 4) and got["ip"].shape == (rows, 2, 5)
-        np.testing.assert_allclose(got["f"], want["f"], rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(got["ip"], want["ip"], rtol=1e-5, atol=1e-5)
-        assert got["am"].shape == want["am"].shape == (rows, 1, 1, 1)   # BVLC keeps the 4 axes
+        for top, tail in shapes.items():
+            assert got[top].shape == want[top].shape == (rows,) + tail, top   # BVLC's ArgMax keeps 4 axes
+            np.testing.assert_allclose(got[top], want[top], rtol=1e-5, atol=1e-5, err_msg=top)
+
+
+def test_merged_axes_follow_a_batch_that_a_permute_moved(tmp_path):
+    """After a Permute that moves the batch off axis 0, Flatten and ArgMax merge axes that hold it: the exported
+    ONNX takes their size at run time, so it runs at another batch too."""
+    ort = pytest.importorskip("onnxruntime")
+    permute = 'layer { name: "p" type: "Permute" bottom: "x" top: "p" permute_param { order: 1 order: 0 order: 2 order: 3 } }\n'
+    model = load_from_text(net({"x": (2, 3, 2, 2)}, permute + 'layer { name: "f" type: "Flatten" bottom: "p" top: "f" }\n'
+                               'layer { name: "am" type: "ArgMax" bottom: "p" top: "am" }\n'))
+    model.export_onnx(str(tmp_path / "m.onnx"))
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    for batch in (2, 3):
+        x = rand(batch, 3, 2, 2)
+        got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+        want = model.reshaped(batch).run({"x": x})
+        assert got["f"].shape == (3, 4 * batch)
+        np.testing.assert_array_equal(got["f"], want["f"])
         np.testing.assert_array_equal(got["am"], want["am"])
+
+
+def test_argmax_of_a_one_axis_bottom():
+    # argmax_layer.cpp Reshape: at least 3 top axes, count(1) = 1 value per item, so index 0 and shape (N, 1, 1)
+    model = load_from_text(net({"x": (3,)}, 'layer { name: "a" type: "ArgMax" bottom: "x" top: "o" }'))
+    assert model.blob_shapes["o"] == (3, 1, 1)
+    np.testing.assert_array_equal(model.run({"x": np.array([1, 5, 2], np.float32)})["o"], np.zeros((3, 1, 1)))

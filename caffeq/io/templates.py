@@ -466,15 +466,15 @@ DEEPDETECT_UNSET = ("convolution_param.num_output is 0: DeepDetect's templates l
 def _unset_num_output(lp, weights):
     """(why, the num_output the weights give or None) for a layer whose output count a tool fills in before
     Caffe reads the file, else None."""
+    shape = weights[0].array.shape if weights and weights[0].array.ndim >= 2 else None
     if lp.type == "InnerProduct" and not lp.inner_product_param.HasField("num_output"):
-        shape = weights[0].array.shape if weights and weights[0].array.ndim >= 2 else None
         value = None if shape is None else shape[-1] if lp.inner_product_param.transpose else shape[-2]
         return DIGITS_UNSET, value
-    # DeepDetect's update_protofile_classes (src/backends/caffe/caffelib.cc) sets a Convolution's or
-    # Deconvolution's num_output of 0 to the class count
+    # DeepDetect's update_protofile_classes (src/backends/caffe/caffelib.cc, before 5a825d3 removed the backend)
+    # sets a Convolution's or Deconvolution's num_output of 0 to the class count (it also overwrites the last
+    # such layer's count, which the file already states)
     if lp.type in ("Convolution", "Deconvolution") and lp.convolution_param.HasField("num_output") \
             and lp.convolution_param.num_output == 0:
-        shape = weights[0].array.shape if weights and weights[0].array.ndim >= 2 else None
         if shape is None:
             return DEEPDETECT_UNSET, None
         # weights (num_output, C / group, ...) for a Convolution, (C, num_output / group, ...) for a Deconvolution

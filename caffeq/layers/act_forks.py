@@ -82,7 +82,7 @@ def min_relu(x, positive_slope: float):
 
 def adaptive_piecewise_linear(x, slope, offset, sums: int):
     """APL: max(x, 0) + sum_s slope[k, s] * max(offset[k, s] - x, 0) per position k, s in order."""
-    flat = x.reshape(x.shape[0], -1)
+    flat = x.flatten(1)   # zero rows too (a reshape to -1 cannot size them)
     slopes, offsets = slope.reshape(-1, sums), offset.reshape(-1, sums)   # memory is k * sums + s
     y = flat.clamp(min=0)
     for s in range(sums):
@@ -280,7 +280,7 @@ class APL(Layer):
             hinge = ctx.add_node("Relu", [gap], ctx.tmp(f"{name}_hinge{s}"))
             term = ctx.add_node("Mul", [a, hinge], ctx.tmp(f"{name}_term{s}"))
             y = ctx.add_node("Add", [y, term], ctx.tmp(f"{name}_sum{s}"))
-        ctx.add_node("Reshape", [y, ctx.const(np.array(ctx.shape(x), np.int64))], [node.outputs[0]])
+        ctx.add_node("Reshape", [y, ctx.op("Shape", [x], "shape")], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
         m = emit.instance(AdaptivePiecewiseLinear, node.attrs["sums"], count(emit.in_shape(0), 1),

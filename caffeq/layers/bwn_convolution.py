@@ -10,7 +10,7 @@ output channel holds an exact zero), so the stored blobs may hold the float or t
 import torch
 
 from .conv import Convolution, TransformedConvolution
-from .registry import claim_layers
+from .registry import Layer, LayerError, claim_layers
 
 
 def bwn_sign_weights(w):
@@ -26,5 +26,15 @@ class BinaryWeightConvolution(TransformedConvolution, Convolution):
         return bwn_sign_weights(weight)
 
     def weight_transform_note(self, attrs):
-        return ("a Convolution with binary: true keeps its weights binarized (ssd_phone_detection's BinaryConv2d "
-                "binarizes the stored weights at every forward, to the same values)")
+        return ("a Convolution with binary: true exports sign(W) times each output channel's mean |W| as its weights "
+                "(ssd_phone_detection's BinaryConv2d computes them from the stored weights at every forward)")
+
+
+@claim_layers("Deconvolution", lambda lp: lp.convolution_param.binary)
+class BinaryWeightDeconvolution(Layer):
+    """binary: true on a Deconvolution: the repository's pytorch2caffe writes it for convolutions only."""
+    types = ("Deconvolution",)
+
+    def parse(self, lp):
+        raise LayerError("convolution_param.binary on a Deconvolution: ssd_phone_detection's pytorch2caffe writes it "
+                         "for convolutions only, and caffeq binarizes only those")

@@ -34,7 +34,8 @@ def parse_conv(lp, depthwise=False):
         raise LayerError("convolution_param.num_output is required")
     if p.num_output < 1:   # base_conv_layer.cpp's CHECK_GT(num_output_, 0)
         raise LayerError(f"convolution_param.num_output must be positive, got {p.num_output} (DeepDetect's templates "
-                         f"write 0 for the service to set to the number of classes: pass --weights, whose blobs give it)")
+                         f"write 0 for the service to set to the number of classes: load the net with a caffemodel "
+                         f"that holds this layer's weights, whose shape gives it)")
     attrs = {
         "num_output": int(p.num_output),
         "bias_term": bool(p.bias_term),

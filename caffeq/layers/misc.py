@@ -1,6 +1,8 @@
 """ArgMax, Reduction, Embed and Parameter (Accuracy and the loss layers are in losses.py)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -50,7 +52,7 @@ def caffe_argmax(x, top_k: int, axis: int | None, out_max_val: bool, tail: list[
     if axis is not None:
         values, idx = caffe_topk(x, top_k, axis)
         return values if out_max_val else idx.to(x.dtype)
-    flat = x.flatten(1)
+    flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))   # a 1-D bottom too; no -1, so zero rows work
     values, idx = caffe_topk(flat, top_k, 1)
     out = idx.to(x.dtype)
     if out_max_val:
@@ -111,10 +113,8 @@ class ArgMax(Layer):
         k = a["top_k"]
         if a["axis"] is not None:
             axis = a["_axis"]
-            n = ctx.shape(x)[axis]
         else:
             x, axis = ctx.merge_axes(x, 1), 1
-            n = count(ctx.shape(node.inputs[0]), 1)
         # flip, then TopK (equal values keep the lower index first), then map indices back,
         # giving Caffe's highest-index-first order for ties
         flipped = ctx.tmp(node.name + "_flip")
@@ -129,7 +129,9 @@ class ArgMax(Layer):
         pieces = []
         if want_idx:
             idx = ctx.tmp(node.name + "_idx")
-            ctx.add_node("Sub", [ctx.const(np.array(n - 1, np.int64)), fidx], [idx])
+            # the axis's size at run time (a Permute may have moved the batch into it)
+            size = ctx.op("Gather", [ctx.op("Shape", [x], "shape"), ctx.i64(axis)], "size", axis=0)
+            ctx.add_node("Sub", [ctx.op("Sub", [size, ctx.i64(1)], "last"), fidx], [idx])
             fidx_f = ctx.tmp(node.name + "_idxf")
             ctx.add_node("Cast", [idx], [fidx_f], to=1)  # FLOAT
             pieces.append(fidx_f)
@@ -183,7 +185,7 @@ class Reduction(Layer):
 
     def forward(self, attrs, params, x):
         axis = attrs["_axis"]
-        flat = x.reshape(tuple(x.shape[:axis]) + (-1,))
+        flat = x.flatten(axis) if x.dim() > axis else x.unsqueeze(-1)   # flatten: zero rows too, no -1
         op = attrs["op"]
         if op == ASUM:
             flat = flat.abs()
@@ -198,9 +200,10 @@ class Reduction(Layer):
         x, out = node.inputs[0], node.outputs[0]
         axis = a["_axis"]
         if len(ctx.shape(x)) != axis + 1:
-            flat = ctx.tmp(node.name + "_flat")
-            ctx.add_node("Reshape", [x, ctx.const(np.array([0] * axis + [-1], np.int64))], [flat])
-            x = flat
+            if axis == 0:
+                x = ctx.op("Reshape", [x, ctx.i64([-1])], "flat")
+            else:
+                x = ctx.merge_axes(x, axis)
         op = {SUM: "ReduceSum", ASUM: "ReduceL1", SUMSQ: "ReduceSumSquare", MEAN: "ReduceMean"}[a["op"]]
         if a["coeff"] == 1:
             onnx_reduce(ctx, op, x, [axis], 0, out=out)

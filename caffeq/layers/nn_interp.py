@@ -6,8 +6,9 @@ float32 h_in / h_out (columns likewise).
 
 ModelTC/NART (5e3d6d6) declares the same layer in its nart_caffe.proto with three more fields.  Its
 `scale_factor` s is a fourth way to size it: NART's Caffe-to-ONNX converter (utils/caffe_utils/caffe_to_onnx.py)
-makes it an Upsample (nearest) by s, so the output is floor(h * s) and row r reads row min(floor(r / s), h - 1)
-in float32.  Its pad_beg / pad_end are refused.
+makes it an Upsample (nearest) by s, whose size is floor(float32(float32(s) * h)) (ops/op.py Upsample.infer_shape),
+and its backends run that as their nearest interp (modules/default.py; art's op_default_nninterp_run), which
+reads rows by the rule above.  Its pad_beg / pad_end are refused.
 """
 import math
 
@@ -17,21 +18,16 @@ import torch
 from .registry import Layer, LayerError, four_axes, need_blobs, register_layer
 
 
-def nn_interp_rows(n_in: int, n_out: int, device: torch.device | None = None, factor: float | None = None):
-    """The source index of each of n_out outputs: min(int(i * float32(n_in / n_out)), n_in - 1), or with
-    NART's scale_factor min(int(i / float32(factor)), n_in - 1)."""
-    at = torch.arange(n_out, dtype=torch.float32)
-    if factor is None:
-        at = at * (torch.tensor(float(n_in), dtype=torch.float32) / float(n_out))
-    else:
-        at = at / torch.tensor(factor, dtype=torch.float32)
-    index = at.long().clamp(max=n_in - 1)
+def nn_interp_rows(n_in: int, n_out: int, device: torch.device | None = None):
+    """The source index of each of n_out outputs: min(int(i * float32(n_in / n_out)), n_in - 1)."""
+    scale = torch.tensor(float(n_in), dtype=torch.float32) / float(n_out)
+    index = (torch.arange(n_out, dtype=torch.float32) * scale).long().clamp(max=n_in - 1)
     return index.to(device) if device is not None else index
 
 
-def nn_interp(x, h_out: int, w_out: int, factor: float | None = None):
-    rows = nn_interp_rows(x.shape[2], h_out, x.device, factor)
-    cols = nn_interp_rows(x.shape[3], w_out, x.device, factor)
+def nn_interp(x, h_out: int, w_out: int):
+    rows = nn_interp_rows(x.shape[2], h_out, x.device)
+    cols = nn_interp_rows(x.shape[3], w_out, x.device)
     return x.index_select(2, rows).index_select(3, cols)
 
 
@@ -63,9 +59,9 @@ class NNInterp(Layer):
         if attrs["shrink"]:
             s = attrs["shrink"]
             return (h - 1) // s + 1, (w - 1) // s + 1
-        if attrs.get("factor") is not None:   # ONNX Upsample's floor(h * s), in float32 as NART's export holds s
-            f = float(np.float32(attrs["factor"]))
-            return math.floor(h * f), math.floor(w * f)
+        if attrs.get("factor") is not None:   # NART's Upsample: a float32 product, floored
+            f = np.float32(attrs["factor"])
+            return math.floor(f * np.float32(h)), math.floor(f * np.float32(w))
         return attrs["size"]
 
     def infer(self, attrs, in_shapes):
@@ -76,20 +72,17 @@ class NNInterp(Layer):
         return [(n, c, ho, wo)]
 
     def forward(self, attrs, params, x):
-        return nn_interp(x, *self.out_size(attrs, x.shape[2], x.shape[3]), attrs.get("factor"))
+        return nn_interp(x, *self.out_size(attrs, x.shape[2], x.shape[3]))
 
     def onnx(self, ctx, node):
         x = node.inputs[0]
         h, w = ctx.shape(x)[2:]
         ho, wo = self.out_size(node.attrs, h, w)
-        factor = node.attrs.get("factor")
-        rows = ctx.add_node("Gather", [x, ctx.const(nn_interp_rows(h, ho, factor=factor).numpy())],
-                            ctx.tmp(node.name + "_rows"), name=node.name, axis=2)
-        ctx.add_node("Gather", [rows, ctx.const(nn_interp_rows(w, wo, factor=factor).numpy())], [node.outputs[0]], axis=3)
+        rows = ctx.add_node("Gather", [x, ctx.const(nn_interp_rows(h, ho).numpy())], ctx.tmp(node.name + "_rows"),
+                            name=node.name, axis=2)
+        ctx.add_node("Gather", [rows, ctx.const(nn_interp_rows(w, wo).numpy())], [node.outputs[0]], axis=3)
 
     def pytorch_source(self, node, emit):
         ho, wo = emit.out_shape(0)[2:]
         emit.helper(nn_interp_rows)
-        factor = node.attrs.get("factor")
-        extra = "" if factor is None else f", {emit.lit(factor)}"
-        return f"{emit.helper(nn_interp)}({emit.inputs[0]}, {ho}, {wo}{extra})"
+        return f"{emit.helper(nn_interp)}({emit.inputs[0]}, {ho}, {wo})"

@@ -575,7 +575,9 @@ def _onnx_recurrent(ctx, node, lstm):
 
 def lstm_unit(c_prev, gates, cont):
     """BVLC's LSTMUnit (lstm_unit_layer.cpp), one step of N streams: c_{t-1} (1, N, D), the gates'
-    pre-activations (1, N, 4D) in the order i, f, o, g, and cont (1, N) -> (c_t, h_t), each (1, N, D)."""
+    pre-activations (1, N, 4D) in the order i, f, o, g, and cont (1, N) -> (c_t, h_t), each (1, N, D).
+    f is cont * sigmoid(pre_f) as in LSTM's steps; Caffe sets f = 0 where cont is 0, which differs only when
+    pre_f or c_{t-1} is infinite or NaN."""
     i, f, o, g = gates.split(c_prev.shape[2], dim=2)
     c = cont.unsqueeze(2) * torch.sigmoid(f) * c_prev + torch.sigmoid(i) * torch.tanh(g)
     return c, torch.sigmoid(o) * torch.tanh(c)

@@ -20,7 +20,7 @@ class RepeatProduct(nn.Module):
         self.weight = nn.Parameter(torch.zeros(repeats * k, k))
 
     def forward(self, x):
-        y = x.reshape(x.shape[0], -1) @ self.weight.t()
+        y = x.flatten(1) @ self.weight.t()   # zero rows too (a reshape to -1 cannot size them)
         return y.reshape([x.shape[0], self.repeats] + list(x.shape[1:]))
 
 
@@ -54,7 +54,7 @@ class Repeat(Layer):
         return in_shapes[0][0] * attrs["repeats"] * count(in_shapes[0], 1) ** 2
 
     def forward(self, attrs, params, x):
-        y = x.reshape(x.shape[0], -1) @ params[0].t()
+        y = x.flatten(1) @ params[0].t()
         return y.reshape((x.shape[0], attrs["repeats"]) + tuple(x.shape[1:]))
 
     def onnx(self, ctx, node):
