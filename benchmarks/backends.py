@@ -1,0 +1,181 @@
+"""The backends against each other: the default path, the ONNX export and model.py against the exact module.
+
+For every .prototxt in a folder that caffeq loads with known input shapes (batch 1), this fills the weights at
+random (`load(..., random_weights=True, batch=1)`), feeds uniform [0, 1) inputs, runs the exact layer-by-layer
+module (`Model.run(..., exact=True)`) and compares every output of three other ways to run the same net with
+it, relative to the largest exact value:
+
+- `Model.run` (the default path: packed convolutions, folded BatchNorm, fused ReLUs);
+- onnxruntime on the exported ONNX (`export_onnx`; the loss and accuracy outputs it leaves out are skipped);
+- the standalone model.py (`export_pytorch`).
+
+Detection rows ([image, label, score, box]) are compared as sets, as benchmarks/opencv_outputs.py does:
+rows of equal scores come in either order ("ties" when over 90% of the rows agree; random weights give
+near-equal scores).  Identical files are run once.  Each file runs in a child forked from a parent that
+imported torch and caffeq once; two at a time.
+
+    python benchmarks/backends.py [FOLDER ...] [--json OUT.json] [--timeout 240] [--tolerance 1e-3]
+
+Prints one line per file (match, ties, DIFF with the backend, the output and the worst relative difference,
+or why it was not compared: load (caffeq refuses the file, or its inputs need the dataset), run, crash,
+timeout), then the totals.  A DIFF is a lead: an ArgMax or a max pooling may pick another of two values that
+differ by rounding alone.
+"""
+import argparse
+import importlib.util
+import json
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+DEFAULT_FOLDER = os.path.join(HERE, "..", "tests", "fixtures", "realworld")
+
+from opencv_outputs import compare, net_files  # noqa: E402  (this folder's script: the same comparison)
+
+
+def _model_py_outputs(model, feeds, folder):
+    """{blob: array} from the generated model.py, imported from `folder`."""
+    import torch
+
+    from caffeq.backends.pytorch_source import export_pytorch, identifier
+    info = export_pytorch(model, folder)
+    spec = importlib.util.spec_from_file_location("generated_model", str(Path(folder) / "model.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    net = module.load()
+    by_identifier = {identifier(b, set()): b for b in feeds}
+    with torch.no_grad():
+        out = net(*[torch.from_numpy(feeds[by_identifier.get(p, p)]) for p in info["inputs"]])
+    if not isinstance(out, dict):
+        out = {info["outputs"][0]: out}
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def _onnx_outputs(model, feeds, path):
+    import onnxruntime as ort
+    model.export_onnx(path)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})))
+
+
+def one_file(path, tolerance):
+    """Compare one prototxt's backends; never raises."""
+    import numpy as np
+
+    from caffeq.model import load
+
+    def why(e):
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [""]
+        return f"{type(e).__name__}: {lines[0][:200]}"
+    try:
+        model = load(path, random_weights=True, batch=1)
+    except Exception as e:
+        return {"status": "load", "why": why(e)}
+    if any(s is None for s in model.inputs.values()):
+        return {"status": "load", "why": "input shapes unknown without the dataset"}
+    rng = np.random.default_rng(1)
+    feeds = {k: rng.uniform(0, 1, s).astype(np.float32) for k, s in model.inputs.items()}
+    try:
+        exact = model.run(feeds, exact=True)
+    except Exception as e:
+        return {"status": "run", "why": why(e)}
+    types = {model.graph.tensors[t].blob: n.type for n in model.graph.nodes for t in n.outputs}
+    outputs, failures = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        backends = (("default", lambda: model.run(feeds)),
+                    ("onnx", lambda: _onnx_outputs(model, feeds, os.path.join(tmp, "model.onnx"))),
+                    ("model.py", lambda: _model_py_outputs(model, feeds, os.path.join(tmp, "py"))))
+        for backend, run in backends:
+            try:
+                got = run()
+            except Exception as e:
+                failures.append({"backend": backend, "why": why(e)})
+                continue
+            for blob, ref in exact.items():
+                if blob in got:
+                    outputs.append({"backend": backend, **compare(blob, types.get(blob, ""), got[blob], ref, tolerance)})
+    differ = [o for o in outputs if "rel" not in o or (o["rel"] >= tolerance and not o.get("ties"))]
+    status = ("DIFF" if differ or failures else "ties" if any(o.get("ties") for o in outputs) else "match")
+    return {"status": status, "outputs": outputs, "failures": failures}
+
+
+def _child(path, tolerance, conn):
+    try:
+        conn.send(one_file(path, tolerance))
+    except BaseException as e:   # a bug here must cost one file, not the run
+        conn.send({"status": "crash", "why": repr(e)[:300]})
+
+
+def _detail(result, tolerance):
+    if result["status"] not in ("DIFF", "ties"):
+        return result.get("why", "")
+    parts = [f"{f['backend']} failed: {f['why']}" for f in result.get("failures", [])]
+    worst = {}
+    for o in result.get("outputs", []):
+        rel = o.get("rel", float("inf"))
+        if (rel >= tolerance and not o.get("ties")) or result["status"] == "ties":
+            key = o["backend"]
+            if rel > worst.get(key, (-1.0, ""))[0]:
+                worst[key] = (rel, o["blob"])
+    parts += [f"{b} {blob} {rel:.3g}" for b, (rel, blob) in worst.items()]
+    return "; ".join(parts)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folders", nargs="*", default=[DEFAULT_FOLDER], help="folders of .prototxt files")
+    ap.add_argument("--timeout", type=float, default=240, help="seconds allowed per file")
+    ap.add_argument("--tolerance", type=float, default=1e-3, help="largest relative difference that matches")
+    ap.add_argument("--json", metavar="OUT", help="write per-file results and totals as JSON")
+    args = ap.parse_args(argv)
+    import onnxruntime  # noqa: F401  imported once, forked per file
+    import torch
+
+    import caffeq.model  # noqa: F401
+    torch.set_num_threads(1)
+    ctx = mp.get_context("fork")
+
+    def run(path):
+        recv, send = ctx.Pipe(False)
+        proc = ctx.Process(target=_child, args=(path, args.tolerance, send))
+        proc.start()
+        send.close()
+        result = None
+        try:
+            if recv.poll(args.timeout):
+                result = recv.recv()
+        except (EOFError, OSError):   # the child died before sending
+            pass
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        if result is None:
+            result = {"status": "timeout" if proc.exitcode in (None, -9) else "crash", "why": f"exit {proc.exitcode}"}
+        print(f"{result['status']:<8} {os.path.basename(path)[:90]}  {_detail(result, args.tolerance)}", flush=True)
+        return {"file": path, **result}
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(run, net_files(args.folders)))
+    totals = {}
+    for r in results:
+        totals[r["status"]] = totals.get(r["status"], 0) + 1
+    compared = sum(totals.get(k, 0) for k in ("match", "ties", "DIFF"))
+    print(f"compared {compared} of {len(results)} files: {totals.get('match', 0)} match on every backend, "
+          f"{totals.get('ties', 0)} up to tied detection scores, {totals.get('DIFF', 0)} differ; "
+          + ", ".join(f"{k} {v}" for k, v in sorted(totals.items()) if k not in ("match", "ties", "DIFF")))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"folders": args.folders, "totals": totals, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
