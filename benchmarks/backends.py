@@ -24,11 +24,9 @@ differ by rounding alone.
 import argparse
 import importlib.util
 import json
-import multiprocessing as mp
 import os
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,7 +34,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 DEFAULT_FOLDER = os.path.join(HERE, "..", "tests", "fixtures", "realworld")
 
-from opencv_outputs import compare, net_files  # noqa: E402  (this folder's script: the same comparison)
+from opencv_outputs import compare  # noqa: E402  (this folder's script: the same comparison)
+from per_file import count_statuses, net_files, run_forked  # noqa: E402
 
 
 def _model_py_outputs(model, feeds, folder):
@@ -106,13 +105,6 @@ def one_file(path, tolerance):
     return {"status": status, "outputs": outputs, "failures": failures}
 
 
-def _child(path, tolerance, conn):
-    try:
-        conn.send(one_file(path, tolerance))
-    except BaseException as e:   # a bug here must cost one file, not the run
-        conn.send({"status": "crash", "why": repr(e)[:300]})
-
-
 def _detail(result, tolerance):
     if result["status"] not in ("DIFF", "ties"):
         return result.get("why", "")
@@ -140,33 +132,10 @@ def main(argv=None):
 
     import caffeq.model  # noqa: F401
     torch.set_num_threads(1)
-    ctx = mp.get_context("fork")
 
-    def run(path):
-        recv, send = ctx.Pipe(False)
-        proc = ctx.Process(target=_child, args=(path, args.tolerance, send))
-        proc.start()
-        send.close()
-        result = None
-        try:
-            if recv.poll(args.timeout):
-                result = recv.recv()
-        except (EOFError, OSError):   # the child died before sending
-            pass
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-        if result is None:
-            result = {"status": "timeout" if proc.exitcode in (None, -9) else "crash", "why": f"exit {proc.exitcode}"}
-        print(f"{result['status']:<8} {os.path.basename(path)[:90]}  {_detail(result, args.tolerance)}", flush=True)
-        return {"file": path, **result}
-
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(run, net_files(args.folders)))
-    totals = {}
-    for r in results:
-        totals[r["status"]] = totals.get(r["status"], 0) + 1
+    results = run_forked(net_files(args.folders), one_file, (args.tolerance,), args.timeout,
+                         lambda result: _detail(result, args.tolerance))
+    totals = count_statuses(results)
     compared = sum(totals.get(k, 0) for k in ("match", "ties", "DIFF"))
     print(f"compared {compared} of {len(results)} files: {totals.get('match', 0)} match on every backend, "
           f"{totals.get('ties', 0)} up to tied detection scores, {totals.get('DIFF', 0)} differ; "

@@ -20,18 +20,17 @@ ones OpenCV names), crash, timeout), then the totals.  A DIFF is a
 lead, not a verdict: OpenCV departs from Caffe in places (README, "Second opinion").
 """
 import argparse
-import glob
-import hashlib
 import json
-import multiprocessing as mp
 import os
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 DEFAULT_FOLDER = os.path.join(HERE, "..", "tests", "fixtures", "realworld")
+
+from per_file import count_statuses, net_files, run_forked  # noqa: E402  (this folder's helper)
 
 
 def _detections(q, c):
@@ -119,26 +118,6 @@ def one_file(path, tolerance):
     return {"status": status, "outputs": outputs}
 
 
-def _child(path, tolerance, conn):
-    try:
-        conn.send(one_file(path, tolerance))
-    except BaseException as e:   # a bug here must cost one file, not the run
-        conn.send({"status": "crash", "why": repr(e)[:300]})
-
-
-def net_files(folders):
-    """The distinct .prototxt files (by content) of the folders, in name order."""
-    seen, files = set(), []
-    for folder in folders:
-        for path in sorted(glob.glob(os.path.join(folder, "*.prototxt"))):
-            with open(path, "rb") as f:
-                digest = hashlib.sha1(f.read()).hexdigest()
-            if digest not in seen:
-                seen.add(digest)
-                files.append(path)
-    return files
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folders", nargs="*", default=[DEFAULT_FOLDER], help="folders of .prototxt files")
@@ -152,35 +131,13 @@ def main(argv=None):
     import caffeq.model  # noqa: F401
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
-    ctx = mp.get_context("fork")
 
-    def run(path):
-        recv, send = ctx.Pipe(False)
-        proc = ctx.Process(target=_child, args=(path, args.tolerance, send))
-        proc.start()
-        send.close()
-        result = None
-        try:
-            if recv.poll(args.timeout):
-                result = recv.recv()
-        except (EOFError, OSError):   # the child died before sending (OpenCV aborted)
-            pass
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-        if result is None:
-            result = {"status": "timeout" if proc.exitcode in (None, -9) else "crash", "why": f"exit {proc.exitcode}"}
+    def describe(result):
         worst = max((o.get("rel", float("inf")) for o in result.get("outputs", [])), default=0.0)
-        detail = f"{worst:.3g}" if result["status"] in ("DIFF", "ties") else result.get("why", "")
-        print(f"{result['status']:<11} {os.path.basename(path)[:90]}  {detail}", flush=True)
-        return {"file": path, **result}
+        return f"{worst:.3g}" if result["status"] in ("DIFF", "ties") else result.get("why", "")
 
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(run, net_files(args.folders)))
-    totals = {}
-    for r in results:
-        totals[r["status"]] = totals.get(r["status"], 0) + 1
+    results = run_forked(net_files(args.folders), one_file, (args.tolerance,), args.timeout, describe)
+    totals = count_statuses(results)
     compared = sum(totals.get(k, 0) for k in ("match", "ties", "DIFF"))
     print(f"compared {compared} of {len(results)} files: {totals.get('match', 0)} match OpenCV, "
           f"{totals.get('ties', 0)} match up to tied detection scores, {totals.get('DIFF', 0)} differ; "

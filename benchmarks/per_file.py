@@ -1,0 +1,65 @@
+"""What the per-file benchmark scripts (opencv_outputs.py, backends.py) share: the distinct net files of some
+folders, and running one function on each file in a child forked from a parent that imported the heavy
+modules once, two at a time, with a timeout, so that a file that crashes or hangs costs that file only."""
+import glob
+import hashlib
+import multiprocessing as mp
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+
+def net_files(folders):
+    """The distinct .prototxt files (by content) of the folders, in name order."""
+    seen, files = set(), []
+    for folder in folders:
+        for path in sorted(glob.glob(os.path.join(folder, "*.prototxt"))):
+            with open(path, "rb") as f:
+                digest = hashlib.sha1(f.read()).hexdigest()
+            if digest not in seen:
+                seen.add(digest)
+                files.append(path)
+    return files
+
+
+def _child(one_file, path, extra, conn):
+    try:
+        conn.send(one_file(path, *extra))
+    except BaseException as e:   # a bug here must cost one file, not the run
+        conn.send({"status": "crash", "why": repr(e)[:300]})
+
+
+def run_forked(files, one_file, extra, timeout, describe, workers=2):
+    """[{"file": path, **one_file(path, *extra)}] for each file, each in a forked child given `timeout`
+    seconds ({"status": "timeout" / "crash", "why": ...} when it gives nothing); prints one line per file,
+    `describe(result)` after its status and name."""
+    ctx = mp.get_context("fork")
+
+    def run(path):
+        recv, send = ctx.Pipe(False)
+        proc = ctx.Process(target=_child, args=(one_file, path, extra, send))
+        proc.start()
+        send.close()
+        result = None
+        try:
+            if recv.poll(timeout):
+                result = recv.recv()
+        except (EOFError, OSError):   # the child died before sending (a library aborted)
+            pass
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        if result is None:
+            result = {"status": "timeout" if proc.exitcode in (None, -9) else "crash", "why": f"exit {proc.exitcode}"}
+        print(f"{result['status']:<11} {os.path.basename(path)[:90]}  {describe(result)}", flush=True)
+        return {"file": path, **result}
+
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(run, files))
+
+
+def count_statuses(results):
+    totals = {}
+    for r in results:
+        totals[r["status"]] = totals.get(r["status"], 0) + 1
+    return totals
