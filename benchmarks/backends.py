@@ -17,8 +17,8 @@ imported torch and caffeq once; two at a time.
     python benchmarks/backends.py [FOLDER ...] [--json OUT.json] [--timeout 240] [--tolerance 1e-3]
 
 Prints one line per file (match, ties, DIFF with the backend, the output and the worst relative difference,
-or why it was not compared: load (caffeq refuses the file, or its inputs need the dataset), run, crash,
-timeout), then the totals.  A DIFF is a lead: an ArgMax or a max pooling may pick another of two values that
+or why it was not compared: caffeq-load (caffeq refuses the file, or its inputs need the dataset),
+caffeq-run, crash, timeout), then the totals.  A DIFF is a lead: an ArgMax or a max pooling may pick another of two values that
 differ by rounding alone.
 """
 import argparse
@@ -35,7 +35,7 @@ sys.path.insert(0, HERE)
 DEFAULT_FOLDER = os.path.join(HERE, "..", "tests", "fixtures", "realworld")
 
 from opencv_outputs import compare  # noqa: E402  (this folder's script: the same comparison)
-from per_file import count_statuses, net_files, run_forked  # noqa: E402
+from per_file import count_statuses, load_and_run_exact, net_files, run_forked, why  # noqa: E402
 
 
 def _model_py_outputs(model, feeds, folder):
@@ -66,25 +66,10 @@ def _onnx_outputs(model, feeds, path):
 
 def one_file(path, tolerance):
     """Compare one prototxt's backends; never raises."""
-    import numpy as np
-
-    from caffeq.model import load
-
-    def why(e):
-        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [""]
-        return f"{type(e).__name__}: {lines[0][:200]}"
-    try:
-        model = load(path, random_weights=True, batch=1)
-    except Exception as e:
-        return {"status": "load", "why": why(e)}
-    if any(s is None for s in model.inputs.values()):
-        return {"status": "load", "why": "input shapes unknown without the dataset"}
-    rng = np.random.default_rng(1)
-    feeds = {k: rng.uniform(0, 1, s).astype(np.float32) for k, s in model.inputs.items()}
-    try:
-        exact = model.run(feeds, exact=True)
-    except Exception as e:
-        return {"status": "run", "why": why(e)}
+    loaded = load_and_run_exact(path)
+    if isinstance(loaded, dict):
+        return loaded
+    model, feeds, exact = loaded
     types = {model.graph.tensors[t].blob: n.type for n in model.graph.nodes for t in n.outputs}
     outputs, failures = [], []
     with tempfile.TemporaryDirectory() as tmp:

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 DEFAULT_FOLDER = os.path.join(HERE, "..", "tests", "fixtures", "realworld")
 
-from per_file import count_statuses, net_files, run_forked  # noqa: E402  (this folder's helper)
+from per_file import count_statuses, load_and_run_exact, net_files, run_forked, why  # noqa: E402  (this folder's helper)
 
 
 def _detections(q, c):
@@ -69,26 +69,12 @@ def compare(blob, layer_type, ours, theirs, tolerance):
 def one_file(path, tolerance):
     """Compare one prototxt; never raises."""
     import cv2
-    import numpy as np
 
     from caffeq.io.writer import write_model_caffemodel
-    from caffeq.model import load
-
-    def why(e):
-        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [""]
-        return f"{type(e).__name__}: {next((x for x in lines if 'error' in x), lines[0])[:200]}"
-    try:
-        model = load(path, random_weights=True, batch=1)
-    except Exception as e:
-        return {"status": "caffeq-load", "why": why(e)}
-    if any(s is None for s in model.inputs.values()):
-        return {"status": "caffeq-load", "why": "input shapes unknown without the dataset"}
-    rng = np.random.default_rng(1)
-    feeds = {k: rng.uniform(0, 1, s).astype(np.float32) for k, s in model.inputs.items()}
-    try:
-        ours = model.run(feeds, exact=True)
-    except Exception as e:
-        return {"status": "caffeq-run", "why": why(e)}
+    loaded = load_and_run_exact(path)
+    if isinstance(loaded, dict):
+        return loaded
+    model, feeds, ours = loaded
     producer = {}
     for node in model.graph.nodes:
         for i, t in enumerate(node.outputs):

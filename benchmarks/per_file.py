@@ -21,6 +21,33 @@ def net_files(folders):
     return files
 
 
+def why(e):
+    """One line for an exception: its type and the first line that names an error (else its first line)."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [""]
+    return f"{type(e).__name__}: {next((x for x in lines if 'error' in x), lines[0])[:200]}"
+
+
+def load_and_run_exact(path):
+    """(model, feeds, {blob: output}) of a net with random weights at batch 1 on uniform [0, 1) inputs (seed 1),
+    run by the exact layer-by-layer module; or the result saying why not ({"status": "caffeq-load" or
+    "caffeq-run", "why": ...})."""
+    import numpy as np
+
+    from caffeq.model import load
+    try:
+        model = load(path, random_weights=True, batch=1)
+    except Exception as e:
+        return {"status": "caffeq-load", "why": why(e)}
+    if any(s is None for s in model.inputs.values()):
+        return {"status": "caffeq-load", "why": "input shapes unknown without the dataset"}
+    rng = np.random.default_rng(1)
+    feeds = {k: rng.uniform(0, 1, s).astype(np.float32) for k, s in model.inputs.items()}
+    try:
+        return model, feeds, model.run(feeds, exact=True)
+    except Exception as e:
+        return {"status": "caffeq-run", "why": why(e)}
+
+
 def _child(one_file, path, extra, conn):
     try:
         conn.send(one_file(path, *extra))
