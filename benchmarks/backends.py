@@ -23,7 +23,6 @@ differ by rounding alone.
 """
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import tempfile
@@ -35,7 +34,7 @@ sys.path.insert(0, HERE)
 DEFAULT_FOLDER = os.path.join(HERE, "..", "tests", "fixtures", "realworld")
 
 from opencv_outputs import compare  # noqa: E402  (this folder's script: the same comparison)
-from per_file import count_statuses, load_and_run_exact, net_files, run_forked, why  # noqa: E402
+from per_file import load_and_run_exact, net_files, report, run_forked, why  # noqa: E402
 
 
 def _model_py_outputs(model, feeds, folder):
@@ -120,14 +119,7 @@ def main(argv=None):
 
     results = run_forked(net_files(args.folders), one_file, (args.tolerance,), args.timeout,
                          lambda result: _detail(result, args.tolerance))
-    totals = count_statuses(results)
-    compared = sum(totals.get(k, 0) for k in ("match", "ties", "DIFF"))
-    print(f"compared {compared} of {len(results)} files: {totals.get('match', 0)} match on every backend, "
-          f"{totals.get('ties', 0)} up to tied detection scores, {totals.get('DIFF', 0)} differ; "
-          + ", ".join(f"{k} {v}" for k, v in sorted(totals.items()) if k not in ("match", "ties", "DIFF")))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"folders": args.folders, "totals": totals, "results": results}, f, indent=1)
+    report(results, args.folders, args.json, "on every backend")
     return 0
 
 

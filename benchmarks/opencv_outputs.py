@@ -20,7 +20,6 @@ ones OpenCV names), crash, timeout), then the totals.  A DIFF is a
 lead, not a verdict: OpenCV departs from Caffe in places (README, "Second opinion").
 """
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -30,7 +29,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 DEFAULT_FOLDER = os.path.join(HERE, "..", "tests", "fixtures", "realworld")
 
-from per_file import count_statuses, load_and_run_exact, net_files, run_forked, why  # noqa: E402  (this folder's helper)
+from per_file import load_and_run_exact, net_files, report, run_forked, why  # noqa: E402  (this folder's helper)
 
 
 def _detections(q, c):
@@ -123,14 +122,7 @@ def main(argv=None):
         return f"{worst:.3g}" if result["status"] in ("DIFF", "ties") else result.get("why", "")
 
     results = run_forked(net_files(args.folders), one_file, (args.tolerance,), args.timeout, describe)
-    totals = count_statuses(results)
-    compared = sum(totals.get(k, 0) for k in ("match", "ties", "DIFF"))
-    print(f"compared {compared} of {len(results)} files: {totals.get('match', 0)} match OpenCV, "
-          f"{totals.get('ties', 0)} match up to tied detection scores, {totals.get('DIFF', 0)} differ; "
-          + ", ".join(f"{k} {v}" for k, v in sorted(totals.items()) if k not in ("match", "ties", "DIFF")))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"folders": args.folders, "totals": totals, "results": results}, f, indent=1)
+    report(results, args.folders, args.json, "OpenCV")
     return 0
 
 

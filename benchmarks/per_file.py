@@ -3,6 +3,7 @@ folders, and running one function on each file in a child forked from a parent t
 modules once, two at a time, with a timeout, so that a file that crashes or hangs costs that file only."""
 import glob
 import hashlib
+import json
 import multiprocessing as mp
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -85,8 +86,15 @@ def run_forked(files, one_file, extra, timeout, describe, workers=2):
         return list(pool.map(run, files))
 
 
-def count_statuses(results):
+def report(results, folders, json_path, matched):
+    """Print the totals line ("N match <matched>", ties, DIFF, the other statuses) and write the JSON."""
     totals = {}
     for r in results:
         totals[r["status"]] = totals.get(r["status"], 0) + 1
-    return totals
+    compared = sum(totals.get(k, 0) for k in ("match", "ties", "DIFF"))
+    print(f"compared {compared} of {len(results)} files: {totals.get('match', 0)} match {matched}, "
+          f"{totals.get('ties', 0)} match up to tied detection scores, {totals.get('DIFF', 0)} differ; "
+          + ", ".join(f"{k} {v}" for k, v in sorted(totals.items()) if k not in ("match", "ties", "DIFF")))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"folders": folders, "totals": totals, "results": results}, f, indent=1)
