@@ -83,7 +83,8 @@ def one_file(path, tolerance):
                 continue
             for blob, ref in exact.items():
                 if blob in got:
-                    outputs.append({"backend": backend, **compare(blob, types.get(blob, ""), got[blob], ref, tolerance)})
+                    outputs.append({"backend": backend,
+                                    **compare(blob, types.get(blob, ""), got[blob], ref, tolerance, zero_padded=False)})
     differ = [o for o in outputs if "rel" not in o or (o["rel"] >= tolerance and not o.get("ties"))]
     status = ("DIFF" if differ or failures else "ties" if any(o.get("ties") for o in outputs) else "match")
     return {"status": status, "outputs": outputs, "failures": failures}

@@ -32,19 +32,21 @@ DEFAULT_FOLDER = os.path.join(HERE, "..", "tests", "fixtures", "realworld")
 from per_file import load_and_run_exact, net_files, report, run_forked, why  # noqa: E402  (this folder's helper)
 
 
-def _detections(q, c):
-    """(caffeq rows, OpenCV rows) of a [image, label, score, box] output, padding and "none" rows dropped."""
+def _detections(q, c, zero_padded):
+    """(ours, theirs) rows of a [image, label, score, box] output, "none" rows (label -1) dropped, and theirs'
+    padding rows of zeros where zero_padded (OpenCV's)."""
     import numpy as np
     q, c = q.reshape(-1, 7), c.reshape(-1, 7)
-    return q[q[:, 1] >= 0], c[np.any(c != 0, axis=1)]
+    return q[q[:, 1] >= 0], c[np.any(c != 0, axis=1)] if zero_padded else c[c[:, 1] >= 0]
 
 
-def compare(blob, layer_type, ours, theirs, tolerance):
-    """{blob, type, rel or the two shapes, tie flag} for one output."""
+def compare(blob, layer_type, ours, theirs, tolerance, zero_padded=True):
+    """{blob, type, rel or the two shapes, tie flag} for one output; zero_padded: theirs pads detections
+    with rows of zeros, as OpenCV does (else with caffeq's one row of -1)."""
     import numpy as np
     q, c = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
     if "Detection" in layer_type and q.ndim and q.shape[-1] == 7 and c.size % 7 == 0:
-        q, c = _detections(q, c)
+        q, c = _detections(q, c, zero_padded)
         if len(q) == len(c) and 0 < len(q) <= 3000:
             scale = np.maximum(np.abs(c).max(0), 1e-6)   # per column: labels, scores and boxes apart
             nearest = (np.abs(q[:, None, :] - c[None, :, :]) / scale).max(-1).min(1)

@@ -595,6 +595,11 @@ def test_r3cnns_label_lists_give_the_label_in_both_tops(tmp_path):
     (tmp_path / "single.txt").write_text("a.jpg 0.25\n")
     with pytest.raises(DataError, match=r"reference: false \(RojunLin/R-3CNN\) makes it a list of float labels"):
         plan_data(data_layer(model), {}, str(tmp_path), data=str(tmp_path / "single.txt"))
+    # model.py says what the inputs hold (R-3CNN's R2Net train file exported with them as inputs)
+    from caffeq.backends.pytorch_source import export_pytorch
+    scaled = load_from_text(text + '\nlayer { name: "p" type: "Power" bottom: "label3" top: "p" power_param { scale: 2 } }')
+    export_pytorch(scaled, tmp_path / "py")
+    assert "no image read (R-3CNN's reference: false)" in (tmp_path / "py" / "model.py").read_text()
     with pytest.raises(CaffeqError, match=r"writes top\[1\] whatever the tops"):
         load_from_text(text.replace('top: "label3_none" ', ""))
     with pytest.raises(CaffeqError, match=r"image_data_param.batch_size must be >= 1, got 0"):

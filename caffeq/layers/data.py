@@ -241,6 +241,8 @@ class Data(DataLayer):
 @register_layer("ImageData")
 class ImageData(DataLayer):
     def preprocessing(self, attrs):
+        if attrs.get("labels_only"):
+            return ["no image read (R-3CNN's reference: false): both tops are each list line's float label"]
         lines = [f"images read with OpenCV ({'BGR colour' if attrs['is_color'] else 'gray'}, 0-255 values)"]
         if attrs["new_height"] and attrs["new_width"]:
             lines.append(f"resized to {attrs['new_height']}x{attrs['new_width']} (height x width)")
