@@ -16,10 +16,11 @@ imported torch and caffeq once; two at a time.
 
     python benchmarks/backends.py [FOLDER ...] [--json OUT.json] [--timeout 240] [--tolerance 1e-3]
 
-Prints one line per file (match, ties, DIFF with the backend, the output and the worst relative difference,
-or why it was not compared: caffeq-load (caffeq refuses the file, or its inputs need the dataset),
-caffeq-run, crash, timeout), then the totals.  A DIFF is a lead: an ArgMax or a max pooling may pick another of two values that
-differ by rounding alone.
+Prints one line per file (match, ties, DIFF with the backend, the output and the worst relative difference
+or the error a backend raised, refused where a backend refuses the net in one clear line and the others
+agree, or why it was not compared: caffeq-load (caffeq refuses the file, or its inputs need the dataset),
+caffeq-run, crash, timeout), then the totals.  A DIFF is a lead: an ArgMax or a max pooling may pick
+another of two values that differ by rounding alone.
 """
 import argparse
 import importlib.util
@@ -70,7 +71,8 @@ def one_file(path, tolerance):
         return loaded
     model, feeds, exact = loaded
     types = {model.graph.tensors[t].blob: n.type for n in model.graph.nodes for t in n.outputs}
-    outputs, failures = [], []
+    from caffeq.errors import CaffeqError
+    outputs, failures, refusals = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         backends = (("default", lambda: model.run(feeds)),
                     ("onnx", lambda: _onnx_outputs(model, feeds, os.path.join(tmp, "model.onnx"))),
@@ -78,6 +80,9 @@ def one_file(path, tolerance):
         for backend, run in backends:
             try:
                 got = run()
+            except CaffeqError as e:   # a clean refusal (a layer ONNX cannot express, a net with no outputs)
+                refusals.append({"backend": backend, "why": why(e)})
+                continue
             except Exception as e:
                 failures.append({"backend": backend, "why": why(e)})
                 continue
@@ -86,11 +91,14 @@ def one_file(path, tolerance):
                     outputs.append({"backend": backend,
                                     **compare(blob, types.get(blob, ""), got[blob], ref, tolerance, zero_padded=False)})
     differ = [o for o in outputs if "rel" not in o or (o["rel"] >= tolerance and not o.get("ties"))]
-    status = ("DIFF" if differ or failures else "ties" if any(o.get("ties") for o in outputs) else "match")
-    return {"status": status, "outputs": outputs, "failures": failures}
+    status = ("DIFF" if differ or failures else "refused" if refusals
+              else "ties" if any(o.get("ties") for o in outputs) else "match")
+    return {"status": status, "outputs": outputs, "failures": failures, "refusals": refusals}
 
 
 def _detail(result, tolerance):
+    if result["status"] == "refused":
+        return "; ".join(f"{f['backend']} refused: {f['why']}" for f in result["refusals"])
     if result["status"] not in ("DIFF", "ties"):
         return result.get("why", "")
     parts = [f"{f['backend']} failed: {f['why']}" for f in result.get("failures", [])]
