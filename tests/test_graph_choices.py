@@ -507,6 +507,20 @@ layer { name: "d" type: "Dropout" bottom: "x" top: "y" phase: TRAIN dropout_para
     assert not load_from_text(text.replace(" phase: TRAIN", "")).warnings
 
 
+def test_bayesian_segnets_test_time_dropout_is_noted_and_run_as_its_expectation():
+    # caffe-segnet's dropout_layer.cpp drops at TEST too with sample_weights_test (Bayesian SegNet's Monte Carlo
+    # samples, x * mask / (1 - ratio), averaged by its script); caffeq copies (their expectation) and says so
+    text = """
+layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+layer { name: "d" type: "Dropout" bottom: "x" top: "y" dropout_param { dropout_ratio: 0.5 sample_weights_test: true } }
+"""
+    model = load_from_text(text)
+    assert any("sample_weights_test: SegNet's Caffe drops units at random at TEST" in w for w in model.warnings)
+    x = rng().standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(model.run({"x": x})["y"], x)
+    assert not load_from_text(text.replace(" sample_weights_test: true", "")).warnings
+
+
 def test_dropout_ratio_one_loads_as_release_caffe_does(tmp_path):
     # dropout_layer.cpp checks the ratio with DCHECK only: a release build loads 1.0 (epi-depth's deploy
     # net does); TEST copies the input, and with scale_train false multiplies by 1 / scale_ = 0

@@ -147,6 +147,10 @@ class Dropout(Layer):
             # Caffe's Net::Init keeps a layer's own phase: this one drops units at random in any net
             notes.append("phase: TRAIN on the layer: Caffe drops units at random here even in a TEST net; caffeq "
                          "runs it as at TEST (no random drops)")
+        if p.sample_weights_test and ratio > 0:
+            # caffe-segnet's dropout_layer.cpp: Bayesian SegNet's Monte Carlo samples, averaged by its script
+            notes.append("sample_weights_test: SegNet's Caffe drops units at random at TEST too (Bayesian SegNet "
+                         "averages many such samples); caffeq runs the layer as their expectation, a copy")
         return {"ratio": ratio, "test_scale": test_scale, "reading_notes": notes}
 
     uses_training_flag = True
