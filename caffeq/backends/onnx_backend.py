@@ -123,24 +123,18 @@ class OnnxContext:
         prefix = self.layer.name if self.layer is not None else "t"
         return self.add_node(kind, inputs, self.tmp(f"{prefix}_{hint}"), name=name, **attrs)
 
-    def merge_axes(self, x, axis, hint="flat", name=None, end=None):
-        """IR tensor x with its axes axis..end (default: the last) merged into one; returns the new tensor.  The
-        target shape is taken from x at run time (Flatten, or Shape, Slice and ReduceProd), not a Reshape to
-        [0, ..., -1]: onnxruntime cannot infer the -1 beside a copied dim 0 of 0 (the zero rois a proposal layer
-        may give), and a static size is wrong where a Permute or Reshape moved the batch into the merged axes."""
-        rank = len(self.shape(x))
-        end = rank - 1 if end is None else end
-        if not 1 <= axis <= end < rank:
-            raise ExportError(f"{self._where()}: cannot merge axes {axis}..{end} of a {rank}-axis tensor")
-        if axis == 1 and end == rank - 1:
+    def merge_axes(self, x, axis, hint="flat", name=None):
+        """IR tensor x with its axes from `axis` (>= 1) on merged into one; returns the new tensor.  From axis 1,
+        ONNX's Flatten, which takes the size at run time (a batch a Permute moved into those axes); further on,
+        a Reshape to their static size.  Never a Reshape to [0, ..., -1]: onnxruntime cannot infer the -1 beside
+        a copied dim 0 of 0, the zero rois a proposal layer may give."""
+        shape = self.shape(x)
+        if not 1 <= axis < len(shape):
+            raise ExportError(f"{self._where()}: cannot merge the axes from {axis} of a {len(shape)}-axis tensor")
+        if axis == 1:
             return self.op("Flatten", [x], hint, name=name, axis=1)
-        shape = self.op("Shape", [x], f"{hint}_shape", name=name)
-        parts = [self.op("Slice", [shape, self.i64([0]), self.i64([axis])], f"{hint}_lead"),
-                 self.op("ReduceProd", [self.op("Slice", [shape, self.i64([axis]), self.i64([end + 1])], f"{hint}_merged")],
-                         f"{hint}_size", keepdims=1)]
-        if end + 1 < rank:
-            parts.append(self.op("Slice", [shape, self.i64([end + 1]), self.i64([rank])], f"{hint}_trail"))
-        return self.op("Reshape", [x, self.op("Concat", parts, f"{hint}_target", axis=0)], hint)
+        size = int(np.prod([int(d) for d in shape[axis:]], dtype=np.int64))
+        return self.op("Reshape", [x, self.i64([0] * axis + [size])], hint, name=name)
 
     def trunc(self, x, hint="trunc", name=None):
         """x rounded toward zero, C's float-to-int conversion (ONNX has no Trunc): |x| floored with x's sign."""

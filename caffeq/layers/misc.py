@@ -1,8 +1,6 @@
 """ArgMax, Reduction, Embed and Parameter (Accuracy and the loss layers are in losses.py)."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -52,7 +50,7 @@ def caffe_argmax(x, top_k: int, axis: int | None, out_max_val: bool, tail: list[
     if axis is not None:
         values, idx = caffe_topk(x, top_k, axis)
         return values if out_max_val else idx.to(x.dtype)
-    flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))   # a 1-D bottom too; no -1, so zero rows work
+    flat = x.flatten(1) if x.dim() > 1 else x.unsqueeze(1)   # a 1-axis bottom too; zero rows too
     values, idx = caffe_topk(flat, top_k, 1)
     out = idx.to(x.dtype)
     if out_max_val:

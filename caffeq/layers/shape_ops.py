@@ -305,12 +305,13 @@ class Flatten(Layer):
         x = node.inputs[0]
         shape = ctx.shape(x)
         start, end = _flatten_axes(node.attrs, len(shape))
-        if start >= 1 and end > start:
-            # merged at run time (zero rois, a batch that a Permute moved into the merged axes)
-            ctx.add_node("Identity", [ctx.merge_axes(x, start, name=node.name, end=end)], [node.outputs[0]])
+        if start == 1 and end == len(shape) - 1:
+            # ONNX's Flatten: zero rois, and a batch that a Permute moved into the merged axes
+            ctx.add_node("Flatten", [x], [node.outputs[0]], name=node.name, axis=1)
             return
-        # leading axes copied (0), the merged axis inferred, trailing axes (never dim 0) static
-        merged = -1 if end >= start else 1
+        # leading axes copied (0), trailing axes (never dim 0) static; the merged axis static too unless it takes
+        # in dim 0 (a -1 cannot be inferred beside a copied 0: the zero rois a proposal layer may give)
+        merged = (-1 if start == 0 else math.prod(int(d) for d in shape[start:end + 1])) if end >= start else 1
         spec = [0] * start + [merged] + [int(d) for d in shape[end + 1:]]
         onnx_reshape(ctx, x, spec, node.outputs[0], name=node.name)
 
