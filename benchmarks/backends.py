@@ -22,7 +22,6 @@ agree, or why it was not compared: caffeq-load (caffeq refuses the file, or its 
 caffeq-run, crash, timeout), then the totals.  A DIFF is a lead: an ArgMax or a max pooling may pick
 another of two values that differ by rounding alone.
 """
-import argparse
 import importlib.util
 import os
 import sys
@@ -35,7 +34,7 @@ sys.path.insert(0, HERE)
 DEFAULT_FOLDER = os.path.join(HERE, "..", "tests", "fixtures", "realworld")
 
 from opencv_outputs import compare  # noqa: E402  (this folder's script: the same comparison)
-from per_file import load_and_run_exact, net_files, report, run_forked, why  # noqa: E402
+from per_file import load_and_run_exact, net_files, parse_options, report, run_forked, why  # noqa: E402
 
 
 def _model_py_outputs(model, feeds, folder):
@@ -114,12 +113,7 @@ def _detail(result, tolerance):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("folders", nargs="*", default=[DEFAULT_FOLDER], help="folders of .prototxt files")
-    ap.add_argument("--timeout", type=float, default=240, help="seconds allowed per file")
-    ap.add_argument("--tolerance", type=float, default=1e-3, help="largest relative difference that matches")
-    ap.add_argument("--json", metavar="OUT", help="write per-file results and totals as JSON")
-    args = ap.parse_args(argv)
+    args = parse_options(__doc__, DEFAULT_FOLDER, 240, argv)
     import onnxruntime  # noqa: F401  imported once, forked per file
     import torch
 

@@ -19,7 +19,6 @@ compared: caffeq-load, caffeq-run, cv-read, cv-run, not-compared (no output is a
 ones OpenCV names), crash, timeout), then the totals.  A DIFF is a
 lead, not a verdict: OpenCV departs from Caffe in places (README, "Second opinion").
 """
-import argparse
 import os
 import sys
 import tempfile
@@ -29,7 +28,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 DEFAULT_FOLDER = os.path.join(HERE, "..", "tests", "fixtures", "realworld")
 
-from per_file import load_and_run_exact, net_files, report, run_forked, why  # noqa: E402  (this folder's helper)
+from per_file import load_and_run_exact, net_files, parse_options, report, run_forked, why  # noqa: E402  (this folder's helper)
 
 
 def _detections(q, c, zero_padded):
@@ -106,12 +105,7 @@ def one_file(path, tolerance):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("folders", nargs="*", default=[DEFAULT_FOLDER], help="folders of .prototxt files")
-    ap.add_argument("--timeout", type=float, default=120, help="seconds allowed per file")
-    ap.add_argument("--tolerance", type=float, default=1e-3, help="largest relative difference that matches")
-    ap.add_argument("--json", metavar="OUT", help="write per-file results and totals as JSON")
-    args = ap.parse_args(argv)
+    args = parse_options(__doc__, DEFAULT_FOLDER, 120, argv)
     import cv2  # noqa: F401  imported once, forked per file
     import torch
 

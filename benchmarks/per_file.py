@@ -1,12 +1,23 @@
 """What the per-file benchmark scripts (opencv_outputs.py, backends.py) share: the distinct net files of some
 folders, and running one function on each file in a child forked from a parent that imported the heavy
 modules once, two at a time, with a timeout, so that a file that crashes or hangs costs that file only."""
+import argparse
 import glob
 import hashlib
 import json
 import multiprocessing as mp
 import os
 from concurrent.futures import ThreadPoolExecutor
+
+
+def parse_options(doc, default_folder, timeout, argv=None):
+    """The options every per-file script takes: folders, --timeout, --tolerance, --json."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folders", nargs="*", default=[default_folder], help="folders of .prototxt files")
+    ap.add_argument("--timeout", type=float, default=timeout, help="seconds allowed per file")
+    ap.add_argument("--tolerance", type=float, default=1e-3, help="largest relative difference that matches")
+    ap.add_argument("--json", metavar="OUT", help="write per-file results and totals as JSON")
+    return ap.parse_args(argv)
 
 
 def net_files(folders):

@@ -123,14 +123,17 @@ class OnnxContext:
         prefix = self.layer.name if self.layer is not None else "t"
         return self.add_node(kind, inputs, self.tmp(f"{prefix}_{hint}"), name=name, **attrs)
 
-    def merge_axes(self, x, axis, hint="flat", name=None):
-        """IR tensor x with its axes from `axis` (>= 1) on merged into one; returns the new tensor.  From axis 1,
+    def merge_axes(self, x, axis, hint="flat", name=None, shape=None):
+        """IR tensor x with its axes from `axis` on merged into one; returns the new tensor.  From axis 1,
         ONNX's Flatten, which takes the size at run time (a batch a Permute moved into those axes); further on,
         a Reshape to their static size.  Never a Reshape to [0, ..., -1]: onnxruntime cannot infer the -1 beside
-        a copied dim 0 of 0, the zero rois a proposal layer may give."""
-        shape = self.shape(x)
-        if not 1 <= axis < len(shape):
+        a copied dim 0 of 0, the zero rois a proposal layer may give.  shape: x's static shape, for a tensor
+        that is not the graph's (a spec's intermediate)."""
+        shape = self.shape(x) if shape is None else shape
+        if not 0 <= axis < len(shape):
             raise ExportError(f"{self._where()}: cannot merge the axes from {axis} of a {len(shape)}-axis tensor")
+        if axis == 0:   # everything, dim 0 included
+            return self.op("Reshape", [x, self.i64([-1])], hint, name=name)
         if axis == 1:
             return self.op("Flatten", [x], hint, name=name, axis=1)
         size = int(np.prod([int(d) for d in shape[axis:]], dtype=np.int64))

@@ -580,13 +580,6 @@ class TransformedInnerProduct(TransformedWeights):
         return InnerProduct.pytorch_source(self, node, emit)
 
 
-def _onnx_rows(ctx, node, x, axis):
-    """x with the axes from `axis` on merged into K, the size the weights fix (a static size: a -1 beside the
-    copied dim 0 cannot be inferred when it is 0, the zero rois a proposal layer may give)."""
-    k = count(ctx.shape(x), axis)
-    return ctx.op("Reshape", [x, ctx.i64([0] * axis + [k])], "flat")
-
-
 # jolibrain/caffe's SparseInnerProduct (23928c0, sparse_inner_product_layer.cpp) multiplies a CSR batch from
 # SparseData by the same (num_output, K) weights and falls back to this dense forward for a dense bottom;
 # caffeq's SparseData input is dense
@@ -674,7 +667,7 @@ class InnerProduct(Layer):
             if not a["transpose"]:
                 w = ctx.add_node("Transpose", [w], ctx.tmp(node.name + "_wT"), perm=[1, 0])
             if rank != axis + 1:
-                x = _onnx_rows(ctx, node, x, axis)
+                x = ctx.merge_axes(x, axis, shape=ctx.shape(x))
             mm = node.outputs[0] if not bias else ctx.tmp(node.name + "_mm")
             ctx.add_node("MatMul", [x, w], [mm], name=node.name)
             if bias:
@@ -690,7 +683,7 @@ class InnerProduct(Layer):
                          transB=0 if a["transpose"] else 1)
             return
         if rank != axis + 1:
-            x = _onnx_rows(ctx, node, x, axis)
+            x = ctx.merge_axes(x, axis, shape=ctx.shape(x))
         w = ctx.weight(node, 0, transpose=not a["transpose"])  # MatMul wants K x N
         if bias:
             mm = ctx.tmp(node.name + "_mm")

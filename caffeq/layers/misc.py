@@ -198,10 +198,7 @@ class Reduction(Layer):
         x, out = node.inputs[0], node.outputs[0]
         axis = a["_axis"]
         if len(ctx.shape(x)) != axis + 1:
-            if axis == 0:
-                x = ctx.op("Reshape", [x, ctx.i64([-1])], "flat")
-            else:
-                x = ctx.merge_axes(x, axis)
+            x = ctx.merge_axes(x, axis)
         op = {SUM: "ReduceSum", ASUM: "ReduceL1", SUMSQ: "ReduceSumSquare", MEAN: "ReduceMean"}[a["op"]]
         if a["coeff"] == 1:
             onnx_reduce(ctx, op, x, [axis], 0, out=out)
