@@ -9,7 +9,7 @@ it, relative to the largest exact value:
 - onnxruntime on the exported ONNX (`export_onnx`; the loss and accuracy outputs it leaves out are skipped);
 - the standalone model.py (`export_pytorch`).
 
-Detection rows ([image, label, score, box]) are compared as sets, as benchmarks/opencv_outputs.py does:
+Detection rows ([image, label, score, box...]) are compared as sets, as benchmarks/opencv_outputs.py does:
 rows of equal scores come in either order ("ties" when over 90% of the rows agree; random weights give
 near-equal scores).  Identical files are run once.  Each file runs in a child forked from a parent that
 imported torch and caffeq once; two at a time.

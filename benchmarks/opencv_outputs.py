@@ -5,9 +5,9 @@ random (`load(..., random_weights=True, batch=1)`), writes them as a caffemodel 
 writer, feeds the same uniform [0, 1) inputs to caffeq's exact layer-by-layer module and to OpenCV 4's
 `cv2.dnn.readNetFromCaffe(prototxt, caffemodel)` (its own CPU backend, layer fusion off), and compares
 every output both produce, relative to the largest OpenCV value.  Detection rows ([image, label, score,
-box]) are compared as sets: OpenCV pads with zero rows where Caffe writes one row of -1, and rows of equal
-scores come in either order ("ties" when over 90% of the rows agree; random weights give near-equal
-scores).  Identical files are run once.
+box...], 7 columns or more) are compared as sets: OpenCV pads with zero rows where Caffe writes one row
+of -1, and rows of equal scores come in either order ("ties" when over 90% of the rows agree; random
+weights give near-equal scores).  Identical files are run once.
 
 Each file runs in a child forked from a parent that imported torch, OpenCV and caffeq once (OpenCV may
 abort on a file); two at a time.
@@ -32,10 +32,12 @@ from per_file import load_and_run_exact, net_files, parse_options, report, run_f
 
 
 def _detections(q, c, zero_padded):
-    """(ours, theirs) rows of a [image, label, score, box] output, "none" rows (label -1) dropped, and theirs'
-    padding rows of zeros where zero_padded (OpenCV's)."""
+    """(ours, theirs) rows of an [image, label, score, box...] output (7 columns, or more where a fork adds
+    quadrilaterals), "none" rows (label -1) dropped, and theirs' padding rows of zeros where zero_padded
+    (OpenCV's)."""
     import numpy as np
-    q, c = q.reshape(-1, 7), c.reshape(-1, 7)
+    width = q.shape[-1]
+    q, c = q.reshape(-1, width), c.reshape(-1, width)
     return q[q[:, 1] >= 0], c[np.any(c != 0, axis=1)] if zero_padded else c[c[:, 1] >= 0]
 
 
@@ -44,7 +46,7 @@ def compare(blob, layer_type, ours, theirs, tolerance, zero_padded=True):
     with rows of zeros, as OpenCV does (else with caffeq's one row of -1)."""
     import numpy as np
     q, c = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    if "Detection" in layer_type and q.ndim and q.shape[-1] == 7 and c.size % 7 == 0:
+    if "Detection" in layer_type and q.ndim and q.shape[-1] >= 7 and c.size % q.shape[-1] == 0:
         q, c = _detections(q, c, zero_padded)
         if len(q) == len(c) and 0 < len(q) <= 3000:
             scale = np.maximum(np.abs(c).max(0), 1e-6)   # per column: labels, scores and boxes apart

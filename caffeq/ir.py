@@ -236,6 +236,7 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
     shapes_used = set()
     unsized = {}            # (type, why) -> names of layers whose tops only a dataset or plugin could size
     guessed_labels = {}     # temp id -> the data layer whose label top it is, shaped (N,) as in BVLC Caffe
+    from_guessed = {}       # temp id -> the guessed top's temp id, for tops computed from one
     reading_notes = {}      # (type, text) -> (its line in notes, names of the layers it is about)
     renamed = []            # [its line in notes, the repeated names] once a name repeats
 
@@ -300,9 +301,14 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
                 raise
             except (LayerError, ShapeError) as e:
                 label = next((i for i in in_ids if i in guessed_labels), None)
+                derived = next((i for i in in_ids if i in from_guessed), None) if label is None else None
                 if unknown_shapes_ok and lp.type == "Python":
                     # a fork's variant of a Python layer caffeq knows (other bottoms or tops): listed, never run
                     why = python_variant_reason(lp, str(e).removeprefix(f"{where}: "))
+                elif derived is not None:
+                    label = from_guessed[derived]
+                    why = _guessed_label_reason(temp_blob[label], guessed_labels[label], shapes[label],
+                                                temp_blob[derived])
                 elif label is None:
                     joins = lp.type in ("Concat", "Eltwise")
                     embeds = _unit_axis_embeds(in_ids, nodes, shapes) if joins else []
@@ -355,6 +361,13 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
             values.update((out_ids[i], v) for i, v in spec.top_values(attrs, in_shapes).items())
         if spec.is_data and all(s is not None for s in out_shapes):
             guessed_labels.update((out_ids[i], lp) for i in spec.guessed_label_tops(attrs, given))
+        else:
+            # a shape that fails layers later may come from a guessed top, not from the net
+            origin = next((i for i in in_ids if i in guessed_labels), None)
+            if origin is None:
+                origin = next((from_guessed[i] for i in in_ids if i in from_guessed), None)
+            if origin is not None:
+                from_guessed.update((t, origin) for t in out_ids)
         # bottoms the layer's forward overwrites in place (Ristretto's trimmed inputs): a new version
         # for the later layers that read them, as outputs after the tops
         written = _written_back(spec, attrs, lp, layers[position + 1:], outputs)
@@ -644,14 +657,15 @@ def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_
                          f"{[list(s) for s in in_shapes]}: {type(e).__name__}: {e}") from None
 
 
-def _guessed_label_reason(top, data_layer, shape):
-    """Why a layer that fails on a data layer's label (or a fork data layer's data) may only need
-    that top's real shape."""
+def _guessed_label_reason(top, data_layer, shape, through=None):
+    """Why a layer that fails on a data layer's label (or a fork data layer's data), or on a blob computed
+    from one (`through`, its bottom), may only need that top's real shape."""
+    lead = f"bottom '{through}' is computed from '{top}', which" if through else f"bottom '{top}'"
     if data_layer.top and top == data_layer.top[0]:
-        return (f"bottom '{top}' is the data of '{data_layer.name}', a fork's data layer ({data_layer.type}) "
+        return (f"{lead} is the data of '{data_layer.name}', a fork's data layer ({data_layer.type}) "
                 f"that caffeq sizes as Caffe's Data layer, {list(shape)}; its own reader may give another shape: "
                 f"give it with --input-shape {top}=N,C,H,W")
-    return (f"bottom '{top}' is the label of data layer '{data_layer.name}' ({data_layer.type}), shaped "
+    return (f"{lead} is the label of data layer '{data_layer.name}' ({data_layer.type}), shaped "
             f"{list(shape)} as BVLC Caffe gives it; a fork's reader may give more (caffe-ocr's ImageData "
             f"reads every label of a line: N x labels x 1 x 1): give its shape with --input-shape {top}=...")
 

@@ -581,6 +581,35 @@ layer { name: "vol" type: "Reshape" bottom: "data" top: "vol" reshape_param { sh
     assert load_from_text(text, input_shapes={"data": (2, 32, 4, 4)}).blob_shapes["vol"] == (2, 2, 16, 4, 4)
 
 
+def test_a_guessed_data_shape_that_fails_layers_later_names_input_shape_there_too():
+    # antran89/two-stream-fcan's VideoSnippetData gives 3 x 100 frames on channels (its datum's shape),
+    # which a Reshape turns into a clip; sized as Caffe's Data layer (3 channels) the clip is one frame
+    # long and only a temporal pooling several layers later fails
+    text = """
+layer { name: "snip" type: "VideoSnippetData" top: "data" top: "label" transform_param { crop_size: 4 }
+        data_param { source: "x" batch_size: 1 } }
+layer { name: "clip" type: "Reshape" bottom: "data" top: "clip" reshape_param { shape { dim: 3 dim: -1 } axis: 1 num_axes: 1 } }
+layer { name: "conv" type: "Convolution" bottom: "clip" top: "conv" convolution_param { num_output: 2 kernel_size: 1 axis: 1 } }
+layer { name: "pool" type: "Pooling3D" bottom: "conv" top: "pool" pooling3d_param { pool: MAX kernel_size: 2 kernel_depth: 13 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip" inner_product_param { num_output: 5 } }
+"""
+    why = (r"layer 'pool' \(Pooling3D\): .*; bottom 'conv' is computed from 'data', which is the data of 'snip', a "
+           r"fork's data layer \(VideoSnippetData\) that caffeq sizes as Caffe's Data layer, \[1, 3, 4, 4\]; its own "
+           r"reader may give another shape: give it with --input-shape data=")
+    with pytest.raises(CaffeqError, match=why):
+        load_from_text(text)
+    listed = load_from_text(text, unknown_shapes_ok=True)
+    assert listed.blob_shapes["conv"] == (1, 2, 1, 4, 4) and listed.blob_shapes["pool"] is None
+    assert any("the shapes after it are unknown" in w and "'pool'" in w for w in listed.warnings)
+    sized = load_from_text(text, input_shapes={"data": (1, 3 * 26, 4, 4)})
+    assert sized.blob_shapes["pool"] == (1, 2, 14, 3, 3)   # 26 frames, kernel 13, stride 1
+    # a failure on no guessed top is still the net's own error
+    with pytest.raises(CaffeqError, match=r"layer 'pool' \(Pooling3D\)") as e:
+        load_from_text(text.replace("kernel_depth: 13", "kernel_depth: 13 stride: 0"),
+                       input_shapes={"data": (1, 3 * 26, 4, 4)})
+    assert "computed from" not in str(e.value)
+
+
 def test_a_fork_data_layer_named_data_something_with_a_data_param_is_an_input():
     """RegNet's DenseRegisterDataXY: no bottoms, "Data" in the type and a *data_param message."""
     text = """
