@@ -221,6 +221,27 @@ def test_rrpn_layers_check_their_params():
         load_from_text(net.replace("pooled_w: 2", ""))
 
 
+def test_crpn_rotated_roi_layers_read_with_their_own_field_and_two_bottoms():
+    # xhzdeng/crpn: rotate_roi_pooling_param / rotate_roi_align_param, bottoms data and rois only
+    net = ('layer { name: "d" type: "Input" top: "data" top: "rois" input_param { '
+           'shape { dim: 2 dim: 3 dim: 8 dim: 6 } shape { dim: 5 dim: 6 } } }\n'
+           'layer { name: "r" type: "RotateROIPooling" bottom: "data" bottom: "rois" top: "o" '
+           'rotate_roi_pooling_param { pooled_h: 7 pooled_w: 4 spatial_scale: 0.125 } }')
+    model = load_from_text(net)
+    assert model.blob_shapes["o"] == (5, 3, 7, 4)
+    with pytest.raises(CaffeqError, match=r"layer 'r' \(RotateROIPooling\): caffeq does not run CRPN's rotated"):
+        model.run({"data": np.zeros((2, 3, 8, 6), np.float32), "rois": np.zeros((5, 6), np.float32)})
+    with pytest.raises(LayerError, match=r"CRPN's RotateROIPooling takes 2 bottoms \(data, rois\)"):
+        load_from_text(net.replace('bottom: "rois" top: "o"', 'bottom: "rois" bottom: "rois" top: "o"'))
+    with pytest.raises(LayerError, match="rotate_roi_pooling_param.pooled_h must be > 0"):
+        load_from_text(net.replace("pooled_h: 7", ""))
+    align = net.replace("RotateROIPooling", "RotateROIAlign").replace("rotate_roi_pooling", "rotate_roi_align")
+    assert load_from_text(align).blob_shapes["o"] == (5, 3, 7, 4)
+    # RRPN's field still asks for im_info
+    with pytest.raises(LayerError, match=r"RotateROIPooling takes 3 bottoms \(data, rois, im_info\)"):
+        load_from_text(net.replace("rotate_roi_pooling_param", "rotate_pooling_param"))
+
+
 def test_xdet_fpn_test_prototxt_reads_and_refuses_to_run(tmp_path):
     """Xdet's proposal_layer.py makes cfg.FPNRATIOS (5) x FPNRSCALES (1) anchors; its setup looks at no
     bottom, so Caffe loads the net: caffeq reads it and refuses the proposals at run and export."""

@@ -11,6 +11,11 @@ Text Detection via Rotation Proposals"): read and sized, not run.
   `RotateROIAlign` (rotate_roi_align_layer.cpp): bottoms data (N, C, H, W), rois (R, 6), im_info;
   top (R, C, pooled_h, pooled_w) as their Reshape gives.  They pool over each rotated roi's
   quadrilateral cells; caffeq does not run them (their rois come only from the rotated proposals).
+- xhzdeng/crpn a5aef0f (Deng et al., "Detecting Multi-Oriented Text with Corner-based Region Proposals")
+  declares the same two types with `rotate_roi_pooling_param` / `rotate_roi_align_param` and no im_info:
+  bottoms data, rois (R, 6) = [batch, x1, y1, x2, y2, angle in degrees] (RotateROIAlign takes an optional
+  third); top (R, C, pooled_h, pooled_w).  Its rois come from the fork's corner-based
+  rpn.proposal_layer, which caffeq does not run either.
 """
 from .param_str import parse_param_str
 from .registry import LayerError, ReadOnlyLayer, need_blobs, register_layer
@@ -40,14 +45,20 @@ class RotatedProposal(ReadOnlyLayer):
 class RotateROIPooling(ReadOnlyLayer):
     def parse(self, lp):
         what = lp.type
-        need_blobs(lp, what, 3, 1, "data, rois, im_info")
-        p = lp.rotate_pooling_param if what == "RotateROIPooling" else lp.rotate_align_param
-        field = "rotate_pooling_param" if what == "RotateROIPooling" else "rotate_align_param"
+        pooling = what == "RotateROIPooling"
+        crpn = lp.HasField("rotate_roi_pooling_param" if pooling else "rotate_roi_align_param")
+        if crpn:   # MinBottomBlobs 2, MaxBottomBlobs 2 (pooling) or 3 (align)
+            need_blobs(lp, f"CRPN's {what}", 2 if pooling else (2, 3), 1, "data, rois")
+            field = "rotate_roi_pooling_param" if pooling else "rotate_roi_align_param"
+        else:
+            need_blobs(lp, what, 3, 1, "data, rois, im_info")
+            field = "rotate_pooling_param" if pooling else "rotate_align_param"
+        p = getattr(lp, field)
         for key in ("pooled_h", "pooled_w"):
             if getattr(p, key) < 1:   # LayerSetUp: CHECK_GT(pooled_h, 0)
                 raise LayerError(f"{field}.{key} must be > 0, got {getattr(p, key)}")
-        return {"name": lp.name, "kind": what, "pooled_h": int(p.pooled_h), "pooled_w": int(p.pooled_w),
-                "spatial_scale": float(p.spatial_scale)}
+        return {"name": lp.name, "kind": what, "fork": "CRPN" if crpn else "RRPN", "pooled_h": int(p.pooled_h),
+                "pooled_w": int(p.pooled_w), "spatial_scale": float(p.spatial_scale)}
 
     def infer(self, attrs, in_shapes):
         data, rois = in_shapes[0], in_shapes[1]
@@ -56,5 +67,5 @@ class RotateROIPooling(ReadOnlyLayer):
         return [(rois[0], data[1], attrs["pooled_h"], attrs["pooled_w"])]
 
     def why_not_run(self, attrs):
-        return ("caffeq does not run RRPN's rotated ROI pooling (its rois come from RRPN's rotated "
-                "proposals, which it does not run either)")
+        return (f"caffeq does not run {attrs['fork']}'s rotated ROI pooling (its rois come from {attrs['fork']}'s "
+                f"rotated proposals, which it does not run either)")
