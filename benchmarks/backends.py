@@ -10,9 +10,9 @@ it, relative to the largest exact value:
 - the standalone model.py (`export_pytorch`).
 
 Detection rows ([image, label, score, box...]) are compared as sets, as benchmarks/opencv_outputs.py does:
-rows of equal scores come in either order ("ties" when over 90% of the rows agree; random weights give
-near-equal scores).  Identical files are run once.  Each file runs in a child forked from a parent that
-imported torch and caffeq once; two at a time.
+rows of equal scores come in either order, and so may change which boxes NMS keeps ("ties" when over 90%
+of the rows on each side have a match; random weights give near-equal scores).  Identical files are run
+once.  Each file runs in a child forked from a parent that imported torch and caffeq once; two at a time.
 
     python benchmarks/backends.py [FOLDER ...] [--json OUT.json] [--timeout 240] [--tolerance 1e-3]
 

@@ -6,8 +6,9 @@ writer, feeds the same uniform [0, 1) inputs to caffeq's exact layer-by-layer mo
 `cv2.dnn.readNetFromCaffe(prototxt, caffemodel)` (its own CPU backend, layer fusion off), and compares
 every output both produce, relative to the largest OpenCV value.  Detection rows ([image, label, score,
 box...], 7 columns or more) are compared as sets: OpenCV pads with zero rows where Caffe writes one row
-of -1, and rows of equal scores come in either order ("ties" when over 90% of the rows agree; random
-weights give near-equal scores).  Identical files are run once.
+of -1, and rows of equal scores come in either order, which in NMS may keep other boxes and change the
+count ("ties" when over 90% of the rows on each side have a match; random weights give near-equal
+scores).  Identical files are run once.
 
 Each file runs in a child forked from a parent that imported torch, OpenCV and caffeq once (OpenCV may
 abort on a file); two at a time.
@@ -48,12 +49,16 @@ def compare(blob, layer_type, ours, theirs, tolerance, zero_padded=True):
     q, c = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
     if "Detection" in layer_type and q.ndim and q.shape[-1] >= 7 and c.size % q.shape[-1] == 0:
         q, c = _detections(q, c, zero_padded)
-        if len(q) == len(c) and 0 < len(q) <= 3000:
+        if 0 < len(q) <= 3000 and 0 < len(c) <= 3000 and (len(q) == len(c) or min(len(q), len(c)) > 20):
             scale = np.maximum(np.abs(c).max(0), 1e-6)   # per column: labels, scores and boxes apart
-            nearest = (np.abs(q[:, None, :] - c[None, :, :]) / scale).max(-1).min(1)
-            rel = float(nearest.max())
+            apart = (np.abs(q[:, None, :] - c[None, :, :]) / scale).max(-1)
+            # each side's rows against the other's: a tied box kept in another order suppresses other
+            # boxes in NMS, so ties can change the count too
+            nearest = np.concatenate([apart.min(1), apart.min(0)])
+            rel = float(nearest.max()) if len(q) == len(c) else float("inf")
             tie = rel >= tolerance and float((nearest < tolerance).mean()) > 0.9
-            return {"blob": blob, "type": layer_type, "rel": rel, "rows": len(q), "ties": tie}
+            rows = {"rows": len(q)} if len(q) == len(c) else {"rows": len(q), "other_rows": len(c)}
+            return {"blob": blob, "type": layer_type, "rel": rel, **rows, "ties": tie}
     if q.size != c.size:
         return {"blob": blob, "type": layer_type, "shape": list(q.shape), "opencv_shape": list(c.shape)}
     q, c = q.reshape(-1), c.reshape(-1)
