@@ -9,12 +9,17 @@ it, relative to the largest exact value:
 - onnxruntime on the exported ONNX (`export_onnx`; the loss and accuracy outputs it leaves out are skipped);
 - the standalone model.py (`export_pytorch`).
 
+With --quantize, the random weights are quantized first (`caffeq.quantize(model, "int8")`) and every
+backend is compared with the quantized model's exact module: the quantized ONNX and model.py must compute
+what caffeq computes with the same quantized weights.
+
 Detection rows ([image, label, score, box...]) are compared as sets, as benchmarks/opencv_outputs.py does:
 rows of equal scores come in either order, and so may change which boxes NMS keeps ("ties" when over 90%
 of the rows on each side have a match; random weights give near-equal scores).  Identical files are run
 once.  Each file runs in a child forked from a parent that imported torch and caffeq once; two at a time.
 
     python benchmarks/backends.py [FOLDER ...] [--json OUT.json] [--timeout 240] [--tolerance 1e-3]
+           [--quantize fp16|int8|binary]
 
 Prints one line per file (match, ties, DIFF with the backend, the output and the worst relative difference
 or the error a backend raised, refused where a backend refuses the net in one clear line and the others
@@ -63,12 +68,19 @@ def _onnx_outputs(model, feeds, path):
     return dict(zip(names, session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})))
 
 
-def one_file(path, tolerance):
-    """Compare one prototxt's backends; never raises."""
+def one_file(path, tolerance, scheme=None):
+    """Compare one prototxt's backends (of its weights quantized to `scheme`, when given); never raises."""
     loaded = load_and_run_exact(path)
     if isinstance(loaded, dict):
         return loaded
     model, feeds, exact = loaded
+    if scheme:
+        import caffeq
+        try:
+            model = caffeq.quantize(model, scheme)
+            exact = model.run(feeds, exact=True)
+        except Exception as e:
+            return {"status": "caffeq-run", "why": f"{scheme}: {why(e)}"}
     types = {model.graph.tensors[t].blob: n.type for n in model.graph.nodes for t in n.outputs}
     from caffeq.errors import CaffeqError
     outputs, failures, refusals = [], [], []
@@ -113,14 +125,17 @@ def _detail(result, tolerance):
 
 
 def main(argv=None):
-    args = parse_options(__doc__, DEFAULT_FOLDER, 240, argv)
+    args = parse_options(__doc__, DEFAULT_FOLDER, 240, argv,
+                         extra=lambda ap: ap.add_argument(
+                             "--quantize", choices=("fp16", "int8", "binary"),
+                             help="quantize the random weights first: every backend against the quantized exact module"))
     import onnxruntime  # noqa: F401  imported once, forked per file
     import torch
 
     import caffeq.model  # noqa: F401
     torch.set_num_threads(1)
 
-    results = run_forked(net_files(args.folders), one_file, (args.tolerance,), args.timeout,
+    results = run_forked(net_files(args.folders), one_file, (args.tolerance, args.quantize), args.timeout,
                          lambda result: _detail(result, args.tolerance))
     report(results, args.folders, args.json, "on every backend")
     return 0

@@ -10,13 +10,16 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 
-def parse_options(doc, default_folder, timeout, argv=None):
-    """The options every per-file script takes: folders, --timeout, --tolerance, --json."""
+def parse_options(doc, default_folder, timeout, argv=None, extra=None):
+    """The options every per-file script takes: folders, --timeout, --tolerance, --json; `extra(parser)`
+    adds a script's own."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folders", nargs="*", default=[default_folder], help="folders of .prototxt files")
     ap.add_argument("--timeout", type=float, default=timeout, help="seconds allowed per file")
     ap.add_argument("--tolerance", type=float, default=1e-3, help="largest relative difference that matches")
     ap.add_argument("--json", metavar="OUT", help="write per-file results and totals as JSON")
+    if extra:
+        extra(ap)
     return ap.parse_args(argv)
 
 
