@@ -17,9 +17,23 @@ def pva_sort_order(scores, num_top: int):
     if not bool(torch.isnan(scores).any()) and bool((vals[:m] != vals[1:m + 1]).all()):
         return order[:k]
     s, idx = scores.tolist(), list(range(n))
+    has_nan = bool(torch.isnan(scores).any())
     stack = [(0, n - 1)]
     while stack:
         start, end = stack.pop()
+        if not has_nan and end > start and s[start] >= max(s[start + 1:end + 1]):
+            # a pivot no later score exceeds moves nothing: the scans only go on with the next box as
+            # pivot.  Such a run (the zeros of removed boxes when fewer than num_top are left) took one
+            # Python scan per box, minutes on a large map; skipped here at once
+            later = torch.tensor(s[start + 1:end + 1], dtype=torch.float64)
+            highest_after = later.flip(0).cummax(0).values.flip(0).tolist()   # [j]: max(s[first + 1 + j:])
+            first = start
+            while start + 1 < num_top and start + 1 < end:
+                start += 1
+                if s[start] < highest_after[start - first]:
+                    break
+            else:
+                continue
         pivot, left, right = s[start], start + 1, end
         while left <= right:
             while left <= end and s[left] >= pivot:
