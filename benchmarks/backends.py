@@ -9,9 +9,10 @@ it, relative to the largest exact value:
 - onnxruntime on the exported ONNX (`export_onnx`; the loss and accuracy outputs it leaves out are skipped);
 - the standalone model.py (`export_pytorch`).
 
-With --quantize, the random weights are quantized first (`caffeq.quantize(model, "int8")`) and every
+With --quantize fp16|int8|binary, the random weights are quantized first (`caffeq.quantize`) and every
 backend is compared with the quantized model's exact module: the quantized ONNX and model.py must compute
-what caffeq computes with the same quantized weights.
+what caffeq computes with the same quantized weights (a net the quantizer refuses counts as
+caffeq-run).
 
 Detection rows ([image, label, score, box...]) are compared as sets, as benchmarks/opencv_outputs.py does:
 rows of equal scores come in either order, and so may change which boxes NMS keeps ("ties" when over 90%

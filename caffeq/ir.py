@@ -305,10 +305,6 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
                 if unknown_shapes_ok and lp.type == "Python":
                     # a fork's variant of a Python layer caffeq knows (other bottoms or tops): listed, never run
                     why = python_variant_reason(lp, str(e).removeprefix(f"{where}: "))
-                elif derived is not None:
-                    label = from_guessed[derived]
-                    why = _guessed_label_reason(temp_blob[label], guessed_labels[label], shapes[label],
-                                                temp_blob[derived])
                 elif label is None:
                     joins = lp.type in ("Concat", "Eltwise")
                     embeds = _unit_axis_embeds(in_ids, nodes, shapes) if joins else []
@@ -323,13 +319,19 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
                             raise ForkReading(f"{e}; Interp {', '.join(repr(n) for n in zooms)} gives h + (h - 1)"
                                               f"(z - 1) for zoom_factor z, where the join needs h x z",
                                               interp_zooms_multiply) from None
-                        raise
-                    # the Caffe darknet2caffe's nets run in keeps that map's size: built again so, once
-                    change = "larger" if any(pool.attrs["pad"]) else "smaller"
-                    raise ForkReading(f"{e}; layer '{pool.name}' (Pooling, {pool.attrs['kernel'][0]}x"
-                                      f"{pool.attrs['kernel'][1]}, stride 1, pad {pool.attrs['pad'][0]}) makes its "
-                                      f"map one {change}, where darknet's maxpool of that size keeps it",
-                                      darknet_kept_size_pools) from None
+                        if derived is None:
+                            raise
+                        # a blob computed from a guessed top: the guess may be what fails here
+                        label = from_guessed[derived]
+                        why = _guessed_label_reason(temp_blob[label], guessed_labels[label], shapes[label],
+                                                    temp_blob[derived])
+                    else:
+                        # the Caffe darknet2caffe's nets run in keeps that map's size: built again so, once
+                        change = "larger" if any(pool.attrs["pad"]) else "smaller"
+                        raise ForkReading(f"{e}; layer '{pool.name}' (Pooling, {pool.attrs['kernel'][0]}x"
+                                          f"{pool.attrs['kernel'][1]}, stride 1, pad {pool.attrs['pad'][0]}) makes "
+                                          f"its map one {change}, where darknet's maxpool of that size keeps it",
+                                          darknet_kept_size_pools) from None
                 else:
                     why = _guessed_label_reason(temp_blob[label], guessed_labels[label], shapes[label])
                 if not unknown_shapes_ok:
@@ -379,6 +381,9 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
             versions.setdefault(lp.bottom[i], []).append(tid)
             current[lp.bottom[i]] = tid
             out_ids.append(tid)
+            origin = in_ids[i] if in_ids[i] in guessed_labels else from_guessed.get(in_ids[i])
+            if origin is not None:   # a trimmed guess is still a guess
+                from_guessed[tid] = origin
         if written:
             attrs["written_back"] = written
 
@@ -660,7 +665,7 @@ def _infer_node(spec, attrs, lp, in_shapes, given, batch, where, unknown_shapes_
 def _guessed_label_reason(top, data_layer, shape, through=None):
     """Why a layer that fails on a data layer's label (or a fork data layer's data), or on a blob computed
     from one (`through`, its bottom), may only need that top's real shape."""
-    lead = f"bottom '{through}' is computed from '{top}', which" if through else f"bottom '{top}'"
+    lead = f"bottom '{through}' is computed from '{top}', which" if through not in (None, top) else f"bottom '{top}'"
     if data_layer.top and top == data_layer.top[0]:
         return (f"{lead} is the data of '{data_layer.name}', a fork's data layer ({data_layer.type}) "
                 f"that caffeq sizes as Caffe's Data layer, {list(shape)}; its own reader may give another shape: "

@@ -603,11 +603,39 @@ layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip" inner_product_p
     assert any("the shapes after it are unknown" in w and "'pool'" in w for w in listed.warnings)
     sized = load_from_text(text, input_shapes={"data": (1, 3 * 26, 4, 4)})
     assert sized.blob_shapes["pool"] == (1, 2, 14, 3, 3)   # 26 frames, kernel 13, stride 1
+    # in place on the guessed top, and trimmed in place by a Ristretto layer, the blob is still the guess
+    snip = text[:text.index('layer { name: "clip"')]
+    in_place = snip + ('layer { name: "relu" type: "ReLU" bottom: "data" top: "data" }\n'
+                       'layer { name: "r" type: "Reshape" bottom: "data" top: "r" reshape_param { shape { dim: 0 dim: 5 dim: -1 } } }')
+    with pytest.raises(CaffeqError, match=r"layer 'r' \(Reshape\): .*; bottom 'data' is the data of 'snip'"):
+        load_from_text(in_place)
+    trimmed = snip + ('layer { name: "a" type: "ConvolutionRistretto" bottom: "data" top: "a" convolution_param '
+                      '{ num_output: 2 kernel_size: 1 } quantization_param { bw_layer_in: 8 fl_layer_in: 3 bw_params: 8 '
+                      'fl_params: 4 bw_layer_out: 10 fl_layer_out: 3 } }\n'
+                      'layer { name: "r" type: "Reshape" bottom: "data" top: "r" reshape_param { shape { dim: 0 dim: 5 dim: -1 } } }')
+    with pytest.raises(CaffeqError, match=r"layer 'r' \(Reshape\): .*; bottom 'data' is the data of 'snip'"):
+        load_from_text(trimmed)
     # a failure on no guessed top is still the net's own error
     with pytest.raises(CaffeqError, match=r"layer 'pool' \(Pooling3D\)") as e:
         load_from_text(text.replace("kernel_depth: 13", "kernel_depth: 13 stride: 0"),
                        input_shapes={"data": (1, 3 * 26, 4, 4)})
     assert "computed from" not in str(e.value)
+
+
+def test_darknet_size_keeping_pools_are_still_found_after_a_fork_data_layer():
+    # the fork formats a failing join detects come before the guessed-shape hint
+    text = """
+layer { name: "snip" type: "VideoSnippetData" top: "data" top: "label" transform_param { crop_size: 12 }
+        data_param { source: "x" batch_size: 1 } }
+layer { name: "c0" type: "Convolution" bottom: "data" top: "c0" convolution_param { num_output: 2 kernel_size: 1 } }
+layer { name: "pool1" type: "Pooling" bottom: "c0" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "pool2" type: "Pooling" bottom: "pool1" top: "pool2" pooling_param { pool: MAX kernel_size: 2 stride: 1 } }
+layer { name: "up" type: "Upsample" bottom: "pool2" top: "up" upsample_param { scale: 2 } }
+layer { name: "route" type: "Concat" bottom: "up" bottom: "c0" top: "o" }
+"""
+    model = load_from_text(text)
+    assert model.blob_shapes["pool2"] == (1, 2, 6, 6) and model.blob_shapes["o"] == (1, 4, 12, 12)
+    assert any("keep their map's size" in w for w in model.warnings)
 
 
 def test_a_fork_data_layer_named_data_something_with_a_data_param_is_an_input():

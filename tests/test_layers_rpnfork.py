@@ -229,7 +229,7 @@ def test_crpn_rotated_roi_layers_read_with_their_own_field_and_two_bottoms():
            'rotate_roi_pooling_param { pooled_h: 7 pooled_w: 4 spatial_scale: 0.125 } }')
     model = load_from_text(net)
     assert model.blob_shapes["o"] == (5, 3, 7, 4)
-    with pytest.raises(CaffeqError, match=r"layer 'r' \(RotateROIPooling\): caffeq does not run CRPN's rotated"):
+    with pytest.raises(CaffeqError, match=r"layer 'r' \(RotateROIPooling\): caffeq does not run CRPN's rotated ROI pooling .*corner-based"):
         model.run({"data": np.zeros((2, 3, 8, 6), np.float32), "rois": np.zeros((5, 6), np.float32)})
     with pytest.raises(LayerError, match=r"CRPN's RotateROIPooling takes 2 bottoms \(data, rois\)"):
         load_from_text(net.replace('bottom: "rois" top: "o"', 'bottom: "rois" bottom: "rois" top: "o"'))
@@ -237,6 +237,10 @@ def test_crpn_rotated_roi_layers_read_with_their_own_field_and_two_bottoms():
         load_from_text(net.replace("pooled_h: 7", ""))
     align = net.replace("RotateROIPooling", "RotateROIAlign").replace("rotate_roi_pooling", "rotate_roi_align")
     assert load_from_text(align).blob_shapes["o"] == (5, 3, 7, 4)
+    three = align.replace('bottom: "rois" top: "o"', 'bottom: "rois" bottom: "rois" top: "o"')
+    assert load_from_text(three).blob_shapes["o"] == (5, 3, 7, 4)   # MaxBottomBlobs 3
+    with pytest.raises(LayerError, match=r"CRPN's RotateROIAlign takes 2 or 3 bottoms"):
+        load_from_text(three.replace('bottom: "rois" top: "o"', 'bottom: "rois" bottom: "rois" top: "o"'))
     # RRPN's field still asks for im_info
     with pytest.raises(LayerError, match=r"RotateROIPooling takes 3 bottoms \(data, rois, im_info\)"):
         load_from_text(net.replace("rotate_roi_pooling_param", "rotate_pooling_param"))

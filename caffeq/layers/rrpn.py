@@ -14,7 +14,7 @@ Text Detection via Rotation Proposals"): read and sized, not run.
 - xhzdeng/crpn a5aef0f (Deng et al., "Detecting Multi-Oriented Text with Corner-based Region Proposals")
   declares the same two types with `rotate_roi_pooling_param` / `rotate_roi_align_param` and no im_info:
   bottoms data, rois (R, 6) = [batch, x1, y1, x2, y2, angle in degrees] (RotateROIAlign takes an optional
-  third); top (R, C, pooled_h, pooled_w).  Its rois come from the fork's corner-based
+  third, whose first value its GPU forward takes as the spatial scale); top (R, C, pooled_h, pooled_w).  Its rois come from the fork's corner-based
   rpn.proposal_layer, which caffeq does not run either.
 """
 from .param_str import parse_param_str
@@ -67,5 +67,6 @@ class RotateROIPooling(ReadOnlyLayer):
         return [(rois[0], data[1], attrs["pooled_h"], attrs["pooled_w"])]
 
     def why_not_run(self, attrs):
+        proposals = "corner-based proposals" if attrs["fork"] == "CRPN" else "rotated proposals"
         return (f"caffeq does not run {attrs['fork']}'s rotated ROI pooling (its rois come from {attrs['fork']}'s "
-                f"rotated proposals, which it does not run either)")
+                f"{proposals}, which it does not run either)")

@@ -14,10 +14,10 @@ def pva_sort_order(scores, num_top: int):
     order = torch.sort(scores, descending=True, stable=True)[1]
     vals = scores[order]
     m = min(k, n - 1)   # no pair (i, i + 1) of equal scores with i < k
-    if not bool(torch.isnan(scores).any()) and bool((vals[:m] != vals[1:m + 1]).all()):
+    has_nan = bool(torch.isnan(scores).any())
+    if not has_nan and bool((vals[:m] != vals[1:m + 1]).all()):
         return order[:k]
     s, idx = scores.tolist(), list(range(n))
-    has_nan = bool(torch.isnan(scores).any())
     stack = [(0, n - 1)]
     while stack:
         start, end = stack.pop()
