@@ -42,25 +42,39 @@ def _detections(q, c, zero_padded):
     return q[q[:, 1] >= 0], c[np.any(c != 0, axis=1)] if zero_padded else c[c[:, 1] >= 0]
 
 
+def _detection_rows(layer_type):
+    """Whether a layer type writes [image, label, score, box...] rows (CenterGridOutput's add landmarks)."""
+    return "Detection" in layer_type or layer_type == "CenterGridOutput"
+
+
+def _nearest(rows, others, scale):
+    """For each row, the distance to the nearest of `others`: the largest column difference over `scale`
+    (in blocks, so that 20000 rows a side stay within memory)."""
+    import numpy as np
+    out = np.empty(len(rows))
+    for i in range(0, len(rows), 256):
+        out[i:i + 256] = (np.abs(rows[i:i + 256, None, :] - others[None]) / scale).max(-1).min(1)
+    return out
+
+
 def compare(blob, layer_type, ours, theirs, tolerance, zero_padded=True):
     """{blob, type, rel or the two shapes, tie flag} for one output; zero_padded: theirs pads detections
     with rows of zeros, as OpenCV does (else with caffeq's one row of -1)."""
     import numpy as np
     q, c = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    if "Detection" in layer_type and q.ndim and c.ndim and q.shape[-1] >= 7 and c.shape[-1] == q.shape[-1]:
+    if _detection_rows(layer_type) and q.ndim and c.ndim and q.shape[-1] >= 7 and c.shape[-1] == q.shape[-1]:
         q, c = _detections(q, c, zero_padded)
         # counts that differ are compared as sets only with more than 20 rows a side: a tied box kept in
         # another order suppresses other boxes in NMS, so ties can change the count too
-        if 0 < len(q) <= 3000 and 0 < len(c) <= 3000 and (len(q) == len(c) or min(len(q), len(c)) > 20):
+        if 0 < len(q) <= 20000 and 0 < len(c) <= 20000 and (len(q) == len(c) or min(len(q), len(c)) > 20):
             scale = np.maximum(np.abs(c).max(0), 1e-6)   # per column: labels, scores and boxes apart
-            apart = (np.abs(q[:, None, :] - c[None, :, :]) / scale).max(-1)
-            ours_near, theirs_near = apart.min(1), apart.min(0)   # each side's rows against the other's
+            ours_near, theirs_near = _nearest(q, c, scale), _nearest(c, q, scale)   # each side's rows against the other's
             rel = float(max(ours_near.max(), theirs_near.max())) if len(q) == len(c) else float("inf")
             tie = (rel >= tolerance and float((ours_near < tolerance).mean()) > 0.9
                    and float((theirs_near < tolerance).mean()) > 0.9)
             rows = {"rows": len(q)} if len(q) == len(c) else {"rows": len(q), "other_rows": len(c)}
             return {"blob": blob, "type": layer_type, "rel": rel, **rows, "ties": tie}
-    if q.size != c.size or ("Detection" in layer_type and q.ndim and c.ndim and q.shape[-1] != c.shape[-1]):
+    if q.size != c.size or (_detection_rows(layer_type) and q.ndim and c.ndim and q.shape[-1] != c.shape[-1]):
         return {"blob": blob, "type": layer_type, "shape": list(q.shape), "opencv_shape": list(c.shape)}
     q, c = q.reshape(-1), c.reshape(-1)
     if not q.size:
