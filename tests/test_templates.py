@@ -71,6 +71,16 @@ def test_hash_placeholders_fill_as_values_and_stay_comments_elsewhere(tmp_path):
         load(_write(tmp_path, "h.prototxt", text), defines=VALUES)
 
 
+def test_sed_argument_placeholders_are_named_after_the_argument(tmp_path):
+    # kumasento/caffe's hsi templates: `num_output: ###@1###`, which `configure` replaces by its argument $1
+    text = TEMPLATE.replace("num_output: ${NUM_LABELS}", "num_output: ###@1###")
+    model = load(_write(tmp_path, "s.prototxt", text), defines={**VALUES, "ARG1": "6"}, random_weights=True)
+    assert model.blob_shapes["fc8"] == (2, 6, 7, 9)
+    with pytest.raises(ParseError, match=r"s.prototxt:6: ###@1### \(layer 'fc8_\$\{EXP\}', "
+                                         r"convolution_param.num_output\) is a template placeholder"):
+        load(_write(tmp_path, "s.prototxt", text), defines=VALUES)
+
+
 def test_flownet2_dollar_enclosed_placeholders(tmp_path):
     # FlowNet 2.0's deploy templates (and flownet-tools' copies): `dim: $TARGET_HEIGHT$`; its run script
     # substitutes the whole $NAME$, both dollars

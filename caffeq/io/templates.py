@@ -3,7 +3,8 @@
 
 A placeholder is written as a field's value (outside quotes and comments): `$NAME`, `${NAME}`, FlowNet 2.0's
 `$NAME$` (`dim: $TARGET_HEIGHT$`), Collective
-Knowledge's `$#NAME#$` (dividiti/ck-caffe's packages), `##NAME##` (cvjena/part_constellation_models), Python's
+Knowledge's `$#NAME#$` (dividiti/ck-caffe's packages), `##NAME##` (cvjena/part_constellation_models),
+`###@1###` (kumasento/caffe's hsi templates: its configure script's first argument, named ARG1), Python's
 format field `{NAME}` (`input_dim:{height}`), printf fields (bare `%d`, named ARG1, ARG2, ... in the order
 fprintf or Python's `%` fills them; Python's `%(NAME)d`), Jinja's `{{ NAME }}`, `<NAME>` (`num_output: <num_classes>`), CMake's `@NAME@`, or a bare word where a number goes (MobileNet-SSD's
 templates: `num_output: cls3x`, which its gen_model.sh replaces by 3 x the class count).  A number's
@@ -38,6 +39,9 @@ _NAMED = (r"\$\{(?P<braced>\w+)\}|\$(?P<dollars>[A-Za-z_]\w*)\$|\$(?P<bare>[A-Za
 # templates `num_output: ##NUM_CLASSES##` (a value only: elsewhere '#' opens a comment); read as ${NAME}
 _CK_PLACEHOLDER = re.compile(r"\$#(\w+)#\$")
 _HASH_PLACEHOLDER = re.compile(r"(?<=:)([ \t]*)##(\w+)##")
+# kumasento/caffe's hsi templates: `num_output: ###@1###`, which its configure script's sed replaces by
+# the script's first argument: read as ${ARG1}
+_SED_ARGUMENT = re.compile(r"(?<=:)([ \t]*)###@(\d+)###")
 # printf templates (siavashBigdeli/DMSP's `dim: %d`, which its MATLAB fprintf fills; Python's `%` operator alike):
 # a bare `%d` takes the next value of the call's arguments, so it is named by its place in the file, ARG1,
 # ARG2, ... (a `*` width or precision takes one more before it); Python's `%(NAME)d` is named
@@ -114,6 +118,10 @@ def fill_placeholders(text, defines, path, notes):
             for m in _CK_PLACEHOLDER.finditer(line):
                 written_as["${" + m.group(1) + "}"] = m.group(0)
             line = lines[number] = _CK_PLACEHOLDER.sub(r"${\1}", line)
+        if "###@" in line and _SED_ARGUMENT.search(line.split('"', 1)[0]):   # ###@N### as a value
+            for m in _SED_ARGUMENT.finditer(line):
+                written_as["${ARG" + m.group(2) + "}"] = m.group(0).strip()
+            line = lines[number] = _SED_ARGUMENT.sub(r"\1${ARG\2}", line)
         if "##" in line and _HASH_PLACEHOLDER.search(line.split('"', 1)[0]):   # ##NAME## as a value
             for m in _HASH_PLACEHOLDER.finditer(line):
                 written_as["${" + m.group(2) + "}"] = "##" + m.group(2) + "##"
