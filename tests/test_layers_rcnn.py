@@ -305,6 +305,21 @@ def test_a_forks_own_param_str_keys_read_but_do_not_run(tmp_path):
         model.export_onnx(str(tmp_path / "m.onnx"))
 
 
+def test_ratios_in_param_str_are_read_as_the_forks_that_set_them_read_them(tmp_path):
+    """py-faster-rcnn's layer ignores 'ratios'; forks that set it (bupt2-213/object_detection_caffe) pass it
+    to generate_anchors: 2 ratios x 3 scales make the net's 6 anchors."""
+    a, h, w = 6, 5, 6
+    text = proposal_net(a, h, w, python_proposal("{'feat_stride': 16, 'ratios': [1, 2], 'scales': [4, 8, 16]}"))
+    model = load_from_text(text)
+    assert any("'ratios' is read as the forks that set it read it" in n for n in model.warnings)
+    x = feeds(a, h, w, [70, 90, 1.0])
+    ref_rois, ref_scores = ref_proposals(x["prob"], x["deltas"], x["im_info"], 16, scales=(4, 8, 16), ratios=(1, 2))
+    assert 0 < len(ref_rois) < h * w * a
+    check_everywhere(model, x, {"rois": ref_rois, "scores": ref_scores}, tmp_path, atol=1e-3, opsets=(None,))
+    with pytest.raises(LayerError, match="'ratios' must be a list of numbers"):
+        load_from_text(proposal_net(a, h, w, python_proposal("'feat_stride': 16, 'ratios': 2")))
+
+
 def test_ubernets_unread_phase_and_default_base_size_keep_py_faster_rcnns_proposals():
     """jkokkin/UberNet's proposal_layer.py stores 'phase' without reading it again and leaves 'base_size'
     to generate_anchors' 16: its proposals are py-faster-rcnn's; another base_size stays a fork's."""

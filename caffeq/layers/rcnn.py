@@ -8,9 +8,12 @@ spec here, registered as "Python:<module>.<layer>".
   the same at TEST time): parameters from python_param.param_str, a YAML
   mapping read by param_str.py's parser (only numbers, strings, booleans
   and lists; nothing is evaluated): 'feat_stride' (required) and 'scales'
-  (default 8, 16, 32).  The rest is py-faster-rcnn's TEST configuration:
-  RPN_PRE_NMS_TOP_N 6000, RPN_POST_NMS_TOP_N 300, RPN_NMS_THRESH 0.7,
-  RPN_MIN_SIZE 16, anchors from generate_anchors (base 16, ratios 0.5, 1, 2).
+  (default 8, 16, 32), and 'ratios' (default 0.5, 1, 2), which py-faster-rcnn
+  ignores but the many forks that set it pass to generate_anchors (e.g.
+  bupt2-213/object_detection_caffe's lib/rpn/proposal_layer.py).  The rest is
+  py-faster-rcnn's TEST configuration: RPN_PRE_NMS_TOP_N 6000,
+  RPN_POST_NMS_TOP_N 300, RPN_NMS_THRESH 0.7, RPN_MIN_SIZE 16, anchors from
+  generate_anchors (base 16).
   Bottoms: rpn_cls_prob_reshape (1, 2A, H, W), rpn_bbox_pred (1, 4A, H, W),
   im_info (1, 3) = [height, width, scale].  Tops: rois (R, 5) = [0, x1, y1, x2,
   y2] and optionally scores (R, 1).  The steps, in float32 as the Python layer:
@@ -366,7 +369,7 @@ class _ProposalBase(Layer):
         return [f"{t}[0]", f"{t}[1]"]
 
 
-_PARAM_STR_KEYS = {"feat_stride", "scales"}
+_PARAM_STR_KEYS = {"feat_stride", "scales", "ratios"}
 # keys a fork's copy of the layer sets without changing the proposals: jkokkin/UberNet b33344d
 # lib/rpn/proposal_layer.py stores 'phase' and never reads it again (the config key is the layer's
 # phase) and leaves 'base_size' to generate_anchors' default, 16
@@ -420,12 +423,19 @@ class PythonProposalLayer(_ProposalBase):
         stride = p["feat_stride"]
         if not isinstance(stride, int) or isinstance(stride, bool):
             raise LayerError(f"python_param.param_str: 'feat_stride' must be an integer, got {stride!r}")
-        scales = p.get("scales", [8, 16, 32])
-        if not isinstance(scales, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                   for v in scales):
-            raise LayerError(f"python_param.param_str: 'scales' must be a list of numbers, got {scales!r}")
-        return {"feat_stride": stride, "base_size": 16, "ratios": [0.5, 1.0, 2.0],
-                "scales": [float(v) for v in scales], **TEST_CONFIG, "foreign_keys": foreign}
+        numbers = {}
+        for key, default in (("scales", [8, 16, 32]), ("ratios", [0.5, 1, 2])):
+            values = p.get(key, default)
+            if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                       for v in values):
+                raise LayerError(f"python_param.param_str: '{key}' must be a list of numbers, got {values!r}")
+            numbers[key] = [float(v) for v in values]
+        # py-faster-rcnn's layer ignores 'ratios'; the many forks that set it read it as generate_anchors'
+        # ratios (layer_params.get('ratios', (0.5, 1, 2)))
+        notes = ["param_str's 'ratios' is read as the forks that set it read it, generate_anchors' ratios "
+                 "(py-faster-rcnn's own layer ignores it)"] if "ratios" in p else []
+        return {"feat_stride": stride, "base_size": 16, **numbers, **TEST_CONFIG, "foreign_keys": foreign,
+                "reading_notes": notes}
 
 
 # mahyarnajibi/SSH's TEST configuration (SSH/configs/default_config.yml); NMS_THRESH is applied outside
