@@ -62,7 +62,8 @@ def compare(blob, layer_type, ours, theirs, tolerance, zero_padded=True):
     with rows of zeros, as OpenCV does (else with caffeq's one row of -1)."""
     import numpy as np
     q, c = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
-    if _detection_rows(layer_type) and q.ndim and c.ndim and q.shape[-1] >= 7 and c.shape[-1] == q.shape[-1]:
+    detections = bool(_detection_rows(layer_type) and q.ndim and c.ndim)
+    if detections and q.shape[-1] >= 7 and c.shape[-1] == q.shape[-1]:
         q, c = _detections(q, c, zero_padded)
         # counts that differ are compared as sets only with more than 20 rows a side: a tied box kept in
         # another order suppresses other boxes in NMS, so ties can change the count too
@@ -74,7 +75,7 @@ def compare(blob, layer_type, ours, theirs, tolerance, zero_padded=True):
                    and float((theirs_near < tolerance).mean()) > 0.9)
             rows = {"rows": len(q)} if len(q) == len(c) else {"rows": len(q), "other_rows": len(c)}
             return {"blob": blob, "type": layer_type, "rel": rel, **rows, "ties": tie}
-    if q.size != c.size or (_detection_rows(layer_type) and q.ndim and c.ndim and q.shape[-1] != c.shape[-1]):
+    if q.size != c.size or (detections and q.shape[-1] != c.shape[-1]):
         return {"blob": blob, "type": layer_type, "shape": list(q.shape), "opencv_shape": list(c.shape)}
     q, c = q.reshape(-1), c.reshape(-1)
     if not q.size:

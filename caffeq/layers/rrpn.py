@@ -14,8 +14,8 @@ Text Detection via Rotation Proposals"): read and sized, not run.
 - xhzdeng/crpn a5aef0f (Deng et al., "Detecting Multi-Oriented Text with Corner-based Region Proposals")
   declares the same two types with `rotate_roi_pooling_param` / `rotate_roi_align_param` and no im_info:
   bottoms data, rois (R, 6) = [batch, x1, y1, x2, y2, angle in degrees] (RotateROIAlign takes an optional
-  third, whose first value its GPU forward takes as the spatial scale); top (R, C, pooled_h, pooled_w).  Its rois come from the fork's corner-based
-  rpn.proposal_layer, which caffeq does not run either.
+  third, whose first value its GPU forward takes as the spatial scale); top (R, C, pooled_h, pooled_w).
+  Its rois come from the fork's corner-based rpn.proposal_layer, which caffeq does not run either.
 """
 from .param_str import parse_param_str
 from .registry import LayerError, ReadOnlyLayer, need_blobs, register_layer
