@@ -52,6 +52,7 @@ from . import (  # noqa: F401,E402
     densereg,
     detect_track,
     detectnet,
+    detectnet_clustering,
     devise,
     dropout_fused,
     dsc,

@@ -1,4 +1,5 @@
-"""Well-known Python layers other than Faster R-CNN's proposals (those live in rcnn.py).
+"""Well-known Python layers other than Faster R-CNN's proposals (those live in rcnn.py) and DetectNet's
+clustering (detectnet_clustering.py).
 
 caffeq never imports the module a `Python` layer names; these specs implement, natively,
 what the known module computes (see registry.spec_for).
@@ -15,10 +16,6 @@ what the known module computes (see registry.spec_for).
   nqanh/affordance-net's form takes 5 bottoms and adds mask_targets (1, 244, 244) and rois_pos (1, 5).
   xraydetec/Xdet's FPN form (1119bbe lib/rpn/proposal_target_layer.py) takes rpn_rois, gt_boxes and
   data and gives one rois top per pyramid level 2-5 (1, 5) each, then labels and the three targets.
-- `caffe.layers.detectnet.clustering.ClusterDetections` (NVIDIA DIGITS DetectNet): clusters the
-  coverage grid's boxes with OpenCV's groupRectangles into one (N, max_boxes, 5) list per class.
-  Its shapes are its reshape's; it does not run here (groupRectangles is not reproduced): the
-  net converts and runs up to its coverage and bbox outputs.
 - `interp.UpsamplingBilinear2d` (jasonlovescoding/YOLOv3-caffe's interp.py): despite its name, a
   nearest-neighbour resize, each image through OpenCV's cv2.resize(..., INTER_NEAREST) to
   int(W * zoom_factor) x int(H * zoom_factor) (param_str {'zoom_factor': z}).  OpenCV's rule: output
@@ -43,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from .param_str import param_str_positive_int, parse_param_str
-from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, positive_field, register_layer, torch_sources
+from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer, torch_sources
 
 
 @register_layer("Python:spatial_dropout.SpatialDropoutLayer")
@@ -137,43 +134,6 @@ class ProposalTarget(ReadOnlyLayer):
     def why_not_run(self, attrs):
         return ("it samples training rois against the ground-truth boxes and does not run for inference; use "
                 "the net's test or deploy prototxt, where region proposals feed the ROI pooling")
-
-
-@register_layer("Python:caffe.layers.detectnet.clustering.ClusterDetections")
-class ClusterDetections(ReadOnlyLayer):
-    """DetectNet's clustering: param_str 'img_size_x,img_size_y,stride,gridbox_cvg_threshold,
-    gridbox_rect_threshold,gridbox_rect_eps,min_height[,num_classes[,max_boxes]]'."""
-
-    def parse(self, lp):
-        need_blobs(lp, "ClusterDetections", 2, len(lp.top) or 1, "coverage, bboxes")
-        fields = [f.strip() for f in lp.python_param.param_str.split(",")]
-        kinds = (int, int, int, float, int, float, int, int, int)
-        if not 7 <= len(fields) <= 9:
-            raise LayerError(f"python_param.param_str: ClusterDetections takes 7 to 9 comma-separated values "
-                             f"(img_size_x, img_size_y, stride, cvg threshold, rect threshold, rect eps, "
-                             f"min height[, num_classes[, max_boxes]]), got {lp.python_param.param_str!r}")
-        try:
-            values = [kind(v) for kind, v in zip(kinds, fields)]
-        except ValueError:
-            raise LayerError(f"python_param.param_str: ClusterDetections values of the wrong type in "
-                             f"{lp.python_param.param_str!r}") from None
-        classes = values[7] if len(values) > 7 else 1
-        max_boxes = values[8] if len(values) > 8 else 50
-        positive_field(max_boxes, "python_param.param_str's max_boxes")
-        if len(lp.top) != classes:
-            raise LayerError(f"ClusterDetections gives one top per class: {classes} class(es), {len(lp.top)} tops")
-        return {"name": lp.name, "classes": classes, "max_boxes": max_boxes}
-
-    def infer(self, attrs, in_shapes):
-        coverage = in_shapes[0]
-        if len(coverage) < 2 or coverage[1] != attrs["classes"]:
-            raise LayerError(f"ClusterDetections: the coverage needs {attrs['classes']} channel(s) (one per class), "
-                             f"got {list(coverage)}")
-        return [(coverage[0], attrs["max_boxes"], 5)] * attrs["classes"]
-
-    def why_not_run(self, attrs):
-        return ("it groups the coverage grid's boxes with OpenCV's groupRectangles, which caffeq does not "
-                "reproduce; run or export the net up to its coverage and bbox blobs (--outputs)")
 
 
 # ---- interp.UpsamplingBilinear2d (YOLOv3-caffe): OpenCV's nearest resize --------------------------
