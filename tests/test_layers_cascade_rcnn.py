@@ -240,7 +240,7 @@ def box_group_inputs(b2=(2, 4, 5, 6)):
     return {"s1": (1, 2, 10, 12), "b1": (1, 4, 10, 12), "s2": (2, 2, 5, 6), "b2": b2}
 
 
-def test_box_group_output_gives_the_forks_placeholder_shapes_and_refuses_to_run(tmp_path):
+def test_box_group_output_gives_the_forks_placeholder_shapes_and_runs(tmp_path):
     roi = ('layer { name: "pool" type: "ROIAlign" bottom: "s1" bottom: "proposals" top: "pool" '
            'roi_pooling_param { pooled_h: 3 pooled_w: 4 spatial_scale: 0.125 } }')
     model = load_from_text(net(BOX_GROUP, roi, inputs=box_group_inputs()))
@@ -248,8 +248,9 @@ def test_box_group_output_gives_the_forks_placeholder_shapes_and_refuses_to_run(
     assert shapes["proposals"] == (1, 5, 1, 1) and shapes["proposals_score"] == (1, 6, 1, 1)
     assert shapes["pool"] == (1, 2, 4, 5)
     feeds_ = {k: np.zeros(s, np.float32) for k, s in box_group_inputs().items()}
-    with pytest.raises(LayerError, match="'proposals' \\(BoxGroupOutput\\).*not run"):
-        model.run(feeds_)
+    # every background probability 0: all cells propose (values: test_layers_mscnn_proposals)
+    out = model.run(feeds_, all_blobs=True)
+    assert out["proposals"].shape[1:] == (5, 1, 1) and out["pool"].shape[0] == out["proposals"].shape[0]
     with pytest.raises(ExportError, match="BoxGroupOutput"):
         model.export_onnx(str(tmp_path / "m.onnx"))
 
@@ -265,14 +266,14 @@ def test_box_group_output_checks_like_the_forks_reshape(text, inputs, msg):
         load_from_text(net(text, inputs=inputs))
 
 
-def test_box_output_reads_and_refuses_to_run():
+def test_box_output_reads_and_runs():
     text = net('''layer { name: "proposals" type: "BoxOutput" bottom: "a" bottom: "b" top: "proposals"
       box_output_param { fg_thr: -5 field_w: 20 field_w: 40 field_h: 40 field_h: 80 downsample_rate: 8
         downsample_rate: 16 } bbox_reg_param { bbox_mean: 0 bbox_mean: 0 bbox_mean: 0 bbox_mean: 0
         bbox_std: 0.1 bbox_std: 0.1 bbox_std: 0.2 bbox_std: 0.2 } }''', inputs={"a": (1, 6, 8, 10), "b": (1, 6, 4, 5)})
     model = load_from_text(text)
-    with pytest.raises(LayerError, match="BoxOutput"):
-        model.run({"a": np.zeros((1, 6, 8, 10), np.float32), "b": np.zeros((1, 6, 4, 5), np.float32)})
+    out = model.run({"a": np.zeros((1, 6, 8, 10), np.float32), "b": np.zeros((1, 6, 4, 5), np.float32)})
+    assert out["proposals"].shape[1:] == (5, 1, 1)   # the values: test_layers_mscnn_proposals
     with pytest.raises(LayerError, match="one field_h, field_w and downsample_rate per bottom"):
         load_from_text(text.replace("downsample_rate: 16", ""))
 

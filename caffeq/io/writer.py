@@ -194,6 +194,8 @@ def _blobproto_array(bp):
         data = np.asarray(bp.data, np.float32)
     if bp.HasField("shape"):
         return data.reshape(tuple(bp.shape.dim))
+    if bp.length:   # facebook/C3D's 5-axis blob (Blob::FromProto: num, channels, length, height, width)
+        return data.reshape(bp.num, bp.channels, bp.length, bp.height, bp.width)
     if any(bp.HasField(f) for f in ("num", "channels", "height", "width")):
         return data.reshape(bp.num, bp.channels, bp.height, bp.width)
     return data

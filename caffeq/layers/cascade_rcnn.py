@@ -15,10 +15,7 @@
   centre (x1 + x2) / 2, exp of the size deltas); no clipping.  Top = the rois' shape, with the batch
   column kept.  In TRAIN the fork also drops inverted boxes and, with a third bottom (matched gt boxes),
   boxes whose IoU >= decode_bbox_param.gt_iou_thr: that data-dependent screening is not reproduced.
-- BoxGroupOutput (cascade-rcnn) and BoxOutput (mscnn): the region proposals, decoded per receptive
-  field group, thresholded, sorted and NMS-ed; how many come out depends on the data.  Here they read,
-  check their bottoms as the fork's Reshape does and give its placeholder tops, (1, 5) rois and an
-  optional (1, 6) rois-with-score, so a net can be listed and its later layers sized; they refuse to run.
+- BoxGroupOutput (cascade-rcnn) and BoxOutput (mscnn), the region proposals: mscnn_proposals.py.
 
 The torch functions below serve `forward` and are copied into model.py (inspect.getsource).
 """
@@ -29,7 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer, torch_sources
+from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 from .roi_pooling import RoiLayerSpec, _check_roi_shapes, roi_pooling_attrs, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
@@ -245,7 +242,7 @@ class ROIAlign(RoiLayerSpec):
         onnx_roi_align_grid(ctx, node, a["ph"], a["pw"], a["scale"], a["pad_ratio"])
 
 
-def _bbox_normalization(lp, where):
+def bbox_reg_normalization(lp, where):
     """bbox_reg_param's (means, stds): both or neither given, 4 each, stds > 0 (the fork's CHECKs)."""
     p = lp.bbox_reg_param
     if len(p.bbox_mean) and len(p.bbox_std):
@@ -263,7 +260,7 @@ def _bbox_normalization(lp, where):
 class DecodeBBox(Layer):
     def parse(self, lp):
         need_blobs(lp, "DecodeBBox", (2, 3), 1, roles="bbox deltas, rois, and in TRAIN the matched gt boxes")
-        means, stds = _bbox_normalization(lp, "DecodeBBox")
+        means, stds = bbox_reg_normalization(lp, "DecodeBBox")
         return {"means": means, "stds": stds, "train_screen": len(lp.bottom) == 3, "name": lp.name}
 
     def infer(self, attrs, in_shapes):
@@ -365,74 +362,3 @@ class ScaleRouteLayer(Layer):
         routed = emit.tmp("routed")
         emit.stmt(f"{routed} = {m}({', '.join(emit.inputs)})")
         return [f"{routed}[{i}]" for i in range(len(emit.inputs))] if len(emit.inputs) > 1 else f"{routed}[0]"
-
-
-class _ProposalOutput(ReadOnlyLayer):
-    """BoxGroupOutput / BoxOutput: read, checked and sized as the fork's Reshape does; never run."""
-
-    data_dependent_shape = True   # the proposals: (1, 5) until a forward that is not reproduced here
-
-    def _tops(self, lp, kind):
-        if len(lp.top) not in (1, 2):
-            raise LayerError(f"{kind} has 1 or 2 tops (rois, rois with score), got {len(lp.top)}")
-        return {"kind": kind, "name": lp.name, "tops": len(lp.top)}
-
-    def infer(self, attrs, in_shapes):
-        return [(1, 5, 1, 1), (1, 6, 1, 1)][:attrs["tops"]]
-
-    def why_not_run(self, attrs):
-        return ("the MS-CNN / Cascade R-CNN region proposals (decoding per receptive field, score threshold, "
-                "sort and NMS, a data-dependent number of boxes) are not reproduced by caffeq; the net can be "
-                "inspected and converted, not run")
-
-
-@register_layer("BoxGroupOutput")
-class BoxGroupOutput(_ProposalOutput):
-    def parse(self, lp):
-        attrs = self._tops(lp, "BoxGroupOutput")
-        if len(lp.bottom) < 2 or len(lp.bottom) % 2:
-            raise LayerError(f"BoxGroupOutput takes (score, bbox) bottom pairs, got {len(lp.bottom)} bottoms")
-        groups = lp.box_group_output_param.box_group_param
-        if len(groups) != len(lp.bottom) // 2:
-            raise LayerError(f"box_group_output_param needs one box_group_param per (score, bbox) pair: "
-                             f"{len(lp.bottom) // 2} pairs, {len(groups)} box_group_param")
-        sizes = []
-        for i, g in enumerate(groups):
-            if len(g.field_h) != len(g.field_w) or not len(g.field_h):
-                raise LayerError(f"box_group_output_param.box_group_param[{i}] needs as many field_h as field_w "
-                                 f"(at least one), got {len(g.field_h)} and {len(g.field_w)}")
-            sizes.append(len(g.field_h))
-        _bbox_normalization(lp, "BoxGroupOutput")
-        return {**attrs, "group_sizes": sizes}
-
-    def infer(self, attrs, in_shapes):
-        sizes = attrs["group_sizes"]
-        first = in_shapes[0]
-        for i, n_groups in enumerate(sizes):
-            score, bbox = in_shapes[2 * i], in_shapes[2 * i + 1]
-            if len(score) != 4 or len(bbox) != 4:
-                raise LayerError(f"BoxGroupOutput: bottoms {2 * i} and {2 * i + 1} must be 4-axis, "
-                                 f"got {list(score)} and {list(bbox)}")
-            if score[0] % n_groups or score[0] // n_groups != first[0] // sizes[0]:
-                raise LayerError(f"BoxGroupOutput: bottom {2 * i} has {score[0]} rows, not {n_groups} groups "
-                                 f"per image of the other pairs")
-            if score[1] != first[1]:
-                raise LayerError(f"BoxGroupOutput: every score bottom needs {first[1]} channels, "
-                                 f"bottom {2 * i} has {score[1]}")
-            if bbox[1] != 4 or bbox[0] != score[0] or tuple(bbox[2:]) != tuple(score[2:]):
-                raise LayerError(f"BoxGroupOutput: bbox bottom {2 * i + 1} must be ({score[0]}, 4, {score[2]}, "
-                                 f"{score[3]}) to match its scores, got {list(bbox)}")
-        return super().infer(attrs, in_shapes)
-
-
-@register_layer("BoxOutput")
-class BoxOutput(_ProposalOutput):
-    def parse(self, lp):
-        attrs = self._tops(lp, "BoxOutput")
-        p = lp.box_output_param
-        n = len(lp.bottom)
-        if not n or not (len(p.field_h) == len(p.field_w) == len(p.downsample_rate) == n):
-            raise LayerError(f"box_output_param needs one field_h, field_w and downsample_rate per bottom: "
-                             f"{n} bottoms, got {len(p.field_h)}, {len(p.field_w)} and {len(p.downsample_rate)}")
-        _bbox_normalization(lp, "BoxOutput")
-        return attrs   # the fork's Reshape checks no bottom shape
