@@ -706,6 +706,32 @@ def test_roi_pooling_max_over_many_rois_matches_fast_rcnn(tmp_path):
     np.testing.assert_array_equal(model.run({"x": x, "rois": one})["r"], ref_roi_max_pool(x, one, 4, 3, 0.5))
 
 
+def test_roi_pooling_table_in_channel_groups_gives_the_same_maxima():
+    # a map whose table of maxima would pass the budget is pooled a few channels at a time (the
+    # kitti MS-CNN net's 512 x 72 x 240 maps); a small budget forces groups of 2 channels, and 1
+    import torch
+
+    from caffeq.layers.roi_pooling import fast_rcnn_bins, floor_log2, range_max_bins
+
+    g = rng(9)
+    x = np.round(g.standard_normal((1, 5, 11, 14)) * 3).astype(np.float32)
+    x[0, 3, 2:6] = -np.inf
+    corners = g.uniform(-5, 30, (30, 4)).astype(np.float32)
+    rois = np.concatenate([np.zeros((30, 1), np.float32), np.minimum(corners[:, :2], corners[:, 2:]),
+                           np.maximum(corners[:, :2], corners[:, 2:])], 1)
+    ref = ref_roi_max_pool(x, rois, 3, 4, 0.5)
+    bins = fast_rcnn_bins(torch.from_numpy(rois), 0.5, 3, 4, 11, 14)
+    whole = range_max_bins(torch.from_numpy(x[0]), *bins)
+    np.testing.assert_array_equal(whole.numpy(), ref)
+    hs, he, ws, we = bins   # this map's table of 2^a x 2^b windows, per channel:
+    levels = ((int(floor_log2((he - hs).clamp(min=1)).max()) + 1) * (int(floor_log2((we - ws).clamp(min=1)).max()) + 1)
+              * 11 * 14)
+    for budget in (2 * levels, levels + 1):
+        grouped = range_max_bins(torch.from_numpy(x[0]), *bins, budget=budget)
+        np.testing.assert_array_equal(grouped.numpy(), whole.numpy())
+    assert range_max_bins(torch.from_numpy(x[0]), *bins, budget=levels - 1) is None   # one channel too big
+
+
 def test_roi_pooling_with_a_gradient_wanted_pools_roi_by_roi_to_the_same_numbers():
     # the table of maxima is filled in place, which autograd cannot follow: a caller that wants the
     # gradient (finetune) gets the roi-by-roi path, with the same numbers and a gradient of one per bin

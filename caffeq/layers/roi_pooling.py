@@ -123,16 +123,22 @@ def floor_log2(n):
     return k
 
 
-def range_max_bins(plane, hs, he, ws, we):
+def range_max_bins(plane, hs, he, ws, we, budget: int = 1 << 26):
     """Each bin's maximum over the (C, H, W) plane, 0 for an empty bin: (R, C, ph, pw) for R rois' bins (hs, he:
     (R, ph); ws, we: (R, pw)).  A table of the maxima over every 2^a x 2^b window answers a bin with four
-    overlapping windows (maxima are exact, so the overlap changes nothing); None where the table would hold
-    more than 2^26 values or where a gradient is wanted (max_over_bins then pools roi by roi)."""
+    overlapping windows (maxima are exact, so the overlap changes nothing).  The table holds at most `budget`
+    values: channels go in groups that fit; None where one channel's table would not fit or where a gradient
+    is wanted (max_over_bins then pools roi by roi)."""
     c, h, w = plane.shape
     kh, kw = floor_log2((he - hs).clamp(min=1)), floor_log2((we - ws).clamp(min=1))
     levels_h, levels_w = int(kh.max()) + 1, int(kw.max()) + 1
-    if levels_h * levels_w * plane.numel() > (1 << 26) or (torch.is_grad_enabled() and plane.requires_grad):
+    per_channel = levels_h * levels_w * h * w
+    if per_channel > budget or (torch.is_grad_enabled() and plane.requires_grad):
         return None
+    if per_channel * c > budget:   # channels are independent: a table for as many at a time as fit
+        step = budget // per_channel
+        return torch.cat([range_max_bins(plane[i:i + step], hs, he, ws, we, budget) for i in range(0, c, step)],
+                         dim=1)
     # channels last: a window's C maxima are one contiguous row of the flat table, gathered with
     # index_select; the maxima are taken in place (fresh buffers of this size cost more than the
     # comparisons), so a caller that wants a gradient pools roi by roi instead
