@@ -187,7 +187,7 @@ def test_cluster_detections_matches_the_module(size, cov_hw, box_hw, cvg, rect, 
 
 
 def test_cluster_detections_edge_cases_match_the_module():
-    # no cell over the threshold, or every coordinate 0: the module's `propose_boxes.any()` gives no rows
+    # no cell over the threshold: no rows
     coverage = np.full((1, 1, 3, 4), 0.9, F32)
     zero = np.zeros((1, 4, 3, 4), F32)
     from caffeq.layers.detectnet_clustering import detectnet_cluster
@@ -198,6 +198,12 @@ def test_cluster_detections_edge_cases_match_the_module():
     got = detectnet_cluster(torch.from_numpy(coverage), torch.from_numpy(zero), *settings)
     ref = ref_cluster(coverage, zero, *settings)
     np.testing.assert_array_equal(got.numpy(), ref)
+    # ... and with threshold 0 every such box is kept (weight 1): the module tests the boxes with their
+    # cell offsets, which are not all 0, not the regressed values
+    kept = (32, 24, 8, 0.6, 0, 0.2, 0)
+    got = detectnet_cluster(torch.from_numpy(coverage), torch.from_numpy(zero), *kept)
+    np.testing.assert_array_equal(got.numpy(), ref_cluster(coverage, zero, *kept))
+    assert np.count_nonzero(got.numpy()[0, :, :4].any(axis=1)) == 11   # 12 cells, the one at (0, 0) all 0
     # NaN and huge boxes: cvRound gives INT_MIN, and the int sums wrap as in C
     boxes = np.full((1, 4, 3, 4), 5.0, F32)
     boxes[0, :, 1, 1] = np.nan

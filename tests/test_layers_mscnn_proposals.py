@@ -32,7 +32,7 @@ def decode(d, means, stds, xyr, whr, fw, fh, col, row, stride):
     w, h = clamp(d[2], wlo, whi), clamp(d[3], wlo, whi)
     x = F(x * F(fw)) + F((F(col) + F(0.5)) * F(stride))
     y = F(y * F(fh)) + F((F(row) + F(0.5)) * F(stride))
-    w, h = F(F(fw) * F(math.exp(w))), F(F(fh) * F(math.exp(h)))   # expf, correctly rounded
+    w, h = F(float(F(fw)) * math.exp(w)), F(float(F(fh)) * math.exp(h))   # GCC 5: double exp and product
     return F(x - w / F(2)), F(y - h / F(2)), w, h
 
 
@@ -250,3 +250,18 @@ def test_bad_proposal_settings_are_one_line(layer, message):
             f'layer {{ name: "out" {layer} }}\n')
     with pytest.raises(CaffeqError, match=message):
         load_from_text(text)
+
+
+def test_only_box_group_output_checks_the_stds():
+    # MS-CNN's BoxOutput multiplies by bbox_std whatever it is; Cascade R-CNN's LayerSetUp CHECKs > 0
+    norm = "bbox_reg_param { bbox_mean: 0 bbox_mean: 0 bbox_mean: 0 bbox_mean: 0 bbox_std: 0 bbox_std: 1 bbox_std: 1 bbox_std: 1 }"
+    box = ('layer { name: "in" type: "Input" top: "a" input_param { shape { dim: 1 dim: 6 dim: 3 dim: 3 } } }\n'
+           'layer { name: "out" type: "BoxOutput" bottom: "a" top: "r" box_output_param { field_w: 8 field_h: 8 '
+           f'downsample_rate: 4 }} {norm} }}\n')
+    assert load_from_text(box).blob_shapes["r"] == (1, 5, 1, 1)
+    group = ('layer { name: "in" type: "Input" top: "s" top: "b" input_param { shape { dim: 1 dim: 2 dim: 3 dim: 3 } '
+             'shape { dim: 1 dim: 4 dim: 3 dim: 3 } } }\n'
+             'layer { name: "out" type: "BoxGroupOutput" bottom: "s" bottom: "b" top: "r" box_group_output_param { '
+             f'box_group_param {{ field_w: 8 field_h: 8 stride: 4 }} }} {norm} }}\n')
+    with pytest.raises(CaffeqError, match="bbox_std must all be > 0"):
+        load_from_text(group)

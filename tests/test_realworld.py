@@ -23,6 +23,8 @@ KNOWN_REFUSALS = {
     # snippets: a bottom that no layer makes (a placeholder for the reader's own net)
     "happynear__AMSoftmax__prototxt__GNAP.prototxt": "bottom 'res4_3' is not produced by any earlier layer",
     "happynear__NormFace__prototxt__scaled_cosine_softmax.prototxt": "bottom 'last_ip_layer' is not produced by any earlier layer",
+    # spatial-IRNN's example: its four-direction sweeps after the reader's own pool5 (test_layers_spatial_irnn)
+    "sherylwang__spatial-IRNN__models__example.prototxt": "--input-shape pool5=N,C,H,W",
     # the styletransfer fork's own schema: string pooling methods, input_blob
     "shenfalong__styletransfer__matlab__prototxt__deploy_resnet_101_16x_v0.prototxt": "has no value named \"max\"",
     "shenfalong__styletransfer__python__prototxt__16__predict.prototxt": "unknown field 'input_blob'",
@@ -162,13 +164,18 @@ RUNNABLE = {
         {"data": (1, 64, 64, 64)},
     # the original DQN (2014, V1 file): Q values of (N, 18) times a (N, 18, 1, 1) filter, as 4-axis blobs
     "muupan__dqn-in-the-caffe__dqn.prototxt": None,
+    # ADaPTION's low-precision LeNet: LPConvolution / LPInnerProduct / LPAct round to fixed point
+    "NeuromorphicProcessorProject__ADaPTION__examples__low_precision__mnist__lp_train_test.prototxt":
+        {"data": (2, 1, 28, 28), "label": (2,)},
 }
 # train files: the blob their loss reads, as a user converting one names it with --outputs
 RUNNABLE_OUTPUTS = {"chenzhenhua986__CAFFE-CapsNet__examples__mnist__deploy.prototxt": ["cap_len", "sigmoid"],
                     "akanazawa__si-convnet__models__sicnn__protos__sicnn_train10k_train_test_mnist-sc_split1.prototxt": ["ip2"],
                     "akanazawa__si-convnet__models__sicnn__protos__farabet_train10k_train_test_mnist-sc_split1.prototxt": ["ip2"],
                     "liuzechun__Bi-Real-net__caffe_implementation__18-layer__Bi-Real-net-18-train.prototxt": ["fc1000"],
-                    "muupan__dqn-in-the-caffe__dqn.prototxt": ["q_values", "filtered_q_values"]}
+                    "muupan__dqn-in-the-caffe__dqn.prototxt": ["q_values", "filtered_q_values"],
+                    "NeuromorphicProcessorProject__ADaPTION__examples__low_precision__mnist__lp_train_test.prototxt":
+                        ["ip2"]}
 
 
 def _feeds(model, seed=0):

@@ -242,15 +242,16 @@ class ROIAlign(RoiLayerSpec):
         onnx_roi_align_grid(ctx, node, a["ph"], a["pw"], a["scale"], a["pad_ratio"])
 
 
-def bbox_reg_normalization(lp, where):
-    """bbox_reg_param's (means, stds): both or neither given, 4 each, stds > 0 (the fork's CHECKs)."""
+def bbox_reg_normalization(lp, where, positive_std=True):
+    """bbox_reg_param's (means, stds): both or neither given, 4 each, stds > 0 (the fork's CHECKs; MS-CNN's
+    BoxOutput has no check on the stds: positive_std=False)."""
     p = lp.bbox_reg_param
     if len(p.bbox_mean) and len(p.bbox_std):
         if len(p.bbox_mean) != 4 or len(p.bbox_std) != 4:
             raise LayerError(f"{where}: bbox_reg_param needs 4 bbox_mean and 4 bbox_std values, "
                              f"got {len(p.bbox_mean)} and {len(p.bbox_std)}")
         stds = [float(np.float32(v)) for v in p.bbox_std]
-        if not all(v > 0 for v in stds):
+        if positive_std and not all(v > 0 for v in stds):
             raise LayerError(f"{where}: bbox_reg_param.bbox_std must all be > 0, got {stds}")
         return [float(np.float32(v)) for v in p.bbox_mean], stds
     return [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]

@@ -11,9 +11,10 @@ relative to the cell), as the module does.  Each class gives one top (N, 50, 5);
    whose float32 value >= the threshold (as float32) propose boxes, row by row.
 2. A cell (x, y) proposes x1 + x * cell_w, y1 + y * cell_h, x2 + x * cell_w, y2 + y * cell_h in float64
    (cell_w = img_size_x / grid_x).
-3. If any coordinate is non-zero, OpenCV's groupRectangles(rects, gridbox_rect_thresh, gridbox_rect_eps)
-   runs on [x1, y1, x2 - x1, y2 - y1].  OpenCV's Python binding rounds each value to int (cvRound: half
-   to even; NaN or outside int32 gives INT_MIN).  See group_rectangles.
+3. If any of these coordinates is non-zero, OpenCV's groupRectangles(rects, gridbox_rect_thresh, gridbox_rect_eps)
+   runs on [x1, y1, x2 - x1, y2 - y1].  OpenCV 3's Python binding rounds each value to int (cvRound: half
+   to even; NaN or outside int32 gives INT_MIN); OpenCV 4's refuses float rects, so the module needs
+   OpenCV 3.  See group_rectangles.
 4. Each group whose height >= min_height gives [x, y, x + w, y + h, ln(count)], rounded to float16.
    The rest of the 50 rows (the module's MAX_BOXES) stay 0.  More than 50 make the module's assignment
    fail, and caffeq refuses the same way.
@@ -125,10 +126,10 @@ def detectnet_cluster(coverage, boxes, size_x: int, size_y: int, stride: int, cv
     for i in range(n):
         ys, xs = torch.nonzero(coverage[i, 0, :grid_y, :grid_x].float() >= threshold, as_tuple=True)
         b = boxes[i, :4][:, ys, xs].float().double()
-        if not bool((b != 0).any()):   # the module's `propose_boxes.any()`: no box, or every value 0
-            continue
         ox, oy = xs.double() * cell_w, ys.double() * cell_h
         x1, y1, x2, y2 = b[0] + ox, b[1] + oy, b[2] + ox, b[3] + oy
+        if not bool((torch.stack([x1, y1, x2, y2]) != 0).any()):   # `propose_boxes.any()`: none, or all 0
+            continue
         rects = cv_round(torch.stack([x1, y1, x2 - x1, y2 - y1], dim=1))
         kept, counts = group_rectangles(rects, rect_threshold, rect_eps)
         tall = kept[:, 3] >= min_height
@@ -150,9 +151,9 @@ TORCH_CLUSTER = torch_sources(wrap_int32, cv_round, double_to_half, group_rectan
 class ClusterDetections(Layer):
     onnx_refusal = ("OpenCV's groupRectangles (boxes grouped transitively by similarity) has no ONNX form; "
                     "export up to the coverage and bbox blobs with --outputs")
-    reading_note = ("DetectNet's ClusterDetections runs as NVCaffe 0.17.3's clustering.py (groupRectangles on "
-                    "x, y, width, height); NVCaffe up to 0.17.2 passed x2, y2 as the width and height, which "
-                    "groups differently")
+    reading_note = ("DetectNet's ClusterDetections runs as NVCaffe 0.17.3's clustering.py with OpenCV 3's "
+                    "groupRectangles on x, y, width, height; NVCaffe up to 0.17.2 passed x2, y2 as the width and "
+                    "height, which groups differently")
 
     def parse(self, lp):
         need_blobs(lp, "ClusterDetections", 2, len(lp.top) or 1, "coverage, bboxes")

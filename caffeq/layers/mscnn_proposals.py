@@ -1,10 +1,13 @@
 """zhaoweicai's region-proposal outputs: MS-CNN's BoxOutput (zhaoweicai/mscnn 534bcac,
 src/caffe/layers/box_output_layer.cpp, BoxIOU in util/math_functions.cpp) and Cascade R-CNN's
 BoxGroupOutput (zhaoweicai/cascade-rcnn 2252f46, box_group_output_layer.cpp / .cu, util/bbox_util.cpp).
-Both run on the CPU in float32, as the forks do (their GPU forward decodes on the device and does the rest
-on the host, with the same arithmetic).  How many rois come out depends on the data.
+Both run as the forks' CPU forward does, in float32, built with GCC 4 or 5 as in their time: there
+`exp` of a float is the C library's double exp, and `field * exp(d)` is rounded to float32 once (GCC 6 and
+later call expf and round twice: 1 ulp apart at times).  Cascade R-CNN's GPU forward decodes on the device,
+where nvcc fuses multiply-adds, so it may differ from its CPU forward by an ulp (the reading note says so).
+How many rois come out depends on the data.
 
-BoxOutput: each bottom j is (N, classes + 4, H, W), classes >= 2.  Per image, for every bottom and cell
+BoxOutput: each bottom j is (N, classes + 4, H, W), classes >= 1 (with one, the score is -FLT_MAX minus it).  Per image, for every bottom and cell
 (row-major):
 - score = max over classes 1.. of the scores, minus class 0's score.  Cells with score >= fg_thr propose
   a box.
@@ -162,9 +165,12 @@ def decode_receptive_field(d, means, stds, xy_bound: float, wh_bounds, field_w, 
     stride = torch.tensor(stride, dtype=f32)
     x = x * field_w + (cols.to(f32) + 0.5) * stride
     y = y * field_h + (rows.to(f32) + 0.5) * stride
-    # expf: glibc's is correctly rounded, as the double exp rounded to float32 is (torch's float32 exp is
-    # not always)
-    w, h = field_w * torch.exp(w.double()).to(f32), field_h * torch.exp(h.double()).to(f32)
+    # `field_w * exp(w)` as the forks' GCC 4/5 builds compile it: exp of float is the C library's double
+    # exp (math.exp here), the product in double, rounded once to float32
+    def libm_exp(v):
+        return torch.tensor([math.exp(e) for e in v.double().tolist()], dtype=torch.float64)
+    w = (field_w.double() * libm_exp(w)).to(f32)
+    h = (field_h.double() * libm_exp(h)).to(f32)
     return x - w / 2, y - h / 2, w, h
 
 
@@ -289,11 +295,14 @@ class _ProposalOutput(Layer):
                     "have no ONNX form here; export the net up to its score and bbox blobs with --outputs")
     torch_function = None
     torch_sources = None
+    reading_note = ("the proposals run as the fork's CPU forward built with GCC 4 or 5 (double exp); a GCC 6 or "
+                    "later build, or Cascade R-CNN's GPU forward, may place a box corner an ulp away")
 
     def _common(self, lp, p, kind):
         if len(lp.top) not in (1, 2):
             raise LayerError(f"{kind} has 1 or 2 tops (rois, rois with score), got {len(lp.top)}")
-        means, stds = bbox_reg_normalization(lp, kind)
+        # MS-CNN's BoxOutput does not check bbox_std > 0; Cascade R-CNN's BoxGroupOutput does
+        means, stds = bbox_reg_normalization(lp, kind, positive_std=kind == "BoxGroupOutput")
         given = len(lp.bbox_reg_param.bbox_mean) > 0
         field_whr, field_xyr = float(np.float32(p.field_whr)), float(np.float32(p.field_xyr))
         if not field_whr > 0 or not field_xyr > 0:
