@@ -12,7 +12,8 @@
 - DecodeBBox (decode_bbox_layer.cpp, bbox_util.cpp DecodeBBoxesWithPrior): bottoms (deltas (R, 8) = the
   background and foreground boxes of a class-agnostic regressor, rois (R, 5)); the foreground deltas,
   de-normalized by bbox_reg_param's std and mean, move each roi as Fast R-CNN does (width x2 - x1 + 1,
-  centre (x1 + x2) / 2, exp of the size deltas); no clipping.  Top = the rois' shape, with the batch
+  centre (x1 + x2) / 2, the size times the exp of its delta in double, as the fork's GCC 4/5 builds do);
+  no clipping.  Top = the rois' shape, with the batch
   column kept.  In TRAIN the fork also drops inverted boxes and, with a third bottom (matched gt boxes),
   boxes whose IoU >= decode_bbox_param.gt_iou_thr: that data-dependent screening is not reproduced.
 - BoxGroupOutput (cascade-rcnn) and BoxOutput (mscnn), the region proposals: mscnn_proposals.py.
@@ -102,8 +103,10 @@ def decode_roi_boxes(deltas, rois, means, stds):
     height = p[:, 4] - p[:, 2] + 1
     cx = 0.5 * (p[:, 3] + p[:, 1])
     cy = 0.5 * (p[:, 4] + p[:, 2])
-    new_w = width * torch.exp(dw)
-    new_h = height * torch.exp(dh)
+    # `pw * exp(bw)` as the fork's GCC 4/5 builds compile it: the double exp, the product in double,
+    # rounded once (mscnn_proposals.py says more)
+    new_w = (width.double() * torch.exp(dw.double())).to(d.dtype)
+    new_h = (height.double() * torch.exp(dh.double())).to(d.dtype)
     x1 = dx * width + cx - (new_w - 1) / 2
     y1 = dy * height + cy - (new_h - 1) / 2
     boxes = torch.stack([p[:, 0], x1, y1, x1 + new_w - 1, y1 + new_h - 1], 1)
@@ -300,7 +303,10 @@ class DecodeBBox(Layer):
         start, end = column(rois, 1, 3, "start"), column(rois, 3, 5, "end")   # (x, y) pairs
         size = ctx.op("Add", [ctx.op("Sub", [end, start], "diff"), ctx.f32(1.0)], "size")
         centre = ctx.op("Mul", [ctx.f32(0.5), ctx.op("Add", [end, start], "sum")], "centre")
-        new_size = ctx.op("Mul", [size, ctx.op("Exp", [column(d, 2, 4, "dwh")], "exp")], "new_size")
+        # size * exp(d) in double, rounded once to float (decode_roi_boxes)
+        exp = ctx.op("Exp", [ctx.op("Cast", [column(d, 2, 4, "dwh")], "dwh64", to=11)], "exp")
+        new_size = ctx.op("Cast", [ctx.op("Mul", [ctx.op("Cast", [size], "size64", to=11), exp], "new_size64")],
+                          "new_size", to=1)
         moved = ctx.op("Add", [ctx.op("Mul", [column(d, 0, 2, "dxy"), size], "shift"), centre], "moved")
         lo = ctx.op("Sub", [moved, ctx.op("Div", [ctx.op("Sub", [new_size, ctx.f32(1.0)], "nm1"), ctx.f32(2.0)],
                                           "half")], "lo")
