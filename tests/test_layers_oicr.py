@@ -21,13 +21,15 @@ def global_sum_ref(x):
     return top.reshape((1,) + x.shape[1:])
 
 
-@pytest.mark.parametrize("shape", [(37, 21), (2, 3, 5, 7)])
+@pytest.mark.parametrize("shape", [(2000, 21), (37, 21), (2, 3, 5, 7)])
 def test_global_sum_pooling_sums_over_axis_0(shape, tmp_path):
     # OICR: the (R, C) product of its two MIDN softmaxes, summed over the R proposals
     model = load_from_text(net(LAYER, inputs={"x": shape}))
     assert model.blob_shapes["o"] == (1,) + shape[1:]
     x = rng(4).random(shape).astype(F)
-    check_everywhere(model, {"x": x}, {"o": global_sum_ref(x)}, tmp_path, atol=1e-6, rtol=1e-6)
+    x[-1] *= 1e-7    # small rows last: another order of the sum rounds them differently
+    check_everywhere(model, {"x": x}, {"o": global_sum_ref(x)}, tmp_path)
+    assert not np.array_equal(global_sum_ref(x[::-1]), global_sum_ref(x)) or shape[0] < 3
 
 
 def test_global_sum_pooling_needs_two_axes():

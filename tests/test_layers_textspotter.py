@@ -10,7 +10,6 @@ from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
 F = np.float32
-CORPUS = "/work/corpus82c/tonghe90__textspotter__"
 
 
 def reverse_ref(x, axis):

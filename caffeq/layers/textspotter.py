@@ -28,6 +28,7 @@ example net caffe/examples/text_detect/e2e_best.pt.
   with no source in the repository; sized as BVLC's BatchNorm, Scale and InnerProduct (the fork's
   ConvolutionData is Convolution), not run.
 """
+import numpy as np
 import torch
 
 from ..io.schema import caffe_pb2
@@ -88,7 +89,6 @@ def point_bilinear(feature, points, ids, ratio: float):
 
 @register_layer("PointBilinear")
 class PointBilinear(Layer):
-    onnx_refusal = None
 
     def parse(self, lp):
         need_blobs(lp, "PointBilinear", (2, 3), 1, "feature, points, image indexes")
@@ -118,7 +118,6 @@ class PointBilinear(Layer):
         return f"{fn}({emit.inputs[0]}, {emit.inputs[1]}, {ids}, {node.attrs['ratio']!r})"
 
     def onnx(self, ctx, node):
-        import numpy as np
         f_shape = ctx.shape(node.inputs[0])
         p_shape = ctx.shape(node.inputs[1])
         n, c, h, w = (int(d) for d in f_shape)
