@@ -6,11 +6,11 @@ a world of 1).
 - MPIGather (mpi_gather_layer.cpp): top i is the bottom computed on rank i, and the fork CHECKs that the
   world has as many ranks as the layer has tops (each rank with its own weights): read, not run.
 """
-from .registry import AT_LEAST, Layer, LayerError, ReadOnlyLayer, need_blobs, register_layer
+from .registry import AT_LEAST, IdentityLayer, LayerError, ReadOnlyLayer, need_blobs, register_layer
 
 
 @register_layer("MPIBroadcast")
-class MPIBroadcast(Layer):
+class MPIBroadcast(IdentityLayer):
     def parse(self, lp):
         need_blobs(lp, lp.type, 1, 1)
         if lp.mpi_param.root != 0:
@@ -21,14 +21,6 @@ class MPIBroadcast(Layer):
     def infer(self, attrs, in_shapes):
         return [tuple(in_shapes[0])]
 
-    def forward(self, attrs, params, x):
-        return x
-
-    def onnx(self, ctx, node):
-        ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]], name=node.name)
-
-    def pytorch_source(self, node, emit):
-        return emit.inputs[0]
 
 
 @register_layer("MPIGather")

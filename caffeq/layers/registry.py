@@ -247,6 +247,20 @@ class ReadOnlyLayer(Layer):
         raise ExportError(self.refusal(node.attrs))
 
 
+class IdentityLayer(Layer):
+    """A layer whose forward (in the phase caffeq runs) copies its one bottom to its one top: torch returns
+    the bottom, ONNX writes an Identity, model.py passes the bottom on."""
+
+    def forward(self, attrs, params, x):
+        return x
+
+    def onnx(self, ctx, node):
+        ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]], name=node.name)
+
+    def pytorch_source(self, node, emit):
+        return emit.inputs[0]
+
+
 class FunctionLayer(Layer):
     """A layer with one bottom, one top and no parameters, computed by the module-level torch
     function `fn` (set as `fn = staticmethod(that_function)`), which model.py copies."""

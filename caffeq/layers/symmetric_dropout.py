@@ -7,23 +7,14 @@ images its confusion loss compares), scaled by 1 / (1 - ratio).  At TEST both fo
 (caffe_copy): caffeq's forward is that identity, in every backend.  The fork checks 0 < ratio < 1 and an even
 batch only with DCHECK (debug builds); caffeq refuses a ratio outside [0, 1], as for Dropout.
 """
-from .registry import Layer, LayerError, need_blobs, register_layer
+from .registry import IdentityLayer, LayerError, need_blobs, register_layer
 
 
 @register_layer("SymmetricDropout")
-class SymmetricDropout(Layer):
+class SymmetricDropout(IdentityLayer):
     def parse(self, lp):
         need_blobs(lp, "SymmetricDropout", 1, 1)
         ratio = float(lp.symmetric_dropout_param.dropout_ratio)
         if not 0 <= ratio <= 1:
             raise LayerError(f"symmetric_dropout_param.dropout_ratio must be in [0, 1], got {ratio}")
         return {"ratio": ratio}
-
-    def forward(self, attrs, params, x):
-        return x
-
-    def onnx(self, ctx, node):
-        ctx.add_node("Identity", [node.inputs[0]], [node.outputs[0]], name=node.name)
-
-    def pytorch_source(self, node, emit):
-        return emit.inputs[0]
