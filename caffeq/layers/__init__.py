@@ -161,6 +161,7 @@ from . import (  # noqa: F401,E402
     roi_mask_pooling,
     roi_pooling,
     ron,
+    roomnet,
     rotationnet,
     rproi,
     rrpn,
