@@ -468,9 +468,16 @@ class CaptionLayer(Layer):
         x1, x2 = op.decode(lengths, ctr, op.col(deltas, 2, "dx"), op.col(deltas, 3, "dl"), a["length"])
         keep = op("Reshape", [op("NonZero", [op.long_enough(x1, x2, a["min_size"])], "nz"), op.i64([-1])], "keep")
         scores = op("Gather", [op.col(prob, 1, "fg"), keep], "kept_s", axis=0)
-        k = op("Min", [op("Shape", [scores], "n"), op.i64([a["top_n"] if a["top_n"] > 0 else 1])], "k")
-        vals, pos = ctx.add_node("TopK", [scores, k], [ctx.tmp(f"{node.name}_top"), ctx.tmp(f"{node.name}_pos")],
-                                 axis=0, largest=1, sorted=1)
+        n = op("Shape", [scores], "n")
+        k = op("Min", [n, op.i64([a["top_n"] if a["top_n"] > 0 else 1])], "k")
+        # TopK puts the lower index first among equal scores; the fork's reversed argsort the higher one:
+        # TopK over the scores reversed, then the positions mapped back
+        reversed_scores = op("Slice", [scores, op.i64([-1]), op.i64([-(2 ** 62)]), op.i64([0]), op.i64([-1])],
+                             "reversed")
+        vals, pos_rev = ctx.add_node("TopK", [reversed_scores, k],
+                                     [ctx.tmp(f"{node.name}_top"), ctx.tmp(f"{node.name}_pos")],
+                                     axis=0, largest=1, sorted=1)
+        pos = op("Sub", [op("Sub", [n, op.i64([1])], "last"), pos_rev], "pos")
         order = op("Gather", [keep, pos], "order", axis=0)
         op.twin_rows(op("Gather", [x1, order], "s1", axis=0), op("Gather", [x2, order], "s2", axis=0), node.outputs[0])
         ctx.add_node("Gather", [feats, order], [node.outputs[1]], axis=0)
