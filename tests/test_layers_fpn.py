@@ -212,6 +212,20 @@ def test_fpn_onnx_matches_torch(merged, opset, tmp_path):
             np.testing.assert_allclose(by_blob[blob], want[blob], rtol=1e-6, atol=1e-4, err_msg=blob)
 
 
+def test_fpn_tied_scores_match_everywhere(tmp_path):
+    # scores from three values: equal scores go higher index first, as argsort()[::-1], in every backend
+    model = load_from_text(proposal_net(MAPS))
+    x = proposal_feeds(MAPS, [40, 57, 0.5], seed=7)
+    for s in STRIDES:
+        x[f"p{s}"] = (np.round(x[f"p{s}"] * 2) / 4 + 0.25).astype(np.float32)
+    want = model.run(x)["rpn_rois"]
+    ref = ref_fpn_proposals(x["im_info"][0], [x[f"d{s}"] for s in STRIDES], [x[f"p{s}"] for s in STRIDES])
+    np.testing.assert_allclose(want, ref, rtol=1e-6, atol=1e-4)
+    sess = onnx_session(model, tmp_path / "tied.onnx", 13)
+    got = onnx_run_by_blob(sess, model, x)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-4)
+
+
 def rois_at_level_steps():
     """Boxes whose float32 area w * h sits on, and one float32 step below, sqrt(w h) = 112, 224, 448
     (where the float32 log2 pipeline rounds), plus random ones and an empty level-4 set."""

@@ -141,6 +141,17 @@ def test_pred_to_proposal_ties_at_the_cut_all_stay(tmp_path):
     check_everywhere(model, x, ref, tmp_path, atol=1e-4, rtol=1e-6)
 
 
+def test_pred_to_proposal_tied_scores_rank_the_higher_index_first_everywhere(tmp_path):
+    # scores from three values: within a class the module's argsort()[::-1] takes equal scores higher
+    # index first, which decides what NMS keeps; ONNX's NonMaxSuppression alone would take the lower one
+    r, k = 17, 3
+    model = load_from_text(pred_to_proposal_net(r, k, "'max_per_image': 0 \\n'thresh': 0.05"))
+    x = detections(r, k, [70, 110, 0.8], seed=r)
+    x["cls_prob"] = (np.round(x["cls_prob"] * 2) / 4 + 0.25).astype(f32)
+    ref = ref_pred_to_proposal(x["rois"], x["bbox_pred"], x["cls_prob"], x["im_info"], 0.05, 0)
+    check_everywhere(model, x, ref, tmp_path, atol=1e-4, rtol=1e-6)
+
+
 def test_pred_to_proposal_with_nothing_above_thresh_writes_one_default_row(tmp_path):
     model = load_from_text(pred_to_proposal_net(5, 3, "'max_per_image': 100 \\n'thresh': 0.5"))
     x = detections(5, 3, [80, 90, 1.0])

@@ -203,6 +203,18 @@ def test_twin_proposals_match_the_fork(scales, length, stride, seed, tmp_path):
     check_everywhere(model, x, {"rois": rois, "scores": scores}, tmp_path, atol=1e-4, rtol=1e-6)
 
 
+def test_twin_proposals_with_tied_scores_match_everywhere(tmp_path):
+    # scores from three values: the fork's reversed argsort ranks equal scores higher index first, and so
+    # must ONNX (TopK alone ranks them lower index first)
+    scales, length, stride = [2, 4, 6], 11, 8
+    text = proposal_net(3, length, f"'feat_stride': {stride} \\n'scales': !!python/tuple {scales}")
+    model = load_from_text(text)
+    x = proposal_feeds(3, length, 5)
+    x["prob"] = (rng(6).integers(0, 3, x["prob"].shape) / 4).astype(np.float32)
+    rois, scores = ref_proposals(x["prob"], x["deltas"], stride, scales)
+    check_everywhere(model, x, {"rois": rois, "scores": scores}, tmp_path, atol=1e-4, rtol=1e-6)
+
+
 def test_twin_proposal_settings_against_the_reference():
     import torch
 

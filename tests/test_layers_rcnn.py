@@ -191,6 +191,21 @@ def test_onnx_matches_torch(opset, tmp_path):
     np.testing.assert_array_equal(by_blob["scores"], want["scores"])
 
 
+def test_tied_scores_match_the_reference_in_torch_and_onnx(tmp_path):
+    # scores from three values: equal scores go higher index first, as argsort()[::-1], in every backend
+    a, h, w = 9, 5, 8
+    model = load_from_text(proposal_net(a, h, w, python_proposal("'feat_stride': 16")))
+    x = feeds(a, h, w, [70, 120, 0.8], seed=7)
+    x["prob"] = (np.round(x["prob"] * 2) / 4 + 0.25).astype(np.float32)
+    want = model.run(x)
+    ref_rois, ref_scores = ref_proposals(x["prob"], x["deltas"], x["im_info"], 16)
+    check_rows(want["rois"], want["scores"], ref_rois, ref_scores)
+    sess = onnx_session(model, tmp_path / "tied.onnx", 13)
+    outs = dict(zip([o.name for o in sess.get_outputs()], onnx_run_by_blob(sess, model, x)))
+    by_blob = {model.graph.tensors[n].blob: v for n, v in outs.items()}
+    check_rows(by_blob["rois"], by_blob["scores"], want["rois"], want["scores"])
+
+
 def test_pytorch_source_matches_forward(tmp_path):
     a, h, w = 9, 4, 6
     model = load_from_text(proposal_net(a, h, w, python_proposal("'feat_stride': 16")))

@@ -152,6 +152,20 @@ class OnnxContext:
         return self.op("ConstantOfShape", [shape], hint,
                        value=onnx.numpy_helper.from_array(np.array([value], np.float32)))
 
+    def top_k_later_first(self, values, k, hint):
+        """TopK (largest, sorted) of the 1-D tensor `values` with equal values ranked higher index first, as a
+        stable sort reversed (torch's sort(stable=True).flip(0), numpy's argsort()[::-1]) ranks them.  ONNX's
+        TopK ranks the lower index first, so it runs over the values reversed and the positions are mapped
+        back.  k: an int or a 1-element int64 tensor.  Returns (top values, their indexes)."""
+        n = self.op("Shape", [values], f"{hint}_n")
+        reversed_values = self.op("Slice", [values, self.i64([-1]), self.i64([-(2 ** 62)]), self.i64([0]),
+                                            self.i64([-1])], f"{hint}_reversed")
+        prefix = self.layer.name if self.layer is not None else "t"
+        top, position = self.add_node("TopK", [reversed_values, self.i64([k]) if isinstance(k, int) else k],
+                                      [self.tmp(f"{prefix}_{hint}_values"), self.tmp(f"{prefix}_{hint}_reversed_index")],
+                                      axis=0, largest=1, sorted=1)
+        return top, self.op("Sub", [self.op("Sub", [n, self.i64([1])], f"{hint}_last"), position], f"{hint}_index")
+
     def nms_threshold(self, t, drops_equal=False):
         """The float32 IoU threshold for NonMaxSuppression (which drops IoU > t and takes t in [0, 1]) that
         makes the layer's decisions: it drops IoU > t, or IoU >= t with drops_equal.  Above 1 nothing is

@@ -275,8 +275,7 @@ def emit_fpn_proposals(ctx, node):
     scores = ctx.op("Concat", level_scores, "scores", axis=0)
     corners = ctx.op("Concat", level_boxes, "corners", axis=0)
     k = total if a["pre_nms_top_n"] <= 0 else min(a["pre_nms_top_n"], total)
-    vals, idx = ctx.add_node("TopK", [scores, ctx.i64([k])], [ctx.tmp(f"{name}_top"), ctx.tmp(f"{name}_top_idx")],
-                             axis=0, largest=1, sorted=1)
+    vals, idx = ctx.top_k_later_first(scores, k, "top")   # the torch sort: ties, higher index first
     cand = ctx.op("Gather", [corners, idx], "cand", axis=0)
     # ONNX's IoU has no +1: give it [y1, x1, y2 + 1, x2 + 1]
     nms_boxes = ctx.op("Gather", [ctx.op("Add", [cand, ctx.f32([0, 0, 1, 1])], "cand1"), ctx.i64([1, 0, 3, 2])], "yx",

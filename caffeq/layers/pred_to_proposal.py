@@ -27,7 +27,8 @@ bbox_transform_inv, clip_boxes, nms and config):
 
 ONNX: the decoding and clipping are elementwise ops; NonMaxSuppression runs each class as a batch
 of its own (boxes given as [y1, x1, y2 + 1, x2 + 1] so that ONNX's IoU is the +1 pixel one, its
-score threshold the module's strict thresh); the max_per_image cut is a TopK over the selected
+score threshold the module's strict thresh, the rois in reverse order so that equal scores rank the
+higher index first); the max_per_image cut is a TopK over the selected
 scores padded with -inf; the empty case a default row kept by Slice.
 """
 
@@ -217,11 +218,16 @@ def emit_pred_to_proposals(ctx, node):
                          hint, axis=2)
         return cols(ctx.op("Transpose", [stacked], hint + "_t", perm=[1, 0, 2]), 1, k, 0, hint + "_fg")
 
-    corners = per_class([x1, y1, x2, y2], "corners")
+    def rois_reversed(t, hint):   # the roi axis (1) last to first: NonMaxSuppression ranks equal scores lower
+        # index first, the module's argsort()[::-1] higher index first
+        return ctx.op("Slice", [t, ctx.i64([-1]), ctx.i64([-(2 ** 62)]), ctx.i64([1]), ctx.i64([-1])], hint)
+
+    corners = rois_reversed(per_class([x1, y1, x2, y2], "corners"), "corners_rev")
     # ONNX's IoU has no +1: give it [y1, x1, y2 + 1, x2 + 1]
-    nms_boxes = per_class([y1, x1, ctx.op("Add", [y2, ctx.f32(1.0)], "y2p"), ctx.op("Add", [x2, ctx.f32(1.0)], "x2p")],
-                          "nms")
-    scores = cols(ctx.op("Transpose", [prob_in], "prob_t", perm=[1, 0]), 1, k, 0, "fg_scores")   # (K - 1, R)
+    nms_boxes = rois_reversed(per_class([y1, x1, ctx.op("Add", [y2, ctx.f32(1.0)], "y2p"),
+                                         ctx.op("Add", [x2, ctx.f32(1.0)], "x2p")], "nms"), "nms_rev")
+    scores = rois_reversed(cols(ctx.op("Transpose", [prob_in], "prob_t", perm=[1, 0]), 1, k, 0, "fg_scores"),
+                           "fg_scores_rev")                                               # (K - 1, R)
     sel = ctx.add_node("NonMaxSuppression",
                        [nms_boxes, ctx.op("Unsqueeze", [scores, ctx.i64([1])], "nms_s"), ctx.i64([2 ** 31 - 1]),
                         ctx.f32([ctx.nms_threshold(a["nms_thresh"])]), ctx.f32([a["thresh"]])],

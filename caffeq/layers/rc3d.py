@@ -400,8 +400,7 @@ class TwinProposalLayer(Layer):
         x1, x2 = op.decode(op.f32(lengths), op.f32(ctr), op.col(d, 0, "dx"), op.col(d, 1, "dl"), video)
         live = op("Where", [op.long_enough(x1, x2, a["min_size"]), scores, op.f32(-np.inf)], "live")
         k = total if a["pre_nms_top_n"] <= 0 else min(a["pre_nms_top_n"], total)
-        vals, idx = ctx.add_node("TopK", [live, op.i64([k])], [ctx.tmp(f"{node.name}_top"), ctx.tmp(f"{node.name}_idx")],
-                                 axis=0, largest=1, sorted=1)
+        vals, idx = ctx.top_k_later_first(live, k, "top")   # sort(stable).flip: ties, higher index first
         c1, c2 = op("Gather", [x1, idx], "c1", axis=0), op("Gather", [x2, idx], "c2", axis=0)
         # NonMaxSuppression's boxes [y1, x1, y2, x2] = [0, start, 1, end + 1]: its IoU is the +1 frame one
         zero = op.zeros_like_rows(c1, "nms_z")
@@ -468,16 +467,8 @@ class CaptionLayer(Layer):
         x1, x2 = op.decode(lengths, ctr, op.col(deltas, 2, "dx"), op.col(deltas, 3, "dl"), a["length"])
         keep = op("Reshape", [op("NonZero", [op.long_enough(x1, x2, a["min_size"])], "nz"), op.i64([-1])], "keep")
         scores = op("Gather", [op.col(prob, 1, "fg"), keep], "kept_s", axis=0)
-        n = op("Shape", [scores], "n")
-        k = op("Min", [n, op.i64([a["top_n"] if a["top_n"] > 0 else 1])], "k")
-        # TopK puts the lower index first among equal scores; the fork's reversed argsort the higher one:
-        # TopK over the scores reversed, then the positions mapped back
-        reversed_scores = op("Slice", [scores, op.i64([-1]), op.i64([-(2 ** 62)]), op.i64([0]), op.i64([-1])],
-                             "reversed")
-        vals, pos_rev = ctx.add_node("TopK", [reversed_scores, k],
-                                     [ctx.tmp(f"{node.name}_top"), ctx.tmp(f"{node.name}_pos")],
-                                     axis=0, largest=1, sorted=1)
-        pos = op("Sub", [op("Sub", [n, op.i64([1])], "last"), pos_rev], "pos")
+        k = op("Min", [op("Shape", [scores], "n"), op.i64([a["top_n"] if a["top_n"] > 0 else 1])], "k")
+        vals, pos = ctx.top_k_later_first(scores, k, "top")   # the fork's reversed argsort: ties, higher first
         order = op("Gather", [keep, pos], "order", axis=0)
         op.twin_rows(op("Gather", [x1, order], "s1", axis=0), op("Gather", [x2, order], "s2", axis=0), node.outputs[0])
         ctx.add_node("Gather", [feats, order], [node.outputs[1]], axis=0)

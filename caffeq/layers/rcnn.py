@@ -563,8 +563,11 @@ def emit_proposals(ctx, node):
     else:
         live = ctx.op("Where", [small, ctx.f32(-np.inf), scores], "live")
     k = total if a["pre_nms_top_n"] <= 0 else min(a["pre_nms_top_n"], total)
-    vals, idx = ctx.add_node("TopK", [live, ctx.i64([k])], [ctx.tmp(f"{name}_top"), ctx.tmp(f"{name}_top_idx")],
-                             axis=0, largest=1, sorted=1)
+    if pva:
+        vals, idx = ctx.add_node("TopK", [live, ctx.i64([k])], [ctx.tmp(f"{name}_top"), ctx.tmp(f"{name}_top_idx")],
+                                 axis=0, largest=1, sorted=1)
+    else:   # the torch sort puts equal scores' higher index first
+        vals, idx = ctx.top_k_later_first(live, k, "top")
     corners = ctx.op("Concat", [ctx.op("Unsqueeze", [v, ctx.i64([1])], f"{h}_c") for v, h in
                                 ((x1, "x1"), (y1, "y1"), (x2, "x2"), (y2, "y2"))], "corners", axis=1)
     cand = ctx.op("Gather", [corners, idx], "cand", axis=0)                                   # (k, 4)
