@@ -20,12 +20,10 @@ seeded from clock(), random at every forward; caffeq computes the CPU forward, t
   Bottoms and tops are not rounded (the nets follow each layer with an LPAct).
 - LPAct: its bottom rounded, elementwise.
 """
-import copy
-
 import numpy as np
 import torch
 
-from .conv import Convolution, InnerProduct, _onnx_conv, _torch_conv_source
+from .conv import Convolution, InnerProduct, TransformedConvolution, TransformedInnerProduct, TransformedWeights
 from .registry import Layer, LayerError, count, need_blobs, register_layer
 from .ristretto import onnx_round_half_away, round_half_away
 
@@ -77,7 +75,7 @@ def onnx_lp_round(ctx, x, q, out, name):
     return ctx.add_node("Where", [nan, low, y], out)
 
 
-class _LowPrecisionWeights:
+class _LowPrecisionWeights(TransformedWeights):
     """What LPConvolution and LPInnerProduct share over their base spec: the doubled blob list, the weights
     (and with round_bias the bias) rounded at every forward."""
 
@@ -96,60 +94,29 @@ class _LowPrecisionWeights:
         shapes = super().param_shapes(attrs, in_shapes)
         return [s for s in shapes for _ in range(2)]   # each blob, then its rounded copy
 
-    def used_blobs(self, attrs, params):
-        """[weight, bias] as the forward uses them (torch tensors; the bias only with bias_term)."""
+    def used_blobs(self, attrs, blobs):
+        """[weight, bias] as the forward uses them (the bias only with bias_term): blobs 0 and 2 rounded."""
         q = attrs["lp"]
-        used = [lp_round(params[0], *_round_args(q))]
+        used = [lp_round(blobs[0], *_round_args(q))]
         if attrs["bias_term"]:
-            used.append(lp_round(params[2], *_round_args(q)) if q["round_bias"] else params[2])
+            used.append(lp_round(blobs[2], *_round_args(q)) if q["round_bias"] else blobs[2])
         return used
 
-    def forward(self, attrs, params, *xs):
-        return super().forward(attrs, self.used_blobs(attrs, params), *xs)
-
-    def used_node(self, node):
-        """A copy of node whose blobs are [weight, bias] as the forward uses them (no compact or shared form:
-        the writers then store exactly those values)."""
-        q = copy.copy(node)
-        if node.blobs is not None:
-            params = [torch.from_numpy(np.array(b, dtype=np.float32, copy=True)) for b in node.blobs]
-            q.blobs = [t.numpy() for t in self.used_blobs(node.attrs, params)]
-        q.quant, q.shared_from = {}, {}
-        return q
-
-    def pytorch_source(self, node, emit):
-        emit.note("ADaPTION's LP layers keep their weights already rounded to fixed point (the fork rounds "
-                  "blob 0 into blob 1 at every forward, to the same values)")
-        real = emit.node
-        emit.node = self.used_node(node)   # the state dict holds the rounded weights
-        try:
-            return self.source_layer(node, emit)
-        finally:
-            emit.node = real
+    def weight_transform_note(self, attrs):
+        return ("ADaPTION's LP layers keep their weights already rounded to fixed point (the fork rounds "
+                "blob 0 into blob 1 at every forward, to the same values)")
 
 
 @register_layer("LPConvolution")
-class LPConvolution(_LowPrecisionWeights, Convolution):
+class LPConvolution(_LowPrecisionWeights, TransformedConvolution, Convolution):
     """Convolution (convolution_param; LPCuDNN and LPCAFFE engines alike) with the weights rounded to fixed
     point (lp_conv_layer.cpp Forward_cpu)."""
 
-    def onnx(self, ctx, node):
-        _onnx_conv(ctx, self.used_node(node), "Conv")
-
-    def source_layer(self, node, emit):
-        return _torch_conv_source(node, emit, transposed=False)
-
 
 @register_layer("LPInnerProduct")
-class LPInnerProduct(_LowPrecisionWeights, InnerProduct):
+class LPInnerProduct(_LowPrecisionWeights, TransformedInnerProduct, InnerProduct):
     """InnerProduct (inner_product_param, transpose read) with the weights rounded to fixed point
     (lp_inner_product_layer.cpp Forward_cpu)."""
-
-    def onnx(self, ctx, node):
-        InnerProduct.onnx(self, ctx, self.used_node(node))
-
-    def source_layer(self, node, emit):
-        return InnerProduct.pytorch_source(self, node, emit)
 
 
 @register_layer("LPAct")

@@ -524,12 +524,18 @@ class TransformedWeights:
         new_bias = self.bias_transform(attrs, bias, weight) if bias is not None else None
         return self.weight_transform(attrs, weight), new_bias
 
-    def forward(self, attrs, params, *xs):
-        weight, bias = self.transform_blobs(attrs, params[0], params[1] if len(params) > 1 else None)
-        params = [params[0] if weight is None else weight] + list(params[1:])
+    def used_blobs(self, attrs, blobs):
+        """The blob list the base layer's forward reads, as this fork's forward uses it (torch tensors, None
+        for a missing one): blob 0 and 1 through transform_blobs, the rest as stored.  Forks that store the
+        blobs in another layout override this."""
+        weight, bias = self.transform_blobs(attrs, blobs[0], blobs[1] if len(blobs) > 1 else None)
+        used = [blobs[0] if weight is None else weight] + list(blobs[1:])
         if bias is not None:
-            params = [params[0], bias] + list(params[2:])
-        return super().forward(attrs, params, *xs)
+            used[1] = bias
+        return used
+
+    def forward(self, attrs, params, *xs):
+        return super().forward(attrs, self.used_blobs(attrs, params), *xs)
 
     def transformed_node(self, node):
         """A copy of node whose blobs are the weights as the forward uses them (no compact or shared form,
@@ -538,13 +544,8 @@ class TransformedWeights:
         if node.blobs is not None:
             q.blobs = [None if b is None else np.array(b, dtype=np.float32, copy=True) for b in node.blobs]
             if q.blobs and q.blobs[0] is not None:
-                has_bias = len(q.blobs) > 1 and q.blobs[1] is not None
-                weight, bias = self.transform_blobs(node.attrs, torch.from_numpy(q.blobs[0]),
-                                                    torch.from_numpy(q.blobs[1]) if has_bias else None)
-                if weight is not None:
-                    q.blobs[0] = weight.numpy()
-                if bias is not None:
-                    q.blobs[1] = bias.numpy()
+                used = self.used_blobs(node.attrs, [None if b is None else torch.from_numpy(b) for b in q.blobs])
+                q.blobs = [None if t is None else t.numpy() for t in used]
         q.quant, q.shared_from = {}, {}
         return q
 

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from .cascade_rcnn import bbox_reg_normalization
+from .rcnn import greedy_nms
 from .registry import Layer, LayerError, register_layer, torch_sources
 
 
@@ -99,20 +100,6 @@ def f32_max(a, b):
 def f32_min(a, b):
     """std::min(a, b): b only when b < a."""
     return torch.where(b < a, b, a)
-
-
-def greedy_nms(boxes, iou_threshold: float, overlap):
-    """The forks' greedy NMS over boxes already ranked: each kept box drops every later one whose
-    overlap(box, later) (float32) exceeds the threshold.  -> kept indexes, in order."""
-    n = boxes.shape[0]
-    alive = torch.ones(n, dtype=torch.bool)
-    threshold = torch.tensor(iou_threshold, dtype=torch.float32)
-    for i in range(n):
-        if not bool(alive[i]):
-            continue
-        if i + 1 < n:
-            alive[i + 1:] &= ~(overlap(boxes[i], boxes[i + 1:]) > threshold)
-    return torch.nonzero(alive).flatten()
 
 
 def mscnn_box_iou(a, b, mode: str):
@@ -216,9 +203,8 @@ def mscnn_box_output(bottoms, settings: dict):
             order = order[:s["max_nms_num"]]
         order = torch.tensor(order, dtype=torch.long)
         boxes, scores = boxes[order], scores[order]
-        kept = greedy_nms(boxes, s["iou_thr"], lambda a, b: mscnn_box_iou(a, b, s["nms_type"]))
-        if s["max_post_nms_num"] > 0:
-            kept = kept[:s["max_post_nms_num"]]
+        kept = torch.tensor(greedy_nms(boxes.shape[0], lambda t: mscnn_box_iou(boxes[t], boxes[t + 1:], s["nms_type"]),
+                                       s["iou_thr"], s["max_post_nms_num"]), dtype=torch.long)
         b = boxes[kept]
         rows_out.append(torch.stack([torch.full_like(b[:, 0], float(i)), b[:, 0], b[:, 1], b[:, 0] + b[:, 2],
                                      b[:, 1] + b[:, 3], scores[kept]], dim=1))
@@ -273,9 +259,8 @@ def cascade_box_group_output(bottoms, settings: dict):
             k = s["max_nms_num"]
         order = torch.tensor(std_partial_sort_order(scores.tolist(), k), dtype=torch.long)
         boxes, scores = boxes[order], scores[order]
-        kept = greedy_nms(boxes, s["iou_thr"], lambda a, b: jaccard_overlap(a, b, s["nms_type"]))
-        if s["max_post_nms_num"] > 0:
-            kept = kept[:s["max_post_nms_num"]]
+        kept = torch.tensor(greedy_nms(boxes.shape[0], lambda t: jaccard_overlap(boxes[t], boxes[t + 1:], s["nms_type"]),
+                                       s["iou_thr"], s["max_post_nms_num"]), dtype=torch.long)
         b = boxes[kept]
         rows_out.append(torch.cat([torch.full_like(b[:, :1], float(i)), b, scores[kept][:, None]], dim=1))
     return proposal_tops(rows_out, bottoms[0].device)

@@ -44,17 +44,21 @@ from .registry import Layer, LayerError, need_blobs, positive_field, register_la
 
 @register_layer("Reverse")
 class Reverse(Layer):
+    #: the message holding `axis`, and the top count the fork checks (None: unchecked)
+    param_field = "reverse_param"
+    top_count = None
+
     def parse(self, lp):
-        need_blobs(lp, "Reverse", 1, in_place=False)
-        axis = int(lp.reverse_param.axis)
+        need_blobs(lp, self.types[0], 1, self.top_count, in_place=False)
+        axis = int(getattr(lp, self.param_field).axis)
         if axis < 0:
-            raise LayerError(f"reverse_param.axis must be >= 0 (the fork takes no negative axis), got {axis}")
+            raise LayerError(f"{self.param_field}.axis must be >= 0 (the fork takes no negative axis), got {axis}")
         return {"axis": axis}
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
         if attrs["axis"] >= len(s):
-            raise LayerError(f"reverse_param.axis {attrs['axis']} is out of range for a {len(s)}-axis bottom")
+            raise LayerError(f"{self.param_field}.axis {attrs['axis']} is out of range for a {len(s)}-axis bottom")
         return [s]
 
     def forward(self, attrs, params, x):

@@ -43,18 +43,8 @@ _FORK = "tonghe90/textspotter"
 
 @register_layer("ReverseAxis")
 class ReverseAxis(Reverse):
-    def parse(self, lp):
-        need_blobs(lp, "ReverseAxis", 1, 1, in_place=False)
-        axis = int(lp.reverse_axis_param.axis)
-        if axis < 0:
-            raise LayerError(f"reverse_axis_param.axis must be >= 0, got {axis}")
-        return {"axis": axis}
-
-    def infer(self, attrs, in_shapes):
-        s = tuple(in_shapes[0])
-        if attrs["axis"] >= len(s):
-            raise LayerError(f"reverse_axis_param.axis {attrs['axis']} is out of range for a {len(s)}-axis bottom")
-        return [s]
+    param_field = "reverse_axis_param"
+    top_count = 1
 
 
 def point_bilinear(feature, points, ids, ratio: float):
