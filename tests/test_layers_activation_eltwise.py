@@ -7,7 +7,7 @@ from Caffe's layer sources (float64), never against caffeq itself.
 import numpy as np
 import pytest
 import torch
-from conftest import inputs_text
+from conftest import check_everywhere, inputs_text
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -76,6 +76,7 @@ NEURON_CASES = [
     ("Threshold", "threshold_param { threshold: -0.5 }", lambda x: (x > -0.5).astype(np.float64)),
     ("Clip", "clip_param { min: -1 max: 2.5 }", lambda x: np.clip(x, -1, 2.5)),
     ("Clip", "clip_param { min: 1 max: -1 }", lambda x: np.ones_like(x)),  # Caffe: max(min, min(x, max))
+    ("HTanH", "", lambda x: np.clip(x, -1, 1)),      # ypkang/caffe (DjiNN), its GPU forward
     ("Swish", "", lambda x: x * sigmoid(x)),
     ("Swish", "swish_param { beta: -0.75 }", lambda x: x * sigmoid(-0.75 * x)),
     ("Sigmoid", "", sigmoid),
@@ -97,6 +98,16 @@ def test_neuron_layers_follow_caffes_formula(kind, param, formula):
     with np.errstate(invalid="ignore", divide="ignore"):
         ref = formula(x.astype(np.float64))
     close(model.run(x)["y"], ref)
+
+
+def test_djinn_v1_htanh_reads_as_its_forks_htanh(tmp_path):
+    """ypkang/caffe's V1 HTANH upgrades to "HTanH" (not the capitalized "Htanh"); NaN passes through."""
+    text = ('name: "pos" input: "data" input_dim: 2 input_dim: 5 input_dim: 1 input_dim: 1\n'
+            'layers { name: "h" type: HTANH bottom: "data" top: "h" }\n')
+    model = load_from_text(text)
+    assert [n.type for n in model.layers] == ["Input", "HTanH"]
+    x = np.array([[-3.0, -1.0, 0.25, 1.0, np.nan], [1.5, -0.5, -1.25, 0.0, 7.0]], np.float32).reshape(2, 5, 1, 1)
+    check_everywhere(model, {"data": x}, {"h": np.clip(x, -1, 1)}, tmp_path)
 
 
 def test_neuron_layers_in_place_keep_caffes_blob_name():

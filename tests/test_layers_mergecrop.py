@@ -48,6 +48,9 @@ def layer(param=""):
     ((2, 3, 4, 5), (2, 3, 9, 8), ""),                               # odd and even margins: offsets 2 and 1
     ((2, 3, 2, 3, 4), (2, 3, 5, 3, 7), "operation: STACK"),         # 3-D, one axis uncropped
     ((1, 4, 3, 3), (1, 2, 6, 4), ""),                               # one item, channels 2 dividing 4
+    ((2, 4, 3, 5), (2, 2, 6, 6), ""),                               # two items: the kernel mixes channels
+    ((3, 2, 3, 4), (3, 5, 4, 7), "forward: true forward: true"),    # C_b > 2 C_a: some of b's part reads a
+    ((2, 5, 3, 4), (2, 3, 5, 4), "forward: false forward: true"),
     ((2, 3, 4, 5), (2, 3, 7, 6), "operation: ADD"),
     ((2, 3, 4, 5), (2, 3, 7, 6), "operation: ADD forward: true forward: false"),
     ((2, 3, 4, 5), (2, 3, 7, 6), "forward: false forward: true"),
@@ -65,7 +68,6 @@ def test_mergecrop_follows_the_kernel(a_shape, b_shape, param, tmp_path):
 @pytest.mark.parametrize("a_shape, b_shape, param, msg", [
     ((2, 3, 6, 6), (2, 3, 4, 6), "", "it is smaller"),
     ((2, 3, 4, 4), (2, 2, 6, 6), "operation: ADD", "equal channels"),
-    ((2, 4, 4, 4), (2, 2, 6, 6), "", "reads other channels"),         # two items: the kernel mixes them
     ((2, 3, 4, 4), (1, 3, 6, 6), "", "same batch"),
 ])
 def test_mergecrop_refuses_what_the_kernel_cannot_read(a_shape, b_shape, param, msg):
@@ -73,8 +75,9 @@ def test_mergecrop_refuses_what_the_kernel_cannot_read(a_shape, b_shape, param, 
         load_from_text(net(layer(param), inputs={"a": a_shape, "b": b_shape}))
 
 
-def test_the_refused_channel_counts_really_mix_channels():
-    """Why 4 + 2 channels over two items is refused: the kernel's reading is not a concatenation."""
+def test_uneven_channel_counts_really_mix_channels():
+    """Why the kernel's reading is followed rather than a concatenation: with 4 + 2 channels over two
+    items they differ (the second item reads other channels)."""
     a = np.arange(2 * 4 * 4, dtype=np.float32).reshape(2, 4, 2, 2)
     b = 100 + np.arange(2 * 2 * 4, dtype=np.float32).reshape(2, 2, 2, 2)
     concat = np.concatenate([a, b], 1)

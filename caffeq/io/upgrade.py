@@ -503,9 +503,17 @@ def _warn_v2_data_fields(net, where, notes):
 
 # -- V1 -> V2 -------------------------------------------------------------------
 
+# forks' V1 names whose V2 string (the fork's own UpgradeV1LayerType) is not the capitalized words
+FORK_V1_RENAMES = {
+    "HTANH": "HTanH",   # ypkang/caffe ffb2dd9 upgrade_proto.cpp (DjiNN and Tonic)
+}
+
+
 def fork_v1_type(name):
     """A fork's V1 enum name as its V2 type string, the way Caffe's own were renamed:
     NUSWIDE_DATA -> NuswideData, SOFTMAX_MULTILABEL_LOSS -> SoftmaxMultilabelLoss."""
+    if name in FORK_V1_RENAMES:
+        return FORK_V1_RENAMES[name]
     return "".join(word.capitalize() for word in name.split("_"))
 
 

@@ -584,6 +584,16 @@ class Clip(Neuron):
         return f"{x}.clamp(max={emit.lit(a['max'])}).clamp(min={emit.lit(a['min'])})"
 
 
+@register_layer("HTanH")
+class HTanH(Clip):
+    """ypkang/caffe's hard tanh (ffb2dd9 htanh_layer.cu, the DjiNN and Tonic nets; V1 `type: HTANH`):
+    x clamped to [-1, 1], NaN passing through, as its GPU forward.  Its CPU forward leaves the top
+    unwritten at exactly -1 and 1 (the top's previous contents); the GPU's 1 and -1 are taken."""
+
+    def parse_param(self, lp):
+        return {"min": -1.0, "max": 1.0}
+
+
 @register_layer("Swish")
 class Swish(Neuron):
     """x * sigmoid(beta * x)."""

@@ -18,6 +18,13 @@ no cell above -FLT_MAX keeps -1 (and the value -FLT_MAX).
 synopsys-caffe's pad_type (SAME), pad_l/r/t/b and AVE_EXC_PAD (alias AVE_TF) follow that fork's
 own geometry: pooling_edges.py.  naibaf7/caffe's dilation and axis: pooling_dilated.py.
 
+JiahaoLi-gdut/CAFFE-DACH (388c826, src/caffe/layers/pooling_layer.cpp) pools over a channel window too
+(kernel_c / stride_c / pad_c, kernel_c required there).  caffeq reads the window of one channel (kernel_c 1,
+stride_c 1, pad_c 0: each channel pooled alone) where the fork's other rules give BVLC's numbers: MAX or
+unpadded AVE (its AVE divides by the cells inside the input), and per axis its size floor((n + 2p - k) / s)
++ 1, one more with ceil where the division leaves a remainder and that window starts before n + p
+(checked in infer).  A wider channel window, STOCHASTIC, or a padded AVE: one-line errors.
+
 The torch functions below (caffe_pool_out, caffe_pool2d, caffe_max_pool2d_mask)
 and the modules are also copied into the standalone model.py, so the export
 computes the same bits.
@@ -112,6 +119,7 @@ def parse_pooling(p):
         if attrs["pool"] == STOCHASTIC:
             raise LayerError("pooling_param.pool: STOCHASTIC has no pad_type / pad_l/r/t/b in synopsys-caffe")
     read_fork_fields(p, attrs)   # naibaf7/caffe's dilation / axis: the geometry is read once the rank is known
+    _dach_channel_window(p, attrs)
     if attrs.get("negate") and (attrs["edge"] is not None or attrs["fork"] is not None):
         raise LayerError("pooling_param.pool: MIN (NR-IQA's fork) with another fork's pooling fields is not supported")
     if attrs["pool"] == AVE_EXC_PAD and attrs["global"]:
@@ -125,6 +133,47 @@ def parse_pooling(p):
     if attrs["fork"] is None and max(len(p.kernel_size), len(p.stride), len(p.pad)) <= 2:
         pooling_geometry(attrs, 2)   # the usual 2-D case is checked at once; N-D once the rank is known
     return attrs
+
+
+def _dach_channel_window(p, attrs):
+    """CAFFE-DACH's kernel_c / stride_c / pad_c: attrs["dach"] where given; only a one-channel window."""
+    fields = p.DESCRIPTOR.fields_by_name
+    given = [f for f in ("kernel_c", "stride_c", "pad_c") if f in fields and p.HasField(f)]
+    if not given:
+        return
+    window_c = {"kernel_c": 1, "stride_c": 1, "pad_c": 0}
+    for f in given:
+        if getattr(p, f) != window_c[f]:
+            raise LayerError(f"pooling_param.{f} {getattr(p, f)}: CAFFE-DACH's pooling across channels is not "
+                             f"supported (only kernel_c 1, stride_c 1, pad_c 0)")
+    if attrs["pool"] not in (MAX, AVE):
+        raise LayerError("pooling_param.pool: CAFFE-DACH's pooling (kernel_c) is read for MAX and AVE only")
+    if attrs["edge"] is not None or attrs["fork"] is not None or attrs.get("negate"):
+        raise LayerError("pooling_param.kernel_c (CAFFE-DACH) with another fork's pooling fields is not supported")
+    attrs["dach"] = True
+
+
+def dach_pooled_size(size, k, s, p, ceil=True):
+    """CAFFE-DACH's pooled size along one axis (pooling_layer.cpp's w_z / w_y)."""
+    span = max(0, size + 2 * p - k)
+    out = span // s + 1
+    if ceil and span % s and out * s < size + p:
+        out += 1
+    return out
+
+
+def _check_dach_window(attrs, sizes, out):
+    if attrs["pool"] == AVE and not attrs["global"] and any(attrs["pad"]):
+        raise LayerError(f"pooling_param: CAFFE-DACH's padded AVE pooling (pad {list(attrs['pad'])}) divides by the "
+                         f"cells inside the input; not supported")
+    if attrs["global"]:
+        return
+    ceil = attrs["round_mode"] == CEIL
+    fork = tuple(dach_pooled_size(n, k, s, p, ceil) for n, k, s, p in
+                 zip(sizes, attrs["kernel"], attrs["stride"], attrs["pad"]))
+    if fork != tuple(out):
+        raise LayerError(f"pooling_param: CAFFE-DACH's pooling sizes input {list(sizes)} to {list(fork)}, "
+                         f"BVLC's to {list(out)}; not supported")
 
 
 def _parsenet_bins(p):
@@ -470,6 +519,8 @@ class Pooling(Layer):
         if attrs.get("bins") is not None and len(s) != 4:
             raise LayerError(f"pooling_param: ParseNet's bins need a 4-axis input, got {list(s)}")
         if attrs["nd"]:
+            if attrs.get("dach"):
+                raise LayerError("pooling_param.kernel_c: CAFFE-DACH's pooling needs a 4-axis input")
             if attrs.get("negate"):
                 raise LayerError("pooling_param.pool: MIN (NR-IQA's fork) is 2-D only (4-axis input)")
             if is_synopsys(attrs):
@@ -484,6 +535,8 @@ class Pooling(Layer):
         _, _, _, out = window(attrs, s[2], s[3])
         if any(o <= 0 for o in out):
             raise LayerError(f"output would be empty for input {list(s)}")
+        if attrs.get("dach"):
+            _check_dach_window(attrs, s[2:], out)
         top = (s[0], s[1]) + tuple(out)
         return [top, top] if attrs.get("mask") else [top]
 

@@ -7,6 +7,9 @@ rois are (R, 5) = [batch, x1, y1, x2, y2] in input pixels.
   MS-CNN / Cascade R-CNN fork's pad_ratio first widens the roi by pad_ratio x (x2 - x1 + 1) on the left
   and right and pad_ratio x (y2 - y1 + 1) above and below (float32); 0 leaves it as it is.
   wk910930/ccnn's `pool: AVE` averages each bin instead (its GPU kernel: an empty bin gives 0).
+  Yochengliu/MLIC-KD-WSD 12e92b5 (caffe-MLIC roi_pooling_layer.cpp/.cu, WSDDN): with score_scale or
+  score_bias set, the rois are (R, 6) = [batch, x1, y1, x2, y2, score] and every pooled value (0 for an
+  empty bin, -FLT_MAX for a bin of -inf) is multiplied by the float32 score_scale x score + score_bias.
 - PSROIPooling: corners C-rounded, then scaled in float32 (the end corner + 1); bin (i, j) of the
   group_size x group_size grid averages channel block (i, j) of each output channel over its cells;
   an empty bin gives 0.
@@ -197,6 +200,19 @@ def roi_max_pool(x, rois, ph: int, pw: int, spatial_scale: float, pad_ratio: flo
     return out
 
 
+def roi_max_pool_scored(x, rois, ph: int, pw: int, spatial_scale: float, score_scale: float, score_bias: float):
+    """Yochengliu/MLIC-KD-WSD's ROIPooling -> (R, C, ph, pw): rois (R, 6) = [batch, x1, y1, x2, y2, score];
+    Fast R-CNN's max over the first five columns, times score_scale x score + score_bias (float32)."""
+    r = rois.flatten(1) if rois.dim() > 1 else rois.reshape(-1, 1)
+    if r.shape[1] != 6:
+        raise ValueError(f"ROIPooling: with score_scale / score_bias the rois must be (R, 6) = "
+                         f"[batch, x1, y1, x2, y2, score], got {list(rois.shape)}")
+    pooled = roi_max_pool(x, r[:, :5], ph, pw, spatial_scale)
+    f32 = torch.float32
+    factor = torch.tensor(score_scale, dtype=f32) * r[:, 5].detach().float().cpu() + torch.tensor(score_bias, dtype=f32)
+    return pooled * factor.to(x.device, x.dtype)[:, None, None, None]
+
+
 def masked_bin_max(plane, rows, cols):
     """(C, ph, pw): the maximum of the (C, H, W) plane over the cells of rows[p] x cols[q] (rows (ph, H),
     cols (pw, W) bool), -inf where a bin has none; the maxima run over the rows and columns in use only."""
@@ -331,6 +347,7 @@ TORCH_ROI_COMMON = torch_sources(c_round, bin_mask, bin_means, roi_rows, roi_bat
 # cell_bins for GRIDPooling's model.py, which takes its helpers from here
 TORCH_ROI_POOLING = torch_sources(cell_bins, masked_bin_max, fast_rcnn_bin_values, max_over_bins, fast_rcnn_bins, floor_log2, range_max_bins, roi_max_pool)
 TORCH_ROI_AVG_POOLING = torch_sources(fast_rcnn_bins, roi_avg_pool)
+TORCH_ROI_SCORED_POOLING = torch_sources(roi_max_pool_scored)
 TORCH_PSROI_BINS = torch_sources(ps_roi_bins, ps_roi_means)
 TORCH_PSROI_POOLING = torch_sources(ps_roi_avg_pool)
 TORCH_PSROI_CONTEXT_POOLING = torch_sources(ps_roi_context_pool)
@@ -424,24 +441,50 @@ class ROIPooling(RoiLayerSpec):
         if attrs["average"] and attrs["pad_ratio"]:
             raise LayerError("roi_pooling_param: pool AVE (wk910930/ccnn) and pad_ratio (zhaoweicai's "
                              "fork) come from different forks and cannot be set together")
+        p = lp.roi_pooling_param
+        if p.HasField("score_scale") or p.HasField("score_bias"):   # MLIC-KD-WSD: (R, 6) rois with a score
+            if attrs["average"] or attrs["pad_ratio"]:
+                raise LayerError("roi_pooling_param: score_scale / score_bias (Yochengliu/MLIC-KD-WSD) cannot be "
+                                 "set with pool AVE or pad_ratio (other forks)")
+            if not (math.isfinite(p.score_scale) and math.isfinite(p.score_bias)):
+                raise LayerError(f"roi_pooling_param.score_scale and score_bias must be finite numbers, "
+                                 f"got {p.score_scale} and {p.score_bias}")
+            attrs["score"] = (float(p.score_scale), float(p.score_bias))
         return attrs
 
     def roi_function(self, attrs):
         if attrs.get("average"):
             return roi_avg_pool, TORCH_ROI_AVG_POOLING
+        if attrs.get("score"):
+            return roi_max_pool_scored, TORCH_ROI_SCORED_POOLING
         return super().roi_function(attrs)
 
     def infer(self, attrs, in_shapes):
         _check_roi_shapes("ROIPooling", in_shapes, rows_only=True)
         s, r = in_shapes
+        if attrs.get("score") and math.prod(r[1:]) != 6:
+            raise LayerError(f"ROIPooling with score_scale / score_bias: rois must be (R, 6) = "
+                             f"[batch, x1, y1, x2, y2, score], got {list(r)}")
         return [(r[0], s[1], attrs["ph"], attrs["pw"])]
 
     def roi_args(self, attrs):
+        if attrs.get("score"):
+            return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"], "score_scale": attrs["score"][0],
+                                                "score_bias": attrs["score"][1]}
         return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"], **pad_kwarg(attrs)}
+
+    def pytorch_source(self, node, emit):
+        if node.attrs.get("score"):   # roi_max_pool_scored calls roi_max_pool: its block too
+            args, kwargs = self.roi_args(node.attrs)
+            return roi_layer_call(emit, TORCH_ROI_SCORED_POOLING, *args, helpers=(TORCH_ROI_POOLING,), **kwargs)
+        return super().pytorch_source(node, emit)
 
     def onnx(self, ctx, node):
         a = node.attrs
         rois = node.inputs[1]
+        if a.get("score"):
+            onnx_scored_roi_pool(ctx, node, a)
+            return
         if math.prod(ctx.shape(rois)[1:]) != 5:
             raise ExportError(f"layer '{node.name}' (ROIPooling): {ROIS_WANTED}, the net declares "
                               f"{list(ctx.shape(rois))}; give their shape with --input-shape")
@@ -457,6 +500,22 @@ class ROIPooling(RoiLayerSpec):
         # onnxruntime's MaxRoiPool rounds the corners and forms the bins as Fast R-CNN does
         ctx.add_node("MaxRoiPool", [node.inputs[0], rois], [node.outputs[0]], name=node.name,
                      pooled_shape=[a["ph"], a["pw"]], spatial_scale=a["scale"])
+
+
+def onnx_scored_roi_pool(ctx, node, a):
+    """ONNX: MLIC-KD-WSD's ROIPooling: MaxRoiPool over the (R, 6) rois' first five columns, times
+    score_scale x score + score_bias per roi."""
+    name = node.name
+    names = {k: ctx.tmp(f"{name}_{k}") for k in ("rows", "boxes", "score", "scaled", "factor", "factor4", "pooled")}
+    ctx.add_node("Reshape", [node.inputs[1], ctx.const(np.array([-1, 6], np.int64))], [names["rows"]])
+    ctx.add_node("Slice", [names["rows"], ctx.i64([0]), ctx.i64([5]), ctx.i64([1])], [names["boxes"]])
+    ctx.add_node("Slice", [names["rows"], ctx.i64([5]), ctx.i64([6]), ctx.i64([1])], [names["score"]])
+    ctx.add_node("Mul", [names["score"], ctx.f32(a["score"][0])], [names["scaled"]])
+    ctx.add_node("Add", [names["scaled"], ctx.f32(a["score"][1])], [names["factor"]])
+    ctx.add_node("Reshape", [names["factor"], ctx.const(np.array([-1, 1, 1, 1], np.int64))], [names["factor4"]])
+    ctx.add_node("MaxRoiPool", [node.inputs[0], names["boxes"]], [names["pooled"]], name=name,
+                 pooled_shape=[a["ph"], a["pw"]], spatial_scale=a["scale"])
+    ctx.add_node("Mul", [names["pooled"], names["factor4"]], [node.outputs[0]])
 
 
 def pad_kwarg(attrs):
