@@ -82,6 +82,15 @@ def test_dach_pooling_refusals(params, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def test_dach_pooling_mask_top_is_refused():
+    """The fork's mask counts (c * H + h) * W + w from the item's start (max_pooling_cpu's m), not BVLC's
+    h * W + w within the plane: refused rather than given BVLC's numbers."""
+    text = pool_text((2, 3, 7, 5), "pool: MAX kernel_c: 1 kernel_h: 2 kernel_w: 2 stride_h: 2 stride_w: 2")
+    text = text.replace('top: "p"', 'top: "p" top: "mask"')
+    with pytest.raises(CaffeqError, match="argmax mask top"):
+        load_from_text(text)
+
+
 # ---- RandomBlob --------------------------------------------------------------------------------------
 
 def random_blob_text(params, bottom=True):

@@ -46,7 +46,7 @@ from .pooling import (
     pooling_geometry,
     window,
 )
-from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
+from .registry import Layer, LayerError, four_axes, need_blobs, register_layer, torch_sources
 from .segmentation import unpooled_size
 from .shape_ops import INT64_MAX, _axis_attrs, _concat_slice_axis, _onnx_slice, onnx_dims
 from .vision_forks import TORCH_SEGNET_UNPOOL, onnx_unpool, segnet_unpool
@@ -106,12 +106,6 @@ def _fork_pooling(lp, what, methods):
     return attrs
 
 
-def _four_axes(shape, what):
-    if len(shape) != 4:
-        raise LayerError(f"{what} needs a 4-axis input (num, channels, height, width), got {list(shape)}")
-    return tuple(int(d) for d in shape)
-
-
 # ---- PoolingSwitches -----------------------------------------------------------------------
 
 @register_layer("PoolingSwitches")
@@ -126,7 +120,7 @@ class PoolingSwitches(Layer):
         return attrs
 
     def infer(self, attrs, in_shapes):
-        n, c, h, w = _four_axes(in_shapes[0], "PoolingSwitches")
+        n, c, h, w = four_axes(in_shapes[0], "PoolingSwitches")
         _, _, _, out = window(attrs, h, w)
         if min(out) < 1:
             raise LayerError(f"PoolingSwitches output would be empty for input {list(in_shapes[0])}")
@@ -243,7 +237,7 @@ class InvPooling(Layer):
         return tuple(unpooled_size(int(n), kk, ss, pp) for n, kk, ss, pp in zip((h, w), k, s, p))
 
     def infer(self, attrs, in_shapes):
-        n, c, h, w = _four_axes(in_shapes[0], "InvPooling")
+        n, c, h, w = four_axes(in_shapes[0], "InvPooling")
         if n < 2:
             raise LayerError(f"InvPooling reads switches and values from the two halves of axis 0; the bottom "
                              f"{list(in_shapes[0])} has num {n}")

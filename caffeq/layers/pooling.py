@@ -23,7 +23,10 @@ JiahaoLi-gdut/CAFFE-DACH (388c826, src/caffe/layers/pooling_layer.cpp) pools ove
 stride_c 1, pad_c 0: each channel pooled alone) where the fork's other rules give BVLC's numbers: MAX or
 unpadded AVE (its AVE divides by the cells inside the input), and per axis its size floor((n + 2p - k) / s)
 + 1, one more with ceil where the division leaves a remainder and that window starts before n + p
-(checked in infer).  A wider channel window, STOCHASTIC, or a padded AVE: one-line errors.
+(checked in infer).  A wider channel window, STOCHASTIC, a padded AVE, or the mask top (indices counted from
+the item's start there): one-line errors.  Its MAX starts each window at its first cell (BVLC: at -FLT_MAX), so
+on non-finite inputs it differs from BVLC's, which caffeq follows: an all -inf window gives -inf there, a NaN
+first cell NaN.
 
 The torch functions below (caffe_pool_out, caffe_pool2d, caffe_max_pool2d_mask)
 and the modules are also copied into the standalone model.py, so the export
@@ -137,8 +140,7 @@ def parse_pooling(p):
 
 def _dach_channel_window(p, attrs):
     """CAFFE-DACH's kernel_c / stride_c / pad_c: attrs["dach"] where given; only a one-channel window."""
-    fields = p.DESCRIPTOR.fields_by_name
-    given = [f for f in ("kernel_c", "stride_c", "pad_c") if f in fields and p.HasField(f)]
+    given = [f for f in ("kernel_c", "stride_c", "pad_c") if p.HasField(f)]
     if not given:
         return
     window_c = {"kernel_c": 1, "stride_c": 1, "pad_c": 0}
@@ -509,6 +511,10 @@ class Pooling(Layer):
                                       "own Pooling (its GPU mode) does"]
         if attrs["mask"] and attrs["edge"] is not None:
             raise LayerError("pooling_param: the argmax mask top with pad_type / pad_l/r/t/b is not supported")
+        if attrs["mask"] and attrs.get("dach"):
+            # its mask counts (c * H + h) * W + w from the item's start, not h * W + w within the plane
+            raise LayerError("pooling_param.kernel_c: CAFFE-DACH's argmax mask top (indices over the whole item) "
+                             "is not supported")
         return attrs
 
     def infer(self, attrs, in_shapes):

@@ -208,8 +208,9 @@ def roi_max_pool_scored(x, rois, ph: int, pw: int, spatial_scale: float, score_s
         raise ValueError(f"ROIPooling: with score_scale / score_bias the rois must be (R, 6) = "
                          f"[batch, x1, y1, x2, y2, score], got {list(rois.shape)}")
     pooled = roi_max_pool(x, r[:, :5], ph, pw, spatial_scale)
-    f32 = torch.float32
-    factor = torch.tensor(score_scale, dtype=f32) * r[:, 5].detach().float().cpu() + torch.tensor(score_bias, dtype=f32)
+    # float32 products as the fork's, on the rois' own device (no copy to the host)
+    score = r[:, 5].detach().float()
+    factor = score * torch.tensor(score_scale, dtype=torch.float32) + torch.tensor(score_bias, dtype=torch.float32)
     return pooled * factor.to(x.device, x.dtype)[:, None, None, None]
 
 

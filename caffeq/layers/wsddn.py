@@ -92,17 +92,16 @@ class WsdRoigen(Layer):
         a = node.attrs
         shape = tuple(ctx.shape(node.inputs[0]))
         n, r = shape[0], _roi_count(shape, a["type"])
-        i64 = lambda *v: ctx.const(np.array(v, np.int64))   # noqa: E731
-        boxes = ctx.add_node("Reshape", [node.inputs[0], i64(n, r, 5)], ctx.tmp("boxes"))
+        boxes = ctx.add_node("Reshape", [node.inputs[0], ctx.i64([n, r, 5])], ctx.tmp("boxes"))
         item = ctx.const(np.broadcast_to(np.arange(n, dtype=np.float32).reshape(n, 1, 1), (n, r, 1)).copy())
-        corners = ctx.add_node("Slice", [boxes, i64(0), i64(4), i64(2)], ctx.tmp("corners"))
-        score = ctx.add_node("Slice", [boxes, i64(4), i64(5), i64(2)], ctx.tmp("score"))
+        corners = ctx.add_node("Slice", [boxes, ctx.i64([0]), ctx.i64([4]), ctx.i64([2])], ctx.tmp("corners"))
+        score = ctx.add_node("Slice", [boxes, ctx.i64([4]), ctx.i64([5]), ctx.i64([2])], ctx.tmp("score"))
         if a["single_scale"]:
             scaled = ctx.add_node("Mul", [corners, ctx.f32(float(a["single_scale"]))], ctx.tmp("scaled"))
             ratio = ctx.add_node("Div", [scaled, ctx.f32(float(a["origin_scale"]))], ctx.tmp("ratio"))
             corners = ctx.add_node("Floor", [ratio], ctx.tmp("floored"))
         rows = ctx.add_node("Concat", [item, corners, score], ctx.tmp("rows"), axis=2)
-        ctx.add_node("Reshape", [rows, i64(n * r, 6, *shape[2:])], [node.outputs[0]], name=node.name)
+        ctx.add_node("Reshape", [rows, ctx.i64([n * r, 6, *shape[2:]])], [node.outputs[0]], name=node.name)
 
     def pytorch_source(self, node, emit):
         a = node.attrs
