@@ -13,7 +13,9 @@ Caffe's ceil; the pad rule above still applies, and never fires with floor).
 MAX pooling may have a second top (SegNet and BVLC): the argmax mask, as
 floats, holding the index h * W + w of the chosen cell within its input plane.
 The first maximum in row-major order wins (Caffe's strict `>`); a window with
-no cell above -FLT_MAX keeps -1 (and the value -FLT_MAX).
+no cell above -FLT_MAX keeps -1 (and the value -FLT_MAX).  NaN: Caffe's `>` never
+picks a NaN cell, while caffeq's MAX (torch's max pooling) gives NaN for a window
+holding one; finite inputs are unaffected.
 
 synopsys-caffe's pad_type (SAME), pad_l/r/t/b and AVE_EXC_PAD (alias AVE_TF) follow that fork's
 own geometry: pooling_edges.py.  naibaf7/caffe's dilation and axis: pooling_dilated.py.
