@@ -466,6 +466,10 @@ class ROIPooling(RoiLayerSpec):
         if attrs.get("score") and math.prod(r[1:]) != 6:
             raise LayerError(f"ROIPooling with score_scale / score_bias: rois must be (R, 6) = "
                              f"[batch, x1, y1, x2, y2, score], got {list(r)}")
+        if len(r) == 3 and r[1] == 5 and r[2] % 16 == 0 and not attrs.get("score"):
+            # Huawei Ascend's (N, 5, R) rois (its Proposal's top, R a multiple of 16): its ROIPooling pools R rois
+            # per image of the map (roipooling_ops.cpp's infer: R x N maps); caffeq sizes it, runs refuse
+            return [(r[2] * s[0], s[1], attrs["ph"], attrs["pw"])]
         return [(r[0], s[1], attrs["ph"], attrs["pw"])]
 
     def roi_args(self, attrs):
