@@ -68,12 +68,16 @@ def splice_text(corners, names):
             + f' top: "o" splice_param {{ {coords} }} }}')
 
 
-@pytest.mark.parametrize("shape", [(1, 3, 7, 9), (2, 3, 7, 9), (3, 2, 8, 11)])
-def test_box_cuts_the_forks_windows(shape, tmp_path):
-    corners = [(0, 0), (4, 5), (2, 1), (4, 0)]      # (row, column); the last two overlap others
+@pytest.mark.parametrize("shape,corners", [
+    ((1, 3, 7, 9), [(0, 0), (4, 5), (2, 1), (4, 0)]),   # (row, column); the last two overlap others
+    ((2, 3, 7, 9), [(0, 0), (4, 5), (2, 1), (4, 0)]),
+    ((3, 2, 8, 11), [(0, 0), (4, 5), (2, 1), (4, 0)]),
+    ((2, 3, 7, 9), [(3, 2)]),                            # one box, one top: num_ = top.size()
+])
+def test_box_cuts_the_forks_windows(shape, corners, tmp_path):
     hh, ww = 3, 4
     model = load_from_text(net(box_text(corners, hh, ww), inputs={"x": shape}))
-    assert model.blob_shapes["o1"] == (shape[0], shape[1], hh, ww)
+    assert model.blob_shapes["o0"] == (shape[0], shape[1], hh, ww)
     x = rng(1).standard_normal(shape).astype(np.float32)
     refs = dict(zip([f"o{i}" for i in range(len(corners))], box_ref(x, corners, hh, ww)))
     if shape[0] > 1:   # the fork's b*c indexing leaves planes other than c*(b+1) at zero

@@ -265,3 +265,26 @@ def test_only_box_group_output_checks_the_stds():
              f'box_group_param {{ field_w: 8 field_h: 8 stride: 4 }} }} {norm} }}\n')
     with pytest.raises(CaffeqError, match="bbox_std must all be > 0"):
         load_from_text(group)
+
+
+def test_one_net_with_both_proposal_layers_writes_one_model_py(tmp_path):
+    """BoxOutput and BoxGroupOutput share helpers (f32_max, greedy_nms...): model.py writes each once and runs
+    both as the torch path does."""
+    rng = np.random.default_rng(5)
+    p = BOX_OUTPUT_CASES[0]
+    main, _ = settings_text(p)
+    a = rng.normal(0, 0.6, (1, 7, 5, 7)).astype(F)
+    a[:, :3] = distinct_scores(rng, (1, 3, 5, 7)) * 2 - 1
+    s, b = distinct_scores(rng, (1, 3, 5, 7)), rng.normal(0, 0.7, (1, 4, 5, 7)).astype(F)
+    text = ('layer { name: "in" type: "Input" top: "a" top: "s" top: "b" input_param { shape { dim: 1 dim: 7 dim: 5 '
+            'dim: 7 } shape { dim: 1 dim: 3 dim: 5 dim: 7 } shape { dim: 1 dim: 4 dim: 5 dim: 7 } } }\n'
+            f'layer {{ name: "one" type: "BoxOutput" bottom: "a" top: "rois1" box_output_param {{ {main} '
+            'field_w: 10 field_h: 14 downsample_rate: 4 } }\n'
+            f'layer {{ name: "two" type: "BoxGroupOutput" bottom: "s" bottom: "b" top: "rois2" '
+            f'box_group_output_param {{ {main} box_group_param {{ field_w: 12 field_h: 16 stride: 4 }} }} }}\n')
+    model = load_from_text(text)
+    feeds = {"a": a, "s": s, "b": b}
+    want, got = model.run(feeds), model_py_outputs(model, feeds, tmp_path)
+    assert want["rois1"].shape[0] > 1 and want["rois2"].shape[0] > 1
+    for name in ("rois1", "rois2"):
+        np.testing.assert_array_equal(got[name], want[name])

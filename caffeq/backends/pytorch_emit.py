@@ -1,5 +1,6 @@
 """The emission context a layer spec writes its model.py source through (`Emitter`), and the
 names and literals of that source.  caffeq.backends.pytorch_source drives it over the graph."""
+import ast
 import inspect
 import keyword
 import math
@@ -185,18 +186,19 @@ class Emitter:
         names = re.findall(r"^(?:class|def)\s+(\w+)", source, re.MULTILINE)
         if not names:
             raise ExportError("internal: a helper must define classes or functions")
-        key = ",".join(names)
-        prev = self._x.helpers.get(key)
-        if prev is not None and prev != source:
-            raise ExportError(f"internal: two different helpers defining {key}")
-        taken = {n for k in self._x.helpers if k != key for n in k.split(",")}
-        if taken & set(names):
-            raise ExportError(f"internal: helper names {sorted(taken & set(names))} defined twice")
-        self._x.helpers[key] = source
-        name = names[-1]
+        # bundles of several definitions (torch_sources) may share some with other bundles: each
+        # definition is written once under its own name, the same text twice being one helper
+        for key, text in _definitions(source, names):
+            prev = self._x.helpers.get(key)
+            if prev is not None and prev != text:
+                raise ExportError(f"internal: two different helpers defining {key}")
+            taken = {n for k in self._x.helpers if k != key for n in k.split(",")}
+            if taken & set(key.split(",")):
+                raise ExportError(f"internal: helper names {sorted(taken & set(key.split(',')))} defined twice")
+            self._x.helpers[key] = text
         if re.search(r"\bF\.", source):
             self.uses("F")
-        return name
+        return names[-1]
 
     def instance(self, source, *values, needs=(), **named):
         """self.<attr> = <the class `source` defines last>(values..., name=value...), each value
@@ -231,3 +233,17 @@ class Emitter:
     def absorb(self, node):
         """This layer's result is `node`'s top as well (node is then not emitted on its own)."""
         self._x.absorbed_now.append(node)
+
+
+def _definitions(source, names):
+    """[(name, text)] of each top-level def / class in source, or [(all names, source)] where the source
+    holds other top-level statements too (they stay together with the definitions that use them)."""
+    tree = ast.parse(source)
+    if not all(isinstance(n, (ast.FunctionDef, ast.ClassDef)) for n in tree.body):
+        return [(",".join(names), source)]
+    lines = source.split("\n")
+    parts = []
+    for node in tree.body:
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        parts.append((node.name, "\n".join(lines[first - 1:node.end_lineno])))
+    return parts

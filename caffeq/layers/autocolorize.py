@@ -55,6 +55,7 @@ from ..io.schema import caffe_pb2
 from .data import describe_transform, transform_attrs
 from .fork_data import ForkDataLayer
 from .misc import eager_checks
+from .mscnn_proposals import f32_max, f32_min
 from .registry import (
     AT_LEAST,
     Layer,
@@ -69,21 +70,11 @@ from .registry import (
 # ---- torch (model.py copies these) -----------------------------------------------------------------------
 
 
-def std_max(a, b):
-    """std::max(a, b): b where a < b, else a."""
-    return torch.where(a < b, b, a)
-
-
-def std_min(a, b):
-    """std::min(a, b): b where b < a, else a."""
-    return torch.where(b < a, b, a)
-
-
 def bgr_to_munsell(x):
     """(N, 3, H, W) B, G, R planes -> hue, chroma, value planes, as the fork's forward."""
     b, g, r = x[:, 0], x[:, 1], x[:, 2]
-    v = std_max(r, std_max(g, b))
-    delta = v - std_min(r, std_min(g, b))
+    v = f32_max(r, f32_max(g, b))
+    delta = v - f32_min(r, f32_min(g, b))
     zero = torch.zeros_like(v)
     s = torch.where(v == 0, zero, delta / v)
     sector = torch.where(r == v, ((g - b) / delta).double(),
@@ -226,7 +217,7 @@ class BgrToMunsell(Layer):
         return bgr_to_munsell(x)
 
     def pytorch_source(self, node, emit):
-        emit.helper(torch_sources(std_max, std_min))
+        emit.helper(torch_sources(f32_max, f32_min))
         return f"{emit.helper(bgr_to_munsell)}({emit.inputs[0]})"
 
     def onnx(self, ctx, node):

@@ -124,7 +124,7 @@ def _is_drml_box(lp):
 class DrmlBox(Layer):
     def parse(self, lp):
         what = f"Box ({FORK}'s, box_param width / height / xcoord / ycoord)"
-        need_blobs(lp, what, 1, range(2, AT_LEAST), in_place=False)
+        need_blobs(lp, what, 1, range(1, AT_LEAST), in_place=False)   # num_ = top.size(): one box is fine
         p = lp.box_param
         if p.HasField("box_height") or p.HasField("box_width") or p.HasField("convolution_param"):
             raise LayerError("box_param: box_height / box_width / convolution_param (BraveApple/my_caffe's Box) do "
@@ -143,7 +143,8 @@ class DrmlBox(Layer):
         return [(n, c, attrs["height"], attrs["width"])] * len(attrs["corners"])
 
     def forward(self, attrs, params, x):
-        return drml_box(x, attrs["corners"], attrs["height"], attrs["width"])
+        boxes = drml_box(x, attrs["corners"], attrs["height"], attrs["width"])
+        return boxes if len(boxes) > 1 else boxes[0]   # one top: a tensor, as every spec's single top
 
     def onnx(self, ctx, node):
         a = node.attrs
@@ -163,7 +164,8 @@ class DrmlBox(Layer):
         emit.helper(TORCH_PLANES)
         t = emit.tmp("boxes")
         emit.stmt(f"{t} = {emit.helper(TORCH_BOX)}({emit.inputs[0]}, {a['corners']!r}, {a['height']}, {a['width']})")
-        return [f"{t}[{i}]" for i in range(len(a["corners"]))]
+        tops = [f"{t}[{i}]" for i in range(len(a["corners"]))]
+        return tops if len(tops) > 1 else tops[0]
 
 
 @register_layer("Splice")

@@ -142,7 +142,8 @@ def parse_pooling(p):
 
 def _dach_channel_window(p, attrs):
     """CAFFE-DACH's kernel_c / stride_c / pad_c: attrs["dach"] where given; only a one-channel window."""
-    given = [f for f in ("kernel_c", "stride_c", "pad_c") if p.HasField(f)]
+    fields = p.DESCRIPTOR.fields_by_name   # PoolingND's own message shares this parser and lacks them
+    given = [f for f in ("kernel_c", "stride_c", "pad_c") if f in fields and p.HasField(f)]
     if not given:
         return
     window_c = {"kernel_c": 1, "stride_c": 1, "pad_c": 0}

@@ -30,6 +30,7 @@ twice and skips others.
 import torch.nn.functional as F
 
 from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer
+from .shape_ops import as_4d
 
 PACK, UNPACK = 0, 1
 
@@ -52,11 +53,6 @@ def repack_unpack(x, s_h: int, s_w: int, out_h: int, out_w: int):
     flat = x.reshape(-1)[:s_h * s_w * n * c * ih * iw]
     y = flat.reshape(s_h, s_w, n, c, ih, iw).permute(2, 3, 4, 0, 5, 1)
     return y.reshape(n, c, ih * s_h, iw * s_w)[:, :, :out_h, :out_w]
-
-
-def _nchw4(x):
-    """A bottom of fewer than 4 axes as Caffe's legacy accessors see it."""
-    return x.reshape(tuple(x.shape) + (1,) * (4 - x.dim())) if x.dim() < 4 else x
 
 
 @register_layer("Repack")
@@ -109,10 +105,10 @@ class Repack(Layer):
 
     def forward(self, attrs, params, x, *ref):
         s_h, s_w = attrs["stride_h"], attrs["stride_w"]
-        x = _nchw4(x)
+        x = as_4d(x)
         if attrs["operation"] == PACK:
             return repack_pack(x, s_h, s_w)
-        out_h, out_w = (x.shape[2] * s_h, x.shape[3] * s_w) if not ref else tuple(_nchw4(ref[0]).shape[2:])
+        out_h, out_w = (x.shape[2] * s_h, x.shape[3] * s_w) if not ref else tuple(as_4d(ref[0]).shape[2:])
         return repack_unpack(x, s_h, s_w, out_h, out_w)
 
     def onnx(self, ctx, node):
@@ -151,11 +147,11 @@ class Repack(Layer):
     def pytorch_source(self, node, emit):
         a = node.attrs
         s_h, s_w = a["stride_h"], a["stride_w"]
-        x = f"{emit.helper(_nchw4)}({emit.inputs[0]})"
+        x = f"{emit.helper(as_4d)}({emit.inputs[0]})"
         if a["operation"] == PACK:
             return f"{emit.helper(repack_pack)}({x}, {s_h}, {s_w})"
         fn = emit.helper(repack_unpack)
         if len(emit.inputs) == 2:
-            ref = f"{emit.helper(_nchw4)}({emit.inputs[1]})"
+            ref = f"{emit.helper(as_4d)}({emit.inputs[1]})"
             return f"{fn}({x}, {s_h}, {s_w}, {ref}.shape[2], {ref}.shape[3])"
         return f"{fn}({x}, {s_h}, {s_w}, {x}.shape[2] * {s_h}, {x}.shape[3] * {s_w})"
