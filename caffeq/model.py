@@ -244,6 +244,7 @@ def load(prototxt, weights=None, phase="TEST", stages=(), level=0, batch=None, i
         if not os.path.exists(weights_path):
             raise ParseError(f"{weights_path}: no such file")
         cm = read_caffemodel(weights_path)
+        warnings.extend(cm.notes)
         upgrade_net(cm.net, source=weights_path, weights=cm.blobs)
         blobs = cm.blobs
     # a listing (unknown_shapes_ok) shows a template without its values, sizes unknown from them on

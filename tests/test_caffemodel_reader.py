@@ -194,3 +194,32 @@ def test_text_fields_that_are_not_utf8_are_clear_errors(tmp_path, net_field, nam
     path.write_bytes(string_field(net_field, layer))
     with pytest.raises(ParseError, match=r"bad.caffemodel: not a valid caffemodel: layers? #0: field 'bottom'.*not UTF-8"):
         read_caffemodel(path)
+
+
+@pytest.mark.parametrize("v1", [False, True])
+def test_a_forks_parameter_message_that_does_not_parse_keeps_the_layers_weights(tmp_path, v1):
+    """caffe-3dnormal_joint_past's V1 DECODE stores decode_param (a path string) at 26, dummy_data_param here:
+    the layer keeps its name, type, wiring and blobs, the parameters come from the prototxt, and a note says so."""
+    import caffeq
+    w = np.arange(6, dtype=np.float32).reshape(3, 2)
+    bias = np.array([0.5, -1.0, 2.0], np.float32)
+    blobs = [shape_msg(list(a.shape)) + field(5, 2, a.tobytes()) for a in (w, bias)]
+    fork_param = field(26, 2, field(1, 2, b"codebook.txt"))   # its string read as a filler here: wire error
+    raw = layer("ip", blobs, v1=v1)
+    body_start = len(varint(((2 if v1 else 100) << 3) | 2)) + len(varint(len(raw)))   # the layer's payload
+    body = raw[body_start:] + (fork_param if v1 else field(100, 2, b"\x07"))           # V2: transform_param
+    model_file = tmp_path / "m.caffemodel"
+    model_file.write_bytes(field(2 if v1 else 100, 2, body))
+    with pytest.raises(Exception):   # the layer message alone is not protobuf-clean
+        (caffe_pb2.V1LayerParameter if v1 else caffe_pb2.LayerParameter)().ParseFromString(body)
+    cm = read_caffemodel(model_file)
+    assert len(cm.notes) == 1 and "layer 'ip': its parameters do not parse" in cm.notes[0]
+    np.testing.assert_array_equal(cm.blobs["ip"][0].array, w)
+    text = ('input: "x" input_shape { dim: 2 dim: 2 }\n'
+            'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 3 } }\n')
+    proto = tmp_path / "m.prototxt"
+    proto.write_text(text)
+    model = caffeq.load(str(proto), str(model_file))
+    assert any("its parameters do not parse" in w for w in model.warnings)
+    x = np.array([[1.0, 2.0], [-3.0, 0.5]], np.float32)
+    np.testing.assert_allclose(model.run(x)["y"], x @ w.T + bias, rtol=1e-6)

@@ -81,6 +81,8 @@ def run(args):
     cm = None
     if args.weights:
         cm = read_caffemodel(args.weights)
+        for note in cm.notes:   # those layers are written with their core fields only
+            print(f"caffeq: warning: {note}", file=sys.stderr)
         bin_needed = net_needs_upgrade(cm.net)
         bin_notes = upgrade_net(cm.net, source=args.weights, weights=cm.blobs)
 

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from ..errors import ParseError
 from .schema import caffe_pb2
@@ -29,6 +30,11 @@ _B_RAW_TYPE, _B_RAW_DATA = 10, 12         # NVCaffe's typed raw storage
 _RAW_DTYPES = {0: "<f8", 1: "<f4", 2: "<f2", 3: "<i4", 4: "<u4"}  # BlobProto.Type
 
 MAX_BLOB_ELEMENTS = 1 << 34  # refuse absurd declared shapes before allocating
+
+# What a layer is without its parameters (name, type, wiring, phase rules, param specs), kept where a fork's
+# caffemodel numbers a parameter message as another one here and protobuf cannot parse the layer
+_LAYER_CORE = {1, 2, 3, 4, 5, 6, 8, 9, 10, 11}                   # LayerParameter
+_V1_LAYER_CORE = {2, 3, 4, 5, 7, 8, 32, 33, 35, 1001, 1002}      # V1LayerParameter
 
 
 def _varint(buf, pos, end):
@@ -204,6 +210,7 @@ class CaffeModelFile:
     net: "caffe_pb2.NetParameter"
     blobs: dict = field(default_factory=dict)   # layer name -> [BlobData]
     path: str = ""
+    notes: list = field(default_factory=list)   # layers whose parameters did not parse (their core kept)
     _mmap: object = None
 
 
@@ -298,6 +305,7 @@ def read_caffemodel(path):
     layer_msgs = []  # bytes of V2 layers without blobs
     v1_msgs = []
     blobs_by_layer = {}
+    notes = []
     try:
         for number, wire, value, s, e in iter_fields(buf, 0, len(buf)):
             if number == _NET_LAYER and wire == LEN:
@@ -308,23 +316,17 @@ def read_caffemodel(path):
                                           what=f"layers #{len(v1_msgs)}")
                 v1_msgs.append((msg, blobs))
             else:
-                key = encode_key(number, wire)
-                if wire == LEN:
-                    header += key + encode_varint(e - s) + buf[s:e]
-                elif wire == VARINT:
-                    header += key + encode_varint(value)
-                else:
-                    header += key + buf[s:e]
+                header += _field_bytes(buf, number, wire, value, s, e)
         net = caffe_pb2.NetParameter()
         net.ParseFromString(bytes(header))
         for msg, blobs in layer_msgs:
             lp = net.layer.add()
-            lp.ParseFromString(msg)
+            _parse_layer(lp, msg, _LAYER_CORE, notes)
             _check_text(lp, f"layer #{len(net.layer) - 1}")
             blobs_by_layer.setdefault(_layer_name(lp.name), blobs)
         for msg, blobs in v1_msgs:
             lp = net.layers.add()
-            lp.ParseFromString(msg)
+            _parse_layer(lp, msg, _V1_LAYER_CORE, notes)
             _check_text(lp, f"layers #{len(net.layers) - 1}")
             name = lp.name or (lp.layer.name if lp.HasField("layer") else "")
             blobs_by_layer.setdefault(_layer_name(name), blobs)
@@ -332,7 +334,35 @@ def read_caffemodel(path):
         raise ParseError(f"{path}: not a valid caffemodel: {e}") from None
     except Exception as e:  # protobuf DecodeError and friends
         raise ParseError(f"{path}: not a valid caffemodel: {type(e).__name__}: {e}") from None
-    return CaffeModelFile(net=net, blobs=blobs_by_layer, path=path, _mmap=buf)
+    return CaffeModelFile(net=net, blobs=blobs_by_layer, path=path, notes=[f"{path}: {n}" for n in notes], _mmap=buf)
+
+
+def _field_bytes(buf, number, wire, value, s, e):
+    """One field as it was on the wire (its key, then its value)."""
+    key = encode_key(number, wire)
+    if wire == LEN:
+        return key + encode_varint(e - s) + buf[s:e]
+    if wire == VARINT:
+        return key + encode_varint(value)
+    return key + buf[s:e]
+
+
+def _parse_layer(lp, msg, core, notes):
+    """Parse a layer message (blobs already out); where a fork's parameter message does not parse as the
+    one of that number here, keep the layer's core fields and say so: the prototxt gives the parameters."""
+    try:
+        lp.ParseFromString(msg)
+        return
+    except DecodeError:
+        pass
+    kept = bytearray()
+    for number, wire, value, s, e in iter_fields(msg, 0, len(msg)):
+        if number in core:
+            kept += _field_bytes(msg, number, wire, value, s, e)
+    lp.Clear()
+    lp.ParseFromString(bytes(kept))   # a core field that does not parse either: not a caffemodel
+    notes.append(f"layer '{lp.name}': its parameters do not parse with caffeq's caffe.proto (a "
+                 f"fork numbering its fields otherwise); its weights are read, its parameters come from the prototxt")
 
 
 def read_blobproto(path):
