@@ -126,16 +126,18 @@ def sparse_histogram_ref(locations, hist, size):
     return out
 
 
-def test_sparse_histograms_of_two_window_sizes(tmp_path):
+@pytest.mark.parametrize("trailing", [(), (1,)])   # (N, P, 2, 1) locations read as (N, P, 2)
+def test_sparse_histograms_of_two_window_sizes(tmp_path, trailing):
     hist = rng(4).uniform(0, 1, (2, 4, 5, 7)).astype(F)
     hist[1, :, :3, :3] = 0                    # an empty window: the uniform histogram
-    locations = np.array([[[2, 3], [0, 0], [4, 6], [9, 2]],
-                          [[1, 1], [3, -5], [-1, 4], [2.9, 5.5]]], F)
+    rows = np.array([[[2, 3], [0, 0], [4, 6], [9, 2]],
+                     [[1, 1], [3, -5], [-1, 4], [2.9, 5.5]]], F)
+    locations = rows.reshape(rows.shape + trailing)
     text = net(layer("sparse", "SparseHistogramExtractor", ["loc", "hist"], ["w3", "w4"],
                      "sparse_histogram_extractor_param { size: 3 size: 4 }"),
                inputs={"loc": locations.shape, "hist": hist.shape})
     model = load_from_text(text)
-    refs = {"w3": sparse_histogram_ref(locations, hist, 3), "w4": sparse_histogram_ref(locations, hist, 4)}
+    refs = {"w3": sparse_histogram_ref(rows, hist, 3), "w4": sparse_histogram_ref(rows, hist, 4)}
     assert np.allclose(refs["w4"][4], 0.25)   # image 1, location (1, 1), size 4: rows and columns 0..2 (from -1)
     check_everywhere(model, {"loc": locations, "hist": hist}, refs, tmp_path)
 
@@ -175,18 +177,20 @@ def hypercolumn_ref(locations, maps, scales, offsets_h, offsets_w, mults):
     return np.array(out, F)
 
 
-def test_sparse_hypercolumns_bilinear_per_map(tmp_path):
+@pytest.mark.parametrize("trailing", [(), (1,)])   # mix-and-match's deploy feeds (N, P, 2, 1)
+def test_sparse_hypercolumns_bilinear_per_map(tmp_path, trailing):
     g = rng(5)
     maps = [g.standard_normal((2, 3, 5, 6)).astype(F), g.standard_normal((2, 2, 3, 4)).astype(F)]
     locations = g.uniform(-2, 9, (2, 4, 2)).astype(F)
     locations[0, 0] = [4.0, 5.0]             # on the last row and column of map 1: clamped to 3.9999
     locations[1, 1] = [2.0, 3.0]             # on grid points
+    ref = hypercolumn_ref(locations, maps, [1, 2], [0, 0.5], [0, 0.5], [0.3, 1.0])
+    locations = locations.reshape(locations.shape + trailing)
     params = ("sparse_hypercolumn_extractor_param { scale: 1 scale: 2 offset_height: 0 offset_height: 0.5 "
               "offset_width: 0 offset_width: 0.5 activation_mult: 0.3 }")
     text = net(layer("cols", "SparseHypercolumnExtractor", ["loc", "f1", "f2"], ["cols"], params),
                inputs={"loc": locations.shape, "f1": maps[0].shape, "f2": maps[1].shape})
     model = load_from_text(text)
-    ref = hypercolumn_ref(locations, maps, [1, 2], [0, 0.5], [0, 0.5], [0.3, 1.0])
     assert ref.shape == (8, 5)
     check_everywhere(model, {"loc": locations, "f1": maps[0], "f2": maps[1]}, {"cols": ref}, tmp_path)
 

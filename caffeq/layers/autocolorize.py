@@ -116,6 +116,7 @@ def running_sum(x, dim: int):
 
 def sparse_histograms(locations, hist, sizes: list):
     """SparseHistogramExtractor: one (N * P, bins) top per window size."""
+    locations = locations.reshape(locations.shape[0], locations.shape[1], 2)   # trailing axes of 1
     n, bins, h, w = hist.shape
     p = locations.shape[1]
     table = running_sum(running_sum(hist, 2), 3).reshape(n, bins, h * w)
@@ -155,6 +156,7 @@ def hypercolumn_axis(pos, offset: float, scale: float, last: float):
 def sparse_hypercolumns(locations, maps: list, scales: list, offsets_h: list, offsets_w: list,
                         mults: list, lasts: list):
     """SparseHypercolumnExtractor: (N * P, sum C) bilinear samples of every map at the locations."""
+    locations = locations.reshape(locations.shape[0], locations.shape[1], 2)   # trailing axes of 1
     n, p = locations.shape[0], locations.shape[1]
     y, x = locations[:, :, 0], locations[:, :, 1]
     cols = []
@@ -188,7 +190,10 @@ def _plane(ctx, x, k, hint):
 
 
 def _last_axis(ctx, x, k, hint):
-    """x[:, :, k] of an (N, P, 2) tensor, (N, P)."""
+    """x[:, :, k] of an (N, P, 2) tensor (trailing axes of 1 dropped first), (N, P)."""
+    shape = ctx.shape(x)
+    if len(shape) > 3:
+        x = ctx.op("Reshape", [x, ctx.i64(list(shape[:3]))], hint + "_rows")
     return ctx.op("Gather", [x, ctx.i64(k)], hint, axis=2)
 
 
@@ -304,7 +309,9 @@ class UniformToHistogram(Layer):
 
 
 def _locations(shape, what, num):
-    if len(shape) != 3 or shape[2] != 2:
+    # the fork checks shape(2) == 2 and reads n * P * 2 + p * 2: trailing axes of 1 (mix-and-match's
+    # (N, P, 2, 1)) read the same
+    if len(shape) < 3 or shape[2] != 2 or any(d != 1 for d in shape[3:]):
         raise LayerError(f"{what}'s first bottom (locations) must be (N, P, 2), rows of (y, x), got {list(shape)}")
     if shape[0] != num:
         raise LayerError(f"{what}: the locations hold {shape[0]} images, the maps {num}; the fork indexes both "
