@@ -111,7 +111,7 @@ def test_convolution_sk_dilates_the_kernel(tmp_path):
     text = v1_net(x.shape, "layers { name: 'c' type: CONVOLUTION_SK bottom: 'x' top: 'c'\n"
                            "  convolution_param { num_output: 3 kernel_h: 2 kernel_w: 3 kernel_d: 2\n"
                            "    kstride_h: 1 kstride_w: 3 kstride_d: 2 stride_h: 1 stride_w: 2 stride_d: 1\n"
-                           "    num_conv_partition: 4 } }")
+                           "    num_conv_partition: 7 } }")   # 63 positions in 7 pieces of 9
     model = load_from_text(text, random_weights=True)
     w, b = _set_bias(model, "c", 4)
     ref = conv_ref(x, w, b, (1, 2, 1), (0, 0, 0), kstride=(1, 3, 2))
@@ -209,3 +209,15 @@ def test_corpus_files_read(name):
                          timeout=300)
     assert res.returncode == 0, res.stderr
     assert "total:" in res.stdout and "parameters" in res.stdout
+
+
+def test_convolution_sk_partitions_with_a_remainder_need_batch_1():
+    """75 output positions in pieces of 18: the fork's last piece leaves N_ at 3, so from item 1 on it computes
+    part of the positions only; batch 1 is exact, a larger batch is refused."""
+    layer = ("layers { name: 'l' type: CONVOLUTION_SK bottom: 'x' top: 'l' convolution_param { num_output: 2 "
+             "kernel_size: 2 num_conv_partition: 4 } }")
+    one = load_from_text(v1_net((1, 2, 4, 6, 6), layer), random_weights=True)
+    assert one.blob_shapes["l"] == (1, 2, 3, 5, 5)
+    with pytest.raises(LayerError, match="from the second item of a batch on") as err:
+        load_from_text(v1_net((2, 2, 4, 6, 6), layer), random_weights=True)
+    assert "\n" not in str(err.value)

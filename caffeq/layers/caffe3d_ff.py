@@ -11,8 +11,11 @@ pooling_layer.cpp / .cu, pooling_sk_layer.cpp / .cu, image_label_data_layer.cpp,
   input; AVE as its GPU kernel (the window clipped to n + p divides; its CPU loop clips the start first and
   reuses clipped ends, which differs only with a pad).  kstride is not read by these two layers.
 - ConvolutionSK (V1 CONVOLUTION_SK): the kernel dilated by kstride (kstride, else kstride_h/w/d), no pad,
-  floor((n - ((k - 1) kstride + 1)) / s) + 1.  num_conv_partition only cuts the im2col buffer into pieces;
-  with group > 1 its partitioned GEMMs mix the groups, so caffeq reads group 1 only.
+  floor((n - ((k - 1) kstride + 1)) / s) + 1.  num_conv_partition only cuts the im2col buffer into pieces
+  (for a batch of more than one item only where the pieces divide the positions: the fork's last piece leaves
+  its width for the next items, refused); with group > 1 its partitioned GEMMs mix the groups, so caffeq reads
+  group 1 only.  The fork's binary caffemodels number BlobProto's fields otherwise (depth 5, data 6) and its V1
+  type numbers clash with BVLC's: its nets are read from their prototxt (weights by the usual shapes).
 - PoolingSK (V1 POOLING_SK): MAX over the dilated window (start ph * s, taps every kstride, clipped at the
   input's end), ceil((n - ext) / s) + 1 outputs, no pad.  Its CPU forward has MAX only; its GPU AVE averages
   the dense extended window, which caffeq does not read.
@@ -159,6 +162,13 @@ class ConvolutionSk(_Fork3dConvolution):
         if volume < attrs["partitions"]:
             raise LayerError(f"convolution_param.num_conv_partition {attrs['partitions']} exceeds the {volume} output "
                              f"positions; ConvolutionSK divides by zero there")
+        piece = volume // attrs["partitions"]
+        if tops[0][0] > 1 and volume % piece:
+            # its last partition leaves the member N_ at the remainder for the next items: from item 1 on
+            # the fork computes only part of the positions and keeps the rest of the top
+            raise LayerError(f"convolution_param.num_conv_partition {attrs['partitions']}: {volume} output positions "
+                             f"in pieces of {piece} leave a remainder, and from the second item of a batch on "
+                             f"ConvolutionSK computes part of them only (the fork's N_ is not reset); run batch 1")
         return tops
 
 
