@@ -1,6 +1,7 @@
-"""Fork fields met in the round-85 corpora: HazyResearch/CaffeConTroll's LayerParameter additions
+"""Fork fields met in the round-85 to 88 corpora: HazyResearch/CaffeConTroll's LayerParameter additions
 (620236e, src/parser/cnn.proto): V2 blobs_lr / weight_decay and the gpu_* batch / depth proportions,
-read and ignored (training and device placement only)."""
+read and ignored (training and device placement only); scott89/caffe's (STCT) Convolution `mask`, applied
+at TRAIN only."""
 from pathlib import Path
 
 import numpy as np
@@ -46,3 +47,18 @@ def test_caffecontroll_benchmark_nets_read(stem):
     shape = "data=2,3,224,224" if stem.startswith("resnet") else "data=2,3,227,227"
     out = ok(cli_process("inspect", path, "--input-shape", shape))
     assert "parameters" in out.splitlines()[-1]
+
+
+def test_stct_convolution_mask_is_the_plain_convolution_at_test():
+    """scott89/caffe stct 09220c6: conv_layer.cpp/.cu apply the mask only when phase_ == TRAIN."""
+    layer = ('layer {{ name: "c" type: "Convolution" bottom: "x" top: "y" convolution_param {{ num_output: 3 '
+             'kernel_size: 3 pad: 1 {} }} }}')
+    masked = load_from_text(net(layer.format("mask: true"), inputs={"x": (2, 2, 5, 4)}), random_weights=True)
+    plain = load_from_text(net(layer.format(""), inputs={"x": (2, 2, 5, 4)}), random_weights=True)
+    assert any("convolution_param.mask" in w and "TRAIN forward only" in w for w in masked.warnings)
+    x = np.random.default_rng(3).standard_normal((2, 2, 5, 4)).astype(np.float32)
+    for a, b in zip(masked.params["c"], plain.params["c"]):   # the same seeded random weights
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    want = plain.run({"x": x})["y"]
+    assert np.abs(want).max() > 0
+    np.testing.assert_array_equal(masked.run({"x": x})["y"], want)

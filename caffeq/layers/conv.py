@@ -54,6 +54,9 @@ def parse_conv(lp, depthwise=False):
         notes = [*notes, "convolution_param.engine NNPACK: fengggli/caffe's CPU mode runs a stride-1 convolution "
                          "with a bias through NNPACK, which ignores group and dilation; caffeq computes Caffe's "
                          "convolution (the fork's GPU mode)"]
+    if p.mask:
+        notes = [*notes, "convolution_param.mask (scott89/caffe, STCT): a random spatial mask of the top applied "
+                         "in the TRAIN forward only; the TEST forward caffeq runs is the plain convolution"]
     if notes:
         attrs["reading_notes"] = notes
     return attrs
