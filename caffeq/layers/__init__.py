@@ -203,6 +203,7 @@ from . import (  # noqa: F401,E402
     ternary_compress,
     textspotter,
     topography,
+    training_toolbox,
     transfernet,
     tridim,
     tutorial_layers,
