@@ -223,3 +223,13 @@ def test_a_forks_parameter_message_that_does_not_parse_keeps_the_layers_weights(
     assert any("its parameters do not parse" in w for w in model.warnings)
     x = np.array([[1.0, 2.0], [-3.0, 0.5]], np.float32)
     np.testing.assert_allclose(model.run(x)["y"], x @ w.T + bias, rtol=1e-6)
+
+
+def test_a_v0_layer_whose_parameters_do_not_parse_stays_an_error(tmp_path):
+    """A V0 layer keeps its name and type inside its parameter message (V1 field 1): there is no core to fall
+    back on, so the file is refused in one line rather than its weights filed under an empty name."""
+    v0 = field(1, 2, b"ip") + field(2, 2, b"innerproduct") + field(5, 2, b"\x07")   # weight_filler: not a message
+    path = tmp_path / "v0.caffemodel"
+    path.write_bytes(field(2, 2, field(1, 2, v0)))
+    with pytest.raises(ParseError, match="v0.caffemodel: not a valid caffemodel"):
+        read_caffemodel(path)

@@ -218,6 +218,12 @@ def test_convolution_sk_partitions_with_a_remainder_need_batch_1():
              "kernel_size: 2 num_conv_partition: 4 } }")
     one = load_from_text(v1_net((1, 2, 4, 6, 6), layer), random_weights=True)
     assert one.blob_shapes["l"] == (1, 2, 3, 5, 5)
-    with pytest.raises(LayerError, match="from the second item of a batch on") as err:
+    with pytest.raises(LayerError, match=r"from the second item of a batch \(or bottom\) on") as err:
         load_from_text(v1_net((2, 2, 4, 6, 6), layer), random_weights=True)
     assert "\n" not in str(err.value)
+    # N_ is set once per forward, before the loop over bottoms: a second bottom at batch 1 is refused too
+    two = (layer.replace("bottom: 'x' top: 'l'", "bottom: 'x' bottom: 'x2' top: 'l' top: 'l2'"))
+    dims = " ".join(f"input_dim: {d}" for d in (1, 2, 4, 6, 6))
+    text = f'name: "ff"\ninput: "x"\n{dims}\ninput: "x2"\n{dims}\n{two}'
+    with pytest.raises(LayerError, match="or bottom"):
+        load_from_text(text, random_weights=True)

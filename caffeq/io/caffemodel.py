@@ -354,15 +354,17 @@ def _parse_layer(lp, msg, core, notes):
         lp.ParseFromString(msg)
         return
     except DecodeError:
-        pass
+        fields = list(iter_fields(msg, 0, len(msg)))
+        if core is _V1_LAYER_CORE and any(f[0] == _V1_V0LAYER for f in fields):
+            raise   # a V0 layer keeps its name and type inside its parameters: nothing to fall back on
     kept = bytearray()
-    for number, wire, value, s, e in iter_fields(msg, 0, len(msg)):
+    for number, wire, value, s, e in fields:
         if number in core:
             kept += _field_bytes(msg, number, wire, value, s, e)
     lp.Clear()
     lp.ParseFromString(bytes(kept))   # a core field that does not parse either: not a caffemodel
     notes.append(f"layer '{lp.name}': its parameters do not parse with caffeq's caffe.proto (a "
-                 f"fork numbering its fields otherwise); its weights are read, its parameters come from the prototxt")
+                 f"fork numbering its fields otherwise, or damaged bytes); its weights are read, its parameters come from the prototxt")
 
 
 def read_blobproto(path):

@@ -163,12 +163,13 @@ class ConvolutionSk(_Fork3dConvolution):
             raise LayerError(f"convolution_param.num_conv_partition {attrs['partitions']} exceeds the {volume} output "
                              f"positions; ConvolutionSK divides by zero there")
         piece = volume // attrs["partitions"]
-        if tops[0][0] > 1 and volume % piece:
+        if (tops[0][0] > 1 or len(in_shapes) > 1) and volume % piece:   # N_ is set once per forward
             # its last partition leaves the member N_ at the remainder for the next items: from item 1 on
             # the fork computes only part of the positions and keeps the rest of the top
             raise LayerError(f"convolution_param.num_conv_partition {attrs['partitions']}: {volume} output positions "
-                             f"in pieces of {piece} leave a remainder, and from the second item of a batch on "
-                             f"ConvolutionSK computes part of them only (the fork's N_ is not reset); run batch 1")
+                             f"in pieces of {piece} leave a remainder, and from the second item of a batch (or bottom) on "
+                             f"ConvolutionSK computes part of them only (the fork's N_ is not reset); run batch 1, "
+                             f"one bottom")
         return tops
 
 
