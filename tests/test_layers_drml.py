@@ -199,3 +199,15 @@ def test_the_forks_three_nets_read():
         model = load(str(CORPUS / f"zkl20061823__DRML__prototxt__{name}.prototxt"))
         assert model.blob_shapes["fc8"] == (64, 12)
         assert model.blob_shapes["label"] == (64, 12, 1, 1)
+
+
+def test_happynears_multilabelimagedata_is_not_drmls():
+    """happynear/caffe-windows' MultiLabelImageData (its own fields, labels from the list) differs from DRML's
+    MultilabelImageData by one capital only: it is not re-spelled into DRML's, and stays an unknown fork data
+    layer whose tops --input-shape gives."""
+    text = ('layer { name: "data" type: "MultiLabelImageData" top: "data" top: "label" '
+            'image_data_param { source: "list.txt" batch_size: 4 } }\n'
+            'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 3 } }\n')
+    model = load_from_text(text, input_shapes={"data": (4, 3, 8, 8), "label": (4, 7)})
+    assert model.layers[0].type == "MultiLabelImageData"
+    assert model.blob_shapes["label"] == (4, 7) and model.blob_shapes["ip"] == (4, 3)

@@ -249,6 +249,8 @@ class MultiSigmoidCrossEntropyLoss(_ScalarLoss):
 
 @register_layer("MultilabelImageData")
 class MultilabelImageData(ImageData):
+    recase_other_spellings = False   # happynear/caffe-windows' MultiLabelImageData is another layer
+
     def parse(self, lp):
         need_blobs(lp, f"MultilabelImageData ({FORK}'s: tops data[, label])", 0, (1, 2))
         attrs = super().parse(lp)

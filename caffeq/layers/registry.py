@@ -76,6 +76,9 @@ class Layer:
     weight_axes = {}
     #: True for data layers that turn into graph inputs
     is_data = False
+    #: False for a fork's type that other spellings must not become (recase_types): DRML's
+    #: MultilabelImageData is not happynear's MultiLabelImageData, which stays an unknown fork data layer
+    recase_other_spellings = True
     #: True for specs that read a file the layer names (attrs["base_dir"] then holds the prototxt's folder)
     reads_files = False
     #: True for layers that exist only for training (losses, accuracy): dropped on export
@@ -392,7 +395,7 @@ def recase_types(net, source=""):
         if lp.type == "Python" or lp.type in _REGISTRY:
             continue
         match = by_case.get(lp.type.lower(), [])
-        if len(match) == 1 and not match[0].startswith("Python"):
+        if len(match) == 1 and not match[0].startswith("Python") and _REGISTRY[match[0]].recase_other_spellings:
             renamed.setdefault((lp.type, match[0]), []).append(lp.name)
             lp.type = match[0]
     return [f"{source + ': ' if source else ''}layer type '{wrong}' read as {known} (Caffe's layer registry "
