@@ -159,6 +159,21 @@ def e2e_spatial_transformer(image, theta, kind: str, out_h: int, out_w: int, sca
 TORCH_E2E_ST = torch_sources(e2e_st_source, e2e_st_sample, e2e_spatial_transformer)
 
 
+def onnx_theta_entries(op, f32, i64, theta, fixed, given):
+    """The transform's entries as (N, 1) ONNX tensors: the fixed ones as constants, the others sliced in order
+    from theta, a bottom of `given` values per item (the 2-D and 3-D spatial transformers' layout)."""
+    if given:
+        theta = op("Reshape", [theta, i64([0, given])], "theta")
+    coef, k = [], 0
+    for i, value in enumerate(fixed):
+        if value is None:
+            coef.append(op("Slice", [theta, i64([k]), i64([k + 1]), i64([1])], f"a{i}"))
+            k += 1
+        else:
+            coef.append(f32([[value]]))
+    return coef
+
+
 def _fixed_count(attrs):
     return sum(v is not None for v in attrs["fixed"])
 
@@ -242,15 +257,7 @@ class SpatialTransformer(Layer):
         s = OnnxImageSampler(ctx, node.name, image)
         op, f32, i64 = s.op, s.f32, s.i64
         size = out_h * out_w
-        if given:
-            theta = op("Reshape", [theta, i64([0, given])], "theta")
-        coef, k = [], 0
-        for i, value in enumerate(fixed):
-            if value is None:
-                coef.append(op("Slice", [theta, i64([k]), i64([k + 1]), i64([1])], f"a{i}"))
-                k += 1
-            else:
-                coef.append(f32([[value]]))
+        coef = onnx_theta_entries(op, f32, i64, theta, fixed, given)
         grid = target_grid(out_h, "cpu").numpy(), target_grid(out_w, "cpu").numpy()
         gs = ctx.const(np.repeat(grid[0], out_w).reshape(1, size), node.name + "_gs")
         gt = ctx.const(np.tile(grid[1], out_h).reshape(1, size), node.name + "_gt")

@@ -64,6 +64,7 @@ from .registry import (
     register_layer,
     torch_sources,
 )
+from .spatial_transformer import onnx_theta_entries
 
 POOL_SUM = 3   # TridimPoolingParameter.SUM
 _POOL_NAMES = {POOL_MAX: "MAX", POOL_AVE: "AVE", 2: "STOCHASTIC", POOL_SUM: "SUM"}
@@ -306,15 +307,7 @@ class TridimSpatialTransformer(Layer):
         given = sum(v is None for v in fixed)
         p = od * oh * ow
         flat = op("Reshape", [image, i64([0, c, d * h * w])], "flat")
-        if given:
-            theta = op("Reshape", [theta, i64([0, given])], "theta")
-        coef, k = [], 0
-        for i, value in enumerate(fixed):
-            if value is None:
-                coef.append(op("Slice", [theta, i64([k]), i64([k + 1]), i64([1])], f"a{i}"))
-                k += 1
-            else:
-                coef.append(f32([[value]]))
+        coef = onnx_theta_entries(op, f32, i64, theta, fixed, given)
         grid = tridim_st_grid(od, oh, ow).numpy()
         g = [ctx.const(np.ascontiguousarray(grid[:, j]).reshape(1, p), f"{node.name}_g{j}") for j in range(4)]
         coords = []
