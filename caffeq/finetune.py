@@ -570,6 +570,8 @@ def finetune(prototxt, weights=None, config=None, **options):
     notes = []
     data = _prepare_data(path, config, notes)
     train_model, out_model = _prepare_nets(path, weights, data)
+    # what reading the weights said (layers whose parameters did not parse, weights of no layer)
+    notes.extend(w for w in out_model.warnings if w not in notes)
     session = _Session(config, data, train_model, out_model, notes, started)
     session.choose_layers()
     session.baselines()

@@ -302,7 +302,8 @@ def layer_sensitivity(model, data=None, target="binary", *, weights=None, batch_
      "layers": [{"layer", "type", "params", <metric>, "agreement_top1", "drop"}] most sensitive first
               (drop in points),
      "all": every layer quantized, "default": the first/last weighted layers kept,
-     "cumulative": [{"quantized": k, "layers", <metric>, "estimated"}] (least sensitive first)}
+     "cumulative": [{"quantized": k, "layers", <metric>, "estimated"}] (least sensitive first),
+     "warnings": what loading the model said}
     """
     t = str(target).strip().lower()
     t = get_quantizer(t).name
@@ -319,6 +320,7 @@ def layer_sensitivity(model, data=None, target="binary", *, weights=None, batch_
     result["model"] = loaded.prototxt
     result["name"] = loaded.name
     result["score_blob"] = score
+    result["warnings"] = list(loaded.warnings)
     return result
 
 

@@ -292,6 +292,21 @@ def test_deploy_net_without_loss_trains_cross_entropy(tmp_path):
     assert sorted(r.binarized) == ["conv", "ip"]
 
 
+def test_what_reading_the_weights_said_reaches_the_notes(tmp_path):
+    """A layer of the caffemodel whose parameters do not parse (a fork's numbering) is kept with a warning; the
+    fine-tune passes it on with its own notes."""
+    from caffeq.io.wire import encode_key, encode_varint
+
+    def message_field(number, payload):
+        return encode_key(number, 2) + encode_varint(len(payload)) + payload
+    data, val, proto, weights = _toy(tmp_path)
+    stray = message_field(1, b"fork_ip") + message_field(100, b"\x07")   # name, then a transform_param
+    with open(weights, "ab") as f:
+        f.write(message_field(100, stray))                                  # one more NetParameter.layer
+    r = finetune(proto, weights, data=data, val=val, keep="none", epochs=1, batch_size=8, bn_batches=2)
+    assert any("layer 'fork_ip': its parameters do not parse" in n for n in r.notes)
+
+
 # ---- the command line ---------------------------------------------------------------------------
 
 @pytest.mark.slow

@@ -115,6 +115,25 @@ def test_unlabeled_data_uses_agreement(tmp_path):
     assert "cumulative" not in t
 
 
+def test_what_reading_the_weights_said_is_in_the_result(tmp_path):
+    """A caffemodel layer whose parameters do not parse (a fork's numbering) is kept with a warning, which the
+    result carries (the command prints it)."""
+    from caffeq.io.wire import encode_key, encode_varint
+
+    def message_field(number, payload):
+        return encode_key(number, 2) + encode_varint(len(payload)) + payload
+    weights = tmp_path / "w.caffemodel"
+    weights.write_bytes(Path(WEIGHTS).read_bytes()
+                        + message_field(100, message_field(1, b"fork_ip") + message_field(100, b"\x07")))
+    from caffeq.data import DataTransformer, Preprocess, open_dataset
+    ds = open_dataset(str(DIGITS / "test_lmdb"), "lmdb", Preprocess(DataTransformer()))
+    np.save(tmp_path / "x.npy", np.stack([ds[i][1] for i in range(8)]).astype(np.uint8))
+    t = layer_sensitivity(str(DIGITS / "deploy.prototxt"), str(tmp_path / "x.npy"), weights=str(weights),
+                          transform={"mean_file": str(DIGITS / "mean.binaryproto"), "scale": 1 / 256},
+                          cumulative=False)
+    assert any("layer 'fork_ip': its parameters do not parse" in w for w in t["warnings"])
+
+
 def test_plot_writes_a_png(digits_table, tmp_path):
     from caffeq.sensitivity import plot_sensitivity
     out = tmp_path / "s.png"

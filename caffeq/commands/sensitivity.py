@@ -1,6 +1,7 @@
 """`caffeq sensitivity`: quantize one layer at a time and rank the layers by their accuracy drop."""
 import argparse
 import os
+import sys
 
 from ..errors import CaffeqError
 from .common import check_output, resolve_weights, say_found
@@ -73,6 +74,8 @@ def run(args):
         args.model, args.data, args.to, weights=weights, batch_size=args.batch_size,
         device=args.device, workers=args.workers, limit=args.limit, cumulative=not args.no_cumulative,
         progress=progress_wanted(args), **preprocess_options(args))
+    for w in result["warnings"]:
+        print(f"caffeq: warning: {w}", file=sys.stderr)
     out = report_stream(args)
     d = result["data"]
     print(f"sensitivity to {result['target']} weights: {result['images']} images from {d['source']}, "
