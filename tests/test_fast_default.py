@@ -115,6 +115,27 @@ def test_in_place_reuse_never_overwrites_a_blob_read_elsewhere():
     np.testing.assert_allclose(fast, want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_relu_with_a_mask_top_is_never_made_in_place():
+    """DecoupledNet's V1 ReLU also gives its mask (`top: "fc6" top: "relu6-mask"`): the default path keeps it a
+    layer of two tops (it used to become relu_, one tensor, and the run failed indexing its second top)."""
+    text = """
+    input: "x" input_shape { dim: 2 dim: 2 dim: 5 dim: 4 }
+    layers { bottom: "x" top: "c" name: "c" type: CONVOLUTION convolution_param { kernel_size: 1 num_output: 3 } }
+    layers { bottom: "c" top: "c" top: "mask" name: "relu" type: RELU }
+    layers { bottom: "c" top: "d" name: "d" type: CONVOLUTION convolution_param { kernel_size: 1 num_output: 2 } }
+    """
+    from caffeq.model import load_from_text
+    model = load_from_text(text, random_weights=True, seed=4)
+    x = np.random.default_rng(1).standard_normal((2, 2, 5, 4)).astype(np.float32)
+    fast = model.run(x)
+    (w1, b1), (w2, b2) = ([np.asarray(b, np.float64) for b in model.params[k]] for k in ("c", "d"))
+    conv = np.einsum("oc,nchw->nohw", w1[:, :, 0, 0], x.astype(np.float64)) + b1[None, :, None, None]
+    relu = np.maximum(conv, 0)
+    want = np.einsum("oc,nchw->nohw", w2[:, :, 0, 0], relu) + b2[None, :, None, None]
+    np.testing.assert_array_equal(fast["mask"], (relu > 0).astype(np.float32))   # of the output, in place
+    np.testing.assert_allclose(fast["d"], want, rtol=1e-5, atol=1e-5)
+
+
 def test_residual_sum_and_relu_run_in_the_convolution():
     """A ResNet block: the Eltwise SUM of a convolution (read by nothing else) and the shortcut,
     then ReLU, becomes one oneDNN convolution with the sum and ReLU in its epilogue."""

@@ -26,6 +26,7 @@ class CaffeLayer(nn.Module):
         super().__init__()
         self.caffe_name = node.name
         self.caffe_type = node.type
+        self.top_count = len(node.outputs)   # DecoupledNet's ReLU also gives its mask: not an in-place relu_
         self.spec = node.spec
         self.attrs = node.attrs
         names = []
@@ -150,8 +151,8 @@ def reuse_buffers(gm):
             continue
         mod = gm.get_submodule(node.target)
         kind = getattr(mod, "caffe_type", None)
-        if kind == "ReLU" and mod.attrs.get("negative_slope", 0) == 0 and mod.attrs.get("upper") is None and \
-                mod.attrs.get("lower") is None and len(node.args) == 1 and \
+        if kind == "ReLU" and mod.top_count == 1 and mod.attrs.get("negative_slope", 0) == 0 and \
+                mod.attrs.get("upper") is None and mod.attrs.get("lower") is None and len(node.args) == 1 and \
                 _sole_reader(gm, node.args[0], node):
             node.op, node.target = "call_function", torch.relu_
             changed += 1
