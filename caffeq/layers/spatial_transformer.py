@@ -59,8 +59,8 @@ def target_grid(size: int, device: torch.device):
 
 
 def st_full_theta(theta, fixed):
-    """(N, 6) matrices: the fixed entries (floats, None where bottom 1 gives it), the rest from theta's
-    values in order (full_theta in Forward_gpu)."""
+    """(N, 6) matrices (N, 12 for caffe-3Dstn's 3-D one): the fixed entries (floats, None where bottom 1
+    gives it), the rest from theta's values in order (full_theta in Forward_gpu)."""
     n = theta.shape[0]
     given = theta.flatten(1)
     cols, k = [], 0

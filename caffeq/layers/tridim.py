@@ -64,7 +64,7 @@ from .registry import (
     register_layer,
     torch_sources,
 )
-from .spatial_transformer import onnx_theta_entries
+from .spatial_transformer import onnx_theta_entries, st_full_theta
 
 POOL_SUM = 3   # TridimPoolingParameter.SUM
 _POOL_NAMES = {POOL_MAX: "MAX", POOL_AVE: "AVE", 2: "STOCHASTIC", POOL_SUM: "SUM"}
@@ -206,19 +206,6 @@ def tridim_st_grid(out_d: int, out_h: int, out_w: int):
     return flat.reshape(p, 4)
 
 
-def tridim_full_theta(theta, fixed, n: int):
-    """(N, 12) matrices: the fixed entries (None where bottom 1 gives the value), the rest from theta in order."""
-    given = theta.reshape(n, -1)
-    cols, k = [], 0
-    for value in fixed:
-        if value is None:
-            cols.append(given[:, k:k + 1])
-            k += 1
-        else:
-            cols.append(torch.full((n, 1), value, dtype=given.dtype, device=given.device))
-    return torch.cat(cols, 1)
-
-
 def tridim_spatial_transformer(image, theta, out_d: int, out_h: int, out_w: int, fixed, image_grad: bool):
     """caffe-3Dstn's TridimSpatialTransformer forward (its GPU kernel)."""
     if not image_grad:
@@ -226,7 +213,7 @@ def tridim_spatial_transformer(image, theta, out_d: int, out_h: int, out_w: int,
     n, c, d, h, w = image.shape
     p = out_d * out_h * out_w
     g = tridim_st_grid(out_d, out_h, out_w).to(device=image.device, dtype=image.dtype)
-    a = tridim_full_theta(theta.to(image.dtype), fixed, n)
+    a = st_full_theta(theta.to(image.dtype), fixed)   # (N, 12): infer checks theta's batch is the image's
     coords = []
     for r in range(3):   # the GEMM's row r: sum over k of grid[:, k] * theta[r, k]
         acc = g[None, :, 0] * a[:, 4 * r:4 * r + 1]
@@ -255,7 +242,7 @@ def tridim_spatial_transformer(image, theta, out_d: int, out_h: int, out_w: int,
     return total.reshape(n, c, out_d, out_h, out_w)
 
 
-TORCH_TRIDIM_ST = torch_sources(tridim_st_grid, tridim_full_theta, tridim_spatial_transformer)
+TORCH_TRIDIM_ST = torch_sources(tridim_st_grid, st_full_theta, tridim_spatial_transformer)
 
 
 @register_layer("TridimSpatialTransformer")
