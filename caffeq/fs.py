@@ -35,6 +35,23 @@ def refuse_overwrite(target, inputs, error=CaffeqError, message=INPUT_CLASH):
             raise error(f"{target}: {message}")
 
 
+def read_text_numbers(path, kind, max_bytes, too_big, error=CaffeqError):
+    """The numbers of a text file as C's fscanf reads them one by one (kind int or float), up to the first
+    word that is not one; a file past max_bytes raises error(too_big(size)) before it is read."""
+    size = os.path.getsize(path)
+    if size > max_bytes:
+        raise error(too_big(size))
+    with open(path, "rb") as f:
+        words = f.read().split()
+    values = []
+    for word in words:
+        try:
+            values.append(kind(word))
+        except ValueError:
+            break
+    return values
+
+
 def resolve_source(path, base_dir):
     """A data path as Caffe users write it: relative to the prototxt's folder, then the cwd.  An empty
     path (a train file whose sources were blanked) names nothing: "" (which does not exist)."""

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..fs import resolve_source
+from ..fs import read_text_numbers, resolve_source
 from .data import DataLayer
 from .registry import (
     Layer,
@@ -107,18 +107,9 @@ class RescaleNormals(nn.Module):
 def read_numbers(path, kind, what):
     """The numbers of a text file as fscanf reads them one by one (kind float or int), up to the first word
     that is not one."""
-    size = os.path.getsize(path)
-    if size > MAX_TEXT_BYTES:
-        raise LayerError(f"{what} {path} is {size} bytes, past the {MAX_TEXT_BYTES} caffeq reads")
-    with open(path, "rb") as f:
-        words = f.read().split()
-    values = []
-    for word in words:
-        try:
-            values.append(kind(word))
-        except ValueError:
-            break
-    return values
+    return read_text_numbers(path, kind, MAX_TEXT_BYTES,
+                             lambda size: f"{what} {path} is {size} bytes, past the {MAX_TEXT_BYTES} caffeq reads",
+                             LayerError)
 
 
 def _existing(path, base_dir):

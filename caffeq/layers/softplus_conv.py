@@ -15,7 +15,7 @@ import os
 import numpy as np
 import torch
 
-from ..fs import resolve_source
+from ..fs import read_text_numbers, resolve_source
 from .conv import Convolution, TransformedConvolution
 from .registry import LayerError, register_layer
 
@@ -30,18 +30,10 @@ def softplus_weights(w, beta: float):
 
 def read_rules(path, outputs, channels):
     """The rule file as an (outputs, channels) bool mask of the kept kernels (entry == 1)."""
-    size = os.path.getsize(path)
-    if size > MAX_RULE_BYTES:
-        raise LayerError(f"rule file {path} is {size} bytes; a rule file of {outputs} x {channels} integers is "
-                         f"far smaller")
-    with open(path, "rb") as f:
-        words = f.read().split()
-    values = []
-    for word in words:   # fscanf("%d") stops at the first word that is not an integer
-        try:
-            values.append(int(word))
-        except ValueError:
-            break
+    values = read_text_numbers(path, int, MAX_RULE_BYTES,
+                               lambda size: f"rule file {path} is {size} bytes; a rule file of {outputs} x "
+                                            f"{channels} integers is far smaller",
+                               LayerError)
     if len(values) != outputs * channels:
         raise LayerError(f"rule file {path} holds {len(values)} integers; the layer needs num_output x channels = "
                          f"{outputs} x {channels}")
