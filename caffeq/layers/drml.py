@@ -46,6 +46,7 @@ from .registry import (
     register_layer,
     torch_sources,
 )
+from .shape_ops import as_4d
 
 FORK = "zkl20061823/DRML"
 
@@ -61,8 +62,7 @@ def drml_planes(n: int, c: int, device=None):
 
 def drml_box(x, corners: list, height: int, width: int):
     """DRML's Box: for each (row, column) corner the (height x width) window of every plane it copies."""
-    while x.dim() < 4:
-        x = x.unsqueeze(-1)
+    x = as_4d(x)
     n, c = x.shape[0], x.shape[1]
     keep = drml_planes(n, c, x.device) if n > 1 else None
     tops = []
@@ -74,9 +74,7 @@ def drml_box(x, corners: list, height: int, width: int):
 
 def drml_splice(bottoms: list, corners: list, top_h: int, top_w: int):
     """DRML's Splice: each bottom written at its (row, column) corner of a zeroed top, in order."""
-    first = bottoms[0]
-    while first.dim() < 4:
-        first = first.unsqueeze(-1)
+    first = as_4d(bottoms[0])
     n, c, h, w = first.shape
     out = first.new_zeros(n, c, top_h, top_w)
     for x, (v, u) in zip(bottoms, corners):
@@ -87,8 +85,8 @@ def drml_splice(bottoms: list, corners: list, top_h: int, top_w: int):
 
 
 TORCH_PLANES = torch_sources(drml_planes)
-TORCH_BOX = torch_sources(drml_box)
-TORCH_SPLICE = torch_sources(drml_splice)
+TORCH_BOX = torch_sources(as_4d, drml_box)
+TORCH_SPLICE = torch_sources(as_4d, drml_splice)
 
 
 def _corners(p, n, field, what):
