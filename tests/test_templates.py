@@ -385,6 +385,21 @@ def test_a_placeholder_in_a_field_skipped_as_unknown_needs_no_value(tmp_path):
                for w in model.warnings)
 
 
+
+def test_an_unknown_field_whose_value_is_a_placeholder_is_skipped_with_a_warning(tmp_path):
+    # fusionseg's *_stream_template.prototxt: `mat_write_param { root_folder: ${OUTPUT_DIR} }`, whose demo.py
+    # writes that whole line (`prefix: "..."`): the field name before the placeholder never reaches Caffe
+    text = TEMPLATE + ('layer { name: "save" type: "MatWrite" bottom: "fc8" mat_write_param {\n'
+                       "  root_folder: ${OUTPUT_DIR}\n  period: 1 } }\n")
+    path = _write(tmp_path, "t.prototxt", text)
+    model = load(path, defines=VALUES, random_weights=True)
+    assert model.blob_shapes["fc8"] == (2, 5, 7, 9)
+    assert any("ignored unknown field 'root_folder' in layer 'save': its value is a template placeholder" in w
+               for w in model.warnings)
+    # an unknown field with a plain value still stops the read
+    with pytest.raises(ParseError, match="unknown field 'root_folder' in layer 'save'"):
+        load(_write(tmp_path, "u.prototxt", text.replace("${OUTPUT_DIR}", "7")), defines=VALUES)
+
 # atakigawa/py-faster-rcnn's *_template.prototxt: a Jinja placeholder inside the proposal layer's param_str
 PARAM_STR = """input: "data"
 input_shape { dim: 1 dim: 18 dim: 4 dim: 5 }

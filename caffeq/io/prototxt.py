@@ -16,7 +16,7 @@ from google.protobuf import text_format
 
 from ..errors import ParseError
 from .schema import caffe_pb2
-from .templates import BarePlaceholder, fill_bare_placeholder, fill_placeholders, resolve_placeholders
+from .templates import BarePlaceholder, fill_bare_placeholder, fill_placeholders, is_sentinel, resolve_placeholders
 from .text_repairs import (
     V1_QUOTED_TYPE,
     block_placeholder,
@@ -35,6 +35,7 @@ _BARE_NUMBER = re.compile(r"Couldn't parse (?:integer|float): ([A-Za-z_]\w*)$")
 _BARE_TEXT = re.compile(r"Expected string but found: '(.+)'$")
 _PHASES = {"TRAIN": caffe_pb2.TRAIN, "TEST": caffe_pb2.TEST}
 _MAX_BARE_PLACEHOLDERS = 1000   # each is one more parse of the file
+_SCALAR_FIELD = re.compile(r"\w+[ \t]*:[ \t]*(\d+)")   # `name: 123`
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class _Unknown:
     empty: bool = False  # written as an empty message (`name { }`): it sets nothing
     solver: bool = False  # a solver's own setting (outside its net_param): only for training
     enum_value: str = None  # set when the field is known but this value of its enum is not (a fork's)
+    placeholder: bool = False  # its value is a template placeholder (`root_folder: ${OUTPUT_DIR}`)
 
 
 # Fields that several forks write under one name with different messages: {(message, name):
@@ -225,7 +227,7 @@ class _RecordingParser(_FieldPicker):
                 tuple(self._path[len(self.net_path):] if inside_net else self._path) + (field_name,),
                 self._layer,
                 self._skipped_text(field_name, line, column, tokenizer) in ("{}", ":{}", "<>", ":<>"),
-                solver=not inside_net))
+                solver=not inside_net, placeholder=self._placeholder_value(line, column)))
 
     def _MergeScalarField(self, tokenizer, message, field):
         # a fork's value of a known enum (SSD forks' `conf_loss_type: FocalLoss`): recorded like an
@@ -253,6 +255,11 @@ class _RecordingParser(_FieldPicker):
             tokenizer.NextToken()
             return
         super()._MergeScalarField(tokenizer, message, field)
+
+    def _placeholder_value(self, line, column):
+        """Whether the field at (line, column) has a template placeholder's number as its value."""
+        m = _SCALAR_FIELD.match(self.lines[line], column) if line is not None and line < len(self.lines) else None
+        return m is not None and is_sentinel(m.group(1))
 
     def _skipped_text(self, field_name, line, column, tokenizer):
         """What followed the field name up to the last token skipped, without blanks or comments."""

@@ -60,6 +60,14 @@ _SENTINEL_BASE = 1 << 30
 _SENTINEL_STEP = 1 << 10
 
 
+def is_sentinel(text):
+    """Whether text is the number an unfilled placeholder was read as (a skipped field's value)."""
+    if not text or not text.isdigit():
+        return False
+    value = int(text)
+    return value > _SENTINEL_BASE and (value - _SENTINEL_BASE) % _SENTINEL_STEP == 0
+
+
 class BarePlaceholder(ParseError):
     """A bare word where the parser wanted a number or (wants_text) a quoted string: the text's row
     and column (1-based) and the word."""

@@ -189,6 +189,9 @@ def _training_only(unknown, message, phase, known_layer=None):
         layers = getattr(message, kind)
         if index < len(layers) and _left_out(layers[index], phase):
             return f"the layer is not in the {caffe_pb2.Phase.Name(phase)} net"
+    if unknown.placeholder:
+        # fusionseg's templates: its demo.py replaces each placeholder's whole line, field name included
+        return "its value is a template placeholder, and the script that fills the template in writes that line"
     known = _known_fork_field(unknown, phase)
     if known:
         return known
