@@ -119,14 +119,23 @@ def test_two_d_pooling_reads_repeated_values_as_kernel_h_w():
     ((1, 2, 4, 5, 6), "kernel_size: 2", 2, "the argmax mask top exists for 2-D pooling only"),
     ((1, 2, 4, 5, 6), "pool: AVE kernel_size: 1 stride: 3", 1, "the last AVE window of axis 3 starts past"),
     ((1, 2, 4, 5, 6), "kernel_size: 2 pad: 2", 1, "must be smaller than kernel"),
-    ((1, 2, 4, 5, 6), "global_pooling: true kernel_size: 2 kernel_size: 2 kernel_size: 2", 1,
-     "with global_pooling, kernel_size must not be set"),
     ((1, 2, 5, 6), "kernel_size: 2 kernel_size: 2 kernel_size: 2", 1, "kernel_size must be given once or 2 times"),
     ((2, 5, 6), "kernel_size: 2", 1, "Pooling needs a 4-axis input"),
 ])
 def test_nd_pooling_bad_params(shape, params, tops, msg):
     with pytest.raises(LayerError, match=msg):
         load_from_text(pool_net(shape, params, tops))
+
+
+def test_global_pooling_with_a_kernel_too_pools_the_whole_plane_with_a_note():
+    # paddle-mobile's MobileNet deploy: `global_pooling: true kernel_size: 7`, which Caffe refuses and OpenCV reads
+    x = rng(8).standard_normal((2, 3, 5, 6, 7)).astype(np.float32)
+    for shape, kernel in (((2, 3, 9, 8), "kernel_size: 7"), (x.shape, "kernel_size: 2 kernel_size: 2 kernel_size: 2")):
+        data = x if len(shape) == 5 else x.reshape(-1)[:np.prod(shape)].reshape(shape)
+        model = load_from_text(pool_net(shape, f"pool: AVE global_pooling: true {kernel}"))
+        out = model.run({"x": data})["p"]
+        np.testing.assert_allclose(out, data.mean(axis=tuple(range(2, len(shape))), keepdims=True), rtol=1e-6, atol=1e-6)
+        assert any("global_pooling with kernel_size too, which Caffe refuses" in w for w in model.warnings)
 
 
 def test_r_c3d_thumos14_reads_up_to_its_proposals(tmp_path):

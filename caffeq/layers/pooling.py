@@ -127,6 +127,10 @@ def parse_pooling(p):
     _dach_channel_window(p, attrs)
     if attrs.get("negate") and (attrs["edge"] is not None or attrs["fork"] is not None):
         raise LayerError("pooling_param.pool: MIN (NR-IQA's fork) with another fork's pooling fields is not supported")
+    if attrs["global"] and (p.kernel_size or p.HasField("kernel_h")):
+        # Caffe stops here; paddle-mobile's MobileNet deploy sets both, and the window is the whole plane either way
+        attrs["reading_notes"] = ["pooling_param: global_pooling with kernel_size too, which Caffe refuses; caffeq "
+                                  "pools the whole plane and ignores the kernel, as OpenCV does"]
     if attrs["pool"] == AVE_EXC_PAD and attrs["global"]:
         attrs["pool"] = AVE   # a global window has no padding: the two averages agree
     attrs["bins"] = _parsenet_bins(p)
@@ -216,9 +220,7 @@ def pooling_geometry(attrs, nsp):
     2-D; R-C3D's caffe3d for N-D: each repeated field given once or once per axis)."""
     p = attrs["param"]
     if attrs["global"]:
-        if p.kernel_size or p.HasField("kernel_h"):
-            raise LayerError("with global_pooling, kernel_size must not be set")
-        attrs["kernel"] = None
+        attrs["kernel"] = None   # a kernel given too is a reading note (parse_pooling)
     else:
         if not (p.kernel_size or p.HasField("kernel_h")):
             raise LayerError("pooling_param.kernel_size (or kernel_h/kernel_w) is required")
@@ -509,9 +511,9 @@ class Pooling(Layer):
                 and attrs["pool"] == MAX:
             # fengggli/caffe nnpack_pooling_layer.cpp: on a CPU, where NNPACK takes the window, its size
             # rounds up without Caffe's last-window clip; Caffe's GPU mode (and caffeq) is Caffe's pooling
-            attrs["reading_notes"] = ["pooling_param.engine NNPACK: fengggli/caffe's CPU mode pools some MAX windows "
-                                      "with NNPACK, without Caffe's last-window rule; caffeq pools as Caffe's "
-                                      "own Pooling (its GPU mode) does"]
+            attrs.setdefault("reading_notes", []).append(
+                "pooling_param.engine NNPACK: fengggli/caffe's CPU mode pools some MAX windows with NNPACK, without "
+                "Caffe's last-window rule; caffeq pools as Caffe's own Pooling (its GPU mode) does")
         if attrs["mask"] and attrs["edge"] is not None:
             raise LayerError("pooling_param: the argmax mask top with pad_type / pad_l/r/t/b is not supported")
         if attrs["mask"] and attrs.get("dach"):
