@@ -1,6 +1,7 @@
 """Layer specs: importing this package registers every built-in Caffe type."""
 # Each module registers the specs of one layer family.
 from . import (  # noqa: F401,E402
+    aconv,
     act_forks,
     activation,
     adaption_lp,
@@ -86,6 +87,7 @@ from . import (  # noqa: F401,E402
     group_norm,
     gti_quant,
     gti_sample_pooling,
+    hake_ohem,
     happynear,
     highway,
     hsroi_pooling,
@@ -112,7 +114,9 @@ from . import (  # noqa: F401,E402
     mergecrop,
     misc,
     mnc,
+    mnc_module,
     mnc_python,
+    mpelu_shakeout,
     mpi_caffe,
     mpi_forks,
     mscnn_proposals,
@@ -130,6 +134,7 @@ from . import (  # noqa: F401,E402
     optical_flow,
     orn,
     oslsm,
+    p3d_ctn,
     parsenet,
     pdc,
     periodic_shuffle,
@@ -206,6 +211,7 @@ from . import (  # noqa: F401,E402
     training_toolbox,
     transfernet,
     tridim,
+    triple_branch_fcn,
     tutorial_layers,
     ubernet,
     updown_captioner,

@@ -214,7 +214,12 @@ class BN(Layer):
 
     def stored_blobs(self, attrs, arrays, notes):
         """Robert0812's (1, C) blobs as the (1, C, 1, 1) ones PSPNet's BN keeps."""
-        if attrs.get("flat_blobs") and all(a.ndim == 2 and a.shape[0] == 1 for a in arrays):
+        flat = bool(arrays) and all(a.ndim == 2 and a.shape[0] == 1 for a in arrays)
+        if flat and attrs.get("flat_blobs"):
+            return [a.reshape(1, -1, 1, 1) for a in arrays]
+        if flat and attrs["variant"] == PSPNET and attrs.get("_rank") in (2, 4):
+            # P3D's BN (roundchuan/P3D-CTN 797ac4a bn_layer.cpp) keeps (1, C) blobs for 4-axis bottoms too
+            notes.append("BN blobs stored (1, C) (P3D's BN) read as (1, C, 1, 1)")
             return [a.reshape(1, -1, 1, 1) for a in arrays]
         return arrays
 
@@ -248,6 +253,7 @@ class BN(Layer):
             raise LayerError(f"BN needs an (N, C, H, W) or (N, C) input, got {list(s)}")
         if len(s) == 2 and attrs.get("tops", 1) > 1:
             raise LayerError("BN's batch statistics tops need an (N, C, H, W) input")
+        attrs["_rank"] = len(s)   # stored_blobs: P3D's (1, C) blobs of a 4-axis bottom
         stats = (1, s[1], 1, 1)
         return [s] + [stats] * (attrs.get("tops", 1) - 1)
 
