@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from conftest import check_everywhere, conv_ref, net, node_of, rng
+from test_layers_ristretto import fixed_point_ref
 
 from caffeq.io.schema import caffe_pb2
 from caffeq.layers import LayerError
@@ -37,7 +38,7 @@ def m2pelu_net(shape, params=""):
 
 
 @pytest.mark.parametrize("shared", [False, True])
-@pytest.mark.parametrize("shape", [(2, 3, 5, 4), (2, 5), (2, 4, 3, 1, 5)])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 4), (2, 5), (2, 4, 7)])
 def test_m2pelu(shape, shared, tmp_path):
     x = (rng(1).standard_normal(shape) * 3).astype(np.float32)
     params = "m2pelu_param { channel_shared: true }" if shared else ""
@@ -102,6 +103,9 @@ def test_taylor_weight_filler_reads_at_test(tmp_path):
 def test_m2pelu_bad():
     with pytest.raises(LayerError, match="at least 2 axes"):
         load_from_text(m2pelu_net((7,)))
+    # channels() is Blob's legacy accessor: the fork CHECK-fails past 4 axes
+    with pytest.raises(LayerError, match=r"at most 4 axes, got shape \[2, 4, 3, 1, 5\]"):
+        load_from_text(m2pelu_net((2, 4, 3, 1, 5)))
     with pytest.raises(LayerError, match="M2PELU takes one bottom and one top, got 2 and 1"):
         load_from_text(net('layer { name: "m" type: "M2PELU" bottom: "x" bottom: "y" top: "o" }',
                            inputs={"x": (2, 3), "y": (2, 3)}))
@@ -115,9 +119,11 @@ def inner_product_ref(x, w, b):
     return flat @ w.astype(np.float64).T + b.astype(np.float64)
 
 
-def shakeout_layer(operate, params, extra=""):
-    return (f'layer {{ name: "s" type: "Shakeout" bottom: "x" top: "o" {params} '
-            f'shakeout_param {{ dropout_ratio: 0.5 shakeout_scale: 0.0001 operate_layer_type: "{operate}" }} {extra} }}')
+def shakeout_layer(operate, params, extra="", ratio=0.5, scale=0.0001):
+    """At TEST the fork's Forward is operate_layer_->Forward(bottom, top) on its blobs: neither the
+    dropout ratio (no 1 / (1 - ratio)) nor shakeout_scale (no sign(W) term) enter."""
+    return (f'layer {{ name: "s" type: "Shakeout" bottom: "x" top: "o" {params} shakeout_param {{ '
+            f'dropout_ratio: {ratio} shakeout_scale: {scale} operate_layer_type: "{operate}" }} {extra} }}')
 
 
 def test_shakeout_inner_product(tmp_path):
@@ -142,7 +148,9 @@ def test_shakeout_convolution(bias, tmp_path):
     shape = (2, 3, 7, 6)
     x = rng(9).standard_normal(shape).astype(np.float32)
     conv = f'convolution_param {{ num_output: 5 kernel_h: 3 kernel_w: 2 stride: 2 pad: 1 bias_term: {str(bias).lower()} }}'
-    model = load_from_text(net(shakeout_layer("Convolution", conv), inputs={"x": shape}), random_weights=True)
+    # ratio and scale far from neutral: any TRAIN-time scaling or sign(W) term would show
+    model = load_from_text(net(shakeout_layer("Convolution", conv, ratio=0.3, scale=0.7), inputs={"x": shape}),
+                           random_weights=True)
     node = node_of(model, "s")
     assert node.expected_param_shapes == [(5, 3, 3, 2)] + ([(5,)] if bias else [])
     w = rng(10).standard_normal((5, 3, 3, 2)).astype(np.float32)
@@ -185,3 +193,32 @@ def test_shakeout_bad(param, match):
     with pytest.raises(LayerError, match=match):
         load_from_text(net(f'layer {{ name: "s" type: "Shakeout" bottom: "x" top: "o" {param} }}',
                            inputs={"x": (2, 3, 4, 5)}))
+
+
+def test_shakeout_passes_on_a_written_back_bottom(tmp_path):
+    """At TEST the fork hands its own bottom vector to the inner Forward: a ConvolutionRistretto inside
+    trims x in place (conv_ristretto_layer.cu), so the AbsVal after it reads x trimmed."""
+    shape = (2, 3, 4, 5)
+    text = net(shakeout_layer("ConvolutionRistretto", "convolution_param { num_output: 2 kernel_h: 1 kernel_w: 2 }",
+                              "quantization_param { bw_layer_in: 8 fl_layer_in: 3 bw_params: 8 fl_params: 4 "
+                              "bw_layer_out: 10 fl_layer_out: 3 }")
+               + 'layer { name: "after" type: "AbsVal" bottom: "x" top: "after" }', inputs={"x": shape})
+    model = load_from_text(text, random_weights=True)
+    node = node_of(model, "s")
+    assert len(node.outputs) == 2 and list(node.attrs["written_back"]) == [0]
+    r = rng(15)
+    x = (r.standard_normal(shape) * 6).astype(np.float32)
+    w = (r.standard_normal((2, 3, 1, 2)) * 0.5).astype(np.float32)
+    b = np.array([0.5, -0.25], np.float32)
+    node.blobs[0], node.blobs[1] = w, b
+    xq = fixed_point_ref(x, 8, 3)
+    assert not np.array_equal(xq, x)
+    conv = conv_ref(xq, fixed_point_ref(w, 8, 4), fixed_point_ref(b, 8, 4), (1, 1), (0, 0)).astype(np.float32)
+    check_everywhere(model, {"x": x}, {"o": fixed_point_ref(conv, 10, 3), "after": np.abs(xq)}, tmp_path)
+
+
+def test_shakeout_passes_on_the_inner_types_reading_note():
+    text = net(shakeout_layer("ConvolutionScaling", "convolution_param { num_output: 2 kernel_size: 1 }"),
+               inputs={"x": (2, 3, 4, 5)})
+    model = load_from_text(text, random_weights=True)
+    assert any("its CPU forward first rescales the bottom" in w for w in model.warnings)

@@ -5,9 +5,10 @@
   y = max(x, 0) + alpha_c * (exp(beta_c * min(x, 0)) - 1), with c the index on axis 1 ((i / count(2)) %
   channels), so x for x > 0 and alpha_c * (exp(beta_c * x) - 1) otherwise (the GPU kernel's form).  Two blobs,
   alpha then beta, each (C,), or 0-axis (one value for every channel) with channel_shared.  Unset fillers are
-  constant 1 (alpha and beta).  The bottom needs at least 2 axes.  A filler other than constant, uniform or
-  gaussian (the fork's "taylor", msra, xavier...) only sets where training starts: caffeq's random weights
-  then take the fork's default, constant 1, with a note.
+  constant 1 (alpha and beta).  The bottom needs 2 to 4 axes (the fork reads channels(), Blob's legacy
+  accessor, which CHECK-fails past 4 axes).  In place is allowed (the fork copies the bottom first).  A
+  filler other than constant, uniform or gaussian (the fork's "taylor", msra, xavier...) only sets where
+  training starts: caffeq's random weights then take the fork's default, constant 1, with a note.
 - The fork's "taylor" weight filler (caffe/include/filler.hpp TaylorFiller: gaussian, std
   sqrt(2 / n / (1 + alpha^2 beta^2)), FillerParameter alpha = 9, beta = 10) only initializes training; its
   fields are read and nothing at TEST depends on them.
@@ -18,8 +19,10 @@
   runs the inner layer twice (on the masked, rescaled input with the weights, and on
   shakeout_scale * (mask / (1 - ratio) - 1) * x with sign(weight) and zero bias) and adds the two; at TEST it
   runs the inner layer alone on its own blobs.  So at TEST, which caffeq computes (its fine-tuning too), a
-  Shakeout layer is its operate_layer_type layer: same parameters, blobs, shapes, ONNX and model.py.  The
-  fork refuses operate_layer_type "Shakeout"; an unset or unknown type fails in Caffe's layer registry.
+  Shakeout layer is its operate_layer_type layer: same parameters, blobs, shapes, ONNX and model.py, its
+  reading notes, and a bottom it trims in place (Ristretto's) written back, since the fork hands the inner
+  Forward its own bottom vector.  The fork refuses operate_layer_type "Shakeout"; an unset or unknown type
+  fails in Caffe's layer registry.
 """
 import copy
 
@@ -96,6 +99,10 @@ class M2PELU(Layer):
     def infer(self, attrs, in_shapes):
         if len(in_shapes[0]) < 2:
             raise LayerError(f"M2PELU's bottom must have at least 2 axes, got shape {list(in_shapes[0])}")
+        if len(in_shapes[0]) > 4:
+            # m2pelu_layer.cpp reads bottom[0]->channels(), Blob's legacy accessor (CHECK_LE(num_axes(), 4))
+            raise LayerError(f"M2PELU reads its bottom's channels() (Caffe's legacy accessor): at most 4 axes, "
+                             f"got shape {list(in_shapes[0])}")
         return [tuple(in_shapes[0])]
 
     def param_shapes(self, attrs, in_shapes):
@@ -165,21 +172,32 @@ class Shakeout(Layer):
                              f"({refused[0]})")
         inner = spec.parse(inner_lp)
         attrs = {"operate_type": kind, "operate": inner, "operate_spec": spec}
-        if "reading_notes" in inner:
-            attrs["reading_notes"] = inner.pop("reading_notes")
+        # the inner layer's notes, its type's own line included (ir reads reading_note off the Shakeout spec)
+        notes = [*inner.pop("reading_notes", ()), *([spec.reading_note] if spec.reading_note else [])]
+        if notes:
+            attrs["reading_notes"] = notes
         return attrs
 
     @staticmethod
     def _inner(attrs):
-        return attrs["operate_spec"], attrs["operate"]
+        """The inner spec and its attrs; the graph's written_back (set on the Shakeout node) passed on."""
+        inner = attrs["operate"]
+        if "written_back" in attrs:
+            inner = {**inner, "written_back": attrs["written_back"]}
+        return attrs["operate_spec"], inner
 
-    @staticmethod
-    def _inner_node(node):
+    @classmethod
+    def _inner_node(cls, node):
         q = copy.copy(node)
         q.type = node.attrs["operate_type"]
-        q.attrs = node.attrs["operate"]
-        q.spec = node.attrs["operate_spec"]
+        q.spec, q.attrs = cls._inner(node.attrs)
         return q
+
+    def bottoms_written_back(self, attrs):
+        # the fork hands its own bottom vector to the inner Forward at TEST: a layer that trims its
+        # bottom in place (Ristretto's) writes the Shakeout's bottom
+        spec, inner = self._inner(attrs)
+        return spec.bottoms_written_back(inner)
 
     def infer(self, attrs, in_shapes):
         spec, inner = self._inner(attrs)
