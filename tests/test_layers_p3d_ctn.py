@@ -152,7 +152,7 @@ def bn_ref(x, slope, bias, mean, var, eps=1e-5):
     return (x.astype(np.float64) - m) * (v + np.float32(eps)) ** -0.5 * s + b
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 4, 5, 7), (2, 3, 5, 7)], ids=["clip", "after_roi_pooling"])
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5, 7), (2, 3, 5, 7), (2, 3)], ids=["clip", "after_roi_pooling", "items"])
 def test_p3d_ctn_bn_reads_its_1_by_c_blobs_for_5_and_4_axis_bottoms(shape, tmp_path):
     from caffeq.io.prototxt import parse_prototxt_text
     from caffeq.io.writer import write_caffemodel
@@ -164,8 +164,9 @@ def test_p3d_ctn_bn_reads_its_1_by_c_blobs_for_5_and_4_axis_bottoms(shape, tmp_p
     (tmp_path / "n.prototxt").write_text(text)
     write_caffemodel(parse_prototxt_text(text), {"b": blobs}, tmp_path / "n.caffemodel")
     model = load(str(tmp_path / "n.prototxt"), weights=str(tmp_path / "n.caffemodel"))
-    # a 4-axis bottom's blobs are (1, C, 1, 1) in caffeq (PSPNet's): the fork's (1, C) ones are read as those
-    assert any("read as (1, C, 1, 1)" in w for w in model.warnings) == (len(shape) == 4)
+    # a 4-axis (or (N, C)) bottom's blobs are (1, C, 1, 1) in caffeq (PSPNet's): the fork's (1, C) ones are read
+    # as those; bn_layer.cpp makes them (1, C) whatever the bottom's axes
+    assert any("read as (1, C, 1, 1)" in w for w in model.warnings) == (len(shape) in (2, 4))
     x = (rng(5).standard_normal(shape) * 2 + 0.5).astype(np.float32)
     check_everywhere(model, {"x": x}, {"b": bn_ref(x, *blobs)}, tmp_path, atol=1e-5, rtol=1e-5)
 

@@ -213,7 +213,8 @@ class BN(Layer):
         return {"variant": PSPNET, "eps": eps, "momentum": float(p.momentum), "frozen": False, "flat_blobs": True}
 
     def stored_blobs(self, attrs, arrays, notes):
-        """Robert0812's (1, C) blobs as the (1, C, 1, 1) ones PSPNet's BN keeps."""
+        """Robert0812's and P3D's (1, C) blobs as the (1, C, 1, 1) ones PSPNet's BN keeps (P3D's stay (1, C)
+        for a 5-axis bottom, as param_shapes says; _rank is set by this build's infer, before weights attach)."""
         flat = bool(arrays) and all(a.ndim == 2 and a.shape[0] == 1 for a in arrays)
         if flat and attrs.get("flat_blobs"):
             return [a.reshape(1, -1, 1, 1) for a in arrays]
