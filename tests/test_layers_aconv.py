@@ -85,6 +85,12 @@ CASES = [
      (2, 2, 6, 9), (2, 6, 4, 5), (1, 0), (2, 2)),
     # the ACU's first layer: 1 x 1 (its position stays at the origin when trained; here it moves)
     ("num_output: 5 kernel_size: 1", "type: RANDOM pad: -1", (2, 3, 4, 6), (2, 5, 2, 4), (-1, -1), (1, 1)),
+    # SQUARE with convolution_param's pad_h alone (pad_w 0) and a 3 x 1 kernel: each axis loses its own k / 2
+    ("num_output: 2 kernel_size: 3 kernel_size: 1 pad_h: 2", "", (2, 2, 5, 6), (2, 2, 7, 6), (1, 0), (1, 1)),
+    # pad_w alone: pad_h is 0 (aconv_param.pad no longer counts); Wo = (2 - 2 - 1) / 2 + 1 = 1 in C's truncating
+    # division (a floor would make it 0)
+    ("num_output: 3 kernel_h: 1 kernel_w: 3 stride: 2", "type: CIRCLE pad: 3 pad_w: -1", (2, 2, 5, 2),
+     (2, 3, 3, 1), (0, -1), (2, 2)),
 ]
 
 
@@ -129,14 +135,34 @@ def test_a_tap_outside_reads_zero_and_half_a_pixel_mixes_two():
     assert not model.run({"x": x})["y"].any()
 
 
+def test_a_tap_on_the_grid_reads_its_pixel_alone(tmp_path):
+    """A whole-pixel tap (x 1, y 0) reads q11 alone (the fork's dx == 0 && dy == 0 branch): an inf in q21, which
+    a bilinear mix would weight 0 (0 x inf: NaN), stays out; the pixel itself still reads inf."""
+    x = rng(12).standard_normal((2, 1, 3, 5)).astype(F32)
+    x[:, 0, 1, 3] = np.inf
+    model = load_from_text(net(layer("num_output: 1 kernel_size: 1 bias_term: false"), inputs={"x": x.shape}),
+                           random_weights=True)
+    node = node_of(model, "a")
+    node.blobs[0] = np.ones((1, 1, 1, 1), F32)
+    node.blobs[2], node.blobs[3] = np.ones((1, 1, 1, 1), F32), np.zeros((1, 1, 1, 1), F32)
+    ref = fork_forward(x, node.blobs[0], None, node.blobs[2], node.blobs[3], (1, 1), (0, 0))
+    assert np.isfinite(ref[:, 0, 1, 1]).all() and np.isinf(ref[:, 0, 1, 2]).all() and not np.isnan(ref).any()
+    check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
 def test_random_weights_place_the_taps_as_the_fork():
     model = load_from_text(net(layer("num_output: 4 kernel_size: 3 pad: 1", "pos_filler_std: -1 position_group: 2",
                                      name="r"),
                                layer("num_output: 2 kernel_size: 3 pad: 1", "pos_filler_std: 0 base_radius: 2",
                                      name="e", top="z"),
                                layer("num_output: 2 kernel_size: 3 pad: 1", "", name="d", top="w"),
+                               layer("num_output: 2 kernel_size: 3 pad: 1",
+                                     "pos_filler_std: -1 base_radius: 2.5 base_angle: 0.7853982", name="b", top="v"),
                                inputs={"x": (1, 2, 5, 5)}), random_weights=True)
-    r, e, d = (node_of(model, k) for k in "red")
+    r, e, d, b = (node_of(model, k) for k in "redb")
+    # base_angle pi / 4 turns the circle; radius 2.5 rounds half to even (nearbyint: 2.5 -> 2)
+    assert np.array_equal(b.blobs[2].reshape(9), [0, 2, 0, -2, -2, -2, 0, 2, 2])
+    assert np.array_equal(b.blobs[3].reshape(9), [0, 2, 2, 2, 0, -2, -2, -2, 0])
     # pos_filler_std < 0: the circle rounded (nearbyint), tap 0 at the origin, for each group
     assert np.array_equal(r.blobs[2].reshape(2, 9), np.tile([0, 1, 1, 0, -1, -1, -1, 0, 1], (2, 1)))
     assert np.array_equal(r.blobs[3].reshape(2, 9), np.tile([0, 0, 1, 1, 1, 0, -1, -1, -1], (2, 1)))
