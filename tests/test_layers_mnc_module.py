@@ -96,11 +96,31 @@ def ref_mask_pooling(x, masks):
     return out
 
 
-def module(name, bottoms, top, type_name, param_str=None, mod="mnc"):
+def ref_roi_pool(x, rois, ph, pw, scale):
+    """Fast R-CNN's ROIPoolForward (dr_mnc_layers' roi_pooling_layer.cu): integer bins of a roi rounded
+    to the map, max over each, 0 when a bin is empty."""
+    _n, c, h, w = x.shape
+    out = np.zeros((len(rois), c, ph, pw), F)
+    for r, roi in enumerate(rois):
+        sw, sh, ew, eh = (int(c_round(F(v) * F(scale))) for v in roi[1:5])
+        rw, rh = max(ew - sw + 1, 1), max(eh - sh + 1, 1)
+        bh, bw = F(rh) / F(ph), F(rw) / F(pw)
+        for i in range(ph):
+            for j in range(pw):
+                hs = min(max(int(math.floor(F(i) * bh)) + sh, 0), h)
+                he = min(max(int(math.ceil(F(i + 1) * bh)) + sh, 0), h)
+                ws = min(max(int(math.floor(F(j) * bw)) + sw, 0), w)
+                we = min(max(int(math.ceil(F(j + 1) * bw)) + sw, 0), w)
+                if he > hs and we > ws:
+                    out[r, :, i, j] = x[int(roi[0]), :, hs:he, ws:we].max(axis=(1, 2))
+    return out
+
+
+def module(name, bottoms, top, type_name, param_str=None, mod="mnc", extra=""):
     b = " ".join(f'bottom: "{x}"' for x in bottoms)
     ps = f' param_str: "{param_str}"' if param_str is not None else ""
     return (f'layer {{ name: "{name}" type: "Module" {b} top: "{top}" '
-            f'module_param {{ module: "{mod}" type: "{type_name}"{ps} }} }}')
+            f'module_param {{ module: "{mod}" type: "{type_name}"{ps} }} {extra}}}')
 
 
 X_SHAPE = (2, 3, 7, 11)
@@ -121,6 +141,27 @@ def test_module_roi_warping_is_the_modules_max_of_samples_kernel(ph, pw, scale, 
     check_everywhere(model, feeds, {"o": ref}, tmp_path)
 
 
+def test_module_roi_pooling_is_fast_rcnns_and_ignores_roi_pooling_param(tmp_path):
+    # the module reads param_str only: a roi_pooling_param on the layer (pad_ratio, another fork's) changes nothing
+    text = net(module("o", ["x", "rois"], "o", "ROIPooling", "{ 'pooled_w': 3, 'pooled_h': 2, 'spatial_scale': 0.5 }",
+                      extra="roi_pooling_param { pooled_w: 1 pooled_h: 1 pad_ratio: 0.5 } "),
+               inputs={"x": X_SHAPE, "rois": ROIS.shape})
+    model = load_from_text(text)
+    assert model.blob_shapes["o"] == (len(ROIS), 3, 2, 3)
+    feeds = {"x": rng(7).standard_normal(X_SHAPE).astype(F), "rois": ROIS}
+    ref = ref_roi_pool(feeds["x"], ROIS, 2, 3, 0.5)
+    assert not ref[4].any() and ref[0].any()
+    check_everywhere(model, feeds, {"o": ref}, tmp_path)
+
+
+def test_module_roi_warping_ignores_roi_warping_param(tmp_path):
+    text = net(module("o", ["x", "rois"], "o", "ROIWarping", "{ 'pooled_w': 2, 'pooled_h': 3, 'spatial_scale': 0.5 }",
+                      extra="roi_warping_param { pooled_w: 5 pooled_h: 5 spatial_scale: 1 design: ONE_SAMPLE } "),
+               inputs={"x": X_SHAPE, "rois": ROIS.shape})
+    feeds = {"x": rng(8).standard_normal(X_SHAPE).astype(F), "rois": ROIS}
+    check_everywhere(load_from_text(text), feeds, {"o": ref_roi_warp(feeds["x"], ROIS, 3, 2, 0.5)}, tmp_path)
+
+
 def test_module_mask_resize_and_mask_pooling(tmp_path):
     masks_shape, feat_shape = (2, 1, 5, 9), (2, 3, 7, 4)
     text = net(module("r", ["m"], "r", "MaskResize", "{ 'output_width': 4, 'output_height': 7 }"),
@@ -135,7 +176,9 @@ def test_module_mask_resize_and_mask_pooling(tmp_path):
 
 
 def test_module_upsampling_resize_reads_zero_past_the_map(tmp_path):
-    text = net(module("r", ["m"], "r", "MaskResize", "{'output_width': 13, 'output_height': 11}"),
+    # mask_resize_param (SSTD's factors) is not the module's: ignored
+    text = net(module("r", ["m"], "r", "MaskResize", "{'output_width': 13, 'output_height': 11}",
+                      extra="mask_resize_param { factor_height: 2 factor_width: 3 } "),
                inputs={"m": (2, 2, 3, 5)})
     feeds = {"m": rng(5).standard_normal((2, 2, 3, 5)).astype(F)}
     ref = ref_mask_resize(feeds["m"], 11, 13)
@@ -147,12 +190,28 @@ def test_module_upsampling_resize_reads_zero_past_the_map(tmp_path):
     ("{ 'pooled_w': 12.5, 'pooled_h': 12, 'spatial_scale': 1 }", "'pooled_w' must be an integer"),
     ("{ 'pooled_w': 0, 'pooled_h': 12, 'spatial_scale': 1 }", "pooled_w must be > 0"),
     ("__import__('os')", "module_param.param_str: expected"),
+    ("{ 'pooled_w': 012, 'pooled_h': 12, 'spatial_scale': 1 }", "'012' has a leading 0"),
+    ("{ 'pooled_w': 2147483648, 'pooled_h': 12, 'spatial_scale': 1 }", "'pooled_w' must be an integer in int's"),
+    ("{ 'pooled_w': '1_2', 'pooled_h': 12, 'spatial_scale': 1 }", "'pooled_w' must be an integer"),
+    ("{ 'pooled_w': ' 12', 'pooled_h': 12, 'spatial_scale': 1 }", "'pooled_w' must be an integer"),
+    ("{ 'pooled_w': 12, 'pooled_h': 12, 'spatial_scale': 1e39 }", "'spatial_scale' must be a finite float"),
+    ("{ 'pooled_w': 12, 'pooled_h': 12, 'spatial_scale': '0x10' }", "'spatial_scale' must be a number"),
 ])
 def test_module_bad_param_str_is_one_line(param_str, needle):
     text = net(module("o", ["x", "rois"], "o", "ROIWarping", param_str), inputs={"x": X_SHAPE, "rois": (1, 5)})
     with pytest.raises(CaffeqError) as e:
         load_from_text(text)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("pw, ph", [("'0x0b'", "'013'"), ("'11'", "'+11 '")])
+def test_module_quoted_integers_convert_as_yaml_cpp(pw, ph):
+    # as<int>: the scalar's text through a stream with no base set (0x hex, a leading 0 octal), blanks after
+    text = net(module("o", ["x", "rois"], "o", "ROIWarping", f"{{ 'pooled_w': {pw}, 'pooled_h': {ph}, "
+                      f"'spatial_scale': '0.5' }}"), inputs={"x": X_SHAPE, "rois": (3, 5)})
+    model = load_from_text(text)
+    assert model.blob_shapes["o"] == (3, 3, 11, 11)
+    assert model.graph.nodes[-1].attrs["scale"] == 0.5
 
 
 @pytest.mark.parametrize("mod, type_name", [("mnc", "Proposal"), ("other", "ROIWarping")])
@@ -177,6 +236,31 @@ def test_module_losses_only_train():
     with pytest.raises(CaffeqError) as e:
         l1.run({"x": x, "t": t, "wi": t, "wo": t})
     assert "SmoothL1Loss (sigma2 = sigma as given" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_module_sigmoid_loss_ignores_loss_param_and_weighs_with_a_third_bottom():
+    """The module's loss never reads loss_param: / num even with normalization VALID, no ignore_label."""
+    g = rng(4)
+    x, t, w = g.standard_normal((3, 2, 5)).astype(F), (g.random((3, 2, 5)) > 0.5).astype(F), g.random((3, 2, 5))
+    pos = (x >= 0).astype(F)
+    per = -(x * (t - pos) - np.log1p(np.exp(x - 2 * x * pos)))
+    extra = "loss_param { normalization: VALID ignore_label: 1 } "
+    ce = load_from_text(net(module("ls", ["x", "t"], "ls", "SigmoidCrossEntropyLoss", extra=extra),
+                            inputs={"x": x.shape, "t": t.shape}))
+    assert np.allclose(ce.run({"x": x, "t": t})["ls"], per.sum() / 3, rtol=1e-6, atol=0)
+    cw = load_from_text(net(module("ls", ["x", "t", "w"], "ls", "SigmoidCrossEntropyLoss", extra=extra),
+                            inputs={"x": x.shape, "t": t.shape, "w": w.shape}))
+    got = cw.run({"x": x, "t": t, "w": w.astype(F)})["ls"]
+    assert np.allclose(got, (w * per).sum() / w.sum(), rtol=1e-5, atol=0)
+
+
+def test_module_smooth_l1_checks_shapes_as_its_reshape():
+    ok = net(module("l1", ["x", "t"], "l1", "SmoothL1Loss", "{ 'sigma': 1 }"), inputs={"x": (2, 8), "t": (2, 8)})
+    assert load_from_text(ok).blob_shapes["l1"] == ()
+    bad = net(module("l1", ["x", "t"], "l1", "SmoothL1Loss", "{ 'sigma': 1 }"), inputs={"x": (2, 8), "t": (4, 4)})
+    with pytest.raises(CaffeqError) as e:   # the same count, other channels: the module's CHECK_EQ fails
+        load_from_text(bad)
+    assert "must share channels, height and width" in str(e.value) and "\n" not in str(e.value)
 
 
 # ---- superxuang/caffe_triple-branch_FCN ---------------------------------------------------------------
@@ -205,17 +289,21 @@ def test_triple_branch_data_layer_and_multi_slice_predict_are_sized():
     assert "text files" in str(e.value)
 
 
-def test_multi_slice_predict_checks_its_bottoms():
-    text = ('input: "pa" input_shape { dim: 2 dim: 2 dim: 28 } input: "pc" input_shape { dim: 2 dim: 2 dim: 21 } '
+@pytest.mark.parametrize("axial, needle", [("dim: 2 dim: 2 dim: 28", "axial probabilities must be (N, 2, 3 x size)"),
+                                           ("dim: 2 dim: 54", "axial probabilities need 3 axes")])
+def test_multi_slice_predict_checks_its_bottoms(axial, needle):
+    text = (f'input: "pa" input_shape {{ {axial} }} input: "pc" input_shape {{ dim: 2 dim: 2 dim: 21 }} '
             'input: "ps" input_shape { dim: 2 dim: 2 dim: 15 }\n' + TRIPLE)
     with pytest.raises(CaffeqError) as e:
         load_from_text(text)
-    assert "axial probabilities must be (N, 2, 3 x size)" in str(e.value)
+    assert needle in str(e.value)
 
 
-@pytest.mark.skipif(not CORPUS.is_dir(), reason="corpus not present")
-@pytest.mark.parametrize("name", ["delftrobotics-forks__MNC__models__ZF__mnc_5stage__test.prototxt",
-                                  "superxuang__caffe_triple-branch_FCN__models__triple-branch_FCN__net.prototxt"])
-def test_corpus_files_read(name):
-    model = load(CORPUS / name)
-    assert model.blob_shapes
+@pytest.mark.parametrize("name, top, shape", [
+    ("delftrobotics-forks__MNC__models__ZF__mnc_5stage__test.prototxt", "roi_mask_conv5", (300, 256, 12, 12)),
+    ("superxuang__caffe_triple-branch_FCN__models__triple-branch_FCN__net.prototxt", "data", (1, 3, 512, 256, 256))])
+def test_corpus_files_read(name, top, shape):
+    path = CORPUS / name
+    if not path.is_file():
+        pytest.skip(f"{path} is not on this machine")
+    assert load(path).blob_shapes[top] == shape

@@ -24,19 +24,47 @@ Sources (read at these commits):
 
 caffeq never loads a library: a Module layer whose module is "mnc" and whose type is one of these is read
 by caffeq's spec of that type, its parameters taken from param_str into that spec's fields (param_str is
-read by caffeq's safe YAML-mapping reader, caffeq/layers/param_str.py: nothing is evaluated).  Any other
-module, type or a creator_symbol is refused with one line.  Values read as yaml-cpp converts them: an int
-key takes an integer (a quoted integer too), a float key any number; a missing key is the module's CHECK.
+read by caffeq's safe YAML-mapping reader, caffeq/layers/param_str.py: nothing is evaluated).  The module's
+layers read nothing else of the LayerParameter but loss_weight: roi_warping_param, roi_pooling_param,
+mask_resize_param and loss_param on a Module layer are dropped (caffe-mnc's SigmoidCrossEntropyLoss divides
+by num whatever loss_param's normalization or ignore_label say).  Any other module, type or a
+creator_symbol is refused with one line.  Values are read as yaml-cpp's convert<> reads a scalar's text
+(a stream with no base set, no leading blank): an int key takes an integer in int's range, a quoted one in
+C's bases too ('0x0b', '013' octal); an unquoted integer with a leading 0 (octal to yaml-cpp) is refused; a
+float key takes a decimal number in float's range.  A missing key is the module's CHECK.
 """
 import math
+import re
 
 from ..io.schema import caffe_pb2
 from . import losses, mnc, roi_pooling
 from .param_str import parse_param_str
-from .registry import Layer, LayerError, ReadOnlyLayer, claim_layers, need_blobs, register_layer
+from .registry import Layer, LayerError, ReadOnlyLayer, claim_layers, legacy_nchw, need_blobs, register_layer
 
 MODULE = "mnc"
 SOURCE = "fizyr/dr_mnc_layers"
+
+
+#: yaml-cpp's as<int> / as<float>: `stream.unsetf(std::ios::dec) >> std::noskipws >> value`, then only
+#: trailing blanks: an int in C's bases (0x hex, a leading 0 octal), a float in decimal
+_CXX_INT = re.compile(r"([-+]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)[ \t\n]*")
+_CXX_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?[ \t\n]*")
+#: an unquoted integer with a leading 0 (octal to yaml-cpp, decimal to caffeq's param_str reader)
+_LEADING_ZERO = re.compile(r"(?<![\w.])[-+]?0[0-9]+(?![0-9.eE])")
+INT32_MAX, FLT_MAX = 2 ** 31 - 1, 3.4028234663852886e38
+
+
+def _cxx_number(text, kind):
+    """A quoted scalar converted as yaml-cpp converts its text; None where the conversion fails."""
+    m = (_CXX_INT if kind is int else _CXX_FLOAT).fullmatch(text)
+    if not m:
+        return None
+    if kind is float:
+        return float(text)
+    digits = m.group(2)
+    base = 16 if digits[:2] in ("0x", "0X") else 8 if digits.startswith("0") and len(digits) > 1 else 10
+    value = int(digits[2:] if base == 16 else digits, base)
+    return -value if m.group(1) == "-" else value
 
 
 def _value(params, key, kind, type_name):
@@ -46,15 +74,15 @@ def _value(params, key, kind, type_name):
         raise LayerError(f"{where}: '{key}' not found as parameter (the module CHECKs it)")
     v = params[key]
     if isinstance(v, str):   # yaml-cpp converts a scalar by its text, quoted or not
-        try:
-            v = int(v) if kind is int else float(v)
-        except ValueError:
-            pass
+        converted = _cxx_number(v, kind)
+        v = v if converted is None else converted
+    word = "an integer" if kind is int else "a number"
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
-        word = "an integer" if kind is int else "a number"
         raise LayerError(f"{where}: '{key}' must be {word} (yaml-cpp's as<{kind.__name__}>), got {params[key]!r}")
-    if kind is float and not math.isfinite(v):
-        raise LayerError(f"{where}: '{key}' must be a finite number, got {v!r}")
+    if kind is int and abs(v) > INT32_MAX:   # the stream's int overflows: as<int> throws
+        raise LayerError(f"{where}: '{key}' must be {word} in int's range (yaml-cpp's as<int>), got {v}")
+    if kind is float and not (math.isfinite(v) and abs(v) <= FLT_MAX):
+        raise LayerError(f"{where}: '{key}' must be a finite float number, got {params[key]!r}")
     return kind(v)
 
 
@@ -97,6 +125,11 @@ def module_params(lp):
     if p.module != MODULE or p.type not in MNC_TYPES:
         raise LayerError(f"module_param: module '{p.module}' type '{p.type}' is not a layer module caffeq "
                          f"knows (only module '{MODULE}', {SOURCE}: {', '.join(sorted(MNC_TYPES))})")
+    bare = re.sub(r"'[^']*'|\"[^\"]*\"", "''", p.param_str)
+    octal = _LEADING_ZERO.search(bare)
+    if octal:
+        raise LayerError(f"module_param.param_str: {octal.group(0)!r} has a leading 0, which yaml-cpp reads as an "
+                         f"octal integer; caffeq does not read such numbers (write it without the 0)")
     return p.module, p.type, parse_param_str(p.param_str, "module_param.param_str")
 
 
@@ -107,6 +140,8 @@ def _inner_layer(lp):
     inner.CopyFrom(lp)
     inner.type = type_name
     inner.ClearField("module_param")
+    for field in IGNORED_FIELDS:   # the module's layers read only param_str (and loss_weight): not these
+        inner.ClearField(field)
     MNC_TYPES[type_name][1](inner, params, type_name)
     return inner
 
@@ -144,9 +179,12 @@ class _SmoothL1(ReadOnlyLayer):
         return {"name": lp.name, "kind": "Module SmoothL1Loss", "sigma2": sigma2, "tops": len(lp.top)}
 
     def infer(self, attrs, in_shapes):
-        if any(math.prod(s) != math.prod(in_shapes[0]) for s in in_shapes[1:]):
-            raise LayerError(f"the mnc module's SmoothL1Loss: its bottoms must have the same count, got "
-                             f"{[list(s) for s in in_shapes]}")
+        # LossLayer's Reshape: the first two share num; the module's: each other bottom has the first's
+        # channels, height and width (legacy 4-D accessors)
+        dims = [legacy_nchw(s, "the mnc module's SmoothL1Loss") for s in in_shapes]
+        if dims[0][0] != dims[1][0] or any(d[1:] != dims[0][1:] for d in dims[1:]):
+            raise LayerError(f"the mnc module's SmoothL1Loss: its bottoms must share channels, height and width "
+                             f"(and the first two num), got {[list(s) for s in in_shapes]}")
         return [()] * attrs["tops"]
 
     def why_not_run(self, attrs):
@@ -155,6 +193,10 @@ class _SmoothL1(ReadOnlyLayer):
 
 
 claim_layers("Module", _is_mnc("SmoothL1Loss"))(_SmoothL1)
+
+#: fields of caffeq's specs that a layer of the module never reads (caffe-mnc's SigmoidCrossEntropyLoss divides
+#: by num whatever loss_param says; ROIPooling has no pad_ratio, AVE or score; MaskResize no factors)
+IGNORED_FIELDS = ("roi_warping_param", "roi_pooling_param", "mask_resize_param", "loss_param")
 
 #: the mnc module's layer types: caffeq's spec that reads it, and how param_str fills that spec's fields
 MNC_TYPES = {

@@ -20,7 +20,7 @@ multi_slice_predict_layer.cpp, pooling3d_layer.cpp/.cu and their headers in incl
   method read from pooling_param.pool), read by frcnn3d.py's spec.
 """
 from .data import DataLayer
-from .registry import LayerError, ReadOnlyLayer, claim_layers, legacy_nchw, need_blobs, register_layer
+from .registry import LayerError, ReadOnlyLayer, claim_layers, need_blobs, register_layer
 
 #: the fields this fork adds to MHDDataParameter (caffe_3d_faster_rcnn's message has none of them)
 FORK_FIELDS = ("resample_size_x", "resample_size_y", "resample_size_z", "buffer_path", "buffer_exist",
@@ -95,7 +95,10 @@ class MultiSlicePredict(ReadOnlyLayer):
             raise LayerError(f"MultiSlicePredict reads 18 im_info values a volume, got im_info {list(info)}")
         k = attrs["classes"]
         for role, shape in zip(("axial", "coronal", "sagittal"), in_shapes[1:]):
-            n, c, length, _w = legacy_nchw(shape, "MultiSlicePredict")
+            if len(shape) < 3:   # its Forward reads shape(2)
+                raise LayerError(f"MultiSlicePredict: the {role} probabilities need 3 axes (N, 2, classes x size), "
+                                 f"got {list(shape)}")
+            n, c, length = shape[:3]
             if n != info[0]:
                 raise LayerError(f"MultiSlicePredict: the {role} probabilities have {n} volumes, im_info {info[0]}")
             if c < 2 or length % k:
