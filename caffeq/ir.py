@@ -561,9 +561,11 @@ def _excluded_producer_hint(net, blob, kept, phase):
     """(why a bottom is undefined, the include rule that would define it or None)."""
     phase_name = phase if isinstance(phase, str) else caffe_pb2.Phase.Name(phase)
     excluded = [lp for lp in net.layer if blob in lp.top and lp not in kept]
-    # the layers meant for this phase (but another stage or level) say the most
-    excluded.sort(key=lambda lp: not any(r.HasField("phase") and caffe_pb2.Phase.Name(r.phase) == phase_name.upper()
-                                         for r in lp.include))
+    # the layers meant for this phase (but another stage or level) say the most; of stages, an evaluation's
+    # (redtail's "val") before a training one's, whose augmentation layers only train
+    excluded.sort(key=lambda lp: (not any(r.HasField("phase") and caffe_pb2.Phase.Name(r.phase) == phase_name.upper()
+                                          for r in lp.include),
+                                  any(st.lower().startswith("train") for r in lp.include for st in r.stage)))
     if not excluded:
         return (f"(undefined blob, wrong order or a cycle; to feed it as an input, give its shape with "
                 f"--input-shape {blob}=N,C,H,W)"), None

@@ -72,13 +72,18 @@ def drop_training_only(layers, source="", notes=None):
     gone.update(id(lp) for lp in unlabelled)
     labels = _label_blobs(layers)
     readers = _readers(layers)
+    images = _data_blobs(layers)
     label_readers = []
     changed = True
     while changed:
         changed = False
-        only = _only_train(layers, gone, readers)
+        only = _only_train(layers, gone, readers, images)
         for i, lp in enumerate(layers):
             if id(lp) in gone or spec_for(lp) is not None or not len(lp.top):
+                continue
+            if any(b in images for b in lp.bottom):
+                # it transforms the batch itself (an augmentation Python layer, ORION's ApplyDeformation):
+                # the whole net reads what it gives, so it is refused, never dropped with the net behind it
                 continue
             if (lp.type == "Python" or _only_in_phase(lp, caffe_pb2.TRAIN) or _only_in_phase(lp, caffe_pb2.TEST)) \
                     and all(_trains_only_through(i, top, readers, only) for top in lp.top):
@@ -182,6 +187,16 @@ def _label_blobs(layers):
     return labels
 
 
+def _data_blobs(layers):
+    """The batches data layers give (their first top), as opposed to their labels."""
+    images = set()
+    for lp in layers:
+        spec = spec_for(lp)
+        if (spec is not None and spec.is_data or lp.type == "Python" and not len(lp.bottom)) and len(lp.top):
+            images.add(lp.top[0])
+    return images
+
+
 def _readers(layers):
     """{(position, blob): positions of the layers that read the blob layers[position] writes, until
     it is written again}, in one pass."""
@@ -201,16 +216,19 @@ def _trains_only_through(index, blob, readers, only):
     return bool(read) and all(only[r] for r in read)
 
 
-def _only_train(layers, gone, readers):
+def _only_train(layers, gone, readers, images=frozenset()):
     """only[i]: layers[i] is a loss or scorer, a Silence (it swallows the blob: it adds nothing to
     any output), a dropped layer, or a layer whose every top is read, and only by such layers (never
-    a net output).  Readers come after what they read, so one sweep from the last layer back
+    a net output).  A layer caffeq does not know that reads a batch of `images` transforms the data
+    the net runs on: never.  Readers come after what they read, so one sweep from the last layer back
     decides them all, without recursion (converted nets run to thousands of layers)."""
     only = [False] * len(layers)
     for i in range(len(layers) - 1, -1, -1):
         lp = layers[i]
         if id(lp) in gone or is_training_only_type(lp.type) or lp.type == "Silence":
             only[i] = True
+        elif spec_for(lp) is None and any(b in images for b in lp.bottom):
+            only[i] = False
         else:
             only[i] = bool(len(lp.top)) and all(_trains_only_through(i, top, readers, only) for top in lp.top)
     return only

@@ -879,8 +879,11 @@ def test_a_python_layer_before_thousands_of_layers_is_refused_in_one_line():
             + chain)
     with pytest.raises(CaffeqError, match="'pad' is a Python layer"):
         load_from_text(text)
-    # and when the chain ends in a loss the whole branch only trains and is dropped
-    lossy = text + \
+    # and when it reads the label and the chain ends in a loss the whole branch only trains and is dropped
+    # (one that reads the batch itself transforms what the net runs on: refused, as above)
+    lossy = text.replace('top: "x" input_param { shape { dim: 1 dim: 2 } }',
+                         'top: "x" top: "lbl" input_param { shape { dim: 1 dim: 2 } shape { dim: 1 dim: 2 } }')
+    lossy = lossy.replace('bottom: "x" top: "b0"', 'bottom: "lbl" top: "b0"') + \
         '\nlayer { name: "loss" type: "EuclideanLoss" bottom: "b3000" bottom: "x" top: "loss" }' + \
         '\nlayer { name: "keep" type: "ReLU" bottom: "x" top: "y" }'
     model = load_from_text(lossy)

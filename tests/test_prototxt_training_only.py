@@ -685,3 +685,55 @@ layer { name: "lstm" type: "LSTM" bottom: "x" bottom: "cont" top: "h"
     assert any("'fix_parameters'" in w and "CADSTN's freeze of the recurrent weights" in w for w in warnings)
     with pytest.raises(ParseError, match="fix_parameters"):
         _parse(lstm, phase="TRAIN")
+
+
+AUGMENTED = """name: "aug"
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 2 dim: 3 dim: 5 dim: 4 } shape { dim: 2 } } }
+layer { name: "aug" type: "Python" bottom: "data" top: "data" python_param { module: "augdata" layer: "AugDataLayer" } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "fc" type: "InnerProduct" bottom: "conv" top: "fc" inner_product_param { num_output: 5 } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }
+"""
+
+
+def test_an_unknown_layer_transforming_the_batch_is_refused_not_dropped_with_the_net():
+    # bdutta19/kaggle_statefarm's model_aug, choosehappy's *.deploy.w.aug: a Python augmentation layer on the data
+    # feeds the whole net, which ends in a loss; dropping it as training-only left the data layer alone
+    with pytest.raises(UnsupportedLayerError, match="layer 'aug' is a Python layer .module 'augdata'"):
+        load_from_text(AUGMENTED)
+    # ORION's CreateDeformation (no bottoms) feeding ApplyDeformation, which reads the batch: both refused
+    orion = AUGMENTED.replace(
+        'layer { name: "aug" type: "Python" bottom: "data" top: "data" python_param { module: "augdata" '
+        'layer: "AugDataLayer" } }',
+        'layer { name: "augment" type: "CreateDeformation" top: "def" include { phase: TEST } }\n'
+        'layer { name: "apply" type: "ApplyDeformation" bottom: "data" bottom: "def" top: "data" }')
+    with pytest.raises(UnsupportedLayerError, match="ApplyDeformation .layers 'apply'.*CreateDeformation"):
+        load_from_text(orion)
+    # a Python layer computing training targets from the label is still dropped (Faster R-CNN's AnchorTarget)
+    targets = AUGMENTED.replace('bottom: "data" top: "data" python_param { module: "augdata"',
+                                'bottom: "label" top: "target" python_param { module: "targets"').replace(
+        'bottom: "fc" bottom: "label"', 'bottom: "fc" bottom: "target"')
+    model = load_from_text(targets)
+    assert model.blob_shapes["fc"] == (2, 5)
+
+
+STAGED = """name: "staged"
+layer { name: "train-data" type: "Data" top: "data" top: "label" include { stage: "train" }
+        data_param { source: "train_lmdb" batch_size: 2 } }
+layer { name: "val-data" type: "Data" top: "data" top: "label" include { stage: "val" }
+        data_param { source: "val_lmdb" batch_size: 2 } }
+layer { name: "aug" type: "Python" bottom: "data" bottom: "label" top: "data" top: "label" include { stage: "train" }
+        python_param { module: "digits" layer: "Augment" } }
+layer { name: "fc" type: "InnerProduct" bottom: "data" top: "fc" inner_product_param { num_output: 5 } }
+"""
+
+
+def test_the_stage_named_for_evaluation_is_proposed_before_training():
+    # NVIDIA-AI-IOT/redtail's srelu-resnet-18: data only under stage "train" (with a Python augmentation layer)
+    # or "val"; the error names "val", under which the net reads without the augmentation
+    from caffeq.errors import PhaseRuleError
+    with pytest.raises(PhaseRuleError, match="layer 'val-data' makes it, but only under include { stage: \"val\" }"):
+        load_from_text(STAGED)
+    model = load_from_text(STAGED, stages=("val",), input_shapes={"data": (2, 3, 4, 4)})
+    assert model.blob_shapes["fc"] == (2, 5)
