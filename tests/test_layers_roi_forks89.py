@@ -2,7 +2,7 @@
 (caffeq/layers/hake_ohem.py).  The references are numpy loops written here from the forks' kernels in
 float32 scalars (the kernels' Dtype):
 - ROIPairPooling: DirtyHarryLYL/HAKE-Action 8122693 (Image-level-HAKE-Action) roipair_pooling_layer.cu
-  ROIPairPoolForward;
+  ROIPairPoolForward (torch, ONNX and model.py);
 - ROIAlignHalf / ROIAlign: cgangEE/ohem b7552ce roi_align_half_layer.cu (GetBottomRoisHalf, ROIPoolForward)
   and roi_align_layer.cu;
 - ProposalCluster: proposal_cluster_layer.cpp generate_anchors; the rest is PVANet's Proposal, whose
@@ -123,9 +123,9 @@ ROIS2 = np.array([[0, 12, 8, 26, 17], [1, 4, 3, 9, 6], [0, 1, 1, 3, 3], [1, 18, 
                   [0, 0, 0, 2, 2], [1, 0, 10, 8, 16]], F)
 
 
-def pair_net(params, rois=len(ROIS1)):
+def pair_net(params, rois=len(ROIS1), shape=X_SHAPE):
     return net('layer { name: "o" type: "ROIPairPooling" bottom: "x" bottom: "r1" bottom: "r2" top: "o" '
-               f'roipair_pooling_param {{ {params} }} }}', inputs={"x": X_SHAPE, "r1": (rois, 5), "r2": (rois, 5)})
+               f'roipair_pooling_param {{ {params} }} }}', inputs={"x": shape, "r1": (rois, 5), "r2": (rois, 5)})
 
 
 @pytest.mark.parametrize("ph, pw, scale", [(3, 2, 0.5), (2, 5, 1.0), (4, 3, 0.25)])
@@ -136,13 +136,10 @@ def test_roipair_pooling_matches_the_kernel(ph, pw, scale, tmp_path):
     f = {"x": x, "r1": ROIS1, "r2": ROIS2}
     ref = ref_roipair(x, ROIS1, ROIS2, ph, pw, scale)
     assert (ref > 0).any() and (ref == 0).any()
-    assert_close(model.run(f)["o"], ref, 0.0, 0.0, "torch")
-    assert_close(model_py_outputs(model, f, tmp_path)["o"], ref, 0.0, 0.0, "model.py")
-    with pytest.raises(ExportError, match="ROIPairPooling"):
-        onnx_outputs(model, f, tmp_path)
+    check_everywhere(model, f, {"o": ref}, tmp_path)
 
 
-def test_roipair_pooling_skips_the_rois_border_cells():
+def test_roipair_pooling_skips_the_rois_border_cells(tmp_path):
     # one roi, one bin covering the map: the only large values sit on roi1's border
     x = np.zeros((2, 3, 9, 13), F)
     x[1, :, 2, 3:8] = 5.0      # roi1's top row
@@ -150,9 +147,31 @@ def test_roipair_pooling_skips_the_rois_border_cells():
     r1 = np.array([[1, 3, 2, 7, 6]], F)
     r2 = np.array([[0, 9, 1, 11, 3]], F)
     model = load_from_text(pair_net("pooled_h: 1 pooled_w: 1", rois=1))
-    out = model.run({"x": x, "r1": r1, "r2": r2})["o"]
-    assert_close(out, ref_roipair(x, r1, r2, 1, 1, 1.0), 0.0, 0.0, "torch")
-    assert out[0, 0, 0, 0] == F(1.5)
+    ref = ref_roipair(x, r1, r2, 1, 1, 1.0)
+    assert ref[0, 0, 0, 0] == F(1.5)
+    check_everywhere(model, {"x": x, "r1": r1, "r2": r2}, {"o": ref}, tmp_path)
+
+
+def test_roipair_pooling_rounds_the_float32_product(tmp_path):
+    # spatial_scale 0.7 is 0.69999999 in float32: 5 x 0.7f and 15 x 0.7f round to 3.5 and 10.5 in float32 (C's
+    # round: 4 and 11) but lie below them in double (3 and 10).  roi1's interior is then cells 5..10, not 4..9
+    shape = (2, 3, 13, 15)
+    x = np.zeros(shape, F)
+    x[0, :, 4, 4] = 9.0        # inside only with the double product
+    x[0, :, 10, 10] = 2.0      # inside only with the float32 product
+    r1 = np.array([[0, 5, 5, 15, 15], [0, 5, 5, 15, 15]], F)
+    r2 = np.array([[0, 0, 0, 1, 1], [1, 0, 0, 1, 1]], F)
+    model = load_from_text(pair_net("pooled_h: 1 pooled_w: 1 spatial_scale: 0.7", rois=2, shape=shape))
+    ref = ref_roipair(x, r1, r2, 1, 1, 0.7)
+    assert (ref == F(2.0)).all()
+    check_everywhere(model, {"x": x, "r1": r1, "r2": r2}, {"o": ref}, tmp_path)
+
+
+def test_roipair_pooling_without_rois(tmp_path):
+    model = load_from_text(pair_net("pooled_h: 2 pooled_w: 3", rois=0))
+    empty = np.zeros((0, 5), F)
+    x = rng(3).standard_normal(X_SHAPE).astype(F)
+    check_everywhere(model, {"x": x, "r1": empty, "r2": empty}, {"o": np.zeros((0, 3, 2, 3), F)}, tmp_path)
 
 
 @pytest.mark.parametrize("params, msg", [("pooled_h: 0 pooled_w: 2", "pooled_h and pooled_w must be > 0"),
@@ -164,8 +183,10 @@ def test_roipair_pooling_bad_params(params, msg):
 
 # ---- ROIAlignHalf and the ohem ROIAlign ---------------------------------------------------------
 
+# the last row: (4.85 + 17.02) / 2 in float32 is 10.935, 4.85 + (17.02 - 4.85) / 2 is 10.934999
 ROIS = np.array([[0, 2, 1, 13, 9], [1, -6, -3, 8, 6], [1, 9, 4, 30, 19], [0, 7, 7, 7, 7],
-                 [1, 40, 30, 50, 44], [0, 3.5, 2.25, 17.75, 8.5], [1, 0, 0, 21, 13], [0, 4, 2, 9, 11]], F)
+                 [1, 40, 30, 50, 44], [0, 3.5, 2.25, 17.75, 8.5], [1, 0, 0, 21, 13], [0, 4, 2, 9, 11],
+                 [1, 1.3, 4.85, 12.7, 17.02]], F)
 A_SHAPE = (2, 3, 7, 11)
 
 
@@ -202,6 +223,18 @@ def test_half_and_whole_differ_and_zhaoweicai_roi_align_is_kept():
                                'roi_pooling_param { pooled_h: 3 pooled_w: 2 spatial_scale: 0.5 } }',
                                inputs={"x": A_SHAPE, "rois": (len(ROIS), 5)}))
     assert alone.blob_shapes["o"] == (len(ROIS), 3, 4, 3)
+
+
+def test_hand_marked_ohem_roi_align(tmp_path):
+    # a net of the fork without ROIAlignHalf / ProposalCluster: the file marks its ROIAlign itself
+    model = load_from_text(net('layer { name: "o" type: "ROIAlign" bottom: "x" bottom: "rois" top: "o" '
+                               'roi_pooling_param { pooled_h: 3 pooled_w: 2 spatial_scale: 0.5 ohem_roi_align: true } }',
+                               inputs={"x": A_SHAPE, "rois": (len(ROIS), 5)}))
+    assert model.blob_shapes["o"] == (len(ROIS), 3, 3, 2)
+    x = rng(4).standard_normal(A_SHAPE).astype(F)
+    ref = ref_ohem_align(x, ROIS, 3, 2, 0.5, False)
+    assert_close(model.run({"x": x, "rois": ROIS})["o"], ref, 0.0, 0.0, "torch")
+    assert_close(model_py_outputs(model, {"x": x, "rois": ROIS}, tmp_path)["o"], ref, 0.0, 0.0, "model.py")
 
 
 def test_roi_align_half_bad_params():

@@ -9,11 +9,19 @@ import torch.nn.functional as F
 from ..errors import ExportError
 from .edge_pads import onnx_pads, read_edge_pads, resolve_edge_pads
 from .happynear import FORK_EPS, onnx_unit_rows, unit_rows
+from .limuhit_cmp import (  # limuhit's trimmed convolution (convolution_param.constrain): a weight mask
+    TORCH_TRIMMED_CONV,
+    check_constrain,
+    onnx_trimmed_weight,
+    parse_constrain,
+    trimmed_weight,
+)
 from .orn import check_arf, conv_orientations, onnx_arf_weight, source_conv_class, torch_arf_weight
 from .registry import (
     Layer,
     LayerError,
     canonical_axis,
+    claim_layers,
     count,
     need_blobs,
     positive_field,
@@ -333,7 +341,7 @@ def _onnx_conv(ctx, node, op, inputs=None, outputs=None):
     a = node.attrs
     if a["_axis"] != 1:
         raise ExportError(f"layer '{node.name}': convolution over axis {a['_axis']} has no ONNX form here")
-    w = ctx.weight(node, 0)
+    w = onnx_trimmed_weight(ctx, node, ctx.weight(node, 0))
     if a.get("orn"):
         c = ctx.shape(node.inputs[0])[1]
         w = onnx_arf_weight(ctx, node, w, (a["num_output"], c) + tuple(a["kernel"]))
@@ -370,6 +378,8 @@ def _torch_conv_source(node, emit, transposed, inputs=None):
     kind = "ConvTranspose" if transposed else "Conv"
     if a.get("orn"):   # RRD's active rotating filters: nn.Conv2d rotating its weight (orn.py)
         m = emit.module(f"{source_conv_class(emit)}({', '.join(args)}, orientations={a['orn']})")
+    elif a.get("constrain"):   # limuhit's trimmed convolution: nn.Conv2d masking its weight (limuhit_cmp.py)
+        m = emit.module(f"{emit.helper(TORCH_TRIMMED_CONV)}({', '.join(args)}, constrain={a['constrain']})")
     else:
         m = emit.module(f"nn.{kind}{nsp}d({', '.join(args)})")
     emit.param("weight", 0)
@@ -405,6 +415,7 @@ class Convolution(Layer):
         _resolve_spatial(attrs, in_shapes[0])
         c = 3 if attrs.get("first_conv", {}).get("rgb0") else in_shapes[0][attrs["_axis"]]
         shapes = [(attrs["num_output"], c // attrs["group"]) + attrs["kernel"]]
+        check_constrain(attrs, shapes[0])
         if attrs["bias_term"]:
             shapes.append((attrs["num_output"],))
         return shapes
@@ -414,7 +425,7 @@ class Convolution(Layer):
         pre = attrs.get("first_conv")
         if pre is not None:
             xs = [first_conv_input(x, pre["mean"], pre["mul"], pre.get("rgb0", False)) for x in xs]
-        weight = torch_arf_weight(params[0], attrs["orn"]) if attrs.get("orn") else params[0]
+        weight = torch_arf_weight(params[0], attrs["orn"]) if attrs.get("orn") else trimmed_weight(attrs, params[0])
         ys = [_conv_nd(x, attrs, weight, bias, False) for x in xs]
         return ys[0] if len(ys) == 1 else tuple(ys)
 
@@ -456,6 +467,15 @@ class Convolution(Layer):
 
 
 TORCH_FIRST_CONV = torch_sources(first_conv_input)
+
+
+@claim_layers("Convolution", lambda lp: getattr(lp.convolution_param, "constrain", 0) > 0)
+class TrimmedConvolution(Convolution):
+    """limuhit's trimmed convolution (convolution_param.constrain, caffeq/layers/limuhit_cmp.py): the weight
+    masked before the convolution (a spec of its own, so that CPU weight packing leaves it to this forward)."""
+
+    def parse(self, lp):
+        return parse_constrain(lp, parse_conv(lp))
 
 
 @register_layer("ConvolutionDepthwise")

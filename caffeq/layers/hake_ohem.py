@@ -11,7 +11,8 @@
   bin's counted cells, starting from 0 (the GPU kernel: negative values and empty bins give 0).  The map
   is image int(rois1[n][0]) (rois2's batch column is not read).  The fork's CPU Forward compares each cell
   with the top's -FLT_MAX fill instead of the running max and so keeps the last counted cell: caffeq
-  computes the GPU kernel's max, which is what the fork's nets run (a note says so).
+  computes the GPU kernel's max, which is what the fork's nets run (a note says so).  ONNX: the same
+  bins and interiors as row x column masks, the maxima in a Scan over the rois (onnx_roipair_pool).
 - ROIAlignHalf, cgangEE/ohem b7552ce (caffe-fast-rcnn/src/caffe/layers/roi_align_half_layer.cu; its CPU
   Forward is LOG(FATAL)): reads roi_pooling_param (pooled_h, pooled_w, spatial_scale).  Each roi's y2 is
   replaced by (y1 + y2) / 2 (float32): the upper half of the box; then it is the fork's ROIAlign
@@ -27,27 +28,40 @@
   read as 0).  The fork's own ROIAlign layers set roi_pooling_param as zhaoweicai's (cascade_rcnn.py, a
   (pooled + 1) grid) do: in a net with ROIAlignHalf or ProposalCluster (only this fork has them) they are
   marked with caffeq's roi_pooling_param.ohem_roi_align when read (a ForkReading rewrite, with a note) and
-  computed as the fork's ROIAlign (OhemROIAlign, the same function without the half).
+  computed as the fork's ROIAlign (OhemROIAlign, the same function without the half).  A net of the fork
+  with neither layer (its full1_DRoiAlignX_kp train net) is read as zhaoweicai's unless the file sets
+  `ohem_roi_align: true` in those layers' roi_pooling_param.
 - ProposalCluster, cgangEE/ohem b7552ce (proposal_cluster_layer.cpp / .cu): PVANet's Proposal
-  (pva_proposal.py; the fork's proposal_layer.cpp / .cu differ from it only in the anchors' loop) except
-  the anchors: proposal_param.scale holds (width, height) pairs, one anchor per pair (an odd last value is
-  not read), each centred on (base_size - 1) / 2 with half sides 0.5 * (side - 1), in float32; ratio is
-  not read.  Bottoms and tops as PVANet's: rois (R, 5), scores (R,), one image; im_info's first 4 values
+  (pva_proposal.py: the fork's proposal_layer.cu and util/nms.cpp / .cu are sanghoon/caffe 6068dd0's but for
+  comments, its proposal_layer.cpp adds an exit to the CPU Forward, and proposal_cluster_layer.cpp / .cu
+  differ from them only in generate_anchors and its call) except the anchors: proposal_param.scale holds
+  (width, height) pairs, one anchor per pair (an odd last value is not read), each centred on
+  (base_size - 1) / 2 with half sides 0.5 * (side - 1), in float32; ratio is not read.  Bottoms and tops as PVANet's: rois (R, 5), scores (R,), one image; im_info's first 4 values
   [img_H, img_W, scale_H, scale_W] are read.
 
 proto: HAKE-Action's ROIPairPoolingParameter (pooled_h = 1, pooled_w = 2, spatial_scale = 3) at its own
 number 218; the ohem fork adds no field (ROIAlignHalf reads roi_pooling_param, ProposalCluster
-proposal_param).  The torch functions below serve `forward` and are copied into model.py
+proposal_param); roi_pooling_param.ohem_roi_align = 60004 is caffeq's own marker (see above).  The torch functions below serve `forward` and are copied into model.py
 (inspect.getsource).
 """
 import math
 
 import numpy as np
 import torch
+from onnx import TensorProto
 
 from .pva_proposal import PVAProposalLayer
 from .registry import ForkReading, LayerError, claim_layers, need_blobs, register_layer, torch_sources
 from .roi_align_forks import TORCH_ROI_ALIGN_COMMON, rfcn_priv_axis, roi_align_batch, roi_align_corners
+from .roi_bins_onnx import (
+    onnx_axis_bins,
+    onnx_batch_column,
+    onnx_c_round,
+    onnx_finish_rois,
+    onnx_padded_rows,
+    onnx_scan_bin_max,
+    onnx_strictly_inside,
+)
 from .roi_pooling import RoiLayerSpec, _check_roi_shapes, c_round, pooled_grid_attrs, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
@@ -162,8 +176,6 @@ class ROIPairPooling(RoiLayerSpec):
     roi_fn, roi_source = staticmethod(roipair_max_pool), TORCH_ROIPAIR
     roi_helpers = (TORCH_ROI_ALIGN_COMMON,)
     reading_note = CPU_NOTE
-    onnx_refusal = ("ROIPairPooling's bins count only the cells inside either of two rois, a data-dependent "
-                    "mask that caffeq does not write in ONNX")
 
     def parse(self, lp):
         need_blobs(lp, "ROIPairPooling", 3, 1, roles="data, rois1, rois2")
@@ -182,6 +194,41 @@ class ROIPairPooling(RoiLayerSpec):
 
     def macs(self, attrs, in_shapes, out_shapes):
         return 0
+
+    def onnx(self, ctx, node):
+        onnx_roipair_pool(ctx, node)
+
+
+def onnx_roipair_pool(ctx, node):
+    """ROIPairPooling in plain ONNX ops (roi_bins_onnx.py): both rois' corners C-rounded (float32 products,
+    rounded in double), the union's Fast R-CNN bins as row and column masks, each roi's strict interior
+    cut from them (two row x column pieces), and the pieces' maxima from 0 in a Scan over the rois, each
+    reading roi1's image.  A batch index outside the batch gives 0 where caffeq's forward raises."""
+    a = node.attrs
+    x, rois1, rois2 = node.inputs
+    n, _, h, w = ctx.shape(x)
+    rows1, count = onnx_padded_rows(ctx, rois1, 5)
+    rows2, _ = onnx_padded_rows(ctx, rois2, 5)
+    batch, inside = onnx_batch_column(ctx, rows1, n)
+    scale = ctx.f32(float(np.float32(a["scale"])))
+
+    def cells(rows):   # [x1, y1, x2, y2] of the (R + 1, 5) rows as whole-valued float32 (R + 1, 1) columns
+        box = ctx.op("Slice", [rows, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "box")
+        rounded = ctx.op("Cast", [onnx_c_round(ctx, ctx.op("Mul", [box, scale], "scaled"))], "cells",
+                         to=TensorProto.FLOAT)
+        return [ctx.op("Slice", [rounded, ctx.i64([k]), ctx.i64([k + 1]), ctx.i64([1])], "corner") for k in range(4)]
+    c1, c2 = cells(rows1), cells(rows2)
+    masks = []   # per axis (rows, then columns): [roi1's cells of each bin, roi2's]
+    for lo, pooled, extent in ((1, a["ph"], h), (0, a["pw"], w)):
+        start = ctx.op("Min", [c1[lo], c2[lo]], "union_lo")
+        end = ctx.op("Max", [c1[lo + 2], c2[lo + 2]], "union_hi")
+        bins, _, _ = onnx_axis_bins(ctx, start, end, pooled, extent)
+        masks.append([ctx.op("And", [bins, onnx_strictly_inside(ctx, c[lo], c[lo + 2], extent)], "counted")
+                      for c in (c1, c2)])
+    pieces = list(zip(masks[0], masks[1]))
+    pooled = onnx_scan_bin_max(ctx, node, x, batch, pieces, a["ph"], a["pw"], 0.0)
+    outside = ctx.op("Reshape", [ctx.op("Not", [inside], "b_out"), ctx.i64([-1, 1, 1, 1])], "b_out4")
+    onnx_finish_rois(ctx, node, pooled, count, outside)
 
 
 OHEM_TYPES = ("ROIAlign", "ROIAlignHalf", "ProposalCluster")
