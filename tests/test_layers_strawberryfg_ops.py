@@ -104,26 +104,87 @@ def test_read_blob_from_file_constant(tmp_path):
     check_everywhere(model, {}, {"o": ref}, tmp_path)
 
 
-def test_read_blob_from_file_missing_or_short_is_an_input(tmp_path):
-    short = tmp_path / "short.txt"
-    short.write_text("1 2")
-    for where in ("E:\\\\center_x_224.txt", str(short)):
-        text = net(f'layer {{ name: "c" type: "ReadBlobFromFile" top: "c" read_blob_from_file_param {{ '
-                   f'file_path: "{where}" num_to_read: 3 batch_size: 2 }} }}',
-                   layer("AddVectorByConstant", ["c"], "add_vector_by_constant_param { add_value: 1 }"), inputs={})
-        model = load_from_text(text)
+def read_blob_net(path, num, batch, *more):
+    return net(f'layer {{ name: "c" type: "ReadBlobFromFile" top: "c" read_blob_from_file_param {{ '
+               f'file_path: "{path}" num_to_read: {num} batch_size: {batch} }} }}', *more, inputs={})
+
+
+def test_read_blob_from_file_missing_is_an_input(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.txt").write_text("1 2 3")
+    # the fork's fopen finds the path as written, from the current folder (sub/c.txt is not c.txt),
+    # and a Windows drive path is a plain (absent) name here
+    for where in ("E:\\\\center_x_224.txt", "c.txt", ""):
+        model = load_from_text(read_blob_net(where, 3, 2, layer("AddVectorByConstant", ["c"],
+                                                                   "add_vector_by_constant_param { add_value: 1 }")))
         assert list(model.inputs) == ["c"]
         x = rng(10).standard_normal((2, 3)).astype(np.float32)
         check_everywhere(model, {"c": x}, {"o": x + np.float32(1)}, tmp_path)
+    assert list(load_from_text(read_blob_net("sub/c.txt", 3, 2)).inputs) == []
 
 
-def test_read_blob_from_file_large_file_is_not_read(tmp_path):
+def test_read_blob_from_file_reads_as_fscanf(tmp_path):
+    # fscanf("%lf") per number: white space skipped, the longest strtod number, the first non-number word
+    # ends the reading; hex floats, inf and nan are numbers, "1_0" is 1 then a stop
+    path = tmp_path / "f.txt"
+    path.write_text("\t0x1.8p1 -2.5e-1+4\n1-2 .5e2 INFINITY 1_0 99")
+    model = load_from_text(read_blob_net(path, 8, 3, layer("ScaleVector", ["c"],
+                                                            "scale_vector_param { scale_factor: 0.3 }")))
+    row = np.array([3.0, -0.25, 4.0, 1.0, -2.0, 50.0, np.inf, 1.0]).astype(np.float32)
+    ref = (np.tile(row, (3, 1)).astype(np.float64) * np.float64(np.float32(0.3))).astype(np.float32)
+    check_everywhere(model, {}, {"o": ref}, tmp_path)
+    with pytest.raises(CaffeqError, match="fscanf reads 8 numbers from it, num_to_read is 9"):
+        load_from_text(read_blob_net(path, 9, 3))
+
+
+def test_read_blob_from_file_rounds_doubles_to_float(tmp_path):
+    path = tmp_path / "r.txt"
+    path.write_text("0.1000000000000000055511151231257827 16777217 3.4028235e38 1e-46")
+    model = load_from_text(read_blob_net(path, 4, 2))
+    row = np.array([0.1, 16777217.0, 3.4028235e38, 1e-46], np.float64).astype(np.float32)
+    out = model.run({})["c"]
+    np.testing.assert_array_equal(out, np.tile(row, (2, 1)))
+    assert out[0, 1] == np.float32(16777216.0) and out[0, 3] == 0
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("1 2", "fscanf reads 2 numbers from it, num_to_read is 3"),
+    ("1 2 x 3", "fscanf reads 2 numbers"),
+    ("1 2,3", "fscanf reads 2 numbers"),
+    ("1 2 3e", "differs between C libraries"),
+    ("1 0x", "differs between C libraries"),
+    ("1 2 -x", "differs between C libraries"),
+    ("inFin 1 2", "differs between C libraries"),
+])
+def test_read_blob_from_file_unusable_file_is_an_error(text, needle, tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_text(text)
+    with pytest.raises(CaffeqError, match=needle) as e:
+        load_from_text(read_blob_net(path, 3, 2))
+    assert "\n" not in str(e.value)
+
+
+def test_read_blob_from_file_special_paths_refused_without_reading(tmp_path):
+    import os
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)                      # an open() that blocked would hang the test here
+    for where in (fifo, tmp_path, "/dev/zero"):
+        with pytest.raises(CaffeqError, match="not a regular file"):
+            load_from_text(read_blob_net(where, 3, 2))
+
+
+def test_read_blob_from_file_large_file(tmp_path):
     big = tmp_path / "big.txt"
     with open(big, "w") as f:
-        f.write("1 " * (1 << 20))                   # 2 MiB: past what caffeq reads
-    text = net(f'layer {{ name: "c" type: "ReadBlobFromFile" top: "c" read_blob_from_file_param {{ '
-               f'file_path: "{big}" num_to_read: 3 batch_size: 2 }} }}', inputs={})
-    assert list(load_from_text(text).inputs) == ["c"]
+        f.write("7 -8 9.5 " + "1 " * (1 << 20))            # 2 MiB: its first numbers are in the first MiB
+    out = load_from_text(read_blob_net(big, 3, 2)).run({})["c"]
+    np.testing.assert_array_equal(out, np.array([[7, -8, 9.5]] * 2, np.float32))
+    far = tmp_path / "far.txt"
+    with open(far, "w") as f:
+        f.write(" " * (1 << 20) + "1 2 3")
+    with pytest.raises(CaffeqError, match="not within its first 1048576 bytes"):
+        load_from_text(read_blob_net(far, 3, 2))
 
 
 @pytest.mark.parametrize("params, needle", [

@@ -10,10 +10,15 @@ same; a bottom of fewer than two axes, whose shape()[1] the fork reads past, is 
 - ReadBlobFromFile (read_blob_from_file_layer.cpp; read_blob_from_file_param file_path, num_to_read [21],
   batch_size [16]): no bottoms, one top (batch_size, num_to_read); each forward fscanf's num_to_read doubles
   from file_path into a 333-double buffer (t_data[333]: num_to_read past 333 is refused) and copies them, as
-  float, into every row.  When file_path (as written: absolute, else from the current folder, as fopen
-  opens it) is a file of at most 1 MiB holding at least num_to_read numbers, caffeq makes the top that
-  constant (its first num_to_read numbers in every row).  Otherwise the top is a graph input of that shape,
-  fed by the user (the corpus files name Windows paths such as E:\\center_x_224.txt).
+  float, into every row.  file_path is looked up as fopen does (as written: absolute, else from the current
+  folder; never the prototxt's folder).  Nothing there (the fork's fopen gives NULL and its fscanf crashes):
+  the top is a graph input of that shape, fed by the user (the corpus files name Windows paths such as
+  E:\\center_x_224.txt).  Something there: it is opened without blocking and must be a regular file (a
+  FIFO, device or folder is refused before any read); caffeq reads its first 1 MiB and takes the numbers
+  num_to_read fscanf("%lf") calls read (white space skipped, the longest strtod number; the first word that
+  is no number ends the reading: "1-2" gives 1, -2; "1,2" gives 1), as a constant top.  Fewer numbers (the
+  fork's row would keep t_data's stale values), numbers past the first 1 MiB, or a word whose reading
+  differs between C libraries ("1e", "0x", "infin") are LayerErrors.
 - ReadBlobFromFileIndexing (read_blob_from_file_indexing_layer.cpp; read_blob_from_file_indexing_param
   file_prefix, num_to_read [21]): top (N, num_to_read), N the index bottom's first axis; each sample's row is
   read at run time from "<file_prefix><(int) index[t]>.txt".  Read and sized; not run (a file read per run-time
@@ -32,14 +37,15 @@ same; a bottom of fewer than two axes, whose shape()[1] the fork reads past, is 
 
 torch, ONNX and model.py for the computing layers.
 """
-import functools
+import math
 import os
+import re
+import stat
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..fs import read_text_numbers
 from .registry import (
     AT_LEAST,
     Layer,
@@ -119,6 +125,102 @@ def _onnx_rows(ctx, name, shape, hint):
 
 # ---- ReadBlobFromFile ---------------------------------------------------------------------------
 
+#: one number as fscanf's %lf (strtod) reads it: hex (before the decimal form, whose "0" would match
+#: first), decimal, inf/infinity, nan/nan(chars)
+_NUMBER = re.compile(rb"""[+-]?(?:
+      0[xX](?:[0-9a-fA-F]+(?:\.[0-9a-fA-F]*)?|\.[0-9a-fA-F]+)(?P<hexp>[pP][+-]?[0-9]+)?
+    | (?P<dec>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?P<dexp>[eE][+-]?[0-9]+)?
+    | (?P<inf>[iI][nN][fF](?:[iI][nN][iI][tT][yY])?)
+    | (?P<nan>[nN][aA][nN](?:\([0-9A-Za-z_]*\))?)
+)""", re.X)
+_SPACE = b" \t\n\v\f\r"
+
+
+def _unclear_end(m, after):
+    """True when the byte after a number could still extend it (a partial exponent, "0x", "infin",
+    "nan(..."): how much fscanf then consumes differs between C libraries."""
+    if not after:
+        return False
+    if m.group("dec") is not None:
+        if m.group("dexp") is None and after in b"eE":
+            return True
+        return m.group("dec") == b"0" and after in b"xX"
+    if m.group("inf") is not None:
+        return len(m.group("inf")) == 3 and after in b"iI"
+    if m.group("nan") is not None:
+        return after == b"("
+    return m.group("hexp") is None and after in b"pP"
+
+
+def fscanf_numbers(data, count, truncated, what):
+    """The first `count` numbers that `count` calls of fscanf(f, "%lf", ...) read from the bytes `data`:
+    each skips white space and reads the longest number there; the first word that does not start one
+    ends the reading (every later call fails on it too).  Fewer than `count` are returned then.
+    truncated: data is the head of a longer file (a number or the white space before it must end inside it).
+    Raises LayerError (naming `what`) where C libraries differ on how far a read goes."""
+    values, pos, end = [], 0, len(data)
+    while len(values) < count:
+        while pos < end and data[pos] in _SPACE:
+            pos += 1
+        if pos == end:
+            if truncated:
+                raise LayerError(f"{what}: its first {count} numbers are not within its first {end} bytes, "
+                                 f"all caffeq reads")
+            break
+        m = _NUMBER.match(data, pos)
+        after = data[m.end():m.end() + 1] if m else b""
+        if m is None:
+            if data[pos:pos + 1] in (b"+", b"-", b".") or data[pos:pos + 1].lower() in (b"i", b"n"):
+                raise LayerError(f"{what}: the word at byte {pos} starts like a number but is not one; how far "
+                                 f"fscanf reads it differs between C libraries")
+            break
+        if truncated and m.end() == end:
+            raise LayerError(f"{what}: its first {count} numbers are not within its first {end} bytes, "
+                             f"all caffeq reads")
+        if _unclear_end(m, after):
+            raise LayerError(f"{what}: the number at byte {pos} is followed by '{after.decode('latin-1')}'; how "
+                             f"far fscanf reads it differs between C libraries")
+        text = m.group(0)
+        if m.group("nan") is not None:
+            values.append(math.nan)
+        elif m.group("dec") is None and m.group("inf") is None:
+            values.append(float.fromhex(text.decode("ascii")))
+        else:
+            values.append(float(text))
+        pos = m.end()
+    return values
+
+
+def _read_head(path, what):
+    """The first MAX_FILE_BYTES bytes of the regular file `path` (opened as written: absolute, else from the
+    current folder, as fopen opens it) and whether the file goes on past them; None where nothing is
+    there.  Opened without blocking and checked before any read: a FIFO, device or folder is refused."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return None
+    except OSError as e:
+        raise LayerError(f"{what}: cannot open it: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LayerError(f"{what}: not a regular file (fopen would read a folder, device or pipe)")
+        chunks, got = [], 0
+        while got <= MAX_FILE_BYTES:
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    except OSError as e:
+        raise LayerError(f"{what}: cannot read it: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    return data[:MAX_FILE_BYTES], len(data) > MAX_FILE_BYTES
+
+
 def _read_blob_fields(lp):
     need_blobs(lp, "ReadBlobFromFile", 0, 1)
     p = lp.read_blob_from_file_param
@@ -130,36 +232,36 @@ def _read_blob_fields(lp):
     return {"name": lp.name, "file_path": str(p.file_path), "num_to_read": num, "batch_size": batch}
 
 
-@functools.lru_cache(maxsize=32)
-def _file_numbers(path, size, mtime_ns):
-    """The numbers of a small text file (keyed by its size and time, so a changed file is read again)."""
-    del size, mtime_ns
-    return tuple(read_text_numbers(path, float, MAX_FILE_BYTES, lambda s: f"{path} is {s} bytes", LayerError))
+def _file_is_there(lp):
+    """Something is at file_path as fopen looks it up (as written, from the current folder); a stat, no read."""
+    path = str(lp.read_blob_from_file_param.file_path)
+    return bool(path) and os.path.exists(path)
 
 
 def read_blob_values(lp):
-    """The first num_to_read numbers of the layer's file_path as fopen finds it (as written, from the
-    current folder), or None: no such regular file, past MAX_FILE_BYTES, or too few numbers."""
-    p = lp.read_blob_from_file_param
-    path = str(p.file_path)
-    if not path or not os.path.isfile(path):
+    """The num_to_read numbers the fork's forward reads from file_path, or None where no file is there.
+    A file that is there but gives fewer numbers (the fork's row would hold t_data's stale values), is
+    not a regular file, or holds them past MAX_FILE_BYTES is a LayerError."""
+    attrs = _read_blob_fields(lp)
+    what = f"read_blob_from_file_param.file_path '{attrs['file_path']}'"
+    head = _read_head(attrs["file_path"], what) if attrs["file_path"] else None
+    if head is None:
         return None
-    st = os.stat(path)
-    if st.st_size > MAX_FILE_BYTES:
-        return None
-    values = _file_numbers(os.path.abspath(path), st.st_size, st.st_mtime_ns)
-    if not 1 <= p.num_to_read <= min(len(values), BUFFER):
-        return None
-    return values[: p.num_to_read]
+    data, truncated = head
+    values = fscanf_numbers(data, attrs["num_to_read"], truncated, what)
+    if len(values) < attrs["num_to_read"]:
+        raise LayerError(f"{what}: fscanf reads {len(values)} numbers from it, num_to_read is "
+                         f"{attrs['num_to_read']} (the fork's row would keep stale buffer values)")
+    return values
 
 
 @register_layer("ReadBlobFromFile")
 class ReadBlobFromFileInput(Layer):
-    """file_path not found (or unusable): a graph input (batch_size, num_to_read) the user feeds."""
+    """Nothing at file_path (the fork's fopen would fail): a graph input (batch_size, num_to_read) to feed."""
     is_data = True
-    reading_note = ("ReadBlobFromFile: its file_path is not a readable text file of num_to_read numbers here "
-                    "(looked up as fopen does: as written, from the current folder), so its top is a graph input "
-                    "(batch_size, num_to_read) to feed with the file's values in every row")
+    reading_note = ("ReadBlobFromFile: nothing is at its file_path here (looked up as fopen does: as written, "
+                    "from the current folder), so its top is a graph input (batch_size, num_to_read) to feed "
+                    "with the file's values in every row")
 
     def parse(self, lp):
         return _read_blob_fields(lp)
@@ -168,16 +270,15 @@ class ReadBlobFromFileInput(Layer):
         return [(attrs["batch_size"], attrs["num_to_read"])]
 
 
-@claim_layers("ReadBlobFromFile", lambda lp: read_blob_values(lp) is not None)
+@claim_layers("ReadBlobFromFile", _file_is_there)
 class ReadBlobFromFileConstant(Layer):
-    """file_path found: the top is its numbers, in every row."""
+    """Something is at file_path: the top is its first num_to_read numbers, in every row (or a LayerError)."""
 
     def parse(self, lp):
         attrs = _read_blob_fields(lp)
         values = read_blob_values(lp)
-        if values is None:      # the file changed between the claim and here
-            raise LayerError(f"read_blob_from_file_param.file_path '{attrs['file_path']}' no longer holds "
-                             f"{attrs['num_to_read']} numbers")
+        if values is None:      # gone between the claim and here
+            raise LayerError(f"read_blob_from_file_param.file_path '{attrs['file_path']}' is no longer there")
         attrs["values"] = [float(v) for v in values]
         return attrs
 
