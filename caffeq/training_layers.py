@@ -72,7 +72,7 @@ def drop_training_only(layers, source="", notes=None):
     gone.update(id(lp) for lp in unlabelled)
     labels = _label_blobs(layers)
     readers = _readers(layers)
-    images = _data_blobs(layers)
+    images = _data_blobs(layers) - labels
     label_readers = []
     changed = True
     while changed:
@@ -188,7 +188,8 @@ def _label_blobs(layers):
 
 
 def _data_blobs(layers):
-    """The batches data layers give (their first top), as opposed to their labels."""
+    """The batches data layers give (their first top; the caller takes away labels: ParseNet's label
+    comes from a data layer of its own)."""
     images = set()
     for lp in layers:
         spec = spec_for(lp)

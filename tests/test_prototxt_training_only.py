@@ -716,6 +716,15 @@ def test_an_unknown_layer_transforming_the_batch_is_refused_not_dropped_with_the
         'bottom: "fc" bottom: "label"', 'bottom: "fc" bottom: "target"')
     model = load_from_text(targets)
     assert model.blob_shapes["fc"] == (2, 5)
+    # ParseNet's VOC nets read the label with a data layer of its own: that batch is a label, and the
+    # evaluation layer of the fork that reads it is still dropped as a scorer
+    parsenet = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 5 dim: 4 } } }\n'
+                'layer { name: "label" type: "Input" top: "label" input_param { shape { dim: 2 dim: 1 dim: 5 dim: 4 } } }\n'
+                'layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" '
+                'convolution_param { num_output: 4 kernel_size: 1 } }\n'
+                'layer { name: "evaluation" type: "ParseEvaluate" bottom: "conv" bottom: "label" top: "evaluation" }\n')
+    model = load_from_text(parsenet)
+    assert [n.name for n in model.layers] == ["data", "label", "conv"]
 
 
 STAGED = """name: "staged"
