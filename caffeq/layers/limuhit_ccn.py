@@ -4,17 +4,23 @@ decoder_output,decoder_extract}_layer.{cpp,cu}) and limuhit/Nonlocal-CCN 6bc9472
 caffe/nolocal_gemm_v4_post_layer.*).  Each forward is the TEST one; where the CPU forward is empty, the CUDA kernel's.
 
 - MLQuant (mlquant_param groups L [1], method SINGLE | NEIGHBOR): blob 0 holds per channel (and, for NEIGHBOR, per
-  context table) L values r; the levels are t_0 = r_0, t_j = t_(j-1) + exp(r_j).  Each x of channel c walks them
-  by float32 subtraction: tmp = x - r_0 (< 0: top r_0, index 0); else tmp -= exp(r_j) for j = 1.. until tmp < 0
-  (j = L - 1 when it never is); if 2 tmp + exp(r_j) < 0 it steps back (tmp += exp(r_j), j -= 1); top = x - tmp,
+  context table) L values r; the levels are t_0 = r_0, t_j = t_(j-1) + exp(r_j), exp(r_j) being float32 expf
+  (here the float64 exp rounded to float32: the correctly rounded value; the fork's GPU forward takes CUDA's
+  expf, within 2 ulp of it).  Each x of channel c walks them by float32 subtraction: tmp = x - r_0 (< 0: top
+  r_0, index 0); else tmp -= exp(r_j) for j = 1.. until tmp < 0 (j = L - 1 when it never is); if 2 tmp + exp(r_j) < 0 it steps back (tmp += exp(r_j), j -= 1); top = x - tmp,
   top 1 (optional) = j.  NEIGHBOR first quantizes with table 0, then picks for each pixel the table
   1 + up (L + 1) + left from the indexes above and to the left in its plane (L where there is none).  Before
   the tables are used, a forward whose blob-1 counter blobs[1][2] is a nonzero multiple of blobs[1][3] first
   rewrites them from the usage counts of blob 2 (ml_quant_check_weight: unused top levels merged, an unused
-  level 0 folded into level 1); that rewrite is applied here for the one forward caffeq runs.  The counts,
-  the counter and the statistics the fork updates at each forward (training state) are not written back.
-- DecoderQuant (mlquant_param groups L): top = level t_k of x's channel with k = int(x) (truncated; caffeq clamps
-  k to [0, L - 1], where the kernel would read outside the table), t from blob 0 as above (float32 running sum).
+  level 0 folded into level 1, in float32 as the fork's MSVC build; with groups < 3 that fold writes into the
+  next row through the flat pointer, as here, and past the blob for the last row, refused); that rewrite is
+  applied here for the one forward caffeq runs (a counter period of 0, where the fork divides by zero, skips
+  it).  The counts, the counter and the statistics the fork updates at each forward (training state) are not
+  written back.
+- DecoderQuant (mlquant_param groups L; GPU kernel): top = entry c L + int(x) (truncated) of the flat table of
+  levels t (per channel as above, a float32 running sum of expf), so that an index past L - 1 (or below 0) reads
+  the next (previous) channel's levels as the kernel does; only an entry outside the whole table, which the
+  kernel reads out of bounds, is clamped to it.
 - DynamicMaskData: a mask shaped like the bottom, 1 on the channels below int(blobs[0] + 1e-6) (the stored
   channel count; the fork's setup stores the bottom's channels), else 0.
 - SplitChannel (memory_data_param.channels K, as the fork reads it): the first K channels, (N, K, H, W).
@@ -25,11 +31,14 @@ caffe/nolocal_gemm_v4_post_layer.*).  Each forward is the TEST one; where the CP
   plane), top 1 = sum_b p d; then each plane's first position gets top 0 = mean, top 1 = -margin^2.
   limuhit/Nonlocal-CCN does not publish its caffe.proto: mean and margin take caffeq's defaults (0).
 - DecoderConv3, DecoderInput, DecoderOutput, DecoderExtract: sequential decoders that pycaffe drives one
-  diagonal of code positions per call.  Each forward reads a hidden call counter (pidx_, reset only when the
-  shapes change) and writes only that diagonal's part of tops that keep the previous calls' values, so one
-  forward has no meaning of its own.  caffeq reads them (shapes as their Reshape) and refuses to run them.
-  A driver loop calls forward H + W + nchannels times per image: DecoderInput scatters the decoded symbols of
-  the last diagonal into (N, nchannels, H, W) (call 0 clears it), DecoderConv3 convolves the masked causal
+  diagonal of code positions (h + w + channel group) per call.  Each forward reads a hidden call counter (pidx_,
+  DecoderConv3's pindex_; reset only when the shapes change, cycling modulo H + W + nchannels, H + W + channels
+  for DecoderExtract, H + W + C / group_in - 2 for DecoderConv3) and writes only that diagonal's part of tops
+  that keep the previous calls' values, so one forward has no meaning of its own.  caffeq reads them (shapes as
+  their Reshape: DecoderInput (N, nchannels, H, W) from a one-channel bottom, DecoderOutput
+  (N H W + 1, 1, 1, C / nchannels + 1), DecoderExtract (N, 1, H, W), DecoderConv3 (N, num_output, H, W) with
+  blobs (num_output, C, k, k) and (num_output)) and refuses to run them.  Per image the driver: DecoderInput
+  scatters the decoded symbols of the last diagonal into (N, nchannels, H, W) (call 0 clears it), DecoderConv3 convolves the masked causal
   kernel for the positions of the current diagonal only, DecoderOutput turns their softmax into cumulative
   frequency tables for the arithmetic coder, DecoderExtract gathers the current diagonal's labels.
 - TPReLU, Merge, EntropyPatch, EntropyDepatch are not registered: limuhit publishes no source for them.
@@ -44,31 +53,48 @@ from .registry import Layer, LayerError, ReadOnlyLayer, legacy_nchw, need_blobs,
 F32 = np.float32
 
 
+def ml_quant_check(w, cnt, levels: int):
+    """ml_quant_check_weight on the flat level blob w (float32 values) with usage counts cnt, row by row.
+
+    Float32 arithmetic as the fork's build does it (MSVC: exp and log of a float are expf, logf, here the
+    float64 result rounded to float32; log(levels - j) takes an int, so that difference is float64).  Rows are
+    L long, but the level-0 merge touches positions 1 and 2 after the row's start: for groups < 3 that is the
+    next row (handled as the fork's flat pointer does), and past the blob's end for its last row (refused)."""
+    v = w.reshape(-1).double().tolist()
+    c = cnt.reshape(-1).double().tolist()
+
+    def f32(a):
+        return float(torch.tensor(a, dtype=torch.float32))
+
+    for b in range(0, len(v) - len(v) % levels, levels):
+        j = levels - 1
+        while j > 1 and not c[b + j] > 0:
+            j -= 1
+        t = f32(v[b + j] - math.log(levels - j))
+        for k in range(j, levels):
+            v[b + k] = t
+        if c[b] < 1:
+            if b + 2 >= len(v):
+                raise ValueError("MLQuant: the fork's table check reads past the level blob (groups < 3, unused "
+                                 "level 0 in the last row)")
+            v[b] = f32(v[b] + f32(math.exp(v[b + 1])))
+            t = f32(math.log(f32(f32(f32(math.exp(v[b + 1])) + f32(math.exp(v[b + 2]))) / 2)))
+            v[b + 1] = t
+            v[b + 2] = t
+    return torch.tensor(v, dtype=torch.float32, device=w.device).reshape(w.shape)
+
+
 def ml_quant_tables(raw, stats, counts, levels: int):
-    """MLQuant's level steps (rows of L: r_0, exp(r_1), ...), after the fork's periodic table check."""
-    w = raw.reshape(-1, levels).clone()
+    """MLQuant's level steps (rows of L: r_0, expf(r_1), ...), after the fork's periodic table check.
+
+    expf is float64 exp rounded to float32 (the correctly rounded expf; the fork's CUDA expf is within 2 ulp)."""
+    w = raw.reshape(-1, levels).float()
     it, period = int(stats.reshape(-1)[2]), int(stats.reshape(-1)[3])
     if it != 0 and period != 0 and it % period == 0:
-        cnt = counts.reshape(-1, levels).tolist()
-        v = w.double().tolist()
-        for i in range(len(v)):
-            j = levels - 1
-            while j > 1 and not cnt[i][j] > 0:
-                j -= 1
-            t = float(torch.tensor(v[i][j] - math.log(levels - j), dtype=torch.float32))
-            for k in range(j, levels):
-                v[i][k] = t
-            if cnt[i][0] < 1:
-                e1 = float(torch.exp(torch.tensor(v[i][1], dtype=torch.float32)))
-                e2 = float(torch.exp(torch.tensor(v[i][2], dtype=torch.float32)))
-                v[i][0] = float(torch.tensor(v[i][0] + e1, dtype=torch.float32))
-                m = float(torch.log(torch.tensor((e1 + e2) / 2, dtype=torch.float32)))
-                v[i][1] = m
-                v[i][2] = m
-        w = torch.tensor(v, dtype=raw.dtype, device=raw.device)
-    step = torch.exp(w)
+        w = ml_quant_check(w, counts, levels)
+    step = torch.exp(w.double()).float()
     step[:, 0] = w[:, 0]
-    return step
+    return step.to(raw.dtype)
 
 
 def ml_quant_walk(x, steps):
@@ -113,17 +139,23 @@ def ml_quant(x, raw, stats, counts, levels: int, neighbor: bool):
     return ml_quant_walk(x, steps[table, chan])
 
 
-def decoder_quant(x, raw, levels: int):
-    """DecoderQuant: the level of x's channel at index int(x), levels as a float32 running sum."""
-    c = x.shape[1]
-    r = raw.reshape(c, levels)
+def decoder_quant_table(raw, levels: int):
+    """DecoderQuant's levels, flat (C * L): per channel r_0, then a float32 running sum of expf(r_k)."""
+    r = raw.reshape(-1, levels).float()
     cols = [r[:, 0]]
     for k in range(1, levels):
-        cols.append(cols[-1] + torch.exp(r[:, k]))
-    table = torch.stack(cols, 1)
-    k = torch.trunc(x).long().clamp(0, levels - 1)
-    chan = torch.arange(c, device=x.device).reshape(1, c, *([1] * (x.dim() - 2))).expand_as(k)
-    return table[chan, k]
+        cols.append(cols[-1] + torch.exp(r[:, k].double()).float())
+    return torch.stack(cols, 1).reshape(-1)
+
+
+def decoder_quant(x, raw, levels: int):
+    """DecoderQuant: entry c L + int(x) of the flat level table (an index past its channel's L levels reads the
+    neighbouring channel's, as the kernel does; one outside the whole table is clamped to it)."""
+    table = decoder_quant_table(raw, levels)
+    c = x.shape[1]
+    base = (torch.arange(c, device=x.device) * levels).reshape(1, c, *([1] * (x.dim() - 2)))
+    k = (torch.trunc(x).long() + base).clamp(0, table.numel() - 1)
+    return table.to(x.dtype)[k]
 
 
 def dynamic_mask(x, stored):
@@ -211,7 +243,7 @@ class MLQuant(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        fn = emit.helper(torch_sources(ml_quant_tables, ml_quant_walk, ml_quant))
+        fn = emit.helper(torch_sources(ml_quant_check, ml_quant_tables, ml_quant_walk, ml_quant))
         ps = _blobs(emit, 3)
         call = (f"{fn}({emit.inputs[0]}.reshape({a['_legacy']}), {ps[0]}, {ps[1]}, {ps[2]}, {a['levels']}, "
                 f"{a['neighbor']})")
@@ -237,22 +269,19 @@ class DecoderQuant(Layer):
         return decoder_quant(x, params[0], attrs["levels"])
 
     def onnx(self, ctx, node):
-        raw = np.asarray(node.blobs[0], F32).reshape(-1, node.attrs["levels"])
-        table = torch.tensor(raw)
-        cols = [table[:, 0]]
-        for k in range(1, raw.shape[1]):
-            cols.append(cols[-1] + torch.exp(table[:, k]))
-        flat = torch.stack(cols, 1).reshape(-1).numpy()
         L = node.attrs["levels"]
-        c = raw.shape[0]
+        flat = decoder_quant_table(torch.tensor(np.asarray(node.blobs[0], F32)), L).numpy()
+        c = flat.size // L
         k = ctx.op("Cast", [node.inputs[0]], "k", name=node.name, to=7)
-        k = ctx.op("Clip", [k, ctx.const(np.array(0, np.int64)), ctx.const(np.array(L - 1, np.int64))], "kc")
         off = ctx.const((np.arange(c, dtype=np.int64) * L).reshape(1, c, 1, 1), "chan_offset")
-        ctx.add_node("Gather", [ctx.const(flat, "table"), ctx.op("Add", [k, off], "flat_k")], [node.outputs[0]])
+        k = ctx.op("Add", [k, off], "flat_k")
+        k = ctx.op("Clip", [k, ctx.const(np.array(0, np.int64)), ctx.const(np.array(flat.size - 1, np.int64))], "kc")
+        ctx.add_node("Gather", [ctx.const(flat, "table"), k], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
         p = _blobs(emit, 1)[0]
-        return f"{emit.helper(decoder_quant)}({emit.inputs[0]}, {p}, {node.attrs['levels']})"
+        fn = emit.helper(torch_sources(decoder_quant_table, decoder_quant))
+        return f"{fn}({emit.inputs[0]}, {p}, {node.attrs['levels']})"
 
 
 @register_layer("DynamicMaskData")
