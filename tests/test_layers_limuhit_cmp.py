@@ -3,10 +3,17 @@ kernels (TrimmedConvolution / CCN cudnn_conv_layer.cu, multobin_layer.cu, mtrans
 imp_map_layer.cu, entropy_pack_layer.cu), in torch, onnxruntime and model.py."""
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import assert_close, check_everywhere, net, rng
+from conftest import conv_ref as grouped_conv_ref
 
+import caffeq
+from caffeq.io.caffemodel import BlobData
+from caffeq.io.prototxt import parse_prototxt_text
+from caffeq.io.writer import write_caffemodel
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
+from caffeq.quant import get_quantizer
+from caffeq.transforms import fold_batchnorm
 
 F32 = np.float32
 CORPUS = "/work/corpus90d"
@@ -89,10 +96,87 @@ def test_trimmed_convolution_masks_the_weight(constrain, cin, cout, k, gi, go, t
     model = load_from_text(net(f'layer {{ name: "c" type: "Convolution" bottom: "x" top: "y" convolution_param {{ '
                                f'num_output: {cout} kernel_size: {k} pad: {pad} constrain: {constrain} group_in: {gi} '
                                f'group_out: {go} }} }}', inputs={"x": shape}), random_weights=True)
-    w, b = (np.asarray(a) for a in next(n for n in model.layers if n.name == "c").blobs)
+    node = next(n for n in model.layers if n.name == "c")
+    w, b = (np.asarray(a) for a in node.blobs)
     mask = trimmed_mask_ref(w.shape, constrain, gi, go)
     assert 0 < mask.sum() < mask.size
+    assert np.array_equal(w != 0, mask > 0)   # the random weight zeroed where the fork's blob is
+    w = r.standard_normal(w.shape).astype(F32)   # every tap nonzero: the forward's own mask
+    node.blobs[0] = w
     check_everywhere(model, {"x": x}, {"y": conv_ref(x, w * mask, b, pad)}, tmp_path, atol=2e-5, rtol=2e-5)
+
+
+def test_trimmed_convolution_grouped_and_rectangular(tmp_path):
+    """cuDNN's grouped blob (O, C / group, kh, kw): the mask runs over its flat index with sz = kernel_w (the
+    fork reads the kernel as square), channels = C / group."""
+    shape = (2, 4, 9, 8)
+    x = rng(12).standard_normal(shape).astype(F32)
+    model = load_from_text(net('layer { name: "c" type: "Convolution" bottom: "x" top: "y" convolution_param { '
+                               'num_output: 6 kernel_h: 3 kernel_w: 5 pad_h: 1 pad_w: 2 group: 2 constrain: 6 '
+                               'group_in: 1 group_out: 2 } }', inputs={"x": shape}), random_weights=True)
+    w, b = (np.asarray(a) for a in next(n for n in model.layers if n.name == "c").blobs)
+    mask = trimmed_mask_ref(w.shape, 6, 1, 2)
+    assert 0 < mask.sum() < mask.size and np.all(w[mask == 0] == 0)   # random weights as the fork's blob
+    ref = grouped_conv_ref(x, w * mask, b, (1, 1), (1, 2), group=2).astype(F32)
+    check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=2e-5, rtol=2e-5)
+    node = next(n for n in model.layers if n.name == "c")
+    node.blobs[0] = rng(13).standard_normal(w.shape).astype(F32)   # weights set after loading: masked in forward
+    model.clear_cache()
+    ref = grouped_conv_ref(x, node.blobs[0] * mask, b, (1, 1), (1, 2), group=2).astype(F32)
+    check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=2e-5, rtol=2e-5)
+
+
+def conv_bn_text(shape, conv):
+    return net(f'layer {{ name: "c" type: "Convolution" bottom: "x" top: "c" convolution_param {{ {conv} }} }}',
+               'layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" batch_norm_param { use_global_stats: true } }',
+               'layer { name: "sc" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }',
+               inputs={"x": shape})
+
+
+@pytest.mark.parametrize("target", ["fp32", "int8", "binary"])
+def test_trimmed_convolution_with_batchnorm_folded_and_quantized(target, tmp_path):
+    """The fork zeroes the trimmed taps of its weight blob before each forward: a caffemodel's values there
+    (here large ones and a NaN) never reach the output, nor the quantizers' per-channel scales, nor BatchNorm
+    folding; the default (folded, packed) path, the layer-by-layer one, ONNX and model.py all agree."""
+    r = rng(11)
+    shape = (2, 4, 7, 10)
+    x = r.standard_normal(shape).astype(F32)
+    text = conv_bn_text(shape, "num_output: 6 kernel_size: 3 pad: 1 constrain: 2 group_in: 2 group_out: 2")
+    w = (r.standard_normal((6, 4, 3, 3)) * 0.3).astype(F32)
+    mask = trimmed_mask_ref(w.shape, 2, 2, 2)
+    wm = w * mask
+    w[mask == 0] = 40.0
+    w[0, 3, 2, 2] = np.nan
+    b = r.standard_normal(6).astype(F32)
+    mean, var = r.standard_normal(6).astype(F32), r.uniform(0.5, 2, 6).astype(F32)
+    gamma, beta = r.uniform(0.5, 2, 6).astype(F32), r.standard_normal(6).astype(F32)
+    proto, weights = tmp_path / "n.prototxt", tmp_path / "n.caffemodel"
+    proto.write_text(text)
+    write_caffemodel(parse_prototxt_text(text), {"c": [BlobData(w), BlobData(b)],
+                                                 "bn": [BlobData(mean * 2), BlobData(var * 2), BlobData(np.array([2], F32))],
+                                                 "sc": [BlobData(gamma), BlobData(beta)]}, str(weights))
+    model = caffeq.load(str(proto), str(weights))
+    # Caffe's BatchNorm (stored sums / factor, eps 1e-5) and Scale, in float64
+    a = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + 1e-5)
+    c = beta - mean.astype(np.float64) * a
+
+    def quantized(weight):
+        if target == "fp32":
+            return weight
+        return get_quantizer(target).quantize(weight, 0, 1).dequantize() * mask
+
+    feeds = {"x": x}
+    ref = conv_ref(x, quantized(wm), b, 1) * a.reshape(1, -1, 1, 1) + c.reshape(1, -1, 1, 1)
+    q = model if target == "fp32" else caffeq.quantize(model, target, keep="none")
+    assert_close(q.run(feeds, exact=True)["c"], ref, 2e-5, 2e-5, "layer by layer")
+    check_everywhere(q, feeds, {"c": ref}, tmp_path, atol=2e-5, rtol=2e-5)   # run(): the default, folded path
+    # BatchNorm + Scale folded into the convolution before quantizing
+    wf = (wm.astype(np.float64) * a.reshape(-1, 1, 1, 1)).astype(F32)
+    ref = conv_ref(x, quantized(wf), (b * a + c).astype(F32), 1)
+    folded = fold_batchnorm(model)
+    assert [n.type for n in folded.layers if n.type != "Input"] == ["Convolution"]
+    fq = folded if target == "fp32" else caffeq.quantize(folded, target, keep="none")
+    check_everywhere(fq, feeds, {"c": ref}, tmp_path, atol=2e-5, rtol=2e-5)
 
 
 def test_trimmed_convolution_refusals():
@@ -102,6 +186,11 @@ def test_trimmed_convolution_refusals():
         load_from_text(net(text.format("constrain: 7"), inputs={"x": (1, 2, 5, 5)}))
     with pytest.raises(LayerError, match="group_in must be >= 1"):
         load_from_text(net(text.format("constrain: 1 group_in: 0"), inputs={"x": (1, 2, 5, 5)}))
+    with pytest.raises(LayerError, match="constrain 9 with dilation"):   # layer_factory.cpp: CAFFE's engine then
+        load_from_text(net(text.format("constrain: 9 dilation: 2"), inputs={"x": (1, 2, 7, 7)}))
+    with pytest.raises(LayerError, match="constrain 10 with engine CAFFE"):
+        load_from_text(net(text.format("constrain: 10 engine: CAFFE"), inputs={"x": (1, 2, 7, 7)}))
+    load_from_text(net(text.format("constrain: 6 dilation: 2"), inputs={"x": (1, 2, 7, 7)}))   # CAFFE's GPU applies 1-7
 
 
 def round_multi_ref(x, groups):
@@ -144,6 +233,15 @@ def test_imp_map(lquantize, tmp_path):
     with pytest.raises(LayerError, match="multiple of groups"):
         load_from_text(net('layer { name: "m" type: "ImpMap" bottom: "x" top: "m" imp_map_param { groups: 5 '
                            'channel_out: 12 } }', inputs={"x": x.shape}))
+
+
+def test_imp_map_param_numbers():
+    """limuhit/Caffe_Gan's and CCN's ImpMethod: GLOBAL 0, LOCAL 1 (the default); CCN adds alpha = 9."""
+    from caffeq.io.schema import caffe_pb2
+    p = caffe_pb2.ImpMapParameter()
+    assert p.method == p.LOCAL == 1 and p.GLOBAL == 0
+    p.ParseFromString(bytes([8, 0, 77]) + np.array([0.01], "<f4").tobytes())   # method (1): 0, alpha (9)
+    assert p.method == p.GLOBAL and abs(p.alpha - 0.01) < 1e-9
 
 
 def entropy_pack_ref(x, imp, start, samples, ks, depth):
@@ -205,7 +303,8 @@ def mul_to_bin_ref(x, levels, nmod, inverse, imp):
 
 
 @pytest.mark.parametrize("levels, nmod, inverse, imp", [(8, 1, False, False), (3, 2, True, False),
-                                                        (4, 1, False, True), (2, 20, True, False)])
+                                                        (4, 1, False, True), (2, 20, True, False),
+                                                        (3, 16, False, False)])
 def test_mul_to_bin(levels, nmod, inverse, imp, tmp_path):
     x = rng(8).uniform(-300, 300, (2, 2, 3, 5)).astype(F32)
     x[0, 0, 0, :3] = [0.0, -1.0, 255.9]

@@ -15,6 +15,7 @@ from .limuhit_cmp import (  # limuhit's trimmed convolution (convolution_param.c
     onnx_trimmed_weight,
     parse_constrain,
     trimmed_weight,
+    zero_trimmed_taps,
 )
 from .orn import check_arf, conv_orientations, onnx_arf_weight, source_conv_class, torch_arf_weight
 from .registry import (
@@ -476,6 +477,12 @@ class TrimmedConvolution(Convolution):
 
     def parse(self, lp):
         return parse_constrain(lp, parse_conv(lp))
+
+    def stored_blobs(self, attrs, arrays, notes):
+        return zero_trimmed_taps(attrs, super().stored_blobs(attrs, arrays, notes))
+
+    def init_params(self, attrs, shapes, rng):
+        return zero_trimmed_taps(attrs, super().init_params(attrs, shapes, rng))
 
 
 @register_layer("ConvolutionDepthwise")

@@ -2,9 +2,10 @@
 
 Sources (facts only): limuhit/TrimmedConvolution aee695e (README.md, cudnn_conv_layer.cu, multobin_layer.cu,
 mtranspose_layer.cu), limuhit/CCN bf0b27b (caffe/src/caffe/proto/caffe.proto, caffe/src/caffe/layers/
-cudnn_conv_layer.cu, multobin_layer.cu, mtranspose_layer.cu).  limuhit/ImageCompression 5ff1083 ships only
-compiled pycaffe; its Round, ImpMap and EntropyPack are read from the copies in satchelwu/my_caffe 9701c8b
-(src/caffe/layers/round_layer.cu, imp_map_layer.cu, entropy_pack_layer.cu), whose messages are CCN's.
+cudnn_conv_layer.cu, conv_layer.cpp/.cu, base_conv_layer.cpp, multobin_layer.cu, mtranspose_layer.cu; caffe/src/
+caffe/layer_factory.cpp).  limuhit/ImageCompression 5ff1083 ships only compiled pycaffe; its Round, ImpMap and
+EntropyPack are read from the copies in satchelwu/my_caffe 9701c8b (src/caffe/layers/round_layer.cpp/.cu,
+imp_map_layer.cpp/.cu, entropy_pack_layer.cpp/.cu), whose messages are CCN's (CCN's ImpMapParameter adds alpha).
 
 - ConvolutionParameter.constrain (with group_in, group_out): before each forward the fork's cuDNN layer (the
   default engine) zeroes taps of its own weight blob (N, C, kh, kw).  Over the flat index i of the blob, with
@@ -17,7 +18,9 @@ compiled pycaffe; its Round, ImpMap and EntropyPack are read from the copies in 
   15 / 16: 6's rule with the anti-diagonal tw + th + tc == tn + sz - 1 split by quarter groups (CCN's kernels).
   caffeq multiplies the weight by that 0/1 mask before the convolution (torch, ONNX and model.py).
   TrimmedConvolution knows only 1 and 2 (any other value is 2 there); 7 (freeze copies), 11 / 12 (tables) and
-  the values with no CCN kernel are refused, as is the CAFFE engine with 9 or more (its GPU kernel set stops at 7).
+  the values with no CCN kernel are refused, as is the CAFFE engine with 9 or more (its GPU kernel set stops at 7;
+  layer_factory.cpp also gives a dilated convolution of the default engine to CAFFE).  The trimmed taps of a
+  weights file's (or random) weight are set to 0 when read, as the fork's blob holds them after a forward.
 - Round (round_param method): ZERO_ONE y = x > 0.5 ? 1 : 0; ONE_MINUS_ONE y = x > 0 ? 1 : -1; MULTI
   y = table[int(clamp(x, 0, 1) * groups)], table[i] = p i + p (float32, p = 1 / groups), table[groups] = 1.
   Its one (1, 1, 1, 1) blob is written by the backward only.
@@ -127,9 +130,10 @@ def parse_constrain(lp, attrs):
     if c in (15, 16) and (gi < 4 or go < 4):
         raise LayerError(f"convolution_param.constrain {c} splits group_in and group_out in quarters: both must "
                          f"be >= 4, got {gi} and {go}")
-    if c >= 9 and p.engine == p.CAFFE:
-        raise LayerError(f"convolution_param.constrain {c} with engine CAFFE: limuhit/CCN's Caffe-engine "
-                         f"convolution leaves it unapplied on the GPU (CuDNN applies it); use the default engine")
+    if c >= 9 and (p.engine == p.CAFFE or p.engine == p.DEFAULT and any(d > 1 for d in p.dilation)):
+        why = "engine CAFFE" if p.engine == p.CAFFE else "dilation (the default engine is then CAFFE's)"
+        raise LayerError(f"convolution_param.constrain {c} with {why}: limuhit/CCN's Caffe-engine convolution "
+                         f"leaves it unapplied on the GPU (CuDNN applies it)")
     attrs["constrain"] = (c, gi, go)
     return attrs
 
@@ -138,6 +142,24 @@ def check_constrain(attrs, weight_shape):
     if attrs.get("constrain") and len(weight_shape) != 4:
         raise LayerError(f"convolution_param.constrain needs a 2-D convolution (the fork's cuDNN layer), got "
                          f"a {len(weight_shape) - 2}-D kernel")
+
+
+def zero_trimmed_taps(attrs, arrays):
+    """A weights file's (or random) blobs with the trimmed taps of the weight set to 0: the fork's forward
+    writes 0 there in its own blob before each convolution, so that the stored values never count (nor
+    reach BatchNorm folding or a quantizer's per-channel scale here).  Blobs of another shape are left to
+    the shape check; the bias is read as (num_output,) (a V1 file keeps it (1, 1, 1, num_output))."""
+    c, kernel = attrs.get("constrain"), attrs.get("kernel")
+    if not c or not arrays or kernel is None or len(kernel) != 2:
+        return arrays
+    w = np.asarray(arrays[0])
+    n = attrs["num_output"]
+    per = n * kernel[0] * kernel[1]
+    if w.dtype.kind != "f" or not w.size or w.size % per or tuple(w.shape) != (n, w.size // per) + tuple(kernel):
+        return arrays
+    keep = trimmed_conv_mask(list(w.shape), *c).numpy() > 0
+    rest = [np.asarray(a).reshape(-1) if np.size(a) == n else a for a in arrays[1:]]
+    return [np.where(keep, w, np.zeros((), w.dtype))] + rest
 
 
 def trimmed_weight(attrs, weight):
