@@ -97,6 +97,40 @@ def test_decode_soft_sums_every_codeword(tmp_path):
     check_everywhere(model, {"x": p}, {"o": ref_decode(p, codebook, triangles, True)}, tmp_path)
 
 
+def test_decode_reads_its_tables_as_the_forks_fscanf(tmp_path):
+    # the fork's loops: fscanf("%f") for the codebook, fscanf("%d") for the triangles, each the longest number
+    # after white space: "0.5-0.25" is 0.5 then -0.25, "1+2+3" is 1, 2, 3 (split() and float() read neither)
+    g = rng(5)
+    codebook, triangles = tables(7, g)
+    d, t = tmp_path / "codebook.txt", tmp_path / "triangles.txt"
+    d.write_text(" ".join(repr(float(v)) for v in codebook.reshape(-1)).replace(" -", "-") + "\nend 1 2 3\n")
+    t.write_text("\n".join("+".join(str(int(v)) for v in row) for row in triangles) + "\n")
+    assert any("-" in w[1:] for w in d.read_text().split()) and "+" in t.read_text()
+    p = g.uniform(0, 1, (2, 7, 3, 4)).astype(np.float32)
+    model = load_from_text(net(decode_layer(d, t), inputs={"x": p.shape}))
+    check_everywhere(model, {"x": p}, {"o": ref_decode(p, codebook, triangles, False)}, tmp_path)
+    t.write_text("1.0 2 3\n")                     # %d reads 1, then fails on ".0": the reading ends
+    with pytest.raises(CaffeqError, match=r"triangles.txt holds 1 integers, not rows of 3") as e:
+        load_from_text(net(decode_layer(d, t), inputs={"x": p.shape}))
+    assert "\n" not in str(e.value)
+
+
+def test_the_forks_float_files_round_once_to_float(tmp_path):
+    # fscanf("%f") is strtof: the decimal rounded once to float32, not to double and then to float
+    from caffeq.layers.normal3d_past import read_numbers
+    path = tmp_path / "m.txt"
+    path.write_text("1.000000059604644775390625000000001 1,5 2")
+    values = read_numbers(path, "%f", "decode_param.source_dict")
+    assert values == [1 + 2.0 ** -23, 1.0]      # "1,5": 1 is the last number read (',' stops the loop)
+    assert np.float32(float("1.000000059604644775390625000000001")) == 1.0
+    path.write_text("1 2 3 4294967297")
+    with pytest.raises(CaffeqError, match=r"m.txt: the integer at byte 6 is outside int's 32 bits"):
+        read_numbers(path, "%d", "decode_param.source_triids")
+    path.write_text("1 2 3e")
+    with pytest.raises(CaffeqError, match=r"m.txt: the number at byte 4 is followed by 'e'"):
+        read_numbers(path, "%f", "decode_param.source_dict")
+
+
 def test_decode_without_its_files_reads_but_does_not_run(tmp_path):
     model = load_from_text(net(decode_layer(tmp_path / "none.txt", tmp_path / "none2.txt"),
                                inputs={"x": (2, 7, 3, 5)}))

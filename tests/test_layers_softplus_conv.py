@@ -63,3 +63,19 @@ def test_without_the_rule_file_zero_kernels_are_masked(tmp_path):
 def test_a_rule_file_of_the_wrong_size_is_refused(tmp_path):
     with pytest.raises(LayerError, match="holds 5 integers; the layer needs num_output x channels = 4 x 3"):
         load(write_net(tmp_path, rule_text="1 1 1 1 1 x 1"), random_weights=True)
+
+
+def test_the_rule_file_is_read_as_fscanf_d(tmp_path):
+    # the fork's while (fscanf("%d") == 1): "0-1" is 0 then -1 (split() and int() stop there), and "1.0" is 1,
+    # then a failed call that ends the reading
+    from caffeq.layers.softplus_conv import read_rules
+    path = tmp_path / "rule.txt"
+    path.write_text("1 0 1\n2 1 1\n+1 1 1\n0-1 1\n")
+    np.testing.assert_array_equal(read_rules(path, 4, 3), np.array([[1, 0, 1], [2, 1, 1], [1, 1, 1], [0, -1, 1]]) == 1)
+    path.write_text("1.0 " * 12)
+    with pytest.raises(LayerError, match="holds 1 integers; the layer needs num_output x channels = 4 x 3"):
+        read_rules(path, 4, 3)
+    path.write_text("1 " * 11 + "99999999999")
+    with pytest.raises(LayerError, match=r"rule.txt: the integer at byte 22 is outside int's 32 bits") as e:
+        read_rules(path, 4, 3)
+    assert "\n" not in str(e.value)

@@ -13,10 +13,14 @@ resize) and RESHAPE (reshape.py's PatchReshape: the same patch spreading as Arro
   first on ties and triangle 0 when no sum exceeds 0 (maxp starts at 0, compared with >); top = the sum over
   its three ids, in file order, of p[id] * dict[id].  Both files are read at setup (the triangles' even with
   usesoft); neither is in the caffemodel: caffeq reads them where they are found (as written, then next to the
-  prototxt, then in the current folder) and otherwise reads the layer without running it.
+  prototxt, then in the current folder) and otherwise reads the layer without running it.  Both are read as
+  the fork's loops fscanf them (caffeq/fs.py's read_text_numbers): source_dict by "%f" (strtof, each number
+  rounded once to float), source_triids by "%d" (base 10); white space skipped, the longest number taken
+  ("1-2" is 1 then -2; "2.5" under %d is 2, then the reading ends), the first word that is no number ends the
+  reading; a number whose reading differs between C libraries ("1e", "0x", an int past 32 bits) is refused.
 - Rescale, the fork's (rescale_layer.cpp; V1 RESCALE with decode_param.source_dict; DeepSkeleton's Rescale
   with rescale_param stays edge_flow_crf_forks.py's): top[i] = x[i] * 128 + 128 - mean[i % dim], dim the
-  count of one sample, the mean every float of source_dict (fscanf order; the first dim of them used here,
+  count of one sample, the mean every float of source_dict (fscanf("%f") order; the first dim of them used here,
   fewer refused: the fork would read past its vector).  Not found, the layer is read, not run.
 - Combine (combine_layer.cpp): the bottoms' samples laid one after another, i.e. the concatenation along
   channels of 4-axis bottoms of one N, H and W (its CHECKs on H and W).
@@ -104,12 +108,15 @@ class RescaleNormals(nn.Module):
 
 # ---- reading the fork's text files ----------------------------------------------------------------
 
-def read_numbers(path, kind, what):
-    """The numbers of a text file as fscanf reads them one by one (kind float or int), up to the first word
-    that is not one."""
-    return read_text_numbers(path, kind, MAX_TEXT_BYTES,
-                             lambda size: f"{what} {path} is {size} bytes, past the {MAX_TEXT_BYTES} caffeq reads",
-                             LayerError)
+def read_numbers(path, conversion, what):
+    """The numbers the fork's `while (fscanf(fid, conversion, &x) > 0)` loop reads from the text file at path
+    (conversion "%f": strtof's floats, "%d": base-10 ints; caffeq/fs.py's read_text_numbers), up to the first
+    word that is not one; what: the field, named with the path in one-line LayerErrors."""
+    what = f"{what} {path}"
+    values = read_text_numbers(path, conversion, MAX_TEXT_BYTES, what, LayerError)
+    if values is None:
+        raise LayerError(f"{what}: no longer there")
+    return values
 
 
 def _existing(path, base_dir):
@@ -119,14 +126,14 @@ def _existing(path, base_dir):
 
 def read_codebook(dict_path, tri_path, channels):
     """(codebook (C, 3) float32, triangles (T, 3) zero-based int64) of a Decode layer, checked as the fork reads them."""
-    values = read_numbers(dict_path, float, "decode_param.source_dict")
+    values = read_numbers(dict_path, "%f", "decode_param.source_dict")
     if len(values) % 3:
         raise LayerError(f"decode_param.source_dict {dict_path} holds {len(values)} numbers, not rows of 3 (x, y, z)")
     codebook = np.array(values, np.float32).reshape(-1, 3)
     if len(codebook) != channels:
         raise LayerError(f"decode_param.source_dict {dict_path} holds {len(codebook)} codewords; the bottom has "
                          f"{channels} channels (the fork's CHECK)")
-    ids = read_numbers(tri_path, int, "decode_param.source_triids")
+    ids = read_numbers(tri_path, "%d", "decode_param.source_triids")
     if not ids or len(ids) % 3:
         raise LayerError(f"decode_param.source_triids {tri_path} holds {len(ids)} integers, not rows of 3 codeword ids")
     triangles = np.array(ids, np.int64).reshape(-1, 3)
@@ -233,7 +240,7 @@ class MeanRescale(Layer):
         path = _existing(attrs["dict"], attrs.get("base_dir"))
         attrs["_mean"] = None
         if path:
-            values = read_numbers(path, float, "decode_param.source_dict")
+            values = read_numbers(path, "%f", "decode_param.source_dict")
             dim = int(np.prod(shape[1:]))
             if len(values) < dim:
                 raise LayerError(f"decode_param.source_dict {path} holds {len(values)} numbers; one sample of the "

@@ -4,11 +4,14 @@ SPECIFIED_SOFT_PLUS_CONVOLUTION, specified_soft_plus_convolution_param 3003 ther
 A Convolution (convolution_param; group 1 only) whose stored weights and bias are raw parameters: the forward
 convolves with softplus(W) = float32(1 / beta) * log(1 + exp(beta W)) (no overflow guard), kernel [o][c] set
 to 0 unless the rule file's entry [o][c] is 1, plus softplus(b) (never masked).  The rule file
-(rule_file_path: num_output x channels integers, whitespace apart, output by output) is not in the
-caffemodel.  caffeq reads it where it is found (next to the prototxt, then the current folder); without it the
-mask comes from the weights: the fork zeroes a masked kernel's raw weights in memory and in every snapshot,
-so a kernel all of whose raw weights are 0 is read as masked (with a note; a kept kernel of raw zeros, which
-the fork would turn into log(2) / beta, is then the one case read wrong).
+(rule_file_path: num_output x channels integers, output by output) is not in the caffemodel; it is read as
+the fork's Reshape reads it, fscanf("%d") until a call fails (caffeq/fs.py's read_text_numbers: white space
+skipped, the longest base-10 integer: "1-1" is 1 then -1, "1.0" is 1 and then the reading ends; an integer past
+32 bits is refused), and must hold num_output x channels of them (the fork's CHECK).  caffeq reads it where
+it is found (next to the prototxt, then the current folder); without it the mask comes from the weights: the
+fork zeroes a masked kernel's raw weights in memory and in every snapshot, so a kernel all of whose raw weights
+are 0 is read as masked (with a note; a kept kernel of raw zeros, which the fork would turn into log(2) / beta,
+is then the one case read wrong).
 """
 import os
 
@@ -29,11 +32,12 @@ def softplus_weights(w, beta: float):
 
 
 def read_rules(path, outputs, channels):
-    """The rule file as an (outputs, channels) bool mask of the kept kernels (entry == 1)."""
-    values = read_text_numbers(path, int, MAX_RULE_BYTES,
-                               lambda size: f"rule file {path} is {size} bytes; a rule file of {outputs} x "
-                                            f"{channels} integers is far smaller",
-                               LayerError)
+    """The rule file as an (outputs, channels) bool mask of the kept kernels (entry == 1), its integers read
+    as the fork's `while (fscanf(rule_fid, "%d", &temp_int) == 1)` loop reads them."""
+    what = f"rule file {path}"
+    values = read_text_numbers(path, "%d", MAX_RULE_BYTES, what, LayerError)
+    if values is None:
+        raise LayerError(f"{what}: no longer there")
     if len(values) != outputs * channels:
         raise LayerError(f"rule file {path} holds {len(values)} integers; the layer needs num_output x channels = "
                          f"{outputs} x {channels}")

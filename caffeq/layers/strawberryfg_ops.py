@@ -15,10 +15,11 @@ same; a bottom of fewer than two axes, whose shape()[1] the fork reads past, is 
   the top is a graph input of that shape, fed by the user (the corpus files name Windows paths such as
   E:\\center_x_224.txt).  Something there: it is opened without blocking and must be a regular file (a
   FIFO, device or folder is refused before any read); caffeq reads its first 1 MiB and takes the numbers
-  num_to_read fscanf("%lf") calls read (white space skipped, the longest strtod number; the first word that
-  is no number ends the reading: "1-2" gives 1, -2; "1,2" gives 1), as a constant top.  Fewer numbers (the
-  fork's row would keep t_data's stale values), numbers past the first 1 MiB, or a word whose reading
-  differs between C libraries ("1e", "0x", "infin") are LayerErrors.
+  num_to_read fscanf("%lf") calls read (caffeq/fs.py's read_text_numbers: white space skipped, the longest
+  strtod number; the first word that is no number ends the reading: "1-2" gives 1, -2; "1,2" gives 1;
+  each double then rounded to float), as a constant top.  Fewer numbers (the fork's row would keep t_data's
+  stale values), numbers past the first 1 MiB, or a number whose reading differs between C libraries ("1e",
+  "0x", "infin") are LayerErrors.
 - ReadBlobFromFileIndexing (read_blob_from_file_indexing_layer.cpp; read_blob_from_file_indexing_param
   file_prefix, num_to_read [21]): top (N, num_to_read), N the index bottom's first axis; each sample's row is
   read at run time from "<file_prefix><(int) index[t]>.txt".  Read and sized; not run (a file read per run-time
@@ -37,15 +38,13 @@ same; a bottom of fewer than two axes, whose shape()[1] the fork reads past, is 
 
 torch, ONNX and model.py for the computing layers.
 """
-import math
 import os
-import re
-import stat
 
 import numpy as np
 import torch
 from torch import nn
 
+from ..fs import read_text_numbers
 from .registry import (
     AT_LEAST,
     Layer,
@@ -125,102 +124,6 @@ def _onnx_rows(ctx, name, shape, hint):
 
 # ---- ReadBlobFromFile ---------------------------------------------------------------------------
 
-#: one number as fscanf's %lf (strtod) reads it: hex (before the decimal form, whose "0" would match
-#: first), decimal, inf/infinity, nan/nan(chars)
-_NUMBER = re.compile(rb"""[+-]?(?:
-      0[xX](?:[0-9a-fA-F]+(?:\.[0-9a-fA-F]*)?|\.[0-9a-fA-F]+)(?P<hexp>[pP][+-]?[0-9]+)?
-    | (?P<dec>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?P<dexp>[eE][+-]?[0-9]+)?
-    | (?P<inf>[iI][nN][fF](?:[iI][nN][iI][tT][yY])?)
-    | (?P<nan>[nN][aA][nN](?:\([0-9A-Za-z_]*\))?)
-)""", re.X)
-_SPACE = b" \t\n\v\f\r"
-
-
-def _unclear_end(m, after):
-    """True when the byte after a number could still extend it (a partial exponent, "0x", "infin",
-    "nan(..."): how much fscanf then consumes differs between C libraries."""
-    if not after:
-        return False
-    if m.group("dec") is not None:
-        if m.group("dexp") is None and after in b"eE":
-            return True
-        return m.group("dec") == b"0" and after in b"xX"
-    if m.group("inf") is not None:
-        return len(m.group("inf")) == 3 and after in b"iI"
-    if m.group("nan") is not None:
-        return after == b"("
-    return m.group("hexp") is None and after in b"pP"
-
-
-def fscanf_numbers(data, count, truncated, what):
-    """The first `count` numbers that `count` calls of fscanf(f, "%lf", ...) read from the bytes `data`:
-    each skips white space and reads the longest number there; the first word that does not start one
-    ends the reading (every later call fails on it too).  Fewer than `count` are returned then.
-    truncated: data is the head of a longer file (a number or the white space before it must end inside it).
-    Raises LayerError (naming `what`) where C libraries differ on how far a read goes."""
-    values, pos, end = [], 0, len(data)
-    while len(values) < count:
-        while pos < end and data[pos] in _SPACE:
-            pos += 1
-        if pos == end:
-            if truncated:
-                raise LayerError(f"{what}: its first {count} numbers are not within its first {end} bytes, "
-                                 f"all caffeq reads")
-            break
-        m = _NUMBER.match(data, pos)
-        after = data[m.end():m.end() + 1] if m else b""
-        if m is None:
-            if data[pos:pos + 1] in (b"+", b"-", b".") or data[pos:pos + 1].lower() in (b"i", b"n"):
-                raise LayerError(f"{what}: the word at byte {pos} starts like a number but is not one; how far "
-                                 f"fscanf reads it differs between C libraries")
-            break
-        if truncated and m.end() == end:
-            raise LayerError(f"{what}: its first {count} numbers are not within its first {end} bytes, "
-                             f"all caffeq reads")
-        if _unclear_end(m, after):
-            raise LayerError(f"{what}: the number at byte {pos} is followed by '{after.decode('latin-1')}'; how "
-                             f"far fscanf reads it differs between C libraries")
-        text = m.group(0)
-        if m.group("nan") is not None:
-            values.append(math.nan)
-        elif m.group("dec") is None and m.group("inf") is None:
-            values.append(float.fromhex(text.decode("ascii")))
-        else:
-            values.append(float(text))
-        pos = m.end()
-    return values
-
-
-def _read_head(path, what):
-    """The first MAX_FILE_BYTES bytes of the regular file `path` (opened as written: absolute, else from the
-    current folder, as fopen opens it) and whether the file goes on past them; None where nothing is
-    there.  Opened without blocking and checked before any read: a FIFO, device or folder is refused."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
-    try:
-        fd = os.open(path, flags)
-    except (FileNotFoundError, NotADirectoryError, ValueError):
-        return None
-    except OSError as e:
-        raise LayerError(f"{what}: cannot open it: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise LayerError(f"{what}: not a regular file (fopen would read a folder, device or pipe)")
-        chunks, got = [], 0
-        while got <= MAX_FILE_BYTES:
-            chunk = os.read(fd, MAX_FILE_BYTES + 1 - got)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-    except OSError as e:
-        raise LayerError(f"{what}: cannot read it: {e.strerror}") from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    return data[:MAX_FILE_BYTES], len(data) > MAX_FILE_BYTES
-
-
 def _read_blob_fields(lp):
     need_blobs(lp, "ReadBlobFromFile", 0, 1)
     p = lp.read_blob_from_file_param
@@ -244,11 +147,11 @@ def read_blob_values(lp):
     not a regular file, or holds them past MAX_FILE_BYTES is a LayerError."""
     attrs = _read_blob_fields(lp)
     what = f"read_blob_from_file_param.file_path '{attrs['file_path']}'"
-    head = _read_head(attrs["file_path"], what) if attrs["file_path"] else None
-    if head is None:
+    if not attrs["file_path"]:
         return None
-    data, truncated = head
-    values = fscanf_numbers(data, attrs["num_to_read"], truncated, what)
+    values = read_text_numbers(attrs["file_path"], "%lf", MAX_FILE_BYTES, what, LayerError, attrs["num_to_read"])
+    if values is None:
+        return None
     if len(values) < attrs["num_to_read"]:
         raise LayerError(f"{what}: fscanf reads {len(values)} numbers from it, num_to_read is "
                          f"{attrs['num_to_read']} (the fork's row would keep stale buffer values)")
