@@ -21,6 +21,8 @@ from .text_repairs import (
     V1_QUOTED_TYPE,
     block_placeholder,
     decode,
+    mycaffe_bare_string,
+    mycaffe_text,
     plain_quotes,
     v1_name_as_type,
     v2_blocks_named_layers,
@@ -312,7 +314,7 @@ def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False,
             break
         except BarePlaceholder as e:
             message.Clear()
-            text = v1_name_as_type(text, e, path, filled) or \
+            text = v1_name_as_type(text, e, path, filled) or mycaffe_bare_string(text, e, path, filled) or \
                 fill_bare_placeholder(text, e, defines, pending, filled, path)
     else:
         raise ParseError(f"{path}: more than {_MAX_BARE_PLACEHOLDERS} words where values go; not a net definition")
@@ -469,4 +471,4 @@ def read_prototxt_text(path, warnings=None):
     text = decode(raw, path, warnings)
     if b"<!DOCTYPE html" in raw[:2048] or b"<html" in raw[:2048]:
         raise ParseError(f"{path}: an HTML page, not a prototxt (a web page saved in place of the raw file?)")
-    return plain_quotes(text, path, warnings)
+    return mycaffe_text(plain_quotes(text, path, warnings), path, warnings)

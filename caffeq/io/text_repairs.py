@@ -172,3 +172,64 @@ def _plain_quotes_of_line(line):
         else:
             i += 1
     return "".join(out)
+
+
+# MyCaffe (MyCaffe/MyCaffe, a C# Caffe) writes its own dialect of the text format: what only it writes
+# (its RUN phase, its IMAGEDB backend, its own field names) marks a file as MyCaffe's.  Its RawProto
+# reader (MyCaffe.basecode/RawProto.cs, b8922aa) splits each line at blanks and takes the word after
+# `name:` as the value, quoted or not, so its writer leaves text values unquoted (`label_map_file:
+# C:\ProgramData\...`), which protobuf's tokenizer refuses.
+MYCAFFE_MARK = re.compile(r"(^|[\s{])(phase\s*:\s*RUN\b|backend\s*:\s*IMAGEDB\b|(use_imagedb_mean|enable_random_selection|"
+                          r"freeze_learning|enable_noise|normalization2_param|lstm_attention_param|"
+                          r"data_sequence_param)\b)", re.M)
+_UNQUOTED_VALUE = re.compile(r"(\b\w+[ \t]*:[ \t]*)([^\s\"'{}<>#:][^\s{}]*)")
+_SCALAR_WORD = re.compile(r"[-+]?(\d+\.?\d*([eE][-+]?\d+)?[fF]?|\.\d+([eE][-+]?\d+)?|0[xX][0-9a-fA-F]+|inf|infinity|nan)"
+                          r"|[A-Za-z_]\w*", re.I)
+
+
+def mycaffe_text(text, path, warnings):
+    """A MyCaffe file's text with each unquoted value that is neither a number nor a word (a Windows
+    path) quoted, as MyCaffe reads it, with a note; other files unchanged."""
+    if not MYCAFFE_MARK.search(text):
+        return text
+    lines, quoted = text.split("\n"), []
+    for number, line in enumerate(lines):
+        spans, _ = code_spans(line)
+        fixed = line
+        for start, end in reversed(spans):   # outside strings and the comment; each value a blank-free word
+            part = _UNQUOTED_VALUE.sub(_quote_value, line[start:end])
+            fixed = fixed[:start] + part + fixed[end:]
+        if fixed != line:
+            lines[number] = fixed
+            quoted.append(number + 1)
+    if warnings is not None:
+        warnings.append(f"{path}: a MyCaffe (MyCaffe/MyCaffe, C#) model file: read in its dialect (its RUN phase is "
+                        f"the inference net, IMAGEDB a data source, unquoted text values strings)")
+        if quoted:
+            rows = ", ".join(map(str, quoted[:5])) + (", ..." if len(quoted) > 5 else "")
+            warnings.append(f"{path}:{quoted[0]}: unquoted text value(s) read as strings, as MyCaffe reads them "
+                            f"(line{'s' if len(quoted) > 1 else ''} {rows}); Caffe's parser refuses them")
+    return "\n".join(lines)
+
+
+def _quote_value(m):
+    value = m.group(2)
+    if _SCALAR_WORD.fullmatch(value):
+        return m.group(0)
+    return m.group(1) + '"' + value.replace("\\", "\\\\") + '"'
+
+
+def mycaffe_bare_string(text, bare, path, notes):
+    """In a MyCaffe file, the text with a bare word where a string goes (`source: MNIST`) quoted, with a
+    note (MyCaffe's reader takes it as the string); None otherwise."""
+    if not bare.wants_text or not MYCAFFE_MARK.search(text):
+        return None
+    lines = text.split("\n")
+    row, col = bare.line - 1, bare.column - 1
+    line = lines[row]
+    if line[col:col + len(bare.word)] != bare.word:
+        return None
+    lines[row] = f'{line[:col]}"{bare.word}"{line[col + len(bare.word):]}'
+    notes.append(f"{path}:{bare.line}: the unquoted word {bare.word} read as the string \"{bare.word}\", as "
+                 f"MyCaffe reads it")
+    return "\n".join(lines)

@@ -28,7 +28,10 @@ def _left_out(layer, phase):
     include = list(getattr(layer, "include", ()))
     if include and all(r.HasField("phase") and r.phase != phase for r in include):
         return True
-    return any(_rule_is_only_phase(r, phase) for r in getattr(layer, "exclude", ()))
+    # MyCaffe's RUN phase is the net caffeq reads as TEST (caffeq/layers/mycaffe.py): a layer it excludes
+    # there is left out of the TEST net
+    run = (phase,) if phase != caffe_pb2.TEST else (phase, caffe_pb2.RUN)
+    return any(_rule_is_only_phase(r, p) for r in getattr(layer, "exclude", ()) for p in run)
 
 
 # Fork fields that Caffe builds the same net and the same numbers without, by message and name.
@@ -136,6 +139,12 @@ _FORK_FIELD_GROUPS = [
     # weleen/CADSTN.caffe's hand_mix LSTM (its Caffe, the weleen/caffe submodule d6b6882, is not public):
     # `fix_parameters: true`, the author's freeze of the recurrent weights in training (BVLC/caffe#5174)
     ("RecurrentParameter", _TEST_ONLY, "CADSTN's freeze of the recurrent weights while training", "fix_parameters"),
+    # MyCaffe/MyCaffe b8922aa (param/OptionalParameter.cs): `option { active }` in its optional messages; its
+    # DetectionOutputLayer.cs reads nms_param's thresholds whatever the switch says, and caffeq writes no files
+    ("NonMaximumSuppressionParameter", _ANY_PHASE, "MyCaffe's optional-message switch, which its DetectionOutput "
+     "never reads", "option"),
+    ("SaveOutputParameter", _ANY_PHASE, "MyCaffe's switch for writing detections to files, which caffeq never does",
+     "option"),
 ]
 
 # Fork fields that only one layer type's own tool drops, by (layer type, message): {field names}, why.

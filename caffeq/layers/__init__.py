@@ -125,6 +125,7 @@ from . import (  # noqa: F401,E402
     mtcnn_predict_box,
     multimodal_bn,
     mxnet_ops,
+    mycaffe,
     netvlad,
     nlpcaffe,
     nn_interp,
