@@ -73,17 +73,19 @@ def drop_training_only(layers, source="", notes=None):
     labels = _label_blobs(layers)
     readers = _readers(layers)
     images = _data_blobs(layers) - labels
+    # what layers without bottoms make (data layers, a fork's generator such as ORION's CreateDeformation)
+    sources = {top for lp in layers if not len(lp.bottom) for top in lp.top} | labels
     label_readers = []
     changed = True
     while changed:
         changed = False
-        only = _only_train(layers, gone, readers, images)
+        only = _only_train(layers, gone, readers, images, sources)
         for i, lp in enumerate(layers):
             if id(lp) in gone or spec_for(lp) is not None or not len(lp.top):
                 continue
-            if any(b in images for b in lp.bottom):
-                # it transforms the batch itself (an augmentation Python layer, ORION's ApplyDeformation):
-                # the whole net reads what it gives, so it is refused, never dropped with the net behind it
+            if _transforms_the_batch(lp, images, sources):
+                # an augmentation Python layer, ORION's ApplyDeformation: the whole net reads what it gives, so
+                # it is refused, never dropped with the net behind it
                 continue
             if (lp.type == "Python" or _only_in_phase(lp, caffe_pb2.TRAIN) or _only_in_phase(lp, caffe_pb2.TEST)) \
                     and all(_trains_only_through(i, top, readers, only) for top in lp.top):
@@ -217,18 +219,25 @@ def _trains_only_through(index, blob, readers, only):
     return bool(read) and all(only[r] for r in read)
 
 
-def _only_train(layers, gone, readers, images=frozenset()):
+def _transforms_the_batch(lp, images, sources):
+    """An unknown layer at the head of the net: it reads a batch and nothing the net computes (an
+    augmentation layer; not HGAN's GANGate, which mixes the batch with the generator's output for the
+    discriminator, nor a SubRegion cropping around predicted landmarks for a loss)."""
+    return spec_for(lp) is None and any(b in images for b in lp.bottom) and all(b in sources for b in lp.bottom)
+
+
+def _only_train(layers, gone, readers, images=frozenset(), sources=frozenset()):
     """only[i]: layers[i] is a loss or scorer, a Silence (it swallows the blob: it adds nothing to
     any output), a dropped layer, or a layer whose every top is read, and only by such layers (never
-    a net output).  A layer caffeq does not know that reads a batch of `images` transforms the data
-    the net runs on: never.  Readers come after what they read, so one sweep from the last layer back
+    a net output).  A layer caffeq does not know that transforms a batch of `images` (only sources
+    in, _transforms_the_batch) makes the data the net runs on: never.  Readers come after what they read, so one sweep from the last layer back
     decides them all, without recursion (converted nets run to thousands of layers)."""
     only = [False] * len(layers)
     for i in range(len(layers) - 1, -1, -1):
         lp = layers[i]
         if id(lp) in gone or is_training_only_type(lp.type) or lp.type == "Silence":
             only[i] = True
-        elif spec_for(lp) is None and any(b in images for b in lp.bottom):
+        elif _transforms_the_batch(lp, images, sources):
             only[i] = False
         else:
             only[i] = bool(len(lp.top)) and all(_trains_only_through(i, top, readers, only) for top in lp.top)
