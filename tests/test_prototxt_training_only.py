@@ -710,13 +710,14 @@ def test_an_unknown_layer_transforming_the_batch_is_refused_not_dropped_with_the
         'layer { name: "apply" type: "ApplyDeformation" bottom: "data" bottom: "def" top: "data" }')
     with pytest.raises(UnsupportedLayerError, match="ApplyDeformation .layers 'apply'.*CreateDeformation"):
         load_from_text(orion)
-    # CAFFE-DACH's HGAN: GANGate mixes the batch with the generator's output for the discriminator, whose
-    # branch only trains: dropped with that branch, the generator kept
+    # CAFFE-DACH's HGAN: GANGate mixes the batch with the generator's output (here with the label too) for the
+    # discriminator, whose branch only trains: dropped with that branch, the generator kept
     gan = AUGMENTED.replace(
         'layer { name: "aug" type: "Python" bottom: "data" top: "data" python_param { module: "augdata" '
         'layer: "AugDataLayer" } }',
         'layer { name: "gen" type: "Convolution" bottom: "data" top: "fake" convolution_param { num_output: 3 '
-        'kernel_size: 1 } }\nlayer { name: "gate" type: "GANGate" bottom: "data" bottom: "fake" top: "data_gated" }'
+        'kernel_size: 1 } }\nlayer { name: "gate" type: "GANGate" bottom: "data" bottom: "fake" bottom: "label" '
+        'top: "data_gated" }'
     ).replace('bottom: "data" top: "conv"', 'bottom: "data_gated" top: "conv"')
     model = load_from_text(gan)
     assert [n.name for n in model.layers] == ["data", "gen"]
