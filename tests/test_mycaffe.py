@@ -71,6 +71,13 @@ def test_normalization2(tmp_path, across, shared):
                      atol=1e-5, rtol=1e-5)
 
 
+def test_normalization2_reads_eps_not_esp():
+    # Normalization2Parameter.cs writes `esp` but reads back only `eps` (default 1e-10)
+    text = net('layer { name: "n" type: "Normalization2" bottom: "x" top: "y" normalization2_param { '
+               'across_spatial: False esp: 0.5 } }', inputs={"x": (1, 3, 2, 2)})
+    assert node_of(load_from_text(text, random_weights=True), "n").attrs["eps"] == pytest.approx(1e-10)
+
+
 def test_normalization2_fills_scale_from_filler():
     text = net('layer { name: "n" type: "Normalization2" bottom: "x" top: "y" normalization2_param { '
                'across_spatial: False channel_shared: False scale_filler { type: "constant" value: 20 } } }',
@@ -163,6 +170,14 @@ def test_lstm_attention(tmp_path, clip):
     check_everywhere(model, feeds, {"y": _lstm_ref(x, clip, wi, wh, b)}, tmp_path, atol=2e-6, rtol=1e-5)
 
 
+def test_lstm_attention_output_projection_shapes():
+    text = net(LSTM.replace("BOTTOMS", 'bottom: "x" bottom: "clip"').replace("num_output: 4", "num_output: 4 "
+               "num_output_ip: 5"), RUN_MARK, inputs={"x": (5, 2, 3), "clip": (5, 2)})
+    model = load_from_text(text, random_weights=True)
+    assert [tuple(b.shape) for b in node_of(model, "l").blobs] == [(16, 3), (16, 4), (16,), (4, 5), (1, 5)]
+    assert model.graph.tensors["y"].shape == (5, 2, 5)
+
+
 def test_lstm_attention_bad_parameters():
     text = net(LSTM.replace("BOTTOMS", 'bottom: "x" bottom: "clip"'), RUN_MARK, inputs={"x": (5, 2, 3), "clip": (5, 2)})
     with pytest.raises(CaffeqError, match="lstm_attention_param.num_output is required"):
@@ -233,3 +248,126 @@ def test_corpus_files_run(path, shapes, tops):
     out = model.run(feeds)
     for top, shape in tops.items():
         assert out[top].shape == shape and np.isfinite(out[top]).all()
+
+
+# ---- review: the dialect never fires on other files; the RUN net as CreateModelForRunning builds it ---------
+
+REALWORLD = os.path.join(os.path.dirname(__file__), "fixtures", "realworld")
+OTHER_FILES = ["1694439208__Res18_SSD__train.prototxt",
+               "871864580__RefineDet__models__VGGNet__VOC0712__refinedet_vgg16_320x320__deploy.prototxt",
+               "ALISCIFP__bvlc_alexnet_VReLU__train_val.prototxt",
+               "FreeApe__VGG-or-MobileNet-SSD__template__MobileNetSSD_deploy_bn_template.prototxt",
+               "TheLegendAli__DeepLab-Context__voc12__config__vgg128_noup__test.prototxt",
+               "BVLC__caffe__examples__pycaffe__linreg.prototxt"]
+
+
+def _read_both_ways(path, monkeypatch):
+    """(message bytes, warnings) read with the MyCaffe repairs and with them switched off."""
+    import caffeq.io.prototxt as prototxt
+    out = []
+    for repairs in (True, False):
+        with monkeypatch.context() as m:
+            if not repairs:
+                m.setattr(prototxt, "mycaffe_text", lambda text, path, warnings: text)
+                m.setattr(prototxt, "mycaffe_bare_string", lambda *a: None)
+            warnings, pending = [], []
+            try:
+                net_ = read_prototxt(path, warnings=warnings, placeholders=pending)
+                out.append((net_.SerializeToString(deterministic=True), warnings, [str(p) for p in pending]))
+            except CaffeqError as e:
+                out.append(("error", str(e)))
+    return out
+
+
+@pytest.mark.parametrize("name", OTHER_FILES)
+def test_repairs_change_nothing_in_other_files(name, monkeypatch):
+    path = os.path.join(REALWORLD, name)
+    with_repairs, without = _read_both_ways(path, monkeypatch)
+    assert with_repairs == without
+    assert not any("MyCaffe" in w for w in with_repairs[1])
+
+
+def test_no_realworld_fixture_reads_as_mycaffe():
+    from caffeq.io.text_repairs import is_mycaffe_text
+    names = [n for n in os.listdir(REALWORLD) if n.endswith(".prototxt")]
+    assert len(names) > 100
+    for name in names:
+        with open(os.path.join(REALWORLD, name), encoding="utf-8", errors="replace") as f:
+            assert not is_mycaffe_text(f.read()), name
+
+
+def test_mark_in_a_comment_or_string_is_not_mycaffe(tmp_path, monkeypatch):
+    # another fork's file that mentions MyCaffe's words in comments and names: read as before, its Windows path
+    # still refused (MyCaffe's unquoted values are not read in it)
+    text = ('# phase: RUN when deployed; enable_noise is MyCaffe\'s\n'
+            'layer { name: "backend: IMAGEDB" type: "Data" top: "x"  # freeze_learning: True\n'
+            '  data_param { source: C:\\db batch_size: 2 } }\n')
+    path = tmp_path / "other.prototxt"
+    path.write_text(text)
+    with_repairs, without = _read_both_ways(str(path), monkeypatch)
+    assert with_repairs == without and with_repairs[0] == "error"
+    path.write_text(text.replace("C:\\db", '"C:/db"'))
+    with_repairs, without = _read_both_ways(str(path), monkeypatch)
+    assert with_repairs == without and with_repairs[0] != "error"
+    # the same words as fields make it MyCaffe's
+    path.write_text(text + 'layer { name: "r" type: "ReLU" bottom: "x" top: "x" include { phase: RUN } }\n')
+    assert read_prototxt(str(path)).layer[0].data_param.source == "C:\\db"
+
+
+RUN_RULES = r'''name: "rules"
+layer { name: "data" type: "Data" top: "data" top: "label" include { phase: TRAIN }
+  data_param { source: MNIST.training batch_size: 4 backend: IMAGEDB } }
+layer { name: "data" type: "Data" top: "data" top: "label" include { phase: TEST }
+  data_param { source: MNIST.testing batch_size: 4 backend: IMAGEDB } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 3 } }
+layer { name: "not_test" type: "Scale" bottom: "ip" top: "s" exclude { phase: TEST }
+  scale_param { bias_term: True } }
+layer { name: "test_only" type: "ReLU" bottom: "s" top: "s" include { phase: TEST } }
+layer { name: "dbg" type: "Debug" bottom: "s" top: "dbg" }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "s" bottom: "label" top: "prob" softmax_param { axis: 1 }
+  loss_weight: 1 }
+layer { name: "decode1" type: "Decode" bottom: "s" bottom: "label" top: "decode1"
+  decode_param { target: CENTROID pregen_label_count: 2 } }
+'''
+
+
+def test_run_net_keeps_what_mycaffe_keeps(tmp_path):
+    from caffeq.ir import filter_layers
+    from caffeq.model import read_net
+    path = tmp_path / "rules.prototxt"
+    path.write_text(RUN_RULES)
+    warnings = []
+    net_ = read_net(str(path), warnings=warnings)
+    run = {lp.name: lp for lp in filter_layers(net_, "TEST")}
+    # an exclude at TEST keeps a layer at RUN; include TEST only and Debug are dropped; the loss is a Softmax
+    # of its first bottom; Decode reads its encodings only
+    assert list(run) == ["data", "ip", "not_test", "loss", "decode1"]
+    assert run["loss"].type == "Softmax" and list(run["loss"].bottom) == ["s"] and not run["loss"].loss_weight
+    assert list(run["decode1"].bottom) == ["s"]
+    assert any("SoftmaxWithLoss read as a Softmax" in w for w in warnings)
+    train = {lp.name: lp for lp in filter_layers(net_, "TRAIN")}   # the TRAIN net as written
+    assert list(train) == ["data", "ip", "not_test", "dbg", "loss", "decode1"]
+    assert train["loss"].type == "SoftmaxWithLoss" and list(train["loss"].bottom) == ["s", "label"]
+    assert list(train["decode1"].bottom) == ["s", "label"]
+    model = load(str(path), random_weights=True, input_shapes={"data": (2, 5)})
+    r = rng(6)
+    x = r.standard_normal((2, 5)).astype(f32)
+    w, b = node_of(model, "ip").blobs
+    _set(model, "not_test", r.uniform(0.5, 2, 3), r.standard_normal(3))
+    scale, shift = node_of(model, "not_test").blobs
+    feeds = {"data": x, "label": np.zeros(model.graph.tensors["label"].shape, f32)}
+    out = model.run(feeds)
+    s = (x.astype(np.float64) @ w.T + b) * scale + shift
+    e = np.exp(s - s.max(1, keepdims=True))
+    np.testing.assert_allclose(out["prob"], (e / e.sum(1, keepdims=True)).astype(f32), atol=1e-6, rtol=1e-5)
+
+
+def test_run_net_drops_the_loss_where_a_softmax_runs(tmp_path):
+    from caffeq.ir import filter_layers
+    from caffeq.model import read_net
+    path = tmp_path / "rules.prototxt"
+    path.write_text(RUN_RULES.replace('layer { name: "loss"',
+                                      'layer { name: "sm" type: "Softmax" bottom: "s" top: "sm" }\nlayer { name: "loss"'))
+    net_ = read_net(str(path))
+    assert [lp.name for lp in filter_layers(net_, "TEST")] == ["data", "ip", "not_test", "sm", "decode1"]
+    assert "loss" in [lp.name for lp in filter_layers(net_, "TRAIN")]

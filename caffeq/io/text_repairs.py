@@ -187,10 +187,23 @@ _SCALAR_WORD = re.compile(r"[-+]?(\d+\.?\d*([eE][-+]?\d+)?[fF]?|\.\d+([eE][-+]?\
                           r"|[A-Za-z_]\w*", re.I)
 
 
+def is_mycaffe_text(text):
+    """Whether the text holds what only MyCaffe writes, outside strings and comments (a comment or a name
+    in another fork's file that mentions `phase: RUN` or `enable_noise` does not count)."""
+    if not MYCAFFE_MARK.search(text):   # the common case, without splitting lines
+        return False
+    for line in text.split("\n"):
+        if MYCAFFE_MARK.search(line):
+            spans, _ = code_spans(line)
+            if any(MYCAFFE_MARK.search(line[start:end]) for start, end in spans):
+                return True
+    return False
+
+
 def mycaffe_text(text, path, warnings):
     """A MyCaffe file's text with each unquoted value that is neither a number nor a word (a Windows
     path) quoted, as MyCaffe reads it, with a note; other files unchanged."""
-    if not MYCAFFE_MARK.search(text):
+    if not is_mycaffe_text(text):
         return text
     lines, quoted = text.split("\n"), []
     for number, line in enumerate(lines):
@@ -222,7 +235,7 @@ def _quote_value(m):
 def mycaffe_bare_string(text, bare, path, notes):
     """In a MyCaffe file, the text with a bare word where a string goes (`source: MNIST`) quoted, with a
     note (MyCaffe's reader takes it as the string); None otherwise."""
-    if not bare.wants_text or not MYCAFFE_MARK.search(text):
+    if not bare.wants_text or not is_mycaffe_text(text):
         return None
     lines = text.split("\n")
     row, col = bare.line - 1, bare.column - 1

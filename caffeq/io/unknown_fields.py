@@ -25,12 +25,12 @@ def _rule_is_only_phase(rule, phase):
 
 def _left_out(layer, phase):
     """True when Caffe never puts this layer in the net of the given phase."""
-    include = list(getattr(layer, "include", ()))
-    if include and all(r.HasField("phase") and r.phase != phase for r in include):
-        return True
-    # MyCaffe's RUN phase is the net caffeq reads as TEST (caffeq/layers/mycaffe.py): a layer it excludes
-    # there is left out of the TEST net
+    # MyCaffe's RUN phase is the net caffeq reads as TEST (caffeq/layers/mycaffe.py): a layer it includes
+    # there is in the TEST net, one it excludes there is left out
     run = (phase,) if phase != caffe_pb2.TEST else (phase, caffe_pb2.RUN)
+    include = list(getattr(layer, "include", ()))
+    if include and all(r.HasField("phase") and r.phase not in run for r in include):
+        return True
     return any(_rule_is_only_phase(r, p) for r in getattr(layer, "exclude", ()) for p in run)
 
 

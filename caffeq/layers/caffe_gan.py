@@ -9,6 +9,10 @@ bf0b27b that its nets use).
   top (N, C / p^2, H p, W p) with top[n, c / p^2, h p + (c % p^2) / p, w p + c % p] = bottom[n, c, h, w]
   (torch's pixel_shuffle); MWTOD is its inverse (pixel_unshuffle).  Both read the bottom as 4-axis.  The
   zig-zag LDTOW / LWTOD orders are refused.
+- WSplitData (Caffe_Gan wsplit_data_layer.{hpp,cpp,cu}, wsplit_param weight): one bottom to exactly two tops
+  that share its data, each (N, C, H, W) by the legacy accessors; its forward computes nothing.  `weight`
+  scales top 1's gradient in the backward only (read and unused here).  Caffe_Gan's ImgResize (its nets'
+  img_resize_param, declared in CCN's caffe.proto) has no source in either repository and stays unsupported.
 - ConstScale (CCN const_scale_layer.cpp, const_scale_param scale [1], bias [0]): y = scale x, rounded,
   then + bias (two float32 roundings).
 - Mask with imp_map_param (mask_layer.cpp; faceid.py's Mask is another fork's two-bottom layer): a one-channel
@@ -86,6 +90,29 @@ class Dtow(Layer):
         emit.uses("F")
         fn = "F.pixel_shuffle" if node.attrs["to_space"] else "F.pixel_unshuffle"
         return f"{fn}({emit.inputs[0]}.reshape({node.attrs['_legacy']}), {node.attrs['p']})"
+
+
+@register_layer("WSplitData")
+class WSplitData(Layer):
+    def parse(self, lp):
+        need_blobs(lp, "WSplitData", 1, 2)
+        return {}
+
+    def infer(self, attrs, in_shapes):
+        attrs["_legacy"] = list(legacy_nchw(in_shapes[0], "WSplitData"))
+        return [tuple(attrs["_legacy"])] * 2
+
+    def forward(self, attrs, params, x):
+        x = x.reshape(attrs["_legacy"])
+        return x, x
+
+    def onnx(self, ctx, node):
+        x = ctx.op("Reshape", [node.inputs[0], ctx.i64(node.attrs["_legacy"])], "x4", name=node.name)
+        for out in node.outputs:
+            ctx.add_node("Identity", [x], [out])
+
+    def pytorch_source(self, node, emit):
+        return [f"{emit.inputs[0]}.reshape({node.attrs['_legacy']})"] * 2
 
 
 def const_scale(x, scale: float, bias: float):

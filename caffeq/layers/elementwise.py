@@ -12,6 +12,8 @@ scale_param min_value / max_value: each forward first clamps the factor (blob or
 in place.  caffeq clamps the factor it multiplies by; a later reader of that bottom[1] sees it unclamped.
 """
 
+import math
+
 import numpy as np
 import torch
 from torch import nn
@@ -77,7 +79,9 @@ class Eltwise(Layer):
     bottom, y = coeff x, which their nets use to scale flows; PROD and MAX there read a second bottom.
     wanglijun1989/caffe-cvpr17's cross_channel PROD multiplies bottom 0 by (N, 1, H, W) bottoms, broadcast
     over the channels (its GPU ProdForward; the fork's CPU forward is not implemented).  RojunLin/R-3CNN's
-    SUBTRACT takes two bottoms: the first minus the second."""
+    SUBTRACT takes two bottoms: the first minus the second.  MyCaffe's allow_single_batch_input (b8922aa,
+    MyCaffe/layers/EltwiseLayer.cs): two bottoms, the second of batch 1 and bottom 0's count past the batch,
+    copied to every batch item (channel_copyall) before the operation."""
 
     def parse(self, lp):
         p = lp.eltwise_param
@@ -101,7 +105,12 @@ class Eltwise(Layer):
         cross = p.cross_channel
         if cross and op != PROD:
             raise LayerError("eltwise_param.cross_channel needs operation PROD (the fork's CHECK)")
-        return {"operation": op, "coeff": coeff or [1.0] * data, "coeff_blob": bool(blob), "cross_channel": cross}
+        # MyCaffe's allow_single_batch_input: bottom 1 (batch 1) is copied to every batch item of bottom 0
+        single = "allow_single_batch_input" in p.DESCRIPTOR.fields_by_name and p.allow_single_batch_input
+        if single and (len(lp.bottom) != 2 or blob or op == SUBTRACT):
+            raise LayerError("eltwise_param.allow_single_batch_input takes exactly two bottoms (MyCaffe's CHECK)")
+        return {"operation": op, "coeff": coeff or [1.0] * data, "coeff_blob": bool(blob), "cross_channel": cross,
+                "single_batch": bool(single)}
 
     def infer(self, attrs, in_shapes):
         first = tuple(in_shapes[0])
@@ -117,6 +126,12 @@ class Eltwise(Layer):
                 if len(first) != 4 or tuple(s) != (first[0], 1) + first[2:]:
                     raise LayerError(f"bottom {i} has shape {list(s)}; cross_channel multiplies bottom 0 "
                                      f"{list(first)} by (N, 1, H, W) bottoms")
+            return [first]
+        if attrs.get("single_batch"):
+            second = tuple(in_shapes[1])
+            if not second or second[0] != 1 or math.prod(second) != math.prod(first[1:]):
+                raise LayerError(f"bottom 1 has shape {list(second)}; allow_single_batch_input needs batch 1 and "
+                                 f"the count of bottom 0 {list(first)} past its batch")
             return [first]
         # R-3CNN's SUBTRACT CHECKs equal shapes (no 4-axis-era leniency)
         padded = None if attrs.get("coeff_blob") or attrs["operation"] == SUBTRACT else legacy_4d_shapes(in_shapes)
@@ -136,6 +151,8 @@ class Eltwise(Layer):
             xs = [as_4d(x) for x in xs]
         if attrs.get("coeff_blob"):
             return eltwise_coeff_blob_sum(list(xs[:-1]), xs[-1], attrs["coeff"])
+        if attrs.get("single_batch"):
+            xs = (xs[0], xs[1].reshape((1,) + tuple(xs[0].shape[1:])))
         if op == SUM:
             y = None
             for c, x in zip(attrs["coeff"], xs):
@@ -154,6 +171,8 @@ class Eltwise(Layer):
         ins, out = list(node.inputs), node.outputs[0]
         if node.attrs.get("_as_4d"):
             ins = [onnx_as_4d(ctx, x) for x in ins]
+        if node.attrs.get("single_batch"):
+            ins[1] = ctx.op("Reshape", [ins[1], ctx.i64([1, *ctx.shape(ins[0])[1:]])], "single_batch")
         if node.attrs.get("coeff_blob"):
             coeffs, ins = ins[-1], ins[:-1]
             lead = list(ctx.shape(coeffs))[1:]
@@ -192,6 +211,8 @@ class Eltwise(Layer):
         op, xs = node.attrs["operation"], emit.inputs
         if node.attrs.get("_as_4d"):
             xs = [f"{emit.helper(as_4d)}({x})" for x in xs]
+        if node.attrs.get("single_batch"):
+            xs = [xs[0], f"{xs[1]}.reshape((1,) + tuple({xs[0]}.shape[1:]))"]
         if node.attrs.get("coeff_blob"):
             fn = emit.helper(eltwise_coeff_blob_sum)
             return f"{fn}([{', '.join(xs[:-1])}], {xs[-1]}, {node.attrs['coeff']!r})"

@@ -3,11 +3,13 @@
 Sources (facts read from the C#; no code carried over):
   - MyCaffe.basecode/Interfaces.cs (Phase: NONE 0, TRAIN 1, TEST 2, RUN 3, ALL 5) and
     MyCaffe.basecode/ProjectEx.cs CreateModelForRunning: the net MyCaffe runs on given data.  It drops every
-    layer excluded at RUN, every layer included only at TRAIN or TEST, Input layers and losses; a data layer's
-    first top becomes the net's input, and the first layer left gets that name as its first bottom; a Decode
-    keeps its first bottom only.  MyCaffe/common/Net.cs FilterNet / StateMeetsRule read the rules as Caffe does.
-    Not carried over: its RUN net turns a SoftmaxWithLoss into a Softmax where the net has none; caffeq drops the
-    loss, as it drops every loss.
+    layer excluded at RUN (an exclude at TEST or TRAIN keeps it: includeLayer reads "exlcude" rules, and
+    Net.FilterNet at RUN meets no TEST rule), every layer whose include rules name TRAIN or TEST but not RUN, Input
+    and data layers, its listed losses (Triplet, Contrastive, Euclidean, ...), LabelMapping and Debug; a
+    SoftmaxWithLoss (or SoftmaxCrossEntropy(2)Loss) becomes a Softmax of its first bottom where the net keeps no
+    Softmax (else it is dropped); a data layer's first top becomes the net's input, and the first layer left gets
+    that name as its first bottom; a Decode keeps its first bottom only.  MyCaffe/common/Net.cs FilterNet /
+    StateMeetsRule read the rules as Caffe does.  caffeq's TRAIN net keeps the layers as written.
   - MyCaffe/layers/InnerProductLayer.cs: with enable_noise the layer holds weight, bias, sigma_wt (like the
     weight) and sigma_bias (like the bias); only at TRAIN does forward use weight + sigma_wt * eps (and the
     bias alike); at TEST and RUN it is a plain InnerProduct.
@@ -37,6 +39,14 @@ from .ssd.permute_normalize import NormalizeLayer
 
 _FLT_MAX = float(np.finfo(np.float32).max)
 _DATA_TYPES = {"Data", "AnnotatedData", "BatchData"}   # ProjectEx.CreateModelForRunning's data layers
+# the types (lower case) CreateModelForRunning drops from the RUN net, and the losses it turns into a Softmax
+# (on their first bottom) where the RUN net has no Softmax, else drops
+_RUN_DROPPED = {"memoryloss", "contrastive_loss", "contrastiveloss", "euclidean_loss", "euclideanloss", "hinge_loss",
+                "hingeloss", "infogain_loss", "infogainloss", "multinomiallogistic_loss", "multinomiallogisticloss",
+                "sigmoidcrossentropy_loss", "sigmoidcrossentropyloss", "triplet_loss", "tripletloss",
+                "triplet_loss_simple", "tripletlosssimple", "labelmapping", "debug"}
+_RUN_SOFTMAX_LOSSES = {"softmaxwithloss", "softmaxcrossentropy_loss", "softmaxcrossentropyloss",
+                       "softmaxcrossentropy2_loss", "softmaxcrossentropy2loss"}
 
 
 # ---- the RUN net ------------------------------------------------------------------------------------------
@@ -55,19 +65,31 @@ def is_mycaffe_net(net):
 
 
 def _run_rules(lp):
-    """(keep, include phases) of a layer in MyCaffe's RUN net read as caffeq's TEST net, the TRAIN net unchanged."""
+    """(keep, include phases) of a layer in MyCaffe's RUN net read as caffeq's TEST net, the TRAIN net unchanged;
+    (True, None) where its rules name no phase.
+
+    The TRAIN net as Caffe filters it (the include rules, else the exclude rules).  The RUN net as
+    CreateModelForRunning, then Net.FilterNet at RUN, build it: an exclude at RUN, or include rules that name
+    TRAIN or TEST and not RUN, leave a layer out; an exclude at TEST or TRAIN does not (its phase is not RUN),
+    nor do the types it drops (_RUN_DROPPED).  A data layer stays in the TEST net as Caffe's TEST net has it: it is
+    the graph input that MyCaffe's RUN net names after it."""
     run, test, train = caffe_pb2.RUN, caffe_pb2.TEST, caffe_pb2.TRAIN
+    if not any(r.HasField("phase") for r in (*lp.include, *lp.exclude)) and lp.type.lower() not in _RUN_DROPPED:
+        return True, None
     excluded = {r.phase for r in lp.exclude if r.HasField("phase")}
-    if run in excluded:
-        keep = [p for p in (train,) if p not in excluded]   # MyCaffe's TEST net is not caffeq's
-        return bool(keep), keep
-    included = {r.phase for r in lp.include if r.HasField("phase")}
-    if run in included:
-        return True, sorted({test} | (included & {train}))
-    if test in included and lp.type not in _DATA_TYPES:
-        keep = sorted(included & {train})
-        return bool(keep), keep
-    return True, None
+    included = {r.phase if r.HasField("phase") else None for r in lp.include}
+
+    def caffe_net(phase):
+        return phase in included or None in included if lp.include else phase not in excluded
+
+    if lp.type in _DATA_TYPES:
+        in_run = caffe_net(test)
+    elif run in excluded or lp.type.lower() in _RUN_DROPPED:
+        in_run = False
+    else:
+        in_run = not lp.include or bool(included & {run, None})
+    phases = [p for p, keep in ((train, caffe_net(train)), (test, in_run)) if keep]
+    return bool(phases), phases
 
 
 @net_rewrite
@@ -77,8 +99,14 @@ def mycaffe_run_net(net, source=""):
         return []
     where = f"{source + ': ' if source else ''}"
     kept, dropped, notes = [], [], []
+    softmax = any(lp.type.lower() == "softmax" and (not lp.include or any(
+        not r.HasField("phase") or r.phase == caffe_pb2.RUN for r in lp.include)) for lp in net.layer)
     for lp in net.layer:
         keep, phases = _run_rules(lp)
+        kind = lp.type.lower()
+        if kind in _RUN_SOFTMAX_LOSSES and keep and softmax:
+            phases = [p for p in (phases or (caffe_pb2.TRAIN,)) if p != caffe_pb2.TEST]
+            keep = bool(phases)
         if not keep:
             dropped.append(lp.name)
             continue
@@ -87,13 +115,31 @@ def mycaffe_run_net(net, source=""):
             del lp.exclude[:]
             for p in phases:
                 lp.include.add(phase=p)
-        if lp.type == "Decode" and _mycaffe_decode(lp) and len(lp.bottom) > 1:
-            del lp.bottom[1:]   # CreateModelForRunning keeps a Decode's first bottom (its labels only train)
+        run_form = kind in _RUN_SOFTMAX_LOSSES or (kind == "decode" and len(lp.bottom) > 1)
+        if run_form and (phases is None or caffe_pb2.TEST in phases):
+            run = lp
+            if phases is None or caffe_pb2.TRAIN in phases:   # the TRAIN net keeps the layer as written
+                run = type(lp)()
+                run.CopyFrom(lp)
+                del lp.include[:]
+                lp.include.add(phase=caffe_pb2.TRAIN)
+                kept.append(lp)
+            del run.include[:]
+            run.include.add(phase=caffe_pb2.TEST)
+            del run.bottom[1:]   # a Decode's labels only train; the Softmax reads the loss's first bottom
+            if kind in _RUN_SOFTMAX_LOSSES:
+                run.type = "Softmax"
+                del run.loss_weight[:]
+                run.ClearField("loss_param")
+                del run.propagate_down[:]
+                notes.append(f"{where}layer '{run.name}': {lp.type} read as a Softmax of its first bottom in the RUN "
+                             f"net, as MyCaffe's CreateModelForRunning turns it where the net has no Softmax")
+            lp = run
         kept.append(lp)
     del net.layer[:]
     net.layer.extend(kept)
-    notes.append(f"{where}MyCaffe's RUN net read as the TEST net (ProjectEx.CreateModelForRunning): layers excluded "
-                 f"at RUN or included only at TEST are left out"
+    notes.insert(0, f"{where}MyCaffe's RUN net read as the TEST net (ProjectEx.CreateModelForRunning): layers "
+                 f"excluded at RUN, included only at TRAIN or TEST, or of the types it drops are left out"
                  + (f" ({len(dropped)}: {', '.join(map(repr, dropped[:4]))}{', ...' if len(dropped) > 4 else ''})"
                     if dropped else ""))
     notes.extend(_run_input(net, where))
@@ -326,7 +372,7 @@ class LstmAttention(Layer):
         h, i = attrs["hidden"], int(np.prod(in_shapes[0][2:]))
         shapes = [(4 * h, i), (4 * h, h), (4 * h,)]
         if attrs["ip"]:
-            shapes += [(h, attrs["ip"]), (attrs["ip"],)]
+            shapes += [(h, attrs["ip"]), (1, attrs["ip"])]   # Whd (H, ip), Whdb (1, ip) as LSTMAttentionLayer.cs
         if attrs["attention"]:
             shapes.append((4 * h, i))
         return shapes
