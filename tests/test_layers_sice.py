@@ -39,17 +39,21 @@ def pixel_conv_net(kshape, dshape, params=""):
                inputs={"k": kshape, "d": dshape})
 
 
-@pytest.mark.parametrize("kshape, dshape", [
-    ((2, 18, 5, 7), (2, 2, 5, 7)),      # k = 3, C0 = C k^2
-    ((2, 25, 3, 4), (2, 1, 3, 4)),      # k = 5, a kernel wider than the image
-    ((2, 5, 3, 4), (2, 3, 3, 4)),       # k = int(sqrt(5 / 3)) = 1: image 1 reads image 0's last channels
-    ((3, 20, 3, 5), (2, 2, 3, 5)),      # k = 3 from 20 / 2 = 10, kernels walked across bottom 0's images
+@pytest.mark.parametrize("kshape, dshape, params", [
+    ((2, 18, 5, 7), (2, 2, 5, 7), ""),      # k = 3, C0 = C k^2
+    ((2, 25, 3, 4), (2, 1, 3, 4), ""),      # k = 5, a kernel wider than the image
+    ((2, 5, 3, 4), (2, 3, 3, 4), ""),       # k = int(sqrt(5 / 3)) = 1: image 1 reads image 0's last channels
+    ((3, 20, 3, 5), (2, 2, 3, 5), ""),      # k = 3 from 20 / 2 = 10, kernels walked across bottom 0's images
+    ((2, 6, 3, 5), (2, 2, 3, 5), ""),       # k = int(sqrt(3)) = 1, truncated (rounding would give 2)
+    ((2, 15, 4, 3), (2, 1, 4, 3), ""),      # k = int(sqrt(15)) = 3 (not 4), 9 of each image's 15 planes a step
+    # the backward switches are read and change nothing at TEST
+    ((2, 18, 5, 7), (2, 2, 5, 7), "pixelconvolution_param { is_pad: true is_bpk: false is_bpd: false }"),
 ])
-def test_pixel_conv_per_pixel_kernels(kshape, dshape, tmp_path):
+def test_pixel_conv_per_pixel_kernels(kshape, dshape, params, tmp_path):
     r = rng(91)
     kernels = r.standard_normal(kshape).astype(F32)
     data = r.standard_normal(dshape).astype(F32)
-    model = load_from_text(pixel_conv_net(kshape, dshape))
+    model = load_from_text(pixel_conv_net(kshape, dshape, params))
     assert model.blob_shapes["y"] == dshape
     check_everywhere(model, {"k": kernels, "d": data}, {"y": pixel_conv_ref(kernels, data)}, tmp_path)
 

@@ -10,9 +10,11 @@ bf0b27b that its nets use).
   (torch's pixel_shuffle); MWTOD is its inverse (pixel_unshuffle).  Both read the bottom as 4-axis.  The
   zig-zag LDTOW / LWTOD orders are refused.
 - WSplitData (Caffe_Gan wsplit_data_layer.{hpp,cpp,cu}, wsplit_param weight): one bottom to exactly two tops
-  that share its data, each (N, C, H, W) by the legacy accessors; its forward computes nothing.  `weight`
-  scales top 1's gradient in the backward only (read and unused here).  Caffe_Gan's ImgResize (its nets'
-  img_resize_param, declared in CCN's caffe.proto) has no source in either repository and stays unsupported.
+  that share its data (ShareData in Reshape), each (N, C, H, W) by the legacy accessors; its forward computes
+  nothing.  `weight` is backward only (read and unused here): the GPU backward gives the bottom top 0's
+  gradient plus top 1's times weight |g0|_1 / |g1|_1; the CPU backward is empty.  Caffe_Gan's ImgResize
+  (its nets' img_resize_param, declared in CCN's caffe.proto) has no source in either repository and stays
+  unsupported.
 - ConstScale (CCN const_scale_layer.cpp, const_scale_param scale [1], bias [0]): y = scale x, rounded,
   then + bias (two float32 roundings).
 - Mask with imp_map_param (mask_layer.cpp; faceid.py's Mask is another fork's two-bottom layer): a one-channel
