@@ -128,6 +128,34 @@ def test_transformer_block_without_bias_hidden_dim(tmp_path):
                      atol=1e-4, rtol=1e-4)
 
 
+def test_transformer_block_layer_norm_epsilon(tmp_path):
+    # LayerNorm is scale-free but for its epsilon: on inputs of variance ~1e-8 the blocks' 1e-10 shows
+    model = load_from_text(_block_text("heads: 3 embed: 12", shape=(2, 5, 12)), random_weights=True)
+    blobs = _blobs(model, "tfb", seed=12)
+    x = (rng(13).standard_normal((2, 5, 12)) * 1e-4).astype(f32)
+    check_everywhere(model, {"x": x}, {"y": block_ref(x, blobs, 3, "RELU").astype(f32)}, tmp_path,
+                     atol=1e-4, rtol=1e-4)
+
+
+def test_transformer_block_mask_value(tmp_path):
+    # q . k = -1e6 for every pair (biases only), so the scores are far below any small mask value: only a mask
+    # as low as CausalSelfAttentionLayer.cs's -1e29 leaves the positions after i out (y_i = mean of v_0 .. v_i)
+    model = load_from_text(_block_text("heads: 2 embed: 6", shape=(2, 5, 6)), random_weights=True)
+    blobs = _blobs(model, "tfb", seed=14)
+    blobs[0][:] = 0
+    blobs[0][12:] = np.eye(6, dtype=f32)           # v = ln1(x)
+    blobs[1][:] = 0
+    blobs[1][[0, 3]] = 1000.0                      # q, per head (1000, 0, 0)
+    blobs[1][[6, 9]] = -1000.0                     # k, per head (-1000, 0, 0)
+    x = rng(15).standard_normal((2, 5, 6)).astype(f32)
+    ref = block_ref(x, blobs, 2, "RELU")
+    v = ln_ref(x)
+    causal_mean = np.cumsum(v, axis=1) / np.arange(1, 6)[None, :, None]
+    np.testing.assert_allclose(csa_ref(v, *(b.astype(np.float64) for b in blobs[:4]), 2),
+                               causal_mean @ blobs[2].T.astype(np.float64) + blobs[3], rtol=1e-9, atol=1e-9)
+    check_everywhere(model, {"x": x}, {"y": ref.astype(f32)}, tmp_path, atol=1e-4, rtol=1e-4)
+
+
 def test_transformer_block_is_causal():
     model = load_from_text(_block_text("heads: 3 embed: 12", shape=(1, 6, 12)), random_weights=True)
     _blobs(model, "tfb")
@@ -156,14 +184,14 @@ def test_transformer_block_needs_embed_wide_input():
 
 # ---- Eltwise allow_single_batch_input ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("op,second", [("SUM", (1, 5, 6)), ("PROD", (1, 5, 6)), ("MAX", (1, 30))])
-def test_eltwise_single_batch_input(tmp_path, op, second):
+@pytest.mark.parametrize("op,batch,second", [("SUM", 3, (1, 5, 6)), ("PROD", 3, (1, 30)), ("MAX", 1, (1, 30))])
+def test_eltwise_single_batch_input(tmp_path, op, batch, second):
     text = net(f'layer {{ name: "e" type: "Eltwise" bottom: "a" bottom: "b" top: "y" eltwise_param {{ operation: {op} '
-               f'allow_single_batch_input: True }} }}', inputs={"a": (3, 5, 6), "b": second})
+               f'allow_single_batch_input: True }} }}', inputs={"a": (batch, 5, 6), "b": second})
     model = load_from_text(text)
     r = rng(8)
-    a, b = r.standard_normal((3, 5, 6)).astype(f32), r.standard_normal(second).astype(f32)
-    copies = np.broadcast_to(b.reshape(1, 5, 6), (3, 5, 6))   # channel_copyall: b to every batch item
+    a, b = r.standard_normal((batch, 5, 6)).astype(f32), r.standard_normal(second).astype(f32)
+    copies = np.broadcast_to(b.reshape(1, 5, 6), (batch, 5, 6))   # channel_copyall: b to every batch item
     ref = {"SUM": a + copies, "PROD": a * copies, "MAX": np.maximum(a, copies)}[op]
     check_everywhere(model, {"a": a, "b": b}, {"y": ref}, tmp_path)
 
@@ -177,6 +205,16 @@ def test_eltwise_single_batch_input_checks():
                 'allow_single_batch_input: True } }', inputs={"a": (3, 5, 6), "b": (1, 5, 6)})
     with pytest.raises(CaffeqError, match="exactly two bottoms"):
         load_from_text(three)
+    # MyCaffe's MAX forward reads bottom 1 itself (not its copies): past its end for a batch over 1
+    big_max = net('layer { name: "e" type: "Eltwise" bottom: "a" bottom: "b" top: "y" eltwise_param { operation: MAX '
+                  'allow_single_batch_input: True } }', inputs={"a": (3, 5, 6), "b": (1, 5, 6)})
+    with pytest.raises(CaffeqError, match="MyCaffe's MAX reads bottom 1 past its end"):
+        load_from_text(big_max)
+    # without the flag the shapes must agree, as before (EltwiseLayer.cs CHECKs them too)
+    plain = net('layer { name: "e" type: "Eltwise" bottom: "a" bottom: "b" top: "y" }',
+                inputs={"a": (3, 5, 6), "b": (1, 5, 6)})
+    with pytest.raises(CaffeqError, match="Eltwise needs equal shapes"):
+        load_from_text(plain)
 
 
 # ---- TokenizedData and a small GPT ------------------------------------------------------------------------------

@@ -81,7 +81,8 @@ class Eltwise(Layer):
     over the channels (its GPU ProdForward; the fork's CPU forward is not implemented).  RojunLin/R-3CNN's
     SUBTRACT takes two bottoms: the first minus the second.  MyCaffe's allow_single_batch_input (b8922aa,
     MyCaffe/layers/EltwiseLayer.cs): two bottoms, the second of batch 1 and bottom 0's count past the batch,
-    copied to every batch item (channel_copyall) before the operation."""
+    copied to every batch item (channel_copyall) before the operation; its MAX forward reads bottom 1 itself
+    (not the copies), so MAX runs only at batch 1."""
 
     def parse(self, lp):
         p = lp.eltwise_param
@@ -107,8 +108,11 @@ class Eltwise(Layer):
             raise LayerError("eltwise_param.cross_channel needs operation PROD (the fork's CHECK)")
         # MyCaffe's allow_single_batch_input: bottom 1 (batch 1) is copied to every batch item of bottom 0
         single = "allow_single_batch_input" in p.DESCRIPTOR.fields_by_name and p.allow_single_batch_input
-        if single and (len(lp.bottom) != 2 or blob or op == SUBTRACT):
+        if single and len(lp.bottom) != 2:
             raise LayerError("eltwise_param.allow_single_batch_input takes exactly two bottoms (MyCaffe's CHECK)")
+        if single and (blob or op == SUBTRACT):
+            raise LayerError("eltwise_param.allow_single_batch_input (MyCaffe's) goes with PROD, SUM or MAX, "
+                             "not with coeff_blob or SUBTRACT")
         return {"operation": op, "coeff": coeff or [1.0] * data, "coeff_blob": bool(blob), "cross_channel": cross,
                 "single_batch": bool(single)}
 
@@ -132,6 +136,10 @@ class Eltwise(Layer):
             if not second or second[0] != 1 or math.prod(second) != math.prod(first[1:]):
                 raise LayerError(f"bottom 1 has shape {list(second)}; allow_single_batch_input needs batch 1 and "
                                  f"the count of bottom 0 {list(first)} past its batch")
+            if attrs["operation"] == MAX and first[0] > 1:
+                # MyCaffe's MAX forward reads bottom 1 itself, not the copies made for every batch item
+                raise LayerError(f"eltwise_param.allow_single_batch_input with MAX and bottom 0 {list(first)}: "
+                                 f"MyCaffe's MAX reads bottom 1 past its end for a batch over 1, not run")
             return [first]
         # R-3CNN's SUBTRACT CHECKs equal shapes (no 4-axis-era leniency)
         padded = None if attrs.get("coeff_blob") or attrs["operation"] == SUBTRACT else legacy_4d_shapes(in_shapes)

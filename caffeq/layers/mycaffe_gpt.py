@@ -5,7 +5,9 @@ Sources (facts read from the C# and CUDA; no code carried over):
   - MyCaffe.layers.gpt/layers.gpt/TokenizedDataLayer.cs (param.gpt/TokenizedDataParameter.cs): at TRAIN / TEST
     three tops: token ids (batch_size, block_size) (TextInputData's TokenSize is 1: two axes), positions (1,
     block_size) holding 0, 1, ..., block_size - 1 (set once in LayerSetUp), targets like the ids.  At RUN the
-    ids are the layer's bottom (its channels at most block_size) and the positions 0 .. T - 1.  caffeq reads the
+    ids are the layer's bottom (its channels at most block_size) and the positions top is reshaped to the ids'
+    (N, T) over the LayerSetUp values, so 0 .. T - 1 for the N = 1 its PreProcessInput makes (for N > 1 the rows
+    after the first continue the count or are unset; caffeq gives (1, T), broadcast).  caffeq reads the
     ids as the graph input (shape from the parameters or --input-shape) and the targets as a label input; the
     positions top becomes its own layer (TokenizedDataPositions, caffeq's name) computing (1, T) from the ids'
     T, so it is never an input.
