@@ -97,13 +97,14 @@ def test_grn_skip_context_relu_axis2(tmp_path):
     check_everywhere(model, {"x": x, "c": c}, {"y": ref.astype(f32)}, tmp_path, atol=1e-5, rtol=1e-5)
 
 
-def test_fooddist_grn_keeps_its_reading():
-    text = net('layer { name: "g" type: "GRN" bottom: "x" top: "y" grn_param { bias: 0.5 } }',
-               inputs={"x": (2, 3, 4, 5)})
-    model = load_from_text(text)
+@pytest.mark.parametrize("param, shape, eps", [("", (2, 3, 1, 1), 0.0),                    # FoodDist: no grn_param
+                                               ("grn_param { bias: 0.5 }", (2, 3, 4, 5), 0.5),   # Intel's
+                                               ("grn_param { bias: 0.5 dummy_backward: true }", (2, 3, 4, 5), 0.5)])
+def test_other_grns_keep_their_reading(param, shape, eps):
+    model = load_from_text(net(f'layer {{ name: "g" type: "GRN" bottom: "x" top: "y" {param} }}', inputs={"x": shape}))
     assert type(node_of(model, "g").spec).__name__ != "MyCaffeGRN"
-    x = rng(5).standard_normal((2, 3, 4, 5)).astype(f32)
-    ref = x / np.sqrt((x.astype(np.float64) ** 2).sum(axis=1, keepdims=True) + 0.5)
+    x = rng(5).standard_normal(shape).astype(f32)
+    ref = x / np.sqrt((x.astype(np.float64) ** 2).sum(axis=1, keepdims=True) + eps)
     np.testing.assert_allclose(model.run({"x": x})["y"], ref, atol=1e-5, rtol=1e-5)
 
 
@@ -131,6 +132,17 @@ def test_gate_add_norm_residual_offset(tmp_path):
     check_everywhere(model, {"x": x, "r": res}, {"y": ref.astype(f32)}, tmp_path, atol=1e-5, rtol=1e-5)
 
 
+def test_gate_add_norm_passthrough(tmp_path):
+    text = net(_gan(["x", "r"], 0, 3).replace("enable_cuda_impl: False", "enable_passthrough: True"),
+               inputs={"x": (2, 4, 5), "r": (2, 4, 3)})
+    model = load_from_text(text, random_weights=True)
+    blobs = _randomize(model, "g", 21)
+    r_ = rng(22)
+    x, res = r_.standard_normal((2, 4, 5)).astype(f32), r_.standard_normal((2, 4, 3)).astype(f32)
+    ref = glu(x.astype(np.float64), blobs, 2) + res      # LayerNormLayer's passthrough copies its bottom
+    check_everywhere(model, {"x": x, "r": res}, {"y": ref.astype(f32)}, tmp_path, atol=1e-5, rtol=1e-5)
+
+
 def test_gate_add_norm_alone_without_bias(tmp_path):
     model = load_from_text(net(_gan(["x"], 0, 4, bias=False, eps="0.01"), inputs={"x": (3, 2, 5)}),
                            random_weights=True)
@@ -144,7 +156,7 @@ def test_gate_add_norm_alone_without_bias(tmp_path):
 # ---- VarSelNet ------------------------------------------------------------------------------------------------
 
 def test_varselnet_with_context(tmp_path):
-    n_in, d, hidden = 3, 4, 5
+    n_in, d, hidden = 3, 5, 5
     text = net(f'layer {{ name: "v" type: "VarSelNet" bottom: "x" bottom: "c" top: "y" top: "w" varselnet_param {{ '
                f'input_dim: {d} hidden_dim: {hidden} num_inputs: {n_in} context_dim: 6 axis: 1 }} }}',
                inputs={"x": (7, n_in * d), "c": (7, 6)})
@@ -161,6 +173,13 @@ def test_varselnet_with_context(tmp_path):
               for i in range(n_in))
     check_everywhere(model, {"x": x, "c": c}, {"y": out.astype(f32), "w": sparse.astype(f32)}, tmp_path,
                      atol=1e-5, rtol=1e-5)
+
+
+def test_varselnet_input_dim_other_than_hidden_is_refused():
+    text = net('layer { name: "v" type: "VarSelNet" bottom: "x" top: "y" varselnet_param { input_dim: 4 hidden_dim: 5 '
+               'num_inputs: 2 } }', inputs={"x": (3, 8)})
+    with pytest.raises(CaffeqError, match="input_dim 4 != hidden_dim 5"):
+        load_from_text(text, random_weights=True)
 
 
 # ---- ChannelEmbedding -----------------------------------------------------------------------------------------
@@ -194,6 +213,28 @@ def test_channel_embedding_static_categorical_only(tmp_path):
     check_everywhere(model, {"n": num, "c": cat}, {"y": blobs[0][[8, 0, 5]].astype(f32)}, tmp_path, atol=1e-6)
 
 
+def test_channel_embedding_numeric_strided(tmp_path):
+    # 2 numeric inputs over 6 values a row: NumericTransformation's channel_copy gives input i the values i, i + 2, ...
+    model = load_from_text(net(_emb(["n", "c"], 2, 0, []), inputs={"n": (2, 6), "c": (2, 1)}), random_weights=True)
+    blobs = _randomize(model, "e", 23)
+    assert [b.shape for b in blobs] == [(3, 3), (3,), (3, 3), (3,)]
+    num = rng(24).standard_normal((2, 6)).astype(f32)
+    flat = num.reshape(-1)
+    parts = [np.array([[flat[(r * 3 + s) * 2 + i] for s in range(3)] for r in range(2)]) @ blobs[2 * i].T
+             + blobs[2 * i + 1] for i in range(2)]
+    ref = np.stack(parts, axis=1).reshape(2, 6)
+    check_everywhere(model, {"n": num, "c": np.zeros((2, 1), f32)}, {"y": ref.astype(f32)}, tmp_path,
+                     atol=1e-5, rtol=1e-5)
+
+
+def test_channel_embedding_state_sizes_must_agree():
+    text = net(_emb(["n", "c"], 0, 1, [4]).replace("numeric_trans_param { num_input: 0 state_size: 3",
+                                                   "numeric_trans_param { num_input: 0 state_size: 2"),
+               inputs={"n": (3, 2), "c": (3, 1)})
+    with pytest.raises(CaffeqError, match="state_size 2 and categorical_trans_param.state_size 3 differ"):
+        load_from_text(text, random_weights=True)
+
+
 # ---- ReshapeTemporal ------------------------------------------------------------------------------------------
 
 def test_reshape_temporal_before_grn_after(tmp_path):
@@ -223,6 +264,33 @@ def test_reshape_temporal_forced_repeat(tmp_path):
     x, c = r.standard_normal((3, 2, 2, 2)).astype(f32), r.standard_normal((3, 4)).astype(f32)
     # forced: (R, N, C) with every r a copy of the context, then R x N rows
     check_everywhere(model, {"x": x, "c": c}, {"x1": x.reshape(6, 4), "c1": np.concatenate([c, c])}, tmp_path)
+
+
+def test_reshape_temporal_forced_repeat_needs_the_samples():
+    text = net('layer { name: "b" type: "ReshapeTemporal" bottom: "x" bottom: "c" top: "x1" top: "c1" '
+               'reshape_temporal_param { mode: BEFORE forced_repeat_count: 2 } }',
+               inputs={"x": (3, 2, 4), "c": (2, 4)})
+    with pytest.raises(CaffeqError, match="needs a \\(3, C\\) context"):
+        load_from_text(text)
+
+
+def test_reshape_temporal_after_chained_before(tmp_path):
+    # Setup copies bottom 0's blob parameters over the second BEFORE's own: the AFTER gets the first's N and T
+    text = net('layer { name: "b1" type: "ReshapeTemporal" bottom: "x" top: "x1" reshape_temporal_param { mode: BEFORE } }',
+               'layer { name: "b2" type: "ReshapeTemporal" bottom: "x1" top: "x2" reshape_temporal_param { mode: BEFORE } }',
+               'layer { name: "a" type: "ReshapeTemporal" bottom: "x2" top: "y" reshape_temporal_param { mode: AFTER } }',
+               inputs={"x": (2, 3, 5)})
+    model = load_from_text(text)
+    assert tuple(model.graph.tensors["x2"].shape) == (30, 1)
+    x = rng(25).standard_normal((2, 3, 5)).astype(f32)
+    check_everywhere(model, {"x": x}, {"y": x}, tmp_path)
+
+
+def test_reshape_temporal_after_without_before_is_refused():
+    text = net('layer { name: "a" type: "ReshapeTemporal" bottom: "x" top: "y" reshape_temporal_param { mode: AFTER } }',
+               inputs={"x": (6, 4)})
+    with pytest.raises(CaffeqError, match="no ReshapeTemporal BEFORE"):
+        load_from_text(text)
 
 
 # ---- MultiheadAttentionInterp ---------------------------------------------------------------------------------

@@ -15,21 +15,28 @@ the axes from 2 on: (x - mean) / sqrt(var + eps), var the mean of the squares, n
     bottoms numeric, categorical (a side with num_input 0 is ignored).  Numeric input i: every num_input-th value
     from i, rows of count(from axis 1 or 2) / num_input, through its own InnerProduct (state_size, bias); categorical
     input i: column i as an index into its Embed table (cardinality[i], state_size) (+ bias with bias_term).  Top
-    (N[, T], (numeric + categorical inputs) x state_size), numeric blocks first.
+    (N[, T], (numeric + categorical inputs) x state_size), numeric blocks first; the two state_size must agree
+    (MyCaffe sizes the top with the categorical one and fills it with the numeric one's stride).
   - GRN, MyCaffe's (GrnLayer.cs; chosen over FoodDist's by grn_param's input / hidden / output_dim): residual x (or
     a skip InnerProduct when input_dim != output_dim), h = fc1(x) (+ context(c) without bias, a second bottom), ELU
     (alpha 1, exp(h) - 1) or ReLU, fc2, GLU, then layer norm (eps 1e-10) of GLU + residual.  Blobs: [skip w, b],
     fc1 w, b, [context w], fc2 w, b, GLU's four.
   - GLU (GluLayer.cs, inside GRN and GateAddNorm): fc2(x) * sigmoid(fc1(x)), both input_dim wide.
   - GateAddNorm (GateAddNormLayer.cs): layer norm (layer_norm_param.epsilon) of GLU(x) + residual, the residual
-    bottom 1 from channel residual_channel_offset on (channel_copy of the last block), none with one bottom.
+    bottom 1 from channel residual_channel_offset on (channel_copy of the last block), none with one bottom;
+    layer_norm_param.enable_passthrough leaves the norm out (LayerNormLayer.forward copies its bottom).
   - VarSelNet (VarSelNetLayer.cs): x (N, num_inputs x input_dim); s = GRN_flat(x[, context]) (num_inputs x
     input_dim -> hidden -> num_inputs), w = softmax(s) over varselnet_param.axis; top 0 = sum_i w_i GRN_i(x_i)
-    (input_dim -> hidden -> hidden), top 1 = s (before the softmax, as the C# copies it).
+    (input_dim -> hidden -> hidden), top 1 = s (before the softmax, as the C# copies it).  input_dim must equal
+    hidden_dim: MyCaffe stacks the GRN_i outputs with input_dim's stride (channel_copy with m_blobGrn1.channels),
+    which leaves part of the weighted sum unwritten otherwise.
   - ReshapeTemporal (ReshapeTemporalLayer.cs): BEFORE stacks time into the batch ((N, T, ...) -> (N T, count(2)))
-    and repeats a context bottom over T (forced_repeat_count); AFTER reshapes back to (N, T, C) with N and T that
+    and repeats a (N, C) context bottom over T (forced_repeat_count < 0: (N, T, C); >= 0: (R, N, C) copies) before
+    stacking it the same way (repeat 0: stacked as it is); AFTER reshapes back to (N, T, C) with N and T that
     MyCaffe passes along in blob parameters (Layer.Setup copies bottom i's to top i): caffeq traces them to the
-    BEFORE layer and gives the AFTER layer that BEFORE layer's input as a third, shape-only bottom (a note says so).
+    BEFORE layer's top 0 (through the tops' bottoms of the same index; an earlier BEFORE's reaching that BEFORE's
+    bottom 0 win, as Setup copies them last) and gives the AFTER layer that BEFORE layer's input as a third,
+    shape-only bottom (a note says so; only ReshapeTemporal AFTER layers, a type only MyCaffe has, are touched).
     Its clip top is all ones.
   - MultiheadAttentionInterp (MultiHeadAttentionInterpLayer.cs), self-attention on x (N, T_hist + T_fut, D): q from
     the last T_fut steps through ipQ (heads x D), k through ipK (heads x D), v through ipV (D, shared by the heads);
@@ -104,13 +111,13 @@ def tft_grn(x, context, blobs, skip, elu, axis):
 
 
 def tft_gate_add_norm(x, residual, blobs, bias, axis, offset, eps):
-    """GateAddNorm: layer norm of GLU(x) + residual[:, offset:] (no residual: GLU(x) alone)."""
+    """GateAddNorm: layer norm of GLU(x) + residual[:, offset:] (no residual: GLU(x) alone; eps None: no norm)."""
     g = tft_glu(x, blobs, bias, axis)
     if residual is not None:
         if offset > 0:
             residual = residual[:, offset:]
         g = g + residual.reshape(g.shape)
-    return tft_layer_norm(g, eps)
+    return g if eps is None else tft_layer_norm(g, eps)
 
 
 def tft_varselnet(x, context, blobs, n_inputs, n_flat, n_var, flat_skip, var_skip, axis):
@@ -391,7 +398,10 @@ def _before_source(net, index, blob):
         lp = net.layer[index]
         k = list(lp.top).index(blob)
         if lp.type == "ReshapeTemporal" and lp.reshape_temporal_param.mode == caffe_pb2.ReshapeTemporalParameter.BEFORE:
-            return lp.bottom[0] if k == 0 else None
+            if k:
+                return None
+            # Setup sets the parameters, then copies bottom 0's over them: an earlier BEFORE's win
+            return _before_source(net, index, lp.bottom[0]) or lp.bottom[0]
         if k >= len(lp.bottom):
             return None
         blob = lp.bottom[k]
@@ -442,7 +452,7 @@ class ChannelEmbedding(Layer):
         if attrs["n_cat"] and len(attrs["cards"]) != attrs["n_cat"]:
             raise LayerError(f"categorical_trans_param gives {len(attrs['cards'])} cardinality values for "
                              f"num_input {attrs['n_cat']}")
-        if attrs["n_num"] and int(n.state_size) != attrs["state"]:
+        if int(n.state_size) != attrs["state"]:   # the top is sized with the one and filled with the other
             raise LayerError(f"numeric_trans_param.state_size {n.state_size} and categorical_trans_param.state_size "
                              f"{c.state_size} differ (MyCaffe sizes the top with the one, fills it with the other)")
         positive_field(attrs["state"], "categorical_trans_param.state_size")
@@ -615,7 +625,8 @@ class GateAddNorm(Layer):
             raise LayerError("glu_param.modulation: only SIGMOID exists")
         return {"dim": positive_field(g.input_dim, "glu_param.input_dim"), "axis": int(g.axis),
                 "bias": bool(g.bias_term), "offset": int(lp.gateaddnorm_param.residual_channel_offset),
-                "eps": float(lp.layer_norm_param.epsilon), "residual": len(lp.bottom) > 1}
+                "eps": None if lp.layer_norm_param.enable_passthrough else float(lp.layer_norm_param.epsilon),
+                "residual": len(lp.bottom) > 1}
 
     def infer(self, attrs, in_shapes):
         x = in_shapes[0]
@@ -668,7 +679,9 @@ class GateAddNorm(Layer):
                 rs = ctx.shape(r)
                 r = ctx.op("Slice", [r, ctx.i64([a["offset"]]), ctx.i64([rs[1]]), ctx.i64([1])], "res_part")
             g = ctx.op("Add", [g, ctx.op("Reshape", [r, ctx.i64(list(gshape))], "res")], "sum")
-        ctx.add_node("Identity", [b.layer_norm(g, gshape, a["eps"])], [node.outputs[0]], name=node.name)
+        if a["eps"] is not None:
+            g = b.layer_norm(g, gshape, a["eps"])
+        ctx.add_node("Identity", [g], [node.outputs[0]], name=node.name)
 
 
 # ---- VarSelNet ------------------------------------------------------------------------------------------------
@@ -685,6 +698,10 @@ class VarSelNet(Layer):
                  "context": len(lp.bottom) > 1, "tops": len(lp.top)}
         if attrs["axis"] != 1:
             raise LayerError(f"varselnet_param.axis {attrs['axis']}: caffeq reads MyCaffe's (N, features) form, axis 1")
+        if attrs["in"] != attrs["hidden"]:
+            raise LayerError(f"VarSelNet: varselnet_param.input_dim {attrs['in']} != hidden_dim {attrs['hidden']}: "
+                             f"MyCaffe stacks the per-input GRN outputs with input_dim's stride and leaves part of "
+                             f"the weighted sum unwritten (its nets use input_dim = hidden_dim)")
         return attrs
 
     def _shapes(self, attrs, in_shapes):
@@ -792,9 +809,11 @@ class ReshapeTemporal(Layer):
                 if len(c) < 2:
                     raise LayerError(f"ReshapeTemporal BEFORE: the context {list(c)} needs two axes at least")
                 if repeat > 0:
-                    if attrs["forced"] < 0 and c[0] != x[0]:
-                        raise LayerError(f"ReshapeTemporal BEFORE: the context {list(c)} must have the bottom's {x[0]} "
-                                         f"samples")
+                    # replicate_along_time sizes its blob (N of the bottom, repeat, context.shape(1)) and copies
+                    # count(1) values per sample: a context of other samples or more axes does not fit it
+                    if c[0] != x[0] or c[1] != count(c, 1):
+                        raise LayerError(f"ReshapeTemporal BEFORE: repeating the context {list(c)} needs a "
+                                         f"({x[0]}, C) context (the bottom's {x[0]} samples)")
                     tops.append((c[0] * repeat, count(c, 1)))
                 else:
                     tops.append((c[0] * c[1], count(c, 2)))
