@@ -32,7 +32,30 @@ def is_training_only_type(type_name):
     return type_name in TRAINING_ONLY_TYPES or "loss" in lowered or lowered.endswith("accuracy")
 
 
+# layer kinds that hold a net's learned weights: a net left with none of them was not pruned to its inference part
+_WEIGHTED_TYPES = frozenset({"Convolution", "Deconvolution", "InnerProduct", "Embed", "LSTM", "RNN"})
+
+
+def _weighted(lp):
+    return lp.type in _WEIGHTED_TYPES or lp.HasField("convolution_param") or lp.HasField("inner_product_param")
+
+
 def drop_training_only(layers, source="", notes=None):
+    """The layers inference keeps (_drop).  Where dropping the layers caffeq does not know would take every
+    weighted layer with them (strawberryfg's 3dhuman nets, whose image comes from an unpublished
+    GenUnifiedDataAndLabel reading label-derived blobs), those layers are kept instead, so that the read
+    stops on their types by name rather than listing a net of its data layers alone."""
+    trial = []
+    kept = _drop(layers, source, trial, drop_unknown=True)
+    if not any(_weighted(lp) for lp in kept) and any(_weighted(lp) for lp in layers):
+        trial = []
+        kept = _drop(layers, source, trial, drop_unknown=False)
+    if notes is not None:
+        notes.extend(trial)
+    return kept
+
+
+def _drop(layers, source, notes, drop_unknown):
     """Drop layers of training-only types that have no spec (forks' losses), with a note; then
     layers caffeq does not know whose results only train or score the net, with those readers:
       - a Python layer, or one its file includes only at TRAIN (or only at TEST: XmBrain's RegionSelect,
@@ -76,7 +99,7 @@ def drop_training_only(layers, source="", notes=None):
     # what layers without bottoms make (data layers, a fork's generator such as ORION's CreateDeformation)
     sources = {top for lp in layers if not len(lp.bottom) for top in lp.top} | labels
     label_readers = []
-    changed = True
+    changed = drop_unknown
     while changed:
         changed = False
         only = _only_train(layers, gone, readers, images, sources)

@@ -757,3 +757,18 @@ def test_the_stage_named_for_evaluation_is_proposed_before_training():
         load_from_text(STAGED)
     model = load_from_text(STAGED, stages=("val",), input_shapes={"data": (2, 3, 4, 4)})
     assert model.blob_shapes["fc"] == (2, 5)
+
+
+def test_a_net_that_would_lose_every_weighted_layer_names_the_unknown_layers_instead():
+    # strawberryfg's 3dhuman training nets: the image comes from an unpublished GenUnifiedDataAndLabel that reads
+    # blobs derived from the label by other unpublished layers; dropping those as training-only took all 299
+    # convolutions with them and listed a net of its data layers alone
+    text = ('layer { name: "data" type: "Input" top: "data" top: "label" '
+            'input_param { shape { dim: 2 dim: 3 dim: 5 dim: 4 } shape { dim: 2 } } }\n'
+            'layer { name: "gt" type: "Convert2D" bottom: "label" top: "gt" }\n'
+            'layer { name: "gen" type: "GenUnifiedData" bottom: "data" bottom: "gt" top: "image" }\n'
+            'layer { name: "conv" type: "Convolution" bottom: "image" top: "conv" '
+            'convolution_param { num_output: 4 kernel_size: 3 } }\n'
+            'layer { name: "loss" type: "EuclideanLoss" bottom: "conv" bottom: "gt" top: "loss" }\n')
+    with pytest.raises(UnsupportedLayerError, match="Convert2D .layers 'gt'.*GenUnifiedData .layers 'gen'"):
+        load_from_text(text)
