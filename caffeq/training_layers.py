@@ -1,6 +1,8 @@
 """Which layers of a train_val net only train: losses, metrics and the layers that feed only them
 (target samplers, label reshapes).  The graph builder (ir.py) drops them from inference graphs,
 with a note, so that a train file reads without its datasets."""
+import re
+
 from .io.schema import caffe_pb2
 from .layers import spec_for
 
@@ -189,6 +191,9 @@ def _described(lp):
     return f"Python {lp.python_param.module}.{lp.python_param.layer}" if lp.type == "Python" else lp.type
 
 
+_LABEL_NAME = re.compile(r"label|target|truth|annot|(^|[_/])gt($|[_/])|^gt", re.IGNORECASE)
+
+
 def _label_blobs(layers):
     """The labels: every top after the first of a data layer, the one top of a data layer named as a
     label, and what a loss or scorer reads after its first bottom that no layer of this net makes (a
@@ -197,7 +202,10 @@ def _label_blobs(layers):
     for lp in layers:
         spec = spec_for(lp)
         if spec is not None and (spec.is_data or spec.makes_training_targets):
-            labels.update(lp.top[1:])
+            # a Python data layer's tops are the project's own: only those named as labels are (drnet's
+            # qa, qb, im, posdata, labels; py-faster-rcnn's data, im_info, gt_boxes)
+            named = lp.type == "Python" and not len(lp.bottom)
+            labels.update(t for t in lp.top[1:] if not named or _LABEL_NAME.search(t))
             # FCN-style nets read their labels with a data layer of their own (ParseNet's, FCN's "label")
             if spec.is_data and len(lp.top) == 1 and "label" in lp.top[0].lower():
                 labels.add(lp.top[0])

@@ -772,3 +772,17 @@ def test_a_net_that_would_lose_every_weighted_layer_names_the_unknown_layers_ins
             'layer { name: "loss" type: "EuclideanLoss" bottom: "conv" bottom: "gt" top: "loss" }\n')
     with pytest.raises(UnsupportedLayerError, match="Convert2D .layers 'gt'.*GenUnifiedData .layers 'gen'"):
         load_from_text(text)
+
+
+def test_a_python_data_layers_tops_are_labels_only_when_named_so():
+    # doubledaibo/drnet: a Python data layer gives qa, qb, im, posdata and labels; the image branch on 'im' (its
+    # third top) was taken for a computation on labels and dropped with its 56 layers
+    text = ('layer { name: "data" type: "Python" top: "qa" top: "im" top: "labels" '
+            'python_param { module: "data_layer" layer: "DataLayer" } }\n'
+            'layer { name: "conv" type: "Convolution" bottom: "im" top: "conv" '
+            'convolution_param { num_output: 4 kernel_size: 3 } }\n'
+            'layer { name: "fc_q" type: "InnerProduct" bottom: "qa" top: "fc_q" inner_product_param { num_output: 2 } }\n'
+            'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "conv" bottom: "labels" top: "loss" }\n')
+    model = load_from_text(text, input_shapes={"qa": (2, 3), "im": (2, 3, 6, 5), "labels": (2, 1, 4, 3)})
+    assert {n.name for n in model.layers} >= {"conv", "fc_q"}
+    assert model.blob_shapes["conv"] == (2, 4, 4, 3)
