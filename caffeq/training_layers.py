@@ -199,13 +199,16 @@ def _label_blobs(layers):
     label, and what a loss or scorer reads after its first bottom that no layer of this net makes (a
     label of the other phase's data layer, as in a train_val file whose only data layer is TRAIN's)."""
     labels, made = set(), set()
+    computed_from = {b for lp in layers if spec_for(lp) is not None and not spec_for(lp).is_training_only
+                     and not spec_for(lp).makes_training_targets for b in lp.bottom}
     for lp in layers:
         spec = spec_for(lp)
         if spec is not None and (spec.is_data or spec.makes_training_targets):
-            # a Python data layer's tops are the project's own: only those named as labels are (drnet's
-            # qa, qb, im, posdata, labels; py-faster-rcnn's data, im_info, gt_boxes)
+            # a Python data layer's tops are the project's own: one that a layer caffeq runs reads is an input
+            # unless named as a label (drnet's qa, qb, im, posdata and labels; SubCNN's data, info_boxes and
+            # parameters, whose info_boxes only its ROI sampler and losses read)
             named = lp.type == "Python" and not len(lp.bottom)
-            labels.update(t for t in lp.top[1:] if not named or _LABEL_NAME.search(t))
+            labels.update(t for t in lp.top[1:] if not named or _LABEL_NAME.search(t) or t not in computed_from)
             # FCN-style nets read their labels with a data layer of their own (ParseNet's, FCN's "label")
             if spec.is_data and len(lp.top) == 1 and "label" in lp.top[0].lower():
                 labels.add(lp.top[0])

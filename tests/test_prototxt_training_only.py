@@ -774,9 +774,10 @@ def test_a_net_that_would_lose_every_weighted_layer_names_the_unknown_layers_ins
         load_from_text(text)
 
 
-def test_a_python_data_layers_tops_are_labels_only_when_named_so():
+def test_a_python_data_layers_top_that_the_net_computes_from_is_an_input():
     # doubledaibo/drnet: a Python data layer gives qa, qb, im, posdata and labels; the image branch on 'im' (its
-    # third top) was taken for a computation on labels and dropped with its 56 layers
+    # third top) was taken for a computation on labels and dropped with its 56 layers.  A top that only an
+    # unknown sampler and losses read stays a label (SubCNN's info_boxes), as does one named as a label
     text = ('layer { name: "data" type: "Python" top: "qa" top: "im" top: "labels" '
             'python_param { module: "data_layer" layer: "DataLayer" } }\n'
             'layer { name: "conv" type: "Convolution" bottom: "im" top: "conv" '
@@ -786,3 +787,9 @@ def test_a_python_data_layers_tops_are_labels_only_when_named_so():
     model = load_from_text(text, input_shapes={"qa": (2, 3), "im": (2, 3, 6, 5), "labels": (2, 1, 4, 3)})
     assert {n.name for n in model.layers} >= {"conv", "fc_q"}
     assert model.blob_shapes["conv"] == (2, 4, 4, 3)
+    sampler = text.replace('layer { name: "fc_q" type: "InnerProduct" bottom: "qa" top: "fc_q" '
+                           'inner_product_param { num_output: 2 } }',
+                           'layer { name: "roi" type: "ROIGenerating" bottom: "qa" top: "rois" }\n'
+                           'layer { name: "l2" type: "EuclideanLoss" bottom: "rois" bottom: "qa" top: "l2" }')
+    model = load_from_text(sampler, input_shapes={"qa": (2, 3), "im": (2, 3, 6, 5), "labels": (2, 1, 4, 3)})
+    assert [n.name for n in model.layers] == ["data", "conv"]
