@@ -778,18 +778,20 @@ def test_a_python_data_layers_top_that_the_net_computes_from_is_an_input():
     # doubledaibo/drnet: a Python data layer gives qa, qb, im, posdata and labels; the image branch on 'im' (its
     # third top) was taken for a computation on labels and dropped with its 56 layers.  A top that only an
     # unknown sampler and losses read stays a label (SubCNN's info_boxes), as does one named as a label
-    text = ('layer { name: "data" type: "Python" top: "qa" top: "im" top: "labels" '
+    text = ('layer { name: "data" type: "Python" top: "qa" top: "im" top: "boxes" top: "labels" '
             'python_param { module: "data_layer" layer: "DataLayer" } }\n'
             'layer { name: "conv" type: "Convolution" bottom: "im" top: "conv" '
             'convolution_param { num_output: 4 kernel_size: 3 } }\n'
             'layer { name: "fc_q" type: "InnerProduct" bottom: "qa" top: "fc_q" inner_product_param { num_output: 2 } }\n'
             'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "conv" bottom: "labels" top: "loss" }\n')
-    model = load_from_text(text, input_shapes={"qa": (2, 3), "im": (2, 3, 6, 5), "labels": (2, 1, 4, 3)})
+    shapes = {"qa": (2, 3), "im": (2, 3, 6, 5), "boxes": (2, 4), "labels": (2, 1, 4, 3)}
+    model = load_from_text(text, input_shapes=shapes)
     assert {n.name for n in model.layers} >= {"conv", "fc_q"}
     assert model.blob_shapes["conv"] == (2, 4, 4, 3)
     sampler = text.replace('layer { name: "fc_q" type: "InnerProduct" bottom: "qa" top: "fc_q" '
                            'inner_product_param { num_output: 2 } }',
-                           'layer { name: "roi" type: "ROIGenerating" bottom: "qa" top: "rois" }\n'
-                           'layer { name: "l2" type: "EuclideanLoss" bottom: "rois" bottom: "qa" top: "l2" }')
-    model = load_from_text(sampler, input_shapes={"qa": (2, 3), "im": (2, 3, 6, 5), "labels": (2, 1, 4, 3)})
-    assert [n.name for n in model.layers] == ["data", "conv"]
+                           'layer { name: "roi" type: "ROIGenerating" bottom: "boxes" top: "rois" }\n'
+                           'layer { name: "l2" type: "EuclideanLoss" bottom: "rois" bottom: "boxes" top: "l2" }')
+    model = load_from_text(sampler, input_shapes=shapes)
+    names = [n.name for n in model.layers]
+    assert "conv" in names and "roi" not in names and "l2" not in names
