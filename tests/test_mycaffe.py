@@ -187,6 +187,66 @@ def test_lstm_attention_bad_parameters():
         model.run({"x": np.zeros((5, 2, 3), f32), "clip": np.ones((5, 2), f32)})
 
 
+CHAR_RNN = ('layer { name: "embed" type: "Embed" bottom: "data" top: "vec" embed_param { num_output: 5 input_dim: 11 '
+            'bias_term: True } }\n'
+            'layer { name: "l1" type: "LstmAttention" bottom: "vec" bottom: "clip" top: "l1" '
+            'lstm_attention_param { num_output: 4 } }\n'
+            'layer { name: "drop" type: "Dropout" bottom: "l1" top: "l1d" dropout_param { dropout_ratio: 0.4 } }\n'
+            'layer { name: "l2" type: "LstmAttention" bottom: "l1d" bottom: "clip" top: "l2" '
+            'lstm_attention_param { num_output: 4 } }\n'
+            'layer { name: "rs" type: "Reshape" bottom: "l2" top: "l2r" reshape_param { shape { dim: -1 dim: 1 '
+            'dim: 4 } } }\n'
+            'layer { name: "ip" type: "InnerProduct" bottom: "l2r" top: "y" inner_product_param { num_output: 3 } }\n')
+
+
+def test_char_rnn_embed_lstm_attention_inner_product_model_py(tmp_path):
+    # the layers of MyCaffe's char_rnn lstm_attention train_val: two LstmAttention layers share one model.py helper
+    from conftest import model_py_outputs
+    model = load_from_text(net(CHAR_RNN, RUN_MARK, inputs={"data": (7, 2), "clip": (7, 2)}), random_weights=True)
+    r = rng(7)
+    ew, eb = node_of(model, "embed").blobs
+    l1 = [r.standard_normal(s).astype(f32) * f32(0.6) for s in ((16, 5), (16, 4), (16,))]
+    l2 = [r.standard_normal(s).astype(f32) * f32(0.6) for s in ((16, 4), (16, 4), (16,))]
+    _set(model, "l1", *l1)
+    _set(model, "l2", *l2)
+    iw, ib = node_of(model, "ip").blobs
+    data = r.integers(0, 11, (7, 2)).astype(f32)
+    clip = np.array([[0, 0], [1, 1], [1, 1], [1, 0], [1, 1], [1, 1], [1, 1]], f32)
+    feeds = {"data": data, "clip": clip}
+    vec = ew[data.astype(int)].astype(np.float64) + eb
+    h2 = _lstm_ref(_lstm_ref(vec, clip, *l1), clip, *l2)
+    ref = (h2.reshape(14, 4).astype(np.float64) @ iw.T.astype(np.float64) + ib).astype(f32)
+    check_everywhere(model, feeds, {"y": ref}, tmp_path, atol=2e-6, rtol=1e-5)
+    got = model_py_outputs(model, feeds, tmp_path / "again")
+    np.testing.assert_allclose(got["y"], model.run(feeds)["y"], atol=1e-6, rtol=1e-6)
+    source = (tmp_path / "again" / "py" / "model.py").read_text()
+    assert source.count("def mycaffe_lstm(") == 1 and "def parse(" not in source
+
+
+def test_model_py_helper_source_edited_since_import_is_refused(tmp_path, monkeypatch):
+    # what broke model.py for the char_rnn file: the benchmark's long-lived process had imported mycaffe.py, the
+    # file was edited on disk before the export, and inspect.getsource read the new file at the old line, so
+    # model.py defined Decode's `parse(self, lp)` and called it as the LSTM helper with 5 arguments
+    import importlib
+
+    from caffeq.backends.pytorch_emit import imported_source
+    from caffeq.errors import ExportError
+    before = ("class Spec:\n    def parse(self, lp):\n        return {'n': lp}\n\n\n"
+              "def helper(x, clip, a, b, c):\n    return x * 2.0 + a\n")
+    path = tmp_path / "edited_helper.py"
+    path.write_text(before)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("edited_helper")
+    assert imported_source(module.helper).startswith("def helper(x, clip")
+    path.write_text('"""Three lines\nmore\nhere."""\n' + before)          # the old line is now inside parse
+    with pytest.raises(ExportError, match=r"edited_helper\.helper in .* no longer the code imported"):
+        imported_source(module.helper)
+    path.write_text(before.replace("x * 2.0", "x * 3.25"))                 # same lines, another body
+    with pytest.raises(ExportError, match="no longer the code imported"):
+        imported_source(module.helper)
+    path.write_text(before)
+    assert "x * 2.0" in imported_source(module.helper)
+
 # ---- the dialect and the RUN net -----------------------------------------------------------------------------
 
 RUN_NET = r'''name: "TripletNet"

@@ -181,7 +181,7 @@ class Emitter:
     def helper(self, source):
         """Write a module-level helper once: source text, or a function or class (its source)."""
         if not isinstance(source, str):
-            source = inspect.getsource(source)
+            source = imported_source(source)
         source = textwrap.dedent(source).strip("\n")
         names = re.findall(r"^(?:class|def)\s+(\w+)", source, re.MULTILINE)
         if not names:
@@ -233,6 +233,38 @@ class Emitter:
     def absorb(self, node):
         """This layer's result is `node`'s top as well (node is then not emitted on its own)."""
         self._x.absorbed_now.append(node)
+
+
+def _fingerprint(code):
+    """What a code object compiled from the same text has whatever module compiles it (not its bytecode: that
+    depends on how the module binds its names): names, locals, constants (nested code alike), the line offsets."""
+    lines = sorted({line - code.co_firstlineno for _, _, line in code.co_lines() if line is not None})
+    return (code.co_argcount, code.co_kwonlyargcount, code.co_names, code.co_varnames, tuple(lines),
+            tuple(_fingerprint(c) if inspect.iscode(c) else repr(c) for c in code.co_consts))
+
+
+def imported_source(obj):
+    """inspect.getsource(obj), refused where it is not the code caffeq imported: getsource reads the file as
+    it is on disk now, at the line the import recorded, so a module edited since then (a long-lived process,
+    another checkout's edit) gives another definition's text, or the same name with another body."""
+    source = inspect.getsource(obj)
+    name = getattr(obj, "__name__", None)
+    text = textwrap.dedent(source)
+    try:
+        tree = ast.parse(text)
+        same = [getattr(n, "name", None) for n in tree.body] == [name]
+    except SyntaxError:
+        same = False
+    fn = inspect.unwrap(obj)
+    if same and inspect.isfunction(fn) and not fn.__code__.co_freevars:
+        code = compile(text, "<helper>", "exec")
+        mine = [c for c in code.co_consts if inspect.iscode(c) and c.co_name == fn.__code__.co_name]
+        same = len(mine) == 1 and _fingerprint(mine[0]) == _fingerprint(fn.__code__)
+    if not same:
+        raise ExportError(f"the source of {getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', name)} "
+                          f"in {inspect.getsourcefile(obj)} is no longer the code imported (the file changed "
+                          f"since): import caffeq afresh and export again")
+    return source
 
 
 def _definitions(source, names):
