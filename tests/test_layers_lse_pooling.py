@@ -104,8 +104,17 @@ def test_max_and_ave_are_bvlc_pooling(pool, tmp_path):
 
 @pytest.mark.parametrize("params, message", [
     ("", "r_t .* must be set and nonzero"),
-    ("pool: STOCHASTIC", "STOCHASTIC is not implemented in the fork"),
-    ("global_pooling: true kernel_size: 2 r_t: 1", "kernel")])
+    ("pool: STOCHASTIC", "STOCHASTIC is not implemented in the fork")])
 def test_refusals(params, message):
     with pytest.raises(LayerError, match=message):
         load_from_text(net(lse_layer(params), inputs={"x": (1, 1, 4, 4)}))
+
+
+def test_global_pooling_with_a_kernel_too_reads_as_global_with_a_note():
+    # the fork (as BVLC's Pooling) refuses a kernel beside global_pooling; caffeq pools the whole plane, as for
+    # Pooling (paddle-mobile's MobileNet deploy), and says so
+    x = rng(94).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    model = load_from_text(net(lse_layer("global_pooling: true kernel_size: 2 r_t: 1"), inputs={"x": x.shape}))
+    assert any("global_pooling with kernel_size too" in w for w in model.warnings)
+    np.testing.assert_allclose(model.run({"x": x})["y"], fork_forward(x, "LSE", 1.0, (4, 5), (1, 1), (0, 0)),
+                               rtol=1e-5, atol=1e-6)
