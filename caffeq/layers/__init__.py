@@ -128,6 +128,7 @@ from . import (  # noqa: F401,E402
     mycaffe,
     mycaffe_gpt,
     mycaffe_tft,
+    mycaffe_tft_temporal,
     netvlad,
     nlpcaffe,
     nn_interp,

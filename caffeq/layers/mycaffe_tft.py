@@ -30,35 +30,32 @@ the axes from 2 on: (x - mean) / sqrt(var + eps), var the mean of the squares, n
     (input_dim -> hidden -> hidden), top 1 = s (before the softmax, as the C# copies it).  input_dim must equal
     hidden_dim: MyCaffe stacks the GRN_i outputs with input_dim's stride (channel_copy with m_blobGrn1.channels),
     which leaves part of the weighted sum unwritten otherwise.
-  - ReshapeTemporal (ReshapeTemporalLayer.cs): BEFORE stacks time into the batch ((N, T, ...) -> (N T, count(2)))
-    and repeats a (N, C) context bottom over T (forced_repeat_count < 0: (N, T, C); >= 0: (R, N, C) copies) before
-    stacking it the same way (repeat 0: stacked as it is); AFTER reshapes back to (N, T, C) with N and T that
-    MyCaffe passes along in blob parameters (Layer.Setup copies bottom i's to top i): caffeq traces them to the
-    BEFORE layer's top 0 (through the tops' bottoms of the same index; an earlier BEFORE's reaching that BEFORE's
-    bottom 0 win, as Setup copies them last) and gives the AFTER layer that BEFORE layer's input as a third,
-    shape-only bottom (a note says so; only ReshapeTemporal AFTER layers, a type only MyCaffe has, are touched).
-    Its clip top is all ones.
-  - MultiheadAttentionInterp (MultiHeadAttentionInterpLayer.cs), self-attention on x (N, T_hist + T_fut, D): q from
-    the last T_fut steps through ipQ (heads x D), k through ipK (heads x D), v through ipV (D, shared by the heads);
-    per head softmax(q k^T / sqrt(D), masked to -1e29 where key step - T_hist > query step) v; tops: ipOut(mean over
-    heads of the outputs) (N, T_fut, D), that mean (N, T_fut, D), the heads' mean attention (N, T_fut, T).
-  - Lstm (RecurrentLayer.cs, engine CUDNN): read and sized (top (N, T, H) with batch_first, hidden and cell
-    (num_layers, N, H, 1)); its weights are one cuDNN-packed blob whose layout the cuDNN library decides, so it is
-    not run.
-  - QuantileLoss / QuantileAccuracy (QuantileLossLayer.cs, QuantileAccuracyLayer.cs): training and evaluation only.
+The temporal layers (ReshapeTemporal, MultiheadAttentionInterp, MyCaffe's Lstm, the quantile losses) are in
+mycaffe_tft_temporal.py; the pieces both modules share in mycaffe_tft_ops.py.
 """
-import math
 
-import numpy as np
-import torch
-from torch import nn
 
 from ..errors import ExportError
 from ..io.schema import caffe_pb2
+from .mycaffe_tft_ops import (
+    TFT_TORCH,
+    TftOnnx,
+    emit_tft_blobs,
+    grn_shapes,
+    init_tft_blobs,
+    ip_shapes,
+    lead_and_width,
+    tft_channel_embedding,
+    tft_gate_add_norm,
+    tft_glu,
+    tft_grn,
+    tft_layer_norm,
+    tft_linear,
+    tft_varselnet,
+)
 from .registry import (
     Layer,
     LayerError,
-    ReadOnlyLayer,
     claim_layers,
     count,
     need_blobs,
@@ -68,244 +65,6 @@ from .registry import (
     register_layer,
     torch_sources,
 )
-
-# ---- torch (copied into model.py: torch and math only) --------------------------------------------------------
-
-def tft_linear(x, w, b, axis):
-    """Caffe's InnerProduct: x flattened from `axis`, times w^T (+ b)."""
-    y = x.reshape(list(x.shape[:axis]) + [w.shape[1]]).matmul(w.t())
-    return y + b if b is not None else y
-
-
-def tft_layer_norm(x, eps):
-    """MyCaffe's LayerNorm (no scale, no shift): over the last axis of a 2-axis blob, else over the axes from 2."""
-    dims = [1] if x.dim() == 2 else list(range(2, x.dim()))
-    xmu = x - x.to(torch.float64).mean(dim=dims, keepdim=True).to(x.dtype)   # channel_mean sums in double
-    var = (xmu * xmu).to(torch.float64).mean(dim=dims, keepdim=True).to(x.dtype)
-    return xmu / torch.sqrt(var + eps)
-
-
-def tft_glu(x, blobs, bias, axis):
-    """GLU: fc2(x) * sigmoid(fc1(x)); blobs w1, [b1], w2, [b2]."""
-    if bias:
-        return tft_linear(x, blobs[2], blobs[3], axis) * torch.sigmoid(tft_linear(x, blobs[0], blobs[1], axis))
-    return tft_linear(x, blobs[1], None, axis) * torch.sigmoid(tft_linear(x, blobs[0], None, axis))
-
-
-def tft_grn(x, context, blobs, skip, elu, axis):
-    """MyCaffe's GRN: layer norm (1e-10) of GLU(fc2(act(fc1(x) [+ context W_c^T]))) + residual."""
-    i = 0
-    residual = x
-    if skip:
-        residual = tft_linear(x, blobs[0], blobs[1], axis)
-        i = 2
-    h = tft_linear(x, blobs[i], blobs[i + 1], axis)
-    i += 2
-    if context is not None:
-        h = h + tft_linear(context, blobs[i], None, axis).reshape(h.shape)
-        i += 1
-    h = torch.where(h > 0, h, torch.exp(h) - 1) if elu else torch.relu(h)
-    h = tft_linear(h, blobs[i], blobs[i + 1], axis)
-    g = tft_glu(h, blobs[i + 2:i + 6], True, axis)
-    return tft_layer_norm(g + residual.reshape(g.shape), 1e-10)
-
-
-def tft_gate_add_norm(x, residual, blobs, bias, axis, offset, eps):
-    """GateAddNorm: layer norm of GLU(x) + residual[:, offset:] (no residual: GLU(x) alone; eps None: no norm)."""
-    g = tft_glu(x, blobs, bias, axis)
-    if residual is not None:
-        if offset > 0:
-            residual = residual[:, offset:]
-        g = g + residual.reshape(g.shape)
-    return g if eps is None else tft_layer_norm(g, eps)
-
-
-def tft_varselnet(x, context, blobs, n_inputs, n_flat, n_var, flat_skip, var_skip, axis):
-    """VarSelNet: (sum_i softmax(s)_i GRN_i(x_i), s = GRN_flat(x[, context]))."""
-    sparse = tft_grn(x, context, blobs[:n_flat], flat_skip, True, axis)
-    weights = torch.softmax(sparse, dim=axis)
-    parts = x.reshape(x.shape[0], n_inputs, -1)
-    outs = []
-    for i in range(n_inputs):
-        at = n_flat + i * n_var
-        outs.append(tft_grn(parts[:, i], None, blobs[at:at + n_var], var_skip, True, axis))
-    processed = torch.stack(outs, dim=2)
-    weighted = processed * weights.reshape(x.shape[0], 1, n_inputs)
-    return weighted.to(torch.float64).sum(dim=2).to(x.dtype), sparse   # channel_sum adds in double
-
-
-def tft_channel_embedding(num, cat, blobs, n_num, n_cat, cat_bias):
-    """ChannelEmbedding: each numeric input through its InnerProduct, each categorical column through its Embed."""
-    x = num if n_num else cat
-    lead = (x.shape[0],) if x.dim() == 2 else (x.shape[0], x.shape[1])
-    rows = 1
-    for d in lead:
-        rows *= d
-    parts = []
-    k = 0
-    if n_num:
-        cols = num.reshape(-1, n_num)
-        for i in range(n_num):
-            parts.append(tft_linear(cols[:, i].reshape(rows, -1), blobs[k], blobs[k + 1], 1))
-            k += 2
-    if n_cat:
-        cols = cat.reshape(-1, n_cat)
-        for i in range(n_cat):
-            e = blobs[k][cols[:, i].to(torch.int64)]
-            k += 1
-            if cat_bias:
-                e = e + blobs[k]
-                k += 1
-            parts.append(e)
-    return torch.stack(parts, dim=1).reshape(list(lead) + [-1])
-
-
-def tft_reshape_before(x, context, repeat, temporal):
-    """ReshapeTemporal BEFORE: time stacked into the batch; the context repeated over time first (repeat > 0)."""
-    top = x.reshape(x.shape[0] * x.shape[1], -1)
-    if context is None:
-        return top
-    c = context.reshape(context.shape[0], -1)
-    if repeat > 0:
-        c = c.unsqueeze(1).expand(-1, repeat, -1) if temporal else c.unsqueeze(0).expand(repeat, -1, -1)
-        return top, c.reshape(c.shape[0] * c.shape[1], -1)
-    return top, context.reshape(context.shape[0] * context.shape[1], -1)
-
-
-def tft_mha_interp(x, blobs, n_hist, n_fut, heads):
-    """MultiheadAttentionInterp (self-attention): (ipOut(mean_h out_h), mean_h out_h, mean_h attention_h)."""
-    n, steps = x.shape[0], x.shape[1]
-    d = blobs[4].shape[0]
-    q = tft_linear(x[:, n_hist:] if n_fut > 0 else x, blobs[0], blobs[1], 2)
-    k = tft_linear(x, blobs[2], blobs[3], 2)
-    v = tft_linear(x, blobs[4], blobs[5], 2)
-    q = q.reshape(n, q.shape[1], heads, d).transpose(1, 2)
-    k = k.reshape(n, steps, heads, d).transpose(1, 2)
-    scores = q.matmul(k.transpose(2, 3)) * (1.0 / math.sqrt(d))
-    rows = torch.arange(scores.shape[2], device=x.device).reshape(-1, 1)
-    cols = torch.arange(steps, device=x.device).reshape(1, -1)
-    masked = (cols - n_hist > rows) if n_fut > 0 else (cols > rows)
-    scores = torch.where(masked, torch.full_like(scores, -1e29), scores)
-    attn = torch.softmax(scores, dim=-1)
-    out = attn.matmul(v.unsqueeze(1))
-    mean_out, mean_attn = out[:, 0], attn[:, 0]
-    for h in range(1, heads):   # added head by head, then scaled by 1 / heads
-        mean_out = mean_out + out[:, h]
-        mean_attn = mean_attn + attn[:, h]
-    mean_out = mean_out * (1.0 / heads)
-    return tft_linear(mean_out, blobs[6], blobs[7], 2), mean_out, mean_attn * (1.0 / heads)
-
-
-_TORCH = (tft_linear, tft_layer_norm, tft_glu, tft_grn)
-
-
-class TftBlobs(nn.Module):
-    """A MyCaffe TFT layer's blobs in MyCaffe's order, and the function its forward runs."""
-
-    def __init__(self, shapes):
-        super().__init__()
-        self.blobs = nn.ParameterList([nn.Parameter(torch.zeros(s)) for s in shapes])
-
-
-# ---- shapes and blob lists ------------------------------------------------------------------------------------
-
-def _ip_shapes(k, o, bias=True):
-    return [(o, k), (o,)] if bias else [(o, k)]
-
-
-def _lead(shape, axis, what):
-    if not 0 <= axis < len(shape):
-        raise LayerError(f"{what}.axis {axis} is outside the {len(shape)}-axis bottom {list(shape)}")
-    return tuple(shape[:axis]), count(shape, axis)
-
-
-def _grn_shapes(k, hidden, out, context_k=None):
-    """A GRN's blobs: [skip], fc1, [context], fc2, GLU (fc1, fc2)."""
-    shapes = _ip_shapes(k, out) if k != out else []
-    shapes += _ip_shapes(k, hidden)
-    if context_k is not None:
-        shapes += _ip_shapes(context_k, hidden, bias=False)
-    return shapes + _ip_shapes(hidden, out) + _ip_shapes(out, out) * 2
-
-
-def _init_tft(shapes, rng):
-    """Random blobs: weights ~ N(0, 1/fan_in), biases ~ N(0, 0.1^2) (so that tests see them)."""
-    out = []
-    for s in shapes:
-        scale = 1 / math.sqrt(max(1, count(s, 1))) if len(s) > 1 else 0.1
-        out.append((rng.standard_normal(s) * scale).astype(np.float32))
-    return out
-
-
-def _emit_blobs(emit, node, shapes):
-    m = emit.instance(TftBlobs, [tuple(s) for s in shapes])
-    for i in range(len(shapes)):
-        emit.param(f"blobs.{i}", i)
-    return f"list({m}.blobs)"
-
-
-# ---- ONNX pieces ----------------------------------------------------------------------------------------------
-
-class _Onnx:
-    """ONNX emission of the pieces above on tensors with static shapes."""
-
-    def __init__(self, ctx, node):
-        self.ctx, self.node = ctx, node
-
-    def linear(self, x, shape, wi, bi, axis):
-        ctx = self.ctx
-        w = ctx.weight(self.node, wi, transpose=True)
-        o = int(np.asarray(self.node.blobs[wi]).shape[0])
-        flat = ctx.op("Reshape", [x, ctx.i64(list(shape[:axis]) + [count(shape, axis)])], "flat")
-        y = ctx.op("MatMul", [flat, w], "mm")
-        if bi is not None:
-            y = ctx.op("Add", [y, ctx.weight(self.node, bi)], "bias")
-        return y, tuple(shape[:axis]) + (o,)
-
-    def layer_norm(self, x, shape, eps):
-        ctx = self.ctx
-        axes = [1] if len(shape) == 2 else list(range(2, len(shape)))
-        size = float(count(shape, axes[0]))
-        xmu = ctx.op("Sub", [x, self.mean64(x, axes, size)], "xmu")
-        var = self.mean64(ctx.op("Mul", [xmu, xmu], "sq"), axes, size)
-        std = ctx.op("Sqrt", [ctx.op("Add", [var, ctx.f32(eps)], "var_eps")], "std")
-        return ctx.op("Div", [xmu, std], "norm")
-
-    def mean64(self, x, axes, size):
-        """The mean over `axes`, summed in double (channel_mean), as float32."""
-        ctx = self.ctx
-        total = ctx.op("ReduceSum", [ctx.op("Cast", [x], "x64", to=11), ctx.i64(axes)], "sum64", keepdims=1)
-        return ctx.op("Cast", [ctx.op("Div", [total, ctx.const(np.array(size, np.float64))], "mean64")], "mean", to=1)
-
-    def glu(self, x, shape, first, bias, axis):
-        step = 2 if bias else 1
-        a, _ = self.linear(x, shape, first, first + 1 if bias else None, axis)
-        b, out = self.linear(x, shape, first + step, first + step + 1 if bias else None, axis)
-        return self.ctx.op("Mul", [b, self.ctx.op("Sigmoid", [a], "sig")], "glu"), out
-
-    def grn(self, x, shape, context, cshape, first, skip, elu, axis):
-        ctx = self.ctx
-        i = first
-        residual = x
-        if skip:
-            residual, _ = self.linear(x, shape, i, i + 1, axis)
-            i += 2
-        h, hshape = self.linear(x, shape, i, i + 1, axis)
-        i += 2
-        if context is not None:
-            c, _ = self.linear(context, cshape, i, None, axis)
-            h = ctx.op("Add", [h, ctx.op("Reshape", [c, ctx.i64(list(hshape))], "ctx")], "ctx_add")
-            i += 1
-        if elu:
-            h = ctx.op("Where", [ctx.op("Greater", [h, ctx.f32(0.0)], "pos"), h,
-                                 ctx.op("Sub", [ctx.op("Exp", [h], "exp"), ctx.f32(1.0)], "expm1")], "elu")
-        else:
-            h = ctx.op("Relu", [h], "relu")
-        h, hshape = self.linear(h, hshape, i, i + 1, axis)
-        g, gshape = self.glu(h, hshape, i + 2, True, axis)
-        summed = ctx.op("Add", [g, ctx.op("Reshape", [residual, ctx.i64(list(gshape))], "res")], "sum")
-        return self.layer_norm(summed, gshape, 1e-10), gshape
-
 
 # ---- DataTemporal ---------------------------------------------------------------------------------------------
 
@@ -481,13 +240,13 @@ class ChannelEmbedding(Layer):
     def param_shapes(self, attrs, in_shapes):
         self.infer(attrs, in_shapes)
         e = attrs["state"]
-        shapes = _ip_shapes(attrs["_spatial"], e) * attrs["n_num"]
+        shapes = ip_shapes(attrs["_spatial"], e) * attrs["n_num"]
         for card in attrs["cards"]:
             shapes += [(card, e)] + ([(e,)] if attrs["bias"] else [])
         return shapes
 
     def init_params(self, attrs, shapes, rng):
-        return _init_tft(shapes, rng)
+        return init_tft_blobs(shapes, rng)
 
     def cannot_run(self, attrs, in_shapes):
         if attrs["n_cat"] > 1 and len(in_shapes[1]) == 2:
@@ -503,7 +262,7 @@ class ChannelEmbedding(Layer):
         a = node.attrs
         self.refuse_if_cannot_run(node.name, a, [emit.in_shape(0), emit.in_shape(1)], ExportError)
         emit.helper(torch_sources(tft_linear))
-        blobs = _emit_blobs(emit, node, [b.shape for b in node.blobs])
+        blobs = emit_tft_blobs(emit, node, [b.shape for b in node.blobs])
         return (f"{emit.helper(tft_channel_embedding)}({emit.inputs[0]}, {emit.inputs[1]}, {blobs}, {a['n_num']}, "
                 f"{a['n_cat']}, {a['bias']})")
 
@@ -511,7 +270,7 @@ class ChannelEmbedding(Layer):
         a = node.attrs
         num, cat = node.inputs
         self.refuse_if_cannot_run(node.name, a, [ctx.shape(num), ctx.shape(cat)], ExportError)
-        b = _Onnx(ctx, node)
+        b = TftOnnx(ctx, node)
         s = ctx.shape(num) if a["n_num"] else ctx.shape(cat)
         rows = count(s, 0, len(s) - 1)
         parts, k = [], 0
@@ -569,14 +328,14 @@ class MyCaffeGRN(Layer):
     def _check(self, attrs, in_shapes):
         x = in_shapes[0]
         axis = attrs["axis"] if attrs["axis"] >= 0 else attrs["axis"] + len(x)
-        lead, k = _lead(x, axis, "grn_param")
+        lead, k = lead_and_width(x, axis, "grn_param")
         if k != attrs["in"]:
             raise LayerError(f"GRN: the bottom {list(x)} has {k} values from axis {axis}, grn_param.input_dim is "
                              f"{attrs['in']}")
         ck = None
         if attrs["context"]:
             c = in_shapes[1]
-            clead, ck = _lead(c, axis, "grn_param")
+            clead, ck = lead_and_width(c, axis, "grn_param")
             if count(clead) != count(lead):
                 raise LayerError(f"GRN: the context {list(c)} projects to {count(clead)} rows, the input to "
                                  f"{count(lead)}")
@@ -589,18 +348,18 @@ class MyCaffeGRN(Layer):
 
     def param_shapes(self, attrs, in_shapes):
         _, _, ck = self._check(attrs, in_shapes)
-        return _grn_shapes(attrs["in"], attrs["hidden"], attrs["out"], ck)
+        return grn_shapes(attrs["in"], attrs["hidden"], attrs["out"], ck)
 
     def init_params(self, attrs, shapes, rng):
-        return _init_tft(shapes, rng)
+        return init_tft_blobs(shapes, rng)
 
     def forward(self, attrs, params, x, context=None):
         return tft_grn(x, context, list(params), attrs["in"] != attrs["out"], attrs["elu"], attrs["_axis"])
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        emit.helper(torch_sources(*_TORCH))
-        blobs = _emit_blobs(emit, node, [b.shape for b in node.blobs])
+        emit.helper(torch_sources(*TFT_TORCH))
+        blobs = emit_tft_blobs(emit, node, [b.shape for b in node.blobs])
         ctx = emit.inputs[1] if a["context"] else "None"
         return f"tft_grn({emit.inputs[0]}, {ctx}, {blobs}, {a['in'] != a['out']}, {a['elu']}, {a['_axis']})"
 
@@ -608,7 +367,7 @@ class MyCaffeGRN(Layer):
         a = node.attrs
         x = node.inputs[0]
         c = node.inputs[1] if a["context"] else None
-        y, _ = _Onnx(ctx, node).grn(x, ctx.shape(x), c, ctx.shape(c) if c else None, 0, a["in"] != a["out"],
+        y, _ = TftOnnx(ctx, node).grn(x, ctx.shape(x), c, ctx.shape(c) if c else None, 0, a["in"] != a["out"],
                                     a["elu"], a["_axis"])
         ctx.add_node("Identity", [y], [node.outputs[0]], name=node.name)
 
@@ -631,7 +390,7 @@ class GateAddNorm(Layer):
     def infer(self, attrs, in_shapes):
         x = in_shapes[0]
         axis = attrs["axis"] if attrs["axis"] >= 0 else attrs["axis"] + len(x)
-        lead, k = _lead(x, axis, "glu_param")
+        lead, k = lead_and_width(x, axis, "glu_param")
         attrs["_axis"], attrs["_k"] = axis, k
         top = lead + (attrs["dim"],)
         if attrs["residual"]:
@@ -651,10 +410,10 @@ class GateAddNorm(Layer):
 
     def param_shapes(self, attrs, in_shapes):
         self.infer(attrs, in_shapes)
-        return _ip_shapes(attrs["_k"], attrs["dim"], attrs["bias"]) * 2
+        return ip_shapes(attrs["_k"], attrs["dim"], attrs["bias"]) * 2
 
     def init_params(self, attrs, shapes, rng):
-        return _init_tft(shapes, rng)
+        return init_tft_blobs(shapes, rng)
 
     def forward(self, attrs, params, x, residual=None):
         return tft_gate_add_norm(x, residual, list(params), attrs["bias"], attrs["_axis"], attrs["offset"],
@@ -663,7 +422,7 @@ class GateAddNorm(Layer):
     def pytorch_source(self, node, emit):
         a = node.attrs
         emit.helper(torch_sources(tft_linear, tft_layer_norm, tft_glu))
-        blobs = _emit_blobs(emit, node, [b.shape for b in node.blobs])
+        blobs = emit_tft_blobs(emit, node, [b.shape for b in node.blobs])
         res = emit.inputs[1] if a["residual"] else "None"
         return (f"{emit.helper(tft_gate_add_norm)}({emit.inputs[0]}, {res}, {blobs}, {a['bias']}, {a['_axis']}, "
                 f"{a['offset']}, {a['eps']!r})")
@@ -671,7 +430,7 @@ class GateAddNorm(Layer):
     def onnx(self, ctx, node):
         a = node.attrs
         x = node.inputs[0]
-        b = _Onnx(ctx, node)
+        b = TftOnnx(ctx, node)
         g, gshape = b.glu(x, ctx.shape(x), 0, a["bias"], a["_axis"])
         if a["residual"]:
             r = node.inputs[1]
@@ -715,10 +474,10 @@ class VarSelNet(Layer):
             if len(c) < 2 or c[0] != x[0]:
                 raise LayerError(f"VarSelNet: the context {list(c)} must have the bottom's {x[0]} rows")
             ck = count(c, 1)
-        attrs["_flat"] = len(_grn_shapes(flat, attrs["hidden"], attrs["n"], ck))
-        attrs["_var"] = len(_grn_shapes(attrs["in"], attrs["hidden"], attrs["hidden"]))
-        return (_grn_shapes(flat, attrs["hidden"], attrs["n"], ck)
-                + _grn_shapes(attrs["in"], attrs["hidden"], attrs["hidden"]) * attrs["n"])
+        attrs["_flat"] = len(grn_shapes(flat, attrs["hidden"], attrs["n"], ck))
+        attrs["_var"] = len(grn_shapes(attrs["in"], attrs["hidden"], attrs["hidden"]))
+        return (grn_shapes(flat, attrs["hidden"], attrs["n"], ck)
+                + grn_shapes(attrs["in"], attrs["hidden"], attrs["hidden"]) * attrs["n"])
 
     def infer(self, attrs, in_shapes):
         self._shapes(attrs, in_shapes)
@@ -729,7 +488,7 @@ class VarSelNet(Layer):
         return self._shapes(attrs, in_shapes)
 
     def init_params(self, attrs, shapes, rng):
-        return _init_tft(shapes, rng)
+        return init_tft_blobs(shapes, rng)
 
     def _args(self, a):
         return (a["n"], a["_flat"], a["_var"], a["n"] * a["in"] != a["n"], a["in"] != a["hidden"], 1)
@@ -740,8 +499,8 @@ class VarSelNet(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        emit.helper(torch_sources(*_TORCH))
-        blobs = _emit_blobs(emit, node, [b.shape for b in node.blobs])
+        emit.helper(torch_sources(*TFT_TORCH))
+        blobs = emit_tft_blobs(emit, node, [b.shape for b in node.blobs])
         ctx = emit.inputs[1] if a["context"] else "None"
         call = f"{emit.helper(tft_varselnet)}({emit.inputs[0]}, {ctx}, {blobs}, {', '.join(map(str, self._args(a)))})"
         if a["tops"] == 1:
@@ -755,7 +514,7 @@ class VarSelNet(Layer):
         x = node.inputs[0]
         xs = ctx.shape(x)
         n_inputs, n_flat, n_var, flat_skip, var_skip, axis = self._args(a)
-        b = _Onnx(ctx, node)
+        b = TftOnnx(ctx, node)
         c = node.inputs[1] if a["context"] else None
         sparse, _ = b.grn(x, xs, c, ctx.shape(c) if c else None, 0, flat_skip, True, axis)
         weights = ctx.op("Softmax", [sparse], "weights", axis=1)
@@ -774,263 +533,4 @@ class VarSelNet(Layer):
             ctx.add_node("Identity", [sparse], [node.outputs[1]], name=node.name + "_sparse")
 
 
-# ---- ReshapeTemporal ------------------------------------------------------------------------------------------
-
-@register_layer("ReshapeTemporal")
-class ReshapeTemporal(Layer):
-
-    def parse(self, lp):
-        p = lp.reshape_temporal_param
-        before = p.mode == caffe_pb2.ReshapeTemporalParameter.BEFORE
-        attrs = {"name": lp.name, "before": before, "clip": bool(p.enable_clip_output),
-                 "forced": int(p.forced_repeat_count), "tops": len(lp.top), "bottoms": len(lp.bottom)}
-        if before:
-            need_blobs(lp, "ReshapeTemporal BEFORE", (1, 2), len(lp.bottom), "x, context")
-        else:
-            if p.enable_weight_output:
-                raise LayerError("reshape_temporal_param.enable_weight_output (AFTER) is not read by caffeq")
-            if len(lp.bottom) != 3:
-                raise LayerError(f"ReshapeTemporal AFTER: cannot tell the num_samples and num_temporal_steps that "
-                                 f"MyCaffe passes along in blob parameters: no ReshapeTemporal BEFORE layer's top "
-                                 f"reaches bottom '{lp.bottom[0]}'")
-            need_blobs(lp, "ReshapeTemporal AFTER", 3, 1 + attrs["clip"])
-        return attrs
-
-    def infer(self, attrs, in_shapes):
-        x = in_shapes[0]
-        if attrs["before"]:
-            if len(x) < 2:
-                raise LayerError(f"ReshapeTemporal BEFORE needs a (N, T, ...) bottom, got {list(x)}")
-            tops = [(x[0] * x[1], count(x, 2))]
-            if attrs["bottoms"] > 1:
-                c = in_shapes[1]
-                repeat = attrs["forced"] if attrs["forced"] >= 0 else x[1]
-                attrs["_repeat"] = repeat
-                if len(c) < 2:
-                    raise LayerError(f"ReshapeTemporal BEFORE: the context {list(c)} needs two axes at least")
-                if repeat > 0:
-                    # replicate_along_time sizes its blob (N of the bottom, repeat, context.shape(1)) and copies
-                    # count(1) values per sample: a context of other samples or more axes does not fit it
-                    if c[0] != x[0] or c[1] != count(c, 1):
-                        raise LayerError(f"ReshapeTemporal BEFORE: repeating the context {list(c)} needs a "
-                                         f"({x[0]}, C) context (the bottom's {x[0]} samples)")
-                    tops.append((c[0] * repeat, count(c, 1)))
-                else:
-                    tops.append((c[0] * c[1], count(c, 2)))
-            return tops
-        src = in_shapes[2]
-        if len(src) < 2:
-            raise LayerError(f"ReshapeTemporal AFTER: the BEFORE layer's input {list(src)} has no time axis")
-        n, t = src[0], src[1]
-        if count(x) % (n * t):
-            raise LayerError(f"ReshapeTemporal AFTER: {count(x)} values do not split into {n} samples x {t} steps")
-        return [(n, t, count(x) // (n * t))] + ([(n, t)] if attrs["clip"] else [])
-
-    def forward(self, attrs, params, x, *rest):
-        if attrs["before"]:
-            if attrs["bottoms"] == 1:
-                return tft_reshape_before(x, None, 0, True)
-            return list(tft_reshape_before(x, rest[0], attrs["_repeat"], attrs["forced"] < 0))
-        n, t = rest[1].shape[0], rest[1].shape[1]
-        top = x.reshape(n, t, -1)
-        return [top, x.new_ones((n, t))] if attrs["clip"] else top
-
-    def pytorch_source(self, node, emit):
-        a = node.attrs
-        x = emit.inputs[0]
-        if a["before"]:
-            fn = emit.helper(tft_reshape_before)
-            if a["bottoms"] == 1:
-                return f"{fn}({x}, None, 0, True)"
-            t = emit.tmp("rt")
-            emit.stmt(f"{t} = {fn}({x}, {emit.inputs[1]}, {a['_repeat']}, {a['forced'] < 0})")
-            return [f"{t}[0]", f"{t}[1]"]
-        s = emit.out_shape(0)
-        src = emit.inputs[2]
-        top = f"{x}.reshape({src}.shape[0], {src}.shape[1], {s[2]})"
-        if a["clip"]:
-            return [top, f"{x}.new_ones(({src}.shape[0], {src}.shape[1]))"]
-        return top
-
-    def onnx(self, ctx, node):
-        a = node.attrs
-        x = node.inputs[0]
-        ctx.add_node("Reshape", [x, ctx.i64(list(ctx.shape(node.outputs[0])))], [node.outputs[0]], name=node.name)
-        if a["before"] and a["bottoms"] > 1:
-            c = node.inputs[1]
-            cs = ctx.shape(c)
-            repeat = a["_repeat"]
-            if repeat > 0:
-                flat = ctx.op("Reshape", [c, ctx.i64([cs[0], count(cs, 1)])], "ctx")
-                if a["forced"] < 0:
-                    rep = ctx.op("Expand", [ctx.op("Unsqueeze", [flat, ctx.i64([1])], "u"),
-                                            ctx.i64([cs[0], repeat, count(cs, 1)])], "rep")
-                else:
-                    rep = ctx.op("Expand", [ctx.op("Unsqueeze", [flat, ctx.i64([0])], "u"),
-                                            ctx.i64([repeat, cs[0], count(cs, 1)])], "rep")
-                c = rep
-            ctx.add_node("Reshape", [c, ctx.i64(list(ctx.shape(node.outputs[1])))], [node.outputs[1]],
-                         name=node.name + "_context")
-        elif a["clip"]:
-            ctx.add_node("Identity", [ctx.const(np.ones(ctx.shape(node.outputs[1]), np.float32))], [node.outputs[1]],
-                         name=node.name + "_clip")
-
-
-# ---- MultiheadAttentionInterp -----------------------------------------------------------------------------------
-
-@register_layer("MultiheadAttentionInterp")
-class MultiheadAttentionInterp(Layer):
-
-    def parse(self, lp):
-        p = lp.multihead_attention_interp_param
-        if not p.enable_self_attention or len(lp.bottom) != 1:
-            raise LayerError("MultiheadAttentionInterp: caffeq reads its self-attention form (one bottom; MyCaffe's "
-                             "setup refuses three and checks for one or four)")
-        need_blobs(lp, "MultiheadAttentionInterp", 1, 3, "x")
-        attrs = {"d": positive_field(p.embed_dim, "multihead_attention_interp_param.embed_dim"),
-                 "heads": positive_field(p.num_heads, "multihead_attention_interp_param.num_heads"),
-                 "hist": int(p.num_historical_steps), "fut": int(p.num_future_steps)}
-        if attrs["fut"] > 0 and (attrs["hist"] < 1 or attrs["hist"] % attrs["fut"]):
-            raise LayerError(f"multihead_attention_interp_param.num_historical_steps {attrs['hist']} must be a "
-                             f"multiple (>= 1) of num_future_steps {attrs['fut']}")
-        if attrs["fut"] == 0 and attrs["hist"] < 1:
-            raise LayerError("multihead_attention_interp_param.num_historical_steps must be >= 1")
-        return attrs
-
-    def infer(self, attrs, in_shapes):
-        x = in_shapes[0]
-        steps = attrs["hist"] + attrs["fut"]
-        if len(x) != 3 or x[1] != steps:
-            raise LayerError(f"MultiheadAttentionInterp needs a (N, num_historical_steps + num_future_steps = {steps}, "
-                             f"D) bottom, got {list(x)}")
-        q = attrs["fut"] or attrs["hist"]
-        return [(x[0], q, attrs["d"]), (x[0], q, attrs["d"]), (x[0], q, steps)]
-
-    def param_shapes(self, attrs, in_shapes):
-        k, d, hd = in_shapes[0][2], attrs["d"], attrs["d"] * attrs["heads"]
-        return _ip_shapes(k, hd) * 2 + _ip_shapes(k, d) + _ip_shapes(d, d)
-
-    def init_params(self, attrs, shapes, rng):
-        return _init_tft(shapes, rng)
-
-    def macs(self, attrs, in_shapes, out_shapes):
-        n, t, k = in_shapes[0]
-        q, hd = out_shapes[0][1], attrs["d"] * attrs["heads"]
-        return n * (q * k * hd + t * k * hd + t * k * attrs["d"] + 2 * q * t * hd + q * attrs["d"] ** 2)
-
-    def forward(self, attrs, params, x):
-        return list(tft_mha_interp(x, list(params), attrs["hist"], attrs["fut"], attrs["heads"]))
-
-    def pytorch_source(self, node, emit):
-        a = node.attrs
-        emit.helper(torch_sources(tft_linear))
-        blobs = _emit_blobs(emit, node, [b.shape for b in node.blobs])
-        t = emit.tmp("mha")
-        emit.stmt(f"{t} = {emit.helper(tft_mha_interp)}({emit.inputs[0]}, {blobs}, {a['hist']}, {a['fut']}, "
-                  f"{a['heads']})")
-        return [f"{t}[0]", f"{t}[1]", f"{t}[2]"]
-
-    def onnx(self, ctx, node):
-        a = node.attrs
-        x = node.inputs[0]
-        n, steps, _ = ctx.shape(x)
-        b = _Onnx(ctx, node)
-        d, heads, hist, fut = a["d"], a["heads"], a["hist"], a["fut"]
-        nq = fut or hist
-        xq = ctx.op("Slice", [x, ctx.i64([hist]), ctx.i64([steps]), ctx.i64([1])], "xq") if fut > 0 else x
-        q, _ = b.linear(xq, (n, nq, ctx.shape(x)[2]), 0, 1, 2)
-        k, _ = b.linear(x, ctx.shape(x), 2, 3, 2)
-        v, _ = b.linear(x, ctx.shape(x), 4, 5, 2)
-        q = ctx.op("Transpose", [ctx.op("Reshape", [q, ctx.i64([n, nq, heads, d])], "q4")], "qt", perm=[0, 2, 1, 3])
-        k = ctx.op("Transpose", [ctx.op("Reshape", [k, ctx.i64([n, steps, heads, d])], "k4")], "kt", perm=[0, 2, 3, 1])
-        scores = ctx.op("Mul", [ctx.op("MatMul", [q, k], "qk"), ctx.f32(1.0 / math.sqrt(d))], "scaled")
-        rows = np.arange(nq).reshape(-1, 1)
-        cols = np.arange(steps).reshape(1, -1)
-        masked = (cols - hist > rows) if fut > 0 else (cols > rows)
-        scores = ctx.op("Where", [ctx.const(masked), ctx.f32(-1e29), scores], "masked")
-        attn = ctx.op("Softmax", [scores], "attn", axis=-1)
-        out = ctx.op("MatMul", [attn, ctx.op("Unsqueeze", [v, ctx.i64([1])], "v4")], "out")
-        mean_out = self._head_mean(ctx, out, heads, "mean_out")
-        y, _ = b.linear(mean_out, (n, nq, d), 6, 7, 2)
-        ctx.add_node("Identity", [y], [node.outputs[0]], name=node.name)
-        ctx.add_node("Identity", [mean_out], [node.outputs[1]], name=node.name + "_out")
-        ctx.add_node("Identity", [self._head_mean(ctx, attn, heads, "mean_attn")], [node.outputs[2]],
-                     name=node.name + "_scores")
-
-    @staticmethod
-    def _head_mean(ctx, x, heads, hint):
-        total = ctx.op("Gather", [x, ctx.i64(0)], f"{hint}0", axis=1)
-        for h in range(1, heads):
-            total = ctx.op("Add", [total, ctx.op("Gather", [x, ctx.i64(h)], f"{hint}{h}", axis=1)], f"{hint}_sum")
-        return ctx.op("Mul", [total, ctx.f32(1.0 / heads)], hint)
-
-
-# ---- Lstm (MyCaffe's cuDNN LSTM) ------------------------------------------------------------------------------
-
-def _mycaffe_lstm(lp):
-    """MyCaffe's Lstm reads recurrent_param; CTPN's (sequence.py) lstm_param."""
-    return lp.HasField("recurrent_param") and not lp.HasField("lstm_param")
-
-
-@claim_layers("Lstm", _mycaffe_lstm)
-class MyCaffeLstm(ReadOnlyLayer):
-
-    def parse(self, lp):
-        p = lp.recurrent_param
-        need_blobs(lp, "Lstm (MyCaffe)", (2, 4), (1, 3), "x, clip, hidden, cell")
-        attrs = {"name": lp.name, "hidden": positive_field(p.num_output, "recurrent_param.num_output"),
-                 "layers": positive_field(p.num_layers, "recurrent_param.num_layers"),
-                 "batch_first": bool(p.batch_first), "dirs": 2 if p.bidirectional else 1,
-                 "cudnn": p.engine == caffe_pb2.RecurrentParameter.CUDNN, "tops": len(lp.top),
-                 "kind": "Lstm"}
-        if len(lp.top) == 3 and not p.expose_hidden_output:
-            raise LayerError("Lstm: three tops need recurrent_param.expose_hidden_output")
-        if len(lp.bottom) == 4 and not p.expose_hidden_input:
-            raise LayerError("Lstm: four bottoms need recurrent_param.expose_hidden_input")
-        return attrs
-
-    def why_not_run(self, attrs):
-        if attrs["cudnn"]:
-            return ("MyCaffe's cuDNN LSTM keeps its weights in one blob packed in the layout the cuDNN library "
-                    "chooses; caffeq reads and sizes it but does not run it")
-        return "MyCaffe's Caffe-engine Lstm (an unrolled net) is read and sized but not run by caffeq"
-
-    def infer(self, attrs, in_shapes):
-        x = in_shapes[0]
-        if len(x) < 3:
-            raise LayerError(f"Lstm needs a (N, T, I) or (T, N, I) bottom, got {list(x)}")
-        t, n = (x[1], x[0]) if attrs["batch_first"] else (x[0], x[1])
-        if count(in_shapes[1]) != t * n:
-            raise LayerError(f"Lstm: the clip {list(in_shapes[1])} must hold T x N = {t * n} values")
-        attrs["_input"] = count(x, 2)
-        h = attrs["hidden"] * attrs["dirs"]
-        top = (n, t, h) if attrs["batch_first"] else (t, n, h)
-        state = (attrs["layers"], n, attrs["hidden"], attrs["dirs"])
-        return [top, state, state][:attrs["tops"]]
-
-    def param_shapes(self, attrs, in_shapes):
-        h, dirs = attrs["hidden"], attrs["dirs"]
-        total, k = 0, count(in_shapes[0], 2)
-        for _ in range(attrs["layers"]):
-            total += dirs * (4 * h * k + 4 * h * h + 8 * h)
-            k = h * dirs
-        return [(total, 1, 1)]
-
-
-# ---- training only --------------------------------------------------------------------------------------------
-
-@register_layer("QuantileLoss", "QuantileAccuracy")
-class QuantileTraining(Layer):
-    is_training_only = True
-
-    def infer(self, attrs, in_shapes):
-        return [(1,)]
-
-    def forward(self, attrs, params, *bottoms):
-        raise LayerError("QuantileLoss / QuantileAccuracy only train and evaluate; caffeq leaves them out")
-
-
-__all__ = ["ChannelEmbedding", "DataTemporal", "GateAddNorm", "MultiheadAttentionInterp", "MyCaffeGRN",
-           "MyCaffeLstm", "QuantileTraining", "ReshapeTemporal", "TftBlobs", "VarSelNet", "mycaffe_tft_net",
-           "tft_channel_embedding", "tft_gate_add_norm", "tft_glu", "tft_grn", "tft_layer_norm", "tft_linear",
-           "tft_mha_interp", "tft_reshape_before", "tft_varselnet"]
+__all__ = ["ChannelEmbedding", "DataTemporal", "GateAddNorm", "MyCaffeGRN", "VarSelNet", "mycaffe_tft_net"]
