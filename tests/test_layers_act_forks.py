@@ -344,3 +344,35 @@ def test_penlu(tmp_path, shared):
     x = g.standard_normal(shape).astype(np.float32)
     x[0, 0, 0, :2] = 0.0
     check_everywhere(model, {"x": x}, {"o": penlu_ref(x, alpha, beta, eta, shared)}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+# ---- Leaky (shishichang/caffe leaky_layer.cpp) ----------------------------------------------------
+
+def leaky_ref(x):
+    """leaky_layer.cpp: x > 0 ? x : 0.1 * x, the literal a double, rounded once to float."""
+    y = np.empty(x.shape, np.float32)
+    for i, v in np.ndenumerate(x):
+        y[i] = v if v > 0 else np.float32(0.1 * float(v))
+    return y
+
+
+def test_leaky_scales_negatives_by_a_double_tenth(tmp_path):
+    x = (rng(41).standard_normal((2, 3, 5, 4)) * 7).astype(np.float32)
+    model = load_from_text(net('layer { name: "l" type: "Leaky" bottom: "x" top: "o" }', inputs={"x": x.shape}))
+    ref = leaky_ref(x)
+    # the double literal matters: float32's 0.1f * x differs in the last bit for some of these values
+    assert (np.where(x > 0, x, np.float32(0.1) * x) != ref).any()
+    check_everywhere(model, {"x": x}, {"o": ref}, tmp_path, atol=0, rtol=0)
+
+
+def test_leaky_in_place_reads_as_the_fork_would_compute_it():
+    """The fork CHECKs that Leaky is not in place; caffeq computes the same value either way."""
+    x = (rng(42).standard_normal((2, 3, 5)) * 7).astype(np.float32)
+    model = load_from_text(net('layer { name: "l" type: "Leaky" bottom: "x" top: "x" }', inputs={"x": x.shape}))
+    assert_close(model.run({"x": x})["x"], leaky_ref(x), 0, 0, "in place")
+
+
+def test_leaky_takes_one_bottom():
+    with pytest.raises(LayerError, match="Leaky"):
+        load_from_text(net('layer { name: "l" type: "Leaky" bottom: "x" bottom: "x" top: "o" }',
+                           inputs={"x": (1, 2, 3, 3)}))

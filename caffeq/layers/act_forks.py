@@ -42,6 +42,10 @@
 - PENLU (xncaffe/caffe_penlu 21023cd, penlu_layer.cpp): blobs alpha, beta, eta, one value per channel
   (one in all with channel_shared); y = pow(max(x, 0), eta) * (x > 0) + alpha * (exp(beta * min(x, 0)) - 1)
   * (x <= 0), the fork's CPU forward, in float32 (so eta < 0 gives NaN at x <= 0, as there).
+- Leaky (shishichang/caffe 58d6174, leaky_layer.cpp/.cu; the YOLO deploy files of dongtao123/gitskills):
+  y = x for x > 0, else 0.1 * x with the literal a double, so the product is rounded once from double
+  (it can differ from float32's 0.1f * x in the last bit; ONNX casts the same way).  The fork CHECKs that the
+  layer is not in place; caffeq computes the same either way and reads an in-place one too.
 """
 import math
 
@@ -68,6 +72,11 @@ def caffe_pruning_gelu(x, coeff: float):
     x64 = x.double()
     t = torch.tanh(0.7978845608 * x64 + 0.7978845608 * 0.044715 * x64 * x64 * x64).to(x.dtype)
     return (coeff * 0.5 * x64 * (1 + t).double()).to(x.dtype)
+
+
+def leaky_tenth(x):
+    """shishichang/caffe's Leaky: x where x > 0, else 0.1 * x computed in double and rounded once."""
+    return torch.where(x > 0, x, (x.double() * 0.1).to(x.dtype))
 
 
 def rrelu_test(x, mean_slope: float):
@@ -175,6 +184,34 @@ class RReLU(Layer):
     def pytorch_source(self, node, emit):
         fn = emit.helper(rrelu_test)
         return f"{fn}({emit.inputs[0]}, {emit.lit(node.attrs['mean_slope'])})"
+
+
+# ---- Leaky ------------------------------------------------------------------------------------
+
+@register_layer("Leaky")
+class Leaky(Layer):
+    """shishichang/caffe's YOLO Leaky (see the module docstring)."""
+
+    bottoms = tops = 1
+
+    def parse(self, lp):
+        need_blobs(lp, "Leaky", 1, 1)
+        return {}
+
+    def forward(self, attrs, params, x):
+        return leaky_tenth(x)
+
+    def onnx(self, ctx, node):
+        from onnx import TensorProto
+        x = node.inputs[0]
+        x64 = ctx.op("Cast", [x], "x64", name=node.name, to=TensorProto.DOUBLE)
+        tenth = ctx.op("Cast", [ctx.op("Mul", [x64, ctx.const(np.array(0.1, np.float64))], "tenth64")], "tenth",
+                       to=TensorProto.FLOAT)
+        positive = ctx.op("Greater", [x, ctx.f32(0.0)], "positive")
+        ctx.add_node("Where", [positive, x, tenth], [node.outputs[0]])
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(leaky_tenth)}({emit.inputs[0]})"
 
 
 # ---- MinReLU --------------------------------------------------------------------------------
