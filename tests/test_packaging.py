@@ -54,6 +54,21 @@ def test_wheel_maps_proto_into_package(tmp_path):
     assert tops == {"caffeq"}, tops
     assert "caffeq/_proto/caffe_pb2.py" in names
     assert "caffeq/_proto/caffe.proto" in names
+    # every sub-package of the source tree ships (a missing one breaks `import caffeq` when installed)
+    for init in sorted((REPO / "caffeq").rglob("__init__.py")):
+        assert init.relative_to(REPO).as_posix() in names, init
+
+
+def test_setup_cfg_lists_every_subpackage():
+    """setup.cfg names its packages (proto/ is mapped in as caffeq._proto): each sub-package of the
+    source tree must be listed, or an installed caffeq fails on import."""
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    listed = set(cfg["options"]["packages"].split())
+    tree = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "caffeq").rglob("__init__.py")}
+    assert tree - listed == set(), f"setup.cfg's packages lack {sorted(tree - listed)}"
+    assert listed - tree == {"caffeq._proto"}
 
 
 def test_cli_shim_and_module_agree():
