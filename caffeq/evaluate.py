@@ -56,7 +56,9 @@ def _score_blob(model, label_blob, output=None):
                                   "SigmoidCrossEntropyLoss", "HingeLoss")):
         for node in model.graph.nodes:
             if node.type in types and len(node.bottoms) >= 2 and (label_blob is None or
-                                                                   node.bottoms[1] == label_blob):
+                                                                   node.bottoms[1] == label_blob) \
+                    and not (isinstance(node.attrs, dict) and node.attrs.get("unwritten")):
+                # (an "unwritten" scorer, xiaolonw/caffe-3dnormal_joint_past's 3-bottom Accuracy, reads no label)
                 return node.bottoms[0]
     training_only = _training_only_tensors(model)
     tensors = model.graph.tensors

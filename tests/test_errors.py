@@ -98,6 +98,14 @@ def test_a_net_left_empty_says_why(tmp_path):
                 'layer { name: "loss" type: "EuclideanLoss" bottom: "n" bottom: "n" top: "loss" }\n')
     one_line_error(cli_process("inspect", write(tmp_path, "f.prototxt", fragment)), "nothing is left to run at TEST",
                    "'norm', 'loss'", "layer 'norm' reads 'fc7_2', which no layer makes")
+    # mogli0528/work_note's image_scale train net: its only data layer is TRAIN's, so at TEST the rest reads a blob
+    # nothing makes: the error points at the phase that makes it
+    train_data = ('layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 } } '
+                  'include { phase: TRAIN } }\n'
+                  'layer { name: "shown" type: "Python" bottom: "data" top: "shown" python_param { module: "m" '
+                  'layer: "L" } }\n')
+    one_line_error(cli_process("inspect", write(tmp_path, "d.prototxt", train_data)), "nothing is left to run at TEST",
+                   "layer 'shown' reads 'data', which only layer 'data' makes, at TRAIN: read the net with --phase TRAIN")
     train_only = 'layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 } } include { phase: TRAIN } }\n'
     one_line_error(cli_process("inspect", write(tmp_path, "t.prototxt", train_only)),
                    "no layer of the net is in its TEST phase")

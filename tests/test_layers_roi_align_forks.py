@@ -306,9 +306,17 @@ def test_refuses_a_roi_align_without_parameters():
 
 def test_roi_align_param_numbers():
     fields = caffe_pb2.ROIAlignParameter.DESCRIPTOR.fields_by_name
+    # sampling_ratio is caffe-keypoint-rcnn's (its RoIAlign, keypoint_rcnn.py), with its number and default
     assert {k: f.number for k, f in fields.items()} == {"pooled_h": 1, "pooled_w": 2, "spatial_scale": 3,
-                                                         "fork": 20001}
-    assert fields["spatial_scale"].default_value == 1.0
+                                                         "fork": 20001, "sampling_ratio": 4}
+    assert fields["spatial_scale"].default_value == 1.0 and fields["sampling_ratio"].default_value == 2.0
+
+
+def test_roi_align_forks_refuse_keypoint_rcnns_sampling_ratio():
+    text = ('layer { name: "r" type: "ROIAlign" bottom: "x" bottom: "rois" top: "y" '
+            'roi_align_param { pooled_h: 2 pooled_w: 2 sampling_ratio: 3 } }')
+    with pytest.raises(LayerError, match="sampling_ratio is caffe-keypoint-rcnn's RoIAlign field"):
+        load_from_text(net(text, inputs={"x": (1, 2, 5, 5), "rois": (1, 5)}))
     assert caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name["roi_align_param"].number == 20005
 
 

@@ -2,12 +2,26 @@
 
 Kept apart from convert.py, which only adds these options and hands over when --calibrate is given.
 """
+import argparse
 import os
 import sys
 
 from ..errors import CaffeqError
+from ..quant.static_int8 import METHODS
 from .common import display_path, format_bytes, say_found
-from .options import positive_int, preprocess_options, report_stream
+from .options import did_you_mean, positive_int, preprocess_options, report_stream
+
+
+def calibration_methods(text):
+    """--calibrate-method M[,M...] -> [method, ...], each one of METHODS (a typo gets a did-you-mean)."""
+    methods = [m.strip().lower() for m in str(text).split(",") if m.strip()]
+    if not methods:
+        raise argparse.ArgumentTypeError(f"expected one or more of {', '.join(METHODS)}")
+    for m in methods:
+        if m not in METHODS:
+            raise argparse.ArgumentTypeError(f"unknown calibration method {m!r} (choose from {', '.join(METHODS)})"
+                                             f"{did_you_mean(m, METHODS)}")
+    return list(dict.fromkeys(methods))
 
 
 def add_arguments(p):
@@ -18,7 +32,8 @@ def add_arguments(p):
                         "onnxruntime runs on int8 kernels")
     g.add_argument("--calibrate-images", type=positive_int, default=256, metavar="N",
                    help="items of SRC to calibrate on (default 256)")
-    g.add_argument("--calibrate-method", default="minmax,percentile,entropy", metavar="M[,M...]",
+    g.add_argument("--calibrate-method", type=calibration_methods, default="minmax,percentile,entropy",
+                   metavar="M[,M...]",
                    help="activation range methods to try; the one agreeing best with fp32 on SRC is "
                         "written (default: all three)")
 
@@ -39,7 +54,7 @@ def run_static_int8(args, model, model_path, weights, lines, keep, only, found=N
     if args.no_optimize or args.batch not in (None, "dynamic") or args.onnx_batch not in (None, "dynamic"):
         raise CaffeqError("--calibrate writes an optimized file with a dynamic batch; drop "
                           "--no-optimize/--batch/--onnx-batch")
-    methods = [m.strip().lower() for m in str(args.calibrate_method).split(",") if m.strip()]
+    methods = list(args.calibrate_method)
     notes = []
     arrays = calibration_inputs(model, args.calibrate, args.calibrate_images, notes=notes,
                                 **preprocess_options(args))

@@ -174,8 +174,15 @@ def check_not_empty(model, path):
         missing = missing or next(((lp.name, b) for b in lp.bottom if b not in made), None)
         made.update(lp.top)
     names = ", ".join(f"'{lp.name}'" for lp in layers[:4]) + (f" (+{len(layers) - 4} more)" if len(layers) > 4 else "")
-    hint = (f"; layer '{missing[0]}' reads '{missing[1]}', which no layer makes (a fragment of a larger net?)"
-            if missing else "")
+    hint = ""
+    if missing:
+        # the blob may be made in the other phase only (a TRAIN-only data layer): then that phase is the net
+        other = "TRAIN" if model.phase == "TEST" else "TEST"
+        maker = next((lp.name for lp in filter_layers(model.net, other, model.stages, model.level)
+                      if missing[1] in lp.top), None)
+        hint = (f"; layer '{missing[0]}' reads '{missing[1]}', which only layer '{maker}' makes, at {other}: "
+                f"read the net with --phase {other}" if maker else
+                f"; layer '{missing[0]}' reads '{missing[1]}', which no layer makes (a fragment of a larger net?)")
     raise ParseError(f"{path}: nothing is left to run at {model.phase}: every layer ({names}) only trains "
                      f"(losses and the layers that feed only them){hint}")
 
@@ -210,7 +217,8 @@ def check_output(path, flag="-o", inputs=(), exts=None):
 
 
 def write_json(path, obj):
-    """JSON to stdout (path None or '-') or atomically to a file."""
+    """JSON to stdout (path None or '-') or atomically to a file, then `wrote FILE` on stdout (where
+    the text report is then), as every command says what it wrote."""
     if path in (None, "-"):
         json.dump(obj, sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -219,6 +227,7 @@ def write_json(path, obj):
     with atomic_output(path, "w") as f:
         json.dump(obj, f, indent=1)
         f.write("\n")
+    print(f"wrote {display_path(path)}")
 
 
 # ---- model outputs and messages shared by convert and finetune ---------------------------
@@ -233,6 +242,14 @@ def display_path(path):
         return r if not r.startswith("..") else path
     except ValueError:   # another drive (Windows)
         return path
+
+
+def keep_needs_a_target(flag, why):
+    """The one error for --keep/--only where nothing is quantized (run, convert, eval): `why` says
+    why nothing is, in the command's terms."""
+    what = "the layers kept fp32" if flag == "--keep" else "the layers to quantize"
+    raise CaffeqError(f"{flag} chooses {what} when quantizing, and {why}; add a quantized target "
+                      f"(--to fp16, int8 or binary) or drop {flag}")
 
 
 def layer_names_arg(value, flag, verb="quantize"):

@@ -13,6 +13,7 @@ from .common import (
     find_weights,
     format_bytes,
     format_count,
+    keep_needs_a_target,
     layer_names_arg,
     load_model,
     model_output_format,
@@ -22,11 +23,15 @@ from .common import (
 )
 from .options import (
     add_json_arg,
+    add_keep_arg,
     add_model_args,
     add_preprocess_args,
+    add_progress_arg,
+    did_you_mean,
     positive_int,
     preprocess_flags_given,
     preprocess_options,
+    progress_wanted,
     report_stream,
 )
 
@@ -67,9 +72,7 @@ def add_parser(sub):
     p.add_argument("-o", "--output", metavar="OUT", default=None,
                    help="output file: .onnx, .caffemodel (+ .prototxt beside it) or .caffeq "
                         "(default <prototxt stem>.<to>.onnx in the current folder)")
-    p.add_argument("--keep", metavar="none|NAME,...", default=None,
-                   help="layers kept fp32 (binary keeps the first and last weighted layers by default; "
-                        "'none' quantizes every eligible layer)")
+    add_keep_arg(p)
     p.add_argument("--only", metavar="NAME,...", default=None, help="quantize only these layers")
     p.add_argument("--budget", default=None, metavar="POINTS",
                    help="binary/int8: keep fp32 the fewest layers (most sensitive first) whose estimated "
@@ -78,7 +81,7 @@ def add_parser(sub):
                    help="--budget: the data to measure each layer's drop on (default: the TEST-phase "
                         "data layer's source)")
     p.add_argument("--opset", default=None, metavar="N", help="ONNX opset, 13 or newer (default 21)")
-    p.add_argument("--onnx-batch", default=None, metavar="dynamic|N",
+    p.add_argument("--onnx-batch", type=_onnx_batch, default=None, metavar="dynamic|N",
                    help="the ONNX file's batch dimension: dynamic (the default without --batch) or a "
                         "fixed size")
     p.add_argument("--no-optimize", action="store_true",
@@ -87,6 +90,7 @@ def add_parser(sub):
                    help="inputs by blob name: run fp32 and the target, report each output's relative "
                         "error and top-1 agreement")
     add_json_arg(p, "what was done")
+    add_progress_arg(p)     # --budget's sensitivity pass draws bars on a terminal, as `sensitivity` does
     p.add_argument("--format", choices=["pytorch"], default=None,
                    help="pytorch: a standalone model.py (plain torch.nn) + weights.safetensors + "
                         "README.md in the folder -o (default <prototxt stem>_pytorch/), or -o NAME.py "
@@ -119,9 +123,20 @@ def _target(text):
         raise argparse.ArgumentTypeError(
             f"{text!r} is a file format, not a weight precision ({', '.join(TARGETS)}); for PyTorch source "
             f"pass --format pytorch")
-    from .options import did_you_mean
     raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(TARGETS)})"
                                      f"{did_you_mean(value, TARGETS)}")
+
+
+def _onnx_batch(text):
+    """--onnx-batch: dynamic or a fixed batch size N >= 1."""
+    value = str(text).strip().lower()
+    if value == "dynamic":
+        return value
+    try:
+        return positive_int(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected dynamic or a batch size of 1 or more, got {text!r}"
+                                         f"{did_you_mean(value, ['dynamic'])}") from None
 
 def _batch_value(text):
     """--batch N; `--batch dynamic` (convert's old spelling of the ONNX batch) still works."""
@@ -266,10 +281,8 @@ def run(args):
     target = args.to or (stored[0] if len(stored) == 1 else "fp32")
     get_quantizer(target)
     if target == "fp32" and (keep is not None or only is not None):
-        flag = "--keep" if keep is not None else "--only"
-        given = "--to fp32 quantizes none" if args.to else "without --to the target is fp32 (none quantized)"
-        raise CaffeqError(f"{flag} chooses the layers to quantize, and {given}; add --to fp16/int8/binary "
-                          f"or drop {flag}")
+        keep_needs_a_target("--keep" if keep is not None else "--only",
+                            "--to fp32 quantizes none" if args.to else "without --to the target is fp32 (none quantized)")
     # the output is checked before the (possibly long) budget analysis and quantization
     if getattr(args, "format", None) == "pytorch":
         out = _pytorch_output(args, model_path)
@@ -305,7 +318,7 @@ def run(args):
                 raise CaffeqError("--budget chooses the layers kept fp32; drop --keep/--only")
             # the data read as `caffeq sensitivity` reads it: the same preprocessing flags
             kept, _ = keep_for_budget(model, args.budget, data=args.data, target=target,
-                                      **preprocess_options(args))
+                                      progress=progress_wanted(args), **preprocess_options(args))
             keep = kept or "none"
             keep_reason = f"budget {float(args.budget):g} points"
             lines.append(f"{keep_reason}: keep fp32 {', '.join(kept) or 'nothing'}")

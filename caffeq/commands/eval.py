@@ -3,13 +3,26 @@ import os
 import sys
 
 from ..errors import DataError
-from .common import check_output, defines_arg, input_shapes_arg, layer_names_arg, resolve_weights, say_found, write_json
+from .common import (
+    check_output,
+    defines_arg,
+    display_path,
+    input_shapes_arg,
+    keep_needs_a_target,
+    layer_names_arg,
+    resolve_weights,
+    say_found,
+    write_json,
+)
 from .options import (
     add_dataset_args,
     add_json_arg,
+    add_keep_arg,
     add_model_args,
+    add_no_output_arg,
     add_speed_args,
     default_workers,  # noqa: F401  (kept importable from here)
+    plural,
     positive_int,
     progress_wanted,
     report_stream,
@@ -33,15 +46,17 @@ def add_parser(sub):
                         "per class) or .npy/.npz")
     p.add_argument("--to", type=targets, default="fp32", metavar="T1,T2",
                    help="targets, comma separated: fp32, fp16, int8, binary (fp32 always runs as the "
-                        "reference)")
-    p.add_argument("--keep", default=None, help="quantized targets: layers kept fp32 (none or NAME,...)")
+                        "reference; a quantized .caffeq file runs as stored, in place of fp32)")
+    add_keep_arg(p)
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="evaluate the first N items only")
     p.add_argument("--strict", action="store_true", help="fail on the first unreadable item or bad label")
     add_json_arg(p, "the numbers")
     # --outputs as in every command: the output that counts here is the one holding the scores
-    p.add_argument("--outputs", "--output", dest="outputs", type=score_blob, metavar="BLOB",
+    p.add_argument("--outputs", type=score_blob, metavar="BLOB",
                    help="the blob holding the class scores (default: what the Accuracy layer reads, else "
                         "the net's output)")
+    # -o/--output is the output file elsewhere; eval writes none (and never reads it as --outputs)
+    add_no_output_arg(p, "it writes its results with --json FILE (--outputs BLOB names the class-score blob)")
     add_speed_args(p)
     p.add_argument("--calibrate", metavar="SRC", default=None,
                    help="with --to int8: static int8 (activations too), scales calibrated on SRC (a data "
@@ -59,6 +74,8 @@ def run(args):
     if args.data is not None and not os.path.exists(args.data):
         raise DataError(f"{args.data}: data source not found")
     weights, note = resolve_weights(args.model, args.weights)
+    if args.keep is not None and all(t == "fp32" for t in args.to):
+        keep_needs_a_target("--keep", "--to fp32 quantizes none")
     say_found(note)
     transform, resize, order = transform_from_args(args)
     result = evaluate(args.model, data=args.data, weights=weights, phase=args.phase,
@@ -77,7 +94,7 @@ def run(args):
     out = report_stream(args)
     d = result["data"]
     head = (f"{result['images']} images from {d['source']} ({d['kind']}), batch {d['batch_size']}, "
-            f"{result['device']}, {result['workers']} workers")
+            f"{result['device']}, {plural(result['workers'], 'worker')}")
     if result["world_size"] > 1:
         head += f", {result['world_size']} processes"
     if result["images_per_s"]:
@@ -98,6 +115,11 @@ def run(args):
               f"skipped: {shown}{', ...' if oor['count'] > 5 else ''}", file=out)
     for n in result["notes"]:
         print(f"note: {n}", file=out)
+    if "fp32" not in result["targets"]:
+        # a quantized .caffeq file: its stored precision stands where fp32 was asked for
+        stored = result["targets"][0]
+        print(f"note: {display_path(args.model)} holds {stored} weights and no fp32 reference: evaluated as "
+              f"stored, in place of fp32 (evaluate the fp32 prototxt and caffemodel for an fp32 row)", file=out)
     if args.json:
         write_json(args.json, result)
     return 0

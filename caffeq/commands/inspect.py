@@ -6,7 +6,7 @@ import sys
 from ..errors import ParseError
 from ..layers.registry import Layer
 from .common import check_output, format_bytes, format_count, load_model, write_json
-from .options import add_json_arg, add_model_args, report_stream
+from .options import add_json_arg, add_model_args, add_no_output_arg, report_stream
 
 
 def add_parser(sub):
@@ -15,6 +15,7 @@ def add_parser(sub):
                                    "shapes, parameters and multiply-accumulates, with totals.")
     add_model_args(p)
     add_json_arg(p, "the summary")
+    add_no_output_arg(p, "it writes the summary with --json FILE (convert writes models)")
     p.add_argument("--onnx", metavar="MODEL.onnx", help="also count the nodes of an exported ONNX file")
     return p
 

@@ -4,7 +4,8 @@ Every command builds its options from the helpers below, so that an option means
 thing, takes the same values and has the same default in every command:
 
 - `CliParser` turns every argparse error into one `caffeq: error:` line (exit status 2), with a
-  "did you mean" for a mistyped command, option or choice;
+  "did you mean" for a mistyped command, option or choice; options are never abbreviated
+  (allow_abbrev=False: `--output` must not quietly mean `--outputs`);
 - argument types (`positive_int`, `nonnegative_int`, `number`, `device`, `workers`) refuse bad
   values at parse time, before any work;
 - `add_model_args`, `add_json_arg`, `add_device_arg`, `add_workers_arg`, `add_progress_arg`,
@@ -24,9 +25,11 @@ class UsageError(CaffeqError):
 
 
 def did_you_mean(word, choices):
-    """' (did you mean X?)' for the closest of `choices` to `word`, else ''."""
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
+    """'; did you mean X?' for the closest of `choices` to `word` (letter case aside), else ''."""
+    choices = [str(c) for c in choices]
+    by_lower = {c.lower(): c for c in reversed(choices)}
+    close = difflib.get_close_matches(str(word).lower(), list(by_lower), n=1, cutoff=0.6)
+    return f"; did you mean {by_lower[close[0]]}?" if close else ""
 
 
 _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
@@ -39,7 +42,11 @@ class CliParser(argparse.ArgumentParser):
         import inspect
         if "suggest_on_error" in inspect.signature(argparse.ArgumentParser.__init__).parameters:
             kwargs.setdefault("suggest_on_error", True)   # Python 3.14+: argparse's own suggestions
+        # no abbreviations: an option is spelled out, so that one name never stands for another
+        # (`eval --output` for `--outputs`, the score blob, where elsewhere it is the output file)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.siblings = {}    # the other commands' parsers, by name (build_parser fills it in)
 
     def error(self, message):
         message = " ".join(str(message).split())
@@ -55,13 +62,23 @@ class CliParser(argparse.ArgumentParser):
             choices = [c.strip().strip("'\"") for c in m.group(2).split(",")]
             return did_you_mean(m.group(1), choices)
         if message.startswith("unrecognized arguments:"):
-            options = [o for o in self._option_string_actions if o.startswith("--")]
+            options = [o for o, a in self._option_string_actions.items()
+                       if o.startswith("--") and a.help != argparse.SUPPRESS]   # hidden ones only refuse
             for word in message.split(":", 1)[1].split():
                 if word.startswith("--"):
-                    hint = did_you_mean(word.split("=", 1)[0], options)
+                    hint = self._elsewhere(word.split("=", 1)[0]) or did_you_mean(word.split("=", 1)[0], options)
                     if hint:
                         return hint
         return ""
+
+    def _elsewhere(self, option):
+        """'; OPTION is an option of A, B, not of C' when other commands take it as spelled
+        (a suggestion of this command's nearest option would change its meaning)."""
+        owners = [name for name, p in self.siblings.items() if p is not self and option in p._option_string_actions]
+        if not owners:
+            return ""
+        command = self.prog.split(" ", 1)[1] if " " in self.prog else self.prog
+        return f"; {option} is an option of {', '.join(owners)}, not of {command}"
 
 
 # ---- argument types (argparse calls them; ArgumentTypeError becomes one error line) ----------
@@ -159,7 +176,11 @@ def workers(text):
     """--workers: auto (the default, see default_workers) or a count >= 0."""
     if str(text).strip().lower() == "auto":
         return default_workers()
-    return nonnegative_int(text)
+    try:
+        return nonnegative_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto or a count of 0 or more, got {text!r}"
+                                         f"{did_you_mean(str(text).strip(), ['auto'])}") from None
 
 
 # ---- options shared by several commands --------------------------------------------------
@@ -276,6 +297,24 @@ def add_progress_arg(p):
                    help="no progress bars (they are drawn on a terminal only)")
 
 
+KEEP_HELP = ("layers kept fp32 when quantizing (--to fp16, int8 or binary): none, or NAME,... "
+             "(default: binary keeps the first and last weighted layers, the others none)")
+
+
+def add_keep_arg(p):
+    """--keep: the same help and values in every command that quantizes (run, convert, eval)."""
+    p.add_argument("--keep", metavar="none|NAME,...", default=None, help=KEEP_HELP)
+
+
+def add_no_output_arg(p, writes):
+    """-o/--output where a command writes no model file (eval, sensitivity, inspect): one error line
+    that says how this command writes its results (`writes`), instead of a near option's meaning."""
+    class Refuse(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            parser.error(f"{option_string}: {parser.prog.split()[-1]} writes no model file; {writes}")
+    p.add_argument("-o", "--output", nargs="?", action=Refuse, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 def add_batch_size_arg(p, help="images per batch (default: the data layer's batch_size, else 64)"):
     p.add_argument("--batch-size", type=positive_int, default=None, metavar="N", help=help)
 
@@ -366,6 +405,11 @@ def add_speed_args(p):
                    help="torch.compile with weight freezing, for long runs (compiling takes a while)")
 
 
+def plural(count, noun):
+    """'1 worker', '0 workers', '4 workers'."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def progress_wanted(args):
     """Progress bars for this command: not --no-progress, and stderr is a terminal."""
     from ..progress import on_terminal
@@ -384,7 +428,9 @@ __all__ = [
     "add_dataset_args",
     "add_device_arg",
     "add_json_arg",
+    "add_keep_arg",
     "add_model_args",
+    "add_no_output_arg",
     "add_preprocess_args",
     "add_progress_arg",
     "add_speed_args",
@@ -400,6 +446,7 @@ __all__ = [
     "nonnegative_int",
     "nonnegative_number",
     "number",
+    "plural",
     "positive_int",
     "positive_number",
     "preprocess_flags_given",

@@ -5,8 +5,8 @@ import numpy as np
 
 from ..data.arrays import load_arrays
 from ..errors import DataError
-from .common import atomic_output, check_output, input_shapes_arg, layer_names_arg, load_model
-from .options import add_batch_size_arg, add_device_arg, add_model_args, add_speed_args
+from .common import atomic_output, check_output, input_shapes_arg, keep_needs_a_target, layer_names_arg, load_model
+from .options import add_batch_size_arg, add_device_arg, add_keep_arg, add_model_args, add_speed_args
 
 
 def add_parser(sub):
@@ -16,7 +16,8 @@ def add_parser(sub):
                                    "outputs by blob name, or every blob with --all-blobs.")
     add_model_args(p)
     p.add_argument("--input", "-i", required=True, metavar="X.npy|X.npz", help="input array(s)")
-    p.add_argument("--output", "-o", required=True, metavar="OUT.npz", help="where to write the outputs")
+    p.add_argument("--output", "-o", required=True, metavar="OUT.npz",
+                   help="where to write the outputs: a .npz file (another extension is refused)")
     add_device_arg(p, default="cpu")
     add_batch_size_arg(p, help="run in chunks of this many items (default: all at once)")
     p.add_argument("--all-blobs", action="store_true",
@@ -24,17 +25,21 @@ def add_parser(sub):
     add_speed_args(p)
     p.add_argument("--to", default="fp32", choices=["fp32", "fp16", "int8", "binary"],
                    help="quantize weights first (fp16 computes in fp16 on CUDA, fp32 on CPU)")
-    p.add_argument("--keep", default=None, help="with --to binary: layers kept fp32 (none or NAME,...)")
+    add_keep_arg(p)
     return p
 
 
 def run(args):
     inputs_files = (args.model, args.input, getattr(args, "weights", None))
+    if os.path.splitext(str(args.output))[1].lower() != ".npz" and not str(args.output).endswith(("/", os.sep)) \
+            and not os.path.isdir(args.output):
+        # numpy's savez writes a .npz archive whatever the name; the name says so
+        raise DataError(f"-o {args.output}: run writes the outputs as a .npz archive; name it OUT.npz")
     check_output(args.output, "-o", inputs_files)   # before any work
     if not os.path.exists(args.input):
         raise DataError(f"{args.input}: no such file")
     if args.keep is not None and args.to == "fp32":
-        raise DataError("--keep names the layers kept fp32 when quantizing; add --to fp16|int8|binary")
+        keep_needs_a_target("--keep", "--to fp32 (the default) quantizes none")
     inputs = load_arrays(args.input)
     _check_batch(args, inputs)
     model = load_model(args, weights_required=True)

@@ -8,6 +8,7 @@ from .common import check_output, resolve_weights, say_found
 from .options import (
     add_dataset_args,
     add_json_arg,
+    add_no_output_arg,
     add_weights_arg,
     positive_int,
     preprocess_options,
@@ -43,6 +44,7 @@ def add_parser(sub):
     p.add_argument("--plot", metavar="OUT.png", help="bar chart of the drops and the cumulative curve "
                                                      "(needs matplotlib)")
     add_json_arg(p, "the table")
+    add_no_output_arg(p, "it writes its results with --json FILE and the chart with --plot OUT.png")
     p.add_argument("--no-cumulative", action="store_true",
                    help="skip the second pass (accuracy vs number of quantized layers)")
     add_dataset_args(p)

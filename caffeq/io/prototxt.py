@@ -63,6 +63,8 @@ _SHARED_NAMES = {
     ("caffe.LayerParameter", "video_data_param"): ("video_data_param", "c3d_video_data_param",
                                                    "tsn_video_data_param", "lrcn_video_data_param"),
     ("caffe.LayerParameter", "quantization_param"): ("quantization_param", "xmbrain_quantization_param"),
+    # dedoogong/caffe-keypoint-rcnn's GenerateProposal names its GenerateProposalsParameter proposal_param
+    ("caffe.LayerParameter", "proposal_param"): ("proposal_param", "generate_proposals_param"),
 }
 _FORK_OF_FIELD = {"video_data_param": "SSD", "c3d_video_data_param": "C3D v1.1",
                   "tsn_video_data_param": "TSN (yjxiong/caffe)", "lrcn_video_data_param": "apir8181/caffe_lrcn",
@@ -157,6 +159,11 @@ class _FieldPicker(text_format._Parser):
         super()._MergeScalarField(tokenizer, message, field)
 
     def _pick(self, options, tokenizer, layer):
+        if "generate_proposals_param" in options:
+            # the layer's type alone says whose, whatever fields the block sets: the keypoint-rcnn fork's
+            # GenerateProposal, else proposal_param as before; a type written after the block is read ahead
+            kind = layer.type or _type_after_block(self.lines, tokenizer._line, tokenizer._column)
+            return "generate_proposals_param" if kind == "GenerateProposal" else options[0]
         names = _block_field_names(self.lines, tokenizer._line, tokenizer._column)
         known = {option: names & set(_message_of(option).fields_by_name) for option in options}
         fits = [option for option in options if known[option] == names]
@@ -183,6 +190,26 @@ class _FieldPicker(text_format._Parser):
             f"{' and '.join(_FORK_OF_FIELD[f] for f in fits)} share ({', '.join(sorted(names))}); "
             f"read as {_FORK_OF_FIELD[choice]}'s ({why})")
         return choice
+
+
+def _type_after_block(lines, line, column):
+    """The `type: "..."` set after the message block that starts at lines[line][column], in the message
+    that holds the block (its layer), or ""."""
+    tokenizer = text_format.Tokenizer([lines[line][column:]] + lines[line + 1:])
+    depth, last = 0, []
+    while not tokenizer.AtEnd():
+        token = tokenizer.token
+        if token in ("{", "<"):
+            depth += 1
+        elif token in ("}", ">"):
+            depth -= 1
+            if depth < 0:
+                break
+        elif not depth and last == ["type", ":"]:
+            return token.strip("\"'")
+        last = (last + [token])[-2:]
+        tokenizer.NextToken()
+    return ""
 
 
 def _message_of(layer_field):
@@ -338,6 +365,9 @@ def _parse_error(path, err, text):
     if (bare or bare_text) and m:
         return BarePlaceholder(f"{where}: {msg}", int(m.group(1)), int(m.group(2)), (bare or bare_text).group(1),
                                wants_text=bare is None)
+    unclosed = _unclosed(path, text)
+    if unclosed is not None:
+        return ParseError(unclosed)
     block = block_placeholder(text, int(m.group(1)) - 1) if m else None
     if block is not None:
         row, word = block
@@ -345,6 +375,60 @@ def _parse_error(path, err, text):
                           f"script replaces with text (layers or fields) before Caffe reads the file; put that "
                           f"text in its place, or pass --define {word}=TEXT")
     return ParseError(f"{where}: {msg}")
+
+
+_TOKEN = re.compile(r"\s+|#[^\n]*|[A-Za-z_][\w.]*|[{}<>:]|[\"']|[^\s{}<>:\"'#A-Za-z_]+")
+_CLOSER = {"{": "}", "<": ">"}
+_FIELDS_INSIDE = re.compile(r"\s[A-Za-z_]\w*\s*(:|\{)")
+
+
+def _unclosed(path, text):
+    """The one-line message for a file that does not parse because a quoted string is not closed
+    on its line (protobuf's tokenizer, as Caffe's, ends a string there), or because the file ends
+    inside a block: where that string or the outermost open block began, with the layer's name.
+    None when neither is the case."""
+    open_blocks = []          # [field, line, opener, layer name] from the outermost
+    words = []                # the last few tokens: `name : "conv1"` names the layer being read
+    for row, line in enumerate(text.split("\n"), 1):
+        col, line_strings = 0, []
+        while col < len(line):
+            m = _TOKEN.match(line, col)
+            token = m.group(0)
+            if token in ("\"", "'"):
+                end = col + 1
+                while end < len(line) and line[end] != token:
+                    end += 2 if line[end] == "\\" else 1
+                if end >= len(line):
+                    # the quotes pair up wrongly after the one left open: a "string" holding fields
+                    # (`"conv1 convolution_param {`) began at it
+                    start = next((c for c, q in line_strings if _FIELDS_INSIDE.search(q)), col)
+                    return (f"{path}:{row}:{start + 1}: unterminated string: the {line[start]} opened here is not "
+                            f"closed on its line")
+                value = line[col + 1:end]
+                line_strings.append((col, value))
+                if open_blocks and len(open_blocks) == 1 and words[-2:] == ["name", ":"] \
+                        and open_blocks[0][3] is None:
+                    open_blocks[0][3] = value
+                words.append(token + value + token)
+                col = end + 1
+                continue
+            col = m.end()
+            if token.isspace() or token.startswith("#"):
+                continue
+            if token in _CLOSER:
+                field = next((w for w in reversed(words[-2:]) if w[:1].isalpha() or w[:1] == "_"), None)
+                open_blocks.append([field, row, token, None])
+            elif token in ("}", ">") and open_blocks:
+                open_blocks.pop()
+            words = (words + [token])[-3:]
+    if not open_blocks:
+        return None
+    field, row, opener, name = open_blocks[0]
+    if field in ("layer", "layers"):
+        what = f"layer '{name}'" if name else "a layer"
+    else:
+        what = f"'{field}'" if field else f"the '{opener}' block"
+    return f"{path}:{row}: {what} opened here is not closed: the file ends before its '{_CLOSER[opener]}'"
 
 
 def _parse(text, message, path, ignore_unknown, warnings, phase, known_layer):

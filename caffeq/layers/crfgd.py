@@ -5,7 +5,12 @@ probabilities, and the per-pixel features they read.
 - PixelFeature (pixel_feature_layer.cpp, Max Planck bilateralNN's): (N, C, H, W) -> position and colour
   features.  POSITION_AND_RGB: [pos_scale y + offset_h, pos_scale x + offset_w, color_scale x_c...]
   (N, 2 + C, H, W); RGB_AND_POSITION: the colours first; RGB: color_scale x; POSITION: the two
-  position channels.  The random and warped types draw random numbers and are refused.
+  position channels.  WARPED_POSITION (N, 3, H, W), per pixel (y, x), with the float32 angle
+  a = -rotation_angle / 180 pi (in double, then float), its float cos and sin (taken correctly rounded;
+  the fork's cosf / sinf), Y = y pos_scale - H div 2, X = x pos_scale - W div 2 (integer halves):
+  [sin a X + cos a Y + H div 2, cos a X - sin a Y + W div 2, a / rotation_sigma], float32 steps as
+  pixel_feature_layer.cpp (its .cu kernel the same formula).  RANDOM_POSITION, NUM_RANDOM_POSITION and
+  RANDOM_ROTATE draw random numbers and are refused.
 - CrfFilterbankEd (crf_filterbank_ed.cpp): bottoms Q0 (N, C, H, W) class probabilities and per-pixel
   filter weights (N, F, H, W); blobs the unary weight w (1, 1, 1, 1) and the filters (C, C F, k, k),
   whose memory is a bias-free k x k convolution with C F outputs, output c F + f (pad (k - 1) / 2).
@@ -57,6 +62,23 @@ def pixel_features(x, kind: str, pos_scale: float, color_scale: float, offset_h:
         return colour
     parts = [position, colour] if kind == "POSITION_AND_RGB" else [colour, position]
     return torch.cat(parts, 1)
+
+
+def pixel_warped_position(x, pos_scale: float, angle: float, cos_angle: float, sin_angle: float,
+                          rotation_sigma: float):
+    """PixelFeature's WARPED_POSITION top (N, 3, H, W) for x (N, C, H, W), float32 steps: the positions
+    rotated by the float32 angle (cos_angle, sin_angle its float cos and sin) about the integer halves of
+    H and W, and angle / rotation_sigma."""
+    n, _, h, w = x.shape
+    f32 = torch.float32
+    scale, cos_a, sin_a = (torch.tensor(v, dtype=f32) for v in (pos_scale, cos_angle, sin_angle))
+    mid_y, mid_x = torch.tensor(float(h // 2), dtype=f32), torch.tensor(float(w // 2), dtype=f32)
+    ys = (torch.arange(h, dtype=f32) * scale - mid_y)[:, None]
+    xs = (torch.arange(w, dtype=f32) * scale - mid_x)[None, :]
+    first = sin_a * xs + cos_a * ys + mid_y
+    second = cos_a * xs - sin_a * ys + mid_x
+    third = (torch.tensor(angle, dtype=f32) / torch.tensor(rotation_sigma, dtype=f32)).expand(h, w)
+    return torch.stack([first, second, third])[None].expand(n, 3, h, w).to(x.device, x.dtype).contiguous()
 
 
 def entropic_step_size(classes: int, it: int, step_size_factor: float):
@@ -281,7 +303,7 @@ TORCH_CRF_DESCENT = torch_sources(bnn_gauss_filter, bnn_lattice, bnn_filter, bnn
 
 @register_layer("PixelFeature")
 class PixelFeature(Layer):
-    RUNS = ("POSITION", "POSITION_AND_RGB", "RGB_AND_POSITION", "RGB")
+    RUNS = ("POSITION", "POSITION_AND_RGB", "RGB_AND_POSITION", "RGB", "WARPED_POSITION")
 
     def parse(self, lp):
         need_blobs(lp, "PixelFeature", 1, 1)
@@ -290,23 +312,34 @@ class PixelFeature(Layer):
         if kind not in self.RUNS:
             raise LayerError(f"pixel_feature_param.type {kind} draws random positions; caffeq runs "
                              f"{', '.join(self.RUNS)}")
-        return {"kind": kind, "pos_scale": float(p.pos_scale), "color_scale": float(p.color_scale),
-                "offset_h": float(p.offset_h), "offset_w": float(p.offset_w)}
+        attrs = {"kind": kind, "pos_scale": float(p.pos_scale), "color_scale": float(p.color_scale),
+                 "offset_h": float(p.offset_h), "offset_w": float(p.offset_w)}
+        if kind == "WARPED_POSITION":
+            # the fork: Dtype angle = -rotation_angle / 180.0 * M_PI (double steps), std::cos / std::sin of it
+            angle = float(torch.tensor(-float(p.rotation_angle) / 180.0 * math.pi, dtype=torch.float32))
+            trig = [float(torch.tensor(f(angle), dtype=torch.float32)) for f in (math.cos, math.sin)]
+            attrs["warp"] = (angle, *trig, float(p.rotation_sigma))
+        return attrs
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
         if len(s) != 4:
             raise LayerError(f"PixelFeature needs an (N, C, H, W) bottom, got {list(s)}")
-        channels = {"POSITION": 2, "RGB": s[1]}.get(attrs["kind"], 2 + s[1])
+        channels = {"POSITION": 2, "RGB": s[1], "WARPED_POSITION": 3}.get(attrs["kind"], 2 + s[1])
         return [(s[0], channels, s[2], s[3])]
 
     def _args(self, attrs):
         return (attrs["kind"], attrs["pos_scale"], attrs["color_scale"], attrs["offset_h"], attrs["offset_w"])
 
     def forward(self, attrs, params, x):
+        if attrs["kind"] == "WARPED_POSITION":
+            return pixel_warped_position(x, attrs["pos_scale"], *attrs["warp"])
         return pixel_features(x, *self._args(attrs))
 
     def pytorch_source(self, node, emit):
+        if node.attrs["kind"] == "WARPED_POSITION":
+            args = ", ".join(emit.lit(v) for v in (node.attrs["pos_scale"], *node.attrs["warp"]))
+            return f"{emit.helper(pixel_warped_position)}({emit.inputs[0]}, {args})"
         args = ", ".join(emit.lit(v) for v in self._args(node.attrs))
         return f"{emit.helper(pixel_features)}({emit.inputs[0]}, {args})"
 
@@ -315,6 +348,10 @@ class PixelFeature(Layer):
         a = node.attrs
         n, c, h, w = ctx.shape(node.inputs[0])
         zeros = torch.zeros((n, c, h, w))
+        if a["kind"] == "WARPED_POSITION":   # depends on the bottom's shape only
+            warped = pixel_warped_position(zeros, a["pos_scale"], *a["warp"]).numpy()
+            ctx.add_node("Identity", [ctx.const(warped, node.name + "_warped")], [node.outputs[0]], name=node.name)
+            return
         position = pixel_features(zeros, "POSITION", a["pos_scale"], 1.0, a["offset_h"], a["offset_w"]).numpy()
         if a["kind"] == "POSITION":
             ctx.add_node("Identity", [ctx.const(position, node.name + "_position")], [node.outputs[0]], name=node.name)

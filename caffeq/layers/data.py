@@ -470,12 +470,33 @@ class RandVec(DataLayer):
         return ["none: RandVec's noise, N(0, 2^2) in the fork (fed as given here)"]
 
 
+def lgm_hdf5_transform(p):
+    """WeitaoVan/L-GM-loss (598582f, src/caffe/layers/hdf5_data_layer.cpp; HDF5DataParameter 4-8 of its
+    caffe.proto): as each HDF5 file loads, its first dataset's (N, C, H, W) rows are cropped to crop_size
+    (the centre at TEST, (H - crop) / 2 in integer division), each channel has its mean_value (one, or one per
+    channel) added negated, then is mirrored at random (mirror, at any phase), then multiplied by scale:
+    Caffe's DataTransformer's crop, (x - mean) * scale, which is how eval applies it at TEST.  At TEST, mirror
+    (or crop_num > 1) makes the fork emit several crops per row: not applied here (a note)."""
+    t = {"scale": float(p.scale), "mirror": False, "crop_size": int(p.crop_size), "mean_file": None,
+         "mean_value": [float(v) for v in p.mean_value], "force_color": False, "force_gray": False,
+         "siamese": None, "crop_hw": None}
+    notes = []
+    if p.mirror or p.crop_num > 1:
+        notes.append("HDF5Data (WeitaoVan/L-GM-loss): at TEST, crop_num > 1 or mirror with crop_size gives "
+                     "crop_num (x 2 with mirror) crops per row, and mirror without crop_size flips rows at random; "
+                     "eval applies the centre crop, mean_value and scale only")
+    return {"transform": t, "reading_notes": notes}
+
+
 @register_layer("HDF5Data")
 class HDF5Data(DataLayer):
     def parse(self, lp):
         p = lp.hdf5_data_param
-        return {"source": p.source, "batch_size": int(p.batch_size), "tops": list(lp.top),
-                "num_tops": len(lp.top)}
+        attrs = {"source": p.source, "batch_size": int(p.batch_size), "tops": list(lp.top),
+                 "num_tops": len(lp.top)}
+        if any(p.HasField(f) for f in ("scale", "mirror", "crop_size", "crop_num")) or len(p.mean_value):
+            attrs.update(lgm_hdf5_transform(p))
+        return attrs
 
     def guessed_label_tops(self, attrs, given):
         return ()   # every top's shape comes from the HDF5 file or the user
@@ -507,4 +528,8 @@ class HDF5Data(DataLayer):
         if first is None:
             raise DataError(f"HDF5Data source '{source}' lists no files")
         with h5py.File(resolve_source(first, os.path.dirname(source)), "r") as h5:
-            return [(attrs["batch_size"],) + tuple(h5[t].shape[1:]) for t in attrs["tops"]]
+            shapes = [(attrs["batch_size"],) + tuple(h5[t].shape[1:]) for t in attrs["tops"]]
+        crop = (attrs.get("transform") or {}).get("crop_size")
+        if crop and len(shapes[0]) == 4:   # L-GM-loss's crop of the first top
+            shapes[0] = shapes[0][:2] + (crop, crop)
+        return shapes

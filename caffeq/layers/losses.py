@@ -3,7 +3,9 @@
 They exist for training and evaluation: they are marked `is_training_only` and dropped on export.
 A loss top holds the unweighted loss, as Caffe's top blob does; `attrs["loss_weight"]` (one per
 top, Caffe's defaults: 1 for a loss layer's first top) tells a trainer how to weight it.  Labels
-arrive as floats and are truncated to int, as Caffe's static_cast does.
+arrive as floats and are truncated to int, as Caffe's static_cast does.  An Accuracy with 3 bottoms is
+xiaolonw/caffe-3dnormal_joint_past's (4af389e, src/caffe/layers/accuracy_layer.cpp): a (1, 2, 1, 1) top that its
+forward never writes (zeros).
 """
 import math
 import os
@@ -188,6 +190,40 @@ class RecallPrecisionAccuracy(ReadOnlyLayer):
     def why_not_run(self, attrs):
         return ("the fork that gives Accuracy a third top (per-class recall and precision) is not public, so "
                 "what it computes is not known")
+
+
+@claim_layers("Accuracy", lambda lp: len(lp.bottom) == 3 and len(lp.top) == 1)
+class UnwrittenAccuracy(_TrainingOnly):
+    """xiaolonw/caffe-3dnormal_joint_past 4af389e (src/caffe/layers/accuracy_layer.cpp): its Accuracy takes any
+    bottoms (its checks are commented out; its 3-D normal nets give prediction, probabilities and label) and
+    shapes its one top (1, 2, 1, 1), as 2014's BVLC did for accuracy and log-probability, but its Forward_cpu
+    computes nothing (the loop is commented out) and returns 0: the top keeps the zeros a new blob holds.  BVLC's
+    Accuracy takes 2 bottoms.  The other 3-bottom Accuracy, olivernina/lisa-caffe-public's (LRCN_model 8d19f1d:
+    scores, a label per item, a weight per item), is told apart by that label, whose shape leads the scores'
+    (trailing 1s aside; xiaolonw's nets give probabilities (N, K) there): it is refused (its weighted accuracy
+    is not computed here), as BVLC's Accuracy refuses 3 bottoms.  A read one sets attrs["unwritten"], so that eval never takes its bottoms for scores and a label."""
+
+    def parse(self, lp):
+        return {"loss_weight": _loss_weights(lp, 1, 0.0)}
+
+    def infer(self, attrs, in_shapes):
+        s, second = tuple(in_shapes[0]), list(in_shapes[1])
+        while second and second[-1] == 1:
+            second.pop()
+        if len(second) < len(s) and tuple(second) == s[:len(second)]:
+            # the second bottom's shape leads the scores' (trailing 1s aside): labels, as LRCN's nets give it
+            raise LayerError(f"Accuracy with 3 bottoms whose second {list(in_shapes[1])} is a label per item: "
+                             f"olivernina/lisa-caffe-public's (LRCN) accuracy weighted by the third bottom, which "
+                             f"caffeq does not compute (xiaolonw/caffe-3dnormal_joint_past's gives probabilities "
+                             f"there)")
+        attrs["unwritten"] = True
+        attrs["reading_notes"] = ["an Accuracy with 3 bottoms (the second not a label per item) read as "
+                                  "xiaolonw/caffe-3dnormal_joint_past's: a (1, 2, 1, 1) top its forward never "
+                                  "writes (zeros)"]
+        return [(1, 2, 1, 1)]
+
+    def forward(self, attrs, params, *bottoms):
+        return bottoms[0].new_zeros((1, 2, 1, 1))
 
 
 def _first_tops(lp, n):

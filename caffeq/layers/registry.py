@@ -465,10 +465,13 @@ def require_specs(layer_params, source=""):
         import difflib
         known = supported_types()
 
-        def close(t):   # "did you mean": a typo or another capitalization of a known type
-            by_case = [k for k in known if k.lower() == t.lower()]
-            hit = by_case or difflib.get_close_matches(t, known, n=1, cutoff=0.75)
-            return f", did you mean {hit[0]}?" if hit else ""
+        by_lower = {}
+        for k in known:
+            by_lower.setdefault(k.lower(), k)
+
+        def close(t):   # "did you mean": a typo, in any capitalization, of a known type (Relux -> ReLU)
+            hit = difflib.get_close_matches(t.lower(), list(by_lower), n=1, cutoff=0.75)
+            return f", did you mean {by_lower[hit[0]]}?" if hit else ""
 
         parts = ", ".join(f"{t} (layers {', '.join(repr(n) for n in names[:3])}"
                           f"{', ...' if len(names) > 3 else ''}{close(t)})" for t, names in sorted(missing.items()))

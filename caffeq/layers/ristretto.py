@@ -38,6 +38,9 @@ INTEGER_POWER_OF_2_WEIGHTS leaves inputs and tops untrimmed; LRNRistretto aborts
 InnerProduct runs a batch of one through gemv without `transpose` (as BVLC's does); caffeq follows
 InnerProduct's `transpose` at every batch size.  Only the TEST phase's forward is modelled (TRAIN
 rounds the weights stochastically and leaves activations in float).
+
+SummerLife/caffe_mobilessd (c44db66) adds QuantizationParameter fl_bias_params, bw_bias_params, weight_scale,
+data_scale and int8_term: only its CPU forward reads them (see mobilessd_notes); they are read with a note.
 """
 import copy
 import dataclasses
@@ -246,6 +249,26 @@ def parse_quantization(lp, lrn=False):
     return q
 
 
+MOBILESSD_FIELDS = ("fl_bias_params", "bw_bias_params", "weight_scale", "data_scale", "int8_term")
+
+
+def mobilessd_notes(lp):
+    """SummerLife/caffe_mobilessd (c44db66, src/caffe/ristretto/layers/base_ristretto_layer.cpp and .cu,
+    conv_ristretto_layer.cpp, fc_ristretto_layer.cpp; QuantizationParameter 20-24 of its caffe.proto) adds
+    fl_bias_params, bw_bias_params, weight_scale, data_scale and int8_term.  Only its CPU forward reads them, in
+    an integer pipeline of its own (data kept as integers, the bias trimmed to bw_bias_params / fl_bias_params
+    and shifted by 2^(fl_params + fl_layer_in - fl_bias_params), tops requantized; int8_term scales instead);
+    its GPU forward, Ristretto's, which caffeq follows, trims the bias with bw_params / fl_params and reads
+    none of them."""
+    p = lp.quantization_param
+    given = [f for f in MOBILESSD_FIELDS if (len(p.weight_scale) if f == "weight_scale" else p.HasField(f))]
+    if not given:
+        return []
+    return [f"{lp.type} '{lp.name}': quantization_param {', '.join(given)} (SummerLife/caffe_mobilessd) are read "
+            f"only by that fork's CPU forward; its GPU forward, which caffeq follows, trims the bias with "
+            f"bw_params / fl_params as Ristretto does"]
+
+
 def _top_trim(q, i):
     """Top i's trim: every top's in pmgysel's Ristretto, top 0's alone in XmBrain/Quantizer's."""
     return None if i and q.get("first_top_only") else q["outputs"]
@@ -352,6 +375,9 @@ class _Ristretto:
             attrs["ristretto"] = parse_xmbrain(lp, weights=lp.type != "DeconvolutionRistretto")
         else:
             attrs["ristretto"] = parse_quantization(lp)
+            notes = mobilessd_notes(lp)
+            if notes:
+                attrs.setdefault("reading_notes", []).extend(notes)
         attrs["name"] = lp.name
         attrs["bottom_count"] = len(lp.bottom)
         return attrs

@@ -73,13 +73,14 @@ def roi_align_corners(x, b, rows, cols):
     return x[b.to(dev)[:, None, None], :, rows.to(dev)[:, :, None], cols.to(dev)[:, None, :]].permute(0, 3, 1, 2)
 
 
-def mask_rcnn_axis(start, bin_size, pooled: int, size: int):
-    """py-mask-rcnn's samples along one axis (start, bin_size: (R,) float32) -> per sample (R, pooled, 2):
-    outside (value 0), low and high cell, weight of the high cell (l) and of the low one (1 - l)."""
+def mask_rcnn_axis(start, bin_size, pooled: int, size: int, grid: int = 2):
+    """py-mask-rcnn's samples along one axis (start, bin_size: (R,) float32) -> per sample (R, pooled, grid):
+    outside (value 0), low and high cell, weight of the high cell (l) and of the low one (1 - l).  Detectron's
+    RoIAlign (caffe-keypoint-rcnn's) samples the same way with `grid` samples per bin."""
     f32 = torch.float32
     p = torch.arange(pooled, dtype=f32)[None, :, None]
-    i = torch.tensor([0.5, 1.5], dtype=f32)[None, None, :]
-    at = (start[:, None, None] + p * bin_size[:, None, None]) + i * bin_size[:, None, None] / 2.0
+    i = torch.arange(grid, dtype=f32)[None, None, :] + 0.5
+    at = (start[:, None, None] + p * bin_size[:, None, None]) + i * bin_size[:, None, None] / float(grid)
     outside = (at < -1.0) | (at > float(size))
     at = torch.where(at <= 0, torch.zeros((), dtype=f32), at)
     low = at.long()
@@ -280,6 +281,10 @@ class ROIAlignForks(RoiLayerSpec):
             raise LayerError("ROIAlign sets both roi_align_param (the Mask R-CNN / R-FCN forks' layer) and "
                              "roi_pooling_param (zhaoweicai's cascade-rcnn layer); each fork reads only one of them")
         p = lp.roi_align_param
+        if p.HasField("sampling_ratio"):
+            # the field is caffe-keypoint-rcnn's, read by its RoIAlign (keypoint_rcnn.py); these forks fix theirs
+            raise LayerError(f"roi_align_param.sampling_ratio is caffe-keypoint-rcnn's RoIAlign field; ROIAlign "
+                             f"({FORKS.Name(int(p.fork))}) samples a fixed grid and never reads it")
         return {**pooled_grid_attrs(p, "roi_align_param"), "fork": int(p.fork),
                 "reading_notes": [] if p.HasField("fork") else [UNSET_FORK_NOTE]}
 

@@ -1,5 +1,5 @@
 """Sifei Liu's spatial propagation networks (Liusifei/caffe-spn a25d2af, caffe-dev/src/caffe/layers, last
-changed in 2660415): GateRecurrent2dnoind and Divide.  Both run on the GPU (GateRecurrent2dnoind's
+changed in 2660415): GateRecurrent2dnoind, Divide and ROI.  They run on the GPU (GateRecurrent2dnoind's
 Forward_cpu calls its Forward_gpu), so these follow the CUDA kernels.
 
 - GateRecurrent2dnoind (gaterecurrent2dnoind_param horizontal, reverse): bottoms x and three gates
@@ -12,10 +12,21 @@ Forward_cpu calls its Forward_gpu), so these follow the CUDA kernels.
   The kernels read no activation: another `active` gets a note.
 - Divide: 1 / x, where |x| < 1e-6 is first set to 1e-6 in the bottom blob itself (a later reader of
   that bottom sees it so).  Its CPU forward replaces only exact zeros, by 1e-4: the GPU's is read.
+- ROI (roi_layer.cu, roi_layer.cpp, include/caffe/layers/roi_layer.hpp; roi_param pooled_h [128], pooled_w
+  [128], caffeq's field 30164, the fork's 164): bottoms x (N, C, H, W) and rois (R, 5) = one-based [batch,
+  x1, y1, x2, y2]; top (R, C, pooled_h, pooled_w), a crop: top[n, c, i, j] = x[b, c, y1 + i, x1 + j] with b,
+  x1, y1 the roi's values less 1 converted to int (toward zero).  The kernel reads x2 and y2 not at all and
+  indexes x flat, ((b C + c) H + y1 + i) W + x1 + j, so a window past the right edge continues on the next
+  row; a read outside the blob is refused.  The CPU forward differs (it CHECKs that x2 - x1 + 1 and
+  y2 - y1 + 1 are pooled_w and pooled_h, copies rows y1 .. y2 - 1 and columns x1 .. x2 - 1 only, and leaves
+  the last row and column at -FLT_MAX): the GPU's is read, as the fork's layer_test/roi_test.py runs it.
 """
+import numpy as np
 import torch
 
-from .registry import Layer, LayerError, four_axes, need_blobs, register_layer
+from ..errors import DataError
+from .misc import eager_checks
+from .registry import Layer, LayerError, count, four_axes, need_blobs, positive_field, register_layer
 
 DIVIDE_FLOOR = 1e-6   # the kernel's threshold (a double) and replacement
 
@@ -192,3 +203,76 @@ class Divide(Layer):
         out = emit.tmp("divided")
         emit.stmt(f"{out} = {emit.helper(spn_divide)}({emit.inputs[0]}, {emit.lit(DIVIDE_FLOOR)})")
         return [f"{out}[0]", f"{out}[1]"] if node.attrs.get("written_back") else f"{out}[0]"
+
+
+def spn_roi_index(x, rois, pooled_h: int, pooled_w: int):
+    """ROI's flat indexes into x, (R, C, pooled_h, pooled_w), as the fork's kernel computes them."""
+    c, h, w = x.shape[1], x.shape[2], x.shape[3]
+    r = rois.reshape(rois.shape[0], 5)
+    batch, x1, y1 = (r[:, 0] - 1).long(), (r[:, 1] - 1).long(), (r[:, 2] - 1).long()   # C's int(): toward zero
+    start = (batch * (c * h * w) + y1 * w + x1).reshape(-1, 1, 1, 1)
+    channel = (torch.arange(c, device=x.device) * (h * w)).reshape(1, c, 1, 1)
+    row = (torch.arange(pooled_h, device=x.device) * w).reshape(1, 1, pooled_h, 1)
+    col = torch.arange(pooled_w, device=x.device).reshape(1, 1, 1, pooled_w)
+    return start + channel + row + col
+
+
+def spn_roi(x, rois, pooled_h: int, pooled_w: int):
+    """ROI: each roi's pooled_h x pooled_w window of x, read flat from its one-based corner (x1, y1)."""
+    return x.reshape(-1)[spn_roi_index(x, rois, pooled_h, pooled_w)]
+
+
+@register_layer("ROI")
+class ROI(Layer):
+    reading_note = ("ROI read as Liusifei/caffe-spn's GPU kernel (its CPU forward leaves the last row and column "
+                    "at -FLT_MAX)")
+
+    def parse(self, lp):
+        need_blobs(lp, "ROI", 2, 1, "x, rois")
+        p = lp.roi_param
+        return {"pooled_h": positive_field(p.pooled_h, "roi_param.pooled_h"),
+                "pooled_w": positive_field(p.pooled_w, "roi_param.pooled_w")}
+
+    def infer(self, attrs, in_shapes):
+        n, c, h, w = four_axes(in_shapes[0], "ROI", "x (bottom 0)")
+        rois = tuple(in_shapes[1])
+        if not rois or count(rois) != 5 * rois[0]:
+            raise LayerError(f"ROI's rois must be (R, 5) = one-based [batch, x1, y1, x2, y2], got {list(rois)}")
+        return [(rois[0], c, attrs["pooled_h"], attrs["pooled_w"])]
+
+    def forward(self, attrs, params, x, rois):
+        if eager_checks() and rois.shape[0]:
+            index = spn_roi_index(x, rois, attrs["pooled_h"], attrs["pooled_w"])
+            bad = ((index < 0) | (index >= x.numel())).flatten(1).any(1)
+            if bool(bad.any()):
+                k = int(bad.nonzero()[0, 0])
+                raise DataError(f"ROI: roi {k} {rois.reshape(-1, 5)[k].tolist()} reads outside the bottom "
+                                f"{list(x.shape)} (its {attrs['pooled_h']} x {attrs['pooled_w']} window from the "
+                                f"one-based corner x1, y1 of batch item b)")
+        return spn_roi(x, rois, attrs["pooled_h"], attrs["pooled_w"])
+
+    def onnx(self, ctx, node):
+        x, rois = node.inputs
+        _, c, h, w = ctx.shape(x)
+        ph, pw = node.attrs["pooled_h"], node.attrs["pooled_w"]
+        r = ctx.op("Reshape", [rois, ctx.i64([-1, 5])], "rois", name=node.name)
+
+        def value(k, hint):   # column k less 1, toward zero, as int64 (R, 1)
+            col = ctx.op("Slice", [r, ctx.i64([k]), ctx.i64([k + 1]), ctx.i64([1])], hint + "_col")
+            return ctx.op("Cast", [ctx.trunc(ctx.op("Sub", [col, ctx.f32(1)], hint + "_less"), hint + "_int")],
+                          hint, to=7)
+
+        batch, x1, y1 = value(0, "batch"), value(1, "x1"), value(2, "y1")
+        start = ctx.op("Add", [ctx.op("Add", [ctx.op("Mul", [batch, ctx.i64(c * h * w)], "item"),
+                                              ctx.op("Mul", [y1, ctx.i64(w)], "row")], "item_row"), x1], "start")
+        offsets = (np.arange(c).reshape(c, 1, 1) * (h * w) + np.arange(ph).reshape(1, ph, 1) * w
+                   + np.arange(pw).reshape(1, 1, pw)).astype(np.int64)[None]
+        index = ctx.op("Add", [ctx.op("Reshape", [start, ctx.i64([-1, 1, 1, 1])], "start4"),
+                               ctx.const(offsets, node.name + "_offsets")], "index")
+        flat = ctx.op("Reshape", [x, ctx.i64([-1])], "flat")
+        ctx.add_node("Gather", [flat, index], [node.outputs[0]], axis=0)
+
+    def pytorch_source(self, node, emit):
+        emit.helper(spn_roi_index)
+        return (f"{emit.helper(spn_roi)}({emit.inputs[0]}, {emit.inputs[1]}, {node.attrs['pooled_h']}, "
+                f"{node.attrs['pooled_w']})")

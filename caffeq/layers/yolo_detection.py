@@ -36,6 +36,7 @@ import math
 import numpy as np
 import torch
 
+from ..errors import ExportError
 from .registry import (
     Layer,
     LayerError,
@@ -92,10 +93,12 @@ def yolo_v3_candidates(x, biases: list[float], anchor_ids: list[int], scale: int
     return [t.reshape(-1) for t in per_class + [label, score, score > threshold]]
 
 
-def yolo_detection_rows(parts: list[list[torch.Tensor]], num_images: int, nms_threshold: float):
+def yolo_detection_rows(parts: list[list[torch.Tensor]], num_images: int, nms_threshold: float,
+                        clip_iou: bool = False):
     """The kept candidates of every bottom, pooled, sorted by score (best first, ties in order),
     greedy class-agnostic NMS (IoU >= nms_threshold drops a box), as rows (1, 1, R, 7)
-    [0, label + 1, score, left, top, right, bottom]; none: num_images rows [i, -1, ...]."""
+    [0, label + 1, score, left, top, right, bottom]; none: num_images rows [i, -1, ...].
+    clip_iou: the IoU is that of the boxes clipped to [0, 1] (the rows stay unclipped)."""
     cols = [torch.cat([p[k][p[6]] for p in parts]) for k in range(6)]
     bx, by, bw, bh, label, score = cols
     dev, dt = score.device, score.dtype
@@ -115,6 +118,11 @@ def yolo_detection_rows(parts: list[list[torch.Tensor]], num_images: int, nms_th
     left, right = bx - bw / 2, bx + bw / 2
     top, bottom = by - bh / 2, by + bh / 2
     area = bw * bh
+    if clip_iou:   # caffe_opencl's ApplyNms: setNormalizedBBox clips each box to [0, 1] first
+        nms_sides = (left.clamp(min=0.0), right.clamp(max=1.0), top.clamp(min=0.0), bottom.clamp(max=1.0))
+        area = (nms_sides[1] - nms_sides[0]) * (nms_sides[3] - nms_sides[2])
+    else:
+        nms_sides = (left, right, top, bottom)
 
     def iou_after(i, lo, ro, to, bo, ao):
         iw = torch.minimum(ro[i], ro[i + 1:]) - torch.maximum(lo[i], lo[i + 1:])
@@ -124,14 +132,14 @@ def yolo_detection_rows(parts: list[list[torch.Tensor]], num_images: int, nms_th
 
     k = score.numel()
     candidates = torch.arange(k, device=dev)
-    iw, ih = right - left, bottom - top   # each box with itself, as iou_after computes a pair
+    iw, ih = nms_sides[1] - nms_sides[0], nms_sides[3] - nms_sides[2]   # each box with itself, as iou_after
     inter = torch.where((iw < 0) | (ih < 0), torch.zeros_like(iw), iw * ih)
     self_iou = inter / (area + area - inter)
     if bool((self_iou >= nms_threshold).all()):
         first = torch.full((int(same_box.max()) + 1,), k, device=dev)
         first = first.scatter_reduce(0, same_box, candidates, "amin")
         candidates = candidates[first[same_box] == candidates]
-    sides = [t[candidates] for t in (left, right, top, bottom, area)]
+    sides = [t[candidates] for t in (*nms_sides, area)]
     n = candidates.numel()
     alive = torch.ones(n, dtype=torch.bool, device=dev)
     kept = []
@@ -155,6 +163,24 @@ def _biases(p, field, need):
     if len(b) < need:
         raise LayerError(f"{field}.biases has {len(b)} values; the anchors used need {need}")
     return b
+
+
+def ssd_format_reading(ssd_format, field):
+    """MagicSen/source_read 106ebe0 caffe_opencl (src/caffe/layers/yolo_detection_output_layer.cpp and .cu,
+    include/caffe/util/bbox_util.hpp; YoloDetectionOutputParameter.ssd_format = 12 in its caffe.proto): the
+    same decoding and sort, from bottom 0 alone (bottom 1 is the image its `visualize` draws on), on square maps
+    (its Reshape checks width == height), per image, rows [image, label, score, x, y, w, h]; ssd_format adds 1
+    to the label and writes x - w / 2, y - h / 2, x + w / 2, y + h / 2 in place of x, y, w, h.  Its ApplyNms
+    (IoU >= nms_threshold drops) takes the IoU of the boxes clipped to [0, 1] (setNormalizedBBox,
+    JaccardOverlap), where eric612's takes it unclipped; the rows keep the unclipped corners.  It writes no
+    row where nothing is detected (caffeq writes its fallback row)."""
+    if not ssd_format:
+        raise LayerError(f"{field}.ssd_format false (caffe_opencl's centre-size rows [image, label, score, x, y, "
+                         f"w, h]) is not supported; ssd_format: true is")
+    return {"maps": 1, "clip_iou": True, "reading_notes": [
+        "YoloDetectionOutput with ssd_format (MagicSen/source_read caffe_opencl): bottom 0 decoded alone, NMS on "
+        "the boxes clipped to [0, 1], rows [0, label + 1, score, xmin, ymin, xmax, ymax] for a batch of 1; where "
+        "nothing is detected the fork writes no row, caffeq its [0, -1, -1, -1, -1, -1, -1] row"]}
 
 
 def _threshold(p, field, name):
@@ -191,8 +217,12 @@ class _YoloDetection(Layer):
     def infer(self, attrs, in_shapes):
         name = self.types[0]
         rows = 0
+        in_shapes = in_shapes[:attrs.get("maps", len(in_shapes))]
         for s in in_shapes:
             four_axes(s, name)
+            if attrs.get("clip_iou") and s[2] != s[3]:
+                raise LayerError(f"{name} with ssd_format (caffe_opencl) needs a square map (its Reshape checks "
+                                 f"width == height), got {s[2]}x{s[3]}")
             self.check_bottom(attrs, s)
             n, _, h, w = s
             if n != in_shapes[0][0]:
@@ -204,8 +234,8 @@ class _YoloDetection(Layer):
         raise NotImplementedError
 
     def forward(self, attrs, params, *xs):
-        parts = [self.candidates(attrs, x, t) for t, x in enumerate(xs)]
-        return yolo_detection_rows(parts, xs[0].shape[0], attrs["nms_threshold"])
+        parts = [self.candidates(attrs, x, t) for t, x in enumerate(xs[:attrs.get("maps", len(xs))])]
+        return yolo_detection_rows(parts, xs[0].shape[0], attrs["nms_threshold"], attrs.get("clip_iou", False))
 
     def candidate_args(self, a, t, emit):
         """The model.py arguments of torch_candidates between the bottom and the threshold."""
@@ -217,8 +247,9 @@ class _YoloDetection(Layer):
         rows = emit.helper(TORCH_YOLO_ROWS)
         emit.note(f"{node.name} ({self.types[0]}): the number of rows depends on the data")
         parts = ", ".join(f"{fn}({x}, {self.candidate_args(a, t, emit)}, {emit.lit(a['confidence_threshold'])})"
-                          for t, x in enumerate(emit.inputs))
-        return f"{rows}([{parts}], {emit.inputs[0]}.shape[0], {emit.lit(a['nms_threshold'])})"
+                          for t, x in enumerate(emit.inputs[:a.get("maps", len(emit.inputs))]))
+        clip = ", clip_iou=True" if a.get("clip_iou") else ""
+        return f"{rows}([{parts}], {emit.inputs[0]}.shape[0], {emit.lit(a['nms_threshold'])}{clip})"
 
     def onnx(self, ctx, node):
         _emit_yolo_detection(ctx, node, self)
@@ -236,7 +267,28 @@ class YoloDetectionOutput(_YoloDetection):
             raise LayerError(f"{f}.num_classes is required")
         a = self.counts_and_thresholds(p, f)
         a["biases"] = _biases(p, f, 2 * a["num_box"])
+        if p.HasField("ssd_format"):   # MagicSen/source_read's caffe_opencl (see ssd_format_reading)
+            a.update(ssd_format_reading(p.ssd_format, f), name=lp.name)
         return a
+
+    def forward(self, attrs, params, *xs):
+        if attrs.get("maps"):
+            self.refuse_if_cannot_run(attrs["name"], attrs, [x.shape for x in xs])
+        return super().forward(attrs, params, *xs)
+
+    def pytorch_source(self, node, emit):
+        self.refuse_if_cannot_run(node.name, node.attrs, [emit.in_shape(i) for i in range(len(node.inputs))],
+                                  ExportError)
+        return super().pytorch_source(node, emit)
+
+    def onnx(self, ctx, node):
+        self.refuse_if_cannot_run(node.name, node.attrs, [ctx.shape(i) for i in node.inputs], ExportError)
+        super().onnx(ctx, node)
+
+    def cannot_run(self, attrs, in_shapes):
+        if attrs.get("maps") and in_shapes[0][0] > 1:
+            return ("caffe_opencl's YoloDetectionOutput (ssd_format) runs NMS per image and writes each image's "
+                    "id; caffeq runs it on one image at a time (batch 1)")
 
     def check_bottom(self, attrs, shape):
         nb, k = attrs["num_box"], attrs["num_classes"]
@@ -345,13 +397,21 @@ def _emit_yolo_detection(ctx, node, spec):
     name = node.name
     bx, by, bw, bh, lab, score = emit_yolo_candidates(ctx, node, a, isinstance(spec, Yolov3DetectionOutput))
 
+    nms_box, centred = (bx, by, bw, bh), 1
+    if a.get("clip_iou"):   # caffe_opencl: the IoU of the boxes clipped to [0, 1], as corners y1, x1, y2, x2
+        hw, hh = ctx.op("Mul", [bw, ctx.f32(0.5)], "nms_hw"), ctx.op("Mul", [bh, ctx.f32(0.5)], "nms_hh")
+        nms_box = (ctx.op("Max", [ctx.op("Sub", [by, hh], "nms_t"), ctx.f32(0.0)], "nms_tc"),
+                   ctx.op("Max", [ctx.op("Sub", [bx, hw], "nms_l"), ctx.f32(0.0)], "nms_lc"),
+                   ctx.op("Min", [ctx.op("Add", [by, hh], "nms_b"), ctx.f32(1.0)], "nms_bc"),
+                   ctx.op("Min", [ctx.op("Add", [bx, hw], "nms_r"), ctx.f32(1.0)], "nms_rc"))
+        centred = 0
     boxes = ctx.op("Unsqueeze", [ctx.op("Concat", [ctx.op("Unsqueeze", [v, ctx.i64([1])], f"c{i}") for i, v in
-                                            enumerate((bx, by, bw, bh))], "boxes2", axis=1), ctx.i64([0])],
+                                            enumerate(nms_box)], "boxes2", axis=1), ctx.i64([0])],
                    "boxes")                                                                      # (1, K, 4)
     scores = ctx.op("Reshape", [score, ctx.i64([1, 1, -1])], "scores")
     thr = ctx.nms_threshold(a["nms_threshold"], drops_equal=True)   # the fork drops IoU >= t
     sel = ctx.add_node("NonMaxSuppression", [boxes, scores, ctx.i64([2 ** 31 - 1]), ctx.f32([thr])],
-                       [ctx.tmp(f"{name}_sel")], name=name, center_point_box=1)[0]
+                       [ctx.tmp(f"{name}_sel")], name=name, center_point_box=centred)[0]
     sel_box = ctx.op("Slice", [sel, ctx.i64([2]), ctx.i64([3]), ctx.i64([1])], "sel_box")
     idx = ctx.op("Squeeze", [sel_box, ctx.i64([1])], "idx")
     g = {i: ctx.op("Gather", [v, idx], f"g{i}", axis=0) for i, v in enumerate((bx, by, bw, bh, lab, score))}
@@ -374,7 +434,7 @@ def emit_yolo_candidates(ctx, node, a, v3, with_obj=False):
 
     cols = [[] for _ in range(8)]   # x, y, w, h, label, score, keep, objectness: flat per bottom
     nb, k = a["num_box"], a["num_classes"]
-    for t, x in enumerate(node.inputs):
+    for t, x in enumerate(node.inputs[:a.get("maps", len(node.inputs))]):
         _, c, h, w = ctx.shape(x)
         per = 5 + k if v3 else c // nb     # v3: the first num_box x (5 + k) channels (check_bottom)
         hint = f"b{t}"
