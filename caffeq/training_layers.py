@@ -47,6 +47,7 @@ def drop_training_only(layers, source="", notes=None):
     weighted layer with them (strawberryfg's 3dhuman nets, whose image comes from an unpublished
     GenUnifiedDataAndLabel reading label-derived blobs), those layers are kept instead, so that the read
     stops on their types by name rather than listing a net of its data layers alone."""
+    layers = _unhook_data_layers(layers, notes, source)
     trial = []
     kept = _drop(layers, source, trial, drop_unknown=True)
     if not any(_weighted(lp) for lp in kept) and any(_weighted(lp) for lp in layers):
@@ -55,6 +56,27 @@ def drop_training_only(layers, source="", notes=None):
     if notes is not None:
         notes.extend(trial)
     return kept
+
+
+def _unhook_data_layers(layers, notes, source):
+    """A data layer whose spec sets `bottoms_ignored_at_inference` (strawberryfg's GenUnifiedDataAndLabel,
+    which crops the image its sample index names) becomes a graph input: a copy without its bottoms,
+    so that what only made those bottoms (index generators, file readers) feeds nothing the net runs."""
+    out = []
+    for lp in layers:
+        spec = spec_for(lp)
+        if spec is not None and spec.is_data and getattr(spec, "bottoms_ignored_at_inference", False) \
+                and len(lp.bottom):
+            copy = type(lp)()
+            copy.CopyFrom(lp)
+            del copy.bottom[:]
+            if notes is not None:
+                notes.append(f"{source + ': ' if source else ''}'{lp.name}' ({lp.type}) makes its tops from files "
+                             f"its bottoms ({', '.join(lp.bottom)}) name: its tops are the net's inputs, its "
+                             f"bottoms are not read")
+            lp = copy
+        out.append(lp)
+    return out
 
 
 def _drop(layers, source, notes, drop_unknown):
@@ -140,10 +162,21 @@ def _drop(layers, source, notes, drop_unknown):
     # that nothing can compute: one that computes from labels alone (the Slice of a pose label for a
     # scorer), or one the file includes only at TRAIN (the Concat of features for
     # deeplab_v2_python's pairwise-loss branch)
+    # a net whose labels come from a ground-truth source (strawberryfg's sample-index generators): a known
+    # layer that reads a label, or is such a source, and whose tops no kept layer reads (or that has none:
+    # OutputBlob) only builds ground truth or scores against it (the 3dhuman nets' ConvertDepth from the
+    # true root depth, their camera-file reprojections)
+    truth_net = any(getattr(spec_for(lp), "gives_ground_truth", False) for lp in layers)
     for i in range(len(layers) - 1, -1, -1):
         lp = layers[i]
         spec = spec_for(lp)
-        if id(lp) in gone or spec is None or spec.is_data or not len(lp.top):
+        if id(lp) in gone or spec is None or spec.is_data:
+            continue
+        if truth_net and (getattr(spec, "gives_ground_truth", False) or any(b in labels for b in lp.bottom)) \
+                and all(all(id(layers[r]) in gone for r in readers.get((i, top), ())) for top in lp.top):
+            gone.add(id(lp))
+            continue
+        if not len(lp.top):
             continue
         from_labels = len(lp.bottom) and all(b in labels for b in lp.bottom)
         if (from_labels or _only_in_phase(lp, caffe_pb2.TRAIN)) and all(
@@ -203,6 +236,9 @@ def _label_blobs(layers):
                      and not spec_for(lp).makes_training_targets for b in lp.bottom}
     for lp in layers:
         spec = spec_for(lp)
+        if getattr(spec, "gives_ground_truth", False):
+            # a sample-index generator (strawberryfg's GenSequentialIndex): what it names is ground truth
+            labels.update(lp.top)
         if spec is not None and (spec.is_data or spec.makes_training_targets):
             # a Python data layer's tops are the project's own: one that a layer caffeq runs reads is an input
             # unless named as a label (drnet's qa, qb, im, posdata and labels; SubCNN's data, info_boxes and

@@ -52,26 +52,32 @@ def clamped_bilinear_resize(x, out_h: int, out_w: int):
         + (u * (1 - v)) * bottom[..., ws] + (u * v) * bottom[..., we]
 
 
-@register_layer("ResidualROIPooling")
-class ResidualROIPooling(Layer):
+class MaskedRoiPooling(Layer):
+    """softroi_pooling_param's layers of this fork (ResidualROIPooling here, SOFTROIPooling in
+    jialinwu_softroi.py): data (N, M K, H, W) and a mask (N, K, H, W) pooled into (N, M, K, 1)."""
+
     def parse(self, lp):
         need_blobs(lp, lp.type, 2, 1, roles="data, mask")
         p = lp.softroi_pooling_param
         groups, masks = int(p.output_dim), int(p.mask_num)
         if groups <= 0 or masks <= 0:
-            raise LayerError("ResidualROIPooling needs softroi_pooling_param output_dim and mask_num, both > 0, "
+            raise LayerError(f"{lp.type} needs softroi_pooling_param output_dim and mask_num, both > 0, "
                              f"got {groups} and {masks}")
-        return {"groups": groups, "masks": masks}
+        return {"groups": groups, "masks": masks, "kind": lp.type}
 
     def infer(self, attrs, in_shapes):
-        d = four_axes(in_shapes[0], "ResidualROIPooling")
-        m = four_axes(in_shapes[1], "ResidualROIPooling", "mask")
+        kind = attrs["kind"]
+        d = four_axes(in_shapes[0], kind)
+        m = four_axes(in_shapes[1], kind, "mask")
         g, k = attrs["groups"], attrs["masks"]
         if d[1] != g * k or m != (d[0], k, d[2], d[3]):
-            raise LayerError(f"ResidualROIPooling reads data of output_dim {g} x mask_num {k} = {g * k} channels and "
+            raise LayerError(f"{kind} reads data of output_dim {g} x mask_num {k} = {g * k} channels and "
                              f"an (N, {k}, H, W) mask of the data's N, H and W; got {list(d)} and {list(m)}")
         return [(d[0], g, k, 1)]
 
+
+@register_layer("ResidualROIPooling")
+class ResidualROIPooling(MaskedRoiPooling):
     def forward(self, attrs, params, data, mask):
         return residual_roi_pool(data, mask, attrs["groups"], attrs["masks"])
 

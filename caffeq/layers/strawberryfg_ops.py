@@ -330,16 +330,9 @@ class IdentityVectorNoGradient(_Vector):
         return f"identity_vector({emit.inputs[0]})"
 
 
-@register_layer("OutputBlob")
-class OutputBlob(Layer):
-    """Writes its first bottom's rows to text files; no tops.  caffeq writes none."""
-    reading_note = ("OutputBlob writes each sample's row of its first bottom to '<save_path><blob_name>_<index>.txt'; "
-                    "caffeq writes no files: the layer computes nothing here")
-
-    def parse(self, lp):
-        need_blobs(lp, "OutputBlob", 2, 0, "blob, index")
-        p = lp.output_blob_param
-        return {"save_path": str(p.save_path), "blob_name": str(p.blob_name)}
+class WritesFilesOnly(Layer):
+    """A layer with no tops that only writes files in its fork (OutputBlob; 3dhuman's skeleton pictures):
+    caffeq writes none, so it computes nothing."""
 
     def infer(self, attrs, in_shapes):
         return []
@@ -352,6 +345,18 @@ class OutputBlob(Layer):
 
     def pytorch_source(self, node, emit):
         return []
+
+
+@register_layer("OutputBlob")
+class OutputBlob(WritesFilesOnly):
+    """Writes its first bottom's rows to text files; no tops.  caffeq writes none."""
+    reading_note = ("OutputBlob writes each sample's row of its first bottom to '<save_path><blob_name>_<index>.txt'; "
+                    "caffeq writes no files: the layer computes nothing here")
+
+    def parse(self, lp):
+        need_blobs(lp, "OutputBlob", 2, 0, "blob, index")
+        p = lp.output_blob_param
+        return {"save_path": str(p.save_path), "blob_name": str(p.blob_name)}
 
 
 __all__ = ["AddVectorByConstant", "IdentityVectorNoGradient", "OutputBlob", "ReadBlobFromFileConstant",
