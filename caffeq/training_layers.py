@@ -65,7 +65,7 @@ def _unhook_data_layers(layers, notes, source):
     out = []
     for lp in layers:
         spec = spec_for(lp)
-        if spec is not None and spec.is_data and getattr(spec, "bottoms_ignored_at_inference", False) \
+        if spec is not None and spec.is_data and spec.bottoms_ignored_at_inference \
                 and len(lp.bottom):
             copy = type(lp)()
             copy.CopyFrom(lp)
@@ -172,7 +172,7 @@ def _drop(layers, source, notes, drop_unknown):
         spec = spec_for(lp)
         if id(lp) in gone or spec is None or spec.is_data:
             continue
-        if truth_net and (getattr(spec, "gives_ground_truth", False) or any(b in labels for b in lp.bottom)) \
+        if truth_net and (spec.gives_ground_truth or any(b in labels for b in lp.bottom)) \
                 and all(all(id(layers[r]) in gone for r in readers.get((i, top), ())) for top in lp.top):
             gone.add(id(lp))
             continue

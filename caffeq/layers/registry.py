@@ -86,6 +86,12 @@ class Layer:
     #: True when the tops after the first are training targets, as a data layer's labels are
     #: (Faster R-CNN's ProposalTargetLayer): layers that train only on them are dropped
     makes_training_targets = False
+    #: True for a generator whose every top is a label (strawberryfg's GenRandIndex): in a net that has one,
+    #: the known layers that read only labels, and whose tops nothing kept reads, are dropped with the losses
+    gives_ground_truth = False
+    #: True for a data layer that reads its bottoms only to load its batch (strawberryfg's
+    #: GenUnifiedDataAndLabel reads sample indexes): at inference it is a graph input without them
+    bottoms_ignored_at_inference = False
     #: True when forward needs torch's train/eval mode: it is then called as
     #: forward(attrs, params, *inputs, training=bool) (Dropout, BatchNorm)
     uses_training_flag = False
