@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from permutohedral_reference import point_simplex
 
 from caffeq.errors import CaffeqError, ExportError
 from caffeq.model import load_from_text
@@ -15,10 +16,6 @@ f32 = np.float32
 
 # ---- numpy reference: bilateralNN's Permutohedral::init, GaussianFilter, PermutohedralReverseCpu ----------
 
-def c_round(v):
-    return math.floor(abs(v) + 0.5) * (1 if v >= 0 else -1)
-
-
 def advance(key, dim, inc):
     d = len(key) - 1
     key = [k - inc for k in key]
@@ -29,48 +26,13 @@ def advance(key, dim, inc):
 def ref_lattice(feat, s, visualize=False):
     """feat (P, d) float32 -> offsets (P, d+1), barycentric (P, d+1), M, blur_neighbors (T-1, M)."""
     p, d = feat.shape
-    inv_std = f32(math.sqrt(2.0 / 3.0) * (d + 1))
-    scale = [f32(1.0 / math.sqrt((i + 2) * (i + 1)) * float(inv_std)) for i in range(d)]
     canonical = [[i if j <= d - i else i - (d + 1) for j in range(d + 1)] for i in range(d + 1)]
     table = {}
     offsets = np.zeros((p, d + 1), np.int64)
     bary_all = np.zeros((p, d + 1), f32)
-    down, up = f32(1.0) / f32(d + 1), f32(d + 1)
     for k in range(p):
-        el = [f32(0)] * (d + 1)
-        sm = f32(0)
-        for j in range(d, 0, -1):
-            cf = f32(feat[k, j - 1] * scale[j - 1])
-            el[j] = f32(sm - f32(j) * cf)
-            sm = f32(sm + cf)
-        el[0] = sm
-        rem0, total = [], 0
-        for i in range(d + 1):
-            rd = c_round(float(f32(down * el[i])))
-            rem0.append(f32(rd * up))
-            total += rd
-        rank = [0] * (d + 1)
-        for i in range(d):
-            di = f32(el[i] - rem0[i])
-            for j in range(i + 1, d + 1):
-                if di < f32(el[j] - rem0[j]):
-                    rank[i] += 1
-                else:
-                    rank[j] += 1
-        for i in range(d + 1):
-            rank[i] += total
-            if rank[i] < 0:
-                rank[i] += d + 1
-                rem0[i] = f32(rem0[i] + d + 1)
-            elif rank[i] > d:
-                rank[i] -= d + 1
-                rem0[i] = f32(rem0[i] - (d + 1))
-        bary = [f32(0)] * (d + 2)
-        for i in range(d + 1):
-            v = f32(f32(el[i] - rem0[i]) * down)
-            bary[d - rank[i]] = f32(bary[d - rank[i]] + v)
-            bary[d - rank[i] + 1] = f32(bary[d - rank[i] + 1] - v)
-        bary[0] = f32(float(bary[0]) + (1.0 + float(bary[d + 1])))
+        # bilateralNN's init: round() halves away from zero, the wrapped weight added in double
+        rem0, rank, bary = point_simplex(feat[k], half_away=True, double_first=True)
         if visualize:
             bary = [f32(1)] * (d + 2)
         for r in range(d + 1):
