@@ -23,9 +23,9 @@ seeded from clock(), random at every forward; caffeq computes the CPU forward, t
 import numpy as np
 import torch
 
+from .c_numerics import c_round, onnx_c_round
 from .conv import Convolution, InnerProduct, TransformedConvolution, TransformedInnerProduct, TransformedWeights
 from .registry import Layer, LayerError, count, need_blobs, register_layer
-from .ristretto import onnx_round_half_away, round_half_away
 
 SCHEMES = ("DETERMINISTIC", "STOCHASTIC")
 READING_NOTE = ("ADaPTION's LP layers run their CPU forward (round() or, for STOCHASTIC, floor(): its "
@@ -52,7 +52,7 @@ def lp_round(x, scale: float, maxval: float, floor: bool):
     """caffe_cpu_round_fp: r(x * scale) / scale (r: round() halves away from zero, or floor), clamped to
     [-maxval, maxval] as std::max(-maxval, std::min(., maxval)) (a NaN becomes -maxval)."""
     scaled = x * scale
-    r = torch.floor(scaled) if floor else round_half_away(scaled)
+    r = torch.floor(scaled) if floor else c_round(scaled)
     y = torch.clamp(r / scale, -maxval, maxval)
     return torch.where(torch.isnan(y), torch.full_like(y, -maxval), y)
 
@@ -67,7 +67,7 @@ def onnx_lp_round(ctx, x, q, out, name):
     s = ctx.const(np.array(scale, np.float32))
     scaled = ctx.add_node("Mul", [x, s], ctx.tmp(f"{name}_lp_scaled"))
     r = ctx.add_node("Floor", [scaled], ctx.tmp(f"{name}_lp_floor")) if floor else \
-        onnx_round_half_away(ctx, scaled, f"{name}_lp")
+        onnx_c_round(ctx, scaled)
     y = ctx.add_node("Div", [r, s], ctx.tmp(f"{name}_lp_unscaled"))
     low = ctx.const(np.array(-maxval, np.float32))
     y = ctx.add_node("Clip", [y, low, ctx.const(np.array(maxval, np.float32))], ctx.tmp(f"{name}_lp_sat"))
@@ -139,7 +139,7 @@ class LPAct(Layer):
         onnx_lp_round(ctx, node.inputs[0], node.attrs["lp"], node.outputs[0], node.name)
 
     def pytorch_source(self, node, emit):
-        emit.helper(round_half_away)
+        emit.helper(c_round)
         fn = emit.helper(lp_round)
         args = ", ".join(emit.lit(v) for v in _round_args(node.attrs["lp"]))
         return f"{fn}({emit.inputs[0]}, {args})"

@@ -49,6 +49,7 @@
 import numpy as np
 import torch
 
+from .c_numerics import c_round, onnx_c_round
 from .crf_rnn import MultiStageMeanfield, meanfield_attrs
 from .registry import AT_LEAST, Layer, LayerError, four_axes, legacy_nchw, need_blobs, register_layer
 
@@ -82,13 +83,6 @@ def au_combination(parts: list, ys: list, xs: list, height: int, width: int):
     for part, y, c in zip(parts, ys, xs):
         top[:, :, y:y + part.shape[2], c:c + part.shape[3]] = part
     return top
-
-
-def c_round(x):
-    """C's round(): to the nearest integer, halves away from zero (x - floor(x) is exact)."""
-    down = torch.floor(x)
-    up = torch.ceil(x)
-    return torch.where(x >= 0, down + (x - down >= 0.5).to(x.dtype), up - (up - x >= 0.5).to(x.dtype))
 
 
 # JAANet's 24 AU centres: the landmark, the sign and divisor of the ruler added to its y
@@ -301,7 +295,7 @@ class AUMaskBasedLand(Layer):
 
         def bound(centre, sign):
             edge = op(sign, [centre, half], "edge")
-            r = self._onnx_round(op, op("Mul", [edge, scale], "scaled"), ctx)
+            r = onnx_c_round(ctx, op("Mul", [edge, scale], "scaled"))
             return op("Min", [op("Max", [r, zero], "lo"), last], "bound")
 
         sw, ew, sh, eh = bound(cx, "Sub"), bound(cx, "Add"), bound(cy, "Sub"), bound(cy, "Add")
@@ -328,16 +322,6 @@ class AUMaskBasedLand(Layer):
             ctx.add_node("ReduceMax", [written], [outs[12]], name=name, axes=[1], keepdims=1)
         else:
             ctx.add_node("ReduceMax", [written, ctx.i64([1])], [outs[12]], name=name, keepdims=1)
-
-    @staticmethod
-    def _onnx_round(op, x, ctx):
-        half = ctx.f32(0.5)
-        down, up = op("Floor", [x], "floor"), op("Ceil", [x], "ceil")
-        pos = op("Add", [down, op("Cast", [op("GreaterOrEqual", [op("Sub", [x, down], "fr"), half], "ge")], "b", to=1)],
-                 "pos")
-        neg = op("Sub", [up, op("Cast", [op("GreaterOrEqual", [op("Sub", [up, x], "fr"), half], "ge")], "b", to=1)],
-                 "neg")
-        return op("Where", [op("GreaterOrEqual", [x, ctx.f32(0.0)], "sign"), pos, neg], "round")
 
 
 # ---- MultiStageMeanfieldAU3 ------------------------------------------------------------------

@@ -29,10 +29,11 @@ import math
 import torch
 
 from ..errors import ExportError
+from .c_numerics import c_round
 from .data import DataLayer
 from .pooling_nd import POOL_AVE, POOL_MAX, WindowPool3d, first_empty_axis
 from .registry import Layer, LayerError, ReadOnlyLayer, claim_layers, need_blobs, register_layer, torch_sources
-from .roi_pooling import bin_mask, c_round, roi_batch_index, roi_layer_call
+from .roi_pooling import bin_mask, roi_batch_index, roi_layer_call
 
 # ---- Pooling3D (pooling_3d_param) --------------------------------------------------------------
 

@@ -50,19 +50,19 @@ import numpy as np
 import torch
 from onnx import TensorProto
 
+from .c_numerics import c_round, onnx_c_round
 from .pva_proposal import PVAProposalLayer
 from .registry import ForkReading, LayerError, claim_layers, need_blobs, register_layer, torch_sources
 from .roi_align_forks import TORCH_ROI_ALIGN_COMMON, rfcn_priv_axis, roi_align_batch, roi_align_corners
 from .roi_bins_onnx import (
     onnx_axis_bins,
     onnx_batch_column,
-    onnx_c_round,
     onnx_finish_rois,
     onnx_padded_rows,
     onnx_scan_bin_max,
     onnx_strictly_inside,
 )
-from .roi_pooling import RoiLayerSpec, _check_roi_shapes, c_round, pooled_grid_attrs, roi_rows
+from .roi_pooling import RoiLayerSpec, _check_roi_shapes, pooled_grid_attrs, roi_rows
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -214,7 +214,7 @@ def onnx_roipair_pool(ctx, node):
 
     def cells(rows):   # [x1, y1, x2, y2] of the (R + 1, 5) rows as whole-valued float32 (R + 1, 1) columns
         box = ctx.op("Slice", [rows, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "box")
-        rounded = ctx.op("Cast", [onnx_c_round(ctx, ctx.op("Mul", [box, scale], "scaled"))], "cells",
+        rounded = ctx.op("Cast", [onnx_c_round(ctx, ctx.op("Mul", [box, scale], "scaled"), in_double=True)], "cells",
                          to=TensorProto.FLOAT)
         return [ctx.op("Slice", [rounded, ctx.i64([k]), ctx.i64([k + 1]), ctx.i64([1])], "corner") for k in range(4)]
     c1, c2 = cells(rows1), cells(rows2)

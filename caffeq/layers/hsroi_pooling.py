@@ -15,9 +15,10 @@ ONNX: the four boxes' masks for every roi and two Einsums over the data, as PSRO
 import numpy as np
 import torch
 
+from .c_numerics import c_round, onnx_c_round
 from .registry import LayerError, need_blobs, register_layer, torch_sources
-from .roi_bins_onnx import onnx_c_round, onnx_finish_rois, onnx_image_onehot, onnx_padded_rows
-from .roi_pooling import TORCH_ROI_COMMON, RoiLayerSpec, bin_mask, c_round, roi_batch_index, roi_rows
+from .roi_bins_onnx import onnx_finish_rois, onnx_image_onehot, onnx_padded_rows
+from .roi_pooling import TORCH_ROI_COMMON, RoiLayerSpec, bin_mask, roi_batch_index, roi_rows
 
 PARTS = 4   # the roi, the head, the left and the right shoulder
 
@@ -72,7 +73,8 @@ def emit_hs_roi_pool(ctx, node):
     op, f32 = ctx.op, ctx.f32
     rows, count = onnx_padded_rows(ctx, rois, 5)     # a padding row: onnxruntime's Einsum takes no 0 rois
     batch = op("Cast", [op("Gather", [rows, ctx.i64(0)], "b", axis=1)], "batch", to=7)
-    cells = op("Cast", [onnx_c_round(ctx, op("Slice", [rows, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "corners"))],
+    corners = op("Slice", [rows, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "corners")
+    cells = op("Cast", [onnx_c_round(ctx, corners, in_double=True)],
                "rounded", to=1)                                                              # (R, 4)
     plus = ctx.const(np.array([[0, 0, 1, 1]], np.float32))
     scaled = op("Mul", [op("Add", [cells, plus], "ends"), f32(float(np.float32(a["scale"])))], "scaled")

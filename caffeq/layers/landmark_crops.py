@@ -12,8 +12,8 @@ import math
 
 import torch
 
+from .c_numerics import c_round
 from .registry import Layer, LayerError, four_axes, need_blobs, register_layer, torch_sources
-from .roi_pooling import c_round
 
 
 def landmark_crops(x, points, ph: int, pw: int, spatial_scale: float, count: int):

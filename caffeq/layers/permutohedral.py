@@ -34,6 +34,8 @@ import math
 
 import torch
 
+from .c_numerics import c_round
+
 
 def lattice_vertex_ids(keys):
     """Ids in [0, number of distinct rows) of the rows of an int64 (R, K) tensor (equal rows, equal ids),
@@ -77,12 +79,6 @@ def pixel_xy(h: int, w: int, device):
     return torch.stack([pixel % w, torch.div(pixel, w, rounding_mode="floor")], 1).to(torch.float32)
 
 
-def round_half_away(x):
-    """C's round(): halves away from zero (torch.round, like rint, rounds them to even)."""
-    whole = torch.trunc(x)
-    return whole + torch.sign(x) * (torch.abs(x - whole) >= 0.5).to(x.dtype)
-
-
 def lattice_simplex(f, half_away: bool = False, double_first: bool = False):
     """The enclosing simplex of each of (P, d) float32 features (Adams et al., float32 as the forks): (keys
     (P, d + 1, d) int64, each point's d + 1 vertices as the forks' shorts; weights (P, d + 1) float32, their
@@ -103,7 +99,7 @@ def lattice_simplex(f, half_away: bool = False, double_first: bool = False):
     e = torch.stack(elevated, 1)
     d_plus_1 = torch.tensor(float(d + 1), dtype=f32, device=dev)
     down = torch.tensor(1.0, dtype=f32, device=dev) / d_plus_1
-    rounded = round_half_away(e * down) if half_away else torch.round(e * down)
+    rounded = c_round(e * down) if half_away else torch.round(e * down)
     rem0 = rounded * d_plus_1
     rest = e - rem0
     later = torch.ones(d + 1, d + 1, dtype=torch.bool, device=dev).triu(1)   # [i, j]: j > i
@@ -185,5 +181,5 @@ def permutohedral_filter(values, slots, weights, neighbours, sse_only: bool = Fa
 
 #: the functions model.py copies for a layer that filters through lattices (emit.helper each, in order)
 #: the lattice building blocks every lattice layer's model.py needs (emit.helper each)
-LATTICE_BASICS = (as_short, lattice_vertex_ids, lattice_lookup, round_half_away, lattice_simplex, lattice_vertices)
+LATTICE_BASICS = (as_short, lattice_vertex_ids, lattice_lookup, c_round, lattice_simplex, lattice_vertices)
 LATTICE_HELPERS = LATTICE_BASICS + (pixel_xy, permutohedral_lattice, permutohedral_filter)

@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from ..errors import ExportError
+from .c_numerics import onnx_c_round
 from .ssd.common import scalar_tensor
 
 #: the first opset with ScatterElements reduction="add"
@@ -72,13 +73,6 @@ class OnnxLattice:
                         value=scalar_tensor(0.0))
         return self.op("Concat", [features, zeros], "padded", axis=0)
 
-    def round_half_away(self, x):
-        """C's round() (halves away from zero; ONNX Round, like rint, rounds them to even), exactly."""
-        whole = self.op("Floor", [self.op("Abs", [x], "abs")], "whole")
-        frac = self.op("Sub", [self.op("Abs", [x], "abs"), whole], "frac")
-        up = self.op("Cast", [self.op("GreaterOrEqual", [frac, self.ctx.f32(0.5)], "half")], "up", to=1)
-        return self.op("Mul", [self.op("Sign", [x], "sign"), self.op("Add", [whole, up], "mag")], "round")
-
     def simplex(self, features, points, d, half_away=False, double_first=False):
         """lattice_simplex in ONNX: the weights (P, d + 1) float32 of the first `points` rows and the keys
         (rows x (d + 1), d) int64 of every row's vertices."""
@@ -95,7 +89,7 @@ class OnnxLattice:
         e = self.op("Concat", elevated, "elevated", axis=1)
         down, d_plus_1 = c.f32(f32(1.0) / f32(d + 1)), c.f32(float(d + 1))
         scaled = self.op("Mul", [e, down], "v")
-        rounded = self.round_half_away(scaled) if half_away else self.op("Round", [scaled], "round")
+        rounded = onnx_c_round(self.ctx, scaled) if half_away else self.op("Round", [scaled], "round")
         rem0 = self.op("Mul", [rounded, d_plus_1], "rem0")
         rest = self.op("Sub", [e, rem0], "rest")
         less = self.op("Less", [self.op("Unsqueeze", [rest, c.i64([2])], "ri"), self.op("Unsqueeze", [rest, c.i64([1])],

@@ -37,11 +37,12 @@ import torch
 from torch import nn
 
 from ..errors import CaffeqError, ExportError
+from .c_numerics import c_round
 from .data import DataLayer
 from .param_str import param_str_positive_int, parse_param_str
 from .rcnn import FLT_MAX, greedy_nms
 from .registry import Layer, LayerError, ReadOnlyLayer, claim_layers, need_blobs, register_layer, torch_sources
-from .roi_pooling import bin_mask, c_round, roi_batch_index, roi_layer_call
+from .roi_pooling import bin_mask, roi_batch_index, roi_layer_call
 
 # lib/tdcnn/config.py __C.TEST (the same in all four repos)
 RC3D_TEST = {"pre_nms_top_n": 6000, "post_nms_top_n": 300, "nms_thresh": 0.7, "min_size": 8.0}

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from ..errors import ExportError
+from .c_numerics import c_round, onnx_c_round
 from .conv import Convolution, Deconvolution, InnerProduct, _onnx_conv, _torch_conv_source
 from .elementwise import Scale
 from .norm import ACROSS_CHANNELS, LRN
@@ -68,18 +69,11 @@ def ristretto_fixed_point(x, low: float, high: float, step: float):
     return torch.round(x / step) * step
 
 
-def round_half_away(v):
-    """C's round(): halves away from zero, exact in float32 (|v| - floor(|v|) is exact)."""
-    a = torch.abs(v)
-    whole = torch.floor(a)
-    return torch.copysign(whole + (a - whole >= 0.5).to(v.dtype), v)
-
-
 def ristretto_fixed_point_away(x, low: float, high: float, step: float):
     """Egoist67/quanti_ristretto's Trim2FixedPoint: ristretto_fixed_point with round() (halves away from
     zero) in place of rint."""
     x = torch.fmax(torch.fmin(x, x.new_tensor(high)), x.new_tensor(low))
-    return round_half_away(x / step) * step
+    return c_round(x / step) * step
 
 
 def ristretto_minifloat(x, mant_bits: int, exp_bits: int):
@@ -119,7 +113,7 @@ def ristretto_pow2(w, exp_min: int, exp_max: int):
 
 def ristretto_pow2_away(w, exp_min: int, exp_max: int):
     """Egoist67/quanti_ristretto's Trim2IntegerPowerOf2: the exponent rounded half away from zero."""
-    return pow2_of(round_half_away(torch.log2(torch.abs(w))), w, exp_min, exp_max)
+    return pow2_of(c_round(torch.log2(torch.abs(w))), w, exp_min, exp_max)
 
 
 def pow2_of(e, w, exp_min: int, exp_max: int):
@@ -163,7 +157,7 @@ def ristretto_trim(x, how):
 TORCH_TRIMS = {"fixed": ristretto_fixed_point, "minifloat": ristretto_minifloat, "pow2": ristretto_pow2,
                "fixed_away": ristretto_fixed_point_away, "pow2_away": ristretto_pow2_away}
 # the helpers each trim calls, written into model.py before it
-TRIM_NEEDS = {"fixed_away": (round_half_away,), "pow2": (pow2_of,), "pow2_away": (round_half_away, pow2_of)}
+TRIM_NEEDS = {"fixed_away": (c_round,), "pow2": (pow2_of,), "pow2_away": (c_round, pow2_of)}
 
 
 def trimmed_blobs(blobs, q):
@@ -296,22 +290,9 @@ def onnx_trim(ctx, x, how, out, name):
     x = ctx.add_node("Clip", [x, ctx.const(np.array(low, np.float32)), hi], ctx.tmp(f"{name}_sat"))
     s = ctx.const(np.array(step, np.float32))
     x = ctx.add_node("Div", [x, s], ctx.tmp(f"{name}_scaled"))
-    x = onnx_round_half_away(ctx, x, name) if how[0] == "fixed_away" else \
+    x = onnx_c_round(ctx, x) if how[0] == "fixed_away" else \
         ctx.add_node("Round", [x], ctx.tmp(f"{name}_rounded"))
     return ctx.add_node("Mul", [x, s], out)
-
-
-def onnx_round_half_away(ctx, x, name):
-    """C's round() as ONNX (Round is half to even): floor(|x|) + (|x| - floor(|x|) >= 0.5), x's sign."""
-    a = ctx.add_node("Abs", [x], ctx.tmp(f"{name}_abs"))
-    whole = ctx.add_node("Floor", [a], ctx.tmp(f"{name}_whole"))
-    frac = ctx.add_node("Sub", [a, whole], ctx.tmp(f"{name}_frac"))
-    up = ctx.add_node("GreaterOrEqual", [frac, ctx.const(np.array(0.5, np.float32))], ctx.tmp(f"{name}_up"))
-    r = ctx.add_node("Add", [whole, ctx.add_node("Cast", [up], ctx.tmp(f"{name}_carry"), to=1)],
-                     ctx.tmp(f"{name}_away"))
-    neg = ctx.add_node("Less", [x, ctx.const(np.array(0.0, np.float32))], ctx.tmp(f"{name}_neg"))
-    return ctx.add_node("Where", [neg, ctx.add_node("Neg", [r], ctx.tmp(f"{name}_minus")), r],
-                        ctx.tmp(f"{name}_rounded"))
 
 
 def _trimmed_node(node):
@@ -618,4 +599,3 @@ class LRNRistretto(LRN):
         fn = emit.helper(ristretto_lrn)
         args = ", ".join(emit.lit(v) for v in self._args(node.attrs))
         return f"{fn}({emit.inputs[0]}, {args})"
-

@@ -35,9 +35,10 @@ import torch
 from ..errors import CaffeqError
 from ..fs import resolve_source
 from ..io.prototxt import parse_prototxt_text
+from .c_numerics import c_round
 from .recurrent import LSTM
 from .registry import Layer, LayerError, register_layer
-from .ristretto import ristretto_fixed_point_away, round_half_away, xmbrain_trim
+from .ristretto import ristretto_fixed_point_away, xmbrain_trim
 
 #: unrolled layer (its name less the step) -> the base type the fork gives it
 UNROLLED = {"Input_c0h0": "Input", "cont_slice": "Slice", "x_transform": "InnerProduct",
@@ -257,7 +258,7 @@ class LSTMRistretto(LSTM):
         self.refuse_if_cannot_run(node.name, a, [emit.in_shape(i) for i in range(len(node.inputs))], CaffeqError)
         names = self.blob_names_for(a)
         once, steps = self._trims(a, node.blobs[1])
-        for helper in (round_half_away, ristretto_fixed_point_away, xmbrain_floor_trim, maybe_floor, maybe_round):
+        for helper in (c_round, ristretto_fixed_point_away, xmbrain_floor_trim, maybe_floor, maybe_round):
             emit.helper(helper)
         fn = emit.helper(ristretto_lstm_steps)
         weights = {}

@@ -12,6 +12,8 @@
 import numpy as np
 from onnx import TensorProto, helper
 
+from .c_numerics import onnx_c_round
+
 
 def onnx_padded_rows(ctx, rois, width):
     """The (R + 1, width) roi rows with a zero row appended (onnxruntime refuses a Scan of 0 steps, as an image
@@ -141,13 +143,6 @@ def onnx_scan_bin_max(ctx, node, x, batch, pieces, ph, pw, floor):
                         num_scan_inputs=len(scan_inputs))[0]
 
 
-def onnx_c_round(ctx, values):
-    """C's round() of float32 values as c_round computes it: in double, halves away from zero (double out)."""
-    v = ctx.op("Cast", [values], "corners", to=11)   # DOUBLE
-    half = ctx.op("Add", [ctx.op("Abs", [v], "abs"), ctx.const(np.array(0.5, np.float64))], "half")
-    return ctx.op("Mul", [ctx.op("Sign", [v], "sign"), ctx.op("Floor", [half], "floor")], "rounded")
-
-
 def onnx_bin_mask(ctx, lo, hi, extent):
     """Integer-valued float (R, bins) bin bounds clipped to [0, extent], the (R, bins, extent) 0/1 mask of the
     cells each holds (lo <= cell < hi) and each bin's (R, bins) cell count."""
@@ -177,7 +172,7 @@ def onnx_roi_avg_pool(ctx, node, ph, pw, scale):
     batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "batch", axis=1)], "batch", to=i64)
     scaled = ctx.op("Mul", [ctx.op("Slice", [rows, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "corners"),
                             ctx.f32(float(np.float32(scale)))], "scaled")
-    corners = ctx.op("Cast", [onnx_c_round(ctx, scaled)], "cells", to=f32)                       # (R, 4), whole
+    corners = ctx.op("Cast", [onnx_c_round(ctx, scaled, in_double=True)], "cells", to=f32)        # (R, 4), whole
     masks, spans = [], []
     for col, pooled, extent in ((1, ph, h), (0, pw, w)):   # y then x
         first = ctx.op("Slice", [corners, ctx.i64([col]), ctx.i64([col + 1]), ctx.i64([1])], "first")     # (R, 1)
@@ -211,7 +206,8 @@ def onnx_ps_roi_pool(ctx, node, dim, g, scale, keep_object=False):
     f32, i64 = 1, 7
     rows, count = onnx_padded_rows(ctx, rois, 5)     # a padding row: onnxruntime's Einsum takes no 0 rois
     batch = ctx.op("Cast", [ctx.op("Gather", [rows, ctx.i64(0)], "batch", axis=1)], "batch", to=i64)
-    rounded = onnx_c_round(ctx, ctx.op("Slice", [rows, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "corners"))
+    corners = ctx.op("Slice", [rows, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "corners")
+    rounded = onnx_c_round(ctx, corners, in_double=True)
     first = ctx.op("Slice", [rounded, ctx.i64([0]), ctx.i64([2]), ctx.i64([1])], "first")
     last = ctx.op("Add", [ctx.op("Slice", [rounded, ctx.i64([2]), ctx.i64([4]), ctx.i64([1])], "last"),
                           ctx.const(np.array(1.0, np.float64))], "last")
@@ -269,7 +265,7 @@ def onnx_object_overlap(ctx, objects, scale, h, w, bins):
     f32 = 1
     first = ctx.op("Slice", [ctx.op("Reshape", [objects, ctx.i64([-1, 5])], "objects"), ctx.i64([0, 1]),
                              ctx.i64([1, 5]), ctx.i64([0, 1])], "object")                      # (1, 4)
-    rounded = onnx_c_round(ctx, first)
+    rounded = onnx_c_round(ctx, first, in_double=True)
     plus = ctx.const(np.array([[0.0, 0.0, 1.0, 1.0]], np.float64))
     scaled = ctx.op("Mul", [ctx.op("Cast", [ctx.op("Add", [rounded, plus], "ends")], "object", to=f32),
                             ctx.f32(float(np.float32(scale)))], "scaled")

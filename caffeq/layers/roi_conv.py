@@ -16,15 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .c_numerics import c_round, onnx_c_round
 from .conv import Convolution, _onnx_conv, conv_edge_pads
 from .registry import LayerError, register_layer, torch_sources
-from .ristretto import onnx_round_half_away, round_half_away
 
 
 def roi_conv_rois(rois, spatial_scale: float):
     """The second top: each roi's batch index truncated, its corners times spatial_scale rounded half away from 0."""
     r = rois.reshape(-1, 5)
-    return torch.cat([torch.trunc(r[:, :1]), round_half_away(r[:, 1:] * spatial_scale)], dim=1)
+    return torch.cat([torch.trunc(r[:, :1]), c_round(r[:, 1:] * spatial_scale)], dim=1)
 
 
 def roi_conv_keep(rounded, out_h: int, out_w: int, stride: list[int], pad: list[int]):
@@ -61,7 +61,7 @@ class ROIConv2d(nn.Module):
         return roi_conv2d(x, rois, self.weight, self.bias, *self.args)
 
 
-TORCH_ROI_CONV = torch_sources(round_half_away, roi_conv_rois, roi_conv_keep, roi_conv2d, ROIConv2d)
+TORCH_ROI_CONV = torch_sources(c_round, roi_conv_rois, roi_conv_keep, roi_conv2d, ROIConv2d)
 
 
 @register_layer("ROIConvolution")
@@ -114,7 +114,7 @@ class ROIConvolution(Convolution):
         batch = ctx.op("Slice", [flat, ctx.i64([0]), ctx.i64([1]), ctx.i64([1])], "batch")
         corners = ctx.op("Slice", [flat, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "corners")
         scaled = ctx.op("Mul", [corners, ctx.const(np.array(a["roi_scale"], np.float32))], "scaled")
-        rounded = onnx_round_half_away(ctx, scaled, node.name)
+        rounded = onnx_c_round(ctx, scaled)
         # (R, 5) rows with the rois' trailing unit axes back: R stays the run's (a proposal layer decides it)
         extra = list(range(2, len(ctx.shape(rois))))
         rows = ctx.add_node("Concat", [ctx.trunc(batch, "batch_int"), rounded],

@@ -16,12 +16,12 @@ import math
 import torch
 
 from ..errors import ExportError
+from .c_numerics import c_round
 from .registry import LayerError, need_blobs, register_layer, torch_sources
 from .roi_pooling import (
     TORCH_ROI_COMMON,
     RoiLayerSpec,
     _check_roi_shapes,
-    c_round,
     cell_bins,
     fast_rcnn_bin_values,
     masked_bin_max,

@@ -35,15 +35,11 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
+from .c_numerics import c_round
 from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 from .roi_bins_onnx import onnx_ps_roi_pool, onnx_roi_avg_pool
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
-
-
-def c_round(v):
-    """C's round() of float64 values: half away from zero (torch.round is half to even)."""
-    return torch.sign(v) * torch.floor(torch.abs(v) + 0.5)
 
 
 def bin_mask(starts, ends, n: int):

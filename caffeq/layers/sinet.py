@@ -46,11 +46,11 @@ import math
 
 import torch
 
+from .c_numerics import c_round
 from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
 from .roi_pooling import (
     TORCH_ROI_COMMON,
     TORCH_ROI_POOLING,
-    c_round,
     max_over_bins,
     range_max_bins,
     roi_batch_index,

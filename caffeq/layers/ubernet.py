@@ -21,11 +21,11 @@ import numpy as np
 import torch
 from onnx import TensorProto
 
+from .c_numerics import c_round, onnx_c_round
 from .registry import LayerError, claim_layers, torch_sources
 from .roi_bins_onnx import (
     onnx_axis_bins,
     onnx_batch_column,
-    onnx_c_round,
     onnx_empty_bins,
     onnx_finish_rois,
     onnx_hole_pieces,
@@ -36,7 +36,6 @@ from .roi_bins_onnx import (
 from .roi_pooling import (
     TORCH_ROI_POOLING,
     ROIPooling,
-    c_round,
     fast_rcnn_bin_values,
     fast_rcnn_bins,
     masked_bin_max,
@@ -162,8 +161,8 @@ def emit_ubernet_roi_pool(ctx, node):
     box, hole = _onnx_corners(ctx, rows, a["bb_type"])
 
     def cells(corners, first):   # the C-rounded map cells of corner columns first and first + 2, (R, 1) each
-        rounded = ctx.op("Cast", [onnx_c_round(ctx, ctx.op("Mul", [corners, ctx.f32(float(np.float32(a["scale"])))],
-                                                              "scaled"))], "cells", to=TensorProto.FLOAT)
+        scaled = ctx.op("Mul", [corners, ctx.f32(float(np.float32(a["scale"])))], "scaled")
+        rounded = ctx.op("Cast", [onnx_c_round(ctx, scaled, in_double=True)], "cells", to=TensorProto.FLOAT)
         return [ctx.op("Slice", [rounded, ctx.i64([k]), ctx.i64([k + 1]), ctx.i64([1])], "corner")
                 for k in (first, first + 2)]
     mh, hs, he = onnx_axis_bins(ctx, *cells(box, 1), ph, h, step)

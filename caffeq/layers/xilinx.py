@@ -14,6 +14,7 @@ import copy
 import numpy as np
 import torch
 
+from .c_numerics import c_round
 from .conv import Convolution, InnerProduct, TransformedConvolution, TransformedInnerProduct, TransformedWeights
 from .python_layers import TORCH_CV_NEAREST, cv_nearest_resize, onnx_cv_nearest
 from .registry import (
@@ -25,7 +26,6 @@ from .registry import (
     register_layer,
     torch_sources,
 )
-from .roi_pooling import c_round
 
 _NEAREST = 1   # DeephiResizeParameter.NEAREST
 
