@@ -1,10 +1,9 @@
 """ZhiwenShao's JAANet (0b8e87e) and ARL (512c226) layers against numpy loops written from the forks'
 C++ (division_layer.cpp, combination_layer.cpp, au_mask_based_land_layer.cpp), in torch, onnxruntime
 and model.py.  MultiStageMeanfieldAU3 runs CRF-RNN's inference: test_layers_crf_rnn.py."""
-import math
-
 import numpy as np
 import pytest
+from c_reference import c_round
 from conftest import check_everywhere, net, rng
 
 from caffeq.layers import LayerError
@@ -49,10 +48,6 @@ def combination_ref(parts, ys, xs):
     return top.reshape(n, c, height, width)
 
 
-def c_round(x):
-    return int(math.copysign(math.floor(abs(float(x)) + 0.5), float(x)))
-
-
 CENTRES = {0: (4, -2), 1: (5, -2), 2: (1, -3), 3: (8, -3), 4: (2, 3), 5: (7, 3), 6: (24, 1), 7: (29, 1),
            8: (21, 0), 9: (26, 0), 10: (43, 0), 11: (45, 0), 12: (31, 0), 13: (37, 0), 14: (31, 0), 15: (37, 0),
            16: (31, 0), 17: (37, 0), 18: (39, 2), 19: (41, 2), 20: (34, 0), 21: (40, 0), 22: (34, 0), 23: (40, 0)}
@@ -61,7 +56,7 @@ CENTRES = {0: (4, -2), 1: (5, -2), 2: (1, -3), 3: (8, -3), 4: (2, 3), 5: (7, 3),
 def au_mask_ref(land, img_size, ratio, scale, coeff=0.075, fill=0.0, manhattan=True):
     """Forward_cpu of AUMaskBasedLand, float32 where the fork computes in float, double where it does."""
     ratio, scale, coeff, fill = f32(ratio), f32(scale), f32(coeff), f32(fill)
-    size = c_round(f32(f32(img_size) * scale))
+    size = int(c_round(f32(f32(img_size) * scale)))
     half = f32((img_size - 1) / 2.0 * float(ratio))
     factor = 100.0 / float(f32(f32(img_size) * scale))
     num = land.shape[0]
@@ -76,8 +71,8 @@ def au_mask_ref(land, img_size, ratio, scale, coeff=0.075, fill=0.0, manhattan=T
                 cy = f32(cy - f32(ruler / f32(-shift)))
             elif shift > 0:
                 cy = f32(cy + f32(ruler / f32(shift)))
-            sw, sh = c_round(f32(f32(cx - half) * scale)), c_round(f32(f32(cy - half) * scale))
-            ew, eh = c_round(f32(f32(cx + half) * scale)), c_round(f32(f32(cy + half) * scale))
+            sw, sh = int(c_round(f32(f32(cx - half) * scale))), int(c_round(f32(f32(cy - half) * scale)))
+            ew, eh = int(c_round(f32(f32(cx + half) * scale))), int(c_round(f32(f32(cy + half) * scale)))
             sh, sw, eh, ew = (min(max(v, 0), size - 1) for v in (sh, sw, eh, ew))
             acx, acy = f32(cx * scale), f32(cy * scale)
             for h in range(sh, eh + 1):
@@ -155,17 +150,9 @@ def test_au_mask_based_land_follows_the_fork(param, kw, tmp_path):
     model = load_from_text(net(f'layer {{ name: "a" type: "AUMaskBasedLand" bottom: "l"{AU_TOPS} '
                                f"au_mask_based_land_param {{ {param} }} }}", inputs={"l": land.shape}))
     want = au_mask_ref(land, img, ratio, scale, **kw)
-    size = c_round(f32(f32(img) * f32(scale)))
+    size = int(c_round(f32(f32(img) * f32(scale))))
     assert len(want) == 13 and all(w.shape == (2, 1, size, size) for w in want)
     check_everywhere(model, {"l": land}, {f"m{k}": w for k, w in enumerate(want)}, tmp_path)
-
-
-def test_c_round_halves_away_from_zero():
-    import torch
-
-    from caffeq.layers.au_forks import c_round as torch_round
-    x = torch.tensor([-2.5, -1.5, -0.5, 0.49999997, 0.5, 1.5, 2.5, -0.49999997], dtype=torch.float32)
-    assert torch_round(x).tolist() == [c_round(v) for v in x.tolist()] == [-3, -2, -1, 0, 1, 2, 3, 0]
 
 
 MEANFIELD = ('layer {{ name: "crf" type: "MultiStageMeanfieldAU3" bottom: "u" bottom: "q" bottom: "f" top: "o" '

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+from c_reference import c_round
 from conftest import assert_close, fast_rcnn_bins, model_py_outputs, net, onnx_outputs, rng
 
 from caffeq.errors import ExportError
@@ -18,10 +19,6 @@ from caffeq.model import load_from_text
 
 F = np.float32
 X_SHAPE = (2, 3, 7, 9)   # N, C, H, W all different
-
-
-def c_round(v):
-    return float(np.sign(v) * np.floor(abs(float(v)) + 0.5))
 
 
 def padded(roi, pad_ratio):

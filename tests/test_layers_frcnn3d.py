@@ -6,6 +6,7 @@ numpy loops written from the fork's pooling3d_layer.cpp and roi_pooling_layer.cp
 
 import numpy as np
 import pytest
+from c_reference import c_round
 from conftest import bvlc_pool3d_ref, check_everywhere, net, rng
 
 from caffeq.errors import CaffeqError
@@ -70,10 +71,6 @@ def test_pooling3d_stochastic_is_refused():
 
 
 # ---- ROIPooling (3-D) ---------------------------------------------------------------------------
-
-def c_round(v):
-    return float(np.sign(v) * np.floor(abs(v) + 0.5))
-
 
 def fork_roi_pool3d(x, rois, pooled, scale_xy, scale_z):
     """roi_pooling_layer.cu ROIPoolForward: rois [b, x1, y1, z1, x2, y2, z2]; corners x scale in float32,

@@ -1,20 +1,15 @@
 """huangdl007/pedestrian's HSROIPooling (caffeq/layers/hsroi_pooling.py) against a loop written here from its GPU
 kernel HSROIPoolingForward (hsroi_pooling_layer.cu at 7fba98a), float32 scalars as its Dtype, in torch,
 onnxruntime and model.py."""
-import math
-
 import numpy as np
 import pytest
+from c_reference import c_round
 from conftest import check_everywhere, net, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
 F = np.float32
-
-
-def c_round(v):
-    return math.copysign(math.floor(abs(float(v)) + 0.5), float(v))
 
 
 def ref_hs_roi_pool(x, rois, dim, scale):

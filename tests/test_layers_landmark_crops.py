@@ -3,10 +3,9 @@
 The reference follows multi_roi_pooling_layer.cu's MultiROIPoolForward element by element (its
 start, offset and copy-length cases), in float32 where the fork computes in float, on an
 asymmetric map with landmarks inside, across each edge and far outside."""
-import math
-
 import numpy as np
 import pytest
+from c_reference import c_round
 from conftest import model_py_outputs, net, rng
 
 from caffeq.errors import ExportError
@@ -16,18 +15,14 @@ from caffeq.model import load_from_text
 F = np.float32
 
 
-def c_round(v):
-    return int(math.copysign(math.floor(abs(float(v)) + 0.5), float(v)))
-
-
 def ref_crops(x, pts, ph, pw, scale):
     n, c, h, w = x.shape
     k = pts.shape[1]
     tops = [np.zeros((n, c, ph, pw), np.float32) for _ in range(k)]
     for t in range(k):
         for b in range(n):
-            sw = c_round(F(pts[b, t, 0]) * F(scale) - F(pw // 2))
-            sh = c_round(F(pts[b, t, 1]) * F(scale) - F(ph // 2))
+            sw = int(c_round(F(pts[b, t, 0]) * F(scale) - F(pw // 2)))
+            sh = int(c_round(F(pts[b, t, 1]) * F(scale) - F(ph // 2)))
             off_w, off_h = max(sw, 0), max(sh, 0)
             top_w, top_h = (0 if sw >= 0 else -sw), (0 if sh >= 0 else -sh)
             len_w = pw - abs(sw) if sw < 0 else (w - off_w if pw + off_w > w else pw)

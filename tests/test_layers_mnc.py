@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from c_reference import c_round
 from conftest import assert_close, check_everywhere, model_py_outputs, net, onnx_outputs, rng
 
 from caffeq.errors import CaffeqError, ExportError
@@ -53,10 +54,6 @@ def ref_bilinear(plane, h, w, y, x):
             + w4 * plane[:, y_high, x_high])
 
 
-def c_round(v):
-    return F(math.copysign(math.floor(abs(float(v)) + 0.5), float(v)))
-
-
 def ref_samples(p, size, pooled, max_of_samples):
     """The kernel's loop `for (fph = ph; fph <= ph + 1; fph += step)` (7a28ed65), or just ph."""
     if not max_of_samples:
@@ -75,7 +72,7 @@ def ref_roi_warp(x, rois, ph, pw, scale, max_of_samples=False):
     out = np.zeros((len(rois), c, ph, pw), F)
     for r, roi in enumerate(rois):
         plane = x[int(roi[0])]
-        sw, sh, ew, eh = (c_round(F(v) * F(scale)) for v in roi[1:5])
+        sw, sh, ew, eh = (F(c_round(F(v) * F(scale))) for v in roi[1:5])
         rw, rh = max(ew - sw, F(0)), max(eh - sh, F(0))
         bin_h, bin_w = rh / F(ph), rw / F(pw)
         for i in range(ph):

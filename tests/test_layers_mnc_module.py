@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from c_reference import c_round
 from conftest import check_everywhere, net, rng
 
 from caffeq.errors import CaffeqError
@@ -42,16 +43,12 @@ def bilinear(plane, h, w, y, x):
             + lh * lw * plane[:, y1, x1])
 
 
-def c_round(v):
-    return F(math.copysign(math.floor(abs(float(v)) + 0.5), float(v)))
-
-
 def ref_roi_warp(x, rois, ph, pw, scale):
     """ROIWarpingForward: per bin the max over fph = ph, ph + step, ... <= ph + 1 (step 1 / ceil(size / pooled))."""
     _n, c, h, w = x.shape
     out = np.zeros((len(rois), c, ph, pw), F)
     for r, roi in enumerate(rois):
-        sw, sh, ew, eh = (c_round(F(v) * F(scale)) for v in roi[1:5])
+        sw, sh, ew, eh = (F(c_round(F(v) * F(scale))) for v in roi[1:5])
         rw, rh = max(ew - sw, F(0)), max(eh - sh, F(0))
         bh, bw = rh / F(ph), rw / F(pw)
         step_h = F(1.0 / math.ceil(rh / F(ph))) if rh > 0 else F(np.inf)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from c_reference import c_round
 from conftest import assert_close, model_py_outputs, net, node_of, onnx_outputs, rng
 
 import caffeq
@@ -23,12 +24,6 @@ from caffeq.model import load_from_text
 F = np.float32
 REALWORLD = Path(__file__).parent / "fixtures" / "realworld"
 FILE = REALWORLD / "alenaliu__PPR-FCN__models__sg_vrd__rel_pre_iccv__vrd__test_exp1.prototxt"
-
-
-def c_round(v):
-    """C's round(): half away from zero."""
-    v = float(v)
-    return math.copysign(math.floor(abs(v) + 0.5), v)
 
 
 def ref_psroi_context(x, rois, obj_rois, dim, g, scale):

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from c_reference import c_round
 from conftest import check_everywhere, net, rng
 
 from caffeq.errors import CaffeqError
@@ -22,10 +23,6 @@ f32 = np.float32
 
 
 # ---- references -------------------------------------------------------------------------------
-
-def c_round(v):
-    return math.copysign(math.floor(abs(v) + 0.5), v)
-
 
 def ref_bins(start, end, pooled, size):
     """roi_pooling_layer.cpp's bins over [start, end] (float32 bin size), clipped to [0, size]."""

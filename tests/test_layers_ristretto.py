@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from c_reference import c_round
 from conftest import check_everywhere, conv_ref, model_py_outputs, net, rng
 
 import caffeq
@@ -471,12 +472,6 @@ def test_real_mobilenet_ssd_reads_with_its_shared_bottoms_written_back(tmp_path)
 
 
 # ---- Egoist67/quanti_ristretto's ScaleRistretto: round() halves away from zero ---------------------
-
-def c_round(v):
-    """C's round(): halves away from zero (floats from 2^23 up are whole already)."""
-    a = abs(float(v))
-    return math.copysign(math.floor(a + 0.5) if a < 2 ** 23 else a, v)
-
 
 def fixed_point_away_ref(x, bw, fl):
     """Egoist67's Trim2FixedPoint: as fixed_point_ref, with C's round() (halves away from zero)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from c_reference import c_round
 from conftest import assert_close, check_everywhere, model_py_outputs, net, onnx_outputs, rng
 from test_layers_pva_proposal import feeds as pva_feeds
 from test_layers_pva_proposal import ref_proposal
@@ -27,18 +28,14 @@ FLT_MAX = F(3.4028234663852886e38)
 CORPUS = Path("/work/corpus89a")
 
 
-def c_round(v):
-    return int(np.sign(v) * np.floor(abs(float(v)) + 0.5))
-
-
 # ---- references --------------------------------------------------------------------------------
 
 def ref_roipair(x, rois1, rois2, ph, pw, scale):
     _n, c, h, w = x.shape
     out = np.zeros((len(rois1), c, ph, pw), F)
     for n in range(len(rois1)):
-        a = [c_round(F(v) * F(scale)) for v in rois1[n][1:5]]
-        b = [c_round(F(v) * F(scale)) for v in rois2[n][1:5]]
+        a = [int(c_round(F(v) * F(scale))) for v in rois1[n][1:5]]
+        b = [int(c_round(F(v) * F(scale))) for v in rois2[n][1:5]]
         sw, sh, ew, eh = min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3])
         rw, rh = max(ew - sw + 1, 1), max(eh - sh + 1, 1)
         bh, bw = F(rh) / F(ph), F(rw) / F(pw)

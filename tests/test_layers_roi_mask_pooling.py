@@ -5,16 +5,13 @@ import math
 
 import numpy as np
 import pytest
+from c_reference import c_round
 from conftest import check_everywhere, net, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
 F32 = np.float32
-
-
-def c_round(v):
-    return int(math.copysign(math.floor(abs(v) + 0.5), v))
 
 
 def roi_mask_ref(x, rois, ph, pw, scale, roi_scale, half_part=0):
@@ -33,7 +30,7 @@ def roi_mask_ref(x, rois, ph, pw, scale, roi_scale, half_part=0):
             yy2 = yc
         elif half_part == 4:
             yy1 = yc
-        sw, sh, ew, eh = (c_round(float(v * F32(scale))) for v in (xx1, yy1, xx2, yy2))
+        sw, sh, ew, eh = (int(c_round(float(v * F32(scale)))) for v in (xx1, yy1, xx2, yy2))
         bh, bw = F32(max(eh - sh + 1, 1)) / F32(ph), F32(max(ew - sw + 1, 1)) / F32(pw)
         for p in range(ph):
             hs = min(max(int(math.floor(F32(p) * bh)) + sh, 0), h)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from c_reference import c_round
 from conftest import check_everywhere
 
 import caffeq.layers
@@ -20,10 +21,6 @@ REALWORLD = Path(__file__).parent / "fixtures" / "realworld"
 
 # ---- the reference: rpn_layer.cpp (5b6701d), float32 as Dtype = float ------------------------------
 
-def c_round(v):
-    return math.floor(abs(v) + 0.5) * (1 if v >= 0 else -1)
-
-
 def ref_cpp_anchors(base, ratios, scales):
     """generate_anchors(): ratio_enum then scale_enum around the base window's centre, C's round, and
     the int array the layer keeps (truncation)."""
@@ -33,8 +30,8 @@ def ref_cpp_anchors(base, ratios, scales):
     cx = cy = (base - 1) / 2.0
     rows = []
     for r in ratios:
-        ws = c_round(math.sqrt(base * base / r))
-        hs = c_round(ws * r)
+        ws = int(c_round(math.sqrt(base * base / r)))
+        hs = int(c_round(ws * r))
         x1, y1, x2, y2 = mk(ws, hs, cx, cy)
         w, h, ccx, ccy = x2 - x1 + 1, y2 - y1 + 1, (x1 + x2) / 2, (y1 + y2) / 2
         for s in scales:

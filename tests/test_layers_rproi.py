@@ -6,10 +6,9 @@ bboxDeltas2Proposals_kernel (order (n, a, h, w), clipping, -inf for small boxes)
 descending sort, the best preNmsTop, greedy NMS with the +1 IoU, the output cleared to zeros) and
 ROIPoolingForwardKernelAligned (roundf of the scaled corners, float bins, max from -FLT_MAX, empty 0).
 """
-import math
-
 import numpy as np
 import pytest
+from c_reference import c_round
 from conftest import check_everywhere, fast_rcnn_bins, net, repeated
 
 from caffeq.layers import LayerError
@@ -17,10 +16,6 @@ from caffeq.model import load_from_text
 
 f32 = np.float32
 FLT_MAX = float(np.finfo(np.float32).max)
-
-
-def c_round(v):
-    return math.floor(abs(v) + 0.5) * (1 if v >= 0 else -1)
 
 
 def ref_anchors(ratios, scales, base):
@@ -89,7 +84,7 @@ def ref_pool(fmap, rois, ph, pw, scale):
     out = np.zeros((n * m, c, ph, pw), f32)
     for i in range(n):
         for r in range(m):
-            x1, y1, x2, y2 = (c_round(f32(v * f32(scale))) for v in rois[i, 0, r])
+            x1, y1, x2, y2 = (int(c_round(f32(v * f32(scale)))) for v in rois[i, 0, r])
             for pi, pj, hs, he, ws, we in fast_rcnn_bins(x1, y1, x2, y2, ph, pw, h, w):
                 region = fmap[i, :, hs:he, ws:we].reshape(c, -1)
                 if region.shape[1]:

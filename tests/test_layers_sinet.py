@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from c_reference import c_round
 from conftest import check_everywhere, model_py_outputs, net
 
 from caffeq.errors import CaffeqError, ExportError
@@ -39,10 +40,6 @@ def cuda_floor(v):
     return 0 if math.isnan(v) else math.floor(v)
 
 
-def c_round(v):
-    return int(math.copysign(math.floor(abs(float(v)) + 0.5), float(v)))
-
-
 def ref_caroi(x, rois, ph, pw, scale, pad_ratio):
     """CAROIPoolForward, one output element at a time."""
     n_img, c, h, w = x.shape
@@ -52,10 +49,11 @@ def ref_caroi(x, rois, ph, pw, scale, pad_ratio):
         b = int(roi[0])
         size_w, size_h = F(F(roi[3] - roi[1]) + F(1)), F(F(roi[4] - roi[2]) + F(1))
         # roi[1] - pad_w with pad_w = size_w * pad_ratio: contracted by nvcc to fmaf(-size_w, pad_ratio, roi[1])
-        sw = max(c_round(F(fmaf(-size_w, pad_ratio, roi[1]) * scale)), 0)
-        sh = max(c_round(F(fmaf(-size_h, pad_ratio, roi[2]) * scale)), 0)
-        ew, eh = c_round(F(fmaf(size_w, pad_ratio, roi[3]) * scale)), c_round(F(fmaf(size_h, pad_ratio, roi[4]) * scale))
-        ew, eh = min(c_round(F(F(w) / scale)) - 1, ew), min(c_round(F(F(h) / scale)) - 1, eh)
+        sw = max(int(c_round(F(fmaf(-size_w, pad_ratio, roi[1]) * scale))), 0)
+        sh = max(int(c_round(F(fmaf(-size_h, pad_ratio, roi[2]) * scale))), 0)
+        ew = int(c_round(F(fmaf(size_w, pad_ratio, roi[3]) * scale)))
+        eh = int(c_round(F(fmaf(size_h, pad_ratio, roi[4]) * scale)))
+        ew, eh = min(int(c_round(F(F(w) / scale))) - 1, ew), min(int(c_round(F(F(h) / scale))) - 1, eh)
         rw, rh = max(ew - sw + 1, 1), max(eh - sh + 1, 1)
         bh, bw = F(F(rh) / F(ph)), F(F(rw) / F(pw))
         for ch in range(c):
@@ -175,8 +173,10 @@ def test_caroi_pooling_matches_the_kernel(ph, pw, scale, pad, tmp_path):
 def test_caroi_pooling_takes_every_branch():
     # the rois above reach all four branches of the kernel at 5 x 7, 1/4
     rois = mixed_rois(np.random.default_rng(0), 2, 44, 68)
-    sizes = [(max(c_round(F(r[4] * F(0.25))) - max(c_round(F(r[2] * F(0.25))), 0) + 1, 1),
-              max(c_round(F(r[3] * F(0.25))) - max(c_round(F(r[1] * F(0.25))), 0) + 1, 1)) for r in rois]
+    def edge(v):
+        return int(c_round(F(v * F(0.25))))
+
+    sizes = [(max(edge(r[4]) - max(edge(r[2]), 0) + 1, 1), max(edge(r[3]) - max(edge(r[1]), 0) + 1, 1)) for r in rois]
     kinds = {("large" if h >= 5 and w >= 7 else "tall" if h > 5 else "wide" if w > 7 else "small") for h, w in sizes}
     assert kinds == {"large", "tall", "wide", "small"}
 

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from c_reference import c_round
 from conftest import backend_outputs, check_everywhere, conv_ref, net, onnx_outputs, rng
 
 from caffeq.layers import LayerError
@@ -19,10 +20,6 @@ X_SHAPE = (2, 3, 13, 17)
 # a box on the second image wider than the map
 ROIS = np.array([[0, 2, 1, 13, 9], [1, -6, -3, 8, 6], [1, 9, 4, 30, 19], [0, 7, 7, 7, 7],
                  [0, 9, 8, 3, 1], [0, 3, 2.5, 17, 11], [1, 0, 0, 33, 25], [1, -10, -9, 60, 40]], F)
-
-
-def c_round(v):
-    return math.copysign(math.floor(abs(float(v)) + 0.5), float(v))
 
 
 def ref_regions(roi, bb_type):

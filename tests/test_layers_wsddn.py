@@ -4,11 +4,11 @@
 References are numpy loops written here from the fork's C++ (12e92b5, caffe-MLIC/src/caffe/layers:
 wsd_roigen_layer.cpp, wsd_roigen_single_scale_layer.cpp, roi_pooling_layer.cpp), in float32 as the fork.
 """
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from c_reference import c_round
 from conftest import check_everywhere, fast_rcnn_bins, net, rng
 
 from caffeq.errors import CaffeqError
@@ -83,10 +83,6 @@ def test_wsd_roigen_single_scale_needs_a_positive_origin():
 
 # ---- ROIPooling with score_scale / score_bias ---------------------------------------------------------------
 
-def c_round(v):
-    return math.floor(v + 0.5) if v >= 0 else -math.floor(-v + 0.5)
-
-
 def ref_scored_pool(x, rois, ph, pw, scale, score_scale, score_bias):
     """roi_pooling_layer.cpp Forward_cpu: Fast R-CNN's max per bin (0 when empty), times
     (score_scale x ebscore + score_bias) in float32."""
@@ -94,7 +90,7 @@ def ref_scored_pool(x, rois, ph, pw, scale, score_scale, score_bias):
     out = np.zeros((rois.shape[0], c, ph, pw), F)
     for r, roi in enumerate(rois.reshape(rois.shape[0], 6)):
         b = int(roi[0])
-        x1, y1, x2, y2 = (c_round(float(F(v) * F(scale))) for v in roi[1:5])
+        x1, y1, x2, y2 = (int(c_round(float(F(v) * F(scale)))) for v in roi[1:5])
         factor = F(score_scale) * F(roi[5]) + F(score_bias)
         for i, j, hs, he, ws, we in fast_rcnn_bins(x1, y1, x2, y2, ph, pw, h, w):
             for ch in range(c):
