@@ -603,6 +603,11 @@ def _multiplying_zoom_interps(in_ids, nodes, shapes):
         node, shape = by_output.get(tid), shapes.get(tid)
         if shape is None or len(shape) != 4:
             return []
+        seen = set()   # back through one-bottom layers that keep the map's size (ReLU, 1x1 or same-padded convs):
+        while node is not None and node.type != "Interp" and len(node.inputs) == 1 and id(node) not in seen \
+                and len(shapes.get(node.inputs[0]) or ()) == 4 and list(shapes[node.inputs[0]][2:]) == list(shape[2:]):
+            seen.add(id(node))     # Open Model Zoo's PyTorch-made segmentation nets join Interp -> Conv -> ReLU
+            node = by_output.get(node.inputs[0])
         if node is not None and node.type == "Interp" and is_zoom_only(node.attrs) and node.attrs["zoom"] > 1 \
                 and not node.attrs.get("zoom_multiplies"):
             x = shapes.get(node.inputs[0])

@@ -407,7 +407,9 @@ def test_detection_output_variants(params, kw):
     ("share_location: true", "num_classes is required"),
     ("num_classes: 3 nms_param { eta: 1.5 }", "eta"),
     ("num_classes: 3 nms_param { nms_threshold: -0.1 }", "nms_threshold"),
-    ("num_classes: 3 normalized_bbox: false", "normalized_bbox"),
+    # OpenCV's pixel boxes (tests/test_layers_opencv_forks97.py) clip to an image bottom and know two codes
+    ("num_classes: 3 normalized_bbox: false clip: true", "needs a 4-D 4th bottom"),
+    ("num_classes: 3 normalized_bbox: false code_type: CORNER_SIZE", "has no CORNER_SIZE"),
 ])
 def test_detection_output_bad_params(params, msg):
     with pytest.raises(LayerError, match=msg):

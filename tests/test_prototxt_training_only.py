@@ -614,6 +614,15 @@ def test_an_unknown_field_spelt_like_a_known_one_says_which(written, meant):
         parse_prototxt_text(text, path="t.prototxt")
 
 
+def test_a_short_field_one_letter_off_says_which(tmp_path):
+    # toUpperCase78/opencv-hpe's MPI pose net as stored: its first line lost the i of `input`
+    path = tmp_path / "pose.prototxt"
+    path.write_text('nput: "image"\ninput_dim: 1\ninput_dim: 3\ninput_dim: 8\ninput_dim: 8\n')
+    with pytest.raises(ParseError, match=r"unknown field 'nput' \(message caffe.NetParameter has no field 'nput'; "
+                                         r"did you mean 'input'\?\)"):
+        caffeq.load(path, random_weights=True)
+
+
 def test_an_unknown_field_far_from_every_known_one_names_none():
     # a hobby Caffe's inner_param: as near to interp_param as to inner_product_param, so neither is offered
     with pytest.raises(ParseError, match=r"has no field 'inner_param'\); pass --ignore-unknown"):

@@ -54,8 +54,9 @@ _FORK_FIELD_GROUPS = [
      "default_forward_type", "default_forward_math"),
     # NVIDIA/caffe 87a2554 caffe.proto DataParameter 11-16, ImageDataParameter 14-17: how records
     # are read (threads, an in-memory cache, the share of a multi-node dataset), never what they hold
-    ("DataParameter", _ANY_PHASE, "NVCaffe's data-reading threads and record cache",
-     "threads", "parser_threads", "cache", "precache"),
+    # matex-org/caffe-intel 35c1a3d3's DataParameter.cache = 15 is a repeated block of cache levels of the same name
+    ("DataParameter", _ANY_PHASE, "NVCaffe's data-reading threads and record cache (matex-org/caffe-intel's cache "
+     "levels)", "threads", "parser_threads", "cache", "precache"),
     ("DataParameter", _TEST_ONLY, "NVCaffe's shuffling of training records", "shuffle"),
     ("ImageDataParameter", _ANY_PHASE, "NVCaffe's image-reading threads, cache and multi-node share",
      "threads", "cache", "precache", "dataset_share_per_node"),
@@ -269,7 +270,22 @@ def _close_field(unknown):
         return ""
     hit = [f for f in fields if f.lower() == unknown.name.lower()] or \
         difflib.get_close_matches(unknown.name, fields, n=1, cutoff=0.9)
+    if not hit and len(unknown.name) >= 4:   # short names: one letter lost, added or changed (`nput`)
+        near = [f for f in fields if _one_edit_apart(unknown.name, f)]
+        hit = near if len(near) == 1 else []
     return f"; did you mean '{hit[0]}'?" if hit else ""
+
+
+def _one_edit_apart(a: str, b: str) -> bool:
+    """Whether b is a with one character inserted, deleted or replaced."""
+    if abs(len(a) - len(b)) > 1 or a == b:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    i = 0
+    while i < len(a) and a[i] == b[i]:
+        i += 1
+    return a[i + (len(a) == len(b)):] == b[i + 1:]
 
 
 def report_unknown_fields(unknowns, message, path, phase, ignore_unknown, warnings, known_layer=None):

@@ -22,6 +22,7 @@ from . import (  # noqa: F401,E402
     c3d,
     caffe3d_ff,
     caffe_gan,
+    caffe_lstm_windows,
     caffe_plus,
     caffe_sl,
     caffemex,

@@ -39,13 +39,26 @@ Batches: the plugins' outputs are for one image (batch size hard-coded to 1 ther
 proposal layers take one image per batch.  Ties in the score sort keep the anchors' (rois') order;
 the plugins' atomicAdd gathers leave that order unspecified.  ONNX: apollo_onnx.py (the proposals through TopK and
 NonMaxSuppression, whose IoU gets the +1 pixel sizes from boxes given as [y1, x1, y2 + 1, x2 + 1]).
+
+Softmax axes as Apollo's TensorRT builder counts them (apollo_rcnn_softmax_axis, a net_rewrite): Apollo's
+RTNet (ApolloAuto/apollo d444b00 modules/perception/common/inference/tensorrt/rt_net.cc) builds with
+TensorRT's implicit batch, so every tensor lacks Caffe's batch axis, and its SoftmaxPlugin
+(ffa0765 .../tensorrt/plugins/softmax_plugin.h) normalises over axis softmax_param.axis - 1 of those dims.
+The RoI head's tensors keep the rois on their first non-batch axis: DFMBPSROIAlignPlugin's output is
+Dims4(rows of rois, output_dim, pooled_height, pooled_width) (aa1e025 dfmb_psroi_align_plugin.h), and
+addInnerproductLayer's IFullyConnectedLayer keeps every axis before the last three, giving (R, K, 1, 1).
+So the traffic-light detector's cls_score_softmax (axis: 2, "if use CaffeNet, change to 1") normalises
+the K class scores of each roi, which is Caffe's axis 1 of the (R, K) InnerProduct top caffeq (and
+Apollo's CaffeNet) computes; in BVLC Caffe axis 2 is out of range there.  A Softmax whose axis is 2,
+whose bottom an InnerProduct (axis 1) writes and whose top an RCNNProposal reads is read with axis 1,
+with a note; no other Softmax changes.
 """
 import numpy as np
 import torch
 from torch import nn
 
 from .apollo_onnx import emit_dfmb_psroi_align, emit_rcnn_proposal, emit_rpn_proposal_ssd
-from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
+from .registry import Layer, LayerError, need_blobs, net_rewrite, register_layer, torch_sources
 
 HEIGHT_AND_WIDTH, HEIGHT_OR_WIDTH = 0, 1
 
@@ -511,3 +524,31 @@ class DFMBPSROIAlign(_ApolloSpec):
                 "pooled_height", "pooled_width", "sample_per_part", "trans_std", "part_height", "part_width")
         return {k: attrs[k] for k in keys}
 
+
+
+# ---- Apollo's TensorRT axis for the RoI head's Softmax ------------------------------------------------
+
+@net_rewrite
+def apollo_rcnn_softmax_axis(net, source=""):
+    """A Softmax with axis 2 on an InnerProduct's (R, K) top that an RCNNProposal reads: axis 1 (see the
+    module docstring: Apollo's SoftmaxPlugin takes axis - 1 of the implicit-batch dims (R, K, 1, 1))."""
+    if not any(lp.type == "RCNNProposal" for lp in net.layer):
+        return []
+    proposal_inputs = {lp.bottom[0] for lp in net.layer if lp.type == "RCNNProposal" and len(lp.bottom)}
+    writer = {}   # blob -> the layer that last wrote it, so far
+    changed = []
+    for lp in net.layer:
+        if (lp.type == "Softmax" and len(lp.bottom) == 1 and len(lp.top) == 1 and lp.top[0] in proposal_inputs
+                and lp.softmax_param.axis == 2):
+            ip = writer.get(lp.bottom[0])
+            if ip is not None and ip.type == "InnerProduct" and ip.inner_product_param.axis == 1:
+                lp.softmax_param.axis = 1
+                changed.append(lp.name)
+        for top in lp.top:
+            writer[top] = lp
+    if not changed:
+        return []
+    return [f"{source + ': ' if source else ''}Softmax layer(s) {', '.join(map(repr, changed))} (axis 2 on an "
+            f"InnerProduct's (rois, classes) top, read by RCNNProposal) read with axis 1, the class axis: Apollo's "
+            f"TensorRT SoftmaxPlugin normalises axis - 1 of the implicit-batch dims (rois, classes, 1, 1), as the "
+            f"file's comment says (axis 1 for CaffeNet)"]

@@ -261,6 +261,11 @@ class ImageData(DataLayer):
         elif attrs.get("identities"):
             lines.append("batches of {} identities x {} images each (yuqj1991/caffe_train): tops data, the "
                          "identities, each image's identity".format(*attrs["identities"]))
+        elif attrs.get("windows"):
+            lines.append("junhyukoh/caffe-lstm 711ecdab windows: each image scaled by a random factor in [{}, {}] "
+                         "(shrunk to fit), written at the top left of a zero {} x {} canvas; top 3 (batch_size, 7): "
+                         "label, the scaled box ymin, xmin, ymax, xmax, the original height and width"
+                         .format(*attrs["window_scales"], *attrs["windows"]))
         elif attrs["num_tops"] > 2:
             lines.append("a third top, clip markers (apsvvfb/caffe_qi, LRCN): the batch holds batch_size / 16 "
                          "clips of 16 consecutive frames, interleaved frame by frame; 0 at a clip's first frame, "
@@ -283,7 +288,15 @@ class ImageData(DataLayer):
             raise LayerError("image_data_param.new_dim and new_height/new_width cannot be set together")
         if (p.min_height > 0) != (p.min_width > 0):   # lisa-caffe-public image_data_layer.cpp's CHECK
             raise LayerError("image_data_param.min_height and min_width must be set together")
-        identities, label_size = None, 0
+        identities, label_size, windows = None, 0, None
+        if any(p.HasField(f) for f in ("window_h", "window_w", "max_windows_h", "max_windows_w")):
+            # junhyukoh/caffe-lstm 711ecdab image_data_layer.cpp: data (N, C, max_windows_h * window_h,
+            # max_windows_w * window_w) whatever the image, label (N,), box (N, 7)
+            need_blobs(lp, "ImageData with windows (junhyukoh/caffe-lstm: tops data, label, box)", 0, 3)
+            windows = (p.max_windows_h * p.window_h, p.max_windows_w * p.window_w)
+            if not all(windows):
+                raise LayerError(f"image_data_param: max_windows_h x window_h and max_windows_w x window_w must be "
+                                 f"positive, got {windows[0]} and {windows[1]}")
         if p.HasField("label_size"):
             label_size = positive_field(p.label_size, "image_data_param.label_size")
         if p.HasField("label_num") and not p.HasField("sample_num") and len(lp.top) <= 2:
@@ -307,7 +320,8 @@ class ImageData(DataLayer):
                 "smaller_side": tuple(int(v) for v in p.smaller_side_size),
                 "label_dim": int(p.label_dim) if p.HasField("label_dim") else 0, "gps": bool(p.use_gps),
                 "identities": identities,
-                "label_size": label_size,
+                "label_size": label_size, "windows": windows,
+                "window_scales": (float(p.min_scale), float(p.max_scale)),
                 "transform": transform_attrs(lp), "num_tops": len(lp.top), "top": lp.top[0] if lp.top else "",
                 # CamlinZ/face_alignment's ImageData resizes to new_height x new_width only when shuffling
                 "own_size_unshuffled": p.HasField("rate_height") or p.HasField("rate_width")}
@@ -329,7 +343,7 @@ class ImageData(DataLayer):
         if attrs.get("label_size") and len(shapes) > 1 and 1 not in given:
             shapes[1] = (shapes[0][0], attrs["label_size"], 1, 1)
         if attrs["num_tops"] > 2:
-            shapes.append(tuple(given.get(2) or (shapes[0][0],)))
+            shapes.append(tuple(given.get(2) or ((shapes[0][0], 7) if attrs.get("windows") else (shapes[0][0],))))
         return shapes
 
     def guessed_label_tops(self, attrs, given):
@@ -340,6 +354,8 @@ class ImageData(DataLayer):
     def data_shape(self, attrs):
         c = 3 if attrs["is_color"] else 1
         n = max(1, attrs["batch_size"])
+        if attrs.get("windows"):   # junhyukoh/caffe-lstm: the window grid's size replaces the image's
+            return (n, c) + attrs["windows"]
         crop = attrs["transform"]["crop_size"] or bool(attrs["transform"].get("crop_hw"))
         sides = attrs.get("smaller_side", ())
         scaled = len(sides) in (1, 2) and not crop   # cvjena's: scaled after the read, each image's own size

@@ -2,7 +2,9 @@
 ContinuationIndicator, and CTPN's "Lstm".
 
 - Reverse (tianzhi0549/CTPN's caffe, senlinuc/caffe_ocr; reverse_param axis, default 0):
-  the bottom flipped along `axis`.  The fork refuses a negative axis.
+  the bottom flipped along `axis`.  The fork refuses a negative axis.  A Reverse that sets reshape_param and no
+  reverse_param is junhyukoh/caffe-lstm 711ecdab's (ReverseLayer.cpp): the bottom's T = reshape_param.shape.dim(0)
+  equal blocks in reverse order (caffe_lstm_windows.py).
 - Transpose (same forks; transpose_param dim): top axis i is bottom axis dim[i]; one dim per
   bottom axis.
 - ContinuationIndicator (CRNN ports, e.g. yalecyu/crnn.caffe; continuation_indicator_param
@@ -27,6 +29,8 @@ ContinuationIndicator, and CTPN's "Lstm".
   the one CTPN runs, adds each sample's own.  This follows the GPU kernel.  A second bottom
   (the fork's `clip`) makes the fork carry h and c over from the previous Forward call, which
   a stateless model cannot do: it is refused.
+  An Lstm that sets lstm_param.width, gives a third bottom or four `param` blocks is junhyukoh/caffe-lstm
+  711ecdab's 2-D Lstm (5 gates, 4 blobs): caffe_lstm_windows.py's GridLstmSpec computes it.
 
 ONNX: Slice with step -1, Transpose, a constant, and the ONNX LSTM op (gates reordered to
 [i o f c]).
@@ -38,6 +42,14 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
+from .caffe_lstm_windows import (
+    GRID_LSTM,
+    is_grid_lstm,
+    reverse_blocks,
+    reverse_blocks_onnx,
+    reverse_blocks_shape,
+    steps_field,
+)
 from .registry import Layer, LayerError, need_blobs, positive_field, register_layer, torch_sources
 
 # ---- Reverse -------------------------------------------------------------------------------
@@ -50,6 +62,8 @@ class Reverse(Layer):
 
     def parse(self, lp):
         need_blobs(lp, self.types[0], 1, self.top_count, in_place=False)
+        if lp.type == "Reverse" and lp.HasField("reshape_param") and not lp.HasField(self.param_field):
+            return {"blocks": steps_field(lp, "Reverse")}   # junhyukoh/caffe-lstm 711ecdab
         axis = int(getattr(lp, self.param_field).axis)
         if axis < 0:
             raise LayerError(f"{self.param_field}.axis must be >= 0 (the fork takes no negative axis), got {axis}")
@@ -57,18 +71,26 @@ class Reverse(Layer):
 
     def infer(self, attrs, in_shapes):
         s = tuple(in_shapes[0])
+        if "blocks" in attrs:
+            return reverse_blocks_shape(attrs["blocks"], s)
         if attrs["axis"] >= len(s):
             raise LayerError(f"{self.param_field}.axis {attrs['axis']} is out of range for a {len(s)}-axis bottom")
         return [s]
 
     def forward(self, attrs, params, x):
+        if "blocks" in attrs:
+            return reverse_blocks(x, attrs["blocks"])
         return x.flip(attrs["axis"])
 
     def onnx(self, ctx, node):
+        if "blocks" in node.attrs:
+            return reverse_blocks_onnx(ctx, node, node.attrs["blocks"])
         ctx.add_node("Slice", [node.inputs[0], ctx.i64([-1]), ctx.i64([-(2 ** 63)]),
                                ctx.i64([node.attrs["axis"]]), ctx.i64([-1])], [node.outputs[0]], name=node.name)
 
     def pytorch_source(self, node, emit):
+        if "blocks" in node.attrs:
+            return f"{emit.helper(reverse_blocks)}({emit.inputs[0]}, {node.attrs['blocks']})"
         return f"{emit.inputs[0]}.flip({node.attrs['axis']})"
 
 
@@ -353,7 +375,16 @@ class Lstm(Layer):
     blob_names = ("W_x", "W_h", "b")
     weight_axes = {0: 0, 1: 0}
 
+    # junhyukoh/caffe-lstm 711ecdab's Lstm with lstm_param.width: GRID_LSTM (caffe_lstm_windows.py) does each step
+    def blob_names_for(self, attrs):
+        return GRID_LSTM.blob_names if attrs.get("width") else self.blob_names
+
+    def weight_axes_for(self, attrs):
+        return GRID_LSTM.weight_axes_for(attrs) if attrs.get("width") else super().weight_axes_for(attrs)
+
     def parse(self, lp):
+        if is_grid_lstm(lp):
+            return GRID_LSTM.parse(lp)
         need_blobs(lp, lp.type, (1, 2), roles="x, clip")
         p = lp.lstm_param
         # fanchenyou/deepdiary names num_output hidden_size and fixes T = sequence_len + 1
@@ -403,6 +434,8 @@ class Lstm(Layer):
         return s[0], s[1], math.prod(s[2:]), attrs["num_output"]
 
     def infer(self, attrs, in_shapes):
+        if attrs.get("width"):
+            return GRID_LSTM.infer(attrs, in_shapes)
         t, n, _, h = self._dims(attrs, in_shapes)
         if attrs["clip"]:
             clip = tuple(in_shapes[1])
@@ -413,6 +446,8 @@ class Lstm(Layer):
         return [(t * n, h)] if self.flat_batch(attrs, in_shapes[0]) else [(t, n, h)]
 
     def param_shapes(self, attrs, in_shapes):
+        if attrs.get("width"):
+            return GRID_LSTM.param_shapes(attrs, in_shapes)
         _, _, k, h = self._dims(attrs, in_shapes)
         return [(4 * h, k), (4 * h, h), (4 * h,)]
 
@@ -421,13 +456,19 @@ class Lstm(Layer):
                 else np.zeros(s, np.float32) for s in shapes]
 
     def macs(self, attrs, in_shapes, out_shapes):
+        if attrs.get("width"):
+            return GRID_LSTM.macs(attrs, in_shapes, out_shapes)
         t, n, k, h = self._dims(attrs, in_shapes)
         return t * n * 4 * h * (k + h)
 
-    def forward(self, attrs, params, x, clip=None):
+    def forward(self, attrs, params, x, clip=None, *clip_w):
+        if attrs.get("width"):
+            return GRID_LSTM.forward(attrs, params, x, clip, *clip_w)
         return lstm_layer(x, clip, *params, flat_batch=self.flat_batch(attrs, x.shape))
 
     def onnx(self, ctx, node):
+        if node.attrs.get("width"):
+            return GRID_LSTM.onnx(ctx, node)
         name = node.name
         h = node.attrs["num_output"]
         if node.attrs["clip"]:
@@ -456,6 +497,8 @@ class Lstm(Layer):
             ctx.add_node("Squeeze", [y, ctx.i64([1])], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
+        if node.attrs.get("width"):
+            return GRID_LSTM.pytorch_source(node, emit)
         _, _, k, h = self._dims(node.attrs, [emit.in_shape(0)])
         flat = self.flat_batch(node.attrs, emit.in_shape(0))
         m = emit.instance(CtpnLstm, k, h, *([flat] if flat else []), needs=[ctpn_lstm, lstm_layer])

@@ -134,8 +134,13 @@ def is_zoom_only(attrs):
 def interp_zooms_multiply(net):
     """ForkReading rewrite for YOLOv3 conversions that upsample with Interp's zoom_factor: the Interp they run
     with (DeepLab's, its output size changed to h x zoom_factor; jasonlovescoding/YOLOv3-caffe's README tells
-    how) keeps DeepLab's bilinear interpolation.  Every Interp whose size zoom_factor alone sets gets
-    caffeq's interp_param.zoom_multiplies.  Returns the note."""
+    how) keeps DeepLab's bilinear interpolation.  OpenVINO's Model Optimizer reads Interp so too
+    (openvinotoolkit/openvino tools/mo/openvino/tools/mo/ops/interp.py and
+    model-optimizer/extensions/front/InterpolateNormalizer.py: zoom alone gives (h + pad_beg + pad_end) x zoom,
+    DeepLab's formula left commented out; interp_ext.py: linear, align_corners 1), which Open Model Zoo's
+    PyTorch-made road- and semantic-segmentation-adas nets need (their joins see the Interp through a Conv and ReLU;
+    openvinotoolkit/training_toolbox_caffe 5e543a4 has no Interp layer).  Every Interp whose size zoom_factor alone
+    sets gets caffeq's interp_param.zoom_multiplies.  Returns the note."""
     marked = []
     for lp in net.layer:
         p = lp.interp_param
@@ -143,7 +148,8 @@ def interp_zooms_multiply(net):
             p.zoom_multiplies = True
             marked.append(lp.name)
     return (f"the Interp layers {', '.join(repr(n) for n in marked)} read as the Interp YOLOv3 conversions run "
-            f"with: zoom_factor z gives h x z (DeepLab's h + (h - 1)(z - 1) does not fit the net's joins), the "
+            f"with (and OpenVINO's Model Optimizer computes): zoom_factor z gives h x z (DeepLab's "
+            f"h + (h - 1)(z - 1) does not fit the net's joins), the "
             f"same bilinear interpolation")
 
 

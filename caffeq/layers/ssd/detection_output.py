@@ -41,17 +41,45 @@
   the start of each blob and the arm parts at the fixed offsets 25500 and 133875 (4P and 21P of that
   320x320 VOC net): read as RefineDet's five bottoms where the offsets are 4P and CP, batch 1 (the
   fork reads a second image from the first's arm parts); anything else is refused.
+- OpenVINO's DetectionOutput with `normalized: false` (Open Model Zoo's R-FCN
+  person-detection-retail-0002 feeds its Proposal's rois as the priors).  The fields come from
+  OpenVINO Model Optimizer's mo_caffe.proto (openvinotoolkit/openvino 6dc130d; input_width 13,
+  input_height 14, normalized 15), which front/caffe/detection_output_ext.py copies to its op; no
+  public Caffe declares them (openvinotoolkit/training_toolbox_caffe 5e543a4 does not).  What they
+  do is OpenVINO's reference (src/core/reference/include/openvino/reference/detection_output.hpp):
+  each prior is 5 numbers (an item index, then xmin, ymin, xmax, ymax in pixels), P = the priors'
+  last axis / 5, read from the first item; the corners are divided by input_width (x) and
+  input_height (y) in float32 before SSD's decoding; without variance_encoded_in_target the
+  variances are the 4P numbers after the first 5P.  The rows are then SSD's, normalised.
+- OpenCV's DetectionOutput with `normalized_bbox: false` (opencv-caffe.proto field 10; its Faster
+  R-CNN samples feed the Proposal's rois, sliced to (1, 1, 4P), as the priors).  What it does is
+  opencv/opencv 0052d95 modules/dnn/src/layers/detection_output_layer.cpp (+ nms.inl.hpp): the priors
+  are 4 pixel corners each, P = the last axis / 4, from the first 4P numbers (every item uses them),
+  with the variances in the next 4P unless variance_encoded_in_target; the priors axis 1 must be
+  1 + (not variance_encoded_in_target).  CENTER_SIZE decodes with the prior's width and height + 1
+  and its centre xmin + width / 2 (CORNER is unchanged; OpenCV's CodeType has no CORNER_SIZE, refused);
+  the rows are in pixels (never divided by an image size).  `clip` clips to [0, W - 1] x [0, H - 1],
+  W and H the last two axes of a 4th bottom (required then; only its shape is read).  NMS sizes and
+  overlaps count pixels inclusively, (w + 1)(h + 1), a box with xmax < xmin or ymax < ymin being of
+  size 0: caffeq runs SSD's NMS on (xmin, ymin, xmax + 1, ymax + 1) (a flipped box collapsed to size
+  0), which is the same except for two boxes less than one pixel apart (OpenCV: no overlap; caffeq:
+  the sliver (gap + 1) wide) and the rounding of the + 1.  OpenCV's own defaults hold on this path:
+  confidence_threshold unset = 0 (scores must be > 0), top_k <= 0 = all, eta not read (1).  Rows,
+  keep_top_k (one target class: OpenCV stops NMS at keep_top_k, the same rows) and per-item handling
+  are SSD's; caffeq writes them in SSD's order and count, where OpenCV sorts each image's rows by score
+  and zero-pads to keep_top_k x N rows (as on the normalized path).
 ONNX: standard ops (TopK, NonMaxSuppression, NonZero...) give the same rows
 in the same order; only eta < 1 (adaptive NMS) is refused.
 """
 import inspect
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
 from ..registry import ForkReading, Layer, LayerError, register_layer, torch_sources
-from .common import CENTER_SIZE, CODE_NAMES, FLT_MAX, proto_field
+from .common import CENTER_SIZE, CODE_NAMES, CORNER_SIZE, FLT_MAX, proto_field
 from .detection_levels import emit_gather_onnx, gather_levels, level_pieces, level_reading
 from .nms import TORCH_SSD_NMS, ssd_nms
 from .priorbox import fork_priors, textboxes_priors
@@ -60,8 +88,10 @@ from .priorbox import fork_priors, textboxes_priors
 EXTRA = {0: "", 5: "rbox", 8: "quad"}
 
 
-def decode_boxes(loc, pbox, pvar, code_type: str, variance_in_target: bool):
-    """SSD's DecodeBBox: loc (..., P, 4) against the priors pbox, pvar (P, 4) -> corners (..., P, 4)."""
+def decode_boxes(loc, pbox, pvar, code_type: str, variance_in_target: bool, pixel: bool = False):
+    """SSD's DecodeBBox: loc (..., P, 4) against the priors pbox, pvar (P, 4) -> corners (..., P, 4).
+    pixel (OpenCV's normalized_bbox: false): the prior's size counts pixels inclusively (+ 1) and its
+    centre is xmin + width / 2."""
     if variance_in_target:
         pvar = torch.ones_like(pvar)
     if code_type == "CORNER":
@@ -71,8 +101,12 @@ def decode_boxes(loc, pbox, pvar, code_type: str, variance_in_target: bool):
     if code_type == "CORNER_SIZE":
         size = torch.stack([pw, ph, pw, ph], dim=-1)
         return pbox + pvar * loc * size
-    pcx = (pbox[..., 0] + pbox[..., 2]) / 2  # CENTER_SIZE
-    pcy = (pbox[..., 1] + pbox[..., 3]) / 2
+    if pixel:   # CENTER_SIZE in pixels
+        pw, ph = pw + 1, ph + 1
+        pcx, pcy = pbox[..., 0] + pw * 0.5, pbox[..., 1] + ph * 0.5
+    else:       # CENTER_SIZE
+        pcx = (pbox[..., 0] + pbox[..., 2]) / 2
+        pcy = (pbox[..., 1] + pbox[..., 3]) / 2
     cx = pvar[:, 0] * loc[..., 0] * pw + pcx
     cy = pvar[:, 1] * loc[..., 1] * ph + pcy
     w = torch.exp(pvar[:, 2] * loc[..., 2]) * pw
@@ -101,6 +135,26 @@ def decode_textboxes(extra, pbox, pvar, layout: str):
     return torch.cat([torch.stack([xs, ys], dim=-1).flatten(-2), h[..., None]], dim=-1)
 
 
+def openvino_pixel_priors(prior, width: int, height: int, variance_in_target: bool):
+    """OpenVINO's `normalized: false` priors -> SSD's (1, 2, 4P): the first item's P priors of 5 numbers
+    (item index, pixel corners), the corners over (width, height); variances from the 4P numbers after
+    the first 5P (ones when they are encoded in the target, where they are not read)."""
+    flat = prior.reshape(prior.shape[0], -1)[0]
+    n = prior.shape[-1] // 5
+    scale = torch.tensor([width, height, width, height], dtype=prior.dtype, device=prior.device)
+    boxes = flat[:n * 5].reshape(n, 5)[:, 1:] / scale
+    var = torch.ones_like(boxes) if variance_in_target else flat[n * 5:n * 9].reshape(n, 4)
+    return torch.stack([boxes.reshape(-1), var.reshape(-1)]).reshape(1, 2, n * 4)
+
+
+def pixel_nms_boxes(boxes):
+    """Boxes (..., 4) whose SSD sizes and overlaps are OpenCV's pixel ones ((w + 1)(h + 1)): xmax and
+    ymax + 1, a flipped box (xmax < xmin or ymax < ymin, size 0 there) collapsed to its corner."""
+    x0, y0, x1, y1 = boxes.unbind(-1)
+    flip = (x1 < x0) | (y1 < y0)
+    return torch.stack([x0, y0, torch.where(flip, x0, x1 + 1), torch.where(flip, y0, y1 + 1)], dim=-1)
+
+
 class DetectionOutput(nn.Module):
     """SSD's DetectionOutput: loc decoded against the priors (code_type), NMS per class (ssd_nms),
     the keep_top_k best per image, as rows [image, label, score, xmin, ymin, xmax, ymax] shaped
@@ -115,8 +169,9 @@ class DetectionOutput(nn.Module):
     def __init__(self, num_classes, share_location=True, background=0, nms_threshold=0.3, eta=1.0,
                  top_k=-1, code_type="CORNER", variance_in_target=False, keep_top_k=-1,
                  conf_threshold=-3.4028234663852886e38, clip=False, layout="", objectness=0.01, states=0,
-                 cells=None):
+                 cells=None, pixel=False):
         super().__init__()
+        self.pixel = pixel   # OpenCV's normalized_bbox: false: priors and rows in pixels
         self.cells = cells
         self.states = states   # tl_ssd: state scores per prior, after the score in each row
         self.num_classes, self.share_location, self.background = num_classes, share_location, background
@@ -125,7 +180,7 @@ class DetectionOutput(nn.Module):
         self.keep_top_k, self.conf_threshold, self.clip = keep_top_k, conf_threshold, clip
         self.layout, self.objectness = layout, objectness
 
-    def forward(self, loc, conf, prior, arm_conf=None, arm_loc=None, state=None):
+    def forward(self, loc, conf, prior, arm_conf=None, arm_loc=None, state=None, image=None):
         num = loc.shape[0]
         n_priors = prior.shape[-1] // 4
         n_cls = self.num_classes
@@ -133,19 +188,27 @@ class DetectionOutput(nn.Module):
         width = 4 + {"": 0, "rbox": 5, "quad": 8}[self.layout]
         loc = loc.reshape(num, n_priors, n_loc, width).transpose(1, 2)   # (N, n_loc, P, width)
         conf = conf.reshape(num, n_priors, n_cls)
-        pri = prior.reshape(-1, 2, n_priors * 4)[0]  # every image uses the first item's priors
-        pbox, pvar = pri[0].reshape(n_priors, 4), pri[1].reshape(n_priors, 4)
+        pri = prior.reshape(prior.shape[0], -1, n_priors * 4)[0]  # every image uses the first item's priors
+        pbox = pri[0].reshape(n_priors, 4)
+        # OpenCV's pixel priors carry no variance row with variance_encoded_in_target (never read then)
+        pvar = pri[1].reshape(n_priors, 4) if pri.shape[0] > 1 else torch.ones_like(pbox)
         if arm_conf is not None:   # RefineDet: anchors the ARM finds empty score (1, 0, 0, ...)
             empty = arm_conf.reshape(num, n_priors, 2)[:, :, 1:] < self.objectness
             first = torch.arange(n_cls, device=conf.device) == 0
             conf = torch.where(empty, first.to(conf.dtype).expand(num, n_priors, n_cls), conf)
         if arm_loc is not None:    # RefineDet: each image's priors refined by the ARM's loc
             arm = arm_loc.reshape(num, 1, n_priors, 4)
-            pbox = decode_boxes(arm, pbox, pvar, self.code_type, self.variance_in_target)
-        decoded = decode_boxes(loc[..., :4], pbox, pvar, self.code_type, self.variance_in_target)
-        if self.clip:
+            pbox = decode_boxes(arm, pbox, pvar, self.code_type, self.variance_in_target, self.pixel)
+        decoded = decode_boxes(loc[..., :4], pbox, pvar, self.code_type, self.variance_in_target, self.pixel)
+        if self.clip and self.pixel:   # OpenCV: [0, W - 1] x [0, H - 1] of the 4th bottom
+            w, h = image.shape[-1] - 1, image.shape[-2] - 1
+            hi = torch.tensor([w, h, w, h], dtype=decoded.dtype, device=decoded.device)
+            decoded = torch.minimum(decoded, hi).clamp(min=0.0)
+        elif self.clip:
             decoded = decoded.clamp(0.0, 1.0)
         boxes_all = decoded.detach().float().cpu()  # NMS runs on the CPU, in float32
+        if self.pixel:
+            boxes_all = pixel_nms_boxes(boxes_all)
         scores_all = conf.detach().float().cpu()
         if self.layout:
             decoded = torch.cat([decoded, decode_textboxes(loc[..., 4:], pbox, pvar, self.layout)], dim=-1)
@@ -193,7 +256,7 @@ class DetectionOutput(nn.Module):
 
 
 # model.py gets the same code that forward runs
-TORCH_DETECTION_OUTPUT = torch_sources(decode_boxes, decode_textboxes,
+TORCH_DETECTION_OUTPUT = torch_sources(decode_boxes, decode_textboxes, pixel_nms_boxes,
                                                                        DetectionOutput)
 
 
@@ -213,7 +276,8 @@ def module_kwargs(attrs, layout):
             "top_k": attrs["top_k"], "code_type": CODE_NAMES[attrs["code_type"]],
             "variance_in_target": attrs["variance_in_target"], "keep_top_k": attrs["keep_top_k"],
             "conf_threshold": attrs["conf_threshold"], "clip": attrs["clip"], "layout": layout,
-            "objectness": attrs["objectness"], "states": attrs.get("states", 0), "cells": attrs.get("cells")}
+            "objectness": attrs["objectness"], "states": attrs.get("states", 0), "cells": attrs.get("cells"),
+            "pixel": attrs.get("opencv_pixel", False)}
 
 
 def loc_layout(attrs, loc_shape, n_priors):
@@ -295,6 +359,26 @@ def split_combined_refinedet(loc, conf, prior, num_classes: int):
             loc[:, 4 * p:8 * p])
 
 
+def _onnx_pixel_priors(ctx, node):
+    """openvino_pixel_priors in ONNX: the first item's 5P numbers as (P, 5), the corners over (w, h, w, h),
+    with the variances (the next 4P numbers, or ones) -> (1, 2, 4P)."""
+    (w, h), vit = node.attrs["pixel_priors"], node.attrs["variance_in_target"]
+    P = ctx.shape(node.inputs[2])[-1] // 5
+    flat = ctx.op("Reshape", [node.inputs[2], ctx.i64([ctx.shape(node.inputs[2])[0], -1])], "pix_prior_flat")
+    flat = ctx.op("Slice", [flat, ctx.i64([0]), ctx.i64([1]), ctx.i64([0])], "pix_prior_item0")
+    box = ctx.op("Slice", [flat, ctx.i64([0]), ctx.i64([5 * P]), ctx.i64([1])], "pix_prior_five")
+    box = ctx.op("Reshape", [box, ctx.i64([P, 5])], "pix_prior_rows")
+    box = ctx.op("Slice", [box, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "pix_prior_corners")
+    box = ctx.op("Div", [box, ctx.f32(np.array([w, h, w, h], np.float32))], "pix_prior_scaled")
+    box = ctx.op("Reshape", [box, ctx.i64([1, 4 * P])], "pix_prior_box")
+    if vit:
+        var = ctx.f32(np.ones((1, 4 * P), np.float32))
+    else:
+        var = ctx.op("Slice", [flat, ctx.i64([5 * P]), ctx.i64([9 * P]), ctx.i64([1])], "pix_prior_var")
+    both = ctx.op("Concat", [box, var], "pix_prior_both", axis=0)
+    return ctx.op("Reshape", [both, ctx.i64([1, 2, 4 * P])], "pix_prior")
+
+
 @register_layer("DetectionOutput")
 class DetectionOutputLayer(Layer):
     #: the row count is known only after a run; infer gives the most rows (keep_top_k * N)
@@ -348,9 +432,31 @@ class DetectionOutputLayer(Layer):
             raise LayerError(f"nms_param.eta must be in (0, 1], got {attrs['eta']}")
         if attrs["code_type"] not in CODE_NAMES:
             raise LayerError(f"detection_output_param.code_type {attrs['code_type']} is unknown")
-        if p.HasField("normalized_bbox") and not p.normalized_bbox:
-            raise LayerError("detection_output_param.normalized_bbox: false (OpenCV-only, pixel boxes) "
-                             "is not supported")
+        if p.HasField("normalized_bbox") and not p.normalized_bbox:   # OpenCV's priors and rows in pixels
+            if not proto_field(p, "normalized", True) or levels is not None or attrs["states"]:
+                raise LayerError("detection_output_param.normalized_bbox: false (OpenCV's) does not combine with "
+                                 "OpenVINO's normalized: false, per-level bottoms or do_state_prediction")
+            if attrs["code_type"] == CORNER_SIZE:
+                raise LayerError("detection_output_param.normalized_bbox: false takes code_type CORNER or "
+                                 "CENTER_SIZE (OpenCV's CodeType has no CORNER_SIZE)")
+            attrs["opencv_pixel"] = True
+            # OpenCV's own defaults: confidence_threshold 0, top_k <= 0 keeps all, NMS with eta 1
+            if not p.HasField("confidence_threshold"):
+                attrs["conf_threshold"] = 0.0
+            if attrs["top_k"] <= 0:
+                attrs["top_k"] = -1
+            if attrs["eta"] != 1.0:
+                attrs["reading_notes"] = [f"nms_param.eta {attrs['eta']} is not read by OpenCV's DetectionOutput "
+                                          f"(it runs NMS with eta 1)"]
+                attrs["eta"] = 1.0
+        if not proto_field(p, "normalized", True):   # OpenVINO's priors in pixels
+            w, h = int(proto_field(p, "input_width", -1)), int(proto_field(p, "input_height", -1))
+            if w <= 0 or h <= 0:
+                raise LayerError(f"detection_output_param.normalized: false needs input_width and input_height "
+                                 f"> 0 (OpenVINO divides the priors by them), got {w} x {h}")
+            if levels is not None:
+                raise LayerError("detection_output_param.normalized: false with per-level bottoms is not supported")
+            attrs["pixel_priors"] = (w, h)
         return attrs
 
     def infer(self, attrs, in_shapes):
@@ -359,9 +465,16 @@ class DetectionOutputLayer(Layer):
             attrs["layout"], attrs["arm"] = "", 0
             return [(1, 1, max_detections(attrs, in_shapes[0][0], n_priors), 7)]
         loc, conf, prior = in_shapes[:3]   # a 4th bottom (the images) is only drawn on
-        if len(prior) < 3 or prior[1] != 2 or prior[2] % 4:
+        if attrs.get("opencv_pixel"):
+            return self._infer_opencv_pixel(attrs, in_shapes)
+        if attrs.get("pixel_priors"):      # OpenVINO's: 5 numbers per prior, variances after them
+            rows = 1 if attrs["variance_in_target"] else 2
+            if len(prior) < 3 or prior[1] < rows or prior[2] % 5:
+                raise LayerError(f"priors with normalized: false must be shaped (1, {rows}, 5 * num_priors), "
+                                 f"got {list(prior)}")
+        elif len(prior) < 3 or prior[1] != 2 or prior[2] % 4:
             raise LayerError(f"priors must be shaped (1, 2, 4 * num_priors), got {list(prior)}")
-        n_priors = prior[2] // 4
+        n_priors = prior[2] // (5 if attrs.get("pixel_priors") else 4)
         attrs["combined"] = len(in_shapes) == 3 and _combined_refinedet(attrs, loc, conf, n_priors)
         if attrs["combined"]:
             attrs["layout"], attrs["arm"] = "", 2
@@ -382,8 +495,37 @@ class DetectionOutputLayer(Layer):
         width = 7 + attrs["states"] + {"": 0, "rbox": 5, "quad": 8}[layout]
         return [(1, 1, max_detections(attrs, loc[0], n_priors), width)]
 
+    def _infer_opencv_pixel(self, attrs, in_shapes):
+        """OpenCV's normalized_bbox: false: priors (1, 1 + not variance_encoded_in_target, 4P), SSD's loc
+        and conf, and with clip a 4-D 4th bottom whose H and W bound the boxes."""
+        loc, conf, prior = in_shapes[:3]
+        rows = 1 if attrs["variance_in_target"] else 2
+        if len(prior) < 3 or prior[1] != rows or prior[2] % 4:
+            raise LayerError(f"priors with normalized_bbox: false must be shaped (1, {rows}, 4 * num_priors) "
+                             f"(OpenCV's check), got {list(prior)}")
+        if attrs["clip"] and (len(in_shapes) < 4 or len(in_shapes[3]) != 4):
+            raise LayerError("detection_output_param.clip with normalized_bbox: false needs a 4-D 4th bottom "
+                             "(the image, whose height and width bound the boxes)")
+        n_priors = prior[2] // 4
+        layout = loc_layout(attrs, loc, n_priors)
+        if layout:
+            raise LayerError(f"TextBoxes++'s {layout} predictions do not combine with normalized_bbox: false")
+        if len(conf) < 2 or math.prod(conf[1:]) != n_priors * attrs["num_classes"]:
+            raise LayerError(f"conf {list(conf)} does not hold {n_priors} priors x "
+                             f"{attrs['num_classes']} class scores")
+        if loc[0] != conf[0]:
+            raise LayerError(f"loc and conf disagree on the batch: {loc[0]} vs {conf[0]}")
+        attrs.update(layout="", arm=0, combined=False)
+        return [(1, 1, max_detections(attrs, loc[0], n_priors), 7)]
+
     def forward(self, attrs, params, loc, *rest):
         conf, prior, *extra = rest
+        if attrs.get("opencv_pixel"):
+            module = DetectionOutput(**module_kwargs(attrs, ""))
+            return module(loc, conf, prior, image=extra[0] if attrs["clip"] else None)
+        if attrs.get("pixel_priors"):
+            prior = openvino_pixel_priors(prior, *attrs["pixel_priors"], attrs["variance_in_target"])
+            rest = (conf, prior, *extra)
         module = DetectionOutput(**module_kwargs(attrs, attrs.get("layout", "")))
         if attrs.get("levels"):
             return module(*gather_levels((loc, *rest), attrs["pieces"]))
@@ -401,8 +543,11 @@ class DetectionOutputLayer(Layer):
             n_priors = sum(math.prod(pc[3]) for pc in node.attrs["pieces"][2]) // 4
             emit_detection_output(ctx, node, inputs=(loc, conf, prior), n_priors=n_priors)
             return
+        prior, P = node.inputs[2], ctx.shape(node.inputs[2])[-1] // 4
+        if node.attrs.get("pixel_priors"):
+            prior, P = _onnx_pixel_priors(ctx, node), ctx.shape(node.inputs[2])[-1] // 5
         if node.attrs.get("combined"):
-            P, C = ctx.shape(node.inputs[2])[-1] // 4, node.attrs["num_classes"]
+            C = node.attrs["num_classes"]
             loc, conf = node.inputs[:2]
 
             # (N, everything) first, as split_combined_refinedet reads the blobs
@@ -411,11 +556,11 @@ class DetectionOutputLayer(Layer):
             def part(x, start, end, hint):
                 bounds = [ctx.i64([v]) for v in (start, end, 1)]   # starts, ends, axes
                 return ctx.op("Slice", [x] + bounds, hint)
-            inputs = (part(loc, 0, 4 * P, "odm_loc"), part(conf, 0, C * P, "odm_conf"), node.inputs[2],
+            inputs = (part(loc, 0, 4 * P, "odm_loc"), part(conf, 0, C * P, "odm_conf"), prior,
                       part(conf, C * P, (C + 2) * P, "arm_conf"), part(loc, 4 * P, 8 * P, "arm_loc"))
-            emit_detection_output(ctx, node, inputs=inputs)
+            emit_detection_output(ctx, node, inputs=inputs, n_priors=P)
             return
-        emit_detection_output(ctx, node)
+        emit_detection_output(ctx, node, inputs=(*node.inputs[:2], prior, *node.inputs[3:]), n_priors=P)
 
     def pytorch_source(self, node, emit):
         defaults = inspect.signature(DetectionOutput.__init__).parameters
@@ -439,10 +584,18 @@ class DetectionOutputLayer(Layer):
             return f"{m}(*{got})"
         if node.attrs["states"]:
             return f"{m}({', '.join(emit.inputs[:3])}, state={emit.inputs[3]})"
+        if node.attrs.get("opencv_pixel") and node.attrs["clip"]:   # the 4th bottom's H and W bound the boxes
+            return f"{m}({', '.join(emit.inputs[:3])}, image={emit.inputs[3]})"
+        inputs = list(emit.inputs)
+        if node.attrs.get("pixel_priors"):   # OpenVINO's priors in pixels, made SSD's first
+            w, h = node.attrs["pixel_priors"]
+            inputs[2] = emit.tmp("priors")
+            emit.stmt(f"{inputs[2]} = {emit.helper(openvino_pixel_priors)}({emit.inputs[2]}, {w}, {h}, "
+                      f"{node.attrs['variance_in_target']})")
         if node.attrs.get("combined"):
             split = emit.helper(split_combined_refinedet)
-            return f"{m}(*{split}({', '.join(emit.inputs[:3])}, {node.attrs['num_classes']}))"
-        return f"{m}({', '.join(emit.inputs[:3 + node.attrs['arm']])})"
+            return f"{m}(*{split}({', '.join(inputs[:3])}, {node.attrs['num_classes']}))"
+        return f"{m}({', '.join(inputs[:3 + node.attrs['arm']])})"
 
 
 @register_layer("DetectionOutputRefine")

@@ -37,13 +37,15 @@ def emit_detection_output(ctx, node, inputs=None, n_priors=None):
         raise ExportError(f"layer '{node.name}' (DetectionOutput): no class besides the background")
     T = P if a["top_k"] < 0 else min(a["top_k"], P)
     name = node.name
+    pixel = a.get("opencv_pixel", False)   # OpenCV's normalized_bbox: false (detection_output.py)
 
     def last(x, k, hint):   # x[..., k:k+1]
         return ctx.op("Slice", [x, ctx.i64([k]), ctx.i64([k + 1]), ctx.i64([-1])], hint)
 
     # priors: boxes and variances (P, 4), from the first item as SSD does
     pr = ctx.op("Slice", [prior_in, ctx.i64([0]), ctx.i64([1]), ctx.i64([0])], "prior0")
-    pr = ctx.op("Reshape", [pr, ctx.i64([2, P, 4])], "prior")
+    # OpenCV's pixel priors have no variance row with variance_encoded_in_target
+    pr = ctx.op("Reshape", [pr, ctx.i64([1 if pixel and a["variance_in_target"] else 2, P, 4])], "prior")
     pbox = ctx.op("Gather", [pr, ctx.i64(0)], "pbox", axis=0)
     pvar = ctx.f32(np.ones((P, 4), np.float32)) if a["variance_in_target"] else ctx.op("Gather",
                                                                                        [pr, ctx.i64(1)], "pvar", axis=0)
@@ -68,8 +70,14 @@ def emit_detection_output(ctx, node, inputs=None, n_priors=None):
             return ctx.op("Add",
                           [pbox, ctx.op("Mul", [vl, size], pre + "vls")], pre + "dec"), (px0, py0, px1, py1, pw, ph)
         half = ctx.f32(0.5)
-        pcx = ctx.op("Mul", [ctx.op("Add", [px0, px1], pre + "pxs"), half], pre + "pcx")
-        pcy = ctx.op("Mul", [ctx.op("Add", [py0, py1], pre + "pys"), half], pre + "pcy")
+        if pixel:   # OpenCV's pixel sizes (+ 1) and centre xmin + width / 2
+            pw = ctx.op("Add", [pw, ctx.f32(1.0)], pre + "pw1")
+            ph = ctx.op("Add", [ph, ctx.f32(1.0)], pre + "ph1")
+            pcx = ctx.op("Add", [px0, ctx.op("Mul", [pw, half], pre + "hpw")], pre + "pcx")
+            pcy = ctx.op("Add", [py0, ctx.op("Mul", [ph, half], pre + "hph")], pre + "pcy")
+        else:
+            pcx = ctx.op("Mul", [ctx.op("Add", [px0, px1], pre + "pxs"), half], pre + "pcx")
+            pcy = ctx.op("Mul", [ctx.op("Add", [py0, py1], pre + "pys"), half], pre + "pcy")
         cx = ctx.op("Add", [ctx.op("Mul", [last(vl, 0, pre + "v0"), pw], pre + "dx"), pcx], pre + "cx")
         cy = ctx.op("Add", [ctx.op("Mul", [last(vl, 1, pre + "v1"), ph], pre + "dy"), pcy], pre + "cy")
         hw = ctx.op("Mul", [ctx.op("Mul", [ctx.op("Exp", [last(vl, 2, pre + "v2")], pre + "ew"), pw], pre + "w"), half],
@@ -85,7 +93,11 @@ def emit_detection_output(ctx, node, inputs=None, n_priors=None):
         arm_loc = ctx.op("Reshape", [ins[4], ctx.i64([0, 1, P, 4])], "arm_loc")
         pbox, _ = decode(arm_loc, pbox, "arm_")
     dec, parts = decode(loc, pbox)
-    if a["clip"]:
+    if a["clip"] and pixel:   # OpenCV: [0, W - 1] x [0, H - 1] of the 4th input
+        ih, iw = ctx.shape(ins[3])[2:4]
+        hi = ctx.f32(np.array([iw - 1, ih - 1, iw - 1, ih - 1], np.float32))
+        dec = ctx.op("Max", [ctx.op("Min", [dec, hi], "clip_hi"), ctx.f32(0.0)], "clip")
+    elif a["clip"]:
         dec = ctx.op("Clip", [dec, ctx.f32(0.0), ctx.f32(1.0)], "clip")
     if layout:   # CENTER_SIZE only (checked at load), never with the arm bottoms
         px0, py0, px1, py1, pw, ph, pcx, pcy = parts
@@ -131,10 +143,13 @@ def emit_detection_output(ctx, node, inputs=None, n_priors=None):
     idx4 = ctx.op("Expand", [ctx.op("Unsqueeze", [idx, ctx.i64([3])], "idx_u"), ctx.i64([1, 1, 1, W])], "idx4")
     cboxes = ctx.op("GatherElements", [boxes, idx4], "cand_boxes", axis=2)          # (N, K, T, 4)
     nms_boxes = ctx.op("Slice", [cboxes, ctx.i64([0]), ctx.i64([4]), ctx.i64([-1])], "cand_box4") if layout else cboxes
-    if code != CENTER_SIZE:
-        # SSD gives a flipped box zero size (no overlap); collapse it so NMS agrees
+    if code != CENTER_SIZE or pixel:
+        # SSD gives a flipped box zero size (no overlap); collapse it so NMS agrees.  OpenCV's pixel
+        # boxes: xmax and ymax + 1 first (pixel_nms_boxes)
         bx0, by0, bx1, by1 = (last(nms_boxes, k, f"b{k}") for k in range(4))
         flipped = ctx.op("Or", [ctx.op("Less", [bx1, bx0], "fx"), ctx.op("Less", [by1, by0], "fy")], "flip")
+        if pixel:
+            bx1, by1 = (ctx.op("Add", [b, ctx.f32(1.0)], f"b{k}p") for k, b in ((2, bx1), (3, by1)))
         nms_boxes = ctx.op("Concat", [bx0, by0, ctx.op("Where", [flipped, bx0, bx1], "cx1"),
                                       ctx.op("Where", [flipped, by0, by1], "cy1")], "nms_boxes", axis=-1)
     nb = ctx.op("Reshape", [nms_boxes, ctx.i64([-1, T, 4])], "nb")
