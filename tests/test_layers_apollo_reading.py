@@ -117,3 +117,22 @@ def test_apollo_traffic_light_detector_file_reads_and_runs(info_shape):
     live = bboxes[:, 0] == 0
     assert ((bboxes[live, 1:5] >= 0) & (bboxes[live, 1:5] <= 255)).all() and (bboxes[~live] == -1).all()
     np.testing.assert_allclose(bboxes[live, 5:].sum(axis=1), 1, atol=1e-5)
+
+
+def test_rewrite_touches_only_the_rcnn_class_softmax():
+    """In a net with an RCNNProposal, a Softmax with axis 2 on a blob no InnerProduct wrote keeps axis 2, and one
+    on an InnerProduct top that no RCNNProposal reads is still refused as BVLC refuses it."""
+    other = ('layer { type: "Softmax" name: "other" bottom: "x" top: "o" softmax_param { axis: 2 } }')
+    text = head(2).replace("layer {", other + "\nlayer {", 1)
+    text = 'layer { name: "xin" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 5 } } }\n' + text
+    model = load_from_text(text, random_weights=True, seed=5)
+    notes = [w for w in model.warnings if "TensorRT" in w]
+    assert len(notes) == 1 and "'cls_score_softmax'" in notes[0] and "'other'" not in notes[0]
+    x = rng(2).standard_normal((2, 3, 5)).astype(F)
+    feeds = {**feeds_for(), "x": x}
+    e = np.exp(x.astype(np.float64) - x.max(axis=2, keepdims=True))
+    np.testing.assert_allclose(model.run(feeds)["o"], e / e.sum(axis=2, keepdims=True), atol=1e-6, rtol=1e-6)
+    side = ('layer { type: "InnerProduct" name: "side" bottom: "feat" top: "side" inner_product_param { num_output: 3 } }'
+            '\nlayer { type: "Softmax" name: "side_softmax" bottom: "side" top: "side_p" softmax_param { axis: 2 } }')
+    with pytest.raises(CaffeqError, match=r"side_softmax.*axis 2 out of range"):
+        load_from_text(head(2) + "\n" + side, random_weights=True)

@@ -15,8 +15,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, check_everywhere, net, rng
+from conftest import REPO, check_everywhere, model_py_outputs, net, onnx_outputs, rng
 
+from caffeq.errors import ExportError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -164,6 +165,49 @@ def test_opencv_pixel_matches_cv2():
     ours = np.asarray(load_from_text(text).run({"loc": loc, "conf": conf, "prior": prior})["o"]).reshape(-1, 7)
     assert ours.shape == theirs.shape
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4)
+
+
+def test_opencv_pixel_nms_below_one_pixel(tmp_path):
+    # CORNER with zero offsets: the rows are the priors.  A and B are 0.5 px apart: OpenCV's intersection
+    # box has width -0.5 (size 0, IoU 0), both kept; A and C touch (width 0): one shared pixel column,
+    # IoU 31 / (341 + 341 - 31) = 0.048 > 0.04, C struck.  torch and model.py compute OpenCV's sizes;
+    # ONNX's NonMaxSuppression on (xmin, ymin, xmax + 1, ymax + 1) sees a 0.5 px sliver between A and B
+    # (IoU 0.024, under 0.04) as well: the same rows here, while 0.02 strikes B in ONNX only.
+    prior = np.array([[[10, 10, 20, 40, 20.5, 10, 30, 40, 20, 10, 30, 40]]], F)
+    conf = np.array([[0.1, 0.9, 0.2, 0.8, 0.3, 0.7]], F)
+    loc = np.zeros((1, 12), F)
+    feeds = {"loc": loc, "conf": conf, "prior": prior}
+    for thr, onnx_rows in ((0.04, 2), (0.02, 1)):
+        param = (f"num_classes: 2 share_location: true background_label_id: 0 code_type: CORNER keep_top_k: 5 "
+                 f"variance_encoded_in_target: true nms_param {{ nms_threshold: {thr} }}")
+        ref = opencv_pixel_ref(loc, conf, prior, 2, True, True, "CORNER", thr, 0, 5)
+        assert ref.shape == (1, 1, 2, 7) and ref[0, 0, :, 3].tolist() == [10, 20.5]
+        model = cv_det_net({k: v.shape for k, v in feeds.items()}, param)
+        np.testing.assert_array_equal(model.run(feeds)["o"], ref)
+        np.testing.assert_array_equal(model_py_outputs(model, feeds, tmp_path / str(thr))["o"], ref)
+        got = onnx_outputs(model, feeds, tmp_path / str(thr))["o"]
+        np.testing.assert_array_equal(got, ref[:, :, :onnx_rows])
+
+
+def test_opencv_pixel_priors_from_a_proposal_refuse_onnx(tmp_path):
+    # the Faster R-CNN samples' priors are a Proposal's rois: their count is known only after a run
+    text = net('layer { name: "p" type: "Proposal" bottom: "prob" bottom: "bbox" bottom: "info" top: "rois" '
+               'proposal_param { feat_stride: 16 base_size: 16 min_size: 16 ratio: 1 scale: 8 '
+               'pre_nms_topn: 30 post_nms_topn: 6 nms_thresh: 0.7 } }',
+               'layer { name: "r" type: "Reshape" bottom: "rois" top: "pri" reshape_param { shape { dim: 1 dim: 1 '
+               'dim: -1 } } }',
+               'layer { name: "s" type: "Slice" bottom: "pri" top: "junk" top: "prior" slice_param { axis: 2 '
+               'slice_point: 6 } }',
+               'layer { name: "d" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "prior" top: "o" '
+               'detection_output_param { num_classes: 2 share_location: true background_label_id: 0 '
+               'keep_top_k: 5 variance_encoded_in_target: true normalized_bbox: false '
+               'nms_param { nms_threshold: 0.3 } } }',
+               'layer { name: "k" type: "Silence" bottom: "junk" }',
+               inputs={"prob": (1, 2, 5, 7), "bbox": (1, 4, 5, 7), "info": (1, 3), "loc": (1, 24),
+                       "conf": (1, 12)})
+    model = load_from_text(text)
+    with pytest.raises(ExportError, match="count depends on values"):
+        model.export_onnx(str(tmp_path / "m.onnx"), optimize=False)
 
 
 @pytest.mark.parametrize("extra, prior_shape, msg", [

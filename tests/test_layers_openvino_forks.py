@@ -132,6 +132,16 @@ def test_pixel_prior_refusals(param, prior_shape, msg):
         load_from_text(text)
 
 
+def test_pixel_priors_of_each_image_refused():
+    # OpenVINO gives image i item i's priors where SSD (and caffeq) read the first item's
+    text = net('layer { name: "d" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "prior" top: "o" '
+               'detection_output_param { num_classes: 2 variance_encoded_in_target: true normalized: false '
+               'input_width: 992 input_height: 544 } }',
+               inputs={"loc": (2, 16), "conf": (2, 8), "prior": (2, 1, 20)})
+    with pytest.raises(LayerError, match="each image its own priors"):
+        load_from_text(text)
+
+
 # ---- Interp sized h x zoom (OpenVINO's Model Optimizer) ---------------------------------------------------
 
 def align_corners_resize(x, ho, wo):

@@ -211,7 +211,7 @@ def test_pva_bad_params(param, msg):
         load_from_text(pva_net(1, 2, 3, param))
 
 
-@pytest.mark.parametrize("a, info, msg", [(5, 4, "scores 5 anchors"), (1, 2, "im_info must hold")])
+@pytest.mark.parametrize("a, info, msg", [(5, 4, "scores 5 anchors"), (1, 1, "im_info must hold")])
 def test_pva_read_but_refused_to_run(a, info, msg, tmp_path):
     model = load_from_text(pva_net(a, 2, 3, "ratio: 1 scale: 2", info=info))
     with pytest.raises(CaffeqError, match=msg):

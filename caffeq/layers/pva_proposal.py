@@ -26,11 +26,60 @@ and fails (or reads past im_info) in forward: caffeq reads it and refuses to run
 luoyetx/mini-caffe's Proposal (58a5007, src/layers/proposal_layer.cpp / .cu: the same anchors, decoding,
 sort and NMS) reads im_info = [img_H, img_W, scale], min_size * scale for both sides: an im_info of 3
 values is read that way.
+
+32l/rfcn_multiclass_split's Proposal (b52c261, caffe/src/caffe/layers/proposal_layer.cpp / .cu,
+caffe/src/caffe/util/nms.cu, caffe/src/caffe/proto/caffe.proto: PVANet's proposal_param fields) is told by an
+im_info of 2 values, [img_H, img_W], as its deploy files declare it (Input (1, 2)).  Its GPU Forward reads
+only those two: boxes clip to [0, img_W - 1] x [0, img_H - 1] and min_box_H = min_box_W = min_size, unscaled
+(its CPU Forward still reads scale_H, scale_W at [2], [3], past a 2-value blob, so the GPU path is the one
+defined).  Its generate_anchors differs from PVANet's: per ratio the float32 sides w = sqrt(base_size^2 /
+ratio), h = w * ratio, unrounded, then per scale the half sides 0.5 * (int)(side * scale / base_size - 1 + 0.5)
+(the quotient in double) around (base_size - 1) / 2, so `scale` is a size in pixels.  Decoding, sort_box,
+nms_gpu (+1 pixel IoU > nms_thresh) and the tops are PVANet's.  caffeq runs that form as PVANet's with the
+fork's anchors and im_info [img_H, img_W, 1, 1]; its loop over a batch is not read (one image, as PVANet's).
 """
+import dataclasses
 import math
+
+import numpy as np
+import torch
 
 from .rcnn import _ProposalBase, generate_anchors
 from .registry import LayerError, register_layer
+
+
+def rfcn_split_anchors(base_size, ratios, scales):
+    """32l/rfcn_multiclass_split's generate_anchors (see the module doc): (A, 4), ratios outer, scales inner."""
+    f = np.float32
+    centre = f(0.5) * (f(base_size) - f(1))
+    area = f(base_size * base_size)
+    rows = []
+    for ratio in ratios:
+        w = f(np.sqrt(area / f(ratio)))
+        h = f(w * f(ratio))
+        for scale in scales:
+            hw, hh = (f(0.5) * f(int(float(f(side * f(scale))) / base_size - 1.0 + 0.5)) for side in (w, h))
+            rows.append([centre - hw, centre - hh, centre + hw, centre + hh])
+    return np.array(rows, f).astype(np.float64).reshape(-1, 4)
+
+
+def two_value_info(attrs, info_shape):
+    """Whether this Proposal runs as 32l/rfcn_multiclass_split's: an im_info of 2 values (PVANet's own
+    layer reads 4 and mini-caffe's 3, so no net of theirs runs with 2)."""
+    return "info2_anchors" in attrs and math.prod(info_shape) == 2
+
+
+class _MoreShapes:
+    """An ONNX context that also knows the static shape of tensors a spec made itself."""
+
+    def __init__(self, ctx, shapes):
+        self._ctx, self._shapes = ctx, shapes
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def shape(self, name):
+        return self._shapes[name] if name in self._shapes else self._ctx.shape(name)
 
 
 @register_layer("Proposal")
@@ -53,6 +102,35 @@ class PVAProposalLayer(_ProposalBase):
                 "pre_nms_top_n": int(p.pre_nms_topn), "post_nms_top_n": int(p.post_nms_topn),
                 "nms_thresh": float(p.nms_thresh), "min_size": int(p.min_size), "pva": True}
 
+    def parse(self, lp):
+        attrs = super().parse(lp)
+        if "ratios" in attrs:   # ProposalCluster's own anchors have no 2-value form
+            attrs["info2_anchors"] = rfcn_split_anchors(attrs["base_size"], attrs["ratios"], attrs["scales"]).tolist()
+        return attrs
+
+    def forward(self, attrs, params, cls_prob, bbox_pred, im_info):
+        if two_value_info(attrs, im_info.shape):   # 32l/rfcn_multiclass_split: [img_H, img_W], scales 1
+            info = torch.cat([im_info.reshape(-1), torch.ones(2, dtype=im_info.dtype, device=im_info.device)])
+            return super().forward({**attrs, "anchors": attrs["info2_anchors"]}, params, cls_prob, bbox_pred, info)
+        return super().forward(attrs, params, cls_prob, bbox_pred, im_info)
+
+    def onnx(self, ctx, node):
+        if two_value_info(node.attrs, ctx.shape(node.inputs[2])):
+            flat = ctx.op("Reshape", [node.inputs[2], ctx.i64([-1])], "info2")
+            info = ctx.op("Concat", [flat, ctx.f32([1.0, 1.0])], "info4", axis=0)
+            node = dataclasses.replace(node, attrs={**node.attrs, "anchors": node.attrs["info2_anchors"]},
+                                       inputs=[*node.inputs[:2], info])
+            ctx = _MoreShapes(ctx, {info: (4,)})
+        return super().onnx(ctx, node)
+
+    def pytorch_source(self, node, emit):
+        if two_value_info(node.attrs, emit.in_shape(2)):
+            info = emit.tmp("im_info4")
+            emit.stmt(f"{info} = torch.cat([{emit.inputs[2]}.reshape(-1), {emit.inputs[2]}.new_ones(2)])")
+            emit.inputs = [*emit.inputs[:2], info]
+            node = dataclasses.replace(node, attrs={**node.attrs, "anchors": node.attrs["info2_anchors"]})
+        return super().pytorch_source(node, emit)
+
     @staticmethod
     def cannot_run(attrs, in_shapes):
         prob, deltas, info = (tuple(s) for s in in_shapes)
@@ -61,7 +139,8 @@ class PVAProposalLayer(_ProposalBase):
             return (f"the net scores {prob[1] // 2} anchors per position and regresses {deltas[1] // 4}, but "
                     f"proposal_param makes {a} ({len(attrs['ratios'])} ratio(s) x {len(attrs['scales'])} "
                     f"scale(s)): PVANet's layer would read past its bottoms")
-        if math.prod(info) < 3:
+        if math.prod(info) < 3 and not two_value_info(attrs, info):
             return (f"im_info must hold [height, width, scale_h, scale_w] (PVANet's layer reads 4 values; "
-                    f"mini-caffe's [height, width, scale]), got shape {list(info)}")
+                    f"mini-caffe's [height, width, scale]; 32l/rfcn_multiclass_split's [height, width]), got shape "
+                    f"{list(info)}")
         return None

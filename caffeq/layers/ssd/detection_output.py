@@ -50,24 +50,31 @@
   each prior is 5 numbers (an item index, then xmin, ymin, xmax, ymax in pixels), P = the priors'
   last axis / 5, read from the first item; the corners are divided by input_width (x) and
   input_height (y) in float32 before SSD's decoding; without variance_encoded_in_target the
-  variances are the 4P numbers after the first 5P.  The rows are then SSD's, normalised.
+  variances are the 4P numbers after the first 5P.  The rows are then SSD's, normalised.  Priors of
+  batch > 1 with a batch > 1 (OpenVINO: image i reads item i's priors) are refused.
 - OpenCV's DetectionOutput with `normalized_bbox: false` (opencv-caffe.proto field 10; its Faster
   R-CNN samples feed the Proposal's rois, sliced to (1, 1, 4P), as the priors).  What it does is
   opencv/opencv 0052d95 modules/dnn/src/layers/detection_output_layer.cpp (+ nms.inl.hpp): the priors
   are 4 pixel corners each, P = the last axis / 4, from the first 4P numbers (every item uses them),
   with the variances in the next 4P unless variance_encoded_in_target; the priors axis 1 must be
   1 + (not variance_encoded_in_target).  CENTER_SIZE decodes with the prior's width and height + 1
-  and its centre xmin + width / 2 (CORNER is unchanged; OpenCV's CodeType has no CORNER_SIZE, refused);
+  and its centre xmin + width / 2 (CORNER is unchanged; OpenCV decodes any other code_type, CORNER_SIZE
+  too, as CORNER: CORNER_SIZE is refused);
   the rows are in pixels (never divided by an image size).  `clip` clips to [0, W - 1] x [0, H - 1],
   W and H the last two axes of a 4th bottom (required then; only its shape is read).  NMS sizes and
   overlaps count pixels inclusively, (w + 1)(h + 1), a box with xmax < xmin or ymax < ymin being of
-  size 0: caffeq runs SSD's NMS on (xmin, ymin, xmax + 1, ymax + 1) (a flipped box collapsed to size
-  0), which is the same except for two boxes less than one pixel apart (OpenCV: no overlap; caffeq:
-  the sliver (gap + 1) wide) and the rounding of the + 1.  OpenCV's own defaults hold on this path:
+  size 0, the intersection (iw + 1)(ih + 1) and 0 where iw or ih < 0: torch and model.py run exactly
+  that (nms.py's pixel).  ONNX's NonMaxSuppression runs on (xmin, ymin, xmax + 1, ymax + 1) (a flipped
+  box collapsed to size 0): the same except for two boxes less than one pixel apart (OpenCV: no
+  overlap; ONNX: a sliver (1 - gap) wide) and the rounding of the + 1.  OpenCV's own defaults hold on this path:
   confidence_threshold unset = 0 (scores must be > 0), top_k <= 0 = all, eta not read (1).  Rows,
   keep_top_k (one target class: OpenCV stops NMS at keep_top_k, the same rows) and per-item handling
-  are SSD's; caffeq writes them in SSD's order and count, where OpenCV sorts each image's rows by score
-  and zero-pads to keep_top_k x N rows (as on the normalized path).
+  are SSD's; caffeq writes them in SSD's order and count (by image, label, then NMS order), where OpenCV
+  sorts each image's rows by score (std::sort: equal scores in no set order), writes the images' rows one
+  after another and zero-pads them to keep_top_k x N rows (as on the normalized path); with no row at all
+  OpenCV's output is all zeros, caffeq's SSD's [i, -1, ...] row per image.  The priors are the Proposal's
+  rois, whose count is known only after a run: torch and model.py take it from the run, the ONNX export
+  (which fixes it from the load-time shape) is refused when the priors' shape depends on values.
 ONNX: standard ops (TopK, NonMaxSuppression, NonZero...) give the same rows
 in the same order; only eta < 1 (adaptive NMS) is refused.
 """
@@ -147,14 +154,6 @@ def openvino_pixel_priors(prior, width: int, height: int, variance_in_target: bo
     return torch.stack([boxes.reshape(-1), var.reshape(-1)]).reshape(1, 2, n * 4)
 
 
-def pixel_nms_boxes(boxes):
-    """Boxes (..., 4) whose SSD sizes and overlaps are OpenCV's pixel ones ((w + 1)(h + 1)): xmax and
-    ymax + 1, a flipped box (xmax < xmin or ymax < ymin, size 0 there) collapsed to its corner."""
-    x0, y0, x1, y1 = boxes.unbind(-1)
-    flip = (x1 < x0) | (y1 < y0)
-    return torch.stack([x0, y0, torch.where(flip, x0, x1 + 1), torch.where(flip, y0, y1 + 1)], dim=-1)
-
-
 class DetectionOutput(nn.Module):
     """SSD's DetectionOutput: loc decoded against the priors (code_type), NMS per class (ssd_nms),
     the keep_top_k best per image, as rows [image, label, score, xmin, ymin, xmax, ymax] shaped
@@ -207,8 +206,6 @@ class DetectionOutput(nn.Module):
         elif self.clip:
             decoded = decoded.clamp(0.0, 1.0)
         boxes_all = decoded.detach().float().cpu()  # NMS runs on the CPU, in float32
-        if self.pixel:
-            boxes_all = pixel_nms_boxes(boxes_all)
         scores_all = conf.detach().float().cpu()
         if self.layout:
             decoded = torch.cat([decoded, decode_textboxes(loc[..., 4:], pbox, pvar, self.layout)], dim=-1)
@@ -220,7 +217,7 @@ class DetectionOutput(nn.Module):
                     continue
                 boxes = boxes_all[i, 0 if self.share_location else c]
                 per_label[c] = ssd_nms(boxes, scores_all[i, :, c], self.conf_threshold,
-                                       self.nms_threshold, self.eta, self.top_k)
+                                       self.nms_threshold, self.eta, self.top_k, self.pixel)
             total = sum(len(v) for v in per_label.values())
             if self.keep_top_k > -1 and total > self.keep_top_k:
                 # the keep_top_k best over all classes; the stable sort keeps ties in label order
@@ -256,8 +253,7 @@ class DetectionOutput(nn.Module):
 
 
 # model.py gets the same code that forward runs
-TORCH_DETECTION_OUTPUT = torch_sources(decode_boxes, decode_textboxes, pixel_nms_boxes,
-                                                                       DetectionOutput)
+TORCH_DETECTION_OUTPUT = torch_sources(decode_boxes, decode_textboxes, DetectionOutput)
 
 
 def max_detections(attrs, num, n_priors):
@@ -472,6 +468,9 @@ class DetectionOutputLayer(Layer):
             if len(prior) < 3 or prior[1] < rows or prior[2] % 5:
                 raise LayerError(f"priors with normalized: false must be shaped (1, {rows}, 5 * num_priors), "
                                  f"got {list(prior)}")
+            if prior[0] > 1 and loc[0] > 1:   # OpenVINO reads item i's priors for image i, SSD the first item's
+                raise LayerError(f"priors with normalized: false and a batch of {prior[0]} (OpenVINO gives each "
+                                 f"image its own priors) are not supported; got {list(prior)}")
         elif len(prior) < 3 or prior[1] != 2 or prior[2] % 4:
             raise LayerError(f"priors must be shaped (1, 2, 4 * num_priors), got {list(prior)}")
         n_priors = prior[2] // (5 if attrs.get("pixel_priors") else 4)
@@ -543,6 +542,13 @@ class DetectionOutputLayer(Layer):
             n_priors = sum(math.prod(pc[3]) for pc in node.attrs["pieces"][2]) // 4
             emit_detection_output(ctx, node, inputs=(loc, conf, prior), n_priors=n_priors)
             return
+        if node.attrs.get("pixel_priors") or node.attrs.get("opencv_pixel"):
+            from ...backends.onnx_backend import values_shaped
+            from ...errors import ExportError
+            if node.inputs[2] in values_shaped(ctx.graph):   # e.g. a Proposal's rois: fewer rows in a run
+                raise ExportError(f"layer '{node.name}' (DetectionOutput): its pixel priors' count depends on "
+                                  f"values (a Proposal's rois), but the graph would fix it at "
+                                  f"{ctx.shape(node.inputs[2])[-1] // (5 if node.attrs.get('pixel_priors') else 4)}")
         prior, P = node.inputs[2], ctx.shape(node.inputs[2])[-1] // 4
         if node.attrs.get("pixel_priors"):
             prior, P = _onnx_pixel_priors(ctx, node), ctx.shape(node.inputs[2])[-1] // 5
