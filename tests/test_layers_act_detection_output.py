@@ -6,22 +6,13 @@ ulp, so the decoded coordinates compare to 1e-6, the rows' images, labels and sc
 import numpy as np
 import pytest
 from conftest import check_everywhere, model_py_outputs, net, onnx_outputs, rng
+from ssd_reference import apply_keep_top_k, center_size_decode
 
 from caffeq.errors import ExportError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
 F = np.float32
-
-
-def decode(t, prior, var):
-    pw, ph = F(prior[2] - prior[0]), F(prior[3] - prior[1])
-    pcx, pcy = F(F(prior[0] + prior[2]) / F(2)), F(F(prior[1] + prior[3]) / F(2))
-    cx = F(F(F(var[0] * t[0]) * pw) + pcx)
-    cy = F(F(F(var[1] * t[1]) * ph) + pcy)
-    w = F(np.exp(F(var[2] * t[2])) * pw)
-    h = F(np.exp(F(var[3] * t[3])) * ph)
-    return np.array([cx - F(w / F(2)), cy - F(h / F(2)), cx + F(w / F(2)), cy + F(h / F(2))], F)
 
 
 def jaccard(a, b):
@@ -41,7 +32,7 @@ def act_ref(loc, conf, prior, classes, share, length, thr, top_k, keep_top_k, co
     n_loc = 1 if share else classes
     boxes, variances = prior[0, 0].reshape(-1, 4), prior[0, 1].reshape(-1, 4)
     offsets = loc.reshape(n, n_priors, n_loc, length, 4)
-    tubes = np.array([[[[decode(offsets[i, p, c, j], boxes[p], variances[p]) for j in range(length)]
+    tubes = np.array([[[[center_size_decode(boxes[p], variances[p], offsets[i, p, c, j]) for j in range(length)]
                         for p in range(n_priors)] for c in range(n_loc)] for i in range(n)], F)
     scores = conf.reshape(n, n_priors, classes)
     rows = []
@@ -60,11 +51,7 @@ def act_ref(loc, conf, prior, classes, share, length, thr, top_k, keep_top_k, co
                        for k in keep):
                     keep.append(p)
             kept[c] = keep
-        if keep_top_k > -1 and sum(len(v) for v in kept.values()) > keep_top_k:
-            pool = sorted([(scores[i, p, c], c, p) for c in sorted(kept) for p in kept[c]], key=lambda x: -x[0])
-            kept = {}
-            for _, c, p in pool[:keep_top_k]:
-                kept.setdefault(c, []).append(p)
+        kept = apply_keep_top_k(kept, scores[i], keep_top_k)
         for c in sorted(kept):
             for p in kept[c]:
                 rows.append([i, c, scores[i, p, c]] + list(tubes[i, 0 if share else c, p].reshape(-1)))
@@ -137,7 +124,7 @@ def test_save_full_rows(tmp_path):
                     f"sequence_length: {length} save_full: true")
     boxes, variances = prior[0, 0].reshape(-1, 4), prior[0, 1].reshape(-1, 4)
     offsets = loc.reshape(2, n_priors, length, 4)
-    rows = [[i] + [v for j in range(length) for v in decode(offsets[i, p, j], boxes[p], variances[p])]
+    rows = [[i] + [v for j in range(length) for v in center_size_decode(boxes[p], variances[p], offsets[i, p, j])]
             + list(conf.reshape(2, n_priors, classes)[i, p]) for i in range(2) for p in range(n_priors)]
     want = np.array(rows, F)[None, None]
     assert model.blob_shapes["o"] == want.shape

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import REPO, check_everywhere, model_py_outputs, net, onnx_outputs, rng
+from ssd_reference import apply_keep_top_k
 
 from caffeq.errors import ExportError
 from caffeq.layers import LayerError
@@ -82,11 +83,7 @@ def opencv_pixel_ref(loc, conf, prior, classes, share, vit, code, nms, top_k, ke
                     if targets == 1 and len(keep) >= keep_top_k:   # OpenCV's early stop
                         break
             kept[c] = keep
-        if keep_top_k > -1 and sum(len(v) for v in kept.values()) > keep_top_k:
-            pool = sorted([(scores[i, p, c], c, p) for c in sorted(kept) for p in kept[c]], key=lambda x: -x[0])
-            kept = {}
-            for _, c, p in pool[:keep_top_k]:
-                kept.setdefault(c, []).append(p)
+        kept = apply_keep_top_k(kept, scores[i], keep_top_k)
         for c in sorted(kept):
             rows += [[i, c, scores[i, p, c], *dec[0 if share else c][p]] for p in kept[c]]
     return np.array(rows, F)[None, None]

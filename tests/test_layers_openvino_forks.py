@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import REPO, check_everywhere, net, rng
+from ssd_reference import apply_keep_top_k, center_size_decode
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -30,13 +31,7 @@ def decode(prior, var, t, code):
     x0, y0, x1, y1 = prior
     if code == "CORNER":
         return np.array([x0 + var[0] * t[0], y0 + var[1] * t[1], x1 + var[2] * t[2], y1 + var[3] * t[3]], F)
-    pw, ph = F(x1 - x0), F(y1 - y0)
-    cx, cy = F(F(x0 + x1) / F(2)), F(F(y0 + y1) / F(2))
-    dcx = F(F(F(var[0] * t[0]) * pw) + cx)
-    dcy = F(F(F(var[1] * t[1]) * ph) + cy)
-    dw = F(np.exp(F(var[2] * t[2])) * pw)
-    dh = F(np.exp(F(var[3] * t[3])) * ph)
-    return np.array([dcx - F(dw / F(2)), dcy - F(dh / F(2)), dcx + F(dw / F(2)), dcy + F(dh / F(2))], F)
+    return center_size_decode(prior, var, t)
 
 
 def iou(a, b):
@@ -75,11 +70,7 @@ def openvino_ref(loc, conf, prior, classes, share, width, height, vit, code, nms
                 if all(iou(b[p], b[k]) <= F(nms) for k in keep):
                     keep.append(p)
             kept[c] = keep
-        if sum(len(v) for v in kept.values()) > keep_top_k:
-            pool = sorted([(scores[i, p, c], c, p) for c in sorted(kept) for p in kept[c]], key=lambda x: -x[0])
-            kept = {}
-            for _, c, p in pool[:keep_top_k]:
-                kept.setdefault(c, []).append(p)
+        kept = apply_keep_top_k(kept, scores[i], keep_top_k)
         for c in sorted(kept):
             rows += [[i, c, scores[i, p, c], *dec[0 if share else c][p]] for p in kept[c]]
     return np.array(rows, F)[None, None]

@@ -62,13 +62,20 @@ def ref_iou(a, b):   # nms.cu's iou
 
 
 def ref_proposal(prob, deltas, im_info, stride, anchors, pre, post, thresh, min_size):
-    a = len(anchors)
-    _, _, height, width = prob.shape
     info = list(im_info.reshape(-1))
     if len(info) == 3:   # luoyetx/mini-caffe's port: [img_H, img_W, scale], one scale for both sides
         info.append(info[2])
     img_h, img_w, scale_h, scale_w = (f(v) for v in info[:4])
-    min_h, min_w = f(f(min_size) * scale_h), f(f(min_size) * scale_w)
+    return ref_proposal_bounds(prob, deltas, img_h, img_w, f(f(min_size) * scale_h), f(f(min_size) * scale_w),
+                               stride, anchors, pre, post, thresh)
+
+
+def ref_proposal_bounds(prob, deltas, img_h, img_w, min_h, min_w, stride, anchors, pre, post, thresh):
+    """Image 0's proposals: boxes clipped to [0, img_w - 1] x [0, img_h - 1], scored 0 below min_h x min_w
+    (float32 bounds, as the layer has them once it has read im_info)."""
+    a = len(anchors)
+    _, _, height, width = prob.shape
+    img_h, img_w = f(img_h), f(img_w)
     props = []
     for h in range(height):
         for w in range(width):
@@ -231,7 +238,8 @@ def test_pva_mobilenet_test_prototxt_reads():
 
 def test_rfcn_multiclass_split_deploy_reads_but_does_not_run():
     """Its im_info is (1, 2): PVANet's layer reads scale_h and scale_w past it."""
-    model = load(str(REALWORLD / "32l__rfcn_multiclass_split__jobs__upper_face__pz_S_biger_net_pretrain__deploy.prototxt"))
+    name = "32l__rfcn_multiclass_split__jobs__upper_face__pz_S_biger_net_pretrain__deploy.prototxt"
+    model = load(str(REALWORLD / name))
     assert model.blob_shapes["person_upper_rois"] == (200, 5)
     assert model.blob_shapes["person_face_rpn_score"] == (200,)
     spec = model.graph.node("person_upper_proposal")

@@ -1,12 +1,14 @@
 """32l/rfcn_multiclass_split's Proposal (b52c261, caffe/src/caffe/layers/proposal_layer.cpp / .cu, util/nms.cu),
 told by its 2-value im_info [img_H, img_W] (caffeq/layers/pva_proposal.py): its own anchors (unrounded ratio
 sides, half sides 0.5 * (int)(side * scale / base_size - 1 + 0.5)), clipping to [0, img_W - 1] x [0, img_H - 1]
-and min_size unscaled, as its GPU Forward; the reference below is written from that C++ in float32."""
+and min_size unscaled, as its GPU Forward.  The reference, from that C++ in float32: its anchors below, then
+PVANet's test reference with those bounds (ref_proposal_bounds: the fork's decoding, sort_box and NMS are PVANet's)."""
 import os
 
 import numpy as np
 import pytest
 from conftest import check_everywhere
+from test_layers_pva_proposal import ref_anchors, ref_proposal_bounds
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load, load_from_text
@@ -27,81 +29,6 @@ def fork_anchors(base, ratios, scales):
             sh = f(0.5) * f(int(float(f(rh * f(s))) * 1.0 / base - 1.0 + 0.5))
             out.append([centre - sw, centre - sh, centre + sw, centre + sh])
     return np.array(out, f)
-
-
-def pva_anchors(base, ratios, scales):   # PVANet's generate_anchors, for the 4-value form
-    centre = f(0.5) * (f(base) - f(1))
-    out = []
-    for r in ratios:
-        rw = f(int(f(np.sqrt(f(base * base) / f(r))) + f(0.5)))
-        rh = f(int(f(rw * f(r)) + f(0.5)))
-        for s in scales:
-            sw, sh = f(0.5) * f(f(rw * f(s)) - f(1)), f(0.5) * f(f(rh * f(s)) - f(1))
-            out.append([centre - sw, centre - sh, centre + sw, centre + sh])
-    return np.array(out, f)
-
-
-def quick_sort_box(rows, start, end, top):   # sort_box: a partial quicksort on column 4
-    pivot = rows[start][4]
-    lo, hi = start + 1, end
-    while lo <= hi:
-        while lo <= end and rows[lo][4] >= pivot:
-            lo += 1
-        while hi > start and rows[hi][4] <= pivot:
-            hi -= 1
-        if lo <= hi:
-            rows[lo], rows[hi] = rows[hi], rows[lo]
-            lo, hi = lo + 1, hi - 1
-    if hi > start:
-        rows[start], rows[hi] = rows[hi], rows[start]
-    if start < hi - 1:
-        quick_sort_box(rows, start, hi - 1, top)
-    if hi + 1 < top and hi + 1 < end:
-        quick_sort_box(rows, hi + 1, end, top)
-
-
-def iou(a, b):   # nms.cu: +1 pixel sides
-    iw = max(f(0), f(f(min(a[2], b[2]) - max(a[0], b[0])) + f(1)))
-    ih = max(f(0), f(f(min(a[3], b[3]) - max(a[1], b[1])) + f(1)))
-    inter = f(iw * ih)
-    sa = f(f(a[2] - a[0] + f(1)) * f(a[3] - a[1] + f(1)))
-    sb = f(f(b[2] - b[0] + f(1)) * f(b[3] - b[1] + f(1)))
-    return f(inter / f(f(sa + sb) - inter))
-
-
-def reference(prob, deltas, img_h, img_w, min_h, min_w, anchors, stride, pre, post, thresh):
-    """Forward_gpu for image 0: enumerate_proposals_gpu, sort_box, nms_gpu, retrieve_rois_gpu."""
-    na = len(anchors)
-    _, _, height, width = prob.shape
-    rows = []
-    for y in range(height):
-        for x in range(width):
-            for k in range(na):
-                b = [f(x * stride) + anchors[k, 0], f(y * stride) + anchors[k, 1],
-                     f(x * stride) + anchors[k, 2], f(y * stride) + anchors[k, 3]]
-                dx, dy, dlw, dlh = deltas[0, 4 * k:4 * k + 4, y, x]
-                bw, bh = f(b[2] - b[0]) + f(1), f(b[3] - b[1]) + f(1)
-                cx, cy = b[0] + f(0.5) * bw, b[1] + f(0.5) * bh
-                px, py = f(dx * bw) + cx, f(dy * bh) + cy
-                pw, ph = f(np.exp(dlw)) * bw, f(np.exp(dlh)) * bh
-                b = [px - f(0.5) * pw, py - f(0.5) * ph, px + f(0.5) * pw, py + f(0.5) * ph]
-                lim = [f(img_w) - f(1), f(img_h) - f(1)]
-                b = [max(f(0), min(v, lim[i % 2])) for i, v in enumerate(b)]
-                big = (f(b[2] - b[0]) + f(1) >= min_w) * (f(b[3] - b[1]) + f(1) >= min_h)
-                rows.append(b + [f(int(big) * prob[0, na + k, y, x])])
-    quick_sort_box(rows, 0, len(rows) - 1, pre)
-    n = min(len(rows), pre)
-    gone, keep = [False] * n, []
-    for i in range(n):
-        if gone[i]:
-            continue
-        keep.append(i)
-        if len(keep) == post:
-            break
-        for j in range(i + 1, n):
-            gone[j] = gone[j] or iou(rows[i], rows[j]) > f(thresh)
-    return (np.array([[0.0] + rows[i][:4] for i in keep], f).reshape(-1, 5),
-            np.array([rows[i][4] for i in keep], f))
 
 
 PARAM = ("feat_stride: 8 base_size: 8 min_size: 9 ratio: 1 ratio: 1.5 scale: 15 scale: 25 scale: 37 "
@@ -133,7 +60,7 @@ def test_fork_anchors_from_its_generate_anchors():
     # ratio 1, scale 15: half side 0.5 * (int)(8 * 15 / 8 - 1 + 0.5) = 7 around 3.5
     assert got[0].tolist() == [-3.5, -3.5, 10.5, 10.5]
     # PVANet's anchors stay the layer's own for its 4-value im_info
-    np.testing.assert_array_equal(np.array(attrs["anchors"], f), pva_anchors(8, [1, 1.5], [15, 25, 37]))
+    np.testing.assert_array_equal(np.array(attrs["anchors"], f), ref_anchors(8, [1, 1.5], [15, 25, 37]))
 
 
 def test_two_value_im_info_runs_as_the_fork_everywhere(tmp_path):
@@ -141,8 +68,8 @@ def test_two_value_im_info_runs_as_the_fork_everywhere(tmp_path):
     size filter zeroes boxes, but fewer than would leave a tie at the pre-NMS cut)."""
     model = load_from_text(proposal_net(2))
     x = make_feeds([37.0, 51.0])
-    rois, scores = reference(x["prob"], x["deltas"], 37.0, 51.0, f(9), f(9), fork_anchors(8, [1, 1.5], [15, 25, 37]),
-                             8, 30, 12, 0.6)
+    rois, scores = ref_proposal_bounds(x["prob"], x["deltas"], 37.0, 51.0, f(9), f(9), 8,
+                                       fork_anchors(8, [1, 1.5], [15, 25, 37]), 30, 12, 0.6)
     assert 0 < len(rois) <= 12 and (scores > 0).all()
     assert rois[:, 3].max() <= 50 and rois[:, 4].max() <= 36
     check_everywhere(model, x, {"rois": rois, "scores": scores}, tmp_path, atol=1e-4)
@@ -152,10 +79,11 @@ def test_min_size_is_not_scaled_by_a_missing_im_info_value():
     """A big min_size zeroes most boxes: exactly those the fork's unscaled bound zeroes (torch, ties in its
     sort order)."""
     text = proposal_net(2).replace("min_size: 9", "min_size: 21").replace("post_nms_topn: 12", "post_nms_topn: 30")
-    model = load_from_text(text.replace("nms_thresh: 0.6", "nms_thresh: 0.99").replace("pre_nms_topn: 30", "pre_nms_topn: 300"))
+    text = text.replace("nms_thresh: 0.6", "nms_thresh: 0.99").replace("pre_nms_topn: 30", "pre_nms_topn: 300")
+    model = load_from_text(text)
     x = make_feeds([44.0, 30.0], seed=5)
-    rois, scores = reference(x["prob"], x["deltas"], 44.0, 30.0, f(21), f(21),
-                             fork_anchors(8, [1, 1.5], [15, 25, 37]), 8, 300, 30, 0.99)
+    rois, scores = ref_proposal_bounds(x["prob"], x["deltas"], 44.0, 30.0, f(21), f(21), 8,
+                                       fork_anchors(8, [1, 1.5], [15, 25, 37]), 300, 30, 0.99)
     out = model.run(x)
     assert (scores == 0).any() and (scores > 0).any()
     np.testing.assert_allclose(out["rois"], rois, atol=1e-4, rtol=0)
@@ -165,8 +93,8 @@ def test_min_size_is_not_scaled_by_a_missing_im_info_value():
 def test_four_value_im_info_keeps_pvanet(tmp_path):
     model = load_from_text(proposal_net(4))
     x = make_feeds([37.0, 51.0, 0.5, 1.5])
-    rois, scores = reference(x["prob"], x["deltas"], 37.0, 51.0, f(f(9) * f(0.5)), f(f(9) * f(1.5)),
-                             pva_anchors(8, [1, 1.5], [15, 25, 37]), 8, 30, 12, 0.6)
+    rois, scores = ref_proposal_bounds(x["prob"], x["deltas"], 37.0, 51.0, f(f(9) * f(0.5)), f(f(9) * f(1.5)), 8,
+                                       ref_anchors(8, [1, 1.5], [15, 25, 37]), 30, 12, 0.6)
     out = model.run(x)
     np.testing.assert_allclose(out["rois"], rois, atol=1e-4, rtol=0)
     np.testing.assert_allclose(out["scores"], scores, atol=1e-6, rtol=0)

@@ -56,6 +56,22 @@ def _attr_value(v):
     return v
 
 
+class _ShapesAdded:
+    """OnnxContext.with_shapes: the context, with more static shapes."""
+
+    def __init__(self, ctx, shapes):
+        self._ctx, self._shapes = ctx, {k: tuple(v) for k, v in shapes.items()}
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def with_shapes(self, shapes):
+        return _ShapesAdded(self._ctx, {**self._shapes, **shapes})
+
+    def shape(self, name):
+        return self._shapes[name] if name in self._shapes else self._ctx.shape(name)
+
+
 class OnnxContext:
     """What a layer spec's `onnx(ctx, node)` emits into.  See the ONNX emission contract."""
 
@@ -74,6 +90,11 @@ class OnnxContext:
         self.live = None                # tensors the graph being written needs (emit_graph sets it)
 
     # -- shapes -------------------------------------------------------------------------
+    def with_shapes(self, shapes):
+        """This context, also knowing the static shapes of tensors a spec made itself ({name: shape}), for the
+        parts (other specs' onnx) it hands them to."""
+        return _ShapesAdded(self, shapes)
+
     def shape(self, name):
         """Caffe's static shape of an IR tensor (dim 0 is the prototxt's batch)."""
         t = self.graph.tensors.get(name)

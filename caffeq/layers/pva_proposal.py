@@ -69,18 +69,6 @@ def two_value_info(attrs, info_shape):
     return "info2_anchors" in attrs and math.prod(info_shape) == 2
 
 
-class _MoreShapes:
-    """An ONNX context that also knows the static shape of tensors a spec made itself."""
-
-    def __init__(self, ctx, shapes):
-        self._ctx, self._shapes = ctx, shapes
-
-    def __getattr__(self, name):
-        return getattr(self._ctx, name)
-
-    def shape(self, name):
-        return self._shapes[name] if name in self._shapes else self._ctx.shape(name)
-
 
 @register_layer("Proposal")
 class PVAProposalLayer(_ProposalBase):
@@ -120,7 +108,7 @@ class PVAProposalLayer(_ProposalBase):
             info = ctx.op("Concat", [flat, ctx.f32([1.0, 1.0])], "info4", axis=0)
             node = dataclasses.replace(node, attrs={**node.attrs, "anchors": node.attrs["info2_anchors"]},
                                        inputs=[*node.inputs[:2], info])
-            ctx = _MoreShapes(ctx, {info: (4,)})
+            ctx = ctx.with_shapes({info: (4,)})
         return super().onnx(ctx, node)
 
     def pytorch_source(self, node, emit):

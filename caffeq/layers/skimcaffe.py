@@ -108,19 +108,6 @@ def _node_like(node, **changes):
     return sub
 
 
-class _KnownShapes:
-    """The ONNX context, also knowing the shapes of this layer's own intermediate tensors."""
-
-    def __init__(self, ctx, shapes):
-        self._ctx, self._shapes = ctx, shapes
-
-    def __getattr__(self, name):
-        return getattr(self._ctx, name)
-
-    def shape(self, name):
-        return tuple(self._shapes[name]) if name in self._shapes else self._ctx.shape(name)
-
-
 @contextmanager
 def _emitting_on(emit, inputs, shapes, suffix=None):
     """Let a composed spec's pytorch_source see `inputs` (of `shapes`) and, with a suffix, its own
@@ -288,7 +275,7 @@ class _ConvPool(Convolution):
             _onnx_padded_windows_max(ctx, node, a["pool"], conv, conv_top, relu_out)
         else:
             pooled = ctx.tmp(node.name + "_pool")
-            Pooling().onnx(_KnownShapes(ctx, {conv: conv_top}),
+            Pooling().onnx(ctx.with_shapes({conv: conv_top}),
                            _node_like(node, name=node.name + "_pool", attrs=a["pool"], inputs=[conv], outputs=[pooled]))
             ctx.add_node("Relu", [pooled], [relu_out])
         if self.with_lrn:
@@ -465,7 +452,7 @@ class _SkimInnerProduct(InnerProduct):
             flat = ctx.add_node("Reshape", [x, ctx.const(np.array([k, -1], np.int64))], [ctx.tmp(node.name + "_km")])[0]
             t = ctx.add_node("Transpose", [flat], [ctx.tmp(node.name + "_mk")], perm=[1, 0])[0]
             x = ctx.add_node("Reshape", [t, ctx.const(np.array([-1] + shape[1:], np.int64))], [ctx.tmp(node.name + "_in")])[0]
-        ctx = _KnownShapes(ctx, {x: shape})
+        ctx = ctx.with_shapes({x: shape})
         out = node.outputs[0]
         last = out if not self.relu else ctx.tmp(node.name + "_ip")
         if a["out_t"]:
