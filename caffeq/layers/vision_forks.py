@@ -4,7 +4,13 @@
   cropped input (pad_beg/pad_end <= 0 crop).  Output size, first match wins as
   in DeepLab v2: shrink_factor alone, zoom_factor alone, height + width, shrink
   then zoom, or the size of a second bottom.  PSPNet's interp_type
-  "nearest_neighbor" is supported too.
+  "nearest_neighbor" is supported too.  soeaver/py-RFCN-priv's `use_blob_size`
+  (8fcc58b caffe-priv/src/caffe/proto/caffe.proto, InterpParameter field 7,
+  default false; caffe-priv/src/caffe/layers/interp_layer.cpp fec9ec1, Reshape):
+  the output is bottom 1's height x width whatever shrink/zoom/height/width say
+  (the fork checks none of them then), bottom 0 still cropped by pad_beg/pad_end
+  and resized as above; only bottom 1's shape is read, and a single bottom is an
+  error.  Without it a second bottom sizes the output only when nothing else does.
 - Upsample (SegNet): max-unpooling.  With two bottoms the second is the mask of
   argmax positions (index h*W + w within each output plane, as SegNet's
   Pooling writes in its second top); a position written twice keeps the last
@@ -144,7 +150,8 @@ def interp_zooms_multiply(net):
     marked = []
     for lp in net.layer:
         p = lp.interp_param
-        if lp.type == "Interp" and p.HasField("zoom_factor") and not p.HasField("shrink_factor"):
+        if lp.type == "Interp" and p.HasField("zoom_factor") and not p.HasField("shrink_factor") \
+                and not p.use_blob_size:
             p.zoom_multiplies = True
             marked.append(lp.name)
     return (f"the Interp layers {', '.join(repr(n) for n in marked)} read as the Interp YOLOv3 conversions run "
@@ -164,6 +171,10 @@ class InterpLayer(Layer):
              "height": int(p.height) if p.HasField("height") and p.HasField("width") else None,
              "width": int(p.width) if p.HasField("height") and p.HasField("width") else None,
              "two_bottoms": len(lp.bottom) == 2, "zoom_multiplies": bool(p.zoom_multiplies)}
+        if p.use_blob_size:   # soeaver's fork: bottom 1's size before every other size field, which it never reads
+            if not a["two_bottoms"]:
+                raise LayerError("interp_param.use_blob_size needs a second bottom to take the size from")
+            a.update(zoom=None, shrink=None, height=None, width=None, use_blob_size=True)
         if a["pad_beg"] > 0 or a["pad_end"] > 0:
             raise LayerError("interp_param.pad_beg/pad_end must be <= 0 (only cropping is supported)")
         if a["type"] not in ("bilinear", "nearest_neighbor"):
