@@ -106,6 +106,16 @@ _TRICKY = ('name: "n"   # a comment with { and " and \'\n'
            '}\n')
 
 
+def test_a_stray_word_is_named_where_it_stands(here, capsys):
+    # Nortinwell/VGG-depthwise-SSD's VGG_reduce_300: `}z` closes a layer; protobuf reports the next line's `layer {`
+    lines = DEPLOY.read_text().splitlines(keepends=True)
+    row = next(i for i, ln in enumerate(lines) if 'name: "conv1"' in ln)
+    lines[row] = lines[row].rstrip() + "z\n"     # conv1's layer is one line: `...} } }z`
+    (here / "stray.prototxt").write_text("".join(lines))
+    assert one_error(capsys, "inspect", "stray.prototxt") == (
+        f"caffeq: error: stray.prototxt:{row + 1}:{len(lines[row]) - 1}: 'z' stands where a field name goes but is followed by neither "
+        f"':' nor '{{' (a stray word?)")
+
 def test_unclosed_scan_reads_comments_quotes_and_escapes(here, capsys):
     """Braces and '#' in strings, escaped quotes and comments holding braces and quotes are read as
     protobuf reads them: a balanced file with another error keeps that error, an open one is named."""

@@ -16,7 +16,14 @@ from google.protobuf import text_format
 
 from ..errors import ParseError
 from .schema import caffe_pb2
-from .templates import BarePlaceholder, fill_bare_placeholder, fill_placeholders, is_sentinel, resolve_placeholders
+from .templates import (
+    BarePlaceholder,
+    code_spans,
+    fill_bare_placeholder,
+    fill_placeholders,
+    is_sentinel,
+    resolve_placeholders,
+)
 from .text_repairs import (
     V1_QUOTED_TYPE,
     block_placeholder,
@@ -374,7 +381,27 @@ def _parse_error(path, err, text):
         return ParseError(f"{path}:{row + 1}: '{word}' stands alone where fields go: a template placeholder that a "
                           f"script replaces with text (layers or fields) before Caffe reads the file; put that "
                           f"text in its place, or pass --define {word}=TEXT")
+    stray = _word_before(text, int(m.group(1)), int(m.group(2))) if m and msg.endswith('Expected "{".') else None
+    if stray is not None:
+        row, col, word = stray
+        return ParseError(f"{path}:{row}:{col}: '{word}' stands where a field name goes but is followed by neither "
+                          f"':' nor '{{' (a stray word?)")
     return ParseError(f"{where}: {msg}")
+
+
+def _word_before(text, row, col):
+    """(row, column, word) of the token before 1-based (row, col) when it is a bare word: the name protobuf took
+    for an unknown field, whose value it then found missing (`}z` closing a layer)."""
+    lines = text.split("\n")
+    for r in range(min(row, len(lines)) - 1, -1, -1):
+        line = lines[r][:col - 1] if r == row - 1 else lines[r]
+        _, comment = code_spans(line)
+        code = line if comment is None else line[:comment]
+        if code.strip():
+            tokens = [m for m in _TOKEN.finditer(code) if not m.group(0).isspace()]
+            last = tokens[-1]
+            return (r + 1, last.start() + 1, last.group(0)) if last.group(0)[:1].isalpha() else None
+    return None
 
 
 _TOKEN = re.compile(r"\s+|#[^\n]*|[A-Za-z_][\w.]*|[{}<>:]|[\"']|[^\s{}<>:\"'#A-Za-z_]+")
