@@ -118,6 +118,7 @@ from . import (  # noqa: F401,E402
     lstm_cf,
     maf,
     margin,
+    maskyolo,
     merge_batch,
     mergecrop,
     misc,

@@ -8,8 +8,9 @@ aux_info is the fork's (N, 5, 1, 1) blob per person: (image index, width, height
   left out (they add nothing, as if the map were followed by zeros).  The size is resize_param's
   height/width, int(H * height_fac)/int(W * width_fac), or a second bottom's H and W (its values
   (width, height, ...) when it holds exactly 4 numbers).  xiaolonw/caffe-3dnormal_joint_pose (11f5adc),
-  whose util_img.cpp this resize comes from, and MaskYolo_Caffe write `is_pyramid_test: true` with
-  out_height_scale/out_width_scale for the factors (V1 files: `type: RESIZE`).
+  whose util_img.cpp this resize comes from, writes `is_pyramid_test: true` with out_height_scale/out_width_scale
+  for the factors (V1 files: `type: RESIZE`); MaskYolo_Caffe's Resize, which writes them too, is another layer
+  (a nearest-neighbour GPU kernel: maskyolo.py's MaskYoloResize).
 - SpatialDropout (spatial_dropout_layer.cpp): TEST copies; TRAIN drops whole (n, c) maps with
   probability dropout_ratio and scales the kept ones by 1 / (1 - ratio).
 - CoordsFromHeatMaps (coords_from_heat_map_layer.cpp): per map the first maximum's (x, y) = (i % W,
