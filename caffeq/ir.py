@@ -17,6 +17,7 @@ from .input_fit import fitting_input_hint
 from .io.schema import caffe_pb2
 from .layers import require_specs, spec_for
 from .layers.common import Sink
+from .layers.interp import _multiplying_zoom_interps, interp_zooms_multiply
 from .layers.misc import replace_unit_axis_embeds
 from .layers.pooling import darknet_kept_size_pools, is_darknet_kept_size_pool
 from .layers.registry import (
@@ -27,7 +28,6 @@ from .layers.registry import (
     python_variant_reason,
     unrun_python_reason,
 )
-from .layers.vision_forks import interp_zooms_multiply, is_zoom_only
 from .training_layers import drop_training_only
 
 MAX_BLOB_ELEMENTS = 1 << 33  # about 32 GB of float32: refuse before allocating
@@ -591,34 +591,6 @@ def _shrinking_pool(lp, in_ids, nodes):
             return node
         todo.extend(node.inputs)
     return None
-
-
-def _multiplying_zoom_interps(in_ids, nodes, shapes):
-    """The Interps, sized by zoom_factor alone, that make bottoms of a failed Concat or Eltwise whose
-    spatial sizes all agree once each such Interp gives h x zoom instead of DeepLab's h + (h - 1)(zoom - 1)
-    (YOLOv3 conversions' Interp, see interp_zooms_multiply); else []."""
-    by_output = {tid: n for n in nodes for tid in n.outputs}
-    sizes, found = [], []
-    for tid in in_ids:
-        node, shape = by_output.get(tid), shapes.get(tid)
-        if shape is None or len(shape) != 4:
-            return []
-        seen = set()   # back through one-bottom layers that keep the map's size (ReLU, 1x1 or same-padded convs):
-        while node is not None and node.type != "Interp" and len(node.inputs) == 1 and id(node) not in seen \
-                and len(shapes.get(node.inputs[0]) or ()) == 4 and list(shapes[node.inputs[0]][2:]) == list(shape[2:]):
-            seen.add(id(node))     # Open Model Zoo's PyTorch-made segmentation nets join Interp -> Conv -> ReLU
-            node = by_output.get(node.inputs[0])
-        if node is not None and node.type == "Interp" and is_zoom_only(node.attrs) and node.attrs["zoom"] > 1 \
-                and not node.attrs.get("zoom_multiplies"):
-            x = shapes.get(node.inputs[0])
-            if x is None:
-                return []
-            (he, we), _ = node.spec.out_size(node.attrs, x[2], x[3])
-            sizes.append((he * node.attrs["zoom"], we * node.attrs["zoom"]))
-            found.append(node.name)
-        else:
-            sizes.append(tuple(shape[2:]))
-    return found if found and len(set(sizes)) == 1 else []
 
 
 def _unit_axis_embeds(in_ids, nodes, shapes):

@@ -28,9 +28,8 @@ KNOWN_REFUSALS = {
     # the styletransfer fork's own schema: string pooling methods, input_blob
     "shenfalong__styletransfer__matlab__prototxt__deploy_resnet_101_16x_v0.prototxt": "has no value named \"max\"",
     "shenfalong__styletransfer__python__prototxt__16__predict.prototxt": "unknown field 'input_blob'",
-    # broken for every reader (corpus3 triage): a stray typo; line 170 reads `}z`: the parser then
-    # wants the `{` of a message named z
-    "Nortinwell__VGG-depthwise-SSD__VGG_reduce_300.prototxt": "171:1: 'layer {': Expected \"{\".",
+    # broken for every reader (corpus3 triage): a stray typo; line 170 reads `}z`, named where it stands
+    "Nortinwell__VGG-depthwise-SSD__VGG_reduce_300.prototxt": "170:2: 'z' stands where a field name goes",
     # broken for every reader (corpus4 triage): a py-faster-rcnn leftover, no layer makes 'rpn_rois'
     "aovoc__CTPN__models__train.prototxt": "bottom 'rpn_rois' is not produced by any earlier layer",
     # SSAW14/LearnableDilationNetwork's Convolution takes its dilation as a second bottom (the fork's

@@ -31,7 +31,21 @@ src/caffe/proto/caffe.proto (Im2WindowsParameter, LSTMParameter.width) of that c
   the terms as its GPU kernels do (its CPU Forward tests them as bools: the same for 0/1 markers).  With clip the
   fork starts from the previous Forward's h_T, c_T (truncated BPTT); caffeq starts from zero, as its first
   Forward (the same wherever clip is 0 at t = 0, as Im2Windows gives it).  clipping_threshold bounds gradients.
+
+The same fork's first LSTM, at an earlier commit (b193dfb0 src/caffe/layers/lstm_layer.cpp, .cu,
+include/caffe/common_layers.hpp; V1 type LSTM, ONE bottom; recurrent.py's LSTM reads it through the functions at
+the end of this module when a one-bottom LSTM sets inner_product_param and no recurrent_param or
+hidden_dim): the bottom (T, ...) is one sequence of T = num steps (no batch axis), I values a step; blobs W_i
+(1, 4, H, I), W_h (1, 4, H, H) and, with inner_product_param.bias_term (default true), b (1, 1, 4, H),
+H = inner_product_param.num_output; gate rows [i f o g]; zero initial h and c; per step
+    [i f o g] = W_i x_t + b + W_h h_{t-1},  c_t = sigmoid(f) c_{t-1} + sigmoid(i) tanhE(g),
+    h_t = sigmoid(o) tanhE(c_t);  top h (T, H, 1, 1),
+tanhE(v) = (e^2v - 1) / (e^2v + 1), the fork's TanHLayer formula (NaN where e^2v overflows, v > 44.36).
+lstm_param.clipping_threshold clips gradients only.  The fork's GPU Forward carries h_T, c_T into the next
+Forward call (its CPU Forward and PreStartSequence start from zero): caffeq starts every call from zero.
 """
+from __future__ import annotations
+
 import math
 
 import numpy as np
@@ -427,7 +441,115 @@ class GridLstmSpec(Layer):
         return f"{m}({', '.join(emit.inputs)})"
 
 
+# ---- the fork's first LSTM (b193dfb0): one bottom, one sequence (recurrent.py's LSTM dispatches here) -------
+
+def exp_tanh(v):
+    """The old TanHLayer's tanh: (e^2v - 1) / (e^2v + 1)."""
+    e = torch.exp(2 * v)
+    return (e - 1) / (e + 1)
+
+
+def single_sequence_lstm(x, w_i, w_h, b: torch.Tensor | None = None):
+    """junhyukoh/caffe-lstm b193dfb0's LSTM: x (T, ...) one sequence, W_i (1, 4, H, I), W_h (1, 4, H, H),
+    b (1, 1, 4, H) or None; zero initial state -> h (T, H, 1, 1)."""
+    t, hd = x.shape[0], w_h.shape[2]
+    gx = torch.matmul(x.reshape(t, -1), w_i.reshape(4 * hd, -1).t())
+    if b is not None:
+        gx = gx + b.reshape(1, 4 * hd)
+    w_rec = w_h.reshape(4 * hd, hd)
+    h = gx.new_zeros(hd)
+    c = h
+    outs = []
+    for step in range(t):
+        gates = gx[step] + torch.mv(w_rec, h)
+        i = torch.sigmoid(gates[:hd])
+        f = torch.sigmoid(gates[hd:2 * hd])
+        o = torch.sigmoid(gates[2 * hd:3 * hd])
+        c = f * c + i * exp_tanh(gates[3 * hd:])
+        h = o * exp_tanh(c)
+        outs.append(h)
+    return torch.stack(outs).reshape(t, hd, 1, 1)
+
+
+def _single_sequence(lp):
+    """junhyukoh/caffe-lstm b193dfb0's one-bottom LSTM, sized by inner_product_param."""
+    return (len(lp.bottom) == 1 and not lp.HasField("recurrent_param") and lp.HasField("inner_product_param")
+            and not lp.lstm_param.HasField("hidden_dim"))
+
+
+def single_sequence_attrs(lp):
+    """LSTM's attrs for junhyukoh/caffe-lstm b193dfb0's one-bottom LSTM (_single_sequence(lp) holds)."""
+    ip = lp.inner_product_param
+    need_blobs(lp, "LSTM (junhyukoh/caffe-lstm's, one sequence)", 1, 1, "data")
+    return {"single_sequence": True, "num_output": positive_field(ip.num_output, "inner_product_param.num_output"),
+            "bias_term": bool(ip.bias_term), "expose_hidden": False, "static": False,
+            "clipping_threshold": float(lp.lstm_param.clipping_threshold),
+            "reading_notes": ["LSTM with one bottom read as junhyukoh/caffe-lstm's first LSTM (b193dfb0): the "
+                              "bottom is one sequence of num steps, from zero state (the fork's GPU Forward "
+                              "carries the last state into its next call; clipping_threshold clips gradients "
+                              "only)"]}
+
+
+def single_sequence_dims(attrs, in_shapes):
+    """(T, 1, I, None, H), the dims LSTM's _check gives, of the one-sequence LSTM's bottom (T, ...)."""
+    x = tuple(in_shapes[0])
+    if not x or x[0] < 1:
+        raise LayerError(f"the bottom must hold at least one time step (T x ...), got {list(x)}")
+    return x[0], 1, math.prod(x[1:]), None, attrs["num_output"]
+
+
+def single_sequence_param_shapes(attrs, k, h):
+    """W_i (1, 4, H, I), W_h (1, 4, H, H) and, with bias_term, b (1, 1, 4, H)."""
+    return [(1, 4, h, k), (1, 4, h, h), (1, 1, 4, h)][:3 if attrs["bias_term"] else 2]
+
+
+def single_sequence_init(shapes, rng):
+    """Random W_i, W_h and the fork's bias: its filler's zeros, then 5 for the forget gate's rows."""
+    blobs = [(rng.standard_normal(s) / math.sqrt(s[-1])).astype(np.float32) for s in shapes[:2]]
+    if len(shapes) > 2:   # the fork's setup: the bias filler, then 5 for the forget gate's rows
+        b = np.zeros(shapes[2], np.float32)
+        b[0, 0, 1] = 5
+        blobs.append(b)
+    return blobs
+
+
+def _onnx_single_sequence(ctx, node):
+    """junhyukoh/caffe-lstm b193dfb0's LSTM unrolled over its T steps (T is the bottom's static num), the fork's
+    tanh formula written out."""
+    hd, x = node.attrs["num_output"], node.inputs[0]
+    t = ctx.shape(x)[0]
+
+    def exp_tanh_onnx(v, hint):
+        e = ctx.op("Exp", [ctx.op("Mul", [v, ctx.f32(2.0)], hint + "_2v")], hint + "_e2v")
+        return ctx.op("Div", [ctx.op("Sub", [e, ctx.f32(1.0)], hint + "_num"),
+                              ctx.op("Add", [e, ctx.f32(1.0)], hint + "_den")], hint)
+    w_i = ctx.op("Transpose", [ctx.op("Reshape", [ctx.weight(node, 0), ctx.i64([4 * hd, -1])], "wi")], "wi_t",
+                 perm=[1, 0])
+    w_h = ctx.op("Transpose", [ctx.op("Reshape", [ctx.weight(node, 1), ctx.i64([4 * hd, hd])], "wh")], "wh_t",
+                 perm=[1, 0])
+    gx = ctx.op("MatMul", [ctx.op("Reshape", [x, ctx.i64([t, -1])], "rows"), w_i], "gx")
+    if node.attrs["bias_term"]:
+        gx = ctx.op("Add", [gx, ctx.op("Reshape", [ctx.weight(node, 2), ctx.i64([1, 4 * hd])], "b")], "gxb")
+    h = c = None
+    outs = []
+    for step in range(t):
+        pre = ctx.op("Slice", [gx, ctx.i64([step]), ctx.i64([step + 1]), ctx.i64([0])], f"gx{step}")
+        if h is not None:
+            pre = ctx.op("Add", [pre, ctx.op("MatMul", [h, w_h], f"hw{step}")], f"pre{step}")
+
+        def part(k, hint, pre=pre, step=step):
+            return ctx.op("Slice", [pre, ctx.i64([k * hd]), ctx.i64([(k + 1) * hd]), ctx.i64([1])], f"{hint}{step}")
+        i, f, o = (ctx.op("Sigmoid", [part(k, hint + "_pre")], f"{hint}{step}") for k, hint in enumerate("ifo"))
+        write = ctx.op("Mul", [i, exp_tanh_onnx(part(3, "g_pre"), f"g{step}")], f"ig{step}")
+        c = write if c is None else ctx.op("Add", [ctx.op("Mul", [f, c], f"fc{step}"), write], f"c{step}")
+        h = ctx.op("Mul", [o, exp_tanh_onnx(c, f"tc{step}")], f"h{step}")
+        outs.append(h)
+    hs = ctx.op("Concat", outs, "hs", axis=0) if len(outs) > 1 else outs[0]
+    ctx.add_node("Reshape", [hs, ctx.i64([t, hd, 1, 1])], [node.outputs[0]], name=node.name)
+
+
 GRID_LSTM = GridLstmSpec()
 
-__all__ = ["GRID_LSTM", "Im2Windows", "Permutation", "grid_lstm", "im2windows", "is_grid_lstm", "permutation",
-           "reverse_blocks", "window_labels"]
+__all__ = ["GRID_LSTM", "Im2Windows", "Permutation", "exp_tanh", "grid_lstm", "im2windows", "is_grid_lstm",
+           "permutation", "reverse_blocks", "single_sequence_attrs", "single_sequence_dims", "single_sequence_init",
+           "single_sequence_lstm", "single_sequence_param_shapes", "window_labels"]

@@ -9,7 +9,7 @@ both are set (each >= 2); the input's times height_scale x width_scale when both
 The fork refuses anything else.  mode (default BILINEAR):
 - NEAREST: output (h, w) reads input (h * H / out_h, w * W / out_w), integer division.
 - BILINEAR: align-corners source coordinates (H - 1) / (out_h - 1) * h in float32, truncated to the
-  upper-left tap, float32 weights: the same arithmetic as DeepLab's Interp (vision_forks.interp_resize).
+  upper-left tap, float32 weights: the same arithmetic as DeepLab's Interp (interp.interp_resize).
 
 yolov5_caffe's Reorg (reorg_layer.cu reorg_kernel; reverse is not read by it) is a plain
 space-to-depth in channel-major order: top[n, c s^2 + dy s + dx, y, x] = bottom[n, c, y s + dy, x s + dx].
@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 from ..io.schema import caffe_pb2
+from .interp import TORCH_INTERP, interp_resize
 from .registry import Layer, LayerError, claim_layers, count, need_blobs, torch_sources
-from .vision_forks import TORCH_INTERP, _resize, _sizes_const, interp_resize
+from .vision_forks import _resize, _sizes_const
 
 _FIELDS = ("height", "width", "height_scale", "width_scale", "mode")
 _NEAREST = caffe_pb2.UpsampleParameter.NEAREST

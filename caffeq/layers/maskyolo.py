@@ -8,23 +8,24 @@ map (N, A * (num_class + num_coord + 1), H, W) into rois (prop_num, 5) and roi_l
 Its forward has no phase branch (CPU only; the GPU calls it).  Per image b, for anchor k and cell
 (row, col), index k * H * W + row * W + col, the fork's get_region_boxes reads channel 5 * k + e
 (box.hpp's entry_index with 4 coords and 0 classes, whatever num_class and num_coord say):
-objectness sigmoid(e = 4) (float exp, the division in double, rounded to float), kept when > thresh;
-box x = (col + sigmoid(e0)) / W, y = (row + sigmoid(e1)) / H, w = exp(e2) * anchor_x[k] / W,
-h = exp(e3) * anchor_y[k] / H, all float32.  do_nms_obj(..., num_class, 0.4) then sorts by
-probs[i][num_class]: with num_class 0 that is the objectness, sorted best first (qsort; equal values
-keep index order, as glibc's merge sort does), and each kept box zeroes the later boxes whose darknet
-IoU (centre/size overlap(), float32, intersection 0 when either side is negative) is > 0.4f; with
-num_class > 0 that entry is always 0, so nothing is suppressed.  The surviving boxes, in index order
-(the fork's sort by score is commented out), image after image, give rows [b, max(0, x - w/2) * net_w,
-max(0, y - h/2) * net_h, min(1, x + w/2) * net_w, min(1, y + h/2) * net_h] and label 1; the first
-prop_num are kept, the remaining rows and labels stay 0.  ONNX refused (the greedy NMS is not written
-as a Scan); torch and model.py run it.
+objectness sigmoid(e = 4) (expf, the division in double, rounded to float), kept when > thresh; box x = (col +
+sigmoid(e0)) / W, y = (row + sigmoid(e1)) / H, w = exp(e2) * anchor_x[k] / W, h = exp(e3) * anchor_y[k] / H,
+all float32 (exp: glibc's expf, float64 exp rounded once). do_nms_obj(..., num_class, 0.4) then sorts by
+probs[i][num_class]: with num_class 0 that is the objectness, sorted best first (qsort; equal values keep
+index order, as glibc's merge sort does), and each kept box zeroes the later boxes whose darknet IoU
+(centre/size overlap(), float32, intersection 0 when either side is negative) is > 0.4f; with num_class > 0
+that entry is always 0, so nothing is suppressed.  The surviving boxes, in index order (the fork's sort by
+score is commented out), image after image, give rows [b, max(0, x - w/2) * net_w, max(0, y - h/2) * net_h,
+min(1, x + w/2) * net_w, min(1, y + h/2) * net_h] and label 1; the first prop_num are kept, the remaining rows
+and labels stay 0.  ONNX refused (the greedy NMS is not written as a Scan); torch and model.py run it.
 
 Resize: the fork's Forward_cpu is empty and its GPU kernel (the forward the fork runs) weights the
 four bilinear taps but reads every one of them at the same source pixel src[floor(i * sh),
 floor(j * sw)] (sh = src_h / dst_h in float32): a floor nearest-neighbour resize whose value is
 ((w_h0 w_w0) v + (w_h0 w_w1) v) + (w_h1 w_w0) v + (w_h1 w_w1) v, w_0 = |1 - f|, w_1 = |f|, f the
-fraction of i * sh (1 up to rounding).  Sizes: height/width, or with is_pyramid_test
+fraction of i * sh (1 up to rounding).  Computed without fused multiply-adds: nvcc may contract the kernel's
+i * sh - floor and its `res += w v` into fmaf, which would move the value by an ulp or so (not checked on a
+GPU; the source index is the same either way).  Sizes: height/width, or with is_pyramid_test
 int(H * out_height_scale) x int(W * out_width_scale).  Resize is shared with other forks (pose_action's
 bilinear spec); a net holding the fork's RoiGen or DecodeRois has its Resize layers read as
 MaskYoloResize (a net_rewrite, with a note).
@@ -42,9 +43,15 @@ NMS_IOU = 0.4   # do_nms_obj's threshold in get_predict_boxes (box.hpp)
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
+def maskyolo_expf(t):
+    """The float exp (glibc's expf) of float32 values: exp in float64 rounded once to float32 (torch's own
+    float32 exp is up to an ulp away from it)."""
+    return torch.exp(t.double()).float()
+
+
 def maskyolo_sigmoid(t):
-    """box.hpp's logistic_activate on float: exp in float32, 1 / (1 + e) in double, rounded to float."""
-    return (1.0 / (1.0 + torch.exp(-t).double())).float()
+    """box.hpp's logistic_activate on float: expf, then 1 / (1 + e) in double, rounded to float."""
+    return (1.0 / (1.0 + maskyolo_expf(-t).double())).float()
 
 
 def maskyolo_overlap(c1, s1, c2, s2):
@@ -77,8 +84,8 @@ def maskyolo_decode(x, anchors_w, anchors_h, thresh: float):
     ah = torch.tensor(anchors_h, dtype=torch.float32, device=x.device).view(1, a, 1)
     bx = (col + maskyolo_sigmoid(v[:, ch])) / w
     by = (row + maskyolo_sigmoid(v[:, ch + 1])) / h
-    bw = torch.exp(v[:, ch + 2]) * aw / w
-    bh = torch.exp(v[:, ch + 3]) * ah / h
+    bw = maskyolo_expf(v[:, ch + 2]) * aw / w
+    bh = maskyolo_expf(v[:, ch + 3]) * ah / h
     prob = torch.where(obj > torch.tensor(thresh, dtype=torch.float32), obj, torch.zeros_like(obj))
     return [t.reshape(n, -1) for t in (bx, by, bw, bh, prob)]
 
@@ -136,7 +143,7 @@ def maskyolo_resize(x, out_h: int, out_w: int):
     return weights[0] * v + weights[1] * v + weights[2] * v + weights[3] * v
 
 
-TORCH_ROI_GEN = torch_sources(maskyolo_sigmoid, maskyolo_overlap, maskyolo_iou, maskyolo_decode,
+TORCH_ROI_GEN = torch_sources(maskyolo_expf, maskyolo_sigmoid, maskyolo_overlap, maskyolo_iou, maskyolo_decode,
                               maskyolo_roi_gen)
 TORCH_RESIZE = torch_sources(maskyolo_resize_taps, maskyolo_resize)
 

@@ -22,16 +22,8 @@ lstm_param { hidden_dim buffer_size } and no recurrent_param, V1 type LSTM) is t
 frame-major batches: x (T * N, ...) with N = buffer_size streams, the flush markers (T * N, 1, 1, 1) as
 cont, the top (T * N, hidden_dim, 1, 1); blobs W_xc, b_c, W_hc as above.
 
-junhyukoh/caffe-lstm's first LSTM (b193dfb0 src/caffe/layers/lstm_layer.cpp, .cu, include/caffe/common_layers.hpp;
-V1 type LSTM, ONE bottom; read when a one-bottom LSTM sets inner_product_param and no recurrent_param or
-hidden_dim): the bottom (T, ...) is one sequence of T = num steps (no batch axis), I values a step; blobs W_i
-(1, 4, H, I), W_h (1, 4, H, H) and, with inner_product_param.bias_term (default true), b (1, 1, 4, H),
-H = inner_product_param.num_output; gate rows [i f o g]; zero initial h and c; per step
-    [i f o g] = W_i x_t + b + W_h h_{t-1},  c_t = sigmoid(f) c_{t-1} + sigmoid(i) tanhE(g),
-    h_t = sigmoid(o) tanhE(c_t);  top h (T, H, 1, 1),
-tanhE(v) = (e^2v - 1) / (e^2v + 1), the fork's TanHLayer formula (NaN where e^2v overflows, v > 44.36).
-lstm_param.clipping_threshold clips gradients only.  The fork's GPU Forward carries h_T, c_T into the next
-Forward call (its CPU Forward and PreStartSequence start from zero): caffeq starts every call from zero.
+junhyukoh/caffe-lstm's first LSTM (b193dfb0; V1 type LSTM with one bottom, sized by inner_product_param) is
+read by LSTM below through caffe_lstm_windows.py, which holds its computation.
 
 Blobs, in the order Caffe's unrolled net owns them:
   RNN:  W_xh (H, K), b_h (H), [W_xh_static (H, Ks)], W_hh (H, H), W_ho (H, H), b_o (H)
@@ -47,7 +39,17 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from .registry import Layer, LayerError, legacy_nchw, need_blobs, positive_field, register_layer
+from .caffe_lstm_windows import (
+    _onnx_single_sequence,
+    _single_sequence,
+    exp_tanh,
+    single_sequence_attrs,
+    single_sequence_dims,
+    single_sequence_init,
+    single_sequence_lstm,
+    single_sequence_param_shapes,
+)
+from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer
 
 FLOAT = 1  # onnx.TensorProto.FLOAT
 
@@ -285,40 +287,6 @@ def frame_major_lstm(x, flush, w_xc, b_c, w_hc, streams: int):
     return hs.reshape(t * streams, -1, 1, 1)
 
 
-def exp_tanh(v):
-    """The old TanHLayer's tanh: (e^2v - 1) / (e^2v + 1)."""
-    e = torch.exp(2 * v)
-    return (e - 1) / (e + 1)
-
-
-def single_sequence_lstm(x, w_i, w_h, b: torch.Tensor | None = None):
-    """junhyukoh/caffe-lstm b193dfb0's LSTM: x (T, ...) one sequence, W_i (1, 4, H, I), W_h (1, 4, H, H),
-    b (1, 1, 4, H) or None; zero initial state -> h (T, H, 1, 1)."""
-    t, hd = x.shape[0], w_h.shape[2]
-    gx = torch.matmul(x.reshape(t, -1), w_i.reshape(4 * hd, -1).t())
-    if b is not None:
-        gx = gx + b.reshape(1, 4 * hd)
-    w_rec = w_h.reshape(4 * hd, hd)
-    h = gx.new_zeros(hd)
-    c = h
-    outs = []
-    for step in range(t):
-        gates = gx[step] + torch.mv(w_rec, h)
-        i = torch.sigmoid(gates[:hd])
-        f = torch.sigmoid(gates[hd:2 * hd])
-        o = torch.sigmoid(gates[2 * hd:3 * hd])
-        c = f * c + i * exp_tanh(gates[3 * hd:])
-        h = o * exp_tanh(c)
-        outs.append(h)
-    return torch.stack(outs).reshape(t, hd, 1, 1)
-
-
-def _single_sequence(lp):
-    """junhyukoh/caffe-lstm b193dfb0's one-bottom LSTM, sized by inner_product_param."""
-    return (len(lp.bottom) == 1 and not lp.HasField("recurrent_param") and lp.HasField("inner_product_param")
-            and not lp.lstm_param.HasField("hidden_dim"))
-
-
 # tonghe90/textspotter aa36bbc names BVLC's LSTM "LSTMNew" (its recurrent_param at 176, clipping_threshold at
 # 4 and the flags one later: a binary-file difference only)
 @register_layer("LSTM", "LSTMNew")
@@ -340,16 +308,7 @@ class LSTM(Recurrent):
 
     def parse(self, lp):
         if _single_sequence(lp):   # junhyukoh/caffe-lstm b193dfb0
-            ip = lp.inner_product_param
-            need_blobs(lp, "LSTM (junhyukoh/caffe-lstm's, one sequence)", 1, 1, "data")
-            return {"single_sequence": True, "num_output": positive_field(ip.num_output,
-                                                                          "inner_product_param.num_output"),
-                    "bias_term": bool(ip.bias_term), "expose_hidden": False, "static": False,
-                    "clipping_threshold": float(lp.lstm_param.clipping_threshold),
-                    "reading_notes": ["LSTM with one bottom read as junhyukoh/caffe-lstm's first LSTM (b193dfb0): the "
-                                      "bottom is one sequence of num steps, from zero state (the fork's GPU Forward "
-                                      "carries the last state into its next call; clipping_threshold clips gradients "
-                                      "only)"]}
+            return single_sequence_attrs(lp)
         if not lp.HasField("lstm_param") or lp.HasField("recurrent_param"):
             attrs = super().parse(lp)
             # DSCLRCN's fork: a constant added to every step's forget-gate pre-activation
@@ -386,10 +345,7 @@ class LSTM(Recurrent):
 
     def _check(self, attrs, in_shapes):
         if attrs.get("single_sequence"):
-            x = tuple(in_shapes[0])
-            if not x or x[0] < 1:
-                raise LayerError(f"the bottom must hold at least one time step (T x ...), got {list(x)}")
-            return x[0], 1, math.prod(x[1:]), None, attrs["num_output"]
+            return single_sequence_dims(attrs, in_shapes)
         if "streams" not in attrs:
             return super()._check(attrs, in_shapes)
         x, flush, streams = tuple(in_shapes[0]), tuple(in_shapes[1]), attrs["streams"]
@@ -412,21 +368,16 @@ class LSTM(Recurrent):
     def param_shapes(self, attrs, in_shapes):
         _, _, k, ks, h = self._check(attrs, in_shapes)
         if attrs.get("single_sequence"):
-            return [(1, 4, h, k), (1, 4, h, h), (1, 1, 4, h)][:3 if attrs["bias_term"] else 2]
+            return single_sequence_param_shapes(attrs, k, h)
         shapes = [(4 * h, k), (4 * h,)]
         if attrs["static"]:
             shapes.append((4 * h, ks))
         return shapes + [(4 * h, h)]
 
     def init_params(self, attrs, shapes, rng):
-        if not attrs.get("single_sequence"):
-            return super().init_params(attrs, shapes, rng)
-        blobs = [(rng.standard_normal(s) / math.sqrt(s[-1])).astype(np.float32) for s in shapes[:2]]
-        if len(shapes) > 2:   # the fork's setup: the bias filler, then 5 for the forget gate's rows
-            b = np.zeros(shapes[2], np.float32)
-            b[0, 0, 1] = 5
-            blobs.append(b)
-        return blobs
+        if attrs.get("single_sequence"):
+            return single_sequence_init(shapes, rng)
+        return super().init_params(attrs, shapes, rng)
 
     def forward(self, attrs, params, *inputs):
         if attrs.get("single_sequence"):
@@ -535,41 +486,6 @@ def onnx_lstm_unit(add, gates, cont, c_prev, suffix, activation="Tanh"):
     c = add("Add", [add("Mul", [f, c_prev], f"fc{suffix}"), add("Mul", [i, g], f"ig{suffix}")], f"c{suffix}")
     h = add("Mul", [o, add(activation, [c], f"act_c{suffix}")], f"h{suffix}")
     return h, c
-
-
-def _onnx_single_sequence(ctx, node):
-    """junhyukoh/caffe-lstm b193dfb0's LSTM unrolled over its T steps (T is the bottom's static num), the fork's
-    tanh formula written out."""
-    hd, x = node.attrs["num_output"], node.inputs[0]
-    t = ctx.shape(x)[0]
-
-    def exp_tanh_onnx(v, hint):
-        e = ctx.op("Exp", [ctx.op("Mul", [v, ctx.f32(2.0)], hint + "_2v")], hint + "_e2v")
-        return ctx.op("Div", [ctx.op("Sub", [e, ctx.f32(1.0)], hint + "_num"),
-                              ctx.op("Add", [e, ctx.f32(1.0)], hint + "_den")], hint)
-    w_i = ctx.op("Transpose", [ctx.op("Reshape", [ctx.weight(node, 0), ctx.i64([4 * hd, -1])], "wi")], "wi_t",
-                 perm=[1, 0])
-    w_h = ctx.op("Transpose", [ctx.op("Reshape", [ctx.weight(node, 1), ctx.i64([4 * hd, hd])], "wh")], "wh_t",
-                 perm=[1, 0])
-    gx = ctx.op("MatMul", [ctx.op("Reshape", [x, ctx.i64([t, -1])], "rows"), w_i], "gx")
-    if node.attrs["bias_term"]:
-        gx = ctx.op("Add", [gx, ctx.op("Reshape", [ctx.weight(node, 2), ctx.i64([1, 4 * hd])], "b")], "gxb")
-    h = c = None
-    outs = []
-    for step in range(t):
-        pre = ctx.op("Slice", [gx, ctx.i64([step]), ctx.i64([step + 1]), ctx.i64([0])], f"gx{step}")
-        if h is not None:
-            pre = ctx.op("Add", [pre, ctx.op("MatMul", [h, w_h], f"hw{step}")], f"pre{step}")
-
-        def part(k, hint, pre=pre, step=step):
-            return ctx.op("Slice", [pre, ctx.i64([k * hd]), ctx.i64([(k + 1) * hd]), ctx.i64([1])], f"{hint}{step}")
-        i, f, o = (ctx.op("Sigmoid", [part(k, hint + "_pre")], f"{hint}{step}") for k, hint in enumerate("ifo"))
-        write = ctx.op("Mul", [i, exp_tanh_onnx(part(3, "g_pre"), f"g{step}")], f"ig{step}")
-        c = write if c is None else ctx.op("Add", [ctx.op("Mul", [f, c], f"fc{step}"), write], f"c{step}")
-        h = ctx.op("Mul", [o, exp_tanh_onnx(c, f"tc{step}")], f"h{step}")
-        outs.append(h)
-    hs = ctx.op("Concat", outs, "hs", axis=0) if len(outs) > 1 else outs[0]
-    ctx.add_node("Reshape", [hs, ctx.i64([t, hd, 1, 1])], [node.outputs[0]], name=node.name)
 
 
 def _onnx_recurrent(ctx, node, lstm):

@@ -5,8 +5,7 @@
   each axis, a hole the union of two row x column pieces (the rows outside it with every column, the rows
   inside it with the columns outside it), and the masked maxima come from a Scan over the rois: each step
   reads its roi's image from the outer graph and takes the maximum over the columns, then over the rows.
-- Means (ccnn's ROIPooling AVE, R-FCN's PSROIPooling and PAMS-FCN's part-aligned form, PPR-FCN's
-  PSROIContextPooling, roi_pooling.py;
+- Means (ccnn's ROIPooling AVE, R-FCN's PSROIPooling, PPR-FCN's PSROIContextPooling, roi_pooling.py;
   psroi_align.py): masks of every roi's bins at once and Einsums over the data with a one-hot of each
   roi's image.
 """
@@ -238,57 +237,6 @@ def onnx_ps_roi_pool(ctx, node, dim, g, scale, keep_object=False):
     if keep_object:
         kept = ctx.op("And", [kept, onnx_object_overlap(ctx, node.inputs[2], scale, h, w, bins)], "kept")
     onnx_finish_rois(ctx, node, ctx.op("Where", [kept, mean, ctx.f32(0.0)], "kept_mean"), count)
-
-
-def onnx_pams_roi_pool(ctx, node, dim, g, scale, table):
-    """ypeiyu/PAMS-FCN's PSROIPooling with divide_type in plain ONNX ops (pams_roi_avg_pool): R-FCN's roi start
-    and size (the corners rounded in double as C's round(), the rest float32), then each of the g part-aligned
-    bins of `table` (roi_pooling.pams_parts: per bin height share, width offset, width share, columns, rows,
-    row, column) in the same float32 steps, 0/1 masks, and the sums as two Einsums over the (N, dim, g, H, W)
-    view with a one-hot of each roi's image -> (R, dim, 1, g)."""
-    x, rois = node.inputs[:2]
-    _, _, h, w = ctx.shape(x)
-    f32, i64 = 1, 7
-    op = ctx.op
-    rows, count = onnx_padded_rows(ctx, rois, 5)     # a padding row: onnxruntime's Einsum takes no 0 rois
-    batch = op("Cast", [op("Gather", [rows, ctx.i64(0)], "batch", axis=1)], "batch", to=i64)
-    rounded = onnx_c_round(ctx, op("Slice", [rows, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], "corners"),
-                           in_double=True)
-    first = op("Slice", [rounded, ctx.i64([0]), ctx.i64([2]), ctx.i64([1])], "first")
-    last = op("Add", [op("Slice", [rounded, ctx.i64([2]), ctx.i64([4]), ctx.i64([1])], "last"),
-                      ctx.const(np.array(1.0, np.float64))], "last")
-    scale_c = ctx.f32(float(np.float32(scale)))
-    start = op("Mul", [op("Cast", [first], "start", to=f32), scale_c], "start")      # (R, 2): x, y
-    end = op("Mul", [op("Cast", [last], "end", to=f32), scale_c], "end")
-    size = op("Max", [op("Sub", [end, start], "size"), ctx.f32(float(np.float32(0.1)))], "size")
-    cols_of = [np.array([t[k] for t in table], np.float32).reshape(1, g) for k in range(7)]
-    share_h, off_w, share_w, n_cols, n_rows, i, j = (ctx.const(c) for c in cols_of)
-    i1, j1 = (ctx.const(c + np.float32(1)) for c in cols_of[5:7])
-
-    def axis(k, hint):
-        return op("Slice", [start, ctx.i64([k]), ctx.i64([k + 1]), ctx.i64([1])], hint + "0"), \
-            op("Slice", [size, ctx.i64([k]), ctx.i64([k + 1]), ctx.i64([1])], hint + "_size")
-    top, height = axis(1, "y")
-    left0, width = axis(0, "x")
-    top = op("Add", [top, ctx.const(np.zeros((1, g), np.float32))], "top")          # (R, g)
-    bottom = op("Add", [top, op("Mul", [height, share_h], "part_h")], "bottom")
-    left = op("Add", [left0, op("Mul", [width, off_w], "part_x")], "left")
-    right = op("Add", [left, op("Mul", [width, share_w], "part_w")], "right")
-    masks, spans = [], []
-    for lo_edge, hi_edge, parts, k0, k1, extent in ((top, bottom, n_rows, i, i1, h), (left, right, n_cols, j, j1, w)):
-        step = op("Div", [op("Sub", [hi_edge, lo_edge], "span"), parts], "bin")
-        lo = op("Floor", [op("Add", [lo_edge, op("Mul", [k0, step], "k")], "lo")], "lo")
-        hi = op("Ceil", [op("Add", [lo_edge, op("Mul", [k1, step], "k")], "hi")], "hi")
-        _, _, mask, span = onnx_bin_mask(ctx, lo, hi, extent)
-        masks.append(mask)
-        spans.append(span)
-    area = op("Unsqueeze", [op("Mul", spans, "area"), ctx.i64([1])], "area")           # (R, 1, g)
-    planes = op("Reshape", [x, ctx.i64([0, dim, g, h, w])], "planes")
-    by_cols = op("Einsum", [planes, masks[1]], "cols", equation="nophw,rpw->nroph")
-    sums = op("Einsum", [by_cols, onnx_image_onehot(ctx, x, batch), masks[0]], "sums", equation="nroph,rn,rph->rop")
-    mean = op("Div", [sums, op("Max", [area, ctx.f32(1.0)], "divisor")], "mean")
-    kept = op("Where", [op("Greater", [area, ctx.f32(0.0)], "filled"), mean, ctx.f32(0.0)], "kept_mean")
-    onnx_finish_rois(ctx, node, op("Unsqueeze", [kept, ctx.i64([2])], "pooled"), count)
 
 
 def onnx_ps_weighted_sums(ctx, x, batch, row_weights, col_weights, dim, g, h, w):

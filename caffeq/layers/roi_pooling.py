@@ -13,21 +13,7 @@ rois are (R, 5) = [batch, x1, y1, x2, y2] in input pixels.
 - PSROIPooling: corners C-rounded, then scaled in float32 (the end corner + 1); bin (i, j) of the
   group_size x group_size grid averages channel block (i, j) of each output channel over its cells;
   an empty bin gives 0.
-  ypeiyu/PAMS-FCN e4c9682 (caffe/src/caffe/layers/psroi_pooling_layer.cu; its Forward_cpu is
-  NOT_IMPLEMENTED, so this is the GPU kernel), with `divide_type` set (0 or 1): part-aligned bins.  The top
-  is (R, output_dim, 1, group_size) from output_dim x group_size channels, bin p of output channel o
-  averaging channel o group_size + p.  The bins lie in five parts of the roi (R-FCN's float32 start and
-  size): the head (the top 0.23 of the height, from 0.15 to 0.85 of the width) and the top 0.3, 0.5, 0.7
-  and all of the roi at full width, split into columns x rows of 3 x 3, 5 x 4, 5 x 6, 5 x 8, 5 x 12
-  (divide_type 0: 159 bins) or 3 x 2, 4 x 3, 4 x 5, 4 x 7, 4 x 10 (divide_type 1: 106 bins), numbered
-  part by part, row-major; within a part of bounds [ps, pe) (float32: pe = ps + share x size), bin
-  (i, j) is [floor(ps + i d), ceil(ps + (i + 1) d)) with d = (pe - ps) / rows (columns alike), clipped
-  to the map; the mean, 0 for an empty bin.  The published source never reads the field (its
-  caffe.proto has it commented out, its LayerSetUp/Reshape are R-FCN's): the (R, output_dim, 1,
-  group_size) top and the output_dim x group_size channels come from the kernel's indexing and the
-  fork's nets (their Slice on axis 3 at the part bounds, their convolutions' num_output).  Refused:
-  another divide_type (the kernel writes nothing) and a group_size above the layout's bins (the kernel
-  reads an unset part).  The float32 steps are written unfused, as for R-FCN.
+  ypeiyu/PAMS-FCN's `divide_type` (part-aligned bins, a (R, output_dim, 1, group_size) top): pams_psroi.py.
 - PSROIContextPooling (alenaliu/PPR-FCN 1eba551, externals/ms_caffe psroi_context_pooling_layer.cu;
   its CPU Forward is NOT_IMPLEMENTED, so this is the GPU kernel): bottoms (data, union rois, object
   rois).  PSROIPooling's bins over each union roi, a bin kept only where its clipped [start, end)
@@ -52,7 +38,7 @@ from torch import nn
 from ..errors import ExportError
 from .c_numerics import c_round
 from .registry import Layer, LayerError, need_blobs, register_layer, torch_sources
-from .roi_bins_onnx import onnx_pams_roi_pool, onnx_ps_roi_pool, onnx_roi_avg_pool
+from .roi_bins_onnx import onnx_ps_roi_pool, onnx_roi_avg_pool
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -342,65 +328,6 @@ def ps_roi_context_pool(x, rois, obj_rois, output_dim: int, group_size: int, spa
     return torch.where(keep[:, None].to(x.device), means, torch.zeros((), device=x.device, dtype=x.dtype))
 
 
-def pams_parts(divide_type: int, group_size: int):
-    """ypeiyu/PAMS-FCN's part-aligned layout: per bin (height share, width offset, width share, columns, rows,
-    row i, column j) for the first group_size bins; the parts' bins numbered row-major, one part after another."""
-    if divide_type == 0:
-        parts = [(0.23, 0.15, 0.7, 3, 3), (0.3, 0.0, 1.0, 5, 4), (0.5, 0.0, 1.0, 5, 6), (0.7, 0.0, 1.0, 5, 8),
-                 (1.0, 0.0, 1.0, 5, 12)]
-    else:
-        parts = [(0.23, 0.15, 0.7, 3, 2), (0.3, 0.0, 1.0, 4, 3), (0.5, 0.0, 1.0, 4, 5), (0.7, 0.0, 1.0, 4, 7),
-                 (1.0, 0.0, 1.0, 4, 10)]
-    return [(share_h, off_w, share_w, cols, rows, k // cols, k % cols)
-            for share_h, off_w, share_w, cols, rows in parts for k in range(cols * rows)][:group_size]
-
-
-def pams_roi_bins(r, spatial_scale: float, divide_type: int, group_size: int, h: int, w: int):
-    """ypeiyu/PAMS-FCN's part-aligned bins of the (R, 5) rois (float32, CPU, as its CUDA kernel): hstart, hend,
-    wstart, wend (R, group_size), clipped to the h x w map."""
-    table = pams_parts(divide_type, group_size)
-    f32 = torch.float32
-    share_h, off_w, share_w, cols, rows, i, j = (torch.tensor(v, dtype=f32)[None, :] for v in zip(*table))
-    scale = torch.tensor(spatial_scale, dtype=f32)
-    corners = c_round(r[:, 1:5].double())  # x1, y1, x2, y2
-    start = corners[:, :2].float() * scale
-    size = torch.maximum((corners[:, 2:] + 1.0).float() * scale - start, torch.tensor(0.1, dtype=f32))
-    top = start[:, 1:2].expand(-1, share_h.shape[1])
-    bottom = top + size[:, 1:2] * share_h
-    left = start[:, 0:1] + size[:, 0:1] * off_w
-    right = left + size[:, 0:1] * share_w
-    bin_h = (bottom - top) / rows
-    bin_w = (right - left) / cols
-    hs = torch.floor(top + i * bin_h).long().clamp(0, h)
-    he = torch.ceil(top + (i + 1) * bin_h).long().clamp(0, h)
-    ws = torch.floor(left + j * bin_w).long().clamp(0, w)
-    we = torch.ceil(left + (j + 1) * bin_w).long().clamp(0, w)
-    return hs, he, ws, we
-
-
-def pams_roi_avg_pool(x, rois, output_dim: int, group_size: int, spatial_scale: float, divide_type: int):
-    """ypeiyu/PAMS-FCN's PSROIPooling with divide_type -> (R, output_dim, 1, group_size): bin p of output
-    channel o is the mean of channel o group_size + p over the roi's p-th part-aligned bin (0 if empty)."""
-    kind = "PSROIPooling"
-    r = roi_rows(rois, kind)
-    n, _, h, w = x.shape
-    g = group_size
-    if r.shape[0] == 0:
-        return x.new_zeros((0, output_dim, 1, g))
-    batch = torch.trunc(r[:, 0]).long()
-    outside = (batch < 0) | (batch >= n)
-    if bool(outside.any()):
-        roi_batch_index(r[outside][0], n, kind)   # raises, naming the index
-    hs, he, ws, we = pams_roi_bins(r, spatial_scale, divide_type, g, h, w)   # (R, g) each
-    mh = ((torch.arange(h) >= hs[..., None]) & (torch.arange(h) < he[..., None])).to(x.device, x.dtype)
-    mw = ((torch.arange(w) >= ws[..., None]) & (torch.arange(w) < we[..., None])).to(x.device, x.dtype)
-    area = ((he - hs).clamp(min=0) * (we - ws).clamp(min=0))[:, None, :].to(x.device, x.dtype)   # (R, 1, g)
-    onehot = (batch[:, None] == torch.arange(n)[None, :]).to(x.device, x.dtype)   # (R, N)
-    by_cols = torch.einsum("nophw,rpw->nroph", x.reshape(n, output_dim, g, h, w), mw)
-    sums = torch.einsum("nroph,rn,rph->rop", by_cols, onehot, mh)
-    return torch.where(area > 0, sums / area.clamp(min=1), torch.zeros_like(sums))[:, :, None, :]
-
-
 class RoiLayer(nn.Module):
     """A ROI layer in model.py: its function (roi_max_pool, ps_roi_avg_pool, ...) applied to (x, rois)
     (and any further bottoms: PSROIContextPooling's object boxes) with the layer's fixed arguments."""
@@ -422,8 +349,6 @@ TORCH_ROI_SCORED_POOLING = torch_sources(roi_max_pool_scored)
 TORCH_PSROI_BINS = torch_sources(ps_roi_bins, ps_roi_means)
 TORCH_PSROI_POOLING = torch_sources(ps_roi_avg_pool)
 TORCH_PSROI_CONTEXT_POOLING = torch_sources(ps_roi_context_pool)
-TORCH_PAMS_ROI_POOLING = torch_sources(pams_parts, pams_roi_bins, pams_roi_avg_pool)
-PAMS_BINS = {0: 159, 1: 106}   # the bins of divide_type 0 and 1
 
 
 def roi_layer_call(emit, function_source, *args, helpers=(), **kwargs):
@@ -650,32 +575,22 @@ class PSROIPooling(RoiLayerSpec):
 
     def parse(self, lp):
         attrs = ps_roi_attrs(lp, "PSROIPooling", "psroi_pooling_param")
-        p = lp.psroi_pooling_param
-        if p.HasField("divide_type"):   # ypeiyu/PAMS-FCN's part-aligned bins
-            bins = PAMS_BINS.get(p.divide_type)
-            if bins is None:
-                raise LayerError(f"psroi_pooling_param.divide_type must be 0 or 1 (PAMS-FCN's kernel writes nothing "
-                                 f"for another), got {p.divide_type}")
-            if attrs["group"] > bins:
-                raise LayerError(f"psroi_pooling_param.group_size {attrs['group']} exceeds divide_type "
-                                 f"{p.divide_type}'s {bins} part-aligned bins")
-            attrs["divide"] = int(p.divide_type)
+        if lp.psroi_pooling_param.HasField("divide_type"):   # ypeiyu/PAMS-FCN's part-aligned bins
+            # pams_psroi takes roi_rows and the shape check from this module: imported where used
+            from .pams_psroi import pams_divide_type
+            attrs["divide"] = pams_divide_type(lp.psroi_pooling_param, attrs["group"])
         return attrs
 
     def infer(self, attrs, in_shapes):
         if "divide" in attrs:
-            _check_roi_shapes("PSROIPooling", in_shapes, rows_only=True)
-            s, r = in_shapes
-            dim, g = attrs["dim"], attrs["group"]
-            if s[1] != dim * g:
-                raise LayerError(f"input has {s[1]} channels; PAMS-FCN's divide_type needs output_dim {dim} x "
-                                 f"group_size {g} = {dim * g}")
-            return [(r[0], dim, 1, g)]
+            from .pams_psroi import pams_top_shape
+            return [pams_top_shape(attrs, in_shapes)]
         # R-FCN's Reshape reads only the rois' count (PPR-FCN's test nets declare (1, 4) rois)
         return [ps_roi_shape("PSROIPooling", attrs, in_shapes, rows_only=True)]
 
     def roi_function(self, attrs):
         if "divide" in attrs:
+            from .pams_psroi import TORCH_PAMS_ROI_POOLING, pams_roi_avg_pool
             return pams_roi_avg_pool, TORCH_PAMS_ROI_POOLING
         return self.roi_fn, self.roi_source
 
@@ -689,6 +604,7 @@ class PSROIPooling(RoiLayerSpec):
             raise ExportError(f"layer '{node.name}' (PSROIPooling): {ROIS_WANTED}, the net declares "
                               f"{list(ctx.shape(node.inputs[1]))}; give their shape with --input-shape")
         if "divide" in node.attrs:
+            from .pams_psroi import onnx_pams_roi_pool, pams_parts
             onnx_pams_roi_pool(ctx, node, node.attrs["dim"], node.attrs["group"], node.attrs["scale"],
                                pams_parts(node.attrs["divide"], node.attrs["group"]))
             return

@@ -1,7 +1,7 @@
 """Virtual pooling's Interp (joechen24/virtual-pooling-caffe 86665f4: src/caffe/layers/interp_layer.cpp and
 .cu, include/caffe/layers/interp_layer.hpp).  The fork's caffe.proto has no InterpParameter: its Interp takes
 one bottom and no parameters.  An Interp with one bottom and an empty (or absent) interp_param, which
-DeepLab's and PSPNet's Interp (vision_forks.py) refuse, is read here.
+DeepLab's and PSPNet's Interp (interp.py) refuse, is read here.
 
 - Interp: bottom (N, C, H, W) -> top (N, C, 2H, 2W), or (N, C, 2H - 1, 2W - 1) when H is 4 (the fork's
   special case for a map of 7 that a stride-2 convolution made 4; only H is tested).  The linear

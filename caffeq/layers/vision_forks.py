@@ -1,16 +1,6 @@
-"""Vision layers from Caffe forks: Interp, Upsample, ShuffleChannel (ROI pooling: roi_pooling.py).
+"""Vision layers from Caffe forks: Upsample, ShuffleChannel, ResizeBilinear (Interp: interp.py; ROI pooling:
+roi_pooling.py).
 
-- Interp (DeepLab v2 / PSPNet): align-corners bilinear resize of an optionally
-  cropped input (pad_beg/pad_end <= 0 crop).  Output size, first match wins as
-  in DeepLab v2: shrink_factor alone, zoom_factor alone, height + width, shrink
-  then zoom, or the size of a second bottom.  PSPNet's interp_type
-  "nearest_neighbor" is supported too.  soeaver/py-RFCN-priv's `use_blob_size`
-  (8fcc58b caffe-priv/src/caffe/proto/caffe.proto, InterpParameter field 7,
-  default false; caffe-priv/src/caffe/layers/interp_layer.cpp fec9ec1, Reshape):
-  the output is bottom 1's height x width whatever shrink/zoom/height/width say
-  (the fork checks none of them then), bottom 0 still cropped by pad_beg/pad_end
-  and resized as above; only bottom 1's shape is read, and a single bottom is an
-  error.  Without it a second bottom sizes the output only when nothing else does.
 - Upsample (SegNet): max-unpooling.  With two bottoms the second is the mask of
   argmax positions (index h*W + w within each output plane, as SegNet's
   Pooling writes in its second top); a position written twice keeps the last
@@ -31,14 +21,13 @@
   output_zero_point rounds the result (half away from zero), saturate then clamps it.  The 3-D
   NCHWD form (any other data_format) is refused.
 
-ONNX: Interp -> Slice + Resize (align_corners), Upsample -> ScatterElements (mask)
-or Resize (nearest), ShuffleChannel -> Reshape/Transpose/Reshape, ResizeBilinear -> Resize
-(linear, with the matching coordinate_transformation_mode; Transpose around it for NHWC).
+ONNX: Upsample -> ScatterElements (mask) or Resize (nearest), ShuffleChannel -> Reshape/Transpose/Reshape,
+ResizeBilinear -> Resize (linear, with the matching coordinate_transformation_mode; Transpose around it for
+NHWC).  _sizes_const and _resize also serve interp.py's Interp.
 """
 
 import numpy as np
 import torch
-from torch import nn
 
 from .dsod_upsample import dsod_axis, dsod_upsample, onnx_dsod_upsample
 from .registry import Layer, LayerError, need_blobs, positive_field, register_layer, torch_sources
@@ -58,231 +47,6 @@ def _resize(ctx, x, out, sizes, name, **attrs):
     else:
         empty = ctx.const(np.zeros(0, np.float32))
         ctx.add_node("Resize", [x, empty, empty, sizes], [out], name=name, **attrs)
-
-
-# ---- Interp ------------------------------------------------------------------------
-
-def interp_coords(n_in: int, n_out: int, device: torch.device):
-    """Caffe's interp2 source coordinates: float32 (n_in - 1) / (n_out - 1) * i."""
-    ratio = torch.tensor(0.0)
-    if n_out > 1:
-        ratio = torch.tensor(float(n_in - 1)) / torch.tensor(float(n_out - 1))
-    return (ratio * torch.arange(n_out, dtype=torch.float32)).to(device)
-
-
-def interp_output_size(he: int, we: int, shrink: int, zoom: int, height: int, width: int, ref_h: int, ref_w: int):
-    """DeepLab v2's Interp output size from the cropped input size he x we (0: a field not set);
-    first match wins: shrink alone, zoom alone, height x width, shrink then zoom, else ref_h x ref_w."""
-    if shrink and not zoom:
-        return (he - 1) // shrink + 1, (we - 1) // shrink + 1
-    if zoom and not shrink:
-        return he + (he - 1) * (zoom - 1), we + (we - 1) * (zoom - 1)
-    if height and width:
-        return height, width
-    if zoom and shrink:
-        ho, wo = (he - 1) // shrink + 1, (we - 1) // shrink + 1
-        return ho + (ho - 1) * (zoom - 1), wo + (wo - 1) * (zoom - 1)
-    return ref_h, ref_w
-
-
-def interp_resize(x, ho: int, wo: int, nearest: bool = False):
-    """Caffe's interp2 of x (N, C, H, W) to ho x wo: align-corners coordinates in float32, then
-    truncated indexes and float32 weights (bilinear), or rounding (nearest_neighbor)."""
-    he, we = x.shape[2], x.shape[3]
-    src_h = interp_coords(he, ho, x.device)
-    src_w = interp_coords(we, wo, x.device)
-    if nearest:
-        ih = torch.floor(src_h.double() + 0.5).long().clamp(0, he - 1)
-        iw = torch.floor(src_w.double() + 0.5).long().clamp(0, we - 1)
-        return x.index_select(2, ih).index_select(3, iw)
-    h0, w0 = src_h.long(), src_w.long()
-    h1 = torch.where(h0 < he - 1, h0 + 1, h0)
-    w1 = torch.where(w0 < we - 1, w0 + 1, w0)
-    lh = (src_h - h0.float()).to(x.dtype)[:, None]
-    lw = (src_w - w0.float()).to(x.dtype)
-    rows0 = x.index_select(2, h0)
-    rows1 = x.index_select(2, h1)
-    top = (1 - lw) * rows0.index_select(3, w0) + lw * rows0.index_select(3, w1)
-    bot = (1 - lw) * rows1.index_select(3, w0) + lw * rows1.index_select(3, w1)
-    return (1 - lh) * top + lh * bot
-
-
-class Interp(nn.Module):
-    """DeepLab's Interp: crop by pad_beg/pad_end (<= 0), then interp_resize to interp_output_size
-    (ref_h x ref_w: the second bottom's size, when nothing else sets it)."""
-
-    def __init__(self, shrink=0, zoom=0, height=0, width=0, pad_beg=0, pad_end=0, nearest=False):
-        super().__init__()
-        self.shrink, self.zoom, self.height, self.width = shrink, zoom, height, width
-        self.pad_beg, self.pad_end, self.nearest = pad_beg, pad_end, nearest
-
-    def forward(self, x, ref_h: int = 0, ref_w: int = 0):
-        he = x.shape[2] + self.pad_beg + self.pad_end
-        we = x.shape[3] + self.pad_beg + self.pad_end
-        ho, wo = interp_output_size(he, we, self.shrink, self.zoom, self.height, self.width, ref_h, ref_w)
-        b = -self.pad_beg
-        x = x[:, :, b:b + he, b:b + we]
-        if ho == he and wo == we:
-            return x
-        return interp_resize(x, ho, wo, self.nearest)
-
-
-# model.py gets the same code that forward runs
-TORCH_INTERP = torch_sources(interp_coords, interp_output_size, interp_resize,
-                                                               Interp)
-
-
-def is_zoom_only(attrs):
-    """An Interp whose size zoom_factor alone sets (DeepLab's first match: no shrink_factor)."""
-    return attrs.get("zoom") is not None and attrs.get("shrink") is None
-
-
-def interp_zooms_multiply(net):
-    """ForkReading rewrite for YOLOv3 conversions that upsample with Interp's zoom_factor: the Interp they run
-    with (DeepLab's, its output size changed to h x zoom_factor; jasonlovescoding/YOLOv3-caffe's README tells
-    how) keeps DeepLab's bilinear interpolation.  OpenVINO's Model Optimizer reads Interp so too
-    (openvinotoolkit/openvino tools/mo/openvino/tools/mo/ops/interp.py and
-    model-optimizer/extensions/front/InterpolateNormalizer.py: zoom alone gives (h + pad_beg + pad_end) x zoom,
-    DeepLab's formula left commented out; interp_ext.py: linear, align_corners 1), which Open Model Zoo's
-    PyTorch-made road- and semantic-segmentation-adas nets need (their joins see the Interp through a Conv and ReLU;
-    openvinotoolkit/training_toolbox_caffe 5e543a4 has no Interp layer).  Every Interp whose size zoom_factor alone
-    sets gets caffeq's interp_param.zoom_multiplies.  Returns the note."""
-    marked = []
-    for lp in net.layer:
-        p = lp.interp_param
-        if lp.type == "Interp" and p.HasField("zoom_factor") and not p.HasField("shrink_factor") \
-                and not p.use_blob_size:
-            p.zoom_multiplies = True
-            marked.append(lp.name)
-    return (f"the Interp layers {', '.join(repr(n) for n in marked)} read as the Interp YOLOv3 conversions run "
-            f"with (and OpenVINO's Model Optimizer computes): zoom_factor z gives h x z (DeepLab's "
-            f"h + (h - 1)(z - 1) does not fit the net's joins), the "
-            f"same bilinear interpolation")
-
-
-@register_layer("Interp")
-class InterpLayer(Layer):
-    def parse(self, lp):
-        need_blobs(lp, "Interp", (1, 2), roles="data, size reference")
-        p = lp.interp_param
-        a = {"pad_beg": int(p.pad_beg), "pad_end": int(p.pad_end), "type": p.interp_type,
-             "zoom": int(p.zoom_factor) if p.HasField("zoom_factor") else None,
-             "shrink": int(p.shrink_factor) if p.HasField("shrink_factor") else None,
-             "height": int(p.height) if p.HasField("height") and p.HasField("width") else None,
-             "width": int(p.width) if p.HasField("height") and p.HasField("width") else None,
-             "two_bottoms": len(lp.bottom) == 2, "zoom_multiplies": bool(p.zoom_multiplies)}
-        if p.use_blob_size:   # soeaver's fork: bottom 1's size before every other size field, which it never reads
-            if not a["two_bottoms"]:
-                raise LayerError("interp_param.use_blob_size needs a second bottom to take the size from")
-            a.update(zoom=None, shrink=None, height=None, width=None, use_blob_size=True)
-        if a["pad_beg"] > 0 or a["pad_end"] > 0:
-            raise LayerError("interp_param.pad_beg/pad_end must be <= 0 (only cropping is supported)")
-        if a["type"] not in ("bilinear", "nearest_neighbor"):
-            raise LayerError(f"interp_param.interp_type must be 'bilinear' or 'nearest_neighbor', "
-                             f"got '{a['type']}'")
-        if a["zoom"] is not None and a["zoom"] < 1:
-            raise LayerError(f"interp_param.zoom_factor must be >= 1, got {a['zoom']}")
-        if a["shrink"] is not None and a["shrink"] < 1:
-            raise LayerError(f"interp_param.shrink_factor must be >= 1, got {a['shrink']}")
-        if a["zoom"] is None and a["shrink"] is None and a["height"] is None and not a["two_bottoms"]:
-            raise LayerError("Interp needs zoom_factor, shrink_factor, height and width, or a second bottom")
-        return a
-
-    @staticmethod
-    def out_size(a, h, w, ref_hw=None):
-        he, we = h + a["pad_beg"] + a["pad_end"], w + a["pad_beg"] + a["pad_end"]
-        if he <= 0 or we <= 0:
-            raise LayerError(f"cropping {a['pad_beg']}/{a['pad_end']} leaves nothing of a {h}x{w} input")
-        if a.get("zoom_multiplies") and is_zoom_only(a):
-            ho, wo = he * a["zoom"], we * a["zoom"]
-        else:
-            ho, wo = interp_output_size(he, we, a["shrink"] or 0, a["zoom"] or 0, a["height"] or 0, a["width"] or 0,
-                                        *(ref_hw or (0, 0)))
-        if ho <= 0 or wo <= 0:
-            raise LayerError(f"output size {ho}x{wo} must be positive")
-        return (he, we), (int(ho), int(wo))
-
-    def infer(self, attrs, in_shapes):
-        s = in_shapes[0]
-        if len(s) != 4:
-            raise LayerError(f"Interp needs a 4-axis input, got {list(s)}")
-        ref = None
-        if attrs["two_bottoms"]:
-            r = in_shapes[1]
-            if len(r) != 4:
-                raise LayerError(f"Interp's second bottom must have 4 axes, got {list(r)}")
-            ref = (r[2], r[3])
-        _, (ho, wo) = self.out_size(attrs, s[2], s[3], ref)
-        return [(s[0], s[1], ho, wo)]
-
-    def forward(self, attrs, params, x, ref=None):
-        (he, we), (ho, wo) = self.out_size(attrs, x.shape[2], x.shape[3],
-                                           None if ref is None else (ref.shape[2], ref.shape[3]))
-        b = -attrs["pad_beg"]
-        x = x[:, :, b:b + he, b:b + we]
-        if (he, we) == (ho, wo):
-            return x.clone()
-        return interp_resize(x, ho, wo, attrs["type"] == "nearest_neighbor")
-
-    def onnx(self, ctx, node):
-        a = node.attrs
-        x = node.inputs[0]
-        s = ctx.shape(x)
-        ref = None
-        if a["two_bottoms"]:
-            r = ctx.shape(node.inputs[1])
-            ref = (r[2], r[3])
-        (he, we), (ho, wo) = self.out_size(a, s[2], s[3], ref)
-        if (he, we) != (s[2], s[3]):
-            b = -a["pad_beg"]
-            crop = ctx.tmp(node.name + "_crop")
-            ctx.add_node("Slice", [x, ctx.const(np.array([b, b], np.int64)),
-                                   ctx.const(np.array([b + he, b + we], np.int64)),
-                                   ctx.const(np.array([2, 3], np.int64))], [crop])
-            x = crop
-        if (he, we) == (ho, wo):
-            ctx.add_node("Identity", [x], [node.outputs[0]], name=node.name)
-            return
-        sizes = _sizes_const(ctx, x, [ho, wo], node.name)
-        if a["type"] == "nearest_neighbor":
-            # floor(x + 0.5) on align-corners coordinates
-            _resize(ctx, x, node.outputs[0], sizes, node.name, mode="nearest",
-                    coordinate_transformation_mode="align_corners", nearest_mode="round_prefer_ceil")
-        else:
-            _resize(ctx, x, node.outputs[0], sizes, node.name, mode="linear",
-                    coordinate_transformation_mode="align_corners")
-
-    def pytorch_source(self, node, emit):
-        a = node.attrs
-        if a.get("zoom_multiplies") and is_zoom_only(a):   # the size this reading gives, written out
-            s = emit.in_shape(0)
-            _, (ho, wo) = self.out_size(a, s[2], s[3])
-            a = dict(a, zoom=None, height=ho, width=wo)
-        args = []
-        for key, name in (("shrink", "shrink"), ("zoom", "zoom"), ("height", "height"), ("width", "width")):
-            if a[key] is not None:
-                args.append(f"{name}={a[key]}")
-        for key in ("pad_beg", "pad_end"):
-            if a[key]:
-                args.append(f"{key}={a[key]}")
-        if a["type"] == "nearest_neighbor":
-            args.append("nearest=True")
-        m = emit.module(f"{emit.helper(TORCH_INTERP)}({', '.join(args)})")
-        if a["two_bottoms"]:  # the size of the second bottom (when nothing else sets it)
-            ref = emit.inputs[1]
-            return f"{m}({emit.inputs[0]}, {ref}.shape[2], {ref}.shape[3])"
-        return f"{m}({emit.inputs[0]})"
-
-
-@register_layer("InterpAdvance")
-class InterpAdvance(InterpLayer):
-    """xw-hu/CF-Caffe's InterpAdvance (477b79f interp_advance_layer.cpp): Interp to the second bottom's height
-    and width, without pads; it reads no interp_param."""
-
-    def parse(self, lp):
-        need_blobs(lp, "InterpAdvance", 2, 1, roles="data, size reference")
-        return {"pad_beg": 0, "pad_end": 0, "type": "bilinear", "zoom": None, "shrink": None, "height": None,
-                "width": None, "two_bottoms": True}
 
 
 # ---- Upsample ----------------------------------------------------------------------
