@@ -725,7 +725,7 @@ def ref_pooling_param_unpool(x, mask, out_h, out_w):
 def test_unpooling_with_pooling_param_is_mariolews(size, pool, out, tmp_path):
     from conftest import check_everywhere
 
-    from caffeq.layers.segmentation import pooling_unpooled_size
+    from caffeq.layers.unpooling import pooling_unpooled_size
     x = torch.randn((2, 3) + size, generator=torch.Generator().manual_seed(4)).numpy()
     text = net(f'layer {{ name: "pool" type: "Pooling" bottom: "x" top: "p" top: "m" pooling_param {{ pool: MAX {pool} }} }}',
                f'layer {{ name: "unpool" type: "Unpooling" bottom: "p" bottom: "m" top: "u" '

@@ -238,6 +238,7 @@ from . import (  # noqa: F401,E402
     triple_branch_fcn,
     tutorial_layers,
     ubernet,
+    unpooling,
     updown_captioner,
     v1_forks,
     video_caffe,

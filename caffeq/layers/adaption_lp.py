@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from .c_numerics import c_round, onnx_c_round
-from .conv import Convolution, InnerProduct, TransformedConvolution, TransformedInnerProduct, TransformedWeights
+from .conv import Convolution, InnerProduct
 from .registry import Layer, LayerError, count, need_blobs, register_layer
+from .transformed_weights import TransformedConvolution, TransformedInnerProduct, TransformedWeights
 
 SCHEMES = ("DETERMINISTIC", "STOCHASTIC")
 READING_NOTE = ("ADaPTION's LP layers run their CPU forward (round() or, for STOCHASTIC, floor(): its "

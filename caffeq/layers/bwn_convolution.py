@@ -9,8 +9,9 @@ output channel holds an exact zero), so the stored blobs may hold the float or t
 """
 import torch
 
-from .conv import Convolution, TransformedConvolution
+from .conv import Convolution
 from .registry import Layer, LayerError, claim_layers
+from .transformed_weights import TransformedConvolution
 
 
 def bwn_sign_weights(w):

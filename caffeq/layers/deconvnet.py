@@ -47,8 +47,8 @@ from .pooling import (
     window,
 )
 from .registry import Layer, LayerError, four_axes, need_blobs, register_layer, torch_sources
-from .segmentation import unpooled_size
 from .shape_ops import INT64_MAX, _axis_attrs, _concat_slice_axis, _onnx_slice, onnx_dims
+from .unpooling import unpooled_size
 from .vision_forks import TORCH_SEGNET_UNPOOL, onnx_unpool, segnet_unpool
 
 FORK = "piergiaj/caffe-deconvnet"

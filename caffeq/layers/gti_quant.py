@@ -31,8 +31,9 @@ import math
 import numpy as np
 import torch
 
-from .conv import Convolution, TransformedConvolution
+from .conv import Convolution
 from .registry import Layer, LayerError, register_layer
+from .transformed_weights import TransformedConvolution
 
 EPSILON = 1e-6
 PRECISIONS = ("FLOATING_POINT", "DYNAMIC_FIXED_POINT", "ONE_BIT", "TWO_BITS", "THREE_BITS", "FIVE_BITS")

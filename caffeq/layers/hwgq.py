@@ -43,10 +43,11 @@ between the fork's CPU and GPU runs); everything else agrees to float rounding."
 import numpy as np
 import torch
 
-from .conv import Convolution, InnerProduct, TransformedConvolution, TransformedInnerProduct, TransformedWeights
+from .conv import Convolution, InnerProduct
 from .kohuthonza_xnor import is_kohuthonza, kohuthonza_alpha, kohuthonza_binarize, read_kohuthonza
 from .registry import Layer, LayerError, count, need_blobs, register_layer
 from .stochastic_quantization import bwn_weights, is_sq_fork, read_sq, refuse_random_sq
+from .transformed_weights import TransformedConvolution, TransformedInnerProduct, TransformedWeights
 
 FLT_MAX = float(np.finfo(np.float32).max)
 FORWARD_FUNCS = ("hwgq", "sign", "hard_tanh", "relu")

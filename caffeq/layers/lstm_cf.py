@@ -29,8 +29,9 @@ import torch
 from torch import nn
 
 from ..io.schema import caffe_pb2
-from .conv import Convolution, TransformedConvolution, parse_conv
+from .conv import Convolution, parse_conv
 from .registry import Layer, LayerError, claim_layers, legacy_nchw, need_blobs, register_layer, torch_sources
+from .transformed_weights import TransformedConvolution
 
 _MASK = caffe_pb2.MaskParameter
 _TRANSPOSE = caffe_pb2.TransposeParameter

@@ -30,8 +30,9 @@ import torch
 
 from ..io.schema import caffe_pb2
 from .activation import Neuron, scalar
-from .conv import Convolution, InnerProduct, TransformedConvolution, TransformedInnerProduct, TransformedWeights
+from .conv import Convolution, InnerProduct
 from .registry import LayerError, register_layer
+from .transformed_weights import TransformedConvolution, TransformedInnerProduct, TransformedWeights
 
 ROUND, FLOOR, CEIL, TRUNC = range(4)
 _METHOD_NAMES = ("ROUND", "FLOOR", "CEIL", "TRUNC")

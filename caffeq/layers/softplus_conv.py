@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from ..fs import read_text_numbers, resolve_source
-from .conv import Convolution, TransformedConvolution
+from .conv import Convolution
 from .registry import LayerError, register_layer
+from .transformed_weights import TransformedConvolution
 
 #: the largest rule file read (its integers are one per kernel)
 MAX_RULE_BYTES = 64 << 20

@@ -14,8 +14,9 @@ GPU): binary (BWN) and ternary (TWN) weights computed from the float blob at eve
 """
 import torch
 
-from .conv import Convolution, InnerProduct, TransformedConvolution, TransformedInnerProduct, TransformedWeights
+from .conv import Convolution, InnerProduct
 from .registry import LayerError, register_layer
+from .transformed_weights import TransformedConvolution, TransformedInnerProduct, TransformedWeights
 
 
 def bwn_weights(w):

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .c_numerics import c_round
-from .conv import Convolution, InnerProduct, TransformedConvolution, TransformedInnerProduct, TransformedWeights
+from .conv import Convolution, InnerProduct
 from .python_layers import TORCH_CV_NEAREST, cv_nearest_resize, onnx_cv_nearest
 from .registry import (
     Layer,
@@ -26,6 +26,7 @@ from .registry import (
     register_layer,
     torch_sources,
 )
+from .transformed_weights import TransformedConvolution, TransformedInnerProduct, TransformedWeights
 
 _NEAREST = 1   # DeephiResizeParameter.NEAREST
 
