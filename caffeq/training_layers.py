@@ -24,6 +24,9 @@ TRAINING_ONLY_TYPES = frozenset({
     "FacialLandmarkPerformance", "PatchSemantic",
     # XmBrain/Quantizer's (75dd74d) IoU of selected regions against the label map, a metric
     "AccuracyIOU",
+    # hshustc/ECCV18_Lifelong_Learning fa9015b (lll-caffe/include/caffe/layers/knowledge_distillation_layer.hpp):
+    # KnowledgeDistillationLayer, a LossLayer (KL divergence of student and teacher softmaxes at a temperature)
+    "KnowledgeDistillation",
 })
 
 

@@ -68,6 +68,17 @@ def recurrent_input(x, w, b, x_static: torch.Tensor | None, w_static: torch.Tens
     return gx
 
 
+def sequence_and_cont(in_shapes):
+    """Caffe's RecurrentLayer checks on bottoms 0 (x: T x N x ...) and 1 (cont: T x N) -> (x shape, T, N)."""
+    x, cont = tuple(in_shapes[0]), tuple(in_shapes[1])
+    if len(x) < 2:
+        raise LayerError(f"bottom[0] must have at least 2 axes (T x N x ...), got {list(x)}")
+    t, n = x[0], x[1]
+    if cont != (t, n):
+        raise LayerError(f"bottom[1] (cont) must be T x N = {[t, n]}, got {list(cont)}")
+    return x, t, n
+
+
 def add_input_weights(module, gate: str, rows: int, num_input: int, num_static: int):
     """The input terms' parameters of a recurrent module: W_x<gate> (rows, num_input), b_<gate> (rows)
     and, with a static input, W_x<gate>_static (rows, num_static) (else registered as None)."""
@@ -180,12 +191,7 @@ class Recurrent(Layer):
                 "static_first_only": bool(p.static_input_only_start) and static}
 
     def _check(self, attrs, in_shapes):
-        x, cont = tuple(in_shapes[0]), tuple(in_shapes[1])
-        if len(x) < 2:
-            raise LayerError(f"bottom[0] must have at least 2 axes (T x N x ...), got {list(x)}")
-        t, n = x[0], x[1]
-        if cont != (t, n):
-            raise LayerError(f"bottom[1] (cont) must be T x N = {[t, n]}, got {list(cont)}")
+        x, t, n = sequence_and_cont(in_shapes)
         h = attrs["num_output"]
         k = math.prod(x[2:])
         ks = None
