@@ -167,6 +167,16 @@ def test_concat_dim_is_not_read(tmp_path):
     check_everywhere(model, feeds, {"y": np.concatenate([feeds["x0"], feeds["x1"]], 1)}, tmp_path)
 
 
+def test_concat_dim_note_without_shapes():
+    """The note comes from the layer's parameters alone: a net listed with unknown shapes still gives it."""
+    text = ('layer { name: "d" type: "Data" top: "a" top: "b" data_param { batch_size: 2 } }\n'
+            'layer { name: "l" type: "custom_Concat" bottom: "a" bottom: "b" top: "y" '
+            'custom_concat_param { concat_dim: 3 } }')
+    model = load_from_text(text, unknown_shapes_ok=True)
+    assert model.blob_shapes["y"] is None
+    assert any("concat_dim 3 is not read" in w for w in model.warnings)
+
+
 def test_concat_negative_axis():
     with pytest.raises(CaffeqError, match=r"custom_concat_param.axis must be >= 0 .* got -1"):
         one_layer("custom_Concat", "custom_concat_param { axis: -1 }", [(2, 3, 5, 7), (2, 3, 5, 7)])
@@ -234,6 +244,10 @@ def test_demo_nets_read_and_run(path):
     if "custom_Reduction" in path.name:   # the sum over a softmax's 10 classes
         assert out["reduction"].shape == (1, 1)
         np.testing.assert_allclose(out["reduction"], [[1.0]], rtol=1e-5)
+    if "custom_Concat" in path.name:   # the operator's 3 + 6 channels, not the plugin's declared 1 + 6
+        blobs = model.run(feeds, all_blobs=True)
+        assert blobs["out"].shape == (1, 9, 16, 16)
+        np.testing.assert_array_equal(blobs["out"], np.concatenate([feeds["data"], blobs["conv1"]], 1))
     if "custom_Upsample" in path.name:
         x = feeds["data"]
         np.testing.assert_array_equal(out["custom_upsample"], x.repeat(2, axis=2).repeat(2, axis=3))

@@ -114,20 +114,27 @@ def test_controller_input_term_follows_cont():
 
 
 @pytest.mark.parametrize("kind", ["LSTMTopic", "LSTMController"])
-def test_expose_hidden_after_the_static_and_topic_inputs(kind, tmp_path):
-    bottoms = ["x", "cont", "xs", "xt", "h0", "c0"]
+@pytest.mark.parametrize("extra", [0, 1, 2])
+def test_expose_hidden_after_the_static_and_topic_inputs(kind, extra, tmp_path):
+    # recurrent_layer.cpp: h_0, c_0 are the last two bottoms, after x_static and x_topic when present
+    bottoms = ["x", "cont", "xs", "xt"][:2 + extra] + ["h0", "c0"]
     text = net(layer(kind, bottoms, ("h", "hT", "cT"), "expose_hidden: true"),
                inputs={b: SHAPES[b] for b in bottoms})
-    model, _, blobs = loaded(text, 20)
+    model, _, blobs = loaded(text, 20 + extra)
     f = feeds_for(7)
-    h, h_t, c_t = unrolled_ref(kind, f["x"], f["cont"], blobs, f["xs"], f["xt"], f["h0"], f["c0"])
+    f["cont"][0] = [1, 0.5]                  # h_0 and c_0 reach the first step (cont_1 h_0, cont_1 f c_0)
+    h, h_t, c_t = unrolled_ref(kind, f["x"], f["cont"], blobs, f["xs"] if extra else None,
+                               f["xt"] if extra == 2 else None, f["h0"], f["c0"])
     check_everywhere(model, {b: f[b] for b in bottoms}, {"h": h, "hT": h_t, "cT": c_t}, tmp_path,
                      atol=2e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("text, msg", [
-    (layer("LSTMTopic", ["x", "cont", "xs", "xt", "h0"]), r"LSTMTopic takes 2, 3 or 4 bottoms \(x, cont, \[x_static\], \[x_topic\]\) and one top, got 5"),
+    (layer("LSTMTopic", ["x", "cont", "xs", "xt", "h0"]),
+     r"LSTMTopic takes 2, 3 or 4 bottoms \(x, cont, \[x_static\], \[x_topic\]\) and one top, got 5"),
     (layer("LSTMTopic", ["x", "cont", "xs", "bad"]), r"bottom\[3\] \(x_topic\) must be N x \.\.\. with N = 2"),
+    # recurrent_layer.cpp checks a fourth bottom's N for LSTMController too, which then leaves it unused
+    (layer("LSTMController", ["x", "cont", "xs", "bad"]), r"bottom\[3\] \(x_topic\) must be N x \.\.\. with N = 2"),
     (layer("LSTMController", ["x", "cont"]).replace(f"num_output: {H}", "num_output: 0"),
      "recurrent_param.num_output must be positive"),
 ])

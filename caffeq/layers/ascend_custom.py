@@ -29,6 +29,9 @@ padded with trailing 1s: InnerProduct's (N, C) is (N, C, 1, 1)); the operators t
   which the converted model reads as that shape: computed so, a reshape of the (N, C·s, H·s, W) result.
 - custom_Concat (custom_concat_param: axis [1]; concat_dim declared but not read by the parser):
   Caffe's Concat along axis (te.lang.cce.concat); axis read into a uint32, so a negative one is refused.
+  Doubtful: the plugin's shape inference sums bottom i's dimension i (not its dimension `axis`) into the
+  declared top, e.g. 1 + 6 = 7 channels for the demo's (1, 3, 16, 16) and (1, 6, 16, 16); caffeq gives the
+  operator's concatenation, 9 channels.
 - custom_Exp, custom_Log, custom_Power (custom_{exp,log,power}_param: base [-1] / power [1], scale [1],
   shift [0]): Caffe's Exp, Log and Power (the TBE device APIs DeviceExp, DeviceLog, cc_device_pow with
   the same three parameters; base -1 is e; base <= 0 otherwise is refused as the operators refuse it).
@@ -221,8 +224,8 @@ class AtlasConcat(Concat):
         p = lp.custom_concat_param
         attrs = {"axis": _unsigned_axis(int(p.axis), "custom_concat_param.axis"), "legacy": False}
         if p.HasField("concat_dim"):
-            attrs["_notes"] = [f"custom_concat_param.concat_dim {p.concat_dim} is not read by the fork's plugin: "
-                               f"the layer joins along axis {attrs['axis']}"]
+            attrs["reading_notes"] = [f"custom_concat_param.concat_dim {p.concat_dim} is not read by the fork's "
+                                      f"plugin: the layer joins along axis {attrs['axis']}"]
         return attrs
 
     def infer(self, attrs, in_shapes):
@@ -231,11 +234,7 @@ class AtlasConcat(Concat):
         ndim = max(len(s) for s in in_shapes)
         if attrs["axis"] >= ndim:
             raise LayerError(f"custom_concat_param.axis {attrs['axis']} out of range for a {ndim}-axis blob")
-        tops = super().infer(attrs, in_shapes)
-        notes = attrs.pop("_notes", []) + attrs.pop("reading_notes", [])
-        if notes:
-            attrs["reading_notes"] = notes
-        return tops
+        return super().infer(attrs, in_shapes)
 
 
 # ---- custom_Exp, custom_Log, custom_Power -----------------------------------------------
