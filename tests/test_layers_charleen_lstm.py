@@ -101,6 +101,12 @@ def test_lstmoutput_maps_rows_back_to_maps(bottom, batch, height, tmp_path):
                      tmp_path)
 
 
+def test_lstminput_ignores_batch_size_and_height():
+    """LSTMINPUT's Reshape and forward read neither field (the nets leave them at their defaults or set them)."""
+    model = load_from_text(net(transpose_layer("LSTMINPUT", 0, 0), inputs={"x": (2, 3, 4, 5)}))
+    assert model.blob_shapes["t"] == (40, 3)
+
+
 def test_lstminput_then_lstmoutput_is_the_identity(tmp_path):
     x = rng(3).standard_normal((1, 6, 3, 5)).astype(F)
     model = load_from_text(net(transpose_layer("LSTMINPUT", name="rows"),
@@ -146,7 +152,8 @@ def test_bad_transposes_are_one_line_errors(layer, needle):
     assert "\n" not in str(err.value)
 
 
-def ref_lstm_unit(x, c_prev, ws):
+def ref_lstm_unit(x, c_prev, ws, cpu=False):
+    """lstm_unit_layer.cu's forward (cpu: lstm_unit_layer.cpp's, whose forget gate reads blob 2)."""
     def sig(v):
         return (1.0 / (1.0 + np.exp(-v.astype(np.float64)))).astype(F)
 
@@ -155,7 +162,8 @@ def ref_lstm_unit(x, c_prev, ws):
         return np.where(np.abs(v) < 5, (e - 1) / (e + 1), np.where(v > 0, 1.0, -1.0)).astype(F)
 
     g = [x @ w.reshape(w.shape[1], w.shape[3]).T for w in ws]
-    u, i, f, o = tanh5(g[0]), sig(g[1]), sig(g[2]), sig(g[3])
+    # lstm_unit_layer.cu: forget_gates = 0 - output_gates (pre-activation) before ForwardCombineGates; g[2] unread
+    u, i, f, o = tanh5(g[0]), sig(g[1]), sig(g[2] if cpu else 0 - g[3]), sig(g[3])
     cell = c_prev * f + i * u
     return cell * o, cell
 
@@ -163,15 +171,34 @@ def ref_lstm_unit(x, c_prev, ws):
 def test_lstm_unit_is_the_forks_cell(tmp_path):
     m, k, n = 7, 5, 3
     x = (rng(6).standard_normal((m, k)) * 3).astype(F)
-    x[0] = [2.0, 1.5, 1.5, 0.5, 0.2]   # 5.7 with the ones below: past 5, where the fork's tanh is exactly 1
+    x[0] = [5.0, 0.0, 0.0, 0.0, 0.0]   # with the rows below: g_u = 5 and -5, where the fork's tanh is exactly +-1
     c_prev = rng(7).standard_normal((m, n)).astype(F)
+    c_prev[0] = 0.0                     # so that cell[0, :2] is i * u with i = sig(20) = 1: tanh(5) is 1 - 9.1e-5
     text = net('layer { name: "u" type: "LstmUnit" bottom: "x" bottom: "c" top: "h" top: "cell" '
                'lstm_unit_param { num_cells: 3 } }', inputs={"x": (m, k), "c": (m, n)})
     model = load_from_text(text, random_weights=True)
     node = node_of(model, "u")
     assert [tuple(b.shape) for b in node.blobs] == [(1, n, 1, k)] * 4
-    node.blobs[0][0, 0, 0] = [1.0, 1.0, 1.0, 1.0, 1.0]
+    node.blobs[0][0, :2, 0] = [[1.0, 0.0, 0.0, 0.0, 0.0], [-1.0, 0.0, 0.0, 0.0, 0.0]]
+    node.blobs[1][0, :2, 0] = [[4.0, 0.0, 0.0, 0.0, 0.0]] * 2
     h, cell = ref_lstm_unit(x, c_prev, node.blobs)
+    assert cell[0, :2].tolist() == [1.0, -1.0]
+    check_everywhere(model, {"x": x, "c": c_prev}, {"h": h, "cell": cell}, tmp_path, atol=1e-6, rtol=1e-5)
+
+
+def test_lstm_unit_forget_gate_is_tied_to_the_output_gate(tmp_path):
+    """The fork's GPU forward never reads blob 2: any forget-gate weights give the same h and c."""
+    m, k, n = 4, 3, 5
+    x = rng(9).standard_normal((m, k)).astype(F)
+    c_prev = (rng(10).standard_normal((m, n)) * 2).astype(F)
+    text = net('layer { name: "u" type: "LstmUnit" bottom: "x" bottom: "c" top: "h" top: "cell" '
+               'lstm_unit_param { num_cells: 5 } }', inputs={"x": (m, k), "c": (m, n)})
+    model = load_from_text(text, random_weights=True)
+    blobs = node_of(model, "u").blobs
+    h, cell = ref_lstm_unit(x, c_prev, blobs)
+    blobs[2][...] = 4.0   # the CPU forward's sig(g_f) would move with it; the tied gate does not
+    assert np.abs(ref_lstm_unit(x, c_prev, blobs, cpu=True)[1] - cell).max() > 0.1
+    assert np.array_equal(ref_lstm_unit(x, c_prev, blobs)[1], cell)
     check_everywhere(model, {"x": x, "c": c_prev}, {"h": h, "cell": cell}, tmp_path, atol=1e-6, rtol=1e-5)
 
 

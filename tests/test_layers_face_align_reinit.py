@@ -39,6 +39,7 @@ def subsample_net(shape, params):
     ((2, 2, 9, 5), "output_H: 4 output_W: 2", 4),      # output_W ignored: 4 x 4
     ((1, 3, 5, 11), "output_H: 7", 7),                 # more bins than rows
     ((2, 1, 120, 90), "", 60),                         # the default 60
+    ((2, 3, 14, 28), "output_H: 26", 26),              # float32 bounds unlike float64's; last row bin clipped
 ])
 def test_subsample_pooling_matches_the_forks_loop(shape, params, out, tmp_path):
     model = load_from_text(subsample_net(shape, params))
@@ -49,10 +50,15 @@ def test_subsample_pooling_matches_the_forks_loop(shape, params, out, tmp_path):
 
 
 def test_subsample_pooling_uses_float32_bin_bounds():
-    # 7 / 3 in float32 is 2.3333333; 3 x that rounds to 7.0 exactly: the bins are [0, 3), [2, 5), [4, 7)
     from caffeq.layers.face_align_reinit import subsample_bins
     assert subsample_bins(7, 3) == [(0, 3), (2, 5), (4, 7)]
     assert subsample_bins(448, 60)[-1] == (440, 448)
+    # float32(14 / 26) x 13 is 7.0000005 (float64: 7.0): ceil gives 8, so row bin 12 is [6, 8), not [6, 7)
+    assert subsample_bins(14, 26)[12] == (6, 8)
+    assert subsample_bins(28, 26)[12] == (12, 15)
+    # float32(14 / 26) x 26 is 14.000001: ceil 15, clipped to the image's 14 (the divisor counts 1 row)
+    assert subsample_bins(14, 26)[-1] == (13, 14)
+    assert subsample_bins(7, 13)[-1] == (6, 7)
 
 
 def test_subsample_pooling_refuses_a_zero_size():
@@ -119,6 +125,16 @@ def test_pdc_point_transformer_is_still_pdcs(tmp_path):
     got = model.run({"pts": pts, "theta": theta})["t"]
     assert got.shape == (2, 6, 1, 1)
     assert np.array_equal(got[0].ravel(), [5, 8, 11, 7, 9, 11])
+
+
+@pytest.mark.parametrize("params", ["transform_type: SIMILAR inv_trans: true", 'sampler_type: "bilinear"'])
+def test_point_transformer_similar_or_sampler_type_is_this_forks(params, tmp_path):
+    # PDC's PointTransformerParameter has neither SIMILAR nor sampler_type: this fork's layer, even with in_width
+    model = load_from_text(pt_net((2, 6), (2, 4), f"in_width: 8 in_height: 8 {params}"))
+    g = rng(7)
+    pts, theta = g.uniform(-1, 1, (2, 6)).astype(F), g.uniform(0.5, 1.5, (2, 4)).astype(F)
+    want = interleaved_ref(pts, theta, "SIMILAR" if "SIMILAR" in params else "CROP", "inv_trans" in params)
+    check_everywhere(model, {"pts": pts, "theta": theta}, {"t": want}, tmp_path, atol=1e-6, rtol=1e-5)
 
 
 def test_point_transformer_needs_enough_parameters():

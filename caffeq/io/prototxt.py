@@ -79,6 +79,8 @@ _FORK_OF_FIELD = {"video_data_param": "SSD", "c3d_video_data_param": "C3D v1.1",
 # layer types only XmBrain/Quantizer has: their quantization_param is its message whatever fields it sets
 _XMBRAIN_TYPES = {"InnerProductRistretto", "PoolingRistretto", "ReLURistretto", "DataRistretto"}
 _V1_TYPE = caffe_pb2.V1LayerParameter.DESCRIPTOR.fields_by_name["type"]
+_POOL_METHOD = caffe_pb2.PoolingParameter.DESCRIPTOR.fields_by_name["pool"]
+_STYLETRANSFER_POOLS = {'"max"', '"ave"', "'max'", "'ave'"}   # its string `pool` (io/prototxt.py)
 # and N-D Convolution / Pooling with three kernel sizes (chuckcho/video-caffe's C3D nets)
 _3D_LAYERS = re.compile(r"\b(convolution3d_param|pooling3d_param|Convolution3D|Pooling3D|NdConvolution|NdPooling)\b"
                         r"|\bkernel_size\s*:\s*\d+\s+kernel_size\s*:\s*\d+\s+kernel_size\s*:\s*\d+")
@@ -117,6 +119,7 @@ class _FieldPicker(text_format._Parser):
         self.notes = []
         self._has_3d_layers = bool(_3D_LAYERS.search("\n".join(self.lines)))
         self._fork_types = set()   # fork V1 enum names already noted
+        self._styletransfer_pool_noted = False
         self.block_order = []      # "layer" / "layers", in the order the net's blocks come
         self._depth = 0
 
@@ -162,8 +165,26 @@ class _FieldPicker(text_format._Parser):
                                   f"Caffe's; read as the type \"{fork_v1_type(message.fork_type)}\"")
             tokenizer.NextToken()
             return
+        if field is _POOL_METHOD and tokenizer.token in _STYLETRANSFER_POOLS:
+            self._styletransfer_pool(tokenizer, message)
+            return
         self._note_second_value(tokenizer, message, field)
         super()._MergeScalarField(tokenizer, message, field)
+
+    def _styletransfer_pool(self, tokenizer, message):
+        """shenfalong/styletransfer's `pool: "max"` / `pool: "ave"`: its caffe.proto declares `pool` a string
+        (default "ave") and its Pooling sizes the output with floor rounding, as a convolution does.  A
+        quoted lower-case name is no value of BVLC's enum, so no other fork's file reads differently."""
+        name = tokenizer.token[1:-1]
+        self._note_second_value(tokenizer, message, message.DESCRIPTOR.fields_by_name["pool"])
+        message.pool = caffe_pb2.PoolingParameter.MAX if name == "max" else caffe_pb2.PoolingParameter.AVE
+        message.round_mode = caffe_pb2.PoolingParameter.FLOOR
+        if not self._styletransfer_pool_noted:
+            self._styletransfer_pool_noted = True
+            self.notes.append(f"{tokenizer._line + 1}: pool: \"{name}\" is shenfalong/styletransfer's string pooling "
+                              f"method (no value of Caffe's enum); read as {name.upper()} with floor rounding, as "
+                              f"that fork's Pooling sizes its output")
+        tokenizer.NextToken()
 
     def _pick(self, options, tokenizer, layer):
         if "generate_proposals_param" in options:
@@ -354,11 +375,34 @@ def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False,
         raise ParseError(f"{path}: more than {_MAX_BARE_PLACEHOLDERS} words where values go; not a net definition")
     if warnings is not None:
         warnings.extend(filled)
+    if isinstance(message, caffe_pb2.NetParameter):
+        _styletransfer_inputs(message, path, warnings)
     if placeholders is None:
         resolve_placeholders(message, pending, path, [])
     else:
         placeholders.extend(pending)
     return message
+
+
+def _styletransfer_inputs(net, path, warnings):
+    """shenfalong/styletransfer's `input_blob { name num channels height width }` (its NetParameter; its pycaffe
+    makes one input blob of that shape for each) as `input` / `input_shape`; its layers' bottom_flow / top_flow
+    (which memory buffer a blob shares) leave the numbers alone and are ignored, with a note."""
+    if len(net.input_blob):
+        if len(net.input) or len(net.input_dim) or len(net.input_shape):
+            raise ParseError(f"{path}: sets both input_blob (shenfalong/styletransfer's net inputs) and "
+                             f"input / input_dim / input_shape; give the inputs one way")
+        for blob in net.input_blob:
+            if not blob.name:
+                raise ParseError(f"{path}: an input_blob without a name")
+            net.input.append(blob.name)
+            net.input_shape.add().dim.extend([blob.num, blob.channels, blob.height, blob.width])
+        net.ClearField("input_blob")
+        if warnings is not None:
+            warnings.append(f"{path}: input_blob (shenfalong/styletransfer's net inputs) read as input / input_shape")
+    if warnings is not None and any(len(lp.bottom_flow) or len(lp.top_flow) for lp in net.layer):
+        warnings.append(f"{path}: bottom_flow / top_flow (shenfalong/styletransfer's sharing of blob memory between "
+                        f"layers) ignored: the same numbers without it")
 
 
 def _parse_error(path, err, text):

@@ -4,8 +4,8 @@ FCN nets turn a feature map into one LSTM step per pixel, each pixel's cell fed 
 
 - Transpose with transposetype LSTMINPUT / LSTMOUTPUT / GRIDLSTM / GRIDLSTMSUM (the fork's 0-3, 2-5 here:
   LSTM-CF's Transpose has 0 and 1; transpose_param batch_size [1], local_connected_num [8], height [77]).
-  Per the CPU code (the GPU forward of all but LSTMINPUT calls it; LSTMINPUT's cublas transpose is the same
-  for one image):
+  Per the CPU code (the GPU forward of all but LSTMINPUT calls it; LSTMINPUT's cublas transpose, image by
+  image, gives the same values):
       LSTMINPUT    bottom (num, C, H, W) by the legacy accessors -> top (num * H * W, C),
                    top[n * S + i, c] = bottom[n, c, i], S = H * W (pixel i = h * W + w);
       LSTMOUTPUT   bottom (M, C, ...) -> top (batch_size, C, height, M / batch_size / height),
@@ -23,10 +23,12 @@ FCN nets turn a feature map into one LSTM step per pixel, each pixel's cell fed 
   n * S * C, past the top's n * S * C / 8 values); GRIDLSTMSUM where k * 8 + e reaches past a pixel's C
   values (56 + E > C: reads cross into the next pixel's row).
 - LstmUnit (lstm_unit_param num_cells, four gate fillers): bottoms x (M, K) and c_prev (M, N), four bias-free
-  blobs (1, N, 1, K): input values, input gate, forget gate, output gate.  With g = x W^T per blob,
-      i = sig(g_i), f = sig(g_f), o = sig(g_o), u = tanh5(g_u),  c = c_prev * f + i * u,  h = c * o
-  (no tanh on c), sig(x) = 1 / (1 + exp(-x)), tanh5(x) = (e^2x - 1) / (e^2x + 1) for |x| < 5, else +1 for
-  x > 0 and -1 otherwise.  Tops h, c.
+  blobs (1, N, 1, K): input values, input gate, forget gate, output gate.  With g = x W^T per blob, as the
+  fork's GPU forward (lstm_unit_layer.cu; its solvers all run in GPU mode, so the nets were trained so):
+      i = sig(g_i), f = sig(0 - g_o), o = sig(g_o), u = tanh5(g_u),  c = c_prev * f + i * u,  h = c * o
+  (no tanh on c; the forget gate is tied to the output gate's pre-activation, its own blob 2 is loaded and never
+  read; the CPU forward would use sig(g_f)), sig(x) = 1 / (1 + exp(-x)), tanh5(x) = (e^2x - 1) / (e^2x + 1)
+  for |x| < 5, else +1 for x > 0 and -1 otherwise.  Tops h, c.
 - ZerosData (zeros_data_param shape): no bottom; a zero blob of shape[0..1] (2 values) or shape[0..3]
   (more than 2; the fork reads exactly the first four).
 """
@@ -91,13 +93,13 @@ class CharleenTranspose(Layer):
             raise LayerError("transpose_param: dim / shape (other forks' Transposes) do not combine with "
                              f"transposetype {_KINDS[p.transposetype]}")
         kind = _KINDS[p.transposetype]
-        if p.batch_size < 1:
+        if kind != "LSTMINPUT" and p.batch_size < 1:   # LSTMINPUT never reads batch_size or height
             raise LayerError(f"transpose_param.batch_size must be >= 1, got {p.batch_size}")
         if kind == "LSTMOUTPUT" and p.height < 1:
             raise LayerError(f"transpose_param.height must be >= 1, got {p.height}")
         if kind.startswith("GRID") and p.local_connected_num != 8:
-            raise LayerError(f"transpose_param.local_connected_num must be 8 (the fork only supports the 8-neighbourhood), "
-                             f"got {p.local_connected_num}")
+            raise LayerError("transpose_param.local_connected_num must be 8 (the fork only supports the "
+                             f"8-neighbourhood), got {p.local_connected_num}")
         if kind == "GRIDLSTMSUM" and p.batch_size != 1:
             raise LayerError(f"transpose_param.batch_size {p.batch_size} with GRIDLSTMSUM: the fork writes image n > 0 "
                              "past its top's end; only batch_size 1 is defined")
@@ -193,7 +195,8 @@ def lstm_unit_tanh(x):
 
 
 def lstm_unit(x, c_prev, w_in, w_ig, w_fg, w_og):
-    """Charleen777/caffecode's LstmUnit: tops (h, c) of one step, the four (1, N, 1, K) blobs bias-free."""
+    """Charleen777/caffecode's LstmUnit (its GPU forward): tops (h, c) of one step, the four (1, N, 1, K) blobs
+    bias-free; the forget gate is sig(0 - x W_o^T), w_fg is never read."""
     rows = x.reshape(x.shape[0], -1)
 
     def gate(w):
@@ -203,8 +206,9 @@ def lstm_unit(x, c_prev, w_in, w_ig, w_fg, w_og):
         return 1 / (1 + torch.exp(-v))
 
     values = lstm_unit_tanh(gate(w_in))
-    cell = c_prev.reshape(values.shape) * sig(gate(w_fg)) + sig(gate(w_ig)) * values
-    return cell * sig(gate(w_og)), cell
+    out = gate(w_og)
+    cell = c_prev.reshape(values.shape) * sig(0 - out) + sig(gate(w_ig)) * values
+    return cell * sig(out), cell
 
 
 @register_layer("LstmUnit")
@@ -267,10 +271,12 @@ class LstmUnit(Layer):
                        "small")
         values = ctx.op("Where", [small, ratio, sign], "values")
         prev = ctx.op("Reshape", [c_prev, ctx.i64([m, n])], "prev")
-        cell_keep = ctx.op("Mul", [prev, sig(gate(2, "g_fg"), "f")], "keep")
+        out = gate(3, "g_og")   # the GPU forward's forget gate: sig(0 - g_o), blob 2 unread
+        tied = ctx.op("Sub", [ctx.const(np.zeros((), np.float32), node.name + "_zero"), out], "g_fg")
+        cell_keep = ctx.op("Mul", [prev, sig(tied, "f")], "keep")
         cell_new = ctx.op("Mul", [sig(gate(1, "g_ig"), "i"), values], "new")
         ctx.add_node("Add", [cell_keep, cell_new], [node.outputs[1]])
-        ctx.add_node("Mul", [node.outputs[1], sig(gate(3, "g_og"), "o")], [node.outputs[0]])
+        ctx.add_node("Mul", [node.outputs[1], sig(out, "o")], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
         emit.helper(TORCH_TANH)

@@ -7,11 +7,12 @@ layout (H, W, C, N) and, between CPFPConversion layers, as 12-bit floats packed 
   synopsys Pad by those fields): one axis of a 4-axis blob made pad_to long (with pad_to 0, the next
   multiple of pad_val when padding, the previous axis's size when unpadding), the values kept as far as
   both blobs reach and zeros after them (the fork's top memory starts zeroed and is written only there).
-- CPFPConversion, OCLCRHWCN (convolution, with a fused ReLU when cr_param.relu), OCLPoolingHWCN (MAX, stride
-  2 on the FPGA whatever the parameters say), OCLHWCNInnerProduct and XCLProgram (loads the FPGA binary; no
-  blobs) are read and sized, not run: the OCL layers compute on the FPGA only, in its 12-bit arithmetic
-  (products truncated, sums rounded in the kernel's order), and the fork's CPU mode does not run them; the
-  converted blobs hold packed 16-bit codes, not floats.
+- CPFPConversion (HalfConversion before a27cb34, its half_conversion_param the same convert_to), OCLCRHWCN
+  (convolution, with a fused ReLU when cr_param.relu), OCLPoolingHWCN (MAX, stride 2 on the FPGA whatever the
+  parameters say), OCLHWCNInnerProduct and XCLProgram (loads the FPGA binary; no blobs) are read and sized,
+  not run: the OCL layers compute on the FPGA only, in its 12-bit arithmetic (products truncated, sums rounded
+  in the kernel's order), and the fork's CPU mode does not run them; the converted blobs hold packed 16-bit
+  codes, not floats.
 Shapes as the fork's Reshape gives them: OCLCRHWCN (H', W', num_output, N) with Caffe's convolution sizes
 (no dilation); OCLPoolingHWCN ceil((H + 2 pad - k) / stride) + 1 without BVLC's last-window correction;
 OCLHWCNInnerProduct (num_output, N) from (H, W, C, N) or (K, N), its weights' columns in H, W, C order.
@@ -35,6 +36,8 @@ from .registry import (
 
 WHY_FPGA = ("fpga_caffe computes it on the FPGA only, in its 12-bit floating point (the fork's CPU mode does not "
             "run it): caffeq reads and sizes it but does not run it")
+WHY_HALF = ("its top holds the fork's 14-bit chalf codes in float slots, which only the fork's FPGA layers read: "
+            "caffeq reads and sizes it but does not run it")
 WHY_CPFP = ("its top holds 12-bit codes packed two per float, which only the fork's FPGA layers read: caffeq "
             "reads and sizes it but does not run it")
 
@@ -161,6 +164,19 @@ class CPFPConversion(ReadOnlyLayer):
 
     def why_not_run(self, attrs):
         return WHY_CPFP
+
+
+@register_layer("HalfConversion")
+class HalfConversion(CPFPConversion):
+    """CPFPConversion's name before the fork's commit a27cb34 ("half->cpfp renaming"): the same loops, its codes
+    then a 14-bit chalf (1 sign, 6 exponent, 7 mantissa bits; include/fpga_caffe/half.hpp there)."""
+
+    def parse(self, lp):
+        need_blobs(lp, "HalfConversion", range(1, AT_LEAST), len(lp.bottom) or 1)
+        return {"name": lp.name}
+
+    def why_not_run(self, attrs):
+        return WHY_HALF
 
 
 def _hwcn_bottom(shape, what):

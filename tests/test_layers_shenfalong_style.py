@@ -1,0 +1,170 @@
+"""shenfalong/styletransfer (cebf7e2) layers and prototxt dialect: numpy references written from the fork's
+CUDA kernels (caffeq/layers/shenfalong_style.py), compared in torch, onnxruntime and model.py."""
+import numpy as np
+import pytest
+from conftest import check_everywhere, net, rng
+
+from caffeq.errors import CaffeqError
+from caffeq.io.prototxt import parse_prototxt_text
+from caffeq.io.schema import caffe_pb2
+from caffeq.model import load_from_text
+
+SHAPE = (2, 3, 5, 7)
+
+
+def one(layer, shape=SHAPE, **kw):
+    return load_from_text(net(layer, inputs={"x": shape}), **kw)
+
+
+def test_instance_cudnn_batch_norm_normalises_each_item_alone(tmp_path):
+    model = one('layer { name: "bn" type: "InstanceCuDNNBatchNorm" bottom: "x" top: "y" }', random_weights=True)
+    node = model.graph.node("bn")
+    scale, bias = node.blobs[0].reshape(-1), node.blobs[1].reshape(-1)
+    node.blobs[2][:] = 5.0   # running statistics: written by the fork, never read
+    node.blobs[3][:] = 9.0
+    x = (rng(1).standard_normal(SHAPE) * 3 + 2).astype(np.float32)
+    want = np.zeros(SHAPE)
+    for n in range(SHAPE[0]):
+        for c in range(SHAPE[1]):
+            v = x[n, c].astype(np.float64)
+            var = ((v - v.mean()) ** 2).mean()   # cuDNN's biased batch variance
+            want[n, c] = scale[c] * (v - v.mean()) / np.sqrt(var + 1e-5) + bias[c]
+    check_everywhere(model, {"x": x}, {"y": want}, tmp_path, atol=3e-5, rtol=1e-5)
+
+
+def test_mean_variance_gives_means_then_deviations(tmp_path):
+    model = one('layer { name: "mv" type: "MeanVariance" bottom: "x" top: "y" }')
+    assert model.blob_shapes["y"] == (2, 6, 1, 1)
+    x = (rng(2).standard_normal(SHAPE) + 1).astype(np.float32)
+    flat = x.reshape(2, 3, -1).astype(np.float64)
+    mean, square = flat.mean(2), (flat * flat).mean(2)
+    want = np.concatenate([mean, np.sqrt(square - mean * mean + 1e-5)], 1).reshape(2, 6, 1, 1)
+    check_everywhere(model, {"x": x}, {"y": want}, tmp_path, atol=2e-5, rtol=1e-5)
+
+
+def test_pad_image_mirrors_with_the_edge_repeated(tmp_path):
+    model = one('layer { name: "p" type: "PadImage" bottom: "x" top: "y" convolution_param { pad: 3 } }')
+    assert model.blob_shapes["y"] == (2, 3, 11, 13)
+    x = rng(3).standard_normal(SHAPE).astype(np.float32)
+    want = np.zeros((2, 3, 11, 13), np.float32)
+    h, w, pad = 5, 7, 3
+    for i in range(h + 2 * pad):       # pad_kernel's index arithmetic
+        for j in range(w + 2 * pad):
+            r, c = i, j
+            r = pad - 1 - r if r < pad else (r - pad if r < pad + h else h - 1 - (r - (pad + h)))
+            c = pad - 1 - c if c < pad else (c - pad if c < pad + w else w - 1 - (c - (pad + w)))
+            want[:, :, i, j] = x[:, :, r, c]
+    check_everywhere(model, {"x": x}, {"y": want}, tmp_path)
+
+
+def test_scale_bias_maps_tanh_output_to_bgr_pixels_minus_mean(tmp_path):
+    shape = (2, 4, 3, 5)
+    model = one('layer { name: "sb" type: "ScaleBias" bottom: "x" top: "y" }', shape)
+    x = rng(4).uniform(-1, 1, shape).astype(np.float32)
+    y = x * np.float32(127.5) + np.float32(127.5)
+    means = np.array([104.008, 116.669, 122.675, 122.675]).reshape(1, 4, 1, 1)
+    want = (y.astype(np.float64) - means).astype(np.float32)
+    check_everywhere(model, {"x": x}, {"y": want}, tmp_path, atol=1e-5)
+
+
+def test_de_concat_splits_channels(tmp_path):
+    shape = (2, 6, 3, 5)
+    model = one('layer { name: "d" type: "DeConcat" bottom: "x" top: "a" top: "b" top: "c" '
+                'concat_param { channels: 1 channels: 3 channels: 2 } }', shape)
+    x = rng(5).standard_normal(shape).astype(np.float32)
+    check_everywhere(model, {"x": x}, {"a": x[:, :1], "b": x[:, 1:4], "c": x[:, 4:]}, tmp_path)
+
+
+def conv_ref(x, w, b, stride, pad):
+    n, c, h, wd = x.shape
+    o, _, k, _ = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    ho, wo = (h + 2 * pad - k) // stride + 1, (wd + 2 * pad - k) // stride + 1
+    y = np.zeros((n, o, ho, wo))
+    for i in range(ho):
+        for j in range(wo):
+            patch = xp[:, :, i * stride:i * stride + k, j * stride:j * stride + k]
+            y[:, :, i, j] = np.einsum("nckl,ockl->no", patch, w)
+    return y + (0 if b is None else b.reshape(1, -1, 1, 1))
+
+
+def deconv_ref(x, w, stride, pad):
+    n, c, h, wd = x.shape
+    _, o, k, _ = w.shape
+    full = np.zeros((n, o, (h - 1) * stride + k, (wd - 1) * stride + k))
+    for i in range(h):
+        for j in range(wd):
+            full[:, :, i * stride:i * stride + k, j * stride:j * stride + k] += \
+                np.einsum("nc,cokl->nokl", x[:, :, i, j].astype(np.float64), w)
+    return full[:, :, pad:full.shape[2] - pad, pad:full.shape[3] - pad]
+
+
+def test_cudnn_convolution_bias_defaults_off_and_fork_bias_blob_loads(tmp_path):
+    model = one('layer { name: "c" type: "CuDNNConvolution" bottom: "x" top: "y" '
+                'convolution_param { num_output: 4 kernel_size: 3 stride: 2 pad: 1 } }', random_weights=True)
+    assert len(model.graph.node("c").blobs) == 1   # the fork's bias_term [default = false]
+    x = rng(6).standard_normal(SHAPE).astype(np.float32)
+    w = model.graph.node("c").blobs[0]
+    check_everywhere(model, {"x": x}, {"y": conv_ref(x, w, None, 2, 1)}, tmp_path, atol=2e-5, rtol=1e-5)
+    spec = model.graph.node("c").spec
+    with_bias = one('layer { name: "c" type: "CuDNNConvolution" bottom: "x" top: "y" '
+                    'convolution_param { num_output: 4 kernel_size: 3 bias_term: true } }', random_weights=True)
+    node = with_bias.graph.node("c")
+    stored = spec.stored_blobs(node.attrs, [node.blobs[0], np.arange(4, dtype=np.float32).reshape(4, 1, 1, 1)], [])
+    assert stored[1].shape == (4,)
+
+
+def test_cudnn_deconvolution_matches_the_transposed_convolution(tmp_path):
+    model = one('layer { name: "d" type: "CuDNNDeConvolution" bottom: "x" top: "y" '
+                'convolution_param { num_output: 2 kernel_size: 4 stride: 2 pad: 1 } }', random_weights=True)
+    assert model.blob_shapes["y"] == (2, 2, 10, 14)
+    x = rng(7).standard_normal(SHAPE).astype(np.float32)
+    w = model.graph.node("d").blobs[0]
+    check_everywhere(model, {"x": x}, {"y": deconv_ref(x, w, 2, 1)}, tmp_path, atol=2e-5, rtol=1e-5)
+
+
+FORK_NET = """
+name: "style"
+input_blob { name: "data" num: 2 channels: 3 height: 9 width: 6 }
+layer { name: "pool" type: "Pooling" bottom: "data" bottom_flow: -1 top: "pool" top_flow: 0
+  pooling_param { pool: "max" kernel_size: 2 stride: 2 }
+  include { need_backward: false } }
+"""
+
+
+def test_fork_dialect_input_blob_string_pool_flows_and_include(tmp_path):
+    warnings = []
+    parsed = parse_prototxt_text(FORK_NET, warnings=warnings)
+    assert list(parsed.input) == ["data"] and list(parsed.input_shape[0].dim) == [2, 3, 9, 6]
+    p = parsed.layer[0].pooling_param
+    assert p.pool == caffe_pb2.PoolingParameter.MAX and p.round_mode == caffe_pb2.PoolingParameter.FLOOR
+    assert any("input_blob" in w for w in warnings) and any("bottom_flow" in w for w in warnings)
+    assert any('pool: "max"' in w for w in warnings)
+    model = load_from_text(FORK_NET)
+    assert model.blob_shapes["pool"] == (2, 3, 4, 3)   # the fork's floor rounding (BVLC's ceil gives 5x3)
+    x = rng(8).standard_normal((2, 3, 9, 6)).astype(np.float32)
+    want = x[:, :, :8, :6].reshape(2, 3, 4, 2, 3, 2).max(axis=(3, 5))
+    check_everywhere(model, {"data": x}, {"pool": want}, tmp_path)
+
+
+def test_fork_ave_pool_reads_as_ave():
+    text = FORK_NET.replace('"max"', '"ave"')
+    assert parse_prototxt_text(text).layer[0].pooling_param.pool == caffe_pb2.PoolingParameter.AVE
+
+
+def test_input_blob_beside_input_is_refused():
+    with pytest.raises(CaffeqError, match="give the inputs one way"):
+        parse_prototxt_text('input: "x"\n' + FORK_NET)
+
+
+@pytest.mark.parametrize("layer, shape, msg", [
+    ('layer { name: "d" type: "DeConcat" bottom: "x" top: "a" top: "b" concat_param { channels: 1 channels: 1 } }',
+     SHAPE, "sum to 2, the bottom has 3 channels"),
+    ('layer { name: "d" type: "DeConcat" bottom: "x" top: "a" concat_param { channels: 1 channels: 2 } }',
+     SHAPE, "2 counts for 1 tops"),
+    ('layer { name: "p" type: "PadImage" bottom: "x" top: "y" convolution_param { pad: 6 } }',
+     SHAPE, "larger than the 5x7 image"),
+])
+def test_bad_parameters_are_one_line_errors(layer, shape, msg):
+    with pytest.raises(CaffeqError, match=msg):
+        one(layer, shape)
