@@ -168,3 +168,45 @@ def test_input_blob_beside_input_is_refused():
 def test_bad_parameters_are_one_line_errors(layer, shape, msg):
     with pytest.raises(CaffeqError, match=msg):
         one(layer, shape)
+
+
+def style_normalize_ref(x):
+    """normalize_layer.cu: compute_norm sums x^2 over the channels at each (n, h, w), adds BN_EPS 1e-5 and takes
+    the root; forward_kernel divides every channel there by it.  Legacy num/channels/height/width."""
+    legacy = x.reshape(x.shape + (1,) * (4 - x.ndim)).astype(np.float64)
+    n, c, h, w = legacy.shape
+    out = np.zeros_like(legacy)
+    for i in range(n):
+        for r in range(h):
+            for s in range(w):
+                total = sum(legacy[i, k, r, s] ** 2 for k in range(c))
+                out[i, :, r, s] = legacy[i, :, r, s] / np.sqrt(total + 1e-5)
+    return out.reshape(x.shape)
+
+
+NORM_LAYER = 'layer { name: "n" type: "Normalize" bottom: "x" top: "y" norm_param { scale_value: %s } }'
+
+
+@pytest.mark.parametrize("shape, scale_value", [(SHAPE, "1"), ((2, 5, 3, 1), "4"), ((2, 3), "1")])
+def test_normalize_with_scale_value_is_the_forks_per_position_l2(tmp_path, shape, scale_value):
+    model = one(NORM_LAYER % scale_value, shape, random_weights=True)
+    assert not model.graph.node("n").blobs and model.blob_shapes["y"] == shape
+    # small values: the fork's 1e-5 (not SSD's eps 1e-10, not scale_value) sets much of each norm
+    x = (rng(8).standard_normal(shape) * 2e-3).astype(np.float32)
+    x[0, :, ...] *= 1e3
+    check_everywhere(model, {"x": x}, {"y": style_normalize_ref(x)}, tmp_path, atol=2e-6, rtol=1e-5)
+
+
+def test_normalize_without_scale_value_stays_ssds(tmp_path):
+    model = one('layer { name: "n" type: "Normalize" bottom: "x" top: "y" norm_param { across_spatial: false } }',
+                random_weights=True)
+    assert len(model.graph.node("n").blobs) == 1
+
+
+@pytest.mark.parametrize("params, msg", [
+    ("scale_value: 1 across_spatial: false", "scale_value .*and SSD's across_spatial"),
+    ("scale_value: 1 scale_filler { value: 2 }", "keep one fork's fields"),
+])
+def test_normalize_scale_value_with_ssd_fields_is_refused(params, msg):
+    with pytest.raises(CaffeqError, match=msg):
+        one('layer { name: "n" type: "Normalize" bottom: "x" top: "y" norm_param { %s } }' % params)

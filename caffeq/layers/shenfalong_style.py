@@ -19,6 +19,10 @@ Each is the fork's GPU forward (it has no CPU one), as its pycaffe runs it at te
   104.008 / 116.669 / 122.675 (channel 0, 1, every other one), the last step in double as the fork's literals.
 - DeConcat (func/de_concat_layer.*): splits the channels into tops of concat_param.channels each (their sum must
   be the bottom's channels).
+- Normalize with `norm_param { scale_value }` (operator/normalize_layer.cpp, .cu): at each item and position,
+  x / sqrt(sum over channels of x^2 + 1e-5) (BN_EPS in the .cu; scale_value and eps are not read by the forward,
+  and the scale blob's setup is under #if 0: no blobs).  Blobs of 2 to 4 axes, through num/channels/height/width
+  (1 axis: channels 1).  SSD's Normalize spec (ssd/permute_normalize.py) hands such a layer to STYLE_NORMALIZE.
 The reader (io/prototxt.py) takes the fork's input_blob, its string `pool`, and ignores bottom_flow / top_flow.
 """
 import numpy as np
@@ -26,10 +30,11 @@ import torch
 
 from .conv import Convolution, Deconvolution
 from .norm import onnx_reduce
-from .registry import AT_LEAST, Layer, LayerError, count, need_blobs, register_layer
+from .registry import AT_LEAST, Layer, LayerError, count, legacy_nchw, need_blobs, register_layer
 
 BN_EPS = 1e-5          # CUDNN_BN_MIN_EPSILON (instance_cudnn_batch_norm_layer.cu)
 MEAN_VAR_EPS = 1e-5    # BN_EPS in mean_variance_layer.cu
+NORMALIZE_EPS = 1e-5   # BN_EPS in normalize_layer.cu
 BGR_MEAN = (104.008, 116.669, 122.675)
 
 
@@ -296,3 +301,67 @@ class DeConcat(Layer):
                  for i in range(len(node.attrs["channels"]))]
         return parts[0] if len(parts) == 1 else parts
 
+
+
+# ---- Normalize (norm_param.scale_value) --------------------------------------------------------------
+
+def style_normalize(x, eps: float):
+    """Each item and position divided by sqrt(its sum of squares over the channels + eps); channels 1 for 1 axis."""
+    grid = x.reshape(x.shape[0], x.shape[1] if x.dim() > 1 else 1, -1)
+    norm = torch.sqrt((grid * grid).sum(dim=1, keepdim=True) + eps)
+    return (grid / norm).reshape(x.shape)
+
+
+class StyleNormalize(Layer):
+    """The fork's Normalize: SSD's Normalize spec delegates a layer whose norm_param sets scale_value here."""
+
+    def parse(self, lp):
+        need_blobs(lp, "Normalize (shenfalong/styletransfer)", 1, 1)
+        p = lp.norm_param
+        ssd = [f for f in ("across_spatial", "channel_shared", "scale_filler") if p.HasField(f)]
+        if ssd:
+            raise LayerError(f"norm_param sets scale_value (shenfalong/styletransfer's Normalize) and SSD's "
+                             f"{', '.join(ssd)}; keep one fork's fields")
+        notes = [f"Normalize norm_param.scale_value {p.scale_value:g}: read as shenfalong/styletransfer's Normalize, "
+                 f"whose forward does not read it (no scale blob; x / sqrt(sum over channels of x^2 + 1e-5))"]
+        if p.HasField("eps"):
+            notes.append(f"Normalize norm_param.eps {p.eps:g}: unused by shenfalong/styletransfer's forward "
+                         f"(it adds 1e-5)")
+        return {"fork": "shenfalong", "reading_notes": notes}
+
+    def blob_names_for(self, attrs):
+        return ()
+
+    def infer(self, attrs, in_shapes):
+        s = tuple(in_shapes[0])
+        legacy_nchw(s, "Normalize (shenfalong/styletransfer)")
+        if not s:
+            raise LayerError("Normalize (shenfalong/styletransfer) needs a bottom with at least 1 axis, got []")
+        return [s]
+
+    def param_shapes(self, attrs, in_shapes):
+        return None
+
+    def macs(self, attrs, in_shapes, out_shapes):
+        return 2 * count(in_shapes[0])
+
+    def forward(self, attrs, params, x):
+        return style_normalize(x, NORMALIZE_EPS)
+
+    def onnx(self, ctx, node):
+        name, x = node.name, node.inputs[0]
+        shape = list(ctx.shape(x))
+        grid_shape = [shape[0], shape[1] if len(shape) > 1 else 1, -1]
+        grid = ctx.add_node("Reshape", [x, ctx.const(np.array(grid_shape, np.int64))], [ctx.tmp(name + "_grid")])[0]
+        sq = ctx.add_node("Mul", [grid, grid], [ctx.tmp(name + "_sq")])[0]
+        ss = onnx_reduce(ctx, "ReduceSum", sq, [1], True, ctx.tmp(name + "_ss"))
+        sse = ctx.add_node("Add", [ss, ctx.const(np.array(NORMALIZE_EPS, np.float32))], [ctx.tmp(name + "_sse")])[0]
+        norm = ctx.add_node("Sqrt", [sse], [ctx.tmp(name + "_norm")])[0]
+        unit = ctx.add_node("Div", [grid, norm], [ctx.tmp(name + "_unit")])[0]
+        ctx.add_node("Reshape", [unit, ctx.const(np.array(shape, np.int64))], [node.outputs[0]], name=name)
+
+    def pytorch_source(self, node, emit):
+        return f"{emit.helper(style_normalize)}({emit.inputs[0]}, {emit.lit(NORMALIZE_EPS)})"
+
+
+STYLE_NORMALIZE = StyleNormalize()

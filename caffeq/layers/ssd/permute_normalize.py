@@ -3,7 +3,8 @@
 - Permute accepts a partial `order` and appends the unlisted axes in order.
 - Normalize divides by sqrt(sum x^2 + eps) (over C*H*W, or over C per pixel)
   and multiplies by a learned scale: one value (a 0-axis blob) when
-  channel_shared, else one per channel.
+  channel_shared, else one per channel.  A norm_param that sets scale_value is
+  shenfalong/styletransfer's Normalize (shenfalong_style.py's STYLE_NORMALIZE, no blobs).
 """
 
 import numpy as np
@@ -12,6 +13,7 @@ from torch import nn
 
 from ..happynear import HAPPYNEAR_NORMALIZE, normalize_fork
 from ..registry import Layer, LayerError, need_blobs, register_layer, torch_sources
+from ..shenfalong_style import STYLE_NORMALIZE
 
 
 def _reduce_sum_square(ctx, x, axes, out, keepdims=1):
@@ -90,8 +92,9 @@ class Normalize(nn.Module):
 TORCH_NORMALIZE = torch_sources(ssd_normalize, Normalize)
 
 
-def _happynear(attrs):
-    return attrs.get("fork") == "happynear"
+def _fork_spec(attrs):
+    """The spec of a Normalize read as another fork's (happynear's, shenfalong/styletransfer's), else None."""
+    return {"happynear": HAPPYNEAR_NORMALIZE, "shenfalong": STYLE_NORMALIZE}.get(attrs.get("fork"))
 
 
 @register_layer("Normalize")
@@ -103,6 +106,8 @@ class NormalizeLayer(Layer):
     def parse(self, lp):
         if normalize_fork(lp) == "happynear":
             return HAPPYNEAR_NORMALIZE.parse(lp)
+        if lp.norm_param.HasField("scale_value"):
+            return STYLE_NORMALIZE.parse(lp)
         need_blobs(lp, "Normalize", 1)
         p = lp.norm_param
         attrs = {"across_spatial": bool(p.across_spatial), "channel_shared": bool(p.channel_shared),
@@ -118,11 +123,11 @@ class NormalizeLayer(Layer):
         return attrs
 
     def blob_names_for(self, attrs):
-        return () if _happynear(attrs) else self.blob_names
+        return () if _fork_spec(attrs) else self.blob_names
 
     def infer(self, attrs, in_shapes):
-        if _happynear(attrs):
-            return HAPPYNEAR_NORMALIZE.infer(attrs, in_shapes)
+        if _fork_spec(attrs):
+            return _fork_spec(attrs).infer(attrs, in_shapes)
         s = in_shapes[0]
         # SSD reads num/channels/height/width, which exist for 2 to 4 axes only
         if not 2 <= len(s) <= 4:
@@ -130,7 +135,7 @@ class NormalizeLayer(Layer):
         return [tuple(s)]
 
     def param_shapes(self, attrs, in_shapes):
-        if _happynear(attrs):
+        if _fork_spec(attrs):
             return None
         # channel_shared: SSD makes a 0-axis blob (one value, no shape)
         return [()] if attrs["channel_shared"] else [(in_shapes[0][1],)]
@@ -139,16 +144,16 @@ class NormalizeLayer(Layer):
         return [np.full(shapes[0], attrs["fill"], np.float32)]
 
     def forward(self, attrs, params, x):
-        if _happynear(attrs):
-            return HAPPYNEAR_NORMALIZE.forward(attrs, params, x)
+        if _fork_spec(attrs):
+            return _fork_spec(attrs).forward(attrs, params, x)
         return ssd_normalize(x, params[0], attrs["across_spatial"], attrs["channel_shared"], attrs["eps"])
 
     def macs(self, attrs, in_shapes, out_shapes):
-        return HAPPYNEAR_NORMALIZE.macs(attrs, in_shapes, out_shapes) if _happynear(attrs) else 0
+        return _fork_spec(attrs).macs(attrs, in_shapes, out_shapes) if _fork_spec(attrs) else 0
 
     def onnx(self, ctx, node):
-        if _happynear(node.attrs):
-            return HAPPYNEAR_NORMALIZE.onnx(ctx, node)
+        if _fork_spec(node.attrs):
+            return _fork_spec(node.attrs).onnx(ctx, node)
         a = node.attrs
         x, out = node.inputs[0], node.outputs[0]
         rank = len(ctx.shape(x))
@@ -166,8 +171,8 @@ class NormalizeLayer(Layer):
         ctx.add_node("Mul", [y, scale], [out])
 
     def pytorch_source(self, node, emit):
-        if _happynear(node.attrs):
-            return HAPPYNEAR_NORMALIZE.pytorch_source(node, emit)
+        if _fork_spec(node.attrs):
+            return _fork_spec(node.attrs).pytorch_source(node, emit)
         a = node.attrs
         args = [str(emit.in_shape(0)[1])]
         if a["across_spatial"]:
