@@ -106,7 +106,8 @@ def test_perm_matrix_tops_are_the_nets_inputs(tmp_path):
         layers.append(f'layer {{ name: "fc{k}" type: "InnerProduct" bottom: "p{k}" top: "f{k}" '
                       f'inner_product_param {{ num_output: 5 }} }}')
     layers.append('layer { name: "cat" type: "Concat" bottom: "f0" bottom: "f1" bottom: "f2" bottom: "f3" top: "c" }')
-    layers.append('layer { name: "fc8" type: "InnerProduct" bottom: "c" top: "fc8" inner_product_param { num_output: 16 } }')
+    layers.append('layer { name: "fc8" type: "InnerProduct" bottom: "c" top: "fc8" '
+                  'inner_product_param { num_output: 16 } }')
     layers.append('layer { name: "sm" type: "Softmax" bottom: "fc8" top: "s" }')
     layers.append(sinkhorn_text("r", "s", "r1", 4, 4, True))
     layers.append(sinkhorn_text("cl", "r1", "prob", 4, 4, False))

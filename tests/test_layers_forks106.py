@@ -79,6 +79,20 @@ def test_box_features_scales_each_box(param, background, tmp_path):
     check_everywhere(model, {"unary": unary, "dets": dets}, {"y": ref}, tmp_path)
 
 
+def test_box_features_cuts_negative_box_ends_toward_zero(tmp_path):
+    """detection.hpp's static_cast<int>: an end in (-1, 0) is 0 (floor would give -1 and an empty box), so the
+    box keeps column / row 0."""
+    unary = rng(4).standard_normal((1, 2, 5, 6)).astype(F32)
+    dets = np.array([[1, -2.5, 1.0, -0.6, 3.7, 1.2],     # x_end -0.6 -> 0: column 0, rows 1 to 3
+                     [2, 2.0, -1.9, 4.2, -0.3, 0.3]],    # y_end -0.3 -> 0: row 0, columns 2 to 4
+                    F32).reshape(1, 2, 1, 6)
+    model = load_from_text(net(BOX_LAYER.format(""), inputs={"unary": unary.shape, "dets": dets.shape}))
+    ref = box_features_ref(unary, dets)
+    assert ref[1, :, 1:4, 0].all() and not ref[1, :, :, 1:].any() and not ref[1, :, 0].any()
+    assert ref[2, :, 0, 2:5].all() and not ref[2, :, 1:].any() and not ref[0].any()
+    check_everywhere(model, {"unary": unary, "dets": dets}, {"y": ref}, tmp_path)
+
+
 def test_box_features_refuses_a_batch_and_a_bad_detection_blob():
     with pytest.raises(LayerError, match="batch of 1 only"):
         load_from_text(net(BOX_LAYER.format(""), inputs={"unary": (2, 3, 5, 7), "dets": (1, 2, 1, 6)}))

@@ -7,7 +7,8 @@ toward zero; the blob's num must be 1 and its count D * 6).
   background_det_score [0.7311]): from a (1, C, H, W) unary, a (D + 1, C, H, W) top, zero but for row i + 1 of
   detection i inside its box, columns max(0, x0) to min(W - 1, x1) and rows max(0, y0) to min(H - 1, y1) both
   ends included, where it is the unary times exp(s) / (exp(s) + exp(1 - s)) of the detection's score s (in
-  float, as written there; exp as glibc's expf rounds it, computed in double and rounded); row 0 is the unary times background_det_score with is_background_det, else zero.
+  float, as written there; exp as glibc's expf rounds it, computed in double and rounded); row 0 is the unary
+  times background_det_score with is_background_det, else zero.
   A unary batch other than 1 is refused (the fork stops: "Only a batch size of 1 is currently supported").
 - ChannelSelect (src/caffe/layers/channel_select_layer.cpp): from an (N, C, H, W) stack, an (N, 1, H, W) top:
   row 0 is channel 0 of row 0, row i + 1 channel `label` of row i + 1 for each detection i, later rows zero.
