@@ -23,6 +23,7 @@ def test_instance_cudnn_batch_norm_normalises_each_item_alone(tmp_path):
     node.blobs[2][:] = 5.0   # running statistics: written by the fork, never read
     node.blobs[3][:] = 9.0
     x = (rng(1).standard_normal(SHAPE) * 3 + 2).astype(np.float32)
+    x[1] = rng(11).standard_normal(SHAPE[1:]) * 3e-3 + 2   # a variance near the 1e-5: eps shows
     want = np.zeros(SHAPE)
     for n in range(SHAPE[0]):
         for c in range(SHAPE[1]):
@@ -35,7 +36,8 @@ def test_instance_cudnn_batch_norm_normalises_each_item_alone(tmp_path):
 def test_mean_variance_gives_means_then_deviations(tmp_path):
     model = one('layer { name: "mv" type: "MeanVariance" bottom: "x" top: "y" }')
     assert model.blob_shapes["y"] == (2, 6, 1, 1)
-    x = (rng(2).standard_normal(SHAPE) + 1).astype(np.float32)
+    x = (rng(2).standard_normal(SHAPE) * 3e-3 + 1).astype(np.float32)   # a small variance: the 1e-5 shows
+    x[1] = rng(12).standard_normal(SHAPE[1:]) * 2 - 1
     flat = x.reshape(2, 3, -1).astype(np.float64)
     mean, square = flat.mean(2), (flat * flat).mean(2)
     want = np.concatenate([mean, np.sqrt(square - mean * mean + 1e-5)], 1).reshape(2, 6, 1, 1)
@@ -64,7 +66,8 @@ def test_scale_bias_maps_tanh_output_to_bgr_pixels_minus_mean(tmp_path):
     y = x * np.float32(127.5) + np.float32(127.5)
     means = np.array([104.008, 116.669, 122.675, 122.675]).reshape(1, 4, 1, 1)
     want = (y.astype(np.float64) - means).astype(np.float32)
-    check_everywhere(model, {"x": x}, {"y": want}, tmp_path, atol=1e-5)
+    assert not np.array_equal(want, y - means.astype(np.float32))   # the double subtraction shows
+    check_everywhere(model, {"x": x}, {"y": want}, tmp_path, atol=0, rtol=0)
 
 
 def test_de_concat_splits_channels(tmp_path):
@@ -99,13 +102,34 @@ def deconv_ref(x, w, stride, pad):
     return full[:, :, pad:full.shape[2] - pad, pad:full.shape[3] - pad]
 
 
+STYLE_CONV = """input_blob { name: "x" num: 2 channels: 3 height: 5 width: 7 }
+layer { name: "c" type: "CuDNNConvolution" bottom: "x" bottom_flow: -1 top: "y" top_flow: -1
+  convolution_param { num_output: 4 kernel_size: 3 stride: 2 pad: 1 } }
+layer { name: "f" type: "InnerProduct" bottom: "y" top: "z" inner_product_param { num_output: 2 } }
+"""
+
+
+def test_bias_default_off_only_in_the_forks_dialect():
+    warnings = []
+    parsed = parse_prototxt_text(STYLE_CONV, warnings=warnings)
+    assert parsed.layer[0].convolution_param.HasField("bias_term") and not parsed.layer[0].convolution_param.bias_term
+    assert not parsed.layer[1].inner_product_param.bias_term
+    assert any("bias_term: false" in w for w in warnings)
+    # strawberryfg's CuDNNConvolution / CuDNNDeconvolution on BVLC's caffe.proto: a bias unless it says otherwise
+    for kind in ("CuDNNConvolution", "CuDNNDeconvolution"):
+        bvlc = one('layer { name: "c" type: "%s" bottom: "x" top: "y" '
+                   'convolution_param { num_output: 4 kernel_size: 3 } }' % kind, random_weights=True)
+        assert len(bvlc.graph.node("c").blobs) == 2
+
+
 def test_cudnn_convolution_bias_defaults_off_and_fork_bias_blob_loads(tmp_path):
-    model = one('layer { name: "c" type: "CuDNNConvolution" bottom: "x" top: "y" '
-                'convolution_param { num_output: 4 kernel_size: 3 stride: 2 pad: 1 } }', random_weights=True)
+    model = load_from_text(STYLE_CONV, random_weights=True)
     assert len(model.graph.node("c").blobs) == 1   # the fork's bias_term [default = false]
     x = rng(6).standard_normal(SHAPE).astype(np.float32)
     w = model.graph.node("c").blobs[0]
-    check_everywhere(model, {"x": x}, {"y": conv_ref(x, w, None, 2, 1)}, tmp_path, atol=2e-5, rtol=1e-5)
+    y = conv_ref(x, w, None, 2, 1)
+    z = y.reshape(2, -1) @ model.graph.node("f").blobs[0].T.astype(np.float64)
+    check_everywhere(model, {"x": x}, {"z": z}, tmp_path, atol=2e-5, rtol=1e-5)
     spec = model.graph.node("c").spec
     with_bias = one('layer { name: "c" type: "CuDNNConvolution" bottom: "x" top: "y" '
                     'convolution_param { num_output: 4 kernel_size: 3 bias_term: true } }', random_weights=True)
@@ -116,7 +140,8 @@ def test_cudnn_convolution_bias_defaults_off_and_fork_bias_blob_loads(tmp_path):
 
 def test_cudnn_deconvolution_matches_the_transposed_convolution(tmp_path):
     model = one('layer { name: "d" type: "CuDNNDeConvolution" bottom: "x" top: "y" '
-                'convolution_param { num_output: 2 kernel_size: 4 stride: 2 pad: 1 } }', random_weights=True)
+                'convolution_param { num_output: 2 kernel_size: 4 stride: 2 pad: 1 bias_term: false } }',
+                random_weights=True)
     assert model.blob_shapes["y"] == (2, 2, 10, 14)
     x = rng(7).standard_normal(SHAPE).astype(np.float32)
     w = model.graph.node("d").blobs[0]

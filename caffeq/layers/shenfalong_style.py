@@ -4,7 +4,8 @@ Each is the fork's GPU forward (it has no CPU one), as its pycaffe runs it at te
 
 - CuDNNConvolution / CuDNNDeConvolution (operator/cudnn_conv_layer.cpp, cudnn_deconv_layer.*, conv_layer.cpp,
   deconv_layer.cpp): cuDNN cross-correlation (its transpose for DeConvolution) with a square kernel_size, pad,
-  stride, group and filter_stride (the dilation); bias_term defaults to false in the fork's proto.  Weights
+  stride, group and filter_stride (the dilation); bias_term defaults to false in the fork's proto (applied by the
+  reader to nets in the fork's dialect: input_blob or bottom_flow / top_flow).  Weights
   (O, C/group, k, k) (DeConvolution: (C, O/group, k, k)); the bias blob is (O, 1, 1, 1), read as (O,).
 - InstanceCuDNNBatchNorm (operator/instance_cudnn_batch_norm_layer.*): cudnnBatchNormalizationForwardTraining on
   each item alone, at test too: per item and channel y = scale * (x - mean) / sqrt(var + 1e-5) + bias, mean and
@@ -45,8 +46,9 @@ def _fork_conv_attrs(attrs, lp, kind):
             raise LayerError(f"convolution_param.{field}: {kind} takes one kernel_size, pad and stride")
     if len(p.kernel_size) != 1:
         raise LayerError(f"convolution_param.kernel_size: {kind} takes one value, got {len(p.kernel_size)}")
-    # the fork's ConvolutionParameter: bias_term [default = false]
-    return dict(attrs, bias_term=bool(p.bias_term) if p.HasField("bias_term") else False)
+    # the fork's bias_term [default = false] is applied by the reader in the fork's dialect (input_blob / flows):
+    # strawberryfg's CuDNNConvolution nets, on BVLC's caffe.proto, keep BVLC's default (a bias)
+    return attrs
 
 
 def _bias_as_vector(attrs, arrays, notes):
@@ -260,8 +262,11 @@ class ScaleBias(Layer):
         half = ctx.const(np.array(127.5, np.float32))
         t = ctx.add_node("Mul", [node.inputs[0], half], [ctx.tmp(node.name + "_scaled")])[0]
         t = ctx.add_node("Add", [t, half], [ctx.tmp(node.name + "_shifted")])[0]
-        means = np.array([BGR_MEAN[min(k, 2)] for k in range(c)], np.float32).reshape([1, c] + [1] * (len(shape) - 2))
-        ctx.add_node("Sub", [t, ctx.const(means)], [node.outputs[0]], name=node.name)
+        # the kernel's `in[i] - 104.008`: a double subtraction, rounded once to float
+        means = np.array([BGR_MEAN[min(k, 2)] for k in range(c)], np.float64).reshape([1, c] + [1] * (len(shape) - 2))
+        t = ctx.add_node("Cast", [t], [ctx.tmp(node.name + "_double")], to=11)[0]
+        t = ctx.add_node("Sub", [t, ctx.const(means)], [ctx.tmp(node.name + "_centred")])[0]
+        ctx.add_node("Cast", [t], [node.outputs[0]], name=node.name, to=1)
 
     def pytorch_source(self, node, emit):
         return f"{emit.helper(style_scale_bias)}({emit.inputs[0]}, {emit.lit(list(BGR_MEAN))})"
