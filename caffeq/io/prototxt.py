@@ -16,6 +16,7 @@ from google.protobuf import text_format
 
 from ..errors import ParseError
 from .schema import caffe_pb2
+from .styletransfer_dialect import styletransfer_inputs
 from .templates import (
     BarePlaceholder,
     code_spans,
@@ -376,60 +377,12 @@ def parse_prototxt_text(text, message=None, path="<text>", ignore_unknown=False,
     if warnings is not None:
         warnings.extend(filled)
     if isinstance(message, caffe_pb2.NetParameter):
-        _styletransfer_inputs(message, path, warnings)
+        styletransfer_inputs(message, path, warnings)
     if placeholders is None:
         resolve_placeholders(message, pending, path, [])
     else:
         placeholders.extend(pending)
     return message
-
-
-def _styletransfer_inputs(net, path, warnings):
-    """shenfalong/styletransfer's `input_blob { name num channels height width }` (its NetParameter; its pycaffe
-    makes one input blob of that shape for each) as `input` / `input_shape`; its layers' bottom_flow / top_flow
-    (which memory buffer a blob shares) leave the numbers alone and are ignored, with a note.  Either marks the
-    fork's dialect, whose convolutions and inner products have no bias unless bias_term says so."""
-    had_input_blob = bool(len(net.input_blob))
-    if had_input_blob:
-        if len(net.input) or len(net.input_dim) or len(net.input_shape):
-            raise ParseError(f"{path}: sets both input_blob (shenfalong/styletransfer's net inputs) and "
-                             f"input / input_dim / input_shape; give the inputs one way")
-        for blob in net.input_blob:
-            if not blob.name:
-                raise ParseError(f"{path}: an input_blob without a name")
-            net.input.append(blob.name)
-            net.input_shape.add().dim.extend([blob.num, blob.channels, blob.height, blob.width])
-        net.ClearField("input_blob")
-        if warnings is not None:
-            warnings.append(f"{path}: input_blob (shenfalong/styletransfer's net inputs) read as input / input_shape")
-    flows = any(len(lp.bottom_flow) or len(lp.top_flow) for lp in net.layer)
-    if warnings is not None and flows:
-        warnings.append(f"{path}: bottom_flow / top_flow (shenfalong/styletransfer's sharing of blob memory between "
-                        f"layers) ignored: the same numbers without it")
-    if had_input_blob or flows:
-        _styletransfer_bias_defaults(net, path, warnings)
-
-
-# the fork's ConvolutionParameter / InnerProductParameter: bias_term [default = false]
-_STYLETRANSFER_BIAS = {"CuDNNConvolution": "convolution_param", "CuDNNDeConvolution": "convolution_param",
-                       "Convolution": "convolution_param", "DeConvolution": "convolution_param",
-                       "Deconvolution": "convolution_param", "InnerProduct": "inner_product_param"}
-
-
-def _styletransfer_bias_defaults(net, path, warnings):
-    """In a net of shenfalong/styletransfer's dialect (input_blob or flows), a convolution or inner product that
-    leaves bias_term unset has no bias (the fork's default); elsewhere BVLC's default (a bias) stays, e.g. for
-    strawberryfg's CuDNNConvolution nets, whose caffe.proto is BVLC's."""
-    unset = []
-    for lp in net.layer:
-        field = _STYLETRANSFER_BIAS.get(lp.type)
-        if field and not getattr(lp, field).HasField("bias_term"):
-            getattr(lp, field).bias_term = False
-            unset.append(lp.name)
-    if unset and warnings is not None:
-        warnings.append(f"{path}: {len(unset)} layer(s) without bias_term ({', '.join(map(repr, unset[:3]))}"
-                        f"{', ...' if len(unset) > 3 else ''}) read with shenfalong/styletransfer's default "
-                        f"bias_term: false")
 
 
 def _parse_error(path, err, text):
