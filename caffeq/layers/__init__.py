@@ -61,6 +61,7 @@ from . import (  # noqa: F401,E402
     deeplab_forks,
     deepsaldet,
     deformable_conv,
+    deformable_psroi,
     dense_crf,
     denseblock,
     densereg,
