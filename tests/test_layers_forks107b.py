@@ -181,7 +181,9 @@ def test_depthwise_nhwc_bad_parameters(param, needle):
 
 @pytest.mark.parametrize("mode", ["MAX", "AVE"])
 @pytest.mark.parametrize("geometry, kernel, stride, pad", [
-    ("kernel_size: 3 stride: 2 pad: 1", (3, 3), (2, 2), (1, 1)),      # ceil, last window dropped on one axis
+    ("kernel_size: 3 stride: 2 pad: 1", (3, 3), (2, 2), (1, 1)),      # ceil: 5 x 6, no window dropped
+    ("kernel_size: 3 stride: 2 pad: 2", (3, 3), (2, 2), (2, 2)),      # ceil 6 x 7, the last row of windows
+    #                                                                   starts in the padding: dropped, 5 x 7
     ("kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 3", (3, 2), (2, 3), (0, 0)),   # ceil overhang
 ])
 def test_pooling_nhwc_matches_the_fork_loops(mode, geometry, kernel, stride, pad, tmp_path):
@@ -201,6 +203,24 @@ def test_pooling_nhwc_global(mode, tmp_path):
                                f'pooling_param {{ pool: {mode} global_pooling: true }} }}', inputs={"x": x.shape}))
     ref = pool_nhwc_ref(x, mode, (5, 7), (1, 1), (0, 0))
     assert ref.shape == (2, 1, 1, 4)
+    check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("geometry, kernel, stride, pad", [
+    ("global_pooling: true", (5, 7), (1, 1), (0, 0)),
+    ("kernel_size: 3 stride: 2", (3, 3), (2, 2), (0, 0)),
+    ("kernel_h: 2 kernel_w: 3 stride: 2 pad: 1", (2, 3), (2, 2), (1, 1)),
+])
+def test_pooling_nhwc_max_of_minus_inf_windows_is_minus_flt_max(geometry, kernel, stride, pad, tmp_path):
+    """Both fork forwards start each MAX window at -FLT_MAX, so a window of -inf gives -FLT_MAX (ONNX's MaxPool
+    gave -inf before the review of round 107)."""
+    x = rng(15).standard_normal((2, 5, 7, 3)).astype(F32)
+    x[0, :, :, 1] = -np.inf
+    x[1, :3, :4, 0] = -np.inf
+    model = load_from_text(net(f'layer {{ name: "p" type: "PoolingNHWC" bottom: "x" top: "y" '
+                               f'pooling_param {{ pool: MAX {geometry} }} }}', inputs={"x": x.shape}))
+    ref = pool_nhwc_ref(x, "MAX", kernel, stride, pad)
+    assert (ref[0, :, :, 1] == -np.finfo(F32).max).all()
     check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=1e-6, rtol=1e-6)
 
 

@@ -182,7 +182,8 @@ def test_duplicate_checks_its_size():
 
 def test_learnable_dilation_branch_reads_with_the_forks_shapes():
     """The train net's dilation branch: 1x1 'zero' images through 1x1 convolutions, Truncation to [1, 4],
-    Duplicate to 41 x 41.  The rest of the file needs the fork's Convolution with a dilation bottom."""
+    Duplicate to 41 x 41; the fork's Convolution with a dilation bottom reads them
+    (tests/test_layers_learnable_dilation.py)."""
     text = DILATION_TRAIN.read_text()
     model = load_from_text(text[:text.index("###################### DeepLab")], phase="TRAIN")
     s = model.blob_shapes
@@ -190,8 +191,7 @@ def test_learnable_dilation_branch_reads_with_the_forks_shapes():
     assert s["dilation_5_1"] == s["dilation_5_3"] == (10, 512, 41, 41)
     node = next(n for n in model.graph.nodes if n.name == "loc_truncation_5_2")
     assert (node.attrs["min"], node.attrs["max"]) == (1.0, 4.0)
-    with pytest.raises(CaffeqError, match=r"layer 'conv5_1' \(Convolution\): produces 2 tops but the prototxt names 1"):
-        load(str(DILATION_TRAIN), phase="TRAIN")
+    assert load(str(DILATION_TRAIN), phase="TRAIN").blob_shapes["conv5_1"] == (10, 512, 41, 41)
 
 
 # ---- apsvvfb/caffe_qi (88f2478): ImageData's third top, the LRCN clip markers ------------------------------

@@ -34,9 +34,6 @@ KNOWN_REFUSALS = {
     "Nortinwell__VGG-depthwise-SSD__VGG_reduce_300.prototxt": "170:2: 'z' stands where a field name goes",
     # broken for every reader (corpus4 triage): a py-faster-rcnn leftover, no layer makes 'rpn_rois'
     "aovoc__CTPN__models__train.prototxt": "bottom 'rpn_rois' is not produced by any earlier layer",
-    # SSAW14/LearnableDilationNetwork's Convolution takes its dilation as a second bottom (the fork's
-    # dynamic dilation); its Truncation and Duplicate read (tests/test_layers_train_forks.py)
-    "SSAW14__LearnableDilationNetwork__train.prototxt": "layer 'conv5_1' (Convolution): produces 2 tops but the prototxt names 1",
 }
 
 

@@ -28,7 +28,8 @@ caller.  Layers in between that ignore the layout (ReLU) work on these blobs unc
   takes the whole plane.  The fork's PoolingParameter declares pad / kernel_size / stride once (scalars).
 
 caffeq computes each through its NCHW convolution / pooling between two permutes (the same sums); the ONNX
-export is Transpose, Conv or the pooling of caffeq/backends/onnx_pooling.py, Transpose.
+export is Transpose, Conv or the pooling of caffeq/backends/onnx_pooling.py (MAX then floored at -FLT_MAX,
+where onnxruntime's MaxPool leaves a window of -inf at -inf), Transpose.
 """
 import math
 
@@ -41,6 +42,7 @@ from .pooling import AVE, CEIL, MAX, STOCHASTIC, TORCH_POOL_FUNCTIONS, TORCH_POO
 from .registry import AT_LEAST, Layer, LayerError, count, need_blobs, register_layer, spatial_params, torch_sources
 
 TO_NCHW, TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
+FLT_MAX = 3.4028234663852886e38
 #: the Caffe weight (kh, kw, C_in / 1, C_out) -> torch's (C_out, C_in / 1, kh, kw)
 WEIGHT_TO_OIHW = [3, 2, 0, 1]
 
@@ -133,7 +135,8 @@ class _ConvNHWCBase(Layer):
         s = tuple(in_shapes[0])
         _four_axes(self.types[0], s)
         if any(tuple(t) != s for t in in_shapes[1:]):
-            raise LayerError(f"{self.types[0]}: all bottoms must have the same shape, got {[list(t) for t in in_shapes]}")
+            raise LayerError(f"{self.types[0]}: all bottoms must have the same shape, "
+                             f"got {[list(t) for t in in_shapes]}")
         self.check_channels(attrs, s[3])
         out = [(n + 2 * p - (d * (k - 1) + 1)) // st + 1 for n, k, st, p, d in
                zip(s[1:3], attrs["kernel"], attrs["stride"], attrs["pad"], attrs["dilation"])]
@@ -280,7 +283,8 @@ class PoolingNHWC(Layer):
         has_kernel = bool(p.kernel_size) or p.HasField("kernel_h") or p.HasField("kernel_w")
         if attrs["global"]:
             if has_kernel:
-                raise LayerError("pooling_param: with global_pooling the kernel size cannot be given (the fork checks it)")
+                raise LayerError("pooling_param: with global_pooling the kernel size cannot be given "
+                                 "(the fork checks it)")
             attrs["kernel"] = None
         else:
             if bool(p.kernel_size) == (p.HasField("kernel_h") and p.HasField("kernel_w")):
@@ -315,8 +319,18 @@ class PoolingNHWC(Layer):
     def onnx(self, ctx, node):
         from ..backends.onnx_pooling import emit_pooling
         n, h, w, c = ctx.shape(node.inputs[0])
-        _onnx_nhwc(ctx, node, node.inputs[0], node.outputs[0],
-                   lambda xt, yt: emit_pooling(ctx, node, node.attrs, xt, yt, shape=(n, c, h, w)))
+
+        def emit(xt, yt):
+            if node.attrs["pool"] != MAX:
+                emit_pooling(ctx, node, node.attrs, xt, yt, shape=(n, c, h, w))
+                return
+            # the fork starts every MAX window at -FLT_MAX, so a window of -inf gives -FLT_MAX (as forward
+            # does); onnxruntime's MaxPool keeps -inf
+            pooled = ctx.tmp(f"{node.name}_max")
+            emit_pooling(ctx, node, node.attrs, xt, pooled, shape=(n, c, h, w))
+            ctx.add_node("Max", [pooled, ctx.f32(-FLT_MAX)], [yt], name=f"{node.name}_from_flt_max")
+
+        _onnx_nhwc(ctx, node, node.inputs[0], node.outputs[0], emit)
 
     def pytorch_source(self, node, emit):
         a = node.attrs
