@@ -102,6 +102,14 @@ def ok(res):
     return res.stdout
 
 
+def inspect_corpus_file(path, *args):
+    """`cli.py inspect` of a collected corpus file (benchmarks/corpus.py's folders, not shipped) -> its stdout;
+    the test is skipped on a machine without that corpus."""
+    if not Path(path).exists():
+        pytest.skip("the corpus is not on this machine")
+    return ok(cli_process("inspect", path, *args))
+
+
 def one_line_error(res, *needles):
     """A CompletedProcess that failed with status 2 and one `caffeq: error:` line holding every
     needle (warnings aside) -> that line."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, cli_process, net, node_of, ok, rng
+from conftest import check_everywhere, inspect_corpus_file, net, node_of, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.layers import LayerError
@@ -268,7 +268,5 @@ CORPUS = [
 
 @pytest.mark.parametrize("path, args, row", CORPUS, ids=[Path(p).name[:40] for p, _, _ in CORPUS])
 def test_the_forks_files_read(path, args, row):
-    if not Path(path).exists():
-        pytest.skip("the corpus is not on this machine")
-    out = ok(cli_process("inspect", path, *args))
+    out = inspect_corpus_file(path, *args)
     assert row in out, out

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, cli_process, net, ok, rng
+from conftest import check_everywhere, inspect_corpus_file, net, rng
 from google.protobuf import text_format
 
 from caffeq.errors import CaffeqError
@@ -190,7 +190,5 @@ CORPUS = [
 
 @pytest.mark.parametrize("path, args, row", CORPUS, ids=[Path(p).name[:48] for p, _, _ in CORPUS])
 def test_the_forks_files_read(path, args, row):
-    if not Path(path).exists():
-        pytest.skip("the corpus is not on this machine")
-    out = ok(cli_process("inspect", path, *args))
+    out = inspect_corpus_file(path, *args)
     assert row in out, out

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, cli_process, net, ok, rng
+from conftest import check_everywhere, inspect_corpus_file, net, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load_from_text
@@ -260,8 +260,5 @@ def test_image_loc_data_gives_one_window_per_item():
      "prob_3dnorm -> decode_local          300x3x13x13"),
 ])
 def test_the_forks_nets_read(name, args, row):
-    path = CORPUS / (PREFIX + name)
-    if not path.exists():
-        pytest.skip("the corpus is not on this machine")
-    out = ok(cli_process("inspect", path, *args))
+    out = inspect_corpus_file(CORPUS / (PREFIX + name), *args)
     assert row in out, out
