@@ -15,6 +15,7 @@ F = np.float32
 
 
 def c_round(v):
+    v = float(v)     # in double, as C's round: float32's 0.49999997 + 0.5 would round up to 1
     return float(np.sign(v) * np.floor(abs(v) + 0.5))
 
 
@@ -75,12 +76,14 @@ def ref_deformable_psroi(x, rois, trans, dim, g, part, samples, std, scale):
 DIM, G = 4, 3
 X_SHAPE = (2, DIM * G * G, 7, 11)       # N, C, H, W all different
 # input pixels (spatial_scale 0.5): inside, crossing the top-left border, on image 1 with fractional
-# corners (.5 rounds away from 0), one pixel, and wholly off the map (no sample taken: 0)
+# corners (.5 rounds away from 0), one pixel, wholly off the map (no sample taken: 0), and x2 < x1, y2 = y1 - 1
+# (sizes below 0: the kernel's minimum 0.1)
 ROIS = np.array([[0, 2.3, 1.6, 15.2, 9.4],
                  [0, -3.0, -2.5, 6.5, 5.49],
                  [1, 4.5, 0.5, 20.7, 13.2],
                  [1, 8.0, 6.0, 8.0, 6.0],
-                 [0, 40.0, 30.0, 48.0, 36.0]], F)
+                 [0, 40.0, 30.0, 48.0, 36.0],
+                 [1, 12.0, 9.0, 3.0, 8.0]], F)
 
 
 def layer(params, trans=True):
@@ -130,6 +133,23 @@ def test_part_size_default_reads_the_first_offset(tmp_path):
     moved.reshape(-1)[1:] = 9.0    # nothing but trans[0] matters
     assert np.array_equal(ref, ref_deformable_psroi(x, ROIS, moved, DIM, G, 0, 1, 0.2, 0.5))
     check_everywhere(model, {"x": x, "rois": ROIS, "t": t}, {"o": ref}, tmp_path, atol=0, rtol=0)
+
+
+def test_trans_read_flat_up_to_the_last_part_read(tmp_path):
+    """part_size 5 with group_size 3 reads parts 0, 1, 3: the kernel reads trans as a flat buffer, and a
+    (3, 2, 4, 6) trans (144 values) holds the last offset 3 rois read, ((5 * 5 + 3) * 5 + 3 = 143)."""
+    g = rng(6)
+    x = g.standard_normal(X_SHAPE).astype(F)
+    rois = ROIS[:3]
+    t = g.standard_normal((3, 2, 4, 6)).astype(F)
+    inputs = {"x": X_SHAPE, "rois": rois.shape, "t": t.shape}
+    params = f"spatial_scale: 0.5 output_dim: {DIM} group_size: {G} part_size: 5 sample_per_part: 2 trans_std: 0.3"
+    model = load_from_text(net(layer(params), inputs=inputs))
+    ref = ref_deformable_psroi(x, rois, t, DIM, G, 5, 2, 0.3, 0.5)
+    moved = t.copy()
+    moved.reshape(-1)[143] += 1.0
+    assert not np.array_equal(ref, ref_deformable_psroi(x, rois, moved, DIM, G, 5, 2, 0.3, 0.5))
+    check_everywhere(model, {"x": x, "rois": rois, "t": t}, {"o": ref}, tmp_path, atol=0, rtol=0)
 
 
 def test_no_rois():

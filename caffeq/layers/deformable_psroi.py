@@ -26,6 +26,7 @@ A file that leaves output_dim out (required in the fork, whose Caffe then refuse
 own fpn-res50 dcn nets do) is read with output_dim = input channels / group_size^2, the only value the
 fork's Reshape check admits, and a note.  Trans reads the fork would make past trans's end are refused.
 
+The CPU forward is followed to the bit (nvcc may contract the kernel's a * b + c into FMAs: the last bit).
 The torch function below serves `forward` and is copied into model.py; the ONNX export writes the same
 float32 steps as elementwise ops and Gathers from the flattened data and trans (to the bit).
 """
@@ -194,8 +195,9 @@ def onnx_deformable_psroi(ctx, node, a, in_shapes):
             row1, row2 = (ctx.op("Add", [plane, ctx.op("Mul", [ctx.op("Cast", [v], "iy", to=i64), ctx.i64(w)], "yw")],
                                  "row") for v in (y1, y2))
             val = None
-            for wy, wx, row, col in ((hx, hy, row1, ix1), (hx, dy, row2, ix1), (dx, hy, row1, ix2), (dx, dy, row2, ix2)):
-                term = ctx.op("Mul", [ctx.op("Mul", [wy, wx], "wt"),
+            corners = ((hx, hy, row1, ix1), (hx, dy, row2, ix1), (dx, hy, row1, ix2), (dx, dy, row2, ix2))
+            for wx, wy, row, col in corners:     # (1-dx)(1-dy) v11, (1-dx) dy v12, dx (1-dy) v21, dx dy v22
+                term = ctx.op("Mul", [ctx.op("Mul", [wx, wy], "wt"),
                                       ctx.op("Gather", [data, ctx.op("Add", [row, col], "idx")], "v", axis=0)], "term")
                 val = term if val is None else ctx.op("Add", [val, term], "val")
             val = ctx.op("Where", [taken, val, ctx.f32(0.0)], "val_t")
@@ -272,8 +274,9 @@ class DeformablePSROIPooling(RoiLayerSpec):
             if classes == 0 or dim % classes:
                 raise LayerError(f"trans has {t[1] if len(t) > 1 else 0} channels: 2 x num_classes with "
                                  f"num_classes dividing output_dim {dim} are needed")
-            part = attrs["part"]
-            last = ((r[0] * classes * 2 - 1) * part + max(part - 1, 0)) * part + max(part - 1, 0)
+            part, g = attrs["part"], attrs["group"]
+            top = int(np.floor(np.float32(g - 1) / np.float32(g) * np.float32(part)))   # the last bin's part
+            last = ((r[0] * classes * 2 - 1) * part + top) * part + top
             if r[0] and last >= math.prod(t):
                 raise LayerError(f"trans {list(t)} holds {math.prod(t)} values; {r[0]} rois with part_size {part} "
                                  f"read up to offset {last}")
