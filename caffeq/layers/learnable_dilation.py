@@ -24,8 +24,9 @@
     (both axes) is outside the image, else x[ceil row, ceil col] (1 - dist)^2 + x[ceil row, floor col]
     (1 - dist) dist + x[floor row, ceil col] dist (1 - dist) + x[floor row, floor col] dist^2 (the fork sums
     in double, caffeq in float32).  Floor taps are read by flat offset within the sample (c H + row) W + col,
-    as the kernel's pointer arithmetic does; one outside the sample (only for D < 0, or D in [0, 1) with
-    pad_h 0) reads foreign memory in the fork and 0 in caffeq;
+    as the kernel's pointer arithmetic does; one outside the sample (for D < 0, D in [0, 1) with pad_h 0,
+    or a 1-wide kernel with pad) reads the neighbouring sample, or memory outside the blob, in the fork,
+    and 0 in caffeq;
   * then the usual grouped gemm with the weights and the bias.  A 1x1 kernel of stride 1 and pad 0 skips
     im2col (is_1x1_): a plain 1x1 convolution, the map unread.
   The fork's CPU forward (im2col.cpp im2col_dynamic_cpu) differs: it rounds D (> .5 up) with no
@@ -164,8 +165,14 @@ def _c_div(a, b):
 
 
 def _two_bottoms_one_top(lp):
-    """2 bottoms, 1 top, and no other fork's Convolution claim (greentea's fused conv + eltwise also takes 2)."""
+    """2 bottoms, 1 top, a kernel wider than 1x1, and no other fork's Convolution claim (greentea's fused conv
+    + eltwise also takes 2).  A 1x1 kernel never reads the map in the fork (is_1x1_), so a 2-bottom 1x1 layer is
+    more likely another fork's fused residual (Intel's merged ResNets) and is left to Caffe's own refusal."""
     if len(lp.bottom) != 2 or len(lp.top) != 1:
+        return False
+    p = lp.convolution_param
+    sizes = list(p.kernel_size) + [p.kernel_h, p.kernel_w]
+    if all(k <= 1 for k in sizes):
         return False
     return not any(t == "Convolution" and not isinstance(spec, DynamicDilationConvolution) and looks_like(lp)
                    for t, looks_like, spec in registry._CLAIMS)
