@@ -148,6 +148,15 @@ class Emitter:
         self._x.init_lines.append(line)
         return f"self.{attr}"
 
+    def blob_parameters(self, names):
+        """An nn.ParameterDict holding the node's blobs in order under `names` (state-dict entries
+        "<attr>.<name>") -> its attribute expression, for layers whose forward reads several named weights."""
+        m = self.module("torch.nn.ParameterDict()")
+        for i, name in enumerate(names):
+            self.init(f"{m}['{name}'] = torch.nn.Parameter(torch.zeros{tuple(self.node.blobs[i].shape)!r})")
+            self.param(name, i)
+        return m
+
     def extra_attr(self, suffix):
         """Another attribute name for this layer ("<attr>_<suffix>", kept unique)."""
         return identifier(f"{self.attr}_{suffix}", self._x._attrs, self._x._attr_reserved)

@@ -103,11 +103,7 @@ class CuDNNHighway(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.module("torch.nn.ParameterDict()")
-        names = self.blob_names_for(a)
-        for i, name in enumerate(names):
-            emit.init(f"{m}['{name}'] = torch.nn.Parameter(torch.zeros{tuple(node.blobs[i].shape)!r})")
-            emit.param(name, i)
+        m = emit.blob_parameters(self.blob_names_for(a))
         biases = f"{m}['bias'], {m}['transform_bias']" if a["bias_term"] else "None, None"
         return (f"{emit.helper(highway)}({emit.inputs[0]}, {m}['weight'], {m}['transform_weight'], {biases}, "
                 f"{a['pad']}, {a['transform_pad']}, {a['group']})")

@@ -284,10 +284,7 @@ class SLLSTM(Layer):
         ctx.add_node("Reshape", [out, ctx.i64(list(ctx.shape(node.outputs[0])))], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
-        m = emit.module("torch.nn.ParameterDict()")
-        for i, name in enumerate(self.blob_names):
-            emit.init(f"{m}['{name}'] = torch.nn.Parameter(torch.zeros{tuple(node.blobs[i].shape)!r})")
-            emit.param(name, i)
+        m = emit.blob_parameters(self.blob_names)
         emit.helper(fork_sigmoid)
         fn = emit.helper(sllstm)
         x = emit.inputs[0]

@@ -194,11 +194,16 @@ def flow_warp(image, flow, fill: float, pwc_net: bool):
     return torch.where(inside, warped, torch.full_like(warped, fill))
 
 
-def coords_warp(image, coords):
-    """LiteFlowNet's Warp: bilinear samples at absolute (x, y); neighbours outside the image count 0."""
+def coords_warp(image, coords, truncate: bool = False):
+    """LiteFlowNet's Warp: bilinear samples at absolute (x, y); neighbours outside the image count 0.  With
+    `truncate`, the upper-left neighbour is a C (int) cast's (toward zero, NaN to 0) instead of the floor."""
     n, c, h, w = image.shape
     x, y = coords[:, 0:1], coords[:, 1:2]
-    x0, y0 = x.floor(), y.floor()
+    if truncate:
+        x0 = torch.where(torch.isnan(x), torch.zeros_like(x), x.trunc())
+        y0 = torch.where(torch.isnan(y), torch.zeros_like(y), y.trunc())
+    else:
+        x0, y0 = x.floor(), y.floor()
     ax, ay = x - x0, y - y0
     total = torch.zeros(n, c, x.shape[2], x.shape[3], dtype=image.dtype, device=image.device)
     for px, py, weight in ((x0, y0, (1 - ax) * (1 - ay)), (x0 + 1, y0, ax * (1 - ay)),

@@ -170,10 +170,6 @@ class LocalFullyConnected(Layer):
             ctx.add_node("Identity", [out], [node.outputs[0]])
 
     def pytorch_source(self, node, emit):
-        m = emit.module("torch.nn.ParameterDict()")
-        names = self.blob_names_for(node.attrs)
-        for i, name in enumerate(names):
-            emit.init(f"{m}['{name}'] = torch.nn.Parameter(torch.zeros{tuple(node.blobs[i].shape)!r})")
-            emit.param(name, i)
+        m = emit.blob_parameters(self.blob_names_for(node.attrs))
         bias = f"{m}['bias']" if node.attrs["bias_term"] else "None"
         return f"{emit.helper(local_fully_connected)}({emit.inputs[0]}, {m}['weight'], {bias})"

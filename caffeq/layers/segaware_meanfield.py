@@ -169,10 +169,7 @@ class NormConvMeanfield(Layer):
         emit.uses("F")
         for helper in (conv_out_size, window_masks, im2dist_masks, window_views, im2dist, norm_conv, channel_mix):
             emit.helper(helper)
-        m = emit.module("torch.nn.ParameterDict()")
-        for i, name in enumerate(self.blob_names):
-            emit.init(f"{m}['{name}'] = torch.nn.Parameter(torch.zeros{tuple(node.blobs[i].shape)!r})")
-            emit.param(name, i)
+        m = emit.blob_parameters(self.blob_names)
         a = node.attrs
         blobs = ", ".join(f"{m}['{name}']" for name in self.blob_names)
         return (f"{emit.helper(norm_conv_meanfield)}({', '.join(emit.inputs)}, {blobs}, {a['iterations']}, "

@@ -139,10 +139,7 @@ class WordSum(Layer):
 
     def pytorch_source(self, node, emit):
         a = node.attrs
-        m = emit.module("torch.nn.ParameterDict()")
-        for i, name in enumerate(self.blob_names_for(a)):
-            emit.init(f"{m}['{name}'] = torch.nn.Parameter(torch.zeros{tuple(node.blobs[i].shape)!r})")
-            emit.param(name, i)
+        m = emit.blob_parameters(self.blob_names_for(a))
         bias = f"{m}['bias']" if a["bias_term"] else "None"
         return (f"{emit.helper(word_sum)}({emit.inputs[0]}, {m}['weight'], {bias}, {a['num_output']}, "
                 f"{a['_top']!r})")

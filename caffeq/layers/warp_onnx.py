@@ -40,11 +40,13 @@ class OnnxImageSampler:
         got = self.op("GatherElements", [self.flat, index], hint, axis=2)
         return self.op("Reshape", [got, self.i64([0, self.c, h, w])], hint + "_img")
 
-    def coords_warp(self, x, y, out, size=None):
+    def coords_warp(self, x, y, out, size=None, cell=None):
         """optical_flow.coords_warp into `out`: bilinear samples at absolute (x, y) maps of (N, 1, h, w)
-        (size; the image's by default), each neighbour outside the image counting 0."""
+        (size; the image's by default), each neighbour outside the image counting 0.  `cell(t, hint)` gives
+        the upper-left neighbour's coordinate (floor by default; a fork's C cast truncates instead)."""
         op, f32 = self.op, self.f32
-        x0, y0 = op("Floor", [x], "x0"), op("Floor", [y], "y0")
+        cell = cell or (lambda t, hint: op("Floor", [t], hint))
+        x0, y0 = cell(x, "x0"), cell(y, "y0")
         ax, ay = op("Sub", [x, x0], "ax"), op("Sub", [y, y0], "ay")
         nx, ny = op("Sub", [f32(1), ax], "nax"), op("Sub", [f32(1), ay], "nay")
         x1, y1 = op("Add", [x0, f32(1)], "x1"), op("Add", [y0, f32(1)], "y1")
