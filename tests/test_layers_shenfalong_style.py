@@ -177,6 +177,44 @@ def test_fork_ave_pool_reads_as_ave():
     assert parse_prototxt_text(text).layer[0].pooling_param.pool == caffe_pb2.PoolingParameter.AVE
 
 
+def fork_ave_pool(x, k, s, pad):
+    """The fork's AvePoolForward (pooling_layer.cu) with its Reshape's floor size: the in-image sum over the window
+    divided by the window clipped at H + pad."""
+    n, c, h, w = x.shape
+    oh, ow = (h + 2 * pad - k) // s + 1, (w + 2 * pad - k) // s + 1
+    y = np.zeros((n, c, oh, ow), np.float64)
+    for i in range(oh):
+        for j in range(ow):
+            hs, ws = i * s - pad, j * s - pad
+            he, we = min(hs + k, h + pad), min(ws + k, w + pad)
+            size = (he - hs) * (we - ws)
+            y[:, :, i, j] = x[:, :, max(hs, 0):min(he, h), max(ws, 0):min(we, w)].astype(np.float64).sum((2, 3)) / size
+    return y
+
+
+def test_fork_pooling_without_pool_averages_with_floor_rounding(tmp_path):
+    """The fork's PoolingParameter: pool is a string with default "ave", and its Reshape always floors."""
+    text = FORK_NET.replace('pool: "max" kernel_size: 2 stride: 2', "kernel_size: 3 stride: 2 pad: 1")
+    warnings = []
+    p = parse_prototxt_text(text, warnings=warnings).layer[0].pooling_param
+    assert p.pool == caffe_pb2.PoolingParameter.AVE and p.round_mode == caffe_pb2.PoolingParameter.FLOOR
+    assert any('pool: "ave"' in w for w in warnings) and any("floor rounding" in w for w in warnings)
+    model = load_from_text(text)
+    assert model.blob_shapes["pool"] == (2, 3, 5, 3)   # BVLC's MAX with ceil gives 5x4
+    x = rng(9).standard_normal((2, 3, 9, 6)).astype(np.float32)
+    check_everywhere(model, {"data": x}, {"pool": fork_ave_pool(x, 3, 2, 1)}, tmp_path, atol=1e-6, rtol=1e-6)
+
+
+def test_pooling_defaults_stay_bvlcs_outside_the_dialect_and_given_fields_stay():
+    bvlc = 'layer { name: "pool" type: "Pooling" bottom: "x" top: "pool" pooling_param { kernel_size: 3 stride: 2 } }'
+    p = parse_prototxt_text(net(bvlc, inputs={"x": (2, 3, 9, 6)})).layer[1].pooling_param
+    assert not p.HasField("pool") and p.pool == caffe_pb2.PoolingParameter.MAX
+    assert p.round_mode == caffe_pb2.PoolingParameter.CEIL
+    text = FORK_NET.replace('pool: "max"', "pool: MAX round_mode: CEIL")
+    p = parse_prototxt_text(text).layer[0].pooling_param
+    assert p.pool == caffe_pb2.PoolingParameter.MAX and p.round_mode == caffe_pb2.PoolingParameter.CEIL
+
+
 def test_input_blob_beside_input_is_refused():
     with pytest.raises(CaffeqError, match="give the inputs one way"):
         parse_prototxt_text('input: "x"\n' + FORK_NET)

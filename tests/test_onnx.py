@@ -6,7 +6,16 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, Case, assert_close, caffe_blob_source, case_ids, model_py_outputs
+from conftest import (
+    FIXTURES,
+    Case,
+    assert_close,
+    caffe_blob_source,
+    case_ids,
+    check_everywhere,
+    model_py_outputs,
+    pool_net,
+)
 
 import caffeq
 from caffeq.errors import ExportError
@@ -172,8 +181,9 @@ def caffe_pool_reference(x, kernel, stride, pad, pool, ceil=True, global_pool=Fa
                 he, we = min(hs + kh, h), min(ws + kw, w)
                 hs, ws = max(hs, 0), max(ws, 0)
                 win = xd[:, :, hs:he, ws:we]
-                # an empty window keeps Caffe's initial value -FLT_MAX
-                y[:, :, i, j] = win.max((2, 3)) if win.size else -np.finfo(np.float32).max
+                # Caffe starts at -FLT_MAX: an empty window, or one of -inf cells, keeps it
+                lowest = -np.finfo(np.float32).max
+                y[:, :, i, j] = np.maximum(win.max((2, 3)), lowest) if win.size else lowest
             else:
                 he, we = min(hs + kh, h + ph), min(ws + kw, w + pw)
                 size = (he - hs) * (we - ws)
@@ -247,10 +257,86 @@ def test_global_pooling(pool, hw, tmp_path):
     out = tmp_path / "g.onnx"
     export_onnx(model, out)
     m, _ = check_file(out)
-    assert [n.op_type for n in m.graph.node] == ["GlobalMaxPool" if pool == "MAX" else "GlobalAveragePool"]
+    # MAX: Caffe's -FLT_MAX floor (a plane of -inf) is one Max after the pool
+    assert [n.op_type for n in m.graph.node] == (["GlobalMaxPool", "Max"] if pool == "MAX" else ["GlobalAveragePool"])
     got = run_onnx(model, out, {"data": x})["pool"]
     np.testing.assert_allclose(got, caffe_pool_reference(x, None, None, None, pool, global_pool=True),
                                rtol=1e-5, atol=1e-6)
+
+
+def caffe_max_windows(x, kernel, stride, before, out):
+    """Caffe's MAX loops over N-D windows: output o of an axis reads the cells of [o*s - before, o*s - before + k)
+    inside the input, starting from -FLT_MAX with a strict `>` (BVLC pooling_layer.cpp; synopsys-caffe's and
+    R-C3D's the same), so an all -inf window keeps -FLT_MAX."""
+    lowest = np.float32(-np.finfo(np.float32).max)
+    y = np.full(x.shape[:2] + tuple(out), lowest, np.float32)
+    for o in np.ndindex(*out):
+        cells = tuple(slice(max(0, i * s - b), max(0, min(i * s - b + k, n)))
+                      for i, k, s, b, n in zip(o, kernel, stride, before, x.shape[2:]))
+        win = x[(slice(None), slice(None)) + cells].reshape(x.shape[0], x.shape[1], -1)
+        if win.shape[2]:
+            y[(slice(None), slice(None)) + o] = np.maximum(win.max(2), lowest)
+    return y
+
+
+# (params, input shape, before pads, the -inf cells: (n, c, rows, cols))
+MAX_OF_MINUS_INF = {
+    "plain": ("pool: MAX kernel_h: 2 kernel_w: 3 stride_h: 2 stride_w: 2", (2, 3, 7, 6), (0, 0),
+              [(0, 1, slice(0, 2), slice(0, 3)), (1, 2, slice(6, 7), slice(4, 6))]),   # last: a ceil window
+    "padded_ceil": ("pool: MAX kernel_size: 3 stride: 2 pad: 1", (2, 2, 8, 5), (1, 1),
+                    [(1, 0, slice(0, 2), slice(0, 2)), (0, 1, slice(7, 8), slice(3, 5))]),
+    "padded_wide": ("pool: MAX kernel_h: 3 kernel_w: 3 stride_h: 2 stride_w: 3 pad_h: 2 pad_w: 1", (2, 2, 6, 7),
+                    (2, 1), [(0, 0, slice(0, 1), slice(0, 2)), (1, 1, slice(4, 6), slice(5, 7))]),
+    "floor": ("pool: MAX kernel_size: 2 stride: 2 round_mode: FLOOR", (2, 2, 5, 7), (0, 0),
+              [(1, 1, slice(2, 4), slice(4, 6))]),
+    "synopsys_edges": ("pool: MAX kernel_size: 3 stride: 2 pad_t: 1 pad_b: 0 pad_l: 2 pad_r: 1", (2, 2, 7, 6),
+                       (1, 2), [(0, 1, slice(0, 2), slice(0, 1)), (1, 0, slice(5, 7), slice(3, 6))]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MAX_OF_MINUS_INF))
+def test_max_pooling_of_minus_inf_window_gives_minus_flt_max(case, tmp_path):
+    """Caffe's MAX starts each window at -FLT_MAX: an all -inf window gives -FLT_MAX in torch, onnxruntime and
+    model.py (torch's and ONNX's max pooling alone give -inf)."""
+    params, shape, before, holes = MAX_OF_MINUS_INF[case]
+    model = caffeq.model.load_from_text(pool_net(shape, params))
+    x = np.random.default_rng(11).standard_normal(shape).astype(np.float32)
+    for n, c, rows, cols in holes:
+        x[n, c, rows, cols] = -np.inf
+    kernel, stride = model.graph.node("p").attrs["kernel"], model.graph.node("p").attrs["stride"]
+    ref = caffe_max_windows(x, kernel, stride, before, model.blob_shapes["p"][2:])
+    assert (ref == -np.finfo(np.float32).max).sum() >= len(holes)
+    check_everywhere(model, {"x": x}, {"p": ref}, tmp_path)
+
+
+@pytest.mark.parametrize("params,shape", [("pool: MAX global_pooling: true", (2, 3, 5, 7)),
+                                          ("pool: MAX kernel_size: 2 stride: 2 pad: 1", (2, 2, 3, 5, 4))])
+def test_global_and_3d_max_of_minus_inf_give_minus_flt_max(params, shape, tmp_path):
+    """Global MAX (BVLC: the kernel set to H x W) and N-D MAX (R-C3D's caffe3d, a 5-axis input) of -inf cells."""
+    model = caffeq.model.load_from_text(pool_net(shape, params))
+    x = np.random.default_rng(12).standard_normal(shape).astype(np.float32)
+    x[0, 1] = -np.inf                                   # a whole plane
+    x[1, 0, ..., :1, :1] = -np.inf                      # the first window of the padded N-D pooling
+    nsp = len(shape) - 2
+    out = model.blob_shapes["p"][2:]
+    if "global" in params:
+        ref = caffe_max_windows(x, shape[2:], (1,) * nsp, (0,) * nsp, out)
+    else:
+        ref = caffe_max_windows(x, (2,) * nsp, (2,) * nsp, (1,) * nsp, out)
+    assert ref[0, 1].max() == -np.finfo(np.float32).max
+    check_everywhere(model, {"x": x}, {"p": ref}, tmp_path)
+
+
+def test_one_level_spp_max_of_minus_inf_gives_minus_flt_max(tmp_path):
+    """A one-level BVLC SPP is global pooling: a plane of -inf cells gives -FLT_MAX, model.py included."""
+    x = np.random.default_rng(13).standard_normal((2, 3, 5, 4)).astype(np.float32)
+    x[1, 2] = -np.inf
+    text = ('layer { name: "data" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 5 dim: 4 } } }\n'
+            'layer { name: "spp" type: "SPP" bottom: "x" top: "p" spp_param { pyramid_height: 1 pool: MAX } }\n')
+    model = caffeq.model.load_from_text(text)
+    ref = caffe_max_windows(x, (5, 4), (1, 1), (0, 0), (1, 1)).reshape(2, 3)
+    assert ref[1, 2] == -np.finfo(np.float32).max
+    check_everywhere(model, {"x": x}, {"p": ref.reshape(model.blob_shapes["p"])}, tmp_path)
 
 
 def test_average_divisor_needs_the_correction_map(tmp_path):

@@ -10,6 +10,13 @@ Rounding: BVLC's `round_mode` (CEIL / FLOOR), or the forks' `ceil_mode`
 (DenseNet, DPN, ResNeXt, R-FCN, Inception conversions: false = floor, true =
 Caffe's ceil; the pad rule above still applies, and never fires with floor).
 
+MAX starts every window at -FLT_MAX and keeps a cell only when it is greater
+(BVLC/caffe 9b89154, src/caffe/layers/pooling_layer.cpp Forward_cpu and
+pooling_layer.cu MaxPoolForward; global_pooling only sets the kernel to H x W), so
+a window whose cells are all -inf gives -FLT_MAX, not -inf: ordinary, padded,
+ceil-rounded and global MAX alike.  Every backend floors its max pooling there:
+torch and model.py clamp at -FLT_MAX (caffe_max_floor; fp16 at its lowest value),
+the ONNX export puts a Max with the scalar -FLT_MAX after MaxPool / GlobalMaxPool.
 MAX pooling may have a second top (SegNet and BVLC): the argmax mask, as
 floats, holding the index h * W + w of the chosen cell within its input plane.
 The first maximum in row-major order wins (Caffe's strict `>`); a window with
@@ -18,7 +25,7 @@ picks a NaN cell, while caffeq's MAX (torch's max pooling) gives NaN for a windo
 holding one; finite inputs are unaffected.
 
 synopsys-caffe's pad_type (SAME), pad_l/r/t/b and AVE_EXC_PAD (alias AVE_TF) follow that fork's
-own geometry: pooling_edges.py.  naibaf7/caffe's dilation and axis: pooling_dilated.py.
+own geometry: pooling_edges.py (its MAX also starts at -FLT_MAX with a strict `>`, so the same floor).  naibaf7/caffe's dilation and axis: pooling_dilated.py.
 
 JiahaoLi-gdut/CAFFE-DACH (388c826, src/caffe/layers/pooling_layer.cpp) pools over a channel window too
 (kernel_c / stride_c / pad_c, kernel_c required there).  caffeq reads the window of one channel (kernel_c 1,
@@ -30,7 +37,7 @@ the item's start there): one-line errors.  Its MAX starts each window at its fir
 on non-finite inputs it differs from BVLC's, which caffeq follows: an all -inf window gives -inf there, a NaN
 first cell NaN.
 
-The torch functions below (caffe_pool_out, caffe_pool2d, caffe_max_pool2d_mask)
+The torch functions below (caffe_pool_out, caffe_pool2d, caffe_max_pool2d_mask, caffe_max_floor)
 and the modules are also copied into the standalone model.py, so the export
 computes the same bits.
 """
@@ -363,6 +370,12 @@ def caffe_window_sizes(size: list[int], kernel: list[int], stride: list[int], pa
     return sizes[0][:, None] * sizes[1][None, :]
 
 
+def caffe_max_floor(y):
+    """y floored at Caffe's initial MAX value -FLT_MAX (fp16, which has no -FLT_MAX: its lowest value), where
+    torch's max pooling leaves a window of -inf cells at -inf."""
+    return y.clamp_min(-65504.0 if y.dtype == torch.float16 else -3.4028234663852886e38)
+
+
 def caffe_max_pool2d_mask(x, kernel: list[int], stride: list[int], pad: list[int], ceil: bool):
     """Caffe's MAX pooling and its mask top: per output, h * W + w of the winning input cell in its
     plane (the first maximum in row-major order), as floats; -1 (value -FLT_MAX) where no cell of
@@ -431,14 +444,13 @@ def caffe_pool(x, attrs, mask=False):
     if is_synopsys(attrs):
         return synopsys_pool2d(x, *synopsys_args(attrs))
     if attrs["global"] and attrs["pool"] == MAX:
-        return x.amax(dim=(-2, -1), keepdim=True)
+        return caffe_max_floor(x.amax(dim=(-2, -1), keepdim=True))
     if attrs["global"] and attrs["pool"] == AVE:
         return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
     if attrs["pool"] == MAX and _torch_standard_pool(attrs):
         # torch's windows are Caffe's here (no empty window) and a maximum is exact: one pass,
         # no padded copy; the floor keeps Caffe's -FLT_MAX for an all -inf window
-        floor = -65504.0 if x.dtype == torch.float16 else -3.4028234663852886e38
-        return F.max_pool2d(x, list(k), list(s), list(p), ceil_mode=ceil).clamp_min(floor)
+        return caffe_max_floor(F.max_pool2d(x, list(k), list(s), list(p), ceil_mode=ceil))
     return caffe_pool2d(x, _TORCH_MODES[attrs["pool"]], list(k), list(s), list(p), ceil)
 
 
@@ -619,10 +631,10 @@ class Pooling(Layer):
                               needs=[TORCH_SYNOPSYS_POOL_FUNCTIONS])
             return f"{m}({x})"
         if a["global"] and a["pool"] != STOCHASTIC:
-            # the adaptive 1x1 pools reduce like caffe_pool's amax / sum / (H * W)
+            # the adaptive 1x1 pools reduce like caffe_pool's amax / sum / (H * W); MAX floored at -FLT_MAX
             kind = "Max" if a["pool"] == MAX else "Avg"
             m = emit.module(f"nn.Adaptive{kind}Pool2d(1)")
-            return f"{m}({x})"
+            return f"{emit.helper(caffe_max_floor)}({m}({x}))" if a["pool"] == MAX else f"{m}({x})"
         if not a["global"] and _torch_standard_pool(a):
             args = [emit.size_arg(a["kernel"]), f"stride={emit.size_arg(a['stride'])}"]
             if any(a["pad"]):
@@ -631,7 +643,7 @@ class Pooling(Layer):
                 args.append("ceil_mode=True")
             kind = "MaxPool2d" if a["pool"] == MAX else "AvgPool2d"
             m = emit.module(f"nn.{kind}({', '.join(args)})")
-            return f"{m}({x})"
+            return f"{emit.helper(caffe_max_floor)}({m}({x}))" if a["pool"] == MAX else f"{m}({x})"
         if a["global"]:
             h, w = emit.in_shape(0)[2:]
             raise LayerError(f"global STOCHASTIC pooling needs the input size ({h}x{w}) at run time; "

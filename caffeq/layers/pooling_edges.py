@@ -6,9 +6,11 @@ pooling_layer.cpp Reshape and Forward_cpu):
   (W + pad_l) is dropped, on both axes once any side is nonzero.
 - pad_type 1 (TensorFlow "SAME"): output ceil(H / stride); the padding along an axis is
   max(kernel - (stride if H % stride == 0 else H % stride), 0), half (rounded down) before.
-- Window o starts at o * stride - before.  MAX reads the in-image part (a window with none keeps
-  -FLT_MAX); AVE divides the sum by the window clipped at H + after (padding counts); AVE_EXC_PAD
-  (alias AVE_TF) divides by the in-image part only.  The fork has no STOCHASTIC here.
+- Window o starts at o * stride - before.  MAX reads the in-image part from -FLT_MAX with a strict `>`
+  (Forward_cpu's caffe_set(-FLT_MAX) and pooling_layer.cu's maxval, as BVLC): a window with no cell, or
+  with only -inf cells, keeps -FLT_MAX (the ONNX export adds a Max after its MaxPool for that); AVE divides
+  the sum by the window clipped at H + after (padding counts); AVE_EXC_PAD (alias AVE_TF) divides by the
+  in-image part only.  The fork has no STOCHASTIC here.
 
 The torch functions and module below are copied into the standalone model.py too.
 """

@@ -10,7 +10,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from .pooling import _TORCH_MODES, AVE, CEIL, MAX, TORCH_POOL_FUNCTIONS, caffe_pool, caffe_pool2d, window
+from .pooling import (
+    _TORCH_MODES,
+    AVE,
+    CEIL,
+    MAX,
+    TORCH_POOL_FUNCTIONS,
+    caffe_max_floor,
+    caffe_pool,
+    caffe_pool2d,
+    window,
+)
 from .registry import Layer, LayerError, positive_field, register_layer, torch_sources
 
 
@@ -57,7 +67,7 @@ class SpatialPyramidPool(nn.Module):
         h, w = x.shape[2], x.shape[3]
         if self.levels == 1 and self.pyramid is None:
             if self.mode == "max":
-                return x.amax(dim=(-2, -1), keepdim=True)
+                return caffe_max_floor(x.amax(dim=(-2, -1), keepdim=True))
             return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
         parts: list[torch.Tensor] = []
         for level in range(self.levels):
@@ -68,7 +78,7 @@ class SpatialPyramidPool(nn.Module):
         return torch.cat([p.flatten(1) for p in parts], dim=1)
 
 
-TORCH_SPP_MODULE = torch_sources(spp_axis_geometry, spp_level_geometry, SpatialPyramidPool)
+TORCH_SPP_MODULE = torch_sources(caffe_max_floor, spp_axis_geometry, spp_level_geometry, SpatialPyramidPool)
 
 
 @register_layer("SPP")
