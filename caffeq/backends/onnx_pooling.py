@@ -80,7 +80,8 @@ def _fill(ctx, node, x, valid, out, value):
 
 def _from_flt_max(ctx, node, x):
     """x floored at Caffe's initial MAX value -FLT_MAX (one Max with a scalar constant)."""
-    return ctx.add_node("Max", [x, ctx.const(np.array(-FLT_MAX, np.float32))], [ctx.tmp(f"{node.name}_from_flt_max")])[0]
+    floor = ctx.const(np.array(-FLT_MAX, np.float32))
+    return ctx.add_node("Max", [x, floor], [ctx.tmp(f"{node.name}_from_flt_max")])[0]
 
 
 def _write_to(ctx, x, y):

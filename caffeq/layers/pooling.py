@@ -25,7 +25,8 @@ picks a NaN cell, while caffeq's MAX (torch's max pooling) gives NaN for a windo
 holding one; finite inputs are unaffected.
 
 synopsys-caffe's pad_type (SAME), pad_l/r/t/b and AVE_EXC_PAD (alias AVE_TF) follow that fork's
-own geometry: pooling_edges.py (its MAX also starts at -FLT_MAX with a strict `>`, so the same floor).  naibaf7/caffe's dilation and axis: pooling_dilated.py.
+own geometry: pooling_edges.py (its MAX also starts at -FLT_MAX with a strict `>`, so the same floor).
+naibaf7/caffe's dilation and axis: pooling_dilated.py.
 
 JiahaoLi-gdut/CAFFE-DACH (388c826, src/caffe/layers/pooling_layer.cpp) pools over a channel window too
 (kernel_c / stride_c / pad_c, kernel_c required there).  caffeq reads the window of one channel (kernel_c 1,
