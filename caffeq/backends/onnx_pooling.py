@@ -5,16 +5,15 @@ changed across opsets), so nothing here relies on them.  The output size comes
 from Caffe's formula (static: only the batch is dynamic); the pool op gets
 explicit, possibly asymmetric pads so that plain floor rounding covers exactly
 Caffe's windows (a Slice trims any extra row):
-- MAX: MaxPool with those pads (ONNX never picks a pad cell, as Caffe), then a
-  Max with the scalar -FLT_MAX: Caffe starts every window there, so a window of
-  -inf cells gives -FLT_MAX where MaxPool gives -inf (global and synopsys-caffe's
-  MAX too; the mask top's emission floors its values the same way).
+- MAX: MaxPool with those pads (ONNX never picks a pad cell, as Caffe).  A
+  window of -inf cells gives -inf, where Caffe keeps -FLT_MAX; no Max floors it,
+  to keep exported graphs (and int8 chains) bare for inputs nets do not make.
 - AVE: AveragePool with count_include_pad=1 divides every window by kh*kw;
   a constant map (kh*kw) / (Caffe's window area clipped at H + pad), which
   depends only on H and W, corrects the windows Caffe divides differently.
 - STOCHASTIC at TEST: sum(x^2) / (sum(x) + FLT_MIN) over windows that start at
   0 (Caffe ignores pad there) and are clipped at the edge.
-- global pooling: GlobalAveragePool / GlobalMaxPool (and the Max above).
+- global pooling: GlobalAveragePool / GlobalMaxPool.
 - Windows holding no cell at all (ceil rounding with stride > kernel and no
   pad) are left out of the pooling, since ONNX wants pads < kernel, and filled
   with what Caffe's loops leave there: 0 / (area <= 0) for AVE (NaN or 0),
@@ -78,12 +77,6 @@ def _fill(ctx, node, x, valid, out, value):
     return y
 
 
-def _from_flt_max(ctx, node, x):
-    """x floored at Caffe's initial MAX value -FLT_MAX (one Max with a scalar constant)."""
-    floor = ctx.const(np.array(-FLT_MAX, np.float32))
-    return ctx.add_node("Max", [x, floor], [ctx.tmp(f"{node.name}_from_flt_max")])[0]
-
-
 def _write_to(ctx, x, y):
     """Make the tensor the emission ended with be called y (renaming its producer's output)."""
     if x == y:
@@ -137,11 +130,8 @@ def emit_pooling(ctx, node, attrs, x, y, shape=None):
     h, w = int(shape[2]), int(shape[3])
     pool = attrs["pool"]
     k, s, p, out = window(attrs, h, w)
-    if attrs["global"] and pool == MAX:
-        pooled = ctx.add_node("GlobalMaxPool", [x], [ctx.tmp(f"{node.name}_globalmax")], name=node.name)[0]
-        return _write_to(ctx, _from_flt_max(ctx, node, pooled), y)
-    if attrs["global"] and pool == AVE:
-        ctx.add_node("GlobalAveragePool", [x], [y], name=node.name)
+    if attrs["global"] and pool in (MAX, AVE):
+        ctx.add_node("GlobalMaxPool" if pool == MAX else "GlobalAveragePool", [x], [y], name=node.name)
         return y
     if any(o <= 0 for o in out):
         raise ExportError(f"layer '{node.name}': pooling of a {h}x{w} input gives an empty output")
@@ -152,7 +142,7 @@ def emit_pooling(ctx, node, attrs, x, y, shape=None):
     if pool == MAX:
         plans = [_plan(n, kk, ss, pp, o, n) for n, kk, ss, pp, o in zip(sizes, k, s, p, out)]
         valid = [pl[0] for pl in plans]
-        r = _from_flt_max(ctx, node, _pool(ctx, node, "MaxPool", x, k, s, p, plans))
+        r = _pool(ctx, node, "MaxPool", x, k, s, p, plans)
         r = _fill(ctx, node, r, valid, out, -FLT_MAX)
     elif pool == AVE:
         # a window reaches at most H + pad; one starting there has nothing to average
@@ -211,7 +201,7 @@ def _emit_synopsys(ctx, node, attrs, x, h, w):
     if mode == "max":
         y = ctx.tmp(f"{node.name}_maxpool")
         ctx.add_node("MaxPool", [x], [y], name=node.name, kernel_shape=k, strides=s, pads=before + after)
-        y = _from_flt_max(ctx, node, _cut_to(ctx, node, y, (h, w), before, after, k, s, out))
+        y = _cut_to(ctx, node, y, (h, w), before, after, k, s, out)
     else:
         y = ctx.tmp(f"{node.name}_avgpool")
         ctx.add_node("AveragePool", [x], [y], name=node.name, kernel_shape=k, strides=s,

@@ -321,8 +321,14 @@ class PoolingNHWC(Layer):
         n, h, w, c = ctx.shape(node.inputs[0])
 
         def emit(xt, yt):
-            # emit_pooling floors MAX at -FLT_MAX, where the fork's windows start too
-            emit_pooling(ctx, node, node.attrs, xt, yt, shape=(n, c, h, w))
+            if node.attrs["pool"] != MAX:
+                emit_pooling(ctx, node, node.attrs, xt, yt, shape=(n, c, h, w))
+                return
+            # the fork starts every MAX window at -FLT_MAX, so a window of -inf gives -FLT_MAX (as forward
+            # does); onnxruntime's MaxPool keeps -inf
+            pooled = ctx.tmp(f"{node.name}_max")
+            emit_pooling(ctx, node, node.attrs, xt, pooled, shape=(n, c, h, w))
+            ctx.add_node("Max", [pooled, ctx.f32(-FLT_MAX)], [yt], name=f"{node.name}_from_flt_max")
 
         _onnx_nhwc(ctx, node, node.inputs[0], node.outputs[0], emit)
 

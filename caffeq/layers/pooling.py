@@ -14,9 +14,12 @@ MAX starts every window at -FLT_MAX and keeps a cell only when it is greater
 (BVLC/caffe 9b89154, src/caffe/layers/pooling_layer.cpp Forward_cpu and
 pooling_layer.cu MaxPoolForward; global_pooling only sets the kernel to H x W), so
 a window whose cells are all -inf gives -FLT_MAX, not -inf: ordinary, padded,
-ceil-rounded and global MAX alike.  Every backend floors its max pooling there:
-torch and model.py clamp at -FLT_MAX (caffe_max_floor; fp16 at its lowest value),
-the ONNX export puts a Max with the scalar -FLT_MAX after MaxPool / GlobalMaxPool.
+ceil-rounded and global MAX alike.  torch and model.py clamp at -FLT_MAX
+(caffe_max_floor; fp16 at its lowest value).  The ONNX export keeps a bare
+MaxPool / GlobalMaxPool: a Max after every pool would cost each exported net a
+pass and split int8 exports' quantized chains, for inputs (-inf) that trained
+nets do not make; there such a window gives -inf (onnxruntime's padded MaxPool
+already gives -FLT_MAX).
 MAX pooling may have a second top (SegNet and BVLC): the argmax mask, as
 floats, holding the index h * W + w of the chosen cell within its input plane.
 The first maximum in row-major order wins (Caffe's strict `>`); a window with
