@@ -214,6 +214,29 @@ def test_tile_is_numpy_tile(axis, tiles):
     np.testing.assert_array_equal(out["t"], np.tile(feeds["x"], reps))
 
 
+@pytest.mark.parametrize("axis", [2, 0, -1])
+def test_two_bottom_tile_tiles_by_the_second_bottoms_first_axis(axis, tmp_path):
+    """PPR-FCN's ms_caffe Tile (tile_layer.cpp Forward_cpu): with a second bottom, tiles = its first axis, whatever
+    tile_param.tiles says; checked in torch, onnxruntime and model.py, and with another count at run time."""
+    from conftest import check_everywhere
+    text = net({"x": (2, 3, 1, 5), "labels": (4, 1)},
+               f'layer {{ name: "t" type: "Tile" bottom: "x" bottom: "labels" top: "t" '
+               f'tile_param {{ axis: {axis} tiles: 1 }} }}')
+    model = load_from_text(text)
+    reps = [1, 1, 1, 1]
+    reps[axis] = 4
+    assert model.blob_shapes["t"] == tuple(np.array([2, 3, 1, 5]) * reps)
+    x, labels = rand(2, 3, 1, 5), rand(4, 1)
+    check_everywhere(model, {"x": x, "labels": labels}, {"t": np.tile(x, reps)}, tmp_path)
+
+
+def test_tile_refuses_a_third_bottom():
+    with pytest.raises(CaffeqError, match="bottom"):
+        load_from_text(net({"x": (2, 3), "a": (2, 1), "b": (2, 1)},
+                           'layer { name: "t" type: "Tile" bottom: "x" bottom: "a" bottom: "b" top: "t" '
+                           'tile_param { tiles: 2 } }'))
+
+
 # ---- Im2col ---------------------------------------------------------------------
 
 def im2col_reference(x, kernel, stride, pad, dilation):

@@ -430,7 +430,14 @@ class Crop(Layer):
 
 @register_layer("Tile")
 class Tile(Layer):
+    """BVLC's Tile, and the two-bottom Tile of the ms_caffe that PPR-FCN carries (alenaliu/PPR-FCN 1eba551,
+    externals/ms_caffe/src/caffe/layers/tile_layer.cpp): its forward tiles by the second bottom's first axis
+    (a count of labels or rois known at run time) in place of tile_param.tiles."""
+
+    bottoms, bottom_roles = (1, 2), "data, count"
+
     def parse(self, lp):
+        super().parse(lp)
         p = lp.tile_param
         if not p.HasField("tiles"):
             raise LayerError("tile_param.tiles is required")
@@ -441,25 +448,37 @@ class Tile(Layer):
     def infer(self, attrs, in_shapes):
         s = list(in_shapes[0])
         axis = attrs["_axis"] = canonical_axis(attrs["axis"], len(s), "tile_param.axis")
-        s[axis] *= attrs["tiles"]
+        s[axis] *= in_shapes[1][0] if len(in_shapes) > 1 else attrs["tiles"]
         return [tuple(s)]
 
-    def _reps(self, attrs, ndim):
+    def _reps(self, attrs, ndim, tiles):
         reps = [1] * ndim
-        reps[attrs["_axis"]] = attrs["tiles"]
+        reps[attrs["_axis"]] = tiles
         return reps
 
-    def forward(self, attrs, params, x):
+    def forward(self, attrs, params, x, *count):
         # Caffe copies the whole block from the axis on `tiles` times per outer item: np.tile
-        return x.repeat(*self._reps(attrs, x.dim()))
+        return x.repeat(*self._reps(attrs, x.dim(), count[0].shape[0] if count else attrs["tiles"]))
 
     def onnx(self, ctx, node):
         x = node.inputs[0]
-        reps = ctx.const(i64(self._reps(node.attrs, len(ctx.shape(x)))))
+        ndim, axis = len(ctx.shape(x)), node.attrs["_axis"]
+        if len(node.inputs) == 1:
+            reps = ctx.const(i64(self._reps(node.attrs, ndim, node.attrs["tiles"])))
+        else:   # the count's first axis may be the (dynamic) batch: read it from the graph
+            first = ctx.op("Slice", [ctx.op("Shape", [node.inputs[1]], "count_shape"), ctx.i64([0]), ctx.i64([1])],
+                           "tiles")
+            parts = ([ctx.i64([1] * axis)] if axis else []) + [first]
+            parts += [ctx.i64([1] * (ndim - axis - 1))] if axis < ndim - 1 else []
+            reps = ctx.op("Concat", parts, "reps", axis=0) if len(parts) > 1 else first
         ctx.add_node("Tile", [x, reps], node.outputs, name=node.name)
 
     def pytorch_source(self, node, emit):
-        return f"{emit.inputs[0]}.repeat({self._reps(node.attrs, len(emit.in_shape(0)))})"
+        ndim = len(emit.in_shape(0))
+        if len(emit.inputs) == 1:
+            return f"{emit.inputs[0]}.repeat({self._reps(node.attrs, ndim, node.attrs['tiles'])})"
+        reps = ", ".join(f"{emit.inputs[1]}.shape[0]" if i == node.attrs["_axis"] else "1" for i in range(ndim))
+        return f"{emit.inputs[0]}.repeat({reps})"
 
 
 # ---- BatchReindex -------------------------------------------------------------
