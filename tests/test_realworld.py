@@ -25,11 +25,6 @@ KNOWN_REFUSALS = {
     "happynear__NormFace__prototxt__scaled_cosine_softmax.prototxt": "bottom 'last_ip_layer' is not produced by any earlier layer",
     # spatial-IRNN's example: its four-direction sweeps after the reader's own pool5 (test_layers_spatial_irnn)
     "sherylwang__spatial-IRNN__models__example.prototxt": "--input-shape pool5=N,C,H,W",
-    # the styletransfer fork's segmentation net: its dialect and Normalize (norm_param.scale_value) read, but five
-    # more of the fork's own layer types (BoxFilter, GuidedCRF, ImageResize, MultiConvolution, Shortcut) are not
-    # in caffeq yet; each needs its own reading of the fork's kernels
-    "shenfalong__styletransfer__matlab__prototxt__deploy_resnet_101_16x_v0.prototxt":
-        "unsupported layer types: BoxFilter (layers 'final_bn_split1_pooled', 'final_bn_split2_pooled'",
     # broken for every reader (corpus3 triage): a stray typo; line 170 reads `}z`, named where it stands
     "Nortinwell__VGG-depthwise-SSD__VGG_reduce_300.prototxt": "170:2: 'z' stands where a field name goes",
     # broken for every reader (corpus4 triage): a py-faster-rcnn leftover, no layer makes 'rpn_rois'

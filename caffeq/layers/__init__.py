@@ -211,6 +211,7 @@ from . import (  # noqa: F401,E402
     segmentation,
     sequence,
     shape_ops,
+    shenfalong_seg,
     shenfalong_style,
     si_convnet,
     sice,
