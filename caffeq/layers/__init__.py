@@ -131,6 +131,7 @@ from . import (  # noqa: F401,E402
     merge_batch,
     mergecrop,
     misc,
+    mixup,
     mlkp,
     mnc,
     mnc_module,
