@@ -213,13 +213,13 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
     layers = _user_inputs(net, layers, input_shapes, source, notes) + layers
     # inputs read only by dropped layers (labels) are not outputs; the scores a loss read are
     read_by_dropped = {b for lp in all_layers if lp not in layers for b in lp.bottom}
+    unset = {}   # id(layer) -> why a listing leaves its tops unsized (by the layer: unnamed layers repeat '')
     if unknown_shapes_ok:
+        unset = {id(lp): unset_layers[lp.name] for lp in layers if lp.name in (unset_layers or {})}
         # a listing reads past a Python layer it has no spec for: sizes unknown from it on (running refuses)
-        unrun = {lp.name: unrun_python_reason(lp) for lp in layers if lp.type == "Python" and spec_for(lp) is None}
-        if unrun:
-            unset_layers = dict(unset_layers or {}, **unrun)
-    require_specs([lp for lp in layers if not (unknown_shapes_ok and lp.name in (unset_layers or {})
-                                               and lp.type == "Python")], source)
+        unset.update({id(lp): unrun_python_reason(lp) for lp in layers
+                      if lp.type == "Python" and spec_for(lp) is None})
+    require_specs([lp for lp in layers if not (id(lp) in unset and lp.type == "Python")], source)
     if base_dir is None:
         base_dir = os.path.dirname(os.path.abspath(source)) if source else os.getcwd()
 
@@ -249,12 +249,12 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
         except ForkReading as e:   # the whole net tells how to read this layer
             raise ForkReading(f"{where}: {e}", e.rewrite) from None
         except LayerError as e:
-            if unknown_shapes_ok and lp.type == "Python" and lp.name not in (unset_layers or {}):
+            if unknown_shapes_ok and lp.type == "Python" and id(lp) not in unset:
                 # a fork's variant of a Python layer caffeq knows (another param_str): listed, never run
-                unset_layers = dict(unset_layers or {}, **{lp.name: python_variant_reason(lp, e)})
+                unset[id(lp)] = python_variant_reason(lp, e)
                 spec = UNRUN_PYTHON
                 attrs = spec.parse(lp)
-            elif not (unknown_shapes_ok and lp.name in (unset_layers or {})):
+            elif id(lp) not in unset:
                 raise LayerError(f"{where}: {e}") from None
             else:
                 attrs = {}   # a placeholder in what the layer reads (its param_str): listed, never run
@@ -289,9 +289,9 @@ def _build_graph(net, weights=None, phase="TEST", stages=(), level=0, batch=None
         given = {i: input_shapes[t] for i, t in enumerate(lp.top) if t in input_shapes} \
             if spec.is_data or spec.shape_from_user else {}
         shapes_used.update(lp.top[i] for i in given)
-        if unknown_shapes_ok and lp.name in (unset_layers or {}):
+        if id(lp) in unset:
             out_shapes, expected = [None] * len(lp.top), None
-            unsized.setdefault((lp.type, f"{unset_layers[lp.name]}; the shapes after it are unknown"),
+            unsized.setdefault((lp.type, f"{unset[id(lp)]}; the shapes after it are unknown"),
                                []).append(lp.name)
         else:
             try:

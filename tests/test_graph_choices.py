@@ -1196,6 +1196,23 @@ layer { name: "fc" type: "InnerProduct" bottom: "rois" top: "fc" inner_product_p
            "imports or runs; the shapes after it are unknown" in err
 
 
+def test_an_unnamed_python_layer_leaves_only_its_own_tops_unsized():
+    """superpixelRefinement's test net: unnamed layers all carry the name ''.  Only the tops computed from the
+    Python layer are unsized, not those of the other unnamed layers."""
+    text = """
+input: "data" input_shape { dim: 1 dim: 3 dim: 8 dim: 6 }
+layer { type: "ReLU" bottom: "data" top: "r" }
+layer { type: "Python" bottom: "r" top: "p" python_param { module: "my.mod" layer: "Foo" } }
+layer { type: "ReLU" bottom: "p" top: "q" }
+layer { type: "Sigmoid" bottom: "data" top: "s" }
+"""
+    listed = load_from_text(text, unknown_shapes_ok=True)
+    assert listed.blob_shapes["r"] == (1, 3, 8, 6) and listed.blob_shapes["s"] == (1, 3, 8, 6)
+    assert listed.blob_shapes["p"] is None and listed.blob_shapes["q"] is None
+    unknown = [w for w in listed.warnings if "the shapes after it are unknown" in w]
+    assert len(unknown) == 1 and "(Python)" in unknown[0]
+
+
 def test_a_listing_reads_past_a_forks_variant_of_a_known_python_layer():
     """lilinhao/ShipDetection's rotated-box ProposalLayer: rpn.proposal_layer.ProposalLayer with 4 bottoms and 3
     tops, not the 3 and 1-2 of py-faster-rcnn's that caffeq runs.  The listing reads past it, naming why; loading
