@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import check_everywhere, model_py_outputs, net, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.layers import LayerError
@@ -40,17 +40,19 @@ def corner_crop_ref(x, ch, cw, positions):
     return tops
 
 
-@pytest.mark.parametrize("crop, positions, shape", [
-    ("crop_h: 3 crop_w: 4", ["upperleft", "upperright", "lowerleft", "lowerright", "center"], (2, 3, 7, 10)),
-    ("crop_size: 5", ["lowerright", "center"], (2, 3, 9, 7)),
+@pytest.mark.parametrize("crop, side, positions, shape", [
+    ("crop_h: 3 crop_w: 4", (3, 4), ["upperleft", "upperright", "lowerleft", "lowerright", "center"], (2, 3, 7, 10)),
+    ("crop_size: 5", (5, 5), ["lowerright", "center"], (2, 3, 9, 7)),
+    # crop_size wins over crop_h / crop_w (LayerSetUp's has_crop_size)
+    ("crop_size: 3 crop_h: 5 crop_w: 1", (3, 3), ["lowerleft", "upperright", "lowerleft"], (2, 2, 7, 11)),
 ])
-def test_corner_crop(tmp_path, crop, positions, shape):
+def test_corner_crop(tmp_path, crop, side, positions, shape):
     x = rng(1).standard_normal(shape).astype(f32)
     tops = " ".join(f'top: "t{i}"' for i in range(len(positions)))
     pos = " ".join(f'position: "{p}"' for p in positions)
     m = load_from_text(net(f'layer {{ name: "cc" type: "CornerCrop" bottom: "x" {tops} '
                            f'corner_crop_param {{ {crop} {pos} }} }}', inputs={"x": x.shape}))
-    ch, cw = (3, 4) if "crop_h" in crop else (5, 5)
+    ch, cw = side
     refs = corner_crop_ref(x, ch, cw, positions)
     check_everywhere(m, {"x": x}, {f"t{i}": r for i, r in enumerate(refs)}, tmp_path)
 
@@ -58,6 +60,7 @@ def test_corner_crop(tmp_path, crop, positions, shape):
 @pytest.mark.parametrize("param, msg", [
     ('crop_size: 4 position: "upperleft"', "even number"),          # 7 - 4 is odd
     ('crop_size: 3 position: "middle"', "position 'middle'"),
+    ('crop_h: 7 crop_w: 3 position: "center"', "smaller"),          # CHECK_GT(height, crop_h): 7 == 7
 ])
 def test_corner_crop_refuses(param, msg):
     with pytest.raises(CaffeqError, match=msg):
@@ -148,6 +151,19 @@ def test_channel_reduce(tmp_path, op, groups):
     check_everywhere(m, {"x": x}, {"y": channel_reduce_ref(x, groups, op)}, tmp_path)
 
 
+def test_channel_reduce_max_keeps_the_first_of_equal_values(tmp_path):
+    """MAX replaces only where a channel is larger (>): of +0 and -0 the first one seen stays.  Torch and
+    model.py only: onnxruntime's Where (1.32) returns +0 where it selects a -0, whatever the comparison."""
+    x = np.zeros((2, 4, 3, 5), f32)
+    x[:, 1] = -0.0                   # group 0: +0 then -0 -> +0
+    x[:, 2] = -0.0                   # group 1: -0 then +0 -> -0
+    m = load_from_text(net('layer { name: "r" type: "ChannelReduce" bottom: "x" top: "o" '
+                           'channel_reduce_param { num_channels: 2 operation: MAX } }', inputs={"x": x.shape}))
+    for where, got in (("torch", m.run({"x": x})["o"]), ("model.py", model_py_outputs(m, {"x": x}, tmp_path)["o"])):
+        got = np.asarray(got)
+        assert not np.signbit(got[:, 0]).any() and np.signbit(got[:, 1]).all(), where
+
+
 @pytest.mark.parametrize("groups", [4, 6])
 def test_channel_reduce_refuses(groups):
     with pytest.raises(CaffeqError, match="num_channels"):
@@ -169,6 +185,29 @@ def test_drt_layers_are_sized_not_run(kind, flag, shape):
     assert tuple(m.blob_shapes["y"]) == shape
     with pytest.raises(CaffeqError, match="correlation-filter"):
         m.run({"x": np.zeros((2, 4, 9, 4), f32)})
+
+
+@pytest.mark.parametrize("flags, shape", [
+    ("mylayerthird: true mylayerone: true", (50, 1, 19, 19)),      # Reshape tests one, then two, then third
+    ("mylayerthird: true mylayerfourth: true", (1, 1, 1, 1)),
+    ("mylayerfourth: true kstride: 2", (2, 7, 5, 4)),               # kernel spread to 9 x 5
+    ("mylayerfourth: true kstride_h: 2 kstride_w: 1", (2, 7, 5, 6)),
+])
+def test_drt_top_shapes(flags, shape):
+    m = load_from_text(net(f'layer {{ name: "f" type: "Wtffourth" bottom: "x" top: "y" convolution_param {{ '
+                           f'num_output: 7 pad: 2 kernel_h: 5 kernel_w: 3 {flags} }} }}', inputs={"x": (2, 4, 9, 4)}))
+    assert tuple(m.blob_shapes["y"]) == shape
+
+
+@pytest.mark.parametrize("flags, blobs", [
+    ("mylayerseventh: true", [(1, 1, 9, 4), (6,)]),                  # the distance transform's variables
+    ("mylayerthird: true", [(6, 2, 5, 3), (6,)]),                    # Convolution's blobs (group 2)
+])
+def test_drt_blob_shapes(flags, blobs):
+    m = load_from_text(net(f'layer {{ name: "f" type: "Wtf" bottom: "x" top: "y" convolution_param {{ '
+                           f'num_output: 6 kernel_h: 5 kernel_w: 3 group: 2 {flags} }} }}', inputs={"x": (2, 4, 9, 4)}),
+                       random_weights=True)
+    assert [tuple(b.shape) for b in m.params["f"]] == blobs
 
 
 def test_drt_second_needs_its_top_shape():

@@ -14,7 +14,9 @@ the filter's response maps.  LayerSetUp and Reshape also read the feature sizes 
 So caffeq reads these layers, checks their convolution_param as BaseConvolutionLayer does and sizes the tops
 the fork's Reshape gives, chosen by the mylayer* field (not the type): mylayerone (50, 1, 19, 19),
 mylayertwo (2, c1, h1, h2) from data.txt (give it with --input-shape), mylayerthird (1, 1, 1, 1), anything
-else (mylayerfourth) Convolution's (N, num_output, H_out, W_out) with the kernel spread by kstride.  It
+else (mylayerfourth) Convolution's (N, num_output, H_out, W_out) with the kernel spread by kstride.  Its blobs
+(LayerSetUp): mylayerone or else mylayerfourth four or five filters sized by data.txt (left unsized),
+else mylayerseventh one (1, 1, 9, 4) blob, else Convolution's weights; a bias when bias_term.  It
 refuses to run or export them: nothing in a prototxt or caffemodel holds what their forwards read.
 """
 from .conv import conv_out_size
@@ -56,7 +58,7 @@ class DrtCorrelationFilter(ReadOnlyLayer):
         return {"name": lp.name, "kind": lp.type, "mode": flags[0] if flags else "conv", "tops": list(lp.top),
                 "num_output": int(p.num_output), "kernel": tuple(kernel), "stride": tuple(stride),
                 "pad": tuple(pad), "kstride": kstride, "group": group, "bias": bool(p.bias_term),
-                "blobs_from_file": bool(p.mylayerone or p.mylayerfourth)}
+                "blobs_from_file": bool(p.mylayerone or p.mylayerfourth), "dt_weights": bool(p.mylayerseventh)}
 
     def infer(self, attrs, in_shapes):
         n, c, h, w = four_axes(in_shapes[0], attrs["kind"])
@@ -85,7 +87,10 @@ class DrtCorrelationFilter(ReadOnlyLayer):
         if attrs["blobs_from_file"]:
             return None   # four or five (2, c_i, h_i, (w_i + 1) / 2) filters sized by ./data.txt
         c = int(in_shapes[0][1])
-        shapes = [(attrs["num_output"], c // attrs["group"]) + tuple(attrs["kernel"])]
+        if attrs.get("dt_weights"):   # mylayerseventh: the distance transform's (1, 1, 9, 4) variables
+            shapes = [(1, 1, 9, 4)]
+        else:
+            shapes = [(attrs["num_output"], c // attrs["group"]) + tuple(attrs["kernel"])]
         return shapes + [(attrs["num_output"],)] if attrs["bias"] else shapes
 
     def why_not_run(self, attrs):
