@@ -144,11 +144,12 @@ def att_spx_pool_ref(x, ids, largest):
 
 # ---- tests ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("none_above", [False, True])
+@pytest.mark.parametrize("none_above", [False, True, "equal"])
 def test_check_att_sets_first_values_only_where_nothing_is_above(tmp_path, none_above):
     r = rng(1)
     a = r.random((2, 3, 5, 4)).astype(F32)
-    b = (a + 0.5).astype(F32) if none_above else r.random((2, 3, 5, 4)).astype(F32)
+    b = {False: r.random((2, 3, 5, 4)).astype(F32), True: (a + 0.5).astype(F32), "equal": a.copy()}[none_above]
+    none_above = bool(none_above)
     model = load_from_text(net('layer { name: "c" type: "CheckAtt" bottom: "a" bottom: "b" top: "ta" top: "tb" }',
                                inputs={"a": a.shape, "b": b.shape}))
     ra, rb = check_att_ref(a, b, False)
@@ -205,6 +206,32 @@ def test_argmax_my_counts_k_from_the_values(tmp_path, params, axis, out_max_val)
     check_everywhere(model, {"x": x, "b": b}, {"o": argmax_ref(x, k, axis, out_max_val)}, tmp_path)
 
 
+def test_argmax_my_in_a_superpixel_net_takes_at_least_5(tmp_path):
+    r = rng(12)
+    x = np.round(r.random((2, 3, 2, 7)) * 9).astype(F32)
+    b = (x.reshape(-1)[:7] + 1).reshape(1, 1, 1, 7)
+    b.flat[[1, 4]] -= 2                                                     # two values above: k = max(2, 5)
+    g = r.random((1, 1, 1, 12)).astype(F32)
+    text = net('layer { name: "am" type: "ArgMaxMy" bottom: "x" bottom: "b" top: "o" argmax_param { axis: 3 } }',
+               'layer { name: "sf" type: "ScaleFlags" bottom: "f" bottom: "seg" bottom: "g" top: "sg" }',
+               inputs={"x": x.shape, "b": b.shape, "f": (1, 1, 2, 3), "seg": (1, 1, 2, 3), "g": g.shape})
+    model = load_from_text(text)
+    assert next(n for n in model.layers if n.name == "am").type == "ArgMaxMySpx"
+    assert model.blob_shapes["o"] == (2, 3, 2, 5)                            # set up over zeros: k = 5
+    feeds = {"x": x, "b": b, "f": np.zeros((1, 1, 2, 3), F32), "seg": np.zeros((1, 1, 2, 3), F32), "g": g}
+    refs = {"o": argmax_ref(x, 5, 3, False), "sg": scale_flags_ref(g, 2, 3, 2, 3, 1)}
+    check_everywhere(model, feeds, refs, tmp_path)
+
+
+def test_argmax_top_k_and_counts_past_the_values_are_refused():
+    with pytest.raises(CaffeqError, match="top_k 1201 is more than the 1200 values per item"):
+        load_from_text(argmax_net("ArgMaxAll", (1, 2, 1, 600), "top_k: 1201"))
+    model = load_from_text(net('layer { name: "am" type: "ArgMaxMy" bottom: "x" bottom: "b" top: "o" '
+                               'argmax_param { axis: 3 } }', inputs={"x": (2, 1, 1, 6), "b": (1, 1, 1, 8)}))
+    with pytest.raises(CaffeqError, match="8 values of the first bottom are above the second's, more than the 6"):
+        model.run({"x": np.ones((2, 1, 1, 6), F32), "b": np.zeros((1, 1, 1, 8), F32)})
+
+
 def test_argmax_all_below_1000_values_cannot_run():
     model = load_from_text(argmax_net("ArgMaxAll", (1, 1, 1, 505), "top_k: 1000 axis: -1"))
     with pytest.raises(CaffeqError, match="1000 best of 505"):
@@ -234,6 +261,14 @@ def test_convert_flags_and_split_indices(tmp_path):
     check_everywhere(model, feeds, refs, tmp_path)
 
 
+def test_flags_to_indices_reads_the_first_shape3_values_equal_to_1(tmp_path):
+    flags = np.array([1, 0.5, 2, 1, 0, 1, 1, 1, 0, 1, 1, 1], F32).reshape(2, 1, 1, 6)
+    model = load_from_text(net('layer { name: "fi" type: "FlagsToIndices" bottom: "f" top: "o" }',
+                               inputs={"f": flags.shape}))
+    assert model.blob_shapes["o"] == (0, 1, 1, 1)                              # set up over zeros
+    check_everywhere(model, {"f": flags}, {"o": np.array([0, 3, 5], F32).reshape(3, 1, 1, 1)}, tmp_path)
+
+
 @pytest.mark.parametrize("kind,outside", [("SlidingWindowIndex", 0.0), ("SlidingWindowIndexSeg", -1.0)])
 @pytest.mark.parametrize("flagged", [[0, 5, 6, 23, 29], []])
 def test_sliding_window_index_takes_the_flagged_windows(tmp_path, kind, outside, flagged):
@@ -261,17 +296,34 @@ def test_top_k_old_keeps_the_best_in_order_then_zeros(tmp_path, n, cols):
     check_everywhere(model, feeds, {"o": top, "ids": ids}, tmp_path)
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 5, 5), (2, 3, 4, 6)])
+@pytest.mark.parametrize("scores,picked", [
+    ([[1], [3], [2], [3], [2], [2], [0]], [1, 2, 3]),                  # a tie at the cut: the lower index
+    ([[9, -1, -2], [9, -3, -4], [0, 2, 1], [0, -2, -5], [0, 1, 0], [0, -0.5, -1]], [0, 2, 4])])   # classes: >= 0
+def test_top_k_old_ranks_ties_by_index_and_classes_from_0(tmp_path, scores, picked):
+    scores = np.array(scores, F32)
+    n = scores.shape[0]
+    items = rng(14).standard_normal((n, 3, 1, 2)).astype(F32)
+    model = load_from_text(net('layer { name: "t" type: "TopKOld" bottom: "items" bottom: "s" bottom: "k" '
+                               'top: "o" top: "ids" }',
+                               inputs={"items": items.shape, "s": scores.shape, "k": (3, 1, 1, 1)}))
+    top, ids = top_k_old_ref(items, scores, 3)
+    assert ids.reshape(-1).tolist() == picked
+    feeds = {"items": items, "s": scores, "k": np.zeros((3, 1, 1, 1), F32)}
+    check_everywhere(model, feeds, {"o": top, "ids": ids}, tmp_path)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 5), (2, 3, 4, 6), (2, 3, 5, 4)])
 def test_cut_steps_rows_by_the_height(tmp_path, shape):
     x = rng(8).standard_normal(shape).astype(F32)
     model = load_from_text(net('layer { name: "cut" type: "Cut" bottom: "x" top: "o" }', inputs={"x": shape}))
     check_everywhere(model, {"x": x}, {"o": cut_ref(x)}, tmp_path)
 
 
-def test_cut_with_more_rows_than_columns_is_refused():
-    model = load_from_text(net('layer { name: "cut" type: "Cut" bottom: "x" top: "o" }', inputs={"x": (1, 2, 5, 3)}))
+@pytest.mark.parametrize("shape", [(1, 2, 5, 3), (1, 2, 4, 2)])      # (4, 2): the last read is value 8 of 8
+def test_cut_with_two_rows_more_than_columns_is_refused(shape):
+    model = load_from_text(net('layer { name: "cut" type: "Cut" bottom: "x" top: "o" }', inputs={"x": shape}))
     with pytest.raises(CaffeqError, match="read past the bottom"):
-        model.run({"x": np.zeros((1, 2, 5, 3), F32)})
+        model.run({"x": np.zeros(shape, F32)})
 
 
 @pytest.mark.parametrize("s,seg", [(3, (1, 1, 9, 13)), (4, (1, 1, 7, 9))])
@@ -293,6 +345,16 @@ def test_spx_pooling_averages_per_superpixel(tmp_path):
                                'superpixel_pooling_param { pool: AVE weight: 1 } }',
                                inputs={"x": x.shape, "s": spx.shape}))
     assert model.blob_shapes["p"] == (1, 1, 1, 3)
+    mean, counts = spx_pool_ref(x, spx)
+    check_everywhere(model, {"x": x, "s": spx}, {"p": mean, "n": counts}, tmp_path, atol=1e-6, rtol=1e-6, opsets=())
+
+
+def test_spx_pooling_rounds_half_coordinates_up(tmp_path):
+    r = rng(13)
+    x = r.standard_normal((1, 2, 3, 4)).astype(F32)
+    spx = r.integers(0, 3, (1, 1, 6, 9)).astype(F32)                      # f = 3 / 6: half coordinates
+    model = load_from_text(net('layer { name: "p" type: "SpxPooling" bottom: "x" bottom: "s" top: "p" top: "n" '
+                               'superpixel_pooling_param { pool: AVE } }', inputs={"x": x.shape, "s": spx.shape}))
     mean, counts = spx_pool_ref(x, spx)
     check_everywhere(model, {"x": x, "s": spx}, {"p": mean, "n": counts}, tmp_path, atol=1e-6, rtol=1e-6, opsets=())
 

@@ -18,7 +18,7 @@ a run gives the sizes the fork's Reshape sets from the real values before each f
   shape(3) values of both, at least 1000 (top_k is not read); then BVLC ArgMax's forward with that k
   (along `axis`, or over each item's values, out_max_val as BVLC's).  Equal values: the higher index first
   (std::partial_sort over (value, index) pairs with greater<>).  ArgMaxMy: the same with k the count itself
-  (AttentionBox's; superpixelRefinement's copy raises k to 5 at least, not read here).
+  (AttentionBox's; superpixelRefinement's copy, which raises k to 5 at least, is attention_mask_spx.ArgMaxMySpx).
 - ConvertIndices (indexes (1, 1, 1, K), scores (1, 1, 1, L)): top 0 (1, 1, 1, L) flags, 1 at the
   indexes (truncated to int); top 1 (K, 1, 1, 1) the scores at the indexes.
 - FlagsToIndices ((..., L) flags): the positions of the first L values that equal 1, as (M, 1, 1, 1).
@@ -30,8 +30,9 @@ a run gives the sizes the fork's Reshape sets from the real values before each f
   windows by running sums of the flags themselves).
 - TopKOld (items, scores, k = bottom 2's first dimension): scores per row as FastMask's TopK (its value, or
   the largest of 0 and its columns past the first); the min(k, n) best items in their own order, then zero
-  rows up to k: (k, ...).  Top 1 (k, 1, 1, 1): those indexes, then the remaining items by score; rows past
-  the n items are 0 (the fork reads past its index buffer there).  Equal scores: the lower index first.
+  rows up to k: (k, ...).  Top 1 (k, 1, 1, 1): those indexes; rows past the n items are 0 (the fork reads
+  its index buffer there).  Equal scores: the lower index first (std::sort is an insertion sort up to 16
+  items, so exact there; past 16 its order among equal scores is libstdc++'s introsort's).
 superpixelRefinement's own layers (Cut, ScaleFlags, SpxPooling, AttSpxPooling, SlidingWindowIndexSeg, its
 CheckAtt) are in attention_mask_spx.py.
 NormalizedSigmoidCrossEntropyLoss is a loss: dropped at inference (caffeq/training_layers.py).
@@ -123,7 +124,7 @@ def am_windows_at(x, flags, wh: int, ww: int, outside: float):
 
 def am_top_k_old(items, scores, k: int):
     """TopKOld's tops: (k, ...) the min(k, n) best items in their own order then zeros, and (k, 1, 1, 1) their
-    indexes followed by the other items' by score (0 past the n items)."""
+    indexes (0 past the n items)."""
     n = items.shape[0]
     rows = scores.reshape(scores.shape[0], -1)
     if rows.shape[1] == 1:
@@ -244,7 +245,7 @@ class _CountedArgMax(Layer):
         if attrs["axis"] is not None:
             axis = canonical_axis(attrs["axis"], len(x), "argmax_param.axis")
             attrs["axis_index"] = axis
-        elif self.floor == 0 and attrs["top_k"] > math.prod(x[1:]):
+        elif attrs["top_k"] > math.prod(x[1:]):
             raise LayerError(f"argmax_param.top_k {attrs['top_k']} is more than the {math.prod(x[1:])} values per "
                              f"item (the fork checks it)")
         k = self._k(0)     # set up over zeros: nothing above
@@ -271,6 +272,10 @@ class _CountedArgMax(Layer):
     def forward(self, attrs, params, x, non_obj):
         self.refuse_if_cannot_run(attrs["name"], attrs, [tuple(x.shape)], LayerError)
         k = self._k(am_count_above(x, non_obj))
+        dim = self._dim(attrs, tuple(x.shape))
+        if k > dim:
+            raise LayerError(f"{self.types[0]} '{attrs['name']}': {k} values of the first bottom are above the "
+                             f"second's, more than the {dim} it sorts (the fork's partial_sort reads past them)")
         return am_argmax(x, k, self._axis(attrs), attrs["out_max_val"])
 
     def pytorch_source(self, node, emit):

@@ -7,10 +7,13 @@ caffe/src/caffe/proto/caffe.proto.  Cut, ScaleFlags, SlidingWindowIndexSeg and A
 counts unwritten).
 
 - CheckAtt in a net with the fork's SpxPooling, AttSpxPooling, ScaleFlags or SlidingWindowIndexSeg layers is
-  the fork's (read as CheckAttSpx): copies of obj and nonObj whose first values are always 1 and 0.
+  the fork's (read as CheckAttSpx): copies of obj and nonObj whose first values are always 1 and 0.  ArgMaxMy
+  in such a net is the fork's too (read as ArgMaxMySpx, argmax_layer_2.cpp): k is at least 5.  (AttentionMask
+  and AttentionBox define none of those four types; the rewrite says so in a note.)
 - SlidingWindowIndexSeg: SlidingWindowIndex with -1 outside the map.
 - Cut (N, C, H, W) -> (N, C, H - 1, W - 1): cell (h, w) of channel c reads the channel's value h * H + w
-  (the .cu steps rows by the height: the top-left crop where H == W; with H > W it reads past the blob: refused).
+  (the .cu steps rows by the height: the top-left crop where H == W; where (H - 2) H + W - 2 >= H W, i.e.
+  H >= W + 2, the last channel reads past the blob: refused).
 - ScaleFlags (scale_flags_param.scalefactor s; feature (., ., H, W), segmentation (., ., Hs, Ws), flags
   ((H + 1)(W + 1) in shape(3))): flag i at (i // (W + 1), i % (W + 1)) goes to (min(Hs, s r), min(Ws, s c))
   of a zero (1, 1, 1, (Hs + 1)(Ws + 1)); where several land on one place the last one is kept (the .cu races).
@@ -30,7 +33,7 @@ import numpy as np
 import torch
 
 from ..io.schema import caffe_pb2
-from .attention_mask import CheckAtt, SlidingWindowIndex, _axes
+from .attention_mask import ArgMaxMy, CheckAtt, SlidingWindowIndex, _axes
 from .registry import Layer, LayerError, need_blobs, net_rewrite, register_layer, torch_sources
 
 #: the fork's own layer types, whose presence marks a superpixelRefinement net
@@ -63,10 +66,9 @@ def am_scale_flags(flags, h: int, w: int, hs: int, ws: int, scale: int):
     i = torch.arange(values.shape[0], device=flags.device)
     dest = (torch.clamp_max((i // (w + 1)) * scale, hs) * (ws + 1)
             + torch.clamp_max((i % (w + 1)) * scale, ws))
-    last = torch.ones_like(dest, dtype=torch.bool)
-    last[:-1] = dest[1:] != dest[:-1]
-    out = flags.new_zeros(((hs + 1) * (ws + 1),))
-    out[dest[last]] = values[last]
+    owner = torch.full(((hs + 1) * (ws + 1),), -1, dtype=torch.int64, device=flags.device)
+    owner = owner.scatter_reduce(0, dest, i, "amax")                       # the last flag landing on each place
+    out = torch.where(owner >= 0, values[torch.clamp_min(owner, 0)], torch.zeros_like(owner, dtype=flags.dtype))
     return out.reshape(1, 1, 1, -1)
 
 
@@ -123,20 +125,36 @@ class CheckAttSpx(CheckAtt):
                     "check_att_layer.cpp/.cu): its first obj and nonObj values are always set to 1 and 0")
 
 
+@register_layer("ArgMaxMySpx")
+class ArgMaxMySpx(ArgMaxMy):
+    floor = 5
+    reading_note = ("ArgMaxMy in a superpixelRefinement net (chwilms/superpixelRefinement 37a9481, "
+                    "argmax_layer_2.cpp): k, the count of obj values above nonObj, is raised to 5 at least")
+
+
+#: the fork's readings of the types it shares with AttentionMask
+_SPX_READINGS = {"CheckAtt": ("CheckAttSpx", "the first obj / nonObj values always become 1 / 0"),
+                 "ArgMaxMy": ("ArgMaxMySpx", "k at least 5")}
+
+
 @net_rewrite
-def superpixel_refinement_check_att(net, source=""):
-    """In a net with superpixelRefinement's own layers, CheckAtt is that fork's (CheckAttSpx)."""
+def superpixel_refinement_readings(net, source=""):
+    """In a net with superpixelRefinement's own layers, CheckAtt and ArgMaxMy are that fork's (CheckAttSpx,
+    ArgMaxMySpx)."""
     if not any(lp.type in SPX_TYPES for lp in net.layer):
         return []
-    names = [lp.name for lp in net.layer if lp.type == "CheckAtt"]
-    for lp in net.layer:
-        if lp.type == "CheckAtt":
-            lp.type = "CheckAttSpx"
-    if not names:
-        return []
-    return [f"{source + ': ' if source else ''}{len(names)} CheckAtt layer(s) read as superpixelRefinement's "
-            f"(CheckAttSpx: the first obj / nonObj values always become 1 / 0; the net has its "
-            f"{', '.join(t for t in SPX_TYPES if any(lp.type == t for lp in net.layer))} layers)"]
+    found = [t for t in SPX_TYPES if any(lp.type == t for lp in net.layer)]
+    notes = []
+    for kind, (reading, what) in _SPX_READINGS.items():
+        names = [lp.name for lp in net.layer if lp.type == kind]
+        for lp in net.layer:
+            if lp.type == kind:
+                lp.type = reading
+        if names:
+            where = f"{source}: " if source else ""
+            notes.append(f"{where}{len(names)} {kind} layer(s) read as superpixelRefinement's "
+                         f"({reading}: {what}; the net has its {', '.join(found)} layers)")
+    return notes
 
 
 @register_layer("SlidingWindowIndexSeg")
@@ -216,8 +234,9 @@ class ScaleFlags(Layer):
         total = math.prod(ctx.shape(node.inputs[2]))
         i = np.arange(total)
         dest = np.minimum((i // (w + 1)) * s, hs) * (ws + 1) + np.minimum((i % (w + 1)) * s, ws)
-        last = np.ones(total, bool)
-        last[:-1] = dest[1:] != dest[:-1]
+        last = np.zeros(total, bool)           # the last flag landing on each place (clamped rows repeat a row)
+        _, from_end = np.unique(dest[::-1], return_index=True)
+        last[total - 1 - from_end] = True
         flat = ctx.op("Reshape", [node.inputs[2], ctx.i64([-1])], "flags")
         picked = ctx.op("Gather", [flat, ctx.const(i[last].astype(np.int64))], "picked", axis=0)
         zeros = ctx.const(np.zeros((hs + 1) * (ws + 1), np.float32))
