@@ -116,6 +116,11 @@ def weights_of(model, name="c"):
     ((2, 2, 4, 6), "num_output: 3 kernel_h: 2 kernel_w: 1 pad_h: 0 pad_w: 1", dict(kh=2, kw=1, ph=0, pw=1), 0),
     # an attention blob of more channels than K: image 1 starts at K H W, inside image 0's rows
     ((2, 2, 3, 5), "num_output: 3 kernel_size: 3 pad: 1", dict(kh=3, kw=3, ph=1, pw=1), 2),
+    # dilation 2 with pad 2 keeps H x W
+    ((2, 2, 5, 6), "num_output: 3 kernel_size: 3 pad: 2 dilation: 2", dict(kh=3, kw=3, ph=2, pw=2, dh=2, dw=2), 0),
+    # stride 2 down, pad 3 across: H' x W' = 2 x 12 from a 4 x 6 map
+    ((2, 3, 4, 6), "num_output: 2 kernel_size: 1 stride_h: 2 stride_w: 1 pad_h: 0 pad_w: 3",
+     dict(kh=1, kw=1, pw=3, sh=2), 0),
 ])
 def test_attention_convolution(tmp_path, shape, params, geometry, att_extra):
     n, c, h, w = shape
@@ -152,6 +157,8 @@ def test_cross_convolution(tmp_path, shape, params, geometry, o, group, fshape):
     model = load_from_text(net(conv_text("CrossConvolution", params), inputs={"x": shape, "a": fshape}),
                            random_weights=True)
     assert [b.shape for b in weights_of(model)] == [(o, shape[1] // group, geometry["kh"], geometry["kw"]), (o,)]
+    blobs = model.params["c"]   # the layer's own weight and a non-zero bias: cross_conv_layer.cu reads neither
+    blobs[1][...] = g.uniform(1, 2, blobs[1].shape).astype(f32)
     ref = cross_conv_ref(x, f, o, group=group, **geometry)
     check_everywhere(model, {"x": x, "a": f}, {"y": ref}, tmp_path, atol=2e-5, rtol=1e-5)
 
@@ -161,20 +168,20 @@ def dsc_text(params):
             f'top: "y" object_kernel_convolution_param {{ {params} }} }}')
 
 
-@pytest.mark.parametrize("shape,o,k,d,s,t,params", [
+@pytest.mark.parametrize("shape,o,k,d,s,t,params,across_extra", [
     # the res_att net's form: 3x3 kernel, dilation 1, 3 x 3 samples 2 apart (pad and lr_mul unread)
     ((2, 3, 5, 7), 2, 3, 1, 3, 2, "num_output: 2 kernel_size: 3 dilation: 1 pad: 1 lr_mul: 0.0001 kernel_stride: 2 "
-                                  "samples: 3"),
+                                  "samples: 3", 0),
     # the defaults samples 3 and kernel_stride 2 with a 1x1 kernel (dilation 0, its unset value)
-    ((2, 2, 4, 6), 3, 1, 0, 3, 2, "num_output: 3 kernel_size: 1"),
-    # an even sample count: offsets (u - 1) t
-    ((2, 2, 6, 5), 2, 3, 1, 2, 1, "num_output: 2 kernel_size: 3 dilation: 1 samples: 2 kernel_stride: 1"),
+    ((2, 2, 4, 6), 3, 1, 0, 3, 2, "num_output: 3 kernel_size: 1", 0),
+    # an even sample count: offsets (u - 1) t; across holds more values per image than read (image 1 at count(1))
+    ((2, 2, 6, 5), 2, 3, 1, 2, 1, "num_output: 2 kernel_size: 3 dilation: 1 samples: 2 kernel_stride: 1", 2),
 ])
-def test_dynamic_sample_convolution(tmp_path, shape, o, k, d, s, t, params):
+def test_dynamic_sample_convolution(tmp_path, shape, o, k, d, s, t, params, across_extra):
     n, c, h, w = shape
     g = rng(3)
     x = g.standard_normal(shape).astype(f32)
-    across = g.standard_normal((n, h, w, o * c)).astype(f32)
+    across = g.standard_normal((n, h, w, o * c + across_extra)).astype(f32)
     within = g.standard_normal((n, h * w * o * k * k + 3)).astype(f32)     # extra values per image: unread
     model = load_from_text(net(dsc_text(params), inputs={"x": shape, "across": across.shape,
                                                           "within": within.shape}))
@@ -204,6 +211,9 @@ def test_kernel_all_bias_layer(tmp_path, param_str, div):
          inputs={"x": (1, 2, 6, 6), "across": (1, 144), "within": (1, 648)}), "dilation 2"),
     (net(dsc_text("kernel_size: 3 dilation: 1"),
          inputs={"x": (1, 2, 6, 6), "across": (1, 144), "within": (1, 648)}), "num_output must be >= 1"),
+    # the res_att nets' in-place use on the 5-D across weights: the fork cuts the blob to its first four axes
+    (net('layer { name: "b" type: "Python" bottom: "x" top: "x" python_param { module: "kernel_all_bias_layer" '
+         'layer: "KernelBiasLayer" param_str: "\'div\': 256" } }', inputs={"x": (1, 3, 4, 2, 5)}), "needs a 4-D bottom"),
 ])
 def test_bad_parameters(text, message):
     with pytest.raises(CaffeqError, match=message) as e:

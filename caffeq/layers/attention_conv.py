@@ -30,8 +30,11 @@ The kernel indexes with H and W while the top is sized H + 2 ((k-1)/2) - d (k-1)
 needs both equal (an odd kernel with dilation 1, or a 1x1 kernel).
 
 Python:kernel_all_bias_layer.KernelBiasLayer: top = bottom + div (param_str 'div', default 1.0), float32,
-4-D bottoms.  StarStyleSky's nets name the same module and class but the fork does not publish it:
-segawareatt's copy is the one read.
+4-D bottoms.  The fork reshapes the top to the bottom's first four axes: another rank fails there, except in
+place on a 5-D blob (the res_att nets' across weights), where the blob is cut to its first four axes and only
+their values get div; caffeq refuses any bottom but 4-D.  StarStyleSky's nets name the same module and class
+but the fork does not publish it: segawareatt's copy is the one read (the only published module of that name;
+a8039974/py-R-FCN-1's kernel_bias_layer.KernelBiasLayer, another module, writes a fixed centre-tap matrix).
 """
 import torch
 import torch.nn.functional as F
@@ -359,7 +362,9 @@ class KernelAllBias(Layer):
         return {"div": float(torch.tensor(float(div), dtype=torch.float32))}
 
     def infer(self, attrs, in_shapes):
-        nchw(in_shapes[0], "kernel_all_bias_layer.KernelBiasLayer", "bottom")
+        if len(in_shapes[0]) != 4:
+            raise LayerError("kernel_all_bias_layer.KernelBiasLayer needs a 4-D bottom (the fork reshapes its top to "
+                             f"the bottom's first four axes), got {list(in_shapes[0])}")
         return [tuple(in_shapes[0])]
 
     def forward(self, attrs, params, x):
