@@ -6,7 +6,7 @@ import torch
 from conftest import check_everywhere, inspect_corpus_file, net, rng
 
 from caffeq.io.schema import caffe_pb2
-from caffeq.layers import LayerError
+from caffeq.layers import LayerError, registry
 from caffeq.layers.registry import spec_for
 from caffeq.model import load_from_text
 
@@ -198,8 +198,108 @@ CORPUS_A, CORPUS_B = "/work/corpus110a/", "/work/corpus110b/"
     (CORPUS_B + "stupiding__face-detection__face_detection_models__24in_models__24in_12in_16c5s2p0_32c5s2p0_"
      "128c3s1p0_1c1s1p0__model.prototxt", ("--input-shape", "data=2,3,24,24", "--input-shape", "info=2,5"),
      "accuracy_2  Accuracy"),
+    (CORPUS_B + "stupiding__face-detection__face_detection_models__48in_models__model.prototxt",
+     ("--input-shape", "data=2,3,48,48", "--input-shape", "info=2,5"),
+     "loss_cls_3  SigmoidCrossEntropyLoss  conv6_3,is_face,pred_1,pred_2 -> loss_cls_3"),
     (CORPUS_A + "He-Zhenwei__MAF__caffe-fast-rcnn__python__train_rcdan_alex.prototxt", (), "RandomMaclaurin"),
 ])
 def test_corpus_files_read(path, args, row):
     out = inspect_corpus_file(path, *args)
     assert row in out, out
+
+
+@pytest.mark.parametrize("kernel, stride, pad, dg, off_c", [
+    (3, 1, 1, None, 36),   # deform_group unset: 1; twice the offsets the kernel reads (Ho x Wo = H x W)
+    (3, 2, 1, 2, 40),      # deform_group 2 with group 1; offsets of any shape, read from each image's start
+])
+def test_deform_convolution_reads_offsets_from_image_start(tmp_path, kernel, stride, pad, dg, off_c):
+    r = rng(7)
+    x = r.standard_normal((2, 4, 5, 7)).astype(np.float32)
+    off = (r.standard_normal((2, off_c, 5, 7)) * 1.5).astype(np.float32)
+    text = _deform_net(kernel, stride, pad, dg, off_c)
+    if dg is None:
+        text = text.replace(" deform_group: None", "")
+    m = load_from_text(text, random_weights=True)
+    wgt, bias = (np.asarray(p, np.float64) for p in m.params["d"])
+    ref = _deform_ref(x.astype(np.float64), off.astype(np.float64), wgt, bias, (stride, stride), (pad, pad),
+                      dg or 1, 1)
+    assert any("DeformConvolution computed as MSRA's v1 kernel intends" in w for w in m.warnings)
+    check_everywhere(m, {"x": x, "o": off}, {"d": ref}, tmp_path, atol=2e-5, rtol=1e-5)
+
+
+def _run_acc(thred, s, lab, *gates):
+    lp = _acc_layer(thred, ["s", "l"] + [f"g{i}" for i in range(len(gates))])
+    spec = spec_for(lp)
+    assert type(spec).__name__ == "ThresholdedAccuracy"
+    attrs = spec.parse(lp)
+    arrays = [np.asarray(v, np.float32).reshape(-1, 1) for v in (s, lab, *gates)]
+    spec.infer(attrs, [a.shape for a in arrays])
+    return float(spec.forward(attrs, [], *(torch.from_numpy(a) for a in arrays)))
+
+
+def test_thresholded_accuracy_edges():
+    # a gate equal to its thred counts (the fork skips g < thred); a score of 0 is right for label 0 only
+    assert _run_acc([0.5], [0.0, 0.0, 2.0], [0, 1, 1], [0.5, 0.5, 0.25]) == np.float32(0.5)
+    # a NaN gate passes (NaN < thred is false)
+    assert _run_acc([0.5, 0.5], [1.0, -1.0], [1, 1], [np.nan, 0.0], [0.7, 0.7]) == 1.0
+    # nothing counted: 0 / 0
+    assert np.isnan(_run_acc([0.9], [1.0, -1.0], [1, 0], [0.1, 0.2]))
+    with pytest.raises(LayerError, match="labels 0 or 1"):
+        _run_acc([0.1], [1.0, -1.0], [2, 0], [0.5, 0.5])
+
+
+def test_thresholded_accuracy_claims_before_other_forks():
+    # three bottoms and one top: xiaolonw's UnwrittenAccuracy without thred, stupiding's with it
+    assert type(spec_for(_acc_layer([0.1], ["s", "l", "g"]))).__name__ == "ThresholdedAccuracy"
+    assert type(spec_for(_acc_layer([], ["s", "l", "g"]))).__name__ == "UnwrittenAccuracy"
+    assert sum(type(e[2]).__name__ == "ThresholdedAccuracy" for e in registry._CLAIMS) == 1
+
+
+def test_random_maclaurin_zero_factor_and_redraw_note():
+    with pytest.raises(LayerError, match="normalize factor of 0"):
+        load_from_text(_maclaurin_net("gaussian", "std1: 0"))
+    note = "RandomMaclaurin with epoch_size 0"
+    assert any(note in w for w in load_from_text(_maclaurin_net("bernoulli")).warnings)
+    assert not any(note in w for w in load_from_text(_maclaurin_net("bernoulli", "epoch_size: 10")).warnings)
+
+
+def test_reshape_block_refuses_zero_field():
+    with pytest.raises(LayerError, match=">= 1"):
+        load_from_text(net('layer { name: "r" type: "ReshapeBlock" bottom: "x" top: "r" reshape_block_param { '
+                           'new_channel: 2 new_height: 6 new_width: 15 new_patch_width: 3 } }',
+                           inputs={"x": (2, 12, 3, 5)}))
+
+
+def test_gated_sigmoid_cross_entropy_loss():
+    from google.protobuf import text_format
+    r = rng(8)
+    x = r.standard_normal((6, 1)).astype(np.float32) * 3
+    t = r.integers(0, 2, (6, 1)).astype(np.float32)
+    g1 = np.array([[0.5], [0.05], [0.1], [0.7], [np.nan], [0.3]], np.float32)
+    g2 = np.array([[0.9], [0.9], [0.2], [0.1], [0.9], [0.9]], np.float32)
+    lp = caffe_pb2.LayerParameter()
+    text_format.Parse('name: "l" type: "SigmoidCrossEntropyLoss" bottom: "x" bottom: "t" bottom: "g1" bottom: "g2" '
+                      'top: "l" loss_param { thred: 0.1 thred: 0.2 }', lp)
+    spec = spec_for(lp)
+    assert type(spec).__name__ == "GatedSigmoidCrossEntropyLoss"
+    attrs = spec.parse(lp)
+    assert spec.infer(attrs, [x.shape, t.shape, g1.shape, g2.shape]) == [()]
+    loss = float(spec.forward(attrs, [], *(torch.from_numpy(v) for v in (x, t, g1, g2))))
+    xs, ts = x.astype(np.float64).ravel(), t.astype(np.float64).ravel()
+    per = np.maximum(xs, 0) - xs * ts + np.log1p(np.exp(-np.abs(xs)))
+    counted = [0, 2, 4, 5]          # g1 < 0.1 drops 1, g2 < 0.2 drops 3; the NaN gate passes
+    np.testing.assert_allclose(loss, per[counted].sum() / 4, rtol=1e-6)
+    none = float(spec.forward(attrs, [], *(torch.from_numpy(v) for v in (x, t, np.zeros_like(g1), g2))))
+    assert np.isnan(none)
+    lp.ClearField("bottom")
+    lp.bottom.extend(["x", "t", "g1"])
+    with pytest.raises(LayerError, match="gate bottoms"):
+        spec.parse(lp)
+
+
+def test_deform_convolution_refuses_another_batch():
+    text = net('layer { name: "d" type: "DeformConvolution" bottom: "x" bottom: "o" top: "d" convolution_param { '
+               'num_output: 4 kernel_size: 3 pad: 1 } }', inputs={"x": (2, 4, 5, 7), "o": (1, 36, 5, 7)})
+    m = load_from_text(text, random_weights=True)
+    with pytest.raises(Exception, match="batch"):
+        m.run({"x": np.zeros((2, 4, 5, 7), np.float32), "o": np.zeros((1, 36, 5, 7), np.float32)})

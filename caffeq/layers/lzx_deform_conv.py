@@ -17,13 +17,20 @@ and model.py are reused.  Differences from that spec:
 Forward_cpu is NOT_IMPLEMENTED: this is the GPU forward.  At efbff540 base_conv_layer.cpp lost the wiring of
 the previous commits (deform_group_ and offset_dim_ are never set, and BVLC's "All inputs must have the same
 shape" CHECK is back, which the fork's own lenet net fails): caffeq reads deform_group and the offsets' count as
-56f8acb0 set them.
+56f8acb0 set them, with efbff540's forward (56f8acb0's deformable branch of forward_gpu_gemm fills the columns
+but runs no GEMM: its top is only the bias, added again at each forward).
+No commit runs the kernel as MSRA wrote it: deformable_im2col indexes its im_shape as (N, C, H, W), and the
+fork passes conv_input_shape_, Caffe's (C, H, W): it would take H for the channels, W for the height and read
+the width past that 3-int array.  caffeq computes what the kernel intends (C, H, W read right) and says so in a
+reading note: these are not numbers the fork's build gives (the 1x1 case, which skips the kernel, is exact).
 """
+import dataclasses
 import math
 
 from ..errors import ExportError
 from .conv import check_groups, conv_out_size
 from .deformable_conv import _NEEDS, DeformableConv2d, DeformableConvolution, deformable_conv2d
+from .deformable_conv_onnx import onnx_deformable_conv
 from .registry import LayerError, four_axes, need_blobs, positive_field, register_layer, spatial_params
 
 
@@ -60,6 +67,10 @@ class DeformConvolution(DeformableConvolution):
             "dilation": spatial_params(p, 2, "dilation", 1, allow_hw=False, min_value=1),
         }
         a["plain"] = list(a["kernel"]) == [1, 1] and list(a["stride"]) == [1, 1] and list(a["pad"]) == [0, 0]
+        if not a["plain"]:
+            a["reading_notes"] = ["DeformConvolution computed as MSRA's v1 kernel intends: lzx1413's launcher "
+                                  "passes Caffe's (C, H, W) input shape where the kernel reads (N, C, H, W), so no "
+                                  "build of the fork gives these numbers"]
         return a
 
     def _check(self, attrs, in_shapes):
@@ -106,7 +117,12 @@ class DeformConvolution(DeformableConvolution):
         self.refuse_if_cannot_run(node.name, node.attrs, [ctx.shape(t) for t in node.inputs[:2]], ExportError)
         a = node.attrs
         if not a["plain"]:
-            super().onnx(ctx, node)
+            # the fork reads any offsets shape: only each image's first 2 kh kw deform_group Ho Wo values count
+            ho, wo = ctx.shape(node.outputs[0])[2:]
+            need = 2 * math.prod(a["kernel"]) * a["deformable_group"] * ho * wo
+            flat = ctx.op("Flatten", [node.inputs[1]], "offsets_all", name=node.name, axis=1)
+            read = ctx.op("Slice", [flat, ctx.i64([0]), ctx.i64([need]), ctx.i64([1])], "offsets_used")
+            onnx_deformable_conv(ctx, dataclasses.replace(node, inputs=[node.inputs[0], read]))
             return
         ins = [node.inputs[0], ctx.weight(node, 0)] + ([ctx.weight(node, 1)] if a["bias_term"] else [])
         ctx.add_node("Conv", ins, [node.outputs[0]], kernel_shape=[1, 1], group=a["group"])

@@ -6,8 +6,10 @@ Random Maclaurin features of two bottoms x1 (N, K1), x2 (N, K2): top (N, num_out
 normalize factor in float: num_output (bernoulli, the default: W entries 0 or 1), num_output std1 std2
 (gaussian), num_output b1 b2 / 3 (uniform).  The matrices are the layer's blobs, saved in the caffemodel:
 the fork draws them from Caffe's RNG at setup (before the weights are loaded over them) and again in the
-Reshape of every epoch_size-th forward, so a loaded net computes with the stored ones until then; caffeq
-always uses the stored blobs (with random_weights, random ones).  The GEMMs take K = shape(1) while the blobs
+Reshape that Layer::Forward runs, at forward epoch_size + 1 and every epoch_size + 1 forwards after, so a loaded
+net computes with the stored ones for its first epoch_size forwards (none at the default epoch_size 0: a
+reading note says so); caffeq always uses the stored blobs (with random_weights, random ones).
+random_every_epoch, fixed_matrix, a1 and a2 (the uniform draw's lower bounds) leave the forward unchanged.  The GEMMs take K = shape(1) while the blobs
 are sized count(1): caffeq needs the two to agree (2-axis bottoms, or trailing 1s).  Forward_gpu is the
 forward (Forward_cpu is empty).
 """
@@ -29,6 +31,9 @@ def maclaurin_scale(num_output: int, distribution: str, std1: float, std2: float
     else:
         f = f32(float(num_output), dtype=torch.float32) * f32(b1, dtype=torch.float32) * f32(b2, dtype=torch.float32) \
             / f32(3.0, dtype=torch.float32)
+    if float(f) == 0:
+        raise LayerError(f"random_maclaurin_param gives a normalize factor of 0 ({distribution}): the fork scales "
+                         f"by 1 / 0")
     return float(torch.tensor(1.0 / float(f), dtype=torch.float32))
 
 
@@ -61,9 +66,12 @@ class RandomMaclaurin(Layer):
                              f"got {kind!r}")
         num = positive_field(p.num_output, "random_maclaurin_param.num_output")
         scale = maclaurin_scale(num, kind, float(p.std1), float(p.std2), float(p.b1), float(p.b2))
-        if not (scale == scale and abs(scale) != float("inf")):
-            raise LayerError(f"random_maclaurin_param gives a normalize factor of 0 ({kind})")
-        return {"num_output": num, "scale": scale}
+        a = {"num_output": num, "scale": scale}
+        if int(p.epoch_size) == 0:
+            a["reading_notes"] = ["RandomMaclaurin with epoch_size 0: the fork draws new matrices in the Reshape "
+                                  "of every forward, so it never computes with stored ones; caffeq uses the "
+                                  "layer's stored blobs"]
+        return a
 
     def infer(self, attrs, in_shapes):
         for i, s in enumerate(in_shapes[:2]):
