@@ -83,6 +83,16 @@ def test_soft_proposal_no_iterations_is_uniform(tmp_path):
     check_everywhere(m, {"x": x}, {"y": x * (F(1) / F(15))}, tmp_path)
 
 
+def test_soft_proposal_maxiteration_truncates(tmp_path):
+    # tolerance 0 never stops: maxiteration 2.7 runs int(2.7) = 2 steps (the fork's float field into an int member)
+    x = rng(14).standard_normal((2, 3, 3, 5)).astype(F)
+    ref = _soft_proposal_ref(x, F(0.75), F(0), 2)
+    assert np.abs(ref - _soft_proposal_ref(x, F(0.75), F(0), 3)).max() > 1e-4
+    m = load_from_text(net('layer { name: "sp" type: "SoftProposal" bottom: "x" top: "y" '
+                           'soft_proposal_param { tolerance: 0 maxiteration: 2.7 } }', inputs={"x": (2, 3, 3, 5)}))
+    check_everywhere(m, {"x": x}, {"y": ref}, tmp_path, atol=1e-6, rtol=1e-5)
+
+
 def test_soft_proposal_refuses_zero_factor():
     with pytest.raises(LayerError, match="factor"):
         load_from_text(net('layer { name: "sp" type: "SoftProposal" bottom: "x" top: "y" '
@@ -165,6 +175,18 @@ def test_hotspot_explicit_size_4d_points(tmp_path):
                            'data_height: 20 data_width: 20 gaussian_std: 0.8 output_height: 5 output_width: 11 '
                            'mean_removed: false } }', inputs={"p": (2, 4, 1, 3)}))
     check_everywhere(m, {"p": pts}, {"hm": ref}, tmp_path, atol=0, rtol=1e-6)
+
+
+def test_hotspot_exact_float_double_mix(tmp_path):
+    # bit for bit: x / data_width in float, + 0.5 and * W in double, the squared distance in float, the Gaussian
+    # (with the fork's pi) in double, then float
+    pts = rng(15).uniform(0, 97, (2, 40)).astype(F)
+    ref = _hotspot_ref(pts, 13, 17, 0.7, 97, 113, True)
+    assert (ref > 0).sum() > 100
+    m = load_from_text(net('layer { name: "hs" type: "Hotspot" bottom: "p" top: "hm" hotspot_param { '
+                           'data_height: 97 data_width: 113 gaussian_std: 0.7 output_height: 13 output_width: 17 } }',
+                           inputs={"p": (2, 40)}))
+    check_everywhere(m, {"p": pts}, {"hm": ref}, tmp_path)
 
 
 @pytest.mark.parametrize("params, bottoms, match", [

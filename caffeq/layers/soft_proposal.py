@@ -11,7 +11,8 @@ positions u = (i, j), per sample n:
 - p = b = 1/S everywhere; then up to int(maxiteration) [20] times: b = T p - b; stop when ||b|| < tolerance
   [1e-4]; b = p + b; s = sum(b); stop when s < 0; p = b * (1 / s).  (b keeps the unnormalized sum for the
   next step, so from the second step on it is T p - (the previous unnormalized p), as the fork's gemv has
-  it, not T p - p.)
+  it, not T p - p.  T's columns sum to 1, so that sum is 1 up to rounding: the two differ in the last bits
+  only, and the s < 0 stop cannot fire for finite x, T being >= 0.)
 - top[n, c, u] = x[n, c, u] * p[u].
 The fork's first InitTransferMatrix/Norm call in Forward_cpu is recomputed per sample in Generate: no effect.
 A negative maxiteration runs no step (p = 1/S); engine does nothing.  factor 0 (NaN everywhere in the fork)
