@@ -141,6 +141,18 @@ def _filters_fit(shape, n, size, what, role):
                          f"each of the {n} images (the fork reads each image's first {size} values)")
 
 
+def read_two_bottom_conv(lp, kind):
+    """convolution_param of AttentionConvolution / CrossConvolution (both channels on axis 1): output count,
+    group, bias_term and the window."""
+    p = lp.convolution_param
+    if p.axis != 1:
+        raise LayerError(f"{kind} runs with channels on axis 1, got convolution_param.axis {p.axis}")
+    kernel, stride, pad, dilation = conv_geometry(p)
+    return {"num_output": positive_field(p.num_output, "convolution_param.num_output"),
+            "group": positive_field(p.group, "convolution_param.group"), "bias_term": bool(p.bias_term),
+            "kernel": kernel, "stride": stride, "pad": pad, "dilation": dilation}
+
+
 @register_layer("AttentionConvolution")
 class AttentionConvolution(Layer):
     blob_names = ("weight", "bias")
@@ -150,13 +162,7 @@ class AttentionConvolution(Layer):
 
     def parse(self, lp):
         need_blobs(lp, "AttentionConvolution", 2, 1, roles="data, attention", in_place=False)
-        p = lp.convolution_param
-        if p.axis != 1:
-            raise LayerError(f"AttentionConvolution runs with channels on axis 1, got convolution_param.axis {p.axis}")
-        kernel, stride, pad, dilation = conv_geometry(p)
-        return {"num_output": positive_field(p.num_output, "convolution_param.num_output"),
-                "group": positive_field(p.group, "convolution_param.group"), "bias_term": bool(p.bias_term),
-                "kernel": kernel, "stride": stride, "pad": pad, "dilation": dilation}
+        return read_two_bottom_conv(lp, "AttentionConvolution")
 
     def infer(self, attrs, in_shapes):
         n, c, h, w = nchw(in_shapes[0], "AttentionConvolution", "data")
@@ -227,13 +233,7 @@ class CrossConvolution(Layer):
 
     def parse(self, lp):
         need_blobs(lp, "CrossConvolution", 2, 1, roles="data, filters", in_place=False)
-        p = lp.convolution_param
-        if p.axis != 1:
-            raise LayerError(f"CrossConvolution runs with channels on axis 1, got convolution_param.axis {p.axis}")
-        kernel, stride, pad, dilation = conv_geometry(p)
-        return {"num_output": positive_field(p.num_output, "convolution_param.num_output"),
-                "group": positive_field(p.group, "convolution_param.group"), "bias_term": bool(p.bias_term),
-                "kernel": kernel, "stride": stride, "pad": pad, "dilation": dilation}
+        return read_two_bottom_conv(lp, "CrossConvolution")
 
     def infer(self, attrs, in_shapes):
         n, c, h, w = nchw(in_shapes[0], "CrossConvolution", "data")

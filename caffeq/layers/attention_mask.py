@@ -43,6 +43,7 @@ import math
 import numpy as np
 import torch
 
+from .fastmask import read_sliding_window
 from .registry import (
     Layer,
     LayerError,
@@ -460,17 +461,7 @@ class SlidingWindowIndex(Layer):
     def parse(self, lp):
         what = self.types[0]
         need_blobs(lp, what, 2, 1, roles="map, flags")
-        p = lp.sliding_window_param
-        if not (p.HasField("window_h") and p.HasField("window_w")):
-            raise LayerError("sliding_window_param needs window_h and window_w (required fields in the fork)")
-        for field, v in (("window_h", p.window_h), ("window_w", p.window_w)):
-            if v <= 0 or v % 2:
-                raise LayerError(f"sliding_window_param.{field} must be a positive even number, got {v}")
-        for field, v in (("stride_h", p.stride_h), ("stride_w", p.stride_w)):
-            if v <= 0:
-                raise LayerError(f"sliding_window_param.{field} must be > 0, got {v} (the fork checks it, then "
-                                 f"slides by 1)")
-        return {"wh": int(p.window_h), "ww": int(p.window_w)}
+        return read_sliding_window(lp)
 
     def infer(self, attrs, in_shapes):
         what = self.types[0]

@@ -45,21 +45,27 @@ def top_k_rows(items, scores, k: int):
 TORCH_FASTMASK = torch_sources(sliding_windows, top_k_rows)
 
 
+def read_sliding_window(lp):
+    """{"wh", "ww"}: sliding_window_param's window, with the fork's checks (FastMask's SlidingWindow and the
+    AttentionMask forks' SlidingWindowIndex read the same message)."""
+    p = lp.sliding_window_param
+    if not (p.HasField("window_h") and p.HasField("window_w")):
+        raise LayerError("sliding_window_param needs window_h and window_w (required fields in the fork)")
+    for field, v in (("window_h", p.window_h), ("window_w", p.window_w)):
+        if v <= 0 or v % 2:
+            raise LayerError(f"sliding_window_param.{field} must be a positive even number, got {v}")
+    for field, v in (("stride_h", p.stride_h), ("stride_w", p.stride_w)):
+        if v <= 0:
+            raise LayerError(f"sliding_window_param.{field} must be > 0, got {v} (the fork checks it, then "
+                             f"slides by 1)")
+    return {"wh": int(p.window_h), "ww": int(p.window_w)}
+
+
 @register_layer("SlidingWindow")
 class SlidingWindow(Layer):
     def parse(self, lp):
         need_blobs(lp, "SlidingWindow", 1, 1)
-        p = lp.sliding_window_param
-        if not (p.HasField("window_h") and p.HasField("window_w")):
-            raise LayerError("sliding_window_param needs window_h and window_w (required fields in the fork)")
-        for field, v in (("window_h", p.window_h), ("window_w", p.window_w)):
-            if v <= 0 or v % 2:
-                raise LayerError(f"sliding_window_param.{field} must be a positive even number, got {v}")
-        for field, v in (("stride_h", p.stride_h), ("stride_w", p.stride_w)):
-            if v <= 0:
-                raise LayerError(f"sliding_window_param.{field} must be > 0, got {v} (the fork checks it, then "
-                                 f"slides by 1)")
-        return {"wh": int(p.window_h), "ww": int(p.window_w)}
+        return read_sliding_window(lp)
 
     def infer(self, attrs, in_shapes):
         n, c, h, w = four_axes(in_shapes[0], "SlidingWindow")
