@@ -58,10 +58,27 @@ def test_interpolation_corners_are_the_source_corners(tmp_path):
 
 
 @pytest.mark.parametrize("x_hw, ref_hw, word", [((1, 5), (4, 9), "height"), ((5, 5), (80, 9), "height"),
-                                                 ((30, 21), (7, 2), "width")])
+                                                 ((30, 21), (7, 2), "width"), ((2, 5), (20, 9), "height"),
+                                                 ((5, 12), (9, 2), "width")])
 def test_interpolation_factor_bounds(x_hw, ref_hw, word):
     with pytest.raises(LayerError, match=f"Interpolation's {word} factor"):
         load_from_text(interpolation_net((1, 1) + x_hw, (1, 1) + ref_hw))
+
+
+def test_interpolation_factor_bounds_are_inclusive():
+    """Reshape's CHECK_LE(factor, 18) and CHECK_GE(factor, 0.1f): 17 / 1 = 18 and 1 / 10 = float32(0.1) pass."""
+    model = load_from_text(interpolation_net((1, 2, 2, 11), (1, 1, 19, 2)))
+    assert model.blob_shapes["o"] == (1, 2, 19, 2)
+
+
+@pytest.mark.parametrize("x_hw, ref_hw", [((8, 12), (20, 14)), ((5, 7), (17, 26))])
+def test_interpolation_is_the_forks_float32_arithmetic(x_hw, ref_hw):
+    """Bit for bit in torch: the source coordinate y / factor as a float32 division, and (8 -> 20, 12 -> 14)
+    last rows and columns whose float32 coordinate lands just past the data's last index (one tap there)."""
+    x = rng(11).standard_normal((2, 3) + x_hw).astype(F)
+    ref = np.zeros((1, 1) + ref_hw, F)
+    out = load_from_text(interpolation_net(x.shape, ref.shape)).run({"x": x, "ref": ref})["o"]
+    np.testing.assert_array_equal(out, interpolation_ref(x, *ref_hw))
 
 
 def conf_ref(a, b, ch):

@@ -117,6 +117,32 @@ def test_mask_before_90fa387(negative, two, tmp_path):
     check_everywhere(model, feeds, refs, tmp_path)
 
 
+def test_mask_before_90fa387_compares_without_epsilon(tmp_path):
+    """f1c8ae6's prob > threshold has no + 1e-9: at threshold 0 a prob of 5e-10 drops the pixel, a prob equal
+    to the threshold keeps it."""
+    c, h, w = 2, 3, 5
+    prob = np.zeros((1, c, h, w), F)
+    prob[0, 1, 0, :3] = [F(5e-10), F(1e-9), F(-1e-9)]
+    model = load_from_text(mask_net(c, h, w, "threshold: 0", two=False))
+    mask = ref_mask(prob, None, 0, 0.0)
+    assert mask[0, 0, 0, :4].tolist() == [0.0, 0.0, 1.0, 1.0]
+    check_everywhere(model, {"prob": prob}, {"mask": mask}, tmp_path)
+
+
+def test_other_forks_masks_are_not_claimed():
+    """caffe-gan's Mask (imp_map_param, 1 bottom, 1 top), LSTM-CF's (no bottom) and faceID's (2 bottoms, 1 top,
+    with or without mask_param) keep their own specs."""
+    from caffeq.io.prototxt import parse_prototxt_text
+    from caffeq.layers.registry import spec_for
+    text = ('layer { name: "g" type: "Mask" bottom: "x" top: "g" imp_map_param { channel_out: 4 } }'
+            'layer { name: "l" type: "Mask" top: "l" mask_param { width: 5 height: 4 } }'
+            'layer { name: "f" type: "Mask" bottom: "x" bottom: "w" top: "f" }'
+            'layer { name: "s" type: "Mask" bottom: "x" bottom: "w" top: "s" mask_param { scale: 2 } }'
+            'layer { name: "c" type: "Mask" bottom: "x" top: "c" }')
+    modules = [type(spec_for(lp)).__module__.rsplit(".", 1)[-1] for lp in parse_prototxt_text(text).layer]
+    assert modules == ["caffe_gan", "lstm_cf", "faceid", "faceid", "layer_cascade"]
+
+
 def test_faceid_mask_still_reads():
     text = net('layer { name: "m" type: "Mask" bottom: "x" bottom: "w" top: "y" mask_param { scale: 2 } }',
                inputs={"x": (2, 3, 4, 5), "w": (2, 1, 4, 5)})

@@ -18,6 +18,10 @@ computes what TRAIN does.
                 prob[c, p] > threshold; else 1;
       two tops  dropped if prob[negative_label, p] > threshold and l == negative_label (negative_label
                 set), else if l < C and prob[l, p] > threshold; mask and new label as above.
+  The first Mask (407e997b to cba00954, the same three fields) differed with two tops only: dropped if
+  prob[negative_label, p] > threshold (negative_label set; the label not compared), else if some
+  prob[c, p] > threshold; the new label the label copied untruncated.  IRes_VOC_mult_stage_PN_Lconv's net
+  was last edited then (cba00954); caffeq reads its fields as f1c8ae6's, the last code that read them.
   The 1e-9 is added in double (a float Dtype plus a double literal): caffeq compares the float prob
   with the float32 just below or at threshold + 1e-9, which decides the same.  A negative l makes the
   kernel read before the prob (undefined): caffeq takes it as not easy.  The label must hold S values
