@@ -15,6 +15,10 @@ The top is the last Q, not normalized.  The lattice and its filter are permutohe
 forward of later versions (modified_permutohedral.cu) builds the same lattice; its sums run in another
 order.
 
+jasonbunk/caffe (3b8bb55: src/caffe/layers/multi_stage_meanfield.cpp, meanfield_iteration.cpp) adds
+do_softmax (default true): false copies Q in place of its softmax before the messages
+(MeanfieldIteration::Forward_cpu); only a file that sets it false reads differently.
+
 ZhiwenShao/ARL's MultiStageMeanfieldAU3 (au_forks.py) is the same inference with its third bottom's
 every channel as the bilateral features (over theta_beta): crf_rnn_meanfield serves both.
 
@@ -45,11 +49,13 @@ from .registry import Layer, LayerError, need_blobs, register_layer
 
 
 def crf_rnn_meanfield(first, second, guide, spatial_weight, bilateral_weight, compatibility, iterations: int,
-                      theta_alpha: float, theta_beta: float, theta_gamma: float, continuous: bool = False):
+                      theta_alpha: float, theta_beta: float, theta_gamma: float, continuous: bool = False,
+                      softmax: bool = True):
     """CRF-RNN's mean-field iterations on (N, C, H, W) unaries `first` from Q0 `second`, or ContinuousCRF-CNN's
     from hidden variables `first` and observations `second` (continuous; compatibility unused); guide
-    (N, K, H, W) holds the channels that the bilateral kernel compares.  Computed in float32 as the forks;
-    the top takes the first bottom's dtype."""
+    (N, K, H, W) holds the channels that the bilateral kernel compares.  softmax=False (jasonbunk/caffe's
+    do_softmax: false) passes Q to the messages as it is.  Computed in float32 as the forks; the top takes
+    the first bottom's dtype."""
     n, c, h, w = first.shape
     f32, dev = torch.float32, first.device
     xy = pixel_xy(h, w, dev)
@@ -82,7 +88,7 @@ def crf_rnn_meanfield(first, second, guide, spatial_weight, bilateral_weight, co
             mu = compatibility.reshape(c, c).to(f32)
             z = given
             for _ in range(iterations):
-                z = start - mu @ message(torch.softmax(z, 0))
+                z = start - mu @ message(torch.softmax(z, 0) if softmax else z)
         tops.append(z.reshape(c, h, w))
     return torch.stack(tops).to(first.dtype)
 
@@ -111,7 +117,9 @@ class MultiStageMeanfield(Layer):
                     continuous=continuous,
                     start_diagonals=[float(p.spatial_weight), float(p.bilateral_weight)] if continuous else None,
                     diagonals=[p.spatial_filter_weights_str, p.bilateral_filter_weights_str]
-                    if p.spatial_filter_weights_str or p.bilateral_filter_weights_str else None)
+                    if p.spatial_filter_weights_str or p.bilateral_filter_weights_str else None,
+                    # jasonbunk/caffe's do_softmax: false skips each iteration's softmax
+                    no_softmax=p.HasField("do_softmax") and not p.do_softmax)
 
     def infer(self, attrs, in_shapes):
         unary, q0, guide = (tuple(s) for s in in_shapes)
@@ -164,7 +172,7 @@ class MultiStageMeanfield(Layer):
 
     def _call_args(self, attrs):
         return (attrs["iterations"], attrs["theta_alpha"], attrs["theta_beta"], attrs["theta_gamma"],
-                bool(attrs.get("continuous")))
+                bool(attrs.get("continuous"))) + ((False,) if attrs.get("no_softmax") else ())
 
     def forward(self, attrs, params, first, second, guide):
         self.refuse_if_cannot_run(attrs["name"], attrs, [first.shape, second.shape, guide.shape], LayerError)
@@ -223,7 +231,8 @@ class MultiStageMeanfield(Layer):
             else:
                 z = given
                 for _ in range(a["iterations"]):
-                    pairwise = ctx.op("MatMul", [message(ctx.op("Softmax", [z], "prob", axis=1)), mu], "pairwise")
+                    prob = z if a.get("no_softmax") else ctx.op("Softmax", [z], "prob", axis=1)
+                    pairwise = ctx.op("MatMul", [message(prob), mu], "pairwise")
                     z = ctx.op("Sub", [start, pairwise], "q")
             tops.append(ctx.op("Reshape", [ctx.op("Transpose", [z], "cp"), ctx.i64([1, c, h, w])], "top"))
         ctx.add_node("Concat", tops, [node.outputs[0]], axis=0)
