@@ -137,6 +137,27 @@ def test_segment_pooling_sums_csr_rows(lead, cells, tmp_path):
     check_everywhere(model, feeds, {"o": ref}, tmp_path, atol=2e-5, rtol=2e-5)
 
 
+def test_segment_pooling_absolute_pointers_empty_rows_and_truncated_rows(tmp_path):
+    """Row pointers are offsets into the values (ptr[0] need not be 0), a row whose end is before its start
+    adds nothing, and seg_num * cells is truncated to int (1.4 * 2 -> 2 live rows, not 3)."""
+    r = rng(7)
+    ch, h, w, length, cells = 3, 2, 3, 9, 2
+    feat = r.standard_normal((2, ch, h, w)).astype(np.float32)
+    vals = r.standard_normal((2, length)).astype(np.float32)
+    inds = r.integers(0, h * w, (2, length)).astype(np.float32)
+    ptr = np.array([[2, 4, 4, 7, 5, 9, 9], [1, 3, 6, 8, 9, 9, 9]], np.float32)
+    seg = np.array([3, 1.4], np.float32)
+    feeds = {"f": feat, "d": vals, "i": inds, "p": ptr, "s": seg}
+    text = net(f'layer {{ name: "sp" type: "SegmentPooling" bottom: "f" bottom: "d" bottom: "i" bottom: "p" '
+               f'bottom: "s" top: "o" segment_pooling_param {{ num_spatial_cells: {cells} }} }}',
+               inputs={k: v.shape for k, v in feeds.items()})
+    ref = segment_pooling_ref(feat, vals, inds, ptr, seg, cells)
+    assert ref.shape == (2, 3, cells * ch)
+    assert not ref[0, 0, ch:].any() and not ref[0, 1, ch:].any() and ref[0, 1, :ch].any()   # rows 1, 3 empty
+    assert ref[1, 0].any() and not ref[1, 1:].any()                                         # 2 live rows
+    check_everywhere(load_from_text(text), feeds, {"o": ref}, tmp_path, atol=2e-5, rtol=2e-5)
+
+
 def test_segment_pooling_refuses_rows_not_a_multiple_of_cells():
     text = net('layer { name: "sp" type: "SegmentPooling" bottom: "f" bottom: "d" bottom: "i" bottom: "p" '
                'bottom: "s" top: "o" segment_pooling_param { num_spatial_cells: 4 } }',

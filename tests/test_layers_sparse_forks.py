@@ -49,8 +49,10 @@ def test_sparsify_soft_threshold(tmp_path):
 def test_sparsify_thre_zero_copies(tmp_path):
     shape = (2, 4, 3, 6)
     x = rng(2).standard_normal(shape).astype(F32)
+    x[1, 2, 0, :2] = [-0.0, 0.0]
     model = load_from_text(sparsify_net(shape, "coef: 4.5e-10"))   # the corpus files' form: coef only
     check_everywhere(model, {"x": x}, {"y": sparsify_ref(x, 0.0)}, tmp_path)
+    assert np.signbit(model.run({"x": x})["y"][1, 2, 0, 0])   # caffe_copy keeps -0 (a threshold of 0 would not)
 
 
 def test_sparsify_refuses_a_negative_threshold():
