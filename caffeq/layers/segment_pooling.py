@@ -38,7 +38,6 @@ def segment_pooling(feat, values, indices, ptr, seg_num, cells: int, top_shape: 
     sums = torch.cumsum(prod.to(torch.float64), dim=2)
     sums = torch.cat([torch.zeros_like(sums[:, :, :1]), sums], dim=2)
     p = ptr.reshape(n, 1, rmax + 1).to(torch.int64).clamp(0, length)
-    p = p - p[:, :, :1]
     lo = p[:, :, :rmax]
     hi = p[:, :, 1:]
     rows = (seg_num.reshape(n, 1, 1) * cells).to(torch.int64).clamp(0, rmax)
