@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from conftest import assert_close, check_everywhere, inspect_corpus_file, net, node_of, onnx_outputs, rng
 
+from caffeq.io.schema import caffe_pb2
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
@@ -65,14 +66,30 @@ def test_eliwise_product_scales_by_one_weight(axis, bias, tmp_path):
                                f'eliwise_product_param {{ axis: {axis} {bias} }} }}', inputs={"x": shape}),
                            random_weights=True)
     node = node_of(model, "w")
-    assert [b.shape for b in node.blobs] == [(1,)] * (2 if bias else 1)
+    # the fork's bias blob is `vector<int> bias_shape(1)`: one axis of size 0
+    assert [b.shape for b in node.blobs] == [(1,)] + ([(0,)] if bias else [])
     weight = f32(-1.7)
-    node.blobs = [np.array([weight], f32)] + ([np.array([5.0], f32)] if bias else [])   # the bias is never added
+    node.blobs = [np.array([weight], f32)] + ([np.zeros(0, f32)] if bias else [])   # the bias is never added
     model.clear_cache()
     x = rng(2).standard_normal(shape).astype(f32)
     a = axis % 4
     ref = (x * weight).reshape(shape[:a] + (-1,))
     check_everywhere(model, {"x": x}, {"y": ref}, tmp_path)
+
+
+def test_eliwise_product_reads_the_forks_caffemodel(tmp_path):
+    # a caffemodel as the fork writes it: the scalar weight (1,) and, with bias_term, an empty (0,) bias
+    text = ('layer { name: "w" type: "EliwiseProduct" bottom: "x" top: "y" '
+            'eliwise_product_param { bias_term: true } }')
+    params = caffe_pb2.NetParameter()
+    layer = params.layer.add(name="w", type="EliwiseProduct")
+    layer.blobs.add(data=[2.5]).shape.dim.append(1)
+    layer.blobs.add().shape.dim.append(0)
+    weights = tmp_path / "w.caffemodel"
+    weights.write_bytes(params.SerializeToString())
+    model = load_from_text(net(text, inputs={"x": (2, 3, 5)}), weights=str(weights))
+    x = rng(4).standard_normal((2, 3, 5)).astype(f32)
+    check_everywhere(model, {"x": x}, {"y": (x * f32(2.5)).reshape(2, 15)}, tmp_path)
 
 
 def test_fuse_inner_product_gives_the_product_twice(tmp_path):

@@ -138,6 +138,23 @@ def test_bilateral_filter_matches_the_gpu_op(vshape, fshape, params, positions, 
     check_everywhere(model, feeds, {"o": ref}, tmp_path, atol=1e-5, rtol=1e-5, opsets=())
 
 
+def test_bilateral_filter_rounds_lattice_ties_down(tmp_path):
+    # width 0.5 on 2 features: the second scale is exactly 2, so a first feature 0 and a second one an odd
+    # multiple of 0.375 put the elevated coordinate -4 f half-way between two 0-coloured coordinates
+    # (the fork keeps `down`, strict <; rounding up there is undone by the sum correction, same vertices):
+    # points on simplex boundaries, with zero barycentric weights, whose empty vertices the blur still uses
+    shape = (2, 2, 3, 5)
+    text = BILATERAL.format(params="stdv_space: 1 stdv_color: 0.5 create_spatial_dimension_features: false")
+    model = load_from_text(net(text, inputs={"v": shape, "f": shape}))
+    r = rng(9)
+    feats = np.zeros(shape, F32)
+    feats[:, 1] = F32(0.375) * r.choice([-5, -3, -1, 1, 3, 5], shape[:1] + shape[2:]).astype(F32)
+    feats[1, :, 2] = r.standard_normal((2, 5)).astype(F32)   # and some points off the boundaries
+    feeds = {"v": r.standard_normal(shape).astype(F32), "f": feats}
+    ref = fork_bilateral(feeds["v"], feats, 1.0, 0.5, positions=False)
+    check_everywhere(model, feeds, {"o": ref}, tmp_path, atol=1e-5, rtol=1e-5, opsets=())
+
+
 def test_bilateral_filter_refuses_onnx(tmp_path):
     model = load_from_text(net(BILATERAL.format(params="stdv_space: 2"), inputs={"v": (1, 3, 4, 5), "f": (1, 3, 4, 5)}))
     with pytest.raises(ExportError, match="'bf' .BilateralFilter.*mxnet GPU op"):

@@ -12,7 +12,8 @@
 - EliwiseProduct: Lucas2012/simplified-SIM-structure-inference-machine 45998fd,
   caffe-master/src/caffe/layers/eliwise_product_layer.cpp (its "strategy 2", the one compiled): the bottom
   flattened from eliwise_product_param.axis (default 1) times ONE scalar weight (blob (1,)); with bias_term
-  a bias blob (1,) that the forward never adds.  Top: bottom.shape[:axis] + (K,).  Not BSDH's ElewiseProduct
+  a bias blob that the forward never adds, of shape (0,): LayerSetUp builds it from `vector<int>
+  bias_shape(1)`, one axis of size 0 (its filler's CHECK(count) then stops a net set up from scratch).  Top: bottom.shape[:axis] + (K,).  Not BSDH's ElewiseProduct
   (caffeq/layers/bsdh.py: one weight per value, top (N, K, 1, 1)).  Forward_gpu is commented out of the
   header (caffe-master/include/caffe/common_layers.hpp), so the CPU forward runs everywhere.
   eliwise_product_param is 141 there, 111141 here.
@@ -145,11 +146,11 @@ class EliwiseProduct(Layer):
         return [s[:axis] + (count(s, axis),)]
 
     def param_shapes(self, attrs, in_shapes):
-        return [(1,)] + ([(1,)] if attrs["bias_term"] else [])
+        return [(1,)] + ([(0,)] if attrs["bias_term"] else [])   # the fork's bias blob: one axis of size 0
 
     def init_params(self, attrs, shapes, rng):
         # one scalar weight: a random one, not the default zero of 1-axis blobs (the bias is never read)
-        return [rng.standard_normal(1).astype(np.float32)] + [np.zeros(1, np.float32)] * (len(shapes) - 1)
+        return [rng.standard_normal(1).astype(np.float32)] + [np.zeros(0, np.float32)] * (len(shapes) - 1)
 
     def forward(self, attrs, params, x):
         return eliwise_product(x, params[0], attrs["_axis"])
