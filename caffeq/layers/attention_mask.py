@@ -226,7 +226,7 @@ class _CountedArgMax(Layer):
             raise LayerError(f"argmax_param.top_k must be >= 1, got {p.top_k} (the fork checks it, then "
                              f"counts k itself)")
         return {"axis": int(p.axis) if p.HasField("axis") else None, "out_max_val": bool(p.out_max_val),
-                "top_k": int(p.top_k)}
+                "top_k": int(p.top_k), "name": lp.name}
 
     def _k(self, count):
         return max(count, self.floor)
@@ -326,20 +326,10 @@ class _CountedArgMax(Layer):
 class ArgMaxAll(_CountedArgMax):
     floor = 1000
 
-    def parse(self, lp):
-        attrs = super().parse(lp)
-        attrs["name"] = lp.name
-        return attrs
-
 
 @register_layer("ArgMaxMy")
 class ArgMaxMy(_CountedArgMax):
     floor = 0
-
-    def parse(self, lp):
-        attrs = super().parse(lp)
-        attrs["name"] = lp.name
-        return attrs
 
     def infer(self, attrs, in_shapes):
         if attrs["axis"] is not None:

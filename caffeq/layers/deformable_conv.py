@@ -159,6 +159,16 @@ class DeformableConv2d(nn.Module):
 _NEEDS = [deformable_taps, deformable_corner, deformable_columns, modulated_columns, deformable_conv2d]
 
 
+def deformable_out_hw(attrs, in_shape):
+    """(H_out, W_out) of a deformable convolution's window on an (N, C, H, W) input, Caffe's convolution
+    arithmetic; an empty output is a one-line error."""
+    out = tuple(conv_out_size(s, k, st, p, d) for s, k, st, p, d in
+                zip(in_shape[2:4], attrs["kernel"], attrs["stride"], attrs["pad"], attrs["dilation"]))
+    if min(out) <= 0:
+        raise LayerError(f"output would be empty: input {list(in_shape)}, kernel {list(attrs['kernel'])}")
+    return out
+
+
 @register_layer("DeformableConvolution")
 class DeformableConvolution(Layer):
     blob_names = ("weight", "bias")
@@ -212,11 +222,7 @@ class DeformableConvolution(Layer):
                                  f"forks check, got {bh} x {bw}")
             if bn != n:
                 raise LayerError(f"{role} (bottom {i}) must have the data's batch {n}, got {bn}")
-        out = tuple(conv_out_size(s, k, st, p, d) for s, k, st, p, d in
-                    zip((h, w), attrs["kernel"], attrs["stride"], attrs["pad"], attrs["dilation"]))
-        if min(out) <= 0:
-            raise LayerError(f"output would be empty: input {list(in_shapes[0])}, kernel {list(attrs['kernel'])}")
-        return (n, c, h, w), out
+        return (n, c, h, w), deformable_out_hw(attrs, in_shapes[0])
 
     def infer(self, attrs, in_shapes):
         (n, _, h, w), (ho, wo) = self._check(attrs, in_shapes)

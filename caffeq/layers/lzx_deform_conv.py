@@ -28,8 +28,8 @@ import dataclasses
 import math
 
 from ..errors import ExportError
-from .conv import check_groups, conv_out_size
-from .deformable_conv import _NEEDS, DeformableConv2d, DeformableConvolution, deformable_conv2d
+from .conv import check_groups
+from .deformable_conv import _NEEDS, DeformableConv2d, DeformableConvolution, deformable_conv2d, deformable_out_hw
 from .deformable_conv_onnx import onnx_deformable_conv
 from .registry import LayerError, four_axes, need_blobs, positive_field, register_layer, spatial_params
 
@@ -82,11 +82,7 @@ class DeformConvolution(DeformableConvolution):
         dg = attrs["deformable_group"]
         if c % dg:
             raise LayerError(f"input channels {c} not divisible by convolution_param.deform_group {dg}")
-        out = tuple(conv_out_size(s, k, st, p, d) for s, k, st, p, d in
-                    zip((h, w), attrs["kernel"], attrs["stride"], attrs["pad"], attrs["dilation"]))
-        if min(out) <= 0:
-            raise LayerError(f"output would be empty: input {list(in_shapes[0])}, kernel {list(attrs['kernel'])}")
-        return (n, c, h, w), out
+        return (n, c, h, w), deformable_out_hw(attrs, in_shapes[0])
 
     def infer(self, attrs, in_shapes):
         (n, _, _, _), (ho, wo) = self._check(attrs, in_shapes)
