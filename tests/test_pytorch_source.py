@@ -681,6 +681,13 @@ ZOO = {
         'convolution_param { num_output: 3 kernel_size: 3 pad: 1 } }'
         'layer { name: "c2" type: "Convolution" bottom: "c1" top: "c2" param { name: "w" } param { name: "b" } '
         'convolution_param { num_output: 3 kernel_size: 3 pad: 1 } }'),
+    # Caffe's PERMISSIVE sharing: a 1x1 convolution's (3, 3, 1, 1) weights are an InnerProduct's (3, 3)
+    "shared_params_reshaped": _net(
+        'layer { name: "c1" type: "Convolution" bottom: "data" top: "c1" param { name: "w" } '
+        'convolution_param { num_output: 3 kernel_size: 1 bias_term: false } }'
+        'layer { name: "g" type: "Pooling" bottom: "c1" top: "g" pooling_param { pool: AVE global_pooling: true } }'
+        'layer { name: "fc" type: "InnerProduct" bottom: "g" top: "fc" param { name: "w" share_mode: PERMISSIVE } '
+        'inner_product_param { num_output: 3 bias_term: false } }'),
     "conv_1d_3d": _net(
         'layer { name: "c1d" type: "Convolution" bottom: "data" top: "c1d" convolution_param { num_output: 2 '
         'kernel_size: 3 stride: 2 pad: 1 } }'
@@ -793,6 +800,9 @@ def test_zoo_bit_for_bit(tmp_path, name, exact):
             assert np.array_equal(v, ref[k], equal_nan=True), f"{k}: {np.abs(v - ref[k]).max()}"
     if name == "shared_params":
         assert net.c2.weight is net.c1.weight and net.c2.bias is net.c1.bias
+    if name == "shared_params_reshaped":   # the same values, untied (torch has no Parameter of two shapes)
+        assert torch.equal(net.fc.weight.reshape(3, 3, 1, 1), net.c1.weight)
+        assert "not tied for training" in (tmp_path / "o" / "model.py").read_text()
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))

@@ -212,10 +212,16 @@ class _Generator:
             okey = self.blob_keys.get((owner, j))
             if key is None:
                 continue
-            if okey is None or self.state[key].shape != self.state[okey].shape \
-                    or not np.array_equal(self.state[key], self.state[okey]):
+            if okey is None or self.state[key].size != self.state[okey].size \
+                    or not np.array_equal(self.state[key].ravel(), self.state[okey].ravel()):
                 raise ExportError(f"blob {i} is shared with layer '{owner}' (param name), in a form this "
                                   f"writer cannot tie")
+            if self.state[key].shape != self.state[okey].shape:
+                # Caffe's PERMISSIVE sharing of equal counts (a 1x1 convolution and an InnerProduct): torch
+                # cannot make one Parameter of two shapes, so the copies hold the same values, untied
+                self.init_lines.append(f"# self.{key} holds self.{okey}'s values reshaped: shared with "
+                                       f"{one_line(owner)} (Caffe param name), not tied for training")
+                continue
             # one Parameter object under both names, as Caffe shares the blob
             self.init_lines.append(f"self.{key} = self.{okey}  # shared with {one_line(owner)} (Caffe param name)")
 
