@@ -88,6 +88,14 @@ def test_convolution_lstm_refusals(extra, msg):
         load_from_text(text)
 
 
+def test_convolution_lstm_names_its_own_field_and_source():
+    text = conv_lstm_net(2, 2, 3, 5, 7, 2).replace("whh_convolution_param { kernel_size: 3",
+                                                    "whh_convolution_param { kernel_h: 3 kernel_w: 3 kernel_size: 3")
+    with pytest.raises(CaffeqError, match=r"recurrent_param\.whh_convolution_param: kernel_h is not read by the "
+                                          r"fork \(conv_lstm_layer\.cpp sizes h_0"):
+        load_from_text(text)
+
+
 def segment_pooling_ref(feat, vals, inds, ptr, seg, cells):
     """segment_pooling_layer.cpp Forward_cpu: tracker_cpu_csr_gemm(NoTrans, Trans) row by row."""
     lead = seg.shape

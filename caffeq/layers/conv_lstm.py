@@ -118,19 +118,23 @@ class CaffeConvLSTM(nn.Module):
 
 # ---- the spec --------------------------------------------------------------------------------
 
-def _read_conv(p, which):
+# why the fork's ConvLSTM reads only the repeated fields (another fork's spec passes its own reason)
+_HELPER_COPIES = "conv_lstm_helper.hpp copies kernel_size, pad, stride, dilation only"
+
+
+def _read_conv(p, which, field="lstm_conv_param", why_not_hw=_HELPER_COPIES):
+    where = f"{field} ({which})" if field == "lstm_conv_param" else field
     for f in ("kernel_h", "kernel_w", "pad_h", "pad_w", "stride_h", "stride_w"):
         if p.HasField(f):
-            raise LayerError(f"lstm_conv_param ({which}): {f} is not read by the fork's ConvLSTM "
-                             f"(conv_lstm_helper.hpp copies kernel_size, pad, stride, dilation only)")
+            raise LayerError(f"{where}: {f} is not read by the fork ({why_not_hw})")
     if len(p.kernel_size) == 0:
-        raise LayerError(f"lstm_conv_param ({which}) needs kernel_size")
+        raise LayerError(f"{where} needs kernel_size")
     kernel = spatial_params(p, 2, "kernel_size", 0, allow_hw=False, min_value=1)
     stride = spatial_params(p, 2, "stride", 1, allow_hw=False, min_value=1)
     pad = spatial_params(p, 2, "pad", 0, allow_hw=False)
     dilation = spatial_params(p, 2, "dilation", 1, allow_hw=False, min_value=1)
     if p.group < 1:
-        raise LayerError(f"lstm_conv_param ({which}): group must be >= 1, got {p.group}")
+        raise LayerError(f"{where}: group must be >= 1, got {p.group}")
     return {"kernel": kernel, "stride": stride, "pad": pad, "dilation": dilation,
             "group": int(p.group), "bias": bool(p.bias_term)}
 

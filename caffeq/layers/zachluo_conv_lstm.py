@@ -39,8 +39,10 @@ class ConvolutionLSTM(ConvLSTM):
         for f in ("wxc_convolution_param", "whh_convolution_param"):
             if not rp.HasField(f):
                 raise LayerError(f"ConvolutionLSTM needs recurrent_param.{f}")
-        conv_x = _read_conv(rp.wxc_convolution_param, "wxc_convolution_param")
-        conv_h = _read_conv(rp.whh_convolution_param, "whh_convolution_param")
+        # conv_lstm_layer.cpp's RecurrentInputShapes sizes h_0/c_0 from kernel_size(0), pad(0), stride(0)
+        why = "conv_lstm_layer.cpp sizes h_0 and c_0 from kernel_size, pad and stride"
+        conv_x = _read_conv(rp.wxc_convolution_param, "x", "recurrent_param.wxc_convolution_param", why)
+        conv_h = _read_conv(rp.whh_convolution_param, "h", "recurrent_param.whh_convolution_param", why)
         # the fork forces bias_term true on W_xc and false on W_hc; "bias" here marks b_c
         conv_x["bias"] = False
         conv_h["bias"] = True
