@@ -264,8 +264,10 @@ def _fold_batchnorm(graph):
         changed = False
         uses = graph.consumers()
         for node in list(graph.nodes):
-            if node.type not in _CONV_TYPES or node.attrs.get("orn") or node.attrs.get("fuse"):
-                continue   # (RRD's rotating filters re-derive most channels from a few; naibaf7's fused ReLU)
+            if node.type not in _CONV_TYPES or node.attrs.get("orn") or node.attrs.get("fuse") \
+                    or hasattr(node.spec, "used_blobs"):
+                continue   # (RRD's rotating filters re-derive most channels from a few; naibaf7's fused ReLU; a
+                # fork's spec whose forward derives its weights from more blobs, e.g. masks, keeps its own)
             channels = _conv_channels(node, graph)
             if channels is None:
                 continue

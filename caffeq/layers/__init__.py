@@ -160,6 +160,7 @@ from . import (  # noqa: F401,E402
     mycaffe_gpt,
     mycaffe_tft,
     mycaffe_tft_temporal,
+    myopic_mask,
     netvlad,
     netwarp,
     nhwc_layers,

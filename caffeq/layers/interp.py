@@ -12,6 +12,11 @@ the output is bottom 1's height x width whatever shrink/zoom/height/width say
 (the fork checks none of them then), bottom 0 still cropped by pad_beg/pad_end
 and resized as above; only bottom 1's shape is read, and a single bottom is an
 error.  Without it a second bottom sizes the output only when nothing else does.
+LeYangNwpu/SROWN's `is_seglabel` (47f59d5 caffe-master/src/caffe/proto/caffe.proto, InterpParameter field 7,
+default false; caffe-master/src/caffe/util/interp.cpp/.cu caffe_cpu_interp2 / its kernel, the unpacked path
+Interp runs) resizes label maps: each output takes the source pixel at the align-corners position rounded half
+up (h1 + 1 where the float32 fraction is >= 0.5, kept at the last row and column), which is PSPNet's
+nearest_neighbor, floor(x + 0.5) clamped; a same-size Interp copies in both.
 
 In YOLOv3 conversions and Open Model Zoo's segmentation nets whose joins fit only that, zoom_factor z gives
 h x z (interp_zooms_multiply, a fork reading that ir.py's graph builder offers where
@@ -174,6 +179,11 @@ class InterpLayer(Layer):
         if a["type"] not in ("bilinear", "nearest_neighbor"):
             raise LayerError(f"interp_param.interp_type must be 'bilinear' or 'nearest_neighbor', "
                              f"got '{a['type']}'")
+        if p.is_seglabel:   # LeYangNwpu/SROWN's label maps: its rounded source pixel is PSPNet's nearest_neighbor
+            if p.HasField("interp_type") and a["type"] != "nearest_neighbor":
+                raise LayerError(f"interp_param.is_seglabel (nearest source pixels) contradicts interp_type "
+                                 f"'{a['type']}'")
+            a["type"] = "nearest_neighbor"
         if a["zoom"] is not None and a["zoom"] < 1:
             raise LayerError(f"interp_param.zoom_factor must be >= 1, got {a['zoom']}")
         if a["shrink"] is not None and a["shrink"] < 1:
