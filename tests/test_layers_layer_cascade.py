@@ -4,7 +4,7 @@ seg_data_layer.cpp, in torch, onnxruntime and model.py.  Both layers' Reshape ch
 and a batch of 2 is refused."""
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import FIXTURES, check_everywhere, net, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load_from_text
@@ -231,5 +231,36 @@ def test_seg_data_label_follows_the_data(tmp_path):
 def test_seg_data_needs_the_image_size_and_batch_one():
     with pytest.raises(CaffeqError, match="--input-shape data="):
         load_from_text(SEG)
-    with pytest.raises(CaffeqError, match="num 1"):
+    with pytest.raises(CaffeqError, match="batch of 1"):
         load_from_text(SEG, input_shapes={"data": (2, 3, 7, 9)})
+
+
+def mix_and_match_seg(batch, crop):
+    crop_field = f"crop_size: {crop} " if crop else ""
+    return ('layer { name: "data" type: "SegData" top: "data" top: "label" '
+            f'seg_data_param {{ source: "l.txt" batch_size: {batch} shuffle: true }} '
+            f'transform_param {{ mirror: true {crop_field}mean_value: [104, 117, 123] ignore_label: 255 }} }}\n'
+            'layer { name: "c" type: "Convolution" bottom: "data" top: "c" convolution_param { num_output: 2 kernel_size: 3 } }')
+
+
+def test_mix_and_match_seg_data_sizes_a_batch_by_crop_size():
+    # XiaohangZhan/mix-and-match's SegData: batch_size colour images cropped to crop_size, labels of one channel
+    model = load_from_text(mix_and_match_seg(5, 13), phase="TRAIN")
+    shapes = model.blob_shapes
+    assert shapes["data"] == (5, 3, 13, 13) and shapes["label"] == (5, 1, 13, 13)
+    assert shapes["c"] == (5, 2, 11, 11)
+
+
+def test_mix_and_match_seg_data_refusals():
+    with pytest.raises(CaffeqError, match="batch_size 4 needs transform_param.crop_size"):
+        load_from_text(mix_and_match_seg(4, 0), phase="TRAIN")
+    with pytest.raises(CaffeqError, match=r"seg_data_param\.batch_size must be >= 1"):
+        load_from_text(mix_and_match_seg(0, 13), phase="TRAIN")
+    with pytest.raises(CaffeqError, match="--input-shape data="):   # batch 1 without a crop: the image decides
+        load_from_text(mix_and_match_seg(1, 0), phase="TRAIN")
+
+
+@pytest.mark.parametrize("name", ["XiaohangZhan__mix-and-match__Alexnet__jigsaw__train_graph.prototxt"])
+def test_mix_and_match_file_reads(name):
+    model = load_from_text((FIXTURES.parent / "realworld" / name).read_text(), phase="TRAIN", unknown_shapes_ok=True)
+    assert model.blob_shapes["data"] == (40, 3, 512, 512)

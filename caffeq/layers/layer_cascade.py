@@ -36,7 +36,9 @@ computes what TRAIN does.
   upper_size / upper_height / upper_width): one image and its label map per batch: data
   (1, C, H, W), label (1, 1, H, W), H and W the first image's size rounded down to a multiple of
   stride and capped by the upper size.  The image decides them: `--input-shape data=1,C,H,W` gives
-  them, and the label follows.
+  them, and the label follows.  XiaohangZhan/mix-and-match's later SegData (8d4c9df) adds
+  seg_data_param.batch_size: where it is set, crop_size gives H = W (batch_size 1 may leave it out)
+  and the data has 3 channels (its images are read in colour).
 """
 import numpy as np
 import torch
@@ -50,6 +52,7 @@ from .registry import (
     legacy_nchw,
     need_blobs,
     needs_input_shape,
+    positive_field,
     register_layer,
     torch_sources,
 )
@@ -273,21 +276,34 @@ class SegData(ForkDataLayer):
         need_blobs(lp, "SegData", 0, 2)
         p = lp.seg_data_param
         t = transform_attrs(lp)
-        return {"type": lp.type, "tops": list(lp.top), "num_tops": 2, "transform": t, "source": p.source,
-                "batch_size": 1, "hw": None}
+        attrs = {"type": lp.type, "tops": list(lp.top), "num_tops": 2, "transform": t, "source": p.source,
+                 "batch_size": 1, "hw": None, "channels": 3}
+        if p.HasField("batch_size"):
+            # XiaohangZhan/mix-and-match's later SegData (8d4c9df seg_data_layer.cpp): batch_size images a
+            # batch, and a crop_size fixes H = W (its images are read in colour: 3 channels)
+            attrs["batch_size"] = positive_field(p.batch_size, "seg_data_param.batch_size")
+            if t["crop_size"]:
+                attrs["hw"] = (t["crop_size"], t["crop_size"])
+            elif attrs["batch_size"] != 1:
+                raise LayerError(f"SegData: seg_data_param.batch_size {attrs['batch_size']} needs "
+                                 f"transform_param.crop_size (the fork CHECKs it: images differ in size)")
+        return attrs
 
     def data_shape(self, attrs):
+        if attrs["hw"]:
+            return (attrs["batch_size"], attrs["channels"]) + tuple(attrs["hw"])
         raise needs_input_shape(attrs, attrs["tops"][0], f"SegData sizes it by the first image of "
                                 f"'{attrs['source'] or '?'}', not read here")
 
     def top_shapes(self, attrs, given):
         shapes = super().top_shapes(attrs, given)
-        if shapes[0][0] != 1:
-            raise LayerError(f"SegData gives one image a batch (num 1), got --input-shape {list(shapes[0])}")
+        if shapes[0][0] != attrs["batch_size"]:
+            raise LayerError(f"SegData gives a batch of {attrs['batch_size']} (seg_data_param.batch_size), "
+                             f"got --input-shape {list(shapes[0])}")
         return shapes
 
     def label_shape(self, attrs, data):
-        return (1, 1) + tuple(data[2:])
+        return (data[0], 1) + tuple(data[2:])
 
     def guessed_label_tops(self, attrs, given):
         return ()
