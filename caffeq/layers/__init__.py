@@ -251,6 +251,7 @@ from . import (  # noqa: F401,E402
     spn,
     spp,
     sppnet,
+    srown,
     ssai,
     ssd,
     steganalysis,
