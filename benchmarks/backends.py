@@ -16,7 +16,8 @@ caffeq-run).
 
 Detection rows ([image, label, score, box...]) are compared as sets, as benchmarks/opencv_outputs.py does:
 rows of equal scores come in either order, and so may change which boxes NMS keeps ("ties" when over 90%
-of the rows on each side have a match; random weights give near-equal scores).  Identical files are run
+of the rows on each side have a match; random weights give near-equal scores).  An ArgMax whose indices differ
+only where the exact scores of the two picks are within the tolerance is "ties" too.  Identical files are run
 once.  Each file runs in a child forked from a parent that imported torch and caffeq once; two at a time.
 
     python benchmarks/backends.py [FOLDER ...] [--json OUT.json] [--timeout 240] [--tolerance 1e-3]
@@ -69,6 +70,37 @@ def _onnx_outputs(model, feeds, path):
     return dict(zip(names, session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})))
 
 
+def _argmax_ties(model, feeds, outputs, tolerance):
+    """Mark an ArgMax output (top_k 1, indices only) "ties" where every index that differs from the exact
+    module's points at a score within `tolerance` (relative to the largest score) of the exact winner's: random
+    weights leave near-equal scores (SegNet's within 1e-9 of each other), and rounding may pick either."""
+    import numpy as np
+    argmax = [o for o in outputs if "_got" in o and o.get("rel", 0.0) >= tolerance]
+    if not argmax:
+        return
+    nodes = {model.graph.tensors[t].blob: n for n in model.graph.nodes for t in n.outputs}
+    blobs = model.run(feeds, exact=True, all_blobs=True)
+    for o in argmax:
+        node = nodes[o["blob"]]
+        if node.attrs.get("top_k") != 1 or node.attrs.get("out_max_val"):
+            continue
+        x = blobs[model.graph.tensors[node.inputs[0]].blob]
+        got, ref = np.asarray(o["_got"]), blobs[o["blob"]]
+        axis = node.attrs.get("_axis")
+        if axis is None:   # Caffe's ArgMax without an axis: over each item's flattened values, top (N, 1, 1)
+            x, got, ref = x.reshape(x.shape[0], -1), got.reshape(-1, 1), ref.reshape(-1, 1)
+            axis = 1
+        scores = np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])
+        g = np.moveaxis(got, axis, -1).reshape(-1).astype(np.int64)
+        r = np.moveaxis(ref, axis, -1).reshape(-1).astype(np.int64)
+        if len(g) != len(scores) or len(r) != len(scores) or g.min() < 0 or g.max() >= scores.shape[1]:
+            continue
+        rows = np.nonzero(g != r)[0]
+        gap = np.abs(scores[rows, g[rows]] - scores[rows, r[rows]])
+        o["ties"] = bool(len(rows)) and bool((gap <= tolerance * max(float(np.abs(scores).max()), 1e-6)).all())
+        o["differing_indices"] = int(len(rows))
+
+
 def one_file(path, tolerance, scheme=None):
     """Compare one prototxt's backends (of its weights quantized to `scheme`, when given); never raises."""
     loaded = load_and_run_exact(path)
@@ -100,8 +132,13 @@ def one_file(path, tolerance, scheme=None):
                 continue
             for blob, ref in exact.items():
                 if blob in got:
-                    outputs.append({"backend": backend,
-                                    **compare(blob, types.get(blob, ""), got[blob], ref, tolerance, zero_padded=False)})
+                    entry = compare(blob, types.get(blob, ""), got[blob], ref, tolerance, zero_padded=False)
+                    if entry["type"] == "ArgMax":
+                        entry["_got"] = got[blob]   # for _argmax_ties, dropped before the result leaves
+                    outputs.append({"backend": backend, **entry})
+    _argmax_ties(model, feeds, outputs, tolerance)
+    for o in outputs:
+        o.pop("_got", None)
     differ = [o for o in outputs if "rel" not in o or (o["rel"] >= tolerance and not o.get("ties"))]
     status = ("DIFF" if differ or failures else "refused" if refusals
               else "ties" if any(o.get("ties") for o in outputs) else "match")

@@ -107,7 +107,7 @@ def report(results, folders, json_path, matched):
         totals[r["status"]] = totals.get(r["status"], 0) + 1
     compared = sum(totals.get(k, 0) for k in ("match", "ties", "DIFF"))
     print(f"compared {compared} of {len(results)} files: {totals.get('match', 0)} match {matched}, "
-          f"{totals.get('ties', 0)} match up to tied detection scores, {totals.get('DIFF', 0)} differ; "
+          f"{totals.get('ties', 0)} match up to tied scores (detections, ArgMax), {totals.get('DIFF', 0)} differ; "
           + ", ".join(f"{k} {v}" for k, v in sorted(totals.items()) if k not in ("match", "ties", "DIFF")))
     if json_path:
         with open(json_path, "w") as f:
