@@ -86,3 +86,17 @@ def test_seglabel_with_a_bilinear_interp_type_is_one_error():
     with pytest.raises(LayerError, match=r"layer 'lab'.*interp_param.is_seglabel .* contradicts interp_type "
                                          r"'bilinear'"):
         load_from_text(text)
+
+
+def test_seglabel_rounds_the_float32_position_where_the_exact_one_is_a_half(tmp_path):
+    """shrink_factor 2 on 54 rows: ratio 53 / 26 puts output row 13 at 26.5 exactly but at 26.499998 in the fork's
+    float32, so the fork keeps row 26 (ONNX Resize's exact align_corners position would round it to 27); 182
+    columns likewise (181 / 90 x 45 = 90.5)."""
+    text = net('layer { name: "i" type: "Interp" bottom: "x" top: "o" interp_param { shrink_factor: 2 '
+               'is_seglabel: true } }', inputs={"x": (2, 3, 54, 182)})
+    model = load_from_text(text)
+    assert model.blob_shapes["o"] == (2, 3, 27, 91)
+    rows, cols = seglabel_rows(54, 27), seglabel_rows(182, 91)
+    assert rows[13] == 26 and cols[45] == 90
+    x = labels((2, 3, 54, 182), 4)
+    check_everywhere(model, {"x": x}, {"o": seglabel_ref(x, 27, 91)}, tmp_path)

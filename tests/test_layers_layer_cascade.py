@@ -264,3 +264,15 @@ def test_mix_and_match_seg_data_refusals():
 def test_mix_and_match_file_reads(name):
     model = load_from_text((FIXTURES.parent / "realworld" / name).read_text(), phase="TRAIN", unknown_shapes_ok=True)
     assert model.blob_shapes["data"] == (40, 3, 512, 512)
+
+
+def test_mix_and_match_seg_data_of_batch_one_is_still_cropped():
+    # seg_data_layer.cpp: has_crop_size() sizes the tops whatever batch_size is (an explicit 1 here)
+    shapes = load_from_text(mix_and_match_seg(1, 13), phase="TRAIN").blob_shapes
+    assert shapes["data"] == (1, 3, 13, 13) and shapes["label"] == (1, 1, 13, 13)
+
+
+def test_mix_and_match_seg_data_refuses_another_batch_from_the_input_shape():
+    with pytest.raises(CaffeqError, match=r"SegData gives a batch of 5 \(seg_data_param.batch_size\), got "
+                                          r"--input-shape \[2, 3, 13, 13\]"):
+        load_from_text(mix_and_match_seg(5, 13), phase="TRAIN", input_shapes={"data": (2, 3, 13, 13)})

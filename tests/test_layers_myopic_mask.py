@@ -15,7 +15,7 @@ from caffeq.errors import CaffeqError
 from caffeq.io.caffemodel import BlobData
 from caffeq.io.prototxt import parse_prototxt_text
 from caffeq.io.writer import write_caffemodel
-from caffeq.layers.myopic_mask import MyopicMaskedConvolution
+from caffeq.layers.myopic_mask import MyopicMaskedConvolution, _MyopicMasked
 from caffeq.model import load, load_from_text
 
 f32 = np.float32
@@ -192,3 +192,96 @@ def test_a_batchnorm_after_a_masked_convolution_runs_in_the_optimized_path():
     x = r.standard_normal((2, 4, 6, 5)).astype(f32)
     ref = conv_ref(x, w * m, None, (1, 1), (0, 0)) / np.sqrt(1 + 1e-5)
     np.testing.assert_allclose(model.run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
+
+
+def drawn_masks(filler, bias=True):
+    """The new masks (weight (40, 10, 3, 2), bias (40,)) a 40-output convolution draws with `filler`."""
+    text = net('layer { name: "c" type: "Convolution" bottom: "x" top: "y" convolution_mask_param { mask_term: true '
+               f'default_init: false mask_filler {{ {filler} }} }} convolution_param {{ num_output: 40 kernel_h: 3 '
+               f'kernel_w: 2 {"" if bias else "bias_term: false"} }} }}', inputs={"x": (2, 10, 7, 5)})
+    return node_of(load_from_text(text, random_weights=True), "c").blobs[2 if bias else 1:]
+
+
+@pytest.mark.parametrize("norm, fan_w, fan_b", [("FAN_IN", 60, 1), ("FAN_OUT", 240, 40), ("AVERAGE", 150, 20.5)])
+def test_a_xavier_mask_filler_draws_within_caffes_bound(norm, fan_w, fan_b):
+    """filler.hpp XavierFiller: uniform in +-sqrt(3 / n), n = count / num (fan in), count / channels (fan out; a
+    1-axis blob's count) or their mean; the weight mask's fans are 60 and 240, the bias mask's 1 and 40."""
+    weight_mask, bias_mask = drawn_masks(f'type: "xavier" variance_norm: {norm}')
+    for m, fan, near in ((weight_mask, fan_w, 0.9), (bias_mask, fan_b, 0.7)):
+        bound = np.sqrt(3.0 / fan)
+        assert near * bound < np.abs(m).max() <= bound * (1 + 1e-6), (norm, m.shape)
+
+
+def test_msra_and_gaussian_mask_fillers_draw_caffes_distributions():
+    (weight_mask,) = drawn_masks('type: "msra" variance_norm: FAN_OUT', bias=False)
+    assert abs(weight_mask.std() / np.sqrt(2.0 / 240) - 1) < 0.05 and abs(weight_mask.mean()) < 0.01
+    (weight_mask,) = drawn_masks('type: "gaussian" mean: 5 std: 0.25', bias=False)
+    assert abs(weight_mask.mean() - 5) < 0.02 and abs(weight_mask.std() / 0.25 - 1) < 0.05
+
+
+@pytest.mark.parametrize("filler, message", [
+    ('type: "gaussian" sparse: 0', "a sparse gaussian cannot fill a new mask here"),
+    ('type: "positive_unitball"', "type 'positive_unitball' cannot fill a new mask here"),
+])
+def test_a_filler_caffeq_does_not_draw_refuses_only_when_a_mask_is_new(filler, message):
+    """GaussianFiller's sparse >= 0 (0 included: every value dropped) is not drawn here."""
+    with pytest.raises(CaffeqError, match=f"layer 'c': convolution_mask_param.mask_filler {message}"):
+        drawn_masks(filler)
+
+
+@pytest.mark.parametrize("filler, message", [
+    ('type: "ones"', r"mask_filler type 'ones' is not a Caffe filler"),
+    ('type: "constant" value: 1 sparse: 3', r"mask_filler.sparse 3: Caffe's 'constant' filler CHECKs sparse == -1"),
+    ('type: "gaussian" sparse: -2', r"mask_filler.sparse -2: Caffe's 'gaussian' filler CHECKs sparse >= -1"),
+    ('type: "uniform" min: 2', r"mask_filler min 2 > max 1: Caffe's uniform filler CHECKs min <= max"),
+])
+def test_a_mask_filler_the_forks_setup_refuses_is_one_error_even_with_masks_at_hand(filler, message, tmp_path):
+    """The fork fills new masks in LayerSetUp, before CopyTrainedLayersFrom: filler.hpp's CHECKs (GetFiller's
+    names, sparse == -1 outside gaussian) stop it whatever the weights file holds."""
+    text = conv_text(mask_param=f"mask_term: true default_init: false mask_filler {{ {filler} }}")
+    blobs = [np.ones((6, 2, 3, 2), f32), np.ones(6, f32)] * 2
+    with pytest.raises(CaffeqError, match=r"layer 'c' \(Convolution\): convolution_mask_param\." + message):
+        load_with_caffemodel(tmp_path, text, {"c": blobs})
+
+
+def test_a_caffemodel_without_masks_takes_them_from_mask_filler(tmp_path):
+    """default_init: false: the masks CopyTrainedLayersFrom leaves are mask_filler's (a constant 0.25 here)."""
+    r = np.random.default_rng(11)
+    w, b = dyadic(r, (6, 2, 3, 2)), dyadic(r, (6,))
+    text = conv_text(mask_param='mask_term: true default_init: false mask_filler { type: "constant" value: 0.25 }')
+    model = load_with_caffemodel(tmp_path, text, {"c": [w, b]})
+    assert all(np.all(m == f32(0.25)) for m in node_of(model, "c").blobs[2:])
+    assert any("0 of its 2 mask blob(s): the fork's loader keeps new ones for the rest (drawn by "
+               "convolution_mask_param.mask_filler)" in n for n in model.warnings)
+    x = r.standard_normal((2, 4, 7, 5)).astype(f32)
+    check_everywhere(model, {"x": x}, {"y": conv_ref(x, w * 0.25, b * 0.25, (2, 1), (0, 1), 2).astype(f32)}, tmp_path,
+                     atol=2e-5)
+
+
+def test_the_inner_product_fills_its_mask_by_inner_product_mask_param(tmp_path):
+    """inner_product_layer.cpp reads default_init and mask_filler from inner_product_mask_param, never from
+    convolution_mask_param; the bias stays unmasked."""
+    text = net('layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 5 '
+               'mask_term: true } inner_product_mask_param { default_init: false mask_filler { type: "constant" '
+               'value: 0.5 } } convolution_mask_param { default_init: true } }', inputs={"x": (3, 2, 4, 1)})
+    r = np.random.default_rng(12)
+    w, b = dyadic(r, (5, 8)), dyadic(r, (5,))
+    model = load_with_caffemodel(tmp_path, text, {"ip": [w, b]})
+    assert np.all(node_of(model, "ip").blobs[2] == f32(0.5))
+    x = r.standard_normal((3, 2, 4, 1)).astype(f32)
+    ref = (x.reshape(3, 8).astype(np.float64) @ (w * 0.5).astype(np.float64).T + b).astype(f32)
+    check_everywhere(model, {"x": x}, {"y": ref}, tmp_path, atol=2e-5)
+
+
+def test_mask_parameters_without_mask_term_leave_the_plain_layers():
+    """base_conv_layer.cpp and inner_product_layer.cpp make masks only with mask_term: the other mask fields alone
+    leave [W, b] and the unmasked forward."""
+    text = net('layer { name: "c" type: "Convolution" bottom: "x" top: "c" convolution_mask_param { mask_term: false '
+               'default_init: false } convolution_param { num_output: 3 kernel_size: 2 } }\n'
+               'layer { name: "ip" type: "InnerProduct" bottom: "c" top: "y" inner_product_param { num_output: 4 } '
+               'inner_product_mask_param { default_init: false } }', inputs={"x": (2, 5, 4, 6)})
+    model = load_from_text(text, random_weights=True)
+    for name in ("c", "ip"):
+        node = node_of(model, name)
+        assert not isinstance(node.spec, _MyopicMasked) and node.spec.blob_names_for(node.attrs) == ("weight", "bias")
+        assert len(node.blobs) == 2

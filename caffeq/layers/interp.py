@@ -23,7 +23,8 @@ h x z (interp_zooms_multiply, a fork reading that ir.py's graph builder offers w
 _multiplying_zoom_interps finds such Interps before a failed Concat or Eltwise).
 InterpAdvance (xw-hu/CF-Caffe): Interp to the second bottom's height and width.
 
-ONNX: Interp -> Slice + Resize (align_corners; vision_forks' _sizes_const and _resize).
+ONNX: Interp -> Slice + Resize (align_corners; vision_forks' _sizes_const and _resize); nearest_neighbor (and
+is_seglabel) -> Slice + two Gathers of the source rows and columns forward picks.
 """
 import numpy as np
 import torch
@@ -40,6 +41,13 @@ def interp_coords(n_in: int, n_out: int, device: torch.device):
     if n_out > 1:
         ratio = torch.tensor(float(n_in - 1)) / torch.tensor(float(n_out - 1))
     return (ratio * torch.arange(n_out, dtype=torch.float32)).to(device)
+
+
+def nearest_indexes(n_in: int, n_out: int, device: torch.device):
+    """interp2's nearest source row (column) of each output: the float32 coordinate rounded half up (in double,
+    so that no float32 sum rounds it), at most n_in - 1.  A rational coordinate computed exactly (ONNX Resize's
+    align_corners) can land on a half the float32 ratio misses: 53 / 26 x 13 is 26.5, float32 26.499998."""
+    return torch.floor(interp_coords(n_in, n_out, device).double() + 0.5).long().clamp(0, n_in - 1)
 
 
 def interp_output_size(he: int, we: int, shrink: int, zoom: int, height: int, width: int, ref_h: int, ref_w: int):
@@ -61,12 +69,10 @@ def interp_resize(x, ho: int, wo: int, nearest: bool = False):
     """Caffe's interp2 of x (N, C, H, W) to ho x wo: align-corners coordinates in float32, then
     truncated indexes and float32 weights (bilinear), or rounding (nearest_neighbor)."""
     he, we = x.shape[2], x.shape[3]
+    if nearest:
+        return x.index_select(2, nearest_indexes(he, ho, x.device)).index_select(3, nearest_indexes(we, wo, x.device))
     src_h = interp_coords(he, ho, x.device)
     src_w = interp_coords(we, wo, x.device)
-    if nearest:
-        ih = torch.floor(src_h.double() + 0.5).long().clamp(0, he - 1)
-        iw = torch.floor(src_w.double() + 0.5).long().clamp(0, we - 1)
-        return x.index_select(2, ih).index_select(3, iw)
     h0, w0 = src_h.long(), src_w.long()
     h1 = torch.where(h0 < he - 1, h0 + 1, h0)
     w1 = torch.where(w0 < we - 1, w0 + 1, w0)
@@ -100,7 +106,7 @@ class Interp(nn.Module):
 
 
 # model.py gets the same code that forward runs
-TORCH_INTERP = torch_sources(interp_coords, interp_output_size, interp_resize, Interp)
+TORCH_INTERP = torch_sources(interp_coords, nearest_indexes, interp_output_size, interp_resize, Interp)
 
 
 def is_zoom_only(attrs):
@@ -247,14 +253,14 @@ class InterpLayer(Layer):
         if (he, we) == (ho, wo):
             ctx.add_node("Identity", [x], [node.outputs[0]], name=node.name)
             return
-        sizes = _sizes_const(ctx, x, [ho, wo], node.name)
-        if a["type"] == "nearest_neighbor":
-            # floor(x + 0.5) on align-corners coordinates
-            _resize(ctx, x, node.outputs[0], sizes, node.name, mode="nearest",
-                    coordinate_transformation_mode="align_corners", nearest_mode="round_prefer_ceil")
-        else:
-            _resize(ctx, x, node.outputs[0], sizes, node.name, mode="linear",
-                    coordinate_transformation_mode="align_corners")
+        if a["type"] == "nearest_neighbor":   # the source rows and columns forward picks (Resize's differ at halves)
+            cpu = torch.device("cpu")
+            rows = ctx.op("Gather", [x, ctx.const(nearest_indexes(he, ho, cpu).numpy())], "rows", axis=2)
+            ctx.add_node("Gather", [rows, ctx.const(nearest_indexes(we, wo, cpu).numpy())], [node.outputs[0]],
+                         name=node.name, axis=3)
+            return
+        _resize(ctx, x, node.outputs[0], _sizes_const(ctx, x, [ho, wo], node.name), node.name, mode="linear",
+                coordinate_transformation_mode="align_corners")
 
     def pytorch_source(self, node, emit):
         a = node.attrs

@@ -10,11 +10,12 @@ inner_product_layer.cpp/.cu; caffe/src/caffe/net.cpp CopyTrainedLayersFrom).
 - Deconvolution with convolution_mask_param.mask_term: its setup (BaseConvolutionLayer's) makes the same masks,
   but its forwards read only the weight and the bias: the masks are kept and not applied.
 
-A new mask is all ones (default_init, true by default) or drawn by mask_filler.  The fork's loader
-copies as many blobs as the weights file holds and keeps the new ones beyond them, so a caffemodel of the
-unmasked net (the repository's original.caffemodel files) loads with masks of ones: stored_blobs adds them,
-with a note.  Its convolution_quantize_param (bit masks of the weights) and convolution_saliency_param
-(training-time saliencies) are not declared here.
+A new mask is all ones (default_init, true by default) or drawn by mask_filler; the fork's setup fills
+its masks before reading any weights file, so the filler's CHECKs (a Caffe filler's name, sparse, uniform's
+min <= max) refuse the layer here too.  The fork's loader copies as many blobs as the weights file holds and
+keeps the new ones beyond them, so a caffemodel of the unmasked net (the repository's original.caffemodel files)
+loads with masks of ones: stored_blobs adds them, with a note.  Its convolution_quantize_param (bit masks of
+the weights) and convolution_saliency_param (training-time saliencies) are not declared here.
 """
 import math
 
@@ -28,6 +29,8 @@ from .registry import LayerError, claim_layers
 # the filler types caffeq can draw a new mask with (caffe/include/caffe/filler.hpp's formulas)
 _DRAWN = ("constant", "uniform", "gaussian", "xavier", "msra")
 _FAN = {0: "FAN_IN", 1: "FAN_OUT", 2: "AVERAGE"}
+# GetFiller's types (filler.hpp): any other name is a CHECK failure
+_CAFFE_FILLERS = ("constant", "gaussian", "positive_unitball", "uniform", "xavier", "msra", "bilinear")
 
 
 def _mask_init(p, field):
@@ -36,6 +39,15 @@ def _mask_init(p, field):
     if p.default_init:
         return {"type": "constant", "value": 1.0, "field": f"{field}.default_init"}
     f = p.mask_filler
+    # the fork's setup fills every new mask before any weights file is read, so the filler's CHECKs always run
+    if f.type not in _CAFFE_FILLERS:
+        raise LayerError(f"{field}.mask_filler type '{f.type}' is not a Caffe filler (the fork's setup CHECKs it: "
+                         f"{', '.join(_CAFFE_FILLERS)})")
+    if f.sparse < -1 or (f.sparse != -1 and f.type != "gaussian"):
+        raise LayerError(f"{field}.mask_filler.sparse {f.sparse}: Caffe's '{f.type}' filler CHECKs "
+                         f"{'sparse >= -1' if f.type == 'gaussian' else 'sparse == -1 (no sparsity)'}")
+    if f.type == "uniform" and f.min > f.max:   # caffe_rng_uniform's CHECK_LE(a, b)
+        raise LayerError(f"{field}.mask_filler min {f.min:g} > max {f.max:g}: Caffe's uniform filler CHECKs min <= max")
     return {"type": f.type, "value": float(f.value), "min": float(f.min), "max": float(f.max),
             "mean": float(f.mean), "std": float(f.std), "sparse": int(f.sparse),
             "variance_norm": _FAN.get(int(f.variance_norm), "FAN_IN"), "field": f"{field}.mask_filler"}
