@@ -60,7 +60,7 @@ def describe_transform(t):
         n = t["crop_size"]
         lines.append(f"crop {n}x{n}: the centre crop at TEST (a random one at TRAIN)")
     if t.get("mirror"):
-        lines.append("random horizontal flips at TRAIN (mirror: true)")
+        lines.append("random horizontal flips (mirror: true; Caffe flips in either phase, caffeq's eval does not)")
     if t.get("mean_file"):
         lines.append(f"subtract the per-pixel mean image {t['mean_file']!r} (cropped like the data)")
     if t.get("mean_value"):

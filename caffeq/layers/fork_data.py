@@ -185,6 +185,26 @@ class MultiLabelData(ForkDataLayer):
         return (data[0], attrs["label_num"]) if attrs["label_num"] is not None else (data[0],)
 
 
+@register_layer("RSImageData")
+class RSImageData(ForkDataLayer):
+    """zhaoys87/LU's RSImageData (caffe-master rsimage_data_layer.cpp, 2016): an image list of multi-band
+    remote-sensing images (ReadRSImageToCVMat) with one label a line; data (batch_size, bands, H, W), H and W
+    from crop_size, else new_height / new_width.  The bands are the first image's, so the data's shape comes
+    from --input-shape (a guess of 3 would hand the nets' Slice at 3 an empty rest)."""
+
+    def parse(self, lp):
+        p = lp.rsimage_data_param
+        t = transform_attrs(lp)
+        return {"type": lp.type, "tops": list(lp.top), "num_tops": len(lp.top), "transform": t, "source": p.source,
+                "batch_size": positive_field(p.batch_size, "rsimage_data_param.batch_size"),
+                "hw": _crop_or(t, int(p.new_height), int(p.new_width))}
+
+    def data_shape(self, attrs):
+        size = f", H x W {attrs['hw'][0]}x{attrs['hw'][1]}" if attrs["hw"] else ""
+        raise needs_input_shape(attrs, attrs["tops"][0], f"RSImageData takes its channels from the bands of "
+                                f"the first image of '{attrs['source'] or '?'}' (batch {attrs['batch_size']}{size})")
+
+
 class UnknownForkData(ForkDataLayer):
     """A fork's data layer caffeq has no spec for: a graph input shaped by the user or crop_size."""
 

@@ -24,6 +24,12 @@ block into the one whose fields it sets.  Each is a graph input shaped from its 
   RGB_FLOW (8 channels a frame: two RGB images and x, y flow) and RGB_POSE (3), takes
   transform_param crop_height x crop_width before crop_size, and stacks one copy of the data per
   transform_param.is_roi entry (num_branches = is_roi_size(); caffeq reads none as one).
+- zhujiagang/gating-ConvNet-code's caffe-action (8fc27b2, video_data_layer.cpp, util/io.cpp
+  ReadSegmentFLOW_RGBToDatum): TSN's messages, field for field, but its VideoData ignores modality and
+  always reads both streams: each segment's new_length x and y flow images, then each segment's first
+  colour frame, (2 x new_length + 3) x num_segments channels; exactly two tops, shaped as TSN's.  No
+  field tells it from TSN (TSN declares is_flow too): a mean_value list of exactly that length, which
+  TSN's transformer would refuse, does.
 - SSD (weiliu89/caffe), video_data_param: webcam or video-file frames; shaped like any other
   fork data layer (caffeq/layers/fork_data.py: --input-shape or crop_size).
 - apir8181/caffe_lrcn (0b29d69, video_data_layer.cpp DataLayerSetUp), lrcn_video_data_param: clips of
@@ -93,6 +99,35 @@ def _parse_tsn(lp):
             "crop_hw": (int(t.crop_height), int(t.crop_width)) if t.crop_height > 0 and t.crop_width > 0 else None}
 
 
+def _is_gating(lp, tsn):
+    """A TSN-shaped VideoData whose mean_value list fits gating-ConvNet's flow + RGB channels only."""
+    p, t = lp.tsn_video_data_param, lp.transform_param
+    if p.modality not in (TSN_RGB, TSN_FLOW) or tsn["crop_hw"] or tsn["length_first"] or len(t.is_roi) \
+            or p.grayscale:
+        return False   # other TSN forks' fields: that fork's reading stays
+    means = len(t.mean_value)
+    return means != tsn["channels"] and means == _gating_channels(p)
+
+
+def _gating_channels(p):
+    # new_length x and y flow images a segment, then one colour frame a segment
+    return (2 * int(p.new_length) + 3) * int(p.num_segments)
+
+
+def _parse_gating(lp, tsn):
+    p = lp.tsn_video_data_param
+    if len(lp.top) != 2:   # ExactNumTopBlobs() == 2
+        raise LayerError(f"zhujiagang/gating-ConvNet-code's VideoData has two tops (data, label), got {len(lp.top)}")
+    flow = 2 * tsn["length"] * tsn["segments"]
+    note = (f"read as zhujiagang/gating-ConvNet-code's caffe-action (flow + RGB): its "
+            f"{len(lp.transform_param.mean_value)} mean_value entries fit {flow} flow + {3 * tsn['segments']} RGB "
+            f"channels, not TSN's {tsn['channels']}")
+    if p.HasField("modality"):
+        note += "; that fork ignores modality"
+    return dict(tsn, fork="gating-ConvNet", channels=_gating_channels(p), flow_channels=flow,
+                is_flow=bool(lp.transform_param.is_flow), reading_notes=[note])
+
+
 def _parse_lrcn(lp):
     field = "lrcn_video_data_param"
     p = lp.lrcn_video_data_param
@@ -112,11 +147,14 @@ class VideoData(DataLayer):
             attrs = _parse_c3d(lp)
         elif lp.HasField("tsn_video_data_param"):
             attrs = _parse_tsn(lp)
+            if _is_gating(lp, attrs):
+                attrs = _parse_gating(lp, attrs)
         elif lp.HasField("lrcn_video_data_param"):
             attrs = _parse_lrcn(lp)
         else:
             return dict(UNKNOWN_FORK_DATA.parse(lp), fork="SSD")
-        most = 2 if attrs["fork"] == "TSN" else 3   # SCNN's C3D v1.1 adds the overlap top, LRCN the marker
+        # SCNN's C3D v1.1 adds the overlap top, LRCN the marker
+        most = 2 if attrs["fork"] in ("TSN", "gating-ConvNet") else 3
         if not 1 <= len(lp.top) <= most:
             raise LayerError(f"{attrs['fork']}'s VideoData takes one or two tops"
                              f"{' (three in SCNN' + chr(39) + 's C3D)' if most == 3 else ''}, got {len(lp.top)}")
@@ -137,7 +175,7 @@ class VideoData(DataLayer):
             data = (n, c, attrs["length"]) + hw if attrs["fork"] == "C3D v1.1" else (n, c) + hw
         shapes = [tuple(data)]
         if attrs["num_tops"] > 1:
-            if attrs["fork"] == "TSN":
+            if attrs["fork"] in ("TSN", "gating-ConvNet"):
                 label = (data[0], 1, 1, 1)
             elif attrs["fork"] == "apir8181/caffe_lrcn":
                 label = (data[0],)
@@ -158,6 +196,15 @@ class VideoData(DataLayer):
             lines = [f"clips of {attrs['length']} colour frames (cv::imread of NNNNN.jpg from a listed offset), "
                      f"frame-major on axis 0 (row frame x batch_size + clip); the third top marks each clip's first frame "
                      f"with 0 (LRCN)"]
+        elif attrs["fork"] == "gating-ConvNet":
+            lines = [f"{attrs['segments']} segments x {attrs['length']} frames of x and y flow (channels 0-"
+                     f"{attrs['flow_channels'] - 1}, x then y a frame), then each segment's first colour frame "
+                     f"(BGR, channels {attrs['flow_channels']}-{attrs['channels'] - 1}), stacked on the channel axis"]
+            # data_transformer.cpp: only a flipped sample (mirror && Rand(2), in either phase) is changed, and
+            # its bound is C // 10 x 10, not the flow count
+            if attrs["is_flow"] and attrs["transform"]["mirror"]:
+                lines.append(f"is_flow: a flipped sample gets 255 - v on the even channels below "
+                             f"{attrs['channels'] // 10 * 10}")
         else:
             per = "x and y flow images" if attrs["modality"] == "FLOW" else "frames"
             lines = [(f"{attrs['segments']} segments x {attrs['length']} {per} ({attrs['modality']}), "
