@@ -10,7 +10,7 @@ from caffeq.errors import CaffeqError, ExportError
 from caffeq.model import load_from_text
 from tests.conftest import REPO, assert_close, check_everywhere, cli_process, model_py_outputs, net, ok, rng
 
-CORPUS = "/work/corpus94b/MPI-IS__bilateralNN__bilateralnn_code__examples__tile_segmentation__bnn_"
+CORPUS = str(REPO / "tests" / "fixtures" / "realworld" / "MPI-IS__bilateralNN__bilateralnn_code__examples__tile_segmentation__bnn_")
 f32 = np.float32
 
 

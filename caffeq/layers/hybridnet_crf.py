@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..errors import ExportError
-from .permutohedral import as_short, lattice_lookup, lattice_vertex_ids, lattice_vertices, pixel_xy
+from .permutohedral import LATTICE_BASICS, as_short, lattice_lookup, lattice_simplex, lattice_vertices, pixel_xy
 from .permutohedral_onnx import OnnxLattice
 from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer
 from .ssd.common import scalar_tensor
@@ -47,42 +47,7 @@ F32 = np.float32
 def hybridnet_simplex(f):
     """The enclosing simplex of each of (P, d) float32 features as the fork's sequential init_cpu: (keys
     (P, d + 1, d) int64, each point's vertices as 16-bit shorts; weights (P, d + 1) float32)."""
-    p, d = f.shape
-    f32, dev = torch.float32, f.device
-    inv_std_dev = float(torch.tensor(math.sqrt(2.0 / 3.0) * (d + 1), dtype=f32))
-    elevated = [f[:, 0]] * (d + 1)
-    running = torch.zeros(p, dtype=f32, device=dev)
-    for j in range(d, 0, -1):
-        scale = torch.tensor(1.0 / math.sqrt((j + 1) * j) * inv_std_dev, dtype=f32, device=dev)
-        c = f[:, j - 1] * scale
-        elevated[j] = running - torch.tensor(float(j), dtype=f32, device=dev) * c
-        running = running + c
-    elevated[0] = running
-    e = torch.stack(elevated, 1)
-    d_plus_1 = torch.tensor(float(d + 1), dtype=f32, device=dev)
-    down = torch.tensor(1.0, dtype=f32, device=dev) / d_plus_1
-    v = e * down
-    up, low = torch.ceil(v), torch.floor(v)
-    rounded = torch.where(up * d_plus_1 - e < e - low * d_plus_1, up, low)   # the nearer multiple, ties down
-    rem0 = rounded * d_plus_1
-    rest = e - rem0
-    later = torch.ones(d + 1, d + 1, dtype=torch.bool, device=dev).triu(1)   # [i, j]: j > i
-    less = rest[:, :, None] < rest[:, None, :]
-    rank = (less & later).sum(2) + (~less.transpose(1, 2) & later.t()).sum(2)
-    rank = rank + rounded.sum(1, keepdim=True).to(torch.int64)
-    shift = (rank < 0).to(torch.int64) * (d + 1) - (rank > d).to(torch.int64) * (d + 1)
-    rank = (rank + shift).clamp(0, d)   # NaN features give ranks out of range: clamped, not indexed
-    rem0 = rem0 + shift.to(f32)
-    bary = torch.zeros(p, d + 2, dtype=f32, device=dev)
-    offset = (e - rem0) * down
-    bary.scatter_add_(1, d - rank, offset)
-    bary.scatter_add_(1, d - rank + 1, -offset)
-    first = (bary[:, :1].double() + (1.0 + bary[:, d + 1:].double())).to(f32)   # `+= 1.0 + b[d + 1]`: double
-    weights = torch.cat([first, bary[:, 1:d + 1]], 1)
-    r = torch.arange(d + 1, device=dev)
-    canonical = torch.where(r[None, :] <= d - r[:, None], r[:, None], r[:, None] - (d + 1))   # [r, rank]
-    keys = as_short(rem0[:, None, :d].to(torch.int64) + canonical[:, rank[:, :d]].permute(1, 0, 2))
-    return keys, weights
+    return lattice_simplex(f, double_first=True, ties_down=True)
 
 
 def hybridnet_lattice(features):
@@ -158,7 +123,7 @@ def dense_crf_meanfield(unary, q0, image, spatial_weight, bilateral_weight, comp
 
 
 #: the functions model.py copies, in order (emit.helper each)
-HYBRIDNET_HELPERS = (as_short, lattice_vertex_ids, lattice_lookup, lattice_vertices, pixel_xy, hybridnet_simplex,
+HYBRIDNET_HELPERS = (*LATTICE_BASICS, pixel_xy, hybridnet_simplex,
                      hybridnet_lattice, hybridnet_filter, dense_crf_meanfield)
 
 

@@ -79,12 +79,14 @@ def pixel_xy(h: int, w: int, device):
     return torch.stack([pixel % w, torch.div(pixel, w, rounding_mode="floor")], 1).to(torch.float32)
 
 
-def lattice_simplex(f, half_away: bool = False, double_first: bool = False):
+def lattice_simplex(f, half_away: bool = False, double_first: bool = False, ties_down: bool = False):
     """The enclosing simplex of each of (P, d) float32 features (Adams et al., float32 as the forks): (keys
     (P, d + 1, d) int64, each point's d + 1 vertices as the forks' shorts; weights (P, d + 1) float32, their
-    barycentric weights).  The nearest 0-coloured point rounds halves to even (CRF-RNN's SSE path) or, with
-    half_away, away from zero (bilateralNN's round()); weight 0 takes 1 + the wrapped weight in float32, or
-    in double with double_first (bilateralNN's `1.0 + b[d + 1]`)."""
+    barycentric weights).  The nearest 0-coloured point rounds halves to even (CRF-RNN's SSE path), with
+    half_away away from zero (bilateralNN's round()), or with ties_down is the nearer multiple of d + 1,
+    compared in float32 as ceil(v) (d + 1) - e < e - floor(v) (d + 1), ties going down (caffe-hybridnet's
+    sequential init_cpu); weight 0 takes 1 + the wrapped weight in float32, or in double with double_first
+    (bilateralNN's and hybridnet's `1.0 + b[d + 1]`)."""
     p, d = f.shape
     f32, dev = torch.float32, f.device
     inv_std_dev = float(torch.tensor(math.sqrt(2.0 / 3.0) * (d + 1), dtype=f32))
@@ -99,7 +101,11 @@ def lattice_simplex(f, half_away: bool = False, double_first: bool = False):
     e = torch.stack(elevated, 1)
     d_plus_1 = torch.tensor(float(d + 1), dtype=f32, device=dev)
     down = torch.tensor(1.0, dtype=f32, device=dev) / d_plus_1
-    rounded = c_round(e * down) if half_away else torch.round(e * down)
+    if ties_down:
+        up, low = torch.ceil(e * down), torch.floor(e * down)
+        rounded = torch.where(up * d_plus_1 - e < e - low * d_plus_1, up, low)
+    else:
+        rounded = c_round(e * down) if half_away else torch.round(e * down)
     rem0 = rounded * d_plus_1
     rest = e - rem0
     later = torch.ones(d + 1, d + 1, dtype=torch.bool, device=dev).triu(1)   # [i, j]: j > i
