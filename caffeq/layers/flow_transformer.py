@@ -62,29 +62,8 @@ class FlowTransformer(Layer):
     def onnx(self, ctx, node):
         image, flow = node.inputs
         s = OnnxImageSampler(ctx, node.name, image)
-        op, f32 = s.op, s.f32
         y, x = s.plus_pixel_grid(s.channel(flow, 0, "fy", name=node.name), s.channel(flow, 1, "fx"))
-        m0, k0 = op("Floor", [x], "m0"), op("Floor", [y], "k0")
-        m1, k1 = op("Add", [m0, f32(1)], "m1"), op("Add", [k0, f32(1)], "k1")
-
-        def weight(a, b, hint):   # 1 - (a - b), as the kernel writes each tap's factor
-            return op("Sub", [f32(1), op("Sub", [a, b], "d" + hint)], "w" + hint)
-
-        def index(v, hint):       # CUDA's (int) of a float: NaN becomes 0
-            return op("Where", [op("IsNaN", [v], hint + "_nan"), f32(0), v], hint + "_i")
-
-        wm0, wm1, wk0, wk1 = weight(x, m0, "m0"), weight(m1, x, "m1"), weight(y, k0, "k0"), weight(k1, y, "k1")
-        im0, im1, ik0, ik1 = index(m0, "m0"), index(m1, "m1"), index(k0, "k0"), index(k1, "k1")
-        total = None
-        for t, (m, k, wm, wk) in enumerate(((im0, ik0, wm0, wk0), (im1, ik0, wm1, wk0), (im0, ik1, wm0, wk1),
-                                            (im1, ik1, wm1, wk1))):
-            inside = s.within(k, m, f"in{t}", True)      # 0 <= column < W, 0 <= row < H
-            row = op("Where", [inside, m, f32(0)], f"row{t}")
-            col = op("Where", [inside, k, f32(0)], f"col{t}")
-            term = op("Mul", [op("Mul", [wm, wk], f"w{t}"), s.pixels(row, col, f"v{t}")], f"t{t}")
-            term = op("Where", [inside, term, f32(0)], f"k{t}")
-            total = term if total is None else op("Add", [total, term], f"s{t}")
-        ctx.add_node("Identity", [total], [node.outputs[0]], name=node.name + "_out")
+        s.cuda_taps(x, y, node.outputs[0])
 
     def pytorch_source(self, node, emit):
         emit.helper(pixels_at)

@@ -40,6 +40,34 @@ class OnnxImageSampler:
         got = self.op("GatherElements", [self.flat, index], hint, axis=2)
         return self.op("Reshape", [got, self.i64([0, self.c, h, w])], hint + "_img")
 
+    def cuda_taps(self, x, y, out, size=None):
+        """optical_flow.bilinear_taps(image, x, y, True) into `out`: for (N, 1, h, w) row maps x and column maps
+        y (size; the image's by default), each tap's factor written 1 - (a - b) as the CUDA kernels write it,
+        a NaN coordinate's (int) cast 0, taps outside the image 0 (FlowTransformer, jiandao's
+        SpatialTransformerPT)."""
+        op, f32 = self.op, self.f32
+        m0, k0 = op("Floor", [x], "m0"), op("Floor", [y], "k0")
+        m1, k1 = op("Add", [m0, f32(1)], "m1"), op("Add", [k0, f32(1)], "k1")
+
+        def weight(a, b, hint):
+            return op("Sub", [f32(1), op("Sub", [a, b], "d" + hint)], "w" + hint)
+
+        def index(v, hint):
+            return op("Where", [op("IsNaN", [v], hint + "_nan"), f32(0), v], hint + "_i")
+
+        wm0, wm1, wk0, wk1 = weight(x, m0, "m0"), weight(m1, x, "m1"), weight(y, k0, "k0"), weight(k1, y, "k1")
+        im0, im1, ik0, ik1 = index(m0, "m0"), index(m1, "m1"), index(k0, "k0"), index(k1, "k1")
+        total = None
+        for t, (m, k, wm, wk) in enumerate(((im0, ik0, wm0, wk0), (im1, ik0, wm1, wk0), (im0, ik1, wm0, wk1),
+                                            (im1, ik1, wm1, wk1))):
+            inside = self.within(k, m, f"in{t}", True)      # 0 <= column < W, 0 <= row < H
+            row = op("Where", [inside, m, f32(0)], f"row{t}")
+            col = op("Where", [inside, k, f32(0)], f"col{t}")
+            term = op("Mul", [op("Mul", [wm, wk], f"w{t}"), self.pixels(row, col, f"v{t}", size)], f"t{t}")
+            term = op("Where", [inside, term, f32(0)], f"k{t}")
+            total = term if total is None else op("Add", [total, term], f"s{t}")
+        self.ctx.add_node("Identity", [total], [out], name=self.name + "_out")
+
     def coords_warp(self, x, y, out, size=None, cell=None):
         """optical_flow.coords_warp into `out`: bilinear samples at absolute (x, y) maps of (N, 1, h, w)
         (size; the image's by default), each neighbour outside the image counting 0.  `cell(t, hint)` gives
