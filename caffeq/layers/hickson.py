@@ -189,6 +189,14 @@ def hickson_sort_order(keys: list) -> list:
     return sorted(idx, key=keys.__getitem__)
 
 
+def hickson_root(parent: list, a: int) -> int:
+    """The fork's universe::find: the component of `a`, halving the path on the way (parent[a] = its grandparent)."""
+    while parent[a] != a:
+        parent[a] = parent[parent[a]]
+        a = parent[a]
+    return a
+
+
 def hickson_fh_segment(image, smoothing: float, k: float, min_size: int):
     """FHGraphSegment of a (3, H, W) float32 image -> (segment of each pixel (H * W,) int64, 0-based in raster
     order of first appearance, the segment count)."""
@@ -205,14 +213,8 @@ def hickson_fh_segment(image, smoothing: float, k: float, min_size: int):
     size = [1] * count
     threshold = [c] * count
     for e in order:
-        a = ends_a[e]
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        b = ends_b[e]
-        while parent[b] != b:
-            parent[b] = parent[parent[b]]
-            b = parent[b]
+        a = hickson_root(parent, ends_a[e])
+        b = hickson_root(parent, ends_b[e])
         w = weights[e]
         if a != b and w <= threshold[a] and w <= threshold[b]:
             if size[a] < size[b]:
@@ -221,14 +223,8 @@ def hickson_fh_segment(image, smoothing: float, k: float, min_size: int):
             size[a] += size[b]
             threshold[a] = hickson_f32(w + share[size[a] - 1])
     for e in order:   # iJoin_graph: components under min_size join across the cheapest edges first
-        a = ends_a[e]
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        b = ends_b[e]
-        while parent[b] != b:
-            parent[b] = parent[parent[b]]
-            b = parent[b]
+        a = hickson_root(parent, ends_a[e])
+        b = hickson_root(parent, ends_b[e])
         if a != b and (size[a] < min_size or size[b] < min_size):
             if size[a] < size[b]:
                 a, b = b, a
@@ -306,7 +302,7 @@ def hickson_segmentation(data, labels: torch.Tensor | None, smoothing: float, k:
     return tops
 
 
-TORCH_SEGMENTATION = torch_sources(hickson_f32, hickson_gauss_mask, hickson_smooth_rows, hickson_edges,
+TORCH_SEGMENTATION = torch_sources(hickson_f32, hickson_gauss_mask, hickson_smooth_rows, hickson_edges, hickson_root,
                                    hickson_heap_sort, hickson_sort_order, hickson_fh_segment,
                                    hickson_segment_labels, hickson_segmentation)
 
