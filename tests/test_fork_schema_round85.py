@@ -2,17 +2,16 @@
 (620236e, src/parser/cnn.proto): V2 blobs_lr / weight_decay and the gpu_* batch / depth proportions,
 read and ignored (training and device placement only); scott89/caffe's (STCT) Convolution `mask`, applied
 at TRAIN only."""
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli_process, net, ok
+from conftest import REPO, cli_process, net, ok
 from google.protobuf import text_format
 
 from caffeq.io.schema import caffe_pb2
 from caffeq.model import load_from_text
 
-CORPUS = Path("/work/corpus85c")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 CCT = ["caffenet_train_val_8_split", "caffenet_train_val_8_time_cpu_gpu", "resnet_train_gpu"]
 
 

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import REPO, check_everywhere, net, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load_from_text
@@ -19,8 +19,8 @@ from caffeq.model import load_from_text
 F = np.float32
 R, D = 7, 6      # rois (odd), features per roi
 
-CORPUS = "/work/corpus98a/irh-ca-team-car__apollo_ros2_public__data__perception__camera__models__" \
-         "traffic_light_detection__deploy.prototxt"
+CORPUS = str(REPO / "tests" / "fixtures" / "realworld" / ("irh-ca-team-car__apollo_ros2_public__data__perception__"
+                                                            "camera__models__traffic_light_detection__deploy.prototxt"))
 
 RCNN = """layer { type: 'RCNNProposal' name: 'rcnn_proposal' bottom: 'cls_score_softmax' bottom: 'bbox_pred'
   bottom: 'rois' bottom: 'im_info' top: 'bboxes'

@@ -1,17 +1,16 @@
 """dlunion/CC5.0's CPP layer with FWYsimon/CornerNet-Caffe's classes: references written as loops from
 ReLU.cpp, Upsample.cpp (parseParamStr, the floor-index copy) and CornerPool.cpp (the in-place scans with their
 > / >= comparisons), compared in torch, onnxruntime and the generated model.py."""
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import REPO, check_everywhere, net, rng
 
 from caffeq.layers import LayerError
 from caffeq.layers.cc5_cpp import parse_param_str
 from caffeq.model import load, load_from_text
 
-CORPUS = Path("/work/corpus66f")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def cpp_layer(kind, shape, param_str=""):

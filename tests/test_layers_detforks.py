@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import model_py_outputs, net, onnx_outputs
+from conftest import REPO, model_py_outputs, net, onnx_outputs
 
 from caffeq.errors import CaffeqError
 from caffeq.layers.frcnn import FRCNN_VOC_CONFIG
 from caffeq.model import load_from_text
 
-CORPUS2 = Path("/work/corpus2")
+CORPUS2 = REPO / "tests" / "fixtures" / "realworld"
 REALWORLD = Path(__file__).parent / "fixtures" / "realworld"
 
 

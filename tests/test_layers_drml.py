@@ -4,11 +4,10 @@ The Box and Splice references are numpy loops written here from box_layer.cpp's 
 with their flat indexes b*c*H*W + c*H*W + ... on zero-filled tops; each layer runs in torch, onnxruntime and
 the generated model.py.
 """
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_close, check_everywhere, model_py_outputs, net, node_of, onnx_outputs, rng
+from conftest import REPO, assert_close, check_everywhere, model_py_outputs, net, node_of, onnx_outputs, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.io.schema import caffe_pb2
@@ -16,7 +15,7 @@ from caffeq.layers import LayerError
 from caffeq.layers.registry import spec_for
 from caffeq.model import load, load_from_text
 
-CORPUS = Path("/work/corpus86a")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def box_ref(x, corners, hh, ww):

@@ -3,17 +3,16 @@ from quant_conv_layer.cpp (quantize_block_data_shift_quant, quantize_block_data_
 arithmetic stored back to float) and quant_relu_layer.cpp Forward_cpu, then Caffe's convolution in float64;
 compared in torch, onnxruntime and the generated model.py."""
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, conv_ref, net, node_of, rng
+from conftest import REPO, check_everywhere, conv_ref, net, node_of, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load, load_from_text
 
 f32 = np.float32
-CORPUS = Path("/work/corpus66c")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def round_away(v):

@@ -6,19 +6,18 @@ signum_layer.cpp: copysign(1, x) where its nets were written), then Caffe's conv
 onnxruntime and the generated model.py."""
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import check_everywhere, conv_ref, net, node_of, rng
+from conftest import REPO, check_everywhere, conv_ref, net, node_of, rng
 
 from caffeq.layers import LayerError
 from caffeq.layers.kohuthonza_xnor import kohuthonza_binarize
 from caffeq.model import load, load_from_text
 
 f32 = np.float32
-CORPUS = Path("/work/corpus66c")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def binarize_ref(w, commit):

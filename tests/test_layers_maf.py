@@ -1,16 +1,15 @@
 """He-Zhenwei/MAF's Enlarge and InnerProductCLS: references written from the fork's enlargeforward CUDA
 kernel (its index arithmetic, loop by loop) and inner_product_cls_layer.cpp's Forward (InnerProduct, then a
 copy of the weight blob), compared in torch, onnxruntime and the generated model.py."""
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, node_of, rng
+from conftest import REPO, check_everywhere, net, node_of, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load, load_from_text
 
-CORPUS = Path("/work/corpus66a")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def enlarge_ref(x, s):

@@ -10,12 +10,11 @@ fork's prototxt files stay out of tests/fixtures: the net-level tests are small 
 test.prototxt and train.prototxt.
 """
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 from c_reference import c_round
-from conftest import assert_close, check_everywhere, model_py_outputs, net, onnx_outputs, rng
+from conftest import REPO, assert_close, check_everywhere, model_py_outputs, net, onnx_outputs, rng
 
 from caffeq.errors import CaffeqError, ExportError
 from caffeq.io.schema import caffe_pb2
@@ -25,7 +24,7 @@ from caffeq.model import load, load_from_text
 F = np.float32
 FLT_MAX = F(3.4028234663852886e38)
 MODULES = ("pylayer", "multitask_network_cascades.pylayer")
-CORPUS = Path("/work/corpus24a")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 # ---- references from the kernels -----------------------------------------------------------------
 

@@ -6,12 +6,11 @@ The reference is a numpy re-derivation written here from py-faster-rcnn's Python
 over boxes, in float32 where the Python layer computes in float32.
 """
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import check_everywhere, load_model_py, onnx_run_by_blob, onnx_session
+from conftest import REPO, check_everywhere, load_model_py, onnx_run_by_blob, onnx_session
 
 from caffeq.errors import CaffeqError, ExportError, UnsupportedLayerError
 from caffeq.layers import LayerError
@@ -261,7 +260,7 @@ def test_tiny_faster_rcnn_builds_and_runs():
     np.testing.assert_allclose(got["cls_prob"].sum(1), 1, rtol=1e-5)
 
 
-CORPUS = Path("/work/corpus/rbgirshick__py-faster-rcnn__models__pascal_voc__VGG16__faster_rcnn_end2end__test.prototxt")
+CORPUS = REPO / "tests" / "fixtures" / "realworld" / "rbgirshick__py-faster-rcnn__models__pascal_voc__VGG16__faster_rcnn_end2end__test.prototxt"
 
 
 @pytest.mark.skipif(not CORPUS.exists(), reason="the prototxt corpus is not on this machine")

@@ -1,17 +1,16 @@
 """tinghuiz/learn-reflectance's Repack (31ab326, caffe/src/caffe/layers/repack_layer.cpp) against loops
 written from its pack_cpu / unpack_cpu, in torch, onnxruntime and the generated model.py; its checks; the
 fork's feat.prototxt."""
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, cli_process, net, ok
+from conftest import REPO, check_everywhere, cli_process, net, ok
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
 RNG = np.random.default_rng(85)
-CORPUS = Path("/work/corpus85b")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def repack_layer(params, bottoms=("x",), top="o", name="r"):

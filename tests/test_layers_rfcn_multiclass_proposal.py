@@ -7,14 +7,14 @@ import os
 
 import numpy as np
 import pytest
-from conftest import check_everywhere
+from conftest import REPO, check_everywhere
 from test_layers_pva_proposal import ref_anchors, ref_proposal_bounds
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load, load_from_text
 
 f = np.float32
-CORPUS = "/work/corpus96c/32l__rfcn_multiclass_split__jobs__upper_face__pz_S_biger_net_pretrain__deploy.prototxt"
+CORPUS = str(REPO / "tests" / "fixtures" / "realworld" / "32l__rfcn_multiclass_split__jobs__upper_face__pz_S_biger_net_pretrain__deploy.prototxt")
 
 
 def fork_anchors(base, ratios, scales):

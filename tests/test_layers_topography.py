@@ -1,17 +1,16 @@
 """pulkitag/caffe's Topography: the reference is a loop written from the fork's imchannel2col (each pixel's
 channels as an S x S grid, wrapped with its non-negative modulus, row a k + b of the columns) and the GEMM
 with the 1 x k^2 kernel, in float64; compared in torch, onnxruntime and the generated model.py."""
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, node_of, rng
+from conftest import REPO, check_everywhere, node_of, rng
 
 from caffeq.layers import LayerError
 from caffeq.layers.topography import gaussian_kernel
 from caffeq.model import load, load_from_text
 
-CORPUS = Path("/work/corpus66e")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def modulus(a, b):
