@@ -36,10 +36,17 @@ import numpy as np
 import torch
 
 from ..errors import ExportError
-from .permutohedral import LATTICE_BASICS, as_short, lattice_lookup, lattice_simplex, lattice_vertices, pixel_xy
+from .permutohedral import (
+    LATTICE_BASICS,
+    as_short,
+    lattice_lookup,
+    lattice_simplex,
+    lattice_vertices,
+    permutohedral_filter,
+    pixel_xy,
+)
 from .permutohedral_onnx import OnnxLattice
 from .registry import Layer, LayerError, legacy_nchw, need_blobs, register_layer
-from .ssd.common import scalar_tensor
 
 F32 = np.float32
 
@@ -71,20 +78,7 @@ def hybridnet_lattice(features):
 def hybridnet_filter(values, slots, weights, neighbours):
     """values (C, P) through the lattice as the fork's seqCompute: splat, blur along axes 0..d, slice with
     (weight x value) x alpha whatever C: (C, P)."""
-    c, p = values.shape
-    d = slots.shape[1] - 1
-    grid = values.new_zeros(neighbours.shape[2] + 1, c)
-    grid.index_add_(0, slots.reshape(-1), (weights[:, :, None] * values.t()[:, None, :]).reshape(-1, c))
-    for j in range(d + 1):
-        blurred = torch.add(grid[1:], grid.index_select(0, neighbours[j, 0]) + grid.index_select(0, neighbours[j, 1]),
-                            alpha=0.5)
-        grid = torch.cat([grid[:1], blurred])
-    one = torch.tensor(1.0, dtype=values.dtype, device=values.device)
-    alpha = one / (1 + one * 2.0 ** -d)
-    out = values.new_zeros(p, c)
-    for j in range(d + 1):
-        out = out + (weights[:, j:j + 1] * grid.index_select(0, slots[:, j])) * alpha
-    return out.t()
+    return permutohedral_filter(values, slots, weights, neighbours, sequential_only=True)
 
 
 def dense_crf_meanfield(unary, q0, image, spatial_weight, bilateral_weight, compatibility, iterations: int,
@@ -123,91 +117,18 @@ def dense_crf_meanfield(unary, q0, image, spatial_weight, bilateral_weight, comp
 
 
 #: the functions model.py copies, in order (emit.helper each)
-HYBRIDNET_HELPERS = (*LATTICE_BASICS, pixel_xy, hybridnet_simplex,
-                     hybridnet_lattice, hybridnet_filter, dense_crf_meanfield)
+HYBRIDNET_HELPERS = (*LATTICE_BASICS, pixel_xy, hybridnet_simplex, hybridnet_lattice, permutohedral_filter,
+                     hybridnet_filter, dense_crf_meanfield)
 
 
 class HybridnetOnnxLattice(OnnxLattice):
     """OnnxLattice built and applied as the fork's sequential lattice (hybridnet_simplex, hybridnet_filter):
     features go to build() without the SSE padding."""
 
-    def simplex(self, features, points, d, half_away=False, double_first=True):
-        c = self.ctx
-        inv_std_dev = float(F32(math.sqrt(2.0 / 3.0) * (d + 1)))
-        split = self.ops("Split", [features, c.i64([1] * d)], d, "f", axis=1)
-        elevated = [None] * (d + 1)
-        running = c.f32(0.0)
-        for j in range(d, 0, -1):
-            cj = self.op("Mul", [split[j - 1], c.f32(F32(1.0 / math.sqrt((j + 1) * j) * inv_std_dev))], "cf")
-            elevated[j] = self.op("Sub", [running, self.op("Mul", [c.f32(float(j)), cj], "jc")], "el")
-            running = self.op("Add", [running, cj], "sum")
-        elevated[0] = running
-        e = self.op("Concat", elevated, "elevated", axis=1)
-        down, d_plus_1 = c.f32(F32(1.0) / F32(d + 1)), c.f32(float(d + 1))
-        scaled = self.op("Mul", [e, down], "v")
-        up, low = self.op("Ceil", [scaled], "up"), self.op("Floor", [scaled], "low")
-        nearer_up = self.op("Less", [self.op("Sub", [self.op("Mul", [up, d_plus_1], "upm"), e], "to_up"),
-                                     self.op("Sub", [e, self.op("Mul", [low, d_plus_1], "lowm")], "to_low")], "nearer")
-        rounded = self.op("Where", [nearer_up, up, low], "round")
-        rem0 = self.op("Mul", [rounded, d_plus_1], "rem0")
-        rest = self.op("Sub", [e, rem0], "rest")
-        less = self.op("Less", [self.op("Unsqueeze", [rest, c.i64([2])], "ri"),
-                                self.op("Unsqueeze", [rest, c.i64([1])], "rj")], "less")
-        later = np.triu(np.ones((d + 1, d + 1), bool), 1)
-        above = self.op("Cast", [self.op("And", [less, c.const(later)], "above")], "a", to=7)
-        not_below = self.op("Not", [self.op("Transpose", [less], "lt", perm=[0, 2, 1])], "nb")
-        below = self.op("Cast", [self.op("And", [not_below, c.const(later.T.copy())], "below")], "b", to=7)
-        rank = self.op("ReduceSum", [self.op("Add", [above, below], "ab"), c.i64([2])], "rank", keepdims=0)
-        total = self.op("Cast", [self.op("ReduceSum", [rounded, c.i64([1])], "total", keepdims=1)], "t", to=7)
-        rank = self.op("Add", [rank, total], "rank")
-        step = c.i64(d + 1)
-        shift = self.op("Sub", [
-            self.op("Mul", [self.op("Cast", [self.op("Less", [rank, c.i64(0)], "neg")], "n", to=7), step], "add"),
-            self.op("Mul", [self.op("Cast", [self.op("Greater", [rank, c.i64(d)], "big")], "g", to=7), step], "sub")],
-            "shift")
-        rank = self.op("Min", [self.op("Max", [self.op("Add", [rank, shift], "r"), c.i64(0)], "lo"), c.i64(d)], "rank")
-        rem0 = self.op("Add", [rem0, self.op("Cast", [shift], "sf", to=1)], "rem0")
-        v = self.op("Mul", [self.op("Sub", [e, rem0], "rest"), down], "bv")
-        slot = self.op("Sub", [c.i64(d), rank], "slot")
-        rows = self.op("Shape", [features], "rows", start=0, end=1)
-        zeros = self.op("ConstantOfShape", [self.op("Concat", [rows, c.i64([d + 2])], "zs", axis=0)], "zeros",
-                        value=scalar_tensor(0.0))
-        bary = self.op("ScatterElements", [zeros, slot, v], "bary", axis=1, reduction="add")
-        bary = self.op("ScatterElements", [bary, self.op("Add", [slot, c.i64(1)], "next"), self.op("Neg", [v], "nv")],
-                       "bary", axis=1, reduction="add")
-        wrap = self.op("Add", [self.op("Cast", [self.cols(bary, 0, 1)], "b0", to=11),
-                               self.op("Add", [c.const(np.array(1.0)),
-                                               self.op("Cast", [self.cols(bary, d + 1, d + 2)], "bd", to=11)], "wrap")],
-                       "w0")
-        first = self.op("Cast", [wrap], "w0", to=1)
-        weights = self.first_rows(self.op("Concat", [first, self.cols(bary, 1, d + 1)], "w", axis=1), points)
-        r = np.arange(d + 1)
-        canonical = np.where(r[None, :] <= d - r[:, None], r[:, None], r[:, None] - (d + 1)).astype(np.int64)
-        canon = self.op("Transpose", [self.op("Gather", [c.const(canonical), self.cols(rank, 0, d)], "canon", axis=1)],
-                        "canon", perm=[1, 0, 2])
-        base = self.op("Unsqueeze", [self.op("Cast", [self.cols(rem0, 0, d)], "ri", to=7), c.i64([1])], "base")
-        keys = self.op("Reshape", [self.short(self.op("Add", [base, canon], "keys")), c.i64([-1, d])], "keys")
-        return weights, keys
+    sequential_slice = True
 
-    def filter(self, lattice, values, channels, d, sse_only=False):
-        c = self.ctx
-        slots, weights, neighbours = lattice
-        grid = self.splat(slots, weights, values, channels, neighbours)
-        for j in range(d + 1):
-            left = self.op("Gather", [grid, self.op("Gather", [neighbours, c.i64(j)], "n1", axis=0)], "l", axis=0)
-            right = self.op("Gather", [grid, self.op("Gather", [neighbours, c.i64(d + 1 + j)], "n2", axis=0)], "r",
-                            axis=0)
-            blurred = self.op("Add", [self.op("Slice", [grid, c.i64([1]), c.i64([2 ** 62]), c.i64([0])], "old"),
-                                      self.op("Mul", [self.op("Add", [left, right], "lr"), c.f32(0.5)], "half")],
-                              "blur")
-            grid = self.op("Concat", [self.cols(grid, 0, 1, axis=0), blurred], "grid", axis=0)
-        alpha = c.f32(F32(1.0) / (F32(1.0) + F32(2.0 ** -d)))
-        out = None
-        for j in range(d + 1):
-            picked = self.op("Gather", [grid, self.column(slots, j)], "pick", axis=0)
-            term = self.op("Mul", [self.op("Mul", [self.cols(weights, j, j + 1), picked], "wv"), alpha], "term")
-            out = term if out is None else self.op("Add", [out, term], "slice")
-        return out
+    def simplex(self, features, points, d, half_away=False, double_first=True, ties_down=True):
+        return super().simplex(features, points, d, half_away, double_first, ties_down)
 
 
 @register_layer("DenseCRFMeanfield")

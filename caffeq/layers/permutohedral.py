@@ -164,9 +164,10 @@ def permutohedral_lattice(features):
     return (ids + 1).reshape(-1, d + 1)[:p], weights[:p], neighbours
 
 
-def permutohedral_filter(values, slots, weights, neighbours, sse_only: bool = False):
+def permutohedral_filter(values, slots, weights, neighbours, sse_only: bool = False, sequential_only: bool = False):
     """Filter values (C, P) through the lattice (permutohedral_lattice's three tensors): (C, P).
-    sse_only: slice as the SSE path whatever C (DeepLab's Permutohedral has no sequential path)."""
+    sse_only: slice as the SSE path whatever C (DeepLab's Permutohedral has no sequential path);
+    sequential_only: (weight x value) x alpha whatever C (caffe-hybridnet's seqCompute)."""
     c, p = values.shape
     d = slots.shape[1] - 1
     grid = values.new_zeros(neighbours.shape[2] + 1, c)
@@ -181,7 +182,7 @@ def permutohedral_filter(values, slots, weights, neighbours, sse_only: bool = Fa
     for j in range(d + 1):
         w = weights[:, j:j + 1]
         picked = grid.index_select(0, slots[:, j])
-        out = out + ((w * picked) * alpha if c <= 2 and not sse_only else (w * alpha) * picked)
+        out = out + ((w * picked) * alpha if (c <= 2 or sequential_only) and not sse_only else (w * alpha) * picked)
     return out.t()
 
 

@@ -20,6 +20,9 @@ LATTICE_OPSET = 16
 class OnnxLattice:
     """Emits one lattice (build) and filters through it (filter), node names prefixed with `hint`."""
 
+    #: slice every channel count as (weight x value) x alpha (caffe-hybridnet's sequential lattice)
+    sequential_slice = False
+
     def __init__(self, ctx, hint):
         self.ctx = ctx
         self.hint = hint
@@ -73,7 +76,7 @@ class OnnxLattice:
                         value=scalar_tensor(0.0))
         return self.op("Concat", [features, zeros], "padded", axis=0)
 
-    def simplex(self, features, points, d, half_away=False, double_first=False):
+    def simplex(self, features, points, d, half_away=False, double_first=False, ties_down=False):
         """lattice_simplex in ONNX: the weights (P, d + 1) float32 of the first `points` rows and the keys
         (rows x (d + 1), d) int64 of every row's vertices."""
         c, f32 = self.ctx, np.float32
@@ -89,7 +92,14 @@ class OnnxLattice:
         e = self.op("Concat", elevated, "elevated", axis=1)
         down, d_plus_1 = c.f32(f32(1.0) / f32(d + 1)), c.f32(float(d + 1))
         scaled = self.op("Mul", [e, down], "v")
-        rounded = onnx_c_round(self.ctx, scaled) if half_away else self.op("Round", [scaled], "round")
+        if ties_down:   # caffe-hybridnet: the nearer multiple of d + 1, compared in float32, ties down
+            up, low = self.op("Ceil", [scaled], "up"), self.op("Floor", [scaled], "low")
+            nearer_up = self.op("Less", [self.op("Sub", [self.op("Mul", [up, d_plus_1], "upm"), e], "to_up"),
+                                         self.op("Sub", [e, self.op("Mul", [low, d_plus_1], "lowm")], "to_low")],
+                                "nearer")
+            rounded = self.op("Where", [nearer_up, up, low], "round")
+        else:
+            rounded = onnx_c_round(self.ctx, scaled) if half_away else self.op("Round", [scaled], "round")
         rem0 = self.op("Mul", [rounded, d_plus_1], "rem0")
         rest = self.op("Sub", [e, rem0], "rest")
         less = self.op("Less", [self.op("Unsqueeze", [rest, c.i64([2])], "ri"), self.op("Unsqueeze", [rest, c.i64([1])],
@@ -213,7 +223,8 @@ class OnnxLattice:
         for j in range(d + 1):
             w = self.cols(weights, j, j + 1)
             picked = self.op("Gather", [grid, self.column(slots, j)], "pick", axis=0)
-            term = (self.op("Mul", [self.op("Mul", [w, picked], "wv"), alpha], "term") if channels <= 2 and not sse_only else
+            sequential = (channels <= 2 or self.sequential_slice) and not sse_only
+            term = (self.op("Mul", [self.op("Mul", [w, picked], "wv"), alpha], "term") if sequential else
                     self.op("Mul", [self.op("Mul", [w, alpha], "wa"), picked], "term"))
             out = term if out is None else self.op("Add", [out, term], "slice")
         return out
