@@ -90,9 +90,9 @@ def fork_lattice(features, pad_to_blocks=True):
     return offsets, weights, neighbours, len(keys)
 
 
-def fork_filter(lattice, values, sse_only=False):
+def fork_filter(lattice, values, sse_only=False, sequential=False):
     """ModifiedPermutohedral::compute of values (C, N): seqCompute for C <= 2, sseCompute above
-    (DeepLab's Permutohedral::compute: always the SSE path)."""
+    (DeepLab's Permutohedral::compute: always the SSE path; caffe-hybridnet's: always seqCompute)."""
     offsets, weights, neighbours, m = lattice
     c, n = values.shape
     d = offsets.shape[1] - 1
@@ -112,6 +112,6 @@ def fork_filter(lattice, values, sse_only=False):
         acc = np.zeros(c, F32)
         for j in range(d + 1):
             w, v = weights[i, j], grid[offsets[i, j] + 1]
-            acc = acc + ((w * v) * alpha if c <= 2 and not sse_only else F32(w * alpha) * v)
+            acc = acc + ((w * v) * alpha if (c <= 2 or sequential) and not sse_only else F32(w * alpha) * v)
         out[:, i] = acc
     return out

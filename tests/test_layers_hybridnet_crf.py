@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import check_everywhere, model_py_outputs, net, node_of, onnx_outputs, rng
+from permutohedral_reference import fork_filter
 
 from caffeq.__main__ import main
 from caffeq.errors import CaffeqError, ExportError
@@ -97,25 +98,7 @@ def fork_lattice(features):
 
 def fork_seq_filter(lattice, values):
     """seqCompute of values (C, N), reverse and add false."""
-    offsets, weights, neighbours, m = lattice
-    c, n = values.shape
-    d = offsets.shape[1] - 1
-    grid = np.zeros((m + 2, c), F32)
-    for i in range(n):
-        for j in range(d + 1):
-            grid[offsets[i, j] + 1] += weights[i, j] * values[:, i]
-    for j in range(d + 1):
-        new = grid.copy()
-        for v in range(m):
-            n1, n2 = neighbours[j][v]
-            new[v + 1] = grid[v + 1] + F32(0.5) * (grid[n1 + 1] + grid[n2 + 1])
-        grid = new
-    alpha = F32(F32(1.0) / F32(1 + F32(2.0 ** -d)))
-    out = np.zeros((c, n), F32)
-    for i in range(n):
-        for j in range(d + 1):
-            out[:, i] += (weights[i, j] * grid[offsets[i, j] + 1]) * alpha
-    return out
+    return fork_filter(lattice, values, sequential=True)
 
 
 def fork_meanfield(unary, q0, image, ws, wb, mu, iterations, theta_alpha, theta_beta, theta_gamma):
