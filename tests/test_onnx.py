@@ -266,7 +266,8 @@ def test_global_pooling(pool, hw, tmp_path):
 def caffe_max_windows(x, kernel, stride, before, out):
     """Caffe's MAX loops over N-D windows: output o of an axis reads the cells of [o*s - before, o*s - before + k)
     inside the input, starting from -FLT_MAX with a strict `>` (BVLC pooling_layer.cpp; synopsys-caffe's and
-    R-C3D's the same), so an all -inf window keeps -FLT_MAX."""
+    R-C3D's the same), so an all -inf window keeps -FLT_MAX and a NaN cell never wins."""
+    x = np.where(np.isnan(x), -np.inf, x)
     lowest = np.float32(-np.finfo(np.float32).max)
     y = np.full(x.shape[:2] + tuple(out), lowest, np.float32)
     for o in np.ndindex(*out):
@@ -325,6 +326,51 @@ def test_global_and_3d_max_of_minus_inf_give_minus_flt_max(params, shape, tmp_pa
         ref = caffe_max_windows(x, (2,) * nsp, (2,) * nsp, (1,) * nsp, out)
     assert ref[0, 1].max() == -np.finfo(np.float32).max
     check_everywhere(model, {"x": x}, {"p": ref}, tmp_path, opsets=() if "global" in params else (13, None))
+
+
+@pytest.mark.parametrize("case", sorted(MAX_OF_MINUS_INF) + ["global", "nd"])
+@pytest.mark.parametrize("exact", [False, True])
+def test_max_pooling_never_picks_nan(case, exact, tmp_path):
+    """Caffe's `>` never picks a NaN cell (every build: its factory keeps MAX on Caffe's own layer under cuDNN): the
+    window's largest other cell wins, a window of NaNs gives -FLT_MAX, in torch (both paths) and model.py.  The
+    ONNX export does not (onnxruntime's MaxPool gives NaN): see pooling.py."""
+    if case == "global":
+        params, shape, before, holes = "pool: MAX global_pooling: true", (2, 3, 5, 7), (0, 0), \
+            [(0, 1, slice(None), slice(None)), (1, 2, slice(1, 3), slice(0, 4))]
+    elif case == "nd":
+        params, shape, before, holes = "pool: MAX kernel_size: 2 stride: 2 pad: 1", (2, 2, 3, 5, 4), (1, 1, 1), \
+            [(1, 0, slice(None), slice(0, 1), slice(0, 1)), (0, 1, slice(1, 2), slice(1, 4), slice(None))]
+    else:
+        params, shape, before, holes = MAX_OF_MINUS_INF[case]
+    model = caffeq.model.load_from_text(pool_net(shape, params))
+    x = np.random.default_rng(14).standard_normal(shape).astype(np.float32)
+    for hole in holes:
+        x[hole] = np.nan
+    attrs = model.graph.node("p").attrs
+    kernel = shape[2:] if case == "global" else attrs["kernel"]
+    stride = (1,) * (len(shape) - 2) if case == "global" else attrs["stride"]
+    ref = caffe_max_windows(x, kernel, stride, before, model.blob_shapes["p"][2:])
+    assert not np.isnan(ref).any() and (ref == -np.finfo(np.float32).max).any()
+    check_everywhere(model, {"x": x}, {"p": ref}, tmp_path, opsets=(), exact=exact)
+
+
+def test_max_pooling_mask_skips_nan(tmp_path):
+    """The argmax mask top: a NaN cell is never the chosen one; a window of NaNs keeps -1 and -FLT_MAX."""
+    model = caffeq.model.load_from_text(pool_net((2, 2, 5, 6), "pool: MAX kernel_size: 2 stride: 2", tops=2))
+    x = np.random.default_rng(15).standard_normal((2, 2, 5, 6)).astype(np.float32)
+    x[0, 0, :2, :2] = np.nan                  # the first window: all NaN
+    x[1, 1, 2, 2] = np.nan                    # one cell of window (1, 1)
+    x[1, 1, 2:4, 2:4] += np.array([[0, 9], [0, 0]], np.float32)   # its largest other cell: (2, 3)
+    values, mask = caffe_max_windows(x, (2, 2), (2, 2), (0, 0), (3, 3)), np.empty((2, 2, 3, 3), np.float32)
+    for n, c, i, j in np.ndindex(*mask.shape):
+        win = x[n, c, 2 * i:2 * i + 2, 2 * j:2 * j + 2]
+        best, where = -np.finfo(np.float32).max, -1
+        for r, q in np.ndindex(*win.shape):     # Caffe's loop: row-major, strict `>`
+            if win[r, q] > best:
+                best, where = win[r, q], (2 * i + r) * 6 + 2 * j + q
+        mask[n, c, i, j] = where
+    assert mask[0, 0, 0, 0] == -1 and mask[1, 1, 1, 1] == 2 * 6 + 3
+    check_everywhere(model, {"x": x}, {"p": values, "mask": mask}, tmp_path, opsets=(), exact=True)
 
 
 def test_one_level_spp_max_of_minus_inf_gives_minus_flt_max(tmp_path):

@@ -175,7 +175,9 @@ def reuse_buffers(gm):
 class PackedConv2d(nn.Module):
     """A 2-D Caffe Convolution whose weight oneDNN reordered once (eager torch reorders it on every
     call), optionally with the ReLU after it fused.  CPU, float32, inference only; the same
-    arithmetic as F.conv2d up to oneDNN's choice of algorithm."""
+    arithmetic as F.conv2d up to oneDNN's choice of algorithm.  One difference: oneDNN's fused ReLU
+    gives 0 for a NaN sum where Caffe's ReLU (and exact=True) keeps NaN; only NaN inputs or weights
+    meet it, and leaving the ReLU unfused would cost every net a pass."""
 
     def __init__(self, weight, bias, stride, padding, dilation, groups, input_shape, relu=False):
         super().__init__()

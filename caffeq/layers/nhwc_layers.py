@@ -38,7 +38,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .pooling import AVE, CEIL, MAX, STOCHASTIC, TORCH_POOL_FUNCTIONS, TORCH_POOL_MODULE, caffe_pool, window
+from .pooling import (
+    AVE,
+    CEIL,
+    MAX,
+    STOCHASTIC,
+    TORCH_POOL_FUNCTIONS,
+    TORCH_POOL_MODULE,
+    caffe_max_input,
+    caffe_pool,
+    window,
+)
 from .registry import AT_LEAST, Layer, LayerError, count, need_blobs, register_layer, spatial_params, torch_sources
 
 TO_NCHW, TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
@@ -71,7 +81,7 @@ class ConvNHWC(nn.Module):
 def global_pool_nhwc(x, is_max: bool):
     """Global MAX (from -FLT_MAX) or AVE (sum / (H * W)) over the H and W axes of an (N, H, W, C) tensor."""
     if is_max:
-        return x.amax(dim=(1, 2), keepdim=True).clamp_min(-3.4028234663852886e38)
+        return caffe_max_input(x).amax(dim=(1, 2), keepdim=True).clamp_min(-3.4028234663852886e38)
     return x.sum(dim=(1, 2), keepdim=True) / float(x.shape[1] * x.shape[2])
 
 
@@ -99,7 +109,7 @@ class PoolNHWC(nn.Module):
 
 TORCH_CONV_NHWC = torch_sources(conv_nhwc, ConvNHWC)
 TORCH_POOL_NHWC = torch_sources(PoolNHWC)
-TORCH_GLOBAL_POOL_NHWC = torch_sources(global_pool_nhwc, GlobalPoolNHWC)
+TORCH_GLOBAL_POOL_NHWC = torch_sources(caffe_max_input, global_pool_nhwc, GlobalPoolNHWC)
 
 
 # ---- shared ------------------------------------------------------------------------------------

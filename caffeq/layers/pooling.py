@@ -24,8 +24,10 @@ MAX pooling may have a second top (SegNet and BVLC): the argmax mask, as
 floats, holding the index h * W + w of the chosen cell within its input plane.
 The first maximum in row-major order wins (Caffe's strict `>`); a window with
 no cell above -FLT_MAX keeps -1 (and the value -FLT_MAX).  NaN: Caffe's `>` never
-picks a NaN cell, while caffeq's MAX (torch's max pooling) gives NaN for a window
-holding one; finite inputs are unaffected.
+picks a NaN cell (every build: layer_factory.cpp gives MAX to Caffe's own layer even
+with cuDNN), so torch and model.py pool caffe_max_input(x), NaN made -inf: a window
+of NaNs gives -FLT_MAX and mask -1.  The ONNX export does not (two more nodes per
+pool for inputs trained nets do not make): onnxruntime's MaxPool gives NaN there.
 
 synopsys-caffe's pad_type (SAME), pad_l/r/t/b and AVE_EXC_PAD (alias AVE_TF) follow that fork's
 own geometry: pooling_edges.py (its MAX also starts at -FLT_MAX with a strict `>`, so the same floor).
@@ -62,6 +64,7 @@ from .pooling_edges import (
 )
 from .pooling_nd import (
     ave_pool3d_windows,
+    caffe_max_input,
     first_empty_axis,
     max_pool3d_windows,
     onnx_pool3d_windows,
@@ -350,6 +353,7 @@ def caffe_pool2d(x, mode: str, kernel: list[int], stride: list[int], pad: list[i
     pads = [pad[1], max(0, extra[1]), pad[0], max(0, extra[0])]
     padded = pads != [0, 0, 0, 0]
     if mode == "max":
+        x = caffe_max_input(x)
         xp = F.pad(x, pads, value=float("-inf")) if padded else x
         # Caffe starts every window at -FLT_MAX: an empty window (stride > kernel, ceil rounding)
         # keeps it, and -inf never wins; fp16 has no -FLT_MAX, its lowest value stands in
@@ -388,7 +392,7 @@ def caffe_max_pool2d_mask(x, kernel: list[int], stride: list[int], pad: list[int
     out = caffe_pool_out(size, kernel, stride, pad, ceil)
     extra = [(out[i] - 1) * stride[i] + kernel[i] - (size[i] + pad[i]) for i in range(2)]
     pads = [pad[1], max(0, extra[1]), pad[0], max(0, extra[0])]
-    xp = F.pad(x, pads, value=float("-inf"))
+    xp = F.pad(caffe_max_input(x), pads, value=float("-inf"))
     y, cell = F.max_pool2d(xp, kernel, stride, return_indices=True)
     y, cell = y[:, :, :out[0], :out[1]], cell[:, :, :out[0], :out[1]]
     padded_width = size[1] + pads[0] + pads[1]
@@ -428,8 +432,8 @@ class CaffeMaxPool2dMask(nn.Module):
 
 
 # model.py gets the same functions and modules, so the export stays bit-identical to forward
-TORCH_POOL_FUNCTIONS = torch_sources(caffe_pool_out, caffe_window_sizes, caffe_pool2d,
-                                                                      caffe_max_pool2d_mask)
+TORCH_POOL_FUNCTIONS = torch_sources(caffe_pool_out, caffe_window_sizes, caffe_max_input, caffe_pool2d,
+                                     caffe_max_pool2d_mask)
 TORCH_POOL_MODULE = torch_sources(CaffePool2d)
 TORCH_MASK_MODULE = torch_sources(CaffeMaxPool2dMask)
 
@@ -448,13 +452,13 @@ def caffe_pool(x, attrs, mask=False):
     if is_synopsys(attrs):
         return synopsys_pool2d(x, *synopsys_args(attrs))
     if attrs["global"] and attrs["pool"] == MAX:
-        return caffe_max_floor(x.amax(dim=(-2, -1), keepdim=True))
+        return caffe_max_floor(caffe_max_input(x).amax(dim=(-2, -1), keepdim=True))
     if attrs["global"] and attrs["pool"] == AVE:
         return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
     if attrs["pool"] == MAX and _torch_standard_pool(attrs):
         # torch's windows are Caffe's here (no empty window) and a maximum is exact: one pass,
         # no padded copy; the floor keeps Caffe's -FLT_MAX for an all -inf window
-        return caffe_max_floor(F.max_pool2d(x, list(k), list(s), list(p), ceil_mode=ceil))
+        return caffe_max_floor(F.max_pool2d(caffe_max_input(x), list(k), list(s), list(p), ceil_mode=ceil))
     return caffe_pool2d(x, _TORCH_MODES[attrs["pool"]], list(k), list(s), list(p), ceil)
 
 
@@ -638,7 +642,8 @@ class Pooling(Layer):
             # the adaptive 1x1 pools reduce like caffe_pool's amax / sum / (H * W); MAX floored at -FLT_MAX
             kind = "Max" if a["pool"] == MAX else "Avg"
             m = emit.module(f"nn.Adaptive{kind}Pool2d(1)")
-            return f"{emit.helper(caffe_max_floor)}({m}({x}))" if a["pool"] == MAX else f"{m}({x})"
+            return f"{emit.helper(caffe_max_floor)}({m}({emit.helper(caffe_max_input)}({x})))" \
+                if a["pool"] == MAX else f"{m}({x})"
         if not a["global"] and _torch_standard_pool(a):
             args = [emit.size_arg(a["kernel"]), f"stride={emit.size_arg(a['stride'])}"]
             if any(a["pad"]):
@@ -647,7 +652,8 @@ class Pooling(Layer):
                 args.append("ceil_mode=True")
             kind = "MaxPool2d" if a["pool"] == MAX else "AvgPool2d"
             m = emit.module(f"nn.{kind}({', '.join(args)})")
-            return f"{emit.helper(caffe_max_floor)}({m}({x}))" if a["pool"] == MAX else f"{m}({x})"
+            return f"{emit.helper(caffe_max_floor)}({m}({emit.helper(caffe_max_input)}({x})))" \
+                if a["pool"] == MAX else f"{m}({x})"
         if a["global"]:
             h, w = emit.in_shape(0)[2:]
             raise LayerError(f"global STOCHASTIC pooling needs the input size ({h}x{w}) at run time; "

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .pooling_nd import onnx_window_sums, pads_reach_kernel
+from .pooling_nd import caffe_max_input, onnx_window_sums, pads_reach_kernel
 from .registry import LayerError, canonical_axis, spatial_params
 
 MAX, AVE, STOCHASTIC = 0, 1, 2
@@ -195,7 +195,7 @@ def fork_dilated_pool(x, mode: str, kernel: list[int], stride: list[int], pad: l
     out = fork_pool_out(size, kernel, stride, pad, dilation)
     pads = fork_pool_pads(size, kernel, stride, pad, dilation, out)
     if mode == "max":
-        xp = F.pad(x, pads, value=float("-inf"))
+        xp = F.pad(caffe_max_input(x), pads, value=float("-inf"))
         if n == 2:
             y = F.max_pool2d(xp, kernel, stride, 0, dilation)
         else:
@@ -246,7 +246,7 @@ def fork_pytorch_source(node, emit):
     if node.attrs["global"]:
         emit.note("Global pooling with a stride, pad or dilation uses the prototxt's input size as its window.")
     m = emit.instance(ForkDilatedPool, _mode(node.attrs), list(k), list(s), list(p), list(d),
-                      needs=[fork_pool_out, fork_pool_pads, fork_pool_divisor, fork_dilated_pool])
+                      needs=[fork_pool_out, fork_pool_pads, fork_pool_divisor, caffe_max_input, fork_dilated_pool])
     return f"{m}({emit.inputs[0]})"
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .pooling_nd import caffe_max_input
 from .registry import torch_sources
 
 
@@ -69,7 +70,7 @@ def synopsys_pool2d(x, mode: str, kernel: list[int], stride: list[int], edges: l
     ends = [(out[i] - 1) * stride[i] + kernel[i] - size[i] - pads[2 * i] for i in range(2)]
     fpad = [pads[2], ends[1], pads[0], ends[0]]
     if mode == "max":
-        y = F.max_pool2d(F.pad(x, fpad, value=float("-inf")), kernel, stride)
+        y = F.max_pool2d(F.pad(caffe_max_input(x), fpad, value=float("-inf")), kernel, stride)
         # an all-padding window keeps the fork's initial -FLT_MAX (fp16: its lowest value)
         floor = -65504.0 if x.dtype == torch.float16 else -3.4028234663852886e38
         return y.clamp_min(floor)
@@ -99,5 +100,6 @@ class SynopsysPool2d(nn.Module):
                 f"same={self.same}, ceil={self.ceil}")
 
 
-TORCH_SYNOPSYS_POOL_FUNCTIONS = torch_sources(synopsys_pool_geometry, synopsys_pool_divisors, synopsys_pool2d)
+TORCH_SYNOPSYS_POOL_FUNCTIONS = torch_sources(synopsys_pool_geometry, synopsys_pool_divisors, caffe_max_input,
+                                              synopsys_pool2d)
 TORCH_SYNOPSYS_POOL_MODULE = torch_sources(SynopsysPool2d)

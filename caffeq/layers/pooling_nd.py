@@ -52,10 +52,16 @@ def onnx_window_sums(ctx, node, padded, channels, geometry):
     return ctx.add_node("Conv", [padded, ones], [ctx.tmp(node.name + "_sums")], group=channels, **geometry)[0]
 
 
+def caffe_max_input(x):
+    """x with NaN made -inf: Caffe's MAX keeps a cell only when it is greater (`>`), so a NaN never wins,
+    where torch's max pooling returns it."""
+    return torch.nan_to_num(x, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+
+
 def max_pool3d_windows(x, kernel: list[int], stride: list[int], pad: list[int], out: list[int]):
-    """MAX over each window's cells inside the input; -FLT_MAX where none exceeds it."""
+    """MAX over each window's cells inside the input, NaN never winning; -FLT_MAX where none exceeds it."""
     back = [max(0, (o - 1) * s + k - p - n) for n, k, s, p, o in zip(x.shape[2:], kernel, stride, pad, out)]
-    x = F.pad(x, [pad[2], back[2], pad[1], back[1], pad[0], back[0]], value=float("-inf"))
+    x = F.pad(caffe_max_input(x), [pad[2], back[2], pad[1], back[1], pad[0], back[0]], value=float("-inf"))
     y = F.max_pool3d(x, kernel, stride)[:, :, :out[0], :out[1], :out[2]]
     return y.clamp_min(-3.4028234663852886e38)
 
@@ -121,6 +127,7 @@ def onnx_pool3d_windows(ctx, node, is_max, x, y, sizes, kernel, stride, pad, out
 def pytorch_pool3d_call(emit, is_max, x, kernel, stride, pad, out):
     """model.py: the call of max_pool3d_windows / ave_pool3d_windows (copied in as helpers)."""
     if is_max:
+        emit.helper(caffe_max_input)
         fn = emit.helper(max_pool3d_windows)
     else:
         emit.helper(pool_extents)

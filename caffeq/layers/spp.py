@@ -17,6 +17,7 @@ from .pooling import (
     MAX,
     TORCH_POOL_FUNCTIONS,
     caffe_max_floor,
+    caffe_max_input,
     caffe_pool,
     caffe_pool2d,
     window,
@@ -67,7 +68,7 @@ class SpatialPyramidPool(nn.Module):
         h, w = x.shape[2], x.shape[3]
         if self.levels == 1 and self.pyramid is None:
             if self.mode == "max":
-                return caffe_max_floor(x.amax(dim=(-2, -1), keepdim=True))
+                return caffe_max_floor(caffe_max_input(x).amax(dim=(-2, -1), keepdim=True))
             return x.sum(dim=(-2, -1), keepdim=True) / float(h * w)
         parts: list[torch.Tensor] = []
         for level in range(self.levels):
@@ -78,7 +79,7 @@ class SpatialPyramidPool(nn.Module):
         return torch.cat([p.flatten(1) for p in parts], dim=1)
 
 
-TORCH_SPP_MODULE = torch_sources(caffe_max_floor, spp_axis_geometry, spp_level_geometry, SpatialPyramidPool)
+TORCH_SPP_MODULE = torch_sources(caffe_max_floor, caffe_max_input, spp_axis_geometry, spp_level_geometry, SpatialPyramidPool)
 
 
 @register_layer("SPP")
