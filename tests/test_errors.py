@@ -163,6 +163,26 @@ def test_wrong_input_shape_is_one_line(tmp_path):
                               "--input", x, "-o", tmp_path / "o.npz"), "data")
 
 
+def test_an_empty_blob_that_torch_cannot_pool_is_one_line(tmp_path):
+    """A Slice at the last channel leaves an empty top, which Caffe allows (and its Pooling loops over nothing);
+    torch's pooling refuses it: one line naming the layer and the empty bottom, no output file."""
+    net = write(tmp_path, "n.prototxt", '''name: "t"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 6 dim: 7 } } }
+layer { name: "s" type: "Slice" bottom: "data" top: "a" top: "b" slice_param { axis: 1 slice_point: 3 } }
+layer { name: "pool" type: "Pooling" bottom: "b" top: "p" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+''')
+    x, out = tmp_path / "x.npy", tmp_path / "o.npz"
+    np.save(x, np.zeros((2, 3, 6, 7), np.float32))
+    weights = write(tmp_path, "n.caffemodel", b'\n\x01t')     # a NetParameter named "t" with no layers
+    line = one_line_error(cli_process("run", net, "--weights", weights, "--input", x, "-o", out), "'pool'", "'b'",
+                          "2x0x6x7")
+    assert "empty" in line
+    assert not out.exists()
+    onnx_out = tmp_path / "n.onnx"     # onnxruntime would refuse to load it: no file
+    one_line_error(cli_process("convert", net, "--weights", weights, "-o", onnx_out), "'pool'", "'b'", "2x0x6x7")
+    assert not onnx_out.exists()
+
+
 # PSPNet's pyramid in miniature: a fixed pooling grid joined with a fixed-size Interp fits one input size
 FIXED_SIZE = """name: "t"
 layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: SIDE dim: SIDE } } }

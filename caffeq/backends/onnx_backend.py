@@ -448,6 +448,14 @@ def export_onnx(model, path, opset=None, batch="dynamic", optimize=True, check=T
     if missing:
         raise ExportError(f"{source}: no weights for layer(s) {', '.join(missing[:5])}"
                           f"{', ...' if len(missing) > 5 else ''}; pass the caffemodel")
+    for node in model.graph.nodes:
+        for ssa in node.inputs:
+            t = model.graph.tensors[ssa]
+            if t.shape is not None and 0 in t.shape[1:]:
+                # Caffe allows an empty blob (a Slice that leaves no channels); onnxruntime refuses such a
+                # model when it loads it, so no file is written
+                raise ExportError(f"{source}: layer '{node.name}' ({node.type}) reads the empty blob '{t.blob}' "
+                                  f"({'x'.join(map(str, t.shape))}); ONNX runtimes do not run layers on empty blobs")
     # 1. every refusal at once, on the graph as the user wrote it
     ctx0, refusals, _, _, dropped = emit_graph(model.graph, opset)
     if refusals:

@@ -22,10 +22,11 @@ from .names import identifier
 class CaffeLayer(nn.Module):
     """One Caffe layer: its spec's forward over its own blobs."""
 
-    def __init__(self, node, blobs, shared=None):
+    def __init__(self, node, blobs, shared=None, bottom_blobs=()):
         super().__init__()
         self.caffe_name = node.name
         self.caffe_type = node.type
+        self.bottom_blobs = list(bottom_blobs)     # Caffe's names, for errors
         self.top_count = len(node.outputs)   # DecoupledNet's ReLU also gives its mask: not an in-place relu_
         self.spec = node.spec
         self.attrs = node.attrs
@@ -56,10 +57,21 @@ class CaffeLayer(nn.Module):
         return [getattr(self, n) for n in self.blob_attrs]
 
     def forward(self, *inputs):
-        if self.spec.uses_training_flag:
-            out = self.spec.forward(self.attrs, self.blob_tensors(), *inputs, training=self.training)
-        else:
-            out = self.spec.forward(self.attrs, self.blob_tensors(), *inputs)
+        try:
+            if self.spec.uses_training_flag:
+                out = self.spec.forward(self.attrs, self.blob_tensors(), *inputs, training=self.training)
+            else:
+                out = self.spec.forward(self.attrs, self.blob_tensors(), *inputs)
+        except RuntimeError as e:
+            empty = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.numel() == 0]
+            if not empty:
+                raise
+            # Caffe runs its loops zero times over an empty blob (a Slice that leaves no channels); torch's
+            # kernels refuse most empty inputs: say which layer and bottom, not torch's message
+            shape = "x".join(str(d) for d in inputs[empty[0]].shape)
+            name = self.bottom_blobs[empty[0]] if empty[0] < len(self.bottom_blobs) else empty[0]
+            raise DataError(f"layer '{self.caffe_name}' ({self.caffe_type}): its bottom '{name}' is empty ({shape}), "
+                            f"which Caffe allows; caffeq cannot run {self.caffe_type} on an empty blob") from e
         if inputs or not hasattr(self, "device_anchor"):
             return out
         dev = self.device_anchor.device
@@ -94,7 +106,7 @@ def build_module(model, all_blobs=False):
                 p = getattr(owner_mod, owner_mod.blob_attrs[src[1]])
                 if tuple(p.shape) == tuple(node.expected_param_shapes[i]):
                     shared[i] = p
-        mod = CaffeLayer(node, node.blobs, shared)
+        mod = CaffeLayer(node, node.blobs, shared, [graph.tensors[i].blob for i in node.inputs])
         attr = identifier(node.name, taken)
         root.add_module(attr, mod)
         in_shapes[attr] = graph.tensors[node.inputs[0]].shape if len(node.inputs) == 1 else None
