@@ -313,8 +313,9 @@ def test_roi_align_param_numbers():
 
 
 def test_roi_align_forks_refuse_keypoint_rcnns_sampling_ratio():
+    # without a fork the field picks Deeppftracking's ROIAlign (test_layers_roi_align_deeppf.py)
     text = ('layer { name: "r" type: "ROIAlign" bottom: "x" bottom: "rois" top: "y" '
-            'roi_align_param { pooled_h: 2 pooled_w: 2 sampling_ratio: 3 } }')
+            'roi_align_param { pooled_h: 2 pooled_w: 2 sampling_ratio: 3 fork: NNOP } }')
     with pytest.raises(LayerError, match="sampling_ratio is caffe-keypoint-rcnn's RoIAlign field"):
         load_from_text(net(text, inputs={"x": (1, 2, 5, 5), "rois": (1, 5)}))
     assert caffe_pb2.LayerParameter.DESCRIPTOR.fields_by_name["roi_align_param"].number == 20005

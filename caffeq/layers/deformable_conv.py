@@ -189,7 +189,7 @@ class DeformableConvolution(Layer):
             "num_output": positive_field(p.num_output, f"{f}.num_output"),
             "bias_term": bool(p.bias_term),
             "group": positive_field(p.group, f"{f}.group"),
-            "deformable_group": positive_field(p.deformable_group, f"{f}.deformable_group"),
+            "deformable_group": self.deformable_group_of(p, f),
             "axis": int(p.axis),
             # the forks read these as BaseConvolutionLayer does, for two spatial axes
             "kernel": spatial_params(p, 2, "kernel_size", None, min_value=1, pair_required=False),
@@ -197,6 +197,10 @@ class DeformableConvolution(Layer):
             "pad": spatial_params(p, 2, "pad", 0, min_value=0, pair_required=False),
             "dilation": spatial_params(p, 2, "dilation", 1, allow_hw=False, min_value=1),
         }
+
+    def deformable_group_of(self, p, f):
+        """The deformable group a fork reads from its parameter message (None: decided by the offsets)."""
+        return positive_field(p.deformable_group, f"{f}.deformable_group")
 
     def _check(self, attrs, in_shapes):
         """The forks' LayerSetUp checks (and caffeq's where the kernel would read outside the blobs) ->

@@ -66,6 +66,17 @@ def kohuthonza_signum(x):
     return torch.where(negative, -one, one)
 
 
+def onnx_signum(ctx, x, out, name=None):
+    """kohuthonza_signum in ONNX, written to the tensor `out`."""
+    zero = ctx.f32(0.0)
+    below = ctx.op("Less", [x, zero], "below")
+    minus_zero = ctx.op("And", [ctx.op("Equal", [x, zero], "zero"),
+                                ctx.op("Less", [ctx.op("Div", [ctx.f32(1.0), x], "inverse"), zero], "inverse_below")],
+                        "minus_zero")
+    negative = ctx.op("Or", [below, minus_zero], "negative")
+    ctx.add_node("Where", [negative, ctx.f32(-1.0), ctx.f32(1.0)], out, name=name)
+
+
 @register_layer("Signum")
 class Signum(Layer):
     bottoms = tops = 1
@@ -78,16 +89,10 @@ class Signum(Layer):
         return kohuthonza_signum(x)
 
     def onnx(self, ctx, node):
-        x, zero = node.inputs[0], ctx.f32(0.0)
-        below = ctx.op("Less", [x, zero], "below")
-        minus_zero = ctx.op("And", [ctx.op("Equal", [x, zero], "zero"),
-                                    ctx.op("Less", [ctx.op("Div", [ctx.f32(1.0), x], "inverse"), zero], "inverse_below")],
-                            "minus_zero")
-        negative = ctx.op("Or", [below, minus_zero], "negative")
-        ctx.add_node("Where", [negative, ctx.f32(-1.0), ctx.f32(1.0)], node.outputs[0], name=node.name)
+        onnx_signum(ctx, node.inputs[0], node.outputs[0], node.name)
 
     def pytorch_source(self, node, emit):
         return f"{emit.helper(kohuthonza_signum)}({emit.inputs[0]})"
 
 
-__all__ = ["Signum", "is_kohuthonza", "kohuthonza_binarize", "kohuthonza_signum", "read_kohuthonza"]
+__all__ = ["Signum", "is_kohuthonza", "kohuthonza_binarize", "kohuthonza_signum", "onnx_signum", "read_kohuthonza"]

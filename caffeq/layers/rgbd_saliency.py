@@ -1,23 +1,26 @@
 """sshige/rgbd-saliency's superpixel feature layers (ae7740c caffe/src/caffe/layers; its RGBDNet test and
 training nets), read and sized but not run: all three have only a GPU forward, a port of gSLICr's SLIC
 superpixels with OpenCV's 8-bit HSV and Lab conversions of the mean-restored image, which caffeq does not
-reproduce.
+reproduce.  gylee1103/ELDNet 28bae54 (caffe/src/caffe/layers), the ELD saliency net these layers come from,
+has the same GenSlicinfo and a LowlevelDistance with two tops: its kernel writes the features and labels only,
+the third top (the regions' superpixel indices, which sshige's LowlevelDepth reads) is sshige's addition.
 
 - GenSlicinfo (gen_slicinfo_param): image (N, 3, H, W), H = image_size (the fork's CHECK; its kernels take the
   width to be the same) -> superpixel ids (N, 1, H, W) and dead-superpixel flags (N, 1, M, M),
   M = image_size / slic_size.
-- LowlevelDistance (lowlevel_distance_param): image, ids, flags (and a training label map) -> region features
-  (N R, D, G, G), region labels (N R) and the regions' superpixel indices (N R), G = grid_size, R =
+- LowlevelDistance (lowlevel_distance_param): image, ids, flags (and a training label map; both forks take 3 or
+  more bottoms and read 4) -> region features (N R, D, G, G), region labels (N R) and, in sshige's form, the
+  regions' superpixel indices (N R); ELDNet's takes exactly 2 tops, sshige's exactly 3.  G = grid_size, R =
   train_region_per_image or, when 0, every superpixel (M M from the flags' shape); D by feature_option:
   164 (0, and any unknown value), 2 (1), 20 (2) or 29 (3).
 - LowlevelDepth (lowlevel_depth_param): depth, fill, gap images (3 channels each), ids, flags and the
   region indices -> (N R, 10, G, G).
 """
-from .registry import LayerError, ReadOnlyLayer, need_blobs, register_layer
+from .registry import AT_LEAST, LayerError, ReadOnlyLayer, need_blobs, register_layer
 
 _FEATURES = {0: 164, 1: 2, 2: 20, 3: 29}
-WHY = ("sshige/rgbd-saliency's GPU-only superpixel features (a gSLICr port with OpenCV's colour conversions), "
-       "which caffeq reads and sizes but does not compute")
+WHY = ("sshige/rgbd-saliency's GPU-only superpixel features (as gylee1103/ELDNet's; a gSLICr port with OpenCV's "
+       "colour conversions), which caffeq reads and sizes but does not compute")
 
 
 def _regions(attrs, shapes, flags_at):
@@ -62,17 +65,18 @@ class GenSlicinfo(_SuperpixelLayer):
 @register_layer("LowlevelDistance")
 class LowlevelDistance(_SuperpixelLayer):
     def parse(self, lp):
-        need_blobs(lp, "LowlevelDistance", range(3, 5), 3)
+        # ExactNumTopBlobs: 2 in gylee1103/ELDNet, 3 in sshige/rgbd-saliency (its region indices)
+        need_blobs(lp, "LowlevelDistance", range(3, AT_LEAST), (2, 3))
         p = lp.lowlevel_distance_param
         attrs = _grid_params(p, "lowlevel_distance_param")
-        attrs.update(name=lp.name, channels=_FEATURES.get(int(p.feature_option), 164))
+        attrs.update(name=lp.name, channels=_FEATURES.get(int(p.feature_option), 164), tops=len(lp.top))
         return attrs
 
     def infer(self, attrs, in_shapes):
         if len(in_shapes[0]) != 4 or in_shapes[0][1] != 3:
             raise LayerError(f"LowlevelDistance's image must be (N, 3, H, W), got {list(in_shapes[0])}")
         rows = _regions(attrs, in_shapes, 2)
-        return [(rows, attrs["channels"], attrs["grid"], attrs["grid"]), (rows,), (rows,)]
+        return [(rows, attrs["channels"], attrs["grid"], attrs["grid"])] + [(rows,)] * (attrs["tops"] - 1)
 
 
 @register_layer("LowlevelDepth")

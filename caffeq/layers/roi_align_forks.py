@@ -2,8 +2,8 @@
 
 Three forks declare the same ROIAlignParameter (pooled_h = 1, pooled_w = 2, spatial_scale = 3) and the
 same type "ROIAlign", with 2 bottoms (data, rois (R, 5) = [batch, x1, y1, x2, y2] in input pixels) and
-a top (R, C, pooled_h, pooled_w), but compute three different things.  Nothing in a file tells them
-apart, so caffeq's own `roi_align_param.fork` says which; unset, the layer is read as PY_MASK_RCNN, with
+a top (R, C, pooled_h, pooled_w), but compute three different things (a fourth, Deeppftracking's, adds
+sampling_ratio).  Nothing else in a file tells them apart, so caffeq's own `roi_align_param.fork` says which; unset, the layer is read as PY_MASK_RCNN, with
 a note.  (zhaoweicai's cascade-rcnn ROIAlign reads roi_pooling_param instead: caffeq/layers/cascade_rcnn.py;
 this spec claims the ROIAlign layers that set roi_align_param.)  In all three the roi corners are
 multiplied by spatial_scale in float32, not rounded, and the batch index is the first column truncated
@@ -36,11 +36,21 @@ toward zero.
   hlow + 1 = H and column W are read as the kernel reads them, from the flat blob: the next row's
   first cell or the next channel's (next image's) first row; past the blob's end, where the fork reads
   undefined memory, caffeq reads 0.  A negative batch index gives a zero output (the GPU kernel).
+- DEEPPFTRACKING, LittleCherry11/Deeppftracking 15c439c (src/caffe/layers/roi_align_layer.cu, the GPU forward
+  its tracker runs): PY_MASK_RCNN's samples and bilinear reads, but the roi is max(x2 - x1 + 1, 1) wide and
+  each bin averages g x g samples, g = sampling_ratio (uint32 there, default 2; the kernel's 0 is Detectron's
+  adaptive grid, which caffeq refuses to run).  Only this fork's ROIAlignParameter declares sampling_ratio, so
+  a layer that sets it and names no fork is this one.  The fork's own code is loose (its LayerSetUp never
+  copies the field into the kernel's sampling_ratio_, its CPU forward is another algorithm, and
+  roi_align_layer_backup.cu also defines Forward_gpu): caffeq computes the kernel with the file's field, the
+  reading the file's author wrote it for, and says so in a note.
 
 The sample points are computed on the CPU in the forks' float32 (double where they use it), the gathers
 on the input's device.  The torch functions below serve `forward` and are copied into model.py
 (inspect.getsource).  ONNX: PY_MASK_RCNN is ONNX RoiAlign (avg, sampling_ratio 2, output_half_pixel:
-onnxruntime computes Detectron's samples and weights in the same order); the two max forms are refused.
+onnxruntime computes Detectron's samples and weights in the same order); DEEPPFTRACKING the same with its
+grid, the boxes scaled first and their far corners moved by 1 (spatial_scale 1), so the sides differ from
+the kernel's by float32 rounding only; the two max forms are refused.
 """
 import math
 
@@ -53,6 +63,7 @@ from .roi_pooling import ROIS_WANTED, RoiLayerSpec, _check_roi_shapes, pooled_gr
 
 FORKS = caffe_pb2.ROIAlignParameter.Fork
 MASK_RCNN, RFCN_PRIV, NNOP = FORKS.Value("PY_MASK_RCNN"), FORKS.Value("PY_RFCN_PRIV"), FORKS.Value("NNOP")
+DEEPPF = FORKS.Value("DEEPPFTRACKING")
 
 # ---- torch: used by forward and copied into model.py (inspect.getsource) ---------------
 
@@ -92,24 +103,17 @@ def mask_rcnn_axis(start, bin_size, pooled: int, size: int, grid: int = 2):
     return outside, low, high, frac, 1.0 - frac
 
 
-def mask_rcnn_roi_align(x, rois, ph: int, pw: int, spatial_scale: float):
-    """a8039974/py-mask-rcnn-1's ROIAlign -> (R, C, ph, pw): the mean of 2 x 2 bilinear samples per bin."""
-    f32 = torch.float32
-    r = roi_rows(rois, "ROIAlign")
-    n, c, h, w = x.shape
-    if r.shape[0] == 0:
-        return x.new_zeros((0, c, ph, pw))
-    b = roi_align_batch(r, n, "ROIAlign")
-    scale = torch.tensor(spatial_scale, dtype=f32)
-    start = r[:, 1:3] * scale   # (x, y)
-    size = torch.fmax(r[:, 3:5] * scale - start, torch.ones((), dtype=f32))
-    out_y, y0, y1, ly, hy = mask_rcnn_axis(start[:, 1], size[:, 1] / float(ph), ph, h)
-    out_x, x0, x1, lx, hx = mask_rcnn_axis(start[:, 0], size[:, 0] / float(pw), pw, w)
+def mean_of_samples(x, b, start, size, ph: int, pw: int, grid: int):
+    """Detectron's bins: per roi (start, size: (R, 2) float32, x then y) the mean of grid x grid bilinear
+    samples, summed rows outer as the kernels do -> (R, C, ph, pw)."""
+    h, w = x.shape[2], x.shape[3]
+    out_y, y0, y1, ly, hy = mask_rcnn_axis(start[:, 1], size[:, 1] / float(ph), ph, h, grid)
+    out_x, x0, x1, lx, hx = mask_rcnn_axis(start[:, 0], size[:, 0] / float(pw), pw, w, grid)
     dev, dt = x.device, x.dtype
     zero = torch.zeros((), device=dev, dtype=dt)
     total = None
-    for iy in range(2):
-        for ix in range(2):
+    for iy in range(grid):
+        for ix in range(grid):
             wy0, wy1 = hy[:, :, iy, None], ly[:, :, iy, None]   # (R, ph, 1)
             wx0, wx1 = hx[:, None, :, ix], lx[:, None, :, ix]   # (R, 1, pw)
             weights = [wy0 * wx0, wy0 * wx1, wy1 * wx0, wy1 * wx1]
@@ -122,7 +126,36 @@ def mask_rcnn_roi_align(x, rois, ph: int, pw: int, spatial_scale: float):
             outside = (out_y[:, :, iy, None] | out_x[:, None, :, ix])[:, None].to(dev)
             val = torch.where(outside, zero, val)
             total = val if total is None else total + val
-    return total / 4.0
+    return total / float(grid * grid)
+
+
+def mask_rcnn_roi_align(x, rois, ph: int, pw: int, spatial_scale: float):
+    """a8039974/py-mask-rcnn-1's ROIAlign -> (R, C, ph, pw): the mean of 2 x 2 bilinear samples per bin."""
+    f32 = torch.float32
+    r = roi_rows(rois, "ROIAlign")
+    n, c = x.shape[0], x.shape[1]
+    if r.shape[0] == 0:
+        return x.new_zeros((0, c, ph, pw))
+    b = roi_align_batch(r, n, "ROIAlign")
+    scale = torch.tensor(spatial_scale, dtype=f32)
+    start = r[:, 1:3] * scale   # (x, y)
+    size = torch.fmax(r[:, 3:5] * scale - start, torch.ones((), dtype=f32))
+    return mean_of_samples(x, b, start, size, ph, pw, 2)
+
+
+def deeppf_roi_align(x, rois, ph: int, pw: int, spatial_scale: float, grid: int):
+    """LittleCherry11/Deeppftracking's ROIAlign -> (R, C, ph, pw): the mean of grid x grid bilinear samples
+    per bin of a roi whose sides count x2 - x1 + 1."""
+    f32 = torch.float32
+    r = roi_rows(rois, "ROIAlign")
+    n, c = x.shape[0], x.shape[1]
+    if r.shape[0] == 0:
+        return x.new_zeros((0, c, ph, pw))
+    b = roi_align_batch(r, n, "ROIAlign")
+    scale = torch.tensor(spatial_scale, dtype=f32)
+    start = r[:, 1:3] * scale   # (x, y)
+    size = torch.fmax((r[:, 3:5] * scale - start) + 1.0, torch.ones((), dtype=f32))
+    return mean_of_samples(x, b, start, size, ph, pw, grid)
 
 
 def rfcn_priv_axis(start, bin_size, pooled: int, size: int):
@@ -257,18 +290,23 @@ def nnop_roi_align(x, rois, ph: int, pw: int, spatial_scale: float):
 
 
 TORCH_ROI_ALIGN_COMMON = torch_sources(roi_align_batch, roi_align_corners)
-TORCH_MASK_RCNN = torch_sources(mask_rcnn_axis, mask_rcnn_roi_align)
+TORCH_MASK_RCNN = torch_sources(mask_rcnn_axis, mean_of_samples, mask_rcnn_roi_align)
+TORCH_DEEPPF = torch_sources(mask_rcnn_axis, mean_of_samples, deeppf_roi_align)
 TORCH_RFCN_PRIV = torch_sources(rfcn_priv_axis, rfcn_priv_weights, rfcn_priv_roi_align)
 TORCH_NNOP = torch_sources(nnop_axis, nnop_cells, nnop_roi_align)
 
 FUNCTIONS = {MASK_RCNN: (mask_rcnn_roi_align, TORCH_MASK_RCNN), RFCN_PRIV: (rfcn_priv_roi_align, TORCH_RFCN_PRIV),
-             NNOP: (nnop_roi_align, TORCH_NNOP)}
+             NNOP: (nnop_roi_align, TORCH_NNOP), DEEPPF: (deeppf_roi_align, TORCH_DEEPPF)}
 
 # ---- the spec ------------------------------------------------------------------------------
 
 UNSET_FORK_NOTE = ("roi_align_param names no fork: read as a8039974/py-mask-rcnn-1's ROIAlign (the mean of 2 x 2 "
                    "bilinear samples per bin); soeaver/py-RFCN-priv and nnop/caffe declare the same fields but take "
                    "a max over other samples: add `fork: PY_RFCN_PRIV` or `fork: NNOP` to roi_align_param for theirs")
+DEEPPF_NOTE = ("roi_align_param sets sampling_ratio, which only LittleCherry11/Deeppftracking's ROIAlign declares: "
+               "read as its GPU kernel (the mean of sampling_ratio x sampling_ratio samples per bin, roi sides "
+               "x2 - x1 + 1) with the file's sampling_ratio; the fork itself never copies the field into the "
+               "kernel's grid (left uninitialized), and its CPU forward computes another ROIAlign")
 
 
 @claim_layers("ROIAlign", lambda lp: lp.HasField("roi_align_param"))
@@ -281,12 +319,23 @@ class ROIAlignForks(RoiLayerSpec):
             raise LayerError("ROIAlign sets both roi_align_param (the Mask R-CNN / R-FCN forks' layer) and "
                              "roi_pooling_param (zhaoweicai's cascade-rcnn layer); each fork reads only one of them")
         p = lp.roi_align_param
-        if p.HasField("sampling_ratio"):
-            # the field is caffe-keypoint-rcnn's, read by its RoIAlign (keypoint_rcnn.py); these forks fix theirs
-            raise LayerError(f"roi_align_param.sampling_ratio is caffe-keypoint-rcnn's RoIAlign field; ROIAlign "
-                             f"({FORKS.Name(int(p.fork))}) samples a fixed grid and never reads it")
-        return {**pooled_grid_attrs(p, "roi_align_param"), "fork": int(p.fork),
-                "reading_notes": [] if p.HasField("fork") else [UNSET_FORK_NOTE]}
+        fork = int(p.fork)
+        if p.HasField("sampling_ratio") and not p.HasField("fork"):
+            fork = DEEPPF   # the one ROIAlign whose message declares the field
+        attrs = {**pooled_grid_attrs(p, "roi_align_param"), "fork": fork,
+                 "reading_notes": [] if p.HasField("fork") else [UNSET_FORK_NOTE]}
+        if fork == DEEPPF:
+            ratio = p.sampling_ratio
+            if not (math.isfinite(ratio) and ratio >= 0 and ratio == int(ratio)):
+                raise LayerError(f"roi_align_param.sampling_ratio is an unsigned integer in LittleCherry11/"
+                                 f"Deeppftracking's ROIAlign, got {ratio}")
+            attrs.update(grid=int(ratio), reading_notes=[DEEPPF_NOTE])
+        elif p.HasField("sampling_ratio"):
+            # caffe-keypoint-rcnn's RoIAlign (keypoint_rcnn.py) and Deeppftracking's read it; these forks fix theirs
+            raise LayerError(f"roi_align_param.sampling_ratio is caffe-keypoint-rcnn's RoIAlign field (and "
+                             f"LittleCherry11/Deeppftracking's ROIAlign's, fork: DEEPPFTRACKING); ROIAlign "
+                             f"({FORKS.Name(fork)}) samples a fixed grid and never reads it")
+        return attrs
 
     def infer(self, attrs, in_shapes):
         # the three forks' Reshape reads only the rois' count (py-mask-rcnn's alt-opt mask test net
@@ -299,11 +348,30 @@ class ROIAlignForks(RoiLayerSpec):
         return FUNCTIONS[attrs["fork"]]
 
     def roi_args(self, attrs):
+        if attrs["fork"] == DEEPPF:
+            return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"], "grid": attrs["grid"]}
         return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"]}
+
+    def cannot_run(self, attrs, in_shapes):
+        if attrs["fork"] == DEEPPF and attrs["grid"] == 0:
+            return ("roi_align_param.sampling_ratio 0 is Detectron's adaptive grid (ceil(side / pooled) samples "
+                    "per roi), which caffeq does not run; give a positive one")
+        return None
+
+    def forward(self, attrs, params, x, rois, *more):
+        why = self.cannot_run(attrs, None)
+        if why:
+            raise LayerError(f"ROIAlign: {why}")
+        return super().forward(attrs, params, x, rois, *more)
+
+    def pytorch_source(self, node, emit):
+        self.refuse_if_cannot_run(node.name, node.attrs, None, error=ExportError)
+        return super().pytorch_source(node, emit)
 
     def onnx(self, ctx, node):
         a = node.attrs
-        if a["fork"] != MASK_RCNN:
+        self.refuse_if_cannot_run(node.name, a, None, error=ExportError)
+        if a["fork"] not in (MASK_RCNN, DEEPPF):
             raise ExportError(f"layer '{node.name}' (ROIAlign): roi_align_param fork {FORKS.Name(a['fork'])} takes "
                               f"the max over bilinear samples with the fork's own weights and border reads; ONNX "
                               f"RoiAlign's max mode samples other points, so it cannot give the same numbers")
@@ -314,6 +382,12 @@ class ROIAlignForks(RoiLayerSpec):
         t = lambda hint: ctx.tmp(f"{node.name}_{hint}")
         flat = ctx.add_node("Reshape", [rois, ctx.i64([-1, 5])], t("rois"))
         boxes = ctx.add_node("Slice", [flat, ctx.i64([1]), ctx.i64([5]), ctx.i64([1])], t("boxes"))
+        scale, grid = a["scale"], 2
+        if a["fork"] == DEEPPF:
+            # the fork's sides are x2 - x1 + 1: scale the corners here and move the far ones by 1
+            scaled = ctx.add_node("Mul", [boxes, ctx.f32(scale)], t("scaled"))
+            boxes = ctx.add_node("Add", [scaled, ctx.f32([0, 0, 1, 1])], t("plus_one"))
+            scale, grid = 1.0, a["grid"]
         column = ctx.add_node("Slice", [flat, ctx.i64([0]), ctx.i64([1]), ctx.i64([1])], t("batch_column"))
         batch = ctx.add_node("Cast", [ctx.add_node("Reshape", [column, ctx.i64([-1])], t("batch_float"))],
                              t("batch"), to=7)   # int64, truncated toward zero as C's (int)
@@ -321,5 +395,5 @@ class ROIAlignForks(RoiLayerSpec):
         # output_half_pixel, Detectron's (and this fork's) unshifted coordinates
         mode = {"coordinate_transformation_mode": "output_half_pixel"} if ctx.opset >= 16 else {}
         ctx.add_node("RoiAlign", [node.inputs[0], boxes, batch], [node.outputs[0]], name=node.name, mode="avg",
-                     output_height=a["ph"], output_width=a["pw"], sampling_ratio=2, spatial_scale=a["scale"],
+                     output_height=a["ph"], output_width=a["pw"], sampling_ratio=grid, spatial_scale=scale,
                      **mode)
