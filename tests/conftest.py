@@ -103,9 +103,10 @@ def ok(res):
 
 
 def inspect_corpus_file(path, *args):
-    """`cli.py inspect` of a collected corpus file (benchmarks/corpus.py's folders, not shipped) -> its stdout;
-    the test is skipped on a machine without that corpus."""
+    """`cli.py inspect` of a real file (a shipped fixture) -> its stdout; skipped where a file outside the
+    fixtures is absent (a collected corpus folder not on this machine); a missing fixture fails."""
     if not Path(path).exists():
+        assert "fixtures" not in Path(path).parts, f"missing fixture {path}"
         pytest.skip("the corpus is not on this machine")
     return ok(cli_process("inspect", path, *args))
 

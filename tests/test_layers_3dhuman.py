@@ -2,16 +2,15 @@
 caffeq/layers/strawberryfg_3dhuman.py reads them.  The references are numpy loops written here from the fork's
 CPU forwards, on batch 2 with depth != height and odd sizes; torch, onnxruntime (where exported) and model.py."""
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, cli_process, model_py_outputs, net, onnx_outputs, rng
+from conftest import REPO, check_everywhere, cli_process, model_py_outputs, net, onnx_outputs, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load_from_text
 
-CORPUS = Path("/work/corpus95d")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 TESTING = ["strawberryfg__c2f-3dhm-human-caffe__testing__test_d16_statsfalse.prototxt",
            "strawberryfg__c2f-3dhm-human-caffe__testing__test_d32_statsfalse.prototxt",
            "strawberryfg__int-3dhuman-I1__testing__d2=32__test_d32_statsfalse.prototxt",
@@ -213,8 +212,6 @@ def test_ground_truth_layers_refuse_to_run():
 @pytest.mark.parametrize("name", TESTING)
 def test_corpus_testing_files_read(name):
     path = CORPUS / name
-    if not path.exists():
-        pytest.skip("corpus not here")
     res = cli_process("inspect", str(path))
     assert res.returncode == 0, res.stderr
     assert "inputs image 1x3x256x256" in res.stdout
@@ -223,8 +220,6 @@ def test_corpus_testing_files_read(name):
 
 def test_corpus_runs_end_to_end():
     path = CORPUS / TESTING[0]
-    if not path.exists():
-        pytest.skip("corpus not here")
     model = load_from_text(path.read_text(), random_weights=True)
     image = rng(9).standard_normal((1, 3, 256, 256)).astype(np.float32)
     out = model.run({"image": image, "crop_gt_joint_2d_scale": np.zeros((1, 32), np.float32)})

@@ -14,11 +14,11 @@ from caffeq.errors import CaffeqError
 from caffeq.model import load, load_from_text
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = Path("/work/corpus102a")
-CORPUS_FILES = sorted(CORPUS.glob("huaweiatlas-test__AtkOps__*custom_Reduction*.prototxt")) + \
-    sorted(CORPUS.glob("huaweiatlas-test__AtkOps__*custom_Tile*.prototxt")) + \
-    sorted(CORPUS.glob("huaweiatlas-test__AtkOps__*custom_Upsample*.prototxt")) + \
-    sorted(CORPUS.glob("huaweiatlas-test__CustomOperator__*custom_*.prototxt"))
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
+CORPUS_FILES = [CORPUS / f"huaweiatlas-test__AtkOps__common__customOp__caffeOp__custom_{op}__omg_verify__custom_{op}.prototxt"
+                for op in ("Reduction", "Tile", "Upsample")] + \
+    [CORPUS / f"huaweiatlas-test__CustomOperator__caffeOp__custom_{op}__omg_verify__custom_{op}.prototxt"
+     for op in ("Concat", "Exp", "Log", "Power")]
 
 
 def one_layer(type_name, params, shapes, tops="y"):
@@ -229,7 +229,6 @@ def test_a_non_positive_base_is_refused_naming_the_forks_field(type_name, field)
 
 # ---- the demo nets ----------------------------------------------------------------------
 
-@pytest.mark.skipif(len(CORPUS_FILES) != 7, reason="the corpus of Atlas demo nets is not here")
 @pytest.mark.parametrize("path", CORPUS_FILES, ids=lambda p: p.name.split("__")[-1])
 def test_demo_nets_read_and_run(path):
     res = subprocess.run([sys.executable, "cli.py", "inspect", str(path)], cwd=REPO, capture_output=True, text=True,

@@ -2,11 +2,10 @@
 FSRDetectionOutput, read and sized as Ascend's converter shapes them (rois (N, 5, post_nms_topn rounded up to
 16), the counts (N, 8), boxes (N, num_classes, min(R, 1024), 8)), never run; ROIPooling sized from such rois;
 PVANet's Proposal untouched where no Ascend field is set."""
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import net
+from conftest import REPO, net
 from google.protobuf import text_format
 
 from caffeq.errors import CaffeqError, ExportError
@@ -16,8 +15,8 @@ from caffeq.layers.pva_proposal import PVAProposalLayer
 from caffeq.layers.registry import spec_for
 from caffeq.model import load_from_text
 
-CORPUS = Path("/work/corpus85a/Ascend__samples__objectdetection_dynamic_image_size__for_atlas300_1.7x.0.0_c++__"
-              "objectdetection_dynamic_image_size__faster_rcnn.prototxt")
+CORPUS = REPO / "tests" / "fixtures" / "realworld" / ("Ascend__samples__objectdetection_dynamic_image_size__for_atlas300_1.7x.0.0_c++__"
+                                                 "objectdetection_dynamic_image_size__faster_rcnn.prototxt")
 
 PROPOSAL = ('layer {{ name: "proposal" type: "Proposal" bottom: "prob" bottom: "deltas" bottom: "im_info" '
             'top: "rois" {tops} proposal_param {{ feat_stride: 16 base_size: 16 min_size: 16 {params} }} }}')
@@ -159,7 +158,6 @@ def test_bad_detection_settings_are_one_line_errors(params, message):
         load_from_text(rows)
 
 
-@pytest.mark.skipif(not CORPUS.exists(), reason="the Ascend sample's corpus file is not on this machine")
 def test_the_ascend_sample_reads():
     model = load_from_text(CORPUS.read_text(), random_weights=True)
     s = model.blob_shapes

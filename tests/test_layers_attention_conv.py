@@ -2,17 +2,16 @@
 segawareatt's DynamicSampleConvolution and Python kernel_all_bias_layer.KernelBiasLayer against loops written
 from the forks' C++ / CUDA (attention_conv_layer.cu, cross_conv_layer.cu with base_conv_layer's gemm,
 dynamic_sample_conv_layer.cu), in torch, onnxruntime and model.py."""
-import os
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import REPO, check_everywhere, net, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load, load_from_text
 
 f32 = np.float32
-CORPUS = "/work/corpus110b"
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def out_size(size, k, p, s, d):
@@ -222,10 +221,7 @@ def test_bad_parameters(text, message):
 
 
 def corpus(name):
-    path = os.path.join(CORPUS, f"StarStyleSky__caffe__models__kernel_attention_module_{name}__deploy.prototxt")
-    if not os.path.exists(path):
-        pytest.skip("corpus file not here")
-    return path
+    return str(CORPUS / f"StarStyleSky__caffe__models__kernel_attention_module_{name}__deploy.prototxt")
 
 
 def test_starstyle_attention_deploy_runs():

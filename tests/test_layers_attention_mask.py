@@ -1,17 +1,15 @@
 """The AttentionMask family (caffeq/layers/attention_mask.py, attention_mask_spx.py) against loops written here
 from chwilms/AttentionMask's, harm-matthias-harms/AttentionBox's and chwilms/superpixelRefinement's C++ and CUDA,
 in torch, onnxruntime (where emitted) and model.py; and the corpus nets."""
-from pathlib import Path
-
 import numpy as np
 import pytest
-from conftest import check_everywhere, inspect_corpus_file, model_py_outputs, net, rng
+from conftest import REPO, check_everywhere, inspect_corpus_file, model_py_outputs, net, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load_from_text
 
 F32 = np.float32
-CORPUS = Path("/work/corpus109b")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 # ---- references from the fork's loops ----------------------------------------------

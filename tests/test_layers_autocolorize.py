@@ -2,17 +2,16 @@
 the fork's C++ (79d4ce1, caffe/src/caffe/layers/*_layer.cpp), in torch, onnxruntime and model.py; the data
 layer's shapes; and the fork's two nets in the corpus."""
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, cli_process, net, ok, one_line_error, repeated, rng
+from conftest import REPO, check_everywhere, cli_process, net, ok, one_line_error, repeated, rng
 
 from caffeq.errors import CaffeqError, DataError
 from caffeq.model import load_from_text
 
 F = np.float32
-CORPUS = Path("/work/corpus86b")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def layer(name, kind, bottoms, tops, params=""):
@@ -237,14 +236,12 @@ TRAIN = CORPUS / "gustavla__autocolorize__train__train_vgg16.prototxt"
 DEPLOY = CORPUS / "gustavla__autocolorize__autocolorize__res__autocolorize.prototxt"
 
 
-@pytest.mark.skipif(not TRAIN.exists(), reason="corpus not present")
 def test_the_train_net_reads_every_layer_up_to_its_own_shape_mismatch():
     # every type reads now; the file's DummyData gives 896 = 7 x 128 rows where its 8 x 128 locations make
     # 1024, which BVLC's Eltwise refuses in the fork's Caffe as well
     one_line_error(cli_process("inspect", TRAIN, "--phase", "TRAIN"), "'sr_x_minus_one' (Eltwise)", "[896, 1]", "[1024, 1]")
 
 
-@pytest.mark.skipif(not DEPLOY.exists(), reason="corpus not present")
 def test_the_deploy_net_fits_the_sizes_the_fork_feeds():
     # 514 does not fit (pool2's ceil gives 129, conv4's 2x deconvolution 130); the fork's script fills the
     # template with multiples of 32 (512 by default)

@@ -15,7 +15,7 @@ from caffeq.model import load_from_text
 
 FLT_MAX = float(np.finfo(np.float32).max)
 REPO = pathlib.Path(__file__).resolve().parents[1]
-CORPUS = pathlib.Path("/work/corpus87d")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def v1_net(shape, *layers):
@@ -203,8 +203,6 @@ CORPUS_FILES = ["examples__class_selection_example__test_snems3d_AS2D_2_cpy",
 @pytest.mark.parametrize("name", CORPUS_FILES)
 def test_corpus_files_read(name):
     path = CORPUS / f"Xiaomi2008__Caffe_3D_FF__{name}.prototxt"
-    if not path.exists():
-        pytest.skip("corpus not present")
     res = subprocess.run([sys.executable, "cli.py", "inspect", str(path)], cwd=REPO, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr

@@ -2,17 +2,16 @@
 inner_product_param) against a loop written here from its Forward_cpu, in torch, onnxruntime and model.py;
 the same fork's windowed ImageData (711ecdab) and matex-org/caffe-intel's remote-index DataParameter
 (35c1a3d3) as graph inputs; BVLC's and lisa-caffe's LSTM still read as before."""
-import pathlib
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, node_of, rng
+from conftest import REPO, check_everywhere, node_of, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load_from_text
 
 F = np.float32
-CORPUS = pathlib.Path("/work/corpus96a")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def exp_tanh(v):
@@ -152,7 +151,6 @@ def test_remote_index_data_reads():
     load_from_text(text.replace("REMOTE_INDEX_SFTP", "REMOTE_INDEX"), input_shapes={"data": (2, 3, 5, 4)})
 
 
-@pytest.mark.skipif(not CORPUS.exists(), reason="corpus not here")
 @pytest.mark.parametrize("name, shapes", [
     ("junhyukoh__caffe-lstm__examples__lstm_sequence__deep_lstm.prototxt", {"data": (320, 1, 1, 1)}),
     ("matex-org__caffe-intel__cache_guide__sample.prototxt", {"data": (2, 3, 227, 227)}),

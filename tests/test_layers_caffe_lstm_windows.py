@@ -1,17 +1,15 @@
 """junhyukoh/caffe-lstm 711ecdab's Im2Windows, Permutation, Reverse (reshape_param) and Lstm with lstm_param.width,
 against loops written here from its Forward_cpu (Im2Windows.cpp, PermutationLayer.cpp, ReverseLayer.cpp,
 lstm_layer.cpp), in torch, onnxruntime and model.py; the existing Reverse and Lstm read as before."""
-import pathlib
-
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, node_of, rng
+from conftest import REPO, check_everywhere, net, node_of, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load_from_text
 
 F = np.float32
-CORPUS = pathlib.Path("/work/corpus96a")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 # ---- references ---------------------------------------------------------------------------------
@@ -244,7 +242,6 @@ def test_grid_lstm_bad_params_and_the_other_lstm():
 
 # ---- the corpus ----------------------------------------------------------------------------------------
 
-@pytest.mark.skipif(not CORPUS.exists(), reason="corpus not here")
 @pytest.mark.parametrize("name, top, shape", [
     ("junhyukoh__caffe-lstm__deep_pooling_pretrain2.prototxt", "permutation1", (200, 32, 64)),
     ("junhyukoh__caffe-lstm__imagenet_train.prototxt", "lstm", (25, 2048)),

@@ -4,13 +4,13 @@ import math
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, inspect_corpus_file, net, rng
+from conftest import REPO, check_everywhere, inspect_corpus_file, net, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
 F = np.float32
-CORPUS = "/work/corpus111a/Sundrops__caffe-rgh__examples__train_our_dataset__train_bignet__"
+CORPUS = str(REPO / "tests" / "fixtures" / "realworld" / "Sundrops__caffe-rgh__examples__train_our_dataset__train_bignet__")
 
 
 def interpolation_ref(x, ho, wo):

@@ -7,12 +7,11 @@ sequence indicators end an item before the first step t >= 1 whose indicator is 
 top sums minus the maximal score over the item's steps.  caffe_ocr's label form gives
 [1 - mean(edit distance / longer length), fraction of exact items].
 """
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import inputs_text, load_model_py, onnx_run_by_blob, onnx_session
+from conftest import REPO, inputs_text, load_model_py, onnx_run_by_blob, onnx_session
 
 from caffeq.layers import LayerError
 from caffeq.model import load, load_from_text
@@ -241,7 +240,7 @@ def test_bad_input_is_a_clear_error(shapes, bottoms, tops, param, msg):
 
 # ---- the real deploy files -------------------------------------------------------------------------
 
-CORPUS = Path("/work/corpus")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 DEPLOYS = ["senlinuc__caffe_ocr__examples__ocr__inception-bn__deploy.prototxt",
            "senlinuc__caffe_ocr__examples__ocr__resnet__deploy.prototxt",
            "warrentdrew__Caffe_SSD_LSTM_LPR__models__ResNet_CTC__deploy.prototxt",
@@ -251,8 +250,6 @@ DEPLOYS = ["senlinuc__caffe_ocr__examples__ocr__inception-bn__deploy.prototxt",
 @pytest.mark.parametrize("name", DEPLOYS)
 def test_corpus_deploy_runs_end_to_end(name):
     path = CORPUS / name
-    if not path.exists():
-        pytest.skip("the prototxt corpus is not on this machine")
     model = load(str(path), random_weights=True)
     node = next(n for n in model.layers if n.type == "CTCGreedyDecoder")
     steps, batch, classes = model.blob_shapes[node.bottoms[0]][:3]
@@ -268,8 +265,6 @@ def test_corpus_deploy_runs_end_to_end(name):
 @pytest.mark.parametrize("name", [DEPLOYS[1], DEPLOYS[2]])
 def test_corpus_deploy_in_onnx_and_model_py(name, tmp_path):
     path = CORPUS / name
-    if not path.exists():
-        pytest.skip("the prototxt corpus is not on this machine")
     model = load(str(path), random_weights=True)
     node = next(n for n in model.layers if n.type == "CTCGreedyDecoder")
     feeds = {"data": np.random.default_rng(8).uniform(0, 255, model.blob_shapes["data"]).astype(np.float32)}

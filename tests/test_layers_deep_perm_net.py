@@ -5,16 +5,14 @@ float32: RowNorm_GPU (add lambda, row sums as gemv against ones, powx -1, dgmm s
 ColNorm_GPU (Trans_Tensor_kernel's index map, the same row steps on the transposed items, the map back).
 PermMatrix is a random sampler: its tops are the net's inputs, which the tests feed.
 """
-from pathlib import Path
-
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, rng
+from conftest import REPO, check_everywhere, net, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load, load_from_text
 
-CORPUS = Path("/work/corpus106b")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def trans_tensor(flat, n, rows, cols):
@@ -152,7 +150,6 @@ def test_perm_matrix_bad_parameters_are_one_line_errors(grid, tops, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.skipif(not CORPUS.is_dir(), reason="corpus not present")
 @pytest.mark.parametrize("name,outputs", [("test_grid3", ["prob"]), ("train_val_grid3", ["fc8_c1"])])
 def test_corpus_grid3_nets_run_on_fed_patches(name, outputs):
     model = load(CORPUS / f"rfsantacruz__deep-perm-net__models__{name}.prototxt", random_weights=True, batch=1,
@@ -164,7 +161,6 @@ def test_corpus_grid3_nets_run_on_fed_patches(name, outputs):
     assert np.allclose(m.sum(axis=0), 1.0, atol=1e-5)   # the column step comes last
 
 
-@pytest.mark.skipif(not CORPUS.is_dir(), reason="corpus not present")
 @pytest.mark.parametrize("name", ["test_grid2", "train_val_grid2"])
 def test_corpus_grid2_nets_are_refused_as_the_fork_refuses_them(name):
     """fc8 has 81 outputs (the 3 x 3 nets'), the Sinkhorn steps 4 x 4: the fork's Reshape CHECK fails too."""

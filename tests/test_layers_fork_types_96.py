@@ -3,11 +3,10 @@
 (caffeq/layers/leap_hand.py), jialinwu17/caffe's SOFTROIPooling (caffeq/layers/jialinwu_softroi.py).  The
 references below follow the forks' Forward_cpu loops, in float32."""
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, inspect_corpus_file, net, rng
+from conftest import REPO, check_everywhere, inspect_corpus_file, net, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -209,23 +208,24 @@ def test_euclidean_dist_needs_60_values_an_item():
 
 # ---- the corpus files ------------------------------------------------------------------------------------
 
+REALWORLD = REPO / "tests" / "fixtures" / "realworld"
 CORPUS = [
-    ("/work/corpus95b/goodluckcwl__custom-caffe__src__caffe__test__mapping_by_similarity_layer.prototxt", (),
+    (REALWORLD / "goodluckcwl__custom-caffe__src__caffe__test__mapping_by_similarity_layer.prototxt", (),
      "data,sim1 -> mapping  8x63x16x16"),
-    ("/work/corpus95b/goodluckcwl__custom-caffe__src__caffe__test__pixelwise_similarity_layer.prototxt", (),
+    (REALWORLD / "goodluckcwl__custom-caffe__src__caffe__test__pixelwise_similarity_layer.prototxt", (),
      "data -> pixel    2x256x1x9"),
-    ("/work/corpus95d/sp9103__DeepHandPoseRecognizer__Caffe__windows__caffe__resnet_pretrain__resnet_pretrain_18"
-     ".prototxt", (), "finger_calc,finger -> accuracy         scalar"),
-    ("/work/corpus95d/sp9103__DeepHandPoseRecognizer__Caffe__windows__caffe__resnet_classification__"
-     "resnet_classification_18.prototxt", (), "-> Image,label                        10x2x240x240; 10"),
-    ("/work/corpus95c/a8039974__py-R-FCN-1__models__pascal_voc__ResNet-101__softmax_hard_rfcn_god__soft_rfcn_test"
-     ".pt.prototxt", (), "roi_pool_cls,Sig_mask -> softroipooled_cls  1x21x25x1"),
-    ("/work/corpus95c/a8039974__py-R-FCN-1__models__pascal_voc__ResNet-50__deconv_softmax_rfcn__soft_rfcn_test"
-     ".pt.prototxt", (), "rfcn_pool_cls,Sig_mask -> softroipooled_cls  1x21x25x1"),
+    (REALWORLD / ("sp9103__DeepHandPoseRecognizer__Caffe__windows__caffe__resnet_pretrain__resnet_pretrain_18"
+                  ".prototxt"), (), "finger_calc,finger -> accuracy         scalar"),
+    (REALWORLD / ("sp9103__DeepHandPoseRecognizer__Caffe__windows__caffe__resnet_classification__"
+                  "resnet_classification_18.prototxt"), (), "-> Image,label                        10x2x240x240; 10"),
+    (REALWORLD / ("a8039974__py-R-FCN-1__models__pascal_voc__ResNet-101__softmax_hard_rfcn_god__soft_rfcn_test"
+                  ".pt.prototxt"), (), "roi_pool_cls,Sig_mask -> softroipooled_cls  1x21x25x1"),
+    (REALWORLD / ("a8039974__py-R-FCN-1__models__pascal_voc__ResNet-50__deconv_softmax_rfcn__soft_rfcn_test"
+                  ".pt.prototxt"), (), "rfcn_pool_cls,Sig_mask -> softroipooled_cls  1x21x25x1"),
 ]
 
 
-@pytest.mark.parametrize("path, args, row", CORPUS, ids=[Path(p).name[:48] for p, _, _ in CORPUS])
+@pytest.mark.parametrize("path, args, row", CORPUS, ids=[p.name[:48] for p, _, _ in CORPUS])
 def test_the_forks_files_read(path, args, row):
-    out = inspect_corpus_file(path, *args)
+    out = inspect_corpus_file(str(path), *args)
     assert row in out, out

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, inspect_corpus_file, net, rng
+from conftest import REPO, check_everywhere, inspect_corpus_file, net, rng
 from google.protobuf import text_format
 
 from caffeq.errors import CaffeqError
@@ -176,19 +176,20 @@ def test_annotated_data_config_is_read():
 
 # ---- the corpus files ----------------------------------------------------------------------------------------
 
+REALWORLD = REPO / "tests" / "fixtures" / "realworld"
 CORPUS = [
-    ("/work/corpus106a/dicecco1__fpga_caffe__scripts__prototxtConvert__test2_output.prototxt",
+    ("dicecco1__fpga_caffe__scripts__prototxtConvert__test2_output.prototxt",
      ("--input-shape", "data=192,3,32,32", "--input-shape", "label=192"), "half2 -> hwcn2           192x10"),
-    ("/work/corpus106a/dreadlord1984__SSD_windows_caffe__Pedestrian__trainD1add_noSqrt_rcnn.prototxt", (),
+    ("dreadlord1984__SSD_windows_caffe__Pedestrian__trainD1add_noSqrt_rcnn.prototxt", (),
      "-> mbox_priorbox_1  1x2x85992"),
-    ("/work/corpus106a/torrvision__caffe-tvg__src__caffe__test__matlab_tests__box_features_layer__data__"
+    ("torrvision__caffe-tvg__src__caffe__test__matlab_tests__box_features_layer__data__"
      "box_features_layer.prototxt", (), "unary,detections -> box_features  31x512x66x66"),
-    ("/work/corpus106a/torrvision__caffe-tvg__src__caffe__test__matlab_tests__channel_select_layer__data__"
+    ("torrvision__caffe-tvg__src__caffe__test__matlab_tests__channel_select_layer__data__"
      "channel_select_layer.prototxt", (), "unary,detections -> selected_channels  31x1x66x66"),
 ]
 
 
 @pytest.mark.parametrize("path, args, row", CORPUS, ids=[Path(p).name[:48] for p, _, _ in CORPUS])
 def test_the_forks_files_read(path, args, row):
-    out = inspect_corpus_file(path, *args)
+    out = inspect_corpus_file(REALWORLD / path, *args)
     assert row in out, out

@@ -2,18 +2,16 @@
 (flow_warping_layer.cu FlowWarpingBilinearCoefs and the cuSPARSE product, f991df5), written out per pixel in
 float32, through torch, onnxruntime and model.py; t2mhanh/caffe_convLSTM_WTA's SpatialConvWta, which the fork
 declares nowhere: read, sized, refused."""
-from pathlib import Path
-
 import numpy as np
 import pytest
-from conftest import check_everywhere, cli_process, net, rng
+from conftest import REPO, check_everywhere, cli_process, net, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
 f32 = np.float32
-CORPUS = Path("/work/corpus107a")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def cuda_int(v):
@@ -98,8 +96,6 @@ def test_corpus_files_read(tmp_path):
     warp = CORPUS / "AmirooR__caffe_video_segmentation__video_segmentation__test_layers__test_warping_layer.prototxt"
     wta = [CORPUS / f"t2mhanh__caffe_convLSTM_WTA__examples__mnist_wta_autoencoder__mnist_wta_autoencoder{s}.prototxt"
            for s in ("3", "_test")]
-    if not warp.exists():
-        pytest.skip("corpus107a not on this machine")
     res = cli_process("inspect", str(warp))
     assert res.returncode == 0 and "FlowWarping" in res.stdout and "1x3x100x100" in res.stdout
     model = load_from_text(warp.read_text(), random_weights=True)

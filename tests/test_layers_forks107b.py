@@ -2,18 +2,16 @@
 (caffeq/layers/nhwc_layers.py) against numpy transcriptions of the fork's loops (im2col_nhwc_cpu + GEMM, the
 depthwise GPU kernel, the pooling loops) in torch, onnxruntime and model.py; weights from a caffemodel in the fork's
 (kh, kw, C_in, C_out) layout; and the round's corpus files."""
-from pathlib import Path
-
 import numpy as np
 import pytest
-from conftest import check_everywhere, cli_process, net, ok, one_line_error, rng
+from conftest import REPO, check_everywhere, cli_process, net, ok, one_line_error, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.io.schema import caffe_pb2
 from caffeq.model import load_from_text
 
 F32 = np.float32
-CORPUS = Path("/work/corpus107a")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 NHWC_NET = CORPUS / "UrwLee__Experience__remodet_repository_LEE__test__testToNHWC__models__net_NHWC.prototxt"
 FRCNN_NET = CORPUS / "makefile__frcnn__examples__FRCNN__fpn-res50__train_val_merged-dcn-ohem.proto.prototxt"
 
@@ -249,13 +247,11 @@ def test_fork_test_net_conv_relu_pool_chain(tmp_path):
                      atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(not NHWC_NET.exists(), reason="corpus not present")
 def test_corpus_nhwc_net_reads():
     out = ok(cli_process("inspect", NHWC_NET))
     assert "pool5" in out and "1x7x7x512" in out
 
 
-@pytest.mark.skipif(not FRCNN_NET.exists(), reason="corpus not present")
 def test_corpus_frcnn_layer_level_fillers_stay_an_error():
     """makefile/frcnn 8d9b9eb's caffe.proto declares no weight_filler / bias_filler in LayerParameter: its own
     Caffe refuses the file at the same line."""

@@ -3,7 +3,7 @@ He-Zhenwei/MAF's RandomMaclaurin (numpy references written from the forks' C++).
 import numpy as np
 import pytest
 import torch
-from conftest import check_everywhere, inspect_corpus_file, net, rng
+from conftest import REPO, check_everywhere, inspect_corpus_file, net, rng
 
 from caffeq.io.schema import caffe_pb2
 from caffeq.layers import LayerError, registry
@@ -187,24 +187,26 @@ def test_random_maclaurin_refusals():
                            'random_maclaurin_param { num_output: 5 } }', inputs={"a": (2, 3, 2), "b": (2, 4)}))
 
 
-CORPUS_A, CORPUS_B = "/work/corpus110a/", "/work/corpus110b/"
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
+# xiaolonw/caffe-3dnormal's LICENSE is CMU's non-commercial licence, so its file stays out of tests/fixtures
+CMU_NON_COMMERCIAL = pytest.mark.skip(reason="not shipped: licence (xiaolonw/caffe-3dnormal is non-commercial)")
 
 
-@pytest.mark.parametrize("path, args, row", [
-    (CORPUS_B + "xiaolonw__caffe-3dnormal__3dscript__fusion_test__seg_test_2fc_3dnormal_fusion.prototxt", (),
-     "reshape_3d  ReshapeBlock  fc8_3dnorm -> reshape_3d  300x40x13x13"),
-    (CORPUS_B + "lzx1413__caffe__examples__mnist__lenet_train_test.prototxt",
+@pytest.mark.parametrize("name, args, row", [
+    pytest.param("xiaolonw__caffe-3dnormal__3dscript__fusion_test__seg_test_2fc_3dnormal_fusion.prototxt", (),
+                 "reshape_3d  ReshapeBlock  fc8_3dnorm -> reshape_3d  300x40x13x13", marks=CMU_NON_COMMERCIAL),
+    ("lzx1413__caffe__examples__mnist__lenet_train_test.prototxt",
      ("--input-shape", "data=2,1,28,28", "--input-shape", "label=2"), "2x128x30x30"),
-    (CORPUS_B + "stupiding__face-detection__face_detection_models__24in_models__24in_12in_16c5s2p0_32c5s2p0_"
+    ("stupiding__face-detection__face_detection_models__24in_models__24in_12in_16c5s2p0_32c5s2p0_"
      "128c3s1p0_1c1s1p0__model.prototxt", ("--input-shape", "data=2,3,24,24", "--input-shape", "info=2,5"),
      "accuracy_2  Accuracy"),
-    (CORPUS_B + "stupiding__face-detection__face_detection_models__48in_models__model.prototxt",
+    ("stupiding__face-detection__face_detection_models__48in_models__model.prototxt",
      ("--input-shape", "data=2,3,48,48", "--input-shape", "info=2,5"),
      "loss_cls_3  SigmoidCrossEntropyLoss  conv6_3,is_face,pred_1,pred_2 -> loss_cls_3"),
-    (CORPUS_A + "He-Zhenwei__MAF__caffe-fast-rcnn__python__train_rcdan_alex.prototxt", (), "RandomMaclaurin"),
+    ("He-Zhenwei__MAF__caffe-fast-rcnn__python__train_rcdan_alex.prototxt", (), "RandomMaclaurin"),
 ])
-def test_corpus_files_read(path, args, row):
-    out = inspect_corpus_file(path, *args)
+def test_corpus_files_read(name, args, row):
+    out = inspect_corpus_file(CORPUS / name, *args)
     assert row in out, out
 
 

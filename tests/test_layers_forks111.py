@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import assert_close, check_everywhere, inspect_corpus_file, net, rng
+from conftest import REPO, assert_close, check_everywhere, inspect_corpus_file, net, rng
 from google.protobuf import text_format
 
 from caffeq.io.schema import caffe_pb2
@@ -14,7 +14,7 @@ from caffeq.layers.registry import spec_for
 from caffeq.model import load_from_text
 
 F = np.float32
-CORPUS = "/work/corpus111b/"
+CORPUS = str(REPO / "tests" / "fixtures" / "realworld") + "/"
 
 
 # ---- SoftProposal -------------------------------------------------------------------------------
@@ -256,7 +256,7 @@ def test_gated_sigmoid_cross_entropy_loss_refuses_missing_gates():
     (CORPUS + "daerduoCarey__mycaffe__models__CUB_googLeNet_Mask__train_test.prototxt", (), "16x3x224x224"),
     (CORPUS + "tiandunc__caffe-windows__matlab__+caffe__+test__hotspot_pure.prototxt",
      ("--input-shape", "data=2,3,60,60", "--input-shape", "label=2,50"), "2x5x60x60"),
-    ("/work/corpus110b/stupiding__face-detection__face_detection_models__48in_models__model.prototxt",
+    (CORPUS + "stupiding__face-detection__face_detection_models__48in_models__model.prototxt",
      ("--input-shape", "data=2,3,48,48", "--input-shape", "info=2,5"), "conv6_3,is_face,pred_1,pred_2")])
 def test_corpus_files_read(path, args, needle):
     assert needle in inspect_corpus_file(path, *args)

@@ -3,12 +3,12 @@ written from the forks' C++ (conv_lstm_layer.cpp + conv_lstm_unit_layer.cu; segm
 + tracker_math.cpp tracker_cpu_csr_gemm)."""
 import numpy as np
 import pytest
-from conftest import check_everywhere, inspect_corpus_file, net, node_of, rng
+from conftest import REPO, check_everywhere, inspect_corpus_file, net, node_of, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load_from_text
 
-CORPUS = "/work/corpus112a/"
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def _sigmoid(v):
@@ -179,4 +179,4 @@ def test_segment_pooling_refuses_rows_not_a_multiple_of_cells():
     ("haamoon__caffe__tracker_model__Test_Layers__seg_pooling.prototxt", (), "3x2x1000x3072"),
 ])
 def test_corpus_files_read(name, args, needle):
-    assert needle in inspect_corpus_file(CORPUS + name, *args)
+    assert needle in inspect_corpus_file(CORPUS / name, *args)

@@ -5,14 +5,14 @@ bb3txt_bb_layer.cpp), Lucas2012/simplified-SIM-structure-inference-machine's Eli
 compared in torch, onnxruntime and the generated model.py."""
 import numpy as np
 import pytest
-from conftest import assert_close, check_everywhere, inspect_corpus_file, net, node_of, onnx_outputs, rng
+from conftest import REPO, assert_close, check_everywhere, inspect_corpus_file, net, node_of, onnx_outputs, rng
 
 from caffeq.io.schema import caffe_pb2
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
 f32 = np.float32
-CORPUS = "/work/corpus112b/"
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def box_decode_ref(x, ideal, down, x_channels, coded, keep):
@@ -127,4 +127,4 @@ def test_fuse_inner_product_needs_two_tops():
       ("--input-shape", "img_data=80,4096,1,1", "--input-shape", "txt_data=80,3000,1,1"),
       "FuseInnerProduct  feat_prob_img -> inter1_img,intra1_img  80x1024; 80x1024") for s in ("test", "train", "val")])
 def test_corpus_files_read(name, args, needle):
-    assert needle in inspect_corpus_file(CORPUS + name, *args)
+    assert needle in inspect_corpus_file(CORPUS / name, *args)

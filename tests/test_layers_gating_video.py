@@ -2,7 +2,6 @@
 util/io.cpp ReadSegmentFLOW_RGBToDatum): TSN's fields, but every sample holds each segment's new_length x and y
 flow images and then each segment's first colour frame, (2 x new_length + 3) x num_segments channels.  caffeq
 tells it from TSN by a mean_value list of exactly that length; other TSN forks keep their readings."""
-import os
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,6 @@ from caffeq.model import load, load_from_text
 
 REALWORLD = Path(__file__).parent / "fixtures" / "realworld"
 GATING = "zhujiagang__gating-ConvNet-code__prototxt_models__ucf101__gating_three_2_"
-CORPUS = Path("/work/corpus123")
 
 
 def gating_net(params, transform, tops=("data", "label"), tail=""):
@@ -165,9 +163,7 @@ def test_real_gating_train_val_reads():
 @pytest.mark.parametrize("name, concat", [("train_val.prototxt", (12, 2112, 7, 7)),
                                           ("concat_train_val.prototxt", (12, 1056, 14, 7))])
 def test_corpus_gating_train_vals_read(name, concat):
-    path = CORPUS / (GATING + name)
-    if not os.path.exists(path):
-        pytest.skip("corpus123 not on this machine")
+    path = REALWORLD / (GATING + name)
     model = load(path)
     assert model.blob_shapes["data"] == (4, 39, 224, 224)
     assert model.blob_shapes["rgb_reshape_data"] == (12, 3, 224, 224)

@@ -1,12 +1,10 @@
 """apple35932003/IVS-Caffe 54bb78d ConvolutionIVS / FcIVS: numpy loops written from the fork's Forward_cpu,
 forward_cpu_IVS (folding adds), forward_cpu_IVS_serial and Trim2FixedPoint_cpu / Trim2FixedPoint_overflow_cpu
 (base_IVS_layer.cpp), compared in torch, onnxruntime (LAYER_BY_LAYER) and model.py."""
-from pathlib import Path
-
 import numpy as np
 import pytest
 from c_reference import c_round
-from conftest import assert_close, check_everywhere, model_py_outputs, net, rng
+from conftest import REPO, assert_close, check_everywhere, model_py_outputs, net, rng
 from google.protobuf import text_format
 
 import caffeq
@@ -16,7 +14,7 @@ from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
 f32 = np.float32
-CORPUS = Path("/work/corpus110a")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 FILES = ["apple35932003__IVS-Caffe__caffe-fast-rcnn__examples__mnist__lenet_elb_BAC.prototxt",
          "apple35932003__IVS-Caffe__caffe-fast-rcnn__examples__mnist__lenet_quantized_IVS.prototxt"]
 
@@ -351,8 +349,6 @@ def maxpool2(a):
 def test_real_lenets_run_as_the_fork(name, tmp_path):
     """The fork's LeNets: EVERY_OPERATION (lenet_elb_BAC) and LAYER_BY_LAYER (lenet_quantized_IVS), 2-bit words."""
     path = CORPUS / name
-    if not path.exists():
-        pytest.skip("corpus not here")
     model = caffeq.load(path, random_weights=True, input_shapes={"data": (2, 1, 28, 28)}, outputs=["ip2"])
     layers = {lp.name: lp for lp in text_format.Parse(path.read_text(), caffe_pb2.NetParameter()).layer}
     blobs = {n.name: n.blobs for n in model.layers if n.blobs}

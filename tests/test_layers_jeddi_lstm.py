@@ -2,18 +2,17 @@
 lstm_controller_layer.cpp, recurrent_layer.cpp, lstm_unit_layer.cpp): references written from their unrolled
 nets, step by step in float64, on T=3, N=2 and odd feature sizes."""
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, node_of, rng
+from conftest import REPO, check_everywhere, net, node_of, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load, load_from_text
 
 F = np.float32
 T, N, K, KS, KT, H = 3, 2, 5, 7, 3, 3
-CORPUS = Path("/work/corpus102c")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 STEM = "VisionLearningGroup__JEDDi-Net__experiments__denseCap_jeddiNet_end2end__test__"
 
 
@@ -147,10 +146,7 @@ def test_bad_layers_are_one_line_errors(text, msg):
 
 
 def corpus(name):
-    path = CORPUS / f"{STEM}{name}"
-    if not path.exists():
-        pytest.skip("corpus not on this machine")
-    return str(path)
+    return str(CORPUS / f"{STEM}{name}")
 
 
 def test_corpus_controller_runs_with_random_weights():

@@ -8,7 +8,6 @@ from caffeq.errors import CaffeqError
 from caffeq.model import load_from_text
 
 F = np.float32
-CORPUS = "/work/corpus94a/dedoogong__caffe-keypoint-rcnn__model__keypoint_rcnn_R-50"
 
 
 def test_pooling_crop(tmp_path):

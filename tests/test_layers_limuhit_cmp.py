@@ -3,7 +3,7 @@ kernels (TrimmedConvolution / CCN cudnn_conv_layer.cu, multobin_layer.cu, mtrans
 imp_map_layer.cu, entropy_pack_layer.cu), in torch, onnxruntime and model.py."""
 import numpy as np
 import pytest
-from conftest import assert_close, check_everywhere, net, rng
+from conftest import REPO, assert_close, check_everywhere, net, rng
 from conftest import conv_ref as grouped_conv_ref
 
 import caffeq
@@ -16,7 +16,7 @@ from caffeq.quant import get_quantizer
 from caffeq.transforms import fold_batchnorm
 
 F32 = np.float32
-CORPUS = "/work/corpus90d"
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def trimmed_mask_ref(shape, constrain, gi, go):
@@ -346,10 +346,7 @@ def test_mtranspose_and_its_inverse(tmp_path):
     ("limuhit__TrimmedConvolution__experiment1__extract_binary_data__compress_v1_extract_data.prototxt", (1, 3, 64, 96)),
     ("limuhit__ImageCompression__model__cmp__compress_v1.prototxt", (1, 3, 64, 96))])
 def test_corpus_files_read(name, shape):
-    from pathlib import Path
-    path = Path(CORPUS) / name
-    if not path.exists():
-        pytest.skip("corpus not here")
+    path = CORPUS / name
     from caffeq.model import load
     model = load(str(path), input_shapes={"data": shape} if shape else None, random_weights=True)
     assert model.layers

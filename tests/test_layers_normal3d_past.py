@@ -4,16 +4,15 @@ References are numpy loops written here from the fork's C++ (98f0ab2 decode_laye
 combine_layer.cpp; joint_image_data_layer.cpp and image_loc_data_layer.cpp for the data tops), on shapes whose
 N, C, H and W differ.  The codebook, triangle and mean files the fork reads are written to tmp_path.
 """
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, inspect_corpus_file, net, rng
+from conftest import REPO, check_everywhere, inspect_corpus_file, net, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load_from_text
 
-CORPUS = Path("/work/corpus85b")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 PREFIX = "rohitgirdhar-cmu-experimental__caffe-3dnormal_joint_past__jointscript__"
 
 

@@ -10,7 +10,6 @@
   accum_layer.cpp implements): the bottoms resampled at x = w / (tw - 1) * (bw - 1) bilinearly and
   concatenated along channels; the top size from have_reference, size_divisible_by or top_height/width.
 """
-import os
 import subprocess
 import sys
 
@@ -24,7 +23,7 @@ from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
 F = np.float32
-CORPUS = "/work/corpus97a/"
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 # ---- DetectionOutput, normalized_bbox: false ----------------------------------------------------------
@@ -289,9 +288,7 @@ def test_accum_refusals(shapes, param, msg):
     ("opencv__opencv__testdata__dnn__layers__accum.prototxt", "1x5x8x12"),
 ])
 def test_opencv_corpus_files_read(name, shape):
-    if not os.path.exists(CORPUS + name):   # a collection of OpenCV's own files, not shipped with the tests
-        pytest.skip(f"{CORPUS + name} is not on this machine")
-    res = subprocess.run([sys.executable, "cli.py", "inspect", CORPUS + name], cwd=REPO, capture_output=True,
+    res = subprocess.run([sys.executable, "cli.py", "inspect", str(CORPUS / name)], cwd=REPO, capture_output=True,
                          text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     assert shape in res.stdout

@@ -10,7 +10,6 @@
   where a join only fits that size, also through one-bottom layers that keep the size (OMZ's
   Interp -> Conv -> ReLU -> Eltwise); where PSPNet's h + (h - 1)(zoom - 1) fits, PSPNet's stays.
 """
-import os
 import subprocess
 import sys
 
@@ -23,7 +22,7 @@ from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
 F = np.float32
-CORPUS = "/work/corpus96a/openvinotoolkit__open_model_zoo__models__intel__{0}__{0}.prototxt"
+CORPUS = str(REPO / "tests" / "fixtures" / "realworld" / "openvinotoolkit__open_model_zoo__models__intel__{0}__{0}.prototxt")
 
 
 # ---- DetectionOutput, normalized: false -----------------------------------------------------------------
@@ -190,8 +189,6 @@ def test_pspnet_size_kept_where_the_join_fits_it():
                                          ("road-segmentation-adas-0001", "1x4x512x896")])
 def test_omz_corpus_files_read(name, shape):
     path = CORPUS.format(name)
-    if not os.path.exists(path):   # a collection of the Open Model Zoo's own files, not shipped with the tests
-        pytest.skip(f"{path} is not on this machine")
     res = subprocess.run([sys.executable, "cli.py", "inspect", path], cwd=REPO, capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stderr

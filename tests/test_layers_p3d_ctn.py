@@ -6,16 +6,15 @@ value's top index as deconv_trans_layer.cu's and clip2img_layer.cu's kernels do;
 pooling3d_layer.cpp, normalization_layer.cpp and roi_pooling_layer.cpp.  Each runs in torch, onnxruntime and the
 generated model.py.
 """
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, fast_rcnn_bins, net, rng
+from conftest import REPO, check_everywhere, fast_rcnn_bins, net, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load, load_from_text
 
-CORPUS = Path("/work/corpus89b")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 
 
 def deconv_trans_ref(x, stride):
@@ -228,8 +227,6 @@ JHMDB_SHAPES = {"data": (1, 3, 16, 300, 400), "tois": (3, 5), "toi2": (3, 5), "t
 ])
 def test_corpus_files_read(name, shapes, blob, expected):
     path = CORPUS / f"roundchuan__P3D-CTN__{name}.prototxt"
-    if not path.exists():
-        pytest.skip("corpus89b not on this machine")
     model = load(str(path), input_shapes=shapes) if shapes else load(str(path), unknown_shapes_ok=True)
     if blob:
         assert model.blob_shapes[blob] == expected

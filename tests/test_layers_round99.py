@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from c_reference import c_round
-from conftest import check_everywhere, cli_process, net, ok, rng
+from conftest import REPO, check_everywhere, cli_process, net, ok, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
@@ -243,17 +243,16 @@ def test_pams_refusals(xshape, dim, g, divide_type, message):
 
 # ---- the corpus files ------------------------------------------------------------------------------
 
-CORPUS = [("/work/corpus99a/csjcai__RealSR__Test__LP-KPN.prototxt", ()),
-          ("/work/corpus99a/csjcai__RealSR__Train__LP-KPN.prototxt",
+REALWORLD = str(REPO / "tests" / "fixtures" / "realworld")
+CORPUS = [(REALWORLD + "/csjcai__RealSR__Test__LP-KPN.prototxt", ()),
+          (REALWORLD + "/csjcai__RealSR__Train__LP-KPN.prototxt",
            ("--input-shape", "data=2,1,48,48", "--input-shape", "label=2,1,48,48")),
-          ("/work/corpus99c/ypeiyu__PAMS-FCN__models__caltech__ResNet-50__pams_fcn_end2end__pams_fcn_ohem_test"
-           ".prototxt", ()),
-          ("/work/corpus99c/ypeiyu__PAMS-FCN__models__caltech__ResNet-50__pams_fcn_end2end__pams_fcn_ohem_train"
-           ".prototxt", ())]
+          (REALWORLD + ("/ypeiyu__PAMS-FCN__models__caltech__ResNet-50__pams_fcn_end2end__pams_fcn_ohem_test"
+                        ".prototxt"), ()),
+          (REALWORLD + ("/ypeiyu__PAMS-FCN__models__caltech__ResNet-50__pams_fcn_end2end__pams_fcn_ohem_train"
+                        ".prototxt"), ())]
 
 
 @pytest.mark.parametrize("path, extra", CORPUS, ids=lambda v: Path(v).name[:40] if isinstance(v, str) else "")
 def test_corpus_files_read(path, extra):
-    if not Path(path).exists():
-        pytest.skip("the round-99 corpus is not on this machine")
     ok(cli_process("inspect", path, *extra))

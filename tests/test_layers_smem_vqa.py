@@ -1,18 +1,16 @@
 """VisionLearningGroup/Ask_Attend_and_Answer's MatrixProd and WordSum (caffeq/layers/smem_vqa.py) against the
 fork's gemms (matrix_prod_layer.cpp, word_sum_layer.cpp at 45b1d36), in torch, onnxruntime and model.py, and
 its SMem-VQA nets read and run."""
-from pathlib import Path
-
 import numpy as np
 import pytest
-from conftest import check_everywhere, cli_process, net, node_of, ok, rng
+from conftest import REPO, check_everywhere, cli_process, net, node_of, ok, rng
 
 import caffeq
 from caffeq.layers import LayerError
 from caffeq.model import load_from_text
 
 F32 = np.float32
-CORPUS = Path("/work/corpus106b")
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
 DEPLOY = CORPUS / "VisionLearningGroup__Ask_Attend_and_Answer__example__prediction__deploy.prototxt"
 TRAIN = CORPUS / "VisionLearningGroup__Ask_Attend_and_Answer__example__train__mmnetwork.prototxt"
 
@@ -136,7 +134,6 @@ def test_word_sum_bad_parameters():
         load_from_text(net(word_sum_layer("x", "y", "num_output: 2"), inputs={"x": (2, 3)}))
 
 
-@pytest.mark.skipif(not CORPUS.exists(), reason="corpus not on this machine")
 @pytest.mark.parametrize("path", [DEPLOY, TRAIN], ids=["deploy", "train"])
 def test_smem_vqa_nets_read(path):
     out = ok(cli_process("inspect", path, "--input-shape", "question=25,25"))
@@ -149,7 +146,6 @@ def _softmax(v):
     return e / e.sum()
 
 
-@pytest.mark.skipif(not DEPLOY.exists(), reason="corpus not on this machine")
 def test_smem_vqa_deploy_runs_with_random_weights():
     """The deploy net's two attention hops, recomputed in numpy from its pool5 and word embeddings."""
     model = caffeq.load(str(DEPLOY), random_weights=True, input_shapes={"question": (25, 25)}, batch=2)

@@ -1,18 +1,17 @@
 """Lanselott's Sparsify and vadim-v-lebedev's SparseConvolution (caffeq/layers/sparse_forks.py) against numpy
 loops written here from the forks' C++ (sparsify_layer.cpp/.cu; sparse_conv_layer.cpp compressKernel,
 im2col_cpu_sparse, forward_cpu_gemm), in torch, onnxruntime and model.py."""
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import check_everywhere, inspect_corpus_file, net, node_of, rng
+from conftest import REPO, check_everywhere, inspect_corpus_file, net, node_of, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load, load_from_text
 
 F32 = np.float32
-CORPUS = "/work/corpus112a"
+CORPUS = str(REPO / "tests" / "fixtures" / "realworld")
 
 
 def sparsify_ref(x, thre):
@@ -184,8 +183,6 @@ def test_corpus_files_read(name, shapes):
 
 def test_corpus_sparse_deploy_runs_with_random_weights():
     path = f"{CORPUS}/vadim-v-lebedev__caffe__examples__sparse__net_sparse_deploy.prototxt"
-    if not Path(path).exists():
-        pytest.skip("the corpus is not on this machine")
     model = load(path, random_weights=True)
     y = model.run({"data": rng(6).standard_normal((1, 1, 28, 28)).astype(F32)})["ip2"]
     assert y.shape == (1, 10) and np.isfinite(y).all()

@@ -1,11 +1,10 @@
 """xyyu-callen/caffe-3Dstn (3e81d58): TridimConvolution, TridimPooling, TridimSpatialTransformer, TridimData.
 References are numpy loops written from the fork's C++ (vol2col + GEMM, tridim_pooling_layer.cpp's loops, the
 TridimSpatialTransformerForwardGPU kernel with LayerSetUp's output grid) on (N, C, D, H, W) with D != H != W."""
-import os
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, rng
+from conftest import REPO, check_everywhere, rng
 
 from caffeq.layers import LayerError
 from caffeq.model import load, load_from_text
@@ -220,7 +219,5 @@ def test_tridim_data_bad_parameters():
     ("examples__tridim_frgc__train.prototxt", "data", (1, 3, 90, 120, 120)),
 ])
 def test_corpus_nets_read(name, blob, shape):
-    path = os.path.join("/work/corpus87d", "xyyu-callen__caffe-3Dstn__" + name)
-    if not os.path.exists(path):
-        pytest.skip("corpus87d not on this machine")
+    path = REPO / "tests" / "fixtures" / "realworld" / ("xyyu-callen__caffe-3Dstn__" + name)
     assert load(path).blob_shapes[blob] == shape

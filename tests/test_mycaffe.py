@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, node_of, rng
+from conftest import REPO, check_everywhere, net, node_of, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.io.prototxt import read_prototxt
@@ -291,18 +291,17 @@ def test_other_files_keep_their_reading(tmp_path):
 
 # ---- the corpus files ----------------------------------------------------------------------------------------
 
-CORPUS = [("/work/corpus91a/MyCaffe__MyCaffe__MyCaffe.app__Resources__triplet_train_val.prototxt", {"data1": (1, 1, 28, 28)},
+CORPUS_DIR = REPO / "tests" / "fixtures" / "realworld"
+CORPUS = [(CORPUS_DIR / "MyCaffe__MyCaffe__MyCaffe.app__Resources__triplet_train_val.prototxt", {"data1": (1, 1, 28, 28)},
            {"decode1": (1, 10, 1, 1)}),
-          ("/work/corpus91a/MyCaffe__MyCaffe__MyCaffe.test__test_data__models__rnn__char_rnn__lstm_attention__train_val"
-           ".prototxt", None, {"ip1": (75, 128)}),
-          ("/work/corpus91d/MyCaffe__MyCaffe__MyCaffe.test__test_data__models__reinforcement__cartpole.noisy.dqn__"
-           "train_val.prototxt", None, {"logits": (32, 2)})]
+          (CORPUS_DIR / ("MyCaffe__MyCaffe__MyCaffe.test__test_data__models__rnn__char_rnn__lstm_attention__train_val"
+                         ".prototxt"), None, {"ip1": (75, 128)}),
+          (CORPUS_DIR / ("MyCaffe__MyCaffe__MyCaffe.test__test_data__models__reinforcement__cartpole.noisy.dqn__"
+                         "train_val.prototxt"), None, {"logits": (32, 2)})]
 
 
 @pytest.mark.parametrize("path,shapes,tops", CORPUS)
 def test_corpus_files_run(path, shapes, tops):
-    if not os.path.exists(path):
-        pytest.skip("corpus file not here")
     model = load(path, random_weights=True, input_shapes=shapes)
     feeds = {name: np.zeros(model.graph.tensors[name].shape, f32) for name in model.inputs}
     out = model.run(feeds)
@@ -349,8 +348,11 @@ def test_repairs_change_nothing_in_other_files(name, monkeypatch):
 
 def test_no_realworld_fixture_reads_as_mycaffe():
     from caffeq.io.text_repairs import is_mycaffe_text
-    names = [n for n in os.listdir(REALWORLD) if n.endswith(".prototxt")]
+    # MyCaffe's own files are fixtures too: the check is on every other repository's
+    names = [n for n in os.listdir(REALWORLD) if n.endswith(".prototxt") and not n.startswith("MyCaffe__MyCaffe__")]
     assert len(names) > 100
+    for path, _, _ in CORPUS:
+        assert is_mycaffe_text(path.read_text(encoding="utf-8")), path.name
     for name in names:
         with open(os.path.join(REALWORLD, name), encoding="utf-8", errors="replace") as f:
             assert not is_mycaffe_text(f.read()), name

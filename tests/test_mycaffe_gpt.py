@@ -3,17 +3,16 @@
 (TokenizedDataLayer.cs) and Eltwise's allow_single_batch_input (EltwiseLayer.cs).  References written from the
 C# forwards in numpy (float64), compared in torch, onnxruntime and the generated model.py."""
 import math
-import os
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, node_of, rng
+from conftest import REPO, check_everywhere, net, node_of, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load, load_from_text
 
 f32 = np.float32
-CORPUS = "/work/corpus91a/MyCaffe__MyCaffe__MyCaffe.test__test_data__models__gpt-mini__gpt-mini.prototxt"
+CORPUS = str(REPO / "tests" / "fixtures" / "realworld" / "MyCaffe__MyCaffe__MyCaffe.test__test_data__models__gpt-mini__gpt-mini.prototxt")
 
 
 # ---- numpy references from the C# -----------------------------------------------------------------------------
@@ -258,7 +257,6 @@ def test_tokenized_data_shorter_input_and_targets(tmp_path):
         load_from_text(GPT, random_weights=True, outputs=["logits"], input_shapes={"tokdata": (2, 9)})
 
 
-@pytest.mark.skipif(not os.path.exists(CORPUS), reason="corpus file not present")
 def test_gpt_mini_corpus_file(tmp_path):
     model = load(CORPUS, random_weights=True, outputs=["logits"], input_shapes={"tokdata": (1, 16)})
     assert model.graph.tensors["logits"].shape == (1, 16, 65)

@@ -2,19 +2,18 @@
 MyCaffe/param.tft/*.cs).  References written in numpy from the C# forwards (GrnLayer, GluLayer, GateAddNormLayer,
 VarSelNetLayer, ChannelEmbeddingLayer, ReshapeTemporalLayer, MultiHeadAttentionInterpLayer, LayerNormLayer's
 forward_local) and compared in torch, onnxruntime and the generated model.py."""
-import os
 
 import numpy as np
 import pytest
-from conftest import check_everywhere, net, node_of, rng
+from conftest import REPO, check_everywhere, net, node_of, rng
 
 from caffeq.errors import CaffeqError
 from caffeq.model import load, load_from_text
 
 f32 = np.float32
-CORPUS = "/work/corpus91d/MyCaffe__MyCaffe__MyCaffe.test__test_data__models__tft__"
-FILES = [CORPUS + "Tft_traffic__tft_traffic_train_test.prototxt",
-         CORPUS + "Tft_volatility__tft_volatility_train_test.prototxt"]
+CORPUS = REPO / "tests" / "fixtures" / "realworld"
+FILES = [str(CORPUS / f"MyCaffe__MyCaffe__MyCaffe.test__test_data__models__tft__{name}_train_test.prototxt")
+         for name in ("Tft_traffic__tft_traffic", "Tft_volatility__tft_volatility")]
 
 
 def _randomize(model, name, seed):
@@ -358,8 +357,6 @@ def test_data_temporal_shapes():
 
 @pytest.mark.parametrize("path", FILES)
 def test_corpus_tft_reads_up_to_the_lstm(path):
-    if not os.path.exists(path):
-        pytest.skip("corpus file not present")
     model = load(path, random_weights=True)
     layers = {n.name: n for n in model.layers}
     assert layers["mh_attn"].type == "MultiheadAttentionInterp" and layers["past_lstm"].type == "Lstm"

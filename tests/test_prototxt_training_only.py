@@ -403,16 +403,13 @@ def test_cpm_transform_param_is_data_augmentation():
 
 
 def test_real_fork_files_read(tmp_path):
-    """NVCaffe, Intel and CaffeOnSpark files from corpus2 (when present)."""
+    """NVCaffe, Intel and CaffeOnSpark files (from corpus2, shipped as fixtures)."""
     import os
-    corpus = "/work/corpus2"
+    corpus = os.path.join(os.path.dirname(__file__), "fixtures", "realworld")
     names = ["NVIDIA__caffe__models__resnet50__train_val_fp16.prototxt",
              "intel__caffe__models__intel_optimized_models__benchmark__googlenet_v3__train_val_dummydata.prototxt",
              "jay-mahadeokar__pynetbuilder__models__cifar10__resnet_110__test.prototxt"]
-    present = [n for n in names if os.path.exists(os.path.join(corpus, n))]
-    if not present:
-        pytest.skip("corpus2 not on this machine")
-    for n in present:
+    for n in names:
         warnings = []
         net = read_prototxt(os.path.join(corpus, n), warnings=warnings)
         assert len(net.layer) > 10 and warnings
