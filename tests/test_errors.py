@@ -183,6 +183,24 @@ layer { name: "pool" type: "Pooling" bottom: "b" top: "p" pooling_param { pool: 
     assert not onnx_out.exists()
 
 
+def test_a_check_on_the_values_names_its_layer(tmp_path):
+    """A check that only the run can make (a roi's batch index past the batch) names the layer, once."""
+    net = write(tmp_path, "n.prototxt", '''name: "t"
+input: "x" input_shape { dim: 2 dim: 3 dim: 8 dim: 9 }
+input: "rois" input_shape { dim: 2 dim: 5 }
+layer { name: "roi_pool5" type: "ROIPooling" bottom: "x" bottom: "rois" top: "p"
+        roi_pooling_param { pooled_h: 2 pooled_w: 2 spatial_scale: 1 } }
+''')
+    feeds, out = tmp_path / "in.npz", tmp_path / "o.npz"
+    np.savez(feeds, x=np.zeros((2, 3, 8, 9), np.float32),
+             rois=np.array([[0, 1, 1, 4, 4], [5, 0, 0, 3, 3]], np.float32))
+    weights = write(tmp_path, "n.caffemodel", b'\n\x01t')
+    line = one_line_error(cli_process("run", net, "--weights", weights, "--input", feeds, "-o", out),
+                          "layer 'roi_pool5' (ROIPooling): roi batch index 5")
+    assert line.count("ROIPooling") == 1
+    assert not out.exists()
+
+
 # PSPNet's pyramid in miniature: a fixed pooling grid joined with a fixed-size Interp fits one input size
 FIXED_SIZE = """name: "t"
 layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: SIDE dim: SIDE } } }

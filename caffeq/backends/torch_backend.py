@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import fx, nn
 
-from ..errors import DataError
+from ..errors import CaffeqError, DataError
 from ..layers.conv import Convolution
 from ..transforms import fold_batchnorm, remove_identities
 from .names import identifier
@@ -62,6 +62,13 @@ class CaffeLayer(nn.Module):
                 out = self.spec.forward(self.attrs, self.blob_tensors(), *inputs, training=self.training)
             else:
                 out = self.spec.forward(self.attrs, self.blob_tensors(), *inputs)
+        except CaffeqError as e:
+            # a check that needs the values (a roi's batch index) knows its type, not its layer's name
+            lead = f"layer '{self.caffe_name}'"
+            if e.args and isinstance(e.args[0], str) and lead not in e.args[0]:
+                text = e.args[0].removeprefix(f"{self.caffe_type}: ")
+                e.args = (f"{lead} ({self.caffe_type}): {text}",) + e.args[1:]
+            raise
         except RuntimeError as e:
             empty = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.numel() == 0]
             if not empty:
