@@ -373,6 +373,16 @@ def test_max_pooling_mask_skips_nan(tmp_path):
     check_everywhere(model, {"x": x}, {"p": values, "mask": mask}, tmp_path, opsets=(), exact=True)
 
 
+def test_pooling_takes_one_bottom():
+    """BVLC's ExactNumBottomBlobs is 1: a second bottom (gnng's per-GPU pairs) is refused, not left out while its
+    second top is read as the argmax mask."""
+    text = ('layer { name: "data" type: "Input" top: "a" top: "b" input_param { shape { dim: 2 dim: 3 dim: 6 dim: 5 } } }\n'
+            'layer { name: "p" type: "Pooling" bottom: "a" bottom: "b" top: "pa" top: "pb" '
+            'pooling_param { pool: MAX kernel_size: 2 stride: 2 } }\n')
+    with pytest.raises(caffeq.errors.CaffeqError, match="layer 'p' \\(Pooling\\): Pooling takes 1 bottom, got 2"):
+        caffeq.model.load_from_text(text)
+
+
 def test_one_level_spp_max_of_minus_inf_gives_minus_flt_max(tmp_path):
     """A one-level BVLC SPP is global pooling: a plane of -inf cells gives -FLT_MAX in torch and model.py."""
     x = np.random.default_rng(13).standard_normal((2, 3, 5, 4)).astype(np.float32)

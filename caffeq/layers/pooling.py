@@ -130,6 +130,11 @@ def parse_pooling(p):
         attrs["pool"], attrs["negate"] = MAX, True
     if attrs["pool"] not in (MAX, AVE, STOCHASTIC, AVE_EXC_PAD):
         raise LayerError(f"unknown pool method {attrs['pool']}")
+    # caffe-recon-dec's fields (caffeq/layers/recon_dec.py): a LOCAL mask counts cells in the window, not the plane
+    fields = p.DESCRIPTOR.fields_by_name
+    if ("mask_index_type" in fields and p.mask_index_type != 0) or \
+            any(f in fields and p.HasField(f) for f in ("fix", "fix_x", "fix_y")):
+        raise LayerError("pooling_param: caffe-recon-dec's mask_index_type / fix fields are read by its Depooling only")
     # synopsys-caffe's pad_type / pad_l/r/t/b (pooling_edges.py); None keeps Caffe's symmetric pad
     attrs["edge"] = read_edge_pads(p, 2, "pooling_param")
     if attrs["edge"] is not None:
@@ -519,6 +524,9 @@ class Pooling(Layer):
 
     def parse(self, lp):
         attrs = parse_pooling(self.pooling_params(lp))
+        if len(lp.bottom) != 1:
+            # Caffe's ExactNumBottomBlobs is 1: a second bottom would otherwise be silently left out
+            raise LayerError(f"{lp.type} takes 1 bottom, got {len(lp.bottom)}")
         # Caffe: MAX pooling may have a second top, the argmax mask; other methods exactly one
         most = 2 if attrs["pool"] == MAX else 1
         if not 1 <= len(lp.top) <= most:
