@@ -23,6 +23,10 @@ KNOWN_REFUSALS = {
     # snippets: a bottom that no layer makes (a placeholder for the reader's own net)
     "happynear__AMSoftmax__prototxt__GNAP.prototxt": "bottom 'res4_3' is not produced by any earlier layer",
     "happynear__NormFace__prototxt__scaled_cosine_softmax.prototxt": "bottom 'last_ip_layer' is not produced by any earlier layer",
+    # DIGITS adds DetectNet's data layers: no layer makes 'data' (test_layers_digits_multi_detect gives its shape)
+    "SidHard__digits-multi-detect__detectnet_0.5.prototxt": "--input-shape data=N,C,H,W",
+    # herenvarno/gnng: every layer takes GPU_COUNT (2) bottom / top pairs; Pooling takes one (test_layers_dengshuo_gnng)
+    "herenvarno__gnng__gnng.20160512__modified_net.prototxt": "layer 'pool1' (Pooling): Pooling takes 1 bottom, got 2",
     # spatial-IRNN's example: its four-direction sweeps after the reader's own pool5 (test_layers_spatial_irnn)
     "sherylwang__spatial-IRNN__models__example.prototxt": "--input-shape pool5=N,C,H,W",
     # broken for every reader (corpus3 triage): a stray typo; line 170 reads `}z`, named where it stands

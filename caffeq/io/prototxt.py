@@ -81,6 +81,8 @@ _FORK_OF_FIELD = {"video_data_param": "SSD", "c3d_video_data_param": "C3D v1.1",
 _XMBRAIN_TYPES = {"InnerProductRistretto", "PoolingRistretto", "ReLURistretto", "DataRistretto"}
 _V1_TYPE = caffe_pb2.V1LayerParameter.DESCRIPTOR.fields_by_name["type"]
 _POOL_METHOD = caffe_pb2.PoolingParameter.DESCRIPTOR.fields_by_name["pool"]
+_DETECTNET_CLASSES = caffe_pb2.DetectNetGroundTruthParameter.DESCRIPTOR.fields_by_name["object_class"]
+_DETECTNET_CLASS_COUNT = caffe_pb2.DetectNetGroundTruthParameter.DESCRIPTOR.fields_by_name["object_class_count"]
 _STYLETRANSFER_POOLS = {'"max"', '"ave"', "'max'", "'ave'"}   # its string `pool` (io/prototxt.py)
 # and N-D Convolution / Pooling with three kernel sizes (chuckcho/video-caffe's C3D nets)
 _3D_LAYERS = re.compile(r"\b(convolution3d_param|pooling3d_param|Convolution3D|Pooling3D|NdConvolution|NdPooling)\b"
@@ -125,6 +127,10 @@ class _FieldPicker(text_format._Parser):
         self._depth = 0
 
     def _MergeMessageField(self, tokenizer, message, field):
+        if field is _DETECTNET_CLASSES and tokenizer.token not in ("{", "<"):
+            # SidHard/digits-multi-detect declares object_class a class count, NVCaffe a ClassMapping
+            self._MergeScalarField(tokenizer, message, _DETECTNET_CLASS_COUNT)
+            return
         options = _SHARED_NAMES.get((message.DESCRIPTOR.full_name, field.name))
         if options and self.lines and tokenizer._line < len(self.lines):
             field = message.DESCRIPTOR.fields_by_name[self._pick(options, tokenizer, message)]

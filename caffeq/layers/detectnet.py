@@ -5,7 +5,9 @@ Bottoms: the images (N, 3, H, W) and DIGITS' bbox label blob (N, 1, max_boxes + 
   transformed_data  (N, 3, image_size_y, image_size_x)
   transformed_label (N, 8 + K, gh, gw), gw = round(image_size_x * float(1 / stride)) (likewise gh; OpenCV's
                     float-to-int Rect conversion rounds), K = 1 + the largest object_class.dst (one class,
-                    src 1 -> 0, when none is given).
+                    src 1 -> 0, when none is given).  SidHard/digits-multi-detect (371385e) declares
+                    object_class a count n instead (`object_class: 3`): classes 1..n -> maps 0..n-1, K = n
+                    (the text reader stores it in object_class_count; its generator is NVCaffe's otherwise).
 Parameters: detectnet_groundtruth_param, detectnet_augmentation_param (the fork's numbers 6801, 6802)
 and transform_param's mean_value (0, 1 or 3 values) or mean_file; the other transform fields are
 not read by the fork.
@@ -33,6 +35,7 @@ from values, which ONNX cannot express: the export refuses only where that top i
 """
 import numpy as np
 import torch
+from google.protobuf.unknown_fields import UnknownFieldSet
 from torch import nn
 
 from ..errors import ExportError
@@ -214,6 +217,15 @@ def _phase(lp):
     return caffe_pb2.Phase.Name(lp.phase) if lp.HasField("phase") else None
 
 
+def _class_count(p):
+    """SidHard/digits-multi-detect's `object_class: n` (a uint32 at 13 there, NVCaffe's ClassMapping here):
+    from the text reader's object_class_count, or a binary file's varint 13, which protobuf keeps unknown."""
+    if p.HasField("object_class_count"):
+        return int(p.object_class_count)
+    numbers = [f.data for f in UnknownFieldSet(p) if f.field_number == 13 and f.wire_type == 0]
+    return int(numbers[-1]) if numbers else None
+
+
 def _ground_truth(lp):
     p = lp.detectnet_groundtruth_param
     what = "detectnet_groundtruth_param"
@@ -223,6 +235,13 @@ def _ground_truth(lp):
     classes = {}
     for mapping in p.object_class:
         classes[int(mapping.src)] = int(mapping.dst)    # std::map: a repeated src keeps the last dst
+    count = _class_count(p)
+    if count is not None:
+        if classes:
+            raise LayerError(f"{what}.object_class: give src / dst mappings (NVCaffe) or one class count "
+                             f"(SidHard/digits-multi-detect), not both")
+        # the fork's assignLabels: source classes 1..count to coverage maps 0..count-1
+        classes = {k + 1: k for k in range(count)}
     if not classes:
         classes = {1: 0}    # the fork's KITTI default: class 1 (car) -> coverage map 0
     stride = int(p.stride)
