@@ -91,3 +91,14 @@ def test_realworld_gnng_modified_net():
     res = cli_process("inspect", REALWORLD / "herenvarno__gnng__gnng.20160512__modified_net.prototxt")
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert "layer 'pool1' (Pooling): Pooling takes 1 bottom, got 2" in res.stderr
+
+
+def test_dengshuo_deformable_reads_channels_at_axis_1_only():
+    with pytest.raises(LayerError, match=r"layer 'd' \(DeformableConvolution\).*axis must be 1.*got 0"):
+        load_from_text(net(layer("num_output: 2 kernel_size: 3 axis: 0"), inputs={"x": (1, 4, 5, 5),
+                                                                                  "o": (1, 8, 5, 5)}))
+
+
+def test_gnng_memory_data_has_no_nd_shape():
+    with pytest.raises(LayerError, match=r"layer 'data1' \(MemoryData\).*memory_data_param.dim is naibaf7"):
+        load_from_text(GNNG_DATA.replace("batch_size: 3", "dim: 3 dim: 2 dim: 5 dim: 7 batch_size: 3"))

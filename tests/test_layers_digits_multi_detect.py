@@ -75,6 +75,13 @@ def test_both_forms_in_one_layer_are_one_line():
         load_from_text(text)
 
 
+@pytest.mark.parametrize("count", [65537, 4294967295])
+def test_an_absurd_class_count_is_refused_before_the_map_is_built(count):
+    text = count_net((1, 3, 4, 9), (1, 1, 3, 16), GT, f"object_class: {count}")
+    with pytest.raises(CaffeqError, match=rf"object_class: {count} classes is absurd"):
+        load_from_text(text)
+
+
 # ---- the fork's ClusterDetections ------------------------------------------------------------------
 
 def ref_fork_cluster(coverage, boxes, size_x, size_y, stride, cvg_thr, rect_thr, eps, min_height):
@@ -182,3 +189,91 @@ def test_real_file_val_stage_sizes_three_coverage_maps(tmp_path, capsys):
     assert {lp.detectnet_groundtruth_param.object_class_count for lp in net.layer
             if lp.type == "DetectNetTransformation"} == {3}
     assert caffe_pb2.DetectNetGroundTruthParameter().object_class_count == 0
+
+
+# ---- edges the module's code fixes (mutation review r137) -------------------------------------------
+
+def test_object_class_mappings_in_angle_brackets_and_lists_read_as_before():
+    base = count_net((1, 3, 4, 9), (1, 1, 3, 16), GT, "")
+    for written in ("object_class < src: 1 dst: 0 > object_class < src: 3 dst: 2 >",
+                    "object_class: [ { src: 1 dst: 0 }, { src: 3 dst: 2 } ]"):
+        p = parse_prototxt_text(base.replace("detectnet_groundtruth_param { ",
+                                             f"detectnet_groundtruth_param {{ {written} ")).layer[2]
+        p = p.detectnet_groundtruth_param
+        assert [(m.src, m.dst) for m in p.object_class] == [(1, 0), (3, 2)], written
+        assert not p.HasField("object_class_count")
+
+
+def test_a_binary_layer_that_writes_the_count_twice_keeps_the_last():
+    """protobuf's rule for a singular field given twice, as the fork's parser reads its own binary."""
+    net = parse_prototxt_text(count_net((1, 3, 4, 9), (1, 1, 3, 16), GT, ""))
+    p = net.layer[2].detectnet_groundtruth_param
+    p.ParseFromString(p.SerializeToString() + bytes([13 << 3, 5, 13 << 3, 2]))
+    from caffeq.layers.detectnet import _ground_truth
+    assert _ground_truth(net.layer[2])["classes"] == {1: 0, 2: 1}
+
+
+def run_cluster(coverage, boxes, param_str):
+    model = load_from_text(cluster_net(coverage.shape[0], coverage.shape[1], coverage.shape[2:], boxes.shape[2:],
+                                       param_str))
+    return model.run({"coverage": coverage, "bboxes": boxes})["bbox-list"]
+
+
+def test_fork_cluster_threshold_in_float32_and_min_height_as_y2_minus_y1():
+    """Coverage exactly float32(0.7) (below 0.7) passes the module's float32 comparison; two groups of two
+    equal boxes, heights y2 - y1 = 10 (kept at min_height 10) and 9 (dropped although y2 = 29)."""
+    coverage = np.zeros((2, 2, 4, 6), F32)
+    boxes = np.zeros((2, 4, 4, 6), F32)
+    for x, y, box in ((1, 0, (2, 3, 12, 13)), (2, 0, (-6, 3, 4, 13)), (1, 2, (2, 4, 12, 13)), (2, 2, (-6, 4, 4, 13))):
+        coverage[0, 1, y, x] = F32(0.7)
+        boxes[0, :, y, x] = box      # cell (x, y) adds (8x, 8y): rects (10, 3, 20, 13) and (10, 20, 20, 29)
+    out = run_cluster(coverage, boxes, "48, 32, 8, 0.7, 1, 0.2, 10, 2")
+    ref = np.stack([ref_fork_cluster(coverage[:, c:c + 1], boxes, 48, 32, 8, 0.7, 1, 0.2, 10) for c in range(2)])
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(out[1, 0, :2], np.asarray([[10, 3, 20, 13, np.float16(math.log(2))], [0] * 5], F32))
+    assert not out[0].any() and not out[1, 1].any()
+
+
+def test_fork_cluster_all_zero_corners_give_no_rows():
+    """Cells whose corners are all 0 propose nothing (the module's `if not propose_boxes.any()`), even where
+    groupRectangles would keep their group."""
+    coverage = np.zeros((1, 2, 4, 6), F32)
+    boxes = np.zeros((1, 4, 4, 6), F32)
+    coverage[0, 0, 0, :2] = 1
+    boxes[0, :, 0, 1] = (-8, 0, -8, 0)
+    assert not run_cluster(coverage, boxes, "48, 32, 8, 0.5, 1, 0.2, 0, 2").any()
+
+
+def test_fork_cluster_fifty_groups_fill_the_rows_and_fifty_one_fail():
+    coverage = np.zeros((1, 2, 6, 10), F32)
+    boxes = np.tile(np.asarray([0, 0, 8, 8], F32)[:, None, None], (1, 1, 6, 10))
+    coverage[0, 1].flat[:50] = 1
+    out = run_cluster(coverage, boxes, "80, 48, 8, 0.5, 0, 0.2, 8, 2")
+    assert (out[1, 0, :, 2] > 0).all() and not out[0].any()
+    coverage[0, 1].flat[50] = 1
+    with pytest.raises(CaffeqError, match=r"layer 'cluster': ClusterDetections: image 0 gives 51 boxes, more than "
+                                          r"the module's 50 rows"):
+        run_cluster(coverage, boxes, "80, 48, 8, 0.5, 0, 0.2, 8, 2")
+
+
+def test_fork_cluster_shapes_at_the_edges():
+    """A one-cell grid (stride = the image's height) reads; boxes need only the rows the module reads."""
+    model = load_from_text(cluster_net(2, 3, (4, 6), (4, 6), "48, 32, 32, 0.6, 1, 0.2, 10, 3"))
+    assert model.blob_shapes["bbox-list"] == (3, 2, 50, 5)
+    model = load_from_text(cluster_net(1, 3, (8, 5), (3, 5), "24, 64, 8, 0.6, 1, 0.2, 10, 3"))   # 3 rows read
+    assert model.blob_shapes["bbox-list"] == (3, 1, 50, 5)
+    with pytest.raises(CaffeqError, match=r"cluster.*first 3 rows.*got boxes \[1, 4, 2, 5\]"):
+        load_from_text(cluster_net(1, 3, (8, 5), (2, 5), "24, 64, 8, 0.6, 1, 0.2, 10, 3"))
+    text = cluster_net(2, 3, (4, 6), (4, 6), "48,32,8,0.6,1,0.2,10,3").replace("dim: 2 dim: 4 dim: 4", "dim: 1 dim: 4 dim: 4")
+    with pytest.raises(CaffeqError, match=r"cluster.*for each of its 2 images, got boxes \[1, 4, 4, 6\]"):
+        load_from_text(text)
+
+
+@pytest.mark.parametrize("param_str, message", [
+    ("48,32,8,0.6,1,0.2,10,0", "num_classes 0 gives no class"),
+    ("48,32,8,0.6,1,0.2,10,-2", "num_classes -2 gives no class"),
+    ("48,32,8,0.6,1.5,0.2,10,3", "wrong type"),     # the module's int('1.5') fails
+])
+def test_fork_cluster_bad_param_str(param_str, message):
+    with pytest.raises(CaffeqError, match="cluster.*" + re.escape(message)):
+        load_from_text(cluster_net(1, 3, (4, 6), (4, 6), param_str))

@@ -647,7 +647,7 @@ def test_infogain_loss_reads_h_from_its_source_and_reads_the_net_without_it(tmp_
              'infogain_loss_param { source: "h.binaryproto" } }')
     missing = build([("x", x.shape), ("y", lab.shape)], [layer])
     assert any("its H matrix infogain_loss_param.source 'h.binaryproto' is not here" in w for w in missing.warnings)
-    with pytest.raises(LayerError, match="InfogainLoss: its H matrix .*'h.binaryproto' is not here"):
+    with pytest.raises(LayerError, match=r"layer 'l' \(InfogainLoss\): its H matrix .*'h.binaryproto' is not here"):
         missing.run({"x": x, "y": lab})
     write_blobproto(h.reshape(1, 1, 4, 4), str(tmp_path / "h.binaryproto"))
     prob = softmax_np(x, 1).astype(np.float64)

@@ -117,9 +117,9 @@ def test_soft_switch(tmp_path):
     r = rng(5)
     x = r.standard_normal((2, 3, 4, 5)).astype(F)
     switches = r.uniform(0, 1, (2, 6, 3, 4, 5)).astype(F)
-    model = load_from_text(depool_net(x.shape, "pool: SOFT_SWITCH kernel_h: 3 kernel_w: 2 stride: 2 pad: 1",
+    model = load_from_text(depool_net(x.shape, "pool: SOFT_SWITCH kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 1",
                                       switches.shape))
-    top, bw = depool_ref(x, switches, "soft_switch", (3, 2), (2, 2), (1, 1))
+    top, bw = depool_ref(x, switches, "soft_switch", (3, 2), (2, 1), (0, 0))
     check_everywhere(model, {"x": x, "m": switches}, {"o": top, "bw": bw}, tmp_path)
 
 
@@ -188,3 +188,90 @@ def test_corpus_files_read(name, needles):
     out = inspect_corpus_file(str(FIXTURES / (PREFIX + name)))
     for needle in needles:
         assert needle in out
+
+
+def test_switch_global_mask_just_outside_its_window(tmp_path):
+    """GLOBAL mask values naming cells of the map one step outside their window (left, right, above, below):
+    MaxPoolBackward matches only h * W + w of a covering window's own cells, so none of them gives anything."""
+    r = rng(9)
+    x = r.standard_normal((2, 3, 5, 4)).astype(F)
+    k, s = (3, 2), (2, 1)
+    hd, wd = 4 * 2 + 3, 3 * 1 + 2
+    mask = max_mask(r.standard_normal((2, 3, hd, wd)).astype(F), k, s, (0, 0))
+    hs, ws = 2 * s[0], 1 * s[1]   # window (2, 1)
+    for ch, (y, xc) in enumerate([(hs + 1, ws - 1), (hs, ws + k[1]), (hs - 1, ws + 1)]):
+        mask[0, ch, 2, 1] = y * wd + xc
+    mask[1, 0, 2, 1] = (hs + k[0]) * wd + ws
+    mask[1, 1, 2, 1] = (hs + 1) * wd + ws + 1   # inside: (1, 1) of the window
+    model = load_from_text(depool_net(x.shape, "pool: MAX kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 1", mask.shape))
+    top, bw = depool_ref(x, mask, "switch", k, s, (0, 0))
+    assert bw[1, 1, hs + 1, ws + 1] >= 1
+    check_everywhere(model, {"x": x, "m": mask}, {"o": top, "bw": bw}, tmp_path)
+
+
+def test_switch_local_non_integer_masks_give_nothing(tmp_path):
+    r = rng(10)
+    x = r.standard_normal((2, 3, 4, 5)).astype(F)
+    mask = r.integers(0, 6, x.shape).astype(F)
+    mask[0, :, 1, :] = [2.5, 0.5, -0.5, 5.999, 1e-3]   # floors 2, 0, -1, 5, 0: only integers name a cell
+    model = load_from_text(depool_net(x.shape, "pool: SWITCH kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 1 "
+                                               "mask_index_type: LOCAL", x.shape))
+    top, bw = depool_ref(x, mask, "switch", (3, 2), (2, 1), (0, 0), local=True)
+    check_everywhere(model, {"x": x, "m": mask}, {"o": top, "bw": bw}, tmp_path)
+
+
+@pytest.mark.parametrize("fields, cell", [("", (2, 0)), ("fix_x: 0", (2, 0)), ("fix_y: 1", (1, 0)),
+                                          ("fix: -3", (2, 0)), ("fix: 3", (3, 3))])
+def test_fix_cell_from_fix_or_fix_y(fields, cell, tmp_path):
+    """LayerSetUp: fix_x and fix_y only when fix_y is set (else fix for both; fix_x alone is not read), a
+    negative one the centre kernel / 2 of its own axis; a 4x1 window here so the two centres differ."""
+    x = rng(11).standard_normal((2, 3, 4, 5)).astype(F)
+    kw = 4 if fields == "fix: 3" else 1
+    model = load_from_text(depool_net(x.shape, f"pool: FIX kernel_h: 4 kernel_w: {kw} stride_h: 3 stride_w: 2 {fields}"))
+    top, bw = depool_ref(x, None, "fix", (4, kw), (3, 2), (0, 0), fix=cell)
+    check_everywhere(model, {"x": x}, {"o": top, "bw": bw}, tmp_path)
+
+
+def test_ave_default_stride_many_windows_per_cell(tmp_path):
+    """stride defaults to 1: up to 3 x 4 windows reach a cell, added rows first as the kernel adds them."""
+    x = rng(12).standard_normal((2, 3, 4, 5)).astype(F)
+    model = load_from_text(depool_net(x.shape, "pool: AVE kernel_h: 3 kernel_w: 4 pad_h: 1 pad_w: 2"))
+    assert model.blob_shapes["o"] == (2, 3, 4, 4)
+    top, bw = depool_ref(x, None, "ave", (3, 4), (1, 1), (1, 2))
+    check_everywhere(model, {"x": x}, {"o": top, "bw": bw}, tmp_path)
+
+
+def test_soft_switch_refuses_pad():
+    """SoftSwitchPoolBackward takes each switch pad cells further on in the window (its h and w include the pad,
+    its window start too), reading the next channel's switches and, at the last channel, past the blob."""
+    with pytest.raises(LayerError, match="SOFT_SWITCH with pooling_param.pad"):
+        load_from_text(depool_net((1, 2, 3, 4), "pool: SOFT_SWITCH kernel_size: 3 stride: 2 pad_h: 0 pad_w: 1",
+                                  (1, 9, 2, 3, 4)))
+
+
+@pytest.mark.parametrize("method", ["FIX", "SWITCH", "SOFT_SWITCH", "SUM"])
+def test_pooling_refuses_the_forks_methods(method):
+    with pytest.raises(LayerError, match=f"pool {method}: caffe-recon-dec's"):
+        load_from_text(pool_net((1, 2, 6, 6), f"pool: {method} kernel_size: 2 stride: 2"))
+
+
+@pytest.mark.parametrize("field", ["fix: 1", "fix_x: 0", "fix_y: -1"])
+def test_pooling_refuses_the_forks_fix_fields(field):
+    with pytest.raises(LayerError, match="fix fields are read by its Depooling only"):
+        load_from_text(pool_net((1, 2, 6, 6), f"pool: MAX kernel_size: 2 stride: 2 {field}"))
+
+
+def test_pooling_reads_an_explicit_global_mask_index():
+    model = load_from_text(pool_net((1, 2, 6, 6), "pool: MAX kernel_size: 2 stride: 2 mask_index_type: GLOBAL", tops=2))
+    assert model.blob_shapes["mask"] == (1, 2, 3, 3)
+
+
+def test_image_output_auto_ratio_bounds():
+    """LayerSetUp CHECKs 0 < auto_ratio <= 1 under AutoSCALE only."""
+    def layer(q):
+        return net(f'layer {{ name: "w" type: "ImageOutput" bottom: "x" image_output_param {{ {q} }} }}',
+                   inputs={"x": (1, 3, 4, 5)})
+    load_from_text(layer("normalization: AutoSCALE auto_ratio: 1"))
+    load_from_text(layer("normalization: SCALE auto_ratio: 0"))
+    with pytest.raises(LayerError, match="auto_ratio"):
+        load_from_text(layer("normalization: AutoSCALE auto_ratio: 1.5"))

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import assert_close, check_everywhere, model_py_outputs, net, onnx_outputs, rng
+from test_layers_roi_align_forks import mask_rcnn_bilinear  # the kernel's bilinear_interpolate, the same
 
 import caffeq
 from caffeq.errors import ExportError
@@ -23,29 +24,6 @@ X_SHAPE = (2, 3, 7, 11)   # N, C, H, W all different
 # corners, the whole second image, an inverted roi (its sides forced to 1)
 ROIS = np.array([[0, 2, 1, 13, 9], [1, -6, -3, 8, 6], [1, 9, 4, 30, 19], [0, 7, 7, 7, 7],
                  [1, 40, 30, 50, 44], [0, 3.5, 2.25, 17.75, 8.5], [1, 0, 0, 21, 13], [0, 9, 8, 4, 3]], F)
-
-
-def bilinear(plane, h, w, y, x):
-    """The kernel's bilinear_interpolate over every channel of plane (C, H, W)."""
-    if y < -1.0 or y > h or x < -1.0 or x > w:
-        return np.zeros(plane.shape[0], F)
-    y = F(0) if y <= 0 else y
-    x = F(0) if x <= 0 else x
-    y_low, x_low = int(y), int(x)
-    if y_low >= h - 1:
-        y_high = y_low = h - 1
-        y = F(y_low)
-    else:
-        y_high = y_low + 1
-    if x_low >= w - 1:
-        x_high = x_low = w - 1
-        x = F(x_low)
-    else:
-        x_high = x_low + 1
-    ly, lx = y - F(y_low), x - F(x_low)
-    hy, hx = F(1) - ly, F(1) - lx
-    return (hy * hx * plane[:, y_low, x_low] + hy * lx * plane[:, y_low, x_high]
-            + ly * hx * plane[:, y_high, x_low] + ly * lx * plane[:, y_high, x_high])
 
 
 def ref_deeppf(x, rois, ph, pw, scale, grid):
@@ -63,7 +41,7 @@ def ref_deeppf(x, rois, ph, pw, scale, grid):
                     y = sh + F(i) * bin_h + F(iy + 0.5) * bin_h / F(grid)
                     for ix in range(grid):
                         xx = sw + F(j) * bin_w + F(ix + 0.5) * bin_w / F(grid)
-                        total = total + bilinear(plane, h, w, y, xx)
+                        total = total + mask_rcnn_bilinear(plane, h, w, y, xx)
                 out[r, :, i, j] = total / F(grid * grid)
     return out
 
@@ -177,7 +155,7 @@ def test_empty_and_out_of_batch_rois():
     assert model.run({"x": x, "rois": np.zeros((0, 5), F)})["o"].shape == (0, 3, 3, 2)
     # the kernel reads memory before or past the blob for these: refused, not guessed
     for batch in (-1, 2):
-        with pytest.raises(LayerError, match=f"ROIAlign: roi batch index {batch} is outside the batch of 2"):
+        with pytest.raises(LayerError, match=rf"layer .o. \(ROIAlign\): roi batch index {batch} is outside the batch of 2"):
             model.run({"x": x, "rois": np.array([[batch, 0, 0, 3, 3]], F)})
 
 

@@ -217,6 +217,10 @@ def _phase(lp):
     return caffe_pb2.Phase.Name(lp.phase) if lp.HasField("phase") else None
 
 
+#: the most classes a count-form object_class may give (SidHard's fork has no bound below INT_MAX elements)
+MAX_CLASS_COUNT = 65536
+
+
 def _class_count(p):
     """SidHard/digits-multi-detect's `object_class: n` (a uint32 at 13 there, NVCaffe's ClassMapping here):
     from the text reader's object_class_count, or a binary file's varint 13, which protobuf keeps unknown."""
@@ -240,6 +244,10 @@ def _ground_truth(lp):
         if classes:
             raise LayerError(f"{what}.object_class: give src / dst mappings (NVCaffe) or one class count "
                              f"(SidHard/digits-multi-detect), not both")
+        if count > MAX_CLASS_COUNT:
+            # checked before the map is built: the label blob has 8 + count maps
+            raise LayerError(f"{what}.object_class: {count} classes is absurd (the label top would hold "
+                             f"8 + {count} maps); caffeq reads at most {MAX_CLASS_COUNT}")
         # the fork's assignLabels: source classes 1..count to coverage maps 0..count-1
         classes = {k + 1: k for k in range(count)}
     if not classes:

@@ -28,7 +28,10 @@ class GnngMemoryData(MemoryData):
     def parse(self, lp):
         attrs = super().parse(lp)
         c, h, w = attrs["chw"]
-        if attrs["dims"] or attrs["batch_size"] * c * h * w <= 0:
+        if attrs["dims"]:
+            raise LayerError("memory_data_param.dim is naibaf7/caffe's N-D shape; gnng's message has no such "
+                             "field: give batch_size, channels, height and width")
+        if attrs["batch_size"] * c * h * w <= 0:
             raise LayerError("memory_data_param.batch_size, channels, height and width must be given and "
                              "positive (gnng's DataLayerSetUp checks their product)")
         return attrs

@@ -128,9 +128,13 @@ def parse_pooling(p):
     if attrs["pool"] == MIN:
         # the fork's MIN loops are its MAX loops with < from FLT_MAX: the first minimum, the same windows and mask
         attrs["pool"], attrs["negate"] = MAX, True
+    # caffe-recon-dec's methods and fields (caffeq/layers/recon_dec.py): a LOCAL mask counts cells in the window
+    recon_dec = {caffe_pb2.PoolingParameter.PoolMethod.Value(m): m for m in ("FIX", "SWITCH", "SOFT_SWITCH", "SUM")}
+    if attrs["pool"] in recon_dec:
+        raise LayerError(f"pooling_param.pool {recon_dec[attrs['pool']]}: caffe-recon-dec's method is read by its "
+                         "Depooling only")
     if attrs["pool"] not in (MAX, AVE, STOCHASTIC, AVE_EXC_PAD):
         raise LayerError(f"unknown pool method {attrs['pool']}")
-    # caffe-recon-dec's fields (caffeq/layers/recon_dec.py): a LOCAL mask counts cells in the window, not the plane
     fields = p.DESCRIPTOR.fields_by_name
     if ("mask_index_type" in fields and p.mask_index_type != 0) or \
             any(f in fields and p.HasField(f) for f in ("fix", "fix_x", "fix_y")):

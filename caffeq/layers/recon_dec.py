@@ -21,6 +21,8 @@ src/caffe/util/math_functions.cpp/.cu for zcaffe_*_safeinv).
     reads a fix cell inside the kernel only.
   - SOFT_SWITCH (2 bottoms: values and switches, Reshape CHECKs (N, kh * kw, C, H, W)): the kernel reads
     the switches' memory as (N, C, kh * kw, H, W): value * switch and the switch to the window's cells.
+    Refused with pad: SoftSwitchPoolBackward's h and w include the pad and its window start subtracts it,
+    so it takes each switch pad rows and columns further on (the next channel's, past the blob at the last).
   STOCHASTIC is NOT_IMPLEMENTED and global_pooling CHECK-refused.  The header's bottom/top count methods
   are misnamed (never called): caffeq takes exactly the bottoms a method reads and 1 or 2 tops.
 - SafeInv (NeuronLayer): y = 0 where x == 0, else 1 / x (CPU and GPU alike).
@@ -194,6 +196,9 @@ class Depooling(Layer):
         stride = _pair(p, "stride", "stride_h", "stride_w", 1, "Stride")
         for s in stride:
             positive_field(s, "pooling_param.stride")
+        if any(pad) and pool == SOFT_SWITCH:   # the GPU kernel's shifted switch index (see the docstring)
+            raise LayerError("Depooling: SOFT_SWITCH with pooling_param.pad is not supported (the fork's GPU kernel "
+                             "reads each switch pad cells past its own, past the end of the switches)")
         if any(pad) and pool == FIX:
             raise LayerError("Depooling: pooling_param.pad is refused for FIX (the fork's CHECK)")
         if any(a >= k for a, k in zip(pad, kernel)):

@@ -129,8 +129,9 @@ def mean_of_samples(x, b, start, size, ph: int, pw: int, grid: int):
     return total / float(grid * grid)
 
 
-def mask_rcnn_roi_align(x, rois, ph: int, pw: int, spatial_scale: float):
-    """a8039974/py-mask-rcnn-1's ROIAlign -> (R, C, ph, pw): the mean of 2 x 2 bilinear samples per bin."""
+def mask_rcnn_roi_align(x, rois, ph: int, pw: int, spatial_scale: float, grid: int = 2, plus_one: bool = False):
+    """a8039974/py-mask-rcnn-1's ROIAlign -> (R, C, ph, pw): the mean of grid x grid (2 x 2) bilinear samples per
+    bin; plus_one: LittleCherry11/Deeppftracking's, whose roi sides count x2 - x1 + 1."""
     f32 = torch.float32
     r = roi_rows(rois, "ROIAlign")
     n, c = x.shape[0], x.shape[1]
@@ -139,23 +140,10 @@ def mask_rcnn_roi_align(x, rois, ph: int, pw: int, spatial_scale: float):
     b = roi_align_batch(r, n, "ROIAlign")
     scale = torch.tensor(spatial_scale, dtype=f32)
     start = r[:, 1:3] * scale   # (x, y)
-    size = torch.fmax(r[:, 3:5] * scale - start, torch.ones((), dtype=f32))
-    return mean_of_samples(x, b, start, size, ph, pw, 2)
-
-
-def deeppf_roi_align(x, rois, ph: int, pw: int, spatial_scale: float, grid: int):
-    """LittleCherry11/Deeppftracking's ROIAlign -> (R, C, ph, pw): the mean of grid x grid bilinear samples
-    per bin of a roi whose sides count x2 - x1 + 1."""
-    f32 = torch.float32
-    r = roi_rows(rois, "ROIAlign")
-    n, c = x.shape[0], x.shape[1]
-    if r.shape[0] == 0:
-        return x.new_zeros((0, c, ph, pw))
-    b = roi_align_batch(r, n, "ROIAlign")
-    scale = torch.tensor(spatial_scale, dtype=f32)
-    start = r[:, 1:3] * scale   # (x, y)
-    size = torch.fmax((r[:, 3:5] * scale - start) + 1.0, torch.ones((), dtype=f32))
-    return mean_of_samples(x, b, start, size, ph, pw, grid)
+    size = r[:, 3:5] * scale - start
+    if plus_one:
+        size = size + 1.0
+    return mean_of_samples(x, b, start, torch.fmax(size, torch.ones((), dtype=f32)), ph, pw, grid)
 
 
 def rfcn_priv_axis(start, bin_size, pooled: int, size: int):
@@ -291,12 +279,11 @@ def nnop_roi_align(x, rois, ph: int, pw: int, spatial_scale: float):
 
 TORCH_ROI_ALIGN_COMMON = torch_sources(roi_align_batch, roi_align_corners)
 TORCH_MASK_RCNN = torch_sources(mask_rcnn_axis, mean_of_samples, mask_rcnn_roi_align)
-TORCH_DEEPPF = torch_sources(mask_rcnn_axis, mean_of_samples, deeppf_roi_align)
 TORCH_RFCN_PRIV = torch_sources(rfcn_priv_axis, rfcn_priv_weights, rfcn_priv_roi_align)
 TORCH_NNOP = torch_sources(nnop_axis, nnop_cells, nnop_roi_align)
 
 FUNCTIONS = {MASK_RCNN: (mask_rcnn_roi_align, TORCH_MASK_RCNN), RFCN_PRIV: (rfcn_priv_roi_align, TORCH_RFCN_PRIV),
-             NNOP: (nnop_roi_align, TORCH_NNOP), DEEPPF: (deeppf_roi_align, TORCH_DEEPPF)}
+             NNOP: (nnop_roi_align, TORCH_NNOP), DEEPPF: (mask_rcnn_roi_align, TORCH_MASK_RCNN)}
 
 # ---- the spec ------------------------------------------------------------------------------
 
@@ -349,7 +336,8 @@ class ROIAlignForks(RoiLayerSpec):
 
     def roi_args(self, attrs):
         if attrs["fork"] == DEEPPF:
-            return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"], "grid": attrs["grid"]}
+            return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"], "grid": attrs["grid"],
+                                                "plus_one": True}
         return (attrs["ph"], attrs["pw"]), {"spatial_scale": attrs["scale"]}
 
     def cannot_run(self, attrs, in_shapes):
