@@ -528,8 +528,9 @@ class Pooling(Layer):
 
     def parse(self, lp):
         attrs = parse_pooling(self.pooling_params(lp))
-        if len(lp.bottom) != 1:
-            # Caffe's ExactNumBottomBlobs is 1: a second bottom would otherwise be silently left out
+        if len(lp.bottom) > 1:
+            # Caffe's ExactNumBottomBlobs is 1: a second bottom would otherwise be silently left out (none: the
+            # graph builder's "has no bottom")
             raise LayerError(f"{lp.type} takes 1 bottom, got {len(lp.bottom)}")
         # Caffe: MAX pooling may have a second top, the argmax mask; other methods exactly one
         most = 2 if attrs["pool"] == MAX else 1
