@@ -483,16 +483,6 @@ def test_memory_data_transpose_keeps_the_blob_shape():
     assert any("memory_data_param.transpose" in n for n in model.warnings)
 
 
-def test_memory_data_top_is_its_declared_size_whatever_the_crop():
-    # BVLC's MemoryDataLayer::DataLayerSetUp reshapes the top to (batch_size, channels, height, width); the crop
-    # lives only in its Transform, which wants height = width = crop_size (pycaffe's set_input_arrays skips it)
-    from caffeq.model import load_from_text
-    model = load_from_text('layer { name: "data" type: "MemoryData" top: "data" top: "label" '
-                           'transform_param { crop_size: 8 } '
-                           'memory_data_param { batch_size: 2 channels: 3 height: 12 width: 10 } }')
-    assert model.blob_shapes["data"] == (2, 3, 12, 10) and model.blob_shapes["label"] == (2,)
-
-
 def test_deeplab_data_dim_tops_are_each_images_height_and_width():
     # DeepLab v2's ImageSegData and the memory reader built on it (yilei0620/DeepLab-V2-Read-Memory-Data)
     # give a third top, data_dim: (N, 1, 1, 2), each image's size before the crop

@@ -397,9 +397,8 @@ class MemoryData(DataLayer):
     def data_shape(self, attrs):
         if attrs["dims"]:   # naibaf7/caffe's N-D form: the shape as given
             return attrs["dims"]
-        # BVLC's DataLayerSetUp: (batch_size, channels, height, width), whatever transform_param's crop_size (its
-        # Transform then wants height = width = crop_size; pycaffe's set_input_arrays feeds the blob as it is)
-        return (attrs["batch_size"],) + attrs["chw"]
+        c, h, w = _with_crop(attrs, *attrs["chw"])
+        return (attrs["batch_size"], c, h, w)
 
     def top_shapes(self, attrs, given):
         shapes = super().top_shapes(attrs, given)
