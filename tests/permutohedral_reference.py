@@ -61,8 +61,9 @@ def point_simplex(f, half_away=False, double_first=False):
     return rem0, rank, bary
 
 
-def fork_lattice(features, pad_to_blocks=True):
-    """ModifiedPermutohedral::init, point by point: (offsets, barycentric weights, neighbours, M)."""
+def fork_lattice(features, pad_to_blocks=True, simplex=point_simplex):
+    """ModifiedPermutohedral::init, point by point: (offsets, barycentric weights, neighbours, M); simplex: a
+    fork's own point rule (caffe-hybridnet's)."""
     n, d = features.shape
     canonical = [[i if j <= d - i else i - (d + 1) for j in range(d + 1)] for i in range(d + 1)]
     table = {}
@@ -70,7 +71,7 @@ def fork_lattice(features, pad_to_blocks=True):
     blocks = n + (-n) % 4 if pad_to_blocks else n   # the SSE loop reads 4 points at a time, zeros past the end
     for k in range(blocks):
         f = features[k] if k < n else np.zeros(d, F32)
-        rem0, rank, bary = point_simplex(f)
+        rem0, rank, bary = simplex(f)
         for r in range(d + 1):
             key = tuple(short(int(rem0[i]) + canonical[r][rank[i]]) for i in range(d))
             o = table.setdefault(key, len(table))

@@ -90,6 +90,15 @@ def ref_group(rects, threshold, eps):
     return kept, weights
 
 
+def cell_proposals(b, ys, xs, cell_w, cell_h):
+    """clustering.py's proposals: the box corners of the covered cells (ys, xs), moved to each cell's place."""
+    x1 = np.asarray([b[0][y][x] for y, x in zip(ys, xs)]) + xs * cell_w
+    y1 = np.asarray([b[1][y][x] for y, x in zip(ys, xs)]) + ys * cell_h
+    x2 = np.asarray([b[2][y][x] for y, x in zip(ys, xs)]) + xs * cell_w
+    y2 = np.asarray([b[3][y][x] for y, x in zip(ys, xs)]) + ys * cell_h
+    return np.transpose(np.vstack((x1, y1, x2, y2)))
+
+
 def ref_cluster(coverage, boxes, size_x, size_y, stride, cvg_thr, rect_thr, eps, min_height):
     """clustering.py's cluster() for one class's coverage (N, 1, H, W)."""
     grid_x, grid_y = int(size_x / stride), int(size_y / stride)
@@ -97,12 +106,7 @@ def ref_cluster(coverage, boxes, size_x, size_y, stride, cvg_thr, rect_thr, eps,
     out = np.zeros((coverage.shape[0], 50, 5))
     for i in range(coverage.shape[0]):
         ys, xs = np.where(coverage[i, 0, :grid_y, :grid_x] >= F32(cvg_thr))
-        b = boxes[i]
-        x1 = np.asarray([b[0][y][x] for y, x in zip(ys, xs)]) + xs * cell_w
-        y1 = np.asarray([b[1][y][x] for y, x in zip(ys, xs)]) + ys * cell_h
-        x2 = np.asarray([b[2][y][x] for y, x in zip(ys, xs)]) + xs * cell_w
-        y2 = np.asarray([b[3][y][x] for y, x in zip(ys, xs)]) + ys * cell_h
-        proposed = np.transpose(np.vstack((x1, y1, x2, y2)))
+        proposed = cell_proposals(boxes[i], ys, xs, cell_w, cell_h)
         if not proposed.any():
             continue
         rects = [[ref_round(e[0]), ref_round(e[1]), ref_round(e[2] - e[0]), ref_round(e[3] - e[1])]

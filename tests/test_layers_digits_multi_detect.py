@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import inputs_text, model_py_outputs
 from test_layers_detectnet import BOXES, GT, label_blob, ref_label, transform_net
-from test_layers_detectnet_clustering import c_int, objects_grid, ref_group, ref_round
+from test_layers_detectnet_clustering import c_int, cell_proposals, objects_grid, ref_group, ref_round
 
 from caffeq.__main__ import main
 from caffeq.errors import CaffeqError, ExportError
@@ -93,12 +93,7 @@ def ref_fork_cluster(coverage, boxes, size_x, size_y, stride, cvg_thr, rect_thr,
     for i in range(coverage.shape[0]):
         cvg = coverage[i][0][0:grid_y][0:grid_x]
         ys, xs = np.where(cvg >= F32(cvg_thr))
-        b = boxes[i]
-        x1 = np.asarray([b[0][y][x] for y, x in zip(ys, xs)]) + xs * cell_w
-        y1 = np.asarray([b[1][y][x] for y, x in zip(ys, xs)]) + ys * cell_h
-        x2 = np.asarray([b[2][y][x] for y, x in zip(ys, xs)]) + xs * cell_w
-        y2 = np.asarray([b[3][y][x] for y, x in zip(ys, xs)]) + ys * cell_h
-        proposed = np.transpose(np.vstack((x1, y1, x2, y2)))
+        proposed = cell_proposals(boxes[i], ys, xs, cell_w, cell_h)
         if not proposed.any():
             continue
         rects = [[ref_round(v) for v in row] for row in proposed.tolist()]

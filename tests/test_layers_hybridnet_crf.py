@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import check_everywhere, model_py_outputs, net, node_of, onnx_outputs, rng
 from permutohedral_reference import fork_filter
+from permutohedral_reference import fork_lattice as reference_lattice
 
 from caffeq.__main__ import main
 from caffeq.errors import CaffeqError, ExportError
@@ -75,25 +76,7 @@ def fork_point_simplex(f):
 
 def fork_lattice(features):
     """init_cpu: (offsets, barycentric weights, neighbours, M), the points as they come (no padding)."""
-    n, d = features.shape
-    canonical = [[i if j <= d - i else i - (d + 1) for j in range(d + 1)] for i in range(d + 1)]
-    table = {}
-    offsets, weights = np.zeros((n, d + 1), np.int64), np.zeros((n, d + 1), F32)
-    for k in range(n):
-        rem0, rank, bary = fork_point_simplex(features[k])
-        for r in range(d + 1):
-            key = tuple(short(rem0[i] + canonical[r][rank[i]]) for i in range(d))
-            offsets[k, r], weights[k, r] = table.setdefault(key, len(table)), bary[r]
-    neighbours = []
-    for j in range(d + 1):
-        row = []
-        for key in table:
-            n1, n2 = [short(c - 1) for c in key], [short(c + 1) for c in key]
-            if j < d:
-                n1[j], n2[j] = short(key[j] + d), short(key[j] - d)
-            row.append((table.get(tuple(n1), -1), table.get(tuple(n2), -1)))
-        neighbours.append(row)
-    return offsets, weights, neighbours, len(table)
+    return reference_lattice(features, pad_to_blocks=False, simplex=fork_point_simplex)
 
 
 def fork_seq_filter(lattice, values):
